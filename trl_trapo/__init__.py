@@ -1,0 +1,22 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""trl-trapo: pretraining, SFT and RL objectives in one TRL training loop (TRAPO)."""
+
+__version__ = "0.1.0.dev0"
+
+from .config import TRAPOConfig
+from .curriculum import CurriculumCallback, CurriculumSchedule
+from .rewards import numeric_answer_reward
+from .trainer import TRAPOTrainer
+from .weighting import DARECallback, DAREWeighting, StaticWeighting
+
+
+__all__ = [
+    "TRAPOConfig",
+    "TRAPOTrainer",
+    "CurriculumCallback",
+    "CurriculumSchedule",
+    "DARECallback",
+    "DAREWeighting",
+    "StaticWeighting",
+    "numeric_answer_reward",
+]

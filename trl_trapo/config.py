@@ -1,0 +1,482 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Configuration of the TRAPO trainer.
+
+`TRAPOConfig` extends TRL's config base (itself a `transformers.TrainingArguments`). Everything PPO has keeps the name,
+meaning and (where TRAPO does not need a different one) the default of TRL's former `PPOConfig`; everything GRPO has
+keeps GRPO's spelling (`num_generations`, `loss_type`, `scale_rewards`, `entropy_coef`). TRAPO's own fields are grouped
+below: objective weights, DARE, curriculum, replay, per-objective lengths, robustness.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from trl.trainer.base_config import _BaseConfig
+
+
+OBJECTIVES = ("pretrain", "sft", "rl")
+"""The three objectives, in the order used by every per-objective list, tensor and metric."""
+
+
+def _bf16_supported() -> bool:
+    return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
+        hasattr(torch, "xpu") and torch.xpu.is_available()
+    )
+
+
+@dataclass
+class TRAPOConfig(_BaseConfig):
+    r"""
+    Configuration for [`TRAPOTrainer`]: one policy trained on pretraining (causal LM), SFT and RL objectives in one
+    loop.
+
+    Only the fields TRAPO adds are listed here; the rest are [`~transformers.TrainingArguments`]. Every field carries
+    `metadata["help"]`, which `TrlParser` shows with `--help`.
+
+    How the objectives combine (see the README, "How the curriculum and DARE combine"):
+
+    - the **share** s_o of a step's examples (rows) given to objective o is the curriculum mixture, restricted to the
+      objectives that have data and a non-zero weight, renormalised to sum to 1;
+    - the **loss weight** w_o = c_o · s_o · f_o / Σ_k c_k · s_k · f_k, where c_o is the user's static multiplier
+      (`pretrain_weight`, `sft_weight`, `rl_weight`) and f_o is DARE's factor (1 in `dare_mode="static"`);
+    - the loss of one optimizer step is L = Σ_o w_o · L_o, each L_o averaged over its own tokens across all
+      gradient-accumulation micro-batches and all ranks.
+
+    Raises:
+        ValueError: from `__post_init__`, naming the field, the bad value and the fix, for any inconsistent setting.
+    """
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Overridden TrainingArguments / _BaseConfig defaults
+    # ------------------------------------------------------------------------------------------------------------
+    learning_rate: float = field(
+        default=5e-5,
+        metadata={
+            "help": "Initial AdamW learning rate. The source document uses 5e-5, lowered to 3e-5 in the RL phase."
+        },
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Whether to use bf16 mixed precision. If not set, it is turned on only when a CUDA device with "
+            "bf16 support (or an XPU) is present, so CPU runs use fp32 (TRL's base config would turn it on)."
+        },
+    )
+    dataloader_pin_memory: bool = field(
+        default=False,
+        metadata={"help": "The Trainer's own dataloader only carries step placeholders; pinning them buys nothing."},
+    )
+    remove_unused_columns: bool = field(
+        default=False,
+        metadata={"help": "Kept False: extra dataset columns are passed to reward functions as keyword arguments."},
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Model loading
+    # ------------------------------------------------------------------------------------------------------------
+    model_init_kwargs: dict | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` when `model` is a string (e.g. "
+            "{'dtype': 'bfloat16'})."
+        },
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata={
+            "help": "Disable dropout in the policy and reference models, so behaviour, current and reference "
+            "log-probs of a token are computed by the same function."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Objective weights
+    # ------------------------------------------------------------------------------------------------------------
+    pretrain_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "Static multiplier c_pretrain of the pretraining (causal-LM, 'ptx') term. 0 switches the "
+            "objective off (it then gets no examples either)."
+        },
+    )
+    sft_weight: float = field(
+        default=1.0,
+        metadata={"help": "Static multiplier c_sft of the SFT term. 0 switches the objective off."},
+    )
+    rl_weight: float = field(
+        default=1.0,
+        metadata={"help": "Static multiplier c_rl of the RL term. 0 switches the objective off."},
+    )
+    sft_loss_type: Literal["nll", "trust_region"] = field(
+        default="nll",
+        metadata={
+            "help": "SFT loss. 'nll': mean negative log-likelihood of completion tokens. 'trust_region': the "
+            "trust-region SFT loss of Trust-Region Adaptive Policy Optimization (huggingface.co/papers/2512.17636), "
+            "which weights each token's log-likelihood gradient by min(1, p/alpha)."
+        },
+    )
+    trust_region_alpha: float = field(
+        default=0.1,
+        metadata={"help": "alpha of the trust-region SFT loss (huggingface.co/papers/2512.17636); 0.1 in the paper."},
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # DARE: the dynamic weighting engine
+    # ------------------------------------------------------------------------------------------------------------
+    dare_mode: Literal["dynamic", "static"] = field(
+        default="dynamic",
+        metadata={
+            "help": "'dynamic': DARE multiplies the curriculum mixture by factors measured from training signals. "
+            "'static': all factors stay 1 (for ablations)."
+        },
+    )
+    dare_momentum: float = field(
+        default=0.9,
+        metadata={"help": "Momentum of the exponential smoothing of DARE's factors (0.9 in the source document)."},
+    )
+    dare_update_interval: int | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps between two DARE updates. None: ceil(sqrt(N)) with N the planned number of "
+            "optimizer steps (our reading of the source's 'every sqrt(n) batches')."
+        },
+    )
+    dare_min_factor: float = field(
+        default=0.25, metadata={"help": "Lower bound of a DARE factor (before renormalisation with the mixture)."}
+    )
+    dare_max_factor: float = field(
+        default=4.0, metadata={"help": "Upper bound of a DARE factor (before renormalisation with the mixture)."}
+    )
+    dare_probe_vocab: int = field(
+        default=4096,
+        metadata={
+            "help": "DARE measures each objective's gradient with respect to the output projection in closed form "
+            "(no extra forward or backward). For vocabularies larger than this, a fixed random subset of this many "
+            "vocabulary rows is probed."
+        },
+    )
+    dare_probe_dim: int = field(
+        default=256,
+        metadata={
+            "help": "Hidden states are randomly projected to this many dimensions before forming the probe "
+            "gradient (a Johnson-Lindenstrauss sketch that keeps cosines), so the cross-rank reduction stays small."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Curriculum
+    # ------------------------------------------------------------------------------------------------------------
+    curriculum_mode: Literal["phased", "constant"] = field(
+        default="phased",
+        metadata={
+            "help": "'phased': the source document's schedule of task mixtures. 'constant': the time-average of "
+            "that schedule at every step (same total examples per objective, no curriculum; for ablations)."
+        },
+    )
+    curriculum_boundaries: list[float] = field(
+        default_factory=lambda: [0.2, 0.8],
+        metadata={
+            "help": "Phase boundaries as fractions of the planned optimizer steps (default: 20%% / 60%% / 20%%)."
+        },
+    )
+    curriculum_mixtures: list[float] = field(
+        default_factory=lambda: [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6],
+        metadata={
+            "help": "Target (pretrain, sft, rl) mixture of each phase, flattened: 3 numbers per phase, each triple "
+            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document)."
+        },
+    )
+    curriculum_decay_steps: float = field(
+        default=0.05,
+        metadata={
+            "help": "Time constant tau of the exponential transition between phases: after a boundary at step b, the "
+            "mixture is prev + (target - prev) * (1 - exp(-(step - b) / tau)). A value < 1 is a fraction of the "
+            "planned optimizer steps."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Per-objective lengths
+    # ------------------------------------------------------------------------------------------------------------
+    pretrain_max_length: int = field(
+        default=512, metadata={"help": "Tokens per pretraining row (documents are packed or chunked to this length)."}
+    )
+    pretrain_packing: bool = field(
+        default=True,
+        metadata={
+            "help": "True: documents are concatenated with EOS between them and cut into rows of "
+            "`pretrain_max_length` tokens. False: each document is chunked on its own (the last chunk is shorter)."
+        },
+    )
+    sft_max_length: int = field(
+        default=1024,
+        metadata={"help": "Maximum tokens of an SFT row (prompt + completion + EOS); longer rows are truncated."},
+    )
+    max_prompt_length: int = field(
+        default=512,
+        metadata={
+            "help": "Maximum tokens of an RL prompt. A longer prompt is an error raised before training (never a "
+            "silent truncation)."
+        },
+    )
+    response_length: int = field(
+        default=128, metadata={"help": "Maximum number of generated tokens per completion (PPO's name)."}
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # RL: generation
+    # ------------------------------------------------------------------------------------------------------------
+    num_generations: int = field(
+        default=8,
+        metadata={
+            "help": "Completions generated per prompt. Without a value model the advantage is group-relative over "
+            "these completions (GRPO, huggingface.co/papers/2402.03300), which needs at least 2."
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold of rollouts."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling of rollouts; 0 disables it."})
+    stop_token: Literal["eos"] | None = field(
+        default="eos",
+        metadata={"help": "'eos': completions stop at the tokenizer's EOS. Overridden by `stop_token_id`."},
+    )
+    stop_token_id: int | None = field(
+        default=None, metadata={"help": "Token id that ends a completion; takes precedence over `stop_token`."}
+    )
+    missing_eos_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "Subtracted from the score of a completion that did not produce the stop token within "
+            "`response_length` tokens."
+        },
+    )
+    local_rollout_forward_batch_size: int = field(
+        default=64,
+        metadata={"help": "Rows per no-grad forward pass at rollout time (reference, value and reward models)."},
+    )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed ZeRO-3, gather the policy's weights once for generation (fast, needs memory for "
+            "the full model) instead of gathering layer by layer."
+        },
+    )
+    generation_kwargs: dict | None = field(
+        default=None, metadata={"help": "Extra keyword arguments of `transformers.GenerationConfig` for rollouts."}
+    )
+    chat_template_kwargs: dict | None = field(
+        default=None, metadata={"help": "Extra keyword arguments of `apply_chat_template` for conversational data."}
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # RL: rewards, advantages and the policy loss
+    # ------------------------------------------------------------------------------------------------------------
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "Weight of each reward function / reward model (in the order given). None: all 1."},
+    )
+    scale_rewards: Literal["group", "batch", "none"] = field(
+        default="group",
+        metadata={
+            "help": "Critic-free mode: divide group-centred rewards by the group std ('group', GRPO), the batch std "
+            "('batch') or nothing ('none', Dr. GRPO huggingface.co/papers/2503.20783)."
+        },
+    )
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = field(
+        default="dapo",
+        metadata={
+            "help": "Aggregation of the per-token RL loss. 'dapo': sum over tokens / RL tokens in the global "
+            "accumulated batch. 'grpo': per-sequence token mean, averaged over sequences. 'dr_grpo': sum / "
+            "(sequences * response_length). 'bnpo': token mean within each micro-batch, averaged over micro-batches "
+            "(what TRL 1.12's PPOTrainer did)."
+        },
+    )
+    cliprange: float = field(
+        default=0.2,
+        metadata={"help": "PPO clip range epsilon of the ratio (huggingface.co/papers/1707.06347, eq. 7)."},
+    )
+    kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient of the penalty towards the reference."})
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k1",
+        metadata={
+            "help": "Per-token KL estimator (Schulman, 'Approximating KL divergence'), with log r = log pi_ref - "
+            "log pi: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r."
+        },
+    )
+    kl_penalty: Literal["reward", "loss"] = field(
+        default="reward",
+        metadata={
+            "help": "'reward': -kl_coef * KL is added to the rewards, as in PPO (per token with a critic, summed per "
+            "sequence without). 'loss': kl_coef * KL is a differentiable term of the loss, as in GRPO."
+        },
+    )
+    entropy_coef: float = field(
+        default=0.0, metadata={"help": "Coefficient of the entropy bonus (in nats) subtracted from the RL loss."}
+    )
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (PPO)."})
+    whiten_advantages: bool = field(
+        default=True, metadata={"help": "With a critic: whiten advantages over the rollout batch (PPO)."}
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE (huggingface.co/papers/1506.02438)."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (huggingface.co/papers/1506.02438)."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Coefficient of the value loss (with a critic)."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value function."})
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={"help": "Exclude completions that never produced the stop token from the RL loss (DAPO)."},
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Replay (the rollout buffer)
+    # ------------------------------------------------------------------------------------------------------------
+    num_ppo_epochs: int = field(
+        default=4,
+        metadata={"help": "Each trajectory in the replay buffer is used for at most this many updates."},
+    )
+    num_mini_batches: int = field(
+        default=1,
+        metadata={
+            "help": "A generation round produces enough trajectories for this many optimizer steps (PPO: mini-batches "
+            "per rollout batch)."
+        },
+    )
+    replay_capacity: int = field(
+        default=50_000, metadata={"help": "Short-term replay capacity in trajectories (FIFO, oldest evicted first)."}
+    )
+    replay_max_bytes: int | None = field(
+        default=None, metadata={"help": "Short-term replay capacity in bytes of host memory. None: no byte limit."}
+    )
+    replay_max_age: int | None = field(
+        default=None,
+        metadata={
+            "help": "Trajectories older than this many optimizer steps are not served any more. None: no limit."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Robustness
+    # ------------------------------------------------------------------------------------------------------------
+    max_nonfinite_steps: int = field(
+        default=10,
+        metadata={
+            "help": "A step whose loss is not finite is skipped and counted (`train/nonfinite_steps`); training "
+            "stops with an error after this many."
+        },
+    )
+    total_episodes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Total RL prompts to roll out (PPO's name). Used to plan the number of optimizer steps when "
+            "`max_steps` is not set."
+        },
+    )
+    num_sample_generations: int = field(
+        default=0,
+        metadata={"help": "How many times during training to log a table of sample completions (0: never)."},
+    )
+
+    def __post_init__(self):
+        if self.bf16 is None:
+            self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
+        super().__post_init__()
+        self._validate()
+
+    # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
+    def _validate(self) -> None:
+        def bad(name: str, value, fix: str):
+            raise ValueError(f"TRAPOConfig.{name}={value!r} is invalid: {fix}")
+
+        for name in ("pretrain_weight", "sft_weight", "rl_weight"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                bad(name, value, "use a finite number >= 0 (0 switches the objective off).")
+        if self.pretrain_weight == self.sft_weight == self.rl_weight == 0:
+            bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
+        if not 0 < self.trust_region_alpha <= 1:
+            bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
+        if not 0 <= self.dare_momentum < 1:
+            bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
+        if self.dare_update_interval is not None and self.dare_update_interval < 1:
+            bad("dare_update_interval", self.dare_update_interval, "use an integer >= 1, or None for ceil(sqrt(N)).")
+        if not 0 < self.dare_min_factor <= 1 <= self.dare_max_factor:
+            bad(
+                "dare_min_factor",
+                (self.dare_min_factor, self.dare_max_factor),
+                "need 0 < dare_min_factor <= 1 <= dare_max_factor.",
+            )
+        if self.dare_probe_vocab < 2:
+            bad("dare_probe_vocab", self.dare_probe_vocab, "use at least 2 vocabulary rows.")
+        if self.dare_probe_dim < 1:
+            bad("dare_probe_dim", self.dare_probe_dim, "use a positive projection dimension.")
+        boundaries = list(self.curriculum_boundaries)
+        if any(not 0 < b < 1 for b in boundaries) or boundaries != sorted(set(boundaries)):
+            bad("curriculum_boundaries", boundaries, "use strictly increasing fractions in (0, 1), e.g. [0.2, 0.8].")
+        mixtures = list(self.curriculum_mixtures)
+        if len(mixtures) != 3 * (len(boundaries) + 1):
+            bad(
+                "curriculum_mixtures",
+                mixtures,
+                f"give 3 numbers (pretrain, sft, rl) per phase: {len(boundaries) + 1} phases need "
+                f"{3 * (len(boundaries) + 1)} numbers.",
+            )
+        for i in range(0, len(mixtures), 3):
+            triple = mixtures[i : i + 3]
+            if any(x < 0 for x in triple) or abs(sum(triple) - 1) > 1e-6:
+                bad("curriculum_mixtures", mixtures, f"phase {i // 3} {triple} must be >= 0 and sum to 1.")
+        if self.curriculum_decay_steps <= 0:
+            bad("curriculum_decay_steps", self.curriculum_decay_steps, "use a positive number (< 1: a fraction).")
+        for name in ("pretrain_max_length", "sft_max_length", "max_prompt_length", "response_length"):
+            if getattr(self, name) < 1:
+                bad(name, getattr(self, name), "use a positive number of tokens.")
+        if self.pretrain_max_length < 2:
+            bad("pretrain_max_length", self.pretrain_max_length, "a row needs at least 2 tokens to predict one.")
+        if self.num_generations < 1:
+            bad("num_generations", self.num_generations, "use an integer >= 1 (>= 2 without a value model).")
+        if not self.temperature > 0:
+            bad("temperature", self.temperature, "use a positive sampling temperature.")
+        if not 0 < self.top_p <= 1:
+            bad("top_p", self.top_p, "use a value in (0, 1].")
+        if self.top_k < 0:
+            bad("top_k", self.top_k, "use 0 (disabled) or a positive integer.")
+        if not self.cliprange > 0:
+            bad("cliprange", self.cliprange, "use a positive clip range, e.g. 0.2.")
+        if not self.cliprange_value > 0:
+            bad("cliprange_value", self.cliprange_value, "use a positive clip range, e.g. 0.2.")
+        if self.kl_coef < 0:
+            bad("kl_coef", self.kl_coef, "use a value >= 0 (0 disables the KL penalty and the reference model).")
+        if self.entropy_coef < 0:
+            bad("entropy_coef", self.entropy_coef, "use a value >= 0.")
+        if not 0 <= self.gamma <= 1:
+            bad("gamma", self.gamma, "use a discount in [0, 1].")
+        if not 0 <= self.lam <= 1:
+            bad("lam", self.lam, "use a GAE lambda in [0, 1].")
+        if self.vf_coef < 0:
+            bad("vf_coef", self.vf_coef, "use a value >= 0.")
+        if self.num_ppo_epochs < 1:
+            bad("num_ppo_epochs", self.num_ppo_epochs, "use an integer >= 1 (uses per trajectory).")
+        if self.num_mini_batches < 1:
+            bad("num_mini_batches", self.num_mini_batches, "use an integer >= 1.")
+        if self.replay_capacity < 1:
+            bad("replay_capacity", self.replay_capacity, "use a positive number of trajectories.")
+        if self.replay_max_bytes is not None and self.replay_max_bytes < 1:
+            bad("replay_max_bytes", self.replay_max_bytes, "use a positive number of bytes, or None.")
+        if self.replay_max_age is not None and self.replay_max_age < 1:
+            bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
+        if self.local_rollout_forward_batch_size < 1:
+            bad("local_rollout_forward_batch_size", self.local_rollout_forward_batch_size, "use an integer >= 1.")
+        if self.max_nonfinite_steps < 1:
+            bad("max_nonfinite_steps", self.max_nonfinite_steps, "use an integer >= 1.")
+        if self.total_episodes is not None and self.total_episodes < 1:
+            bad("total_episodes", self.total_episodes, "use a positive number of prompts, or None.")
+        if self.reward_weights is not None and any(not math.isfinite(w) for w in self.reward_weights):
+            bad("reward_weights", self.reward_weights, "use finite numbers.")
+        if self.stop_token is not None and self.stop_token != "eos":
+            bad("stop_token", self.stop_token, "use 'eos' or None (or set stop_token_id).")
+
+    @property
+    def objective_weights(self) -> tuple[float, float, float]:
+        """The static multipliers (c_pretrain, c_sft, c_rl)."""
+        return (self.pretrain_weight, self.sft_weight, self.rl_weight)

@@ -1,0 +1,139 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The progressive curriculum: which share of each step's examples goes to pretraining, SFT and RL.
+
+The source document schedules the task mixture in three phases — the first 20 % of steps 70/20/10
+(pretrain/SFT/RL), the middle 60 % 30/50/20, the last 20 % 10/30/60 — with "ratio = base * (1 - exp(-step /
+decay_steps))". Taken literally per objective, that formula cancels out once the mixture is renormalised, so we read
+it as the *transition* between phases: after a boundary at step b_k the mixture moves from the previous phase's
+target m_{k-1} to the new target m_k as
+
+    m(step) = m_{k-1} + (m_k - m_{k-1}) * (1 - exp(-(step - b_k) / tau)),
+
+a convex combination, so it always sums to 1 and is continuous at every boundary (it equals m_{k-1} there). The
+first phase starts at its target. Objectives without data (or with a static weight of 0) are removed and the rest
+renormalised.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from transformers import TrainerCallback
+
+from .config import OBJECTIVES
+
+
+logger = logging.getLogger(__name__)
+
+
+class CurriculumSchedule:
+    """The task mixture as a pure function of the optimizer step.
+
+    Args:
+        boundaries (`Sequence[float]`): phase boundaries as fractions of `total_steps`, strictly increasing in (0, 1).
+        mixtures (`Sequence[Sequence[float]]`): one (pretrain, sft, rl) target per phase (len(boundaries) + 1).
+        total_steps (`int`): planned optimizer steps N.
+        decay_steps (`float`): transition time constant tau in steps; a value < 1 is a fraction of `total_steps`.
+        active (`Sequence[bool]`): which objectives are present; inactive ones get share 0.
+        mode (`str`): "phased", or "constant" for the time-average of the phased schedule at every step.
+
+    Raises:
+        ValueError: if no objective is active, or the active objectives have zero mass in every phase.
+    """
+
+    def __init__(
+        self,
+        boundaries: Sequence[float],
+        mixtures: Sequence[Sequence[float]],
+        total_steps: int,
+        decay_steps: float,
+        active: Sequence[bool] = (True, True, True),
+        mode: str = "phased",
+    ):
+        if len(mixtures) != len(boundaries) + 1:
+            raise ValueError(f"{len(boundaries)} boundaries need {len(boundaries) + 1} mixtures, got {len(mixtures)}.")
+        if not any(active):
+            raise ValueError("The curriculum needs at least one active objective (one with data and weight > 0).")
+        self.total_steps = max(int(total_steps), 1)
+        self.boundary_steps = [b * self.total_steps for b in boundaries]
+        self.mixtures = [tuple(float(x) for x in m) for m in mixtures]
+        self.tau = decay_steps * self.total_steps if decay_steps < 1 else float(decay_steps)
+        self.active = tuple(bool(a) for a in active)
+        self.mode = mode
+        if mode == "constant":
+            self._constant = self._time_average()
+        elif mode != "phased":
+            raise ValueError(f"curriculum_mode={mode!r} is not one of 'phased', 'constant'.")
+        if all(sum(self._restrict(m)) == 0 for m in self.mixtures):
+            raise ValueError(
+                f"Every curriculum phase gives zero share to the active objectives {self._names()}; "
+                "change `curriculum_mixtures`."
+            )
+
+    def _names(self) -> list[str]:
+        return [name for name, a in zip(OBJECTIVES, self.active) if a]
+
+    def _restrict(self, mixture: Sequence[float]) -> tuple[float, ...]:
+        return tuple(x if a else 0.0 for x, a in zip(mixture, self.active))
+
+    def _raw(self, step: float) -> tuple[float, ...]:
+        phase = sum(step >= b for b in self.boundary_steps)
+        target = self.mixtures[phase]
+        if phase == 0:
+            return target
+        previous = self.mixtures[phase - 1]
+        ramp = 1.0 - math.exp(-(step - self.boundary_steps[phase - 1]) / self.tau)
+        return tuple(p + (t - p) * ramp for p, t in zip(previous, target))
+
+    def _time_average(self) -> tuple[float, ...]:
+        n = self.total_steps
+        sums = [0.0, 0.0, 0.0]
+        for step in range(n):
+            for i, x in enumerate(self._raw(step)):
+                sums[i] += x / n
+        return tuple(sums)
+
+    def phase(self, step: int) -> int:
+        """Index of the phase that `step` belongs to (0-based)."""
+        return sum(step >= b for b in self.boundary_steps)
+
+    def mixture(self, step: int) -> tuple[float, float, float]:
+        """Share of the step's examples per objective (pretrain, sft, rl), restricted to active ones, summing to 1.
+
+        If the schedule gives the active objectives no mass at this step (e.g. only pretraining data exists and the
+        phase is 0/0/100 on the others), the active objectives share equally.
+        """
+        raw = self._constant if self.mode == "constant" else self._raw(step)
+        restricted = self._restrict(raw)
+        total = sum(restricted)
+        if total <= 0:
+            count = sum(self.active)
+            return tuple(1.0 / count if a else 0.0 for a in self.active)
+        return tuple(x / total for x in restricted)
+
+
+class CurriculumCallback(TrainerCallback):
+    """Owns the [`CurriculumSchedule`], logs `curriculum/<objective>` and `curriculum/phase`, and checkpoints position.
+
+    The trainer asks `mixture(step)` when it builds a step's batch. The schedule is a pure function of the optimizer
+    step, which the `Trainer` checkpoints, so a resumed run continues the schedule exactly where it stopped.
+
+    Args:
+        schedule (`CurriculumSchedule`): the schedule.
+    """
+
+    def __init__(self, schedule: CurriculumSchedule):
+        self.schedule = schedule
+
+    def mixture(self, step: int) -> tuple[float, float, float]:
+        """The (pretrain, sft, rl) shares for optimizer step `step`."""
+        return self.schedule.mixture(step)
+
+    def metrics(self, step: int, shares: tuple[float, float, float] | None = None) -> dict[str, float]:
+        """`curriculum/<objective>` shares and `curriculum/phase` of optimizer step `step` (shares recomputed if None)."""
+        mix = self.schedule.mixture(step) if shares is None else shares
+        out = {f"curriculum/{name}": value for name, value in zip(OBJECTIVES, mix)}
+        out["curriculum/phase"] = float(self.schedule.phase(step))
+        return out

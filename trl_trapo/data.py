@@ -1,0 +1,417 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Datasets of the three objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
+
+Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/trl/dataset_formats):
+
+| objective | columns | notes |
+|---|---|---|
+| pretraining | `text` | map-style or streaming; packed (EOS between documents) or chunked to `pretrain_max_length` |
+| SFT | `prompt` + `completion`, or `messages` | standard or conversational; loss on completion tokens + EOS only |
+| RL | `prompt`, or `input_ids` (PPO's tokenized prompts) | standard or conversational; other columns go to rewards |
+
+Rows handed to the collator are dicts with `input_ids` (shape `(L,)`) and a target-aligned `mask` (shape `(L - 1,)`,
+1 where predicting token t + 1 counts); masks always come from lengths, never from comparing ids with the pad id, so
+a tokenizer whose pad token is its EOS token is handled correctly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset
+from trl.data_utils import apply_chat_template, is_conversational
+
+
+logger = logging.getLogger(__name__)
+
+PRETRAIN, SFT, RL = 0, 1, 2
+
+
+def dataset_columns(dataset: Dataset | IterableDataset) -> list[str]:
+    """Column names of a map-style or streaming dataset (empty list if unknown)."""
+    names = getattr(dataset, "column_names", None)
+    if names is None and isinstance(dataset, IterableDataset):
+        features = dataset.features
+        names = list(features) if features is not None else []
+    return list(names or [])
+
+
+def _check_not_empty(dataset: Dataset | IterableDataset, name: str) -> None:
+    if isinstance(dataset, Dataset) and len(dataset) == 0:
+        raise ValueError(f"`{name}` is empty (0 rows). Pass a dataset with at least one row, or None to drop it.")
+
+
+def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
+    """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
+    _check_not_empty(dataset, "pretrain_dataset")
+    columns = dataset_columns(dataset)
+    if columns and "text" not in columns:
+        raise ValueError(
+            f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}. "
+            "Rename your text column to 'text', e.g. `dataset.rename_column('content', 'text')`."
+        )
+
+
+def check_sft_dataset(dataset: Dataset) -> None:
+    """Raise a ValueError unless `dataset` is a non-empty prompt-completion or `messages` dataset."""
+    _check_not_empty(dataset, "sft_dataset")
+    columns = dataset_columns(dataset)
+    if not ({"prompt", "completion"} <= set(columns) or "messages" in columns):
+        raise ValueError(
+            f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
+            f"column (conversational format); it has {columns}. See https://huggingface.co/docs/trl/dataset_formats."
+        )
+
+
+def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
+    """Raise a ValueError unless `dataset` is a non-empty prompt-only dataset (`prompt` or tokenized `input_ids`)."""
+    _check_not_empty(dataset, name)
+    columns = dataset_columns(dataset)
+    if "prompt" not in columns and "input_ids" not in columns:
+        raise ValueError(
+            f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
+            f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
+        )
+
+
+def _prompt_text(prompt: Any, tokenizer, template_kwargs: dict) -> str:
+    if is_conversational({"prompt": prompt}):
+        return apply_chat_template({"prompt": prompt}, tokenizer, **template_kwargs)["prompt"]
+    return prompt
+
+
+def tokenize_prompt(prompt: Any, tokenizer, template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of one prompt, as used both for generation and as the prefix of SFT rows.
+
+    Conversational prompts get the chat template (with the generation prompt) and no extra special tokens; standard
+    text prompts get the tokenizer's special tokens (e.g. BOS) as `tokenizer(text)` adds them.
+
+    Args:
+        prompt (`str` or `list[dict]`): a prompt in standard or conversational format.
+        tokenizer: the policy's tokenizer.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
+
+    Returns:
+        `list[int]`: the prompt's token ids.
+    """
+    template_kwargs = template_kwargs or {}
+    if is_conversational({"prompt": prompt}):
+        text = _prompt_text(prompt, tokenizer, template_kwargs)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt)["input_ids"]
+
+
+def tokenize_sft_dataset(
+    dataset: Dataset, tokenizer, max_length: int, template_kwargs: dict | None = None, num_proc: int | None = None
+) -> Dataset:
+    """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on completion tokens and the final EOS).
+
+    `messages` rows are split into a prompt (every message before the last one) and a completion (the last message,
+    which must be the assistant's), so the loss is on the final assistant turn. Rows longer than `max_length` are
+    truncated from the right; the number truncated is logged.
+
+    Args:
+        dataset (`Dataset`): prompt-completion or `messages` dataset.
+        tokenizer: the policy's tokenizer (must have an EOS token).
+        max_length (`int`): maximum row length in tokens.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
+        num_proc (`int`, *optional*): processes for `Dataset.map`.
+
+    Returns:
+        `Dataset` with columns `input_ids` and `completion_mask` (lists of equal length).
+
+    Raises:
+        ValueError: if a `messages` row does not end with an assistant message, or no row keeps a completion token.
+    """
+    template_kwargs = template_kwargs or {}
+    eos = tokenizer.eos_token_id
+
+    def tokenize(example: dict) -> dict:
+        if "messages" in example and example.get("messages") is not None and "completion" not in example:
+            messages = example["messages"]
+            if not messages or messages[-1].get("role") != "assistant":
+                raise ValueError(
+                    "An `sft_dataset` 'messages' row must end with an assistant message (the completion to learn); "
+                    f"got last role {messages[-1].get('role') if messages else None!r}."
+                )
+            example = {"prompt": messages[:-1], "completion": messages[-1:]}
+        prompt, completion = example["prompt"], example["completion"]
+        if is_conversational({"prompt": prompt}):
+            rendered = apply_chat_template({"prompt": prompt, "completion": completion}, tokenizer, **template_kwargs)
+            prompt_ids = tokenizer(rendered["prompt"], add_special_tokens=False)["input_ids"]
+            completion_ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
+        else:
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        if not completion_ids or completion_ids[-1] != eos:
+            completion_ids = completion_ids + [eos]
+        input_ids = prompt_ids + completion_ids
+        mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
+        truncated = len(input_ids) > max_length
+        return {"input_ids": input_ids[:max_length], "completion_mask": mask[:max_length], "truncated": truncated}
+
+    columns = dataset_columns(dataset)
+    tokenized = dataset.map(tokenize, remove_columns=columns, num_proc=num_proc, desc="Tokenizing SFT dataset")
+    num_truncated = sum(tokenized["truncated"])
+    if num_truncated:
+        logger.warning(
+            "%d of %d SFT rows are longer than sft_max_length=%d tokens and were truncated.",
+            num_truncated,
+            len(tokenized),
+            max_length,
+        )
+    tokenized = tokenized.remove_columns("truncated")
+    keep = tokenized.filter(lambda m: sum(m) > 0, input_columns="completion_mask")
+    if len(keep) < len(tokenized):
+        logger.warning(
+            "%d SFT rows have no completion token left within sft_max_length=%d and are skipped.",
+            len(tokenized) - len(keep),
+            max_length,
+        )
+    if len(keep) == 0:
+        raise ValueError(
+            f"No `sft_dataset` row keeps a completion token within sft_max_length={max_length}: raise sft_max_length."
+        )
+    return keep
+
+
+def tokenize_prompt_dataset(
+    dataset: Dataset,
+    tokenizer,
+    max_prompt_length: int,
+    template_kwargs: dict | None = None,
+    name: str = "train_dataset",
+    num_proc: int | None = None,
+) -> Dataset:
+    """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths.
+
+    Args:
+        dataset (`Dataset`): prompt-only dataset (`prompt` column, standard or conversational, or `input_ids`).
+        tokenizer: the policy's tokenizer.
+        max_prompt_length (`int`): maximum prompt length in tokens.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
+        name (`str`): the argument's name, for error messages.
+        num_proc (`int`, *optional*): processes for `Dataset.map`.
+
+    Returns:
+        `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent).
+
+    Raises:
+        ValueError: if any prompt is longer than `max_prompt_length` tokens (never silently truncated), or empty.
+    """
+    template_kwargs = template_kwargs or {}
+    columns = dataset_columns(dataset)
+    has_prompt = "prompt" in columns
+
+    def tokenize(example: dict) -> dict:
+        if has_prompt:
+            ids = tokenize_prompt(example["prompt"], tokenizer, template_kwargs)
+            return {"prompt_ids": ids}
+        ids = list(example["input_ids"])
+        # PPO-style datasets may arrive left-padded; strip padding by the attention mask when there is one
+        if "attention_mask" in example and example["attention_mask"] is not None:
+            ids = [t for t, m in zip(ids, example["attention_mask"]) if m]
+        return {"prompt_ids": ids, "prompt": tokenizer.decode(ids, skip_special_tokens=True)}
+
+    tokenized = dataset.map(tokenize, num_proc=num_proc, desc=f"Tokenizing {name}")
+    lengths = [len(ids) for ids in tokenized["prompt_ids"]]
+    too_long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} prompts of `{name}` are longer than max_prompt_length={max_prompt_length} tokens "
+            f"(longest: {max(lengths)} tokens, first at row {too_long[0]}). Raise `max_prompt_length` (the model must "
+            f"fit max_prompt_length + response_length positions) or filter those prompts out; they are never "
+            "truncated silently."
+        )
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    if empty:
+        raise ValueError(f"{len(empty)} prompts of `{name}` are empty (first at row {empty[0]}); remove them.")
+    return tokenized
+
+
+class ShardedSampler:
+    """Endless per-rank stream of dataset indices: a fresh seeded permutation each epoch, rank r takes r::world.
+
+    Every rank draws the same permutation (same seed), so shards are disjoint and together cover the dataset once
+    per epoch. The position is checkpointable.
+
+    Args:
+        size (`int`): dataset length (> 0).
+        seed (`int`): base seed; epoch e uses seed + e.
+        rank (`int`): this process's index.
+        world_size (`int`): number of processes.
+        shuffle (`bool`): permute each epoch (True) or keep the dataset order.
+    """
+
+    def __init__(self, size: int, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+        if size < 1:
+            raise ValueError("ShardedSampler needs a non-empty dataset.")
+        self.size, self.seed, self.rank, self.world_size, self.shuffle = size, seed, rank, world_size, shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order: list[int] = self._shard(0)
+
+    def _shard(self, epoch: int) -> list[int]:
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+        else:
+            order = list(range(self.size))
+        if self.size < self.world_size:  # fewer rows than ranks: every rank cycles through all rows
+            return order[self.rank % self.size :] + order[: self.rank % self.size]
+        return order[self.rank :: self.world_size]
+
+    def take(self, n: int) -> list[int]:
+        """The next `n` indices of this rank (crossing epoch boundaries as needed)."""
+        out: list[int] = []
+        while len(out) < n:
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._shard(self.epoch)
+            take = min(n - len(out), len(self._order) - self.position)
+            out.extend(self._order[self.position : self.position + take])
+            self.position += take
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "size": self.size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("size") != self.size:
+            raise ValueError(
+                f"Sampler state was saved for a dataset of {state.get('size')} rows, this dataset has {self.size}: "
+                "resume with the same dataset."
+            )
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._shard(self.epoch)
+
+
+class PretrainStream:
+    """Rows of pretraining tokens from a `text` dataset: packed (EOS between documents) or chunked per document.
+
+    Map-style datasets are read in a seeded per-rank permutation (see [`ShardedSampler`]); streaming datasets are split
+    by rank with `datasets.distributed.split_dataset_by_node` and restarted (`set_epoch`) when exhausted. The stream
+    position (epoch, documents consumed, leftover tokens) is checkpointable.
+
+    Args:
+        dataset (`Dataset` or `IterableDataset`): with a `text` column.
+        tokenizer: the policy's tokenizer (must have an EOS token).
+        max_length (`int`): tokens per row.
+        packing (`bool`): pack across documents (True) or chunk each document on its own (False).
+        seed, rank, world_size: sharding, as in [`ShardedSampler`].
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | IterableDataset,
+        tokenizer,
+        max_length: int,
+        packing: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.packing = packing
+        self.streaming = isinstance(dataset, IterableDataset)
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.buffer: list[int] = []
+        self.pending: list[list[int]] = []  # chunks ready to serve (chunked mode)
+        if self.streaming:
+            from datasets.distributed import split_dataset_by_node
+
+            self._shard = (
+                split_dataset_by_node(dataset, rank=rank, world_size=world_size) if world_size > 1 else dataset
+            )
+            self.epoch = 0
+            self.consumed = 0
+            self._iterator: Iterator | None = None
+        else:
+            self.sampler = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
+
+    def _next_documents(self, n: int) -> list[str]:
+        if not self.streaming:
+            return self.dataset.select(self.sampler.take(n))["text"]
+        docs: list[str] = []
+        empty_epochs = 0
+        while len(docs) < n:
+            if self._iterator is None:
+                self._shard.set_epoch(self.epoch)
+                self._iterator = iter(self._shard.skip(self.consumed) if self.consumed else self._shard)
+            try:
+                docs.append(next(self._iterator)["text"])
+                self.consumed += 1
+                empty_epochs = 0
+            except StopIteration:
+                if self.consumed == 0:
+                    empty_epochs += 1
+                    if empty_epochs > 1:
+                        raise ValueError("`pretrain_dataset` (streaming) yielded no rows on this rank.") from None
+                self.epoch += 1
+                self.consumed = 0
+                self._iterator = None
+        return docs
+
+    def _fill(self) -> None:
+        eos = self.tokenizer.eos_token_id
+        docs = [d for d in self._next_documents(64) if d]
+        if not docs:
+            return
+        for ids in self.tokenizer(docs, add_special_tokens=False)["input_ids"]:
+            ids = ids + [eos]
+            if self.packing:
+                self.buffer.extend(ids)
+            else:
+                for start in range(0, len(ids), self.max_length):
+                    chunk = ids[start : start + self.max_length]
+                    if len(chunk) >= 2:
+                        self.pending.append(chunk)
+
+    def take(self, n: int) -> list[dict[str, torch.Tensor]]:
+        """The next `n` pretraining rows: `{"input_ids": (L,), "mask": (L - 1,)}` with every target counted."""
+        rows = []
+        attempts = 0
+        while len(rows) < n:
+            if self.packing and len(self.buffer) >= self.max_length:
+                chunk, self.buffer = self.buffer[: self.max_length], self.buffer[self.max_length :]
+            elif not self.packing and self.pending:
+                chunk = self.pending.pop(0)
+            else:
+                self._fill()
+                attempts += 1
+                if attempts > 1000:
+                    raise ValueError("`pretrain_dataset` produced no tokens: are all its 'text' values empty?")
+                continue
+            ids = torch.tensor(chunk, dtype=torch.long)
+            rows.append({"objective": PRETRAIN, "input_ids": ids, "mask": torch.ones(len(chunk) - 1)})
+        return rows
+
+    def state_dict(self) -> dict:
+        state = {"buffer": list(self.buffer), "pending": [list(c) for c in self.pending]}
+        if self.streaming:
+            state.update({"epoch": self.epoch, "consumed": self.consumed})
+        else:
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer = [int(t) for t in state["buffer"]]
+        self.pending = [[int(t) for t in c] for c in state.get("pending", [])]
+        if self.streaming:
+            self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+            self._iterator = None
+        else:
+            self.sampler.load_state_dict(state["sampler"])
+
+
+def sft_row(input_ids: list[int], completion_mask: list[int]) -> dict[str, torch.Tensor]:
+    """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS)."""
+    ids = torch.tensor(input_ids, dtype=torch.long)
+    mask = torch.tensor(completion_mask[1:], dtype=torch.float32)
+    return {"objective": SFT, "input_ids": ids, "mask": mask}

@@ -1,0 +1,386 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The loss terms of TRAPO as pure, stateless functions.
+
+Shape letters, used in every docstring of this module:
+
+- ``B``: rows of a (micro-)batch (one row = one sequence);
+- ``T``: token positions, *target-aligned*: position ``t`` holds quantities about predicting token ``t + 1`` of the
+  row's ``input_ids`` from its prefix (so ``T = seq_len - 1``);
+- ``P``: prompts, ``G``: completions (generations) per prompt, ``P * G`` completions in all.
+
+Masks are float or bool tensors where **1 means "this token counts"**. Every reduction is written so that a fully
+masked row (or a fully masked batch) contributes exactly 0 — never NaN. Log-probabilities are natural logs (nats).
+
+Nothing here normalises by a *global* count on its own: the trainer passes the global token / sequence counts of the
+accumulated batch (summed over gradient-accumulation micro-batches and ranks), which is what makes gradient
+accumulation and data parallelism exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from trl.trainer.utils import nanstd
+
+
+KLEstimator = Literal["k1", "k2", "k3"]
+LossType = Literal["dapo", "grpo", "dr_grpo", "bnpo"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Masked reductions
+# ---------------------------------------------------------------------------------------------------------------------
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of `values` where `mask` is 1.
+
+    Args:
+        values (`torch.Tensor`): any shape.
+        mask (`torch.Tensor`): same shape as `values` (bool or 0/1 float).
+        dim (`int`, *optional*): dimension to reduce; all dimensions when None.
+
+    Returns:
+        `torch.Tensor`: the masked sum (0 where everything is masked). Masked positions never propagate NaN/inf.
+    """
+    masked = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return masked.sum() if dim is None else masked.sum(dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `values` where `mask` is 1; 0 (not NaN) where the mask is empty.
+
+    Args:
+        values (`torch.Tensor`): any shape.
+        mask (`torch.Tensor`): same shape as `values`.
+        dim (`int`, *optional*): dimension to reduce; all dimensions when None.
+
+    Returns:
+        `torch.Tensor`: the masked mean.
+    """
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(values, mask, dim) / count.clamp(min=1)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Whiten `values` with the mean and unbiased variance of its masked entries (PPO's `masked_whiten`).
+
+    Args:
+        values (`torch.Tensor`): shape `(B, T)`.
+        mask (`torch.Tensor`): shape `(B, T)`.
+        shift_mean (`bool`): when False the mean is added back (used for rewards, whose level matters).
+
+    Returns:
+        `torch.Tensor`: shape `(B, T)`, `(values - mean) / sqrt(var + 1e-8)` (+ mean when `shift_mean=False`).
+
+    Raises:
+        ValueError: if fewer than 2 entries are unmasked (the unbiased variance is undefined).
+    """
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    if count < 2:
+        raise ValueError(f"masked_whiten needs at least 2 unmasked entries, got {int(count)}.")
+    mean = masked_sum(values, mask) / count
+    centered = values - mean
+    variance = masked_sum(centered**2, mask) / count * (count / (count - 1))
+    whitened = centered * torch.rsqrt(variance + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KL estimators
+# ---------------------------------------------------------------------------------------------------------------------
+def kl_estimate(
+    per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: KLEstimator = "k1"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL divergence", 2020).
+
+    With log r = log pi_ref(y_t) - log pi(y_t): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r. k1 is unbiased
+    but can be negative per token; k3 is unbiased and always >= 0; k2 is biased but low-variance.
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log pi of the sampled tokens (nats).
+        ref_per_token_logps (`torch.Tensor`): shape `(B, T)`, log pi_ref of the same tokens (nats).
+        estimator (`str`): "k1", "k2" or "k3".
+
+    Returns:
+        `torch.Tensor`: shape `(B, T)`, per-token KL estimate in nats (unmasked; mask it yourself).
+
+    Raises:
+        ValueError: for an unknown estimator.
+    """
+    log_ratio = ref_per_token_logps - per_token_logps
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.expm1(log_ratio) - log_ratio
+    raise ValueError(f"kl_estimator={estimator!r} is not one of 'k1', 'k2', 'k3'.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Policy and value losses
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class PolicyLossOutput:
+    """Per-token clipped surrogate and its statistics (all shape `(B, T)`; statistics detached)."""
+
+    per_token_loss: torch.Tensor  # (B, T) -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)
+    ratio: torch.Tensor  # (B, T) rho = pi / pi_old, detached
+    is_clipped: torch.Tensor  # (B, T) bool, the clipped branch was the active (larger) loss
+    approx_kl: torch.Tensor  # (B, T) 0.5 * (log rho)^2, detached (PPO's approxkl)
+
+
+def clipped_policy_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    cliprange: float,
+    importance_weights: torch.Tensor | None = None,
+) -> PolicyLossOutput:
+    """PPO's clipped surrogate, per token (Schulman et al. 2017, huggingface.co/papers/1707.06347, eq. 7).
+
+    L_t = max(-A_t * rho_t, -A_t * clip(rho_t, 1 - eps, 1 + eps)), rho_t = exp(log pi - log pi_old).
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log pi_theta (requires grad).
+        old_per_token_logps (`torch.Tensor`): shape `(B, T)`, behaviour log-probs log pi_old.
+        advantages (`torch.Tensor`): shape `(B, T)` (or `(B, 1)`, broadcast).
+        cliprange (`float`): epsilon.
+        importance_weights (`torch.Tensor`, *optional*): shape `(B, T)`, detached extra weights (e.g. a truncated
+            importance weight for stale replay samples); multiplies the per-token loss.
+
+    Returns:
+        [`PolicyLossOutput`]: the unreduced per-token loss (mask and aggregate it with [`aggregate_rl_loss`]).
+    """
+    log_ratio = per_token_logps - old_per_token_logps
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    per_token_loss = torch.maximum(loss_unclipped, loss_clipped)
+    if importance_weights is not None:
+        per_token_loss = per_token_loss * importance_weights
+    with torch.no_grad():
+        is_clipped = loss_clipped > loss_unclipped
+        approx_kl = 0.5 * log_ratio.detach() ** 2
+    return PolicyLossOutput(per_token_loss, ratio.detach(), is_clipped, approx_kl)
+
+
+@dataclass
+class ValueLossOutput:
+    """Per-token clipped value loss and its statistics (shape `(B, T)`; statistics detached)."""
+
+    per_token_loss: torch.Tensor  # (B, T) 0.5 * max((V - R)^2, (V_clipped - R)^2)
+    is_clipped: torch.Tensor  # (B, T) bool, the clipped branch was larger
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, cliprange_value: float
+) -> ValueLossOutput:
+    """PPO's clipped value loss, per token: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2).
+
+    Args:
+        values (`torch.Tensor`): shape `(B, T)`, current value predictions (requires grad).
+        old_values (`torch.Tensor`): shape `(B, T)`, value predictions at rollout time.
+        returns (`torch.Tensor`): shape `(B, T)`, GAE returns (advantages + old values).
+        cliprange_value (`float`): c.
+
+    Returns:
+        [`ValueLossOutput`]: the unreduced per-token loss.
+    """
+    values_clipped = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    loss_unclipped = (values - returns) ** 2
+    loss_clipped = (values_clipped - returns) ** 2
+    per_token_loss = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
+    return ValueLossOutput(per_token_loss, (loss_clipped > loss_unclipped).detach())
+
+
+def aggregate_rl_loss(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: LossType,
+    num_tokens: float,
+    num_sequences: float,
+    response_length: int,
+    num_micro_batches: float = 1.0,
+) -> torch.Tensor:
+    """Reduce a per-token RL loss to the scalar this micro-batch contributes to the step's loss.
+
+    The normalisers are *global* (the whole accumulated batch on all ranks), so the sum of the returned values over
+    micro-batches and ranks is the loss of the step, whatever the split:
+
+    - "dapo" (DAPO, huggingface.co/papers/2503.14476): sum over tokens / `num_tokens`;
+    - "grpo" (GRPO, huggingface.co/papers/2402.03300): each row's token mean, summed / `num_sequences`;
+    - "dr_grpo" (Dr. GRPO, huggingface.co/papers/2503.20783): sum / (`num_sequences` * `response_length`);
+    - "bnpo": this micro-batch's token mean / `num_micro_batches` (TRL 1.12 PPOTrainer's `masked_mean` per
+      micro-batch, averaged over micro-batches; depends on how the batch is split).
+
+    Args:
+        per_token_loss (`torch.Tensor`): shape `(B, T)`.
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on tokens that count.
+        loss_type (`str`): one of the four above.
+        num_tokens (`float`): global number of counted tokens ("dapo").
+        num_sequences (`float`): global number of rows with at least one counted token ("grpo", "dr_grpo").
+        response_length (`int`): the constant of "dr_grpo".
+        num_micro_batches (`float`): global number of micro-batches holding counted tokens ("bnpo").
+
+    Returns:
+        `torch.Tensor`: scalar; exactly 0 when the mask is empty.
+
+    Raises:
+        ValueError: for an unknown `loss_type`.
+    """
+    if loss_type == "dapo":
+        return masked_sum(per_token_loss, mask) / max(num_tokens, 1.0)
+    if loss_type == "grpo":
+        return masked_mean(per_token_loss, mask, dim=-1).sum() / max(num_sequences, 1.0)
+    if loss_type == "dr_grpo":
+        return masked_sum(per_token_loss, mask) / max(num_sequences * response_length, 1.0)
+    if loss_type == "bnpo":
+        return masked_mean(per_token_loss, mask) / max(num_micro_batches, 1.0)
+    raise ValueError(f"loss_type={loss_type!r} is not one of 'dapo', 'grpo', 'dr_grpo', 'bnpo'.")
+
+
+def sft_token_weights(
+    per_token_logps: torch.Tensor, sft_loss_type: Literal["nll", "trust_region"], alpha: float = 0.1
+) -> torch.Tensor | None:
+    """Per-token weights of the SFT negative log-likelihood.
+
+    "nll" returns None (every token weighs 1). "trust_region" returns min(1, p / alpha), detached: the gradient of
+    -w * log p is then -grad(log p) for tokens the policy already finds likely (p >= alpha) and -grad(p) / alpha for
+    unlikely ones, which bounds how hard off-policy demonstrations pull the policy (Trust-Region Adaptive Policy
+    Optimization, huggingface.co/papers/2512.17636, section 3).
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log p of the demonstration tokens (nats).
+        sft_loss_type (`str`): "nll" or "trust_region".
+        alpha (`float`): the trust-region threshold (0.1 in the paper).
+
+    Returns:
+        `torch.Tensor` of shape `(B, T)`, or None.
+    """
+    if sft_loss_type == "nll":
+        return None
+    if sft_loss_type == "trust_region":
+        return torch.clamp(per_token_logps.detach().exp() / alpha, max=1.0)
+    raise ValueError(f"sft_loss_type={sft_loss_type!r} is not one of 'nll', 'trust_region'.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rewards and advantages
+# ---------------------------------------------------------------------------------------------------------------------
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position where `mask` is 1 in each row (0 for an all-zero row).
+
+    Args:
+        mask (`torch.Tensor`): shape `(B, T)`.
+
+    Returns:
+        `torch.Tensor`: shape `(B,)`, long.
+    """
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, torch.zeros_like(positions)).amax(dim=-1)
+
+
+def per_token_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token rewards: -kl_coef * KL on every completion token, plus the score on the last one.
+
+    The score sits on the last *real* completion token (the stop token when there is one), found from the mask —
+    never from token ids, so a pad token equal to EOS cannot move it.
+
+    Args:
+        scores (`torch.Tensor`): shape `(B,)`, sequence-level scores (reward model / functions, penalties applied).
+        kl (`torch.Tensor`): shape `(B, T)`, per-token KL estimates.
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on completion tokens.
+        kl_coef (`float`): KL coefficient.
+
+    Returns:
+        tuple `(rewards, non_score_rewards)`, both shape `(B, T)` and 0 outside the mask.
+    """
+    mask = mask.to(kl.dtype)
+    non_score = -kl_coef * kl * mask
+    rewards = non_score.clone()
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype) * (mask.sum(-1) > 0).to(rewards.dtype)
+    return rewards, non_score
+
+
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2015, huggingface.co/papers/1506.02438, eq. 16).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = sum_l (gamma * lam)^l delta_{t+l}, with V = 0 and r = 0 outside
+    the mask (after the completion ends), so the episode terminates at its last real token.
+
+    Args:
+        rewards (`torch.Tensor`): shape `(B, T)`, per-token rewards.
+        values (`torch.Tensor`): shape `(B, T)`, value predictions at rollout time.
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on completion tokens (a prefix of each row).
+        gamma (`float`): discount.
+        lam (`float`): GAE lambda.
+
+    Returns:
+        tuple `(advantages, returns)`, both `(B, T)`; returns = advantages + values; 0 outside the mask.
+    """
+    mask = mask.to(values.dtype)
+    values = values * mask
+    rewards = rewards * mask
+    advantages = torch.zeros_like(values)
+    last_gae = torch.zeros_like(values[:, 0])
+    length = values.shape[1]
+    for t in reversed(range(length)):
+        next_values = values[:, t + 1] if t + 1 < length else torch.zeros_like(last_gae)
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_gae = delta + gamma * lam * last_gae
+        advantages[:, t] = last_gae
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def group_relative_advantages(
+    rewards: torch.Tensor, num_generations: int, scale: Literal["group", "batch", "none"] = "group"
+) -> torch.Tensor:
+    """Critic-free advantages: each reward minus the mean of its group of `num_generations` completions.
+
+    GRPO (huggingface.co/papers/2402.03300, eq. 3) divides by the group standard deviation ("group"); "batch" divides
+    by the standard deviation of the whole batch; "none" does not divide (Dr. GRPO, huggingface.co/papers/2503.20783).
+    NaN rewards mean "no reward for this completion" (a reward function returned None): they are left out of the
+    group statistics and get a NaN advantage (the caller drops those completions). A group whose valid rewards are
+    all equal — or that has a single valid reward — gets advantage 0, never NaN.
+
+    Args:
+        rewards (`torch.Tensor`): shape `(P * G,)`, completions of one prompt contiguous; NaN = no reward.
+        num_generations (`int`): G.
+        scale (`str`): "group", "batch" or "none".
+
+    Returns:
+        `torch.Tensor`: shape `(P * G,)`.
+
+    Raises:
+        ValueError: if the number of rewards is not a multiple of `num_generations`, or `scale` is unknown.
+    """
+    if rewards.numel() % num_generations:
+        raise ValueError(
+            f"{rewards.numel()} rewards cannot be split into groups of num_generations={num_generations}."
+        )
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards={scale!r} is not one of 'group', 'batch', 'none'.")
+    grouped = rewards.view(-1, num_generations)
+    valid = ~torch.isnan(grouped)
+    count = valid.sum(dim=1, keepdim=True)
+    mean = torch.where(valid, grouped, 0.0).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    centered = grouped - mean  # NaN stays NaN
+    if scale == "none":
+        return centered.view(-1)
+    if scale == "group":
+        std = nanstd(grouped, dim=1, keepdim=True)
+    else:
+        std = nanstd(rewards).expand(1, 1)
+    std = torch.nan_to_num(std, nan=0.0)
+    return (centered / (std + 1e-4)).view(-1)

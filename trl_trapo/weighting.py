@@ -1,0 +1,337 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""DARE, the Dynamic Adaptive Routing Engine: how much each objective counts, decided from measured signals.
+
+Every weighting strategy has the same small interface — `weights()`, `update(stats, step)`, `state_dict()`,
+`load_state_dict()` — so a new strategy is one class. `weights()` returns one *factor* per objective (pretrain, sft,
+rl); the trainer combines factors with the curriculum mixture and the static multipliers (see [`combine_weights`]).
+
+## What DARE measures
+
+The source document names three signals — a throughput estimate for pretraining, gradient diversity for SFT and
+reward sensitivity for RL — without defining them. We measure all three with one estimator so they share a unit and
+can be compared: **split-half gradient agreement**. At a DARE update step the rows of each objective are split into
+two disjoint halves A and B, and the cosine between the two halves' gradients is taken. In expectation
+<g_A, g_B> = ||E g||^2 (independent noise cancels), so the cosine is the share of the objective's gradient that is
+systematic rather than noise:
+
+- pretraining — *throughput*: how much of the tokens spent on pretraining turns into a consistent update;
+- SFT — *gradient diversity*: 1 - cosine is the diversity of the demonstrations' gradients; shuffled or
+  contradictory demonstrations have gradients that disagree;
+- RL — *reward sensitivity*: the RL gradient is the advantage-weighted score function, whose expectation is
+  grad E[reward]; its agreement says how reliably the reward responds to the policy. A constant reward gives zero
+  advantages and therefore signal 0 by construction.
+
+The gradients are taken with respect to the output projection (the LM head) in closed form: for a token with
+probabilities p, target y, hidden state h and loss coefficient c, dL/dW = c (p - e_y) h^T. That needs only the
+forward pass the step already does (no extra forward, no extra backward) and works the same under DDP, ZeRO-3 or
+FSDP. Two sketches keep it small: a fixed random subset of `dare_probe_vocab` vocabulary rows (all rows when the
+vocabulary is smaller) and a random projection of h to `dare_probe_dim` dimensions. Cost at an update step: one
+extra pass over the logits of the step's tokens (a log-sum-exp) and two small matrix products per objective;
+nothing at other steps. The probe sums are all-reduced across ranks, so every rank computes the same factors.
+
+## From signals to factors
+
+With s_o = max(cosine_o, 0) for each active objective, the target factor is t_o = s_o / mean(s) (all 1 if every
+s_o is 0), clipped to [`dare_min_factor`, `dare_max_factor`]; the factor is smoothed with momentum 0.9,
+f_o <- 0.9 f_o + 0.1 t_o, and updated every ceil(sqrt(N)) optimizer steps by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from transformers import TrainerCallback
+
+from .config import OBJECTIVES
+
+
+logger = logging.getLogger(__name__)
+
+
+class WeightingStrategy(Protocol):
+    """The interface every weighting strategy implements."""
+
+    def weights(self) -> tuple[float, float, float]:
+        """Current factor per objective (pretrain, sft, rl)."""
+        ...
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        """Take the signals measured at optimizer step `step` (`signal/<objective>`, None when not measured)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+        ...
+
+
+def combine_weights(
+    static: Sequence[float], shares: Sequence[float], factors: Sequence[float]
+) -> tuple[float, float, float]:
+    """Effective loss weight per objective: w_o = c_o * s_o * f_o / sum_k c_k * s_k * f_k.
+
+    Args:
+        static (`Sequence[float]`): the user's static multipliers c_o (0 switches an objective off).
+        shares (`Sequence[float]`): the curriculum shares s_o of this step (0 for objectives without data).
+        factors (`Sequence[float]`): DARE's factors f_o.
+
+    Returns:
+        `tuple[float, float, float]`: weights summing to 1 (all 0 if every product is 0).
+    """
+    products = [c * s * f for c, s, f in zip(static, shares, factors)]
+    total = sum(products)
+    if total <= 0:
+        return (0.0, 0.0, 0.0)
+    return tuple(p / total for p in products)
+
+
+class StaticWeighting:
+    """All factors 1: the loss weights are the curriculum mixture times the static multipliers (ablation mode)."""
+
+    def weights(self) -> tuple[float, float, float]:
+        return (1.0, 1.0, 1.0)
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"strategy": "static"}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("strategy") != "static":
+            raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into StaticWeighting.")
+
+
+class DAREWeighting:
+    """DARE's dynamic factors from split-half gradient agreement (see the module docstring).
+
+    Args:
+        active (`Sequence[bool]`): which objectives take part; inactive ones keep factor 1 and are ignored.
+        momentum (`float`): smoothing momentum (0.9 in the source document).
+        min_factor (`float`): lower bound of a factor.
+        max_factor (`float`): upper bound of a factor.
+    """
+
+    def __init__(
+        self,
+        active: Sequence[bool] = (True, True, True),
+        momentum: float = 0.9,
+        min_factor: float = 0.25,
+        max_factor: float = 4.0,
+    ):
+        self.active = tuple(bool(a) for a in active)
+        self.momentum = momentum
+        self.min_factor = min_factor
+        self.max_factor = max_factor
+        self.factors = [1.0, 1.0, 1.0]
+        self.signals: list[float | None] = [None, None, None]
+        self.num_updates = 0
+        self.last_update_step = -1
+
+    def weights(self) -> tuple[float, float, float]:
+        return tuple(self.factors)
+
+    def targets(self, signals: Sequence[float | None]) -> list[float | None]:
+        """Target factor per objective from raw signals (None where no signal was measured)."""
+        measured = [
+            max(float(s), 0.0) if (a and s is not None and math.isfinite(s)) else None
+            for a, s in zip(self.active, signals)
+        ]
+        values = [s for s in measured if s is not None]
+        if len(values) < 2:  # one objective alone has nothing to be compared with
+            return [None, None, None]
+        mean = sum(values) / len(values)
+        if mean <= 0:
+            return [1.0 if s is not None else None for s in measured]
+        return [None if s is None else min(max(s / mean, self.min_factor), self.max_factor) for s in measured]
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        signals = [stats.get(f"signal/{name}") for name in OBJECTIVES]
+        self.signals = [None if s is None else float(s) for s in signals]
+        for i, target in enumerate(self.targets(self.signals)):
+            if target is not None:
+                self.factors[i] = self.momentum * self.factors[i] + (1.0 - self.momentum) * target
+        self.num_updates += 1
+        self.last_update_step = step
+
+    def state_dict(self) -> dict:
+        return {
+            "strategy": "dare",
+            "factors": list(self.factors),
+            "signals": list(self.signals),
+            "num_updates": self.num_updates,
+            "last_update_step": self.last_update_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("strategy") != "dare":
+            raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into DAREWeighting.")
+        factors = state["factors"]
+        if len(factors) != 3 or not all(isinstance(f, (int, float)) and math.isfinite(f) for f in factors):
+            raise ValueError(f"Corrupted DARE state: factors={factors!r} must be 3 finite numbers.")
+        self.factors = [float(f) for f in factors]
+        self.signals = [None if s is None else float(s) for s in state.get("signals", [None] * 3)]
+        self.num_updates = int(state.get("num_updates", 0))
+        self.last_update_step = int(state.get("last_update_step", -1))
+
+
+class GradientProbe:
+    """Accumulates the sketched closed-form LM-head gradient of each objective, for two halves of its rows.
+
+    For token n with (temperature-scaled) logits z_n, target y_n, final hidden state h_n and loss coefficient c_n,
+    the gradient of c_n * loss_n with respect to the output projection W (shape `(V, H)`) is c_n (p_n - e_{y_n}) h_n^T.
+    We keep it on a fixed subset S of vocabulary rows and a random projection R (shape `(H, K)`) of the hidden states:
+    G[o, half] += sum_n c_n (p_n[S] - e_{y_n}[S]) (h_n R)^T, shape `(|S|, K)`.
+
+    Args:
+        vocab_size (`int`): V.
+        hidden_size (`int`): H.
+        probe_vocab (`int`): |S| (all rows when V <= probe_vocab).
+        probe_dim (`int`): K (the identity when H <= probe_dim).
+        device (`torch.device`): where the sums live.
+        seed (`int`): seed of S and R; the same on every rank.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        probe_vocab: int = 4096,
+        probe_dim: int = 256,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ):
+        generator = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+        if vocab_size <= probe_vocab:
+            self.rows = None
+            num_rows = vocab_size
+        else:
+            self.rows = torch.randperm(vocab_size, generator=generator)[:probe_vocab].sort().values.to(device)
+            num_rows = probe_vocab
+        if hidden_size <= probe_dim:
+            self.projection = None
+            dim = hidden_size
+        else:
+            self.projection = (torch.randn(hidden_size, probe_dim, generator=generator) / math.sqrt(probe_dim)).to(
+                device
+            )
+            dim = probe_dim
+        # column index of every vocabulary id inside S (-1 when not in S)
+        self.position = None
+        if self.rows is not None:
+            self.position = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+            self.position[self.rows] = torch.arange(num_rows, device=device)
+        self.sums = torch.zeros(3, 2, num_rows, dim, device=device)
+        self.counts = torch.zeros(3, 2, device=device)
+
+    def reset(self) -> None:
+        """Forget everything accumulated."""
+        self.sums.zero_()
+        self.counts.zero_()
+
+    @torch.no_grad()
+    def accumulate(
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        coefficients: torch.Tensor,
+        objective: torch.Tensor,
+        half: torch.Tensor,
+    ) -> None:
+        """Add the probe gradients of a set of tokens.
+
+        Args:
+            hidden (`torch.Tensor`): shape `(N, H)`, final hidden states feeding the LM head.
+            logits (`torch.Tensor`): shape `(N, V)`, the logits the loss used (temperature-scaled for RL).
+            targets (`torch.Tensor`): shape `(N,)`, target token ids.
+            coefficients (`torch.Tensor`): shape `(N,)`, dloss/dlog p of each token (1 for NLL, A * rho for an
+                unclipped policy-gradient token, 0 for a clipped one).
+            objective (`torch.Tensor`): shape `(N,)`, objective index 0/1/2 of each token.
+            half (`torch.Tensor`): shape `(N,)`, 0 or 1: the half of the token's row.
+        """
+        if hidden.shape[0] == 0:
+            return
+        hidden = hidden.float()
+        if self.projection is not None:
+            hidden = hidden @ self.projection
+        logits = logits.float()
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        sub = logits if self.rows is None else logits.index_select(-1, self.rows)
+        delta = torch.exp(sub - lse)  # (N, |S|)
+        if self.position is None:
+            columns = targets
+            in_subset = torch.ones_like(targets, dtype=torch.bool)
+        else:
+            columns = self.position[targets]
+            in_subset = columns >= 0
+        rows = torch.arange(targets.shape[0], device=targets.device)[in_subset]
+        delta[rows, columns[in_subset]] -= 1.0
+        delta = delta * coefficients.float().unsqueeze(-1)
+        for o in range(3):
+            for h in range(2):
+                selected = (objective == o) & (half == h)
+                if selected.any():
+                    self.sums[o, h] += delta[selected].T @ hidden[selected]
+                    self.counts[o, h] += selected.sum()
+
+    def cosines(self) -> list[float | None]:
+        """Split-half cosine per objective (None where either half is empty); call after reducing `sums`."""
+        out: list[float | None] = []
+        for o in range(3):
+            if self.counts[o, 0] == 0 or self.counts[o, 1] == 0:
+                out.append(None)
+                continue
+            a, b = self.sums[o, 0].flatten(), self.sums[o, 1].flatten()
+            norm = a.norm() * b.norm()
+            out.append(float((a @ b) / norm) if norm > 1e-30 else 0.0)
+        return out
+
+
+class DARECallback(TrainerCallback):
+    """Owns the weighting engine and decides when it updates; logs `weight/*`, `dare/factor/*`, `dare/signal/*`.
+
+    The trainer measures the signals (with a [`GradientProbe`]) at the steps where `is_update_step(step)` is true,
+    reduces them across ranks and calls `update`. Between updates the factors are constant.
+
+    Args:
+        engine (`WeightingStrategy`): the strategy ([`DAREWeighting`] or [`StaticWeighting`]).
+        update_interval (`int`): optimizer steps between updates (ceil(sqrt(N)) by default in the trainer).
+    """
+
+    def __init__(self, engine: WeightingStrategy, update_interval: int):
+        self.engine = engine
+        self.update_interval = max(int(update_interval), 1)
+        self.last_weights: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the engine measures signals at all."""
+        return not isinstance(self.engine, StaticWeighting)
+
+    def is_update_step(self, step: int) -> bool:
+        """Whether optimizer step `step` (0-based, before it runs) measures signals and updates the factors."""
+        return self.dynamic and step > 0 and step % self.update_interval == 0
+
+    def update(self, signals: Sequence[float | None], step: int) -> None:
+        """Feed the signals measured at `step` to the engine."""
+        stats = {f"signal/{name}": s for name, s in zip(OBJECTIVES, signals)}
+        self.engine.update(stats, step)
+        logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.weights())
+
+    def metrics(self) -> dict[str, float]:
+        """`weight/<objective>` (last combined weights), `dare/factor/<objective>`, `dare/signal/<objective>`."""
+        out = {f"weight/{name}": w for name, w in zip(OBJECTIVES, self.last_weights)}
+        out.update({f"dare/factor/{name}": f for name, f in zip(OBJECTIVES, self.engine.weights())})
+        signals = getattr(self.engine, "signals", None)
+        if signals is not None:
+            out.update({f"dare/signal/{name}": s for name, s in zip(OBJECTIVES, signals) if s is not None})
+        return out
