@@ -9,8 +9,13 @@ target m_{k-1} to the new target m_k as
 
     m(step) = m_{k-1} + (m_k - m_{k-1}) * (1 - exp(-(step - b_k) / tau)),
 
-a convex combination, so it always sums to 1 and is continuous at every boundary (it equals m_{k-1} there). The
-first phase starts at its target. Objectives without data (or with a static weight of 0) are removed and the rest
+a convex combination, so it always sums to 1. Strictly, each transition starts from the mixture actually reached at
+its boundary (s_k below, which equals m_{k-1} once the previous transition has settled), so the schedule is
+continuous even when tau is long compared with a phase:
+
+    m(step) = s_k + (m_k - s_k) * (1 - exp(-(step - b_k) / tau)),  s_1 = m_0,  s_{k+1} = m(b_{k+1}).
+
+The first phase starts at its target. Objectives without data (or with a static weight of 0) are removed and the rest
 renormalised.
 """
 
@@ -58,8 +63,13 @@ class CurriculumSchedule:
             raise ValueError("The curriculum needs at least one active objective (one with data and weight > 0).")
         self.total_steps = max(int(total_steps), 1)
         self.boundary_steps = [b * self.total_steps for b in boundaries]
+        if list(boundaries) != sorted(set(boundaries)) or any(not 0 < b < 1 for b in boundaries):
+            raise ValueError(f"Curriculum boundaries {list(boundaries)} must be strictly increasing fractions in (0, 1).")
+        if decay_steps <= 0:
+            raise ValueError(f"Curriculum decay_steps={decay_steps} must be positive.")
         self.mixtures = [tuple(float(x) for x in m) for m in mixtures]
         self.tau = decay_steps * self.total_steps if decay_steps < 1 else float(decay_steps)
+        self._starts = self._phase_starts()
         self.active = tuple(bool(a) for a in active)
         self.mode = mode
         if mode == "constant":
@@ -80,12 +90,22 @@ class CurriculumSchedule:
 
     def _raw(self, step: float) -> tuple[float, ...]:
         phase = sum(step >= b for b in self.boundary_steps)
-        target = self.mixtures[phase]
         if phase == 0:
-            return target
-        previous = self.mixtures[phase - 1]
+            return self.mixtures[0]
+        start = self._starts[phase]
+        target = self.mixtures[phase]
         ramp = 1.0 - math.exp(-(step - self.boundary_steps[phase - 1]) / self.tau)
-        return tuple(p + (t - p) * ramp for p, t in zip(previous, target))
+        return tuple(s + (t - s) * ramp for s, t in zip(start, target))
+
+    def _phase_starts(self) -> list[tuple[float, ...]]:
+        """The mixture actually reached at each boundary (where the next transition starts from)."""
+        starts = [self.mixtures[0], self.mixtures[0]]
+        for k in range(2, len(self.mixtures)):
+            previous_start, previous_target = starts[k - 1], self.mixtures[k - 1]
+            span = self.boundary_steps[k - 1] - self.boundary_steps[k - 2]
+            ramp = 1.0 - math.exp(-span / self.tau)
+            starts.append(tuple(s + (t - s) * ramp for s, t in zip(previous_start, previous_target)))
+        return starts
 
     def _time_average(self) -> tuple[float, ...]:
         n = self.total_steps

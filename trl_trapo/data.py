@@ -358,13 +358,16 @@ class PretrainStream:
                 self._iterator = None
         return docs
 
-    def _fill(self) -> None:
+    def _fill(self) -> int:
+        """Read up to 64 documents into the buffer; return the number of tokens added."""
         eos = self.tokenizer.eos_token_id
         docs = [d for d in self._next_documents(64) if d]
         if not docs:
-            return
+            return 0
+        added = 0
         for ids in self.tokenizer(docs, add_special_tokens=False)["input_ids"]:
             ids = ids + [eos]
+            added += len(ids)
             if self.packing:
                 self.buffer.extend(ids)
             else:
@@ -372,20 +375,20 @@ class PretrainStream:
                     chunk = ids[start : start + self.max_length]
                     if len(chunk) >= 2:
                         self.pending.append(chunk)
+        return added
 
     def take(self, n: int) -> list[dict[str, torch.Tensor]]:
         """The next `n` pretraining rows: `{"input_ids": (L,), "mask": (L - 1,)}` with every target counted."""
         rows = []
-        attempts = 0
+        empty_fills = 0  # consecutive fills that added nothing
         while len(rows) < n:
             if self.packing and len(self.buffer) >= self.max_length:
                 chunk, self.buffer = self.buffer[: self.max_length], self.buffer[self.max_length :]
             elif not self.packing and self.pending:
                 chunk = self.pending.pop(0)
             else:
-                self._fill()
-                attempts += 1
-                if attempts > 1000:
+                empty_fills = 0 if self._fill() else empty_fills + 1
+                if empty_fills > 1000:
                     raise ValueError("`pretrain_dataset` produced no tokens: are all its 'text' values empty?")
                 continue
             ids = torch.tensor(chunk, dtype=torch.long)

@@ -44,6 +44,24 @@ class PolicyAndValueWrapper(nn.Module):
             )
         return outputs, values
 
+    def state_dict(self, *args, **kwargs):
+        """The module's state dict without aliases: a tensor shared by several keys (tied embeddings) appears once.
+
+        Safetensors refuses shared tensors; loading back with `strict=False` restores the alias through the tie.
+        """
+        state = super().state_dict(*args, **kwargs)
+        seen: set[tuple[int, int]] = set()
+        for key in list(state):
+            tensor = state[key]
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta" or tensor.numel() == 0:
+                continue
+            identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if identity in seen:
+                del state[key]
+            else:
+                seen.add(identity)
+        return state
+
     # Delegation used by `generate`, gradient checkpointing and `unwrap_model_for_generation`.
     def generate(self, *args, **kwargs):
         return self.policy.generate(*args, **kwargs)

@@ -1114,6 +1114,35 @@ class TRAPOTrainer(_BaseTrainer):
         return out
 
     # =================================================================================================================
+    # Saving (public Trainer hook: save_model)
+    # =================================================================================================================
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the policy so that `from_pretrained` reloads it (only the adapter for a PEFT policy).
+
+        Without a critic this is the Trainer's own `save_model` (which gathers DeepSpeed ZeRO-3 / FSDP weights). With
+        a critic, checkpoints (`checkpoint-N` directories) hold the policy and the critic together so training can
+        resume, and every other save writes the policy alone, gathered from the DDP / DeepSpeed wrapper first —
+        never the wrapper itself.
+        """
+        is_checkpoint = _internal_call and output_dir is not None and os.path.basename(
+            os.path.normpath(output_dir)
+        ).startswith("checkpoint-")
+        if not self._has_critic or is_checkpoint:
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        source = self.model_wrapped if self.is_deepspeed_enabled else self.model
+        state = self.accelerator.get_state_dict(source)  # collective under ZeRO-3: every rank takes part
+        if self.args.should_save:
+            policy = self._unwrapped_policy()
+            policy_state = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
+            os.makedirs(output_dir, exist_ok=True)
+            policy.save_pretrained(output_dir, state_dict=policy_state)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    # =================================================================================================================
     # Evaluation (public Trainer hook: evaluate)
     # =================================================================================================================
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:

@@ -173,11 +173,22 @@ class DAREWeighting:
     def load_state_dict(self, state: dict) -> None:
         if state.get("strategy") != "dare":
             raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into DAREWeighting.")
-        factors = state["factors"]
-        if len(factors) != 3 or not all(isinstance(f, (int, float)) and math.isfinite(f) for f in factors):
-            raise ValueError(f"Corrupted DARE state: factors={factors!r} must be 3 finite numbers.")
+        factors = state.get("factors")
+        if (
+            not isinstance(factors, list)
+            or len(factors) != 3
+            or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) for f in factors)
+            or not all(self.min_factor - 1e-9 <= f <= self.max_factor + 1e-9 for f in factors)
+        ):
+            raise ValueError(
+                f"Corrupted DARE state: factors={factors!r} must be 3 finite numbers within "
+                f"[{self.min_factor}, {self.max_factor}]."
+            )
+        signals = state.get("signals", [None] * 3)
+        if not isinstance(signals, list) or len(signals) != 3:
+            raise ValueError(f"Corrupted DARE state: signals={signals!r} must be a list of 3 entries.")
         self.factors = [float(f) for f in factors]
-        self.signals = [None if s is None else float(s) for s in state.get("signals", [None] * 3)]
+        self.signals = [None if s is None else float(s) for s in signals]
         self.num_updates = int(state.get("num_updates", 0))
         self.last_update_step = int(state.get("last_update_step", -1))
 
@@ -253,8 +264,9 @@ class GradientProbe:
             hidden (`torch.Tensor`): shape `(N, H)`, final hidden states feeding the LM head.
             logits (`torch.Tensor`): shape `(N, V)`, the logits the loss used (temperature-scaled for RL).
             targets (`torch.Tensor`): shape `(N,)`, target token ids.
-            coefficients (`torch.Tensor`): shape `(N,)`, dloss/dlog p of each token (1 for NLL, A * rho for an
-                unclipped policy-gradient token, 0 for a clipped one).
+            coefficients (`torch.Tensor`): shape `(N,)`, c_n = -dloss/dlog p of each token (1 for NLL, A * rho for
+                an unclipped policy-gradient token, 0 for a clipped one); `sums` accumulate d/dW of
+                sum_n c_n * (-log p_n).
             objective (`torch.Tensor`): shape `(N,)`, objective index 0/1/2 of each token.
             half (`torch.Tensor`): shape `(N,)`, 0 or 1: the half of the token's row.
         """

@@ -1,0 +1,379 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Format checks, SFT / prompt tokenisation, per-rank sampling and pretraining packing, with a char-level tokenizer."""
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_trapo.data import (
+    PRETRAIN,
+    SFT,
+    PretrainStream,
+    ShardedSampler,
+    check_pretrain_dataset,
+    check_prompt_dataset,
+    check_sft_dataset,
+    dataset_columns,
+    sft_row,
+    tokenize_prompt_dataset,
+    tokenize_sft_dataset,
+)
+
+
+def _fallback_char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<s>", "<unk>"]
+    characters = [chr(i) for i in range(32, 127)] + ["\n", "\t"]
+    backend = Tokenizer(models.WordLevel({tok: i for i, tok in enumerate(specials + characters)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", bos_token="<s>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    try:
+        from trl_trapo.tasks import build_char_tokenizer
+    except ImportError:
+        return _fallback_char_tokenizer()
+    return build_char_tokenizer()
+
+
+def ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Format checks
+# ---------------------------------------------------------------------------------------------------------------------
+def test_check_pretrain_dataset():
+    check_pretrain_dataset(Dataset.from_dict({"text": ["a"]}))
+    check_pretrain_dataset(Dataset.from_dict({"text": ["a"]}).to_iterable_dataset())
+    with pytest.raises(ValueError, match=r"`pretrain_dataset` must have a 'text' column.*'content'"):
+        check_pretrain_dataset(Dataset.from_dict({"content": ["a"]}))
+    with pytest.raises(ValueError, match=r"`pretrain_dataset` must have a 'text' column"):
+        check_pretrain_dataset(Dataset.from_dict({"content": ["a"]}).to_iterable_dataset())
+    with pytest.raises(ValueError, match=r"`pretrain_dataset` is empty"):
+        check_pretrain_dataset(Dataset.from_dict({"text": []}))
+
+
+def test_check_sft_dataset():
+    check_sft_dataset(Dataset.from_dict({"prompt": ["a"], "completion": ["b"]}))
+    check_sft_dataset(Dataset.from_dict({"messages": [[{"role": "user", "content": "a"}]]}))
+    with pytest.raises(ValueError, match=r"`sft_dataset` must have 'prompt' and 'completion' columns.*\['prompt'\]"):
+        check_sft_dataset(Dataset.from_dict({"prompt": ["a"]}))
+    with pytest.raises(ValueError, match=r"`sft_dataset` is empty"):
+        check_sft_dataset(Dataset.from_dict({"prompt": [], "completion": []}))
+
+
+def test_check_prompt_dataset():
+    check_prompt_dataset(Dataset.from_dict({"prompt": ["a"]}))
+    check_prompt_dataset(Dataset.from_dict({"input_ids": [[1, 2]]}))
+    with pytest.raises(ValueError, match=r"`eval_dataset` \(RL prompts\) must have a 'prompt' column.*'question'"):
+        check_prompt_dataset(Dataset.from_dict({"question": ["a"]}), name="eval_dataset")
+    with pytest.raises(ValueError, match=r"`train_dataset` is empty"):
+        check_prompt_dataset(Dataset.from_dict({"prompt": []}))
+
+
+def test_dataset_columns():
+    assert dataset_columns(Dataset.from_dict({"text": ["a"], "id": [1]})) == ["text", "id"]
+    assert dataset_columns(Dataset.from_dict({"text": ["a"]}).to_iterable_dataset()) == ["text"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SFT tokenisation
+# ---------------------------------------------------------------------------------------------------------------------
+def test_tokenize_sft_prompt_completion(tokenizer):
+    dataset = Dataset.from_dict({"prompt": ["ab", "x"], "completion": ["cd", ""], "extra": [1, 2]})
+    out = tokenize_sft_dataset(dataset, tokenizer, max_length=32)
+    assert out.column_names == ["input_ids", "completion_mask"]
+    eos = tokenizer.eos_token_id
+    assert out[0]["input_ids"] == ids(tokenizer, "abcd") + [eos]
+    assert out[0]["completion_mask"] == [0, 0, 1, 1, 1]  # completion + EOS only
+    assert out[1]["input_ids"] == ids(tokenizer, "x") + [eos]  # empty completion: the EOS alone is learned
+    assert out[1]["completion_mask"] == [0, 1]
+
+
+def test_tokenize_sft_appends_eos_only_once(tokenizer):
+    dataset = Dataset.from_dict({"prompt": ["ab"], "completion": ["cd" + tokenizer.eos_token]})
+    out = tokenize_sft_dataset(dataset, tokenizer, max_length=32)
+    assert out[0]["input_ids"] == ids(tokenizer, "abcd") + [tokenizer.eos_token_id]
+    assert out[0]["input_ids"].count(tokenizer.eos_token_id) == 1
+    assert out[0]["completion_mask"] == [0, 0, 1, 1, 1]
+
+
+def test_tokenize_sft_messages_learns_last_assistant_turn_only(tokenizer):
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y"},
+        {"role": "user", "content": "z"},
+        {"role": "assistant", "content": "w"},
+    ]
+    out = tokenize_sft_dataset(Dataset.from_dict({"messages": [messages]}), tokenizer, max_length=200)
+    row = out[0]
+    # independent rendering: completion = full conversation minus the prompt rendered with the generation prompt
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    assert full.startswith(prompt)
+    completion = full[len(prompt) :]
+    assert row["input_ids"] == ids(tokenizer, prompt) + ids(tokenizer, completion) + [tokenizer.eos_token_id]
+    learned = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
+    assert tokenizer.decode(learned) == completion + tokenizer.eos_token
+    assert completion.startswith("w")  # the first assistant turn ("y") is context, not a target
+    assert sum(row["completion_mask"]) == len(ids(tokenizer, completion)) + 1
+
+
+def test_tokenize_sft_conversational_prompt_completion(tokenizer):
+    dataset = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": "q"}]], "completion": [[{"role": "assistant", "content": "ok"}]]}
+    )
+    row = tokenize_sft_dataset(dataset, tokenizer, max_length=200)[0]
+    learned = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
+    assert tokenizer.decode(learned).startswith("ok")
+    assert learned[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(row["input_ids"][: len(row["input_ids"]) - len(learned)]).endswith("assistant: ")
+
+
+def test_tokenize_sft_messages_must_end_with_assistant(tokenizer):
+    dataset = Dataset.from_dict({"messages": [[{"role": "user", "content": "x"}]]})
+    with pytest.raises(ValueError, match="must end with an assistant message.*'user'"):
+        tokenize_sft_dataset(dataset, tokenizer, max_length=32)
+
+
+def test_tokenize_sft_truncates_from_the_right(tokenizer):
+    dataset = Dataset.from_dict({"prompt": ["ab", "abcdef"], "completion": ["cdef", "g"]})
+    out = tokenize_sft_dataset(dataset, tokenizer, max_length=4)
+    # row 0: a b c d (e f </s> cut); row 1: the prompt alone fills 4 tokens -> no completion token left -> dropped
+    assert len(out) == 1
+    assert out[0]["input_ids"] == ids(tokenizer, "abcd")
+    assert out[0]["completion_mask"] == [0, 0, 1, 1]
+
+
+def test_tokenize_sft_errors_when_nothing_survives_truncation(tokenizer):
+    dataset = Dataset.from_dict({"prompt": ["abc"], "completion": ["d"]})
+    with pytest.raises(ValueError, match="sft_max_length=3"):
+        tokenize_sft_dataset(dataset, tokenizer, max_length=3)
+
+
+def test_sft_row_is_target_aligned():
+    row = sft_row([5, 6, 7, 8], [0, 0, 1, 1])
+    assert row["objective"] == SFT
+    assert row["input_ids"].tolist() == [5, 6, 7, 8]
+    # target t predicts token t + 1: targets 7 and 8 (positions 1 and 2) count
+    assert row["mask"].tolist() == [0.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Prompt tokenisation
+# ---------------------------------------------------------------------------------------------------------------------
+def test_tokenize_prompt_dataset_text_and_conversational(tokenizer):
+    out = tokenize_prompt_dataset(Dataset.from_dict({"prompt": ["ab=", "xyz"], "answer": ["1", "2"]}), tokenizer, 8)
+    assert out["prompt_ids"] == [ids(tokenizer, "ab="), ids(tokenizer, "xyz")]
+    assert out["answer"] == ["1", "2"]  # other columns are kept for the reward functions
+    conversational = Dataset.from_dict({"prompt": [[{"role": "user", "content": "x"}]]})
+    out = tokenize_prompt_dataset(conversational, tokenizer, 64)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    )
+    assert out[0]["prompt_ids"] == ids(tokenizer, rendered)
+
+
+def test_tokenize_prompt_dataset_strips_left_padding(tokenizer):
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    a, b, c, d = ids(tokenizer, "abcd")
+    dataset = Dataset.from_dict(
+        {
+            # row 1 is left-padded with the EOS id (pad == eos tokenizers): the attention mask decides, not the id
+            "input_ids": [[pad, pad, a, b], [eos, a, b, c], [a, b, c, d]],
+            "attention_mask": [[0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]],
+        }
+    )
+    out = tokenize_prompt_dataset(dataset, tokenizer, 4)
+    assert out["prompt_ids"] == [[a, b], [a, b, c], [a, b, c, d]]
+    assert out["prompt"] == ["ab", "abc", "abcd"]
+    # without an attention mask the ids are taken as they are
+    out = tokenize_prompt_dataset(Dataset.from_dict({"input_ids": [[a, b]]}), tokenizer, 4)
+    assert out[0]["prompt_ids"] == [a, b] and out[0]["prompt"] == "ab"
+
+
+def test_tokenize_prompt_dataset_never_truncates(tokenizer):
+    dataset = Dataset.from_dict({"prompt": ["ab", "abcdef", "abcde"]})
+    with pytest.raises(ValueError, match=r"2 prompts of `eval_dataset`.*max_prompt_length=4.*longest: 6.*row 1"):
+        tokenize_prompt_dataset(dataset, tokenizer, 4, name="eval_dataset")
+
+
+def test_tokenize_prompt_dataset_rejects_empty_prompts(tokenizer):
+    with pytest.raises(ValueError, match=r"1 prompts of `train_dataset` are empty \(first at row 1\)"):
+        tokenize_prompt_dataset(Dataset.from_dict({"prompt": ["ab", ""]}), tokenizer, 4)
+    dataset = Dataset.from_dict({"input_ids": [[5, 6], [0, 0]], "attention_mask": [[1, 1], [0, 0]]})
+    with pytest.raises(ValueError, match="empty"):
+        tokenize_prompt_dataset(dataset, tokenizer, 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ShardedSampler
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size, world_size", [(12, 3), (10, 3), (7, 2), (5, 1)])
+def test_sharded_sampler_shards_are_disjoint_and_cover_each_epoch(size, world_size):
+    samplers = [ShardedSampler(size, seed=4, rank=r, world_size=world_size) for r in range(world_size)]
+    shard_sizes = [len(range(r, size, world_size)) for r in range(world_size)]
+    orders = []
+    for epoch in range(3):
+        shards = [s.take(n) for s, n in zip(samplers, shard_sizes)]
+        union = [i for shard in shards for i in shard]
+        assert sorted(union) == list(range(size))  # disjoint and covering
+        orders.append(union)
+        assert all(s.epoch == epoch for s in samplers)
+    assert len({tuple(o) for o in orders}) > 1  # a fresh permutation per epoch
+
+
+def test_sharded_sampler_is_deterministic_and_crosses_epochs():
+    a, b = ShardedSampler(9, seed=1), ShardedSampler(9, seed=1)
+    assert a.take(20) == b.take(20)
+    c = ShardedSampler(9, seed=1)
+    first = c.take(20)
+    assert sorted(first[:9]) == sorted(first[9:18]) == list(range(9))
+    assert c.epoch == 2 and c.position == 2
+    assert ShardedSampler(9, seed=2).take(9) != first[:9]
+
+
+def test_sharded_sampler_without_shuffle_and_with_more_ranks_than_rows():
+    assert ShardedSampler(5, shuffle=False).take(7) == [0, 1, 2, 3, 4, 0, 1]
+    assert ShardedSampler(6, shuffle=False, rank=1, world_size=2).take(4) == [1, 3, 5, 1]
+    # 2 rows, 3 ranks: every rank cycles through all rows, starting at a different one
+    starts = [ShardedSampler(2, shuffle=False, rank=r, world_size=3).take(4) for r in range(3)]
+    assert starts == [[0, 1, 0, 1], [1, 0, 1, 0], [0, 1, 0, 1]]
+
+
+def test_sharded_sampler_state_round_trip():
+    sampler = ShardedSampler(10, seed=3, rank=1, world_size=2)
+    sampler.take(7)
+    state = json.loads(json.dumps(sampler.state_dict()))
+    restored = ShardedSampler(10, seed=3, rank=1, world_size=2)
+    restored.load_state_dict(state)
+    assert restored.take(13) == sampler.take(13)
+    with pytest.raises(ValueError, match="dataset of 10 rows, this dataset has 11"):
+        ShardedSampler(11, seed=3).load_state_dict(state)
+    with pytest.raises(ValueError, match="non-empty"):
+        ShardedSampler(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PretrainStream
+# ---------------------------------------------------------------------------------------------------------------------
+def decoded_rows(tokenizer, rows):
+    return [tokenizer.convert_ids_to_tokens(r["input_ids"].tolist()) for r in rows]
+
+
+def test_pretrain_packing_single_document_by_hand(tokenizer):
+    stream = PretrainStream(Dataset.from_dict({"text": ["abc"]}), tokenizer, max_length=3)
+    rows = stream.take(3)
+    # a b c </s> a b c </s> a ... cut every 3 tokens
+    assert decoded_rows(tokenizer, rows) == [["a", "b", "c"], ["</s>", "a", "b"], ["c", "</s>", "a"]]
+    for r in rows:
+        assert r["objective"] == PRETRAIN
+        assert r["input_ids"].dtype == torch.long and r["input_ids"].numel() == 3
+        assert r["mask"].tolist() == [1.0, 1.0]
+
+
+def test_pretrain_packing_follows_sampler_order_with_eos_between_documents(tokenizer):
+    texts = ["ab", "cde", "", "f"]
+    stream = PretrainStream(Dataset.from_dict({"text": texts}), tokenizer, max_length=5, seed=2)
+    rows = stream.take(6)
+    order = ShardedSampler(len(texts), seed=2).take(64)
+    expected = [tok for i in order if texts[i] for tok in list(texts[i]) + ["</s>"]]  # empty documents are skipped
+    packed = [tok for r in decoded_rows(tokenizer, rows) for tok in r]
+    assert packed == expected[: len(packed)]
+    assert all(r["input_ids"].numel() == 5 and r["mask"].numel() == 4 for r in rows)
+
+
+def test_pretrain_chunked_mode(tokenizer):
+    stream = PretrainStream(Dataset.from_dict({"text": ["abcdefg"]}), tokenizer, max_length=3, packing=False)
+    # a..g + </s> = 8 tokens -> [a b c] [d e f] [g </s>]; each document chunked on its own
+    rows = stream.take(4)
+    assert decoded_rows(tokenizer, rows) == [["a", "b", "c"], ["d", "e", "f"], ["g", "</s>"], ["a", "b", "c"]]
+    assert [r["mask"].tolist() for r in rows[2:3]] == [[1.0]]
+    # a 1-token tail (nothing to predict) is dropped: a..f + </s> = 7 -> [a b c] [d e f] ([</s>] dropped)
+    stream = PretrainStream(Dataset.from_dict({"text": ["abcdef"]}), tokenizer, max_length=3, packing=False)
+    assert decoded_rows(tokenizer, stream.take(3)) == [["a", "b", "c"], ["d", "e", "f"], ["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_pretrain_state_round_trip_continues_identically(tokenizer, packing):
+    dataset = Dataset.from_dict({"text": ["hello", "ab", "xyz", "q", "long document"]})
+    stream = PretrainStream(dataset, tokenizer, max_length=4, packing=packing, seed=1)
+    stream.take(3)
+    state = json.loads(json.dumps(stream.state_dict()))
+    assert state["buffer"] or state["pending"]  # mid-stream: leftover tokens are part of the state
+    restored = PretrainStream(dataset, tokenizer, max_length=4, packing=packing, seed=1)
+    restored.load_state_dict(state)
+    expected = [r["input_ids"].tolist() for r in stream.take(40)]
+    assert [r["input_ids"].tolist() for r in restored.take(40)] == expected
+
+
+def test_pretrain_streaming_dataset_by_hand(tokenizer):
+    stream = PretrainStream(Dataset.from_dict({"text": ["ab", "cde", "f"]}).to_iterable_dataset(), tokenizer, 4)
+    assert stream.streaming
+    # streamed in order, restarted when exhausted: a b </s> c | d e </s> f | </s> a b </s> | c d e </s>
+    assert decoded_rows(tokenizer, stream.take(4)) == [
+        ["a", "b", "</s>", "c"],
+        ["d", "e", "</s>", "f"],
+        ["</s>", "a", "b", "</s>"],
+        ["c", "d", "e", "</s>"],
+    ]
+
+
+def test_pretrain_streaming_state_round_trip(tokenizer):
+    def make():
+        dataset = Dataset.from_dict({"text": ["one", "two", "three", "four", "five"]}).to_iterable_dataset()
+        return PretrainStream(dataset, tokenizer, max_length=6)
+
+    stream = make()
+    stream.take(2)
+    state = json.loads(json.dumps(stream.state_dict()))
+    assert {"epoch", "consumed", "buffer"} <= set(state)
+    restored = make()
+    restored.load_state_dict(state)
+    assert [r["input_ids"].tolist() for r in restored.take(30)] == [r["input_ids"].tolist() for r in stream.take(30)]
+
+
+def test_pretrain_streaming_split_by_rank(tokenizer):
+    texts = ["a", "b", "c", "d"]
+    firsts = []
+    for rank in range(2):
+        dataset = Dataset.from_dict({"text": texts}).to_iterable_dataset()
+        stream = PretrainStream(dataset, tokenizer, max_length=8, packing=False, rank=rank, world_size=2)
+        firsts.append([r[0] for r in decoded_rows(tokenizer, stream.take(2))])
+    assert sorted(firsts[0] + firsts[1]) == texts  # disjoint halves of the stream
+
+
+def test_pretrain_streaming_empty_raises(tokenizer):
+    empty = Dataset.from_dict({"text": ["a"]}).to_iterable_dataset().filter(lambda example: False)
+    stream = PretrainStream(empty, tokenizer, max_length=4)
+    with pytest.raises(ValueError, match="yielded no rows"):
+        stream.take(1)
+
+
+def test_pretrain_all_empty_texts_raise(tokenizer):
+    stream = PretrainStream(Dataset.from_dict({"text": ["", ""]}), tokenizer, max_length=4)
+    with pytest.raises(ValueError, match="produced no tokens"):
+        stream.take(1)
+
+
+def test_pretrain_many_fills_for_one_request_do_not_raise(tokenizer):
+    # every document is 1 character + EOS = 2 tokens; one fill reads 64 documents = 128 tokens, exactly one row of 128.
+    # 1001 rows need 1001 productive fills.
+    stream = PretrainStream(Dataset.from_dict({"text": ["a"]}), tokenizer, max_length=128)
+    rows = stream.take(1001)
+    assert len(rows) == 1001

@@ -1,0 +1,247 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The RL replay buffer (capacity, reuse cap, epoch order, age, state) and the SFT pool."""
+
+import io
+from collections import Counter
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_trapo.data import RL, SFT
+from trl_trapo.memory import ReplayBuffer, SFTPool, trajectory_nbytes, trajectory_row
+
+
+def trajectory(tag, prompt_len=3, completion_len=4):
+    """A trajectory whose tensors take exactly 8 * prompt_len + 8 * completion_len + 4 * 2 * completion_len bytes."""
+    return {
+        "tag": tag,  # not a tensor: costs no bytes
+        "prompt_ids": torch.arange(prompt_len, dtype=torch.long) + 100,  # 8 bytes per entry
+        "completion_ids": torch.arange(completion_len, dtype=torch.long) + 200,
+        "completion_mask": torch.ones(completion_len),  # float32: 4 bytes per entry
+        "old_per_token_logps": torch.full((completion_len,), -float(tag) - 1.0),
+    }
+
+
+NBYTES = 8 * 3 + 8 * 4 + 4 * 4 + 4 * 4  # = 88 bytes for the default trajectory
+
+
+def tags(items):
+    return [item["tag"] for item in items]
+
+
+def test_trajectory_nbytes_exact():
+    assert trajectory_nbytes(trajectory(0)) == NBYTES == 88
+    assert trajectory_nbytes(trajectory(0, prompt_len=1, completion_len=2)) == 8 + 16 + 8 + 8
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Capacity and eviction
+# ---------------------------------------------------------------------------------------------------------------------
+def test_capacity_in_trajectories_evicts_oldest_first():
+    buffer = ReplayBuffer(capacity=3, max_uses=1)
+    buffer.add([trajectory(i) for i in range(2)], step=0)
+    buffer.add([trajectory(i) for i in range(2, 5)], step=1)
+    assert len(buffer) == 3
+    assert buffer.num_evicted == 2
+    assert buffer.nbytes == 3 * NBYTES
+    assert sorted(tags(buffer.sample(3, step=1))) == [2, 3, 4]
+
+
+def test_capacity_in_bytes_is_exact():
+    # room for exactly 2 trajectories (176 bytes); a third pushes the total to 264 > 176 and evicts the oldest
+    buffer = ReplayBuffer(capacity=100, max_bytes=2 * NBYTES, max_uses=1)
+    buffer.add([trajectory(0), trajectory(1)], step=0)
+    assert len(buffer) == 2 and buffer.nbytes == 2 * NBYTES and buffer.num_evicted == 0
+    buffer.add([trajectory(2)], step=0)
+    assert len(buffer) == 2 and buffer.nbytes == 2 * NBYTES and buffer.num_evicted == 1
+    assert sorted(tags(buffer.sample(2, step=0))) == [1, 2]
+    # one byte less than two trajectories: only one fits
+    tight = ReplayBuffer(capacity=100, max_bytes=2 * NBYTES - 1)
+    tight.add([trajectory(0), trajectory(1)], step=0)
+    assert len(tight) == 1 and tight.nbytes == NBYTES
+
+
+def test_bigger_trajectories_evict_several_small_ones():
+    buffer = ReplayBuffer(capacity=100, max_bytes=3 * NBYTES)
+    buffer.add([trajectory(i) for i in range(3)], step=0)
+    big = trajectory(9, prompt_len=3, completion_len=10)  # 24 + 80 + 40 + 40 = 184 bytes
+    buffer.add([big], step=1)
+    # 3 * 88 + 184 = 448 > 264 -> evict #0 (360 left), #1 (272 > 264 left), #2 (184 left): only the big one remains
+    assert buffer.nbytes == 184 and len(buffer) == 1 and buffer.num_evicted == 3
+
+
+def test_trajectory_larger_than_max_bytes_raises():
+    buffer = ReplayBuffer(max_bytes=NBYTES - 1)
+    with pytest.raises(ValueError, match="replay_max_bytes=87"):
+        buffer.add([trajectory(0)], step=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Serving
+# ---------------------------------------------------------------------------------------------------------------------
+def test_never_serves_more_than_max_uses():
+    buffer = ReplayBuffer(max_uses=2)
+    buffer.add([trajectory(i) for i in range(3)], step=0)
+    first, second = buffer.sample(3, step=0), buffer.sample(3, step=0)
+    assert sorted(tags(first)) == sorted(tags(second)) == [0, 1, 2]
+    assert [item["uses"] for item in first] == [1, 1, 1] and [item["uses"] for item in second] == [2, 2, 2]
+    assert buffer.num_available(step=0) == 0
+    with pytest.raises(ValueError, match="0 servable trajectories, 1 were requested"):
+        buffer.sample(1, step=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("n, k", [(6, 2), (8, 4), (9, 3)])
+def test_least_used_first_reproduces_ppo_epochs(seed, n, k):
+    # one round of n trajectories, served n / k at a time for max_uses epochs: every trajectory is served once in each
+    # epoch before any is served a second time
+    buffer = ReplayBuffer(max_uses=3, seed=seed)
+    buffer.add([trajectory(i) for i in range(n)], step=0)
+    for epoch in range(3):
+        served = []
+        for _ in range(k):
+            batch = buffer.sample(n // k, step=0)
+            assert all(item["uses"] == epoch + 1 for item in batch)
+            served += tags(batch)
+        assert sorted(served) == list(range(n))
+    assert buffer.num_available(step=0) == 0
+
+
+def test_sampling_order_is_random_among_equals_but_seeded():
+    def order(seed):
+        buffer = ReplayBuffer(seed=seed)
+        buffer.add([trajectory(i) for i in range(10)], step=0)
+        return tags(buffer.sample(10, step=0))
+
+    assert order(0) == order(0)
+    assert len({tuple(order(seed)) for seed in range(5)}) > 1
+    assert order(0) != list(range(10)) or order(1) != list(range(10))
+
+
+def test_max_age():
+    buffer = ReplayBuffer(max_age=2, max_uses=1)
+    buffer.add([trajectory(0)], step=0)
+    buffer.add([trajectory(1)], step=1)
+    assert buffer.num_available(step=2) == 2  # ages 2 and 1: both <= 2
+    assert buffer.num_available(step=3) == 1  # trajectory 0 is now 3 steps old
+    [item] = buffer.sample(1, step=3)
+    assert item["tag"] == 1 and item["age"] == 2
+    with pytest.raises(ValueError):
+        buffer.sample(1, step=3)
+    assert len(buffer) == 2  # too old to serve, but not evicted
+
+
+def test_metrics():
+    buffer = ReplayBuffer()
+    assert buffer.metrics(step=0) == {
+        "replay/size": 0.0,
+        "replay/bytes": 0.0,
+        "replay/reuse_mean": 0.0,
+        "replay/age_mean": 0.0,
+    }
+    buffer.add([trajectory(0), trajectory(1)], step=0)
+    buffer.add([trajectory(2)], step=2)
+    buffer.sample(3, step=2)
+    buffer.sample(1, step=2)
+    # uses 1 + 1 + 1 + 1 = 4 over 3; ages at step 4: 4, 4, 2 -> 10 / 3
+    assert buffer.metrics(step=4) == pytest.approx(
+        {"replay/size": 3.0, "replay/bytes": 3.0 * NBYTES, "replay/reuse_mean": 4 / 3, "replay/age_mean": 10 / 3}
+    )
+
+
+def test_state_dict_round_trip_without_pickle():
+    buffer = ReplayBuffer(capacity=4, max_uses=3, seed=3)
+    buffer.add([trajectory(i) for i in range(6)], step=1)  # evicts 0 and 1
+    buffer.sample(3, step=2)
+    stream = io.BytesIO()
+    torch.save(buffer.state_dict(), stream)
+    stream.seek(0)
+    state = torch.load(stream, weights_only=True)  # tensors, ints, lists, tuples: no pickled objects
+
+    restored = ReplayBuffer(capacity=4, max_uses=3, seed=123)
+    restored.load_state_dict(state)
+    assert len(restored) == 4 and restored.nbytes == buffer.nbytes and restored.num_evicted == 2
+    assert restored.metrics(step=5) == buffer.metrics(step=5)
+    # the continuation is identical (uses and the tie-breaking RNG are restored)
+    for _ in range(3):
+        expected, actual = buffer.sample(3, step=3), restored.sample(3, step=3)
+        assert tags(actual) == tags(expected)
+        assert [i["uses"] for i in actual] == [i["uses"] for i in expected]
+    # adding after a restore keeps FIFO order
+    restored.add([trajectory(10)], step=4)
+    assert restored.num_evicted == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# trajectory_row
+# ---------------------------------------------------------------------------------------------------------------------
+def test_trajectory_row_target_alignment():
+    # P = 3 prompt tokens, C = 4 completion tokens -> 7 tokens, 6 targets; completion tokens are targets 2..5
+    item = trajectory(0)
+    item["completion_mask"] = torch.tensor([1.0, 1.0, 1.0, 0.0])  # last token after the stop token: not counted
+    item["advantages"] = torch.tensor([0.5, 0.6, 0.7, 0.8])
+    item["ref_per_token_logps"] = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+    item["importance_weight"] = 0.5
+    row = trajectory_row(item)
+    assert row["objective"] == RL
+    assert row["input_ids"].tolist() == [100, 101, 102, 200, 201, 202, 203]
+    # target t predicts input_ids[t + 1]: target 2 predicts the first completion token (200)
+    assert row["mask"].tolist() == [0, 0, 1, 1, 1, 0]
+    assert row["advantages"].tolist() == pytest.approx([0, 0, 0.5, 0.6, 0.7, 0.8])
+    assert row["ref_per_token_logps"].tolist() == [0, 0, -1, -2, -3, -4]
+    assert row["old_per_token_logps"].tolist() == [0, 0, -1, -1, -1, -1]
+    assert "returns" not in row and "old_values" not in row and "completion_mask" not in row
+    assert float(row["importance_weight"]) == 0.5
+    assert float(trajectory_row(trajectory(0))["importance_weight"]) == 1.0
+
+
+def test_trajectory_row_single_prompt_token():
+    item = trajectory(0, prompt_len=1, completion_len=2)
+    row = trajectory_row(item)
+    assert row["input_ids"].numel() == 3 and row["mask"].tolist() == [1, 1]
+
+
+def test_served_trajectories_become_rows():
+    buffer = ReplayBuffer()
+    buffer.add([trajectory(0)], step=0)
+    [served] = buffer.sample(1, step=0)
+    row = trajectory_row(served)
+    assert row["input_ids"].numel() == 7 and row["mask"].numel() == 6
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SFTPool
+# ---------------------------------------------------------------------------------------------------------------------
+def sft_dataset(n=5):
+    return Dataset.from_dict(
+        {
+            "input_ids": [[10 * i + j for j in range(3 + i % 2)] for i in range(n)],
+            "completion_mask": [[0] + [1] * (2 + i % 2) for i in range(n)],
+        }
+    )
+
+
+def test_sft_pool_rows():
+    pool = SFTPool(sft_dataset(), seed=0)
+    assert pool.take(0) == []
+    rows = pool.take(5)
+    assert all(r["objective"] == SFT for r in rows)
+    # one epoch covers every row once; the target-aligned mask drops the first entry of completion_mask
+    assert sorted(int(r["input_ids"][0]) // 10 for r in rows) == [0, 1, 2, 3, 4]
+    for r in rows:
+        assert r["mask"].numel() == r["input_ids"].numel() - 1
+        assert r["mask"].tolist() == [1.0] * r["mask"].numel()
+        assert r["input_ids"].dtype == torch.long and r["mask"].dtype == torch.float32
+
+
+def test_sft_pool_state_round_trip_and_shards():
+    pool = SFTPool(sft_dataset(), seed=1)
+    pool.take(3)
+    restored = SFTPool(sft_dataset(), seed=1)
+    restored.load_state_dict(pool.state_dict())
+    assert [r["input_ids"].tolist() for r in restored.take(6)] == [r["input_ids"].tolist() for r in pool.take(6)]
+    # two ranks see disjoint rows of the same epoch
+    rank0, rank1 = SFTPool(sft_dataset(6), rank=0, world_size=2), SFTPool(sft_dataset(6), rank=1, world_size=2)
+    first = Counter(int(r["input_ids"][0]) for r in rank0.take(3) + rank1.take(3))
+    assert sorted(first) == [0, 10, 20, 30, 40, 50] and set(first.values()) == {1}

@@ -1,0 +1,323 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""DARE: combined weights, factor updates by hand, state round trips, and the closed-form LM-head gradient probe."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from trl_trapo.weighting import (
+    DARECallback,
+    DAREWeighting,
+    GradientProbe,
+    StaticWeighting,
+    combine_weights,
+)
+
+
+def signals(pretrain=None, sft=None, rl=None):
+    return {"signal/pretrain": pretrain, "signal/sft": sft, "signal/rl": rl}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# combine_weights
+# ---------------------------------------------------------------------------------------------------------------------
+def test_combine_weights_by_hand():
+    # products c * s * f: 1 * 0.5 * 1 = 0.5, 1 * 0.3 * 2 = 0.6, 2 * 0.2 * 0.5 = 0.2; total 1.3
+    weights = combine_weights((1.0, 1.0, 2.0), (0.5, 0.3, 0.2), (1.0, 2.0, 0.5))
+    assert weights == pytest.approx((0.5 / 1.3, 0.6 / 1.3, 0.2 / 1.3), abs=1e-12)
+    assert sum(weights) == pytest.approx(1.0)
+
+
+def test_combine_weights_zero_static_switches_objective_off():
+    # c_sft = 0: products 0.5, 0, 0.25 -> 2/3, 0, 1/3
+    assert combine_weights((1.0, 0.0, 1.0), (0.5, 0.3, 0.2), (1.0, 1.0, 1.25)) == pytest.approx((2 / 3, 0.0, 1 / 3))
+
+
+def test_combine_weights_all_zero():
+    assert combine_weights((0.0, 0.0, 0.0), (0.5, 0.3, 0.2), (1.0, 1.0, 1.0)) == (0.0, 0.0, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# DAREWeighting
+# ---------------------------------------------------------------------------------------------------------------------
+def test_dare_one_update_by_hand():
+    dare = DAREWeighting()
+    assert dare.weights() == (1.0, 1.0, 1.0)
+    # s = max(cos, 0) = (0.8, 0.4, 0); mean 0.4; targets (2, 1, 0 -> clipped to min 0.25)
+    assert dare.targets([0.8, 0.4, -0.3]) == pytest.approx([2.0, 1.0, 0.25])
+    dare.update(signals(0.8, 0.4, -0.3), step=5)
+    # f <- 0.9 f + 0.1 t: 0.9 + 0.2 = 1.1, 0.9 + 0.1 = 1.0, 0.9 + 0.025 = 0.925
+    assert dare.weights() == pytest.approx((1.1, 1.0, 0.925), abs=1e-12)
+    assert dare.signals == [0.8, 0.4, -0.3]
+    assert dare.num_updates == 1 and dare.last_update_step == 5
+
+
+def test_dare_several_updates_by_hand():
+    dare = DAREWeighting()
+    dare.update(signals(0.8, 0.4, -0.3), step=5)  # (1.1, 1.0, 0.925), see above
+    # s = (0.2, 0.2, 0.8), mean 0.4 -> targets (0.5, 0.5, 2)
+    dare.update(signals(0.2, 0.2, 0.8), step=10)
+    # 0.9 * 1.1 + 0.05 = 1.04, 0.9 * 1.0 + 0.05 = 0.95, 0.9 * 0.925 + 0.2 = 1.0325
+    assert dare.weights() == pytest.approx((1.04, 0.95, 1.0325), abs=1e-12)
+    # every signal 0 (e.g. constant rewards everywhere): all targets 1
+    dare.update(signals(0.0, -0.5, 0.0), step=15)
+    # 0.9 * 1.04 + 0.1 = 1.036, 0.9 * 0.95 + 0.1 = 0.955, 0.9 * 1.0325 + 0.1 = 1.02925
+    assert dare.weights() == pytest.approx((1.036, 0.955, 1.02925), abs=1e-12)
+    assert dare.num_updates == 3 and dare.last_update_step == 15
+
+
+def test_dare_targets_clipped_to_bounds():
+    dare = DAREWeighting(min_factor=0.5, max_factor=2.0, momentum=0.0)
+    # s = (0.9, 0.05, 0.05), mean 1/3: 2.7 -> 2.0, 0.15 -> 0.5, 0.15 -> 0.5
+    assert dare.targets([0.9, 0.05, 0.05]) == pytest.approx([2.0, 0.5, 0.5])
+    dare.update(signals(0.9, 0.05, 0.05), step=1)  # momentum 0: the factor is the target
+    assert dare.weights() == pytest.approx((2.0, 0.5, 0.5))
+
+
+@pytest.mark.parametrize("missing", [None, float("nan"), float("inf")])
+def test_dare_unmeasured_signal_leaves_factor_untouched(missing):
+    dare = DAREWeighting()
+    dare.factors = [1.0, 1.7, 1.0]
+    # measured s = (0.5, 0.25), mean 0.375 -> targets 4/3 and 2/3
+    dare.update(signals(0.5, missing, 0.25), step=3)
+    assert dare.weights() == pytest.approx((0.9 + 0.4 / 3, 1.7, 0.9 + 0.2 / 3), abs=1e-12)
+
+
+def test_dare_single_active_objective_never_moves():
+    dare = DAREWeighting(active=(False, True, False))
+    for step, cos in enumerate([0.9, -0.5, 0.1, 0.0]):
+        dare.update(signals(0.1, cos, 0.7), step=step)  # signals of inactive objectives are ignored
+        assert dare.weights() == (1.0, 1.0, 1.0)
+    # and a single *measured* signal among three active objectives is not compared with anything either
+    dare = DAREWeighting()
+    dare.update(signals(None, 0.9, None), step=1)
+    assert dare.weights() == (1.0, 1.0, 1.0)
+
+
+def test_dare_inactive_objective_is_excluded_from_the_mean():
+    dare = DAREWeighting(active=(True, True, False), momentum=0.0)
+    # only pretrain and sft: s = (0.6, 0.2), mean 0.4 -> targets 1.5, 0.5; rl keeps 1
+    dare.update(signals(0.6, 0.2, 0.9), step=1)
+    assert dare.weights() == pytest.approx((1.5, 0.5, 1.0))
+
+
+def test_dare_state_round_trip_is_json_and_continues_identically():
+    dare = DAREWeighting()
+    dare.update(signals(0.8, 0.4, -0.3), step=5)
+    dare.update(signals(0.2, None, 0.8), step=10)
+    state = json.loads(json.dumps(dare.state_dict()))
+    restored = DAREWeighting()
+    restored.load_state_dict(state)
+    assert restored.weights() == dare.weights()
+    assert restored.signals == dare.signals
+    assert (restored.num_updates, restored.last_update_step) == (2, 10)
+    for engine in (dare, restored):
+        engine.update(signals(0.3, 0.6, 0.1), step=15)
+    assert restored.weights() == dare.weights()
+
+
+@pytest.mark.parametrize(
+    "corrupt, match",
+    [
+        (lambda s: s.update(strategy="static"), "'static'"),
+        (lambda s: s.update(factors=[1.0, 1.0]), "Corrupted DARE state"),
+        (lambda s: s.update(factors=[1.0, float("nan"), 1.0]), "Corrupted DARE state"),
+        (lambda s: s.update(factors=[1.0, float("inf"), 1.0]), "Corrupted DARE state"),
+        (lambda s: s.update(factors=[1.0, "1.0", 1.0]), "Corrupted DARE state"),
+    ],
+)
+def test_dare_load_rejects_corrupted_state(corrupt, match):
+    dare = DAREWeighting()
+    dare.update(signals(0.8, 0.4, -0.3), step=5)
+    state = dare.state_dict()
+    corrupt(state)
+    fresh = DAREWeighting()
+    with pytest.raises(ValueError, match=match):
+        fresh.load_state_dict(state)
+    assert fresh.weights() == (1.0, 1.0, 1.0)  # nothing half-loaded
+
+
+def test_static_weighting():
+    static = StaticWeighting()
+    static.update(signals(0.9, 0.0, 0.1), step=1)
+    assert static.weights() == (1.0, 1.0, 1.0)
+    static.load_state_dict(static.state_dict())
+    with pytest.raises(ValueError, match="'dare'"):
+        static.load_state_dict(DAREWeighting().state_dict())
+    with pytest.raises(ValueError, match="'static'"):
+        DAREWeighting().load_state_dict(static.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# DARECallback
+# ---------------------------------------------------------------------------------------------------------------------
+def test_dare_callback_update_steps():
+    callback = DARECallback(DAREWeighting(), update_interval=3)
+    assert [s for s in range(10) if callback.is_update_step(s)] == [3, 6, 9]  # never step 0
+    assert DARECallback(DAREWeighting(), update_interval=0).update_interval == 1
+    assert [s for s in range(4) if DARECallback(DAREWeighting(), update_interval=1).is_update_step(s)] == [1, 2, 3]
+    static = DARECallback(StaticWeighting(), update_interval=1)
+    assert not static.dynamic
+    assert not any(static.is_update_step(s) for s in range(10))
+
+
+def test_dare_callback_update_and_metrics():
+    callback = DARECallback(DAREWeighting(), update_interval=2)
+    callback.update([0.8, 0.4, None], step=2)
+    # s = (0.8, 0.4), mean 0.6 -> targets 4/3, 2/3; factors 0.9 + 0.4/3, 0.9 + 0.2/3, 1
+    callback.last_weights = (0.5, 0.3, 0.2)
+    metrics = callback.metrics()
+    assert metrics["weight/sft"] == 0.3
+    assert metrics["dare/factor/pretrain"] == pytest.approx(0.9 + 0.4 / 3)
+    assert metrics["dare/factor/rl"] == 1.0
+    assert metrics["dare/signal/sft"] == 0.4
+    assert "dare/signal/rl" not in metrics  # unmeasured
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GradientProbe
+# ---------------------------------------------------------------------------------------------------------------------
+def autograd_lm_head_gradient(hidden, weight, targets, coefficients):
+    """dL/dW of L = sum_n c_n * (-log softmax(h_n W^T)[y_n]), by autograd."""
+    weight = weight.clone().requires_grad_(True)
+    logits = hidden @ weight.T
+    nll = -torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (coefficients * nll).sum().backward()
+    return weight.grad, logits.detach()
+
+
+def make_tokens(n=7, hidden_size=5, vocab_size=6, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, hidden_size, generator=generator)
+    weight = torch.randn(vocab_size, hidden_size, generator=generator)
+    targets = torch.randint(0, vocab_size, (n,), generator=generator)
+    coefficients = torch.randn(n, generator=generator)
+    return hidden, weight, targets, coefficients
+
+
+def test_probe_closed_form_equals_autograd_gradient():
+    hidden, weight, targets, coefficients = make_tokens()
+    grad, logits = autograd_lm_head_gradient(hidden, weight, targets, coefficients)
+    probe = GradientProbe(vocab_size=6, hidden_size=5, probe_vocab=64, probe_dim=64)
+    assert probe.rows is None and probe.projection is None
+    n = hidden.shape[0]
+    # objective SFT (1), half 0; coefficient 1 for NLL -> the sum is +dL/dW of the (weighted) NLL
+    probe.accumulate(hidden, logits, targets, coefficients, torch.ones(n, dtype=torch.long), torch.zeros(n))
+    torch.testing.assert_close(probe.sums[1, 0], grad, rtol=1e-5, atol=1e-6)
+    assert probe.counts.tolist() == [[0, 0], [n, 0], [0, 0]]
+    assert probe.sums[0].abs().sum() == 0 and probe.sums[2].abs().sum() == 0 and probe.sums[1, 1].abs().sum() == 0
+
+
+def test_probe_vocab_subset_and_projection_sketches():
+    vocab_size, hidden_size = 12, 8
+    hidden, weight, targets, coefficients = make_tokens(n=20, hidden_size=hidden_size, vocab_size=vocab_size, seed=1)
+    grad, logits = autograd_lm_head_gradient(hidden, weight, targets, coefficients)
+    probe = GradientProbe(vocab_size, hidden_size, probe_vocab=5, probe_dim=3, seed=7)
+    assert probe.rows.shape == (5,) and torch.equal(probe.rows, probe.rows.sort().values)
+    assert probe.projection.shape == (hidden_size, 3)
+    # some targets must fall outside the subset for the test to exercise that path
+    assert (~torch.isin(targets, probe.rows)).any() and torch.isin(targets, probe.rows).any()
+    n = hidden.shape[0]
+    probe.accumulate(hidden, logits, targets, coefficients, torch.full((n,), 2), torch.ones(n, dtype=torch.long))
+    # sum_n c_n (p_n - e_y)[S] (h_n R)^T = (dL/dW)[S] @ R
+    torch.testing.assert_close(probe.sums[2, 1], grad[probe.rows] @ probe.projection, rtol=1e-5, atol=1e-5)
+
+
+def test_probe_subset_without_projection():
+    hidden, weight, targets, coefficients = make_tokens(n=15, hidden_size=4, vocab_size=10, seed=2)
+    grad, logits = autograd_lm_head_gradient(hidden, weight, targets, coefficients)
+    probe = GradientProbe(10, 4, probe_vocab=4, probe_dim=16, seed=3)
+    assert probe.projection is None
+    n = hidden.shape[0]
+    probe.accumulate(hidden, logits, targets, coefficients, torch.zeros(n, dtype=torch.long), torch.zeros(n))
+    torch.testing.assert_close(probe.sums[0, 0], grad[probe.rows], rtol=1e-5, atol=1e-6)
+
+
+def test_probe_same_seed_same_sketch():
+    a, b = GradientProbe(100, 32, 10, 4, seed=5), GradientProbe(100, 32, 10, 4, seed=5)
+    assert torch.equal(a.rows, b.rows) and torch.equal(a.projection, b.projection)
+    c = GradientProbe(100, 32, 10, 4, seed=6)
+    assert not torch.equal(a.projection, c.projection)
+
+
+def test_probe_routes_objectives_and_halves_and_accumulates_additively():
+    hidden, weight, targets, coefficients = make_tokens(n=12)
+    logits = hidden @ weight.T
+    objective = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2])
+    half = torch.tensor([0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1])
+    once = GradientProbe(6, 5, 64, 64)
+    once.accumulate(hidden, logits, targets, coefficients, objective, half)
+    twice = GradientProbe(6, 5, 64, 64)
+    twice.accumulate(hidden[:5], logits[:5], targets[:5], coefficients[:5], objective[:5], half[:5])
+    twice.accumulate(hidden[5:], logits[5:], targets[5:], coefficients[5:], objective[5:], half[5:])
+    torch.testing.assert_close(once.sums, twice.sums)
+    assert once.counts.tolist() == [[2, 2]] * 3
+    for o in range(3):
+        for h in range(2):
+            rows = (objective == o) & (half == h)
+            grad, _ = autograd_lm_head_gradient(hidden[rows], weight, targets[rows], coefficients[rows])
+            torch.testing.assert_close(once.sums[o, h], grad, rtol=1e-5, atol=1e-6)
+    once.reset()
+    assert once.sums.abs().sum() == 0 and once.counts.sum() == 0
+    assert once.cosines() == [None, None, None]
+
+
+def test_probe_cosines():
+    hidden, weight, targets, coefficients = make_tokens(n=6)
+    logits = hidden @ weight.T
+    n = hidden.shape[0]
+    probe = GradientProbe(6, 5, 64, 64)
+    # objective 0: the same tokens in both halves -> cosine 1
+    for h in (0, 1):
+        probe.accumulate(hidden, logits, targets, coefficients, torch.zeros(n, dtype=torch.long), torch.full((n,), h))
+    # objective 1: half 0 with hidden states along e_0, half 1 along e_1 -> gradients (p - e_y) h^T orthogonal
+    e0, e1 = torch.eye(5)[0].expand(n, 5), torch.eye(5)[1].expand(n, 5)
+    ones = torch.ones(n, dtype=torch.long)
+    probe.accumulate(e0, logits, targets, coefficients, ones, torch.zeros(n))
+    probe.accumulate(e1, logits, targets, coefficients, ones, ones)
+    # objective 2: only half 0 has tokens -> None
+    probe.accumulate(hidden, logits, targets, coefficients, torch.full((n,), 2), torch.zeros(n))
+    cosines = probe.cosines()
+    assert cosines[0] == pytest.approx(1.0, abs=1e-6)
+    assert cosines[1] == pytest.approx(0.0, abs=1e-6)
+    assert cosines[2] is None
+
+
+def test_probe_opposite_halves_and_zero_coefficients():
+    hidden, weight, targets, coefficients = make_tokens(n=6)
+    logits = hidden @ weight.T
+    n = hidden.shape[0]
+    probe = GradientProbe(6, 5, 64, 64)
+    zeros = torch.zeros(n, dtype=torch.long)
+    probe.accumulate(hidden, logits, targets, coefficients, zeros, zeros)
+    probe.accumulate(hidden, logits, targets, -coefficients, zeros, torch.ones(n))  # negated advantages
+    # zero coefficients (a constant reward -> zero advantages): halves are counted but the gradient is 0
+    probe.accumulate(hidden, logits, targets, torch.zeros(n), torch.full((n,), 2), zeros)
+    probe.accumulate(hidden, logits, targets, torch.zeros(n), torch.full((n,), 2), torch.ones(n))
+    cosines = probe.cosines()
+    assert cosines[0] == pytest.approx(-1.0, abs=1e-6)
+    assert cosines[1] is None
+    assert cosines[2] == 0.0
+
+
+def test_probe_ignores_empty_input():
+    probe = GradientProbe(6, 5, 64, 64)
+    empty = torch.zeros(0, dtype=torch.long)
+    probe.accumulate(torch.zeros(0, 5), torch.zeros(0, 6), empty, torch.zeros(0), empty, empty)
+    assert probe.counts.sum() == 0
+
+
+def test_probe_cosine_matches_flattened_autograd_gradients():
+    # the signal is the cosine between two halves' gradients: compare with autograd for random halves
+    hidden, weight, targets, coefficients = make_tokens(n=16, seed=4)
+    logits = hidden @ weight.T
+    half = torch.arange(16) % 2
+    probe = GradientProbe(6, 5, 64, 64)
+    probe.accumulate(hidden, logits, targets, coefficients, torch.ones(16, dtype=torch.long), half)
+    g0, _ = autograd_lm_head_gradient(hidden[half == 0], weight, targets[half == 0], coefficients[half == 0])
+    g1, _ = autograd_lm_head_gradient(hidden[half == 1], weight, targets[half == 1], coefficients[half == 1])
+    expected = torch.nn.functional.cosine_similarity(g0.flatten(), g1.flatten(), dim=0).item()
+    assert probe.cosines()[1] == pytest.approx(expected, abs=1e-5)
+    assert math.isfinite(expected) and abs(expected) > 1e-3  # a non-trivial case

@@ -1,0 +1,516 @@
+"""A built-in, offline, seeded suite of verifiable tasks, a character-level tokenizer and a tiny causal LM.
+
+Everything here is generated in-process from a seed: no file is downloaded, so the main job, the examples and the
+tests run on a fresh machine without Hub access. The suite is small enough that a tiny model trained jointly on its
+three objectives (pretraining, SFT, RL) for a few minutes on CPU goes from ~0 to high held-out exact-match accuracy.
+
+Task families (every prompt is ``"<op> <input>="``, every answer at most 4 characters):
+
+| family | prompt → answer | SFT demonstrations | eval split |
+|---|---|---|---|
+| ``rev`` | ``"rev cfa="`` → ``"afc"`` (reverse 3–4 letters) | yes | ``sft_tasks`` |
+| ``nxt`` | ``"nxt bdh="`` → ``"cei"`` (alphabet successor of each of 2–3 letters) | yes | ``sft_tasks`` |
+| ``min`` | ``"min 4719="`` → ``"1"`` (smallest of 3–4 digits) | yes | ``sft_tasks`` |
+| ``max`` | ``"max 4719="`` → ``"9"`` (largest of 3–4 digits) | **no** (RL prompts only) | ``rl_only`` |
+
+Why this design:
+
+- Answers are short and prompts tiny (≤ 9 characters), so generation is cheap on CPU.
+- Held-out evaluation inputs are drawn first from each family's enumerated input space; no training prompt (SFT
+  or RL) and no pretraining sentence uses an evaluation input, so eval measures generalisation, not recall.
+- The pretraining corpus teaches the facts the tasks rely on in a *different surface form* (``"after c comes
+  d."``, ``"a b c d e"``, ``"cfa backwards is afc."``, ``"the largest of 4, 7, 1 is 7."``); it never contains the
+  ``"<op> <input>="`` prompt format.
+- ``max`` has no demonstrations. A model trained on ``min`` already answers ``"max ...="`` prompts with one digit
+  taken from the prompt, so sampling at temperature 1.0 finds the right digit in a group of 8 completions with high
+  probability and group-relative RL learns the family quickly; without RL the model has no way to tell ``max`` from
+  ``min`` in the prompt format, so the ``rl_only`` split measures what only RL can teach.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+import torch
+from datasets import Dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+
+
+logger = logging.getLogger(__name__)
+
+PAD_TOKEN = "<pad>"
+EOS_TOKEN = "</s>"
+BOS_TOKEN = "<s>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
+# Every printable ASCII character (space included) plus newline and tab: one token each.
+CHARACTERS = tuple(chr(i) for i in range(32, 127)) + ("\n", "\t")
+
+# Plain "role: content" lines; the generation prompt ends in "assistant: " so that a conversational prompt renders
+# to a plain string the model can continue.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+DEFAULT_MODEL_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "tiny_causal_lm.json")
+
+LETTERS = "abcdefghij"  # successor of the letters a–i stays inside the alphabet
+DIGITS = "0123456789"
+
+SPLIT_SFT_TASKS = "sft_tasks"
+SPLIT_RL_ONLY = "rl_only"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer and model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """Build a character-level tokenizer in-process (no download).
+
+    Every printable ASCII character, newline and tab is one token; `<pad>`, `</s>` (eos), `<s>` (bos) and `<unk>`
+    are distinct special tokens (ids 0–3). The tokenizer adds no special tokens on its own (like Qwen2): the
+    trainers append eos where they need it. Decoding concatenates the characters, so
+    `decode(encode(s)) == s` for every ASCII string `s` (spaces and newlines included).
+
+    Returns:
+        `PreTrainedTokenizerFast`: the tokenizer, with `padding_side="right"` and a Jinja `chat_template` that renders
+        `[{"role": "user", "content": "x"}]` with `add_generation_prompt=True` as `"user: x\\nassistant: "`.
+        It survives `save_pretrained` / `AutoTokenizer.from_pretrained` offline.
+    """
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # `[\s\S]` matches any single character, newline included; "isolated" makes each one its own piece.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()  # join pieces with no separator
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        bos_token=BOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+        model_max_length=512,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast, config_path: str | os.PathLike | None = None, seed: int = 0
+) -> PreTrainedModel:
+    """Build a small randomly initialised causal LM from a JSON config (no download).
+
+    The JSON holds `model_type` (e.g. `"llama"` or `"qwen2"`) and the architecture's config fields; `vocab_size`,
+    `pad_token_id`, `bos_token_id` and `eos_token_id` are overwritten from `tokenizer`. Initialisation runs under
+    `torch.manual_seed(seed)` inside `torch.random.fork_rng`, so the caller's global RNG state is left untouched
+    and the same seed gives the same weights.
+
+    Args:
+        tokenizer (`PreTrainedTokenizerFast`): tokenizer whose vocabulary and special-token ids the model uses,
+            typically from [`build_char_tokenizer`].
+        config_path (`str | os.PathLike | None`): JSON config; defaults to the shipped
+            `trl_trapo/configs/tiny_causal_lm.json`.
+        seed (`int`): seed of the random initialisation.
+
+    Returns:
+        `PreTrainedModel`: an fp32 `AutoModelForCausalLM` in train mode whose `generation_config` carries the
+        tokenizer's pad/bos/eos ids. It round-trips through `save_pretrained` / `from_pretrained`.
+
+    Raises:
+        FileNotFoundError: if `config_path` does not exist.
+        ValueError: if the JSON has no `model_type`, or the tokenizer lacks a pad or eos token.
+    """
+    config_path = DEFAULT_MODEL_CONFIG if config_path is None else os.fspath(config_path)
+    with open(config_path, encoding="utf-8") as handle:
+        config_kwargs: dict[str, Any] = json.load(handle)
+    model_type = config_kwargs.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f'{config_path} has no `model_type`; add e.g. `"model_type": "llama"`.')
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+        raise ValueError("`tokenizer` needs a pad and an eos token; build it with `build_char_tokenizer()`.")
+    config_kwargs = {key: value for key, value in config_kwargs.items() if not key.startswith("_")}
+    config_kwargs.update(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config = AutoConfig.for_model(model_type, **config_kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Task families
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskFamily:
+    """One family of verifiable tasks: an enumerable input space, a prompt format and an exact answer.
+
+    Args:
+        name (`str`): the family's name; also the operator word at the start of its prompts.
+        inputs (`tuple[str, ...]`): every possible input string, in a fixed order.
+        solve (`Callable[[str], str]`): maps an input string to its answer.
+        has_sft (`bool`): whether the suite ships SFT demonstrations for this family (`False` means RL prompts
+            only, evaluated under the `rl_only` split).
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    solve: Callable[[str], str]
+    has_sft: bool = True
+
+    def prompt(self, x: str) -> str:
+        """Return the prompt for input `x`, e.g. `"rev abc="`."""
+        return f"{self.name} {x}="
+
+    @property
+    def split(self) -> str:
+        """The eval split of this family: `"sft_tasks"` or `"rl_only"`."""
+        return SPLIT_SFT_TASKS if self.has_sft else SPLIT_RL_ONLY
+
+
+def _strings(alphabet: str, lengths: Sequence[int]) -> tuple[str, ...]:
+    return tuple("".join(chars) for n in lengths for chars in product(alphabet, repeat=n))
+
+
+def _interleave(groups: Sequence[Sequence[str]]) -> list[str]:
+    """Round-robin over `groups`: first item of each, then second item of each, ..."""
+    ordered: list[str] = []
+    for depth in range(max((len(group) for group in groups), default=0)):
+        ordered.extend(group[depth] for group in groups if depth < len(group))
+    return ordered
+
+
+def _split_inputs(family: TaskFamily, num_eval: int, rng: random.Random) -> tuple[list[str], list[str]]:
+    """Split a family's inputs into `num_eval` held-out inputs and a training pool, both with near-uniform answers.
+
+    The inputs are shuffled and grouped by answer; both lists are round-robin interleavings over the answer groups,
+    so every prefix of them has near-uniform answers. Without this, `max` of random digits is "9" a third of the
+    time and RL finds the shortcut "always answer 9". At most a tenth of each answer group is held out (all of a
+    one-input group, so families whose answers are unique, like `rev`, are split plainly), which keeps rare answers
+    such as `min 999=` in the training pool.
+    """
+    shuffled = list(family.inputs)
+    rng.shuffle(shuffled)
+    by_answer: dict[str, list[str]] = {}
+    for x in shuffled:
+        by_answer.setdefault(family.solve(x), []).append(x)
+    groups = [by_answer[answer] for answer in sorted(by_answer)]
+    rng.shuffle(groups)
+    quotas = [1 if len(group) == 1 else len(group) // 3 for group in groups]
+    if num_eval > sum(quotas) or num_eval >= len(shuffled):
+        raise ValueError(
+            f"`num_eval_per_task={num_eval}` is too large for family {family.name!r} ({len(shuffled)} inputs, at most "
+            f"{min(sum(quotas), len(shuffled) - 1)} can be held out); use a smaller value."
+        )
+    held_out = _interleave([group[:quota] for group, quota in zip(groups, quotas)])[:num_eval]
+    held_out_set = set(held_out)
+    pool = _interleave([[x for x in group if x not in held_out_set] for group in groups])
+    return held_out, pool
+
+
+def _successor(letters: str) -> str:
+    return "".join(LETTERS[LETTERS.index(c) + 1] for c in letters)
+
+
+TASK_FAMILIES: tuple[TaskFamily, ...] = (
+    TaskFamily("rev", _strings(LETTERS[:8], (3, 4)), lambda x: x[::-1]),
+    TaskFamily("nxt", _strings(LETTERS[:9], (2, 3)), _successor),
+    TaskFamily("min", _strings(DIGITS, (3, 4)), min),
+    TaskFamily("max", _strings(DIGITS, (3,)), max, has_sft=False),
+)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pretraining corpus: the same knowledge in other surface forms
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _sentence(rng: random.Random, train_inputs: dict[str, list[str]]) -> str:
+    kind = rng.randrange(8)
+    if kind == 0:  # an alphabet run: "c d e f g"
+        start = rng.randrange(len(LETTERS) - 2)
+        stop = rng.randint(start + 3, len(LETTERS))
+        return " ".join(LETTERS[start:stop]) + "."
+    if kind == 1:
+        i = rng.randrange(len(LETTERS) - 1)
+        return f"after {LETTERS[i]} comes {LETTERS[i + 1]}."
+    if kind == 2:
+        i = rng.randrange(1, len(LETTERS))
+        return f"{LETTERS[i]} comes after {LETTERS[i - 1]}."
+    if kind == 3:
+        x = rng.choice(train_inputs["rev"])
+        return f"{x} backwards is {x[::-1]}."
+    if kind == 4:
+        start = rng.randrange(len(DIGITS) - 2)
+        stop = rng.randint(start + 3, len(DIGITS))
+        return " ".join(DIGITS[start:stop]) + "."
+    if kind == 5:
+        a, b = rng.sample(DIGITS, 2)
+        return f"{max(a, b)} is more than {min(a, b)}."
+    x = rng.choice(train_inputs["min" if kind == 6 else "max"])
+    word, fn = ("smallest", min) if kind == 6 else ("largest", max)
+    return f"the {word} digit of {x} is {fn(x)}."
+
+
+def _document(rng: random.Random, train_inputs: dict[str, list[str]], max_sentences: int) -> str:
+    n = min(max_sentences, 1 + int(rng.expovariate(1 / 4)))  # mostly short documents, a few long ones
+    separator = rng.choice((" ", "\n"))
+    return separator.join(_sentence(rng, train_inputs) for _ in range(n))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The suite
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TaskSuite:
+    """The datasets of the built-in verifiable task suite, in TRL's standard (non-conversational) formats.
+
+    Args:
+        pretrain (`Dataset`): language-modelling corpus, column `text` (one document per row).
+        sft (`Dataset`): prompt-completion demonstrations, columns `prompt`, `completion` (no eos; the trainer
+            appends it) and `task`.
+        rl_train (`Dataset`): prompt-only RL data, columns `prompt`, `answer`, `task`.
+        eval (`Dataset`): held-out prompts, columns `prompt`, `answer`, `task`, `split` (`"sft_tasks"` or
+            `"rl_only"`). No eval prompt occurs in `pretrain`, `sft` or `rl_train`.
+        reward_funcs (`list[Callable]`): reward functions with TRL's signature; `[exact_match_reward]`.
+    """
+
+    pretrain: Dataset
+    sft: Dataset
+    rl_train: Dataset
+    eval: Dataset
+    reward_funcs: list[Callable[..., list[float]]] = field(default_factory=list)
+
+
+def make_task_suite(
+    seed: int = 0,
+    *,
+    num_pretrain_docs: int = 3000,
+    num_sft_per_task: int = 2000,
+    num_rl_per_task: int = 1000,
+    num_eval_per_task: int = 100,
+    max_doc_sentences: int = 16,
+) -> TaskSuite:
+    """Generate the seeded task suite (see the module docstring for the task families and why).
+
+    For every family the enumerated input space is shuffled with `seed`; its first `num_eval_per_task` inputs are
+    held out for `eval`, the rest form the training pool that SFT demonstrations, RL prompts and pretraining facts
+    are drawn from (cycling through the shuffled pool, so a request larger than the pool repeats inputs).
+
+    Args:
+        seed (`int`): seed of every random choice; the same seed gives identical datasets.
+        num_pretrain_docs (`int`): number of pretraining documents (1 to `max_doc_sentences` sentences each).
+        num_sft_per_task (`int`): SFT rows per family that has demonstrations.
+        num_rl_per_task (`int`): RL prompts per family (every family, including the `rl_only` one).
+        num_eval_per_task (`int`): held-out eval prompts per family.
+        max_doc_sentences (`int`): longest pretraining document, in sentences.
+
+    Returns:
+        `TaskSuite`: `pretrain` (`text`), `sft` (`prompt`, `completion`, `task`), `rl_train` (`prompt`, `answer`,
+        `task`), `eval` (`prompt`, `answer`, `task`, `split`) and `reward_funcs == [exact_match_reward]`.
+
+    Raises:
+        ValueError: if a size is negative, `max_doc_sentences < 1`, or `num_eval_per_task` leaves a family with no
+            training inputs.
+    """
+    sizes = {
+        "num_pretrain_docs": num_pretrain_docs,
+        "num_sft_per_task": num_sft_per_task,
+        "num_rl_per_task": num_rl_per_task,
+        "num_eval_per_task": num_eval_per_task,
+    }
+    for name, value in sizes.items():
+        if value < 0:
+            raise ValueError(f"`{name}` must be >= 0, got {value}.")
+    if max_doc_sentences < 1:
+        raise ValueError(f"`max_doc_sentences` must be >= 1, got {max_doc_sentences}.")
+
+    rng = random.Random(seed)
+    eval_rows: dict[str, list] = {"prompt": [], "answer": [], "task": [], "split": []}
+    sft_rows: dict[str, list] = {"prompt": [], "completion": [], "task": []}
+    rl_rows: dict[str, list] = {"prompt": [], "answer": [], "task": []}
+    train_inputs: dict[str, list[str]] = {}
+    for family in TASK_FAMILIES:
+        held_out, pool = _split_inputs(family, num_eval_per_task, rng)
+        train_inputs[family.name] = pool
+        for x in held_out:
+            eval_rows["prompt"].append(family.prompt(x))
+            eval_rows["answer"].append(family.solve(x))
+            eval_rows["task"].append(family.name)
+            eval_rows["split"].append(family.split)
+        if family.has_sft:
+            for i in range(num_sft_per_task):
+                x = pool[i % len(pool)]
+                sft_rows["prompt"].append(family.prompt(x))
+                sft_rows["completion"].append(family.solve(x))
+                sft_rows["task"].append(family.name)
+        for i in range(num_rl_per_task):
+            x = pool[i % len(pool)]
+            rl_rows["prompt"].append(family.prompt(x))
+            rl_rows["answer"].append(family.solve(x))
+            rl_rows["task"].append(family.name)
+
+    pretrain_texts = [_document(rng, train_inputs, max_doc_sentences) for _ in range(num_pretrain_docs)]
+    sft = Dataset.from_dict(sft_rows).shuffle(seed=seed) if sft_rows["prompt"] else Dataset.from_dict(sft_rows)
+    rl_train = Dataset.from_dict(rl_rows).shuffle(seed=seed) if rl_rows["prompt"] else Dataset.from_dict(rl_rows)
+    return TaskSuite(
+        pretrain=Dataset.from_dict({"text": pretrain_texts}),
+        sft=sft,
+        rl_train=rl_train,
+        eval=Dataset.from_dict(eval_rows),
+        reward_funcs=[exact_match_reward],
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reward and evaluation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _completion_text(completion: str | list[dict[str, Any]] | dict[str, Any]) -> str:
+    """Text of a standard (`str`) or conversational (list of message dicts) completion, cut at the eos text."""
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, list):
+        completion = "".join(
+            str(message.get("content") or "")
+            for message in completion
+            if message.get("role", "assistant") == "assistant"
+        )
+    if not isinstance(completion, str):
+        raise TypeError(f"A completion must be a string or a list of message dicts, got {type(completion).__name__}.")
+    return completion.split(EOS_TOKEN, 1)[0].strip()
+
+
+def exact_match_reward(
+    prompts: list[Any] | None, completions: list[Any], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """Exact-match reward with TRL's reward-function signature (usable as a `GRPOTrainer` reward function).
+
+    A completion scores 1.0 when its text, cut at the first eos text (`"</s>"`) if any and stripped of surrounding
+    whitespace, equals the stripped answer; otherwise 0.0.
+
+    Args:
+        prompts (`list[str] | list[list[dict]] | None`): the prompts (unused; part of TRL's signature).
+        completions (`list[str] | list[list[dict]]`): one per row; a string (standard format) or a list of message
+            dicts whose assistant `content`s are joined (conversational format).
+        answer (`list[str]`): the reference answer of each row (the dataset's `answer` column).
+        **kwargs: other dataset columns and trainer extras (`task`, `completion_ids`, `trainer_state`, ...); ignored.
+
+    Returns:
+        `list[float]`: one reward in {0.0, 1.0} per completion.
+
+    Raises:
+        ValueError: if `completions` and `answer` have different lengths.
+        TypeError: if a completion is neither a string nor a list of message dicts.
+    """
+    if len(completions) != len(answer):
+        raise ValueError(f"Got {len(completions)} completions but {len(answer)} answers; they must match one to one.")
+    return [float(_completion_text(c) == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    dataset: Dataset,
+    batch_size: int = 64,
+    max_new_tokens: int | None = None,
+) -> dict[str, float]:
+    """Greedy-decoding exact-match accuracy of `model` on a dataset with `prompt` and `answer` columns.
+
+    Prompts are left-padded for generation (the tokenizer's `padding_side` is restored afterwards); conversational
+    prompts (lists of message dicts) are rendered with the tokenizer's chat template. Each generated completion is
+    cut at the first eos and scored with [`exact_match_reward`]'s rule. The model's train/eval mode is restored.
+
+    Args:
+        model (`PreTrainedModel`): causal LM with `generate`.
+        tokenizer (`PreTrainedTokenizerFast`): its tokenizer; needs a pad and an eos token.
+        dataset (`Dataset`): rows with `prompt` and `answer`, optionally `split` (e.g. the suite's `eval`).
+        batch_size (`int`): prompts per `generate` call.
+        max_new_tokens (`int | None`): generation budget; defaults to the longest tokenized answer + 1 (for eos).
+
+    Returns:
+        `dict[str, float]`: `"accuracy"` (fraction of exactly matched rows, in [0, 1]) and, when the dataset has a
+        `split` column, `"accuracy_<split>"` for every split present.
+
+    Raises:
+        ValueError: if `dataset` lacks `prompt` or `answer`, is empty, or `batch_size < 1`.
+    """
+    for column in ("prompt", "answer"):
+        if column not in dataset.column_names:
+            raise ValueError(f"`dataset` needs a `{column}` column; it has {dataset.column_names}.")
+    if len(dataset) == 0:
+        raise ValueError("`dataset` is empty.")
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+
+    prompts = [
+        p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in dataset["prompt"]
+    ]
+    answers = [str(a) for a in dataset["answer"]]
+    if max_new_tokens is None:
+        max_new_tokens = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) + 1
+
+    was_training = model.training
+    padding_side = tokenizer.padding_side
+    correct: list[float] = []
+    try:
+        model.eval()
+        tokenizer.padding_side = "left"
+        device = next(model.parameters()).device
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(
+                prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(device)
+            output_ids = model.generate(
+                **batch,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            completion_ids = output_ids[:, batch["input_ids"].shape[1] :].tolist()  # (B, ≤ max_new_tokens)
+            texts = []
+            for ids in completion_ids:
+                if tokenizer.eos_token_id in ids:
+                    ids = ids[: ids.index(tokenizer.eos_token_id)]
+                texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+            correct.extend(exact_match_reward(None, texts, answers[start : start + batch_size]))
+    finally:
+        tokenizer.padding_side = padding_side
+        model.train(was_training)
+
+    metrics = {"accuracy": sum(correct) / len(correct)}
+    if "split" in dataset.column_names:
+        splits = dataset["split"]
+        for name in sorted(set(splits)):
+            scores = [c for c, s in zip(correct, splits) if s == name]
+            metrics[f"accuracy_{name}"] = sum(scores) / len(scores)
+    return metrics
