@@ -1,7 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """The RL replay buffer (capacity, reuse cap, epoch order, age, state) and the SFT pool."""
 
-import io
+import json
 from collections import Counter
 
 import pytest
@@ -151,16 +151,23 @@ def test_metrics():
 
 
 def test_state_dict_round_trip_without_pickle():
+    from safetensors.torch import load as safetensors_load
+    from safetensors.torch import save as safetensors_save
+
     buffer = ReplayBuffer(capacity=4, max_uses=3, seed=3)
     buffer.add([trajectory(i) for i in range(6)], step=1)  # evicts 0 and 1
     buffer.sample(3, step=2)
-    stream = io.BytesIO()
-    torch.save(buffer.state_dict(), stream)
-    stream.seek(0)
-    state = torch.load(stream, weights_only=True)  # tensors, ints, lists, tuples: no pickled objects
+    meta, tensors = buffer.state_dict()
+    # the on-disk form: JSON bookkeeping + safetensors, no pickle anywhere
+    meta = json.loads(json.dumps(meta))
+    tensors = safetensors_load(safetensors_save(tensors))
 
     restored = ReplayBuffer(capacity=4, max_uses=3, seed=123)
-    restored.load_state_dict(state)
+    restored.load_state_dict(meta, tensors)
+    for a, b in zip(restored._items.values(), buffer._items.values()):
+        assert a["data"].keys() == b["data"].keys()
+        for key, value in a["data"].items():
+            assert torch.equal(value, b["data"][key]) if isinstance(value, torch.Tensor) else value == b["data"][key]
     assert len(restored) == 4 and restored.nbytes == buffer.nbytes and restored.num_evicted == 2
     assert restored.metrics(step=5) == buffer.metrics(step=5)
     # the continuation is identical (uses and the tie-breaking RNG are restored)

@@ -64,7 +64,9 @@ class CurriculumSchedule:
         self.total_steps = max(int(total_steps), 1)
         self.boundary_steps = [b * self.total_steps for b in boundaries]
         if list(boundaries) != sorted(set(boundaries)) or any(not 0 < b < 1 for b in boundaries):
-            raise ValueError(f"Curriculum boundaries {list(boundaries)} must be strictly increasing fractions in (0, 1).")
+            raise ValueError(
+                f"Curriculum boundaries {list(boundaries)} must be strictly increasing fractions in (0, 1)."
+            )
         if decay_steps <= 0:
             raise ValueError(f"Curriculum decay_steps={decay_steps} must be positive.")
         self.mixtures = [tuple(float(x) for x in m) for m in mixtures]

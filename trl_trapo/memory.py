@@ -150,34 +150,72 @@ class ReplayBuffer:
             "replay/age_mean": ages / size if size else 0.0,
         }
 
-    def state_dict(self) -> dict:
-        """Everything needed to restore the buffer exactly (tensors stay tensors; no pickle)."""
-        return {
-            "items": [
-                {"data": item["data"], "uses": item["uses"], "birth": item["birth"]} for item in self._items.values()
-            ],
-            "next_id": self._next_id,
-            "num_evicted": self.num_evicted,
-            "rng": self.rng.getstate(),
-        }
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Everything needed to restore the buffer exactly: JSON bookkeeping and flat tensors (no pickle).
 
-    def load_state_dict(self, state: dict) -> None:
+        Each per-trajectory tensor field `f` is stored as `replay/f` (all trajectories concatenated) and
+        `replay/f.offsets` (shape `(N + 1,)`), so the buffer round-trips bit-identically through safetensors;
+        non-tensor fields (JSON values) go to `meta["extras"]`.
+
+        Returns:
+            tuple `(meta, tensors)`.
+        """
+        items = list(self._items.values())
+        fields = sorted({k for item in items for k, v in item["data"].items() if isinstance(v, torch.Tensor)})
+        tensors: dict[str, torch.Tensor] = {}
+        for name in fields:
+            if any(name not in item["data"] for item in items):
+                raise ValueError(f"Replay field '{name}' is present in some trajectories only; cannot serialise.")
+            values = [item["data"][name].reshape(-1) for item in items]
+            lengths = torch.tensor([0] + [v.numel() for v in values], dtype=torch.long)
+            tensors[f"replay/{name}"] = torch.cat(values) if values else torch.zeros(0)
+            tensors[f"replay/{name}.offsets"] = torch.cumsum(lengths, 0)
+        version, internal, gauss = self.rng.getstate()
+        extras = [{k: v for k, v in item["data"].items() if not isinstance(v, torch.Tensor)} for item in items]
+        meta = {
+            "fields": fields,
+            "extras": extras,
+            "uses": [item["uses"] for item in items],
+            "births": [item["birth"] for item in items],
+            "num_evicted": self.num_evicted,
+            "rng": [version, list(internal), gauss],
+        }
+        return meta, tensors
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` returned.
+
+        Raises:
+            ValueError: if the bookkeeping and the tensors disagree (a corrupted checkpoint).
+        """
+        count = len(meta["uses"])
+        if len(meta["births"]) != count:
+            raise ValueError("Corrupted replay state: 'uses' and 'births' have different lengths.")
+        columns = {}
+        for name in meta["fields"]:
+            data, offsets = tensors.get(f"replay/{name}"), tensors.get(f"replay/{name}.offsets")
+            if data is None or offsets is None or offsets.numel() != count + 1 or int(offsets[-1]) != data.numel():
+                raise ValueError(f"Corrupted replay state: field '{name}' does not match {count} trajectories.")
+            columns[name] = [data[int(offsets[i]) : int(offsets[i + 1])].clone() for i in range(count)]
         self._items.clear()
         self.nbytes = 0
-        for i, item in enumerate(state["items"]):
-            nbytes = trajectory_nbytes(item["data"])
+        extras = meta.get("extras") or [{} for _ in range(count)]
+        if len(extras) != count:
+            raise ValueError("Corrupted replay state: 'extras' does not match the number of trajectories.")
+        for i in range(count):
+            data = {**extras[i], **{name: columns[name][i] for name in meta["fields"]}}
+            nbytes = trajectory_nbytes(data)
             self._items[i] = {
-                "data": item["data"],
-                "uses": int(item["uses"]),
-                "birth": int(item["birth"]),
+                "data": data,
+                "uses": int(meta["uses"][i]),
+                "birth": int(meta["births"][i]),
                 "nbytes": nbytes,
             }
             self.nbytes += nbytes
-        self._next_id = len(self._items)
-        self.num_evicted = int(state.get("num_evicted", 0))
-        rng_state = state.get("rng")
-        if rng_state is not None:
-            self.rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
+        self._next_id = count
+        self.num_evicted = int(meta.get("num_evicted", 0))
+        version, internal, gauss = meta["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
 
 
 class SFTPool:

@@ -219,7 +219,7 @@ def _split_inputs(family: TaskFamily, num_eval: int, rng: random.Random) -> tupl
         by_answer.setdefault(family.solve(x), []).append(x)
     groups = [by_answer[answer] for answer in sorted(by_answer)]
     rng.shuffle(groups)
-    quotas = [1 if len(group) == 1 else len(group) // 3 for group in groups]
+    quotas = [1 if len(group) == 1 else len(group) // 10 for group in groups]
     if num_eval > sum(quotas) or num_eval >= len(shuffled):
         raise ValueError(
             f"`num_eval_per_task={num_eval}` is too large for family {family.name!r} ({len(shuffled)} inputs, at most "
@@ -239,7 +239,7 @@ TASK_FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily("rev", _strings(LETTERS[:8], (3, 4)), lambda x: x[::-1]),
     TaskFamily("nxt", _strings(LETTERS[:9], (2, 3)), _successor),
     TaskFamily("min", _strings(DIGITS, (3, 4)), min),
-    TaskFamily("max", _strings(DIGITS, (3,)), max, has_sft=False),
+    TaskFamily("lst", _strings(LETTERS[:8], (3, 4)), lambda x: x[-1], has_sft=False),
 )
 
 
@@ -249,7 +249,10 @@ TASK_FAMILIES: tuple[TaskFamily, ...] = (
 
 
 def _sentence(rng: random.Random, train_inputs: dict[str, list[str]]) -> str:
-    kind = rng.randrange(8)
+    kind = rng.randrange(9)
+    if kind == 8:
+        x = rng.choice(train_inputs["lst"])
+        return f"{x} ends with {x[-1]}."
     if kind == 0:  # an alphabet run: "c d e f g"
         start = rng.randrange(len(LETTERS) - 2)
         stop = rng.randint(start + 3, len(LETTERS))
@@ -270,7 +273,7 @@ def _sentence(rng: random.Random, train_inputs: dict[str, list[str]]) -> str:
     if kind == 5:
         a, b = rng.sample(DIGITS, 2)
         return f"{max(a, b)} is more than {min(a, b)}."
-    x = rng.choice(train_inputs["min" if kind == 6 else "max"])
+    x = rng.choice(train_inputs["min" if kind == 6 else "min"])
     word, fn = ("smallest", min) if kind == 6 else ("largest", max)
     return f"the {word} digit of {x} is {fn(x)}."
 

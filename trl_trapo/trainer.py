@@ -35,12 +35,22 @@ from transformers import (
     GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    TrainerCallback,
 )
 from trl.data_utils import is_conversational
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax, use_adapter
 
+from .checkpoint import (
+    CheckpointError,
+    last_complete_checkpoint,
+    read_rank_state,
+    restore_rng,
+    rng_tensors,
+    verify_checkpoint,
+    write_rank_state,
+)
 from .collator import RowAllocator, collate_rows, split_micro_batches
 from .config import OBJECTIVES, TRAPOConfig
 from .curriculum import CurriculumCallback, CurriculumSchedule
@@ -111,6 +121,19 @@ class _StepTickets(torch.utils.data.Dataset):
 
 def _ticket_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     return {"ticket": torch.tensor([f["ticket"] for f in features])}
+
+
+class _StateCheckpointCallback(TrainerCallback):
+    """Writes TRAPO's own state into each `checkpoint-N` directory right after the Trainer has written its files."""
+
+    def __init__(self, trainer: TRAPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(directory):
+            self.trainer._save_trapo_state(directory)
+        return control
 
 
 class TRAPOTrainer(_BaseTrainer):
@@ -377,6 +400,10 @@ class TRAPOTrainer(_BaseTrainer):
         self.add_callback(self.dare)
         self._probe: GradientProbe | None = None
         self._row_generator = torch.Generator().manual_seed(seed + 4 + rank)
+        # Rollout sampling draws from its own checkpointed generator (through `fork_rng`), so a resumed run samples
+        # exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
+        self._generation_generator = torch.Generator().manual_seed(seed + 5 + rank)
+        self.add_callback(_StateCheckpointCallback(self))
 
         self.ref_model = ref_model
         if self.ref_model is not None:
@@ -395,7 +422,8 @@ class TRAPOTrainer(_BaseTrainer):
         self._step_nonfinite = torch.zeros((), dtype=torch.bool)
         self._step_context: dict[str, Any] = {}
         self._metric_sums: dict[str, torch.Tensor] = {}
-        self._metric_steps = 0
+        self._metric_steps: dict[str, int] = {}  # steps that contributed to each metric since the last log
+        self._step_metric_keys: set[str] = set()
         self._rollout_sums: dict[str, float] = defaultdict(float)
         self._pending_reward_metrics: dict[str, list[float]] = defaultdict(list)
         self._pending_extra: dict[str, list] = defaultdict(list)
@@ -642,15 +670,19 @@ class TRAPOTrainer(_BaseTrainer):
             policy = self._policy_for_generation(unwrapped)
             was_training = policy.training
             policy.eval()
-            generated = generate(
-                policy,
-                [p.tolist() for p in prompt_ids],
-                self.generation_config,
-                pad_id,
-                self._stop_token_id,
-                args.temperature,
-                batch_size=args.local_rollout_forward_batch_size,
-            )
+            sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self._generation_generator))
+            devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(sampling_seed)
+                generated = generate(
+                    policy,
+                    [p.tolist() for p in prompt_ids],
+                    self.generation_config,
+                    pad_id,
+                    self._stop_token_id,
+                    args.temperature,
+                    batch_size=args.local_rollout_forward_batch_size,
+                )
             completion_ids = generated["completion_ids"]
             old_logps = generated["old_per_token_logps"]
             # step 2. reference log-probs and values
@@ -994,8 +1026,10 @@ class TRAPOTrainer(_BaseTrainer):
         return (self.state.global_step + 1) % steps == 0
 
     def _add_metric(self, key: str, value: torch.Tensor) -> None:
+        """Add a micro-batch's contribution to a step metric (averaged at log time over the steps that had it)."""
         value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
         self._metric_sums[key] = self._metric_sums[key] + value if key in self._metric_sums else value
+        self._step_metric_keys.add(key)
 
     # =================================================================================================================
     # The optimizer step: non-finite guard and DARE update (public hooks)
@@ -1044,7 +1078,9 @@ class TRAPOTrainer(_BaseTrainer):
         self._step_nonfinite = self._step_nonfinite.to(loss.device) | ~torch.isfinite(loss.detach())
         info = self._step_context
         if info and info["micro_index"] >= info["num_micro"]:
-            self._metric_steps += 1
+            for key in self._step_metric_keys:
+                self._metric_steps[key] = self._metric_steps.get(key, 0) + 1
+            self._step_metric_keys = set()
             if info["probe"] and self._probe is not None:
                 sums = self.accelerator.reduce(self._probe.sums, reduction="sum")
                 self._probe.sums.copy_(sums)
@@ -1064,10 +1100,10 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _collect_metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        steps = max(self._metric_steps, 1)
         keys = sorted(self._metric_sums)
         if keys:
             stacked = torch.stack([self._metric_sums[k].to(self.accelerator.device) for k in keys])
+            steps = torch.tensor([max(self._metric_steps.get(k, 0), 1) for k in keys], dtype=torch.float64)
             reduced = self.accelerator.reduce(stacked, reduction="sum").cpu() / steps
             values = dict(zip(keys, reduced.tolist()))
             if "val/ratio_sq" in values:
@@ -1107,11 +1143,100 @@ class TRAPOTrainer(_BaseTrainer):
         out["episode"] = float(self._episode)
         out["train/nonfinite_steps"] = float(self._nonfinite_steps)
         self._metric_sums = {}
-        self._metric_steps = 0
+        self._metric_steps = {}
         self._pending_extra = defaultdict(list)
         self._rollout_sums = defaultdict(float)
         self._pending_reward_metrics = defaultdict(list)
         return out
+
+    # =================================================================================================================
+    # Durable state (public Trainer hook: train; callback: on_save)
+    # =================================================================================================================
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, resuming TRAPO's own state too.
+
+        `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
+        while writing is skipped, with a warning saying why); an explicit path must be complete.
+
+        Raises:
+            CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
+                `resume_from_checkpoint=True` finds no complete checkpoint.
+        """
+        world = self.accelerator.num_processes
+        if resume_from_checkpoint is True:
+            path, skipped = last_complete_checkpoint(self.args.output_dir, world)
+            for reason in skipped:
+                logger.warning("Not resuming from an incomplete checkpoint: %s", reason)
+            if path is None:
+                raise CheckpointError(
+                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint"
+                    + (f" ({skipped[0]})" if skipped else "")
+                    + ". Pass a path, or start without resuming."
+                )
+            resume_from_checkpoint = path
+        if resume_from_checkpoint:
+            verify_checkpoint(resume_from_checkpoint, world)
+            self._load_trapo_state(resume_from_checkpoint)
+            logger.info("Resuming from %s", resume_from_checkpoint)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+            **kwargs,
+        )
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"rows": self._row_generator, "generation": self._generation_generator}
+
+    def _save_trapo_state(self, checkpoint_dir: str) -> None:
+        replay_meta, replay_tensors = self.replay.state_dict()
+        state = {
+            "format": 1,
+            "global_step": self.state.global_step,
+            "world_size": self.accelerator.num_processes,
+            "episode": self._episode,
+            "nonfinite_steps": self._nonfinite_steps,
+            "allocator": self.allocator.state_dict(),
+            "dare": self.dare.engine.state_dict(),
+            "replay": replay_meta,
+            "prompt_sampler": self._prompt_sampler.state_dict() if self._prompt_sampler else None,
+            "sft_pool": self._sft_pool.state_dict() if self._sft_pool else None,
+            "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
+        }
+        tensors = {**replay_tensors, **rng_tensors(self._generators())}
+        compress = self.replay.nbytes > 64 * 2**20
+        self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
+        write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress)
+
+    def _load_trapo_state(self, checkpoint_dir: str) -> None:
+        rank = self.accelerator.process_index
+        state, tensors = read_rank_state(checkpoint_dir, rank)
+        source = os.path.join(checkpoint_dir, "trapo", f"rank{rank}.json")
+        try:
+            if state.get("format") != 1:
+                raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
+            for name, part in (
+                ("prompt_sampler", self._prompt_sampler),
+                ("sft_pool", self._sft_pool),
+                ("pretrain_stream", self._pretrain_stream),
+            ):
+                if (state.get(name) is None) != (part is None):
+                    raise CheckpointError(
+                        f"{source}: the checkpoint was made with a different set of datasets ('{name}' "
+                        f"{'missing' if state.get(name) is None else 'present'}); resume with the same datasets."
+                    )
+                if part is not None:
+                    part.load_state_dict(state[name])
+            self._episode = int(state["episode"])
+            self._nonfinite_steps = int(state["nonfinite_steps"])
+            self.allocator.load_state_dict(state["allocator"])
+            self.dare.engine.load_state_dict(state["dare"])
+            self.replay.load_state_dict(state["replay"], tensors)
+            restore_rng(self._generators(), tensors, source)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
 
     # =================================================================================================================
     # Saving (public Trainer hook: save_model)
@@ -1124,9 +1249,11 @@ class TRAPOTrainer(_BaseTrainer):
         resume, and every other save writes the policy alone, gathered from the DDP / DeepSpeed wrapper first —
         never the wrapper itself.
         """
-        is_checkpoint = _internal_call and output_dir is not None and os.path.basename(
-            os.path.normpath(output_dir)
-        ).startswith("checkpoint-")
+        is_checkpoint = (
+            _internal_call
+            and output_dir is not None
+            and os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-")
+        )
         if not self._has_critic or is_checkpoint:
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir

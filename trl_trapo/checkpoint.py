@@ -1,0 +1,213 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Durable checkpoints of TRAPO's own state, next to the `Trainer`'s files in each `checkpoint-N` directory.
+
+Layout of `checkpoint-N/trapo/` (one set of files per rank r):
+
+| file | format | content |
+|---|---|---|
+| `rank{r}.json` | JSON | counters, samplers, pretraining stream, row allocator, DARE, replay bookkeeping |
+| `rank{r}-tensors.safetensors[.zst]` | safetensors (zstd-compressed when large) | replay trajectories, RNG states |
+| `rank{r}.complete.json` | JSON | written last: the SHA-256 of every file of the checkpoint this rank relies on |
+
+Every file is written to a temporary name and renamed into place, so a file is either absent or complete; the
+completion marker is renamed last, so a checkpoint without markers for all ranks is incomplete and is never
+resumed from silently. Nothing is pickled: JSON and safetensors only (the `Trainer`'s own files are its own).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from typing import Any
+
+import torch
+import zstandard
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+
+
+STATE_DIR = "trapo"
+ZSTD_MAGIC = b"TRAPOZST1"
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+# Files of the Trainer's checkpoint we also fingerprint, so a truncated one is named before resuming.
+TRAINER_FILES = (
+    "trainer_state.json",
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state.pth",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete or corrupted; the message names the file and what is wrong."""
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, fsync'ed, then renamed."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def atomic_write_json(path: str, payload: Any) -> None:
+    """`atomic_write_bytes` of a JSON document."""
+    atomic_write_bytes(path, json.dumps(payload, indent=1, sort_keys=True).encode("utf-8"))
+
+
+def encode_tensors(tensors: dict[str, torch.Tensor], compress: bool) -> bytes:
+    """safetensors bytes of `tensors` (contiguous CPU copies), zstd-compressed behind a magic header if asked."""
+    data = safetensors_save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    if compress:
+        return ZSTD_MAGIC + zstandard.ZstdCompressor(level=3).compress(data)
+    return data
+
+
+def decode_tensors(data: bytes, name: str) -> dict[str, torch.Tensor]:
+    """Inverse of `encode_tensors`.
+
+    Raises:
+        CheckpointError: naming `name`, if the bytes are not a valid (compressed) safetensors payload.
+    """
+    try:
+        if data.startswith(ZSTD_MAGIC):
+            data = zstandard.ZstdDecompressor().decompress(data[len(ZSTD_MAGIC) :])
+        return safetensors_load(data)
+    except Exception as error:  # safetensors / zstd raise various types
+        raise CheckpointError(f"{name} is corrupted or truncated ({type(error).__name__}: {error}).") from error
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def marker_path(checkpoint_dir: str, rank: int) -> str:
+    return os.path.join(checkpoint_dir, STATE_DIR, f"rank{rank}.complete.json")
+
+
+def write_rank_state(checkpoint_dir: str, rank: int, state: dict, tensors: dict[str, torch.Tensor], compress: bool):
+    """Write this rank's state files, then its completion marker (with the hashes of every file it relies on)."""
+    directory = os.path.join(checkpoint_dir, STATE_DIR)
+    json_path = os.path.join(directory, f"rank{rank}.json")
+    tensor_path = os.path.join(directory, f"rank{rank}-tensors.safetensors" + (".zst" if compress else ""))
+    atomic_write_json(json_path, state)
+    atomic_write_bytes(tensor_path, encode_tensors(tensors, compress))
+    files = {os.path.relpath(p, checkpoint_dir): sha256_file(p) for p in (json_path, tensor_path)}
+    if rank == 0:
+        for name in TRAINER_FILES:
+            path = os.path.join(checkpoint_dir, name)
+            if os.path.isfile(path):
+                files[name] = sha256_file(path)
+    atomic_write_json(marker_path(checkpoint_dir, rank), {"files": files, "tensors": os.path.basename(tensor_path)})
+
+
+def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
+    """Check that every rank's marker exists and every file it lists is intact.
+
+    Raises:
+        CheckpointError: naming the missing marker, missing file or file whose content changed.
+    """
+    for rank in range(world_size):
+        marker = marker_path(checkpoint_dir, rank)
+        if not os.path.isfile(marker):
+            raise CheckpointError(
+                f"{checkpoint_dir} is incomplete: {os.path.relpath(marker, checkpoint_dir)} is missing (the run stopped "
+                f"while writing it, or it was saved with another number of processes than {world_size})."
+            )
+        try:
+            with open(marker, encoding="utf-8") as handle:
+                listed = json.load(handle)["files"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{marker} is corrupted ({error}).") from error
+        for name, digest in listed.items():
+            path = os.path.join(checkpoint_dir, name)
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{path} is missing from the checkpoint.")
+            if sha256_file(path) != digest:
+                raise CheckpointError(f"{path} is corrupted or truncated: its SHA-256 differs from the one recorded.")
+
+
+def read_rank_state(checkpoint_dir: str, rank: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """This rank's JSON state and tensors (call `verify_checkpoint` first).
+
+    Raises:
+        CheckpointError: naming the file, if it cannot be parsed.
+    """
+    directory = os.path.join(checkpoint_dir, STATE_DIR)
+    with open(marker_path(checkpoint_dir, rank), encoding="utf-8") as handle:
+        tensor_name = json.load(handle)["tensors"]
+    json_path = os.path.join(directory, f"rank{rank}.json")
+    try:
+        with open(json_path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{json_path} is corrupted ({error}).") from error
+    tensor_path = os.path.join(directory, tensor_name)
+    with open(tensor_path, "rb") as handle:
+        tensors = decode_tensors(handle.read(), tensor_path)
+    return state, tensors
+
+
+def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | None, list[str]]:
+    """The highest-numbered `checkpoint-N` of `output_dir` that `verify_checkpoint` accepts, and why newer ones were not.
+
+    Returns:
+        tuple `(path or None, reasons)`: `reasons` lists, newest first, why each skipped checkpoint was rejected
+        (typically a run killed while writing it).
+    """
+    if not os.path.isdir(output_dir):
+        return None, []
+    candidates = sorted((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := CHECKPOINT_RE.match(name)))
+    skipped = []
+    for _, name in reversed(candidates):
+        path = os.path.join(output_dir, name)
+        try:
+            verify_checkpoint(path, world_size)
+            return path, skipped
+        except CheckpointError as error:
+            skipped.append(str(error))
+    return None, skipped
+
+
+def rng_tensors(generators: dict[str, torch.Generator]) -> dict[str, torch.Tensor]:
+    """The states of named torch generators, as tensors."""
+    return {f"rng/{name}": g.get_state() for name, g in generators.items()}
+
+
+def restore_rng(generators: dict[str, torch.Generator], tensors: dict[str, torch.Tensor], source: str) -> None:
+    for name, generator in generators.items():
+        key = f"rng/{name}"
+        if key not in tensors:
+            raise CheckpointError(f"{source} has no RNG state '{name}'.")
+        generator.set_state(tensors[key])
+
+
+__all__ = [
+    "CheckpointError",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "encode_tensors",
+    "decode_tensors",
+    "write_rank_state",
+    "verify_checkpoint",
+    "read_rank_state",
+    "last_complete_checkpoint",
+]
