@@ -5,6 +5,7 @@ __version__ = "0.1.0.dev0"
 
 from .config import TRAPOConfig
 from .curriculum import CurriculumCallback, CurriculumSchedule
+from .ppo import PPOConfig, PPOTrainer
 from .rewards import numeric_answer_reward
 from .trainer import TRAPOTrainer
 from .weighting import DARECallback, DAREWeighting, StaticWeighting
@@ -13,6 +14,8 @@ from .weighting import DARECallback, DAREWeighting, StaticWeighting
 __all__ = [
     "TRAPOConfig",
     "TRAPOTrainer",
+    "PPOConfig",
+    "PPOTrainer",
     "CurriculumCallback",
     "CurriculumSchedule",
     "DARECallback",

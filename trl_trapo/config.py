@@ -84,6 +84,17 @@ class TRAPOConfig(_BaseConfig):
             "{'dtype': 'bfloat16'})."
         },
     )
+    model_adapter_name: str | None = field(
+        default=None,
+        metadata={"help": "PEFT: name of the adapter to train, when the policy holds several."},
+    )
+    ref_adapter_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "PEFT: name of an adapter to use as the reference policy. Default: a frozen copy of the policy's "
+            "adapter as it was at the start (or the adapter disabled when `peft_config` creates a fresh one)."
+        },
+    )
     disable_dropout: bool = field(
         default=True,
         metadata={

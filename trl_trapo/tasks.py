@@ -249,14 +249,11 @@ TASK_FAMILIES: tuple[TaskFamily, ...] = (
 
 
 def _sentence(rng: random.Random, train_inputs: dict[str, list[str]]) -> str:
+    """One pretraining sentence: a fact the tasks rely on, written in a surface form no prompt uses."""
     kind = rng.randrange(9)
-    if kind == 8:
-        x = rng.choice(train_inputs["lst"])
-        return f"{x} ends with {x[-1]}."
-    if kind == 0:  # an alphabet run: "c d e f g"
+    if kind == 0:  # an alphabet run, "c d e f g."
         start = rng.randrange(len(LETTERS) - 2)
-        stop = rng.randint(start + 3, len(LETTERS))
-        return " ".join(LETTERS[start:stop]) + "."
+        return " ".join(LETTERS[start : rng.randint(start + 3, len(LETTERS))]) + "."
     if kind == 1:
         i = rng.randrange(len(LETTERS) - 1)
         return f"after {LETTERS[i]} comes {LETTERS[i + 1]}."
@@ -267,15 +264,16 @@ def _sentence(rng: random.Random, train_inputs: dict[str, list[str]]) -> str:
         x = rng.choice(train_inputs["rev"])
         return f"{x} backwards is {x[::-1]}."
     if kind == 4:
+        x = rng.choice(train_inputs["lst"])
+        return f"{x} ends with {x[-1]}."
+    if kind == 5:  # a digit run, "3 4 5 6."
         start = rng.randrange(len(DIGITS) - 2)
-        stop = rng.randint(start + 3, len(DIGITS))
-        return " ".join(DIGITS[start:stop]) + "."
-    if kind == 5:
-        a, b = rng.sample(DIGITS, 2)
-        return f"{max(a, b)} is more than {min(a, b)}."
-    x = rng.choice(train_inputs["min" if kind == 6 else "min"])
-    word, fn = ("smallest", min) if kind == 6 else ("largest", max)
-    return f"the {word} digit of {x} is {fn(x)}."
+        return " ".join(DIGITS[start : rng.randint(start + 3, len(DIGITS))]) + "."
+    if kind == 6:
+        a, b = sorted(rng.sample(DIGITS, 2))
+        return f"{b} is more than {a}."
+    x = rng.choice(train_inputs["min"])
+    return f"the smallest digit of {x} is {min(x)}." if kind == 7 else f"the largest digit of {x} is {max(x)}."
 
 
 def _document(rng: random.Random, train_inputs: dict[str, list[str]], max_sentences: int) -> str:
@@ -316,30 +314,35 @@ def make_task_suite(
     num_pretrain_docs: int = 3000,
     num_sft_per_task: int = 2000,
     num_rl_per_task: int = 1000,
+    rl_only_fraction: float = 0.5,
     num_eval_per_task: int = 100,
     max_doc_sentences: int = 16,
 ) -> TaskSuite:
     """Generate the seeded task suite (see the module docstring for the task families and why).
 
-    For every family the enumerated input space is shuffled with `seed`; its first `num_eval_per_task` inputs are
-    held out for `eval`, the rest form the training pool that SFT demonstrations, RL prompts and pretraining facts
-    are drawn from (cycling through the shuffled pool, so a request larger than the pool repeats inputs).
+    For every family the enumerated input space is shuffled with `seed` and split by [`_split_inputs`]: the first
+    `num_eval_per_task` inputs are held out for `eval`, the rest form the training pool from which SFT
+    demonstrations, RL prompts and pretraining facts are drawn (cycling through the pool, so a request larger than
+    the pool repeats inputs). Rows of `sft` and `rl_train` are shuffled; `eval` is ordered by family.
 
     Args:
         seed (`int`): seed of every random choice; the same seed gives identical datasets.
         num_pretrain_docs (`int`): number of pretraining documents (1 to `max_doc_sentences` sentences each).
         num_sft_per_task (`int`): SFT rows per family that has demonstrations.
-        num_rl_per_task (`int`): RL prompts per family (every family, including the `rl_only` one).
+        num_rl_per_task (`int`): RL prompts per family that has demonstrations.
+        rl_only_fraction (`float`): fraction of `rl_train` rows taken from the `rl_only` families, in [0, 1). The
+            default 0.5 gives them as many RL prompts as all other families together: they get no other signal,
+            and RL prompts of families that SFT already solved mostly form all-correct groups with zero advantage.
         num_eval_per_task (`int`): held-out eval prompts per family.
         max_doc_sentences (`int`): longest pretraining document, in sentences.
 
     Returns:
-        `TaskSuite`: `pretrain` (`text`), `sft` (`prompt`, `completion`, `task`), `rl_train` (`prompt`, `answer`,
-        `task`), `eval` (`prompt`, `answer`, `task`, `split`) and `reward_funcs == [exact_match_reward]`.
+        `TaskSuite`: `pretrain` (`text`), `sft` (`prompt`, `completion`), `rl_train` (`prompt`, `answer`, `task`),
+        `eval` (`prompt`, `answer`, `task`, `split`) and `reward_funcs == [exact_match_reward]`.
 
     Raises:
-        ValueError: if a size is negative, `max_doc_sentences < 1`, or `num_eval_per_task` leaves a family with no
-            training inputs.
+        ValueError: if a size is negative, `rl_only_fraction` is outside [0, 1), `max_doc_sentences < 1`, or
+            `num_eval_per_task` is more than a family can hold out.
     """
     sizes = {
         "num_pretrain_docs": num_pretrain_docs,
@@ -350,42 +353,54 @@ def make_task_suite(
     for name, value in sizes.items():
         if value < 0:
             raise ValueError(f"`{name}` must be >= 0, got {value}.")
+    if not 0.0 <= rl_only_fraction < 1.0:
+        raise ValueError(f"`rl_only_fraction` must be in [0, 1), got {rl_only_fraction}.")
     if max_doc_sentences < 1:
         raise ValueError(f"`max_doc_sentences` must be >= 1, got {max_doc_sentences}.")
 
     rng = random.Random(seed)
-    eval_rows: dict[str, list] = {"prompt": [], "answer": [], "task": [], "split": []}
-    sft_rows: dict[str, list] = {"prompt": [], "completion": [], "task": []}
-    rl_rows: dict[str, list] = {"prompt": [], "answer": [], "task": []}
+    num_sft_families = sum(family.has_sft for family in TASK_FAMILIES)
+    num_rl_only_families = len(TASK_FAMILIES) - num_sft_families
+    # Solve num_rl_only / (num_rl_only + num_sft_families * num_rl_per_task) = rl_only_fraction, per rl_only family.
+    num_rl_only_per_task = round(
+        rl_only_fraction
+        * num_sft_families
+        * num_rl_per_task
+        / ((1.0 - rl_only_fraction) * max(num_rl_only_families, 1))
+    )
+    eval_rows: list[dict[str, str]] = []
+    sft_rows: list[dict[str, str]] = []
+    rl_rows: list[dict[str, str]] = []
     train_inputs: dict[str, list[str]] = {}
     for family in TASK_FAMILIES:
         held_out, pool = _split_inputs(family, num_eval_per_task, rng)
         train_inputs[family.name] = pool
-        for x in held_out:
-            eval_rows["prompt"].append(family.prompt(x))
-            eval_rows["answer"].append(family.solve(x))
-            eval_rows["task"].append(family.name)
-            eval_rows["split"].append(family.split)
+        eval_rows += [
+            {"prompt": family.prompt(x), "answer": family.solve(x), "task": family.name, "split": family.split}
+            for x in held_out
+        ]
         if family.has_sft:
-            for i in range(num_sft_per_task):
-                x = pool[i % len(pool)]
-                sft_rows["prompt"].append(family.prompt(x))
-                sft_rows["completion"].append(family.solve(x))
-                sft_rows["task"].append(family.name)
-        for i in range(num_rl_per_task):
-            x = pool[i % len(pool)]
-            rl_rows["prompt"].append(family.prompt(x))
-            rl_rows["answer"].append(family.solve(x))
-            rl_rows["task"].append(family.name)
-
+            sft_rows += [
+                {"prompt": family.prompt(x), "completion": family.solve(x)}
+                for x in (pool[i % len(pool)] for i in range(num_sft_per_task))
+            ]
+        num_rl = num_rl_per_task if family.has_sft else num_rl_only_per_task
+        rl_rows += [
+            {"prompt": family.prompt(x), "answer": family.solve(x), "task": family.name}
+            for x in (pool[i % len(pool)] for i in range(num_rl))
+        ]
+    rng.shuffle(sft_rows)
+    rng.shuffle(rl_rows)
     pretrain_texts = [_document(rng, train_inputs, max_doc_sentences) for _ in range(num_pretrain_docs)]
-    sft = Dataset.from_dict(sft_rows).shuffle(seed=seed) if sft_rows["prompt"] else Dataset.from_dict(sft_rows)
-    rl_train = Dataset.from_dict(rl_rows).shuffle(seed=seed) if rl_rows["prompt"] else Dataset.from_dict(rl_rows)
+
+    def to_dataset(rows: list[dict[str, str]], columns: tuple[str, ...]) -> Dataset:
+        return Dataset.from_dict({column: [row[column] for row in rows] for column in columns})
+
     return TaskSuite(
         pretrain=Dataset.from_dict({"text": pretrain_texts}),
-        sft=sft,
-        rl_train=rl_train,
-        eval=Dataset.from_dict(eval_rows),
+        sft=to_dataset(sft_rows, ("prompt", "completion")),
+        rl_train=to_dataset(rl_rows, ("prompt", "answer", "task")),
+        eval=to_dataset(eval_rows, ("prompt", "answer", "task", "split")),
         reward_funcs=[exact_match_reward],
     )
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,7 +42,13 @@ from transformers import (
 from trl.data_utils import is_conversational
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax, use_adapter
+from trl.trainer.utils import (
+    disable_dropout_in_model,
+    entropy_from_logits,
+    print_prompt_completions_sample,
+    selective_log_softmax,
+    use_adapter,
+)
 
 from .checkpoint import (
     CheckpointError,
@@ -64,6 +72,7 @@ from .data import (
     check_prompt_dataset,
     check_sft_dataset,
     dataset_columns,
+    tokenize_prompt,
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
@@ -235,9 +244,20 @@ class TRAPOTrainer(_BaseTrainer):
 
         self._ref_adapter: str | None = None  # PEFT reference: an adapter name, or "" for "adapter disabled"
         needs_ref = args.kl_coef > 0
+        if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
+            raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
+        if args.model_adapter_name:
+            model.set_adapter(args.model_adapter_name)
+        if args.ref_adapter_name:
+            if args.ref_adapter_name not in model.peft_config:
+                raise ValueError(
+                    f"TRAPOConfig.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
+                    f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
+                )
+            self._ref_adapter = args.ref_adapter_name
         if ref_model is not None and is_peft_model(model):
             logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
-        if needs_ref and ref_model is None:
+        if needs_ref and ref_model is None and self._ref_adapter is None:
             if is_peft_model(model):
                 if created_adapter:
                     self._ref_adapter = ""  # a fresh adapter starts at the base model
@@ -428,6 +448,7 @@ class TRAPOTrainer(_BaseTrainer):
         self._pending_reward_metrics: dict[str, list[float]] = defaultdict(list)
         self._pending_extra: dict[str, list] = defaultdict(list)
         self._same_tokenizer: dict[int, bool] = {}
+        self._train_start_time: float | None = None
         self._last_shares = self.curriculum.mixture(0)
         self._last_step_built = 0
 
@@ -659,17 +680,9 @@ class TRAPOTrainer(_BaseTrainer):
         examples = [self._rl_dataset[i] for i in self._prompt_sampler.take(num_prompts)]
         examples = [e for e in examples for _ in range(group)]
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
-        pad_id = self.processing_class.pad_token_id
-
-        # step 1. generate (behaviour log-probs recorded during sampling)
-        with unwrap_model_for_generation(
-            self.model_wrapped,
-            self.accelerator,
-            gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
-        ) as unwrapped:
+        with self._unwrapped_for_rollouts() as unwrapped:
+            # step 1. generate (behaviour log-probs are recorded during sampling)
             policy = self._policy_for_generation(unwrapped)
-            was_training = policy.training
-            policy.eval()
             sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self._generation_generator))
             devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
@@ -678,35 +691,103 @@ class TRAPOTrainer(_BaseTrainer):
                     policy,
                     [p.tolist() for p in prompt_ids],
                     self.generation_config,
-                    pad_id,
+                    self.processing_class.pad_token_id,
                     self._stop_token_id,
                     args.temperature,
                     batch_size=args.local_rollout_forward_batch_size,
                 )
-            completion_ids = generated["completion_ids"]
-            old_logps = generated["old_per_token_logps"]
-            # step 2. reference log-probs and values
-            ref_logps = self._reference_logps(policy, prompt_ids, completion_ids)
-            values = None
-            if self._has_critic:
-                values = value_predictions(
-                    unwrapped.value_model, prompt_ids, completion_ids, pad_id, args.local_rollout_forward_batch_size
-                )
-            policy.train(was_training)
+            # steps 2-4. reference log-probs, values, scores, advantages
+            trajectories = self._score_rollouts(
+                unwrapped, examples, prompt_ids, generated["completion_ids"], generated["old_per_token_logps"], group
+            )
+        self.replay.add(trajectories, step)
 
-        # step 3. score
+    @contextmanager
+    def _unwrapped_for_rollouts(self):
+        """The model unwrapped for generation (weights gathered under ZeRO-3), in eval mode for the duration."""
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+        ) as unwrapped:
+            was_training = unwrapped.training
+            unwrapped.eval()
+            try:
+                yield unwrapped
+            finally:
+                unwrapped.train(was_training)
+
+    @torch.no_grad()
+    def process_rollouts(
+        self,
+        examples: list[dict],
+        completion_ids: list[torch.Tensor],
+        old_per_token_logps: list[torch.Tensor] | None = None,
+        group: int | None = None,
+    ) -> list[dict]:
+        """Turn given rollouts into replay trajectories, exactly as generated ones are (for fixed / external rollouts).
+
+        Each completion is cut after its first stop token; then come the reference log-probs, the critic's values,
+        the scores (reward functions / models, `missing_eos_penalty`) and the advantages (GAE with a critic, else
+        group-relative over consecutive groups of `group` completions).
+
+        Args:
+            examples (`list[dict]`): one dataset row per completion (`prompt` and reward columns; `prompt_ids` is
+                computed when absent).
+            completion_ids (`list[torch.Tensor]`): `(C_i,)` token ids per completion.
+            old_per_token_logps (`list[torch.Tensor]`, *optional*): `(C_i,)` behaviour log-probs; computed with the
+                current policy (temperature-scaled) when None.
+            group (`int`, *optional*): completions per prompt (default: 1 with a critic, else `num_generations`).
+
+        Returns:
+            `list[dict]`: trajectories (see `ReplayBuffer`), not yet added to the buffer; completions whose every
+            reward is None are dropped.
+        """
+        group = group or (1 if self._has_critic else self.args.num_generations)
+        template = self.args.chat_template_kwargs or {}
+        prompt_ids = [
+            torch.tensor(
+                e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.processing_class, template)
+            )
+            for e in examples
+        ]
+        cut = []
+        for c in completion_ids:
+            c = torch.as_tensor(c, dtype=torch.long)
+            if self._stop_token_id is not None and (c == self._stop_token_id).any():
+                c = c[: int((c == self._stop_token_id).nonzero()[0]) + 1]
+            cut.append(c)
+        if old_per_token_logps is not None:
+            old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
+        with self._unwrapped_for_rollouts() as unwrapped:
+            return self._score_rollouts(unwrapped, examples, prompt_ids, cut, old_per_token_logps, group)
+
+    def _score_rollouts(self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group) -> list[dict]:
+        args = self.args
+        pad_id = self.processing_class.pad_token_id
+        policy = self._policy_for_generation(unwrapped)
+        if old_logps is None:
+            old_logps = completion_logps(
+                policy, prompt_ids, completion_ids, pad_id, args.temperature, args.local_rollout_forward_batch_size
+            )
+        # step 2. reference log-probs and values
+        ref_logps = self._reference_logps(policy, prompt_ids, completion_ids)
+        values = None
+        if self._has_critic:
+            values = value_predictions(
+                unwrapped.value_model, prompt_ids, completion_ids, pad_id, args.local_rollout_forward_batch_size
+            )
+        # step 3. scores; the missing-stop penalty is judged by the configured stop token (EOS if there is none)
         scores, per_func = self._score(examples, prompt_ids, completion_ids)
-        is_truncated = generated["is_truncated"]
+        stop = self._stop_token_id if self._stop_token_id is not None else self.processing_class.eos_token_id
+        has_stop = torch.tensor([bool((c == stop).any()) for c in completion_ids], dtype=torch.bool)
         if args.missing_eos_penalty is not None:
-            scores = scores - args.missing_eos_penalty * is_truncated.float()
-
+            scores = scores - args.missing_eos_penalty * (~has_stop).float()
         # step 4. advantages
         trajectories = self._make_trajectories(
-            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group
+            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group
         )
-        self.replay.add(trajectories, step)
         self._episode += len(examples) * self.accelerator.num_processes
-        self._record_rollout_metrics(completion_ids, old_logps, ref_logps, scores, per_func, is_truncated)
+        self._record_rollout_metrics(completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop)
+        return trajectories
 
     def _reference_logps(self, policy, prompt_ids, completion_ids) -> list[torch.Tensor] | None:
         if self.args.kl_coef <= 0:
@@ -1087,6 +1168,9 @@ class TRAPOTrainer(_BaseTrainer):
                 self._probe.counts.copy_(self.accelerator.reduce(self._probe.counts, reduction="sum"))
                 self.dare.update(self._probe.cosines(), info["step"])
             info["micro_index"] = -1  # done
+            samples = self.args.num_sample_generations
+            if samples > 0 and info["step"] % max(1, self._planned_steps // samples) == 0:
+                self.generate_completions(sampling=True)
         return loss
 
     # =================================================================================================================
@@ -1141,6 +1225,11 @@ class TRAPOTrainer(_BaseTrainer):
         out.update(self.dare.metrics())
         out.update(self.replay.metrics(self.state.global_step))
         out["episode"] = float(self._episode)
+        self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
+        elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
+        out["eps"] = float(int(self._episode / elapsed)) if elapsed > 0 else 0.0
+        if self.lr_scheduler is not None:
+            out["lr"] = float(self.lr_scheduler.get_last_lr()[0])
         out["train/nonfinite_steps"] = float(self._nonfinite_steps)
         self._metric_sums = {}
         self._metric_steps = {}
@@ -1174,6 +1263,7 @@ class TRAPOTrainer(_BaseTrainer):
                     + ". Pass a path, or start without resuming."
                 )
             resume_from_checkpoint = path
+        self._train_start_time = time.perf_counter()
         if resume_from_checkpoint:
             verify_checkpoint(resume_from_checkpoint, world)
             self._load_trapo_state(resume_from_checkpoint)
@@ -1270,6 +1360,84 @@ class TRAPOTrainer(_BaseTrainer):
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     # =================================================================================================================
+    # Sample completions (TRL 1.12 PPOTrainer's generate_completions)
+    # =================================================================================================================
+    @torch.no_grad()
+    def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
+        """Greedy completions of the eval prompts with their scores, printed as a table (and logged to W&B /
+        Trackio when they are in `report_to`), as TRL 1.12's `PPOTrainer.generate_completions` did.
+
+        Args:
+            sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
+
+        Returns:
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without an
+            eval dataset of prompts).
+        """
+        dataset = self.eval_dataset
+        if isinstance(dataset, dict):
+            dataset = next(iter(dataset.values()), None)
+        if dataset is None or not ({"prompt", "input_ids"} & set(dataset_columns(dataset))):
+            return []
+        if sampling:
+            dataset = dataset.select(range(min(len(dataset), self.args.per_device_eval_batch_size)))
+        tokenized = tokenize_prompt_dataset(
+            dataset, self.processing_class, self.args.max_prompt_length, self.args.chat_template_kwargs, "eval_dataset"
+        )
+        examples = [tokenized[i] for i in range(len(tokenized))]
+        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+        with self._unwrapped_for_rollouts() as unwrapped:
+            generated = generate(
+                self._policy_for_generation(unwrapped),
+                [p.tolist() for p in prompt_ids],
+                self._greedy_generation_config(),
+                self.processing_class.pad_token_id,
+                self._stop_token_id,
+                1.0,
+                batch_size=self.args.per_device_eval_batch_size,
+                record_logps=False,
+            )
+        scores, _ = self._score(examples, prompt_ids, generated["completion_ids"])
+        completions = self.processing_class.batch_decode(generated["completion_ids"], skip_special_tokens=True)
+        table = [
+            {"prompt": e["prompt"], "completion": c, "score": float(s)}
+            for e, c, s in zip(examples, completions, scores.tolist())
+        ]
+        if self.accelerator.is_main_process:
+            try:
+                print_prompt_completions_sample(
+                    [r["prompt"] for r in table],
+                    completions,
+                    {"score": scores.tolist()},
+                    None,
+                    self.state.global_step,
+                    5,
+                )
+            except ImportError:  # `rich` is optional
+                for row in table[:5]:
+                    logger.info("step %d | %r -> %r (score %.4f)", self.state.global_step, *row.values())
+            report_to = self.args.report_to or []
+            if "wandb" in report_to:
+                import wandb
+
+                if wandb.run is not None:
+                    wandb.log(
+                        {"completions": wandb.Table(columns=list(table[0]), rows=[list(r.values()) for r in table])}
+                    )
+            if "trackio" in report_to:
+                import trackio
+
+                trackio.log(
+                    {"completions": trackio.Table(columns=list(table[0]), data=[list(r.values()) for r in table])}
+                )
+        return table
+
+    def _greedy_generation_config(self) -> GenerationConfig:
+        greedy = GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False})
+        greedy.temperature = greedy.top_p = greedy.top_k = None
+        return greedy
+
+    # =================================================================================================================
     # Evaluation (public Trainer hook: evaluate)
     # =================================================================================================================
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
@@ -1358,8 +1526,7 @@ class TRAPOTrainer(_BaseTrainer):
             tokenized = tokenize_prompt_dataset(
                 shard, self.processing_class, args.max_prompt_length, args.chat_template_kwargs, name="eval_dataset"
             )
-            greedy = GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False})
-            greedy.temperature = greedy.top_p = greedy.top_k = None
+            greedy = self._greedy_generation_config()
             examples = [tokenized[i] for i in range(len(tokenized))]
             prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
             with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:

@@ -1,0 +1,208 @@
+"""PPO drop-in: a TRL 1.12-style PPO pipeline runs with only the import changed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+)
+
+# The only line a 1.12 pipeline changes: `from trl.experimental.ppo import PPOConfig, PPOTrainer`
+from trl_trapo import PPOConfig, PPOTrainer
+
+
+VOCAB = ["[PAD]", "[EOS]"] + [f"t{i}" for i in range(2, 40)]
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    """Tokenizer with a separate [PAD] and left padding, and four tiny models saved to local directories."""
+    root = tmp_path_factory.mktemp("ppo_models")
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="t2"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", padding_side="left"
+    )
+    tokenizer.save_pretrained(root / "tokenizer")
+    config = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
+    for name, cls, extra, seed in (
+        ("policy", AutoModelForCausalLM, {}, 0),
+        ("ref", AutoModelForCausalLM, {}, 0),
+        ("value", AutoModelForSequenceClassification, {"num_labels": 1}, 1),
+        ("reward", AutoModelForSequenceClassification, {"num_labels": 1}, 2),
+    ):
+        torch.manual_seed(seed)
+        cls.from_config(LlamaConfig(**config, **extra)).save_pretrained(root / name)
+    return root
+
+
+def tokenized_prompts(tokenizer, n=16) -> Dataset:
+    texts = [" ".join(f"t{2 + (3 * i + j) % 30}" for j in range(1 + i % 4)) for i in range(n)]
+
+    def tokenize(element):
+        return {"input_ids": tokenizer(element["text"], padding=False)["input_ids"]}
+
+    return Dataset.from_dict({"text": texts}).map(tokenize, remove_columns=["text"])
+
+
+def load(root, name):
+    if name in ("value", "reward"):
+        return AutoModelForSequenceClassification.from_pretrained(root / name, num_labels=1)
+    return AutoModelForCausalLM.from_pretrained(root / name)
+
+
+def ppo_config(tmp_path, **overrides) -> PPOConfig:
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_ppo_epochs=2,
+        num_mini_batches=1,
+        total_episodes=16,
+        response_length=5,
+        learning_rate=1e-2,
+        stop_token="eos",
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        gradient_checkpointing=False,
+        num_sample_generations=0,
+        logging_steps=1,
+    )
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+def test_ppo_pipeline_as_trl_1_12_documented_it(tmp_path, saved_models):
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id != tokenizer.eos_token_id
+    policy, ref_policy = load(saved_models, "policy"), load(saved_models, "ref")
+    value_model, reward_model = load(saved_models, "value"), load(saved_models, "reward")
+    train_dataset = tokenized_prompts(tokenizer)
+    eval_dataset = tokenized_prompts(tokenizer, n=4)
+    trainer = PPOTrainer(
+        args=ppo_config(tmp_path),
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_policy,
+        reward_model=reward_model,
+        value_model=value_model,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+    )
+    assert trainer.model.policy is policy and trainer.model.value_model is value_model
+    before_policy = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    before_value = {n: p.detach().clone() for n, p in value_model.named_parameters()}
+    trainer.train()
+    # 16 episodes / batch of 4 = 4 rollout batches x 2 PPO epochs x 1 mini-batch = 8 optimizer steps
+    assert trainer.state.global_step == 8
+    assert trainer.state.episode == 16
+    changed = [n for n, p in policy.named_parameters() if not torch.equal(p.detach(), before_policy[n])]
+    assert len(changed) == len(before_policy), set(before_policy) - set(changed)
+    changed = [n for n, p in value_model.named_parameters() if not torch.equal(p.detach(), before_value[n])]
+    assert len(changed) == len(before_value), set(before_value) - set(changed)
+    logs = [h for h in trainer.state.log_history if "loss/policy_avg" in h]
+    for key in (
+        "objective/kl",
+        "objective/entropy",
+        "objective/non_score_reward",
+        "objective/rlhf_reward",
+        "objective/scores",
+        "policy/approxkl_avg",
+        "policy/clipfrac_avg",
+        "loss/policy_avg",
+        "loss/value_avg",
+        "val/clipfrac_avg",
+        "val/ratio",
+        "val/ratio_var",
+        "val/num_eos_tokens",
+        "eps",
+        "lr",
+        "episode",
+    ):
+        assert any(key in h for h in logs), key
+    # save_model saves the policy, loadable with from_pretrained, and not the wrapper
+    trainer.save_model(str(tmp_path / "saved"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    for name, param in reloaded.named_parameters():
+        torch.testing.assert_close(param, dict(policy.named_parameters())[name])
+    assert not os.path.exists(tmp_path / "saved" / "value_model")
+    table = trainer.generate_completions()
+    assert len(table) == 4 and all({"prompt", "completion", "score"} <= set(row) for row in table)
+
+
+def test_ppo_positional_arguments_in_1_12_order(tmp_path, saved_models):
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    trainer = PPOTrainer(
+        ppo_config(tmp_path, total_episodes=4),
+        tokenizer,
+        load(saved_models, "policy"),
+        load(saved_models, "ref"),
+        load(saved_models, "reward"),
+        tokenized_prompts(tokenizer),
+        load(saved_models, "value"),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_ppo_lora_variant_trains_critic_and_adapter_and_saves_only_the_adapter(tmp_path, saved_models):
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    policy, value_model = load(saved_models, "policy"), load(saved_models, "value")
+    trainer = PPOTrainer(
+        args=ppo_config(tmp_path, total_episodes=8),
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=None,
+        reward_model=load(saved_models, "reward"),
+        value_model=value_model,
+        train_dataset=tokenized_prompts(tokenizer),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+    lora = {n: p.detach().clone() for n, p in trainer.model.policy.named_parameters() if "lora_" in n}
+    base = {n: p.detach().clone() for n, p in trainer.model.policy.named_parameters() if "lora_" not in n}
+    critic = {n: p.detach().clone() for n, p in value_model.named_parameters()}
+    trainer.train()
+    policy_params = dict(trainer.model.policy.named_parameters())
+    assert all(not torch.equal(policy_params[n].detach(), v) for n, v in lora.items() if "lora_B" in n)
+    assert all(torch.equal(policy_params[n].detach(), v) for n, v in base.items())
+    assert all(not torch.equal(p.detach(), critic[n]) for n, p in value_model.named_parameters())
+    trainer.save_model(str(tmp_path / "adapter"))
+    files = set(os.listdir(tmp_path / "adapter"))
+    assert "adapter_model.safetensors" in files and "adapter_config.json" in files
+    assert "model.safetensors" not in files
+
+
+def test_mini_batches_must_divide_accumulation(tmp_path, saved_models):
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    with pytest.raises(ValueError, match="divisible by num_mini_batches=3"):
+        PPOTrainer(
+            ppo_config(tmp_path, gradient_accumulation_steps=4, num_mini_batches=3),
+            tokenizer,
+            load(saved_models, "policy"),
+            None,
+            load(saved_models, "reward"),
+            tokenized_prompts(tokenizer),
+            load(saved_models, "value"),
+        )

@@ -1,0 +1,184 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""A drop-in replacement for TRL's `PPOTrainer` / `PPOConfig`, removed from TRL in 1.13 (last in
+`trl.experimental.ppo`, TRL 1.10-1.12).
+
+`from trl_trapo import PPOConfig, PPOTrainer` takes the same constructor (by keyword and in the same positional
+order) and every `PPOConfig` field of TRL 1.12 with the same name, default and meaning. With no pretraining or SFT
+data TRAPO *is* PPO: rewards = score at the end of the response - per-token KL penalty, optional reward whitening,
+GAE, whitened advantages, clipped policy and value losses, `num_ppo_epochs` passes over `num_mini_batches`
+mini-batches per rollout batch. Known bugs of 1.12 are fixed by construction (see `docs/migrating_from_ppo.md`).
+Pretraining and SFT objectives can be switched on later through `pretrain_dataset=` / `sft_dataset=`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .config import TRAPOConfig
+from .trainer import TRAPOTrainer
+
+
+@dataclass
+class PPOConfig(TRAPOConfig):
+    r"""
+    Configuration of [`PPOTrainer`]: TRL 1.12's `PPOConfig` fields, names and defaults, on top of [`TRAPOConfig`].
+
+    The batch-size fields written back by TRL 1.12's trainer (`local_batch_size`, `micro_batch_size`, `batch_size`,
+    `local_mini_batch_size`, `mini_batch_size`, `num_total_batches`) are filled in the same way. Unlike 1.12, the
+    `world_size` of `TrainingArguments` is not shadowed by a field (that made `PPOConfig(deepspeed=...)` crash).
+    """
+
+    # ---- TRL 1.12 PPOConfig defaults that differ from TRAPOConfig's --------------------------------------------
+    learning_rate: float = field(default=3e-6, metadata={"help": "Initial learning rate (TRL 1.12 PPO default)."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature of rollouts."})
+    response_length: int = field(default=53, metadata={"help": "Maximum number of generated tokens."})
+    stop_token: Literal["eos"] | None = field(
+        default=None,
+        metadata={"help": "'eos': completions stop at the tokenizer's EOS. None: they run to `response_length`."},
+    )
+    num_generations: int = field(
+        default=1, metadata={"help": "Completions per prompt (PPO: 1, advantages come from the critic)."}
+    )
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = field(
+        default="bnpo",
+        metadata={"help": "Aggregation of the per-token losses; 'bnpo' is 1.12 PPO's masked mean per micro-batch."},
+    )
+    num_sample_generations: int = field(
+        default=10, metadata={"help": "Number of debugging generations (`generate_completions`) during training."}
+    )
+    dare_mode: Literal["dynamic", "static"] = field(
+        default="static",
+        metadata={"help": "With one objective the weights are 1 anyway; 'dynamic' only matters with ptx/SFT data."},
+    )
+    # ---- TRL 1.12 PPOConfig fields TRAPOConfig does not have ---------------------------------------------------
+    exp_name: str = field(
+        default=os.path.basename(__file__)[: -len(".py")], metadata={"help": "Name of this experiment."}
+    )
+    reward_model_path: str = field(
+        default="EleutherAI/pythia-160m", metadata={"help": "Path to the reward model (read by scripts, not here)."}
+    )
+    sft_model_path: str = field(
+        default="EleutherAI/pythia-160m", metadata={"help": "Path to the SFT model (read by scripts, not here)."}
+    )
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "Processes used to tokenise datasets."})
+    # ---- derived by the trainer (TRL 1.12 wrote them back into the config) -------------------------------------
+    num_total_batches: int | None = field(default=None, metadata={"help": "Filled in: rollout batches in total."})
+    micro_batch_size: int | None = field(
+        default=None, metadata={"help": "Filled in: per_device_train_batch_size * world size."}
+    )
+    local_batch_size: int | None = field(
+        default=None, metadata={"help": "Filled in: per_device_train_batch_size * gradient_accumulation_steps."}
+    )
+    batch_size: int | None = field(default=None, metadata={"help": "Filled in: local_batch_size * world size."})
+    local_mini_batch_size: int | None = field(
+        default=None, metadata={"help": "Filled in: local_batch_size / num_mini_batches."}
+    )
+    mini_batch_size: int | None = field(default=None, metadata={"help": "Filled in: batch_size / num_mini_batches."})
+
+
+class PPOTrainer(TRAPOTrainer):
+    """TRL 1.12's `PPOTrainer`, on TRAPO.
+
+    Args (in TRL 1.12's positional order):
+        args ([`PPOConfig`]): the configuration.
+        processing_class: the policy's tokenizer (left padding for the prompts is handled internally).
+        model (`PreTrainedModel`): the policy.
+        ref_model (`PreTrainedModel` or None): the reference; None with PEFT (frozen copy of the starting adapter).
+        reward_model (`PreTrainedModel`): `AutoModelForSequenceClassification` with `num_labels=1`.
+        train_dataset (`Dataset`): prompts, tokenized (`input_ids`) as 1.12 expected, or a `prompt` column.
+        value_model (`PreTrainedModel`): the critic, `AutoModelForSequenceClassification` with `num_labels=1`.
+        data_collator: accepted for compatibility and not used (prompts are padded internally).
+        eval_dataset (`Dataset`, *optional*): prompts for `generate_completions` / `evaluate`.
+        optimizers, callbacks, peft_config: as in `transformers.Trainer` / TRL.
+        **trapo_kwargs: TRAPO's extra arguments, e.g. `pretrain_dataset=` (PPO-ptx), `sft_dataset=`, `reward_funcs=`.
+
+    Raises:
+        ValueError: as 1.12 did when `gradient_accumulation_steps` is not divisible by `num_mini_batches`, or when
+            `train_dataset` is None; plus every check of [`TRAPOTrainer`].
+    """
+
+    _tag_names = ["trl", "ppo", "trapo"]
+    _name = "PPO"
+    _paper = {
+        "title": "Fine-Tuning Language Models from Human Preferences",
+        "id": "1909.08593",
+        "citation": (
+            "@article{ziegler2019fine,\n    title   = {{Fine-Tuning Language Models from Human Preferences}},\n"
+            "    author  = {Daniel M. Ziegler and Nisan Stiennon and Jeffrey Wu and Tom B. Brown and Alec Radford "
+            "and Dario Amodei and Paul F. Christiano and Geoffrey Irving},\n    year    = 2019,\n"
+            "    eprint  = {arXiv:1909.08593}\n}"
+        ),
+    }
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        processing_class,
+        model,
+        ref_model,
+        reward_model,
+        train_dataset,
+        value_model=None,
+        data_collator=None,
+        eval_dataset=None,
+        optimizers=(None, None),
+        callbacks=None,
+        peft_config=None,
+        **trapo_kwargs,
+    ):
+        if train_dataset is None:
+            raise ValueError("`train_dataset` is required: the prompts to roll out.")
+        if ref_model is not None and ref_model is model:
+            raise ValueError(
+                "`model` and `ref_model` cannot be the same object. To use a copy of the policy as the reference, "
+                "pass `ref_model=None`."
+            )
+        if not isinstance(args, TRAPOConfig):
+            raise TypeError(f"`args` must be a PPOConfig, got {type(args).__name__}.")
+        self._derive_batch_sizes(args, len(train_dataset))
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            value_model=value_model,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            peft_config=peft_config,
+            **trapo_kwargs,
+        )
+
+    @staticmethod
+    def _derive_batch_sizes(args: PPOConfig, dataset_size: int) -> None:
+        """Fill TRL 1.12's derived batch sizes and make one optimizer step = one mini-batch.
+
+        A rollout batch holds `per_device_train_batch_size * gradient_accumulation_steps` prompts per rank; it is
+        split into `num_mini_batches` mini-batches, each one optimizer step over
+        `gradient_accumulation_steps / num_mini_batches` micro-batches, for `num_ppo_epochs` epochs.
+        """
+        world = max(args.world_size, 1)
+        grad_accum = args.gradient_accumulation_steps
+        if grad_accum % args.num_mini_batches:
+            raise ValueError(
+                f"PPOConfig.gradient_accumulation_steps={grad_accum} must be divisible by "
+                f"num_mini_batches={args.num_mini_batches} (each mini-batch is whole micro-batches)."
+            )
+        args.local_batch_size = args.per_device_train_batch_size * grad_accum
+        args.micro_batch_size = args.per_device_train_batch_size * world
+        args.batch_size = args.local_batch_size * world
+        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
+        args.mini_batch_size = args.batch_size // args.num_mini_batches
+        if args.total_episodes is None:
+            args.total_episodes = int(args.num_train_epochs * dataset_size)
+        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
+        args.gradient_accumulation_steps = grad_accum // args.num_mini_batches
+        args.max_steps = args.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
+
+
+__all__ = ["PPOConfig", "PPOTrainer"]
