@@ -19,6 +19,7 @@ from trl_trapo.losses import (
     masked_whiten,
     per_token_rewards,
     sft_token_weights,
+    truncated_is_policy_loss,
 )
 
 
@@ -424,3 +425,17 @@ def test_group_relative_advantages_errors():
         group_relative_advantages(t([1.0, 2.0, 3.0]), num_generations=4)
     with pytest.raises(ValueError, match="scale_rewards='rank'"):
         group_relative_advantages(t([1.0, 2.0]), num_generations=2, scale="rank")
+
+
+def test_truncated_is_policy_loss_gradient_is_capped_importance_weight():
+    # rho = exp(logp - old): tokens with rho 0.5, 1.0, 3.0; cap 2.0 -> weights 0.5, 1.0, 2.0
+    old = torch.log(torch.tensor([[0.4, 0.2, 0.1]]))
+    logp = torch.log(torch.tensor([[0.2, 0.2, 0.3]])).requires_grad_(True)
+    advantages = torch.tensor([[1.0, -2.0, 0.5]])
+    loss = truncated_is_policy_loss(logp, old, advantages, cap=2.0)
+    # value: -w * A * logp
+    expected = -torch.tensor([[0.5 * 1.0, 1.0 * -2.0, 2.0 * 0.5]]) * logp.detach()
+    torch.testing.assert_close(loss, expected)
+    loss.sum().backward()
+    # gradient w.r.t. log pi is -w * A: the weight is detached (no gradient through rho)
+    torch.testing.assert_close(logp.grad, -torch.tensor([[0.5, -2.0, 1.0]]))

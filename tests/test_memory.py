@@ -139,6 +139,7 @@ def test_metrics():
         "replay/bytes": 0.0,
         "replay/reuse_mean": 0.0,
         "replay/age_mean": 0.0,
+        "replay/compressed": 0.0,
     }
     buffer.add([trajectory(0), trajectory(1)], step=0)
     buffer.add([trajectory(2)], step=2)
@@ -146,28 +147,38 @@ def test_metrics():
     buffer.sample(1, step=2)
     # uses 1 + 1 + 1 + 1 = 4 over 3; ages at step 4: 4, 4, 2 -> 10 / 3
     assert buffer.metrics(step=4) == pytest.approx(
-        {"replay/size": 3.0, "replay/bytes": 3.0 * NBYTES, "replay/reuse_mean": 4 / 3, "replay/age_mean": 10 / 3}
+        {
+            "replay/size": 3.0,
+            "replay/bytes": 3.0 * NBYTES,
+            "replay/reuse_mean": 4 / 3,
+            "replay/age_mean": 10 / 3,
+            "replay/compressed": 0.0,
+        }
     )
 
 
-def test_state_dict_round_trip_without_pickle():
+@pytest.mark.parametrize("compress", [False, True])
+def test_state_dict_round_trip_without_pickle(compress):
     from safetensors.torch import load as safetensors_load
     from safetensors.torch import save as safetensors_save
 
-    buffer = ReplayBuffer(capacity=4, max_uses=3, seed=3)
-    buffer.add([trajectory(i) for i in range(6)], step=1)  # evicts 0 and 1
+    buffer = ReplayBuffer(capacity=4, max_uses=3, seed=3, compress=compress)
+    buffer.add([trajectory(i, completion_len=64) for i in range(6)], step=1)  # evicts 0 and 1
+    assert buffer.metrics(step=1)["replay/compressed"] == float(compress)
     buffer.sample(3, step=2)
     meta, tensors = buffer.state_dict()
     # the on-disk form: JSON bookkeeping + safetensors, no pickle anywhere
     meta = json.loads(json.dumps(meta))
     tensors = safetensors_load(safetensors_save(tensors))
 
-    restored = ReplayBuffer(capacity=4, max_uses=3, seed=123)
+    restored = ReplayBuffer(capacity=4, max_uses=3, seed=123, compress=compress)
     restored.load_state_dict(meta, tensors)
     for a, b in zip(restored._items.values(), buffer._items.values()):
-        assert a["data"].keys() == b["data"].keys()
-        for key, value in a["data"].items():
-            assert torch.equal(value, b["data"][key]) if isinstance(value, torch.Tensor) else value == b["data"][key]
+        assert a["blob"] == b["blob"]  # compressed bytes are identical too
+        a, b = restored._materialise(a), buffer._materialise(b)
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            assert torch.equal(value, b[key]) if isinstance(value, torch.Tensor) else value == b[key]
     assert len(restored) == 4 and restored.nbytes == buffer.nbytes and restored.num_evicted == 2
     assert restored.metrics(step=5) == buffer.metrics(step=5)
     # the continuation is identical (uses and the tie-breaking RNG are restored)

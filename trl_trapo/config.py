@@ -360,6 +360,25 @@ class TRAPOConfig(_BaseConfig):
     replay_max_bytes: int | None = field(
         default=None, metadata={"help": "Short-term replay capacity in bytes of host memory. None: no byte limit."}
     )
+    replay_compress: bool = field(
+        default=False,
+        metadata={"help": "Always keep replay trajectories zstd-compressed in host memory (lossless)."},
+    )
+    replay_compress_threshold: float = field(
+        default=0.85,
+        metadata={
+            "help": "With `replay_max_bytes`, trajectories added once the buffer holds more than this fraction of "
+            "its byte budget are kept compressed (the source document's 85%% trigger)."
+        },
+    )
+    importance_sampling_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Replace PPO's clipping by a truncated importance weight min(cap, pi/pi_old) (detached), for "
+            "heavily reused or stale replay (truncated IS, as in IMPALA huggingface.co/papers/1802.01561). None keeps "
+            "the clipped surrogate."
+        },
+    )
     replay_max_age: int | None = field(
         default=None,
         metadata={
@@ -474,6 +493,10 @@ class TRAPOConfig(_BaseConfig):
             bad("replay_capacity", self.replay_capacity, "use a positive number of trajectories.")
         if self.replay_max_bytes is not None and self.replay_max_bytes < 1:
             bad("replay_max_bytes", self.replay_max_bytes, "use a positive number of bytes, or None.")
+        if not 0 < self.replay_compress_threshold <= 1:
+            bad("replay_compress_threshold", self.replay_compress_threshold, "use a fraction in (0, 1].")
+        if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:
+            bad("importance_sampling_cap", self.importance_sampling_cap, "use a positive cap (e.g. 2.0) or None.")
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.local_rollout_forward_batch_size < 1:

@@ -169,6 +169,36 @@ def clipped_policy_loss(
     return PolicyLossOutput(per_token_loss, ratio.detach(), is_clipped, approx_kl)
 
 
+def truncated_is_policy_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    cap: float,
+    importance_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Policy-gradient loss with a truncated importance weight instead of PPO's clip, per token.
+
+    L_t = -min(cap, rho_t).detach() * A_t * log pi(y_t), rho_t = pi / pi_old, so the gradient is
+    -min(cap, rho_t) * A_t * grad log pi: the unbiased off-policy gradient while rho_t <= cap, with bounded variance
+    above (truncated importance sampling, IMPALA huggingface.co/papers/1802.01561, eq. 1 with rho-bar = cap). Unlike
+    the clipped surrogate it keeps a (bounded) gradient for stale samples far from the behaviour policy.
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log pi_theta (requires grad).
+        old_per_token_logps (`torch.Tensor`): shape `(B, T)`, behaviour log-probs.
+        advantages (`torch.Tensor`): shape `(B, T)`.
+        cap (`float`): rho-bar.
+        importance_weights (`torch.Tensor`, *optional*): extra detached weights, `(B, T)` or broadcastable.
+
+    Returns:
+        `torch.Tensor`: shape `(B, T)`, the unreduced per-token loss.
+    """
+    weight = torch.clamp(torch.exp(per_token_logps.detach() - old_per_token_logps), max=cap)
+    if importance_weights is not None:
+        weight = weight * importance_weights
+    return -weight * advantages * per_token_logps
+
+
 @dataclass
 class ValueLossOutput:
     """Per-token clipped value loss and its statistics (shape `(B, T)`; statistics detached)."""

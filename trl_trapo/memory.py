@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
+import zstandard
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 
 from .data import RL, SFT, ShardedSampler, sft_row
 
@@ -22,6 +25,16 @@ logger = logging.getLogger(__name__)
 
 # Per-completion-token tensors a trajectory may carry, all shape (C,).
 TOKEN_FIELDS = ("completion_mask", "old_per_token_logps", "ref_per_token_logps", "advantages", "returns", "old_values")
+
+
+def compress_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
+    """zstd-compressed safetensors bytes of a dict of CPU tensors (lossless)."""
+    return zstandard.ZstdCompressor(level=1).compress(safetensors_save(tensors))
+
+
+def decompress_tensors(blob: bytes) -> dict[str, torch.Tensor]:
+    """Inverse of `compress_tensors`."""
+    return safetensors_load(zstandard.ZstdDecompressor().decompress(blob))
 
 
 def trajectory_nbytes(trajectory: dict) -> int:
@@ -57,12 +70,21 @@ def trajectory_row(trajectory: dict) -> dict[str, torch.Tensor]:
 class ReplayBuffer:
     """Short-term FIFO of RL trajectories with a capacity in trajectories and in bytes and a per-trajectory reuse cap.
 
+    Trajectories live in host memory as dicts of CPU tensors. When the stored bytes pass `compress_threshold` of
+    `max_bytes` (or always, with `compress=True`) new trajectories are kept as zstd-compressed safetensors blobs and
+    decompressed when served; eviction (oldest first) counts the compressed size. Serving is least-used first, random
+    among equally used ones, so a generation round is consumed like PPO's epochs: every trajectory once, then every
+    trajectory a second time, and so on up to `max_uses`. Bookkeeping is O(1) per trajectory served (use-count buckets),
+    so a 50k-trajectory buffer costs next to nothing per step.
+
     Args:
         capacity (`int`): maximum number of trajectories; the oldest are evicted first.
-        max_bytes (`int`, *optional*): maximum host bytes of the stored tensors; the oldest are evicted first.
+        max_bytes (`int`, *optional*): maximum host bytes of the stored trajectories; the oldest are evicted first.
         max_uses (`int`): a trajectory is served at most this many times (PPO's `num_ppo_epochs`).
         max_age (`int`, *optional*): trajectories born more than this many optimizer steps ago are not served.
-        seed (`int`): seed of the random tie-breaking among equally used trajectories.
+        seed (`int`): seed of the random choice among equally used trajectories.
+        compress (`bool`): always store trajectories compressed.
+        compress_threshold (`float`): fraction of `max_bytes` above which new trajectories are stored compressed.
     """
 
     def __init__(
@@ -72,82 +94,144 @@ class ReplayBuffer:
         max_uses: int = 4,
         max_age: int | None = None,
         seed: int = 0,
+        compress: bool = False,
+        compress_threshold: float = 0.85,
     ):
+        if capacity < 1 or max_uses < 1:
+            raise ValueError(f"ReplayBuffer needs capacity >= 1 and max_uses >= 1, got {capacity}, {max_uses}.")
         self.capacity = capacity
         self.max_bytes = max_bytes
         self.max_uses = max_uses
         self.max_age = max_age
+        self.compress = compress
+        self.compress_threshold = compress_threshold
         self.rng = random.Random(seed)
         self._items: OrderedDict[int, dict] = OrderedDict()  # insertion (= age) order
+        self._buckets: list[dict[int, None]] = [{} for _ in range(max_uses)]  # servable ids by use count
+        self._unexpired: deque[int] = deque()  # ids not yet checked against max_age, oldest first
         self._next_id = 0
         self.nbytes = 0
         self.num_evicted = 0
+        self._total_uses = 0
+        self._total_births = 0
+        self._num_compressed = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def _evict_oldest(self) -> None:
-        _, item = self._items.popitem(last=False)
+    def _remove(self, key: int) -> None:
+        item = self._items.pop(key)
+        if item["uses"] < self.max_uses:
+            self._buckets[item["uses"]].pop(key, None)
         self.nbytes -= item["nbytes"]
-        self.num_evicted += 1
+        self._total_uses -= item["uses"]
+        self._total_births -= item["birth"]
+        self._num_compressed -= int(item["blob"] is not None)
+
+    def _should_compress(self) -> bool:
+        return self.compress or (
+            self.max_bytes is not None and self.nbytes >= self.compress_threshold * self.max_bytes
+        )
 
     def add(self, trajectories: list[dict], step: int) -> None:
         """Store trajectories born at optimizer step `step`, evicting the oldest beyond either capacity.
 
         Raises:
-            ValueError: if a single trajectory is larger than `max_bytes`.
+            ValueError: if a single trajectory is larger than `max_bytes` even compressed.
         """
         for trajectory in trajectories:
-            nbytes = trajectory_nbytes(trajectory)
+            tensors = {k: v for k, v in trajectory.items() if isinstance(v, torch.Tensor)}
+            extras = {k: v for k, v in trajectory.items() if not isinstance(v, torch.Tensor)}
+            nbytes = trajectory_nbytes(tensors)
+            blob = None
+            if self._should_compress() or (self.max_bytes is not None and nbytes > self.max_bytes):
+                candidate = compress_tensors(tensors)
+                if len(candidate) < nbytes:  # tiny trajectories do not shrink: keep those as they are
+                    blob, nbytes, tensors = candidate, len(candidate), None
             if self.max_bytes is not None and nbytes > self.max_bytes:
                 raise ValueError(
-                    f"One trajectory takes {nbytes} bytes, more than replay_max_bytes={self.max_bytes}: raise it."
+                    f"One trajectory takes {nbytes} bytes (compressed), more than replay_max_bytes={self.max_bytes}: "
+                    "raise replay_max_bytes."
                 )
-            self._items[self._next_id] = {"data": trajectory, "uses": 0, "birth": step, "nbytes": nbytes}
+            key = self._next_id
             self._next_id += 1
+            self._items[key] = {
+                "tensors": tensors,
+                "blob": blob,
+                "extras": extras,
+                "uses": 0,
+                "birth": step,
+                "nbytes": nbytes,
+            }
+            self._buckets[0][key] = None
+            self._unexpired.append(key)
             self.nbytes += nbytes
+            self._total_births += step
+            self._num_compressed += int(blob is not None)
             while len(self._items) > self.capacity or (self.max_bytes is not None and self.nbytes > self.max_bytes):
-                self._evict_oldest()
+                self._remove(next(iter(self._items)))
+                self.num_evicted += 1
 
-    def _eligible(self, step: int) -> list[int]:
-        return [
-            key
-            for key, item in self._items.items()
-            if item["uses"] < self.max_uses and (self.max_age is None or step - item["birth"] <= self.max_age)
-        ]
+    def _expire(self, step: int) -> None:
+        if self.max_age is None:
+            return
+        while self._unexpired:
+            key = self._unexpired[0]
+            item = self._items.get(key)
+            if item is not None and step - item["birth"] <= self.max_age:
+                break
+            self._unexpired.popleft()
+            if item is not None and item["uses"] < self.max_uses:
+                self._buckets[item["uses"]].pop(key, None)
 
     def num_available(self, step: int) -> int:
         """Trajectories that can still be served at `step`."""
-        return len(self._eligible(step))
+        self._expire(step)
+        return sum(len(bucket) for bucket in self._buckets)
+
+    def _materialise(self, item: dict) -> dict:
+        tensors = item["tensors"] if item["blob"] is None else decompress_tensors(item["blob"])
+        return {**item["extras"], **tensors}
 
     def sample(self, n: int, step: int) -> list[dict]:
         """Serve `n` trajectories, least used first (random among equals), and count the use.
 
+        Returns:
+            `list[dict]`: the trajectories, each with `uses` (after this one) and `age` (optimizer steps) added.
+
         Raises:
             ValueError: if fewer than `n` trajectories are available.
         """
-        eligible = self._eligible(step)
-        if len(eligible) < n:
-            raise ValueError(f"Replay buffer has {len(eligible)} servable trajectories, {n} were requested.")
-        self.rng.shuffle(eligible)
-        eligible.sort(key=lambda key: self._items[key]["uses"])  # stable: random order within equal use counts
+        available = self.num_available(step)
+        if available < n:
+            raise ValueError(f"Replay buffer has {available} servable trajectories, {n} were requested.")
+        chosen: list[int] = []
+        for bucket in self._buckets:
+            if len(chosen) == n:
+                break
+            take = min(n - len(chosen), len(bucket))
+            chosen.extend(self.rng.sample(list(bucket), take))
         out = []
-        for key in eligible[:n]:
+        for key in chosen:
             item = self._items[key]
+            self._buckets[item["uses"]].pop(key)
             item["uses"] += 1
-            out.append({**item["data"], "uses": item["uses"], "age": step - item["birth"]})
+            self._total_uses += 1
+            if item["uses"] < self.max_uses:
+                self._buckets[item["uses"]][key] = None
+            out.append({**self._materialise(item), "uses": item["uses"], "age": step - item["birth"]})
         return out
 
     def metrics(self, step: int) -> dict[str, float]:
-        """`replay/size`, `replay/bytes`, `replay/reuse_mean`, `replay/age_mean` (optimizer steps)."""
+        """`replay/size`, `replay/bytes`, `replay/reuse_mean`, `replay/age_mean` (optimizer steps) and
+        `replay/compressed` (fraction of stored trajectories kept compressed)."""
         size = len(self._items)
-        uses = sum(item["uses"] for item in self._items.values())
-        ages = sum(step - item["birth"] for item in self._items.values())
         return {
             "replay/size": float(size),
             "replay/bytes": float(self.nbytes),
-            "replay/reuse_mean": uses / size if size else 0.0,
-            "replay/age_mean": ages / size if size else 0.0,
+            "replay/reuse_mean": self._total_uses / size if size else 0.0,
+            "replay/age_mean": step - self._total_births / size if size else 0.0,
+            "replay/compressed": self._num_compressed / size if size else 0.0,
         }
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -161,20 +245,23 @@ class ReplayBuffer:
             tuple `(meta, tensors)`.
         """
         items = list(self._items.values())
-        fields = sorted({k for item in items for k, v in item["data"].items() if isinstance(v, torch.Tensor)})
+        datas = [self._materialise(item) for item in items]
+        fields = sorted({k for data in datas for k, v in data.items() if isinstance(v, torch.Tensor)})
         tensors: dict[str, torch.Tensor] = {}
         for name in fields:
-            if any(name not in item["data"] for item in items):
+            if any(name not in data for data in datas):
                 raise ValueError(f"Replay field '{name}' is present in some trajectories only; cannot serialise.")
-            values = [item["data"][name].reshape(-1) for item in items]
+            values = [data[name].reshape(-1) for data in datas]
             lengths = torch.tensor([0] + [v.numel() for v in values], dtype=torch.long)
             tensors[f"replay/{name}"] = torch.cat(values) if values else torch.zeros(0)
             tensors[f"replay/{name}.offsets"] = torch.cumsum(lengths, 0)
         version, internal, gauss = self.rng.getstate()
-        extras = [{k: v for k, v in item["data"].items() if not isinstance(v, torch.Tensor)} for item in items]
+        position = {key: i for i, key in enumerate(self._items)}
         meta = {
+            "buckets": [[position[key] for key in bucket] for bucket in self._buckets],
             "fields": fields,
-            "extras": extras,
+            "extras": [item["extras"] for item in items],
+            "compressed": [item["blob"] is not None for item in items],
             "uses": [item["uses"] for item in items],
             "births": [item["birth"] for item in items],
             "num_evicted": self.num_evicted,
@@ -197,21 +284,45 @@ class ReplayBuffer:
             if data is None or offsets is None or offsets.numel() != count + 1 or int(offsets[-1]) != data.numel():
                 raise ValueError(f"Corrupted replay state: field '{name}' does not match {count} trajectories.")
             columns[name] = [data[int(offsets[i]) : int(offsets[i + 1])].clone() for i in range(count)]
-        self._items.clear()
-        self.nbytes = 0
         extras = meta.get("extras") or [{} for _ in range(count)]
-        if len(extras) != count:
-            raise ValueError("Corrupted replay state: 'extras' does not match the number of trajectories.")
+        compressed = meta.get("compressed") or [False] * count
+        if len(extras) != count or len(compressed) != count:
+            raise ValueError("Corrupted replay state: 'extras'/'compressed' do not match the number of trajectories.")
+        self._items.clear()
+        self._buckets = [{} for _ in range(self.max_uses)]
+        self._unexpired = deque()
+        self.nbytes = self._total_uses = self._total_births = self._num_compressed = 0
         for i in range(count):
-            data = {**extras[i], **{name: columns[name][i] for name in meta["fields"]}}
-            nbytes = trajectory_nbytes(data)
+            tensors = {name: columns[name][i] for name in meta["fields"]}
+            blob = compress_tensors(tensors) if compressed[i] else None
+            uses, birth = int(meta["uses"][i]), int(meta["births"][i])
+            nbytes = len(blob) if blob is not None else trajectory_nbytes(tensors)
             self._items[i] = {
-                "data": data,
-                "uses": int(meta["uses"][i]),
-                "birth": int(meta["births"][i]),
+                "tensors": None if blob is not None else tensors,
+                "blob": blob,
+                "extras": dict(extras[i]),
+                "uses": uses,
+                "birth": birth,
                 "nbytes": nbytes,
             }
+            if uses < self.max_uses and "buckets" not in meta:
+                self._buckets[uses][i] = None
+            self._unexpired.append(i)
             self.nbytes += nbytes
+            self._total_uses += uses
+            self._total_births += birth
+            self._num_compressed += int(blob is not None)
+        if "buckets" in meta:  # the serving order among equally used trajectories, exactly
+            if len(meta["buckets"]) != self.max_uses:
+                raise ValueError(
+                    f"Replay state has {len(meta['buckets'])} use buckets, this buffer serves at most "
+                    f"{self.max_uses} times: resume with the same num_ppo_epochs."
+                )
+            for uses, positions in enumerate(meta["buckets"]):
+                for i in positions:
+                    if not 0 <= int(i) < count or self._items[int(i)]["uses"] != uses:
+                        raise ValueError("Corrupted replay state: a use bucket disagrees with the use counts.")
+                    self._buckets[uses][int(i)] = None
         self._next_id = count
         self.num_evicted = int(meta.get("num_evicted", 0))
         version, internal, gauss = meta["rng"]

@@ -269,6 +269,9 @@ def reward_model_scores(
     for start in range(0, input_ids.shape[0], batch_size):
         ids = input_ids[start : start + batch_size].to(device)
         mask = attention_mask[start : start + batch_size].to(device)
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):  # left padding: move real tokens first so positions start at 0
+            order = torch.argsort((mask == 0).int(), dim=1, stable=True)  # (absolute-position models, e.g. GPT-2)
+            ids, mask = ids.gather(1, order), mask.gather(1, order)
         per_token = per_token_head_outputs(reward_model, ids, mask)
         index = last_real_token(mask)
         scores.append(per_token[torch.arange(ids.shape[0], device=device), index].float().cpu())

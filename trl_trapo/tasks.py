@@ -1,30 +1,34 @@
 """A built-in, offline, seeded suite of verifiable tasks, a character-level tokenizer and a tiny causal LM.
 
-Everything here is generated in-process from a seed: no file is downloaded, so the main job, the examples and the
-tests run on a fresh machine without Hub access. The suite is small enough that a tiny model trained jointly on its
-three objectives (pretraining, SFT, RL) for a few minutes on CPU goes from ~0 to high held-out exact-match accuracy.
+Everything here is generated in-process from a seed: nothing is downloaded, so the main job, the examples and the
+tests run on a fresh machine without Hub access. The suite is small enough that the tiny model of
+`configs/tiny_causal_lm.json`, trained jointly on its three objectives (pretraining, SFT, RL), goes from 0 to
+near-perfect held-out greedy exact-match accuracy in ~600 steps (~80 s on one CPU thread in a plain PyTorch loop).
 
-Task families (every prompt is ``"<op> <input>="``, every answer at most 4 characters):
+Task families. Every prompt is `"<op> <input>="` (at most 9 characters), every answer at most 4 characters:
 
 | family | prompt → answer | SFT demonstrations | eval split |
 |---|---|---|---|
-| ``rev`` | ``"rev cfa="`` → ``"afc"`` (reverse 3–4 letters) | yes | ``sft_tasks`` |
-| ``nxt`` | ``"nxt bdh="`` → ``"cei"`` (alphabet successor of each of 2–3 letters) | yes | ``sft_tasks`` |
-| ``min`` | ``"min 4719="`` → ``"1"`` (smallest of 3–4 digits) | yes | ``sft_tasks`` |
-| ``max`` | ``"max 4719="`` → ``"9"`` (largest of 3–4 digits) | **no** (RL prompts only) | ``rl_only`` |
+| `rev` | `"rev cfab="` → `"bafc"` (reverse 3–4 letters of a–h) | yes | `sft_tasks` |
+| `nxt` | `"nxt bdh="` → `"cei"` (alphabet successor of each of 2–3 letters of a–i) | yes | `sft_tasks` |
+| `min` | `"min 4719="` → `"1"` (smallest of 3–4 digits) | yes | `sft_tasks` |
+| `lst` | `"lst cfab="` → `"b"` (last of 3–4 letters of a–h) | **no**, RL prompts only | `rl_only` |
 
 Why this design:
 
-- Answers are short and prompts tiny (≤ 9 characters), so generation is cheap on CPU.
-- Held-out evaluation inputs are drawn first from each family's enumerated input space; no training prompt (SFT
-  or RL) and no pretraining sentence uses an evaluation input, so eval measures generalisation, not recall.
-- The pretraining corpus teaches the facts the tasks rely on in a *different surface form* (``"after c comes
-  d."``, ``"a b c d e"``, ``"cfa backwards is afc."``, ``"the largest of 4, 7, 1 is 7."``); it never contains the
-  ``"<op> <input>="`` prompt format.
-- ``max`` has no demonstrations. A model trained on ``min`` already answers ``"max ...="`` prompts with one digit
-  taken from the prompt, so sampling at temperature 1.0 finds the right digit in a group of 8 completions with high
-  probability and group-relative RL learns the family quickly; without RL the model has no way to tell ``max`` from
-  ``min`` in the prompt format, so the ``rl_only`` split measures what only RL can teach.
+- Held-out: each family's input space is enumerated and split once; no SFT row, RL prompt or pretraining sentence
+  uses an eval input of its family, so eval measures generalisation to unseen inputs, not recall.
+- The pretraining corpus states the facts the tasks rely on in *other surface forms* (`"after c comes d."`,
+  `"c d e f."`, `"cfab backwards is bafc."`, `"cfab ends with b."`, `"the smallest digit of 4719 is 1."`) and
+  never uses the `"<op> <input>="` format, so it helps without solving any prompt by itself.
+- `lst` has no demonstrations. A model trained on `rev` already puts the last letter first when it sees letters,
+  and `min` taught it one-character answers, so sampling at temperature 1.0 finds `"<last letter></s>"` in a group
+  of 8 completions early on and group-relative RL learns the family within ~100–200 steps. Without RL the model
+  answers `"lst ...="` prompts with rev-like strings or pretraining prose and scores ~0: the `rl_only` split
+  measures what only RL teaches.
+- `max` of digits was tried as the RL-only family and rejected: RL finds the unconditional shortcut "answer 9"
+  (right a third of the time) or collapses onto a constant digit, and reaches only 0.1–0.85 depending on the seed.
+- Answers of `min` are balanced over digits (see `_split_inputs`), so "always answer 0" is no shortcut either.
 """
 
 from __future__ import annotations
@@ -207,8 +211,9 @@ def _split_inputs(family: TaskFamily, num_eval: int, rng: random.Random) -> tupl
     """Split a family's inputs into `num_eval` held-out inputs and a training pool, both with near-uniform answers.
 
     The inputs are shuffled and grouped by answer; both lists are round-robin interleavings over the answer groups,
-    so every prefix of them has near-uniform answers. Without this, `max` of random digits is "9" a third of the
-    time and RL finds the shortcut "always answer 9". At most a tenth of each answer group is held out (all of a
+    so every prefix of them has near-uniform answers. Without this, `min` of random digits is "0" a third of the
+    time, a shortcut a model takes before it learns the family (and one RL finds: see the module docstring on
+    `max`). At most a tenth of each answer group is held out (all of a
     one-input group, so families whose answers are unique, like `rev`, are split plainly), which keeps rare answers
     such as `min 999=` in the training pool.
     """
@@ -392,6 +397,14 @@ def make_task_suite(
     rng.shuffle(sft_rows)
     rng.shuffle(rl_rows)
     pretrain_texts = [_document(rng, train_inputs, max_doc_sentences) for _ in range(num_pretrain_docs)]
+    logger.debug(
+        "Task suite (seed %d): %d pretraining documents, %d SFT rows, %d RL prompts, %d eval prompts.",
+        seed,
+        len(pretrain_texts),
+        len(sft_rows),
+        len(rl_rows),
+        len(eval_rows),
+    )
 
     def to_dataset(rows: list[dict[str, str]], columns: tuple[str, ...]) -> Dataset:
         return Dataset.from_dict({column: [row[column] for row in rows] for column in columns})
@@ -471,7 +484,8 @@ def greedy_accuracy(
         tokenizer (`PreTrainedTokenizerFast`): its tokenizer; needs a pad and an eos token.
         dataset (`Dataset`): rows with `prompt` and `answer`, optionally `split` (e.g. the suite's `eval`).
         batch_size (`int`): prompts per `generate` call.
-        max_new_tokens (`int | None`): generation budget; defaults to the longest tokenized answer + 1 (for eos).
+        max_new_tokens (`int | None`): generation budget; defaults to the longest tokenized answer + 4 (eos plus
+            room for whitespace, which the exact-match rule ignores).
 
     Returns:
         `dict[str, float]`: `"accuracy"` (fraction of exactly matched rows, in [0, 1]) and, when the dataset has a
@@ -494,7 +508,9 @@ def greedy_accuracy(
     ]
     answers = [str(a) for a in dataset["answer"]]
     if max_new_tokens is None:
-        max_new_tokens = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) + 1
+        # eos plus a little slack: the exact-match rule ignores surrounding whitespace, and an RL-trained policy may
+        # learn to emit some (it costs no reward).
+        max_new_tokens = max(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) + 4
 
     was_training = model.training
     padding_side = tokenizer.padding_side

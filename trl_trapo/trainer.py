@@ -87,6 +87,7 @@ from .losses import (
     masked_whiten,
     per_token_rewards,
     sft_token_weights,
+    truncated_is_policy_loss,
 )
 from .memory import ReplayBuffer, SFTPool, trajectory_row
 from .models import PolicyAndValueWrapper, add_frozen_adapter_copy
@@ -398,6 +399,8 @@ class TRAPOTrainer(_BaseTrainer):
             max_uses=args.num_ppo_epochs,
             max_age=args.replay_max_age,
             seed=seed + 3 + rank,
+            compress=args.replay_compress,
+            compress_threshold=args.replay_compress_threshold,
         )
         self.allocator = RowAllocator()
         schedule = CurriculumSchedule(
@@ -1044,6 +1047,10 @@ class TRAPOTrainer(_BaseTrainer):
         importance = inputs["importance_weight"].unsqueeze(1)
         policy = clipped_policy_loss(per_token_logps, old, advantages, args.cliprange, importance)
         per_token = policy.per_token_loss
+        if args.importance_sampling_cap is not None:
+            per_token = truncated_is_policy_loss(
+                per_token_logps, old, advantages, args.importance_sampling_cap, importance
+            )
         stats: dict[str, torch.Tensor] = {}
         if args.kl_coef > 0 and "ref_per_token_logps" in inputs:
             kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], args.kl_estimator)
