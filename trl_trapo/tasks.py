@@ -212,10 +212,12 @@ def _split_inputs(family: TaskFamily, num_eval: int, rng: random.Random) -> tupl
 
     The inputs are shuffled and grouped by answer; both lists are round-robin interleavings over the answer groups,
     so every prefix of them has near-uniform answers. Without this, `min` of random digits is "0" a third of the
-    time, a shortcut a model takes before it learns the family (and one RL finds: see the module docstring on
-    `max`). At most a tenth of each answer group is held out (all of a
-    one-input group, so families whose answers are unique, like `rev`, are split plainly), which keeps rare answers
-    such as `min 999=` in the training pool.
+    time: a shortcut a model takes before it learns the family, and one RL finds (see the module docstring on
+    `max`). At most a tenth of each answer group is held out (all of a one-input group, so families whose answers
+    are unique, like `rev`, are split plainly), which keeps rare answers such as `min 999=` in the training pool.
+
+    Raises:
+        ValueError: if `num_eval` is more than the family can hold out under that rule.
     """
     shuffled = list(family.inputs)
     rng.shuffle(shuffled)
