@@ -70,10 +70,17 @@ class PolicyAndValueWrapper(nn.Module):
     def is_gradient_checkpointing(self) -> bool:
         return bool(getattr(self.policy, "is_gradient_checkpointing", False))
 
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+    def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
+        """Called by `Trainer.train` (transformers 5.24) when `gradient_checkpointing` is on, the default of TRL's
+        configs; `kwargs` (`every_n_layers`, `offload`) are passed on to both models."""
         for module in (self.policy, self.value_model):
-            if hasattr(module, "gradient_checkpointing_enable"):
-                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+            if hasattr(module, "activation_checkpointing_enable"):
+                module.activation_checkpointing_enable(activation_checkpointing_kwargs, **kwargs)
+            elif hasattr(module, "gradient_checkpointing_enable"):
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=activation_checkpointing_kwargs)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, **kwargs):
+        self.activation_checkpointing_enable(gradient_checkpointing_kwargs, **kwargs)
 
     def gradient_checkpointing_disable(self):
         for module in (self.policy, self.value_model):

@@ -138,7 +138,11 @@ class PPOTrainer(TRAPOTrainer):
             )
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a PPOConfig, got {type(args).__name__}.")
-        self._derive_batch_sizes(args, len(train_dataset))
+        mixed = any(
+            trapo_kwargs.get(name) is not None and weight > 0
+            for name, weight in (("pretrain_dataset", args.pretrain_weight), ("sft_dataset", args.sft_weight))
+        )
+        self._derive_batch_sizes(args, len(train_dataset), plan_steps=not mixed)
         super().__init__(
             model=model,
             args=args,
@@ -155,12 +159,14 @@ class PPOTrainer(TRAPOTrainer):
         )
 
     @staticmethod
-    def _derive_batch_sizes(args: PPOConfig, dataset_size: int) -> None:
+    def _derive_batch_sizes(args: PPOConfig, dataset_size: int, plan_steps: bool = True) -> None:
         """Fill TRL 1.12's derived batch sizes and make one optimizer step = one mini-batch.
 
         A rollout batch holds `per_device_train_batch_size * gradient_accumulation_steps` prompts per rank; it is
         split into `num_mini_batches` mini-batches, each one optimizer step over
-        `gradient_accumulation_steps / num_mini_batches` micro-batches, for `num_ppo_epochs` epochs.
+        `gradient_accumulation_steps / num_mini_batches` micro-batches, for `num_ppo_epochs` epochs. With
+        `plan_steps=False` (pretraining / SFT data share the steps' rows) `max_steps` is left to `TRAPOTrainer`,
+        which plans it so that `total_episodes` RL episodes are still rolled out at the curriculum's RL share.
         """
         world = max(args.world_size, 1)
         grad_accum = args.gradient_accumulation_steps
@@ -178,7 +184,8 @@ class PPOTrainer(TRAPOTrainer):
             args.total_episodes = int(args.num_train_epochs * dataset_size)
         args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
         args.gradient_accumulation_steps = grad_accum // args.num_mini_batches
-        args.max_steps = args.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
+        if plan_steps:
+            args.max_steps = args.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
 
 
 __all__ = ["PPOConfig", "PPOTrainer"]

@@ -789,6 +789,7 @@ class TRAPOTrainer(_BaseTrainer):
             prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group
         )
         self._episode += len(examples) * self.accelerator.num_processes
+        self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
         self._record_rollout_metrics(completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop)
         return trajectories
 

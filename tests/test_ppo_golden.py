@@ -1,0 +1,345 @@
+"""Exact reproduction of TRL 1.12's `PPOTrainer` where 1.12 is bug-free (golden fixtures `exact_*`).
+
+The fixtures (`tests/fixtures/ppo_1_12/cases/exact_*.json`, made by `scripts/make_ppo_fixtures.py` from the REAL
+TRL 1.12.0 trainer) inject responses of the two kinds 1.12 handles correctly — no EOS, or EOS as the last token, no
+PAD anywhere — with `num_mini_batches=1` and a dataset of two rollout batches of which one is used, in fp32. Our
+`PPOTrainer` is built with the same models, tokenizer and config (plus a constant learning-rate schedule, as 1.12's
+is within one rollout batch, and no gradient clipping, which 1.12 never did), is fed the same queries and responses
+in the same rollout-batch order through `process_rollouts`, and must reproduce, to 1e-5 (+ 1e-6 relative, which only
+matters for the few quantities above 1):
+
+- the rollout: behaviour log-probs, reference log-probs, values, scores (after `missing_eos_penalty`), the per-token
+  KL, non-score rewards and rewards (recomputed with our pure `losses` functions from the trajectory fields, since a
+  trajectory does not store them), and the advantages and returns stored in our trajectories;
+- every micro-batch of both optimizer steps (one per PPO epoch), formed from 1.12's recorded permutations:
+  `pg_loss`, `vf_loss`, the total loss, the new log-probs, values, clip fractions, approx-KL, ratio and entropy;
+- the accumulated gradient of each optimizer step, and the policy and critic weights after it (same fused AdamW,
+  weight decay 0, constant lr);
+- and, end to end, the weights after our own `train()` loop (which groups rows into micro-batches its own way:
+  every response has the same length, so the per-micro-batch means average to the same loss).
+
+The gradients are the strict check (AdamW is blind to a rescaled gradient on its first step, so the weights alone
+would not catch a wrong loss normalisation): |g_ours - g_1.12| <= 1e-7 + 1e-5 * |g_1.12| elementwise (observed: at
+most 3.3e-7 absolute, on embedding gradients of ~0.05). The weights need one justified relaxation of the 1e-5:
+AdamW's update lr * m / (sqrt(v) + eps) is ~lr * sign(g) whatever |g|, so on a gradient entry that cancellation left
+at ~1e-7 the last bits of the sum decide a visible part of an lr-sized update (seen: 4.3e-6 on one critic weight,
+against <= 1.2e-7 everywhere else). The weights are therefore compared with atol = 1e-5 + sum_k 2 * lr * d_k /
+(sqrt(v_k) + eps): twice the first-order change of AdamW's update caused by the gradient difference actually measured
+(d_k = max over steps <= k of |g_ours - g_1.12|, elementwise), with v_k from 1.12's recorded gradients. Where the
+gradients agree bit for bit (e.g. embedding rows of unused tokens) the tolerance is exactly 1e-5.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+
+from trl_trapo import PPOConfig, PPOTrainer
+from trl_trapo.collator import collate_rows
+from trl_trapo.losses import kl_estimate, masked_whiten, per_token_rewards
+from trl_trapo.memory import trajectory_row
+
+
+torch.set_num_threads(1)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ppo_1_12"
+CASES = [
+    f"exact_{kl}_{whiten}_{penalty}"
+    for kl in ("k1", "k3")
+    for whiten in ("nowhiten", "whiten")
+    for penalty in ("nopenalty", "penalty")
+]
+ATOL = 1e-5
+RTOL = 1e-6  # ~8 fp32 ulps: only matters for the few quantities above 1 (k3 KL reaches 17, log-probs -10)
+GRAD_ATOL, GRAD_RTOL = 1e-7, 1e-5  # gradients of a step must agree to GRAD_ATOL + GRAD_RTOL * |g|
+NO_OBJECTIVE_BUT_RL = (0.0, 0.0, 1.0)  # loss weights (pretrain, sft, rl) of a PPO-only step
+
+
+def close(actual, expected, what: str, atol: float | torch.Tensor = ATOL, rtol: float = RTOL) -> None:
+    """Assert |actual - expected| <= atol + rtol * |expected| elementwise (atol may be a tensor)."""
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    if not actual.numel():
+        return
+    diff = (actual - expected).abs()
+    excess = (diff - atol - rtol * expected.abs()).max().item()
+    assert excess <= 0, (
+        f"{what}: max |ours - 1.12| = {diff.max().item():.3e} exceeds the tolerance by {excess:.3e}"
+        f"\nours={actual}\n1.12={expected}"
+    )
+
+
+def modules(trainer: PPOTrainer):
+    return (("policy", trainer.model.policy), ("value_model", trainer.model.value_model))
+
+
+def assert_gradients(ours: dict[str, torch.Tensor], steps: dict, step: int) -> None:
+    """The accumulated gradient of optimizer step `step` equals 1.12's (`ours`: "<prefix>.<name>" -> grad)."""
+    for key, grad in ours.items():
+        expected = steps[f"step{step}.grad.{key}"]
+        close(grad, expected, f"gradient of {key}, step {step}", GRAD_ATOL, rtol=GRAD_RTOL)
+
+
+def adam_tolerance(ours: list[torch.Tensor], theirs: list[torch.Tensor], case: dict) -> torch.Tensor:
+    """Elementwise tolerance of a weight after len(ours) AdamW steps with these gradients (see the module docstring)."""
+    beta2, eps = case["optimizer"]["betas"][1], case["optimizer"]["eps"]
+    lr = case["ppo_config"]["learning_rate"]
+    v = torch.zeros_like(theirs[0], dtype=torch.float64)
+    difference = torch.zeros_like(v)
+    tolerance = torch.full_like(v, ATOL)
+    for k, (mine, grad) in enumerate(zip(ours, theirs), start=1):
+        v = beta2 * v + (1 - beta2) * grad.double() ** 2
+        difference = torch.maximum(difference, (mine.double() - grad.double()).abs())  # bounds |d m|, |d sqrt(v)|
+        tolerance += 2 * lr * difference / ((v / (1 - beta2**k)).sqrt() + eps)
+    return tolerance
+
+
+def assert_weights(trainer: PPOTrainer, expected: dict, grads: list[dict], steps: dict, case: dict, when: str) -> None:
+    """Policy and critic weights equal 1.12's (`expected["<prefix>.<name>"]`) after the steps whose gradients (ours)
+    are `grads`."""
+    for prefix, module in modules(trainer):
+        for name, param in module.named_parameters():
+            key = f"{prefix}.{name}"
+            theirs = [steps[f"step{k}.grad.{key}"] for k in range(1, len(grads) + 1)]
+            tolerance = adam_tolerance([g[key] for g in grads], theirs, case)
+            close(param, expected[key], f"{key} {when}", tolerance, rtol=0.0)
+
+
+class GradientRecorder(TrainerCallback):
+    """Keeps the accumulated gradients right before each optimizer step of `train()`."""
+
+    def __init__(self, trainer: PPOTrainer):
+        self.trainer, self.grads = trainer, []
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.grads.append(
+            {f"{p}.{n}": w.grad.detach().clone() for p, m in modules(self.trainer) for n, w in m.named_parameters()}
+        )
+
+
+def load_case(name: str) -> dict:
+    return json.loads((FIXTURES / "cases" / f"{name}.json").read_text())
+
+
+def build(case: dict, tmp_path) -> PPOTrainer:
+    """Our PPOTrainer on the fixture's models, tokenizer, dataset and config."""
+    config = {k: v for k, v in case["ppo_config"].items() if k not in ("output_dir", "report_to")}
+    args = PPOConfig(
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        lr_scheduler_type="constant",  # 1.12 steps its (linear) scheduler once per rollout batch, after the update
+        max_grad_norm=0.0,  # 1.12 never clipped gradients
+        gradient_checkpointing=False,
+        **config,
+    )
+    models = FIXTURES / "models"
+    tokenizer = AutoTokenizer.from_pretrained(FIXTURES / "tokenizer")
+    return PPOTrainer(
+        args,
+        tokenizer,
+        AutoModelForCausalLM.from_pretrained(models / "policy"),
+        AutoModelForCausalLM.from_pretrained(models / "ref"),
+        AutoModelForSequenceClassification.from_pretrained(models / "reward", num_labels=1),
+        Dataset.from_dict({"input_ids": case["dataset_prompts"]}),
+        AutoModelForSequenceClassification.from_pretrained(models / "value", num_labels=1),
+    )
+
+
+def injected_rollout(trainer: PPOTrainer, case: dict) -> tuple[list[dict], list[torch.Tensor], list[torch.Tensor]]:
+    """The fixture's rollout batch, in 1.12's order: dataset rows (unpadded queries) and the injected responses."""
+    pad = case["tokenizer"]["pad_token_id"]
+    examples = []
+    for query in case["rollout"]["queries"]:
+        ids = query[next(i for i, t in enumerate(query) if t != pad) :]  # strip the left padding
+        examples.append({"prompt": trainer.processing_class.decode(ids), "prompt_ids": ids})
+    completions = [torch.tensor(r) for r in case["rollout"]["responses"]]
+    return examples, completions
+
+
+def process(trainer: PPOTrainer, case: dict) -> tuple[list[dict], torch.Tensor]:
+    """`process_rollouts` on the injected rollout; also returns the scores it used (observed, not recomputed)."""
+    seen = {}
+    make_trajectories = trainer._make_trajectories
+
+    def spy(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group):
+        seen["scores"] = scores.clone()
+        return make_trajectories(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group)
+
+    trainer._make_trajectories = spy
+    try:
+        examples, completions = injected_rollout(trainer, case)
+        trajectories = trainer.process_rollouts(examples, completions)
+    finally:
+        del trainer._make_trajectories
+    return trajectories, seen["scores"]
+
+
+def stack(trajectories: list[dict], key: str) -> torch.Tensor:
+    return torch.stack([t[key] for t in trajectories])
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    return load_case(request.param)
+
+
+def test_fixture_is_in_the_exact_domain(case):
+    """Guard: the fixture only holds what 1.12 gets right (else an exact match would prove nothing)."""
+    eos, pad = case["tokenizer"]["eos_token_id"], case["tokenizer"]["pad_token_id"]
+    assert case["trl_version"] == "1.12.0" and case["ppo_config"]["num_mini_batches"] == 1
+    batch_size = case["derived_args"]["batch_size"]
+    assert case["ppo_config"]["total_episodes"] == batch_size and len(case["dataset_prompts"]) >= 2 * batch_size
+    for response in case["rollout"]["responses"]:
+        assert pad not in response and eos not in response[:-1]
+    # one optimizer step per PPO epoch (per mini-batch), at its last micro-batch, at a constant learning rate
+    stepped = [mb["optimizer_stepped"] for mb in case["micro_batches"]]
+    ga = case["ppo_config"]["gradient_accumulation_steps"]
+    assert stepped == ([False] * (ga - 1) + [True]) * case["ppo_config"]["num_ppo_epochs"]
+    assert case["step_lrs"] == [case["ppo_config"]["learning_rate"]] * case["ppo_config"]["num_ppo_epochs"]
+    # masks from lengths and 1.12's masks from pad ids agree here
+    assert not any(any(row) for row in case["rollout"]["padding_mask_p1"])
+
+
+def test_rollout_matches_trl_1_12(case, tmp_path):
+    trainer = build(case, tmp_path)
+    rollout = case["rollout"]
+    trajectories, scores = process(trainer, case)
+    assert len(trajectories) == len(rollout["responses"])
+    for t, response in zip(trajectories, rollout["responses"]):
+        assert t["completion_ids"].tolist() == response and bool(t["completion_mask"].all())
+    old = stack(trajectories, "old_per_token_logps")
+    ref = stack(trajectories, "ref_per_token_logps")
+    close(old, rollout["logprobs"], "rollout log-probs")
+    close(ref, rollout["ref_logprobs"], "reference log-probs")
+    close(stack(trajectories, "old_values"), rollout["values"], "values")
+    close(scores, rollout["scores"], "scores (after missing_eos_penalty)")
+    penalty = case["ppo_config"]["missing_eos_penalty"] or 0.0
+    expected = torch.tensor(rollout["scores_raw"]) - penalty * ~torch.tensor(rollout["contain_eos_token"])
+    close(scores, expected, "scores = reward-model score - penalty * (no stop token)")
+
+    # per-token rewards, recomputed from our trajectory fields with our pure functions
+    args = trainer.args
+    mask = stack(trajectories, "completion_mask")
+    kl = kl_estimate(old, ref, args.kl_estimator)
+    rewards, non_score = per_token_rewards(scores, kl, mask, args.kl_coef)
+    close(kl, rollout["kl"], f"per-token KL ({args.kl_estimator})")
+    close(non_score, rollout["non_score_reward"], "non-score rewards")
+    close(rewards, rollout["rewards_before_whiten"], "rewards before whitening")
+    if args.whiten_rewards:
+        rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+    close(rewards, rollout["rewards"], "rewards (what GAE used)")
+
+    # advantages and returns: straight from our trajectories
+    close(stack(trajectories, "advantages"), rollout["advantages"], "advantages (whitened)")
+    close(stack(trajectories, "returns"), rollout["returns"], "returns")
+
+
+def test_optimizer_steps_match_trl_1_12(case, tmp_path):
+    """Both optimizer steps of the update, micro-batch by micro-batch, on 1.12's own micro-batches."""
+    trainer = build(case, tmp_path)
+    trajectories, _ = process(trainer, case)
+    rows = [trajectory_row(t) for t in trajectories]
+    model = trainer.model
+    model.train()
+    optimizer = trainer.create_optimizer()
+    recorded = case["optimizer"]
+    assert type(optimizer).__name__ == recorded["class"] == "AdamW"
+    for key in ("betas", "eps", "fused", "amsgrad", "maximize"):
+        value = optimizer.defaults[key]
+        assert (list(value) if isinstance(value, tuple) else value) == recorded[key], key
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [g["weight_decay"] for g in recorded["param_groups"]]
+    assert all(g["lr"] == case["ppo_config"]["learning_rate"] for g in optimizer.param_groups)
+
+    args = trainer.args
+    num_micro = args.gradient_accumulation_steps  # per optimizer step (= per mini-batch)
+    assert num_micro == case["ppo_config"]["gradient_accumulation_steps"]
+    counts = {
+        "tokens_pretrain": 0.0,
+        "tokens_sft": 0.0,
+        "tokens_rl": float(sum(r["mask"].sum() for r in rows)),
+        "sequences_rl": float(len(rows)),
+        "micro_batches_rl": float(num_micro),
+    }
+    steps = safetensors.torch.load_file(FIXTURES / case["step_weights"])
+    pad = trainer.processing_class.pad_token_id
+    grads = []  # ours, per optimizer step
+    for epoch in range(case["ppo_config"]["num_ppo_epochs"]):
+        micro_batches = [mb for mb in case["micro_batches"] if mb["ppo_epoch"] == epoch]
+        assert len(micro_batches) == num_micro
+        assert [i for mb in micro_batches for i in mb["indices"]] == case["permutations"][epoch]
+        info = {
+            "weights": NO_OBJECTIVE_BUT_RL,
+            "counts": counts,
+            "probe": False,
+            "step": epoch,
+            "micro_index": 0,
+            "num_micro": num_micro,
+        }
+        optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches:
+            batch = collate_rows([rows[i] for i in mb["indices"]], pad)
+            trainer._metric_sums = {}
+            loss = trainer.compute_loss(model, batch, num_items_in_batch=info)
+            stats = {k: float(v) * num_micro for k, v in trainer._metric_sums.items()}  # per-micro-batch values
+            where = f"epoch {epoch} micro-batch {mb['grad_accum_idx']}"
+            close(stats["loss/policy_avg"], mb["pg_loss"], f"pg_loss, {where}")
+            close(stats["loss/value_avg"], mb["vf_loss"], f"vf_loss, {where}")
+            close(loss.detach() * num_micro, mb["loss"], f"loss = pg_loss + vf_coef * vf_loss, {where}")
+            close(stats["policy/clipfrac_avg"], mb["pg_clipfrac"], f"pg_clipfrac, {where}")
+            close(stats["val/clipfrac_avg"], mb["vf_clipfrac"], f"vf_clipfrac, {where}")
+            close(stats["policy/approxkl_avg"], mb["approxkl"], f"approxkl, {where}")
+            close(stats["val/ratio"], mb["ratio"], f"ratio mean, {where}")
+            close(stats["policy/entropy_avg"], mb["entropy"], f"entropy mean, {where}")
+            with torch.no_grad():  # the new log-probs and values themselves
+                outputs, values = model(
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch["attention_mask"],
+                    value_rows=torch.arange(len(mb["indices"])),
+                )
+                logps = torch.log_softmax(outputs.logits[:, :-1] / args.temperature, -1)
+                logps = logps.gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+                target = batch["mask"].bool()
+                width = len(mb["new_logprobs"][0])
+                close(logps[target].view(-1, width), mb["new_logprobs"], f"new log-probs, {where}")
+                close(values[:, :-1][target].view(-1, width), mb["vpred"], f"value predictions, {where}")
+            loss.backward()
+        step = epoch + 1
+        grads.append(
+            {f"{p}.{n}": w.grad.detach().clone() for p, m in modules(trainer) for n, w in m.named_parameters()}
+        )
+        assert_gradients(grads[-1], steps, step)
+        optimizer.step()
+        after = {k[len(f"step{step}.") :]: v for k, v in steps.items() if k.startswith(f"step{step}.")}
+        assert_weights(trainer, after, grads, steps, case, f"after step {step}")
+
+
+def test_train_loop_reproduces_trl_1_12_weights(case, tmp_path):
+    """Our own `train()` (micro-batching, accumulation, optimizer, scheduler) ends where 1.12 ended."""
+    trainer = build(case, tmp_path)
+    examples, completions = injected_rollout(trainer, case)
+
+    def injected_round(rows_needed: int, step: int) -> None:
+        assert rows_needed * trainer.args.num_mini_batches == len(examples)
+        trainer.replay.add(trainer.process_rollouts(examples, completions), step)
+
+    trainer._generate_round = injected_round
+    recorder = GradientRecorder(trainer)
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert trainer.state.global_step == case["ppo_config"]["num_ppo_epochs"]
+    assert trainer.state.episode == case["episode"]
+    lrs = [h["lr"] for h in trainer.state.log_history if "lr" in h]
+    assert lrs and all(lr == case["ppo_config"]["learning_rate"] for lr in lrs)
+    steps = safetensors.torch.load_file(FIXTURES / case["step_weights"])
+    assert len(recorder.grads) == trainer.state.global_step
+    for step, grads in enumerate(recorder.grads, start=1):
+        assert_gradients(grads, steps, step)
+    final = safetensors.torch.load_file(FIXTURES / case["final_weights"])
+    assert_weights(trainer, final, recorder.grads, steps, case, "after train()")
