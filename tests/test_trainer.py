@@ -101,7 +101,14 @@ def step_info(rows: list[dict], groups: list[list[dict]], weights) -> dict:
         counts[key] += n
         counts["sequences_rl"] += float(row["objective"] == RL and n > 0)
     counts["micro_batches_rl"] = float(sum(any(r["objective"] == RL for r in g) for g in groups))
-    return {"weights": weights, "counts": counts, "probe": False, "step": 0, "micro_index": 0, "num_micro": len(groups)}
+    return {
+        "weights": weights,
+        "counts": counts,
+        "probe": False,
+        "step": 0,
+        "micro_index": 0,
+        "num_micro": len(groups),
+    }
 
 
 def gradient(trainer, groups: list[list[dict]], info: dict) -> dict[str, torch.Tensor]:
@@ -116,7 +123,9 @@ def gradient(trainer, groups: list[list[dict]], info: dict) -> dict[str, torch.T
 
 @pytest.mark.parametrize("kl_penalty", ["reward", "loss"])
 @pytest.mark.parametrize("sft_loss_type", ["nll", "trust_region"])
-def test_joint_gradient_equals_weighted_sum_of_separate_gradients(tmp_path, tokenizer, suite, kl_penalty, sft_loss_type):
+def test_joint_gradient_equals_weighted_sum_of_separate_gradients(
+    tmp_path, tokenizer, suite, kl_penalty, sft_loss_type
+):
     trainer = make_trainer(
         tmp_path, tokenizer, suite, kl_coef=0.1, kl_penalty=kl_penalty, sft_loss_type=sft_loss_type, entropy_coef=0.01
     )
@@ -197,7 +206,9 @@ REQUIRED_METRICS = (
 def test_short_run_changes_every_parameter_and_logs_metrics(tmp_path, tokenizer, suite):
     model = build_tiny_model(tokenizer, seed=0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = make_trainer(tmp_path, tokenizer, suite, model=model, weight_decay=0.0, max_steps=4, dare_update_interval=2)
+    trainer = make_trainer(
+        tmp_path, tokenizer, suite, model=model, weight_decay=0.0, max_steps=4, dare_update_interval=2
+    )
     trainer.train()
     for name, param in model.named_parameters():
         assert not torch.equal(param.detach(), before[name]), f"{name} did not change"
@@ -250,7 +261,10 @@ def test_dataset_missing_columns(tmp_path, tokenizer):
 def test_rl_without_reward(tmp_path, tokenizer, suite):
     with pytest.raises(ValueError, match="without any reward"):
         TRAPOTrainer(
-            build_tiny_model(tokenizer), args=small_config(tmp_path), train_dataset=suite.rl_train, processing_class=tokenizer
+            build_tiny_model(tokenizer),
+            args=small_config(tmp_path),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
         )
 
 
@@ -320,3 +334,43 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite):
     assert trainer._nonfinite_steps == 3
     for name, param in trainer.model.named_parameters():  # every poisoned step was skipped
         assert torch.equal(param.detach(), before[name]), name
+
+
+def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokenizer, suite):
+    trainer = make_trainer(
+        tmp_path,
+        tokenizer,
+        suite,
+        kl_coef=0.05,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        ref_model_mixup_alpha=0.5,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+    )
+    initial = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    trainer.train()
+    policy = dict(trainer.model.named_parameters())
+    for name, param in trainer.ref_model.named_parameters():
+        assert not torch.equal(param, initial[name]), name  # the reference moved towards the policy
+        assert not torch.equal(param, policy[name]), name  # but is not a copy of it (alpha = 0.5)
+    resumed = make_trainer(
+        tmp_path,
+        tokenizer,
+        suite,
+        kl_coef=0.05,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        ref_model_mixup_alpha=0.5,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+    )
+    resumed._load_trapo_state(str(tmp_path / "checkpoint-2"))
+    saved = __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+        str(tmp_path / "checkpoint-2" / "trapo" / "rank0-tensors.safetensors")
+    )
+    for name, param in resumed.ref_model.named_parameters():
+        if f"ref_model/{name}" in saved:
+            torch.testing.assert_close(param, saved[f"ref_model/{name}"])

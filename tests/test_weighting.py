@@ -43,64 +43,67 @@ def test_combine_weights_all_zero():
 # DAREWeighting
 # ---------------------------------------------------------------------------------------------------------------------
 def test_dare_one_update_by_hand():
-    dare = DAREWeighting()
+    dare = DAREWeighting(noise_floor=0.05)
     assert dare.weights() == (1.0, 1.0, 1.0)
-    # s = max(cos, 0) = (0.8, 0.4, 0); mean 0.4; targets (2, 1, 0 -> clipped to min 0.25)
-    assert dare.targets([0.8, 0.4, -0.3]) == pytest.approx([2.0, 1.0, 0.25])
+    # first measurement: each running mean is the value itself -> target 1 for a signal above the floor;
+    # rl: max(-0.3, 0) = 0, mean 0 < floor -> min factor 0.25
     dare.update(signals(0.8, 0.4, -0.3), step=5)
-    # f <- 0.9 f + 0.1 t: 0.9 + 0.2 = 1.1, 0.9 + 0.1 = 1.0, 0.9 + 0.025 = 0.925
-    assert dare.weights() == pytest.approx((1.1, 1.0, 0.925), abs=1e-12)
+    # f <- 0.9 f + 0.1 t: 1.0, 1.0, 0.9 + 0.025 = 0.925
+    assert dare.weights() == pytest.approx((1.0, 1.0, 0.925), abs=1e-12)
     assert dare.signals == [0.8, 0.4, -0.3]
     assert dare.num_updates == 1 and dare.last_update_step == 5
 
 
 def test_dare_several_updates_by_hand():
-    dare = DAREWeighting()
-    dare.update(signals(0.8, 0.4, -0.3), step=5)  # (1.1, 1.0, 0.925), see above
-    # s = (0.2, 0.2, 0.8), mean 0.4 -> targets (0.5, 0.5, 2)
-    dare.update(signals(0.2, 0.2, 0.8), step=10)
-    # 0.9 * 1.1 + 0.05 = 1.04, 0.9 * 1.0 + 0.05 = 0.95, 0.9 * 0.925 + 0.2 = 1.0325
-    assert dare.weights() == pytest.approx((1.04, 0.95, 1.0325), abs=1e-12)
-    # every signal 0 (e.g. constant rewards everywhere): all targets 1
-    dare.update(signals(0.0, -0.5, 0.0), step=15)
-    # 0.9 * 1.04 + 0.1 = 1.036, 0.9 * 0.95 + 0.1 = 0.955, 0.9 * 1.0325 + 0.1 = 1.02925
-    assert dare.weights() == pytest.approx((1.036, 0.955, 1.02925), abs=1e-12)
+    dare = DAREWeighting(noise_floor=0.05)
+    dare.update(signals(0.8, 0.4, -0.3), step=5)  # (1.0, 1.0, 0.925), see above
+    # pretrain: mean (0.8 + 0.2) / 2 = 0.5, target 0.2 / 0.5 = 0.4 -> 0.9 + 0.04 = 0.94
+    # sft: mean (0.4 + 0.8) / 2 = 0.6, target 0.8 / 0.6 = 4/3 -> 0.9 + 0.4/3
+    # rl: mean (0 + 0.6) / 2 = 0.3 >= floor, target 0.6 / 0.3 = 2 -> 0.9 * 0.925 + 0.2 = 1.0325
+    dare.update(signals(0.2, 0.8, 0.6), step=10)
+    assert dare.weights() == pytest.approx((0.94, 0.9 + 0.4 / 3, 1.0325), abs=1e-12)
+    # a fading signal keeps lowering the factor: pretrain mean (1.0 + 0) / 3 = 1/3, target 0 -> clipped to 0.25
+    dare.update(signals(0.0, 0.6, 0.3), step=15)
+    assert dare.weights()[0] == pytest.approx(0.9 * 0.94 + 0.025, abs=1e-12)
     assert dare.num_updates == 3 and dare.last_update_step == 15
 
 
 def test_dare_targets_clipped_to_bounds():
-    dare = DAREWeighting(min_factor=0.5, max_factor=2.0, momentum=0.0)
-    # s = (0.9, 0.05, 0.05), mean 1/3: 2.7 -> 2.0, 0.15 -> 0.5, 0.15 -> 0.5
-    assert dare.targets([0.9, 0.05, 0.05]) == pytest.approx([2.0, 0.5, 0.5])
-    dare.update(signals(0.9, 0.05, 0.05), step=1)  # momentum 0: the factor is the target
-    assert dare.weights() == pytest.approx((2.0, 0.5, 0.5))
+    dare = DAREWeighting(min_factor=0.5, max_factor=2.0, momentum=0.0, noise_floor=0.01)
+    dare.update(signals(0.1, 0.1, 0.1), step=1)  # targets 1 (each signal equals its own mean)
+    # pretrain: mean (0.1 + 0.9) / 2 = 0.5, target 1.8; sft: mean 0.1, 0.1 / ... target 0.1/0.1 = 1 -> 1;
+    # rl: 0.0 -> mean 0.05, target 0 -> clipped to 0.5
+    dare.update(signals(0.9, 0.1, 0.0), step=2)  # momentum 0: the factors are the targets
+    assert dare.weights() == pytest.approx((1.8, 1.0, 0.5))
+    dare.update(signals(5.0, 0.1, 0.0), step=3)  # pretrain: mean (0.1 + 0.9 + 5) / 3 = 2, target 2.5 -> 2.0
+    assert dare.weights()[0] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("missing", [None, float("nan"), float("inf")])
 def test_dare_unmeasured_signal_leaves_factor_untouched(missing):
-    dare = DAREWeighting()
+    dare = DAREWeighting(noise_floor=0.05)
     dare.factors = [1.0, 1.7, 1.0]
-    # measured s = (0.5, 0.25), mean 0.375 -> targets 4/3 and 2/3
-    dare.update(signals(0.5, missing, 0.25), step=3)
-    assert dare.weights() == pytest.approx((0.9 + 0.4 / 3, 1.7, 0.9 + 0.2 / 3), abs=1e-12)
+    dare.update(signals(0.5, missing, 0.25), step=3)  # measured ones: target 1 (first measurement)
+    assert dare.weights() == pytest.approx((1.0, 1.7, 1.0), abs=1e-12)
+    assert dare.signal_counts == [1, 0, 1]
 
 
-def test_dare_single_active_objective_never_moves():
-    dare = DAREWeighting(active=(False, True, False))
-    for step, cos in enumerate([0.9, -0.5, 0.1, 0.0]):
-        dare.update(signals(0.1, cos, 0.7), step=step)  # signals of inactive objectives are ignored
-        assert dare.weights() == (1.0, 1.0, 1.0)
-    # and a single *measured* signal among three active objectives is not compared with anything either
-    dare = DAREWeighting()
-    dare.update(signals(None, 0.9, None), step=1)
+def test_dare_single_active_objective_is_compared_with_its_own_history_only():
+    dare = DAREWeighting(active=(False, True, False), momentum=0.0, noise_floor=0.05)
+    dare.update(signals(0.1, 0.6, 0.7), step=0)  # signals of inactive objectives are ignored
     assert dare.weights() == (1.0, 1.0, 1.0)
+    dare.update(signals(0.1, 0.2, 0.7), step=1)  # sft mean 0.4, target 0.5
+    assert dare.weights() == pytest.approx((1.0, 0.5, 1.0))
+    assert dare.signal_counts == [0, 2, 0]
 
 
-def test_dare_inactive_objective_is_excluded_from_the_mean():
-    dare = DAREWeighting(active=(True, True, False), momentum=0.0)
-    # only pretrain and sft: s = (0.6, 0.2), mean 0.4 -> targets 1.5, 0.5; rl keeps 1
-    dare.update(signals(0.6, 0.2, 0.9), step=1)
-    assert dare.weights() == pytest.approx((1.5, 0.5, 1.0))
+def test_dare_objective_without_signal_falls_to_the_minimum():
+    """A constant reward gives signal 0 at every update: the RL factor decays geometrically to the floor."""
+    dare = DAREWeighting(noise_floor=0.05)
+    for step in range(1, 30):
+        dare.update(signals(0.6, 0.5, 0.0), step=step)
+    assert dare.weights()[2] == pytest.approx(0.25 + 0.75 * 0.9**29, abs=1e-12)
+    assert dare.weights()[:2] == pytest.approx((1.0, 1.0))
 
 
 def test_dare_state_round_trip_is_json_and_continues_identically():
@@ -164,13 +167,14 @@ def test_dare_callback_update_steps():
 
 
 def test_dare_callback_update_and_metrics():
-    callback = DARECallback(DAREWeighting(), update_interval=2)
+    callback = DARECallback(DAREWeighting(noise_floor=0.05), update_interval=2)
     callback.update([0.8, 0.4, None], step=2)
-    # s = (0.8, 0.4), mean 0.6 -> targets 4/3, 2/3; factors 0.9 + 0.4/3, 0.9 + 0.2/3, 1
+    callback.update([0.4, 0.4, None], step=4)
+    # pretrain: mean 0.6, target 2/3 -> factor 0.9 + 0.2/3
     callback.last_weights = (0.5, 0.3, 0.2)
     metrics = callback.metrics()
     assert metrics["weight/sft"] == 0.3
-    assert metrics["dare/factor/pretrain"] == pytest.approx(0.9 + 0.4 / 3)
+    assert metrics["dare/factor/pretrain"] == pytest.approx(0.9 + 0.2 / 3)
     assert metrics["dare/factor/rl"] == 1.0
     assert metrics["dare/signal/sft"] == 0.4
     assert "dare/signal/rl" not in metrics  # unmeasured

@@ -311,19 +311,34 @@ class TRAPOConfig(_BaseConfig):
     )
     kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient of the penalty towards the reference."})
     kl_estimator: Literal["k1", "k2", "k3"] = field(
-        default="k1",
+        default="k3",
         metadata={
             "help": "Per-token KL estimator (Schulman, 'Approximating KL divergence'), with log r = log pi_ref - "
-            "log pi: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r."
+            "log pi: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r. k3 (always >= 0) is the default; as a "
+            "loss term k1 has a zero expected gradient, so use k2 or k3 with kl_penalty='loss'."
         },
     )
-    kl_penalty: Literal["reward", "loss"] = field(
-        default="reward",
+    kl_penalty: Literal["auto", "reward", "loss"] = field(
+        default="auto",
         metadata={
-            "help": "'reward': -kl_coef * KL is added to the rewards, as in PPO (per token with a critic, summed per "
-            "sequence without). 'loss': kl_coef * KL is a differentiable term of the loss, as in GRPO."
+            "help": "'reward': -kl_coef * KL is added to the rewards, as in PPO (per token). 'loss': kl_coef * KL is a "
+            "differentiable term of the loss, as in GRPO. 'auto': 'reward' with a value model, 'loss' without — "
+            "with group-relative advantages a KL in the reward is divided by the group's reward std, which turns "
+            "KL noise into full-size advantages in groups whose scores are all equal."
         },
     )
+    sync_ref_model: bool = field(
+        default=False,
+        metadata={
+            "help": "Move the reference towards the policy every `ref_model_sync_steps` optimizer steps, "
+            "ref <- alpha * policy + (1 - alpha) * ref (TR-DPO, huggingface.co/papers/2404.09656). Useful when the "
+            "policy starts far from where it should stay close to, e.g. from random weights in joint training."
+        },
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6, metadata={"help": "alpha of the reference update (1.0 copies the policy)."}
+    )
+    ref_model_sync_steps: int = field(default=512, metadata={"help": "Optimizer steps between two reference updates."})
     entropy_coef: float = field(
         default=0.0, metadata={"help": "Coefficient of the entropy bonus (in nats) subtracted from the RL loss."}
     )
@@ -477,6 +492,10 @@ class TRAPOConfig(_BaseConfig):
             bad("cliprange_value", self.cliprange_value, "use a positive clip range, e.g. 0.2.")
         if self.kl_coef < 0:
             bad("kl_coef", self.kl_coef, "use a value >= 0 (0 disables the KL penalty and the reference model).")
+        if not 0 < self.ref_model_mixup_alpha <= 1:
+            bad("ref_model_mixup_alpha", self.ref_model_mixup_alpha, "use a value in (0, 1].")
+        if self.ref_model_sync_steps < 1:
+            bad("ref_model_sync_steps", self.ref_model_sync_steps, "use a positive number of steps.")
         if self.entropy_coef < 0:
             bad("entropy_coef", self.entropy_coef, "use a value >= 0.")
         if not 0 <= self.gamma <= 1:

@@ -46,6 +46,12 @@ class PPOConfig(TRAPOConfig):
         default="bnpo",
         metadata={"help": "Aggregation of the per-token losses; 'bnpo' is 1.12 PPO's masked mean per micro-batch."},
     )
+    kl_estimator: Literal["k1", "k2", "k3"] = field(
+        default="k1", metadata={"help": "Per-token KL estimator (TRL 1.12 PPO default: k1)."}
+    )
+    kl_penalty: Literal["auto", "reward", "loss"] = field(
+        default="reward", metadata={"help": "PPO puts the KL penalty in the per-token rewards."}
+    )
     num_sample_generations: int = field(
         default=10, metadata={"help": "Number of debugging generations (`generate_completions`) during training."}
     )

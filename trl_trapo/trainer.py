@@ -42,6 +42,7 @@ from transformers import (
 from trl.data_utils import is_conversational
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
+from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import (
     disable_dropout_in_model,
     entropy_from_logits,
@@ -143,6 +144,31 @@ class _StateCheckpointCallback(TrainerCallback):
         directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         if os.path.isdir(directory):
             self.trainer._save_trapo_state(directory)
+        return control
+
+
+class _SyncReferenceCallback(TrainerCallback):
+    """ref <- alpha * policy + (1 - alpha) * ref every `ref_model_sync_steps` (TR-DPO), with TRL's own update for a
+    separate reference model (which gathers ZeRO-3 parameters) and a parameter-wise update of the frozen reference
+    adapter for PEFT policies."""
+
+    def __init__(self, trainer: TRAPOTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps:
+            return control
+        trainer, alpha = self.trainer, args.ref_model_mixup_alpha
+        policy = trainer._unwrapped_policy()
+        if trainer.ref_model is not None:
+            SyncRefModelCallback.sync_target_model(policy, trainer.accelerator.unwrap_model(trainer.ref_model), alpha)
+        else:
+            source, target = f".{policy.active_adapter}.", f".{trainer._ref_adapter}."
+            params = dict(policy.named_parameters())
+            with torch.no_grad():
+                for name, param in params.items():
+                    if source in name:
+                        params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
         return control
 
 
@@ -260,7 +286,7 @@ class TRAPOTrainer(_BaseTrainer):
             logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
         if needs_ref and ref_model is None and self._ref_adapter is None:
             if is_peft_model(model):
-                if created_adapter:
+                if created_adapter and not args.sync_ref_model:
                     self._ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
                     self._ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
@@ -272,6 +298,13 @@ class TRAPOTrainer(_BaseTrainer):
                 disable_dropout_in_model(ref_model)
 
         self._has_critic = value_model is not None
+        # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
+        self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
+        if self.kl_penalty == "loss" and args.kl_estimator == "k1" and args.kl_coef > 0:
+            logger.warning(
+                "kl_penalty='loss' with kl_estimator='k1': the gradient of k1 is zero in expectation, so the KL term "
+                "barely regularises. Use kl_estimator='k3' (or k2)."
+            )
         if self._has_critic:
             if args.disable_dropout:
                 disable_dropout_in_model(value_model)
@@ -413,7 +446,13 @@ class TRAPOTrainer(_BaseTrainer):
         )
         self.curriculum = CurriculumCallback(schedule)
         engine = (
-            DAREWeighting(self.active, args.dare_momentum, args.dare_min_factor, args.dare_max_factor)
+            DAREWeighting(
+                self.active,
+                args.dare_momentum,
+                args.dare_min_factor,
+                args.dare_max_factor,
+                noise_floor=self._probe_noise_floor(model, args),
+            )
             if args.dare_mode == "dynamic"
             else StaticWeighting()
         )
@@ -431,6 +470,13 @@ class TRAPOTrainer(_BaseTrainer):
         self.ref_model = ref_model
         if self.ref_model is not None:
             self.ref_model = self._prepare_frozen(self.ref_model)
+        if args.sync_ref_model and args.kl_coef > 0:
+            if self.ref_model is None and not self._ref_adapter:
+                raise ValueError(
+                    "sync_ref_model=True needs a reference to update: a `ref_model`, or a PEFT policy (its reference "
+                    "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
+                )
+            self.add_callback(_SyncReferenceCallback(self))
         for i, func in enumerate(self.reward_funcs):
             if isinstance(func, nn.Module):
                 self.reward_funcs[i] = self._prepare_frozen(func)
@@ -881,7 +927,7 @@ class TRAPOTrainer(_BaseTrainer):
             if ref_logps is not None:
                 ref[i, : c.numel()] = ref_logps[i]
         kl = kl_estimate(old, ref, args.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
-        kl_coef_reward = args.kl_coef if (args.kl_penalty == "reward" and ref_logps is not None) else 0.0
+        kl_coef_reward = args.kl_coef if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
         valid = ~torch.isnan(scores)
         safe_scores = torch.nan_to_num(scores, nan=0.0)
         returns = old_values = None
@@ -947,6 +993,14 @@ class TRAPOTrainer(_BaseTrainer):
     # =================================================================================================================
     # The loss (public Trainer hook: compute_loss)
     # =================================================================================================================
+    @staticmethod
+    def _probe_noise_floor(model, args: TRAPOConfig) -> float:
+        """Three standard deviations of the cosine of two random vectors of the probe's dimension, 3 / sqrt(D)."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        rows = min(config.vocab_size, args.dare_probe_vocab)
+        dim = min(config.hidden_size, args.dare_probe_dim)
+        return 3.0 / math.sqrt(rows * dim)
+
     def _make_probe(self) -> GradientProbe:
         policy = self._unwrapped_policy()
         config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
@@ -1055,7 +1109,7 @@ class TRAPOTrainer(_BaseTrainer):
         stats: dict[str, torch.Tensor] = {}
         if args.kl_coef > 0 and "ref_per_token_logps" in inputs:
             kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], args.kl_estimator)
-            if args.kl_penalty == "loss":
+            if self.kl_penalty == "loss":
                 per_token = per_token + args.kl_coef * kl
             stats["policy/kl_avg"] = masked_sum(kl.detach(), rl_mask) / n_tokens
         if args.entropy_coef > 0 or self._is_logging_step():
@@ -1302,6 +1356,9 @@ class TRAPOTrainer(_BaseTrainer):
             "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
         }
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
+        if self.args.sync_ref_model and self.ref_model is not None:  # the reference has moved: keep it
+            ref_state = self.accelerator.get_state_dict(self.ref_model)
+            tensors.update({f"ref_model/{k}": v.detach().cpu().clone() for k, v in ref_state.items()})
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
         write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress)
@@ -1331,6 +1388,9 @@ class TRAPOTrainer(_BaseTrainer):
             self.dare.engine.load_state_dict(state["dare"])
             self.replay.load_state_dict(state["replay"], tensors)
             restore_rng(self._generators(), tensors, source)
+            ref_state = {k[len("ref_model/") :]: v for k, v in tensors.items() if k.startswith("ref_model/")}
+            if ref_state:
+                self.accelerator.unwrap_model(self.ref_model).load_state_dict(ref_state, strict=False)
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:

@@ -31,8 +31,10 @@ nothing at other steps. The probe sums are all-reduced across ranks, so every ra
 
 ## From signals to factors
 
-With s_o = max(cosine_o, 0) for each active objective, the target factor is t_o = s_o / mean(s) (all 1 if every
-s_o is 0), clipped to [`dare_min_factor`, `dare_max_factor`]; the factor is smoothed with momentum 0.9,
+Objectives differ by nature in how coherent their gradients are, so each is compared with its own history: the
+target factor is the current signal over the objective's running mean signal (about 1 for a useful objective, above
+1 when its signal grows, below when it fades), and `dare_min_factor` when the mean signal is below the noise floor of
+the probe (no signal at all). Targets are clipped to [`dare_min_factor`, `dare_max_factor`], smoothed with momentum 0.9,
 f_o <- 0.9 f_o + 0.1 t_o, and updated every ceil(sqrt(N)) optimizer steps by default.
 """
 
@@ -112,11 +114,21 @@ class StaticWeighting:
 class DAREWeighting:
     """DARE's dynamic factors from split-half gradient agreement (see the module docstring).
 
+    Each objective is compared with *itself*: the target factor is the current signal divided by the objective's
+    running mean signal, t_o = max(s_o, 0) / mean_{updates}(max(s_o, 0)). Objectives differ a lot in how coherent
+    their gradients are by nature (pretraining text shares frequent tokens; RL signal sits in the few groups whose
+    rewards differ), so comparing raw signals across objectives would starve RL for good. Comparing each with its own
+    history instead gives a useful objective a factor around 1, raises one whose signal is growing (e.g. RL once
+    rewards start to vary), and lowers one whose signal is fading or was never there: an objective whose mean signal
+    is below `noise_floor` (three standard deviations of the cosine of two random vectors of the probe's size) has
+    no signal and gets `min_factor`. Targets are clipped to [`min_factor`, `max_factor`] and smoothed with `momentum`.
+
     Args:
         active (`Sequence[bool]`): which objectives take part; inactive ones keep factor 1 and are ignored.
         momentum (`float`): smoothing momentum (0.9 in the source document).
         min_factor (`float`): lower bound of a factor.
         max_factor (`float`): upper bound of a factor.
+        noise_floor (`float`): mean signal below which an objective counts as carrying no signal.
     """
 
     def __init__(
@@ -125,37 +137,42 @@ class DAREWeighting:
         momentum: float = 0.9,
         min_factor: float = 0.25,
         max_factor: float = 4.0,
+        noise_floor: float = 0.01,
     ):
         self.active = tuple(bool(a) for a in active)
         self.momentum = momentum
         self.min_factor = min_factor
         self.max_factor = max_factor
+        self.noise_floor = noise_floor
         self.factors = [1.0, 1.0, 1.0]
         self.signals: list[float | None] = [None, None, None]
+        self.signal_sums = [0.0, 0.0, 0.0]  # sum of max(signal, 0) over the updates that measured it
+        self.signal_counts = [0, 0, 0]
         self.num_updates = 0
         self.last_update_step = -1
 
     def weights(self) -> tuple[float, float, float]:
         return tuple(self.factors)
 
-    def targets(self, signals: Sequence[float | None]) -> list[float | None]:
-        """Target factor per objective from raw signals (None where no signal was measured)."""
-        measured = [
-            max(float(s), 0.0) if (a and s is not None and math.isfinite(s)) else None
-            for a, s in zip(self.active, signals)
-        ]
-        values = [s for s in measured if s is not None]
-        if len(values) < 2:  # one objective alone has nothing to be compared with
-            return [None, None, None]
-        mean = sum(values) / len(values)
-        if mean <= 0:
-            return [1.0 if s is not None else None for s in measured]
-        return [None if s is None else min(max(s / mean, self.min_factor), self.max_factor) for s in measured]
+    def _observe(self, signals: Sequence[float | None]) -> list[float | None]:
+        """Add newly measured `signals` to the running means; return the target factor per objective (None where
+        nothing was measured). The first measurement of an objective above the noise floor gives a target of 1."""
+        out: list[float | None] = [None, None, None]
+        for i, (active, signal) in enumerate(zip(self.active, signals)):
+            if not active or signal is None or not math.isfinite(signal):
+                continue
+            value = max(float(signal), 0.0)
+            self.signal_sums[i] += value
+            self.signal_counts[i] += 1
+            mean = self.signal_sums[i] / self.signal_counts[i]
+            target = self.min_factor if mean < self.noise_floor else value / mean
+            out[i] = min(max(target, self.min_factor), self.max_factor)
+        return out
 
     def update(self, stats: dict[str, float | None], step: int) -> None:
         signals = [stats.get(f"signal/{name}") for name in OBJECTIVES]
         self.signals = [None if s is None else float(s) for s in signals]
-        for i, target in enumerate(self.targets(self.signals)):
+        for i, target in enumerate(self._observe(self.signals)):
             if target is not None:
                 self.factors[i] = self.momentum * self.factors[i] + (1.0 - self.momentum) * target
         self.num_updates += 1
@@ -166,6 +183,8 @@ class DAREWeighting:
             "strategy": "dare",
             "factors": list(self.factors),
             "signals": list(self.signals),
+            "signal_sums": list(self.signal_sums),
+            "signal_counts": list(self.signal_counts),
             "num_updates": self.num_updates,
             "last_update_step": self.last_update_step,
         }
@@ -189,6 +208,11 @@ class DAREWeighting:
             raise ValueError(f"Corrupted DARE state: signals={signals!r} must be a list of 3 entries.")
         self.factors = [float(f) for f in factors]
         self.signals = [None if s is None else float(s) for s in signals]
+        sums, counts = state.get("signal_sums", [0.0] * 3), state.get("signal_counts", [0] * 3)
+        if len(sums) != 3 or len(counts) != 3 or any(c < 0 for c in counts):
+            raise ValueError(f"Corrupted DARE state: signal_sums={sums!r}, signal_counts={counts!r}.")
+        self.signal_sums = [float(x) for x in sums]
+        self.signal_counts = [int(c) for c in counts]
         self.num_updates = int(state.get("num_updates", 0))
         self.last_update_step = int(state.get("last_update_step", -1))
 
