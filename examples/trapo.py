@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import yaml
 from datasets import load_dataset, load_from_disk
 from transformers import AutoTokenizer
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, TrlParser, get_peft_config, get_quantization_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.rewards import REWARD_FUNCTIONS
@@ -43,28 +43,34 @@ logger = logging.getLogger("trapo")
 # Hyper-parameters of the built-in tiny job (used only when no model is given). Tested on 2 CPU cores.
 BUILTIN_DEFAULTS = dict(
     output_dir="trapo-output",
-    max_steps=300,
+    max_steps=1000,
     per_device_train_batch_size=32,
-    gradient_accumulation_steps=1,
+    gradient_accumulation_steps=2,
     learning_rate=2e-3,
-    lr_scheduler_type="cosine",
-    warmup_steps=15,
+    lr_scheduler_type="cosine_with_min_lr",
+    lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    warmup_steps=30,
+    adam_beta2=0.99,
     weight_decay=0.0,
+    max_grad_norm=1.0,
     logging_steps=10,
     eval_strategy="steps",
-    eval_steps=100,
+    eval_steps=250,
     save_strategy="no",
     report_to="none",
     gradient_checkpointing=False,
     pretrain_max_length=64,
     sft_max_length=32,
-    max_prompt_length=32,
-    response_length=6,
+    max_prompt_length=16,
+    response_length=8,
     num_generations=8,
     temperature=1.0,
     kl_coef=0.01,
+    sync_ref_model=True,  # the tiny model starts from random weights: anchor the KL to a lagging copy, not to noise
+    ref_model_sync_steps=25,
+    ref_model_mixup_alpha=0.5,
     seed=0,
-    per_device_eval_batch_size=128,
+    per_device_eval_batch_size=200,
     dataloader_num_workers=0,
 )
 
@@ -169,13 +175,11 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
     else:
         # step 1. a real model and tokenizer
         model = model_args.model_name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(
-            model, revision=model_args.model_revision, trust_remote_code=model_args.trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(model, revision=model_args.model_revision)
         init_kwargs = dict(
             revision=model_args.model_revision,
-            trust_remote_code=model_args.trust_remote_code,
             attn_implementation=model_args.attn_implementation,
+            quantization_config=get_quantization_config(model_args),
         )
         if model_args.dtype not in (None, "auto"):
             init_kwargs["dtype"] = model_args.dtype
@@ -249,7 +253,7 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         results.update(trainer.evaluate(metric_key_prefix="eval"))
     if builtin:  # the built-in suite's only reward is exact match: its mean reward is the exact-match accuracy
         for key in list(results):
-            if key.startswith("eval_reward"):
+            if key.startswith("eval_reward") and not key.startswith("eval_rewards/"):
                 results[key.replace("eval_reward", "eval_accuracy", 1)] = results[key]
 
     # step 5. save model (or adapter), trainer state and results
