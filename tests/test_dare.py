@@ -37,7 +37,7 @@ def run(tmp_path, setup, reward, updates: int):
         per_device_train_batch_size=32,
         learning_rate=2e-3,
         dare_update_interval=1,  # an update after every step
-        curriculum_mixtures=[1 / 3] * 9,  # constant shares: the weights move only through DARE
+        curriculum_mixtures=[0.25, 0.25, 0.5] * 3,  # constant shares: the weights move only through DARE
         kl_coef=0.0,
         num_generations=8,
         response_length=6,
@@ -76,10 +76,10 @@ def test_constant_reward_loses_weight_within_three_updates(tmp_path, setup):
 
 
 def test_informative_reward_keeps_more_weight_than_constant_reward(tmp_path, setup):
-    # single measurements are noisy (a split-half cosine over a few rows); over 8 updates the informative reward's
+    # single measurements are noisy (a split-half cosine over a few rows); over 10 updates the informative reward's
     # mean signal is clearly above the probe's noise floor and its factor stays near 1
-    informative = run(tmp_path / "informative", setup, letter_a_reward, 8).dare.engine
-    useless = run(tmp_path / "useless", setup, constant_reward, 8).dare.engine
+    informative = run(tmp_path / "informative", setup, letter_a_reward, 10).dare.engine
+    useless = run(tmp_path / "useless", setup, constant_reward, 10).dare.engine
     assert informative.signal_sums[RL] / informative.signal_counts[RL] > informative.noise_floor
     assert useless.signal_sums[RL] == 0.0
     assert informative.weights()[RL] > useless.weights()[RL] + 0.2

@@ -265,12 +265,14 @@ class GradientProbe:
             self.position = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
             self.position[self.rows] = torch.arange(num_rows, device=device)
         self.sums = torch.zeros(3, 2, num_rows, dim, device=device)
-        self.counts = torch.zeros(3, 2, device=device)
+        self.counts = torch.zeros(3, 2, device=device)  # tokens seen per (objective, half)
+        self.informative = torch.zeros(3, 2, device=device)  # of which with a non-zero loss coefficient
 
     def reset(self) -> None:
         """Forget everything accumulated."""
         self.sums.zero_()
         self.counts.zero_()
+        self.informative.zero_()
 
     @torch.no_grad()
     def accumulate(
@@ -318,12 +320,24 @@ class GradientProbe:
                 if selected.any():
                     self.sums[o, h] += delta[selected].T @ hidden[selected]
                     self.counts[o, h] += selected.sum()
+                    self.informative[o, h] += (selected & (coefficients != 0)).sum()
 
     def cosines(self) -> list[float | None]:
-        """Split-half cosine per objective (None where either half is empty); call after reducing `sums`."""
+        """Split-half cosine per objective; call after reducing `sums`, `counts` and `informative` across ranks.
+
+        None where the objective is missing from a half, or where only one half holds tokens with a non-zero
+        coefficient (too little to compare); 0.0 where the objective is present but no token carries any gradient
+        (e.g. RL with a constant reward: every advantage is 0).
+        """
         out: list[float | None] = []
         for o in range(3):
             if self.counts[o, 0] == 0 or self.counts[o, 1] == 0:
+                out.append(None)
+                continue
+            if self.informative[o, 0] == 0 and self.informative[o, 1] == 0:
+                out.append(0.0)
+                continue
+            if self.informative[o, 0] == 0 or self.informative[o, 1] == 0:
                 out.append(None)
                 continue
             a, b = self.sums[o, 0].flatten(), self.sums[o, 1].flatten()
