@@ -163,6 +163,7 @@ def test_collate_rows_per_token_fields_only_on_rows_that_have_them():
         "mask",
         "importance_weight",
         "half",
+        "pool_index",
         "advantages",
         "old_per_token_logps",
     }  # fields no row has (returns, old_values, ref logps) are absent

@@ -7,6 +7,8 @@ Layout of `checkpoint-N/trapo/` (one set of files per rank r):
 |---|---|---|
 | `rank{r}.json` | JSON | counters, samplers, pretraining stream, row allocator, DARE, replay bookkeeping |
 | `rank{r}-tensors.safetensors[.zst]` | safetensors (zstd-compressed when large) | replay trajectories, RNG states |
+| `rank{r}-sft_pool.safetensors` | safetensors | prioritised SFT pool: rows kept, priorities, sampling RNG (if any) |
+| `adapter_bank.json` | JSON | rank 0: the adapter bank's index (snapshots with their files' SHA-256), if any |
 | `rank{r}.complete.json` | JSON | written last: the SHA-256 of every file of the checkpoint this rank relies on |
 
 Every file is written to a temporary name and renamed into place, so a file is either absent or complete; the
@@ -103,14 +105,30 @@ def marker_path(checkpoint_dir: str, rank: int) -> str:
     return os.path.join(checkpoint_dir, STATE_DIR, f"rank{rank}.complete.json")
 
 
-def write_rank_state(checkpoint_dir: str, rank: int, state: dict, tensors: dict[str, torch.Tensor], compress: bool):
-    """Write this rank's state files, then its completion marker (with the hashes of every file it relies on)."""
+def write_rank_state(
+    checkpoint_dir: str,
+    rank: int,
+    state: dict,
+    tensors: dict[str, torch.Tensor],
+    compress: bool,
+    extra_files: dict[str, bytes] | None = None,
+):
+    """Write this rank's state files, then its completion marker (with the hashes of every file it relies on).
+
+    Args:
+        extra_files (`dict[str, bytes]`, *optional*): more files of this rank's state, by name inside `trapo/`
+            (e.g. `rank0-sft_pool.safetensors`); written before the marker, which fingerprints them too.
+    """
     directory = os.path.join(checkpoint_dir, STATE_DIR)
     json_path = os.path.join(directory, f"rank{rank}.json")
     tensor_path = os.path.join(directory, f"rank{rank}-tensors.safetensors" + (".zst" if compress else ""))
     atomic_write_json(json_path, state)
     atomic_write_bytes(tensor_path, encode_tensors(tensors, compress))
-    files = {os.path.relpath(p, checkpoint_dir): sha256_file(p) for p in (json_path, tensor_path)}
+    paths = [json_path, tensor_path]
+    for name, data in (extra_files or {}).items():
+        paths.append(os.path.join(directory, name))
+        atomic_write_bytes(paths[-1], data)
+    files = {os.path.relpath(p, checkpoint_dir): sha256_file(p) for p in paths}
     if rank == 0:
         for name in TRAINER_FILES:
             path = os.path.join(checkpoint_dir, name)
@@ -135,7 +153,9 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
         try:
             with open(marker, encoding="utf-8") as handle:
                 listed = json.load(handle)["files"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            if not isinstance(listed, dict):
+                raise TypeError("'files' is not a mapping")
+        except (ValueError, KeyError, TypeError) as error:  # ValueError: bad JSON or bytes that are not UTF-8
             raise CheckpointError(f"{marker} is corrupted ({error}).") from error
         for name, digest in listed.items():
             path = os.path.join(checkpoint_dir, name)
@@ -158,12 +178,32 @@ def read_rank_state(checkpoint_dir: str, rank: int) -> tuple[dict, dict[str, tor
     try:
         with open(json_path, encoding="utf-8") as handle:
             state = json.load(handle)
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # bad JSON, or bytes that are not UTF-8
         raise CheckpointError(f"{json_path} is corrupted ({error}).") from error
     tensor_path = os.path.join(directory, tensor_name)
     with open(tensor_path, "rb") as handle:
         tensors = decode_tensors(handle.read(), tensor_path)
     return state, tensors
+
+
+def read_state_file(checkpoint_dir: str, name: str) -> dict | dict[str, torch.Tensor] | None:
+    """An extra state file of `checkpoint-N/trapo/` (see `write_rank_state`): JSON for `.json` names, tensors for
+    safetensors; None if the checkpoint has no such file (call `verify_checkpoint` first).
+
+    Raises:
+        CheckpointError: naming the file, if it cannot be parsed.
+    """
+    path = os.path.join(checkpoint_dir, STATE_DIR, name)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if name.endswith(".json"):
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{path} is corrupted ({error}).") from error
+    return decode_tensors(data, path)
 
 
 def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | None, list[str]]:
@@ -209,5 +249,6 @@ __all__ = [
     "write_rank_state",
     "verify_checkpoint",
     "read_rank_state",
+    "read_state_file",
     "last_complete_checkpoint",
 ]

@@ -19,8 +19,10 @@ Tensor layout of a collated micro-batch (B rows, L = longest row, T = L - 1 targ
 | `ref_per_token_logps` | (B, T) | RL: reference log-probs (nats); 0 elsewhere |
 | `advantages` | (B, T) | RL: per-token advantages; 0 elsewhere |
 | `returns`, `old_values` | (B, T) | RL with a critic: GAE returns and rollout-time values |
-| `importance_weight` | (B,) | RL: extra detached weight of a stale row (1 by default) |
+| `importance_weight` | (B,) | RL: extra detached weight of a stale row; SFT: prioritised-replay weight (1 by default) |
 | `half` | (B,) | 0/1, the DARE probe half of the row |
+| `pool_index` | (B,) | SFT: the row's slot in the SFT pool, for per-row feedback; -1 for other rows |
+| `temperature` | (B,) | only when some row carries one: RL rows' own sampling temperature (0: the configured one) |
 """
 
 from __future__ import annotations
@@ -139,8 +141,11 @@ def collate_rows(rows: list[dict], pad_token_id: int) -> dict[str, torch.Tensor]
         "mask": mask,
         "importance_weight": torch.tensor([float(r.get("importance_weight", 1.0)) for r in rows]),
         "half": torch.tensor([int(r.get("half", i % 2)) for i, r in enumerate(rows)], dtype=torch.long),
+        "pool_index": torch.tensor([int(r.get("pool_index", -1)) for r in rows], dtype=torch.long),
         **fields,
     }
+    if any("temperature" in r for r in rows):
+        batch["temperature"] = torch.tensor([float(r.get("temperature", 0.0)) for r in rows])
     return batch
 
 

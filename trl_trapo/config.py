@@ -402,6 +402,107 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
+    # Memory pool: long-term SFT pool, adapter bank, few-shot mode (trl_trapo/sft_pool.py, adapter_bank.py, fewshot.py)
+    # ------------------------------------------------------------------------------------------------------------
+    sft_sampling: Literal["uniform", "prioritized"] = field(
+        default="uniform",
+        metadata={
+            "help": "How SFT rows are drawn. 'uniform': seeded epochs over the dataset (every row once per epoch). "
+            "'prioritized': prioritised experience replay (huggingface.co/papers/1511.05952) from a memory-mapped "
+            "copy of the tokenised SFT data under output_dir/sft_pool, P(i) ~ p_i^alpha with p_i the mean over "
+            "completion tokens of 1 - p(y_t) (a gradient-norm proxy from the training forward) and importance weights "
+            "multiplying the SFT loss. 'uniform' is the default: it keeps every demonstration equally weighted and "
+            "needs no disk copy, and prioritising high-loss rows also oversamples noisy or unlearnable ones."
+        },
+    )
+    sft_priority_alpha: float = field(
+        default=0.6,
+        metadata={"help": "Priority exponent alpha of the prioritised SFT pool (0: uniform; paper: 0.6)."},
+    )
+    sft_priority_beta: float = field(
+        default=0.4,
+        metadata={
+            "help": "Importance-sampling exponent beta of the prioritised SFT pool at step 0, annealed linearly to 1 "
+            "at the last planned step (huggingface.co/papers/1511.05952: 0.4 -> 1)."
+        },
+    )
+    sft_pool_max_bytes: int | None = field(
+        default=None,
+        metadata={
+            "help": "Disk budget of the prioritised SFT pool (all ranks together). None: 5%% of the free space of "
+            "output_dir's filesystem at start (the source document's figure). Rows beyond it are dropped (a seeded "
+            "random subset is kept, with a warning)."
+        },
+    )
+    adapter_snapshot_steps: int = field(
+        default=1000,
+        metadata={
+            "help": "PEFT policies: snapshot the adapter every this many optimizer steps into "
+            "output_dir/adapter_bank/step-N (0 disables the bank)."
+        },
+    )
+    max_adapter_snapshots: int = field(
+        default=10, metadata={"help": "Adapter snapshots kept (the oldest is deleted first)."}
+    )
+    adapter_rollback_reward_drop: float | None = field(
+        default=None,
+        metadata={
+            "help": "Automatic rollback: at a snapshot step, if the mean reward since the previous snapshot is below "
+            "best - this * |best| (best: the best kept snapshot's mean reward), the adapter is restored from that "
+            "snapshot (Adam moments of the adapter reset, replay emptied). None: off."
+        },
+    )
+    adapter_rollback_kl_max: float | None = field(
+        default=None,
+        metadata={
+            "help": "Automatic rollback when the mean per-sequence KL to the reference (nats) since the previous "
+            "snapshot exceeds this bound (to the best snapshot within the bound). None: off."
+        },
+    )
+    fewshot_mode: bool = field(
+        default=False,
+        metadata={
+            "help": "Few-shot mode (trl_trapo/fewshot.py): replay trajectories reused up to `fewshot_max_uses` "
+            "times, rollout temperature annealed with sigma (`fewshot_sigma`), and RL prompts and SFT rows drawn "
+            "preferring prototypes (tasks or clusters of prompt embeddings) with low recent reward or few samples."
+        },
+    )
+    fewshot_max_uses: int = field(
+        default=5,
+        metadata={"help": "Few-shot mode: uses per replay trajectory (the larger of this and num_ppo_epochs)."},
+    )
+    fewshot_sigma: list[float] = field(
+        default_factory=lambda: [0.3, 0.1],
+        metadata={
+            "help": "Few-shot mode: [start, end] of the exploration noise sigma, linear over the planned steps; the "
+            "rollout temperature is temperature * sigma(t) / start (the source document: 0.3 -> 0.1)."
+        },
+    )
+    fewshot_task_column: str | None = field(
+        default="task",
+        metadata={
+            "help": "Few-shot mode: RL dataset column naming each prompt's task (one prototype per task). Without it "
+            "(or None), prototypes are clusters of prompt embeddings."
+        },
+    )
+    fewshot_num_prototypes: int = field(
+        default=8, metadata={"help": "Few-shot mode without a task column: number of prompt clusters."}
+    )
+    fewshot_candidates: int = field(
+        default=4,
+        metadata={
+            "help": "Few-shot mode: candidates drawn per RL prompt / SFT row kept (the preference acts on them)."
+        },
+    )
+    fewshot_strength: float = field(
+        default=2.0,
+        metadata={
+            "help": "Few-shot mode: candidates are kept with probability ~ exp(strength * need), need in [0, 1] "
+            "(so at most e^strength times more likely). 0: no preference."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
     # Robustness
     # ------------------------------------------------------------------------------------------------------------
     max_nonfinite_steps: int = field(
@@ -423,11 +524,135 @@ class TRAPOConfig(_BaseConfig):
         metadata={"help": "How many times during training to log a table of sample completions (0: never)."},
     )
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Hyper-parameter schedules (the source document's recipe; see trl_trapo/schedules.py)
+    # ------------------------------------------------------------------------------------------------------------
+    rl_phase_learning_rate: float | None = field(
+        default=None,
+        metadata={
+            "help": "Learning rate from the curriculum's last (RL-heavy) phase on: the scheduler's peak learning rate "
+            "becomes this value at the phase boundary (warm-up / decay shape unchanged). The source document drops "
+            "5e-5 to 3e-5. None: keep `learning_rate` throughout."
+        },
+    )
+    late_entropy_coef: float | None = field(
+        default=None,
+        metadata={
+            "help": "`entropy_coef` from the curriculum's last phase on (the source document: 0.01 -> 0.005). None: "
+            "keep `entropy_coef` throughout."
+        },
+    )
+    kl_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive KL control (Ziegler et al., huggingface.co/papers/1909.08593, section 2.2): the target "
+            "per-sequence KL to the reference (nats, `objective/kl`). After each optimizer step with new rollouts, "
+            "kl_coef <- kl_coef * (1 + clip((KL - target) / target, -0.2, 0.2) * n / kl_horizon), n = rollouts "
+            "since the last update (all ranks). Starts from `kl_coef`. None: `kl_coef` stays fixed."
+        },
+    )
+    kl_horizon: float = field(
+        default=10_000,
+        metadata={"help": "Horizon of the adaptive KL controller, in rollouts (10000 in TRL's former PPOTrainer)."},
+    )
+    kl_coef_range: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "[min, max] the adaptive KL coefficient is clipped to (the source document: [0.1, 0.3]). Only "
+            "with `kl_target`. None: unbounded."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Distributed training
+    # ------------------------------------------------------------------------------------------------------------
+    ddp_comm_hook: Literal["none", "fp16", "bf16", "powersgd"] = field(
+        default="none",
+        metadata={
+            "help": "DDP gradient-communication hook (PyTorch's, registered through accelerate): 'fp16' / 'bf16' "
+            "all-reduce the gradient buckets in half precision (half the bytes; 'bf16' needs NCCL >= 2.10 or XPU); "
+            "'powersgd' sends a rank-`powersgd_rank` PowerSGD approximation with error feedback "
+            "(huggingface.co/papers/1905.13727). DDP only (not DeepSpeed / FSDP, which communicate differently). "
+            "'none': plain fp32 all-reduce."
+        },
+    )
+    powersgd_rank: int = field(
+        default=1, metadata={"help": "Matrix approximation rank of PowerSGD (`ddp_comm_hook='powersgd'`)."}
+    )
+    powersgd_start_iter: int = field(
+        default=1_000,
+        metadata={
+            "help": "PowerSGD runs plain all-reduce for this many backward passes before compressing (PyTorch's "
+            "default warm-up; must be >= 2)."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Rollouts with vLLM (GPU only; untested on this project's CPU CI)
+    # ------------------------------------------------------------------------------------------------------------
+    use_vllm: bool = field(
+        default=False,
+        metadata={
+            "help": "Generate rollouts with vLLM through TRL's `VLLMGeneration` (weights, LoRA merged, are pushed to "
+            "vLLM after every optimizer step that is followed by a generation round). Behaviour log-probs are then "
+            "recomputed by the training model, so the first-use ratio stays exactly 1. Needs `pip install vllm` "
+            "and a GPU; the model must be a local directory or Hub id (vLLM loads it itself)."
+        },
+    )
+    vllm_mode: Literal["colocate", "server"] = field(
+        default="colocate",
+        metadata={
+            "help": "'colocate': one vLLM engine inside every training process, sharing its GPU. 'server': a "
+            "separate `trl vllm-serve` server at `vllm_server_base_url`."
+        },
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3,
+        metadata={"help": "Colocate mode: fraction of each GPU's memory vLLM may take (weights + KV cache)."},
+    )
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Colocate mode: GPUs per vLLM engine (must divide the number of processes)."}
+    )
+    vllm_max_model_length: int | None = field(
+        default=None,
+        metadata={"help": "vLLM context length. None: max_prompt_length + response_length."},
+    )
+    vllm_enable_sleep_mode: bool = field(
+        default=False,
+        metadata={"help": "Colocate mode: offload vLLM's weights and KV cache during the optimizer step."},
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Server mode: base URL of the vLLM server (default http://0.0.0.0:8000)."}
+    )
+
     def __post_init__(self):
+        self._cpu_distributed_defaults()
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         super().__post_init__()
         self._validate()
+
+    def _cpu_distributed_defaults(self) -> None:
+        """Make a multi-process launch on a machine without an accelerator really distributed.
+
+        On such a machine accelerate only forms a process group when told to: `accelerate launch --multi_gpu
+        --num_processes 2` otherwise starts two *independent* single-process runs (no gradient synchronisation, both
+        "rank 0", both writing the same files), and under DeepSpeed (`DS_ACCELERATOR=cpu`) it reports one process
+        while DeepSpeed averages gradients over all of them. So: plain multi-process -> `use_cpu=True` (gloo DDP);
+        DeepSpeed -> `ddp_backend="gloo"` (a CPU `use_cpu` would switch DeepSpeed off). FSDP is left alone: accelerate
+        has no FSDP without an accelerator, and the trainer raises a clear error.
+        """
+        import os
+
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.accelerator.is_available():
+            return
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+            return  # accelerate has no FSDP without an accelerator; the trainer says so (distributed.check_launch)
+        if bool(self.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            if self.ddp_backend is None:
+                self.ddp_backend = "gloo"
+        elif not self.use_cpu:
+            self.use_cpu = True
 
     # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
     def _validate(self) -> None:
@@ -528,6 +753,85 @@ class TRAPOConfig(_BaseConfig):
             bad("reward_weights", self.reward_weights, "use finite numbers.")
         if self.stop_token is not None and self.stop_token != "eos":
             bad("stop_token", self.stop_token, "use 'eos' or None (or set stop_token_id).")
+        self._validate_schedules_and_distribution(bad)
+        self._validate_memory_pool(bad)
+
+    def _validate_schedules_and_distribution(self, bad) -> None:
+        late = ("rl_phase_learning_rate", "late_entropy_coef")
+        if any(getattr(self, name) is not None for name in late) and not self.curriculum_boundaries:
+            name = next(name for name in late if getattr(self, name) is not None)
+            bad(name, getattr(self, name), "it applies from the curriculum's last phase: keep curriculum_boundaries.")
+        if self.rl_phase_learning_rate is not None and not self.rl_phase_learning_rate > 0:
+            bad("rl_phase_learning_rate", self.rl_phase_learning_rate, "use a positive learning rate, or None.")
+        if self.late_entropy_coef is not None and self.late_entropy_coef < 0:
+            bad("late_entropy_coef", self.late_entropy_coef, "use a value >= 0, or None.")
+        if self.kl_target is not None:
+            if not self.kl_target > 0:
+                bad("kl_target", self.kl_target, "use a positive per-sequence KL in nats (e.g. 6.0), or None.")
+            if not self.kl_coef > 0:
+                bad("kl_target", self.kl_target, "adaptive KL starts from kl_coef: set kl_coef > 0.")
+        if not self.kl_horizon > 0:
+            bad("kl_horizon", self.kl_horizon, "use a positive number of rollouts (e.g. 10000).")
+        if self.kl_coef_range is not None:
+            bounds = list(self.kl_coef_range)
+            if self.kl_target is None:
+                bad("kl_coef_range", bounds, "it bounds the adaptive KL coefficient: set kl_target too, or drop it.")
+            if len(bounds) != 2 or not 0 < bounds[0] <= bounds[1]:
+                bad("kl_coef_range", bounds, "give [min, max] with 0 < min <= max, e.g. [0.1, 0.3].")
+            if not bounds[0] <= self.kl_coef <= bounds[1]:
+                bad("kl_coef", self.kl_coef, f"the adaptive KL starts from kl_coef: choose it within {bounds}.")
+        if self.powersgd_rank < 1:
+            bad("powersgd_rank", self.powersgd_rank, "use a matrix approximation rank >= 1.")
+        if self.powersgd_start_iter < 2:
+            bad("powersgd_start_iter", self.powersgd_start_iter, "PyTorch's PowerSGD needs at least 2.")
+        if self.use_vllm:
+            if not 0 < self.vllm_gpu_memory_utilization <= 1:
+                bad("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, "use a fraction in (0, 1].")
+            if self.vllm_tensor_parallel_size < 1:
+                bad("vllm_tensor_parallel_size", self.vllm_tensor_parallel_size, "use an integer >= 1.")
+            if self.vllm_max_model_length is not None and (
+                self.vllm_max_model_length < self.max_prompt_length + self.response_length
+            ):
+                bad(
+                    "vllm_max_model_length",
+                    self.vllm_max_model_length,
+                    f"use at least max_prompt_length + response_length = "
+                    f"{self.max_prompt_length + self.response_length}, or None.",
+                )
+
+    def _validate_memory_pool(self, bad) -> None:
+        if self.sft_priority_alpha < 0:
+            bad("sft_priority_alpha", self.sft_priority_alpha, "use a value >= 0 (0 samples uniformly; paper: 0.6).")
+        if not 0 <= self.sft_priority_beta <= 1:
+            bad("sft_priority_beta", self.sft_priority_beta, "use a value in [0, 1] (paper: 0.4, annealed to 1).")
+        if self.sft_pool_max_bytes is not None and self.sft_pool_max_bytes < 1:
+            bad("sft_pool_max_bytes", self.sft_pool_max_bytes, "use a positive number of bytes, or None (5% of free).")
+        if self.adapter_snapshot_steps < 0:
+            bad("adapter_snapshot_steps", self.adapter_snapshot_steps, "use a positive number of steps, or 0 (off).")
+        if self.max_adapter_snapshots < 1:
+            bad("max_adapter_snapshots", self.max_adapter_snapshots, "keep at least 1 snapshot.")
+        if self.adapter_rollback_reward_drop is not None and not self.adapter_rollback_reward_drop >= 0:
+            bad("adapter_rollback_reward_drop", self.adapter_rollback_reward_drop, "use a fraction >= 0, or None.")
+        if self.adapter_rollback_kl_max is not None and not self.adapter_rollback_kl_max > 0:
+            bad("adapter_rollback_kl_max", self.adapter_rollback_kl_max, "use a positive KL in nats, or None.")
+        if self.fewshot_max_uses < 1:
+            bad("fewshot_max_uses", self.fewshot_max_uses, "use an integer >= 1 (the source document: 5).")
+        sigma = list(self.fewshot_sigma)
+        if len(sigma) != 2 or not (sigma[0] > 0 and sigma[1] > 0):
+            bad("fewshot_sigma", sigma, "give [start, end], both > 0, e.g. [0.3, 0.1].")
+        if self.fewshot_num_prototypes < 1:
+            bad("fewshot_num_prototypes", self.fewshot_num_prototypes, "use an integer >= 1.")
+        if self.fewshot_candidates < 1:
+            bad("fewshot_candidates", self.fewshot_candidates, "use an integer >= 1 (1: no preference).")
+        if self.fewshot_strength < 0:
+            bad("fewshot_strength", self.fewshot_strength, "use a value >= 0.")
+        if self.fewshot_mode and self.use_vllm:
+            bad(
+                "fewshot_mode",
+                True,
+                "few-shot mode anneals the sampling temperature per round, which vLLM rollouts do not support yet: "
+                "set use_vllm=False.",
+            )
 
     @property
     def objective_weights(self) -> tuple[float, float, float]:

@@ -1,10 +1,14 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The mixed memory pool: the short-term RL replay buffer and the long-term SFT pool.
+"""The mixed memory pool: the short-term RL replay buffer and the long-term SFT pools (uniform and prioritised).
 
 The replay buffer *is* the rollout buffer: trajectories are stored with their behaviour log-probs, and PPO's
 "several epochs over a batch" becomes "each trajectory is served at most `max_uses` times". Serving least-used first
 (random among equals) reproduces PPO's epoch structure exactly when a generation round is consumed before the next
 one; a stale trajectory is corrected by the clipped ratio against its behaviour log-probs.
+
+The long-term SFT pool serves demonstrations either in seeded epochs ([`SFTPool`], `sft_sampling="uniform"`) or by
+prioritised experience replay ([`PrioritizedSFTPool`], `sft_sampling="prioritized"`) from a memory-mapped Arrow copy
+under `output_dir`. Both put a `pool_index` on every row they serve, so the trainer can report per-row feedback.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import zstandard
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from .data import RL, SFT, ShardedSampler, sft_row
+from .data import RL, SFT
 
 
 logger = logging.getLogger(__name__)
@@ -64,6 +68,8 @@ def trajectory_row(trajectory: dict) -> dict[str, torch.Tensor]:
         full[p - 1 :] = value.float()
         row["mask" if name == "completion_mask" else name] = full
     row["importance_weight"] = torch.tensor(float(trajectory.get("importance_weight", 1.0)))
+    if trajectory.get("temperature") is not None:  # the trajectory's own sampling temperature (few-shot mode)
+        row["temperature"] = float(trajectory["temperature"])
     return row
 
 
@@ -118,6 +124,12 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def clear(self) -> None:
+        """Drop every stored trajectory (e.g. after a policy rollback made their behaviour log-probs meaningless)."""
+        for key in list(self._items):
+            self._remove(key)
+        self._unexpired.clear()
 
     def _remove(self, key: int) -> None:
         item = self._items.pop(key)
@@ -329,30 +341,17 @@ class ReplayBuffer:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-class SFTPool:
-    """The SFT sample pool: tokenised demonstrations served in seeded per-rank epochs.
-
-    Args:
-        dataset (`Dataset`): tokenised SFT dataset (`input_ids`, `completion_mask`), see `tokenize_sft_dataset`.
-        seed, rank, world_size: sharding, as in [`ShardedSampler`].
-    """
-
-    def __init__(self, dataset, seed: int = 0, rank: int = 0, world_size: int = 1):
-        self.dataset = dataset
-        self.sampler = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
-
-    def take(self, n: int) -> list[dict[str, torch.Tensor]]:
-        """The next `n` SFT rows (`input_ids` (L,), `mask` (L - 1,))."""
-        if n == 0:
-            return []
-        batch = self.dataset.select(self.sampler.take(n))
-        return [sft_row(ids, mask) for ids, mask in zip(batch["input_ids"], batch["completion_mask"])]
-
-    def state_dict(self) -> dict:
-        return {"sampler": self.sampler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state["sampler"])
+# The long-term SFT pools live in `sft_pool.py`; they are part of the memory pool's public API here too.
+from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy  # noqa: E402
 
 
-__all__ = ["ReplayBuffer", "SFTPool", "trajectory_row", "TOKEN_FIELDS", "SFT"]
+__all__ = [
+    "ReplayBuffer",
+    "SFTPool",
+    "PrioritizedSFTPool",
+    "SumMinTree",
+    "sft_priority_proxy",
+    "trajectory_row",
+    "TOKEN_FIELDS",
+    "SFT",
+]

@@ -95,6 +95,7 @@ def generate(
     temperature: float,
     batch_size: int | None = None,
     record_logps: bool = True,
+    synced_gpus: bool | None = None,
 ) -> dict[str, Any]:
     """Sample one completion per prompt (repeat prompts for several generations) and record behaviour log-probs.
 
@@ -107,6 +108,8 @@ def generate(
         temperature (`float`): the sampling temperature (for the recorded log-probs).
         batch_size (`int`, *optional*): prompts per `generate` call (all at once when None).
         record_logps (`bool`): record behaviour log-probs (False for greedy evaluation).
+        synced_gpus (`bool`, *optional*): passed to `generate` when not None. False when the weights are local (e.g.
+            ZeRO-3 weights gathered), so ranks need not generate in lockstep; None lets transformers decide.
 
     Returns:
         `dict` with `completion_ids` (list of `(C_i,)` tensors, cut after the stop token), `old_per_token_logps`
@@ -125,6 +128,7 @@ def generate(
             attention_mask=attention_mask,
             generation_config=generation_config,
             logits_processor=LogitsProcessorList([recorder] if recorder is not None else []),
+            **({} if synced_gpus is None else {"synced_gpus": synced_gpus}),
         )
         completion_ids = sequences[:, input_ids.shape[1] :]
         chunk_logps = recorder.finish(sequences) if recorder is not None else torch.zeros(completion_ids.shape)

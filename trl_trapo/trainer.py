@@ -23,7 +23,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -77,6 +77,18 @@ from .data import (
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
+from .distributed import (
+    DDPCommHookCallback,
+    any_rank,
+    check_launch,
+    full_state_dict,
+    generation_synced_gpus,
+    load_full_state_dict,
+    reduce_named_means,
+    reduce_replay_metrics,
+    zero3_reference_copy,
+)
+from .fewshot import replay_max_uses
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -90,7 +102,8 @@ from .losses import (
     sft_token_weights,
     truncated_is_policy_loss,
 )
-from .memory import ReplayBuffer, SFTPool, trajectory_row
+from .memory import ReplayBuffer, trajectory_row
+from .memory_pool import MemoryPool
 from .models import PolicyAndValueWrapper, add_frozen_adapter_copy
 from .rollout import (
     call_reward_function,
@@ -100,6 +113,7 @@ from .rollout import (
     reward_model_scores,
     value_predictions,
 )
+from .schedules import ScheduleCallback
 from .weighting import DARECallback, DAREWeighting, GradientProbe, StaticWeighting, combine_weights
 
 
@@ -401,6 +415,7 @@ class TRAPOTrainer(_BaseTrainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        check_launch(self.accelerator)
 
         # ---- step 5. per-rank pools, curriculum, DARE, replay ----------------------------------------------------
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
@@ -418,9 +433,9 @@ class TRAPOTrainer(_BaseTrainer):
             if self.active[PRETRAIN]
             else None
         )
-        self._sft_pool = (
-            SFTPool(self._sft_dataset, seed=seed + 1, rank=rank, world_size=world) if self.active[SFT] else None
-        )
+        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory_pool.py)
+        self.memory_pool = MemoryPool(self, rank, world)
+        self._sft_pool = self.memory_pool.sft_pool
         self._prompt_sampler = (
             ShardedSampler(len(self._rl_dataset), seed=seed + 2, rank=rank, world_size=world)
             if self.active[RL]
@@ -429,7 +444,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.replay = ReplayBuffer(
             capacity=args.replay_capacity,
             max_bytes=args.replay_max_bytes,
-            max_uses=args.num_ppo_epochs,
+            max_uses=replay_max_uses(args),  # num_ppo_epochs, raised in few-shot mode
             max_age=args.replay_max_age,
             seed=seed + 3 + rank,
             compress=args.replay_compress,
@@ -460,6 +475,10 @@ class TRAPOTrainer(_BaseTrainer):
         self.dare = DARECallback(engine, interval)
         self.add_callback(self.curriculum)
         self.add_callback(self.dare)
+        # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
+        self.schedules = ScheduleCallback(self, (schedule.boundary_steps or [None])[-1])
+        self.add_callback(self.schedules)
+        self.add_callback(DDPCommHookCallback(self))
         self._probe: GradientProbe | None = None
         self._row_generator = torch.Generator().manual_seed(seed + 4 + rank)
         # Rollout sampling draws from its own checkpointed generator (through `fork_rng`), so a resumed run samples
@@ -482,6 +501,11 @@ class TRAPOTrainer(_BaseTrainer):
                 self.reward_funcs[i] = self._prepare_frozen(func)
 
         self.generation_config = self._build_generation_config(args, processing_class)
+        self._vllm = None
+        if args.use_vllm and self.active[RL]:
+            from .vllm_rollouts import VLLMRollouts
+
+            self._vllm = VLLMRollouts(self)
         self._stop_token_id = self.generation_config.eos_token_id
         if isinstance(self._stop_token_id, list):
             self._stop_token_id = self._stop_token_id[0]
@@ -531,6 +555,8 @@ class TRAPOTrainer(_BaseTrainer):
 
         if is_deepspeed_zero3_enabled():
             if not model_id or not (os.path.isdir(model_id) or "/" in model_id or not os.path.exists(model_id)):
+                if any(hasattr(p, "ds_id") for p in model.parameters()):  # partitioned, e.g. built from a config
+                    return zero3_reference_copy(model)  # rebuilt from the config, filled parameter by parameter
                 raise ValueError(
                     "Under DeepSpeed ZeRO-3 the reference model cannot be deep-copied from the (partitioned) policy; "
                     "pass `ref_model` explicitly or pass `model` as a model id / path."
@@ -667,7 +693,7 @@ class TRAPOTrainer(_BaseTrainer):
         if counts[PRETRAIN]:
             rows += self._pretrain_stream.take(counts[PRETRAIN])
         if counts[SFT]:
-            rows += self._sft_pool.take(counts[SFT])
+            rows += self.memory_pool.take_sft(counts[SFT], step)
         if counts[RL]:
             rows += self._take_rl(counts[RL], step)
         order = torch.randperm(len(rows), generator=self._row_generator).tolist()
@@ -704,7 +730,9 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _take_rl(self, n: int, step: int) -> list[dict]:
         for _ in range(20):
-            if self.replay.num_available(step) >= n:
+            # every rank generates when any rank needs to: a round gathers ZeRO-3 weights (a collective), and
+            # replay buffers can differ across ranks (rewards of None drop rollouts)
+            if not any_rank(self.accelerator, self.replay.num_available(step) < n):
                 break
             self._generate_round(n, step)
         else:
@@ -726,9 +754,13 @@ class TRAPOTrainer(_BaseTrainer):
         args = self.args
         group = 1 if self._has_critic else args.num_generations
         num_prompts = max(math.ceil(rows_needed * args.num_mini_batches / group), 1)
-        examples = [self._rl_dataset[i] for i in self._prompt_sampler.take(num_prompts)]
+        examples = [self._rl_dataset[i] for i in self.memory_pool.select_prompts(num_prompts)]
         examples = [e for e in examples for _ in range(group)]
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+        if self._vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are process_rollouts'
+            completion_ids = self._vllm.generate([p.tolist() for p in prompt_ids], group, step)
+            self.replay.add(self.process_rollouts(examples, completion_ids, None, group), step)
+            return
         with self._unwrapped_for_rollouts() as unwrapped:
             # step 1. generate (behaviour log-probs are recorded during sampling)
             policy = self._policy_for_generation(unwrapped)
@@ -744,6 +776,7 @@ class TRAPOTrainer(_BaseTrainer):
                     self._stop_token_id,
                     args.temperature,
                     batch_size=args.local_rollout_forward_batch_size,
+                    synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
                 )
             # steps 2-4. reference log-probs, values, scores, advantages
             trajectories = self._score_rollouts(
@@ -837,6 +870,8 @@ class TRAPOTrainer(_BaseTrainer):
         self._episode += len(examples) * self.accelerator.num_processes
         self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
         self._record_rollout_metrics(completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop)
+        # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
+        self.memory_pool.observe_rollouts(scores, old_logps, ref_logps, trajectories)
         return trajectories
 
     def _reference_logps(self, policy, prompt_ids, completion_ids) -> list[torch.Tensor] | None:
@@ -982,6 +1017,7 @@ class TRAPOTrainer(_BaseTrainer):
             for o, r in zip(old_logps, ref_logps):
                 kl_sum += float(kl_estimate(o, r, self.args.kl_estimator).sum())
         sums["objective/kl"] += kl_sum
+        self.schedules.observe_rollouts(kl_sum, n)  # the adaptive KL controller's input
         sums["objective/entropy"] += float(sum(-o.sum() for o in old_logps))
         sums["completions/mean_length"] += float(sum(c.numel() for c in completion_ids))
         sums["completions/clipped_ratio"] += float(is_truncated.float().sum())
@@ -1047,7 +1083,11 @@ class TRAPOTrainer(_BaseTrainer):
         logits = outputs.logits[:, :-1]  # (B, T, V)
         targets = input_ids[:, 1:]  # (B, T)
         temperature = args.temperature
-        if temperature != 1.0 and bool(rl_rows.any()):
+        if "temperature" in inputs:  # RL rows' own sampling temperatures (few-shot mode anneals it); 0: configured
+            row_temperature = torch.where(inputs["temperature"] > 0, inputs["temperature"], temperature)
+            scale = torch.where(rl_rows, 1.0 / row_temperature, 1.0).to(logits.dtype)
+            logits = logits * scale[:, None, None]
+        elif temperature != 1.0 and bool(rl_rows.any()):
             scale = torch.where(rl_rows, 1.0 / temperature, 1.0).to(logits.dtype)
             logits = logits * scale[:, None, None]
         per_token_logps = selective_log_softmax(logits, targets)  # (B, T) nats
@@ -1059,6 +1099,7 @@ class TRAPOTrainer(_BaseTrainer):
         loss_pretrain = masked_sum(nll, masks[PRETRAIN]) / max(total_counts[PRETRAIN], 1.0)
         sft_weights = sft_token_weights(per_token_logps, args.sft_loss_type, args.trust_region_alpha)
         sft_term = nll if sft_weights is None else nll * sft_weights
+        sft_term = sft_term * inputs["importance_weight"].unsqueeze(1).to(sft_term.dtype)  # prioritised pool; else 1
         loss_sft_opt = masked_sum(sft_term, masks[SFT]) / max(total_counts[SFT], 1.0)
         loss_sft = masked_sum(nll, masks[SFT]).detach() / max(total_counts[SFT], 1.0)
 
@@ -1084,6 +1125,8 @@ class TRAPOTrainer(_BaseTrainer):
             self._add_metric("loss/rl", loss_rl)
             for key, value in stats.items():
                 self._add_metric(key, value)
+        # step 5. per-row SFT feedback to the memory pool (priority proxies, few-shot embeddings), left on the device
+        self.memory_pool.after_forward(inputs, per_token_logps, masks[SFT])
         info["micro_index"] += 1
         return (total, outputs) if return_outputs else total
 
@@ -1228,6 +1271,7 @@ class TRAPOTrainer(_BaseTrainer):
                 sums = self.accelerator.reduce(self._probe.sums, reduction="sum")
                 self._probe.sums.copy_(sums)
                 self._probe.counts.copy_(self.accelerator.reduce(self._probe.counts, reduction="sum"))
+                self._probe.informative.copy_(self.accelerator.reduce(self._probe.informative, reduction="sum"))
                 self.dare.update(self._probe.cosines(), info["step"])
             info["micro_index"] = -1  # done
             samples = self.args.num_sample_generations
@@ -1280,12 +1324,12 @@ class TRAPOTrainer(_BaseTrainer):
         else:
             out.setdefault("objective/scores", 0.0)
             out.setdefault("objective/kl", 0.0)
-        for name, values in self._pending_reward_metrics.items():
-            if values:
-                out[name] = sum(values) / len(values)
+        out.update(reduce_named_means(self.accelerator, self._pending_reward_metrics))  # `log_metric` of rewards
         out.update(self.curriculum.metrics(self._last_step_built, self._last_shares))
         out.update(self.dare.metrics())
-        out.update(self.replay.metrics(self.state.global_step))
+        out.update(self.schedules.metrics())
+        out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
+        out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
         out["episode"] = float(self._episode)
         self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
         elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
@@ -1354,14 +1398,16 @@ class TRAPOTrainer(_BaseTrainer):
             "prompt_sampler": self._prompt_sampler.state_dict() if self._prompt_sampler else None,
             "sft_pool": self._sft_pool.state_dict() if self._sft_pool else None,
             "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
+            "schedules": self.schedules.state_dict(),
         }
+        state["memory_pool"], memory_files = self.memory_pool.state_dict()  # SFT priorities, few-shot, adapter bank
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.ref_model is not None:  # the reference has moved: keep it
-            ref_state = self.accelerator.get_state_dict(self.ref_model)
-            tensors.update({f"ref_model/{k}": v.detach().cpu().clone() for k, v in ref_state.items()})
+            ref_state = full_state_dict(self.accelerator.unwrap_model(self.ref_model))  # ZeRO-3: gathered
+            tensors.update({f"ref_model/{k}": v for k, v in ref_state.items()})
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
-        write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress)
+        write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
 
     def _load_trapo_state(self, checkpoint_dir: str) -> None:
         rank = self.accelerator.process_index
@@ -1386,11 +1432,13 @@ class TRAPOTrainer(_BaseTrainer):
             self._nonfinite_steps = int(state["nonfinite_steps"])
             self.allocator.load_state_dict(state["allocator"])
             self.dare.engine.load_state_dict(state["dare"])
+            self.schedules.load_state_dict(state.get("schedules"))
             self.replay.load_state_dict(state["replay"], tensors)
             restore_rng(self._generators(), tensors, source)
             ref_state = {k[len("ref_model/") :]: v for k, v in tensors.items() if k.startswith("ref_model/")}
             if ref_state:
-                self.accelerator.unwrap_model(self.ref_model).load_state_dict(ref_state, strict=False)
+                load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), ref_state)
+            self.memory_pool.load_state_dict(state.get("memory_pool"), checkpoint_dir)
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:
@@ -1541,7 +1589,11 @@ class TRAPOTrainer(_BaseTrainer):
         columns = dataset_columns(dataset)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
-        policy = self._unwrapped_policy()
+        # every rank enters (gathering ZeRO-3 weights is collective), so shards may hold different numbers of rows
+        stack = ExitStack()
+        policy = self._policy_for_generation(
+            stack.enter_context(unwrap_model_for_generation(self.model_wrapped, self.accelerator))
+        )
         was_training = policy.training
         policy.eval()
         pad_id = self.processing_class.pad_token_id
@@ -1570,6 +1622,7 @@ class TRAPOTrainer(_BaseTrainer):
                 return self._evaluate_prompts(shard, prefix, policy)
         finally:
             policy.train(was_training)
+            stack.close()
         raise ValueError(
             f"Cannot evaluate a dataset with columns {columns}: expected 'prompt' (greedy rewards), 'text' "
             "(pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
@@ -1597,17 +1650,17 @@ class TRAPOTrainer(_BaseTrainer):
             greedy = self._greedy_generation_config()
             examples = [tokenized[i] for i in range(len(tokenized))]
             prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
-            with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
-                generated = generate(
-                    self._policy_for_generation(unwrapped),
-                    [p.tolist() for p in prompt_ids],
-                    greedy,
-                    self.processing_class.pad_token_id,
-                    self._stop_token_id,
-                    1.0,
-                    batch_size=args.per_device_eval_batch_size,
-                    record_logps=False,
-                )
+            generated = generate(  # `policy` is unwrapped (and gathered) by `_evaluate_one`
+                policy,
+                [p.tolist() for p in prompt_ids],
+                greedy,
+                self.processing_class.pad_token_id,
+                self._stop_token_id,
+                1.0,
+                batch_size=args.per_device_eval_batch_size,
+                record_logps=False,
+                synced_gpus=generation_synced_gpus(self.accelerator, gathered=True),
+            )
             scores, per_func = self._score(examples, prompt_ids, generated["completion_ids"])
             valid = ~torch.isnan(scores)
             sums["n"] = float(len(examples))

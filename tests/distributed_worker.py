@@ -1,0 +1,143 @@
+"""Launched by `tests/test_distributed.py` under `accelerate launch`: one DDP backward over fixed rank-specific rows.
+
+Every rank builds its own rows (different objectives and token counts per rank: rank 0 has SFT rows and one RL row,
+rank 1 no SFT row and three RL rows), all-reduces the per-objective counts exactly as `TRAPOTrainer._build_step`
+does, and runs `compute_loss` + backward through the DDP-wrapped policy. Rank 0 writes the all-reduced gradient of
+each RL loss aggregation to `<output_dir>/grads_<loss_type>.safetensors`; the test compares it with a one-process
+gradient over the union of the rows.
+
+    accelerate launch --multi_gpu --num_processes 2 tests/distributed_worker.py <output_dir>
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.collator import collate_rows
+from trl_trapo.data import PRETRAIN, RL, SFT
+from trl_trapo.memory import trajectory_row
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+
+
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo")
+WEIGHTS = (0.2, 0.3, 0.5)
+COMPOSITION = {  # rank -> (pretrain lengths, SFT (prompt, completion) lengths, RL (prompt, completion) lengths)
+    0: ((12, 9, 15), ((5, 4), (7, 2)), ((4, 5),)),
+    1: ((10,), (), ((6, 3), (5, 6), (3, 2))),
+}
+
+
+def rank_rows(rank: int) -> list[dict]:
+    """The fixed rows of `rank`; RL rows carry stale log-probs so that some ratios clip."""
+    g = torch.Generator().manual_seed(100 + rank)
+    pretrain, sft, rl = COMPOSITION[rank]
+    rows = []
+    for length in pretrain:
+        rows.append({"objective": PRETRAIN, "input_ids": torch.randint(4, 90, (length,), generator=g)})
+        rows[-1]["mask"] = torch.ones(length - 1)
+    for prompt_len, completion_len in sft:
+        mask = torch.zeros(prompt_len + completion_len - 1)
+        mask[prompt_len - 1 :] = 1
+        rows.append({"objective": SFT, "input_ids": torch.randint(4, 90, (prompt_len + completion_len,), generator=g)})
+        rows[-1]["mask"] = mask
+    for prompt_len, completion_len in rl:
+        trajectory = {
+            "prompt_ids": torch.randint(4, 90, (prompt_len,), generator=g),
+            "completion_ids": torch.randint(4, 90, (completion_len,), generator=g),
+            "completion_mask": torch.ones(completion_len),
+            "old_per_token_logps": -4.6 + 0.5 * torch.randn(completion_len, generator=g),
+            "ref_per_token_logps": -4.6 + 0.3 * torch.randn(completion_len, generator=g),
+            "advantages": torch.randn(1, generator=g).expand(completion_len).clone(),
+        }
+        rows.append(trajectory_row(trajectory))
+    for i, row in enumerate(rows):
+        row["half"] = i % 2
+    return rows
+
+
+def local_counts(rows: list[dict]) -> torch.Tensor:
+    """(tokens_pretrain, tokens_sft, tokens_rl, sequences_rl, micro_batches_rl) of rows forming one micro-batch."""
+    counts = torch.zeros(5, dtype=torch.float64)
+    for row in rows:
+        n = float(row["mask"].sum())
+        counts[row["objective"]] += n
+        counts[3] += float(row["objective"] == RL and n > 0)
+    counts[4] = float(any(r["objective"] == RL for r in rows))
+    return counts
+
+
+def step_info(counts: torch.Tensor) -> dict:
+    keys = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
+    return {
+        "weights": WEIGHTS,
+        "counts": dict(zip(keys, counts.tolist())),
+        "probe": False,
+        "step": 0,
+        "micro_index": 0,
+        "num_micro": 1,
+    }
+
+
+def make_trainer(output_dir: str) -> TRAPOTrainer:
+    tokenizer = build_char_tokenizer()
+    suite = make_task_suite(seed=0, num_pretrain_docs=20, num_sft_per_task=5, num_rl_per_task=5, num_eval_per_task=2)
+    args = TRAPOConfig(
+        output_dir=output_dir,
+        max_steps=1,
+        per_device_train_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        pretrain_max_length=24,
+        sft_max_length=24,
+        max_prompt_length=16,
+        response_length=4,
+        num_generations=2,
+        kl_coef=0.1,
+        kl_penalty="loss",
+        entropy_coef=0.01,
+        seed=0,
+    )
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=args,
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+
+
+def gradient(trainer: TRAPOTrainer, model, rows: list[dict], counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    trainer.model.zero_grad(set_to_none=True)
+    batch = collate_rows(rows, trainer.processing_class.pad_token_id)
+    loss = trainer.compute_loss(model, batch, num_items_in_batch=step_info(counts))
+    loss.backward()
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def main(output_dir: str) -> None:
+    trainer = make_trainer(output_dir)
+    accelerator = trainer.accelerator
+    assert accelerator.num_processes == 2, accelerator.num_processes
+    model = accelerator.prepare_model(trainer.model)  # DDP: gradients averaged over ranks
+    assert isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
+    rows = rank_rows(accelerator.process_index)
+    counts = accelerator.reduce(local_counts(rows), reduction="sum")  # as TRAPOTrainer._build_step does
+    for loss_type in LOSS_TYPES:
+        trainer.args.loss_type = loss_type
+        grads = gradient(trainer, model, rows, counts)
+        if accelerator.is_main_process:
+            from safetensors.torch import save_file
+
+            save_file(grads, os.path.join(output_dir, f"grads_{loss_type}.safetensors"))
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

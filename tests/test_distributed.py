@@ -1,0 +1,328 @@
+"""Scale-out on 2 CPU processes: DDP (gloo) and DeepSpeed ZeRO-2 / ZeRO-3 (`DS_ACCELERATOR=cpu`) run the built-in job,
+save, resume exactly and give a model that reloads, with identical logs and weights on both ranks; the 2-process
+gradient equals the 1-process gradient of the same global batch; the DDP communication hooks run; every accelerate
+config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates.
+
+Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
+(`--num_processes 2 --mixed_precision no`), through `scripts/distributed_job.py`, which runs `examples/trapo.py` and
+writes a per-rank record (logs, step times, a digest of the final weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "examples" / "accelerate_configs"
+RECIPES = ROOT / "examples" / "recipes"
+# differ between ranks by nature (wall-clock)
+RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "eps"}
+# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps)
+JOB_ARGS = [
+    "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
+    "--save_strategy", "steps", "--save_steps", "6",
+    "--kl_target", "0.5", "--kl_horizon", "200", "--kl_coef_range", "0.005", "0.05",
+    "--rl_phase_learning_rate", "1e-3", "--entropy_coef", "0.01", "--late_entropy_coef", "0.001",
+]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(config: str, script: str, args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file <config> --num_processes 2 --mixed_precision no <script> <args>` on CPU."""
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    command = [
+        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+        "--config_file", str(CONFIGS / config), "--num_processes", "2", "--mixed_precision", "no",
+        "--main_process_port", str(free_port()), str(ROOT / script), *args,
+    ]  # fmt: skip
+    # a session of its own, so that a hang kills the launcher's workers too, not only the launcher
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"timed out after {timeout} s:\n{(stdout + stderr)[-4000:]}") from None
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def check(completed: subprocess.CompletedProcess) -> str:
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-6000:]
+    return output
+
+
+def records(output_dir: Path) -> list[dict]:
+    return [json.loads((output_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def assert_ranks_agree(ranks: list[dict], distributed_type: str) -> None:
+    for record in ranks:
+        assert record["world_size"] == 2 and record["distributed_type"] == distributed_type, record
+    first, second = (r["log_history"] for r in ranks)
+    assert len(first) == len(second)
+    train_logs = [h for h in first if "loss" in h]
+    assert train_logs, first
+    for key in ("weight/rl", "curriculum/rl", "dare/factor/rl", "schedule/kl_coef", "schedule/lr_scale"):
+        assert all(key in h for h in train_logs), key
+    for a, b in zip(first, second):
+        assert set(a) == set(b)
+        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS} == {
+            k: v for k, v in b.items() if k not in RUNTIME_KEYS
+        }
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+
+
+def digest_of(model) -> str:
+    state = model.state_dict()
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        digest.update(name.encode())
+        digest.update(state[name].float().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The built-in job on 2 processes: identical ranks, exact resume, a model that reloads
+# ---------------------------------------------------------------------------------------------------------------------
+BACKENDS = {
+    "ddp": ("multi_gpu.yaml", "DistributedType.MULTI_CPU"),
+    "zero2": ("deepspeed_zero2.yaml", "DistributedType.DEEPSPEED"),
+    "zero3": ("deepspeed_zero3.yaml", "DistributedType.DEEPSPEED"),
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
+    if backend != "ddp":
+        pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    config, distributed_type = BACKENDS[backend]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    check(launch(config, "scripts/distributed_job.py", [*JOB_ARGS, "--output_dir", str(full)]))
+    ranks = records(full)
+    assert_ranks_agree(ranks, distributed_type)
+    assert all(r["reference_matches_policy_at_start"] for r in ranks)  # ZeRO-3: copied, not a deep copy of partitions
+    # only rank 0 writes the shared files; every rank its own TRAPO state
+    assert (full / "eval_results.json").exists() and (full / "trainer_state.json").exists()
+    for r in (0, 1):
+        assert (full / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
+    # the saved model reloads and is the trained one
+    assert digest_of(AutoModelForCausalLM.from_pretrained(full)) == ranks[0]["param_digest"]
+    # resuming from the middle gives the uninterrupted run's weights and logs
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
+    check(
+        launch(
+            config,
+            "scripts/distributed_job.py",
+            [*JOB_ARGS, "--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-6")],
+        )
+    )
+    again = records(resumed)
+    assert_ranks_agree(again, distributed_type)
+    assert again[0]["param_digest"] == ranks[0]["param_digest"]
+    # train_loss averages the steps this invocation ran; total_flos is the Trainer's estimate from parameter counts,
+    # which differ for ZeRO-3 partitions before and after the engine is built
+    skip = RUNTIME_KEYS | {"train_loss", "total_flos"}
+
+    def after_checkpoint(record):
+        return [{k: v for k, v in h.items() if k not in skip} for h in record["log_history"] if h["step"] > 6]
+
+    assert after_checkpoint(again[0]) == after_checkpoint(ranks[0])
+
+
+def test_fsdp_on_cpu_fails_with_a_clear_message(tmp_path):
+    completed = launch("fsdp2.yaml", "scripts/distributed_job.py", ["--max_steps", "2", "--output_dir", str(tmp_path)])
+    assert completed.returncode != 0
+    assert "accelerate switches to FSDP only on GPU" in completed.stdout + completed.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gradient of a 2-process step == gradient of the same global batch on 1 process
+# ---------------------------------------------------------------------------------------------------------------------
+def load_worker():
+    spec = importlib.util.spec_from_file_location("distributed_worker", ROOT / "tests" / "distributed_worker.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_process_gradient_equals_one_process_gradient(tmp_path):
+    from safetensors.torch import load_file
+
+    worker = load_worker()
+    check(launch("multi_gpu.yaml", "tests/distributed_worker.py", [str(tmp_path)]))
+    rows = [worker.rank_rows(0), worker.rank_rows(1)]
+    per_rank = [worker.local_counts(r) for r in rows]
+    assert not torch.equal(per_rank[0][:3], per_rank[1][:3])  # uneven per-objective token counts across ranks
+    assert per_rank[1][1] == 0  # rank 1 has no SFT token at all
+    trainer = worker.make_trainer(str(tmp_path / "single"))
+    assert trainer.accelerator.num_processes == 1
+    for loss_type in worker.LOSS_TYPES:
+        trainer.args.loss_type = loss_type
+        expected = worker.gradient(trainer, trainer.model, rows[0] + rows[1], per_rank[0] + per_rank[1])
+        got = load_file(str(tmp_path / f"grads_{loss_type}.safetensors"))
+        assert set(got) == set(expected)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0, msg=f"{loss_type} {name}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# DDP communication hooks
+# ---------------------------------------------------------------------------------------------------------------------
+HOOK_NAMES = {"powersgd": "powerSGD_hook", "fp16": "fp16_compress_hook"}
+
+
+@pytest.mark.parametrize("hook", ["powersgd", pytest.param("fp16", marks=pytest.mark.slow)])
+def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
+    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", hook]
+    if hook == "powersgd":
+        # compress from the 2nd all-reduce on; on gloo PowerSGD's chained collectives must not interleave with DDP's
+        # other ones (pytorch/pytorch#58467): one bucket, no unused-parameter search (docs/distributed.md)
+        args += ["--powersgd_start_iter", "2", "--ddp_bucket_cap_mb", "100", "--ddp_find_unused_parameters", "false"]
+    check(launch("multi_gpu.yaml", "scripts/distributed_job.py", args))
+    ranks = records(tmp_path)
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]  # replicas stay identical under lossy compression
+    for record in ranks:
+        assert [h["hook"] for h in record["comm_hooks"]] == [HOOK_NAMES[hook]]
+        if hook == "powersgd":
+            assert record["comm_hooks"][0]["iter"] >= 8  # the hook ran at every optimizer step
+    losses = [h["loss"] for h in ranks[0]["log_history"] if "loss" in h]
+    assert all(0 < loss < 10 for loss in losses)
+
+
+@pytest.mark.slow
+def test_bf16_comm_hook_needs_nccl(tmp_path):
+    """PyTorch's bf16 hook needs CUDA 11+ with NCCL 2.10+ (or XPU); on gloo it refuses at registration."""
+    args = ["--max_steps", "2", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", "bf16"]
+    completed = launch("multi_gpu.yaml", "scripts/distributed_job.py", args)
+    assert completed.returncode != 0
+    assert "BF16 all reduce communication hook required CUDA" in completed.stdout + completed.stderr
+
+
+def test_ddp_comm_hook_is_rejected_without_ddp():
+    from types import SimpleNamespace
+
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.distributed import DDPCommHookCallback
+
+    args = TRAPOConfig(output_dir="unused", report_to="none", ddp_comm_hook="fp16")
+    trainer = SimpleNamespace(
+        model_wrapped=torch.nn.Linear(2, 2),
+        accelerator=SimpleNamespace(num_processes=2, distributed_type="DistributedType.DEEPSPEED"),
+    )
+    with pytest.raises(ValueError, match="ddp_comm_hook='fp16' needs DDP"):
+        DDPCommHookCallback(trainer).on_train_begin(args, None, None)
+    trainer.accelerator.num_processes = 1  # one process: nothing to communicate, nothing to register
+    assert DDPCommHookCallback(trainer).on_train_begin(args, None, "control") == "control"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Configs and recipes
+# ---------------------------------------------------------------------------------------------------------------------
+def fill_auto(config: dict, values: dict) -> dict:
+    out = {}
+    for key, value in config.items():
+        out[key] = fill_auto(value, values) if isinstance(value, dict) else values.get(key, value)
+        if out[key] == "auto":
+            raise AssertionError(f"no test value for the 'auto' entry {key}")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_accelerate_config_loads_and_validates(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
+
+    text = path.read_text()
+    assert text.startswith("#") and "accelerate launch --config_file examples/accelerate_configs/" + path.name in text
+    config = load_config_from_file(str(path))
+    assert config.compute_environment.value == "LOCAL_MACHINE"
+    if config.distributed_type == DistributedType.DEEPSPEED:
+        from deepspeed.runtime.config import DeepSpeedConfig
+
+        fields = {f.name for f in dataclasses.fields(DeepSpeedPlugin)}
+        assert set(config.deepspeed_config) <= fields | {"deepspeed_multinode_launcher"}
+        options = {k: v for k, v in config.deepspeed_config.items() if k in fields and k != "zero3_init_flag"}
+        plugin = DeepSpeedPlugin(**options)  # zero3_init_flag left out: it would switch ZeRO-3 on process-wide
+        filled = fill_auto(
+            plugin.deepspeed_config,
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 4,
+                "train_batch_size": 2 * 4,  # DeepSpeed validates against the current world: 1 process here
+                "gradient_clipping": 1.0,
+            },
+        )
+        filled["bf16"] = {"enabled": config.mixed_precision == "bf16"}
+        validated = DeepSpeedConfig(filled)  # DeepSpeed's own validation (batch arithmetic, ZeRO options)
+        assert validated.zero_optimization_stage == config.deepspeed_config["zero_stage"]
+        if validated.zero_optimization_stage == 3:
+            assert config.deepspeed_config["zero3_save_16bit_model"] is True  # save_model writes a loadable model
+    if config.distributed_type == DistributedType.FSDP:
+        saved = dict(os.environ)
+        try:
+            options = {}
+            for key, value in config.fsdp_config.items():
+                name = key if key == "fsdp_version" else key.removeprefix("fsdp_")
+                options[{"offload_params": "cpu_offload"}.get(name, name)] = value
+            plugin = FullyShardedDataParallelPlugin(**options)
+            assert plugin.fsdp_version == 2
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("trapo_qwen2.5_7b_*.yaml")), ids=lambda p: p.name)
+def test_recipes_parse_and_validate(path):
+    spec = importlib.util.spec_from_file_location("trapo_recipe_example", ROOT / "examples" / "trapo.py")
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    text = path.read_text()
+    assert "NOT TESTED ON THE TARGET HARDWARE" in text and "accelerate launch --config_file" in text
+    named = text.split("--config_file ", 1)[1].split()[0]
+    assert (ROOT / named).is_file(), named
+    script, args, model = example.make_parser().parse_args_and_config(["--config", str(path)])
+    assert not example.builtin_mode(["--config", str(path)])
+    assert model.model_name_or_path == "Qwen/Qwen2.5-7B-Instruct" and model.use_peft
+    # the source document's hyper-parameters, as real schedules
+    assert (args.learning_rate, args.rl_phase_learning_rate) == (5e-5, 3e-5)
+    assert (args.kl_coef, list(args.kl_coef_range)) == (0.2, [0.1, 0.3]) and args.kl_target > 0
+    assert (args.entropy_coef, args.late_entropy_coef) == (0.01, 0.005)
+    assert args.max_grad_norm == 1.0 and args.gradient_checkpointing
+    assert script.reward_funcs == ["numeric_answer"]

@@ -1,0 +1,241 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Crash tests: a run killed with SIGKILL, or killed while writing a checkpoint, resumes to exactly where an
+uninterrupted run ends; a damaged file of any stateful part is an error naming the file, never a silent fresh start.
+
+All runs are fp32 on the CPU with one thread (tests/durability_worker.py), so they are deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from trl_trapo import checkpoint as checkpoint_module
+from trl_trapo.adapter_bank import AdapterBank
+from trl_trapo.checkpoint import CheckpointError
+
+
+sys.path.insert(0, os.path.dirname(__file__))
+from durability_worker import MAX_STEPS, build_trainer  # noqa: E402
+
+
+WORKER = os.path.join(os.path.dirname(__file__), "durability_worker.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextmanager
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def final_state(trainer) -> tuple[dict[str, torch.Tensor], dict, dict[str, torch.Tensor]]:
+    """Every parameter of the policy, and the replay buffer's full state."""
+    params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    meta, tensors = trainer.replay.state_dict()
+    meta = {k: v for k, v in meta.items() if k != "rng"} | {"rng": str(meta["rng"])}
+    return params, meta, tensors
+
+
+def assert_same_final_state(a, b):
+    params_a, meta_a, tensors_a = a
+    params_b, meta_b, tensors_b = b
+    assert params_a.keys() == params_b.keys()
+    worst = max(float((params_a[k] - params_b[k]).abs().max()) for k in params_a)
+    assert worst <= 1e-6, f"parameters differ by up to {worst}"
+    assert meta_a == meta_b  # use counts, births, serving order, extras (temperatures), RNG
+    assert tensors_a.keys() == tensors_b.keys()
+    for key in tensors_a:
+        if tensors_a[key].is_floating_point():
+            torch.testing.assert_close(tensors_a[key], tensors_b[key], atol=1e-6, rtol=0, msg=key)
+        else:
+            assert torch.equal(tensors_a[key], tensors_b[key]), key
+
+
+def uninterrupted(output_dir, variant):
+    with one_thread():
+        trainer = build_trainer(str(output_dir), variant)
+        trainer.train()
+    return trainer
+
+
+def resume(output_dir, variant):
+    with one_thread():
+        trainer = build_trainer(str(output_dir), variant)
+        trainer.train(resume_from_checkpoint=True)
+    return trainer
+
+
+def marker(output_dir, step):
+    return os.path.join(output_dir, f"checkpoint-{step}", "trapo", "rank0.complete.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (a) SIGKILL mid-run
+# ---------------------------------------------------------------------------------------------------------------------
+def kill_after_checkpoint(output_dir: str, variant: str, step: int) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    process = subprocess.Popen(
+        [sys.executable, WORKER, output_dir, variant, "0.4"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 240
+    try:
+        while not os.path.exists(marker(output_dir, step)):
+            if process.poll() is not None:
+                raise AssertionError(f"the worker exited early:\n{process.stderr.read().decode()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the worker did not write its checkpoint in time")
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    assert not os.path.exists(marker(output_dir, MAX_STEPS)), "the run finished before it was killed"
+
+
+@pytest.mark.parametrize("variant", ["full", pytest.param("peft", marks=pytest.mark.slow)])
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, variant):
+    reference = uninterrupted(tmp_path / "reference", variant)
+    killed = str(tmp_path / "killed")
+    kill_after_checkpoint(killed, variant, step=4)
+    resumed = resume(killed, variant)
+    assert resumed.state.global_step == MAX_STEPS
+    assert_same_final_state(final_state(reference), final_state(resumed))
+    # the other stateful parts ended identical too
+    torch.testing.assert_close(resumed._sft_pool.priorities, reference._sft_pool.priorities, atol=1e-6, rtol=0)
+    assert resumed.memory_pool.fewshot.prototypes.labels == reference.memory_pool.fewshot.prototypes.labels
+    if variant == "peft":
+        assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [
+            s["files"] for s in reference.memory_pool.adapter_bank.bank.list()
+        ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (b) killed while writing a checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+class Killed(BaseException):
+    """Stands for the process dying: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.mark.parametrize("how", ["crash_after_first_file", "marker_deleted"])
+def test_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_one(tmp_path, monkeypatch, caplog, how):
+    variant = "peft"  # covers the adapter bank too
+    reference = uninterrupted(tmp_path / "reference", variant)
+    output_dir = str(tmp_path / "run")
+    if how == "crash_after_first_file":
+        original = checkpoint_module.atomic_write_bytes
+        written = []
+
+        def dying_writer(path, data):
+            if "checkpoint-6" in path and written:  # checkpoint-6: rank0.json is written, then the process "dies"
+                raise Killed()
+            original(path, data)
+            if "checkpoint-6" in path:
+                written.append(path)
+
+        monkeypatch.setattr(checkpoint_module, "atomic_write_bytes", dying_writer)
+        with pytest.raises(Killed), one_thread():
+            build_trainer(output_dir, variant).train()
+        monkeypatch.undo()
+        assert written and written[0].endswith("rank0.json")
+        broken = 6
+    else:  # the run finished, but its last checkpoint lost its marker (e.g. killed between the rename and fsync)
+        with one_thread():
+            build_trainer(output_dir, variant).train()
+        broken = MAX_STEPS
+        os.remove(marker(output_dir, broken))
+    assert os.path.isdir(os.path.join(output_dir, f"checkpoint-{broken}")) and not os.path.exists(
+        marker(output_dir, broken)
+    )
+    resumed = resume(output_dir, variant)
+    assert f"checkpoint-{broken} is incomplete" in caplog.text
+    assert (
+        "Not resuming from an incomplete checkpoint" in caplog.text and "rank0.complete.json is missing" in caplog.text
+    )
+    assert_same_final_state(final_state(reference), final_state(resumed))
+    assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [
+        s["files"] for s in reference.memory_pool.adapter_bank.bank.list()
+    ]
+    # the index on disk matches; every other snapshot directory is one a kept checkpoint still lists
+    on_disk = AdapterBank.open(os.path.join(output_dir, "adapter_bank"))
+    assert [s["step"] for s in on_disk.list()] == [6, 8]
+    directories = {n for n in os.listdir(os.path.join(output_dir, "adapter_bank")) if n.startswith("step-")}
+    assert directories == {"step-6", "step-8"} | on_disk.pinned() == {"step-2", "step-4", "step-6", "step-8"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (c) damaged files: an error naming the file, never a silent fresh start
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A 2-step PEFT run with every stateful part, saved at step 2 (copied by each test before damaging it)."""
+    output_dir = str(tmp_path_factory.mktemp("durability") / "run")
+    with one_thread():
+        build_trainer(output_dir, "peft", max_steps=2).train()
+    return output_dir
+
+
+DAMAGED_FILES = [
+    "checkpoint-2/trainer_state.json",
+    "checkpoint-2/adapter_model.safetensors",  # the model weights of a PEFT policy
+    "checkpoint-2/trapo/rank0.json",
+    "checkpoint-2/trapo/rank0-tensors.safetensors",
+    "checkpoint-2/trapo/rank0.complete.json",  # the marker
+    "checkpoint-2/trapo/rank0-sft_pool.safetensors",  # SFT priorities (and few-shot state)
+    "checkpoint-2/trapo/adapter_bank.json",  # the adapter bank's index
+    "adapter_bank/step-2/adapter_model.safetensors",  # a snapshot the index lists
+]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+@pytest.mark.parametrize("name", DAMAGED_FILES)
+def test_damaged_file_is_named(saved_run, tmp_path, name, damage):
+    output_dir = str(tmp_path / "run")
+    shutil.copytree(saved_run, output_dir)
+    path = os.path.join(output_dir, name)
+    data = open(path, "rb").read()
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = data[:10] + bytes(b ^ 0xFF for b in data[10:30]) + data[30:]
+    with open(path, "wb") as handle:
+        handle.write(data)
+    expected = os.path.basename(name)
+    with one_thread():
+        trainer = build_trainer(output_dir, "peft", max_steps=4)
+        for resume_from in (True, os.path.join(output_dir, "checkpoint-2")):
+            with pytest.raises(CheckpointError, match=expected.replace(".", r"\.")) as error:
+                trainer.train(resume_from_checkpoint=resume_from)
+            assert trainer.state.global_step == 0, "training must not start"
+            assert "corrupted" in str(error.value) or "truncated" in str(error.value) or "missing" in str(error.value)
+
+
+def test_damaged_live_bank_index_is_named(saved_run, tmp_path):
+    output_dir = str(tmp_path / "run")
+    shutil.copytree(saved_run, output_dir)
+    index = os.path.join(output_dir, "adapter_bank", "index.json")
+    with open(index, "w") as handle:
+        handle.write('{"snapshots": [')
+    with pytest.raises(CheckpointError, match=r"adapter_bank/index\.json is corrupted"):
+        AdapterBank.open(os.path.join(output_dir, "adapter_bank"))
+    # resuming does not read the live index (the checkpoint's copy is authoritative) and repairs it
+    resume_trainer = build_trainer(output_dir, "peft", max_steps=2)
+    resume_trainer._load_trapo_state(os.path.join(output_dir, "checkpoint-2"))
+    assert [s["step"] for s in AdapterBank.open(os.path.join(output_dir, "adapter_bank")).list()] == [2]

@@ -1,0 +1,194 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Few-shot mode changes what it says: reuse limit, annealed temperature with exact ratios, prototype preference."""
+
+import math
+
+import pytest
+import torch
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.collator import collate_rows
+from trl_trapo.fewshot import PrototypeMemory, fewshot_sigma
+from trl_trapo.memory import trajectory_row
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
+
+
+def make_trainer(tmp_path, tokenizer, suite, train_dataset=None, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        max_steps=10,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        pretrain_max_length=24,
+        sft_max_length=24,
+        max_prompt_length=16,
+        response_length=4,
+        num_generations=4,
+        temperature=0.9,
+        seed=0,
+        fewshot_mode=True,
+    )
+    values.update(overrides)
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(**values),
+        train_dataset=suite.rl_train if train_dataset is None else train_dataset,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+
+
+def test_reuse_limit_is_raised(tmp_path, tokenizer, suite):
+    assert make_trainer(tmp_path, tokenizer, suite, fewshot_mode=False).replay.max_uses == 4
+    assert make_trainer(tmp_path, tokenizer, suite).replay.max_uses == 5
+    assert make_trainer(tmp_path, tokenizer, suite, num_ppo_epochs=6).replay.max_uses == 6
+    assert make_trainer(tmp_path, tokenizer, suite, fewshot_max_uses=3, num_ppo_epochs=1).replay.max_uses == 3
+
+
+def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite):
+    assert fewshot_sigma(0, 10, (0.3, 0.1)) == pytest.approx(0.3)
+    assert fewshot_sigma(5, 10, (0.3, 0.1)) == pytest.approx(0.2)
+    assert fewshot_sigma(20, 10, (0.3, 0.1)) == pytest.approx(0.1)
+    controller = make_trainer(tmp_path, tokenizer, suite).memory_pool.fewshot
+    assert controller.temperature_at(0) == pytest.approx(0.9)
+    assert controller.temperature_at(5) == pytest.approx(0.6)
+    assert controller.temperature_at(10) == pytest.approx(0.3)
+
+
+def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, tokenizer, suite):
+    trainer = make_trainer(tmp_path, tokenizer, suite, kl_coef=0.05)
+    trainer.state.global_step = 5  # T = 0.9 * 0.2 / 0.3 = 0.6
+    trainer._generate_round(8, step=5)
+    assert trainer.generation_config.temperature == pytest.approx(0.6) == trainer.args.temperature
+    trainer.state.global_step = 10  # a later round at T = 0.3: the buffer now mixes two temperatures
+    trainer._generate_round(8, step=10)
+    trajectories = trainer.replay.sample(len(trainer.replay), step=10)
+    assert sorted({round(t["temperature"], 6) for t in trajectories}) == [0.3, 0.6]
+    rows = [trajectory_row(t) for t in trajectories]
+    batch = collate_rows(rows, tokenizer.pad_token_id)
+    assert sorted(set(batch["temperature"].tolist())) == pytest.approx([0.3, 0.6])
+    tokens = float(batch["mask"].sum())
+    info = {
+        "weights": (0.0, 0.0, 1.0),
+        "counts": {
+            "tokens_pretrain": 0.0,
+            "tokens_sft": 0.0,
+            "tokens_rl": tokens,
+            "sequences_rl": float(len(rows)),
+            "micro_batches_rl": 1.0,
+        },
+        "probe": False,
+        "step": 10,
+        "micro_index": 0,
+        "num_micro": 1,
+    }
+    trainer.args.temperature = 0.9  # the training forward must not depend on the current rollout temperature
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, batch, num_items_in_batch=info)
+    assert trainer._metric_sums["val/ratio"].item() == pytest.approx(1.0, abs=1e-5)
+    assert trainer._metric_sums["policy/approxkl_avg"].item() == pytest.approx(0.0, abs=1e-8)
+    # without the per-row temperatures (one configured temperature for every row) the ratios would be wrong
+    trainer._metric_sums = {}
+    del batch["temperature"]
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, batch, num_items_in_batch=dict(info, micro_index=0))
+    assert trainer._metric_sums["policy/approxkl_avg"].item() > 1e-3
+
+
+def test_need_by_hand():
+    memory = PrototypeMemory(max_prototypes=4, momentum=0.5)
+    e = torch.eye(3)
+    ids = memory.assign(e, ["a", "b", "c"])
+    assert ids.tolist() == [0, 1, 2] and memory.labels == ["a", "b", "c"]
+    memory.observe_rewards(torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    # rewards: a 0.5, b 1.0, c none (worst); served: a 2, b 2, c 0
+    assert memory.reward[:2].tolist() == [0.5, 1.0] and math.isnan(float(memory.reward[2]))
+    torch.testing.assert_close(memory.need("rl"), torch.tensor([0.5, 0.0, 1.0], dtype=torch.float64))
+    memory.observe_rewards(torch.tensor([0]), torch.tensor([1.0]))  # a: 0.5 * 0.5 + 0.5 * 1 = 0.75; counts decay
+    assert float(memory.reward[0]) == pytest.approx(0.75)
+    torch.testing.assert_close(memory.served["rl"], torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64))
+    # unlabelled embeddings: the nearest prototype, or a new cluster while there is room
+    assert memory.assign(torch.tensor([[0.9, 0.1, 0.0]]).div(0.9055)).tolist() == [3]
+    assert memory.nearest(torch.tensor([[0.0, 0.0, 1.0]])).tolist() == [2]
+
+
+def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite):
+    def kept_share(strength):
+        trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=strength)
+        controller = trainer.memory_pool.fewshot
+        tasks = suite.rl_train["task"]
+        while len(controller.prototypes) < len(set(tasks)):  # one prototype per task, created on first sight
+            controller.select_prompts(4)
+        memory = controller.prototypes
+        for k, label in enumerate(memory.labels):  # `lst` scores 0, the others 1, all served equally
+            memory.reward[k] = 0.0 if label == "lst" else 1.0
+            memory.served["rl"][k] = 10.0
+        picks = [tasks[i] for _ in range(40) for i in controller.select_prompts(4)]
+        return sum(t == "lst" for t in picks) / len(picks)
+
+    baseline, preferred = kept_share(0.0), kept_share(3.0)
+    # candidates are half `lst`; exp(3 * 0.5) = 4.5x more weight gives ~0.82 of the picks
+    assert 0.35 < baseline < 0.65 and preferred > 0.7, (baseline, preferred)
+
+
+def test_clusters_without_a_task_column(tmp_path, tokenizer, suite):
+    trainer = make_trainer(
+        tmp_path, tokenizer, suite, train_dataset=suite.rl_train.remove_columns("task"), fewshot_num_prototypes=3
+    )
+    controller = trainer.memory_pool.fewshot
+    assert controller.task_labels is None
+    for _ in range(5):
+        controller.select_prompts(4)
+    assert 1 <= len(controller.prototypes) <= 3
+    assert all(label.startswith("cluster-") for label in controller.prototypes.labels)
+
+
+def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_path, tokenizer, suite):
+    trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=3.0, max_steps=3)
+    controller, pool = trainer.memory_pool.fewshot, trainer._sft_pool
+    trainer.train()
+    assigned = controller.sft_assignment
+    assert int((assigned >= 0).sum()) > 0 and float(controller.prototypes.served["sft"].sum()) > 0
+    # make half the SFT rows belong to a prototype in need, the other half to a well-served one
+    memory = controller.prototypes
+    memory.reward[:] = 1.0
+    memory.reward[0] = 0.0
+    memory.served["sft"][:] = 1.0
+    controller.sft_assignment = torch.tensor([0 if i % 2 else 1 for i in range(len(pool))])
+    rows = [r for _ in range(30) for r in controller.sft_rows(pool, 4, step=0)]
+    share = sum(r["pool_index"] % 2 for r in rows) / len(rows)
+    assert share > 0.7, share  # ~0.82 expected (exp(3 * 0.5) = 4.5x the weight)
+
+
+def test_state_round_trip(tmp_path, tokenizer, suite):
+    trainer = make_trainer(tmp_path, tokenizer, suite)
+    controller = trainer.memory_pool.fewshot
+    for _ in range(3):
+        controller.select_prompts(2)
+    controller.prototypes.observe_rewards(torch.tensor([0, 1]), torch.tensor([0.5, 0.25]))
+    controller.sft_assignment[:3] = torch.tensor([1, 0, 1])
+    meta, tensors = controller.state_dict()
+    other = make_trainer(tmp_path / "b", tokenizer, suite).memory_pool.fewshot
+    other.load_state_dict(meta, tensors)
+    assert other.prototypes.labels == controller.prototypes.labels
+    torch.testing.assert_close(other.prototypes.centroids, controller.prototypes.centroids)
+    torch.testing.assert_close(other.prototypes.need("rl"), controller.prototypes.need("rl"))
+    assert torch.equal(other.sft_assignment, controller.sft_assignment)
+    other.trainer._prompt_sampler.load_state_dict(trainer._prompt_sampler.state_dict())  # the trainer's own state
+    assert other.select_prompts(3) == controller.select_prompts(3)

@@ -1,0 +1,232 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""What TRAPO needs to run the same on 1 process, DDP, DeepSpeed ZeRO-2/3 and FSDP.
+
+- `check_launch`: fail fast when accelerate sees another number of processes than were launched (on machines without
+  an accelerator accelerate silently runs independent copies unless told to use gloo, see
+  `TRAPOConfig._cpu_distributed_defaults`), or when DeepSpeed was asked for and is off.
+- `any_rank`: a boolean OR over ranks, for decisions every rank must take together (a generation round gathers ZeRO-3
+  weights, a collective).
+- `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
+  policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model).
+- `DDPCommHookCallback`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
+  `DistributedDataParallelKwargs.register_comm_hook` on the model the Trainer wrapped. The Trainer builds its
+  `Accelerator` (and its DDP kwargs) itself, with no public way to pass a hook, so the hook is registered after
+  preparation, before the first backward.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
+from torch import nn
+from transformers import TrainerCallback
+
+
+logger = logging.getLogger(__name__)
+
+COMM_HOOKS = {
+    "fp16": DDPCommunicationHookType.FP16,
+    "bf16": DDPCommunicationHookType.BF16,
+    "powersgd": DDPCommunicationHookType.POWER_SGD,
+}
+
+
+def check_launch(accelerator) -> None:
+    """Raise if the process group does not match the launch.
+
+    Raises:
+        RuntimeError: if the launcher asked for FSDP or DeepSpeed and the run is not using it, if `WORLD_SIZE`
+            processes were launched but accelerate sees another number, or if several processes run without any data
+            parallelism (the runs would be independent copies writing the same files).
+    """
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    kind = accelerator.distributed_type
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and kind != DistributedType.FSDP:
+        raise RuntimeError(
+            f"The launcher asked for FSDP but the run uses {kind}: accelerate switches to FSDP only on GPU / XPU / "
+            "NPU-like devices (its CPU multi-process mode has no FSDP). On CPU use DDP (`--multi_gpu`) or DeepSpeed "
+            "(`DS_ACCELERATOR=cpu accelerate launch --use_deepspeed ...`)."
+        )
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and kind != DistributedType.DEEPSPEED:
+        raise RuntimeError(
+            "The launcher asked for DeepSpeed but the run is not using it (accelerate's `--cpu` / `use_cpu=True` "
+            "switches DeepSpeed off). On CPU run `DS_ACCELERATOR=cpu accelerate launch --use_deepspeed ...` without "
+            "`--cpu`."
+        )
+    if (launched > 1 and accelerator.num_processes != launched) or (
+        accelerator.num_processes > 1 and kind == DistributedType.NO
+    ):
+        raise RuntimeError(
+            f"{launched} processes were launched but accelerate sees {accelerator.num_processes} ({kind}): they would "
+            "train independently and overwrite each other's files. On a machine without GPUs pass `--use_cpu` (DDP "
+            "over gloo) or, under DeepSpeed, `--ddp_backend gloo` (TRAPOConfig sets these itself when it sees the "
+            "launch)."
+        )
+
+
+def any_rank(accelerator, flag: bool) -> bool:
+    """True on every rank if `flag` is true on any rank (one tiny all-reduce; free on one process)."""
+    if accelerator.num_processes == 1:
+        return bool(flag)
+    value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(value, reduction="sum").item() > 0)
+
+
+def _is_partitioned(param: torch.Tensor) -> bool:
+    return hasattr(param, "ds_id")
+
+
+def zero3_reference_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of a ZeRO-3-partitioned `PreTrainedModel`, built partitioned, filled parameter by parameter.
+
+    `copy.deepcopy` of a partitioned model copies empty placeholders; this builds a fresh model of the same class
+    from its config (transformers creates it under `deepspeed.zero.Init` while ZeRO-3 is configured) and copies each
+    parameter while that one pair is gathered, so at most two full parameters are materialised at a time. Every rank
+    must call it (gathering is collective).
+    """
+    import deepspeed
+
+    reference = type(model)._from_config(model.config, dtype=next(model.parameters()).dtype)
+    source = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            with deepspeed.zero.GatheredParameters([source[name], param], modifier_rank=0):
+                param.data.copy_(source[name].data)
+        source_buffers = dict(model.named_buffers())
+        for name, buffer in reference.named_buffers():
+            if name in source_buffers:
+                buffer.copy_(source_buffers[name])
+    return reference.eval().requires_grad_(False)
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of every state-dict entry of `module`, gathering ZeRO-3 partitions one parameter at a time.
+
+    Collective under ZeRO-3: every rank must call it.
+    """
+    out = {}
+    for name, value in module.state_dict(keep_vars=True).items():
+        if _is_partitioned(value):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([value]):
+                out[name] = value.data.detach().cpu().clone()
+        else:
+            out[name] = value.detach().cpu().clone()
+    return out
+
+
+def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load full tensors (from `full_state_dict`) into `module`, ZeRO-3 partitions included; missing keys are kept.
+
+    Collective under ZeRO-3: every rank must call it with the same keys.
+    """
+    with torch.no_grad():
+        for name, target in module.state_dict(keep_vars=True).items():
+            if name not in state:
+                continue
+            if _is_partitioned(target):
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
+                    target.data.copy_(state[name].to(target.dtype))
+            else:
+                target.data.copy_(state[name].to(target.device, target.dtype))
+
+
+def generation_synced_gpus(accelerator, gathered: bool) -> bool | None:
+    """`synced_gpus` for `generate`: False when the weights are local (no collective inside a forward, so ranks may
+    generate different numbers of tokens and batches); None (transformers decides: True for ZeRO-3 / FSDP on several
+    processes) when forwards gather weights and every rank must run them in lockstep."""
+    from trl.distributed import DistributedBackend
+
+    backend = DistributedBackend(accelerator)
+    if backend.is_fsdp or (backend.is_zero3 and not gathered):
+        return None
+    return False
+
+
+class DDPCommHookCallback(TrainerCallback):
+    """Registers `args.ddp_comm_hook` (fp16 / bf16 / PowerSGD) on the DDP-wrapped model at the start of training.
+
+    Args:
+        trainer: the [`TRAPOTrainer`] (its `model_wrapped` is the DDP module once training starts).
+
+    Raises:
+        ValueError: at `train()`, if a hook is asked for on several processes that are not DDP (DeepSpeed and FSDP
+            communicate through their own collectives, which these hooks do not apply to).
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        name = args.ddp_comm_hook
+        if name == "none":
+            return control
+        model = self.trainer.model_wrapped
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            if self.trainer.accelerator.num_processes == 1:
+                logger.info("ddp_comm_hook=%r has no effect on a single process.", name)
+                return control
+            raise ValueError(
+                f"TRAPOConfig.ddp_comm_hook={name!r} needs DDP, but this run uses "
+                f"{self.trainer.accelerator.distributed_type}. Set ddp_comm_hook='none' (DeepSpeed / FSDP have their "
+                "own communication settings) or launch with plain DDP."
+            )
+        if getattr(model, "_trapo_comm_hook", None) is not None:  # a second `train()` on the same wrapper
+            return control
+        state_option = {}
+        if name == "powersgd":
+            state_option = {
+                "matrix_approximation_rank": args.powersgd_rank,
+                "start_powerSGD_iter": args.powersgd_start_iter,
+            }
+            if torch.distributed.get_backend() == "gloo":
+                logger.warning(
+                    "PowerSGD on gloo: its collectives run in future callbacks and can interleave with DDP's other "
+                    "collectives in a different order on different ranks (pytorch/pytorch#58467). Use one gradient "
+                    "bucket (--ddp_bucket_cap_mb larger than the gradients) and --ddp_find_unused_parameters false."
+                )
+        DistributedDataParallelKwargs(comm_hook=COMM_HOOKS[name], comm_state_option=state_option).register_comm_hook(
+            model
+        )
+        model._trapo_comm_hook = name
+        logger.info("Registered the DDP communication hook %r.", name)
+        return control
+
+
+def reduce_replay_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """`ReplayBuffer.metrics` over all ranks: `replay/size` and `replay/bytes` summed, the per-trajectory means
+    (`replay/reuse_mean`, `replay/age_mean`, `replay/compressed`) weighted by each rank's size. Collective."""
+    if accelerator.num_processes == 1:
+        return metrics
+    size = metrics["replay/size"]
+    means = ("replay/reuse_mean", "replay/age_mean", "replay/compressed")
+    local = torch.tensor([size, metrics["replay/bytes"], *(metrics[k] * size for k in means)], dtype=torch.float64).to(
+        accelerator.device
+    )
+    total = accelerator.reduce(local, reduction="sum").cpu().tolist()
+    out = {"replay/size": total[0], "replay/bytes": total[1]}
+    out.update({k: (v / total[0] if total[0] else 0.0) for k, v in zip(means, total[2:])})
+    return out
+
+
+def reduce_named_means(accelerator, values: dict[str, list[float]]) -> dict[str, float]:
+    """Mean of every named list over all ranks (names may differ across ranks, e.g. metrics a reward function logs
+    with `log_metric`). Collective on several processes."""
+    local = {name: (sum(v), len(v)) for name, v in values.items() if v}
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        merged: dict[str, list[float]] = {}
+        for part in gather_object([local]):
+            for name, (total, count) in part.items():
+                merged.setdefault(name, [0.0, 0])
+                merged[name][0] += total
+                merged[name][1] += count
+        local = merged
+    return {name: total / count for name, (total, count) in sorted(local.items()) if count}

@@ -1,0 +1,197 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The mixed memory pool as the trainer sees it: one object that owns the long-term SFT pool, few-shot mode and the
+adapter bank, and is the only place [`TRAPOTrainer`] talks to them (the short-term replay buffer is the trainer's own
+`replay`).
+
+| part | module | switched on by |
+|---|---|---|
+| SFT pool, uniform epochs or prioritised replay from disk | `sft_pool.py` | `sft_sampling` |
+| few-shot mode: reuse, annealed temperature, prototypes | `fewshot.py` | `fewshot_mode` |
+| adapter bank: snapshots, rollback, Hub push | `adapter_bank.py` | a PEFT policy and `adapter_snapshot_steps > 0` |
+
+What the trainer calls, and when:
+
+- `take_sft(n, step)` builds the step's SFT rows; `select_prompts(n)` picks a generation round's RL prompts;
+- `observe_rollouts(...)` once a round is scored (before its trajectories enter the replay buffer);
+- `after_forward(inputs, per_token_logps, sft_mask)` in `compute_loss`: per-row SFT feedback (priority proxies,
+  few-shot prompt embeddings) stays on the device and is handed over when the next step is drawn — no host sync
+  per micro-batch;
+- `state_dict()` / `load_state_dict()` with TRAPO's checkpoint (JSON in `rank{r}.json`, tensors in
+  `rank{r}-sft_pool.safetensors`, the bank's index in `adapter_bank.json`); `metrics()` at log time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from accelerate.utils import is_peft_model
+from transformers import TrainerCallback
+
+from .adapter_bank import AdapterBankCallback
+from .checkpoint import CheckpointError, encode_tensors, read_state_file
+from .data import SFT
+from .fewshot import FewShotController
+from .losses import kl_estimate
+from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
+
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DISK_FRACTION = 0.05
+
+
+class MemoryPool(TrainerCallback):
+    """The SFT pool, few-shot controller and adapter bank of one [`TRAPOTrainer`] (see the module docstring).
+
+    Args:
+        trainer: the trainer, after `Trainer.__init__` (its `_sft_dataset`, `_rl_dataset`, `_prompt_sampler` are read
+            lazily, so they may be set after this object is built).
+        rank (`int`), world_size (`int`): this process and the number of processes.
+    """
+
+    def __init__(self, trainer, rank: int, world_size: int):
+        args = trainer.args
+        self.trainer = trainer
+        self.rank = rank
+        self.sft_pool = None
+        if trainer._sft_dataset is not None:
+            if args.sft_sampling == "prioritized":
+                budget = args.sft_pool_max_bytes
+                if budget is None:
+                    budget = int(DEFAULT_DISK_FRACTION * free_disk_bytes(args.output_dir))
+                self.sft_pool = PrioritizedSFTPool(
+                    trainer._sft_dataset,
+                    os.path.join(args.output_dir, "sft_pool", f"rank{rank}"),
+                    alpha=args.sft_priority_alpha,
+                    beta=args.sft_priority_beta,
+                    total_steps=trainer._planned_steps,
+                    max_bytes=budget,
+                    seed=args.seed + 1,
+                    rank=rank,
+                    world_size=world_size,
+                )
+            else:
+                self.sft_pool = SFTPool(trainer._sft_dataset, seed=args.seed + 1, rank=rank, world_size=world_size)
+        self.fewshot = None
+        if args.fewshot_mode:
+            self.fewshot = FewShotController(trainer, len(self.sft_pool) if self.sft_pool is not None else 0)
+        self.adapter_bank = None
+        policy = trainer._unwrapped_policy()
+        if args.adapter_snapshot_steps > 0 and is_peft_model(policy):
+            if trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3:
+                logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
+            else:
+                self.adapter_bank = AdapterBankCallback(trainer)
+                trainer.add_callback(self.adapter_bank)
+        trainer.add_callback(self)
+
+    # ---- drawing ----------------------------------------------------------------------------------------------------
+    def take_sft(self, n: int, step: int) -> list[dict]:
+        """The step's `n` SFT rows (few-shot preference applied when on)."""
+        if self.fewshot is not None:
+            return self.fewshot.sft_rows(self.sft_pool, n, step)
+        return self.sft_pool.take(n, step)
+
+    def select_prompts(self, n: int) -> list[int]:
+        """Dataset indices of a generation round's `n` RL prompts."""
+        if self.fewshot is not None:
+            return self.fewshot.select_prompts(n)
+        return self.trainer._prompt_sampler.take(n)
+
+    # ---- feedback ---------------------------------------------------------------------------------------------------
+    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories) -> None:
+        """A scored generation round: `(B,)` scores (NaN = no reward), `(C_i,)` behaviour and reference log-probs per
+        completion, and the trajectories made of the completions with a score (not yet in the replay buffer)."""
+        if self.fewshot is not None:
+            self.fewshot.observe_rollouts(scores, trajectories)
+        if self.adapter_bank is not None:
+            kl = None
+            if ref_logps is not None:
+                estimator = self.trainer.args.kl_estimator
+                kl = torch.tensor([float(kl_estimate(o, r, estimator).sum()) for o, r in zip(old_logps, ref_logps)])
+            self.adapter_bank.observe_rollouts(scores, kl)
+
+    def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:
+        """Per-row SFT feedback of a micro-batch, left on the device until the next draw."""
+        pool_index = inputs.get("pool_index")
+        if pool_index is None or self.sft_pool is None:
+            return
+        objective = inputs["objective"]
+        if self.sft_pool.wants_feedback:
+            index = torch.where(objective == SFT, pool_index, torch.full_like(pool_index, -1))
+            self.sft_pool.report(index, sft_priority_proxy(per_token_logps, sft_mask))
+        if self.fewshot is not None:
+            self.fewshot.after_forward(objective, pool_index, sft_mask)
+
+    # ---- callbacks ----------------------------------------------------------------------------------------------
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.fewshot is not None:  # the configured temperature again (few-shot mode annealed it in place)
+            self.fewshot.reset_temperature()
+        return control
+
+    # ---- metrics and state --------------------------------------------------------------------------------------
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for part in (self.sft_pool, self.fewshot, self.adapter_bank):
+            if part is not None:
+                out.update(part.metrics())
+        return out
+
+    def state_dict(self) -> tuple[dict, dict[str, bytes]]:
+        """JSON for `rank{r}.json` and the extra files of this rank's checkpoint state."""
+        state: dict = {}
+        tensors: dict[str, torch.Tensor] = {}
+        if isinstance(self.sft_pool, PrioritizedSFTPool):  # its JSON part is the trainer's "sft_pool" entry
+            tensors.update({f"sft_pool/{k}": v for k, v in self.sft_pool.tensor_state().items()})
+        if self.fewshot is not None:
+            meta, fewshot_tensors = self.fewshot.state_dict()
+            state["fewshot"] = meta
+            tensors.update(fewshot_tensors)
+        files = {}
+        if tensors:
+            files[f"rank{self.rank}-sft_pool.safetensors"] = encode_tensors(tensors, compress=False)
+        if self.adapter_bank is not None and self.rank == 0:
+            import json
+
+            files["adapter_bank.json"] = json.dumps(self.adapter_bank.state_dict(), indent=1).encode("utf-8")
+        return state, files
+
+    def load_state_dict(self, state: dict | None, checkpoint_dir: str) -> None:
+        """Restore from a verified checkpoint directory.
+
+        Raises:
+            CheckpointError: naming the file, if a part this run has is missing from the checkpoint or damaged.
+        """
+        state = state or {}
+        directory = os.path.join(checkpoint_dir, "trapo")
+        name = f"rank{self.rank}-sft_pool.safetensors"
+        needs_tensors = isinstance(self.sft_pool, PrioritizedSFTPool) or self.fewshot is not None
+        tensors = read_state_file(checkpoint_dir, name) if needs_tensors else None
+        source = os.path.join(directory, name)
+        if needs_tensors and tensors is None:
+            raise CheckpointError(
+                f"{source} is missing: the checkpoint was made without the prioritised SFT pool / few-shot mode this "
+                "run uses. Resume with the same sft_sampling and fewshot_mode."
+            )
+        try:
+            if isinstance(self.sft_pool, PrioritizedSFTPool):  # after the trainer restored its JSON part
+                self.sft_pool.load_tensor_state(
+                    {k[len("sft_pool/") :]: v for k, v in tensors.items() if k.startswith("sft_pool/")}
+                )
+            if self.fewshot is not None:
+                if "fewshot" not in state:
+                    raise KeyError("fewshot")
+                self.fewshot.load_state_dict(state["fewshot"], tensors)
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
+        if self.adapter_bank is not None:
+            bank_source = os.path.join(directory, "adapter_bank.json")
+            bank_state = read_state_file(checkpoint_dir, "adapter_bank.json")
+            if bank_state is None:
+                raise CheckpointError(f"{bank_source} is missing: the checkpoint has no adapter bank index.")
+            self.adapter_bank.load_state_dict(bank_state, bank_source)
+
+
+__all__ = ["MemoryPool"]
