@@ -1,0 +1,119 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Step time of the built-in job on 1 process vs 2 processes (DDP over gloo, DeepSpeed ZeRO-2 / ZeRO-3 on CPU).
+
+Runs `examples/trapo.py` (through `scripts/distributed_job.py`, which records every rank's step-end times) for
+`--steps` optimizer steps with evaluation and checkpoints off, and prints the median step time after `--warmup`
+steps, the global rows per second, and the throughput relative to one process with one thread. Every process gets
+`--threads` intra-op threads (default 1), so "2 processes" uses two cores (`--only 1proc-2threads` adds one process
+with two threads; on a machine shared with other jobs its OpenMP threads spin and its numbers mean little).
+
+Per-device batch and gradient accumulation are the job's defaults (32 x 2), so 2 processes train twice the rows per
+step (the global batch doubles, as it does when you add GPUs). Step time includes everything the job does in a step:
+drawing rows, generation rounds, the joint forward/backward, gradient communication and the optimizer.
+
+    python scripts/benchmark_distributed.py                   # ~3 minutes on 2 CPU cores
+    python scripts/benchmark_distributed.py --steps 40 --only ddp zero3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUPS = {  # name -> (accelerate config or None for a plain process, processes, threads multiplier)
+    "1proc": (None, 1, 1),
+    "1proc-2threads": (None, 1, 2),
+    "ddp": ("multi_gpu.yaml", 2, 1),
+    "zero2": ("deepspeed_zero2.yaml", 2, 1),
+    "zero3": ("deepspeed_zero3.yaml", 2, 1),
+}
+LABELS = {
+    "1proc": "1 process",
+    "1proc-2threads": "1 process, 2 threads",
+    "ddp": "DDP (gloo), 2 processes",
+    "zero2": "DeepSpeed ZeRO-2, 2 processes",
+    "zero3": "DeepSpeed ZeRO-3, 2 processes",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(name: str, steps: int, threads: int, output_dir: str) -> dict:
+    config, processes, multiplier = SETUPS[name]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads * multiplier),
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    job = [str(ROOT / "scripts" / "distributed_job.py"), "--max_steps", str(steps), "--eval_strategy", "no",
+           "--save_strategy", "no", "--logging_steps", str(steps), "--output_dir", output_dir]  # fmt: skip
+    if config is None:
+        command = [sys.executable, *job]
+    else:
+        command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
+                   "--config_file", str(ROOT / "examples" / "accelerate_configs" / config),
+                   "--num_processes", str(processes), "--mixed_precision", "no",
+                   "--main_process_port", str(free_port()), *job]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{(completed.stdout + completed.stderr)[-4000:]}")
+    with open(os.path.join(output_dir, "ranks", "rank0.json"), encoding="utf-8") as handle:
+        record = json.load(handle)
+    return {"processes": processes, "ends": record["step_end_times"]}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the median")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=list(SETUPS),
+        default=[name for name in SETUPS if name != "1proc-2threads"],
+        help="setups to run (1proc-2threads is opt-in: two OpenMP threads collapse when other jobs share the cores)",
+    )
+    parser.add_argument("--rows_per_device", type=int, default=64, help="per-device rows per step (32 x 2 default)")
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.only:
+        with tempfile.TemporaryDirectory(prefix=f"trapo-bench-{name}-") as output_dir:
+            result = run(name, args.steps, args.threads, output_dir)
+        ends = result["ends"]
+        times = [b - a for a, b in zip(ends[args.warmup - 1 : -1], ends[args.warmup :])]
+        median = statistics.median(times)
+        global_rows = args.rows_per_device * result["processes"]
+        rows.append({"setup": name, "median_step_s": median, "rows_per_s": global_rows / median, "steps": len(times)})
+        print(f"{LABELS[name]}: median step {median:.3f} s over {len(times)} steps", flush=True)
+    base = next((r for r in rows if r["setup"] == "1proc"), rows[0])
+    print()
+    print(f"| setup | median step (s) | rows / step | rows / s | throughput vs {LABELS[base['setup']]} |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        processes = SETUPS[r["setup"]][1]
+        print(
+            f"| {LABELS[r['setup']]} | {r['median_step_s']:.3f} | {args.rows_per_device * processes} | "
+            f"{r['rows_per_s']:.0f} | {r['rows_per_s'] / base['rows_per_s']:.2f}x |"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,127 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""`examples/trapo.py`, plus a per-rank record of the run — for the distributed tests and benchmarks.
+
+Takes exactly the arguments of `examples/trapo.py` and runs its `main`; in addition every rank writes
+`<output_dir>/ranks/rank<r>.json` with what that rank saw:
+
+- `log_history`: the Trainer's logs as this rank computed them (weights, curriculum mixture, losses, ...);
+- `step_end_times`: `time.perf_counter()` at the end of every optimizer step (differences = step times, generation
+  and row building included);
+- `param_digest`: SHA-256 of the policy's full parameters at the end of training (ZeRO-3 partitions gathered), so
+  ranks can be checked to hold the same weights;
+- `reference_matches_policy_at_start`: whether the frozen reference equals the policy when a fresh run starts (None
+  without a reference model or when resuming);
+- `comm_hooks`: the DDP communication hooks registered on the wrapped model, with their state's iteration count
+  (PowerSGD counts every compressed all-reduce);
+- `world_size`, `distributed_type`, `process_index`.
+
+    accelerate launch --num_processes 2 --multi_gpu scripts/distributed_job.py --max_steps 12 --output_dir out
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("trapo_example", ROOT / "examples" / "trapo.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+class RankRecorder(TrainerCallback):
+    """Collects this rank's step times and logs; writes them (and a digest of the final weights) at train end."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.step_end_times: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from trl_trapo.distributed import full_state_dict
+
+        trainer = self.trainer
+        self.reference_matches_policy = None
+        if trainer.ref_model is not None and state.global_step == 0:  # collective under ZeRO-3: every rank calls it
+            reference = full_state_dict(trainer.accelerator.unwrap_model(trainer.ref_model))
+            policy = full_state_dict(trainer._unwrapped_policy())
+            self.reference_matches_policy = set(reference) == set(policy) and all(
+                torch.equal(reference[k], policy[k]) for k in reference
+            )
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_end_times.append(time.perf_counter())
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        from trl_trapo.distributed import full_state_dict
+
+        trainer = self.trainer
+        policy = trainer._unwrapped_policy()
+        state_dict = full_state_dict(policy)  # collective under ZeRO-3: every rank calls it
+        digest = hashlib.sha256()
+        for name in sorted(state_dict):
+            digest.update(name.encode())
+            digest.update(state_dict[name].float().numpy().tobytes())
+        accelerator = trainer.accelerator
+        hooks = [
+            {"hook": getattr(hook, "__name__", type(hook).__name__), "iter": getattr(hook_state, "iter", None)}
+            for hook, hook_state in getattr(trainer.model_wrapped, "_comm_hooks", [])
+        ]
+        record = {
+            "process_index": accelerator.process_index,
+            "world_size": accelerator.num_processes,
+            "distributed_type": str(accelerator.distributed_type),
+            "log_history": state.log_history,
+            "step_end_times": self.step_end_times,
+            "param_digest": digest.hexdigest(),
+            "comm_hooks": hooks,
+            "reference_matches_policy_at_start": self.reference_matches_policy,
+        }
+        directory = os.path.join(args.output_dir, "ranks")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f"rank{accelerator.process_index}.json"), "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+        return control
+
+
+def main() -> None:
+    example = load_example()
+    base = example.TRAPOTrainer
+
+    class RecordedTRAPOTrainer(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.add_callback(RankRecorder(self))
+
+    example.TRAPOTrainer = RecordedTRAPOTrainer
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = example.make_parser()
+    if example.builtin_mode(sys.argv[1:]):
+        parser.set_defaults(**example.BUILTIN_DEFAULTS)
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    example.main(script_args, training_args, model_args)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # an orderly shutdown (gloo / DeepSpeed's CPU backend can abort at exit otherwise)
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
