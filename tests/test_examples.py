@@ -1,0 +1,161 @@
+"""The main job, `examples/trapo.py`: built-in mode, local model + local datasets, GSM8K, CLI and recipes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import ModelConfig
+
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train_first1500.jsonl"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def trapo():
+    return load_script("examples/trapo.py")
+
+
+def tiny_args(trapo, output_dir, **overrides):
+    """The built-in defaults, shortened to a smoke test."""
+    values = {**trapo.BUILTIN_DEFAULTS, "output_dir": str(output_dir), "max_steps": 6, "eval_steps": 3}
+    values.update(overrides)
+    script = trapo.TRAPOScriptArguments(**{k: values.pop(k) for k in list(values) if k in trapo.SCRIPT_FIELDS})
+    return script, trapo.TRAPOConfig(**values), ModelConfig()
+
+
+def test_builtin_job_writes_results_and_a_model_that_reloads(tmp_path, trapo):
+    from trl_trapo.tasks import greedy_accuracy, make_task_suite
+
+    script, args, model_args = tiny_args(trapo, tmp_path, max_steps=30, eval_steps=15)
+    results = trapo.main(script, args, model_args)
+    saved = json.loads((tmp_path / "eval_results.json").read_text())
+    assert saved == pytest.approx(results)
+    for key in ("eval_accuracy", "eval_accuracy_initial", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only"):
+        assert 0.0 <= saved[key] <= 1.0, key
+    assert (tmp_path / "trainer_state.json").exists()
+    # the saved model reloads with from_pretrained and reproduces the reported accuracy
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    reproduced = greedy_accuracy(model, tokenizer, make_task_suite(seed=script.task_suite_seed).eval, max_new_tokens=8)
+    assert reproduced["accuracy"] == pytest.approx(saved["eval_accuracy"])
+    assert reproduced["accuracy_rl_only"] == pytest.approx(saved["eval_accuracy_rl_only"])
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    assert sum("eval_reward" in h for h in history) >= 2  # evaluation during training (eval_strategy)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("conversational", [False, True])
+def test_local_model_and_local_json_datasets(tmp_path, trapo, conversational):
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+
+    def prompt(text):
+        return [{"role": "user", "content": text}] if conversational else text
+
+    def completion(text):
+        return [{"role": "assistant", "content": text}] if conversational else text
+
+    rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": prompt(f"rev ab{c}="), "answer": f"{c}ba"} for c in "cdefgh"])
+    sft = write_jsonl(
+        tmp_path / "sft.jsonl", [{"prompt": prompt(f"rev b{c}="), "completion": completion(f"{c}b")} for c in "abc"]
+    )
+    messages = [
+        {"messages": [{"role": "user", "content": f"nxt {c}="}, {"role": "assistant", "content": chr(ord(c) + 1)}]}
+        for c in "abc"
+    ]
+    sft_messages = write_jsonl(tmp_path / "sft_messages.jsonl", messages)
+    pretrain = write_jsonl(tmp_path / "pt.jsonl", [{"text": "after a comes b. " * 5} for _ in range(8)])
+    script, args, model_args = tiny_args(
+        trapo,
+        tmp_path / "out",
+        dataset_name=rl,
+        sft_dataset_name=sft_messages if conversational else sft,
+        pretrain_dataset_name=pretrain,
+        reward_funcs=["exact_match"],
+        eval_strategy="no",
+        max_steps=3,
+        max_prompt_length=48,  # the chat template adds "user: ...\nassistant: "
+    )
+    model_args = ModelConfig(model_name_or_path=str(tmp_path / "model"))
+    results = trapo.main(script, args, model_args)
+    assert results["train_loss"] == results["train_loss"]  # finite, and the run completed
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    original = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert any(not torch.equal(a, b) for a, b in zip(reloaded.parameters(), original.parameters()))
+
+
+@pytest.mark.skipif(not GSM8K.exists(), reason="../shared/data/gsm8k is not present")
+def test_gsm8k_conversion_and_a_short_run_with_the_numeric_reward(tmp_path, trapo):
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    counts = convert.main([str(GSM8K), "--output_dir", str(tmp_path / "gsm8k"), "--test_size", "20"])
+    assert counts == {"rl/train": 1480, "rl/test": 20, "sft/train": 1480, "pretrain/train": 1480}
+    first = json.loads((tmp_path / "gsm8k" / "sft" / "train.jsonl").read_text().splitlines()[0])
+    assert first["completion"].rstrip().split("####")[-1].strip().replace(",", "").isdigit()
+    assert "<<" not in first["completion"]  # calculator annotations removed
+    save_tiny = load_script("scripts/save_tiny_model.py")
+    save_tiny.main(["--output_dir", str(tmp_path / "tiny"), "--max_position_embeddings", "2048"])
+    script, args, model_args = tiny_args(
+        trapo,
+        tmp_path / "out",
+        dataset_name=str(tmp_path / "gsm8k" / "rl"),
+        sft_dataset_name=str(tmp_path / "gsm8k" / "sft"),
+        pretrain_dataset_name=str(tmp_path / "gsm8k" / "pretrain"),
+        reward_funcs=["numeric_answer"],
+        max_steps=2,
+        eval_strategy="no",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_generations=2,
+        response_length=8,
+        max_prompt_length=1024,
+        sft_max_length=1536,
+        pretrain_max_length=256,
+        per_device_eval_batch_size=20,
+    )
+    model_args = ModelConfig(model_name_or_path=str(tmp_path / "tiny"))
+    results = trapo.main(script, args, model_args)
+    assert "eval_rewards/numeric_answer_reward" in results  # the held-out split (rl/test.jsonl) was evaluated
+
+
+def test_cli_with_a_recipe_yaml(tmp_path):
+    """`python examples/trapo.py --config recipe.yaml` (TrlParser) runs; command-line flags override the file."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'out'}\nmax_steps: 2\neval_strategy: 'no'\nlearning_rate: 0.001\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "trapo.py"), "--config", str(recipe), "--logging_steps", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert "eval_accuracy" in results
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "loss" in h] == [1, 2]  # --logging_steps 1 from the command line
