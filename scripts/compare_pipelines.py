@@ -1,0 +1,1064 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Evidence: TRAPO against the serial pipeline built from TRL's own trainers, on the same model, data and budget.
+
+    python scripts/compare_pipelines.py                              # serial vs TRAPO, 3 seeds, built-in tasks
+    python scripts/compare_pipelines.py --quick                      # 1 seed, short runs, small eval (< 5 min)
+    python scripts/compare_pipelines.py --ablations --lr_search      # + TRAPO ablations, + a learning-rate search
+    python scripts/compare_pipelines.py --budget time                # same wall clock instead of same steps
+    python scripts/compare_pipelines.py --model_name_or_path models/tiny --dataset_name data/rl \
+        --sft_dataset_name data/sft --pretrain_dataset_name data/pretrain --reward_funcs numeric_answer
+
+Every argument this script does not know is an argument of the main job, `examples/trapo.py` (its parser, its
+`BUILTIN_DEFAULTS` when no model is named, `--config recipe.yaml`): the TRAPO arm *is* the main job's configuration,
+and the serial arm is derived from it. On CPU there is no idle accelerator to reclaim, so this measures **sample
+efficiency and forgetting, not device utilisation** (the source document's claimed wall-clock gain comes from GPUs
+idling between stages, which a CPU run cannot show).
+
+Methods (each run in its own process, so peak memory is its own):
+
+- `serial`: three TRL trainers one after the other, each starting from the previous one's weights:
+  1. `trl.SFTTrainer` on the pretraining corpus (`text`, language modelling on every token, documents packed with
+     EOS between them into rows of `pretrain_max_length` tokens: `packing=True, packing_strategy="wrapped"`, which is
+     how TRAPO packs its pretraining rows);
+  2. `trl.SFTTrainer` on the SFT data (prompt-completion, `completion_only_loss=True`, `max_length=sft_max_length`);
+  3. `trl.GRPOTrainer` on the RL prompts with the same reward functions.
+- `trapo`: `TRAPOTrainer` with the main job's configuration (DARE + the phased curriculum).
+- with `--ablations`: `trapo_static` (`dare_mode=static`), `trapo_constant` (`curriculum_mode=constant`, the
+  time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`).
+
+What is held equal (every choice, so nothing is tuned for TRAPO that is not equally tuned for the baseline):
+
+- the initial weights (the main job's model: for the built-in task, `build_tiny_model(tokenizer, seed=seed)`), the
+  tokenizer, the seed, and the data (the same pretraining / SFT / RL / eval datasets; the last `--heldout_docs`
+  pretraining documents are held out from *every* run to measure forgetting);
+- the budget. `--budget steps` (default): the serial pipeline takes as many optimizer steps as TRAPO's `max_steps`,
+  split across its stages in the proportions of TRAPO's time-averaged curriculum (the mean over steps of the row
+  shares; 34 / 40 / 26 % pretrain / SFT / RL for the default schedule). Every step of either method has
+  `per_device_train_batch_size * gradient_accumulation_steps` rows, so both see the same number of rows of each
+  objective over the run. `--budget time`: each serial run gets the wall time (evaluation excluded) of the TRAPO run
+  of the same seed, split across stages in the same proportions; a stage stops when its share is used, and its
+  learning-rate schedule runs on the fraction of its time used (same shape, time instead of steps);
+- the optimizer and schedule: learning rate, `lr_scheduler_type` and its kwargs, AdamW betas / epsilon, weight
+  decay, gradient clipping, batch size, gradient accumulation, precision. Each serial stage runs the whole schedule
+  over its own steps (warmup scaled to the stage: `warmup_steps * stage_steps / max_steps`), as three separate jobs
+  would;
+- sequence lengths: `pretrain_max_length`, `sft_max_length`, `response_length` (= GRPO `max_completion_length`);
+- RL: GRPO `num_generations` = TRAPO `num_generations`; `beta` = `kl_coef` (both put a k3 KL in the loss for
+  critic-free advantages); `num_iterations` = `num_ppo_epochs` (TRAPO uses each trajectory up to that many times;
+  GRPO reuses each generation batch that many times); `epsilon` = `cliprange`; `loss_type`, `scale_rewards`,
+  `temperature`, `top_p`, `top_k`, `mask_truncated_completions`, `entropy_coef`, `reward_weights` and the reference
+  syncing (`sync_ref_model`, `ref_model_mixup_alpha`, `ref_model_sync_steps`) copied over;
+- the learning rate: the main job's `learning_rate` for both unless `--lr_search`, which gives each method the same
+  search: `--lr_factors` (default 0.5, 1, 2) times the main job's rate, each a short run (`--lr_search_fraction` of
+  the budget, seed `--lr_search_seed`, which is not an evaluation seed), the rate with the best final held-out
+  accuracy wins (ties: the lower held-out pretraining loss). One rate for all three serial stages (as for TRAPO's
+  three objectives). Ablations use TRAPO's rate.
+
+Metrics, at every `--eval_every` of the budget (both methods on the same grid of budget fractions; the serial
+stages share one timeline and are also evaluated at each stage's end):
+
+- held-out accuracy: greedy exact match on the held-out prompts, overall and per split (`sft_tasks`, `rl_only`);
+  with your own data, the mean greedy reward of the held-out prompts;
+- held-out pretraining loss (nats/token) on the held-out documents; forgetting = its rise above its best value so
+  far in the same run;
+- wall time of training (evaluation excluded; setup — building trainers, tokenising, saving between stages — is
+  recorded separately as `setup_s`), CPU time, optimizer steps, tokens processed (non-padding tokens of the training
+  forwards: prompt + completion for RL rows), generation time (inside `model.generate` during training) and peak
+  resident memory of the run's process (`ru_maxrss`).
+
+Output under `--output_dir`: `results.md` (the table: mean ± std over seeds), `checkpoints.csv` (every checkpoint
+of every run), `accuracy_vs_time.png`, `forgetting_vs_time.png`, `trapo_weights_curriculum.png` (DARE weights and
+curriculum shares from TRAPO's `trainer_state.json`), `runs/<method>-seed<k>/` (result, trainer states, log).
+`python scripts/pipeline_report.py <output_dir>` rebuilds the report from the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.util
+import json
+import logging
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+logger = logging.getLogger("compare_pipelines")
+
+# name -> TRAPOConfig overrides of each TRAPO ablation
+ABLATIONS = {
+    "static": ("trapo_static", {"dare_mode": "static"}),
+    "constant": ("trapo_constant", {"curriculum_mode": "constant"}),
+    "no_pretrain": ("trapo_no_pretrain", {"pretrain_weight": 0.0}),
+}
+# main-job defaults that `--quick` lowers (explicit command-line values still win)
+QUICK_JOB_DEFAULTS = {"max_steps": 120}
+# TrainingArguments fields every serial stage copies from the TRAPO configuration
+SHARED_TRAINING_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "optim",
+    "seed",
+    "data_seed",
+    "dataloader_num_workers",
+    "use_cpu",
+    "logging_steps",
+    "gradient_checkpointing",
+)
+PROGRESS_PREFIX = "@@progress "
+
+
+# =====================================================================================================================
+# Command line
+# =====================================================================================================================
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Any other argument is passed to the main job's parser (examples/trapo.py).",
+        allow_abbrev=False,  # `--seed` (a main-job argument) must not be read as `--seeds`
+    )
+    parser.add_argument("--output_dir", default="compare-output", help="where the report and the runs go")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
+    parser.add_argument("--budget", choices=("steps", "time"), default="steps", help="same steps or same wall time")
+    parser.add_argument(
+        "--ablations",
+        nargs="*",
+        choices=sorted(ABLATIONS),
+        default=None,
+        help="TRAPO ablations to add (no value: all of them)",
+    )
+    parser.add_argument("--lr_search", action="store_true", help="give every method the same learning-rate search")
+    parser.add_argument("--lr_factors", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    parser.add_argument("--lr_search_fraction", type=float, default=0.3, help="budget of a search run (fraction)")
+    parser.add_argument("--lr_search_seed", type=int, default=100)
+    parser.add_argument("--eval_every", type=float, default=None, help="checkpoint spacing (default 0.05; quick 0.2)")
+    parser.add_argument(
+        "--eval_per_split_family", type=int, default=None, help="held-out prompts per task family (default all)"
+    )
+    parser.add_argument("--heldout_docs", type=int, default=None, help="held-out documents (default 300; quick 100)")
+    parser.add_argument("--quick", action="store_true", help="120 steps, 1 seed, small eval: a smoke run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (each its own process)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / jobs)")
+    parser.add_argument("--methods", nargs="+", default=["serial", "trapo"], choices=["serial", "trapo"])
+    parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the `--quick`-dependent defaults."""
+    if args.seeds is None:
+        args.seeds = [0] if args.quick else [0, 1, 2]
+    if args.eval_every is None:
+        args.eval_every = 0.2 if args.quick else 0.05
+    if args.heldout_docs is None:
+        args.heldout_docs = 100 if args.quick else 300
+    if args.eval_per_split_family is None and args.quick:
+        args.eval_per_split_family = 25
+    if args.threads is None:
+        args.threads = max((os.cpu_count() or 1) // max(args.jobs, 1), 1)
+    if not 0 < args.eval_every <= 1:
+        raise ValueError(f"--eval_every={args.eval_every} must be a fraction of the budget in (0, 1].")
+    if not 0 < args.lr_search_fraction <= 1:
+        raise ValueError(f"--lr_search_fraction={args.lr_search_fraction} must be in (0, 1].")
+    return args
+
+
+def method_overrides(method: str) -> dict[str, Any]:
+    """TRAPOConfig overrides of a TRAPO-family method (`trapo` and the ablations)."""
+    for name, overrides in ABLATIONS.values():
+        if name == method:
+            return dict(overrides)
+    if method != "trapo":
+        raise ValueError(f"{method!r} is not a TRAPO method.")
+    return {}
+
+
+# =====================================================================================================================
+# The main job's configuration and data
+# =====================================================================================================================
+def load_main_job():
+    """`examples/trapo.py` as a module (read at run time: its `BUILTIN_DEFAULTS` are the built-in job's settings)."""
+    name = "trapo_main_job"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", "trapo.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_job(job_argv: list[str], quick: bool, extra: dict[str, Any] | None = None):
+    """The main job's `(script_args, TRAPOConfig, ModelConfig)` for `job_argv`, plus `extra` TRAPOConfig values."""
+    job = load_main_job()
+    parser = job.make_parser()
+    builtin = job.builtin_mode(job_argv)
+    if builtin:
+        parser.set_defaults(**job.BUILTIN_DEFAULTS)
+    if quick:
+        parser.set_defaults(**QUICK_JOB_DEFAULTS)
+    argv = list(job_argv)
+    for key, value in (extra or {}).items():
+        argv += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    script_args, config, model_args = parser.parse_args_and_config(args=argv)
+    return script_args, config, model_args, builtin
+
+
+def time_averaged_mixture(config, active: tuple[bool, bool, bool]) -> tuple[float, float, float]:
+    """Mean over TRAPO's planned steps of its curriculum's (pretrain, sft, rl) row shares, for `active` objectives."""
+    from trl_trapo import CurriculumSchedule
+
+    steps = max(int(config.max_steps), 1)
+    mixtures = config.curriculum_mixtures
+    schedule = CurriculumSchedule(
+        config.curriculum_boundaries,
+        [mixtures[i : i + 3] for i in range(0, len(mixtures), 3)],
+        steps,
+        config.curriculum_decay_steps,
+        active=active,
+        mode="phased",
+    )
+    sums = [0.0, 0.0, 0.0]
+    for step in range(steps):
+        for i, share in enumerate(schedule.mixture(step)):
+            sums[i] += share / steps
+    return tuple(sums)
+
+
+def split_budget(total: int, shares: tuple[float, ...]) -> list[int]:
+    """Split `total` steps in proportion to `shares` (largest remainder); every stage with a share gets >= 1."""
+    raw = [total * s for s in shares]
+    counts = [math.floor(r) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - counts[i], reverse=True)[: total - sum(counts)]:
+        counts[i] += 1
+    for i, s in enumerate(shares):
+        if s > 0 and counts[i] == 0:
+            counts[i] = 1
+            counts[max(range(len(counts)), key=counts.__getitem__)] -= 1
+    return counts
+
+
+@dataclass
+class Setup:
+    """Everything a run needs besides its trainer: the configuration, model factory, tokenizer and data."""
+
+    script_args: Any
+    config: Any
+    model_args: Any
+    builtin: bool
+    tokenizer: Any
+    pretrain: Any
+    heldout_texts: list[str]
+    sft: Any
+    rl: Any
+    eval: Any
+    reward_funcs: list
+    model_factory: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+def build_setup(spec: dict) -> Setup:
+    """Parse the main job's arguments for this run and build its tokenizer and data, as `examples/trapo.py` does."""
+    script_args, config, model_args, builtin = parse_job(spec["job_argv"], spec["quick"], spec["job_extra"])
+    job = load_main_job()
+    if builtin:
+        from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+
+        tokenizer = build_char_tokenizer()
+        suite = make_task_suite(seed=script_args.task_suite_seed)
+        pretrain, sft, rl, eval_dataset = suite.pretrain, suite.sft, suite.rl_train, suite.eval
+        reward_funcs = list(suite.reward_funcs)
+
+        def model_factory():
+            return build_tiny_model(tokenizer, seed=config.seed)
+
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision)
+        pretrain = sft = rl = eval_dataset = None
+        reward_funcs = []
+
+        def model_factory():
+            return model_args.model_name_or_path
+
+    if script_args.dataset_name:
+        rl = job.load_any(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
+        eval_dataset = job.load_any(
+            script_args.dataset_name, script_args.dataset_config, script_args.dataset_test_split or "test"
+        )
+    if script_args.sft_dataset_name:
+        sft = job.load_any(script_args.sft_dataset_name, script_args.sft_dataset_config, script_args.sft_dataset_split)
+    if script_args.pretrain_dataset_name:
+        pretrain = job.load_any(
+            script_args.pretrain_dataset_name, script_args.pretrain_dataset_config, script_args.pretrain_dataset_split
+        )
+    for name in script_args.reward_funcs:
+        reward_funcs.append(job.REWARD_FUNCTIONS[name])
+    if eval_dataset is None or not reward_funcs:
+        raise ValueError("The comparison needs held-out RL prompts (a `test` split of --dataset_name) and rewards.")
+    if pretrain is None or len(pretrain) <= spec["heldout_docs"]:
+        raise ValueError(
+            f"The comparison needs a map-style pretraining dataset with more than --heldout_docs="
+            f"{spec['heldout_docs']} documents: the last ones are held out to measure forgetting."
+        )
+    # the last `heldout_docs` documents are seen by no run
+    cut = len(pretrain) - spec["heldout_docs"]
+    heldout_texts = pretrain.select(range(cut, len(pretrain)))["text"]
+    pretrain = pretrain.select(range(cut))
+    per_family = spec.get("eval_per_split_family")
+    if per_family and "task" in eval_dataset.column_names:
+        seen: dict[str, int] = {}
+        keep = []
+        for i, task in enumerate(eval_dataset["task"]):
+            if seen.get(task, 0) < per_family:
+                seen[task] = seen.get(task, 0) + 1
+                keep.append(i)
+        eval_dataset = eval_dataset.select(keep)
+    return Setup(
+        script_args, config, model_args, builtin, tokenizer, pretrain, heldout_texts, sft, rl, eval_dataset,
+        reward_funcs, model_factory,
+    )  # fmt: skip
+
+
+# =====================================================================================================================
+# Measuring a run
+# =====================================================================================================================
+class Stopwatch:
+    """Accumulated time of a clock (`time.perf_counter` or `time.process_time`) over start/stop intervals."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.total = 0.0
+        self.since: float | None = None
+
+    def start(self) -> None:
+        if self.since is None:
+            self.since = self.clock()
+
+    def stop(self) -> None:
+        if self.since is not None:
+            self.total += self.clock() - self.since
+            self.since = None
+
+    def read(self) -> float:
+        return self.total + (self.clock() - self.since if self.since is not None else 0.0)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports `ru_maxrss` in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def count_tokens(inputs: dict) -> int:
+    """Non-padding tokens of one training forward: prompt + completion (GRPO), else the attention mask."""
+    if "prompt_mask" in inputs and "completion_mask" in inputs:
+        return int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
+    if "attention_mask" in inputs:
+        return int(inputs["attention_mask"].sum())
+    return int(inputs["input_ids"].numel())
+
+
+class Recorder:
+    """One run's clocks, counters and checkpoints. The serial stages share one recorder (one timeline).
+
+    Args:
+        evaluate: `model -> dict` of held-out metrics.
+        unit: "steps" or "time": what the budget (and the checkpoint grid) counts.
+        total: the budget in that unit (optimizer steps or seconds).
+        eval_every: checkpoint spacing, a fraction of the budget.
+    """
+
+    def __init__(self, evaluate, unit: str, total: float, eval_every: float):
+        self.evaluate_fn = evaluate
+        self.unit = unit
+        self.total = max(float(total), 1e-9)
+        self.eval_every = eval_every
+        self.wall = Stopwatch()
+        self.cpu = Stopwatch(time.process_time)
+        self.eval_s = 0.0
+        self.generation_s = 0.0
+        self.tokens = 0
+        self.global_step = 0
+        self.evaluating = False
+        self.rows: list[dict] = []
+        self.next_mark = 1
+        self.stage_ends: list[dict] = []
+        self._last_progress = -1
+
+    def used(self) -> float:
+        """Budget used so far, in its unit."""
+        return self.global_step if self.unit == "steps" else self.wall.read()
+
+    def checkpoint(self, model, stage: str, reason: str) -> None:
+        """Evaluate `model` with the clocks stopped and record a row."""
+        running = self.wall.since is not None
+        self.wall.stop()
+        self.cpu.stop()
+        self.evaluating = True
+        start = time.perf_counter()
+        try:
+            metrics = self.evaluate_fn(model)
+        finally:
+            self.evaluating = False
+            self.eval_s += time.perf_counter() - start
+        wall = self.wall.read()
+        self.rows.append(
+            {
+                "stage": stage,
+                "reason": reason,
+                "step": self.global_step,
+                "budget_fraction": min(self.used() / self.total, 1.0),
+                "wall_s": wall,
+                "cpu_s": self.cpu.read(),
+                "eval_s": self.eval_s,
+                "generation_s": self.generation_s,
+                "generation_share": self.generation_s / wall if wall > 0 else 0.0,
+                "tokens": self.tokens,
+                "peak_rss_mb": peak_rss_mb(),
+                **metrics,
+            }
+        )
+        if running:
+            self.wall.start()
+            self.cpu.start()
+
+    def due(self) -> bool:
+        mark = self.next_mark * self.eval_every * self.total
+        return self.next_mark * self.eval_every < 1 - 1e-9 and self.used() >= mark - 1e-9
+
+    def maybe_checkpoint(self, model, stage: str) -> None:
+        if self.due():
+            self.checkpoint(model, stage, "grid")
+            while self.due():  # a step larger than the spacing covers several marks
+                self.next_mark += 1
+
+    def progress(self) -> None:
+        percent = int(100 * min(self.used() / self.total, 1.0))
+        if percent != self._last_progress:
+            self._last_progress = percent
+            print(f"{PROGRESS_PREFIX}{percent}", flush=True)
+
+    def instrument_generate(self, model) -> None:
+        """Time `model.generate` during training (calls made while evaluating are not counted)."""
+        if getattr(model, "_compare_timed", False):
+            return
+        original = model.generate
+
+        def timed_generate(*args, **kwargs):
+            if self.evaluating:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.generation_s += time.perf_counter() - start
+
+        model.generate = timed_generate
+        model._compare_timed = True
+
+
+def recorder_callback(recorder: Recorder, stage: str, step_offset: int, stop_at_s: float | None, first: bool):
+    """A `TrainerCallback` that drives `recorder` for one trainer (one serial stage, or the TRAPO run)."""
+    from transformers import TrainerCallback
+
+    class RecorderCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if first:
+                recorder.checkpoint(model, stage, "initial")
+            recorder.wall.start()
+            recorder.cpu.start()
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            recorder.global_step = step_offset + state.global_step
+            recorder.maybe_checkpoint(model, stage)
+            recorder.progress()
+            if stop_at_s is not None and recorder.wall.read() >= stop_at_s:
+                control.should_training_stop = True
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            recorder.wall.stop()
+            recorder.cpu.stop()
+            last = recorder.rows[-1] if recorder.rows else None
+            if last is not None and last["step"] == recorder.global_step and last["stage"] == stage:
+                last["reason"] = "stage_end"  # a grid checkpoint at the very last step: no second evaluation
+            else:
+                recorder.checkpoint(model, stage, "stage_end")
+            recorder.stage_ends.append({"stage": stage, "step": recorder.global_step, "wall_s": recorder.wall.read()})
+
+    return RecorderCallback()
+
+
+def measured(trainer_cls, recorder: Recorder, time_fraction=None):
+    """`trainer_cls` counting the tokens of its training forwards; with `time_fraction` (a `() -> [0, 1]`), its
+    learning-rate schedule runs on the fraction of the time budget used instead of the fraction of steps."""
+
+    def on_time(lr_lambda, num_training_steps):
+        # the step-based multiplier evaluated at the step the elapsed time fraction corresponds to
+        return lambda _: lr_lambda(min(int(time_fraction() * num_training_steps), num_training_steps))
+
+    class Measured(trainer_cls):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            if model.training:
+                recorder.tokens += count_tokens(inputs)
+            return super().compute_loss(model, inputs, *args, **kwargs)
+
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+            if time_fraction is not None and hasattr(scheduler, "lr_lambdas"):
+                scheduler.lr_lambdas = [on_time(fn, num_training_steps) for fn in scheduler.lr_lambdas]
+            return scheduler
+
+    Measured.__name__ = f"Measured{trainer_cls.__name__}"
+    return Measured
+
+
+def make_evaluator(setup: Setup):
+    """`model -> metrics`: held-out accuracy (overall and per split) and held-out pretraining loss."""
+    import torch
+
+    from trl_trapo.evaluation import document_rows, nll_sum
+    from trl_trapo.tasks import greedy_accuracy
+
+    tokenizer, config = setup.tokenizer, setup.config
+    rows = document_rows(list(setup.heldout_texts), tokenizer, config.pretrain_max_length)
+
+    def evaluate(model) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                if setup.builtin:
+                    accuracy = greedy_accuracy(model, tokenizer, setup.eval, max_new_tokens=config.response_length)
+                else:
+                    accuracy = greedy_reward(model, tokenizer, setup.eval, setup.reward_funcs, config)
+                total, count = nll_sum(model, rows, tokenizer.pad_token_id, config.per_device_eval_batch_size)
+        finally:
+            model.train(was_training)
+        return {**accuracy, "pretrain_loss": total / max(count, 1.0)}
+
+    return evaluate
+
+
+def greedy_reward(model, tokenizer, dataset, reward_funcs, config) -> dict[str, float]:
+    """Mean greedy-decoding reward (weighted over `reward_funcs`) of held-out prompts, overall and per `split`."""
+    import torch
+
+    weights = config.reward_weights or [1.0] * len(reward_funcs)
+    prompts = list(dataset["prompt"])
+    texts_in = [
+        p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    columns = {c: dataset[c] for c in dataset.column_names if c not in ("prompt", "completion")}
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    completions: list[str] = []
+    try:
+        for start in range(0, len(texts_in), config.per_device_eval_batch_size):
+            batch = tokenizer(
+                texts_in[start : start + config.per_device_eval_batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            ).to(next(model.parameters()).device)
+            out = model.generate(
+                **batch,
+                do_sample=False,
+                max_new_tokens=config.response_length,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            completions += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+    if not isinstance(prompts[0], str):
+        completions = [[{"role": "assistant", "content": c}] for c in completions]
+    scores = torch.zeros(len(prompts))
+    for func, weight in zip(reward_funcs, weights):
+        values = func(prompts=prompts, completions=completions, completion_ids=None, **columns)
+        scores += weight * torch.tensor([float("nan") if v is None else v for v in values]).nan_to_num(0.0)
+    metrics = {"accuracy": float(scores.mean())}
+    for split in sorted(set(columns.get("split", []))):
+        keep = torch.tensor([s == split for s in columns["split"]])
+        metrics[f"accuracy_{split}"] = float(scores[keep].mean())
+    return metrics
+
+
+# =====================================================================================================================
+# The two pipelines
+# =====================================================================================================================
+def run_trapo(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
+    """TRAPOTrainer with the main job's configuration (plus the method's overrides)."""
+    from trl_trapo import TRAPOTrainer
+
+    config = setup.config
+    recorder = Recorder(make_evaluator(setup), "steps", config.max_steps, spec["eval_every"])
+    model = setup.model_factory()
+    started = time.perf_counter()
+    trainer = measured(TRAPOTrainer, recorder)(
+        model=model,
+        reward_funcs=setup.reward_funcs,
+        args=config,
+        train_dataset=setup.rl,
+        pretrain_dataset=setup.pretrain,
+        sft_dataset=setup.sft,
+        processing_class=setup.tokenizer,
+        callbacks=[recorder_callback(recorder, "trapo", 0, None, first=True)],
+    )
+    recorder.instrument_generate(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.train()
+    trainer.save_state()
+    setup_s = time.perf_counter() - started - recorder.wall.read() - recorder.eval_s
+    return recorder, {"setup_s": setup_s, "stages": [{"stage": "trapo", "steps": config.max_steps}]}
+
+
+def stage_configs(setup: Setup, stage_steps: list[int], spec: dict, workdir: str) -> list:
+    """The SFTConfig / GRPOConfig of each serial stage, copied from the TRAPO configuration (see the docstring)."""
+    from trl import GRPOConfig, SFTConfig
+
+    config = setup.config
+    total = max(int(config.max_steps), 1)
+    shared = {name: getattr(config, name) for name in SHARED_TRAINING_FIELDS}
+    shared.update(
+        bf16=bool(config.bf16),
+        fp16=bool(config.fp16),
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        per_device_eval_batch_size=config.per_device_eval_batch_size,
+    )
+    time_budget = spec["budget"] == "time"
+    warmup = config.warmup_steps
+
+    def stage_args(steps: int) -> dict:
+        if time_budget:  # nominal steps: the schedule runs on time, the stage stops on time
+            nominal = max(10 * steps, 100)
+            return {"max_steps": nominal, "warmup_steps": float(warmup) / total if warmup >= 1 else warmup}
+        return {"max_steps": steps, "warmup_steps": round(warmup * steps / total) if warmup >= 1 else warmup}
+
+    configs = []
+    if stage_steps[0]:
+        configs.append(
+            SFTConfig(
+                output_dir=os.path.join(workdir, "pretrain"),
+                **shared,
+                **stage_args(stage_steps[0]),
+                dataset_text_field="text",
+                max_length=config.pretrain_max_length,
+                packing=config.pretrain_packing,
+                packing_strategy="wrapped",
+            )
+        )
+    else:
+        configs.append(None)
+    if stage_steps[1]:
+        configs.append(
+            SFTConfig(
+                output_dir=os.path.join(workdir, "sft"),
+                **shared,
+                **stage_args(stage_steps[1]),
+                max_length=config.sft_max_length,
+                completion_only_loss=True,
+                packing=False,
+            )
+        )
+    else:
+        configs.append(None)
+    if stage_steps[2]:
+        if config.kl_estimator != "k3" and config.kl_coef > 0:
+            logger.warning(
+                "GRPO's KL term is k3; TRAPO uses kl_estimator=%s: the KL terms differ.", config.kl_estimator
+            )
+        configs.append(
+            GRPOConfig(
+                output_dir=os.path.join(workdir, "rl"),
+                **shared,
+                **stage_args(stage_steps[2]),
+                num_generations=config.num_generations,
+                max_completion_length=config.response_length,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                top_k=config.top_k,
+                beta=config.kl_coef,
+                num_iterations=config.num_ppo_epochs,
+                epsilon=config.cliprange,
+                loss_type=config.loss_type,
+                scale_rewards=config.scale_rewards,
+                mask_truncated_completions=config.mask_truncated_completions,
+                entropy_coef=config.entropy_coef,
+                reward_weights=config.reward_weights,
+                sync_ref_model=config.sync_ref_model and config.kl_coef > 0,
+                ref_model_mixup_alpha=config.ref_model_mixup_alpha,
+                ref_model_sync_steps=config.ref_model_sync_steps,
+                disable_dropout=config.disable_dropout,
+            )
+        )
+    else:
+        configs.append(None)
+    return configs
+
+
+def run_serial(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
+    """SFTTrainer (pretraining corpus) -> SFTTrainer (SFT data) -> GRPOTrainer (RL prompts), one shared timeline."""
+    from trl import GRPOTrainer, SFTTrainer
+
+    config = setup.config
+    active = (setup.pretrain is not None, setup.sft is not None, setup.rl is not None)
+    shares = time_averaged_mixture(config, active)
+    steps = split_budget(int(config.max_steps), shares)
+    time_budget = spec["budget"] == "time"
+    total = spec["time_budget_s"] if time_budget else config.max_steps
+    recorder = Recorder(make_evaluator(setup), spec["budget"], total, spec["eval_every"])
+    workdir = tempfile.mkdtemp(prefix="serial-", dir=spec["run_dir"])
+    configs = stage_configs(setup, steps, spec, workdir)
+    model = setup.model_factory()
+    started = time.perf_counter()
+    stages = []
+    offset, stage_start_s, first = 0, 0.0, True
+    for index, (name, stage_config) in enumerate(zip(("pretrain", "sft", "rl"), configs)):
+        if stage_config is None:
+            continue
+        stop_at = None
+        time_fraction = None
+        if time_budget:
+            stop_at = stage_start_s + shares[index] * total
+            allowance = max(shares[index] * total, 1e-9)
+
+            def time_fraction(start=stage_start_s, allowance=allowance):
+                return min(max((recorder.wall.read() - start) / allowance, 0.0), 1.0)
+
+        callback = recorder_callback(recorder, name, offset, stop_at, first)
+        tokenizer = copy.deepcopy(setup.tokenizer)
+        if name == "rl":
+            if not isinstance(model, str):  # GRPOTrainer loads its reference model from a path
+                path = os.path.join(workdir, "before-rl")
+                model.save_pretrained(path)
+                tokenizer.save_pretrained(path)
+                model = path
+            trainer = measured(GRPOTrainer, recorder, time_fraction)(
+                model=model,
+                reward_funcs=setup.reward_funcs,
+                args=stage_config,
+                train_dataset=setup.rl,
+                processing_class=tokenizer,
+                callbacks=[callback],
+            )
+        else:
+            trainer = measured(SFTTrainer, recorder, time_fraction)(
+                model=model,
+                args=stage_config,
+                train_dataset=setup.pretrain if name == "pretrain" else setup.sft,
+                processing_class=tokenizer,
+                callbacks=[callback],
+            )
+        recorder.instrument_generate(trainer.accelerator.unwrap_model(trainer.model))
+        trainer.train()
+        trainer.save_state()
+        shutil.copy(
+            os.path.join(stage_config.output_dir, "trainer_state.json"),
+            os.path.join(spec["run_dir"], f"trainer_state_{name}.json"),
+        )
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        stage_steps = recorder.global_step - offset
+        stages.append({"stage": name, "steps": stage_steps, "planned_steps": steps[index], "share": shares[index]})
+        offset, stage_start_s, first = recorder.global_step, recorder.wall.read(), False
+    shutil.rmtree(workdir, ignore_errors=True)
+    setup_s = time.perf_counter() - started - recorder.wall.read() - recorder.eval_s
+    return recorder, {"setup_s": setup_s, "stages": stages, "shares": list(shares)}
+
+
+def worker(spec_path: str) -> None:
+    """Run one (method, seed) in this process and write `<run_dir>/result.json`."""
+    import torch
+
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(spec["threads"])
+    load_start = os.getloadavg()
+    setup = build_setup(spec)
+    if spec["method"] == "serial":
+        recorder, info = run_serial(setup, spec)
+    else:
+        recorder, info = run_trapo(setup, spec)
+    final = recorder.rows[-1]
+    result = {
+        "method": spec["method"],
+        "seed": spec["seed"],
+        "learning_rate": setup.config.learning_rate,
+        "budget": spec["budget"],
+        "max_steps": setup.config.max_steps,
+        "checkpoints": recorder.rows,
+        "stage_ends": recorder.stage_ends,
+        "wall_s": final["wall_s"],
+        "cpu_s": final["cpu_s"],
+        "eval_s": recorder.eval_s,
+        "generation_s": recorder.generation_s,
+        "tokens": recorder.tokens,
+        "steps": recorder.global_step,
+        "peak_rss_mb": peak_rss_mb(),
+        "threads": spec["threads"],
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        **info,
+    }
+    with open(os.path.join(spec["run_dir"], "result.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+
+
+# =====================================================================================================================
+# Orchestration
+# =====================================================================================================================
+class Progress:
+    """One progress bar over all runs (each run counts 100 units), fed by the workers' progress lines."""
+
+    def __init__(self, runs: int, description: str):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=100 * runs, desc=description, unit="%", dynamic_ncols=True)
+        self.lock = threading.Lock()
+
+    def add(self, units: int) -> None:
+        with self.lock:
+            self.bar.update(units)
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def launch(spec: dict, progress: Progress) -> dict:
+    """Run one spec in a child process; return its result (raises with the log's tail if it fails)."""
+    os.makedirs(spec["run_dir"], exist_ok=True)
+    spec_path = os.path.join(spec["run_dir"], "spec.json")
+    with open(spec_path, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle, indent=1)
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(spec["threads"]),
+        HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
+        HF_DATASETS_OFFLINE=env.get("HF_DATASETS_OFFLINE", "1"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TRANSFORMERS_VERBOSITY=env.get("TRANSFORMERS_VERBOSITY", "error"),
+        TOKENIZERS_PARALLELISM="false",
+    )
+    log_path = os.path.join(spec["run_dir"], "log.txt")
+    progress.note(os.path.basename(spec["run_dir"]))
+    done = 0
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        for line in process.stdout:
+            if line.startswith(PROGRESS_PREFIX):
+                percent = int(line[len(PROGRESS_PREFIX) :])
+                if percent > done:
+                    progress.add(percent - done)
+                    done = percent
+            else:
+                log.write(line)
+        code = process.wait()
+    progress.add(100 - done)
+    if code != 0:
+        with open(log_path, encoding="utf-8") as handle:
+            tail = handle.read()[-3000:]
+        raise RuntimeError(f"Run {spec['run_dir']} failed (exit code {code}); its log ends with:\n{tail}")
+    with open(os.path.join(spec["run_dir"], "result.json"), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def run_all(specs: list[dict], jobs: int, description: str) -> list[dict]:
+    progress = Progress(len(specs), description)
+    try:
+        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+            return list(pool.map(lambda s: launch(s, progress), specs))
+    finally:
+        progress.close()
+
+
+def make_spec(args, job_argv, method, seed, run_dir, job_extra=None, time_budget_s=None) -> dict:
+    extra = {"seed": seed, "output_dir": run_dir, "eval_strategy": "no", "save_strategy": "no", "report_to": "none"}
+    extra["disable_tqdm"] = True
+    if method != "serial":
+        extra.update(method_overrides(method))
+    extra.update(job_extra or {})
+    return {
+        "method": method,
+        "seed": seed,
+        "run_dir": run_dir,
+        "job_argv": job_argv,
+        "job_extra": extra,
+        "quick": args.quick,
+        "budget": args.budget,
+        "time_budget_s": time_budget_s,
+        "eval_every": args.eval_every,
+        "eval_per_split_family": args.eval_per_split_family,
+        "heldout_docs": args.heldout_docs,
+        "threads": args.threads,
+    }
+
+
+def run_methods(args, job_argv, methods, seeds, out_dir, job_extra_of=None, description="runs") -> list[dict]:
+    """TRAPO-family runs first (with `--budget time` a serial run needs the wall time of its seed's TRAPO run)."""
+    job_extra_of = job_extra_of or (lambda method: {})
+    trapo_methods = [m for m in methods if m != "serial"]
+    specs = [
+        make_spec(args, job_argv, m, s, os.path.join(out_dir, f"{m}-seed{s}"), job_extra_of(m))
+        for s in seeds
+        for m in trapo_methods
+    ]
+    if args.budget == "steps" and "serial" in methods:
+        specs += [
+            make_spec(args, job_argv, "serial", s, os.path.join(out_dir, f"serial-seed{s}"), job_extra_of("serial"))
+            for s in seeds
+        ]
+        return run_all(specs, args.jobs, description)
+    results = run_all(specs, args.jobs, description) if specs else []
+    if "serial" in methods:
+        if "trapo" not in methods:
+            raise ValueError("--budget time gives the serial pipeline the wall time of TRAPO's run: include trapo.")
+        budget = {r["seed"]: r["wall_s"] for r in results if r["method"] == "trapo"}
+        serial = [
+            make_spec(
+                args,
+                job_argv,
+                "serial",
+                s,
+                os.path.join(out_dir, f"serial-seed{s}"),
+                job_extra_of("serial"),
+                budget[s],
+            )
+            for s in seeds
+        ]
+        results += run_all(serial, args.jobs, description + " (serial)")
+    return results
+
+
+def lr_search(args, job_argv, methods) -> dict[str, dict]:
+    """The same search for each method: `lr_factors` x the main job's rate, short runs, best held-out accuracy."""
+    _, config, _, _ = parse_job(job_argv, args.quick)
+    base_lr, base_steps = config.learning_rate, int(config.max_steps)
+    steps = max(int(round(base_steps * args.lr_search_fraction)), 1)
+    candidates = [base_lr * f for f in args.lr_factors]
+    families = ["serial", "trapo"] if "serial" in methods else ["trapo"]
+    search_args = copy.copy(args)
+    search_args.budget = "steps"  # search runs compare learning rates at equal steps
+    search_args.eval_every = 1.0  # only the initial and the final evaluation
+    out_dir = os.path.join(args.output_dir, "lr_search")
+    specs = []
+    for family in families:
+        for lr in candidates:
+            run_dir = os.path.join(out_dir, f"{family}-lr{lr:.3g}")
+            extra = {"learning_rate": lr, "max_steps": steps}
+            specs.append(make_spec(search_args, job_argv, family, args.lr_search_seed, run_dir, extra))
+    results = run_all(specs, args.jobs, "lr search")
+    chosen: dict[str, dict] = {}
+    for family in families:
+        rows = [r for r in results if r["method"] == family]
+        best = max(rows, key=lambda r: (r["checkpoints"][-1]["accuracy"], -r["checkpoints"][-1]["pretrain_loss"]))
+        chosen[family] = {
+            "learning_rate": best["learning_rate"],
+            "candidates": {
+                f"{r['learning_rate']:.3g}": {
+                    "accuracy": r["checkpoints"][-1]["accuracy"],
+                    "pretrain_loss": r["checkpoints"][-1]["pretrain_loss"],
+                }
+                for r in rows
+            },
+            "steps": steps,
+            "seed": args.lr_search_seed,
+        }
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
+    args, job_argv = parser.parse_known_args(argv)
+    if args._worker:
+        worker(args._worker)
+        return {}
+    args = resolve_defaults(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from pipeline_report import write_report
+
+    methods = list(dict.fromkeys(args.methods))
+    if args.ablations is not None:
+        methods += [ABLATIONS[name][0] for name in (args.ablations or sorted(ABLATIONS))]
+    parse_job(job_argv, args.quick)  # fail early on bad main-job arguments
+    os.makedirs(args.output_dir, exist_ok=True)
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    learning_rates: dict[str, Any] = {}
+    if args.lr_search:
+        learning_rates = lr_search(args, job_argv, methods)
+        logger.info("learning-rate search: %s", json.dumps(learning_rates))
+
+    def job_extra_of(method: str) -> dict:
+        family = "serial" if method == "serial" else "trapo"
+        return {"learning_rate": learning_rates[family]["learning_rate"]} if family in learning_rates else {}
+
+    results = run_methods(
+        args, job_argv, methods, args.seeds, os.path.join(args.output_dir, "runs"), job_extra_of, "comparison"
+    )
+    meta = {
+        "command": " ".join(["python", "scripts/compare_pipelines.py", *(argv if argv is not None else sys.argv[1:])]),
+        "job_argv": job_argv,
+        "methods": methods,
+        "seeds": args.seeds,
+        "budget": args.budget,
+        "quick": args.quick,
+        "jobs": args.jobs,
+        "threads": args.threads,
+        "eval_every": args.eval_every,
+        "lr_search": learning_rates,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "total_s": time.perf_counter() - started,
+        "cpu_count": os.cpu_count(),
+    }
+    with open(os.path.join(args.output_dir, "meta.json"), "w", encoding="utf-8") as handle:
+        json.dump(meta, handle, indent=1)
+    report = write_report(args.output_dir, results, meta)
+    print(report["markdown"])
+    print(f"\nWritten to {args.output_dir}/ ({meta['total_s']:.0f} s).")
+    return report
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

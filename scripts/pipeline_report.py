@@ -1,0 +1,388 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The report of `scripts/compare_pipelines.py`: table, checkpoint CSV and plots, from the runs' `result.json`.
+
+    python scripts/pipeline_report.py compare-output          # rebuild the report of a finished comparison
+
+Definitions (also stated in `results.md`):
+
+- accuracy: held-out greedy exact match of the final checkpoint (overall, `sft_tasks`, `rl_only`);
+- forgetting at a checkpoint: held-out pretraining loss minus its best (lowest) value at any earlier checkpoint of the
+  same run (nats/token, >= 0); "final forgetting" is that of the last checkpoint;
+- time to target: the first checkpoint's wall time (evaluation excluded) at which the run's accuracy reaches the
+  final accuracy of the serial run *of the same seed* (same initial weights). It is an upper bound at the checkpoint
+  resolution. A run that never reaches it is **censored**: it is counted with its total wall time as a lower bound,
+  and the cell reads "> X (k/n censored)", X being the mean of those lower bounds and the uncensored times;
+- generation share: time inside `model.generate` during training / training wall time;
+- mean ± std over seeds (sample standard deviation; "± 0" is not printed for one seed).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+
+SPLITS = ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
+TIME_TARGET = 0.7  # TRAPO should reach the serial final accuracy within 70 % of the serial wall time ...
+FORGETTING_TARGET = 0.5  # ... with at most half its forgetting (our targets: reported, never forced)
+CSV_FIELDS = (
+    "method", "seed", "stage", "reason", "step", "budget_fraction", "wall_s", "cpu_s", "eval_s", "generation_s",
+    "generation_share", "tokens", "peak_rss_mb", "accuracy", "accuracy_sft_tasks", "accuracy_rl_only",
+    "pretrain_loss", "best_pretrain_loss", "forgetting",
+)  # fmt: skip
+
+
+# =====================================================================================================================
+# Pure helpers (unit-tested)
+# =====================================================================================================================
+def add_forgetting(checkpoints: list[dict]) -> list[dict]:
+    """Copies of `checkpoints` (in order) with `best_pretrain_loss` (lowest so far) and `forgetting` (rise above it)."""
+    best = math.inf
+    out = []
+    for row in checkpoints:
+        best = min(best, row["pretrain_loss"])
+        out.append({**row, "best_pretrain_loss": best, "forgetting": row["pretrain_loss"] - best})
+    return out
+
+
+def time_to_target(checkpoints: list[dict], target: float, tolerance: float = 1e-9) -> float | None:
+    """Wall time of the first checkpoint whose `accuracy` >= `target`; None if no checkpoint reaches it (censored)."""
+    for row in checkpoints:
+        if row["accuracy"] >= target - tolerance:
+            return row["wall_s"]
+    return None
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for fewer than two values) of the finite `values` (a split your data
+    does not have is NaN in every run and is skipped)."""
+    values = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def format_mean_std(values: list[float], digits: int = 3) -> str:
+    """'m ± s' (just 'm' for one value; '–' for none or only non-finite ones)."""
+    values = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def format_censored(times: list[float | None], bounds: list[float], digits: int = 0) -> str:
+    """Times to target with censoring: 'm ± s' if every run reached it, else '> X (k/n censored)'.
+
+    Args:
+        times: per run, the time to target, or None when the run never reached it.
+        bounds: per run, its total wall time (the lower bound used for a censored run).
+    """
+    if not times:
+        return "–"
+    censored = sum(t is None for t in times)
+    if censored == 0:
+        return format_mean_std([float(t) for t in times], digits)
+    lower = statistics.mean(b if t is None else t for t, b in zip(times, bounds))
+    return f"> {lower:.{digits}f} ({censored}/{len(times)} censored)"
+
+
+def summarize(results: list[dict]) -> dict[str, dict]:
+    """Per method: per-seed final metrics, times to the serial target, and the means used by the table."""
+    serial_final = {r["seed"]: r["checkpoints"][-1]["accuracy"] for r in results if r["method"] == "serial"}
+    fallback = statistics.mean(serial_final.values()) if serial_final else None
+    summary: dict[str, dict] = {}
+    for result in results:
+        rows = add_forgetting(result["checkpoints"])
+        final = rows[-1]
+        target = serial_final.get(result["seed"], fallback)
+        entry = summary.setdefault(result["method"], defaultdict(list))
+        entry["seeds"].append(result["seed"])
+        for key in SPLITS:
+            entry[key].append(final.get(key, math.nan))
+        entry["forgetting"].append(final["forgetting"])
+        entry["pretrain_loss"].append(final["pretrain_loss"])
+        entry["wall_s"].append(result["wall_s"])
+        entry["cpu_s"].append(result["cpu_s"])
+        entry["generation_share"].append(result["generation_s"] / result["wall_s"] if result["wall_s"] else 0.0)
+        entry["peak_rss_mb"].append(result["peak_rss_mb"])
+        entry["tokens"].append(result["tokens"])
+        entry["steps"].append(result["steps"])
+        entry["target"].append(target)
+        entry["time_to_target"].append(time_to_target(rows, target) if target is not None else None)
+    return {method: dict(entry) for method, entry in summary.items()}
+
+
+def verdict(summary: dict[str, dict], method: str = "trapo") -> dict:
+    """Whether `method` met the targets against `serial`: time to target <= 70 % of the serial wall time (censored
+    runs fail) and final forgetting <= half the serial forgetting, on the means over seeds."""
+    if method not in summary or "serial" not in summary:
+        return {}
+    ours, serial = summary[method], summary["serial"]
+    serial_wall = statistics.mean(serial["wall_s"])
+    times = ours["time_to_target"]
+    censored = sum(t is None for t in times)
+    time_mean = statistics.mean(t for t in times if t is not None) if censored < len(times) else None
+    time_ratio = None if censored or time_mean is None else time_mean / serial_wall
+    serial_forgetting = statistics.mean(serial["forgetting"])
+    forgetting = statistics.mean(ours["forgetting"])
+    forgetting_ratio = forgetting / serial_forgetting if serial_forgetting > 0 else math.inf if forgetting > 0 else 0
+    return {
+        "time_ratio": time_ratio,
+        "censored": censored,
+        "runs": len(times),
+        "time_met": time_ratio is not None and time_ratio <= TIME_TARGET,
+        "forgetting": forgetting,
+        "serial_forgetting": serial_forgetting,
+        "forgetting_ratio": forgetting_ratio,
+        "forgetting_met": forgetting <= FORGETTING_TARGET * serial_forgetting + 1e-12,
+        "accuracy": statistics.mean(ours["accuracy"]),
+        "serial_accuracy": statistics.mean(serial["accuracy"]),
+    }
+
+
+def markdown_table(summary: dict[str, dict]) -> str:
+    """The results table (one row per method, mean ± std over seeds)."""
+    header = (
+        "| method | seeds | accuracy | sft_tasks | rl_only | forgetting (nats/token) | time to serial's final accuracy "
+        "(s) | wall time (s) | generation share | peak memory (MB) | tokens (M) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    order = sorted(summary, key=lambda m: (m != "serial", m != "trapo", m))
+    lines = []
+    for method in order:
+        entry = summary[method]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"`{method}`",
+                    str(len(entry["seeds"])),
+                    format_mean_std(entry["accuracy"]),
+                    format_mean_std(entry["accuracy_sft_tasks"]),
+                    format_mean_std(entry["accuracy_rl_only"]),
+                    format_mean_std(entry["forgetting"]),
+                    format_censored(entry["time_to_target"], entry["wall_s"]),
+                    format_mean_std(entry["wall_s"], 0),
+                    format_mean_std(entry["generation_share"], 2),
+                    format_mean_std(entry["peak_rss_mb"], 0),
+                    format_mean_std([t / 1e6 for t in entry["tokens"]], 2),
+                ]
+            )
+            + " |"
+        )
+    return header + "\n".join(lines) + "\n"
+
+
+def verdict_text(result: dict) -> str:
+    if not result:
+        return ""
+    if result["time_ratio"] is None:
+        time_part = (
+            f"TRAPO did **not** reach the serial pipeline's final accuracy in {result['censored']}/{result['runs']} "
+            "runs (censored), so the time target is **not met**"
+        )
+    else:
+        time_part = (
+            f"TRAPO reached the serial pipeline's final accuracy in {100 * result['time_ratio']:.0f} % of the serial "
+            f"wall time (target ≤ {100 * TIME_TARGET:.0f} %: **{'met' if result['time_met'] else 'not met'}**)"
+        )
+    forgetting_part = (
+        f"its final forgetting is {result['forgetting']:.3f} nats/token against the serial pipeline's "
+        f"{result['serial_forgetting']:.3f} (target ≤ {100 * FORGETTING_TARGET:.0f} %: "
+        f"**{'met' if result['forgetting_met'] else 'not met'}**)"
+    )
+    return (
+        f"{time_part}; {forgetting_part}. Final accuracy {result['accuracy']:.3f} vs {result['serial_accuracy']:.3f}."
+    )
+
+
+# =====================================================================================================================
+# Files
+# =====================================================================================================================
+def write_csv(path: str, results: list[dict]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for result in results:
+            for row in add_forgetting(result["checkpoints"]):
+                writer.writerow({"method": result["method"], "seed": result["seed"], **row})
+
+
+def _curves(results: list[dict], method: str, key: str) -> tuple[list[list[tuple[float, float]]], list[tuple]]:
+    """Per-seed (wall, value) curves of a method, and the mean curve grouped by budget fraction (2 decimals)."""
+    per_seed, grouped = [], defaultdict(list)
+    for result in results:
+        if result["method"] != method:
+            continue
+        rows = add_forgetting(result["checkpoints"])
+        per_seed.append([(r["wall_s"], r[key]) for r in rows])
+        for r in rows:
+            grouped[round(r["budget_fraction"], 2)].append((r["wall_s"], r[key]))
+    mean = []
+    for fraction in sorted(grouped):
+        walls, values = zip(*grouped[fraction])
+        mean.append((statistics.mean(walls), *mean_std(list(values))))
+    return per_seed, mean
+
+
+def plot_metric(results, methods, panels, path, title) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    colors = {m: f"C{i}" for i, m in enumerate(methods)}
+    for axis, (key, label) in zip(axes[0], panels):
+        for method in methods:
+            per_seed, mean = _curves(results, method, key)
+            for curve in per_seed:
+                axis.plot(*zip(*curve), color=colors[method], alpha=0.25, linewidth=0.8)
+            if mean:
+                walls, means, stds = zip(*mean)
+                axis.plot(walls, means, color=colors[method], marker=".", label=method)
+                axis.fill_between(
+                    walls, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                    color=colors[method], alpha=0.12,
+                )  # fmt: skip
+        serial = [r for r in results if r["method"] == "serial"]
+        for stage_index in range(len(serial[0]["stage_ends"]) - 1 if serial else 0):
+            wall = statistics.mean(r["stage_ends"][stage_index]["wall_s"] for r in serial)
+            name = serial[0]["stage_ends"][stage_index]["stage"]
+            axis.axvline(wall, color=colors["serial"], linestyle=":", linewidth=1)
+            axis.text(wall, axis.get_ylim()[1], f" end of {name}", fontsize=7, va="top", color=colors["serial"])
+        if key == "accuracy" and serial:
+            target = statistics.mean(r["checkpoints"][-1]["accuracy"] for r in serial)
+            axis.axhline(target, color="grey", linestyle="--", linewidth=0.8, label="serial final (mean)")
+        axis.set_xlabel("training wall time (s), evaluation excluded")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_trapo_schedule(output_dir: str, results: list[dict], path: str) -> bool:
+    """DARE loss weights and curriculum row shares over steps, from TRAPO's `trainer_state.json` log history."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    states = []
+    for result in results:
+        if result["method"] != "trapo":
+            continue
+        state_path = os.path.join(output_dir, "runs", f"trapo-seed{result['seed']}", "trainer_state.json")
+        if os.path.exists(state_path):
+            with open(state_path, encoding="utf-8") as handle:
+                states.append(json.load(handle)["log_history"])
+    if not states:
+        return False
+    figure, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for axis, prefix, title in (
+        (axes[0], "weight/", "DARE loss weights w_o"),
+        (axes[1], "curriculum/", "curriculum row shares s_o"),
+    ):
+        for color, objective in zip(("C0", "C1", "C2"), ("pretrain", "sft", "rl")):
+            for seed_index, history in enumerate(states):
+                points = [(h["step"], h[prefix + objective]) for h in history if prefix + objective in h]
+                if points:
+                    axis.plot(
+                        *zip(*points),
+                        color=color,
+                        alpha=1.0 if seed_index == 0 else 0.3,
+                        label=objective if seed_index == 0 else None,
+                    )
+        axis.set_xlabel("optimizer step")
+        axis.set_title(title + " (TRAPO; faint lines: other seeds)", fontsize=10)
+        axis.set_ylim(0, 1)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_report(output_dir: str, results: list[dict], meta: dict) -> dict:
+    """Write `results.md`, `checkpoints.csv` and the PNG plots; return the summary and the Markdown."""
+    summary = summarize(results)
+    methods = sorted(summary, key=lambda m: (m != "serial", m != "trapo", m))
+    write_csv(os.path.join(output_dir, "checkpoints.csv"), results)
+    budget = meta.get("budget", "steps")
+    plot_metric(
+        results,
+        methods,
+        [("accuracy", "held-out accuracy (greedy exact match)"), ("accuracy_rl_only", "rl_only accuracy")],
+        os.path.join(output_dir, "accuracy_vs_time.png"),
+        f"Held-out accuracy vs training wall time (budget: same {budget}; CPU: sample efficiency, not utilisation)",
+    )
+    plot_metric(
+        results,
+        methods,
+        [("pretrain_loss", "held-out pretraining loss (nats/token)"), ("forgetting", "forgetting (nats/token)")],
+        os.path.join(output_dir, "forgetting_vs_time.png"),
+        "Held-out pretraining loss and forgetting (rise above the run's best so far) vs training wall time",
+    )
+    plot_trapo_schedule(output_dir, results, os.path.join(output_dir, "trapo_weights_curriculum.png"))
+    result = verdict(summary)
+    load = meta.get("loadavg_start"), meta.get("loadavg_end")
+    lr = meta.get("lr_search") or {}
+    lr_line = (
+        "; ".join(
+            f"{family}: {info['learning_rate']:.3g} (candidates {', '.join(sorted(info['candidates']))}, "
+            f"{info['steps']} steps, seed {info['seed']})"
+            for family, info in lr.items()
+        )
+        if lr
+        else "the main job's learning rate for both (no `--lr_search`)"
+    )
+    rates = sorted({f"{r['method']}: {r['learning_rate']:.3g}" for r in results})
+    steps = ", ".join(f"{m} {statistics.mean(summary[m]['steps']):.0f} steps" for m in methods)
+    markdown = (
+        f"Command: `{meta.get('command', '')}`\n\n"
+        f"Budget: same {budget} ({steps}); seeds {meta.get('seeds')}; {meta.get('cpu_count')} CPU cores, {meta.get('threads')} torch thread(s) per "
+        f"run, {meta.get('jobs')} run(s) at a time; load average (1/5/15 min) "
+        f"{_load(load[0])} at the start, {_load(load[1])} at the end; total {meta.get('total_s', 0) / 60:.1f} min.\n"
+        f"On CPU there is no idle accelerator to reclaim: this measures sample efficiency and forgetting, not device "
+        f"utilisation.\n\nLearning rates: {lr_line} ({'; '.join(rates)}).\n\n"
+        + markdown_table(summary)
+        + "\n"
+        + verdict_text(result)
+        + "\n"
+    )
+    with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown + "\n" + (__doc__.split("\n\n", 2)[2]))
+    return {"summary": summary, "verdict": result, "markdown": markdown}
+
+
+def _load(values) -> str:
+    return "/".join(f"{v:.2f}" for v in values) if values else "?"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python scripts/pipeline_report.py OUTPUT_DIR")
+    output_dir = argv[0]
+    results = []
+    for path in sorted(glob.glob(os.path.join(output_dir, "runs", "*", "result.json"))):
+        with open(path, encoding="utf-8") as handle:
+            results.append(json.load(handle))
+    meta_path = os.path.join(output_dir, "meta.json")
+    meta = json.load(open(meta_path, encoding="utf-8")) if os.path.exists(meta_path) else {}
+    print(write_report(output_dir, results, meta)["markdown"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""`scripts/compare_pipelines.py` and `scripts/pipeline_report.py`: the report's arithmetic and a real smoke run."""
+
+import csv
+import json
+import math
+import os
+import sys
+
+import pytest
+
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+sys.path.insert(0, SCRIPTS)
+
+import compare_pipelines  # noqa: E402
+import pipeline_report  # noqa: E402
+
+
+def rows(*points):
+    """Checkpoints from (wall_s, accuracy, pretrain_loss) triples."""
+    return [{"wall_s": w, "accuracy": a, "pretrain_loss": p} for w, a, p in points]
+
+
+def test_forgetting_is_rise_above_best_so_far():
+    out = pipeline_report.add_forgetting(rows((0, 0, 3.0), (1, 0, 2.0), (2, 0, 2.5), (3, 0, 1.5)))
+    assert [r["best_pretrain_loss"] for r in out] == [3.0, 2.0, 2.0, 1.5]
+    assert [r["forgetting"] for r in out] == pytest.approx([0.0, 0.0, 0.5, 0.0])
+
+
+def test_time_to_target_and_censoring():
+    run = rows((0, 0.1, 1), (10, 0.4, 1), (20, 0.6, 1))
+    assert pipeline_report.time_to_target(run, 0.4) == 10
+    assert pipeline_report.time_to_target(run, 0.7) is None
+    # a censored run counts with its total time as a lower bound, never dropped
+    assert pipeline_report.format_censored([10.0, None], [30.0, 50.0]) == "> 30 (1/2 censored)"
+    assert pipeline_report.format_censored([10.0, 20.0], [30.0, 50.0]) == "15 ± 7"
+
+
+def test_summary_and_verdict_use_the_serial_run_of_the_same_seed():
+    results = []
+    for seed, serial_final in ((0, 0.5), (1, 0.8)):
+        base = {"wall_s": 100.0, "cpu_s": 100.0, "generation_s": 10.0, "peak_rss_mb": 1.0, "tokens": 1, "steps": 10}
+        results.append(
+            {**base, "method": "serial", "seed": seed, "checkpoints": rows((0, 0, 2.0), (100, serial_final, 2.4))}
+        )
+        results.append({**base, "method": "trapo", "seed": seed, "checkpoints": rows((0, 0, 2.0), (50, 0.6, 2.1))})
+    summary = pipeline_report.summarize(results)
+    # seed 0: TRAPO reaches serial's 0.5 at 50 s; seed 1: never reaches 0.8 -> censored
+    assert summary["trapo"]["time_to_target"] == [50, None]
+    verdict = pipeline_report.verdict(summary)
+    assert verdict["censored"] == 1 and verdict["time_ratio"] is None and not verdict["time_met"]
+    assert verdict["forgetting_ratio"] == pytest.approx(0.1 / 0.4)
+    assert verdict["forgetting_met"]
+    assert "censored" in pipeline_report.markdown_table(summary)
+
+
+def test_serial_budget_split_follows_trapo_curriculum():
+    _, config, _, _ = compare_pipelines.parse_job([], quick=True)
+    shares = compare_pipelines.time_averaged_mixture(config, (True, True, True))
+    assert sum(shares) == pytest.approx(1.0)
+    # the default schedule is pretraining-heavy first, RL-heavy last: all three stages get a real share
+    assert all(0.15 < s < 0.5 for s in shares)
+    counts = compare_pipelines.split_budget(120, shares)
+    assert sum(counts) == 120 and all(c >= 1 for c in counts)
+    assert compare_pipelines.split_budget(10, (0.0, 0.05, 0.95)) == [0, 1, 9]
+
+
+def test_bad_arguments_fail_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match="eval_every"):
+        compare_pipelines.main(["--output_dir", str(tmp_path), "--eval_every", "2"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
+    """The `--quick` path end to end, shortened further: both arms run in their own processes with TRL's real
+    SFTTrainer / GRPOTrainer for the serial arm, and the report is complete."""
+    out = tmp_path / "cmp"
+    report = compare_pipelines.main(
+        ["--quick", "--output_dir", str(out), "--max_steps", "12", "--eval_every", "0.5", "--heldout_docs", "40"]
+        + ["--eval_per_split_family", "4"]
+    )
+    summary = report["summary"]
+    assert set(summary) == {"serial", "trapo"}
+    for method in ("serial", "trapo"):
+        entry = summary[method]
+        assert entry["steps"] == [12]
+        assert all(math.isfinite(v) and 0 <= v <= 1 for v in entry["accuracy"])
+        assert all(math.isfinite(v) and v >= 0 for v in entry["forgetting"])
+        assert entry["wall_s"][0] > 0 and entry["peak_rss_mb"][0] > 0 and entry["tokens"][0] > 0
+    # the serial arm really ran three TRL stages, in order, on the split budget
+    serial = json.loads((out / "runs" / "serial-seed0" / "result.json").read_text())
+    assert [s["stage"] for s in serial["stage_ends"]] == ["pretrain", "sft", "rl"]
+    trapo = json.loads((out / "runs" / "trapo-seed0" / "result.json").read_text())
+    assert trapo["checkpoints"][0]["step"] == 0 and trapo["checkpoints"][-1]["step"] == 12
+    with open(out / "checkpoints.csv", newline="", encoding="utf-8") as handle:
+        table = list(csv.DictReader(handle))
+    assert {r["method"] for r in table} == {"serial", "trapo"}
+    assert set(pipeline_report.CSV_FIELDS) <= set(table[0])
+    for name in ("results.md", "accuracy_vs_time.png", "forgetting_vs_time.png", "trapo_weights_curriculum.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "| `serial` |" in (out / "results.md").read_text() and "| `trapo` |" in report["markdown"]
