@@ -1,0 +1,755 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""TRAPOTrainer against TRL's own trainers on one objective at a time: step time, rollout throughput, peak memory.
+
+    python scripts/benchmark_trainers.py                    # 7.5M-parameter Llama, 4 runs (1 CPU thread each: ~3-4 min)
+    python scripts/benchmark_trainers.py --quick            # tiny smoke run (~30 s; measures framework overhead only)
+    python scripts/benchmark_trainers.py --steps 20 --batch_size 32 --seq_len 256 --output_json bench.json
+    python scripts/benchmark_trainers.py --device cuda --threads 4 --hidden_size 1024 --num_layers 12 --num_heads 16
+
+Two comparisons, four runs, each run in its own child process (so its peak memory is its own), one after the other:
+
+1. **RL only**: `TRAPOTrainer(train_dataset=RL prompts)` (no pretraining or SFT data, no value model, so advantages
+   are group-relative) against `trl.GRPOTrainer`. The GRPOConfig is derived from the TRAPOConfig by
+   `compare_pipelines.stage_configs` (the mapping the pipeline comparison uses): `num_generations` equal, GRPO
+   `max_completion_length` = TRAPO `response_length` = `--seq_len`, GRPO `beta` = TRAPO `kl_coef`, GRPO
+   `num_iterations` = TRAPO `num_ppo_epochs` = 1, `epsilon` = `cliprange`, `loss_type`, `scale_rewards`, the sampling
+   settings, and every shared `TrainingArguments` field (batch size, learning rate and schedule, AdamW, clipping,
+   gradient checkpointing, seed, precision). Each optimizer step generates `--batch_size` completions
+   (`--batch_size / --num_generations` prompts) and trains on them once. Both trainers generate with
+   `min_new_tokens = --seq_len`, so every completion is exactly `--seq_len` tokens and both do the same work per step
+   (with `--natural_lengths` completions stop at EOS instead; then each trainer's sampled lengths, and so its work,
+   differ: the policies drift apart as they train, and the length reward shortens completions).
+2. **SFT only**: `TRAPOTrainer(sft_dataset=...)` against `trl.SFTTrainer` (`completion_only_loss=True`,
+   `max_length` = TRAPO `sft_max_length` = `--seq_len`, `packing=False`, same batch and optimizer).
+
+The same for both sides of a comparison: the initial weights (a Llama built in-process from a config by
+`trl_trapo.tasks.build_tiny_model` with `--seed`, saved once to a temporary directory that every run loads from its
+path; nothing is downloaded), the character tokenizer (`build_char_tokenizer`, 101 tokens), the data and the reward
+functions. RL prompts are the built-in task suite's (`make_task_suite(...).rl_train`, at most 9 tokens each), scored
+with the suite's rewards (`exact_match_reward`, `length_reward`). SFT rows are prompt-completion pairs cut from the
+suite's pretraining corpus, exactly `--seq_len` tokens each with the EOS the trainers append (a quarter prompt, three
+quarters completion). Every child imports the same modules (TRL's trainers and TRAPO) and builds its data before its
+trainer, so all runs start from the same memory.
+
+Measured, per run, over the `--steps` optimizer steps that follow `--warmup` warm-up steps (excluded):
+
+- **step time** (seconds, median over the measured steps). The timed region of one optimizer step is the interval
+  between the Trainer's consecutive `on_step_end` callbacks (the first one starts at `on_train_begin`), which holds
+  everything the trainer does for that step: drawing and collating the batch; for RL the rollout (generation, reward
+  scoring, reference log-probs, advantages); the forward, backward, gradient clipping, optimizer and scheduler step;
+  and logging when it is due. From it is subtracted **the time spent inside `generate` of the unwrapped policy**
+  (`trainer.accelerator.unwrap_model(trainer.model).generate`, wrapped by [`GenerationMeter`]) in that interval.
+  So the RL step time excludes token generation but keeps everything around it. TRAPO records its behaviour
+  log-probs inside `generate` (a log-softmax per decoding step), so they count as its generation time. Both clocks
+  are recorded: wall time (`time.perf_counter`; on CUDA the device is synchronised before each reading) and the
+  process's CPU time (`time.process_time`, all threads). The headline uses `--clock`: CPU time on CPU (a machine
+  shared with other jobs inflates wall time by however much the scheduler takes away, differently for each run),
+  wall time on CUDA.
+- **rollout throughput** (RL, completion tokens per second of generation time): the tokens of the sampled completions
+  (per row up to and including the first EOS, or all generated tokens when there is none) summed over the measured
+  steps, divided by the time inside `generate` over the same steps, on the same clock. `generated_positions` (rows x
+  decoding steps, padding after EOS included) is recorded alongside.
+- **peak memory** (MiB). On CPU, the peak resident set size of the run's process (`ru_maxrss`, read in the child
+  after training with `compare_pipelines.peak_rss_mb`); `peak_rss_increase_mib` is its rise over the value just
+  before the trainer was built (what the trainer and its training add to the imports and data all runs share). On
+  CUDA, `torch.cuda.max_memory_allocated()` since just before the trainer was built.
+
+Ratios are TRAPO / TRL. The targets for step time and memory are <= 1.1 (lower is better); the rollout-throughput
+ratio is higher-is-better and has no target. Each run uses `--threads` torch threads (default 1: with several threads
+on a busy machine, a thread that is descheduled stalls the others at every barrier, which makes step times vary
+several-fold). The load average before and after each run is in its record. `--profile DIR` writes a cProfile of each
+run's training loop (`<run>.prof`, and `<run>.txt` with the top functions by cumulative and by own time) for finding
+where a ratio above 1.1 comes from; the profiler slows Python-heavy code, so profile and measure in separate runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from compare_pipelines import peak_rss_mb, stage_configs  # noqa: E402
+
+
+RUNS = (("rl", "trl"), ("rl", "trapo"), ("sft", "trl"), ("sft", "trapo"))
+"""(objective, trainer) of each run, in the order they are launched."""
+
+TRL_TRAINER = {"rl": "GRPOTrainer", "sft": "SFTTrainer"}
+
+RATIOS = {
+    # key: (objective, record field, target, lower is better)
+    "rl_step_time": ("rl", "step_time_s", 1.1, True),
+    "rl_rollout_throughput": ("rl", "rollout_tokens_per_s", None, False),
+    "rl_peak_memory": ("rl", "peak_memory_mib", 1.1, True),
+    "sft_step_time": ("sft", "step_time_s", 1.1, True),
+    "sft_peak_memory": ("sft", "peak_memory_mib", 1.1, True),
+}
+"""The headline ratios (TRAPO / TRL), with the record field each divides and its target. `step_time_s` and
+`rollout_tokens_per_s` are measured on the `--clock` clock."""
+
+DETAILS = {
+    "rl_step_time_cpu": ("rl", "step_time_cpu_s"),
+    "rl_step_time_wall": ("rl", "step_time_wall_s"),
+    "rl_rollout_throughput_cpu": ("rl", "rollout_tokens_per_cpu_s"),
+    "rl_rollout_throughput_wall": ("rl", "rollout_tokens_per_wall_s"),
+    "rl_peak_rss_increase": ("rl", "peak_rss_increase_mib"),
+    "sft_step_time_cpu": ("sft", "step_time_cpu_s"),
+    "sft_step_time_wall": ("sft", "step_time_wall_s"),
+    "sft_peak_rss_increase": ("sft", "peak_rss_increase_mib"),
+}
+"""Further ratios (TRAPO / TRL) reported for information: both clocks, and the memory the trainers add."""
+
+LABELS = {
+    "rl_step_time": "RL: step time excl. generation ({clock} s, median)",
+    "rl_rollout_throughput": "RL: rollout throughput (completion tokens / {clock} s of generation)",
+    "rl_peak_memory": "RL: {memory}",
+    "sft_step_time": "SFT: step time ({clock} s, median)",
+    "sft_peak_memory": "SFT: {memory}",
+    "rl_step_time_cpu": "RL: step time excl. generation (CPU s, median)",
+    "rl_step_time_wall": "RL: step time excl. generation (wall s, median)",
+    "rl_rollout_throughput_cpu": "RL: rollout throughput (tokens / CPU s)",
+    "rl_rollout_throughput_wall": "RL: rollout throughput (tokens / wall s)",
+    "rl_peak_rss_increase": "RL: peak RSS increase over the pre-trainer RSS (MiB)",
+    "sft_step_time_cpu": "SFT: step time (CPU s, median)",
+    "sft_step_time_wall": "SFT: step time (wall s, median)",
+    "sft_peak_rss_increase": "SFT: peak RSS increase over the pre-trainer RSS (MiB)",
+}
+
+DEFAULTS = {
+    "hidden_size": 320,
+    "intermediate_size": 864,
+    "num_layers": 6,
+    "num_heads": 5,
+    "batch_size": 16,
+    "num_generations": 4,
+    "seq_len": 128,
+    "steps": 8,
+    "warmup": 2,
+}
+"""Defaults of the full run (about 7.5M parameters; every row up to 128 tokens; 16 rows per optimizer step)."""
+
+QUICK_DEFAULTS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "batch_size": 4,
+    "num_generations": 2,
+    "seq_len": 16,
+    "steps": 2,
+    "warmup": 1,
+}
+"""Defaults of `--quick`: a smoke run (the numbers measure framework overhead only)."""
+
+
+# =====================================================================================================================
+# Model and data (built the same way in every run)
+# =====================================================================================================================
+def model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The Llama config (a `build_tiny_model` JSON: sizes in units, positions in tokens) of the benchmarked model."""
+    return {
+        "model_type": "llama",
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.intermediate_size,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": args.num_heads,
+        "num_key_value_heads": args.num_heads,
+        "max_position_embeddings": args.seq_len + 64,  # RL prompts are <= 9 tokens, SFT rows exactly seq_len
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+    }
+
+
+def save_model(args: argparse.Namespace, directory: str) -> int:
+    """Build the model in-process (`build_tiny_model`, seed `args.seed`) and save it with its tokenizer.
+
+    Returns:
+        `int`: the number of parameters (units).
+    """
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    os.makedirs(directory, exist_ok=True)
+    config_path = os.path.join(directory, "build_config.json")
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(model_config(args), handle)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tokenizer, config_path=config_path, seed=args.seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return sum(p.numel() for p in model.parameters())
+
+
+def rl_dataset(spec: dict):
+    """The RL prompts (`prompt`, `answer`, `task`): the task suite's `rl_train`, 4x the prompts the run consumes."""
+    from trl_trapo.tasks import make_task_suite
+
+    suite = make_task_suite(seed=spec["seed"], num_pretrain_docs=0, num_sft_per_task=0)
+    prompts_needed = spec["total_steps"] * spec["batch_size"] // spec["num_generations"]
+    rows = min(len(suite.rl_train), max(4 * prompts_needed, 64))
+    return suite.rl_train.select(range(rows)), list(suite.reward_funcs)
+
+
+def sft_dataset(spec: dict):
+    """Prompt-completion rows of exactly `seq_len - 1` characters (= tokens: the tokenizer is character-level; the
+    trainers append EOS), cut from the task suite's pretraining corpus: 4x the rows the run consumes."""
+    from datasets import Dataset
+
+    from trl_trapo.tasks import make_task_suite
+
+    chars = spec["seq_len"] - 1
+    rows = max(4 * spec["total_steps"] * spec["batch_size"], 64)
+    docs = max(rows * chars // 40, 100)  # documents average ~80 characters
+    suite = make_task_suite(seed=spec["seed"], num_pretrain_docs=docs, num_sft_per_task=0, num_rl_per_task=0)
+    stream = "\n".join(suite.pretrain["text"])
+    while len(stream) < rows * chars:
+        stream = stream + "\n" + stream
+    cut = max(chars // 4, 1)
+    pieces = [stream[i * chars : (i + 1) * chars] for i in range(rows)]
+    return Dataset.from_dict({"prompt": [p[:cut] for p in pieces], "completion": [p[cut:] for p in pieces]})
+
+
+def trapo_config(spec: dict, output_dir: str):
+    """The TRAPOConfig of a run (RL-only or SFT-only); the TRL config of the same comparison is derived from it."""
+    from trl_trapo import TRAPOConfig
+
+    common = dict(
+        output_dir=output_dir,
+        max_steps=spec["total_steps"],
+        per_device_train_batch_size=spec["batch_size"],
+        gradient_accumulation_steps=1,
+        logging_steps=spec["logging_steps"],
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        seed=spec["seed"],
+        use_cpu=spec["device"] == "cpu",
+        dataloader_num_workers=0,
+    )
+    if spec["objective"] == "rl":
+        return TRAPOConfig(
+            **common,
+            num_generations=spec["num_generations"],
+            response_length=spec["seq_len"],
+            max_prompt_length=32,
+            kl_coef=spec["kl_coef"],
+            num_ppo_epochs=1,
+            num_mini_batches=1,
+            temperature=1.0,
+            generation_kwargs=fixed_length_kwargs(spec),
+        )
+    return TRAPOConfig(**common, sft_max_length=spec["seq_len"])
+
+
+def fixed_length_kwargs(spec: dict) -> dict | None:
+    """Generation kwargs of both RL trainers: `min_new_tokens = seq_len` (tokens), so that every completion is exactly
+    `seq_len` tokens long and both trainers do the same work per step; None with `--natural_lengths`."""
+    return None if spec["natural_lengths"] else {"min_new_tokens": spec["seq_len"]}
+
+
+def trl_config(spec: dict, config, workdir: str):
+    """The GRPOConfig (RL) or SFTConfig (SFT) that `compare_pipelines.stage_configs` derives from `config`, plus the
+    RL generation kwargs (`stage_configs` does not copy them)."""
+    from types import SimpleNamespace
+
+    steps = [0, 0, 0]
+    steps[2 if spec["objective"] == "rl" else 1] = spec["total_steps"]
+    configs = stage_configs(SimpleNamespace(config=config), steps, {"budget": "steps"}, workdir)
+    if spec["objective"] == "sft":
+        return configs[1]
+    configs[2].generation_kwargs = fixed_length_kwargs(spec)
+    return configs[2]
+
+
+# =====================================================================================================================
+# Measuring one run (child process)
+# =====================================================================================================================
+class GenerationMeter:
+    """Measures `generate` of one model: wall and CPU seconds inside it and the tokens it produced.
+
+    `instrument(model)` replaces `model.generate` (an instance attribute, so the trainer's own calls on the unwrapped
+    policy go through it) with a wrapper that adds, per call: the wall seconds (`time.perf_counter`; on CUDA the device
+    is synchronised before the clock stops) to `wall_s`, the CPU seconds of the process (`time.process_time`, all
+    threads) to `cpu_s`, the completion tokens — per row up to and including the first EOS, else every generated
+    token — to `tokens`, rows x decoding steps (padding after EOS included) to `positions`, and 1 to `calls`.
+    (`compare_pipelines.Recorder.instrument_generate` times wall seconds only; this benchmark also needs CPU time
+    and token counts.)
+
+    Args:
+        eos_token_id (`int`): the token that ends a completion.
+        synchronize (`Callable[[], None]`): waits for the device (`torch.cuda.synchronize`, or a no-op on CPU).
+    """
+
+    def __init__(self, eos_token_id: int, synchronize):
+        self.eos_token_id = eos_token_id
+        self.synchronize = synchronize
+        self.wall_s = 0.0
+        self.cpu_s = 0.0
+        self.tokens = 0
+        self.positions = 0
+        self.calls = 0
+
+    def snapshot(self) -> tuple[float, float, int, int, int]:
+        """`(wall_s, cpu_s, tokens, positions, calls)` so far (seconds, seconds, tokens, tokens, calls)."""
+        return (self.wall_s, self.cpu_s, self.tokens, self.positions, self.calls)
+
+    def instrument(self, model) -> None:
+        """Wrap `model.generate` (see the class docstring)."""
+        import torch
+
+        original = model.generate
+
+        def measured_generate(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                output = original(*args, **kwargs)
+                input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+                sequences = output.sequences if hasattr(output, "sequences") else output
+                completion = sequences[:, input_ids.shape[1] :]
+                is_eos = completion == self.eos_token_id
+                lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completion.shape[1])
+                self.tokens += int(lengths.sum())
+                self.positions += completion.numel()
+                self.calls += 1
+                return output
+            finally:
+                self.synchronize()
+                self.wall_s += time.perf_counter() - wall
+                self.cpu_s += time.process_time() - cpu
+
+        model.generate = measured_generate
+
+
+def make_step_timer(meter: GenerationMeter, synchronize):
+    """A `TrainerCallback` recording, per optimizer step (the interval between consecutive `on_step_end` calls, the
+    first one starting at `on_train_begin`): `wall_s` / `cpu_s` (seconds of wall clock / process CPU time), the part
+    of each inside `generate` (`generation_wall_s`, `generation_cpu_s`), their differences (`step_wall_s`,
+    `step_cpu_s`), and the `tokens`, `positions` and `generate_calls` of that step's generation (see
+    [`GenerationMeter`])."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.steps: list[dict[str, float]] = []
+            self.last = (0.0, 0.0)
+            self.mark = meter.snapshot()
+
+        def _clocks(self) -> tuple[float, float]:
+            synchronize()
+            return time.perf_counter(), time.process_time()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = self._clocks()
+            self.mark = meter.snapshot()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = self._clocks()
+            snapshot = meter.snapshot()
+            wall, cpu = now[0] - self.last[0], now[1] - self.last[1]
+            generation_wall, generation_cpu = snapshot[0] - self.mark[0], snapshot[1] - self.mark[1]
+            self.steps.append(
+                {
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "generation_wall_s": generation_wall,
+                    "generation_cpu_s": generation_cpu,
+                    "step_wall_s": wall - generation_wall,
+                    "step_cpu_s": cpu - generation_cpu,
+                    "tokens": snapshot[2] - self.mark[2],
+                    "positions": snapshot[3] - self.mark[3],
+                    "generate_calls": snapshot[4] - self.mark[4],
+                }
+            )
+            self.last, self.mark = now, snapshot
+
+    return StepTimer()
+
+
+def build_trainer(spec: dict, tokenizer, callbacks: list):
+    """The run's trainer (`TRAPOTrainer`, `GRPOTrainer` or `SFTTrainer`), loading the saved model from its path."""
+    from trl import GRPOTrainer, SFTTrainer
+
+    from trl_trapo import TRAPOTrainer
+
+    workdir = spec["workdir"]
+    config = trapo_config(spec, os.path.join(workdir, "trapo"))
+    if spec["objective"] == "rl":
+        dataset, reward_funcs = spec["_data"]
+        if spec["trainer"] == "trapo":
+            return TRAPOTrainer(
+                spec["model_dir"],
+                reward_funcs=reward_funcs,
+                args=config,
+                train_dataset=dataset,
+                processing_class=tokenizer,
+                callbacks=callbacks,
+            )
+        return GRPOTrainer(
+            model=spec["model_dir"],
+            reward_funcs=reward_funcs,
+            args=trl_config(spec, config, workdir),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
+    dataset = spec["_data"]
+    if spec["trainer"] == "trapo":
+        return TRAPOTrainer(
+            spec["model_dir"], args=config, sft_dataset=dataset, processing_class=tokenizer, callbacks=callbacks
+        )
+    return SFTTrainer(
+        model=spec["model_dir"],
+        args=trl_config(spec, config, workdir),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+
+
+def worker(spec_path: str) -> None:
+    """Run one (objective, trainer) in this process and write its record (JSON) to `spec["result_path"]`."""
+    import logging
+
+    import torch
+
+    # every run imports the same modules, whichever trainer it uses, so they start from the same memory
+    import trl  # noqa: F401
+    from trl import GRPOTrainer, SFTTrainer  # noqa: F401
+
+    import trl_trapo  # noqa: F401
+    from trl_trapo.tasks import build_char_tokenizer
+
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(spec["threads"])
+    cuda = spec["device"] == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    load_start = os.getloadavg()
+    tokenizer = build_char_tokenizer()
+    spec["_data"] = rl_dataset(spec) if spec["objective"] == "rl" else sft_dataset(spec)
+
+    rss_before = peak_rss_mb()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    meter = GenerationMeter(tokenizer.eos_token_id, synchronize)
+    timer = make_step_timer(meter, synchronize)
+    started = time.perf_counter()
+    trainer = build_trainer(spec, tokenizer, [timer])
+    build_s = time.perf_counter() - started
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    meter.instrument(policy)
+
+    profiler = None
+    if spec["profile_dir"]:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    started = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - started
+    if profiler is not None:
+        profiler.disable()
+        write_profile(profiler, spec["profile_dir"], spec["name"])
+
+    measured = timer.steps[spec["warmup"] :]
+    if len(measured) != spec["steps"]:
+        raise RuntimeError(f"{spec['name']}: expected {spec['steps']} measured steps, got {len(measured)}.")
+    peak_rss = peak_rss_mb()
+    clock = spec["clock"]
+    record = {
+        "name": spec["name"],
+        "objective": spec["objective"],
+        "trainer": "TRAPOTrainer" if spec["trainer"] == "trapo" else TRL_TRAINER[spec["objective"]],
+        "clock": clock,
+        "step_time_wall_s": statistics.median(s["step_wall_s"] for s in measured),
+        "step_time_cpu_s": statistics.median(s["step_cpu_s"] for s in measured),
+        "peak_rss_mib": peak_rss,
+        "rss_before_trainer_mib": rss_before,
+        "peak_rss_increase_mib": peak_rss - rss_before,
+        "peak_memory_mib": peak_rss,
+        "build_s": build_s,
+        "train_s": train_s,
+        "gradient_checkpointing": bool(getattr(policy, "is_gradient_checkpointing", False)),
+        "steps": timer.steps,
+        "warmup": spec["warmup"],
+        "threads": spec["threads"],
+        "device": spec["device"],
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+    }
+    record["step_time_s"] = record[f"step_time_{clock}_s"]
+    if cuda:
+        record["cuda_max_memory_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        record["peak_memory_mib"] = record["cuda_max_memory_allocated_mib"]
+    if spec["objective"] == "rl":
+        tokens = sum(s["tokens"] for s in measured)
+        for name in ("wall", "cpu"):
+            seconds = sum(s[f"generation_{name}_s"] for s in measured)
+            record[f"generation_{name}_s"] = seconds
+            record[f"rollout_tokens_per_{name}_s"] = tokens / seconds if seconds > 0 else math.nan
+        record.update(
+            completion_tokens=tokens,
+            generated_positions=sum(s["positions"] for s in measured),
+            generate_calls=sum(s["generate_calls"] for s in measured),
+            rollout_tokens_per_s=record[f"rollout_tokens_per_{clock}_s"],
+        )
+    with open(spec["result_path"], "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+
+
+def write_profile(profiler, directory: str, name: str) -> None:
+    """Save `profiler`'s stats to `<directory>/<name>.prof` and the top 40 functions by cumulative and by own time
+    (seconds) to `<directory>/<name>.txt`."""
+    import io
+    import pstats
+
+    os.makedirs(directory, exist_ok=True)
+    profiler.dump_stats(os.path.join(directory, f"{name}.prof"))
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(40)
+    stats.sort_stats("tottime").print_stats(40)
+    with open(os.path.join(directory, f"{name}.txt"), "w", encoding="utf-8") as handle:
+        handle.write(text.getvalue())
+
+
+# =====================================================================================================================
+# Orchestration (parent process)
+# =====================================================================================================================
+def launch(spec: dict) -> dict:
+    """Run one spec in a child process (this file with `--_worker`) and return its record; on failure raise with the
+    tail of the child's log."""
+    spec_path = os.path.join(spec["workdir"], "spec.json")
+    os.makedirs(spec["workdir"], exist_ok=True)
+    with open(spec_path, "w", encoding="utf-8") as handle:
+        json.dump(spec, handle, indent=1)
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS=str(spec["threads"]),
+        HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
+        HF_DATASETS_OFFLINE=env.get("HF_DATASETS_OFFLINE", "1"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TRANSFORMERS_VERBOSITY=env.get("TRANSFORMERS_VERBOSITY", "error"),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS=env.get("PYTHONWARNINGS", "ignore"),
+    )
+    log_path = os.path.join(spec["workdir"], "log.txt")
+    with open(log_path, "w", encoding="utf-8") as log:
+        code = subprocess.call(
+            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+    if code != 0:
+        with open(log_path, encoding="utf-8") as handle:
+            tail = handle.read()[-4000:]
+        raise RuntimeError(f"Run {spec['name']} failed (exit code {code}); its log ends with:\n{tail}")
+    with open(spec["result_path"], encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def compute_ratios(records: dict[str, dict]) -> dict[str, float]:
+    """TRAPO / TRL (dimensionless) for every entry of `RATIOS` and `DETAILS`, from the records named
+    `<objective>_<trainer>`."""
+    ratios = {}
+    for key, (objective, field_name, *_) in {**RATIOS, **DETAILS}.items():
+        trapo, trl = records[f"{objective}_trapo"][field_name], records[f"{objective}_trl"][field_name]
+        ratios[key] = trapo / trl if trl else math.nan
+    return ratios
+
+
+def format_table(records: dict[str, dict], ratios: dict[str, float]) -> str:
+    """A Markdown table: each measured quantity for TRAPO and TRL (absolute, with units), the ratio and its target
+    (headline rows first, then the rows for information)."""
+    clock = records["rl_trapo"]["clock"]
+    memory = "peak CUDA memory (MiB)" if records["rl_trapo"]["device"] == "cuda" else "peak RSS (MiB)"
+    lines = ["| quantity | TRAPO | TRL | TRAPO / TRL | target |", "|---|---:|---:|---:|---|"]
+    for key, (objective, field_name, *rest) in {**RATIOS, **DETAILS}.items():
+        if not rest and field_name.endswith(f"_{clock}_s"):
+            continue  # the headline row already shows it
+        trapo, trl = records[f"{objective}_trapo"][field_name], records[f"{objective}_trl"][field_name]
+        if not rest:
+            verdict = "info"
+        elif rest[0] is None:
+            verdict = "higher is better"
+        else:
+            target, lower = rest
+            ok = ratios[key] <= target if lower else ratios[key] >= target
+            verdict = f"{'<=' if lower else '>='} {target}: {'met' if ok else 'NOT met'}"
+        label = LABELS[key].format(clock="CPU" if clock == "cpu" else "wall", memory=memory)
+        lines.append(f"| {label} | {trapo:.4g} | {trl:.4g} | {ratios[key]:.3f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (sizes in units, lengths in tokens)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model and batch, 1 + 2 steps: a smoke run")
+    for name, help_text in (
+        ("hidden_size", "model hidden size"),
+        ("intermediate_size", "MLP size"),
+        ("num_layers", "decoder layers"),
+        ("num_heads", "attention heads (= key/value heads)"),
+        ("batch_size", "rows (completions for RL) per optimizer step"),
+        ("num_generations", "RL completions per prompt (must divide --batch_size)"),
+        ("seq_len", "RL: completion length (response_length = max_completion_length); SFT: tokens per row"),
+        ("steps", "measured optimizer steps per run"),
+        ("warmup", "warm-up optimizer steps per run, excluded from the medians"),
+    ):
+        parser.add_argument(f"--{name}", type=int, default=None, help=f"{help_text} (default {DEFAULTS[name]}; "
+                            f"--quick {QUICK_DEFAULTS[name]})")  # fmt: skip
+    parser.add_argument(
+        "--natural_lengths",
+        action="store_true",
+        help="let RL completions stop at EOS (default: min_new_tokens = --seq_len, so both trainers generate and "
+        "train on exactly --seq_len completion tokens per row)",
+    )
+    parser.add_argument("--kl_coef", type=float, default=0.05, help="TRAPO kl_coef = GRPO beta")
+    parser.add_argument("--logging_steps", type=int, default=10, help="Trainer logging interval (both trainers)")
+    parser.add_argument("--seed", type=int, default=0, help="model initialisation, data and trainer seed")
+    parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads per run (default 1: stable on a shared machine)"
+    )
+    parser.add_argument(
+        "--clock",
+        default=None,
+        choices=("cpu", "wall"),
+        help="clock of the headline step time and rollout throughput: process CPU time or wall time (default: cpu "
+        "on CPU, wall on CUDA); both are recorded",
+    )
+    parser.add_argument("--output_json", default=None, help="also write the records and ratios to this JSON file")
+    parser.add_argument("--profile", default=None, metavar="DIR", help="write a cProfile of each run to DIR")
+    parser.add_argument("--work_dir", default=None, help="model, specs and logs (default: a temporary directory)")
+    parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill unset options from `QUICK_DEFAULTS` (`--quick`) or `DEFAULTS`, and check them."""
+    defaults = QUICK_DEFAULTS if args.quick else DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.clock is None:
+        args.clock = "wall" if args.device == "cuda" else "cpu"
+    if args.threads < 1:
+        raise ValueError(f"--threads={args.threads} must be >= 1.")
+    if args.warmup < 1 or args.steps < 1:
+        raise ValueError(f"--warmup={args.warmup} and --steps={args.steps} must be >= 1.")
+    if args.num_generations < 2 or args.batch_size % args.num_generations:
+        raise ValueError(
+            f"--num_generations={args.num_generations} must be >= 2 and divide --batch_size={args.batch_size}."
+        )
+    if args.hidden_size % args.num_heads:
+        raise ValueError(f"--num_heads={args.num_heads} must divide --hidden_size={args.hidden_size}.")
+    if args.seq_len < 8:
+        raise ValueError(f"--seq_len={args.seq_len} must be >= 8.")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the four runs, print the table and return (and with `--output_json`, write) the results: `records`
+    (one per run, named `<objective>_<trainer>`), `ratios` (TRAPO / TRL), `targets`, `settings` and `total_s`."""
+    args = make_parser().parse_args(argv)
+    if args._worker:
+        worker(args._worker)
+        return {}
+    args = resolve_defaults(args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    started = time.perf_counter()
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="benchmark-trainers-")
+    model_dir = os.path.join(work_dir, "model")
+    parameters = save_model(args, model_dir)
+    settings = {
+        key: getattr(args, key)
+        for key in (
+            *DEFAULTS,
+            "kl_coef",
+            "natural_lengths",
+            "logging_steps",
+            "seed",
+            "device",
+            "threads",
+            "clock",
+            "quick",
+        )
+    }
+    settings["parameters"] = parameters
+    print(
+        f"Model: Llama, {parameters / 1e6:.2f}M parameters; batch {args.batch_size}, seq_len {args.seq_len}, "
+        f"{args.warmup} warm-up + {args.steps} measured steps per run; {args.threads} threads on {args.device}.",
+        flush=True,
+    )
+    records: dict[str, dict] = {}
+    try:
+        for objective, trainer in RUNS:
+            name = f"{objective}_{trainer}"
+            run_dir = os.path.join(work_dir, name)
+            spec = {
+                "name": name,
+                "objective": objective,
+                "trainer": trainer,
+                "model_dir": model_dir,
+                "workdir": run_dir,
+                "result_path": os.path.join(run_dir, "result.json"),
+                "total_steps": args.warmup + args.steps,
+                "profile_dir": os.path.abspath(args.profile) if args.profile else None,
+                **{key: settings[key] for key in settings if key not in ("parameters", "quick")},
+                "seq_len": args.seq_len,
+            }
+            run_started = time.perf_counter()
+            records[name] = launch(spec)
+            print(
+                f"  {name}: step {records[name]['step_time_s']:.4f} s, peak {records[name]['peak_memory_mib']:.0f} "
+                f"MiB ({time.perf_counter() - run_started:.0f} s)",
+                flush=True,
+            )
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    ratios = compute_ratios(records)
+    result = {
+        "settings": settings,
+        "records": records,
+        "ratios": ratios,
+        "targets": {key: {"target": t, "lower_is_better": lower} for key, (_, _, t, lower) in RATIOS.items()},
+        "clock": args.clock,
+        "total_s": time.perf_counter() - started,
+    }
+    print()
+    print(format_table(records, ratios))
+    print(f"\nTotal {result['total_s']:.0f} s.")
+    if args.output_json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
+        with open(args.output_json, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
