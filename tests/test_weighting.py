@@ -57,15 +57,35 @@ def test_dare_one_update_by_hand():
 def test_dare_several_updates_by_hand():
     dare = DAREWeighting(noise_floor=0.05)
     dare.update(signals(0.8, 0.4, -0.3), step=5)  # (1.0, 1.0, 0.925), see above
-    # pretrain: mean (0.8 + 0.2) / 2 = 0.5, target 0.2 / 0.5 = 0.4 -> 0.9 + 0.04 = 0.94
-    # sft: mean (0.4 + 0.8) / 2 = 0.6, target 0.8 / 0.6 = 4/3 -> 0.9 + 0.4/3
-    # rl: mean (0 + 0.6) / 2 = 0.3 >= floor, target 0.6 / 0.3 = 2 -> 0.9 * 0.925 + 0.2 = 1.0325
+    # recent signal = EMA(momentum 0.9) / (1 - 0.9^k) (Adam's bias correction); target = recent / running mean
+    ema = [0.1 * 0.8, 0.1 * 0.4, 0.0]
     dare.update(signals(0.2, 0.8, 0.6), step=10)
-    assert dare.weights() == pytest.approx((0.94, 0.9 + 0.4 / 3, 1.0325), abs=1e-12)
-    # a fading signal keeps lowering the factor: pretrain mean (1.0 + 0) / 3 = 1/3, target 0 -> clipped to 0.25
+    ema = [0.9 * ema[0] + 0.1 * 0.2, 0.9 * ema[1] + 0.1 * 0.8, 0.9 * ema[2] + 0.1 * 0.6]
+    targets = [ema[0] / 0.19 / 0.5, ema[1] / 0.19 / 0.6, ema[2] / 0.19 / 0.3]  # means (0.8+0.2)/2, (0.4+0.8)/2, 0.6/2
+    expected = [0.9 * 1.0 + 0.1 * targets[0], 0.9 * 1.0 + 0.1 * targets[1], 0.9 * 0.925 + 0.1 * targets[2]]
+    assert dare.weights() == pytest.approx(tuple(expected), abs=1e-12)
+    # pretrain (0.8, 0.2): the recent signal sits below the mean -> target below 1
+    assert targets[0] == pytest.approx(0.092 / 0.19 / 0.5) and targets[0] < 1
+    # a fading signal keeps lowering the factor, gradually: the recent signal decays towards 0
     dare.update(signals(0.0, 0.6, 0.3), step=15)
-    assert dare.weights()[0] == pytest.approx(0.9 * 0.94 + 0.025, abs=1e-12)
+    target = 0.9 * ema[0] / (1 - 0.9**3) / ((0.8 + 0.2 + 0.0) / 3)
+    assert dare.weights()[0] == pytest.approx(0.9 * expected[0] + 0.1 * target, abs=1e-12)
+    assert dare.weights()[0] < expected[0]
     assert dare.num_updates == 3 and dare.last_update_step == 15
+
+
+def test_dare_sparse_stationary_signal_keeps_a_factor_near_one():
+    """Mostly-zero measurements with rare spikes (an RL objective whose rewards vary in few probe batches): the
+    factor must not drift to the floor just because single measurements are far from their mean."""
+    dare = DAREWeighting(noise_floor=0.05, min_factor=0.25, max_factor=4.0)
+    pattern = [1.0] + [0.0] * 9  # mean 0.1, stationary
+    factors = []
+    for step in range(200):
+        dare.update(signals(0.5, 0.5, pattern[step % 10]), step=step)
+        factors.append(dare.weights()[2])
+    late = factors[100:]
+    assert 0.8 < sum(late) / len(late) < 1.2
+    assert min(late) > 0.5
 
 
 def test_dare_targets_clipped_to_bounds():
@@ -170,11 +190,11 @@ def test_dare_callback_update_and_metrics():
     callback = DARECallback(DAREWeighting(noise_floor=0.05), update_interval=2)
     callback.update([0.8, 0.4, None], step=2)
     callback.update([0.4, 0.4, None], step=4)
-    # pretrain: mean 0.6, target 2/3 -> factor 0.9 + 0.2/3
+    # pretrain: mean 0.6, recent (0.9 * 0.08 + 0.04) / 0.19, target recent / 0.6
     callback.last_weights = (0.5, 0.3, 0.2)
     metrics = callback.metrics()
     assert metrics["weight/sft"] == 0.3
-    assert metrics["dare/factor/pretrain"] == pytest.approx(0.9 + 0.2 / 3)
+    assert metrics["dare/factor/pretrain"] == pytest.approx(0.9 + 0.1 * (0.112 / 0.19) / 0.6)
     assert metrics["dare/factor/rl"] == 1.0
     assert metrics["dare/signal/sft"] == 0.4
     assert "dare/signal/rl" not in metrics  # unmeasured

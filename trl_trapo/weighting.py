@@ -32,10 +32,15 @@ nothing at other steps. The probe sums are all-reduced across ranks, so every ra
 ## From signals to factors
 
 Objectives differ by nature in how coherent their gradients are, so each is compared with its own history: the
-target factor is the current signal over the objective's running mean signal (about 1 for a useful objective, above
+target factor is the objective's *recent* signal over its running mean signal (about 1 for a useful objective, above
 1 when its signal grows, below when it fades), and `dare_min_factor` when the mean signal is below the noise floor of
-the probe (no signal at all). Targets are clipped to [`dare_min_factor`, `dare_max_factor`], smoothed with momentum 0.9,
-f_o <- 0.9 f_o + 0.1 t_o, and updated every ceil(sqrt(N)) optimizer steps by default.
+the probe (no signal at all). "Recent" is an exponential moving average of the measured signals with momentum 0.9,
+bias-corrected like Adam's moments (so the first measurements are not pulled towards 0). Averaging the signal
+*before* dividing and clipping matters for sparse signals: an RL objective whose rewards vary in only some probe
+batches measures mostly 0 and sometimes ~1; the ratio of a single measurement to the mean would be clipped at
+`dare_max_factor` on the rare spikes and sit at `dare_min_factor` in between, so its factor would settle far below 1
+although the signal is stationary. Targets are clipped to [`dare_min_factor`, `dare_max_factor`], smoothed with
+momentum 0.9, f_o <- 0.9 f_o + 0.1 t_o, and updated every ceil(sqrt(N)) optimizer steps by default.
 """
 
 from __future__ import annotations
@@ -114,8 +119,9 @@ class StaticWeighting:
 class DAREWeighting:
     """DARE's dynamic factors from split-half gradient agreement (see the module docstring).
 
-    Each objective is compared with *itself*: the target factor is the current signal divided by the objective's
-    running mean signal, t_o = max(s_o, 0) / mean_{updates}(max(s_o, 0)). Objectives differ a lot in how coherent
+    Each objective is compared with *itself*: the target factor is its recent signal divided by its running mean
+    signal, t_o = ema(max(s_o, 0)) / mean_{updates}(max(s_o, 0)), the EMA with momentum `momentum` and Adam's bias
+    correction (so a stationary but sparse signal gets t_o ~ 1; see the module docstring). Objectives differ a lot in how coherent
     their gradients are by nature (pretraining text shares frequent tokens; RL signal sits in the few groups whose
     rewards differ), so comparing raw signals across objectives would starve RL for good. Comparing each with its own
     history instead gives a useful objective a factor around 1, raises one whose signal is growing (e.g. RL once
@@ -148,6 +154,7 @@ class DAREWeighting:
         self.signals: list[float | None] = [None, None, None]
         self.signal_sums = [0.0, 0.0, 0.0]  # sum of max(signal, 0) over the updates that measured it
         self.signal_counts = [0, 0, 0]
+        self.signal_emas = [0.0, 0.0, 0.0]  # EMA of max(signal, 0), before bias correction
         self.num_updates = 0
         self.last_update_step = -1
 
@@ -155,8 +162,9 @@ class DAREWeighting:
         return tuple(self.factors)
 
     def _observe(self, signals: Sequence[float | None]) -> list[float | None]:
-        """Add newly measured `signals` to the running means; return the target factor per objective (None where
-        nothing was measured). The first measurement of an objective above the noise floor gives a target of 1."""
+        """Add newly measured `signals` to the running means and EMAs; return the target factor per objective (None
+        where nothing was measured). The first measurement of an objective above the noise floor gives a target of 1.
+        """
         out: list[float | None] = [None, None, None]
         for i, (active, signal) in enumerate(zip(self.active, signals)):
             if not active or signal is None or not math.isfinite(signal):
@@ -164,8 +172,11 @@ class DAREWeighting:
             value = max(float(signal), 0.0)
             self.signal_sums[i] += value
             self.signal_counts[i] += 1
+            self.signal_emas[i] = self.momentum * self.signal_emas[i] + (1.0 - self.momentum) * value
             mean = self.signal_sums[i] / self.signal_counts[i]
-            target = self.min_factor if mean < self.noise_floor else value / mean
+            correction = 1.0 - self.momentum ** self.signal_counts[i]
+            recent = self.signal_emas[i] / correction if correction > 0 else value
+            target = self.min_factor if mean < self.noise_floor else recent / mean
             out[i] = min(max(target, self.min_factor), self.max_factor)
         return out
 
@@ -185,6 +196,7 @@ class DAREWeighting:
             "signals": list(self.signals),
             "signal_sums": list(self.signal_sums),
             "signal_counts": list(self.signal_counts),
+            "signal_emas": list(self.signal_emas),
             "num_updates": self.num_updates,
             "last_update_step": self.last_update_step,
         }
@@ -213,6 +225,14 @@ class DAREWeighting:
             raise ValueError(f"Corrupted DARE state: signal_sums={sums!r}, signal_counts={counts!r}.")
         self.signal_sums = [float(x) for x in sums]
         self.signal_counts = [int(c) for c in counts]
+        emas = state.get("signal_emas", [0.0] * 3)
+        if (
+            not isinstance(emas, list)
+            or len(emas) != 3
+            or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) for e in emas)
+        ):
+            raise ValueError(f"Corrupted DARE state: signal_emas={emas!r} must be 3 finite numbers.")
+        self.signal_emas = [float(e) for e in emas]
         self.num_updates = int(state.get("num_updates", 0))
         self.last_update_step = int(state.get("last_update_step", -1))
 
