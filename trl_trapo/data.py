@@ -337,7 +337,7 @@ class PretrainStream:
 
     def _next_documents(self, n: int) -> list[str]:
         if not self.streaming:
-            return self.dataset.select(self.sampler.take(n))["text"]
+            return self.dataset[list(self.sampler.take(n))]["text"]
         docs: list[str] = []
         empty_epochs = 0
         while len(docs) < n:

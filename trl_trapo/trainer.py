@@ -376,8 +376,8 @@ class TRAPOTrainer(
                 args.dare_max_factor,
                 noise_floor=self._probe_noise_floor(model, args),
             )
-            if args.dare_mode == "dynamic"
-            else StaticWeighting()
+            if args.dare_mode == "dynamic" and sum(self.active) > 1
+            else StaticWeighting()  # one objective: weights renormalise to 1 whatever DARE says, so do not probe
         )
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
         self.dare = DARECallback(engine, interval)
