@@ -270,6 +270,10 @@ def test_make_task_suite_rejects_bad_sizes(kwargs, match):
         ("dcba", "dcba", 1.0),
         ("  dcba \n", "dcba", 1.0),  # surrounding whitespace is ignored
         ("dcba</s>junk", "dcba", 1.0),  # anything after the eos text is ignored
+        ("b.", "b", 1.0),  # trailing sentence punctuation is ignored (the corpus states facts as sentences)
+        ("7 !", "7", 1.0),
+        (".b", "b", 0.0),  # ... but not leading punctuation
+        ("b.c", "b", 0.0),
         ("dcb", "dcba", 0.0),
         ("dcbaa", "dcba", 0.0),
         ("d cba", "dcba", 0.0),

@@ -446,7 +446,8 @@ def exact_match_reward(
     """Exact-match reward with TRL's reward-function signature (usable as a `GRPOTrainer` reward function).
 
     A completion scores 1.0 when its text, cut at the first eos text (`"</s>"`) if any and stripped of surrounding
-    whitespace, equals the stripped answer; otherwise 0.0.
+    whitespace and trailing sentence punctuation (`.`, `!`, `?`), equals the answer normalised the same way;
+    otherwise 0.0.
 
     Args:
         prompts (`list[str] | list[list[dict]] | None`): the prompts (unused; part of TRL's signature).
@@ -464,7 +465,14 @@ def exact_match_reward(
     """
     if len(completions) != len(answer):
         raise ValueError(f"Got {len(completions)} completions but {len(answer)} answers; they must match one to one.")
-    return [float(_completion_text(c) == str(a).strip()) for c, a in zip(completions, answer)]
+    return [float(_normalize_answer(_completion_text(c)) == _normalize_answer(a)) for c, a in zip(completions, answer)]
+
+
+def _normalize_answer(text: Any) -> str:
+    """`text` without surrounding whitespace and trailing sentence punctuation (`.`, `!`, `?`), as QA graders do:
+    no answer of the suite contains them, and the pretraining corpus states every fact as a sentence ("cfab ends
+    with b."), so a policy that answers "b." knows the answer and should be scored as such."""
+    return str(text).strip().rstrip(".!?").strip()
 
 
 @torch.no_grad()
