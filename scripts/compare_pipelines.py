@@ -159,7 +159,13 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--heldout_docs", type=int, default=None, help="held-out documents (default 300; quick 100)")
     parser.add_argument("--quick", action="store_true", help="120 steps, 1 seed, small eval: a smoke run")
-    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (each its own process)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="runs in parallel, each its own process (default: one per CPU core, at most 2 — the tiny built-in model "
+        "gains nothing from a second torch thread, so two single-thread runs halve the total time)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / jobs)")
     parser.add_argument("--methods", nargs="+", default=["serial", "trapo"], choices=["serial", "trapo"])
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
@@ -176,8 +182,12 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.heldout_docs = 100 if args.quick else 300
     if args.eval_per_split_family is None and args.quick:
         args.eval_per_split_family = 25
+    if args.jobs is None:
+        args.jobs = max(min(os.cpu_count() or 1, 2), 1)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs={args.jobs} must be >= 1.")
     if args.threads is None:
-        args.threads = max((os.cpu_count() or 1) // max(args.jobs, 1), 1)
+        args.threads = max((os.cpu_count() or 1) // args.jobs, 1)
     if not 0 < args.eval_every <= 1:
         raise ValueError(f"--eval_every={args.eval_every} must be a fraction of the budget in (0, 1].")
     if not 0 < args.lr_search_fraction <= 1:
