@@ -48,13 +48,14 @@ What is held equal (every choice, so nothing is tuned for TRAPO that is not equa
   GRPO reuses each generation batch that many times); `epsilon` = `cliprange`; `loss_type`, `scale_rewards`,
   `temperature`, `top_p`, `top_k`, `mask_truncated_completions`, `entropy_coef`, `reward_weights` and the reference
   syncing (`sync_ref_model`, `ref_model_mixup_alpha`, `ref_model_sync_steps`) copied over;
-- the learning rate: both arms get the same search (on by default; `--no-lr_search` uses the main job's rate for
-  both): `--lr_factors` (default 0.1, 0.3, 1, 3) times the main job's rate, each a short run (`--lr_search_fraction`
-  of the budget, seed `--lr_search_seed`, which is not an evaluation seed); the rate with the best final held-out
-  accuracy wins (ties: the lower held-out pretraining loss). The main job's rate was chosen for TRAPO, so without
-  the search the comparison would favour it (at that rate the serial pipeline's GRPO stage took its accuracy from
-  0.75 to 0 in a first comparison, so the grid reaches 10x lower). One rate for all three serial stages (as for
-  TRAPO's three objectives). Ablations use TRAPO's rate.
+- the learning rate: both arms get the same two-round search (on by default; `--no-lr_search` uses the main job's
+  rate for both), each candidate a short run (`--lr_search_fraction` of the budget, seed `--lr_search_seed`, which is
+  not an evaluation seed), the best final held-out accuracy winning (ties: the lower held-out pretraining loss).
+  Round 1: `--lr_factors` (default 0.1, 0.3, 1, 3) times the main job's rate. Round 2: `--rl_lr_factors` (default
+  0.1, 0.3, 1) times the round-1 winner as `rl_phase_learning_rate`, which is TRAPO's rate in its RL-heavy phase and
+  the serial arm's rate for its GRPO stage (a fresh optimizer on a noisy RL gradient usually wants a lower rate than
+  SFT). The main job's rate was chosen for TRAPO, so without the search the comparison would favour it (at that rate
+  the serial GRPO stage took accuracy from 0.75 to 0 in a first comparison). Ablations use TRAPO's rates.
 
 Metrics, at every `--eval_every` of the budget (both methods on the same grid of budget fractions; the serial
 stages share one timeline and are also evaluated at each stage's end):
@@ -158,6 +159,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="give every method the same learning-rate search (default: on, off with --quick)",
     )
     parser.add_argument("--lr_factors", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
+    parser.add_argument(
+        "--rl_lr_factors",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3, 1.0],
+        help="round 2: factors of the round-1 rate tried as the RL rate (TRAPO's RL phase, the serial GRPO stage)",
+    )
     parser.add_argument("--lr_search_fraction", type=float, default=0.3, help="budget of a search run (fraction)")
     parser.add_argument("--lr_search_seed", type=int, default=100)
     parser.add_argument("--eval_every", type=float, default=None, help="checkpoint spacing (default 0.05; quick 0.2)")
@@ -713,10 +721,13 @@ def stage_configs(setup: Setup, stage_steps: list[int], spec: dict, workdir: str
             logger.warning(
                 "GRPO's KL term is k3; TRAPO uses kl_estimator=%s: the KL terms differ.", config.kl_estimator
             )
+        rl_shared = dict(shared)
+        if config.rl_phase_learning_rate is not None:  # TRAPO's rate for its RL-heavy phase = the GRPO stage's rate
+            rl_shared["learning_rate"] = config.rl_phase_learning_rate
         configs.append(
             GRPOConfig(
                 output_dir=os.path.join(workdir, "rl"),
-                **shared,
+                **rl_shared,
                 **stage_args(stage_steps[2]),
                 num_generations=config.num_generations,
                 max_completion_length=config.response_length,
@@ -830,6 +841,7 @@ def worker(spec_path: str) -> None:
         "method": spec["method"],
         "seed": spec["seed"],
         "learning_rate": setup.config.learning_rate,
+        "rl_phase_learning_rate": setup.config.rl_phase_learning_rate,
         "budget": spec["budget"],
         "max_steps": setup.config.max_steps,
         "checkpoints": recorder.rows,
@@ -987,39 +999,66 @@ def run_methods(args, job_argv, methods, seeds, out_dir, job_extra_of=None, desc
 
 
 def lr_search(args, job_argv, methods) -> dict[str, dict]:
-    """The same search for each method: `lr_factors` x the main job's rate, short runs, best held-out accuracy."""
+    """The same two-round search for each arm, short runs, best held-out accuracy (ties: lower pretraining loss).
+
+    Round 1: `lr_factors` x the main job's rate as `learning_rate`. Round 2: `rl_lr_factors` x the round-1 winner as
+    `rl_phase_learning_rate` — TRAPO's rate in its RL-heavy curriculum phase, the serial arm's rate for its GRPO stage
+    (RL usually wants a lower rate than SFT; both arms get the same chance to lower it). Factor 1 is the round-1 run.
+    """
     _, config, _, _ = parse_job(job_argv, args.quick)
     base_lr, base_steps = config.learning_rate, int(config.max_steps)
     steps = max(int(round(base_steps * args.lr_search_fraction)), 1)
-    candidates = [base_lr * f for f in args.lr_factors]
     families = ["serial", "trapo"] if "serial" in methods else ["trapo"]
     search_args = copy.copy(args)
     search_args.budget = "steps"  # search runs compare learning rates at equal steps
     search_args.eval_every = 1.0  # only the initial and the final evaluation
     out_dir = os.path.join(args.output_dir, "lr_search")
+
+    def score(result):
+        final = result["checkpoints"][-1]
+        return final["accuracy"], -final["pretrain_loss"]
+
+    def summary(result):
+        final = result["checkpoints"][-1]
+        return {"accuracy": final["accuracy"], "pretrain_loss": final["pretrain_loss"]}
+
     specs = []
     for family in families:
-        for lr in candidates:
+        for lr in [base_lr * f for f in args.lr_factors]:
             run_dir = os.path.join(out_dir, f"{family}-lr{lr:.3g}")
             extra = {"learning_rate": lr, "max_steps": steps}
             specs.append(make_spec(search_args, job_argv, family, args.lr_search_seed, run_dir, extra))
-    results = run_all(specs, args.jobs, "lr search")
+    first = run_all(specs, args.jobs, "lr search (1/2)")
     chosen: dict[str, dict] = {}
     for family in families:
-        rows = [r for r in results if r["method"] == family]
-        best = max(rows, key=lambda r: (r["checkpoints"][-1]["accuracy"], -r["checkpoints"][-1]["pretrain_loss"]))
+        rows = [r for r in first if r["method"] == family]
+        best = max(rows, key=score)
         chosen[family] = {
             "learning_rate": best["learning_rate"],
-            "candidates": {
-                f"{r['learning_rate']:.3g}": {
-                    "accuracy": r["checkpoints"][-1]["accuracy"],
-                    "pretrain_loss": r["checkpoints"][-1]["pretrain_loss"],
-                }
-                for r in rows
-            },
+            "rl_phase_learning_rate": None,
+            "best": best,
+            "candidates": {f"{r['learning_rate']:.3g}": summary(r) for r in rows},
+            "rl_candidates": {},
             "steps": steps,
             "seed": args.lr_search_seed,
         }
+    specs = []
+    for family in families:
+        lr = chosen[family]["learning_rate"]
+        for factor in args.rl_lr_factors:
+            if factor == 1.0:
+                continue  # that run is round 1's winner
+            run_dir = os.path.join(out_dir, f"{family}-lr{lr:.3g}-rl{lr * factor:.3g}")
+            extra = {"learning_rate": lr, "rl_phase_learning_rate": lr * factor, "max_steps": steps}
+            specs.append(make_spec(search_args, job_argv, family, args.lr_search_seed, run_dir, extra))
+    second = run_all(specs, args.jobs, "lr search (2/2)") if specs else []
+    for family in families:
+        entry = chosen[family]
+        rows = [(entry["learning_rate"], entry.pop("best"))]
+        rows += [(r["rl_phase_learning_rate"], r) for r in second if r["method"] == family]
+        rate, _ = max(rows, key=lambda pair: score(pair[1]))
+        entry["rl_phase_learning_rate"] = None if rate == entry["learning_rate"] else rate
+        entry["rl_candidates"] = {f"{rate:.3g}": summary(r) for rate, r in rows}
     return chosen
 
 
@@ -1049,7 +1088,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     def job_extra_of(method: str) -> dict:
         family = "serial" if method == "serial" else "trapo"
-        return {"learning_rate": learning_rates[family]["learning_rate"]} if family in learning_rates else {}
+        if family not in learning_rates:
+            return {}
+        extra = {"learning_rate": learning_rates[family]["learning_rate"]}
+        if learning_rates[family]["rl_phase_learning_rate"] is not None:
+            extra["rl_phase_learning_rate"] = learning_rates[family]["rl_phase_learning_rate"]
+        return extra
 
     results = run_methods(
         args, job_argv, methods, args.seeds, os.path.join(args.output_dir, "runs"), job_extra_of, "comparison"

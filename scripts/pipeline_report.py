@@ -248,16 +248,24 @@ def plot_metric(results, methods, panels, path, title) -> None:
             if mean:
                 walls, means, stds = zip(*mean)
                 axis.plot(walls, means, color=colors[method], marker=".", label=method)
+                low = 0.0 if key.startswith("accuracy") or key == "forgetting" else -math.inf
+                high = 1.0 if key.startswith("accuracy") else math.inf
                 axis.fill_between(
-                    walls, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                    color=colors[method], alpha=0.12,
-                )  # fmt: skip
+                    walls,
+                    [max(m - s, low) for m, s in zip(means, stds)],
+                    [min(m + s, high) for m, s in zip(means, stds)],
+                    color=colors[method],
+                    alpha=0.12,
+                )  # fmt: skip  (the band is clipped to the metric's range)
         serial = [r for r in results if r["method"] == "serial"]
         for stage_index in range(len(serial[0]["stage_ends"]) - 1 if serial else 0):
             wall = statistics.mean(r["stage_ends"][stage_index]["wall_s"] for r in serial)
             name = serial[0]["stage_ends"][stage_index]["stage"]
             axis.axvline(wall, color=colors["serial"], linestyle=":", linewidth=1)
-            axis.text(wall, axis.get_ylim()[1], f" end of {name}", fontsize=7, va="top", color=colors["serial"])
+            top = axis.get_ylim()[1]
+            axis.text(
+                wall, top * (1 - 0.06 * stage_index), f" end of {name}", fontsize=7, va="top", color=colors["serial"]
+            )  # staggered: stage ends can be close
         if key == "accuracy" and serial:
             target = statistics.mean(r["checkpoints"][-1]["accuracy"] for r in serial)
             axis.axhline(target, color="grey", linestyle="--", linewidth=0.8, label="serial final (mean)")
@@ -340,14 +348,21 @@ def write_report(output_dir: str, results: list[dict], meta: dict) -> dict:
     lr = meta.get("lr_search") or {}
     lr_line = (
         "; ".join(
-            f"{family}: {info['learning_rate']:.3g} (candidates {', '.join(sorted(info['candidates']))}, "
-            f"{info['steps']} steps, seed {info['seed']})"
+            f"{family}: {info['learning_rate']:.3g}, RL {info.get('rl_phase_learning_rate') or info['learning_rate']:.3g}"
+            f" (candidates {', '.join(sorted(info['candidates']))}; RL {', '.join(sorted(info.get('rl_candidates', {})))}"
+            f"; {info['steps']} steps, seed {info['seed']})"
             for family, info in lr.items()
         )
         if lr
         else "the main job's learning rate for both (no `--lr_search`)"
     )
-    rates = sorted({f"{r['method']}: {r['learning_rate']:.3g}" for r in results})
+    rates = sorted(
+        {
+            f"{r['method']}: {r['learning_rate']:.3g}"
+            + (f", RL {r['rl_phase_learning_rate']:.3g}" if r.get("rl_phase_learning_rate") else "")
+            for r in results
+        }
+    )
     steps = ", ".join(f"{m} {statistics.mean(summary[m]['steps']):.0f} steps" for m in methods)
     markdown = (
         f"Command: `{meta.get('command', '')}`\n\n"
