@@ -239,3 +239,13 @@ def test_damaged_live_bank_index_is_named(saved_run, tmp_path):
     resume_trainer = build_trainer(output_dir, "peft", max_steps=2)
     resume_trainer._load_trapo_state(os.path.join(output_dir, "checkpoint-2"))
     assert [s["step"] for s in AdapterBank.open(os.path.join(output_dir, "adapter_bank")).list()] == [2]
+
+
+def test_resume_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
+    from trl_trapo.checkpoint import verify_checkpoint
+
+    with pytest.raises(CheckpointError, match="is not a directory"):
+        verify_checkpoint(str(tmp_path / "nothere" / "checkpoint-2"), 1)
+    (tmp_path / "run" / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="is an output directory, not a checkpoint"):
+        verify_checkpoint(str(tmp_path / "run"), 1)

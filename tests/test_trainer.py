@@ -374,3 +374,56 @@ def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokeni
     for name, param in resumed.ref_model.named_parameters():
         if f"ref_model/{name}" in saved:
             torch.testing.assert_close(param, saved[f"ref_model/{name}"])
+
+
+def test_lengths_beyond_the_model_context_fail_before_training(tmp_path, tokenizer, suite):
+    model = build_tiny_model(tokenizer)
+    context = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"pretrain_max_length={context + 1} exceeds the model's context"):
+        TRAPOTrainer(
+            model,
+            args=small_config(tmp_path, pretrain_max_length=context + 1),
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+        )
+    long_sft = Dataset.from_dict({"prompt": ["a" * context], "completion": ["b" * 8]})
+    with pytest.raises(ValueError, match=f"sft_max_length={context + 64}.*set sft_max_length <= {context}"):
+        TRAPOTrainer(
+            model,
+            args=small_config(tmp_path, sft_max_length=context + 64),
+            sft_dataset=long_sft,
+            processing_class=tokenizer,
+        )
+
+
+def test_streaming_rl_prompts_and_unevaluable_eval_data_fail_before_training(tmp_path, tokenizer, suite):
+    with pytest.raises(ValueError, match="IterableDataset.*map-style"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer),
+            reward_funcs=exact_match_reward,
+            args=small_config(tmp_path),
+            train_dataset=suite.rl_train.to_iterable_dataset(),
+            processing_class=tokenizer,
+        )
+    with pytest.raises(ValueError, match=r"`eval_dataset` has columns \['answer', 'q'\]"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer),
+            args=small_config(tmp_path),
+            sft_dataset=suite.sft,
+            eval_dataset=Dataset.from_dict({"q": ["a"], "answer": ["b"]}),
+            processing_class=tokenizer,
+        )
+
+
+@pytest.mark.parametrize("rate", [-1e-3, 0.0, math.nan])
+def test_learning_rate_must_be_positive(tmp_path, rate):
+    with pytest.raises(ValueError, match="TRAPOConfig.learning_rate="):
+        TRAPOConfig(output_dir=str(tmp_path), learning_rate=rate)
+
+
+def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, tokenizer, suite):
+    trainer = make_trainer(tmp_path, tokenizer, suite)
+    with torch.no_grad():
+        trainer.model.lm_head.weight.fill_(math.nan)
+    with pytest.raises(RuntimeError, match="Training diverged before step 3.*Lower learning_rate"):
+        trainer._generate_round(4, step=3)

@@ -141,8 +141,20 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
     """Check that every rank's marker exists and every file it lists is intact.
 
     Raises:
-        CheckpointError: naming the missing marker, missing file or file whose content changed.
+        CheckpointError: naming the missing directory, missing marker, missing file or file whose content changed.
     """
+    if not os.path.isdir(checkpoint_dir):
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} is not a directory. Pass a `checkpoint-N` folder of a previous "
+            "run's output_dir, or resume_from_checkpoint=True to take the newest complete one of output_dir."
+        )
+    if not os.path.basename(os.path.normpath(checkpoint_dir)).startswith("checkpoint-") and any(
+        name.startswith("checkpoint-") for name in os.listdir(checkpoint_dir)
+    ):
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} is an output directory, not a checkpoint: pass one of its "
+            "`checkpoint-N` folders, or resume_from_checkpoint=True with output_dir set to it."
+        )
     for rank in range(world_size):
         marker = marker_path(checkpoint_dir, rank)
         if not os.path.isfile(marker):

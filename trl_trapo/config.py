@@ -657,7 +657,10 @@ class TRAPOConfig(_BaseConfig):
     # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
     def _validate(self) -> None:
         def bad(name: str, value, fix: str):
-            raise ValueError(f"TRAPOConfig.{name}={value!r} is invalid: {fix}")
+            raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
+
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
 
         for name in ("pretrain_weight", "sft_weight", "rl_weight"):
             value = getattr(self, name)

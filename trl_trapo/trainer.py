@@ -54,6 +54,7 @@ from .data import (
     check_pretrain_dataset,
     check_prompt_dataset,
     check_sft_dataset,
+    dataset_columns,
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
@@ -200,7 +201,7 @@ class TRAPOTrainer(
         if args.ref_adapter_name:
             if args.ref_adapter_name not in model.peft_config:
                 raise ValueError(
-                    f"TRAPOConfig.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
+                    f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
                     f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
                 )
             self._ref_adapter = args.ref_adapter_name
@@ -261,7 +262,7 @@ class TRAPOTrainer(
         self.reward_func_names = [reward_function_name(f) for f in self.reward_funcs]
         if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
             raise ValueError(
-                f"TRAPOConfig.reward_weights has {len(args.reward_weights)} entries for {len(self.reward_funcs)} "
+                f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(self.reward_funcs)} "
                 "reward functions/models; give one weight per reward."
             )
         self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(self.reward_funcs), dtype=torch.float32)
@@ -269,7 +270,14 @@ class TRAPOTrainer(
         # ---- step 3. datasets -----------------------------------------------------------------------------------
         template_kwargs = args.chat_template_kwargs or {}
         self._rl_dataset = None
+        max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if train_dataset is not None and args.rl_weight > 0:
+            if isinstance(train_dataset, IterableDataset):
+                raise ValueError(
+                    "`train_dataset` (RL prompts) is an IterableDataset, but prompts are sampled by index and "
+                    "checked for length before training: pass a map-style `Dataset` (e.g. "
+                    "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
+                )
             check_prompt_dataset(train_dataset)
             if not self.reward_funcs:
                 raise ValueError(
@@ -279,7 +287,6 @@ class TRAPOTrainer(
             self._rl_dataset = tokenize_prompt_dataset(
                 train_dataset, processing_class, args.max_prompt_length, template_kwargs
             )
-            max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
             longest = max(len(ids) for ids in self._rl_dataset["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:
                 raise ValueError(
@@ -292,6 +299,31 @@ class TRAPOTrainer(
             self._sft_dataset = tokenize_sft_dataset(
                 sft_dataset, processing_class, args.sft_max_length, template_kwargs
             )
+            longest = max((len(ids) for ids in self._sft_dataset["input_ids"]), default=0)
+            if max_positions is not None and longest > max_positions:
+                raise ValueError(
+                    f"{type(args).__name__}.sft_max_length={args.sft_max_length} lets SFT rows of {longest} tokens through, "
+                    f"beyond the model's context of {max_positions} positions: set sft_max_length <= {max_positions}."
+                )
+        if (
+            pretrain_dataset is not None
+            and args.pretrain_weight > 0
+            and max_positions is not None
+            and args.pretrain_max_length > max_positions
+        ):
+            raise ValueError(
+                f"{type(args).__name__}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
+                f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
+            )
+        for name, dataset in (
+            eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+        ):
+            columns = set(dataset_columns(dataset)) if dataset is not None else None
+            if columns is not None and not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
+                raise ValueError(
+                    f"`{name}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
+                    "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+                )
         self._pretrain_source = None
         if pretrain_dataset is not None and args.pretrain_weight > 0:
             check_pretrain_dataset(pretrain_dataset)
@@ -304,7 +336,7 @@ class TRAPOTrainer(
             )
         if self.active[RL] and not self._has_critic and args.num_generations < 2:
             raise ValueError(
-                f"TRAPOConfig.num_generations={args.num_generations}: without a value_model, advantages are "
+                f"{type(args).__name__}.num_generations={args.num_generations}: without a value_model, advantages are "
                 "group-relative and need at least 2 completions per prompt. Set num_generations >= 2 or pass a "
                 "value_model."
             )

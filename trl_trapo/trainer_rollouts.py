@@ -89,16 +89,26 @@ class RolloutMixin:
             devices = [self.accelerator.device.index or 0] if self.accelerator.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(sampling_seed)
-                generated = generate(
-                    policy,
-                    [p.tolist() for p in prompt_ids],
-                    self.generation_config,
-                    self.processing_class.pad_token_id,
-                    self._stop_token_id,
-                    args.temperature,
-                    batch_size=args.local_rollout_forward_batch_size,
-                    synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
-                )
+                try:
+                    generated = generate(
+                        policy,
+                        [p.tolist() for p in prompt_ids],
+                        self.generation_config,
+                        self.processing_class.pad_token_id,
+                        self._stop_token_id,
+                        args.temperature,
+                        batch_size=args.local_rollout_forward_batch_size,
+                        synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
+                    )
+                except RuntimeError as error:
+                    if "probability tensor" not in str(error):
+                        raise
+                    raise RuntimeError(
+                        f"Training diverged before step {step}: the policy's next-token probabilities are not finite "
+                        f"(`{error}`), so no rollout can be sampled. Lower learning_rate (now {args.learning_rate}) "
+                        f"or max_grad_norm (now {args.max_grad_norm}) and resume from the last checkpoint of "
+                        f"{args.output_dir}; `train/nonfinite_steps` counts the steps already skipped."
+                    ) from error
             # steps 2-4. reference log-probs, values, scores, advantages
             trajectories = self._score_rollouts(
                 unwrapped, examples, prompt_ids, generated["completion_ids"], generated["old_per_token_logps"], group

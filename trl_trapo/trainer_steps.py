@@ -170,6 +170,7 @@ class StepsMixin:
         else:
             raise RuntimeError(
                 "20 generation rounds in a row produced no usable trajectory: every reward function returned None "
-                "for every completion? Check the reward functions."
+                "or NaN (both mean 'no reward for this sample', as in TRL) for every completion. Check the reward "
+                "functions: `rewards/<function>/mean` is logged only over the samples they scored."
             )
         return [trajectory_row(t) for t in self.replay.sample(n, step)]
