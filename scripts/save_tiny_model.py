@@ -7,8 +7,20 @@
 """
 
 import argparse
+import os
 
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -18,11 +30,17 @@ def main(argv: list[str] | None = None) -> str:
         "--config", default=None, help="JSON model config (default: trl_trapo/configs/tiny_causal_lm.json)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max_position_embeddings", type=int, default=None, help="context length (default: config)")
+    parser.add_argument(
+        "--max_position_embeddings", type=positive_int, default=None, help="context length >= 1 (default: config)"
+    )
     args = parser.parse_args(argv)
+    if not args.output_dir.strip():
+        parser.error("--output_dir must not be empty.")
+    if args.config is not None and not os.path.isfile(args.config):
+        parser.error(f"--config {args.config!r}: no such file.")
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, config_path=args.config, seed=args.seed)
-    if args.max_position_embeddings:  # RoPE models take a longer context without new weights
+    if args.max_position_embeddings is not None:  # RoPE models take a longer context without new weights
         model.config.max_position_embeddings = args.max_position_embeddings
         tokenizer.model_max_length = args.max_position_embeddings
     model.save_pretrained(args.output_dir)
