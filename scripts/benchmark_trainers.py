@@ -288,7 +288,7 @@ class GenerationMeter:
     is synchronised before the clock stops) to `wall_s`, the CPU seconds of the process (`time.process_time`, all
     threads) to `cpu_s`, the completion tokens — per row up to and including the first EOS, else every generated
     token — to `tokens`, rows x decoding steps (padding after EOS included) to `positions`, and 1 to `calls`.
-    (`compare_pipelines.Recorder.instrument_generate` times wall seconds only; this benchmark also needs CPU time
+    (`pipeline_measure.Recorder.instrument_generate` times wall seconds only; this benchmark also needs CPU time
     and token counts.)
 
     Args:

@@ -115,7 +115,8 @@ def summarize(results: list[dict]) -> dict[str, dict]:
         entry["tokens"].append(result["tokens"])
         entry["steps"].append(result["steps"])
         entry["target"].append(target)
-        entry["time_to_target"].append(time_to_target(rows, target) if target is not None else None)
+        if target is not None:  # without a serial run there is no target: the cell reads "–", not "censored"
+            entry["time_to_target"].append(time_to_target(rows, target))
     return {method: dict(entry) for method, entry in summary.items()}
 
 
@@ -168,7 +169,7 @@ def markdown_table(summary: dict[str, dict]) -> str:
                     format_mean_std(entry["accuracy_sft_tasks"]),
                     format_mean_std(entry["accuracy_rl_only"]),
                     format_mean_std(entry["forgetting"]),
-                    format_censored(entry["time_to_target"], entry["wall_s"]),
+                    format_censored(entry.get("time_to_target", []), entry["wall_s"]),
                     format_mean_std(entry["wall_s"], 0),
                     format_mean_std(entry["generation_share"], 2),
                     format_mean_std(entry["peak_rss_mb"], 0),

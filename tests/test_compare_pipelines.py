@@ -100,3 +100,14 @@ def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     for name in ("results.md", "accuracy_vs_time.png", "forgetting_vs_time.png", "trapo_weights_curriculum.png"):
         assert (out / name).stat().st_size > 0, name
     assert "| `serial` |" in (out / "results.md").read_text() and "| `trapo` |" in report["markdown"]
+
+
+def test_without_a_serial_run_time_to_target_is_absent_not_censored():
+    base = {"wall_s": 100.0, "cpu_s": 100.0, "generation_s": 1.0, "peak_rss_mb": 1.0, "tokens": 1, "steps": 10}
+    results = [
+        {**base, "method": m, "seed": 0, "checkpoints": rows((0, 0, 2.0), (100, 0.5, 2.0))}
+        for m in ("trapo", "trapo_static")
+    ]
+    table = pipeline_report.markdown_table(pipeline_report.summarize(results))
+    assert "censored" not in table and "| `trapo_static` | 1 |" in table
+    assert pipeline_report.verdict(pipeline_report.summarize(results)) == {}

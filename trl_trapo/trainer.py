@@ -54,7 +54,6 @@ from .data import (
     check_pretrain_dataset,
     check_prompt_dataset,
     check_sft_dataset,
-    dataset_columns,
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
@@ -315,15 +314,7 @@ class TRAPOTrainer(
                 f"{type(args).__name__}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
                 f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
             )
-        for name, dataset in (
-            eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-        ):
-            columns = set(dataset_columns(dataset)) if dataset is not None else None
-            if columns is not None and not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
-                raise ValueError(
-                    f"`{name}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
-                    "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
-                )
+        self._check_eval_dataset(eval_dataset)
         self._pretrain_source = None
         if pretrain_dataset is not None and args.pretrain_weight > 0:
             check_pretrain_dataset(pretrain_dataset)

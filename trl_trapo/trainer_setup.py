@@ -18,6 +18,7 @@ from trl.models import prepare_deepspeed
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from .config import TRAPOConfig
+from .data import dataset_columns
 from .distributed import zero3_reference_copy
 
 
@@ -59,6 +60,19 @@ class SetupMixin:
     # =================================================================================================================
     # Construction helpers
     # =================================================================================================================
+    @staticmethod
+    def _check_eval_dataset(eval_dataset) -> None:
+        """Raise `ValueError` before training if an eval dataset has no column TRAPO can evaluate (`prompt` /
+        `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss)."""
+        datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+        for name, dataset in datasets:
+            columns = set(dataset_columns(dataset)) if dataset is not None else None
+            if columns is not None and not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
+                raise ValueError(
+                    f"`{name}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
+                    "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+                )
+
     @staticmethod
     def _check_tokenizer(tokenizer) -> None:
         if getattr(tokenizer, "eos_token_id", None) is None:
