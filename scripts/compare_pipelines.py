@@ -33,7 +33,7 @@ What is held equal (every choice, so nothing is tuned for TRAPO that is not equa
   pretraining documents are held out from *every* run to measure forgetting);
 - the budget. `--budget steps` (default): the serial pipeline takes as many optimizer steps as TRAPO's `max_steps`,
   split across its stages in the proportions of TRAPO's time-averaged curriculum (the mean over steps of the row
-  shares; 34 / 40 / 26 % pretrain / SFT / RL for the default schedule). Every step of either method has
+  shares; 37 / 39 / 24 % pretrain / SFT / RL for the main job's 1,000 steps). Every step of either method has
   `per_device_train_batch_size * gradient_accumulation_steps` rows, so both see the same number of rows of each
   objective over the run. `--budget time`: each serial run gets the wall time (evaluation excluded) of the TRAPO run
   of the same seed, split across stages in the same proportions; a stage stops when its share is used, and its
