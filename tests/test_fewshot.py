@@ -5,12 +5,12 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_trainer
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import collate_rows
 from trl_trapo.fewshot import PrototypeMemory, fewshot_sigma
 from trl_trapo.memory import trajectory_row
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
 @pytest.fixture(scope="module")
@@ -24,34 +24,8 @@ def suite():
 
 
 def make_trainer(tmp_path, tokenizer, suite, train_dataset=None, **overrides):
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=10,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        temperature=0.9,
-        seed=0,
-        fewshot_mode=True,
-    )
-    values.update(overrides)
-    return TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=TRAPOConfig(**values),
-        train_dataset=suite.rl_train if train_dataset is None else train_dataset,
-        pretrain_dataset=suite.pretrain,
-        sft_dataset=suite.sft,
-        processing_class=tokenizer,
-    )
+    overrides = {"max_steps": 10, "temperature": 0.9, "fewshot_mode": True, **overrides}
+    return tiny_trainer(tmp_path, tokenizer, suite, train_dataset=train_dataset, **overrides)
 
 
 def test_reuse_limit_is_raised(tmp_path, tokenizer, suite):

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_trainer
 from transformers import TrainerCallback
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo import TRAPOConfig
 from trl_trapo.schedules import AdaptiveKLController, FixedKLController, PhaseValues
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -103,35 +104,14 @@ class Recorder(TrainerCallback):
 def make_trainer(tmp_path, **overrides):
     tokenizer = build_char_tokenizer()
     suite = make_task_suite(seed=0, num_pretrain_docs=40, num_sft_per_task=10, num_rl_per_task=10, num_eval_per_task=2)
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=10,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        kl_coef=0.2,
-        entropy_coef=0.01,
-        seed=0,
-    )
-    values.update(overrides)
-    return TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=TRAPOConfig(**values),
-        train_dataset=suite.rl_train,
-        pretrain_dataset=suite.pretrain,
-        sft_dataset=suite.sft,
-        processing_class=tokenizer,
-    )
+    overrides = {
+        "max_steps": 10,
+        "lr_scheduler_type": "constant",
+        "kl_coef": 0.2,
+        "entropy_coef": 0.01,
+        **overrides,
+    }
+    return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
 
 
 def test_learning_rate_and_entropy_switch_at_the_last_phase(tmp_path):

@@ -7,12 +7,12 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from helpers import tiny_trainer
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import collate_rows
 from trl_trapo.data import SFT
 from trl_trapo.sft_pool import PrioritizedSFTPool, SumMinTree, directory_nbytes, sft_priority_proxy
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
 def sft_dataset(n=8):
@@ -225,34 +225,8 @@ def suite():
 
 
 def make_trainer(tmp_path, tokenizer, suite, **overrides):
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=4,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        seed=0,
-        sft_sampling="prioritized",
-        sft_pool_max_bytes=10**7,
-    )
-    values.update(overrides)
-    return TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=TRAPOConfig(**values),
-        train_dataset=suite.rl_train,
-        pretrain_dataset=suite.pretrain,
-        sft_dataset=suite.sft,
-        processing_class=tokenizer,
-    )
+    overrides = {"sft_sampling": "prioritized", "sft_pool_max_bytes": 10**7, **overrides}
+    return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
 
 
 def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite):

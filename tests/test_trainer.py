@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 from datasets import Dataset
+from helpers import tiny_config as small_config
+from helpers import tiny_trainer
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import collate_rows
@@ -26,39 +28,8 @@ def suite():
     return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
 
 
-def small_config(tmp_path, **overrides) -> TRAPOConfig:
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=4,
-        per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        seed=0,
-    )
-    values.update(overrides)
-    return TRAPOConfig(**values)
-
-
 def make_trainer(tmp_path, tokenizer, suite, model=None, **overrides) -> TRAPOTrainer:
-    model = model if model is not None else build_tiny_model(tokenizer, seed=0)
-    return TRAPOTrainer(
-        model,
-        reward_funcs=exact_match_reward,
-        args=small_config(tmp_path, **overrides),
-        train_dataset=suite.rl_train,
-        pretrain_dataset=suite.pretrain,
-        sft_dataset=suite.sft,
-        processing_class=tokenizer,
-    )
+    return tiny_trainer(tmp_path, tokenizer, suite, model=model, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
