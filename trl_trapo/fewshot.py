@@ -361,8 +361,8 @@ class FewShotController:
         if not self._pending_sft:
             return
         pending, self._pending_sft = self._pending_sft, []
-        index = torch.cat([i.cpu() for i, _ in pending])
-        embeddings = torch.cat([e.cpu() for _, e in pending])
+        index = torch.cat([i for i, _ in pending]).cpu()  # one device-to-host copy for all queued micro-batches
+        embeddings = torch.cat([e for _, e in pending]).cpu()
         keep = (index >= 0) & (index < self.sft_assignment.numel())
         if len(self.prototypes) == 0 or not bool(keep.any()):
             return

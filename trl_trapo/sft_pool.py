@@ -387,7 +387,8 @@ class PrioritizedSFTPool:
     def _flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            self.update_priorities(torch.cat([i.cpu() for i, _ in pending]), torch.cat([p.cpu() for _, p in pending]))
+            # one device-to-host copy for all queued micro-batches, not one per micro-batch
+            self.update_priorities(torch.cat([i for i, _ in pending]), torch.cat([p for _, p in pending]))
 
     # ---- metrics and state ----------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
