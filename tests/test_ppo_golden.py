@@ -19,8 +19,25 @@ matters for the few quantities above 1):
   every response has the same length, so the per-micro-batch means average to the same loss).
 
 The gradients are the strict check (AdamW is blind to a rescaled gradient on its first step, so the weights alone
-would not catch a wrong loss normalisation): |g_ours - g_1.12| <= 1e-7 + 1e-5 * |g_1.12| elementwise (observed: at
-most 3.3e-7 absolute, on embedding gradients of ~0.05). The weights need one justified relaxation of the 1e-5:
+would not catch a wrong loss normalisation). Their tolerance comes from fp32 error analysis, not from one machine's
+run: a sum of n terms computed in floating point is within gamma_n * sum_i |x_i| of the exact sum, gamma_n ~ n * u
+with u = 2^-24 the fp32 unit roundoff (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 3.5).
+A gradient entry is a chain of such reductions — over the step's tokens, the vocabulary (softmax), the hidden and
+MLP widths, the attention span — and the relative errors of a chain add, so each entry is within
+u * n_red * sum|terms| of the exact value, with n_red the summed length of those reductions (`reduction_length`).
+Two correct implementations that only order their sums differently (AVX2 vs AVX-512 kernels, another BLAS blocking,
+another micro-batching) are each within that bound, hence within twice it of each other. The bound is taken relative
+to the *tensor's* gradient scale, max |g| over the parameter tensor, not per entry: an entry that cancellation left
+tiny carries the rounding of its large terms, which a per-entry relative tolerance cannot allow for (that is how the
+old rule, 1e-7 + 1e-5 * |g|, failed on AVX2 machines with 4.2e-7 on embedding gradients of scale ~0.05). So
+
+    |g_ours - g_1.12| <= 2 * u * n_red * max |g_1.12|     (per parameter tensor; ~3e-5 * max |g| here).
+
+A real formula error moves gradients by a sizeable fraction of their scale, orders of magnitude above this;
+`test_gradient_tolerance_catches_formula_errors` checks that dropping the advantage whitening, or moving the KL
+penalty from the reward into the loss, fails it.
+
+The weights need one justified relaxation of the 1e-5:
 AdamW's update lr * m / (sqrt(v) + eps) is ~lr * sign(g) whatever |g|, so on a gradient entry that cancellation left
 at ~1e-7 the last bits of the sum decide a visible part of an lr-sized update (seen: 4.3e-6 on one critic weight,
 against <= 1.2e-7 everywhere else). The weights are therefore compared with atol = 1e-5 + sum_k 2 * lr * d_k /
@@ -57,7 +74,7 @@ CASES = [
 ]
 ATOL = 1e-5
 RTOL = 1e-6  # ~8 fp32 ulps: only matters for the few quantities above 1 (k3 KL reaches 17, log-probs -10)
-GRAD_ATOL, GRAD_RTOL = 1e-7, 1e-5  # gradients of a step must agree to GRAD_ATOL + GRAD_RTOL * |g|
+FP32_UNIT_ROUNDOFF = 2.0**-24
 NO_OBJECTIVE_BUT_RL = (0.0, 0.0, 1.0)  # loss weights (pretrain, sft, rl) of a PPO-only step
 
 
@@ -80,11 +97,28 @@ def modules(trainer: PPOTrainer):
     return (("policy", trainer.model.policy), ("value_model", trainer.model.value_model))
 
 
-def assert_gradients(ours: dict[str, torch.Tensor], steps: dict, step: int) -> None:
+def reduction_length(case: dict) -> int:
+    """n_red of the module docstring: the summed lengths of the reductions a gradient entry goes through — the
+    tokens of one optimizer step (every row of the rollout batch, queries without padding plus responses), the
+    vocabulary, the hidden and MLP widths and the longest sequence (attention)."""
+    config = json.loads((FIXTURES / case["models"]["policy"] / "config.json").read_text())
+    pad = case["tokenizer"]["pad_token_id"]
+    lengths = [
+        sum(t != pad for t in q) + len(r) for q, r in zip(case["rollout"]["queries"], case["rollout"]["responses"])
+    ]
+    return sum(lengths) + config["vocab_size"] + config["hidden_size"] + config["intermediate_size"] + max(lengths)
+
+
+def gradient_tolerance(expected: torch.Tensor, case: dict) -> float:
+    """2 * u * n_red * max |g| of one parameter tensor (see the module docstring)."""
+    return 2 * FP32_UNIT_ROUNDOFF * reduction_length(case) * float(expected.abs().max())
+
+
+def assert_gradients(ours: dict[str, torch.Tensor], steps: dict, step: int, case: dict) -> None:
     """The accumulated gradient of optimizer step `step` equals 1.12's (`ours`: "<prefix>.<name>" -> grad)."""
     for key, grad in ours.items():
         expected = steps[f"step{step}.grad.{key}"]
-        close(grad, expected, f"gradient of {key}, step {step}", GRAD_ATOL, rtol=GRAD_RTOL)
+        close(grad, expected, f"gradient of {key}, step {step}", gradient_tolerance(expected, case), rtol=0.0)
 
 
 def adam_tolerance(ours: list[torch.Tensor], theirs: list[torch.Tensor], case: dict) -> torch.Tensor:
@@ -128,9 +162,10 @@ def load_case(name: str) -> dict:
     return json.loads((FIXTURES / "cases" / f"{name}.json").read_text())
 
 
-def build(case: dict, tmp_path) -> PPOTrainer:
-    """Our PPOTrainer on the fixture's models, tokenizer, dataset and config."""
+def build(case: dict, tmp_path, **overrides) -> PPOTrainer:
+    """Our PPOTrainer on the fixture's models, tokenizer, dataset and config (`overrides` change config fields)."""
     config = {k: v for k, v in case["ppo_config"].items() if k not in ("output_dir", "report_to")}
+    config.update(overrides)
     args = PPOConfig(
         output_dir=str(tmp_path / "out"),
         report_to="none",
@@ -314,7 +349,7 @@ def test_optimizer_steps_match_trl_1_12(case, tmp_path):
         grads.append(
             {f"{p}.{n}": w.grad.detach().clone() for p, m in modules(trainer) for n, w in m.named_parameters()}
         )
-        assert_gradients(grads[-1], steps, step)
+        assert_gradients(grads[-1], steps, step, case)
         optimizer.step()
         after = {k[len(f"step{step}.") :]: v for k, v in steps.items() if k.startswith(f"step{step}.")}
         assert_weights(trainer, after, grads, steps, case, f"after step {step}")
@@ -340,6 +375,58 @@ def test_train_loop_reproduces_trl_1_12_weights(case, tmp_path):
     steps = safetensors.torch.load_file(FIXTURES / case["step_weights"])
     assert len(recorder.grads) == trainer.state.global_step
     for step, grads in enumerate(recorder.grads, start=1):
-        assert_gradients(grads, steps, step)
+        assert_gradients(grads, steps, step, case)
     final = safetensors.torch.load_file(FIXTURES / case["final_weights"])
     assert_weights(trainer, final, recorder.grads, steps, case, "after train()")
+
+
+def first_step_gradients(trainer: PPOTrainer, case: dict) -> dict[str, torch.Tensor]:
+    """The accumulated gradient of the first optimizer step, on 1.12's first-epoch micro-batches."""
+    trajectories, _ = process(trainer, case)
+    rows = [trajectory_row(t) for t in trajectories]
+    model = trainer.model
+    model.train()
+    num_micro = trainer.args.gradient_accumulation_steps
+    info = {
+        "weights": NO_OBJECTIVE_BUT_RL,
+        "counts": {
+            "tokens_pretrain": 0.0,
+            "tokens_sft": 0.0,
+            "tokens_rl": float(sum(r["mask"].sum() for r in rows)),
+            "sequences_rl": float(len(rows)),
+            "micro_batches_rl": float(num_micro),
+        },
+        "probe": False,
+        "step": 0,
+        "micro_index": 0,
+        "num_micro": num_micro,
+    }
+    model.zero_grad(set_to_none=True)
+    for mb in (mb for mb in case["micro_batches"] if mb["ppo_epoch"] == 0):
+        batch = collate_rows([rows[i] for i in mb["indices"]], trainer.processing_class.pad_token_id)
+        trainer.compute_loss(model, batch, num_items_in_batch=info).backward()
+    return {f"{p}.{n}": w.grad.detach().clone() for p, m in modules(trainer) for n, w in m.named_parameters()}
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        pytest.param({"whiten_advantages": False}, id="whitening-dropped"),
+        pytest.param({"kl_penalty": "loss", "kl_estimator": "k3"}, id="kl-moved-from-reward-to-loss"),
+    ],
+)
+def test_gradient_tolerance_catches_formula_errors(case, tmp_path, mutation):
+    """The error-analysis tolerance is loose enough for another machine's rounding, and still catches a wrong
+    formula by a wide margin: the worst parameter tensor misses it by more than 10x."""
+    steps = safetensors.torch.load_file(FIXTURES / case["step_weights"])
+    grads = first_step_gradients(build(case, tmp_path, **mutation), case)
+    with pytest.raises(AssertionError, match="gradient of"):
+        assert_gradients(grads, steps, 1, case)
+    worst = max(
+        float((g.double() - steps[f"step1.grad.{key}"].double()).abs().max())
+        / max(gradient_tolerance(steps[f"step1.grad.{key}"], case), 1e-30)
+        for key, g in grads.items()
+    )
+    assert worst > 10, worst
+    # control: the unmutated formula passes the same check on the same path
+    assert_gradients(first_step_gradients(build(case, tmp_path), case), steps, 1, case)
