@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_trapo.curriculum import CurriculumCallback, CurriculumSchedule
+from trl_trapo.curriculum import CurriculumSchedule
 
 
 # the source document's schedule: 70/20/10 for the first 20 %, 30/50/20 until 80 %, then 10/30/60
@@ -160,8 +160,8 @@ def test_constant_mode_matches_mean_of_phased_mixture():
         assert constant.mixture(0)[i] * 200 == pytest.approx(total, rel=1e-9)
 
 
-def test_callback_mixture_and_metrics():
-    callback = CurriculumCallback(default_schedule())
+def test_schedule_metrics():
+    callback = default_schedule()
     assert callback.mixture(250) == default_schedule().mixture(250)
     metrics = callback.metrics(850)
     assert set(metrics) == {"curriculum/pretrain", "curriculum/sft", "curriculum/rl", "curriculum/phase"}

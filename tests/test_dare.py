@@ -70,9 +70,9 @@ def test_constant_reward_loses_weight_within_three_updates(tmp_path, setup):
     assert engine.num_updates == UPDATES
     assert engine.signals[RL] == 0.0  # zero advantages: no RL signal at all, by construction
     static = combine_weights(trainer.args.objective_weights, trainer._last_shares, (1.0, 1.0, 1.0))
-    dynamic = combine_weights(trainer.args.objective_weights, trainer._last_shares, engine.weights())
+    dynamic = combine_weights(trainer.args.objective_weights, trainer._last_shares, engine.value())
     assert dynamic[RL] < static[RL]
-    assert engine.weights()[RL] < 1.0 < max(engine.weights()[:RL])
+    assert engine.value()[RL] < 1.0 < max(engine.value()[:RL])
 
 
 def test_informative_reward_keeps_more_weight_than_constant_reward(tmp_path, setup):
@@ -82,4 +82,4 @@ def test_informative_reward_keeps_more_weight_than_constant_reward(tmp_path, set
     useless = run(tmp_path / "useless", setup, constant_reward, 10).dare.engine
     assert informative.signal_sums[RL] / informative.signal_counts[RL] > informative.noise_floor
     assert useless.signal_sums[RL] == 0.0
-    assert informative.weights()[RL] > useless.weights()[RL] + 0.2
+    assert informative.value()[RL] > useless.value()[RL] + 0.2

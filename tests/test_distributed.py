@@ -238,17 +238,15 @@ def test_ddp_comm_hook_is_rejected_without_ddp():
     from types import SimpleNamespace
 
     from trl_trapo import TRAPOConfig
-    from trl_trapo.distributed import DDPCommHookCallback
+    from trl_trapo.callbacks import DDPCommHookCallback
 
     args = TRAPOConfig(output_dir="unused", report_to="none", ddp_comm_hook="fp16")
-    trainer = SimpleNamespace(
-        model_wrapped=torch.nn.Linear(2, 2),
-        accelerator=SimpleNamespace(num_processes=2, distributed_type="DistributedType.DEEPSPEED"),
-    )
+    model = torch.nn.Linear(2, 2)
+    accelerator = SimpleNamespace(num_processes=2, distributed_type="DistributedType.DEEPSPEED")
     with pytest.raises(ValueError, match="ddp_comm_hook='fp16' needs DDP"):
-        DDPCommHookCallback(trainer).on_train_begin(args, None, None)
-    trainer.accelerator.num_processes = 1  # one process: nothing to communicate, nothing to register
-    assert DDPCommHookCallback(trainer).on_train_begin(args, None, "control") == "control"
+        DDPCommHookCallback(lambda: model, accelerator).on_train_begin(args, None, None)
+    accelerator.num_processes = 1  # one process: nothing to communicate, nothing to register
+    assert DDPCommHookCallback(lambda: model, accelerator).on_train_begin(args, None, "control") == "control"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, t
     trainer = make_trainer(tmp_path, tokenizer, suite, kl_coef=0.05)
     trainer.state.global_step = 5  # T = 0.9 * 0.2 / 0.3 = 0.6
     trainer._generate_round(8, step=5)
-    assert trainer.generation_config.temperature == pytest.approx(0.6) == trainer.args.temperature
+    assert trainer.memory_pool.rollout_temperature(0.9) == pytest.approx(0.6)
+    assert trainer.generation_config.temperature == 0.9 == trainer.args.temperature  # the config is never changed
     trainer.state.global_step = 10  # a later round at T = 0.3: the buffer now mixes two temperatures
     trainer._generate_round(8, step=10)
     trajectories = trainer.replay.sample(len(trainer.replay), step=10)
@@ -108,12 +109,12 @@ def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite):
         controller = trainer.memory_pool.fewshot
         tasks = suite.rl_train["task"]
         while len(controller.prototypes) < len(set(tasks)):  # one prototype per task, created on first sight
-            controller.select_prompts(4)
+            controller.select_prompts(4, 0)
         memory = controller.prototypes
         for k, label in enumerate(memory.labels):  # `lst` scores 0, the others 1, all served equally
             memory.reward[k] = 0.0 if label == "lst" else 1.0
             memory.served["rl"][k] = 10.0
-        picks = [tasks[i] for _ in range(40) for i in controller.select_prompts(4)]
+        picks = [tasks[i] for _ in range(40) for i in controller.select_prompts(4, 0)]
         return sum(t == "lst" for t in picks) / len(picks)
 
     baseline, preferred = kept_share(0.0), kept_share(3.0)
@@ -128,7 +129,7 @@ def test_clusters_without_a_task_column(tmp_path, tokenizer, suite):
     controller = trainer.memory_pool.fewshot
     assert controller.task_labels is None
     for _ in range(5):
-        controller.select_prompts(4)
+        controller.select_prompts(4, 0)
     assert 1 <= len(controller.prototypes) <= 3
     assert all(label.startswith("cluster-") for label in controller.prototypes.labels)
 
@@ -154,7 +155,7 @@ def test_state_round_trip(tmp_path, tokenizer, suite):
     trainer = make_trainer(tmp_path, tokenizer, suite)
     controller = trainer.memory_pool.fewshot
     for _ in range(3):
-        controller.select_prompts(2)
+        controller.select_prompts(2, 0)
     controller.prototypes.observe_rewards(torch.tensor([0, 1]), torch.tensor([0.5, 0.25]))
     controller.sft_assignment[:3] = torch.tensor([1, 0, 1])
     meta, tensors = controller.state_dict()
@@ -164,5 +165,5 @@ def test_state_round_trip(tmp_path, tokenizer, suite):
     torch.testing.assert_close(other.prototypes.centroids, controller.prototypes.centroids)
     torch.testing.assert_close(other.prototypes.need("rl"), controller.prototypes.need("rl"))
     assert torch.equal(other.sft_assignment, controller.sft_assignment)
-    other.trainer._prompt_sampler.load_state_dict(trainer._prompt_sampler.state_dict())  # the trainer's own state
-    assert other.select_prompts(3) == controller.select_prompts(3)
+    other.prompt_sampler.load_state_dict(controller.prompt_sampler.state_dict())  # the trainer's own state
+    assert other.select_prompts(3, 0) == controller.select_prompts(3, 0)

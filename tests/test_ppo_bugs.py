@@ -40,7 +40,7 @@ from trl_trapo import PPOConfig, PPOTrainer
 from trl_trapo.collator import left_pad
 from trl_trapo.losses import gae_advantages, kl_estimate
 from trl_trapo.memory import trajectory_row
-from trl_trapo.rollout import completion_logps, per_token_head_outputs, reward_model_scores, value_predictions
+from trl_trapo.models import completion_logps, per_token_head_outputs, reward_model_scores, value_predictions
 
 
 torch.set_num_threads(1)
@@ -348,7 +348,7 @@ def test_f_reference_of_an_already_trained_adapter_is_that_adapter(tmp_path):
     assert max((b - t["ref_per_token_logps"]).abs().max().item() for b, t in zip(base, before)) > 0.1
 
     # training moves the adapter but not its frozen reference copy
-    reference = {n: p.detach().clone() for n, p in policy.named_parameters() if f".{trainer._ref_adapter}." in n}
+    reference = {n: p.detach().clone() for n, p in policy.named_parameters() if f".{trainer.reference.adapter}." in n}
     adapter = {n: p.detach().clone() for n, p in policy.named_parameters() if ".default." in n}
     assert reference and all(not p.requires_grad for n, p in policy.named_parameters() if n in reference)
     trainer.train()

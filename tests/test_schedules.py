@@ -11,7 +11,8 @@ from helpers import tiny_trainer
 from transformers import TrainerCallback
 
 from trl_trapo import TRAPOConfig
-from trl_trapo.schedules import AdaptiveKLController, FixedKLController, PhaseValues
+from trl_trapo.controllers import AdaptiveKLController, FixedKLController
+from trl_trapo.schedules import PhaseValues
 from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
@@ -20,32 +21,32 @@ from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 # ---------------------------------------------------------------------------------------------------------------------
 def test_adaptive_kl_hand_worked():
     ctl = AdaptiveKLController(0.2, target=6.0, horizon=10_000)
-    ctl.update(9.0, 1000)  # error clip(9/6 - 1 = 0.5) = 0.2 -> x (1 + 0.2 * 1000 / 10000) = x 1.02
-    assert ctl.value == pytest.approx(0.204)
-    ctl.update(3.0, 2000)  # error clip(-0.5) = -0.2 -> x (1 - 0.2 * 0.2) = x 0.96
-    assert ctl.value == pytest.approx(0.204 * 0.96)
-    ctl.update(6.6, 5000)  # error 0.1 (inside the clip) -> x (1 + 0.1 * 0.5) = x 1.05
-    assert ctl.value == pytest.approx(0.204 * 0.96 * 1.05)
-    value = ctl.value
-    ctl.update(float("nan"), 100)  # no information: unchanged
-    ctl.update(9.0, 0)
-    assert ctl.value == value
+    ctl.update({"kl": 9.0, "num_rollouts": 1000}, 0)  # error clip(9/6 - 1 = 0.5) = 0.2 -> x (1 + 0.2 * 1000 / 10000) = x 1.02
+    assert ctl.value() == pytest.approx(0.204)
+    ctl.update({"kl": 3.0, "num_rollouts": 2000}, 0)  # error clip(-0.5) = -0.2 -> x (1 - 0.2 * 0.2) = x 0.96
+    assert ctl.value() == pytest.approx(0.204 * 0.96)
+    ctl.update({"kl": 6.6, "num_rollouts": 5000}, 0)  # error 0.1 (inside the clip) -> x (1 + 0.1 * 0.5) = x 1.05
+    assert ctl.value() == pytest.approx(0.204 * 0.96 * 1.05)
+    value = ctl.value()
+    ctl.update({"kl": float("nan"), "num_rollouts": 100}, 0)  # no information: unchanged
+    ctl.update({"kl": 9.0, "num_rollouts": 0}, 0)
+    assert ctl.value() == value
 
 
 def test_adaptive_kl_stays_in_range_and_round_trips():
     ctl = AdaptiveKLController(0.3, target=1.0, horizon=10, kl_range=(0.1, 0.3))
     for _ in range(5):
-        ctl.update(100.0, 10)  # far above the target: wants to grow, held at the upper bound
-    assert ctl.value == 0.3
+        ctl.update({"kl": 100.0, "num_rollouts": 10}, 0)  # far above the target: wants to grow, held at the upper bound
+    assert ctl.value() == 0.3
     for _ in range(50):
-        ctl.update(0.0, 10)  # x 0.8 each time, held at the lower bound
-    assert ctl.value == 0.1
+        ctl.update({"kl": 0.0, "num_rollouts": 10}, 0)  # x 0.8 each time, held at the lower bound
+    assert ctl.value() == 0.1
     restored = AdaptiveKLController(0.2, target=1.0, horizon=10, kl_range=(0.1, 0.3))
     restored.load_state_dict(ctl.state_dict())
-    assert restored.value == ctl.value
+    assert restored.value() == ctl.value()
     fixed = FixedKLController(0.05)
-    fixed.update(100.0, 1000)
-    assert fixed.value == 0.05
+    fixed.update({"kl": 100.0, "num_rollouts": 1000}, 0)
+    assert fixed.value() == 0.05
 
 
 @pytest.mark.parametrize(
@@ -91,13 +92,18 @@ def test_config_validation(tmp_path, overrides, message):
 # In a real run
 # ---------------------------------------------------------------------------------------------------------------------
 class Recorder(TrainerCallback):
-    """The learning rate and coefficients each optimizer step actually used (read just before `optimizer.step`)."""
+    """The learning rate and coefficients each optimizer step actually used (read just before `optimizer.step`); the
+    coefficients in use live in the trainer's schedules, never in its config."""
 
-    def __init__(self):
+    def __init__(self, trainer):
         self.rows = []
+        self.schedules = trainer.schedules
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        self.rows.append((state.global_step, optimizer.param_groups[0]["lr"], args.entropy_coef, args.kl_coef))
+        step = state.global_step
+        self.rows.append(
+            (step, optimizer.param_groups[0]["lr"], self.schedules.entropy_coef(step), self.schedules.kl_coef())
+        )
         return control
 
 
@@ -116,10 +122,10 @@ def make_trainer(tmp_path, **overrides):
 
 def test_learning_rate_and_entropy_switch_at_the_last_phase(tmp_path):
     trainer = make_trainer(tmp_path, rl_phase_learning_rate=4e-4, late_entropy_coef=0.005)
-    recorder = Recorder()
+    recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
-    late = trainer.curriculum.schedule.boundary_steps[-1]  # 0.8 * 10 = step 8
+    late = trainer.curriculum.boundary_steps[-1]  # 0.8 * 10 = step 8
     assert late == 8
     for step, lr, entropy, _ in recorder.rows:
         assert lr == pytest.approx(4e-4 if step >= late else 1e-3), step
@@ -133,7 +139,7 @@ def test_learning_rate_switch_keeps_the_scheduler_shape(tmp_path):
     trainer = make_trainer(
         tmp_path, rl_phase_learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=0, learning_rate=1e-3
     )
-    recorder = Recorder()
+    recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
     for step, lr, _, _ in recorder.rows:
@@ -151,7 +157,7 @@ def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path):
         save_strategy="steps",
         save_steps=5,
     )
-    recorder = Recorder()
+    recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -171,15 +177,16 @@ def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path):
     at_5 = next(h["schedule/kl_coef"] for h in logs if h["step"] == 5)
     resumed = make_trainer(tmp_path, kl_target=1e6, kl_horizon=40, kl_coef_range=[0.1, 0.3])
     resumed._load_trapo_state(str(tmp_path / "checkpoint-5"))
-    assert resumed.args.kl_coef == pytest.approx(at_5)
-    assert resumed.schedules.kl.value == pytest.approx(at_5)
+    assert resumed.schedules.kl_coef() == pytest.approx(at_5)
+    assert resumed.schedules.kl.value() == pytest.approx(at_5)
+    assert resumed.args.kl_coef == trainer.args.kl_coef == 0.2  # the config is never changed
 
 
 def test_schedules_off_by_default_change_nothing(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=3)
-    recorder = Recorder()
+    recorder = Recorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
     assert {(lr, entropy, kl) for _, lr, entropy, kl in recorder.rows} == {(1e-3, 0.01, 0.2)}
     assert not any(k.startswith("schedule/") for h in trainer.state.log_history for k in h)
-    assert torch.is_tensor(trainer.schedules._window)
+    assert torch.is_tensor(trainer.schedules.window)

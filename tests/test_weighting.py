@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trl_trapo.weighting import (
-    DARECallback,
+    DARE,
     DAREWeighting,
     GradientProbe,
     StaticWeighting,
@@ -44,12 +44,12 @@ def test_combine_weights_all_zero():
 # ---------------------------------------------------------------------------------------------------------------------
 def test_dare_one_update_by_hand():
     dare = DAREWeighting(noise_floor=0.05)
-    assert dare.weights() == (1.0, 1.0, 1.0)
+    assert dare.value() == (1.0, 1.0, 1.0)
     # first measurement: each running mean is the value itself -> target 1 for a signal above the floor;
     # rl: max(-0.3, 0) = 0, mean 0 < floor -> min factor 0.25
     dare.update(signals(0.8, 0.4, -0.3), step=5)
     # f <- 0.9 f + 0.1 t: 1.0, 1.0, 0.9 + 0.025 = 0.925
-    assert dare.weights() == pytest.approx((1.0, 1.0, 0.925), abs=1e-12)
+    assert dare.value() == pytest.approx((1.0, 1.0, 0.925), abs=1e-12)
     assert dare.signals == [0.8, 0.4, -0.3]
     assert dare.num_updates == 1 and dare.last_update_step == 5
 
@@ -63,14 +63,14 @@ def test_dare_several_updates_by_hand():
     ema = [0.9 * ema[0] + 0.1 * 0.2, 0.9 * ema[1] + 0.1 * 0.8, 0.9 * ema[2] + 0.1 * 0.6]
     targets = [ema[0] / 0.19 / 0.5, ema[1] / 0.19 / 0.6, ema[2] / 0.19 / 0.3]  # means (0.8+0.2)/2, (0.4+0.8)/2, 0.6/2
     expected = [0.9 * 1.0 + 0.1 * targets[0], 0.9 * 1.0 + 0.1 * targets[1], 0.9 * 0.925 + 0.1 * targets[2]]
-    assert dare.weights() == pytest.approx(tuple(expected), abs=1e-12)
+    assert dare.value() == pytest.approx(tuple(expected), abs=1e-12)
     # pretrain (0.8, 0.2): the recent signal sits below the mean -> target below 1
     assert targets[0] == pytest.approx(0.092 / 0.19 / 0.5) and targets[0] < 1
     # a fading signal keeps lowering the factor, gradually: the recent signal decays towards 0
     dare.update(signals(0.0, 0.6, 0.3), step=15)
     target = 0.9 * ema[0] / (1 - 0.9**3) / ((0.8 + 0.2 + 0.0) / 3)
-    assert dare.weights()[0] == pytest.approx(0.9 * expected[0] + 0.1 * target, abs=1e-12)
-    assert dare.weights()[0] < expected[0]
+    assert dare.value()[0] == pytest.approx(0.9 * expected[0] + 0.1 * target, abs=1e-12)
+    assert dare.value()[0] < expected[0]
     assert dare.num_updates == 3 and dare.last_update_step == 15
 
 
@@ -82,7 +82,7 @@ def test_dare_sparse_stationary_signal_keeps_a_factor_near_one():
     factors = []
     for step in range(200):
         dare.update(signals(0.5, 0.5, pattern[step % 10]), step=step)
-        factors.append(dare.weights()[2])
+        factors.append(dare.value()[2])
     late = factors[100:]
     assert 0.8 < sum(late) / len(late) < 1.2
     assert min(late) > 0.5
@@ -94,9 +94,9 @@ def test_dare_targets_clipped_to_bounds():
     # pretrain: mean (0.1 + 0.9) / 2 = 0.5, target 1.8; sft: mean 0.1, 0.1 / ... target 0.1/0.1 = 1 -> 1;
     # rl: 0.0 -> mean 0.05, target 0 -> clipped to 0.5
     dare.update(signals(0.9, 0.1, 0.0), step=2)  # momentum 0: the factors are the targets
-    assert dare.weights() == pytest.approx((1.8, 1.0, 0.5))
+    assert dare.value() == pytest.approx((1.8, 1.0, 0.5))
     dare.update(signals(5.0, 0.1, 0.0), step=3)  # pretrain: mean (0.1 + 0.9 + 5) / 3 = 2, target 2.5 -> 2.0
-    assert dare.weights()[0] == pytest.approx(2.0)
+    assert dare.value()[0] == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("missing", [None, float("nan"), float("inf")])
@@ -104,16 +104,16 @@ def test_dare_unmeasured_signal_leaves_factor_untouched(missing):
     dare = DAREWeighting(noise_floor=0.05)
     dare.factors = [1.0, 1.7, 1.0]
     dare.update(signals(0.5, missing, 0.25), step=3)  # measured ones: target 1 (first measurement)
-    assert dare.weights() == pytest.approx((1.0, 1.7, 1.0), abs=1e-12)
+    assert dare.value() == pytest.approx((1.0, 1.7, 1.0), abs=1e-12)
     assert dare.signal_counts == [1, 0, 1]
 
 
 def test_dare_single_active_objective_is_compared_with_its_own_history_only():
     dare = DAREWeighting(active=(False, True, False), momentum=0.0, noise_floor=0.05)
     dare.update(signals(0.1, 0.6, 0.7), step=0)  # signals of inactive objectives are ignored
-    assert dare.weights() == (1.0, 1.0, 1.0)
+    assert dare.value() == (1.0, 1.0, 1.0)
     dare.update(signals(0.1, 0.2, 0.7), step=1)  # sft mean 0.4, target 0.5
-    assert dare.weights() == pytest.approx((1.0, 0.5, 1.0))
+    assert dare.value() == pytest.approx((1.0, 0.5, 1.0))
     assert dare.signal_counts == [0, 2, 0]
 
 
@@ -122,8 +122,8 @@ def test_dare_objective_without_signal_falls_to_the_minimum():
     dare = DAREWeighting(noise_floor=0.05)
     for step in range(1, 30):
         dare.update(signals(0.6, 0.5, 0.0), step=step)
-    assert dare.weights()[2] == pytest.approx(0.25 + 0.75 * 0.9**29, abs=1e-12)
-    assert dare.weights()[:2] == pytest.approx((1.0, 1.0))
+    assert dare.value()[2] == pytest.approx(0.25 + 0.75 * 0.9**29, abs=1e-12)
+    assert dare.value()[:2] == pytest.approx((1.0, 1.0))
 
 
 def test_dare_state_round_trip_is_json_and_continues_identically():
@@ -133,12 +133,12 @@ def test_dare_state_round_trip_is_json_and_continues_identically():
     state = json.loads(json.dumps(dare.state_dict()))
     restored = DAREWeighting()
     restored.load_state_dict(state)
-    assert restored.weights() == dare.weights()
+    assert restored.value() == dare.value()
     assert restored.signals == dare.signals
     assert (restored.num_updates, restored.last_update_step) == (2, 10)
     for engine in (dare, restored):
         engine.update(signals(0.3, 0.6, 0.1), step=15)
-    assert restored.weights() == dare.weights()
+    assert restored.value() == dare.value()
 
 
 @pytest.mark.parametrize(
@@ -159,13 +159,13 @@ def test_dare_load_rejects_corrupted_state(corrupt, match):
     fresh = DAREWeighting()
     with pytest.raises(ValueError, match=match):
         fresh.load_state_dict(state)
-    assert fresh.weights() == (1.0, 1.0, 1.0)  # nothing half-loaded
+    assert fresh.value() == (1.0, 1.0, 1.0)  # nothing half-loaded
 
 
 def test_static_weighting():
     static = StaticWeighting()
     static.update(signals(0.9, 0.0, 0.1), step=1)
-    assert static.weights() == (1.0, 1.0, 1.0)
+    assert static.value() == (1.0, 1.0, 1.0)
     static.load_state_dict(static.state_dict())
     with pytest.raises(ValueError, match="'dare'"):
         static.load_state_dict(DAREWeighting().state_dict())
@@ -174,20 +174,20 @@ def test_static_weighting():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# DARECallback
+# DARE
 # ---------------------------------------------------------------------------------------------------------------------
-def test_dare_callback_update_steps():
-    callback = DARECallback(DAREWeighting(), update_interval=3)
+def test_dare_update_steps():
+    callback = DARE(DAREWeighting(), update_interval=3)
     assert [s for s in range(10) if callback.is_update_step(s)] == [3, 6, 9]  # never step 0
-    assert DARECallback(DAREWeighting(), update_interval=0).update_interval == 1
-    assert [s for s in range(4) if DARECallback(DAREWeighting(), update_interval=1).is_update_step(s)] == [1, 2, 3]
-    static = DARECallback(StaticWeighting(), update_interval=1)
+    assert DARE(DAREWeighting(), update_interval=0).update_interval == 1
+    assert [s for s in range(4) if DARE(DAREWeighting(), update_interval=1).is_update_step(s)] == [1, 2, 3]
+    static = DARE(StaticWeighting(), update_interval=1)
     assert not static.dynamic
     assert not any(static.is_update_step(s) for s in range(10))
 
 
-def test_dare_callback_update_and_metrics():
-    callback = DARECallback(DAREWeighting(noise_floor=0.05), update_interval=2)
+def test_dare_update_and_metrics():
+    callback = DARE(DAREWeighting(noise_floor=0.05), update_interval=2)
     callback.update([0.8, 0.4, None], step=2)
     callback.update([0.4, 0.4, None], step=4)
     # pretrain: mean 0.6, recent (0.9 * 0.08 + 0.04) / 0.19, target recent / 0.6

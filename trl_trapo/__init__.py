@@ -4,11 +4,12 @@
 __version__ = "0.1.0.dev0"
 
 from .config import TRAPOConfig
-from .curriculum import CurriculumCallback, CurriculumSchedule
+from .controllers import AdaptiveKLController, Controller, FixedKLController
+from .curriculum import CurriculumSchedule
 from .ppo import PPOConfig, PPOTrainer
 from .rewards import numeric_answer_reward
 from .trainer import TRAPOTrainer
-from .weighting import DARECallback, DAREWeighting, StaticWeighting
+from .weighting import DARE, DAREWeighting, StaticWeighting
 
 
 __all__ = [
@@ -16,9 +17,11 @@ __all__ = [
     "TRAPOTrainer",
     "PPOConfig",
     "PPOTrainer",
-    "CurriculumCallback",
+    "Controller",
+    "AdaptiveKLController",
+    "FixedKLController",
     "CurriculumSchedule",
-    "DARECallback",
+    "DARE",
     "DAREWeighting",
     "StaticWeighting",
     "numeric_answer_reward",

@@ -25,8 +25,6 @@ import logging
 import math
 from collections.abc import Sequence
 
-from transformers import TrainerCallback
-
 from .config import OBJECTIVES
 
 
@@ -135,27 +133,13 @@ class CurriculumSchedule:
             return tuple(1.0 / count if a else 0.0 for a in self.active)
         return tuple(x / total for x in restricted)
 
+    def metrics(self, step: int, shares: Sequence[float] | None = None) -> dict[str, float]:
+        """`curriculum/<objective>` shares and `curriculum/phase` of optimizer step `step` (shares recomputed if None).
 
-class CurriculumCallback(TrainerCallback):
-    """Owns the [`CurriculumSchedule`], logs `curriculum/<objective>` and `curriculum/phase`, and checkpoints position.
-
-    The trainer asks `mixture(step)` when it builds a step's batch. The schedule is a pure function of the optimizer
-    step, which the `Trainer` checkpoints, so a resumed run continues the schedule exactly where it stopped.
-
-    Args:
-        schedule (`CurriculumSchedule`): the schedule.
-    """
-
-    def __init__(self, schedule: CurriculumSchedule):
-        self.schedule = schedule
-
-    def mixture(self, step: int) -> tuple[float, float, float]:
-        """The (pretrain, sft, rl) shares for optimizer step `step`."""
-        return self.schedule.mixture(step)
-
-    def metrics(self, step: int, shares: tuple[float, float, float] | None = None) -> dict[str, float]:
-        """`curriculum/<objective>` shares and `curriculum/phase` of optimizer step `step` (shares recomputed if None)."""
-        mix = self.schedule.mixture(step) if shares is None else shares
+        The schedule is a pure function of the optimizer step, which the `Trainer` checkpoints, so a resumed run
+        continues it exactly where it stopped.
+        """
+        mix = self.mixture(step) if shares is None else shares
         out = {f"curriculum/{name}": value for name, value in zip(OBJECTIVES, mix)}
-        out["curriculum/phase"] = float(self.schedule.phase(step))
+        out["curriculum/phase"] = float(self.phase(step))
         return out

@@ -8,10 +8,10 @@
   weights, a collective).
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
   policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model).
-- `DDPCommHookCallback`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
-  `DistributedDataParallelKwargs.register_comm_hook` on the model the Trainer wrapped. The Trainer builds its
-  `Accelerator` (and its DDP kwargs) itself, with no public way to pass a hook, so the hook is registered after
-  preparation, before the first backward.
+- `register_ddp_comm_hook`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
+  `DistributedDataParallelKwargs.register_comm_hook` on the model the Trainer wrapped (called by
+  `callbacks.DDPCommHookCallback` at the start of training: the Trainer builds its `Accelerator` and its DDP kwargs
+  itself, with no public way to pass a hook, so the hook is registered after preparation, before the first backward).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import torch
 from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 from torch import nn
-from transformers import TrainerCallback
 
 
 logger = logging.getLogger(__name__)
@@ -149,54 +148,25 @@ def generation_synced_gpus(accelerator, gathered: bool) -> bool | None:
     return False
 
 
-class DDPCommHookCallback(TrainerCallback):
-    """Registers `args.ddp_comm_hook` (fp16 / bf16 / PowerSGD) on the DDP-wrapped model at the start of training.
+def register_ddp_comm_hook(model: nn.Module, name: str, powersgd_rank: int, powersgd_start_iter: int) -> None:
+    """Register the DDP communication hook `name` ("fp16", "bf16" or "powersgd") on a DDP-wrapped `model`.
 
-    Args:
-        trainer: the [`TRAPOTrainer`] (its `model_wrapped` is the DDP module once training starts).
-
-    Raises:
-        ValueError: at `train()`, if a hook is asked for on several processes that are not DDP (DeepSpeed and FSDP
-            communicate through their own collectives, which these hooks do not apply to).
+    A second call on the same wrapper does nothing (the hook is registered once; the wrapper remembers its name).
     """
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        name = args.ddp_comm_hook
-        if name == "none":
-            return control
-        model = self.trainer.model_wrapped
-        if not isinstance(model, nn.parallel.DistributedDataParallel):
-            if self.trainer.accelerator.num_processes == 1:
-                logger.info("ddp_comm_hook=%r has no effect on a single process.", name)
-                return control
-            raise ValueError(
-                f"TRAPOConfig.ddp_comm_hook={name!r} needs DDP, but this run uses "
-                f"{self.trainer.accelerator.distributed_type}. Set ddp_comm_hook='none' (DeepSpeed / FSDP have their "
-                "own communication settings) or launch with plain DDP."
+    if getattr(model, "trapo_comm_hook", None) is not None:  # a second `train()` on the same wrapper
+        return
+    state_option = {}
+    if name == "powersgd":
+        state_option = {"matrix_approximation_rank": powersgd_rank, "start_powerSGD_iter": powersgd_start_iter}
+        if torch.distributed.get_backend() == "gloo":
+            logger.warning(
+                "PowerSGD on gloo: its collectives run in future callbacks and can interleave with DDP's other "
+                "collectives in a different order on different ranks (pytorch/pytorch#58467). Use one gradient "
+                "bucket (--ddp_bucket_cap_mb larger than the gradients) and --ddp_find_unused_parameters false."
             )
-        if getattr(model, "_trapo_comm_hook", None) is not None:  # a second `train()` on the same wrapper
-            return control
-        state_option = {}
-        if name == "powersgd":
-            state_option = {
-                "matrix_approximation_rank": args.powersgd_rank,
-                "start_powerSGD_iter": args.powersgd_start_iter,
-            }
-            if torch.distributed.get_backend() == "gloo":
-                logger.warning(
-                    "PowerSGD on gloo: its collectives run in future callbacks and can interleave with DDP's other "
-                    "collectives in a different order on different ranks (pytorch/pytorch#58467). Use one gradient "
-                    "bucket (--ddp_bucket_cap_mb larger than the gradients) and --ddp_find_unused_parameters false."
-                )
-        DistributedDataParallelKwargs(comm_hook=COMM_HOOKS[name], comm_state_option=state_option).register_comm_hook(
-            model
-        )
-        model._trapo_comm_hook = name
-        logger.info("Registered the DDP communication hook %r.", name)
-        return control
+    DistributedDataParallelKwargs(comm_hook=COMM_HOOKS[name], comm_state_option=state_option).register_comm_hook(model)
+    model.trapo_comm_hook = name
+    logger.info("Registered the DDP communication hook %r.", name)
 
 
 def reduce_replay_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:

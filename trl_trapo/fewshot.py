@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -232,43 +232,61 @@ class PrototypeMemory:
 
 
 class FewShotController:
-    """Runs few-shot mode for a [`TRAPOTrainer`] (see the module docstring for exactly what it does).
+    """Runs few-shot mode (see the module docstring for exactly what it does).
 
-    The trainer calls `select_prompts` at every generation round, `observe_rollouts` once the round is scored,
-    `sft_rows` to draw the step's SFT rows and `after_forward` in `compute_loss`.
+    The trainer calls `select_prompts` at every generation round (which also sets the round's `temperature`),
+    `observe_rollouts` once the round is scored, `sft_rows` to draw the step's SFT rows and `after_forward` in
+    `compute_loss`.
 
     Args:
-        trainer: the trainer (for its args, datasets, samplers and policy).
+        args ([`TRAPOConfig`]): the configuration (read, never written).
+        total_steps (`int`): planned optimizer steps (sigma goes from its first to its last value over them).
+        rank (`int`): this process's index (seeds its generator).
+        prompt_sampler ([`~trl_trapo.data.ShardedSampler`], *optional*): this rank's stream of RL prompt indices.
+        rl_dataset (`Dataset`, *optional*): the tokenized RL prompts (`prompt_ids`, and the task column if any).
+        embed_prompts (`Callable[[list[list[int]]], torch.Tensor]`): `(n, H)` L2-normalised prompt embeddings of
+            token-id lists (the trainer's no-grad forward of the policy's decoder, see [`prompt_embeddings`]).
+        lm_head (`nn.Module`, *optional*): the policy's output projection; its input is captured in the training
+            forward to embed SFT rows (needed when `sft_pool_size > 0`).
         sft_pool_size (`int`): rows in the SFT pool (0 without SFT).
+        kl_penalty (`str`): where the KL term sits ("loss" or "reward"), for the warning about low temperatures.
     """
 
-    def __init__(self, trainer, sft_pool_size: int = 0):
-        args = trainer.args
-        self.trainer = trainer
+    def __init__(
+        self,
+        args,
+        total_steps: int,
+        rank: int,
+        prompt_sampler,
+        rl_dataset,
+        embed_prompts: Callable[[list[list[int]]], torch.Tensor],
+        lm_head: nn.Module | None = None,
+        sft_pool_size: int = 0,
+        kl_penalty: str = "loss",
+    ):
         self.base_temperature = float(args.temperature)
         self.sigma = tuple(float(s) for s in args.fewshot_sigma)
         self.candidates = int(args.fewshot_candidates)
         self.strength = float(args.fewshot_strength)
-        self.total_steps = max(int(trainer._planned_steps), 1)
+        self.total_steps = max(int(total_steps), 1)
         self.prototypes = PrototypeMemory(args.fewshot_num_prototypes)
-        dataset = trainer._rl_dataset
+        self.prompt_sampler = prompt_sampler
+        self.rl_dataset = rl_dataset
+        self.embed_prompts = embed_prompts
         column = args.fewshot_task_column
         self.task_labels = (
-            list(dataset[column]) if dataset is not None and column and column in dataset.column_names else None
+            list(rl_dataset[column])
+            if rl_dataset is not None and column and column in rl_dataset.column_names
+            else None
         )
         self.sft_assignment = torch.full((sft_pool_size,), -1, dtype=torch.long)
-        self.generator = torch.Generator().manual_seed(args.seed + 6151 + trainer.accelerator.process_index)
-        self.temperature = self.base_temperature
+        self.generator = torch.Generator().manual_seed(args.seed + 6151 + rank)
+        self.temperature = self.base_temperature  # of the current generation round
         self._round: torch.Tensor | None = None  # prototypes of the prompts of the pending generation round
         self._pending_sft: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._captured: torch.Tensor | None = None
         self._hook = None
-        if (
-            self.sigma[1] < self.sigma[0]
-            and args.kl_coef > 0
-            and args.kl_estimator == "k3"
-            and getattr(trainer, "kl_penalty", None) == "loss"
-        ):
+        if self.sigma[1] < self.sigma[0] and args.kl_coef > 0 and args.kl_estimator == "k3" and kl_penalty == "loss":
             logger.warning(
                 "Few-shot mode lowers the rollout temperature to %.3g; with kl_estimator='k3' in the loss, log-ratios "
                 "to the reference grow like 1/T and k3 = r - 1 - log r is exponential in them on stale replay tokens "
@@ -277,39 +295,22 @@ class FewShotController:
                 self.temperature_at(self.total_steps),
             )
         if sft_pool_size:
-            head = trainer._unwrapped_policy().get_output_embeddings()
-            self._hook = head.register_forward_hook(self._capture)
+            if lm_head is None:
+                raise ValueError("FewShotController needs the policy's `lm_head` to embed SFT rows.")
+            self._hook = lm_head.register_forward_hook(self._capture)
 
     # ---- exploration --------------------------------------------------------------------------------------------
     def temperature_at(self, step: int) -> float:
         """T(step) = temperature * sigma(step) / sigma(0)."""
         return self.base_temperature * fewshot_sigma(step, self.total_steps, self.sigma) / self.sigma[0]
 
-    def _set_temperature(self, step: int) -> None:
-        self.temperature = self.temperature_at(step)
-        self.trainer.args.temperature = self.temperature  # behaviour / reference log-probs of this round
-        self.trainer.generation_config.temperature = self.temperature  # sampling
-
-    def reset_temperature(self) -> None:
-        """Put the configured temperature back (at the end of training)."""
-        self.temperature = self.base_temperature
-        self.trainer.args.temperature = self.base_temperature
-        self.trainer.generation_config.temperature = self.base_temperature
-
     # ---- RL prompts ---------------------------------------------------------------------------------------------
-    def select_prompts(self, n: int) -> list[int]:
-        """Indices of the `n` RL prompts of a generation round (see the module docstring)."""
-        trainer = self.trainer
-        self._set_temperature(trainer.state.global_step)
-        candidates = trainer._prompt_sampler.take(n * self.candidates)
-        prompt_ids = [trainer._rl_dataset[i]["prompt_ids"] for i in candidates]
-        with trainer._unwrapped_for_rollouts() as unwrapped:
-            embeddings = prompt_embeddings(
-                trainer._policy_for_generation(unwrapped),
-                prompt_ids,
-                trainer.processing_class.pad_token_id,
-                trainer.args.local_rollout_forward_batch_size,
-            )
+    def select_prompts(self, n: int, step: int) -> list[int]:
+        """Indices of the `n` RL prompts of the generation round of optimizer step `step` (see the module
+        docstring); sets `temperature` to T(step) for the round."""
+        self.temperature = self.temperature_at(step)
+        candidates = self.prompt_sampler.take(n * self.candidates)
+        embeddings = self.embed_prompts([self.rl_dataset[i]["prompt_ids"] for i in candidates])
         labels = [self.task_labels[i] for i in candidates] if self.task_labels is not None else None
         ids = self.prototypes.assign(embeddings, labels)
         need = self.prototypes.need("rl")

@@ -26,10 +26,7 @@ import logging
 import os
 
 import torch
-from accelerate.utils import is_peft_model
-from transformers import TrainerCallback
 
-from .adapter_bank import AdapterBankCallback
 from .checkpoint import CheckpointError, encode_tensors, read_state_file
 from .data import SFT
 from .fewshot import FewShotController
@@ -42,50 +39,57 @@ logger = logging.getLogger(__name__)
 DEFAULT_DISK_FRACTION = 0.05
 
 
-class MemoryPool(TrainerCallback):
-    """The SFT pool, few-shot controller and adapter bank of one [`TRAPOTrainer`] (see the module docstring).
+def build_sft_pool(args, sft_dataset, total_steps: int, rank: int, world_size: int) -> SFTPool | PrioritizedSFTPool:
+    """The long-term SFT pool `args.sft_sampling` asks for, over this rank's shard of the tokenized `sft_dataset`.
+
+    The prioritised pool keeps a memory-mapped Arrow copy under `output_dir/sft_pool/rank{r}` within
+    `sft_pool_max_bytes` (default: 5 % of the free disk there).
+    """
+    if args.sft_sampling == "prioritized":
+        budget = args.sft_pool_max_bytes
+        if budget is None:
+            budget = int(DEFAULT_DISK_FRACTION * free_disk_bytes(args.output_dir))
+        return PrioritizedSFTPool(
+            sft_dataset,
+            os.path.join(args.output_dir, "sft_pool", f"rank{rank}"),
+            alpha=args.sft_priority_alpha,
+            beta=args.sft_priority_beta,
+            total_steps=total_steps,
+            max_bytes=budget,
+            seed=args.seed + 1,
+            rank=rank,
+            world_size=world_size,
+        )
+    return SFTPool(sft_dataset, seed=args.seed + 1, rank=rank, world_size=world_size)
+
+
+class MemoryPool:
+    """The SFT pool, few-shot controller and adapter bank of one trainer (see the module docstring).
 
     Args:
-        trainer: the trainer, after `Trainer.__init__` (its `_sft_dataset`, `_rl_dataset`, `_prompt_sampler` are read
-            lazily, so they may be set after this object is built).
-        rank (`int`), world_size (`int`): this process and the number of processes.
+        sft_pool ([`SFTPool`] or [`PrioritizedSFTPool`], *optional*): the long-term SFT pool (None without SFT).
+        prompt_sampler ([`~trl_trapo.data.ShardedSampler`], *optional*): this rank's RL prompt indices.
+        fewshot ([`~trl_trapo.fewshot.FewShotController`], *optional*): few-shot mode, when on.
+        adapter_bank ([`~trl_trapo.callbacks.AdapterBankCallback`], *optional*): the adapter bank, for PEFT policies.
+        rank (`int`): this process's index (names its checkpoint files).
+        kl_estimator (`str`): the per-token KL estimator, for the adapter bank's per-sequence KL.
     """
 
-    def __init__(self, trainer, rank: int, world_size: int):
-        args = trainer.args
-        self.trainer = trainer
+    def __init__(
+        self,
+        sft_pool=None,
+        prompt_sampler=None,
+        fewshot: FewShotController | None = None,
+        adapter_bank=None,
+        rank: int = 0,
+        kl_estimator: str = "k3",
+    ):
+        self.sft_pool = sft_pool
+        self.prompt_sampler = prompt_sampler
+        self.fewshot = fewshot
+        self.adapter_bank = adapter_bank
         self.rank = rank
-        self.sft_pool = None
-        if trainer._sft_dataset is not None:
-            if args.sft_sampling == "prioritized":
-                budget = args.sft_pool_max_bytes
-                if budget is None:
-                    budget = int(DEFAULT_DISK_FRACTION * free_disk_bytes(args.output_dir))
-                self.sft_pool = PrioritizedSFTPool(
-                    trainer._sft_dataset,
-                    os.path.join(args.output_dir, "sft_pool", f"rank{rank}"),
-                    alpha=args.sft_priority_alpha,
-                    beta=args.sft_priority_beta,
-                    total_steps=trainer._planned_steps,
-                    max_bytes=budget,
-                    seed=args.seed + 1,
-                    rank=rank,
-                    world_size=world_size,
-                )
-            else:
-                self.sft_pool = SFTPool(trainer._sft_dataset, seed=args.seed + 1, rank=rank, world_size=world_size)
-        self.fewshot = None
-        if args.fewshot_mode:
-            self.fewshot = FewShotController(trainer, len(self.sft_pool) if self.sft_pool is not None else 0)
-        self.adapter_bank = None
-        policy = trainer._unwrapped_policy()
-        if args.adapter_snapshot_steps > 0 and is_peft_model(policy):
-            if trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3:
-                logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
-            else:
-                self.adapter_bank = AdapterBankCallback(trainer)
-                trainer.add_callback(self.adapter_bank)
-        trainer.add_callback(self)
+        self.kl_estimator = kl_estimator
 
     # ---- drawing ----------------------------------------------------------------------------------------------------
     def take_sft(self, n: int, step: int) -> list[dict]:
@@ -94,23 +98,29 @@ class MemoryPool(TrainerCallback):
             return self.fewshot.sft_rows(self.sft_pool, n, step)
         return self.sft_pool.take(n, step)
 
-    def select_prompts(self, n: int) -> list[int]:
-        """Dataset indices of a generation round's `n` RL prompts."""
+    def select_prompts(self, n: int, step: int) -> list[int]:
+        """Dataset indices of the `n` RL prompts of optimizer step `step`'s generation round."""
         if self.fewshot is not None:
-            return self.fewshot.select_prompts(n)
-        return self.trainer._prompt_sampler.take(n)
+            return self.fewshot.select_prompts(n, step)
+        return self.prompt_sampler.take(n)
+
+    def rollout_temperature(self, default: float) -> float:
+        """The sampling temperature of the current generation round: few-shot mode's annealed one, else `default`."""
+        return self.fewshot.temperature if self.fewshot is not None else default
 
     # ---- feedback ---------------------------------------------------------------------------------------------------
-    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories) -> None:
+    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories, temperature: float) -> None:
         """A scored generation round: `(B,)` scores (NaN = no reward), `(C_i,)` behaviour and reference log-probs per
-        completion, and the trajectories made of the completions with a score (not yet in the replay buffer)."""
+        completion, the trajectories made of the completions with a score (not yet in the replay buffer), and the
+        round's sampling temperature."""
         if self.fewshot is not None:
             self.fewshot.observe_rollouts(scores, trajectories)
         if self.adapter_bank is not None:
             kl = None
             if ref_logps is not None:
-                estimator = self.trainer.args.kl_estimator
-                kl = torch.tensor([float(kl_estimate(o, r, estimator).sum()) for o, r in zip(old_logps, ref_logps)])
+                kl = torch.tensor(
+                    [float(kl_estimate(o, r, self.kl_estimator).sum()) for o, r in zip(old_logps, ref_logps)]
+                )
             self.adapter_bank.observe_rollouts(scores, kl)
 
     def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:
@@ -125,12 +135,6 @@ class MemoryPool(TrainerCallback):
         if self.fewshot is not None:
             self.fewshot.after_forward(objective, pool_index, sft_mask)
 
-    # ---- callbacks ----------------------------------------------------------------------------------------------
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.fewshot is not None:  # the configured temperature again (few-shot mode annealed it in place)
-            self.fewshot.reset_temperature()
-        return control
-
     # ---- metrics and state --------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         out = {}
@@ -139,8 +143,9 @@ class MemoryPool(TrainerCallback):
                 out.update(part.metrics())
         return out
 
-    def state_dict(self) -> tuple[dict, dict[str, bytes]]:
-        """JSON for `rank{r}.json` and the extra files of this rank's checkpoint state."""
+    def state_dict(self, global_step: int) -> tuple[dict, dict[str, bytes]]:
+        """JSON for `rank{r}.json` and the extra files of this rank's checkpoint state at optimizer step
+        `global_step`."""
         state: dict = {}
         tensors: dict[str, torch.Tensor] = {}
         if isinstance(self.sft_pool, PrioritizedSFTPool):  # its JSON part is the trainer's "sft_pool" entry
@@ -155,7 +160,9 @@ class MemoryPool(TrainerCallback):
         if self.adapter_bank is not None and self.rank == 0:
             import json
 
-            files["adapter_bank.json"] = json.dumps(self.adapter_bank.state_dict(), indent=1).encode("utf-8")
+            files["adapter_bank.json"] = json.dumps(self.adapter_bank.state_dict(global_step), indent=1).encode(
+                "utf-8"
+            )
         return state, files
 
     def load_state_dict(self, state: dict | None, checkpoint_dir: str) -> None:

@@ -1,13 +1,23 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Model plumbing: the policy + critic wrapper and the policy's reference (frozen model or frozen adapter copy)."""
+"""Model plumbing: the policy + critic wrapper, the reference policy (a frozen model or a frozen adapter copy), and the
+no-grad forwards of policy, reference, critic and reward models that rollouts need.
+
+Shapes: `B` sequences, `P_i` / `C_i` prompt / completion tokens of sequence i, `L` padded length. Every mask comes from
+lengths, never from comparing ids with the pad id, so tokenizers whose pad token equals their EOS token are handled
+correctly; sequence-classification heads are read per position and indexed at the last real token ourselves for the
+same reason.
+"""
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Sequence
 
 import torch
 from torch import nn
+from trl.trainer.callbacks import SyncRefModelCallback
+from trl.trainer.utils import selective_log_softmax, use_adapter
 
 
 logger = logging.getLogger(__name__)
@@ -34,8 +44,6 @@ class PolicyAndValueWrapper(nn.Module):
         self.config = policy.config
 
     def forward(self, input_ids, attention_mask, value_rows: torch.Tensor | None = None, **kwargs):
-        from .rollout import per_token_head_outputs
-
         outputs = self.policy(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         values = None
         if value_rows is not None and value_rows.numel() > 0:
@@ -92,6 +100,64 @@ class PolicyAndValueWrapper(nn.Module):
         return self.policy.generation_config
 
 
+class ReferencePolicy:
+    """The reference policy of the KL term: a frozen model, or a frozen adapter of a PEFT policy.
+
+    Args:
+        model (`nn.Module`, *optional*): a frozen reference model, prepared for inference (may be wrapped by DeepSpeed).
+        adapter (`str`, *optional*): with a PEFT policy and no `model`, the name of the frozen reference adapter, or
+            `""` for "adapter disabled" (the base model: the right reference for a freshly created adapter).
+        unwrap (`Callable`, *optional*): maps the prepared `model` to the plain module (the Trainer's
+            `accelerator.unwrap_model`); identity when None.
+
+    Raises:
+        ValueError: if neither or both of `model` and `adapter` are given.
+    """
+
+    def __init__(self, model: nn.Module | None = None, adapter: str | None = None, unwrap=None):
+        if (model is None) == (adapter is None):
+            raise ValueError("ReferencePolicy needs exactly one of `model` and `adapter`.")
+        self.model = model
+        self.adapter = adapter
+        self.unwrap = unwrap or (lambda module: module)
+
+    def logps(
+        self,
+        policy: nn.Module,
+        prompt_ids: Sequence[torch.Tensor],
+        completion_ids: Sequence[torch.Tensor],
+        pad_token_id: int,
+        temperature: float,
+        batch_size: int,
+    ) -> list[torch.Tensor]:
+        """log pi_ref(y_t | prompt, y_<t) of each completion token, `(C_i,)` each, float32 on CPU (see
+        [`completion_logps`]); `policy` is the unwrapped policy, used with its reference adapter when there is no
+        reference model."""
+        if self.model is not None:
+            return completion_logps(self.model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size)
+        with use_adapter(policy, self.adapter or None):
+            return completion_logps(policy, prompt_ids, completion_ids, pad_token_id, temperature, batch_size)
+
+    @property
+    def syncable(self) -> bool:
+        """Whether `sync` can move this reference (a model, or a named adapter copy; not "adapter disabled")."""
+        return self.model is not None or bool(self.adapter)
+
+    def sync(self, policy: nn.Module, alpha: float) -> None:
+        """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO, huggingface.co/papers/2404.09656): TRL's own update
+        for a reference model (it gathers ZeRO-3 parameters), a parameter-wise update of the reference adapter from
+        the policy's active adapter otherwise."""
+        if self.model is not None:
+            SyncRefModelCallback.sync_target_model(policy, self.unwrap(self.model), alpha)
+            return
+        source, target = f".{policy.active_adapter}.", f".{self.adapter}."
+        params = dict(policy.named_parameters())
+        with torch.no_grad():
+            for name, param in params.items():
+                if source in name:
+                    params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
+
+
 def add_frozen_adapter_copy(peft_model, source: str, name: str = REF_ADAPTER) -> str:
     """Add a frozen copy of adapter `source` under `name` to a `PeftModel`, to serve as the reference policy.
 
@@ -121,3 +187,160 @@ def add_frozen_adapter_copy(peft_model, source: str, name: str = REF_ADAPTER) ->
             param.requires_grad_(False)
     logger.info("Reference policy: frozen copy '%s' of the trained adapter '%s'.", name, source)
     return name
+
+
+def _right_pad_pairs(
+    prompt_ids: Sequence[torch.Tensor], completion_ids: Sequence[torch.Tensor], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    lengths_p = torch.tensor([p.numel() for p in prompt_ids])
+    lengths_c = torch.tensor([c.numel() for c in completion_ids])
+    length = int((lengths_p + lengths_c).max())
+    input_ids = torch.full((len(prompt_ids), length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        n = p.numel() + c.numel()
+        input_ids[i, :n] = torch.cat([p, c])
+        attention_mask[i, :n] = 1
+    return input_ids, attention_mask, lengths_p, lengths_c
+
+
+@torch.no_grad()
+def completion_logps(
+    model: nn.Module,
+    prompt_ids: Sequence[torch.Tensor],
+    completion_ids: Sequence[torch.Tensor],
+    pad_token_id: int,
+    temperature: float = 1.0,
+    batch_size: int = 64,
+) -> list[torch.Tensor]:
+    """log pi(y_t | prompt, y_<t) of each completion token under `model` (no grad; for reference / old log-probs).
+
+    Args:
+        model (`nn.Module`): a causal LM.
+        prompt_ids (`Sequence[torch.Tensor]`): `(P_i,)` each.
+        completion_ids (`Sequence[torch.Tensor]`): `(C_i,)` each.
+        pad_token_id (`int`): padding id (right padding).
+        temperature (`float`): logits are divided by it (as in the policy loss).
+        batch_size (`int`): rows per forward.
+
+    Returns:
+        `list[torch.Tensor]`: `(C_i,)` log-probs in nats, on CPU, float32.
+    """
+    device = next(model.parameters()).device
+    out: list[torch.Tensor] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
+        input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+        logps = selective_log_softmax(logits[:, :-1].float(), input_ids[:, 1:].to(device), temperature=temperature)
+        for i in range(len(p)):
+            first = int(lengths_p[i]) - 1
+            out.append(logps[i, first : first + int(lengths_c[i])].cpu())
+    return out
+
+
+def find_score_head(model: nn.Module) -> nn.Module:
+    """The module of a sequence-classification model that maps hidden states to class logits (`score`/`classifier`).
+
+    Raises:
+        ValueError: if the model has neither.
+    """
+    for module in (
+        model,
+        getattr(model, "base_model", None),
+        getattr(getattr(model, "base_model", None), "model", None),
+    ):
+        if module is None:
+            continue
+        for name in ("score", "classifier", "v_head"):
+            head = getattr(module, name, None)
+            if isinstance(head, nn.Module):
+                return head
+    raise ValueError(
+        f"{type(model).__name__} has no `score`/`classifier` head; pass an `AutoModelForSequenceClassification` "
+        "(num_labels=1) as reward_model / value_model."
+    )
+
+
+def per_token_head_outputs(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, grad: bool = False
+) -> torch.Tensor:
+    """Per-position output of a sequence-classification model's head, shape `(B, L)` (first label).
+
+    Sequence-classification models pool at "the last non-pad token", found by comparing ids with the pad id, which is
+    wrong when pad == EOS. We read the head's per-position output with a forward hook instead and index it
+    ourselves. Models whose head only sees a pooled vector (BERT-style) return that value broadcast over positions.
+    """
+    with torch.set_grad_enabled(grad):
+        head = find_score_head(model)
+        captured: dict[str, torch.Tensor] = {}
+
+        def hook(module, args, output):
+            captured["out"] = output
+
+        handle = head.register_forward_hook(hook)
+        try:
+            outputs = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            handle.remove()
+        out = captured.get("out")
+        if out is None or out.dim() != 3:
+            pooled = outputs.logits[:, 0]
+            return pooled.unsqueeze(1).expand(-1, input_ids.shape[1])
+        return out[..., 0]
+
+
+def last_real_token(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last real token of each row, for either padding side; shape `(B,)`."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
+    return torch.where(attention_mask.bool(), positions, torch.full_like(positions, -1)).amax(dim=1).clamp(min=0)
+
+
+@torch.no_grad()
+def reward_model_scores(
+    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int = 64
+) -> torch.Tensor:
+    """Score of each sequence: the reward head's output at its last real token (whatever the padding side).
+
+    Args:
+        reward_model (`nn.Module`): `AutoModelForSequenceClassification` with `num_labels=1`.
+        input_ids (`torch.Tensor`): shape `(B, L)`.
+        attention_mask (`torch.Tensor`): shape `(B, L)`.
+        batch_size (`int`): rows per forward.
+
+    Returns:
+        `torch.Tensor`: shape `(B,)`, float32, on CPU.
+    """
+    device = next(reward_model.parameters()).device
+    scores = []
+    for start in range(0, input_ids.shape[0], batch_size):
+        ids = input_ids[start : start + batch_size].to(device)
+        mask = attention_mask[start : start + batch_size].to(device)
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):  # left padding: move real tokens first so positions start at 0
+            order = torch.argsort((mask == 0).int(), dim=1, stable=True)  # (absolute-position models, e.g. GPT-2)
+            ids, mask = ids.gather(1, order), mask.gather(1, order)
+        per_token = per_token_head_outputs(reward_model, ids, mask)
+        index = last_real_token(mask)
+        scores.append(per_token[torch.arange(ids.shape[0], device=device), index].float().cpu())
+    return torch.cat(scores)
+
+
+@torch.no_grad()
+def value_predictions(
+    value_model: nn.Module,
+    prompt_ids: Sequence[torch.Tensor],
+    completion_ids: Sequence[torch.Tensor],
+    pad_token_id: int,
+    batch_size: int = 64,
+) -> list[torch.Tensor]:
+    """Critic values V(prompt, y_<t) aligned with each completion token t, `(C_i,)` each, float32 on CPU."""
+    device = next(value_model.parameters()).device
+    out = []
+    for start in range(0, len(prompt_ids), batch_size):
+        p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
+        input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
+        values = per_token_head_outputs(value_model, input_ids.to(device), attention_mask.to(device)).float()
+        for i in range(len(p)):
+            first = int(lengths_p[i]) - 1
+            out.append(values[i, first : first + int(lengths_c[i])].cpu())
+    return out

@@ -12,6 +12,7 @@ Pretraining and SFT objectives can be switched on later through `pretrain_datase
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ class PPOConfig(TRAPOConfig):
     Configuration of [`PPOTrainer`]: TRL 1.12's `PPOConfig` fields, names and defaults, on top of [`TRAPOConfig`].
 
     The batch-size fields written back by TRL 1.12's trainer (`local_batch_size`, `micro_batch_size`, `batch_size`,
-    `local_mini_batch_size`, `mini_batch_size`, `num_total_batches`) are filled in the same way. Unlike 1.12, the
+    `local_mini_batch_size`, `mini_batch_size`, `num_total_batches`) are filled in the same way, in `trainer.args` (a
+    copy): the config you pass in is never changed. Unlike 1.12, the
     `world_size` of `TrainingArguments` is not shadowed by a field (that made `PPOConfig(deepspeed=...)` crash).
     """
 
@@ -148,7 +150,7 @@ class PPOTrainer(TRAPOTrainer):
             trapo_kwargs.get(name) is not None and weight > 0
             for name, weight in (("pretrain_dataset", args.pretrain_weight), ("sft_dataset", args.sft_weight))
         )
-        self._derive_batch_sizes(args, len(train_dataset), plan_steps=not mixed)
+        args = dataclasses.replace(args, **self.derived_batch_sizes(args, len(train_dataset), plan_steps=not mixed))
         super().__init__(
             model=model,
             args=args,
@@ -165,14 +167,23 @@ class PPOTrainer(TRAPOTrainer):
         )
 
     @staticmethod
-    def _derive_batch_sizes(args: PPOConfig, dataset_size: int, plan_steps: bool = True) -> None:
-        """Fill TRL 1.12's derived batch sizes and make one optimizer step = one mini-batch.
+    def derived_batch_sizes(args: PPOConfig, dataset_size: int, plan_steps: bool = True) -> dict:
+        """TRL 1.12's derived batch sizes, and the settings that make one optimizer step = one mini-batch.
 
         A rollout batch holds `per_device_train_batch_size * gradient_accumulation_steps` prompts per rank; it is
         split into `num_mini_batches` mini-batches, each one optimizer step over
         `gradient_accumulation_steps / num_mini_batches` micro-batches, for `num_ppo_epochs` epochs. With
         `plan_steps=False` (pretraining / SFT data share the steps' rows) `max_steps` is left to `TRAPOTrainer`,
         which plans it so that `total_episodes` RL episodes are still rolled out at the curriculum's RL share.
+
+        TRL 1.12 wrote these back into the user's config; here they go into the trainer's own copy
+        (`dataclasses.replace`), so the `PPOConfig` you pass in is never changed and can build a second trainer.
+
+        Returns:
+            `dict`: field -> value for `dataclasses.replace(args, ...)`.
+
+        Raises:
+            ValueError: if `gradient_accumulation_steps` is not divisible by `num_mini_batches`.
         """
         world = max(args.world_size, 1)
         grad_accum = args.gradient_accumulation_steps
@@ -181,17 +192,21 @@ class PPOTrainer(TRAPOTrainer):
                 f"PPOConfig.gradient_accumulation_steps={grad_accum} must be divisible by "
                 f"num_mini_batches={args.num_mini_batches} (each mini-batch is whole micro-batches)."
             )
-        args.local_batch_size = args.per_device_train_batch_size * grad_accum
-        args.micro_batch_size = args.per_device_train_batch_size * world
-        args.batch_size = args.local_batch_size * world
-        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
-        args.mini_batch_size = args.batch_size // args.num_mini_batches
-        if args.total_episodes is None:
-            args.total_episodes = int(args.num_train_epochs * dataset_size)
-        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
-        args.gradient_accumulation_steps = grad_accum // args.num_mini_batches
+        derived = {
+            "local_batch_size": args.per_device_train_batch_size * grad_accum,
+            "micro_batch_size": args.per_device_train_batch_size * world,
+        }
+        derived["batch_size"] = derived["local_batch_size"] * world
+        derived["local_mini_batch_size"] = derived["local_batch_size"] // args.num_mini_batches
+        derived["mini_batch_size"] = derived["batch_size"] // args.num_mini_batches
+        total_episodes = args.total_episodes
+        if total_episodes is None:
+            total_episodes = derived["total_episodes"] = int(args.num_train_epochs * dataset_size)
+        derived["num_total_batches"] = math.ceil(total_episodes / derived["batch_size"])
+        derived["gradient_accumulation_steps"] = grad_accum // args.num_mini_batches
         if plan_steps:
-            args.max_steps = args.num_total_batches * args.num_ppo_epochs * args.num_mini_batches
+            derived["max_steps"] = derived["num_total_batches"] * args.num_ppo_epochs * args.num_mini_batches
+        return derived
 
 
 __all__ = ["PPOConfig", "PPOTrainer"]

@@ -22,8 +22,10 @@ saving (`trainer_state.py`), evaluation and sample completions (`trainer_eval.py
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -42,9 +44,17 @@ from transformers import (
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
+from .adapter_bank import AdapterBank
+from .callbacks import (
+    AdapterBankCallback,
+    AdaptiveKLCallback,
+    DDPCommHookCallback,
+    StateCheckpointCallback,
+    SyncReferenceCallback,
+)
 from .collator import RowAllocator
 from .config import TRAPOConfig
-from .curriculum import CurriculumCallback, CurriculumSchedule
+from .curriculum import CurriculumSchedule
 from .data import (
     PRETRAIN,
     RL,
@@ -57,8 +67,8 @@ from .data import (
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
-from .distributed import DDPCommHookCallback, check_launch
-from .fewshot import replay_max_uses
+from .distributed import check_launch
+from .fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -69,17 +79,17 @@ from .losses import (
     truncated_is_policy_loss,
 )
 from .memory import ReplayBuffer
-from .memory_pool import MemoryPool
-from .models import PolicyAndValueWrapper, add_frozen_adapter_copy
+from .memory_pool import MemoryPool, build_sft_pool
+from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy
 from .rollout import reward_function_name
-from .schedules import ScheduleCallback
+from .schedules import RLSchedules, scale_scheduler
 from .trainer_eval import EvaluationMixin
 from .trainer_metrics import MetricsMixin
 from .trainer_rollouts import RolloutMixin
-from .trainer_setup import SetupMixin, _SyncReferenceCallback
-from .trainer_state import DurableStateMixin, _StateCheckpointCallback
+from .trainer_setup import SetupMixin
+from .trainer_state import DurableStateMixin
 from .trainer_steps import StepsMixin, _StepTickets, _ticket_collator
-from .weighting import DARECallback, DAREWeighting, GradientProbe, StaticWeighting
+from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
 try:
@@ -191,7 +201,7 @@ class TRAPOTrainer(
         if args.disable_dropout:
             disable_dropout_in_model(model)
 
-        self._ref_adapter: str | None = None  # PEFT reference: an adapter name, or "" for "adapter disabled"
+        ref_adapter: str | None = None  # PEFT reference: an adapter name, or "" for "adapter disabled"
         needs_ref = args.kl_coef > 0
         if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
             raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
@@ -203,15 +213,15 @@ class TRAPOTrainer(
                     f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
                     f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
                 )
-            self._ref_adapter = args.ref_adapter_name
+            ref_adapter = args.ref_adapter_name
         if ref_model is not None and is_peft_model(model):
             logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
-        if needs_ref and ref_model is None and self._ref_adapter is None:
+        if needs_ref and ref_model is None and ref_adapter is None:
             if is_peft_model(model):
                 if created_adapter and not args.sync_ref_model:
-                    self._ref_adapter = ""  # a fresh adapter starts at the base model
+                    ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
-                    self._ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                    ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
             else:
                 ref_model = self._create_reference(model, model_id, args)
         if ref_model is not None:
@@ -336,6 +346,8 @@ class TRAPOTrainer(
 
         # ---- step 4. the Trainer -------------------------------------------------------------------------------
         self._planned_steps, tickets = self._plan_steps(args)
+        if args.total_episodes is not None and args.max_steps <= 0:  # the run's length, in the trainer's own copy
+            args = dataclasses.replace(args, max_steps=self._planned_steps)
         super().__init__(
             model=train_model,
             args=args,
@@ -364,9 +376,9 @@ class TRAPOTrainer(
             if self.active[PRETRAIN]
             else None
         )
-        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory_pool.py)
-        self.memory_pool = MemoryPool(self, rank, world)
-        self._sft_pool = self.memory_pool.sft_pool
+        self._sft_pool = (
+            build_sft_pool(args, self._sft_dataset, self._planned_steps, rank, world) if self.active[SFT] else None
+        )
         self._prompt_sampler = (
             ShardedSampler(len(self._rl_dataset), seed=seed + 2, rank=rank, world_size=world)
             if self.active[RL]
@@ -381,6 +393,15 @@ class TRAPOTrainer(
             compress=args.replay_compress,
             compress_threshold=args.replay_compress_threshold,
         )
+        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory_pool.py)
+        self.memory_pool = MemoryPool(
+            self._sft_pool,
+            self._prompt_sampler,
+            fewshot=self._build_fewshot(args) if args.fewshot_mode else None,
+            adapter_bank=self._build_adapter_bank(args),
+            rank=rank,
+            kl_estimator=args.kl_estimator,
+        )
         self.allocator = RowAllocator()
         schedule = CurriculumSchedule(
             args.curriculum_boundaries,
@@ -390,7 +411,7 @@ class TRAPOTrainer(
             active=tuple(a and c > 0 for a, c in zip(self.active, args.objective_weights)),
             mode=args.curriculum_mode,
         )
-        self.curriculum = CurriculumCallback(schedule)
+        self.curriculum = schedule
         engine = (
             DAREWeighting(
                 self.active,
@@ -403,30 +424,31 @@ class TRAPOTrainer(
             else StaticWeighting()  # one objective: weights renormalise to 1 whatever DARE says, so do not probe
         )
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARECallback(engine, interval)
-        self.add_callback(self.curriculum)
-        self.add_callback(self.dare)
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe if args.dare_mode == "dynamic" else None)
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
-        self.schedules = ScheduleCallback(self, (schedule.boundary_steps or [None])[-1])
-        self.add_callback(self.schedules)
-        self.add_callback(DDPCommHookCallback(self))
-        self._probe: GradientProbe | None = None
+        self.schedules = RLSchedules(args, (schedule.boundary_steps or [None])[-1])
+        if self.schedules.adaptive_kl:
+            self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
+        self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
         self._row_generator = torch.Generator().manual_seed(seed + 4 + rank)
         # Rollout sampling draws from its own checkpointed generator (through `fork_rng`), so a resumed run samples
         # exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
         self._generation_generator = torch.Generator().manual_seed(seed + 5 + rank)
-        self.add_callback(_StateCheckpointCallback(self))
+        self.add_callback(StateCheckpointCallback(self._save_trapo_state))
 
         self.ref_model = ref_model
         if self.ref_model is not None:
             self.ref_model = self._prepare_frozen(self.ref_model)
+        self.reference = None  # the KL term's reference (none when kl_coef = 0)
+        if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
+            self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
         if args.sync_ref_model and args.kl_coef > 0:
-            if self.ref_model is None and not self._ref_adapter:
+            if self.reference is None or not self.reference.syncable:
                 raise ValueError(
                     "sync_ref_model=True needs a reference to update: a `ref_model`, or a PEFT policy (its reference "
                     "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
                 )
-            self.add_callback(_SyncReferenceCallback(self))
+            self.add_callback(SyncReferenceCallback(self.reference, self._unwrapped_policy))
         for i, func in enumerate(self.reward_funcs):
             if isinstance(func, nn.Module):
                 self.reward_funcs[i] = self._prepare_frozen(func)
@@ -479,6 +501,49 @@ class TRAPOTrainer(
             seed=self.args.seed,
         )
 
+    def _build_fewshot(self, args: TRAPOConfig) -> FewShotController:
+        policy = self._unwrapped_policy()
+        return FewShotController(
+            args,
+            self._planned_steps,
+            self.accelerator.process_index,
+            self._prompt_sampler,
+            self._rl_dataset,
+            self._embed_prompts,
+            lm_head=policy.get_output_embeddings() if self._sft_pool is not None else None,
+            sft_pool_size=len(self._sft_pool) if self._sft_pool is not None else 0,
+            kl_penalty=self.kl_penalty,
+        )
+
+    def _embed_prompts(self, prompt_ids: list[list[int]]) -> torch.Tensor:
+        """`(n, H)` prompt embeddings for few-shot mode (a no-grad forward of the policy's decoder)."""
+        with self._unwrapped_for_rollouts() as unwrapped:
+            return prompt_embeddings(
+                self._policy_for_generation(unwrapped),
+                prompt_ids,
+                self.processing_class.pad_token_id,
+                self.args.local_rollout_forward_batch_size,
+            )
+
+    def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
+        """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3)."""
+        if args.adapter_snapshot_steps <= 0 or not is_peft_model(self._unwrapped_policy()):
+            return None
+        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+            logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
+            return None
+        callback = AdapterBankCallback(
+            AdapterBank(os.path.join(args.output_dir, "adapter_bank"), args.max_adapter_snapshots),
+            self._unwrapped_policy,
+            self.accelerator,
+            on_rollback=self.replay.clear,
+            every=args.adapter_snapshot_steps,
+            reward_drop=args.adapter_rollback_reward_drop,
+            kl_max=args.adapter_rollback_kl_max,
+        )
+        self.add_callback(callback)
+        return callback
+
     def _unwrapped_policy(self) -> nn.Module:
         model = self.accelerator.unwrap_model(self.model)
         return model.policy if isinstance(model, PolicyAndValueWrapper) else model
@@ -499,7 +564,7 @@ class TRAPOTrainer(
         objective, mask = inputs["objective"], inputs["mask"]
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         rl_rows = objective == RL
-        probe = info["probe"] and self._probe is not None
+        probe = info["probe"]
 
         # step 1. one forward of the policy over every row (and of the critic over the RL rows)
         forward_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -580,18 +645,19 @@ class TRAPOTrainer(
                 per_token_logps, old, advantages, args.importance_sampling_cap, importance
             )
         stats: dict[str, torch.Tensor] = {}
-        if args.kl_coef > 0 and "ref_per_token_logps" in inputs:
+        kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(info["step"])
+        if kl_coef > 0 and "ref_per_token_logps" in inputs:
             kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], args.kl_estimator)
             if self.kl_penalty == "loss":
-                per_token = per_token + args.kl_coef * kl
+                per_token = per_token + kl_coef * kl
             stats["policy/kl_avg"] = masked_sum(kl.detach(), rl_mask) / n_tokens
-        if args.entropy_coef > 0 or self._is_logging_step():
+        if entropy_coef > 0 or self._is_logging_step():
             rows = (inputs["objective"] == RL).nonzero().squeeze(-1)
-            with torch.set_grad_enabled(args.entropy_coef > 0 and torch.is_grad_enabled()):
+            with torch.set_grad_enabled(entropy_coef > 0 and torch.is_grad_enabled()):
                 entropy = torch.zeros_like(per_token_logps)
                 entropy[rows] = entropy_from_logits(logits[rows]).to(entropy.dtype)
-            if args.entropy_coef > 0:
-                per_token = per_token - args.entropy_coef * entropy
+            if entropy_coef > 0:
+                per_token = per_token - entropy_coef * entropy
             stats["policy/entropy_avg"] = masked_sum(entropy.detach(), rl_mask) / n_tokens
         loss = aggregate_rl_loss(per_token, rl_mask, **loss_kwargs)
         stats["loss/policy_avg"] = aggregate_rl_loss(policy.per_token_loss.detach(), rl_mask, **loss_kwargs)
@@ -625,7 +691,7 @@ class TRAPOTrainer(
             return
         token_objective = objective.unsqueeze(1).expand_as(mask)[counted]
         token_half = half.unsqueeze(1).expand_as(mask)[counted]
-        self._probe.accumulate(
+        self.dare.probe.accumulate(
             hidden[counted].detach(),
             logits[counted].detach(),
             targets[counted],
@@ -652,6 +718,21 @@ class TRAPOTrainer(
             optimizer.step = guarded_step
             optimizer._trapo_guarded = True
         return optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The Trainer's scheduler, its factor multiplied by the curriculum phase's learning-rate scale
+        (`rl_phase_learning_rate`; a pure function of the step, see `schedules.scale_scheduler`)."""
+        wrap = self.lr_scheduler is None and self.schedules.scales_lr
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if wrap:
+            scale_scheduler(scheduler, self.schedules.lr_scale)
+        return scheduler
+
+    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
 
     def _consume_nonfinite_flag(self) -> bool:
         flag = self._step_nonfinite.float().to(self.accelerator.device)
@@ -684,12 +765,8 @@ class TRAPOTrainer(
             for key in self._step_metric_keys:
                 self._metric_steps[key] = self._metric_steps.get(key, 0) + 1
             self._step_metric_keys = set()
-            if info["probe"] and self._probe is not None:
-                sums = self.accelerator.reduce(self._probe.sums, reduction="sum")
-                self._probe.sums.copy_(sums)
-                self._probe.counts.copy_(self.accelerator.reduce(self._probe.counts, reduction="sum"))
-                self._probe.informative.copy_(self.accelerator.reduce(self._probe.informative, reduction="sum"))
-                self.dare.update(self._probe.cosines(), info["step"])
+            if info["probe"]:
+                self.dare.finish_step(info["step"], self._reduce_sum)
             info["micro_index"] = -1  # done
             samples = self.args.num_sample_generations
             if samples > 0 and info["step"] % max(1, self._planned_steps // samples) == 0:

@@ -68,7 +68,7 @@ class MetricsMixin:
             out["objective/scores"] = reduced.get("objective/scores", 0.0) / scored
             out["objective/kl"] = reduced.get("objective/kl", 0.0) / rollouts
             out["objective/entropy"] = reduced.get("objective/entropy", 0.0) / rollouts
-            out["objective/non_score_reward"] = -self.args.kl_coef * out["objective/kl"]
+            out["objective/non_score_reward"] = -self.schedules.kl_coef() * out["objective/kl"]
             out["objective/rlhf_reward"] = out["objective/scores"] + out["objective/non_score_reward"]
             out["completions/mean_length"] = reduced.get("completions/mean_length", 0.0) / rollouts
             out["completions/clipped_ratio"] = reduced.get("completions/clipped_ratio", 0.0) / rollouts
@@ -83,7 +83,7 @@ class MetricsMixin:
         out.update(reduce_named_means(self.accelerator, self._pending_reward_metrics))  # `log_metric` of rewards
         out.update(self.curriculum.metrics(self._last_step_built, self._last_shares))
         out.update(self.dare.metrics())
-        out.update(self.schedules.metrics())
+        out.update(self.schedules.metrics(self._last_step_built))
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
         out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
         out["episode"] = float(self._episode)

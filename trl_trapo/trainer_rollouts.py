@@ -8,6 +8,7 @@ and the pre-training check of the reward functions.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from contextlib import contextmanager
@@ -17,13 +18,12 @@ import torch
 from torch import nn
 from trl.data_utils import is_conversational
 from trl.models import unwrap_model_for_generation
-from trl.trainer.utils import use_adapter
 
 from .data import tokenize_prompt
 from .distributed import generation_synced_gpus
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
-from .models import PolicyAndValueWrapper
-from .rollout import call_reward_function, completion_logps, generate, reward_model_scores, value_predictions
+from .models import PolicyAndValueWrapper, completion_logps, reward_model_scores, value_predictions
+from .rollout import call_reward_function, generate
 
 
 class RolloutMixin:
@@ -75,12 +75,17 @@ class RolloutMixin:
         args = self.args
         group = 1 if self._has_critic else args.num_generations
         num_prompts = max(math.ceil(rows_needed * args.num_mini_batches / group), 1)
-        examples = [self._rl_dataset[i] for i in self.memory_pool.select_prompts(num_prompts)]
+        examples = [self._rl_dataset[i] for i in self.memory_pool.select_prompts(num_prompts, step)]
         examples = [e for e in examples for _ in range(group)]
+        temperature = self.memory_pool.rollout_temperature(args.temperature)  # few-shot mode anneals it
+        generation_config = self.generation_config
+        if temperature != generation_config.temperature:
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.temperature = temperature
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         if self._vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are process_rollouts'
             completion_ids = self._vllm.generate([p.tolist() for p in prompt_ids], group, step)
-            self.replay.add(self.process_rollouts(examples, completion_ids, None, group), step)
+            self.replay.add(self.process_rollouts(examples, completion_ids, None, group, temperature), step)
             return
         with self._unwrapped_for_rollouts() as unwrapped:
             # step 1. generate (behaviour log-probs are recorded during sampling)
@@ -93,10 +98,10 @@ class RolloutMixin:
                     generated = generate(
                         policy,
                         [p.tolist() for p in prompt_ids],
-                        self.generation_config,
+                        generation_config,
                         self.processing_class.pad_token_id,
                         self._stop_token_id,
-                        args.temperature,
+                        temperature,
                         batch_size=args.local_rollout_forward_batch_size,
                         synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
                     )
@@ -111,7 +116,13 @@ class RolloutMixin:
                     ) from error
             # steps 2-4. reference log-probs, values, scores, advantages
             trajectories = self._score_rollouts(
-                unwrapped, examples, prompt_ids, generated["completion_ids"], generated["old_per_token_logps"], group
+                unwrapped,
+                examples,
+                prompt_ids,
+                generated["completion_ids"],
+                generated["old_per_token_logps"],
+                group,
+                temperature,
             )
         self.replay.add(trajectories, step)
 
@@ -135,6 +146,7 @@ class RolloutMixin:
         completion_ids: list[torch.Tensor],
         old_per_token_logps: list[torch.Tensor] | None = None,
         group: int | None = None,
+        temperature: float | None = None,
     ) -> list[dict]:
         """Turn given rollouts into replay trajectories, exactly as generated ones are (for fixed / external rollouts).
 
@@ -149,12 +161,14 @@ class RolloutMixin:
             old_per_token_logps (`list[torch.Tensor]`, *optional*): `(C_i,)` behaviour log-probs; computed with the
                 current policy (temperature-scaled) when None.
             group (`int`, *optional*): completions per prompt (default: 1 with a critic, else `num_generations`).
+            temperature (`float`, *optional*): the sampling temperature of the completions (default: `temperature`).
 
         Returns:
             `list[dict]`: trajectories (see `ReplayBuffer`), not yet added to the buffer; completions whose every
             reward is None are dropped.
         """
         group = group or (1 if self._has_critic else self.args.num_generations)
+        temperature = self.args.temperature if temperature is None else temperature
         template = self.args.chat_template_kwargs or {}
         prompt_ids = [
             torch.tensor(
@@ -171,18 +185,20 @@ class RolloutMixin:
         if old_per_token_logps is not None:
             old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
         with self._unwrapped_for_rollouts() as unwrapped:
-            return self._score_rollouts(unwrapped, examples, prompt_ids, cut, old_per_token_logps, group)
+            return self._score_rollouts(unwrapped, examples, prompt_ids, cut, old_per_token_logps, group, temperature)
 
-    def _score_rollouts(self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group) -> list[dict]:
+    def _score_rollouts(
+        self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperature
+    ) -> list[dict]:
         args = self.args
         pad_id = self.processing_class.pad_token_id
         policy = self._policy_for_generation(unwrapped)
         if old_logps is None:
             old_logps = completion_logps(
-                policy, prompt_ids, completion_ids, pad_id, args.temperature, args.local_rollout_forward_batch_size
+                policy, prompt_ids, completion_ids, pad_id, temperature, args.local_rollout_forward_batch_size
             )
         # step 2. reference log-probs and values
-        ref_logps = self._reference_logps(policy, prompt_ids, completion_ids)
+        ref_logps = self._reference_logps(policy, prompt_ids, completion_ids, temperature)
         values = None
         if self._has_critic:
             values = value_predictions(
@@ -202,19 +218,16 @@ class RolloutMixin:
         self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
         self._record_rollout_metrics(completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop)
         # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
-        self.memory_pool.observe_rollouts(scores, old_logps, ref_logps, trajectories)
+        self.memory_pool.observe_rollouts(scores, old_logps, ref_logps, trajectories, temperature)
         return trajectories
 
-    def _reference_logps(self, policy, prompt_ids, completion_ids) -> list[torch.Tensor] | None:
-        if self.args.kl_coef <= 0:
+    def _reference_logps(self, policy, prompt_ids, completion_ids, temperature) -> list[torch.Tensor] | None:
+        if self.reference is None:
             return None
         pad_id = self.processing_class.pad_token_id
-        batch = self.args.local_rollout_forward_batch_size
-        temperature = self.args.temperature
-        if self.ref_model is not None:
-            return completion_logps(self.ref_model, prompt_ids, completion_ids, pad_id, temperature, batch)
-        with use_adapter(policy, self._ref_adapter or None):
-            return completion_logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch)
+        return self.reference.logps(
+            policy, prompt_ids, completion_ids, pad_id, temperature, self.args.local_rollout_forward_batch_size
+        )
 
     def _score(self, examples, prompt_ids, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """Weighted score per completion, shape `(B,)` (NaN = no reward), and the per-function rewards `(B, F)`."""
@@ -293,7 +306,7 @@ class RolloutMixin:
             if ref_logps is not None:
                 ref[i, : c.numel()] = ref_logps[i]
         kl = kl_estimate(old, ref, args.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
-        kl_coef_reward = args.kl_coef if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
+        kl_coef_reward = self.schedules.kl_coef() if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
         valid = ~torch.isnan(scores)
         safe_scores = torch.nan_to_num(scores, nan=0.0)
         returns = old_values = None

@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Construction helpers of `TRAPOTrainer`: tokenizer checks, the reference policy (creation, preparation and
-TR-DPO syncing through `_SyncReferenceCallback`) and the rollout generation config.
+"""Construction helpers of `TRAPOTrainer`: tokenizer checks, the reference policy (creation and preparation) and the
+rollout generation config.
 
 `SetupMixin` is one of `TRAPOTrainer`'s bases; its methods are the trainer's own and use its attributes.
 """
@@ -9,49 +9,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
-import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationConfig, TrainerCallback
+from transformers import AutoModelForCausalLM, GenerationConfig
 from trl.models import prepare_deepspeed
-from trl.trainer.callbacks import SyncRefModelCallback
 
 from .config import TRAPOConfig
 from .data import dataset_columns
 from .distributed import zero3_reference_copy
 
 
-if TYPE_CHECKING:
-    from .trainer import TRAPOTrainer
-
-
 logger = logging.getLogger("trl_trapo.trainer")  # the trainer's logger: these are TRAPOTrainer's methods
-
-
-class _SyncReferenceCallback(TrainerCallback):
-    """ref <- alpha * policy + (1 - alpha) * ref every `ref_model_sync_steps` (TR-DPO), with TRL's own update for a
-    separate reference model (which gathers ZeRO-3 parameters) and a parameter-wise update of the frozen reference
-    adapter for PEFT policies."""
-
-    def __init__(self, trainer: TRAPOTrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps:
-            return control
-        trainer, alpha = self.trainer, args.ref_model_mixup_alpha
-        policy = trainer._unwrapped_policy()
-        if trainer.ref_model is not None:
-            SyncRefModelCallback.sync_target_model(policy, trainer.accelerator.unwrap_model(trainer.ref_model), alpha)
-        else:
-            source, target = f".{policy.active_adapter}.", f".{trainer._ref_adapter}."
-            params = dict(policy.named_parameters())
-            with torch.no_grad():
-                for name, param in params.items():
-                    if source in name:
-                        params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
-        return control
 
 
 class SetupMixin:

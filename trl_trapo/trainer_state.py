@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """`TRAPOTrainer`'s durable state and saving: the public `train` hook (resuming from the newest complete
-checkpoint), TRAPO's own per-rank state written into each `checkpoint-N` (`_StateCheckpointCallback`) and read back,
+checkpoint), TRAPO's own per-rank state written into each `checkpoint-N` (by `callbacks.StateCheckpointCallback`) and read back,
 and the public `save_model` hook.
 
 `DurableStateMixin` is one of `TRAPOTrainer`'s bases; its methods are the trainer's own and use its attributes.
@@ -11,10 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 import torch
-from transformers import TrainerCallback
 
 from .checkpoint import (
     CheckpointError,
@@ -28,24 +26,7 @@ from .checkpoint import (
 from .distributed import full_state_dict, load_full_state_dict
 
 
-if TYPE_CHECKING:
-    from .trainer import TRAPOTrainer
-
-
 logger = logging.getLogger("trl_trapo.trainer")  # the trainer's logger: these are TRAPOTrainer's methods
-
-
-class _StateCheckpointCallback(TrainerCallback):
-    """Writes TRAPO's own state into each `checkpoint-N` directory right after the Trainer has written its files."""
-
-    def __init__(self, trainer: TRAPOTrainer):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if os.path.isdir(directory):
-            self.trainer._save_trapo_state(directory)
-        return control
 
 
 class DurableStateMixin:
@@ -107,7 +88,9 @@ class DurableStateMixin:
             "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
             "schedules": self.schedules.state_dict(),
         }
-        state["memory_pool"], memory_files = self.memory_pool.state_dict()  # SFT priorities, few-shot, adapter bank
+        state["memory_pool"], memory_files = self.memory_pool.state_dict(
+            self.state.global_step
+        )  # SFT priorities, few-shot, adapter bank
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.ref_model is not None:  # the reference has moved: keep it
             ref_state = full_state_dict(self.accelerator.unwrap_model(self.ref_model))  # ZeRO-3: gathered

@@ -19,7 +19,6 @@ from .curriculum import CurriculumSchedule
 from .data import PRETRAIN, RL, SFT
 from .distributed import any_rank
 from .memory import trajectory_row
-from .weighting import combine_weights
 
 
 COUNT_KEYS = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
@@ -56,8 +55,9 @@ class StepsMixin:
 
         `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the RL prompts
         (each of `total_episodes` — or `num_train_epochs` x prompts x `num_generations` — completions used
-        `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. `total_episodes` sets
-        `args.max_steps` to N (it fixes the length of the run whatever `num_train_epochs` says).
+        `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. `total_episodes` fixes
+        the length of the run whatever `num_train_epochs` says: the trainer's copy of the config gets
+        `max_steps = N` (see `__init__`).
         """
         world = max(args.world_size, 1)
         rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
@@ -86,7 +86,6 @@ class StepsMixin:
             )
         total = max(math.ceil(rows / (rows_per_step * share)), 1)
         if args.total_episodes is not None:
-            args.max_steps = total
             return total, rows_per_step * total
         steps_per_epoch = max(math.ceil(total / epochs), 1)
         return total, steps_per_epoch * rows_per_step
@@ -116,8 +115,7 @@ class StepsMixin:
         self._last_step_built = step
         # step 1. shares and weights
         shares = self.curriculum.mixture(step)
-        weights = combine_weights(args.objective_weights, shares, self.dare.engine.weights())
-        self.dare.last_weights = weights
+        weights = self.dare.step_weights(args.objective_weights, shares)
         self._last_shares = shares
         # step 2. rows
         counts = self.allocator.allocate(args.per_device_train_batch_size * num_micro, shares)
@@ -144,11 +142,7 @@ class StepsMixin:
             local[3] += rl_rows.sum()
             local[4] += float(rl_rows.any())
         total = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum").cpu()
-        probe = self.dare.is_update_step(step)
-        if probe and self._probe is None:
-            self._probe = self._make_probe()
-        if probe:
-            self._probe.reset()
+        probe = self.dare.begin_step(step)
         info = {
             "weights": weights,
             "counts": dict(zip(COUNT_KEYS, total.tolist())),

@@ -1,9 +1,10 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """DARE, the Dynamic Adaptive Routing Engine: how much each objective counts, decided from measured signals.
 
-Every weighting strategy has the same small interface — `weights()`, `update(stats, step)`, `state_dict()`,
-`load_state_dict()` — so a new strategy is one class. `weights()` returns one *factor* per objective (pretrain, sft,
-rl); the trainer combines factors with the curriculum mixture and the static multipliers (see [`combine_weights`]).
+Every weighting strategy is a [`~trl_trapo.controllers.Controller`] — `value()`, `update(stats, step)`,
+`state_dict()`, `load_state_dict()` — so a new strategy is one class. `value()` returns one *factor* per objective
+(pretrain, sft, rl); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
+[`combine_weights`]) and decides when the strategy updates.
 
 ## What DARE measures
 
@@ -47,36 +48,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
 
 import torch
-from transformers import TrainerCallback
 
 from .config import OBJECTIVES
+from .controllers import Controller
 
 
 logger = logging.getLogger(__name__)
-
-
-class WeightingStrategy(Protocol):
-    """The interface every weighting strategy implements."""
-
-    def weights(self) -> tuple[float, float, float]:
-        """Current factor per objective (pretrain, sft, rl)."""
-        ...
-
-    def update(self, stats: dict[str, float | None], step: int) -> None:
-        """Take the signals measured at optimizer step `step` (`signal/<objective>`, None when not measured)."""
-        ...
-
-    def state_dict(self) -> dict:
-        """JSON-serialisable state."""
-        ...
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` returned."""
-        ...
 
 
 def combine_weights(
@@ -100,9 +80,12 @@ def combine_weights(
 
 
 class StaticWeighting:
-    """All factors 1: the loss weights are the curriculum mixture times the static multipliers (ablation mode)."""
+    """All factors 1: the loss weights are the curriculum mixture times the static multipliers (ablation mode).
 
-    def weights(self) -> tuple[float, float, float]:
+    A [`~trl_trapo.controllers.Controller`] whose value never changes."""
+
+    def value(self) -> tuple[float, float, float]:
+        """The factors (pretrain, sft, rl): all 1."""
         return (1.0, 1.0, 1.0)
 
     def update(self, stats: dict[str, float | None], step: int) -> None:
@@ -117,7 +100,8 @@ class StaticWeighting:
 
 
 class DAREWeighting:
-    """DARE's dynamic factors from split-half gradient agreement (see the module docstring).
+    """DARE's dynamic factors from split-half gradient agreement (see the module docstring); a
+    [`~trl_trapo.controllers.Controller`] whose `update` reads `signal/<objective>` (None: not measured).
 
     Each objective is compared with *itself*: the target factor is its recent signal divided by its running mean
     signal, t_o = ema(max(s_o, 0)) / mean_{updates}(max(s_o, 0)), the EMA with momentum `momentum` and Adam's bias
@@ -158,7 +142,8 @@ class DAREWeighting:
         self.num_updates = 0
         self.last_update_step = -1
 
-    def weights(self) -> tuple[float, float, float]:
+    def value(self) -> tuple[float, float, float]:
+        """The smoothed factors (pretrain, sft, rl)."""
         return tuple(self.factors)
 
     def _observe(self, signals: Sequence[float | None]) -> list[float | None]:
@@ -366,21 +351,31 @@ class GradientProbe:
         return out
 
 
-class DARECallback(TrainerCallback):
-    """Owns the weighting engine and decides when it updates; logs `weight/*`, `dare/factor/*`, `dare/signal/*`.
+class DARE:
+    """Owns the weighting strategy, decides when it updates, and measures its signals with a [`GradientProbe`].
 
-    The trainer measures the signals (with a [`GradientProbe`]) at the steps where `is_update_step(step)` is true,
-    reduces them across ranks and calls `update`. Between updates the factors are constant.
+    At the steps where `is_update_step(step)` is true the trainer accumulates the probe during the step's forwards
+    (`probe`), and `finish_step` reduces the probe sums across ranks and feeds the split-half cosines to the strategy.
+    Between updates the factors are constant. Logs `weight/*`, `dare/factor/*`, `dare/signal/*`.
 
     Args:
-        engine (`WeightingStrategy`): the strategy ([`DAREWeighting`] or [`StaticWeighting`]).
+        engine ([`~trl_trapo.controllers.Controller`]): the strategy ([`DAREWeighting`] or [`StaticWeighting`]).
         update_interval (`int`): optimizer steps between updates (ceil(sqrt(N)) by default in the trainer).
+        probe_factory (`Callable[[], GradientProbe]`, *optional*): builds the probe the first time it is needed (its
+            sums take |S| x K floats per objective and half, so it is not allocated for static weighting).
     """
 
-    def __init__(self, engine: WeightingStrategy, update_interval: int):
+    def __init__(
+        self,
+        engine: Controller,
+        update_interval: int,
+        probe_factory: Callable[[], GradientProbe] | None = None,
+    ):
         self.engine = engine
         self.update_interval = max(int(update_interval), 1)
         self.last_weights: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.probe_factory = probe_factory
+        self.probe: GradientProbe | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -391,16 +386,38 @@ class DARECallback(TrainerCallback):
         """Whether optimizer step `step` (0-based, before it runs) measures signals and updates the factors."""
         return self.dynamic and step > 0 and step % self.update_interval == 0
 
-    def update(self, signals: Sequence[float | None], step: int) -> None:
+    def step_weights(self, static, shares) -> tuple[float, float, float]:
+        """The loss weights of a step with curriculum `shares` (see [`combine_weights`]); kept for `metrics`."""
+        self.last_weights = combine_weights(static, shares, self.engine.value())
+        return self.last_weights
+
+    def begin_step(self, step: int) -> bool:
+        """Prepare optimizer step `step`; True (and a reset `probe`) when it measures signals."""
+        measuring = self.is_update_step(step) and self.probe_factory is not None
+        if measuring:
+            if self.probe is None:
+                self.probe = self.probe_factory()
+            self.probe.reset()
+        return measuring
+
+    def finish_step(self, step: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Reduce the probe across ranks (`reduce` sums a tensor over ranks) and update the factors. Collective."""
+        probe = self.probe
+        probe.sums.copy_(reduce(probe.sums))
+        probe.counts.copy_(reduce(probe.counts))
+        probe.informative.copy_(reduce(probe.informative))
+        self.update(probe.cosines(), step)
+
+    def update(self, signals: list[float | None], step: int) -> None:
         """Feed the signals measured at `step` to the engine."""
         stats = {f"signal/{name}": s for name, s in zip(OBJECTIVES, signals)}
         self.engine.update(stats, step)
-        logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.weights())
+        logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.value())
 
     def metrics(self) -> dict[str, float]:
         """`weight/<objective>` (last combined weights), `dare/factor/<objective>`, `dare/signal/<objective>`."""
         out = {f"weight/{name}": w for name, w in zip(OBJECTIVES, self.last_weights)}
-        out.update({f"dare/factor/{name}": f for name, f in zip(OBJECTIVES, self.engine.weights())})
+        out.update({f"dare/factor/{name}": f for name, f in zip(OBJECTIVES, self.engine.value())})
         signals = getattr(self.engine, "signals", None)
         if signals is not None:
             out.update({f"dare/signal/{name}": s for name, s in zip(OBJECTIVES, signals) if s is not None})

@@ -1,0 +1,91 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The config is built once and never changed: not the object the user passes in, and not `trainer.args` after
+`__init__` (values that adapt live in their controllers). A `PPOConfig` builds two identical trainers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_trainer
+from test_ppo import load, ppo_config, saved_models, tokenized_prompts  # noqa: F401  (saved_models is a fixture)
+from transformers import AutoTokenizer, TrainerCallback
+
+from trl_trapo import PPOTrainer
+from trl_trapo.tasks import build_char_tokenizer, make_task_suite
+
+
+def comparable(config) -> dict:
+    return {k: v for k, v in config.to_dict().items() if k != "_n_gpu"}
+
+
+class ArgsWatcher(TrainerCallback):
+    """Records `args.to_dict()` at every step end (the object the Trainer hands to callbacks is `trainer.args`)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(comparable(args))
+
+
+def test_schedules_and_fewshot_leave_the_config_unchanged(tmp_path):
+    tokenizer = build_char_tokenizer()
+    suite = make_task_suite(seed=0, num_pretrain_docs=40, num_sft_per_task=10, num_rl_per_task=10, num_eval_per_task=2)
+    trainer = tiny_trainer(
+        tmp_path,
+        tokenizer,
+        suite,
+        max_steps=6,
+        fewshot_mode=True,  # anneals the rollout temperature
+        kl_target=1e6,  # adaptive KL coefficient
+        kl_coef_range=[0.01, 0.3],
+        kl_coef=0.2,
+        rl_phase_learning_rate=5e-4,  # learning-rate scale in the last phase
+        entropy_coef=0.01,
+        late_entropy_coef=0.005,
+    )
+    after_init = comparable(trainer.args)
+    watcher = ArgsWatcher()
+    trainer.add_callback(watcher)
+    trainer.train()
+    assert watcher.seen and all(seen == after_init for seen in watcher.seen)
+    assert comparable(trainer.args) == after_init
+    # the values did move — in their controllers
+    assert trainer.schedules.kl_coef() < 0.2
+    assert trainer.schedules.entropy_coef(5) == 0.005 and trainer.schedules.lr_scale(5) == pytest.approx(0.5)
+    assert trainer.memory_pool.fewshot.temperature_at(5) < trainer.args.temperature
+
+
+def test_ppo_sizing_uses_a_copy_and_one_config_builds_two_identical_trainers(tmp_path, saved_models):  # noqa: F811
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    config = ppo_config(tmp_path, gradient_accumulation_steps=4, num_mini_batches=2, total_episodes=None)
+    before = comparable(config)
+
+    def run():
+        torch.manual_seed(0)
+        trainer = PPOTrainer(
+            args=config,
+            processing_class=tokenizer,
+            model=load(saved_models, "policy"),
+            ref_model=load(saved_models, "ref"),
+            reward_model=load(saved_models, "reward"),
+            value_model=load(saved_models, "value"),
+            train_dataset=tokenized_prompts(tokenizer),
+        )
+        assert trainer.args is not config
+        derived = comparable(trainer.args)
+        trainer.train()
+        assert comparable(trainer.args) == derived  # never changed after __init__
+        return trainer, derived
+
+    first, derived = run()
+    assert comparable(config) == before  # the user's PPOConfig is untouched
+    assert config.gradient_accumulation_steps == 4 and config.batch_size is None and config.max_steps == -1
+    # TRL 1.12's derived sizes, in the trainer's copy
+    assert derived["gradient_accumulation_steps"] == 2 and derived["local_batch_size"] == 16
+    assert derived["total_episodes"] == 48 and derived["num_total_batches"] == 3 and derived["max_steps"] == 12
+    second, derived_again = run()
+    assert derived_again == derived
+    assert first.state.global_step == second.state.global_step == 12
+    for (name, a), (_, b) in zip(first.model.named_parameters(), second.model.named_parameters()):
+        assert torch.equal(a, b), name

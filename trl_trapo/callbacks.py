@@ -1,0 +1,284 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Every `TrainerCallback` of TRAPO, in one place. Each takes the narrow handles it needs, never the trainer.
+
+| callback | hook | what it does |
+|---|---|---|
+| [`SyncReferenceCallback`] | `on_step_end` | ref <- alpha * policy + (1 - alpha) * ref every `ref_model_sync_steps` (TR-DPO) |
+| [`AdaptiveKLCallback`] | `on_step_end` | updates the adaptive KL coefficient from the step's rollouts (all ranks) |
+| [`StateCheckpointCallback`] | `on_save` | writes TRAPO's own state into each `checkpoint-N` after the Trainer's files |
+| [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
+| [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
+
+What is not a callback — the curriculum, DARE, the KL / entropy / learning-rate schedules — is a plain object the
+trainer asks at the right point of a step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from .adapter_bank import AdapterBank
+from .checkpoint import CheckpointError
+from .distributed import register_ddp_comm_hook
+from .models import ReferencePolicy
+from .schedules import RLSchedules
+
+
+logger = logging.getLogger(__name__)
+
+
+class SyncReferenceCallback(TrainerCallback):
+    """ref <- alpha * policy + (1 - alpha) * ref every `ref_model_sync_steps` optimizer steps (TR-DPO,
+    huggingface.co/papers/2404.09656), through [`ReferencePolicy.sync`].
+
+    Args:
+        reference ([`ReferencePolicy`]): the reference to move.
+        policy (`Callable[[], nn.Module]`): returns the unwrapped policy.
+    """
+
+    def __init__(self, reference: ReferencePolicy, policy: Callable[[], nn.Module]):
+        self.reference = reference
+        self.policy = policy
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps == 0:
+            self.reference.sync(self.policy(), args.ref_model_mixup_alpha)
+        return control
+
+
+class AdaptiveKLCallback(TrainerCallback):
+    """At the end of every optimizer step, feeds the step's rollouts to the adaptive KL controller (see
+    [`~trl_trapo.schedules.RLSchedules.end_step`]); the next step's rollouts and loss use the new coefficient.
+
+    Args:
+        schedules ([`~trl_trapo.schedules.RLSchedules`]): holds the controller and the window of rollouts.
+        reduce (`Callable[[torch.Tensor], torch.Tensor]`): sums a tensor over ranks.
+    """
+
+    def __init__(self, schedules: RLSchedules, reduce: Callable[[torch.Tensor], torch.Tensor]):
+        self.schedules = schedules
+        self.reduce = reduce
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.schedules.end_step(state.global_step - 1, self.reduce)
+        return control
+
+
+class StateCheckpointCallback(TrainerCallback):
+    """Writes TRAPO's own state into each `checkpoint-N` directory right after the Trainer has written its files.
+
+    Args:
+        save_state (`Callable[[str], None]`): writes the state into the checkpoint directory it is given.
+    """
+
+    def __init__(self, save_state: Callable[[str], None]):
+        self.save_state = save_state
+
+    def on_save(self, args, state, control, **kwargs):
+        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(directory):
+            self.save_state(directory)
+        return control
+
+
+class AdapterBankCallback(TrainerCallback):
+    """Snapshots the PEFT policy's adapter every `every` optimizer steps and, optionally, rolls back automatically.
+
+    The memory pool reports each generation round with `observe_rollouts` (scores and per-sequence KL); at every
+    snapshot step the window since the previous snapshot is reduced over ranks (every rank takes the same decision)
+    and:
+
+    - with `reward_drop = f`: if the window's mean reward is below `best - f * |best|` (best: the highest mean reward
+      of a kept snapshot whose KL is within `kl_max`), or
+    - with `kl_max = k`: if the window's mean per-sequence KL is above `k`,
+
+    the policy is rolled back to that best snapshot (see [`AdapterBank.rollback`]), `on_rollback` runs (the trainer
+    empties its replay buffer, whose behaviour log-probs came from the abandoned policy), the rollback is logged
+    (warning, and `adapter_bank/rollbacks`), and no snapshot is taken of the abandoned policy. Otherwise a snapshot is
+    written (main process). `rollback(step)` rolls back by hand at any time.
+
+    Args:
+        bank ([`AdapterBank`]): where the snapshots live.
+        policy (`Callable[[], nn.Module]`): returns the unwrapped PEFT policy.
+        accelerator: the Trainer's `Accelerator` (rank, reductions, barriers).
+        on_rollback (`Callable[[], None]`): called after every rollback.
+        every (`int`): `adapter_snapshot_steps`.
+        reward_drop (`float`, *optional*): `adapter_rollback_reward_drop`.
+        kl_max (`float`, *optional*): `adapter_rollback_kl_max`.
+    """
+
+    def __init__(
+        self,
+        bank: AdapterBank,
+        policy: Callable[[], nn.Module],
+        accelerator,
+        on_rollback: Callable[[], None],
+        every: int,
+        reward_drop: float | None = None,
+        kl_max: float | None = None,
+    ):
+        self.bank = bank
+        self.policy = policy
+        self.accelerator = accelerator
+        self.on_rollback = on_rollback
+        self.every = int(every)
+        self.reward_drop = reward_drop
+        self.kl_max = kl_max
+        self.window = torch.zeros(3, dtype=torch.float64)  # (sum of scores, sum of per-sequence KL, rollouts)
+        self.optimizer = None  # the Trainer's, once training runs (its Adam moments are reset on rollback)
+        self.global_step = 0
+
+    def observe_rollouts(self, scores: torch.Tensor, kl_per_sequence: torch.Tensor | None) -> None:
+        """Add a generation round: `(B,)` scores (NaN = no reward, skipped) and `(B,)` per-sequence KL (nats)."""
+        valid = ~torch.isnan(scores)
+        self.window[0] += float(scores[valid].sum())
+        if kl_per_sequence is not None:
+            self.window[1] += float(kl_per_sequence[valid].sum())
+        self.window[2] += float(valid.sum())
+
+    def _reduced_window(self) -> tuple[float | None, float | None]:
+        window = self.window
+        if self.accelerator.num_processes > 1:
+            window = self.accelerator.reduce(window.to(self.accelerator.device), reduction="sum").cpu()
+        if window[2] <= 0:
+            return None, None
+        return float(window[0] / window[2]), float(window[1] / window[2])
+
+    def should_roll_back(self, mean_reward: float | None, kl: float | None) -> dict | None:
+        """The snapshot to roll back to, or None (see the class docstring for the rule)."""
+        if mean_reward is None or (self.reward_drop is None and self.kl_max is None):
+            return None
+        best = self.bank.best(self.kl_max)
+        if best is None:
+            return None
+        dropped = self.reward_drop is not None and mean_reward < best["mean_reward"] - self.reward_drop * abs(
+            best["mean_reward"]
+        )
+        too_far = self.kl_max is not None and kl is not None and kl > self.kl_max
+        return best if (dropped or too_far) else None
+
+    def rollback(self, step: int) -> None:
+        """Roll the policy back to the snapshot of `step` (every rank), reset the adapter's optimizer state, run
+        `on_rollback`."""
+        self.bank.rollback(self.policy(), step, self.optimizer)
+        self.on_rollback()
+        logger.warning(
+            "Step %d: rolled the adapter back to the snapshot of step %d (rollback %d); Adam moments of the adapter "
+            "reset, replay buffer emptied.",
+            self.global_step,
+            step,
+            self.bank.rollbacks,
+        )
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        self.optimizer = optimizer
+        self.global_step = state.global_step
+        return control
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        self.optimizer = optimizer if optimizer is not None else self.optimizer
+        step = self.global_step = state.global_step
+        if self.every <= 0 or step % self.every:
+            return control
+        mean_reward, kl = self._reduced_window()
+        self.window.zero_()
+        target = self.should_roll_back(mean_reward, kl)
+        if target is not None:
+            logger.warning(
+                "Step %d: mean reward %.4g / KL %s against the best snapshot (step %d, reward %.4g): rolling back.",
+                step,
+                mean_reward,
+                "n/a" if kl is None else f"{kl:.4g}",
+                target["step"],
+                target["mean_reward"],
+            )
+            self.rollback(target["step"])
+            if self.accelerator.is_main_process:
+                self.bank.write_index()
+            return control
+        if self.accelerator.is_main_process:
+            self.bank.snapshot(self.policy(), step, mean_reward, kl)
+        else:  # keep every rank's index identical (the files are rank 0's)
+            entry = {"step": step, "mean_reward": mean_reward, "kl": kl, "path": f"step-{step}", "files": {}}
+            self.bank.snapshots = sorted(
+                [s for s in self.bank.snapshots if s["step"] != step] + [entry], key=lambda s: s["step"]
+            )[-self.bank.max_snapshots :]
+        self.accelerator.wait_for_everyone()
+        return control
+
+    def metrics(self) -> dict[str, float]:
+        """`adapter_bank/snapshots` (kept) and `adapter_bank/rollbacks` (so far)."""
+        return {
+            "adapter_bank/snapshots": float(len(self.bank.snapshots)),
+            "adapter_bank/rollbacks": float(self.bank.rollbacks),
+        }
+
+    def state_dict(self, global_step: int) -> dict:
+        """The bank's index and the current window, for the checkpoint of optimizer step `global_step`."""
+        return {**self.bank.state_dict(), "window": self.window.tolist(), "global_step": global_step}
+
+    def load_state_dict(self, state: dict, source: str) -> None:
+        """Restore the bank's index (checking the snapshots on disk) and the current window.
+
+        Raises:
+            CheckpointError: naming `source`, if the state is damaged.
+        """
+        if self.accelerator.is_main_process:
+            self.bank.load_state_dict(state, source=source, clean=True, step=state.get("global_step"))
+        else:
+            self.bank.snapshots = [dict(s) for s in state["snapshots"]]
+            self.bank.rollbacks = int(state.get("rollbacks", 0))
+        try:
+            self.window = torch.tensor([float(x) for x in state["window"]], dtype=torch.float64)
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{source} is corrupted (window: {error}).") from error
+
+
+class DDPCommHookCallback(TrainerCallback):
+    """Registers `args.ddp_comm_hook` (fp16 / bf16 / PowerSGD) on the DDP-wrapped model at the start of training.
+
+    Args:
+        wrapped_model (`Callable[[], nn.Module]`): returns the model as the Trainer wrapped it (the DDP module once
+            training starts).
+        accelerator: the Trainer's `Accelerator`.
+
+    Raises:
+        ValueError: at `train()`, if a hook is asked for on several processes that are not DDP (DeepSpeed and FSDP
+            communicate through their own collectives, which these hooks do not apply to).
+    """
+
+    def __init__(self, wrapped_model: Callable[[], nn.Module], accelerator):
+        self.wrapped_model = wrapped_model
+        self.accelerator = accelerator
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        name = args.ddp_comm_hook
+        if name == "none":
+            return control
+        model = self.wrapped_model()
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            if self.accelerator.num_processes == 1:
+                logger.info("ddp_comm_hook=%r has no effect on a single process.", name)
+                return control
+            raise ValueError(
+                f"TRAPOConfig.ddp_comm_hook={name!r} needs DDP, but this run uses "
+                f"{self.accelerator.distributed_type}. Set ddp_comm_hook='none' (DeepSpeed / FSDP have their "
+                "own communication settings) or launch with plain DDP."
+            )
+        register_ddp_comm_hook(model, name, args.powersgd_rank, args.powersgd_start_iter)
+        return control
+
+
+__all__ = [
+    "AdaptiveKLCallback",
+    "AdapterBankCallback",
+    "DDPCommHookCallback",
+    "StateCheckpointCallback",
+    "SyncReferenceCallback",
+]
