@@ -17,9 +17,9 @@ import sys
 import torch
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.collator import collate_rows
-from trl_trapo.data import PRETRAIN, RL, SFT
-from trl_trapo.memory import trajectory_row
+from trl_trapo.collator import Row, StepContext, collate_rows
+from trl_trapo.config import PRETRAIN, RL, SFT
+from trl_trapo.memory import Trajectory
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
 
@@ -31,55 +31,52 @@ COMPOSITION = {  # rank -> (pretrain lengths, SFT (prompt, completion) lengths, 
 }
 
 
-def rank_rows(rank: int) -> list[dict]:
+def rank_rows(rank: int) -> list[Row]:
     """The fixed rows of `rank`; RL rows carry stale log-probs so that some ratios clip."""
     g = torch.Generator().manual_seed(100 + rank)
     pretrain, sft, rl = COMPOSITION[rank]
     rows = []
     for length in pretrain:
-        rows.append({"objective": PRETRAIN, "input_ids": torch.randint(4, 90, (length,), generator=g)})
-        rows[-1]["mask"] = torch.ones(length - 1)
+        rows.append(Row(PRETRAIN, torch.randint(4, 90, (length,), generator=g), torch.ones(length - 1)))
     for prompt_len, completion_len in sft:
         mask = torch.zeros(prompt_len + completion_len - 1)
         mask[prompt_len - 1 :] = 1
-        rows.append({"objective": SFT, "input_ids": torch.randint(4, 90, (prompt_len + completion_len,), generator=g)})
-        rows[-1]["mask"] = mask
+        rows.append(Row(SFT, torch.randint(4, 90, (prompt_len + completion_len,), generator=g), mask))
     for prompt_len, completion_len in rl:
-        trajectory = {
-            "prompt_ids": torch.randint(4, 90, (prompt_len,), generator=g),
-            "completion_ids": torch.randint(4, 90, (completion_len,), generator=g),
-            "completion_mask": torch.ones(completion_len),
-            "old_per_token_logps": -4.6 + 0.5 * torch.randn(completion_len, generator=g),
-            "ref_per_token_logps": -4.6 + 0.3 * torch.randn(completion_len, generator=g),
-            "advantages": torch.randn(1, generator=g).expand(completion_len).clone(),
-        }
-        rows.append(trajectory_row(trajectory))
+        trajectory = Trajectory(
+            prompt_ids=torch.randint(4, 90, (prompt_len,), generator=g),
+            completion_ids=torch.randint(4, 90, (completion_len,), generator=g),
+            completion_mask=torch.ones(completion_len),
+            old_per_token_logps=-4.6 + 0.5 * torch.randn(completion_len, generator=g),
+            ref_per_token_logps=-4.6 + 0.3 * torch.randn(completion_len, generator=g),
+            advantages=torch.randn(1, generator=g).expand(completion_len).clone(),
+        )
+        rows.append(trajectory.to_row())
     for i, row in enumerate(rows):
-        row["half"] = i % 2
+        row.half = i % 2
     return rows
 
 
-def local_counts(rows: list[dict]) -> torch.Tensor:
+def local_counts(rows: list[Row]) -> torch.Tensor:
     """(tokens_pretrain, tokens_sft, tokens_rl, sequences_rl, micro_batches_rl) of rows forming one micro-batch."""
     counts = torch.zeros(5, dtype=torch.float64)
     for row in rows:
-        n = float(row["mask"].sum())
-        counts[row["objective"]] += n
-        counts[3] += float(row["objective"] == RL and n > 0)
-    counts[4] = float(any(r["objective"] == RL for r in rows))
+        n = float(row.mask.sum())
+        counts[row.objective] += n
+        counts[3] += float(row.objective == RL and n > 0)
+    counts[4] = float(any(r.objective == RL for r in rows))
     return counts
 
 
-def step_info(counts: torch.Tensor) -> dict:
+def step_info(counts: torch.Tensor) -> StepContext:
     keys = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
-    return {
-        "weights": WEIGHTS,
-        "counts": dict(zip(keys, counts.tolist())),
-        "probe": False,
-        "step": 0,
-        "micro_index": 0,
-        "num_micro": 1,
-    }
+    return StepContext(
+        weights=WEIGHTS,
+        counts=dict(zip(keys, counts.tolist())),
+        probe=False,
+        step=0,
+        num_micro=1,
+    )
 
 
 def make_trainer(output_dir: str) -> TRAPOTrainer:

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_trapo.collator import RowAllocator, collate_rows, left_pad, split_micro_batches
+from trl_trapo.collator import Row, RowAllocator, collate_rows, left_pad, split_micro_batches
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -93,18 +93,16 @@ def test_allocator_state_round_trip():
 # ---------------------------------------------------------------------------------------------------------------------
 # split_micro_batches
 # ---------------------------------------------------------------------------------------------------------------------
-def row(length, objective=0, tag=None, **fields):
-    out = {"objective": objective, "input_ids": torch.arange(length), "mask": torch.ones(length - 1), **fields}
-    if tag is not None:
-        out["tag"] = tag
-    return out
+def row(length, objective=0, tag=-1, **fields):
+    """A row of `length` tokens; its tag rides in `pool_index`."""
+    return Row(objective, torch.arange(length), torch.ones(length - 1), pool_index=tag, **fields)
 
 
 def test_split_micro_batches_sizes_and_length_grouping():
     rows = [row(n, tag=i) for i, n in enumerate([3, 7, 5, 7, 2])]
     groups = split_micro_batches(rows, 2)
     # sorted longest first, stable among equals: 7 (#1), 7 (#3), 5 (#2), 3 (#0), 2 (#4); sizes 3 + 2
-    assert [[r["tag"] for r in g] for g in groups] == [[1, 3, 2], [0, 4]]
+    assert [[r.pool_index for r in g] for g in groups] == [[1, 3, 2], [0, 4]]
 
 
 def test_split_micro_batches_sizes_differ_by_at_most_one():
@@ -116,7 +114,7 @@ def test_split_micro_batches_sizes_differ_by_at_most_one():
 
 def test_split_micro_batches_fewer_rows_than_micro_batches():
     groups = split_micro_batches([row(4, tag=0), row(2, tag=1)], 4)
-    assert [[r["tag"] for r in g] for g in groups] == [[0], [1], [], []]
+    assert [[r.pool_index for r in g] for g in groups] == [[0], [1], [], []]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -126,17 +124,17 @@ PAD = 99
 
 
 def mixed_rows():
-    pretrain = {"objective": 0, "input_ids": torch.tensor([5, 6, 7, 8]), "mask": torch.ones(3)}
-    rl = {
-        "objective": 2,
-        "input_ids": torch.tensor([10, 11, 12, 13, 14, 15]),
-        "mask": torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0]),
-        "advantages": torch.tensor([0.0, 0.5, 0.5, 0.5, 0.0]),
-        "old_per_token_logps": torch.tensor([0.0, -1.0, -2.0, -3.0, 0.0]),
-        "importance_weight": torch.tensor(0.25),
-        "half": 0,
-    }
-    sft = {"objective": 1, "input_ids": torch.tensor([20, 21]), "mask": torch.tensor([1.0])}
+    pretrain = Row(0, torch.tensor([5, 6, 7, 8]), torch.ones(3))
+    rl = Row(
+        2,
+        torch.tensor([10, 11, 12, 13, 14, 15]),
+        torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0]),
+        advantages=torch.tensor([0.0, 0.5, 0.5, 0.5, 0.0]),
+        old_per_token_logps=torch.tensor([0.0, -1.0, -2.0, -3.0, 0.0]),
+        importance_weight=0.25,
+        half=0,
+    )
+    sft = Row(1, torch.tensor([20, 21]), torch.tensor([1.0]))
     return [pretrain, rl, sft]
 
 
@@ -176,7 +174,7 @@ def test_collate_rows_per_token_fields_only_on_rows_that_have_them():
 
 def test_collate_rows_masks_come_from_lengths_not_pad_id():
     # a row whose real tokens equal the pad id (pad == eos) keeps them in the attention mask
-    rows = [{"objective": 1, "input_ids": torch.tensor([4, PAD, PAD]), "mask": torch.tensor([1.0, 1.0])}, row(5)]
+    rows = [Row(1, torch.tensor([4, PAD, PAD]), torch.tensor([1.0, 1.0])), row(5)]
     batch = collate_rows(rows, PAD)
     assert batch["attention_mask"][0].tolist() == [1, 1, 1, 0, 0]
     assert batch["mask"][0].tolist() == [1, 1, 0, 0]
@@ -186,7 +184,7 @@ def test_collate_rows_masks_come_from_lengths_not_pad_id():
 def test_collate_rows_errors():
     with pytest.raises(ValueError, match="at least one row"):
         collate_rows([], PAD)
-    bad = {"objective": 0, "input_ids": torch.tensor([1, 2, 3]), "mask": torch.ones(3)}
+    bad = Row(0, torch.tensor([1, 2, 3]), torch.ones(3))
     with pytest.raises(ValueError, match="Row 1: mask has 3 entries for 3 tokens"):
         collate_rows([row(4), bad], PAD)
 

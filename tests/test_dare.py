@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.data import RL
+from trl_trapo.config import RL
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 from trl_trapo.weighting import combine_weights
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 from datasets import Dataset
 
+from trl_trapo.config import PRETRAIN, SFT
 from trl_trapo.data import (
-    PRETRAIN,
-    SFT,
     PretrainStream,
     ShardedSampler,
     check_pretrain_dataset,
@@ -168,10 +167,10 @@ def test_tokenize_sft_errors_when_nothing_survives_truncation(tokenizer):
 
 def test_sft_row_is_target_aligned():
     row = sft_row([5, 6, 7, 8], [0, 0, 1, 1])
-    assert row["objective"] == SFT
-    assert row["input_ids"].tolist() == [5, 6, 7, 8]
+    assert row.objective == SFT
+    assert row.input_ids.tolist() == [5, 6, 7, 8]
     # target t predicts token t + 1: targets 7 and 8 (positions 1 and 2) count
-    assert row["mask"].tolist() == [0.0, 1.0, 1.0]
+    assert row.mask.tolist() == [0.0, 1.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -273,7 +272,7 @@ def test_sharded_sampler_state_round_trip():
 # PretrainStream
 # ---------------------------------------------------------------------------------------------------------------------
 def decoded_rows(tokenizer, rows):
-    return [tokenizer.convert_ids_to_tokens(r["input_ids"].tolist()) for r in rows]
+    return [tokenizer.convert_ids_to_tokens(r.input_ids.tolist()) for r in rows]
 
 
 def test_pretrain_packing_single_document_by_hand(tokenizer):
@@ -282,9 +281,9 @@ def test_pretrain_packing_single_document_by_hand(tokenizer):
     # a b c </s> a b c </s> a ... cut every 3 tokens
     assert decoded_rows(tokenizer, rows) == [["a", "b", "c"], ["</s>", "a", "b"], ["c", "</s>", "a"]]
     for r in rows:
-        assert r["objective"] == PRETRAIN
-        assert r["input_ids"].dtype == torch.long and r["input_ids"].numel() == 3
-        assert r["mask"].tolist() == [1.0, 1.0]
+        assert r.objective == PRETRAIN
+        assert r.input_ids.dtype == torch.long and r.input_ids.numel() == 3
+        assert r.mask.tolist() == [1.0, 1.0]
 
 
 def test_pretrain_packing_follows_sampler_order_with_eos_between_documents(tokenizer):
@@ -295,7 +294,7 @@ def test_pretrain_packing_follows_sampler_order_with_eos_between_documents(token
     expected = [tok for i in order if texts[i] for tok in list(texts[i]) + ["</s>"]]  # empty documents are skipped
     packed = [tok for r in decoded_rows(tokenizer, rows) for tok in r]
     assert packed == expected[: len(packed)]
-    assert all(r["input_ids"].numel() == 5 and r["mask"].numel() == 4 for r in rows)
+    assert all(r.input_ids.numel() == 5 and r.mask.numel() == 4 for r in rows)
 
 
 def test_pretrain_chunked_mode(tokenizer):
@@ -303,7 +302,7 @@ def test_pretrain_chunked_mode(tokenizer):
     # a..g + </s> = 8 tokens -> [a b c] [d e f] [g </s>]; each document chunked on its own
     rows = stream.take(4)
     assert decoded_rows(tokenizer, rows) == [["a", "b", "c"], ["d", "e", "f"], ["g", "</s>"], ["a", "b", "c"]]
-    assert [r["mask"].tolist() for r in rows[2:3]] == [[1.0]]
+    assert [r.mask.tolist() for r in rows[2:3]] == [[1.0]]
     # a 1-token tail (nothing to predict) is dropped: a..f + </s> = 7 -> [a b c] [d e f] ([</s>] dropped)
     stream = PretrainStream(Dataset.from_dict({"text": ["abcdef"]}), tokenizer, max_length=3, packing=False)
     assert decoded_rows(tokenizer, stream.take(3)) == [["a", "b", "c"], ["d", "e", "f"], ["a", "b", "c"]]
@@ -318,8 +317,8 @@ def test_pretrain_state_round_trip_continues_identically(tokenizer, packing):
     assert state["buffer"] or state["pending"]  # mid-stream: leftover tokens are part of the state
     restored = PretrainStream(dataset, tokenizer, max_length=4, packing=packing, seed=1)
     restored.load_state_dict(state)
-    expected = [r["input_ids"].tolist() for r in stream.take(40)]
-    assert [r["input_ids"].tolist() for r in restored.take(40)] == expected
+    expected = [r.input_ids.tolist() for r in stream.take(40)]
+    assert [r.input_ids.tolist() for r in restored.take(40)] == expected
 
 
 def test_pretrain_streaming_dataset_by_hand(tokenizer):
@@ -345,7 +344,7 @@ def test_pretrain_streaming_state_round_trip(tokenizer):
     assert {"epoch", "consumed", "buffer"} <= set(state)
     restored = make()
     restored.load_state_dict(state)
-    assert [r["input_ids"].tolist() for r in restored.take(30)] == [r["input_ids"].tolist() for r in stream.take(30)]
+    assert [r.input_ids.tolist() for r in restored.take(30)] == [r.input_ids.tolist() for r in stream.take(30)]
 
 
 def test_pretrain_streaming_split_by_rank(tokenizer):

@@ -1,15 +1,15 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Few-shot mode changes what it says: reuse limit, annealed temperature with exact ratios, prototype preference."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from helpers import tiny_trainer
 
-from trl_trapo.collator import collate_rows
+from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.fewshot import PrototypeMemory, fewshot_sigma
-from trl_trapo.memory import trajectory_row
 from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
@@ -54,36 +54,35 @@ def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, t
     trainer.state.global_step = 10  # a later round at T = 0.3: the buffer now mixes two temperatures
     trainer._generate_round(8, step=10)
     trajectories = trainer.replay.sample(len(trainer.replay), step=10)
-    assert sorted({round(t["temperature"], 6) for t in trajectories}) == [0.3, 0.6]
-    rows = [trajectory_row(t) for t in trajectories]
+    assert sorted({round(t.temperature, 6) for t in trajectories}) == [0.3, 0.6]
+    rows = [t.to_row() for t in trajectories]
     batch = collate_rows(rows, tokenizer.pad_token_id)
     assert sorted(set(batch["temperature"].tolist())) == pytest.approx([0.3, 0.6])
     tokens = float(batch["mask"].sum())
-    info = {
-        "weights": (0.0, 0.0, 1.0),
-        "counts": {
+    info = StepContext(
+        weights=(0.0, 0.0, 1.0),
+        counts={
             "tokens_pretrain": 0.0,
             "tokens_sft": 0.0,
             "tokens_rl": tokens,
             "sequences_rl": float(len(rows)),
             "micro_batches_rl": 1.0,
         },
-        "probe": False,
-        "step": 10,
-        "micro_index": 0,
-        "num_micro": 1,
-    }
-    trainer.args.temperature = 0.9  # the training forward must not depend on the current rollout temperature
+        probe=False,
+        step=10,
+        num_micro=1,
+    )
+    assert trainer.args.temperature == 0.9  # the training forward must not depend on the current rollout temperature
     with torch.no_grad():
         trainer.compute_loss(trainer.model, batch, num_items_in_batch=info)
-    assert trainer._metric_sums["val/ratio"].item() == pytest.approx(1.0, abs=1e-5)
-    assert trainer._metric_sums["policy/approxkl_avg"].item() == pytest.approx(0.0, abs=1e-8)
+    assert trainer.metrics.step_sums["val/ratio"].item() == pytest.approx(1.0, abs=1e-5)
+    assert trainer.metrics.step_sums["policy/approxkl_avg"].item() == pytest.approx(0.0, abs=1e-8)
     # without the per-row temperatures (one configured temperature for every row) the ratios would be wrong
-    trainer._metric_sums = {}
+    trainer.metrics.reset()
     del batch["temperature"]
     with torch.no_grad():
-        trainer.compute_loss(trainer.model, batch, num_items_in_batch=dict(info, micro_index=0))
-    assert trainer._metric_sums["policy/approxkl_avg"].item() > 1e-3
+        trainer.compute_loss(trainer.model, batch, num_items_in_batch=dataclasses.replace(info, micro_index=0))
+    assert trainer.metrics.step_sums["policy/approxkl_avg"].item() > 1e-3
 
 
 def test_need_by_hand():
@@ -136,7 +135,7 @@ def test_clusters_without_a_task_column(tmp_path, tokenizer, suite):
 
 def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_path, tokenizer, suite):
     trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=3.0, max_steps=3)
-    controller, pool = trainer.memory_pool.fewshot, trainer._sft_pool
+    controller, pool = trainer.memory_pool.fewshot, trainer.memory_pool.sft_pool
     trainer.train()
     assigned = controller.sft_assignment
     assert int((assigned >= 0).sum()) > 0 and float(controller.prototypes.served["sft"].sum()) > 0
@@ -147,7 +146,7 @@ def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_p
     memory.served["sft"][:] = 1.0
     controller.sft_assignment = torch.tensor([0 if i % 2 else 1 for i in range(len(pool))])
     rows = [r for _ in range(30) for r in controller.sft_rows(pool, 4, step=0)]
-    share = sum(r["pool_index"] % 2 for r in rows) / len(rows)
+    share = sum(r.pool_index % 2 for r in rows) / len(rows)
     assert share > 0.7, share  # ~0.82 expected (exp(3 * 0.5) = 4.5x the weight)
 
 

@@ -8,31 +8,33 @@ import pytest
 import torch
 from datasets import Dataset
 
-from trl_trapo.data import RL, SFT
-from trl_trapo.memory import ReplayBuffer, SFTPool, trajectory_nbytes, trajectory_row
+from trl_trapo.config import RL, SFT
+from trl_trapo.memory import ReplayBuffer, SFTPool, Trajectory
 
 
 def trajectory(tag, prompt_len=3, completion_len=4):
-    """A trajectory whose tensors take exactly 8 * prompt_len + 8 * completion_len + 4 * 2 * completion_len bytes."""
-    return {
-        "tag": tag,  # not a tensor: costs no bytes
-        "prompt_ids": torch.arange(prompt_len, dtype=torch.long) + 100,  # 8 bytes per entry
-        "completion_ids": torch.arange(completion_len, dtype=torch.long) + 200,
-        "completion_mask": torch.ones(completion_len),  # float32: 4 bytes per entry
-        "old_per_token_logps": torch.full((completion_len,), -float(tag) - 1.0),
-    }
+    """A trajectory whose tensors take exactly 8 * prompt_len + 8 * completion_len + 4 * 3 * completion_len bytes;
+    its tag rides in `temperature`, a JSON extra that costs no bytes."""
+    return Trajectory(
+        prompt_ids=torch.arange(prompt_len, dtype=torch.long) + 100,  # 8 bytes per entry
+        completion_ids=torch.arange(completion_len, dtype=torch.long) + 200,
+        completion_mask=torch.ones(completion_len),  # float32: 4 bytes per entry
+        old_per_token_logps=torch.full((completion_len,), -float(tag) - 1.0),
+        advantages=torch.zeros(completion_len),
+        temperature=float(tag),
+    )
 
 
-NBYTES = 8 * 3 + 8 * 4 + 4 * 4 + 4 * 4  # = 88 bytes for the default trajectory
+NBYTES = 8 * 3 + 8 * 4 + 4 * 4 + 4 * 4 + 4 * 4  # = 104 bytes for the default trajectory
 
 
 def tags(items):
-    return [item["tag"] for item in items]
+    return [int(item.temperature) for item in items]
 
 
 def test_trajectory_nbytes_exact():
-    assert trajectory_nbytes(trajectory(0)) == NBYTES == 88
-    assert trajectory_nbytes(trajectory(0, prompt_len=1, completion_len=2)) == 8 + 16 + 8 + 8
+    assert trajectory(0).nbytes() == NBYTES == 104
+    assert trajectory(0, prompt_len=1, completion_len=2).nbytes() == 8 + 16 + 8 + 8 + 8
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -65,15 +67,15 @@ def test_capacity_in_bytes_is_exact():
 def test_bigger_trajectories_evict_several_small_ones():
     buffer = ReplayBuffer(capacity=100, max_bytes=3 * NBYTES)
     buffer.add([trajectory(i) for i in range(3)], step=0)
-    big = trajectory(9, prompt_len=3, completion_len=10)  # 24 + 80 + 40 + 40 = 184 bytes
+    big = trajectory(9, prompt_len=3, completion_len=10)  # 24 + 80 + 40 + 40 + 40 = 224 bytes
     buffer.add([big], step=1)
-    # 3 * 88 + 184 = 448 > 264 -> evict #0 (360 left), #1 (272 > 264 left), #2 (184 left): only the big one remains
-    assert buffer.nbytes == 184 and len(buffer) == 1 and buffer.num_evicted == 3
+    # 3 * 104 + 224 = 536 > 312 -> evict #0 (432 left), #1 (328 > 312 left), #2 (224 left): only the big one remains
+    assert buffer.nbytes == 224 and len(buffer) == 1 and buffer.num_evicted == 3
 
 
 def test_trajectory_larger_than_max_bytes_raises():
     buffer = ReplayBuffer(max_bytes=NBYTES - 1)
-    with pytest.raises(ValueError, match="replay_max_bytes=87"):
+    with pytest.raises(ValueError, match="replay_max_bytes=103"):
         buffer.add([trajectory(0)], step=0)
 
 
@@ -85,7 +87,7 @@ def test_never_serves_more_than_max_uses():
     buffer.add([trajectory(i) for i in range(3)], step=0)
     first, second = buffer.sample(3, step=0), buffer.sample(3, step=0)
     assert sorted(tags(first)) == sorted(tags(second)) == [0, 1, 2]
-    assert [item["uses"] for item in first] == [1, 1, 1] and [item["uses"] for item in second] == [2, 2, 2]
+    assert [item.uses for item in first] == [1, 1, 1] and [item.uses for item in second] == [2, 2, 2]
     assert buffer.num_available(step=0) == 0
     with pytest.raises(ValueError, match="0 servable trajectories, 1 were requested"):
         buffer.sample(1, step=0)
@@ -102,7 +104,7 @@ def test_least_used_first_reproduces_ppo_epochs(seed, n, k):
         served = []
         for _ in range(k):
             batch = buffer.sample(n // k, step=0)
-            assert all(item["uses"] == epoch + 1 for item in batch)
+            assert all(item.uses == epoch + 1 for item in batch)
             served += tags(batch)
         assert sorted(served) == list(range(n))
     assert buffer.num_available(step=0) == 0
@@ -126,7 +128,7 @@ def test_max_age():
     assert buffer.num_available(step=2) == 2  # ages 2 and 1: both <= 2
     assert buffer.num_available(step=3) == 1  # trajectory 0 is now 3 steps old
     [item] = buffer.sample(1, step=3)
-    assert item["tag"] == 1 and item["age"] == 2
+    assert tags([item]) == [1] and item.age == 2
     with pytest.raises(ValueError):
         buffer.sample(1, step=3)
     assert len(buffer) == 2  # too old to serve, but not evicted
@@ -175,57 +177,58 @@ def test_state_dict_round_trip_without_pickle(compress):
     restored.load_state_dict(meta, tensors)
     for a, b in zip(restored._items.values(), buffer._items.values()):
         assert a["blob"] == b["blob"]  # compressed bytes are identical too
-        a, b = restored._materialise(a), buffer._materialise(b)
+        assert a["extras"] == b["extras"]
+        a, b = restored._tensors(a), buffer._tensors(b)
         assert a.keys() == b.keys()
         for key, value in a.items():
-            assert torch.equal(value, b[key]) if isinstance(value, torch.Tensor) else value == b[key]
+            assert torch.equal(value, b[key])
     assert len(restored) == 4 and restored.nbytes == buffer.nbytes and restored.num_evicted == 2
     assert restored.metrics(step=5) == buffer.metrics(step=5)
     # the continuation is identical (uses and the tie-breaking RNG are restored)
     for _ in range(3):
         expected, actual = buffer.sample(3, step=3), restored.sample(3, step=3)
         assert tags(actual) == tags(expected)
-        assert [i["uses"] for i in actual] == [i["uses"] for i in expected]
+        assert [i.uses for i in actual] == [i.uses for i in expected]
     # adding after a restore keeps FIFO order
     restored.add([trajectory(10)], step=4)
     assert restored.num_evicted == 3
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# trajectory_row
+# Trajectory.to_row
 # ---------------------------------------------------------------------------------------------------------------------
 def test_trajectory_row_target_alignment():
     # P = 3 prompt tokens, C = 4 completion tokens -> 7 tokens, 6 targets; completion tokens are targets 2..5
     item = trajectory(0)
-    item["completion_mask"] = torch.tensor([1.0, 1.0, 1.0, 0.0])  # last token after the stop token: not counted
-    item["advantages"] = torch.tensor([0.5, 0.6, 0.7, 0.8])
-    item["ref_per_token_logps"] = torch.tensor([-1.0, -2.0, -3.0, -4.0])
-    item["importance_weight"] = 0.5
-    row = trajectory_row(item)
-    assert row["objective"] == RL
-    assert row["input_ids"].tolist() == [100, 101, 102, 200, 201, 202, 203]
+    item.completion_mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # last token after the stop token: not counted
+    item.advantages = torch.tensor([0.5, 0.6, 0.7, 0.8])
+    item.ref_per_token_logps = torch.tensor([-1.0, -2.0, -3.0, -4.0])
+    item.importance_weight = 0.5
+    row = item.to_row()
+    assert row.objective == RL
+    assert row.input_ids.tolist() == [100, 101, 102, 200, 201, 202, 203]
     # target t predicts input_ids[t + 1]: target 2 predicts the first completion token (200)
-    assert row["mask"].tolist() == [0, 0, 1, 1, 1, 0]
-    assert row["advantages"].tolist() == pytest.approx([0, 0, 0.5, 0.6, 0.7, 0.8])
-    assert row["ref_per_token_logps"].tolist() == [0, 0, -1, -2, -3, -4]
-    assert row["old_per_token_logps"].tolist() == [0, 0, -1, -1, -1, -1]
-    assert "returns" not in row and "old_values" not in row and "completion_mask" not in row
-    assert float(row["importance_weight"]) == 0.5
-    assert float(trajectory_row(trajectory(0))["importance_weight"]) == 1.0
+    assert row.mask.tolist() == [0, 0, 1, 1, 1, 0]
+    assert row.advantages.tolist() == pytest.approx([0, 0, 0.5, 0.6, 0.7, 0.8])
+    assert row.ref_per_token_logps.tolist() == [0, 0, -1, -2, -3, -4]
+    assert row.old_per_token_logps.tolist() == [0, 0, -1, -1, -1, -1]
+    assert row.returns is None and row.old_values is None
+    assert float(row.importance_weight) == 0.5
+    assert float(trajectory(0).to_row().importance_weight) == 1.0
 
 
 def test_trajectory_row_single_prompt_token():
     item = trajectory(0, prompt_len=1, completion_len=2)
-    row = trajectory_row(item)
-    assert row["input_ids"].numel() == 3 and row["mask"].tolist() == [1, 1]
+    row = item.to_row()
+    assert row.input_ids.numel() == 3 and row.mask.tolist() == [1, 1]
 
 
 def test_served_trajectories_become_rows():
     buffer = ReplayBuffer()
     buffer.add([trajectory(0)], step=0)
     [served] = buffer.sample(1, step=0)
-    row = trajectory_row(served)
-    assert row["input_ids"].numel() == 7 and row["mask"].numel() == 6
+    row = served.to_row()
+    assert row.input_ids.numel() == 7 and row.mask.numel() == 6
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -244,13 +247,13 @@ def test_sft_pool_rows():
     pool = SFTPool(sft_dataset(), seed=0)
     assert pool.take(0) == []
     rows = pool.take(5)
-    assert all(r["objective"] == SFT for r in rows)
+    assert all(r.objective == SFT for r in rows)
     # one epoch covers every row once; the target-aligned mask drops the first entry of completion_mask
-    assert sorted(int(r["input_ids"][0]) // 10 for r in rows) == [0, 1, 2, 3, 4]
+    assert sorted(int(r.input_ids[0]) // 10 for r in rows) == [0, 1, 2, 3, 4]
     for r in rows:
-        assert r["mask"].numel() == r["input_ids"].numel() - 1
-        assert r["mask"].tolist() == [1.0] * r["mask"].numel()
-        assert r["input_ids"].dtype == torch.long and r["mask"].dtype == torch.float32
+        assert r.mask.numel() == r.input_ids.numel() - 1
+        assert r.mask.tolist() == [1.0] * r.mask.numel()
+        assert r.input_ids.dtype == torch.long and r.mask.dtype == torch.float32
 
 
 def test_sft_pool_state_round_trip_and_shards():
@@ -258,8 +261,8 @@ def test_sft_pool_state_round_trip_and_shards():
     pool.take(3)
     restored = SFTPool(sft_dataset(), seed=1)
     restored.load_state_dict(pool.state_dict())
-    assert [r["input_ids"].tolist() for r in restored.take(6)] == [r["input_ids"].tolist() for r in pool.take(6)]
+    assert [r.input_ids.tolist() for r in restored.take(6)] == [r.input_ids.tolist() for r in pool.take(6)]
     # two ranks see disjoint rows of the same epoch
     rank0, rank1 = SFTPool(sft_dataset(6), rank=0, world_size=2), SFTPool(sft_dataset(6), rank=1, world_size=2)
-    first = Counter(int(r["input_ids"][0]) for r in rank0.take(3) + rank1.take(3))
+    first = Counter(int(r.input_ids[0]) for r in rank0.take(3) + rank1.take(3))
     assert sorted(first) == [0, 10, 20, 30, 40, 50] and set(first.values()) == {1}

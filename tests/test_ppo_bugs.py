@@ -39,7 +39,6 @@ from transformers import (
 from trl_trapo import PPOConfig, PPOTrainer
 from trl_trapo.collator import left_pad
 from trl_trapo.losses import gae_advantages, kl_estimate
-from trl_trapo.memory import trajectory_row
 from trl_trapo.models import completion_logps, per_token_head_outputs, reward_model_scores, value_predictions
 
 
@@ -98,17 +97,17 @@ def rollouts(trainer: PPOTrainer, completions: list[list[int]]) -> tuple[list[di
     """`process_rollouts` of `completions` (row i answers PROMPTS[i]), and the scores it used (observed)."""
     examples = [{"prompt": trainer.processing_class.decode(p), "prompt_ids": p} for p in PROMPTS[: len(completions)]]
     seen = {}
-    original = trainer._make_trajectories
+    original = trainer.rollouts.make_trajectories
 
     def spy(*args):
         seen["scores"] = args[5].clone()
         return original(*args)
 
-    trainer._make_trajectories = spy
+    trainer.rollouts.make_trajectories = spy
     try:
         trajectories = trainer.process_rollouts(examples, [torch.tensor(c) for c in completions])
     finally:
-        del trainer._make_trajectories
+        del trainer.rollouts.make_trajectories
     return trajectories, seen["scores"]
 
 
@@ -190,11 +189,11 @@ def test_b_pad_equal_to_eos_keeps_eos_in_loss_kl_and_reward(tmp_path):
     trajectories, scores = rollouts(trainer, raw)
 
     lengths = [3, 1, 5, 6]  # up to and including the first EOS
-    assert [t["completion_ids"].numel() for t in trajectories] == lengths
+    assert [t.completion_ids.numel() for t in trajectories] == lengths
     for t in trajectories:  # every completion token counts, the EOS included (in the loss, the KL and GAE)
-        assert bool(t["completion_mask"].all())
-        row = trajectory_row(t)
-        assert row["mask"][-1] == 1 and row["input_ids"][-1] == t["completion_ids"][-1]
+        assert bool(t.completion_mask.all())
+        row = t.to_row()
+        assert row.mask[-1] == 1 and row.input_ids[-1] == t.completion_ids[-1]
     # the score is read AT the EOS
     reward_model = trainer.reward_funcs[0]
     expected = [head_at_last_token(reward_model, p + r[:n]) for p, r, n in zip(PROMPTS, raw, lengths)]
@@ -219,10 +218,10 @@ def test_c_score_is_placed_on_the_eos_token(tmp_path):
     args = trainer.args
     for t, score, eos_index in zip(trajectories, scores, (2, 4)):
         # nothing after the EOS is part of the trajectory: there is no slot a reward could land on
-        assert t["completion_ids"].numel() == eos_index + 1 and t["completion_ids"][-1] == EOS
+        assert t.completion_ids.numel() == eos_index + 1 and t.completion_ids[-1] == EOS
         # GAE's last step: return(EOS) = r(EOS) = score - kl_coef * kl(EOS) (no value after the episode's end)
-        kl = kl_estimate(t["old_per_token_logps"], t["ref_per_token_logps"], args.kl_estimator)
-        torch.testing.assert_close(t["returns"][-1], score - args.kl_coef * kl[-1], atol=1e-6, rtol=0)
+        kl = kl_estimate(t.old_per_token_logps, t.ref_per_token_logps, args.kl_estimator)
+        torch.testing.assert_close(t.returns[-1], score - args.kl_coef * kl[-1], atol=1e-6, rtol=0)
 
     # naive (TRL 1.12): the score goes to sequence_length + 1 (the first PAD after the EOS), whose value the critic
     # also predicts and is trained on; the EOS only sees it through gamma * lambda
@@ -230,11 +229,11 @@ def test_c_score_is_placed_on_the_eos_token(tmp_path):
     slots = torch.tensor(raw[0][:4])  # EOS + the pad slot that 1.12 keeps (padding_mask_p1)
     values = value_predictions(trainer.model.value_model, [torch.tensor(prompt)], [slots], PAD)[0]
     kl = torch.zeros(4)
-    kl[:3] = kl_estimate(t["old_per_token_logps"], t["ref_per_token_logps"], args.kl_estimator)
+    kl[:3] = kl_estimate(t.old_per_token_logps, t.ref_per_token_logps, args.kl_estimator)
     naive_rewards = -args.kl_coef * kl
     naive_rewards[3] += scores[0]
     _, naive_returns = gae_advantages(naive_rewards[None], values[None], torch.ones(1, 4), args.gamma, args.lam)
-    assert abs(float(naive_returns[0, 2]) - float(t["returns"][-1])) > 1e-3
+    assert abs(float(naive_returns[0, 2]) - float(t.returns[-1])) > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -245,7 +244,7 @@ def test_d_missing_eos_penalty_uses_the_configured_stop_token(tmp_path):
     raw = [[5, stop, PAD, PAD, PAD, PAD], [7, EOS, 9, 10, 11, 12], [7, 8, 9, 10, 11, 12], [6, 4, stop, PAD, PAD, PAD]]
     trainer = make_trainer(tmp_path, stop_token=None, stop_token_id=stop, missing_eos_penalty=1.0)
     trajectories, scores = rollouts(trainer, raw)
-    kept = [t["completion_ids"].tolist() for t in trajectories]
+    kept = [t.completion_ids.tolist() for t in trajectories]
     assert kept == [[5, stop], raw[1], raw[2], [6, 4, stop]]  # cut after the stop token, not after EOS
     raw_scores = torch.tensor([head_at_last_token(trainer.reward_funcs[0], p + c) for p, c in zip(PROMPTS, kept)])
     penalised = (raw_scores - scores).round(decimals=4).tolist()
@@ -339,13 +338,13 @@ def test_f_reference_of_an_already_trained_adapter_is_that_adapter(tmp_path):
     completions = [[5, 9, EOS], [7, 3, 11, 4, 8, 6]]
     before, _ = rollouts(trainer, completions)
     for t in before:  # at the start the reference IS the policy: ref log-probs == behaviour log-probs
-        torch.testing.assert_close(t["ref_per_token_logps"], t["old_per_token_logps"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(t.ref_per_token_logps, t.old_per_token_logps, atol=1e-6, rtol=0)
 
     # naive (TRL 1.12): reference = adapter disabled = the base model, far from the trained adapter
     prompts = [torch.tensor(p) for p in PROMPTS[:2]]
     with policy.disable_adapter():
-        base = completion_logps(policy, prompts, [t["completion_ids"] for t in before], PAD, trainer.args.temperature)
-    assert max((b - t["ref_per_token_logps"]).abs().max().item() for b, t in zip(base, before)) > 0.1
+        base = completion_logps(policy, prompts, [t.completion_ids for t in before], PAD, trainer.args.temperature)
+    assert max((b - t.ref_per_token_logps).abs().max().item() for b, t in zip(base, before)) > 0.1
 
     # training moves the adapter but not its frozen reference copy
     reference = {n: p.detach().clone() for n, p in policy.named_parameters() if f".{trainer.reference.adapter}." in n}
@@ -357,9 +356,9 @@ def test_f_reference_of_an_already_trained_adapter_is_that_adapter(tmp_path):
     assert any(not torch.equal(params[n].detach(), v) for n, v in adapter.items())
     after, _ = rollouts(trainer, completions)
     for t0, t1 in zip(before, after):
-        torch.testing.assert_close(t1["ref_per_token_logps"], t0["ref_per_token_logps"], atol=1e-6, rtol=0)
+        torch.testing.assert_close(t1.ref_per_token_logps, t0.ref_per_token_logps, atol=1e-6, rtol=0)
     assert any(
-        not torch.allclose(t1["old_per_token_logps"], t0["old_per_token_logps"]) for t0, t1 in zip(before, after)
+        not torch.allclose(t1.old_per_token_logps, t0.old_per_token_logps) for t0, t1 in zip(before, after)
     )
 
 

@@ -58,9 +58,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
 from trl_trapo import PPOConfig, PPOTrainer
-from trl_trapo.collator import collate_rows
+from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.losses import kl_estimate, masked_whiten, per_token_rewards
-from trl_trapo.memory import trajectory_row
 
 
 torch.set_num_threads(1)
@@ -201,23 +200,23 @@ def injected_rollout(trainer: PPOTrainer, case: dict) -> tuple[list[dict], list[
 def process(trainer: PPOTrainer, case: dict) -> tuple[list[dict], torch.Tensor]:
     """`process_rollouts` on the injected rollout; also returns the scores it used (observed, not recomputed)."""
     seen = {}
-    make_trajectories = trainer._make_trajectories
+    make_trajectories = trainer.rollouts.make_trajectories
 
     def spy(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group):
         seen["scores"] = scores.clone()
         return make_trajectories(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group)
 
-    trainer._make_trajectories = spy
+    trainer.rollouts.make_trajectories = spy
     try:
         examples, completions = injected_rollout(trainer, case)
         trajectories = trainer.process_rollouts(examples, completions)
     finally:
-        del trainer._make_trajectories
+        del trainer.rollouts.make_trajectories
     return trajectories, seen["scores"]
 
 
 def stack(trajectories: list[dict], key: str) -> torch.Tensor:
-    return torch.stack([t[key] for t in trajectories])
+    return torch.stack([getattr(t, key) for t in trajectories])
 
 
 @pytest.fixture(scope="module", params=CASES)
@@ -248,7 +247,7 @@ def test_rollout_matches_trl_1_12(case, tmp_path):
     trajectories, scores = process(trainer, case)
     assert len(trajectories) == len(rollout["responses"])
     for t, response in zip(trajectories, rollout["responses"]):
-        assert t["completion_ids"].tolist() == response and bool(t["completion_mask"].all())
+        assert t.completion_ids.tolist() == response and bool(t.completion_mask.all())
     old = stack(trajectories, "old_per_token_logps")
     ref = stack(trajectories, "ref_per_token_logps")
     close(old, rollout["logprobs"], "rollout log-probs")
@@ -280,7 +279,7 @@ def test_optimizer_steps_match_trl_1_12(case, tmp_path):
     """Both optimizer steps of the update, micro-batch by micro-batch, on 1.12's own micro-batches."""
     trainer = build(case, tmp_path)
     trajectories, _ = process(trainer, case)
-    rows = [trajectory_row(t) for t in trajectories]
+    rows = [t.to_row() for t in trajectories]
     model = trainer.model
     model.train()
     optimizer = trainer.create_optimizer()
@@ -298,7 +297,7 @@ def test_optimizer_steps_match_trl_1_12(case, tmp_path):
     counts = {
         "tokens_pretrain": 0.0,
         "tokens_sft": 0.0,
-        "tokens_rl": float(sum(r["mask"].sum() for r in rows)),
+        "tokens_rl": float(sum(r.mask.sum() for r in rows)),
         "sequences_rl": float(len(rows)),
         "micro_batches_rl": float(num_micro),
     }
@@ -309,20 +308,19 @@ def test_optimizer_steps_match_trl_1_12(case, tmp_path):
         micro_batches = [mb for mb in case["micro_batches"] if mb["ppo_epoch"] == epoch]
         assert len(micro_batches) == num_micro
         assert [i for mb in micro_batches for i in mb["indices"]] == case["permutations"][epoch]
-        info = {
-            "weights": NO_OBJECTIVE_BUT_RL,
-            "counts": counts,
-            "probe": False,
-            "step": epoch,
-            "micro_index": 0,
-            "num_micro": num_micro,
-        }
+        info = StepContext(
+            weights=NO_OBJECTIVE_BUT_RL,
+            counts=counts,
+            probe=False,
+            step=epoch,
+            num_micro=num_micro,
+        )
         optimizer.zero_grad(set_to_none=True)
         for mb in micro_batches:
             batch = collate_rows([rows[i] for i in mb["indices"]], pad)
-            trainer._metric_sums = {}
+            trainer.metrics.reset()
             loss = trainer.compute_loss(model, batch, num_items_in_batch=info)
-            stats = {k: float(v) * num_micro for k, v in trainer._metric_sums.items()}  # per-micro-batch values
+            stats = {k: float(v) * num_micro for k, v in trainer.metrics.step_sums.items()}  # per-micro-batch values
             where = f"epoch {epoch} micro-batch {mb['grad_accum_idx']}"
             close(stats["loss/policy_avg"], mb["pg_loss"], f"pg_loss, {where}")
             close(stats["loss/value_avg"], mb["vf_loss"], f"vf_loss, {where}")
@@ -383,24 +381,23 @@ def test_train_loop_reproduces_trl_1_12_weights(case, tmp_path):
 def first_step_gradients(trainer: PPOTrainer, case: dict) -> dict[str, torch.Tensor]:
     """The accumulated gradient of the first optimizer step, on 1.12's first-epoch micro-batches."""
     trajectories, _ = process(trainer, case)
-    rows = [trajectory_row(t) for t in trajectories]
+    rows = [t.to_row() for t in trajectories]
     model = trainer.model
     model.train()
     num_micro = trainer.args.gradient_accumulation_steps
-    info = {
-        "weights": NO_OBJECTIVE_BUT_RL,
-        "counts": {
+    info = StepContext(
+        weights=NO_OBJECTIVE_BUT_RL,
+        counts={
             "tokens_pretrain": 0.0,
             "tokens_sft": 0.0,
-            "tokens_rl": float(sum(r["mask"].sum() for r in rows)),
+            "tokens_rl": float(sum(r.mask.sum() for r in rows)),
             "sequences_rl": float(len(rows)),
             "micro_batches_rl": float(num_micro),
         },
-        "probe": False,
-        "step": 0,
-        "micro_index": 0,
-        "num_micro": num_micro,
-    }
+        probe=False,
+        step=0,
+        num_micro=num_micro,
+    )
     model.zero_grad(set_to_none=True)
     for mb in (mb for mb in case["micro_batches"] if mb["ppo_epoch"] == 0):
         batch = collate_rows([rows[i] for i in mb["indices"]], trainer.processing_class.pad_token_id)

@@ -21,7 +21,9 @@ from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 # ---------------------------------------------------------------------------------------------------------------------
 def test_adaptive_kl_hand_worked():
     ctl = AdaptiveKLController(0.2, target=6.0, horizon=10_000)
-    ctl.update({"kl": 9.0, "num_rollouts": 1000}, 0)  # error clip(9/6 - 1 = 0.5) = 0.2 -> x (1 + 0.2 * 1000 / 10000) = x 1.02
+    ctl.update(
+        {"kl": 9.0, "num_rollouts": 1000}, 0
+    )  # error clip(9/6 - 1 = 0.5) = 0.2 -> x (1 + 0.2 * 1000 / 10000) = x 1.02
     assert ctl.value() == pytest.approx(0.204)
     ctl.update({"kl": 3.0, "num_rollouts": 2000}, 0)  # error clip(-0.5) = -0.2 -> x (1 - 0.2 * 0.2) = x 0.96
     assert ctl.value() == pytest.approx(0.204 * 0.96)
@@ -36,7 +38,9 @@ def test_adaptive_kl_hand_worked():
 def test_adaptive_kl_stays_in_range_and_round_trips():
     ctl = AdaptiveKLController(0.3, target=1.0, horizon=10, kl_range=(0.1, 0.3))
     for _ in range(5):
-        ctl.update({"kl": 100.0, "num_rollouts": 10}, 0)  # far above the target: wants to grow, held at the upper bound
+        ctl.update(
+            {"kl": 100.0, "num_rollouts": 10}, 0
+        )  # far above the target: wants to grow, held at the upper bound
     assert ctl.value() == 0.3
     for _ in range(50):
         ctl.update({"kl": 0.0, "num_rollouts": 10}, 0)  # x 0.8 each time, held at the lower bound

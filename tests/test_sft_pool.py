@@ -9,8 +9,8 @@ import torch
 from datasets import Dataset
 from helpers import tiny_trainer
 
-from trl_trapo.collator import collate_rows
-from trl_trapo.data import SFT
+from trl_trapo.collator import StepContext, collate_rows
+from trl_trapo.config import SFT
 from trl_trapo.sft_pool import PrioritizedSFTPool, SumMinTree, directory_nbytes, sft_priority_proxy
 from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
@@ -98,11 +98,11 @@ def test_rows_carry_pool_index_and_weight(tmp_path):
     rows = pool.take(5, step=0)
     assert len(rows) == 5
     for row in rows:
-        assert row["objective"] == SFT
-        source = pool.indices[row["pool_index"]]
-        assert row["input_ids"].tolist() == sft_dataset()[source]["input_ids"]
-        expected = pool.importance_weights(torch.tensor([row["pool_index"]]), 0)
-        assert float(row["importance_weight"]) == pytest.approx(float(expected))
+        assert row.objective == SFT
+        source = pool.indices[row.pool_index]
+        assert row.input_ids.tolist() == sft_dataset()[source]["input_ids"]
+        expected = pool.importance_weights(torch.tensor([row.pool_index]), 0)
+        assert float(row.importance_weight) == pytest.approx(float(expected))
     assert pool.take(0) == []
 
 
@@ -157,8 +157,8 @@ def test_state_round_trip(tmp_path):
     torch.testing.assert_close(restored.probabilities(), pool.probabilities())
     for step in (5, 6):
         a, b = pool.take(4, step), restored.take(4, step)
-        assert [r["pool_index"] for r in a] == [r["pool_index"] for r in b]
-        assert [float(r["importance_weight"]) for r in a] == [float(r["importance_weight"]) for r in b]
+        assert [r.pool_index for r in a] == [r.pool_index for r in b]
+        assert [float(r.importance_weight) for r in a] == [float(r.importance_weight) for r in b]
 
 
 def test_state_with_other_kept_rows_rewrites_the_disk_copy(tmp_path):
@@ -233,22 +233,21 @@ def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite):
     trainer = make_trainer(tmp_path, tokenizer, suite)
     rows = trainer.memory_pool.take_sft(2, step=0)
     for row, weight in zip(rows, (0.25, 1.0)):
-        row["importance_weight"] = torch.tensor(weight)
-    tokens = float(sum(r["mask"].sum() for r in rows))
-    info = {
-        "weights": (0.0, 1.0, 0.0),
-        "counts": {
+        row.importance_weight = weight
+    tokens = float(sum(r.mask.sum() for r in rows))
+    info = StepContext(
+        weights=(0.0, 1.0, 0.0),
+        counts={
             "tokens_pretrain": 0.0,
             "tokens_sft": tokens,
             "tokens_rl": 0.0,
             "sequences_rl": 0.0,
             "micro_batches_rl": 0.0,
         },
-        "probe": False,
-        "step": 0,
-        "micro_index": 0,
-        "num_micro": 1,
-    }
+        probe=False,
+        step=0,
+        num_micro=1,
+    )
     pad = tokenizer.pad_token_id
     loss = trainer.compute_loss(trainer.model, collate_rows(rows, pad), num_items_in_batch=info)
     with torch.no_grad():
@@ -263,7 +262,7 @@ def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite):
 
 def test_training_refreshes_priorities_without_syncing_each_micro_batch(tmp_path, tokenizer, suite):
     trainer = make_trainer(tmp_path, tokenizer, suite, gradient_accumulation_steps=2, max_steps=3)
-    pool = trainer._sft_pool
+    pool = trainer.memory_pool.sft_pool
     assert isinstance(pool, PrioritizedSFTPool) and pool.directory == str(tmp_path / "sft_pool" / "rank0")
     reports = []
     original = pool.report

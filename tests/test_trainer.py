@@ -12,9 +12,9 @@ from helpers import tiny_config as small_config
 from helpers import tiny_trainer
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.collator import collate_rows
-from trl_trapo.data import PRETRAIN, RL, SFT
-from trl_trapo.memory import trajectory_row
+from trl_trapo.collator import Row, StepContext, collate_rows
+from trl_trapo.config import PRETRAIN, RL, SFT
+from trl_trapo.memory import Trajectory
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
 
@@ -35,54 +35,53 @@ def make_trainer(tmp_path, tokenizer, suite, model=None, **overrides) -> TRAPOTr
 # ---------------------------------------------------------------------------------------------------------------------
 # Fixed rows: the joint gradient and gradient accumulation
 # ---------------------------------------------------------------------------------------------------------------------
-def fixed_rows(seed: int = 0) -> list[dict]:
+def fixed_rows(seed: int = 0) -> list[Row]:
     """Rows of all three objectives with different lengths; RL rows carry stale log-probs so some tokens clip."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for length in (12, 9, 15):
         ids = torch.randint(4, 90, (length,), generator=g)
-        rows.append({"objective": PRETRAIN, "input_ids": ids, "mask": torch.ones(length - 1)})
+        rows.append(Row(PRETRAIN, ids, torch.ones(length - 1)))
     for prompt_len, completion_len in ((5, 4), (7, 2)):
         ids = torch.randint(4, 90, (prompt_len + completion_len,), generator=g)
         mask = torch.zeros(prompt_len + completion_len - 1)
         mask[prompt_len - 1 :] = 1
-        rows.append({"objective": SFT, "input_ids": ids, "mask": mask})
+        rows.append(Row(SFT, ids, mask))
     for prompt_len, completion_len in ((4, 5), (6, 3), (5, 6), (3, 2)):
         completion = torch.randint(4, 90, (completion_len,), generator=g)
-        trajectory = {
-            "prompt_ids": torch.randint(4, 90, (prompt_len,), generator=g),
-            "completion_ids": completion,
-            "completion_mask": torch.ones(completion_len),
+        trajectory = Trajectory(
+            prompt_ids=torch.randint(4, 90, (prompt_len,), generator=g),
+            completion_ids=completion,
+            completion_mask=torch.ones(completion_len),
             # log-probs around log(1/101) with noise, so ratios land on both sides of the clip range
-            "old_per_token_logps": -4.6 + 0.5 * torch.randn(completion_len, generator=g),
-            "ref_per_token_logps": -4.6 + 0.3 * torch.randn(completion_len, generator=g),
-            "advantages": torch.randn(1, generator=g).expand(completion_len).clone(),
-        }
-        rows.append(trajectory_row(trajectory))
+            old_per_token_logps=-4.6 + 0.5 * torch.randn(completion_len, generator=g),
+            ref_per_token_logps=-4.6 + 0.3 * torch.randn(completion_len, generator=g),
+            advantages=torch.randn(1, generator=g).expand(completion_len).clone(),
+        )
+        rows.append(trajectory.to_row())
     for i, row in enumerate(rows):
-        row["half"] = i % 2
+        row.half = i % 2
     return rows
 
 
-def step_info(rows: list[dict], groups: list[list[dict]], weights) -> dict:
+def step_info(rows: list[Row], groups: list[list[Row]], weights) -> StepContext:
     counts = {"tokens_pretrain": 0.0, "tokens_sft": 0.0, "tokens_rl": 0.0, "sequences_rl": 0.0}
     for row in rows:
-        n = float(row["mask"].sum())
-        key = {PRETRAIN: "tokens_pretrain", SFT: "tokens_sft", RL: "tokens_rl"}[row["objective"]]
+        n = float(row.mask.sum())
+        key = {PRETRAIN: "tokens_pretrain", SFT: "tokens_sft", RL: "tokens_rl"}[row.objective]
         counts[key] += n
-        counts["sequences_rl"] += float(row["objective"] == RL and n > 0)
-    counts["micro_batches_rl"] = float(sum(any(r["objective"] == RL for r in g) for g in groups))
-    return {
-        "weights": weights,
-        "counts": counts,
-        "probe": False,
-        "step": 0,
-        "micro_index": 0,
-        "num_micro": len(groups),
-    }
+        counts["sequences_rl"] += float(row.objective == RL and n > 0)
+    counts["micro_batches_rl"] = float(sum(any(r.objective == RL for r in g) for g in groups))
+    return StepContext(
+        weights=weights,
+        counts=counts,
+        probe=False,
+        step=0,
+        num_micro=len(groups),
+    )
 
 
-def gradient(trainer, groups: list[list[dict]], info: dict) -> dict[str, torch.Tensor]:
+def gradient(trainer, groups: list[list[Row]], info: StepContext) -> dict[str, torch.Tensor]:
     model = trainer.model
     model.zero_grad(set_to_none=True)
     pad = trainer.processing_class.pad_token_id
@@ -105,7 +104,7 @@ def test_joint_gradient_equals_weighted_sum_of_separate_gradients(
     joint = gradient(trainer, [rows], step_info(rows, [rows], weights))
     expected = None
     for o in (PRETRAIN, SFT, RL):
-        part = [r for r in rows if r["objective"] == o]
+        part = [r for r in rows if r.objective == o]
         one_hot = tuple(1.0 if i == o else 0.0 for i in range(3))
         info = step_info(rows, [rows], one_hot)  # same global counts as the joint step
         grads = gradient(trainer, [part], info)
@@ -117,7 +116,7 @@ def test_joint_gradient_equals_weighted_sum_of_separate_gradients(
     # the three terms really all contribute (no objective silently dropped)
     for o in (PRETRAIN, SFT, RL):
         info = step_info(rows, [rows], tuple(1.0 if i == o else 0.0 for i in range(3)))
-        part = [r for r in rows if r["objective"] == o]
+        part = [r for r in rows if r.objective == o]
         assert any(v.abs().sum() > 0 for v in gradient(trainer, [part], info).values())
 
 
@@ -128,11 +127,11 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path, tokenizer, suite
     weights = (0.25, 0.25, 0.5)
     big = gradient(trainer, [rows], step_info(rows, [rows], weights))
     # uneven micro-batches: one without any RL token, one with RL only, one mixed
-    pretrain = [r for r in rows if r["objective"] == PRETRAIN]
-    sft = [r for r in rows if r["objective"] == SFT]
-    rl = [r for r in rows if r["objective"] == RL]
+    pretrain = [r for r in rows if r.objective == PRETRAIN]
+    sft = [r for r in rows if r.objective == SFT]
+    rl = [r for r in rows if r.objective == RL]
     groups = [pretrain[:2] + sft[:1], rl[:3], pretrain[2:] + sft[1:] + rl[3:]]
-    assert not any(r["objective"] == RL for r in groups[0])
+    assert not any(r.objective == RL for r in groups[0])
     accumulated = gradient(trainer, groups, step_info(rows, groups, weights))
     for name in big:
         torch.testing.assert_close(accumulated[name], big[name], atol=1e-5, rtol=1e-4, msg=name)
@@ -144,7 +143,7 @@ def test_first_use_ratio_is_one_for_fresh_rollouts(tmp_path, tokenizer, suite):
     trainer.create_optimizer()  # not needed for the forward; ensures the guard installs cleanly
     trainer._generate_round(8, step=0)
     trajectories = trainer.replay.sample(8, step=0)
-    rows = [trajectory_row(t) for t in trajectories]
+    rows = [t.to_row() for t in trajectories]
     batch = collate_rows(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -285,10 +284,10 @@ def test_pad_equal_to_eos_still_trains_on_eos(tmp_path, suite):
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer), args=small_config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer
     )
-    rows = trainer._sft_pool.take(4)
+    rows = trainer.memory_pool.sft_pool.take(4)
     for row in rows:
-        eos_positions = (row["input_ids"][1:] == tokenizer.eos_token_id).nonzero().squeeze(-1)
-        assert eos_positions.numel() == 1 and row["mask"][eos_positions].item() == 1
+        eos_positions = (row.input_ids[1:] == tokenizer.eos_token_id).nonzero().squeeze(-1)
+        assert eos_positions.numel() == 1 and row.mask[eos_positions].item() == 1
 
 
 def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite):

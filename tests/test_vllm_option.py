@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import collate_rows
-from trl_trapo.memory import trajectory_row
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
 
@@ -78,7 +77,7 @@ def test_use_vllm_without_vllm_is_a_clear_error(tmp_path, suite):
 def test_use_vllm_without_rl_data_is_ignored(tmp_path, suite):
     model, tokenizer = saved_model(tmp_path)
     trainer = TRAPOTrainer(model, args=config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer)
-    assert trainer._vllm is None
+    assert trainer.rollouts.vllm is None
 
 
 class FakeVLLMGeneration:
@@ -107,7 +106,7 @@ class FakeVLLMGeneration:
 def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
     import trl.generation.vllm_generation as vllm_generation
 
-    import trl_trapo.vllm_rollouts as vllm_rollouts
+    import trl_trapo.rollout as vllm_rollouts
 
     monkeypatch.setattr(vllm_rollouts, "is_vllm_available", lambda: True)
     monkeypatch.setattr(vllm_generation, "VLLMGeneration", FakeVLLMGeneration)
@@ -134,7 +133,7 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
     assert fake.syncs == 2
     assert fake.calls[0] == (8, 4)  # 2 prompts x 4 generations, grouped
     # vLLM's completions became trajectories; behaviour log-probs are the training policy's (first-use ratio 1)
-    rows = [trajectory_row(t) for t in trainer.replay.sample(8, step=1)]
+    rows = [t.to_row() for t in trainer.replay.sample(8, step=1)]
     batch = collate_rows(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -144,7 +143,7 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
 
 
 def test_vllm_needs_a_model_that_vllm_can_load(tmp_path, suite, monkeypatch):
-    import trl_trapo.vllm_rollouts as vllm_rollouts
+    import trl_trapo.rollout as vllm_rollouts
 
     monkeypatch.setattr(vllm_rollouts, "is_vllm_available", lambda: True)
     tokenizer = build_char_tokenizer()

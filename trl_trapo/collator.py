@@ -6,6 +6,8 @@ between the objectives in the curriculum's shares with a deterministic running-d
 identically, and over many steps each objective gets exactly its share of rows even when a step is too small to
 hold every objective). [`split_micro_batches`] groups rows of similar length so padding stays small, and
 [`collate_rows`] right-pads them into tensors (generation uses left padding; training always right padding).
+[`StepContext`] is what the loss of every micro-batch needs to know about the whole step; [`plan_steps`] and
+[`StepTickets`] make the `Trainer` loop run the planned number of steps.
 
 Tensor layout of a collated micro-batch (B rows, L = longest row, T = L - 1 target positions):
 
@@ -29,11 +31,141 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
+from trl.trainer.utils import pad
+
+from .config import PRETRAIN, RL, SFT
 
 
 OPTIONAL_TOKEN_FIELDS = ("old_per_token_logps", "ref_per_token_logps", "advantages", "returns", "old_values")
+
+
+@dataclass
+class Row:
+    """One training row of any objective (L tokens, T = L - 1 target positions; per-token fields are target-aligned:
+    entry t is about predicting token t + 1)."""
+
+    objective: int  # PRETRAIN (0), SFT (1) or RL (2)
+    input_ids: torch.Tensor  # (L,) long, the tokens
+    mask: torch.Tensor  # (T,) float, 1 where predicting token t + 1 counts for the row's objective
+    old_per_token_logps: torch.Tensor | None = None  # (T,) RL: log pi_old of the sampled token (nats), 0 elsewhere
+    ref_per_token_logps: torch.Tensor | None = None  # (T,) RL with a KL term: log pi_ref (nats)
+    advantages: torch.Tensor | None = None  # (T,) RL: per-token advantage
+    returns: torch.Tensor | None = None  # (T,) RL with a critic: GAE return
+    old_values: torch.Tensor | None = None  # (T,) RL with a critic: value at sampling time
+    importance_weight: float = 1.0  # detached weight of the row's loss (prioritised SFT replay; 1 otherwise)
+    half: int | None = None  # 0 / 1: DARE probe half, assigned when the step is built
+    pool_index: int = -1  # SFT: the row's slot in the SFT pool (per-row feedback); -1 otherwise
+    temperature: float | None = None  # RL: the row's own sampling temperature (few-shot mode); None: the config's
+
+
+@dataclass
+class StepContext:
+    """What the loss of every micro-batch of one optimizer step needs to know about the whole step.
+
+    Handed to `compute_loss` through the Trainer's per-step channel (`num_items_in_batch`, which the Trainer fills
+    with the step's item count for exactly this purpose: normalising each micro-batch's loss by the whole step).
+    """
+
+    step: int  # the optimizer step (0-based) the micro-batches belong to
+    weights: tuple[float, float, float]  # loss weights w_o (pretrain, sft, rl), summing to 1
+    counts: dict[str, float]  # global counts of the step (all micro-batches, all ranks), see `step_counts`
+    probe: bool  # a DARE update step: accumulate the gradient probe
+    num_micro: int  # micro-batches of the step on this rank
+    micro_index: int = 0  # micro-batches of the step done so far
+    entropy_coef: float = 0.0  # the entropy coefficient of the step
+    kl_coef: float = 0.0  # the KL coefficient of the step
+    finished: bool = field(default=False)  # the end-of-step work has run
+
+    @property
+    def last_micro_batch(self) -> bool:
+        """Whether every micro-batch of the step has gone through the loss."""
+        return self.micro_index >= self.num_micro
+
+
+COUNT_KEYS = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
+
+
+def step_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """This rank's counts of a step's micro-batches, `(5,)` float64 in the order of `COUNT_KEYS`: tokens counted per
+    objective, RL rows with a counted token, and micro-batches holding such an RL row (sum them over ranks)."""
+    local = torch.zeros(len(COUNT_KEYS), dtype=torch.float64)
+    for batch in batches:
+        token_counts = batch["mask"].sum(-1)
+        for o in (PRETRAIN, SFT, RL):
+            local[o] += token_counts[batch["objective"] == o].sum()
+        rl_rows = (batch["objective"] == RL) & (token_counts > 0)
+        local[3] += rl_rows.sum()
+        local[4] += float(rl_rows.any())
+    return local
+
+
+class StepTickets(torch.utils.data.Dataset):
+    """The Trainer's train dataset: one placeholder item per row slot, so its epoch and step bookkeeping works.
+
+    The real rows are drawn by `TRAPOTrainer.get_batch_samples` from the three objectives' pools.
+    """
+
+    def __init__(self, length: int):
+        self.length = max(int(length), 1)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, int]:
+        return {"ticket": index}
+
+
+def ticket_collator(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Collates step tickets (the Trainer's `data_collator`)."""
+    return {"ticket": torch.tensor([f["ticket"] for f in features])}
+
+
+def plan_steps(
+    args, active: Sequence[bool], shares: Sequence[float], rl_prompts: int, sft_rows: int, pretrain_docs: int | None
+) -> tuple[int, int]:
+    """Planned optimizer steps N, and the length of the ticket dataset that makes the Trainer run N steps.
+
+    `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the RL prompts
+    (each of `total_episodes` — or `num_train_epochs` x prompts x completions per prompt — completions used
+    `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. With `total_episodes` the
+    trainer's copy of the config gets `max_steps = N` (it fixes the length of the run whatever `num_train_epochs`
+    says).
+
+    Args:
+        args ([`TRAPOConfig`]): the configuration.
+        active (`Sequence[bool]`): which objectives have data.
+        shares (`Sequence[float]`): the curriculum's time-averaged shares (pretrain, sft, rl).
+        rl_prompts (`int`): RL prompts x completions per prompt (1 with a critic, else `num_generations`).
+        sft_rows (`int`): SFT rows.
+        pretrain_docs (`int`, *optional*): map-style pretraining documents (None when streaming).
+
+    Raises:
+        ValueError: with only a streaming pretraining dataset and no `max_steps`.
+    """
+    world = max(args.world_size, 1)
+    rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
+    if args.max_steps > 0:
+        return args.max_steps, rows_per_step * args.max_steps
+    epochs = args.num_train_epochs
+    if active[RL]:
+        completions = args.total_episodes or rl_prompts * epochs
+        rows, share = completions * args.num_ppo_epochs, shares[RL]
+    elif active[SFT]:
+        rows, share = sft_rows * epochs, shares[SFT]
+    elif pretrain_docs is not None:
+        rows, share = pretrain_docs * epochs, shares[PRETRAIN]
+    else:
+        raise ValueError(
+            "With only a streaming `pretrain_dataset`, the number of steps cannot be derived: set `max_steps`."
+        )
+    total = max(math.ceil(rows / (rows_per_step * share)), 1)
+    if args.total_episodes is not None:
+        return total, rows_per_step * total
+    steps_per_epoch = max(math.ceil(total / epochs), 1)
+    return total, steps_per_epoch * rows_per_step
 
 
 class RowAllocator:
@@ -77,7 +209,7 @@ class RowAllocator:
         self.given = [int(x) for x in state["given"]]
 
 
-def split_micro_batches(rows: list[dict], num_micro_batches: int) -> list[list[dict]]:
+def split_micro_batches(rows: list[Row], num_micro_batches: int) -> list[list[Row]]:
     """Split a step's rows into `num_micro_batches` groups of (nearly) equal row counts, grouping similar lengths.
 
     Rows are sorted by length (longest first, stable) and cut into contiguous groups, which keeps padding low; a
@@ -85,13 +217,13 @@ def split_micro_batches(rows: list[dict], num_micro_batches: int) -> list[list[d
     normalised by global counts, so this does not change the gradient.
 
     Args:
-        rows (`list[dict]`): the step's rows.
+        rows (`list[Row]`): the step's rows.
         num_micro_batches (`int`): gradient-accumulation steps.
 
     Returns:
-        `list[list[dict]]`: exactly `num_micro_batches` lists (some possibly empty if there are fewer rows).
+        `list[list[Row]]`: exactly `num_micro_batches` lists (some possibly empty if there are fewer rows).
     """
-    order = sorted(rows, key=lambda r: -r["input_ids"].numel())
+    order = sorted(rows, key=lambda r: -r.input_ids.numel())
     base, extra = divmod(len(order), num_micro_batches)
     out, start = [], 0
     for i in range(num_micro_batches):
@@ -101,12 +233,11 @@ def split_micro_batches(rows: list[dict], num_micro_batches: int) -> list[list[d
     return out
 
 
-def collate_rows(rows: list[dict], pad_token_id: int) -> dict[str, torch.Tensor]:
+def collate_rows(rows: list[Row], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad rows into the micro-batch tensors described in the module docstring.
 
     Args:
-        rows (`list[dict]`): rows with `objective`, `input_ids` (L_i,), `mask` (L_i - 1,) and, for RL rows, the
-            optional per-token fields of shape (L_i - 1,).
+        rows (`list[Row]`): the rows; RL rows carry the optional per-token fields.
         pad_token_id (`int`): id written in padding positions (never used to build a mask).
 
     Returns:
@@ -117,35 +248,30 @@ def collate_rows(rows: list[dict], pad_token_id: int) -> dict[str, torch.Tensor]
     """
     if not rows:
         raise ValueError("collate_rows needs at least one row.")
-    batch_size = len(rows)
-    length = max(r["input_ids"].numel() for r in rows)
-    input_ids = torch.full((batch_size, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch_size, length), dtype=torch.long)
-    mask = torch.zeros((batch_size, length - 1), dtype=torch.float32)
-    present = [name for name in OPTIONAL_TOKEN_FIELDS if any(name in r for r in rows)]
-    fields = {name: torch.zeros((batch_size, length - 1), dtype=torch.float32) for name in present}
     for i, row in enumerate(rows):
-        n = row["input_ids"].numel()
-        if row["mask"].numel() != n - 1:
-            raise ValueError(f"Row {i}: mask has {row['mask'].numel()} entries for {n} tokens (expected {n - 1}).")
-        input_ids[i, :n] = row["input_ids"]
-        attention_mask[i, :n] = 1
-        mask[i, : n - 1] = row["mask"]
-        for name in present:
-            if name in row:
-                fields[name][i, : n - 1] = row[name]
+        if row.mask.numel() != row.input_ids.numel() - 1:
+            raise ValueError(
+                f"Row {i}: mask has {row.mask.numel()} entries for {row.input_ids.numel()} tokens "
+                f"(expected {row.input_ids.numel() - 1})."
+            )
+    input_ids = pad([r.input_ids.long() for r in rows], padding_value=pad_token_id)
     batch = {
         "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "objective": torch.tensor([int(r["objective"]) for r in rows], dtype=torch.long),
-        "mask": mask,
-        "importance_weight": torch.tensor([float(r.get("importance_weight", 1.0)) for r in rows]),
-        "half": torch.tensor([int(r.get("half", i % 2)) for i, r in enumerate(rows)], dtype=torch.long),
-        "pool_index": torch.tensor([int(r.get("pool_index", -1)) for r in rows], dtype=torch.long),
-        **fields,
+        "attention_mask": pad([torch.ones_like(r.input_ids, dtype=torch.long) for r in rows], padding_value=0),
+        "objective": torch.tensor([int(r.objective) for r in rows], dtype=torch.long),
+        "mask": pad([r.mask.float() for r in rows], padding_value=0.0),
+        "importance_weight": torch.tensor([float(r.importance_weight) for r in rows]),
+        "half": torch.tensor([i % 2 if r.half is None else int(r.half) for i, r in enumerate(rows)], dtype=torch.long),
+        "pool_index": torch.tensor([int(r.pool_index) for r in rows], dtype=torch.long),
     }
-    if any("temperature" in r for r in rows):
-        batch["temperature"] = torch.tensor([float(r.get("temperature", 0.0)) for r in rows])
+    for name in OPTIONAL_TOKEN_FIELDS:  # (B, T) each; 0 on rows without the field and on padding
+        if any(getattr(r, name) is not None for r in rows):
+            values = [
+                torch.zeros(r.mask.numel()) if getattr(r, name) is None else getattr(r, name).float() for r in rows
+            ]
+            batch[name] = pad(values, padding_value=0.0)
+    if any(r.temperature is not None for r in rows):
+        batch["temperature"] = torch.tensor([0.0 if r.temperature is None else float(r.temperature) for r in rows])
     return batch
 
 
@@ -156,10 +282,6 @@ def left_pad(sequences: list[list[int]] | list[torch.Tensor], pad_token_id: int)
         tuple `(input_ids, attention_mask)`, both shape `(B, L)`.
     """
     tensors = [torch.as_tensor(s, dtype=torch.long) for s in sequences]
-    length = max(t.numel() for t in tensors)
-    input_ids = torch.full((len(tensors), length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(tensors), length), dtype=torch.long)
-    for i, t in enumerate(tensors):
-        input_ids[i, length - t.numel() :] = t
-        attention_mask[i, length - t.numel() :] = 1
+    input_ids = pad(tensors, padding_value=pad_token_id, padding_side="left")
+    attention_mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left")
     return input_ids, attention_mask

@@ -19,6 +19,8 @@ from trl.trainer.base_config import _BaseConfig
 
 OBJECTIVES = ("pretrain", "sft", "rl")
 """The three objectives, in the order used by every per-objective list, tensor and metric."""
+PRETRAIN, SFT, RL = range(len(OBJECTIVES))
+"""Indices of the objectives in `OBJECTIVES` (and the `objective` of a training row)."""
 
 
 def _bf16_supported() -> bool:

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from datasets import Dataset, IterableDataset
 from trl.data_utils import apply_chat_template, is_conversational
 
+from .collator import Row
+from .config import PRETRAIN, SFT
+
 
 logger = logging.getLogger(__name__)
-
-PRETRAIN, SFT, RL = 0, 1, 2
 
 
 def dataset_columns(dataset: Dataset | IterableDataset) -> list[str]:
@@ -377,8 +379,8 @@ class PretrainStream:
                         self.pending.append(chunk)
         return added
 
-    def take(self, n: int) -> list[dict[str, torch.Tensor]]:
-        """The next `n` pretraining rows: `{"input_ids": (L,), "mask": (L - 1,)}` with every target counted."""
+    def take(self, n: int) -> list[Row]:
+        """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted)."""
         rows = []
         empty_fills = 0  # consecutive fills that added nothing
         while len(rows) < n:
@@ -392,7 +394,7 @@ class PretrainStream:
                     raise ValueError("`pretrain_dataset` produced no tokens: are all its 'text' values empty?")
                 continue
             ids = torch.tensor(chunk, dtype=torch.long)
-            rows.append({"objective": PRETRAIN, "input_ids": ids, "mask": torch.ones(len(chunk) - 1)})
+            rows.append(Row(PRETRAIN, ids, torch.ones(len(chunk) - 1)))
         return rows
 
     def state_dict(self) -> dict:
@@ -413,8 +415,150 @@ class PretrainStream:
             self.sampler.load_state_dict(state["sampler"])
 
 
-def sft_row(input_ids: list[int], completion_mask: list[int]) -> dict[str, torch.Tensor]:
+def sft_row(
+    input_ids: list[int], completion_mask: list[int], pool_index: int = -1, importance_weight: float = 1.0
+) -> Row:
     """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS)."""
     ids = torch.tensor(input_ids, dtype=torch.long)
     mask = torch.tensor(completion_mask[1:], dtype=torch.float32)
-    return {"objective": SFT, "input_ids": ids, "mask": mask}
+    return Row(SFT, ids, mask, pool_index=pool_index, importance_weight=importance_weight)
+
+
+@dataclass
+class PreparedData:
+    """The datasets of one run after checks and tokenisation (None: that objective has no data or weight 0)."""
+
+    rl: Dataset | None  # RL prompts with a `prompt_ids` column (and a text `prompt`)
+    sft: Dataset | None  # tokenized SFT rows: `input_ids`, `completion_mask`
+    pretrain: Dataset | IterableDataset | None  # raw `text` documents (tokenized as they are streamed)
+
+    @property
+    def active(self) -> tuple[bool, bool, bool]:
+        """Which objectives (pretrain, sft, rl) have data."""
+        return (self.pretrain is not None, self.sft is not None, self.rl is not None)
+
+
+def check_eval_dataset(eval_dataset) -> None:
+    """Raise `ValueError` before training if an eval dataset has no column TRAPO can evaluate (`prompt` /
+    `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss)."""
+    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+    for name, dataset in datasets:
+        columns = set(dataset_columns(dataset)) if dataset is not None else None
+        if columns is not None and not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
+            raise ValueError(
+                f"`{name}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
+                "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+            )
+
+
+def prepare_datasets(
+    args,
+    tokenizer,
+    train_dataset: Dataset | None,
+    sft_dataset: Dataset | None,
+    pretrain_dataset: Dataset | IterableDataset | None,
+    eval_dataset,
+    max_positions: int | None,
+    has_rewards: bool,
+    has_critic: bool,
+) -> PreparedData:
+    """Check and tokenise the datasets of a run, before anything is trained.
+
+    Args:
+        args ([`TRAPOConfig`]): lengths, weights and chat-template arguments.
+        tokenizer: the policy's tokenizer.
+        train_dataset, sft_dataset, pretrain_dataset, eval_dataset: as given to the trainer.
+        max_positions (`int`, *optional*): the model's context (`max_position_embeddings`).
+        has_rewards (`bool`): whether any reward function or model was given.
+        has_critic (`bool`): whether a value model was given.
+
+    Raises:
+        ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
+            that stream or exceed `max_prompt_length` / the context, RL prompts without a reward, SFT / pretraining
+            lengths beyond the context, an eval set TRAPO cannot evaluate, no objective with data, or group-relative
+            advantages with fewer than 2 completions per prompt.
+    """
+    config_name = type(args).__name__
+    template_kwargs = args.chat_template_kwargs or {}
+    rl = sft = pretrain = None
+    if train_dataset is not None and args.rl_weight > 0:
+        if isinstance(train_dataset, IterableDataset):
+            raise ValueError(
+                "`train_dataset` (RL prompts) is an IterableDataset, but prompts are sampled by index and "
+                "checked for length before training: pass a map-style `Dataset` (e.g. "
+                "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
+            )
+        check_prompt_dataset(train_dataset)
+        if not has_rewards:
+            raise ValueError(
+                "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
+                "`reward_model`, or set rl_weight=0 to train without RL."
+            )
+        rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs)
+        longest = max(len(ids) for ids in rl["prompt_ids"])
+        if max_positions is not None and longest + args.response_length > max_positions:
+            raise ValueError(
+                f"The longest prompt ({longest} tokens) + response_length={args.response_length} exceeds the "
+                f"model's context of {max_positions} positions. Lower `response_length` or filter long prompts."
+            )
+    if sft_dataset is not None and args.sft_weight > 0:
+        check_sft_dataset(sft_dataset)
+        sft = tokenize_sft_dataset(sft_dataset, tokenizer, args.sft_max_length, template_kwargs)
+        longest = max((len(ids) for ids in sft["input_ids"]), default=0)
+        if max_positions is not None and longest > max_positions:
+            raise ValueError(
+                f"{config_name}.sft_max_length={args.sft_max_length} lets SFT rows of {longest} tokens through, "
+                f"beyond the model's context of {max_positions} positions: set sft_max_length <= {max_positions}."
+            )
+    if (
+        pretrain_dataset is not None
+        and args.pretrain_weight > 0
+        and max_positions is not None
+        and args.pretrain_max_length > max_positions
+    ):
+        raise ValueError(
+            f"{config_name}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
+            f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
+        )
+    check_eval_dataset(eval_dataset)
+    if pretrain_dataset is not None and args.pretrain_weight > 0:
+        check_pretrain_dataset(pretrain_dataset)
+        pretrain = pretrain_dataset
+    data = PreparedData(rl=rl, sft=sft, pretrain=pretrain)
+    if not any(data.active):
+        raise ValueError(
+            "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
+            "`sft_dataset` or `pretrain_dataset`, with a weight > 0 (pretrain_weight / sft_weight / rl_weight)."
+        )
+    if data.rl is not None and not has_critic and args.num_generations < 2:
+        raise ValueError(
+            f"{config_name}.num_generations={args.num_generations}: without a value_model, advantages are "
+            "group-relative and need at least 2 completions per prompt. Set num_generations >= 2 or pass a "
+            "value_model."
+        )
+    return data
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Raise before training if the policy's tokenizer lacks an EOS or pad token; warn when pad equals EOS.
+
+    Raises:
+        ValueError: naming the fix, when `eos_token_id` or `pad_token_id` is None.
+    """
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ValueError(
+            "`processing_class` has no EOS token (eos_token_id is None); TRAPO needs one to end completions and "
+            "separate pretraining documents. Set `tokenizer.eos_token`."
+        )
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "`processing_class.pad_token` is None. Set one before creating the trainer, e.g. "
+            "`tokenizer.pad_token = tokenizer.eos_token` (safe with TRAPO: its masks come from lengths, never from "
+            "the pad id) or add a dedicated pad token and resize the model's embeddings."
+        )
+    if tokenizer.pad_token_id == tokenizer.eos_token_id:
+        logger.warning(
+            "The tokenizer's pad token is its EOS token (id %d). TRAPO builds every mask from sequence lengths, "
+            "so EOS tokens are still trained on and rewards are still read at the EOS.",
+            tokenizer.eos_token_id,
+        )

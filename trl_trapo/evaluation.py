@@ -1,30 +1,45 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Held-out metrics computed directly (the `evaluate` library's metrics live on the Hub and do not load offline).
+"""Evaluation: held-out metrics computed directly (the `evaluate` library's metrics live on the Hub and do not load
+offline), by the format of the held-out data ([`Evaluator`]):
 
-- language-modelling loss of a `text` dataset (documents chunked on their own, EOS appended): the pretraining-corpus
-  loss whose rise measures forgetting;
-- SFT loss of a prompt-completion / `messages` dataset (completion tokens only);
-- greedy-decoding rewards of a prompt-only dataset are computed by `TRAPOTrainer.evaluate` with its reward functions
-  (for an exact-match reward, the mean reward is the exact-match accuracy).
+- prompt-only (`prompt` / `input_ids`): greedy completions scored by the reward functions (for an exact-match reward
+  the mean reward is the exact-match accuracy);
+- `text`: language-modelling loss (documents chunked on their own, EOS appended) — the pretraining-corpus loss whose
+  rise measures forgetting;
+- prompt-completion / `messages`: SFT loss (completion tokens only).
 
-All losses are natural-log NLL per counted token (nats/token).
+All losses are natural-log NLL per counted token (nats/token). Also TRL 1.12 `PPOTrainer`'s sample table
+(`completions_table`).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
 import torch
 from torch import nn
-from trl.trainer.utils import selective_log_softmax
+from transformers import GenerationConfig
+from trl.trainer.utils import print_prompt_completions_sample, selective_log_softmax
 
-from .collator import collate_rows
-from .data import PRETRAIN, sft_row
+from .collator import Row, collate_rows
+from .config import PRETRAIN
+from .data import dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
+from .distributed import generation_synced_gpus
+from .rewards import RewardScorer
+from .rollout import generate
 
 
-def document_rows(texts: list[str], tokenizer, max_length: int) -> list[dict[str, torch.Tensor]]:
+logger = logging.getLogger(__name__)
+
+
+def document_rows(texts: list[str], tokenizer, max_length: int) -> list[Row]:
     """Each document (+ EOS) cut into rows of at most `max_length` tokens; every target counts.
 
     Returns:
-        `list[dict]`: rows with `input_ids` `(L,)` and `mask` `(L - 1,)`.
+        `list[Row]`: rows with `input_ids` `(L,)` and `mask` `(L - 1,)`.
     """
     rows = []
     eos = tokenizer.eos_token_id
@@ -33,26 +48,22 @@ def document_rows(texts: list[str], tokenizer, max_length: int) -> list[dict[str
         for start in range(0, len(ids), max_length):
             chunk = ids[start : start + max_length]
             if len(chunk) >= 2:
-                rows.append(
-                    {"objective": PRETRAIN, "input_ids": torch.tensor(chunk), "mask": torch.ones(len(chunk) - 1)}
-                )
+                rows.append(Row(PRETRAIN, torch.tensor(chunk), torch.ones(len(chunk) - 1)))
     return rows
 
 
-def sft_rows(tokenized) -> list[dict[str, torch.Tensor]]:
+def sft_rows(tokenized) -> list[Row]:
     """Rows of a dataset tokenised by `tokenize_sft_dataset`."""
     return [sft_row(ids, mask) for ids, mask in zip(tokenized["input_ids"], tokenized["completion_mask"])]
 
 
 @torch.no_grad()
-def nll_sum(
-    model: nn.Module, rows: list[dict[str, torch.Tensor]], pad_token_id: int, batch_size: int = 32
-) -> tuple[float, float]:
+def nll_sum(model: nn.Module, rows: list[Row], pad_token_id: int, batch_size: int = 32) -> tuple[float, float]:
     """Sum of the NLL (nats) over the counted tokens of `rows`, and their number.
 
     Args:
         model (`nn.Module`): a causal LM.
-        rows (`list[dict]`): rows with `input_ids` `(L,)` and target-aligned `mask` `(L - 1,)`.
+        rows (`list[Row]`): rows with `input_ids` `(L,)` and target-aligned `mask` `(L - 1,)`.
         pad_token_id (`int`): padding id.
         batch_size (`int`): rows per forward.
 
@@ -61,7 +72,7 @@ def nll_sum(
     """
     device = next(model.parameters()).device
     total, count = 0.0, 0.0
-    ordered = sorted(rows, key=lambda r: r["input_ids"].numel())
+    ordered = sorted(rows, key=lambda r: r.input_ids.numel())
     for start in range(0, len(ordered), batch_size):
         batch = collate_rows(ordered[start : start + batch_size], pad_token_id)
         input_ids = batch["input_ids"].to(device)
@@ -71,3 +82,219 @@ def nll_sum(
         total += float(-(logps * mask).sum())
         count += float(mask.sum())
     return total, count
+
+
+class Evaluator:
+    """Evaluates held-out data by its format (see the module docstring), on every rank's shard, reduced over ranks.
+
+    Args:
+        args ([`TRAPOConfig`]): lengths and batch sizes (read only).
+        tokenizer: the policy's tokenizer.
+        scorer ([`~trl_trapo.rewards.RewardScorer`]): scores greedy completions.
+        accelerator: the Trainer's `Accelerator`.
+        unwrapped_policy (`Callable[[bool], AbstractContextManager[nn.Module]]`): enters a context holding the policy
+            unwrapped for generation, in eval mode; its argument says whether to gather ZeRO-3 weights (collective).
+        generation_config (`GenerationConfig`): the rollout config; evaluation uses it greedily.
+        stop_token_id (`int`, *optional*): completions are cut after it.
+    """
+
+    def __init__(
+        self,
+        args,
+        tokenizer,
+        scorer: RewardScorer,
+        accelerator,
+        unwrapped_policy: Callable[[bool], AbstractContextManager[nn.Module]],
+        generation_config: GenerationConfig,
+        stop_token_id: int | None,
+    ):
+        self.args = args
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+        self.accelerator = accelerator
+        self.unwrapped_policy = unwrapped_policy
+        self.generation_config = generation_config
+        self.stop_token_id = stop_token_id
+
+    def greedy_generation_config(self) -> GenerationConfig:
+        """The rollout config with sampling off (no temperature / top-k / top-p)."""
+        greedy = GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False})
+        greedy.temperature = greedy.top_p = greedy.top_k = None
+        return greedy
+
+    # ---- TRL 1.12 PPOTrainer's sample table -------------------------------------------------------------------------
+    @torch.no_grad()
+    def completions_table(self, dataset, step: int, sampling: bool = False) -> list[dict[str, Any]]:
+        """Greedy completions of the prompts of `dataset` with their scores, printed as a table (and logged to W&B /
+        Trackio when they are in `report_to`), as TRL 1.12's `PPOTrainer.generate_completions` did.
+
+        Args:
+            dataset (`Dataset` or `dict[str, Dataset]`): eval prompts (the first dataset of a dict).
+            step (`int`): the optimizer step, for the table's title.
+            sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
+
+        Returns:
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without prompts).
+        """
+        if isinstance(dataset, dict):
+            dataset = next(iter(dataset.values()), None)
+        if dataset is None or not ({"prompt", "input_ids"} & set(dataset_columns(dataset))):
+            return []
+        args = self.args
+        if sampling:
+            dataset = dataset.select(range(min(len(dataset), args.per_device_eval_batch_size)))
+        tokenized = tokenize_prompt_dataset(
+            dataset, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs, "eval_dataset"
+        )
+        examples = [tokenized[i] for i in range(len(tokenized))]
+        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+        with self.unwrapped_policy(args.ds3_gather_for_generation) as policy:
+            generated = generate(
+                policy,
+                [p.tolist() for p in prompt_ids],
+                self.greedy_generation_config(),
+                self.tokenizer.pad_token_id,
+                self.stop_token_id,
+                1.0,
+                batch_size=args.per_device_eval_batch_size,
+                record_logps=False,
+            )
+        scores, _ = self.scorer.score(examples, prompt_ids, generated["completion_ids"])
+        completions = self.tokenizer.batch_decode(generated["completion_ids"], skip_special_tokens=True)
+        table = [
+            {"prompt": e["prompt"], "completion": c, "score": float(s)}
+            for e, c, s in zip(examples, completions, scores.tolist())
+        ]
+        if self.accelerator.is_main_process:
+            self._report_table(table, completions, scores, step)
+        return table
+
+    def _report_table(self, table: list[dict], completions: list[str], scores: torch.Tensor, step: int) -> None:
+        try:
+            print_prompt_completions_sample(
+                [r["prompt"] for r in table], completions, {"score": scores.tolist()}, None, step, 5
+            )
+        except ImportError:  # `rich` is optional
+            for row in table[:5]:
+                logger.info("step %d | %r -> %r (score %.4f)", step, *row.values())
+        report_to = self.args.report_to or []
+        if "wandb" in report_to:
+            import wandb
+
+            if wandb.run is not None:
+                wandb.log({"completions": wandb.Table(columns=list(table[0]), rows=[list(r.values()) for r in table])})
+        if "trackio" in report_to:
+            import trackio
+
+            trackio.log({"completions": trackio.Table(columns=list(table[0]), data=[list(r.values()) for r in table])})
+
+    # ---- held-out metrics -------------------------------------------------------------------------------------------
+    def evaluate(self, dataset, prefix: str) -> dict[str, float]:
+        """Metrics of one held-out dataset, by its format (see the module docstring).
+
+        - prompt-only: `<prefix>_reward` (weighted, mean over completions with a reward), `<prefix>_rewards/<name>`,
+          `<prefix>_completion_length`; with a `split` column, also `<prefix>_reward_<split>` per split;
+        - `text`: `<prefix>_pretrain_loss` (nats/token, documents chunked to `pretrain_max_length`);
+        - prompt-completion / `messages`: `<prefix>_sft_loss` (nats per completion token).
+
+        Collective: every rank must call it (its shard may be empty).
+
+        Raises:
+            ValueError: if the dataset's format is none of the above.
+        """
+        columns = dataset_columns(dataset)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
+        args, pad_id = self.args, self.tokenizer.pad_token_id
+        # every rank enters (gathering ZeRO-3 weights is collective), so shards may hold different numbers of rows
+        with self.unwrapped_policy(True) as policy:
+            if "text" in columns:
+                rows = document_rows(shard["text"], self.tokenizer, args.pretrain_max_length)
+                sums = self._reduce_floats(nll_sum(policy, rows, pad_id, args.per_device_eval_batch_size))
+                return {f"{prefix}_pretrain_loss": sums[0] / max(sums[1], 1.0)}
+            if "completion" in columns or "messages" in columns:
+                tokenized = (
+                    tokenize_sft_dataset(shard, self.tokenizer, args.sft_max_length, args.chat_template_kwargs)
+                    if len(shard)
+                    else None
+                )
+                total = (
+                    nll_sum(policy, sft_rows(tokenized), pad_id, args.per_device_eval_batch_size)
+                    if tokenized
+                    else (0.0, 0.0)
+                )
+                sums = self._reduce_floats(total)
+                return {f"{prefix}_sft_loss": sums[0] / max(sums[1], 1.0)}
+            if "prompt" in columns or "input_ids" in columns:
+                return self._evaluate_prompts(shard, prefix, policy)
+        raise ValueError(
+            f"Cannot evaluate a dataset with columns {columns}: expected 'prompt' (greedy rewards), 'text' "
+            "(pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+        )
+
+    def _reduce_floats(self, values) -> list[float]:
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.accelerator.device)
+        return self.accelerator.reduce(tensor, reduction="sum").cpu().tolist()
+
+    @torch.no_grad()
+    def _evaluate_prompts(self, shard, prefix: str, policy: nn.Module) -> dict[str, float]:
+        args = self.args
+        names = self.scorer.names
+        splits = sorted(set(shard["split"])) if "split" in dataset_columns(shard) and len(shard) else []
+        all_splits = self._gather_strings(splits)
+        sums: dict[str, float] = {"n": 0.0, "scored": 0.0, "reward": 0.0, "length": 0.0}
+        for name in names:
+            sums[f"r/{name}"] = sums[f"c/{name}"] = 0.0
+        for split in all_splits:
+            sums[f"s/{split}"] = sums[f"sc/{split}"] = 0.0
+        if len(shard):
+            tokenized = tokenize_prompt_dataset(
+                shard, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs, name="eval_dataset"
+            )
+            examples = [tokenized[i] for i in range(len(tokenized))]
+            prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+            generated = generate(
+                policy,
+                [p.tolist() for p in prompt_ids],
+                self.greedy_generation_config(),
+                self.tokenizer.pad_token_id,
+                self.stop_token_id,
+                1.0,
+                batch_size=args.per_device_eval_batch_size,
+                record_logps=False,
+                synced_gpus=generation_synced_gpus(self.accelerator, gathered=True),
+            )
+            scores, per_func = self.scorer.score(examples, prompt_ids, generated["completion_ids"])
+            valid = ~torch.isnan(scores)
+            sums["n"] = float(len(examples))
+            sums["scored"] = float(valid.sum())
+            sums["reward"] = float(torch.nan_to_num(scores, nan=0.0).sum())
+            sums["length"] = float(sum(c.numel() for c in generated["completion_ids"]))
+            for i, name in enumerate(names):
+                column = per_func[:, i]
+                sums[f"r/{name}"] = float(torch.nan_to_num(column, nan=0.0).sum())
+                sums[f"c/{name}"] = float((~torch.isnan(column)).sum())
+            if splits:
+                for split, score in zip(tokenized["split"], scores.tolist()):
+                    if score == score:  # not NaN
+                        sums[f"s/{split}"] += score
+                        sums[f"sc/{split}"] += 1.0
+        keys = sorted(sums)
+        reduced = dict(zip(keys, self._reduce_floats([sums[k] for k in keys])))
+        metrics = {
+            f"{prefix}_reward": reduced["reward"] / max(reduced["scored"], 1.0),
+            f"{prefix}_completion_length": reduced["length"] / max(reduced["n"], 1.0),
+        }
+        for name in names:
+            if reduced[f"c/{name}"]:
+                metrics[f"{prefix}_rewards/{name}"] = reduced[f"r/{name}"] / reduced[f"c/{name}"]
+        for split in all_splits:
+            metrics[f"{prefix}_reward_{split}"] = reduced[f"s/{split}"] / max(reduced[f"sc/{split}"], 1.0)
+        return metrics
+
+    def _gather_strings(self, values: list[str]) -> list[str]:
+        if self.accelerator.num_processes == 1:
+            return sorted(values)
+        from accelerate.utils import gather_object
+
+        return sorted(set(gather_object(list(values))))

@@ -319,16 +319,16 @@ class FewShotController:
         self._round = ids[keep]
         return [candidates[i] for i in keep.tolist()]
 
-    def observe_rollouts(self, scores: torch.Tensor, trajectories: list[dict]) -> None:
+    def observe_rollouts(self, scores: torch.Tensor, trajectories: list) -> None:
         """Stamp each trajectory with its sampling temperature; fold the round's scores into the prototypes.
 
         Args:
             scores (`torch.Tensor`): `(B,)` scores of the round's completions (NaN = no reward), prompts repeated in
                 consecutive groups as generated.
-            trajectories (`list[dict]`): the round's trajectories (completions with a score), stamped in place.
+            trajectories (`list[Trajectory]`): the round's trajectories (completions with a score), stamped in place.
         """
         for trajectory in trajectories:
-            trajectory["temperature"] = self.temperature
+            trajectory.temperature = self.temperature
         if self._round is None or scores.numel() % max(self._round.numel(), 1):
             self._round = None
             return
@@ -380,7 +380,7 @@ class FewShotController:
         need = self.prototypes.need("sft")
         if need.numel() == 0:
             return rows[:n]
-        assigned = self.sft_assignment[torch.tensor([int(r["pool_index"]) for r in rows])]
+        assigned = self.sft_assignment[torch.tensor([r.pool_index for r in rows])]
         row_need = torch.where(assigned >= 0, need[assigned.clamp(min=0)], need.mean())
         keep = gumbel_top_k(self.strength * row_need, n, self.generator).sort().values
         return [rows[i] for i in keep.tolist()]

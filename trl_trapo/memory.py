@@ -16,19 +16,18 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 import torch
 import zstandard
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from .data import RL, SFT
+from .collator import Row
+from .config import RL
 
 
 logger = logging.getLogger(__name__)
-
-# Per-completion-token tensors a trajectory may carry, all shape (C,).
-TOKEN_FIELDS = ("completion_mask", "old_per_token_logps", "ref_per_token_logps", "advantages", "returns", "old_values")
 
 
 def compress_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -41,36 +40,87 @@ def decompress_tensors(blob: bytes) -> dict[str, torch.Tensor]:
     return safetensors_load(zstandard.ZstdDecompressor().decompress(blob))
 
 
-def trajectory_nbytes(trajectory: dict) -> int:
-    """Host-memory bytes held by a trajectory's tensors."""
-    return sum(v.numel() * v.element_size() for v in trajectory.values() if isinstance(v, torch.Tensor))
+@dataclass
+class Trajectory:
+    """One RL rollout as the replay buffer stores it (P prompt tokens, C completion tokens)."""
+
+    prompt_ids: torch.Tensor  # (P,) long, the prompt's tokens
+    completion_ids: torch.Tensor  # (C,) long, the sampled tokens up to and including the stop token
+    completion_mask: torch.Tensor  # (C,) float, 1 where the token counts in the loss
+    old_per_token_logps: torch.Tensor  # (C,) log pi_old(y_t | prompt, y_<t) at sampling, nats (temperature-scaled)
+    advantages: torch.Tensor  # (C,) per-token advantage
+    ref_per_token_logps: torch.Tensor | None = None  # (C,) log pi_ref(y_t | ...), nats; with a KL term
+    returns: torch.Tensor | None = None  # (C,) GAE return; with a critic
+    old_values: torch.Tensor | None = None  # (C,) critic value at sampling; with a critic
+    temperature: float | None = None  # its own sampling temperature (few-shot mode); None: the configured one
+    importance_weight: float = 1.0  # detached weight of its RL loss
+    uses: int = 0  # times served so far (set by the replay buffer when it serves it)
+    age: int = 0  # optimizer steps since it was generated (set when served)
+
+    TENSOR_FIELDS = (
+        "prompt_ids",
+        "completion_ids",
+        "completion_mask",
+        "old_per_token_logps",
+        "advantages",
+        "ref_per_token_logps",
+        "returns",
+        "old_values",
+    )
+    EXTRA_FIELDS = ("temperature", "importance_weight")
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tensor fields that are set (what the buffer stores, compresses and checkpoints)."""
+        return {name: getattr(self, name) for name in self.TENSOR_FIELDS if getattr(self, name) is not None}
+
+    def extras(self) -> dict:
+        """The JSON fields that differ from their defaults."""
+        out = {}
+        if self.temperature is not None:
+            out["temperature"] = float(self.temperature)
+        if self.importance_weight != 1.0:
+            out["importance_weight"] = float(self.importance_weight)
+        return out
+
+    @classmethod
+    def from_parts(cls, tensors: dict[str, torch.Tensor], extras: dict, uses: int = 0, age: int = 0) -> Trajectory:
+        """The trajectory of stored `tensors` and `extras`."""
+        return cls(**tensors, **{k: v for k, v in extras.items() if k in cls.EXTRA_FIELDS}, uses=uses, age=age)
+
+    def nbytes(self) -> int:
+        """Host-memory bytes held by its tensors."""
+        return trajectory_nbytes(self.tensors())
+
+    def to_row(self) -> Row:
+        """The training row: `input_ids` (P + C,), and the mask and per-token fields placed at the target positions
+        P - 1 ... P + C - 2 (0 elsewhere)."""
+        p, c = self.prompt_ids.numel(), self.completion_ids.numel()
+        length = p + c - 1
+
+        def targets(value: torch.Tensor | None) -> torch.Tensor | None:
+            if value is None:
+                return None
+            full = torch.zeros(length, dtype=torch.float32)
+            full[p - 1 :] = value.float()
+            return full
+
+        return Row(
+            RL,
+            torch.cat([self.prompt_ids, self.completion_ids]),
+            targets(self.completion_mask),
+            old_per_token_logps=targets(self.old_per_token_logps),
+            ref_per_token_logps=targets(self.ref_per_token_logps),
+            advantages=targets(self.advantages),
+            returns=targets(self.returns),
+            old_values=targets(self.old_values),
+            importance_weight=float(self.importance_weight),
+            temperature=None if self.temperature is None else float(self.temperature),
+        )
 
 
-def trajectory_row(trajectory: dict) -> dict[str, torch.Tensor]:
-    """Turn a stored trajectory into a training row with target-aligned per-token tensors.
-
-    Args:
-        trajectory (`dict`): `prompt_ids` (P,), `completion_ids` (C,) and the `TOKEN_FIELDS` present, shape (C,).
-
-    Returns:
-        `dict`: `input_ids` (P + C,), `mask` (P + C - 1,) 1 on completion targets that count, and each token field
-        placed at target positions P - 1 ... P + C - 2 (0 elsewhere).
-    """
-    prompt, completion = trajectory["prompt_ids"], trajectory["completion_ids"]
-    p, c = prompt.numel(), completion.numel()
-    length = p + c - 1
-    row = {"objective": RL, "input_ids": torch.cat([prompt, completion])}
-    for name in TOKEN_FIELDS:
-        value = trajectory.get(name)
-        if value is None:
-            continue
-        full = torch.zeros(length, dtype=torch.float32)
-        full[p - 1 :] = value.float()
-        row["mask" if name == "completion_mask" else name] = full
-    row["importance_weight"] = torch.tensor(float(trajectory.get("importance_weight", 1.0)))
-    if trajectory.get("temperature") is not None:  # the trajectory's own sampling temperature (few-shot mode)
-        row["temperature"] = float(trajectory["temperature"])
-    return row
+def trajectory_nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Host-memory bytes held by a dict of tensors."""
+    return sum(v.numel() * v.element_size() for v in tensors.values())
 
 
 class ReplayBuffer:
@@ -145,15 +195,14 @@ class ReplayBuffer:
             self.max_bytes is not None and self.nbytes >= self.compress_threshold * self.max_bytes
         )
 
-    def add(self, trajectories: list[dict], step: int) -> None:
+    def add(self, trajectories: list[Trajectory], step: int) -> None:
         """Store trajectories born at optimizer step `step`, evicting the oldest beyond either capacity.
 
         Raises:
             ValueError: if a single trajectory is larger than `max_bytes` even compressed.
         """
         for trajectory in trajectories:
-            tensors = {k: v for k, v in trajectory.items() if isinstance(v, torch.Tensor)}
-            extras = {k: v for k, v in trajectory.items() if not isinstance(v, torch.Tensor)}
+            tensors, extras = trajectory.tensors(), trajectory.extras()
             nbytes = trajectory_nbytes(tensors)
             blob = None
             if self._should_compress() or (self.max_bytes is not None and nbytes > self.max_bytes):
@@ -201,15 +250,14 @@ class ReplayBuffer:
         self._expire(step)
         return sum(len(bucket) for bucket in self._buckets)
 
-    def _materialise(self, item: dict) -> dict:
-        tensors = item["tensors"] if item["blob"] is None else decompress_tensors(item["blob"])
-        return {**item["extras"], **tensors}
+    def _tensors(self, item: dict) -> dict[str, torch.Tensor]:
+        return item["tensors"] if item["blob"] is None else decompress_tensors(item["blob"])
 
-    def sample(self, n: int, step: int) -> list[dict]:
+    def sample(self, n: int, step: int) -> list[Trajectory]:
         """Serve `n` trajectories, least used first (random among equals), and count the use.
 
         Returns:
-            `list[dict]`: the trajectories, each with `uses` (after this one) and `age` (optimizer steps) added.
+            `list[Trajectory]`: the trajectories, each with `uses` (after this one) and `age` (optimizer steps) set.
 
         Raises:
             ValueError: if fewer than `n` trajectories are available.
@@ -231,7 +279,7 @@ class ReplayBuffer:
             self._total_uses += 1
             if item["uses"] < self.max_uses:
                 self._buckets[item["uses"]][key] = None
-            out.append({**self._materialise(item), "uses": item["uses"], "age": step - item["birth"]})
+            out.append(Trajectory.from_parts(self._tensors(item), item["extras"], item["uses"], step - item["birth"]))
         return out
 
     def metrics(self, step: int) -> dict[str, float]:
@@ -257,8 +305,8 @@ class ReplayBuffer:
             tuple `(meta, tensors)`.
         """
         items = list(self._items.values())
-        datas = [self._materialise(item) for item in items]
-        fields = sorted({k for data in datas for k, v in data.items() if isinstance(v, torch.Tensor)})
+        datas = [self._tensors(item) for item in items]
+        fields = sorted({k for data in datas for k in data})
         tensors: dict[str, torch.Tensor] = {}
         for name in fields:
             if any(name not in data for data in datas):
@@ -345,13 +393,4 @@ class ReplayBuffer:
 from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy  # noqa: E402
 
 
-__all__ = [
-    "ReplayBuffer",
-    "SFTPool",
-    "PrioritizedSFTPool",
-    "SumMinTree",
-    "sft_priority_proxy",
-    "trajectory_row",
-    "TOKEN_FIELDS",
-    "SFT",
-]
+__all__ = ["ReplayBuffer", "Trajectory", "SFTPool", "PrioritizedSFTPool", "SumMinTree", "sft_priority_proxy"]

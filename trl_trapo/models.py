@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Sequence
 
 import torch
@@ -156,6 +157,29 @@ class ReferencePolicy:
             for name, param in params.items():
                 if source in name:
                     params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
+
+
+def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:
+    """A frozen reference policy, without deep-copying a model that ZeRO-3 may already have partitioned.
+
+    Raises:
+        ValueError: under ZeRO-3, when the policy is neither partitioned-and-rebuildable nor loadable by id.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    from .distributed import zero3_reference_copy
+
+    if is_deepspeed_zero3_enabled():
+        if not model_id or not (os.path.isdir(model_id) or "/" in model_id or not os.path.exists(model_id)):
+            if any(hasattr(p, "ds_id") for p in model.parameters()):  # partitioned, e.g. built from a config
+                return zero3_reference_copy(model)  # rebuilt from the config, filled parameter by parameter
+            raise ValueError(
+                "Under DeepSpeed ZeRO-3 the reference model cannot be deep-copied from the (partitioned) policy; "
+                "pass `ref_model` explicitly or pass `model` as a model id / path."
+            )
+        return AutoModelForCausalLM.from_pretrained(model_id, **(model_init_kwargs or {}))
+    return copy.deepcopy(model)
 
 
 def add_frozen_adapter_copy(peft_model, source: str, name: str = REF_ADAPTER) -> str:

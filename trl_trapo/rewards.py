@@ -1,5 +1,11 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Reward functions with TRL's reward-function signature, and the registry the main job picks them from.
+"""Rewards: scoring completions with reward functions and reward models, and the reward functions we ship.
+
+[`RewardScorer`] is what rollouts and evaluation call: it holds the reward functions (TRL's callable contract, sync
+or async) and sequence-classification reward models, checks the functions once before training, and turns a batch
+of completions into one weighted score per completion. Async reward functions run on one long-lived event loop in a
+daemon thread (as TRL's GRPO does), so a function may keep loop-bound state (a semaphore, a client) between calls,
+and the trainer can be built inside a running event loop (a notebook).
 
 `numeric_answer_reward` parses GSM8K-style answers (`... #### 72`) with `math-verify` using a plain-number
 extraction config. TRL's `accuracy_reward` expects LaTeX and returns 0 or None on `#### 72`.
@@ -7,11 +13,24 @@ extraction config. TRL's `accuracy_reward` expects LaTeX and returns 0 or None o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import atexit
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from torch import nn
+from trl.data_utils import is_conversational
+from trl.trainer.utils import (
+    get_callable_name,
+    is_async_callable,
+    shutdown_event_loop_in_daemon,
+    start_event_loop_in_daemon,
+)
 
+from .models import reward_model_scores
 from .tasks import exact_match_reward
 
 
@@ -65,3 +84,251 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float | None]]] = {
     "numeric_answer": numeric_answer_reward,
 }
 """Reward functions selectable by name from the main job's `--reward_funcs`."""
+
+
+def reward_function_name(func: Callable | nn.Module) -> str:
+    """A readable name of a reward function (TRL's `get_callable_name`: `functools.partial` unwrapped, a callable
+    object's class name) or reward model (the last part of its `name_or_path`), for metrics and errors."""
+    if isinstance(func, nn.Module):
+        config = getattr(func, "config", None)
+        return str(getattr(config, "_name_or_path", "") or type(func).__name__).split("/")[-1] or "reward_model"
+    return get_callable_name(func)
+
+
+def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
+    """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
+
+    Args:
+        func (`Callable`): the reward function (sync or async).
+        name (`str`): its name, for errors.
+        expected (`int`): the number of completions.
+        kwargs (`dict`): the call's keyword arguments.
+        loop (`asyncio.AbstractEventLoop`, *optional*): the running loop async functions are scheduled on (required
+            for an async function).
+
+    Raises:
+        RuntimeError: naming the function, if it raises.
+        ValueError: naming the function, if it returns the wrong number of rewards, a non-number or an infinite one.
+    """
+    try:
+        if is_async_callable(func):
+            if loop is None:
+                raise RuntimeError("an async reward function needs the scorer's event loop")
+            output = asyncio.run_coroutine_threadsafe(func(**kwargs), loop).result()
+        else:
+            output = func(**kwargs)
+    except Exception as error:  # re-raised with the function's name and the fix
+        raise RuntimeError(
+            f"Reward function '{name}' raised {type(error).__name__}: {error}. Reward functions are called as "
+            "func(prompts=..., completions=..., completion_ids=..., **dataset_columns, trainer_state=..., "
+            "log_metric=..., log_extra=...) and must return one float (or None) per completion."
+        ) from error
+    try:
+        values = [math.nan if r is None else float(r) for r in output]
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"Reward function '{name}' must return a list of floats (or None for 'no reward'), got {output!r:.200}."
+        ) from error
+    if any(math.isinf(v) for v in values):
+        raise ValueError(f"Reward function '{name}' returned an infinite reward; return finite numbers (or None).")
+    if len(values) != expected:
+        raise ValueError(
+            f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must return "
+            "exactly one reward per completion."
+        )
+    return values
+
+
+class RewardScorer:
+    """Scores completions with reward functions and reward models; one weighted score per completion.
+
+    Args:
+        funcs (`list`): reward functions (TRL's contract, sync or async) and sequence-classification reward models
+            (`num_labels=1`, frozen), in the order of `weights`.
+        processing_classes (`list`): one tokenizer per entry of `funcs` (None for functions).
+        weights (`Sequence[float]`): one weight per entry; the score is sum_f w_f * r_f over the rewards that are
+            not None (NaN when every reward of a completion is None: "no reward for this sample").
+        tokenizer: the policy's tokenizer (decodes completions; reward models with the same vocabulary read the
+            policy's token ids directly).
+        batch_size (`int`): rows per reward-model forward.
+        log_metric (`Callable[[str, float], None]`), log_extra (`Callable[[str, list], None]`): what a reward
+            function's `log_metric` / `log_extra` arguments call.
+        trainer_state (`Callable[[], Any]`): returns the Trainer's state, passed as `trainer_state`.
+    """
+
+    def __init__(
+        self,
+        funcs: list,
+        processing_classes: list,
+        weights: Sequence[float],
+        tokenizer,
+        batch_size: int,
+        log_metric: Callable[[str, float], None],
+        log_extra: Callable[[str, list], None],
+        trainer_state: Callable[[], Any],
+    ):
+        self.funcs = list(funcs)
+        self.names = [reward_function_name(f) for f in self.funcs]
+        self.processing_classes = list(processing_classes)
+        self.weights = torch.tensor(list(weights), dtype=torch.float32)
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.log_metric, self.log_extra, self.trainer_state = log_metric, log_extra, trainer_state
+        self._same_vocabulary: dict[int, bool] = {}
+        self.loop = self._thread = None
+        if any(not isinstance(f, nn.Module) and is_async_callable(f) for f in self.funcs):
+            self._thread, self.loop, ready = start_event_loop_in_daemon(name="trl-trapo-rewards")
+            ready.wait()
+            atexit.register(shutdown_event_loop_in_daemon, self._thread, self.loop)
+
+    def close(self) -> None:
+        """Stop the async reward loop (if any)."""
+        if self.loop is not None:
+            shutdown_event_loop_in_daemon(self._thread, self.loop)
+            self.loop = self._thread = None
+
+    def reward_kwargs(self, examples: list[dict]) -> dict[str, Any]:
+        """Dataset columns (all but prompt / completion / ids) and trainer extras, as reward-function keywords."""
+        keys = [k for k in examples[0] if k not in ("prompt", "completion", "completion_ids", "prompt_ids")]
+        kwargs = {k: [e[k] for e in examples] for k in keys}
+        kwargs["trainer_state"] = self.trainer_state()
+        kwargs["log_metric"] = self.log_metric
+        kwargs["log_extra"] = self.log_extra
+        return kwargs
+
+    def preflight(self, rows: list[dict]) -> None:
+        """Call every reward function once on dataset rows with empty completions, before training.
+
+        Raises:
+            RuntimeError, ValueError: as `call_reward_function`, naming the function.
+        """
+        prompts = [r["prompt"] for r in rows]
+        conversational = is_conversational({"prompt": prompts[0]})
+        completions = [[{"role": "assistant", "content": ""}] if conversational else "" for _ in rows]
+        for func, name in zip(self.funcs, self.names):
+            if isinstance(func, nn.Module):
+                continue
+            call_reward_function(
+                func,
+                name,
+                len(rows),
+                dict(
+                    prompts=prompts,
+                    completions=completions,
+                    completion_ids=[[] for _ in rows],
+                    **self.reward_kwargs(rows),
+                ),
+                self.loop,
+            )
+
+    def score(
+        self, examples: list[dict], prompt_ids: list[torch.Tensor], completion_ids: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score `B` completions.
+
+        Args:
+            examples (`list[dict]`): one dataset row per completion (`prompt` and the reward columns).
+            prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt token ids.
+            completion_ids (`list[torch.Tensor]`): `(C_i,)` completion token ids.
+
+        Returns:
+            tuple `(scores, per_func)`: `(B,)` weighted scores (NaN = no reward) and `(B, F)` rewards per function.
+        """
+        prompts = [e["prompt"] for e in examples]
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        conversational = is_conversational({"prompt": prompts[0]})
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        per_func = torch.full((len(examples), len(self.funcs)), math.nan)
+        kwargs = self.reward_kwargs(examples)
+        for i, (func, name, reward_tokenizer) in enumerate(zip(self.funcs, self.names, self.processing_classes)):
+            if isinstance(func, nn.Module):
+                per_func[:, i] = self._model_scores(func, reward_tokenizer, prompts, texts, prompt_ids, completion_ids)
+            else:
+                values = call_reward_function(
+                    func,
+                    name,
+                    len(examples),
+                    dict(
+                        prompts=prompts,
+                        completions=completions,
+                        completion_ids=[c.tolist() for c in completion_ids],
+                        **kwargs,
+                    ),
+                    self.loop,
+                )
+                per_func[:, i] = torch.tensor(values)
+        valid = ~torch.isnan(per_func)
+        weighted = torch.where(valid, per_func * self.weights, torch.zeros(()))
+        scores = torch.where(valid.any(dim=1), weighted.sum(dim=1), torch.full((len(examples),), math.nan))
+        return scores, per_func
+
+    def _model_scores(self, model, tokenizer, prompts, texts, prompt_ids, completion_ids) -> torch.Tensor:
+        same = self._same_vocabulary.get(id(tokenizer))
+        if same is None:
+            same = tokenizer is self.tokenizer or tokenizer.get_vocab() == self.tokenizer.get_vocab()
+            self._same_vocabulary[id(tokenizer)] = same
+        if same:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            sequences = [torch.cat([p, c]) for p, c in zip(prompt_ids, completion_ids)]
+            length = max(s.numel() for s in sequences)
+            input_ids = torch.full((len(sequences), length), pad, dtype=torch.long)
+            attention_mask = torch.zeros_like(input_ids)
+            for i, s in enumerate(sequences):
+                input_ids[i, : s.numel()] = s
+                attention_mask[i, : s.numel()] = 1
+        else:
+            if is_conversational({"prompt": prompts[0]}):
+                full = [
+                    tokenizer.apply_chat_template(p + [{"role": "assistant", "content": t}], tokenize=False)
+                    for p, t in zip(prompts, texts)
+                ]
+            else:
+                full = [p + t for p, t in zip(prompts, texts)]
+            encoded = tokenizer(
+                full, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+            )
+            input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]
+        return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
+
+
+def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer) -> tuple[list, list]:
+    """The reward functions and models of a run, with one tokenizer each (None for functions).
+
+    Args:
+        reward_funcs: a reward function, a model id / path, a sequence-classification model, or a list of them.
+        reward_model (`PreTrainedModel`, *optional*): a reward model given PPO-style; it comes last.
+        reward_processing_classes: a tokenizer, or a list with one per reward (None entries reuse `tokenizer`).
+        tokenizer: the policy's tokenizer.
+
+    Returns:
+        tuple `(funcs, processing_classes)`: models loaded (from ids) and frozen in eval mode.
+
+    Raises:
+        ValueError: if `reward_processing_classes` is a list of the wrong length.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if reward_funcs is None:
+        reward_funcs = []
+    elif not isinstance(reward_funcs, list):
+        reward_funcs = [reward_funcs]
+    reward_funcs = list(reward_funcs) + ([reward_model] if reward_model is not None else [])
+    if not isinstance(reward_processing_classes, list):
+        reward_processing_classes = [reward_processing_classes] * len(reward_funcs)
+    if len(reward_processing_classes) != len(reward_funcs):
+        raise ValueError(
+            f"`reward_processing_classes` has {len(reward_processing_classes)} entries for {len(reward_funcs)} "
+            "reward functions/models; give one per reward (None reuses the policy's tokenizer)."
+        )
+    funcs, processing_classes = [], []
+    for func, reward_tokenizer in zip(reward_funcs, reward_processing_classes):
+        if isinstance(func, str):
+            reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
+            func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
+        if isinstance(func, nn.Module):
+            func.eval().requires_grad_(False)
+            if reward_tokenizer is None:
+                reward_tokenizer = tokenizer
+        funcs.append(func)
+        processing_classes.append(reward_tokenizer)
+    return funcs, processing_classes

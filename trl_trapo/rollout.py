@@ -1,5 +1,11 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Rollouts: generation with behaviour log-probs, scoring by reward models and reward functions, no-grad forwards.
+"""Rollouts: from prompts to replay trajectories — generate, score, reference log-probs, values, advantages.
+
+[`RolloutEngine`] runs one generation round: it samples completions with behaviour log-probs recorded during sampling
+(transformers' `generate`, or vLLM through [`VLLMGenerator`]), cuts them after the stop token, scores them with the
+[`~trl_trapo.rewards.RewardScorer`], computes reference log-probs and critic values, and turns everything into
+advantages and [`~trl_trapo.memory.Trajectory`] objects (GAE with a critic, group-relative without). It returns a
+[`RolloutBatch`]; the trainer adds its trajectories to the replay buffer and its statistics to the metrics.
 
 Shapes: `B` completions, `P` prompt tokens (left-padded for generation), `C` completion tokens, `V` vocabulary.
 All masks are built from lengths (where the stop token first appears), never by comparing ids with the pad id, so
@@ -8,18 +14,26 @@ tokenizers whose pad token equals their EOS token are handled correctly.
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import logging
-import math
+import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
-from trl.trainer.utils import is_async_callable
+from trl.import_utils import is_vllm_available
 
 from .collator import left_pad
+from .data import tokenize_prompt
+from .distributed import generation_synced_gpus
+from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
+from .memory import Trajectory
+from .models import PolicyAndValueWrapper, ReferencePolicy, completion_logps, value_predictions
+from .rewards import RewardScorer
 
 
 logger = logging.getLogger(__name__)
@@ -146,47 +160,344 @@ def generate(
     }
 
 
-def reward_function_name(func: Callable | nn.Module) -> str:
-    """A readable name of a reward function or reward model (for metrics and errors)."""
-    if isinstance(func, nn.Module):
-        config = getattr(func, "config", None)
-        return str(getattr(config, "_name_or_path", "") or type(func).__name__).split("/")[-1] or "reward_model"
-    return getattr(func, "__name__", None) or type(func).__name__
+def rollout_generation_config(args, tokenizer) -> GenerationConfig:
+    """The sampling settings of rollouts: `response_length` new tokens, `temperature` / `top_p` / `top_k`, the stop
+    token (`stop_token_id`, or EOS with `stop_token="eos"`; none otherwise), then `generation_kwargs`."""
+    stop_id = args.stop_token_id if args.stop_token_id is not None else tokenizer.eos_token_id
+    kwargs = dict(
+        max_new_tokens=args.response_length,
+        do_sample=True,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=stop_id if (args.stop_token or args.stop_token_id is not None) else None,
+        bos_token_id=tokenizer.bos_token_id,
+        use_cache=True,
+    )
+    kwargs.update(args.generation_kwargs or {})
+    return GenerationConfig(**kwargs)
 
 
-def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
-    """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
+@dataclass
+class RolloutBatch:
+    """One generation round, scored (B completions; `C_i` tokens of completion i)."""
+
+    trajectories: list[Trajectory]  # the completions with a score (those whose every reward is None are dropped)
+    completion_ids: list[torch.Tensor]  # (C_i,) each: every completion, cut after its stop token
+    old_per_token_logps: list[torch.Tensor]  # (C_i,) each: behaviour log-probs (nats)
+    ref_per_token_logps: list[torch.Tensor] | None  # (C_i,) each: reference log-probs (nats); None without a KL term
+    scores: torch.Tensor  # (B,) weighted reward (missing-stop penalty included); NaN = no reward
+    per_func: torch.Tensor  # (B, F) reward of each reward function / model; NaN = none
+    is_truncated: torch.Tensor  # (B,) bool: no stop token was generated
+    temperature: float  # the round's sampling temperature
+
+
+class VLLMGenerator:
+    """Completions from vLLM for lists of prompt token ids, with the weights synced once per optimizer step (GPU only;
+    `use_vllm=True`), through TRL's `VLLMGeneration`.
+
+    vLLM only samples the completions. Everything else stays TRAPO's: completions are cut after the stop token, and
+    the behaviour log-probs are recomputed by the training policy (the same forward as the HF-`generate` path's), so
+    the PPO ratio of a fresh rollout is exactly 1 and kernel differences between vLLM and the trainer cannot bias it.
+    The policy's weights (LoRA adapters merged) are pushed to vLLM before the first generation round of every
+    optimizer step; TRL's `VLLMGeneration` gathers ZeRO-3 / FSDP shards parameter by parameter while doing so.
+
+    Not tested on this project's CPU machines (vLLM needs a GPU); `scripts/gpu_check.py` exercises it when vLLM is
+    importable. Differences from the HF path: sampling is seeded by vLLM, not by the trainer's checkpointed
+    generator, so a resumed run does not draw the same completions; with `top_p < 1` or `top_k > 0` the recomputed
+    behaviour log-probs are those of the temperature-scaled distribution, not of the truncated one vLLM sampled from.
+
+    Args:
+        args ([`TRAPOConfig`]): the `vllm_*` settings and sampling parameters.
+        policy (`nn.Module`): the unwrapped policy (vLLM loads the model from its `name_or_path`).
+        accelerator: the Trainer's `Accelerator`.
+        tokenizer: the policy's tokenizer.
 
     Raises:
-        RuntimeError: naming the function, if it raises.
-        ValueError: naming the function, if it returns the wrong number of rewards or a non-number.
+        ImportError: if vLLM is not installed.
+        ValueError: if the policy was not loaded from a directory or Hub id (vLLM loads the model itself).
     """
-    try:
-        if is_async_callable(func):
-            coroutine = func(**kwargs)
-            if loop is None:
-                output = asyncio.run(coroutine)
-            else:
-                output = asyncio.run_coroutine_threadsafe(coroutine, loop).result()
-        else:
-            output = func(**kwargs)
-    except Exception as error:  # re-raised with the function's name and the fix
-        raise RuntimeError(
-            f"Reward function '{name}' raised {type(error).__name__}: {error}. Reward functions are called as "
-            "func(prompts=..., completions=..., completion_ids=..., **dataset_columns, trainer_state=..., "
-            "log_metric=..., log_extra=...) and must return one float (or None) per completion."
-        ) from error
-    try:
-        values = [math.nan if r is None else float(r) for r in output]
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"Reward function '{name}' must return a list of floats (or None for 'no reward'), got {output!r:.200}."
-        ) from error
-    if any(math.isinf(v) for v in values):
-        raise ValueError(f"Reward function '{name}' returned an infinite reward; return finite numbers (or None).")
-    if len(values) != expected:
-        raise ValueError(
-            f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must return "
-            "exactly one reward per completion."
+
+    def __init__(self, args, policy: nn.Module, accelerator, tokenizer):
+        if not is_vllm_available():
+            raise ImportError(
+                "TRAPOConfig.use_vllm=True needs vLLM, which is not installed: `pip install vllm` on a GPU machine, "
+                "or set use_vllm=False (rollouts then use transformers' generate)."
+            )
+        from trl.generation.vllm_generation import VLLMGeneration
+
+        name = getattr(policy, "name_or_path", None) or ""
+        if not (os.path.isdir(name) or (name.count("/") == 1 and not os.path.exists(name))):
+            raise ValueError(
+                f"TRAPOConfig.use_vllm=True: vLLM loads the model from its directory or Hub id, but the policy's "
+                f"name_or_path is {name!r}. Save the model with `save_pretrained(path)` and pass `model=path`."
+            )
+        generation_kwargs = {}
+        if args.stop_token_id is not None:
+            generation_kwargs["stop_token_ids"] = [args.stop_token_id]
+        generation_kwargs.update(args.generation_kwargs or {})
+        self.generation = VLLMGeneration(
+            model=policy,
+            accelerator=accelerator,
+            processing_class=tokenizer,
+            mode=args.vllm_mode,
+            server_base_url=args.vllm_server_base_url,
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_length=args.vllm_max_model_length or args.max_prompt_length + args.response_length,
+            enable_sleep_mode=args.vllm_enable_sleep_mode,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_completion_length=args.response_length,
+            logprobs=0,
+            generation_kwargs=generation_kwargs,
         )
-    return values
+        self.synced_step: int | None = None
+
+    def generate(self, prompt_ids: list[list[int]], group: int, step: int) -> list[torch.Tensor]:
+        """Sample one completion per prompt (prompts come in consecutive groups of `group` copies).
+
+        Collective (weight sync gathers sharded parameters; server mode gathers prompts): every rank calls it.
+
+        Returns:
+            `list[torch.Tensor]`: `(C_i,)` completion token ids, uncut (the caller cuts after the stop token).
+        """
+        if self.synced_step != step:
+            self.generation.sync_weights()
+            self.synced_step = step
+        _, completion_ids, _, _ = self.generation.generate(prompts=prompt_ids, images=None, num_generations=group)
+        return [torch.tensor(list(c), dtype=torch.long) for c in completion_ids]
+
+
+class RolloutEngine:
+    """Generation rounds: prompts -> completions -> scores, reference log-probs, values -> advantages -> trajectories.
+
+    Args:
+        args ([`TRAPOConfig`]): the configuration (read only).
+        tokenizer: the policy's tokenizer.
+        scorer ([`~trl_trapo.rewards.RewardScorer`]): scores completions.
+        reference ([`~trl_trapo.models.ReferencePolicy`], *optional*): the KL term's reference (None: no KL term).
+        has_critic (`bool`): advantages from GAE with the critic (else group-relative).
+        kl_penalty (`str`): "reward" (the KL enters the per-token rewards here) or "loss".
+        kl_coef (`Callable[[], float]`): the KL coefficient in use (adaptive or fixed).
+        unwrapped_model (`Callable[[], AbstractContextManager[nn.Module]]`): enters a context holding the trained
+            model (the policy, or the policy + critic wrapper) unwrapped for generation, in eval mode.
+        accelerator: the Trainer's `Accelerator`.
+        generation_config (`GenerationConfig`): sampling settings.
+        stop_token_id (`int`, *optional*): completions are cut after it.
+        vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
+
+    The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
+    exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
+    """
+
+    def __init__(
+        self,
+        args,
+        tokenizer,
+        scorer: RewardScorer,
+        reference: ReferencePolicy | None,
+        has_critic: bool,
+        kl_penalty: str,
+        kl_coef: Callable[[], float],
+        unwrapped_model: Callable[[], AbstractContextManager[nn.Module]],
+        accelerator,
+        generation_config: GenerationConfig,
+        stop_token_id: int | None,
+        vllm: VLLMGenerator | None = None,
+    ):
+        self.args = args
+        self.tokenizer = tokenizer
+        self.scorer = scorer
+        self.reference = reference
+        self.has_critic = has_critic
+        self.kl_penalty = kl_penalty
+        self.kl_coef = kl_coef
+        self.unwrapped_model = unwrapped_model
+        self.accelerator = accelerator
+        self.generation_config = generation_config
+        self.stop_token_id = stop_token_id
+        self.vllm = vllm
+        self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
+
+    @staticmethod
+    def policy_of(model: nn.Module) -> nn.Module:
+        """The policy inside the trained model (the model itself without a critic)."""
+        return model.policy if isinstance(model, PolicyAndValueWrapper) else model
+
+    @torch.no_grad()
+    def generate(self, examples: list[dict], group: int, step: int, temperature: float) -> RolloutBatch:
+        """One generation round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row).
+
+        Raises:
+            RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
+        """
+        args = self.args
+        prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+        if self.vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are `process`'s
+            completion_ids = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
+            return self.process(examples, completion_ids, None, group, temperature)
+        generation_config = self.generation_config
+        if temperature != generation_config.temperature:
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.temperature = temperature
+        with self.unwrapped_model() as unwrapped:
+            # step 1. generate (behaviour log-probs are recorded during sampling)
+            sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            device = self.accelerator.device
+            devices = [device.index or 0] if device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(sampling_seed)
+                try:
+                    generated = generate(
+                        self.policy_of(unwrapped),
+                        [p.tolist() for p in prompt_ids],
+                        generation_config,
+                        self.tokenizer.pad_token_id,
+                        self.stop_token_id,
+                        temperature,
+                        batch_size=args.local_rollout_forward_batch_size,
+                        synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
+                    )
+                except RuntimeError as error:
+                    if "probability tensor" not in str(error):
+                        raise
+                    raise RuntimeError(
+                        f"Training diverged before step {step}: the policy's next-token probabilities are not finite "
+                        f"(`{error}`), so no rollout can be sampled. Lower learning_rate (now {args.learning_rate}) "
+                        f"or max_grad_norm (now {args.max_grad_norm}) and resume from the last checkpoint of "
+                        f"{args.output_dir}; `train/nonfinite_steps` counts the steps already skipped."
+                    ) from error
+            # steps 2-4. reference log-probs, values, scores, advantages
+            return self._score(
+                unwrapped,
+                examples,
+                prompt_ids,
+                generated["completion_ids"],
+                generated["old_per_token_logps"],
+                group,
+                temperature,
+            )
+
+    @torch.no_grad()
+    def process(
+        self,
+        examples: list[dict],
+        completion_ids: list[torch.Tensor],
+        old_per_token_logps: list[torch.Tensor] | None,
+        group: int,
+        temperature: float,
+    ) -> RolloutBatch:
+        """Given rollouts (`(C_i,)` token ids, and optionally `(C_i,)` behaviour log-probs), exactly as generated ones
+        are processed: each is cut after its first stop token, then scored (see `TRAPOTrainer.process_rollouts`)."""
+        template = self.args.chat_template_kwargs or {}
+        prompt_ids = [
+            torch.tensor(
+                e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.tokenizer, template)
+            )
+            for e in examples
+        ]
+        cut = []
+        for c in completion_ids:
+            c = torch.as_tensor(c, dtype=torch.long)
+            if self.stop_token_id is not None and (c == self.stop_token_id).any():
+                c = c[: int((c == self.stop_token_id).nonzero()[0]) + 1]
+            cut.append(c)
+        if old_per_token_logps is not None:
+            old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
+        with self.unwrapped_model() as unwrapped:
+            return self._score(unwrapped, examples, prompt_ids, cut, old_per_token_logps, group, temperature)
+
+    def _score(self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperature) -> RolloutBatch:
+        args = self.args
+        pad_id = self.tokenizer.pad_token_id
+        batch_size = args.local_rollout_forward_batch_size
+        policy = self.policy_of(unwrapped)
+        if old_logps is None:
+            old_logps = completion_logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
+        # step 2. reference log-probs and values
+        ref_logps = None
+        if self.reference is not None:
+            ref_logps = self.reference.logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
+        values = None
+        if self.has_critic:
+            values = value_predictions(unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size)
+        # step 3. scores; the missing-stop penalty is judged by the configured stop token (EOS if there is none)
+        scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
+        stop = self.stop_token_id if self.stop_token_id is not None else self.tokenizer.eos_token_id
+        has_stop = torch.tensor([bool((c == stop).any()) for c in completion_ids], dtype=torch.bool)
+        if args.missing_eos_penalty is not None:
+            scores = scores - args.missing_eos_penalty * (~has_stop).float()
+        # step 4. advantages
+        trajectories = self.make_trajectories(
+            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group
+        )
+        return RolloutBatch(
+            trajectories, completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop, temperature
+        )
+
+    def make_trajectories(
+        self, prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group
+    ) -> list[Trajectory]:
+        """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
+        group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
+        completions that have a score. Arguments are lists of `(C_i,)` tensors and `(B,)` scores / flags."""
+        args = self.args
+        batch = len(completion_ids)
+        length = max(max(c.numel() for c in completion_ids), 1)
+        mask = torch.zeros(batch, length)
+        old = torch.zeros(batch, length)
+        ref = torch.zeros(batch, length)
+        for i, c in enumerate(completion_ids):
+            mask[i, : c.numel()] = 1
+            old[i, : c.numel()] = old_logps[i]
+            if ref_logps is not None:
+                ref[i, : c.numel()] = ref_logps[i]
+        kl = kl_estimate(old, ref, args.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
+        kl_coef_reward = self.kl_coef() if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
+        valid = ~torch.isnan(scores)
+        safe_scores = torch.nan_to_num(scores, nan=0.0)
+        returns = old_values = None
+        if self.has_critic:
+            value_tensor = torch.zeros(batch, length)
+            for i, v in enumerate(values):
+                value_tensor[i, : v.numel()] = v
+            rewards, _ = per_token_rewards(safe_scores, kl, mask, kl_coef_reward)
+            train_mask = mask * valid.unsqueeze(1)
+            if args.whiten_rewards and train_mask.sum() >= 2:
+                rewards = masked_whiten(rewards, train_mask, shift_mean=False) * train_mask
+            advantages, returns = gae_advantages(rewards, value_tensor, train_mask, args.gamma, args.lam)
+            if args.whiten_advantages and train_mask.sum() >= 2:
+                advantages = masked_whiten(advantages, train_mask) * train_mask
+            old_values = value_tensor
+        else:
+            sequence_reward = scores - kl_coef_reward * kl.sum(dim=1)
+            advantages = group_relative_advantages(sequence_reward, group, args.scale_rewards)
+            advantages = advantages.unsqueeze(1).expand(batch, length) * mask
+        trajectories = []
+        for i in range(batch):
+            if not valid[i]:
+                continue
+            n = completion_ids[i].numel()
+            counted = mask[i, :n].clone()
+            if args.mask_truncated_completions and bool(is_truncated[i]):
+                counted.zero_()
+            trajectories.append(
+                Trajectory(
+                    prompt_ids=prompt_ids[i],
+                    completion_ids=completion_ids[i],
+                    completion_mask=counted,
+                    old_per_token_logps=old[i, :n].clone(),
+                    advantages=advantages[i, :n].clone().float(),
+                    ref_per_token_logps=ref[i, :n].clone() if ref_logps is not None else None,
+                    returns=returns[i, :n].clone().float() if self.has_critic else None,
+                    old_values=old_values[i, :n].clone().float() if self.has_critic else None,
+                )
+            )
+        return trajectories
+
+    def state_dict(self) -> dict[str, torch.Generator]:
+        """The generators to checkpoint (name -> generator)."""
+        return {"generation": self.generator}

@@ -21,6 +21,7 @@ import tempfile
 
 import torch
 
+from .collator import Row
 from .data import ShardedSampler, sft_row
 
 
@@ -44,16 +45,16 @@ class SFTPool:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def take(self, n: int, step: int | None = None) -> list[dict[str, torch.Tensor]]:
+    def take(self, n: int, step: int | None = None) -> list[Row]:
         """The next `n` SFT rows (`input_ids` (L,), `mask` (L - 1,), `pool_index` = the dataset row)."""
         if n == 0:
             return []
         indices = self.sampler.take(n)
         batch = self.dataset[list(indices)]  # one Arrow take; `select` + column reads costs ~10x more per step
-        rows = [sft_row(ids, mask) for ids, mask in zip(batch["input_ids"], batch["completion_mask"])]
-        for row, index in zip(rows, indices):
-            row["pool_index"] = index
-        return rows
+        return [
+            sft_row(ids, mask, pool_index=index)
+            for ids, mask, index in zip(batch["input_ids"], batch["completion_mask"], indices)
+        ]
 
     def state_dict(self) -> dict:
         return {"sampler": self.sampler.state_dict()}
@@ -348,7 +349,7 @@ class PrioritizedSFTPool:
         targets = torch.arange(n, dtype=torch.float64) + torch.rand(n, generator=self.generator, dtype=torch.float64)
         return self.tree.find((targets * (total / n)).clamp(max=math.nextafter(total, 0.0)))
 
-    def take(self, n: int, step: int = 0) -> list[dict[str, torch.Tensor]]:
+    def take(self, n: int, step: int = 0) -> list[Row]:
         """`n` SFT rows drawn by priority, each with `pool_index` and its `importance_weight` (the PER weight)."""
         if n == 0:
             return []
@@ -357,13 +358,12 @@ class PrioritizedSFTPool:
         self.beta = self.beta_at(step)
         self._last_weights = weights
         batch = self.dataset[indices.tolist()]
-        rows = []
-        for ids, mask, index, weight in zip(batch["input_ids"], batch["completion_mask"], indices.tolist(), weights):
-            row = sft_row(ids, mask)
-            row["pool_index"] = index
-            row["importance_weight"] = weight
-            rows.append(row)
-        return rows
+        return [
+            sft_row(ids, mask, pool_index=index, importance_weight=float(weight))
+            for ids, mask, index, weight in zip(
+                batch["input_ids"], batch["completion_mask"], indices.tolist(), weights
+            )
+        ]
 
     # ---- feedback -------------------------------------------------------------------------------------------------
     def report(self, pool_indices: torch.Tensor, proxies: torch.Tensor) -> None:

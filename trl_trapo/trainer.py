@@ -1,23 +1,28 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """TRAPOTrainer: one policy, three objectives (pretraining, SFT, RL), one joint update per optimizer step.
 
-How one optimizer step runs (see `get_batch_samples` and `compute_loss`):
+How one optimizer step runs (the public `Trainer` hooks below, in the order they run):
 
-1. the curriculum gives the step's shares of rows (pretrain / SFT / RL), DARE's factors turn them into loss weights;
-2. the rows are drawn: packed pretraining chunks, SFT samples, RL trajectories from the replay buffer — which is
-   refilled by a generation round (generate, score, reference log-probs, values, advantages) when it runs dry;
-3. the rows are split into gradient-accumulation micro-batches of similar length and right-padded;
-4. the per-objective token counts of the whole step are summed over micro-batches and ranks;
-5. each micro-batch is one forward of the policy over all its rows (whatever their objective) and one backward of
-   L = sum_o w_o * L_o, each L_o normalised by its *global* count, so accumulation and data parallelism are exact.
+1. `get_batch_samples`: the curriculum gives the step's shares of rows (pretrain / SFT / RL) and DARE's factors turn
+   them into loss weights; the rows are drawn — packed pretraining chunks, SFT samples from the memory pool, RL
+   trajectories from the replay buffer, which a generation round of the rollout engine refills when it runs dry
+   (generate, score, reference log-probs, values, advantages); they are split into gradient-accumulation
+   micro-batches of similar length, right-padded, and the per-objective token counts of the whole step are summed
+   over micro-batches and ranks into the step's [`StepContext`];
+2. `training_step` / `compute_loss`, per micro-batch: one forward of the policy over all its rows (whatever their
+   objective) and one backward of L = sum_o w_o * L_o, each L_o normalised by its *global* count, so accumulation and
+   data parallelism are exact; after the last micro-batch, DARE updates from its gradient probe;
+3. the optimizer step (`create_optimizer`: skipped when the loss was not finite on any rank) and the learning-rate
+   scheduler (`create_scheduler`: scaled by the curriculum phase);
+4. `log`: TRAPO's metrics join the Trainer's logs; `evaluate` evaluates held-out data by its format; `train` and the
+   state-checkpoint callback make TRAPO's own state (pools, replay buffer, controllers, RNG) durable.
 
-Everything else — optimizer, scheduler, accumulation, mixed precision, distribution, checkpoints — is the
-`transformers.Trainer` loop, reached only through its public hooks.
-
-This module holds the constructor, the loss and the optimizer step; the rest of `TRAPOTrainer` comes from mixins, by
-concept: construction helpers and reference syncing (`trainer_setup.py`), step planning and building
-(`trainer_steps.py`), rollouts (`trainer_rollouts.py`), metrics and logging (`trainer_metrics.py`), durable state and
-saving (`trainer_state.py`), evaluation and sample completions (`trainer_eval.py`).
+Everything else — optimizer, accumulation, mixed precision, distribution, checkpoints — is the `transformers.Trainer`
+loop, reached only through its public hooks. The collaborators each own their state and take their dependencies in
+their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.RewardScorer`],
+[`~trl_trapo.memory_pool.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
+[`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`], [`~trl_trapo.evaluation.Evaluator`],
+[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`.
 """
 
 from __future__ import annotations
@@ -26,21 +31,17 @@ import dataclasses
 import logging
 import math
 import os
-from collections import defaultdict
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
@@ -52,22 +53,31 @@ from .callbacks import (
     StateCheckpointCallback,
     SyncReferenceCallback,
 )
-from .collator import RowAllocator
-from .config import TRAPOConfig
-from .curriculum import CurriculumSchedule
-from .data import (
-    PRETRAIN,
-    RL,
-    SFT,
-    PretrainStream,
-    ShardedSampler,
-    check_pretrain_dataset,
-    check_prompt_dataset,
-    check_sft_dataset,
-    tokenize_prompt_dataset,
-    tokenize_sft_dataset,
+from .checkpoint import (
+    CheckpointError,
+    last_complete_checkpoint,
+    read_rank_state,
+    restore_rng,
+    rng_tensors,
+    verify_checkpoint,
+    write_rank_state,
 )
-from .distributed import check_launch
+from .collator import (
+    COUNT_KEYS,
+    RowAllocator,
+    StepContext,
+    StepTickets,
+    collate_rows,
+    plan_steps,
+    split_micro_batches,
+    step_counts,
+    ticket_collator,
+)
+from .config import PRETRAIN, RL, SFT, TRAPOConfig
+from .curriculum import CurriculumSchedule
+from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datasets
+from .distributed import any_rank, check_launch, full_state_dict, load_full_state_dict, reduce_replay_metrics
+from .evaluation import Evaluator
 from .fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .losses import (
     aggregate_rl_loss,
@@ -78,33 +88,27 @@ from .losses import (
     sft_token_weights,
     truncated_is_policy_loss,
 )
-from .memory import ReplayBuffer
+from .memory import ReplayBuffer, Trajectory
 from .memory_pool import MemoryPool, build_sft_pool
-from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy
-from .rollout import reward_function_name
+from .metrics import MetricsAccumulator
+from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy, create_reference
+from .rewards import RewardScorer, load_reward_funcs
+from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config
 from .schedules import RLSchedules, scale_scheduler
-from .trainer_eval import EvaluationMixin
-from .trainer_metrics import MetricsMixin
-from .trainer_rollouts import RolloutMixin
-from .trainer_setup import SetupMixin
-from .trainer_state import DurableStateMixin
-from .trainer_steps import StepsMixin, _StepTickets, _ticket_collator
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
 try:
-    from peft import PeftConfig, PeftModel, get_peft_model
+    from peft import PeftConfig, get_peft_model
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
-    PeftConfig = PeftModel = get_peft_model = None
+    PeftConfig = get_peft_model = None
 
 logger = logging.getLogger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
-class TRAPOTrainer(
-    SetupMixin, StepsMixin, RolloutMixin, MetricsMixin, DurableStateMixin, EvaluationMixin, _BaseTrainer
-):
+class TRAPOTrainer(_BaseTrainer):
     r"""
     Trains one causal LM on pretraining, SFT and RL objectives jointly (TRAPO).
 
@@ -124,7 +128,8 @@ class TRAPOTrainer(
         reward_funcs (reward function, model id, `PreTrainedModel`, or a list of them, *optional*):
             TRL's reward functions: callables `f(prompts, completions, completion_ids, **columns, trainer_state,
             log_metric, log_extra) -> list[float | None]` (sync or async), or sequence-classification models.
-        args ([`TRAPOConfig`], *optional*): the configuration.
+        args ([`TRAPOConfig`], *optional*): the configuration; never changed (`trainer.args` is the same object, or
+            a derived copy when the run's length comes from `total_episodes`).
         train_dataset (`Dataset`, *optional*): RL prompts (prompt-only format, or tokenized `input_ids`).
         eval_dataset (`Dataset` or `dict[str, Dataset]`, *optional*): evaluated by format — prompt-only datasets by
             greedy generation and rewards, `text` datasets by pretraining loss, prompt-completion by SFT loss.
@@ -188,47 +193,8 @@ class TRAPOTrainer(
                     "Pass `processing_class` (the policy's tokenizer): it cannot be loaded from the model."
                 )
             processing_class = AutoTokenizer.from_pretrained(model_id)
-        self._check_tokenizer(processing_class)
-
-        created_adapter = False
-        if peft_config is not None:
-            if get_peft_model is None:
-                raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
-            if is_peft_model(model):
-                raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
-            model = get_peft_model(model, peft_config)
-            created_adapter = True
-        if args.disable_dropout:
-            disable_dropout_in_model(model)
-
-        ref_adapter: str | None = None  # PEFT reference: an adapter name, or "" for "adapter disabled"
-        needs_ref = args.kl_coef > 0
-        if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
-            raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
-        if args.model_adapter_name:
-            model.set_adapter(args.model_adapter_name)
-        if args.ref_adapter_name:
-            if args.ref_adapter_name not in model.peft_config:
-                raise ValueError(
-                    f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
-                    f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
-                )
-            ref_adapter = args.ref_adapter_name
-        if ref_model is not None and is_peft_model(model):
-            logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
-        if needs_ref and ref_model is None and ref_adapter is None:
-            if is_peft_model(model):
-                if created_adapter and not args.sync_ref_model:
-                    ref_adapter = ""  # a fresh adapter starts at the base model
-                else:
-                    ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
-            else:
-                ref_model = self._create_reference(model, model_id, args)
-        if ref_model is not None:
-            ref_model.eval().requires_grad_(False)
-            if args.disable_dropout:
-                disable_dropout_in_model(ref_model)
-
+        check_tokenizer(processing_class)
+        model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
         self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
@@ -245,173 +211,124 @@ class TRAPOTrainer(
             train_model = model
 
         # ---- step 2. rewards ------------------------------------------------------------------------------------
-        if reward_funcs is None:
-            reward_funcs = []
-        elif not isinstance(reward_funcs, list):
-            reward_funcs = [reward_funcs]
-        reward_funcs = list(reward_funcs) + ([reward_model] if reward_model is not None else [])
-        if not isinstance(reward_processing_classes, list):
-            reward_processing_classes = [reward_processing_classes] * len(reward_funcs)
-        if len(reward_processing_classes) != len(reward_funcs):
+        funcs, reward_tokenizers = load_reward_funcs(
+            reward_funcs, reward_model, reward_processing_classes, processing_class
+        )
+        if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(
-                f"`reward_processing_classes` has {len(reward_processing_classes)} entries for {len(reward_funcs)} "
-                "reward functions/models; give one per reward (None reuses the policy's tokenizer)."
-            )
-        self.reward_funcs, self.reward_processing_classes = [], []
-        for func, tok in zip(reward_funcs, reward_processing_classes):
-            if isinstance(func, str):
-                tok = tok or AutoTokenizer.from_pretrained(func)
-                func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
-            if isinstance(func, nn.Module):
-                func.eval().requires_grad_(False)
-                if tok is None:
-                    tok = processing_class
-            self.reward_funcs.append(func)
-            self.reward_processing_classes.append(tok)
-        self.reward_func_names = [reward_function_name(f) for f in self.reward_funcs]
-        if args.reward_weights is not None and len(args.reward_weights) != len(self.reward_funcs):
-            raise ValueError(
-                f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(self.reward_funcs)} "
+                f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
                 "reward functions/models; give one weight per reward."
             )
-        self.reward_weights = torch.tensor(args.reward_weights or [1.0] * len(self.reward_funcs), dtype=torch.float32)
+        self.metrics = MetricsAccumulator([], args.kl_estimator)
+        self.rewards = RewardScorer(
+            funcs,
+            reward_tokenizers,
+            args.reward_weights or [1.0] * len(funcs),
+            processing_class,
+            args.local_rollout_forward_batch_size,
+            log_metric=self.metrics.log_metric,
+            log_extra=self.metrics.log_extra,
+            trainer_state=lambda: getattr(self, "state", None),
+        )
+        self.metrics.reward_names = list(self.rewards.names)
 
-        # ---- step 3. datasets -----------------------------------------------------------------------------------
-        template_kwargs = args.chat_template_kwargs or {}
-        self._rl_dataset = None
-        max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if train_dataset is not None and args.rl_weight > 0:
-            if isinstance(train_dataset, IterableDataset):
-                raise ValueError(
-                    "`train_dataset` (RL prompts) is an IterableDataset, but prompts are sampled by index and "
-                    "checked for length before training: pass a map-style `Dataset` (e.g. "
-                    "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
-                )
-            check_prompt_dataset(train_dataset)
-            if not self.reward_funcs:
-                raise ValueError(
-                    "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
-                    "`reward_model`, or set rl_weight=0 to train without RL."
-                )
-            self._rl_dataset = tokenize_prompt_dataset(
-                train_dataset, processing_class, args.max_prompt_length, template_kwargs
-            )
-            longest = max(len(ids) for ids in self._rl_dataset["prompt_ids"])
-            if max_positions is not None and longest + args.response_length > max_positions:
-                raise ValueError(
-                    f"The longest prompt ({longest} tokens) + response_length={args.response_length} exceeds the "
-                    f"model's context of {max_positions} positions. Lower `response_length` or filter long prompts."
-                )
-        self._sft_dataset = None
-        if sft_dataset is not None and args.sft_weight > 0:
-            check_sft_dataset(sft_dataset)
-            self._sft_dataset = tokenize_sft_dataset(
-                sft_dataset, processing_class, args.sft_max_length, template_kwargs
-            )
-            longest = max((len(ids) for ids in self._sft_dataset["input_ids"]), default=0)
-            if max_positions is not None and longest > max_positions:
-                raise ValueError(
-                    f"{type(args).__name__}.sft_max_length={args.sft_max_length} lets SFT rows of {longest} tokens through, "
-                    f"beyond the model's context of {max_positions} positions: set sft_max_length <= {max_positions}."
-                )
-        if (
-            pretrain_dataset is not None
-            and args.pretrain_weight > 0
-            and max_positions is not None
-            and args.pretrain_max_length > max_positions
-        ):
-            raise ValueError(
-                f"{type(args).__name__}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
-                f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
-            )
-        self._check_eval_dataset(eval_dataset)
-        self._pretrain_source = None
-        if pretrain_dataset is not None and args.pretrain_weight > 0:
-            check_pretrain_dataset(pretrain_dataset)
-            self._pretrain_source = pretrain_dataset
-        self.active = (self._pretrain_source is not None, self._sft_dataset is not None, self._rl_dataset is not None)
-        if not any(self.active):
-            raise ValueError(
-                "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
-                "`sft_dataset` or `pretrain_dataset`, with a weight > 0 (pretrain_weight / sft_weight / rl_weight)."
-            )
-        if self.active[RL] and not self._has_critic and args.num_generations < 2:
-            raise ValueError(
-                f"{type(args).__name__}.num_generations={args.num_generations}: without a value_model, advantages are "
-                "group-relative and need at least 2 completions per prompt. Set num_generations >= 2 or pass a "
-                "value_model."
-            )
-        if self.active[RL]:
-            self._preflight_reward_funcs(processing_class)
+        # ---- step 3. datasets (checked and tokenized before anything is trained) -------------------------------
+        data = prepare_datasets(
+            args,
+            processing_class,
+            train_dataset,
+            sft_dataset,
+            pretrain_dataset,
+            eval_dataset,
+            max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+            has_rewards=bool(funcs),
+            has_critic=self._has_critic,
+        )
+        self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
+        self.active = data.active
+        if self.active[RL]:  # every reward function is called once on two rows (their metrics are not kept)
+            self.rewards.preflight([data.rl[i] for i in range(min(2, len(data.rl)))])
+            self.metrics.reset()
 
-        # ---- step 4. the Trainer -------------------------------------------------------------------------------
-        self._planned_steps, tickets = self._plan_steps(args)
+        # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -------------------
+        curriculum_args = (
+            args.curriculum_boundaries,
+            [args.curriculum_mixtures[i : i + 3] for i in range(0, len(args.curriculum_mixtures), 3)],
+        )
+        active = tuple(a and c > 0 for a, c in zip(self.active, args.objective_weights))
+        average_shares = CurriculumSchedule(
+            *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant"
+        ).mixture(0)
+        self._planned_steps, tickets = plan_steps(
+            args,
+            self.active,
+            average_shares,
+            rl_prompts=len(data.rl) * (1 if self._has_critic else args.num_generations) if data.rl else 0,
+            sft_rows=len(data.sft) if data.sft else 0,
+            pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
+        )
         if args.total_episodes is not None and args.max_steps <= 0:  # the run's length, in the trainer's own copy
             args = dataclasses.replace(args, max_steps=self._planned_steps)
         super().__init__(
             model=train_model,
             args=args,
-            data_collator=_ticket_collator,
-            train_dataset=_StepTickets(tickets),
+            data_collator=ticket_collator,
+            train_dataset=StepTickets(tickets),
             eval_dataset=eval_dataset,
             processing_class=processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
         )
         check_launch(self.accelerator)
-
-        # ---- step 5. per-rank pools, curriculum, DARE, replay ----------------------------------------------------
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        seed = args.seed
+
+        # ---- step 5. the objectives' pools (per rank) and the replay buffer ------------------------------------
         self._pretrain_stream = (
             PretrainStream(
-                self._pretrain_source,
+                data.pretrain,
                 processing_class,
                 args.pretrain_max_length,
                 packing=args.pretrain_packing,
-                seed=seed,
+                seed=args.seed,
                 rank=rank,
                 world_size=world,
             )
             if self.active[PRETRAIN]
             else None
         )
-        self._sft_pool = (
-            build_sft_pool(args, self._sft_dataset, self._planned_steps, rank, world) if self.active[SFT] else None
-        )
-        self._prompt_sampler = (
-            ShardedSampler(len(self._rl_dataset), seed=seed + 2, rank=rank, world_size=world)
-            if self.active[RL]
-            else None
+        sft_pool = build_sft_pool(args, data.sft, self._planned_steps, rank, world) if self.active[SFT] else None
+        prompt_sampler = (
+            ShardedSampler(len(data.rl), seed=args.seed + 2, rank=rank, world_size=world) if self.active[RL] else None
         )
         self.replay = ReplayBuffer(
             capacity=args.replay_capacity,
             max_bytes=args.replay_max_bytes,
             max_uses=replay_max_uses(args),  # num_ppo_epochs, raised in few-shot mode
             max_age=args.replay_max_age,
-            seed=seed + 3 + rank,
+            seed=args.seed + 3 + rank,
             compress=args.replay_compress,
             compress_threshold=args.replay_compress_threshold,
         )
         # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory_pool.py)
         self.memory_pool = MemoryPool(
-            self._sft_pool,
-            self._prompt_sampler,
-            fewshot=self._build_fewshot(args) if args.fewshot_mode else None,
+            sft_pool,
+            prompt_sampler,
+            fewshot=self._build_fewshot(args, sft_pool, prompt_sampler) if args.fewshot_mode else None,
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
             kl_estimator=args.kl_estimator,
         )
+
+        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -------------------------
         self.allocator = RowAllocator()
-        schedule = CurriculumSchedule(
-            args.curriculum_boundaries,
-            [args.curriculum_mixtures[i : i + 3] for i in range(0, len(args.curriculum_mixtures), 3)],
+        self.curriculum = CurriculumSchedule(
+            *curriculum_args,
             self._planned_steps,
             args.curriculum_decay_steps,
-            active=tuple(a and c > 0 for a, c in zip(self.active, args.objective_weights)),
+            active=active,
             mode=args.curriculum_mode,
         )
-        self.curriculum = schedule
+        dynamic = args.dare_mode == "dynamic" and sum(self.active) > 1
         engine = (
             DAREWeighting(
                 self.active,
@@ -420,28 +337,58 @@ class TRAPOTrainer(
                 args.dare_max_factor,
                 noise_floor=self._probe_noise_floor(model, args),
             )
-            if args.dare_mode == "dynamic" and sum(self.active) > 1
+            if dynamic
             else StaticWeighting()  # one objective: weights renormalise to 1 whatever DARE says, so do not probe
         )
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe if args.dare_mode == "dynamic" else None)
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe if dynamic else None)
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
-        self.schedules = RLSchedules(args, (schedule.boundary_steps or [None])[-1])
-        if self.schedules.adaptive_kl:
-            self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
-        self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
-        self._row_generator = torch.Generator().manual_seed(seed + 4 + rank)
-        # Rollout sampling draws from its own checkpointed generator (through `fork_rng`), so a resumed run samples
-        # exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
-        self._generation_generator = torch.Generator().manual_seed(seed + 5 + rank)
-        self.add_callback(StateCheckpointCallback(self._save_trapo_state))
+        self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
+        self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
 
-        self.ref_model = ref_model
-        if self.ref_model is not None:
-            self.ref_model = self._prepare_frozen(self.ref_model)
+        # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
+        self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.reference = None  # the KL term's reference (none when kl_coef = 0)
         if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
             self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
+        for i, func in enumerate(self.rewards.funcs):
+            if isinstance(func, nn.Module):
+                self.rewards.funcs[i] = self._prepare_frozen(func)
+        self.generation_config = rollout_generation_config(args, processing_class)
+        stop_token_id = self.generation_config.eos_token_id
+        if isinstance(stop_token_id, list):
+            stop_token_id = stop_token_id[0]
+        self.rollouts = RolloutEngine(
+            args,
+            processing_class,
+            self.rewards,
+            self.reference,
+            self._has_critic,
+            self.kl_penalty,
+            self.schedules.kl_coef,
+            self._unwrapped_for_rollouts,
+            self.accelerator,
+            self.generation_config,
+            stop_token_id,
+            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
+            if args.use_vllm and self.active[RL]
+            else None,
+        )
+        self.evaluator = Evaluator(
+            args,
+            processing_class,
+            self.rewards,
+            self.accelerator,
+            self._unwrapped_policy_for_eval,
+            self.generation_config,
+            stop_token_id,
+        )
+
+        # ---- step 8. callbacks ------------------------------------------------------------------------------------
+        if self.schedules.adaptive_kl:
+            self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
+        self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
+        self.add_callback(StateCheckpointCallback(self._save_trapo_state))
         if args.sync_ref_model and args.kl_coef > 0:
             if self.reference is None or not self.reference.syncable:
                 raise ValueError(
@@ -449,81 +396,76 @@ class TRAPOTrainer(
                     "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
                 )
             self.add_callback(SyncReferenceCallback(self.reference, self._unwrapped_policy))
-        for i, func in enumerate(self.reward_funcs):
-            if isinstance(func, nn.Module):
-                self.reward_funcs[i] = self._prepare_frozen(func)
-
-        self.generation_config = self._build_generation_config(args, processing_class)
-        self._vllm = None
-        if args.use_vllm and self.active[RL]:
-            from .vllm_rollouts import VLLMRollouts
-
-            self._vllm = VLLMRollouts(self)
-        self._stop_token_id = self.generation_config.eos_token_id
-        if isinstance(self._stop_token_id, list):
-            self._stop_token_id = self._stop_token_id[0]
 
         self._episode = 0
         self._nonfinite_steps = 0
         self._step_nonfinite = torch.zeros((), dtype=torch.bool)
-        self._step_context: dict[str, Any] = {}
-        self._metric_sums: dict[str, torch.Tensor] = {}
-        self._metric_steps: dict[str, int] = {}  # steps that contributed to each metric since the last log
-        self._step_metric_keys: set[str] = set()
-        self._rollout_sums: dict[str, float] = defaultdict(float)
-        self._pending_reward_metrics: dict[str, list[float]] = defaultdict(list)
-        self._pending_extra: dict[str, list] = defaultdict(list)
-        self._same_tokenizer: dict[int, bool] = {}
         self._train_start_time: float | None = None
         self._last_shares = self.curriculum.mixture(0)
         self._last_step_built = 0
 
     # =================================================================================================================
-    # The loss (public Trainer hook: compute_loss)
+    # Construction helpers
     # =================================================================================================================
     @staticmethod
-    def _probe_noise_floor(model, args: TRAPOConfig) -> float:
-        """Three standard deviations of the cosine of two random vectors of the probe's dimension, 3 / sqrt(D)."""
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        rows = min(config.vocab_size, args.dare_probe_vocab)
-        dim = min(config.hidden_size, args.dare_probe_dim)
-        return 3.0 / math.sqrt(rows * dim)
+    def _policy_and_reference(model, model_id, ref_model, args: TRAPOConfig, peft_config):
+        """The policy (wrapped in a fresh adapter with `peft_config`), and its reference: a frozen model, or — for a
+        PEFT policy — an adapter name ("" = adapter disabled)."""
+        created_adapter = False
+        if peft_config is not None:
+            if get_peft_model is None:
+                raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
+            if is_peft_model(model):
+                raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
+            model = get_peft_model(model, peft_config)
+            created_adapter = True
+        if args.disable_dropout:
+            disable_dropout_in_model(model)
+        ref_adapter: str | None = None
+        if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
+            raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
+        if args.model_adapter_name:
+            model.set_adapter(args.model_adapter_name)
+        if args.ref_adapter_name:
+            if args.ref_adapter_name not in model.peft_config:
+                raise ValueError(
+                    f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
+                    f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
+                )
+            ref_adapter = args.ref_adapter_name
+        if ref_model is not None and is_peft_model(model):
+            logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
+        if args.kl_coef > 0 and ref_model is None and ref_adapter is None:
+            if is_peft_model(model):
+                if created_adapter and not args.sync_ref_model:
+                    ref_adapter = ""  # a fresh adapter starts at the base model
+                else:
+                    ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+            else:
+                ref_model = create_reference(model, model_id, args.model_init_kwargs)
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+            if args.disable_dropout:
+                disable_dropout_in_model(ref_model)
+        return model, ref_model, ref_adapter
 
-    def _make_probe(self) -> GradientProbe:
-        policy = self._unwrapped_policy()
-        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
-        return GradientProbe(
-            config.vocab_size,
-            config.hidden_size,
-            self.args.dare_probe_vocab,
-            self.args.dare_probe_dim,
-            device=self.accelerator.device,
-            seed=self.args.seed,
-        )
+    def _prepare_frozen(self, module: nn.Module) -> nn.Module:
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(module, self.accelerator)
+        return self.accelerator.prepare_model(module, evaluation_mode=True)
 
-    def _build_fewshot(self, args: TRAPOConfig) -> FewShotController:
-        policy = self._unwrapped_policy()
+    def _build_fewshot(self, args: TRAPOConfig, sft_pool, prompt_sampler) -> FewShotController:
         return FewShotController(
             args,
             self._planned_steps,
             self.accelerator.process_index,
-            self._prompt_sampler,
+            prompt_sampler,
             self._rl_dataset,
             self._embed_prompts,
-            lm_head=policy.get_output_embeddings() if self._sft_pool is not None else None,
-            sft_pool_size=len(self._sft_pool) if self._sft_pool is not None else 0,
+            lm_head=self._unwrapped_policy().get_output_embeddings() if sft_pool is not None else None,
+            sft_pool_size=len(sft_pool) if sft_pool is not None else 0,
             kl_penalty=self.kl_penalty,
         )
-
-    def _embed_prompts(self, prompt_ids: list[list[int]]) -> torch.Tensor:
-        """`(n, H)` prompt embeddings for few-shot mode (a no-grad forward of the policy's decoder)."""
-        with self._unwrapped_for_rollouts() as unwrapped:
-            return prompt_embeddings(
-                self._policy_for_generation(unwrapped),
-                prompt_ids,
-                self.processing_class.pad_token_id,
-                self.args.local_rollout_forward_batch_size,
-            )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
         """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3)."""
@@ -544,31 +486,268 @@ class TRAPOTrainer(
         self.add_callback(callback)
         return callback
 
+    @staticmethod
+    def _probe_noise_floor(model, args: TRAPOConfig) -> float:
+        """Three standard deviations of the cosine of two random vectors of the probe's dimension, 3 / sqrt(D)."""
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        rows = min(config.vocab_size, args.dare_probe_vocab)
+        dim = min(config.hidden_size, args.dare_probe_dim)
+        return 3.0 / math.sqrt(rows * dim)
+
+    def _make_probe(self) -> GradientProbe:
+        policy = self._unwrapped_policy()
+        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+        return GradientProbe(
+            config.vocab_size,
+            config.hidden_size,
+            self.args.dare_probe_vocab,
+            self.args.dare_probe_dim,
+            device=self.accelerator.device,
+            seed=self.args.seed,
+        )
+
+    # =================================================================================================================
+    # Handles the collaborators use
+    # =================================================================================================================
     def _unwrapped_policy(self) -> nn.Module:
         model = self.accelerator.unwrap_model(self.model)
         return model.policy if isinstance(model, PolicyAndValueWrapper) else model
 
-    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch: dict | None = None):
+    @property
+    def reward_funcs(self) -> list:
+        """The reward functions and (prepared) reward models, in the order of `reward_weights`."""
+        return self.rewards.funcs
+
+    @property
+    def reward_func_names(self) -> list[str]:
+        """Their names, as in `rewards/<name>/mean`."""
+        return self.rewards.names
+
+    @contextmanager
+    def _unwrapped_for_rollouts(self) -> Iterator[nn.Module]:
+        """The trained model unwrapped for generation (weights gathered under ZeRO-3 when
+        `ds3_gather_for_generation`), in eval mode for the duration."""
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+        ) as unwrapped:
+            was_training = unwrapped.training
+            unwrapped.eval()
+            try:
+                yield unwrapped
+            finally:
+                unwrapped.train(was_training)
+
+    @contextmanager
+    def _unwrapped_policy_for_eval(self, gather: bool) -> Iterator[nn.Module]:
+        """The policy unwrapped for generation (ZeRO-3 weights gathered when `gather`), in eval mode."""
+        with unwrap_model_for_generation(
+            self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
+        ) as unwrapped:
+            policy = RolloutEngine.policy_of(unwrapped)
+            was_training = policy.training
+            policy.eval()
+            try:
+                yield policy
+            finally:
+                policy.train(was_training)
+
+    def _embed_prompts(self, prompt_ids: list[list[int]]) -> torch.Tensor:
+        """`(n, H)` prompt embeddings for few-shot mode (a no-grad forward of the policy's decoder)."""
+        with self._unwrapped_for_rollouts() as unwrapped:
+            return prompt_embeddings(
+                RolloutEngine.policy_of(unwrapped),
+                prompt_ids,
+                self.processing_class.pad_token_id,
+                self.args.local_rollout_forward_batch_size,
+            )
+
+    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
+        if self.accelerator.num_processes == 1:
+            return tensor
+        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
+
+    # =================================================================================================================
+    # 1. Building a step (public Trainer hook: get_batch_samples)
+    # =================================================================================================================
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device) -> tuple[list, StepContext | None]:
+        """Draw this optimizer step's rows from the three pools and split them into `num_batches` micro-batches.
+
+        Returns `(micro_batches, context)`: the Trainer hands the [`StepContext`] (loss weights and the global
+        per-objective counts of the whole step) to `training_step` / `compute_loss` as `num_items_in_batch`.
+        """
+        tickets = []
+        for _ in range(num_batches):
+            try:
+                tickets.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        if not tickets:
+            return [], None
+        return self._build_step(len(tickets))
+
+    def _build_step(self, num_micro: int) -> tuple[list[dict], StepContext]:
+        args = self.args
+        step = self.state.global_step
+        self._last_step_built = step
+        # step 1. shares and weights
+        shares = self.curriculum.mixture(step)
+        weights = self.dare.step_weights(args.objective_weights, shares)
+        self._last_shares = shares
+        # step 2. rows
+        counts = self.allocator.allocate(args.per_device_train_batch_size * num_micro, shares)
+        rows = []
+        if counts[PRETRAIN]:
+            rows += self._pretrain_stream.take(counts[PRETRAIN])
+        if counts[SFT]:
+            rows += self.memory_pool.take_sft(counts[SFT], step)
+        if counts[RL]:
+            rows += [t.to_row() for t in self._take_trajectories(counts[RL], step)]
+        order = torch.randperm(len(rows), generator=self._row_generator).tolist()
+        for position, index in enumerate(order):
+            rows[index].half = position % 2
+        # step 3. micro-batches
+        batches = [
+            collate_rows(group, self.processing_class.pad_token_id) for group in split_micro_batches(rows, num_micro)
+        ]
+        # step 4. global counts
+        total = self._reduce_sum(step_counts(batches))
+        context = StepContext(
+            step=step,
+            weights=weights,
+            counts=dict(zip(COUNT_KEYS, total.tolist())),
+            probe=self.dare.begin_step(step),
+            num_micro=num_micro,
+        )
+        return batches, context
+
+    def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
+        for _ in range(20):
+            # every rank generates when any rank needs to: a round gathers ZeRO-3 weights (a collective), and
+            # replay buffers can differ across ranks (rewards of None drop rollouts)
+            if not any_rank(self.accelerator, self.replay.num_available(step) < n):
+                break
+            self._generate_round(n, step)
+        else:
+            raise RuntimeError(
+                "20 generation rounds in a row produced no usable trajectory: every reward function returned None "
+                "or NaN (both mean 'no reward for this sample', as in TRL) for every completion. Check the reward "
+                "functions: `rewards/<function>/mean` is logged only over the samples they scored."
+            )
+        return self.replay.sample(n, step)
+
+    # =================================================================================================================
+    # 1a. Rollouts (a generation round refills the replay buffer)
+    # =================================================================================================================
+    def _generate_round(self, rows_needed: int, step: int) -> None:
+        """Generate, score and store enough trajectories for `num_mini_batches` steps of `rows_needed` RL rows."""
+        args = self.args
+        group = 1 if self._has_critic else args.num_generations
+        num_prompts = max(math.ceil(rows_needed * args.num_mini_batches / group), 1)
+        # step 1. prompts (few-shot mode prefers under-served tasks and anneals the round's temperature)
+        indices = self.memory_pool.select_prompts(num_prompts, step)
+        temperature = self.memory_pool.rollout_temperature(args.temperature)
+        examples = [example for example in (self._rl_dataset[i] for i in indices) for _ in range(group)]
+        # steps 2-5. generate, reference log-probs, values, scores, advantages
+        batch = self.rollouts.generate(examples, group, step, temperature)
+        self._observe_rollouts(batch)
+        self.replay.add(batch.trajectories, step)
+
+    @torch.no_grad()
+    def process_rollouts(
+        self,
+        examples: list[dict],
+        completion_ids: list[torch.Tensor],
+        old_per_token_logps: list[torch.Tensor] | None = None,
+        group: int | None = None,
+        temperature: float | None = None,
+    ) -> list[Trajectory]:
+        """Turn given rollouts into replay trajectories, exactly as generated ones are (for fixed / external rollouts).
+
+        Each completion is cut after its first stop token; then come the reference log-probs, the critic's values,
+        the scores (reward functions / models, `missing_eos_penalty`) and the advantages (GAE with a critic, else
+        group-relative over consecutive groups of `group` completions).
+
+        Args:
+            examples (`list[dict]`): one dataset row per completion (`prompt` and reward columns; `prompt_ids` is
+                computed when absent).
+            completion_ids (`list[torch.Tensor]`): `(C_i,)` token ids per completion.
+            old_per_token_logps (`list[torch.Tensor]`, *optional*): `(C_i,)` behaviour log-probs; computed with the
+                current policy (temperature-scaled) when None.
+            group (`int`, *optional*): completions per prompt (default: 1 with a critic, else `num_generations`).
+            temperature (`float`, *optional*): the sampling temperature of the completions (default: `temperature`).
+
+        Returns:
+            `list[Trajectory]`: trajectories (see `ReplayBuffer`), not yet added to the buffer; completions whose every
+            reward is None are dropped.
+        """
+        group = group or (1 if self._has_critic else self.args.num_generations)
+        temperature = self.args.temperature if temperature is None else temperature
+        batch = self.rollouts.process(examples, completion_ids, old_per_token_logps, group, temperature)
+        self._observe_rollouts(batch)
+        return batch.trajectories
+
+    def _observe_rollouts(self, batch: RolloutBatch) -> None:
+        """A scored round reaches everything that learns from rollouts: episode count, metrics, the adaptive KL
+        controller's window, the memory pool (few-shot prototypes, adapter-bank window)."""
+        self._episode += len(batch.completion_ids) * self.accelerator.num_processes
+        self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
+        kl_sum = self.metrics.add_rollouts(
+            batch.completion_ids,
+            batch.old_per_token_logps,
+            batch.ref_per_token_logps,
+            batch.scores,
+            batch.per_func,
+            batch.is_truncated,
+        )
+        self.schedules.observe_rollouts(kl_sum, len(batch.completion_ids))  # the adaptive KL controller's input
+        # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
+        self.memory_pool.observe_rollouts(
+            batch.scores, batch.old_per_token_logps, batch.ref_per_token_logps, batch.trajectories, batch.temperature
+        )
+
+    # =================================================================================================================
+    # 2. The loss (public Trainer hooks: training_step, compute_loss)
+    # =================================================================================================================
+    def training_step(self, model, inputs, num_items_in_batch: StepContext | None = None):
+        """The Trainer's step, plus: at the last micro-batch of a step, metrics bookkeeping and the DARE update."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # no host sync: the flag stays on the device until the optimizer step reads it
+        self._step_nonfinite = self._step_nonfinite.to(loss.device) | ~torch.isfinite(loss.detach())
+        context = num_items_in_batch
+        if context.last_micro_batch:
+            self.metrics.end_step()
+            if context.probe:
+                self.dare.finish_step(context.step, self._reduce_sum)
+            samples = self.args.num_sample_generations
+            if samples > 0 and context.step % max(1, self._planned_steps // samples) == 0:
+                self.generate_completions(sampling=True)
+        return loss
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch: StepContext | None = None):
         """L = sum_o w_o * L_o for one micro-batch, with every L_o normalised by its global count of the step.
 
         The returned value is multiplied by the number of processes because DDP / DeepSpeed average gradients over
         ranks; summed over micro-batches and averaged over ranks it is the step's loss.
+
+        Raises:
+            TypeError: without the step's [`StepContext`] (TRAPOTrainer builds it in `get_batch_samples`).
         """
-        info = num_items_in_batch if isinstance(num_items_in_batch, dict) else self._step_context
-        if not info:
-            raise RuntimeError(
-                "compute_loss got no step information; TRAPOTrainer builds batches in get_batch_samples."
+        context = num_items_in_batch
+        if not isinstance(context, StepContext):
+            raise TypeError(
+                "compute_loss needs the step's StepContext as `num_items_in_batch`; TRAPOTrainer builds batches and "
+                f"their context in get_batch_samples (got {type(context).__name__})."
             )
         args = self.args
-        weights, counts = info["weights"], info["counts"]
+        weights, counts = context.weights, context.counts
         objective, mask = inputs["objective"], inputs["mask"]
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         rl_rows = objective == RL
-        probe = info["probe"]
 
         # step 1. one forward of the policy over every row (and of the critic over the RL rows)
         forward_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        if probe:
+        if context.probe:
             forward_kwargs["output_hidden_states"] = True
         values = None
         if self._has_critic:
@@ -600,33 +779,34 @@ class TRAPOTrainer(
 
         loss_rl = torch.zeros((), device=logits.device)
         stats: dict[str, torch.Tensor] = {}
-        rl_mask = masks[RL]
+        pg_coef = None
         if bool(rl_rows.any()):
-            loss_rl, stats, pg_coef = self._rl_loss(inputs, per_token_logps, logits, values, rl_mask, counts, info)
-        else:
-            pg_coef = None
+            loss_rl, stats, pg_coef = self._rl_loss(inputs, per_token_logps, logits, values, masks[RL], context)
 
         total = weights[PRETRAIN] * loss_pretrain + weights[SFT] * loss_sft_opt + weights[RL] * loss_rl
         total = total * self.accelerator.num_processes
 
         # step 3. DARE probe (update steps only): closed-form LM-head gradients of each objective's two halves
-        if probe:
+        if context.probe:
             self._accumulate_probe(outputs, logits, targets, objective, mask, inputs["half"], pg_coef)
 
         # step 4. metrics (summed over micro-batches; every term already carries its global normaliser)
         with torch.no_grad():
-            self._add_metric("loss/pretrain", loss_pretrain)
-            self._add_metric("loss/sft", loss_sft)
-            self._add_metric("loss/rl", loss_rl)
+            self.metrics.add("loss/pretrain", loss_pretrain)
+            self.metrics.add("loss/sft", loss_sft)
+            self.metrics.add("loss/rl", loss_rl)
             for key, value in stats.items():
-                self._add_metric(key, value)
+                self.metrics.add(key, value)
         # step 5. per-row SFT feedback to the memory pool (priority proxies, few-shot embeddings), left on the device
         self.memory_pool.after_forward(inputs, per_token_logps, masks[SFT])
-        info["micro_index"] += 1
+        context.micro_index += 1
         return (total, outputs) if return_outputs else total
 
-    def _rl_loss(self, inputs, per_token_logps, logits, values, rl_mask, counts, info):
+    def _rl_loss(self, inputs, per_token_logps, logits, values, rl_mask, context: StepContext):
+        """The RL term of one micro-batch: PPO's surrogate (+ KL in the loss, - entropy bonus, + value loss), its
+        statistics, and d loss / d log pi per token for the DARE probe."""
         args = self.args
+        counts = context.counts
         n_tokens = max(counts["tokens_rl"], 1.0)
         loss_kwargs = dict(
             loss_type=args.loss_type,
@@ -645,7 +825,7 @@ class TRAPOTrainer(
                 per_token_logps, old, advantages, args.importance_sampling_cap, importance
             )
         stats: dict[str, torch.Tensor] = {}
-        kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(info["step"])
+        kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(context.step)
         if kl_coef > 0 and "ref_per_token_logps" in inputs:
             kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], args.kl_estimator)
             if self.kl_penalty == "loss":
@@ -672,8 +852,7 @@ class TRAPOTrainer(
             value_out = clipped_value_loss(
                 value_pred, inputs["old_values"][rows], inputs["returns"][rows], args.cliprange_value
             )
-            value_kwargs = dict(loss_kwargs)
-            value_loss = aggregate_rl_loss(value_out.per_token_loss, value_mask, **value_kwargs)
+            value_loss = aggregate_rl_loss(value_out.per_token_loss, value_mask, **loss_kwargs)
             loss = loss + args.vf_coef * value_loss
             stats["loss/value_avg"] = value_loss.detach()
             stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
@@ -700,8 +879,15 @@ class TRAPOTrainer(
             token_half,
         )
 
+    def _is_logging_step(self) -> bool:
+        steps = self.args.logging_steps
+        if not steps or steps <= 0:
+            return False
+        steps = int(steps) if steps >= 1 else max(int(steps * self.state.max_steps), 1)
+        return (self.state.global_step + 1) % steps == 0
+
     # =================================================================================================================
-    # The optimizer step: non-finite guard and DARE update (public hooks)
+    # 3. The optimizer step (public hooks: create_optimizer, create_scheduler)
     # =================================================================================================================
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
@@ -718,21 +904,6 @@ class TRAPOTrainer(
             optimizer.step = guarded_step
             optimizer._trapo_guarded = True
         return optimizer
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        """The Trainer's scheduler, its factor multiplied by the curriculum phase's learning-rate scale
-        (`rl_phase_learning_rate`; a pure function of the step, see `schedules.scale_scheduler`)."""
-        wrap = self.lr_scheduler is None and self.schedules.scales_lr
-        scheduler = super().create_scheduler(num_training_steps, optimizer)
-        if wrap:
-            scale_scheduler(scheduler, self.schedules.lr_scale)
-        return scheduler
-
-    def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
-        if self.accelerator.num_processes == 1:
-            return tensor
-        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
 
     def _consume_nonfinite_flag(self) -> bool:
         flag = self._step_nonfinite.float().to(self.accelerator.device)
@@ -755,20 +926,203 @@ class TRAPOTrainer(
             )
         return True
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        """The Trainer's step, plus: at the last micro-batch of a step, metrics bookkeeping and the DARE update."""
-        loss = super().training_step(model, inputs, num_items_in_batch)
-        # no host sync: the flag stays on the device until the optimizer step reads it
-        self._step_nonfinite = self._step_nonfinite.to(loss.device) | ~torch.isfinite(loss.detach())
-        info = self._step_context
-        if info and info["micro_index"] >= info["num_micro"]:
-            for key in self._step_metric_keys:
-                self._metric_steps[key] = self._metric_steps.get(key, 0) + 1
-            self._step_metric_keys = set()
-            if info["probe"]:
-                self.dare.finish_step(info["step"], self._reduce_sum)
-            info["micro_index"] = -1  # done
-            samples = self.args.num_sample_generations
-            if samples > 0 and info["step"] % max(1, self._planned_steps // samples) == 0:
-                self.generate_completions(sampling=True)
-        return loss
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """The Trainer's scheduler, its factor multiplied by the curriculum phase's learning-rate scale
+        (`rl_phase_learning_rate`; a pure function of the step, see `schedules.scale_scheduler`)."""
+        wrap = self.lr_scheduler is None and self.schedules.scales_lr
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if wrap:
+            scale_scheduler(scheduler, self.schedules.lr_scale)
+        return scheduler
+
+    # =================================================================================================================
+    # 4. Logging, evaluation, durable state, saving (public hooks: log, evaluate, train, save_model)
+    # =================================================================================================================
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add TRAPO's metrics (losses per objective, weights, curriculum, rollouts, replay) to the Trainer's logs."""
+        if "loss" in logs:
+            logs.update(self._collect_metrics())
+        super().log(logs, start_time)
+
+    def _collect_metrics(self) -> dict[str, float]:
+        out = self.metrics.collect(self.accelerator, self.schedules.kl_coef())
+        out.update(self.curriculum.metrics(self._last_step_built, self._last_shares))
+        out.update(self.dare.metrics())
+        out.update(self.schedules.metrics(self._last_step_built))
+        out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
+        out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
+        out["episode"] = float(self._episode)
+        self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
+        elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
+        out["eps"] = float(int(self._episode / elapsed)) if elapsed > 0 else 0.0
+        if self.lr_scheduler is not None:
+            out["lr"] = float(self.lr_scheduler.get_last_lr()[0])
+        out["train/nonfinite_steps"] = float(self._nonfinite_steps)
+        return out
+
+    @torch.no_grad()
+    def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
+        """Greedy completions of the eval prompts with their scores, printed as a table (and logged to W&B /
+        Trackio when they are in `report_to`), as TRL 1.12's `PPOTrainer.generate_completions` did.
+
+        Args:
+            sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
+
+        Returns:
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without an
+            eval dataset of prompts).
+        """
+        return self.evaluator.completions_table(self.eval_dataset, self.state.global_step, sampling)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate held-out data by its format (see [`~trl_trapo.evaluation.Evaluator.evaluate`]); a dict of datasets
+        is evaluated one by one with prefix `<prefix>_<name>`.
+
+        Raises:
+            ValueError: if there is no eval dataset, or its format is not one TRAPO evaluates.
+        """
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
+        if isinstance(dataset, dict):
+            metrics = {}
+            for name, part in dataset.items():
+                metrics.update(self.evaluator.evaluate(part, f"{metric_key_prefix}_{name}"))
+        else:
+            metrics = self.evaluator.evaluate(dataset, metric_key_prefix)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, resuming TRAPO's own state too.
+
+        `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
+        while writing is skipped, with a warning saying why); an explicit path must be complete.
+
+        Raises:
+            CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
+                `resume_from_checkpoint=True` finds no complete checkpoint.
+        """
+        world = self.accelerator.num_processes
+        if resume_from_checkpoint is True:
+            path, skipped = last_complete_checkpoint(self.args.output_dir, world)
+            for reason in skipped:
+                logger.warning("Not resuming from an incomplete checkpoint: %s", reason)
+            if path is None:
+                raise CheckpointError(
+                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint"
+                    + (f" ({skipped[0]})" if skipped else "")
+                    + ". Pass a path, or start without resuming."
+                )
+            resume_from_checkpoint = path
+        self._train_start_time = time.perf_counter()
+        if resume_from_checkpoint:
+            verify_checkpoint(resume_from_checkpoint, world)
+            self._load_trapo_state(resume_from_checkpoint)
+            logger.info("Resuming from %s", resume_from_checkpoint)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint,
+            trial=trial,
+            ignore_keys_for_eval=ignore_keys_for_eval,
+            **kwargs,
+        )
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        return {"rows": self._row_generator, **self.rollouts.state_dict()}
+
+    def _save_trapo_state(self, checkpoint_dir: str) -> None:
+        """Write TRAPO's own per-rank state into `checkpoint_dir/trapo/` (called by `StateCheckpointCallback`)."""
+        replay_meta, replay_tensors = self.replay.state_dict()
+        pool = self.memory_pool
+        state = {
+            "format": 1,
+            "global_step": self.state.global_step,
+            "world_size": self.accelerator.num_processes,
+            "episode": self._episode,
+            "nonfinite_steps": self._nonfinite_steps,
+            "allocator": self.allocator.state_dict(),
+            "dare": self.dare.engine.state_dict(),
+            "replay": replay_meta,
+            "prompt_sampler": pool.prompt_sampler.state_dict() if pool.prompt_sampler else None,
+            "sft_pool": pool.sft_pool.state_dict() if pool.sft_pool else None,
+            "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
+            "schedules": self.schedules.state_dict(),
+        }
+        state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)  # SFT priorities, few-shot, bank
+        tensors = {**replay_tensors, **rng_tensors(self._generators())}
+        if self.args.sync_ref_model and self.ref_model is not None:  # the reference has moved: keep it
+            ref_state = full_state_dict(self.accelerator.unwrap_model(self.ref_model))  # ZeRO-3: gathered
+            tensors.update({f"ref_model/{k}": v for k, v in ref_state.items()})
+        compress = self.replay.nbytes > 64 * 2**20
+        self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
+        write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
+
+    def _load_trapo_state(self, checkpoint_dir: str) -> None:
+        """Restore what `_save_trapo_state` wrote (this rank's part).
+
+        Raises:
+            CheckpointError: naming the file, if the state is missing, damaged, or made with other datasets.
+        """
+        rank = self.accelerator.process_index
+        state, tensors = read_rank_state(checkpoint_dir, rank)
+        source = os.path.join(checkpoint_dir, "trapo", f"rank{rank}.json")
+        pool = self.memory_pool
+        try:
+            if state.get("format") != 1:
+                raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
+            for name, part in (
+                ("prompt_sampler", pool.prompt_sampler),
+                ("sft_pool", pool.sft_pool),
+                ("pretrain_stream", self._pretrain_stream),
+            ):
+                if (state.get(name) is None) != (part is None):
+                    raise CheckpointError(
+                        f"{source}: the checkpoint was made with a different set of datasets ('{name}' "
+                        f"{'missing' if state.get(name) is None else 'present'}); resume with the same datasets."
+                    )
+                if part is not None:
+                    part.load_state_dict(state[name])
+            self._episode = int(state["episode"])
+            self._nonfinite_steps = int(state["nonfinite_steps"])
+            self.allocator.load_state_dict(state["allocator"])
+            self.dare.engine.load_state_dict(state["dare"])
+            self.schedules.load_state_dict(state.get("schedules"))
+            self.replay.load_state_dict(state["replay"], tensors)
+            restore_rng(self._generators(), tensors, source)
+            ref_state = {k[len("ref_model/") :]: v for k, v in tensors.items() if k.startswith("ref_model/")}
+            if ref_state:
+                load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), ref_state)
+            pool.load_state_dict(state.get("memory_pool"), checkpoint_dir)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the policy so that `from_pretrained` reloads it (only the adapter for a PEFT policy).
+
+        Without a critic this is the Trainer's own `save_model` (which gathers DeepSpeed ZeRO-3 / FSDP weights). With
+        a critic, checkpoints (`checkpoint-N` directories) hold the policy and the critic together so training can
+        resume, and every other save writes the policy alone, gathered from the DDP / DeepSpeed wrapper first —
+        never the wrapper itself.
+        """
+        is_checkpoint = (
+            _internal_call
+            and output_dir is not None
+            and os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-")
+        )
+        if not self._has_critic or is_checkpoint:
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir or self.args.output_dir
+        source = self.model_wrapped if self.is_deepspeed_enabled else self.model
+        state = self.accelerator.get_state_dict(source)  # collective under ZeRO-3: every rank takes part
+        if self.args.should_save:
+            policy = self._unwrapped_policy()
+            policy_state = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
+            os.makedirs(output_dir, exist_ok=True)
+            policy.save_pretrained(output_dir, state_dict=policy_state)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)

@@ -1,0 +1,145 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Training metrics between two logs: per-step sums the loss adds, rollout sums, and what reward functions log.
+
+- Step metrics (`loss/*`, `policy/*`, `val/*`): each micro-batch adds its contribution (every term already carries
+  its global normaliser, so the sum over a step's micro-batches is the step's value); at log time each key is
+  averaged over the optimizer steps that measured it and reduced over ranks. Sums stay on the device: nothing syncs
+  until the log.
+- Rollout metrics (`objective/*`, `completions/*`, `rewards/*`, `val/num_eos_tokens`): sums over the rollouts
+  generated since the last log, divided by their count at log time.
+- `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from .config import OBJECTIVES
+from .distributed import reduce_named_means
+from .losses import kl_estimate
+
+
+class MetricsAccumulator:
+    """Collects training metrics between two logs (see the module docstring).
+
+    Args:
+        reward_names (`list[str]`): names of the reward functions / models (for `rewards/<name>/mean`).
+        kl_estimator (`str`): the per-token KL estimator of `objective/kl`.
+    """
+
+    def __init__(self, reward_names: list[str], kl_estimator: str):
+        self.reward_names = list(reward_names)
+        self.kl_estimator = kl_estimator
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything collected since the last log."""
+        self.step_sums: dict[str, torch.Tensor] = {}
+        self.step_counts: dict[str, int] = {}  # optimizer steps that contributed to each key since the last log
+        self._keys_this_step: set[str] = set()
+        self.rollout_sums: dict[str, float] = defaultdict(float)
+        self.reward_metrics: dict[str, list[float]] = defaultdict(list)
+        self.extra_columns: dict[str, list] = defaultdict(list)
+
+    # ---- what the loss adds -----------------------------------------------------------------------------------------
+    def add(self, key: str, value: torch.Tensor) -> None:
+        """Add a micro-batch's contribution to a step metric (averaged at log time over the steps that had it)."""
+        value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
+        self.step_sums[key] = self.step_sums[key] + value if key in self.step_sums else value
+        self._keys_this_step.add(key)
+
+    def end_step(self) -> None:
+        """Count the optimizer step that just ended for every key it added."""
+        for key in self._keys_this_step:
+            self.step_counts[key] = self.step_counts.get(key, 0) + 1
+        self._keys_this_step = set()
+
+    # ---- what rollouts and reward functions add --------------------------------------------------------------------
+    def add_rollouts(
+        self,
+        completion_ids: list[torch.Tensor],
+        old_logps: list[torch.Tensor],
+        ref_logps: list[torch.Tensor] | None,
+        scores: torch.Tensor,
+        per_func: torch.Tensor,
+        is_truncated: torch.Tensor,
+    ) -> float:
+        """Add a generation round (B completions, `(C_i,)` tensors each; `(B,)` scores with NaN = no reward, `(B, F)`
+        rewards per function, `(B,)` truncation flags). Returns the round's summed per-sequence KL (nats)."""
+        sums = self.rollout_sums
+        n = len(completion_ids)
+        valid = ~torch.isnan(scores)
+        sums["rollouts"] += n
+        sums["rollouts_scored"] += float(valid.sum())
+        sums["objective/scores"] += float(torch.nan_to_num(scores, nan=0.0).sum())
+        kl_sum = 0.0
+        if ref_logps is not None:
+            for o, r in zip(old_logps, ref_logps):
+                kl_sum += float(kl_estimate(o, r, self.kl_estimator).sum())
+        sums["objective/kl"] += kl_sum
+        sums["objective/entropy"] += float(sum(-o.sum() for o in old_logps))
+        sums["completions/mean_length"] += float(sum(c.numel() for c in completion_ids))
+        sums["completions/clipped_ratio"] += float(is_truncated.float().sum())
+        for i, name in enumerate(self.reward_names):
+            column = per_func[:, i]
+            sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
+            sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
+        return kl_sum
+
+    def log_metric(self, name: str, value: float) -> None:
+        """A reward function's `log_metric(name, value)`."""
+        self.reward_metrics[name].append(float(value))
+
+    def log_extra(self, column: str, values: list) -> None:
+        """A reward function's `log_extra(column, values)`."""
+        self.extra_columns[column].extend(values)
+
+    # ---- log time ---------------------------------------------------------------------------------------------------
+    def collect(self, accelerator, kl_coef: float) -> dict[str, float]:
+        """Every metric since the last log, reduced over ranks (collective), then forget them.
+
+        Args:
+            accelerator: the Trainer's `Accelerator` (device and cross-rank reductions).
+            kl_coef (`float`): the KL coefficient in use (for `objective/non_score_reward`).
+        """
+        out: dict[str, float] = {}
+        keys = sorted(self.step_sums)
+        if keys:
+            stacked = torch.stack([self.step_sums[k].to(accelerator.device) for k in keys])
+            steps = torch.tensor([max(self.step_counts.get(k, 0), 1) for k in keys], dtype=torch.float64)
+            reduced = accelerator.reduce(stacked, reduction="sum").cpu() / steps
+            values = dict(zip(keys, reduced.tolist()))
+            if "val/ratio_sq" in values:
+                values["val/ratio_var"] = max(values.pop("val/ratio_sq") - values.get("val/ratio", 0.0) ** 2, 0.0)
+            out.update(values)
+        for name in OBJECTIVES:
+            out.setdefault(f"loss/{name}", 0.0)
+        rollout_keys = sorted(self.rollout_sums)
+        if rollout_keys:
+            stacked = torch.tensor([self.rollout_sums[k] for k in rollout_keys], dtype=torch.float64)
+            reduced = dict(zip(rollout_keys, accelerator.reduce(stacked.to(accelerator.device), "sum").cpu().tolist()))
+            rollouts = max(reduced.get("rollouts", 0.0), 1.0)
+            scored = max(reduced.get("rollouts_scored", 0.0), 1.0)
+            out["objective/scores"] = reduced.get("objective/scores", 0.0) / scored
+            out["objective/kl"] = reduced.get("objective/kl", 0.0) / rollouts
+            out["objective/entropy"] = reduced.get("objective/entropy", 0.0) / rollouts
+            out["objective/non_score_reward"] = -kl_coef * out["objective/kl"]
+            out["objective/rlhf_reward"] = out["objective/scores"] + out["objective/non_score_reward"]
+            out["completions/mean_length"] = reduced.get("completions/mean_length", 0.0) / rollouts
+            out["completions/clipped_ratio"] = reduced.get("completions/clipped_ratio", 0.0) / rollouts
+            out["val/num_eos_tokens"] = rollouts - reduced.get("completions/clipped_ratio", 0.0)
+            for name in self.reward_names:
+                count = reduced.get(f"rewards/{name}/count", 0.0)
+                if count:
+                    out[f"rewards/{name}/mean"] = reduced[f"rewards/{name}/mean"] / count
+        else:
+            out.setdefault("objective/scores", 0.0)
+            out.setdefault("objective/kl", 0.0)
+        out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
+        self.reset()
+        return out
+
+
+__all__ = ["MetricsAccumulator"]
