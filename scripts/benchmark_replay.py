@@ -38,8 +38,7 @@ import time
 import numpy as np
 import torch
 
-from trl_trapo.memory import ReplayBuffer, compress_tensors, trajectory_nbytes, trajectory_row
-from trl_trapo.sft_pool import SumMinTree
+from trl_trapo.memory import ReplayBuffer, SumMinTree, compress_tensors, trajectory_nbytes, trajectory_row
 
 
 VOCAB = 151_936

@@ -10,8 +10,8 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.adapter_bank import AdapterBank
 from trl_trapo.checkpoint import CheckpointError
+from trl_trapo.memory import AdapterBank
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
 

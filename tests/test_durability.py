@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from trl_trapo import checkpoint as checkpoint_module
-from trl_trapo.adapter_bank import AdapterBank
 from trl_trapo.checkpoint import CheckpointError
+from trl_trapo.memory import AdapterBank
 
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -119,7 +119,9 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, varia
     assert resumed.state.global_step == MAX_STEPS
     assert_same_final_state(final_state(reference), final_state(resumed))
     # the other stateful parts ended identical too
-    torch.testing.assert_close(resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0
+    )
     assert resumed.memory_pool.fewshot.prototypes.labels == reference.memory_pool.fewshot.prototypes.labels
     if variant == "peft":
         assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [

@@ -9,7 +9,7 @@ import torch
 from helpers import tiny_trainer
 
 from trl_trapo.collator import StepContext, collate_rows
-from trl_trapo.fewshot import PrototypeMemory, fewshot_sigma
+from trl_trapo.experimental.fewshot import PrototypeMemory, fewshot_sigma
 from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 

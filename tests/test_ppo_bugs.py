@@ -357,9 +357,7 @@ def test_f_reference_of_an_already_trained_adapter_is_that_adapter(tmp_path):
     after, _ = rollouts(trainer, completions)
     for t0, t1 in zip(before, after):
         torch.testing.assert_close(t1.ref_per_token_logps, t0.ref_per_token_logps, atol=1e-6, rtol=0)
-    assert any(
-        not torch.allclose(t1.old_per_token_logps, t0.old_per_token_logps) for t0, t1 in zip(before, after)
-    )
+    assert any(not torch.allclose(t1.old_per_token_logps, t0.old_per_token_logps) for t0, t1 in zip(before, after))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

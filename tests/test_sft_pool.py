@@ -11,7 +11,7 @@ from helpers import tiny_trainer
 
 from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.config import SFT
-from trl_trapo.sft_pool import PrioritizedSFTPool, SumMinTree, directory_nbytes, sft_priority_proxy
+from trl_trapo.memory.sft_pool import PrioritizedSFTPool, SumMinTree, directory_nbytes, sft_priority_proxy
 from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from .adapter_bank import AdapterBank
 from .checkpoint import CheckpointError
 from .distributed import register_ddp_comm_hook
+from .memory.adapter_bank import AdapterBank
 from .models import ReferencePolicy
 from .schedules import RLSchedules
 

@@ -404,7 +404,7 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
-    # Memory pool: long-term SFT pool, adapter bank, few-shot mode (trl_trapo/sft_pool.py, adapter_bank.py, fewshot.py)
+    # Memory pool: long-term SFT pool, adapter bank, few-shot mode (trl_trapo/memory/, trl_trapo/experimental/fewshot.py)
     # ------------------------------------------------------------------------------------------------------------
     sft_sampling: Literal["uniform", "prioritized"] = field(
         default="uniform",
@@ -464,7 +464,7 @@ class TRAPOConfig(_BaseConfig):
     fewshot_mode: bool = field(
         default=False,
         metadata={
-            "help": "Few-shot mode (trl_trapo/fewshot.py): replay trajectories reused up to `fewshot_max_uses` "
+            "help": "Few-shot mode (trl_trapo/experimental/fewshot.py): replay trajectories reused up to `fewshot_max_uses` "
             "times, rollout temperature annealed with sigma (`fewshot_sigma`), and RL prompts and SFT rows drawn "
             "preferring prototypes (tasks or clusters of prompt embeddings) with low recent reward or few samples."
         },

@@ -254,9 +254,10 @@ class ShardedSampler:
         self.size, self.seed, self.rank, self.world_size, self.shuffle = size, seed, rank, world_size, shuffle
         self.epoch = 0
         self.position = 0
-        self._order: list[int] = self._shard(0)
+        self._order: list[int] = self.epoch_order(0)
 
-    def _shard(self, epoch: int) -> list[int]:
+    def epoch_order(self, epoch: int) -> list[int]:
+        """This rank's indices of epoch `epoch`, in serving order."""
         if self.shuffle:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
         else:
@@ -272,7 +273,7 @@ class ShardedSampler:
             if self.position >= len(self._order):
                 self.epoch += 1
                 self.position = 0
-                self._order = self._shard(self.epoch)
+                self._order = self.epoch_order(self.epoch)
             take = min(n - len(out), len(self._order) - self.position)
             out.extend(self._order[self.position : self.position + take])
             self.position += take
@@ -289,7 +290,7 @@ class ShardedSampler:
             )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self._order = self._shard(self.epoch)
+        self._order = self.epoch_order(self.epoch)
 
 
 class PretrainStream:

@@ -31,7 +31,7 @@ from .collator import left_pad
 from .data import tokenize_prompt
 from .distributed import generation_synced_gpus
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
-from .memory import Trajectory
+from .memory.replay import Trajectory
 from .models import PolicyAndValueWrapper, ReferencePolicy, completion_logps, value_predictions
 from .rewards import RewardScorer
 

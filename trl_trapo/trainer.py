@@ -20,7 +20,7 @@ How one optimizer step runs (the public `Trainer` hooks below, in the order they
 Everything else — optimizer, accumulation, mixed precision, distribution, checkpoints — is the `transformers.Trainer`
 loop, reached only through its public hooks. The collaborators each own their state and take their dependencies in
 their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.RewardScorer`],
-[`~trl_trapo.memory_pool.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
+[`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
 [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`], [`~trl_trapo.evaluation.Evaluator`],
 [`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`.
 """
@@ -45,7 +45,6 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
-from .adapter_bank import AdapterBank
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -78,7 +77,7 @@ from .curriculum import CurriculumSchedule
 from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datasets
 from .distributed import any_rank, check_launch, full_state_dict, load_full_state_dict, reduce_replay_metrics
 from .evaluation import Evaluator
-from .fewshot import FewShotController, prompt_embeddings, replay_max_uses
+from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -88,8 +87,7 @@ from .losses import (
     sft_token_weights,
     truncated_is_policy_loss,
 )
-from .memory import ReplayBuffer, Trajectory
-from .memory_pool import MemoryPool, build_sft_pool
+from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
 from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy, create_reference
 from .rewards import RewardScorer, load_reward_funcs
@@ -180,6 +178,8 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+
+        self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
         # ---- step 1. policy, tokenizer, reference and critic -----------------------------------------------------
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
@@ -309,7 +309,7 @@ class TRAPOTrainer(_BaseTrainer):
             compress=args.replay_compress,
             compress_threshold=args.replay_compress_threshold,
         )
-        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory_pool.py)
+        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory/pool.py)
         self.memory_pool = MemoryPool(
             sft_pool,
             prompt_sampler,
@@ -892,7 +892,7 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        if not getattr(optimizer, "_trapo_guarded", False):
+        if optimizer is not self._guarded_optimizer:
             original_step = optimizer.step
 
             def guarded_step(*step_args, **step_kwargs):
@@ -902,7 +902,7 @@ class TRAPOTrainer(_BaseTrainer):
                 return original_step(*step_args, **step_kwargs)
 
             optimizer.step = guarded_step
-            optimizer._trapo_guarded = True
+            self._guarded_optimizer = optimizer
         return optimizer
 
     def _consume_nonfinite_flag(self) -> bool:

@@ -21,8 +21,8 @@ import tempfile
 
 import torch
 
-from .collator import Row
-from .data import ShardedSampler, sft_row
+from ..collator import Row
+from ..data import ShardedSampler, sft_row
 
 
 logger = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ class PrioritizedSFTPool:
         self.total_steps = max(int(total_steps), 1)
         self.max_bytes = None if max_bytes is None else max(int(max_bytes) // max(world_size, 1), 0)
         self.generator = torch.Generator().manual_seed(seed + 7919 * rank)
-        order = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)._shard(0)
+        order = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size).epoch_order(0)
         self._materialise(order, fit=True)
         self.max_priority = 1.0 + self.epsilon
         self.priorities = torch.full((len(self.indices),), self.max_priority, dtype=torch.float64)

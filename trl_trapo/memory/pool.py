@@ -27,10 +27,10 @@ import os
 
 import torch
 
-from .checkpoint import CheckpointError, encode_tensors, read_state_file
-from .data import SFT
-from .fewshot import FewShotController
-from .losses import kl_estimate
+from ..checkpoint import CheckpointError, encode_tensors, read_state_file
+from ..config import SFT
+from ..experimental.fewshot import FewShotController
+from ..losses import kl_estimate
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
 
 

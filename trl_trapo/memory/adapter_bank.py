@@ -41,7 +41,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from .checkpoint import CheckpointError, atomic_write_json, sha256_file
+from ..checkpoint import CheckpointError, atomic_write_json, sha256_file
 
 
 logger = logging.getLogger(__name__)

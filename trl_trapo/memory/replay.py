@@ -23,8 +23,8 @@ import zstandard
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from .collator import Row
-from .config import RL
+from ..collator import Row
+from ..config import RL
 
 
 logger = logging.getLogger(__name__)
@@ -389,8 +389,4 @@ class ReplayBuffer:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-# The long-term SFT pools live in `sft_pool.py`; they are part of the memory pool's public API here too.
-from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy  # noqa: E402
-
-
-__all__ = ["ReplayBuffer", "Trajectory", "SFTPool", "PrioritizedSFTPool", "SumMinTree", "sft_priority_proxy"]
+__all__ = ["ReplayBuffer", "Trajectory", "compress_tensors", "decompress_tensors", "trajectory_nbytes"]

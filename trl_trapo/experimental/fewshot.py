@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .collator import left_pad
+from ..collator import left_pad
 
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,162 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The package's shape: no import cycles, every module importable on its own, no module reading another object's
+underscore attributes, no collaborator built from the trainer, one definition of the objective order."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trl_trapo
+
+
+PACKAGE = Path(trl_trapo.__file__).parent
+ALLOWED_PRIVATE_ACCESS = {
+    # transformers' per-class constructor that honours `deepspeed.zero.Init`; the public `AutoModel*.from_config`
+    # would require the policy's class to be registered with an Auto class
+    ("distributed.py", "type(model)._from_config"),
+}
+
+
+def module_names() -> list[str]:
+    names = ["trl_trapo"]
+    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="trl_trapo."):
+        names.append(info.name)
+    return sorted(names)
+
+
+def module_path(name: str) -> Path:
+    parts = name.split(".")[1:]
+    path = PACKAGE.joinpath(*parts)
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def intra_package_imports(name: str) -> set[str]:
+    """Modules of the package that `name` imports at module level (relative or absolute)."""
+    tree = ast.parse(module_path(name).read_text())
+    is_package = module_path(name).name == "__init__.py"
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    out = set()
+    for node in tree.body:  # module level only: imports inside functions run later and cannot form a cycle
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - node.level + 1]
+                target = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("trl_trapo"):
+                known = set(module_names())
+                for alias in node.names:  # `from . import x` may name a submodule
+                    candidate = f"{target}.{alias.name}"
+                    out.add(candidate if candidate in known else target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("trl_trapo"))
+    return {m for m in out if m != name}
+
+
+def test_no_import_cycle():
+    graph = {name: intra_package_imports(name) for name in module_names()}
+    # a package's __init__ imports its children by design; a child importing its own package is not a cycle here
+    # because Python runs the package __init__ first anyway, so drop child -> ancestor-package edges
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if state.get(target) == 1:
+                cycle = stack[stack.index(target) :] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name)
+
+
+def test_every_module_imports_on_its_own():
+    """Each module, imported first in a fresh copy of the package (third-party libraries stay loaded, so the run is
+    cheap): an import-order dependency or a cycle through a package `__init__` fails here."""
+    script = (
+        "import importlib, sys, torch, transformers, trl, datasets\n"
+        "failures = []\n"
+        f"for name in {module_names()!r}:\n"
+        "    for loaded in [m for m in sys.modules if m == 'trl_trapo' or m.startswith('trl_trapo.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as error:\n"
+        "        failures.append(f'{name}: {type(error).__name__}: {error}')\n"
+        "print('\\n'.join(failures))\n"
+        "sys.exit(1 if failures else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+def test_no_module_reads_another_objects_underscore_attributes():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            where = (path.name, ast.unparse(node))
+            if where not in ALLOWED_PRIVATE_ACCESS:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_no_constructor_takes_the_trainer():
+    from trl_trapo import PPOTrainer, TRAPOTrainer
+
+    offenders = []
+    for name in module_names():
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name or issubclass(cls, (TRAPOTrainer, PPOTrainer)):
+                continue
+            for parameter in inspect.signature(cls.__init__).parameters.values():
+                annotation = str(parameter.annotation)
+                if parameter.name == "trainer" or "TRAPOTrainer" in annotation or "PPOTrainer" in annotation:
+                    offenders.append(f"{name}.{cls.__name__}({parameter.name})")
+    assert not offenders, offenders
+
+
+def test_the_objective_order_is_defined_once():
+    from trl_trapo import collator, config, memory
+
+    assert config.OBJECTIVES == ("pretrain", "sft", "rl")
+    assert (config.PRETRAIN, config.SFT, config.RL) == (0, 1, 2)
+    assert collator.RL is memory.replay.RL is config.RL
+    definitions = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                targets = [t for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)]
+                if any(t.id in ("PRETRAIN", "SFT", "RL", "OBJECTIVES") for t in targets):
+                    definitions.append(path.name)
+    assert definitions == ["config.py", "config.py"], definitions
+
+
+def test_trainer_has_no_mixins():
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.trainer import _BaseTrainer
+
+    assert TRAPOTrainer.__bases__ == (_BaseTrainer,)
+    assert not list(PACKAGE.glob("trainer_*.py"))

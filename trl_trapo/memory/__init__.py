@@ -1,0 +1,28 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The mixed memory pool: where experience is kept so it can be reused instead of discarded.
+
+| module | what |
+|---|---|
+| `replay.py` | the short-term RL replay buffer (`ReplayBuffer`) of `Trajectory` objects: FIFO, reuse cap, compression |
+| `sft_pool.py` | the long-term SFT pool: uniform epochs (`SFTPool`) or prioritised replay from disk (`PrioritizedSFTPool`) |
+| `adapter_bank.py` | the bank of PEFT adapter snapshots (`AdapterBank`): snapshot, load, rollback, Hub push |
+| `pool.py` | `MemoryPool`, the one object the trainer talks to for the SFT pool, few-shot mode and the adapter bank |
+"""
+
+from .adapter_bank import AdapterBank
+from .pool import MemoryPool, build_sft_pool
+from .replay import ReplayBuffer, Trajectory
+from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy
+
+
+__all__ = [
+    "AdapterBank",
+    "MemoryPool",
+    "PrioritizedSFTPool",
+    "ReplayBuffer",
+    "SFTPool",
+    "SumMinTree",
+    "Trajectory",
+    "build_sft_pool",
+    "sft_priority_proxy",
+]
