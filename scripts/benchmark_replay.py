@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -105,10 +103,8 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
 
 def default_job_step_time(steps: int) -> float:
     """Mean seconds per optimizer step of examples/trapo.py's built-in job, curriculum compressed into `steps`."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-    from trapo import BUILTIN_DEFAULTS
-
     from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.cli import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
     tokenizer = build_char_tokenizer()

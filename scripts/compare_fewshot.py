@@ -26,12 +26,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {
     "baseline": {},
     "fewshot": {"fewshot_mode": True},
@@ -45,10 +43,8 @@ ARMS = {
 
 
 def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from trapo import BUILTIN_DEFAULTS
-
     from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.cli import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 
     tokenizer = build_char_tokenizer()

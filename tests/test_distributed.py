@@ -4,7 +4,7 @@ gradient equals the 1-process gradient of the same global batch; the DDP communi
 config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates.
 
 Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
-(`--num_processes 2 --mixed_precision no`), through `scripts/distributed_job.py`, which runs `examples/trapo.py` and
+(`--num_processes 2 --mixed_precision no`), through `scripts/distributed_job.py`, which runs the main job (`trl_trapo.cli.main`) and
 writes a per-rank record (logs, step times, a digest of the final weights).
 """
 
@@ -309,16 +309,14 @@ def test_accelerate_config_loads_and_validates(path):
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("trapo_qwen2.5_7b_*.yaml")), ids=lambda p: p.name)
 def test_recipes_parse_and_validate(path):
-    spec = importlib.util.spec_from_file_location("trapo_recipe_example", ROOT / "examples" / "trapo.py")
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    from trl_trapo import cli
+
     text = path.read_text()
     assert "NOT TESTED ON THE TARGET HARDWARE" in text and "accelerate launch --config_file" in text
     named = text.split("--config_file ", 1)[1].split()[0]
     assert (ROOT / named).is_file(), named
-    script, args, model = example.make_parser().parse_args_and_config(["--config", str(path)])
-    assert not example.builtin_mode(["--config", str(path)])
+    script, args, model = cli.make_parser().parse_args_and_config(["--config", str(path)])
+    assert not cli.builtin_mode(["--config", str(path)])
     assert model.model_name_or_path == "Qwen/Qwen2.5-7B-Instruct" and model.use_peft
     # the source document's hyper-parameters, as real schedules
     assert (args.learning_rate, args.rl_phase_learning_rate) == (5e-5, 3e-5)
