@@ -1,11 +1,11 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Evidence: TRAPO against the serial pipeline built from TRL's own trainers, on the same model, data and budget.
 
-    python scripts/compare_pipelines.py                              # LR search, then serial vs TRAPO, 3 seeds
-    python scripts/compare_pipelines.py --quick                      # 1 seed, short runs, no search (< 5 min)
-    python scripts/compare_pipelines.py --ablations                  # + TRAPO ablations
-    python scripts/compare_pipelines.py --budget time                # same wall clock instead of same steps
-    python scripts/compare_pipelines.py --model_name_or_path models/tiny --dataset_name data/rl \
+    python scripts/experiments/compare_pipelines.py                # LR search, then serial vs TRAPO, 3 seeds
+    python scripts/experiments/compare_pipelines.py --quick        # 1 seed, short runs, no search (< 5 min)
+    python scripts/experiments/compare_pipelines.py --ablations    # + TRAPO ablations
+    python scripts/experiments/compare_pipelines.py --budget time  # same wall clock instead of same steps
+    python scripts/experiments/compare_pipelines.py --model_name_or_path models/tiny --dataset_name data/rl \
         --sft_dataset_name data/sft --pretrain_dataset_name data/pretrain --reward_funcs numeric_answer
 
 Every argument this script does not know is an argument of the main job, `examples/trapo.py` (its parser, its
@@ -72,7 +72,7 @@ stages share one timeline and are also evaluated at each stage's end):
 Output under `--output_dir`: `results.md` (the table: mean ± std over seeds), `checkpoints.csv` (every checkpoint
 of every run), `accuracy_vs_time.png`, `forgetting_vs_time.png`, `trapo_weights_curriculum.png` (DARE weights and
 curriculum shares from TRAPO's `trainer_state.json`), `runs/<method>-seed<k>/` (result, trainer states, log).
-`python scripts/pipeline_report.py <output_dir>` rebuilds the report from the runs.
+`python scripts/experiments/pipeline_report.py <output_dir>` rebuilds the report from the runs.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report
 
 logger = logging.getLogger("compare_pipelines")
 
@@ -826,7 +826,9 @@ def main(argv: list[str] | None = None) -> dict:
         args, job_argv, methods, args.seeds, os.path.join(args.output_dir, "runs"), job_extra_of, "comparison"
     )
     meta = {
-        "command": " ".join(["python", "scripts/compare_pipelines.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "scripts/experiments/compare_pipelines.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "job_argv": job_argv,
         "methods": methods,
         "seeds": args.seeds,

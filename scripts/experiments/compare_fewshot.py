@@ -14,8 +14,8 @@ Each arm is the built-in job of `examples/trapo.py` (tiny Llama, character token
 Each run also reports the largest training-time KL to the reference it logged (`policy/kl_avg`, max over logs) and
 the largest gradient norm, which show the instability of the k3 KL estimator at low temperatures.
 
-    OMP_NUM_THREADS=1 python scripts/compare_fewshot.py --max_steps 400 --seeds 0 1
-    python scripts/compare_fewshot.py --arms baseline fewshot prioritized --output fewshot.json
+    OMP_NUM_THREADS=1 python scripts/experiments/compare_fewshot.py --max_steps 400 --seeds 0 1
+    python scripts/experiments/compare_fewshot.py --arms baseline fewshot prioritized --output fewshot.json
 
 Prints one line per run and the mean over seeds per arm; `--output` writes everything as JSON.
 """

@@ -15,8 +15,8 @@ Prints, for a Llama of >= 20M parameters at sequence length 512 (every row of ev
 Medians over `--steps` steps after `--warmup` warm-up steps; the baseline is timed before and after the TRAPO run
 (median of both) to cancel slow drift in machine load. Run it on an otherwise idle machine:
 
-    python scripts/benchmark_step.py                 # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
-    python scripts/benchmark_step.py --steps 20 --rows 8 --device cuda
+    python scripts/benchmarks/benchmark_step.py           # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
+    python scripts/benchmarks/benchmark_step.py --steps 20 --rows 8 --device cuda
 """
 
 from __future__ import annotations

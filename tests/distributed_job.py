@@ -15,7 +15,7 @@ Takes exactly the arguments of `examples/trapo.py` and runs the same `trl_trapo.
   (PowerSGD counts every compressed all-reduce);
 - `world_size`, `distributed_type`, `process_index`.
 
-    accelerate launch --num_processes 2 --multi_gpu scripts/distributed_job.py --max_steps 12 --output_dir out
+    accelerate launch --num_processes 2 --multi_gpu tests/distributed_job.py --max_steps 12 --output_dir out
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ N(0, 0.05) of them, one advantage per sequence (group-relative advantages are co
 gains come from the int64 ids' zero high bytes and the constant advantages and mask; random float log-probs barely
 compress, so the ratio is a fair estimate rather than a best case.
 
-    OMP_NUM_THREADS=1 python scripts/benchmark_replay.py                  # ~3 minutes on one CPU core
-    python scripts/benchmark_replay.py --job_steps 0 --step_time 0.2      # skip the job, use a measured step time
+    OMP_NUM_THREADS=1 python scripts/benchmarks/benchmark_replay.py              # ~3 minutes on one CPU core
+    python scripts/benchmarks/benchmark_replay.py --job_steps 0 --step_time 0.2  # skip the job: use this step time
 """
 
 from __future__ import annotations
