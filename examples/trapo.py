@@ -24,19 +24,15 @@ built-in `exact_match` reward. The arguments, the loaders and the job itself liv
 says how modes, splits and errors work); `python examples/trapo.py --help` lists every argument.
 """
 
-import json
 import logging
 
 from trl_trapo.cli import main, parse_args
 
 
-logger = logging.getLogger("trapo")
-
-
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig; built-in defaults when no model is given
+    # script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig: the built-in defaults fill what you do not
+    # set when no model is given; unknown or abbreviated names are errors
     script_args, training_args, model_args = parse_args()
-    # evaluate, train, evaluate again, save the model, the trainer state and eval_results.json
-    results = main(script_args, training_args, model_args)
-    logger.info("results: %s", json.dumps(results, sort_keys=True))
+    # evaluate, train, evaluate again; save the model, the trainer state and eval_results.json; print a summary
+    main(script_args, training_args, model_args)

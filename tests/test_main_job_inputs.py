@@ -58,11 +58,10 @@ def rl_rows(n: int = 6) -> list[dict]:
         ["--model-name-or-path", "org/model"],
         ["--model_name_or_path=org/model"],
         ["--model-name-or-path=org/model"],
-        ["--model_name", "org/model"],  # an unambiguous prefix: argparse accepts it
         ["--config", "{yaml}"],
         ["--config={yaml}"],
     ],
-    ids=["underscores", "hyphens", "underscores=", "hyphens=", "prefix", "config", "config="],
+    ids=["underscores", "hyphens", "underscores=", "hyphens=", "config", "config="],
 )
 def test_a_given_model_switches_the_builtin_defaults_off(tmp_path, flags):
     recipe = tmp_path / "recipe.yaml"
@@ -384,3 +383,147 @@ def test_save_tiny_model_applies_a_positive_context(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path / "tiny").max_position_embeddings == 96
     with pytest.raises(SystemExit):
         save_tiny.main(["--output_dir", str(tmp_path / "t2"), "--config", str(tmp_path / "missing.json")])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. the command line: the user's flags always win, no abbreviations, paths checked first, a summary at the end
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_builtin_defaults_never_override_a_users_save_flags(tmp_path):
+    out = ["--output_dir", str(tmp_path / "out")]
+    assert parse_like_main(out)[1].save_strategy == "no"  # the built-in job saves only at the end
+    _, args, _ = parse_like_main(["--save_steps", "10", *out])
+    assert (args.save_strategy, args.save_steps) == ("steps", 10)
+    _, args, _ = parse_like_main(["--save_strategy", "epoch", *out])
+    assert args.save_strategy == "epoch"
+    recipe = tmp_path / "saves.yaml"
+    recipe.write_text("save_steps: 10\nsave_total_limit: 2\n")
+    _, args, _ = parse_like_main(["--config", str(recipe), *out])
+    assert (args.save_strategy, args.save_steps, args.save_total_limit) == ("steps", 10, 2)
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], dict(max_steps=1000, eval_steps=250, logging_steps=10, warmup_steps=30)),
+        (["--max_steps", "200"], dict(max_steps=200, eval_steps=50, logging_steps=2, warmup_steps=6)),
+        (["--max_steps", "20"], dict(eval_steps=5, logging_steps=1, warmup_steps=1)),
+        (["--max_steps", "200", "--eval_steps", "100"], dict(eval_steps=100, logging_steps=2, warmup_steps=6)),
+        (["--max_steps=200", "--logging_steps=7"], dict(eval_steps=50, logging_steps=7, warmup_steps=6)),
+        # epochs: the run's length is known only once the data is, so the steps become fractions of the run
+        (["--num_train_epochs", "2"], dict(max_steps=-1, eval_steps=0.25, logging_steps=0.01, warmup_steps=0.03)),
+        (["--lr_scheduler_type", "linear"], dict(lr_scheduler_type="linear", lr_scheduler_kwargs=None)),
+        (["--lr_scheduler_type", "cosine_with_min_lr"], dict(lr_scheduler_kwargs={"min_lr_rate": 0.1})),
+    ],
+    ids=["none", "max_steps", "short", "max_steps+eval_steps", "flag=value", "epochs", "scheduler", "same-scheduler"],
+)
+def test_builtin_defaults_derived_from_a_setting_the_user_changed_follow_the_user(tmp_path, flags, expected):
+    _, args, _ = parse_like_main([*flags, "--output_dir", str(tmp_path / "out")])
+    assert {key: getattr(args, key) for key in expected} == expected
+
+
+def test_every_name_the_builtin_defaults_refer_to_is_an_argument():
+    known = set(cli.known_fields())
+    assert set(cli.BUILTIN_DEFAULTS) <= known
+    assert set(cli.BUILTIN_SCALED) <= set(cli.BUILTIN_DEFAULTS)
+    for name, users in cli.BUILTIN_YIELDS.items():
+        assert name in cli.BUILTIN_DEFAULTS and set(users) <= known, name
+
+
+@pytest.mark.parametrize(
+    "flags, unknown, suggestion",
+    [
+        (["--learning_rat", "1e-3"], "--learning_rat", "--learning_rate"),  # a prefix: argparse used to accept it
+        (["--learnig_rate", "1e-3"], "--learnig_rate", "--learning_rate"),
+        (["--learnig-rate=1e-3"], "--learnig-rate", "--learning_rate"),
+        (["--model_name", "org/model"], "--model_name", "--model_name_or_path"),
+    ],
+    ids=["prefix", "typo", "hyphens=", "model-prefix"],
+)
+def test_abbreviated_or_misspelt_arguments_are_refused_with_a_suggestion(tmp_path, flags, unknown, suggestion):
+    message = re.escape(f"{unknown}: unknown argument. Did you mean {suggestion}?")
+    with pytest.raises(ValueError, match=message):
+        parse_like_main([*flags, "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match=message):
+        cli.builtin_mode(flags)
+
+
+def test_unknown_keys_of_the_config_yaml_are_refused_with_a_suggestion(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learnig_rate: 0.001\nmax_steps: 3\n")
+    with pytest.raises(ValueError, match=r"--config='.*recipe.yaml': unknown key 'learnig_rate'.*--learning_rate\?"):
+        parse_like_main(["--config", str(recipe)])
+    recipe.write_text("max_steps: 3\nenv:\n  SOME_VARIABLE: '1'\n")  # `env` is TrlParser's, not an argument
+    assert parse_like_main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])[1].max_steps == 3
+
+
+def test_a_missing_checkpoint_is_reported_before_anything_is_loaded(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("data was loaded / the trainer was built before the checkpoint was checked")
+
+    monkeypatch.setattr(cli, "TRAPOTrainer", not_reached)
+    monkeypatch.setattr(cli, "load_splits", not_reached)
+    script = cli.TRAPOScriptArguments(dataset_name=write_jsonl(tmp_path / "rl.jsonl", rl_rows()))
+    missing = str(tmp_path / "out" / "checkpoint-5")
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", resume_from_checkpoint=missing)
+    with pytest.raises(ValueError, match=re.escape(f"--resume_from_checkpoint={missing!r}: no such directory")):
+        cli.main(script, args, ModelConfig())
+    # a folder of checkpoints (an output_dir, with the trainer_state.json of its final save): the latest is named
+    for step in (3, 12):
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "out" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "out" / "trainer_state.json").write_text("{}")
+    args.resume_from_checkpoint = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"not a checkpoint.*checkpoint-12"):
+        cli.main(script, args, ModelConfig())
+
+
+def test_every_dataset_path_is_checked_before_any_dataset_is_loaded(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("a dataset was loaded before every path was checked")
+
+    monkeypatch.setattr(cli, "load_splits", not_reached)
+    rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    missing = str(tmp_path / "missing" / "pretrain.jsonl")
+    with pytest.raises(ValueError, match=re.escape(f"--pretrain_dataset_name={missing!r}: no such file or directory")):
+        build(tmp_path, dataset_name=rl, pretrain_dataset_name=missing)
+
+
+def test_the_job_ends_with_a_short_summary(tmp_path, capsys, caplog):
+    args = cli.TRAPOConfig(
+        **{
+            **{k: v for k, v in cli.BUILTIN_DEFAULTS.items() if k not in cli.SCRIPT_FIELDS},
+            "output_dir": str(tmp_path / "out"),
+            "max_steps": 4,
+            "eval_strategy": "no",
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "per_device_eval_batch_size": 400,
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+        results = cli.main(cli.TRAPOScriptArguments(), args, ModelConfig())
+    printed = capsys.readouterr().out
+    printed = printed[printed.index("Done in") :].strip()  # the end of stdout (the Trainer prints its logs before)
+    assert any(printed in record.getMessage() for record in caplog.records)  # logged too
+    assert str(tmp_path / "out") in printed
+    for written in ("model.safetensors", "checkpoint-2", "checkpoint-4", "eval_results.json", "trainer_state.json"):
+        assert written in printed, written
+    before, after = results["eval_accuracy_initial"], results["eval_accuracy"]
+    assert re.search(rf"eval_accuracy\s+{before:.2f} -> {after:.2f}", printed)
+    assert re.search(r"\d+(\.\d+)? ?(s|min)", printed)  # wall time
+    assert len(printed.splitlines()) <= 15
+
+
+def test_gitignore_covers_the_folders_the_readme_creates_at_the_root_only():
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        check = ["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]
+        return subprocess.run(check, capture_output=True).returncode == 0
+
+    assert ignored("data/gsm8k/rl/train.jsonl") and ignored("models/tiny/config.json")
+    assert not ignored("examples/data/sample.jsonl") and not ignored("tests/models/x.json")

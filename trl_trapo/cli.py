@@ -10,24 +10,32 @@ model (or of the built-in ones), and `main` — evaluate, train jointly, evaluat
 **Built-in mode** is chosen by whether a model is given, in any form the parser accepts (`--model_name_or_path`,
 `--model-name-or-path`, `--flag=value`, or `model_name_or_path` in the `--config` YAML). Without a model the job builds
 a tiny causal LM from the config shipped in the package, a character-level tokenizer and the built-in verifiable task
-suite (`trl_trapo.tasks`), with the hyper-parameters in `BUILTIN_DEFAULTS`. Data you name replaces the built-in data of
-that role (`--dataset_name`: the RL prompts *and* the built-in held-out evaluation; `--sft_dataset_name`,
+suite (`trl_trapo.tasks`), with the hyper-parameters in `BUILTIN_DEFAULTS` for whatever you do not set: a flag you give
+is never overridden, and defaults tied to one you changed follow it (`--save_steps` brings saving back, `--max_steps`
+rescales the evaluation, logging and warm-up steps; see `builtin_defaults`). Data you name replaces the built-in data
+of that role (`--dataset_name`: the RL prompts *and* the built-in held-out evaluation; `--sft_dataset_name`,
 `--pretrain_dataset_name`) and `--reward_funcs` (or `--reward_model_name_or_path`) replaces the built-in `exact_match`
 reward; one log line says which roles come from the built-in suite and which from you.
 
 **Datasets** are Hub ids, local files (.json/.jsonl/.csv/.parquet/.txt) or directories (data files named by split, or a
 `save_to_disk` directory); the Hub is contacted only for ids. A single local file has only a `train` split. The
-held-out RL evaluation uses `--dataset_test_split` if given (an error if that split does not exist, naming the available
-ones); by default it uses the `test` split of a directory or Hub dataset when there is one, and there is no held-out RL
-evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
+held-out RL evaluation uses `--dataset_test_split` if given (an error if that split does not exist, naming the
+available ones); by default it uses the `test` split of a directory or Hub dataset when there is one, and there is no
+held-out RL evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
+
+**Arguments** are spelt in full: an abbreviation (`--learning_rat`), a misspelt flag or an unknown key in the
+`--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?").
 
 Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
-training (bad data before any model is loaded).
+training: every path (model, datasets, `--resume_from_checkpoint`, `--config`) is checked before anything is loaded,
+and bad data is reported before any model is loaded. The job ends with a short summary: output folder, files written,
+headline metrics before -> after, wall time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -41,14 +49,20 @@ from dataclasses import dataclass, field
 import yaml
 from datasets import load_dataset, load_from_disk
 from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.rewards import REWARD_FUNCTIONS
 
 
+TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
+
+
 logger = logging.getLogger(__name__)
 
+# Hyper-parameters of the built-in tiny job (used only when no model is given, and only for what the user does not
+# set: see `builtin_defaults`). Tested on 2 CPU cores.
 BUILTIN_DEFAULTS = dict(
     output_dir="trapo-output",
     max_steps=1000,
@@ -81,6 +95,24 @@ BUILTIN_DEFAULTS = dict(
     per_device_eval_batch_size=200,
     dataloader_num_workers=0,
 )
+# Built-in defaults that an argument the user sets (to a value other than the built-in one) makes wrong; they are
+# dropped then, so `TRAPOConfig`'s own default applies: a user who asks for checkpoints gets them, epochs are not
+# capped by the built-in `max_steps`, another scheduler does not receive cosine's `min_lr_rate`.
+BUILTIN_YIELDS = {
+    "save_strategy": (
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "load_best_model_at_end",
+        "metric_for_best_model",
+        "hub_strategy",
+    ),
+    "max_steps": ("num_train_epochs",),
+    "lr_scheduler_kwargs": ("lr_scheduler_type",),
+}
+# Built-in defaults proportional to the run's length (set for `max_steps=1000`): they follow the user's run length.
+BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -154,8 +186,31 @@ def make_parser() -> TrlParser:
 
     Returns:
         `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
+        Abbreviations are refused (`allow_abbrev=False`): `--learning_rat` is an error, not `--learning_rate`.
     """
-    return TrlParser((TRAPOScriptArguments, TRAPOConfig, ModelConfig))
+    return TrlParser((TRAPOScriptArguments, TRAPOConfig, ModelConfig), allow_abbrev=False)
+
+
+def known_fields() -> list[str]:
+    """Every argument name the parser accepts (the fields of the three argument dataclasses), without `--`."""
+    return [
+        f.name for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig) for f in dataclasses.fields(cls) if f.init
+    ]
+
+
+def did_you_mean(name: str) -> str:
+    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
+
+    Args:
+        name: the unknown name, with or without leading dashes; hyphens count as underscores.
+
+    Returns:
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
+    """
+    name = name.lstrip("-").replace("-", "_")
+    known = known_fields()
+    matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
+    return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -174,16 +229,17 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def read_config_file(path: str) -> dict:
-    """The mapping in the `--config` YAML file `path`.
+    """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
     Args:
         path: the value of `--config`.
 
     Returns:
-        The file's mapping (`{}` for an empty file).
+        The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
 
     Raises:
-        ValueError: naming `--config`, if the file does not exist or does not hold a YAML mapping.
+        ValueError: naming `--config`, if the file does not exist, does not hold a YAML mapping, or has a key that
+            is no argument (with the closest known names).
     """
     if not os.path.isfile(path):
         raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
@@ -193,15 +249,75 @@ def read_config_file(path: str) -> dict:
         return {}
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
+    known = set(known_fields()) | {"env"}
+    for key in config:
+        if key not in known:
+            raise ValueError(
+                f"--config={path!r}: unknown key {key!r}: no argument has this name.{did_you_mean(str(key))} Fix: "
+                "correct or remove it (`python examples/trapo.py --help` lists every argument)."
+            )
     return config
+
+
+def split_config(argv: list[str]) -> tuple[dict, list[str]]:
+    """The `--config` YAML mapping of `argv` and the other arguments.
+
+    Args:
+        argv: command-line arguments (`--config=PATH` already spelt `--config PATH`, see `normalize_argv`).
+
+    Returns:
+        `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
+
+    Raises:
+        ValueError: if `--config` has no value, or as `read_config_file`.
+    """
+    if "--config" not in argv:
+        return {}, list(argv)
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        raise ValueError("--config needs a value: the path of a YAML recipe.")
+    return read_config_file(argv[i + 1]), argv[:i] + argv[i + 2 :]
+
+
+NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
+
+
+def given_arguments(argv: list[str]) -> dict:
+    """The arguments the user gave, in the `--config` YAML or on the command line (which wins), with their values.
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
+
+    Raises:
+        ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
+            known names (abbreviations are unknown arguments).
+    """
+    config, rest = split_config(normalize_argv(list(argv)))
+    parser = make_parser()
+    parser.set_defaults(**dict.fromkeys(known_fields(), NOT_GIVEN))  # a non-string sentinel: argparse leaves it as is
+    namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
+    for token in unknown:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("-"):
+            raise ValueError(
+                f"{flag}: unknown argument.{did_you_mean(flag)} Fix: spell the argument in full "
+                "(`python examples/trapo.py --help` lists every argument)."
+            )
+        raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
+    given = {key: value for key, value in config.items() if key != "env"}
+    given.update({key: value for key, value in vars(namespace).items() if value is not NOT_GIVEN})
+    return given
 
 
 def given_model(argv: list[str]) -> str | None:
     """The `model_name_or_path` that `argv` gives the parser, or None.
 
-    Parsed by the job's own parser, so every form it accepts counts: `--model_name_or_path X`,
-    `--model-name-or-path X`, `--model_name_or_path=X`, an unambiguous prefix, and `model_name_or_path` in the YAML of
-    `--config` (command-line flags override the file, as in `TrlParser.parse_args_and_config`).
+    Every form the parser accepts counts: `--model_name_or_path X`, `--model-name-or-path X`,
+    `--model_name_or_path=X`, and `model_name_or_path` in the YAML of `--config` (command-line flags override the
+    file, as in `TrlParser.parse_args_and_config`).
 
     Args:
         argv: command-line arguments, without the program name.
@@ -210,18 +326,9 @@ def given_model(argv: list[str]) -> str | None:
         The model id / directory, or None when no model is given.
 
     Raises:
-        ValueError: if `--config` has no value, or names a missing file or a file that is not a YAML mapping.
+        ValueError: as `given_arguments`.
     """
-    argv = normalize_argv(list(argv))
-    parser = make_parser()
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise ValueError("--config needs a value: the path of a YAML recipe.")
-        parser.set_defaults_with_config(**read_config_file(argv[i + 1]))
-        argv = argv[:i] + argv[i + 2 :]
-    namespace, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
-    return namespace.model_name_or_path
+    return given_arguments(argv).get("model_name_or_path")
 
 
 def builtin_mode(argv: list[str]) -> bool:
@@ -234,33 +341,70 @@ def builtin_mode(argv: list[str]) -> bool:
         True when neither the command line nor the `--config` YAML gives a model.
 
     Raises:
-        ValueError: as `given_model`.
+        ValueError: as `given_arguments`.
     """
     return given_model(argv) is None
+
+
+def builtin_defaults(given: dict) -> dict:
+    """The built-in defaults that apply when the user gave `given`: they fill only what the user did not give.
+
+    1. A name the user gave keeps the user's value.
+    2. A built-in default that another argument the user set makes wrong is dropped (`BUILTIN_YIELDS`): e.g.
+       `--save_steps 10` brings back `TRAPOConfig`'s `save_strategy="steps"` instead of the built-in `"no"`.
+    3. Defaults proportional to the run's length (`BUILTIN_SCALED`: evaluation, logging and warm-up steps, set for
+       `max_steps=1000`) follow the user's `max_steps`; with `num_train_epochs` (length unknown in advance) they
+       become fractions of the run, which `TrainingArguments` reads as ratios of the total steps.
+
+    Args:
+        given: argument name -> value the user gave (see `given_arguments`).
+
+    Returns:
+        Argument name -> default, for `parser.set_defaults`.
+    """
+    defaults = {name: value for name, value in BUILTIN_DEFAULTS.items() if name not in given}
+    for name, users in BUILTIN_YIELDS.items():
+        if any(
+            user in given and (user not in BUILTIN_DEFAULTS or given[user] != BUILTIN_DEFAULTS[user]) for user in users
+        ):
+            defaults.pop(name, None)
+    if "max_steps" not in defaults:  # the user chose the run's length (`max_steps`, or epochs)
+        max_steps = float(given.get("max_steps", -1))
+        for name in BUILTIN_SCALED:
+            if name in defaults:
+                fraction = BUILTIN_DEFAULTS[name] / BUILTIN_DEFAULTS["max_steps"]
+                if max_steps > 0:
+                    defaults[name] = max(round(fraction * max_steps), 0 if name == "warmup_steps" else 1)
+                else:
+                    defaults[name] = fraction
+    return defaults
 
 
 def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
-    """Parse the job's command line: `BUILTIN_DEFAULTS` in built-in mode, then `defaults`, then the `--config` YAML,
-    then the command-line flags (each later source wins).
+    """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
+    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
 
     Args:
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
-        defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run).
+        defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run); like the
+            built-in defaults, they fill only what the user did not give.
 
     Returns:
         `(script_args, training_args, model_args)`.
 
     Raises:
-        ValueError: for a bad `--config`, an unknown argument or a value `TRAPOConfig` refuses.
+        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), or a value
+            `TRAPOConfig` refuses.
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
+    given = given_arguments(argv)
     parser = make_parser()
-    if builtin_mode(argv):
-        parser.set_defaults(**BUILTIN_DEFAULTS)
+    if given.get("model_name_or_path") is None:
+        parser.set_defaults(**builtin_defaults(given))
     if defaults:
-        parser.set_defaults(**defaults)
+        parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
     return parser.parse_args_and_config(argv)
 
 
@@ -302,6 +446,57 @@ def split_bases(split: str) -> list[str]:
     """
     parts = [SPLIT_PART.match(part) for part in split.split("+")]
     return [part.group(1) for part in parts] if all(parts) else [split]
+
+
+def check_data_source(name: str, arg: str) -> None:
+    """Fail early, naming `arg`, when a dataset argument is a local path that does not exist (no loading).
+
+    Args:
+        name: a Hub dataset id, a local file or a directory.
+        arg: the argument that gave it, e.g. `"--dataset_name"`.
+
+    Raises:
+        ValueError: if `name` can only be a local path (see `looks_like_path`) and nothing exists there.
+    """
+    path = os.path.expanduser(name)
+    if not os.path.exists(path) and looks_like_path(name):
+        raise ValueError(
+            f"{arg}={name!r}: no such file or directory ({os.path.abspath(path)}). Fix: correct the path (a .jsonl/"
+            ".json/.csv/.parquet/.txt file or a directory), or give a Hub dataset id (`owner/name`)."
+        )
+
+
+def check_checkpoint(value: str | None, arg: str = "--resume_from_checkpoint") -> None:
+    """Fail early, naming `arg`, when `value` is not a checkpoint directory the Trainer can resume from.
+
+    Args:
+        value: the checkpoint directory (`<output_dir>/checkpoint-<step>`), or None (start from scratch).
+        arg: the argument that gave it.
+
+    Raises:
+        ValueError: for a folder of checkpoints (an `output_dir`; the message names the latest one), or a directory
+            that does not exist or holds no `trainer_state.json`.
+    """
+    if value is None:
+        return
+    path = os.path.expanduser(value)
+    latest = get_last_checkpoint(path) if os.path.isdir(path) else None
+    if latest is not None and not os.path.basename(os.path.normpath(path)).startswith("checkpoint-"):
+        raise ValueError(
+            f"{arg}={value!r}: a folder of checkpoints (an output_dir), not a checkpoint. Fix: give one of them, e.g. "
+            f"the latest: {latest!r}."
+        )
+    if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+        return
+    problem = (
+        f"not a checkpoint (no {TRAINER_STATE_NAME})"
+        if os.path.isdir(path)
+        else f"no such directory ({os.path.abspath(path)})"
+    )
+    raise ValueError(
+        f"{arg}={value!r}: {problem}. Fix: give a checkpoint directory written by the Trainer "
+        "(`<output_dir>/checkpoint-<step>`), or leave it unset to start from scratch."
+    )
 
 
 @dataclass
@@ -413,11 +608,7 @@ def load_splits(
         if hasattr(loaded, "keys"):
             return DatasetSplits(name, arg, dict(loaded), single=False)
         return DatasetSplits(name, arg, {"train": loaded}, single=True)
-    if not os.path.isdir(path) and looks_like_path(name):
-        raise ValueError(
-            f"{where}: no such file or directory ({os.path.abspath(path)}). Fix: correct the path (a .jsonl/.json/"
-            ".csv/.parquet/.txt file or a directory), or give a Hub dataset id (`owner/name`)."
-        )
+    check_data_source(name, arg)
     hint = (
         ""
         if os.path.isdir(path)
@@ -618,8 +809,9 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         `JobInputs`.
 
     Raises:
-        ValueError: naming the argument, for an unknown reward function, an unsupported TRL script argument, a bad
-            model path, or bad data (raised before any model is loaded).
+        ValueError: naming the argument, for an unknown reward function, an unsupported TRL script argument, a
+            missing model, dataset or checkpoint path (all checked before anything is loaded), or bad data (raised
+            before any model is loaded).
     """
     # step 0. arguments that need no loading
     for arg, value in (
@@ -647,6 +839,14 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     ):
         if value is not None:
             check_model_source(value, arg)
+    for arg, value in (
+        ("--dataset_name", script_args.dataset_name),
+        ("--sft_dataset_name", script_args.sft_dataset_name),
+        ("--pretrain_dataset_name", script_args.pretrain_dataset_name),
+    ):
+        if value:
+            check_data_source(value, arg)
+    check_checkpoint(training_args.resume_from_checkpoint)
     sources: dict[str, str] = {}
 
     # step 1. the user's data (Hub ids or local paths), loaded before any model so that bad data fails fast
@@ -778,9 +978,12 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
         after training, `train_loss` and `train_runtime_s`.
 
+    The job ends with a short summary (`job_summary`), logged and printed on the main process.
+
     Raises:
-        ValueError: for bad arguments, data or models (see `build_inputs`), before any training.
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
     """
+    job_start = time.perf_counter()
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
@@ -825,7 +1028,77 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         write_json_atomic(os.path.join(training_args.output_dir, "eval_results.json"), results)
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+    # step 6. a short summary for the human who launched the job
+    if trainer.accelerator.is_main_process:
+        summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
+        logger.info("Job summary:\n%s", summary)
+        print(summary, flush=True)
     return results
+
+
+# evaluation metrics worth a line in the summary, when measured both before and after training
+HEADLINE_METRICS = re.compile(r"^eval_(accuracy\w*|reward|rewards/.+|loss)$")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for humans.
+
+    Args:
+        seconds: the duration.
+
+    Returns:
+        `42.1 s`, `3 min 05 s` or `2 h 07 min`.
+    """
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def job_summary(output_dir: str, results: dict, seconds: float) -> str:
+    """A few lines that say what the job wrote and what it changed.
+
+    Args:
+        output_dir: the job's output folder (listed: weights, checkpoints, `eval_results.json`, `trainer_state.json`).
+        results: what `main` returns (`<metric>_initial` before training, `<metric>` after).
+        seconds: the job's wall time.
+
+    Returns:
+        The summary: output folder, files written, headline metrics before -> after (`HEADLINE_METRICS`), train
+        loss, wall time.
+    """
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    weights = [n for n in names if n.endswith((".safetensors", ".bin")) and n != "training_args.bin"]
+    checkpoints = sorted(
+        (n for n in names if n.startswith("checkpoint-") and os.path.isdir(os.path.join(output_dir, n))),
+        key=lambda n: int(n.rsplit("-", 1)[1]) if n.rsplit("-", 1)[1].isdigit() else -1,
+    )
+    written = []
+    if weights:
+        written.append(f"{'adapter' if 'adapter_config.json' in names else 'model'} ({', '.join(weights)})")
+    if checkpoints:
+        shown = checkpoints if len(checkpoints) <= 3 else [checkpoints[0], "...", checkpoints[-1]]
+        written.append(f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) > 1 else ''} ({', '.join(shown)})")
+    written += [n for n in ("eval_results.json", "trainer_state.json") if n in names]
+    training = f" (training {format_duration(results['train_runtime_s'])})" if "train_runtime_s" in results else ""
+    lines = [
+        f"Done in {format_duration(seconds)}{training}. Output folder: {os.path.abspath(output_dir)}",
+        f"  written: {'; '.join(written) or 'nothing'}",
+    ]
+    metrics = [k for k in results if HEADLINE_METRICS.match(k) and f"{k}_initial" in results]
+    if sum(k.startswith("eval_rewards/") for k in metrics) == 1:  # one reward function: the same as eval_reward
+        metrics = [k for k in metrics if not k.startswith("eval_rewards/")]
+    metrics = sorted(metrics, key=lambda k: (not k.startswith("eval_accuracy"), k != "eval_accuracy", k))[:8]
+    width = max((len(k) for k in metrics), default=0)
+    for key in metrics:
+        lines.append(f"  {key:<{width}}  {results[f'{key}_initial']:.2f} -> {results[key]:.2f}")
+    if "train_loss" in results:
+        lines.append(f"  {'train_loss':<{width}}  {results['train_loss']:.4g}")
+    return "\n".join(lines)
 
 
 def builtin_accuracy(trainer: TRAPOTrainer, tokenizer, dataset) -> dict[str, float]:
