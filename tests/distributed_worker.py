@@ -15,6 +15,7 @@ import os
 import sys
 
 import torch
+from conftest import TINY_CONFIG  # tests/ is on sys.path: this script's folder, or pytest's
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import Row, StepContext, collate_rows
@@ -82,22 +83,18 @@ def step_info(counts: torch.Tensor) -> StepContext:
 def make_trainer(output_dir: str) -> TRAPOTrainer:
     tokenizer = build_char_tokenizer()
     suite = make_task_suite(seed=0, num_pretrain_docs=20, num_sft_per_task=5, num_rl_per_task=5, num_eval_per_task=2)
+    # gradients only (no optimizer step, no logging): TINY_CONFIG's learning rate and logging steps do not matter
     args = TRAPOConfig(
-        output_dir=output_dir,
-        max_steps=1,
-        per_device_train_batch_size=4,
-        report_to="none",
-        save_strategy="no",
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=2,
-        kl_coef=0.1,
-        kl_penalty="loss",
-        entropy_coef=0.01,
-        seed=0,
+        **{
+            **TINY_CONFIG,
+            "output_dir": output_dir,
+            "max_steps": 1,
+            "per_device_train_batch_size": 4,
+            "num_generations": 2,
+            "kl_coef": 0.1,
+            "kl_penalty": "loss",
+            "entropy_coef": 0.01,
+        }
     )
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),

@@ -42,33 +42,25 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
     Variants: "full" — full-model training of all three objectives with the prioritised SFT pool and few-shot mode;
     "peft" — the same with a LoRA policy and the adapter bank (a snapshot every 2 steps).
     """
+    from conftest import TINY_CONFIG, TINY_SUITE  # tests/ is on sys.path: this script's folder, or pytest's
     from peft import LoraConfig
 
     from trl_trapo import TRAPOConfig, TRAPOTrainer
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
     tokenizer = build_char_tokenizer()
-    suite = make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
+    suite = make_task_suite(seed=0, **TINY_SUITE)
     values = dict(
+        TINY_CONFIG,
         output_dir=output_dir,
         max_steps=MAX_STEPS,
-        per_device_train_batch_size=8,
         gradient_accumulation_steps=2,
         learning_rate=3e-3,
-        logging_steps=1,
-        report_to="none",
         save_strategy="steps",
         save_steps=SAVE_STEPS,
-        gradient_checkpointing=False,
-        pretrain_max_length=24,
-        sft_max_length=24,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
         num_ppo_epochs=2,
         kl_coef=0.05,
         dare_update_interval=3,
-        seed=0,
         sft_sampling="prioritized",
         sft_pool_max_bytes=10**7,
         fewshot_mode=True,

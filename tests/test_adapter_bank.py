@@ -12,20 +12,10 @@ from peft import LoraConfig, get_peft_model
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError
 from trl_trapo.memory import AdapterBank
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+from trl_trapo.tasks import build_tiny_model
 
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def suite():
-    return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
 
 
 def peft_model(tokenizer, seed=0):

@@ -1,4 +1,5 @@
-"""`scripts/benchmark_trainers.py`: TRAPO against GRPOTrainer / SFTTrainer, one child process per trainer."""
+"""`scripts/benchmarks/benchmark_trainers.py`: TRAPO against GRPOTrainer / SFTTrainer, one child process per
+trainer."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_trainers", ROOT / "scripts" / "benchmark_trainers.py")
+    spec = importlib.util.spec_from_file_location(
+        "benchmark_trainers", ROOT / "scripts" / "benchmarks" / "benchmark_trainers.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

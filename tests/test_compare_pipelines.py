@@ -1,5 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""`scripts/compare_pipelines.py` and `scripts/pipeline_report.py`: the report's arithmetic and a real smoke run."""
+"""`scripts/experiments/compare_pipelines.py` and `scripts/experiments/pipeline_report.py`: the report's arithmetic
+and a real smoke run."""
 
 import csv
 import json
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "experiments")
 sys.path.insert(0, SCRIPTS)
 
 import compare_pipelines  # noqa: E402

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import tiny_trainer
 from test_ppo import load, ppo_config, saved_models, tokenized_prompts  # noqa: F401  (saved_models is a fixture)
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_trapo import PPOTrainer
-from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
 def comparable(config) -> dict:
@@ -28,9 +26,7 @@ class ArgsWatcher(TrainerCallback):
         self.seen.append(comparable(args))
 
 
-def test_schedules_and_fewshot_leave_the_config_unchanged(tmp_path):
-    tokenizer = build_char_tokenizer()
-    suite = make_task_suite(seed=0, num_pretrain_docs=40, num_sft_per_task=10, num_rl_per_task=10, num_eval_per_task=2)
+def test_schedules_and_fewshot_leave_the_config_unchanged(tmp_path, tokenizer, suite, tiny_trainer):
     trainer = tiny_trainer(
         tmp_path,
         tokenizer,

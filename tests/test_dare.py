@@ -6,7 +6,7 @@ import pytest
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.config import RL
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+from trl_trapo.tasks import build_tiny_model, make_task_suite
 from trl_trapo.weighting import combine_weights
 
 
@@ -21,8 +21,7 @@ def letter_a_reward(prompts, completions, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def setup():
-    tokenizer = build_char_tokenizer()
+def setup(tokenizer):
     suite = make_task_suite(
         seed=0, num_pretrain_docs=200, num_sft_per_task=50, num_rl_per_task=50, num_eval_per_task=4
     )

@@ -21,34 +21,6 @@ from trl_trapo.data import (
 )
 
 
-def _fallback_char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "</s>", "<s>", "<unk>"]
-    characters = [chr(i) for i in range(32, 127)] + ["\n", "\t"]
-    backend = Tokenizer(models.WordLevel({tok: i for i, tok in enumerate(specials + characters)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", bos_token="<s>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}"
-    )
-    return tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    try:
-        from trl_trapo.tasks import build_char_tokenizer
-    except ImportError:
-        return _fallback_char_tokenizer()
-    return build_char_tokenizer()
-
-
 def ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

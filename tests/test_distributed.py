@@ -4,8 +4,8 @@ gradient equals the 1-process gradient of the same global batch; the DDP communi
 config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates.
 
 Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
-(`--num_processes 2 --mixed_precision no`), through `scripts/distributed_job.py`, which runs `examples/trapo.py` and
-writes a per-rank record (logs, step times, a digest of the final weights).
+(`--num_processes 2 --mixed_precision no`), through `tests/distributed_job.py`, which runs the main job
+(`trl_trapo.cli.main`) and writes a per-rank record (logs, step times, a digest of the final weights).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
 
     config, distributed_type = BACKENDS[backend]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    check(launch(config, "scripts/distributed_job.py", [*JOB_ARGS, "--output_dir", str(full)]))
+    check(launch(config, "tests/distributed_job.py", [*JOB_ARGS, "--output_dir", str(full)]))
     ranks = records(full)
     assert_ranks_agree(ranks, distributed_type)
     assert all(r["reference_matches_policy_at_start"] for r in ranks)  # ZeRO-3: copied, not a deep copy of partitions
@@ -147,7 +147,7 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
     check(
         launch(
             config,
-            "scripts/distributed_job.py",
+            "tests/distributed_job.py",
             [*JOB_ARGS, "--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-6")],
         )
     )
@@ -165,7 +165,7 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
 
 
 def test_fsdp_on_cpu_fails_with_a_clear_message(tmp_path):
-    completed = launch("fsdp2.yaml", "scripts/distributed_job.py", ["--max_steps", "2", "--output_dir", str(tmp_path)])
+    completed = launch("fsdp2.yaml", "tests/distributed_job.py", ["--max_steps", "2", "--output_dir", str(tmp_path)])
     assert completed.returncode != 0
     assert "accelerate switches to FSDP only on GPU" in completed.stdout + completed.stderr
 
@@ -214,7 +214,7 @@ def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
         # compress from the 2nd all-reduce on; on gloo PowerSGD's chained collectives must not interleave with DDP's
         # other ones (pytorch/pytorch#58467): one bucket, no unused-parameter search (docs/distributed.md)
         args += ["--powersgd_start_iter", "2", "--ddp_bucket_cap_mb", "100", "--ddp_find_unused_parameters", "false"]
-    check(launch("multi_gpu.yaml", "scripts/distributed_job.py", args))
+    check(launch("multi_gpu.yaml", "tests/distributed_job.py", args))
     ranks = records(tmp_path)
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]  # replicas stay identical under lossy compression
     for record in ranks:
@@ -229,7 +229,7 @@ def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
 def test_bf16_comm_hook_needs_nccl(tmp_path):
     """PyTorch's bf16 hook needs CUDA 11+ with NCCL 2.10+ (or XPU); on gloo it refuses at registration."""
     args = ["--max_steps", "2", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", "bf16"]
-    completed = launch("multi_gpu.yaml", "scripts/distributed_job.py", args)
+    completed = launch("multi_gpu.yaml", "tests/distributed_job.py", args)
     assert completed.returncode != 0
     assert "BF16 all reduce communication hook required CUDA" in completed.stdout + completed.stderr
 
@@ -307,16 +307,14 @@ def test_accelerate_config_loads_and_validates(path):
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("trapo_qwen2.5_7b_*.yaml")), ids=lambda p: p.name)
 def test_recipes_parse_and_validate(path):
-    spec = importlib.util.spec_from_file_location("trapo_recipe_example", ROOT / "examples" / "trapo.py")
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    from trl_trapo import cli
+
     text = path.read_text()
     assert "NOT TESTED ON THE TARGET HARDWARE" in text and "accelerate launch --config_file" in text
     named = text.split("--config_file ", 1)[1].split()[0]
     assert (ROOT / named).is_file(), named
-    script, args, model = example.make_parser().parse_args_and_config(["--config", str(path)])
-    assert not example.builtin_mode(["--config", str(path)])
+    script, args, model = cli.make_parser().parse_args_and_config(["--config", str(path)])
+    assert not cli.builtin_mode(["--config", str(path)])
     assert model.model_name_or_path == "Qwen/Qwen2.5-7B-Instruct" and model.use_peft
     # the source document's hyper-parameters, as real schedules
     assert (args.learning_rate, args.rl_phase_learning_rate) == (5e-5, 3e-5)

@@ -14,6 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig
 
+from trl_trapo import cli
+
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train_first1500.jsonl"
@@ -27,24 +29,19 @@ def load_script(name: str):
     return module
 
 
-@pytest.fixture(scope="module")
-def trapo():
-    return load_script("examples/trapo.py")
-
-
-def tiny_args(trapo, output_dir, **overrides):
+def tiny_args(output_dir, **overrides):
     """The built-in defaults, shortened to a smoke test."""
-    values = {**trapo.BUILTIN_DEFAULTS, "output_dir": str(output_dir), "max_steps": 6, "eval_steps": 3}
+    values = {**cli.BUILTIN_DEFAULTS, "output_dir": str(output_dir), "max_steps": 6, "eval_steps": 3}
     values.update(overrides)
-    script = trapo.TRAPOScriptArguments(**{k: values.pop(k) for k in list(values) if k in trapo.SCRIPT_FIELDS})
-    return script, trapo.TRAPOConfig(**values), ModelConfig()
+    script = cli.TRAPOScriptArguments(**{k: values.pop(k) for k in list(values) if k in cli.SCRIPT_FIELDS})
+    return script, cli.TRAPOConfig(**values), ModelConfig()
 
 
-def test_builtin_job_writes_results_and_a_model_that_reloads(tmp_path, trapo):
+def test_builtin_job_writes_results_and_a_model_that_reloads(tmp_path):
     from trl_trapo.tasks import greedy_accuracy, make_task_suite
 
-    script, args, model_args = tiny_args(trapo, tmp_path, max_steps=30, eval_steps=15)
-    results = trapo.main(script, args, model_args)
+    script, args, model_args = tiny_args(tmp_path, max_steps=30, eval_steps=15)
+    results = cli.main(script, args, model_args)
     saved = json.loads((tmp_path / "eval_results.json").read_text())
     assert saved == pytest.approx(results)
     for key in ("eval_accuracy", "eval_accuracy_initial", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only"):
@@ -66,7 +63,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
 
 
 @pytest.mark.parametrize("conversational", [False, True])
-def test_local_model_and_local_json_datasets(tmp_path, trapo, conversational):
+def test_local_model_and_local_json_datasets(tmp_path, conversational):
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
@@ -90,7 +87,6 @@ def test_local_model_and_local_json_datasets(tmp_path, trapo, conversational):
     sft_messages = write_jsonl(tmp_path / "sft_messages.jsonl", messages)
     pretrain = write_jsonl(tmp_path / "pt.jsonl", [{"text": "after a comes b. " * 5} for _ in range(8)])
     script, args, model_args = tiny_args(
-        trapo,
         tmp_path / "out",
         dataset_name=rl,
         sft_dataset_name=sft_messages if conversational else sft,
@@ -101,7 +97,7 @@ def test_local_model_and_local_json_datasets(tmp_path, trapo, conversational):
         max_prompt_length=48,  # the chat template adds "user: ...\nassistant: "
     )
     model_args = ModelConfig(model_name_or_path=str(tmp_path / "model"))
-    results = trapo.main(script, args, model_args)
+    results = cli.main(script, args, model_args)
     assert results["train_loss"] == results["train_loss"]  # finite, and the run completed
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     original = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
@@ -109,7 +105,7 @@ def test_local_model_and_local_json_datasets(tmp_path, trapo, conversational):
 
 
 @pytest.mark.skipif(not GSM8K.exists(), reason="../shared/data/gsm8k is not present")
-def test_gsm8k_conversion_and_a_short_run_with_the_numeric_reward(tmp_path, trapo):
+def test_gsm8k_conversion_and_a_short_run_with_the_numeric_reward(tmp_path):
     convert = load_script("scripts/gsm8k_to_trl.py")
     counts = convert.main([str(GSM8K), "--output_dir", str(tmp_path / "gsm8k"), "--test_size", "20"])
     assert counts == {"rl/train": 1480, "rl/test": 20, "sft/train": 1480, "pretrain/train": 1480}
@@ -119,7 +115,6 @@ def test_gsm8k_conversion_and_a_short_run_with_the_numeric_reward(tmp_path, trap
     save_tiny = load_script("scripts/save_tiny_model.py")
     save_tiny.main(["--output_dir", str(tmp_path / "tiny"), "--max_position_embeddings", "2048"])
     script, args, model_args = tiny_args(
-        trapo,
         tmp_path / "out",
         dataset_name=str(tmp_path / "gsm8k" / "rl"),
         sft_dataset_name=str(tmp_path / "gsm8k" / "sft"),
@@ -137,7 +132,7 @@ def test_gsm8k_conversion_and_a_short_run_with_the_numeric_reward(tmp_path, trap
         per_device_eval_batch_size=20,
     )
     model_args = ModelConfig(model_name_or_path=str(tmp_path / "tiny"))
-    results = trapo.main(script, args, model_args)
+    results = cli.main(script, args, model_args)
     assert "eval_rewards/numeric_answer_reward" in results  # the held-out split (rl/test.jsonl) was evaluated
 
 

@@ -6,36 +6,30 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_trainer
 
 from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.experimental.fewshot import PrototypeMemory, fewshot_sigma
-from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
+@pytest.fixture
+def make_trainer(tiny_trainer):
+    """Factory: the tiny trainer with few-shot mode on, 10 steps, temperature 0.9 (then `overrides`)."""
+
+    def make(tmp_path, tokenizer, suite, train_dataset=None, **overrides):
+        overrides = {"max_steps": 10, "temperature": 0.9, "fewshot_mode": True, **overrides}
+        return tiny_trainer(tmp_path, tokenizer, suite, train_dataset=train_dataset, **overrides)
+
+    return make
 
 
-@pytest.fixture(scope="module")
-def suite():
-    return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
-
-
-def make_trainer(tmp_path, tokenizer, suite, train_dataset=None, **overrides):
-    overrides = {"max_steps": 10, "temperature": 0.9, "fewshot_mode": True, **overrides}
-    return tiny_trainer(tmp_path, tokenizer, suite, train_dataset=train_dataset, **overrides)
-
-
-def test_reuse_limit_is_raised(tmp_path, tokenizer, suite):
+def test_reuse_limit_is_raised(tmp_path, tokenizer, suite, make_trainer):
     assert make_trainer(tmp_path, tokenizer, suite, fewshot_mode=False).replay.max_uses == 4
     assert make_trainer(tmp_path, tokenizer, suite).replay.max_uses == 5
     assert make_trainer(tmp_path, tokenizer, suite, num_ppo_epochs=6).replay.max_uses == 6
     assert make_trainer(tmp_path, tokenizer, suite, fewshot_max_uses=3, num_ppo_epochs=1).replay.max_uses == 3
 
 
-def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite):
+def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite, make_trainer):
     assert fewshot_sigma(0, 10, (0.3, 0.1)) == pytest.approx(0.3)
     assert fewshot_sigma(5, 10, (0.3, 0.1)) == pytest.approx(0.2)
     assert fewshot_sigma(20, 10, (0.3, 0.1)) == pytest.approx(0.1)
@@ -45,7 +39,7 @@ def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite):
     assert controller.temperature_at(10) == pytest.approx(0.3)
 
 
-def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, tokenizer, suite):
+def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite, kl_coef=0.05)
     trainer.state.global_step = 5  # T = 0.9 * 0.2 / 0.3 = 0.6
     trainer._generate_round(8, step=5)
@@ -102,7 +96,7 @@ def test_need_by_hand():
     assert memory.nearest(torch.tensor([[0.0, 0.0, 1.0]])).tolist() == [2]
 
 
-def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite):
+def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite, make_trainer):
     def kept_share(strength):
         trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=strength)
         controller = trainer.memory_pool.fewshot
@@ -121,7 +115,7 @@ def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite):
     assert 0.35 < baseline < 0.65 and preferred > 0.7, (baseline, preferred)
 
 
-def test_clusters_without_a_task_column(tmp_path, tokenizer, suite):
+def test_clusters_without_a_task_column(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(
         tmp_path, tokenizer, suite, train_dataset=suite.rl_train.remove_columns("task"), fewshot_num_prototypes=3
     )
@@ -133,7 +127,7 @@ def test_clusters_without_a_task_column(tmp_path, tokenizer, suite):
     assert all(label.startswith("cluster-") for label in controller.prototypes.labels)
 
 
-def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_path, tokenizer, suite):
+def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=3.0, max_steps=3)
     controller, pool = trainer.memory_pool.fewshot, trainer.memory_pool.sft_pool
     trainer.train()
@@ -150,7 +144,7 @@ def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_p
     assert share > 0.7, share  # ~0.82 expected (exp(3 * 0.5) = 4.5x the weight)
 
 
-def test_state_round_trip(tmp_path, tokenizer, suite):
+def test_state_round_trip(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite)
     controller = trainer.memory_pool.fewshot
     for _ in range(3):

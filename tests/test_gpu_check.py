@@ -1,4 +1,4 @@
-"""`scripts/gpu_check.py` (meant for a lent GPU machine) runs end to end on CPU at a tiny size."""
+"""`scripts/benchmarks/gpu_check.py` (meant for a lent GPU machine) runs end to end on CPU at a tiny size."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_gpu_check_tiny_on_cpu(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--steps", "6", "--no_vllm",
+        [sys.executable, str(ROOT / "scripts" / "benchmarks" / "gpu_check.py"), "--tiny", "--steps", "6", "--no_vllm",
          "--json", str(tmp_path / "results.json")],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

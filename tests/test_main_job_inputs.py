@@ -1,6 +1,6 @@
-"""The main job's inputs (`examples/trapo.py`), checked in-process without training: which mode a command line selects,
-which split of a dataset is read, which parts of the built-in suite the user's data replaces, the errors for bad data
-and models, the recipes, and `scripts/save_tiny_model.py`'s arguments."""
+"""The main job's inputs (`trl_trapo.cli`, run by `examples/trapo.py`), checked in-process without training: which
+mode a command line selects, which split of a dataset is read, which parts of the built-in suite the user's data
+replaces, the errors for bad data and models, the recipes, and `scripts/save_tiny_model.py`'s arguments."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 import torch
 import yaml
 from trl import ModelConfig
+
+from trl_trapo import cli
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,18 +39,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def trapo():
-    return load_script("examples/trapo.py")
-
-
-def parse_like_main(trapo, argv: list[str]):
+def parse_like_main(argv: list[str]):
     """`examples/trapo.py`'s `__main__`: built-in defaults only when no model is given, then the parser."""
-    argv = trapo.normalize_argv(argv)
-    parser = trapo.make_parser()
-    if trapo.builtin_mode(argv):
-        parser.set_defaults(**trapo.BUILTIN_DEFAULTS)
-    return parser.parse_args_and_config(argv)
+    return cli.parse_args(argv)
 
 
 def rl_rows(n: int = 6) -> list[dict]:
@@ -65,114 +58,111 @@ def rl_rows(n: int = 6) -> list[dict]:
         ["--model-name-or-path", "org/model"],
         ["--model_name_or_path=org/model"],
         ["--model-name-or-path=org/model"],
-        ["--model_name", "org/model"],  # an unambiguous prefix: argparse accepts it
         ["--config", "{yaml}"],
         ["--config={yaml}"],
     ],
-    ids=["underscores", "hyphens", "underscores=", "hyphens=", "prefix", "config", "config="],
+    ids=["underscores", "hyphens", "underscores=", "hyphens=", "config", "config="],
 )
-def test_a_given_model_switches_the_builtin_defaults_off(tmp_path, trapo, flags):
+def test_a_given_model_switches_the_builtin_defaults_off(tmp_path, flags):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model_name_or_path: org/model\nmax_steps: 3\n")
     argv = [flag.format(yaml=recipe) for flag in flags] + ["--output_dir", str(tmp_path / "out")]
-    assert not trapo.builtin_mode(argv)
-    assert trapo.given_model(argv) == "org/model"
-    script, args, model = parse_like_main(trapo, argv)
+    assert not cli.builtin_mode(argv)
+    assert cli.given_model(argv) == "org/model"
+    script, args, model = parse_like_main(argv)
     assert model.model_name_or_path == "org/model"
-    assert args.learning_rate != trapo.BUILTIN_DEFAULTS["learning_rate"]  # TRAPOConfig's own defaults, not the toy's
-    assert args.response_length != trapo.BUILTIN_DEFAULTS["response_length"]
+    assert args.learning_rate != cli.BUILTIN_DEFAULTS["learning_rate"]  # TRAPOConfig's own defaults, not the toy's
+    assert args.response_length != cli.BUILTIN_DEFAULTS["response_length"]
 
 
-def test_no_model_keeps_the_builtin_defaults_and_the_command_line_beats_the_yaml(tmp_path, trapo):
+def test_no_model_keeps_the_builtin_defaults_and_the_command_line_beats_the_yaml(tmp_path):
     plain = tmp_path / "plain.yaml"
     plain.write_text("max_steps: 3\nenv:\n  SOME_VARIABLE: '1'\n")
-    assert trapo.builtin_mode([])
-    assert trapo.builtin_mode(["--config", str(plain), "--dataset_name", "x.jsonl"])
-    script, args, model = parse_like_main(trapo, ["--config", str(plain)])
-    assert model.model_name_or_path is None and args.learning_rate == trapo.BUILTIN_DEFAULTS["learning_rate"]
+    assert cli.builtin_mode([])
+    assert cli.builtin_mode(["--config", str(plain), "--dataset_name", "x.jsonl"])
+    script, args, model = parse_like_main(["--config", str(plain)])
+    assert model.model_name_or_path is None and args.learning_rate == cli.BUILTIN_DEFAULTS["learning_rate"]
     with_model = tmp_path / "model.yaml"
     with_model.write_text("model_name_or_path: org/model\n")
-    assert trapo.given_model(["--config", str(with_model), "--model-name-or-path", "org/other"]) == "org/other"
+    assert cli.given_model(["--config", str(with_model), "--model-name-or-path", "org/other"]) == "org/other"
     with pytest.raises(ValueError, match=r"--config='.*missing.yaml': no such file"):
-        trapo.builtin_mode(["--config", str(tmp_path / "missing.yaml")])
+        cli.builtin_mode(["--config", str(tmp_path / "missing.yaml")])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 2. splits: a single file has only `train`; directories keep their real splits
 # ---------------------------------------------------------------------------------------------------------------------
-def test_a_single_file_has_only_a_train_split(tmp_path, trapo):
+def test_a_single_file_has_only_a_train_split(tmp_path):
     rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
-    assert len(trapo.load_any(rl, None, "train")) == 6
+    assert len(cli.load_any(rl, None, "train")) == 6
     with pytest.raises(ValueError, match=r"single file.*only a 'train' split"):
-        trapo.load_any(rl, None, "test")  # not the training rows
+        cli.load_any(rl, None, "test")  # not the training rows
     with pytest.raises(ValueError, match=r"--dataset_test_split='validation'.*single file.*only a 'train' split"):
-        trapo.load_any(rl, None, "validation", split_arg="--dataset_test_split")
+        cli.load_any(rl, None, "validation", split_arg="--dataset_test_split")
     with pytest.raises(ValueError, match=r"--dataset_train_split='test'.*--dataset_name="):
-        trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=rl, dataset_train_split="test"))
+        cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=rl, dataset_train_split="test"))
     # default: no held-out RL evaluation for a single file (never its training rows)
-    train, evaluation = trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=rl))
+    train, evaluation = cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=rl))
     assert len(train) == 6 and evaluation is None
     with pytest.raises(ValueError, match=r"--dataset_test_split='validation'.*single file"):
-        trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=rl, dataset_test_split="validation"))
+        cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=rl, dataset_test_split="validation"))
     with pytest.raises(ValueError, match=r"--sft_dataset_split='test'.*--sft_dataset_name="):
-        trapo.load_any(rl, None, "test", arg="--sft_dataset_name", split_arg="--sft_dataset_split")
-    assert len(trapo.load_any(rl, None, "train[:2]")) == 2  # split expressions of `train` still work
+        cli.load_any(rl, None, "test", arg="--sft_dataset_name", split_arg="--sft_dataset_split")
+    assert len(cli.load_any(rl, None, "train[:2]")) == 2  # split expressions of `train` still work
 
 
-def test_a_directory_keeps_its_real_splits(tmp_path, trapo):
+def test_a_directory_keeps_its_real_splits(tmp_path):
     write_jsonl(tmp_path / "rl" / "train.jsonl", rl_rows(6))
     write_jsonl(tmp_path / "rl" / "test.jsonl", [{"prompt": "rev xyz=", "answer": "zyx"}])
     directory = str(tmp_path / "rl")
-    train, evaluation = trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=directory))
+    train, evaluation = cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=directory))
     assert len(train) == 6 and evaluation["prompt"] == ["rev xyz="]  # the default: its `test` split
     with pytest.raises(ValueError, match=r"--dataset_test_split='validation'.*available: \['test', 'train'\]"):
-        trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=directory, dataset_test_split="validation"))
-    _, evaluation = trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=directory, dataset_test_split="none"))
+        cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=directory, dataset_test_split="validation"))
+    _, evaluation = cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=directory, dataset_test_split="none"))
     assert evaluation is None
-    assert len(trapo.load_any(directory, None, "train[:2]+test")) == 3
+    assert len(cli.load_any(directory, None, "train[:2]+test")) == 3
 
 
-def test_save_to_disk_directories(tmp_path, trapo):
+def test_save_to_disk_directories(tmp_path):
     from datasets import Dataset, DatasetDict
 
     DatasetDict({"train": Dataset.from_list(rl_rows(4)), "test": Dataset.from_list(rl_rows(2))}).save_to_disk(
         tmp_path / "dict"
     )
     Dataset.from_list(rl_rows(3)).save_to_disk(tmp_path / "single")
-    train, evaluation = trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=str(tmp_path / "dict")))
+    train, evaluation = cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=str(tmp_path / "dict")))
     assert (len(train), len(evaluation)) == (4, 2)
-    train, evaluation = trapo.load_rl_data(trapo.TRAPOScriptArguments(dataset_name=str(tmp_path / "single")))
+    train, evaluation = cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=str(tmp_path / "single")))
     assert len(train) == 3 and evaluation is None
     with pytest.raises(ValueError, match=r"--dataset_test_split='test'.*only a 'train' split"):
-        trapo.load_rl_data(
-            trapo.TRAPOScriptArguments(dataset_name=str(tmp_path / "single"), dataset_test_split="test")
-        )
+        cli.load_rl_data(cli.TRAPOScriptArguments(dataset_name=str(tmp_path / "single"), dataset_test_split="test"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 3. built-in mode with the user's data and rewards: they replace the built-in parts, and one line says so
 # ---------------------------------------------------------------------------------------------------------------------
-def build(trapo, tmp_path, model_args: ModelConfig | None = None, **script):
-    values = {**trapo.BUILTIN_DEFAULTS, "output_dir": str(tmp_path / "out")}
-    args = trapo.TRAPOConfig(**{k: v for k, v in values.items() if k not in trapo.SCRIPT_FIELDS})
-    return trapo.build_inputs(trapo.TRAPOScriptArguments(**script), args, model_args or ModelConfig())
+def build(tmp_path, model_args: ModelConfig | None = None, **script):
+    values = {**cli.BUILTIN_DEFAULTS, "output_dir": str(tmp_path / "out")}
+    args = cli.TRAPOConfig(**{k: v for k, v in values.items() if k not in cli.SCRIPT_FIELDS})
+    return cli.build_inputs(cli.TRAPOScriptArguments(**script), args, model_args or ModelConfig())
 
 
-def test_builtin_mode_alone_uses_the_whole_suite(tmp_path, trapo, caplog):
+def test_builtin_mode_alone_uses_the_whole_suite(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward
 
-    with caplog.at_level(logging.INFO, logger="trapo"):
-        inputs = build(trapo, tmp_path)
+    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+        inputs = build(tmp_path)
     assert inputs.builtin and inputs.builtin_eval and inputs.reward_funcs == [exact_match_reward]
     assert set(inputs.eval_dataset["split"]) == {"sft_tasks", "rl_only"}
     assert set(inputs.sources.values()) == {"built-in"}
     assert any("from you: nothing" in r.message for r in caplog.records)
 
 
-def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, trapo, caplog):
+def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, caplog):
     rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
-    with caplog.at_level(logging.INFO, logger="trapo"):
-        inputs = build(trapo, tmp_path, dataset_name=rl)
+    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+        inputs = build(tmp_path, dataset_name=rl)
     assert inputs.builtin and inputs.train_dataset["prompt"] == [r["prompt"] for r in rl_rows()]
     assert inputs.eval_dataset is None and not inputs.builtin_eval  # the built-in held-out prompts are gone too
     assert inputs.sources["sft"] == inputs.sources["pretrain"] == inputs.sources["reward"] == "built-in"
@@ -181,22 +171,20 @@ def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, trap
     assert f"rl (--dataset_name={rl!r})" in line and "no held-out RL evaluation" in line
 
 
-def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, trapo, caplog):
+def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
 
     sft = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "rev ab=", "completion": "ba"}] * 3)
     pretrain = write_jsonl(tmp_path / "pt.jsonl", [{"text": "after a comes b."}] * 4)
-    with caplog.at_level(logging.INFO, logger="trapo"):
-        inputs = build(
-            trapo, tmp_path, sft_dataset_name=sft, pretrain_dataset_name=pretrain, reward_funcs=["exact_match"]
-        )
+    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+        inputs = build(tmp_path, sft_dataset_name=sft, pretrain_dataset_name=pretrain, reward_funcs=["exact_match"])
     assert len(inputs.sft_dataset) == 3 and len(inputs.pretrain_dataset) == 4
     assert inputs.reward_funcs == [exact_match_reward]  # not counted twice
     assert inputs.builtin_eval and inputs.sources["rl"] == "built-in"
     (line,) = [r.message for r in caplog.records if r.message.startswith("Built-in mode")]
     assert "from the built-in suite: model, rl, eval;" in line
     assert "reward (--reward_funcs=['exact_match'])" in line
-    inputs = build(trapo, tmp_path, reward_funcs=["numeric_answer"])
+    inputs = build(tmp_path, reward_funcs=["numeric_answer"])
     assert inputs.reward_funcs == [numeric_answer_reward]
 
 
@@ -208,25 +196,25 @@ class TrainerBuilt(Exception):
         self.kwargs = kwargs
 
 
-def trainer_kwargs(trapo, monkeypatch, tmp_path, **script) -> dict:
+def trainer_kwargs(monkeypatch, tmp_path, **script) -> dict:
     """The keyword arguments `main` builds `TRAPOTrainer` with, in built-in mode (nothing is trained)."""
 
     def capture(**kwargs):
         raise TrainerBuilt(kwargs)
 
-    monkeypatch.setattr(trapo, "TRAPOTrainer", capture)
-    values = {**trapo.BUILTIN_DEFAULTS, "output_dir": str(tmp_path / "out")}
-    args = trapo.TRAPOConfig(**{k: v for k, v in values.items() if k not in trapo.SCRIPT_FIELDS})
+    monkeypatch.setattr(cli, "TRAPOTrainer", capture)
+    values = {**cli.BUILTIN_DEFAULTS, "output_dir": str(tmp_path / "out")}
+    args = cli.TRAPOConfig(**{k: v for k, v in values.items() if k not in cli.SCRIPT_FIELDS})
     with pytest.raises(TrainerBuilt) as built:
-        trapo.main(trapo.TRAPOScriptArguments(**script), args, ModelConfig())
+        cli.main(cli.TRAPOScriptArguments(**script), args, ModelConfig())
     return built.value.kwargs
 
 
-def test_main_gives_the_trainer_the_users_parts_in_builtin_mode(tmp_path, trapo, monkeypatch):
+def test_main_gives_the_trainer_the_users_parts_in_builtin_mode(tmp_path, monkeypatch):
     from trl_trapo.rewards import exact_match_reward
 
     rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
-    kwargs = trainer_kwargs(trapo, monkeypatch, tmp_path, dataset_name=rl, reward_funcs=["exact_match"])
+    kwargs = trainer_kwargs(monkeypatch, tmp_path, dataset_name=rl, reward_funcs=["exact_match"])
     assert kwargs["reward_funcs"] == [exact_match_reward]  # once, not the built-in one plus the user's
     assert kwargs["train_dataset"]["prompt"] == [r["prompt"] for r in rl_rows()]
     assert kwargs["eval_dataset"] is None and kwargs["args"].eval_strategy == "no"  # no built-in held-out prompts
@@ -252,35 +240,46 @@ def test_main_gives_the_trainer_the_users_parts_in_builtin_mode(tmp_path, trapo,
     ],
     ids=["missing-file", "missing-dir", "empty-jsonl", "blank-jsonl", "header-only-csv", "unknown-extension"],
 )
-def test_bad_data_names_the_argument(tmp_path, trapo, make, arg, pattern):
+def test_bad_data_names_the_argument(tmp_path, make, arg, pattern):
     value = make(tmp_path)
     field = arg.removeprefix("--")
     with pytest.raises(ValueError, match=re.escape(f"{arg}={value!r}: ") + f".*{pattern}"):
-        build(trapo, tmp_path, **{field: value})
+        build(tmp_path, **{field: value})
 
 
-def test_an_empty_dataset_names_the_argument(tmp_path, trapo):
+def test_an_empty_dataset_names_the_argument(tmp_path):
     from datasets import Dataset
 
     empty = Dataset.from_dict({"prompt": [], "answer": []})
     empty.to_parquet(tmp_path / "empty.parquet")
     with pytest.raises(ValueError, match=r"--dataset_name='.*empty.parquet'.*no rows"):
-        build(trapo, tmp_path, dataset_name=str(tmp_path / "empty.parquet"))
+        build(tmp_path, dataset_name=str(tmp_path / "empty.parquet"))
     # a split that loads but holds no row (e.g. an empty split of a Hub dataset)
-    splits = trapo.DatasetSplits("org/data", "--sft_dataset_name", {"train": empty}, single=False)
+    splits = cli.DatasetSplits("org/data", "--sft_dataset_name", {"train": empty}, single=False)
     with pytest.raises(ValueError, match=r"--sft_dataset_name='org/data': split 'train' is empty"):
         splits.get("train", "--sft_dataset_split")
 
 
-def test_main_fails_before_training_on_bad_data(tmp_path, trapo, monkeypatch):
+def test_main_fails_before_training_on_bad_data(tmp_path, monkeypatch):
     def no_trainer(*args, **kwargs):
         raise AssertionError("the trainer was built")
 
-    monkeypatch.setattr(trapo, "TRAPOTrainer", no_trainer)
-    script = trapo.TRAPOScriptArguments(dataset_name=write_jsonl(tmp_path / "empty.jsonl", []))
-    args = trapo.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none")
+    monkeypatch.setattr(cli, "TRAPOTrainer", no_trainer)
+    script = cli.TRAPOScriptArguments(dataset_name=write_jsonl(tmp_path / "empty.jsonl", []))
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none")
     with pytest.raises(ValueError, match="--dataset_name="):
-        trapo.main(script, args, ModelConfig())
+        cli.main(script, args, ModelConfig())
+
+
+@pytest.mark.parametrize("flag", ["--dataset_streaming", "--ignore_bias_buffers"])
+def test_trl_script_arguments_the_job_does_not_support_are_refused(tmp_path, flag):
+    """`TRAPOScriptArguments` extends TRL's `ScriptArguments`; its two fields the job cannot honour are errors."""
+    from trl import ScriptArguments
+
+    script, args, model = parse_like_main([flag, "--output_dir", str(tmp_path / "out")])
+    assert isinstance(script, ScriptArguments)
+    with pytest.raises(ValueError, match=re.escape(f"{flag}=True: not supported")):
+        cli.build_inputs(script, args, model)
 
 
 @pytest.mark.parametrize(
@@ -294,17 +293,17 @@ def test_main_fails_before_training_on_bad_data(tmp_path, trapo, monkeypatch):
     ],
     ids=["relative-path", "hub-shaped", "dir-without-config", "file", "empty"],
 )
-def test_bad_model_names_the_argument(tmp_path, trapo, monkeypatch, value, pattern):
+def test_bad_model_names_the_argument(tmp_path, monkeypatch, value, pattern):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "not_a_model").mkdir()
     (tmp_path / "file.txt").write_text("x")
     value = value.format(tmp=tmp_path)
     with pytest.raises(ValueError, match=re.escape(f"--model_name_or_path={value!r}: ") + ".*" + pattern):
-        build(trapo, tmp_path, model_args=ModelConfig(model_name_or_path=value))
+        build(tmp_path, model_args=ModelConfig(model_name_or_path=value))
     script = {"value_model_name_or_path": value} if value else {}
     if script:
         with pytest.raises(ValueError, match=re.escape(f"--value_model_name_or_path={value!r}: ")):
-            build(trapo, tmp_path, **script)
+            build(tmp_path, **script)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -318,13 +317,13 @@ def recipe_argv(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_recipe_parses_into_a_real_model_run(trapo, path):
+def test_every_recipe_parses_into_a_real_model_run(path):
     argv = recipe_argv(path)
-    assert not trapo.builtin_mode(argv)
-    script, args, model = parse_like_main(trapo, argv)
+    assert not cli.builtin_mode(argv)
+    script, args, model = parse_like_main(argv)
     assert model.model_name_or_path and model.use_peft
-    assert set(script.reward_funcs) <= set(trapo.REWARD_FUNCTIONS)
-    assert args.learning_rate != trapo.BUILTIN_DEFAULTS["learning_rate"]
+    assert set(script.reward_funcs) <= set(cli.REWARD_FUNCTIONS)
+    assert args.learning_rate != cli.BUILTIN_DEFAULTS["learning_rate"]
 
 
 def test_the_documented_recipe_paths_exist():
@@ -335,13 +334,13 @@ def test_the_documented_recipe_paths_exist():
             assert (ROOT / path).is_file(), f"{document.name} names {path}, which does not exist"
 
 
-def test_gsm8k_recipe_settings_and_its_data_layout(tmp_path, trapo, monkeypatch):
+def test_gsm8k_recipe_settings_and_its_data_layout(tmp_path, monkeypatch):
     config = yaml.safe_load(GSM8K_RECIPE.read_text())
     assert config["model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config["use_peft"] and config["lora_r"] > 0 and config["lora_alpha"] > 0 and config["lora_target_modules"]
     assert config["bf16"] is True and config["gradient_checkpointing"] is True
     assert config["reward_funcs"] == ["numeric_answer"]
-    script, args, model = parse_like_main(trapo, recipe_argv(GSM8K_RECIPE))
+    script, args, model = parse_like_main(recipe_argv(GSM8K_RECIPE))
     assert 256 <= args.max_prompt_length <= 512 and args.response_length == 256
     assert args.eval_strategy == "steps" and args.save_strategy == "steps" and args.max_steps > 0
     # the data directories it names are what `python scripts/gsm8k_to_trl.py ... --output_dir data/gsm8k` writes
@@ -356,10 +355,10 @@ def test_gsm8k_recipe_settings_and_its_data_layout(tmp_path, trapo, monkeypatch)
     monkeypatch.chdir(tmp_path)
     counts = load_script("scripts/gsm8k_to_trl.py").main([source, "--output_dir", "data/gsm8k", "--test_size", "3"])
     assert counts["rl/test"] == 3
-    train, evaluation = trapo.load_rl_data(script)
+    train, evaluation = cli.load_rl_data(script)
     assert (len(train), len(evaluation)) == (9, 3)
-    sft = trapo.load_any(script.sft_dataset_name, None, script.sft_dataset_split, arg="--sft_dataset_name")
-    pretrain = trapo.load_any(script.pretrain_dataset_name, None, script.pretrain_dataset_split)
+    sft = cli.load_any(script.sft_dataset_name, None, script.sft_dataset_split, arg="--sft_dataset_name")
+    pretrain = cli.load_any(script.pretrain_dataset_name, None, script.pretrain_dataset_split)
     assert {"prompt", "completion"} <= set(sft.column_names) and "text" in pretrain.column_names
 
 
@@ -384,3 +383,147 @@ def test_save_tiny_model_applies_a_positive_context(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path / "tiny").max_position_embeddings == 96
     with pytest.raises(SystemExit):
         save_tiny.main(["--output_dir", str(tmp_path / "t2"), "--config", str(tmp_path / "missing.json")])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. the command line: the user's flags always win, no abbreviations, paths checked first, a summary at the end
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_builtin_defaults_never_override_a_users_save_flags(tmp_path):
+    out = ["--output_dir", str(tmp_path / "out")]
+    assert parse_like_main(out)[1].save_strategy == "no"  # the built-in job saves only at the end
+    _, args, _ = parse_like_main(["--save_steps", "10", *out])
+    assert (args.save_strategy, args.save_steps) == ("steps", 10)
+    _, args, _ = parse_like_main(["--save_strategy", "epoch", *out])
+    assert args.save_strategy == "epoch"
+    recipe = tmp_path / "saves.yaml"
+    recipe.write_text("save_steps: 10\nsave_total_limit: 2\n")
+    _, args, _ = parse_like_main(["--config", str(recipe), *out])
+    assert (args.save_strategy, args.save_steps, args.save_total_limit) == ("steps", 10, 2)
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], dict(max_steps=1000, eval_steps=250, logging_steps=10, warmup_steps=30)),
+        (["--max_steps", "200"], dict(max_steps=200, eval_steps=50, logging_steps=2, warmup_steps=6)),
+        (["--max_steps", "20"], dict(eval_steps=5, logging_steps=1, warmup_steps=1)),
+        (["--max_steps", "200", "--eval_steps", "100"], dict(eval_steps=100, logging_steps=2, warmup_steps=6)),
+        (["--max_steps=200", "--logging_steps=7"], dict(eval_steps=50, logging_steps=7, warmup_steps=6)),
+        # epochs: the run's length is known only once the data is, so the steps become fractions of the run
+        (["--num_train_epochs", "2"], dict(max_steps=-1, eval_steps=0.25, logging_steps=0.01, warmup_steps=0.03)),
+        (["--lr_scheduler_type", "linear"], dict(lr_scheduler_type="linear", lr_scheduler_kwargs=None)),
+        (["--lr_scheduler_type", "cosine_with_min_lr"], dict(lr_scheduler_kwargs={"min_lr_rate": 0.1})),
+    ],
+    ids=["none", "max_steps", "short", "max_steps+eval_steps", "flag=value", "epochs", "scheduler", "same-scheduler"],
+)
+def test_builtin_defaults_derived_from_a_setting_the_user_changed_follow_the_user(tmp_path, flags, expected):
+    _, args, _ = parse_like_main([*flags, "--output_dir", str(tmp_path / "out")])
+    assert {key: getattr(args, key) for key in expected} == expected
+
+
+def test_every_name_the_builtin_defaults_refer_to_is_an_argument():
+    known = set(cli.known_fields())
+    assert set(cli.BUILTIN_DEFAULTS) <= known
+    assert set(cli.BUILTIN_SCALED) <= set(cli.BUILTIN_DEFAULTS)
+    for name, users in cli.BUILTIN_YIELDS.items():
+        assert name in cli.BUILTIN_DEFAULTS and set(users) <= known, name
+
+
+@pytest.mark.parametrize(
+    "flags, unknown, suggestion",
+    [
+        (["--learning_rat", "1e-3"], "--learning_rat", "--learning_rate"),  # a prefix: argparse used to accept it
+        (["--learnig_rate", "1e-3"], "--learnig_rate", "--learning_rate"),
+        (["--learnig-rate=1e-3"], "--learnig-rate", "--learning_rate"),
+        (["--model_name", "org/model"], "--model_name", "--model_name_or_path"),
+    ],
+    ids=["prefix", "typo", "hyphens=", "model-prefix"],
+)
+def test_abbreviated_or_misspelt_arguments_are_refused_with_a_suggestion(tmp_path, flags, unknown, suggestion):
+    message = re.escape(f"{unknown}: unknown argument. Did you mean {suggestion}?")
+    with pytest.raises(ValueError, match=message):
+        parse_like_main([*flags, "--output_dir", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match=message):
+        cli.builtin_mode(flags)
+
+
+def test_unknown_keys_of_the_config_yaml_are_refused_with_a_suggestion(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("learnig_rate: 0.001\nmax_steps: 3\n")
+    with pytest.raises(ValueError, match=r"--config='.*recipe.yaml': unknown key 'learnig_rate'.*--learning_rate\?"):
+        parse_like_main(["--config", str(recipe)])
+    recipe.write_text("max_steps: 3\nenv:\n  SOME_VARIABLE: '1'\n")  # `env` is TrlParser's, not an argument
+    assert parse_like_main(["--config", str(recipe), "--output_dir", str(tmp_path / "out")])[1].max_steps == 3
+
+
+def test_a_missing_checkpoint_is_reported_before_anything_is_loaded(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("data was loaded / the trainer was built before the checkpoint was checked")
+
+    monkeypatch.setattr(cli, "TRAPOTrainer", not_reached)
+    monkeypatch.setattr(cli, "load_splits", not_reached)
+    script = cli.TRAPOScriptArguments(dataset_name=write_jsonl(tmp_path / "rl.jsonl", rl_rows()))
+    missing = str(tmp_path / "out" / "checkpoint-5")
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", resume_from_checkpoint=missing)
+    with pytest.raises(ValueError, match=re.escape(f"--resume_from_checkpoint={missing!r}: no such directory")):
+        cli.main(script, args, ModelConfig())
+    # a folder of checkpoints (an output_dir, with the trainer_state.json of its final save): the latest is named
+    for step in (3, 12):
+        (tmp_path / "out" / f"checkpoint-{step}").mkdir(parents=True)
+        (tmp_path / "out" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (tmp_path / "out" / "trainer_state.json").write_text("{}")
+    args.resume_from_checkpoint = str(tmp_path / "out")
+    with pytest.raises(ValueError, match=r"not a checkpoint.*checkpoint-12"):
+        cli.main(script, args, ModelConfig())
+
+
+def test_every_dataset_path_is_checked_before_any_dataset_is_loaded(tmp_path, monkeypatch):
+    def not_reached(*args, **kwargs):
+        raise AssertionError("a dataset was loaded before every path was checked")
+
+    monkeypatch.setattr(cli, "load_splits", not_reached)
+    rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    missing = str(tmp_path / "missing" / "pretrain.jsonl")
+    with pytest.raises(ValueError, match=re.escape(f"--pretrain_dataset_name={missing!r}: no such file or directory")):
+        build(tmp_path, dataset_name=rl, pretrain_dataset_name=missing)
+
+
+def test_the_job_ends_with_a_short_summary(tmp_path, capsys, caplog):
+    args = cli.TRAPOConfig(
+        **{
+            **{k: v for k, v in cli.BUILTIN_DEFAULTS.items() if k not in cli.SCRIPT_FIELDS},
+            "output_dir": str(tmp_path / "out"),
+            "max_steps": 4,
+            "eval_strategy": "no",
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "per_device_eval_batch_size": 400,
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+        results = cli.main(cli.TRAPOScriptArguments(), args, ModelConfig())
+    printed = capsys.readouterr().out
+    printed = printed[printed.index("Done in") :].strip()  # the end of stdout (the Trainer prints its logs before)
+    assert any(printed in record.getMessage() for record in caplog.records)  # logged too
+    assert str(tmp_path / "out") in printed
+    for written in ("model.safetensors", "checkpoint-2", "checkpoint-4", "eval_results.json", "trainer_state.json"):
+        assert written in printed, written
+    before, after = results["eval_accuracy_initial"], results["eval_accuracy"]
+    assert re.search(rf"eval_accuracy\s+{before:.2f} -> {after:.2f}", printed)
+    assert re.search(r"\d+(\.\d+)? ?(s|min)", printed)  # wall time
+    assert len(printed.splitlines()) <= 15
+
+
+def test_gitignore_covers_the_folders_the_readme_creates_at_the_root_only():
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        check = ["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]
+        return subprocess.run(check, capture_output=True).returncode == 0
+
+    assert ignored("data/gsm8k/rl/train.jsonl") and ignored("models/tiny/config.json")
+    assert not ignored("examples/data/sample.jsonl") and not ignored("tests/models/x.json")

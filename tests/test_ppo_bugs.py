@@ -1,4 +1,4 @@
-"""Regression tests for the bug classes of TRL 1.12's `PPOTrainer` (probes: `scripts/ppo_1_12_probes/`).
+"""Regression tests for the bug classes of TRL 1.12's `PPOTrainer` (probes: `dev/ppo_1_12/probes/`).
 
 Each test states what the naive implementation (the one TRL 1.12 shipped, or the obvious one) does, computes that
 naive value inline and checks that it differs from the right one — so the test would fail on the naive code — and

@@ -1,6 +1,6 @@
 """Exact reproduction of TRL 1.12's `PPOTrainer` where 1.12 is bug-free (golden fixtures `exact_*`).
 
-The fixtures (`tests/fixtures/ppo_1_12/cases/exact_*.json`, made by `scripts/make_ppo_fixtures.py` from the REAL
+The fixtures (`tests/fixtures/ppo_1_12/cases/exact_*.json`, made by `dev/ppo_1_12/make_ppo_fixtures.py` from the REAL
 TRL 1.12.0 trainer) inject responses of the two kinds 1.12 handles correctly — no EOS, or EOS as the last token, no
 PAD anywhere — with `num_mini_batches=1` and a dataset of two rollout batches of which one is used, in fp32. Our
 `PPOTrainer` is built with the same models, tokenizer and config (plus a constant learning-rate schedule, as 1.12's

@@ -7,13 +7,12 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_trainer
 from transformers import TrainerCallback
 
 from trl_trapo import TRAPOConfig
 from trl_trapo.controllers import AdaptiveKLController, FixedKLController
 from trl_trapo.schedules import PhaseValues
-from trl_trapo.tasks import build_char_tokenizer, make_task_suite
+from trl_trapo.tasks import make_task_suite
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -111,20 +110,29 @@ class Recorder(TrainerCallback):
         return control
 
 
-def make_trainer(tmp_path, **overrides):
-    tokenizer = build_char_tokenizer()
-    suite = make_task_suite(seed=0, num_pretrain_docs=40, num_sft_per_task=10, num_rl_per_task=10, num_eval_per_task=2)
-    overrides = {
-        "max_steps": 10,
-        "lr_scheduler_type": "constant",
-        "kl_coef": 0.2,
-        "entropy_coef": 0.01,
-        **overrides,
-    }
-    return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
+@pytest.fixture(scope="module")
+def suite():
+    return make_task_suite(seed=0, num_pretrain_docs=40, num_sft_per_task=10, num_rl_per_task=10, num_eval_per_task=2)
 
 
-def test_learning_rate_and_entropy_switch_at_the_last_phase(tmp_path):
+@pytest.fixture
+def make_trainer(tiny_trainer, tokenizer, suite):
+    """Factory: the tiny trainer for 10 steps, constant learning rate, KL 0.2, entropy 0.01 (then `overrides`)."""
+
+    def make(tmp_path, **overrides):
+        overrides = {
+            "max_steps": 10,
+            "lr_scheduler_type": "constant",
+            "kl_coef": 0.2,
+            "entropy_coef": 0.01,
+            **overrides,
+        }
+        return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
+
+    return make
+
+
+def test_learning_rate_and_entropy_switch_at_the_last_phase(tmp_path, make_trainer):
     trainer = make_trainer(tmp_path, rl_phase_learning_rate=4e-4, late_entropy_coef=0.005)
     recorder = Recorder(trainer)
     trainer.add_callback(recorder)
@@ -139,7 +147,7 @@ def test_learning_rate_and_entropy_switch_at_the_last_phase(tmp_path):
     assert logs[-1]["schedule/entropy_coef"] == 0.005
 
 
-def test_learning_rate_switch_keeps_the_scheduler_shape(tmp_path):
+def test_learning_rate_switch_keeps_the_scheduler_shape(tmp_path, make_trainer):
     trainer = make_trainer(
         tmp_path, rl_phase_learning_rate=5e-4, lr_scheduler_type="cosine", warmup_steps=0, learning_rate=1e-3
     )
@@ -151,7 +159,7 @@ def test_learning_rate_switch_keeps_the_scheduler_shape(tmp_path):
         assert lr == pytest.approx((5e-4 if step >= 8 else 1e-3) * cosine, rel=1e-6), step
 
 
-def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path):
+def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path, make_trainer):
     # the target is far above any measured KL, so every update multiplies by 1 - 0.2 * n / horizon
     trainer = make_trainer(
         tmp_path,
@@ -186,7 +194,7 @@ def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path):
     assert resumed.args.kl_coef == trainer.args.kl_coef == 0.2  # the config is never changed
 
 
-def test_schedules_off_by_default_change_nothing(tmp_path):
+def test_schedules_off_by_default_change_nothing(tmp_path, make_trainer):
     trainer = make_trainer(tmp_path, max_steps=3)
     recorder = Recorder(trainer)
     trainer.add_callback(recorder)

@@ -7,12 +7,10 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from helpers import tiny_trainer
 
 from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.config import SFT
 from trl_trapo.memory.sft_pool import PrioritizedSFTPool, SumMinTree, directory_nbytes, sft_priority_proxy
-from trl_trapo.tasks import build_char_tokenizer, make_task_suite
 
 
 def sft_dataset(n=8):
@@ -214,22 +212,18 @@ def test_byte_budget(tmp_path, caplog):
 # ---------------------------------------------------------------------------------------------------------------------
 # In the trainer
 # ---------------------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
+@pytest.fixture
+def make_trainer(tiny_trainer):
+    """Factory: the tiny trainer with the prioritised SFT pool (then `overrides`)."""
+
+    def make(tmp_path, tokenizer, suite, **overrides):
+        overrides = {"sft_sampling": "prioritized", "sft_pool_max_bytes": 10**7, **overrides}
+        return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
+
+    return make
 
 
-@pytest.fixture(scope="module")
-def suite():
-    return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
-
-
-def make_trainer(tmp_path, tokenizer, suite, **overrides):
-    overrides = {"sft_sampling": "prioritized", "sft_pool_max_bytes": 10**7, **overrides}
-    return tiny_trainer(tmp_path, tokenizer, suite, **overrides)
-
-
-def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite):
+def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite)
     rows = trainer.memory_pool.take_sft(2, step=0)
     for row, weight in zip(rows, (0.25, 1.0)):
@@ -260,7 +254,7 @@ def test_importance_weight_multiplies_the_sft_loss(tmp_path, tokenizer, suite):
     torch.testing.assert_close(float(loss), (0.25 * nll[0] + 1.0 * nll[1]) / tokens, rtol=1e-5, atol=1e-6)
 
 
-def test_training_refreshes_priorities_without_syncing_each_micro_batch(tmp_path, tokenizer, suite):
+def test_training_refreshes_priorities_without_syncing_each_micro_batch(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite, gradient_accumulation_steps=2, max_steps=3)
     pool = trainer.memory_pool.sft_pool
     assert isinstance(pool, PrioritizedSFTPool) and pool.directory == str(tmp_path / "sft_pool" / "rank0")

@@ -11,7 +11,6 @@ from trl_trapo.tasks import (
     SPLIT_RL_ONLY,
     SPLIT_SFT_TASKS,
     TASK_FAMILIES,
-    build_char_tokenizer,
     build_tiny_model,
     exact_match_reward,
     greedy_accuracy,
@@ -30,11 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -8,28 +8,12 @@ import math
 import pytest
 import torch
 from datasets import Dataset
-from helpers import tiny_config as small_config
-from helpers import tiny_trainer
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import Row, StepContext, collate_rows
 from trl_trapo.config import PRETRAIN, RL, SFT
 from trl_trapo.memory import Trajectory
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def suite():
-    return make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
-
-
-def make_trainer(tmp_path, tokenizer, suite, model=None, **overrides) -> TRAPOTrainer:
-    return tiny_trainer(tmp_path, tokenizer, suite, model=model, **overrides)
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -94,9 +78,9 @@ def gradient(trainer, groups: list[list[Row]], info: StepContext) -> dict[str, t
 @pytest.mark.parametrize("kl_penalty", ["reward", "loss"])
 @pytest.mark.parametrize("sft_loss_type", ["nll", "trust_region"])
 def test_joint_gradient_equals_weighted_sum_of_separate_gradients(
-    tmp_path, tokenizer, suite, kl_penalty, sft_loss_type
+    tmp_path, tokenizer, suite, kl_penalty, sft_loss_type, tiny_trainer
 ):
-    trainer = make_trainer(
+    trainer = tiny_trainer(
         tmp_path, tokenizer, suite, kl_coef=0.1, kl_penalty=kl_penalty, sft_loss_type=sft_loss_type, entropy_coef=0.01
     )
     rows = fixed_rows()
@@ -121,8 +105,8 @@ def test_joint_gradient_equals_weighted_sum_of_separate_gradients(
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_gradient_accumulation_equals_one_large_batch(tmp_path, tokenizer, suite, loss_type):
-    trainer = make_trainer(tmp_path, tokenizer, suite, kl_coef=0.05, loss_type=loss_type)
+def test_gradient_accumulation_equals_one_large_batch(tmp_path, tokenizer, suite, loss_type, tiny_trainer):
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, kl_coef=0.05, loss_type=loss_type)
     rows = fixed_rows(seed=1)
     weights = (0.25, 0.25, 0.5)
     big = gradient(trainer, [rows], step_info(rows, [rows], weights))
@@ -137,9 +121,9 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path, tokenizer, suite
         torch.testing.assert_close(accumulated[name], big[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_first_use_ratio_is_one_for_fresh_rollouts(tmp_path, tokenizer, suite):
+def test_first_use_ratio_is_one_for_fresh_rollouts(tmp_path, tokenizer, suite, tiny_trainer):
     """Behaviour log-probs recorded during generation equal the training forward's log-probs (ratio 1)."""
-    trainer = make_trainer(tmp_path, tokenizer, suite, max_steps=1)
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1)
     trainer.create_optimizer()  # not needed for the forward; ensures the guard installs cleanly
     trainer._generate_round(8, step=0)
     trajectories = trainer.replay.sample(8, step=0)
@@ -173,10 +157,10 @@ REQUIRED_METRICS = (
 )
 
 
-def test_short_run_changes_every_parameter_and_logs_metrics(tmp_path, tokenizer, suite):
+def test_short_run_changes_every_parameter_and_logs_metrics(tmp_path, tokenizer, suite, tiny_trainer):
     model = build_tiny_model(tokenizer, seed=0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = make_trainer(
+    trainer = tiny_trainer(
         tmp_path, tokenizer, suite, model=model, weight_decay=0.0, max_steps=4, dare_update_interval=2
     )
     trainer.train()
@@ -198,23 +182,23 @@ def test_short_run_changes_every_parameter_and_logs_metrics(tmp_path, tokenizer,
 # ---------------------------------------------------------------------------------------------------------------------
 # Failing fast, before training
 # ---------------------------------------------------------------------------------------------------------------------
-def test_no_objective_has_data(tmp_path, tokenizer):
+def test_no_objective_has_data(tmp_path, tokenizer, tiny_config):
     with pytest.raises(ValueError, match="No objective has data"):
-        TRAPOTrainer(build_tiny_model(tokenizer), args=small_config(tmp_path), processing_class=tokenizer)
+        TRAPOTrainer(build_tiny_model(tokenizer), args=tiny_config(tmp_path), processing_class=tokenizer)
 
 
-def test_dataset_missing_columns(tmp_path, tokenizer):
+def test_dataset_missing_columns(tmp_path, tokenizer, tiny_config):
     with pytest.raises(ValueError, match="'text' column"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             pretrain_dataset=Dataset.from_dict({"content": ["abc"]}),
             processing_class=tokenizer,
         )
     with pytest.raises(ValueError, match="'prompt' and 'completion'"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             sft_dataset=Dataset.from_dict({"prompt": ["a"]}),
             processing_class=tokenizer,
         )
@@ -222,17 +206,17 @@ def test_dataset_missing_columns(tmp_path, tokenizer):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
             reward_funcs=exact_match_reward,
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             train_dataset=Dataset.from_dict({"question": ["a"]}),
             processing_class=tokenizer,
         )
 
 
-def test_rl_without_reward(tmp_path, tokenizer, suite):
+def test_rl_without_reward(tmp_path, tokenizer, suite, tiny_config):
     with pytest.raises(ValueError, match="without any reward"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             train_dataset=suite.rl_train,
             processing_class=tokenizer,
         )
@@ -246,43 +230,43 @@ def test_rl_without_reward(tmp_path, tokenizer, suite):
         (lambda prompts, completions, **kw: [math.inf] * len(prompts), "infinite reward"),
     ],
 )
-def test_bad_reward_functions_fail_before_training(tmp_path, tokenizer, suite, reward, message):
+def test_bad_reward_functions_fail_before_training(tmp_path, tokenizer, suite, reward, message, tiny_config):
     with pytest.raises((ValueError, RuntimeError), match=message):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
             reward_funcs=reward,
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             train_dataset=suite.rl_train,
             processing_class=tokenizer,
         )
 
 
-def test_prompt_longer_than_context(tmp_path, tokenizer):
+def test_prompt_longer_than_context(tmp_path, tokenizer, tiny_config):
     data = Dataset.from_dict({"prompt": ["rev abc=", "x" * 40], "answer": ["cba", "y"]})
     with pytest.raises(ValueError, match="longer than max_prompt_length=16"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
             reward_funcs=exact_match_reward,
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             train_dataset=data,
             processing_class=tokenizer,
         )
 
 
-def test_tokenizer_without_pad_token(tmp_path, suite):
+def test_tokenizer_without_pad_token(tmp_path, suite, tiny_config):
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer)
     tokenizer.pad_token = None
     with pytest.raises(ValueError, match="pad_token"):
-        TRAPOTrainer(model, args=small_config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer)
+        TRAPOTrainer(model, args=tiny_config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer)
 
 
-def test_pad_equal_to_eos_still_trains_on_eos(tmp_path, suite):
+def test_pad_equal_to_eos_still_trains_on_eos(tmp_path, suite, tiny_config):
     """pad == EOS is handled by construction: the SFT mask still counts the EOS token."""
     tokenizer = build_char_tokenizer()
     tokenizer.pad_token = tokenizer.eos_token
     trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer), args=small_config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer
+        build_tiny_model(tokenizer), args=tiny_config(tmp_path), sft_dataset=suite.sft, processing_class=tokenizer
     )
     rows = trainer.memory_pool.sft_pool.take(4)
     for row in rows:
@@ -290,8 +274,8 @@ def test_pad_equal_to_eos_still_trains_on_eos(tmp_path, suite):
         assert eos_positions.numel() == 1 and row.mask[eos_positions].item() == 1
 
 
-def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite):
-    trainer = make_trainer(tmp_path, tokenizer, suite, max_steps=6, max_nonfinite_steps=3)
+def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite, tiny_trainer):
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=6, max_nonfinite_steps=3)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     original = trainer.compute_loss
 
@@ -306,8 +290,8 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite):
         assert torch.equal(param.detach(), before[name]), name
 
 
-def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokenizer, suite):
-    trainer = make_trainer(
+def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokenizer, suite, tiny_trainer):
+    trainer = tiny_trainer(
         tmp_path,
         tokenizer,
         suite,
@@ -325,7 +309,7 @@ def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokeni
     for name, param in trainer.ref_model.named_parameters():
         assert not torch.equal(param, initial[name]), name  # the reference moved towards the policy
         assert not torch.equal(param, policy[name]), name  # but is not a copy of it (alpha = 0.5)
-    resumed = make_trainer(
+    resumed = tiny_trainer(
         tmp_path,
         tokenizer,
         suite,
@@ -346,13 +330,13 @@ def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokeni
             torch.testing.assert_close(param, saved[f"ref_model/{name}"])
 
 
-def test_lengths_beyond_the_model_context_fail_before_training(tmp_path, tokenizer, suite):
+def test_lengths_beyond_the_model_context_fail_before_training(tmp_path, tokenizer, suite, tiny_config):
     model = build_tiny_model(tokenizer)
     context = model.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"pretrain_max_length={context + 1} exceeds the model's context"):
         TRAPOTrainer(
             model,
-            args=small_config(tmp_path, pretrain_max_length=context + 1),
+            args=tiny_config(tmp_path, pretrain_max_length=context + 1),
             pretrain_dataset=suite.pretrain,
             processing_class=tokenizer,
         )
@@ -360,25 +344,25 @@ def test_lengths_beyond_the_model_context_fail_before_training(tmp_path, tokeniz
     with pytest.raises(ValueError, match=f"sft_max_length={context + 64}.*set sft_max_length <= {context}"):
         TRAPOTrainer(
             model,
-            args=small_config(tmp_path, sft_max_length=context + 64),
+            args=tiny_config(tmp_path, sft_max_length=context + 64),
             sft_dataset=long_sft,
             processing_class=tokenizer,
         )
 
 
-def test_streaming_rl_prompts_and_unevaluable_eval_data_fail_before_training(tmp_path, tokenizer, suite):
+def test_streaming_rl_prompts_and_unevaluable_eval_data_fail_before_training(tmp_path, tokenizer, suite, tiny_config):
     with pytest.raises(ValueError, match="IterableDataset.*map-style"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
             reward_funcs=exact_match_reward,
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             train_dataset=suite.rl_train.to_iterable_dataset(),
             processing_class=tokenizer,
         )
     with pytest.raises(ValueError, match=r"`eval_dataset` has columns \['answer', 'q'\]"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),
-            args=small_config(tmp_path),
+            args=tiny_config(tmp_path),
             sft_dataset=suite.sft,
             eval_dataset=Dataset.from_dict({"q": ["a"], "answer": ["b"]}),
             processing_class=tokenizer,
@@ -391,8 +375,8 @@ def test_learning_rate_must_be_positive(tmp_path, rate):
         TRAPOConfig(output_dir=str(tmp_path), learning_rate=rate)
 
 
-def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, tokenizer, suite):
-    trainer = make_trainer(tmp_path, tokenizer, suite)
+def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, tokenizer, suite, tiny_trainer):
+    trainer = tiny_trainer(tmp_path, tokenizer, suite)
     with torch.no_grad():
         trainer.model.lm_head.weight.fill_(math.nan)
     with pytest.raises(RuntimeError, match="Training diverged before step 3.*Lower learning_rate"):

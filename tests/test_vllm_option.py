@@ -1,7 +1,7 @@
 """`use_vllm`: the option is validated and wired to TRL's `VLLMGeneration`. vLLM itself needs a GPU and is not
 installed here: these tests check the clear error when it is absent, and drive the wiring with a stand-in for
 `VLLMGeneration` (what it is given, when weights are synced, that its completions become trajectories whose behaviour
-log-probs are the training policy's). `scripts/gpu_check.py` runs the real thing on a GPU machine."""
+log-probs are the training policy's). `scripts/benchmarks/gpu_check.py` runs the real thing on a GPU machine."""
 
 from __future__ import annotations
 
@@ -142,11 +142,10 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
     torch.testing.assert_close(logps[mask], batch["old_per_token_logps"][mask], atol=1e-4, rtol=0)
 
 
-def test_vllm_needs_a_model_that_vllm_can_load(tmp_path, suite, monkeypatch):
+def test_vllm_needs_a_model_that_vllm_can_load(tmp_path, tokenizer, suite, monkeypatch):
     import trl_trapo.rollout as vllm_rollouts
 
     monkeypatch.setattr(vllm_rollouts, "is_vllm_available", lambda: True)
-    tokenizer = build_char_tokenizer()
     with pytest.raises(ValueError, match="save_pretrained"):
         TRAPOTrainer(
             build_tiny_model(tokenizer),  # in memory only: no directory for vLLM to load

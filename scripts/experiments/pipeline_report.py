@@ -1,7 +1,8 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The report of `scripts/compare_pipelines.py`: table, checkpoint CSV and plots, from the runs' `result.json`.
+"""The report of `scripts/experiments/compare_pipelines.py`: table, checkpoint CSV and plots, from the runs'
+`result.json`.
 
-    python scripts/pipeline_report.py compare-output          # rebuild the report of a finished comparison
+    python scripts/experiments/pipeline_report.py compare-output          # rebuild the report of a finished comparison
 
 Definitions (also stated in `results.md`):
 
@@ -389,7 +390,7 @@ def _load(values) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        raise SystemExit("usage: python scripts/pipeline_report.py OUTPUT_DIR")
+        raise SystemExit("usage: python scripts/experiments/pipeline_report.py OUTPUT_DIR")
     output_dir = argv[0]
     results = []
     for path in sorted(glob.glob(os.path.join(output_dir, "runs", "*", "result.json"))):

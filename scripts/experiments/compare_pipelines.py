@@ -1,11 +1,11 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Evidence: TRAPO against the serial pipeline built from TRL's own trainers, on the same model, data and budget.
 
-    python scripts/compare_pipelines.py                              # LR search, then serial vs TRAPO, 3 seeds
-    python scripts/compare_pipelines.py --quick                      # 1 seed, short runs, no search (< 5 min)
-    python scripts/compare_pipelines.py --ablations                  # + TRAPO ablations
-    python scripts/compare_pipelines.py --budget time                # same wall clock instead of same steps
-    python scripts/compare_pipelines.py --model_name_or_path models/tiny --dataset_name data/rl \
+    python scripts/experiments/compare_pipelines.py                # LR search, then serial vs TRAPO, 3 seeds
+    python scripts/experiments/compare_pipelines.py --quick        # 1 seed, short runs, no search (< 5 min)
+    python scripts/experiments/compare_pipelines.py --ablations    # + TRAPO ablations
+    python scripts/experiments/compare_pipelines.py --budget time  # same wall clock instead of same steps
+    python scripts/experiments/compare_pipelines.py --model_name_or_path models/tiny --dataset_name data/rl \
         --sft_dataset_name data/sft --pretrain_dataset_name data/pretrain --reward_funcs numeric_answer
 
 Every argument this script does not know is an argument of the main job, `examples/trapo.py` (its parser, its
@@ -72,7 +72,7 @@ stages share one timeline and are also evaluated at each stage's end):
 Output under `--output_dir`: `results.md` (the table: mean ± std over seeds), `checkpoints.csv` (every checkpoint
 of every run), `accuracy_vs_time.png`, `forgetting_vs_time.png`, `trapo_weights_curriculum.png` (DARE weights and
 curriculum shares from TRAPO's `trainer_state.json`), `runs/<method>-seed<k>/` (result, trainer states, log).
-`python scripts/pipeline_report.py <output_dir>` rebuilds the report from the runs.
+`python scripts/experiments/pipeline_report.py <output_dir>` rebuilds the report from the runs.
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import importlib.util
 import json
 import logging
 import math
@@ -96,8 +95,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report
 
 logger = logging.getLogger("compare_pipelines")
 
@@ -223,31 +222,15 @@ def method_overrides(method: str) -> dict[str, Any]:
 # =====================================================================================================================
 # The main job's configuration and data
 # =====================================================================================================================
-def load_main_job():
-    """`examples/trapo.py` as a module (read at run time: its `BUILTIN_DEFAULTS` are the built-in job's settings)."""
-    name = "trapo_main_job"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", "trapo.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
 def parse_job(job_argv: list[str], quick: bool, extra: dict[str, Any] | None = None):
     """The main job's `(script_args, TRAPOConfig, ModelConfig)` for `job_argv`, plus `extra` TRAPOConfig values."""
-    job = load_main_job()
-    parser = job.make_parser()
-    builtin = job.builtin_mode(job_argv)
-    if builtin:
-        parser.set_defaults(**job.BUILTIN_DEFAULTS)
-    if quick:
-        parser.set_defaults(**QUICK_JOB_DEFAULTS)
+    from trl_trapo import cli
+
+    builtin = cli.builtin_mode(job_argv)
     argv = list(job_argv)
     for key, value in (extra or {}).items():
         argv += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
-    script_args, config, model_args = parser.parse_args_and_config(args=argv)
+    script_args, config, model_args = cli.parse_args(argv, defaults=QUICK_JOB_DEFAULTS if quick else None)
     return script_args, config, model_args, builtin
 
 
@@ -306,8 +289,9 @@ class Setup:
 
 def build_setup(spec: dict) -> Setup:
     """Parse the main job's arguments for this run and build its tokenizer and data, as `examples/trapo.py` does."""
+    from trl_trapo import cli
+
     script_args, config, model_args, builtin = parse_job(spec["job_argv"], spec["quick"], spec["job_extra"])
-    job = load_main_job()
     if builtin:
         from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
@@ -330,18 +314,18 @@ def build_setup(spec: dict) -> Setup:
             return model_args.model_name_or_path
 
     if script_args.dataset_name:
-        rl = job.load_any(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
-        eval_dataset = job.load_any(
+        rl = cli.load_any(script_args.dataset_name, script_args.dataset_config, script_args.dataset_train_split)
+        eval_dataset = cli.load_any(
             script_args.dataset_name, script_args.dataset_config, script_args.dataset_test_split or "test"
         )
     if script_args.sft_dataset_name:
-        sft = job.load_any(script_args.sft_dataset_name, script_args.sft_dataset_config, script_args.sft_dataset_split)
+        sft = cli.load_any(script_args.sft_dataset_name, script_args.sft_dataset_config, script_args.sft_dataset_split)
     if script_args.pretrain_dataset_name:
-        pretrain = job.load_any(
+        pretrain = cli.load_any(
             script_args.pretrain_dataset_name, script_args.pretrain_dataset_config, script_args.pretrain_dataset_split
         )
     for name in script_args.reward_funcs:
-        reward_funcs.append(job.REWARD_FUNCTIONS[name])
+        reward_funcs.append(cli.REWARD_FUNCTIONS[name])
     if eval_dataset is None or not reward_funcs:
         raise ValueError("The comparison needs held-out RL prompts (a `test` split of --dataset_name) and rewards.")
     if pretrain is None or len(pretrain) <= spec["heldout_docs"]:
@@ -842,7 +826,9 @@ def main(argv: list[str] | None = None) -> dict:
         args, job_argv, methods, args.seeds, os.path.join(args.output_dir, "runs"), job_extra_of, "comparison"
     )
     meta = {
-        "command": " ".join(["python", "scripts/compare_pipelines.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "scripts/experiments/compare_pipelines.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "job_argv": job_argv,
         "methods": methods,
         "seeds": args.seeds,

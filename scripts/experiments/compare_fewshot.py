@@ -14,8 +14,8 @@ Each arm is the built-in job of `examples/trapo.py` (tiny Llama, character token
 Each run also reports the largest training-time KL to the reference it logged (`policy/kl_avg`, max over logs) and
 the largest gradient norm, which show the instability of the k3 KL estimator at low temperatures.
 
-    OMP_NUM_THREADS=1 python scripts/compare_fewshot.py --max_steps 400 --seeds 0 1
-    python scripts/compare_fewshot.py --arms baseline fewshot prioritized --output fewshot.json
+    OMP_NUM_THREADS=1 python scripts/experiments/compare_fewshot.py --max_steps 400 --seeds 0 1
+    python scripts/experiments/compare_fewshot.py --arms baseline fewshot prioritized --output fewshot.json
 
 Prints one line per run and the mean over seeds per arm; `--output` writes everything as JSON.
 """
@@ -26,12 +26,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {
     "baseline": {},
     "fewshot": {"fewshot_mode": True},
@@ -45,10 +43,8 @@ ARMS = {
 
 
 def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    from trapo import BUILTIN_DEFAULTS
-
     from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.cli import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 
     tokenizer = build_char_tokenizer()

@@ -1,7 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Step time of the built-in job on 1 process vs 2 processes (DDP over gloo, DeepSpeed ZeRO-2 / ZeRO-3 on CPU).
 
-Runs `examples/trapo.py` (through `scripts/distributed_job.py`, which records every rank's step-end times) for
+Runs `examples/trapo.py` (through `tests/distributed_job.py`, which records every rank's step-end times) for
 `--steps` optimizer steps with evaluation and checkpoints off, and prints the median step time after `--warmup`
 steps, the global rows per second, and the throughput relative to one process with one thread. Every process gets
 `--threads` intra-op threads (default 1), so "2 processes" uses two cores (`--only 1proc-2threads` adds one process
@@ -11,8 +11,8 @@ Per-device batch and gradient accumulation are the job's defaults (32 x 2), so 2
 step (the global batch doubles, as it does when you add GPUs). Step time includes everything the job does in a step:
 drawing rows, generation rounds, the joint forward/backward, gradient communication and the optimizer.
 
-    python scripts/benchmark_distributed.py                   # ~3 minutes on 2 CPU cores
-    python scripts/benchmark_distributed.py --steps 40 --only ddp zero3
+    python scripts/benchmarks/benchmark_distributed.py                   # ~3 minutes on 2 CPU cores
+    python scripts/benchmarks/benchmark_distributed.py --steps 40 --only ddp zero3
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SETUPS = {  # name -> (accelerate config or None for a plain process, processes, threads multiplier)
     "1proc": (None, 1, 1),
     "1proc-2threads": (None, 1, 2),
@@ -61,7 +61,7 @@ def run(name: str, steps: int, threads: int, output_dir: str) -> dict:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TRANSFORMERS_VERBOSITY": "error",
     }
-    job = [str(ROOT / "scripts" / "distributed_job.py"), "--max_steps", str(steps), "--eval_strategy", "no",
+    job = [str(ROOT / "tests" / "distributed_job.py"), "--max_steps", str(steps), "--eval_strategy", "no",
            "--save_strategy", "no", "--logging_steps", str(steps), "--output_dir", output_dir]  # fmt: skip
     if config is None:
         command = [sys.executable, *job]

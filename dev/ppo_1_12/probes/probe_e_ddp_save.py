@@ -7,7 +7,7 @@ each rank trains one PPO update with injected rollouts on tiny seeded models and
 ``trainer.save_model(<tmp>/saved)`` (exceptions are caught and recorded per rank). Rank 0 also writes the trained
 policy's own state dict. The parent then inspects what was saved: file list, tensor names, whether
 ``AutoModelForCausalLM.from_pretrained`` loads it, and whether the weights equal the trained policy.
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_e_ddp_save.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_e_ddp_save.py``.
 """
 
 import json

@@ -1,5 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Measuring one run of `scripts/compare_pipelines.py`: clocks, counters, held-out evaluation and checkpoints.
+"""Measuring one run of `scripts/experiments/compare_pipelines.py`: clocks, counters, held-out evaluation and
+checkpoints.
 
 `Recorder` keeps one run's timeline (the serial stages share one), `recorder_callback` drives it from a trainer's
 callbacks, `measured` counts the tokens of a trainer's training forwards (and can run its learning-rate schedule on

@@ -21,48 +21,47 @@ N(0, 0.05) of them, one advantage per sequence (group-relative advantages are co
 gains come from the int64 ids' zero high bytes and the constant advantages and mask; random float log-probs barely
 compress, so the ratio is a fair estimate rather than a best case.
 
-    OMP_NUM_THREADS=1 python scripts/benchmark_replay.py                  # ~3 minutes on one CPU core
-    python scripts/benchmark_replay.py --job_steps 0 --step_time 0.2      # skip the job, use a measured step time
+    OMP_NUM_THREADS=1 python scripts/benchmarks/benchmark_replay.py              # ~3 minutes on one CPU core
+    python scripts/benchmarks/benchmark_replay.py --job_steps 0 --step_time 0.2  # skip the job: use this step time
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
 import torch
 
-from trl_trapo.memory import ReplayBuffer, SumMinTree, compress_tensors, trajectory_nbytes, trajectory_row
+from trl_trapo.memory import ReplayBuffer, SumMinTree, Trajectory
+from trl_trapo.memory.replay import compress_tensors
 
 
 VOCAB = 151_936
 
 
-def realistic_trajectory(rng: np.random.Generator, prompt_len: int, completion_len: int) -> dict:
+def realistic_trajectory(rng: np.random.Generator, prompt_len: int, completion_len: int) -> Trajectory:
     ids = (rng.zipf(1.1, size=prompt_len + completion_len) - 1) % VOCAB
     old = -rng.exponential(1.0, size=completion_len).astype(np.float32)
-    return {
-        "prompt_ids": torch.from_numpy(ids[:prompt_len].astype(np.int64)),
-        "completion_ids": torch.from_numpy(ids[prompt_len:].astype(np.int64)),
-        "completion_mask": torch.ones(completion_len),
-        "old_per_token_logps": torch.from_numpy(old),
-        "ref_per_token_logps": torch.from_numpy(old + rng.normal(0, 0.05, size=completion_len).astype(np.float32)),
-        "advantages": torch.full((completion_len,), float(rng.normal())),
-    }
+    return Trajectory(
+        prompt_ids=torch.from_numpy(ids[:prompt_len].astype(np.int64)),
+        completion_ids=torch.from_numpy(ids[prompt_len:].astype(np.int64)),
+        completion_mask=torch.ones(completion_len),
+        old_per_token_logps=torch.from_numpy(old),
+        ref_per_token_logps=torch.from_numpy(old + rng.normal(0, 0.05, size=completion_len).astype(np.float32)),
+        advantages=torch.full((completion_len,), float(rng.normal())),
+    )
 
 
-def default_job_trajectory(rng: np.random.Generator) -> dict:
+def default_job_trajectory(rng: np.random.Generator) -> Trajectory:
     """A trajectory the size of the built-in job's: a 10-token prompt, up to 8 completion tokens, vocabulary 103."""
     completion_len = int(rng.integers(2, 9))
     trajectory = realistic_trajectory(rng, 10, completion_len)
-    trajectory["prompt_ids"] %= 103
-    trajectory["completion_ids"] %= 103
+    trajectory.prompt_ids %= 103
+    trajectory.completion_ids %= 103
     return trajectory
 
 
@@ -89,7 +88,7 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
         t1 = time.perf_counter()
         served = buffer.sample(rl_rows, step)
         t2 = time.perf_counter()
-        _ = [trajectory_row(t) for t in served]
+        _ = [t.to_row() for t in served]
         t3 = time.perf_counter()
         insert, sample, rows = insert + t1 - t0, sample + t2 - t1, rows + t3 - t2
     assert len(buffer) == capacity
@@ -104,10 +103,8 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
 
 def default_job_step_time(steps: int) -> float:
     """Mean seconds per optimizer step of examples/trapo.py's built-in job, curriculum compressed into `steps`."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-    from trapo import BUILTIN_DEFAULTS
-
     from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.cli import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
     tokenizer = build_char_tokenizer()
@@ -154,8 +151,8 @@ def main() -> None:
 
     rng = np.random.default_rng(1)
     samples = [realistic_trajectory(rng, 256, 256) for _ in range(200)]
-    raw = statistics.mean(trajectory_nbytes(t) for t in samples)
-    packed = statistics.mean(len(compress_tensors(t)) for t in samples)
+    raw = statistics.mean(t.nbytes() for t in samples)
+    packed = statistics.mean(len(compress_tensors(t.tensors())) for t in samples)
     print(f"bytes per trajectory (256 + 256 tokens): {raw:,.0f} raw, {packed:,.0f} zstd ({raw / packed:.2f}x)")
     print(
         f"  -> {args.capacity:,} trajectories: {raw * args.capacity / 2**30:.2f} GiB raw, "

@@ -15,8 +15,8 @@ is importable — and prints, per run:
 The first `--warmup` steps are not timed. The whole script is meant to finish in under 8 minutes on one H100/H200
 (`--time_budget_s` skips the vLLM run when the first one took too long). A tiny variant runs anywhere:
 
-    python scripts/gpu_check.py                       # on the GPU machine
-    python scripts/gpu_check.py --tiny --steps 4      # CPU smoke test (tests/test_gpu_check.py)
+    python scripts/benchmarks/gpu_check.py                       # on the GPU machine
+    python scripts/benchmarks/gpu_check.py --tiny --steps 4      # CPU smoke test (tests/test_gpu_check.py)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ dependency; install it beside TRL 1.12 (about 20 s, no compiled ops)::
     .venv/bin/pip install --no-deps --target /work/ds019 "deepspeed==0.19.8" hjson msgpack ninja py-cpuinfo einops
 
 and point ``$DEEPSPEED_PATH`` at it (default ``/work/ds019``).
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_g_zero3_reference.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_g_zero3_reference.py``.
 """
 
 import json

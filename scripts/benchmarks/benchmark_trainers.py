@@ -1,10 +1,11 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """TRAPOTrainer against TRL's own trainers on one objective at a time: step time, rollout throughput, peak memory.
 
-    python scripts/benchmark_trainers.py                    # 7.5M-parameter Llama, 4 runs (1 CPU thread each: ~3-4 min)
-    python scripts/benchmark_trainers.py --quick            # tiny smoke run (~30 s; measures framework overhead only)
-    python scripts/benchmark_trainers.py --steps 20 --batch_size 32 --seq_len 256 --output_json bench.json
-    python scripts/benchmark_trainers.py --device cuda --threads 4 --hidden_size 1024 --num_layers 12 --num_heads 16
+    python scripts/benchmarks/benchmark_trainers.py         # 7.5M-parameter Llama, 4 runs (1 CPU thread each, 3-4 min)
+    python scripts/benchmarks/benchmark_trainers.py --quick # tiny smoke run (~30 s; measures framework overhead only)
+    python scripts/benchmarks/benchmark_trainers.py --steps 20 --batch_size 32 --seq_len 256 --output_json bench.json
+    python scripts/benchmarks/benchmark_trainers.py --device cuda --threads 4 \
+        --hidden_size 1024 --num_layers 12 --num_heads 16
 
 Two comparisons, four runs, each run in its own child process (so its peak memory is its own), one after the other:
 
@@ -77,8 +78,8 @@ import time
 from typing import Any
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # the serial pipeline's stage configurations
 
 from compare_pipelines import peak_rss_mb, stage_configs  # noqa: E402
 

@@ -3,7 +3,7 @@
 Runs one PPO update with ``kl_coef=0`` (so the per-token ``rewards`` tensor holds only the score) on injected
 responses with EOS at different positions (distinct ``[PAD]`` token) and prints, per row, the EOS index, where the
 reward model read the score, and the response index whose reward is non-zero (the score's placement, which GAE uses).
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_c_score_position.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_c_score_position.py``.
 """
 
 import _common as c

@@ -12,7 +12,8 @@ after the imports (models, optimizer states, activations, buffers).
 
 Run (from the repository root)::
 
-    .venv/bin/python scripts/benchmark_ppo.py [--trl-path /work/trl112] [--updates 6] [--hidden 128] [--layers 2]
+    .venv/bin/python scripts/benchmarks/benchmark_ppo.py [--trl-path /work/trl112] [--updates 6] [--hidden 128] \
+        [--layers 2]
 
 Differences that are part of what is measured: ours clips gradients (``max_grad_norm=1.0``, TRL's default, which
 1.12 ignored) and makes one optimizer step per mini-batch; with ``num_mini_batches=1`` (the default here) both make
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRL_PATH = os.environ.get("TRL112_PATH", "/work/trl112")
 IMPLEMENTATIONS = {"trl-trapo": "trl_trapo", "TRL 1.12": "trl.experimental.ppo"}
 

@@ -15,8 +15,8 @@ Prints, for a Llama of >= 20M parameters at sequence length 512 (every row of ev
 Medians over `--steps` steps after `--warmup` warm-up steps; the baseline is timed before and after the TRAPO run
 (median of both) to cancel slow drift in machine load. Run it on an otherwise idle machine:
 
-    python scripts/benchmark_step.py                 # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
-    python scripts/benchmark_step.py --steps 20 --rows 8 --device cuda
+    python scripts/benchmarks/benchmark_step.py           # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
+    python scripts/benchmarks/benchmark_step.py --steps 20 --rows 8 --device cuda
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from transformers import (
     TrainerCallback,
 )
 
+import trl_trapo.evaluation as evaluation
 import trl_trapo.rollout as rollout
-import trl_trapo.trainer_eval as trainer_eval
-import trl_trapo.trainer_rollouts as trainer_rollouts
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 
 
@@ -141,9 +140,9 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
     tokenizer = build_tokenizer(vocab_size)
     pretrain, sft, rl = datasets(vocab_size)
     timer = StepTimer()
-    original = trainer_rollouts.generate
-    # the trainer's modules that call `generate`: rollout rounds, and sample completions / evaluation
-    callers = (trainer_rollouts, trainer_eval)
+    original = rollout.generate
+    # the modules that call `generate`: rollout rounds, and sample completions / evaluation
+    callers = (rollout, evaluation)
 
     def timed_generate(*args, **kwargs):
         start = time.perf_counter()

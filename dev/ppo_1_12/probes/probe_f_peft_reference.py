@@ -5,7 +5,7 @@ Builds a tiny Llama policy, wraps it with LoRA (``get_peft_model``) and gives th
 ``peft_config`` (the documented PEFT path), runs one PPO update with injected rollouts, and compares 1.12's
 ``ref_logprobs`` with the logprobs of (1) the base model (adapter disabled) and (2) the policy with the trained
 adapter. Also checks the ``ref_adapter_name`` route (a second adapter "ref" holding a copy of the trained weights).
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_f_peft_reference.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_f_peft_reference.py``.
 """
 
 import copy

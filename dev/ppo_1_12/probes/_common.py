@@ -4,8 +4,9 @@ Each probe runs the REAL TRL 1.12.0 ``trl.experimental.ppo.PPOTrainer`` (install
 ``.venv/bin/pip install --no-deps --target /work/trl112 trl==1.12.0``; override the folder with ``$TRL112_PATH``) on
 tiny seeded Llama models and a word-level tokenizer built in-process. Rollouts are injected: the module-level
 ``batch_generation`` of 1.12 is replaced by a function returning fixed responses (row ``i`` of the rollout batch gets
-``responses[i]``) with temperature-warped policy logits, exactly as ``scripts/make_ppo_fixtures.py`` does. Tensors are
-observed (never changed) by wrapping ``get_reward`` and ``PPOTrainer.log`` (which reads ``train()``'s locals).
+``responses[i]``) with temperature-warped policy logits, exactly as ``dev/ppo_1_12/make_ppo_fixtures.py`` does.
+Tensors are observed (never changed) by wrapping ``get_reward`` and ``PPOTrainer.log`` (which reads ``train()``'s
+locals).
 
 Import this module first: it puts TRL 1.12 at the front of ``sys.path``.
 """

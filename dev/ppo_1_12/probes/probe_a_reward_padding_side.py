@@ -4,7 +4,7 @@ Runs one PPO update twice with the same tiny models and injected responses, once
 once with a right-padding one (the collator then right-pads the queries, so the reward-model input is
 ``query PAD.. response PAD..``). The score 1.12 computed (observed via its ``get_reward``) is compared with the reward
 model evaluated on the same tokens with every pad removed, read at the last token.
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_a_reward_padding_side.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_a_reward_padding_side.py``.
 """
 
 import _common as c

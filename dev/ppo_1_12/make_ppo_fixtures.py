@@ -7,7 +7,7 @@ copied from its source); the script only *observes* tensors by wrapping module-l
 Regenerate (from the repository root; TRL 1.12 is installed beside, not into, the venv)::
 
     .venv/bin/pip install --no-deps --target /work/trl112 trl==1.12.0
-    .venv/bin/python scripts/make_ppo_fixtures.py --trl-path /work/trl112
+    .venv/bin/python dev/ppo_1_12/make_ppo_fixtures.py --trl-path /work/trl112
 
 ``--trl-path`` (default: ``$TRL112_PATH`` or ``/work/trl112``) is put first on ``sys.path`` in a fresh subprocess per
 case, so ``import trl`` resolves to 1.12.0 (asserted) while transformers / torch / accelerate / peft come from the venv
@@ -54,7 +54,7 @@ Each exact case also writes ``cases/<name>.steps.safetensors`` (``step<k>.policy
 the weights right after the k-th real optimizer step, k = 1, 2; ``step<k>.grad.*``: the accumulated gradient that
 step applied) and records the optimizer's class and settings and the learning rate of every step. Regenerate only this grid with::
 
-    .venv/bin/python scripts/make_ppo_fixtures.py --trl-path /work/trl112 --only \\
+    .venv/bin/python dev/ppo_1_12/make_ppo_fixtures.py --trl-path /work/trl112 --only \\
         exact_k1_nowhiten_nopenalty exact_k1_nowhiten_penalty exact_k1_whiten_nopenalty exact_k1_whiten_penalty \\
         exact_k3_nowhiten_nopenalty exact_k3_nowhiten_penalty exact_k3_whiten_nopenalty exact_k3_whiten_penalty
 
@@ -72,7 +72,7 @@ import tempfile
 from pathlib import Path
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "ppo_1_12"
 DEFAULT_TRL_PATH = os.environ.get("TRL112_PATH", "/work/trl112")
 TRL_VERSION = "1.12.0"
@@ -644,7 +644,7 @@ def main() -> None:
         subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})
     index = {
         "trl_version": TRL_VERSION,
-        "generator": "scripts/make_ppo_fixtures.py",
+        "generator": "dev/ppo_1_12/make_ppo_fixtures.py",
         "cases": list(cases),
         "models": {k: {"folder": f"models/{k}", "kind": v[0], "init_seed": v[1]} for k, v in MODEL_SPECS.items()},
         "tokenizer": "tokenizer/",

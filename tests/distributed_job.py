@@ -1,8 +1,8 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """`examples/trapo.py`, plus a per-rank record of the run — for the distributed tests and benchmarks.
 
-Takes exactly the arguments of `examples/trapo.py` and runs its `main`; in addition every rank writes
-`<output_dir>/ranks/rank<r>.json` with what that rank saw:
+Takes exactly the arguments of `examples/trapo.py` and runs the same `trl_trapo.cli.main`; in addition every rank
+writes `<output_dir>/ranks/rank<r>.json` with what that rank saw:
 
 - `log_history`: the Trainer's logs as this rank computed them (weights, curriculum mixture, losses, ...);
 - `step_end_times`: `time.perf_counter()` at the end of every optimizer step (differences = step times, generation
@@ -15,33 +15,21 @@ Takes exactly the arguments of `examples/trapo.py` and runs its `main`; in addit
   (PowerSGD counts every compressed all-reduce);
 - `world_size`, `distributed_type`, `process_index`.
 
-    accelerate launch --num_processes 2 --multi_gpu scripts/distributed_job.py --max_steps 12 --output_dir out
+    accelerate launch --num_processes 2 --multi_gpu tests/distributed_job.py --max_steps 12 --output_dir out
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
 
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("trapo_example", ROOT / "examples" / "trapo.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+from trl_trapo import cli
 
 
 class RankRecorder(TrainerCallback):
@@ -101,21 +89,17 @@ class RankRecorder(TrainerCallback):
 
 
 def main() -> None:
-    example = load_example()
-    base = example.TRAPOTrainer
+    base = cli.TRAPOTrainer
 
     class RecordedTRAPOTrainer(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.add_callback(RankRecorder(self))
 
-    example.TRAPOTrainer = RecordedTRAPOTrainer
+    cli.TRAPOTrainer = RecordedTRAPOTrainer  # `cli.main` builds its trainer from this module attribute
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = example.make_parser()
-    if example.builtin_mode(sys.argv[1:]):
-        parser.set_defaults(**example.BUILTIN_DEFAULTS)
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    example.main(script_args, training_args, model_args)
+    script_args, training_args, model_args = cli.parse_args()
+    cli.main(script_args, training_args, model_args)
     import torch.distributed as dist
 
     if dist.is_initialized():  # an orderly shutdown (gloo / DeepSpeed's CPU backend can abort at exit otherwise)

@@ -4,7 +4,7 @@ Runs one PPO update with ``stop_token_id=3`` (token ``t3``, not the tokenizer's 
 ``missing_eos_penalty=1.0`` on injected responses: one that stopped at the stop token (what ``generate`` does, since
 1.12 sets ``generation_config.eos_token_id = stop_token_id``), one that contains the tokenizer's EOS but never hit
 the stop token, and one with neither. Prints the reward-model score before/after the penalty.
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_d_missing_eos_stop_token.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_d_missing_eos_stop_token.py``.
 """
 
 import _common as c

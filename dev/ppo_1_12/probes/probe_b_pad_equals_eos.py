@@ -5,7 +5,7 @@ responses shaped like HF ``generate`` output with pad == EOS (after the first EO
 and, for comparison, the same sequences with a distinct ``[PAD]`` token. Prints what 1.12 computes for each row:
 ``sequence_lengths`` (last "real" response index), the token the reward is read at, whether the EOS position is masked
 out of the policy loss (``padding_mask``), ``contain_eos_token`` and the response's attention mask.
-Run: ``.venv/bin/python scripts/ppo_1_12_probes/probe_b_pad_equals_eos.py``.
+Run: ``.venv/bin/python dev/ppo_1_12/probes/probe_b_pad_equals_eos.py``.
 """
 
 import _common as c

@@ -1,0 +1,1123 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The command line of the main TRAPO job (`examples/trapo.py`): its arguments, the loading of the user's data and
+model (or of the built-in ones), and `main` — evaluate, train jointly, evaluate again, save.
+
+    from trl_trapo.cli import main, parse_args
+
+    script_args, training_args, model_args = parse_args()  # sys.argv[1:]; `--config recipe.yaml` supported
+    results = main(script_args, training_args, model_args)
+
+**Built-in mode** is chosen by whether a model is given, in any form the parser accepts (`--model_name_or_path`,
+`--model-name-or-path`, `--flag=value`, or `model_name_or_path` in the `--config` YAML). Without a model the job builds
+a tiny causal LM from the config shipped in the package, a character-level tokenizer and the built-in verifiable task
+suite (`trl_trapo.tasks`), with the hyper-parameters in `BUILTIN_DEFAULTS` for whatever you do not set: a flag you give
+is never overridden, and defaults tied to one you changed follow it (`--save_steps` brings saving back, `--max_steps`
+rescales the evaluation, logging and warm-up steps; see `builtin_defaults`). Data you name replaces the built-in data
+of that role (`--dataset_name`: the RL prompts *and* the built-in held-out evaluation; `--sft_dataset_name`,
+`--pretrain_dataset_name`) and `--reward_funcs` (or `--reward_model_name_or_path`) replaces the built-in `exact_match`
+reward; one log line says which roles come from the built-in suite and which from you.
+
+**Datasets** are Hub ids, local files (.json/.jsonl/.csv/.parquet/.txt) or directories (data files named by split, or a
+`save_to_disk` directory); the Hub is contacted only for ids. A single local file has only a `train` split. The
+held-out RL evaluation uses `--dataset_test_split` if given (an error if that split does not exist, naming the
+available ones); by default it uses the `test` split of a directory or Hub dataset when there is one, and there is no
+held-out RL evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
+
+**Arguments** are spelt in full: an abbreviation (`--learning_rat`), a misspelt flag or an unknown key in the
+`--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?").
+
+Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
+training: every path (model, datasets, `--resume_from_checkpoint`, `--config`) is checked before anything is loaded,
+and bad data is reported before any model is loaded. The job ends with a short summary: output folder, files written,
+headline metrics before -> after, wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import yaml
+from datasets import load_dataset, load_from_disk
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.rewards import REWARD_FUNCTIONS
+
+
+TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
+
+
+logger = logging.getLogger(__name__)
+
+# Hyper-parameters of the built-in tiny job (used only when no model is given, and only for what the user does not
+# set: see `builtin_defaults`). Tested on 2 CPU cores.
+BUILTIN_DEFAULTS = dict(
+    output_dir="trapo-output",
+    max_steps=1000,
+    per_device_train_batch_size=32,
+    gradient_accumulation_steps=2,
+    learning_rate=2e-3,
+    lr_scheduler_type="cosine_with_min_lr",
+    lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    warmup_steps=30,
+    adam_beta2=0.99,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    logging_steps=10,
+    eval_strategy="steps",
+    eval_steps=250,
+    save_strategy="no",
+    report_to="none",
+    gradient_checkpointing=False,
+    pretrain_max_length=64,
+    sft_max_length=32,
+    max_prompt_length=16,
+    response_length=8,
+    num_generations=8,
+    temperature=1.0,
+    kl_coef=0.01,
+    sync_ref_model=True,  # the tiny model starts from random weights: anchor the KL to a lagging copy, not to noise
+    ref_model_sync_steps=25,
+    ref_model_mixup_alpha=0.5,
+    seed=0,
+    per_device_eval_batch_size=200,
+    dataloader_num_workers=0,
+)
+# Built-in defaults that an argument the user sets (to a value other than the built-in one) makes wrong; they are
+# dropped then, so `TRAPOConfig`'s own default applies: a user who asks for checkpoints gets them, epochs are not
+# capped by the built-in `max_steps`, another scheduler does not receive cosine's `min_lr_rate`.
+BUILTIN_YIELDS = {
+    "save_strategy": (
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "load_best_model_at_end",
+        "metric_for_best_model",
+        "hub_strategy",
+    ),
+    "max_steps": ("num_train_epochs",),
+    "lr_scheduler_kwargs": ("lr_scheduler_type",),
+}
+# Built-in defaults proportional to the run's length (set for `max_steps=1000`): they follow the user's run length.
+BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TRAPOScriptArguments(ScriptArguments):
+    """Data and reward arguments of the main job (model arguments come from TRL's `ModelConfig`, training arguments
+    from `TRAPOConfig`).
+
+    Extends TRL's `ScriptArguments` (the same `dataset_name`, `dataset_config`, `dataset_train_split`,
+    `dataset_test_split` as TRL's scripts) with the pretraining and SFT datasets, the rewards and a critic. Differences
+    from TRL's fields: `dataset_name` may be a local file or directory as well as a Hub id, and `dataset_test_split`
+    defaults to None (the `test` split when the dataset has one, else no held-out RL evaluation) instead of `"test"`.
+    TRL's `dataset_streaming` and `ignore_bias_buffers` are not supported: setting either is an error that says so.
+    """
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "RL prompts: a Hub dataset id, a local file (.json/.jsonl/.csv/.parquet) or directory."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of `dataset_name` to train on."})
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of `dataset_name` for the held-out RL evaluation (an error if it does not exist). Default: "
+            "`test` when the dataset (a directory or Hub id) has one, else no held-out RL evaluation; a single local "
+            "file has only `train`. `none` switches the evaluation off."
+        },
+    )
+    dataset_streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Not supported for the RL prompts (they are read into memory); an error if set. Stream the "
+            "pretraining text with `pretrain_streaming`."
+        },
+    )
+    ignore_bias_buffers: bool = field(
+        default=False, metadata={"help": "Not supported by this job (TRL's DDP workaround); an error if set."}
+    )
+    pretrain_dataset_name: str | None = field(
+        default=None, metadata={"help": "Pretraining text (`text` column): Hub id, local file or directory."}
+    )
+    pretrain_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    pretrain_dataset_split: str = field(default="train", metadata={"help": "Split of the pretraining dataset."})
+    pretrain_streaming: bool = field(default=False, metadata={"help": "Stream the pretraining dataset."})
+    sft_dataset_name: str | None = field(
+        default=None, metadata={"help": "SFT data (prompt-completion or messages): Hub id, local file or directory."}
+    )
+    sft_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    sft_dataset_split: str = field(default="train", metadata={"help": "Split of the SFT dataset."})
+    reward_funcs: list[str] = field(
+        default_factory=list,
+        metadata={"help": f"Reward functions by name: {', '.join(sorted(REWARD_FUNCTIONS))}."},
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Sequence-classification reward model (Hub id or local directory)."}
+    )
+    value_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Critic (sequence classification, num_labels=1); enables GAE advantages."}
+    )
+    task_suite_seed: int = field(default=0, metadata={"help": "Seed of the built-in task suite."})
+
+
+SCRIPT_FIELDS = {f.name for f in dataclasses.fields(TRAPOScriptArguments)}
+
+
+def make_parser() -> TrlParser:
+    """The job's command-line parser.
+
+    Returns:
+        `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
+        Abbreviations are refused (`allow_abbrev=False`): `--learning_rat` is an error, not `--learning_rate`.
+    """
+    return TrlParser((TRAPOScriptArguments, TRAPOConfig, ModelConfig), allow_abbrev=False)
+
+
+def known_fields() -> list[str]:
+    """Every argument name the parser accepts (the fields of the three argument dataclasses), without `--`."""
+    return [
+        f.name for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig) for f in dataclasses.fields(cls) if f.init
+    ]
+
+
+def did_you_mean(name: str) -> str:
+    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
+
+    Args:
+        name: the unknown name, with or without leading dashes; hyphens count as underscores.
+
+    Returns:
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
+    """
+    name = name.lstrip("-").replace("-", "_")
+    known = known_fields()
+    matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
+    return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`argv` with `--config=PATH` spelt `--config PATH`, the only form `TrlParser` reads.
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        A new list.
+    """
+    out: list[str] = []
+    for a in argv:
+        out += ["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a]
+    return out
+
+
+def read_config_file(path: str) -> dict:
+    """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
+
+    Args:
+        path: the value of `--config`.
+
+    Returns:
+        The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
+
+    Raises:
+        ValueError: naming `--config`, if the file does not exist, does not hold a YAML mapping, or has a key that
+            is no argument (with the closest known names).
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
+    with open(path, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
+    known = set(known_fields()) | {"env"}
+    for key in config:
+        if key not in known:
+            raise ValueError(
+                f"--config={path!r}: unknown key {key!r}: no argument has this name.{did_you_mean(str(key))} Fix: "
+                "correct or remove it (`python examples/trapo.py --help` lists every argument)."
+            )
+    return config
+
+
+def split_config(argv: list[str]) -> tuple[dict, list[str]]:
+    """The `--config` YAML mapping of `argv` and the other arguments.
+
+    Args:
+        argv: command-line arguments (`--config=PATH` already spelt `--config PATH`, see `normalize_argv`).
+
+    Returns:
+        `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
+
+    Raises:
+        ValueError: if `--config` has no value, or as `read_config_file`.
+    """
+    if "--config" not in argv:
+        return {}, list(argv)
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        raise ValueError("--config needs a value: the path of a YAML recipe.")
+    return read_config_file(argv[i + 1]), argv[:i] + argv[i + 2 :]
+
+
+NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
+
+
+def given_arguments(argv: list[str]) -> dict:
+    """The arguments the user gave, in the `--config` YAML or on the command line (which wins), with their values.
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
+
+    Raises:
+        ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
+            known names (abbreviations are unknown arguments).
+    """
+    config, rest = split_config(normalize_argv(list(argv)))
+    parser = make_parser()
+    parser.set_defaults(**dict.fromkeys(known_fields(), NOT_GIVEN))  # a non-string sentinel: argparse leaves it as is
+    namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
+    for token in unknown:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("-"):
+            raise ValueError(
+                f"{flag}: unknown argument.{did_you_mean(flag)} Fix: spell the argument in full "
+                "(`python examples/trapo.py --help` lists every argument)."
+            )
+        raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
+    given = {key: value for key, value in config.items() if key != "env"}
+    given.update({key: value for key, value in vars(namespace).items() if value is not NOT_GIVEN})
+    return given
+
+
+def given_model(argv: list[str]) -> str | None:
+    """The `model_name_or_path` that `argv` gives the parser, or None.
+
+    Every form the parser accepts counts: `--model_name_or_path X`, `--model-name-or-path X`,
+    `--model_name_or_path=X`, and `model_name_or_path` in the YAML of `--config` (command-line flags override the
+    file, as in `TrlParser.parse_args_and_config`).
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        The model id / directory, or None when no model is given.
+
+    Raises:
+        ValueError: as `given_arguments`.
+    """
+    return given_arguments(argv).get("model_name_or_path")
+
+
+def builtin_mode(argv: list[str]) -> bool:
+    """Whether `argv` selects the tiny built-in job.
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        True when neither the command line nor the `--config` YAML gives a model.
+
+    Raises:
+        ValueError: as `given_arguments`.
+    """
+    return given_model(argv) is None
+
+
+def builtin_defaults(given: dict) -> dict:
+    """The built-in defaults that apply when the user gave `given`: they fill only what the user did not give.
+
+    1. A name the user gave keeps the user's value.
+    2. A built-in default that another argument the user set makes wrong is dropped (`BUILTIN_YIELDS`): e.g.
+       `--save_steps 10` brings back `TRAPOConfig`'s `save_strategy="steps"` instead of the built-in `"no"`.
+    3. Defaults proportional to the run's length (`BUILTIN_SCALED`: evaluation, logging and warm-up steps, set for
+       `max_steps=1000`) follow the user's `max_steps`; with `num_train_epochs` (length unknown in advance) they
+       become fractions of the run, which `TrainingArguments` reads as ratios of the total steps.
+
+    Args:
+        given: argument name -> value the user gave (see `given_arguments`).
+
+    Returns:
+        Argument name -> default, for `parser.set_defaults`.
+    """
+    defaults = {name: value for name, value in BUILTIN_DEFAULTS.items() if name not in given}
+    for name, users in BUILTIN_YIELDS.items():
+        if any(
+            user in given and (user not in BUILTIN_DEFAULTS or given[user] != BUILTIN_DEFAULTS[user]) for user in users
+        ):
+            defaults.pop(name, None)
+    if "max_steps" not in defaults:  # the user chose the run's length (`max_steps`, or epochs)
+        max_steps = float(given.get("max_steps", -1))
+        for name in BUILTIN_SCALED:
+            if name in defaults:
+                fraction = BUILTIN_DEFAULTS[name] / BUILTIN_DEFAULTS["max_steps"]
+                if max_steps > 0:
+                    defaults[name] = max(round(fraction * max_steps), 0 if name == "warmup_steps" else 1)
+                else:
+                    defaults[name] = fraction
+    return defaults
+
+
+def parse_args(
+    argv: list[str] | None = None, defaults: dict | None = None
+) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
+    """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
+    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
+
+    Args:
+        argv: command-line arguments without the program name (default `sys.argv[1:]`).
+        defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run); like the
+            built-in defaults, they fill only what the user did not give.
+
+    Returns:
+        `(script_args, training_args, model_args)`.
+
+    Raises:
+        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), or a value
+            `TRAPOConfig` refuses.
+    """
+    argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
+    given = given_arguments(argv)
+    parser = make_parser()
+    if given.get("model_name_or_path") is None:
+        parser.set_defaults(**builtin_defaults(given))
+    if defaults:
+        parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
+    return parser.parse_args_and_config(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading user data and models, with errors that name the argument
+# ---------------------------------------------------------------------------------------------------------------------
+FILE_BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "txt": "text"}
+SPLIT_PART = re.compile(r"^\s*([\w.-]+)\s*(\[[^\]]*\])?\s*$")  # `train`, `train[:90%]`, `test[10:20]`
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a dataset or model argument can only be a local path.
+
+    Args:
+        name: the argument's value.
+
+    Returns:
+        True for absolute paths, `./`, `../` and `~` prefixes, two or more `/`, backslashes and data-file extensions;
+        False for what may be a Hub id (`name` or `owner/name`).
+    """
+    return (
+        os.path.isabs(name)
+        or name.startswith(("./", "../", "~", ".\\", "..\\"))
+        or name in (".", "..")
+        or name.count("/") >= 2
+        or "\\" in name
+        or ("." in name and name.rsplit(".", 1)[-1].lower() in FILE_BUILDERS)
+    )
+
+
+def split_bases(split: str) -> list[str]:
+    """The split names in a `datasets` split expression.
+
+    Args:
+        split: a split name or expression, e.g. `"train[:90%]+test"`.
+
+    Returns:
+        The names it reads, e.g. `["train", "test"]`; `[split]` when it is not a parsable expression.
+    """
+    parts = [SPLIT_PART.match(part) for part in split.split("+")]
+    return [part.group(1) for part in parts] if all(parts) else [split]
+
+
+def check_data_source(name: str, arg: str) -> None:
+    """Fail early, naming `arg`, when a dataset argument is a local path that does not exist (no loading).
+
+    Args:
+        name: a Hub dataset id, a local file or a directory.
+        arg: the argument that gave it, e.g. `"--dataset_name"`.
+
+    Raises:
+        ValueError: if `name` can only be a local path (see `looks_like_path`) and nothing exists there.
+    """
+    path = os.path.expanduser(name)
+    if not os.path.exists(path) and looks_like_path(name):
+        raise ValueError(
+            f"{arg}={name!r}: no such file or directory ({os.path.abspath(path)}). Fix: correct the path (a .jsonl/"
+            ".json/.csv/.parquet/.txt file or a directory), or give a Hub dataset id (`owner/name`)."
+        )
+
+
+def check_checkpoint(value: str | None, arg: str = "--resume_from_checkpoint") -> None:
+    """Fail early, naming `arg`, when `value` is not a checkpoint directory the Trainer can resume from.
+
+    Args:
+        value: the checkpoint directory (`<output_dir>/checkpoint-<step>`), or None (start from scratch).
+        arg: the argument that gave it.
+
+    Raises:
+        ValueError: for a folder of checkpoints (an `output_dir`; the message names the latest one), or a directory
+            that does not exist or holds no `trainer_state.json`.
+    """
+    if value is None:
+        return
+    path = os.path.expanduser(value)
+    latest = get_last_checkpoint(path) if os.path.isdir(path) else None
+    if latest is not None and not os.path.basename(os.path.normpath(path)).startswith("checkpoint-"):
+        raise ValueError(
+            f"{arg}={value!r}: a folder of checkpoints (an output_dir), not a checkpoint. Fix: give one of them, e.g. "
+            f"the latest: {latest!r}."
+        )
+    if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+        return
+    problem = (
+        f"not a checkpoint (no {TRAINER_STATE_NAME})"
+        if os.path.isdir(path)
+        else f"no such directory ({os.path.abspath(path)})"
+    )
+    raise ValueError(
+        f"{arg}={value!r}: {problem}. Fix: give a checkpoint directory written by the Trainer "
+        "(`<output_dir>/checkpoint-<step>`), or leave it unset to start from scratch."
+    )
+
+
+@dataclass
+class DatasetSplits:
+    """The splits of one dataset argument (`--dataset_name` etc.), read once; `get` returns one of them, non-empty.
+
+    Attributes:
+        name: the argument's value (Hub id or local path).
+        arg: the argument, e.g. `"--dataset_name"`, for error messages.
+        splits: split name -> `Dataset` / `IterableDataset`.
+        single: a single local file or a single `save_to_disk` dataset: its one split is `train`.
+        reload: split expression -> dataset; None where expressions are unsupported (`save_to_disk`).
+    """
+
+    name: str
+    arg: str
+    splits: dict  # split name -> Dataset / IterableDataset
+    single: bool  # a single local file or a single `save_to_disk` dataset: its one split is `train`
+    reload: Callable | None = None  # split expression -> dataset (None: expressions unsupported, e.g. save_to_disk)
+
+    def get(self, split: str, split_arg: str | None = None):
+        """One split, non-empty.
+
+        Args:
+            split: a split name or an expression such as `train[:90%]`.
+            split_arg: the argument that chose the split (e.g. `"--dataset_test_split"`), for error messages.
+
+        Returns:
+            The `Dataset` (or `IterableDataset` when streaming).
+
+        Raises:
+            ValueError: naming `split_arg` and the dataset argument, if the split does not exist (with the available
+                splits) or is empty; a single file has only `train`.
+        """
+        which = f"{split_arg}={split!r}" if split_arg else f"split {split!r}"
+        where = f"{self.arg}={self.name!r}"
+        if split in self.splits:
+            dataset = self.splits[split]
+        else:
+            missing = [base for base in split_bases(split) if base not in self.splits]
+            if missing and self.single:
+                raise ValueError(
+                    f"{which}: {where} is a single file, which has only a 'train' split. Fix: put the splits in one "
+                    f"directory as train.jsonl / {missing[0]}.jsonl (or .json/.csv/.parquet) and pass the directory"
+                    + (f", or leave {split_arg} unset." if split_arg else ".")
+                )
+            if missing:
+                raise ValueError(f"{which}: {where} has no split {missing[0]!r}; available: {sorted(self.splits)}.")
+            if self.reload is None:
+                raise ValueError(
+                    f"{which}: split expressions are not supported for this dataset; available: {sorted(self.splits)}."
+                )
+            dataset = self.reload(split)
+        if hasattr(dataset, "__len__"):
+            empty = len(dataset) == 0
+        else:  # streaming: look at the first row
+            try:
+                empty = next(iter(dataset.take(1)), None) is None
+            except Exception as error:
+                raise ValueError(f"{where}: cannot read split {split!r} ({type(error).__name__}: {error}).") from error
+        if empty:
+            raise ValueError(f"{where}: split {split!r} is empty (no rows). Fix: point at data with rows.")
+        return dataset
+
+
+def load_splits(
+    name: str, config: str | None = None, streaming: bool = False, *, arg: str = "--dataset_name"
+) -> DatasetSplits:
+    """Every split of a local file (one split, `train`), a local directory (data files named by split, e.g.
+    `train.jsonl` + `test.jsonl`, or a `save_to_disk` directory) or a Hub dataset id.
+
+    Args:
+        name: Hub dataset id, local file or directory.
+        config: dataset configuration name (Hub / directory datasets).
+        streaming: load as `IterableDataset`s.
+        arg: the argument that gave `name`, for error messages.
+
+    Returns:
+        `DatasetSplits` holding every split.
+
+    Raises:
+        ValueError: naming `arg` and `name`, if the path does not exist, the file type is unknown, a file is empty or
+            cannot be read, or the Hub id cannot be loaded.
+    """
+    path = os.path.expanduser(name)
+    where = f"{arg}={name!r}"
+    if os.path.isfile(path):
+        extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+        builder = FILE_BUILDERS.get(extension)
+        if builder is None:
+            raise ValueError(
+                f"{where}: cannot read a {extension or 'extension-less'!r} file. Fix: use a "
+                ".json/.jsonl/.csv/.parquet/.txt file or a directory."
+            )
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"{where}: the file is empty (0 bytes). Fix: point at a file with rows.")
+
+        def reload(split):
+            return _load(where, builder, None, streaming, data_files=path, split=split)
+
+        return DatasetSplits(name, arg, {"train": reload("train")}, single=True, reload=reload)
+    if os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "dataset_dict.json", "state.json")
+    ):  # `save_to_disk` output
+        try:
+            loaded = load_from_disk(path)
+        except Exception as error:
+            raise ValueError(f"{where}: cannot read this `save_to_disk` directory ({error}).") from error
+        if hasattr(loaded, "keys"):
+            return DatasetSplits(name, arg, dict(loaded), single=False)
+        return DatasetSplits(name, arg, {"train": loaded}, single=True)
+    check_data_source(name, arg)
+    hint = (
+        ""
+        if os.path.isdir(path)
+        else f"it is not a local file or directory ({os.path.abspath(path)} does not exist), and loading it as a Hub "
+        "dataset failed; correct the path or the dataset id"
+    )
+    source = path if os.path.isdir(path) else name
+
+    def reload(split):
+        return _load(where, source, config, streaming, hint=hint, split=split)
+
+    return DatasetSplits(name, arg, dict(_load(where, source, config, streaming, hint=hint)), False, reload)
+
+
+def _load(where: str, path: str, config: str | None, streaming: bool, hint: str = "", **kwargs):
+    """`datasets.load_dataset(path, config, ...)` with its errors turned into a `ValueError` that names `where`."""
+    try:
+        return load_dataset(path, config, streaming=streaming, **kwargs)
+    except StopIteration as error:  # datasets' JSON builder on an empty file
+        raise ValueError(f"{where}: a data file is empty (no rows). Fix: point at data with rows.") from error
+    except Exception as error:
+        message = str(error) or type(error).__name__
+        if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
+            raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
+        fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
+        raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def load_any(
+    name: str,
+    config: str | None,
+    split: str,
+    streaming: bool = False,
+    *,
+    arg: str = "--dataset_name",
+    split_arg: str | None = None,
+):
+    """One non-empty split of a Hub dataset or of a local file / directory (`save_to_disk` directories included).
+
+    A single local file has only a `train` split: asking it for another split is an error (never its training rows).
+
+    Args:
+        name: Hub dataset id, local file or directory.
+        config: dataset configuration name.
+        split: split name or expression.
+        streaming: load as an `IterableDataset`.
+        arg: the argument that gave `name`, for error messages.
+        split_arg: the argument that gave `split`, for error messages.
+
+    Returns:
+        The split.
+
+    Raises:
+        ValueError: naming `arg` / `split_arg`, for a missing path or split, an empty or unreadable dataset.
+    """
+    return load_splits(name, config, streaming, arg=arg).get(split, split_arg)
+
+
+def check_model_source(value: str, arg: str) -> None:
+    """Fail early, naming `arg`, when `value` is meant as a local model directory but is not one (no loading).
+
+    Args:
+        value: a Hub model id or a local model directory.
+        arg: the argument that gave it, e.g. `"--model_name_or_path"`.
+
+    Raises:
+        ValueError: if `value` is empty, a file, a directory without `config.json` / `adapter_config.json`, or a
+            path-like value (see `looks_like_path`) that does not exist.
+    """
+    path = os.path.expanduser(value)
+    if not value.strip():
+        raise ValueError(f"{arg}={value!r}: empty. Fix: give a Hub model id or a local model directory.")
+    if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "adapter_config.json")):
+            raise ValueError(
+                f"{arg}={value!r}: the directory has no config.json, so it is not a saved model. Fix: point at a "
+                "directory written by `save_pretrained` (or `python scripts/save_tiny_model.py`)."
+            )
+    elif os.path.exists(path):
+        raise ValueError(
+            f"{arg}={value!r}: a file, not a model directory. Fix: point at a `save_pretrained` directory."
+        )
+    elif looks_like_path(value):
+        raise ValueError(
+            f"{arg}={value!r}: no such directory ({os.path.abspath(path)}). Fix: correct the path, or give a Hub "
+            "model id (`owner/name`)."
+        )
+
+
+def load_pretrained(loader, value: str, arg: str, **kwargs):
+    """`loader.from_pretrained(value, **kwargs)` with a missing local or Hub model reported as a `ValueError`.
+
+    Args:
+        loader: a class with `from_pretrained` (e.g. `AutoTokenizer`).
+        value: Hub id or local directory.
+        arg: the argument that gave `value`, for error messages.
+        **kwargs: passed to `from_pretrained`.
+
+    Returns:
+        What `from_pretrained` returns.
+
+    Raises:
+        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id).
+    """
+    try:
+        return loader.from_pretrained(value, **kwargs)
+    except OSError as error:  # includes huggingface_hub's validation and connection errors
+        path = os.path.expanduser(value)
+        where = (
+            "cannot load this local directory"
+            if os.path.isdir(path)
+            else f"no local directory {os.path.abspath(path)}, and loading it from the Hub (or its cache) failed"
+        )
+        raise ValueError(
+            f"{arg}={value!r}: {where} ({type(error).__name__}: {error}). Fix: give an existing local model directory "
+            "or a Hub model id you can reach."
+        ) from error
+
+
+@dataclass
+class JobInputs:
+    """Everything the trainer is built from, and where each part came from.
+
+    Attributes:
+        builtin: built-in mode (no model given).
+        model: the built-in model, or the Hub id / directory the trainer loads.
+        tokenizer: the processing class.
+        train_dataset: RL prompts.
+        eval_dataset: held-out RL prompts, or None (no held-out RL evaluation).
+        sft_dataset: SFT demonstrations, or None.
+        pretrain_dataset: pretraining text, or None.
+        reward_funcs: reward functions (the reward model, if any, is passed to the trainer by name).
+        value_model: the critic, or None.
+        builtin_eval: `eval_dataset` is the built-in held-out suite (exact-match accuracy is computed on it).
+        sources: role -> "built-in", "none" or the argument that gave it.
+    """
+
+    builtin: bool
+    model: object  # a model, or a Hub id / directory the trainer loads
+    tokenizer: object
+    train_dataset: object = None
+    eval_dataset: object = None
+    sft_dataset: object = None
+    pretrain_dataset: object = None
+    reward_funcs: list = field(default_factory=list)
+    value_model: object = None
+    builtin_eval: bool = False  # eval_dataset is the built-in held-out suite (exact-match accuracy is computed on it)
+    sources: dict[str, str] = field(default_factory=dict)  # role -> "built-in" or the argument that gave it
+
+
+def load_rl_data(script_args: TRAPOScriptArguments):
+    """The RL training split and the held-out RL split of `--dataset_name`.
+
+    Args:
+        script_args: `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` are read.
+
+    Returns:
+        `(train, evaluation)`; `evaluation` is None when there is no held-out RL evaluation (no `test` split by
+        default, or `--dataset_test_split none`).
+
+    Raises:
+        ValueError: naming the argument, for a missing path or split, an empty or unreadable dataset.
+    """
+    name = script_args.dataset_name
+    data = load_splits(name, script_args.dataset_config, arg="--dataset_name")
+    train = data.get(script_args.dataset_train_split, "--dataset_train_split")
+    test_split = script_args.dataset_test_split
+    if test_split is None:  # the default: the `test` split of a directory / Hub dataset, if there is one
+        if data.single or "test" not in data.splits:
+            reason = (
+                "a single file has only a 'train' split" if data.single else f"its splits are {sorted(data.splits)}"
+            )
+            logger.info(
+                "No held-out RL evaluation: --dataset_name=%r has no 'test' split (%s); set --dataset_test_split to "
+                "choose one.",
+                name,
+                reason,
+            )
+            return train, None
+        test_split = "test"
+    elif test_split.strip().lower() in ("", "none"):
+        return train, None
+    if test_split == script_args.dataset_train_split:
+        logger.warning("--dataset_test_split=%r is the training split: the evaluation is not held out.", test_split)
+    evaluation = data.get(test_split, "--dataset_test_split")
+    return train, evaluation
+
+
+def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> JobInputs:
+    """Check the arguments, load the user's data and model (or build the built-in ones); no training.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: `seed` is read; in real-model mode `model_init_kwargs` is set from `model_args`.
+        model_args: `model_name_or_path` (None: built-in mode), revision, dtype, attention, quantization.
+
+    Returns:
+        `JobInputs`.
+
+    Raises:
+        ValueError: naming the argument, for an unknown reward function, an unsupported TRL script argument, a
+            missing model, dataset or checkpoint path (all checked before anything is loaded), or bad data (raised
+            before any model is loaded).
+    """
+    # step 0. arguments that need no loading
+    for arg, value in (
+        ("--dataset_streaming", script_args.dataset_streaming),
+        ("--ignore_bias_buffers", script_args.ignore_bias_buffers),
+    ):
+        if value:
+            raise ValueError(
+                f"{arg}=True: not supported by this job (a field of TRL's `ScriptArguments`). Fix: leave it unset"
+                + (
+                    "; to stream the pretraining text, use --pretrain_streaming."
+                    if arg == "--dataset_streaming"
+                    else "."
+                )
+            )
+    for name in script_args.reward_funcs:
+        if name not in REWARD_FUNCTIONS:
+            raise ValueError(f"--reward_funcs {name!r} is unknown; choose from {sorted(REWARD_FUNCTIONS)}.")
+    builtin = model_args.model_name_or_path is None
+    if not builtin:
+        check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+    for arg, value in (
+        ("--reward_model_name_or_path", script_args.reward_model_name_or_path),
+        ("--value_model_name_or_path", script_args.value_model_name_or_path),
+    ):
+        if value is not None:
+            check_model_source(value, arg)
+    for arg, value in (
+        ("--dataset_name", script_args.dataset_name),
+        ("--sft_dataset_name", script_args.sft_dataset_name),
+        ("--pretrain_dataset_name", script_args.pretrain_dataset_name),
+    ):
+        if value:
+            check_data_source(value, arg)
+    check_checkpoint(training_args.resume_from_checkpoint)
+    sources: dict[str, str] = {}
+
+    # step 1. the user's data (Hub ids or local paths), loaded before any model so that bad data fails fast
+    train_dataset = eval_dataset = sft_dataset = pretrain_dataset = None
+    if script_args.dataset_name:
+        train_dataset, eval_dataset = load_rl_data(script_args)
+        sources["rl"] = f"--dataset_name={script_args.dataset_name!r}"
+        sources["eval"] = (
+            f"--dataset_name={script_args.dataset_name!r} ({script_args.dataset_test_split or 'test'} split)"
+            if eval_dataset is not None
+            else "none"
+        )
+    if script_args.sft_dataset_name:
+        sft_dataset = load_any(
+            script_args.sft_dataset_name,
+            script_args.sft_dataset_config,
+            script_args.sft_dataset_split,
+            arg="--sft_dataset_name",
+            split_arg="--sft_dataset_split",
+        )
+        sources["sft"] = f"--sft_dataset_name={script_args.sft_dataset_name!r}"
+    if script_args.pretrain_dataset_name:
+        pretrain_dataset = load_any(
+            script_args.pretrain_dataset_name,
+            script_args.pretrain_dataset_config,
+            script_args.pretrain_dataset_split,
+            streaming=script_args.pretrain_streaming,
+            arg="--pretrain_dataset_name",
+            split_arg="--pretrain_dataset_split",
+        )
+        sources["pretrain"] = f"--pretrain_dataset_name={script_args.pretrain_dataset_name!r}"
+    reward_funcs = [REWARD_FUNCTIONS[name] for name in script_args.reward_funcs]
+    given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
+    if script_args.reward_model_name_or_path:
+        given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
+    if given_rewards:
+        sources["reward"] = " + ".join(given_rewards)
+
+    # step 2. the model and tokenizer, and the built-in parts the user did not replace
+    builtin_eval = False
+    if builtin:
+        from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, seed=training_args.seed)
+        sources["model"] = "built-in"
+        suite = make_task_suite(seed=script_args.task_suite_seed)
+        if "rl" not in sources:  # the user's RL data replaces the built-in prompts and the built-in evaluation
+            train_dataset, eval_dataset, builtin_eval = suite.rl_train, suite.eval, True
+            sources["rl"] = sources["eval"] = "built-in"
+        if "sft" not in sources:
+            sft_dataset, sources["sft"] = suite.sft, "built-in"
+        if "pretrain" not in sources:
+            pretrain_dataset, sources["pretrain"] = suite.pretrain, "built-in"
+        if "reward" not in sources:  # the user's reward functions or reward model replace exact_match
+            reward_funcs = list(suite.reward_funcs)
+            sources["reward"] = "built-in"
+        built_in = [role for role, source in sources.items() if source == "built-in"]
+        user = [f"{role} ({source})" for role, source in sources.items() if source not in ("built-in", "none")]
+        logger.info(
+            "Built-in mode (no --model_name_or_path): from the built-in suite: %s; from you: %s%s.",
+            ", ".join(built_in) or "nothing",
+            ", ".join(user) or "nothing",
+            "; no held-out RL evaluation" if sources.get("eval") == "none" else "",
+        )
+    else:
+        # a real model: the trainer loads it from this id / directory with these keyword arguments
+        model = model_args.model_name_or_path
+        tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
+        init_kwargs = dict(
+            revision=model_args.model_revision,
+            attn_implementation=model_args.attn_implementation,
+            quantization_config=get_quantization_config(model_args),
+        )
+        if model_args.dtype not in (None, "auto"):
+            init_kwargs["dtype"] = model_args.dtype
+        training_args.model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+        sources["model"] = f"--model_name_or_path={model!r}"
+        logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
+    value_model = None
+    if script_args.value_model_name_or_path:
+        from transformers import AutoModelForSequenceClassification
+
+        value_model = load_pretrained(
+            AutoModelForSequenceClassification,
+            script_args.value_model_name_or_path,
+            "--value_model_name_or_path",
+            num_labels=1,
+        )
+    return JobInputs(
+        builtin=builtin,
+        model=model,
+        tokenizer=tokenizer,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        sft_dataset=sft_dataset,
+        pretrain_dataset=pretrain_dataset,
+        reward_funcs=reward_funcs,
+        value_model=value_model,
+        builtin_eval=builtin_eval,
+        sources=sources,
+    )
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write JSON to `path` through a temporary file and a rename, so readers never see half a file.
+
+    Args:
+        path: the file to write; its directory is created if missing.
+        payload: a JSON-serialisable mapping (written indented, keys sorted).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        temporary = handle.name
+    os.replace(temporary, path)
+
+
+def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
+    """The job: build everything, evaluate, train, evaluate again, save.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: the trainer's configuration (`eval_strategy` is switched to `"no"` without held-out data).
+        model_args: model arguments (`model_name_or_path` None: built-in mode).
+
+    Returns:
+        The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
+        after training, `train_loss` and `train_runtime_s`.
+
+    The job ends with a short summary (`job_summary`), logged and printed on the main process.
+
+    Raises:
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
+    """
+    job_start = time.perf_counter()
+    # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
+    inputs = build_inputs(script_args, training_args, model_args)
+    tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
+    if training_args.eval_strategy != "no" and eval_dataset is None:
+        training_args.eval_strategy = "no"
+
+    # step 3. the trainer
+    trainer = TRAPOTrainer(
+        model=inputs.model,
+        reward_funcs=inputs.reward_funcs or None,
+        args=training_args,
+        train_dataset=inputs.train_dataset,
+        eval_dataset=eval_dataset,
+        pretrain_dataset=inputs.pretrain_dataset,
+        sft_dataset=inputs.sft_dataset,
+        processing_class=tokenizer,
+        reward_model=script_args.reward_model_name_or_path,
+        value_model=inputs.value_model,
+        peft_config=get_peft_config(model_args),
+    )
+
+    # step 4. evaluate, train, evaluate
+    results: dict[str, float] = {}
+    if eval_dataset is not None:
+        initial = trainer.evaluate(metric_key_prefix="eval")
+        results.update({f"{k}_initial": v for k, v in initial.items()})
+    if inputs.builtin_eval:  # exact-match accuracy, computed directly (the RL reward adds partial credit)
+        results.update({f"eval_{k}_initial": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
+    start = time.perf_counter()
+    train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    results["train_runtime_s"] = time.perf_counter() - start
+    results["train_loss"] = train_output.training_loss
+    if eval_dataset is not None:
+        results.update(trainer.evaluate(metric_key_prefix="eval"))
+    if inputs.builtin_eval:
+        results.update({f"eval_{k}": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
+
+    # step 5. save model (or adapter), trainer state and results
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(os.path.join(training_args.output_dir, "eval_results.json"), results)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+    # step 6. a short summary for the human who launched the job
+    if trainer.accelerator.is_main_process:
+        summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
+        logger.info("Job summary:\n%s", summary)
+        print(summary, flush=True)
+    return results
+
+
+# evaluation metrics worth a line in the summary, when measured both before and after training
+HEADLINE_METRICS = re.compile(r"^eval_(accuracy\w*|reward|rewards/.+|loss)$")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for humans.
+
+    Args:
+        seconds: the duration.
+
+    Returns:
+        `42.1 s`, `3 min 05 s` or `2 h 07 min`.
+    """
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def job_summary(output_dir: str, results: dict, seconds: float) -> str:
+    """A few lines that say what the job wrote and what it changed.
+
+    Args:
+        output_dir: the job's output folder (listed: weights, checkpoints, `eval_results.json`, `trainer_state.json`).
+        results: what `main` returns (`<metric>_initial` before training, `<metric>` after).
+        seconds: the job's wall time.
+
+    Returns:
+        The summary: output folder, files written, headline metrics before -> after (`HEADLINE_METRICS`), train
+        loss, wall time.
+    """
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    weights = [n for n in names if n.endswith((".safetensors", ".bin")) and n != "training_args.bin"]
+    checkpoints = sorted(
+        (n for n in names if n.startswith("checkpoint-") and os.path.isdir(os.path.join(output_dir, n))),
+        key=lambda n: int(n.rsplit("-", 1)[1]) if n.rsplit("-", 1)[1].isdigit() else -1,
+    )
+    written = []
+    if weights:
+        written.append(f"{'adapter' if 'adapter_config.json' in names else 'model'} ({', '.join(weights)})")
+    if checkpoints:
+        shown = checkpoints if len(checkpoints) <= 3 else [checkpoints[0], "...", checkpoints[-1]]
+        written.append(f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) > 1 else ''} ({', '.join(shown)})")
+    written += [n for n in ("eval_results.json", "trainer_state.json") if n in names]
+    training = f" (training {format_duration(results['train_runtime_s'])})" if "train_runtime_s" in results else ""
+    lines = [
+        f"Done in {format_duration(seconds)}{training}. Output folder: {os.path.abspath(output_dir)}",
+        f"  written: {'; '.join(written) or 'nothing'}",
+    ]
+    metrics = [k for k in results if HEADLINE_METRICS.match(k) and f"{k}_initial" in results]
+    if sum(k.startswith("eval_rewards/") for k in metrics) == 1:  # one reward function: the same as eval_reward
+        metrics = [k for k in metrics if not k.startswith("eval_rewards/")]
+    metrics = sorted(metrics, key=lambda k: (not k.startswith("eval_accuracy"), k != "eval_accuracy", k))[:8]
+    width = max((len(k) for k in metrics), default=0)
+    for key in metrics:
+        lines.append(f"  {key:<{width}}  {results[f'{key}_initial']:.2f} -> {results[key]:.2f}")
+    if "train_loss" in results:
+        lines.append(f"  {'train_loss':<{width}}  {results['train_loss']:.4g}")
+    return "\n".join(lines)
+
+
+def builtin_accuracy(trainer: TRAPOTrainer, tokenizer, dataset) -> dict[str, float]:
+    """Greedy exact-match accuracy of the policy on the built-in held-out prompts, overall and per split.
+
+    Collective under DeepSpeed ZeRO-3 (every rank must call it).
+
+    Args:
+        trainer: the job's trainer (its wrapped model and accelerator are used).
+        tokenizer: the processing class.
+        dataset: the built-in held-out suite (`make_task_suite(...).eval`).
+
+    Returns:
+        `{"accuracy": ..., "accuracy_<split>": ...}`, fractions in [0, 1].
+    """
+    from trl.models import unwrap_model_for_generation
+
+    from trl_trapo.tasks import greedy_accuracy
+
+    # gathers DeepSpeed ZeRO-3 partitions (collectively: every rank evaluates); a no-op unwrap otherwise
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+        return greedy_accuracy(model, tokenizer, dataset, max_new_tokens=trainer.args.response_length)
