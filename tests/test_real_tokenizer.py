@@ -6,61 +6,24 @@ masks: its pad token *is* its EOS token (`<|im_end|>`, id 2), and its chat templ
 token followed by a newline.
 """
 
-import json
-import re
 from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from helpers import RecordingTRAPOTrainer, gsm8k_chat_datasets, gsm8k_rows, trained_rows
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo import TRAPOConfig
 from trl_trapo.data import PRETRAIN, RL, SFT
 from trl_trapo.rewards import numeric_answer_reward
 
 
-ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER = ROOT / "tests" / "fixtures" / "smollm2_tokenizer"
-GSM8K = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"
-SHAKESPEARE = ROOT / "examples" / "data" / "shakespeare" / "train.txt"
-CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, as scripts/gsm8k_to_trl.py removes them
+TOKENIZER = Path(__file__).resolve().parent / "fixtures" / "smollm2_tokenizer"
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return AutoTokenizer.from_pretrained(TOKENIZER)
-
-
-def gsm8k_rows(tokenizer, n: int) -> list[dict]:
-    """The `n` GSM8K training rows with the fewest question + solution tokens (deterministic, keeps steps fast)."""
-    rows = [json.loads(line) for line in GSM8K.read_text(encoding="utf-8").splitlines()]
-    for row in rows:
-        row["solution"] = CALCULATOR.sub("", row["answer"]).strip()
-    lengths = tokenizer([r["question"] + r["solution"] for r in rows], add_special_tokens=False)["input_ids"]
-    order = sorted(range(len(rows)), key=lambda i: (len(lengths[i]), i))
-    return [rows[i] for i in order[:n]]
-
-
-def datasets(tokenizer, n: int = 4) -> dict:
-    """Conversational RL prompts (with `answer` for the reward), SFT demonstrations and Shakespeare paragraphs."""
-    rows = gsm8k_rows(tokenizer, n)
-    paragraphs = SHAKESPEARE.read_text(encoding="utf-8").split("\n\n")[:16]
-    return dict(
-        train_dataset=Dataset.from_list(
-            [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
-        ),
-        sft_dataset=Dataset.from_list(
-            [
-                {
-                    "prompt": [{"role": "user", "content": r["question"]}],
-                    "completion": [{"role": "assistant", "content": r["solution"]}],
-                }
-                for r in rows
-            ]
-        ),
-        pretrain_dataset=Dataset.from_list([{"text": p} for p in paragraphs]),
-    )
 
 
 def tiny_llama(tokenizer) -> LlamaForCausalLM:
@@ -79,29 +42,6 @@ def tiny_llama(tokenizer) -> LlamaForCausalLM:
         pad_token_id=tokenizer.pad_token_id,
     )
     return LlamaForCausalLM(config)
-
-
-class RecordingTRAPOTrainer(TRAPOTrainer):
-    """Keeps a CPU copy of every micro-batch `compute_loss` sees (the public hook), to check what is trained on."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.seen_batches: list[dict[str, torch.Tensor]] = []
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        keep = ("objective", "input_ids", "attention_mask", "mask")
-        self.seen_batches.append({k: inputs[k].detach().cpu().clone() for k in keep})
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-
-def rows_of(batches: list[dict], objective: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`(input_ids (L,), mask (L - 1,))` of every trained row of one objective, padding removed."""
-    out = []
-    for batch in batches:
-        for i in (batch["objective"] == objective).nonzero().flatten().tolist():
-            n = int(batch["attention_mask"][i].sum())
-            out.append((batch["input_ids"][i, :n], batch["mask"][i, : n - 1]))
-    return out
 
 
 def test_smollm2_tokenizer_fixture_facts(tokenizer):
@@ -146,7 +86,7 @@ def trained(tokenizer, tmp_path_factory):
         reward_funcs=numeric_answer_reward,
         args=args,
         processing_class=tokenizer,
-        **datasets(tokenizer),
+        **gsm8k_chat_datasets(tokenizer),
     )
     trainer.train()
     return trainer, before
@@ -166,7 +106,7 @@ def test_two_joint_steps_train_every_parameter_on_all_three_objectives(trained):
 def test_sft_rows_train_on_the_whole_assistant_answer_and_nothing_of_the_prompt(trained, tokenizer):
     trainer, _ = trained
     answers = {r["solution"] for r in gsm8k_rows(tokenizer, 4)}
-    rows = rows_of(trainer.seen_batches, SFT)
+    rows = trained_rows(trainer.seen_batches, SFT)
     assert rows
     for input_ids, mask in rows:
         counted = input_ids[1:][mask.bool()]  # the target tokens of the loss
@@ -186,7 +126,7 @@ def test_sft_rows_train_on_the_whole_assistant_answer_and_nothing_of_the_prompt(
 )
 def test_sft_rows_end_the_turn_with_exactly_one_eos(trained, tokenizer):
     trainer, _ = trained
-    for input_ids, mask in rows_of(trainer.seen_batches, SFT):
+    for input_ids, mask in trained_rows(trainer.seen_batches, SFT):
         counted = input_ids[1:][mask.bool()]
         assert int((counted == tokenizer.eos_token_id).sum()) == 1, tokenizer.decode(counted)
 
@@ -199,7 +139,7 @@ def test_rl_rows_train_on_the_completion_up_to_its_first_eos_only(trained, token
         )
         for r in gsm8k_rows(tokenizer, 4)
     }
-    rows = rows_of(trainer.seen_batches, RL)
+    rows = trained_rows(trainer.seen_batches, RL)
     assert rows
     for input_ids, mask in rows:
         start = int(mask.nonzero()[0]) + 1  # position of the first completion token
