@@ -8,13 +8,19 @@ Fixtures:
 - `tiny_trainer`: factory `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, **overrides)
   -> TRAPOTrainer` on all three objectives of `suite` (RL with exact match), tiny model seeded 0 by default.
 
+Real data in chat format (GSM8K rows, Shakespeare paragraphs) and a trainer that records every micro-batch it trains
+on: `gsm8k_rows`, `gsm8k_chat_datasets`, `RecordingTRAPOTrainer`, `trained_rows` (`from conftest import ...`).
+
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from pathlib import Path
 
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -23,10 +29,17 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer  # noqa: E402
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite  # noqa: E402
 
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K_TRAIN = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"
+SHAKESPEARE_TRAIN = ROOT / "examples" / "data" / "shakespeare" / "train.txt"
+CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, as scripts/gsm8k_to_trl.py removes them
 
 # a few fast CPU steps on the tiny model: short sequences, small groups, no saving or reporting
 TINY_CONFIG = dict(
@@ -88,3 +101,65 @@ def tiny_config():
 def tiny_trainer():
     """Factory: `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, **overrides)`."""
     return make_tiny_trainer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real data in chat format (tests/test_real_tokenizer.py, tests/test_real_model.py)
+# ---------------------------------------------------------------------------------------------------------------------
+def gsm8k_rows(tokenizer, n: int) -> list[dict]:
+    """The `n` GSM8K training rows with the fewest question + solution tokens (deterministic; keeps steps short).
+
+    Each row has `question`, `answer` (GSM8K's, ending in `#### N`) and `solution` (the answer without calculator
+    annotations).
+    """
+    rows = [json.loads(line) for line in GSM8K_TRAIN.read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        row["solution"] = CALCULATOR.sub("", row["answer"]).strip()
+    lengths = tokenizer([r["question"] + r["solution"] for r in rows], add_special_tokens=False)["input_ids"]
+    order = sorted(range(len(rows)), key=lambda i: (len(lengths[i]), i))
+    return [rows[i] for i in order[:n]]
+
+
+def gsm8k_chat_datasets(tokenizer, n: int = 4, paragraphs: int = 16) -> dict[str, Dataset]:
+    """`train_dataset` (conversational RL prompts with `answer` for `numeric_answer_reward`), `sft_dataset`
+    (conversational prompt-completion: the worked solution) and `pretrain_dataset` (Shakespeare paragraphs)."""
+    rows = gsm8k_rows(tokenizer, n)
+    text = SHAKESPEARE_TRAIN.read_text(encoding="utf-8").split("\n\n")[:paragraphs]
+    return dict(
+        train_dataset=Dataset.from_list(
+            [{"prompt": [{"role": "user", "content": r["question"]}], "answer": r["answer"]} for r in rows]
+        ),
+        sft_dataset=Dataset.from_list(
+            [
+                {
+                    "prompt": [{"role": "user", "content": r["question"]}],
+                    "completion": [{"role": "assistant", "content": r["solution"]}],
+                }
+                for r in rows
+            ]
+        ),
+        pretrain_dataset=Dataset.from_list([{"text": p} for p in text]),
+    )
+
+
+class RecordingTRAPOTrainer(TRAPOTrainer):
+    """Keeps a CPU copy of every micro-batch `compute_loss` sees (the public hook), to check what is trained on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen_batches: list[dict[str, torch.Tensor]] = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        keep = ("objective", "input_ids", "attention_mask", "mask")
+        self.seen_batches.append({k: inputs[k].detach().cpu().clone() for k in keep})
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+def trained_rows(batches: list[dict], objective: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`(input_ids (L,), mask (L - 1,))` of every trained row of one objective, padding removed."""
+    out = []
+    for batch in batches:
+        for i in (batch["objective"] == objective).nonzero().flatten().tolist():
+            n = int(batch["attention_mask"][i].sum())
+            out.append((batch["input_ids"][i, :n], batch["mask"][i, : n - 1]))
+    return out

@@ -978,7 +978,7 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
         after training, `train_loss` and `train_runtime_s`.
 
-    The job ends with a short summary (`job_summary`), logged and printed on the main process.
+    The job ends with a short summary (`job_summary`), printed on the main process.
 
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
@@ -1032,8 +1032,7 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
     # step 6. a short summary for the human who launched the job
     if trainer.accelerator.is_main_process:
         summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
-        logger.info("Job summary:\n%s", summary)
-        print(summary, flush=True)
+        print(summary, flush=True)  # once, on stdout (the log lines above go to stderr)
     return results
 
 
