@@ -92,12 +92,14 @@ def test_local_model_and_local_json_datasets(tmp_path, conversational):
         sft_dataset_name=sft_messages if conversational else sft,
         pretrain_dataset_name=pretrain,
         reward_funcs=["exact_match"],
-        eval_strategy="no",
+        eval_strategy="steps",  # a single file has no held-out split: the trainer's copy gets eval_strategy="no"
         max_steps=3,
         max_prompt_length=48,  # the chat template adds "user: ...\nassistant: "
     )
-    model_args = ModelConfig(model_name_or_path=str(tmp_path / "model"))
+    model_args = ModelConfig(model_name_or_path=str(tmp_path / "model"), dtype="float32")
+    before = args.to_dict()
     results = cli.main(script, args, model_args)
+    assert args.to_dict() == before  # the parsed config is never changed (model_init_kwargs go into a copy)
     assert results["train_loss"] == results["train_loss"]  # finite, and the run completed
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     original = AutoModelForCausalLM.from_pretrained(tmp_path / "model")

@@ -744,6 +744,7 @@ class JobInputs:
         value_model: the critic, or None.
         builtin_eval: `eval_dataset` is the built-in held-out suite (exact-match accuracy is computed on it).
         sources: role -> "built-in", "none" or the argument that gave it.
+        model_init_kwargs: in real-model mode, the `from_pretrained` keyword arguments from the model arguments.
     """
 
     builtin: bool
@@ -757,6 +758,7 @@ class JobInputs:
     value_model: object = None
     builtin_eval: bool = False  # eval_dataset is the built-in held-out suite (exact-match accuracy is computed on it)
     sources: dict[str, str] = field(default_factory=dict)  # role -> "built-in" or the argument that gave it
+    model_init_kwargs: dict | None = None  # `from_pretrained` keyword arguments of a real model
 
 
 def load_rl_data(script_args: TRAPOScriptArguments):
@@ -802,7 +804,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
 
     Args:
         script_args: data and reward arguments.
-        training_args: `seed` is read; in real-model mode `model_init_kwargs` is set from `model_args`.
+        training_args: `seed` is read (never changed).
         model_args: `model_name_or_path` (None: built-in mode), revision, dtype, attention, quantization.
 
     Returns:
@@ -831,6 +833,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         if name not in REWARD_FUNCTIONS:
             raise ValueError(f"--reward_funcs {name!r} is unknown; choose from {sorted(REWARD_FUNCTIONS)}.")
     builtin = model_args.model_name_or_path is None
+    model_init_kwargs = None
     if not builtin:
         check_model_source(model_args.model_name_or_path, "--model_name_or_path")
     for arg, value in (
@@ -923,7 +926,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         )
         if model_args.dtype not in (None, "auto"):
             init_kwargs["dtype"] = model_args.dtype
-        training_args.model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+        model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
         sources["model"] = f"--model_name_or_path={model!r}"
         logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
     value_model = None
@@ -948,6 +951,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         value_model=value_model,
         builtin_eval=builtin_eval,
         sources=sources,
+        model_init_kwargs=model_init_kwargs,
     )
 
 
@@ -971,7 +975,8 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
 
     Args:
         script_args: data and reward arguments.
-        training_args: the trainer's configuration (`eval_strategy` is switched to `"no"` without held-out data).
+        training_args: the trainer's configuration, never changed: the trainer gets a copy with `eval_strategy="no"`
+            when there is no held-out data, and the model arguments' `model_init_kwargs` in real-model mode.
         model_args: model arguments (`model_name_or_path` None: built-in mode).
 
     Returns:
@@ -987,8 +992,13 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
+    derived = {}
     if training_args.eval_strategy != "no" and eval_dataset is None:
-        training_args.eval_strategy = "no"
+        derived["eval_strategy"] = "no"
+    if inputs.model_init_kwargs:
+        derived["model_init_kwargs"] = inputs.model_init_kwargs
+    if derived:
+        training_args = dataclasses.replace(training_args, **derived)
 
     # step 3. the trainer
     trainer = TRAPOTrainer(
