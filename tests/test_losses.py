@@ -432,10 +432,33 @@ def test_truncated_is_policy_loss_gradient_is_capped_importance_weight():
     old = torch.log(torch.tensor([[0.4, 0.2, 0.1]]))
     logp = torch.log(torch.tensor([[0.2, 0.2, 0.3]])).requires_grad_(True)
     advantages = torch.tensor([[1.0, -2.0, 0.5]])
-    loss = truncated_is_policy_loss(logp, old, advantages, cap=2.0)
+    out = truncated_is_policy_loss(logp, old, advantages, cap=2.0)
+    loss = out.per_token_loss
     # value: -w * A * logp
     expected = -torch.tensor([[0.5 * 1.0, 1.0 * -2.0, 2.0 * 0.5]]) * logp.detach()
     torch.testing.assert_close(loss, expected)
     loss.sum().backward()
     # gradient w.r.t. log pi is -w * A: the weight is detached (no gradient through rho)
     torch.testing.assert_close(logp.grad, -torch.tensor([[0.5, -2.0, 1.0]]))
+    # its statistics describe this loss, not PPO's clip: only the token with rho = 3 > cap was truncated
+    assert out.is_clipped.tolist() == [[False, False, True]]
+    torch.testing.assert_close(out.ratio, torch.tensor([[0.5, 1.0, 3.0]]))
+    torch.testing.assert_close(out.logp_coef, torch.tensor([[0.5, -2.0, 1.0]]))
+
+
+@pytest.mark.parametrize("rule", ["clip", "truncated_is"])
+def test_policy_loss_logp_coef_is_minus_the_gradient_wrt_log_pi(rule):
+    """`logp_coef` (what the DARE probe weighs grad log pi with) is -d loss / d log pi of the loss itself, importance
+    weights included, for tokens on both sides of the clip range and the cap."""
+    g = torch.Generator().manual_seed(0)
+    old = -2.0 + 0.6 * torch.randn(3, 8, generator=g)
+    logp = (old + 0.4 * torch.randn(3, 8, generator=g)).requires_grad_(True)
+    advantages = torch.randn(3, 1, generator=g).expand(3, 8)
+    importance = torch.tensor([[0.5], [1.0], [2.0]])
+    if rule == "clip":
+        out = clipped_policy_loss(logp, old, advantages, cliprange=0.2, importance_weights=importance)
+    else:
+        out = truncated_is_policy_loss(logp, old, advantages, cap=1.2, importance_weights=importance)
+    assert out.is_clipped.any() and not out.is_clipped.all()  # both kinds of tokens are present
+    out.per_token_loss.sum().backward()
+    torch.testing.assert_close(out.logp_coef, -logp.grad, atol=1e-6, rtol=1e-6)

@@ -121,6 +121,56 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path, tokenizer, suite
         torch.testing.assert_close(accumulated[name], big[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_probe_and_policy_metrics_follow_the_loss_actually_optimised(tmp_path, tokenizer, suite, tiny_trainer):
+    """With truncated importance sampling, trust-region SFT and prioritised weights, the DARE probe weighs each token
+    by -d loss / d log p of the optimised term, and the clip statistics count the tokens the cap truncated."""
+    cap, alpha = 1.05, 0.1
+    trainer = tiny_trainer(
+        tmp_path,
+        tokenizer,
+        suite,
+        importance_sampling_cap=cap,
+        cliprange=0.2,  # wider than the cap: PPO's clip would mark other tokens than the truncation does
+        sft_loss_type="trust_region",
+        trust_region_alpha=alpha,
+        kl_coef=0.0,
+        entropy_coef=0.0,
+    )
+    rows = fixed_rows(seed=3)
+    for row in rows:
+        if row.objective == SFT:
+            row.importance_weight = 0.5
+    batch = collate_rows(rows, tokenizer.pad_token_id)
+    recorded = {}
+    trainer.dare.probe = trainer.dare.probe_factory()
+    trainer.dare.probe.reset()
+
+    def record(hidden, logits, targets, coefficients, objective, half):
+        recorded.update(coefficients=coefficients.clone(), objective=objective.clone())
+
+    trainer.dare.probe.accumulate = record
+    context = step_info(rows, [rows], (0.2, 0.3, 0.5))
+    context.probe = True
+    trainer.metrics.reset()
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, batch, num_items_in_batch=context)
+        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+        logps = torch.log_softmax(logits.float(), -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    counted = batch["mask"].bool()
+    objective = batch["objective"].unsqueeze(1).expand_as(counted)[counted]
+    assert torch.equal(recorded["objective"], objective)
+    coefficients = recorded["coefficients"]
+    ratio = torch.exp(logps - batch["old_per_token_logps"])[counted]
+    expected = torch.ones_like(ratio)
+    sft, rl = objective == SFT, objective == RL
+    expected[sft] = torch.clamp(logps.exp()[counted][sft] / alpha, max=1.0) * 0.5  # trust region x importance
+    expected[rl] = torch.clamp(ratio[rl], max=cap) * batch["advantages"][counted][rl]  # min(cap, rho) x A
+    torch.testing.assert_close(coefficients, expected, atol=1e-5, rtol=1e-4)
+    assert bool((ratio[rl] > cap).any()) and bool((ratio[rl] <= cap).any())
+    truncated = float((ratio[rl] > cap).float().mean())
+    assert trainer.metrics.step_sums["policy/clipfrac_avg"].item() == pytest.approx(truncated, abs=1e-6)
+
+
 def test_first_use_ratio_is_one_for_fresh_rollouts(tmp_path, tokenizer, suite, tiny_trainer):
     """Behaviour log-probs recorded during generation equal the training forward's log-probs (ratio 1)."""
     trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1)

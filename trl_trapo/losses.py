@@ -126,12 +126,14 @@ def kl_estimate(
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class PolicyLossOutput:
-    """Per-token clipped surrogate and its statistics (all shape `(B, T)`; statistics detached)."""
+    """Per-token policy loss and its statistics (all shape `(B, T)`; statistics detached), for PPO's clipped
+    surrogate and for the truncated-importance-sampling loss alike."""
 
-    per_token_loss: torch.Tensor  # (B, T) -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)
+    per_token_loss: torch.Tensor  # (B, T) the loss that is optimised
     ratio: torch.Tensor  # (B, T) rho = pi / pi_old, detached
-    is_clipped: torch.Tensor  # (B, T) bool, the clipped branch was the active (larger) loss
+    is_clipped: torch.Tensor  # (B, T) bool: the rule cut this token (PPO: clipped branch active; TIS: rho > cap)
     approx_kl: torch.Tensor  # (B, T) 0.5 * (log rho)^2, detached (PPO's approxkl)
+    logp_coef: torch.Tensor  # (B, T) -d per_token_loss / d log pi, detached: what multiplies grad log pi
 
 
 def clipped_policy_loss(
@@ -154,7 +156,8 @@ def clipped_policy_loss(
             importance weight for stale replay samples); multiplies the per-token loss.
 
     Returns:
-        [`PolicyLossOutput`]: the unreduced per-token loss (mask and aggregate it with [`aggregate_rl_loss`]).
+        [`PolicyLossOutput`]: the unreduced per-token loss (mask and aggregate it with [`aggregate_rl_loss`]);
+        `logp_coef` = A * rho * w where the unclipped branch is active, 0 where the clipped one is.
     """
     log_ratio = per_token_logps - old_per_token_logps
     ratio = torch.exp(log_ratio)
@@ -166,7 +169,10 @@ def clipped_policy_loss(
     with torch.no_grad():
         is_clipped = loss_clipped > loss_unclipped
         approx_kl = 0.5 * log_ratio.detach() ** 2
-    return PolicyLossOutput(per_token_loss, ratio.detach(), is_clipped, approx_kl)
+        logp_coef = advantages * ratio.detach() * (~is_clipped).float()
+        if importance_weights is not None:
+            logp_coef = logp_coef * importance_weights
+    return PolicyLossOutput(per_token_loss, ratio.detach(), is_clipped, approx_kl, logp_coef)
 
 
 def truncated_is_policy_loss(
@@ -191,12 +197,18 @@ def truncated_is_policy_loss(
         importance_weights (`torch.Tensor`, *optional*): extra detached weights, `(B, T)` or broadcastable.
 
     Returns:
-        `torch.Tensor`: shape `(B, T)`, the unreduced per-token loss.
+        [`PolicyLossOutput`]: the unreduced per-token loss and its statistics; `is_clipped` marks the tokens whose
+        weight was truncated (rho > cap), `logp_coef` = min(cap, rho) * w * A.
     """
-    weight = torch.clamp(torch.exp(per_token_logps.detach() - old_per_token_logps), max=cap)
+    log_ratio = per_token_logps.detach() - old_per_token_logps
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, max=cap)
     if importance_weights is not None:
         weight = weight * importance_weights
-    return -weight * advantages * per_token_logps
+    per_token_loss = -weight * advantages * per_token_logps
+    with torch.no_grad():
+        logp_coef = (weight * advantages).expand_as(per_token_loss)
+    return PolicyLossOutput(per_token_loss, ratio, ratio > cap, 0.5 * log_ratio**2, logp_coef)
 
 
 @dataclass

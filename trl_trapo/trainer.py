@@ -773,7 +773,8 @@ class TRAPOTrainer(_BaseTrainer):
         loss_pretrain = masked_sum(nll, masks[PRETRAIN]) / max(total_counts[PRETRAIN], 1.0)
         sft_weights = sft_token_weights(per_token_logps, args.sft_loss_type, args.trust_region_alpha)
         sft_term = nll if sft_weights is None else nll * sft_weights
-        sft_term = sft_term * inputs["importance_weight"].unsqueeze(1).to(sft_term.dtype)  # prioritised pool; else 1
+        sft_importance = inputs["importance_weight"].unsqueeze(1).to(sft_term.dtype)  # prioritised pool; else 1
+        sft_term = sft_term * sft_importance
         loss_sft_opt = masked_sum(sft_term, masks[SFT]) / max(total_counts[SFT], 1.0)
         loss_sft = masked_sum(nll, masks[SFT]).detach() / max(total_counts[SFT], 1.0)
 
@@ -786,9 +787,16 @@ class TRAPOTrainer(_BaseTrainer):
         total = weights[PRETRAIN] * loss_pretrain + weights[SFT] * loss_sft_opt + weights[RL] * loss_rl
         total = total * self.accelerator.num_processes
 
-        # step 3. DARE probe (update steps only): closed-form LM-head gradients of each objective's two halves
+        # step 3. DARE probe (update steps only): closed-form LM-head gradients of each objective's two halves, each
+        # token weighted by -d loss / d log p of the term actually optimised (1 for pretraining; the trust-region and
+        # importance weights for SFT; the policy loss's own coefficient for RL)
         if context.probe:
-            self._accumulate_probe(outputs, logits, targets, objective, mask, inputs["half"], pg_coef)
+            coefficients = torch.ones_like(per_token_logps)
+            sft_coef = sft_importance.expand_as(coefficients) if sft_weights is None else sft_weights * sft_importance
+            coefficients = torch.where((objective == SFT).unsqueeze(1), sft_coef.detach(), coefficients)
+            if pg_coef is not None:
+                coefficients = torch.where(rl_rows.unsqueeze(1), pg_coef, coefficients)
+            self._accumulate_probe(outputs, logits, targets, objective, mask, inputs["half"], coefficients)
 
         # step 4. metrics (summed over micro-batches; every term already carries its global normaliser)
         with torch.no_grad():
@@ -818,12 +826,13 @@ class TRAPOTrainer(_BaseTrainer):
         old = inputs["old_per_token_logps"]
         advantages = inputs["advantages"]
         importance = inputs["importance_weight"].unsqueeze(1)
-        policy = clipped_policy_loss(per_token_logps, old, advantages, args.cliprange, importance)
-        per_token = policy.per_token_loss
-        if args.importance_sampling_cap is not None:
-            per_token = truncated_is_policy_loss(
+        if args.importance_sampling_cap is None:
+            policy = clipped_policy_loss(per_token_logps, old, advantages, args.cliprange, importance)
+        else:  # its statistics and probe coefficients are the truncated-IS loss's own (it is what is optimised)
+            policy = truncated_is_policy_loss(
                 per_token_logps, old, advantages, args.importance_sampling_cap, importance
             )
+        per_token = policy.per_token_loss
         stats: dict[str, torch.Tensor] = {}
         kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(context.step)
         if kl_coef > 0 and "ref_per_token_logps" in inputs:
@@ -856,15 +865,11 @@ class TRAPOTrainer(_BaseTrainer):
             loss = loss + args.vf_coef * value_loss
             stats["loss/value_avg"] = value_loss.detach()
             stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
-        # d loss / d log pi per token for the DARE probe: A * rho where the unclipped branch is active
-        pg_coef = (advantages * policy.ratio * (~policy.is_clipped).float() * rl_mask).detach()
-        return loss, stats, pg_coef
+        # -d loss / d log pi per token of the optimised policy term, for the DARE probe
+        return loss, stats, policy.logp_coef * rl_mask
 
-    def _accumulate_probe(self, outputs, logits, targets, objective, mask, half, pg_coef) -> None:
+    def _accumulate_probe(self, outputs, logits, targets, objective, mask, half, coefficients) -> None:
         hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
-        coefficients = torch.ones_like(mask)
-        if pg_coef is not None:
-            coefficients = torch.where((objective == RL).unsqueeze(1), pg_coef, coefficients)
         counted = mask.bool()
         if not bool(counted.any()):
             return
