@@ -348,3 +348,22 @@ def test_pretrain_many_fills_for_one_request_do_not_raise(tokenizer):
     stream = PretrainStream(Dataset.from_dict({"text": ["a"]}), tokenizer, max_length=128)
     rows = stream.take(1001)
     assert len(rows) == 1001
+
+
+def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_turn(tokenizer):
+    """A chat template that ends each turn with EOS + newline: the row trains on `ok</s>\\n`, not `ok</s>\\n</s>`;
+    a template without EOS still gets one EOS appended, so the model learns to stop."""
+    import copy
+
+    ending = copy.deepcopy(tokenizer)
+    ending.chat_template = (
+        "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}</s>\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    out = tokenize_sft_dataset(Dataset.from_list([row]), ending, max_length=64)[0]
+    learned = [t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]
+    assert ending.convert_ids_to_tokens(learned) == ["o", "k", "</s>", "\n"]
+    plain = tokenize_sft_dataset(Dataset.from_list([row]), tokenizer, max_length=64)[0]  # template without EOS
+    learned = [t for t, m in zip(plain["input_ids"], plain["completion_mask"]) if m]
+    assert tokenizer.convert_ids_to_tokens(learned) == ["o", "k", "\n", "</s>"]

@@ -462,3 +462,50 @@ def test_policy_loss_logp_coef_is_minus_the_gradient_wrt_log_pi(rule):
     assert out.is_clipped.any() and not out.is_clipped.all()  # both kinds of tokens are present
     out.per_token_loss.sum().backward()
     torch.testing.assert_close(out.logp_coef, -logp.grad, atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KL estimator x placement: which gradient each combination follows (the README's table, losses.KL_GRADIENT)
+# ---------------------------------------------------------------------------------------------------------------------
+def expected_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
+    """Exact on-policy expected gradients w.r.t. the logits theta of a categorical pi = softmax(theta), summing over
+    the outcomes with probabilities pi (what the training estimates average to), next to the analytic gradient."""
+    g = torch.Generator().manual_seed(0)
+    theta = torch.randn(6, generator=g, dtype=torch.float64).requires_grad_(True)
+    ref_logp = torch.log_softmax(torch.randn(6, generator=g, dtype=torch.float64), -1)
+    logp = torch.log_softmax(theta, -1)
+    pi = logp.exp().detach()
+    kl = (logp.exp() * (logp - ref_logp)).sum()  # KL(pi || pi_ref)
+    (analytic,) = torch.autograd.grad(kl, theta, retain_graph=True)
+    per_outcome = kl_estimate(logp, ref_logp, estimator)  # k(y) for every outcome y, as a function of theta
+    # in the loss: E_{y ~ pi}[grad k(y)] (samples are drawn from pi, the gradient flows through k)
+    (in_loss,) = torch.autograd.grad((pi * per_outcome).sum(), theta, retain_graph=True)
+    # in the reward: REINFORCE with reward -k(y): the loss -A log pi with A = -k(y) detached
+    (in_reward,) = torch.autograd.grad((pi * per_outcome.detach() * logp).sum(), theta)
+    return {"analytic": analytic, "loss": in_loss, "reward": in_reward}
+
+
+@pytest.mark.parametrize(
+    "estimator, placement, unbiased",
+    [
+        ("k1", "loss", False),
+        ("k2", "loss", True),
+        ("k3", "loss", False),
+        ("k1", "reward", True),
+        ("k2", "reward", False),
+        ("k3", "reward", False),
+    ],
+)
+def test_kl_estimator_placement_gradients(estimator, placement, unbiased):
+    from trl_trapo.losses import KL_GRADIENT, kl_gradient_warning, resolve_kl_estimator
+
+    grads = expected_kl_gradients(estimator)
+    error = float((grads[placement] - grads["analytic"]).norm() / grads["analytic"].norm())
+    if unbiased:
+        assert error < 1e-9, error
+        assert kl_gradient_warning(estimator, placement) is None
+        assert resolve_kl_estimator("auto", placement) == estimator
+        assert "unbiased" in KL_GRADIENT[(estimator, placement)]
+    else:
+        assert error > 0.05, error  # a real bias, not rounding
+        assert "auto" in kl_gradient_warning(estimator, placement)

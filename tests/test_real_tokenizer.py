@@ -117,14 +117,9 @@ def test_sft_rows_train_on_the_whole_assistant_answer_and_nothing_of_the_prompt(
         assert any(text.startswith(answer + "<|im_end|>") for answer in answers), text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trl_trapo.data.tokenize_sft_dataset appends EOS when a completion's last token is not EOS; SmolLM2's "
-    "chat template ends the assistant turn with '<|im_end|>\\n', so every conversational SFT row ends with "
-    "'<|im_end|>\\n<|im_end|>' and the model is trained to emit a second EOS after the end of its turn (TRL's "
-    "SFTTrainer adds EOS to non-conversational rows only). Trainer code is being redesigned; reported, not fixed here.",
-)
 def test_sft_rows_end_the_turn_with_exactly_one_eos(trained, tokenizer):
+    """SmolLM2's chat template ends the assistant turn with '<|im_end|>\n': no second EOS is appended after it (as
+    TRL's SFT does for conversational rows)."""
     trainer, _ = trained
     for input_ids, mask in trained_rows(trainer.seen_batches, SFT):
         counted = input_ids[1:][mask.bool()]

@@ -22,6 +22,49 @@ OBJECTIVES = ("pretrain", "sft", "rl")
 PRETRAIN, SFT, RL = range(len(OBJECTIVES))
 """Indices of the objectives in `OBJECTIVES` (and the `objective` of a training row)."""
 
+SAFE_GENERATION_KWARGS = frozenset(
+    {"min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "use_cache", "cache_implementation", "cache_config"}
+)
+"""`generation_kwargs` keys that leave the recorded behaviour log-probs exact (besides `eos_token_id`): truncation
+samplers only decide which token is drawn, like `top_k` / `top_p`; cache settings change no number."""
+OWN_GENERATION_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "max_new_tokens": "response_length",
+    "do_sample": "temperature",
+    "pad_token_id": "processing_class.pad_token",
+}
+"""`generation_kwargs` keys that duplicate a `TRAPOConfig` field (the field to set instead)."""
+LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
+    {
+        "repetition_penalty",
+        "encoder_repetition_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "sequence_bias",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "min_length",
+        "min_new_tokens",
+        "exponential_decay_length_penalty",
+        "renormalize_logits",
+        "guidance_scale",
+        "watermarking_config",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "penalty_alpha",
+        "dola_layers",
+        "length_penalty",
+        "max_length",
+    }
+)
+"""`generation_kwargs` keys that change the sampled distribution away from softmax(logits / temperature)."""
+
 
 def _bf16_supported() -> bool:
     return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
@@ -228,6 +271,14 @@ class TRAPOConfig(_BaseConfig):
         default=1024,
         metadata={"help": "Maximum tokens of an SFT row (prompt + completion + EOS); longer rows are truncated."},
     )
+    shuffle_dataset: bool = field(
+        default=True,
+        metadata={
+            "help": "Serve the RL prompts in a fresh seeded order each epoch (True) or in dataset order (False, for "
+            "an ordered curriculum of prompts; `train_sampling_strategy='sequential'` means the same). TRL GRPO's "
+            "spelling."
+        },
+    )
     max_prompt_length: int = field(
         default=512,
         metadata={
@@ -278,7 +329,15 @@ class TRAPOConfig(_BaseConfig):
         },
     )
     generation_kwargs: dict | None = field(
-        default=None, metadata={"help": "Extra keyword arguments of `transformers.GenerationConfig` for rollouts."}
+        default=None,
+        metadata={
+            "help": "Extra settings of rollout generation, limited to those that leave the recorded log-probs exact: "
+            "`eos_token_id` (an id or a list of ids that stop a completion, besides `stop_token` / `stop_token_id`), "
+            "truncation samplers (`min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`, like `top_k` / `top_p` "
+            "they only decide which token is drawn), and cache settings (`use_cache`, `cache_implementation`, "
+            "`cache_config`). Settings that change the logits (e.g. `repetition_penalty`, `no_repeat_ngram_size`) "
+            "are refused: the trained log-probs would not describe the sampled distribution."
+        },
     )
     chat_template_kwargs: dict | None = field(
         default=None, metadata={"help": "Extra keyword arguments of `apply_chat_template` for conversational data."}
@@ -312,12 +371,15 @@ class TRAPOConfig(_BaseConfig):
         metadata={"help": "PPO clip range epsilon of the ratio (huggingface.co/papers/1707.06347, eq. 7)."},
     )
     kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient of the penalty towards the reference."})
-    kl_estimator: Literal["k1", "k2", "k3"] = field(
-        default="k3",
+    kl_estimator: Literal["auto", "k1", "k2", "k3"] = field(
+        default="auto",
         metadata={
-            "help": "Per-token KL estimator (Schulman, 'Approximating KL divergence'), with log r = log pi_ref - "
-            "log pi: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r. k3 (always >= 0) is the default; as a "
-            "loss term k1 has a zero expected gradient, so use k2 or k3 with kl_penalty='loss'."
+            "help": "Per-token KL estimator (Schulman, 'Approximating KL divergence', joschu.net/blog/kl-approx.html), "
+            "with log r = log pi_ref - log pi: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r. 'auto': the "
+            "one whose gradient is the gradient of KL(pi || pi_ref) where the KL is placed (on-policy): k2 in the "
+            "loss, k1 in the reward. The other combinations are biased (k3 in the loss follows the reverse KL, k1 "
+            "in the loss has a zero expected gradient, k2 / k3 in the reward miss the gradient through their own "
+            "dependence on pi) and are warned about; see the README's KL table."
         },
     )
     kl_penalty: Literal["auto", "reward", "loss"] = field(
@@ -758,8 +820,111 @@ class TRAPOConfig(_BaseConfig):
             bad("reward_weights", self.reward_weights, "use finite numbers.")
         if self.stop_token is not None and self.stop_token != "eos":
             bad("stop_token", self.stop_token, "use 'eos' or None (or set stop_token_id).")
+        self._validate_generation_kwargs(bad)
+        self._validate_bypassed_trainer_fields(bad)
         self._validate_schedules_and_distribution(bad)
         self._validate_memory_pool(bad)
+
+    def _validate_bypassed_trainer_fields(self, bad) -> None:
+        """`TrainingArguments` fields whose hooks TRAPO replaces (sampler, dataloader, loss, evaluation loop): each
+        works here or is refused, never silently ignored."""
+        own_data = (
+            "TRAPO draws each step's rows from its own pools in the training process (get_batch_samples); the "
+            "Trainer's dataloader only serves step placeholders"
+        )
+        own_eval = "TRAPO's evaluate computes its metrics directly, without the Trainer's prediction loop"
+        checks = (
+            (
+                "train_sampling_strategy",
+                self.train_sampling_strategy == "group_by_length",
+                "TRAPO groups each step's rows by length itself. Use 'random' (RL prompts in a seeded order) or "
+                "'sequential' (RL prompts in dataset order, as shuffle_dataset=False).",
+            ),
+            ("length_column_name", self.length_column_name != "length", "it only serves group_by_length; drop it."),
+            ("dataloader_drop_last", self.dataloader_drop_last, f"{own_data}, so nothing is dropped; drop it."),
+            ("dataloader_num_workers", self.dataloader_num_workers != 0, f"{own_data}; use 0."),
+            ("label_smoothing_factor", self.label_smoothing_factor != 0, "TRAPO's losses have no label smoothing."),
+            (
+                "average_tokens_across_devices",
+                not self.average_tokens_across_devices,
+                "TRAPO always normalises each objective by its token count over all micro-batches and ranks; "
+                "leave it True.",
+            ),
+            (
+                "auto_find_batch_size",
+                self.auto_find_batch_size,
+                "the step plan (rows per objective, planned steps, curriculum) is fixed from "
+                "per_device_train_batch_size at construction; set the batch size yourself.",
+            ),
+            ("prediction_loss_only", self.prediction_loss_only, f"{own_eval}; drop it."),
+            ("eval_accumulation_steps", self.eval_accumulation_steps is not None, f"{own_eval}; drop it."),
+            ("batch_eval_metrics", self.batch_eval_metrics, f"{own_eval}; drop it."),
+            ("eval_do_concat_batches", not self.eval_do_concat_batches, f"{own_eval}; drop it."),
+            ("include_for_metrics", bool(self.include_for_metrics), f"{own_eval}; drop it."),
+            (
+                "ignore_data_skip",
+                self.ignore_data_skip,
+                "TRAPO restores its own data position (samplers, streams, replay buffer) from the checkpoint; "
+                "there is no data to skip.",
+            ),
+            (
+                "remove_unused_columns",
+                self.remove_unused_columns,
+                "TRAPO passes the extra dataset columns to the reward functions; leave it False.",
+            ),
+            ("label_names", self.label_names is not None, "TRAPO's rows carry no labels; drop it."),
+        )
+        for name, refused, fix in checks:
+            if refused:
+                bad(name, getattr(self, name), f"TRAPO does not use it: {fix}")
+
+    @property
+    def shuffle_rl_prompts(self) -> bool:
+        """Whether RL prompts are served in a seeded order (`shuffle_dataset`, and not
+        `train_sampling_strategy='sequential'`)."""
+        return self.shuffle_dataset and self.train_sampling_strategy != "sequential"
+
+    @property
+    def sampling_seed(self) -> int:
+        """The seed of the data samplers (`data_seed`, or `seed` when unset)."""
+        return self.seed if self.data_seed is None else self.data_seed
+
+    def _validate_generation_kwargs(self, bad) -> None:
+        kwargs = self.generation_kwargs or {}
+        if not isinstance(kwargs, dict):
+            bad("generation_kwargs", kwargs, "use a dict of generation settings, or None.")
+        for key, value in kwargs.items():
+            if key in OWN_GENERATION_FIELDS:
+                bad(
+                    "generation_kwargs",
+                    {key: value},
+                    f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that value.",
+                )
+            if key == "stop_strings":
+                bad(
+                    "generation_kwargs",
+                    {key: value},
+                    "stop strings are not supported (the completion mask is cut by token ids): give the ids that end "
+                    "a completion, e.g. generation_kwargs={'eos_token_id': [tokenizer.eos_token_id, id_of_stop]}.",
+                )
+            if key == "eos_token_id":
+                ids = value if isinstance(value, (list, tuple)) else [value]
+                if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+                    bad("generation_kwargs", {key: value}, "use a token id or a non-empty list of token ids.")
+                continue
+            if key not in SAFE_GENERATION_KWARGS:
+                reason = (
+                    "it changes the logits the completion is sampled from, so the behaviour log-probs TRAPO records "
+                    "(and the PPO ratio and KL computed from them) would not describe the sampled distribution"
+                    if key in LOGITS_CHANGING_GENERATION_KWARGS
+                    else "it is not a setting TRAPO can account for"
+                )
+                bad(
+                    "generation_kwargs",
+                    {key: value},
+                    f"drop `{key}`: {reason}. Accepted: `eos_token_id`, "
+                    f"{', '.join(f'`{k}`' for k in sorted(SAFE_GENERATION_KWARGS))}.",
+                )
 
     def _validate_schedules_and_distribution(self, bad) -> None:
         late = ("rl_phase_learning_rate", "late_entropy_coef")

@@ -111,6 +111,10 @@ def tokenize_sft_dataset(
 ) -> Dataset:
     """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on completion tokens and the final EOS).
 
+    The completion ends with exactly one EOS: a standard completion gets one appended unless it ends with it; a
+    conversational completion keeps what the chat template renders when that already ends the turn with EOS (as
+    ChatML's `<|im_end|>\n` does; TRL's SFT appends nothing to such rows) and gets one appended otherwise.
+
     `messages` rows are split into a prompt (every message before the last one) and a completion (the last message,
     which must be the assistant's), so the loss is on the final assistant turn. Rows longer than `max_length` are
     truncated from the right; the number truncated is logged.
@@ -145,10 +149,12 @@ def tokenize_sft_dataset(
             rendered = apply_chat_template({"prompt": prompt, "completion": completion}, tokenizer, **template_kwargs)
             prompt_ids = tokenizer(rendered["prompt"], add_special_tokens=False)["input_ids"]
             completion_ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
+            ends_turn = eos in completion_ids  # the template ends the turn itself (e.g. ChatML's "<|im_end|>\n")
         else:
             prompt_ids = tokenizer(prompt)["input_ids"]
             completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        if not completion_ids or completion_ids[-1] != eos:
+            ends_turn = bool(completion_ids) and completion_ids[-1] == eos
+        if not ends_turn:
             completion_ids = completion_ids + [eos]
         input_ids = prompt_ids + completion_ids
         mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
@@ -452,6 +458,35 @@ def check_eval_dataset(eval_dataset) -> None:
             )
 
 
+def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None) -> None:
+    """Tokenize the prompts of every prompt-only eval dataset once, before training, so that a prompt longer than
+    `max_prompt_length` (or than the context, with `response_length` new tokens) fails now, not at the first
+    evaluation after hours of training.
+
+    Raises:
+        ValueError: naming the dataset, the longest prompt and the fix.
+    """
+    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
+    for name, dataset in datasets:
+        if dataset is None or isinstance(dataset, IterableDataset):
+            continue
+        columns = set(dataset_columns(dataset))
+        if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
+            continue  # evaluated by loss, not by generation
+        label = name if name == "eval_dataset" else f"eval_dataset['{name}']"
+        tokenized = tokenize_prompt_dataset(
+            dataset, tokenizer, args.max_prompt_length, args.chat_template_kwargs or {}, name=label
+        )
+        longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
+        if max_positions is not None and longest + args.response_length > max_positions:
+            raise ValueError(
+                f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens "
+                f"it exceeds the model's context of {max_positions} positions. Lower response_length to at most "
+                f"{max_positions - longest}, or remove prompts longer than {max_positions - args.response_length} "
+                "tokens from the eval data."
+            )
+
+
 def prepare_datasets(
     args,
     tokenizer,
@@ -498,11 +533,28 @@ def prepare_datasets(
         rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs)
         longest = max(len(ids) for ids in rl["prompt_ids"])
         if max_positions is not None and longest + args.response_length > max_positions:
+            if longest >= max_positions:
+                fix = (
+                    f"that prompt alone fills the context, so no response_length can help: remove prompts longer than "
+                    f"{max_positions - args.response_length} tokens (max_prompt_length={args.max_prompt_length} "
+                    "lets them through; lower it to find them at construction)"
+                )
+            else:
+                fix = (
+                    f"lower response_length to at most {max_positions - longest}, or remove prompts longer than "
+                    f"{max_positions - args.response_length} tokens"
+                )
             raise ValueError(
-                f"The longest prompt ({longest} tokens) + response_length={args.response_length} exceeds the "
-                f"model's context of {max_positions} positions. Lower `response_length` or filter long prompts."
+                f"`train_dataset` has a prompt of {longest} tokens; with response_length={args.response_length} new "
+                f"tokens it exceeds the model's context of {max_positions} positions: {fix}."
             )
     if sft_dataset is not None and args.sft_weight > 0:
+        if isinstance(sft_dataset, IterableDataset):
+            raise ValueError(
+                "`sft_dataset` is an IterableDataset (streaming), but SFT rows are tokenized once and drawn by index "
+                "(uniformly or by priority): pass a map-style `Dataset` (e.g. "
+                "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
+            )
         check_sft_dataset(sft_dataset)
         sft = tokenize_sft_dataset(sft_dataset, tokenizer, args.sft_max_length, template_kwargs)
         longest = max((len(ids) for ids in sft["input_ids"]), default=0)
@@ -522,6 +574,7 @@ def prepare_datasets(
             f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
         )
     check_eval_dataset(eval_dataset)
+    check_eval_prompts(args, tokenizer, eval_dataset, max_positions)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
         check_pretrain_dataset(pretrain_dataset)
         pretrain = pretrain_dataset

@@ -84,6 +84,53 @@ def nll_sum(model: nn.Module, rows: list[Row], pad_token_id: int, batch_size: in
     return total, count
 
 
+def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
+    """The headline metric `Evaluator.evaluate` logs for each held-out dataset, and whether greater is better:
+    `<prefix>_reward` for prompts, `<prefix>_pretrain_loss` for text, `<prefix>_sft_loss` for demonstrations (a dict
+    of datasets gets `<prefix>_<name>_...`)."""
+    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    out: dict[str, bool] = {}
+    for name, dataset in datasets:
+        if dataset is None:
+            continue
+        columns = set(dataset_columns(dataset))
+        base = prefix if name is None else f"{prefix}_{name}"
+        if "text" in columns:
+            out[f"{base}_pretrain_loss"] = False
+        elif "completion" in columns or "messages" in columns:
+            out[f"{base}_sft_loss"] = False
+        elif "prompt" in columns or "input_ids" in columns:
+            out[f"{base}_reward"] = True
+    return out
+
+
+def check_best_model_metric(args, eval_dataset) -> None:
+    """With `load_best_model_at_end`, `metric_for_best_model` must be a metric TRAPO logs for the eval data.
+
+    Raises:
+        ValueError: naming the field, the value and the metrics to choose from (with `greater_is_better`), before
+            training; TRAPO never logs the Trainer's default `eval_loss`.
+    """
+    if not args.load_best_model_at_end:
+        return
+    available = evaluation_metrics(eval_dataset)
+    metric = args.metric_for_best_model or "loss"
+    name = metric if metric.startswith("eval_") else f"eval_{metric}"
+    if name not in available:
+        choices = ", ".join(
+            f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
+        )
+        raise ValueError(
+            f"{type(args).__name__}.metric_for_best_model={metric!r} is not a metric TRAPO logs (load_best_model_at_end"
+            f"=True compares it after every evaluation): "
+            + (
+                f"set {choices}."
+                if choices
+                else "pass an eval_dataset TRAPO can evaluate, or drop load_best_model_at_end."
+            )
+        )
+
+
 class Evaluator:
     """Evaluates held-out data by its format (see the module docstring), on every rank's shard, reduced over ranks.
 
@@ -95,7 +142,7 @@ class Evaluator:
         unwrapped_policy (`Callable[[bool], AbstractContextManager[nn.Module]]`): enters a context holding the policy
             unwrapped for generation, in eval mode; its argument says whether to gather ZeRO-3 weights (collective).
         generation_config (`GenerationConfig`): the rollout config; evaluation uses it greedily.
-        stop_token_id (`int`, *optional*): completions are cut after it.
+        stop_token_ids (`list[int]`): completions are cut after the first of them (empty: never early).
     """
 
     def __init__(
@@ -106,7 +153,7 @@ class Evaluator:
         accelerator,
         unwrapped_policy: Callable[[bool], AbstractContextManager[nn.Module]],
         generation_config: GenerationConfig,
-        stop_token_id: int | None,
+        stop_token_ids: list[int],
     ):
         self.args = args
         self.tokenizer = tokenizer
@@ -114,7 +161,7 @@ class Evaluator:
         self.accelerator = accelerator
         self.unwrapped_policy = unwrapped_policy
         self.generation_config = generation_config
-        self.stop_token_id = stop_token_id
+        self.stop_token_ids = list(stop_token_ids)
 
     def greedy_generation_config(self) -> GenerationConfig:
         """The rollout config with sampling off (no temperature / top-k / top-p)."""
@@ -154,7 +201,7 @@ class Evaluator:
                 [p.tolist() for p in prompt_ids],
                 self.greedy_generation_config(),
                 self.tokenizer.pad_token_id,
-                self.stop_token_id,
+                self.stop_token_ids,
                 1.0,
                 batch_size=args.per_device_eval_batch_size,
                 record_logps=False,
@@ -258,11 +305,19 @@ class Evaluator:
                 [p.tolist() for p in prompt_ids],
                 self.greedy_generation_config(),
                 self.tokenizer.pad_token_id,
-                self.stop_token_id,
+                self.stop_token_ids,
                 1.0,
                 batch_size=args.per_device_eval_batch_size,
                 record_logps=False,
                 synced_gpus=generation_synced_gpus(self.accelerator, gathered=True),
+                progress=None if args.disable_tqdm or not self.accelerator.is_main_process else f"Evaluating {prefix}",
+            )
+            logger.info(
+                "Evaluation %s: %d prompts, %d tokens generated (greedy) in %.1f s.",
+                prefix,
+                len(examples),
+                generated["num_tokens"],
+                generated["seconds"],
             )
             scores, per_func = self.scorer.score(examples, prompt_ids, generated["completion_ids"])
             valid = ~torch.isnan(scores)

@@ -121,6 +121,40 @@ def kl_estimate(
     raise ValueError(f"kl_estimator={estimator!r} is not one of 'k1', 'k2', 'k3'.")
 
 
+KL_GRADIENT = {
+    ("k1", "loss"): "zero in expectation: the term does not regularise (E_pi[grad log pi] = 0)",
+    ("k2", "loss"): "grad KL(pi || pi_ref): unbiased on-policy",
+    ("k3", "loss"): "grad of the reverse KL(pi_ref || pi), not of KL(pi || pi_ref): biased",
+    ("k1", "reward"): "grad KL(pi || pi_ref): unbiased on-policy (REINFORCE with reward -log(pi / pi_ref))",
+    ("k2", "reward"): "biased: REINFORCE misses the estimator's own dependence on pi",
+    ("k3", "reward"): "biased, nearly no KL gradient: REINFORCE misses k3's own dependence on pi",
+}
+"""What the gradient of each (estimator, placement) is, on-policy, for the README's table and the warnings.
+Sources: Schulman, "Approximating KL divergence" (joschu.net/blog/kl-approx.html); "A Comedy of Estimators: On KL
+Regularization in RL Training of LLMs" (huggingface.co/papers/2512.21852); TRL issue #4967 (k1-in-reward unbiased,
+k3-in-loss biased) and PR #6503."""
+
+
+def resolve_kl_estimator(estimator: str, placement: str) -> str:
+    """The estimator `kl_estimator="auto"` stands for: the unbiased one for `placement` ("loss": k2, "reward": k1);
+    any other value is returned as it is."""
+    if estimator != "auto":
+        return estimator
+    return "k2" if placement == "loss" else "k1"
+
+
+def kl_gradient_warning(estimator: str, placement: str) -> str | None:
+    """A warning for a biased (estimator, placement) combination, with the reason and the fix; None when unbiased."""
+    if (estimator, placement) in (("k2", "loss"), ("k1", "reward")):
+        return None
+    unbiased = resolve_kl_estimator("auto", placement)
+    return (
+        f"kl_estimator={estimator!r} with the KL in the {placement}: its gradient is "
+        f"{KL_GRADIENT[(estimator, placement)]}. kl_estimator='auto' uses {unbiased!r} there, whose gradient is "
+        "grad KL(pi || pi_ref) on-policy."
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Policy and value losses
 # ---------------------------------------------------------------------------------------------------------------------

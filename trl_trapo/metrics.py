@@ -7,6 +7,8 @@
   until the log.
 - Rollout metrics (`objective/*`, `completions/*`, `rewards/*`, `val/num_eos_tokens`): sums over the rollouts
   generated since the last log, divided by their count at log time.
+
+A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
 """
 
@@ -16,7 +18,6 @@ from collections import defaultdict
 
 import torch
 
-from .config import OBJECTIVES
 from .distributed import reduce_named_means
 from .losses import kl_estimate
 
@@ -114,8 +115,6 @@ class MetricsAccumulator:
             if "val/ratio_sq" in values:
                 values["val/ratio_var"] = max(values.pop("val/ratio_sq") - values.get("val/ratio", 0.0) ** 2, 0.0)
             out.update(values)
-        for name in OBJECTIVES:
-            out.setdefault(f"loss/{name}", 0.0)
         rollout_keys = sorted(self.rollout_sums)
         if rollout_keys:
             stacked = torch.tensor([self.rollout_sums[k] for k in rollout_keys], dtype=torch.float64)
@@ -134,9 +133,6 @@ class MetricsAccumulator:
                 count = reduced.get(f"rewards/{name}/count", 0.0)
                 if count:
                     out[f"rewards/{name}/mean"] = reduced[f"rewards/{name}/mean"] / count
-        else:
-            out.setdefault("objective/scores", 0.0)
-            out.setdefault("objective/kl", 0.0)
         out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
         self.reset()
         return out

@@ -144,6 +144,30 @@ class ReferencePolicy:
         """Whether `sync` can move this reference (a model, or a named adapter copy; not "adapter disabled")."""
         return self.model is not None or bool(self.adapter)
 
+    def state_tensors(self, policy: nn.Module) -> dict[str, torch.Tensor]:
+        """CPU copies of the reference's weights, for checkpoints of a run whose reference moves (`sync_ref_model`):
+        `ref_model/<name>` (gathered parameter by parameter under ZeRO-3; collective) or `ref_adapter/<name>`."""
+        from .distributed import full_state_dict
+
+        if self.model is not None:
+            return {f"ref_model/{k}": v for k, v in full_state_dict(self.unwrap(self.model)).items()}
+        marker = f".{self.adapter}."
+        return {f"ref_adapter/{n}": p.detach().cpu().clone() for n, p in policy.named_parameters() if marker in n}
+
+    def load_state_tensors(self, policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_tensors` wrote (entries of other prefixes are ignored; collective under ZeRO-3)."""
+        from .distributed import load_full_state_dict
+
+        model_state = {k[len("ref_model/") :]: v for k, v in tensors.items() if k.startswith("ref_model/")}
+        if model_state and self.model is not None:
+            load_full_state_dict(self.unwrap(self.model), model_state)
+        adapter_state = {k[len("ref_adapter/") :]: v for k, v in tensors.items() if k.startswith("ref_adapter/")}
+        if adapter_state and self.adapter:
+            params = dict(policy.named_parameters())
+            with torch.no_grad():
+                for name, value in adapter_state.items():
+                    params[name].copy_(value.to(params[name].device, params[name].dtype))
+
     def sync(self, policy: nn.Module, alpha: float) -> None:
         """ref <- alpha * policy + (1 - alpha) * ref (TR-DPO, huggingface.co/papers/2404.09656): TRL's own update
         for a reference model (it gathers ZeRO-3 parameters), a parameter-wise update of the reference adapter from

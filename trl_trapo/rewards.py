@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +33,9 @@ from trl.trainer.utils import (
 
 from .models import reward_model_scores
 from .tasks import exact_match_reward
+
+
+logger = logging.getLogger(__name__)
 
 
 def _text(completion: str | list[dict[str, Any]]) -> str:
@@ -329,6 +333,27 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
             func.eval().requires_grad_(False)
             if reward_tokenizer is None:
                 reward_tokenizer = tokenizer
+            name = reward_function_name(func)
+            if reward_tokenizer.pad_token_id is None:  # batches of several completions are padded (as TRL's GRPO)
+                if reward_tokenizer.eos_token is None:
+                    raise ValueError(
+                        f"The tokenizer of reward model '{name}' has neither a pad nor an EOS token; set its "
+                        "`pad_token` and pass it in `reward_processing_classes`."
+                    )
+                reward_tokenizer.pad_token = reward_tokenizer.eos_token
+                logger.info("Reward model '%s': its tokenizer had no pad token; using its EOS token.", name)
+            set_pad_token_id(func, reward_tokenizer.pad_token_id, f"reward model '{name}'")
         funcs.append(func)
         processing_classes.append(reward_tokenizer)
     return funcs, processing_classes
+
+
+def set_pad_token_id(model: nn.Module, pad_token_id: int, what: str) -> None:
+    """Give a sequence-classification model without `config.pad_token_id` its tokenizer's pad id, as TRL's GRPO does
+    for reward models: transformers refuses batches of more than one row without it ("Cannot handle batch sizes > 1
+    if no padding token is defined"). TRAPO reads the head at the last real token itself, so the id only needs to
+    exist. The change is logged."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = pad_token_id
+        logger.info("%s had no config.pad_token_id; set it to %d (its tokenizer's pad token).", what, pad_token_id)

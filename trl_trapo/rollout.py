@@ -17,13 +17,15 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from trl.import_utils import is_vllm_available
 
@@ -37,6 +39,8 @@ from .rewards import RewardScorer
 
 
 logger = logging.getLogger(__name__)
+
+SLOW_ROUND_SECONDS = 5.0  # generation rounds at least this long are logged at INFO level
 
 
 class BehaviourLogprobRecorder(LogitsProcessor):
@@ -73,13 +77,14 @@ class BehaviourLogprobRecorder(LogitsProcessor):
 
 
 def truncate_at_stop(
-    completion_ids: torch.Tensor, stop_token_id: int | None, valid_length: torch.Tensor | None = None
+    completion_ids: torch.Tensor, stop_token_ids: Sequence[int] | None, valid_length: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Completion mask up to and including the first stop token.
 
     Args:
         completion_ids (`torch.Tensor`): shape `(B, C)`.
-        stop_token_id (`int`, *optional*): the stop token; None means completions never stop early.
+        stop_token_ids (`Sequence[int]`, *optional*): the ids that end a completion (any of them); None or empty
+            means completions never stop early.
         valid_length (`torch.Tensor`, *optional*): shape `(B,)`, tokens actually generated per row (C if None).
 
     Returns:
@@ -89,14 +94,43 @@ def truncate_at_stop(
     batch, length = completion_ids.shape
     positions = torch.arange(length, device=completion_ids.device).expand(batch, length)
     limit = torch.full((batch,), length, device=completion_ids.device) if valid_length is None else valid_length
-    if stop_token_id is None:
+    if not stop_token_ids:
         is_stop = torch.zeros_like(completion_ids, dtype=torch.bool)
     else:
-        is_stop = (completion_ids == stop_token_id) & (positions < limit.unsqueeze(1))
+        stops = torch.tensor(list(stop_token_ids), device=completion_ids.device)
+        is_stop = torch.isin(completion_ids, stops) & (positions < limit.unsqueeze(1))
     has_stop = is_stop.any(dim=1)
     first_stop = torch.where(has_stop, is_stop.float().argmax(dim=1), limit - 1)
     mask = (positions <= first_stop.unsqueeze(1)).long()
     return mask, ~has_stop
+
+
+def cut_after_stop(completion: torch.Tensor, stop_token_ids: Sequence[int] | None) -> torch.Tensor:
+    """A `(C,)` completion up to and including its first stop token (unchanged when it has none)."""
+    if stop_token_ids:
+        hits = torch.isin(completion, torch.tensor(list(stop_token_ids))).nonzero()
+        if hits.numel():
+            return completion[: int(hits[0]) + 1]
+    return completion
+
+
+@contextmanager
+def neutral_generation_defaults(model: nn.Module) -> Iterator[None]:
+    """Generate with no defaults from the model's own `generation_config.json`.
+
+    transformers fills every field a `GenerationConfig` leaves at None from the model's `generation_config` (a
+    `repetition_penalty`, a `no_repeat_ngram_size`, its `eos_token_id` ...). Such a field would change the sampled
+    distribution, or stop generation, without TRAPO knowing: the recorded behaviour log-probs, the completion mask and
+    the PPO ratio would no longer describe what was sampled. For the duration, the generating model's
+    `generation_config` is a fresh `GenerationConfig()`, so only what TRAPO sets applies; it is put back afterwards.
+    """
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = getattr(target, "generation_config", None)
+    target.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        target.generation_config = saved
 
 
 @torch.no_grad()
@@ -105,11 +139,12 @@ def generate(
     prompt_ids: Sequence[Sequence[int]],
     generation_config: GenerationConfig,
     pad_token_id: int,
-    stop_token_id: int | None,
+    stop_token_ids: Sequence[int] | None,
     temperature: float,
     batch_size: int | None = None,
     record_logps: bool = True,
     synced_gpus: bool | None = None,
+    progress: str | None = None,
 ) -> dict[str, Any]:
     """Sample one completion per prompt (repeat prompts for several generations) and record behaviour log-probs.
 
@@ -118,52 +153,77 @@ def generate(
         prompt_ids (`Sequence[Sequence[int]]`): token ids of each prompt (unpadded).
         generation_config (`GenerationConfig`): sampling settings (`max_new_tokens` = response length).
         pad_token_id (`int`): id used for left padding.
-        stop_token_id (`int`, *optional*): completions are cut after its first occurrence.
+        stop_token_ids (`Sequence[int]`, *optional*): completions are cut after the first of them (the same ids
+            `generation_config.eos_token_id` stops generation at); None: they run to `max_new_tokens`.
         temperature (`float`): the sampling temperature (for the recorded log-probs).
         batch_size (`int`, *optional*): prompts per `generate` call (all at once when None).
         record_logps (`bool`): record behaviour log-probs (False for greedy evaluation).
         synced_gpus (`bool`, *optional*): passed to `generate` when not None. False when the weights are local (e.g.
             ZeRO-3 weights gathered), so ranks need not generate in lockstep; None lets transformers decide.
+        progress (`str`, *optional*): show a progress bar (tqdm, in prompts) with this description.
 
     Returns:
         `dict` with `completion_ids` (list of `(C_i,)` tensors, cut after the stop token), `old_per_token_logps`
-        (list of `(C_i,)`), `is_truncated` (`(B,)` bool), `num_tokens` (int, generated tokens counted).
+        (list of `(C_i,)`), `is_truncated` (`(B,)` bool), `num_tokens` (int, generated tokens counted), `seconds`
+        (float, wall time).
     """
+    start_time = time.perf_counter()
     device = next(model.parameters()).device
     batch_size = batch_size or len(prompt_ids)
     completions, logps, truncated = [], [], []
+    bar = tqdm(total=len(prompt_ids), desc=progress, unit="prompt", leave=False, disable=progress is None)
     for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         input_ids, attention_mask = left_pad(chunk, pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         recorder = BehaviourLogprobRecorder(temperature) if record_logps else None
-        sequences = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=generation_config,
-            logits_processor=LogitsProcessorList([recorder] if recorder is not None else []),
-            **({} if synced_gpus is None else {"synced_gpus": synced_gpus}),
-        )
+        with neutral_generation_defaults(model):
+            sequences = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                logits_processor=LogitsProcessorList([recorder] if recorder is not None else []),
+                **({} if synced_gpus is None else {"synced_gpus": synced_gpus}),
+            )
         completion_ids = sequences[:, input_ids.shape[1] :]
         chunk_logps = recorder.finish(sequences) if recorder is not None else torch.zeros(completion_ids.shape)
-        mask, is_truncated = truncate_at_stop(completion_ids, stop_token_id)
+        mask, is_truncated = truncate_at_stop(completion_ids, stop_token_ids)
         lengths = mask.sum(1).tolist()
         for i, n in enumerate(lengths):
             completions.append(completion_ids[i, :n].cpu())
             logps.append(chunk_logps[i, :n].float().cpu())
         truncated.append(is_truncated.cpu())
+        bar.update(len(chunk))
+    bar.close()
     return {
         "completion_ids": completions,
         "old_per_token_logps": logps,
         "is_truncated": torch.cat(truncated),
         "num_tokens": sum(c.numel() for c in completions),
+        "seconds": time.perf_counter() - start_time,
     }
+
+
+def stop_token_ids(args, tokenizer) -> list[int]:
+    """The ids that end a completion: `stop_token_id` (or the tokenizer's EOS with `stop_token="eos"`), plus
+    `generation_kwargs["eos_token_id"]`; empty: completions never stop early (TRL 1.12 PPO's `stop_token=None`)."""
+    ids = []
+    if args.stop_token_id is not None:
+        ids.append(args.stop_token_id)
+    elif args.stop_token == "eos":
+        ids.append(tokenizer.eos_token_id)
+    extra = (args.generation_kwargs or {}).get("eos_token_id")
+    if extra is not None:
+        ids.extend(extra if isinstance(extra, (list, tuple)) else [extra])
+    return sorted(set(int(i) for i in ids))
 
 
 def rollout_generation_config(args, tokenizer) -> GenerationConfig:
     """The sampling settings of rollouts: `response_length` new tokens, `temperature` / `top_p` / `top_k`, the stop
-    token (`stop_token_id`, or EOS with `stop_token="eos"`; none otherwise), then `generation_kwargs`."""
-    stop_id = args.stop_token_id if args.stop_token_id is not None else tokenizer.eos_token_id
+    ids of [`stop_token_ids`] (none: generation never stops early), every logits processor the trainer does not model
+    pinned to neutral, then the accepted `generation_kwargs` (see `TRAPOConfig.generation_kwargs`). Generation runs
+    under [`neutral_generation_defaults`], so nothing comes from the model's own `generation_config.json`."""
+    stops = stop_token_ids(args, tokenizer)
     kwargs = dict(
         max_new_tokens=args.response_length,
         do_sample=True,
@@ -171,11 +231,14 @@ def rollout_generation_config(args, tokenizer) -> GenerationConfig:
         top_p=args.top_p,
         top_k=args.top_k,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=stop_id if (args.stop_token or args.stop_token_id is not None) else None,
+        eos_token_id=stops or None,
         bos_token_id=tokenizer.bos_token_id,
         use_cache=True,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        num_beams=1,
     )
-    kwargs.update(args.generation_kwargs or {})
+    kwargs.update({k: v for k, v in (args.generation_kwargs or {}).items() if k != "eos_token_id"})
     return GenerationConfig(**kwargs)
 
 
@@ -233,10 +296,12 @@ class VLLMGenerator:
                 f"TRAPOConfig.use_vllm=True: vLLM loads the model from its directory or Hub id, but the policy's "
                 f"name_or_path is {name!r}. Save the model with `save_pretrained(path)` and pass `model=path`."
             )
-        generation_kwargs = {}
-        if args.stop_token_id is not None:
-            generation_kwargs["stop_token_ids"] = [args.stop_token_id]
-        generation_kwargs.update(args.generation_kwargs or {})
+        generation_kwargs = {k: v for k, v in (args.generation_kwargs or {}).items() if k != "eos_token_id"}
+        stops = stop_token_ids(args, tokenizer)
+        if stops:
+            generation_kwargs["stop_token_ids"] = stops
+        else:
+            generation_kwargs["ignore_eos"] = True  # stop_token=None: completions never stop early
         self.generation = VLLMGeneration(
             model=policy,
             accelerator=accelerator,
@@ -281,12 +346,13 @@ class RolloutEngine:
         reference ([`~trl_trapo.models.ReferencePolicy`], *optional*): the KL term's reference (None: no KL term).
         has_critic (`bool`): advantages from GAE with the critic (else group-relative).
         kl_penalty (`str`): "reward" (the KL enters the per-token rewards here) or "loss".
+        kl_estimator (`str`): the per-token KL estimator ("k1", "k2" or "k3"; resolved, not "auto").
         kl_coef (`Callable[[], float]`): the KL coefficient in use (adaptive or fixed).
         unwrapped_model (`Callable[[], AbstractContextManager[nn.Module]]`): enters a context holding the trained
             model (the policy, or the policy + critic wrapper) unwrapped for generation, in eval mode.
         accelerator: the Trainer's `Accelerator`.
         generation_config (`GenerationConfig`): sampling settings.
-        stop_token_id (`int`, *optional*): completions are cut after it.
+        stop_token_ids (`list[int]`): completions are cut after the first of them (empty: they never stop early).
         vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
 
     The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
@@ -301,11 +367,12 @@ class RolloutEngine:
         reference: ReferencePolicy | None,
         has_critic: bool,
         kl_penalty: str,
+        kl_estimator: str,
         kl_coef: Callable[[], float],
         unwrapped_model: Callable[[], AbstractContextManager[nn.Module]],
         accelerator,
         generation_config: GenerationConfig,
-        stop_token_id: int | None,
+        stop_token_ids: list[int],
         vllm: VLLMGenerator | None = None,
     ):
         self.args = args
@@ -314,13 +381,18 @@ class RolloutEngine:
         self.reference = reference
         self.has_critic = has_critic
         self.kl_penalty = kl_penalty
+        self.kl_estimator = kl_estimator
         self.kl_coef = kl_coef
         self.unwrapped_model = unwrapped_model
         self.accelerator = accelerator
         self.generation_config = generation_config
-        self.stop_token_id = stop_token_id
+        self.stop_token_ids = list(stop_token_ids)
         self.vllm = vllm
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
+
+    def progress_description(self, description: str) -> str | None:
+        """`description` when progress bars are on (`disable_tqdm=False`, main process), else None."""
+        return None if self.args.disable_tqdm or not self.accelerator.is_main_process else description
 
     @staticmethod
     def policy_of(model: nn.Module) -> nn.Module:
@@ -356,10 +428,22 @@ class RolloutEngine:
                         [p.tolist() for p in prompt_ids],
                         generation_config,
                         self.tokenizer.pad_token_id,
-                        self.stop_token_id,
+                        self.stop_token_ids,
                         temperature,
                         batch_size=args.local_rollout_forward_batch_size,
                         synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
+                        progress=self.progress_description(f"Rollouts, step {step}"),
+                    )
+                    logger.log(  # a sign of life for slow rounds (real models on CPU); quick ones stay quiet
+                        logging.INFO if generated["seconds"] >= SLOW_ROUND_SECONDS else logging.DEBUG,
+                        "Step %d: generated %d completions (%d prompts x %d) in %.1f s: %d tokens, %.0f tokens/s.",
+                        step,
+                        len(examples),
+                        len(examples) // max(group, 1),
+                        group,
+                        generated["seconds"],
+                        generated["num_tokens"],
+                        generated["num_tokens"] / max(generated["seconds"], 1e-9),
                     )
                 except RuntimeError as error:
                     if "probability tensor" not in str(error):
@@ -399,12 +483,7 @@ class RolloutEngine:
             )
             for e in examples
         ]
-        cut = []
-        for c in completion_ids:
-            c = torch.as_tensor(c, dtype=torch.long)
-            if self.stop_token_id is not None and (c == self.stop_token_id).any():
-                c = c[: int((c == self.stop_token_id).nonzero()[0]) + 1]
-            cut.append(c)
+        cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
         if old_per_token_logps is not None:
             old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
         with self.unwrapped_model() as unwrapped:
@@ -424,10 +503,10 @@ class RolloutEngine:
         values = None
         if self.has_critic:
             values = value_predictions(unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size)
-        # step 3. scores; the missing-stop penalty is judged by the configured stop token (EOS if there is none)
+        # step 3. scores; the missing-stop penalty is judged by the stop ids (EOS when completions never stop early)
         scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
-        stop = self.stop_token_id if self.stop_token_id is not None else self.tokenizer.eos_token_id
-        has_stop = torch.tensor([bool((c == stop).any()) for c in completion_ids], dtype=torch.bool)
+        stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])
+        has_stop = torch.tensor([bool(torch.isin(c, stops).any()) for c in completion_ids], dtype=torch.bool)
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
         # step 4. advantages
@@ -455,7 +534,7 @@ class RolloutEngine:
             old[i, : c.numel()] = old_logps[i]
             if ref_logps is not None:
                 ref[i, : c.numel()] = ref_logps[i]
-        kl = kl_estimate(old, ref, args.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
+        kl = kl_estimate(old, ref, self.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
         kl_coef_reward = self.kl_coef() if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
         valid = ~torch.isnan(scores)
         safe_scores = torch.nan_to_num(scores, nan=0.0)

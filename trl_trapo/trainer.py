@@ -75,23 +75,25 @@ from .collator import (
 from .config import PRETRAIN, RL, SFT, TRAPOConfig
 from .curriculum import CurriculumSchedule
 from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datasets
-from .distributed import any_rank, check_launch, full_state_dict, load_full_state_dict, reduce_replay_metrics
-from .evaluation import Evaluator
+from .distributed import any_rank, check_launch, reduce_replay_metrics
+from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
     clipped_value_loss,
     kl_estimate,
+    kl_gradient_warning,
     masked_sum,
+    resolve_kl_estimator,
     sft_token_weights,
     truncated_is_policy_loss,
 )
 from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
 from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy, create_reference
-from .rewards import RewardScorer, load_reward_funcs
-from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config
+from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
+from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
 from .schedules import RLSchedules, scale_scheduler
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
@@ -198,14 +200,16 @@ class TRAPOTrainer(_BaseTrainer):
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
         self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
-        if self.kl_penalty == "loss" and args.kl_estimator == "k1" and args.kl_coef > 0:
-            logger.warning(
-                "kl_penalty='loss' with kl_estimator='k1': the gradient of k1 is zero in expectation, so the KL term "
-                "barely regularises. Use kl_estimator='k3' (or k2)."
-            )
+        # "auto": the estimator whose gradient is grad KL(pi || pi_ref) where the KL sits (k2 in the loss, k1 in the
+        # reward); other combinations are biased and warned about (see losses.KL_GRADIENT and the README's table)
+        self.kl_estimator = resolve_kl_estimator(args.kl_estimator, self.kl_penalty)
+        warning = kl_gradient_warning(self.kl_estimator, self.kl_penalty) if args.kl_coef > 0 else None
+        if warning:
+            logger.warning(warning)
         if self._has_critic:
             if args.disable_dropout:
                 disable_dropout_in_model(value_model)
+            set_pad_token_id(value_model, processing_class.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
             train_model = model
@@ -219,7 +223,7 @@ class TRAPOTrainer(_BaseTrainer):
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
                 "reward functions/models; give one weight per reward."
             )
-        self.metrics = MetricsAccumulator([], args.kl_estimator)
+        self.metrics = MetricsAccumulator([], self.kl_estimator)
         self.rewards = RewardScorer(
             funcs,
             reward_tokenizers,
@@ -246,6 +250,23 @@ class TRAPOTrainer(_BaseTrainer):
         )
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
         self.active = data.active
+        check_best_model_metric(args, eval_dataset)
+        if data.rl is not None:  # models that read the policy's tokens must fit the longest prompt + completion
+            longest = max(len(ids) for ids in data.rl["prompt_ids"]) + args.response_length
+            readers = [("value_model", value_model, processing_class)] + [
+                (f"reward model '{name}'", func, tok)
+                for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
+                if isinstance(func, nn.Module)
+            ]
+            for what, reader, reader_tokenizer in readers:
+                context = getattr(getattr(reader, "config", None), "max_position_embeddings", None)
+                same_tokens = reader_tokenizer is processing_class
+                if reader is not None and context is not None and same_tokens and longest > context:
+                    raise ValueError(
+                        f"The {what} has a context of {context} positions, but the longest prompt + response_length "
+                        f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
+                        "longer context."
+                    )
         if self.active[RL]:  # every reward function is called once on two rows (their metrics are not kept)
             self.rewards.preflight([data.rl[i] for i in range(min(2, len(data.rl)))])
             self.metrics.reset()
@@ -289,7 +310,7 @@ class TRAPOTrainer(_BaseTrainer):
                 processing_class,
                 args.pretrain_max_length,
                 packing=args.pretrain_packing,
-                seed=args.seed,
+                seed=args.sampling_seed,
                 rank=rank,
                 world_size=world,
             )
@@ -298,7 +319,11 @@ class TRAPOTrainer(_BaseTrainer):
         )
         sft_pool = build_sft_pool(args, data.sft, self._planned_steps, rank, world) if self.active[SFT] else None
         prompt_sampler = (
-            ShardedSampler(len(data.rl), seed=args.seed + 2, rank=rank, world_size=world) if self.active[RL] else None
+            ShardedSampler(
+                len(data.rl), seed=args.sampling_seed + 2, rank=rank, world_size=world, shuffle=args.shuffle_rl_prompts
+            )
+            if self.active[RL]
+            else None
         )
         self.replay = ReplayBuffer(
             capacity=args.replay_capacity,
@@ -316,7 +341,7 @@ class TRAPOTrainer(_BaseTrainer):
             fewshot=self._build_fewshot(args, sft_pool, prompt_sampler) if args.fewshot_mode else None,
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
-            kl_estimator=args.kl_estimator,
+            kl_estimator=self.kl_estimator,
         )
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -------------------------
@@ -355,9 +380,7 @@ class TRAPOTrainer(_BaseTrainer):
             if isinstance(func, nn.Module):
                 self.rewards.funcs[i] = self._prepare_frozen(func)
         self.generation_config = rollout_generation_config(args, processing_class)
-        stop_token_id = self.generation_config.eos_token_id
-        if isinstance(stop_token_id, list):
-            stop_token_id = stop_token_id[0]
+        stops = stop_token_ids(args, processing_class)  # what stops generation is exactly what cuts the mask
         self.rollouts = RolloutEngine(
             args,
             processing_class,
@@ -365,11 +388,12 @@ class TRAPOTrainer(_BaseTrainer):
             self.reference,
             self._has_critic,
             self.kl_penalty,
+            self.kl_estimator,
             self.schedules.kl_coef,
             self._unwrapped_for_rollouts,
             self.accelerator,
             self.generation_config,
-            stop_token_id,
+            stops,
             vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
@@ -381,7 +405,7 @@ class TRAPOTrainer(_BaseTrainer):
             self.accelerator,
             self._unwrapped_policy_for_eval,
             self.generation_config,
-            stop_token_id,
+            stops,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
@@ -465,6 +489,7 @@ class TRAPOTrainer(_BaseTrainer):
             lm_head=self._unwrapped_policy().get_output_embeddings() if sft_pool is not None else None,
             sft_pool_size=len(sft_pool) if sft_pool is not None else 0,
             kl_penalty=self.kl_penalty,
+            kl_estimator=self.kl_estimator,
         )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
@@ -764,7 +789,9 @@ class TRAPOTrainer(_BaseTrainer):
         elif temperature != 1.0 and bool(rl_rows.any()):
             scale = torch.where(rl_rows, 1.0 / temperature, 1.0).to(logits.dtype)
             logits = logits * scale[:, None, None]
-        per_token_logps = selective_log_softmax(logits, targets)  # (B, T) nats
+        # (B, T) nats, in fp32 as the behaviour and reference log-probs are (a bf16 log-softmax alone would put the
+        # first PPO ratio ~1e-2 away from 1)
+        per_token_logps = selective_log_softmax(logits if logits.dtype == torch.float32 else logits.float(), targets)
 
         # step 2. the three terms
         masks = [mask * (objective == o).unsqueeze(1).to(mask.dtype) for o in (PRETRAIN, SFT, RL)]
@@ -798,11 +825,16 @@ class TRAPOTrainer(_BaseTrainer):
                 coefficients = torch.where(rl_rows.unsqueeze(1), pg_coef, coefficients)
             self._accumulate_probe(outputs, logits, targets, objective, mask, inputs["half"], coefficients)
 
-        # step 4. metrics (summed over micro-batches; every term already carries its global normaliser)
+        # step 4. metrics (summed over micro-batches; every term already carries its global normaliser). An
+        # objective's loss is measured only in steps that have its tokens: a step without them adds nothing (not 0)
         with torch.no_grad():
-            self.metrics.add("loss/pretrain", loss_pretrain)
-            self.metrics.add("loss/sft", loss_sft)
-            self.metrics.add("loss/rl", loss_rl)
+            for key, value, count in (
+                ("loss/pretrain", loss_pretrain, total_counts[PRETRAIN]),
+                ("loss/sft", loss_sft, total_counts[SFT]),
+                ("loss/rl", loss_rl, total_counts[RL]),
+            ):
+                if count > 0:
+                    self.metrics.add(key, value)
             for key, value in stats.items():
                 self.metrics.add(key, value)
         # step 5. per-row SFT feedback to the memory pool (priority proxies, few-shot embeddings), left on the device
@@ -836,7 +868,7 @@ class TRAPOTrainer(_BaseTrainer):
         stats: dict[str, torch.Tensor] = {}
         kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(context.step)
         if kl_coef > 0 and "ref_per_token_logps" in inputs:
-            kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], args.kl_estimator)
+            kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], self.kl_estimator)
             if self.kl_penalty == "loss":
                 per_token = per_token + kl_coef * kl
             stats["policy/kl_avg"] = masked_sum(kl.detach(), rl_mask) / n_tokens
@@ -1056,9 +1088,8 @@ class TRAPOTrainer(_BaseTrainer):
         }
         state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)  # SFT priorities, few-shot, bank
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
-        if self.args.sync_ref_model and self.ref_model is not None:  # the reference has moved: keep it
-            ref_state = full_state_dict(self.accelerator.unwrap_model(self.ref_model))  # ZeRO-3: gathered
-            tensors.update({f"ref_model/{k}": v for k, v in ref_state.items()})
+        if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
+            tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
         write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
@@ -1095,9 +1126,8 @@ class TRAPOTrainer(_BaseTrainer):
             self.schedules.load_state_dict(state.get("schedules"))
             self.replay.load_state_dict(state["replay"], tensors)
             restore_rng(self._generators(), tensors, source)
-            ref_state = {k[len("ref_model/") :]: v for k, v in tensors.items() if k.startswith("ref_model/")}
-            if ref_state:
-                load_full_state_dict(self.accelerator.unwrap_model(self.ref_model), ref_state)
+            if self.reference is not None:
+                self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
             pool.load_state_dict(state.get("memory_pool"), checkpoint_dir)
         except CheckpointError:
             raise
@@ -1105,28 +1135,33 @@ class TRAPOTrainer(_BaseTrainer):
             raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save the policy so that `from_pretrained` reloads it (only the adapter for a PEFT policy).
+        """Save what is trained so that `from_pretrained` reloads it: the policy, or only its adapter for a PEFT policy.
 
-        Without a critic this is the Trainer's own `save_model` (which gathers DeepSpeed ZeRO-3 / FSDP weights). With
-        a critic, checkpoints (`checkpoint-N` directories) hold the policy and the critic together so training can
-        resume, and every other save writes the policy alone, gathered from the DDP / DeepSpeed wrapper first —
-        never the wrapper itself.
+        Checkpoints (`checkpoint-N` directories) are the Trainer's own saves and hold everything resuming needs (with
+        a critic: the policy and the critic together; with PEFT: the reference adapter copy too). Every other save —
+        and so `push_to_hub` — writes the policy alone (gathered from the DDP / DeepSpeed wrapper first, never the
+        wrapper itself), and for a PEFT policy only its active adapter, not the frozen reference copy
+        (`trapo_ref`). Without a critic or a reference adapter this is the Trainer's own `save_model`.
         """
         is_checkpoint = (
             _internal_call
             and output_dir is not None
             and os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-")
         )
-        if not self._has_critic or is_checkpoint:
+        reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy
+        if is_checkpoint or not (self._has_critic or reference_adapter):
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir or self.args.output_dir
         source = self.model_wrapped if self.is_deepspeed_enabled else self.model
         state = self.accelerator.get_state_dict(source)  # collective under ZeRO-3: every rank takes part
         if self.args.should_save:
             policy = self._unwrapped_policy()
-            policy_state = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
+            if self._has_critic:
+                state = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
+            # only what is trained: the policy's active adapter, never the reference copy (checkpoints keep it)
+            selected = {"selected_adapters": [policy.active_adapter]} if is_peft_model(policy) else {}
             os.makedirs(output_dir, exist_ok=True)
-            policy.save_pretrained(output_dir, state_dict=policy_state)
+            policy.save_pretrained(output_dir, state_dict=state, **selected)
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
         if self.args.push_to_hub and not _internal_call:

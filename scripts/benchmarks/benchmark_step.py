@@ -215,7 +215,7 @@ def rollout_ratio(prompts: int, new_tokens: int, device: str, vocab_size: int, r
             model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
         plain.append(time.perf_counter() - start)
         start = time.perf_counter()
-        rollout.generate(model, prompt_ids, config, 0, 1, 1.0)
+        rollout.generate(model, prompt_ids, config, 0, [1], 1.0)
         ours.append(time.perf_counter() - start)
     tokens = prompts * new_tokens
     return {

@@ -253,14 +253,17 @@ def trapo_config(spec: dict, output_dir: str):
             num_ppo_epochs=1,
             num_mini_batches=1,
             temperature=1.0,
-            generation_kwargs=fixed_length_kwargs(spec),
+            # fixed lengths: TRAPO never stops early with stop_token=None (no logits processor changes what it
+            # samples); GRPOTrainer gets min_new_tokens (see fixed_length_kwargs)
+            stop_token="eos" if spec["natural_lengths"] else None,
         )
     return TRAPOConfig(**common, sft_max_length=spec["seq_len"])
 
 
 def fixed_length_kwargs(spec: dict) -> dict | None:
-    """Generation kwargs of both RL trainers: `min_new_tokens = seq_len` (tokens), so that every completion is exactly
-    `seq_len` tokens long and both trainers do the same work per step; None with `--natural_lengths`."""
+    """Generation kwargs of GRPOTrainer: `min_new_tokens = seq_len` (tokens), so that every completion is exactly
+    `seq_len` tokens long (TRAPO runs with `stop_token=None` to the same effect) and both trainers do the same work
+    per step; None with `--natural_lengths`."""
     return None if spec["natural_lengths"] else {"min_new_tokens": spec["seq_len"]}
 
 
@@ -293,11 +296,12 @@ class GenerationMeter:
     and token counts.)
 
     Args:
-        eos_token_id (`int`): the token that ends a completion.
+        eos_token_id (`int`, *optional*): the token that ends a completion; None: completions never stop early, every
+            generated position is a token.
         synchronize (`Callable[[], None]`): waits for the device (`torch.cuda.synchronize`, or a no-op on CPU).
     """
 
-    def __init__(self, eos_token_id: int, synchronize):
+    def __init__(self, eos_token_id: int | None, synchronize):
         self.eos_token_id = eos_token_id
         self.synchronize = synchronize
         self.wall_s = 0.0
@@ -323,9 +327,12 @@ class GenerationMeter:
                 input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
                 sequences = output.sequences if hasattr(output, "sequences") else output
                 completion = sequences[:, input_ids.shape[1] :]
-                is_eos = completion == self.eos_token_id
-                lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completion.shape[1])
-                self.tokens += int(lengths.sum())
+                if self.eos_token_id is None:
+                    self.tokens += completion.numel()
+                else:
+                    is_eos = completion == self.eos_token_id
+                    lengths = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, completion.shape[1])
+                    self.tokens += int(lengths.sum())
                 self.positions += completion.numel()
                 self.calls += 1
                 return output
@@ -449,7 +456,9 @@ def worker(spec_path: str) -> None:
     rss_before = peak_rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    meter = GenerationMeter(tokenizer.eos_token_id, synchronize)
+    # TRAPO's fixed-length RL runs never stop early (stop_token=None): every position counts
+    never_stops = spec["name"] == "rl_trapo" and not spec["natural_lengths"]
+    meter = GenerationMeter(None if never_stops else tokenizer.eos_token_id, synchronize)
     timer = make_step_timer(meter, synchronize)
     started = time.perf_counter()
     trainer = build_trainer(spec, tokenizer, [timer])

@@ -250,6 +250,7 @@ class FewShotController:
             forward to embed SFT rows (needed when `sft_pool_size > 0`).
         sft_pool_size (`int`): rows in the SFT pool (0 without SFT).
         kl_penalty (`str`): where the KL term sits ("loss" or "reward"), for the warning about low temperatures.
+        kl_estimator (`str`): the per-token KL estimator in use (resolved), for the same warning.
     """
 
     def __init__(
@@ -263,6 +264,7 @@ class FewShotController:
         lm_head: nn.Module | None = None,
         sft_pool_size: int = 0,
         kl_penalty: str = "loss",
+        kl_estimator: str = "k2",
     ):
         self.base_temperature = float(args.temperature)
         self.sigma = tuple(float(s) for s in args.fewshot_sigma)
@@ -286,7 +288,7 @@ class FewShotController:
         self._pending_sft: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._captured: torch.Tensor | None = None
         self._hook = None
-        if self.sigma[1] < self.sigma[0] and args.kl_coef > 0 and args.kl_estimator == "k3" and kl_penalty == "loss":
+        if self.sigma[1] < self.sigma[0] and args.kl_coef > 0 and kl_estimator == "k3" and kl_penalty == "loss":
             logger.warning(
                 "Few-shot mode lowers the rollout temperature to %.3g; with kl_estimator='k3' in the loss, log-ratios "
                 "to the reference grow like 1/T and k3 = r - 1 - log r is exponential in them on stale replay tokens "

@@ -56,11 +56,11 @@ def build_sft_pool(args, sft_dataset, total_steps: int, rank: int, world_size: i
             beta=args.sft_priority_beta,
             total_steps=total_steps,
             max_bytes=budget,
-            seed=args.seed + 1,
+            seed=args.sampling_seed + 1,
             rank=rank,
             world_size=world_size,
         )
-    return SFTPool(sft_dataset, seed=args.seed + 1, rank=rank, world_size=world_size)
+    return SFTPool(sft_dataset, seed=args.sampling_seed + 1, rank=rank, world_size=world_size)
 
 
 class MemoryPool:

@@ -1,0 +1,196 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Every metric of the README's table means what the table says: a metric nothing measured since the last log is
+absent from that log (never 0), and a metric averaged over several steps is the mean over the steps that measured it.
+
+Two runs that differ only in `logging_steps` (1 and 2) train identically; the run logging every step gives each
+step's value (or its absence), and the run logging every second step must show, for each key, the mean over the
+measuring steps of the pair (a sum for counts, the last value for state), and nothing when neither step measured it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from peft import LoraConfig
+from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+from trl_trapo import TRAPOTrainer
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_keys() -> list[str]:
+    """The keys of the README's "Logged metrics" table (first column, every backticked name)."""
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("## Logged metrics") :]
+    table = table[: table.index("\n## ")]
+    keys = []
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            keys += re.findall(r"`([^`]+)`", line.split("|")[1])
+    return keys
+
+
+STEP_MEAN = ("loss/", "policy/", "val/ratio", "val/clipfrac_avg")  # measured by a step's forward
+ROLLOUT_MEAN = ("objective/", "completions/", "rewards/", "reward_calls")  # measured by generation rounds
+ROLLOUT_SUM = ("val/num_eos_tokens",)
+STATE = (
+    "weight/",
+    "curriculum/",
+    "dare/",
+    "schedule/",
+    "replay/",
+    "sft_pool/",
+    "fewshot/",
+    "adapter_bank/",
+    "episode",
+    "train/nonfinite_steps",
+    "lr",
+    "learning_rate",
+)
+NOT_TRAINING = ("eval_", "eps", "grad_norm", "loss")  # evaluation keys; wall-clock rate; the Trainer's own
+
+
+def kind(key: str) -> str:
+    if key in ("val/ratio_var",):
+        return "derived"
+    for name, prefixes in (
+        ("sum", ROLLOUT_SUM),
+        ("step", STEP_MEAN),
+        ("rollout", ROLLOUT_MEAN),
+        ("state", STATE),
+    ):
+        if key.startswith(prefixes) or key in prefixes:
+            return name
+    return "other"
+
+
+class CallCountingReward:
+    """1 + exact match, and a `log_metric` value on every call (what a reward function reports through TRL's
+    contract)."""
+
+    __name__ = "exact_match_reward"
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, prompts, completions, log_metric=None, **kwargs):
+        self.calls += 1
+        if log_metric is not None:
+            log_metric("reward_calls", float(self.calls))
+        # 1 + exact match: never 0, so a spurious 0.0 "for nothing measured" cannot pass for a real value
+        return [1.0 + r for r in exact_match_reward(prompts=prompts, completions=completions, **kwargs)]
+
+
+def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: int) -> list[dict]:
+    common = dict(max_steps=8, per_device_train_batch_size=4, num_ppo_epochs=4, entropy_coef=0.01, kl_coef=0.05)
+    extra = {}
+    if scenario == "extended":
+        common.update(
+            sft_sampling="prioritized",
+            sft_pool_max_bytes=10**7,
+            fewshot_mode=True,
+            kl_target=1e6,
+            kl_coef_range=[0.01, 0.1],
+            rl_phase_learning_rate=5e-4,
+            late_entropy_coef=0.005,
+            adapter_snapshot_steps=2,
+            num_generations=1,
+        )
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        extra = dict(
+            value_model=AutoModelForSequenceClassification.from_config(config),
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+        )
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=CallCountingReward(),
+        args=tiny_config(tmp_path / f"{scenario}-{logging_steps}", logging_steps=logging_steps, **common),
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        pretrain_dataset=suite.pretrain,
+        processing_class=tokenizer,
+        **extra,
+    )
+    trainer.train()
+    return [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tokenizer, suite):
+    from conftest import make_tiny_config
+
+    root = tmp_path_factory.mktemp("metrics")
+    out = {}
+    for scenario in ("default", "extended"):
+        every = run(root, tokenizer, suite, make_tiny_config, scenario, 1)
+        pairs = run(root, tokenizer, suite, make_tiny_config, scenario, 2)
+        out[scenario] = ({h["step"]: h for h in every}, {h["step"]: h for h in pairs})
+    return out
+
+
+def matching(key: str, logs: dict[int, dict]) -> set[str]:
+    """The concrete keys a table key stands for (`<objective>`, `<function>`, `<prototype>` expanded)."""
+    if "<" not in key:
+        return {key}
+    pattern = "[^/]+".join(re.escape(part) for part in re.split(r"<[a-z_]+>", key))
+    return {k for log in logs.values() for k in log if re.fullmatch(pattern, k)}
+
+
+@pytest.mark.parametrize("key", readme_keys() + ["reward_calls"])
+def test_readme_metric_is_absent_when_unmeasured_and_averaged_over_measuring_steps(runs, key):
+    if key.startswith(NOT_TRAINING) and kind(key) == "other":
+        pytest.skip(
+            f"`{key}` is not a training metric TRAPO aggregates (evaluation, wall-clock rate, or the Trainer's)"
+        )
+    concrete = set()
+    for scenario, (every, pairs) in runs.items():
+        for name in matching(key, every):
+            concrete.add(name)
+            for step, log in pairs.items():
+                values = [every[s][name] for s in (step - 1, step) if s in every and name in every[s]]
+                for value in values:
+                    assert math.isfinite(value), (scenario, name, step)
+                if kind(name) == "state":  # the value at the log's step
+                    assert (name in log) == (name in every[step]), (scenario, name, step)
+                    if name in log:
+                        assert log[name] == pytest.approx(every[step][name], rel=1e-6), (scenario, name, step)
+                elif not values:
+                    assert name not in log, f"{scenario}: `{name}` logged at step {step} with nothing measured"
+                elif kind(name) == "sum":
+                    assert log[name] == pytest.approx(sum(values), rel=1e-5), (scenario, name, step)
+                elif kind(name) in ("step", "rollout"):
+                    assert log[name] == pytest.approx(sum(values) / len(values), rel=1e-4, abs=1e-6), (
+                        scenario,
+                        name,
+                        step,
+                        values,
+                    )
+                else:
+                    assert name in log, (scenario, name, step)
+    assert concrete, f"`{key}` never appears in the training logs of either scenario"
+
+
+def test_a_step_without_an_objectives_rows_does_not_log_its_loss(runs):
+    every, _ = runs["default"]
+    # 4 rows per step and the early mixture 70/20/10: some steps have no SFT or no RL row
+    assert any("loss/sft" not in log for log in every.values())
+    assert any("loss/rl" not in log for log in every.values())
+    # num_ppo_epochs=4: a generation round serves several steps, the others log no rollout metric
+    assert any("objective/scores" not in log for log in every.values())
+    assert any("objective/scores" in log for log in every.values())

@@ -1,0 +1,62 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""With a PEFT policy, `save_model` (and so `push_to_hub`) writes only the adapter being trained; checkpoints keep
+what resuming needs, including a reference adapter that `sync_ref_model` moves."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from peft import LoraConfig
+
+from trl_trapo import TRAPOTrainer
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+def lora_trainer(tmp_path, tokenizer, suite, tiny_config, **overrides):
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, kl_coef=0.1, learning_rate=1e-2, **overrides),
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+    )
+
+
+def test_save_model_writes_only_the_trained_adapter(tmp_path, tokenizer, suite, tiny_config):
+    trainer = lora_trainer(
+        tmp_path,
+        tokenizer,
+        suite,
+        tiny_config,
+        sync_ref_model=True,
+        ref_model_sync_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        max_steps=2,
+    )
+    assert trainer.reference.adapter == "trapo_ref"
+    trainer.train()
+    out = tmp_path / "final"
+    trainer.save_model(str(out))
+    assert (out / "adapter_model.safetensors").exists() and (out / "adapter_config.json").exists()
+    assert not (out / "trapo_ref").exists()  # the frozen reference copy is not what the user trains
+    # the checkpoint keeps everything resuming needs
+    assert (tmp_path / "checkpoint-2" / "trapo_ref").exists()
+
+
+def test_a_synced_reference_adapter_survives_resume(tmp_path, tokenizer, suite, tiny_config):
+    overrides = dict(sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5, save_strategy="steps")
+    trainer = lora_trainer(tmp_path, tokenizer, suite, tiny_config, save_steps=2, max_steps=2, **overrides)
+    trainer.train()
+    policy = trainer._unwrapped_policy()
+    reference = {n: p.detach().clone() for n, p in policy.named_parameters() if ".trapo_ref." in n}
+    resumed = lora_trainer(tmp_path, tokenizer, suite, tiny_config, save_steps=2, max_steps=2, **overrides)
+    fresh = {n: p.detach().clone() for n, p in resumed._unwrapped_policy().named_parameters() if ".trapo_ref." in n}
+    assert any(not torch.equal(fresh[n], reference[n]) for n in reference)  # the reference did move in training
+    resumed._load_trapo_state(os.path.join(tmp_path, "checkpoint-2"))
+    restored = {n: p for n, p in resumed._unwrapped_policy().named_parameters() if ".trapo_ref." in n}
+    for name, value in reference.items():
+        torch.testing.assert_close(restored[name], value)

@@ -1,0 +1,132 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Reward functions and models as users write them: async functions that keep loop-bound state, trainers built inside
+a running event loop (a notebook), reward models and critics without a pad id, reward tokenizers without a pad token,
+and the names under which rewards are logged."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+from trl_trapo import TRAPOTrainer
+from trl_trapo.rewards import reward_function_name
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+class SemaphoreReward:
+    """Creates an `asyncio.Semaphore` on its first call and reuses it (a rate limit on a reward server, say): that
+    only works when every call runs on the same event loop."""
+
+    def __init__(self):
+        self.semaphore = None
+        self.loops = set()
+        self.calls = 0
+
+    async def score(self, completion) -> float:
+        async with self.semaphore:  # contended: the semaphore binds to the running loop
+            await asyncio.sleep(0)
+            return float(len(str(completion)) % 2)
+
+    async def __call__(self, prompts, completions, **kwargs):
+        if self.semaphore is None:
+            self.semaphore = asyncio.Semaphore(1)
+        self.loops.add(id(asyncio.get_running_loop()))
+        self.calls += 1
+        return list(await asyncio.gather(*(self.score(c) for c in completions)))
+
+
+def test_an_async_reward_with_loop_bound_state_works_across_calls(tmp_path, tokenizer, suite, tiny_config):
+    reward = SemaphoreReward()
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=tiny_config(tmp_path),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    trainer._generate_round(8, step=0)  # the check at construction was the first call; this is the second
+    trainer._generate_round(8, step=1)
+    assert reward.calls == 3 and len(reward.loops) == 1
+    assert trainer.reward_func_names == ["SemaphoreReward"]
+
+
+def test_the_trainer_can_be_built_and_run_inside_a_running_event_loop(tmp_path, tokenizer, suite, tiny_config):
+    reward = SemaphoreReward()
+
+    async def notebook_cell():
+        trainer = TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=reward,
+            args=tiny_config(tmp_path, max_steps=2),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+        return trainer.train()
+
+    output = asyncio.run(notebook_cell())
+    assert output.global_step == 2 and reward.calls >= 2
+
+
+def test_reward_names_unwrap_partials():
+    assert reward_function_name(functools.partial(exact_match_reward)) == "exact_match_reward"
+
+
+def classifier(tokenizer, pad_token_id=None):
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_labels=1,
+        pad_token_id=pad_token_id,
+    )
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+@pytest.mark.parametrize("role", ["reward_model", "value_model"])
+def test_models_without_a_pad_id_work_from_the_first_rollout(tmp_path, tokenizer, suite, tiny_config, role):
+    """A reward model or critic whose config has no pad id used to fail at the first rollout ("Cannot handle batch
+    sizes > 1 if no padding token is defined"); TRAPO gives it its tokenizer's pad id at construction, as TRL does."""
+    model = classifier(tokenizer)
+    assert model.config.pad_token_id is None
+    kwargs = {role: model}
+    if role == "value_model":
+        kwargs["reward_funcs"] = exact_match_reward
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        args=tiny_config(tmp_path, num_generations=2 if role == "reward_model" else 1),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        **kwargs,
+    )
+    assert model.config.pad_token_id == tokenizer.pad_token_id
+    trainer._generate_round(4, step=0)
+    assert len(trainer.replay) > 0
+
+
+def test_a_reward_tokenizer_without_a_pad_token_defaults_to_eos(tmp_path, tokenizer, suite, tiny_config):
+    import copy
+
+    reward_tokenizer = copy.deepcopy(tokenizer)
+    reward_tokenizer.pad_token = None
+    reward_tokenizer.add_tokens(["<extra>"])  # another vocabulary: completions are re-tokenized and padded
+    assert reward_tokenizer.pad_token_id is None
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        args=tiny_config(tmp_path),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        reward_model=classifier(reward_tokenizer),
+        reward_processing_classes=reward_tokenizer,
+    )
+    assert reward_tokenizer.pad_token == reward_tokenizer.eos_token
+    trainer._generate_round(8, step=0)
+    assert len(trainer.replay) == 8
