@@ -135,3 +135,26 @@ def test_a_train_prompt_beyond_the_context_says_which_fix_applies(tmp_path, toke
             train_dataset=prompts,
             processing_class=tokenizer,
         )
+
+
+def test_kl_estimator_auto_is_the_unbiased_one_for_its_placement(tmp_path, tokenizer, suite, tiny_config, caplog):
+    without_critic = build(tmp_path, tokenizer, suite, tiny_config, kl_coef=0.1)
+    assert (without_critic.kl_penalty, without_critic.kl_estimator) == ("loss", "k2")
+    reward_side = build(tmp_path, tokenizer, suite, tiny_config, kl_coef=0.1, kl_penalty="reward")
+    assert reward_side.kl_estimator == "k1"
+    with caplog.at_level("WARNING", logger="trl_trapo.trainer"):
+        build(tmp_path, tokenizer, suite, tiny_config, kl_coef=0.1, kl_estimator="k3")
+    assert any("reverse KL" in r.getMessage() and "'auto'" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("disable_tqdm", [False, True])
+def test_evaluation_shows_progress_and_logs_what_it_generated(
+    tmp_path, tokenizer, suite, tiny_config, capsys, caplog, disable_tqdm
+):
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=suite.eval, disable_tqdm=disable_tqdm)
+    capsys.readouterr()
+    with caplog.at_level("INFO", logger="trl_trapo.evaluation"):
+        trainer.evaluate()
+    bar = "Evaluating eval" in capsys.readouterr().err
+    assert bar == (not disable_tqdm)
+    assert any(f"{len(suite.eval)} prompts" in r.getMessage() and "tokens" in r.getMessage() for r in caplog.records)
