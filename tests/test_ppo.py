@@ -206,3 +206,30 @@ def test_mini_batches_must_divide_accumulation(tmp_path, saved_models):
             tokenized_prompts(tokenizer),
             load(saved_models, "value"),
         )
+
+
+def test_a_pad_token_added_without_resizing_never_reaches_an_embedding(tmp_path, saved_models):
+    """TRL 1.12's PPO example: `tokenizer.add_special_tokens({"pad_token": "[PAD]"})` without resizing the models, so
+    the pad id equals the vocabulary size. Generation, the training forward, reference, critic and reward forwards,
+    and the sample table all run: no pad id ever reaches an embedding."""
+    vocab = ["[EOS]"] + [f"t{i}" for i in range(1, len(VOCAB))]  # as many tokens as the models embed, no [PAD]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="t2"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="[EOS]", padding_side="left")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    policy = load(saved_models, "policy")
+    assert tokenizer.pad_token_id == policy.config.vocab_size == len(vocab)  # one past the last embedding row
+    trainer = PPOTrainer(
+        args=ppo_config(tmp_path, total_episodes=8, stop_token="eos"),
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=load(saved_models, "ref"),
+        reward_model=load(saved_models, "reward"),
+        value_model=load(saved_models, "value"),
+        train_dataset=tokenized_prompts(tokenizer),
+        eval_dataset=tokenized_prompts(tokenizer, n=4),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert len(trainer.generate_completions()) == 4
+    assert "eval_reward" in trainer.evaluate()

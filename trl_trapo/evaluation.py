@@ -143,6 +143,8 @@ class Evaluator:
             unwrapped for generation, in eval mode; its argument says whether to gather ZeRO-3 weights (collective).
         generation_config (`GenerationConfig`): the rollout config; evaluation uses it greedily.
         stop_token_ids (`list[int]`): completions are cut after the first of them (empty: never early).
+        pad_token_id (`int`, *optional*): the id written in padding positions (default: the tokenizer's); one the
+            policy embeds.
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class Evaluator:
         unwrapped_policy: Callable[[bool], AbstractContextManager[nn.Module]],
         generation_config: GenerationConfig,
         stop_token_ids: list[int],
+        pad_token_id: int | None = None,
     ):
         self.args = args
         self.tokenizer = tokenizer
@@ -162,6 +165,7 @@ class Evaluator:
         self.unwrapped_policy = unwrapped_policy
         self.generation_config = generation_config
         self.stop_token_ids = list(stop_token_ids)
+        self.pad_token_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
 
     def greedy_generation_config(self) -> GenerationConfig:
         """The rollout config with sampling off (no temperature / top-k / top-p)."""
@@ -200,7 +204,7 @@ class Evaluator:
                 policy,
                 [p.tolist() for p in prompt_ids],
                 self.greedy_generation_config(),
-                self.tokenizer.pad_token_id,
+                self.pad_token_id,
                 self.stop_token_ids,
                 1.0,
                 batch_size=args.per_device_eval_batch_size,
@@ -252,7 +256,7 @@ class Evaluator:
         columns = dataset_columns(dataset)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
-        args, pad_id = self.args, self.tokenizer.pad_token_id
+        args, pad_id = self.args, self.pad_token_id
         # every rank enters (gathering ZeRO-3 weights is collective), so shards may hold different numbers of rows
         with self.unwrapped_policy(True) as policy:
             if "text" in columns:
@@ -304,7 +308,7 @@ class Evaluator:
                 policy,
                 [p.tolist() for p in prompt_ids],
                 self.greedy_generation_config(),
-                self.tokenizer.pad_token_id,
+                self.pad_token_id,
                 self.stop_token_ids,
                 1.0,
                 batch_size=args.per_device_eval_batch_size,

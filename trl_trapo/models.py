@@ -183,6 +183,37 @@ class ReferencePolicy:
                     params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
 
 
+def embedding_safe_pad_id(tokenizer, *models: nn.Module | None) -> int:
+    """The id written in padding positions of every input the given models see: the tokenizer's pad id when every
+    model embeds it, else its EOS id (else 0).
+
+    TRL 1.12's PPO example adds a `[PAD]` token without resizing the embeddings, so the pad id equals the vocabulary
+    size and an embedding lookup of it fails ("index out of range in self"); TRL 1.12 replaced pad ids before every
+    forward. TRAPO never reads padding positions (every mask comes from lengths), so any in-range id will do.
+    """
+    pad = tokenizer.pad_token_id
+    sizes = []
+    for model in models:
+        embeddings = (
+            model.get_input_embeddings() if model is not None and hasattr(model, "get_input_embeddings") else None
+        )
+        if embeddings is not None and hasattr(embeddings, "num_embeddings"):
+            sizes.append(embeddings.num_embeddings)
+    limit = min(sizes) if sizes else None
+    if limit is None or pad < limit:
+        return pad
+    eos = tokenizer.eos_token_id
+    safe = eos if eos is not None and eos < limit else 0
+    logger.info(
+        "The pad id %d is outside the model's %d embeddings (a pad token added without resizing them): padding "
+        "positions hold id %d instead (they are masked, never read).",
+        pad,
+        limit,
+        safe,
+    )
+    return safe
+
+
 def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:
     """A frozen reference policy, without deep-copying a model that ZeRO-3 may already have partitioned.
 

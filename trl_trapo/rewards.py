@@ -30,8 +30,11 @@ from trl.trainer.utils import (
     shutdown_event_loop_in_daemon,
     start_event_loop_in_daemon,
 )
+from trl.trainer.utils import (
+    pad as pad_tensors,
+)
 
-from .models import reward_model_scores
+from .models import embedding_safe_pad_id, reward_model_scores
 from .tasks import exact_match_reward
 
 
@@ -271,15 +274,11 @@ class RewardScorer:
         if same is None:
             same = tokenizer is self.tokenizer or tokenizer.get_vocab() == self.tokenizer.get_vocab()
             self._same_vocabulary[id(tokenizer)] = same
+        pad = embedding_safe_pad_id(tokenizer, model)  # never an id the reward model cannot embed
         if same:
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
             sequences = [torch.cat([p, c]) for p, c in zip(prompt_ids, completion_ids)]
-            length = max(s.numel() for s in sequences)
-            input_ids = torch.full((len(sequences), length), pad, dtype=torch.long)
-            attention_mask = torch.zeros_like(input_ids)
-            for i, s in enumerate(sequences):
-                input_ids[i, : s.numel()] = s
-                attention_mask[i, : s.numel()] = 1
+            input_ids = pad_tensors(sequences, padding_value=pad)
+            attention_mask = pad_tensors([torch.ones_like(s) for s in sequences], padding_value=0)
         else:
             if is_conversational({"prompt": prompts[0]}):
                 full = [
@@ -291,7 +290,8 @@ class RewardScorer:
             encoded = tokenizer(
                 full, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
             )
-            input_ids, attention_mask = encoded["input_ids"], encoded["attention_mask"]
+            attention_mask = encoded["attention_mask"]
+            input_ids = encoded["input_ids"].masked_fill(attention_mask == 0, pad)
         return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
 
 

@@ -218,11 +218,12 @@ def stop_token_ids(args, tokenizer) -> list[int]:
     return sorted(set(int(i) for i in ids))
 
 
-def rollout_generation_config(args, tokenizer) -> GenerationConfig:
+def rollout_generation_config(args, tokenizer, pad_token_id: int | None = None) -> GenerationConfig:
     """The sampling settings of rollouts: `response_length` new tokens, `temperature` / `top_p` / `top_k`, the stop
     ids of [`stop_token_ids`] (none: generation never stops early), every logits processor the trainer does not model
     pinned to neutral, then the accepted `generation_kwargs` (see `TRAPOConfig.generation_kwargs`). Generation runs
-    under [`neutral_generation_defaults`], so nothing comes from the model's own `generation_config.json`."""
+    under [`neutral_generation_defaults`], so nothing comes from the model's own `generation_config.json`.
+    `pad_token_id` (default: the tokenizer's) fills finished rows; it must be an id the model embeds."""
     stops = stop_token_ids(args, tokenizer)
     kwargs = dict(
         max_new_tokens=args.response_length,
@@ -230,7 +231,7 @@ def rollout_generation_config(args, tokenizer) -> GenerationConfig:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id if pad_token_id is None else pad_token_id,
         eos_token_id=stops or None,
         bos_token_id=tokenizer.bos_token_id,
         use_cache=True,
@@ -353,6 +354,8 @@ class RolloutEngine:
         accelerator: the Trainer's `Accelerator`.
         generation_config (`GenerationConfig`): sampling settings.
         stop_token_ids (`list[int]`): completions are cut after the first of them (empty: they never stop early).
+        pad_token_id (`int`): the id written in padding positions (one the models embed, see
+            [`~trl_trapo.models.embedding_safe_pad_id`]).
         vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
 
     The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
@@ -373,6 +376,7 @@ class RolloutEngine:
         accelerator,
         generation_config: GenerationConfig,
         stop_token_ids: list[int],
+        pad_token_id: int,
         vllm: VLLMGenerator | None = None,
     ):
         self.args = args
@@ -387,6 +391,7 @@ class RolloutEngine:
         self.accelerator = accelerator
         self.generation_config = generation_config
         self.stop_token_ids = list(stop_token_ids)
+        self.pad_token_id = pad_token_id
         self.vllm = vllm
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
 
@@ -427,7 +432,7 @@ class RolloutEngine:
                         self.policy_of(unwrapped),
                         [p.tolist() for p in prompt_ids],
                         generation_config,
-                        self.tokenizer.pad_token_id,
+                        self.pad_token_id,
                         self.stop_token_ids,
                         temperature,
                         batch_size=args.local_rollout_forward_batch_size,
@@ -491,7 +496,7 @@ class RolloutEngine:
 
     def _score(self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperature) -> RolloutBatch:
         args = self.args
-        pad_id = self.tokenizer.pad_token_id
+        pad_id = self.pad_token_id
         batch_size = args.local_rollout_forward_batch_size
         policy = self.policy_of(unwrapped)
         if old_logps is None:

@@ -91,7 +91,13 @@ from .losses import (
 )
 from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
-from .models import PolicyAndValueWrapper, ReferencePolicy, add_frozen_adapter_copy, create_reference
+from .models import (
+    PolicyAndValueWrapper,
+    ReferencePolicy,
+    add_frozen_adapter_copy,
+    create_reference,
+    embedding_safe_pad_id,
+)
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
 from .schedules import RLSchedules, scale_scheduler
@@ -379,7 +385,10 @@ class TRAPOTrainer(_BaseTrainer):
         for i, func in enumerate(self.rewards.funcs):
             if isinstance(func, nn.Module):
                 self.rewards.funcs[i] = self._prepare_frozen(func)
-        self.generation_config = rollout_generation_config(args, processing_class)
+        # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
+        # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
+        self.padding_id = embedding_safe_pad_id(processing_class, self._unwrapped_policy(), value_model)
+        self.generation_config = rollout_generation_config(args, processing_class, self.padding_id)
         stops = stop_token_ids(args, processing_class)  # what stops generation is exactly what cuts the mask
         self.rollouts = RolloutEngine(
             args,
@@ -394,6 +403,7 @@ class TRAPOTrainer(_BaseTrainer):
             self.accelerator,
             self.generation_config,
             stops,
+            self.padding_id,
             vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
@@ -406,6 +416,7 @@ class TRAPOTrainer(_BaseTrainer):
             self._unwrapped_policy_for_eval,
             self.generation_config,
             stops,
+            self.padding_id,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
@@ -582,7 +593,7 @@ class TRAPOTrainer(_BaseTrainer):
             return prompt_embeddings(
                 RolloutEngine.policy_of(unwrapped),
                 prompt_ids,
-                self.processing_class.pad_token_id,
+                self.padding_id,
                 self.args.local_rollout_forward_batch_size,
             )
 
@@ -632,9 +643,7 @@ class TRAPOTrainer(_BaseTrainer):
         for position, index in enumerate(order):
             rows[index].half = position % 2
         # step 3. micro-batches
-        batches = [
-            collate_rows(group, self.processing_class.pad_token_id) for group in split_micro_batches(rows, num_micro)
-        ]
+        batches = [collate_rows(group, self.padding_id) for group in split_micro_batches(rows, num_micro)]
         # step 4. global counts
         total = self._reduce_sum(step_counts(batches))
         context = StepContext(
