@@ -2,13 +2,13 @@
 """The README's main-job table, measured: the main job (`accelerate launch examples/trapo.py`, built-in mode) for
 seeds 0, 1 and 2 (`--seed S --task_suite_seed S`) and with RL switched off (`--rl_weight 0`, seed 0).
 
-    python scripts/experiments/main_job_seeds.py                 # 4 runs, 2 at a time: ~15 min on 2 CPU cores
+    python scripts/experiments/main_job_seeds.py                 # 4 runs, 2 at a time: ~10 min on 2 CPU cores
     python scripts/experiments/main_job_seeds.py --write_readme  # README table from the results file (no run)
 
 Each run is one process calling `trl_trapo.cli.parse_args` / `main` — what `examples/trapo.py` does — with one torch
 thread, as `accelerate launch` uses on CPU; at most one run per CPU core at a time (`--jobs`, default 2). A run is the
-built-in job's 1,000 joint steps, ~3.5 min of CPU time on this project's 2-core machine, plus ~20 s of start-up and
-evaluation. Results go to `docs/results/main_job/results.json`, written atomically:
+built-in job's 1,000 joint steps: 4-5 min of training on this project's (shared) 2-core machine, plus ~10 s of start-up
+and evaluation; the 4 runs took 9 min there. Results go to `docs/results/main_job/results.json`, written atomically:
 
 - per run: the final `eval_accuracy*` and `eval_accuracy*_initial` (greedy exact match before / after training,
   overall and per split), the evaluations during training (`eval_history`), `train_runtime_s`, the process's peak
@@ -37,6 +37,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +59,7 @@ RUNS = {
     "rl_off": ["--seed", "0", "--task_suite_seed", "0", "--rl_weight", "0"],
 }
 SEED_RUNS = ("seed0", "seed1", "seed2")
+LINE_WIDTH = 119  # the README's
 SPLITS = ("eval_accuracy", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -266,7 +268,29 @@ def render_readme_block(data: dict) -> str:
     if "rl_off" in runs:
         cells = " | ".join(f"{runs['rl_off']['final'][k]:.3f}" for k in SPLITS)
         lines.append(f"| RL switched off (`--rl_weight 0`, seed 0) | {cells} |")
+    trajectories = rl_only_trajectories(runs)
+    if trajectories:
+        lines += ["", textwrap.fill(trajectories, width=LINE_WIDTH, break_long_words=False, break_on_hyphens=False)]
+    lines[0] = textwrap.fill(lines[0], width=LINE_WIDTH, break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines) + "\n"
+
+
+def rl_only_trajectories(runs: dict) -> str:
+    """A sentence with each run's `rl_only` accuracy at the evaluations during training ('' without any)."""
+    labels = {name: f"seed {name.removeprefix('seed')}" for name in SEED_RUNS} | {"rl_off": "RL off"}
+    parts, steps = [], None
+    for name in [*SEED_RUNS, "rl_off"]:
+        history = {h["step"]: h["eval_reward_rl_only"] for h in runs.get(name, {}).get("eval_history", [])}
+        if not history:
+            continue
+        steps = steps or sorted(history)
+        parts.append(f"{labels[name]} {', '.join(f'{history[s]:.2f}' for s in sorted(history))}")
+    if not parts:
+        return ""
+    return (
+        f"`rl_only` accuracy at the evaluations during training (steps {', '.join(f'{s:,}' for s in steps)}; the "
+        f"built-in reward is exact match): {'; '.join(parts)}."
+    )
 
 
 # =====================================================================================================================
