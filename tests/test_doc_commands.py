@@ -111,6 +111,7 @@ class Block:
         return f"{self.document}: {' '.join(first.split())}"
 
     def where(self) -> str:
+        """`"<document>:<line>"`, for messages."""
         return f"{self.document}:{self.line}"
 
 
