@@ -13,7 +13,7 @@ The test split is held out of all three training sets. Calculator annotations (`
 solutions. Reward: `--reward_funcs numeric_answer` (math-verify with a plain-number extraction config; TRL's
 `accuracy_reward` expects LaTeX and scores `#### 72` as 0).
 
-    python scripts/gsm8k_to_trl.py ../shared/data/gsm8k/train_first1500.jsonl --output_dir data/gsm8k
+    python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --output_dir data/gsm8k
     python scripts/gsm8k_to_trl.py openai/gsm8k --config main --output_dir data/gsm8k   # from the Hub (network)
 
 Add `--conversational` to write prompts and completions as chat messages (TRL's conversational format).

@@ -3,6 +3,12 @@
 `result.json`.
 
     python scripts/experiments/pipeline_report.py compare-output          # rebuild the report of a finished comparison
+    python scripts/experiments/pipeline_report.py --write_readme          # README tables from docs/results/ (no run)
+
+`--write_readme` renders the README's Results tables from the committed `docs/results/checkpoints.csv` (the
+comparison) and `docs/results/ablations/checkpoints.csv` (the ablations) and puts them between their
+`<!-- pipeline-table:... -->` / `<!-- ablation-table:... -->` markers; `tests/test_readme_results.py` checks that the
+README holds exactly that rendering.
 
 Definitions (also stated in `results.md`):
 
@@ -27,6 +33,12 @@ import os
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
+
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from readme_blocks import ROOT, write_readme_block  # noqa: E402
 
 
 SPLITS = ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
@@ -180,6 +192,36 @@ def markdown_table(summary: dict[str, dict]) -> str:
             + " |"
         )
     return header + "\n".join(lines) + "\n"
+
+
+# the README's names of the ablations, in the README's order (other methods follow, sorted)
+ABLATION_LABELS = {
+    "trapo": "DARE + curriculum (`trapo`)",
+    "trapo_static": "static weights (`dare_mode=static`)",
+    "trapo_constant": "constant mixture (`curriculum_mode=constant`)",
+    "trapo_no_pretrain": "no pretraining term (`pretrain_weight=0`)",
+}
+
+
+def ablation_table(summary: dict[str, dict]) -> str:
+    """The README's ablation table: one row per TRAPO variant, accuracy, `rl_only` and final forgetting."""
+    seeds = sorted({seed for entry in summary.values() for seed in entry["seeds"]})
+    label = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    order = [m for m in ABLATION_LABELS if m in summary] + sorted(m for m in summary if m not in ABLATION_LABELS)
+    lines = [
+        f"| TRAPO variant ({label}) | accuracy | rl_only | forgetting (nats/token) |",
+        "|---|---|---|---|",
+    ]
+    for method in order:
+        entry = summary[method]
+        cells = [
+            ABLATION_LABELS.get(method, f"`{method}`"),
+            format_mean_std(entry["accuracy"]),
+            format_mean_std(entry["accuracy_rl_only"], 2),
+            format_mean_std(entry["forgetting"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def verdict_text(result: dict) -> str:
@@ -383,14 +425,71 @@ def write_report(output_dir: str, results: list[dict], meta: dict) -> dict:
     return {"summary": summary, "verdict": result, "markdown": markdown}
 
 
+CSV_TEXT_FIELDS = ("method", "stage", "reason")
+CSV_INT_FIELDS = ("seed", "step", "tokens")
+
+
+def results_from_csv(path: str | Path) -> list[dict]:
+    """The runs of a finished comparison rebuilt from its `checkpoints.csv` (what `docs/results/` keeps; the runs'
+    `result.json` files are not committed), enough for `summarize`.
+
+    Args:
+        path: a `checkpoints.csv` written by `write_csv`.
+
+    Returns:
+        One dict per (method, seed), in file order: `checkpoints` (the rows, in order) and the run's totals, which are
+        those of its last checkpoint (`wall_s`, `cpu_s`, `generation_s`, `tokens`, `steps`, `peak_rss_mb`; a run's
+        `result.json` measures its peak memory a few lines later). An empty cell is NaN.
+    """
+    runs: dict[tuple[str, int], list[dict]] = {}
+    with open(path, newline="", encoding="utf-8") as handle:
+        for raw in csv.DictReader(handle):
+            row = {}
+            for key, value in raw.items():
+                if key in CSV_TEXT_FIELDS:
+                    row[key] = value
+                elif key in CSV_INT_FIELDS:
+                    row[key] = int(value)
+                else:
+                    row[key] = float(value) if value != "" else math.nan
+            runs.setdefault((row["method"], row["seed"]), []).append(row)
+    results = []
+    for (method, seed), rows in runs.items():
+        last = rows[-1]
+        totals = {key: last[key] for key in ("wall_s", "cpu_s", "generation_s", "tokens", "peak_rss_mb")}
+        results.append({"method": method, "seed": seed, "checkpoints": rows, "steps": last["step"], **totals})
+    return results
+
+
+# README block -> (the committed CSV it is rendered from, the table function)
+README_TABLES = {
+    "pipeline-table": ("docs/results/checkpoints.csv", markdown_table),
+    "ablation-table": ("docs/results/ablations/checkpoints.csv", ablation_table),
+}
+
+
+def readme_tables(root: str | Path = ROOT) -> dict[str, str]:
+    """The README's Results tables (block name -> Markdown), rendered from the CSV files under `root`."""
+    return {
+        name: render(summarize(results_from_csv(Path(root) / csv_path)))
+        for name, (csv_path, render) in README_TABLES.items()
+    }
+
+
 def _load(values) -> str:
     return "/".join(f"{v:.2f}" for v in values) if values else "?"
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the README's tables (`--write_readme`)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--write_readme"]:
+        for name, table in readme_tables().items():
+            changed = write_readme_block(name, table)
+            print(f"README.md {name}: {'updated' if changed else 'already up to date'}")
+        return
     if len(argv) != 1:
-        raise SystemExit("usage: python scripts/experiments/pipeline_report.py OUTPUT_DIR")
+        raise SystemExit("usage: python scripts/experiments/pipeline_report.py OUTPUT_DIR | --write_readme")
     output_dir = argv[0]
     results = []
     for path in sorted(glob.glob(os.path.join(output_dir, "runs", "*", "result.json"))):

@@ -1,0 +1,145 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The README's measured tables are what the committed results files render to, never numbers typed in by hand.
+
+- "What the main job does": `scripts/experiments/main_job_seeds.py` renders the block between the
+  `<!-- main-job-table:... -->` markers from `docs/results/main_job/results.json`;
+- "Results": `scripts/experiments/pipeline_report.py` renders the comparison and ablation tables from
+  `docs/results/checkpoints.csv` and `docs/results/ablations/checkpoints.csv`.
+
+A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
+the script's `--write_readme`, or the experiment itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
+
+import main_job_seeds  # noqa: E402
+import pipeline_report  # noqa: E402
+from readme_blocks import read_block, replace_block  # noqa: E402
+
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def committed_main_job_results() -> dict:
+    return json.loads(main_job_seeds.RESULTS.read_text(encoding="utf-8"))
+
+
+def test_main_job_table_is_rendered_from_the_committed_results():
+    expected = main_job_seeds.render_readme_block(committed_main_job_results())
+    assert read_block(README, main_job_seeds.README_BLOCK) == expected, (
+        "README.md's main-job table differs from docs/results/main_job/results.json: run "
+        "`python scripts/experiments/main_job_seeds.py --write_readme` (or the experiment itself), never edit it"
+    )
+
+
+def test_main_job_results_have_every_run_and_the_machine():
+    data = committed_main_job_results()
+    assert set(data["runs"]) == set(main_job_seeds.RUNS)
+    for name, run in data["runs"].items():
+        assert run["command"].startswith("accelerate launch examples/trapo.py "), name
+        assert run["max_steps"] == 1000, name  # the job as the README runs it, not a shortened one
+        for split in main_job_seeds.SPLITS:
+            assert 0.0 <= run["final"][split] <= 1.0 and 0.0 <= run["initial"][f"{split}_initial"] <= 1.0
+        assert run["train_runtime_s"] > 0 and run["peak_rss_mb"] > 0
+    for key in ("cpu_model", "torch", "transformers", "trl", "git_commit", "date"):
+        assert data["machine"][key], key
+
+
+def test_a_changed_number_changes_the_rendering():
+    """The check above can fail: any result the table shows moves the rendering."""
+    data = committed_main_job_results()
+    before = main_job_seeds.render_readme_block(data)
+    for name in data["runs"]:
+        changed = copy.deepcopy(data)
+        changed["runs"][name]["final"]["eval_accuracy_rl_only"] += 0.01
+        assert main_job_seeds.render_readme_block(changed) != before, name
+
+
+@pytest.mark.parametrize("name", list(pipeline_report.README_TABLES))
+def test_results_tables_are_rendered_from_the_committed_csv(name):
+    expected = pipeline_report.readme_tables()[name]
+    assert read_block(README, name) == expected, (
+        f"README.md's {name} differs from {pipeline_report.README_TABLES[name][0]}: run "
+        "`python scripts/experiments/pipeline_report.py --write_readme`, never edit it"
+    )
+
+
+def test_csv_rebuild_gives_the_same_summary_as_the_runs(tmp_path):
+    """`results_from_csv` reads back what `write_csv` wrote: the same table as from the runs themselves."""
+
+    def run(method, seed, points):
+        checkpoints = [
+            {"stage": method, "reason": "grid", "step": 10 * i, "budget_fraction": i / 2, "wall_s": w, "cpu_s": w,
+             "eval_s": 0.0, "generation_s": w / 10, "generation_share": 0.1, "tokens": 100 * i, "peak_rss_mb": 50.0 + i,
+             "accuracy": a, "accuracy_sft_tasks": a, "accuracy_rl_only": a / 2, "pretrain_loss": p}
+            for i, (w, a, p) in enumerate(points)
+        ]  # fmt: skip
+        last = checkpoints[-1]
+        totals = {k: last[k] for k in ("wall_s", "cpu_s", "generation_s", "tokens", "peak_rss_mb")}
+        return {"method": method, "seed": seed, "checkpoints": checkpoints, "steps": last["step"], **totals}
+
+    results = [
+        run("serial", 0, [(0, 0.0, 3.0), (5, 0.4, 2.0), (9, 0.5, 2.5)]),
+        run("trapo", 0, [(0, 0.0, 3.0), (4, 0.6, 2.0), (8, 0.7, 2.1)]),
+        run("trapo_static", 0, [(0, 0.0, 3.0), (4, 0.3, 2.0), (8, 0.4, 1.9)]),
+    ]
+    pipeline_report.write_csv(tmp_path / "checkpoints.csv", results)
+    rebuilt = pipeline_report.results_from_csv(tmp_path / "checkpoints.csv")
+    assert pipeline_report.markdown_table(pipeline_report.summarize(rebuilt)) == pipeline_report.markdown_table(
+        pipeline_report.summarize(results)
+    )
+    table = pipeline_report.ablation_table(pipeline_report.summarize(rebuilt))
+    assert "| static weights (`dare_mode=static`) | 0.400 | 0.20 | 0.000 |" in table
+    assert "(seed 0)" in table
+
+
+def test_readme_blocks_need_exactly_one_marker_pair():
+    text = "a\n<!-- t:start -->\nold\n<!-- t:end -->\nb\n"
+    assert read_block(text, "t") == "old\n"
+    assert replace_block(text, "t", "new") == "a\n<!-- t:start -->\nnew\n<!-- t:end -->\nb\n"
+    with pytest.raises(ValueError, match="found 0"):
+        read_block("no markers", "t")
+    with pytest.raises(ValueError, match="found 2"):
+        read_block(text + text, "t")
+
+
+def test_main_job_seeds_runs_shortened_and_writes_the_readme_block(tmp_path):
+    """The README's `main_job_seeds.py` commands, shortened: one run of 2 steps, results and README elsewhere."""
+    results = tmp_path / "results.json"
+    data = main_job_seeds.main(
+        ["--runs", "seed1", "--jobs", "1", "--work_dir", str(tmp_path / "runs"), "--results", str(results),
+         "--max_steps", "2", "--eval_strategy", "no"]
+    )  # fmt: skip
+    saved = json.loads(results.read_text(encoding="utf-8"))
+    assert saved == json.loads(json.dumps(data))
+    run = saved["runs"]["seed1"]
+    assert (
+        run["command"]
+        == "accelerate launch examples/trapo.py --seed 1 --task_suite_seed 1 --max_steps 2 --eval_strategy no"
+    )
+    assert run["max_steps"] == 2 and set(run["final"]) == set(main_job_seeds.SPLITS)
+    assert run["peak_rss_mb"] > 100  # a process that imported torch; RSS read in MB, not KiB
+    assert saved["machine"]["git_commit"] is None or len(saved["machine"]["git_commit"]) == 40
+    # the README's second command, on a copy of the README
+    readme = tmp_path / "README.md"
+    readme.write_text(README, encoding="utf-8")
+    main_job_seeds.main(["--write_readme", "--results", str(results), "--readme", str(readme)])
+    block = read_block(readme.read_text(encoding="utf-8"), main_job_seeds.README_BLOCK)
+    assert block == main_job_seeds.render_readme_block(saved)
+    assert "| seed 1 (`--seed 1 --task_suite_seed 1`) |" in block and "2 joint steps" in block
+
+
+def test_a_shortened_run_never_overwrites_the_committed_results():
+    with pytest.raises(SystemExit, match="--results"):
+        main_job_seeds.main(["--max_steps", "2"])
