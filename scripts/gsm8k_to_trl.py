@@ -14,6 +14,8 @@ solutions. Reward: `--reward_funcs numeric_answer` (math-verify with a plain-num
 `accuracy_reward` expects LaTeX and scores `#### 72` as 0).
 
     python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --output_dir data/gsm8k
+    python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --conversational \
+        --test_file examples/data/gsm8k/test_first500.jsonl --test_rows 200 --output_dir data/gsm8k-chat
     python scripts/gsm8k_to_trl.py openai/gsm8k --config main --output_dir data/gsm8k   # from the Hub (network)
 
 Add `--conversational` to write prompts and completions as chat messages (TRL's conversational format).
@@ -108,11 +110,22 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     parser.add_argument("--test_size", type=int, default=100, help="questions held out for evaluation")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--conversational", action="store_true", help="write chat messages instead of plain text")
+    parser.add_argument(
+        "--test_file",
+        default=None,
+        help="a separate GSM8K-style file whose first --test_rows rows become rl/test (e.g. the official test split, "
+        "examples/data/gsm8k/test_first500.jsonl); every source row then trains (--test_size is ignored)",
+    )
+    parser.add_argument("--test_rows", type=int, default=None, help="rows of --test_file to keep (default: all)")
     args = parser.parse_args(argv)
     rows = read_rows(args.source, args.config, args.split)
-    if not 0 <= args.test_size < len(rows):
+    test_size = 0 if args.test_file else args.test_size
+    if not 0 <= test_size < len(rows):
         parser.error(f"--test_size must be in [0, {len(rows)}) for {len(rows)} rows, got {args.test_size}.")
-    converted = convert(rows, args.test_size, args.seed, args.conversational)
+    converted = convert(rows, test_size, args.seed, args.conversational)
+    if args.test_file:
+        held_out = read_rows(args.test_file, args.config, "test")[: args.test_rows]
+        converted["rl/test"] = convert(held_out, len(held_out), args.seed, args.conversational)["rl/test"]
     for name, part in converted.items():
         if part:
             write_jsonl(os.path.join(args.output_dir, f"{name}.jsonl"), part)

@@ -85,3 +85,25 @@ def test_ppo_sizing_uses_a_copy_and_one_config_builds_two_identical_trainers(tmp
     assert first.state.global_step == second.state.global_step == 12
     for (name, a), (_, b) in zip(first.model.named_parameters(), second.model.named_parameters()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected", "warns"),
+    [
+        ({}, True, False),  # TRL's default, without transformers' deprecation warning
+        ({"activation_checkpointing": False}, False, False),
+        ({"gradient_checkpointing": False}, False, True),  # the deprecated alias is still honoured, never overridden
+        ({"gradient_checkpointing": True, "activation_checkpointing": False}, False, False),  # the new name wins
+    ],
+)
+def test_activation_checkpointing_default_and_alias(tmp_path, kwargs, expected, warns):
+    import warnings
+
+    from trl_trapo import TRAPOConfig
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = TRAPOConfig(output_dir=str(tmp_path), **kwargs)
+    assert config.activation_checkpointing is expected and config.gradient_checkpointing is expected
+    deprecation = [w for w in caught if "gradient_checkpointing` is deprecated" in str(w.message)]
+    assert bool(deprecation) is warns

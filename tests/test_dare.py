@@ -44,7 +44,7 @@ def run(tmp_path, setup, reward, updates: int):
         report_to="none",
         save_strategy="no",
         logging_steps=1,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         seed=0,
     )
     trainer = TRAPOTrainer(

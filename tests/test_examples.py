@@ -155,3 +155,31 @@ def test_cli_with_a_recipe_yaml(tmp_path):
     assert "eval_accuracy" in results
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in history if "loss" in h] == [1, 2]  # --logging_steps 1 from the command line
+
+
+def test_gsm8k_conversion_with_the_official_test_file(tmp_path):
+    """`--test_file`: the first `--test_rows` rows of the official test split become rl/test (in order), and every
+    training row trains; no test question reaches a training set."""
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    data = ROOT / "examples" / "data" / "gsm8k"
+    counts = convert.main(
+        [
+            str(data / "train_first1500.jsonl"),
+            "--conversational",
+            "--test_file",
+            str(data / "test_first500.jsonl"),
+            "--test_rows",
+            "20",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
+    assert counts == {"rl/train": 1500, "rl/test": 20, "sft/train": 1500, "pretrain/train": 1500}
+    test_rows = [json.loads(line) for line in (tmp_path / "rl" / "test.jsonl").read_text().splitlines()]
+    official = [json.loads(line) for line in (data / "test_first500.jsonl").read_text().splitlines()][:20]
+    assert [r["prompt"][-1]["content"] for r in test_rows] == [r["question"].strip() for r in official]
+    train_questions = {
+        json.loads(line)["prompt"][-1]["content"]
+        for line in (tmp_path / "rl" / "train.jsonl").read_text().splitlines()
+    }
+    assert not train_questions & {r["question"].strip() for r in official}

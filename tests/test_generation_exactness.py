@@ -152,7 +152,7 @@ def test_ppo_config_default_stop_token_none_trains_no_padding(tmp_path, tokenize
         per_device_train_batch_size=4,
         total_episodes=8,
         max_prompt_length=16,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         num_sample_generations=0,
     )
     trainer = TRAPOTrainer(

@@ -338,7 +338,7 @@ def test_gsm8k_recipe_settings_and_its_data_layout(tmp_path, monkeypatch):
     config = yaml.safe_load(GSM8K_RECIPE.read_text())
     assert config["model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config["use_peft"] and config["lora_r"] > 0 and config["lora_alpha"] > 0 and config["lora_target_modules"]
-    assert config["bf16"] is True and config["gradient_checkpointing"] is True
+    assert config["bf16"] is True and config["activation_checkpointing"] is True
     assert config["reward_funcs"] == ["numeric_answer"]
     script, args, model = parse_like_main(recipe_argv(GSM8K_RECIPE))
     assert 256 <= args.max_prompt_length <= 512 and args.response_length == 256

@@ -71,7 +71,7 @@ def config(tmp_path, **overrides) -> PPOConfig:
         report_to="none",
         save_strategy="no",
         use_cpu=True,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         num_sample_generations=0,
         logging_steps=1,
         seed=0,

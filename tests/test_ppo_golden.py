@@ -170,7 +170,7 @@ def build(case: dict, tmp_path, **overrides) -> PPOTrainer:
         report_to="none",
         lr_scheduler_type="constant",  # 1.12 steps its (linear) scheduler once per rollout batch, after the update
         max_grad_norm=0.0,  # 1.12 never clipped gradients
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         **config,
     )
     models = FIXTURES / "models"

@@ -60,7 +60,7 @@ def trained(tmp_path_factory):
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         # per step: 2 pretraining rows, 2 SFT rows and one GSM8K prompt with 4 sampled completions
         curriculum_mixtures=[0.25, 0.25, 0.5] * 3,
         pretrain_max_length=64,

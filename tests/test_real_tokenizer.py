@@ -71,7 +71,7 @@ def trained(tokenizer, tmp_path_factory):
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         # the same mixture at every step: 2 pretraining rows, 2 SFT rows and one RL group of 4 completions
         curriculum_mixtures=[0.25, 0.25, 0.5] * 3,
         pretrain_max_length=32,

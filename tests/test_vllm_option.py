@@ -31,7 +31,7 @@ def config(tmp_path, **overrides) -> TRAPOConfig:
         per_device_train_batch_size=8,
         report_to="none",
         save_strategy="no",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         max_prompt_length=16,
         response_length=4,
         num_generations=4,

@@ -80,7 +80,7 @@ BUILTIN_DEFAULTS = dict(
     eval_steps=250,
     save_strategy="no",
     report_to="none",
-    gradient_checkpointing=False,
+    activation_checkpointing=False,
     pretrain_max_length=64,
     sft_max_length=32,
     max_prompt_length=16,
@@ -1126,7 +1126,11 @@ def builtin_accuracy(trainer: TRAPOTrainer, tokenizer, dataset) -> dict[str, flo
     from trl.models import unwrap_model_for_generation
 
     from trl_trapo.tasks import greedy_accuracy
+    from trl_trapo.trainer import quiet_checkpointing_deprecation
 
     # gathers DeepSpeed ZeRO-3 partitions (collectively: every rank evaluates); a no-op unwrap otherwise
-    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+    with (
+        quiet_checkpointing_deprecation(),
+        unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model,
+    ):
         return greedy_accuracy(model, tokenizer, dataset, max_new_tokens=trainer.args.response_length)

@@ -110,6 +110,18 @@ class TRAPOConfig(_BaseConfig):
             "bf16 support (or an XPU) is present, so CPU runs use fp32 (TRL's base config would turn it on)."
         },
     )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers 5); use that instead."},
+    )
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Recompute activations in the backward pass to save memory (~20%% slower steps). If not set, the "
+            "deprecated `gradient_checkpointing` alias decides when given, else it is on, as in TRL. (TRL's configs set "
+            "that alias by default, which made transformers warn on every run.)"
+        },
+    )
     dataloader_pin_memory: bool = field(
         default=False,
         metadata={"help": "The Trainer's own dataloader only carries step placeholders; pinning them buys nothing."},
@@ -693,6 +705,8 @@ class TRAPOConfig(_BaseConfig):
         self._cpu_distributed_defaults()
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
         super().__post_init__()
         self._validate()
 

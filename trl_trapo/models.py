@@ -77,7 +77,11 @@ class PolicyAndValueWrapper(nn.Module):
 
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.policy, "is_gradient_checkpointing", False))
+        return self.is_activation_checkpointing
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return bool(getattr(self.policy, "is_activation_checkpointing", False))
 
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **kwargs):
         """Called by `Trainer.train` (transformers 5.24) when `gradient_checkpointing` is on, the default of TRL's

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -112,6 +113,15 @@ except ImportError:  # peft is a dependency; keep the import error readable if i
 logger = logging.getLogger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
+
+
+@contextmanager
+def quiet_checkpointing_deprecation() -> Iterator[None]:
+    """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` reads the deprecated
+    `is_gradient_checkpointing` (every generation round would warn, and the user can do nothing about it)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        yield
 
 
 class TRAPOTrainer(_BaseTrainer):
@@ -563,9 +573,12 @@ class TRAPOTrainer(_BaseTrainer):
     def _unwrapped_for_rollouts(self) -> Iterator[nn.Module]:
         """The trained model unwrapped for generation (weights gathered under ZeRO-3 when
         `ds3_gather_for_generation`), in eval mode for the duration."""
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-        ) as unwrapped:
+        with (
+            quiet_checkpointing_deprecation(),
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as unwrapped,
+        ):
             was_training = unwrapped.training
             unwrapped.eval()
             try:
@@ -576,9 +589,12 @@ class TRAPOTrainer(_BaseTrainer):
     @contextmanager
     def _unwrapped_policy_for_eval(self, gather: bool) -> Iterator[nn.Module]:
         """The policy unwrapped for generation (ZeRO-3 weights gathered when `gather`), in eval mode."""
-        with unwrap_model_for_generation(
-            self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
-        ) as unwrapped:
+        with (
+            quiet_checkpointing_deprecation(),
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
+            ) as unwrapped,
+        ):
             policy = RolloutEngine.policy_of(unwrapped)
             was_training = policy.training
             policy.eval()

@@ -110,7 +110,7 @@ def ppo_kwargs(ns: argparse.Namespace, output_dir: str) -> dict:
         seed=0,
         bf16=False,
         use_cpu=True,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         report_to=[],
         save_strategy="no",
         num_sample_generations=0,

@@ -151,7 +151,7 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
             logging_steps=1,
             report_to="none",
             save_strategy="no",
-            gradient_checkpointing=False,
+            activation_checkpointing=False,
             curriculum_mixtures=[0.25, 0.25, 0.5] * 3,
             pretrain_max_length=args.pretrain_length,
             sft_max_length=512,

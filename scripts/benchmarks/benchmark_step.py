@@ -167,7 +167,7 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
         logging_steps=10,
         report_to="none",
         save_strategy="no",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         use_cpu=device == "cpu",
         bf16=False,
         disable_tqdm=True,

@@ -168,7 +168,7 @@ def run(name: str, arch: dict, args, device: torch.device, use_vllm: bool) -> di
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         use_cpu=device.type == "cpu",
         pretrain_max_length=args.seq_len,
         sft_max_length=args.seq_len,

@@ -126,7 +126,7 @@ SHARED_TRAINING_FIELDS = (
     "dataloader_num_workers",
     "use_cpu",
     "logging_steps",
-    "gradient_checkpointing",
+    "activation_checkpointing",
 )
 
 
