@@ -1,0 +1,174 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""PPO on GSM8K questions, written in the style of TRL's PPO example scripts (`examples/scripts/ppo/ppo.py` and
+`ppo_tldr.py` of TRL 1.x): argument dataclasses parsed with `HfArgumentParser`, a `[PAD]` token added to the tokenizer
+without resizing the embeddings, value and reward models loaded from a path with `num_labels=1`, policy and reference
+policy from `--sft_model_path`, prompts pre-tokenized with `dataset.map`, then `train()`, `save_model()` and
+`generate_completions()`.
+
+Two copies of this script are kept, and they differ by exactly the edits listed in the table of
+`docs/migrating_from_ppo.md` ("Migrating a TRL 1.12 PPO script"), nothing else:
+
+- `tests/fixtures/ppo_trl112_style_before.py`: as written for TRL's `trl.experimental.ppo` (TRL 1.10-1.12);
+- `examples/ppo_trl112_style.py`: the same script on TRL 1.16 + trl-trapo.
+
+`tests/test_migration_guide.py` applies the table to the first and checks that the result is the second, then runs
+the second on tiny models. With SmolLM2-135M-Instruct (`python scripts/fetch_smollm2.py`) as policy, reference, value
+and reward model (the value and reward heads start random, as TRL's example does with an SFT checkpoint):
+
+    python examples/ppo_trl112_style.py \
+        --model_name_or_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+        --sft_model_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+        --reward_model_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+        --dataset_name examples/data/gsm8k/train_first1500.jsonl --max_prompts 24 --eval_samples 4 \
+        --total_episodes 16 --response_length 32 --per_device_train_batch_size 4 --num_ppo_epochs 1 \
+        --stop_token eos --output_dir ppo-smollm2 --report_to none
+"""
+
+import shutil
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import PartialState
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
+from trl import ModelConfig, ScriptArguments, get_peft_config, get_quantization_config
+
+from trl_trapo import PPOConfig, PPOTrainer
+
+
+@dataclass
+class PPOScriptArguments(ScriptArguments):
+    """TRL's `ScriptArguments` (`dataset_name`, `dataset_train_split`, ...) plus what this script needs to turn a
+    local JSON Lines file of questions into prompts."""
+
+    dataset_name: str = field(
+        default="examples/data/gsm8k/train_first1500.jsonl",
+        metadata={"help": "Local JSON / JSON Lines file of prompts (one row per prompt)."},
+    )
+    dataset_text_field: str = field(default="question", metadata={"help": "Column holding the prompt text."})
+    max_prompts: int | None = field(
+        default=None, metadata={"help": "Use only the first N rows of the file (all rows when unset)."}
+    )
+    eval_samples: int = field(
+        default=100, metadata={"help": "Rows at the end (of the first `max_prompts`) held out for evaluation."}
+    )
+    max_prompt_tokens: int = field(
+        default=512, metadata={"help": "Drop prompts longer than this many tokens (chat template included)."}
+    )
+    value_model_path: str | None = field(
+        default=None, metadata={"help": "Initial critic; `--reward_model_path` when unset (as in TRL's example)."}
+    )
+
+
+if __name__ == "__main__":
+    parser = HfArgumentParser((PPOScriptArguments, PPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_into_dataclasses()
+    # remove output_dir if exists
+    shutil.rmtree(training_args.output_dir, ignore_errors=True)
+
+    ################
+    # Model & Tokenizer
+    ################
+    dtype = model_args.dtype if model_args.dtype in ["auto", None] else getattr(torch, model_args.dtype)
+    model_kwargs = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        dtype=dtype,
+    )
+    quantization_config = get_quantization_config(model_args)
+    if quantization_config is not None:
+        # passing device_map=None is not the same as leaving it out, so it is set only with quantization
+        model_kwargs["device_map"] = {"": PartialState().local_process_index} if torch.cuda.is_available() else None
+        model_kwargs["quantization_config"] = quantization_config
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path, padding_side="left", trust_remote_code=False
+    )
+    # a new pad token, and the embeddings are NOT resized: its id is one past the last row of every model
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    value_model = AutoModelForSequenceClassification.from_pretrained(
+        script_args.value_model_path or training_args.reward_model_path,
+        trust_remote_code=False,
+        num_labels=1,
+        **model_kwargs,
+    )
+    reward_model = AutoModelForSequenceClassification.from_pretrained(
+        training_args.reward_model_path,
+        trust_remote_code=False,
+        num_labels=1,
+        **model_kwargs,
+    )
+    policy = AutoModelForCausalLM.from_pretrained(
+        training_args.sft_model_path, trust_remote_code=False, **model_kwargs
+    )
+
+    peft_config = get_peft_config(model_args)
+    if peft_config is None:
+        ref_policy = AutoModelForCausalLM.from_pretrained(
+            training_args.sft_model_path, trust_remote_code=False, **model_kwargs
+        )
+    else:
+        ref_policy = None
+
+    ################
+    # Dataset
+    ################
+    dataset = load_dataset("json", data_files=script_args.dataset_name, split=script_args.dataset_train_split)
+    if script_args.max_prompts is not None:
+        dataset = dataset.select(range(min(script_args.max_prompts, len(dataset))))
+    eval_samples = script_args.eval_samples
+    train_dataset = dataset.select(range(len(dataset) - eval_samples))
+    eval_dataset = dataset.select(range(len(dataset) - eval_samples, len(dataset)))
+
+    def prepare_dataset(dataset, tokenizer):
+        """Pre-tokenize the prompts (a user turn of the chat template, with the generation prompt); the trainer
+        only pads them."""
+
+        def tokenize(element):
+            """One row -> `input_ids` (list of token ids) and `lengths` (their number)."""
+            messages = [{"role": "user", "content": element[script_args.dataset_text_field]}]
+            input_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+            return {"input_ids": input_ids, "lengths": len(input_ids)}
+
+        return dataset.map(
+            tokenize,
+            remove_columns=dataset.column_names,
+            num_proc=training_args.dataset_num_proc,
+        )
+
+    # Compute that only on the main process for faster data processing.
+    with PartialState().local_main_process_first():
+        train_dataset = prepare_dataset(train_dataset, tokenizer)
+        eval_dataset = prepare_dataset(eval_dataset, tokenizer)
+        # filter out prompts that are too long
+        train_dataset = train_dataset.filter(
+            lambda x: x["lengths"] <= script_args.max_prompt_tokens, num_proc=training_args.dataset_num_proc
+        )
+        eval_dataset = eval_dataset.filter(
+            lambda x: x["lengths"] <= script_args.max_prompt_tokens, num_proc=training_args.dataset_num_proc
+        )
+
+    assert train_dataset[0]["input_ids"][-1] != tokenizer.eos_token_id, "The last token should not be an EOS token"
+
+    ################
+    # Training
+    ################
+    trainer = PPOTrainer(
+        args=training_args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_policy,
+        reward_model=reward_model,
+        value_model=value_model,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=peft_config,
+    )
+    trainer.train()
+
+    # Save and push to hub
+    trainer.save_model(training_args.output_dir)
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+
+    trainer.generate_completions()

@@ -1,0 +1,298 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The migration guide's edit list is complete and correct, checked mechanically.
+
+`docs/migrating_from_ppo.md` lists, in a table between `<!-- migration-edits:start -->` and `<!-- migration-edits:end
+-->`, every replacement a PPO script in the style of TRL 1.12's example needs on TRL 1.16 + trl-trapo. Here:
+
+- the table's replacements, applied in order (each to every occurrence, each occurring at least once) to
+  `tests/fixtures/ppo_trl112_style_before.py` (the script as written for `trl.experimental.ppo`), must give
+  `examples/ppo_trl112_style.py` character for character: editing the guide or either script alone fails this test;
+- `examples/ppo_trl112_style.py` runs in a subprocess on tiny local models (a Llama policy / reference, two
+  `LlamaForSequenceClassification` for the reward and the critic, the character tokenizer to which the script adds
+  `[PAD]` without resizing), saves the policy and its tokenizer and prints the table of completions (that the saved
+  policy reloads with plain `from_pretrained` is a known bug, marked `xfail(strict=True)`, with the guide's
+  workaround tested);
+- the reasons the table gives hold for the installed packages (`get_kbit_device_map` and
+  `ModelConfig.trust_remote_code` are gone, `apply_chat_template` returns a `BatchEncoding` unless `return_dict=False`);
+- every old flag of the command-line table (between `<!-- migration-flags:start -->` and `<!-- migration-flags:end
+  -->`) is rejected by the script's parser and every replacement flag parses.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+)
+from trl import ModelConfig, ScriptArguments
+
+from trl_trapo import PPOConfig
+from trl_trapo.tasks import build_char_tokenizer
+
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "migrating_from_ppo.md"
+BEFORE = ROOT / "tests" / "fixtures" / "ppo_trl112_style_before.py"
+AFTER = ROOT / "examples" / "ppo_trl112_style.py"
+GSM8K_TRAIN = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"
+
+
+# =====================================================================================================================
+# Reading the guide's tables
+# =====================================================================================================================
+def table_rows(markdown: str, name: str) -> list[list[str]]:
+    """The body rows of the Markdown table between `<!-- migration-<name>:start -->` and `<!-- migration-<name>:end
+    -->`, each a list of its stripped cells (the header and the `|---|` separator are dropped).
+
+    Raises:
+        AssertionError: if the markers are missing or repeated, or the rows do not all have the header's cell count.
+    """
+    start, end = f"<!-- migration-{name}:start -->", f"<!-- migration-{name}:end -->"
+    assert markdown.count(start) == 1 and markdown.count(end) == 1, f"{GUIDE.name} needs one {start} ... {end}"
+    block = markdown[markdown.index(start) + len(start) : markdown.index(end)]
+    lines = [line.strip() for line in block.strip().splitlines()]
+    assert all(line.startswith("|") and line.endswith("|") for line in lines), f"only a table goes inside {start}"
+    rows = [[cell.strip() for cell in line[1:-1].split("|")] for line in lines]
+    header, separator, body = rows[0], rows[1], rows[2:]
+    assert all(set(cell) <= {"-", ":"} for cell in separator), f"the second line inside {start} is the separator"
+    assert body and all(len(row) == len(header) for row in body), f"every row inside {start} has {len(header)} cells"
+    return body
+
+
+def code_span(cell: str) -> str | None:
+    """The text of the cell's single `code span`; None when the cell holds no code span.
+
+    Raises:
+        AssertionError: if the cell holds several code spans (a replacement is one piece of text).
+    """
+    spans = re.findall(r"`([^`]+)`", cell)
+    assert len(spans) <= 1, f"a replacement cell holds one code span, not {len(spans)}: {cell!r}"
+    return spans[0] if spans else None
+
+
+def guide_edits() -> list[tuple[str, str]]:
+    """The guide's replacements `(TRL 1.12-style code, TRL 1.16 + trl-trapo code)`, in table order."""
+    edits = []
+    for number, before, after, why in table_rows(GUIDE.read_text(encoding="utf-8"), "edits"):
+        old, new = code_span(before), code_span(after)
+        assert old and new and why, f"row {number}: two code spans and a reason"
+        edits.append((old, new))
+    return edits
+
+
+def apply_edits(text: str, edits: list[tuple[str, str]]) -> str:
+    """`text` with each `(old, new)` applied in order to every occurrence of `old`.
+
+    Raises:
+        AssertionError: naming the row, if an `old` does not occur in the text it is applied to (a row that edits
+            nothing is not an edit of this script).
+    """
+    for number, (old, new) in enumerate(edits, start=1):
+        assert old in text, f"row {number} of the guide's table: {old!r} is not in the script it edits"
+        text = text.replace(old, new)
+    return text
+
+
+# =====================================================================================================================
+# The edit table turns the "before" script into the example
+# =====================================================================================================================
+def test_the_guide_edits_turn_the_trl_1_12_script_into_the_example():
+    """Applying the table to the "before" script gives the example exactly; on a mismatch the message is the diff."""
+    migrated = apply_edits(BEFORE.read_text(encoding="utf-8"), guide_edits())
+    example = AFTER.read_text(encoding="utf-8")
+    diff = "".join(
+        difflib.unified_diff(
+            migrated.splitlines(keepends=True),
+            example.splitlines(keepends=True),
+            "before + the guide's edits",
+            str(AFTER.relative_to(ROOT)),
+        )
+    )
+    assert migrated == example, (
+        "the migration guide and the example have drifted apart: the guide's edit table, applied to "
+        f"{BEFORE.relative_to(ROOT)}, does not give {AFTER.relative_to(ROOT)}. Either the guide lacks an edit the "
+        "example makes, or lists one it does not:\n" + diff
+    )
+
+
+def code_of(path: Path) -> str:
+    """The text of a Python file after its module docstring."""
+    text = path.read_text(encoding="utf-8")
+    docstring = ast.parse(text).body[0]
+    assert isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant), f"{path} has a docstring"
+    return "\n".join(text.splitlines()[docstring.end_lineno :])
+
+
+def test_the_before_script_is_the_trl_1_12_version():
+    """The "before" file's code really targets TRL 1.12 (it uses the removed names) and the example's code does not
+    (their shared module docstring may name them)."""
+    before, after = code_of(BEFORE), code_of(AFTER)
+    for name in ("trl.experimental.ppo", "get_kbit_device_map", "model_args.trust_remote_code"):
+        assert name in before and name not in after, name
+    assert 'tokenizer.add_special_tokens({"pad_token": "[PAD]"})' in after and "resize_token_embeddings" not in after
+
+
+def test_the_reasons_the_guide_gives_hold_for_the_installed_packages():
+    """Rows 2-5: what fails without each edit, on the installed TRL 1.16 and transformers 5."""
+    import trl
+
+    with pytest.raises(ImportError):
+        exec("from trl import get_kbit_device_map", {})
+    with pytest.raises(ImportError):
+        exec("from trl.experimental.ppo import PPOConfig", {})
+    assert not hasattr(ModelConfig(), "trust_remote_code") and not hasattr(PPOConfig, "trust_remote_code")
+    assert hasattr(trl, "get_peft_config") and hasattr(trl, "get_quantization_config")
+    tokenizer = build_char_tokenizer()
+    messages = [{"role": "user", "content": "2+2?"}]
+    as_dict = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    as_list = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    assert set(as_dict.keys()) == {"input_ids", "attention_mask"} and len(as_dict) == 2
+    assert as_list == as_dict["input_ids"] and tokenizer.decode(as_list) == "user: 2+2?\nassistant: "
+
+
+# =====================================================================================================================
+# The command-line table
+# =====================================================================================================================
+def parse(flags: list[str], output_dir: Path):
+    """Parse `flags` the way the example does (`HfArgumentParser` over its three dataclasses).
+
+    Raises:
+        ValueError or SystemExit: for an unknown flag (HfArgumentParser / argparse).
+    """
+    parser = HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
+    return parser.parse_args_into_dataclasses(args=[*flags, "--output_dir", str(output_dir)])
+
+
+def test_every_old_flag_is_rejected_and_every_replacement_parses(tmp_path):
+    """Each old flag of the command-line table fails to parse; each replacement that is a flag parses."""
+    rows = table_rows(GUIDE.read_text(encoding="utf-8"), "flags")
+    assert len(rows) >= 5
+    for old, new, why in rows:
+        old_flags, new_flags = code_span(old), code_span(new)
+        assert old_flags and why, old
+        with pytest.raises((ValueError, SystemExit)):
+            parse(shlex.split(old_flags), tmp_path)
+        if new_flags is not None and new_flags.startswith("--"):
+            parse(shlex.split(new_flags), tmp_path)
+    _, config, _ = parse(["--warmup_steps", "0.1"], tmp_path)
+    assert config.get_warmup_steps(100) == 10  # "a warmup_steps below 1 is a fraction of the training steps"
+
+
+# =====================================================================================================================
+# The example runs
+# =====================================================================================================================
+def save_tiny_models(root: Path) -> dict[str, Path]:
+    """A tiny Llama policy (with the character tokenizer saved next to it) and two tiny
+    `LlamaForSequenceClassification` (reward, critic; `num_labels=1`), saved with `save_pretrained`. The models embed
+    exactly the tokenizer's vocabulary: the `[PAD]` the script adds has no embedding row."""
+    tokenizer = build_char_tokenizer()
+    config = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    paths = {name: root / name for name in ("policy", "reward", "value")}
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(paths["policy"])
+    tokenizer.save_pretrained(paths["policy"])
+    for seed, name in enumerate(("reward", "value"), start=1):
+        torch.manual_seed(seed)
+        LlamaForSequenceClassification(LlamaConfig(**config, num_labels=1)).save_pretrained(paths[name])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`examples/ppo_trl112_style.py` run once, as a user runs it, on the tiny models of `save_tiny_models` and the
+    first 40 GSM8K questions (8 held out, prompts of at most 300 characters): 8 episodes, 8-token responses, 2 PPO
+    steps. The finished process (exit status not checked here) and the output folder."""
+    root = tmp_path_factory.mktemp("migration_example")
+    paths = save_tiny_models(root)
+    output_dir = root / "out"
+    command = [
+        sys.executable,
+        str(AFTER),
+        *("--model_name_or_path", str(paths["policy"]), "--sft_model_path", str(paths["policy"])),
+        *("--reward_model_path", str(paths["reward"]), "--value_model_path", str(paths["value"])),
+        *("--dataset_name", str(GSM8K_TRAIN), "--max_prompts", "40", "--eval_samples", "8"),
+        *("--max_prompt_tokens", "300", "--total_episodes", "8", "--response_length", "8"),
+        *("--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--num_ppo_epochs", "1"),
+        *("--stop_token", "eos", "--learning_rate", "1e-3", "--num_sample_generations", "0", "--logging_steps", "1"),
+        *("--save_strategy", "no", "--report_to", "none", "--output_dir", str(output_dir)),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "COLUMNS": "200",  # the width of the completions table `rich` prints
+    }
+    completed = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    completed.args = shlex.join(command)
+    return completed, output_dir
+
+
+def test_the_example_runs_on_tiny_models_with_pad_added_without_resizing(example_run):
+    """Exit status 0, the trained policy and its tokenizer saved (`[PAD]` the pad token, the embeddings not resized:
+    the pad id is one past the last row), the table of completions printed by `generate_completions()`."""
+    completed, output_dir = example_run
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, f"{completed.args} failed:\n{output[-6000:]}"
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (output_dir / name).is_file(), name
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    config = AutoConfig.from_pretrained(output_dir)
+    assert tokenizer.pad_token == "[PAD]" and tokenizer.pad_token_id == config.vocab_size == len(tokenizer) - 1
+    table = completed.stdout
+    assert "Completion" in table and "score" in table and "assistant:" in table, table[-3000:]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known bug: transformers 5's Trainer.train aligns the policy config's pad_token_id with the tokenizer's "
+    "[PAD] (= vocab_size), so the saved config.json makes from_pretrained fail with 'Padding_idx must be within "
+    "num_embeddings' (TRL 1.12 ran its own loop and never aligned); docs/migrating_from_ppo.md gives the workaround. "
+    "Remove this marker, and that paragraph, once TRAPOTrainer saves an embedding-safe pad_token_id.",
+)
+def test_the_policy_the_example_saves_reloads_with_from_pretrained(example_run):
+    """`save_model()`'s folder reloads with plain `from_pretrained` (it does not yet: see the marker)."""
+    completed, output_dir = example_run
+    assert completed.returncode == 0
+    AutoModelForCausalLM.from_pretrained(output_dir)
+
+
+def test_the_workaround_the_guide_gives_for_reloading(example_run):
+    """The guide's workaround until then: `from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)`."""
+    completed, output_dir = example_run
+    assert completed.returncode == 0
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    policy = AutoModelForCausalLM.from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)
+    assert policy.get_input_embeddings().num_embeddings == len(tokenizer) - 1
+    guide = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    assert "from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)" in guide
