@@ -9,9 +9,8 @@
   `examples/ppo_trl112_style.py` character for character: editing the guide or either script alone fails this test;
 - `examples/ppo_trl112_style.py` runs in a subprocess on tiny local models (a Llama policy / reference, two
   `LlamaForSequenceClassification` for the reward and the critic, the character tokenizer to which the script adds
-  `[PAD]` without resizing), saves the policy and its tokenizer and prints the table of completions (that the saved
-  policy reloads with plain `from_pretrained` is a known bug, marked `xfail(strict=True)`, with the guide's
-  workaround tested);
+  `[PAD]` without resizing), saves the policy and its tokenizer and prints the table of completions, and the saved
+  policy reloads with plain `from_pretrained`;
 - the reasons the table gives hold for the installed packages (`get_kbit_device_map` and
   `ModelConfig.trust_remote_code` are gone, `apply_chat_template` returns a `BatchEncoding` unless `return_dict=False`);
 - every old flag of the command-line table (between `<!-- migration-flags:start -->` and `<!-- migration-flags:end
@@ -272,27 +271,9 @@ def test_the_example_runs_on_tiny_models_with_pad_added_without_resizing(example
     assert "Completion" in table and "score" in table and "assistant:" in table, table[-3000:]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known bug: transformers 5's Trainer.train aligns the policy config's pad_token_id with the tokenizer's "
-    "[PAD] (= vocab_size), so the saved config.json makes from_pretrained fail with 'Padding_idx must be within "
-    "num_embeddings' (TRL 1.12 ran its own loop and never aligned); docs/migrating_from_ppo.md gives the workaround. "
-    "Remove this marker, and that paragraph, once TRAPOTrainer saves an embedding-safe pad_token_id.",
-)
 def test_the_policy_the_example_saves_reloads_with_from_pretrained(example_run):
-    """`save_model()`'s folder reloads with plain `from_pretrained` (it does not yet: see the marker)."""
+    """`save_model()`'s folder reloads with plain `from_pretrained`, though training aligned the policy config's
+    pad_token_id with the unembeddable `[PAD]` (transformers' `align_special_tokens`)."""
     completed, output_dir = example_run
     assert completed.returncode == 0
     AutoModelForCausalLM.from_pretrained(output_dir)
-
-
-def test_the_workaround_the_guide_gives_for_reloading(example_run):
-    """The guide's workaround until then: `from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)`."""
-    completed, output_dir = example_run
-    assert completed.returncode == 0
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
-    policy = AutoModelForCausalLM.from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)
-    assert policy.get_input_embeddings().num_embeddings == len(tokenizer) - 1
-    guide = " ".join(GUIDE.read_text(encoding="utf-8").split())
-    assert "from_pretrained(output_dir, pad_token_id=tokenizer.eos_token_id)" in guide

@@ -233,3 +233,9 @@ def test_a_pad_token_added_without_resizing_never_reaches_an_embedding(tmp_path,
     assert trainer.state.global_step == 4
     assert len(trainer.generate_completions()) == 4
     assert "eval_reward" in trainer.evaluate()
+    # transformers' train() copied the unembeddable pad id into the live config; what is saved must still reload
+    aligned = policy.config.pad_token_id
+    trainer.save_model(str(tmp_path / "saved"))
+    assert policy.config.pad_token_id == aligned  # the live model is left as it was
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")  # "Padding_idx must be within num_embeddings"
+    assert reloaded.config.pad_token_id == trainer.padding_id < reloaded.config.vocab_size

@@ -10,10 +10,11 @@ same reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -216,6 +217,51 @@ def embedding_safe_pad_id(tokenizer, *models: nn.Module | None) -> int:
         safe,
     )
     return safe
+
+
+@contextlib.contextmanager
+def embeddable_saved_pad_ids(pad_id: int, *models: nn.Module | None) -> Iterator[None]:
+    """While saving: every model's `config.pad_token_id` / `generation_config.pad_token_id` that its embeddings cannot
+    hold reads `pad_id` (the id TRAPO pads with, see [`embedding_safe_pad_id`]); restored on exit.
+
+    transformers' `Trainer.train` copies the tokenizer's pad id into the model's configs (`align_special_tokens`).
+    With a pad token added without resizing (TRL 1.12's PPO example), that id equals the vocabulary size and the saved
+    `config.json` could not be reloaded (`from_pretrained`: "Padding_idx must be within num_embeddings"). The live
+    model is left as it was; only what is written changes, and a warning says so.
+
+    Args:
+        pad_id (`int`): an id every model embeds.
+        *models: the models about to be saved (`None` entries are skipped).
+    """
+    changed: list[tuple[object, int]] = []
+    for model in models:
+        if model is None or not hasattr(model, "get_input_embeddings"):
+            continue
+        embeddings = model.get_input_embeddings()
+        size = getattr(embeddings, "num_embeddings", None)
+        if size is None:
+            continue
+        config = getattr(model, "config", None)
+        configs = [config.get_text_config() if hasattr(config, "get_text_config") else config]
+        configs.append(getattr(model, "generation_config", None))
+        for holder in configs:
+            value = getattr(holder, "pad_token_id", None) if holder is not None else None
+            if isinstance(value, int) and not 0 <= value < size:
+                changed.append((holder, value))
+                holder.pad_token_id = pad_id
+    if changed:
+        logger.warning(
+            "The model's pad_token_id %d is outside its %d embeddings (a pad token added without resizing them): the "
+            "saved config uses %d, the id padding positions held in training, so that from_pretrained reloads it.",
+            changed[0][1],
+            size,
+            pad_id,
+        )
+    try:
+        yield
+    finally:
+        for holder, value in changed:
+            holder.pad_token_id = value
 
 
 def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:

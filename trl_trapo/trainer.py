@@ -97,6 +97,7 @@ from .models import (
     ReferencePolicy,
     add_frozen_adapter_copy,
     create_reference,
+    embeddable_saved_pad_ids,
     embedding_safe_pad_id,
 )
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
@@ -1173,6 +1174,14 @@ class TRAPOTrainer(_BaseTrainer):
             and output_dir is not None
             and os.path.basename(os.path.normpath(output_dir)).startswith("checkpoint-")
         )
+        # transformers' train() copied the tokenizer's pad id into the configs; one the embeddings cannot hold would
+        # make the saved folder unloadable (see embeddable_saved_pad_ids)
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        critic = unwrapped.value_model if isinstance(unwrapped, PolicyAndValueWrapper) else None
+        with embeddable_saved_pad_ids(self.padding_id, self._unwrapped_policy(), critic):
+            self._save_model(output_dir, _internal_call, is_checkpoint)
+
+    def _save_model(self, output_dir: str | None, _internal_call: bool, is_checkpoint: bool) -> None:
         reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy
         if is_checkpoint or not (self._has_critic or reference_adapter):
             return super().save_model(output_dir, _internal_call)
