@@ -34,18 +34,22 @@ import json
 import os
 import pstats
 import resource
+import sys
 import tempfile
 import time
 
 import torch
 from datasets import Dataset
-from fetch_smollm2 import default_output_dir, is_complete  # scripts/ is on sys.path when run as a script
-from gsm8k_to_trl import clean_solution
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import left_pad
 from trl_trapo.rewards import numeric_answer_reward
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # scripts/
+from fetch_smollm2 import default_output_dir, is_complete  # noqa: E402
+from gsm8k_to_trl import clean_solution  # noqa: E402
 
 
 DATA = __file__.rsplit("/scripts/", 1)[0] + "/examples/data"

@@ -25,6 +25,7 @@ Definitions (also stated in `results.md`):
 
 from __future__ import annotations
 
+import argparse
 import csv
 import glob
 import json
@@ -482,15 +483,18 @@ def _load(values) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the README's tables (`--write_readme`)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--write_readme"]:
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("output_dir", nargs="?", help="A comparison's output directory (holds runs/*/result.json).")
+    parser.add_argument("--write_readme", action="store_true", help="Render the README's Results tables instead.")
+    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if ns.write_readme:
         for name, table in readme_tables().items():
             changed = write_readme_block(name, table)
             print(f"README.md {name}: {'updated' if changed else 'already up to date'}")
         return
-    if len(argv) != 1:
-        raise SystemExit("usage: python scripts/experiments/pipeline_report.py OUTPUT_DIR | --write_readme")
-    output_dir = argv[0]
+    if ns.output_dir is None:
+        parser.error("give OUTPUT_DIR (a comparison's output directory) or --write_readme")
+    output_dir = ns.output_dir
     results = []
     for path in sorted(glob.glob(os.path.join(output_dir, "runs", "*", "result.json"))):
         with open(path, encoding="utf-8") as handle:
