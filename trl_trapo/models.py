@@ -106,6 +106,79 @@ class PolicyAndValueWrapper(nn.Module):
         return self.policy.generation_config
 
 
+class CountedPositionHead:
+    """Runs a causal LM's output layer only at the positions a loss counts.
+
+    A training forward needs logits at the positions whose next token is counted (completion tokens of RL rows,
+    completion tokens of SFT rows, text tokens of pretraining rows), not at prompts or padding. With a large
+    vocabulary the output layer and the log-softmax over its `(B, T, V)` logits dominate memory (SmolLM2: 49,152 x 4
+    bytes = 192 KiB per position, three copies live in the backward). Inside `restrict(counted)` a forward pre-hook on
+    the model's output embeddings (`get_output_embeddings()`) hands it `hidden[:, :-1][counted]` instead of
+    `hidden`, so the model returns logits of shape `(N, V)`, N = `counted.sum()`, in the order of `counted.nonzero()`.
+    The model's own forward (and so DDP's and DeepSpeed's hooks) is unchanged.
+
+    A model whose output layer receives something else than the `(B, T + 1, H)` hidden states (a custom head) is left
+    alone: the forward returns its usual `(B, T + 1, V)` logits and the caller selects the counted positions itself;
+    `applies(logits, counted)` tells which of the two happened.
+
+    Args:
+        policy (`nn.Module`): the causal LM (or `PeftModel`); without `get_output_embeddings()` nothing is restricted.
+    """
+
+    def __init__(self, policy: nn.Module):
+        getter = getattr(policy, "get_output_embeddings", None)
+        self.head = getter() if callable(getter) else None
+
+    @contextlib.contextmanager
+    def restrict(self, counted: torch.Tensor) -> Iterator[None]:
+        """Compute the next forward's logits only where `counted` (`(B, T)` bool: position t predicts token t + 1)."""
+        if self.head is None:
+            yield
+            return
+        expected = (counted.shape[0], counted.shape[1] + 1)
+
+        def select_counted(module, args, kwargs):
+            hidden = args[0] if args else None
+            if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or tuple(hidden.shape[:2]) != expected:
+                return None  # not the hidden states this forward was restricted for: leave the head alone
+            return (hidden[:, :-1][counted],) + tuple(args[1:]), kwargs
+
+        handle = self.head.register_forward_pre_hook(select_counted, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    @staticmethod
+    def applies(logits: torch.Tensor, counted: torch.Tensor) -> bool:
+        """Whether `logits` (a restricted forward's output) are the counted positions' `(N, V)` logits."""
+        return logits.dim() == 2 and logits.shape[0] == int(counted.sum())
+
+
+def counted_log_probs(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 512) -> torch.Tensor:
+    """log softmax(logits)[target] per counted token, in fp32, `chunk_tokens` tokens at a time.
+
+    TRL's `selective_log_softmax` (fused kernel where available) on `(1, chunk, V)` slices: its memory-saving loop runs
+    over the leading dimension, which for `(N, V)` inputs would be one Python iteration per token.
+
+    Args:
+        logits (`torch.Tensor`): `(N, V)`.
+        targets (`torch.Tensor`): `(N,)` token ids.
+        chunk_tokens (`int`): tokens per log-softmax call (peak extra memory: chunk_tokens x V floats).
+
+    Returns:
+        `torch.Tensor`: `(N,)` log-probabilities in nats (fp32).
+    """
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    if logits.shape[0] == 0:
+        return logits.new_zeros((0,)) + logits.sum() * 0  # keeps the graph (every rank must reach the output layer)
+    parts = [
+        selective_log_softmax(chunk.unsqueeze(0), index.unsqueeze(0)).squeeze(0)
+        for chunk, index in zip(logits.split(chunk_tokens), targets.split(chunk_tokens), strict=True)
+    ]
+    return torch.cat(parts)
+
+
 class ReferencePolicy:
     """The reference policy of the KL term: a frozen model, or a frozen adapter of a PEFT policy.
 

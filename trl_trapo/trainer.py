@@ -44,7 +44,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
+from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits
 
 from .callbacks import (
     AdapterBankCallback,
@@ -93,9 +93,11 @@ from .losses import (
 from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
 from .models import (
+    CountedPositionHead,
     PolicyAndValueWrapper,
     ReferencePolicy,
     add_frozen_adapter_copy,
+    counted_log_probs,
     create_reference,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
@@ -399,6 +401,8 @@ class TRAPOTrainer(_BaseTrainer):
         # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
         # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
         self.padding_id = embedding_safe_pad_id(processing_class, self._unwrapped_policy(), value_model)
+        # the training forward's output layer runs only at counted positions
+        self.counted_head = CountedPositionHead(self._unwrapped_policy())
         self.generation_config = rollout_generation_config(args, processing_class, self.padding_id)
         stops = stop_token_ids(args, processing_class)  # what stops generation is exactly what cuts the mask
         self.rollouts = RolloutEngine(
@@ -796,28 +800,37 @@ class TRAPOTrainer(_BaseTrainer):
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
         rl_rows = objective == RL
 
-        # step 1. one forward of the policy over every row (and of the critic over the RL rows)
+        # step 1. one forward of the policy over every row (and of the critic over the RL rows); the output layer runs
+        # only at counted positions: `logits` is (N, V), N = mask.sum(), in the order of `counted.nonzero()`
+        counted = mask.bool()  # (B, T)
         forward_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         if context.probe:
             forward_kwargs["output_hidden_states"] = True
         values = None
-        if self._has_critic:
-            outputs, values = model(**forward_kwargs, value_rows=rl_rows.nonzero().squeeze(-1))
-        else:
-            outputs = model(**forward_kwargs)
-        logits = outputs.logits[:, :-1]  # (B, T, V)
-        targets = input_ids[:, 1:]  # (B, T)
+        with self.counted_head.restrict(counted):
+            if self._has_critic:
+                outputs, values = model(**forward_kwargs, value_rows=rl_rows.nonzero().squeeze(-1))
+            else:
+                outputs = model(**forward_kwargs)
+        logits = outputs.logits
+        if not CountedPositionHead.applies(logits, counted):  # a head the hook left alone: select here
+            logits = logits[:, :-1][counted]
+        token_rows = counted.nonzero()[:, 0]  # (N,) the row of each counted token
+        targets = input_ids[:, 1:][counted]  # (N,)
         temperature = args.temperature
+        row_scale = None
         if "temperature" in inputs:  # RL rows' own sampling temperatures (few-shot mode anneals it); 0: configured
             row_temperature = torch.where(inputs["temperature"] > 0, inputs["temperature"], temperature)
-            scale = torch.where(rl_rows, 1.0 / row_temperature, 1.0).to(logits.dtype)
-            logits = logits * scale[:, None, None]
+            row_scale = torch.where(rl_rows, 1.0 / row_temperature, 1.0)
         elif temperature != 1.0 and bool(rl_rows.any()):
-            scale = torch.where(rl_rows, 1.0 / temperature, 1.0).to(logits.dtype)
-            logits = logits * scale[:, None, None]
-        # (B, T) nats, in fp32 as the behaviour and reference log-probs are (a bf16 log-softmax alone would put the
-        # first PPO ratio ~1e-2 away from 1)
-        per_token_logps = selective_log_softmax(logits if logits.dtype == torch.float32 else logits.float(), targets)
+            row_scale = torch.where(rl_rows, 1.0 / temperature, 1.0)
+        if row_scale is not None:
+            logits = logits * row_scale[token_rows].to(logits.dtype).unsqueeze(1)
+        # (B, T) nats, 0 where not counted, in fp32 as the behaviour and reference log-probs are (a bf16 log-softmax
+        # alone would put the first PPO ratio ~1e-2 away from 1)
+        per_token_logps = torch.zeros(counted.shape, dtype=torch.float32, device=logits.device).masked_scatter(
+            counted, counted_log_probs(logits, targets)
+        )
 
         # step 2. the three terms
         masks = [mask * (objective == o).unsqueeze(1).to(mask.dtype) for o in (PRETRAIN, SFT, RL)]
@@ -835,7 +848,9 @@ class TRAPOTrainer(_BaseTrainer):
         stats: dict[str, torch.Tensor] = {}
         pg_coef = None
         if bool(rl_rows.any()):
-            loss_rl, stats, pg_coef = self._rl_loss(inputs, per_token_logps, logits, values, masks[RL], context)
+            loss_rl, stats, pg_coef = self._rl_loss(
+                inputs, per_token_logps, logits, rl_rows[token_rows], values, masks[RL], context
+            )
 
         total = weights[PRETRAIN] * loss_pretrain + weights[SFT] * loss_sft_opt + weights[RL] * loss_rl
         total = total * self.accelerator.num_processes
@@ -849,7 +864,7 @@ class TRAPOTrainer(_BaseTrainer):
             coefficients = torch.where((objective == SFT).unsqueeze(1), sft_coef.detach(), coefficients)
             if pg_coef is not None:
                 coefficients = torch.where(rl_rows.unsqueeze(1), pg_coef, coefficients)
-            self._accumulate_probe(outputs, logits, targets, objective, mask, inputs["half"], coefficients)
+            self._accumulate_probe(outputs, logits, targets, objective, counted, inputs["half"], coefficients)
 
         # step 4. metrics (summed over micro-batches; every term already carries its global normaliser). An
         # objective's loss is measured only in steps that have its tokens: a step without them adds nothing (not 0)
@@ -868,9 +883,10 @@ class TRAPOTrainer(_BaseTrainer):
         context.micro_index += 1
         return (total, outputs) if return_outputs else total
 
-    def _rl_loss(self, inputs, per_token_logps, logits, values, rl_mask, context: StepContext):
+    def _rl_loss(self, inputs, per_token_logps, logits, token_is_rl, values, rl_mask, context: StepContext):
         """The RL term of one micro-batch: PPO's surrogate (+ KL in the loss, - entropy bonus, + value loss), its
-        statistics, and d loss / d log pi per token for the DARE probe."""
+        statistics, and d loss / d log pi per token for the DARE probe. `logits` are the counted positions' `(N, V)`,
+        `token_is_rl` `(N,)` marks the RL rows' tokens among them."""
         args = self.args
         counts = context.counts
         n_tokens = max(counts["tokens_rl"], 1.0)
@@ -899,10 +915,9 @@ class TRAPOTrainer(_BaseTrainer):
                 per_token = per_token + kl_coef * kl
             stats["policy/kl_avg"] = masked_sum(kl.detach(), rl_mask) / n_tokens
         if entropy_coef > 0 or self._is_logging_step():
-            rows = (inputs["objective"] == RL).nonzero().squeeze(-1)
             with torch.set_grad_enabled(entropy_coef > 0 and torch.is_grad_enabled()):
-                entropy = torch.zeros_like(per_token_logps)
-                entropy[rows] = entropy_from_logits(logits[rows]).to(entropy.dtype)
+                rl_entropy = entropy_from_logits(logits[token_is_rl]).to(per_token_logps.dtype)  # RL tokens only
+                entropy = torch.zeros_like(per_token_logps).masked_scatter(rl_mask.bool(), rl_entropy)
             if entropy_coef > 0:
                 per_token = per_token - entropy_coef * entropy
             stats["policy/entropy_avg"] = masked_sum(entropy.detach(), rl_mask) / n_tokens
@@ -926,20 +941,18 @@ class TRAPOTrainer(_BaseTrainer):
         # -d loss / d log pi per token of the optimised policy term, for the DARE probe
         return loss, stats, policy.logp_coef * rl_mask
 
-    def _accumulate_probe(self, outputs, logits, targets, objective, mask, half, coefficients) -> None:
-        hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
-        counted = mask.bool()
+    def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, coefficients) -> None:
+        """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets, coefficients."""
         if not bool(counted.any()):
             return
-        token_objective = objective.unsqueeze(1).expand_as(mask)[counted]
-        token_half = half.unsqueeze(1).expand_as(mask)[counted]
+        hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
         self.dare.probe.accumulate(
             hidden[counted].detach(),
-            logits[counted].detach(),
-            targets[counted],
+            logits.detach(),
+            targets,
             coefficients[counted],
-            token_objective,
-            token_half,
+            objective.unsqueeze(1).expand_as(counted)[counted],
+            half.unsqueeze(1).expand_as(counted)[counted],
         )
 
     def _is_logging_step(self) -> bool:

@@ -299,7 +299,9 @@ class FewShotController:
         if sft_pool_size:
             if lm_head is None:
                 raise ValueError("FewShotController needs the policy's `lm_head` to embed SFT rows.")
-            self._hook = lm_head.register_forward_hook(self._capture)
+            # a pre-hook registered now runs before the trainer's CountedPositionHead (registered per forward), so it
+            # sees the full (B, T + 1, H) hidden states, prompts included
+            self._hook = lm_head.register_forward_pre_hook(self._capture)
 
     # ---- exploration --------------------------------------------------------------------------------------------
     def temperature_at(self, step: int) -> float:
@@ -339,7 +341,7 @@ class FewShotController:
         self._round = None
 
     # ---- SFT rows -----------------------------------------------------------------------------------------------
-    def _capture(self, module, inputs, output) -> None:
+    def _capture(self, module, inputs) -> None:
         self._captured = inputs[0]
 
     def after_forward(self, objective: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
