@@ -56,6 +56,20 @@ def test_summary_and_verdict_use_the_serial_run_of_the_same_seed():
     assert "censored" in pipeline_report.markdown_table(summary)
 
 
+def test_time_target_is_not_applicable_when_serial_ends_where_it_started():
+    """`--quick` once printed "reached the serial pipeline's final accuracy in 0 % of the serial wall time (target
+    <= 70 %: met)" when that accuracy was 0.000, which the initial model already has."""
+    base = {"wall_s": 100.0, "cpu_s": 100.0, "generation_s": 10.0, "peak_rss_mb": 1.0, "tokens": 1, "steps": 10}
+    results = [
+        {**base, "method": "serial", "seed": 0, "checkpoints": rows((0, 0.0, 2.0), (100, 0.0, 2.4))},
+        {**base, "method": "trapo", "seed": 0, "checkpoints": rows((0, 0.0, 2.0), (50, 0.3, 2.1))},
+    ]
+    verdict = pipeline_report.verdict(pipeline_report.summarize(results))
+    assert not verdict["time_applicable"] and not verdict["time_met"]
+    text = pipeline_report.verdict_text(verdict)
+    assert "**n/a**" in text and "met**" not in text.split(";")[0]
+
+
 def test_serial_budget_split_follows_trapo_curriculum():
     _, config, _, _ = compare_pipelines.parse_job([], quick=True)
     shares = compare_pipelines.time_averaged_mixture(config, (True, True, True))

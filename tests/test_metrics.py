@@ -37,7 +37,7 @@ def readme_keys() -> list[str]:
 
 
 STEP_MEAN = ("loss/", "policy/", "val/ratio", "val/clipfrac_avg")  # measured by a step's forward
-ROLLOUT_MEAN = ("objective/", "completions/", "rewards/", "reward_calls")  # measured by generation rounds
+ROLLOUT_MEAN = ("objective/", "completions/", "rewards/", "reward_calls", "rl/")  # measured by generation rounds
 ROLLOUT_SUM = ("val/num_eos_tokens",)
 STATE = (
     "weight/",
@@ -194,3 +194,41 @@ def test_a_step_without_an_objectives_rows_does_not_log_its_loss(runs):
     # num_ppo_epochs=4: a generation round serves several steps, the others log no rollout metric
     assert any("objective/scores" not in log for log in every.values())
     assert any("objective/scores" in log for log in every.values())
+
+
+class SumAccelerator:
+    """One process: `reduce` is the identity, as for a single rank."""
+
+    device = "cpu"
+    num_processes = 1
+
+    @staticmethod
+    def reduce(tensor, reduction="sum"):
+        return tensor
+
+
+def test_zero_variance_groups_are_counted_per_round_and_per_task():
+    import torch
+
+    from trl_trapo.metrics import MetricsAccumulator
+
+    metrics = MetricsAccumulator([], "k1")
+    metrics.track_tasks(["lst", "rev"])
+    nan = float("nan")
+    # 4 groups of 3: all 0 (flat), mixed, all 1 (flat), one scored + two None (fewer than 2 scores: not counted)
+    scores = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.5, nan, nan])
+    tasks = ["lst"] * 3 + ["rev"] * 3 + ["rev"] * 3 + ["lst"] * 3
+    completions = [torch.tensor([1, 2])] * 12
+    logps = [torch.zeros(2)] * 12
+    metrics.add_rollouts(
+        completions, logps, None, scores, torch.zeros(12, 0), torch.zeros(12, dtype=torch.bool), 3, tasks
+    )
+    out = metrics.collect(SumAccelerator(), 0.0)
+    assert out["rl/zero_variance_groups"] == pytest.approx(2 / 3)
+    assert out["rl/zero_variance_groups/lst"] == pytest.approx(1.0)  # its other group had one score only
+    assert out["rl/zero_variance_groups/rev"] == pytest.approx(0.5)
+    # a critic (groups of one) has no groups: the metric is absent, not 0
+    metrics.add_rollouts(
+        completions, logps, None, scores, torch.zeros(12, 0), torch.zeros(12, dtype=torch.bool), 1, tasks
+    )
+    assert not any(key.startswith("rl/") for key in metrics.collect(SumAccelerator(), 0.0))

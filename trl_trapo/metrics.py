@@ -6,7 +6,10 @@
   averaged over the optimizer steps that measured it and reduced over ranks. Sums stay on the device: nothing syncs
   until the log.
 - Rollout metrics (`objective/*`, `completions/*`, `rewards/*`, `val/num_eos_tokens`): sums over the rollouts
-  generated since the last log, divided by their count at log time.
+  generated since the last log, divided by their count at log time. `rl/zero_variance_groups`: the fraction of
+  groups (the `num_generations` completions of one prompt, at least two of them scored) whose scores are all equal —
+  their group-relative advantages are 0, so they give RL no gradient; per task family as
+  `rl/zero_variance_groups/<task>` when the RL dataset has a `task` column.
 
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
@@ -33,7 +36,13 @@ class MetricsAccumulator:
     def __init__(self, reward_names: list[str], kl_estimator: str):
         self.reward_names = list(reward_names)
         self.kl_estimator = kl_estimator
+        self.task_names: list[str] = []
         self.reset()
+
+    def track_tasks(self, task_names: list[str]) -> None:
+        """Log `rl/zero_variance_groups/<task>` for these task families (the RL dataset's `task` values; the same
+        list on every rank, so that the cross-rank reduction sees the same keys)."""
+        self.task_names = sorted(set(task_names))
 
     def reset(self) -> None:
         """Forget everything collected since the last log."""
@@ -66,9 +75,12 @@ class MetricsAccumulator:
         scores: torch.Tensor,
         per_func: torch.Tensor,
         is_truncated: torch.Tensor,
+        group: int = 1,
+        tasks: list[str] | None = None,
     ) -> float:
         """Add a generation round (B completions, `(C_i,)` tensors each; `(B,)` scores with NaN = no reward, `(B, F)`
-        rewards per function, `(B,)` truncation flags). Returns the round's summed per-sequence KL (nats)."""
+        rewards per function, `(B,)` truncation flags; consecutive groups of `group` completions share a prompt,
+        whose task family is `tasks[i]`). Returns the round's summed per-sequence KL (nats)."""
         sums = self.rollout_sums
         n = len(completion_ids)
         valid = ~torch.isnan(scores)
@@ -87,7 +99,24 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
+        if group > 1 and n % group == 0:
+            self._add_groups(scores.view(-1, group), tasks[::group] if tasks is not None else None)
         return kl_sum
+
+    def _add_groups(self, scores: torch.Tensor, tasks: list[str] | None) -> None:
+        """Count the groups (rows of `(G, group)` scores) with at least two scores, and those whose scores are equal
+        (to 1e-6: identical up to rounding)."""
+        sums = self.rollout_sums
+        scored = (~torch.isnan(scores)).sum(1) >= 2
+        high = torch.nan_to_num(scores, nan=-float("inf")).max(1).values
+        low = torch.nan_to_num(scores, nan=float("inf")).min(1).values
+        flat = scored & ((high - low) <= 1e-6)
+        sums["rl/groups"] += float(scored.sum())
+        sums["rl/zero_variance_groups"] += float(flat.sum())
+        for name in self.task_names:  # every known family, 0 included: the same keys on every rank
+            of_task = torch.tensor([t == name for t in tasks]) if tasks is not None else torch.zeros_like(scored)
+            sums[f"rl/groups/{name}"] += float((scored & of_task).sum())
+            sums[f"rl/zero_variance_groups/{name}"] += float((flat & of_task).sum())
 
     def log_metric(self, name: str, value: float) -> None:
         """A reward function's `log_metric(name, value)`."""
@@ -133,6 +162,10 @@ class MetricsAccumulator:
                 count = reduced.get(f"rewards/{name}/count", 0.0)
                 if count:
                     out[f"rewards/{name}/mean"] = reduced[f"rewards/{name}/mean"] / count
+            for suffix in ["", *(f"/{name}" for name in self.task_names)]:
+                groups = reduced.get(f"rl/groups{suffix}", 0.0)
+                if groups:
+                    out[f"rl/zero_variance_groups{suffix}"] = reduced[f"rl/zero_variance_groups{suffix}"] / groups
         out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
         self.reset()
         return out

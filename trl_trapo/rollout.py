@@ -255,6 +255,8 @@ class RolloutBatch:
     per_func: torch.Tensor  # (B, F) reward of each reward function / model; NaN = none
     is_truncated: torch.Tensor  # (B,) bool: no stop token was generated
     temperature: float  # the round's sampling temperature
+    group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
+    tasks: list[str] | None = None  # (B,) the RL dataset's `task` of each completion's prompt, when it has one
 
 
 class VLLMGenerator:
@@ -518,8 +520,9 @@ class RolloutEngine:
         trajectories = self.make_trajectories(
             prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group
         )
+        tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
-            trajectories, completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop, temperature
+            trajectories, completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop, temperature, group, tasks
         )
 
     def make_trajectories(

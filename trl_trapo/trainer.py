@@ -127,6 +127,9 @@ def quiet_checkpointing_deprecation() -> Iterator[None]:
         yield
 
 
+MAX_LOGGED_TASKS = 32  # a `task` column with more distinct values is not a family label: no per-task metrics
+
+
 class TRAPOTrainer(_BaseTrainer):
     r"""
     Trains one causal LM on pretraining, SFT and RL objectives jointly (TRAPO).
@@ -268,6 +271,10 @@ class TRAPOTrainer(_BaseTrainer):
             has_critic=self._has_critic,
         )
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
+        if data.rl is not None and "task" in data.rl.column_names:  # rl/zero_variance_groups per task family
+            families = set(map(str, data.rl["task"]))
+            if len(families) <= MAX_LOGGED_TASKS:
+                self.metrics.track_tasks(sorted(families))
         self.active = data.active
         check_best_model_metric(args, eval_dataset)
         if data.rl is not None:  # models that read the policy's tokens must fit the longest prompt + completion
@@ -754,6 +761,8 @@ class TRAPOTrainer(_BaseTrainer):
             batch.scores,
             batch.per_func,
             batch.is_truncated,
+            batch.group,
+            batch.tasks,
         )
         self.schedules.observe_rollouts(kl_sum, len(batch.completion_ids))  # the adaptive KL controller's input
         # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window

@@ -44,7 +44,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import left_pad
-from trl_trapo.rewards import numeric_answer_reward
+from trl_trapo.models import ReferencePolicy
+from trl_trapo.rewards import RewardScorer, numeric_answer_reward
+from trl_trapo.rollout import RolloutEngine
+from trl_trapo.rollout import generate as rollout_generate
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # scripts/
@@ -198,29 +201,39 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
     return result
 
 
-# where a step's time goes: cumulative time of the functions that make up its phases, as (file, function) — the
-# rollout round contains generation, the reference log-probs and the rewards; backward is torch's C++ engine
+def _code(function) -> tuple[str, int, str]:
+    code = function.__code__
+    return code.co_filename, code.co_firstlineno, code.co_name
+
+
+# where a step's time goes: cumulative time of the functions that make up its phases — the rollout round contains
+# generation, the reference log-probs and the rewards; backward is torch's C++ engine. Functions are matched by their
+# code objects (file, first line, name), so a renamed or moved function fails loudly instead of reading 0.
 PHASES = {
-    "rollout round (generate + reference log-probs + rewards)": ("trainer_rollouts.py", "_generate_round"),
-    "  generate (sampling, behaviour log-probs recorded)": ("rollout.py", "generate"),
-    "  reference log-probs (no-grad forward of the frozen copy)": ("trainer_rollouts.py", "_reference_logps"),
-    "  rewards (numeric_answer_reward, math-verify)": ("trainer_rollouts.py", "_score"),
-    "training forward + loss (compute_loss)": ("trainer.py", "compute_loss"),
-    "backward": ("~", "<method 'run_backward' of 'torch._C._EngineBase' objects>"),
-    "optimizer step (AdamW)": ("adam.py", "step"),
+    "rollout round (generate + reference log-probs + rewards)": _code(RolloutEngine.generate),
+    "  generate (sampling, behaviour log-probs recorded)": _code(rollout_generate),
+    "  reference log-probs (no-grad forward of the frozen copy)": _code(ReferencePolicy.logps),
+    "  rewards (numeric_answer_reward, math-verify)": _code(RewardScorer.score),
+    "training forward + loss (compute_loss)": _code(TRAPOTrainer.compute_loss),
+    "backward": ("~", 0, "<method 'run_backward' of 'torch._C._EngineBase' objects>"),
+    "optimizer step (AdamW)": _code(getattr(torch.optim.AdamW.step, "__wrapped__", torch.optim.AdamW.step)),
 }
 
 
 def profile_phases(stats: pstats.Stats) -> dict[str, float]:
-    """Seconds per phase of `PHASES` (the largest cumulative time among matching entries)."""
+    """Seconds per phase of `PHASES` (cumulative CPU time of the phase's function in the profiled step).
+
+    Raises:
+        KeyError: a phase's function never ran in the profiled step (e.g. renamed), instead of reporting 0.
+    """
     out = {}
-    for label, (file_suffix, function) in PHASES.items():
-        times = [
-            cumtime
-            for (filename, _, name), (_, _, _, cumtime, _) in stats.stats.items()
-            if name == function and filename.endswith(file_suffix)
-        ]
-        out[label] = round(max(times, default=0.0), 1)
+    for label, key in PHASES.items():
+        if key not in stats.stats:
+            if "reference" in label:  # no reference forward when kl_coef = 0 (not the case here)
+                out[label] = 0.0
+                continue
+            raise KeyError(f"profile has no entry for {label!r} ({key}); update PHASES")
+        out[label] = round(stats.stats[key][3], 1)
     return out
 
 

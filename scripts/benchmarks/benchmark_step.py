@@ -13,16 +13,20 @@ Prints, for a Llama of >= 20M parameters at sequence length 512 (every row of ev
    prompts with the same generation config. Target >= 0.9.
 
 Medians over `--steps` steps after `--warmup` warm-up steps; the baseline is timed before and after the TRAPO run
-(median of both) to cancel slow drift in machine load. Run it on an otherwise idle machine:
+(median of both) to cancel slow drift in machine load. On CPU the clock is this process's CPU time (`--clock`), which
+other jobs on a shared machine change far less than wall time; still, prefer an otherwise idle machine:
 
     python scripts/benchmarks/benchmark_step.py           # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
     python scripts/benchmarks/benchmark_step.py --steps 20 --rows 8 --device cuda
+    python scripts/benchmarks/benchmark_step.py --model_dir ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+        --steps 4 --warmup 1 --skip_critic    # the real model (49,152-token vocabulary): ~15 min on 1 CPU thread
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -30,6 +34,8 @@ import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     GenerationConfig,
     LlamaConfig,
@@ -54,7 +60,23 @@ def build_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
 
 
+MODEL_DIR: str | None = None  # --model_dir: a real model folder instead of the synthetic Llama
+CLOCK = time.perf_counter  # --clock: wall time, or this process's CPU time (all threads)
+
+
+def clock() -> float:
+    """Seconds on the clock chosen with `--clock`."""
+    return CLOCK()
+
+
 def build_model(vocab_size: int, seed: int = 0, critic: bool = False):
+    """The synthetic Llama (seeded), or with `--model_dir` that model's weights (fp32; a critic gets a fresh score
+    head on them). Token ids are random either way: only shapes and the vocabulary size matter for cost."""
+    if MODEL_DIR is not None:
+        torch.manual_seed(seed)
+        auto = AutoModelForSequenceClassification if critic else AutoModelForCausalLM
+        extra = {"num_labels": 1} if critic else {}
+        return auto.from_pretrained(MODEL_DIR, dtype=torch.float32, **extra)
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=512,
@@ -102,7 +124,7 @@ def plain_steps(model, tokens: torch.Tensor, steps: int, warmup: int, device: st
     tokens = tokens.to(device)
     times = []
     for step in range(warmup + steps):
-        start = time.perf_counter()
+        start = clock()
         loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -111,7 +133,7 @@ def plain_steps(model, tokens: torch.Tensor, steps: int, warmup: int, device: st
         if device == "cuda":
             torch.cuda.synchronize()
         if step >= warmup:
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     return times
 
 
@@ -125,12 +147,12 @@ class StepTimer(TrainerCallback):
         self.generated_tokens = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.last = time.perf_counter()
+        self.last = clock()
 
     def on_step_end(self, args, state, control, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        now = time.perf_counter()
+        now = clock()
         self.times.append(now - self.last - self.generation)
         self.generation = 0.0
         self.last = now
@@ -145,9 +167,9 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
     callers = (rollout, evaluation)
 
     def timed_generate(*args, **kwargs):
-        start = time.perf_counter()
+        start = clock()
         out = original(*args, **kwargs)
-        timer.generation += time.perf_counter() - start
+        timer.generation += clock() - start
         return out
 
     for module in callers:
@@ -163,6 +185,7 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
         max_prompt_length=PROMPT,
         response_length=SEQ - PROMPT,
         num_generations=2,
+        stop_token=None,  # every completion is exactly SEQ - PROMPT tokens: the same tokens as the plain step
         kl_coef=0.05,
         logging_steps=10,
         report_to="none",
@@ -210,13 +233,13 @@ def rollout_ratio(prompts: int, new_tokens: int, device: str, vocab_size: int, r
     attention_mask = torch.ones_like(input_ids)
     plain, ours = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         with torch.no_grad():
             model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-        plain.append(time.perf_counter() - start)
-        start = time.perf_counter()
+        plain.append(clock() - start)
+        start = clock()
         rollout.generate(model, prompt_ids, config, 0, [1], 1.0)
-        ours.append(time.perf_counter() - start)
+        ours.append(clock() - start)
     tokens = prompts * new_tokens
     return {
         "plain_tokens_per_s": tokens / statistics.median(plain),
@@ -233,7 +256,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip_critic", action="store_true")
+    parser.add_argument(
+        "--model_dir",
+        default=None,
+        help="Time a real model instead (e.g. ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct from "
+        "scripts/fetch_smollm2.py); --vocab_size then comes from its config.",
+    )
+    parser.add_argument(
+        "--clock",
+        default=None,
+        choices=("cpu", "wall"),
+        help="process CPU time (default on CPU: other jobs on a shared machine barely change it) or wall time "
+        "(default on CUDA)",
+    )
+    parser.add_argument("--rollout_prompts", type=int, default=8)
+    parser.add_argument("--rollout_tokens", type=int, default=64)
     args = parser.parse_args(argv)
+    global MODEL_DIR, CLOCK
+    MODEL_DIR = args.model_dir
+    clock_name = args.clock or ("cpu" if args.device == "cpu" else "wall")
+    CLOCK = time.process_time if clock_name == "cpu" else time.perf_counter
+    if MODEL_DIR is not None:
+        args.vocab_size = AutoConfig.from_pretrained(MODEL_DIR).vocab_size
     model = build_model(args.vocab_size)
     parameters = sum(p.numel() for p in model.parameters())
     tokens = torch.randint(3, args.vocab_size, (args.rows, SEQ), generator=torch.Generator().manual_seed(2))
@@ -253,7 +297,10 @@ def main(argv: list[str] | None = None) -> dict:
         critic = trapo_steps(args.rows, args.steps, args.warmup, True, args.device, args.vocab_size)
         results["trapo_critic_step_s"] = statistics.median(critic)
         results["critic_step_ratio"] = statistics.median(critic) / plain
-    results["rollout"] = rollout_ratio(8, 64, args.device, args.vocab_size)
+    results["rollout"] = rollout_ratio(args.rollout_prompts, args.rollout_tokens, args.device, args.vocab_size)
+    results["model"] = MODEL_DIR or "synthetic Llama"
+    results["clock"] = clock_name
+    results["load_average"] = os.getloadavg()[0]
     print(json.dumps(results, indent=2))
     return results
 
