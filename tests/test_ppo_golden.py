@@ -202,9 +202,11 @@ def process(trainer: PPOTrainer, case: dict) -> tuple[list[dict], torch.Tensor]:
     seen = {}
     make_trajectories = trainer.rollouts.make_trajectories
 
-    def spy(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group):
+    def spy(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group, *rest):
         seen["scores"] = scores.clone()
-        return make_trajectories(prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group)
+        return make_trajectories(
+            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group, *rest
+        )
 
     trainer.rollouts.make_trajectories = spy
     try:

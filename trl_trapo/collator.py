@@ -59,6 +59,7 @@ class Row:
     half: int | None = None  # 0 / 1: DARE probe half, assigned when the step is built
     pool_index: int = -1  # SFT: the row's slot in the SFT pool (per-row feedback); -1 otherwise
     temperature: float | None = None  # RL: the row's own sampling temperature (few-shot mode); None: the config's
+    off_policy: bool = False  # RL: a demonstration put in by guidance (loss and KL differ, see trl_trapo/guidance.py)
 
 
 @dataclass
@@ -85,12 +86,13 @@ class StepContext:
         return self.micro_index >= self.num_micro
 
 
-COUNT_KEYS = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
+COUNT_KEYS = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl", "tokens_rl_sampled")
 
 
 def step_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """This rank's counts of a step's micro-batches, `(5,)` float64 in the order of `COUNT_KEYS`: tokens counted per
-    objective, RL rows with a counted token, and micro-batches holding such an RL row (sum them over ranks)."""
+    """This rank's counts of a step's micro-batches, `(6,)` float64 in the order of `COUNT_KEYS`: tokens counted per
+    objective, RL rows with a counted token, micro-batches holding such an RL row, and counted RL tokens that were
+    sampled (not demonstrations put in by guidance) (sum them over ranks)."""
     local = torch.zeros(len(COUNT_KEYS), dtype=torch.float64)
     for batch in batches:
         token_counts = batch["mask"].sum(-1)
@@ -99,6 +101,10 @@ def step_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         rl_rows = (batch["objective"] == RL) & (token_counts > 0)
         local[3] += rl_rows.sum()
         local[4] += float(rl_rows.any())
+        sampled = batch["objective"] == RL
+        if "off_policy" in batch:
+            sampled = sampled & ~batch["off_policy"]
+        local[5] += token_counts[sampled].sum()
     return local
 
 
@@ -272,6 +278,8 @@ def collate_rows(rows: list[Row], pad_token_id: int) -> dict[str, torch.Tensor]:
             batch[name] = pad(values, padding_value=0.0)
     if any(r.temperature is not None for r in rows):
         batch["temperature"] = torch.tensor([0.0 if r.temperature is None else float(r.temperature) for r in rows])
+    if any(r.off_policy for r in rows):
+        batch["off_policy"] = torch.tensor([bool(r.off_policy) for r in rows], dtype=torch.bool)
     return batch
 
 

@@ -470,6 +470,30 @@ class TRAPOConfig(_BaseConfig):
             "the clipped surrogate."
         },
     )
+    demonstration_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Column of the RL dataset holding a reference solution of each prompt (text, or an assistant "
+            "message list), e.g. GSM8K's `answer`. With it, groups whose completions all score the same get the "
+            "demonstration as an off-policy sample (`guidance`). None: no guidance. Rows with an empty value, or a "
+            "demonstration longer than `response_length`, get none."
+        },
+    )
+    guidance: Literal["zero_variance", "always"] = field(
+        default="zero_variance",
+        metadata={
+            "help": "Which groups get the demonstration (it replaces the group's last completion): 'zero_variance' "
+            "only groups whose on-policy completions all score the same (they carry no RL gradient otherwise); "
+            "'always' every group that has one (LUFFY, arXiv 2504.14945)."
+        },
+    )
+    guidance_gamma: float = field(
+        default=0.1,
+        metadata={
+            "help": "Policy shaping of demonstration tokens: their loss is -A * p / (p + gamma), p = pi_theta(token) "
+            "(LUFFY, arXiv 2504.14945, eq. 6-7), which keeps the gradient of improbable expert tokens from vanishing."
+        },
+    )
     replay_max_age: int | None = field(
         default=None,
         metadata={
@@ -822,6 +846,12 @@ class TRAPOConfig(_BaseConfig):
             bad("replay_compress_threshold", self.replay_compress_threshold, "use a fraction in (0, 1].")
         if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:
             bad("importance_sampling_cap", self.importance_sampling_cap, "use a positive cap (e.g. 2.0) or None.")
+        if self.guidance not in ("zero_variance", "always"):
+            bad("guidance", self.guidance, "use 'zero_variance' or 'always'.")
+        if not (math.isfinite(self.guidance_gamma) and self.guidance_gamma > 0):
+            bad("guidance_gamma", self.guidance_gamma, "use a positive number (LUFFY uses 0.1).")
+        if self.demonstration_column is not None and not self.demonstration_column:
+            bad("demonstration_column", self.demonstration_column, "name a column of the RL dataset, or use None.")
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.local_rollout_forward_batch_size < 1:

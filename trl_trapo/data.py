@@ -240,6 +240,87 @@ def tokenize_prompt_dataset(
     return tokenized
 
 
+def tokenize_demonstrations(
+    dataset: Dataset,
+    column: str,
+    tokenizer,
+    stop_token_ids: list[int],
+    response_length: int,
+    template_kwargs: dict | None = None,
+) -> Dataset:
+    """Add a `demonstration_ids` column: each row's demonstration as a completion of its prompt (empty: none).
+
+    The completion is what the policy would have to generate after the row's `prompt_ids`: for a conversational
+    prompt, the chat template's rendering of an assistant turn holding the demonstration (its text, or the content of
+    an assistant message list), cut after its first stop token; for a standard prompt, the tokenised text with the
+    first stop token appended unless it already holds one. So a demonstration ends exactly as a completion that
+    stopped does. Demonstrations longer than `response_length` tokens are dropped (the policy could not produce them;
+    counted in a warning), as are empty values.
+
+    Args:
+        dataset (`Dataset`): the tokenised RL prompts (`prompt`, `prompt_ids`, and `column`).
+        column (`str`): the demonstration column (`TRAPOConfig.demonstration_column`).
+        tokenizer: the policy's tokenizer.
+        stop_token_ids (`list[int]`): the ids that end a completion (EOS when empty).
+        response_length (`int`): the longest completion, in tokens.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
+
+    Returns:
+        `Dataset`: `dataset` plus `demonstration_ids` (list of token ids per row, empty when there is none).
+
+    Raises:
+        ValueError: if `column` is not a column of `dataset`, or no row keeps a demonstration.
+    """
+    template_kwargs = template_kwargs or {}
+    columns = dataset_columns(dataset)
+    if column not in columns:
+        raise ValueError(
+            f"demonstration_column={column!r} is not a column of `train_dataset` (columns: {columns}); name the column "
+            "holding each prompt's reference solution, or set demonstration_column=None."
+        )
+    stops = list(stop_token_ids) or [tokenizer.eos_token_id]
+
+    def tokenize(example: dict) -> dict:
+        value = example[column]
+        if isinstance(value, list):  # an assistant message list
+            value = "".join(str(m.get("content", "")) for m in value if m.get("role", "assistant") == "assistant")
+        if value is None or not str(value).strip():
+            return {"demonstration_ids": [], "demonstration_too_long": False}
+        prompt = example.get("prompt")
+        if prompt is not None and is_conversational({"prompt": prompt}):
+            rendered = apply_chat_template(
+                {"prompt": prompt, "completion": [{"role": "assistant", "content": str(value)}]},
+                tokenizer,
+                **template_kwargs,
+            )
+            ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(str(value), add_special_tokens=False)["input_ids"]
+        cut = next((i for i, t in enumerate(ids) if t in stops), None)
+        ids = ids[: cut + 1] if cut is not None else ids + [stops[0]]
+        too_long = len(ids) > response_length
+        return {"demonstration_ids": [] if too_long else ids, "demonstration_too_long": too_long}
+
+    out = dataset.map(tokenize, desc="Tokenizing demonstrations")
+    too_long = sum(out["demonstration_too_long"])
+    out = out.remove_columns("demonstration_too_long")
+    kept = sum(1 for ids in out["demonstration_ids"] if ids)
+    if too_long:
+        logger.warning(
+            "%d of %d demonstrations (`%s`) are longer than response_length=%d tokens and are not used.",
+            too_long,
+            len(out),
+            column,
+            response_length,
+        )
+    if kept == 0:
+        raise ValueError(
+            f"No row of `train_dataset` keeps a demonstration from column {column!r} (empty, or longer than "
+            f"response_length={response_length} tokens): raise response_length or set demonstration_column=None."
+        )
+    return out
+
+
 class ShardedSampler:
     """Endless per-rank stream of dataset indices: a fresh seeded permutation each epoch, rank r takes r::world.
 
@@ -497,6 +578,7 @@ def prepare_datasets(
     max_positions: int | None,
     has_rewards: bool,
     has_critic: bool,
+    stop_token_ids: list[int] | None = None,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained.
 
@@ -507,6 +589,7 @@ def prepare_datasets(
         max_positions (`int`, *optional*): the model's context (`max_position_embeddings`).
         has_rewards (`bool`): whether any reward function or model was given.
         has_critic (`bool`): whether a value model was given.
+        stop_token_ids (`list[int]`, *optional*): the ids that end a completion (for demonstrations).
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
@@ -531,6 +614,10 @@ def prepare_datasets(
                 "`reward_model`, or set rl_weight=0 to train without RL."
             )
         rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs)
+        if args.demonstration_column is not None:
+            rl = tokenize_demonstrations(
+                rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
+            )
         longest = max(len(ids) for ids in rl["prompt_ids"])
         if max_positions is not None and longest + args.response_length > max_positions:
             if longest >= max_positions:
@@ -583,6 +670,12 @@ def prepare_datasets(
         raise ValueError(
             "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
             "`sft_dataset` or `pretrain_dataset`, with a weight > 0 (pretrain_weight / sft_weight / rl_weight)."
+        )
+    if data.rl is not None and args.demonstration_column is not None and has_critic:
+        raise ValueError(
+            f"{config_name}.demonstration_column={args.demonstration_column!r} needs group-relative advantages (a "
+            "demonstration joins a group of completions of its prompt), but a value_model was given: drop the "
+            "value_model or set demonstration_column=None."
         )
     if data.rl is not None and not has_critic and args.num_generations < 2:
         raise ValueError(

@@ -245,6 +245,33 @@ def truncated_is_policy_loss(
     return PolicyLossOutput(per_token_loss, ratio, ratio > cap, 0.5 * log_ratio**2, logp_coef)
 
 
+def shaped_off_policy_loss(per_token_logps: torch.Tensor, advantages: torch.Tensor, gamma: float) -> PolicyLossOutput:
+    """Policy loss of off-policy demonstration tokens with policy shaping, per token (LUFFY, Yan et al. 2025,
+    arXiv 2504.14945, eq. 6-7).
+
+    L_t = -A_t * f(p_t), f(p) = p / (p + gamma), p_t = pi_theta(y_t) = exp(log pi_theta(y_t)): the importance ratio
+    pi_theta / pi_expert with the expert's probability taken as 1, unclipped (a demonstration has no behaviour
+    probability to clip against), and shaped by f. Its gradient, -A_t * gamma * p_t / (p_t + gamma)^2 * grad log p_t,
+    stays large for improbable expert tokens, where the unshaped -A_t * p_t * grad log p_t would vanish.
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log pi_theta in nats (requires grad).
+        advantages (`torch.Tensor`): shape `(B, T)`.
+        gamma (`float`): the shaping constant (> 0; LUFFY uses 0.1).
+
+    Returns:
+        [`PolicyLossOutput`]: the unreduced per-token loss; `ratio` = p_t, `is_clipped` all False, `approx_kl` 0 (no
+        behaviour policy), `logp_coef` = A_t * gamma * p_t / (p_t + gamma)^2.
+    """
+    probability = torch.exp(per_token_logps)
+    per_token_loss = -advantages * probability / (probability + gamma)
+    with torch.no_grad():
+        p = probability.detach()
+        logp_coef = (advantages * gamma * p / (p + gamma) ** 2).expand_as(per_token_loss)
+        zeros = torch.zeros_like(p)
+    return PolicyLossOutput(per_token_loss, p, zeros.bool(), zeros, logp_coef)
+
+
 @dataclass
 class ValueLossOutput:
     """Per-token clipped value loss and its statistics (shape `(B, T)`; statistics detached)."""

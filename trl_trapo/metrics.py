@@ -77,10 +77,41 @@ class MetricsAccumulator:
         is_truncated: torch.Tensor,
         group: int = 1,
         tasks: list[str] | None = None,
+        guided: torch.Tensor | None = None,
+        sampled_scores: torch.Tensor | None = None,
     ) -> float:
         """Add a generation round (B completions, `(C_i,)` tensors each; `(B,)` scores with NaN = no reward, `(B, F)`
         rewards per function, `(B,)` truncation flags; consecutive groups of `group` completions share a prompt,
-        whose task family is `tasks[i]`). Returns the round's summed per-sequence KL (nats)."""
+        whose task family is `tasks[i]`). With guidance, `guided` `(B,)` marks the demonstrations that replaced
+        samples and `sampled_scores` `(B,)` are the scores of the samples before that: the rollout metrics describe
+        sampled completions only, the zero-variance fraction the groups as sampled, and `rl/guided_groups` counts the
+        groups that got a demonstration. Returns the round's summed per-sequence KL (nats) over the completions kept
+        for training (demonstrations included: the adaptive KL controller sees what is trained)."""
+        group_scores = scores if sampled_scores is None else sampled_scores
+        kl_total = None
+        if guided is not None:
+            n_groups = len(completion_ids) // max(group, 1)
+            self.rollout_sums["rl/all_groups"] += float(n_groups)
+            self.rollout_sums["rl/guided_groups"] += float(guided.sum())
+            if bool(guided.any()):
+                kl_total = self._kl_sum(old_logps, ref_logps)
+                keep = (~guided).nonzero().squeeze(-1).tolist()
+                completion_ids = [completion_ids[i] for i in keep]
+                old_logps = [old_logps[i] for i in keep]
+                ref_logps = [ref_logps[i] for i in keep] if ref_logps is not None else None
+                scores, per_func, is_truncated = scores[keep], per_func[keep], is_truncated[keep]
+        kl_sampled = self._add_sampled(completion_ids, old_logps, ref_logps, scores, per_func, is_truncated)
+        if group > 1 and group_scores.numel() % group == 0:
+            self._add_groups(group_scores.view(-1, group), tasks[::group] if tasks is not None else None)
+        return kl_sampled if kl_total is None else kl_total
+
+    def _kl_sum(self, old_logps: list[torch.Tensor], ref_logps: list[torch.Tensor] | None) -> float:
+        """Summed per-token KL estimate of the completions to the reference (nats); 0 without a reference."""
+        if ref_logps is None:
+            return 0.0
+        return sum(float(kl_estimate(o, r, self.kl_estimator).sum()) for o, r in zip(old_logps, ref_logps))
+
+    def _add_sampled(self, completion_ids, old_logps, ref_logps, scores, per_func, is_truncated) -> float:
         sums = self.rollout_sums
         n = len(completion_ids)
         valid = ~torch.isnan(scores)
@@ -99,8 +130,6 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
-        if group > 1 and n % group == 0:
-            self._add_groups(scores.view(-1, group), tasks[::group] if tasks is not None else None)
         return kl_sum
 
     def _add_groups(self, scores: torch.Tensor, tasks: list[str] | None) -> None:
@@ -162,6 +191,8 @@ class MetricsAccumulator:
                 count = reduced.get(f"rewards/{name}/count", 0.0)
                 if count:
                     out[f"rewards/{name}/mean"] = reduced[f"rewards/{name}/mean"] / count
+            if reduced.get("rl/all_groups", 0.0):
+                out["rl/guided_groups"] = reduced["rl/guided_groups"] / reduced["rl/all_groups"]
             for suffix in ["", *(f"/{name}" for name in self.task_names)]:
                 groups = reduced.get(f"rl/groups{suffix}", 0.0)
                 if groups:

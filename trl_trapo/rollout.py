@@ -32,6 +32,7 @@ from trl.import_utils import is_vllm_available
 from .collator import left_pad
 from .data import tokenize_prompt
 from .distributed import generation_synced_gpus
+from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
 from .models import PolicyAndValueWrapper, ReferencePolicy, completion_logps, value_predictions
@@ -257,6 +258,8 @@ class RolloutBatch:
     temperature: float  # the round's sampling temperature
     group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
     tasks: list[str] | None = None  # (B,) the RL dataset's `task` of each completion's prompt, when it has one
+    off_policy: torch.Tensor | None = None  # (B,) bool: a demonstration put in by guidance, not a sample
+    on_policy_scores: torch.Tensor | None = None  # (B,) the sampled completions' scores, before guidance
 
 
 class VLLMGenerator:
@@ -358,6 +361,8 @@ class RolloutEngine:
         stop_token_ids (`list[int]`): completions are cut after the first of them (empty: they never stop early).
         pad_token_id (`int`): the id written in padding positions (one the models embed, see
             [`~trl_trapo.models.embedding_safe_pad_id`]).
+        guidance ([`~trl_trapo.guidance.DemonstrationGuidance`], *optional*): puts the prompt's demonstration into
+            the groups it chooses (examples need `demonstration_ids`).
         vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
 
     The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
@@ -379,6 +384,7 @@ class RolloutEngine:
         generation_config: GenerationConfig,
         stop_token_ids: list[int],
         pad_token_id: int,
+        guidance: DemonstrationGuidance | None = None,
         vllm: VLLMGenerator | None = None,
     ):
         self.args = args
@@ -394,6 +400,7 @@ class RolloutEngine:
         self.generation_config = generation_config
         self.stop_token_ids = list(stop_token_ids)
         self.pad_token_id = pad_token_id
+        self.guidance = guidance
         self.vllm = vllm
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
 
@@ -503,34 +510,69 @@ class RolloutEngine:
         policy = self.policy_of(unwrapped)
         if old_logps is None:
             old_logps = completion_logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
-        # step 2. reference log-probs and values
+        completion_ids, old_logps = list(completion_ids), list(old_logps)
+        # step 2. scores (reward functions / models)
+        scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
+        # the missing-stop penalty is judged by the stop ids (EOS when completions never stop early)
+        stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])
+
+        def stopped(completions: list[torch.Tensor]) -> torch.Tensor:
+            return torch.tensor([bool(torch.isin(c, stops).any()) for c in completions], dtype=torch.bool)
+
+        on_policy_scores = scores.clone()
+        if args.missing_eos_penalty is not None:
+            on_policy_scores = on_policy_scores - args.missing_eos_penalty * (~stopped(completion_ids)).float()
+        # step 3. guidance: a chosen group's last completion becomes the prompt's demonstration (off-policy; its
+        # "behaviour" log-probs are the current policy's, used for metrics and a KL in the reward only)
+        off_policy = torch.zeros(len(completion_ids), dtype=torch.bool)
+        if self.guidance is not None:
+            chosen = self.guidance.select(examples, scores, group)
+            if chosen:
+                demos = [torch.tensor(examples[i]["demonstration_ids"], dtype=torch.long) for i in chosen]
+                demo_prompts = [prompt_ids[i] for i in chosen]
+                demo_scores, demo_per_func = self.scorer.score([examples[i] for i in chosen], demo_prompts, demos)
+                demo_logps = completion_logps(policy, demo_prompts, demos, pad_id, temperature, batch_size)
+                for k, i in enumerate(chosen):
+                    completion_ids[i], old_logps[i] = demos[k], demo_logps[k]
+                    scores[i], per_func[i] = demo_scores[k], demo_per_func[k]
+                    off_policy[i] = True
+        # step 4. reference log-probs and values
         ref_logps = None
         if self.reference is not None:
             ref_logps = self.reference.logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
         values = None
         if self.has_critic:
             values = value_predictions(unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size)
-        # step 3. scores; the missing-stop penalty is judged by the stop ids (EOS when completions never stop early)
-        scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
-        stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])
-        has_stop = torch.tensor([bool(torch.isin(c, stops).any()) for c in completion_ids], dtype=torch.bool)
+        has_stop = stopped(completion_ids)
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
-        # step 4. advantages
+        # step 5. advantages
         trajectories = self.make_trajectories(
-            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group
+            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group, off_policy
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
-            trajectories, completion_ids, old_logps, ref_logps, scores, per_func, ~has_stop, temperature, group, tasks
+            trajectories,
+            completion_ids,
+            old_logps,
+            ref_logps,
+            scores,
+            per_func,
+            ~has_stop,
+            temperature,
+            group,
+            tasks,
+            off_policy,
+            on_policy_scores,
         )
 
     def make_trajectories(
-        self, prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group
+        self, prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group, off_policy=None
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
-        completions that have a score. Arguments are lists of `(C_i,)` tensors and `(B,)` scores / flags."""
+        completions that have a score. Arguments are lists of `(C_i,)` tensors and `(B,)` scores / flags
+        (`off_policy`: demonstrations put in by guidance)."""
         args = self.args
         batch = len(completion_ids)
         length = max(max(c.numel() for c in completion_ids), 1)
@@ -581,6 +623,7 @@ class RolloutEngine:
                     ref_per_token_logps=ref[i, :n].clone() if ref_logps is not None else None,
                     returns=returns[i, :n].clone().float() if self.has_critic else None,
                     old_values=old_values[i, :n].clone().float() if self.has_critic else None,
+                    off_policy=bool(off_policy[i]) if off_policy is not None else False,
                 )
             )
         return trajectories

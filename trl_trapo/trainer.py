@@ -79,6 +79,7 @@ from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datas
 from .distributed import any_rank, check_launch, reduce_replay_metrics
 from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
+from .guidance import DemonstrationGuidance
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -88,6 +89,7 @@ from .losses import (
     masked_sum,
     resolve_kl_estimator,
     sft_token_weights,
+    shaped_off_policy_loss,
     truncated_is_policy_loss,
 )
 from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
@@ -269,6 +271,7 @@ class TRAPOTrainer(_BaseTrainer):
             max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
             has_rewards=bool(funcs),
             has_critic=self._has_critic,
+            stop_token_ids=stop_token_ids(args, processing_class),
         )
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
         if data.rl is not None and "task" in data.rl.column_names:  # rl/zero_variance_groups per task family
@@ -426,6 +429,9 @@ class TRAPOTrainer(_BaseTrainer):
             self.generation_config,
             stops,
             self.padding_id,
+            guidance=DemonstrationGuidance(args.guidance, args.guidance_gamma)
+            if args.demonstration_column is not None
+            else None,
             vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
@@ -763,6 +769,8 @@ class TRAPOTrainer(_BaseTrainer):
             batch.is_truncated,
             batch.group,
             batch.tasks,
+            batch.off_policy if self.rollouts.guidance is not None else None,
+            batch.on_policy_scores,
         )
         self.schedules.observe_rollouts(kl_sum, len(batch.completion_ids))  # the adaptive KL controller's input
         # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
@@ -915,14 +923,25 @@ class TRAPOTrainer(_BaseTrainer):
             policy = truncated_is_policy_loss(
                 per_token_logps, old, advantages, args.importance_sampling_cap, importance
             )
-        per_token = policy.per_token_loss
+        per_token, logp_coef = policy.per_token_loss, policy.logp_coef
+        # demonstrations put in by guidance: LUFFY's shaped loss instead of PPO's ratio, no KL term, no ratio
+        # statistics (trl_trapo/guidance.py); `sampled` (B, T) marks the RL tokens the policy sampled
+        # (a hand-built StepContext without `tokens_rl_sampled` has only sampled tokens)
+        sampled, n_sampled = rl_mask, max(counts.get("tokens_rl_sampled", counts["tokens_rl"]), 1.0)
+        if "off_policy" in inputs:
+            off = inputs["off_policy"].unsqueeze(1) & rl_mask.bool()
+            shaped = shaped_off_policy_loss(per_token_logps, advantages * importance, args.guidance_gamma)
+            per_token = torch.where(off, shaped.per_token_loss, per_token)
+            logp_coef = torch.where(off, shaped.logp_coef, logp_coef)
+            sampled = rl_mask * (~off).to(rl_mask.dtype)
+        policy_loss = per_token
         stats: dict[str, torch.Tensor] = {}
         kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(context.step)
         if kl_coef > 0 and "ref_per_token_logps" in inputs:
             kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], self.kl_estimator)
             if self.kl_penalty == "loss":
-                per_token = per_token + kl_coef * kl
-            stats["policy/kl_avg"] = masked_sum(kl.detach(), rl_mask) / n_tokens
+                per_token = per_token + kl_coef * (kl if sampled is rl_mask else kl * sampled)
+            stats["policy/kl_avg"] = masked_sum(kl.detach(), sampled) / n_sampled
         if entropy_coef > 0 or self._is_logging_step():
             with torch.set_grad_enabled(entropy_coef > 0 and torch.is_grad_enabled()):
                 rl_entropy = entropy_from_logits(logits[token_is_rl]).to(per_token_logps.dtype)  # RL tokens only
@@ -931,11 +950,11 @@ class TRAPOTrainer(_BaseTrainer):
                 per_token = per_token - entropy_coef * entropy
             stats["policy/entropy_avg"] = masked_sum(entropy.detach(), rl_mask) / n_tokens
         loss = aggregate_rl_loss(per_token, rl_mask, **loss_kwargs)
-        stats["loss/policy_avg"] = aggregate_rl_loss(policy.per_token_loss.detach(), rl_mask, **loss_kwargs)
-        stats["policy/clipfrac_avg"] = masked_sum(policy.is_clipped.float(), rl_mask) / n_tokens
-        stats["policy/approxkl_avg"] = masked_sum(policy.approx_kl, rl_mask) / n_tokens
-        stats["val/ratio"] = masked_sum(policy.ratio, rl_mask) / n_tokens
-        stats["val/ratio_sq"] = masked_sum(policy.ratio**2, rl_mask) / n_tokens
+        stats["loss/policy_avg"] = aggregate_rl_loss(policy_loss.detach(), rl_mask, **loss_kwargs)
+        stats["policy/clipfrac_avg"] = masked_sum(policy.is_clipped.float(), sampled) / n_sampled
+        stats["policy/approxkl_avg"] = masked_sum(policy.approx_kl, sampled) / n_sampled
+        stats["val/ratio"] = masked_sum(policy.ratio, sampled) / n_sampled
+        stats["val/ratio_sq"] = masked_sum(policy.ratio**2, sampled) / n_sampled
         if self._has_critic and values is not None:
             rows = (inputs["objective"] == RL).nonzero().squeeze(-1)
             value_pred = values[:, :-1].to(per_token_logps.dtype)  # (B_rl, T) value at position t predicts token t+1
@@ -948,7 +967,7 @@ class TRAPOTrainer(_BaseTrainer):
             stats["loss/value_avg"] = value_loss.detach()
             stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
         # -d loss / d log pi per token of the optimised policy term, for the DARE probe
-        return loss, stats, policy.logp_coef * rl_mask
+        return loss, stats, logp_coef * rl_mask
 
     def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, coefficients) -> None:
         """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets, coefficients."""

@@ -54,6 +54,7 @@ class Trajectory:
     old_values: torch.Tensor | None = None  # (C,) critic value at sampling; with a critic
     temperature: float | None = None  # its own sampling temperature (few-shot mode); None: the configured one
     importance_weight: float = 1.0  # detached weight of its RL loss
+    off_policy: bool = False  # a demonstration put into its group by guidance, not sampled (trl_trapo/guidance.py)
     uses: int = 0  # times served so far (set by the replay buffer when it serves it)
     age: int = 0  # optimizer steps since it was generated (set when served)
 
@@ -67,7 +68,7 @@ class Trajectory:
         "returns",
         "old_values",
     )
-    EXTRA_FIELDS = ("temperature", "importance_weight")
+    EXTRA_FIELDS = ("temperature", "importance_weight", "off_policy")
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The tensor fields that are set (what the buffer stores, compresses and checkpoints)."""
@@ -80,6 +81,8 @@ class Trajectory:
             out["temperature"] = float(self.temperature)
         if self.importance_weight != 1.0:
             out["importance_weight"] = float(self.importance_weight)
+        if self.off_policy:
+            out["off_policy"] = True
         return out
 
     @classmethod
@@ -115,6 +118,7 @@ class Trajectory:
             old_values=targets(self.old_values),
             importance_weight=float(self.importance_weight),
             temperature=None if self.temperature is None else float(self.temperature),
+            off_policy=bool(self.off_policy),
         )
 
 
