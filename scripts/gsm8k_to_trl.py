@@ -7,7 +7,7 @@ Writes, under `--output_dir`:
 |---|---|---|---|
 | `rl/train.jsonl`, `rl/test.jsonl` | prompt-only + `answer` | question -> prompt, full reference answer kept | `--dataset_name` |
 | `sft/train.jsonl` | prompt-completion | question -> worked solution ending in `#### N` | `--sft_dataset_name` |
-| `pretrain/train.jsonl` | language modelling (`text`) | question and solution as one document | `--pretrain_dataset_name` |
+| `pretrain/train.jsonl` | language modelling (`text`) | question and solution as one document (or, with `--pretrain_text`, one paragraph of that file) | `--pretrain_dataset_name` |
 
 The test split is held out of all three training sets. Calculator annotations (`<<48/2=24>>`) are removed from the
 solutions. Reward: `--reward_funcs numeric_answer` (math-verify with a plain-number extraction config; TRL's
@@ -18,7 +18,9 @@ solutions. Reward: `--reward_funcs numeric_answer` (math-verify with a plain-num
         --test_file examples/data/gsm8k/test_first500.jsonl --test_rows 200 --output_dir data/gsm8k-chat
     python scripts/gsm8k_to_trl.py openai/gsm8k --config main --output_dir data/gsm8k   # from the Hub (network)
 
-Add `--conversational` to write prompts and completions as chat messages (TRL's conversational format).
+Add `--conversational` to write prompts and completions as chat messages (TRL's conversational format), and
+`--pretrain_text examples/data/shakespeare/train.txt` to make the pretraining documents the paragraphs of a text file
+(general text) instead of the GSM8K questions and solutions.
 """
 
 from __future__ import annotations
@@ -90,6 +92,23 @@ def convert(rows: list[dict], test_size: int, seed: int, conversational: bool) -
     return out
 
 
+def text_paragraphs(path: str) -> list[dict]:
+    """The paragraphs (blocks separated by blank lines) of a UTF-8 text file as `{"text": ...}` documents, in order.
+
+    One document per paragraph keeps each speech or section whole; a plain-text file loaded with `datasets`' `text`
+    builder would instead give one document per line (and an EOS after every line once packed).
+
+    Raises:
+        ValueError: if the file holds no non-blank paragraph.
+    """
+    with open(path, encoding="utf-8") as handle:
+        paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read())]
+    documents = [{"text": p} for p in paragraphs if p.strip()]
+    if not documents:
+        raise ValueError(f"--pretrain_text {path!r}: no paragraph (the file is empty or blank).")
+    return documents
+
+
 def write_jsonl(path: str, rows: list[dict]) -> None:
     """Write rows as JSON lines, atomically (temporary file + rename)."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -117,6 +136,12 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         "examples/data/gsm8k/test_first500.jsonl); every source row then trains (--test_size is ignored)",
     )
     parser.add_argument("--test_rows", type=int, default=None, help="rows of --test_file to keep (default: all)")
+    parser.add_argument(
+        "--pretrain_text",
+        default=None,
+        help="a UTF-8 text file whose paragraphs (separated by blank lines) become pretrain/train.jsonl instead of "
+        "the GSM8K documents (e.g. examples/data/shakespeare/train.txt, general English)",
+    )
     args = parser.parse_args(argv)
     rows = read_rows(args.source, args.config, args.split)
     test_size = 0 if args.test_file else args.test_size
@@ -126,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
     if args.test_file:
         held_out = read_rows(args.test_file, args.config, "test")[: args.test_rows]
         converted["rl/test"] = convert(held_out, len(held_out), args.seed, args.conversational)["rl/test"]
+    if args.pretrain_text:
+        converted["pretrain/train"] = text_paragraphs(args.pretrain_text)
     for name, part in converted.items():
         if part:
             write_jsonl(os.path.join(args.output_dir, f"{name}.jsonl"), part)

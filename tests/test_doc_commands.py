@@ -61,6 +61,10 @@ REGISTRY = {
     # `--quick`, shortened further
     "README.md: python scripts/experiments/compare_pipelines.py # ~20 min on 2 CPU cores; --quick: < 1 min; "
     "--ablations adds rows": "tests/test_compare_pipelines.py::test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots",
+    # `--quick` (the recipe on a tiny model with SmolLM2's tokenizer), run, resumed and rendered
+    "README.md: python scripts/experiments/compare_real.py # 3 arms + the shared initial evaluation; --quick: < 1 min": (
+        "tests/test_compare_real.py::test_quick_run_measures_every_arm_and_resumes_without_rerunning"
+    ),
     # the same accelerate configs and flags, with tests/distributed_job.py (examples/trapo.py + per-rank records)
     "docs/distributed.md: accelerate launch --config_file examples/accelerate_configs/multi_gpu.yaml --num_processes 2 "
     "--mixed_precision no examples/trapo.py": (

@@ -183,3 +183,20 @@ def test_gsm8k_conversion_with_the_official_test_file(tmp_path):
         for line in (tmp_path / "rl" / "train.jsonl").read_text().splitlines()
     }
     assert not train_questions & {r["question"].strip() for r in official}
+
+
+def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
+    """`--pretrain_text`: pretrain/train.jsonl holds the file's paragraphs (one document each, in order, blank lines
+    between them dropped) instead of the GSM8K documents; the RL and SFT files are unchanged."""
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    text = tmp_path / "general.txt"
+    text.write_text("First Citizen:\nSpeak, speak.\n\n\nAll:\nResolved.\n  \nLast one.\n", encoding="utf-8")
+    counts = convert.main([str(GSM8K), "--pretrain_text", str(text), "--output_dir", str(tmp_path / "out")])
+    documents = [json.loads(line)["text"] for line in (tmp_path / "out" / "pretrain" / "train.jsonl").open()]
+    assert documents == ["First Citizen:\nSpeak, speak.", "All:\nResolved.", "Last one."]
+    assert counts["pretrain/train"] == 3 and counts["sft/train"] == counts["rl/train"] == 1400
+    shakespeare = convert.text_paragraphs(str(ROOT / "examples" / "data" / "shakespeare" / "train.txt"))
+    assert len(shakespeare) == 6283  # the paragraph count examples/data/README.md gives
+    (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no paragraph"):
+        convert.text_paragraphs(str(tmp_path / "blank.txt"))

@@ -4,7 +4,9 @@
 - "What the main job does": `scripts/experiments/main_job_seeds.py` renders the block between the
   `<!-- main-job-table:... -->` markers from `docs/results/main_job/results.json`;
 - "Results": `scripts/experiments/pipeline_report.py` renders the comparison and ablation tables from
-  `docs/results/checkpoints.csv` and `docs/results/ablations/checkpoints.csv`.
+  `docs/results/checkpoints.csv` and `docs/results/ablations/checkpoints.csv`;
+- "Results on a real model": `scripts/experiments/compare_real.py --write_readme` renders the block between the
+  `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`.
 
 A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
 the script's `--write_readme`, or the experiment itself.
@@ -23,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 
+import compare_real  # noqa: E402
 import main_job_seeds  # noqa: E402
 import pipeline_report  # noqa: E402
 from readme_blocks import read_block, replace_block  # noqa: E402
@@ -73,6 +76,33 @@ def test_results_tables_are_rendered_from_the_committed_csv(name):
         f"README.md's {name} differs from {pipeline_report.README_TABLES[name][0]}: run "
         "`python scripts/experiments/pipeline_report.py --write_readme`, never edit it"
     )
+
+
+def committed_real_results() -> dict:
+    return json.loads((compare_real.RESULTS_DIR / "results.json").read_text(encoding="utf-8"))
+
+
+def test_real_model_block_is_rendered_from_the_committed_results():
+    expected = compare_real.render_readme_block(committed_real_results())
+    assert read_block(README, compare_real.README_BLOCK) == expected, (
+        "README.md's real-model block differs from docs/results/real_smollm2/results.json: run "
+        "`python scripts/experiments/compare_real.py --write_readme` (or the comparison itself), never edit it"
+    )
+
+
+def test_real_model_results_agree_with_their_cached_arms():
+    """results.json is the summary of the committed cache: each arm's accuracy and points are its cached arm's."""
+    results = committed_real_results()
+    assert results["meta"]["command"].startswith("python scripts/experiments/compare_real.py")
+    for name, arm in results["arms"].items():
+        cached = json.loads((compare_real.RESULTS_DIR / "arms" / f"{name}.json").read_text(encoding="utf-8"))
+        assert cached["steps"] == arm["steps"] and arm["accuracy"] == sum(cached["final"]["correct"]) / len(
+            cached["final"]["correct"]
+        ), name
+        assert len(cached["final"]["correct"]) == results["initial"]["n"] == 200, name
+        changed = copy.deepcopy(results)
+        changed["arms"][name]["accuracy"] += 0.01
+        assert compare_real.render_readme_block(changed) != compare_real.render_readme_block(results), name
 
 
 def test_csv_rebuild_gives_the_same_summary_as_the_runs(tmp_path):
