@@ -48,6 +48,7 @@ STATE = (
     "sft_pool/",
     "fewshot/",
     "adapter_bank/",
+    "exploration/",
     "episode",
     "train/nonfinite_steps",
     "lr",
@@ -90,8 +91,8 @@ class CallCountingReward:
 def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: int) -> list[dict]:
     common = dict(max_steps=8, per_device_train_batch_size=4, num_ppo_epochs=4, entropy_coef=0.01, kl_coef=0.05)
     extra = {}
-    if scenario == "default":  # guidance needs group-relative advantages (the extended scenario has a critic)
-        common.update(demonstration_column="answer")
+    if scenario == "default":  # guidance and exploration need groups (the extended scenario has a critic)
+        common.update(demonstration_column="answer", exploration=True)
     if scenario == "extended":
         common.update(
             sft_sampling="prioritized",

@@ -494,6 +494,22 @@ class TRAPOConfig(_BaseConfig):
             "(LUFFY, arXiv 2504.14945, eq. 6-7), which keeps the gradient of improbable expert tokens from vanishing."
         },
     )
+    exploration: bool = field(
+        default=False,
+        metadata={
+            "help": "Targeted exploration: a task family (the RL dataset's `task` column; the whole dataset without "
+            "one) whose groups mostly score the same in a round is sampled `exploration_temperature_step` hotter in "
+            "the next, up to `exploration_max_temperature`, and cools down again once its groups carry a signal "
+            "(trl_trapo/exploration.py). Needs groups (no value model), HF generate (not vLLM), no few-shot mode."
+        },
+    )
+    exploration_temperature_step: float = field(
+        default=0.1, metadata={"help": "How much one generation round moves a family's sampling temperature."}
+    )
+    exploration_max_temperature: float | None = field(
+        default=None,
+        metadata={"help": "The highest sampling temperature exploration uses. None: 1.5 x `temperature`."},
+    )
     replay_max_age: int | None = field(
         default=None,
         metadata={
@@ -852,6 +868,24 @@ class TRAPOConfig(_BaseConfig):
             bad("guidance_gamma", self.guidance_gamma, "use a positive number (LUFFY uses 0.1).")
         if self.demonstration_column is not None and not self.demonstration_column:
             bad("demonstration_column", self.demonstration_column, "name a column of the RL dataset, or use None.")
+        if not (math.isfinite(self.exploration_temperature_step) and self.exploration_temperature_step > 0):
+            bad("exploration_temperature_step", self.exploration_temperature_step, "use a positive step (e.g. 0.1).")
+        if self.exploration_max_temperature is not None and not (
+            math.isfinite(self.exploration_max_temperature) and self.exploration_max_temperature > self.temperature
+        ):
+            bad(
+                "exploration_max_temperature",
+                self.exploration_max_temperature,
+                f"use a temperature above `temperature` ({self.temperature}), or None (1.5 x temperature).",
+            )
+        if self.exploration and self.use_vllm:
+            bad("exploration", True, "vLLM samples at one temperature per round: set use_vllm=False.")
+        if self.exploration and self.fewshot_mode:
+            bad(
+                "exploration",
+                True,
+                "few-shot mode sets each round's temperature itself (annealed): use one of the two, not both.",
+            )
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.local_rollout_forward_batch_size < 1:
@@ -1046,6 +1080,14 @@ class TRAPOConfig(_BaseConfig):
                 "few-shot mode anneals the sampling temperature per round, which vLLM rollouts do not support yet: "
                 "set use_vllm=False.",
             )
+
+    @property
+    def exploration_ceiling(self) -> float:
+        """The highest sampling temperature targeted exploration uses (`exploration_max_temperature`, or 1.5 x
+        `temperature` when that is None)."""
+        if self.exploration_max_temperature is not None:
+            return self.exploration_max_temperature
+        return 1.5 * self.temperature
 
     @property
     def objective_weights(self) -> tuple[float, float, float]:

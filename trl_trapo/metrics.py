@@ -22,6 +22,7 @@ from collections import defaultdict
 import torch
 
 from .distributed import reduce_named_means
+from .exploration import zero_variance_groups
 from .losses import kl_estimate
 
 
@@ -137,9 +138,7 @@ class MetricsAccumulator:
         (to 1e-6: identical up to rounding)."""
         sums = self.rollout_sums
         scored = (~torch.isnan(scores)).sum(1) >= 2
-        high = torch.nan_to_num(scores, nan=-float("inf")).max(1).values
-        low = torch.nan_to_num(scores, nan=float("inf")).min(1).values
-        flat = scored & ((high - low) <= 1e-6)
+        flat = zero_variance_groups(scores.reshape(-1), scores.shape[1])
         sums["rl/groups"] += float(scored.sum())
         sums["rl/zero_variance_groups"] += float(flat.sum())
         for name in self.task_names:  # every known family, 0 included: the same keys on every rank

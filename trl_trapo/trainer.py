@@ -79,6 +79,7 @@ from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datas
 from .distributed import any_rank, check_launch, reduce_replay_metrics
 from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
+from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
 from .losses import (
     aggregate_rl_loss,
@@ -274,10 +275,12 @@ class TRAPOTrainer(_BaseTrainer):
             stop_token_ids=stop_token_ids(args, processing_class),
         )
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
+        self._task_families = None  # the RL dataset's task families, when few enough to log one metric each
         if data.rl is not None and "task" in data.rl.column_names:  # rl/zero_variance_groups per task family
             families = set(map(str, data.rl["task"]))
             if len(families) <= MAX_LOGGED_TASKS:
-                self.metrics.track_tasks(sorted(families))
+                self._task_families = sorted(families)
+                self.metrics.track_tasks(self._task_families)
         self.active = data.active
         check_best_model_metric(args, eval_dataset)
         if data.rl is not None:  # models that read the policy's tokens must fit the longest prompt + completion
@@ -371,6 +374,12 @@ class TRAPOTrainer(_BaseTrainer):
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
             kl_estimator=self.kl_estimator,
+        )
+        # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
+        self.exploration = (
+            TargetedExploration(args.temperature, args.exploration_ceiling, args.exploration_temperature_step)
+            if args.exploration and self.active[RL]
+            else None
         )
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -------------------------
@@ -716,10 +725,20 @@ class TRAPOTrainer(_BaseTrainer):
         indices = self.memory_pool.select_prompts(num_prompts, step)
         temperature = self.memory_pool.rollout_temperature(args.temperature)
         examples = [example for example in (self._rl_dataset[i] for i in indices) for _ in range(group)]
-        # steps 2-5. generate, reference log-probs, values, scores, advantages
-        batch = self.rollouts.generate(examples, group, step, temperature)
-        self._observe_rollouts(batch)
-        self.replay.add(batch.trajectories, step)
+        # targeted exploration samples each family at its own temperature: one sub-round per temperature
+        parts = [(temperature, list(range(len(examples))))]
+        if self.exploration is not None:
+            parts = self.exploration.split(examples, group)
+        for part_temperature, rows in parts:
+            part = examples if len(rows) == len(examples) else [examples[i] for i in rows]
+            # steps 2-5. generate, reference log-probs, values, scores, advantages
+            batch = self.rollouts.generate(part, group, step, part_temperature)
+            if self.exploration is not None:
+                self.exploration.observe(part, batch.on_policy_scores, group)
+                for trajectory in batch.trajectories:  # trained at the temperature it was sampled at
+                    trajectory.temperature = part_temperature
+            self._observe_rollouts(batch)
+            self.replay.add(batch.trajectories, step)
 
     @torch.no_grad()
     def process_rollouts(
@@ -1054,6 +1073,8 @@ class TRAPOTrainer(_BaseTrainer):
         out.update(self.dare.metrics())
         out.update(self.schedules.metrics(self._last_step_built))
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
+        if self.exploration is not None:  # this rank's family temperatures
+            out.update(self.exploration.metrics(self._task_families))
         out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
         out["episode"] = float(self._episode)
         self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
@@ -1152,6 +1173,7 @@ class TRAPOTrainer(_BaseTrainer):
             "sft_pool": pool.sft_pool.state_dict() if pool.sft_pool else None,
             "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
             "schedules": self.schedules.state_dict(),
+            "exploration": self.exploration.state_dict() if self.exploration is not None else None,
         }
         state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)  # SFT priorities, few-shot, bank
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
@@ -1191,6 +1213,8 @@ class TRAPOTrainer(_BaseTrainer):
             self.allocator.load_state_dict(state["allocator"])
             self.dare.engine.load_state_dict(state["dare"])
             self.schedules.load_state_dict(state.get("schedules"))
+            if self.exploration is not None:
+                self.exploration.load_state_dict(state.get("exploration"))
             self.replay.load_state_dict(state["replay"], tensors)
             restore_rng(self._generators(), tensors, source)
             if self.reference is not None:

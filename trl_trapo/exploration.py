@@ -1,0 +1,153 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Targeted exploration: a task family whose groups keep scoring the same is sampled at a higher temperature.
+
+A group of `num_generations` completions that all get the same reward has group-relative advantages 0 and gives RL no
+gradient. Where the prompt has a demonstration, guidance (`trl_trapo/guidance.py`) supplies the missing signal; where
+it has none (the built-in suite's `lst` family; any RL-only data), the only way out is for the policy to sample
+something different. This module raises the sampling temperature of the task families whose groups carry no signal,
+and lowers it again once they do — the per-family temperature adaptation that curriculum samplers for RL use to
+spend exploration where the signal is missing (cf. the "zero-advantage" filtering and resampling of DAPO, Yu et al.
+2025, arXiv 2503.14476, which discards such groups instead; here they are re-sampled hotter).
+
+The rule, after every generation round, per family f (the RL dataset's `task` value; one family "all" without a
+`task` column), with z_f = the fraction of f's groups in the round whose scored completions all score the same:
+
+    boost_f <- min(boost_f + step, max_temperature - temperature)   if z_f >= 0.5
+    boost_f <- max(boost_f - step, 0)                               otherwise
+
+and the next round samples f's prompts at `temperature + boost_f`. The boost moves in steps of `step`, so a round
+has at most `(max_temperature - temperature) / step + 1` distinct temperatures; each is generated as its own
+sub-round. Every trajectory carries its sampling temperature, and the training forward scores it at that temperature
+(the same temperature-scaled log-probs its behaviour and reference log-probs were recorded with), so the PPO ratio
+of a fresh trajectory is 1 whatever its temperature. The state (one boost per family, per rank) is checkpointed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+ALL_FAMILIES = "all"
+"""The family name of every prompt when the RL dataset has no `task` column."""
+
+
+def zero_variance_groups(scores: torch.Tensor, group: int) -> torch.Tensor:
+    """Which groups of a round carry no group-relative signal.
+
+    Args:
+        scores (`torch.Tensor`): `(B,)` scores of the round's completions (NaN: no reward), `group` consecutive
+            completions per prompt.
+        group (`int`): completions per prompt (>= 2).
+
+    Returns:
+        `torch.Tensor`: `(B // group,)` bool, True where at least two completions are scored and all of them score
+        the same (within 1e-6, the tolerance `DemonstrationGuidance` uses); False for groups with fewer than two
+        scored completions (no verdict).
+
+    Raises:
+        ValueError: if `B` is not a multiple of `group` or `group` < 2.
+    """
+    if group < 2 or scores.numel() % group:
+        raise ValueError(f"zero_variance_groups: {scores.numel()} scores do not form groups of {group} (>= 2).")
+    grouped = scores.reshape(-1, group).double()
+    valid = ~torch.isnan(grouped)
+    high = torch.where(valid, grouped, -torch.inf).amax(dim=1)
+    low = torch.where(valid, grouped, torch.inf).amin(dim=1)
+    return (valid.sum(dim=1) >= 2) & ((high - low) <= 1e-6)
+
+
+class TargetedExploration:
+    """Per-family sampling temperatures that rise while a family's groups carry no signal (module docstring).
+
+    Args:
+        temperature (`float`): the configured sampling temperature (the floor).
+        max_temperature (`float`): the ceiling (> `temperature`).
+        step (`float`): how much one round moves a family's temperature (> 0).
+
+    Raises:
+        ValueError: if `max_temperature <= temperature` or `step <= 0`.
+    """
+
+    THRESHOLD = 0.5  # a family is "stuck" in a round when at least half of its groups carry no signal
+
+    def __init__(self, temperature: float, max_temperature: float, step: float):
+        if not max_temperature > temperature:
+            raise ValueError(
+                f"exploration_max_temperature={max_temperature!r} must exceed temperature={temperature!r}: raise it "
+                "(e.g. 1.5 x temperature) or turn exploration off."
+            )
+        if not step > 0:
+            raise ValueError(f"exploration_temperature_step={step!r}: use a positive step (e.g. 0.1).")
+        self.temperature = float(temperature)
+        self.max_boost = float(max_temperature) - float(temperature)
+        self.step = float(step)
+        self.levels: dict[str, int] = {}  # family -> boost in steps (0 = the configured temperature)
+
+    @property
+    def max_level(self) -> int:
+        """The highest boost, in steps (the last step may be partial: the temperature never passes the ceiling)."""
+        return max(1, math.ceil(self.max_boost / self.step - 1e-9))
+
+    def temperature_of(self, family: str) -> float:
+        """The sampling temperature of `family`'s next prompts."""
+        return self.temperature + min(self.levels.get(family, 0) * self.step, self.max_boost)
+
+    @staticmethod
+    def families(examples: list[dict]) -> list[str]:
+        """The family of each row: its `task` value, or `ALL_FAMILIES` when a row has none."""
+        return [str(e["task"]) if "task" in e else ALL_FAMILIES for e in examples]
+
+    def split(self, examples: list[dict], group: int) -> list[tuple[float, list[int]]]:
+        """Partition a round's rows by sampling temperature, keeping groups whole and in order.
+
+        Args:
+            examples (`list[dict]`): the round's rows, `group` consecutive rows per prompt.
+            group (`int`): rows per prompt.
+
+        Returns:
+            `list[tuple[float, list[int]]]`: (temperature, row indices) per distinct temperature, coolest first.
+        """
+        families = self.families(examples)
+        parts: dict[float, list[int]] = {}
+        for start in range(0, len(examples), group):
+            rows = list(range(start, min(start + group, len(examples))))
+            parts.setdefault(self.temperature_of(families[start]), []).extend(rows)
+        return sorted(parts.items())
+
+    def observe(self, examples: list[dict], scores: torch.Tensor, group: int) -> None:
+        """Update the families of a (sub-)round from its scores (the sampled completions', before guidance).
+
+        Args:
+            examples (`list[dict]`): the rows, `group` consecutive rows per prompt.
+            scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
+            group (`int`): rows per prompt (>= 2).
+        """
+        flat = zero_variance_groups(scores, group)
+        families = self.families(examples)[::group]
+        for family in dict.fromkeys(families):
+            mine = torch.tensor([f == family for f in families])
+            stuck = float(flat[mine].double().mean()) >= self.THRESHOLD
+            level = self.levels.get(family, 0)
+            level = min(level + 1, self.max_level) if stuck else max(level - 1, 0)
+            if level:
+                self.levels[family] = level
+            else:
+                self.levels.pop(family, None)
+
+    def metrics(self, families: list[str] | None) -> dict[str, float]:
+        """`exploration/temperature` (mean over the tracked families, or of "all") and, per tracked family,
+        `exploration/temperature/<family>`."""
+        names = families or [ALL_FAMILIES]
+        out = {f"exploration/temperature/{name}": self.temperature_of(name) for name in names} if families else {}
+        out["exploration/temperature"] = sum(self.temperature_of(n) for n in names) / len(names)
+        return out
+
+    def state_dict(self) -> dict:
+        """The per-family boosts (JSON-serialisable)."""
+        return {"levels": dict(self.levels)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict()`; None (a checkpoint made without exploration) starts every family at the floor."""
+        self.levels = {str(k): int(v) for k, v in (state or {}).get("levels", {}).items()}
