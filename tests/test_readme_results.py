@@ -6,7 +6,9 @@
 - "Results": `scripts/experiments/pipeline_report.py` renders the comparison and ablation tables from
   `docs/results/checkpoints.csv` and `docs/results/ablations/checkpoints.csv`;
 - "Results on a real model": `scripts/experiments/compare_real.py --write_readme` renders the block between the
-  `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`.
+  `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`;
+- "A real model and real data, offline": `scripts/benchmarks/real_model_report.py` renders the speed block from
+  `docs/results/benchmarks/*.json`.
 
 A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
 the script's `--write_readme`, or the experiment itself.
@@ -173,3 +175,14 @@ def test_main_job_seeds_runs_shortened_and_writes_the_readme_block(tmp_path):
 def test_a_shortened_run_never_overwrites_the_committed_results():
     with pytest.raises(SystemExit, match="--results"):
         main_job_seeds.main(["--max_steps", "2"])
+
+
+def test_real_model_speed_block_is_rendered_from_the_committed_benchmarks():
+    sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
+    import real_model_report
+
+    expected = real_model_report.main([])
+    assert read_block(README, real_model_report.README_BLOCK) == expected, (
+        "The README's real-model speed block differs from what docs/results/benchmarks/*.json render to: run "
+        "`python scripts/benchmarks/real_model_report.py --write_readme` (or the benchmarks), never edit it"
+    )

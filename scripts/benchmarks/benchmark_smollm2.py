@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
 import io
 import json
 import os
@@ -202,7 +203,9 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
 
 
 def _code(function) -> tuple[str, int, str]:
-    code = function.__code__
+    # the function's own code, not a decorator's: every `@torch.no_grad()` function shares torch's one wrapper code
+    # object, so matching the wrapper would give each no-grad phase the time of all of them
+    code = inspect.unwrap(function).__code__
     return code.co_filename, code.co_firstlineno, code.co_name
 
 
