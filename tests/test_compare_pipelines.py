@@ -126,3 +126,28 @@ def test_without_a_serial_run_time_to_target_is_absent_not_censored():
     table = pipeline_report.markdown_table(pipeline_report.summarize(results))
     assert "censored" not in table and "| `trapo_static` | 1 |" in table
     assert pipeline_report.verdict(pipeline_report.summarize(results)) == {}
+
+
+@pytest.mark.parametrize("ablation", sorted(compare_pipelines.ABLATIONS))
+def test_every_ablation_builds_a_trainer_on_the_main_jobs_data(tmp_path, ablation):
+    """Each `--ablations` variant is a valid main-job configuration whose setting reaches the trainer (guidance finds
+    its column in the built-in suite, with no demonstration for the RL-only family)."""
+    from trl_trapo import TRAPOTrainer, cli
+
+    method, overrides = compare_pipelines.ABLATIONS[ablation]
+    extra = {**compare_pipelines.method_overrides(method), "output_dir": str(tmp_path), "max_steps": 2}
+    script_args, config, model_args, builtin = compare_pipelines.parse_job([], quick=True, extra=extra)
+    assert builtin and all(getattr(config, k) == v for k, v in overrides.items())
+    inputs = cli.build_inputs(script_args, config, model_args)
+    trainer = TRAPOTrainer(
+        model=inputs.model,
+        reward_funcs=inputs.reward_funcs,
+        args=config,
+        train_dataset=inputs.train_dataset,
+        pretrain_dataset=inputs.pretrain_dataset,
+        sft_dataset=inputs.sft_dataset,
+        eval_dataset=inputs.eval_dataset,
+        processing_class=inputs.tokenizer,
+    )
+    assert (trainer.exploration is not None) == bool(overrides.get("exploration"))
+    assert (trainer.rollouts.guidance is not None) == ("demonstration_column" in overrides)

@@ -174,7 +174,10 @@ def test_model_config_path_is_used_and_validated(tokenizer, tmp_path):
 def test_suite_columns_and_reward_funcs(suite):
     assert suite.pretrain.column_names == ["text"]
     assert suite.sft.column_names == ["prompt", "completion"]
-    assert suite.rl_train.column_names == ["prompt", "answer", "task"]
+    assert suite.rl_train.column_names == ["prompt", "answer", "task", "demonstration"]
+    # guidance's demonstrations: the answer where the family has SFT data, none for the RL-only family
+    for row in suite.rl_train:
+        assert row["demonstration"] == ("" if row["task"] == "lst" else row["answer"]), row
     assert suite.eval.column_names == ["prompt", "answer", "task", "split"]
     assert exact_match_reward in suite.reward_funcs
     assert not any(c.endswith(EOS_TOKEN) for c in list(suite.sft["completion"]))

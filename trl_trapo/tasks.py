@@ -302,7 +302,8 @@ class TaskSuite:
         pretrain (`Dataset`): language-modelling corpus, column `text` (one document per row).
         sft (`Dataset`): prompt-completion demonstrations, columns `prompt`, `completion` (no eos; the trainer
             appends it) and `task`.
-        rl_train (`Dataset`): prompt-only RL data, columns `prompt`, `answer`, `task`.
+        rl_train (`Dataset`): prompt-only RL data, columns `prompt`, `answer`, `task`, `demonstration` (the answer
+            for families with SFT data, "" for the `rl_only` ones: guidance's `demonstration_column`).
         eval (`Dataset`): held-out prompts, columns `prompt`, `answer`, `task`, `split` (`"sft_tasks"` or
             `"rl_only"`). No eval prompt occurs in `pretrain`, `sft` or `rl_train`.
         reward_funcs (`list[Callable]`): reward functions with TRL's signature; `[exact_match_reward]`.
@@ -344,7 +345,8 @@ def make_task_suite(
         max_doc_sentences (`int`): longest pretraining document, in sentences.
 
     Returns:
-        `TaskSuite`: `pretrain` (`text`), `sft` (`prompt`, `completion`), `rl_train` (`prompt`, `answer`, `task`),
+        `TaskSuite`: `pretrain` (`text`), `sft` (`prompt`, `completion`), `rl_train` (`prompt`, `answer`, `task`,
+        `demonstration`),
         `eval` (`prompt`, `answer`, `task`, `split`) and `reward_funcs == [exact_match_reward]`.
 
     Raises:
@@ -393,7 +395,14 @@ def make_task_suite(
             ]
         num_rl = num_rl_per_task if family.has_sft else num_rl_only_per_task
         rl_rows += [
-            {"prompt": family.prompt(x), "answer": family.solve(x), "task": family.name}
+            {
+                "prompt": family.prompt(x),
+                "answer": family.solve(x),
+                "task": family.name,
+                # what guidance may show (`demonstration_column="demonstration"`): a family without SFT data has
+                # no demonstration either, so only exploration can move it
+                "demonstration": family.solve(x) if family.has_sft else "",
+            }
             for x in (pool[i % len(pool)] for i in range(num_rl))
         ]
     rng.shuffle(sft_rows)
@@ -414,7 +423,7 @@ def make_task_suite(
     return TaskSuite(
         pretrain=Dataset.from_dict({"text": pretrain_texts}),
         sft=to_dataset(sft_rows, ("prompt", "completion")),
-        rl_train=to_dataset(rl_rows, ("prompt", "answer", "task")),
+        rl_train=to_dataset(rl_rows, ("prompt", "answer", "task", "demonstration")),
         eval=to_dataset(eval_rows, ("prompt", "answer", "task", "split")),
         reward_funcs=[exact_match_reward],
     )

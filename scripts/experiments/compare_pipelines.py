@@ -24,7 +24,10 @@ Methods (each run in its own process, so peak memory is its own):
   3. `trl.GRPOTrainer` on the RL prompts with the same reward functions.
 - `trapo`: `TRAPOTrainer` with the main job's configuration (DARE + the phased curriculum).
 - with `--ablations`: `trapo_static` (`dare_mode=static`), `trapo_constant` (`curriculum_mode=constant`, the
-  time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`).
+  time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`), `trapo_no_replay`
+  (`num_ppo_epochs=1`: each trajectory trained on once), and two that *add* the opt-in components:
+  `trapo_guidance` (`demonstration_column="demonstration"`: the built-in suite's answers of the families with SFT
+  data; `lst` has none) and `trapo_exploration` (`exploration=True`).
 
 What is held equal (every choice, so nothing is tuned for TRAPO that is not equally tuned for the baseline):
 
@@ -105,6 +108,10 @@ ABLATIONS = {
     "static": ("trapo_static", {"dare_mode": "static"}),
     "constant": ("trapo_constant", {"curriculum_mode": "constant"}),
     "no_pretrain": ("trapo_no_pretrain", {"pretrain_weight": 0.0}),
+    "no_replay": ("trapo_no_replay", {"num_ppo_epochs": 1}),
+    # opt-in until measured: these add a component to the default TRAPO instead of removing one
+    "guidance": ("trapo_guidance", {"demonstration_column": "demonstration"}),
+    "exploration": ("trapo_exploration", {"exploration": True}),
 }
 # main-job defaults that `--quick` lowers (explicit command-line values still win)
 QUICK_JOB_DEFAULTS = {"max_steps": 120}
