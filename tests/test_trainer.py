@@ -425,6 +425,36 @@ def test_learning_rate_must_be_positive(tmp_path, rate):
         TRAPOConfig(output_dir=str(tmp_path), learning_rate=rate)
 
 
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0"),
+        ({"per_device_train_batch_size": -4}, "per_device_train_batch_size=-4"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0"),
+        ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs=0"),  # was a ZeroDivisionError at construction
+    ],
+)
+def test_batch_and_run_length_are_checked_by_the_config(tmp_path, kwargs, field):
+    # a new user's report: torch's "batch_size should be a positive integer" after the model loaded, no field named
+    with pytest.raises(ValueError, match=f"TRAPOConfig.{field} is invalid"):
+        TRAPOConfig(output_dir=str(tmp_path), **kwargs)
+
+
+def test_a_missing_model_folder_is_named_by_the_python_api(tmp_path, tokenizer, suite):
+    # a new user's report: transformers' "Repo id must be in the form ..." for a mistyped local path
+    missing = str(tmp_path / "no_model")
+    with pytest.raises(ValueError, match=r"model='.*no_model': no such directory"):
+        TRAPOTrainer(missing, args=TRAPOConfig(output_dir=str(tmp_path)), sft_dataset=suite.sft)
+    with pytest.raises(ValueError, match=r"reward_funcs='.*no_model': no such directory"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=missing,
+            args=TRAPOConfig(output_dir=str(tmp_path)),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+
+
 def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, tokenizer, suite, tiny_trainer):
     trainer = tiny_trainer(tmp_path, tokenizer, suite)
     with torch.no_grad():

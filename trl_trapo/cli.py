@@ -188,7 +188,18 @@ def make_parser() -> TrlParser:
         `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
         Abbreviations are refused (`allow_abbrev=False`): `--learning_rat` is an error, not `--learning_rate`.
     """
-    return TrlParser((TRAPOScriptArguments, TRAPOConfig, ModelConfig), allow_abbrev=False)
+    builtin = ", ".join(f"{k}={v}" for k, v in BUILTIN_DEFAULTS.items() if k not in ("report_to", "output_dir"))
+    return TrlParser(
+        (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
+        allow_abbrev=False,
+        usage="examples/trapo.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        epilog=(
+            "--config RECIPE.yaml reads arguments from a YAML file (keys are the argument names above); flags given on "
+            "the command line override the file. The defaults shown are TRAPOConfig's, which apply to your model "
+            "(--model_name_or_path, or model_name_or_path in the recipe). Without a model the job trains the "
+            "built-in tiny task suite and, for what you do not set, uses these instead: " + builtin + "."
+        ),
+    )
 
 
 def known_fields() -> list[str]:
@@ -401,7 +412,7 @@ def parse_args(
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv)
     parser = make_parser()
-    if given.get("model_name_or_path") is None:
+    if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
         parser.set_defaults(**builtin_defaults(given))
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})

@@ -826,6 +826,16 @@ class TRAPOConfig(_BaseConfig):
             bad("pretrain_max_length", self.pretrain_max_length, "a row needs at least 2 tokens to predict one.")
         if self.num_generations < 1:
             bad("num_generations", self.num_generations, "use an integer >= 1 (>= 2 without a value model).")
+        if self.per_device_train_batch_size < 1:
+            bad("per_device_train_batch_size", self.per_device_train_batch_size, "use an integer >= 1 (rows per step).")
+        if self.gradient_accumulation_steps < 1:
+            bad("gradient_accumulation_steps", self.gradient_accumulation_steps, "use an integer >= 1.")
+        if self.max_steps <= 0 and self.total_episodes is None and not self.num_train_epochs > 0:
+            bad(
+                "num_train_epochs",
+                self.num_train_epochs,
+                "use a positive number of epochs, or set max_steps (> 0) or total_episodes to fix the run's length.",
+            )
         if not self.temperature > 0:
             bad("temperature", self.temperature, "use a positive sampling temperature.")
         if not 0 < self.top_p <= 1:

@@ -327,6 +327,9 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
     funcs, processing_classes = [], []
     for func, reward_tokenizer in zip(reward_funcs, reward_processing_classes):
         if isinstance(func, str):
+            from .cli import check_model_source  # the command line's check: a missing local folder is named
+
+            check_model_source(func, "reward_funcs")
             reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
             func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
         if isinstance(func, nn.Module):

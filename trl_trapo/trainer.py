@@ -211,6 +211,9 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 1. policy, tokenizer, reference and critic -----------------------------------------------------
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
+            from .cli import check_model_source  # the command line's check: a missing local folder is named
+
+            check_model_source(model, "model")
             model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
         elif args.model_init_kwargs:
             raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
