@@ -827,7 +827,9 @@ class TRAPOConfig(_BaseConfig):
         if self.num_generations < 1:
             bad("num_generations", self.num_generations, "use an integer >= 1 (>= 2 without a value model).")
         if self.per_device_train_batch_size < 1:
-            bad("per_device_train_batch_size", self.per_device_train_batch_size, "use an integer >= 1 (rows per step).")
+            bad(
+                "per_device_train_batch_size", self.per_device_train_batch_size, "use an integer >= 1 (rows per step)."
+            )
         if self.gradient_accumulation_steps < 1:
             bad("gradient_accumulation_steps", self.gradient_accumulation_steps, "use an integer >= 1.")
         if self.max_steps <= 0 and self.total_episodes is None and not self.num_train_epochs > 0:
