@@ -123,8 +123,9 @@ RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 @contextmanager
 def quiet_checkpointing_deprecation() -> Iterator[None]:
-    """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` reads the deprecated
-    `is_gradient_checkpointing` (every generation round would warn, and the user can do nothing about it)."""
+    """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` or PEFT's
+    `get_peft_model` reads the deprecated `is_gradient_checkpointing` (every generation round / LoRA run would warn,
+    and the user can do nothing about it)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
         yield
@@ -492,7 +493,8 @@ class TRAPOTrainer(_BaseTrainer):
                 raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
             if is_peft_model(model):
                 raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
-            model = get_peft_model(model, peft_config)
+            with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
+                model = get_peft_model(model, peft_config)
             created_adapter = True
         if args.disable_dropout:
             disable_dropout_in_model(model)
