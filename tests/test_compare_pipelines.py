@@ -151,3 +151,32 @@ def test_every_ablation_builds_a_trainer_on_the_main_jobs_data(tmp_path, ablatio
     )
     assert (trainer.exploration is not None) == bool(overrides.get("exploration"))
     assert (trainer.rollouts.guidance is not None) == ("demonstration_column" in overrides)
+
+
+def test_paired_interval_and_verdict_by_hand():
+    # differences 1, 0, 1: mean 2/3, s = sqrt(1/3), se = s / sqrt(3) = 1/3; t_{0.95, 2} = 2.920
+    mean, low, high = pipeline_report.paired_interval([1.0, 0.0, 1.0])
+    assert (mean, low, high) == pytest.approx((2 / 3, 2 / 3 - 2.920 / 3, 2 / 3 + 2.920 / 3))
+    assert pipeline_report.component_verdict(mean, low, high, better=1) == "not shown"  # [-0.31, 1.64] holds 0
+    mean, low, high = pipeline_report.paired_interval([0.5, 0.6, 0.4, 0.5, 0.55])
+    assert low > 0 and pipeline_report.component_verdict(mean, low, high, better=1) == "helps"
+    assert pipeline_report.component_verdict(mean, low, high, better=-1) == "hurts"  # e.g. more forgetting
+    assert pipeline_report.component_verdict(-mean, -high, -low, better=-1) == "helps"
+    with pytest.raises(ValueError, match="1 pairs"):
+        pipeline_report.paired_interval([0.3])
+
+
+def test_paired_component_table_pairs_by_seed():
+    def entry(seeds, acc, rl, forget):
+        return {"seeds": seeds, "accuracy": acc, "accuracy_rl_only": rl, "forgetting": forget}
+
+    summary = {
+        "trapo": entry([0, 1, 2], [0.75, 1.0, 0.75], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]),
+        # listed in another seed order: pairing must follow the seed, not the position
+        "trapo_exploration": entry([2, 0, 1], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]),
+    }
+    table = pipeline_report.paired_component_table(summary)
+    row = next(line for line in table.splitlines() if "exploration" in line)
+    # rl_only differences (seeds 0, 1, 2): 1, 0, 1 -> +0.667, interval +0.667 -+ 2.920/3
+    assert "+0.667 [-0.307, +1.640] not shown" in row
+    assert "| seeds 0, 1, 2" in table.splitlines()[0] or "(seeds 0, 1, 2)" in table.splitlines()[0]

@@ -209,6 +209,9 @@ ABLATION_LABELS = {
     "trapo_static": "static weights (`dare_mode=static`)",
     "trapo_constant": "constant mixture (`curriculum_mode=constant`)",
     "trapo_no_pretrain": "no pretraining term (`pretrain_weight=0`)",
+    "trapo_no_replay": "no replay reuse (`num_ppo_epochs=1`)",
+    "trapo_guidance": "+ guidance (`demonstration_column`)",
+    "trapo_exploration": "+ targeted exploration (`exploration=True`)",
 }
 
 
@@ -229,6 +232,70 @@ def ablation_table(summary: dict[str, dict]) -> str:
             format_mean_std(entry["accuracy_rl_only"], 2),
             format_mean_std(entry["forgetting"]),
         ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# Student t quantiles t_{0.95, df} (two-sided 90 % intervals), df = 1..10 (standard tables)
+T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
+# (column, what "better" is) of the paired comparison; forgetting is better when lower
+PAIRED_METRICS = (("accuracy", 1), ("accuracy_rl_only", 1), ("forgetting", -1))
+
+
+def paired_interval(differences: list[float]) -> tuple[float, float, float]:
+    """Mean of paired differences and its two-sided 90 % Student t interval `(mean, low, high)`.
+
+    Raises:
+        ValueError: with fewer than 2 or more than 11 pairs (`T_95` covers df 1..10).
+    """
+    n = len(differences)
+    if not 2 <= n <= len(T_95) + 1:
+        raise ValueError(f"paired_interval: {n} pairs; need 2..{len(T_95) + 1}.")
+    mean = statistics.mean(differences)
+    half = T_95[n - 1] * statistics.stdev(differences) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def component_verdict(mean: float, low: float, high: float, better: int) -> str:
+    """ "helps" when the interval excludes 0 on the better side, "hurts" on the worse side, else "not shown"."""
+    if (low > 0 and better > 0) or (high < 0 and better < 0):
+        return "helps"
+    if (high < 0 and better > 0) or (low > 0 and better < 0):
+        return "hurts"
+    return "not shown"
+
+
+def paired_component_table(summary: dict[str, dict], baseline: str = "trapo") -> str:
+    """Each variant against `baseline`, paired by seed: mean ± std of accuracy, `rl_only` and final forgetting, and
+    per metric the mean paired difference (variant − baseline) with its 90 % t interval and the verdict
+    (`component_verdict`; "n/a" with fewer than 2 shared seeds)."""
+    base = summary[baseline]
+    seeds = sorted(base["seeds"])
+    lines = [
+        f"| variant (seeds {', '.join(map(str, seeds))}) | accuracy | rl_only | forgetting (nats/token) "
+        "| Δ accuracy [90 % CI] | Δ rl_only [90 % CI] | Δ forgetting [90 % CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in [baseline] + sorted(m for m in summary if m != baseline):
+        entry = summary[method]
+        cells = [
+            ABLATION_LABELS.get(method, f"`{method}`"),
+            format_mean_std(entry["accuracy"]),
+            format_mean_std(entry["accuracy_rl_only"], 2),
+            format_mean_std(entry["forgetting"]),
+        ]
+        for key, better in PAIRED_METRICS:
+            if method == baseline:
+                cells.append("–")
+                continue
+            mine = dict(zip(entry["seeds"], entry[key]))
+            theirs = dict(zip(base["seeds"], base[key]))
+            shared = sorted(set(mine) & set(theirs))
+            if len(shared) < 2:
+                cells.append("n/a")
+                continue
+            mean, low, high = paired_interval([mine[s] - theirs[s] for s in shared])
+            cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {component_verdict(mean, low, high, better)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -479,6 +546,7 @@ def results_from_csv(path: str | Path) -> list[dict]:
 README_TABLES = {
     "pipeline-table": ("docs/results/checkpoints.csv", markdown_table),
     "ablation-table": ("docs/results/ablations/checkpoints.csv", ablation_table),
+    "zero-variance-table": ("docs/results/zero_variance/checkpoints.csv", paired_component_table),
 }
 
 
