@@ -1067,14 +1067,15 @@ def render_readme_block(results: dict) -> str:
         )
         lines.append("")
     header = (
-        "| arm | accuracy (start → end) | ends with `#### N` | forgetting at steps {} (nats/token) | train wall / CPU "
+        "| arm | accuracy (start → end) | ends with `#### N` | forgetting, step: nats/token | train wall / CPU "
         "(min) | median step wall / CPU (s) | evaluations (min) | peak RSS (GB) |"
     )
-    some = next(iter(arms.values()), None)
-    steps = ", ".join(str(p["step"]) for p in some["points"]) if some else "–"
-    lines += [header.format(steps), "|---|---|---|---|---|---|---|---|"]
+    # each value with its step: the serial arm also measures at its SFT -> GRPO boundary
+    lines += [header, "|---|---|---|---|---|---|---|---|"]
     for name, arm in arms.items():
-        forget = ", ".join("–" if p["forgetting"] is None else f"{p['forgetting']:+.3f}" for p in arm["points"])
+        forget = ", ".join(
+            f"{p['step']}: " + ("–" if p["forgetting"] is None else f"{p['forgetting']:+.3f}") for p in arm["points"]
+        )
         lines.append(
             f"| `{name}` | {initial['accuracy'] if initial else float('nan'):.3f} → {arm['accuracy']:.3f} | "
             f"{initial['format'] if initial else float('nan'):.3f} → {arm['format']:.3f} | {forget} | "

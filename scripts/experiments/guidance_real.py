@@ -3,6 +3,7 @@
 
     python scripts/experiments/guidance_real.py            # two runs of 20 steps (~15 min each on one CPU core)
     python scripts/experiments/guidance_real.py --quick    # a tiny random model with SmolLM2's tokenizer (< 1 min)
+    python scripts/experiments/guidance_real.py --write_readme  # the README block from the committed results
 
 Both arms are the CPU recipe (`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`) with one change: a constant mixture of
 25 % pretraining, 25 % SFT and 50 % RL rows (`curriculum_mixtures`), because the recipe's early phase gives a 20-step
@@ -120,6 +121,34 @@ def summarise(steps: list[dict]) -> dict:
     return out
 
 
+README_BLOCK = "guidance-real"
+
+
+def render_readme_block(results: dict) -> str:
+    """The README block: per arm, the means over the logged steps of the sampled completions' reward, the fraction
+    of flat groups, the fraction of groups that got a demonstration and the RL loss, and the arm's CPU time."""
+
+    def cell(summary: dict, key: str, digits: int = 3) -> str:
+        mean = summary[key]["mean"]
+        return "–" if mean is None else f"{mean:.{digits}f}"
+
+    lines = [
+        f"Measured by `{results['command']}` on {results['date']} ({results['machine']}), {results['max_steps']} "
+        "steps per arm, one torch thread each:",
+        "",
+        "| arm | mean reward of the sampled completions | flat groups (`rl/zero_variance_groups`) | groups given "
+        "a demonstration | `loss/rl` | CPU (min) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, data in results["arms"].items():
+        summary = data["summary"]
+        lines.append(
+            f"| `{arm}` | {cell(summary, 'objective/scores')} | {cell(summary, 'rl/zero_variance_groups', 2)} | "
+            f"{cell(summary, 'rl/guided_groups', 2)} | {cell(summary, 'loss/rl', 4)} | {data['cpu_s'] / 60:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default=str(RECIPE))
@@ -129,8 +158,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default=None, help=f"results JSON (default {OUTPUT}; --quick: in --work_dir)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each arm's process")
     parser.add_argument("--quick", action="store_true", help="a tiny random model with SmolLM2's tokenizer")
+    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --output")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.write_readme:
+        from readme_blocks import write_readme_block
+
+        results = json.loads(Path(args.output or OUTPUT).read_text(encoding="utf-8"))
+        changed = write_readme_block(README_BLOCK, render_readme_block(results))
+        print(f"README.md {README_BLOCK}: {'updated' if changed else 'already up to date'}")
+        return results
     if args._worker:
         spec = json.loads(Path(args._worker[0]).read_text(encoding="utf-8"))
         run_arm(spec, Path(args._worker[1]))
