@@ -8,7 +8,9 @@
 - "Results on a real model": `scripts/experiments/compare_real.py --write_readme` renders the block between the
   `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`;
 - "A real model and real data, offline": `scripts/benchmarks/real_model_report.py` renders the speed block from
-  `docs/results/benchmarks/*.json`.
+  `docs/results/benchmarks/*.json`;
+- guidance on the real model: `scripts/experiments/guidance_real.py --write_readme` renders the `guidance-real` block
+  from `docs/results/real_smollm2/guidance.json`.
 
 A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
 the script's `--write_readme`, or the experiment itself.
@@ -185,4 +187,15 @@ def test_real_model_speed_block_is_rendered_from_the_committed_benchmarks():
     assert read_block(README, real_model_report.README_BLOCK) == expected, (
         "The README's real-model speed block differs from what docs/results/benchmarks/*.json render to: run "
         "`python scripts/benchmarks/real_model_report.py --write_readme` (or the benchmarks), never edit it"
+    )
+
+
+def test_guidance_real_block_is_rendered_from_the_committed_results():
+    import guidance_real
+
+    results = json.loads((ROOT / "docs" / "results" / "real_smollm2" / "guidance.json").read_text(encoding="utf-8"))
+    assert set(results["arms"]) == set(guidance_real.ARMS) and results["max_steps"] >= 10
+    assert read_block(README, guidance_real.README_BLOCK) == guidance_real.render_readme_block(results), (
+        "The README's guidance-real block differs from docs/results/real_smollm2/guidance.json: run "
+        "`python scripts/experiments/guidance_real.py --write_readme` (or the experiment), never edit it"
     )

@@ -380,6 +380,19 @@ class TRAPOTrainer(_BaseTrainer):
             kl_estimator=self.kl_estimator,
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
+        if (
+            args.exploration
+            and self.accelerator.num_processes > 1
+            and (self.is_deepspeed_enabled or self.is_fsdp_enabled)
+        ):
+            from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+            if is_deepspeed_zero3_enabled() or self.is_fsdp_enabled:  # generation is a collective there
+                raise ValueError(
+                    "exploration=True splits a generation round by temperature, and ranks may need different numbers "
+                    "of sub-rounds; under DeepSpeed ZeRO-3 / FSDP every `generate` is a collective, so the ranks would "
+                    "wait on each other forever. Use DDP or ZeRO-1/2, or set exploration=False."
+                )
         self.exploration = (
             TargetedExploration(args.temperature, args.exploration_ceiling, args.exploration_temperature_step)
             if args.exploration and self.active[RL]
