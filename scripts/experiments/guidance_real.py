@@ -24,7 +24,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,20 +33,14 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # compare_real
 sys.path.insert(0, str(HERE.parent))  # gsm8k_to_trl, fetch_smollm2
 
+from compare_real import write_json  # noqa: E402  (atomic JSON writes)
+
+
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
 OUTPUT = ROOT / "docs" / "results" / "real_smollm2" / "guidance.json"
 MIXTURE = [0.25, 0.25, 0.5] * 3  # every curriculum phase: 25 % pretraining, 25 % SFT, 50 % RL rows
 ARMS = {"without_guidance": [], "with_guidance": ["--demonstration_column", "solution"]}
 KEYS = ("objective/scores", "rl/zero_variance_groups", "rl/guided_groups", "loss/rl", "loss/sft", "loss/pretrain")
-
-
-def write_json(path: Path, payload) -> None:
-    """Write JSON atomically (temporary file in the same folder, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-    os.replace(handle.name, path)
 
 
 def prepare_data(work: Path, quick: bool) -> Path:
