@@ -492,3 +492,30 @@ def test_a_lora_run_does_not_warn_about_transformers_deprecations_it_cannot_fix(
         trainer.train()
     deprecations = [str(w.message) for w in caught if "is_gradient_checkpointing" in str(w.message)]
     assert not deprecations, deprecations
+
+
+def test_generation_with_activation_checkpointing_does_not_warn(tmp_path, tokenizer, suite):
+    # a new user's report: "`gradient_checkpointing_disable` is deprecated" at every PPO step, from TRL's
+    # unwrap_model_for_generation turning activation checkpointing off and on around generation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions],
+            args=TRAPOConfig(
+                output_dir=str(tmp_path),
+                max_steps=1,
+                per_device_train_batch_size=8,
+                num_generations=4,
+                response_length=4,
+                max_prompt_length=16,
+                report_to="none",
+                activation_checkpointing=True,
+                disable_tqdm=True,
+            ),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+        trainer.train()
+    deprecations = [str(w.message) for w in caught if "gradient_checkpointing" in str(w.message)]
+    assert not deprecations, deprecations

@@ -124,10 +124,13 @@ RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 @contextmanager
 def quiet_checkpointing_deprecation() -> Iterator[None]:
     """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` or PEFT's
-    `get_peft_model` reads the deprecated `is_gradient_checkpointing` (every generation round / LoRA run would warn,
+    `get_peft_model` reads the deprecated `is_gradient_checkpointing`, or TRL turns activation checkpointing off and on
+    around generation with `gradient_checkpointing_disable` / `_enable` (every generation round / LoRA run would warn,
     and the user can do nothing about it)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        # `is_gradient_checkpointing`, `gradient_checkpointing_disable` / `_enable` (TRL toggles checkpointing off
+        # around generation through the deprecated names)
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
         yield
 
 
