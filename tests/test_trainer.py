@@ -464,9 +464,11 @@ def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, token
         trainer._generate_round(4, step=3)
 
 
-def test_a_lora_run_does_not_warn_about_transformers_deprecations_it_cannot_fix(tmp_path, tokenizer, suite):
-    # a new user's report: FutureWarning "`is_gradient_checkpointing` is deprecated" on every run, raised by the
-    # project's own calls into PEFT (get_peft_model) and TRL (unwrap_model_for_generation)
+@pytest.mark.parametrize("lora, checkpointing", [(True, False), (False, True)], ids=["lora", "checkpointing"])
+def test_no_transformers_deprecation_warnings_the_user_cannot_fix(tmp_path, tokenizer, suite, lora, checkpointing):
+    # new users' reports: FutureWarnings on every run, raised by the project's own calls — "`is_gradient_checkpointing`
+    # is deprecated" from get_peft_model (LoRA) and TRL's unwrap_model_for_generation, "`gradient_checkpointing_disable`
+    # is deprecated" when unwrap_model_for_generation turns activation checkpointing off and on around generation
     from peft import LoraConfig
 
     with warnings.catch_warnings(record=True) as caught:
@@ -482,39 +484,14 @@ def test_a_lora_run_does_not_warn_about_transformers_deprecations_it_cannot_fix(
                 response_length=4,
                 max_prompt_length=16,
                 report_to="none",
-                activation_checkpointing=False,
+                activation_checkpointing=checkpointing,
                 disable_tqdm=True,
             ),
             train_dataset=suite.rl_train,
             processing_class=tokenizer,
-            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
-        )
-        trainer.train()
-    deprecations = [str(w.message) for w in caught if "is_gradient_checkpointing" in str(w.message)]
-    assert not deprecations, deprecations
-
-
-def test_generation_with_activation_checkpointing_does_not_warn(tmp_path, tokenizer, suite):
-    # a new user's report: "`gradient_checkpointing_disable` is deprecated" at every PPO step, from TRL's
-    # unwrap_model_for_generation turning activation checkpointing off and on around generation
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer = TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=lambda completions, **kw: [float(len(c) % 2) for c in completions],
-            args=TRAPOConfig(
-                output_dir=str(tmp_path),
-                max_steps=1,
-                per_device_train_batch_size=8,
-                num_generations=4,
-                response_length=4,
-                max_prompt_length=16,
-                report_to="none",
-                activation_checkpointing=True,
-                disable_tqdm=True,
-            ),
-            train_dataset=suite.rl_train,
-            processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+            if lora
+            else None,
         )
         trainer.train()
     deprecations = [str(w.message) for w in caught if "gradient_checkpointing" in str(w.message)]
