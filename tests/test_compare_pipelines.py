@@ -115,6 +115,27 @@ def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     for name in ("results.md", "accuracy_vs_time.png", "forgetting_vs_time.png", "trapo_weights_curriculum.png"):
         assert (out / name).stat().st_size > 0, name
     assert "| `serial` |" in (out / "results.md").read_text() and "| `trapo` |" in report["markdown"]
+    # the same command again resumes from the cached runs: nothing is re-run, the report is the same
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/result.json")}
+    again = compare_pipelines.main(
+        ["--quick", "--output_dir", str(out), "--max_steps", "12", "--eval_every", "0.5", "--heldout_docs", "40"]
+        + ["--eval_per_split_family", "4"]
+    )
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert again["summary"] == summary
+
+
+def test_a_cached_run_is_reused_only_for_the_same_settings_and_code(tmp_path):
+    spec = {"method": "trapo", "seed": 0, "run_dir": str(tmp_path), "job_extra": {"learning_rate": 6e-4}}
+    spec["code"], spec["rerun"] = compare_pipelines.code_fingerprint(), False
+    compare_pipelines.write_json(str(tmp_path / "spec.json"), spec)
+    compare_pipelines.write_json(str(tmp_path / "result.json"), {"method": "trapo", "seed": 0})
+    assert compare_pipelines.cached_result(spec) == {"method": "trapo", "seed": 0}
+    assert compare_pipelines.cached_result({**spec, "job_extra": {"learning_rate": 1e-3}}) is None
+    assert compare_pipelines.cached_result({**spec, "code": "0" * 64}) is None  # the code changed
+    assert compare_pipelines.cached_result({**spec, "rerun": True}) is None
+    (tmp_path / "result.json").write_text("{truncated")  # a damaged result is run again, not trusted
+    assert compare_pipelines.cached_result(spec) is None
 
 
 def test_without_a_serial_run_time_to_target_is_absent_not_censored():

@@ -52,7 +52,7 @@ def test_stuck_families_heat_up_to_the_ceiling_and_cool_down_with_signal():
     assert explore.temperature_of("a") == pytest.approx(0.9)
     explore.observe(rows, signal, 4)
     explore.observe(rows, signal, 4)
-    assert explore.temperature_of("a") == pytest.approx(0.7) and explore.state_dict() == {"levels": {}}
+    assert explore.temperature_of("a") == pytest.approx(0.7) and explore.state_dict()["levels"] == {}
     # a family is stuck when at least half of its groups are flat: 1 of 2 is, 1 of 3 is not
     half = [{"task": "c"}] * 4
     explore.observe(half, torch.tensor([0.0, 0.0, 1.0, 0.0]), 2)
@@ -61,6 +61,25 @@ def test_stuck_families_heat_up_to_the_ceiling_and_cool_down_with_signal():
     assert explore.temperature_of("c") == pytest.approx(0.7)
     # rows without a `task` form one family
     assert TargetedExploration.families([{"prompt": "x"}, {"task": 3}]) == [ALL_FAMILIES, "3"]
+
+
+def test_only_groups_flat_at_the_lowest_score_count_as_stuck():
+    """All-right groups (flat above the lowest score seen) are solved, not stuck: their family is not heated."""
+    explore = TargetedExploration(temperature=1.0, max_temperature=1.5, step=0.1)
+    # a 135M model on GSM8K: every completion scores 0 from the first round on -> stuck, heated
+    explore.observe([{"task": "gsm8k"}] * 4, torch.zeros(4), 2)
+    assert explore.temperature_of("gsm8k") == pytest.approx(1.1)
+    rows = [{"task": "solved"}] * 4 + [{"task": "stuck"}] * 4
+    explore.observe(rows, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    assert explore.temperature_of("solved") == pytest.approx(1.0)  # flat at 1 > 0: solved
+    assert explore.temperature_of("stuck") == pytest.approx(1.1)
+    # a new, lower score makes the old floor a solved level: flat at 0 is no longer stuck once -1 has been seen
+    explore.observe(rows, torch.tensor([-1.0, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    assert explore.lowest_score == -1.0 and explore.temperature_of("stuck") == pytest.approx(1.0)
+    # NaN (no reward) never sets the floor
+    fresh = TargetedExploration(temperature=1.0, max_temperature=1.5, step=0.1)
+    fresh.observe([{"task": "t"}] * 2, torch.tensor([float("nan"), float("nan")]), 2)
+    assert fresh.lowest_score is None and fresh.levels == {}
 
 
 def test_a_round_is_split_by_temperature_with_groups_whole():
@@ -149,7 +168,10 @@ def test_exploration_state_survives_resume_exactly(tmp_path, tokenizer, suite):
     settings = dict(max_steps=4, save_strategy="steps", save_steps=2)
     whole = exploring_trainer(tmp_path / "whole", tokenizer, suite, **settings)
     whole.train()
-    assert whole.exploration.state_dict() == {"levels": {ALL_FAMILIES: 4}}  # 0.8 + 4 x 0.1 = the ceiling
+    assert whole.exploration.state_dict() == {
+        "levels": {ALL_FAMILIES: 4},
+        "lowest_score": 0.0,
+    }  # 0.8 + 4 x 0.1 = the ceiling
     resumed = exploring_trainer(tmp_path / "resumed", tokenizer, suite, **settings)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
     # without the saved levels the resumed run would restart at 0.8 and end 2 steps cooler (level 2)

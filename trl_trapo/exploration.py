@@ -9,8 +9,11 @@ and lowers it again once they do — the per-family temperature adaptation that 
 spend exploration where the signal is missing (cf. the "zero-advantage" filtering and resampling of DAPO, Yu et al.
 2025, arXiv 2503.14476, which discards such groups instead; here they are re-sampled hotter).
 
-The rule, after every generation round, per family f (the RL dataset's `task` value; one family "all" without a
-`task` column), with z_f = the fraction of f's groups in the round whose scored completions all score the same:
+A flat group is *stuck* only when its common score is the lowest score seen so far in the run (all wrong); a group
+whose completions all score above that (all right: solved) carries no gradient either, but sampling it hotter only
+spends rollouts on a family that has nothing left to find (DAPO drops both kinds; only the stuck kind needs more
+exploration). The rule, after every generation round, per family f (the RL dataset's `task` value; one family "all"
+without a `task` column), with z_f = the fraction of f's groups in the round that are stuck:
 
     boost_f <- min(boost_f + step, max_temperature - temperature)   if z_f >= 0.5
     boost_f <- max(boost_f - step, 0)                               otherwise
@@ -84,6 +87,7 @@ class TargetedExploration:
         self.max_boost = float(max_temperature) - float(temperature)
         self.step = float(step)
         self.levels: dict[str, int] = {}  # family -> boost in steps (0 = the configured temperature)
+        self.lowest_score: float | None = None  # the lowest score seen so far (a flat group at it is stuck)
 
     @property
     def max_level(self) -> int:
@@ -119,12 +123,23 @@ class TargetedExploration:
     def observe(self, examples: list[dict], scores: torch.Tensor, group: int) -> None:
         """Update the families of a (sub-)round from its scores (the sampled completions', before guidance).
 
+        A group is stuck when its scored completions all score the same and that score is the lowest score seen so
+        far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups are.
+
         Args:
             examples (`list[dict]`): the rows, `group` consecutive rows per prompt.
             scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
             group (`int`): rows per prompt (>= 2).
         """
         flat = zero_variance_groups(scores, group)
+        finite = scores[torch.isfinite(scores)]
+        if finite.numel():
+            low = float(finite.double().min())
+            self.lowest_score = low if self.lowest_score is None else min(self.lowest_score, low)
+        if self.lowest_score is not None:
+            grouped = scores.reshape(-1, group).double()
+            group_low = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1)
+            flat = flat & (group_low <= self.lowest_score + 1e-6)
         families = self.families(examples)[::group]
         for family in dict.fromkeys(families):
             mine = torch.tensor([f == family for f in families])
@@ -145,9 +160,12 @@ class TargetedExploration:
         return out
 
     def state_dict(self) -> dict:
-        """The per-family boosts (JSON-serialisable)."""
-        return {"levels": dict(self.levels)}
+        """The per-family boosts and the lowest score seen (JSON-serialisable)."""
+        return {"levels": dict(self.levels), "lowest_score": self.lowest_score}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore `state_dict()`; None (a checkpoint made without exploration) starts every family at the floor."""
-        self.levels = {str(k): int(v) for k, v in (state or {}).get("levels", {}).items()}
+        state = state or {}
+        self.levels = {str(k): int(v) for k, v in state.get("levels", {}).items()}
+        lowest = state.get("lowest_score")
+        self.lowest_score = None if lowest is None else float(lowest)

@@ -83,6 +83,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import glob
+import hashlib
 import json
 import logging
 import math
@@ -187,6 +189,11 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / jobs)")
     parser.add_argument("--methods", nargs="+", default=["serial", "trapo"], choices=["serial", "trapo"])
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="run every (method, seed) again even where `runs/` holds a result made by the same code and settings",
+    )
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -592,8 +599,7 @@ def worker(spec_path: str) -> None:
         "loadavg_end": os.getloadavg(),
         **info,
     }
-    with open(os.path.join(spec["run_dir"], "result.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1)
+    write_json(os.path.join(spec["run_dir"], "result.json"), result)
 
 
 # =====================================================================================================================
@@ -620,12 +626,66 @@ class Progress:
         self.bar.close()
 
 
+def code_fingerprint() -> str:
+    """SHA-256 of everything that decides a run's numbers: the `trl_trapo` package (sources and configs), the main
+    job, this script and its measuring module, and the versions of torch / transformers / TRL / PEFT / datasets.
+    Documentation and the report code are left out, so editing them keeps the cached runs."""
+    import importlib.metadata
+
+    digest = hashlib.sha256()
+    paths = sorted(glob.glob(os.path.join(ROOT, "trl_trapo", "**", "*.py"), recursive=True))
+    paths += sorted(glob.glob(os.path.join(ROOT, "trl_trapo", "configs", "*")))
+    paths += [os.path.join(ROOT, "examples", "trapo.py"), os.path.abspath(__file__)]
+    paths += [os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_measure.py")]
+    for path in paths:
+        digest.update(os.path.relpath(path, ROOT).encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read())
+    for package in ("torch", "transformers", "trl", "peft", "datasets"):
+        digest.update(f"{package}=={importlib.metadata.version(package)}".encode())
+    return digest.hexdigest()
+
+
+def write_json(path: str, payload: Any) -> None:
+    """Write `payload` as JSON atomically (temp file + rename): an interrupted run never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=1)
+    os.replace(tmp, path)
+
+
+def cached_result(spec: dict) -> dict | None:
+    """The result in `spec["run_dir"]` when it was made from exactly this spec (settings and code fingerprint)."""
+    spec_path, result_path = (os.path.join(spec["run_dir"], name) for name in ("spec.json", "result.json"))
+    if spec.get("rerun") or not (os.path.exists(spec_path) and os.path.exists(result_path)):
+        return None
+    try:
+        with open(spec_path, encoding="utf-8") as handle:
+            previous = json.load(handle)
+        with open(result_path, encoding="utf-8") as handle:
+            result = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    strip = lambda s: {k: v for k, v in s.items() if k != "rerun"}  # noqa: E731
+    return result if strip(previous) == strip(spec) else None
+
+
 def launch(spec: dict, progress: Progress) -> dict:
-    """Run one spec in a child process; return its result (raises with the log's tail if it fails)."""
+    """Run one spec in a child process; return its result (raises with the log's tail if it fails).
+
+    A run whose directory holds a result made from the same spec (same settings, same code fingerprint) is not run
+    again: the harness resumes across sessions. `--rerun` turns that off."""
+    cached = cached_result(spec)
+    if cached is not None:
+        progress.note(f"{os.path.basename(spec['run_dir'])} (cached)")
+        progress.add(100)
+        return cached
     os.makedirs(spec["run_dir"], exist_ok=True)
+    result_path = os.path.join(spec["run_dir"], "result.json")
+    if os.path.exists(result_path):
+        os.remove(result_path)  # a result of other settings or code must not survive next to this spec
     spec_path = os.path.join(spec["run_dir"], "spec.json")
-    with open(spec_path, "w", encoding="utf-8") as handle:
-        json.dump(spec, handle, indent=1)
+    write_json(spec_path, spec)
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS=str(spec["threads"]),
@@ -693,6 +753,8 @@ def make_spec(args, job_argv, method, seed, run_dir, job_extra=None, time_budget
         "eval_per_split_family": args.eval_per_split_family,
         "heldout_docs": args.heldout_docs,
         "threads": args.threads,
+        "code": args.code,
+        "rerun": args.rerun,
     }
 
 
@@ -803,6 +865,7 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     args = resolve_defaults(args)
+    args.code = code_fingerprint()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
