@@ -125,12 +125,29 @@ def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     assert again["summary"] == summary
 
 
+def test_lr_from_reuses_an_earlier_search_and_checks_it(tmp_path):
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"lr_search": {"trapo": {"learning_rate": 6e-4, "rl_phase_learning_rate": None}}}))
+    rates = compare_pipelines.searched_rates(str(meta), ["trapo", "trapo_static"])
+    assert rates == {"trapo": {"learning_rate": 6e-4, "rl_phase_learning_rate": None, "from": str(meta)}}
+    with pytest.raises(ValueError, match=r"no searched rate for \['serial'\]"):
+        compare_pipelines.searched_rates(str(meta), ["serial", "trapo"])
+    with pytest.raises(ValueError, match="cannot read it"):
+        compare_pipelines.searched_rates(str(tmp_path / "missing.json"), ["trapo"])
+    with pytest.raises(ValueError, match="drop --lr_search"):
+        compare_pipelines.main(["--output_dir", str(tmp_path), "--lr_from", str(meta), "--lr_search"])
+
+
 def test_a_cached_run_is_reused_only_for_the_same_settings_and_code(tmp_path):
     spec = {"method": "trapo", "seed": 0, "run_dir": str(tmp_path), "job_extra": {"learning_rate": 6e-4}}
     spec["code"], spec["rerun"] = compare_pipelines.code_fingerprint(), False
     compare_pipelines.write_json(str(tmp_path / "spec.json"), spec)
     compare_pipelines.write_json(str(tmp_path / "result.json"), {"method": "trapo", "seed": 0})
     assert compare_pipelines.cached_result(spec) == {"method": "trapo", "seed": 0}
+    # a run directory copied into another comparison (other paths, same settings) is reused there
+    moved = {**spec, "run_dir": str(tmp_path), "job_extra": {**spec["job_extra"], "output_dir": "/elsewhere"}}
+    compare_pipelines.write_json(str(tmp_path / "spec.json"), {**spec, "run_dir": "/old/place"})
+    assert compare_pipelines.cached_result(moved) == {"method": "trapo", "seed": 0}
     assert compare_pipelines.cached_result({**spec, "job_extra": {"learning_rate": 1e-3}}) is None
     assert compare_pipelines.cached_result({**spec, "code": "0" * 64}) is None  # the code changed
     assert compare_pipelines.cached_result({**spec, "rerun": True}) is None

@@ -49,6 +49,7 @@ STATE = (
     "fewshot/",
     "adapter_bank/",
     "exploration/",
+    "self_imitation/",
     "episode",
     "train/nonfinite_steps",
     "lr",
@@ -92,7 +93,10 @@ def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: i
     common = dict(max_steps=8, per_device_train_batch_size=4, num_ppo_epochs=4, entropy_coef=0.01, kl_coef=0.05)
     extra = {}
     if scenario == "default":  # guidance and exploration need groups (the extended scenario has a critic)
-        common.update(demonstration_column="answer", exploration=True)
+        # self-imitation counts exact matches (reward 2) of groups where another completion failed (reward 1)
+        common.update(
+            demonstration_column="answer", exploration=True, self_imitation=True, self_imitation_min_reward=2.0
+        )
     if scenario == "extended":
         common.update(
             sft_sampling="prioritized",

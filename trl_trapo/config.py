@@ -510,6 +510,29 @@ class TRAPOConfig(_BaseConfig):
         default=None,
         metadata={"help": "The highest sampling temperature exploration uses. None: 1.5 x `temperature`."},
     )
+    self_imitation: bool = field(
+        default=False,
+        metadata={
+            "help": "Self-imitation: an RL completion that scores at least `self_imitation_min_reward`, stopped on its "
+            "own and comes from a group where another completion failed is kept, and a share "
+            "`self_imitation_fraction` of each step's SFT rows is served from those successes, each at most "
+            "`self_imitation_max_uses` times (trl_trapo/memory/successes.py; Oh et al. 2018, arXiv 1806.05635). "
+            "Needs SFT data (its rows are SFT rows); not with few-shot mode."
+        },
+    )
+    self_imitation_min_reward: float = field(
+        default=1.0,
+        metadata={
+            "help": "The score (weighted reward, as in `objective/scores`) a completion needs to count as a success."
+        },
+    )
+    self_imitation_fraction: float = field(
+        default=0.25, metadata={"help": "Share of a step's SFT rows served from the successes while there are any."}
+    )
+    self_imitation_max_uses: int = field(
+        default=4, metadata={"help": "Servings of one success before it leaves the buffer."}
+    )
+    self_imitation_capacity: int = field(default=1024, metadata={"help": "Successes kept (first in, first out)."})
     replay_max_age: int | None = field(
         default=None,
         metadata={
@@ -898,6 +921,16 @@ class TRAPOConfig(_BaseConfig):
                 True,
                 "few-shot mode sets each round's temperature itself (annealed): use one of the two, not both.",
             )
+        if not math.isfinite(self.self_imitation_min_reward):
+            bad("self_imitation_min_reward", self.self_imitation_min_reward, "use a finite score (e.g. 1.0).")
+        if not 0.0 < self.self_imitation_fraction <= 1.0:
+            bad("self_imitation_fraction", self.self_imitation_fraction, "use a share of the SFT rows in (0, 1].")
+        if self.self_imitation_max_uses < 1:
+            bad("self_imitation_max_uses", self.self_imitation_max_uses, "use an integer >= 1.")
+        if self.self_imitation_capacity < 1:
+            bad("self_imitation_capacity", self.self_imitation_capacity, "use an integer >= 1.")
+        if self.self_imitation and self.fewshot_mode:
+            bad("self_imitation", True, "few-shot mode chooses the SFT rows itself: use one of the two, not both.")
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.local_rollout_forward_batch_size < 1:

@@ -93,7 +93,7 @@ from .losses import (
     shaped_off_policy_loss,
     truncated_is_policy_loss,
 )
-from .memory import AdapterBank, MemoryPool, ReplayBuffer, Trajectory, build_sft_pool
+from .memory import AdapterBank, MemoryPool, ReplayBuffer, SuccessReplay, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
 from .models import (
     CountedPositionHead,
@@ -381,6 +381,7 @@ class TRAPOTrainer(_BaseTrainer):
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
             kl_estimator=self.kl_estimator,
+            successes=self._build_successes(args),
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
         if (
@@ -559,6 +560,28 @@ class TRAPOTrainer(_BaseTrainer):
             sft_pool_size=len(sft_pool) if sft_pool is not None else 0,
             kl_penalty=self.kl_penalty,
             kl_estimator=self.kl_estimator,
+        )
+
+    def _build_successes(self, args: TRAPOConfig) -> SuccessReplay | None:
+        """Self-imitation's buffer (`self_imitation=True`; trl_trapo/memory/successes.py).
+
+        Raises:
+            ValueError: if self-imitation is on without RL prompts or without SFT data (its rows are SFT rows).
+        """
+        if not args.self_imitation:
+            return None
+        if not (self.active[RL] and self.active[SFT]):
+            raise ValueError(
+                "self_imitation=True serves RL's successes as SFT rows, so it needs both RL prompts and SFT data with "
+                f"a positive weight (this run has RL {self.active[RL]}, SFT {self.active[SFT]}). Give an "
+                "sft_dataset (any demonstrations; the SFT weight makes room for the successes), or set "
+                "self_imitation=False."
+            )
+        return SuccessReplay(
+            args.self_imitation_min_reward,
+            args.self_imitation_fraction,
+            args.self_imitation_max_uses,
+            args.self_imitation_capacity,
         )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
@@ -759,6 +782,7 @@ class TRAPOTrainer(_BaseTrainer):
                 for trajectory in batch.trajectories:  # trained at the temperature it was sampled at
                     trajectory.temperature = part_temperature
             self._observe_rollouts(batch)
+            self.memory_pool.observe_successes(part, batch)  # self-imitation keeps the rare successes
             self.replay.add(batch.trajectories, step)
 
     @torch.no_grad()

@@ -114,6 +114,7 @@ ABLATIONS = {
     # opt-in until measured: these add a component to the default TRAPO instead of removing one
     "guidance": ("trapo_guidance", {"demonstration_column": "demonstration"}),
     "exploration": ("trapo_exploration", {"exploration": True}),
+    "self_imitation": ("trapo_self_imitation", {"self_imitation": True}),
 }
 # main-job defaults that `--quick` lowers (explicit command-line values still win)
 QUICK_JOB_DEFAULTS = {"max_steps": 120}
@@ -164,6 +165,12 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="give every method the same learning-rate search (default: on, off with --quick)",
     )
+    parser.add_argument(
+        "--lr_from",
+        default=None,
+        help="reuse the learning rates an earlier comparison's search chose: the path of its meta.json (e.g. "
+        "docs/results/meta.json); every TRAPO variant gets TRAPO's, the serial arm its own (instead of --lr_search)",
+    )
     parser.add_argument("--lr_factors", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
     parser.add_argument(
         "--rl_lr_factors",
@@ -208,8 +215,10 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.heldout_docs = 100 if args.quick else 300
     if args.eval_per_split_family is None and args.quick:
         args.eval_per_split_family = 25
+    if args.lr_from is not None and args.lr_search:
+        raise ValueError("--lr_from reuses an earlier search: drop --lr_search (or --lr_from to search anew).")
     if args.lr_search is None:
-        args.lr_search = not args.quick
+        args.lr_search = not args.quick and args.lr_from is None
     if args.jobs is None:
         args.jobs = max(min(os.cpu_count() or 1, 2), 1)
     if args.jobs < 1:
@@ -655,7 +664,7 @@ def write_json(path: str, payload: Any) -> None:
 
 
 def cached_result(spec: dict) -> dict | None:
-    """The result in `spec["run_dir"]` when it was made from exactly this spec (settings and code fingerprint)."""
+    """The result in `spec["run_dir"]` when it was made from the same settings and code (`_numbers_key`), else None."""
     spec_path, result_path = (os.path.join(spec["run_dir"], name) for name in ("spec.json", "result.json"))
     if spec.get("rerun") or not (os.path.exists(spec_path) and os.path.exists(result_path)):
         return None
@@ -666,8 +675,15 @@ def cached_result(spec: dict) -> dict | None:
             result = json.load(handle)
     except (OSError, ValueError):
         return None
-    strip = lambda s: {k: v for k, v in s.items() if k != "rerun"}  # noqa: E731
-    return result if strip(previous) == strip(spec) else None
+    return result if _numbers_key(previous) == _numbers_key(spec) else None
+
+
+def _numbers_key(spec: dict) -> dict:
+    """What decides a run's numbers: the spec without where it is written (`run_dir`, the job's `output_dir`) and
+    without `rerun`, so a run directory copied into another comparison is reused there too."""
+    key = {k: v for k, v in spec.items() if k not in ("rerun", "run_dir")}
+    key["job_extra"] = {k: v for k, v in spec.get("job_extra", {}).items() if k != "output_dir"}
+    return key
 
 
 def launch(spec: dict, progress: Progress) -> dict:
@@ -858,6 +874,29 @@ def lr_search(args, job_argv, methods) -> dict[str, dict]:
     return chosen
 
 
+def searched_rates(meta_path: str, methods: list[str]) -> dict[str, dict]:
+    """The `lr_search` entry of an earlier comparison's `meta.json` (`--lr_from`).
+
+    Raises:
+        ValueError: if the file cannot be read, has no search, or lacks the rate of an arm in `methods`.
+    """
+    try:
+        with open(meta_path, encoding="utf-8") as handle:
+            rates = json.load(handle).get("lr_search") or {}
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--lr_from={meta_path!r}: cannot read it ({error}). Give a comparison's meta.json."
+        ) from None
+    needed = {"serial" if m == "serial" else "trapo" for m in methods}
+    missing = sorted(needed - set(rates))
+    if missing:
+        raise ValueError(
+            f"--lr_from={meta_path!r} has no searched rate for {missing}: give the meta.json of a comparison run "
+            "with --lr_search and those arms, or drop --lr_from."
+        )
+    return {family: {**rates[family], "from": meta_path} for family in needed}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = make_parser()
     args, job_argv = parser.parse_known_args(argv)
@@ -879,7 +918,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     load_start = os.getloadavg()
     learning_rates: dict[str, Any] = {}
-    if args.lr_search:
+    if args.lr_from is not None:
+        learning_rates = searched_rates(args.lr_from, methods)
+    elif args.lr_search:
         learning_rates = lr_search(args, job_argv, methods)
         logger.info("learning-rate search: %s", json.dumps(learning_rates))
 

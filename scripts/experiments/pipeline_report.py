@@ -475,7 +475,9 @@ def write_report(output_dir: str, results: list[dict], meta: dict) -> dict:
         "; ".join(
             f"{family}: {info['learning_rate']:.3g}, RL {info.get('rl_phase_learning_rate') or info['learning_rate']:.3g}"
             f" (candidates {', '.join(sorted(info['candidates']))}; RL {', '.join(sorted(info.get('rl_candidates', {})))}"
-            f"; {info['steps']} steps, seed {info['seed']})"
+            f"; {info['steps']} steps, seed {info['seed']}"
+            + (f"; reused from `{info['from']}`" if info.get("from") else "")
+            + ")"
             for family, info in lr.items()
         )
         if lr
@@ -540,6 +542,76 @@ def results_from_csv(path: str | Path) -> list[dict]:
         totals = {key: last[key] for key in ("wall_s", "cpu_s", "generation_s", "tokens", "peak_rss_mb")}
         results.append({"method": method, "seed": seed, "checkpoints": rows, "steps": last["step"], **totals})
     return results
+
+
+LEARNED = 0.8  # `rl_only` accuracy at which a run counts as having learnt the RL-only family (the issue's bar)
+
+
+def seed_grid_table(summaries: dict[int, dict[str, dict]], baseline: str | None = None) -> str:
+    """`rl_only` per seed for every method and task suite, and how many runs learnt it (>= `LEARNED`).
+
+    Args:
+        summaries: task-suite seed -> `summarize(...)` of the runs made on that suite.
+        baseline: a method to hold the others against over the runs both have (the same task suite and seed): the
+            last column gives the change of mean `sft_tasks` accuracy and of mean final forgetting (nats/token).
+
+    Returns:
+        A Markdown table: one row per (method, suite), then one total row per method.
+    """
+    methods = sorted({m for summary in summaries.values() for m in summary}, key=lambda m: (m != "trapo", m))
+    lines = [
+        "| variant | task suite | rl_only per seed | learnt (≥ 0.8) | sft_tasks | forgetting (nats/token) |"
+        + (f" vs `{baseline}` on the same runs: Δ sft_tasks, Δ forgetting |" if baseline else ""),
+        "|---|---|---|---|---|---|" + ("---|" if baseline else ""),
+    ]
+
+    def per_run(method):
+        return {
+            (suite, seed): {key: entry[key][i] for key in ("accuracy_rl_only", "accuracy_sft_tasks", "forgetting")}
+            for suite, summary in sorted(summaries.items())
+            if (entry := summary.get(method))
+            for i, seed in enumerate(entry["seeds"])
+        }
+
+    def delta(mine, theirs):
+        shared = sorted(set(mine) & set(theirs))
+        if not shared:
+            return "–"
+        d_sft = statistics.mean(mine[k]["accuracy_sft_tasks"] - theirs[k]["accuracy_sft_tasks"] for k in shared)
+        d_forget = statistics.mean(mine[k]["forgetting"] - theirs[k]["forgetting"] for k in shared)
+        return f"{d_sft:+.3f}, {d_forget:+.3f} ({len(shared)} runs)"
+
+    base_runs = per_run(baseline) if baseline else {}
+    for method in methods:
+        runs = per_run(method)
+        label = ABLATION_LABELS.get(method, f"`{method}`")
+        for suite in sorted({suite for suite, _ in runs}):
+            mine = {k: v for k, v in runs.items() if k[0] == suite}
+            order = sorted(mine, key=lambda k: k[1])
+            cells = [
+                label,
+                str(suite),
+                " / ".join(f"{mine[k]['accuracy_rl_only']:.2f}" for k in order)
+                + f" (seeds {', '.join(str(k[1]) for k in order)})",
+                f"{sum(mine[k]['accuracy_rl_only'] >= LEARNED for k in order)} of {len(order)}",
+                format_mean_std([mine[k]["accuracy_sft_tasks"] for k in order]),
+                format_mean_std([mine[k]["forgetting"] for k in order]),
+            ]
+            if baseline:
+                cells.append("–" if method == baseline else delta(mine, base_runs))
+            lines.append("| " + " | ".join(cells) + " |")
+        cells = [
+            f"**{label}: all**",
+            ", ".join(str(s) for s in sorted({suite for suite, _ in runs})),
+            "",
+            f"**{sum(v['accuracy_rl_only'] >= LEARNED for v in runs.values())} of {len(runs)}**",
+            format_mean_std([v["accuracy_sft_tasks"] for v in runs.values()]),
+            format_mean_std([v["forgetting"] for v in runs.values()]),
+        ]
+        if baseline:
+            cells.append("–" if method == baseline else delta(runs, base_runs))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # README block -> (the committed CSV it is rendered from, the table function)

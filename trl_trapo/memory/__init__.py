@@ -6,13 +6,15 @@
 | `replay.py` | the short-term RL replay buffer (`ReplayBuffer`) of `Trajectory` objects: FIFO, reuse cap, compression |
 | `sft_pool.py` | the long-term SFT pool: uniform epochs (`SFTPool`) or prioritised replay from disk (`PrioritizedSFTPool`) |
 | `adapter_bank.py` | the bank of PEFT adapter snapshots (`AdapterBank`): snapshot, load, rollback, Hub push |
-| `pool.py` | `MemoryPool`, the one object the trainer talks to for the SFT pool, few-shot mode and the adapter bank |
+| `successes.py` | self-imitation (`SuccessReplay`): the policy's rare RL successes, served back as SFT rows |
+| `pool.py` | `MemoryPool`, the one object the trainer talks to for the SFT pool, few-shot mode, the adapter bank and self-imitation |
 """
 
 from .adapter_bank import AdapterBank
 from .pool import MemoryPool, build_sft_pool
 from .replay import ReplayBuffer, Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy
+from .successes import SuccessReplay
 
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "PrioritizedSFTPool",
     "ReplayBuffer",
     "SFTPool",
+    "SuccessReplay",
     "SumMinTree",
     "Trajectory",
     "build_sft_pool",

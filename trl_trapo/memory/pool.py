@@ -8,11 +8,14 @@ adapter bank, and is the only place [`TRAPOTrainer`] talks to them (the short-te
 | SFT pool, uniform epochs or prioritised replay from disk | `sft_pool.py` | `sft_sampling` |
 | few-shot mode: reuse, annealed temperature, prototypes | `fewshot.py` | `fewshot_mode` |
 | adapter bank: snapshots, rollback, Hub push | `adapter_bank.py` | a PEFT policy and `adapter_snapshot_steps > 0` |
+| self-imitation: RL's rare successes served as SFT rows | `successes.py` | `self_imitation` |
 
 What the trainer calls, and when:
 
-- `take_sft(n, step)` builds the step's SFT rows; `select_prompts(n)` picks a generation round's RL prompts;
-- `observe_rollouts(...)` once a round is scored (before its trajectories enter the replay buffer);
+- `take_sft(n, step)` builds the step's SFT rows (self-imitation's share first, the SFT pool the rest);
+  `select_prompts(n)` picks a generation round's RL prompts;
+- `observe_rollouts(...)` once a round is scored (before its trajectories enter the replay buffer), and
+  `observe_successes(...)` with the same round's prompts for self-imitation;
 - `after_forward(inputs, per_token_logps, sft_mask)` in `compute_loss`: per-row SFT feedback (priority proxies,
   few-shot prompt embeddings) stays on the device and is handed over when the next step is drawn — no host sync
   per micro-batch;
@@ -32,6 +35,7 @@ from ..config import SFT
 from ..experimental.fewshot import FewShotController
 from ..losses import kl_estimate
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
+from .successes import SuccessReplay
 
 
 logger = logging.getLogger(__name__)
@@ -73,6 +77,7 @@ class MemoryPool:
         adapter_bank ([`~trl_trapo.callbacks.AdapterBankCallback`], *optional*): the adapter bank, for PEFT policies.
         rank (`int`): this process's index (names its checkpoint files).
         kl_estimator (`str`): the per-token KL estimator, for the adapter bank's per-sequence KL.
+        successes ([`~trl_trapo.memory.SuccessReplay`], *optional*): self-imitation's buffer, when on.
     """
 
     def __init__(
@@ -83,8 +88,10 @@ class MemoryPool:
         adapter_bank=None,
         rank: int = 0,
         kl_estimator: str = "k3",
+        successes: SuccessReplay | None = None,
     ):
         self.sft_pool = sft_pool
+        self.successes = successes
         self.prompt_sampler = prompt_sampler
         self.fewshot = fewshot
         self.adapter_bank = adapter_bank
@@ -93,10 +100,17 @@ class MemoryPool:
 
     # ---- drawing ----------------------------------------------------------------------------------------------------
     def take_sft(self, n: int, step: int) -> list[dict]:
-        """The step's `n` SFT rows (few-shot preference applied when on)."""
+        """The step's `n` SFT rows: self-imitation's share from its buffer (when on), the rest from the SFT pool
+        (few-shot preference applied when on)."""
+        rows = []
+        if self.successes is not None:
+            rows = self.successes.take(self.successes.split(n))
+            n -= len(rows)
+        if n == 0:
+            return rows
         if self.fewshot is not None:
-            return self.fewshot.sft_rows(self.sft_pool, n, step)
-        return self.sft_pool.take(n, step)
+            return rows + self.fewshot.sft_rows(self.sft_pool, n, step)
+        return rows + self.sft_pool.take(n, step)
 
     def select_prompts(self, n: int, step: int) -> list[int]:
         """Dataset indices of the `n` RL prompts of optimizer step `step`'s generation round."""
@@ -123,6 +137,20 @@ class MemoryPool:
                 )
             self.adapter_bank.observe_rollouts(scores, kl)
 
+    def observe_successes(self, examples: list[dict], batch) -> None:
+        """Self-imitation's input: a scored round (`RolloutBatch`) and its dataset rows (`prompt_ids`, one per
+        completion). Nothing happens without self-imitation."""
+        if self.successes is None:
+            return
+        self.successes.observe(
+            [torch.as_tensor(e["prompt_ids"]) for e in examples],
+            batch.completion_ids,
+            batch.scores,
+            batch.is_truncated,
+            batch.group,
+            batch.off_policy,
+        )
+
     def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:
         """Per-row SFT feedback of a micro-batch, left on the device until the next draw."""
         pool_index = inputs.get("pool_index")
@@ -138,7 +166,7 @@ class MemoryPool:
     # ---- metrics and state --------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
         out = {}
-        for part in (self.sft_pool, self.fewshot, self.adapter_bank):
+        for part in (self.sft_pool, self.fewshot, self.adapter_bank, self.successes):
             if part is not None:
                 out.update(part.metrics())
         return out
@@ -147,6 +175,8 @@ class MemoryPool:
         """JSON for `rank{r}.json` and the extra files of this rank's checkpoint state at optimizer step
         `global_step`."""
         state: dict = {}
+        if self.successes is not None:
+            state["successes"] = self.successes.state_dict()
         tensors: dict[str, torch.Tensor] = {}
         if isinstance(self.sft_pool, PrioritizedSFTPool):  # its JSON part is the trainer's "sft_pool" entry
             tensors.update({f"sft_pool/{k}": v for k, v in self.sft_pool.tensor_state().items()})
@@ -172,6 +202,8 @@ class MemoryPool:
             CheckpointError: naming the file, if a part this run has is missing from the checkpoint or damaged.
         """
         state = state or {}
+        if self.successes is not None:
+            self.successes.load_state_dict(state.get("successes"))
         directory = os.path.join(checkpoint_dir, "trapo")
         name = f"rank{self.rank}-sft_pool.safetensors"
         needs_tensors = isinstance(self.sft_pool, PrioritizedSFTPool) or self.fewshot is not None

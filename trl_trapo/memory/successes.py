@@ -1,0 +1,167 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Self-imitation: the policy's own rare successes in RL become SFT rows (`self_imitation=True`).
+
+A prompt without a demonstration (the built-in suite's `lst` family; any RL-only data) gives RL a gradient only in
+the rounds where one of its group's completions happens to succeed. Such a success is rare early on, and RL uses it
+once or twice (`num_ppo_epochs`) with an advantage that the group's size bounds; by the time the next one is sampled,
+the other objectives may have moved the policy further from it. Self-imitation keeps those successes: a completion
+that scored at least `self_imitation_min_reward`, stopped on its own (not truncated), was sampled (not a guidance
+demonstration), and came from a group where some completion *failed* (below the threshold: the success is news, not
+a solved prompt) joins a bounded buffer, and a share `self_imitation_fraction` of every step's SFT rows is served
+from it, each success at most `self_imitation_max_uses` times. Its SFT loss is the usual negative log-likelihood of
+the completion tokens, so the policy imitates what it got right — the idea of self-imitation learning (Oh et al.
+2018, arXiv 1806.05635: replay of past good decisions) and of rejection-sampling fine-tuning (STaR, Zelikman et al.
+2022, arXiv 2203.14465; RAFT, Dong et al. 2023, arXiv 2304.06767), here inside TRAPO's joint loop: successes move from
+the RL side of the memory pool to its SFT side.
+
+Bookkeeping: the buffer is first-in first-out (`self_imitation_capacity` rows; the oldest goes first), rows are
+served round-robin, a row retires after `self_imitation_max_uses` servings, and the number of success rows per step
+is exact in the long run (a running credit of `fraction x n` per step, its whole part taken). Everything is in the
+checkpoint (token ids as JSON).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+from ..collator import Row
+from ..data import sft_row
+
+
+class SuccessReplay:
+    """The buffer of self-imitation rows (module docstring).
+
+    Args:
+        min_reward (`float`): the score a completion needs to count as a success (the weighted reward, as logged in
+            `rl/score`).
+        fraction (`float`): share of a step's SFT rows served from the buffer while it has rows, in (0, 1].
+        max_uses (`int`): servings before a row retires (>= 1).
+        capacity (`int`): rows kept (>= 1); the oldest is dropped first.
+
+    Raises:
+        ValueError: if `min_reward` is not finite, `fraction` is outside (0, 1], or `max_uses` / `capacity` < 1.
+    """
+
+    def __init__(self, min_reward: float, fraction: float, max_uses: int, capacity: int):
+        if not math.isfinite(min_reward):
+            raise ValueError(f"self_imitation_min_reward={min_reward!r}: use a finite score (e.g. 1.0).")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"self_imitation_fraction={fraction!r}: use a share of the SFT rows in (0, 1].")
+        if max_uses < 1 or capacity < 1:
+            raise ValueError(
+                f"self_imitation_max_uses={max_uses!r}, self_imitation_capacity={capacity!r}: both must be >= 1."
+            )
+        self.min_reward = float(min_reward)
+        self.fraction = float(fraction)
+        self.max_uses = int(max_uses)
+        self.capacity = int(capacity)
+        self.rows: deque[dict] = deque()  # {"prompt_ids": [...], "completion_ids": [...], "uses": int}
+        self.credit = 0.0  # success rows owed to the steps so far (its whole part is served next)
+        self.kept = 0  # successes kept so far
+        self.served = 0  # success rows served so far
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def observe(
+        self,
+        prompt_ids: list[torch.Tensor],
+        completion_ids: list[torch.Tensor],
+        scores: torch.Tensor,
+        is_truncated: torch.Tensor,
+        group: int,
+        off_policy: torch.Tensor | None = None,
+    ) -> int:
+        """Keep the successes of a scored generation round.
+
+        Args:
+            prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt tokens per completion (B entries).
+            completion_ids (`list[torch.Tensor]`): `(C_i,)` completion tokens per completion, cut after the stop token.
+            scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
+            is_truncated (`torch.Tensor`): `(B,)` bool, True where no stop token was generated.
+            group (`int`): consecutive completions that share a prompt (1: no groups, every success is kept).
+            off_policy (`torch.Tensor`, *optional*): `(B,)` bool, True for guidance's demonstrations (never kept).
+
+        Returns:
+            `int`: the number of successes kept.
+        """
+        scores = scores.double()
+        success = torch.nan_to_num(scores, nan=-math.inf) >= self.min_reward
+        success &= ~is_truncated.bool()
+        if off_policy is not None:
+            success &= ~off_policy.bool()
+        if group > 1:  # news only: some scored completion of the same group failed
+            failed = (~torch.isnan(scores)) & (scores < self.min_reward)
+            if off_policy is not None:
+                failed &= ~off_policy.bool()
+            success &= failed.reshape(-1, group).any(dim=1).repeat_interleave(group)
+        kept = 0
+        for i in success.nonzero().flatten().tolist():
+            self.rows.append(
+                {"prompt_ids": prompt_ids[i].tolist(), "completion_ids": completion_ids[i].tolist(), "uses": 0}
+            )
+            kept += 1
+            if len(self.rows) > self.capacity:
+                self.rows.popleft()
+        self.kept += kept
+        return kept
+
+    def split(self, n: int) -> int:
+        """How many of a step's `n` SFT rows come from the buffer (the rest from the SFT pool): the whole part of
+        the running credit, at most the rows available. Nothing accrues while the buffer is empty."""
+        if not self.rows:
+            return 0
+        self.credit += self.fraction * n
+        k = min(int(self.credit + 1e-9), n, len(self.rows))
+        self.credit -= k
+        return k
+
+    def take(self, k: int) -> list[Row]:
+        """`k` SFT rows from the buffer, round-robin from the front (`input_ids` (P + C,), target-aligned mask
+        counting the completion tokens); a row that reaches `max_uses` leaves the buffer."""
+        out = []
+        while len(out) < k and self.rows:
+            row = self.rows.popleft()
+            ids = row["prompt_ids"] + row["completion_ids"]
+            mask = [0] * len(row["prompt_ids"]) + [1] * len(row["completion_ids"])
+            out.append(sft_row(ids, mask))
+            row["uses"] += 1
+            if row["uses"] < self.max_uses:
+                self.rows.append(row)  # back of the queue: served again after the others
+        self.served += len(out)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """`self_imitation/size` (rows in the buffer), `self_imitation/kept` and `self_imitation/served` (successes
+        kept and success rows served so far, this rank)."""
+        return {
+            "self_imitation/size": float(len(self.rows)),
+            "self_imitation/kept": float(self.kept),
+            "self_imitation/served": float(self.served),
+        }
+
+    def state_dict(self) -> dict:
+        """The buffer, its order and uses, the credit and the counters (JSON-serialisable)."""
+        return {
+            "rows": [dict(row) for row in self.rows],
+            "credit": self.credit,
+            "kept": self.kept,
+            "served": self.served,
+        }
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore `state_dict()`; None (a checkpoint made without self-imitation) starts empty."""
+        state = state or {}
+        self.rows = deque(
+            {"prompt_ids": list(r["prompt_ids"]), "completion_ids": list(r["completion_ids"]), "uses": int(r["uses"])}
+            for r in state.get("rows", [])
+        )
+        self.credit = float(state.get("credit", 0.0))
+        self.kept = int(state.get("kept", 0))
+        self.served = int(state.get("served", 0))
+
+
+__all__ = ["SuccessReplay"]
