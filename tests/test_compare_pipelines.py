@@ -187,7 +187,9 @@ def test_every_ablation_builds_a_trainer_on_the_main_jobs_data(tmp_path, ablatio
         eval_dataset=inputs.eval_dataset,
         processing_class=inputs.tokenizer,
     )
-    assert (trainer.exploration is not None) == bool(overrides.get("exploration"))
+    # exploration and self-imitation are on by default on the built-in task (auto); their ablations turn them off
+    assert (trainer.exploration is not None) == overrides.get("exploration", True)  # noqa: E712
+    assert (trainer.memory_pool.successes is not None) == overrides.get("self_imitation", True)
     assert (trainer.rollouts.guidance is not None) == ("demonstration_column" in overrides)
 
 

@@ -80,6 +80,28 @@ def test_bad_settings_fail_at_construction(tmp_path, tokenizer, suite):
         )
 
 
+def test_auto_is_on_with_sft_data_and_quietly_off_without(tmp_path, tokenizer, suite):
+    """`self_imitation=None` (the default): on where its rows can be SFT rows, off (no error) where there is no SFT
+    data; exploration's default likewise turns itself off with a value model instead of refusing the run."""
+
+    def trainer(**kwargs):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=make_tiny_config(tmp_path / str(len(kwargs)), max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            **kwargs,
+        )
+
+    with_sft = trainer(sft_dataset=suite.sft)
+    assert with_sft.memory_pool.successes is not None and with_sft.exploration is not None
+    rl_only = trainer()
+    assert rl_only.memory_pool.successes is None and rl_only.exploration is not None
+    critic = trainer(sft_dataset=suite.sft, value_model=build_tiny_model(tokenizer, seed=1))
+    assert critic.exploration is None and critic.memory_pool.successes is not None
+
+
 def has_vowel(completions, **kwargs):
     """1 where the completion has a lowercase vowel, else 0: a success the random tiny model hits now and then."""
     return [1.0 if set(c) & set("aeiou") else 0.0 for c in completions]
@@ -125,7 +147,7 @@ def test_sampled_successes_are_kept_and_served_as_the_steps_sft_rows(tmp_path, t
     plain = TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=has_vowel,
-        args=make_tiny_config(tmp_path / "plain", max_steps=1, disable_tqdm=True),
+        args=make_tiny_config(tmp_path / "plain", max_steps=1, disable_tqdm=True, self_imitation=False),
         train_dataset=suite.rl_train,
         sft_dataset=suite.sft,
         processing_class=tokenizer,

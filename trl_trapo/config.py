@@ -494,13 +494,15 @@ class TRAPOConfig(_BaseConfig):
             "(LUFFY, arXiv 2504.14945, eq. 6-7), which keeps the gradient of improbable expert tokens from vanishing."
         },
     )
-    exploration: bool = field(
-        default=False,
+    exploration: bool | None = field(
+        default=None,
         metadata={
             "help": "Targeted exploration: a task family (the RL dataset's `task` column; the whole dataset without "
-            "one) whose groups mostly score the same in a round is sampled `exploration_temperature_step` hotter in "
-            "the next, up to `exploration_max_temperature`, and cools down again once its groups carry a signal "
-            "(trl_trapo/exploration.py). Needs groups (no value model), HF generate (not vLLM), no few-shot mode."
+            "one) whose groups mostly score flat at the lowest score seen (all wrong) in a round is sampled "
+            "`exploration_temperature_step` hotter in the next, up to `exploration_max_temperature`, and cools down "
+            "again once its groups carry a signal (trl_trapo/exploration.py). None (default): on wherever it can run "
+            "- groups (no value model), HF generate (not vLLM), no few-shot mode, not ZeRO-3 / FSDP across processes "
+            "- and off elsewhere. True: on, and an error where it cannot run. False: off."
         },
     )
     exploration_temperature_step: float = field(
@@ -510,14 +512,15 @@ class TRAPOConfig(_BaseConfig):
         default=None,
         metadata={"help": "The highest sampling temperature exploration uses. None: 1.5 x `temperature`."},
     )
-    self_imitation: bool = field(
-        default=False,
+    self_imitation: bool | None = field(
+        default=None,
         metadata={
             "help": "Self-imitation: an RL completion that scores at least `self_imitation_min_reward`, stopped on its "
             "own and comes from a group where another completion failed is kept, and a share "
             "`self_imitation_fraction` of each step's SFT rows is served from those successes, each at most "
             "`self_imitation_max_uses` times (trl_trapo/memory/successes.py; Oh et al. 2018, arXiv 1806.05635). "
-            "Needs SFT data (its rows are SFT rows); not with few-shot mode."
+            "None (default): on when the run has RL prompts and SFT data and no few-shot mode, off elsewhere. "
+            "True: on, and an error without SFT data. False: off."
         },
     )
     self_imitation_min_reward: float = field(
@@ -913,9 +916,9 @@ class TRAPOConfig(_BaseConfig):
                 self.exploration_max_temperature,
                 f"use a temperature above `temperature` ({self.temperature}), or None (1.5 x temperature).",
             )
-        if self.exploration and self.use_vllm:
+        if self.exploration is True and self.use_vllm:
             bad("exploration", True, "vLLM samples at one temperature per round: set use_vllm=False.")
-        if self.exploration and self.fewshot_mode:
+        if self.exploration is True and self.fewshot_mode:
             bad(
                 "exploration",
                 True,
@@ -929,7 +932,7 @@ class TRAPOConfig(_BaseConfig):
             bad("self_imitation_max_uses", self.self_imitation_max_uses, "use an integer >= 1.")
         if self.self_imitation_capacity < 1:
             bad("self_imitation_capacity", self.self_imitation_capacity, "use an integer >= 1.")
-        if self.self_imitation and self.fewshot_mode:
+        if self.self_imitation is True and self.fewshot_mode:
             bad("self_imitation", True, "few-shot mode chooses the SFT rows itself: use one of the two, not both.")
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")

@@ -57,6 +57,12 @@ class PPOConfig(TRAPOConfig):
     num_sample_generations: int = field(
         default=10, metadata={"help": "Number of debugging generations (`generate_completions`) during training."}
     )
+    exploration: bool | None = field(
+        default=False, metadata={"help": "TRL 1.12 samples every prompt at one temperature: off (TRAPO: auto)."}
+    )
+    self_imitation: bool | None = field(
+        default=False, metadata={"help": "TRL 1.12 has no self-imitation: off (TRAPO: auto with SFT data)."}
+    )
     dare_mode: Literal["dynamic", "static"] = field(
         default="static",
         metadata={"help": "With one objective the weights are 1 anyway; 'dynamic' only matters with ptx/SFT data."},

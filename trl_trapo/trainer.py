@@ -384,22 +384,9 @@ class TRAPOTrainer(_BaseTrainer):
             successes=self._build_successes(args),
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
-        if (
-            args.exploration
-            and self.accelerator.num_processes > 1
-            and (self.is_deepspeed_enabled or self.is_fsdp_enabled)
-        ):
-            from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-            if is_deepspeed_zero3_enabled() or self.is_fsdp_enabled:  # generation is a collective there
-                raise ValueError(
-                    "exploration=True splits a generation round by temperature, and ranks may need different numbers "
-                    "of sub-rounds; under DeepSpeed ZeRO-3 / FSDP every `generate` is a collective, so the ranks would "
-                    "wait on each other forever. Use DDP or ZeRO-1/2, or set exploration=False."
-                )
         self.exploration = (
             TargetedExploration(args.temperature, args.exploration_ceiling, args.exploration_temperature_step)
-            if args.exploration and self.active[RL]
+            if self._exploration_runs(args)
             else None
         )
 
@@ -562,15 +549,49 @@ class TRAPOTrainer(_BaseTrainer):
             kl_estimator=self.kl_estimator,
         )
 
-    def _build_successes(self, args: TRAPOConfig) -> SuccessReplay | None:
-        """Self-imitation's buffer (`self_imitation=True`; trl_trapo/memory/successes.py).
+    def _exploration_runs(self, args: TRAPOConfig) -> bool:
+        """Whether targeted exploration is on: `exploration=True`, or None (auto) where it can run — RL prompts,
+        groups (no value model), HF generate, no few-shot mode, not ZeRO-3 / FSDP across processes.
 
         Raises:
-            ValueError: if self-imitation is on without RL prompts or without SFT data (its rows are SFT rows).
+            ValueError: for `exploration=True` under ZeRO-3 / FSDP across processes (vLLM, few-shot mode and a value
+                model are refused earlier, by the config and the dataset checks).
         """
-        if not args.self_imitation:
+        if args.exploration is False or not self.active[RL]:
+            return False
+        collective = False  # every `generate` is a collective: ranks must run the same number of sub-rounds
+        if self.accelerator.num_processes > 1 and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+            collective = is_deepspeed_zero3_enabled() or self.is_fsdp_enabled
+        if args.exploration is True:
+            if collective:
+                raise ValueError(
+                    "exploration=True splits a generation round by temperature, and ranks may need different numbers "
+                    "of sub-rounds; under DeepSpeed ZeRO-3 / FSDP every `generate` is a collective, so the ranks would "
+                    "wait on each other forever. Use DDP or ZeRO-1/2, or set exploration=False (or None: off there)."
+                )
+            return True
+        runs = not (collective or self._has_critic or args.use_vllm or args.fewshot_mode)
+        if not runs:
+            logger.info(
+                "exploration=None: off in this run (it needs groups, HF generate, no few-shot mode, no ZeRO-3)."
+            )
+        return runs
+
+    def _build_successes(self, args: TRAPOConfig) -> SuccessReplay | None:
+        """Self-imitation's buffer (`self_imitation` True, or None where the run has RL prompts and SFT data and no
+        few-shot mode; trl_trapo/memory/successes.py).
+
+        Raises:
+            ValueError: if `self_imitation=True` without RL prompts or without SFT data (its rows are SFT rows).
+        """
+        if args.self_imitation is False:
             return None
-        if not (self.active[RL] and self.active[SFT]):
+        if args.self_imitation is None:
+            if not (self.active[RL] and self.active[SFT]) or args.fewshot_mode:
+                return None
+        elif not (self.active[RL] and self.active[SFT]):
             raise ValueError(
                 "self_imitation=True serves RL's successes as SFT rows, so it needs both RL prompts and SFT data with "
                 f"a positive weight (this run has RL {self.active[RL]}, SFT {self.active[SFT]}). Give an "

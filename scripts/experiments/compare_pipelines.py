@@ -25,9 +25,10 @@ Methods (each run in its own process, so peak memory is its own):
 - `trapo`: `TRAPOTrainer` with the main job's configuration (DARE + the phased curriculum).
 - with `--ablations`: `trapo_static` (`dare_mode=static`), `trapo_constant` (`curriculum_mode=constant`, the
   time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`), `trapo_no_replay`
-  (`num_ppo_epochs=1`: each trajectory trained on once), and two that *add* the opt-in components:
-  `trapo_guidance` (`demonstration_column="demonstration"`: the built-in suite's answers of the families with SFT
-  data; `lst` has none) and `trapo_exploration` (`exploration=True`).
+  (`num_ppo_epochs=1`: each trajectory trained on once), `trapo_no_exploration` (`exploration=False`),
+  `trapo_no_self_imitation` (`self_imitation=False`), `trapo_previous_defaults` (both off), and one that *adds* the opt-in component: `trapo_guidance`
+  (`demonstration_column="demonstration"`: the built-in suite's answers of the families with SFT data; `lst` has
+  none).
 
 What is held equal (every choice, so nothing is tuned for TRAPO that is not equally tuned for the baseline):
 
@@ -111,10 +112,12 @@ ABLATIONS = {
     "constant": ("trapo_constant", {"curriculum_mode": "constant"}),
     "no_pretrain": ("trapo_no_pretrain", {"pretrain_weight": 0.0}),
     "no_replay": ("trapo_no_replay", {"num_ppo_epochs": 1}),
-    # opt-in until measured: these add a component to the default TRAPO instead of removing one
+    "no_exploration": ("trapo_no_exploration", {"exploration": False}),
+    "no_self_imitation": ("trapo_no_self_imitation", {"self_imitation": False}),
+    # both zero-variance components off: TRAPO's defaults before they were measured (the baseline of their claim)
+    "previous_defaults": ("trapo_previous_defaults", {"exploration": False, "self_imitation": False}),
+    # opt-in: this one adds a component to the default TRAPO instead of removing one
     "guidance": ("trapo_guidance", {"demonstration_column": "demonstration"}),
-    "exploration": ("trapo_exploration", {"exploration": True}),
-    "self_imitation": ("trapo_self_imitation", {"self_imitation": True}),
 }
 # main-job defaults that `--quick` lowers (explicit command-line values still win)
 QUICK_JOB_DEFAULTS = {"max_steps": 120}

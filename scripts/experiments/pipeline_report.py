@@ -205,12 +205,16 @@ def markdown_table(summary: dict[str, dict]) -> str:
 
 # the README's names of the ablations, in the README's order (other methods follow, sorted)
 ABLATION_LABELS = {
-    "trapo": "DARE + curriculum (`trapo`)",
+    "trapo": "full TRAPO (`trapo`)",
     "trapo_static": "static weights (`dare_mode=static`)",
     "trapo_constant": "constant mixture (`curriculum_mode=constant`)",
     "trapo_no_pretrain": "no pretraining term (`pretrain_weight=0`)",
     "trapo_no_replay": "no replay reuse (`num_ppo_epochs=1`)",
+    "trapo_no_exploration": "no targeted exploration (`exploration=False`)",
+    "trapo_no_self_imitation": "no self-imitation (`self_imitation=False`)",
+    "trapo_previous_defaults": "neither (the previous defaults)",
     "trapo_guidance": "+ guidance (`demonstration_column`)",
+    # variants of earlier commits, kept for their committed CSV files
     "trapo_exploration": "+ targeted exploration (`exploration=True`)",
 }
 
