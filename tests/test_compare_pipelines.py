@@ -220,3 +220,14 @@ def test_paired_component_table_pairs_by_seed():
     # rl_only differences (seeds 0, 1, 2): 1, 0, 1 -> +0.667, interval +0.667 -+ 2.920/3
     assert "+0.667 [-0.307, +1.640] not shown" in row
     assert "| seeds 0, 1, 2" in table.splitlines()[0] or "(seeds 0, 1, 2)" in table.splitlines()[0]
+    # a variant that *removes* a component reports the component's effect the other way round (with - without):
+    # the same numbers as `trapo_no_exploration` give -0.667, and 5 seeds of a consistent loss are "helps"
+    removed = {"trapo": summary["trapo"], "trapo_no_exploration": summary["trapo_exploration"]}
+    row = next(line for line in pipeline_report.paired_component_table(removed).splitlines() if "no targeted" in line)
+    assert "-0.667 [-1.640, +0.307] not shown" in row
+    consistent = {
+        "trapo": entry([0, 1, 2, 3, 4], [1.0] * 5, [1.0, 0.9, 1.0, 0.95, 1.0], [0.0] * 5),
+        "trapo_no_self_imitation": entry([0, 1, 2, 3, 4], [0.8] * 5, [0.1, 0.2, 0.0, 0.3, 0.1], [0.0] * 5),
+    }
+    row = pipeline_report.paired_component_table(consistent).splitlines()[-1]
+    assert "helps" in row.split("|")[6]  # rl_only: with self-imitation is better in every seed

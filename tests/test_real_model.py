@@ -108,6 +108,9 @@ def test_real_model_trains_every_parameter_on_all_three_objectives(trained):
     assert len(logs) == 2 and all(math.isfinite(entry["loss"]) for entry in logs), logs
     objectives = set(torch.cat([batch["objective"] for batch in trainer.seen_batches]).tolist())
     assert {PRETRAIN, SFT, RL} <= objectives
+    # the defaults' zero-variance components ran on the real model (chat-templated prompts, 4 completions each)
+    assert trainer.exploration is not None and trainer.memory_pool.successes is not None
+    assert all("exploration/temperature" in entry and "self_imitation/size" in entry for entry in logs)
     params = dict(trainer.model.named_parameters())
     unchanged = [name for name, old in before.items() if torch.equal(params[name].detach(), old)]
     assert not unchanged, f"parameters that did not change: {unchanged}"

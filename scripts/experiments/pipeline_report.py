@@ -269,18 +269,25 @@ def component_verdict(mean: float, low: float, high: float, better: int) -> str:
     return "not shown"
 
 
+ADDED_COMPONENTS = ("trapo_guidance", "trapo_exploration")  # variants that add a component; the others remove one
+
+
 def paired_component_table(summary: dict[str, dict], baseline: str = "trapo") -> str:
     """Each variant against `baseline`, paired by seed: mean ± std of accuracy, `rl_only` and final forgetting, and
-    per metric the mean paired difference (variant − baseline) with its 90 % t interval and the verdict
-    (`component_verdict`; "n/a" with fewer than 2 shared seeds)."""
+    per metric the component's effect — with it minus without it: `baseline − variant` for a variant that removes a
+    component, `variant − baseline` for one that adds it (`ADDED_COMPONENTS`) — as the mean paired difference with
+    its 90 % t interval and the verdict (`component_verdict`: "helps" when the interval excludes 0 on the better
+    side; "n/a" with fewer than 2 shared seeds)."""
     base = summary[baseline]
     seeds = sorted(base["seeds"])
     lines = [
         f"| variant (seeds {', '.join(map(str, seeds))}) | accuracy | rl_only | forgetting (nats/token) "
-        "| Δ accuracy [90 % CI] | Δ rl_only [90 % CI] | Δ forgetting [90 % CI] |",
+        "| component: Δ accuracy [90 % CI] | Δ rl_only [90 % CI] | Δ forgetting [90 % CI] |",
         "|---|---|---|---|---|---|---|",
     ]
-    for method in [baseline] + sorted(m for m in summary if m != baseline):
+    order = [m for m in ABLATION_LABELS if m in summary and m != baseline]
+    order += sorted(m for m in summary if m not in ABLATION_LABELS and m != baseline)
+    for method in [baseline] + order:
         entry = summary[method]
         cells = [
             ABLATION_LABELS.get(method, f"`{method}`"),
@@ -288,6 +295,7 @@ def paired_component_table(summary: dict[str, dict], baseline: str = "trapo") ->
             format_mean_std(entry["accuracy_rl_only"], 2),
             format_mean_std(entry["forgetting"]),
         ]
+        sign = 1.0 if method in ADDED_COMPONENTS else -1.0
         for key, better in PAIRED_METRICS:
             if method == baseline:
                 cells.append("–")
@@ -298,7 +306,7 @@ def paired_component_table(summary: dict[str, dict], baseline: str = "trapo") ->
             if len(shared) < 2:
                 cells.append("n/a")
                 continue
-            mean, low, high = paired_interval([mine[s] - theirs[s] for s in shared])
+            mean, low, high = paired_interval([sign * (mine[s] - theirs[s]) for s in shared])
             cells.append(f"{mean:+.3f} [{low:+.3f}, {high:+.3f}] {component_verdict(mean, low, high, better)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -618,19 +626,44 @@ def seed_grid_table(summaries: dict[int, dict[str, dict]], baseline: str | None 
     return "\n".join(lines) + "\n"
 
 
-# README block -> (the committed CSV it is rendered from, the table function)
+def common_seed_ablation_table(results: list[dict]) -> str:
+    """`paired_component_table` over the seeds every method has (a comparison that gave some methods more seeds
+    keeps the table's rows comparable)."""
+    seeds_of: dict[str, set] = {}
+    for result in results:
+        seeds_of.setdefault(result["method"], set()).add(result["seed"])
+    common = set.intersection(*seeds_of.values())
+    return paired_component_table(summarize([r for r in results if r["seed"] in common]))
+
+
+GRID_METHODS = ("trapo", "trapo_previous_defaults")
+
+
+def seed_grid_from_csvs(*per_suite: list[dict]) -> str:
+    """`seed_grid_table` of `GRID_METHODS` from one result list per task-suite seed (0, 1, ...), against the previous
+    defaults."""
+    summaries = {
+        suite: summarize([r for r in results if r["method"] in GRID_METHODS]) for suite, results in enumerate(per_suite)
+    }
+    return seed_grid_table(summaries, baseline="trapo_previous_defaults")
+
+
+# README block -> (the committed CSV files it is rendered from, the table function of their result lists)
 README_TABLES = {
-    "pipeline-table": ("docs/results/checkpoints.csv", markdown_table),
-    "ablation-table": ("docs/results/ablations/checkpoints.csv", ablation_table),
-    "zero-variance-table": ("docs/results/zero_variance/checkpoints.csv", paired_component_table),
+    "pipeline-table": (("docs/results/checkpoints.csv",), lambda results: markdown_table(summarize(results))),
+    "ablation-table": (("docs/results/ablations/checkpoints.csv",), common_seed_ablation_table),
+    "seed-grid-table": (
+        ("docs/results/ablations/checkpoints.csv", "docs/results/ablations/suite1_checkpoints.csv"),
+        seed_grid_from_csvs,
+    ),
 }
 
 
 def readme_tables(root: str | Path = ROOT) -> dict[str, str]:
     """The README's Results tables (block name -> Markdown), rendered from the CSV files under `root`."""
     return {
-        name: render(summarize(results_from_csv(Path(root) / csv_path)))
-        for name, (csv_path, render) in README_TABLES.items()
+        name: render(*(results_from_csv(Path(root) / path) for path in paths))
+        for name, (paths, render) in README_TABLES.items()
     }
 
 
