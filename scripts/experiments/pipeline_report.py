@@ -643,7 +643,8 @@ def seed_grid_from_csvs(*per_suite: list[dict]) -> str:
     """`seed_grid_table` of `GRID_METHODS` from one result list per task-suite seed (0, 1, ...), against the previous
     defaults."""
     summaries = {
-        suite: summarize([r for r in results if r["method"] in GRID_METHODS]) for suite, results in enumerate(per_suite)
+        suite: summarize([r for r in results if r["method"] in GRID_METHODS])
+        for suite, results in enumerate(per_suite)
     }
     return seed_grid_table(summaries, baseline="trapo_previous_defaults")
 
