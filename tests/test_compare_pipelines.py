@@ -188,7 +188,7 @@ def test_every_ablation_builds_a_trainer_on_the_main_jobs_data(tmp_path, ablatio
         processing_class=inputs.tokenizer,
     )
     # exploration and self-imitation are on by default on the built-in task (auto); their ablations turn them off
-    assert (trainer.exploration is not None) == overrides.get("exploration", True)  # noqa: E712
+    assert (trainer.exploration is not None) == overrides.get("exploration", True)
     assert (trainer.memory_pool.successes is not None) == overrides.get("self_imitation", True)
     assert (trainer.rollouts.guidance is not None) == ("demonstration_column" in overrides)
 

@@ -1,6 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Self-imitation (`trl_trapo/memory/successes.py`): which completions are kept, how they are served as SFT rows, that
-their SFT loss moves the policy toward them, and that the buffer survives a resume exactly."""
+"""Self-imitation (`trl_trapo/memory/successes.py`): which completions are kept, how they are served as SFT rows (the
+share, round-robin, retirement), that a training run keeps its sampled successes and serves them as the step's SFT
+rows, the auto default, and that the buffer survives a resume exactly."""
 
 import math
 

@@ -143,7 +143,7 @@ class MemoryPool:
         if self.successes is None:
             return
         self.successes.observe(
-            [torch.as_tensor(e["prompt_ids"]) for e in examples],
+            [e["prompt_ids"] for e in examples],  # converted only for the successes kept
             batch.completion_ids,
             batch.scores,
             batch.is_truncated,

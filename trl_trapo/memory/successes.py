@@ -68,7 +68,7 @@ class SuccessReplay:
 
     def observe(
         self,
-        prompt_ids: list[torch.Tensor],
+        prompt_ids: list,
         completion_ids: list[torch.Tensor],
         scores: torch.Tensor,
         is_truncated: torch.Tensor,
@@ -78,7 +78,7 @@ class SuccessReplay:
         """Keep the successes of a scored generation round.
 
         Args:
-            prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt tokens per completion (B entries).
+            prompt_ids (`list`): `(P_i,)` prompt token ids per completion (B entries; lists or tensors).
             completion_ids (`list[torch.Tensor]`): `(C_i,)` completion tokens per completion, cut after the stop token.
             scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
             is_truncated (`torch.Tensor`): `(B,)` bool, True where no stop token was generated.
@@ -101,7 +101,11 @@ class SuccessReplay:
         kept = 0
         for i in success.nonzero().flatten().tolist():
             self.rows.append(
-                {"prompt_ids": prompt_ids[i].tolist(), "completion_ids": completion_ids[i].tolist(), "uses": 0}
+                {
+                    "prompt_ids": [int(t) for t in prompt_ids[i]],
+                    "completion_ids": completion_ids[i].tolist(),
+                    "uses": 0,
+                }
             )
             kept += 1
             if len(self.rows) > self.capacity:
