@@ -33,9 +33,10 @@ CONFIGS = ROOT / "examples" / "accelerate_configs"
 RECIPES = ROOT / "examples" / "recipes"
 # differ between ranks by nature (wall-clock)
 RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "eps"}
-# per-rank state, logged as "this rank" (README's metrics table): each rank explores and keeps successes from its own
-# rollouts, so these may differ between ranks while everything the ranks train on together agrees
-RANK_LOCAL_PREFIXES = ("exploration/", "self_imitation/")
+# per-rank state, logged as "this rank" (README's metrics table): each rank keeps successes from its own rollouts, so
+# these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
+# whole round, every rank's share: its temperatures agree)
+RANK_LOCAL_PREFIXES = ("self_imitation/",)
 # the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps)
 JOB_ARGS = [
     "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
@@ -329,3 +330,29 @@ def test_recipes_parse_and_validate(path):
     assert (args.entropy_coef, args.late_entropy_coef) == (0.01, 0.005)
     assert args.max_grad_norm == 1.0 and args.gradient_checkpointing
     assert script.reward_funcs == ["numeric_answer"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Statistics a generation round defines cover the whole round, every rank's share
+# ---------------------------------------------------------------------------------------------------------------------
+def test_round_statistics_cover_every_ranks_share(tmp_path):
+    """`scale_rewards="batch"`, `whiten_rewards` / `whiten_advantages` and exploration's stuck fractions, computed on 2
+    processes from each rank's share, equal the one-process computation over the whole round (fp32 rounding of a
+    different summation order: 1e-5); `whiten_per_process` (PPOConfig's) equals each rank's share whitened alone."""
+    check(launch("multi_gpu.yaml", "tests/statistics_worker.py", [str(tmp_path)], timeout=600))
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for name in ("batch_std", "whiten", "whiten_per_process"):
+            got, expected = record[name], record[f"{name}/reference"]
+            assert len(got) == len(expected)
+            for row, reference in zip(got, expected):
+                assert row == pytest.approx(reference, abs=1e-5), (rank, name, got, expected)
+        assert record["exploration"] == record["exploration/reference"]
+    # the per-rank computation would differ: rank 1's batch std alone is not the round's, and rank 0 alone would
+    # heat family "a" where the round does not (what the old code did)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for name in ("batch_std", "whiten"):
+        alone = [value for row in rank1[f"{name}/alone"] for value in row]
+        reference = [value for row in rank1[f"{name}/reference"] for value in row]
+        assert max(abs(a - b) for a, b in zip(alone, reference)) > 0.1, name
+    assert rank0["exploration/alone"]["levels"] == {"a": 1} and rank0["exploration"]["levels"] == {}

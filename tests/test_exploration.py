@@ -3,7 +3,7 @@
 
 - Zero-variance groups by hand (NaN = unscored; a group needs two scored completions for a verdict).
 - The rule: a stuck family heats up one step per round to the ceiling (never past it), a family with signal cools
-  down to the floor, families move independently, and a round is split by temperature with groups kept whole.
+  down to the floor, families move independently, and each row of a round is sampled at its family's temperature.
 - In training: with a reward that never varies, the families' temperatures rise round by round, every trajectory
   carries the temperature it was sampled at, and the training forward scores it at that temperature (the first PPO
   ratio stays 1); the state survives a checkpoint exactly (a resumed run ends where an uninterrupted one does).
@@ -82,13 +82,24 @@ def test_only_groups_flat_at_the_lowest_score_count_as_stuck():
     assert fresh.lowest_score is None and fresh.levels == {}
 
 
-def test_a_round_is_split_by_temperature_with_groups_whole():
+def test_the_rule_reads_the_whole_round_through_gather():
+    """Under data parallelism `observe` sees every rank's share (`gather`, simulated here with the other rank's
+    records): this rank's only group is flat at 0, but over the round one group in four is stuck and the lowest score
+    is -1, so the family cools (stays at the floor) instead of heating as this share alone would make it."""
+    other_rank = [("a", [-1.0, 2.0]), ("a", [0.0, 1.0]), ("a", [3.0, -1.0])]
+    explore = TargetedExploration(1.0, 1.5, 0.1, gather=lambda records: records + other_rank)
+    explore.observe([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2)
+    assert explore.levels == {} and explore.lowest_score == -1.0
+    alone = TargetedExploration(1.0, 1.5, 0.1)
+    alone.observe([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2)
+    assert alone.levels == {"a": 1}
+
+
+def test_each_row_of_a_round_gets_its_familys_temperature():
     explore = TargetedExploration(temperature=1.0, max_temperature=1.3, step=0.1)
     explore.load_state_dict({"levels": {"hot": 2}})
     rows = [{"task": t} for t in ("cold", "cold", "hot", "hot", "new", "new", "hot", "hot")]
-    parts = explore.split(rows, 2)
-    assert [t for t, _ in parts] == pytest.approx([1.0, 1.2])
-    assert [r for _, r in parts] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert explore.row_temperatures(rows) == pytest.approx([1.0, 1.0, 1.2, 1.2, 1.0, 1.0, 1.2, 1.2])
     assert explore.metrics(["cold", "hot"]) == pytest.approx(
         {"exploration/temperature/cold": 1.0, "exploration/temperature/hot": 1.2, "exploration/temperature": 1.1}
     )
@@ -161,7 +172,8 @@ def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tm
     # configured 0.8 instead, the hotter rounds give 4e-4 and 4e-3.
     approx_kl = [entry["policy/approxkl_avg"] for entry in trainer.state.log_history if "val/ratio" in entry]
     assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl
-    assert stamped == [{0.8}, {0.9}, {1.0}]  # ... because each trajectory carries its sampling temperature
+    # ... because each trajectory carries its sampling temperature (None: the configured one, 0.8)
+    assert stamped == [{None}, {0.9}, {1.0}]
 
 
 def test_exploration_state_survives_resume_exactly(tmp_path, tokenizer, suite):

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, GenerationMixin, LlamaConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from trl_trapo import PPOConfig, TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import StepContext, collate_rows, step_counts
+from trl_trapo.rollout import generate
 from trl_trapo.tasks import build_tiny_model
 
 
@@ -203,3 +205,93 @@ def test_bf16_training_log_probs_match_the_recorded_ones(tmp_path, tokenizer, su
     stats = first_use_statistics(trainer)
     assert stats["policy/approxkl_avg"] <= 1e-6
     assert stats["policy/kl_avg"] <= 1e-6
+
+
+# ---- a round is one unit: one batched `generate` call, each row at its own temperature ------------------------------
+def test_a_round_at_mixed_temperatures_is_one_generate_call_with_exact_first_use_ratios(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """Targeted exploration heats two families: the whole round is one `generate` call, every row is sampled,
+    recorded, referenced and trained at its own temperature, so the first PPO ratio of every token of every row is 1
+    (fp32 rounding: per-token log-prob errors ~1e-6 nats at most)."""
+    trainer = rl_only_trainer(
+        tmp_path, tokenizer, suite, tiny_config, exploration=True, temperature=0.8, local_rollout_forward_batch_size=64
+    )
+    families = sorted(set(suite.rl_train["task"]))
+    trainer.exploration.load_state_dict({"levels": {families[0]: 4, families[1]: 2}})  # 1.2 and 1.0; others 0.8
+    policy = trainer._unwrapped_policy()
+    calls = []
+    original = policy.generate
+
+    def counting_generate(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        return original(*args, **kwargs)
+
+    policy.generate = counting_generate
+    trainer._generate_round(32, step=0)
+    assert len(calls) == 1  # one batched call for the whole round (several temperatures)
+    trajectories = trainer.replay.sample(trainer.replay.num_available(0), step=0)
+    stamped = {None if t.temperature is None else round(t.temperature, 6) for t in trajectories}
+    assert len(stamped) >= 2 and stamped <= {None, 1.0, 1.2}, stamped  # None: the configured 0.8
+    captured = {}
+    trainer.memory_pool.after_forward = lambda inputs, per_token_logps, sft_mask: captured.update(
+        logps=per_token_logps.detach()
+    )
+    batch = collate_rows([t.to_row() for t in trajectories], trainer.processing_class.pad_token_id)
+    counts = step_counts([batch]).tolist()
+    keys = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
+    context = StepContext(step=0, weights=(0.0, 0.0, 1.0), counts=dict(zip(keys, counts)), probe=False, num_micro=1)
+    with torch.no_grad():
+        trainer.compute_loss(trainer.model, batch, num_items_in_batch=context)
+    mask = batch["mask"].bool()
+    log_ratio = (captured["logps"] - batch["old_per_token_logps"])[mask]
+    assert log_ratio.abs().max() <= 1e-5, log_ratio.abs().max()  # ratio 1 within 1e-5 on every token of every row
+    # the reference log-probs were taken at each row's temperature too: policy == reference at step 0
+    ref = batch["ref_per_token_logps"][mask]
+    assert (captured["logps"][mask] - ref).abs().max() <= 1e-5
+
+
+class FixedLogitsLM(PreTrainedModel, GenerationMixin):
+    """A causal LM whose next-token logits are the same fixed vector at every position, for any input."""
+
+    config_class = LlamaConfig
+
+    def __init__(self, config, logits: torch.Tensor):
+        super().__init__(config)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # a parameter, for the device generate reads
+        self.register_buffer("fixed", logits.clone())
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        batch, length = input_ids.shape
+        logits = (self.fixed + 0 * self.anchor).expand(batch, length, -1)
+        return CausalLMOutputWithPast(logits=logits)
+
+
+def test_per_row_temperatures_sample_each_row_as_a_separate_call_at_its_temperature():
+    """Token frequencies of one batched call at mixed temperatures against the exact softmax(logits / T) of each
+    temperature, and against separate calls: each within 5 binomial standard deviations (2,000 draws per row set)."""
+    vocab = 6
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -2.0])
+    config = LlamaConfig(vocab_size=vocab, hidden_size=8, num_hidden_layers=1, num_attention_heads=1)
+    model = FixedLogitsLM(config, logits).eval()
+    generation_config = GenerationConfig(
+        max_new_tokens=1, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, use_cache=False
+    )
+    n = 2000
+    temperatures = [0.5] * n + [2.0] * n
+    torch.manual_seed(0)
+    out = generate(model, [[1]] * (2 * n), generation_config, 0, None, temperatures)
+    tokens = torch.stack(out["completion_ids"]).squeeze(1)
+    for part, temperature in ((tokens[:n], 0.5), (tokens[n:], 2.0)):
+        expected = torch.softmax(logits / temperature, dim=-1)
+        separate = torch.stack(generate(model, [[1]] * n, generation_config, 0, None, temperature)["completion_ids"])
+        for sample in (part, separate.squeeze(1)):
+            frequency = torch.bincount(sample, minlength=vocab).double() / n
+            sigma = (expected * (1 - expected) / n).sqrt()
+            assert ((frequency - expected).abs() <= 5 * sigma + 1e-12).all(), (temperature, frequency, expected)
+    # the recorded behaviour log-probs are those of each row's own temperature
+    recorded = torch.stack(out["old_per_token_logps"]).squeeze(1)
+    exact = torch.cat(
+        [torch.log_softmax(logits / 0.5, -1)[tokens[:n]], torch.log_softmax(logits / 2.0, -1)[tokens[n:]]]
+    )
+    assert torch.allclose(recorded, exact, atol=1e-6)

@@ -68,6 +68,21 @@ def test_masked_whiten_uses_unbiased_variance():
     torch.testing.assert_close(whitened, t([[-1 / math.sqrt(2), 1 / math.sqrt(2)]]))
 
 
+def test_masked_whiten_with_a_reduce_uses_every_shares_entries():
+    """Two shares of one batch, the all-reduce simulated by adding the other share's part: each share is whitened with
+    the statistics of both together (mean 4, std 2 as in the by-hand test), not its own."""
+    share_a, mask_a = t([[2.0, 4.0]]), t([[1, 1]])
+    share_b, mask_b = t([[6.0, 100.0]]), t([[1, 0]])
+    parts = iter([mask_b.sum(), (share_b * mask_b).sum(), (((share_b - 4.0) ** 2) * mask_b).sum()])
+
+    def reduce(tensor):  # this share's value + the other share's (in the order masked_whiten asks for them)
+        return tensor + next(parts)
+
+    torch.testing.assert_close(masked_whiten(share_a, mask_a, reduce=reduce), t([[-1.0, 0.0]]))
+    # alone, the share would be whitened with its own mean 3 and std sqrt(2)
+    torch.testing.assert_close(masked_whiten(share_a, mask_a), t([[-1 / math.sqrt(2), 1 / math.sqrt(2)]]))
+
+
 @pytest.mark.parametrize("mask", [[[1, 0, 0]], [[0, 0, 0]]])
 def test_masked_whiten_needs_two_entries(mask):
     with pytest.raises(ValueError, match="at least 2 unmasked entries"):
@@ -391,6 +406,16 @@ def test_group_relative_advantages_batch_scale():
     std = math.sqrt(1.6)
     expected = t([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]) / (std + 1e-4)  # centred on the *group* mean
     torch.testing.assert_close(adv, expected)
+
+
+def test_group_relative_advantages_batch_scale_over_the_whole_round():
+    """One process's share of a round: the "batch" std is the whole round's (`batch_rewards`), not the share's."""
+    share = t([1.0, 2.0, 3.0])
+    whole = t([1.0, 2.0, 3.0, 4.0, 4.0, 4.0])
+    adv = group_relative_advantages(share, num_generations=3, scale="batch", batch_rewards=whole)
+    torch.testing.assert_close(adv, t([-1.0, 0.0, 1.0]) / (math.sqrt(1.6) + 1e-4))
+    alone = group_relative_advantages(share, num_generations=3, scale="batch")  # the share's own std is 1
+    torch.testing.assert_close(alone, t([-1.0, 0.0, 1.0]) / (1.0 + 1e-4))
 
 
 def test_group_relative_advantages_no_scaling():

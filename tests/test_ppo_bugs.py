@@ -99,9 +99,9 @@ def rollouts(trainer: PPOTrainer, completions: list[list[int]]) -> tuple[list[di
     seen = {}
     original = trainer.rollouts.make_trajectories
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         seen["scores"] = args[5].clone()
-        return original(*args)
+        return original(*args, **kwargs)
 
     trainer.rollouts.make_trajectories = spy
     try:

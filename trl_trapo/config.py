@@ -365,8 +365,9 @@ class TRAPOConfig(_BaseConfig):
     scale_rewards: Literal["group", "batch", "none"] = field(
         default="group",
         metadata={
-            "help": "Critic-free mode: divide group-centred rewards by the group std ('group', GRPO), the batch std "
-            "('batch') or nothing ('none', Dr. GRPO huggingface.co/papers/2503.20783)."
+            "help": "Critic-free mode: divide group-centred rewards by the group std ('group', GRPO), the std of the "
+            "whole generation round, every process's share of it, as TRL's GRPO gathers it ('batch'), or nothing "
+            "('none', Dr. GRPO huggingface.co/papers/2503.20783)."
         },
     )
     loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = field(
@@ -418,9 +419,20 @@ class TRAPOConfig(_BaseConfig):
     entropy_coef: float = field(
         default=0.0, metadata={"help": "Coefficient of the entropy bonus (in nats) subtracted from the RL loss."}
     )
-    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten per-token rewards before GAE (PPO)."})
+    whiten_rewards: bool = field(
+        default=False,
+        metadata={"help": "Whiten per-token rewards before GAE over the whole generation round (PPO)."},
+    )
     whiten_advantages: bool = field(
-        default=True, metadata={"help": "With a critic: whiten advantages over the rollout batch (PPO)."}
+        default=True,
+        metadata={"help": "With a critic: whiten advantages over the whole generation round, every process's share."},
+    )
+    whiten_per_process: bool = field(
+        default=False,
+        metadata={
+            "help": "Whiten rewards / advantages over each process's share of a round instead of the whole round "
+            "(TRL 1.12 PPO's behaviour, which `PPOConfig` keeps; one process: no difference)."
+        },
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE (huggingface.co/papers/1506.02438)."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE (huggingface.co/papers/1506.02438)."})
@@ -500,9 +512,10 @@ class TRAPOConfig(_BaseConfig):
             "help": "Targeted exploration: a task family (the RL dataset's `task` column; the whole dataset without "
             "one) whose groups mostly score flat at the lowest score seen (all wrong) in a round is sampled "
             "`exploration_temperature_step` hotter in the next, up to `exploration_max_temperature`, and cools down "
-            "again once its groups carry a signal (trl_trapo/exploration.py). None (default): on wherever it can run "
-            "- groups (no value model), HF generate (not vLLM), no few-shot mode, not ZeRO-3 / FSDP across processes "
-            "- and off elsewhere. True: on, and an error where it cannot run. False: off."
+            "again once its groups carry a signal (trl_trapo/exploration.py); a round stays one batched `generate` "
+            "call, each row at its family's temperature. None (default): on wherever it can run - groups (no value "
+            "model), HF generate (not vLLM), no few-shot mode - and off elsewhere. True: on, and an error where it "
+            "cannot run. False: off."
         },
     )
     exploration_temperature_step: float = field(

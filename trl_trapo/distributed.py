@@ -74,6 +74,26 @@ def any_rank(accelerator, flag: bool) -> bool:
     return bool(accelerator.reduce(value, reduction="sum").item() > 0)
 
 
+def gather_across_ranks(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's `tensor` concatenated along dim 0 in rank order, the same on every rank (collective; the tensor
+    itself on one process). Ranks may hold different numbers of rows; the result is on `tensor`'s device.
+
+    Args:
+        accelerator: the Trainer's `Accelerator`.
+        tensor (`torch.Tensor`): `(n_r, ...)` on rank r; the trailing dimensions are the same on every rank.
+
+    Returns:
+        `torch.Tensor`: `(sum_r n_r, ...)`.
+    """
+    if accelerator.num_processes == 1:
+        return tensor
+    local = tensor.to(accelerator.device)
+    sizes = accelerator.gather(torch.tensor([local.shape[0]], device=accelerator.device)).tolist()
+    gathered = accelerator.gather(accelerator.pad_across_processes(local, dim=0))  # (world * max n_r, ...)
+    parts = gathered.split(max(sizes)) if max(sizes) else [gathered[:0]] * len(sizes)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)]).to(tensor.device)
+
+
 def _is_partitioned(param: torch.Tensor) -> bool:
     return hasattr(param, "ds_id")
 

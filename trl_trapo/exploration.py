@@ -18,16 +18,20 @@ without a `task` column), with z_f = the fraction of f's groups in the round tha
     boost_f <- min(boost_f + step, max_temperature - temperature)   if z_f >= 0.5
     boost_f <- max(boost_f - step, 0)                               otherwise
 
-and the next round samples f's prompts at `temperature + boost_f`. The boost moves in steps of `step`, so a round
-has at most `(max_temperature - temperature) / step + 1` distinct temperatures; each is generated as its own
-sub-round. Every trajectory carries its sampling temperature, and the training forward scores it at that temperature
-(the same temperature-scaled log-probs its behaviour and reference log-probs were recorded with), so the PPO ratio
-of a fresh trajectory is 1 whatever its temperature. The state (one boost per family, per rank) is checkpointed.
+and the next round samples f's prompts at `temperature + boost_f`. A round is still one unit: every row is sampled at
+its own temperature in the same batched `generate` call (`rollout.RowTemperatureLogitsWarper`, applied where the one
+temperature would be, before top-k / top-p). Every trajectory carries its sampling temperature, and the training
+forward scores it at that temperature (the same temperature-scaled log-probs its behaviour and reference log-probs
+were recorded with), so the PPO ratio of a fresh trajectory is 1 whatever its temperature.
+
+z_f and the lowest score are taken over the whole round: under data parallelism every rank's share of it (the
+`gather` the trainer hands in), so every rank reaches the same boosts. The state is checkpointed.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -68,6 +72,9 @@ class TargetedExploration:
         temperature (`float`): the configured sampling temperature (the floor).
         max_temperature (`float`): the ceiling (> `temperature`).
         step (`float`): how much one round moves a family's temperature (> 0).
+        gather (`Callable[[list], list]`, *optional*): concatenates a list over every rank, in rank order, the same
+            on every rank (collective; e.g. accelerate's `gather_object`). With it, `observe` decides from the whole
+            round, every rank's share; None: from this process's rows only (one process).
 
     Raises:
         ValueError: if `max_temperature <= temperature` or `step <= 0`.
@@ -75,7 +82,9 @@ class TargetedExploration:
 
     THRESHOLD = 0.5  # a family is "stuck" in a round when at least half of its groups carry no signal
 
-    def __init__(self, temperature: float, max_temperature: float, step: float):
+    def __init__(
+        self, temperature: float, max_temperature: float, step: float, gather: Callable[[list], list] | None = None
+    ):
         if not max_temperature > temperature:
             raise ValueError(
                 f"exploration_max_temperature={max_temperature!r} must exceed temperature={temperature!r}: raise it "
@@ -86,6 +95,7 @@ class TargetedExploration:
         self.temperature = float(temperature)
         self.max_boost = float(max_temperature) - float(temperature)
         self.step = float(step)
+        self.gather = gather
         self.levels: dict[str, int] = {}  # family -> boost in steps (0 = the configured temperature)
         self.lowest_score: float | None = None  # the lowest score seen so far (a flat group at it is stuck)
 
@@ -103,34 +113,36 @@ class TargetedExploration:
         """The family of each row: its `task` value, or `ALL_FAMILIES` when a row has none."""
         return [str(e["task"]) if "task" in e else ALL_FAMILIES for e in examples]
 
-    def split(self, examples: list[dict], group: int) -> list[tuple[float, list[int]]]:
-        """Partition a round's rows by sampling temperature, keeping groups whole and in order.
+    def row_temperatures(self, examples: list[dict]) -> list[float]:
+        """The sampling temperature of each row of a round (its family's), for one batched `generate` call.
 
         Args:
-            examples (`list[dict]`): the round's rows, `group` consecutive rows per prompt.
-            group (`int`): rows per prompt.
+            examples (`list[dict]`): the round's rows.
 
         Returns:
-            `list[tuple[float, list[int]]]`: (temperature, row indices) per distinct temperature, coolest first.
+            `list[float]`: one temperature per row.
         """
-        families = self.families(examples)
-        parts: dict[float, list[int]] = {}
-        for start in range(0, len(examples), group):
-            rows = list(range(start, min(start + group, len(examples))))
-            parts.setdefault(self.temperature_of(families[start]), []).extend(rows)
-        return sorted(parts.items())
+        return [self.temperature_of(family) for family in self.families(examples)]
 
     def observe(self, examples: list[dict], scores: torch.Tensor, group: int) -> None:
-        """Update the families of a (sub-)round from its scores (the sampled completions', before guidance).
+        """Update the families from a round's scores (the sampled completions', before guidance).
 
         A group is stuck when its scored completions all score the same and that score is the lowest score seen so
-        far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups are.
+        far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups in the
+        round are. With `gather`, the round is every rank's share together (collective: every rank calls this).
 
         Args:
-            examples (`list[dict]`): the rows, `group` consecutive rows per prompt.
+            examples (`list[dict]`): this rank's rows, `group` consecutive rows per prompt.
             scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
             group (`int`): rows per prompt (>= 2).
         """
+        families = self.families(examples)[::group]
+        if self.gather is not None:  # (family, scores of the group) of every group of the round, rank by rank
+            records = self.gather(list(zip(families, scores.reshape(-1, group).tolist())))
+            families = [family for family, _ in records]
+            scores = torch.tensor(
+                [value for _, group_scores in records for value in group_scores], dtype=torch.float64
+            )
         flat = zero_variance_groups(scores, group)
         finite = scores[torch.isfinite(scores)]
         if finite.numel():
@@ -140,7 +152,6 @@ class TargetedExploration:
             grouped = scores.reshape(-1, group).double()
             group_low = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1)
             flat = flat & (group_low <= self.lowest_score + 1e-6)
-        families = self.families(examples)[::group]
         for family in dict.fromkeys(families):
             mine = torch.tensor([f == family for f in families])
             stuck = float(flat[mine].double().mean()) >= self.THRESHOLD
@@ -160,7 +171,7 @@ class TargetedExploration:
         return out
 
     def state_dict(self) -> dict:
-        """The per-family boosts and the lowest score seen (JSON-serialisable)."""
+        """The per-family boosts and the lowest score seen (JSON-serialisable; the same on every rank)."""
         return {"levels": dict(self.levels), "lowest_score": self.lowest_score}
 
     def load_state_dict(self, state: dict | None) -> None:

@@ -18,6 +18,7 @@ accumulation and data parallelism exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,27 +63,37 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return masked_sum(values, mask, dim) / count.clamp(min=1)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Whiten `values` with the mean and unbiased variance of its masked entries (PPO's `masked_whiten`).
 
     Args:
         values (`torch.Tensor`): shape `(B, T)`.
         mask (`torch.Tensor`): shape `(B, T)`.
         shift_mean (`bool`): when False the mean is added back (used for rewards, whose level matters).
+        reduce (`Callable`, *optional*): sums a tensor over every process's part of the batch (an all-reduce); the
+            mean and variance are then those of all parts together, as if one process held the whole batch. None:
+            this process's entries only.
 
     Returns:
         `torch.Tensor`: shape `(B, T)`, `(values - mean) / sqrt(var + 1e-8)` (+ mean when `shift_mean=False`).
 
     Raises:
-        ValueError: if fewer than 2 entries are unmasked (the unbiased variance is undefined).
+        ValueError: if fewer than 2 entries are unmasked (over all parts with `reduce`): the unbiased variance is
+            undefined.
     """
+    reduce = reduce or (lambda tensor: tensor)
     mask = mask.to(values.dtype)
-    count = mask.sum()
+    count = reduce(mask.sum())
     if count < 2:
         raise ValueError(f"masked_whiten needs at least 2 unmasked entries, got {int(count)}.")
-    mean = masked_sum(values, mask) / count
+    mean = reduce(masked_sum(values, mask)) / count
     centered = values - mean
-    variance = masked_sum(centered**2, mask) / count * (count / (count - 1))
+    variance = reduce(masked_sum(centered**2, mask)) / count * (count / (count - 1))
     whitened = centered * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -447,7 +458,10 @@ def gae_advantages(
 
 
 def group_relative_advantages(
-    rewards: torch.Tensor, num_generations: int, scale: Literal["group", "batch", "none"] = "group"
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale: Literal["group", "batch", "none"] = "group",
+    batch_rewards: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Critic-free advantages: each reward minus the mean of its group of `num_generations` completions.
 
@@ -461,6 +475,9 @@ def group_relative_advantages(
         rewards (`torch.Tensor`): shape `(P * G,)`, completions of one prompt contiguous; NaN = no reward.
         num_generations (`int`): G.
         scale (`str`): "group", "batch" or "none".
+        batch_rewards (`torch.Tensor`, *optional*): `(N,)` every reward of the generation batch the "batch" standard
+            deviation is taken over, when `rewards` is only part of it (one process's share of a round under data
+            parallelism: GRPO's batch is the whole round, as TRL gathers it). Default: `rewards`.
 
     Returns:
         `torch.Tensor`: shape `(P * G,)`.
@@ -484,6 +501,6 @@ def group_relative_advantages(
     if scale == "group":
         std = nanstd(grouped, dim=1, keepdim=True)
     else:
-        std = nanstd(rewards).expand(1, 1)
+        std = nanstd(rewards if batch_rewards is None else batch_rewards).expand(1, 1)
     std = torch.nan_to_num(std, nan=0.0)
     return (centered / (std + 1e-4)).view(-1)

@@ -206,12 +206,12 @@ class ReferencePolicy:
         prompt_ids: Sequence[torch.Tensor],
         completion_ids: Sequence[torch.Tensor],
         pad_token_id: int,
-        temperature: float,
+        temperature: float | Sequence[float] | torch.Tensor,
         batch_size: int,
     ) -> list[torch.Tensor]:
         """log pi_ref(y_t | prompt, y_<t) of each completion token, `(C_i,)` each, float32 on CPU (see
-        [`completion_logps`]); `policy` is the unwrapped policy, used with its reference adapter when there is no
-        reference model."""
+        [`completion_logps`]; `temperature`: one, or one per completion); `policy` is the unwrapped policy, used with
+        its reference adapter when there is no reference model."""
         if self.model is not None:
             return completion_logps(self.model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size)
         with use_adapter(policy, self.adapter or None):
@@ -412,7 +412,7 @@ def completion_logps(
     prompt_ids: Sequence[torch.Tensor],
     completion_ids: Sequence[torch.Tensor],
     pad_token_id: int,
-    temperature: float = 1.0,
+    temperature: float | Sequence[float] | torch.Tensor = 1.0,
     batch_size: int = 64,
 ) -> list[torch.Tensor]:
     """log pi(y_t | prompt, y_<t) of each completion token under `model` (no grad; for reference / old log-probs).
@@ -422,19 +422,30 @@ def completion_logps(
         prompt_ids (`Sequence[torch.Tensor]`): `(P_i,)` each.
         completion_ids (`Sequence[torch.Tensor]`): `(C_i,)` each.
         pad_token_id (`int`): padding id (right padding).
-        temperature (`float`): logits are divided by it (as in the policy loss).
+        temperature (`float`, or one per completion): logits are divided by it (as in the policy loss); per-row
+            temperatures are those a round sampled each completion at (targeted exploration).
         batch_size (`int`): rows per forward.
 
     Returns:
         `list[torch.Tensor]`: `(C_i,)` log-probs in nats, on CPU, float32.
     """
     device = next(model.parameters()).device
+    temperatures = torch.as_tensor(temperature, dtype=torch.float32).flatten()
+    per_row = temperatures.numel() > 1 and bool((temperatures != temperatures[0]).any())
+    if temperatures.numel() > 1 and temperatures.numel() != len(prompt_ids):
+        raise ValueError(
+            f"{temperatures.numel()} temperatures for {len(prompt_ids)} completions; give one or one each."
+        )
     out: list[torch.Tensor] = []
     for start in range(0, len(prompt_ids), batch_size):
         p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
         input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
-        logps = selective_log_softmax(logits[:, :-1].float(), input_ids[:, 1:].to(device), temperature=temperature)
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits[:, :-1].float()
+        if per_row:  # each row at its own temperature (one temperature keeps TRL's scalar path)
+            scale = temperatures[start : start + len(p)].to(device).view(-1, 1, 1)
+            logps = selective_log_softmax(logits / scale, input_ids[:, 1:].to(device))
+        else:
+            logps = selective_log_softmax(logits, input_ids[:, 1:].to(device), temperature=float(temperatures[0]))
         for i in range(len(p)):
             first = int(lengths_p[i]) - 1
             out.append(logps[i, first : first + int(lengths_c[i])].cpu())

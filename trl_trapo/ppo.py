@@ -57,6 +57,10 @@ class PPOConfig(TRAPOConfig):
     num_sample_generations: int = field(
         default=10, metadata={"help": "Number of debugging generations (`generate_completions`) during training."}
     )
+    whiten_per_process: bool = field(
+        default=True,
+        metadata={"help": "TRL 1.12 PPO whitened each process's rollouts on their own (TRAPO: the whole round)."},
+    )
     exploration: bool | None = field(
         default=False, metadata={"help": "TRL 1.12 samples every prompt at one temperature: off (TRAPO: auto)."}
     )

@@ -14,7 +14,6 @@ tokenizers whose pad token equals their EOS token are handled correctly.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -31,7 +30,7 @@ from trl.import_utils import is_vllm_available
 
 from .collator import left_pad
 from .data import tokenize_prompt
-from .distributed import generation_synced_gpus
+from .distributed import gather_across_ranks, generation_synced_gpus
 from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
@@ -44,28 +43,44 @@ logger = logging.getLogger(__name__)
 SLOW_ROUND_SECONDS = 5.0  # generation rounds at least this long are logged at INFO level
 
 
+class RowTemperatureLogitsWarper(LogitsProcessor):
+    """Divides each row's next-token logits by that row's own sampling temperature.
+
+    transformers' `TemperatureLogitsWarper` takes one temperature for the whole batch; a generation round whose rows
+    are sampled at different temperatures (targeted exploration heats some task families) would need one `generate`
+    call per temperature. This warper runs where the single temperature would (custom processors run before
+    transformers' top-k / top-p warpers), so one batched call samples every row at its own temperature.
+
+    Args:
+        temperatures (`torch.Tensor`): `(B,)` positive temperatures, one per row of the `generate` batch.
+    """
+
+    def __init__(self, temperatures: torch.Tensor):
+        self.temperatures = temperatures.float().unsqueeze(1)  # (B, 1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return scores / self.temperatures.to(scores.device)
+
+
 class BehaviourLogprobRecorder(LogitsProcessor):
     """Records log pi_old(y_t) of each sampled token during `generate`, at no extra forward pass.
 
     `generate` calls a logits processor with the logits of step t before sampling; the token sampled at step t shows
-    up in `input_ids` at step t + 1. The recorder keeps one step of log-softmax(logits / temperature) (shape `(B, V)`)
-    and gathers it at the next call; `finish` handles the last token. The recorded distribution is the untruncated,
-    temperature-scaled one — the same quantity the training forward computes — so the first PPO ratio is 1 up to
+    up in `input_ids` at step t + 1. The recorder keeps one step of log-softmax(scores) (shape `(B, V)`, fp32) and
+    gathers it at the next call; `finish` handles the last token. It runs after [`RowTemperatureLogitsWarper`] and
+    before transformers' top-k / top-p warpers, so what it records is the untruncated, temperature-scaled
+    distribution — the same quantity the training forward computes — and the first PPO ratio is 1 up to
     floating-point error (top-k / top-p only decide which token is sampled).
-
-    Args:
-        temperature (`float`): sampling temperature.
     """
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
+    def __init__(self):
         self.previous: torch.Tensor | None = None
         self.steps: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.previous is not None:
             self.steps.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -75,6 +90,22 @@ class BehaviourLogprobRecorder(LogitsProcessor):
         self.previous = None
         steps, self.steps = self.steps, []
         return torch.stack(steps, dim=1)
+
+
+def row_temperatures(temperature: float | Sequence[float] | torch.Tensor, rows: int) -> torch.Tensor:
+    """`(rows,)` float32 sampling temperatures from one temperature or one per row.
+
+    Raises:
+        ValueError: if a per-row sequence does not have `rows` entries, or a temperature is not positive and finite.
+    """
+    temperatures = torch.as_tensor(temperature, dtype=torch.float32).flatten()
+    if temperatures.numel() == 1:
+        temperatures = temperatures.expand(rows)
+    if temperatures.numel() != rows:
+        raise ValueError(f"{temperatures.numel()} sampling temperatures for {rows} rows; give one, or one per row.")
+    if not bool(torch.isfinite(temperatures).all() and (temperatures > 0).all()):
+        raise ValueError(f"Sampling temperatures must be positive and finite, got {temperatures.unique().tolist()}.")
+    return temperatures.contiguous()
 
 
 def truncate_at_stop(
@@ -141,13 +172,17 @@ def generate(
     generation_config: GenerationConfig,
     pad_token_id: int,
     stop_token_ids: Sequence[int] | None,
-    temperature: float,
+    temperature: float | Sequence[float] | torch.Tensor,
     batch_size: int | None = None,
     record_logps: bool = True,
     synced_gpus: bool | None = None,
     progress: str | None = None,
 ) -> dict[str, Any]:
     """Sample one completion per prompt (repeat prompts for several generations) and record behaviour log-probs.
+
+    Every row is sampled at its own temperature in the same batched `generate` call (see
+    [`RowTemperatureLogitsWarper`]); `generation_config.temperature` must be 1 (or None): the temperature is applied
+    here, before transformers' top-k / top-p warpers, exactly where its own temperature warper would be.
 
     Args:
         model (`nn.Module`): the policy, unwrapped for generation.
@@ -156,7 +191,7 @@ def generate(
         pad_token_id (`int`): id used for left padding.
         stop_token_ids (`Sequence[int]`, *optional*): completions are cut after the first of them (the same ids
             `generation_config.eos_token_id` stops generation at); None: they run to `max_new_tokens`.
-        temperature (`float`): the sampling temperature (for the recorded log-probs).
+        temperature (`float`, or `(B,)` floats): the sampling temperature, one for every row or one per row.
         batch_size (`int`, *optional*): prompts per `generate` call (all at once when None).
         record_logps (`bool`): record behaviour log-probs (False for greedy evaluation).
         synced_gpus (`bool`, *optional*): passed to `generate` when not None. False when the weights are local (e.g.
@@ -167,8 +202,19 @@ def generate(
         `dict` with `completion_ids` (list of `(C_i,)` tensors, cut after the stop token), `old_per_token_logps`
         (list of `(C_i,)`), `is_truncated` (`(B,)` bool), `num_tokens` (int, generated tokens counted), `seconds`
         (float, wall time).
+
+    Raises:
+        ValueError: if `generation_config` carries its own temperature (it would be applied a second time), or the
+            temperatures are not one or one per prompt, positive and finite.
     """
+    if generation_config.do_sample and generation_config.temperature not in (None, 1.0):
+        raise ValueError(
+            f"generate() applies the sampling temperature per row; pass it as `temperature`, and leave "
+            f"generation_config.temperature at 1.0 (it is {generation_config.temperature})."
+        )
     start_time = time.perf_counter()
+    temperatures = row_temperatures(temperature, len(prompt_ids))
+    scaled = bool((temperatures != 1.0).any())
     device = next(model.parameters()).device
     batch_size = batch_size or len(prompt_ids)
     completions, logps, truncated = [], [], []
@@ -177,13 +223,18 @@ def generate(
         chunk = prompt_ids[start : start + batch_size]
         input_ids, attention_mask = left_pad(chunk, pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        recorder = BehaviourLogprobRecorder(temperature) if record_logps else None
+        processors = LogitsProcessorList()
+        if scaled:
+            processors.append(RowTemperatureLogitsWarper(temperatures[start : start + len(chunk)]))
+        recorder = BehaviourLogprobRecorder() if record_logps else None
+        if recorder is not None:
+            processors.append(recorder)
         with neutral_generation_defaults(model):
             sequences = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=generation_config,
-                logits_processor=LogitsProcessorList([recorder] if recorder is not None else []),
+                logits_processor=processors,
                 **({} if synced_gpus is None else {"synced_gpus": synced_gpus}),
             )
         completion_ids = sequences[:, input_ids.shape[1] :]
@@ -220,16 +271,17 @@ def stop_token_ids(args, tokenizer) -> list[int]:
 
 
 def rollout_generation_config(args, tokenizer, pad_token_id: int | None = None) -> GenerationConfig:
-    """The sampling settings of rollouts: `response_length` new tokens, `temperature` / `top_p` / `top_k`, the stop
+    """The sampling settings of rollouts: `response_length` new tokens, `top_p` / `top_k`, the stop
     ids of [`stop_token_ids`] (none: generation never stops early), every logits processor the trainer does not model
     pinned to neutral, then the accepted `generation_kwargs` (see `TRAPOConfig.generation_kwargs`). Generation runs
     under [`neutral_generation_defaults`], so nothing comes from the model's own `generation_config.json`.
-    `pad_token_id` (default: the tokenizer's) fills finished rows; it must be an id the model embeds."""
+    `pad_token_id` (default: the tokenizer's) fills finished rows; it must be an id the model embeds. Its
+    `temperature` is 1: [`generate`] applies each row's sampling temperature itself, before top-k / top-p."""
     stops = stop_token_ids(args, tokenizer)
     kwargs = dict(
         max_new_tokens=args.response_length,
         do_sample=True,
-        temperature=args.temperature,
+        temperature=1.0,  # applied per row by `generate` (RowTemperatureLogitsWarper), where this one would be
         top_p=args.top_p,
         top_k=args.top_k,
         pad_token_id=tokenizer.pad_token_id if pad_token_id is None else pad_token_id,
@@ -255,7 +307,7 @@ class RolloutBatch:
     scores: torch.Tensor  # (B,) weighted reward (missing-stop penalty included); NaN = no reward
     per_func: torch.Tensor  # (B, F) reward of each reward function / model; NaN = none
     is_truncated: torch.Tensor  # (B,) bool: no stop token was generated
-    temperature: float  # the round's sampling temperature
+    temperatures: torch.Tensor  # (B,) float32: each completion's sampling temperature
     group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
     tasks: list[str] | None = None  # (B,) the RL dataset's `task` of each completion's prompt, when it has one
     off_policy: torch.Tensor | None = None  # (B,) bool: a demonstration put in by guidance, not a sample
@@ -414,21 +466,29 @@ class RolloutEngine:
         return model.policy if isinstance(model, PolicyAndValueWrapper) else model
 
     @torch.no_grad()
-    def generate(self, examples: list[dict], group: int, step: int, temperature: float) -> RolloutBatch:
-        """One generation round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row).
+    def generate(
+        self, examples: list[dict], group: int, step: int, temperature: float | Sequence[float]
+    ) -> RolloutBatch:
+        """One generation round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row), in one
+        batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the temperatures.
+
+        Args:
+            examples (`list[dict]`): the round's rows, B of them.
+            group (`int`): consecutive rows per prompt.
+            step (`int`): the optimizer step (for logs and vLLM's weight sync).
+            temperature (`float`, or B floats): the sampling temperature of every row, or one per row (targeted
+                exploration); behaviour, reference and training log-probs all use each row's own.
 
         Raises:
             RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
         """
         args = self.args
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+        temperatures = row_temperatures(temperature, len(examples))
         if self.vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are `process`'s
             completion_ids = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
-            return self.process(examples, completion_ids, None, group, temperature)
+            return self.process(examples, completion_ids, None, group, temperatures, across_ranks=True)
         generation_config = self.generation_config
-        if temperature != generation_config.temperature:
-            generation_config = copy.deepcopy(generation_config)
-            generation_config.temperature = temperature
         with self.unwrapped_model() as unwrapped:
             # step 1. generate (behaviour log-probs are recorded during sampling)
             sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
@@ -443,7 +503,7 @@ class RolloutEngine:
                         generation_config,
                         self.pad_token_id,
                         self.stop_token_ids,
-                        temperature,
+                        temperatures,
                         batch_size=args.local_rollout_forward_batch_size,
                         synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
                         progress=self.progress_description(f"Rollouts, step {step}"),
@@ -476,7 +536,8 @@ class RolloutEngine:
                 generated["completion_ids"],
                 generated["old_per_token_logps"],
                 group,
-                temperature,
+                temperatures,
+                across_ranks=True,
             )
 
     @torch.no_grad()
@@ -486,10 +547,14 @@ class RolloutEngine:
         completion_ids: list[torch.Tensor],
         old_per_token_logps: list[torch.Tensor] | None,
         group: int,
-        temperature: float,
+        temperature: float | Sequence[float],
+        across_ranks: bool = False,
     ) -> RolloutBatch:
         """Given rollouts (`(C_i,)` token ids, and optionally `(C_i,)` behaviour log-probs), exactly as generated ones
-        are processed: each is cut after its first stop token, then scored (see `TRAPOTrainer.process_rollouts`)."""
+        are processed: each is cut after its first stop token, then scored (see `TRAPOTrainer.process_rollouts`).
+        `temperature`: their sampling temperature, one or one per completion. `across_ranks`: every rank calls this
+        at the same time with its part of one round, and the round's statistics cover all parts (see
+        [`make_trajectories`]); False: they cover the given rollouts only."""
         template = self.args.chat_template_kwargs or {}
         prompt_ids = [
             torch.tensor(
@@ -500,16 +565,21 @@ class RolloutEngine:
         cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
         if old_per_token_logps is not None:
             old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
+        temperatures = row_temperatures(temperature, len(examples))
         with self.unwrapped_model() as unwrapped:
-            return self._score(unwrapped, examples, prompt_ids, cut, old_per_token_logps, group, temperature)
+            return self._score(
+                unwrapped, examples, prompt_ids, cut, old_per_token_logps, group, temperatures, across_ranks
+            )
 
-    def _score(self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperature) -> RolloutBatch:
+    def _score(
+        self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperatures, across_ranks
+    ) -> RolloutBatch:
         args = self.args
         pad_id = self.pad_token_id
         batch_size = args.local_rollout_forward_batch_size
         policy = self.policy_of(unwrapped)
         if old_logps is None:
-            old_logps = completion_logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
+            old_logps = completion_logps(policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size)
         completion_ids, old_logps = list(completion_ids), list(old_logps)
         # step 2. scores (reward functions / models)
         scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
@@ -531,7 +601,7 @@ class RolloutEngine:
                 demos = [torch.tensor(examples[i]["demonstration_ids"], dtype=torch.long) for i in chosen]
                 demo_prompts = [prompt_ids[i] for i in chosen]
                 demo_scores, demo_per_func = self.scorer.score([examples[i] for i in chosen], demo_prompts, demos)
-                demo_logps = completion_logps(policy, demo_prompts, demos, pad_id, temperature, batch_size)
+                demo_logps = completion_logps(policy, demo_prompts, demos, pad_id, temperatures[chosen], batch_size)
                 for k, i in enumerate(chosen):
                     completion_ids[i], old_logps[i] = demos[k], demo_logps[k]
                     scores[i], per_func[i] = demo_scores[k], demo_per_func[k]
@@ -539,7 +609,7 @@ class RolloutEngine:
         # step 4. reference log-probs and values
         ref_logps = None
         if self.reference is not None:
-            ref_logps = self.reference.logps(policy, prompt_ids, completion_ids, pad_id, temperature, batch_size)
+            ref_logps = self.reference.logps(policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size)
         values = None
         if self.has_critic:
             values = value_predictions(unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size)
@@ -548,7 +618,17 @@ class RolloutEngine:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
         # step 5. advantages
         trajectories = self.make_trajectories(
-            prompt_ids, completion_ids, old_logps, ref_logps, values, scores, ~has_stop, group, off_policy
+            prompt_ids,
+            completion_ids,
+            old_logps,
+            ref_logps,
+            values,
+            scores,
+            ~has_stop,
+            group,
+            off_policy,
+            temperatures=temperatures,
+            across_ranks=across_ranks,
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
@@ -559,7 +639,7 @@ class RolloutEngine:
             scores,
             per_func,
             ~has_stop,
-            temperature,
+            temperatures,
             group,
             tasks,
             off_policy,
@@ -567,14 +647,34 @@ class RolloutEngine:
         )
 
     def make_trajectories(
-        self, prompt_ids, completion_ids, old_logps, ref_logps, values, scores, is_truncated, group, off_policy=None
+        self,
+        prompt_ids,
+        completion_ids,
+        old_logps,
+        ref_logps,
+        values,
+        scores,
+        is_truncated,
+        group,
+        off_policy=None,
+        temperatures: torch.Tensor | None = None,
+        across_ranks: bool = False,
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
         completions that have a score. Arguments are lists of `(C_i,)` tensors and `(B,)` scores / flags
-        (`off_policy`: demonstrations put in by guidance)."""
+        (`off_policy`: demonstrations put in by guidance); `temperatures` `(B,)`: each completion's sampling
+        temperature (a trajectory whose temperature is not the configured one carries it, for the training forward).
+
+        Statistics over the batch — `scale_rewards="batch"`'s standard deviation, `whiten_rewards`' and
+        `whiten_advantages`' mean and variance — cover the whole round: with `across_ranks` every rank calls this
+        at the same time with its share of one round and they are taken over all shares (collective), except the
+        whitening under `whiten_per_process` (TRL 1.12 PPO's per-process whitening).
+        """
         args = self.args
         batch = len(completion_ids)
+        world_wide = across_ranks and self.accelerator.num_processes > 1
+        reduce = self.sum_over_ranks if world_wide and not args.whiten_per_process else None
         length = max(max(c.numel() for c in completion_ids), 1)
         mask = torch.zeros(batch, length)
         old = torch.zeros(batch, length)
@@ -595,16 +695,23 @@ class RolloutEngine:
                 value_tensor[i, : v.numel()] = v
             rewards, _ = per_token_rewards(safe_scores, kl, mask, kl_coef_reward)
             train_mask = mask * valid.unsqueeze(1)
-            if args.whiten_rewards and train_mask.sum() >= 2:
-                rewards = masked_whiten(rewards, train_mask, shift_mean=False) * train_mask
+            # whitening needs 2 counted tokens in the whole batch it covers (every rank takes the same branch)
+            whiten = (reduce or (lambda tensor: tensor))(train_mask.sum()) >= 2
+            if args.whiten_rewards and whiten:
+                rewards = masked_whiten(rewards, train_mask, shift_mean=False, reduce=reduce) * train_mask
             advantages, returns = gae_advantages(rewards, value_tensor, train_mask, args.gamma, args.lam)
-            if args.whiten_advantages and train_mask.sum() >= 2:
-                advantages = masked_whiten(advantages, train_mask) * train_mask
+            if args.whiten_advantages and whiten:
+                advantages = masked_whiten(advantages, train_mask, reduce=reduce) * train_mask
             old_values = value_tensor
         else:
             sequence_reward = scores - kl_coef_reward * kl.sum(dim=1)
-            advantages = group_relative_advantages(sequence_reward, group, args.scale_rewards)
+            batch_rewards = None  # GRPO's "batch" std is over the whole round: every rank's share of it
+            if args.scale_rewards == "batch" and world_wide:
+                batch_rewards = gather_across_ranks(self.accelerator, sequence_reward)
+            advantages = group_relative_advantages(sequence_reward, group, args.scale_rewards, batch_rewards)
             advantages = advantages.unsqueeze(1).expand(batch, length) * mask
+        # (B,) bool: sampled at another temperature than the configured one (compared in the float32 it was applied in)
+        own_temperature = None if temperatures is None else temperatures != torch.tensor(args.temperature).float()
         trajectories = []
         for i in range(batch):
             if not valid[i]:
@@ -624,9 +731,14 @@ class RolloutEngine:
                     returns=returns[i, :n].clone().float() if self.has_critic else None,
                     old_values=old_values[i, :n].clone().float() if self.has_critic else None,
                     off_policy=bool(off_policy[i]) if off_policy is not None else False,
+                    temperature=float(temperatures[i]) if own_temperature is not None and own_temperature[i] else None,
                 )
             )
         return trajectories
+
+    def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over ranks (collective), on the tensor's own device."""
+        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
 
     def state_dict(self) -> dict[str, torch.Generator]:
         """The generators to checkpoint (name -> generator)."""

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from accelerate.utils import is_peft_model
+from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -385,7 +385,12 @@ class TRAPOTrainer(_BaseTrainer):
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
         self.exploration = (
-            TargetedExploration(args.temperature, args.exploration_ceiling, args.exploration_temperature_step)
+            TargetedExploration(
+                args.temperature,
+                args.exploration_ceiling,
+                args.exploration_temperature_step,
+                gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
+            )
             if self._exploration_runs(args)
             else None
         )
@@ -551,32 +556,16 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _exploration_runs(self, args: TRAPOConfig) -> bool:
         """Whether targeted exploration is on: `exploration=True`, or None (auto) where it can run — RL prompts,
-        groups (no value model), HF generate, no few-shot mode, not ZeRO-3 / FSDP across processes.
-
-        Raises:
-            ValueError: for `exploration=True` under ZeRO-3 / FSDP across processes (vLLM, few-shot mode and a value
-                model are refused earlier, by the config and the dataset checks).
-        """
+        groups (no value model), HF generate, no few-shot mode (vLLM, few-shot mode and a value model are refused
+        with `exploration=True` by the config and the dataset checks). A round stays one `generate` call whatever
+        the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP included."""
         if args.exploration is False or not self.active[RL]:
             return False
-        collective = False  # every `generate` is a collective: ranks must run the same number of sub-rounds
-        if self.accelerator.num_processes > 1 and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
-            from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-            collective = is_deepspeed_zero3_enabled() or self.is_fsdp_enabled
         if args.exploration is True:
-            if collective:
-                raise ValueError(
-                    "exploration=True splits a generation round by temperature, and ranks may need different numbers "
-                    "of sub-rounds; under DeepSpeed ZeRO-3 / FSDP every `generate` is a collective, so the ranks would "
-                    "wait on each other forever. Use DDP or ZeRO-1/2, or set exploration=False (or None: off there)."
-                )
             return True
-        runs = not (collective or self._has_critic or args.use_vllm or args.fewshot_mode)
+        runs = not (self._has_critic or args.use_vllm or args.fewshot_mode)
         if not runs:
-            logger.info(
-                "exploration=None: off in this run (it needs groups, HF generate, no few-shot mode, no ZeRO-3)."
-            )
+            logger.info("exploration=None: off in this run (it needs groups, HF generate, no few-shot mode).")
         return runs
 
     def _build_successes(self, args: TRAPOConfig) -> SuccessReplay | None:
@@ -790,21 +779,16 @@ class TRAPOTrainer(_BaseTrainer):
         indices = self.memory_pool.select_prompts(num_prompts, step)
         temperature = self.memory_pool.rollout_temperature(args.temperature)
         examples = [example for example in (self._rl_dataset[i] for i in indices) for _ in range(group)]
-        # targeted exploration samples each family at its own temperature: one sub-round per temperature
-        parts = [(temperature, list(range(len(examples))))]
+        # targeted exploration samples each family at its own temperature, all in the same batched call
         if self.exploration is not None:
-            parts = self.exploration.split(examples, group)
-        for part_temperature, rows in parts:
-            part = examples if len(rows) == len(examples) else [examples[i] for i in rows]
-            # steps 2-5. generate, reference log-probs, values, scores, advantages
-            batch = self.rollouts.generate(part, group, step, part_temperature)
-            if self.exploration is not None:
-                self.exploration.observe(part, batch.on_policy_scores, group)
-                for trajectory in batch.trajectories:  # trained at the temperature it was sampled at
-                    trajectory.temperature = part_temperature
-            self._observe_rollouts(batch)
-            self.memory_pool.observe_successes(part, batch)  # self-imitation keeps the rare successes
-            self.replay.add(batch.trajectories, step)
+            temperature = self.exploration.row_temperatures(examples)
+        # steps 2-5. generate, reference log-probs, values, scores, advantages (round statistics over every rank)
+        batch = self.rollouts.generate(examples, group, step, temperature)
+        if self.exploration is not None:  # the whole round, every rank's share: each rank reaches the same levels
+            self.exploration.observe(examples, batch.on_policy_scores, group)
+        self._observe_rollouts(batch)
+        self.memory_pool.observe_successes(examples, batch)  # self-imitation keeps the rare successes
+        self.replay.add(batch.trajectories, step)
 
     @torch.no_grad()
     def process_rollouts(
@@ -860,7 +844,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.schedules.observe_rollouts(kl_sum, len(batch.completion_ids))  # the adaptive KL controller's input
         # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
         self.memory_pool.observe_rollouts(
-            batch.scores, batch.old_per_token_logps, batch.ref_per_token_logps, batch.trajectories, batch.temperature
+            batch.scores, batch.old_per_token_logps, batch.ref_per_token_logps, batch.trajectories
         )
 
     # =================================================================================================================
@@ -1139,7 +1123,7 @@ class TRAPOTrainer(_BaseTrainer):
         out.update(self.dare.metrics())
         out.update(self.schedules.metrics(self._last_step_built))
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
-        if self.exploration is not None:  # this rank's family temperatures
+        if self.exploration is not None:  # the family temperatures (the same on every rank)
             out.update(self.exploration.metrics(self._task_families))
         out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
         out["episode"] = float(self._episode)

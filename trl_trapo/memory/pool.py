@@ -123,10 +123,9 @@ class MemoryPool:
         return self.fewshot.temperature if self.fewshot is not None else default
 
     # ---- feedback ---------------------------------------------------------------------------------------------------
-    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories, temperature: float) -> None:
+    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories) -> None:
         """A scored generation round: `(B,)` scores (NaN = no reward), `(C_i,)` behaviour and reference log-probs per
-        completion, the trajectories made of the completions with a score (not yet in the replay buffer), and the
-        round's sampling temperature."""
+        completion, and the trajectories made of the completions with a score (not yet in the replay buffer)."""
         if self.fewshot is not None:
             self.fewshot.observe_rollouts(scores, trajectories)
         if self.adapter_bank is not None:
