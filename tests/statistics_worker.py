@@ -6,7 +6,10 @@ per-rank statistic differs from the round's). Every rank runs, through the colle
 
 - `RolloutEngine.make_trajectories(..., across_ranks=True)` with `scale_rewards="batch"` (no critic), with a critic
   and `whiten_rewards` + `whiten_advantages`, and the same under `whiten_per_process=True` (TRL 1.12 PPO's);
-- `TargetedExploration.observe` with accelerate's `gather_object`.
+- `TargetedExploration.observe` with accelerate's `gather_object`;
+- the rollout metrics (`MetricsAccumulator.add_rollouts` then `collect`: `objective/scores`,
+  `completions/clipped_ratio`, `rl/zero_variance_groups`, ...) and the adaptive KL controller's window
+  (`RLSchedules.observe_rollouts` then `end_step`), the way the trainer reduces them.
 
 It writes `<output_dir>/rank<r>.json` with its advantages and exploration state, and the one-process reference for
 its rows: the same function run on the whole round at once (both shares concatenated) on one process.
@@ -26,7 +29,9 @@ from accelerate.utils import gather_object
 
 from trl_trapo import TRAPOConfig
 from trl_trapo.exploration import TargetedExploration
+from trl_trapo.metrics import MetricsAccumulator
 from trl_trapo.rollout import RolloutEngine
+from trl_trapo.schedules import RLSchedules
 
 
 GROUP = 2
@@ -75,6 +80,17 @@ def union() -> dict:
     return {k: (torch.cat([b[k] for b in both]) if k == "scores" else both[0][k] + both[1][k]) for k in both[0]}
 
 
+class OneProcess:
+    """What `MetricsAccumulator.collect` reads of an accelerator, for one process."""
+
+    device = torch.device("cpu")
+    num_processes = 1
+
+    @staticmethod
+    def reduce(tensor, reduction="sum"):
+        return tensor
+
+
 def main(output_dir: str) -> None:
     settings = {
         "batch_std": (dict(scale_rewards="batch"), False),
@@ -86,6 +102,7 @@ def main(output_dir: str) -> None:
         name: TRAPOConfig(output_dir=output_dir, report_to="none", num_generations=GROUP, **overrides)
         for name, (overrides, _) in settings.items()
     }
+    kl_args = TRAPOConfig(output_dir=output_dir, report_to="none", kl_target=0.5, kl_horizon=10.0)
     accelerator = Accelerator()
     rank = accelerator.process_index
     mine, whole = share(rank), union()
@@ -111,6 +128,31 @@ def main(output_dir: str) -> None:
     out["exploration"] = explore.state_dict()
     out["exploration/alone"] = alone.state_dict()
     out["exploration/reference"] = whole_round.state_dict()
+    # rollout metrics and the adaptive KL window, reduced as the trainer does, against one process on the whole round
+    reduce = lambda tensor: accelerator.reduce(tensor.to(accelerator.device), "sum").cpu()  # noqa: E731
+    for name, parts, world in (("", mine, accelerator), ("/reference", whole, None)):
+        metrics = MetricsAccumulator(["r"], "k1")
+        n = len(parts["scores"])
+        ref = [lp - 0.1 * lp.numel() for lp in parts["old_logps"]]  # a per-row property, not a position in the share
+        truncated = torch.tensor([c.numel() >= 4 for c in parts["completion_ids"]])
+        kl_sum = metrics.add_rollouts(
+            parts["completion_ids"],
+            parts["old_logps"],
+            ref,
+            parts["scores"],
+            parts["scores"][:, None],
+            truncated,
+            GROUP,
+        )
+        schedules = RLSchedules(kl_args, None)
+        schedules.observe_rollouts(kl_sum, n)
+        if world is None:  # one process: nothing to reduce
+            out[f"metrics{name}"] = metrics.collect(OneProcess(), 0.1)
+            schedules.end_step(0, lambda tensor: tensor)
+        else:
+            out[f"metrics{name}"] = metrics.collect(accelerator, 0.1)
+            schedules.end_step(0, reduce)
+        out[f"kl_coef{name}"] = schedules.kl_coef()
     with open(os.path.join(output_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(out, handle)
     accelerator.wait_for_everyone()

@@ -336,9 +336,11 @@ def test_recipes_parse_and_validate(path):
 # Statistics a generation round defines cover the whole round, every rank's share
 # ---------------------------------------------------------------------------------------------------------------------
 def test_round_statistics_cover_every_ranks_share(tmp_path):
-    """`scale_rewards="batch"`, `whiten_rewards` / `whiten_advantages` and exploration's stuck fractions, computed on 2
-    processes from each rank's share, equal the one-process computation over the whole round (fp32 rounding of a
-    different summation order: 1e-5); `whiten_per_process` (PPOConfig's) equals each rank's share whitened alone."""
+    """`scale_rewards="batch"`, `whiten_rewards` / `whiten_advantages`, exploration's stuck fractions, the rollout
+    metrics (`objective/scores`, `completions/clipped_ratio`, ...) and the adaptive KL window, computed on 2 processes
+    from each rank's share, equal the one-process computation over the whole round (fp32 rounding of a different
+    summation order: 1e-5 for advantages, 1e-6 for metrics); `whiten_per_process` (PPOConfig's) equals each rank's
+    share whitened alone."""
     check(launch("multi_gpu.yaml", "tests/statistics_worker.py", [str(tmp_path)], timeout=600))
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -348,6 +350,10 @@ def test_round_statistics_cover_every_ranks_share(tmp_path):
             for row, reference in zip(got, expected):
                 assert row == pytest.approx(reference, abs=1e-5), (rank, name, got, expected)
         assert record["exploration"] == record["exploration/reference"]
+        # float32 per-row sums added in another order: 1e-6
+        assert record["metrics"] == pytest.approx(record["metrics/reference"], abs=1e-6), record["metrics"]
+        assert record["kl_coef"] == pytest.approx(record["kl_coef/reference"], abs=1e-12)
+        assert {"objective/scores", "completions/clipped_ratio", "rl/zero_variance_groups"} <= set(record["metrics"])
     # the per-rank computation would differ: rank 1's batch std alone is not the round's, and rank 0 alone would
     # heat family "a" where the round does not (what the old code did)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
