@@ -55,6 +55,7 @@ TEXT = [{"text": "abc def"}, {"text": "ghi jkl"}]
 
 def build(tmp_path, tok, reward=exact_match_reward, **datasets):
     """A tiny trainer on the given datasets (lists of rows or datasets); RL prompts come with `reward`."""
+
     def to_dataset(value):
         if isinstance(value, dict):
             return {k: to_dataset(v) for k, v in value.items()}
@@ -89,7 +90,10 @@ def conv(text):
 
 MISSING = [
     # (datasets, the message's dataset / column / row / what)
-    (dict(train_dataset=[RL[0], {"prompt": None, "answer": "x"}]), r"`train_dataset` column 'prompt'.*\(None\) at row 1"),
+    (
+        dict(train_dataset=[RL[0], {"prompt": None, "answer": "x"}]),
+        r"`train_dataset` column 'prompt'.*\(None\) at row 1",
+    ),
     (
         dict(train_dataset=[{"prompt": conv("ab="), "answer": "ab"}, {"prompt": conv(None), "answer": "x"}]),
         r"`train_dataset` column 'prompt'.*\(None content in message 0\) at row 1",
@@ -123,7 +127,9 @@ MISSING = [
 
 
 @pytest.mark.parametrize(("datasets", "message"), MISSING)
-def test_a_missing_value_in_a_column_trapo_reads_is_refused_by_dataset_column_and_row(tmp_path, tok, datasets, message):
+def test_a_missing_value_in_a_column_trapo_reads_is_refused_by_dataset_column_and_row(
+    tmp_path, tok, datasets, message
+):
     before = {k: list(v) if isinstance(v, list) else v for k, v in datasets.items()}
     with pytest.raises(ValueError, match=message) as error:
         build(tmp_path, tok, **datasets)
@@ -193,7 +199,9 @@ def test_a_reward_that_is_not_a_number_is_refused_at_construction(tmp_path, tok,
     def stringly_reward(completions, **kwargs):
         return [value for _ in completions]
 
-    with pytest.raises(ValueError, match=rf"Reward function 'stringly_reward' returned .* \({kind}\) for completion 0"):
+    with pytest.raises(
+        ValueError, match=rf"Reward function 'stringly_reward' returned .* \({kind}\) for completion 0"
+    ):
         build(tmp_path, tok, reward=stringly_reward, train_dataset=RL)
 
 
@@ -203,7 +211,9 @@ def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     assert code != 0
     assert "`train_dataset` column 'prompt' has a missing value (None) at row 1" in out
     assert "dataset.filter(lambda row: row['prompt'] is not None)" in out  # the fix
-    sft = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "ab=", "completion": "ab"}, {"prompt": "c", "completion": None}])
+    sft = write_jsonl(
+        tmp_path / "sft.jsonl", [{"prompt": "ab=", "completion": "ab"}, {"prompt": "c", "completion": None}]
+    )
     code, out = run_cli("--sft_dataset_name", str(sft), "--output_dir", str(tmp_path / "out"))
     assert code != 0 and "`sft_dataset` column 'completion' has a missing value (None) at row 1" in out
     assert not (tmp_path / "out").exists()  # refused before anything was written
