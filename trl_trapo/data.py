@@ -9,6 +9,14 @@ Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/tr
 | SFT | `prompt` + `completion`, or `messages` | standard or conversational; loss on completion tokens + EOS only |
 | RL | `prompt`, or `input_ids` (PPO's tokenized prompts) | standard or conversational; other columns go to rewards |
 
+Every column TRAPO reads (`read_columns`: `text`; `prompt` / `completion` / `messages` and their message contents;
+`prompt` or `input_ids`; `task`; an eval set's `split`) is checked before training: a missing value (None, or NaN as
+pandas writes one) is refused naming the dataset, column and row (streamed pretraining rows as they are read); a
+demonstration column may leave rows without one (None / NaN / blank: no demonstration). Reward columns are the user's
+and reach reward functions as they are, None included (a function returns None for "cannot score"). Characters the
+tokenizer cannot represent (its `unk_token_id`; byte-level tokenizers have none) are counted and warned about with
+examples, and a row that is nothing but unknown tokens is refused.
+
 Rows handed to the collator are dicts with `input_ids` (shape `(L,)`) and a target-aligned `mask` (shape `(L - 1,)`,
 1 where predicting token t + 1 counts); masks always come from lengths, never from comparing ids with the pad id, so
 a tokenizer whose pad token is its EOS token is handled correctly.
