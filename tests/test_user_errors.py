@@ -217,3 +217,25 @@ def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     code, out = run_cli("--sft_dataset_name", str(sft), "--output_dir", str(tmp_path / "out"))
     assert code != 0 and "`sft_dataset` column 'completion' has a missing value (None) at row 1" in out
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("kind", ["streaming", "splits"])
+def test_ppo_trainer_refuses_a_train_dataset_it_cannot_size_by_name(tmp_path, kind):
+    """PPOTrainer sizes the run from `len(train_dataset)` before TRAPOTrainer's checks: a streaming set was a raw
+    `TypeError`, a `DatasetDict` was sized by its number of splits."""
+    from datasets import DatasetDict
+
+    from trl_trapo import PPOConfig, PPOTrainer
+
+    prompts = Dataset.from_list([{"input_ids": [5, 6]}] * 4)
+    dataset = prompts.to_iterable_dataset() if kind == "streaming" else DatasetDict({"train": prompts})
+    message = r"`train_dataset` is an IterableDataset" if kind == "streaming" else r"`train_dataset` is a DatasetDict"
+    with pytest.raises(ValueError, match=message):
+        PPOTrainer(
+            args=PPOConfig(output_dir=str(tmp_path), report_to="none"),
+            processing_class=None,
+            model=None,
+            ref_model=None,
+            reward_model=None,
+            train_dataset=dataset,
+        )
