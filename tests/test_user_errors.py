@@ -188,7 +188,7 @@ def test_unknown_tokens_are_counted_and_warned_with_examples(tmp_path, tok, capl
         build(tmp_path, tok, train_dataset=rows)
     text = caplog.text
     assert "`train_dataset` column 'prompt': 2 rows hold 3 characters the tokenizer cannot represent" in text
-    assert "row 1: 'ab🙂='" in text and "row 2" in text
+    assert "row 1: '🙂' in 'ab🙂='" in text and "row 2: '🙂' in 'c🙂🙂='" in text  # the characters, where
 
 
 NOT_NUMBERS = [("1", "str"), ([1.0], "list"), (b"1", "bytes"), ({"score": 1}, "dict"), (1 + 2j, "complex")]

@@ -168,6 +168,18 @@ def unknown_row_error(role: str, column: str, row: int | str, text: str, tokeniz
     )
 
 
+def unknown_characters(text: str, tokenizer) -> str:
+    """The characters of `text` that became unknown tokens (e.g. `'’', '×'`), read from a fast tokenizer's offsets;
+    the start of the text when the tokenizer has no offsets."""
+    unk = tokenizer.unk_token_id
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer: no offsets
+        return repr(text[:40])
+    found = [text[a:b] for t, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if t == unk]
+    return ", ".join(repr(c) for c in dict.fromkeys(found)) + f" in {text[:40]!r}"
+
+
 def check_unknown_tokens(texts: Sequence[str], tokenizer, role: str, column: str, scope: str = "") -> int:
     """Count the tokens of `texts` the tokenizer cannot represent (its `unk_token_id`); warn with a few examples, and
     refuse a row that is nothing but unknown tokens (whitespace aside). A tokenizer without an unknown token
@@ -196,7 +208,7 @@ def check_unknown_tokens(texts: Sequence[str], tokenizer, role: str, column: str
         if only_unknown_tokens(str(texts[i]), tokenizer):
             raise unknown_row_error(role, column, i, str(texts[i]), tokenizer)
     total = sum(n for _, n in rows)
-    examples = "; ".join(f"row {i}: {str(texts[i])[:40]!r}" for i, _ in rows[:3])
+    examples = "; ".join(f"row {i}: {unknown_characters(str(texts[i]), tokenizer)}" for i, _ in rows[:3])
     logger.warning(
         "`%s` column %r: %d rows%s hold %d characters the tokenizer cannot represent; they become %r (e.g. %s). "
         "Rewrite them, or use a tokenizer that covers these characters.",
