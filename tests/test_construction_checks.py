@@ -6,7 +6,7 @@ works or is refused by name, never silently ignored."""
 from __future__ import annotations
 
 import pytest
-from datasets import Dataset
+from datasets import Dataset, IterableDatasetDict
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
@@ -158,3 +158,129 @@ def test_evaluation_shows_progress_and_logs_what_it_generated(
     bar = "Evaluating eval" in capsys.readouterr().err
     assert bar == (not disable_tqdm)
     assert any(f"{len(suite.eval)} prompts" in r.getMessage() and "tokens" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Every dataset role x {Dataset, IterableDataset, DatasetDict, dict}: works, or is refused at construction by name
+# ---------------------------------------------------------------------------------------------------------------------
+def streaming(dataset):
+    return dataset.to_iterable_dataset()
+
+
+def splits(dataset):
+    from datasets import DatasetDict
+
+    return DatasetDict({"train": dataset})
+
+
+@pytest.mark.parametrize(
+    ("role", "wrap", "message"),
+    [
+        ("eval_dataset", "streaming_text", r"`eval_dataset` is an IterableDataset \(streaming\).*Dataset\.from_list"),
+        ("eval_dataset", "streaming_dict", r"`eval_dataset\['held'\]` is an IterableDataset"),
+        ("eval_dataset", "list", r"`eval_dataset` is a list, not a `datasets.Dataset`"),
+        ("train_dataset", "splits", r"`train_dataset` is a DatasetDict with splits \['train'\]: pass one split"),
+        ("sft_dataset", "splits", r"`sft_dataset` is a DatasetDict with splits \['train'\]: pass one split"),
+        ("pretrain_dataset", "splits", r"`pretrain_dataset` is a DatasetDict with splits \['train'\]"),
+        ("pretrain_dataset", "streaming_splits", r"`pretrain_dataset` is a IterableDatasetDict with splits"),
+        ("sft_dataset", "list", r"`sft_dataset` is a list, not a `datasets.Dataset`"),
+    ],
+)
+def test_dataset_objects_that_cannot_work_are_refused_at_construction(
+    tmp_path, tokenizer, suite, tiny_config, role, wrap, message
+):
+    data = {"train_dataset": suite.rl_train, "sft_dataset": suite.sft, "pretrain_dataset": suite.pretrain}
+    source = suite.pretrain if role == "eval_dataset" else data[role]
+    data[role] = {
+        "streaming_text": lambda: streaming(suite.pretrain),
+        "streaming_dict": lambda: {"prompts": suite.eval, "held": streaming(suite.pretrain)},
+        "list": lambda: source.to_list(),
+        "splits": lambda: splits(source),
+        "streaming_splits": lambda: IterableDatasetDict({"train": streaming(source)}),
+    }[wrap]()
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path),
+            processing_class=tokenizer,
+            **data,
+        )
+
+
+def test_evaluate_refuses_a_streaming_dataset_given_to_it_by_name(tmp_path, tokenizer, suite, tiny_config):
+    trainer = build(tmp_path, tokenizer, suite, tiny_config)
+    with pytest.raises(ValueError, match=r"`eval_dataset` is an IterableDataset"):
+        trainer.evaluate(streaming(suite.pretrain))
+
+
+def test_a_streaming_pretraining_set_and_a_dataset_dict_of_eval_sets_work(tmp_path, tokenizer, suite, tiny_config):
+    from datasets import DatasetDict
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=streaming(suite.pretrain),
+        eval_dataset=DatasetDict({"prompts": suite.eval.select(range(4)), "text": suite.pretrain.select(range(4))}),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    assert "eval_prompts_reward" in metrics and "eval_text_pretrain_loss" in metrics
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Accepted means honoured: the run is as long as the plan
+# ---------------------------------------------------------------------------------------------------------------------
+def sft_rows(n):
+    return Dataset.from_list([{"prompt": f"q{i}=", "completion": f"a{i}"} for i in range(n)])
+
+
+@pytest.mark.parametrize(("epochs", "rows", "batch"), [(3, 11, 2), (2, 5, 4), (1.5, 7, 2)])
+def test_the_trainer_runs_exactly_the_planned_steps_with_epochs(tmp_path, tokenizer, epochs, rows, batch):
+    import math
+
+    config = TRAPOConfig(
+        output_dir=str(tmp_path),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=batch,
+        report_to="none",
+        save_strategy="no",
+        activation_checkpointing=False,
+        sft_max_length=16,
+        logging_steps=1,
+    )
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0), args=config, sft_dataset=sft_rows(rows), processing_class=tokenizer
+    )
+    planned = math.ceil(rows * epochs / batch)  # every SFT row `epochs` times, `batch` rows per step
+    trainer.train()
+    assert trainer.state.global_step == planned
+    assert config.max_steps == -1  # the user's config is untouched; the trainer's copy holds the plan
+
+
+def test_save_steps_as_a_fraction_of_an_epoch_run_fall_on_the_plan(tmp_path, tokenizer):
+    config = TRAPOConfig(
+        output_dir=str(tmp_path),
+        num_train_epochs=3,
+        per_device_train_batch_size=2,
+        report_to="none",
+        save_strategy="steps",
+        save_steps=0.5,
+        activation_checkpointing=False,
+        sft_max_length=16,
+    )
+    TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0), args=config, sft_dataset=sft_rows(11), processing_class=tokenizer
+    ).train()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-17", "checkpoint-9"]
+
+
+def test_total_episodes_without_rl_prompts_is_refused_not_ignored(tmp_path, tokenizer):
+    config = TRAPOConfig(output_dir=str(tmp_path), total_episodes=1000, report_to="none", sft_max_length=16)
+    with pytest.raises(ValueError, match=r"total_episodes=1000 counts RL prompts.*no RL prompts.*set max_steps"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0), args=config, sft_dataset=sft_rows(4), processing_class=tokenizer
+        )

@@ -367,3 +367,37 @@ def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_tu
     plain = tokenize_sft_dataset(Dataset.from_list([row]), tokenizer, max_length=64)[0]  # template without EOS
     learned = [t for t, m in zip(plain["input_ids"], plain["completion_mask"]) if m]
     assert tokenizer.convert_ids_to_tokens(learned) == ["o", "k", "\n", "</s>"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Streamed pretraining rows are checked as they are read (they cannot be scanned before training)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_missing_pretraining_text_is_refused_as_it_is_read(tokenizer, streaming):
+    dataset = Dataset.from_dict({"text": ["abc", "def", None, "ghi"]})
+    stream = PretrainStream(dataset.to_iterable_dataset() if streaming else dataset, tokenizer, max_length=4)
+    row = r"2 of this process's stream" if streaming else r"2"
+    with pytest.raises(
+        ValueError, match=rf"`pretrain_dataset` column 'text' has a missing value \(None\) at row {row}"
+    ):
+        stream.take(8)
+
+
+def test_a_streamed_document_of_nothing_but_unknown_tokens_is_refused(tokenizer, caplog):
+    dataset = Dataset.from_dict({"text": ["abc", "d🙂f", "🙂 🙂"]}).to_iterable_dataset()
+    stream = PretrainStream(dataset, tokenizer, max_length=4)
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        with pytest.raises(
+            ValueError, match=r"`pretrain_dataset` column 'text' row 2 of this process's stream is nothing"
+        ):
+            stream.take(8)
+    assert "`pretrain_dataset` row 1 of this process's stream holds 1 characters" in caplog.text
+
+
+def test_flat_string_columns_are_checked_without_reading_them_and_selections_keep_their_rows():
+    from trl_trapo.data import check_missing_values
+
+    dataset = Dataset.from_dict({"prompt": ["a", None, "b", None]})
+    check_missing_values(dataset.select([0, 2]), "train_dataset", ["prompt"])  # the selection has no missing value
+    with pytest.raises(ValueError, match=r"at row 1 \(and 1 more rows\)"):
+        check_missing_values(dataset.select([0, 1, 2, 3]), "train_dataset", ["prompt"])

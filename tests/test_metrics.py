@@ -239,3 +239,48 @@ def test_zero_variance_groups_are_counted_per_round_and_per_task():
         completions, logps, None, scores, torch.zeros(12, 0), torch.zeros(12, dtype=torch.bool), 1, tasks
     )
     assert not any(key.startswith("rl/") for key in metrics.collect(SumAccelerator(), 0.0))
+
+
+def test_what_a_reward_function_logs_during_evaluation_never_reaches_a_training_log(tmp_path, tokenizer, suite):
+    """A metric that is 1.0 on eval prompts and 0.0 on training prompts: the training logs show 0.0 only, the
+    evaluation reports 1.0 as `eval_<name>`, and the sample table (`generate_completions`) logs nowhere."""
+    from trl_trapo import TRAPOConfig
+
+    eval_prompts = set(suite.eval["prompt"])
+
+    def reward(prompts, completions, log_metric, log_extra, **kwargs):
+        log_metric("on_eval_prompts", float(all(p in eval_prompts for p in prompts)))
+        log_extra("seen", list(prompts))
+        return exact_match_reward(prompts=prompts, completions=completions, **kwargs)
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            max_steps=3,
+            per_device_train_batch_size=8,
+            logging_steps=1,
+            eval_strategy="steps",
+            eval_steps=1,
+            report_to="none",
+            save_strategy="no",
+            activation_checkpointing=False,
+            max_prompt_length=16,
+            response_length=4,
+            num_generations=4,
+        ),
+        train_dataset=suite.rl_train,
+        eval_dataset=suite.eval,
+        processing_class=tokenizer,
+    )
+    trainer.generate_completions()
+    trainer.train()
+    training = [log for log in trainer.state.log_history if "loss" in log]
+    evaluations = [log for log in trainer.state.log_history if "eval_reward" in log]
+    assert len(training) == 3 and len(evaluations) == 3
+    logged = [log["on_eval_prompts"] for log in training if "on_eval_prompts" in log]  # steps that generated
+    assert logged and all(value == 0.0 for value in logged)
+    assert all(log["eval_on_eval_prompts"] == 1.0 for log in evaluations)
+    # the last evaluation ran after the last training log: nothing of it waits in the training accumulator
+    assert not trainer.metrics.reward_metrics and not trainer.metrics.extra_columns

@@ -132,3 +132,45 @@ def test_a_reward_tokenizer_without_a_pad_token_defaults_to_eos(tmp_path, tokeni
     assert reward_tokenizer.pad_token == reward_tokenizer.eos_token
     trainer._generate_round(8, step=0)
     assert len(trainer.replay) == 8
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What counts as a reward (TRL 1.16's GRPOTrainer builds `torch.tensor(rewards, dtype=torch.float32)`)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_rewards_are_numbers_as_trl_accepts_them_and_none_stays_cannot_score():
+    import math
+
+    import numpy as np
+
+    from trl_trapo.rewards import call_reward_function
+
+    def reward(**kwargs):
+        return [True, False, 2, np.float32(0.5), np.bool_(True), torch.tensor(0.25), None]
+
+    values = call_reward_function(reward, "reward", 7, {})
+    assert values[:6] == [1.0, 0.0, 2.0, 0.5, 1.0, 0.25] and math.isnan(values[6])
+
+
+@pytest.mark.parametrize("output", [["1"], [[1.0]], "1", {"a": 1.0}, [torch.tensor([1.0, 2.0])]])
+def test_a_reward_function_returning_no_number_is_named_with_the_value_and_row(output):
+    from trl_trapo.rewards import call_reward_function
+
+    with pytest.raises(ValueError, match=r"Reward function 'f' (returned .* for completion 0|must return a list)"):
+        call_reward_function(lambda **kwargs: output, "f", 1, {"prompts": ["ab="]})
+
+
+def test_a_non_numeric_reward_at_train_time_is_refused_by_name(tmp_path, tokenizer, suite, tiny_config):
+    """Right at preflight (empty completions), a string once the policy writes something: refused when scored."""
+
+    def parsed_reward(completions, **kwargs):
+        return [0.0 if not c else str(len(c)) for c in completions]  # forgot float()
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=parsed_reward,
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match=r"Reward function 'parsed_reward' returned '\d+' \(str\) for completion \d+"):
+        trainer.train()

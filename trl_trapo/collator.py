@@ -136,9 +136,9 @@ def plan_steps(
 
     `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the RL prompts
     (each of `total_episodes` — or `num_train_epochs` x prompts x completions per prompt — completions used
-    `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. With `total_episodes` the
-    trainer's copy of the config gets `max_steps = N` (it fixes the length of the run whatever `num_train_epochs`
-    says).
+    `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. Without `max_steps` the
+    trainer's copy of the config gets `max_steps = N`, so the Trainer runs exactly the plan (its own count, whole
+    epochs of tickets, could round up by a step or more).
 
     Args:
         args ([`TRAPOConfig`]): the configuration.

@@ -9,6 +9,14 @@ Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/tr
 | SFT | `prompt` + `completion`, or `messages` | standard or conversational; loss on completion tokens + EOS only |
 | RL | `prompt`, or `input_ids` (PPO's tokenized prompts) | standard or conversational; other columns go to rewards |
 
+Every column TRAPO reads (`read_columns`: `text`; `prompt` / `completion` / `messages` and their message contents;
+`prompt` or `input_ids`; `task`; an eval set's `split`) is checked before training: a missing value (None, or NaN as
+pandas writes one) is refused naming the dataset, column and row (streamed pretraining rows as they are read); a
+demonstration column may leave rows without one (None / NaN / blank: no demonstration). Reward columns are the user's
+and reach reward functions as they are, None included (a function returns None for "cannot score"). Characters the
+tokenizer cannot represent (its `unk_token_id`; byte-level tokenizers have none) are counted and warned about with
+examples, and a row that is nothing but unknown tokens is refused.
+
 Rows handed to the collator are dicts with `input_ids` (shape `(L,)`) and a target-aligned `mask` (shape `(L - 1,)`,
 1 where predicting token t + 1 counts); masks always come from lengths, never from comparing ids with the pad id, so
 a tokenizer whose pad token is its EOS token is handled correctly.
@@ -17,12 +25,13 @@ a tokenizer whose pad token is its EOS token is handled correctly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from datasets import Dataset, IterableDataset
+from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from trl.data_utils import apply_chat_template, is_conversational
 
 from .collator import Row
@@ -44,6 +53,211 @@ def dataset_columns(dataset: Dataset | IterableDataset) -> list[str]:
 def _check_not_empty(dataset: Dataset | IterableDataset, name: str) -> None:
     if isinstance(dataset, Dataset) and len(dataset) == 0:
         raise ValueError(f"`{name}` is empty (0 rows). Pass a dataset with at least one row, or None to drop it.")
+
+
+def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) -> None:
+    """Raise a ValueError unless `dataset` is one `datasets.Dataset` (or, with `streaming_ok`, an `IterableDataset`).
+
+    A `DatasetDict` (what `load_dataset` returns without `split=`) or a dict of datasets is one split too many; an
+    `IterableDataset` where rows are drawn by index (RL prompts, SFT rows, evaluation) cannot work.
+
+    Args:
+        dataset: the object given.
+        role (`str`): the argument's name, for the message (e.g. "sft_dataset", "eval_dataset['gsm8k']").
+        streaming_ok (`bool`): whether an `IterableDataset` is accepted (pretraining text).
+    """
+    if isinstance(dataset, (DatasetDict, IterableDatasetDict, dict)):
+        raise ValueError(
+            f"`{role}` is a {type(dataset).__name__} with splits {list(dataset)}: pass one split, e.g. "
+            f"`{role.split('[')[0]}=dataset[{next(iter(dataset), 'train')!r}]` "
+            "(or `load_dataset(..., split='train')`)."
+        )
+    if isinstance(dataset, IterableDataset) and not streaming_ok:
+        raise ValueError(
+            f"`{role}` is an IterableDataset (streaming), but its rows are read by index (and every row is checked "
+            "before training): pass a map-style `Dataset`, e.g. `Dataset.from_list(list(iterable.take(n)))`. "
+            "Streaming is supported for `pretrain_dataset`."
+        )
+    if not isinstance(dataset, (Dataset, IterableDataset)):
+        raise ValueError(
+            f"`{role}` is a {type(dataset).__name__}, not a `datasets.Dataset`: build one, e.g. "
+            "`Dataset.from_list(rows)` or `load_dataset('json', data_files=..., split='train')`."
+        )
+
+
+def missing_part(value: Any) -> str | None:
+    """What is missing in one cell, or None: the cell itself (None, or a float NaN as pandas writes a missing value),
+    an element of a token-id list, or the `role` / `content` of a message of a conversational cell.
+
+    Args:
+        value: a cell of a dataset column (a string, a list of token ids, or a list of message dicts).
+
+    Returns:
+        `str` or None: e.g. "None", "NaN", "None content in message 1".
+    """
+    if value is None:
+        return "None"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, (list, tuple)):
+        for j, item in enumerate(value):
+            if isinstance(item, dict):
+                for key in ("role", "content"):
+                    what = missing_part(item.get(key))
+                    if what is not None:
+                        return f"{what} {key} in message {j}"
+            elif (what := missing_part(item)) is not None:
+                return f"{what} at position {j}"
+    return None
+
+
+def missing_value_error(role: str, column: str, row: int | str, what: str, count: int = 1) -> ValueError:
+    """The error for a missing value: the dataset, column, row, what is missing and the fix."""
+    more = f" (and {count - 1} more rows)" if count > 1 else ""
+    return ValueError(
+        f"`{role}` column {column!r} has a missing value ({what}) at row {row}{more}. TRAPO never trains on a "
+        f"missing value nor guesses one: fill it, or drop such rows, e.g. "
+        f"`dataset.filter(lambda row: row[{column!r}] is not None)`."
+    )
+
+
+def check_missing_values(dataset: Dataset, role: str, columns: Sequence[str]) -> None:
+    """Raise a ValueError naming the dataset, column and first row with a missing value (see `missing_part`) in any of
+    `columns` (those of them the dataset has). Flat string columns are checked with Arrow's null count; other columns
+    row by row.
+
+    Args:
+        dataset (`Dataset`): a map-style dataset.
+        role (`str`): its argument's name, for the message.
+        columns (`Sequence[str]`): the columns TRAPO reads from it.
+    """
+    present = set(dataset_columns(dataset))
+    for column in columns:
+        if column not in present:
+            continue
+        array = dataset.with_format("arrow")[column]
+        if array.null_count == 0 and str(array.type) in ("string", "large_string"):
+            continue  # nothing missing (the common case, without reading the column into Python)
+        bad = [(i, what) for i, value in enumerate(dataset[column]) if (what := missing_part(value)) is not None]
+        if bad:
+            raise missing_value_error(role, column, bad[0][0], bad[0][1], len(bad))
+
+
+def row_text(value: Any) -> str:
+    """The text a user wrote in one cell: a string, or the contents of a message list joined (no template)."""
+    if isinstance(value, (list, tuple)):
+        return "".join(str(m.get("content") or "") for m in value if isinstance(m, dict))
+    return "" if value is None else str(value)
+
+
+def only_unknown_tokens(text: str, tokenizer) -> bool:
+    """Whether every token of `text` but whitespace is the tokenizer's unknown token (False without one)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    bare = "".join(text.split())
+    if unk is None or not bare:
+        return False
+    return all(t == unk for t in tokenizer(bare, add_special_tokens=False)["input_ids"])
+
+
+def unknown_row_error(role: str, column: str, row: int | str, text: str, tokenizer) -> ValueError:
+    """The error for a row that is nothing but unknown tokens: the dataset, column, row, text and fix."""
+    return ValueError(
+        f"`{role}` column {column!r} row {row} is nothing but characters the tokenizer cannot represent "
+        f"({text[:60]!r} is all {tokenizer.unk_token!r}): the model would see only unknown tokens. Remove or rewrite "
+        "that row, or use a tokenizer that covers these characters (a byte-level one represents every text)."
+    )
+
+
+def unknown_characters(text: str, tokenizer) -> str:
+    """The characters of `text` that became unknown tokens (e.g. `'’', '×'`), read from a fast tokenizer's offsets;
+    the start of the text when the tokenizer has no offsets."""
+    unk = tokenizer.unk_token_id
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):  # a slow tokenizer: no offsets
+        return repr(text[:40])
+    found = [text[a:b] for t, (a, b) in zip(encoded["input_ids"], encoded["offset_mapping"]) if t == unk]
+    return ", ".join(repr(c) for c in dict.fromkeys(found)) + f" in {text[:40]!r}"
+
+
+def check_unknown_tokens(texts: Sequence[str], tokenizer, role: str, column: str, scope: str = "") -> int:
+    """Count the tokens of `texts` the tokenizer cannot represent (its `unk_token_id`); warn with a few examples, and
+    refuse a row that is nothing but unknown tokens (whitespace aside). A tokenizer without an unknown token
+    (byte-level BPE) represents every text: nothing is checked.
+
+    Args:
+        texts (`Sequence[str]`): one text per row, in row order.
+        tokenizer: the policy's tokenizer.
+        role (`str`), column (`str`): the dataset's argument name and the column, for the messages.
+        scope (`str`): what part of the dataset `texts` covers, for the warning (e.g. "of the first 10000 rows").
+
+    Returns:
+        `int`: the number of unknown tokens.
+
+    Raises:
+        ValueError: naming the dataset, column, row and fix, for a row whose every non-whitespace token is unknown.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None or not texts:
+        return 0
+    ids = tokenizer([str(t) for t in texts], add_special_tokens=False)["input_ids"]
+    rows = [(i, seq.count(unk)) for i, seq in enumerate(ids) if unk in seq]
+    if not rows:
+        return 0
+    for i, _ in rows:
+        if only_unknown_tokens(str(texts[i]), tokenizer):
+            raise unknown_row_error(role, column, i, str(texts[i]), tokenizer)
+    total = sum(n for _, n in rows)
+    examples = "; ".join(f"row {i}: {unknown_characters(str(texts[i]), tokenizer)}" for i, _ in rows[:3])
+    logger.warning(
+        "`%s` column %r: %d rows%s hold %d characters the tokenizer cannot represent; they become %r (e.g. %s). "
+        "Rewrite them, or use a tokenizer that covers these characters.",
+        role,
+        column,
+        len(rows),
+        f" {scope}" if scope else "",
+        total,
+        tokenizer.unk_token,
+        examples,
+    )
+    return total
+
+
+PRETRAIN_SCAN_ROWS = 10_000  # map-style pretraining documents scanned for unknown tokens at construction
+
+
+def read_columns(columns: Sequence[str], kind: str | None = None) -> list[str]:
+    """The columns TRAPO reads from a dataset with `columns`, by its kind — "pretrain": `text`; "sft": `prompt` +
+    `completion`, or `messages`; "prompts" (RL): `prompt`, or `input_ids` (+ `attention_mask`), with `task` (task
+    families) and `split` (evaluation per split) — or, with `kind=None`, by the format evaluation reads (`text`, then
+    SFT, then prompts). Other columns are the user's, passed to reward functions as they are (a reward function may
+    return None for a row it cannot score)."""
+    columns = set(columns)
+    evaluated = kind is None
+    if evaluated:
+        kind = "pretrain" if "text" in columns else "sft" if columns & {"completion", "messages"} else "prompts"
+    if kind == "pretrain":
+        return ["text"]
+    if kind == "sft":
+        return ["prompt", "completion"] if "completion" in columns else ["messages"]
+    read = ["prompt"] if "prompt" in columns else ["input_ids", "attention_mask"]
+    return read + (["task", "split"] if evaluated else ["task"])
+
+
+def check_rows(dataset: Dataset, role: str, tokenizer, kind: str | None = None, limit: int | None = None) -> None:
+    """Refuse missing values in the columns TRAPO reads (`read_columns(columns, kind)`), and count the characters of
+    their text the tokenizer cannot represent (`check_unknown_tokens`, over the first `limit` rows when given).
+
+    Raises:
+        ValueError: naming the dataset, column, row and fix.
+    """
+    columns = read_columns(dataset_columns(dataset), kind)
+    check_missing_values(dataset, role, columns)
+    scanned = dataset if limit is None or len(dataset) <= limit else dataset.select(range(limit))
+    scope = "" if scanned is dataset else f"of the first {limit}"
+    for column in columns:
+        if column in dataset_columns(dataset) and column not in ("input_ids", "attention_mask", "task", "split"):
+            check_unknown_tokens([row_text(v) for v in scanned[column]], tokenizer, role, column, scope)
 
 
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
@@ -255,7 +469,9 @@ def tokenize_demonstrations(
     an assistant message list), cut after its first stop token; for a standard prompt, the tokenised text with the
     first stop token appended unless it already holds one. So a demonstration ends exactly as a completion that
     stopped does. Demonstrations longer than `response_length` tokens are dropped (the policy could not produce them;
-    counted in a warning), as are empty values.
+    counted in a warning), as are empty values: a row whose demonstration is missing (None, or NaN as pandas writes
+    it) or blank has none (a demonstration column may cover only some prompts). Characters the tokenizer cannot
+    represent are counted as in `check_unknown_tokens`.
 
     Args:
         dataset (`Dataset`): the tokenised RL prompts (`prompt`, `prompt_ids`, and `column`).
@@ -269,7 +485,8 @@ def tokenize_demonstrations(
         `Dataset`: `dataset` plus `demonstration_ids` (list of token ids per row, empty when there is none).
 
     Raises:
-        ValueError: if `column` is not a column of `dataset`, or no row keeps a demonstration.
+        ValueError: if `column` is not a column of `dataset`, no row keeps a demonstration, or one is nothing but
+            unknown tokens.
     """
     template_kwargs = template_kwargs or {}
     columns = dataset_columns(dataset)
@@ -280,11 +497,17 @@ def tokenize_demonstrations(
         )
     stops = list(stop_token_ids) or [tokenizer.eos_token_id]
 
-    def tokenize(example: dict) -> dict:
-        value = example[column]
+    def text_of(value: Any) -> str:
         if isinstance(value, list):  # an assistant message list
-            value = "".join(str(m.get("content", "")) for m in value if m.get("role", "assistant") == "assistant")
-        if value is None or not str(value).strip():
+            value = [m for m in value if isinstance(m, dict) and m.get("role", "assistant") == "assistant"]
+            return row_text(value)
+        return "" if missing_part(value) is not None else str(value)  # None / NaN: no demonstration for this row
+
+    check_unknown_tokens([text_of(v) for v in dataset[column]], tokenizer, "train_dataset", column)
+
+    def tokenize(example: dict) -> dict:
+        value = text_of(example[column])
+        if not value.strip():
             return {"demonstration_ids": [], "demonstration_too_long": False}
         prompt = example.get("prompt")
         if prompt is not None and is_conversational({"prompt": prompt}):
@@ -385,7 +608,9 @@ class PretrainStream:
 
     Map-style datasets are read in a seeded per-rank permutation (see [`ShardedSampler`]); streaming datasets are split
     by rank with `datasets.distributed.split_dataset_by_node` and restarted (`set_epoch`) when exhausted. The stream
-    position (epoch, documents consumed, leftover tokens) is checkpointable.
+    position (epoch, documents consumed, leftover tokens) is checkpointable. Every document is checked as it is read
+    (a streamed one cannot be checked before training): a missing `text` (None / NaN) and a document that is nothing
+    but unknown tokens are refused with the row and the fix, as at construction; unknown tokens are warned once.
 
     Args:
         dataset (`Dataset` or `IterableDataset`): with a `text` column.
@@ -413,6 +638,7 @@ class PretrainStream:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.buffer: list[int] = []
         self.pending: list[list[int]] = []  # chunks ready to serve (chunked mode)
+        self._warned_unknown = False
         if self.streaming:
             from datasets.distributed import split_dataset_by_node
 
@@ -425,17 +651,21 @@ class PretrainStream:
         else:
             self.sampler = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
 
-    def _next_documents(self, n: int) -> list[str]:
+    def _next_documents(self, n: int) -> list[tuple[int | str, str]]:
+        """The next `n` documents of this rank, each with its row (index, or position in this rank's stream)."""
         if not self.streaming:
-            return self.dataset[list(self.sampler.take(n))]["text"]
-        docs: list[str] = []
+            indices = list(self.sampler.take(n))
+            return [self._checked(i, text) for i, text in zip(indices, self.dataset[indices]["text"])]
+        docs: list[tuple[int | str, str]] = []
         empty_epochs = 0
         while len(docs) < n:
             if self._iterator is None:
                 self._shard.set_epoch(self.epoch)
                 self._iterator = iter(self._shard.skip(self.consumed) if self.consumed else self._shard)
             try:
-                docs.append(next(self._iterator)["text"])
+                text = next(self._iterator)["text"]
+                row = f"{self.consumed} of this process's stream" + (f" (pass {self.epoch})" if self.epoch else "")
+                docs.append(self._checked(row, text))
                 self.consumed += 1
                 empty_epochs = 0
             except StopIteration:
@@ -448,14 +678,43 @@ class PretrainStream:
                 self._iterator = None
         return docs
 
+    def _checked(self, row: int | str, text: Any) -> tuple[int | str, str]:
+        """`(row, text)`, unless the text is missing (streamed rows cannot be checked before training).
+
+        Raises:
+            ValueError: naming the row and the fix (see `missing_value_error`).
+        """
+        what = missing_part(text)
+        if what is not None:
+            raise missing_value_error("pretrain_dataset", "text", row, what)
+        return row, text
+
     def _fill(self) -> int:
-        """Read up to 64 documents into the buffer; return the number of tokens added."""
+        """Read up to 64 documents into the buffer; return the number of tokens added.
+
+        Raises:
+            ValueError: for a document that is nothing but unknown tokens (warned once for unknown tokens).
+        """
         eos = self.tokenizer.eos_token_id
-        docs = [d for d in self._next_documents(64) if d]
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        docs = [(row, text) for row, text in self._next_documents(64) if text]
         if not docs:
             return 0
         added = 0
-        for ids in self.tokenizer(docs, add_special_tokens=False)["input_ids"]:
+        for (row, text), ids in zip(docs, self.tokenizer([d for _, d in docs], add_special_tokens=False)["input_ids"]):
+            if unk is not None and unk in ids:
+                if only_unknown_tokens(text, self.tokenizer):
+                    raise unknown_row_error("pretrain_dataset", "text", row, text, self.tokenizer)
+                if not self._warned_unknown:
+                    self._warned_unknown = True
+                    logger.warning(
+                        "`pretrain_dataset` row %s holds %d characters the tokenizer cannot represent; they become "
+                        "%r (e.g. %r). Warned once per run.",
+                        row,
+                        ids.count(unk),
+                        self.tokenizer.unk_token,
+                        text[:40],
+                    )
             ids = ids + [eos]
             added += len(ids)
             if self.packing:
@@ -526,17 +785,32 @@ class PreparedData:
         return (self.pretrain is not None, self.sft is not None, self.rl is not None)
 
 
-def check_eval_dataset(eval_dataset) -> None:
-    """Raise `ValueError` before training if an eval dataset has no column TRAPO can evaluate (`prompt` /
-    `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss)."""
-    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-    for name, dataset in datasets:
-        columns = set(dataset_columns(dataset)) if dataset is not None else None
-        if columns is not None and not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
+def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
+    """`(label, dataset)` pairs of an `eval_dataset` argument: `("eval_dataset", d)` for one dataset,
+    `("eval_dataset['name']", d)` for each entry of a dict (None entries skipped)."""
+    if isinstance(eval_dataset, dict):
+        return [(f"eval_dataset[{name!r}]", d) for name, d in eval_dataset.items() if d is not None]
+    return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
+
+
+def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
+    """Raise `ValueError` before training if an eval dataset is not a map-style `Dataset` (evaluation reads every row
+    by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
+    `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or has a missing
+    value in a column evaluation reads; with `tokenizer`, also count characters it cannot represent
+    (`check_rows`)."""
+    if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
+        check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
+    for label, dataset in eval_datasets(eval_dataset):
+        check_dataset_object(dataset, label)
+        columns = set(dataset_columns(dataset))
+        if not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
             raise ValueError(
-                f"`{name}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
+                f"`{label}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
                 "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
             )
+        if tokenizer is not None:
+            check_rows(dataset, label, tokenizer)
 
 
 def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None) -> None:
@@ -547,14 +821,10 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None)
     Raises:
         ValueError: naming the dataset, the longest prompt and the fix.
     """
-    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [("eval_dataset", eval_dataset)]
-    for name, dataset in datasets:
-        if dataset is None or isinstance(dataset, IterableDataset):
-            continue
+    for label, dataset in eval_datasets(eval_dataset):
         columns = set(dataset_columns(dataset))
         if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
             continue  # evaluated by loss, not by generation
-        label = name if name == "eval_dataset" else f"eval_dataset['{name}']"
         tokenized = tokenize_prompt_dataset(
             dataset, tokenizer, args.max_prompt_length, args.chat_template_kwargs or {}, name=label
         )
@@ -607,7 +877,9 @@ def prepare_datasets(
                 "checked for length before training: pass a map-style `Dataset` (e.g. "
                 "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
             )
+        check_dataset_object(train_dataset, "train_dataset")
         check_prompt_dataset(train_dataset)
+        check_rows(train_dataset, "train_dataset", tokenizer, "prompts")
         if not has_rewards:
             raise ValueError(
                 "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
@@ -642,7 +914,9 @@ def prepare_datasets(
                 "(uniformly or by priority): pass a map-style `Dataset` (e.g. "
                 "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
             )
+        check_dataset_object(sft_dataset, "sft_dataset")
         check_sft_dataset(sft_dataset)
+        check_rows(sft_dataset, "sft_dataset", tokenizer, "sft")
         sft = tokenize_sft_dataset(sft_dataset, tokenizer, args.sft_max_length, template_kwargs)
         longest = max((len(ids) for ids in sft["input_ids"]), default=0)
         if max_positions is not None and longest > max_positions:
@@ -660,10 +934,13 @@ def prepare_datasets(
             f"{config_name}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
             f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
         )
-    check_eval_dataset(eval_dataset)
+    check_eval_dataset(eval_dataset, tokenizer)
     check_eval_prompts(args, tokenizer, eval_dataset, max_positions)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
+        check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
         check_pretrain_dataset(pretrain_dataset)
+        if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
+            check_rows(pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS)
         pretrain = pretrain_dataset
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain)
     if not any(data.active):

@@ -26,9 +26,9 @@ from trl.trainer.utils import print_prompt_completions_sample, selective_log_sof
 
 from .collator import Row, collate_rows
 from .config import PRETRAIN
-from .data import dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
-from .distributed import generation_synced_gpus
-from .rewards import RewardScorer
+from .data import check_dataset_object, dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
+from .distributed import generation_synced_gpus, reduce_named_means
+from .rewards import RewardScorer, discard_extra, discard_metric
 from .rollout import generate
 
 
@@ -210,7 +210,8 @@ class Evaluator:
                 batch_size=args.per_device_eval_batch_size,
                 record_logps=False,
             )
-        scores, _ = self.scorer.score(examples, prompt_ids, generated["completion_ids"])
+        # what reward functions log here describes no training rollout: dropped, never in a training log
+        scores, _ = self.scorer.score(examples, prompt_ids, generated["completion_ids"], discard_metric, discard_extra)
         completions = self.tokenizer.batch_decode(generated["completion_ids"], skip_special_tokens=True)
         table = [
             {"prompt": e["prompt"], "completion": c, "score": float(s)}
@@ -244,15 +245,19 @@ class Evaluator:
         """Metrics of one held-out dataset, by its format (see the module docstring).
 
         - prompt-only: `<prefix>_reward` (weighted, mean over completions with a reward), `<prefix>_rewards/<name>`,
-          `<prefix>_completion_length`; with a `split` column, also `<prefix>_reward_<split>` per split;
+          `<prefix>_completion_length`; with a `split` column, also `<prefix>_reward_<split>` per split; what reward
+          functions report with `log_metric(name, value)` while scoring these completions, as `<prefix>_<name>` (mean
+          over the calls, all ranks) — never in a training log; their `log_extra` columns are dropped;
         - `text`: `<prefix>_pretrain_loss` (nats/token, documents chunked to `pretrain_max_length`);
         - prompt-completion / `messages`: `<prefix>_sft_loss` (nats per completion token).
 
         Collective: every rank must call it (its shard may be empty).
 
         Raises:
-            ValueError: if the dataset's format is none of the above.
+            ValueError: if the dataset's format is none of the above, it is not a map-style `Dataset` (a streaming
+                one cannot be sharded by index).
         """
+        check_dataset_object(dataset, f"eval_dataset ({prefix})")
         columns = dataset_columns(dataset)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
@@ -298,6 +303,11 @@ class Evaluator:
             sums[f"r/{name}"] = sums[f"c/{name}"] = 0.0
         for split in all_splits:
             sums[f"s/{split}"] = sums[f"sc/{split}"] = 0.0
+        logged: dict[str, list[float]] = {}  # what reward functions `log_metric` while scoring these completions
+
+        def log_metric(name: str, value: float) -> None:
+            logged.setdefault(name, []).append(float(value))
+
         if len(shard):
             tokenized = tokenize_prompt_dataset(
                 shard, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs, name="eval_dataset"
@@ -323,7 +333,9 @@ class Evaluator:
                 generated["num_tokens"],
                 generated["seconds"],
             )
-            scores, per_func = self.scorer.score(examples, prompt_ids, generated["completion_ids"])
+            scores, per_func = self.scorer.score(
+                examples, prompt_ids, generated["completion_ids"], log_metric, discard_extra
+            )
             valid = ~torch.isnan(scores)
             sums["n"] = float(len(examples))
             sums["scored"] = float(valid.sum())
@@ -349,6 +361,8 @@ class Evaluator:
                 metrics[f"{prefix}_rewards/{name}"] = reduced[f"r/{name}"] / reduced[f"c/{name}"]
         for split in all_splits:
             metrics[f"{prefix}_reward_{split}"] = reduced[f"s/{split}"] / max(reduced[f"sc/{split}"], 1.0)
+        for name, value in reduce_named_means(self.accelerator, logged).items():  # collective, as `_reduce_floats`
+            metrics.setdefault(f"{prefix}_{name}", value)  # TRAPO's own metrics win a name clash
         return metrics
 
     def _gather_strings(self, values: list[str]) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .config import TRAPOConfig
+from .data import check_dataset_object
 from .trainer import TRAPOTrainer
 
 
@@ -149,6 +150,7 @@ class PPOTrainer(TRAPOTrainer):
     ):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: the prompts to roll out.")
+        check_dataset_object(train_dataset, "train_dataset")  # its length sizes the run (below): one map-style split
         if ref_model is not None and ref_model is model:
             raise ValueError(
                 "`model` and `ref_model` cannot be the same object. To use a copy of the policy as the reference, "

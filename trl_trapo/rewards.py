@@ -17,6 +17,7 @@ import asyncio
 import atexit
 import logging
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +103,27 @@ def reward_function_name(func: Callable | nn.Module) -> str:
     return get_callable_name(func)
 
 
+def reward_value(value: Any) -> float | None:
+    """A reward as a float (NaN for None: "cannot score this completion"), or None when `value` is not a reward.
+
+    Accepted as TRL's `GRPOTrainer` accepts them (it builds `torch.tensor(rewards, dtype=torch.float32)`): Python
+    `int` / `float` / `bool`, NumPy scalars and one-element tensors. Strings (even "1"), lists, dicts, complex numbers
+    and anything else are not rewards.
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            return None
+        return float(value.item())
+    if isinstance(value, (bool, numbers.Real)):
+        return float(value)
+    kind = getattr(getattr(value, "dtype", None), "kind", None)  # NumPy scalars (np.bool_ is not numbers.Real)
+    if kind is not None and kind in "biuf" and getattr(value, "ndim", 1) == 0:
+        return float(value)
+    return None
+
+
 def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
     """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
 
@@ -115,7 +137,9 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
 
     Raises:
         RuntimeError: naming the function, if it raises.
-        ValueError: naming the function, if it returns the wrong number of rewards, a non-number or an infinite one.
+        ValueError: naming the function, if it returns the wrong number of rewards, or a value that is not a number
+            (see `reward_value`: the string "1" is refused, not read as 1.0; named with its type and row) or is
+            infinite.
     """
     try:
         if is_async_callable(func):
@@ -130,12 +154,24 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             "func(prompts=..., completions=..., completion_ids=..., **dataset_columns, trainer_state=..., "
             "log_metric=..., log_extra=...) and must return one float (or None) per completion."
         ) from error
-    try:
-        values = [math.nan if r is None else float(r) for r in output]
-    except (TypeError, ValueError) as error:
+    if isinstance(output, (str, bytes, dict)) or not hasattr(output, "__iter__"):
         raise ValueError(
-            f"Reward function '{name}' must return a list of floats (or None for 'no reward'), got {output!r:.200}."
-        ) from error
+            f"Reward function '{name}' must return a list with one reward per completion (a number, or None for "
+            f"'cannot score'), got a {type(output).__name__}: {output!r:.200}."
+        )
+    output = list(output)
+    values = []
+    for row, raw in enumerate(output):
+        value = reward_value(raw)
+        if value is None:
+            prompts = kwargs.get("prompts") or []
+            prompt = f" (prompt {str(prompts[row])[:60]!r})" if row < len(prompts) else ""
+            raise ValueError(
+                f"Reward function '{name}' returned {raw!r:.80} ({type(raw).__name__}) for completion {row} of "
+                f"{expected}{prompt}: a reward must be a number (int, float or bool, as TRL's GRPOTrainer accepts) or "
+                "None for 'cannot score'. Fix the function to return numbers, e.g. `float(...)` of what it parses."
+            )
+        values.append(value)
     if any(math.isinf(v) for v in values):
         raise ValueError(f"Reward function '{name}' returned an infinite reward; return finite numbers (or None).")
     if len(values) != expected:
@@ -144,6 +180,14 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             "exactly one reward per completion."
         )
     return values
+
+
+def discard_metric(name: str, value: float) -> None:
+    """A `log_metric` that drops what it is given (reward calls whose metrics describe no training rollout)."""
+
+
+def discard_extra(column: str, values: list) -> None:
+    """A `log_extra` that drops what it is given."""
 
 
 class RewardScorer:
@@ -194,17 +238,24 @@ class RewardScorer:
             shutdown_event_loop_in_daemon(self._thread, self.loop)
             self.loop = self._thread = None
 
-    def reward_kwargs(self, examples: list[dict]) -> dict[str, Any]:
-        """Dataset columns (all but prompt / completion / ids) and trainer extras, as reward-function keywords."""
+    def reward_kwargs(
+        self,
+        examples: list[dict],
+        log_metric: Callable[[str, float], None] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
+    ) -> dict[str, Any]:
+        """Dataset columns (all but prompt / completion / ids) and trainer extras, as reward-function keywords;
+        `log_metric` / `log_extra` default to the scorer's (the training metrics)."""
         keys = [k for k in examples[0] if k not in ("prompt", "completion", "completion_ids", "prompt_ids")]
         kwargs = {k: [e[k] for e in examples] for k in keys}
         kwargs["trainer_state"] = self.trainer_state()
-        kwargs["log_metric"] = self.log_metric
-        kwargs["log_extra"] = self.log_extra
+        kwargs["log_metric"] = log_metric or self.log_metric
+        kwargs["log_extra"] = log_extra or self.log_extra
         return kwargs
 
     def preflight(self, rows: list[dict]) -> None:
-        """Call every reward function once on dataset rows with empty completions, before training.
+        """Call every reward function once on dataset rows with empty completions, before training. What they log
+        (`log_metric` / `log_extra`) is discarded: it describes no completion the policy made.
 
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function.
@@ -223,13 +274,18 @@ class RewardScorer:
                     prompts=prompts,
                     completions=completions,
                     completion_ids=[[] for _ in rows],
-                    **self.reward_kwargs(rows),
+                    **self.reward_kwargs(rows, discard_metric, discard_extra),
                 ),
                 self.loop,
             )
 
     def score(
-        self, examples: list[dict], prompt_ids: list[torch.Tensor], completion_ids: list[torch.Tensor]
+        self,
+        examples: list[dict],
+        prompt_ids: list[torch.Tensor],
+        completion_ids: list[torch.Tensor],
+        log_metric: Callable[[str, float], None] | None = None,
+        log_extra: Callable[[str, list], None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score `B` completions.
 
@@ -237,6 +293,10 @@ class RewardScorer:
             examples (`list[dict]`): one dataset row per completion (`prompt` and the reward columns).
             prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt token ids.
             completion_ids (`list[torch.Tensor]`): `(C_i,)` completion token ids.
+            log_metric, log_extra (`Callable`, *optional*): where the reward functions' `log_metric` / `log_extra`
+                go for this call (default: the scorer's, i.e. the training metrics). Evaluation passes its own, so
+                what a function logs on held-out prompts never lands in a training log; `discard_metric` /
+                `discard_extra` drop it.
 
         Returns:
             tuple `(scores, per_func)`: `(B,)` weighted scores (NaN = no reward) and `(B, F)` rewards per function.
@@ -246,7 +306,7 @@ class RewardScorer:
         conversational = is_conversational({"prompt": prompts[0]})
         completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         per_func = torch.full((len(examples), len(self.funcs)), math.nan)
-        kwargs = self.reward_kwargs(examples)
+        kwargs = self.reward_kwargs(examples, log_metric, log_extra)
         for i, (func, name, reward_tokenizer) in enumerate(zip(self.funcs, self.names, self.processing_classes)):
             if isinstance(func, nn.Module):
                 per_func[:, i] = self._model_scores(func, reward_tokenizer, prompts, texts, prompt_ids, completion_ids)

@@ -35,7 +35,7 @@ from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
 from .models import PolicyAndValueWrapper, ReferencePolicy, completion_logps, value_predictions
-from .rewards import RewardScorer
+from .rewards import RewardScorer, discard_extra, discard_metric
 
 
 logger = logging.getLogger(__name__)
@@ -600,7 +600,10 @@ class RolloutEngine:
             if chosen:
                 demos = [torch.tensor(examples[i]["demonstration_ids"], dtype=torch.long) for i in chosen]
                 demo_prompts = [prompt_ids[i] for i in chosen]
-                demo_scores, demo_per_func = self.scorer.score([examples[i] for i in chosen], demo_prompts, demos)
+                # what reward functions log about demonstrations is dropped: the rollout metrics describe samples
+                demo_scores, demo_per_func = self.scorer.score(
+                    [examples[i] for i in chosen], demo_prompts, demos, discard_metric, discard_extra
+                )
                 demo_logps = completion_logps(policy, demo_prompts, demos, pad_id, temperatures[chosen], batch_size)
                 for k, i in enumerate(chosen):
                     completion_ids[i], old_logps[i] = demos[k], demo_logps[k]

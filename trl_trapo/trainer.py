@@ -75,7 +75,15 @@ from .collator import (
 )
 from .config import PRETRAIN, RL, SFT, TRAPOConfig
 from .curriculum import CurriculumSchedule
-from .data import PretrainStream, ShardedSampler, check_tokenizer, prepare_datasets
+from .data import (
+    PretrainStream,
+    ShardedSampler,
+    check_eval_dataset,
+    check_tokenizer,
+    dataset_columns,
+    eval_datasets,
+    prepare_datasets,
+)
 from .distributed import any_rank, check_launch, reduce_replay_metrics
 from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
@@ -158,7 +166,8 @@ class TRAPOTrainer(_BaseTrainer):
             TRL's reward functions: callables `f(prompts, completions, completion_ids, **columns, trainer_state,
             log_metric, log_extra) -> list[float | None]` (sync or async), or sequence-classification models.
         args ([`TRAPOConfig`], *optional*): the configuration; never changed (`trainer.args` is the same object, or
-            a derived copy when the run's length comes from `total_episodes`).
+            a derived copy with `max_steps` set to the planned steps when the run's length comes from
+            `num_train_epochs` or `total_episodes`).
         train_dataset (`Dataset`, *optional*): RL prompts (prompt-only format, or tokenized `input_ids`).
         eval_dataset (`Dataset` or `dict[str, Dataset]`, *optional*): evaluated by format — prompt-only datasets by
             greedy generation and rewards, `text` datasets by pretraining loss, prompt-completion by SFT loss.
@@ -306,11 +315,24 @@ class TRAPOTrainer(_BaseTrainer):
                         f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
                         "longer context."
                     )
-        if self.active[RL]:  # every reward function is called once on two rows (their metrics are not kept)
+        if self.active[RL]:  # every reward function is called once on two rows (what they log is discarded)
             self.rewards.preflight([data.rl[i] for i in range(min(2, len(data.rl)))])
-            self.metrics.reset()
 
         # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -------------------
+        if args.total_episodes is not None and not self.active[RL]:  # it would be ignored: the run follows epochs
+            raise ValueError(
+                f"{type(args).__name__}.total_episodes={args.total_episodes} counts RL prompts rolled out, but this run "
+                "has no RL prompts (a `train_dataset` with rewards and rl_weight > 0): set max_steps or "
+                "num_train_epochs to fix the run's length, or drop total_episodes."
+            )
+        if args.num_sample_generations > 0 and not any(
+            {"prompt", "input_ids"} & set(dataset_columns(d)) for _, d in eval_datasets(eval_dataset)
+        ):
+            logger.warning(
+                "num_sample_generations=%d: there is no eval_dataset of prompts to show sample completions of; no "
+                "table will be logged. Pass an eval_dataset with a 'prompt' column, or set num_sample_generations=0.",
+                args.num_sample_generations,
+            )
         curriculum_args = (
             args.curriculum_boundaries,
             [args.curriculum_mixtures[i : i + 3] for i in range(0, len(args.curriculum_mixtures), 3)],
@@ -327,7 +349,8 @@ class TRAPOTrainer(_BaseTrainer):
             sft_rows=len(data.sft) if data.sft else 0,
             pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
         )
-        if args.total_episodes is not None and args.max_steps <= 0:  # the run's length, in the trainer's own copy
+        if args.max_steps <= 0:  # the run's length is the plan (the curriculum, schedules and pools are sized by it):
+            # set it in the trainer's own copy, or the Trainer would round epochs of tickets up to its own length
             args = dataclasses.replace(args, max_steps=self._planned_steps)
         super().__init__(
             model=train_model,
@@ -1154,11 +1177,14 @@ class TRAPOTrainer(_BaseTrainer):
         is evaluated one by one with prefix `<prefix>_<name>`.
 
         Raises:
-            ValueError: if there is no eval dataset, or its format is not one TRAPO evaluates.
+            ValueError: if there is no eval dataset, or one given here is not one TRAPO evaluates (checked as at
+                construction: format, map-style, missing values).
         """
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
+        if eval_dataset is not None:  # the trainer's own was checked at construction
+            check_eval_dataset(eval_dataset, self.processing_class)
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():
