@@ -112,6 +112,14 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
             f"{name}={output_dir!r} is a file, not a folder: the run writes its checkpoints and model there. Pass a "
             f"folder path (e.g. --output_dir {output_dir}-run), or move the file away."
         )
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{name}={output_dir!r} cannot be created: it is under {parent}, which is a file. Pass a folder path "
+            "whose parents are folders."
+        )
     try:
         os.makedirs(output_dir, exist_ok=True)
         handle, probe = tempfile.mkstemp(dir=output_dir, prefix=".trapo-write-check-")
