@@ -1239,8 +1239,9 @@ class TRAPOTrainer(_BaseTrainer):
                 ignore_keys_for_eval=ignore_keys_for_eval,
                 **kwargs,
             )
-        except BaseException as error:
-            # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause
+        except Exception as error:
+            # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
+            # KeyboardInterrupt / SystemExit leaves it as a kill would: without markers, resuming skips it)
             replacement = self._checkpoint_guard.failed(error)
             if replacement is not None:
                 raise replacement from error
