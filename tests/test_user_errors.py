@@ -71,6 +71,12 @@ def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
     assert f"output_dir={str(out)!r}" in output and "eval_results.json" in output and "model.safetensors" in output
     assert "--overwrite_output_dir" in output and "another output_dir" in output
     assert snapshot(out) == before
+    from trl_trapo.cli import parse_args
+    from trl_trapo.saving import check_output_dir
+
+    _, args, _ = parse_args(["--output_dir", str(out), "--overwrite_output_dir"])  # the fix parses and is accepted
+    assert args.overwrite_output_dir is True
+    check_output_dir(args)
 
 
 def test_api_refuses_a_finished_run_unless_resumed_or_overwritten(tmp_path, tokenizer, suite, tiny_trainer):
