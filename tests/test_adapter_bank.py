@@ -139,6 +139,32 @@ def test_push_to_hub_calls_the_hub_api(tmp_path, tokenizer, monkeypatch):
     assert "library_name: peft" in card and "base_model: tiny-llama" in card and "| 7 | 0.5000 | 1.2500 |" in card
 
 
+def test_a_push_without_network_names_the_hub_and_the_repo(tmp_path, tokenizer, monkeypatch):
+    """The Hub client's connection error becomes one HubPushError naming the Hub, the repo id and `hf upload` of the
+    snapshot folder, which stays complete on disk."""
+    import huggingface_hub
+
+    from trl_trapo.saving import HubPushError
+
+    class OfflineApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, repo_id, **kwargs):
+            raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", OfflineApi)
+    model = peft_model(tokenizer)
+    bank = AdapterBank(str(tmp_path / "bank"))
+    bank.snapshot(model, 7, mean_reward=0.5, kl=1.25)
+    folder = str(tmp_path / "bank" / "step-7")
+    with pytest.raises(
+        HubPushError, match=rf"Hugging Face Hub \(repo 'me/trapo-adapter'\).*hf upload me/trapo-adapter {folder}"
+    ):
+        bank.push_to_hub(7, "me/trapo-adapter")
+    bank.verify(bank.get(7))
+
+
 def test_damaged_bank_files_are_named(tmp_path, tokenizer):
     model = peft_model(tokenizer)
     bank = AdapterBank(str(tmp_path / "bank"))

@@ -41,7 +41,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +52,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.checkpoint import atomic_write_bytes
 from trl_trapo.rewards import REWARD_FUNCTIONS
+from trl_trapo.saving import SaveError, check_output_dir, describe_os_error
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -972,13 +973,14 @@ def write_json_atomic(path: str, payload: dict) -> None:
     Args:
         path: the file to write; its directory is created if missing.
         payload: a JSON-serialisable mapping (written indented, keys sorted).
+
+    Raises:
+        SaveError: naming `path` and the cause (a full disk: how much is free), if it cannot be written.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=directory, delete=False, suffix=".tmp", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        temporary = handle.name
-    os.replace(temporary, path)
+    try:  # a failed write leaves no temporary file and the previous `path` as it was
+        atomic_write_bytes(path, json.dumps(payload, indent=2, sort_keys=True).encode("utf-8"))
+    except OSError as error:
+        raise SaveError(f"Writing {path} failed: {describe_os_error(path, error)}.") from error
 
 
 def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
@@ -1000,6 +1002,8 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
     """
     job_start = time.perf_counter()
+    # output_dir can be written and holds no finished run, checked before any model loads (the trainer checks again)
+    check_output_dir(training_args, warn_checkpoints=False)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset

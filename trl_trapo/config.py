@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import huggingface_hub.constants
 import torch
 from trl.trainer.base_config import _BaseConfig
 
@@ -678,6 +679,15 @@ class TRAPOConfig(_BaseConfig):
         default=0,
         metadata={"help": "How many times during training to log a table of sample completions (0: never)."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into an `output_dir` that holds a finished run (a saved model or `eval_results.json`), "
+            "replacing its files. Without it such a folder is refused at construction, so a re-run never silently "
+            "replaces the last result (the flag transformers 5 removed from `TrainingArguments`). Resuming "
+            "(`resume_from_checkpoint`) needs no flag; a folder holding only checkpoints is not a finished run."
+        },
+    )
 
     # ------------------------------------------------------------------------------------------------------------
     # Hyper-parameter schedules (the source document's recipe; see trl_trapo/schedules.py)
@@ -871,6 +881,20 @@ class TRAPOConfig(_BaseConfig):
             )
         if self.gradient_accumulation_steps < 1:
             bad("gradient_accumulation_steps", self.gradient_accumulation_steps, "use an integer >= 1.")
+        if self.max_steps == 0:  # the Trainer would read it as "not set" and still take a step (-1 means epochs)
+            bad(
+                "max_steps",
+                0,
+                "use a positive number of optimizer steps, or -1 (the default) to train for num_train_epochs. To "
+                "evaluate without training, call trainer.evaluate() on a trainer you do not train.",
+            )
+        if self.push_to_hub and huggingface_hub.constants.is_offline_mode():
+            bad(
+                "push_to_hub",
+                True,
+                "HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1) is set, so the Hugging Face Hub cannot be reached: unset "
+                "it, or drop push_to_hub and upload the saved output_dir later (`hf upload <repo_id> <output_dir>`).",
+            )
         if self.max_steps <= 0 and self.total_episodes is None and not self.num_train_epochs > 0:
             bad(
                 "num_train_epochs",

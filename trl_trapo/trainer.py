@@ -115,6 +115,17 @@ from .models import (
 )
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
+from .saving import (
+    CheckpointGuard,
+    SaveError,
+    check_disk_space,
+    check_output_dir,
+    checkpoint_nbytes,
+    describe_os_error,
+    hub_error,
+    is_hub_error,
+    staged_save,
+)
 from .schedules import RLSchedules, scale_scheduler
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
@@ -218,6 +229,8 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        # before anything slow: output_dir can be written and holds no finished run this one would replace
+        check_output_dir(args)
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
@@ -348,6 +361,11 @@ class TRAPOTrainer(_BaseTrainer):
             rl_prompts=len(data.rl) * (1 if self._has_critic else args.num_generations) if data.rl else 0,
             sft_rows=len(data.sft) if data.sft else 0,
             pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
+        )
+        check_disk_space(
+            args.output_dir,
+            checkpoint_nbytes(train_model, args.optim, args.save_only_model),
+            checkpoints=args.save_strategy != "no",
         )
         if args.max_steps <= 0:  # the run's length is the plan (the curriculum, schedules and pools are sized by it):
             # set it in the trainer's own copy, or the Trainer would round epochs of tickets up to its own length
@@ -496,6 +514,8 @@ class TRAPOTrainer(_BaseTrainer):
         if self.schedules.adaptive_kl:
             self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
         self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
+        # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
+        self._checkpoint_guard = CheckpointGuard(lambda: self.args.should_save)
         self.add_callback(StateCheckpointCallback(self._save_trapo_state))
         if args.sync_ref_model and args.kl_coef > 0:
             if self.reference is None or not self.reference.syncable:
@@ -1222,12 +1242,20 @@ class TRAPOTrainer(_BaseTrainer):
             verify_checkpoint(resume_from_checkpoint, world)
             self._load_trapo_state(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
-        return super().train(
-            resume_from_checkpoint=resume_from_checkpoint,
-            trial=trial,
-            ignore_keys_for_eval=ignore_keys_for_eval,
-            **kwargs,
-        )
+        try:
+            return super().train(
+                resume_from_checkpoint=resume_from_checkpoint,
+                trial=trial,
+                ignore_keys_for_eval=ignore_keys_for_eval,
+                **kwargs,
+            )
+        except Exception as error:
+            # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
+            # KeyboardInterrupt / SystemExit leaves it as a kill would: without markers, resuming skips it)
+            replacement = self._checkpoint_guard.failed(error)
+            if replacement is not None:
+                raise replacement from error
+            raise
 
     def _generators(self) -> dict[str, torch.Generator]:
         return {"rows": self._row_generator, **self.rollouts.state_dict()}
@@ -1258,6 +1286,8 @@ class TRAPOTrainer(_BaseTrainer):
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
         write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
+        self.accelerator.wait_for_everyone()  # every rank's marker is in: the checkpoint is complete
+        self._checkpoint_guard.end(checkpoint_dir)
 
     def _load_trapo_state(self, checkpoint_dir: str) -> None:
         """Restore what `_save_trapo_state` wrote (this rank's part).
@@ -1320,13 +1350,85 @@ class TRAPOTrainer(_BaseTrainer):
         unwrapped = self.accelerator.unwrap_model(self.model)
         critic = unwrapped.value_model if isinstance(unwrapped, PolicyAndValueWrapper) else None
         with embeddable_saved_pad_ids(self.padding_id, self._unwrapped_policy(), critic):
-            self._save_model(output_dir, _internal_call, is_checkpoint)
+            if is_checkpoint:  # written in place; the guard undoes it if the save fails before its markers
+                self._checkpoint_guard.begin(output_dir)
+                self._save_model(output_dir, is_checkpoint)
+            else:  # staged: a failed save leaves the model already in output_dir whole
+                output_dir = output_dir or self.args.output_dir
+                with staged_save(output_dir, self.args.should_save, self.accelerator.wait_for_everyone) as staging:
+                    self._save_model(staging, is_checkpoint)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
-    def _save_model(self, output_dir: str | None, _internal_call: bool, is_checkpoint: bool) -> None:
+    def save_state(self) -> None:
+        """`Trainer.save_state`, written atomically: `output_dir/trainer_state.json` is either the old or the new one.
+
+        Raises:
+            SaveError: naming the file and the cause, if it cannot be written.
+        """
+        if not self.is_world_process_zero():
+            return
+        path = os.path.join(self.args.output_dir, "trainer_state.json")
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            self.state.save_to_json(temporary)
+            os.replace(temporary, path)
+        except OSError as error:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise SaveError(f"Writing {path} failed: {describe_os_error(path, error)}.") from error
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        """`Trainer.init_hf_repo` (creates the Hub repo; the Trainer calls it at construction with `push_to_hub`).
+
+        Raises:
+            HubPushError: naming the Hugging Face Hub, the repo id and the fixes, if the Hub cannot be reached.
+        """
+        try:
+            super().init_hf_repo(token=token, private=private)
+        except Exception as error:
+            if not is_hub_error(error):
+                raise
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+            raise hub_error(repo_id, error, self.args.output_dir) from error
+
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs,
+    ):
+        """`Trainer.push_to_hub`: save the model into `output_dir` (staged, see `save_model`), then upload it.
+
+        Raises:
+            HubPushError: naming the Hugging Face Hub, the repo id and the fixes, if the upload fails (the local save
+                is complete by then).
+            SaveError: if the local save fails.
+        """
+        try:
+            return super().push_to_hub(
+                commit_message=commit_message,
+                blocking=blocking,
+                token=token,
+                revision=revision,
+                private=private,
+                **kwargs,
+            )
+        except Exception as error:
+            if not is_hub_error(error):  # a failed local save (SaveError) is said as such
+                raise
+            repo_id = (
+                self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+            )
+            raise hub_error(repo_id, error, self.args.output_dir) from error
+
+    def _save_model(self, output_dir: str, is_checkpoint: bool) -> None:
         reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy
         if is_checkpoint or not (self._has_critic or reference_adapter):
-            return super().save_model(output_dir, _internal_call)
-        output_dir = output_dir or self.args.output_dir
+            return super().save_model(output_dir, _internal_call=True)
         source = self.model_wrapped if self.is_deepspeed_enabled else self.model
         state = self.accelerator.get_state_dict(source)  # collective under ZeRO-3: every rank takes part
         if self.args.should_save:
@@ -1339,5 +1441,3 @@ class TRAPOTrainer(_BaseTrainer):
             policy.save_pretrained(output_dir, state_dict=state, **selected)
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
-        if self.args.push_to_hub and not _internal_call:
-            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)

@@ -682,10 +682,12 @@ def cached_result(spec: dict) -> dict | None:
 
 
 def _numbers_key(spec: dict) -> dict:
-    """What decides a run's numbers: the spec without where it is written (`run_dir`, the job's `output_dir`) and
-    without `rerun`, so a run directory copied into another comparison is reused there too."""
+    """What decides a run's numbers: the spec without where it is written (`run_dir`, the job's `output_dir` and
+    `overwrite_output_dir`) and without `rerun`, so a run directory copied into another comparison is reused there
+    too."""
     key = {k: v for k, v in spec.items() if k not in ("rerun", "run_dir")}
-    key["job_extra"] = {k: v for k, v in spec.get("job_extra", {}).items() if k != "output_dir"}
+    where = ("output_dir", "overwrite_output_dir")
+    key["job_extra"] = {k: v for k, v in spec.get("job_extra", {}).items() if k not in where}
     return key
 
 
@@ -755,6 +757,7 @@ def run_all(specs: list[dict], jobs: int, description: str) -> list[dict]:
 
 def make_spec(args, job_argv, method, seed, run_dir, job_extra=None, time_budget_s=None) -> dict:
     extra = {"seed": seed, "output_dir": run_dir, "eval_strategy": "no", "save_strategy": "no", "report_to": "none"}
+    extra["overwrite_output_dir"] = True  # a re-run (`--rerun`, changed settings) replaces the run on purpose
     extra["disable_tqdm"] = True
     if method != "serial":
         extra.update(method_overrides(method))

@@ -797,7 +797,9 @@ def task_specs(args, passthrough: list[str], argv: list[str]) -> list[dict]:
         }
         run_dir = work / "runs" / name
         base = {"model_name_or_path": model, **relocated, **quick, **overrides}
-        base.update(output_dir=str(run_dir), eval_strategy="no", save_strategy="no", report_to="none")
+        # a run is re-made in its folder when its settings change: the previous one is replaced on purpose
+        base.update(output_dir=str(run_dir), overwrite_output_dir=True, eval_strategy="no", save_strategy="no")
+        base.update(report_to="none")
         base.update(disable_tqdm=True, logging_steps=1)
         # what defines the result (the initial evaluation does not depend on the arm)
         defining = {

@@ -69,7 +69,8 @@ def job_argv(args, model: str, data: Path, work: Path, arm: str) -> list[str]:
     argv += ["--dataset_name", str(work / "rl-with-solutions")]
     argv += ["--sft_dataset_name", str(data / "sft"), "--pretrain_dataset_name", str(data / "pretrain")]
     argv += ["--curriculum_mixtures", *map(str, MIXTURE), "--max_steps", str(args.max_steps)]
-    argv += ["--output_dir", str(work / "runs" / arm), "--save_strategy", "no", "--eval_strategy", "no"]
+    argv += ["--output_dir", str(work / "runs" / arm), "--overwrite_output_dir", "--save_strategy", "no"]
+    argv += ["--eval_strategy", "no"]
     argv += ["--logging_steps", "1", "--disable_tqdm", "true", "--seed", str(args.seed)]
     if args.quick:
         argv += ["--per_device_train_batch_size", "8", "--pretrain_max_length", "64"]

@@ -111,7 +111,7 @@ def launch(name: str, argv: list[str], work_dir: Path) -> dict:
     """
     run_dir = work_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    job_argv = [*argv, "--output_dir", str(run_dir / "output")]
+    job_argv = [*argv, "--output_dir", str(run_dir / "output"), "--overwrite_output_dir"]  # a re-run replaces it
     spec = {"argv": job_argv, "result": str(run_dir / "result.json")}
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")

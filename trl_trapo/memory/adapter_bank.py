@@ -42,6 +42,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from ..checkpoint import CheckpointError, atomic_write_json, sha256_file
+from ..saving import hub_error, is_hub_error
 
 
 logger = logging.getLogger(__name__)
@@ -372,27 +373,36 @@ model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{load_ba
 
         Returns:
             The `CommitInfo` of `HfApi.create_commit`.
+
+        Raises:
+            HubPushError: naming the Hugging Face Hub, `repo_id` and the fixes, if the Hub cannot be reached or
+                refuses (the snapshot on disk is untouched).
         """
         from huggingface_hub import CommitOperationAdd, HfApi
 
         snapshot = self.get(step)
         self.verify(snapshot)
         directory = os.path.join(self.directory, snapshot["path"])
-        api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         operations = [
             CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(directory, name))
             for name in sorted(os.listdir(directory))
         ]
         card = self.model_card(step, repo_id, base_model).encode("utf-8")
         operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card))
-        return api.create_commit(
-            repo_id,
-            operations,
-            commit_message=commit_message or f"TRAPO adapter snapshot of step {step}",
-            repo_type="model",
-            revision=revision,
-        )
+        try:
+            api = HfApi(token=token)
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            return api.create_commit(
+                repo_id,
+                operations,
+                commit_message=commit_message or f"TRAPO adapter snapshot of step {step}",
+                repo_type="model",
+                revision=revision,
+            )
+        except Exception as error:
+            if not is_hub_error(error):
+                raise
+            raise hub_error(repo_id, error, directory) from error
 
 
 __all__ = ["AdapterBank"]

@@ -1,0 +1,151 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""trl_trapo/saving.py: a save that fails (a full disk, injected as `OSError(ENOSPC)`) never destroys or masks the
+previous complete checkpoint or model and says where and why; a failed push to the Hub names it and keeps the local
+save; the checkpoint size estimate counts weights and AdamW state."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+import transformers.trainer
+from transformers import AutoModelForCausalLM
+
+from trl_trapo.checkpoint import last_complete_checkpoint, verify_checkpoint
+from trl_trapo.saving import STAGING_DIR, CheckpointGuard, HubPushError, SaveError, checkpoint_nbytes
+from trl_trapo.tasks import build_tiny_model
+
+
+def full_disk_on(monkeypatch, module, name: str, when, path_arg: int = 1) -> list[str]:
+    """Make the writer `module.name` raise ENOSPC for the paths (its positional argument `path_arg`) where
+    `when(path)` holds; returns the list of paths it refused."""
+    original = getattr(module, name)
+    refused = []
+
+    def writer(*args, **kwargs):
+        path = str(args[path_arg])
+        if when(path):
+            refused.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, writer)
+    return refused
+
+
+@pytest.mark.parametrize("stage", ["optimizer", "trapo_state"])
+def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, stage
+):
+    """3 steps, a checkpoint after each; the save of checkpoint-3 fails with ENOSPC while writing the optimizer (the
+    Trainer's files) or TRAPO's own state (after all of the Trainer's files): the error names the folder and the
+    full disk, checkpoint-3 is gone (not left half-written), and checkpoint-2 is complete and the newest one."""
+    import trl_trapo.checkpoint as checkpoint_module
+
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=3, save_strategy="steps", save_steps=1)
+    if stage == "optimizer":  # the Trainer's torch.save(optimizer state, path)
+        refused = full_disk_on(monkeypatch, torch, "save", lambda p: "checkpoint-3" in p and "optimizer" in p)
+    else:  # every file of TRAPO's state goes through atomic_write_bytes(path, data)
+        refused = full_disk_on(monkeypatch, checkpoint_module, "atomic_write_bytes", lambda p: "checkpoint-3" in p, 0)
+    with pytest.raises(SaveError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert str(tmp_path / "checkpoint-3") in message and "is full" in message and "free space" in message
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == errno.ENOSPC
+    assert refused and not (tmp_path / "checkpoint-3").exists()
+    verify_checkpoint(str(tmp_path / "checkpoint-2"), 1)
+    assert last_complete_checkpoint(str(tmp_path), 1) == (str(tmp_path / "checkpoint-2"), [])
+
+
+def test_a_full_disk_at_the_final_save_leaves_the_previous_model_whole(tmp_path, tokenizer, suite, tiny_trainer):
+    """`save_model` twice into one folder, the second failing with ENOSPC on its last file: SaveError naming the
+    folder and the full disk, the first save's files byte for byte as they were, no temporary folder left."""
+    out = tmp_path / "model"
+    trainer = tiny_trainer(tmp_path / "run", tokenizer, suite)
+    trainer.save_model(str(out))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with torch.no_grad():
+        next(trainer.model.parameters()).add_(1.0)  # the second save would write other weights
+    with pytest.MonkeyPatch.context() as patch:
+        full_disk_on(patch, torch, "save", lambda p: p.endswith("training_args.bin"))
+        with pytest.raises(SaveError, match=rf"Saving the model to {out} failed: the disk holding .* is full"):
+            trainer.save_model(str(out))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and not (out / STAGING_DIR).exists()
+    trainer.save_model(str(out))  # the disk has room again: the new weights replace the old
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_the_guard_puts_back_a_same_numbered_checkpoint_a_failed_save_replaced(tmp_path):
+    """An earlier run's `checkpoint-2` is moved aside while the new one is written, restored when that save fails,
+    dropped when it completes; an error outside a save is left alone."""
+    old = tmp_path / "checkpoint-2"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"old")
+    guard = CheckpointGuard(lambda: True)
+    guard.begin(str(old))
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"ne")  # half-written
+    error = guard.failed(OSError(errno.ENOSPC, "No space left on device"))
+    assert isinstance(error, SaveError) and (old / "model.safetensors").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"]
+    guard.begin(str(old))
+    old.mkdir()
+    guard.end(str(old))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"] and not (old / "model.safetensors").exists()
+    assert guard.failed(RuntimeError("not a save")) is None
+
+
+class FakeHubApi:
+    """The Hub client as seen offline: the repo exists, the upload fails to resolve the Hub's name."""
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("RepoUrl", (), {"repo_id": repo_id})()
+
+    def upload_folder(self, **kwargs):
+        import importlib
+
+        for name in ("httpx2", "httpx"):  # the HTTP library huggingface_hub uses
+            try:
+                http = importlib.import_module(name)
+                break
+            except ImportError:
+                continue
+        raise http.ConnectError("[Errno -2] Name or service not known")
+
+
+def test_a_failed_push_names_the_hub_and_keeps_the_local_save(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch):
+    """`push_to_hub` without network: HubPushError naming the Hugging Face Hub, the repo id and the fixes; the model
+    saved locally reloads. A repo that cannot be created at construction says the same."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the suite runs offline
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeHubApi())
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, push_to_hub=True, hub_model_id="me/trapo-tiny")
+    with pytest.raises(HubPushError) as raised:
+        trainer.push_to_hub()
+    message = str(raised.value)
+    assert "Hugging Face Hub" in message and "'me/trapo-tiny'" in message and "Name or service not known" in message
+    assert f"hf upload me/trapo-tiny {tmp_path}" in message and "--push_to_hub" in message and "HF_TOKEN" in message
+    AutoModelForCausalLM.from_pretrained(tmp_path)
+
+    def unreachable(self, repo_id, **kwargs):
+        raise FakeHubApi().upload_folder()
+
+    monkeypatch.setattr(FakeHubApi, "create_repo", unreachable)
+    with pytest.raises(HubPushError, match=r"Hugging Face Hub \(repo 'me/trapo-tiny'\)"):
+        tiny_trainer(tmp_path / "b", tokenizer, suite, push_to_hub=True, hub_model_id="me/trapo-tiny")
+
+
+def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):
+    """Full model: every parameter's bytes + 8 bytes per trainable parameter for AdamW; none for SGD or with
+    `save_only_model`; frozen parameters count as weights, not as optimizer state."""
+    model = build_tiny_model(tokenizer, seed=0)
+    n = sum(p.numel() for p in model.parameters())
+    assert checkpoint_nbytes(model, "adamw_torch") == 4 * n + 8 * n
+    assert checkpoint_nbytes(model, "sgd") == checkpoint_nbytes(model, "adamw_torch", save_only_model=True) == 4 * n
+    model.get_input_embeddings().weight.requires_grad_(False)
+    frozen = model.get_input_embeddings().weight.numel()
+    assert checkpoint_nbytes(model, "adamw_torch") == 4 * n + 8 * (n - frozen)

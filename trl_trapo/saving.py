@@ -1,0 +1,352 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""What protects the files in `output_dir`: checks before anything slow, saves that never leave half a model.
+
+- [`check_output_dir`] (construction, and the command line before it loads a model): `output_dir` must be a folder
+  that can be written, and must not hold a *finished* run (a saved model or `eval_results.json`, see
+  `FINISHED_RUN_FILES`) unless the run resumes from it or `overwrite_output_dir=True`; a folder of checkpoints only
+  (an interrupted run) is accepted, with a warning that its same-numbered checkpoints would be replaced.
+- [`check_disk_space`] (construction): `checkpoint_nbytes` estimates one checkpoint, and a disk that cannot hold it is
+  refused (checkpoints on) or warned about (checkpoints off: only a final `save_model` would need the weights).
+- [`CheckpointGuard`] (every save): a `checkpoint-N` is complete once TRAPO's completion markers are written (see
+  `checkpoint.py`). The guard notes the folder when the Trainer starts writing it and when the markers are in; a save
+  that fails in between has its partial folder removed (a same-numbered checkpoint it replaced is put back), so the
+  previous complete checkpoint is the newest one left, and the error names the folder and the cause
+  ([`SaveError`]). Final saves go through [`staged_save`]: written into a temporary folder inside `output_dir`, then
+  moved over the old files one by one, so a save that fails leaves the previous model whole.
+- [`hub_error`]: a failed upload to the Hugging Face Hub, said in one sentence with the repo id and the fixes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from accelerate.utils import is_peft_model
+from huggingface_hub.errors import HfHubHTTPError
+from torch import nn
+
+from .checkpoint import CHECKPOINT_RE
+
+
+logger = logging.getLogger(__name__)
+
+# Top-level files a finished run leaves in output_dir (the final `save_model`, `save_state`, the job's results)
+FINISHED_RUN_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "trainer_state.json",
+    "eval_results.json",
+)
+STAGING_DIR = ".trapo-incomplete-save"  # inside output_dir: a final save being written (removed when done)
+REPLACED_SUFFIX = ".replaced"  # `checkpoint-N.replaced`: an older same-numbered checkpoint, until the new one is done
+CHECKPOINT_MARGIN = 1.05  # + 5% and 16 MiB for tokenizer, trainer state, RNG and TRAPO's own state
+CHECKPOINT_MARGIN_BYTES = 16 * 2**20
+
+
+# what the Hub client raises when the Hub cannot be reached or refuses: HfHubHTTPError (an HTTP error status),
+# ConnectionError (HF_HUB_OFFLINE's OfflineModeIsEnabled), TimeoutError, and its HTTP library's own errors (DNS,
+# connection, timeouts), recognised by their module since huggingface_hub's HTTP library changes between versions
+HUB_ERRORS = (HfHubHTTPError, ConnectionError, TimeoutError)
+HTTP_LIBRARIES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+
+
+class SaveError(OSError):
+    """Writing a checkpoint or the final model failed; the message names the path, the cause and the fix."""
+
+
+class HubPushError(ConnectionError):
+    """An upload to the Hugging Face Hub failed; the message names the Hub, the repo id and the fixes."""
+
+
+def is_hub_error(error: BaseException) -> bool:
+    """Whether `error` comes from reaching the Hugging Face Hub (see `HUB_ERRORS`, `HTTP_LIBRARIES`), not from a
+    local save."""
+    if isinstance(error, (SaveError, HubPushError)):
+        return False
+    return isinstance(error, HUB_ERRORS) or type(error).__module__.split(".")[0] in HTTP_LIBRARIES
+
+
+def describe_os_error(path: str, error: OSError) -> str:
+    """One sentence on why writing under `path` failed: a full disk (ENOSPC / EDQUOT) says how much is free."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f"{shutil.disk_usage(path if os.path.isdir(path) else os.path.dirname(path) or '.').free:,} bytes"
+        except OSError:
+            free = "an unknown number of bytes"
+        return (
+            f"the disk holding {path} is full ({error.strerror or error}; {free} free): free space on it or choose "
+            "another output_dir"
+        )
+    return f"{type(error).__name__}: {error}"
+
+
+def check_output_dir(args, warn_checkpoints: bool = True) -> None:
+    """Check, before anything slow, that `args.output_dir` can be written and holds no finished run.
+
+    Creates `output_dir` if it is missing (as the `Trainer` does at construction) and writes and removes a probe
+    file in it.
+
+    Args:
+        args ([`TRAPOConfig`]): reads `output_dir`, `overwrite_output_dir` and `resume_from_checkpoint`.
+        warn_checkpoints (`bool`): warn when the folder holds checkpoints of an earlier run and this one starts
+            from scratch (same-numbered checkpoints would be replaced).
+
+    Raises:
+        ValueError: naming `output_dir`, its value and the fix, if it is a file, cannot be created or written, or
+            holds a finished run (a file of `FINISHED_RUN_FILES` at its top level) while the run neither resumes
+            from it nor sets `overwrite_output_dir=True`.
+    """
+    name = f"{type(args).__name__}.output_dir"
+    output_dir = args.output_dir
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(
+            f"{name}={output_dir!r} is a file, not a folder: the run writes its checkpoints and model there. Pass a "
+            f"folder path (e.g. --output_dir {output_dir}-run), or move the file away."
+        )
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{name}={output_dir!r} cannot be created: it is under {parent}, which is a file. Pass a folder path "
+            "whose parents are folders."
+        )
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=output_dir, prefix=".trapo-write-check-")
+        os.close(handle)
+        os.remove(probe)
+    except OSError as error:
+        raise ValueError(
+            f"{name}={output_dir!r} cannot be written ({describe_os_error(output_dir, error)}): pass a folder you "
+            "can create and write to."
+        ) from None
+    if args.overwrite_output_dir:
+        return
+    resume = args.resume_from_checkpoint
+    here = os.path.abspath(output_dir)
+    if resume is True or (isinstance(resume, str) and os.path.commonpath([os.path.abspath(resume), here]) == here):
+        return  # resuming this folder's run
+    checkpoints = sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
+    latest = os.path.join(output_dir, checkpoints[-1]) if checkpoints else "<a checkpoint-N of it>"
+    resume_hint = (
+        f"--resume_from_checkpoint {latest}; API: TRAPOConfig(resume_from_checkpoint=...) and "
+        "trainer.train(resume_from_checkpoint=...)"
+    )
+    found = [f for f in FINISHED_RUN_FILES if os.path.isfile(os.path.join(output_dir, f))]
+    if found:
+        raise ValueError(
+            f"{name}={output_dir!r} holds a finished run ({', '.join(found)}), which this run would replace. Fix: "
+            + (f"resume it ({resume_hint}), " if checkpoints else "")
+            + "choose another output_dir, or pass --overwrite_output_dir (TRAPOConfig(overwrite_output_dir=True)) to "
+            "replace it."
+        )
+    if checkpoints and warn_checkpoints:
+        logger.warning(
+            "%s=%r holds checkpoints of an earlier run (%s) and this run starts from scratch: the ones with the "
+            "same step numbers will be replaced. To continue that run instead: %s; to keep them: another output_dir.",
+            name,
+            output_dir,
+            ", ".join(checkpoints[-3:]),
+            resume_hint,
+        )
+
+
+def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = False) -> int:
+    """A lower bound on one `checkpoint-N`'s size: the weights it saves plus AdamW's state.
+
+    - weights: every parameter (in its dtype) for a full model; the trainable ones only for a PEFT model (the
+      adapter: the frozen base is not saved);
+    - optimizer (unless `save_only_model`): the AdamW family keeps two fp32 moments per trainable parameter
+      (8 bytes each); other optimizers are counted as 0 (their state is smaller or unknown).
+
+    The tokenizer, trainer state, RNG and TRAPO's own state (replay buffer, pools) are left out: the estimate is what
+    certainly has to fit; `check_disk_space` adds `CHECKPOINT_MARGIN` for them.
+
+    Args:
+        model (`nn.Module`): what the Trainer trains (the policy, or policy and critic).
+        optim (`str`): `TrainingArguments.optim`.
+        save_only_model (`bool`): `TrainingArguments.save_only_model` (no optimizer state in checkpoints).
+
+    Returns:
+        `int`: bytes.
+    """
+    peft = any(is_peft_model(module) for module in model.modules())
+    params = list(model.parameters())  # shared (tied) parameters once
+    weights = sum(p.numel() * p.element_size() for p in params if p.requires_grad or not peft)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    adam = str(optim).lower().startswith("adam") and not save_only_model
+    return weights + (8 * trainable if adam else 0)
+
+
+def check_disk_space(output_dir: str, needed: int, checkpoints: bool) -> None:
+    """Compare one checkpoint's estimated size with the free space of `output_dir`'s filesystem.
+
+    Args:
+        output_dir (`str`): an existing folder (see `check_output_dir`).
+        needed (`int`): bytes, from `checkpoint_nbytes`.
+        checkpoints (`bool`): whether the run writes checkpoints (`save_strategy != "no"`).
+
+    Raises:
+        ValueError: if checkpoints are written and fewer than `needed` bytes are free (the first checkpoint would
+            certainly fail). With less than `needed * CHECKPOINT_MARGIN + CHECKPOINT_MARGIN_BYTES` free, or with
+            checkpoints off (only a final `save_model` would need the space), it only warns.
+    """
+    free = shutil.disk_usage(output_dir).free
+    comfortable = int(needed * CHECKPOINT_MARGIN) + CHECKPOINT_MARGIN_BYTES
+    what = (
+        f"output_dir={output_dir!r} has {free:,} bytes free, and one checkpoint needs at least {needed:,} bytes "
+        f"(weights + AdamW state; ~{comfortable:,} with tokenizer and trainer state)"
+    )
+    if checkpoints and free < needed:
+        raise ValueError(
+            f"{what}: the first checkpoint cannot fit. Free space on that disk, choose an output_dir on another "
+            "disk, or turn checkpoints off (--save_strategy no)."
+        )
+    if free < comfortable:
+        logger.warning(
+            "%s: %s may not fit. Free space on that disk or choose an output_dir on another disk.",
+            what,
+            "the first checkpoint" if checkpoints else "a final save_model",
+        )
+
+
+class CheckpointGuard:
+    """Keeps a failed save from destroying or masking the previous complete checkpoint (see the module docstring).
+
+    `begin(path)` when the Trainer starts writing `checkpoint-N` (from `save_model`), `end(path)` when its
+    completion markers are written (from the state-checkpoint callback), `failed(error)` from `train` when anything
+    raised in between. Only the main process moves or removes folders.
+
+    Args:
+        is_main_process (`Callable[[], bool]`): whether this process writes shared files.
+    """
+
+    def __init__(self, is_main_process: Callable[[], bool]):
+        self.is_main_process = is_main_process
+        self.pending: str | None = None
+
+    def begin(self, path: str) -> None:
+        """The Trainer is about to write the checkpoint folder `path`: an existing folder of that name (from an
+        earlier run) is moved aside to `path + REPLACED_SUFFIX` until the new one is complete."""
+        self.pending = path
+        if self.is_main_process() and os.path.isdir(path):
+            aside = path + REPLACED_SUFFIX
+            if os.path.isdir(aside):
+                shutil.rmtree(aside)
+            os.replace(path, aside)
+
+    def end(self, path: str) -> None:
+        """`path` is complete: drop the folder it replaced."""
+        if self.pending == path and self.is_main_process() and os.path.isdir(path + REPLACED_SUFFIX):
+            shutil.rmtree(path + REPLACED_SUFFIX, ignore_errors=True)
+        self.pending = None
+
+    def failed(self, error: BaseException) -> BaseException | None:
+        """A save was interrupted by `error`: remove the partial folder, put back the one it replaced.
+
+        Returns:
+            A [`SaveError`] naming the folder and the cause when `error` is an `OSError` (raise it from `error`),
+            else None (re-raise `error` itself). None too when no save was in progress.
+        """
+        path, self.pending = self.pending, None
+        if path is None:
+            return None
+        if self.is_main_process():
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path + REPLACED_SUFFIX):
+                os.replace(path + REPLACED_SUFFIX, path)
+        if not isinstance(error, OSError) or isinstance(error, SaveError):
+            return None
+        kept = "; the complete checkpoints before it are untouched" if self.is_main_process() else ""
+        return SaveError(
+            f"Saving the checkpoint {path} failed: {describe_os_error(path, error)}. The partial folder was removed"
+            f"{kept}: free space, then resume from the newest complete checkpoint-N of that folder "
+            "(--resume_from_checkpoint <it>; API: train(resume_from_checkpoint=True))."
+        )
+
+
+@contextmanager
+def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Callable[[], None]) -> Iterator[str]:
+    """Write a save into a temporary folder inside `output_dir`, then move its files over the old ones.
+
+    Yields the temporary folder (the same on every process: collective saves write into it from every rank). When
+    the block succeeds, every entry is moved into `output_dir` (`os.replace`, a folder replacing a folder of the same
+    name); when it raises, the temporary folder is removed and `output_dir`'s files are untouched.
+
+    Args:
+        output_dir (`str`): where the files end up.
+        is_main_process (`bool`): this process creates, moves and removes.
+        wait_for_everyone (`Callable[[], None]`): a barrier over processes.
+
+    Raises:
+        SaveError: naming `output_dir` and the cause, for an `OSError` while writing or moving.
+    """
+    staging = os.path.join(output_dir, STAGING_DIR)
+    try:
+        if is_main_process:
+            if os.path.isdir(staging):
+                shutil.rmtree(staging)
+            os.makedirs(staging)
+        wait_for_everyone()
+        yield staging
+        wait_for_everyone()
+        if is_main_process:
+            for name in sorted(os.listdir(staging)):
+                target = os.path.join(output_dir, name)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    shutil.rmtree(target)
+                os.replace(os.path.join(staging, name), target)
+            os.rmdir(staging)
+    except OSError as error:
+        if is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, SaveError):
+            raise
+        raise SaveError(
+            f"Saving the model to {output_dir} failed: {describe_os_error(output_dir, error)}. The files already "
+            "there were left as they were."
+        ) from error
+    except BaseException:
+        if is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def hub_error(repo_id: str | None, error: BaseException, output_dir: str) -> HubPushError:
+    """The error to raise when an upload to (or repo creation on) the Hugging Face Hub fails.
+
+    Args:
+        repo_id (`str`, *optional*): the repo (`hub_model_id`, or the one derived from `output_dir`).
+        error: what the Hub client raised (a connection, HTTP or offline-mode error).
+        output_dir (`str`): the local folder, complete on disk, to upload later.
+    """
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return HubPushError(
+        f"Pushing to the Hugging Face Hub (repo {repo_id!r}) failed: {type(error).__name__}: {cause}. The local "
+        f"save in {output_dir} is complete. Fix: check the network and HF_TOKEN (`hf auth login`), then upload it "
+        f"with `hf upload {repo_id} {output_dir}`; or drop --push_to_hub."
+    )
+
+
+__all__ = [
+    "FINISHED_RUN_FILES",
+    "is_hub_error",
+    "CheckpointGuard",
+    "HubPushError",
+    "SaveError",
+    "check_disk_space",
+    "check_output_dir",
+    "checkpoint_nbytes",
+    "hub_error",
+    "staged_save",
+]
