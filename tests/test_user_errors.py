@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from trl_trapo import cli
+from trl_trapo.checkpoint import CheckpointError
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,3 +139,251 @@ def snapshot(path: Path) -> dict[str, str]:
 
 
 # ---- command line ----
+# The job's own command line (`trl_trapo.cli.run`, behind `examples/trapo.py`): a user error is one message on stderr,
+# `trapo.py: error: ...` and a line saying how to see the traceback (`TRAPO_DEBUG=1`), and exit status 2, as argparse
+# reports a malformed command line; a fault of the program keeps its traceback. Every case runs with `--output_dir` on a
+# folder the user already has, which must be left as it was.
+
+
+@pytest.fixture
+def users_folder(tmp_path) -> Path:
+    """An output folder with a file of the user's in it (a previous run's notes), to check it is left alone."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's own file\n")
+    return folder
+
+
+def assert_untouched(folder: Path, before: dict[str, str]) -> None:
+    assert snapshot(folder) == before, f"{folder} changed: {sorted(snapshot(folder))} (before: {sorted(before)})"
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # argparse took `-1e-3` for an option ("expected one argument"); the value must reach TRAPOConfig's check
+        (["--learning_rate", "-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+        (["--learning_rate=-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+        # before: a traceback of 3-33 frames above the message
+        (
+            ["--reward_funcs", "not_a_reward"],
+            ["--reward_funcs", "'not_a_reward'", "exact_match", "my_module.my_reward"],
+        ),
+        (["--reward_funcs", "no_such_module.reward"], ["--reward_funcs", "'no_such_module.reward'", "cannot import"]),
+        (["--reward_funcs", "json.no_such_function"], ["'json.no_such_function'", "no attribute", "numeric_answer"]),
+        (["--reward_funcs", "json.__name__"], ["'json.__name__'", "not a function", "my_module.my_reward"]),
+        (["--max_eval_samples", "0"], ["--max_eval_samples", "0", ">= 1"]),
+        (["--max_eval_samples", "-5"], ["--max_eval_samples", "-5", ">= 1"]),
+        (["--dataset_name", "./missing.jsonl"], ["--dataset_name", "'./missing.jsonl'", "Fix: correct the path"]),
+        (
+            ["--resume_from_checkpoint", "missing-checkpoint"],
+            ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
+        ),
+        (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
+    ],
+    ids=[
+        "negative-learning-rate",
+        "negative-learning-rate=",
+        "unknown-reward",
+        "reward-module-missing",
+        "reward-attribute-missing",
+        "reward-not-callable",
+        "max-eval-samples-0",
+        "max-eval-samples-negative",
+        "missing-dataset",
+        "missing-checkpoint",
+        "bad-config-value",
+    ],
+)
+def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, args, needles):
+    before = snapshot(users_folder)
+    returncode, output = run_cli(*args, "--output_dir", str(users_folder), cwd=tmp_path)
+    cli_error(returncode, output, *needles)
+    assert returncode == cli.USER_ERROR_EXIT_CODE == 2
+    assert "TRAPO_DEBUG=1" in output  # the message says how to see the traceback
+    assert_untouched(users_folder, before)
+
+
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        (
+            "learning_rate: 1e-5\nmax_steps: [1, 2\n",
+            ["--config", "not valid YAML", "line 3"],
+        ),  # before: yaml's traceback
+        ("learning_rat: 1e-5\n", ["--config", "unknown key 'learning_rat'", "--learning_rate"]),
+        ("- learning_rate\n", ["--config", "YAML mapping"]),
+        ("max_eval_samples: 0\n", ["--max_eval_samples", "0", ">= 1"]),
+    ],
+    ids=["not-yaml", "unknown-key", "not-a-mapping", "bad-value"],
+)
+def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, content, needles):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(content)
+    before = snapshot(users_folder), snapshot(recipe)
+    returncode, output = run_cli("--config", str(recipe), "--output_dir", str(users_folder), cwd=tmp_path)
+    cli_error(returncode, output, *needles)
+    assert (snapshot(users_folder), snapshot(recipe)) == before
+
+
+def test_trapo_debug_shows_the_traceback_the_clean_message_hides(tmp_path):
+    args = ("--reward_funcs", "not_a_reward")
+    returncode, output = run_cli(*args, cwd=tmp_path)
+    message = cli_error(returncode, output, "'not_a_reward'")
+    assert "TRAPO_DEBUG=1" in message
+    returncode, output = run_cli(*args, cwd=tmp_path, env={"TRAPO_DEBUG": "1"})
+    assert returncode != 0
+    assert "Traceback" in output and "resolve_reward_func" in output and "'not_a_reward'" in output
+
+
+def test_accelerate_launch_quiet_shows_only_the_message(tmp_path):
+    """`accelerate launch` adds its launcher's own traceback after any non-zero exit; `-q` (documented) drops it."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if not accelerate.exists():
+        pytest.skip("accelerate's launcher is not installed next to this interpreter")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    environment.pop("TRAPO_DEBUG", None)
+    completed = subprocess.run(
+        [str(accelerate), "launch", "-q", "--num_processes", "1", str(SCRIPT), "--reward_funcs", "not_a_reward"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    cli_error(completed.returncode, completed.stdout + completed.stderr, "--reward_funcs", "'not_a_reward'")
+
+
+@pytest.mark.parametrize("flag", ["--bf16", "--exploration", "--self_imitation", "--activation_checkpointing"])
+def test_optional_bool_flags_work_bare_like_bool_flags(tmp_path, flag):
+    """`bool | None` fields (None: decided for you) took no bare form: `--bf16` alone was "expected one argument"."""
+    name = flag[2:]
+    for argv in ([flag], [flag, "--max_steps", "3"], [flag.replace("_", "-")]):
+        _, args, _ = cli.parse_args([*argv, "--use_cpu", "--output_dir", str(tmp_path)])
+        assert getattr(args, name) is True, argv
+    _, args, _ = cli.parse_args([flag, "false", "--use_cpu", "--output_dir", str(tmp_path)])
+    assert getattr(args, name) is False
+
+
+def test_a_bare_bf16_flag_reaches_the_job_from_the_command_line(tmp_path, users_folder):
+    # parsed (before: argparse's "expected one argument"), then refused on what comes next, before any model loads
+    before = snapshot(users_folder)
+    returncode, output = run_cli(
+        "--use_cpu", "--bf16", "--reward_funcs", "oops", "--output_dir", str(users_folder), cwd=tmp_path
+    )
+    cli_error(returncode, output, "--reward_funcs", "'oops'")
+    assert_untouched(users_folder, before)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--learning_rate", "-1e-3"], ["--learning_rate=-1e-3"]),
+        (["--learning_rate", "-.5E+2", "--bf16"], ["--learning_rate=-.5E+2", "--bf16=true"]),
+        (["--max_steps", "-1"], ["--max_steps=-1"]),
+        (["--bf16", "false", "--config=r.yaml"], ["--bf16", "false", "--config", "r.yaml"]),
+        (["--output_dir", "-x-"], ["--output_dir", "-x-"]),  # not a number: left to argparse
+    ],
+)
+def test_normalize_argv_keeps_every_value_the_user_meant(argv, expected):
+    assert cli.normalize_argv(argv) == expected
+    assert cli.normalize_argv(expected) == expected  # idempotent: parse_args and given_arguments both apply it
+
+
+def write_reward_module(folder: Path) -> None:
+    """`my_rewards.py` in `folder`: `counted` appends the number of completions it scores to `calls.txt`."""
+    (folder / "my_rewards.py").write_text(
+        "import os\n"
+        "def counted(completions, **kwargs):\n"
+        "    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'calls.txt'), 'a') as f:\n"
+        "        f.write(f'{len(completions)}\\n')\n"
+        "    return [float(len(str(c)) % 2) for c in completions]\n"
+        "NOT_A_FUNCTION = 3\n"
+    )
+
+
+def test_a_dotted_reward_path_is_imported_from_the_launch_directory(tmp_path, monkeypatch):
+    write_reward_module(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import adds the launch directory, as TRL's scripts do
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    func = cli.resolve_reward_func("my_rewards.counted")
+    assert func.__module__ == "my_rewards" and func.__name__ == "counted"
+    assert cli.resolve_reward_func("exact_match") is cli.REWARD_FUNCTIONS["exact_match"]
+    api_error(lambda: cli.resolve_reward_func("my_rewards.NOT_A_FUNCTION"), "'my_rewards.NOT_A_FUNCTION'", "int")
+    api_error(lambda: cli.resolve_reward_func("my_rewards.missing"), "no attribute 'missing'", "exact_match")
+
+
+def test_max_eval_samples_caps_every_evaluation_dataset(tmp_path):
+    from trl import ModelConfig
+
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    builtin = cli.build_inputs(cli.TRAPOScriptArguments(max_eval_samples=7), args, ModelConfig())
+    assert builtin.builtin_eval and len(builtin.eval_dataset) == 7
+    data = tmp_path / "rl"
+    data.mkdir()
+    rows = "".join(f'{{"prompt": "rev ab{c}=", "answer": "{c}ba"}}\n' for c in "cdefghij")
+    (data / "train.jsonl").write_text(rows)
+    (data / "test.jsonl").write_text(rows)
+    script = cli.TRAPOScriptArguments(dataset_name=str(data), max_eval_samples=3)
+    users = cli.build_inputs(script, args, ModelConfig())
+    assert len(users.eval_dataset) == 3 and len(users.train_dataset) == 8  # the training rows are not capped
+    assert list(users.eval_dataset["prompt"]) == ["rev abc=", "rev abd=", "rev abe="]  # the first rows
+    more = cli.build_inputs(
+        cli.TRAPOScriptArguments(dataset_name=str(data), max_eval_samples=100), args, ModelConfig()
+    )
+    assert len(more.eval_dataset) == 8
+
+
+def test_a_users_reward_function_and_the_eval_cap_run_end_to_end(tmp_path):
+    """One short real job: `--reward_funcs my_rewards.counted` is called, and every evaluation sees 4 prompts."""
+    write_reward_module(tmp_path)
+    returncode, output = run_cli(
+        "--reward_funcs", "my_rewards.counted", "--max_steps", "1", "--max_eval_samples", "4", cwd=tmp_path
+    )
+    assert returncode == 0, output[-3000:]
+    assert (tmp_path / "calls.txt").exists(), "the user's reward function was never called"
+    evaluated = re.findall(r"Evaluation eval: (\d+) prompts", output)  # before, during and after training
+    assert len(evaluated) >= 2 and set(evaluated) == {"4"}, evaluated
+    assert (tmp_path / "out" / "eval_results.json").exists()
+
+
+# the mechanism itself, in-process: which exceptions count as the user's, in which phase of the job
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "phase, error, clean",
+    [
+        ("build", ValueError("--x=1: bad. Fix: y."), True),
+        ("build", FileNotFoundError(2, "No such file or directory", "data.jsonl"), True),
+        ("build", ImportError("needs peft: pip install peft"), True),
+        ("build", KeyError("a bug"), False),
+        ("build", TypeError("a bug"), False),
+        ("run", CheckpointError("checkpoint-3/optimizer.pt: SHA-256 mismatch. Fix: resume from checkpoint-2."), True),
+        ("run", ValueError("raised inside training: a fault of the program"), False),
+        ("run", Boom("a bug"), False),
+    ],
+)
+def test_run_turns_only_user_errors_into_a_message(monkeypatch, capsys, phase, error, clean):
+    def build_trainer(*args, **kwargs):
+        if phase == "build":
+            raise error
+        return object(), object()
+
+    def run_job(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(cli, "parse_args", lambda argv=None: (None, None, None))
+    monkeypatch.setattr(cli, "build_trainer", build_trainer)
+    monkeypatch.setattr(cli, "run_job", run_job)
+    monkeypatch.delenv("TRAPO_DEBUG", raising=False)
+    if clean:
+        assert cli.run([]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and str(error) in err and "TRAPO_DEBUG=1" in err
+        monkeypatch.setenv("TRAPO_DEBUG", "1")  # debugging: the same error, raised with its traceback
+    with pytest.raises(type(error)):
+        cli.run([])
