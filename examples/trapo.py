@@ -14,7 +14,7 @@ Point it at your own model and data (Hub ids or local files / directories) — t
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --use_peft \
         --dataset_name data/rl.jsonl --reward_funcs numeric_answer \
         --sft_dataset_name data/sft.jsonl --pretrain_dataset_name data/pretrain.jsonl \
-        --output_dir qwen-trapo --report_to trackio
+        --output_dir qwen-trapo --report_to none
 
 or with a recipe: `accelerate launch examples/trapo.py --config examples/recipes/gsm8k_qwen2.5_0.5b.yaml`.
 

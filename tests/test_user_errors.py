@@ -276,19 +276,17 @@ def test_a_bare_bf16_flag_reaches_the_job_from_the_command_line(tmp_path, users_
     assert_untouched(users_folder, before)
 
 
-@pytest.mark.parametrize(
-    "argv, expected",
-    [
-        (["--learning_rate", "-1e-3"], ["--learning_rate=-1e-3"]),
+def test_normalize_argv_keeps_every_value_the_user_meant():
+    cases = [
+        (["--learning_rate", "-1e-3"], ["--learning_rate=-1e-3"]),  # joined, so argparse does not see an option
         (["--learning_rate", "-.5E+2", "--bf16"], ["--learning_rate=-.5E+2", "--bf16=true"]),
         (["--max_steps", "-1"], ["--max_steps=-1"]),
-        (["--bf16", "false", "--config=r.yaml"], ["--bf16", "false", "--config", "r.yaml"]),
+        (["--bf16", "false", "--config=r.yaml"], ["--bf16", "false", "--config", "r.yaml"]),  # a value: kept
         (["--output_dir", "-x-"], ["--output_dir", "-x-"]),  # not a number: left to argparse
-    ],
-)
-def test_normalize_argv_keeps_every_value_the_user_meant(argv, expected):
-    assert cli.normalize_argv(argv) == expected
-    assert cli.normalize_argv(expected) == expected  # idempotent: parse_args and given_arguments both apply it
+    ]
+    for argv, expected in cases:
+        assert cli.normalize_argv(argv) == expected, argv
+        assert cli.normalize_argv(expected) == expected, argv  # idempotent: parse_args and given_arguments apply it
 
 
 def write_reward_module(folder: Path) -> None:
