@@ -385,3 +385,26 @@ def test_run_turns_only_user_errors_into_a_message(monkeypatch, capsys, phase, e
         monkeypatch.setenv("TRAPO_DEBUG", "1")  # debugging: the same error, raised with its traceback
     with pytest.raises(type(error)):
         cli.run([])
+
+
+def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch):
+    """`model_name_or_path: ~/models/tiny` (a recipe, or `--model_name_or_path=~/...`, which the shell leaves alone)
+    passed the path check, which expands `~`, then failed to load: transformers took it for a malformed Hub id."""
+    from transformers import AutoModelForCausalLM
+    from trl import ModelConfig
+
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / "models" / "tiny"
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "rl.jsonl"
+    data.write_text('{"prompt": "rev abc=", "answer": "cba"}\n')
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    script = cli.TRAPOScriptArguments(dataset_name=str(data), reward_funcs=["exact_match"])
+    inputs = cli.build_inputs(script, args, ModelConfig(model_name_or_path="~/models/tiny"))
+    assert inputs.model == str(folder)  # what the trainer passes to from_pretrained
+    assert AutoModelForCausalLM.from_pretrained(inputs.model) is not None
+    assert cli.local_or_hub("owner/model") == "owner/model"  # a Hub id is left alone

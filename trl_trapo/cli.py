@@ -2,10 +2,12 @@
 """The command line of the main TRAPO job (`examples/trapo.py`): its arguments, the loading of the user's data and
 model (or of the built-in ones), and `main` — evaluate, train jointly, evaluate again, save.
 
-    from trl_trapo.cli import main, parse_args
+    from trl_trapo.cli import main, parse_args, run
 
     script_args, training_args, model_args = parse_args()  # sys.argv[1:]; `--config recipe.yaml` supported
     results = main(script_args, training_args, model_args)
+    # or, as `examples/trapo.py` does: parse, run and turn a user error into a message and an exit status
+    sys.exit(run())
 
 **Built-in mode** is chosen by whether a model is given, in any form the parser accepts (`--model_name_or_path`,
 `--model-name-or-path`, `--flag=value`, or `model_name_or_path` in the `--config` YAML). Without a model the job builds
@@ -28,7 +30,13 @@ held-out RL evaluation otherwise (never the training rows, unless you ask for th
 
 Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
 training: every path (model, datasets, `--resume_from_checkpoint`, `--config`) is checked before anything is loaded,
-and bad data is reported before any model is loaded. The job ends with a short summary: output folder, files written,
+and bad data is reported before any model is loaded. On the command line (`run`) such an error is one message on
+stderr, `trapo.py: error: ...`, and exit status 2 (argparse's, for a malformed command line), without a traceback;
+`TRAPO_DEBUG=1` shows it. Which exceptions count as the user's, and when: `SETUP_USER_ERRORS`, `RUN_USER_ERRORS`.
+
+**Reward functions** (`--reward_funcs`) are built-in names or, as in TRL's scripts, dotted import paths of your own
+functions (`my_module.my_reward`, importable from the launch directory). **`--max_eval_samples N`** evaluates on the
+first N rows of every evaluation dataset the job builds. The job ends with a short summary: output folder, files written,
 headline metrics before -> after, wall time.
 """
 
@@ -786,6 +794,23 @@ def check_model_source(value: str, arg: str) -> None:
         )
 
 
+def local_or_hub(value: str) -> str:
+    """A model argument as `from_pretrained` must receive it: `~` expanded when it names an existing local path.
+
+    The checks (`check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
+    so a `~` path from a recipe or from `--flag=~/...` (which the shell leaves alone) would pass the check and fail
+    to load.
+
+    Args:
+        value: a Hub model id or a local directory.
+
+    Returns:
+        The expanded path if it exists, else `value` unchanged.
+    """
+    path = os.path.expanduser(value)
+    return path if os.path.exists(path) else value
+
+
 def load_pretrained(loader, value: str, arg: str, **kwargs):
     """`loader.from_pretrained(value, **kwargs)` with a missing local or Hub model reported as a `ValueError`.
 
@@ -802,7 +827,7 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
         ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id).
     """
     try:
-        return loader.from_pretrained(value, **kwargs)
+        return loader.from_pretrained(local_or_hub(value), **kwargs)
     except OSError as error:  # includes huggingface_hub's validation and connection errors
         path = os.path.expanduser(value)
         where = (
@@ -825,7 +850,7 @@ class JobInputs:
         model: the built-in model, or the Hub id / directory the trainer loads.
         tokenizer: the processing class.
         train_dataset: RL prompts.
-        eval_dataset: held-out RL prompts, or None (no held-out RL evaluation).
+        eval_dataset: held-out RL prompts (at most `--max_eval_samples` rows), or None (no held-out RL evaluation).
         sft_dataset: SFT demonstrations, or None.
         pretrain_dataset: pretraining text, or None.
         reward_funcs: reward functions (the reward model, if any, is passed to the trainer by name).
@@ -1063,7 +1088,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         )
     else:
         # a real model: the trainer loads it from this id / directory with these keyword arguments
-        model = model_args.model_name_or_path
+        model = local_or_hub(model_args.model_name_or_path)
         tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
         init_kwargs = dict(
             revision=model_args.model_revision,
@@ -1156,7 +1181,7 @@ def build_trainer(
         pretrain_dataset=inputs.pretrain_dataset,
         sft_dataset=inputs.sft_dataset,
         processing_class=inputs.tokenizer,
-        reward_model=script_args.reward_model_name_or_path,
+        reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
         value_model=inputs.value_model,
         peft_config=get_peft_config(model_args),
     )
