@@ -214,8 +214,23 @@ def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, args, needles)
         ("learning_rat: 1e-5\n", ["--config", "unknown key 'learning_rat'", "--learning_rate"]),
         ("- learning_rate\n", ["--config", "YAML mapping"]),
         ("max_eval_samples: 0\n", ["--max_eval_samples", "0", ">= 1"]),
+        # YAML values reach the config unconverted: a list for a number was a TypeError traceback, a fraction of a
+        # step trained and crashed at the end, text for a number named no field
+        ("learning_rate: [1.0e-5, 2.0e-5]\n", ["--config", "learning_rate", "[1e-05, 2e-05]", "a number is needed"]),
+        ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
+        ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
+        ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
     ],
-    ids=["not-yaml", "unknown-key", "not-a-mapping", "bad-value"],
+    ids=[
+        "not-yaml",
+        "unknown-key",
+        "not-a-mapping",
+        "bad-value",
+        "list-for-number",
+        "fraction-for-int",
+        "text-for-int",
+        "number-for-list",
+    ],
 )
 def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, content, needles):
     recipe = tmp_path / "recipe.yaml"

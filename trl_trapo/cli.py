@@ -52,6 +52,7 @@ import re
 import sys
 import tempfile
 import time
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -346,13 +347,79 @@ def read_config_file(path: str) -> dict:
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
     known = set(known_fields()) | {"env"}
-    for key in config:
+    kinds = field_types()
+    for key, value in config.items():
         if key not in known:
             raise ValueError(
                 f"--config={path!r}: unknown key {key!r}: no argument has this name.{did_you_mean(str(key))} Fix: "
                 "correct or remove it (`python examples/trapo.py --help` lists every argument)."
             )
+        problem = config_value_problem(value, kinds.get(key))
+        if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
+                f"(`python examples/trapo.py --help` shows the type of --{key})."
+            )
     return config
+
+
+def field_types() -> dict[str, object]:
+    """Argument name -> its annotated type, for the fields of the three argument dataclasses."""
+    kinds: dict[str, object] = {}
+    for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig):
+        hints = typing.get_type_hints(cls)
+        kinds.update({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return kinds
+
+
+def config_value_problem(value, kind) -> str | None:
+    """What is wrong with a `--config` YAML value for an argument of type `kind`, or None if the parser takes it.
+
+    `TrlParser` hands YAML values to argparse as defaults, and argparse converts only strings: a list, a float or a
+    boolean given for a number reached the trainer as is. Checked: numbers, booleans, text, lists of those, `X | None`
+    and `Literal` choices; other types (unions of several types, dicts) are left to the parser.
+
+    Args:
+        value: the YAML value.
+        kind: the argument's type (see `field_types`), or None (unknown: not checked).
+
+    Returns:
+        E.g. `"is a list; a number is needed"`, or None.
+    """
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        if value is None:
+            return None if len(others) < len(args) else "is empty; a value is needed"
+        return config_value_problem(value, others[0]) if len(others) == 1 else None
+    if origin is typing.Literal:
+        return None if value in args else f"is not one of {list(args)}"
+    if origin is list:
+        if isinstance(value, str) and args and args[0] is str:  # one name, e.g. lora_target_modules: all-linear
+            return None
+        if not isinstance(value, list):
+            return "is not a list; write `[a, b]`"
+        problems = [(item, config_value_problem(item, args[0] if args else None)) for item in value]
+        return next((f"has the item {item!r}, which {problem}" for item, problem in problems if problem), None)
+    described = f"is {type(value).__name__ if value is not None else 'empty'}"
+    if kind is bool:
+        words = ("true", "false", "yes", "no", "1", "0")
+        return (
+            None if isinstance(value, bool) or str(value).lower() in words else f"{described}; true or false is needed"
+        )
+    if kind in (int, float):
+        need = "a whole number" if kind is int else "a number"
+        if isinstance(value, str):
+            try:
+                kind(value)  # what argparse will do with it (YAML reads `1e-5`, without a dot, as text)
+                return None
+            except ValueError:
+                return f"is not {need}"
+        numbers = (int,) if kind is int else (int, float)
+        return None if isinstance(value, numbers) and not isinstance(value, bool) else f"{described}; {need} is needed"
+    if kind is str:
+        return None if isinstance(value, str) else f"{described}; text is needed (quote it)"
+    return None
 
 
 def split_config(argv: list[str]) -> tuple[dict, list[str]]:
