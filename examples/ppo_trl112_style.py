@@ -16,9 +16,9 @@ the second on tiny models. With SmolLM2-135M-Instruct (`python scripts/fetch_smo
 and reward model (the value and reward heads start random, as TRL's example does with an SFT checkpoint):
 
     python examples/ppo_trl112_style.py \
-        --model_name_or_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
-        --sft_model_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
-        --reward_model_path ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+        --model_name_or_path models/SmolLM2-135M-Instruct \
+        --sft_model_path models/SmolLM2-135M-Instruct \
+        --reward_model_path models/SmolLM2-135M-Instruct \
         --dataset_name examples/data/gsm8k/train_first1500.jsonl --max_prompts 24 --eval_samples 4 \
         --total_episodes 16 --response_length 32 --per_device_train_batch_size 4 --num_ppo_epochs 1 \
         --stop_token eos --output_dir ppo-smollm2 --report_to none

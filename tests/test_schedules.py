@@ -159,6 +159,23 @@ def test_learning_rate_switch_keeps_the_scheduler_shape(tmp_path, make_trainer):
         assert lr == pytest.approx((5e-4 if step >= 8 else 1e-3) * cosine, rel=1e-6), step
 
 
+def test_logged_lr_is_the_rate_each_logged_step_used(tmp_path, make_trainer):
+    """`lr` (TRL 1.12's name) and the Trainer's `learning_rate` are one value: the rate the logged step used. `lr`
+    was read from the scheduler after it stepped (the next step's rate): 5e-06 next to 0 at step 1 of a warm-up."""
+    trainer = make_trainer(
+        tmp_path, lr_scheduler_type="linear", warmup_steps=3, rl_phase_learning_rate=5e-4, learning_rate=1e-3
+    )
+    recorder = Recorder(trainer)
+    trainer.add_callback(recorder)
+    trainer.train()
+    used = {step + 1: lr for step, lr, _, _ in recorder.rows}  # logs carry the step count after the step
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert [h["step"] for h in logs] == list(range(1, 11))
+    assert logs[0]["learning_rate"] == 0.0  # linear warm-up from 0
+    for h in logs:
+        assert h["lr"] == h["learning_rate"] == pytest.approx(used[h["step"]], abs=1e-12), h["step"]
+
+
 def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path, make_trainer):
     # the target is far above any measured KL, so every update multiplies by 1 - 0.2 * n / horizon
     trainer = make_trainer(

@@ -1,47 +1,77 @@
-# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Every bad input, through the command line (`python examples/trapo.py ...`) and the API: one message naming the
-field, the value and the fix; a non-zero exit (CLI); nothing the user had changed. One section per area.
+"""Every bad input, through the command line (`examples/trapo.py`) and through the API, gets one clean message that
+names the field, the bad value and the fix; the command line exits non-zero without a Python traceback; nothing the
+user had (files, folders, the config object) is changed.
 
-Shared helpers: `run_cli(args, cwd)` runs the main job as a user would (offline, a short run) and returns
-`(returncode, stdout + stderr)`; `snapshot(folder)` records every file's bytes, to check that nothing changed.
+Helpers shared by every section:
+- `run_cli(*args, cwd=...)`: `python examples/trapo.py ARGS` in a subprocess, offline, with a short `--max_steps` and an
+  `--output_dir` under `cwd` unless the arguments give them; returns `(returncode, stdout + stderr)`;
+- `cli_error(returncode, output, *needles)`: asserts a non-zero exit, no traceback, exactly one `error:` line, and
+  every needle in the message; returns the message;
+- `api_error(call, *needles, error=ValueError)`: asserts `call()` raises `error` whose message holds every needle;
+  returns the message;
+- `snapshot(path)`: every file under `path` (or the file itself) -> its bytes' SHA-256, to compare before and after.
+
+Sections, one per area: `# ---- <area> ----`. Command-line cases should fail before any model is loaded, so each
+costs an interpreter start (a few seconds) and no training.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from datasets import Dataset
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo import TRAPOConfig, TRAPOTrainer, cli
+from trl_trapo.checkpoint import CheckpointError
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward
 
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "trapo.py"
 
 
-def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300) -> tuple[int, str]:
-    """`python examples/trapo.py <args>` with this checkout first on the path, offline, `--max_steps 2` unless
-    `args` set it; returns `(returncode, stdout + stderr)`."""
-    if not any(a == "--max_steps" or a.startswith("--max_steps=") for a in args):
-        args = ["--max_steps", "2", *args]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
+    """Run the main job as a user would, `python examples/trapo.py ARGS`, in a subprocess.
+
+    Args:
+        *args: the command-line arguments. Unless they set them: `--max_steps 2` (a run the error failed to stop
+            stays short) and `--output_dir <cwd>/out`.
+        cwd: the working directory (a test's `tmp_path`).
+        env: extra environment variables (e.g. `{"TRAPO_DEBUG": "1"}`); the run is offline and `TRAPO_DEBUG` is unset
+            unless given here; this repository comes first on `PYTHONPATH`.
+        timeout: seconds before the run is killed (the test then fails).
+
+    Returns:
+        `(returncode, output)`: the exit status and stdout followed by stderr.
+    """
+    argv = list(args)
+    names = {a.split("=", 1)[0] for a in argv}
+    if "--max_steps" not in names and "--config" not in names:
+        argv += ["--max_steps", "2"]
+    if "--output_dir" not in names:
+        argv += ["--output_dir", str(cwd / "out")]
+    environment = {k: v for k, v in os.environ.items() if k != "TRAPO_DEBUG"}
+    environment.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), environment.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TRANSFORMERS_VERBOSITY="error",
+    )
+    environment.update(env or {})
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "trapo.py"), *args],
-        cwd=cwd or ROOT,
-        env=env,
+        [sys.executable, str(SCRIPT), *argv],
+        cwd=cwd,
+        env=environment,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -50,9 +80,353 @@ def run_cli(args: list[str], cwd: Path | None = None, timeout: float = 300) -> t
     return completed.returncode, completed.stdout + completed.stderr
 
 
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder` (relative path -> bytes)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+def cli_error(returncode: int, output: str, *needles: str) -> str:
+    """The one error message of a command-line run that should have failed cleanly.
+
+    Args:
+        returncode: the run's exit status (must be non-zero).
+        output: its stdout + stderr (must hold no traceback and exactly one line with `error:`).
+        *needles: strings the message must contain (the field, the bad value, words of the fix).
+
+    Returns:
+        The message: the `error:` line and the lines after it.
+    """
+    assert returncode != 0, f"the run succeeded (exit 0):\n{output[-3000:]}"
+    assert "Traceback" not in output, f"a traceback is shown:\n{output[-3000:]}"
+    lines = output.splitlines()
+    errors = [i for i, line in enumerate(lines) if "error:" in line]
+    assert len(errors) == 1, f"expected one `error:` line, got {len(errors)}:\n{output[-3000:]}"
+    message = "\n".join(lines[errors[0] :])
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in the message:\n{message}"
+    return message
+
+
+def api_error(call: Callable[[], object], *needles: str, error: type[BaseException] = ValueError) -> str:
+    """The message of the error `call()` must raise.
+
+    Args:
+        call: what to run, e.g. `lambda: TRAPOConfig(output_dir=..., max_steps=0)`.
+        *needles: strings the message must contain (the field, the bad value, words of the fix).
+        error: the exception type expected.
+
+    Returns:
+        The message.
+    """
+    with pytest.raises(error) as raised:
+        call()
+    message = str(raised.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in the message: {message}"
+    return message
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Every file under `path` (or `path` itself, if a file) -> the SHA-256 of its bytes; `{}` if nothing is there.
+
+    Args:
+        path: a file or folder the user had before the run.
+
+    Returns:
+        Relative path (`"."` for a file) -> hex digest.
+    """
+    path = Path(path)
+    if path.is_file():
+        return {".": hashlib.sha256(path.read_bytes()).hexdigest()}
+    if not path.is_dir():
+        return {}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
+
+
+# ---- command line ----
+# The job's own command line (`trl_trapo.cli.run`, behind `examples/trapo.py`): a user error is one message on stderr,
+# `trapo.py: error: ...` and a line saying how to see the traceback (`TRAPO_DEBUG=1`), and exit status 2, as argparse
+# reports a malformed command line; a fault of the program keeps its traceback. Every case runs with `--output_dir` on a
+# folder the user already has, which must be left as it was.
+
+
+@pytest.fixture
+def users_folder(tmp_path) -> Path:
+    """An output folder with a file of the user's in it (a previous run's notes), to check it is left alone."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's own file\n")
+    return folder
+
+
+def assert_untouched(folder: Path, before: dict[str, str]) -> None:
+    assert snapshot(folder) == before, f"{folder} changed: {sorted(snapshot(folder))} (before: {sorted(before)})"
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # argparse took `-1e-3` for an option ("expected one argument"); the value must reach TRAPOConfig's check
+        (["--learning_rate", "-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+        (["--learning_rate=-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+        # before: a traceback of 3-33 frames above the message
+        (
+            ["--reward_funcs", "not_a_reward"],
+            ["--reward_funcs", "'not_a_reward'", "exact_match", "my_module.my_reward"],
+        ),
+        (["--reward_funcs", "no_such_module.reward"], ["--reward_funcs", "'no_such_module.reward'", "cannot import"]),
+        (["--reward_funcs", "json.no_such_function"], ["'json.no_such_function'", "no attribute", "numeric_answer"]),
+        (["--reward_funcs", "json.__name__"], ["'json.__name__'", "not a function", "my_module.my_reward"]),
+        (["--max_eval_samples", "0"], ["--max_eval_samples", "0", ">= 1"]),
+        (["--max_eval_samples", "-5"], ["--max_eval_samples", "-5", ">= 1"]),
+        (["--dataset_name", "./missing.jsonl"], ["--dataset_name", "'./missing.jsonl'", "Fix: correct the path"]),
+        (
+            ["--resume_from_checkpoint", "missing-checkpoint"],
+            ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
+        ),
+        (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
+    ],
+    ids=[
+        "negative-learning-rate",
+        "negative-learning-rate=",
+        "unknown-reward",
+        "reward-module-missing",
+        "reward-attribute-missing",
+        "reward-not-callable",
+        "max-eval-samples-0",
+        "max-eval-samples-negative",
+        "missing-dataset",
+        "missing-checkpoint",
+        "bad-config-value",
+    ],
+)
+def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, args, needles):
+    before = snapshot(users_folder)
+    returncode, output = run_cli(*args, "--output_dir", str(users_folder), cwd=tmp_path)
+    cli_error(returncode, output, *needles)
+    assert returncode == cli.USER_ERROR_EXIT_CODE == 2
+    assert "TRAPO_DEBUG=1" in output  # the message says how to see the traceback
+    assert_untouched(users_folder, before)
+
+
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        (
+            "learning_rate: 1e-5\nmax_steps: [1, 2\n",
+            ["--config", "not valid YAML", "line 3"],
+        ),  # before: yaml's traceback
+        ("learning_rat: 1e-5\n", ["--config", "unknown key 'learning_rat'", "--learning_rate"]),
+        ("- learning_rate\n", ["--config", "YAML mapping"]),
+        ("max_eval_samples: 0\n", ["--max_eval_samples", "0", ">= 1"]),
+        # YAML values reach the config unconverted: a list for a number was a TypeError traceback, a fraction of a
+        # step trained and crashed at the end, text for a number named no field
+        ("learning_rate: [1.0e-5, 2.0e-5]\n", ["--config", "learning_rate", "[1e-05, 2e-05]", "a number is needed"]),
+        ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
+        ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
+        ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
+    ],
+    ids=[
+        "not-yaml",
+        "unknown-key",
+        "not-a-mapping",
+        "bad-value",
+        "list-for-number",
+        "fraction-for-int",
+        "text-for-int",
+        "number-for-list",
+    ],
+)
+def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, content, needles):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(content)
+    before = snapshot(users_folder), snapshot(recipe)
+    returncode, output = run_cli("--config", str(recipe), "--output_dir", str(users_folder), cwd=tmp_path)
+    cli_error(returncode, output, *needles)
+    assert (snapshot(users_folder), snapshot(recipe)) == before
+
+
+def test_trapo_debug_shows_the_traceback_the_clean_message_hides(tmp_path):
+    args = ("--reward_funcs", "not_a_reward")
+    returncode, output = run_cli(*args, cwd=tmp_path)
+    message = cli_error(returncode, output, "'not_a_reward'")
+    assert "TRAPO_DEBUG=1" in message
+    returncode, output = run_cli(*args, cwd=tmp_path, env={"TRAPO_DEBUG": "1"})
+    assert returncode != 0
+    assert "Traceback" in output and "resolve_reward_func" in output and "'not_a_reward'" in output
+
+
+def test_accelerate_launch_quiet_shows_only_the_message(tmp_path):
+    """`accelerate launch` adds its launcher's own traceback after any non-zero exit; `-q` (documented) drops it."""
+    accelerate = Path(sys.executable).with_name("accelerate")
+    if not accelerate.exists():
+        pytest.skip("accelerate's launcher is not installed next to this interpreter")
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    environment.pop("TRAPO_DEBUG", None)
+    completed = subprocess.run(
+        [str(accelerate), "launch", "-q", "--num_processes", "1", str(SCRIPT), "--reward_funcs", "not_a_reward"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    cli_error(completed.returncode, completed.stdout + completed.stderr, "--reward_funcs", "'not_a_reward'")
+
+
+@pytest.mark.parametrize("flag", ["--bf16", "--exploration", "--self_imitation", "--activation_checkpointing"])
+def test_optional_bool_flags_work_bare_like_bool_flags(tmp_path, flag):
+    """`bool | None` fields (None: decided for you) took no bare form: `--bf16` alone was "expected one argument"."""
+    name = flag[2:]
+    for argv in ([flag], [flag, "--max_steps", "3"], [flag.replace("_", "-")]):
+        _, args, _ = cli.parse_args([*argv, "--use_cpu", "--output_dir", str(tmp_path)])
+        assert getattr(args, name) is True, argv
+    _, args, _ = cli.parse_args([flag, "false", "--use_cpu", "--output_dir", str(tmp_path)])
+    assert getattr(args, name) is False
+
+
+def test_a_bare_bf16_flag_reaches_the_job_from_the_command_line(tmp_path, users_folder):
+    # parsed (before: argparse's "expected one argument"), then refused on what comes next, before any model loads
+    before = snapshot(users_folder)
+    returncode, output = run_cli(
+        "--use_cpu", "--bf16", "--reward_funcs", "oops", "--output_dir", str(users_folder), cwd=tmp_path
+    )
+    cli_error(returncode, output, "--reward_funcs", "'oops'")
+    assert_untouched(users_folder, before)
+
+
+def test_normalize_argv_keeps_every_value_the_user_meant():
+    cases = [
+        (["--learning_rate", "-1e-3"], ["--learning_rate=-1e-3"]),  # joined, so argparse does not see an option
+        (["--learning_rate", "-.5E+2", "--bf16"], ["--learning_rate=-.5E+2", "--bf16=true"]),
+        (["--max_steps", "-1"], ["--max_steps=-1"]),
+        (["--bf16", "false", "--config=r.yaml"], ["--bf16", "false", "--config", "r.yaml"]),  # a value: kept
+        (["--output_dir", "-x-"], ["--output_dir", "-x-"]),  # not a number: left to argparse
+    ]
+    for argv, expected in cases:
+        assert cli.normalize_argv(argv) == expected, argv
+        assert cli.normalize_argv(expected) == expected, argv  # idempotent: parse_args and given_arguments apply it
+
+
+def write_reward_module(folder: Path) -> None:
+    """`my_rewards.py` in `folder`: `counted` appends the number of completions it scores to `calls.txt`."""
+    (folder / "my_rewards.py").write_text(
+        "import os\n"
+        "def counted(completions, **kwargs):\n"
+        "    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'calls.txt'), 'a') as f:\n"
+        "        f.write(f'{len(completions)}\\n')\n"
+        "    return [float(len(str(c)) % 2) for c in completions]\n"
+        "NOT_A_FUNCTION = 3\n"
+    )
+
+
+def test_a_dotted_reward_path_is_imported_from_the_launch_directory(tmp_path, monkeypatch):
+    write_reward_module(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the import adds the launch directory, as TRL's scripts do
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    func = cli.resolve_reward_func("my_rewards.counted")
+    assert func.__module__ == "my_rewards" and func.__name__ == "counted"
+    assert cli.resolve_reward_func("exact_match") is cli.REWARD_FUNCTIONS["exact_match"]
+    api_error(lambda: cli.resolve_reward_func("my_rewards.NOT_A_FUNCTION"), "'my_rewards.NOT_A_FUNCTION'", "int")
+    api_error(lambda: cli.resolve_reward_func("my_rewards.missing"), "no attribute 'missing'", "exact_match")
+
+
+def test_max_eval_samples_caps_every_evaluation_dataset(tmp_path):
+    from trl import ModelConfig
+
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    builtin = cli.build_inputs(cli.TRAPOScriptArguments(max_eval_samples=7), args, ModelConfig())
+    assert builtin.builtin_eval and len(builtin.eval_dataset) == 7
+    data = tmp_path / "rl"
+    data.mkdir()
+    rows = "".join(f'{{"prompt": "rev ab{c}=", "answer": "{c}ba"}}\n' for c in "cdefghij")
+    (data / "train.jsonl").write_text(rows)
+    (data / "test.jsonl").write_text(rows)
+    script = cli.TRAPOScriptArguments(dataset_name=str(data), max_eval_samples=3)
+    users = cli.build_inputs(script, args, ModelConfig())
+    assert len(users.eval_dataset) == 3 and len(users.train_dataset) == 8  # the training rows are not capped
+    assert list(users.eval_dataset["prompt"]) == ["rev abc=", "rev abd=", "rev abe="]  # the first rows
+    more = cli.build_inputs(
+        cli.TRAPOScriptArguments(dataset_name=str(data), max_eval_samples=100), args, ModelConfig()
+    )
+    assert len(more.eval_dataset) == 8
+
+
+def test_a_users_reward_function_and_the_eval_cap_run_end_to_end(tmp_path):
+    """One short real job: `--reward_funcs my_rewards.counted` is called, and every evaluation sees 4 prompts."""
+    write_reward_module(tmp_path)
+    returncode, output = run_cli(
+        "--reward_funcs", "my_rewards.counted", "--max_steps", "1", "--max_eval_samples", "4", cwd=tmp_path
+    )
+    assert returncode == 0, output[-3000:]
+    assert (tmp_path / "calls.txt").exists(), "the user's reward function was never called"
+    evaluated = re.findall(r"Evaluation eval: (\d+) prompts", output)  # before, during and after training
+    assert len(evaluated) >= 2 and set(evaluated) == {"4"}, evaluated
+    assert (tmp_path / "out" / "eval_results.json").exists()
+
+
+# the mechanism itself, in-process: which exceptions count as the user's, in which phase of the job
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "phase, error, clean",
+    [
+        ("build", ValueError("--x=1: bad. Fix: y."), True),
+        ("build", FileNotFoundError(2, "No such file or directory", "data.jsonl"), True),
+        ("build", ImportError("needs peft: pip install peft"), True),
+        ("build", KeyError("a bug"), False),
+        ("build", TypeError("a bug"), False),
+        ("run", CheckpointError("checkpoint-3/optimizer.pt: SHA-256 mismatch. Fix: resume from checkpoint-2."), True),
+        ("run", ValueError("raised inside training: a fault of the program"), False),
+        ("run", Boom("a bug"), False),
+    ],
+)
+def test_run_turns_only_user_errors_into_a_message(monkeypatch, capsys, phase, error, clean):
+    def build_trainer(*args, **kwargs):
+        if phase == "build":
+            raise error
+        return object(), object()
+
+    def run_job(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(cli, "parse_args", lambda argv=None: (None, None, None))
+    monkeypatch.setattr(cli, "build_trainer", build_trainer)
+    monkeypatch.setattr(cli, "run_job", run_job)
+    monkeypatch.delenv("TRAPO_DEBUG", raising=False)
+    if clean:
+        assert cli.run([]) == 2
+        err = capsys.readouterr().err
+        assert err.count("error:") == 1 and str(error) in err and "TRAPO_DEBUG=1" in err
+        monkeypatch.setenv("TRAPO_DEBUG", "1")  # debugging: the same error, raised with its traceback
+    with pytest.raises(type(error)):
+        cli.run([])
+
+
+def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch):
+    """`model_name_or_path: ~/models/tiny` (a recipe, or `--model_name_or_path=~/...`, which the shell leaves alone)
+    passed the path check, which expands `~`, then failed to load: transformers took it for a malformed Hub id."""
+    from transformers import AutoModelForCausalLM
+    from trl import ModelConfig
+
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / "models" / "tiny"
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "rl.jsonl"
+    data.write_text('{"prompt": "rev abc=", "answer": "cba"}\n')
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    script = cli.TRAPOScriptArguments(dataset_name=str(data), reward_funcs=["exact_match"])
+    inputs = cli.build_inputs(script, args, ModelConfig(model_name_or_path="~/models/tiny"))
+    assert inputs.model == str(folder)  # what the trainer passes to from_pretrained
+    assert AutoModelForCausalLM.from_pretrained(inputs.model) is not None
+    assert cli.local_or_hub("owner/model") == "owner/model"  # a Hub id is left alone
 
 
 # ---- output dir, disk, saves ----
@@ -70,10 +444,16 @@ def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
     the three fixes, and leaves the first run's files as they were."""
     out = tmp_path / "trapo-output"
     before = finished_run(out)
-    code, output = run_cli(["--output_dir", str(out)])
-    assert code != 0
-    assert f"output_dir={str(out)!r}" in output and "eval_results.json" in output and "model.safetensors" in output
-    assert "--overwrite_output_dir" in output and "another output_dir" in output
+    code, output = run_cli("--output_dir", str(out), cwd=tmp_path)
+    cli_error(
+        code,
+        output,
+        f"output_dir={str(out)!r}",
+        "eval_results.json",
+        "model.safetensors",
+        "--overwrite_output_dir",
+        "another output_dir",
+    )
     assert snapshot(out) == before
     from trl_trapo.cli import parse_args
     from trl_trapo.saving import check_output_dir
@@ -110,10 +490,8 @@ def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, where):
     problem = "is a file, not a folder" if where == "file" else f"cannot be created: it is under {blocker}, which is"
     with pytest.raises(ValueError, match=rf"TRAPOConfig\.output_dir={str(out)!r} {problem}"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(out), report_to="none"))
-    code, output = run_cli(["--output_dir", str(out)])
-    assert code != 0 and output.splitlines()[-1].startswith(
-        f"ValueError: TRAPOConfig.output_dir={str(out)!r} {problem}"
-    )
+    code, output = run_cli("--output_dir", str(out), cwd=tmp_path)
+    cli_error(code, output, f"TRAPOConfig.output_dir={str(out)!r} {problem}")
     assert blocker.read_text() == "the user's notes"
 
 
@@ -121,8 +499,8 @@ def test_max_steps_zero_is_refused(tmp_path):
     """`max_steps=0` trained one step; it is refused with the fix (-1 = epochs, evaluate() to only evaluate)."""
     with pytest.raises(ValueError, match=r"TRAPOConfig\.max_steps=0 is invalid: .*-1.*num_train_epochs.*evaluate"):
         TRAPOConfig(output_dir=str(tmp_path), max_steps=0, report_to="none")
-    code, output = run_cli(["--max_steps", "0", "--output_dir", str(tmp_path / "out")])
-    assert code != 0 and "max_steps=0 is invalid" in output
+    code, output = run_cli("--max_steps", "0", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    cli_error(code, output, "max_steps=0 is invalid")
     assert not (tmp_path / "out").exists()
 
 
@@ -131,8 +509,8 @@ def test_push_to_hub_offline_is_refused_at_construction(tmp_path):
     config, naming push_to_hub, the variable and the fixes."""
     with pytest.raises(ValueError, match=r"push_to_hub=True is invalid: HF_HUB_OFFLINE=1 .*Hugging Face Hub"):
         TRAPOConfig(output_dir=str(tmp_path), push_to_hub=True, report_to="none")
-    code, output = run_cli(["--push_to_hub", "--output_dir", str(tmp_path / "out")])
-    assert code != 0 and "push_to_hub=True is invalid: HF_HUB_OFFLINE=1" in output
+    code, output = run_cli("--push_to_hub", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    cli_error(code, output, "push_to_hub=True is invalid: HF_HUB_OFFLINE=1")
 
 
 def test_a_disk_too_small_for_one_checkpoint_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, caplog):
@@ -319,15 +697,18 @@ def test_a_reward_that_is_not_a_number_is_refused_at_construction(tmp_path, tok,
 
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": "ab=", "answer": "ab"}, {"prompt": None, "answer": "x"}])
-    code, out = run_cli(["--max_steps", "1", "--dataset_name", str(rl), "--output_dir", str(tmp_path / "out")])
-    assert code != 0
-    assert "`train_dataset` column 'prompt' has a missing value (None) at row 1" in out
-    assert "dataset.filter(lambda row: row['prompt'] is not None)" in out  # the fix
+    code, out = run_cli("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path)
+    cli_error(
+        code,
+        out,
+        "`train_dataset` column 'prompt' has a missing value (None) at row 1",
+        "dataset.filter(lambda row: row['prompt'] is not None)",  # the fix
+    )
     sft = write_jsonl(
         tmp_path / "sft.jsonl", [{"prompt": "ab=", "completion": "ab"}, {"prompt": "c", "completion": None}]
     )
-    code, out = run_cli(["--max_steps", "1", "--sft_dataset_name", str(sft), "--output_dir", str(tmp_path / "out")])
-    assert code != 0 and "`sft_dataset` column 'completion' has a missing value (None) at row 1" in out
+    code, out = run_cli("--max_steps", "1", "--sft_dataset_name", str(sft), cwd=tmp_path)
+    cli_error(code, out, "`sft_dataset` column 'completion' has a missing value (None) at row 1")
     # refused before anything was written (the output_dir check may have created the empty folder, as the Trainer would)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 

@@ -2,10 +2,12 @@
 """The command line of the main TRAPO job (`examples/trapo.py`): its arguments, the loading of the user's data and
 model (or of the built-in ones), and `main` — evaluate, train jointly, evaluate again, save.
 
-    from trl_trapo.cli import main, parse_args
+    from trl_trapo.cli import main, parse_args, run
 
     script_args, training_args, model_args = parse_args()  # sys.argv[1:]; `--config recipe.yaml` supported
     results = main(script_args, training_args, model_args)
+    # or, as `examples/trapo.py` does: parse, run and turn a user error into a message and an exit status
+    sys.exit(run())
 
 **Built-in mode** is chosen by whether a model is given, in any form the parser accepts (`--model_name_or_path`,
 `--model-name-or-path`, `--flag=value`, or `model_name_or_path` in the `--config` YAML). Without a model the job builds
@@ -28,7 +30,13 @@ held-out RL evaluation otherwise (never the training rows, unless you ask for th
 
 Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
 training: every path (model, datasets, `--resume_from_checkpoint`, `--config`) is checked before anything is loaded,
-and bad data is reported before any model is loaded. The job ends with a short summary: output folder, files written,
+and bad data is reported before any model is loaded. On the command line (`run`) such an error is one message on
+stderr, `trapo.py: error: ...`, and exit status 2 (argparse's, for a malformed command line), without a traceback;
+`TRAPO_DEBUG=1` shows it. Which exceptions count as the user's, and when: `SETUP_USER_ERRORS`, `RUN_USER_ERRORS`.
+
+**Reward functions** (`--reward_funcs`) are built-in names or, as in TRL's scripts, dotted import paths of your own
+functions (`my_module.my_reward`, importable from the launch directory). **`--max_eval_samples N`** evaluates on the
+first N rows of every evaluation dataset the job builds. The job ends with a short summary: output folder, files written,
 headline metrics before -> after, wall time.
 """
 
@@ -36,12 +44,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import json
 import logging
 import os
 import re
 import sys
 import time
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,9 +63,9 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.checkpoint import atomic_write_bytes
+from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.rewards import REWARD_FUNCTIONS
-from trl_trapo.saving import SaveError, check_output_dir, describe_os_error
+from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -168,7 +179,11 @@ class TRAPOScriptArguments(ScriptArguments):
     sft_dataset_split: str = field(default="train", metadata={"help": "Split of the SFT dataset."})
     reward_funcs: list[str] = field(
         default_factory=list,
-        metadata={"help": f"Reward functions by name: {', '.join(sorted(REWARD_FUNCTIONS))}."},
+        metadata={
+            "help": f"Reward functions: built-in names ({', '.join(sorted(REWARD_FUNCTIONS))}) or dotted import paths "
+            "of your own functions (`my_module.my_reward`, importable from the current directory), as in TRL's "
+            "scripts."
+        },
     )
     reward_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Sequence-classification reward model (Hub id or local directory)."}
@@ -177,6 +192,28 @@ class TRAPOScriptArguments(ScriptArguments):
         default=None, metadata={"help": "Critic (sequence classification, num_labels=1); enables GAE advantages."}
     )
     task_suite_seed: int = field(default=0, metadata={"help": "Seed of the built-in task suite."})
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on at most this many rows of every evaluation dataset the job builds (the held-out RL "
+            "prompts, yours or the built-in ones; the first N rows, as in the Hugging Face example scripts), to "
+            "shorten the evaluations before, during and after training. None: every row."
+        },
+    )
+
+    def __post_init__(self):
+        if self.max_eval_samples is not None and not (
+            isinstance(self.max_eval_samples, int) and not isinstance(self.max_eval_samples, bool)
+        ):
+            raise ValueError(
+                f"--max_eval_samples={self.max_eval_samples!r}: not a whole number. Fix: give a number of rows >= 1, "
+                "or leave it unset to evaluate on every row."
+            )
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise ValueError(
+                f"--max_eval_samples={self.max_eval_samples}: must be >= 1 (rows of each evaluation dataset). Fix: give "
+                "a number of rows >= 1, or leave it unset to evaluate on every row."
+            )
 
 
 SCRIPT_FIELDS = {f.name for f in dataclasses.fields(TRAPOScriptArguments)}
@@ -225,8 +262,35 @@ def did_you_mean(name: str) -> str:
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
+def optional_bool_fields() -> set[str]:
+    """The arguments typed `bool | None` (default None: "decide for me", e.g. `bf16`, `exploration`).
+
+    `HfArgumentParser` gives a bare-flag form (`--fp16`) only to `bool` fields; these need a value (`--bf16 true`),
+    so `normalize_argv` supplies `true` when the flag stands alone.
+
+    Returns:
+        Their names (without `--`).
+    """
+    names = set()
+    for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig):
+        hints = typing.get_type_hints(cls)
+        names |= {f.name for f in dataclasses.fields(cls) if f.init and hints[f.name] == bool | None}
+    return names
+
+
+# a negative number argparse would read as an option: Python 3.11's argparse knows `-1` and `-0.5` as numbers but not
+# the exponent form (`-1e-3`), so `--learning_rate -1e-3` was "expected one argument"
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
 def normalize_argv(argv: list[str]) -> list[str]:
-    """`argv` with `--config=PATH` spelt `--config PATH`, the only form `TrlParser` reads.
+    """`argv` in the forms the parser reads as the user meant them.
+
+    1. `--config=PATH` is spelt `--config PATH`, the only form `TrlParser` reads.
+    2. A `bool | None` flag given alone (`--bf16`, followed by another flag or by nothing) gets the value `true`, as a
+       `bool` flag (`--fp16`) does (see `optional_bool_fields`).
+    3. A negative number after a flag is joined to it (`--learning_rate -1e-3` -> `--learning_rate=-1e-3`), so
+       argparse does not take the exponent form for an option.
 
     Args:
         argv: command-line arguments, without the program name.
@@ -234,9 +298,22 @@ def normalize_argv(argv: list[str]) -> list[str]:
     Returns:
         A new list.
     """
+    flags = {form for name in optional_bool_fields() for form in (f"--{name}", f"--{name.replace('_', '-')}")}
     out: list[str] = []
-    for a in argv:
-        out += ["--config", a.split("=", 1)[1]] if a.startswith("--config=") else [a]
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if token.startswith("--config="):
+            out += ["--config", token.split("=", 1)[1]]
+        elif token in flags and (following is None or following.startswith("-")):
+            out.append(f"{token}=true")
+        elif token.startswith("--") and "=" not in token and following and NEGATIVE_NUMBER.match(following):
+            out.append(f"{token}={following}")
+            i += 1
+        else:
+            out.append(token)
+        i += 1
     return out
 
 
@@ -250,25 +327,99 @@ def read_config_file(path: str) -> dict:
         The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
 
     Raises:
-        ValueError: naming `--config`, if the file does not exist, does not hold a YAML mapping, or has a key that
-            is no argument (with the closest known names).
+        ValueError: naming `--config`, if the file does not exist, is not valid YAML (with the line and column), does
+            not hold a YAML mapping, or has a key that is no argument (with the closest known names).
     """
     if not os.path.isfile(path):
         raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
-    with open(path, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except yaml.YAMLError as error:  # the message says where: `line 3, column 7`
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(
+            f"--config={path!r}: not valid YAML{where} ({getattr(error, 'problem', None) or error}). Fix: write one "
+            "`key: value` per line (e.g. `learning_rate: 1.0e-5`), quoting values that hold `: ` or ` #`."
+        ) from error
     if config is None:
         return {}
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
     known = set(known_fields()) | {"env"}
-    for key in config:
+    kinds = field_types()
+    for key, value in config.items():
         if key not in known:
             raise ValueError(
                 f"--config={path!r}: unknown key {key!r}: no argument has this name.{did_you_mean(str(key))} Fix: "
                 "correct or remove it (`python examples/trapo.py --help` lists every argument)."
             )
+        problem = config_value_problem(value, kinds.get(key))
+        if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
+                f"(`python examples/trapo.py --help` shows the type of --{key})."
+            )
     return config
+
+
+def field_types() -> dict[str, object]:
+    """Argument name -> its annotated type, for the fields of the three argument dataclasses."""
+    kinds: dict[str, object] = {}
+    for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig):
+        hints = typing.get_type_hints(cls)
+        kinds.update({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return kinds
+
+
+def config_value_problem(value, kind) -> str | None:
+    """What is wrong with a `--config` YAML value for an argument of type `kind`, or None if the parser takes it.
+
+    `TrlParser` hands YAML values to argparse as defaults, and argparse converts only strings: a list, a float or a
+    boolean given for a number reached the trainer as is. Checked: numbers, booleans, text, lists of those, `X | None`
+    and `Literal` choices; other types (unions of several types, dicts) are left to the parser.
+
+    Args:
+        value: the YAML value.
+        kind: the argument's type (see `field_types`), or None (unknown: not checked).
+
+    Returns:
+        E.g. `"is a list; a number is needed"`, or None.
+    """
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        if value is None:
+            return None if len(others) < len(args) else "is empty; a value is needed"
+        return config_value_problem(value, others[0]) if len(others) == 1 else None
+    if origin is typing.Literal:
+        return None if value in args else f"is not one of {list(args)}"
+    if origin is list:
+        if isinstance(value, str) and args and args[0] is str:  # one name, e.g. lora_target_modules: all-linear
+            return None
+        if not isinstance(value, list):
+            return "is not a list; write `[a, b]`"
+        problems = [(item, config_value_problem(item, args[0] if args else None)) for item in value]
+        return next((f"has the item {item!r}, which {problem}" for item, problem in problems if problem), None)
+    described = f"is {type(value).__name__ if value is not None else 'empty'}"
+    if kind is bool:
+        words = ("true", "false", "yes", "no", "1", "0")
+        return (
+            None if isinstance(value, bool) or str(value).lower() in words else f"{described}; true or false is needed"
+        )
+    if kind in (int, float):
+        need = "a whole number" if kind is int else "a number"
+        if isinstance(value, str):
+            try:
+                kind(value)  # what argparse will do with it (YAML reads `1e-5`, without a dot, as text)
+                return None
+            except ValueError:
+                return f"is not {need}"
+        numbers = (int,) if kind is int else (int, float)
+        return None if isinstance(value, numbers) and not isinstance(value, bool) else f"{described}; {need} is needed"
+    if kind is str:
+        return None if isinstance(value, str) else f"{described}; text is needed (quote it)"
+    return None
 
 
 def split_config(argv: list[str]) -> tuple[dict, list[str]]:
@@ -710,6 +861,23 @@ def check_model_source(value: str, arg: str) -> None:
         )
 
 
+def local_or_hub(value: str) -> str:
+    """A model argument as `from_pretrained` must receive it: `~` expanded when it names an existing local path.
+
+    The checks (`check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
+    so a `~` path from a recipe or from `--flag=~/...` (which the shell leaves alone) would pass the check and fail
+    to load.
+
+    Args:
+        value: a Hub model id or a local directory.
+
+    Returns:
+        The expanded path if it exists, else `value` unchanged.
+    """
+    path = os.path.expanduser(value)
+    return path if os.path.exists(path) else value
+
+
 def load_pretrained(loader, value: str, arg: str, **kwargs):
     """`loader.from_pretrained(value, **kwargs)` with a missing local or Hub model reported as a `ValueError`.
 
@@ -726,7 +894,7 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
         ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id).
     """
     try:
-        return loader.from_pretrained(value, **kwargs)
+        return loader.from_pretrained(local_or_hub(value), **kwargs)
     except OSError as error:  # includes huggingface_hub's validation and connection errors
         path = os.path.expanduser(value)
         where = (
@@ -749,7 +917,7 @@ class JobInputs:
         model: the built-in model, or the Hub id / directory the trainer loads.
         tokenizer: the processing class.
         train_dataset: RL prompts.
-        eval_dataset: held-out RL prompts, or None (no held-out RL evaluation).
+        eval_dataset: held-out RL prompts (at most `--max_eval_samples` rows), or None (no held-out RL evaluation).
         sft_dataset: SFT demonstrations, or None.
         pretrain_dataset: pretraining text, or None.
         reward_funcs: reward functions (the reward model, if any, is passed to the trainer by name).
@@ -811,6 +979,66 @@ def load_rl_data(script_args: TRAPOScriptArguments):
     return train, evaluation
 
 
+def cap_rows(dataset, max_rows: int, what: str):
+    """The first `max_rows` rows of an evaluation dataset (`--max_eval_samples`), logged when rows are dropped.
+
+    Args:
+        dataset: a `Dataset`.
+        max_rows: the cap (>= 1).
+        what: the dataset's role, for the log line.
+
+    Returns:
+        `dataset` itself when it has at most `max_rows` rows, else `dataset.select(range(max_rows))`.
+    """
+    if len(dataset) <= max_rows:
+        return dataset
+    logger.info("Evaluating on the first %d of the %d rows of %s (--max_eval_samples).", max_rows, len(dataset), what)
+    return dataset.select(range(max_rows))
+
+
+def resolve_reward_func(name: str) -> Callable:
+    """The reward function `--reward_funcs` names: a built-in one, or one of yours by its dotted import path.
+
+    As in TRL's scripts (`trl/scripts/grpo.py`), `my_module.my_reward` imports `my_module` (the current directory is
+    searched first, so a `my_module.py` next to where you launch works) and takes its attribute `my_reward`.
+
+    Args:
+        name: a key of `REWARD_FUNCTIONS` or `module.path.function`.
+
+    Returns:
+        The function (called as TRL calls reward functions: `func(prompts=..., completions=..., **columns)`).
+
+    Raises:
+        ValueError: naming `--reward_funcs`, the value, the built-in names and the dotted form, if the name is not
+            built in and has no dot, its module cannot be imported, the module has no such attribute, or the
+            attribute is not callable.
+    """
+    if name in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[name]
+    fix = (
+        f"Fix: use a built-in name ({', '.join(sorted(REWARD_FUNCTIONS))}) or the dotted import path of your function "
+        "(`my_module.my_reward` for `def my_reward(completions, **kwargs)` in my_module.py, importable from the "
+        "current directory)."
+    )
+    module_name, _, attribute = name.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"--reward_funcs {name!r}: not a built-in reward function nor a dotted import path. {fix}")
+    if os.getcwd() not in sys.path:  # TRL's scripts import reward functions from the launch directory too
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a missing module, or an error raised while importing the user's module
+        raise ValueError(
+            f"--reward_funcs {name!r}: cannot import module {module_name!r} ({type(error).__name__}: {error}). {fix}"
+        ) from error
+    func = getattr(module, attribute, None)
+    if func is None:
+        raise ValueError(f"--reward_funcs {name!r}: module {module_name!r} has no attribute {attribute!r}. {fix}")
+    if not callable(func):
+        raise ValueError(f"--reward_funcs {name!r}: {attribute!r} is a {type(func).__name__}, not a function. {fix}")
+    return func
+
+
 def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> JobInputs:
     """Check the arguments, load the user's data and model (or build the built-in ones); no training.
 
@@ -823,7 +1051,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         `JobInputs`.
 
     Raises:
-        ValueError: naming the argument, for an unknown reward function, an unsupported TRL script argument, a
+        ValueError: naming the argument, for a reward function that is neither built in nor importable, an
+            unsupported TRL script argument, a
             missing model, dataset or checkpoint path (all checked before anything is loaded), or bad data (raised
             before any model is loaded).
     """
@@ -841,9 +1070,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
                     else "."
                 )
             )
-    for name in script_args.reward_funcs:
-        if name not in REWARD_FUNCTIONS:
-            raise ValueError(f"--reward_funcs {name!r} is unknown; choose from {sorted(REWARD_FUNCTIONS)}.")
+    reward_funcs = [resolve_reward_func(name) for name in script_args.reward_funcs]  # imports user code, loads nothing
     builtin = model_args.model_name_or_path is None
     model_init_kwargs = None
     if not builtin:
@@ -893,7 +1120,6 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             split_arg="--pretrain_dataset_split",
         )
         sources["pretrain"] = f"--pretrain_dataset_name={script_args.pretrain_dataset_name!r}"
-    reward_funcs = [REWARD_FUNCTIONS[name] for name in script_args.reward_funcs]
     given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
     if script_args.reward_model_name_or_path:
         given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
@@ -929,7 +1155,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         )
     else:
         # a real model: the trainer loads it from this id / directory with these keyword arguments
-        model = model_args.model_name_or_path
+        model = local_or_hub(model_args.model_name_or_path)
         tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
         init_kwargs = dict(
             revision=model_args.model_revision,
@@ -941,6 +1167,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
         sources["model"] = f"--model_name_or_path={model!r}"
         logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
+    if eval_dataset is not None and script_args.max_eval_samples is not None:
+        eval_dataset = cap_rows(eval_dataset, script_args.max_eval_samples, "the held-out RL evaluation")
     value_model = None
     if script_args.value_model_name_or_path:
         from transformers import AutoModelForSequenceClassification
@@ -983,8 +1211,10 @@ def write_json_atomic(path: str, payload: dict) -> None:
         raise SaveError(f"Writing {path} failed: {describe_os_error(path, error)}.") from error
 
 
-def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
-    """The job: build everything, evaluate, train, evaluate again, save.
+def build_trainer(
+    script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig
+) -> tuple[TRAPOTrainer, JobInputs]:
+    """The job's trainer, built from the user's (or the built-in) data, model and rewards; no training.
 
     Args:
         script_args: data and reward arguments.
@@ -993,22 +1223,18 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         model_args: model arguments (`model_name_or_path` None: built-in mode).
 
     Returns:
-        The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
-        after training, `train_loss` and `train_runtime_s`.
-
-    The job ends with a short summary (`job_summary`), printed on the main process.
+        `(trainer, inputs)`.
 
     Raises:
-        ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
+            construction.
     """
-    job_start = time.perf_counter()
     # output_dir can be written and holds no finished run, checked before any model loads (the trainer checks again)
     check_output_dir(training_args, warn_checkpoints=False)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
-    tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
     derived = {}
-    if training_args.eval_strategy != "no" and eval_dataset is None:
+    if training_args.eval_strategy != "no" and inputs.eval_dataset is None:
         derived["eval_strategy"] = "no"
     if inputs.model_init_kwargs:
         derived["model_init_kwargs"] = inputs.model_init_kwargs
@@ -1021,15 +1247,40 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         reward_funcs=inputs.reward_funcs or None,
         args=training_args,
         train_dataset=inputs.train_dataset,
-        eval_dataset=eval_dataset,
+        eval_dataset=inputs.eval_dataset,
         pretrain_dataset=inputs.pretrain_dataset,
         sft_dataset=inputs.sft_dataset,
-        processing_class=tokenizer,
-        reward_model=script_args.reward_model_name_or_path,
+        processing_class=inputs.tokenizer,
+        reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
         value_model=inputs.value_model,
         peft_config=get_peft_config(model_args),
     )
+    return trainer, inputs
 
+
+def run_job(
+    trainer: TRAPOTrainer,
+    inputs: JobInputs,
+    script_args: TRAPOScriptArguments,
+    training_args: TRAPOConfig,
+    job_start: float,
+) -> dict:
+    """Evaluate, train, evaluate again, save, print the summary (steps 4-6 of the job).
+
+    Args:
+        trainer: from `build_trainer`.
+        inputs: from `build_trainer` (the evaluation dataset and the tokenizer are read).
+        script_args: `dataset_name` is read (for the Hub's model card).
+        training_args: the user's configuration (`resume_from_checkpoint`, `output_dir`, `push_to_hub`).
+        job_start: `time.perf_counter()` when the job started (for the summary's wall time).
+
+    Returns:
+        The results, also written to `<output_dir>/eval_results.json` (see `main`).
+
+    Raises:
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+    """
+    tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
     # step 4. evaluate, train, evaluate
     results: dict[str, float] = {}
     if eval_dataset is not None:
@@ -1059,6 +1310,94 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
         print(summary, flush=True)  # once, on stdout (the log lines above go to stderr)
     return results
+
+
+def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
+    """The job: build everything, evaluate, train, evaluate again, save.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: the trainer's configuration, never changed: the trainer gets a copy with `eval_strategy="no"`
+            when there is no held-out data, and the model arguments' `model_init_kwargs` in real-model mode.
+        model_args: model arguments (`model_name_or_path` None: built-in mode).
+
+    Returns:
+        The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
+        after training, `train_loss` and `train_runtime_s`.
+
+    The job ends with a short summary (`job_summary`), printed on the main process.
+
+    Raises:
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted (at the start of training).
+    """
+    job_start = time.perf_counter()
+    trainer, inputs = build_trainer(script_args, training_args, model_args)  # steps 1-3
+    return run_job(trainer, inputs, script_args, training_args, job_start)  # steps 4-6
+
+
+# Errors that are the user's to fix, by phase of the job. Before training (parsing, loading, building the trainer) the
+# project refuses a bad value, path, dataset or model with a `ValueError` naming the argument, the value and the fix;
+# a missing or unreadable path the user gave surfaces as an `OSError` subclass; a missing optional package (`peft`,
+# `vllm`) as an `ImportError` that says what to install. Once training has started only the project's own types that
+# can mean nothing but a bad input or the machine count (a corrupted checkpoint to resume from, a full disk, a Hub that
+# cannot be reached: each message names the path or repo and the fix); anything else there is a fault of the program
+# and keeps its traceback. A `TypeError` is never a user error (the parser converts every type).
+SETUP_USER_ERRORS = (
+    ValueError,
+    SaveError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    ImportError,
+)
+RUN_USER_ERRORS = (CheckpointError, SaveError, HubPushError)
+DEBUG_VARIABLE = "TRAPO_DEBUG"  # set to 1 to see the traceback of a user error
+USER_ERROR_EXIT_CODE = 2  # as argparse exits for a malformed command line
+
+
+def debug_requested() -> bool:
+    """Whether the environment asks for tracebacks of user errors (`TRAPO_DEBUG=1`, `true`, `yes` or `on`)."""
+    return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
+    status, not a traceback.
+
+    A user error (see `SETUP_USER_ERRORS` / `RUN_USER_ERRORS`) prints `<program>: error: <message>` and a line saying
+    how to see the traceback, on stderr, and returns `USER_ERROR_EXIT_CODE` (2, as argparse does for a malformed
+    command line, which it reports the same way). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
+    other exception is raised as is: it is a fault of the program, whose traceback is needed to fix it.
+
+    Args:
+        argv: command-line arguments without the program name (default `sys.argv[1:]`).
+
+    Returns:
+        The exit status: 0 after a complete job, `USER_ERROR_EXIT_CODE` after a user error.
+
+    Raises:
+        SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
+    """
+    user_errors = SETUP_USER_ERRORS
+    try:
+        script_args, training_args, model_args = parse_args(argv)
+        job_start = time.perf_counter()
+        trainer, inputs = build_trainer(script_args, training_args, model_args)
+        user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
+        run_job(trainer, inputs, script_args, training_args, job_start)
+    except Exception as error:
+        if not isinstance(error, user_errors) or debug_requested():
+            raise
+        program = os.path.basename(sys.argv[0]) or "trapo.py"
+        print(
+            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return USER_ERROR_EXIT_CODE
+    return 0
 
 
 # evaluation metrics worth a line in the summary, when measured both before and after training

@@ -1158,6 +1158,10 @@ class TRAPOTrainer(_BaseTrainer):
         """Add TRAPO's metrics (losses per objective, weights, curriculum, rollouts, replay) to the Trainer's logs."""
         if "loss" in logs:
             logs.update(self._collect_metrics())
+            if "learning_rate" in logs:
+                # TRL 1.12's `lr`: the rate the logged step used, which is what the Trainer logs as `learning_rate`
+                # (read before its scheduler steps); the scheduler's `get_last_lr()` would be the next step's
+                logs["lr"] = logs["learning_rate"]
         super().log(logs, start_time)
 
     def _collect_metrics(self) -> dict[str, float]:
@@ -1173,8 +1177,6 @@ class TRAPOTrainer(_BaseTrainer):
         self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
         elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
         out["eps"] = float(int(self._episode / elapsed)) if elapsed > 0 else 0.0
-        if self.lr_scheduler is not None:
-            out["lr"] = float(self.lr_scheduler.get_last_lr()[0])
         out["train/nonfinite_steps"] = float(self._nonfinite_steps)
         return out
 

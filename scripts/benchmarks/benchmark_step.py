@@ -18,7 +18,7 @@ other jobs on a shared machine change far less than wall time; still, prefer an 
 
     python scripts/benchmarks/benchmark_step.py           # ~25M parameters, 512 tokens, 4 rows per step (CPU: ~10 min)
     python scripts/benchmarks/benchmark_step.py --steps 20 --rows 8 --device cuda
-    python scripts/benchmarks/benchmark_step.py --model_dir ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct \
+    python scripts/benchmarks/benchmark_step.py --model_dir models/SmolLM2-135M-Instruct \
         --steps 4 --warmup 1 --skip_critic    # the real model (49,152-token vocabulary): ~15 min on 1 CPU thread
 """
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--model_dir",
         default=None,
-        help="Time a real model instead (e.g. ~/.cache/trl-trapo/models/SmolLM2-135M-Instruct from "
+        help="Time a real model instead (e.g. models/SmolLM2-135M-Instruct from "
         "scripts/fetch_smollm2.py); --vocab_size then comes from its config.",
     )
     parser.add_argument(
