@@ -26,13 +26,15 @@ says how modes, splits and errors work); `python examples/trapo.py --help` lists
 
 import logging
 
-from trl_trapo.cli import main, parse_args
+from trl_trapo.cli import exits_cleanly, main, parse_args
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig: the built-in defaults fill what you do not
-    # set when no model is given; unknown or abbreviated names are errors
-    script_args, training_args, model_args = parse_args()
-    # evaluate, train, evaluate again; save the model, the trainer state and eval_results.json; print a summary
-    main(script_args, training_args, model_args)
+    # Ctrl-C / SIGTERM during training: checkpoint, one line saying how to resume, exit 130 / 143 (no traceback)
+    with exits_cleanly():
+        # script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig: the built-in defaults fill what you do
+        # not set when no model is given; unknown or abbreviated names are errors
+        script_args, training_args, model_args = parse_args()
+        # evaluate, train, evaluate again; save the model, the trainer state and eval_results.json; print a summary
+        main(script_args, training_args, model_args)

@@ -40,10 +40,12 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import yaml
@@ -53,6 +55,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.rewards import REWARD_FUNCTIONS
 
 
@@ -998,8 +1001,13 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
 
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
+        ValueError: also if `accelerate launch` was asked for several processes and started one
+            (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
+        SystemExit: with status 130 (SIGINT) or 143 (SIGTERM) when training was interrupted: the trainer saved a
+            complete checkpoint and logged one line saying how to resume; nothing else is evaluated or saved.
     """
     job_start = time.perf_counter()
+    check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
@@ -1035,6 +1043,9 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         results.update({f"eval_{k}_initial": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
     start = time.perf_counter()
     train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.interruption is not None:  # SIGINT / SIGTERM: checkpoint saved, one line logged; no final save
+        end_process_group()
+        raise SystemExit(trainer.interruption.exit_code)
     results["train_runtime_s"] = time.perf_counter() - start
     results["train_loss"] = train_output.training_loss
     if eval_dataset is not None:
@@ -1055,6 +1066,33 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
         print(summary, flush=True)  # once, on stdout (the log lines above go to stderr)
     return results
+
+
+@contextmanager
+def exits_cleanly() -> Iterator[None]:
+    """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
+    process group in order.
+
+    - SIGINT / SIGTERM during training: `main` exits with 130 / 143 after the trainer's checkpoint line.
+    - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training: one line on stderr
+      (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+    - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
+      interpreter exit.
+
+    Raises:
+        SystemExit: 130 on a `KeyboardInterrupt`.
+    """
+    try:
+        yield
+    except KeyboardInterrupt as error:
+        if os.environ.get("RANK", "0") == "0":
+            message = str(error) or (
+                "Interrupted by SIGINT outside the training steps (only those stop at a checkpoint): nothing more was "
+                "saved."
+            )
+            print(message, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    end_process_group()
 
 
 # evaluation metrics worth a line in the summary, when measured both before and after training
