@@ -173,7 +173,10 @@ def test_signal_mid_run_saves_a_checkpoint_stops_and_resumes_exactly(tmp_path, c
     assert trainer.interruption == Interruption(sig, step, checkpoint)
     assert trainer.interruption.exit_code == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
     verify_checkpoint(checkpoint, 1)  # the Trainer's files and TRAPO's state, fingerprinted
-    assert sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint-")) == ["checkpoint-2", f"checkpoint-{step}"]
+    assert sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint-")) == [
+        "checkpoint-2",
+        f"checkpoint-{step}",
+    ]
     lines = [r.getMessage() for r in caplog.records if "Interrupted by" in r.getMessage()]
     assert lines == [
         f"Interrupted by {sig.name} at step {step}: saved the complete checkpoint {checkpoint}. Resume with the same "
