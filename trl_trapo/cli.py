@@ -56,6 +56,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.rewards import REWARD_FUNCTIONS
 
 
@@ -1003,8 +1004,9 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
         ValueError: also if `accelerate launch` was asked for several processes and started one
             (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
-        SystemExit: with status 130 (SIGINT) or 143 (SIGTERM) when training was interrupted: the trainer saved a
-            complete checkpoint and logged one line saying how to resume; nothing else is evaluated or saved.
+        TrainingInterrupted: (a `KeyboardInterrupt`) when SIGINT / SIGTERM stopped training: the trainer saved a
+            complete checkpoint; nothing else is evaluated or saved (`exits_cleanly` turns it into one line and
+            exit status 130 / 143).
     """
     job_start = time.perf_counter()
     check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
@@ -1043,9 +1045,6 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
         results.update({f"eval_{k}_initial": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
     start = time.perf_counter()
     train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if trainer.interruption is not None:  # SIGINT / SIGTERM: checkpoint saved, one line logged; no final save
-        end_process_group()
-        raise SystemExit(trainer.interruption.exit_code)
     results["train_runtime_s"] = time.perf_counter() - start
     results["train_loss"] = train_output.training_loss
     if eval_dataset is not None:
@@ -1073,19 +1072,26 @@ def exits_cleanly() -> Iterator[None]:
     """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
     process group in order.
 
-    - SIGINT / SIGTERM during training: `main` exits with 130 / 143 after the trainer's checkpoint line.
-    - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training: one line on stderr
-      (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+    - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
+      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too.
+    - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
+      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
       interpreter exit.
 
     Raises:
-        SystemExit: 130 on a `KeyboardInterrupt`.
+        SystemExit: 130 / 143 on a `KeyboardInterrupt`.
     """
+    main_process = os.environ.get("RANK", "0") == "0"
     try:
         yield
+    except TrainingInterrupted as error:
+        if main_process:
+            print(error, flush=True)
+        end_process_group()
+        raise SystemExit(error.interruption.exit_code) from None
     except KeyboardInterrupt as error:
-        if os.environ.get("RANK", "0") == "0":
+        if main_process:
             message = str(error) or (
                 "Interrupted by SIGINT outside the training steps (only those stop at a checkpoint): nothing more was "
                 "saved."

@@ -7,9 +7,12 @@ stays ignored). A signal only sets a flag: the optimizer step in progress finish
 [`~trl_trapo.callbacks.StopOnSignalCallback`] — at the end of every optimizer step, on every rank — agrees over the
 ranks whether any of them received one (one all-gather of one number per step, `distributed.max_over_ranks`), and if
 so asks the Trainer to save the normal `checkpoint-N` (TRAPO's state included, by `StateCheckpointCallback`) and stop.
-`train()` then returns, `trainer.interruption` is an [`Interruption`] and one line is logged saying where the
-checkpoint is and how to resume; the command line (`examples/trapo.py`) exits with 128 + the signal number (130 for
-SIGINT, 143 for SIGTERM) without evaluating or saving a final model.
+When the Trainer's loop has ended (`on_train_end` has run), `train()` raises [`TrainingInterrupted`], a
+`KeyboardInterrupt` whose message is one line saying where the checkpoint is and how to resume (`trainer.interruption`
+holds the same [`Interruption`]). It raises rather than returns so that a script does what Ctrl-C always made it do —
+stop — instead of going on to save, evaluate or push a half-trained model as if it were the final one; and a
+`KeyboardInterrupt` passes through `except Exception`. The command line (`examples/trapo.py`) prints the line and
+exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), without a traceback.
 
 A second Ctrl-C, more than `REPEAT_GRACE_S` after the first, aborts at once with [`TrainingAborted`] (a
 `KeyboardInterrupt`) and saves nothing more: the usual convention for "stop now". A copy that arrives sooner is taken
@@ -37,6 +40,18 @@ logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REPEAT_GRACE_S = 1.0  # a second SIGINT sooner than this is the launcher forwarding the first one
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on SIGINT / SIGTERM after saving a complete checkpoint; the message says how to resume.
+
+    Args:
+        interruption ([`Interruption`]): where and why it stopped (`interruption.exit_code`: 130 / 143).
+    """
+
+    def __init__(self, interruption: Interruption):
+        super().__init__(interruption.message())
+        self.interruption = interruption
 
 
 class TrainingAborted(KeyboardInterrupt):
@@ -128,4 +143,4 @@ class SignalCatcher:
             raise TrainingAborted()
 
 
-__all__ = ["HANDLED_SIGNALS", "Interruption", "SignalCatcher", "TrainingAborted"]
+__all__ = ["HANDLED_SIGNALS", "Interruption", "SignalCatcher", "TrainingAborted", "TrainingInterrupted"]

@@ -83,7 +83,7 @@ from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
-from .interrupts import Interruption, SignalCatcher, TrainingAborted
+from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -1199,13 +1199,15 @@ class TRAPOTrainer(_BaseTrainer):
         while writing is skipped, with a warning saying why); an explicit path must be complete.
 
         SIGINT (Ctrl-C) or SIGTERM during training finishes the optimizer step in progress, saves the normal
-        `checkpoint-N` (TRAPO's state included) and stops on every rank; `train()` then returns, logs one line saying
-        how to resume and sets `interruption` (see `trl_trapo.interrupts`). The previous signal handlers are restored
-        when `train()` returns or raises.
+        `checkpoint-N` (TRAPO's state included) and stops on every rank at the same step; `train()` then raises
+        `TrainingInterrupted` (see `trl_trapo.interrupts`). The previous signal handlers are restored when `train()`
+        returns or raises.
 
         Raises:
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
                 `resume_from_checkpoint=True` finds no complete checkpoint.
+            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
+                message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
@@ -1241,18 +1243,17 @@ class TRAPOTrainer(_BaseTrainer):
                 f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
                 f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
             ) from None
-        interruption = self.interruption
-        if interruption is not None:
-            if self.accelerator.is_main_process:
-                logger.warning(interruption.message())
-        elif catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
+        if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
+            raise TrainingInterrupted(self.interruption)
+        if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
             signal.raise_signal(catcher.received)
         return output
 
     @property
     def interruption(self) -> Interruption | None:
         """Where the last `train()` stopped after SIGINT / SIGTERM (step, signal, checkpoint), or None if it was not
-        interrupted. `interruption.exit_code` is what a command line exits with (130 / 143)."""
+        interrupted (the `TrainingInterrupted` it raised carries the same). `interruption.exit_code` is what a command
+        line exits with (130 / 143)."""
         return self._stop_on_signal.interruption
 
     def _generators(self) -> dict[str, torch.Generator]:
