@@ -27,7 +27,7 @@ says how modes, splits and errors work); `python examples/trapo.py --help` lists
 import logging
 import sys
 
-from trl_trapo.cli import run
+from trl_trapo.cli import exits_cleanly, run
 
 
 if __name__ == "__main__":
@@ -35,5 +35,8 @@ if __name__ == "__main__":
     # parse the script arguments (data, rewards), TRAPOConfig and TRL's ModelConfig (the built-in defaults fill what you
     # do not set when no model is given; unknown or abbreviated names are errors); evaluate, train, evaluate again;
     # save the model, the trainer state and eval_results.json; print a summary. A user error (a bad value, path, file
-    # or dataset) prints one message and exits with status 2; TRAPO_DEBUG=1 shows its traceback.
-    sys.exit(run())
+    # or dataset) prints one message and exits with status 2; TRAPO_DEBUG=1 shows its traceback. Ctrl-C / SIGTERM
+    # during training: checkpoint, one line saying how to resume, exit 130 / 143 (no traceback).
+    with exits_cleanly():
+        status = run()
+    sys.exit(status)

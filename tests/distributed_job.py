@@ -13,7 +13,10 @@ writes `<output_dir>/ranks/rank<r>.json` with what that rank saw:
   without a reference model or when resuming);
 - `comm_hooks`: the DDP communication hooks registered on the wrapped model, with their state's iteration count
   (PowerSGD counts every compressed all-reduce);
-- `world_size`, `distributed_type`, `process_index`.
+- `world_size`, `distributed_type`, `process_index`, `global_step` (the last optimizer step this rank completed).
+
+`TRAPO_TEST_SIGNAL=<rank>:<step>:<SIGNAL>` (e.g. `1:3:SIGTERM`) makes that rank send itself the signal at the start of
+that optimizer step, as a preemption of one process would (tests/test_distributed.py).
 
     accelerate launch --num_processes 2 --multi_gpu tests/distributed_job.py --max_steps 12 --output_dir out
 """
@@ -24,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import time
 
 import torch
@@ -52,6 +56,13 @@ class RankRecorder(TrainerCallback):
             )
         return control
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if os.environ.get("TRAPO_TEST_SIGNAL"):
+            rank, step, name = os.environ["TRAPO_TEST_SIGNAL"].split(":")
+            if int(rank) == self.trainer.accelerator.process_index and state.global_step == int(step) - 1:
+                os.kill(os.getpid(), getattr(signal, name))
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         self.step_end_times.append(time.perf_counter())
         return control
@@ -73,6 +84,7 @@ class RankRecorder(TrainerCallback):
         ]
         record = {
             "process_index": accelerator.process_index,
+            "global_step": state.global_step,
             "world_size": accelerator.num_processes,
             "distributed_type": str(accelerator.distributed_type),
             "log_history": state.log_history,
@@ -99,12 +111,8 @@ def main() -> None:
     cli.TRAPOTrainer = RecordedTRAPOTrainer  # `cli.main` builds its trainer from this module attribute
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     script_args, training_args, model_args = cli.parse_args()
-    cli.main(script_args, training_args, model_args)
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # an orderly shutdown (gloo / DeepSpeed's CPU backend can abort at exit otherwise)
-        dist.barrier()
-        dist.destroy_process_group()
+    with cli.exits_cleanly():  # as examples/trapo.py: 130 / 143 after an interrupt, the process group ended in order
+        cli.main(script_args, training_args, model_args)
 
 
 if __name__ == "__main__":

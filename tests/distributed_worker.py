@@ -20,6 +20,7 @@ from conftest import TINY_CONFIG  # tests/ is on sys.path: this script's folder,
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import Row, StepContext, collate_rows
 from trl_trapo.config import PRETRAIN, RL, SFT
+from trl_trapo.distributed import end_process_group
 from trl_trapo.memory import Trajectory
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
@@ -130,7 +131,9 @@ def main(output_dir: str) -> None:
             from safetensors.torch import save_file
 
             save_file(grads, os.path.join(output_dir, f"grads_{loss_type}.safetensors"))
-    accelerator.wait_for_everyone()
+    # wait for every rank, then destroy the process group: without it gloo's threads can still hold work at
+    # interpreter exit and a rank aborts ("terminate called without an active exception", pytorch/pytorch#190489)
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(config: str, script: str, args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+def launch(
+    config: str, script: str, args: list[str], timeout: int = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file <config> --num_processes 2 --mixed_precision no <script> <args>` on CPU.
 
     The timeout only guards against a hang: a job takes ~45 s on an idle 2-core machine; in a new user's run of the
@@ -66,6 +68,7 @@ def launch(config: str, script: str, args: list[str], timeout: int = 900) -> sub
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TRANSFORMERS_VERBOSITY": "error",
+        **(env or {}),
     }
     command = [
         sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
@@ -170,6 +173,25 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
         return [{k: v for k, v in h.items() if k not in skip} for h in record["log_history"] if h["step"] > 6]
 
     assert after_checkpoint(again[0]) == after_checkpoint(ranks[0])
+
+
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_checkpoint(tmp_path):
+    """A preemption that reaches rank 1 only: both ranks agree (a collective at every step end) to stop after step 3,
+    the 2-rank checkpoint-3 is complete, nothing final is written, and the one line comes from rank 0 only."""
+    from trl_trapo.checkpoint import verify_checkpoint
+
+    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path)]
+    completed = launch("multi_gpu.yaml", "tests/distributed_job.py", args, env={"TRAPO_TEST_SIGNAL": "1:3:SIGTERM"})
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0, output[-4000:]
+    ranks = records(tmp_path)
+    assert [r["global_step"] for r in ranks] == [3, 3], output[-4000:]
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    verify_checkpoint(str(tmp_path / "checkpoint-3"), 2)  # both ranks' TRAPO state, fingerprinted
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert not (tmp_path / "eval_results.json").exists() and not (tmp_path / "model.safetensors").exists()
+    assert output.count("Interrupted by SIGTERM at step 3: saved the complete checkpoint") == 1
+    assert "exitcode  : 143" in output  # torchrun's report of the workers' status: 128 + SIGTERM
 
 
 def test_fsdp_on_cpu_fails_with_a_clear_message(tmp_path):

@@ -1,6 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Crash tests: a run killed with SIGKILL, or killed while writing a checkpoint, resumes to exactly where an
-uninterrupted run ends; a damaged file of any stateful part is an error naming the file, never a silent fresh start.
+"""Crash tests: a run killed with SIGKILL, killed while writing a checkpoint, or stopped by SIGINT / SIGTERM resumes to
+exactly where an uninterrupted run ends; a damaged file of any stateful part is an error naming the file, never a
+silent fresh start.
 
 All runs are fp32 on the CPU with one thread (tests/durability_worker.py), so they are deterministic.
 """
@@ -17,9 +18,11 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from trl_trapo import checkpoint as checkpoint_module
-from trl_trapo.checkpoint import CheckpointError
+from trl_trapo.checkpoint import CheckpointError, verify_checkpoint
+from trl_trapo.interrupts import Interruption, TrainingInterrupted
 from trl_trapo.memory import AdapterBank
 
 
@@ -127,6 +130,60 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, varia
         assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [
             s["files"] for s in reference.memory_pool.adapter_bank.bank.list()
         ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (a') SIGINT / SIGTERM mid-run: the step finishes, a complete checkpoint is saved, training stops, resume is exact
+# ---------------------------------------------------------------------------------------------------------------------
+class SignalDuringStep(TrainerCallback):
+    """Sends `sig` to this process at the start of optimizer step `step` (as Ctrl-C or a preemption would, mid-step)."""
+
+    def __init__(self, sig: signal.Signals, step: int):
+        self.sig, self.step = sig, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step - 1:
+            os.kill(os.getpid(), self.sig)
+        return control
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_full(tmp_path_factory):
+    return final_state(uninterrupted(tmp_path_factory.mktemp("reference") / "run", "full"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_mid_run_saves_a_checkpoint_stops_and_resumes_exactly(tmp_path, uninterrupted_full, sig):
+    output_dir = str(tmp_path / "run")
+    step = 3  # not a save step (save_steps=2): checkpoint-3 exists only because of the signal
+
+    def outside_train(signum, frame):  # what the process had before train(): must be back afterwards
+        raise AssertionError(f"{signal.Signals(signum).name} reached the handler from before train()")
+
+    previous = signal.signal(sig, outside_train)
+    try:
+        with one_thread():
+            trainer = build_trainer(output_dir, "full", callbacks=[SignalDuringStep(sig, step)])
+            with pytest.raises(TrainingInterrupted) as stopped:  # a script stops, as Ctrl-C always made it
+                trainer.train()
+        assert signal.getsignal(sig) is outside_train, "train() left its handler installed"
+    finally:
+        signal.signal(sig, previous)
+    checkpoint = os.path.join(os.path.abspath(output_dir), f"checkpoint-{step}")
+    assert trainer.state.global_step == step
+    assert stopped.value.interruption == trainer.interruption == Interruption(sig, step, checkpoint)
+    assert trainer.interruption.exit_code == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
+    verify_checkpoint(checkpoint, 1)  # the Trainer's files and TRAPO's state, fingerprinted
+    checkpoints = sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint-"))
+    assert checkpoints == ["checkpoint-2", f"checkpoint-{step}"]
+    assert str(stopped.value) == (
+        f"Interrupted by {sig.name} at step {step}: saved the complete checkpoint {checkpoint}. Resume with the same "
+        f"command plus `--resume_from_checkpoint {checkpoint}` (API: `trainer.train(resume_from_checkpoint="
+        f"{checkpoint!r})`)."
+    )
+    resumed = resume(output_dir, "full")
+    assert resumed.interruption is None and resumed.state.global_step == MAX_STEPS
+    assert_same_final_state(uninterrupted_full, final_state(resumed))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ __version__ = "0.1.0.dev0"
 from .config import TRAPOConfig
 from .controllers import AdaptiveKLController, Controller, FixedKLController
 from .curriculum import CurriculumSchedule
+from .interrupts import TrainingAborted, TrainingInterrupted
 from .ppo import PPOConfig, PPOTrainer
 from .rewards import numeric_answer_reward
 from .trainer import TRAPOTrainer
@@ -25,4 +26,6 @@ __all__ = [
     "DAREWeighting",
     "StaticWeighting",
     "numeric_answer_reward",
+    "TrainingInterrupted",
+    "TrainingAborted",
 ]

@@ -8,6 +8,7 @@
 | [`StateCheckpointCallback`] | `on_save` | writes TRAPO's own state into each `checkpoint-N` after the Trainer's files |
 | [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
+| [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
 
 What is not a callback — the curriculum, DARE, the KL / entropy / learning-rate schedules — is a plain object the
 trainer asks at the right point of a step.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable
 
 import torch
@@ -24,7 +26,8 @@ from torch import nn
 from transformers import TrainerCallback
 
 from .checkpoint import CheckpointError
-from .distributed import register_ddp_comm_hook
+from .distributed import max_over_ranks, register_ddp_comm_hook
+from .interrupts import Interruption, SignalCatcher
 from .memory.adapter_bank import AdapterBank
 from .models import ReferencePolicy
 from .schedules import RLSchedules
@@ -275,10 +278,53 @@ class DDPCommHookCallback(TrainerCallback):
         return control
 
 
+class StopOnSignalCallback(TrainerCallback):
+    """Stops training cleanly after SIGINT / SIGTERM: at the end of the optimizer step during which a rank received one
+    (see [`~trl_trapo.interrupts.SignalCatcher`]), every rank agrees to stop (one all-gather per step, at the same
+    point on every rank), the Trainer saves the normal `checkpoint-N` (with TRAPO's state, `StateCheckpointCallback`)
+    whatever `save_strategy` says, skips any evaluation due at that step, and stops. `interruption` then says where.
+
+    Args:
+        catcher ([`~trl_trapo.interrupts.SignalCatcher`]): the flag the signal handlers set.
+        accelerator: the Trainer's `Accelerator` (the agreement is a collective).
+
+    Attributes:
+        interruption ([`~trl_trapo.interrupts.Interruption`] or None): set when the run stopped on a signal; reset at
+            the start of every `train()`.
+    """
+
+    def __init__(self, catcher: SignalCatcher, accelerator):
+        self.catcher = catcher
+        self.accelerator = accelerator
+        self.interruption: Interruption | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.interruption = None
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        received = self.catcher.received
+        signum = max_over_ranks(self.accelerator, int(received) if received is not None else 0)
+        if signum:
+            directory = os.path.abspath(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+            self.interruption = Interruption(signal.Signals(signum), state.global_step, directory)
+            control.should_save = True
+            control.should_training_stop = True
+            control.should_evaluate = False
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.interruption is not None:  # saved at the step's end already; no evaluation either
+            control.should_save = False
+            control.should_evaluate = False
+        return control
+
+
 __all__ = [
     "AdaptiveKLCallback",
     "AdapterBankCallback",
     "DDPCommHookCallback",
     "StateCheckpointCallback",
+    "StopOnSignalCallback",
     "SyncReferenceCallback",
 ]

@@ -49,11 +49,13 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import yaml
@@ -64,6 +66,8 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
+from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.rewards import REWARD_FUNCTIONS
 from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
 
@@ -1227,8 +1231,10 @@ def build_trainer(
 
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
-            construction.
+            construction; also if `accelerate launch` was asked for several processes and started one
+            (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
     """
+    check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
     # output_dir can be written and holds no finished run, checked before any model loads (the trainer checks again)
     check_output_dir(training_args, warn_checkpoints=False)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
@@ -1330,6 +1336,9 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
         CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted (at the start of training).
+        TrainingInterrupted: (a `KeyboardInterrupt`) when SIGINT / SIGTERM stopped training: the trainer saved a
+            complete checkpoint; nothing else is evaluated or saved (`exits_cleanly` turns it into one line and exit
+            status 130 / 143).
     """
     job_start = time.perf_counter()
     trainer, inputs = build_trainer(script_args, training_args, model_args)  # steps 1-3
@@ -1398,6 +1407,40 @@ def run(argv: list[str] | None = None) -> int:
         )
         return USER_ERROR_EXIT_CODE
     return 0
+
+
+@contextmanager
+def exits_cleanly() -> Iterator[None]:
+    """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
+    process group in order.
+
+    - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
+      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too.
+    - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
+      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+    - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
+      interpreter exit.
+
+    Raises:
+        SystemExit: 130 / 143 on a `KeyboardInterrupt`.
+    """
+    main_process = os.environ.get("RANK", "0") == "0"
+    try:
+        yield
+    except TrainingInterrupted as error:
+        if main_process:
+            print(error, flush=True)
+        end_process_group()
+        raise SystemExit(error.interruption.exit_code) from None
+    except KeyboardInterrupt as error:
+        if main_process:
+            message = str(error) or (
+                "Interrupted by SIGINT outside the training steps (only those stop at a checkpoint): nothing more was "
+                "saved."
+            )
+            print(message, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    end_process_group()
 
 
 # evaluation metrics worth a line in the summary, when measured both before and after training

@@ -3,9 +3,11 @@
 
 - `check_launch`: fail fast when accelerate sees another number of processes than were launched (on machines without
   an accelerator accelerate silently runs independent copies unless told to use gloo, see
-  `TRAPOConfig._cpu_distributed_defaults`), or when DeepSpeed was asked for and is off.
+  `TRAPOConfig._cpu_distributed_defaults`), when DeepSpeed was asked for and is off, or when `accelerate launch
+  --num_processes 2` started one process only (`check_processes_started`).
 - `any_rank`: a boolean OR over ranks, for decisions every rank must take together (a generation round gathers ZeRO-3
-  weights, a collective).
+  weights, a collective); `max_over_ranks` the same with a number (the signal that stops a run, see `interrupts.py`).
+- `end_process_group`: an orderly end of the process group before the interpreter exits.
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
   policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model).
 - `register_ddp_comm_hook`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
@@ -33,6 +35,72 @@ COMM_HOOKS = {
 }
 
 
+MULTI_PROCESS_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")  # torchrun / MPI
+
+
+def _launcher_num_processes(parent) -> str | None:
+    """The `--num_processes` value on the launcher's command line, if it is there."""
+    try:
+        argv = parent.cmdline()
+    except Exception:  # psutil.Error or a platform without it
+        return None
+    for i, arg in enumerate(argv):
+        for flag in ("--num_processes", "--num-processes"):
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def check_processes_started() -> None:
+    """Raise if `accelerate launch` was asked for several processes but started only this one.
+
+    Without `--multi_gpu` (or a config file with `distributed_type: MULTI_GPU`) on a machine without several GPUs,
+    `accelerate launch --num_processes 2 script.py` runs the script once, as a single process: its "simple" launcher
+    only exports `MASTER_ADDR` / `MASTER_PORT` (it sets them when asked for more than one process or machine) and no
+    `WORLD_SIZE`. That is what is detected: a process started by accelerate's launcher (`ACCELERATE_DYNAMO_BACKEND` is
+    set) with `MASTER_ADDR` but no world size, where `MASTER_ADDR` is not inherited from the launcher's own environment
+    (a cluster script may export it for a one-process run). When the launcher's environment cannot be read, a warning
+    is logged instead.
+
+    Raises:
+        ValueError: saying which flag to pass (`--multi_gpu`, or `--num_processes 1`); a ValueError like every other
+            error about the user's input (the launch command is one).
+    """
+    env = os.environ
+    if "ACCELERATE_DYNAMO_BACKEND" not in env or "MASTER_ADDR" not in env or any(k in env for k in MULTI_PROCESS_ENV):
+        return
+    import psutil
+
+    parent, inherited, asked = None, None, None
+    try:
+        parent = psutil.Process(os.getppid())
+        parent_env = parent.environ()
+        inherited = (parent_env.get("MASTER_ADDR"), parent_env.get("MASTER_PORT")) == (
+            env["MASTER_ADDR"],
+            env.get("MASTER_PORT"),
+        )
+    except Exception as error:  # psutil.AccessDenied / NoSuchProcess, or no /proc
+        logger.debug("Cannot read the launcher's environment: %s", error)
+    if parent is not None:
+        asked = _launcher_num_processes(parent)
+    if inherited:
+        return
+    how_many = f"--num_processes {asked}" if asked else "several processes (or machines)"
+    message = (
+        f"`accelerate launch` was asked for {how_many} but started this process alone: without `--multi_gpu` (or a "
+        "config file with `distributed_type: MULTI_GPU`) accelerate runs one process when it does not see several "
+        f"GPUs. Pass `--multi_gpu`, e.g. `accelerate launch --multi_gpu --num_processes {asked or 2} "
+        "examples/trapo.py ...` (on a machine without GPUs TRAPO then runs DDP over gloo), or `--num_processes 1` "
+        "for one process."
+    )
+    if inherited is None:  # could not tell whether MASTER_ADDR came from the launcher or from the user's environment
+        logger.warning("%s (MASTER_ADDR=%s is set but not WORLD_SIZE.)", message, env["MASTER_ADDR"])
+        return
+    raise ValueError(message)
+
+
 def check_launch(accelerator) -> None:
     """Raise if the process group does not match the launch.
 
@@ -40,6 +108,8 @@ def check_launch(accelerator) -> None:
         RuntimeError: if the launcher asked for FSDP or DeepSpeed and the run is not using it, if `WORLD_SIZE`
             processes were launched but accelerate sees another number, or if several processes run without any data
             parallelism (the runs would be independent copies writing the same files).
+        ValueError: if `accelerate launch` was asked for several processes and started one
+            (`check_processes_started`).
     """
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     kind = accelerator.distributed_type
@@ -64,6 +134,7 @@ def check_launch(accelerator) -> None:
             "over gloo) or, under DeepSpeed, `--ddp_backend gloo` (TRAPOConfig sets these itself when it sees the "
             "launch)."
         )
+    check_processes_started()
 
 
 def any_rank(accelerator, flag: bool) -> bool:
@@ -92,6 +163,16 @@ def gather_across_ranks(accelerator, tensor: torch.Tensor) -> torch.Tensor:
     gathered = accelerator.gather(accelerator.pad_across_processes(local, dim=0))  # (world * max n_r, ...)
     parts = gathered.split(max(sizes)) if max(sizes) else [gathered[:0]] * len(sizes)
     return torch.cat([part[:n] for part, n in zip(parts, sizes)]).to(tensor.device)
+
+
+def max_over_ranks(accelerator, value: int) -> int:
+    """The largest of every rank's `value` (one tiny all-gather; free on one process). Collective: every rank must
+    call it at the same point. Like `any_rank`, for a decision every rank takes together, with the value that decided
+    it (e.g. which signal stopped the run)."""
+    if accelerator.num_processes == 1:
+        return int(value)
+    gathered = accelerator.gather(torch.tensor([int(value)], dtype=torch.int64, device=accelerator.device))
+    return int(gathered.max().item())
 
 
 def _is_partitioned(param: torch.Tensor) -> bool:
@@ -187,6 +268,21 @@ def register_ddp_comm_hook(model: nn.Module, name: str, powersgd_rank: int, powe
     DistributedDataParallelKwargs(comm_hook=COMM_HOOKS[name], comm_state_option=state_option).register_comm_hook(model)
     model.trapo_comm_hook = name
     logger.info("Registered the DDP communication hook %r.", name)
+
+
+def end_process_group() -> None:
+    """Wait for every rank, then destroy the default process group, if there is one (a no-op otherwise).
+
+    Call it once at the end of a multi-process script, after its last collective, on every rank. Without it gloo's
+    worker threads can still hold work (and tensors) when the interpreter finalises, and a rank can abort at exit
+    with SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489); see PyTorch's
+    "Shutdown" notes on `destroy_process_group`.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def reduce_replay_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:

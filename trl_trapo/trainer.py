@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import math
 import os
+import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -51,6 +52,7 @@ from .callbacks import (
     AdaptiveKLCallback,
     DDPCommHookCallback,
     StateCheckpointCallback,
+    StopOnSignalCallback,
     SyncReferenceCallback,
 )
 from .checkpoint import (
@@ -89,6 +91,7 @@ from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
+from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import (
     aggregate_rl_loss,
     clipped_policy_loss,
@@ -524,6 +527,10 @@ class TRAPOTrainer(_BaseTrainer):
                     "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
                 )
             self.add_callback(SyncReferenceCallback(self.reference, self._unwrapped_policy))
+        # last, so that every other callback has seen the step: SIGINT / SIGTERM save a checkpoint and stop (train())
+        self._signal_catcher = SignalCatcher(announce=self.accelerator.is_main_process)
+        self._stop_on_signal = StopOnSignalCallback(self._signal_catcher, self.accelerator)
+        self.add_callback(self._stop_on_signal)
 
         self._episode = 0
         self._nonfinite_steps = 0
@@ -1223,9 +1230,18 @@ class TRAPOTrainer(_BaseTrainer):
         `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
         while writing is skipped, with a warning saying why); an explicit path must be complete.
 
+        SIGINT (Ctrl-C) or SIGTERM during training finishes the optimizer step in progress, saves the normal
+        `checkpoint-N` (TRAPO's state included) and stops on every rank at the same step; `train()` then raises
+        `TrainingInterrupted` (see `trl_trapo.interrupts`). The previous signal handlers are restored when `train()`
+        returns or raises.
+
         Raises:
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
                 `resume_from_checkpoint=True` finds no complete checkpoint.
+            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
+                message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
+            TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
+                the message names the newest complete checkpoint.
         """
         world = self.accelerator.num_processes
         if resume_from_checkpoint is True:
@@ -1244,13 +1260,21 @@ class TRAPOTrainer(_BaseTrainer):
             verify_checkpoint(resume_from_checkpoint, world)
             self._load_trapo_state(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
+        catcher = self._signal_catcher
         try:
-            return super().train(
-                resume_from_checkpoint=resume_from_checkpoint,
-                trial=trial,
-                ignore_keys_for_eval=ignore_keys_for_eval,
-                **kwargs,
-            )
+            with catcher:  # SIGINT / SIGTERM handlers only while training (see interrupts.py)
+                output = super().train(
+                    resume_from_checkpoint=resume_from_checkpoint,
+                    trial=trial,
+                    ignore_keys_for_eval=ignore_keys_for_eval,
+                    **kwargs,
+                )
+        except TrainingAborted:
+            newest, _ = last_complete_checkpoint(self.args.output_dir, world)
+            raise TrainingAborted(
+                f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
+                f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
+            ) from None
         except Exception as error:
             # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
             # KeyboardInterrupt / SystemExit leaves it as a kill would: without markers, resuming skips it)
@@ -1258,6 +1282,18 @@ class TRAPOTrainer(_BaseTrainer):
             if replacement is not None:
                 raise replacement from error
             raise
+        if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
+            raise TrainingInterrupted(self.interruption)
+        if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
+            signal.raise_signal(catcher.received)
+        return output
+
+    @property
+    def interruption(self) -> Interruption | None:
+        """Where the last `train()` stopped after SIGINT / SIGTERM (step, signal, checkpoint), or None if it was not
+        interrupted (the `TrainingInterrupted` it raised carries the same). `interruption.exit_code` is what a command
+        line exits with (130 / 143)."""
+        return self._stop_on_signal.interruption
 
     def _generators(self) -> dict[str, torch.Generator]:
         return {"rows": self._row_generator, **self.rollouts.state_dict()}
