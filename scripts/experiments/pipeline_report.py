@@ -6,8 +6,9 @@
     python scripts/experiments/pipeline_report.py --write_readme          # README tables from docs/results/ (no run)
 
 `--write_readme` renders the README's Results tables from the committed `docs/results/checkpoints.csv` (the
-comparison) and `docs/results/ablations/checkpoints.csv` (the ablations) and puts them between their
-`<!-- pipeline-table:... -->` / `<!-- ablation-table:... -->` markers; `tests/test_readme_results.py` checks that the
+comparison), `docs/results/ablations/checkpoints.csv` (the ablations) and `docs/results/seed_grid/suite*_checkpoints.csv`
+(the 5 seeds x 2 task suites grid) and puts them between their `<!-- pipeline-table:... -->` / `<!-- ablation-table:... -->`
+/ `<!-- seed-grid-table:... -->` markers; `tests/test_readme_results.py` checks that the
 README holds exactly that rendering.
 
 Definitions (also stated in `results.md`):
@@ -654,7 +655,7 @@ README_TABLES = {
     "pipeline-table": (("docs/results/checkpoints.csv",), lambda results: markdown_table(summarize(results))),
     "ablation-table": (("docs/results/ablations/checkpoints.csv",), common_seed_ablation_table),
     "seed-grid-table": (
-        ("docs/results/ablations/checkpoints.csv", "docs/results/ablations/suite1_checkpoints.csv"),
+        ("docs/results/seed_grid/suite0_checkpoints.csv", "docs/results/seed_grid/suite1_checkpoints.csv"),
         seed_grid_from_csvs,
     ),
 }
