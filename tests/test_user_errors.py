@@ -520,6 +520,26 @@ def test_max_steps_zero_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "settings, field",
+    [
+        ({"max_steps": -7}, "max_steps=-7"),
+        ({"save_strategy": "steps", "save_steps": -3}, "save_steps=-3"),
+        ({"eval_strategy": "steps", "eval_steps": -3}, "eval_steps=-3"),
+        ({"logging_steps": -2}, "logging_steps=-2"),
+    ],
+    ids=["max_steps", "save_steps", "eval_steps", "logging_steps"],
+)
+def test_negative_step_counts_are_refused(tmp_path, settings, field):
+    """Siblings of `max_steps=0`: a negative interval never fires (and `max_steps` < -1 silently trained for epochs);
+    refused in the config and on the command line, before anything loads."""
+    api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings), f"TRAPOConfig.{field} is")
+    args = [part for key, value in settings.items() for part in (f"--{key}", str(value))]
+    code, output = run_cli(*args, cwd=tmp_path)
+    cli_error(code, output, f"TRAPOConfig.{field}", "is invalid", "positive number")  # the CLI parses -3 as -3.0
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 def test_push_to_hub_offline_is_refused_at_construction(tmp_path):
     """With HF_HUB_OFFLINE=1 (set by the test suite and the helper), `push_to_hub` cannot succeed: refused in the
     config, naming push_to_hub, the variable and the fixes."""

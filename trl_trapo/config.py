@@ -881,13 +881,23 @@ class TRAPOConfig(_BaseConfig):
             )
         if self.gradient_accumulation_steps < 1:
             bad("gradient_accumulation_steps", self.gradient_accumulation_steps, "use an integer >= 1.")
-        if self.max_steps == 0:  # the Trainer would read it as "not set" and still take a step (-1 means epochs)
+        if self.max_steps == 0 or self.max_steps < -1:  # the Trainer reads <= 0 as "not set" (-1: the documented one)
             bad(
                 "max_steps",
-                0,
+                self.max_steps,
                 "use a positive number of optimizer steps, or -1 (the default) to train for num_train_epochs. To "
                 "evaluate without training, call trainer.evaluate() on a trainer you do not train.",
             )
+        # interval fields the Trainer reads only under their strategy "steps": a value <= 0 there never fires (or
+        # divides by zero); < 1 is a fraction of the run's steps
+        for name, strategy in (
+            ("save_steps", self.save_strategy),
+            ("eval_steps", self.eval_strategy),
+            ("logging_steps", self.logging_strategy),
+        ):
+            value = getattr(self, name)
+            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and not value > 0:
+                bad(name, value, "use a positive number of optimizer steps (or a fraction < 1 of the run's steps).")
         if self.push_to_hub and huggingface_hub.constants.is_offline_mode():
             bad(
                 "push_to_hub",
