@@ -135,8 +135,12 @@ def test_a_failed_push_names_the_hub_and_keeps_the_local_save(tmp_path, tokenize
         raise FakeHubApi().upload_folder()
 
     monkeypatch.setattr(FakeHubApi, "create_repo", unreachable)
-    with pytest.raises(HubPushError, match=r"Hugging Face Hub \(repo 'me/trapo-tiny'\)"):
+    # at construction nothing is saved yet: the message must not claim a local save (a new user trusted that claim)
+    with pytest.raises(
+        HubPushError, match=r"creating the repo 'me/trapo-tiny' on the Hugging Face Hub failed"
+    ) as raised:
         tiny_trainer(tmp_path / "b", tokenizer, suite, push_to_hub=True, hub_model_id="me/trapo-tiny")
+    assert "nothing was trained or saved" in str(raised.value) and "is complete" not in str(raised.value)
 
 
 def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):

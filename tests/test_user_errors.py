@@ -333,7 +333,18 @@ def write_reward_module(folder: Path) -> None:
         "        f.write(f'{len(completions)}\\n')\n"
         "    return [float(len(str(c)) % 2) for c in completions]\n"
         "NOT_A_FUNCTION = 3\n"
+        "def broken(completions, **kwargs):\n"
+        "    return [1.0 / 0 for c in completions]\n"
     )
+
+
+def test_a_reward_function_that_raises_is_one_clean_message(tmp_path):
+    """The user's reward raising (found by the construction-time check) was a RuntimeError with a traceback and exit
+    1 (a new user's report); now one message naming the function and what it raised, exit 2."""
+    write_reward_module(tmp_path)
+    code, output = run_cli("--reward_funcs", "my_rewards.broken", cwd=tmp_path)
+    cli_error(code, output, "Reward function 'broken' raised ZeroDivisionError", "must return one float")
+    assert code == 2
 
 
 def test_a_dotted_reward_path_is_imported_from_the_launch_directory(tmp_path, monkeypatch):
@@ -479,21 +490,53 @@ def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
     check_output_dir(args)
 
 
-def test_api_refuses_a_finished_run_unless_resumed_or_overwritten(tmp_path, tokenizer, suite, tiny_trainer):
-    """At construction, before the model is even looked at (a missing model path is not reached); resuming from it
-    or `overwrite_output_dir=True` is accepted; a folder of checkpoints only (an interrupted run) is not finished."""
+def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suite, tiny_trainer):
+    """At construction, before the model is even looked at (a missing model path is not reached); resuming one of its
+    checkpoints *in place* is refused too (the final save would replace the finished model: a new user's resume from
+    shell history trained 0 steps and replaced it), resuming it into another output_dir or `overwrite_output_dir=True`
+    is accepted; a folder of checkpoints only (an interrupted run) is not finished and resumes in place."""
     before = finished_run(tmp_path)
     with pytest.raises(ValueError, match=r"output_dir=.*holds a finished run \(config\.json.*overwrite_output_dir"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"))
     assert snapshot(tmp_path) == before
     (tmp_path / "checkpoint-2").mkdir()
-    with pytest.raises(ValueError, match=r"resume it \(--resume_from_checkpoint .*checkpoint-2"):
+    with pytest.raises(
+        ValueError, match=r"another output_dir \(to continue from one of its checkpoints: --output_dir"
+    ):
         tiny_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(ValueError, match=r"resuming in place replaces it too"):
+        tiny_trainer(tmp_path, tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert snapshot(tmp_path) == before
+    tiny_trainer(tmp_path / "continued", tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     tiny_trainer(tmp_path, tokenizer, suite, overwrite_output_dir=True)
-    tiny_trainer(tmp_path, tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoint-2").mkdir(parents=True)
     tiny_trainer(interrupted, tokenizer, suite)
+    tiny_trainer(interrupted, tokenizer, suite, resume_from_checkpoint=str(interrupted / "checkpoint-2"))
+
+
+def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer):
+    """A checkpoint at step 2 resumed with max_steps=2 trained 0 steps and saved the checkpoint as the final model
+    (a new user's resume with a smaller --max_steps); refused naming both numbers and the fix, before any step.
+    Through the command line: one clean message, and nothing written to the new output_dir."""
+    first = tiny_trainer(tmp_path / "first", tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    checkpoint = tmp_path / "first" / "checkpoint-2"
+    again = tiny_trainer(tmp_path / "again", tokenizer, suite, max_steps=2)
+    with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=2: nothing would be trained.*above 2"):
+        again.train(resume_from_checkpoint=str(checkpoint))
+    assert again.state.global_step == 0
+    code, output = run_cli(
+        "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--output_dir", str(tmp_path / "cli"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    code, output = run_cli(
+        "--max_steps", "3", "--output_dir", str(tmp_path / "cli2"),
+        "--resume_from_checkpoint", str(tmp_path / "cli" / "checkpoint-6"), cwd=tmp_path,
+    )  # fmt: skip
+    cli_error(code, output, "is at step 6 and max_steps=3", "Raise max_steps above 6")
+    assert not (tmp_path / "cli2" / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])

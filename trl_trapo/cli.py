@@ -68,7 +68,7 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.interrupts import TrainingInterrupted
-from trl_trapo.rewards import REWARD_FUNCTIONS
+from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
 
 
@@ -1350,18 +1350,20 @@ def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_ar
 # a missing or unreadable path the user gave surfaces as an `OSError` subclass; a missing optional package (`peft`,
 # `vllm`) as an `ImportError` that says what to install. Once training has started only the project's own types that
 # can mean nothing but a bad input or the machine count (a corrupted checkpoint to resume from, a full disk, a Hub that
-# cannot be reached: each message names the path or repo and the fix); anything else there is a fault of the program
-# and keeps its traceback. A `TypeError` is never a user error (the parser converts every type).
+# cannot be reached, the user's reward function raising: each message names the path, repo or function and the fix);
+# anything else there is a fault of the program and keeps its traceback. A `TypeError` is never a user error (the parser converts every type).
 SETUP_USER_ERRORS = (
     ValueError,
     SaveError,
+    HubPushError,
+    RewardFunctionError,
     FileNotFoundError,
     NotADirectoryError,
     IsADirectoryError,
     PermissionError,
     ImportError,
 )
-RUN_USER_ERRORS = (CheckpointError, SaveError, HubPushError)
+RUN_USER_ERRORS = (CheckpointError, SaveError, HubPushError, RewardFunctionError)
 DEBUG_VARIABLE = "TRAPO_DEBUG"  # set to 1 to see the traceback of a user error
 USER_ERROR_EXIT_CODE = 2  # as argparse exits for a malformed command line
 

@@ -124,6 +124,11 @@ def reward_value(value: Any) -> float | None:
     return None
 
 
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the message names the function, what it raised and how it is called (the
+    original exception is the `__cause__`)."""
+
+
 def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
     """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
 
@@ -149,7 +154,7 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
         else:
             output = func(**kwargs)
     except Exception as error:  # re-raised with the function's name and the fix
-        raise RuntimeError(
+        raise RewardFunctionError(
             f"Reward function '{name}' raised {type(error).__name__}: {error}. Reward functions are called as "
             "func(prompts=..., completions=..., completion_ids=..., **dataset_columns, trainer_state=..., "
             "log_metric=..., log_extra=...) and must return one float (or None) per completion."

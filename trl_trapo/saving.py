@@ -102,8 +102,9 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
 
     Raises:
         ValueError: naming `output_dir`, its value and the fix, if it is a file, cannot be created or written, or
-            holds a finished run (a file of `FINISHED_RUN_FILES` at its top level) while the run neither resumes
-            from it nor sets `overwrite_output_dir=True`.
+            holds a finished run (a file of `FINISHED_RUN_FILES` at its top level) and `overwrite_output_dir` is
+            not set — resuming one of its checkpoints in place included, since the final save would replace the
+            finished model (resume into another output_dir instead).
     """
     name = f"{type(args).__name__}.output_dir"
     output_dir = args.output_dir
@@ -134,22 +135,30 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
         return
     resume = args.resume_from_checkpoint
     here = os.path.abspath(output_dir)
-    if resume is True or (isinstance(resume, str) and os.path.commonpath([os.path.abspath(resume), here]) == here):
-        return  # resuming this folder's run
+    resuming_here = resume is True or (
+        isinstance(resume, str) and os.path.commonpath([os.path.abspath(resume), here]) == here
+    )
     checkpoints = sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
     latest = os.path.join(output_dir, checkpoints[-1]) if checkpoints else "<a checkpoint-N of it>"
+    found = [f for f in FINISHED_RUN_FILES if os.path.isfile(os.path.join(output_dir, f))]
+    if found:  # resuming here would replace the finished model too (its final save goes to output_dir)
+        raise ValueError(
+            f"{name}={output_dir!r} holds a finished run ({', '.join(found)}), which this run would replace"
+            + (" when it saves its final model (resuming in place replaces it too)" if resuming_here else "")
+            + ". Fix: choose another output_dir"
+            + (
+                f" (to continue from one of its checkpoints: --output_dir NEW --resume_from_checkpoint {latest})"
+                if checkpoints
+                else ""
+            )
+            + ", or pass --overwrite_output_dir (TRAPOConfig(overwrite_output_dir=True)) to replace it."
+        )
+    if resuming_here:
+        return  # an interrupted run of this folder (checkpoints, no final model): resuming is what it is for
     resume_hint = (
         f"--resume_from_checkpoint {latest}; API: TRAPOConfig(resume_from_checkpoint=...) and "
         "trainer.train(resume_from_checkpoint=...)"
     )
-    found = [f for f in FINISHED_RUN_FILES if os.path.isfile(os.path.join(output_dir, f))]
-    if found:
-        raise ValueError(
-            f"{name}={output_dir!r} holds a finished run ({', '.join(found)}), which this run would replace. Fix: "
-            + (f"resume it ({resume_hint}), " if checkpoints else "")
-            + "choose another output_dir, or pass --overwrite_output_dir (TRAPOConfig(overwrite_output_dir=True)) to "
-            "replace it."
-        )
     if checkpoints and warn_checkpoints:
         logger.warning(
             "%s=%r holds checkpoints of an earlier run (%s) and this run starts from scratch: the ones with the "
@@ -322,15 +331,22 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
         raise
 
 
-def hub_error(repo_id: str | None, error: BaseException, output_dir: str) -> HubPushError:
+def hub_error(repo_id: str | None, error: BaseException, output_dir: str | None) -> HubPushError:
     """The error to raise when an upload to (or repo creation on) the Hugging Face Hub fails.
 
     Args:
         repo_id (`str`, *optional*): the repo (`hub_model_id`, or the one derived from `output_dir`).
         error: what the Hub client raised (a connection, HTTP or offline-mode error).
-        output_dir (`str`): the local folder, complete on disk, to upload later.
+        output_dir (`str`, *optional*): the local folder, complete on disk, to upload later; None when nothing was
+            saved yet (the repo is created when the trainer is built, before any training).
     """
     cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if output_dir is None:
+        return HubPushError(
+            f"push_to_hub=True: creating the repo {repo_id!r} on the Hugging Face Hub failed before any training "
+            f"({type(error).__name__}: {cause}); nothing was trained or saved. Fix: check the network and HF_TOKEN "
+            "(`hf auth login`), or drop --push_to_hub and upload the output_dir after training (`hf upload`)."
+        )
     return HubPushError(
         f"Pushing to the Hugging Face Hub (repo {repo_id!r}) failed: {type(error).__name__}: {cause}. The local "
         f"save in {output_dir} is complete. Fix: check the network and HF_TOKEN (`hf auth login`), then upload it "

@@ -28,6 +28,7 @@ their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.R
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -1258,6 +1259,14 @@ class TRAPOTrainer(_BaseTrainer):
         self._train_start_time = time.perf_counter()
         if resume_from_checkpoint:
             verify_checkpoint(resume_from_checkpoint, world)
+            with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
+                resumed_step = int(json.load(handle).get("global_step", 0))
+            if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
+                raise CheckpointError(
+                    f"resume_from_checkpoint={resume_from_checkpoint} is at step {resumed_step} and max_steps="
+                    f"{self.args.max_steps}: nothing would be trained, and the checkpoint would be saved as the final "
+                    f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
+                )
             self._load_trapo_state(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
         catcher = self._signal_catcher
@@ -1428,7 +1437,7 @@ class TRAPOTrainer(_BaseTrainer):
             if not is_hub_error(error):
                 raise
             repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-            raise hub_error(repo_id, error, self.args.output_dir) from error
+            raise hub_error(repo_id, error, None) from error  # nothing saved yet: construction time
 
     def push_to_hub(
         self,
