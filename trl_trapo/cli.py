@@ -1235,7 +1235,9 @@ def build_trainer(
             (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
     """
     check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
-    # output_dir can be written and holds no finished run, checked before any model loads (the trainer checks again)
+    # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
+    # written and holds no finished run, checked before any model loads (the trainer checks again)
+    check_checkpoint(training_args.resume_from_checkpoint)
     check_output_dir(training_args, warn_checkpoints=False)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
