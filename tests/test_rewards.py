@@ -44,9 +44,9 @@ def test_an_async_reward_with_loop_bound_state_works_across_calls(tmp_path, toke
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=reward,
-        # one sub-round per round: exploration (on by default) would split a round whose families differ in
-        # temperature into one reward call per temperature
-        args=tiny_config(tmp_path, exploration=False),
+        # with the defaults (exploration on): a round is one unit, so one reward call per round whatever the
+        # families' temperatures
+        args=tiny_config(tmp_path),
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
     )
