@@ -145,6 +145,13 @@ def any_rank(accelerator, flag: bool) -> bool:
     return bool(accelerator.reduce(value, reduction="sum").item() > 0)
 
 
+def sum_over_ranks(accelerator, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over ranks, on the tensor's own device (collective; the tensor itself on one process)."""
+    if accelerator.num_processes == 1:
+        return tensor
+    return accelerator.reduce(tensor.to(accelerator.device), reduction="sum").to(tensor.device)
+
+
 def gather_across_ranks(accelerator, tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's `tensor` concatenated along dim 0 in rank order, the same on every rank (collective; the tensor
     itself on one process). Ranks may hold different numbers of rows; the result is on `tensor`'s device.

@@ -30,7 +30,7 @@ from trl.import_utils import is_vllm_available
 
 from .collator import left_pad
 from .data import tokenize_prompt
-from .distributed import gather_across_ranks, generation_synced_gpus
+from .distributed import gather_across_ranks, generation_synced_gpus, sum_over_ranks
 from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
@@ -677,7 +677,11 @@ class RolloutEngine:
         args = self.args
         batch = len(completion_ids)
         world_wide = across_ranks and self.accelerator.num_processes > 1
-        reduce = self.sum_over_ranks if world_wide and not args.whiten_per_process else None
+        reduce = (
+            (lambda tensor: sum_over_ranks(self.accelerator, tensor))
+            if world_wide and not args.whiten_per_process
+            else None
+        )
         length = max(max(c.numel() for c in completion_ids), 1)
         mask = torch.zeros(batch, length)
         old = torch.zeros(batch, length)
@@ -738,10 +742,6 @@ class RolloutEngine:
                 )
             )
         return trajectories
-
-    def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
-        """`tensor` summed over ranks (collective), on the tensor's own device."""
-        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
 
     def state_dict(self) -> dict[str, torch.Generator]:
         """The generators to checkpoint (name -> generator)."""

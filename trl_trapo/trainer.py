@@ -87,7 +87,7 @@ from .data import (
     eval_datasets,
     prepare_datasets,
 )
-from .distributed import any_rank, check_launch, reduce_replay_metrics
+from .distributed import any_rank, check_launch, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
 from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .exploration import TargetedExploration
@@ -747,9 +747,7 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
-        if self.accelerator.num_processes == 1:
-            return tensor
-        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum").to(tensor.device)
+        return sum_over_ranks(self.accelerator, tensor)
 
     # =================================================================================================================
     # 1. Building a step (public Trainer hook: get_batch_samples)
