@@ -13,14 +13,14 @@ from trl_trapo.collator import Row, RowAllocator, collate_rows, left_pad, split_
 # RowAllocator
 # ---------------------------------------------------------------------------------------------------------------------
 def test_allocator_exact_shares():
-    allocator = RowAllocator()
+    allocator = RowAllocator(3)
     # ideal 8 * (0.5, 0.25, 0.25) = (4, 2, 2)
     assert allocator.allocate(8, (0.5, 0.25, 0.25)) == [4, 2, 2]
     assert allocator.given == [4, 2, 2]
 
 
 def test_allocator_running_deficit_by_hand():
-    allocator = RowAllocator()
+    allocator = RowAllocator(3)
     shares = (0.5, 0.3, 0.2)
     # step 1: ideal (1, 0.6, 0.4); row 1 -> pretrain (deficit 1), row 2 -> sft (0.6 > 0.4 > 0)
     assert allocator.allocate(2, shares) == [1, 1, 0]
@@ -32,12 +32,12 @@ def test_allocator_running_deficit_by_hand():
 
 
 def test_allocator_ties_go_to_lower_index():
-    assert RowAllocator().allocate(1, (1 / 3, 1 / 3, 1 / 3)) == [1, 0, 0]
-    assert RowAllocator().allocate(2, (0.0, 0.5, 0.5)) == [0, 1, 1]
+    assert RowAllocator(3).allocate(1, (1 / 3, 1 / 3, 1 / 3)) == [1, 0, 0]
+    assert RowAllocator(3).allocate(2, (0.0, 0.5, 0.5)) == [0, 1, 1]
 
 
 def test_allocator_zero_share_gets_nothing_even_when_behind():
-    allocator = RowAllocator()
+    allocator = RowAllocator(3)
     allocator.allocate(1, (0.5, 0.0, 0.5))  # rl is now 0.5 behind
     for _ in range(5):
         counts = allocator.allocate(3, (0.0, 1.0, 0.0))
@@ -46,13 +46,13 @@ def test_allocator_zero_share_gets_nothing_even_when_behind():
 
 def test_allocator_is_deterministic():
     steps = [(3, (0.7, 0.2, 0.1)), (1, (0.3, 0.5, 0.2)), (5, (0.1, 0.3, 0.6)), (2, (0.0, 0.4, 0.6))] * 3
-    first, second = RowAllocator(), RowAllocator()
+    first, second = RowAllocator(3), RowAllocator(3)
     assert [first.allocate(r, s) for r, s in steps] == [second.allocate(r, s) for r, s in steps]
 
 
 def test_allocator_tiny_steps_still_serve_small_shares():
     # one row per step, 10 % RL: RL must get every tenth row rather than never
-    allocator = RowAllocator()
+    allocator = RowAllocator(3)
     counts = [0, 0, 0]
     for _ in range(100):
         for i, c in enumerate(allocator.allocate(1, (0.6, 0.3, 0.1))):
@@ -66,7 +66,7 @@ SHARES = st.tuples(*[st.integers(0, 10)] * 3).filter(any).map(lambda w: tuple(x 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 7), SHARES), min_size=1, max_size=40))
 def test_allocator_tracks_cumulative_shares_within_one_row(steps):
-    allocator = RowAllocator()
+    allocator = RowAllocator(3)
     ideal, given = [0.0] * 3, [0] * 3
     for rows, shares in steps:
         counts = allocator.allocate(rows, shares)
@@ -80,10 +80,10 @@ def test_allocator_tracks_cumulative_shares_within_one_row(steps):
 
 def test_allocator_state_round_trip():
     steps = [(3, (0.7, 0.2, 0.1)), (1, (0.3, 0.5, 0.2)), (5, (0.1, 0.3, 0.6))]
-    original = RowAllocator()
+    original = RowAllocator(3)
     for r, s in steps:
         original.allocate(r, s)
-    restored = RowAllocator()
+    restored = RowAllocator(3)
     restored.load_state_dict(original.state_dict())
     assert restored.state_dict() == original.state_dict()
     later = [(1, (0.1, 0.3, 0.6))] * 7

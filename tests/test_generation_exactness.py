@@ -11,7 +11,8 @@ from transformers import GenerationConfig, GenerationMixin, LlamaConfig, PreTrai
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from trl_trapo import PPOConfig, TRAPOConfig, TRAPOTrainer
-from trl_trapo.collator import StepContext, collate_rows, step_counts
+from trl_trapo.collator import StepContext, collate_rows
+from trl_trapo.objectives import count_keys, step_counts
 from trl_trapo.rollout import generate
 from trl_trapo.tasks import build_tiny_model
 
@@ -35,9 +36,8 @@ def first_use_statistics(trainer) -> dict[str, float]:
     trainer._generate_round(8, step=0)
     trajectories = trainer.replay.sample(8, step=0)
     batch = collate_rows([t.to_row() for t in trajectories], trainer.processing_class.pad_token_id)
-    counts = step_counts([batch]).tolist()
-    keys = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
-    context = StepContext(step=0, weights=(0.0, 0.0, 1.0), counts=dict(zip(keys, counts)), probe=False, num_micro=1)
+    counts = dict(zip(count_keys(trainer.objectives), step_counts([batch], trainer.objectives).tolist()))
+    context = StepContext(step=0, weights=(0.0, 0.0, 1.0), counts=counts, probe=False, num_micro=1)
     trainer.metrics.reset()
     with torch.no_grad():
         trainer.compute_loss(trainer.model, batch, num_items_in_batch=context)
@@ -238,9 +238,8 @@ def test_a_round_at_mixed_temperatures_is_one_generate_call_with_exact_first_use
         logps=per_token_logps.detach()
     )
     batch = collate_rows([t.to_row() for t in trajectories], trainer.processing_class.pad_token_id)
-    counts = step_counts([batch]).tolist()
-    keys = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl")
-    context = StepContext(step=0, weights=(0.0, 0.0, 1.0), counts=dict(zip(keys, counts)), probe=False, num_micro=1)
+    counts = dict(zip(count_keys(trainer.objectives), step_counts([batch], trainer.objectives).tolist()))
+    context = StepContext(step=0, weights=(0.0, 0.0, 1.0), counts=counts, probe=False, num_micro=1)
     with torch.no_grad():
         trainer.compute_loss(trainer.model, batch, num_items_in_batch=context)
     mask = batch["mask"].bool()

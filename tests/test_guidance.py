@@ -20,11 +20,12 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.collator import COUNT_KEYS, StepContext, collate_rows, step_counts
+from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.data import tokenize_demonstrations, tokenize_prompt_dataset
 from trl_trapo.guidance import DemonstrationGuidance
 from trl_trapo.losses import shaped_off_policy_loss
 from trl_trapo.memory import ReplayBuffer
+from trl_trapo.objectives import count_keys, step_counts
 from trl_trapo.tasks import build_tiny_model
 
 
@@ -155,7 +156,7 @@ def test_demonstration_tokens_have_no_kl_and_no_ratio_statistics(tmp_path, token
         context = StepContext(
             step=0,
             weights=(0.0, 0.0, 1.0),
-            counts=dict(zip(COUNT_KEYS, step_counts([batch]).tolist())),
+            counts=dict(zip(count_keys(trainer.objectives), step_counts([batch], trainer.objectives).tolist())),
             probe=False,
             num_micro=1,
         )

@@ -160,3 +160,67 @@ def test_trainer_has_no_mixins():
 
     assert TRAPOTrainer.__bases__ == (_BaseTrainer,)
     assert not list(PACKAGE.glob("trainer_*.py"))
+
+
+OBJECTIVE_REGISTRY = ("config.py", "objectives.py")  # the built-in names are defined, and objectives are objects, here
+OBJECTIVE_NAMES = {"pretrain", "sft", "rl"}
+OBJECTIVE_SLOT_CONTAINERS = {"shares", "weights", "factors", "counts", "local", "signals", "active", "mixture"}
+# few-shot mode keeps one prototype set per *pool* it draws from (RL prompts, SFT rows), whatever the objectives
+ALLOWED_OBJECTIVE_NAMES = {"experimental/fewshot.py"}
+
+
+def objective_count_assumptions(source: str) -> list[str]:
+    """Places in `source` that assume there are exactly three objectives (or name them as a fixed collection):
+    `tuple[float, float, float]`, `range(3)`, an integer index into a per-objective container (`local[3]`,
+    `counts[4]`, `shares[2]`), a literal tuple / list / set / dict of the built-in names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        text = None
+        if isinstance(node, ast.Subscript) and ast.unparse(node).replace(" ", "") == "tuple[float,float,float]":
+            text = ast.unparse(node)
+        elif isinstance(node, ast.Call) and ast.unparse(node) == "range(3)":
+            text = ast.unparse(node)
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in OBJECTIVE_SLOT_CONTAINERS
+            and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, int)
+        ):
+            text = ast.unparse(node)
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            names = {i.value for i in items if isinstance(i, ast.Constant) and i.value in OBJECTIVE_NAMES}
+            if len(names) >= 2:
+                text = ast.unparse(node)
+        if text is not None:
+            found.append(f"{getattr(node, 'lineno', '?')}: {text}")
+    return found
+
+
+def test_only_the_objective_registry_knows_how_many_objectives_there_are():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if (path.name in OBJECTIVE_REGISTRY and path.parent == PACKAGE) or str(
+            path.relative_to(PACKAGE)
+        ) in ALLOWED_OBJECTIVE_NAMES:
+            continue
+        offenders += [
+            f"{path.relative_to(PACKAGE)}:{where}" for where in objective_count_assumptions(path.read_text())
+        ]
+    assert not offenders, offenders
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f() -> tuple[float, float, float]: ...",
+        "for o in range(3): pass",
+        "local[3] += 1",
+        "x = counts[4]",
+        "names = ('pretrain', 'sft', 'rl')",
+        "keys = {'pretrain': 1, 'rl': 2}",
+    ],
+)
+def test_the_objective_count_check_catches_each_form(source):
+    assert objective_count_assumptions(source), source

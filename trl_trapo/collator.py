@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from trl.trainer.utils import pad
@@ -71,41 +71,16 @@ class StepContext:
     """
 
     step: int  # the optimizer step (0-based) the micro-batches belong to
-    weights: tuple[float, float, float]  # loss weights w_o (pretrain, sft, rl), summing to 1
-    counts: dict[str, float]  # global counts of the step (all micro-batches, all ranks), see `step_counts`
+    weights: tuple[float, ...]  # loss weight w_o of each objective (in the trainer's order), summing to 1
+    counts: dict[str, float]  # global counts of the step (all micro-batches, all ranks), see objectives.count_keys
     probe: bool  # a DARE update step: accumulate the gradient probe
     num_micro: int  # micro-batches of the step on this rank
     micro_index: int = 0  # micro-batches of the step done so far
-    entropy_coef: float = 0.0  # the entropy coefficient of the step
-    kl_coef: float = 0.0  # the KL coefficient of the step
-    finished: bool = field(default=False)  # the end-of-step work has run
 
     @property
     def last_micro_batch(self) -> bool:
         """Whether every micro-batch of the step has gone through the loss."""
         return self.micro_index >= self.num_micro
-
-
-COUNT_KEYS = ("tokens_pretrain", "tokens_sft", "tokens_rl", "sequences_rl", "micro_batches_rl", "tokens_rl_sampled")
-
-
-def step_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """This rank's counts of a step's micro-batches, `(6,)` float64 in the order of `COUNT_KEYS`: tokens counted per
-    objective, RL rows with a counted token, micro-batches holding such an RL row, and counted RL tokens that were
-    sampled (not demonstrations put in by guidance) (sum them over ranks)."""
-    local = torch.zeros(len(COUNT_KEYS), dtype=torch.float64)
-    for batch in batches:
-        token_counts = batch["mask"].sum(-1)
-        for o in (PRETRAIN, SFT, RL):
-            local[o] += token_counts[batch["objective"] == o].sum()
-        rl_rows = (batch["objective"] == RL) & (token_counts > 0)
-        local[3] += rl_rows.sum()
-        local[4] += float(rl_rows.any())
-        sampled = batch["objective"] == RL
-        if "off_policy" in batch:
-            sampled = sampled & ~batch["off_policy"]
-        local[5] += token_counts[sampled].sum()
-    return local
 
 
 class StepTickets(torch.utils.data.Dataset):
@@ -181,10 +156,10 @@ class RowAllocator:
     the objective furthest behind its ideal (ties to the lower index). Deterministic, so identical on every rank.
 
     Args:
-        num_objectives (`int`): number of objectives (3).
+        num_objectives (`int`): number of objectives.
     """
 
-    def __init__(self, num_objectives: int = 3):
+    def __init__(self, num_objectives: int):
         self.ideal = [0.0] * num_objectives
         self.given = [0] * num_objectives
 

@@ -10,6 +10,7 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -255,7 +256,9 @@ class TRAPOConfig(_BaseConfig):
         default_factory=lambda: [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6],
         metadata={
             "help": "Target (pretrain, sft, rl) mixture of each phase, flattened: 3 numbers per phase, each triple "
-            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document)."
+            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). In Python or a YAML "
+            "config it may instead be one mapping objective name -> share per phase, which is how objectives added "
+            "with `TRAPOTrainer(objectives=...)` get a share."
         },
     )
     curriculum_decay_steps: float = field(
@@ -855,17 +858,30 @@ class TRAPOConfig(_BaseConfig):
         if any(not 0 < b < 1 for b in boundaries) or boundaries != sorted(set(boundaries)):
             bad("curriculum_boundaries", boundaries, "use strictly increasing fractions in (0, 1), e.g. [0.2, 0.8].")
         mixtures = list(self.curriculum_mixtures)
-        if len(mixtures) != 3 * (len(boundaries) + 1):
-            bad(
-                "curriculum_mixtures",
-                mixtures,
-                f"give 3 numbers (pretrain, sft, rl) per phase: {len(boundaries) + 1} phases need "
-                f"{3 * (len(boundaries) + 1)} numbers.",
-            )
-        for i in range(0, len(mixtures), 3):
-            triple = mixtures[i : i + 3]
-            if any(x < 0 for x in triple) or abs(sum(triple) - 1) > 1e-6:
-                bad("curriculum_mixtures", mixtures, f"phase {i // 3} {triple} must be >= 0 and sum to 1.")
+        phases = len(boundaries) + 1
+        if mixtures and all(isinstance(m, Mapping) for m in mixtures):  # one mapping objective -> share per phase
+            if len(mixtures) != phases:
+                bad("curriculum_mixtures", mixtures, f"give one mapping per phase: {phases} phases need {phases}.")
+            for i, mapping in enumerate(mixtures):
+                shares = list(mapping.values())
+                if not all(isinstance(k, str) for k in mapping) or any(
+                    not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0 for x in shares
+                ):
+                    bad("curriculum_mixtures", mixtures, f"phase {i} must map objective names to shares >= 0.")
+                if abs(sum(shares) - 1) > 1e-6:
+                    bad("curriculum_mixtures", mixtures, f"phase {i} {dict(mapping)} must sum to 1.")
+        else:
+            if any(isinstance(m, Mapping) for m in mixtures) or len(mixtures) != 3 * phases:
+                bad(
+                    "curriculum_mixtures",
+                    mixtures,
+                    f"give 3 numbers (pretrain, sft, rl) per phase: {phases} phases need {3 * phases} numbers (or one "
+                    "mapping objective -> share per phase).",
+                )
+            for i in range(0, len(mixtures), 3):
+                triple = mixtures[i : i + 3]
+                if any(x < 0 for x in triple) or abs(sum(triple) - 1) > 1e-6:
+                    bad("curriculum_mixtures", mixtures, f"phase {i // 3} {triple} must be >= 0 and sum to 1.")
         if self.curriculum_decay_steps <= 0:
             bad("curriculum_decay_steps", self.curriculum_decay_steps, "use a positive number (< 1: a fraction).")
         for name in ("pretrain_max_length", "sft_max_length", "max_prompt_length", "response_length"):
@@ -1183,8 +1199,3 @@ class TRAPOConfig(_BaseConfig):
         if self.exploration_max_temperature is not None:
             return self.exploration_max_temperature
         return 1.5 * self.temperature
-
-    @property
-    def objective_weights(self) -> tuple[float, float, float]:
-        """The static multipliers (c_pretrain, c_sft, c_rl)."""
-        return (self.pretrain_weight, self.sft_weight, self.rl_weight)

@@ -17,13 +17,17 @@ continuous even when tau is long compared with a phase:
 
 The first phase starts at its target. Objectives without data (or with a static weight of 0) are removed and the rest
 renormalised.
+
+The schedule covers every objective of the run: the built-in three and any added through `TRAPOTrainer(objectives=)`.
+`curriculum_mixtures` gives each phase's target either as three numbers (pretrain, sft, rl; an added objective then
+gets no share) or as a mapping objective name -> share ([`phase_mixtures`]).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .config import OBJECTIVES
 
@@ -31,16 +35,67 @@ from .config import OBJECTIVES
 logger = logging.getLogger(__name__)
 
 
+def phase_mixtures(
+    mixtures: Sequence[float] | Sequence[Mapping[str, float]], num_phases: int, names: Sequence[str]
+) -> list[tuple[float, ...]]:
+    """Each phase's target mixture as one share per objective, in the order of `names`.
+
+    Args:
+        mixtures: `curriculum_mixtures`: the flat list of one (pretrain, sft, rl) triple per phase (objectives after
+            the built-in three get 0), or one mapping objective name -> share per phase (a name left out gets 0).
+        num_phases (`int`): the number of phases (boundaries + 1).
+        names (`Sequence[str]`): the run's objectives, the built-in three first.
+
+    Returns:
+        `list[tuple[float, ...]]`: `num_phases` tuples of `len(names)` shares.
+
+    Raises:
+        ValueError: if a mapping names an objective the run does not have, or an added objective gets no share in any
+            phase (it would never be trained), naming the fix.
+    """
+    mixtures = list(mixtures)
+    extra = [name for name in names if name not in OBJECTIVES]
+    if mixtures and all(isinstance(m, Mapping) for m in mixtures):
+        known = set(names)
+        for phase, mapping in enumerate(mixtures):
+            unknown = sorted(set(mapping) - known)
+            if unknown:
+                raise ValueError(
+                    f"curriculum_mixtures phase {phase} names {unknown}, which this run has no objective of (it has "
+                    f"{list(names)}): fix the name or add the objective."
+                )
+        out = [tuple(float(mapping.get(name, 0.0)) for name in names) for mapping in mixtures]
+    else:
+        size = len(OBJECTIVES)
+        out = [
+            tuple(float(x) for x in mixtures[i : i + size]) + tuple(0.0 for _ in extra)
+            for i in range(0, len(mixtures), size)
+        ]
+    for name in extra:
+        index = list(names).index(name)
+        if all(m[index] == 0 for m in out):
+            raise ValueError(
+                f"The objective '{name}' gets no share in any curriculum phase, so it would never be trained: give "
+                "curriculum_mixtures as one mapping objective -> share per phase, e.g. "
+                f"[{{'pretrain': 0.6, 'sft': 0.2, 'rl': 0.1, '{name}': 0.1}}, ...]."
+            )
+    if len(out) != num_phases:
+        raise ValueError(f"curriculum_mixtures gives {len(out)} phases, the boundaries make {num_phases}.")
+    return out
+
+
 class CurriculumSchedule:
     """The task mixture as a pure function of the optimizer step.
 
     Args:
         boundaries (`Sequence[float]`): phase boundaries as fractions of `total_steps`, strictly increasing in (0, 1).
-        mixtures (`Sequence[Sequence[float]]`): one (pretrain, sft, rl) target per phase (len(boundaries) + 1).
+        mixtures (`Sequence[Sequence[float]]`): one target per phase (len(boundaries) + 1), one share per objective
+            (see [`phase_mixtures`]).
         total_steps (`int`): planned optimizer steps N.
         decay_steps (`float`): transition time constant tau in steps; a value < 1 is a fraction of `total_steps`.
-        active (`Sequence[bool]`): which objectives are present; inactive ones get share 0.
+        active (`Sequence[bool]`): which objectives are present; inactive ones get share 0 (default: all).
         mode (`str`): "phased", or "constant" for the time-average of the phased schedule at every step.
+        names (`Sequence[str]`, *optional*): the objectives' names, in order (the built-in three by default).
 
     Raises:
         ValueError: if no objective is active, or the active objectives have zero mass in every phase.
@@ -52,9 +107,18 @@ class CurriculumSchedule:
         mixtures: Sequence[Sequence[float]],
         total_steps: int,
         decay_steps: float,
-        active: Sequence[bool] = (True, True, True),
+        active: Sequence[bool] | None = None,
         mode: str = "phased",
+        names: Sequence[str] = OBJECTIVES,
     ):
+        self.names = tuple(names)
+        if active is None:
+            active = tuple(True for _ in self.names)
+        if len(active) != len(self.names) or any(len(m) != len(self.names) for m in mixtures):
+            raise ValueError(
+                f"The curriculum has {len(self.names)} objectives {list(self.names)}: give one active flag and one "
+                "share per phase for each."
+            )
         if len(mixtures) != len(boundaries) + 1:
             raise ValueError(f"{len(boundaries)} boundaries need {len(boundaries) + 1} mixtures, got {len(mixtures)}.")
         if not any(active):
@@ -83,7 +147,7 @@ class CurriculumSchedule:
             )
 
     def _names(self) -> list[str]:
-        return [name for name, a in zip(OBJECTIVES, self.active) if a]
+        return [name for name, a in zip(self.names, self.active) if a]
 
     def _restrict(self, mixture: Sequence[float]) -> tuple[float, ...]:
         return tuple(x if a else 0.0 for x, a in zip(mixture, self.active))
@@ -109,7 +173,7 @@ class CurriculumSchedule:
 
     def _time_average(self) -> tuple[float, ...]:
         n = self.total_steps
-        sums = [0.0, 0.0, 0.0]
+        sums = [0.0] * len(self.names)
         for step in range(n):
             for i, x in enumerate(self._raw(step)):
                 sums[i] += x / n
@@ -119,8 +183,9 @@ class CurriculumSchedule:
         """Index of the phase that `step` belongs to (0-based)."""
         return sum(step >= b for b in self.boundary_steps)
 
-    def mixture(self, step: int) -> tuple[float, float, float]:
-        """Share of the step's examples per objective (pretrain, sft, rl), restricted to active ones, summing to 1.
+    def mixture(self, step: int) -> tuple[float, ...]:
+        """Share of the step's examples per objective (in the order of `names`), restricted to active ones, summing
+        to 1.
 
         If the schedule gives the active objectives no mass at this step (e.g. only pretraining data exists and the
         phase is 0/0/100 on the others), the active objectives share equally.
@@ -140,6 +205,6 @@ class CurriculumSchedule:
         continues it exactly where it stopped.
         """
         mix = self.mixture(step) if shares is None else shares
-        out = {f"curriculum/{name}": value for name, value in zip(OBJECTIVES, mix)}
+        out = {f"curriculum/{name}": value for name, value in zip(self.names, mix)}
         out["curriculum/phase"] = float(self.phase(step))
         return out

@@ -618,6 +618,9 @@ class PretrainStream:
         max_length (`int`): tokens per row.
         packing (`bool`): pack across documents (True) or chunk each document on its own (False).
         seed, rank, world_size: sharding, as in [`ShardedSampler`].
+        objective (`int`): the `objective` index its rows carry (the trainer's pretraining objective by default; another
+            language-modelling objective's own index).
+        role (`str`): how errors name the dataset (`pretrain_dataset`, or the objective's name).
     """
 
     def __init__(
@@ -629,8 +632,12 @@ class PretrainStream:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        objective: int = PRETRAIN,
+        role: str = "pretrain_dataset",
     ):
         self.dataset = dataset
+        self.objective = objective
+        self.role = role
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.packing = packing
@@ -672,7 +679,7 @@ class PretrainStream:
                 if self.consumed == 0:
                     empty_epochs += 1
                     if empty_epochs > 1:
-                        raise ValueError("`pretrain_dataset` (streaming) yielded no rows on this rank.") from None
+                        raise ValueError(f"`{self.role}` (streaming) yielded no rows on this rank.") from None
                 self.epoch += 1
                 self.consumed = 0
                 self._iterator = None
@@ -686,7 +693,7 @@ class PretrainStream:
         """
         what = missing_part(text)
         if what is not None:
-            raise missing_value_error("pretrain_dataset", "text", row, what)
+            raise missing_value_error(self.role, "text", row, what)
         return row, text
 
     def _fill(self) -> int:
@@ -704,12 +711,13 @@ class PretrainStream:
         for (row, text), ids in zip(docs, self.tokenizer([d for _, d in docs], add_special_tokens=False)["input_ids"]):
             if unk is not None and unk in ids:
                 if only_unknown_tokens(text, self.tokenizer):
-                    raise unknown_row_error("pretrain_dataset", "text", row, text, self.tokenizer)
+                    raise unknown_row_error(self.role, "text", row, text, self.tokenizer)
                 if not self._warned_unknown:
                     self._warned_unknown = True
                     logger.warning(
-                        "`pretrain_dataset` row %s holds %d characters the tokenizer cannot represent; they become "
+                        "`%s` row %s holds %d characters the tokenizer cannot represent; they become "
                         "%r (e.g. %r). Warned once per run.",
+                        self.role,
                         row,
                         ids.count(unk),
                         self.tokenizer.unk_token,
@@ -738,10 +746,10 @@ class PretrainStream:
             else:
                 empty_fills = 0 if self._fill() else empty_fills + 1
                 if empty_fills > 1000:
-                    raise ValueError("`pretrain_dataset` produced no tokens: are all its 'text' values empty?")
+                    raise ValueError(f"`{self.role}` produced no tokens: are all its 'text' values empty?")
                 continue
             ids = torch.tensor(chunk, dtype=torch.long)
-            rows.append(Row(PRETRAIN, ids, torch.ones(len(chunk) - 1)))
+            rows.append(Row(self.objective, ids, torch.ones(len(chunk) - 1)))
         return rows
 
     def state_dict(self) -> dict:

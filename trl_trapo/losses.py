@@ -19,7 +19,7 @@ accumulation and data parallelism exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -381,6 +381,192 @@ def sft_token_weights(
     if sft_loss_type == "trust_region":
         return torch.clamp(per_token_logps.detach().exp() / alpha, max=1.0)
     raise ValueError(f"sft_loss_type={sft_loss_type!r} is not one of 'nll', 'trust_region'.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Whole terms: what one objective contributes to a micro-batch's loss
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TermOutput:
+    """What one objective's term returns for one micro-batch: the loss it adds, the value it logs, its probe signal
+    and its statistics.
+
+    The probe signal is how the DARE probe sees the term's gradient with respect to the logits at the term's counted
+    positions. Most terms are weighted sums of -log p(target), whose logit gradient is c * (p - e_target): they give
+    `logp_coef` (c per token) and the probe builds the gradient in closed form. A term whose gradient depends on the
+    whole distribution (a divergence to a teacher) gives `logit_grad` instead: d loss / d logits for each of its
+    counted tokens, `(N_o, V)`, in the order of `mask.nonzero()` restricted to its rows.
+    """
+
+    loss: torch.Tensor  # scalar: what is optimised, normalised by the step's global count of the term
+    value: torch.Tensor  # scalar, detached: what `loss/<objective>` logs (e.g. the plain NLL of a weighted SFT term)
+    logp_coef: torch.Tensor | None = None  # (B, T) detached: -d loss / d log p per counted token (probe signal)
+    logit_grad: torch.Tensor | None = None  # (N_o, V) detached: d loss / d logits of its counted tokens, instead
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars, summed over micro-batches
+
+
+def language_modeling_term(per_token_logps: torch.Tensor, mask: torch.Tensor, num_tokens: float) -> TermOutput:
+    """Next-token negative log-likelihood (nats per token) over the step's counted tokens: pretraining text, or any
+    language-modelling corpus.
+
+    L = -sum_t mask_t * log p_t / num_tokens.
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, log p of each target (nats; requires grad).
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on the term's counted targets.
+        num_tokens (`float`): the step's global count of the term's tokens (all micro-batches, all ranks).
+
+    Returns:
+        [`TermOutput`]: `logp_coef` = 1 on every token.
+    """
+    loss = masked_sum(-per_token_logps, mask) / max(num_tokens, 1.0)
+    return TermOutput(loss, loss.detach(), logp_coef=torch.ones_like(per_token_logps))
+
+
+def sft_term(
+    per_token_logps: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: float,
+    importance_weights: torch.Tensor,
+    sft_loss_type: Literal["nll", "trust_region"] = "nll",
+    alpha: float = 0.1,
+) -> TermOutput:
+    """The SFT term: negative log-likelihood of demonstration tokens, weighted per token by the trust-region weight
+    (see [`sft_token_weights`]) and per row by the prioritised pool's importance weight.
+
+    L = sum_t mask_t * w_t * u_row * (-log p_t) / num_tokens; the logged value is the plain NLL.
+
+    Args:
+        per_token_logps (`torch.Tensor`): shape `(B, T)`, nats.
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on the term's counted targets.
+        num_tokens (`float`): the step's global count of SFT tokens.
+        importance_weights (`torch.Tensor`): shape `(B,)`, detached row weights u (1 unless prioritised replay).
+        sft_loss_type (`str`): "nll" or "trust_region".
+        alpha (`float`): the trust-region threshold.
+
+    Returns:
+        [`TermOutput`]: `logp_coef` = w_t * u_row.
+    """
+    nll = -per_token_logps
+    weights = sft_token_weights(per_token_logps, sft_loss_type, alpha)
+    weighted = nll if weights is None else nll * weights
+    importance = importance_weights.unsqueeze(1).to(weighted.dtype)
+    weighted = weighted * importance
+    loss = masked_sum(weighted, mask) / max(num_tokens, 1.0)
+    value = masked_sum(nll, mask).detach() / max(num_tokens, 1.0)
+    coef = importance.expand_as(per_token_logps) if weights is None else weights * importance
+    return TermOutput(loss, value, logp_coef=coef.detach())
+
+
+@dataclass
+class RLTermCounts:
+    """The step's global counts the RL term normalises by (all micro-batches, all ranks)."""
+
+    tokens: float  # counted RL tokens
+    sequences: float  # RL rows with a counted token
+    micro_batches: float  # micro-batches holding such a row
+    sampled_tokens: float  # counted RL tokens that were sampled (not demonstrations put in by guidance)
+
+
+def rl_term(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    counts: RLTermCounts,
+    *,
+    loss_type: LossType,
+    response_length: int,
+    cliprange: float,
+    importance_weights: torch.Tensor,
+    importance_sampling_cap: float | None = None,
+    off_policy: torch.Tensor | None = None,
+    guidance_gamma: float = 0.1,
+    kl: torch.Tensor | None = None,
+    kl_coef_in_loss: float = 0.0,
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    values: torch.Tensor | None = None,
+    old_values: torch.Tensor | None = None,
+    returns: torch.Tensor | None = None,
+    value_mask: torch.Tensor | None = None,
+    cliprange_value: float = 0.2,
+    vf_coef: float = 0.1,
+) -> TermOutput:
+    """The RL term of one micro-batch: the policy loss (PPO's clipped surrogate, or truncated importance sampling
+    with `importance_sampling_cap`), LUFFY's shaped loss on demonstration rows, + `kl_coef_in_loss` * KL, -
+    `entropy_coef` * entropy, aggregated by `loss_type` (see [`aggregate_rl_loss`]), + `vf_coef` * the clipped value
+    loss with a critic.
+
+    Args:
+        per_token_logps (`torch.Tensor`): `(B, T)` log pi_theta (temperature-scaled; requires grad).
+        old_per_token_logps, advantages (`torch.Tensor`): `(B, T)` behaviour log-probs (nats) and advantages.
+        mask (`torch.Tensor`): `(B, T)` 1 on the RL rows' counted tokens.
+        counts ([`RLTermCounts`]): global normalisers.
+        loss_type, response_length, cliprange: see [`aggregate_rl_loss`] and [`clipped_policy_loss`].
+        importance_weights (`torch.Tensor`): `(B,)` detached row weights (stale replay rows).
+        importance_sampling_cap (`float`, *optional*): truncated importance sampling instead of the clip.
+        off_policy (`torch.Tensor`, *optional*): `(B,)` bool, rows that are demonstrations put in by guidance: shaped
+            loss (`guidance_gamma`), no KL term, out of the ratio statistics.
+        kl (`torch.Tensor`, *optional*): `(B, T)` per-token KL estimate to the reference (statistics; in the loss with
+            `kl_coef_in_loss` > 0).
+        entropy (`torch.Tensor`, *optional*): `(B, T)` per-token entropy of the policy (nats; in the loss with
+            `entropy_coef` > 0, with a gradient then).
+        values, old_values, returns, value_mask (`torch.Tensor`, *optional*): `(B_rl, T)` critic predictions (requires
+            grad), rollout-time values, GAE returns and the RL rows' mask, with a critic.
+
+    Returns:
+        [`TermOutput`]: `logp_coef` = -d policy loss / d log pi per token (0 off the mask); `stats`
+        `loss/policy_avg`, `policy/clipfrac_avg`, `policy/approxkl_avg`, `val/ratio`, `val/ratio_sq`, and when given
+        `policy/kl_avg`, `policy/entropy_avg`, `loss/value_avg`, `val/clipfrac_avg`.
+    """
+    n_tokens = max(counts.tokens, 1.0)
+    aggregate = dict(
+        loss_type=loss_type,
+        num_tokens=counts.tokens,
+        num_sequences=counts.sequences,
+        response_length=response_length,
+        num_micro_batches=counts.micro_batches,
+    )
+    importance = importance_weights.unsqueeze(1)
+    if importance_sampling_cap is None:
+        policy = clipped_policy_loss(per_token_logps, old_per_token_logps, advantages, cliprange, importance)
+    else:  # its statistics and probe coefficients are the truncated-IS loss's own (it is what is optimised)
+        policy = truncated_is_policy_loss(
+            per_token_logps, old_per_token_logps, advantages, importance_sampling_cap, importance
+        )
+    per_token, logp_coef = policy.per_token_loss, policy.logp_coef
+    # demonstrations put in by guidance: LUFFY's shaped loss instead of PPO's ratio, no KL term, no ratio statistics
+    sampled, n_sampled = mask, max(counts.sampled_tokens, 1.0)
+    if off_policy is not None:
+        off = off_policy.unsqueeze(1) & mask.bool()
+        shaped = shaped_off_policy_loss(per_token_logps, advantages * importance, guidance_gamma)
+        per_token = torch.where(off, shaped.per_token_loss, per_token)
+        logp_coef = torch.where(off, shaped.logp_coef, logp_coef)
+        sampled = mask * (~off).to(mask.dtype)
+    policy_loss = per_token
+    stats: dict[str, torch.Tensor] = {}
+    if kl is not None:
+        if kl_coef_in_loss > 0:
+            per_token = per_token + kl_coef_in_loss * (kl if sampled is mask else kl * sampled)
+        stats["policy/kl_avg"] = masked_sum(kl.detach(), sampled) / n_sampled
+    if entropy is not None:
+        if entropy_coef > 0:
+            per_token = per_token - entropy_coef * entropy
+        stats["policy/entropy_avg"] = masked_sum(entropy.detach(), mask) / n_tokens
+    loss = aggregate_rl_loss(per_token, mask, **aggregate)
+    stats["loss/policy_avg"] = aggregate_rl_loss(policy_loss.detach(), mask, **aggregate)
+    stats["policy/clipfrac_avg"] = masked_sum(policy.is_clipped.float(), sampled) / n_sampled
+    stats["policy/approxkl_avg"] = masked_sum(policy.approx_kl, sampled) / n_sampled
+    stats["val/ratio"] = masked_sum(policy.ratio, sampled) / n_sampled
+    stats["val/ratio_sq"] = masked_sum(policy.ratio**2, sampled) / n_sampled
+    if values is not None:
+        value_out = clipped_value_loss(values, old_values, returns, cliprange_value)
+        value_loss = aggregate_rl_loss(value_out.per_token_loss, value_mask, **aggregate)
+        loss = loss + vf_coef * value_loss
+        stats["loss/value_avg"] = value_loss.detach()
+        stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
+    return TermOutput(loss, loss.detach(), logp_coef=logp_coef * mask, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits
+from trl.trainer.utils import disable_dropout_in_model
 
 from .callbacks import (
     AdapterBankCallback,
@@ -66,20 +66,17 @@ from .checkpoint import (
     write_rank_state,
 )
 from .collator import (
-    COUNT_KEYS,
     RowAllocator,
     StepContext,
     StepTickets,
     collate_rows,
     plan_steps,
     split_micro_batches,
-    step_counts,
     ticket_collator,
 )
-from .config import PRETRAIN, RL, SFT, TRAPOConfig
-from .curriculum import CurriculumSchedule
+from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig
+from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
-    PretrainStream,
     ShardedSampler,
     check_eval_dataset,
     check_tokenizer,
@@ -93,18 +90,7 @@ from .experimental.fewshot import FewShotController, prompt_embeddings, replay_m
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
-from .losses import (
-    aggregate_rl_loss,
-    clipped_policy_loss,
-    clipped_value_loss,
-    kl_estimate,
-    kl_gradient_warning,
-    masked_sum,
-    resolve_kl_estimator,
-    sft_token_weights,
-    shaped_off_policy_loss,
-    truncated_is_policy_loss,
-)
+from .losses import kl_gradient_warning, resolve_kl_estimator
 from .memory import AdapterBank, MemoryPool, ReplayBuffer, SuccessReplay, Trajectory, build_sft_pool
 from .metrics import MetricsAccumulator
 from .models import (
@@ -116,6 +102,17 @@ from .models import (
     create_reference,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
+)
+from .objectives import (
+    LanguageModelingObjective,
+    Objective,
+    ObjectiveSetup,
+    RLObjective,
+    SFTObjective,
+    TermInputs,
+    check_objectives,
+    count_keys,
+    step_counts,
 )
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
@@ -200,6 +197,10 @@ class TRAPOTrainer(_BaseTrainer):
         callbacks (`list[TrainerCallback]`, *optional*): extra callbacks.
         optimizers (`tuple`, *optional*): `(optimizer, lr_scheduler)` to use instead of the defaults.
         peft_config (`PeftConfig`, *optional*): wraps the policy in a fresh adapter.
+        objectives (`list[Objective]`, *optional*): objectives trained next to the built-in three, each with its own
+            name, static weight, rows and loss term (see [`~trl_trapo.objectives.Objective`]; e.g. a second corpus:
+            `LanguageModelingObjective("code", code_dataset, weight=0.5)`). DARE weights them like the others; the
+            curriculum gives them a share when `curriculum_mixtures` is one mapping objective -> share per phase.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -228,6 +229,7 @@ class TRAPOTrainer(_BaseTrainer):
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
         peft_config: PeftConfig | None = None,
+        objectives: list[Objective] | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
@@ -342,6 +344,17 @@ class TRAPOTrainer(_BaseTrainer):
                 "has no RL prompts (a `train_dataset` with rewards and rl_weight > 0): set max_steps or "
                 "num_train_epochs to fix the run's length, or drop total_episodes."
             )
+        # the objectives: the built-in three (pretrain, sft, rl), then the user's, each with its name and static weight
+        extra_objectives = list(objectives or [])
+        check_objectives(extra_objectives)
+        clash = [o.name for o in extra_objectives if o.name in OBJECTIVES]
+        if clash:
+            raise ValueError(
+                f"`objectives` may not reuse the built-in names {list(OBJECTIVES)} (got {clash}): name it differently."
+            )
+        names = (*OBJECTIVES, *(o.name for o in extra_objectives))
+        has_data = (*self.active, *(o.has_data for o in extra_objectives))
+        static_weights = (args.pretrain_weight, args.sft_weight, args.rl_weight, *(o.weight for o in extra_objectives))
         if args.num_sample_generations > 0 and not any(
             {"prompt", "input_ids"} & set(dataset_columns(d)) for _, d in eval_datasets(eval_dataset)
         ):
@@ -352,11 +365,11 @@ class TRAPOTrainer(_BaseTrainer):
             )
         curriculum_args = (
             args.curriculum_boundaries,
-            [args.curriculum_mixtures[i : i + 3] for i in range(0, len(args.curriculum_mixtures), 3)],
+            phase_mixtures(args.curriculum_mixtures, len(args.curriculum_boundaries) + 1, names),
         )
-        active = tuple(a and c > 0 for a, c in zip(self.active, args.objective_weights))
+        active = tuple(a and c > 0 for a, c in zip(has_data, static_weights))
         average_shares = CurriculumSchedule(
-            *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant"
+            *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
         ).mixture(0)
         self._planned_steps, tickets = plan_steps(
             args,
@@ -387,20 +400,19 @@ class TRAPOTrainer(_BaseTrainer):
         check_launch(self.accelerator)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
 
-        # ---- step 5. the objectives' pools (per rank) and the replay buffer ------------------------------------
-        self._pretrain_stream = (
-            PretrainStream(
-                data.pretrain,
-                processing_class,
-                args.pretrain_max_length,
-                packing=args.pretrain_packing,
-                seed=args.sampling_seed,
-                rank=rank,
-                world_size=world,
+        # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
+        pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
+        for index, objective in enumerate((pretrain, *extra_objectives)):
+            objective.setup(
+                ObjectiveSetup(
+                    index=0 if index == 0 else len(OBJECTIVES) + index - 1,
+                    args=args,
+                    tokenizer=processing_class,
+                    rank=rank,
+                    world_size=world,
+                    planned_steps=self._planned_steps,
+                )
             )
-            if self.active[PRETRAIN]
-            else None
-        )
         sft_pool = build_sft_pool(args, data.sft, self._planned_steps, rank, world) if self.active[SFT] else None
         prompt_sampler = (
             ShardedSampler(
@@ -440,32 +452,61 @@ class TRAPOTrainer(_BaseTrainer):
             else None
         )
 
-        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -------------------------
-        self.allocator = RowAllocator()
+        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules; the objectives' list -----
+        self.allocator = RowAllocator(len(names))
         self.curriculum = CurriculumSchedule(
             *curriculum_args,
             self._planned_steps,
             args.curriculum_decay_steps,
             active=active,
             mode=args.curriculum_mode,
+            names=names,
         )
-        dynamic = args.dare_mode == "dynamic" and sum(self.active) > 1
+        dynamic = args.dare_mode == "dynamic" and sum(has_data) > 1
         engine = (
             DAREWeighting(
-                self.active,
+                has_data,
                 args.dare_momentum,
                 args.dare_min_factor,
                 args.dare_max_factor,
                 noise_floor=self._probe_noise_floor(model, args),
+                names=names,
             )
             if dynamic
-            else StaticWeighting()  # one objective: weights renormalise to 1 whatever DARE says, so do not probe
+            else StaticWeighting(len(names))  # one objective: weights renormalise to 1 whatever DARE says: no probe
         )
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe if dynamic else None)
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe if dynamic else None, names=names)
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
         self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
+        # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
+        self.objectives: list[Objective] = [
+            pretrain,
+            SFTObjective(
+                self.memory_pool,
+                has_data=self.active[SFT],
+                sft_loss_type=args.sft_loss_type,
+                alpha=args.trust_region_alpha,
+                weight=args.sft_weight,
+            ),
+            RLObjective(
+                self._take_rl_rows,
+                args,
+                kl_coef=self.schedules.kl_coef,
+                entropy_coef=self.schedules.entropy_coef,
+                kl_penalty=self.kl_penalty,
+                kl_estimator=self.kl_estimator,
+                logging_step=self._is_logging_step,
+                has_data=self.active[RL],
+                weight=args.rl_weight,
+            ),
+            *extra_objectives,
+        ]
+        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES)], start=1):
+            objective.setup(
+                ObjectiveSetup(index, args, processing_class, rank, world, planned_steps=self._planned_steps)
+            )
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
@@ -682,6 +723,7 @@ class TRAPOTrainer(_BaseTrainer):
             self.args.dare_probe_dim,
             device=self.accelerator.device,
             seed=self.args.seed,
+            num_objectives=len(self.objectives),
         )
 
     # =================================================================================================================
@@ -774,32 +816,33 @@ class TRAPOTrainer(_BaseTrainer):
         self._last_step_built = step
         # step 1. shares and weights
         shares = self.curriculum.mixture(step)
-        weights = self.dare.step_weights(args.objective_weights, shares)
+        weights = self.dare.step_weights([o.weight for o in self.objectives], shares)
         self._last_shares = shares
-        # step 2. rows
+        # step 2. rows, from each objective's own source
         counts = self.allocator.allocate(args.per_device_train_batch_size * num_micro, shares)
         rows = []
-        if counts[PRETRAIN]:
-            rows += self._pretrain_stream.take(counts[PRETRAIN])
-        if counts[SFT]:
-            rows += self.memory_pool.take_sft(counts[SFT], step)
-        if counts[RL]:
-            rows += [t.to_row() for t in self._take_trajectories(counts[RL], step)]
+        for objective, count in zip(self.objectives, counts):
+            if count:
+                rows += objective.take(count, step)
         order = torch.randperm(len(rows), generator=self._row_generator).tolist()
         for position, index in enumerate(order):
             rows[index].half = position % 2
         # step 3. micro-batches
         batches = [collate_rows(group, self.padding_id) for group in split_micro_batches(rows, num_micro)]
         # step 4. global counts
-        total = self._reduce_sum(step_counts(batches))
+        total = self._reduce_sum(step_counts(batches, self.objectives))
         context = StepContext(
             step=step,
             weights=weights,
-            counts=dict(zip(COUNT_KEYS, total.tolist())),
+            counts=dict(zip(count_keys(self.objectives), total.tolist())),
             probe=self.dare.begin_step(step),
             num_micro=num_micro,
         )
         return batches, context
+
+    def _take_rl_rows(self, n: int, step: int) -> list:
+        """The RL objective's rows: `n` trajectories from the replay buffer (a rollout round refills it)."""
+        return [t.to_row() for t in self._take_trajectories(n, step)]
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
         for _ in range(20):
@@ -929,11 +972,10 @@ class TRAPOTrainer(_BaseTrainer):
                 "compute_loss needs the step's StepContext as `num_items_in_batch`; TRAPOTrainer builds batches and "
                 f"their context in get_batch_samples (got {type(context).__name__})."
             )
-        args = self.args
         weights, counts = context.weights, context.counts
         objective, mask = inputs["objective"], inputs["mask"]
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
-        rl_rows = objective == RL
+        rows = [objective == index for index in range(len(self.objectives))]  # (B,) bool per objective
 
         # step 1. one forward of the policy over every row (and of the critic over the RL rows); the output layer runs
         # only at counted positions: `logits` is (N, V), N = mask.sum(), in the order of `counted.nonzero()`
@@ -944,7 +986,7 @@ class TRAPOTrainer(_BaseTrainer):
         values = None
         with self.counted_head.restrict(counted):
             if self._has_critic:
-                outputs, values = model(**forward_kwargs, value_rows=rl_rows.nonzero().squeeze(-1))
+                outputs, values = model(**forward_kwargs, value_rows=rows[RL].nonzero().squeeze(-1))
             else:
                 outputs = model(**forward_kwargs)
         logits = outputs.logits
@@ -952,13 +994,12 @@ class TRAPOTrainer(_BaseTrainer):
             logits = logits[:, :-1][counted]
         token_rows = counted.nonzero()[:, 0]  # (N,) the row of each counted token
         targets = input_ids[:, 1:][counted]  # (N,)
-        temperature = args.temperature
+        # a row's logits scaled by its objective's factor (RL: 1 / the row's sampling temperature)
         row_scale = None
-        if "temperature" in inputs:  # RL rows' own sampling temperatures (few-shot mode anneals it); 0: configured
-            row_temperature = torch.where(inputs["temperature"] > 0, inputs["temperature"], temperature)
-            row_scale = torch.where(rl_rows, 1.0 / row_temperature, 1.0)
-        elif temperature != 1.0 and bool(rl_rows.any()):
-            row_scale = torch.where(rl_rows, 1.0 / temperature, 1.0)
+        for index, term_objective in enumerate(self.objectives):
+            scale = term_objective.logit_scale(inputs, rows[index])
+            if scale is not None:
+                row_scale = scale if row_scale is None else torch.where(rows[index], scale, row_scale)
         if row_scale is not None:
             logits = logits * row_scale[token_rows].to(logits.dtype).unsqueeze(1)
         # (B, T) nats, 0 where not counted, in fp32 as the behaviour and reference log-probs are (a bf16 log-softmax
@@ -967,131 +1008,69 @@ class TRAPOTrainer(_BaseTrainer):
             counted, counted_log_probs(logits, targets)
         )
 
-        # step 2. the three terms
-        masks = [mask * (objective == o).unsqueeze(1).to(mask.dtype) for o in (PRETRAIN, SFT, RL)]
-        total_counts = [counts["tokens_pretrain"], counts["tokens_sft"], counts["tokens_rl"]]
-        nll = -per_token_logps
-        loss_pretrain = masked_sum(nll, masks[PRETRAIN]) / max(total_counts[PRETRAIN], 1.0)
-        sft_weights = sft_token_weights(per_token_logps, args.sft_loss_type, args.trust_region_alpha)
-        sft_term = nll if sft_weights is None else nll * sft_weights
-        sft_importance = inputs["importance_weight"].unsqueeze(1).to(sft_term.dtype)  # prioritised pool; else 1
-        sft_term = sft_term * sft_importance
-        loss_sft_opt = masked_sum(sft_term, masks[SFT]) / max(total_counts[SFT], 1.0)
-        loss_sft = masked_sum(nll, masks[SFT]).detach() / max(total_counts[SFT], 1.0)
-
-        loss_rl = torch.zeros((), device=logits.device)
-        stats: dict[str, torch.Tensor] = {}
-        pg_coef = None
-        if bool(rl_rows.any()):
-            loss_rl, stats, pg_coef = self._rl_loss(
-                inputs, per_token_logps, logits, rl_rows[token_rows], values, masks[RL], context
+        # step 2. the terms: L = sum_o w_o * L_o (each L_o normalised by its global count of the step)
+        terms, views = [], []
+        total = 0.0
+        for index, term_objective in enumerate(self.objectives):
+            view = TermInputs(
+                inputs=inputs,
+                rows=rows[index],
+                mask=mask * rows[index].unsqueeze(1).to(mask.dtype),
+                per_token_logps=per_token_logps,
+                logits=logits,
+                token_rows=token_rows,
+                targets=targets,
+                tokens=rows[index][token_rows],
+                values=values if index == RL else None,
+                context=context,
             )
-
-        total = weights[PRETRAIN] * loss_pretrain + weights[SFT] * loss_sft_opt + weights[RL] * loss_rl
+            term = term_objective.loss(view)
+            total = total + weights[index] * term.loss if index else weights[index] * term.loss
+            terms.append(term)
+            views.append(view)
         total = total * self.accelerator.num_processes
 
-        # step 3. DARE probe (update steps only): closed-form LM-head gradients of each objective's two halves, each
-        # token weighted by -d loss / d log p of the term actually optimised (1 for pretraining; the trust-region and
-        # importance weights for SFT; the policy loss's own coefficient for RL)
+        # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
+        # in closed form from -d loss / d log p per token (`logp_coef`), or from the term's own logit gradient
         if context.probe:
-            coefficients = torch.ones_like(per_token_logps)
-            sft_coef = sft_importance.expand_as(coefficients) if sft_weights is None else sft_weights * sft_importance
-            coefficients = torch.where((objective == SFT).unsqueeze(1), sft_coef.detach(), coefficients)
-            if pg_coef is not None:
-                coefficients = torch.where(rl_rows.unsqueeze(1), pg_coef, coefficients)
-            self._accumulate_probe(outputs, logits, targets, objective, counted, inputs["half"], coefficients)
+            self._accumulate_probe(outputs, logits, targets, objective, counted, inputs["half"], rows, terms, views)
 
         # step 4. metrics (summed over micro-batches; every term already carries its global normaliser). An
         # objective's loss is measured only in steps that have its tokens: a step without them adds nothing (not 0)
         with torch.no_grad():
-            for key, value, count in (
-                ("loss/pretrain", loss_pretrain, total_counts[PRETRAIN]),
-                ("loss/sft", loss_sft, total_counts[SFT]),
-                ("loss/rl", loss_rl, total_counts[RL]),
-            ):
-                if count > 0:
+            for term_objective, term in zip(self.objectives, terms):
+                if counts[f"tokens_{term_objective.name}"] > 0:
+                    self.metrics.add(f"loss/{term_objective.name}", term.value)
+            for term in terms:
+                for key, value in term.stats.items():
                     self.metrics.add(key, value)
-            for key, value in stats.items():
-                self.metrics.add(key, value)
-        # step 5. per-row SFT feedback to the memory pool (priority proxies, few-shot embeddings), left on the device
-        self.memory_pool.after_forward(inputs, per_token_logps, masks[SFT])
+        # step 5. per-row feedback (the SFT pool's priority proxies, few-shot embeddings), left on the device
+        for term_objective, view in zip(self.objectives, views):
+            term_objective.after_forward(view)
         context.micro_index += 1
         return (total, outputs) if return_outputs else total
 
-    def _rl_loss(self, inputs, per_token_logps, logits, token_is_rl, values, rl_mask, context: StepContext):
-        """The RL term of one micro-batch: PPO's surrogate (+ KL in the loss, - entropy bonus, + value loss), its
-        statistics, and d loss / d log pi per token for the DARE probe. `logits` are the counted positions' `(N, V)`,
-        `token_is_rl` `(N,)` marks the RL rows' tokens among them."""
-        args = self.args
-        counts = context.counts
-        n_tokens = max(counts["tokens_rl"], 1.0)
-        loss_kwargs = dict(
-            loss_type=args.loss_type,
-            num_tokens=counts["tokens_rl"],
-            num_sequences=counts["sequences_rl"],
-            response_length=args.response_length,
-            num_micro_batches=counts["micro_batches_rl"],
-        )
-        old = inputs["old_per_token_logps"]
-        advantages = inputs["advantages"]
-        importance = inputs["importance_weight"].unsqueeze(1)
-        if args.importance_sampling_cap is None:
-            policy = clipped_policy_loss(per_token_logps, old, advantages, args.cliprange, importance)
-        else:  # its statistics and probe coefficients are the truncated-IS loss's own (it is what is optimised)
-            policy = truncated_is_policy_loss(
-                per_token_logps, old, advantages, args.importance_sampling_cap, importance
-            )
-        per_token, logp_coef = policy.per_token_loss, policy.logp_coef
-        # demonstrations put in by guidance: LUFFY's shaped loss instead of PPO's ratio, no KL term, no ratio
-        # statistics (trl_trapo/guidance.py); `sampled` (B, T) marks the RL tokens the policy sampled
-        # (a hand-built StepContext without `tokens_rl_sampled` has only sampled tokens)
-        sampled, n_sampled = rl_mask, max(counts.get("tokens_rl_sampled", counts["tokens_rl"]), 1.0)
-        if "off_policy" in inputs:
-            off = inputs["off_policy"].unsqueeze(1) & rl_mask.bool()
-            shaped = shaped_off_policy_loss(per_token_logps, advantages * importance, args.guidance_gamma)
-            per_token = torch.where(off, shaped.per_token_loss, per_token)
-            logp_coef = torch.where(off, shaped.logp_coef, logp_coef)
-            sampled = rl_mask * (~off).to(rl_mask.dtype)
-        policy_loss = per_token
-        stats: dict[str, torch.Tensor] = {}
-        kl_coef, entropy_coef = self.schedules.kl_coef(), self.schedules.entropy_coef(context.step)
-        if kl_coef > 0 and "ref_per_token_logps" in inputs:
-            kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], self.kl_estimator)
-            if self.kl_penalty == "loss":
-                per_token = per_token + kl_coef * (kl if sampled is rl_mask else kl * sampled)
-            stats["policy/kl_avg"] = masked_sum(kl.detach(), sampled) / n_sampled
-        if entropy_coef > 0 or self._is_logging_step():
-            with torch.set_grad_enabled(entropy_coef > 0 and torch.is_grad_enabled()):
-                rl_entropy = entropy_from_logits(logits[token_is_rl]).to(per_token_logps.dtype)  # RL tokens only
-                entropy = torch.zeros_like(per_token_logps).masked_scatter(rl_mask.bool(), rl_entropy)
-            if entropy_coef > 0:
-                per_token = per_token - entropy_coef * entropy
-            stats["policy/entropy_avg"] = masked_sum(entropy.detach(), rl_mask) / n_tokens
-        loss = aggregate_rl_loss(per_token, rl_mask, **loss_kwargs)
-        stats["loss/policy_avg"] = aggregate_rl_loss(policy_loss.detach(), rl_mask, **loss_kwargs)
-        stats["policy/clipfrac_avg"] = masked_sum(policy.is_clipped.float(), sampled) / n_sampled
-        stats["policy/approxkl_avg"] = masked_sum(policy.approx_kl, sampled) / n_sampled
-        stats["val/ratio"] = masked_sum(policy.ratio, sampled) / n_sampled
-        stats["val/ratio_sq"] = masked_sum(policy.ratio**2, sampled) / n_sampled
-        if self._has_critic and values is not None:
-            rows = (inputs["objective"] == RL).nonzero().squeeze(-1)
-            value_pred = values[:, :-1].to(per_token_logps.dtype)  # (B_rl, T) value at position t predicts token t+1
-            value_mask = rl_mask[rows]
-            value_out = clipped_value_loss(
-                value_pred, inputs["old_values"][rows], inputs["returns"][rows], args.cliprange_value
-            )
-            value_loss = aggregate_rl_loss(value_out.per_token_loss, value_mask, **loss_kwargs)
-            loss = loss + args.vf_coef * value_loss
-            stats["loss/value_avg"] = value_loss.detach()
-            stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
-        # -d loss / d log pi per token of the optimised policy term, for the DARE probe
-        return loss, stats, logp_coef * rl_mask
-
-    def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, coefficients) -> None:
-        """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets, coefficients."""
+    def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, rows, terms, views) -> None:
+        """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets and the
+        coefficient of each token; a term that gives its own logit gradient hands that instead."""
         if not bool(counted.any()):
             return
         hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
+        coefficients = torch.ones_like(counted, dtype=torch.float32)
+        closed_form = torch.ones_like(objective, dtype=torch.bool)  # (B,) rows whose gradient is c (p - e_y)
+        for index, term in enumerate(terms):
+            if term.logit_grad is not None:
+                closed_form &= ~rows[index]
+                tokens = views[index].tokens
+                self.dare.probe.accumulate_logit_grad(
+                    hidden[counted][tokens].detach(), term.logit_grad, index, half[views[index].token_rows[tokens]]
+                )
+            elif term.logp_coef is not None:
+                coefficients = torch.where(rows[index].unsqueeze(1), term.logp_coef, coefficients)
+        selected = closed_form.unsqueeze(1).expand_as(counted)[counted]  # (N,)
+        if not bool(selected.all()):
+            logits, targets = logits[selected], targets[selected]
+            counted = counted & closed_form.unsqueeze(1)
         self.dare.probe.accumulate(
             hidden[counted].detach(),
             logits.detach(),
@@ -1320,7 +1299,8 @@ class TRAPOTrainer(_BaseTrainer):
             "replay": replay_meta,
             "prompt_sampler": pool.prompt_sampler.state_dict() if pool.prompt_sampler else None,
             "sft_pool": pool.sft_pool.state_dict() if pool.sft_pool else None,
-            "pretrain_stream": self._pretrain_stream.state_dict() if self._pretrain_stream else None,
+            # each objective's own state (the pretraining stream's position, ...); keyed by name
+            "objectives": {o.name: o.state_dict() for o in self.objectives},
             "schedules": self.schedules.state_dict(),
             "exploration": self.exploration.state_dict() if self.exploration is not None else None,
         }
@@ -1347,10 +1327,28 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             if state.get("format") != 1:
                 raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
+            objective_states = state.get("objectives")
+            if objective_states is None:  # written before objectives were named: the pretraining stream's own key
+                objective_states = {"pretrain": state.get("pretrain_stream") or {}}
+            pretrain_stream = self.objectives[PRETRAIN].state_dict() or None  # {} when it has no stream
+            written = objective_states.get("pretrain") or None
+            if (written is None) != (pretrain_stream is None):
+                raise CheckpointError(
+                    f"{source}: the checkpoint was made with a different set of datasets ('pretrain_stream' "
+                    f"{'missing' if written is None else 'present'}); resume with the same datasets."
+                )
+            missing = [o.name for o in self.objectives if o.name not in objective_states and o.name != "pretrain"]
+            if state.get("objectives") is not None and missing:
+                raise CheckpointError(
+                    f"{source}: the checkpoint has no state for the objectives {missing} (it was written by a run "
+                    f"with the objectives {sorted(objective_states)}); resume with the same objectives."
+                )
+            for objective in self.objectives:
+                if objective.name in objective_states:
+                    objective.load_state_dict(objective_states[objective.name])
             for name, part in (
                 ("prompt_sampler", pool.prompt_sampler),
                 ("sft_pool", pool.sft_pool),
-                ("pretrain_stream", self._pretrain_stream),
             ):
                 if (state.get(name) is None) != (part is None):
                     raise CheckpointError(

@@ -3,7 +3,7 @@
 
 Every weighting strategy is a [`~trl_trapo.controllers.Controller`] — `value()`, `update(stats, step)`,
 `state_dict()`, `load_state_dict()` — so a new strategy is one class. `value()` returns one *factor* per objective
-(pretrain, sft, rl); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
+(in the trainer's order of objectives); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
 [`combine_weights`]) and decides when the strategy updates.
 
 ## What DARE measures
@@ -59,9 +59,7 @@ from .controllers import Controller
 logger = logging.getLogger(__name__)
 
 
-def combine_weights(
-    static: Sequence[float], shares: Sequence[float], factors: Sequence[float]
-) -> tuple[float, float, float]:
+def combine_weights(static: Sequence[float], shares: Sequence[float], factors: Sequence[float]) -> tuple[float, ...]:
     """Effective loss weight per objective: w_o = c_o * s_o * f_o / sum_k c_k * s_k * f_k.
 
     Args:
@@ -70,23 +68,30 @@ def combine_weights(
         factors (`Sequence[float]`): DARE's factors f_o.
 
     Returns:
-        `tuple[float, float, float]`: weights summing to 1 (all 0 if every product is 0).
+        `tuple[float, ...]`: one weight per objective, summing to 1 (all 0 if every product is 0).
     """
     products = [c * s * f for c, s, f in zip(static, shares, factors)]
     total = sum(products)
     if total <= 0:
-        return (0.0, 0.0, 0.0)
+        return tuple(0.0 for _ in products)
     return tuple(p / total for p in products)
 
 
 class StaticWeighting:
     """All factors 1: the loss weights are the curriculum mixture times the static multipliers (ablation mode).
 
-    A [`~trl_trapo.controllers.Controller`] whose value never changes."""
+    A [`~trl_trapo.controllers.Controller`] whose value never changes.
 
-    def value(self) -> tuple[float, float, float]:
-        """The factors (pretrain, sft, rl): all 1."""
-        return (1.0, 1.0, 1.0)
+    Args:
+        num_objectives (`int`): how many objectives (the built-in three by default).
+    """
+
+    def __init__(self, num_objectives: int = len(OBJECTIVES)):
+        self.num_objectives = num_objectives
+
+    def value(self) -> tuple[float, ...]:
+        """The factors, one per objective: all 1."""
+        return tuple(1.0 for _ in range(self.num_objectives))
 
     def update(self, stats: dict[str, float | None], step: int) -> None:
         return None
@@ -114,43 +119,51 @@ class DAREWeighting:
     no signal and gets `min_factor`. Targets are clipped to [`min_factor`, `max_factor`] and smoothed with `momentum`.
 
     Args:
-        active (`Sequence[bool]`): which objectives take part; inactive ones keep factor 1 and are ignored.
+        active (`Sequence[bool]`): which objectives take part, one flag per objective (the signals' order);
+            inactive ones keep factor 1 and are ignored.
         momentum (`float`): smoothing momentum (0.9 in the source document).
         min_factor (`float`): lower bound of a factor.
         max_factor (`float`): upper bound of a factor.
         noise_floor (`float`): mean signal below which an objective counts as carrying no signal.
+        names (`Sequence[str]`, *optional*): the objectives' names, in order (the built-in three by default); `update`
+            reads `signal/<name>`.
     """
 
     def __init__(
         self,
-        active: Sequence[bool] = (True, True, True),
+        active: Sequence[bool] | None = None,
         momentum: float = 0.9,
         min_factor: float = 0.25,
         max_factor: float = 4.0,
         noise_floor: float = 0.01,
+        names: Sequence[str] = OBJECTIVES,
     ):
-        self.active = tuple(bool(a) for a in active)
+        self.names = tuple(names)
+        self.active = tuple(bool(a) for a in active) if active is not None else tuple(True for _ in self.names)
+        if len(self.active) != len(self.names):
+            raise ValueError(f"DAREWeighting: {len(self.active)} active flags for {len(self.names)} objectives.")
         self.momentum = momentum
         self.min_factor = min_factor
         self.max_factor = max_factor
         self.noise_floor = noise_floor
-        self.factors = [1.0, 1.0, 1.0]
-        self.signals: list[float | None] = [None, None, None]
-        self.signal_sums = [0.0, 0.0, 0.0]  # sum of max(signal, 0) over the updates that measured it
-        self.signal_counts = [0, 0, 0]
-        self.signal_emas = [0.0, 0.0, 0.0]  # EMA of max(signal, 0), before bias correction
+        count = len(self.names)
+        self.factors = [1.0] * count
+        self.signals: list[float | None] = [None] * count
+        self.signal_sums = [0.0] * count  # sum of max(signal, 0) over the updates that measured it
+        self.signal_counts = [0] * count
+        self.signal_emas = [0.0] * count  # EMA of max(signal, 0), before bias correction
         self.num_updates = 0
         self.last_update_step = -1
 
-    def value(self) -> tuple[float, float, float]:
-        """The smoothed factors (pretrain, sft, rl)."""
+    def value(self) -> tuple[float, ...]:
+        """The smoothed factors, one per objective."""
         return tuple(self.factors)
 
     def _observe(self, signals: Sequence[float | None]) -> list[float | None]:
         """Add newly measured `signals` to the running means and EMAs; return the target factor per objective (None
         where nothing was measured). The first measurement of an objective above the noise floor gives a target of 1.
         """
-        out: list[float | None] = [None, None, None]
+        out: list[float | None] = [None] * len(self.names)
         for i, (active, signal) in enumerate(zip(self.active, signals)):
             if not active or signal is None or not math.isfinite(signal):
                 continue
@@ -166,7 +179,7 @@ class DAREWeighting:
         return out
 
     def update(self, stats: dict[str, float | None], step: int) -> None:
-        signals = [stats.get(f"signal/{name}") for name in OBJECTIVES]
+        signals = [stats.get(f"signal/{name}") for name in self.names]
         self.signals = [None if s is None else float(s) for s in signals]
         for i, target in enumerate(self._observe(self.signals)):
             if target is not None:
@@ -177,6 +190,7 @@ class DAREWeighting:
     def state_dict(self) -> dict:
         return {
             "strategy": "dare",
+            "names": list(self.names),
             "factors": list(self.factors),
             "signals": list(self.signals),
             "signal_sums": list(self.signal_sums),
@@ -187,36 +201,51 @@ class DAREWeighting:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned. A state without `names` (written before objectives were named) is the
+        built-in three's.
+
+        Raises:
+            ValueError: if the state is another strategy's, was written for other objectives, or is corrupted (factors
+                outside [min_factor, max_factor], non-finite numbers, lists of the wrong length).
+        """
         if state.get("strategy") != "dare":
             raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into DAREWeighting.")
+        names = state.get("names", list(OBJECTIVES))
+        if list(names) != list(self.names):
+            raise ValueError(
+                f"The DARE state was written for the objectives {list(names)}, this run has {list(self.names)}: "
+                "resume with the same objectives."
+            )
+        count = len(self.names)
+
+        def finite_numbers(values) -> bool:
+            return (
+                isinstance(values, list)
+                and len(values) == count
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+            )
+
         factors = state.get("factors")
-        if (
-            not isinstance(factors, list)
-            or len(factors) != 3
-            or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) for f in factors)
-            or not all(self.min_factor - 1e-9 <= f <= self.max_factor + 1e-9 for f in factors)
+        if not finite_numbers(factors) or not all(
+            self.min_factor - 1e-9 <= f <= self.max_factor + 1e-9 for f in factors
         ):
             raise ValueError(
-                f"Corrupted DARE state: factors={factors!r} must be 3 finite numbers within "
+                f"Corrupted DARE state: factors={factors!r} must be {count} finite numbers within "
                 f"[{self.min_factor}, {self.max_factor}]."
             )
-        signals = state.get("signals", [None] * 3)
-        if not isinstance(signals, list) or len(signals) != 3:
-            raise ValueError(f"Corrupted DARE state: signals={signals!r} must be a list of 3 entries.")
+        signals = state.get("signals", [None] * count)
+        if not isinstance(signals, list) or len(signals) != count:
+            raise ValueError(f"Corrupted DARE state: signals={signals!r} must be a list of {count} entries.")
         self.factors = [float(f) for f in factors]
         self.signals = [None if s is None else float(s) for s in signals]
-        sums, counts = state.get("signal_sums", [0.0] * 3), state.get("signal_counts", [0] * 3)
-        if len(sums) != 3 or len(counts) != 3 or any(c < 0 for c in counts):
+        sums, counts = state.get("signal_sums", [0.0] * count), state.get("signal_counts", [0] * count)
+        if len(sums) != count or len(counts) != count or any(c < 0 for c in counts):
             raise ValueError(f"Corrupted DARE state: signal_sums={sums!r}, signal_counts={counts!r}.")
         self.signal_sums = [float(x) for x in sums]
         self.signal_counts = [int(c) for c in counts]
-        emas = state.get("signal_emas", [0.0] * 3)
-        if (
-            not isinstance(emas, list)
-            or len(emas) != 3
-            or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) for e in emas)
-        ):
-            raise ValueError(f"Corrupted DARE state: signal_emas={emas!r} must be 3 finite numbers.")
+        emas = state.get("signal_emas", [0.0] * count)
+        if not finite_numbers(emas):
+            raise ValueError(f"Corrupted DARE state: signal_emas={emas!r} must be {count} finite numbers.")
         self.signal_emas = [float(e) for e in emas]
         self.num_updates = int(state.get("num_updates", 0))
         self.last_update_step = int(state.get("last_update_step", -1))
@@ -237,6 +266,7 @@ class GradientProbe:
         probe_dim (`int`): K (the identity when H <= probe_dim).
         device (`torch.device`): where the sums live.
         seed (`int`): seed of S and R; the same on every rank.
+        num_objectives (`int`): how many objectives it keeps sums for (the built-in three by default).
     """
 
     def __init__(
@@ -247,7 +277,9 @@ class GradientProbe:
         probe_dim: int = 256,
         device: torch.device | str = "cpu",
         seed: int = 0,
+        num_objectives: int = len(OBJECTIVES),
     ):
+        self.num_objectives = num_objectives
         generator = torch.Generator().manual_seed(seed)
         self.vocab_size = vocab_size
         if vocab_size <= probe_vocab:
@@ -269,9 +301,9 @@ class GradientProbe:
         if self.rows is not None:
             self.position = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
             self.position[self.rows] = torch.arange(num_rows, device=device)
-        self.sums = torch.zeros(3, 2, num_rows, dim, device=device)
-        self.counts = torch.zeros(3, 2, device=device)  # tokens seen per (objective, half)
-        self.informative = torch.zeros(3, 2, device=device)  # of which with a non-zero loss coefficient
+        self.sums = torch.zeros(num_objectives, 2, num_rows, dim, device=device)
+        self.counts = torch.zeros(num_objectives, 2, device=device)  # tokens seen per (objective, half)
+        self.informative = torch.zeros(num_objectives, 2, device=device)  # of which with a non-zero coefficient
 
     def reset(self) -> None:
         """Forget everything accumulated."""
@@ -298,7 +330,7 @@ class GradientProbe:
             coefficients (`torch.Tensor`): shape `(N,)`, c_n = -dloss/dlog p of each token (1 for NLL, A * rho for
                 an unclipped policy-gradient token, 0 for a clipped one); `sums` accumulate d/dW of
                 sum_n c_n * (-log p_n).
-            objective (`torch.Tensor`): shape `(N,)`, objective index 0/1/2 of each token.
+            objective (`torch.Tensor`): shape `(N,)`, the objective index of each token.
             half (`torch.Tensor`): shape `(N,)`, 0 or 1: the half of the token's row.
         """
         if hidden.shape[0] == 0:
@@ -319,13 +351,44 @@ class GradientProbe:
         rows = torch.arange(targets.shape[0], device=targets.device)[in_subset]
         delta[rows, columns[in_subset]] -= 1.0
         delta = delta * coefficients.float().unsqueeze(-1)
-        for o in range(3):
+        for o in range(self.num_objectives):
             for h in range(2):
                 selected = (objective == o) & (half == h)
                 if selected.any():
                     self.sums[o, h] += delta[selected].T @ hidden[selected]
                     self.counts[o, h] += selected.sum()
                     self.informative[o, h] += (selected & (coefficients != 0)).sum()
+
+    @torch.no_grad()
+    def accumulate_logit_grad(
+        self, hidden: torch.Tensor, logit_grad: torch.Tensor, objective: int, half: torch.Tensor
+    ) -> None:
+        """Add the probe gradients of one objective's tokens from their own gradient with respect to the logits, for
+        terms whose gradient is not c (p - e_y) (e.g. a divergence to a teacher over the whole vocabulary).
+
+        d loss / dW = sum_n g_n h_n^T, kept as G[objective, half] += g_n[S]^T (h_n R), exactly what `accumulate`
+        builds from c_n (p_n - e_{y_n}) for the other terms.
+
+        Args:
+            hidden (`torch.Tensor`): shape `(N, H)`, the final hidden states feeding the LM head.
+            logit_grad (`torch.Tensor`): shape `(N, V)`, d loss / d logits of each token (V: the full vocabulary).
+            objective (`int`): the objective's index.
+            half (`torch.Tensor`): shape `(N,)`, 0 or 1: the half of each token's row.
+        """
+        if hidden.shape[0] == 0:
+            return
+        hidden = hidden.float()
+        if self.projection is not None:
+            hidden = hidden @ self.projection
+        grad = logit_grad.float()
+        grad = grad if self.rows is None else grad.index_select(-1, self.rows)
+        nonzero = logit_grad.ne(0).any(dim=-1)
+        for h in range(2):
+            selected = half == h
+            if selected.any():
+                self.sums[objective, h] += grad[selected].T @ hidden[selected]
+                self.counts[objective, h] += selected.sum()
+                self.informative[objective, h] += (selected & nonzero).sum()
 
     def cosines(self) -> list[float | None]:
         """Split-half cosine per objective; call after reducing `sums`, `counts` and `informative` across ranks.
@@ -335,7 +398,7 @@ class GradientProbe:
         (e.g. RL with a constant reward: every advantage is 0).
         """
         out: list[float | None] = []
-        for o in range(3):
+        for o in range(self.num_objectives):
             if self.counts[o, 0] == 0 or self.counts[o, 1] == 0:
                 out.append(None)
                 continue
@@ -363,6 +426,8 @@ class DARE:
         update_interval (`int`): optimizer steps between updates (ceil(sqrt(N)) by default in the trainer).
         probe_factory (`Callable[[], GradientProbe]`, *optional*): builds the probe the first time it is needed (its
             sums take |S| x K floats per objective and half, so it is not allocated for static weighting).
+        names (`Sequence[str]`, *optional*): the objectives' names, in order (the built-in three by default): the keys
+            of the signals fed to the engine and of the metrics.
     """
 
     def __init__(
@@ -370,10 +435,12 @@ class DARE:
         engine: Controller,
         update_interval: int,
         probe_factory: Callable[[], GradientProbe] | None = None,
+        names: Sequence[str] = OBJECTIVES,
     ):
         self.engine = engine
         self.update_interval = max(int(update_interval), 1)
-        self.last_weights: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.names = tuple(names)
+        self.last_weights: tuple[float, ...] = tuple(0.0 for _ in self.names)
         self.probe_factory = probe_factory
         self.probe: GradientProbe | None = None
 
@@ -386,7 +453,7 @@ class DARE:
         """Whether optimizer step `step` (0-based, before it runs) measures signals and updates the factors."""
         return self.dynamic and step > 0 and step % self.update_interval == 0
 
-    def step_weights(self, static, shares) -> tuple[float, float, float]:
+    def step_weights(self, static, shares) -> tuple[float, ...]:
         """The loss weights of a step with curriculum `shares` (see [`combine_weights`]); kept for `metrics`."""
         self.last_weights = combine_weights(static, shares, self.engine.value())
         return self.last_weights
@@ -410,15 +477,15 @@ class DARE:
 
     def update(self, signals: list[float | None], step: int) -> None:
         """Feed the signals measured at `step` to the engine."""
-        stats = {f"signal/{name}": s for name, s in zip(OBJECTIVES, signals)}
+        stats = {f"signal/{name}": s for name, s in zip(self.names, signals)}
         self.engine.update(stats, step)
         logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.value())
 
     def metrics(self) -> dict[str, float]:
         """`weight/<objective>` (last combined weights), `dare/factor/<objective>`, `dare/signal/<objective>`."""
-        out = {f"weight/{name}": w for name, w in zip(OBJECTIVES, self.last_weights)}
-        out.update({f"dare/factor/{name}": f for name, f in zip(OBJECTIVES, self.engine.value())})
+        out = {f"weight/{name}": w for name, w in zip(self.names, self.last_weights)}
+        out.update({f"dare/factor/{name}": f for name, f in zip(self.names, self.engine.value())})
         signals = getattr(self.engine, "signals", None)
         if signals is not None:
-            out.update({f"dare/signal/{name}": s for name, s in zip(OBJECTIVES, signals) if s is not None})
+            out.update({f"dare/signal/{name}": s for name, s in zip(self.names, signals) if s is not None})
         return out

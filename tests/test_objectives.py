@@ -1,0 +1,278 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The objective seam (trl_trapo/objectives.py): objectives added through `TRAPOTrainer(objectives=...)` are trained,
+weighted by DARE, given a curriculum share and checkpointed like the built-in three; a term with its own logit gradient
+is probed exactly; checkpoints written before objectives were objects still resume."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_CONFIG
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.collator import Row, StepContext
+from trl_trapo.curriculum import phase_mixtures
+from trl_trapo.losses import TermOutput
+from trl_trapo.objectives import LanguageModelingObjective, Objective, count_keys, step_counts
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MICRO_MODEL = FIXTURES / "micro_causal_lm.json"
+FOUR_PHASES = [  # the fourth objective, "digits", gets a share in every phase
+    {"pretrain": 0.5, "sft": 0.2, "rl": 0.1, "digits": 0.2},
+    {"pretrain": 0.2, "sft": 0.4, "rl": 0.2, "digits": 0.2},
+    {"pretrain": 0.1, "sft": 0.3, "rl": 0.5, "digits": 0.1},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return make_task_suite(seed=0, num_pretrain_docs=20, num_sft_per_task=5, num_rl_per_task=5, num_eval_per_task=2)
+
+
+def digits_corpus(n: int = 30) -> Dataset:
+    """A second language-modelling corpus, unlike the built-in prose: digit strings."""
+    generator = torch.Generator().manual_seed(1)
+    texts = ["".join(str(int(d)) for d in torch.randint(0, 10, (20,), generator=generator)) for _ in range(n)]
+    return Dataset.from_dict({"text": texts})
+
+
+def four_objective_trainer(output_dir, tokenizer, suite, **overrides) -> TRAPOTrainer:
+    settings = {
+        **TINY_CONFIG,
+        "max_steps": 6,
+        "dare_update_interval": 1,  # DARE measures all four objectives every step
+        "curriculum_mixtures": FOUR_PHASES,
+        "curriculum_boundaries": [0.34, 0.67],
+        "save_strategy": "steps",
+        "save_steps": 3,
+        **overrides,
+    }
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(output_dir), **settings),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        objectives=[LanguageModelingObjective("digits", digits_corpus(), weight=0.5)],
+    )
+
+
+class ObjectiveRows(TrainerCallback):
+    """Counts the rows each objective got (from the trainer's metrics of the objective's loss)."""
+
+    def __init__(self):
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_a_fourth_objective_is_trained_weighted_and_resumed_bit_identically(tmp_path, tokenizer, suite):
+    # uninterrupted: 6 steps, checkpoints at 3 and 6
+    trainer = four_objective_trainer(tmp_path / "full", tokenizer, suite)
+    recorder = ObjectiveRows()
+    trainer.add_callback(recorder)
+    assert [o.name for o in trainer.objectives] == ["pretrain", "sft", "rl", "digits"]
+    assert len(trainer.dare.engine.value()) == 4 and trainer.dare.dynamic
+    trainer.train()
+    logged = [entry for entry in recorder.logs if "loss" in entry]
+    # the objective had rows, a loss, a curriculum share, a DARE weight and a measured signal
+    assert any("loss/digits" in entry for entry in logged)
+    assert all(entry["curriculum/digits"] > 0 for entry in logged)
+    assert all(0 < entry["weight/digits"] < 1 for entry in logged)
+    assert any("dare/signal/digits" in entry for entry in logged)
+    assert trainer.dare.engine.num_updates >= 4  # updated every step from step 1
+    assert trainer.dare.engine.signal_counts[3] > 0  # the fourth objective's signal was measured
+    full = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+    # interrupted after step 3 and resumed from its checkpoint: the same parameters, bit for bit
+    class StopAfterThree(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 3
+
+    first = four_objective_trainer(tmp_path / "resumed", tokenizer, suite)
+    first.add_callback(StopAfterThree())
+    first.train()
+    checkpoint = tmp_path / "resumed" / "checkpoint-3"
+    assert checkpoint.is_dir()
+    resumed = four_objective_trainer(tmp_path / "resumed2", tokenizer, suite)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, full[name]), name
+
+
+def test_a_step_holds_the_added_objectives_rows_with_its_index(tmp_path, tokenizer, suite):
+    trainer = four_objective_trainer(tmp_path, tokenizer, suite)
+    batches, context = trainer.get_batch_samples(iter(range(1)), 1, "cpu")
+    objectives = torch.cat([b["objective"] for b in batches])
+    assert (objectives == 3).any(), "no row of the added objective in the step"
+    tokens = sum(float(b["mask"][b["objective"] == 3].sum()) for b in batches)
+    assert context.counts["tokens_digits"] == tokens
+    assert len(context.weights) == 4 and sum(context.weights) == pytest.approx(1.0)
+    # its rows are digits only: they come from its own corpus
+    digit_ids = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
+    for batch in batches:
+        for row, mask in zip(batch["input_ids"][batch["objective"] == 3], batch["mask"][batch["objective"] == 3]):
+            counted = row[1:][mask.bool()].tolist()
+            assert set(counted) <= digit_ids | {tokenizer.eos_token_id}
+
+
+def test_the_curriculum_mapping_form_and_its_errors():
+    names = ("pretrain", "sft", "rl", "digits")
+    assert phase_mixtures(FOUR_PHASES, 3, names)[0] == (0.5, 0.2, 0.1, 0.2)
+    # the three-number form keeps working; an added objective then gets nothing -> refused, naming the fix
+    assert phase_mixtures([0.7, 0.2, 0.1, 0.1, 0.3, 0.6], 2, ("pretrain", "sft", "rl")) == [
+        (0.7, 0.2, 0.1),
+        (0.1, 0.3, 0.6),
+    ]
+    with pytest.raises(ValueError, match=r"'digits' gets no share in any curriculum phase.*mapping"):
+        phase_mixtures([0.7, 0.2, 0.1], 1, names)
+    with pytest.raises(ValueError, match=r"names \['code'\].*fix the name or add the objective"):
+        phase_mixtures([{"pretrain": 0.5, "code": 0.5}], 1, names)
+    with pytest.raises(ValueError, match="curriculum_mixtures.*phase 0.*must sum to 1"):
+        TRAPOConfig(output_dir="unused", curriculum_mixtures=[{"pretrain": 0.5}, {"rl": 1.0}, {"sft": 1.0}])
+    with pytest.raises(ValueError, match="curriculum_mixtures.*one mapping per phase"):
+        TRAPOConfig(output_dir="unused", curriculum_mixtures=[{"pretrain": 1.0}])
+
+
+def test_bad_objectives_are_refused_at_construction(tmp_path, tokenizer, suite):
+    def build(objectives, **overrides):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+            reward_funcs=exact_match_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, **overrides}),
+            train_dataset=suite.rl_train,
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+            objectives=objectives,
+        )
+
+    with pytest.raises(ValueError, match="built-in names"):
+        build([LanguageModelingObjective("sft", digits_corpus())])
+    with pytest.raises(ValueError, match="Two objectives are named 'digits'"):
+        build([LanguageModelingObjective("digits", digits_corpus()), LanguageModelingObjective("digits", None)])
+    with pytest.raises(TypeError, match="Objective instances"):
+        build(["digits"])
+    with pytest.raises(ValueError, match="'digits' gets no share"):  # three-number curriculum: it would never train
+        build([LanguageModelingObjective("digits", digits_corpus())])
+    with pytest.raises(ValueError, match=r"objective 'digits' dataset needs a 'text' column"):
+        build(
+            [LanguageModelingObjective("digits", Dataset.from_dict({"body": ["1"]}))], curriculum_mixtures=FOUR_PHASES
+        )
+    with pytest.raises(ValueError, match="weight=-1"):
+        LanguageModelingObjective("digits", digits_corpus(), weight=-1)
+
+
+class UniformTargetObjective(Objective):
+    """A full-vocabulary term: cross-entropy of the model's distribution to the uniform one, on the RL rows' counted
+    tokens — L = sum_n sum_v (1/V) * -log softmax(z_n)_v / N. Its gradient with respect to the logits is
+    (p_n - 1/V) / N, not c (p - e_y): it hands the probe its own logit gradient."""
+
+    def __init__(self):
+        super().__init__("uniform")
+
+    def take(self, n, step):  # any text will do: the test relabels the step's rows as this objective's
+        ids = torch.arange(4, 14)
+        return [Row(self.index, ids, torch.ones(ids.numel() - 1)) for _ in range(n)]
+
+    def loss(self, term):
+        logits = term.logits[term.tokens].float()  # (N_o, V)
+        n = max(float(term.mask.sum()), 1.0)
+        log_p = torch.log_softmax(logits, dim=-1)
+        loss = -(log_p.mean(dim=-1)).sum() / n
+        grad = (torch.softmax(logits, dim=-1) - 1.0 / logits.shape[-1]) / n
+        return TermOutput(loss, loss.detach(), logit_grad=grad.detach())
+
+
+def test_the_probe_sketch_of_a_term_with_its_own_logit_gradient_equals_the_autograd_gradient(
+    tmp_path, tokenizer, suite
+):
+    uniform = UniformTargetObjective()
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),  # untied head: its gradient is the term's own
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            **{**TINY_CONFIG, "dare_update_interval": 1, "curriculum_mixtures": [{"rl": 0.5, "uniform": 0.5}] * 3},
+        ),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        processing_class=tokenizer,
+        objectives=[uniform],
+    )
+    # RL rows, relabelled as the uniform objective's (index 3), through the trainer's own forward and probe
+    batches, _ = trainer.get_batch_samples(iter(range(1)), 1, "cpu")
+    batch = {k: v.clone() for k, v in batches[0].items()}
+    batch["objective"] = torch.full_like(batch["objective"], 3)
+    counts = dict(zip(count_keys(trainer.objectives), step_counts([batch], trainer.objectives).tolist()))
+    context = StepContext(step=1, weights=(0.0, 0.0, 0.0, 1.0), counts=counts, probe=True, num_micro=1)
+    trainer.dare.begin_step(1)
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    loss = trainer.compute_loss(model, batch, num_items_in_batch=context)
+    loss.backward()
+    probe = trainer.dare.probe
+    head = trainer.accelerator.unwrap_model(model).get_output_embeddings().weight.grad  # (V, H)
+    expected = head if probe.rows is None else head[probe.rows]
+    if probe.projection is not None:
+        expected = expected @ probe.projection
+    sketch = probe.sums[3, 0] + probe.sums[3, 1]
+    torch.testing.assert_close(sketch, expected, rtol=1e-4, atol=1e-6)
+    assert float(probe.counts[3].sum()) == float(batch["mask"].sum())
+    assert float(probe.counts[:3].sum()) == 0.0  # nothing went to the closed-form objectives
+
+
+def test_checkpoint_written_before_objectives_were_objects_resumes(tmp_path, tokenizer, suite):
+    """tests/fixtures/checkpoint_7b3563e/checkpoint-2: a 4-step run of the code at 7b3563e (see its make_checkpoint.py),
+    saved at step 2, with the pretraining stream at the top level of the state and three unnamed DARE factors."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(FIXTURES / "checkpoint_7b3563e"))
+    from make_checkpoint import SETTINGS, SUITE  # the settings the fixture was made with
+
+    checkpoint = tmp_path / "checkpoint-2"
+    shutil.copytree(FIXTURES / "checkpoint_7b3563e" / "checkpoint-2", checkpoint)
+    old_state = json.loads((checkpoint / "trapo" / "rank0.json").read_text())
+    old_suite = make_task_suite(**SUITE)
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path / "out"), **SETTINGS),
+        train_dataset=old_suite.rl_train,
+        pretrain_dataset=old_suite.pretrain,
+        sft_dataset=old_suite.sft,
+        processing_class=tokenizer,
+    )
+    restored = {}
+
+    class AtStart(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            restored["pretrain"] = trainer.objectives[0].state_dict()
+            restored["dare"] = trainer.dare.engine.state_dict()
+            restored["allocator"] = trainer.allocator.state_dict()
+            restored["step"] = state.global_step
+
+    trainer.add_callback(AtStart())
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert restored["step"] == 2
+    assert restored["pretrain"] == old_state["pretrain_stream"]
+    assert restored["dare"]["factors"] == old_state["dare"]["factors"]
+    assert restored["dare"]["names"] == ["pretrain", "sft", "rl"]
+    assert restored["allocator"] == old_state["allocator"]
+    assert trainer.state.global_step == 4
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())

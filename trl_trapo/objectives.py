@@ -1,0 +1,469 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The objectives TRAPO trains jointly, as objects: the registry of what "an objective" is.
+
+An objective has a name, a static weight c_o, a source of training rows, a loss term (a pure function of
+`losses.py` returning a [`~trl_trapo.losses.TermOutput`]), its own state (checkpointed) and its own metrics. The
+trainer holds a list of them — the three built-ins first, in the order of `config.OBJECTIVES` (pretraining, SFT, RL),
+then any the user adds with `TRAPOTrainer(objectives=[...])` — and everything that is "per objective" is sized from
+that list and keyed by name: the curriculum's shares, DARE's signals and factors, the rows of a step, the step's
+token counts, the gradient probe, the checkpoint and the metrics (`loss/<name>`, `weight/<name>`,
+`curriculum/<name>`, `dare/factor/<name>`, `dare/signal/<name>`). A row's `objective` is its objective's index in
+the list.
+
+One optimizer step, as the objectives see it:
+
+1. `take(n, step)`: the `n` rows the curriculum gave the objective this step ([`~trl_trapo.collator.Row`]s whose
+   `objective` is the objective's index);
+2. `counts(batch, rows)`: the extra global counts its loss normalises by (`count_keys`; the trainer counts every
+   objective's tokens itself, as `tokens_<name>`), summed over micro-batches and ranks into the
+   [`~trl_trapo.collator.StepContext`];
+3. per micro-batch, after the one forward of the policy over every row: `logit_scale(inputs, rows)` (a per-row
+   factor on the logits before the log-softmax, e.g. RL's 1 / sampling temperature), then `loss(term)` with a
+   [`TermInputs`] view of the micro-batch, then `after_forward(term)`;
+4. `state_dict()` / `load_state_dict()` with TRAPO's checkpoint, `metrics()` at logging.
+
+Adding an objective is subclassing [`Objective`] (see `docs/seams.md`, "Adding an objective"):
+[`LanguageModelingObjective`] is the whole of a second language-modelling corpus with its own weight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from datasets import Dataset, IterableDataset
+from trl.trainer.utils import entropy_from_logits
+
+from .collator import Row, StepContext
+from .data import PretrainStream, check_dataset_object, check_rows, dataset_columns
+from .losses import RLTermCounts, TermOutput, kl_estimate, language_modeling_term, rl_term, sft_term
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ObjectiveSetup:
+    """What an objective may need from the run when the trainer sets it up (once, before training).
+
+    Attributes:
+        index (`int`): the objective's position in the trainer's list (the `objective` its rows carry).
+        args ([`TRAPOConfig`]): the configuration (read only).
+        tokenizer: the policy's tokenizer.
+        rank (`int`), world_size (`int`): this process and the number of processes (shard the data by them).
+        planned_steps (`int`): the run's optimizer steps.
+    """
+
+    index: int
+    args: Any
+    tokenizer: Any
+    rank: int
+    world_size: int
+    planned_steps: int
+
+
+@dataclass
+class TermInputs:
+    """One micro-batch as an objective's loss sees it (B rows, T target positions, N counted positions, V vocabulary).
+
+    The policy's forward runs once over every row of the micro-batch, whatever their objective; the output layer runs
+    only at counted positions, so `logits` holds the N counted positions of *all* rows, in the order of
+    `inputs["mask"].nonzero()`; `tokens` marks this objective's among them.
+    """
+
+    inputs: dict[str, torch.Tensor]  # the collated micro-batch (see trl_trapo/collator.py)
+    rows: torch.Tensor  # (B,) bool: the objective's rows
+    mask: torch.Tensor  # (B, T) float: 1 on the objective's counted targets
+    per_token_logps: torch.Tensor  # (B, T) fp32 nats: log p of each target after the row's logit scale; 0 uncounted
+    logits: torch.Tensor  # (N, V) the counted positions' logits (after the rows' logit scales)
+    token_rows: torch.Tensor  # (N,) long: the row of each counted position
+    targets: torch.Tensor  # (N,) long: the target token of each counted position
+    tokens: torch.Tensor  # (N,) bool: the counted positions that belong to the objective
+    values: torch.Tensor | None  # (B_rl, L) critic values of the RL rows, with a critic
+    context: StepContext  # the whole step: weights, global counts, step
+
+
+class Objective:
+    """One training objective: a name, a static weight, a source of rows, a loss term, state and metrics.
+
+    Subclasses implement `take` and `loss`, and override the other hooks they need (all have neutral defaults).
+
+    Args:
+        name (`str`): its name in metrics (`loss/<name>`, `weight/<name>`, ...), the curriculum's mappings and the
+            checkpoint; unique among the trainer's objectives.
+        weight (`float`): the static multiplier c_o (0 switches it off: no rows, no loss).
+
+    Attributes:
+        count_keys (`tuple[str, ...]`): the names of the extra global counts `counts` returns, in order.
+    """
+
+    count_keys: tuple[str, ...] = ()
+
+    def __init__(self, name: str, weight: float = 1.0):
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"An objective's name must be a non-empty string without '/', got {name!r}.")
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight >= 0:
+            raise ValueError(f"Objective '{name}': weight={weight!r} must be a number >= 0 (0 switches it off).")
+        self.name = name
+        self.weight = float(weight)
+        self.index: int | None = None
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the objective has rows to serve (an objective without them takes no share of the steps)."""
+        return True
+
+    def setup(self, setup: ObjectiveSetup) -> None:
+        """Prepare for training (build data streams, check the data); called once by the trainer.
+
+        Raises:
+            ValueError: for data that cannot work, naming the objective and the fix.
+        """
+        self.index = setup.index
+
+    def take(self, n: int, step: int) -> list[Row]:
+        """The objective's `n` rows of optimizer step `step` (their `objective` is this objective's index)."""
+        raise NotImplementedError
+
+    def counts(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor | float]:
+        """This micro-batch's contribution to each of `count_keys` (`rows`: `(B,)` bool, the objective's rows)."""
+        return []
+
+    def logit_scale(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        """`(B,)` factor on each row's logits before the log-softmax (only its own rows are read), or None (1)."""
+        return None
+
+    def loss(self, term: TermInputs) -> TermOutput:
+        """The objective's term of one micro-batch, normalised by the step's global counts."""
+        raise NotImplementedError
+
+    def after_forward(self, term: TermInputs) -> None:
+        """Per-row feedback after the loss (e.g. the SFT pool's priorities); nothing by default."""
+        return None
+
+    def state_dict(self) -> dict:
+        """What resuming needs (JSON); nothing by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """The objective's own metrics at a logging step (besides `loss/<name>` and its statistics)."""
+        return {}
+
+
+class LanguageModelingObjective(Objective):
+    """Next-token prediction on a text corpus: the built-in pretraining objective, or any further corpus with its own
+    weight (e.g. code next to prose) — [`~trl_trapo.losses.language_modeling_term`].
+
+    Rows are packed (EOS between documents) or chunked chunks of `max_length` tokens of the `text` column
+    ([`~trl_trapo.data.PretrainStream`]), sharded by rank; the stream position is checkpointed.
+
+    Args:
+        name (`str`): the objective's name.
+        dataset (`Dataset` or `IterableDataset`): documents in a `text` column (map-style or streaming).
+        weight (`float`): the static multiplier c_o.
+        max_length (`int`, *optional*): tokens per row (default: `pretrain_max_length`).
+        packing (`bool`, *optional*): pack across documents (default: `pretrain_packing`).
+        seed (`int`, *optional*): the shuffling seed (default: `sampling_seed` + the objective's index).
+        check (`bool`): check the dataset at setup (format, missing values, unknown tokens).
+
+    Raises:
+        ValueError: at setup, if the dataset is empty, has no `text` column or unusable rows.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dataset: Dataset | IterableDataset | None,
+        weight: float = 1.0,
+        max_length: int | None = None,
+        packing: bool | None = None,
+        seed: int | None = None,
+        check: bool = True,
+    ):
+        super().__init__(name, weight)
+        self.dataset = dataset
+        self.max_length, self.packing, self.seed, self.check = max_length, packing, seed, check
+        self.stream: PretrainStream | None = None
+
+    @property
+    def has_data(self) -> bool:
+        return self.dataset is not None
+
+    def setup(self, setup: ObjectiveSetup) -> None:
+        super().setup(setup)
+        if self.dataset is None or self.weight <= 0:
+            return
+        args = setup.args
+        role = "pretrain_dataset" if not self.check else f"objective '{self.name}' dataset"
+        if self.check:
+            check_dataset_object(self.dataset, role, streaming_ok=True)
+            if "text" not in dataset_columns(self.dataset):
+                raise ValueError(
+                    f"The {role} needs a 'text' column (language-modelling format); it has "
+                    f"{dataset_columns(self.dataset)}. Rename the column holding the documents to 'text'."
+                )
+            if isinstance(self.dataset, Dataset):
+                if len(self.dataset) == 0:
+                    raise ValueError(f"The {role} is empty: give it documents, or drop the objective.")
+                check_rows(self.dataset, role, setup.tokenizer, "pretrain", limit=10_000)
+        self.stream = PretrainStream(
+            self.dataset,
+            setup.tokenizer,
+            self.max_length or args.pretrain_max_length,
+            packing=args.pretrain_packing if self.packing is None else self.packing,
+            seed=args.sampling_seed + setup.index if self.seed is None else self.seed,
+            rank=setup.rank,
+            world_size=setup.world_size,
+            objective=setup.index,
+            role=role,
+        )
+
+    def take(self, n: int, step: int) -> list[Row]:
+        return self.stream.take(n)
+
+    def loss(self, term: TermInputs) -> TermOutput:
+        return language_modeling_term(term.per_token_logps, term.mask, term.context.counts[f"tokens_{self.name}"])
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict() if self.stream is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.stream is not None:
+            self.stream.load_state_dict(state)
+
+
+class SFTObjective(Objective):
+    """Supervised fine-tuning on demonstrations served by the memory pool (uniform or prioritised replay, few-shot
+    mode, self-imitation's successes) — [`~trl_trapo.losses.sft_term`], plain or trust-region NLL.
+
+    Args:
+        pool ([`~trl_trapo.memory.MemoryPool`], *optional*): serves the rows (`take_sft(n, step)`) and takes the
+            per-row feedback after the forward (`after_forward(inputs, per_token_logps, mask)`: the prioritised pool's
+            priorities, few-shot embeddings).
+        has_data (`bool`): whether there are demonstrations to serve.
+        sft_loss_type (`str`), alpha (`float`): "nll" or "trust_region" and its threshold.
+        weight (`float`): the static multiplier c_sft.
+        name (`str`): "sft".
+    """
+
+    def __init__(
+        self,
+        pool,
+        has_data: bool = True,
+        sft_loss_type: str = "nll",
+        alpha: float = 0.1,
+        weight: float = 1.0,
+        name: str = "sft",
+    ):
+        super().__init__(name, weight)
+        self.pool, self.with_data = pool, has_data
+        self.sft_loss_type, self.alpha = sft_loss_type, alpha
+
+    @property
+    def has_data(self) -> bool:
+        return self.with_data
+
+    def take(self, n: int, step: int) -> list[Row]:
+        return self.pool.take_sft(n, step)
+
+    def loss(self, term: TermInputs) -> TermOutput:
+        return sft_term(
+            term.per_token_logps,
+            term.mask,
+            term.context.counts[f"tokens_{self.name}"],
+            term.inputs["importance_weight"],
+            self.sft_loss_type,
+            self.alpha,
+        )
+
+    def after_forward(self, term: TermInputs) -> None:
+        self.pool.after_forward(term.inputs, term.per_token_logps, term.mask)
+
+
+class RLObjective(Objective):
+    """Reinforcement learning on scored rollouts served by the replay buffer — [`~trl_trapo.losses.rl_term`]: PPO's
+    clipped surrogate (or truncated importance sampling), guidance's shaped loss on demonstration rows, the KL to the
+    reference in the loss (`kl_penalty="loss"`), the entropy bonus and, with a critic, the clipped value loss.
+
+    It owns what only RL rows need: their sampling temperatures (a row sampled at temperature tau is trained on
+    logits / tau, `logit_scale`), the per-row flags of guidance, and its normalisers (`sequences_rl`,
+    `micro_batches_rl`, `tokens_rl_sampled`).
+
+    Args:
+        take_rows (`Callable[[int, int], list[Row]]`): serves `n` RL rows at a step (from the replay buffer, which a
+            rollout round refills).
+        args ([`TRAPOConfig`]): the configuration (read only).
+        kl_coef (`Callable[[], float]`): the KL coefficient in use (fixed or adaptive).
+        entropy_coef (`Callable[[int], float]`): the entropy coefficient of a step.
+        kl_penalty (`str`): "loss" or "reward" (resolved).
+        kl_estimator (`str`): "k1", "k2" or "k3" (resolved).
+        logging_step (`Callable[[], bool]`): whether the step being trained is logged (the entropy, which costs a pass
+            over the logits, is then measured even when it is not in the loss).
+        has_data (`bool`): whether there are RL prompts.
+        weight (`float`): the static multiplier c_rl.
+        name (`str`): "rl".
+    """
+
+    count_keys = ("sequences_rl", "micro_batches_rl", "tokens_rl_sampled")
+
+    def __init__(
+        self,
+        take_rows: Callable[[int, int], list[Row]] | None,
+        args,
+        kl_coef: Callable[[], float],
+        entropy_coef: Callable[[int], float],
+        kl_penalty: str,
+        kl_estimator: str,
+        logging_step: Callable[[], bool] = lambda: False,
+        has_data: bool = True,
+        weight: float = 1.0,
+        name: str = "rl",
+    ):
+        super().__init__(name, weight)
+        self.take_rows, self.args = take_rows, args
+        self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
+        self.kl_penalty, self.kl_estimator = kl_penalty, kl_estimator
+        self.logging_step = logging_step
+        self.with_data = has_data
+
+    @property
+    def has_data(self) -> bool:
+        return self.with_data
+
+    def take(self, n: int, step: int) -> list[Row]:
+        return self.take_rows(n, step)
+
+    def counts(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor | float]:
+        """RL rows with a counted token, whether the micro-batch holds one, and counted RL tokens that were sampled
+        (not demonstrations put in by guidance)."""
+        token_counts = batch["mask"].sum(-1)
+        counted_rows = rows & (token_counts > 0)
+        sampled = rows & ~batch["off_policy"] if "off_policy" in batch else rows
+        return [counted_rows.sum(), float(counted_rows.any()), token_counts[sampled].sum()]
+
+    def logit_scale(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        """1 / the row's sampling temperature (its own when it carries one, else `temperature`), 1 off its rows."""
+        temperature = self.args.temperature
+        if "temperature" in inputs:  # RL rows' own sampling temperatures (exploration, few-shot mode); 0: configured
+            row_temperature = torch.where(inputs["temperature"] > 0, inputs["temperature"], temperature)
+            return torch.where(rows, 1.0 / row_temperature, 1.0)
+        if temperature != 1.0 and bool(rows.any()):
+            return torch.where(rows, 1.0 / temperature, 1.0)
+        return None
+
+    def loss(self, term: TermInputs) -> TermOutput:
+        if not bool(term.rows.any()):
+            return TermOutput(torch.zeros((), device=term.logits.device), torch.zeros((), device=term.logits.device))
+        args, inputs, counts = self.args, term.inputs, term.context.counts
+        mask, per_token_logps = term.mask, term.per_token_logps
+        kl_coef, entropy_coef = self.kl_coef(), self.entropy_coef(term.context.step)
+        kl = None
+        if kl_coef > 0 and "ref_per_token_logps" in inputs:
+            kl = kl_estimate(per_token_logps, inputs["ref_per_token_logps"], self.kl_estimator)
+        entropy = None
+        if entropy_coef > 0 or self.logging_step():
+            with torch.set_grad_enabled(entropy_coef > 0 and torch.is_grad_enabled()):
+                rl_entropy = entropy_from_logits(term.logits[term.tokens]).to(per_token_logps.dtype)
+                entropy = torch.zeros_like(per_token_logps).masked_scatter(mask.bool(), rl_entropy)
+        critic = {}
+        if term.values is not None:
+            rows = term.rows.nonzero().squeeze(-1)
+            critic = dict(
+                values=term.values[:, :-1].to(per_token_logps.dtype),  # (B_rl, T) value at t predicts token t + 1
+                old_values=inputs["old_values"][rows],
+                returns=inputs["returns"][rows],
+                value_mask=mask[rows],
+                cliprange_value=args.cliprange_value,
+                vf_coef=args.vf_coef,
+            )
+        return rl_term(
+            per_token_logps,
+            inputs["old_per_token_logps"],
+            inputs["advantages"],
+            mask,
+            # a hand-built StepContext without `tokens_rl_sampled` has only sampled tokens
+            RLTermCounts(
+                counts[f"tokens_{self.name}"],
+                counts["sequences_rl"],
+                counts["micro_batches_rl"],
+                counts.get("tokens_rl_sampled", counts[f"tokens_{self.name}"]),
+            ),
+            loss_type=args.loss_type,
+            response_length=args.response_length,
+            cliprange=args.cliprange,
+            importance_weights=inputs["importance_weight"],
+            importance_sampling_cap=args.importance_sampling_cap,
+            off_policy=inputs.get("off_policy"),
+            guidance_gamma=args.guidance_gamma,
+            kl=kl,
+            kl_coef_in_loss=kl_coef if self.kl_penalty == "loss" else 0.0,
+            entropy=entropy,
+            entropy_coef=entropy_coef,
+            **critic,
+        )
+
+
+def count_keys(objectives: list[Objective]) -> tuple[str, ...]:
+    """The keys of a step's global counts: `tokens_<name>` per objective, then each objective's `count_keys`."""
+    return tuple(f"tokens_{o.name}" for o in objectives) + tuple(k for o in objectives for k in o.count_keys)
+
+
+def step_counts(batches: list[dict[str, torch.Tensor]], objectives: list[Objective]) -> torch.Tensor:
+    """This rank's counts of a step's micro-batches, float64 in the order of [`count_keys`]: the counted tokens of
+    each objective, then each objective's own counts (sum them over ranks).
+
+    Returns:
+        `torch.Tensor`: shape `(len(count_keys(objectives)),)`.
+    """
+    local = torch.zeros(len(count_keys(objectives)), dtype=torch.float64)
+    for batch in batches:
+        token_counts = batch["mask"].sum(-1)
+        position = len(objectives)
+        for index in range(len(objectives)):
+            local[index] += token_counts[batch["objective"] == index].sum()
+        for index, objective in enumerate(objectives):
+            for value in objective.counts(batch, batch["objective"] == index):
+                local[position] += value
+                position += 1
+    return local
+
+
+def check_objectives(objectives: list[Objective]) -> None:
+    """Refuse a list of objectives the trainer cannot run.
+
+    Raises:
+        TypeError: if an entry is not an [`Objective`].
+        ValueError: if two objectives share a name.
+    """
+    seen: set[str] = set()
+    for objective in objectives:
+        if not isinstance(objective, Objective):
+            raise TypeError(
+                f"`objectives` entries must be trl_trapo.objectives.Objective instances, got {type(objective).__name__}."
+            )
+        if objective.name in seen:
+            raise ValueError(
+                f"Two objectives are named '{objective.name}': names key the metrics, the curriculum and the "
+                "checkpoint; give each a unique name."
+            )
+        seen.add(objective.name)
+
+
+__all__ = [
+    "LanguageModelingObjective",
+    "Objective",
+    "ObjectiveSetup",
+    "RLObjective",
+    "SFTObjective",
+    "TermInputs",
+    "check_objectives",
+    "count_keys",
+    "step_counts",
+]
