@@ -276,3 +276,19 @@ def test_checkpoint_written_before_objectives_were_objects_resumes(tmp_path, tok
     assert restored["allocator"] == old_state["allocator"]
     assert trainer.state.global_step == 4
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_resuming_with_other_objectives_is_refused_by_name(tmp_path, tokenizer, suite):
+    first = four_objective_trainer(tmp_path / "four", tokenizer, suite, max_steps=2, save_steps=2)
+    first.train()
+    three = TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path / "three"), **{**TINY_CONFIG, "max_steps": 4}),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    with pytest.raises(Exception, match=r"other objectives \(this run adds none and lacks \['digits'\]\)"):
+        three.train(resume_from_checkpoint=str(tmp_path / "four" / "checkpoint-2"))

@@ -1337,11 +1337,12 @@ class TRAPOTrainer(_BaseTrainer):
                     f"{source}: the checkpoint was made with a different set of datasets ('pretrain_stream' "
                     f"{'missing' if written is None else 'present'}); resume with the same datasets."
                 )
-            missing = [o.name for o in self.objectives if o.name not in objective_states and o.name != "pretrain"]
-            if state.get("objectives") is not None and missing:
+            missing = [o.name for o in self.objectives[len(OBJECTIVES) :] if o.name not in objective_states]
+            unknown = sorted(set(objective_states) - {o.name for o in self.objectives})
+            if missing or unknown:
                 raise CheckpointError(
-                    f"{source}: the checkpoint has no state for the objectives {missing} (it was written by a run "
-                    f"with the objectives {sorted(objective_states)}); resume with the same objectives."
+                    f"{source}: the checkpoint was written by a run with other objectives (this run adds "
+                    f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
                 )
             for objective in self.objectives:
                 if objective.name in objective_states:
