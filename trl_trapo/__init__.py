@@ -7,6 +7,7 @@ from .config import TRAPOConfig
 from .controllers import AdaptiveKLController, Controller, FixedKLController
 from .curriculum import CurriculumSchedule
 from .interrupts import TrainingAborted, TrainingInterrupted
+from .objectives import LanguageModelingObjective, Objective
 from .ppo import PPOConfig, PPOTrainer
 from .rewards import numeric_answer_reward
 from .trainer import TRAPOTrainer
@@ -25,6 +26,8 @@ __all__ = [
     "DARE",
     "DAREWeighting",
     "StaticWeighting",
+    "Objective",
+    "LanguageModelingObjective",
     "numeric_answer_reward",
     "TrainingInterrupted",
     "TrainingAborted",
