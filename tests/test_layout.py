@@ -39,12 +39,14 @@ def module_path(name: str) -> Path:
 
 
 def intra_package_imports(name: str) -> set[str]:
-    """Modules of the package that `name` imports at module level (relative or absolute)."""
+    """Modules of the package that `name` imports anywhere: at module level and inside functions or methods
+    (relative or absolute). An import inside a function runs later, but it is still a dependency: one that closes a
+    cycle only hides a layering mistake (the lower module reaching back up), so it counts."""
     tree = ast.parse(module_path(name).read_text())
     is_package = module_path(name).name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
     out = set()
-    for node in tree.body:  # module level only: imports inside functions run later and cannot form a cycle
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = base[: len(base) - node.level + 1]

@@ -131,6 +131,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
+from .sources import check_model_source
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -241,8 +242,6 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 1. policy, tokenizer, reference and critic -----------------------------------------------------
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
-            from .cli import check_model_source  # the command line's check: a missing local folder is named
-
             check_model_source(model, "model")
             model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
         elif args.model_init_kwargs:
