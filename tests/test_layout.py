@@ -1,6 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The package's shape: no import cycles, every module importable on its own, no module reading another object's
-underscore attributes, no collaborator built from the trainer, one definition of the objective order."""
+"""The package's shape: no import cycles (imports inside functions included), the core never importing
+`experimental/`, every module importable on its own, no module reading another object's underscore attributes, no
+collaborator built from the trainer, one definition of the objective order."""
 
 from __future__ import annotations
 
@@ -87,6 +88,28 @@ def test_no_import_cycle():
     for name in graph:
         if name not in state:
             visit(name)
+
+
+# entry points sit on top of everything, optional extensions included: the command line picks few-shot mode's trainer
+ENTRY_POINTS = {"trl_trapo.cli"}
+
+
+def test_the_core_never_imports_experimental():
+    """Optional extensions sit on top of the core (TRL's `experimental/` convention): no module outside
+    `trl_trapo/experimental/` but an entry point imports it, at module level or inside a function. An extension
+    plugs in by subclassing (e.g. overriding the trainer's construction hooks), never by the core reaching up."""
+
+    def experimental(module: str) -> bool:
+        return module == "trl_trapo.experimental" or module.startswith("trl_trapo.experimental.")
+
+    offenders = [
+        f"{name} imports {target}"
+        for name in module_names()
+        if not experimental(name) and name not in ENTRY_POINTS
+        for target in sorted(intra_package_imports(name))
+        if experimental(target)
+    ]
+    assert not offenders, offenders
 
 
 def test_every_module_imports_on_its_own():

@@ -67,6 +67,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
@@ -1180,8 +1181,9 @@ def build_trainer(
     if derived:
         training_args = dataclasses.replace(training_args, **derived)
 
-    # step 3. the trainer
-    trainer = TRAPOTrainer(
+    # step 3. the trainer (few-shot mode is an experimental extension: its own trainer subclass)
+    trainer_class = FewShotTRAPOTrainer if training_args.fewshot_mode else TRAPOTrainer
+    trainer = trainer_class(
         model=inputs.model,
         reward_funcs=inputs.reward_funcs or None,
         args=training_args,
