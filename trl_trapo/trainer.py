@@ -22,7 +22,9 @@ loop, reached only through its public hooks. The collaborators each own their st
 their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.RewardScorer`],
 [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
 [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`], [`~trl_trapo.evaluation.Evaluator`],
-[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`.
+[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`. Two construction hooks let a subclass
+change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
+(`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
 """
 
 from __future__ import annotations
