@@ -5,8 +5,9 @@ Fixtures:
 - `tokenizer`: the character-level tokenizer of the built-in tasks (one per test module);
 - `suite`: the built-in task suite at `TINY_SUITE` sizes (one per test module; a module may override it);
 - `tiny_config`: factory `tiny_config(output_dir, **overrides) -> TRAPOConfig` (`TINY_CONFIG`, then `overrides`);
-- `tiny_trainer`: factory `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, **overrides)
-  -> TRAPOTrainer` on all three objectives of `suite` (RL with exact match), tiny model seeded 0 by default.
+- `tiny_trainer`: factory `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None,
+  trainer_class=TRAPOTrainer, **overrides) -> TRAPOTrainer` on all three objectives of `suite` (RL with exact match),
+  tiny model seeded 0 by default (`trainer_class`: a subclass such as few-shot mode's `FewShotTRAPOTrainer`).
 
 Real data in chat format (GSM8K rows, Shakespeare paragraphs) and a trainer that records every micro-batch it trains
 on: `gsm8k_rows`, `gsm8k_chat_datasets`, `RecordingTRAPOTrainer`, `trained_rows` (`from conftest import ...`).
@@ -66,9 +67,12 @@ def make_tiny_config(output_dir, **overrides) -> TRAPOConfig:
     return TRAPOConfig(output_dir=str(output_dir), **{**TINY_CONFIG, **overrides})
 
 
-def make_tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, **overrides) -> TRAPOTrainer:
-    """`TRAPOTrainer` on all three objectives of `suite` (RL with exact match), tiny model seeded 0 by default."""
-    return TRAPOTrainer(
+def make_tiny_trainer(
+    output_dir, tokenizer, suite, model=None, train_dataset=None, trainer_class=TRAPOTrainer, **overrides
+) -> TRAPOTrainer:
+    """`trainer_class` (a `TRAPOTrainer`) on all three objectives of `suite` (RL with exact match), tiny model seeded
+    0 by default."""
+    return trainer_class(
         model if model is not None else build_tiny_model(tokenizer, seed=0),
         reward_funcs=exact_match_reward,
         args=make_tiny_config(output_dir, **overrides),
@@ -99,7 +103,8 @@ def tiny_config():
 
 @pytest.fixture
 def tiny_trainer():
-    """Factory: `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, **overrides)`."""
+    """Factory: `tiny_trainer(output_dir, tokenizer, suite, model=None, train_dataset=None, trainer_class=TRAPOTrainer,
+    **overrides)`."""
     return make_tiny_trainer
 
 

@@ -46,6 +46,7 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
     from peft import LoraConfig
 
     from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
     tokenizer = build_char_tokenizer()
@@ -72,7 +73,8 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     values.update(overrides)
     torch.manual_seed(0)
-    return TRAPOTrainer(
+    trainer_class = FewShotTRAPOTrainer if values["fewshot_mode"] else TRAPOTrainer  # few-shot mode: its own trainer
+    return trainer_class(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=suite.reward_funcs,
         args=TRAPOConfig(**values),

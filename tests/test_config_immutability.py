@@ -10,6 +10,7 @@ from test_ppo import load, ppo_config, saved_models, tokenized_prompts  # noqa: 
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_trapo import PPOTrainer
+from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 
 
 def comparable(config) -> dict:
@@ -31,6 +32,7 @@ def test_schedules_and_fewshot_leave_the_config_unchanged(tmp_path, tokenizer, s
         tmp_path,
         tokenizer,
         suite,
+        trainer_class=FewShotTRAPOTrainer,
         max_steps=6,
         fewshot_mode=True,  # anneals the rollout temperature
         kl_target=1e6,  # adaptive KL coefficient
@@ -49,7 +51,7 @@ def test_schedules_and_fewshot_leave_the_config_unchanged(tmp_path, tokenizer, s
     # the values did move — in their controllers
     assert trainer.schedules.kl_coef() < 0.2
     assert trainer.schedules.entropy_coef(5) == 0.005 and trainer.schedules.lr_scale(5) == pytest.approx(0.5)
-    assert trainer.memory_pool.fewshot.temperature_at(5) < trainer.args.temperature
+    assert trainer.memory_pool.selector.temperature_at(5) < trainer.args.temperature
 
 
 def test_ppo_sizing_uses_a_copy_and_one_config_builds_two_identical_trainers(tmp_path, saved_models):  # noqa: F811

@@ -8,6 +8,7 @@ All runs are fp32 on the CPU with one thread (tests/durability_worker.py), so th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -125,7 +126,7 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, varia
     torch.testing.assert_close(
         resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0
     )
-    assert resumed.memory_pool.fewshot.prototypes.labels == reference.memory_pool.fewshot.prototypes.labels
+    assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
     if variant == "peft":
         assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [
             s["files"] for s in reference.memory_pool.adapter_bank.bank.list()
@@ -308,3 +309,86 @@ def test_resume_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
     (tmp_path / "run" / "checkpoint-2").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="is an output directory, not a checkpoint"):
         verify_checkpoint(str(tmp_path / "run"), 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (d) checkpoints written by earlier versions resume; one made with other datasets says so
+# ---------------------------------------------------------------------------------------------------------------------
+# The memory pool's part of `rank0.json` as the code before the pool owned all of its state wrote it (commit 4a9b311,
+# the "full" variant): the prompt sampler's and the SFT pool's JSON at the top level, few-shot mode's under "fewshot".
+EARLIER_LAYOUT = {
+    "prompt_sampler": ["epoch", "position", "size"],
+    "sft_pool": ["alpha", "max_priority", "num_refreshed", "size", "source_size"],
+    "memory_pool": ["fewshot"],
+}
+
+
+def rewrite_rank_state(checkpoint_dir: str, change) -> None:
+    """Replace `checkpoint_dir`'s rank-0 JSON state by `change(state)` and record its new SHA-256 in the marker, as if
+    the checkpoint had been written so."""
+    path = os.path.join(checkpoint_dir, "trapo", "rank0.json")
+    with open(path, encoding="utf-8") as handle:
+        state = change(json.load(handle))
+    checkpoint_module.atomic_write_json(path, state)
+    marker_file = os.path.join(checkpoint_dir, "trapo", "rank0.complete.json")
+    with open(marker_file, encoding="utf-8") as handle:
+        listed = json.load(handle)
+    listed["files"][os.path.join("trapo", "rank0.json")] = checkpoint_module.sha256_file(path)
+    checkpoint_module.atomic_write_json(marker_file, listed)
+
+
+def to_earlier_layout(state: dict) -> dict:
+    """A rank state in the layout of the earlier version (see `EARLIER_LAYOUT`)."""
+    state = dict(state)
+    pool = dict(state.pop("memory_pool"))
+    state["prompt_sampler"], state["sft_pool"] = pool.pop("prompt_sampler"), pool.pop("sft_pool")
+    pool["fewshot"] = pool.pop("selector")
+    state["memory_pool"] = pool
+    return state
+
+
+def test_a_checkpoint_in_the_earlier_layout_resumes_exactly(tmp_path):
+    reference = uninterrupted(tmp_path / "reference", "full")
+    output_dir = str(tmp_path / "run")
+    os.makedirs(output_dir)
+    checkpoint = os.path.join(output_dir, "checkpoint-4")
+    shutil.copytree(os.path.join(tmp_path, "reference", "checkpoint-4"), checkpoint)
+    rewrite_rank_state(checkpoint, to_earlier_layout)
+    with open(os.path.join(checkpoint, "trapo", "rank0.json"), encoding="utf-8") as handle:
+        state = json.load(handle)
+    assert {name: sorted(state[name]) for name in EARLIER_LAYOUT} == EARLIER_LAYOUT
+    resumed = resume(output_dir, "full")
+    assert resumed.state.global_step == MAX_STEPS
+    assert_same_final_state(final_state(reference), final_state(resumed))
+    torch.testing.assert_close(
+        resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0
+    )
+    assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
+    assert resumed.memory_pool.prompt_sampler.state_dict() == reference.memory_pool.prompt_sampler.state_dict()
+
+
+def drop_sft_pool_earlier_layout(state: dict) -> dict:
+    return {**to_earlier_layout(state), "sft_pool": None}
+
+
+def drop_prompt_sampler(state: dict) -> dict:
+    return {**state, "memory_pool": {**state["memory_pool"], "prompt_sampler": None}}
+
+
+@pytest.mark.parametrize(
+    "change, part",
+    [(drop_sft_pool_earlier_layout, "sft_pool"), (drop_prompt_sampler, "prompt_sampler")],
+    ids=["earlier_layout", "this_layout"],
+)
+def test_a_checkpoint_made_with_other_datasets_is_named(saved_run, tmp_path, change, part):
+    output_dir = str(tmp_path / "run")
+    shutil.copytree(saved_run, output_dir)
+    rewrite_rank_state(os.path.join(output_dir, "checkpoint-2"), change)
+    with one_thread():
+        trainer = build_trainer(output_dir, "peft", max_steps=4)
+        with pytest.raises(
+            CheckpointError,
+            match=rf"rank0\.json: the checkpoint was made with a different set of datasets \('{part}' missing\)",
+        ):
+            trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 0, "training must not start"

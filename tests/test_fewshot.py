@@ -1,5 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Few-shot mode changes what it says: reuse limit, annealed temperature with exact ratios, prototype preference."""
+"""Few-shot mode changes what it says: reuse limit, annealed temperature with exact ratios, prototype preference; it
+plugs in from `experimental/` (its trainer subclass), which `TRAPOTrainer` and the command line point to."""
 
 import dataclasses
 import math
@@ -7,23 +8,48 @@ import math
 import pytest
 import torch
 
+from trl_trapo import TRAPOTrainer, cli
 from trl_trapo.collator import StepContext, collate_rows
-from trl_trapo.experimental.fewshot import PrototypeMemory, fewshot_sigma
+from trl_trapo.experimental.fewshot import FewShotController, FewShotTRAPOTrainer, PrototypeMemory, fewshot_sigma
 
 
 @pytest.fixture
 def make_trainer(tiny_trainer):
-    """Factory: the tiny trainer with few-shot mode on, 10 steps, temperature 0.9 (then `overrides`)."""
+    """Factory: the tiny few-shot trainer, 10 steps, temperature 0.9 (then `overrides`)."""
 
     def make(tmp_path, tokenizer, suite, train_dataset=None, **overrides):
         overrides = {"max_steps": 10, "temperature": 0.9, "fewshot_mode": True, **overrides}
-        return tiny_trainer(tmp_path, tokenizer, suite, train_dataset=train_dataset, **overrides)
+        return tiny_trainer(
+            tmp_path, tokenizer, suite, train_dataset=train_dataset, trainer_class=FewShotTRAPOTrainer, **overrides
+        )
 
     return make
 
 
-def test_reuse_limit_is_raised(tmp_path, tokenizer, suite, make_trainer):
-    assert make_trainer(tmp_path, tokenizer, suite, fewshot_mode=False).replay.max_uses == 4
+def test_trapo_trainer_refuses_fewshot_mode_and_names_the_trainer_that_runs_it(
+    tmp_path, tokenizer, suite, tiny_trainer
+):
+    with pytest.raises(
+        ValueError, match=r"fewshot_mode=True.*Fix: train with .*experimental\.fewshot\.FewShotTRAPOTrainer"
+    ):
+        tiny_trainer(tmp_path, tokenizer, suite, fewshot_mode=True)
+    with pytest.raises(ValueError, match=r"fewshot_mode=False.*Fix: set fewshot_mode=True"):
+        tiny_trainer(tmp_path, tokenizer, suite, trainer_class=FewShotTRAPOTrainer)
+    assert tiny_trainer(tmp_path, tokenizer, suite).memory_pool.selector is None
+
+
+def test_the_command_line_picks_the_fewshot_trainer(tmp_path):
+    script_args, training_args, model_args = cli.parse_args(
+        ["--output_dir", str(tmp_path), "--fewshot_mode", "--max_steps", "2", "--report_to", "none"]
+    )
+    trainer, _ = cli.build_trainer(script_args, training_args, model_args)
+    assert type(trainer) is FewShotTRAPOTrainer and isinstance(trainer.memory_pool.selector, FewShotController)
+    assert trainer.replay.max_uses == max(training_args.num_ppo_epochs, training_args.fewshot_max_uses)
+
+
+def test_reuse_limit_is_raised(tmp_path, tokenizer, suite, make_trainer, tiny_trainer):
+    assert tiny_trainer(tmp_path, tokenizer, suite, max_steps=10).replay.max_uses == 4
+    assert type(tiny_trainer(tmp_path, tokenizer, suite)) is TRAPOTrainer
     assert make_trainer(tmp_path, tokenizer, suite).replay.max_uses == 5
     assert make_trainer(tmp_path, tokenizer, suite, num_ppo_epochs=6).replay.max_uses == 6
     assert make_trainer(tmp_path, tokenizer, suite, fewshot_max_uses=3, num_ppo_epochs=1).replay.max_uses == 3
@@ -33,7 +59,7 @@ def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite, make_trainer
     assert fewshot_sigma(0, 10, (0.3, 0.1)) == pytest.approx(0.3)
     assert fewshot_sigma(5, 10, (0.3, 0.1)) == pytest.approx(0.2)
     assert fewshot_sigma(20, 10, (0.3, 0.1)) == pytest.approx(0.1)
-    controller = make_trainer(tmp_path, tokenizer, suite).memory_pool.fewshot
+    controller = make_trainer(tmp_path, tokenizer, suite).memory_pool.selector
     assert controller.temperature_at(0) == pytest.approx(0.9)
     assert controller.temperature_at(5) == pytest.approx(0.6)
     assert controller.temperature_at(10) == pytest.approx(0.3)
@@ -100,7 +126,7 @@ def test_need_by_hand():
 def test_rl_prompts_prefer_under_served_prototypes(tmp_path, tokenizer, suite, make_trainer):
     def kept_share(strength):
         trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=strength)
-        controller = trainer.memory_pool.fewshot
+        controller = trainer.memory_pool.selector
         tasks = suite.rl_train["task"]
         while len(controller.prototypes) < len(set(tasks)):  # one prototype per task, created on first sight
             controller.select_prompts(4, 0)
@@ -120,7 +146,7 @@ def test_clusters_without_a_task_column(tmp_path, tokenizer, suite, make_trainer
     trainer = make_trainer(
         tmp_path, tokenizer, suite, train_dataset=suite.rl_train.remove_columns("task"), fewshot_num_prototypes=3
     )
-    controller = trainer.memory_pool.fewshot
+    controller = trainer.memory_pool.selector
     assert controller.task_labels is None
     for _ in range(5):
         controller.select_prompts(4, 0)
@@ -130,7 +156,7 @@ def test_clusters_without_a_task_column(tmp_path, tokenizer, suite, make_trainer
 
 def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite, fewshot_strength=3.0, max_steps=3)
-    controller, pool = trainer.memory_pool.fewshot, trainer.memory_pool.sft_pool
+    controller, pool = trainer.memory_pool.selector, trainer.memory_pool.sft_pool
     trainer.train()
     assigned = controller.sft_assignment
     assert int((assigned >= 0).sum()) > 0 and float(controller.prototypes.served["sft"].sum()) > 0
@@ -147,13 +173,13 @@ def test_sft_rows_prefer_under_served_prototypes_and_training_assigns_them(tmp_p
 
 def test_state_round_trip(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite)
-    controller = trainer.memory_pool.fewshot
+    controller = trainer.memory_pool.selector
     for _ in range(3):
         controller.select_prompts(2, 0)
     controller.prototypes.observe_rewards(torch.tensor([0, 1]), torch.tensor([0.5, 0.25]))
     controller.sft_assignment[:3] = torch.tensor([1, 0, 1])
     meta, tensors = controller.state_dict()
-    other = make_trainer(tmp_path / "b", tokenizer, suite).memory_pool.fewshot
+    other = make_trainer(tmp_path / "b", tokenizer, suite).memory_pool.selector
     other.load_state_dict(meta, tensors)
     assert other.prototypes.labels == controller.prototypes.labels
     torch.testing.assert_close(other.prototypes.centroids, controller.prototypes.centroids)

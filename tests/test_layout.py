@@ -1,6 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The package's shape: no import cycles, every module importable on its own, no module reading another object's
-underscore attributes, no collaborator built from the trainer, one definition of the objective order."""
+"""The package's shape: no import cycles (imports inside functions included), the core never importing
+`experimental/`, every module importable on its own, no module reading another object's underscore attributes, no
+collaborator built from the trainer, one definition of the objective order."""
 
 from __future__ import annotations
 
@@ -39,12 +40,14 @@ def module_path(name: str) -> Path:
 
 
 def intra_package_imports(name: str) -> set[str]:
-    """Modules of the package that `name` imports at module level (relative or absolute)."""
+    """Modules of the package that `name` imports anywhere: at module level and inside functions or methods
+    (relative or absolute). An import inside a function runs later, but it is still a dependency: one that closes a
+    cycle only hides a layering mistake (the lower module reaching back up), so it counts."""
     tree = ast.parse(module_path(name).read_text())
     is_package = module_path(name).name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
     out = set()
-    for node in tree.body:  # module level only: imports inside functions run later and cannot form a cycle
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = base[: len(base) - node.level + 1]
@@ -85,6 +88,28 @@ def test_no_import_cycle():
     for name in graph:
         if name not in state:
             visit(name)
+
+
+# entry points sit on top of everything, optional extensions included: the command line picks few-shot mode's trainer
+ENTRY_POINTS = {"trl_trapo.cli"}
+
+
+def test_the_core_never_imports_experimental():
+    """Optional extensions sit on top of the core (TRL's `experimental/` convention): no module outside
+    `trl_trapo/experimental/` but an entry point imports it, at module level or inside a function. An extension
+    plugs in by subclassing (e.g. overriding the trainer's construction hooks), never by the core reaching up."""
+
+    def experimental(module: str) -> bool:
+        return module == "trl_trapo.experimental" or module.startswith("trl_trapo.experimental.")
+
+    offenders = [
+        f"{name} imports {target}"
+        for name in module_names()
+        if not experimental(name) and name not in ENTRY_POINTS
+        for target in sorted(intra_package_imports(name))
+        if experimental(target)
+    ]
+    assert not offenders, offenders
 
 
 def test_every_module_imports_on_its_own():

@@ -1,5 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The RL replay buffer (capacity, reuse cap, epoch order, age, state) and the SFT pool."""
+"""The RL replay buffer (capacity, reuse cap, epoch order, age, state), the SFT pool, and the memory pool's checkpoint
+state in both layouts."""
 
 import json
 from collections import Counter
@@ -8,8 +9,9 @@ import pytest
 import torch
 from datasets import Dataset
 
+from trl_trapo.checkpoint import CheckpointError
 from trl_trapo.config import RL, SFT
-from trl_trapo.memory import ReplayBuffer, SFTPool, Trajectory
+from trl_trapo.memory import MemoryPool, ReplayBuffer, SFTPool, Trajectory, memory_pool_state
 
 
 def trajectory(tag, prompt_len=3, completion_len=4):
@@ -266,3 +268,46 @@ def test_sft_pool_state_round_trip_and_shards():
     rank0, rank1 = SFTPool(sft_dataset(6), rank=0, world_size=2), SFTPool(sft_dataset(6), rank=1, world_size=2)
     first = Counter(int(r.input_ids[0]) for r in rank0.take(3) + rank1.take(3))
     assert sorted(first) == [0, 10, 20, 30, 40, 50] and set(first.values()) == {1}
+
+
+SAMPLER = {"epoch": 1, "position": 3, "size": 8}
+
+
+@pytest.mark.parametrize(
+    "rank_state, expected",
+    [
+        # this layout: the pool's entry is taken as it is
+        (
+            {"prompt_sampler": "ignored", "memory_pool": {"prompt_sampler": SAMPLER, "sft_pool": None}},
+            {"prompt_sampler": SAMPLER, "sft_pool": None},
+        ),
+        # the earlier layout: samplers at the top level (None for a part the run did not have), few-shot's state
+        # under "fewshot"
+        (
+            {"prompt_sampler": SAMPLER, "sft_pool": None, "memory_pool": {"fewshot": {"labels": []}}},
+            {"prompt_sampler": SAMPLER, "sft_pool": None, "selector": {"labels": []}},
+        ),
+        ({"prompt_sampler": SAMPLER}, {"prompt_sampler": SAMPLER}),
+    ],
+)
+def test_memory_pool_state_reads_both_layouts(rank_state, expected):
+    before = json.dumps(rank_state, sort_keys=True)
+    assert memory_pool_state(rank_state) == expected
+    assert json.dumps(rank_state, sort_keys=True) == before  # the rank state is not changed
+
+
+def test_memory_pool_round_trips_its_samplers(tmp_path):
+    from trl_trapo.data import ShardedSampler
+
+    pool = MemoryPool(SFTPool(sft_dataset(10), seed=1), ShardedSampler(8, seed=2))
+    pool.select_prompts(5, step=0)
+    pool.take_sft(4, step=0)
+    state, files = pool.state_dict(global_step=1)
+    assert set(state) == {"prompt_sampler", "sft_pool"} and files == {}
+    fresh = MemoryPool(SFTPool(sft_dataset(10), seed=1), ShardedSampler(8, seed=2))
+    fresh.load_state_dict(json.loads(json.dumps(state)), str(tmp_path))
+    assert fresh.select_prompts(6, step=1) == pool.select_prompts(6, step=1)
+    assert [r.pool_index for r in fresh.take_sft(7, step=1)] == [r.pool_index for r in pool.take_sft(7, step=1)]
+    without_sft = MemoryPool(None, ShardedSampler(8, seed=2))
+    with pytest.raises(CheckpointError, match=r"different set of datasets \('sft_pool' present\)"):
+        without_sft.load_state_dict(state, str(tmp_path))

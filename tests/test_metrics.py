@@ -18,6 +18,7 @@ from peft import LoraConfig
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
+from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
@@ -124,7 +125,8 @@ def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: i
             value_model=AutoModelForSequenceClassification.from_config(config),
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
         )
-    trainer = TRAPOTrainer(
+    trainer_class = FewShotTRAPOTrainer if scenario == "extended" else TRAPOTrainer  # few-shot mode: its own trainer
+    trainer = trainer_class(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=CallCountingReward(),
         args=tiny_config(tmp_path / f"{scenario}-{logging_steps}", logging_steps=logging_steps, **common),

@@ -5,9 +5,9 @@ Layout of `checkpoint-N/trapo/` (one set of files per rank r):
 
 | file | format | content |
 |---|---|---|
-| `rank{r}.json` | JSON | counters, samplers, pretraining stream, row allocator, DARE, replay bookkeeping |
+| `rank{r}.json` | JSON | counters, pretraining stream, row allocator, DARE, replay bookkeeping, the memory pool's part (samplers, SFT pool, selector, self-imitation) |
 | `rank{r}-tensors.safetensors[.zst]` | safetensors (zstd-compressed when large) | replay trajectories, RNG states |
-| `rank{r}-sft_pool.safetensors` | safetensors | prioritised SFT pool: rows kept, priorities, sampling RNG (if any) |
+| `rank{r}-sft_pool.safetensors` | safetensors | prioritised SFT pool: rows kept, priorities, sampling RNG; a sample selector's tensors (few-shot mode) — if any |
 | `adapter_bank.json` | JSON | rank 0: the adapter bank's index (snapshots with their files' SHA-256), if any |
 | `rank{r}.complete.json` | JSON | written last: the SHA-256 of every file of the checkpoint this rank relies on |
 

@@ -67,9 +67,11 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
+from trl_trapo.sources import FILE_BUILDERS, check_data_source, check_model_source
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -578,28 +580,7 @@ def parse_args(
 # ---------------------------------------------------------------------------------------------------------------------
 # Loading user data and models, with errors that name the argument
 # ---------------------------------------------------------------------------------------------------------------------
-FILE_BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "txt": "text"}
 SPLIT_PART = re.compile(r"^\s*([\w.-]+)\s*(\[[^\]]*\])?\s*$")  # `train`, `train[:90%]`, `test[10:20]`
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether a dataset or model argument can only be a local path.
-
-    Args:
-        name: the argument's value.
-
-    Returns:
-        True for absolute paths, `./`, `../` and `~` prefixes, two or more `/`, backslashes and data-file extensions;
-        False for what may be a Hub id (`name` or `owner/name`).
-    """
-    return (
-        os.path.isabs(name)
-        or name.startswith(("./", "../", "~", ".\\", "..\\"))
-        or name in (".", "..")
-        or name.count("/") >= 2
-        or "\\" in name
-        or ("." in name and name.rsplit(".", 1)[-1].lower() in FILE_BUILDERS)
-    )
 
 
 def split_bases(split: str) -> list[str]:
@@ -613,24 +594,6 @@ def split_bases(split: str) -> list[str]:
     """
     parts = [SPLIT_PART.match(part) for part in split.split("+")]
     return [part.group(1) for part in parts] if all(parts) else [split]
-
-
-def check_data_source(name: str, arg: str) -> None:
-    """Fail early, naming `arg`, when a dataset argument is a local path that does not exist (no loading).
-
-    Args:
-        name: a Hub dataset id, a local file or a directory.
-        arg: the argument that gave it, e.g. `"--dataset_name"`.
-
-    Raises:
-        ValueError: if `name` can only be a local path (see `looks_like_path`) and nothing exists there.
-    """
-    path = os.path.expanduser(name)
-    if not os.path.exists(path) and looks_like_path(name):
-        raise ValueError(
-            f"{arg}={name!r}: no such file or directory ({os.path.abspath(path)}). Fix: correct the path (a .jsonl/"
-            ".json/.csv/.parquet/.txt file or a directory), or give a Hub dataset id (`owner/name`)."
-        )
 
 
 def check_checkpoint(value: str | None, arg: str = "--resume_from_checkpoint") -> None:
@@ -834,41 +797,10 @@ def load_any(
     return load_splits(name, config, streaming, arg=arg).get(split, split_arg)
 
 
-def check_model_source(value: str, arg: str) -> None:
-    """Fail early, naming `arg`, when `value` is meant as a local model directory but is not one (no loading).
-
-    Args:
-        value: a Hub model id or a local model directory.
-        arg: the argument that gave it, e.g. `"--model_name_or_path"`.
-
-    Raises:
-        ValueError: if `value` is empty, a file, a directory without `config.json` / `adapter_config.json`, or a
-            path-like value (see `looks_like_path`) that does not exist.
-    """
-    path = os.path.expanduser(value)
-    if not value.strip():
-        raise ValueError(f"{arg}={value!r}: empty. Fix: give a Hub model id or a local model directory.")
-    if os.path.isdir(path):
-        if not any(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "adapter_config.json")):
-            raise ValueError(
-                f"{arg}={value!r}: the directory has no config.json, so it is not a saved model. Fix: point at a "
-                "directory written by `save_pretrained` (or `python scripts/save_tiny_model.py`)."
-            )
-    elif os.path.exists(path):
-        raise ValueError(
-            f"{arg}={value!r}: a file, not a model directory. Fix: point at a `save_pretrained` directory."
-        )
-    elif looks_like_path(value):
-        raise ValueError(
-            f"{arg}={value!r}: no such directory ({os.path.abspath(path)}). Fix: correct the path, or give a Hub "
-            "model id (`owner/name`)."
-        )
-
-
 def local_or_hub(value: str) -> str:
     """A model argument as `from_pretrained` must receive it: `~` expanded when it names an existing local path.
 
-    The checks (`check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
+    The checks (`sources.check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
     so a `~` path from a recipe or from `--flag=~/...` (which the shell leaves alone) would pass the check and fail
     to load.
 
@@ -1249,8 +1181,9 @@ def build_trainer(
     if derived:
         training_args = dataclasses.replace(training_args, **derived)
 
-    # step 3. the trainer
-    trainer = TRAPOTrainer(
+    # step 3. the trainer (few-shot mode is an experimental extension: its own trainer subclass)
+    trainer_class = FewShotTRAPOTrainer if training_args.fewshot_mode else TRAPOTrainer
+    trainer = trainer_class(
         model=inputs.model,
         reward_funcs=inputs.reward_funcs or None,
         args=training_args,

@@ -623,7 +623,9 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "Few-shot mode (trl_trapo/experimental/fewshot.py): replay trajectories reused up to `fewshot_max_uses` "
             "times, rollout temperature annealed with sigma (`fewshot_sigma`), and RL prompts and SFT rows drawn "
-            "preferring prototypes (tasks or clusters of prompt embeddings) with low recent reward or few samples."
+            "preferring prototypes (tasks or clusters of prompt embeddings) with low recent reward or few samples. "
+            "An experimental extension: train with trl_trapo.experimental.fewshot.FewShotTRAPOTrainer (TRAPOTrainer "
+            "refuses it; the command line picks that trainer)."
         },
     )
     fewshot_max_uses: int = field(

@@ -36,6 +36,7 @@ from trl.trainer.utils import (
 )
 
 from .models import embedding_safe_pad_id, reward_model_scores
+from .sources import check_model_source
 from .tasks import exact_match_reward
 
 
@@ -392,8 +393,6 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
     funcs, processing_classes = [], []
     for func, reward_tokenizer in zip(reward_funcs, reward_processing_classes):
         if isinstance(func, str):
-            from .cli import check_model_source  # the command line's check: a missing local folder is named
-
             check_model_source(func, "reward_funcs")
             reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
             func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)

@@ -22,7 +22,9 @@ loop, reached only through its public hooks. The collaborators each own their st
 their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.RewardScorer`],
 [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
 [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`], [`~trl_trapo.evaluation.Evaluator`],
-[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`.
+[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`. Two construction hooks let a subclass
+change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
+(`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -86,12 +88,20 @@ from .data import (
 )
 from .distributed import any_rank, check_launch, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
-from .experimental.fewshot import FewShotController, prompt_embeddings, replay_max_uses
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import kl_gradient_warning, resolve_kl_estimator
-from .memory import AdapterBank, MemoryPool, ReplayBuffer, SuccessReplay, Trajectory, build_sft_pool
+from .memory import (
+    AdapterBank,
+    MemoryPool,
+    ReplayBuffer,
+    SampleSelector,
+    SuccessReplay,
+    Trajectory,
+    build_sft_pool,
+    memory_pool_state,
+)
 from .metrics import MetricsAccumulator
 from .models import (
     CountedPositionHead,
@@ -128,6 +138,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
+from .sources import check_model_source
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -243,8 +254,6 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 1. policy, tokenizer, reference and critic -----------------------------------------------------
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
-            from .cli import check_model_source  # the command line's check: a missing local folder is named
-
             check_model_source(model, "model")
             model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
         elif args.model_init_kwargs:
@@ -424,17 +433,25 @@ class TRAPOTrainer(_BaseTrainer):
         self.replay = ReplayBuffer(
             capacity=args.replay_capacity,
             max_bytes=args.replay_max_bytes,
-            max_uses=replay_max_uses(args),  # num_ppo_epochs, raised in few-shot mode
+            max_uses=self.replay_max_uses(),  # num_ppo_epochs (a construction hook: few-shot mode raises it)
             max_age=args.replay_max_age,
             seed=args.seed + 3 + rank,
             compress=args.replay_compress,
             compress_threshold=args.replay_compress_threshold,
         )
-        # the long-term SFT pool (uniform or prioritised), few-shot mode and the adapter bank (trl_trapo/memory/pool.py)
+        # the RL prompt sampler, the long-term SFT pool (uniform or prioritised), a sample selector (none unless a
+        # subclass builds one: few-shot mode) and the adapter bank (trl_trapo/memory/pool.py)
         self.memory_pool = MemoryPool(
             sft_pool,
             prompt_sampler,
-            fewshot=self._build_fewshot(args, sft_pool, prompt_sampler) if args.fewshot_mode else None,
+            selector=self.build_sample_selector(
+                sft_pool,
+                prompt_sampler,
+                data.rl,
+                self._planned_steps,
+                self._unwrapped_policy(),
+                self._unwrapped_for_rollouts,
+            ),
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
             kl_estimator=self.kl_estimator,
@@ -632,19 +649,59 @@ class TRAPOTrainer(_BaseTrainer):
             return prepare_deepspeed(module, self.accelerator)
         return self.accelerator.prepare_model(module, evaluation_mode=True)
 
-    def _build_fewshot(self, args: TRAPOConfig, sft_pool, prompt_sampler) -> FewShotController:
-        return FewShotController(
-            args,
-            self._planned_steps,
-            self.accelerator.process_index,
-            prompt_sampler,
-            self._rl_dataset,
-            self._embed_prompts,
-            lm_head=self._unwrapped_policy().get_output_embeddings() if sft_pool is not None else None,
-            sft_pool_size=len(sft_pool) if sft_pool is not None else 0,
-            kl_penalty=self.kl_penalty,
-            kl_estimator=self.kl_estimator,
-        )
+    # ---- construction hooks: what a subclass may override to change how samples are chosen and reused ----------
+    def replay_max_uses(self) -> int:
+        """Construction hook: how many times the replay buffer serves each trajectory (`num_ppo_epochs`).
+
+        Called once in `__init__`, when the replay buffer is built;
+        [`~trl_trapo.experimental.fewshot.FewShotTRAPOTrainer`] raises it to `fewshot_max_uses`.
+
+        Returns:
+            `int`: the reuse cap, at least 1.
+        """
+        return int(self.args.num_ppo_epochs)
+
+    def build_sample_selector(
+        self,
+        sft_pool,
+        prompt_sampler,
+        rl_dataset: Dataset | None,
+        total_steps: int,
+        policy: nn.Module,
+        unwrapped_for_rollouts: Callable[[], AbstractContextManager[nn.Module]],
+    ) -> SampleSelector | None:
+        """Construction hook: the object that chooses the RL prompts and SFT rows and sets each generation round's
+        temperature in place of the plain samplers (see [`~trl_trapo.memory.pool.SampleSelector`]), or None.
+
+        Called once in `__init__`, after the datasets are tokenized and the model is prepared, before the memory pool
+        is built. TRAPOTrainer builds none; [`~trl_trapo.experimental.fewshot.FewShotTRAPOTrainer`] builds few-shot
+        mode's controller.
+
+        Args:
+            sft_pool ([`~trl_trapo.memory.SFTPool`] or [`~trl_trapo.memory.PrioritizedSFTPool`], *optional*): this
+                rank's long-term SFT pool (None without SFT).
+            prompt_sampler ([`~trl_trapo.data.ShardedSampler`], *optional*): this rank's stream of RL prompt indices
+                (None without RL prompts).
+            rl_dataset (`Dataset`, *optional*): the tokenized RL prompts (`prompt_ids`, and the dataset's own columns).
+            total_steps (`int`): planned optimizer steps.
+            policy (`nn.Module`): the policy, unwrapped from DDP / DeepSpeed (e.g. to hook its LM head).
+            unwrapped_for_rollouts (`Callable[[], AbstractContextManager[nn.Module]]`): the trained model unwrapped
+                for a no-grad forward at rollout time (ZeRO-3 weights gathered as for generation), in eval mode for
+                the duration; `RolloutEngine.policy_of` takes the policy out of it.
+
+        Returns:
+            [`~trl_trapo.memory.pool.SampleSelector`] or None.
+
+        Raises:
+            ValueError: if `fewshot_mode=True`: few-shot mode is an experimental extension this trainer does not run.
+        """
+        if self.args.fewshot_mode:
+            raise ValueError(
+                f"{type(self.args).__name__}.fewshot_mode=True: few-shot mode is an experimental extension that "
+                f"{type(self).__name__} does not run. Fix: train with "
+                "`trl_trapo.experimental.fewshot.FewShotTRAPOTrainer` (same arguments), or set fewshot_mode=False."
+            )
+        return None
 
     def _exploration_runs(self, args: TRAPOConfig) -> bool:
         """Whether targeted exploration is on: `exploration=True`, or None (auto) where it can run — RL prompts,
@@ -776,16 +833,6 @@ class TRAPOTrainer(_BaseTrainer):
                 yield policy
             finally:
                 policy.train(was_training)
-
-    def _embed_prompts(self, prompt_ids: list[list[int]]) -> torch.Tensor:
-        """`(n, H)` prompt embeddings for few-shot mode (a no-grad forward of the policy's decoder)."""
-        with self._unwrapped_for_rollouts() as unwrapped:
-            return prompt_embeddings(
-                RolloutEngine.policy_of(unwrapped),
-                prompt_ids,
-                self.padding_id,
-                self.args.local_rollout_forward_batch_size,
-            )
 
     def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
@@ -1297,14 +1344,13 @@ class TRAPOTrainer(_BaseTrainer):
             "allocator": self.allocator.state_dict(),
             "dare": self.dare.engine.state_dict(),
             "replay": replay_meta,
-            "prompt_sampler": pool.prompt_sampler.state_dict() if pool.prompt_sampler else None,
-            "sft_pool": pool.sft_pool.state_dict() if pool.sft_pool else None,
             # each objective's own state (the pretraining stream's position, ...); keyed by name
             "objectives": {o.name: o.state_dict() for o in self.objectives},
             "schedules": self.schedules.state_dict(),
             "exploration": self.exploration.state_dict() if self.exploration is not None else None,
         }
-        state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)  # SFT priorities, few-shot, bank
+        # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
+        state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
@@ -1327,6 +1373,8 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             if state.get("format") != 1:
                 raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
+            pool_state = memory_pool_state(state)  # this layout, or the earlier one (samplers at the top level)
+            pool.check_datasets(pool_state, checkpoint_dir)  # the clearest error first, before anything is restored
             objective_states = state.get("objectives")
             if objective_states is None:  # written before objectives were named: the pretraining stream's own key
                 objective_states = {"pretrain": state.get("pretrain_stream") or {}}
@@ -1347,17 +1395,6 @@ class TRAPOTrainer(_BaseTrainer):
             for objective in self.objectives:
                 if objective.name in objective_states:
                     objective.load_state_dict(objective_states[objective.name])
-            for name, part in (
-                ("prompt_sampler", pool.prompt_sampler),
-                ("sft_pool", pool.sft_pool),
-            ):
-                if (state.get(name) is None) != (part is None):
-                    raise CheckpointError(
-                        f"{source}: the checkpoint was made with a different set of datasets ('{name}' "
-                        f"{'missing' if state.get(name) is None else 'present'}); resume with the same datasets."
-                    )
-                if part is not None:
-                    part.load_state_dict(state[name])
             self._episode = int(state["episode"])
             self._nonfinite_steps = int(state["nonfinite_steps"])
             self.allocator.load_state_dict(state["allocator"])
@@ -1369,7 +1406,7 @@ class TRAPOTrainer(_BaseTrainer):
             restore_rng(self._generators(), tensors, source)
             if self.reference is not None:
                 self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
-            pool.load_state_dict(state.get("memory_pool"), checkpoint_dir)
+            pool.load_state_dict(pool_state, checkpoint_dir)
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:

@@ -7,7 +7,8 @@ Each arm is the built-in job of `examples/trapo.py` (tiny Llama, character token
 (`sft_tasks`: families with demonstrations; `rl_only`: families learned by RL alone). Arms:
 
 - `baseline`: the default job;
-- `fewshot`: the same with `fewshot_mode=True` (reuse up to 5, temperature annealed 1.0 -> 0.33, prototype preference);
+- `fewshot`: the same with `fewshot_mode=True` (reuse up to 5, temperature annealed 1.0 -> 0.33, prototype preference),
+  trained by `trl_trapo.experimental.fewshot.FewShotTRAPOTrainer`;
 - `prioritized`: the default job with `sft_sampling="prioritized"` (optional);
 - `fewshot_constant_temperature`, `fewshot_no_preference`, `fewshot_k2`: ablations of few-shot mode (optional).
 
@@ -45,6 +46,7 @@ ARMS = {
 def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
     from trl_trapo import TRAPOConfig, TRAPOTrainer
     from trl_trapo.cli import BUILTIN_DEFAULTS
+    from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 
     tokenizer = build_char_tokenizer()
@@ -53,7 +55,8 @@ def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
     values.update(output_dir=tempfile.mkdtemp(prefix=f"fewshot-{arm}-"), max_steps=max_steps, eval_strategy="no")
     values.update(seed=seed, logging_steps=max(max_steps // 10, 1), disable_tqdm=True)
     values.update(ARMS[arm])
-    trainer = TRAPOTrainer(
+    trainer_class = FewShotTRAPOTrainer if values.get("fewshot_mode") else TRAPOTrainer  # the extension's trainer
+    trainer = trainer_class(
         build_tiny_model(tokenizer, seed=seed),
         reward_funcs=suite.reward_funcs,
         args=TRAPOConfig(**values),

@@ -1,6 +1,16 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Few-shot mode (`fewshot_mode=True`): more reuse of memory samples, annealed exploration, prototype-guided sampling.
 
+    from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
+
+    # the arguments of TRAPOTrainer, with few-shot mode on in the config
+    trainer = FewShotTRAPOTrainer(model, reward_funcs, args=TRAPOConfig(..., fewshot_mode=True), ...)
+
+[`FewShotTRAPOTrainer`] is [`~trl_trapo.TRAPOTrainer`] with two construction hooks overridden: `replay_max_uses` (the
+reuse cap below) and `build_sample_selector` (a [`FewShotController`], which the trainer's memory pool asks for RL
+prompts, SFT rows and the rollout temperature; see `trl_trapo.memory.pool.SampleSelector`). `TRAPOTrainer` itself
+refuses `fewshot_mode=True`; the command line (`--fewshot_mode`) picks this trainer.
+
 The source document's `--fewshot_mode` "reuses memory samples up to 5 times, lowers the exploration noise sigma from
 0.3 to 0.1, and adds a prototypical network for features". For a language model this becomes three concrete changes:
 
@@ -35,10 +45,10 @@ The source document's `--fewshot_mode` "reuses memory samples up to 5 times, low
 Candidates that are not kept are skipped for the current pass over the data (samplers are not rewound), which is what
 "preferring" some prompts means. All of it is checkpointed (prototypes, statistics, SFT assignments, RNG).
 
-Measured on the built-in tasks (`scripts/compare_fewshot.py`, 50 SFT rows per family, 400 steps, 2 seeds): held-out
-exact match 0.589 -> 0.626 with few-shot mode. The temperature annealing is its weakest part there: with
-`kl_estimator="k3"` in the loss the KL term explodes at low temperatures (see the warning the controller logs), and
-the same mode with a constant temperature (`fewshot_sigma=[0.3, 0.3]`) or with `kl_estimator="k2"` reached 0.673 /
+Measured on the built-in tasks (`scripts/experiments/compare_fewshot.py`, 50 SFT rows per family, 400 steps, 2
+seeds): held-out exact match 0.589 -> 0.626 with few-shot mode. The temperature annealing is its weakest part there:
+with `kl_estimator="k3"` in the loss the KL term explodes at low temperatures (see the warning the controller logs),
+and the same mode with a constant temperature (`fewshot_sigma=[0.3, 0.3]`) or with `kl_estimator="k2"` reached 0.673 /
 0.676.
 """
 
@@ -52,6 +62,9 @@ import torch
 from torch import nn
 
 from ..collator import left_pad
+from ..config import SFT
+from ..rollout import RolloutEngine
+from ..trainer import TRAPOTrainer
 
 
 logger = logging.getLogger(__name__)
@@ -232,9 +245,10 @@ class PrototypeMemory:
 
 
 class FewShotController:
-    """Runs few-shot mode (see the module docstring for exactly what it does).
+    """Runs few-shot mode (see the module docstring for exactly what it does): a
+    [`~trl_trapo.memory.pool.SampleSelector`].
 
-    The trainer calls `select_prompts` at every generation round (which also sets the round's `temperature`),
+    The memory pool calls `select_prompts` at every generation round (which also sets the round's `temperature`),
     `observe_rollouts` once the round is scored, `sft_rows` to draw the step's SFT rows and `after_forward` in
     `compute_loss`.
 
@@ -359,7 +373,7 @@ class FewShotController:
             hidden = hidden[:, : mask.shape[1]].detach().float()  # (B, T, H)
             prompt = ((mask.cumsum(-1) - mask) == 0).to(hidden.dtype)  # prompt positions: up to the first target
             mean = (hidden * prompt.unsqueeze(-1)).sum(1) / prompt.sum(1, keepdim=True).clamp(min=1.0)
-            index = torch.where(objective == 1, pool_index, torch.full_like(pool_index, -1))
+            index = torch.where(objective == SFT, pool_index, torch.full_like(pool_index, -1))
             self._pending_sft.append((index, nn.functional.normalize(mean, dim=-1)))
 
     def _flush_sft(self) -> None:
@@ -426,4 +440,65 @@ class FewShotController:
             self._hook = None
 
 
-__all__ = ["FewShotController", "PrototypeMemory", "replay_max_uses", "fewshot_sigma", "prompt_embeddings"]
+class FewShotTRAPOTrainer(TRAPOTrainer):
+    """[`~trl_trapo.TRAPOTrainer`] in few-shot mode (see the module docstring): the same arguments, with
+    `args.fewshot_mode=True`.
+
+    Overrides two construction hooks of the trainer: `replay_max_uses` (`fewshot_max_uses` when larger than
+    `num_ppo_epochs`) and `build_sample_selector` (a [`FewShotController`] embedding prompts with the policy's decoder
+    and, with SFT data, SFT rows through a hook on its LM head).
+
+    Raises:
+        ValueError: at construction, if `args.fewshot_mode` is False (use `TRAPOTrainer`, or set it to True).
+    """
+
+    def replay_max_uses(self) -> int:
+        """`num_ppo_epochs`, raised to `fewshot_max_uses` (see [`replay_max_uses`])."""
+        return replay_max_uses(self.args)
+
+    def build_sample_selector(
+        self, sft_pool, prompt_sampler, rl_dataset, total_steps, policy, unwrapped_for_rollouts
+    ) -> FewShotController:
+        """Few-shot mode's controller (the arguments are `TRAPOTrainer.build_sample_selector`'s).
+
+        Raises:
+            ValueError: if `args.fewshot_mode` is False.
+        """
+        if not self.args.fewshot_mode:
+            raise ValueError(
+                f"{type(self.args).__name__}.fewshot_mode=False: {type(self).__name__} runs few-shot mode. Fix: set "
+                "fewshot_mode=True, or train with `trl_trapo.TRAPOTrainer`."
+            )
+
+        def embed_prompts(prompt_ids: list[list[int]]) -> torch.Tensor:
+            """`(n, H)` prompt embeddings (a no-grad forward of the policy's decoder, see `prompt_embeddings`)."""
+            with unwrapped_for_rollouts() as unwrapped:
+                return prompt_embeddings(
+                    RolloutEngine.policy_of(unwrapped),
+                    prompt_ids,
+                    self.padding_id,  # set later in the trainer's constructor; read at call time
+                    self.args.local_rollout_forward_batch_size,
+                )
+
+        return FewShotController(
+            self.args,
+            total_steps,
+            self.accelerator.process_index,
+            prompt_sampler,
+            rl_dataset,
+            embed_prompts,
+            lm_head=policy.get_output_embeddings() if sft_pool is not None else None,
+            sft_pool_size=len(sft_pool) if sft_pool is not None else 0,
+            kl_penalty=self.kl_penalty,
+            kl_estimator=self.kl_estimator,
+        )
+
+
+__all__ = [
+    "FewShotController",
+    "FewShotTRAPOTrainer",
+    "PrototypeMemory",
+    "replay_max_uses",
+    "fewshot_sigma",
+    "prompt_embeddings",
+]

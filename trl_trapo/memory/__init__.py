@@ -7,11 +7,11 @@
 | `sft_pool.py` | the long-term SFT pool: uniform epochs (`SFTPool`) or prioritised replay from disk (`PrioritizedSFTPool`) |
 | `adapter_bank.py` | the bank of PEFT adapter snapshots (`AdapterBank`): snapshot, load, rollback, Hub push |
 | `successes.py` | self-imitation (`SuccessReplay`): the policy's rare RL successes, served back as SFT rows |
-| `pool.py` | `MemoryPool`, the one object the trainer talks to for the SFT pool, few-shot mode, the adapter bank and self-imitation |
+| `pool.py` | `MemoryPool`, what the trainer talks to for all but the replay buffer (and a `SampleSelector`: few-shot mode) |
 """
 
 from .adapter_bank import AdapterBank
-from .pool import MemoryPool, build_sft_pool
+from .pool import MemoryPool, SampleSelector, build_sft_pool, memory_pool_state
 from .replay import ReplayBuffer, Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, SumMinTree, sft_priority_proxy
 from .successes import SuccessReplay
@@ -23,9 +23,11 @@ __all__ = [
     "PrioritizedSFTPool",
     "ReplayBuffer",
     "SFTPool",
+    "SampleSelector",
     "SuccessReplay",
     "SumMinTree",
     "Trajectory",
     "build_sft_pool",
+    "memory_pool_state",
     "sft_priority_proxy",
 ]

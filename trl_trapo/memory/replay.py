@@ -1,14 +1,14 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The mixed memory pool: the short-term RL replay buffer and the long-term SFT pools (uniform and prioritised).
+"""The short-term RL replay buffer of the mixed memory pool: [`ReplayBuffer`] of [`Trajectory`] objects.
 
 The replay buffer *is* the rollout buffer: trajectories are stored with their behaviour log-probs, and PPO's
 "several epochs over a batch" becomes "each trajectory is served at most `max_uses` times". Serving least-used first
 (random among equals) reproduces PPO's epoch structure exactly when a generation round is consumed before the next
-one; a stale trajectory is corrected by the clipped ratio against its behaviour log-probs.
+one; a stale trajectory is corrected by the clipped ratio against its behaviour log-probs. The buffer is bounded in
+trajectories (`capacity`) and bytes (`max_bytes`, zstd-compressing new trajectories past a threshold); trajectories
+older than `max_age` steps are not served.
 
-The long-term SFT pool serves demonstrations either in seeded epochs ([`SFTPool`], `sft_sampling="uniform"`) or by
-prioritised experience replay ([`PrioritizedSFTPool`], `sft_sampling="prioritized"`) from a memory-mapped Arrow copy
-under `output_dir`. Both put a `pool_index` on every row they serve, so the trainer can report per-row feedback.
+The long-term SFT pools are in `sft_pool.py`; `pool.py`'s `MemoryPool` is what the trainer talks to for them.
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ class ReplayBuffer:
     Args:
         capacity (`int`): maximum number of trajectories; the oldest are evicted first.
         max_bytes (`int`, *optional*): maximum host bytes of the stored trajectories; the oldest are evicted first.
-        max_uses (`int`): a trajectory is served at most this many times (PPO's `num_ppo_epochs`).
+        max_uses (`int`): a trajectory is served at most this many times (PPO's `num_ppo_epochs`; the trainer's
+            `replay_max_uses` hook, which few-shot mode raises).
         max_age (`int`, *optional*): trajectories born more than this many optimizer steps ago are not served.
         seed (`int`): seed of the random choice among equally used trajectories.
         compress (`bool`): always store trajectories compressed.

@@ -7,8 +7,8 @@
   recent gradient magnitude ([`sft_priority_proxy`]), with importance-sampling weights (Schaul et al.,
   huggingface.co/papers/1511.05952).
 
-Both put a `pool_index` on every row they serve (the row's slot in the pool), so the trainer can report per-row
-feedback (priority proxies, prompt embeddings for few-shot mode) after the step.
+Both put a `pool_index` on every row they serve (the row's slot in the pool), so the memory pool can hand per-row
+feedback (priority proxies; prompt embeddings for a sample selector such as few-shot mode's) back after the step.
 """
 
 from __future__ import annotations
