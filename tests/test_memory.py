@@ -3,6 +3,7 @@
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -266,3 +267,61 @@ def test_sft_pool_state_round_trip_and_shards():
     rank0, rank1 = SFTPool(sft_dataset(6), rank=0, world_size=2), SFTPool(sft_dataset(6), rank=1, world_size=2)
     first = Counter(int(r.input_ids[0]) for r in rank0.take(3) + rank1.take(3))
     assert sorted(first) == [0, 10, 20, 30, 40, 50] and set(first.values()) == {1}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Replay checkpoints of earlier versions
+# ---------------------------------------------------------------------------------------------------------------------
+REPLAY_V1 = Path(__file__).parent / "fixtures" / "replay_state_v1"
+
+
+def legacy_trajectories():
+    """The trajectories of `fixtures/replay_state_v1` (every optional field set on some; the first one evicted)."""
+    out = []
+    for i in range(5):
+        c = 40 + i
+        out.append(
+            Trajectory(
+                prompt_ids=torch.arange(2 + i, dtype=torch.long) + 10 * i,
+                completion_ids=torch.arange(c, dtype=torch.long) + 100 + i,
+                completion_mask=torch.ones(c),
+                old_per_token_logps=-torch.arange(c, dtype=torch.float32) / (i + 1),
+                advantages=torch.full((c,), 0.25 * i),
+                ref_per_token_logps=-torch.ones(c) * i,
+                returns=torch.linspace(0, 1, c),
+                old_values=torch.linspace(1, 0, c),
+                temperature=None if i % 2 else 0.5 + i,
+                importance_weight=1.0 if i != 3 else 0.5,
+                off_policy=i == 4,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", ["plain", "compressed"])
+def test_replay_checkpoint_of_the_first_format_loads(name):
+    """`fixtures/replay_state_v1` was written by the replay buffer of commit 4a9b311 (before the field declaration):
+    `ReplayBuffer(capacity=4, max_uses=3, seed=7, compress=name == "compressed")`, `add(legacy_trajectories(),
+    step=2)`, `sample(2, step=3)`, `state_dict()` (meta as JSON, tensors as safetensors); `expected_samples.json` holds
+    what that buffer served next (`sample(4, step=4)`: first prompt id, uses, age)."""
+    from safetensors.torch import load_file
+
+    meta = json.loads((REPLAY_V1 / f"{name}.json").read_text())
+    tensors = load_file(REPLAY_V1 / f"{name}.safetensors")
+    buffer = ReplayBuffer(capacity=4, max_uses=3, seed=0, compress=name == "compressed")
+    buffer.load_state_dict(meta, tensors)
+    assert len(buffer) == 4 and buffer.num_evicted == 1
+    assert buffer.metrics(step=4)["replay/compressed"] == float(name == "compressed")
+    served = buffer.sample(4, step=4)
+    expected = json.loads((REPLAY_V1 / "expected_samples.json").read_text())[name]
+    assert [[int(t.prompt_ids[0]), t.uses, t.age] for t in served] == expected
+    originals = {int(t.prompt_ids[0]): t for t in legacy_trajectories()}
+    for item in served:
+        original = originals[int(item.prompt_ids[0])]
+        for key in ("temperature", "importance_weight", "off_policy"):
+            assert getattr(item, key) == getattr(original, key)
+        for key, value in original.tensors().items():
+            assert torch.equal(getattr(item, key), value)
+        row, original_row = item.to_row(), original.to_row()
+        for key in ("input_ids", "mask", "old_per_token_logps", "advantages", "ref_per_token_logps", "returns"):
+            assert torch.equal(getattr(row, key), getattr(original_row, key))
