@@ -67,6 +67,7 @@ from .checkpoint import (
 )
 from .collator import (
     COUNT_KEYS,
+    MODEL_INPUTS,
     RowAllocator,
     StepContext,
     StepTickets,
@@ -116,6 +117,7 @@ from .models import (
     create_reference,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
+    model_forward,
 )
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
@@ -938,15 +940,19 @@ class TRAPOTrainer(_BaseTrainer):
         # step 1. one forward of the policy over every row (and of the critic over the RL rows); the output layer runs
         # only at counted positions: `logits` is (N, V), N = mask.sum(), in the order of `counted.nonzero()`
         counted = mask.bool()  # (B, T)
-        forward_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        forward_kwargs = dict(use_cache=False)
         if context.probe:
             forward_kwargs["output_hidden_states"] = True
+        model_inputs = inputs.get(MODEL_INPUTS)  # the rows' extra model inputs (e.g. pixel_values), when any
         values = None
         with self.counted_head.restrict(counted):
             if self._has_critic:
-                outputs, values = model(**forward_kwargs, value_rows=rl_rows.nonzero().squeeze(-1))
+                value_rows = rl_rows.nonzero().squeeze(-1)
+                outputs, values = model_forward(
+                    model, input_ids, attention_mask, model_inputs, **forward_kwargs, value_rows=value_rows
+                )
             else:
-                outputs = model(**forward_kwargs)
+                outputs = model_forward(model, input_ids, attention_mask, model_inputs, **forward_kwargs)
         logits = outputs.logits
         if not CountedPositionHead.applies(logits, counted):  # a head the hook left alone: select here
             logits = logits[:, :-1][counted]
