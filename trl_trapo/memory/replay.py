@@ -88,9 +88,12 @@ class Trajectory:
 
     @classmethod
     def from_parts(cls, tensors: dict[str, torch.Tensor], extras: dict, uses: int = 0, age: int = 0) -> Trajectory:
-        """The trajectory of stored `tensors` (as `tensors()` returns them) and `extras`."""
+        """The trajectory of stored `tensors` (as `tensors()` returns them) and `extras`; its model inputs in the order
+        of their names (storage, compression and checkpoints do not keep the order they came in)."""
         fields = {k: v for k, v in tensors.items() if not k.startswith(MODEL_INPUT_PREFIX)}
-        inputs = {k[len(MODEL_INPUT_PREFIX) :]: v for k, v in tensors.items() if k.startswith(MODEL_INPUT_PREFIX)}
+        inputs = {
+            k[len(MODEL_INPUT_PREFIX) :]: tensors[k] for k in sorted(tensors) if k.startswith(MODEL_INPUT_PREFIX)
+        }
         values = {k: v for k, v in extras.items() if k in cls.EXTRA_FIELDS}
         return cls(**fields, **values, model_inputs=inputs, uses=uses, age=age)
 
