@@ -51,9 +51,9 @@ class Trajectory:
     """One RL rollout as the replay buffer stores it (P prompt tokens, C completion tokens).
 
     Besides the attributes below, a trajectory has one keyword-only attribute per `stored` field of
-    [`~trl_trapo.collator.ROW_FIELDS`]: per-token ones `(C,)`, one entry per completion token (`old_per_token_logps`
-    and `advantages`, which it cannot be built without; `ref_per_token_logps`; `returns` and `old_values`), per-row
-    ones scalars (`importance_weight`, `temperature`, `off_policy`).
+    [`~trl_trapo.collator.ROW_FIELDS`]: per-token ones `(C,)`, one entry per completion token (e.g.
+    `old_per_token_logps` and `advantages`, which it cannot be built without, or `ref_per_token_logps`), per-row ones
+    scalars (e.g. `importance_weight`, `temperature`).
     """
 
     prompt_ids: torch.Tensor  # (P,) long, the prompt's tokens
@@ -137,7 +137,7 @@ def trajectory_nbytes(tensors: dict[str, torch.Tensor]) -> int:
 class ReplayBuffer:
     """Short-term FIFO of RL trajectories with a capacity in trajectories and in bytes and a per-trajectory reuse cap.
 
-    Trajectories live in host memory as dicts of CPU tensors. When the stored bytes pass `compress_threshold` of
+    Trajectories live in host memory as dicts of CPU tensors (their model inputs included, e.g. a prompt's images). When the stored bytes pass `compress_threshold` of
     `max_bytes` (or always, with `compress=True`) new trajectories are kept as zstd-compressed safetensors blobs and
     decompressed when served; eviction (oldest first) counts the compressed size. Serving is least-used first, random
     among equally used ones, so a generation round is consumed like PPO's epochs: every trajectory once, then every
