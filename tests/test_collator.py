@@ -1,12 +1,22 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Row allocation between objectives, micro-batch splitting and right-padded collation."""
+"""Row allocation between objectives, micro-batch splitting, right-padded collation, and the declaration of the
+fields rows carry (`ROW_FIELDS`) with the model-inputs slot."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_trapo.collator import Row, RowAllocator, collate_rows, left_pad, split_micro_batches
+from trl_trapo.collator import (
+    ROW_FIELDS,
+    Row,
+    RowAllocator,
+    RowField,
+    collate_rows,
+    combine_model_inputs,
+    left_pad,
+    split_micro_batches,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -187,6 +197,62 @@ def test_collate_rows_errors():
     bad = Row(0, torch.tensor([1, 2, 3]), torch.ones(3))
     with pytest.raises(ValueError, match="Row 1: mask has 3 entries for 3 tokens"):
         collate_rows([row(4), bad], PAD)
+
+
+def test_collate_rows_keys_and_dtypes_of_every_declared_field():
+    # one RL row sets every field away from its default, one pretraining row sets none
+    fields = {spec.name: torch.arange(5.0) if spec.per_token else 1 for spec in ROW_FIELDS}
+    batch = collate_rows([Row(2, torch.arange(6), torch.ones(5), **fields), row(3)], PAD)
+    assert list(batch) == ["input_ids", "attention_mask", "objective", "mask", "half"] + [s.name for s in ROW_FIELDS]
+    for spec in ROW_FIELDS:
+        column = batch[spec.name]
+        assert column.dtype == spec.dtype and column.shape == ((2, 5) if spec.per_token else (2,))
+        if spec.per_token:
+            assert column[0].tolist() == [0, 1, 2, 3, 4] and column[1].tolist() == [0] * 5
+        else:
+            assert column[0] == 1 and column[1] == (0 if spec.default is None else spec.default)
+
+
+def test_row_field_declarations_are_checked():
+    with pytest.raises(ValueError, match="kind must be 'token' or 'row'"):
+        RowField("x", "tokens", torch.float32)
+    with pytest.raises(ValueError, match="per-token field has no default"):
+        RowField("x", "token", torch.float32, default=0.0)
+    with pytest.raises(ValueError, match="needs `stored=True`"):
+        RowField("x", "row", torch.long, stored=False, required=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model inputs
+# ---------------------------------------------------------------------------------------------------------------------
+def test_model_inputs_concatenate_along_dim_0_in_row_order():
+    # rows with 2, 0 and 1 "images" of (3, 2) values each, and one grid line per image
+    images = [torch.arange(12.0).view(2, 3, 2), None, torch.full((1, 3, 2), -1.0)]
+    rows = [
+        row(4, objective=2, model_inputs={"pixel_values": images[0], "image_grid_thw": torch.tensor([[1, 1, 1]] * 2)}),
+        row(3),
+        row(5, objective=2, model_inputs={"pixel_values": images[2], "image_grid_thw": torch.tensor([[1, 2, 1]])}),
+    ]
+    batch = collate_rows(rows, PAD)
+    assert list(batch["model_inputs"]) == ["pixel_values", "image_grid_thw"]
+    assert torch.equal(batch["model_inputs"]["pixel_values"], torch.cat([images[0], images[2]]))
+    assert batch["model_inputs"]["image_grid_thw"].tolist() == [[1, 1, 1], [1, 1, 1], [1, 2, 1]]
+    assert "model_inputs" not in collate_rows([row(3), row(4)], PAD)  # no row has any: the key is absent
+    assert combine_model_inputs([None, {}]) == {}
+
+
+def test_model_inputs_that_cannot_be_combined_are_refused():
+    def inputs(value):
+        return {"pixel_values": value}
+
+    with pytest.raises(ValueError, match=r"'pixel_values': row 0 has torch.float32 of shape \(1, 3\), row 2 has "):
+        combine_model_inputs([inputs(torch.zeros(1, 3)), None, inputs(torch.zeros(1, 4))])
+    with pytest.raises(ValueError, match="row 1 has torch.float16"):
+        combine_model_inputs([inputs(torch.zeros(1, 3)), inputs(torch.zeros(2, 3, dtype=torch.float16))])
+    with pytest.raises(ValueError, match="row 0 must be a tensor with a leading dimension .* got a 0-dim tensor"):
+        combine_model_inputs([inputs(torch.tensor(1.0))])
+    with pytest.raises(ValueError, match="got list"):
+        collate_rows([row(3, model_inputs=inputs([1.0, 2.0]))], PAD)
 
 
 def test_left_pad():

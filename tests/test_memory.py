@@ -1,17 +1,23 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The RL replay buffer (capacity, reuse cap, epoch order, age, state), the SFT pool, and the memory pool's checkpoint
-state in both layouts."""
+"""The RL replay buffer (capacity, reuse cap, epoch order, age, state, the declared fields and model inputs it keeps),
+the SFT pool, and the memory pool's checkpoint state in both layouts."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
 
-from trl_trapo.checkpoint import CheckpointError
+import trl_trapo
+from trl_trapo.collator import ROW_FIELDS, Row, collate_rows
 from trl_trapo.config import RL, SFT
-from trl_trapo.memory import MemoryPool, ReplayBuffer, SFTPool, Trajectory, memory_pool_state
+from trl_trapo.memory import ReplayBuffer, SFTPool, Trajectory
 
 
 def trajectory(tag, prompt_len=3, completion_len=4):
@@ -233,6 +239,177 @@ def test_served_trajectories_become_rows():
     assert row.input_ids.numel() == 7 and row.mask.numel() == 6
 
 
+def round_trip(trajectories, compress: bool):
+    """The trajectories served back by a buffer restored from another's state (JSON + safetensors bytes), in the
+    order they were added."""
+    from safetensors.torch import load as safetensors_load
+    from safetensors.torch import save as safetensors_save
+
+    buffer = ReplayBuffer(capacity=8, max_uses=1, seed=0, compress=compress)
+    buffer.add(trajectories, step=0)
+    assert buffer.metrics(step=0)["replay/compressed"] == float(compress)
+    meta, tensors = buffer.state_dict()
+    restored = ReplayBuffer(capacity=8, max_uses=1, seed=0, compress=compress)
+    restored.load_state_dict(json.loads(json.dumps(meta)), safetensors_load(safetensors_save(tensors)))
+    assert restored.nbytes == buffer.nbytes
+    served = restored.sample(len(trajectories), step=0)
+    return sorted(served, key=lambda t: int(t.prompt_ids[0]))
+
+
+def declared_value(spec):
+    """A value of a declared field that is not its default: `(40,)` for per-token fields."""
+    if spec.per_token:
+        return (torch.arange(40) % 7).to(spec.dtype)
+    return {torch.bool: True, torch.long: 7}.get(spec.dtype, 0.375)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("spec", [s for s in ROW_FIELDS if s.stored], ids=lambda s: s.name)
+def test_every_stored_field_goes_through_the_buffer_to_the_batch(spec, compress):
+    """Trajectory 0 sets the field away from its default; trajectory 1 leaves a per-row field at its default (a
+    per-token field is set on both: a checkpoint needs a tensor field on every trajectory or none)."""
+    required = {s.name: -torch.ones(40) for s in ROW_FIELDS if s.required}
+
+    def value(i):
+        return declared_value(spec) + i if spec.per_token else declared_value(spec) if i == 0 else spec.default
+
+    items = [
+        Trajectory(
+            prompt_ids=torch.arange(3) + 10 * i,
+            completion_ids=torch.arange(40) + 50,
+            completion_mask=torch.ones(40),
+            **{**required, spec.name: value(i)},
+        )
+        for i in range(2)
+    ]
+    served = round_trip(items, compress)
+    for i, item in enumerate(served):
+        if spec.per_token:
+            assert torch.equal(getattr(item, spec.name), value(i))
+        else:
+            assert getattr(item, spec.name) == value(i) and type(getattr(item, spec.name)) is type(value(i))
+    batch = collate_rows([t.to_row() for t in served] + [Row(SFT, torch.arange(5), torch.ones(4))], pad_token_id=0)
+    column = batch[spec.name]  # (3, T) or (3,): the two RL rows, then an SFT row without the field
+    assert column.dtype == spec.dtype
+    for i in range(2):
+        if spec.per_token:  # at the target positions P - 1 = 2 onwards
+            assert torch.equal(column[i, 2:], value(i)) and not column[i, :2].any()
+        else:
+            assert column[i] == (0 if value(i) is None else value(i))
+    assert not column[2].any() if spec.per_token else column[2] == (0 if spec.default is None else spec.default)
+
+
+EXTRA_FIELD = 'RowField("teacher_logps", "token", torch.float32, help="distillation: the teacher\'s log-probs, nats"),'
+CHECK_EXTRA_FIELD = """
+import json, sys, torch
+from safetensors.torch import load, save
+import trl_trapo
+from trl_trapo.collator import Row, collate_rows
+from trl_trapo.memory import ReplayBuffer, Trajectory
+
+assert trl_trapo.__file__.startswith(sys.argv[1]), trl_trapo.__file__  # the copy with the extra line
+
+def make(i):
+    return Trajectory(prompt_ids=torch.arange(3) + 10 * i, completion_ids=torch.arange(40) + 50,
+                      completion_mask=torch.ones(40), old_per_token_logps=-torch.ones(40), advantages=torch.ones(40),
+                      teacher_logps=-torch.arange(40.0) - i)
+
+for compress in (False, True):
+    buffer = ReplayBuffer(capacity=8, max_uses=2, seed=0, compress=compress)
+    buffer.add([make(i) for i in range(3)], step=0)
+    assert buffer.metrics(step=0)["replay/compressed"] == float(compress)
+    assert buffer.nbytes == sum(make(i).nbytes() for i in range(3)) or compress
+    first = buffer.sample(3, step=0)
+    meta, tensors = buffer.state_dict()
+    restored = ReplayBuffer(capacity=8, max_uses=2, seed=0, compress=compress)
+    restored.load_state_dict(json.loads(json.dumps(meta)), load(save(tensors)))
+    for served in (first, restored.sample(3, step=0)):
+        for t in served:
+            assert torch.equal(t.teacher_logps, -torch.arange(40.0) - int(t.prompt_ids[0]) // 10)
+        rows = [t.to_row() for t in served] + [Row(1, torch.arange(5), torch.ones(4))]
+        batch = collate_rows(rows, pad_token_id=0)
+        for i, t in enumerate(served):
+            assert torch.equal(batch["teacher_logps"][i, 2:], t.teacher_logps), batch["teacher_logps"]
+            assert not batch["teacher_logps"][i, :2].any()
+        assert not batch["teacher_logps"][3].any()
+print("carried")
+"""
+
+
+def test_one_declaration_line_carries_a_new_per_token_field_everywhere(tmp_path):
+    """Adding a per-token field is one line of `ROW_FIELDS`: in a copy of the package with only that line added, a
+    trajectory's new tensor survives the replay buffer (plain, compressed, state_dict) and reaches the micro-batch.
+    Any path that lists the fields by hand again (Trajectory, `to_row`, the buffer, collation) fails here."""
+    copy = tmp_path / "trl_trapo"
+    shutil.copytree(Path(trl_trapo.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (copy / "collator.py").read_text()
+    anchor = "ROW_FIELDS: tuple[RowField, ...] = (\n"
+    assert source.count(anchor) == 1
+    (copy / "collator.py").write_text(source.replace(anchor, anchor + "    " + EXTRA_FIELD + "\n"))
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_EXTRA_FIELD, str(copy)],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0 and "carried" in result.stdout, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model inputs
+# ---------------------------------------------------------------------------------------------------------------------
+def with_inputs(tag, inputs):
+    item = trajectory(tag, completion_len=64)
+    item.model_inputs = inputs
+    return item
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_model_inputs_go_through_the_buffer_and_its_checkpoint(compress):
+    images = {
+        "pixel_values": torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4),  # (images, ...)
+        "image_grid_thw": torch.tensor([[1, 2, 2], [1, 1, 2]]),
+    }
+    other = {"pixel_values": torch.full((1, 3, 4), 0.5), "image_grid_thw": torch.tensor([[1, 1, 1]])}
+    items = [
+        with_inputs(0, images),
+        with_inputs(1, {}),  # a text-only prompt among image prompts
+        with_inputs(2, other),
+        with_inputs(3, {"pixel_values": torch.zeros(0, 3, 4)}),  # no image, but the key
+    ]
+    assert items[0].nbytes() == trajectory(0, completion_len=64).nbytes() + 2 * 3 * 4 * 4 + 6 * 8
+    served = sorted(round_trip(items, compress), key=lambda t: int(t.temperature))
+    for original, item in zip(items, served):
+        assert list(item.model_inputs) == sorted(original.model_inputs)
+        for name, value in original.model_inputs.items():
+            assert torch.equal(item.model_inputs[name], value) and item.model_inputs[name].dtype == value.dtype
+    batch = collate_rows([t.to_row() for t in served], pad_token_id=0)
+    assert torch.equal(
+        batch["model_inputs"]["pixel_values"], torch.cat([images["pixel_values"], other["pixel_values"]])
+    )
+    assert batch["model_inputs"]["image_grid_thw"].tolist() == [[1, 2, 2], [1, 1, 2], [1, 1, 1]]
+
+
+def test_replay_state_without_model_inputs_is_as_before():
+    meta, tensors = round_trip_state([trajectory(0), trajectory(1)])
+    assert "model_inputs" not in meta and not any("model_inputs" in key for key in tensors)
+
+
+def round_trip_state(trajectories):
+    buffer = ReplayBuffer(capacity=8, max_uses=1)
+    buffer.add(trajectories, step=0)
+    return buffer.state_dict()
+
+
+def test_model_inputs_of_one_name_need_one_dtype_to_be_checkpointed():
+    buffer = ReplayBuffer(capacity=8, max_uses=1)
+    buffer.add([with_inputs(0, {"x": torch.zeros(1, 2)}), with_inputs(1, {"x": torch.zeros(1, 2).half()})], step=0)
+    with pytest.raises(ValueError, match=r"Model input 'x' has dtypes \['torch.float16', 'torch.float32'\]"):
+        buffer.state_dict()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # SFTPool
 # ---------------------------------------------------------------------------------------------------------------------
@@ -268,46 +445,3 @@ def test_sft_pool_state_round_trip_and_shards():
     rank0, rank1 = SFTPool(sft_dataset(6), rank=0, world_size=2), SFTPool(sft_dataset(6), rank=1, world_size=2)
     first = Counter(int(r.input_ids[0]) for r in rank0.take(3) + rank1.take(3))
     assert sorted(first) == [0, 10, 20, 30, 40, 50] and set(first.values()) == {1}
-
-
-SAMPLER = {"epoch": 1, "position": 3, "size": 8}
-
-
-@pytest.mark.parametrize(
-    "rank_state, expected",
-    [
-        # this layout: the pool's entry is taken as it is
-        (
-            {"prompt_sampler": "ignored", "memory_pool": {"prompt_sampler": SAMPLER, "sft_pool": None}},
-            {"prompt_sampler": SAMPLER, "sft_pool": None},
-        ),
-        # the earlier layout: samplers at the top level (None for a part the run did not have), few-shot's state
-        # under "fewshot"
-        (
-            {"prompt_sampler": SAMPLER, "sft_pool": None, "memory_pool": {"fewshot": {"labels": []}}},
-            {"prompt_sampler": SAMPLER, "sft_pool": None, "selector": {"labels": []}},
-        ),
-        ({"prompt_sampler": SAMPLER}, {"prompt_sampler": SAMPLER}),
-    ],
-)
-def test_memory_pool_state_reads_both_layouts(rank_state, expected):
-    before = json.dumps(rank_state, sort_keys=True)
-    assert memory_pool_state(rank_state) == expected
-    assert json.dumps(rank_state, sort_keys=True) == before  # the rank state is not changed
-
-
-def test_memory_pool_round_trips_its_samplers(tmp_path):
-    from trl_trapo.data import ShardedSampler
-
-    pool = MemoryPool(SFTPool(sft_dataset(10), seed=1), ShardedSampler(8, seed=2))
-    pool.select_prompts(5, step=0)
-    pool.take_sft(4, step=0)
-    state, files = pool.state_dict(global_step=1)
-    assert set(state) == {"prompt_sampler", "sft_pool"} and files == {}
-    fresh = MemoryPool(SFTPool(sft_dataset(10), seed=1), ShardedSampler(8, seed=2))
-    fresh.load_state_dict(json.loads(json.dumps(state)), str(tmp_path))
-    assert fresh.select_prompts(6, step=1) == pool.select_prompts(6, step=1)
-    assert [r.pool_index for r in fresh.take_sft(7, step=1)] == [r.pool_index for r in pool.take_sft(7, step=1)]
-    without_sft = MemoryPool(None, ShardedSampler(8, seed=2))
-    with pytest.raises(CheckpointError, match=r"different set of datasets \('sft_pool' present\)"):
-        without_sft.load_state_dict(state, str(tmp_path))

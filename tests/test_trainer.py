@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from datasets import Dataset
+from transformers import LlamaForCausalLM
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import Row, StepContext, collate_rows
@@ -228,6 +229,56 @@ def test_short_run_changes_every_parameter_and_logs_metrics(tmp_path, tokenizer,
     trainer.save_state()
     state = json.loads((tmp_path / "trainer_state.json").read_text())
     assert all(key in state["log_history"][0] for key in REQUIRED_METRICS)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Extra model inputs (the slot a vision-language model's pixel_values take)
+# ---------------------------------------------------------------------------------------------------------------------
+class TaggedLlama(LlamaForCausalLM):
+    """The tiny model, needing an extra input `row_tag`: `(B, 2)` long, one line per row, [P, sum of the P prompt
+    ids]. Every forward checks it is there and that line b describes the first real tokens of row b (whatever the
+    padding side), and records who ran it: `(role, phase)`, phase "generate", "train" (grad) or "no_grad"."""
+
+    def forward(self, input_ids=None, attention_mask=None, row_tag=None, **kwargs):
+        assert row_tag is not None, "a forward without its model inputs"
+        assert row_tag.shape == (input_ids.shape[0], 2), (row_tag.shape, input_ids.shape)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if cache is None or cache.get_seq_length() == 0:  # a whole-sequence forward (not a cached decoding step)
+            masks = torch.ones_like(input_ids) if attention_mask is None else attention_mask  # generate may give None
+            for ids, mask, (length, total) in zip(input_ids, masks, row_tag.tolist()):
+                assert int(ids[mask.bool()][:length].sum()) == total, "model inputs not aligned with their rows"
+        phase = "generate" if self.generating else "train" if torch.is_grad_enabled() else "no_grad"
+        self.calls.append((self.role, phase))
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        self.generating = True
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self.generating = False
+
+
+def test_model_inputs_reach_generation_the_reference_and_the_training_forward(tmp_path, tokenizer, suite, tiny_config):
+    from trl_trapo.data import tokenize_prompt
+
+    def tag(example):
+        ids = tokenize_prompt(example["prompt"], tokenizer)
+        return {"model_inputs": {"row_tag": [[len(ids), sum(ids)]]}}
+
+    model = build_tiny_model(tokenizer, seed=0)
+    model.__class__ = TaggedLlama
+    model.role, model.generating, model.calls = "policy", False, []
+    trainer = TRAPOTrainer(
+        model,
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=2, per_device_train_batch_size=4),
+        train_dataset=suite.rl_train.map(tag),
+        processing_class=tokenizer,
+    )
+    trainer.ref_model.role, trainer.ref_model.calls = "reference", model.calls
+    trainer.train()
+    assert {("policy", "generate"), ("reference", "no_grad"), ("policy", "train")} <= set(model.calls)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

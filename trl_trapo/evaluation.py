@@ -24,12 +24,13 @@ from torch import nn
 from transformers import GenerationConfig
 from trl.trainer.utils import print_prompt_completions_sample, selective_log_softmax
 
-from .collator import Row, collate_rows
+from .collator import MODEL_INPUTS, Row, collate_rows
 from .config import PRETRAIN
 from .data import check_dataset_object, dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
 from .distributed import generation_synced_gpus, reduce_named_means
+from .models import model_forward
 from .rewards import RewardScorer, discard_extra, discard_metric
-from .rollout import generate
+from .rollout import generate, prompt_model_inputs
 
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ def nll_sum(model: nn.Module, rows: list[Row], pad_token_id: int, batch_size: in
 
     Args:
         model (`nn.Module`): a causal LM.
-        rows (`list[Row]`): rows with `input_ids` `(L,)` and target-aligned `mask` `(L - 1,)`.
+        rows (`list[Row]`): rows with `input_ids` `(L,)` and target-aligned `mask` `(L - 1,)` (and their
+            `model_inputs`, which the model gets).
         pad_token_id (`int`): padding id.
         batch_size (`int`): rows per forward.
 
@@ -76,7 +78,8 @@ def nll_sum(model: nn.Module, rows: list[Row], pad_token_id: int, batch_size: in
     for start in range(0, len(ordered), batch_size):
         batch = collate_rows(ordered[start : start + batch_size], pad_token_id)
         input_ids = batch["input_ids"].to(device)
-        logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"].to(device)).logits
+        attention_mask = batch["attention_mask"].to(device)
+        logits = model_forward(model, input_ids, attention_mask, batch.get(MODEL_INPUTS)).logits
         logps = selective_log_softmax(logits[:, :-1].float(), input_ids[:, 1:])
         mask = batch["mask"].to(device)
         total += float(-(logps * mask).sum())
@@ -209,6 +212,7 @@ class Evaluator:
                 1.0,
                 batch_size=args.per_device_eval_batch_size,
                 record_logps=False,
+                model_inputs=prompt_model_inputs(examples),
             )
         # what reward functions log here describes no training rollout: dropped, never in a training log
         scores, _ = self.scorer.score(examples, prompt_ids, generated["completion_ids"], discard_metric, discard_extra)
@@ -323,6 +327,7 @@ class Evaluator:
                 1.0,
                 batch_size=args.per_device_eval_batch_size,
                 record_logps=False,
+                model_inputs=prompt_model_inputs(examples),
                 synced_gpus=generation_synced_gpus(self.accelerator, gathered=True),
                 progress=None if args.disable_tqdm or not self.accelerator.is_main_process else f"Evaluating {prefix}",
             )

@@ -6,6 +6,11 @@ Shapes: `B` sequences, `P_i` / `C_i` prompt / completion tokens of sequence i, `
 lengths, never from comparing ids with the pad id, so tokenizers whose pad token equals their EOS token are handled
 correctly; sequence-classification heads are read per position and indexed at the last real token ourselves for the
 same reason.
+
+Every forward TRAPO runs goes through [`model_forward`]: the training forward, reference and behaviour log-probs,
+critic values, reward models, evaluation and few-shot prompt embeddings. It passes each batch's extra model inputs (a
+vision-language model's `pixel_values` ..., see [`~trl_trapo.collator.combine_model_inputs`]) to the model, so a
+model that needs more than `input_ids` gets it everywhere; rollouts pass them to `generate` the same way.
 """
 
 from __future__ import annotations
@@ -14,17 +19,74 @@ import contextlib
 import copy
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import selective_log_softmax, use_adapter
 
+from .collator import combine_model_inputs
+
 
 logger = logging.getLogger(__name__)
 
 REF_ADAPTER = "trapo_ref"
+
+
+def model_input_kwargs(
+    model_inputs: Mapping[str, torch.Tensor] | None, device: torch.device, taken: Iterable[str] = ()
+) -> dict[str, torch.Tensor]:
+    """Keyword arguments of a forward or `generate` call from a batch's extra model inputs, on `device`.
+
+    Args:
+        model_inputs (`Mapping[str, torch.Tensor]`, *optional*): name -> tensor, combined over the batch's rows
+            (see [`~trl_trapo.collator.combine_model_inputs`]).
+        device (`torch.device`): the device of `input_ids` (a tensor already there is passed as it is).
+        taken (`Iterable[str]`): the call's other keyword arguments, which a model input must not replace.
+
+    Raises:
+        ValueError: if a model input is named `input_ids`, `attention_mask` or one of `taken`.
+    """
+    if not model_inputs:
+        return {}
+    reserved = {"input_ids", "attention_mask", *taken}
+    clash = sorted(reserved & set(model_inputs))
+    if clash:
+        raise ValueError(
+            f"Model inputs {clash} would replace arguments TRAPO sets itself; rename them in the processor's output."
+        )
+    return {name: value.to(device) for name, value in model_inputs.items()}
+
+
+def model_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    model_inputs: Mapping[str, torch.Tensor] | None = None,
+    **kwargs,
+):
+    """The one forward call of every model TRAPO runs: `model(input_ids=, attention_mask=, **kwargs,
+    **model_inputs)`.
+
+    Args:
+        model (`nn.Module`): a causal LM, a sequence-classification model, a decoder body, or the
+            [`PolicyAndValueWrapper`] (possibly wrapped by DDP / DeepSpeed).
+        input_ids (`torch.Tensor`): `(B, L)` token ids.
+        attention_mask (`torch.Tensor`): `(B, L)`, 1 on real tokens.
+        model_inputs (`Mapping[str, torch.Tensor]`, *optional*): the rows' extra model inputs (e.g. `pixel_values`
+            `(sum_i N_i, ...)`), combined by [`~trl_trapo.collator.combine_model_inputs`] in the order of the rows;
+            moved to `input_ids`' device.
+        **kwargs: the call's own arguments (`use_cache`, `output_hidden_states`, `position_ids`, `value_rows` ...).
+
+    Returns:
+        the model's output.
+
+    Raises:
+        ValueError: if a model input would replace `input_ids`, `attention_mask` or one of `kwargs`.
+    """
+    extra = model_input_kwargs(model_inputs, input_ids.device, kwargs)
+    return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs, **extra)
 
 
 class PolicyAndValueWrapper(nn.Module):
@@ -33,6 +95,9 @@ class PolicyAndValueWrapper(nn.Module):
     Exposes `policy` and `value_model` as TRL's former `PPOTrainer` did (`trainer.model.policy`,
     `trainer.model.value_model`). `forward` runs the policy on every row and the critic on the rows listed in
     `value_rows` only (RL rows), and returns `(policy_outputs, values)` with `values` of shape `(len(value_rows), L)`.
+    Its keyword arguments other than `value_rows`, `use_cache` and `output_hidden_states` are the rows' extra model
+    inputs (see [`model_forward`]), which both models get; as they are combined over all rows (and cannot be split
+    by row here), the critic then runs on every row and its values are selected afterwards.
 
     Args:
         policy (`nn.Module`): the causal LM (or `PeftModel`).
@@ -45,13 +110,28 @@ class PolicyAndValueWrapper(nn.Module):
         self.value_model = value_model
         self.config = policy.config
 
-    def forward(self, input_ids, attention_mask, value_rows: torch.Tensor | None = None, **kwargs):
-        outputs = self.policy(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        value_rows: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **model_inputs,
+    ):
+        flags = {"use_cache": use_cache, "output_hidden_states": output_hidden_states}
+        flags = {name: value for name, value in flags.items() if value is not None}
+        outputs = model_forward(self.policy, input_ids, attention_mask, model_inputs, **flags)
         values = None
         if value_rows is not None and value_rows.numel() > 0:
-            values = per_token_head_outputs(
-                self.value_model, input_ids[value_rows], attention_mask[value_rows], grad=torch.is_grad_enabled()
-            )
+            grad = torch.is_grad_enabled()
+            if model_inputs:  # combined over every row: the critic sees every row, the RL rows' values are kept
+                values = per_token_head_outputs(self.value_model, input_ids, attention_mask, grad, model_inputs)
+                values = values[value_rows]
+            else:
+                values = per_token_head_outputs(
+                    self.value_model, input_ids[value_rows], attention_mask[value_rows], grad=grad
+                )
         return outputs, values
 
     def state_dict(self, *args, **kwargs):
@@ -208,14 +288,20 @@ class ReferencePolicy:
         pad_token_id: int,
         temperature: float | Sequence[float] | torch.Tensor,
         batch_size: int,
+        model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
     ) -> list[torch.Tensor]:
         """log pi_ref(y_t | prompt, y_<t) of each completion token, `(C_i,)` each, float32 on CPU (see
-        [`completion_logps`]; `temperature`: one, or one per completion); `policy` is the unwrapped policy, used with
-        its reference adapter when there is no reference model."""
+        [`completion_logps`]; `temperature`: one, or one per completion; `model_inputs`: each completion's prompt's
+        extra model inputs); `policy` is the unwrapped policy, used with its reference adapter when there is no
+        reference model."""
         if self.model is not None:
-            return completion_logps(self.model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size)
+            return completion_logps(
+                self.model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size, model_inputs
+            )
         with use_adapter(policy, self.adapter or None):
-            return completion_logps(policy, prompt_ids, completion_ids, pad_token_id, temperature, batch_size)
+            return completion_logps(
+                policy, prompt_ids, completion_ids, pad_token_id, temperature, batch_size, model_inputs
+            )
 
     @property
     def syncable(self) -> bool:
@@ -406,6 +492,15 @@ def _right_pad_pairs(
     return input_ids, attention_mask, lengths_p, lengths_c
 
 
+def batch_model_inputs(
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None, start: int, size: int
+) -> dict[str, torch.Tensor]:
+    """The combined extra model inputs of rows `start ... start + size - 1` (empty without any)."""
+    if model_inputs is None:
+        return {}
+    return combine_model_inputs(model_inputs[start : start + size])
+
+
 @torch.no_grad()
 def completion_logps(
     model: nn.Module,
@@ -414,6 +509,7 @@ def completion_logps(
     pad_token_id: int,
     temperature: float | Sequence[float] | torch.Tensor = 1.0,
     batch_size: int = 64,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> list[torch.Tensor]:
     """log pi(y_t | prompt, y_<t) of each completion token under `model` (no grad; for reference / old log-probs).
 
@@ -425,6 +521,8 @@ def completion_logps(
         temperature (`float`, or one per completion): logits are divided by it (as in the policy loss); per-row
             temperatures are those a round sampled each completion at (targeted exploration).
         batch_size (`int`): rows per forward.
+        model_inputs (`Sequence[Mapping[str, torch.Tensor]]`, *optional*): each completion's extra model inputs
+            (its prompt's), combined per forward by [`~trl_trapo.collator.combine_model_inputs`].
 
     Returns:
         `list[torch.Tensor]`: `(C_i,)` log-probs in nats, on CPU, float32.
@@ -440,7 +538,8 @@ def completion_logps(
     for start in range(0, len(prompt_ids), batch_size):
         p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
         input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
-        logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits[:, :-1].float()
+        inputs = batch_model_inputs(model_inputs, start, len(p))
+        logits = model_forward(model, input_ids.to(device), attention_mask.to(device), inputs).logits[:, :-1].float()
         if per_row:  # each row at its own temperature (one temperature keeps TRL's scalar path)
             scale = temperatures[start : start + len(p)].to(device).view(-1, 1, 1)
             logps = selective_log_softmax(logits / scale, input_ids[:, 1:].to(device))
@@ -476,13 +575,18 @@ def find_score_head(model: nn.Module) -> nn.Module:
 
 
 def per_token_head_outputs(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, grad: bool = False
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    grad: bool = False,
+    model_inputs: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Per-position output of a sequence-classification model's head, shape `(B, L)` (first label).
 
     Sequence-classification models pool at "the last non-pad token", found by comparing ids with the pad id, which is
     wrong when pad == EOS. We read the head's per-position output with a forward hook instead and index it
     ourselves. Models whose head only sees a pooled vector (BERT-style) return that value broadcast over positions.
+    `model_inputs` are the rows' extra model inputs, combined (see [`model_forward`]).
     """
     with torch.set_grad_enabled(grad):
         head = find_score_head(model)
@@ -493,7 +597,7 @@ def per_token_head_outputs(
 
         handle = head.register_forward_hook(hook)
         try:
-            outputs = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            outputs = model_forward(model, input_ids, attention_mask, model_inputs, use_cache=False)
         finally:
             handle.remove()
         out = captured.get("out")
@@ -511,7 +615,11 @@ def last_real_token(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def reward_model_scores(
-    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int = 64
+    reward_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    batch_size: int = 64,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """Score of each sequence: the reward head's output at its last real token (whatever the padding side).
 
@@ -520,6 +628,8 @@ def reward_model_scores(
         input_ids (`torch.Tensor`): shape `(B, L)`.
         attention_mask (`torch.Tensor`): shape `(B, L)`.
         batch_size (`int`): rows per forward.
+        model_inputs (`Sequence[Mapping[str, torch.Tensor]]`, *optional*): each sequence's extra inputs of the
+            reward model, combined per forward.
 
     Returns:
         `torch.Tensor`: shape `(B,)`, float32, on CPU.
@@ -532,7 +642,9 @@ def reward_model_scores(
         if bool((mask[:, 1:] > mask[:, :-1]).any()):  # left padding: move real tokens first so positions start at 0
             order = torch.argsort((mask == 0).int(), dim=1, stable=True)  # (absolute-position models, e.g. GPT-2)
             ids, mask = ids.gather(1, order), mask.gather(1, order)
-        per_token = per_token_head_outputs(reward_model, ids, mask)
+        per_token = per_token_head_outputs(
+            reward_model, ids, mask, model_inputs=batch_model_inputs(model_inputs, start, ids.shape[0])
+        )
         index = last_real_token(mask)
         scores.append(per_token[torch.arange(ids.shape[0], device=device), index].float().cpu())
     return torch.cat(scores)
@@ -545,14 +657,19 @@ def value_predictions(
     completion_ids: Sequence[torch.Tensor],
     pad_token_id: int,
     batch_size: int = 64,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> list[torch.Tensor]:
-    """Critic values V(prompt, y_<t) aligned with each completion token t, `(C_i,)` each, float32 on CPU."""
+    """Critic values V(prompt, y_<t) aligned with each completion token t, `(C_i,)` each, float32 on CPU
+    (`model_inputs`: each completion's prompt's extra model inputs, as in [`completion_logps`])."""
     device = next(value_model.parameters()).device
     out = []
     for start in range(0, len(prompt_ids), batch_size):
         p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
         input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
-        values = per_token_head_outputs(value_model, input_ids.to(device), attention_mask.to(device)).float()
+        inputs = batch_model_inputs(model_inputs, start, len(p))
+        values = per_token_head_outputs(
+            value_model, input_ids.to(device), attention_mask.to(device), model_inputs=inputs
+        ).float()
         for i in range(len(p)):
             first = int(lengths_p[i]) - 1
             out.append(values[i, first : first + int(lengths_c[i])].cpu())

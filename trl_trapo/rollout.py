@@ -7,6 +7,9 @@
 advantages and [`~trl_trapo.memory.Trajectory`] objects (GAE with a critic, group-relative without). It returns a
 [`RolloutBatch`]; the trainer adds its trajectories to the replay buffer and its statistics to the metrics.
 
+A prompt's extra model inputs (its example's `model_inputs`, e.g. a VLM processor's `pixel_values`; see
+[`prompt_model_inputs`]) go to `generate`, to the behaviour, reference and critic forwards, and into its trajectories.
+
 Shapes: `B` completions, `P` prompt tokens (left-padded for generation), `C` completion tokens, `V` vocabulary.
 All masks are built from lengths (where the stop token first appears), never by comparing ids with the pad id, so
 tokenizers whose pad token equals their EOS token are handled correctly.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +37,14 @@ from .distributed import gather_across_ranks, generation_synced_gpus, sum_over_r
 from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
-from .models import PolicyAndValueWrapper, ReferencePolicy, completion_logps, value_predictions
+from .models import (
+    PolicyAndValueWrapper,
+    ReferencePolicy,
+    batch_model_inputs,
+    completion_logps,
+    model_input_kwargs,
+    value_predictions,
+)
 from .rewards import RewardScorer, discard_extra, discard_metric
 
 
@@ -177,6 +187,7 @@ def generate(
     record_logps: bool = True,
     synced_gpus: bool | None = None,
     progress: str | None = None,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> dict[str, Any]:
     """Sample one completion per prompt (repeat prompts for several generations) and record behaviour log-probs.
 
@@ -197,6 +208,9 @@ def generate(
         synced_gpus (`bool`, *optional*): passed to `generate` when not None. False when the weights are local (e.g.
             ZeRO-3 weights gathered), so ranks need not generate in lockstep; None lets transformers decide.
         progress (`str`, *optional*): show a progress bar (tqdm, in prompts) with this description.
+        model_inputs (`Sequence[Mapping[str, torch.Tensor]]`, *optional*): each prompt's extra model inputs (e.g.
+            `pixel_values`), combined per `generate` call as in training (see
+            [`~trl_trapo.collator.combine_model_inputs`]) and passed to it.
 
     Returns:
         `dict` with `completion_ids` (list of `(C_i,)` tensors, cut after the stop token), `old_per_token_logps`
@@ -229,13 +243,20 @@ def generate(
         recorder = BehaviourLogprobRecorder() if record_logps else None
         if recorder is not None:
             processors.append(recorder)
+        kwargs = {} if synced_gpus is None else {"synced_gpus": synced_gpus}
+        extra = model_input_kwargs(
+            batch_model_inputs(model_inputs, start, len(chunk)),
+            device,
+            ["generation_config", "logits_processor", *kwargs],
+        )
         with neutral_generation_defaults(model):
             sequences = model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=generation_config,
                 logits_processor=processors,
-                **({} if synced_gpus is None else {"synced_gpus": synced_gpus}),
+                **kwargs,
+                **extra,
             )
         completion_ids = sequences[:, input_ids.shape[1] :]
         chunk_logps = recorder.finish(sequences) if recorder is not None else torch.zeros(completion_ids.shape)
@@ -254,6 +275,22 @@ def generate(
         "num_tokens": sum(c.numel() for c in completions),
         "seconds": time.perf_counter() - start_time,
     }
+
+
+def prompt_model_inputs(examples: Sequence[Mapping]) -> list[dict[str, torch.Tensor]] | None:
+    """Each example's extra model inputs as tensors: its `model_inputs` column, name -> a tensor (or nested lists,
+    as a `datasets.Dataset` returns them) with a leading dimension (e.g. a VLM processor's `pixel_values` and
+    `image_grid_thw` for the prompt); a missing or None entry is no input. None when no example has any.
+
+    This is where a prompt's model inputs enter rollouts: `generate`, the behaviour and reference log-probs, the
+    critic and the trajectories (so the training forward) all get them. Reward models and functions do not (they
+    see the prompt's text and ids only), nor do few-shot prompt embeddings, self-imitation's SFT rows and vLLM.
+    """
+    inputs = [
+        {name: torch.as_tensor(value) for name, value in (e.get("model_inputs") or {}).items() if value is not None}
+        for e in examples
+    ]
+    return inputs if any(inputs) else None
 
 
 def stop_token_ids(args, tokenizer) -> list[int]:
@@ -484,8 +521,14 @@ class RolloutEngine:
         """
         args = self.args
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+        model_inputs = prompt_model_inputs(examples)
         temperatures = row_temperatures(temperature, len(examples))
         if self.vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are `process`'s
+            if model_inputs is not None:
+                raise ValueError(
+                    "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
+                    "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
+                )
             completion_ids = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
             return self.process(examples, completion_ids, None, group, temperatures, across_ranks=True)
         generation_config = self.generation_config
@@ -507,6 +550,7 @@ class RolloutEngine:
                         batch_size=args.local_rollout_forward_batch_size,
                         synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
                         progress=self.progress_description(f"Rollouts, step {step}"),
+                        model_inputs=model_inputs,
                     )
                     logger.log(  # a sign of life for slow rounds (real models on CPU); quick ones stay quiet
                         logging.INFO if generated["seconds"] >= SLOW_ROUND_SECONDS else logging.DEBUG,
@@ -538,6 +582,7 @@ class RolloutEngine:
                 group,
                 temperatures,
                 across_ranks=True,
+                model_inputs=model_inputs,
             )
 
     @torch.no_grad()
@@ -566,20 +611,40 @@ class RolloutEngine:
         if old_per_token_logps is not None:
             old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
         temperatures = row_temperatures(temperature, len(examples))
+        model_inputs = prompt_model_inputs(examples)
         with self.unwrapped_model() as unwrapped:
             return self._score(
-                unwrapped, examples, prompt_ids, cut, old_per_token_logps, group, temperatures, across_ranks
+                unwrapped,
+                examples,
+                prompt_ids,
+                cut,
+                old_per_token_logps,
+                group,
+                temperatures,
+                across_ranks,
+                model_inputs,
             )
 
     def _score(
-        self, unwrapped, examples, prompt_ids, completion_ids, old_logps, group, temperatures, across_ranks
+        self,
+        unwrapped,
+        examples,
+        prompt_ids,
+        completion_ids,
+        old_logps,
+        group,
+        temperatures,
+        across_ranks,
+        model_inputs,
     ) -> RolloutBatch:
         args = self.args
         pad_id = self.pad_token_id
         batch_size = args.local_rollout_forward_batch_size
         policy = self.policy_of(unwrapped)
         if old_logps is None:
-            old_logps = completion_logps(policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size)
+            old_logps = completion_logps(
+                policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size, model_inputs
+            )
         completion_ids, old_logps = list(completion_ids), list(old_logps)
         # step 2. scores (reward functions / models)
         scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
@@ -604,7 +669,10 @@ class RolloutEngine:
                 demo_scores, demo_per_func = self.scorer.score(
                     [examples[i] for i in chosen], demo_prompts, demos, discard_metric, discard_extra
                 )
-                demo_logps = completion_logps(policy, demo_prompts, demos, pad_id, temperatures[chosen], batch_size)
+                demo_inputs = None if model_inputs is None else [model_inputs[i] for i in chosen]
+                demo_logps = completion_logps(
+                    policy, demo_prompts, demos, pad_id, temperatures[chosen], batch_size, demo_inputs
+                )
                 for k, i in enumerate(chosen):
                     completion_ids[i], old_logps[i] = demos[k], demo_logps[k]
                     scores[i], per_func[i] = demo_scores[k], demo_per_func[k]
@@ -612,10 +680,14 @@ class RolloutEngine:
         # step 4. reference log-probs and values
         ref_logps = None
         if self.reference is not None:
-            ref_logps = self.reference.logps(policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size)
+            ref_logps = self.reference.logps(
+                policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size, model_inputs
+            )
         values = None
         if self.has_critic:
-            values = value_predictions(unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size)
+            values = value_predictions(
+                unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size, model_inputs
+            )
         has_stop = stopped(completion_ids)
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
@@ -632,6 +704,7 @@ class RolloutEngine:
             off_policy,
             temperatures=temperatures,
             across_ranks=across_ranks,
+            model_inputs=model_inputs,
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
@@ -662,12 +735,14 @@ class RolloutEngine:
         off_policy=None,
         temperatures: torch.Tensor | None = None,
         across_ranks: bool = False,
+        model_inputs: list[dict[str, torch.Tensor]] | None = None,
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
         completions that have a score. Arguments are lists of `(C_i,)` tensors and `(B,)` scores / flags
         (`off_policy`: demonstrations put in by guidance); `temperatures` `(B,)`: each completion's sampling
-        temperature (a trajectory whose temperature is not the configured one carries it, for the training forward).
+        temperature (a trajectory whose temperature is not the configured one carries it, for the training forward);
+        `model_inputs`: each completion's prompt's extra model inputs, which its trajectory carries.
 
         Statistics over the batch — `scale_rewards="batch"`'s standard deviation, `whiten_rewards`' and
         `whiten_advantages`' mean and variance — cover the whole round: with `across_ranks` every rank calls this
@@ -739,6 +814,7 @@ class RolloutEngine:
                     old_values=old_values[i, :n].clone().float() if self.has_critic else None,
                     off_policy=bool(off_policy[i]) if off_policy is not None else False,
                     temperature=float(temperatures[i]) if own_temperature is not None and own_temperature[i] else None,
+                    model_inputs=dict(model_inputs[i]) if model_inputs is not None else {},
                 )
             )
         return trajectories

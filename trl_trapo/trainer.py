@@ -68,6 +68,7 @@ from .checkpoint import (
     write_rank_state,
 )
 from .collator import (
+    MODEL_INPUTS,
     RowAllocator,
     StepContext,
     StepTickets,
@@ -112,6 +113,7 @@ from .models import (
     create_reference,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
+    model_forward,
 )
 from .objectives import (
     LanguageModelingObjective,
@@ -1027,15 +1029,23 @@ class TRAPOTrainer(_BaseTrainer):
         # step 1. one forward of the policy over every row (and of the critic over the RL rows); the output layer runs
         # only at counted positions: `logits` is (N, V), N = mask.sum(), in the order of `counted.nonzero()`
         counted = mask.bool()  # (B, T)
-        forward_kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        forward_kwargs = dict(use_cache=False)
         if context.probe:
             forward_kwargs["output_hidden_states"] = True
+        model_inputs = inputs.get(MODEL_INPUTS)  # the rows' extra model inputs (e.g. pixel_values), when any
         values = None
         with self.counted_head.restrict(counted):
             if self._has_critic:
-                outputs, values = model(**forward_kwargs, value_rows=rows[RL].nonzero().squeeze(-1))
+                outputs, values = model_forward(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    model_inputs,
+                    **forward_kwargs,
+                    value_rows=rows[RL].nonzero().squeeze(-1),
+                )
             else:
-                outputs = model(**forward_kwargs)
+                outputs = model_forward(model, input_ids, attention_mask, model_inputs, **forward_kwargs)
         logits = outputs.logits
         if not CountedPositionHead.applies(logits, counted):  # a head the hook left alone: select here
             logits = logits[:, :-1][counted]

@@ -56,13 +56,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from ..collator import left_pad
 from ..config import SFT
+from ..models import batch_model_inputs, model_forward
 from ..rollout import RolloutEngine
 from ..trainer import TRAPOTrainer
 
@@ -93,10 +94,18 @@ def decoder_of(policy: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def prompt_embeddings(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pad_token_id: int, batch_size: int = 64):
+def prompt_embeddings(
+    policy: nn.Module,
+    prompt_ids: Sequence[Sequence[int]],
+    pad_token_id: int,
+    batch_size: int = 64,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
+):
     """L2-normalised mean final hidden state over each prompt's tokens, `(n, H)` float32 on CPU.
 
-    One no-grad forward of the decoder body (no LM head, no logits), left-padded prompts.
+    One no-grad forward of the decoder body (no LM head, no logits), left-padded prompts; `model_inputs` are each
+    prompt's extra model inputs, passed to it (see [`~trl_trapo.models.model_forward`]; the trainer embeds prompts by
+    their token ids only, so it gives none).
     """
     decoder = decoder_of(policy)
     device = next(policy.parameters()).device
@@ -105,7 +114,8 @@ def prompt_embeddings(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pa
         input_ids, attention_mask = left_pad(list(prompt_ids[start : start + batch_size]), pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)[0]
+        inputs = batch_model_inputs(model_inputs, start, input_ids.shape[0])
+        hidden = model_forward(decoder, input_ids, attention_mask, inputs, position_ids=position_ids)[0]
         weights = attention_mask.unsqueeze(-1).to(torch.float32)
         mean = (hidden.float() * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         out.append(nn.functional.normalize(mean, dim=-1).cpu())

@@ -14,16 +14,17 @@ The long-term SFT pools are in `sft_pool.py`; `pool.py`'s `MemoryPool` is what t
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import zstandard
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from ..collator import Row
+from ..collator import ROW_FIELDS, Row, with_row_fields
 from ..config import RL
 
 
@@ -40,85 +41,91 @@ def decompress_tensors(blob: bytes) -> dict[str, torch.Tensor]:
     return safetensors_load(zstandard.ZstdDecompressor().decompress(blob))
 
 
+STORED_FIELDS = tuple(spec for spec in ROW_FIELDS if spec.stored)  # the fields of ROW_FIELDS trajectories carry
+MODEL_INPUT_PREFIX = "model_inputs/"  # key prefix of a trajectory's model inputs among its stored tensors
+
+
 @dataclass
+@with_row_fields(ROW_FIELDS, stored_only=True)
 class Trajectory:
-    """One RL rollout as the replay buffer stores it (P prompt tokens, C completion tokens)."""
+    """One RL rollout as the replay buffer stores it (P prompt tokens, C completion tokens).
+
+    Besides the attributes below, a trajectory has one keyword-only attribute per `stored` field of
+    [`~trl_trapo.collator.ROW_FIELDS`]: per-token ones `(C,)`, one entry per completion token (e.g.
+    `old_per_token_logps` and `advantages`, which it cannot be built without, or `ref_per_token_logps`), per-row ones
+    scalars (e.g. `importance_weight`, `temperature`).
+    """
 
     prompt_ids: torch.Tensor  # (P,) long, the prompt's tokens
     completion_ids: torch.Tensor  # (C,) long, the sampled tokens up to and including the stop token
     completion_mask: torch.Tensor  # (C,) float, 1 where the token counts in the loss
-    old_per_token_logps: torch.Tensor  # (C,) log pi_old(y_t | prompt, y_<t) at sampling, nats (temperature-scaled)
-    advantages: torch.Tensor  # (C,) per-token advantage
-    ref_per_token_logps: torch.Tensor | None = None  # (C,) log pi_ref(y_t | ...), nats; with a KL term
-    returns: torch.Tensor | None = None  # (C,) GAE return; with a critic
-    old_values: torch.Tensor | None = None  # (C,) critic value at sampling; with a critic
-    temperature: float | None = None  # its own sampling temperature (few-shot mode); None: the configured one
-    importance_weight: float = 1.0  # detached weight of its RL loss
-    off_policy: bool = False  # a demonstration put into its group by guidance, not sampled (trl_trapo/guidance.py)
+    # the prompt's extra model inputs, name -> tensor with a leading dimension (see `Row.model_inputs`)
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict, kw_only=True)
     uses: int = 0  # times served so far (set by the replay buffer when it serves it)
     age: int = 0  # optimizer steps since it was generated (set when served)
 
-    TENSOR_FIELDS = (
-        "prompt_ids",
-        "completion_ids",
-        "completion_mask",
-        "old_per_token_logps",
-        "advantages",
-        "ref_per_token_logps",
-        "returns",
-        "old_values",
+    # stored tensors (besides the model inputs) and JSON values, from the declaration
+    TENSOR_FIELDS = ("prompt_ids", "completion_ids", "completion_mask") + tuple(
+        spec.name for spec in STORED_FIELDS if spec.per_token
     )
-    EXTRA_FIELDS = ("temperature", "importance_weight", "off_policy")
+    EXTRA_FIELDS = tuple(spec.name for spec in STORED_FIELDS if not spec.per_token)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The tensor fields that are set (what the buffer stores, compresses and checkpoints)."""
-        return {name: getattr(self, name) for name in self.TENSOR_FIELDS if getattr(self, name) is not None}
+        """The tensors the buffer stores, compresses and checkpoints: the tensor fields that are set, and each model
+        input `name` as `model_inputs/name`."""
+        out = {name: getattr(self, name) for name in self.TENSOR_FIELDS if getattr(self, name) is not None}
+        out.update({MODEL_INPUT_PREFIX + name: value for name, value in self.model_inputs.items()})
+        return out
 
     def extras(self) -> dict:
         """The JSON fields that differ from their defaults."""
         out = {}
-        if self.temperature is not None:
-            out["temperature"] = float(self.temperature)
-        if self.importance_weight != 1.0:
-            out["importance_weight"] = float(self.importance_weight)
-        if self.off_policy:
-            out["off_policy"] = True
+        for spec in STORED_FIELDS:
+            value = getattr(self, spec.name)
+            if not spec.per_token and not spec.is_default(value):
+                out[spec.name] = spec.scalar(value)
         return out
 
     @classmethod
     def from_parts(cls, tensors: dict[str, torch.Tensor], extras: dict, uses: int = 0, age: int = 0) -> Trajectory:
-        """The trajectory of stored `tensors` and `extras`."""
-        return cls(**tensors, **{k: v for k, v in extras.items() if k in cls.EXTRA_FIELDS}, uses=uses, age=age)
+        """The trajectory of stored `tensors` (as `tensors()` returns them) and `extras`; its model inputs in the order
+        of their names (storage, compression and checkpoints do not keep the order they came in)."""
+        fields = {k: v for k, v in tensors.items() if not k.startswith(MODEL_INPUT_PREFIX)}
+        inputs = {
+            k[len(MODEL_INPUT_PREFIX) :]: tensors[k] for k in sorted(tensors) if k.startswith(MODEL_INPUT_PREFIX)
+        }
+        values = {k: v for k, v in extras.items() if k in cls.EXTRA_FIELDS}
+        return cls(**fields, **values, model_inputs=inputs, uses=uses, age=age)
 
     def nbytes(self) -> int:
-        """Host-memory bytes held by its tensors."""
+        """Host-memory bytes held by its tensors (model inputs included)."""
         return trajectory_nbytes(self.tensors())
 
     def to_row(self) -> Row:
-        """The training row: `input_ids` (P + C,), and the mask and per-token fields placed at the target positions
-        P - 1 ... P + C - 2 (0 elsewhere)."""
+        """The training row: `input_ids` (P + C,), the mask and per-token fields placed at the target positions
+        P - 1 ... P + C - 2 (0 elsewhere, in the field's dtype), the per-row fields, and the model inputs."""
         p, c = self.prompt_ids.numel(), self.completion_ids.numel()
         length = p + c - 1
 
-        def targets(value: torch.Tensor | None) -> torch.Tensor | None:
+        def targets(value: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
             if value is None:
                 return None
-            full = torch.zeros(length, dtype=torch.float32)
-            full[p - 1 :] = value.float()
+            full = torch.zeros(length, dtype=dtype)
+            full[p - 1 :] = value.to(dtype)
             return full
 
+        values = {
+            spec.name: targets(getattr(self, spec.name), spec.dtype)
+            if spec.per_token
+            else spec.scalar(getattr(self, spec.name))
+            for spec in STORED_FIELDS
+        }
         return Row(
             RL,
             torch.cat([self.prompt_ids, self.completion_ids]),
-            targets(self.completion_mask),
-            old_per_token_logps=targets(self.old_per_token_logps),
-            ref_per_token_logps=targets(self.ref_per_token_logps),
-            advantages=targets(self.advantages),
-            returns=targets(self.returns),
-            old_values=targets(self.old_values),
-            importance_weight=float(self.importance_weight),
-            temperature=None if self.temperature is None else float(self.temperature),
-            off_policy=bool(self.off_policy),
+            targets(self.completion_mask, torch.float32),
+            model_inputs=dict(self.model_inputs),
+            **values,
         )
 
 
@@ -130,7 +137,7 @@ def trajectory_nbytes(tensors: dict[str, torch.Tensor]) -> int:
 class ReplayBuffer:
     """Short-term FIFO of RL trajectories with a capacity in trajectories and in bytes and a per-trajectory reuse cap.
 
-    Trajectories live in host memory as dicts of CPU tensors. When the stored bytes pass `compress_threshold` of
+    Trajectories live in host memory as dicts of CPU tensors (their model inputs included, e.g. a prompt's images). When the stored bytes pass `compress_threshold` of
     `max_bytes` (or always, with `compress=True`) new trajectories are kept as zstd-compressed safetensors blobs and
     decompressed when served; eviction (oldest first) counts the compressed size. Serving is least-used first, random
     among equally used ones, so a generation round is consumed like PPO's epochs: every trajectory once, then every
@@ -304,14 +311,20 @@ class ReplayBuffer:
 
         Each per-trajectory tensor field `f` is stored as `replay/f` (all trajectories concatenated) and
         `replay/f.offsets` (shape `(N + 1,)`), so the buffer round-trips bit-identically through safetensors;
-        non-tensor fields (JSON values) go to `meta["extras"]`.
+        non-tensor fields (JSON values) go to `meta["extras"]`. Model inputs, which only some trajectories may have,
+        are stored the same way as `replay/model_inputs/name` (a trajectory without one takes no entries), with each
+        trajectory's shapes in `meta["model_inputs"]` (a list of `{name: shape}`; absent when no trajectory has any).
 
         Returns:
             tuple `(meta, tensors)`.
+
+        Raises:
+            ValueError: if a tensor field is present in some trajectories only, or a model input has different dtypes
+                in different trajectories.
         """
         items = list(self._items.values())
         datas = [self._tensors(item) for item in items]
-        fields = sorted({k for data in datas for k in data})
+        fields = sorted({k for data in datas for k in data if not k.startswith(MODEL_INPUT_PREFIX)})
         tensors: dict[str, torch.Tensor] = {}
         for name in fields:
             if any(name not in data for data in datas):
@@ -320,6 +333,18 @@ class ReplayBuffer:
             lengths = torch.tensor([0] + [v.numel() for v in values], dtype=torch.long)
             tensors[f"replay/{name}"] = torch.cat(values) if values else torch.zeros(0)
             tensors[f"replay/{name}.offsets"] = torch.cumsum(lengths, 0)
+        inputs = sorted({k for data in datas for k in data if k.startswith(MODEL_INPUT_PREFIX)})
+        for key in inputs:
+            present = [data[key] for data in datas if key in data]
+            if len({value.dtype for value in present}) > 1:
+                raise ValueError(
+                    f"Model input '{key[len(MODEL_INPUT_PREFIX) :]}' has dtypes {sorted({str(v.dtype) for v in present})} "
+                    "in different replay trajectories; cannot serialise (give every prompt's input one dtype)."
+                )
+            values = [data[key].reshape(-1) if key in data else present[0].new_zeros(0) for data in datas]
+            lengths = torch.tensor([0] + [v.numel() for v in values], dtype=torch.long)
+            tensors[f"replay/{key}"] = torch.cat(values)
+            tensors[f"replay/{key}.offsets"] = torch.cumsum(lengths, 0)
         version, internal, gauss = self.rng.getstate()
         position = {key: i for i, key in enumerate(self._items)}
         meta = {
@@ -332,6 +357,11 @@ class ReplayBuffer:
             "num_evicted": self.num_evicted,
             "rng": [version, list(internal), gauss],
         }
+        if inputs:
+            meta["model_inputs"] = [
+                {key[len(MODEL_INPUT_PREFIX) :]: list(data[key].shape) for key in inputs if key in data}
+                for data in datas
+            ]
         return meta, tensors
 
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
@@ -349,6 +379,21 @@ class ReplayBuffer:
             if data is None or offsets is None or offsets.numel() != count + 1 or int(offsets[-1]) != data.numel():
                 raise ValueError(f"Corrupted replay state: field '{name}' does not match {count} trajectories.")
             columns[name] = [data[int(offsets[i]) : int(offsets[i + 1])].clone() for i in range(count)]
+        shapes = meta.get("model_inputs") or [{} for _ in range(count)]  # absent: no trajectory has model inputs
+        if len(shapes) != count:
+            raise ValueError("Corrupted replay state: 'model_inputs' does not match the number of trajectories.")
+        inputs: list[dict[str, torch.Tensor]] = [{} for _ in range(count)]
+        for name in sorted({name for shape in shapes for name in shape}):
+            key = f"replay/{MODEL_INPUT_PREFIX}{name}"
+            data, offsets = tensors.get(key), tensors.get(f"{key}.offsets")
+            if data is None or offsets is None or offsets.numel() != count + 1 or int(offsets[-1]) != data.numel():
+                raise ValueError(f"Corrupted replay state: model input '{name}' does not match {count} trajectories.")
+            for i in range(count):
+                if name in shapes[i]:
+                    value = data[int(offsets[i]) : int(offsets[i + 1])]
+                    if value.numel() != math.prod(shapes[i][name]):
+                        raise ValueError(f"Corrupted replay state: model input '{name}' of trajectory {i}.")
+                    inputs[i][MODEL_INPUT_PREFIX + name] = value.reshape(shapes[i][name]).clone()
         extras = meta.get("extras") or [{} for _ in range(count)]
         compressed = meta.get("compressed") or [False] * count
         if len(extras) != count or len(compressed) != count:
@@ -358,7 +403,7 @@ class ReplayBuffer:
         self._unexpired = deque()
         self.nbytes = self._total_uses = self._total_births = self._num_compressed = 0
         for i in range(count):
-            tensors = {name: columns[name][i] for name in meta["fields"]}
+            tensors = {name: columns[name][i] for name in meta["fields"]} | inputs[i]
             blob = compress_tensors(tensors) if compressed[i] else None
             uses, birth = int(meta["uses"][i]), int(meta["births"][i])
             nbytes = len(blob) if blob is not None else trajectory_nbytes(tensors)
