@@ -69,9 +69,9 @@ from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
-from trl_trapo.sources import FILE_BUILDERS, check_data_source, check_model_source
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -800,7 +800,7 @@ def load_any(
 def local_or_hub(value: str) -> str:
     """A model argument as `from_pretrained` must receive it: `~` expanded when it names an existing local path.
 
-    The checks (`sources.check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
+    The checks (`paths.check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
     so a `~` path from a recipe or from `--flag=~/...` (which the shell leaves alone) would pass the check and fail
     to load.
 

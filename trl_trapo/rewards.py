@@ -36,7 +36,7 @@ from trl.trainer.utils import (
 )
 
 from .models import embedding_safe_pad_id, reward_model_scores
-from .sources import check_model_source
+from .paths import check_model_source
 from .tasks import exact_match_reward
 
 

@@ -126,6 +126,7 @@ from .objectives import (
     count_keys,
     step_counts,
 )
+from .paths import check_model_source
 from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
 from .saving import (
@@ -140,7 +141,6 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
-from .sources import check_model_source
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
