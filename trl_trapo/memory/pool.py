@@ -14,8 +14,8 @@ What the trainer calls, and when:
 
 - `take_sft(n, step)` builds the step's SFT rows (self-imitation's share first, the SFT pool the rest);
   `select_prompts(n)` picks a generation round's RL prompts;
-- `observe_rollouts(...)` once a round is scored (before its trajectories enter the replay buffer), and
-  `observe_successes(...)` with the same round's prompts for self-imitation;
+- `observe_rollouts(batch)` once a round is finished (before its trajectories enter the replay buffer), and
+  `observe_successes(batch)` with the same round for self-imitation;
 - `after_forward(inputs, per_token_logps, sft_mask)` in `compute_loss`: per-row SFT feedback (priority proxies,
   few-shot prompt embeddings) stays on the device and is handed over when the next step is drawn — no host sync
   per micro-batch;
@@ -33,7 +33,6 @@ import torch
 from ..checkpoint import CheckpointError, encode_tensors, read_state_file
 from ..config import SFT
 from ..experimental.fewshot import FewShotController
-from ..losses import kl_estimate
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
 from .successes import SuccessReplay
 
@@ -76,7 +75,6 @@ class MemoryPool:
         fewshot ([`~trl_trapo.fewshot.FewShotController`], *optional*): few-shot mode, when on.
         adapter_bank ([`~trl_trapo.callbacks.AdapterBankCallback`], *optional*): the adapter bank, for PEFT policies.
         rank (`int`): this process's index (names its checkpoint files).
-        kl_estimator (`str`): the per-token KL estimator, for the adapter bank's per-sequence KL.
         successes ([`~trl_trapo.memory.SuccessReplay`], *optional*): self-imitation's buffer, when on.
     """
 
@@ -87,7 +85,6 @@ class MemoryPool:
         fewshot: FewShotController | None = None,
         adapter_bank=None,
         rank: int = 0,
-        kl_estimator: str = "k3",
         successes: SuccessReplay | None = None,
     ):
         self.sft_pool = sft_pool
@@ -96,7 +93,6 @@ class MemoryPool:
         self.fewshot = fewshot
         self.adapter_bank = adapter_bank
         self.rank = rank
-        self.kl_estimator = kl_estimator
 
     # ---- drawing ----------------------------------------------------------------------------------------------------
     def take_sft(self, n: int, step: int) -> list[dict]:
@@ -123,26 +119,23 @@ class MemoryPool:
         return self.fewshot.temperature if self.fewshot is not None else default
 
     # ---- feedback ---------------------------------------------------------------------------------------------------
-    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories) -> None:
-        """A scored generation round: `(B,)` scores (NaN = no reward), `(C_i,)` behaviour and reference log-probs per
-        completion, and the trajectories made of the completions with a score (not yet in the replay buffer)."""
+    def observe_rollouts(self, batch) -> None:
+        """A finished round ([`~trl_trapo.rollout.RolloutBatch`]), before its trajectories enter the replay buffer:
+        few-shot mode stamps them with the round's temperature and folds the `(B,)` scores into its prototypes; the
+        adapter bank adds the scores and the `(B,)` per-sequence KL to its window."""
         if self.fewshot is not None:
-            self.fewshot.observe_rollouts(scores, trajectories)
+            self.fewshot.observe_rollouts(batch.scores, batch.trajectories)
         if self.adapter_bank is not None:
-            kl = None
-            if ref_logps is not None:
-                kl = torch.tensor(
-                    [float(kl_estimate(o, r, self.kl_estimator).sum()) for o, r in zip(old_logps, ref_logps)]
-                )
-            self.adapter_bank.observe_rollouts(scores, kl)
+            self.adapter_bank.observe_rollouts(batch.scores, batch.kl)
 
-    def observe_successes(self, examples: list[dict], batch) -> None:
-        """Self-imitation's input: a scored round (`RolloutBatch`) and its dataset rows (`prompt_ids`, one per
-        completion). Nothing happens without self-imitation."""
-        if self.successes is None:
+    def observe_successes(self, batch) -> None:
+        """Self-imitation's input: a finished round ([`~trl_trapo.rollout.RolloutBatch`]; its prompts, completions,
+        scores, truncation and guidance flags). Nothing happens without self-imitation, nor for a round with a
+        completion mask (tokens the policy did not sample would be imitated)."""
+        if self.successes is None or batch.completion_mask is not None:
             return
         self.successes.observe(
-            [e["prompt_ids"] for e in examples],  # converted only for the successes kept
+            batch.prompt_ids,
             batch.completion_ids,
             batch.scores,
             batch.is_truncated,
