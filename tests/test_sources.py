@@ -286,6 +286,14 @@ def test_a_source_without_sample_or_returning_something_else_is_named(tmp_path, 
     with pytest.raises(TypeError, match="ReturnsADict.sample returned dict"):
         trainer.collect_rollouts(8, step=0)
 
+    class NoPrompts:  # token ids only: nothing the reward functions could read
+        def sample(self, rows_needed, step):
+            return SampledRound([{"prompt_ids": [5, 6]}] * 2, [torch.tensor([7])] * 2, version=step, group=2)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, NoPrompts())
+    with pytest.raises(ValueError, match="read each example's `prompt`"):
+        trainer.collect_rollouts(8, step=0)
+
 
 def test_a_sampled_round_checks_its_shapes():
     rows = [{"prompt": "a"}] * 4

@@ -582,12 +582,17 @@ class RolloutEngine:
 
         Raises:
             ValueError: if the round has a `completion_mask` and advantages come from a critic (GAE over tokens the
-                policy did not sample is not supported).
+                policy did not sample is not supported), or it is to be scored here and an example has no `prompt`.
         """
         if sampled.completion_mask is not None and self.has_critic:
             raise ValueError(
                 "A rollout source's `completion_mask` (tokens the policy did not sample, e.g. tool results) is only "
                 "supported with group-relative advantages: drop the value_model, or return rounds without a mask."
+            )
+        if sampled.scores is None and not all("prompt" in e for e in sampled.examples):
+            raise ValueError(
+                "A round without `scores` is scored by the reward functions, which read each example's `prompt`: give "
+                "every example its dataset row's `prompt`, or return the round with `scores`."
             )
         template = self.args.chat_template_kwargs or {}
         prompt_ids = sampled.prompt_ids

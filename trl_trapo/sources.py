@@ -42,9 +42,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+
+if TYPE_CHECKING:  # annotations only: rollout.py imports this module
+    from datasets import Dataset
+
+    from .exploration import TargetedExploration
+    from .memory import MemoryPool
+    from .rollout import RolloutEngine
 
 
 @dataclass
@@ -176,13 +184,13 @@ class SyncRolloutSource:
 
     def __init__(
         self,
-        engine,
-        dataset,
-        prompts,
+        engine: RolloutEngine,
+        dataset: Dataset,
+        prompts: MemoryPool,
         group: int,
         num_mini_batches: int,
         temperature: float,
-        exploration=None,
+        exploration: TargetedExploration | None = None,
     ):
         self.engine = engine
         self.dataset = dataset
@@ -193,7 +201,15 @@ class SyncRolloutSource:
         self.exploration = exploration
 
     def sample(self, rows_needed: int, step: int) -> SampledRound:
-        """Sample a round of `ceil(rows_needed * num_mini_batches / group)` prompts x `group` (see the class)."""
+        """Sample a round of `ceil(rows_needed * num_mini_batches / group)` prompts x `group` (see the class).
+
+        Returns:
+            [`SampledRound`]: completions cut after their stop token, behaviour log-probs (None with vLLM), each row's
+            temperature, prompt ids, version `step`.
+
+        Raises:
+            RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
+        """
         num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
         # step 1. prompts (few-shot mode prefers under-served tasks and anneals the round's temperature)
         indices = self.prompts.select_prompts(num_prompts, step)
