@@ -33,6 +33,12 @@ What this contract leaves to the source, and what to the trainer, is chosen so t
   cross-rank statistic are still computed by the trainer when it consumes the round.
 
 [`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
+
+Limits: the trainer does not checkpoint a source's own state (the default source's prompt order and sampling seed
+live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing each enter the
+unwrapped model, so under ZeRO-3 with `ds3_gather_for_generation` a default round gathers the weights twice (one
+gather served both before the split).
+
 `docs/writing_a_rollout_source.md` has a worked example. Shapes: `B` completions, `group` consecutive ones per prompt,
 `P_i` prompt tokens and `C_i` completion tokens of row i.
 """
