@@ -12,6 +12,9 @@ Fixtures:
 Real data in chat format (GSM8K rows, Shakespeare paragraphs) and a trainer that records every micro-batch it trains
 on: `gsm8k_rows`, `gsm8k_chat_datasets`, `RecordingTRAPOTrainer`, `trained_rows` (`from conftest import ...`).
 
+`finished_round(examples, scores, group, ...)` builds a finished round (`RolloutBatch`) by hand, for the unit tests of
+the round's consumers (exploration, metrics, KL schedules).
+
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
 """
@@ -168,3 +171,50 @@ def trained_rows(batches: list[dict], objective: int) -> list[tuple[torch.Tensor
             n = int(batch["attention_mask"][i].sum())
             out.append((batch["input_ids"][i, :n], batch["mask"][i, : n - 1]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A finished round by hand (tests of the round's consumers; tests/statistics_worker.py)
+# ---------------------------------------------------------------------------------------------------------------------
+def finished_round(
+    examples: list[dict],
+    scores: torch.Tensor,
+    group: int = 1,
+    completion_ids: list[torch.Tensor] | None = None,
+    old_logps: list[torch.Tensor] | None = None,
+    ref_logps: list[torch.Tensor] | None = None,
+    kl_estimator: str = "k1",
+    per_func: torch.Tensor | None = None,
+    is_truncated: torch.Tensor | None = None,
+    off_policy: torch.Tensor | None = None,
+    on_policy_scores: torch.Tensor | None = None,
+):
+    """A `RolloutBatch` of `len(examples)` completions: what is not given is neutral (one-token completions, zero
+    behaviour log-probs, no reward functions, nothing truncated, no guidance, the sampled scores are `scores`); its
+    per-sequence `kl` is computed from `old_logps` and `ref_logps` as the rollout engine computes it."""
+    from trl_trapo.losses import kl_estimate
+    from trl_trapo.rollout import RolloutBatch
+
+    n = len(examples)
+    completion_ids = completion_ids if completion_ids is not None else [torch.tensor([1])] * n
+    old_logps = old_logps if old_logps is not None else [torch.zeros(c.numel()) for c in completion_ids]
+    kl = None
+    if ref_logps is not None:
+        kl = torch.stack([kl_estimate(o, r, kl_estimator).sum() for o, r in zip(old_logps, ref_logps)])
+    return RolloutBatch(
+        examples=examples,
+        prompt_ids=[torch.tensor([0])] * n,
+        trajectories=[],
+        completion_ids=completion_ids,
+        old_per_token_logps=old_logps,
+        ref_per_token_logps=ref_logps,
+        scores=scores,
+        per_func=per_func if per_func is not None else torch.zeros(n, 0),
+        is_truncated=is_truncated if is_truncated is not None else torch.zeros(n, dtype=torch.bool),
+        temperatures=torch.ones(n),
+        group=group,
+        tasks=[str(e["task"]) for e in examples] if all("task" in e for e in examples) else None,
+        off_policy=off_policy,
+        on_policy_scores=scores if on_policy_scores is None else on_policy_scores,
+        kl=kl,
+    )

@@ -26,6 +26,7 @@ import sys
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from conftest import finished_round
 
 from trl_trapo import TRAPOConfig
 from trl_trapo.exploration import TargetedExploration
@@ -118,34 +119,36 @@ def main(output_dir: str) -> None:
         out[f"{name}/alone"] = advantages(engine(args, critic, accelerator), mine, across_ranks=False)
     families, scores = EXPLORE[rank]
     explore = TargetedExploration(1.0, 1.5, 0.1, gather=gather_object)
-    explore.observe([{"task": f} for f in families], torch.tensor(scores), GROUP)
+    explore.observe(finished_round([{"task": f} for f in families], torch.tensor(scores), GROUP))
     alone = TargetedExploration(1.0, 1.5, 0.1)  # this rank's share as if it were the round
-    alone.observe([{"task": f} for f in families], torch.tensor(scores), GROUP)
+    alone.observe(finished_round([{"task": f} for f in families], torch.tensor(scores), GROUP))
     whole_round = TargetedExploration(1.0, 1.5, 0.1)
-    whole_round.observe(
-        [{"task": f} for f in EXPLORE[0][0] + EXPLORE[1][0]], torch.tensor(EXPLORE[0][1] + EXPLORE[1][1]), GROUP
-    )
+    whole_families, whole_scores = EXPLORE[0][0] + EXPLORE[1][0], EXPLORE[0][1] + EXPLORE[1][1]
+    whole_round.observe(finished_round([{"task": f} for f in whole_families], torch.tensor(whole_scores), GROUP))
     out["exploration"] = explore.state_dict()
     out["exploration/alone"] = alone.state_dict()
     out["exploration/reference"] = whole_round.state_dict()
     # rollout metrics and the adaptive KL window, reduced as the trainer does, against one process on the whole round
     reduce = lambda tensor: accelerator.reduce(tensor.to(accelerator.device), "sum").cpu()  # noqa: E731
     for name, parts, world in (("", mine, accelerator), ("/reference", whole, None)):
-        metrics = MetricsAccumulator(["r"], "k1")
+        metrics = MetricsAccumulator(["r"])
         n = len(parts["scores"])
         ref = [lp - 0.1 * lp.numel() for lp in parts["old_logps"]]  # a per-row property, not a position in the share
         truncated = torch.tensor([c.numel() >= 4 for c in parts["completion_ids"]])
-        kl_sum = metrics.add_rollouts(
+        batch = finished_round(
+            [{}] * n,
+            parts["scores"],
+            GROUP,
             parts["completion_ids"],
             parts["old_logps"],
             ref,
-            parts["scores"],
-            parts["scores"][:, None],
-            truncated,
-            GROUP,
+            kl_estimator="k1",
+            per_func=parts["scores"][:, None],
+            is_truncated=truncated,
         )
+        metrics.add_rollouts(batch)
         schedules = RLSchedules(kl_args, None)
-        schedules.observe_rollouts(kl_sum, n)
+        schedules.observe_rollouts(batch)
         if world is None:  # one process: nothing to reduce
             out[f"metrics{name}"] = metrics.collect(OneProcess(), 0.1)
             schedules.end_step(0, lambda tensor: tensor)

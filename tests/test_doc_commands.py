@@ -78,6 +78,9 @@ REGISTRY = {
     "examples/data/README.md: from datasets import load_dataset": (
         "tests/test_doc_commands.py::test_example_data_loading_block"
     ),
+    "docs/writing_a_rollout_source.md: # run: fixed completions as a rollout source": (
+        "tests/test_sources.py::test_the_worked_example_trains_on_exactly_its_completions"
+    ),
 }
 # what the shortened runs append to the README's main-job command lines
 SHORT_MAIN_JOB = ["--max_steps", "3", "--eval_strategy", "no"]

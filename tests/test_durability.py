@@ -59,7 +59,7 @@ def assert_same_final_state(a, b):
     assert params_a.keys() == params_b.keys()
     worst = max(float((params_a[k] - params_b[k]).abs().max()) for k in params_a)
     assert worst <= 1e-6, f"parameters differ by up to {worst}"
-    assert meta_a == meta_b  # use counts, births, serving order, extras (temperatures), RNG
+    assert meta_a == meta_b  # use counts, versions, serving order, extras (temperatures), RNG
     assert tensors_a.keys() == tensors_b.keys()
     for key in tensors_a:
         if tensors_a[key].is_floating_point():

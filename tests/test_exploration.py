@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_tiny_config
+from conftest import finished_round, make_tiny_config
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.exploration import ALL_FAMILIES, TargetedExploration, zero_variance_groups
@@ -42,22 +42,22 @@ def test_stuck_families_heat_up_to_the_ceiling_and_cool_down_with_signal():
     flat_a = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])  # a: no signal, b: signal
     seen = []
     for _ in range(3):
-        explore.observe(rows, flat_a, 4)
+        explore.observe(finished_round(rows, flat_a, 4))
         seen.append((explore.temperature_of("a"), explore.temperature_of("b")))
     # a: 0.7 -> 0.9 -> 1.0 (the last step is cut at the ceiling) -> 1.0; b stays at the floor
     assert seen == [pytest.approx((0.9, 0.7)), pytest.approx((1.0, 0.7)), pytest.approx((1.0, 0.7))]
     # once a's groups carry a signal it cools one step per round, back to the floor
     signal = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
-    explore.observe(rows, signal, 4)
+    explore.observe(finished_round(rows, signal, 4))
     assert explore.temperature_of("a") == pytest.approx(0.9)
-    explore.observe(rows, signal, 4)
-    explore.observe(rows, signal, 4)
+    explore.observe(finished_round(rows, signal, 4))
+    explore.observe(finished_round(rows, signal, 4))
     assert explore.temperature_of("a") == pytest.approx(0.7) and explore.state_dict()["levels"] == {}
     # a family is stuck when at least half of its groups are flat: 1 of 2 is, 1 of 3 is not
     half = [{"task": "c"}] * 4
-    explore.observe(half, torch.tensor([0.0, 0.0, 1.0, 0.0]), 2)
+    explore.observe(finished_round(half, torch.tensor([0.0, 0.0, 1.0, 0.0]), 2))
     assert explore.temperature_of("c") == pytest.approx(0.9)
-    explore.observe([{"task": "c"}] * 6, torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0, 0.0]), 2)
+    explore.observe(finished_round([{"task": "c"}] * 6, torch.tensor([0.0, 0.0, 1.0, 0.0, 1.0, 0.0]), 2))
     assert explore.temperature_of("c") == pytest.approx(0.7)
     # rows without a `task` form one family
     assert TargetedExploration.families([{"prompt": "x"}, {"task": 3}]) == [ALL_FAMILIES, "3"]
@@ -67,18 +67,18 @@ def test_only_groups_flat_at_the_lowest_score_count_as_stuck():
     """All-right groups (flat above the lowest score seen) are solved, not stuck: their family is not heated."""
     explore = TargetedExploration(temperature=1.0, max_temperature=1.5, step=0.1)
     # a 135M model on GSM8K: every completion scores 0 from the first round on -> stuck, heated
-    explore.observe([{"task": "gsm8k"}] * 4, torch.zeros(4), 2)
+    explore.observe(finished_round([{"task": "gsm8k"}] * 4, torch.zeros(4), 2))
     assert explore.temperature_of("gsm8k") == pytest.approx(1.1)
     rows = [{"task": "solved"}] * 4 + [{"task": "stuck"}] * 4
-    explore.observe(rows, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    explore.observe(finished_round(rows, torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2))
     assert explore.temperature_of("solved") == pytest.approx(1.0)  # flat at 1 > 0: solved
     assert explore.temperature_of("stuck") == pytest.approx(1.1)
     # a new, lower score makes the old floor a solved level: flat at 0 is no longer stuck once -1 has been seen
-    explore.observe(rows, torch.tensor([-1.0, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2)
+    explore.observe(finished_round(rows, torch.tensor([-1.0, 0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]), 2))
     assert explore.lowest_score == -1.0 and explore.temperature_of("stuck") == pytest.approx(1.0)
     # NaN (no reward) never sets the floor
     fresh = TargetedExploration(temperature=1.0, max_temperature=1.5, step=0.1)
-    fresh.observe([{"task": "t"}] * 2, torch.tensor([float("nan"), float("nan")]), 2)
+    fresh.observe(finished_round([{"task": "t"}] * 2, torch.tensor([float("nan"), float("nan")]), 2))
     assert fresh.lowest_score is None and fresh.levels == {}
 
 
@@ -88,10 +88,10 @@ def test_the_rule_reads_the_whole_round_through_gather():
     is -1, so the family cools (stays at the floor) instead of heating as this share alone would make it."""
     other_rank = [("a", [-1.0, 2.0]), ("a", [0.0, 1.0]), ("a", [3.0, -1.0])]
     explore = TargetedExploration(1.0, 1.5, 0.1, gather=lambda records: records + other_rank)
-    explore.observe([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2)
+    explore.observe(finished_round([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2))
     assert explore.levels == {} and explore.lowest_score == -1.0
     alone = TargetedExploration(1.0, 1.5, 0.1)
-    alone.observe([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2)
+    alone.observe(finished_round([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 2))
     assert alone.levels == {"a": 1}
 
 
@@ -158,9 +158,9 @@ def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tm
     stamped = []
     add = trainer.replay.add
 
-    def recording_add(trajectories, step):
+    def recording_add(trajectories):
         stamped.append({None if t.temperature is None else round(t.temperature, 6) for t in trajectories})
-        return add(trajectories, step)
+        return add(trajectories)
 
     trainer.replay.add = recording_add
     trainer.train()

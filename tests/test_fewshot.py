@@ -68,12 +68,12 @@ def test_sigma_and_temperature_schedule(tmp_path, tokenizer, suite, make_trainer
 def test_each_trajectory_keeps_its_temperature_and_ratios_stay_exact(tmp_path, tokenizer, suite, make_trainer):
     trainer = make_trainer(tmp_path, tokenizer, suite, kl_coef=0.05)
     trainer.state.global_step = 5  # T = 0.9 * 0.2 / 0.3 = 0.6
-    trainer._generate_round(8, step=5)
+    trainer.collect_rollouts(8, step=5)
     assert trainer.memory_pool.rollout_temperature(0.9) == pytest.approx(0.6)
     # the config is never changed; the generation config holds no temperature (each row's is applied by `generate`)
     assert trainer.args.temperature == 0.9 and trainer.generation_config.temperature == 1.0
     trainer.state.global_step = 10  # a later round at T = 0.3: the buffer now mixes two temperatures
-    trainer._generate_round(8, step=10)
+    trainer.collect_rollouts(8, step=10)
     trajectories = trainer.replay.sample(len(trainer.replay), step=10)
     assert sorted({round(t.temperature, 6) for t in trajectories}) == [0.3, 0.6]
     rows = [t.to_row() for t in trajectories]

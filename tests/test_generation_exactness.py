@@ -33,7 +33,7 @@ def rl_only_trainer(tmp_path, tokenizer, suite, tiny_config, model=None, **overr
 
 def first_use_statistics(trainer) -> dict[str, float]:
     """`val/ratio` and `policy/approxkl_avg` of fresh rollouts, before any update (one micro-batch, the whole round)."""
-    trainer._generate_round(8, step=0)
+    trainer.collect_rollouts(8, step=0)
     trajectories = trainer.replay.sample(8, step=0)
     batch = collate_rows([t.to_row() for t in trajectories], trainer.processing_class.pad_token_id)
     counts = dict(zip(count_keys(trainer.objectives), step_counts([batch], trainer.objectives).tolist()))
@@ -106,7 +106,7 @@ def test_generation_kwargs_that_break_the_log_probs_are_refused(tmp_path, genera
 
 
 def completions_and_masks(trainer) -> list[tuple[list[int], list[float]]]:
-    trainer._generate_round(8, step=0)
+    trainer.collect_rollouts(8, step=0)
     return [(t.completion_ids.tolist(), t.completion_mask.tolist()) for t in trainer.replay.sample(8, step=0)]
 
 
@@ -228,7 +228,7 @@ def test_a_round_at_mixed_temperatures_is_one_generate_call_with_exact_first_use
         return original(*args, **kwargs)
 
     policy.generate = counting_generate
-    trainer._generate_round(32, step=0)
+    trainer.collect_rollouts(32, step=0)
     assert len(calls) == 1  # one batched call for the whole round (several temperatures)
     trajectories = trainer.replay.sample(trainer.replay.num_available(0), step=0)
     stamped = {None if t.temperature is None else round(t.temperature, 6) for t in trajectories}

@@ -143,7 +143,7 @@ def test_demonstration_tokens_have_no_kl_and_no_ratio_statistics(tmp_path, token
     trainer = make_trainer(
         tmp_path, tokenizer, build_tiny_model(tokenizer, seed=0), demonstration_column="solution", kl_coef=0.5
     )
-    trainer._generate_round(4, step=0)
+    trainer.collect_rollouts(4, step=0)
     trajectories = trainer.replay.sample(4, step=0)
     assert sum(t.off_policy for t in trajectories) == 1
 
@@ -175,7 +175,7 @@ def test_demonstration_tokens_have_no_kl_and_no_ratio_statistics(tmp_path, token
 
 def test_the_off_policy_flag_survives_the_replay_checkpoint(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, build_tiny_model(tokenizer, seed=0), demonstration_column="solution")
-    trainer._generate_round(4, step=0)
+    trainer.collect_rollouts(4, step=0)
     meta, tensors = trainer.replay.state_dict()
     restored = ReplayBuffer(capacity=100, max_uses=trainer.replay.max_uses)
     restored.load_state_dict(meta, tensors)

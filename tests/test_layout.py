@@ -42,12 +42,22 @@ def module_path(name: str) -> Path:
 def intra_package_imports(name: str) -> set[str]:
     """Modules of the package that `name` imports anywhere: at module level and inside functions or methods
     (relative or absolute). An import inside a function runs later, but it is still a dependency: one that closes a
-    cycle only hides a layering mistake (the lower module reaching back up), so it counts."""
+    cycle only hides a layering mistake (the lower module reaching back up), so it counts. Imports under
+    `if TYPE_CHECKING:` never run (they name types for annotations only) and do not count."""
     tree = ast.parse(module_path(name).read_text())
     is_package = module_path(name).name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
     out = set()
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 anchor = base[: len(base) - node.level + 1]

@@ -36,6 +36,13 @@ def trajectory(tag, prompt_len=3, completion_len=4):
 NBYTES = 8 * 3 + 8 * 4 + 4 * 4 + 4 * 4 + 4 * 4  # = 104 bytes for the default trajectory
 
 
+def at_version(items, version):
+    """`items`, stamped as sampled by policy version `version` (the optimizer step whose weights generated them)."""
+    for item in items:
+        item.version = version
+    return items
+
+
 def tags(items):
     return [int(item.temperature) for item in items]
 
@@ -50,8 +57,8 @@ def test_trajectory_nbytes_exact():
 # ---------------------------------------------------------------------------------------------------------------------
 def test_capacity_in_trajectories_evicts_oldest_first():
     buffer = ReplayBuffer(capacity=3, max_uses=1)
-    buffer.add([trajectory(i) for i in range(2)], step=0)
-    buffer.add([trajectory(i) for i in range(2, 5)], step=1)
+    buffer.add([trajectory(i) for i in range(2)])
+    buffer.add(at_version([trajectory(i) for i in range(2, 5)], 1))
     assert len(buffer) == 3
     assert buffer.num_evicted == 2
     assert buffer.nbytes == 3 * NBYTES
@@ -61,22 +68,22 @@ def test_capacity_in_trajectories_evicts_oldest_first():
 def test_capacity_in_bytes_is_exact():
     # room for exactly 2 trajectories (176 bytes); a third pushes the total to 264 > 176 and evicts the oldest
     buffer = ReplayBuffer(capacity=100, max_bytes=2 * NBYTES, max_uses=1)
-    buffer.add([trajectory(0), trajectory(1)], step=0)
+    buffer.add([trajectory(0), trajectory(1)])
     assert len(buffer) == 2 and buffer.nbytes == 2 * NBYTES and buffer.num_evicted == 0
-    buffer.add([trajectory(2)], step=0)
+    buffer.add([trajectory(2)])
     assert len(buffer) == 2 and buffer.nbytes == 2 * NBYTES and buffer.num_evicted == 1
     assert sorted(tags(buffer.sample(2, step=0))) == [1, 2]
     # one byte less than two trajectories: only one fits
     tight = ReplayBuffer(capacity=100, max_bytes=2 * NBYTES - 1)
-    tight.add([trajectory(0), trajectory(1)], step=0)
+    tight.add([trajectory(0), trajectory(1)])
     assert len(tight) == 1 and tight.nbytes == NBYTES
 
 
 def test_bigger_trajectories_evict_several_small_ones():
     buffer = ReplayBuffer(capacity=100, max_bytes=3 * NBYTES)
-    buffer.add([trajectory(i) for i in range(3)], step=0)
+    buffer.add([trajectory(i) for i in range(3)])
     big = trajectory(9, prompt_len=3, completion_len=10)  # 24 + 80 + 40 + 40 + 40 = 224 bytes
-    buffer.add([big], step=1)
+    buffer.add(at_version([big], 1))
     # 3 * 104 + 224 = 536 > 312 -> evict #0 (432 left), #1 (328 > 312 left), #2 (224 left): only the big one remains
     assert buffer.nbytes == 224 and len(buffer) == 1 and buffer.num_evicted == 3
 
@@ -84,7 +91,7 @@ def test_bigger_trajectories_evict_several_small_ones():
 def test_trajectory_larger_than_max_bytes_raises():
     buffer = ReplayBuffer(max_bytes=NBYTES - 1)
     with pytest.raises(ValueError, match="replay_max_bytes=103"):
-        buffer.add([trajectory(0)], step=0)
+        buffer.add([trajectory(0)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -92,7 +99,7 @@ def test_trajectory_larger_than_max_bytes_raises():
 # ---------------------------------------------------------------------------------------------------------------------
 def test_never_serves_more_than_max_uses():
     buffer = ReplayBuffer(max_uses=2)
-    buffer.add([trajectory(i) for i in range(3)], step=0)
+    buffer.add([trajectory(i) for i in range(3)])
     first, second = buffer.sample(3, step=0), buffer.sample(3, step=0)
     assert sorted(tags(first)) == sorted(tags(second)) == [0, 1, 2]
     assert [item.uses for item in first] == [1, 1, 1] and [item.uses for item in second] == [2, 2, 2]
@@ -107,7 +114,7 @@ def test_least_used_first_reproduces_ppo_epochs(seed, n, k):
     # one round of n trajectories, served n / k at a time for max_uses epochs: every trajectory is served once in each
     # epoch before any is served a second time
     buffer = ReplayBuffer(max_uses=3, seed=seed)
-    buffer.add([trajectory(i) for i in range(n)], step=0)
+    buffer.add([trajectory(i) for i in range(n)])
     for epoch in range(3):
         served = []
         for _ in range(k):
@@ -121,7 +128,7 @@ def test_least_used_first_reproduces_ppo_epochs(seed, n, k):
 def test_sampling_order_is_random_among_equals_but_seeded():
     def order(seed):
         buffer = ReplayBuffer(seed=seed)
-        buffer.add([trajectory(i) for i in range(10)], step=0)
+        buffer.add([trajectory(i) for i in range(10)])
         return tags(buffer.sample(10, step=0))
 
     assert order(0) == order(0)
@@ -131,8 +138,8 @@ def test_sampling_order_is_random_among_equals_but_seeded():
 
 def test_max_age():
     buffer = ReplayBuffer(max_age=2, max_uses=1)
-    buffer.add([trajectory(0)], step=0)
-    buffer.add([trajectory(1)], step=1)
+    buffer.add([trajectory(0)])
+    buffer.add(at_version([trajectory(1)], 1))
     assert buffer.num_available(step=2) == 2  # ages 2 and 1: both <= 2
     assert buffer.num_available(step=3) == 1  # trajectory 0 is now 3 steps old
     [item] = buffer.sample(1, step=3)
@@ -140,6 +147,30 @@ def test_max_age():
     with pytest.raises(ValueError):
         buffer.sample(1, step=3)
     assert len(buffer) == 2  # too old to serve, but not evicted
+
+
+def test_age_is_counted_in_policy_versions():
+    """A trajectory's age is the serving step minus the version of the policy that sampled it, whenever it was added:
+    a round sampled at version 5 and added at step 7 is 2 versions old, and one more step makes it too old."""
+    buffer = ReplayBuffer(max_age=2, max_uses=2)
+    buffer.add(at_version([trajectory(0)], 5))
+    [item] = buffer.sample(1, step=7)
+    assert (item.version, item.age) == (5, 2)
+    assert buffer.metrics(step=7)["replay/age_mean"] == 2.0
+    assert buffer.num_available(step=8) == 0
+
+
+def test_checkpoints_with_births_load_as_versions():
+    """Replay state written before versions existed names them `births` (the step a trajectory was added at, which
+    was its version for the synchronous rollouts of the time)."""
+    buffer = ReplayBuffer(max_uses=2)
+    buffer.add(at_version([trajectory(0), trajectory(1)], 3))
+    meta, tensors = buffer.state_dict()
+    meta["births"] = meta.pop("versions")
+    restored = ReplayBuffer(max_uses=2)
+    restored.load_state_dict(meta, tensors)
+    assert [(t.version, t.age) for t in restored.sample(2, step=4)] == [(3, 1), (3, 1)]
+    assert restored.state_dict()[0]["versions"] == [3, 3]
 
 
 def test_metrics():
@@ -151,8 +182,8 @@ def test_metrics():
         "replay/age_mean": 0.0,
         "replay/compressed": 0.0,
     }
-    buffer.add([trajectory(0), trajectory(1)], step=0)
-    buffer.add([trajectory(2)], step=2)
+    buffer.add([trajectory(0), trajectory(1)])
+    buffer.add(at_version([trajectory(2)], 2))
     buffer.sample(3, step=2)
     buffer.sample(1, step=2)
     # uses 1 + 1 + 1 + 1 = 4 over 3; ages at step 4: 4, 4, 2 -> 10 / 3
@@ -173,7 +204,7 @@ def test_state_dict_round_trip_without_pickle(compress):
     from safetensors.torch import save as safetensors_save
 
     buffer = ReplayBuffer(capacity=4, max_uses=3, seed=3, compress=compress)
-    buffer.add([trajectory(i, completion_len=64) for i in range(6)], step=1)  # evicts 0 and 1
+    buffer.add(at_version([trajectory(i, completion_len=64) for i in range(6)], 1))  # evicts 0 and 1
     assert buffer.metrics(step=1)["replay/compressed"] == float(compress)
     buffer.sample(3, step=2)
     meta, tensors = buffer.state_dict()
@@ -198,7 +229,7 @@ def test_state_dict_round_trip_without_pickle(compress):
         assert tags(actual) == tags(expected)
         assert [i.uses for i in actual] == [i.uses for i in expected]
     # adding after a restore keeps FIFO order
-    restored.add([trajectory(10)], step=4)
+    restored.add(at_version([trajectory(10)], 4))
     assert restored.num_evicted == 3
 
 
@@ -233,7 +264,7 @@ def test_trajectory_row_single_prompt_token():
 
 def test_served_trajectories_become_rows():
     buffer = ReplayBuffer()
-    buffer.add([trajectory(0)], step=0)
+    buffer.add([trajectory(0)])
     [served] = buffer.sample(1, step=0)
     row = served.to_row()
     assert row.input_ids.numel() == 7 and row.mask.numel() == 6
@@ -246,7 +277,7 @@ def round_trip(trajectories, compress: bool):
     from safetensors.torch import save as safetensors_save
 
     buffer = ReplayBuffer(capacity=8, max_uses=1, seed=0, compress=compress)
-    buffer.add(trajectories, step=0)
+    buffer.add(trajectories)
     assert buffer.metrics(step=0)["replay/compressed"] == float(compress)
     meta, tensors = buffer.state_dict()
     restored = ReplayBuffer(capacity=8, max_uses=1, seed=0, compress=compress)
@@ -316,7 +347,7 @@ def make(i):
 
 for compress in (False, True):
     buffer = ReplayBuffer(capacity=8, max_uses=2, seed=0, compress=compress)
-    buffer.add([make(i) for i in range(3)], step=0)
+    buffer.add([make(i) for i in range(3)])
     assert buffer.metrics(step=0)["replay/compressed"] == float(compress)
     assert buffer.nbytes == sum(make(i).nbytes() for i in range(3)) or compress
     first = buffer.sample(3, step=0)
@@ -399,13 +430,13 @@ def test_replay_state_without_model_inputs_is_as_before():
 
 def round_trip_state(trajectories):
     buffer = ReplayBuffer(capacity=8, max_uses=1)
-    buffer.add(trajectories, step=0)
+    buffer.add(trajectories)
     return buffer.state_dict()
 
 
 def test_model_inputs_of_one_name_need_one_dtype_to_be_checkpointed():
     buffer = ReplayBuffer(capacity=8, max_uses=1)
-    buffer.add([with_inputs(0, {"x": torch.zeros(1, 2)}), with_inputs(1, {"x": torch.zeros(1, 2).half()})], step=0)
+    buffer.add([with_inputs(0, {"x": torch.zeros(1, 2)}), with_inputs(1, {"x": torch.zeros(1, 2).half()})])
     with pytest.raises(ValueError, match=r"Model input 'x' has dtypes \['torch.float16', 'torch.float32'\]"):
         buffer.state_dict()
 

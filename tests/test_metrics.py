@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import finished_round
 from peft import LoraConfig
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
@@ -221,25 +222,20 @@ def test_zero_variance_groups_are_counted_per_round_and_per_task():
 
     from trl_trapo.metrics import MetricsAccumulator
 
-    metrics = MetricsAccumulator([], "k1")
+    metrics = MetricsAccumulator([])
     metrics.track_tasks(["lst", "rev"])
     nan = float("nan")
     # 4 groups of 3: all 0 (flat), mixed, all 1 (flat), one scored + two None (fewer than 2 scores: not counted)
     scores = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.5, nan, nan])
-    tasks = ["lst"] * 3 + ["rev"] * 3 + ["rev"] * 3 + ["lst"] * 3
+    rows = [{"task": task} for task in ["lst"] * 3 + ["rev"] * 3 + ["rev"] * 3 + ["lst"] * 3]
     completions = [torch.tensor([1, 2])] * 12
-    logps = [torch.zeros(2)] * 12
-    metrics.add_rollouts(
-        completions, logps, None, scores, torch.zeros(12, 0), torch.zeros(12, dtype=torch.bool), 3, tasks
-    )
+    metrics.add_rollouts(finished_round(rows, scores, 3, completions))
     out = metrics.collect(SumAccelerator(), 0.0)
     assert out["rl/zero_variance_groups"] == pytest.approx(2 / 3)
     assert out["rl/zero_variance_groups/lst"] == pytest.approx(1.0)  # its other group had one score only
     assert out["rl/zero_variance_groups/rev"] == pytest.approx(0.5)
     # a critic (groups of one) has no groups: the metric is absent, not 0
-    metrics.add_rollouts(
-        completions, logps, None, scores, torch.zeros(12, 0), torch.zeros(12, dtype=torch.bool), 1, tasks
-    )
+    metrics.add_rollouts(finished_round(rows, scores, 1, completions))
     assert not any(key.startswith("rl/") for key in metrics.collect(SumAccelerator(), 0.0))
 
 

@@ -60,6 +60,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from trl_trapo import PPOConfig, PPOTrainer
 from trl_trapo.collator import StepContext, collate_rows
 from trl_trapo.losses import kl_estimate, masked_whiten, per_token_rewards
+from trl_trapo.rollout import cut_after_stop
+from trl_trapo.sources import SampledRound
 
 
 torch.set_num_threads(1)
@@ -161,7 +163,7 @@ def load_case(name: str) -> dict:
     return json.loads((FIXTURES / "cases" / f"{name}.json").read_text())
 
 
-def build(case: dict, tmp_path, **overrides) -> PPOTrainer:
+def build(case: dict, tmp_path, rollout_source=None, **overrides) -> PPOTrainer:
     """Our PPOTrainer on the fixture's models, tokenizer, dataset and config (`overrides` change config fields)."""
     config = {k: v for k, v in case["ppo_config"].items() if k not in ("output_dir", "report_to")}
     config.update(overrides)
@@ -183,6 +185,7 @@ def build(case: dict, tmp_path, **overrides) -> PPOTrainer:
         AutoModelForSequenceClassification.from_pretrained(models / "reward", num_labels=1),
         Dataset.from_dict({"input_ids": case["dataset_prompts"]}),
         AutoModelForSequenceClassification.from_pretrained(models / "value", num_labels=1),
+        rollout_source=rollout_source,
     )
 
 
@@ -369,16 +372,30 @@ def test_optimizer_steps_match_trl_1_12(case, tmp_path):
         assert_weights(trainer, after, grads, steps, case, f"after step {step}")
 
 
+class InjectedRollouts:
+    """A rollout source that returns the fixture's rollout batch every round, sampled by the current policy version
+    (the behaviour log-probs are left to the trainer: the current policy's, as 1.12 computed them), its completions cut
+    after the stop token as the trainer cuts given ones. `examples`, `completions`, `stop_token_ids` and
+    `num_mini_batches` are set once the trainer exists (they need its tokenizer and configuration)."""
+
+    def __init__(self):
+        self.examples: list[dict] = []
+        self.completions: list[torch.Tensor] = []
+        self.stop_token_ids: list[int] = []
+        self.num_mini_batches = 1
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        assert rows_needed * self.num_mini_batches == len(self.examples)
+        completions = [cut_after_stop(c, self.stop_token_ids) for c in self.completions]
+        return SampledRound(self.examples, completions, version=step)
+
+
 def test_train_loop_reproduces_trl_1_12_weights(case, tmp_path):
     """Our own `train()` (micro-batching, accumulation, optimizer, scheduler) ends where 1.12 ended."""
-    trainer = build(case, tmp_path)
-    examples, completions = injected_rollout(trainer, case)
-
-    def injected_round(rows_needed: int, step: int) -> None:
-        assert rows_needed * trainer.args.num_mini_batches == len(examples)
-        trainer.replay.add(trainer.process_rollouts(examples, completions), step)
-
-    trainer._generate_round = injected_round
+    source = InjectedRollouts()
+    trainer = build(case, tmp_path, rollout_source=source)
+    source.examples, source.completions = injected_rollout(trainer, case)
+    source.stop_token_ids, source.num_mini_batches = trainer.rollouts.stop_token_ids, trainer.args.num_mini_batches
     recorder = GradientRecorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()

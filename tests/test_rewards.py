@@ -50,8 +50,8 @@ def test_an_async_reward_with_loop_bound_state_works_across_calls(tmp_path, toke
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
     )
-    trainer._generate_round(8, step=0)  # the check at construction was the first call; this is the second
-    trainer._generate_round(8, step=1)
+    trainer.collect_rollouts(8, step=0)  # the check at construction was the first call; this is the second
+    trainer.collect_rollouts(8, step=1)
     assert reward.calls == 3 and len(reward.loops) == 1
     assert trainer.reward_func_names == ["SemaphoreReward"]
 
@@ -110,7 +110,7 @@ def test_models_without_a_pad_id_work_from_the_first_rollout(tmp_path, tokenizer
         **kwargs,
     )
     assert model.config.pad_token_id == tokenizer.pad_token_id
-    trainer._generate_round(4, step=0)
+    trainer.collect_rollouts(4, step=0)
     assert len(trainer.replay) > 0
 
 
@@ -130,7 +130,7 @@ def test_a_reward_tokenizer_without_a_pad_token_defaults_to_eos(tmp_path, tokeni
         reward_processing_classes=reward_tokenizer,
     )
     assert reward_tokenizer.pad_token == reward_tokenizer.eos_token
-    trainer._generate_round(8, step=0)
+    trainer.collect_rollouts(8, step=0)
     assert len(trainer.replay) == 8
 
 

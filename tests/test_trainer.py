@@ -177,7 +177,7 @@ def test_first_use_ratio_is_one_for_fresh_rollouts(tmp_path, tokenizer, suite, t
     """Behaviour log-probs recorded during generation equal the training forward's log-probs (ratio 1)."""
     trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1)
     trainer.create_optimizer()  # not needed for the forward; ensures the guard installs cleanly
-    trainer._generate_round(8, step=0)
+    trainer.collect_rollouts(8, step=0)
     trajectories = trainer.replay.sample(8, step=0)
     rows = [t.to_row() for t in trajectories]
     batch = collate_rows(rows, tokenizer.pad_token_id)
@@ -512,7 +512,7 @@ def test_diverged_policy_gives_a_clear_error_at_the_next_rollout(tmp_path, token
     with torch.no_grad():
         trainer.model.lm_head.weight.fill_(math.nan)
     with pytest.raises(RuntimeError, match="Training diverged before step 3.*Lower learning_rate"):
-        trainer._generate_round(4, step=3)
+        trainer.collect_rollouts(4, step=3)
 
 
 @pytest.mark.parametrize("lora, checkpointing", [(True, False), (False, True)], ids=["lora", "checkpointing"])

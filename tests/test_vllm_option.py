@@ -126,10 +126,10 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
     assert fake.kwargs["max_completion_length"] == 4 and fake.kwargs["max_model_length"] == 16 + 4
     assert (fake.kwargs["temperature"], fake.kwargs["top_k"]) == (0.9, 5)
 
-    trainer._generate_round(8, step=0)
-    trainer._generate_round(8, step=0)
+    trainer.collect_rollouts(8, step=0)
+    trainer.collect_rollouts(8, step=0)
     assert fake.syncs == 1  # weights pushed once per optimizer step
-    trainer._generate_round(8, step=1)
+    trainer.collect_rollouts(8, step=1)
     assert fake.syncs == 2
     assert fake.calls[0] == (8, 4)  # 2 prompts x 4 generations, grouped
     # vLLM's completions became trajectories; behaviour log-probs are the training policy's (first-use ratio 1)

@@ -556,7 +556,8 @@ class TRAPOConfig(_BaseConfig):
     replay_max_age: int | None = field(
         default=None,
         metadata={
-            "help": "Trajectories older than this many optimizer steps are not served any more. None: no limit."
+            "help": "Trajectories sampled by a policy version more than this many optimizer steps behind the current "
+            "step are not served any more (a rollout source's rounds carry their version). None: no limit."
         },
     )
 

@@ -124,19 +124,22 @@ class TargetedExploration:
         """
         return [self.temperature_of(family) for family in self.families(examples)]
 
-    def observe(self, examples: list[dict], scores: torch.Tensor, group: int) -> None:
-        """Update the families from a round's scores (the sampled completions', before guidance).
+    def observe(self, batch) -> None:
+        """Update the families from a finished round's scores (the sampled completions', before guidance).
 
         A group is stuck when its scored completions all score the same and that score is the lowest score seen so
         far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups in the
         round are. With `gather`, the round is every rank's share together (collective: every rank calls this).
 
         Args:
-            examples (`list[dict]`): this rank's rows, `group` consecutive rows per prompt.
-            scores (`torch.Tensor`): `(B,)` scores (NaN: no reward).
-            group (`int`): rows per prompt (>= 2).
+            batch ([`~trl_trapo.rollout.RolloutBatch`]): this rank's share of the round; reads its `examples` (B rows,
+                `group` consecutive rows per prompt, `group` >= 2) and `on_policy_scores` (`(B,)`, NaN: no reward).
+
+        Raises:
+            ValueError: if the round's rows do not form groups of at least two.
         """
-        families = self.families(examples)[::group]
+        group, scores = batch.group, batch.on_policy_scores
+        families = self.families(batch.examples)[::group]
         if self.gather is not None:  # (family, scores of the group) of every group of the round, rank by rank
             records = self.gather(list(zip(families, scores.reshape(-1, group).tolist())))
             families = [family for family, _ in records]

@@ -23,7 +23,6 @@ import torch
 
 from .distributed import reduce_named_means
 from .exploration import zero_variance_groups
-from .losses import kl_estimate
 
 
 class MetricsAccumulator:
@@ -31,12 +30,10 @@ class MetricsAccumulator:
 
     Args:
         reward_names (`list[str]`): names of the reward functions / models (for `rewards/<name>/mean`).
-        kl_estimator (`str`): the per-token KL estimator of `objective/kl`.
     """
 
-    def __init__(self, reward_names: list[str], kl_estimator: str):
+    def __init__(self, reward_names: list[str]):
         self.reward_names = list(reward_names)
-        self.kl_estimator = kl_estimator
         self.task_names: list[str] = []
         self.reset()
 
@@ -68,62 +65,39 @@ class MetricsAccumulator:
         self._keys_this_step = set()
 
     # ---- what rollouts and reward functions add --------------------------------------------------------------------
-    def add_rollouts(
-        self,
-        completion_ids: list[torch.Tensor],
-        old_logps: list[torch.Tensor],
-        ref_logps: list[torch.Tensor] | None,
-        scores: torch.Tensor,
-        per_func: torch.Tensor,
-        is_truncated: torch.Tensor,
-        group: int = 1,
-        tasks: list[str] | None = None,
-        guided: torch.Tensor | None = None,
-        sampled_scores: torch.Tensor | None = None,
-    ) -> float:
-        """Add a generation round (B completions, `(C_i,)` tensors each; `(B,)` scores with NaN = no reward, `(B, F)`
-        rewards per function, `(B,)` truncation flags; consecutive groups of `group` completions share a prompt,
-        whose task family is `tasks[i]`). With guidance, `guided` `(B,)` marks the demonstrations that replaced
-        samples and `sampled_scores` `(B,)` are the scores of the samples before that: the rollout metrics describe
-        sampled completions only, the zero-variance fraction the groups as sampled, and `rl/guided_groups` counts the
-        groups that got a demonstration. Returns the round's summed per-sequence KL (nats) over the completions kept
-        for training (demonstrations included: the adaptive KL controller sees what is trained)."""
-        group_scores = scores if sampled_scores is None else sampled_scores
-        kl_total = None
+    def add_rollouts(self, batch) -> None:
+        """Add a finished round ([`~trl_trapo.rollout.RolloutBatch`], B completions): its completions, behaviour
+        log-probs, per-sequence KL, `(B,)` scores (NaN = no reward), `(B, F)` rewards per function and truncation
+        flags; its groups of `group` completions (one prompt, whose task family is `tasks[i]`). With guidance
+        (`off_policy` set) the rollout metrics describe sampled completions only, the zero-variance fraction the groups
+        as sampled (`on_policy_scores`), and `rl/guided_groups` counts the groups that got a demonstration."""
+        guided = batch.off_policy
+        group = batch.group
+        group_scores = batch.scores if batch.on_policy_scores is None else batch.on_policy_scores
+        completion_ids, old_logps, kl = batch.completion_ids, batch.old_per_token_logps, batch.kl
+        scores, per_func, is_truncated = batch.scores, batch.per_func, batch.is_truncated
         if guided is not None:
             n_groups = len(completion_ids) // max(group, 1)
             self.rollout_sums["rl/all_groups"] += float(n_groups)
             self.rollout_sums["rl/guided_groups"] += float(guided.sum())
             if bool(guided.any()):
-                kl_total = self._kl_sum(old_logps, ref_logps)
                 keep = (~guided).nonzero().squeeze(-1).tolist()
                 completion_ids = [completion_ids[i] for i in keep]
                 old_logps = [old_logps[i] for i in keep]
-                ref_logps = [ref_logps[i] for i in keep] if ref_logps is not None else None
+                kl = kl[keep] if kl is not None else None
                 scores, per_func, is_truncated = scores[keep], per_func[keep], is_truncated[keep]
-        kl_sampled = self._add_sampled(completion_ids, old_logps, ref_logps, scores, per_func, is_truncated)
+        self._add_sampled(completion_ids, old_logps, kl, scores, per_func, is_truncated)
         if group > 1 and group_scores.numel() % group == 0:
-            self._add_groups(group_scores.view(-1, group), tasks[::group] if tasks is not None else None)
-        return kl_sampled if kl_total is None else kl_total
+            self._add_groups(group_scores.view(-1, group), batch.tasks[::group] if batch.tasks is not None else None)
 
-    def _kl_sum(self, old_logps: list[torch.Tensor], ref_logps: list[torch.Tensor] | None) -> float:
-        """Summed per-token KL estimate of the completions to the reference (nats); 0 without a reference."""
-        if ref_logps is None:
-            return 0.0
-        return sum(float(kl_estimate(o, r, self.kl_estimator).sum()) for o, r in zip(old_logps, ref_logps))
-
-    def _add_sampled(self, completion_ids, old_logps, ref_logps, scores, per_func, is_truncated) -> float:
+    def _add_sampled(self, completion_ids, old_logps, kl, scores, per_func, is_truncated) -> None:
         sums = self.rollout_sums
         n = len(completion_ids)
         valid = ~torch.isnan(scores)
         sums["rollouts"] += n
         sums["rollouts_scored"] += float(valid.sum())
         sums["objective/scores"] += float(torch.nan_to_num(scores, nan=0.0).sum())
-        kl_sum = 0.0
-        if ref_logps is not None:
-            for o, r in zip(old_logps, ref_logps):
-                kl_sum += float(kl_estimate(o, r, self.kl_estimator).sum())
-        sums["objective/kl"] += kl_sum
+        sums["objective/kl"] += sum(kl.tolist()) if kl is not None else 0.0
         sums["objective/entropy"] += float(sum(-o.sum() for o in old_logps))
         sums["completions/mean_length"] += float(sum(c.numel() for c in completion_ids))
         sums["completions/clipped_ratio"] += float(is_truncated.float().sum())
@@ -131,7 +105,6 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
-        return kl_sum
 
     def _add_groups(self, scores: torch.Tensor, tasks: list[str] | None) -> None:
         """Count the groups (rows of `(G, group)` scores) with at least two scores, and those whose scores are equal

@@ -112,7 +112,8 @@ class PPOTrainer(TRAPOTrainer):
         data_collator: accepted for compatibility and not used (prompts are padded internally).
         eval_dataset (`Dataset`, *optional*): prompts for `generate_completions` / `evaluate`.
         optimizers, callbacks, peft_config: as in `transformers.Trainer` / TRL.
-        **trapo_kwargs: TRAPO's extra arguments, e.g. `pretrain_dataset=` (PPO-ptx), `sft_dataset=`, `reward_funcs=`.
+        **trapo_kwargs: TRAPO's extra arguments, e.g. `pretrain_dataset=` (PPO-ptx), `sft_dataset=`, `reward_funcs=`,
+            `rollout_source=` (your own rollouts instead of sampling `train_dataset`; see `TRAPOTrainer`).
 
     Raises:
         ValueError: as 1.12 did when `gradient_accumulation_steps` is not divisible by `num_mini_batches`, or when

@@ -1,11 +1,19 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Rollouts: from prompts to replay trajectories — generate, score, reference log-probs, values, advantages.
+"""Rollouts: from prompts to replay trajectories — sample, then finish (score, reference log-probs, values, advantages).
 
-[`RolloutEngine`] runs one generation round: it samples completions with behaviour log-probs recorded during sampling
-(transformers' `generate`, or vLLM through [`VLLMGenerator`]), cuts them after the stop token, scores them with the
-[`~trl_trapo.rewards.RewardScorer`], computes reference log-probs and critic values, and turns everything into
-advantages and [`~trl_trapo.memory.Trajectory`] objects (GAE with a critic, group-relative without). It returns a
-[`RolloutBatch`]; the trainer adds its trajectories to the replay buffer and its statistics to the metrics.
+[`RolloutEngine`] has the two halves of a round, kept apart so that sampling can happen elsewhere (see
+`trl_trapo/sources.py` for the rollout-source contract):
+
+- `sample` (the default source's sampler, [`~trl_trapo.sources.SyncRolloutSource`]) samples completions with the
+  live policy and behaviour log-probs recorded during sampling (transformers' `generate`, or vLLM through
+  [`VLLMGenerator`]), cuts them after the stop token, and returns a [`~trl_trapo.sources.SampledRound`] stamped with
+  the policy version that sampled it;
+- `finish` turns any source's round into a [`RolloutBatch`]: it scores the completions with the
+  [`~trl_trapo.rewards.RewardScorer`] (unless the source did), puts in guidance's demonstrations, computes reference
+  log-probs and critic values, and turns everything into advantages and [`~trl_trapo.memory.Trajectory`] objects (GAE
+  with a critic, group-relative without), with the round's statistics over every rank.
+
+The trainer hands the finished batch whole to every consumer (exploration, metrics, KL window, memory pool, replay).
 
 A prompt's extra model inputs (its example's `model_inputs`, e.g. a VLM processor's `pixel_values`; see
 [`prompt_model_inputs`]) go to `generate`, to the behaviour, reference and critic forwards, and into its trajectories.
@@ -18,6 +26,7 @@ tokenizers whose pad token equals their EOS token are handled correctly.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +55,7 @@ from .models import (
     value_predictions,
 )
 from .rewards import RewardScorer, discard_extra, discard_metric
+from .sources import SampledRound
 
 
 logger = logging.getLogger(__name__)
@@ -335,10 +345,14 @@ def rollout_generation_config(args, tokenizer, pad_token_id: int | None = None) 
 
 @dataclass
 class RolloutBatch:
-    """One generation round, scored (B completions; `C_i` tokens of completion i)."""
+    """One round, finished: sampled, scored, with reference log-probs, values and advantages (B completions; `P_i`
+    prompt tokens and `C_i` completion tokens of row i). What every consumer of a round reads (the trainer hands it
+    whole to targeted exploration, the metrics, the adaptive KL window, the memory pool and the replay buffer)."""
 
+    examples: list[dict]  # (B,) the dataset row of each completion's prompt
+    prompt_ids: list[torch.Tensor]  # (P_i,) long each: the prompts' tokens
     trajectories: list[Trajectory]  # the completions with a score (those whose every reward is None are dropped)
-    completion_ids: list[torch.Tensor]  # (C_i,) each: every completion, cut after its stop token
+    completion_ids: list[torch.Tensor]  # (C_i,) each: every completion as trained (demonstrations put in by guidance)
     old_per_token_logps: list[torch.Tensor]  # (C_i,) each: behaviour log-probs (nats)
     ref_per_token_logps: list[torch.Tensor] | None  # (C_i,) each: reference log-probs (nats); None without a KL term
     scores: torch.Tensor  # (B,) weighted reward (missing-stop penalty included); NaN = no reward
@@ -346,9 +360,14 @@ class RolloutBatch:
     is_truncated: torch.Tensor  # (B,) bool: no stop token was generated
     temperatures: torch.Tensor  # (B,) float32: each completion's sampling temperature
     group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
+    version: int = 0  # the policy version that sampled the round (the optimizer step whose weights generated it)
     tasks: list[str] | None = None  # (B,) the RL dataset's `task` of each completion's prompt, when it has one
-    off_policy: torch.Tensor | None = None  # (B,) bool: a demonstration put in by guidance, not a sample
+    off_policy: torch.Tensor | None = None  # (B,) bool: a demonstration put in by guidance; None without guidance
     on_policy_scores: torch.Tensor | None = None  # (B,) the sampled completions' scores, before guidance
+    kl: torch.Tensor | None = None  # (B,) float: per-sequence KL estimate to the reference, summed over the counted
+    # tokens (nats); None without a reference
+    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each: the source's mask (0 = not sampled by the
+    # policy, e.g. tool results); None: every token was sampled
 
 
 class VLLMGenerator:
@@ -432,7 +451,8 @@ class VLLMGenerator:
 
 
 class RolloutEngine:
-    """Generation rounds: prompts -> completions -> scores, reference log-probs, values -> advantages -> trajectories.
+    """Rounds: prompts -> completions (`sample`); completions -> scores, reference log-probs, values -> advantages ->
+    trajectories (`finish`).
 
     Args:
         args ([`TRAPOConfig`]): the configuration (read only).
@@ -503,18 +523,24 @@ class RolloutEngine:
         return model.policy if isinstance(model, PolicyAndValueWrapper) else model
 
     @torch.no_grad()
-    def generate(
+    def sample(
         self, examples: list[dict], group: int, step: int, temperature: float | Sequence[float]
-    ) -> RolloutBatch:
-        """One generation round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row), in one
-        batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the temperatures.
+    ) -> SampledRound:
+        """Sample one round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row) with the
+        live policy, in one batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the
+        temperatures; nothing is scored here ([`finish`] does that).
 
         Args:
             examples (`list[dict]`): the round's rows, B of them.
             group (`int`): consecutive rows per prompt.
-            step (`int`): the optimizer step (for logs and vLLM's weight sync).
+            step (`int`): the optimizer step (the round's version; for logs and vLLM's weight sync).
             temperature (`float`, or B floats): the sampling temperature of every row, or one per row (targeted
                 exploration); behaviour, reference and training log-probs all use each row's own.
+
+        Returns:
+            [`~trl_trapo.sources.SampledRound`]: completions cut after their stop token, with behaviour log-probs
+            recorded while sampling (None with vLLM: [`finish`] computes them with the training policy), version
+            `step`.
 
         Raises:
             RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
@@ -523,17 +549,20 @@ class RolloutEngine:
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         model_inputs = prompt_model_inputs(examples)
         temperatures = row_temperatures(temperature, len(examples))
-        if self.vllm is not None:  # vLLM samples; cutting, behaviour log-probs and scoring are `process`'s
+        if self.vllm is not None:  # vLLM samples; cutting here, behaviour log-probs and scoring in `finish`
             if model_inputs is not None:
                 raise ValueError(
                     "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
                     "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
                 )
             completion_ids = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
-            return self.process(examples, completion_ids, None, group, temperatures, across_ranks=True)
+            cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
+            return SampledRound(
+                examples, cut, version=step, group=group, temperatures=temperatures, prompt_ids=prompt_ids
+            )
         generation_config = self.generation_config
         with self.unwrapped_model() as unwrapped:
-            # step 1. generate (behaviour log-probs are recorded during sampling)
+            # generate (behaviour log-probs are recorded during sampling)
             sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
             device = self.accelerator.device
             devices = [device.index or 0] if device.type == "cuda" else []
@@ -572,18 +601,56 @@ class RolloutEngine:
                         f"or max_grad_norm (now {args.max_grad_norm}) and resume from the last checkpoint of "
                         f"{args.output_dir}; `train/nonfinite_steps` counts the steps already skipped."
                     ) from error
-            # steps 2-4. reference log-probs, values, scores, advantages
-            return self._score(
-                unwrapped,
-                examples,
-                prompt_ids,
-                generated["completion_ids"],
-                generated["old_per_token_logps"],
-                group,
-                temperatures,
-                across_ranks=True,
-                model_inputs=model_inputs,
+        return SampledRound(
+            examples,
+            generated["completion_ids"],
+            version=step,
+            group=group,
+            old_per_token_logps=generated["old_per_token_logps"],
+            temperatures=temperatures,
+            prompt_ids=prompt_ids,
+        )
+
+    @torch.no_grad()
+    def finish(self, sampled: SampledRound, across_ranks: bool = True) -> RolloutBatch:
+        """Finish a sampled round into a scored [`RolloutBatch`], in this process, at consumption time: prompt ids
+        (tokenized from `prompt` when absent), behaviour log-probs when the round has none (the current policy's, at
+        each row's temperature), scores when it has none (the reward functions), the missing-stop penalty, guidance's
+        demonstrations, reference log-probs, critic values, advantages and trajectories stamped with the round's
+        version. The completions are taken as they are (never cut).
+
+        Args:
+            sampled ([`~trl_trapo.sources.SampledRound`]): the round.
+            across_ranks (`bool`): every rank calls this at the same time with its part of one round, and the round's
+                statistics cover all parts (collective, see [`make_trajectories`]); False: they cover this round only.
+
+        Raises:
+            ValueError: if the round has a `completion_mask` and advantages come from a critic (GAE over tokens the
+                policy did not sample is not supported), or it is to be scored here and an example has no `prompt`.
+        """
+        if sampled.completion_mask is not None and self.has_critic:
+            raise ValueError(
+                "A rollout source's `completion_mask` (tokens the policy did not sample, e.g. tool results) is only "
+                "supported with group-relative advantages: drop the value_model, or return rounds without a mask."
             )
+        if sampled.scores is None and not all("prompt" in e for e in sampled.examples):
+            raise ValueError(
+                "A round without `scores` is scored by the reward functions, which read each example's `prompt`: give "
+                "every example its dataset row's `prompt`, or return the round with `scores`."
+            )
+        template = self.args.chat_template_kwargs or {}
+        prompt_ids = sampled.prompt_ids
+        if prompt_ids is None:
+            prompt_ids = [
+                torch.tensor(
+                    e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.tokenizer, template)
+                )
+                for e in sampled.examples
+            ]
+        temperature = self.args.temperature if sampled.temperatures is None else sampled.temperatures
+        temperatures = row_temperatures(temperature, len(sampled.examples))
+        with self.unwrapped_model() as unwrapped:
+            return self._score(unwrapped, sampled, prompt_ids, temperatures, across_ranks)
 
     @torch.no_grad()
     def process(
@@ -594,60 +661,51 @@ class RolloutEngine:
         group: int,
         temperature: float | Sequence[float],
         across_ranks: bool = False,
+        version: int = 0,
     ) -> RolloutBatch:
         """Given rollouts (`(C_i,)` token ids, and optionally `(C_i,)` behaviour log-probs), exactly as generated ones
-        are processed: each is cut after its first stop token, then scored (see `TRAPOTrainer.process_rollouts`).
-        `temperature`: their sampling temperature, one or one per completion. `across_ranks`: every rank calls this
-        at the same time with its part of one round, and the round's statistics cover all parts (see
-        [`make_trajectories`]); False: they cover the given rollouts only."""
-        template = self.args.chat_template_kwargs or {}
-        prompt_ids = [
-            torch.tensor(
-                e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.tokenizer, template)
-            )
-            for e in examples
-        ]
+        are processed: each is cut after its first stop token, then the round is finished by [`finish`] (see
+        `TRAPOTrainer.process_rollouts`). `temperature`: their sampling temperature, one or one per completion.
+        `across_ranks`: every rank calls this at the same time with its part of one round, and the round's statistics
+        cover all parts (see [`make_trajectories`]); False: they cover the given rollouts only. `version`: the policy
+        version that sampled them."""
         cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
         if old_per_token_logps is not None:
             old_per_token_logps = [lp[: c.numel()] for lp, c in zip(old_per_token_logps, cut)]
-        temperatures = row_temperatures(temperature, len(examples))
-        model_inputs = prompt_model_inputs(examples)
-        with self.unwrapped_model() as unwrapped:
-            return self._score(
-                unwrapped,
-                examples,
-                prompt_ids,
-                cut,
-                old_per_token_logps,
-                group,
-                temperatures,
-                across_ranks,
-                model_inputs,
-            )
+        sampled = SampledRound(
+            examples,
+            cut,
+            version=version,
+            group=group,
+            old_per_token_logps=old_per_token_logps,
+            temperatures=temperature,
+        )
+        return self.finish(sampled, across_ranks)
 
-    def _score(
-        self,
-        unwrapped,
-        examples,
-        prompt_ids,
-        completion_ids,
-        old_logps,
-        group,
-        temperatures,
-        across_ranks,
-        model_inputs,
-    ) -> RolloutBatch:
+    def _score(self, unwrapped, sampled: SampledRound, prompt_ids, temperatures, across_ranks) -> RolloutBatch:
         args = self.args
+        examples, group = sampled.examples, sampled.group
+        model_inputs = prompt_model_inputs(examples)  # the prompts' extra model inputs (a `model_inputs` column)
         pad_id = self.pad_token_id
         batch_size = args.local_rollout_forward_batch_size
         policy = self.policy_of(unwrapped)
+        completion_ids, old_logps = sampled.completion_ids, sampled.old_per_token_logps
         if old_logps is None:
             old_logps = completion_logps(
                 policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size, model_inputs
             )
         completion_ids, old_logps = list(completion_ids), list(old_logps)
-        # step 2. scores (reward functions / models)
-        scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
+        masks = list(sampled.completion_mask) if sampled.completion_mask is not None else None
+        # step 2. scores (reward functions / models), unless the source brought them
+        if sampled.scores is None:
+            scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
+        else:
+            scores = torch.as_tensor(sampled.scores, dtype=torch.float32).clone()
+            per_func = (
+                torch.full((len(examples), len(self.scorer.names)), math.nan)
+                if sampled.per_func is None
+                else torch.as_tensor(sampled.per_func, dtype=torch.float32).clone()
+            )
         # the missing-stop penalty is judged by the stop ids (EOS when completions never stop early)
         stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])
 
@@ -677,12 +735,19 @@ class RolloutEngine:
                     completion_ids[i], old_logps[i] = demos[k], demo_logps[k]
                     scores[i], per_func[i] = demo_scores[k], demo_per_func[k]
                     off_policy[i] = True
+                    if masks is not None:  # every token of a demonstration counts
+                        masks[i] = torch.ones(demos[k].numel())
         # step 4. reference log-probs and values
         ref_logps = None
+        kl = None
         if self.reference is not None:
             ref_logps = self.reference.logps(
                 policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size, model_inputs
             )
+            per_token_kl = [kl_estimate(o, r, self.kl_estimator) for o, r in zip(old_logps, ref_logps)]
+            if masks is not None:
+                per_token_kl = [k * m.to(k.dtype) for k, m in zip(per_token_kl, masks)]
+            kl = torch.stack([k.sum() for k in per_token_kl])  # (B,) nats per sequence
         values = None
         if self.has_critic:
             values = value_predictions(
@@ -705,21 +770,28 @@ class RolloutEngine:
             temperatures=temperatures,
             across_ranks=across_ranks,
             model_inputs=model_inputs,
+            completion_masks=masks,
+            version=sampled.version,
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
-            trajectories,
-            completion_ids,
-            old_logps,
-            ref_logps,
-            scores,
-            per_func,
-            ~has_stop,
-            temperatures,
-            group,
-            tasks,
-            off_policy,
-            on_policy_scores,
+            examples=examples,
+            prompt_ids=prompt_ids,
+            trajectories=trajectories,
+            completion_ids=completion_ids,
+            old_per_token_logps=old_logps,
+            ref_per_token_logps=ref_logps,
+            scores=scores,
+            per_func=per_func,
+            is_truncated=~has_stop,
+            temperatures=temperatures,
+            group=group,
+            version=sampled.version,
+            tasks=tasks,
+            off_policy=off_policy if self.guidance is not None else None,
+            on_policy_scores=on_policy_scores,
+            kl=kl,
+            completion_mask=masks,
         )
 
     def make_trajectories(
@@ -736,6 +808,8 @@ class RolloutEngine:
         temperatures: torch.Tensor | None = None,
         across_ranks: bool = False,
         model_inputs: list[dict[str, torch.Tensor]] | None = None,
+        completion_masks: list[torch.Tensor] | None = None,
+        version: int = 0,
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
@@ -743,6 +817,8 @@ class RolloutEngine:
         (`off_policy`: demonstrations put in by guidance); `temperatures` `(B,)`: each completion's sampling
         temperature (a trajectory whose temperature is not the configured one carries it, for the training forward);
         `model_inputs`: each completion's prompt's extra model inputs, which its trajectory carries.
+        `completion_masks`: `(C_i,)` each, 0 on tokens the policy did not sample (they count in no loss and no KL;
+        group-relative advantages only); `version`: the policy version that sampled them, stamped on every trajectory.
 
         Statistics over the batch — `scale_rewards="batch"`'s standard deviation, `whiten_rewards`' and
         `whiten_advantages`' mean and variance — cover the whole round: with `across_ranks` every rank calls this
@@ -766,7 +842,14 @@ class RolloutEngine:
             old[i, : c.numel()] = old_logps[i]
             if ref_logps is not None:
                 ref[i, : c.numel()] = ref_logps[i]
-        kl = kl_estimate(old, ref, self.kl_estimator) * mask if ref_logps is not None else torch.zeros_like(mask)
+        policy_mask = mask  # (B, L): 1 on the tokens the policy sampled (every completion token without masks)
+        if completion_masks is not None:
+            policy_mask = torch.zeros(batch, length)
+            for i, m in enumerate(completion_masks):
+                policy_mask[i, : m.numel()] = m.float()
+        kl = (
+            kl_estimate(old, ref, self.kl_estimator) * policy_mask if ref_logps is not None else torch.zeros_like(mask)
+        )
         kl_coef_reward = self.kl_coef() if (self.kl_penalty == "reward" and ref_logps is not None) else 0.0
         valid = ~torch.isnan(scores)
         safe_scores = torch.nan_to_num(scores, nan=0.0)
@@ -799,7 +882,7 @@ class RolloutEngine:
             if not valid[i]:
                 continue
             n = completion_ids[i].numel()
-            counted = mask[i, :n].clone()
+            counted = policy_mask[i, :n].clone()
             if args.mask_truncated_completions and bool(is_truncated[i]):
                 counted.zero_()
             trajectories.append(
@@ -815,6 +898,7 @@ class RolloutEngine:
                     off_policy=bool(off_policy[i]) if off_policy is not None else False,
                     temperature=float(temperatures[i]) if own_temperature is not None and own_temperature[i] else None,
                     model_inputs=dict(model_inputs[i]) if model_inputs is not None else {},
+                    version=version,
                 )
             )
         return trajectories

@@ -100,7 +100,7 @@ class RLSchedules:
     """The RL coefficients in use: the KL coefficient (fixed or adaptive), and the entropy coefficient and the
     learning-rate scale by curriculum phase.
 
-    The trainer reports each generation round's KL with `observe_rollouts` and calls `end_step` at the end of every
+    The trainer reports each finished round with `observe_rollouts` and calls `end_step` at the end of every
     optimizer step: the window is all-reduced (every rank takes part, so every rank gets the same coefficient) and fed
     to the KL controller.
 
@@ -146,10 +146,11 @@ class RLSchedules:
         """Whether the learning rate changes with the phase (`rl_phase_learning_rate` set)."""
         return self.phases.late_lr_scale != 1.0
 
-    def observe_rollouts(self, kl_sum: float, num_rollouts: int) -> None:
-        """Add a generation round's summed per-sequence KL (nats) and its number of rollouts (this rank)."""
-        self.window[0] += float(kl_sum)
-        self.window[1] += float(num_rollouts)
+    def observe_rollouts(self, batch) -> None:
+        """Add a finished round ([`~trl_trapo.rollout.RolloutBatch`], this rank's share): its summed per-sequence KL
+        (nats; every completion kept for training, guidance's demonstrations included) and its number of rollouts."""
+        self.window[0] += sum(batch.kl.tolist()) if batch.kl is not None else 0.0
+        self.window[1] += float(len(batch.completion_ids))
 
     def end_step(self, step: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Update the KL controller with the rollouts of optimizer step `step` (collective when adaptive).

@@ -5,10 +5,11 @@ How one optimizer step runs (the public `Trainer` hooks below, in the order they
 
 1. `get_batch_samples`: the curriculum gives the step's shares of rows (pretrain / SFT / RL) and DARE's factors turn
    them into loss weights; the rows are drawn — packed pretraining chunks, SFT samples from the memory pool, RL
-   trajectories from the replay buffer, which a generation round of the rollout engine refills when it runs dry
-   (generate, score, reference log-probs, values, advantages); they are split into gradient-accumulation
-   micro-batches of similar length, right-padded, and the per-objective token counts of the whole step are summed
-   over micro-batches and ranks into the step's [`StepContext`];
+   trajectories from the replay buffer, which a round of the rollout source refills when it runs dry
+   (`collect_rollouts`: the source samples; the rollout engine scores and adds reference log-probs, values,
+   advantages); they are split into gradient-accumulation micro-batches of similar length, right-padded, and the
+   per-objective token counts of the whole step are summed over micro-batches and ranks into the step's
+   [`StepContext`];
 2. `training_step` / `compute_loss`, per micro-batch: one forward of the policy over all its rows (whatever their
    objective) and one backward of L = sum_o w_o * L_o, each L_o normalised by its *global* count, so accumulation and
    data parallelism are exact; after the last micro-batch, DARE updates from its gradient probe;
@@ -19,10 +20,10 @@ How one optimizer step runs (the public `Trainer` hooks below, in the order they
 
 Everything else — optimizer, accumulation, mixed precision, distribution, checkpoints — is the `transformers.Trainer`
 loop, reached only through its public hooks. The collaborators each own their state and take their dependencies in
-their constructors: [`~trl_trapo.rollout.RolloutEngine`], [`~trl_trapo.rewards.RewardScorer`],
-[`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`], [`~trl_trapo.curriculum.CurriculumSchedule`],
-[`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`], [`~trl_trapo.evaluation.Evaluator`],
-[`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`. Two construction hooks let a subclass
+their constructors: [`~trl_trapo.sources.RolloutSource`], [`~trl_trapo.rollout.RolloutEngine`],
+[`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
+[`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
+[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`. Two construction hooks let a subclass
 change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
 (`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
 """
@@ -141,6 +142,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
+from .sources import RolloutSource, SampledRound, SyncRolloutSource, check_rollout_source
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -214,6 +216,14 @@ class TRAPOTrainer(_BaseTrainer):
             name, static weight, rows and loss term (see [`~trl_trapo.objectives.Objective`]; e.g. a second corpus:
             `LanguageModelingObjective("code", code_dataset, weight=0.5)`). DARE weights them like the others; the
             curriculum gives them a share when `curriculum_mixtures` is one mapping objective -> share per phase.
+        rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: an object with
+            `sample(rows_needed, step) -> SampledRound` (see `trl_trapo/sources.py` and
+            `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
+            reference log-probs, values, advantages) and ages its trajectories by the round's `version`. Default: a
+            [`~trl_trapo.sources.SyncRolloutSource`], which samples `train_dataset`'s prompts with the live policy.
+            With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
+            is off; `use_vllm`, `fewshot_mode` and `exploration=True` (settings of the default source) are refused.
+            `trainer.rollout_source` is the source in use.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -243,11 +253,14 @@ class TRAPOTrainer(_BaseTrainer):
         optimizers: tuple = (None, None),
         peft_config: PeftConfig | None = None,
         objectives: list[Objective] | None = None,
+        rollout_source: RolloutSource | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        if rollout_source is not None:
+            check_rollout_source(rollout_source, args)
         # before anything slow: output_dir can be written and holds no finished run this one would replace
         check_output_dir(args)
 
@@ -294,7 +307,7 @@ class TRAPOTrainer(_BaseTrainer):
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
                 "reward functions/models; give one weight per reward."
             )
-        self.metrics = MetricsAccumulator([], self.kl_estimator)
+        self.metrics = MetricsAccumulator([])
         self.rewards = RewardScorer(
             funcs,
             reward_tokenizers,
@@ -456,7 +469,6 @@ class TRAPOTrainer(_BaseTrainer):
             ),
             adapter_bank=self._build_adapter_bank(args),
             rank=rank,
-            kl_estimator=self.kl_estimator,
             successes=self._build_successes(args),
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
@@ -467,7 +479,7 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
             )
-            if self._exploration_runs(args)
+            if rollout_source is None and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
 
@@ -562,6 +574,20 @@ class TRAPOTrainer(_BaseTrainer):
             vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
+        )
+        # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
+        self.rollout_source = (
+            rollout_source
+            if rollout_source is not None
+            else SyncRolloutSource(
+                self.rollouts,
+                self._rl_dataset,
+                self.memory_pool,
+                group=1 if self._has_critic else args.num_generations,
+                num_mini_batches=args.num_mini_batches,
+                temperature=args.temperature,
+                exploration=self.exploration,
+            )
         )
         self.evaluator = Evaluator(
             args,
@@ -895,41 +921,68 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
         for _ in range(20):
-            # every rank generates when any rank needs to: a round gathers ZeRO-3 weights (a collective), and
-            # replay buffers can differ across ranks (rewards of None drop rollouts)
+            # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
+            # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts)
             if not any_rank(self.accelerator, self.replay.num_available(step) < n):
                 break
-            self._generate_round(n, step)
+            self.collect_rollouts(n, step)
         else:
             raise RuntimeError(
-                "20 generation rounds in a row produced no usable trajectory: every reward function returned None "
-                "or NaN (both mean 'no reward for this sample', as in TRL) for every completion. Check the reward "
-                "functions: `rewards/<function>/mean` is logged only over the samples they scored."
+                "20 rollout rounds in a row produced no usable trajectory: every reward function returned None or NaN "
+                "(both mean 'no reward for this sample', as in TRL) for every completion, or the rollout source's "
+                "rounds were more than replay_max_age steps old. Check the reward functions (`rewards/<function>/mean` "
+                "is logged only over the samples they scored) and the `version` your rollout source stamps."
             )
         return self.replay.sample(n, step)
 
     # =================================================================================================================
-    # 1a. Rollouts (a generation round refills the replay buffer)
+    # 1a. Rollouts (a round of the rollout source refills the replay buffer)
     # =================================================================================================================
-    def _generate_round(self, rows_needed: int, step: int) -> None:
-        """Generate, score and store enough trajectories for `num_mini_batches` steps of `rows_needed` RL rows."""
-        args = self.args
-        group = 1 if self._has_critic else args.num_generations
-        num_prompts = max(math.ceil(rows_needed * args.num_mini_batches / group), 1)
-        # step 1. prompts (few-shot mode prefers under-served tasks and anneals the round's temperature)
-        indices = self.memory_pool.select_prompts(num_prompts, step)
-        temperature = self.memory_pool.rollout_temperature(args.temperature)
-        examples = [example for example in (self._rl_dataset[i] for i in indices) for _ in range(group)]
-        # targeted exploration samples each family at its own temperature, all in the same batched call
+    def collect_rollouts(self, rows_needed: int, step: int | None = None) -> RolloutBatch:
+        """Run one round: the rollout source samples it, the rollout engine finishes it, every consumer takes it.
+
+        1. `rollout_source.sample(rows_needed, step)` returns a [`~trl_trapo.sources.SampledRound`];
+        2. the engine finishes it here, at consumption time: scores (unless the source brought them), guidance,
+           reference log-probs, values, advantages with the round's statistics over every rank;
+        3. the finished [`~trl_trapo.rollout.RolloutBatch`] goes whole to targeted exploration, the episode count, the
+           metrics, the adaptive KL window, the memory pool (few-shot, adapter bank, self-imitation) and the replay
+           buffer (its trajectories aged from the round's `version`).
+
+        The trainer calls it whenever the replay buffer runs dry; call it yourself to run a round outside `train()`.
+        Collective under data parallelism: every rank calls it at the same time.
+
+        Args:
+            rows_needed (`int`): RL rows a step needs on this rank (the default source samples
+                `ceil(rows_needed * num_mini_batches / group)` prompts x `group`).
+            step (`int`, *optional*): the current optimizer step, i.e. the policy version being trained (default:
+                `state.global_step`).
+
+        Returns:
+            [`~trl_trapo.rollout.RolloutBatch`]: the finished round (its trajectories are in the replay buffer).
+
+        Raises:
+            TypeError: if the source does not return a `SampledRound`.
+        """
+        step = self.state.global_step if step is None else step
+        sampled = self.rollout_source.sample(rows_needed, step)
+        if not isinstance(sampled, SampledRound):
+            raise TypeError(
+                f"{type(self.rollout_source).__name__}.sample returned {type(sampled).__name__}; a rollout source "
+                "returns a trl_trapo.sources.SampledRound."
+            )
+        batch = self.rollouts.finish(sampled, across_ranks=True)
+        self._consume_round(batch)
+        return batch
+
+    def _consume_round(self, batch: RolloutBatch) -> None:
+        """A finished round reaches every consumer, whole and in this order: targeted exploration (collective: the
+        whole round's groups decide each family's temperature), then `_observe_rollouts`, self-imitation, the replay
+        buffer."""
         if self.exploration is not None:
-            temperature = self.exploration.row_temperatures(examples)
-        # steps 2-5. generate, reference log-probs, values, scores, advantages (round statistics over every rank)
-        batch = self.rollouts.generate(examples, group, step, temperature)
-        if self.exploration is not None:  # the whole round, every rank's share: each rank reaches the same levels
-            self.exploration.observe(examples, batch.on_policy_scores, group)
+            self.exploration.observe(batch)
         self._observe_rollouts(batch)
-        self.memory_pool.observe_successes(examples, batch)  # self-imitation keeps the rare successes
-        self.replay.add(batch.trajectories, step)
+        self.memory_pool.observe_successes(batch)  # self-imitation keeps the rare successes
+        self.replay.add(batch.trajectories)
 
     @torch.no_grad()
     def process_rollouts(
@@ -939,12 +992,16 @@ class TRAPOTrainer(_BaseTrainer):
         old_per_token_logps: list[torch.Tensor] | None = None,
         group: int | None = None,
         temperature: float | None = None,
+        version: int | None = None,
     ) -> list[Trajectory]:
         """Turn given rollouts into replay trajectories, exactly as generated ones are (for fixed / external rollouts).
 
         Each completion is cut after its first stop token; then come the reference log-probs, the critic's values,
         the scores (reward functions / models, `missing_eos_penalty`) and the advantages (GAE with a critic, else
-        group-relative over consecutive groups of `group` completions).
+        group-relative over consecutive groups of `group` completions). The round reaches the metrics, the adaptive
+        KL window and the memory pool, not targeted exploration, self-imitation or the replay buffer: add the
+        trajectories with `trainer.replay.add(...)`. To have the trainer draw rounds from your rollouts while it
+        trains, pass a `rollout_source` instead (see `docs/writing_a_rollout_source.md`).
 
         Args:
             examples (`list[dict]`): one dataset row per completion (`prompt` and reward columns; `prompt_ids` is
@@ -954,6 +1011,8 @@ class TRAPOTrainer(_BaseTrainer):
                 current policy (temperature-scaled) when None.
             group (`int`, *optional*): completions per prompt (default: 1 with a critic, else `num_generations`).
             temperature (`float`, *optional*): the sampling temperature of the completions (default: `temperature`).
+            version (`int`, *optional*): the policy version that sampled them, i.e. the optimizer step whose weights
+                generated them (default: `state.global_step`); their replay age counts from it.
 
         Returns:
             `list[Trajectory]`: trajectories (see `ReplayBuffer`), not yet added to the buffer; completions whose every
@@ -961,32 +1020,21 @@ class TRAPOTrainer(_BaseTrainer):
         """
         group = group or (1 if self._has_critic else self.args.num_generations)
         temperature = self.args.temperature if temperature is None else temperature
-        batch = self.rollouts.process(examples, completion_ids, old_per_token_logps, group, temperature)
+        version = self.state.global_step if version is None else version
+        batch = self.rollouts.process(
+            examples, completion_ids, old_per_token_logps, group, temperature, version=version
+        )
         self._observe_rollouts(batch)
         return batch.trajectories
 
     def _observe_rollouts(self, batch: RolloutBatch) -> None:
-        """A scored round reaches everything that learns from rollouts: episode count, metrics, the adaptive KL
+        """A finished round reaches everything that learns from rollouts: episode count, metrics, the adaptive KL
         controller's window, the memory pool (few-shot prototypes, adapter-bank window)."""
         self._episode += len(batch.completion_ids) * self.accelerator.num_processes
         self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
-        kl_sum = self.metrics.add_rollouts(
-            batch.completion_ids,
-            batch.old_per_token_logps,
-            batch.ref_per_token_logps,
-            batch.scores,
-            batch.per_func,
-            batch.is_truncated,
-            batch.group,
-            batch.tasks,
-            batch.off_policy if self.rollouts.guidance is not None else None,
-            batch.on_policy_scores,
-        )
-        self.schedules.observe_rollouts(kl_sum, len(batch.completion_ids))  # the adaptive KL controller's input
-        # few-shot temperature stamps and prototype rewards; adapter-bank reward / KL window
-        self.memory_pool.observe_rollouts(
-            batch.scores, batch.old_per_token_logps, batch.ref_per_token_logps, batch.trajectories
-        )
+        self.metrics.add_rollouts(batch)
+        self.schedules.observe_rollouts(batch)  # the adaptive KL controller's input
+        self.memory_pool.observe_rollouts(batch)  # few-shot temperature stamps and prototypes; adapter-bank window
 
     # =================================================================================================================
     # 2. The loss (public Trainer hooks: training_step, compute_loss)

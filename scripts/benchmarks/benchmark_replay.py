@@ -72,7 +72,7 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
     buffer = ReplayBuffer(capacity=capacity, max_uses=max_uses, compress=compress, seed=0)
     start = time.perf_counter()
     for i in range(0, capacity, 1024):
-        buffer.add([pool[(i + j) % len(pool)] for j in range(min(1024, capacity - i))], step=0)
+        buffer.add([pool[(i + j) % len(pool)] for j in range(min(1024, capacity - i))])  # version 0
     prefill = time.perf_counter() - start
     while buffer.num_available(0):  # serve the pre-filled trajectories until used up: the steady state
         buffer.sample(min(1024, buffer.num_available(0)), 0)
@@ -84,7 +84,9 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
         while buffer.num_available(step) < rl_rows:
             batch = [pool[(cursor + j) % len(pool)] for j in range(round_size)]
             cursor += round_size
-            buffer.add(batch, step)
+            for trajectory in batch:  # sampled by this step's policy
+                trajectory.version = step
+            buffer.add(batch)
         t1 = time.perf_counter()
         served = buffer.sample(rl_rows, step)
         t2 = time.perf_counter()

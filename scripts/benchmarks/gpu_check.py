@@ -103,7 +103,7 @@ class Probe:
         self.step_generation: list[float] = []
         self.step_ends: list[float] = []
         self._generation = 0.0
-        build, generate = trainer.get_batch_samples, trainer._generate_round
+        build, generate = trainer.get_batch_samples, trainer.collect_rollouts
 
         def get_batch_samples(*args, **kwargs):
             batches, info = build(*args, **kwargs)
@@ -119,7 +119,7 @@ class Probe:
             return result
 
         trainer.get_batch_samples = get_batch_samples
-        trainer._generate_round = generate_round
+        trainer.collect_rollouts = generate_round
         from transformers import TrainerCallback
 
         probe = self

@@ -19,8 +19,8 @@ What the trainer calls, and when:
 
 - `take_sft(n, step)` builds the step's SFT rows (self-imitation's share first, the SFT pool the rest);
   `select_prompts(n)` picks a generation round's RL prompts;
-- `observe_rollouts(...)` once a round is scored (before its trajectories enter the replay buffer), and
-  `observe_successes(...)` with the same round's prompts for self-imitation;
+- `observe_rollouts(batch)` once a round is finished (before its trajectories enter the replay buffer), and
+  `observe_successes(batch)` with the same round for self-imitation;
 - `after_forward(inputs, per_token_logps, sft_mask)` in `compute_loss`: per-row SFT feedback (priority proxies,
   the selector's prompt embeddings) stays on the device and is handed over when the next step is drawn — no host
   sync per micro-batch;
@@ -40,7 +40,6 @@ import torch
 from ..checkpoint import CheckpointError, encode_tensors, read_state_file
 from ..collator import Row
 from ..config import SFT
-from ..losses import kl_estimate
 from .replay import Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
 from .successes import SuccessReplay
@@ -159,7 +158,6 @@ class MemoryPool:
             (few-shot mode); None: the sampler's and the SFT pool's own order, the configured temperature.
         adapter_bank ([`~trl_trapo.callbacks.AdapterBankCallback`], *optional*): the adapter bank, for PEFT policies.
         rank (`int`): this process's index (names its checkpoint files).
-        kl_estimator (`str`): the per-token KL estimator, for the adapter bank's per-sequence KL.
         successes ([`~trl_trapo.memory.SuccessReplay`], *optional*): self-imitation's buffer, when on.
     """
 
@@ -170,7 +168,6 @@ class MemoryPool:
         selector: SampleSelector | None = None,
         adapter_bank=None,
         rank: int = 0,
-        kl_estimator: str = "k3",
         successes: SuccessReplay | None = None,
     ):
         self.sft_pool = sft_pool
@@ -179,7 +176,6 @@ class MemoryPool:
         self.selector = selector
         self.adapter_bank = adapter_bank
         self.rank = rank
-        self.kl_estimator = kl_estimator
 
     # ---- drawing ----------------------------------------------------------------------------------------------------
     def take_sft(self, n: int, step: int) -> list[dict]:
@@ -207,26 +203,23 @@ class MemoryPool:
         return self.selector.temperature if self.selector is not None else default
 
     # ---- feedback ---------------------------------------------------------------------------------------------------
-    def observe_rollouts(self, scores, old_logps, ref_logps, trajectories) -> None:
-        """A scored generation round: `(B,)` scores (NaN = no reward), `(C_i,)` behaviour and reference log-probs per
-        completion, and the trajectories made of the completions with a score (not yet in the replay buffer)."""
+    def observe_rollouts(self, batch) -> None:
+        """A finished round ([`~trl_trapo.rollout.RolloutBatch`]), before its trajectories enter the replay buffer:
+        the sample selector (few-shot mode) stamps them with the round's temperature and folds the `(B,)` scores into
+        its prototypes; the adapter bank adds the scores and the `(B,)` per-sequence KL to its window."""
         if self.selector is not None:
-            self.selector.observe_rollouts(scores, trajectories)
+            self.selector.observe_rollouts(batch.scores, batch.trajectories)
         if self.adapter_bank is not None:
-            kl = None
-            if ref_logps is not None:
-                kl = torch.tensor(
-                    [float(kl_estimate(o, r, self.kl_estimator).sum()) for o, r in zip(old_logps, ref_logps)]
-                )
-            self.adapter_bank.observe_rollouts(scores, kl)
+            self.adapter_bank.observe_rollouts(batch.scores, batch.kl)
 
-    def observe_successes(self, examples: list[dict], batch) -> None:
-        """Self-imitation's input: a scored round (`RolloutBatch`) and its dataset rows (`prompt_ids`, one per
-        completion). Nothing happens without self-imitation."""
-        if self.successes is None:
+    def observe_successes(self, batch) -> None:
+        """Self-imitation's input: a finished round ([`~trl_trapo.rollout.RolloutBatch`]; its prompts, completions,
+        scores, truncation and guidance flags). Nothing happens without self-imitation, nor for a round with a
+        completion mask (tokens the policy did not sample would be imitated)."""
+        if self.successes is None or batch.completion_mask is not None:
             return
         self.successes.observe(
-            [e["prompt_ids"] for e in examples],  # converted only for the successes kept
+            batch.prompt_ids,
             batch.completion_ids,
             batch.scores,
             batch.is_truncated,

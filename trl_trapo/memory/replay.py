@@ -62,7 +62,8 @@ class Trajectory:
     # the prompt's extra model inputs, name -> tensor with a leading dimension (see `Row.model_inputs`)
     model_inputs: dict[str, torch.Tensor] = field(default_factory=dict, kw_only=True)
     uses: int = 0  # times served so far (set by the replay buffer when it serves it)
-    age: int = 0  # optimizer steps since it was generated (set when served)
+    age: int = 0  # policy versions behind the step it is served at: that step minus `version` (set when served)
+    version: int = 0  # the policy version that sampled it: the optimizer step whose weights generated it
 
     # stored tensors (besides the model inputs) and JSON values, from the declaration
     TENSOR_FIELDS = ("prompt_ids", "completion_ids", "completion_mask") + tuple(
@@ -87,15 +88,18 @@ class Trajectory:
         return out
 
     @classmethod
-    def from_parts(cls, tensors: dict[str, torch.Tensor], extras: dict, uses: int = 0, age: int = 0) -> Trajectory:
-        """The trajectory of stored `tensors` (as `tensors()` returns them) and `extras`; its model inputs in the order
-        of their names (storage, compression and checkpoints do not keep the order they came in)."""
+    def from_parts(
+        cls, tensors: dict[str, torch.Tensor], extras: dict, uses: int = 0, age: int = 0, version: int = 0
+    ) -> Trajectory:
+        """The trajectory of stored `tensors` (as `tensors()` returns them) and `extras`, sampled by policy `version`;
+        its model inputs in the order of their names (storage, compression and checkpoints do not keep the order they
+        came in)."""
         fields = {k: v for k, v in tensors.items() if not k.startswith(MODEL_INPUT_PREFIX)}
         inputs = {
             k[len(MODEL_INPUT_PREFIX) :]: tensors[k] for k in sorted(tensors) if k.startswith(MODEL_INPUT_PREFIX)
         }
         values = {k: v for k, v in extras.items() if k in cls.EXTRA_FIELDS}
-        return cls(**fields, **values, model_inputs=inputs, uses=uses, age=age)
+        return cls(**fields, **values, model_inputs=inputs, uses=uses, age=age, version=version)
 
     def nbytes(self) -> int:
         """Host-memory bytes held by its tensors (model inputs included)."""
@@ -149,7 +153,8 @@ class ReplayBuffer:
         max_bytes (`int`, *optional*): maximum host bytes of the stored trajectories; the oldest are evicted first.
         max_uses (`int`): a trajectory is served at most this many times (PPO's `num_ppo_epochs`; the trainer's
             `replay_max_uses` hook, which few-shot mode raises).
-        max_age (`int`, *optional*): trajectories born more than this many optimizer steps ago are not served.
+        max_age (`int`, *optional*): trajectories whose policy version is more than this many optimizer steps behind
+            the current step are not served.
         seed (`int`): seed of the random choice among equally used trajectories.
         compress (`bool`): always store trajectories compressed.
         compress_threshold (`float`): fraction of `max_bytes` above which new trajectories are stored compressed.
@@ -181,7 +186,7 @@ class ReplayBuffer:
         self.nbytes = 0
         self.num_evicted = 0
         self._total_uses = 0
-        self._total_births = 0
+        self._total_versions = 0  # sum of the stored trajectories' versions (for replay/age_mean)
         self._num_compressed = 0
 
     def __len__(self) -> int:
@@ -199,7 +204,7 @@ class ReplayBuffer:
             self._buckets[item["uses"]].pop(key, None)
         self.nbytes -= item["nbytes"]
         self._total_uses -= item["uses"]
-        self._total_births -= item["birth"]
+        self._total_versions -= item["version"]
         self._num_compressed -= int(item["blob"] is not None)
 
     def _should_compress(self) -> bool:
@@ -207,8 +212,9 @@ class ReplayBuffer:
             self.max_bytes is not None and self.nbytes >= self.compress_threshold * self.max_bytes
         )
 
-    def add(self, trajectories: list[Trajectory], step: int) -> None:
-        """Store trajectories born at optimizer step `step`, evicting the oldest beyond either capacity.
+    def add(self, trajectories: list[Trajectory]) -> None:
+        """Store trajectories (each with the policy `version` that sampled it), evicting the oldest beyond either
+        capacity.
 
         Raises:
             ValueError: if a single trajectory is larger than `max_bytes` even compressed.
@@ -233,13 +239,13 @@ class ReplayBuffer:
                 "blob": blob,
                 "extras": extras,
                 "uses": 0,
-                "birth": step,
+                "version": int(trajectory.version),
                 "nbytes": nbytes,
             }
             self._buckets[0][key] = None
             self._unexpired.append(key)
             self.nbytes += nbytes
-            self._total_births += step
+            self._total_versions += int(trajectory.version)
             self._num_compressed += int(blob is not None)
             while len(self._items) > self.capacity or (self.max_bytes is not None and self.nbytes > self.max_bytes):
                 self._remove(next(iter(self._items)))
@@ -251,7 +257,7 @@ class ReplayBuffer:
         while self._unexpired:
             key = self._unexpired[0]
             item = self._items.get(key)
-            if item is not None and step - item["birth"] <= self.max_age:
+            if item is not None and step - item["version"] <= self.max_age:
                 break
             self._unexpired.popleft()
             if item is not None and item["uses"] < self.max_uses:
@@ -291,18 +297,21 @@ class ReplayBuffer:
             self._total_uses += 1
             if item["uses"] < self.max_uses:
                 self._buckets[item["uses"]][key] = None
-            out.append(Trajectory.from_parts(self._tensors(item), item["extras"], item["uses"], step - item["birth"]))
+            version = item["version"]
+            out.append(
+                Trajectory.from_parts(self._tensors(item), item["extras"], item["uses"], step - version, version)
+            )
         return out
 
     def metrics(self, step: int) -> dict[str, float]:
-        """`replay/size`, `replay/bytes`, `replay/reuse_mean`, `replay/age_mean` (optimizer steps) and
+        """`replay/size`, `replay/bytes`, `replay/reuse_mean`, `replay/age_mean` (policy versions behind `step`) and
         `replay/compressed` (fraction of stored trajectories kept compressed)."""
         size = len(self._items)
         return {
             "replay/size": float(size),
             "replay/bytes": float(self.nbytes),
             "replay/reuse_mean": self._total_uses / size if size else 0.0,
-            "replay/age_mean": step - self._total_births / size if size else 0.0,
+            "replay/age_mean": step - self._total_versions / size if size else 0.0,
             "replay/compressed": self._num_compressed / size if size else 0.0,
         }
 
@@ -353,7 +362,7 @@ class ReplayBuffer:
             "extras": [item["extras"] for item in items],
             "compressed": [item["blob"] is not None for item in items],
             "uses": [item["uses"] for item in items],
-            "births": [item["birth"] for item in items],
+            "versions": [item["version"] for item in items],
             "num_evicted": self.num_evicted,
             "rng": [version, list(internal), gauss],
         }
@@ -371,8 +380,9 @@ class ReplayBuffer:
             ValueError: if the bookkeeping and the tensors disagree (a corrupted checkpoint).
         """
         count = len(meta["uses"])
-        if len(meta["births"]) != count:
-            raise ValueError("Corrupted replay state: 'uses' and 'births' have different lengths.")
+        versions = meta["versions"] if "versions" in meta else meta["births"]  # births: checkpoints before versions
+        if len(versions) != count:
+            raise ValueError("Corrupted replay state: 'uses' and 'versions' have different lengths.")
         columns = {}
         for name in meta["fields"]:
             data, offsets = tensors.get(f"replay/{name}"), tensors.get(f"replay/{name}.offsets")
@@ -401,18 +411,18 @@ class ReplayBuffer:
         self._items.clear()
         self._buckets = [{} for _ in range(self.max_uses)]
         self._unexpired = deque()
-        self.nbytes = self._total_uses = self._total_births = self._num_compressed = 0
+        self.nbytes = self._total_uses = self._total_versions = self._num_compressed = 0
         for i in range(count):
             tensors = {name: columns[name][i] for name in meta["fields"]} | inputs[i]
             blob = compress_tensors(tensors) if compressed[i] else None
-            uses, birth = int(meta["uses"][i]), int(meta["births"][i])
+            uses, version = int(meta["uses"][i]), int(versions[i])
             nbytes = len(blob) if blob is not None else trajectory_nbytes(tensors)
             self._items[i] = {
                 "tensors": None if blob is not None else tensors,
                 "blob": blob,
                 "extras": dict(extras[i]),
                 "uses": uses,
-                "birth": birth,
+                "version": version,
                 "nbytes": nbytes,
             }
             if uses < self.max_uses and "buckets" not in meta:
@@ -420,7 +430,7 @@ class ReplayBuffer:
             self._unexpired.append(i)
             self.nbytes += nbytes
             self._total_uses += uses
-            self._total_births += birth
+            self._total_versions += version
             self._num_compressed += int(blob is not None)
         if "buckets" in meta:  # the serving order among equally used trajectories, exactly
             if len(meta["buckets"]) != self.max_uses:

@@ -1,0 +1,310 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Rollout sources (`trl_trapo/sources.py`): the public seam through which RL rounds reach the trainer.
+
+- A user's source feeds the trainer: it trains on exactly the completions the source returned (the worked example of
+  `docs/writing_a_rollout_source.md`, run from the document), and a round sampled at an older policy version is that
+  many versions old in the replay buffer (`replay_max_age` retires it).
+- What a source may bring is used, not recomputed: scores (no reward function call), a completion mask (tool tokens
+  count in no loss and no KL).
+- The default source is the synchronous one; settings that configure it are refused with a source of your own, and a
+  source that returns something else is named.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import RecordingTRAPOTrainer, trained_rows
+from test_doc_commands import registered_block
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.config import RL
+from trl_trapo.data import tokenize_prompt
+from trl_trapo.sources import SampledRound, SyncRolloutSource
+from trl_trapo.tasks import build_tiny_model
+
+
+WORKED_EXAMPLE = "docs/writing_a_rollout_source.md: # run: fixed completions as a rollout source"
+
+
+class FixedRounds:
+    """Answers each prompt of `dataset` with all of `completions`, one group per prompt; `lag` versions behind the
+    trainer's step, with `extra` fields (scores, masks ...) on every round. Records the rounds it returned."""
+
+    def __init__(self, dataset, completions: list[list[int]], lag: int = 0, **extra):
+        self.dataset, self.completions, self.lag, self.extra = dataset, completions, lag, extra
+        self.cursor = 0
+        self.rounds: list[SampledRound] = []
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        group = len(self.completions)
+        examples = []
+        for _ in range(max(rows_needed // group, 1)):
+            examples += [self.dataset[self.cursor % len(self.dataset)]] * group
+            self.cursor += 1
+        completions = [torch.tensor(self.completions[i % group]) for i in range(len(examples))]
+        extra = {k: v(len(examples)) if callable(v) else v for k, v in self.extra.items()}
+        self.rounds.append(SampledRound(examples, completions, version=step - self.lag, group=group, **extra))
+        return self.rounds[-1]
+
+
+def answers(tokenizer, texts: list[str]) -> list[list[int]]:
+    return [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def rl_trainer(tmp_path, tokenizer, suite, source, reward=length_reward, **overrides):
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            save_strategy="no",
+            activation_checkpointing=False,
+            max_steps=2,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_prompt_length=16,
+            response_length=4,
+            **overrides,
+        ),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        rollout_source=source,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A user's source feeds the trainer
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_worked_example_trains_on_exactly_its_completions(tmp_path, monkeypatch):
+    """The document's block, as written: every RL row trained is a prompt of its dataset followed by one of the fixed
+    completions, its completion tokens (and only those) counted; the policy changed."""
+    seen = []
+    compute_loss = TRAPOTrainer.compute_loss
+
+    def recording(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        seen.append(
+            {k: inputs[k].detach().cpu().clone() for k in ("objective", "input_ids", "attention_mask", "mask")}
+        )
+        return compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    monkeypatch.setattr(TRAPOTrainer, "compute_loss", recording)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block(WORKED_EXAMPLE)
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer, tokenizer, prompts = namespace["trainer"], namespace["tokenizer"], namespace["prompts"]
+    completions = [c.tolist() for c in namespace["source"].completions]
+    assert trainer.state.global_step == 3
+    allowed = {tuple(tokenize_prompt(p, tokenizer) + c) for p in prompts["prompt"] for c in completions}
+    rows = trained_rows(seen, RL)
+    assert len(rows) == 3 * 8  # every row of every step is RL
+    for ids, mask in rows:
+        assert tuple(ids.tolist()) in allowed
+        completion = next(c for c in completions if ids.tolist()[-len(c) :] == c)
+        assert mask.tolist() == [0.0] * (ids.numel() - 1 - len(completion)) + [1.0] * len(completion)
+    assert {tuple(ids.tolist()[-2:]) for ids, _ in rows} >= {tuple(c[-2:]) for c in completions}
+
+
+def test_a_user_source_is_trained_on_and_recorded(tmp_path, tokenizer, suite):
+    """Through `train()` with a recording trainer: the rows trained are the source's rounds, nothing sampled."""
+    source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
+    trainer = RecordingTRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=length_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            save_strategy="no",
+            activation_checkpointing=False,
+            max_steps=3,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_prompt_length=16,
+            response_length=4,
+        ),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        rollout_source=source,
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    offered = {
+        tuple(tokenize_prompt(e["prompt"], tokenizer) + c.tolist())
+        for sampled in source.rounds
+        for e, c in zip(sampled.examples, sampled.completion_ids)
+    }
+    rows = trained_rows(trainer.seen_batches, RL)
+    assert rows and all(tuple(ids.tolist()) in offered for ids, _ in rows)
+    assert trainer.state.episode == sum(len(r.examples) for r in source.rounds)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_a_round_sampled_at_an_older_version_is_that_old(tmp_path, tokenizer, suite):
+    source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]), lag=3)
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, replay_max_age=4)
+    batch = trainer.collect_rollouts(8, step=5)
+    assert batch.version == 2 and {t.version for t in batch.trajectories} == {2}
+    assert trainer.replay.metrics(5)["replay/age_mean"] == 3.0
+    served = trainer.replay.sample(8, step=5)
+    assert {(t.version, t.age) for t in served} == {(2, 3)}
+    assert trainer.replay.num_available(6) == 8 and trainer.replay.num_available(7) == 0  # 5 versions > max_age 4
+
+
+def test_given_rollouts_carry_their_version(tmp_path, tokenizer, suite):
+    trainer = rl_trainer(tmp_path, tokenizer, suite, None)
+    examples = [suite.rl_train[0]] * 4
+    completions = [torch.tensor(c) for c in answers(tokenizer, ["1", "22", "333", "4444"])]
+    assert {t.version for t in trainer.process_rollouts(examples, completions)} == {0}
+    assert {t.version for t in trainer.process_rollouts(examples, completions, version=7)} == {7}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a source brings is used
+# ---------------------------------------------------------------------------------------------------------------------
+def test_scores_from_the_source_are_used_and_no_reward_function_runs(tmp_path, tokenizer, suite):
+    calls = []
+
+    def counting_reward(completions, **kwargs):
+        calls.append(len(completions))
+        return [0.0] * len(completions)
+
+    scores = lambda n: torch.arange(n, dtype=torch.float32)  # noqa: E731
+    source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]), scores=scores)
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, reward=counting_reward)
+    before = len(calls)  # the construction-time check of the reward functions
+    batch = trainer.collect_rollouts(8, step=0)
+    assert len(calls) == before
+    assert batch.scores.tolist() == list(range(8))
+    assert torch.isnan(batch.per_func).all()  # no per-function reward this round
+    logs = trainer.metrics.collect(trainer.accelerator, trainer.schedules.kl_coef())
+    assert logs["objective/scores"] == pytest.approx(3.5) and "rewards/counting_reward/mean" not in logs
+
+
+def test_a_completion_mask_keeps_tool_tokens_out_of_the_loss_and_the_kl(tmp_path, tokenizer, suite):
+    """A multi-turn completion `answer, tool result, answer`: the tool tokens (mask 0) count in no loss and add no KL;
+    such a round is not kept by self-imitation."""
+    completions = answers(tokenizer, ["12345", "1234", "123", "12"])
+    masks = [torch.tensor([1.0, 0.0, 0.0] + [1.0] * (len(c) - 3)) for c in completions]
+    source = FixedRounds(suite.rl_train, completions, completion_mask=lambda n: [masks[i % 4] for i in range(n)])
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, kl_coef=0.1)
+    batch = trainer.collect_rollouts(8, step=0)
+    for trajectory in batch.trajectories:
+        n = trajectory.completion_ids.numel()
+        assert trajectory.completion_mask.tolist() == masks[[len(c) for c in completions].index(n)].tolist()
+    # the per-sequence KL sums the sampled tokens only
+    per_token = [
+        (o - r) * m for o, r, m in zip(batch.old_per_token_logps, batch.ref_per_token_logps, batch.completion_mask)
+    ]
+    assert trainer.kl_estimator == "k2"
+    expected = torch.stack([(0.5 * d**2).sum() for d in per_token])
+    torch.testing.assert_close(batch.kl, expected)
+
+
+def test_a_completion_mask_with_a_critic_is_refused(tmp_path, tokenizer, suite):
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    critic = AutoModelForSequenceClassification.from_config(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            num_labels=1,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    completions = answers(tokenizer, ["12"])
+    source = FixedRounds(suite.rl_train, completions, completion_mask=lambda n: [torch.ones(3)] * n)
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=length_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            report_to="none",
+            save_strategy="no",
+            num_generations=1,
+            max_prompt_length=16,
+            response_length=4,
+        ),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        value_model=critic,
+        rollout_source=source,
+    )
+    with pytest.raises(ValueError, match="completion_mask.*group-relative advantages"):
+        trainer.collect_rollouts(2, step=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The default source, and what is refused
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_default_source_is_synchronous_and_stamps_the_step(tmp_path, tokenizer, suite):
+    trainer = rl_trainer(tmp_path, tokenizer, suite, None)
+    assert isinstance(trainer.rollout_source, SyncRolloutSource)
+    trainer.state.global_step = 2
+    batch = trainer.collect_rollouts(8)
+    assert batch.version == 2 and len(batch.examples) == 8 and batch.group == 4
+    assert {t.version for t in trainer.replay.sample(8, step=2)} == {2}
+
+
+def test_a_user_source_turns_exploration_off(tmp_path, tokenizer, suite):
+    source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22"]))
+    assert rl_trainer(tmp_path, tokenizer, suite, source).exploration is None
+    assert rl_trainer(tmp_path, tokenizer, suite, None).exploration is not None  # the default: on where it can run
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        ({"fewshot_mode": True}, ValueError, "fewshot_mode=True configures the default rollout source"),
+        ({"exploration": True}, ValueError, "exploration=True sets the default rollout source"),
+    ],
+)
+def test_settings_of_the_default_source_are_refused(tmp_path, tokenizer, suite, overrides, error, message):
+    source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22"]))
+    with pytest.raises(error, match=message):
+        rl_trainer(tmp_path, tokenizer, suite, source, **overrides)
+
+
+def test_a_source_without_sample_or_returning_something_else_is_named(tmp_path, tokenizer, suite):
+    with pytest.raises(TypeError, match="has no `sample"):
+        rl_trainer(tmp_path, tokenizer, suite, object())
+
+    class ReturnsADict:
+        def sample(self, rows_needed, step):
+            return {"completion_ids": []}
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, ReturnsADict())
+    with pytest.raises(TypeError, match="ReturnsADict.sample returned dict"):
+        trainer.collect_rollouts(8, step=0)
+
+    class NoPrompts:  # token ids only: nothing the reward functions could read
+        def sample(self, rows_needed, step):
+            return SampledRound([{"prompt_ids": [5, 6]}] * 2, [torch.tensor([7])] * 2, version=step, group=2)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, NoPrompts())
+    with pytest.raises(ValueError, match="read each example's `prompt`"):
+        trainer.collect_rollouts(8, step=0)
+
+
+def test_a_sampled_round_checks_its_shapes():
+    rows = [{"prompt": "a"}] * 4
+    ids = [torch.tensor([1, 2])] * 4
+    with pytest.raises(ValueError, match="do not form groups of group=3"):
+        SampledRound(rows, ids, version=0, group=3)
+    with pytest.raises(ValueError, match="3 completion_ids for 4 examples"):
+        SampledRound(rows, ids[:3], version=0)
+    with pytest.raises(ValueError, match="old_per_token_logps must hold one"):
+        SampledRound(rows, ids, version=0, old_per_token_logps=[torch.zeros(3)] * 4)
+    with pytest.raises(ValueError, match="per_func needs `scores`"):
+        SampledRound(rows, ids, version=0, per_func=torch.zeros(4, 1))
+    round_ = SampledRound(rows, [[1, 2]] * 4, version=0, prompt_ids=[[5]] * 4)
+    assert round_.completion_ids[0].dtype == torch.long and round_.prompt_ids[0].tolist() == [5]

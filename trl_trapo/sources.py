@@ -1,0 +1,231 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Rollout sources: where the RL objective's rows come from, one whole round at a time.
+
+**The contract.** Whenever the replay buffer holds fewer servable trajectories than a step needs, the trainer asks its
+source for a round (on every rank at the same time; each rank has its own source object):
+
+    round = source.sample(rows_needed, step)  # -> SampledRound
+
+A source decides *what* is sampled and *how*: which prompts, by which policy version, at which temperatures, with
+transformers' `generate`, vLLM, a multi-turn agent with tools, or a producer in another process. It returns a
+[`SampledRound`]: the rows (dataset examples), the completions' token ids, optionally their behaviour log-probs, each
+row's sampling temperature, the policy version that sampled them, and optionally scores it already computed and a
+completion mask (0 on tokens the policy did not sample, e.g. tool results).
+
+The trainer then *finishes* the round itself, at consumption time, in its own process where collectives are safe
+([`~trl_trapo.rollout.RolloutEngine.finish`]): prompt ids (tokenized when absent), behaviour log-probs when the round
+has none (the current policy's), scores when it has none (the trainer's reward functions) and the missing-stop penalty,
+guidance's demonstrations, reference log-probs, critic values, advantages (GAE or group-relative, with the round's
+statistics over every rank). The finished [`~trl_trapo.rollout.RolloutBatch`] goes whole to every consumer:
+targeted exploration, the metrics, the adaptive KL window, the memory pool (few-shot, adapter bank, self-imitation)
+and the replay buffer, which stamps each trajectory with the round's `version` (its age is the current step minus
+that version; `replay_max_age` retires stale ones).
+
+What this contract leaves to the source, and what to the trainer, is chosen so that two future sources fit unchanged:
+
+- **TRL's `rollout_func`** (`rollout_func(prompts, trainer) -> dict(prompt_ids, completion_ids, logprobs[, env_mask,
+  extra keys])`): a thin adapter draws prompts, calls the function, and returns `SampledRound(examples=rows with the
+  extra keys as reward columns, prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask,
+  version=step)`. Multi-turn completions are returned as they are: the trainer never cuts a source's completions.
+- **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
+  log-probs and the rewards there, and hands over finished samples with `version` = the step whose weights it had and
+  `scores` set; `sample` returns the next ready round. Reference log-probs, values, advantages and every round or
+  cross-rank statistic are still computed by the trainer when it consumes the round.
+
+[`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
+
+Limits: the trainer does not checkpoint a source's own state (the default source's prompt order and sampling seed
+live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing each enter the
+unwrapped model, so under ZeRO-3 with `ds3_gather_for_generation` a default round gathers the weights twice (one
+gather served both before the split).
+
+`docs/writing_a_rollout_source.md` has a worked example. Shapes: `B` completions, `group` consecutive ones per prompt,
+`P_i` prompt tokens and `C_i` completion tokens of row i.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+
+if TYPE_CHECKING:  # annotations only: rollout.py imports this module
+    from datasets import Dataset
+
+    from .exploration import TargetedExploration
+    from .memory import MemoryPool
+    from .rollout import RolloutEngine
+
+
+@dataclass
+class SampledRound:
+    """One round as a source samples it: `B` completions, `group` consecutive ones per prompt.
+
+    Raises:
+        ValueError: naming the field, if the per-row fields do not have one entry per completion (or one value per
+            token of its completion), `B` is not a multiple of `group`, or the round is empty.
+    """
+
+    examples: list[dict[str, Any]]  # (B,) the dataset row of each completion's prompt: `prompt_ids` or `prompt`, and
+    # the columns the reward functions read; rows of one prompt are `group` consecutive entries
+    completion_ids: list[torch.Tensor]  # (C_i,) long each: the completion as it is trained (never cut by the trainer)
+    version: int  # the policy version that sampled it: the optimizer step whose weights generated it
+    group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
+    old_per_token_logps: list[torch.Tensor] | None = None  # (C_i,) each: behaviour log-probs (nats) at the row's
+    # temperature; None: the trainer computes them with the current policy (exact only when `version` is current)
+    temperatures: float | Sequence[float] | torch.Tensor | None = None  # the sampling temperature, one or (B,);
+    # None: the configured `temperature`
+    prompt_ids: list[torch.Tensor] | None = None  # (P_i,) long each; None: each example's `prompt_ids`, else its
+    # `prompt` tokenized as the trainer tokenizes prompts
+    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each: 1 on tokens the policy sampled, 0 on tokens it
+    # did not (tool results: TRL's `env_mask`); 0-tokens count in no loss, KL or KL metric. None: every token counts
+    scores: torch.Tensor | None = None  # (B,) rewards the source computed (NaN = no reward), before the trainer's
+    # `missing_eos_penalty`; None: the trainer's reward functions score the round
+    per_func: torch.Tensor | None = None  # (B, F) each of the trainer's F reward functions' reward, with `scores`
+    # (for `rewards/<name>/mean`); None: no per-function metrics for this round
+
+    def __post_init__(self):
+        self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
+        if self.prompt_ids is not None:
+            self.prompt_ids = [torch.as_tensor(p, dtype=torch.long) for p in self.prompt_ids]
+        rows = len(self.examples)
+        if rows == 0:
+            raise ValueError("SampledRound: a round needs at least one completion (`examples` is empty).")
+        if self.group < 1 or rows % self.group:
+            raise ValueError(
+                f"SampledRound: {rows} completions do not form groups of group={self.group}; give `group` "
+                "consecutive completions per prompt."
+            )
+        lengths = [int(c.numel()) for c in self.completion_ids]
+        if len(lengths) != rows:
+            raise ValueError(f"SampledRound: {len(lengths)} completion_ids for {rows} examples; give one per example.")
+        for name in ("old_per_token_logps", "completion_mask"):
+            values = getattr(self, name)
+            if values is None:
+                continue
+            if len(values) != rows or any(v.numel() != n for v, n in zip(values, lengths)):
+                raise ValueError(
+                    f"SampledRound.{name} must hold one (C_i,) tensor per completion, of its completion's length."
+                )
+        for name in ("prompt_ids", "scores", "per_func"):
+            values = getattr(self, name)
+            if values is not None and len(values) != rows:
+                raise ValueError(f"SampledRound.{name} has {len(values)} entries for {rows} completions.")
+        if self.per_func is not None and self.scores is None:
+            raise ValueError("SampledRound.per_func needs `scores` (the weighted reward) too.")
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the trainer asks for RL rows (the module docstring has the contract)."""
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        """The next round.
+
+        Args:
+            rows_needed (`int`): RL rows the current optimizer step still needs on this rank (a hint: a round of any
+                size is accepted, and `sample` is called again while the replay buffer has too few).
+            step (`int`): the current optimizer step, i.e. the version of the policy being trained.
+
+        Returns:
+            [`SampledRound`]: the round, stamped with the version of the policy that sampled it.
+        """
+        ...
+
+
+def check_rollout_source(source: Any, args) -> None:
+    """Refuse a user's rollout source, at construction, where it cannot work with the configuration.
+
+    Args:
+        source: what was passed as `rollout_source`.
+        args ([`~trl_trapo.TRAPOConfig`]): the configuration.
+
+    Raises:
+        TypeError: if `source` has no `sample(rows_needed, step)` method.
+        ValueError: naming the setting, for `use_vllm=True`, `fewshot_mode=True` or `exploration=True`: they set how
+            the default source samples (vLLM, few-shot prompt choice and annealed temperature, per-family
+            temperatures), which a source of your own decides itself.
+    """
+    if not isinstance(source, RolloutSource):
+        raise TypeError(
+            f"rollout_source={type(source).__name__} has no `sample(rows_needed, step)` method; pass an object that "
+            "returns a trl_trapo.sources.SampledRound from it (see docs/writing_a_rollout_source.md)."
+        )
+    for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
+        if value:
+            raise ValueError(
+                f"{type(args).__name__}.{name}=True configures the default rollout source, but a rollout_source was "
+                f"given (it samples by itself): set {name}=False, or drop rollout_source."
+            )
+    if args.exploration is True:
+        raise ValueError(
+            f"{type(args).__name__}.exploration=True sets the default rollout source's per-family temperatures, but a "
+            "rollout_source was given (it chooses its own temperatures): set exploration=None or False."
+        )
+
+
+class SyncRolloutSource:
+    """The default source: each round is sampled when the trainer asks, by the live policy, in the trainer's process.
+
+    A round holds `ceil(rows_needed * num_mini_batches / group)` prompts (PPO's rollout batch: `num_mini_batches`
+    steps' worth), each repeated `group` times in a row; the prompts come from the memory pool (the RL prompt sampler,
+    or few-shot mode's choice and annealed temperature), targeted exploration sets each row's temperature from its task
+    family, and the whole round is one batched `sample` call of the engine (behaviour log-probs recorded while
+    sampling, or recomputed for vLLM). Its version is `step`.
+
+    Args:
+        engine ([`~trl_trapo.rollout.RolloutEngine`]): samples a round (`engine.sample`).
+        dataset (`Dataset`): the tokenized RL prompts (`prompt_ids`, and the reward columns).
+        prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`) and its
+            temperature (`rollout_temperature(default)`).
+        group (`int`): completions per prompt (1 with a critic, else `num_generations`).
+        num_mini_batches (`int`): optimizer steps a round feeds.
+        temperature (`float`): the configured sampling temperature.
+        exploration ([`~trl_trapo.exploration.TargetedExploration`], *optional*): per-row temperatures by task family.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        dataset: Dataset,
+        prompts: MemoryPool,
+        group: int,
+        num_mini_batches: int,
+        temperature: float,
+        exploration: TargetedExploration | None = None,
+    ):
+        self.engine = engine
+        self.dataset = dataset
+        self.prompts = prompts
+        self.group = int(group)
+        self.num_mini_batches = int(num_mini_batches)
+        self.temperature = float(temperature)
+        self.exploration = exploration
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        """Sample a round of `ceil(rows_needed * num_mini_batches / group)` prompts x `group` (see the class).
+
+        Returns:
+            [`SampledRound`]: completions cut after their stop token, behaviour log-probs (None with vLLM), each row's
+            temperature, prompt ids, version `step`.
+
+        Raises:
+            RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
+        """
+        num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
+        # step 1. prompts (few-shot mode prefers under-served tasks and anneals the round's temperature)
+        indices = self.prompts.select_prompts(num_prompts, step)
+        temperature = self.prompts.rollout_temperature(self.temperature)
+        examples = [example for example in (self.dataset[i] for i in indices) for _ in range(self.group)]
+        # targeted exploration samples each family at its own temperature, all in the same batched call
+        if self.exploration is not None:
+            temperature = self.exploration.row_temperatures(examples)
+        # step 2. generate (behaviour log-probs recorded while sampling)
+        return self.engine.sample(examples, self.group, step, temperature)
+
+
+__all__ = ["RolloutSource", "SampledRound", "SyncRolloutSource", "check_rollout_source"]
