@@ -78,6 +78,9 @@ REGISTRY = {
     "examples/data/README.md: from datasets import load_dataset": (
         "tests/test_doc_commands.py::test_example_data_loading_block"
     ),
+    "docs/seams.md: # run: an objective of your own": (
+        "tests/test_objectives.py::test_the_documented_objective_of_your_own_trains"
+    ),
     "docs/writing_a_rollout_source.md: # run: fixed completions as a rollout source": (
         "tests/test_sources.py::test_the_worked_example_trains_on_exactly_its_completions"
     ),

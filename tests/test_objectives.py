@@ -292,3 +292,38 @@ def test_resuming_with_other_objectives_is_refused_by_name(tmp_path, tokenizer, 
     )
     with pytest.raises(Exception, match=r"other objectives \(this run adds none and lacks \['digits'\]\)"):
         three.train(resume_from_checkpoint=str(tmp_path / "four" / "checkpoint-2"))
+
+
+def test_the_documented_objective_of_your_own_trains(tmp_path, tokenizer, suite):
+    """docs/seams.md's "Writing your own" block, run from the page: its objective gets rows, a loss and a DARE weight."""
+    from test_doc_commands import registered_block
+
+    namespace: dict = {}
+    exec(registered_block("docs/seams.md: # run: an objective of your own").text, namespace)
+    stream = iter(LanguageModelingObjective("unused", digits_corpus()).dataset["text"])
+    served = []
+
+    def rows_of(n, step):
+        rows = []
+        for _ in range(n):
+            ids = torch.tensor(tokenizer(next(stream))["input_ids"][:12])
+            rows.append(Row(short.index, ids, torch.ones(ids.numel() - 1)))
+        served.extend(rows)
+        return rows
+
+    short = namespace["ShortAnswers"](rows_of, weight=1.0)
+    mixtures = [{"pretrain": 0.4, "sft": 0.2, "rl": 0.2, "short": 0.2}] * 3
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "max_steps": 2, "curriculum_mixtures": mixtures}),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        objectives=[short],
+    )
+    trainer.train()
+    assert served, "the objective got no rows"
+    logged = [entry for entry in trainer.state.log_history if "loss/short" in entry]
+    assert logged and all(entry["loss/short"] > 0 and 0 < entry["weight/short"] < 1 for entry in logged)
