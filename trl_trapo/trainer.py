@@ -1,29 +1,31 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""TRAPOTrainer: one policy, three objectives (pretraining, SFT, RL), one joint update per optimizer step.
+"""TRAPOTrainer: one policy, several objectives (pretraining, SFT, RL, and any added), one joint update per step.
 
 How one optimizer step runs (the public `Trainer` hooks below, in the order they run):
 
-1. `get_batch_samples`: the curriculum gives the step's shares of rows (pretrain / SFT / RL) and DARE's factors turn
-   them into loss weights; the rows are drawn — packed pretraining chunks, SFT samples from the memory pool, RL
-   trajectories from the replay buffer, which a round of the rollout source refills when it runs dry
-   (`collect_rollouts`: the source samples; the rollout engine scores and adds reference log-probs, values,
-   advantages); they are split into gradient-accumulation micro-batches of similar length, right-padded, and the
-   per-objective token counts of the whole step are summed over micro-batches and ranks into the step's
+1. `get_batch_samples`: the curriculum gives the step's shares of rows per objective and DARE's factors turn them
+   into loss weights; each objective serves its rows (`trl_trapo/objectives.py`) — packed pretraining chunks, SFT
+   samples from the memory pool, RL trajectories from the replay buffer, which a round of the rollout source refills
+   when it runs dry (`collect_rollouts`: the source samples; the rollout engine scores and adds reference log-probs,
+   values, advantages); they are split into gradient-accumulation micro-batches of similar length, right-padded, and
+   the per-objective counts of the whole step are summed over micro-batches and ranks into the step's
    [`StepContext`];
 2. `training_step` / `compute_loss`, per micro-batch: one forward of the policy over all its rows (whatever their
-   objective) and one backward of L = sum_o w_o * L_o, each L_o normalised by its *global* count, so accumulation and
-   data parallelism are exact; after the last micro-batch, DARE updates from its gradient probe;
+   objective), each objective's term (`objective.loss`), and one backward of L = sum_o w_o * L_o, each L_o
+   normalised by its *global* count, so accumulation and data parallelism are exact; after the last micro-batch,
+   DARE updates from its gradient probe;
 3. the optimizer step (`create_optimizer`: skipped when the loss was not finite on any rank) and the learning-rate
    scheduler (`create_scheduler`: scaled by the curriculum phase);
 4. `log`: TRAPO's metrics join the Trainer's logs; `evaluate` evaluates held-out data by its format; `train` and the
-   state-checkpoint callback make TRAPO's own state (pools, replay buffer, controllers, RNG) durable.
+   state-checkpoint callback make TRAPO's own state (objectives, pools, replay buffer, controllers, RNG) durable.
 
 Everything else — optimizer, accumulation, mixed precision, distribution, checkpoints — is the `transformers.Trainer`
 loop, reached only through its public hooks. The collaborators each own their state and take their dependencies in
 their constructors: [`~trl_trapo.sources.RolloutSource`], [`~trl_trapo.rollout.RolloutEngine`],
 [`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
 [`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
-[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`]; the callbacks are in `callbacks.py`. Two construction hooks let a subclass
+[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`], the objectives
+([`~trl_trapo.objectives.Objective`]); the callbacks are in `callbacks.py`. Two construction hooks let a subclass
 change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
 (`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
 """
