@@ -47,7 +47,6 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import left_pad
 from trl_trapo.models import ReferencePolicy
 from trl_trapo.rewards import RewardScorer, numeric_answer_reward
-from trl_trapo.rollout import RolloutEngine
 from trl_trapo.rollout import generate as rollout_generate
 
 
@@ -213,7 +212,7 @@ def _code(function) -> tuple[str, int, str]:
 # generation, the reference log-probs and the rewards; backward is torch's C++ engine. Functions are matched by their
 # code objects (file, first line, name), so a renamed or moved function fails loudly instead of reading 0.
 PHASES = {
-    "rollout round (generate + reference log-probs + rewards)": _code(RolloutEngine.generate),
+    "rollout round (generate + reference log-probs + rewards)": _code(TRAPOTrainer.collect_rollouts),
     "  generate (sampling, behaviour log-probs recorded)": _code(rollout_generate),
     "  reference log-probs (no-grad forward of the frozen copy)": _code(ReferencePolicy.logps),
     "  rewards (numeric_answer_reward, math-verify)": _code(RewardScorer.score),
