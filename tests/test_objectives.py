@@ -5,9 +5,11 @@ is probed exactly; checkpoints written before objectives were objects still resu
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import TINY_CONFIG
@@ -18,7 +20,7 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import Row, StepContext
 from trl_trapo.curriculum import phase_mixtures
 from trl_trapo.losses import TermOutput
-from trl_trapo.objectives import LanguageModelingObjective, Objective, count_keys, step_counts
+from trl_trapo.objectives import LanguageModelingObjective, Objective, check_objectives, count_keys, step_counts
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
 
@@ -300,18 +302,15 @@ def test_the_documented_objective_of_your_own_trains(tmp_path, tokenizer, suite)
 
     namespace: dict = {}
     exec(registered_block("docs/seams.md: # run: an objective of your own").text, namespace)
-    stream = iter(LanguageModelingObjective("unused", digits_corpus()).dataset["text"])
     served = []
 
-    def rows_of(n, step):
-        rows = []
-        for _ in range(n):
-            ids = torch.tensor(tokenizer(next(stream))["input_ids"][:12])
-            rows.append(Row(short.index, ids, torch.ones(ids.numel() - 1)))
-        served.extend(rows)
-        return rows
+    def answers():
+        for text in itertools.cycle(digits_corpus()["text"]):
+            ids = torch.tensor(tokenizer(text[:11])["input_ids"])
+            served.append(ids)
+            yield ids
 
-    short = namespace["ShortAnswers"](rows_of, weight=1.0)
+    short = namespace["ShortAnswers"](answers(), weight=1.0)
     mixtures = [{"pretrain": 0.4, "sft": 0.2, "rl": 0.2, "short": 0.2}] * 3
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
@@ -327,3 +326,132 @@ def test_the_documented_objective_of_your_own_trains(tmp_path, tokenizer, suite)
     assert served, "the objective got no rows"
     logged = [entry for entry in trainer.state.log_history if "loss/short" in entry]
     assert logged and all(entry["loss/short"] > 0 and 0 < entry["weight/short"] < 1 for entry in logged)
+
+
+class Scripted(Objective):
+    """An objective whose `take`, `loss` and `state_dict` misbehave as `case` says (a new user's trial, issue 21)."""
+
+    def __init__(self, case: str = "ok"):
+        super().__init__("scripted")
+        self.case = case
+
+    def take(self, n, step):
+        ids = torch.arange(4, 14)
+        index = {"index0": 0, "index99": 99}.get(self.case, self.index)
+        count = {"fewer": n - 1, "more": n + 1}.get(self.case, n)
+        if self.case == "dicts":
+            return [{"input_ids": ids} for _ in range(n)]
+        return [Row(index, ids, torch.ones(ids.numel() - 1)) for _ in range(count)]
+
+    def loss(self, term):
+        loss = -(term.per_token_logps * term.mask).sum() / max(term.context.counts["tokens_scripted"], 1.0)
+        if self.case == "float":
+            return 0.0
+        if self.case == "nonscalar":
+            return TermOutput(loss.expand(2), loss.detach())
+        if self.case == "bad_logp_coef":
+            return TermOutput(loss, loss.detach(), logp_coef=torch.ones(3))
+        return TermOutput(loss, loss.detach(), logp_coef=torch.ones_like(term.mask))
+
+    def state_dict(self):
+        return {"tensor": torch.zeros(1)} if self.case == "tensor_state" else {"case": self.case}
+
+    def metrics(self):
+        return {"scripted/seen": 1.0}
+
+
+def scripted_trainer(tmp_path, tokenizer, suite, objective, **overrides):
+    mixtures = [{"pretrain": 0.4, "sft": 0.2, "rl": 0.2, "scripted": 0.2}] * 3
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path), **{**TINY_CONFIG, "max_steps": 2, "curriculum_mixtures": mixtures, **overrides}
+        ),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        objectives=[objective],
+    )
+
+
+@pytest.mark.parametrize(
+    "case, error, message",
+    [
+        ("index0", ValueError, r"'scripted': take\(\) row 0 has objective=0, but this objective's index is 3"),
+        ("index99", ValueError, r"row 0 has objective=99"),
+        ("fewer", ValueError, r"take\(\d+, step\) returned \d+ rows; it must return a list of exactly"),
+        ("more", ValueError, r"must return a list of exactly"),
+        ("dicts", ValueError, r"take\(\) row 0 is a dict"),
+        ("float", TypeError, r"'scripted': loss\(\) must return a trl_trapo.losses.TermOutput.*got float"),
+        ("nonscalar", TypeError, r"scalar tensor, got TermOutput with a loss of shape \(2,\)"),
+        ("bad_logp_coef", TypeError, r"logp_coef has shape \(3,\)"),
+    ],
+)
+def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(
+    tmp_path, tokenizer, suite, case, error, message
+):
+    """Rows labelled with another objective's index trained silently under that objective's loss; wrong counts and
+    malformed terms crashed deep inside the trainer. Each now fails at the first step, naming the objective."""
+    trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted(case))
+    with pytest.raises(error, match=message):
+        trainer.train()
+
+
+def test_an_objective_is_checked_at_construction(tmp_path, tokenizer, suite):
+    with pytest.raises(TypeError, match=r"'scripted': state_dict\(\) must return a JSON-serialisable dict"):
+        scripted_trainer(tmp_path, tokenizer, suite, Scripted("tensor_state"))
+    with pytest.raises(TypeError, match="must be a list of trl_trapo.objectives.Objective, got Scripted"):
+        check_objectives(Scripted())  # `objectives=obj`, not wrapped in a list
+
+    class NoLoss(Objective):
+        def take(self, n, step):
+            return []
+
+    with pytest.raises(TypeError, match=r"'half' \(NoLoss\) does not implement \['loss'\]"):
+        check_objectives([NoLoss("half")])
+    with pytest.raises(ValueError, match=r"weight=inf must be a finite number"):
+        LanguageModelingObjective("digits", digits_corpus(), weight=float("inf"))
+    assert LanguageModelingObjective("digits", digits_corpus(), weight=np.float32(0.5)).weight == 0.5
+    for max_length in (1, 300):
+        with pytest.raises(ValueError, match=rf"max_length={max_length} must be an int in \[2, 64\]"):
+            TRAPOTrainer(
+                build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
+                reward_funcs=exact_match_reward,
+                args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "curriculum_mixtures": FOUR_PHASES}),
+                train_dataset=suite.rl_train,
+                pretrain_dataset=suite.pretrain,
+                processing_class=tokenizer,
+                objectives=[LanguageModelingObjective("digits", digits_corpus(), max_length=max_length)],
+            )
+
+
+@pytest.mark.parametrize(
+    "mixtures",
+    [
+        [float("nan"), 0.5, 0.5, 0.7, 0.2, 0.1, 0.1, 0.3, 0.6],
+        [{"pretrain": float("nan"), "rl": 1.0}] * 3,
+        [{"pretrain": float("inf"), "rl": 1.0}] * 3,
+    ],
+)
+def test_non_finite_curriculum_shares_are_refused(mixtures):
+    """A NaN share passed validation (NaN compares False) and every step was then skipped as non-finite."""
+    with pytest.raises(ValueError, match="curriculum_mixtures"):
+        TRAPOConfig(output_dir="unused", curriculum_mixtures=mixtures)
+
+
+def test_an_objectives_own_metrics_are_logged_and_an_idle_share_is_warned(tmp_path, tokenizer, suite, caplog):
+    trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted())
+    trainer.train()
+    assert any(entry.get("scripted/seen") == 1.0 for entry in trainer.state.log_history)
+    idle = LanguageModelingObjective("idle", digits_corpus(), weight=0.0)
+    with caplog.at_level("WARNING"):
+        scripted_trainer(
+            tmp_path / "idle",
+            tokenizer,
+            suite,
+            idle,
+            curriculum_mixtures=[{"pretrain": 0.4, "sft": 0.2, "rl": 0.2, "idle": 0.2}] * 3,
+        )
+    assert "['idle'] have a curriculum share but no data or a weight of 0" in caplog.text

@@ -308,3 +308,73 @@ def test_a_sampled_round_checks_its_shapes():
         SampledRound(rows, ids, version=0, per_func=torch.zeros(4, 1))
     round_ = SampledRound(rows, [[1, 2]] * 4, version=0, prompt_ids=[[5]] * 4)
     assert round_.completion_ids[0].dtype == torch.long and round_.prompt_ids[0].tolist() == [5]
+
+
+class OneRound:
+    """A source returning `make(step)` once (what a broken source would return)."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def sample(self, rows_needed, step):
+        return self.make(step)
+
+
+def prompts(suite, n=4):
+    return [suite.rl_train[i] for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("future_version", r"round of version 100 at step 0.*version <= step"),
+        ("id_outside_vocabulary", r"completion_ids\[0\] holds token id 99999, outside the policy's vocabulary"),
+        ("negative_id", r"completion_ids\[0\] holds token id -1, outside"),
+        ("longer_than_context", r"completion 0 is 300 tokens, more than the policy's context of 256"),
+        ("group_of_one", r"group=1, but advantages are group-relative"),
+    ],
+)
+def test_a_round_the_trainer_cannot_train_on_is_refused_naming_the_source(tmp_path, tokenizer, suite, case, message):
+    """Each of these trained silently (or crashed deep in torch) before: a new user's trial, issue 21."""
+    eos = tokenizer.eos_token_id
+
+    def make(step):
+        rows = prompts(suite)
+        completions = [torch.tensor([5, 6, eos])] * 4
+        kwargs = dict(version=step, group=4)
+        if case == "future_version":
+            kwargs["version"] = 100
+        elif case == "id_outside_vocabulary":
+            completions = [torch.tensor([99999, eos])] + completions[1:]
+        elif case == "negative_id":
+            completions = [torch.tensor([-1, eos])] + completions[1:]
+        elif case == "longer_than_context":
+            completions = [torch.full((300,), 5)] + completions[1:]
+        elif case == "group_of_one":
+            kwargs["group"] = 1
+        return SampledRound(rows, completions, **kwargs)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make))
+    with pytest.raises(ValueError, match=message) as error:
+        trainer.collect_rollouts(8, step=0)
+    assert "OneRound.sample" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("scores", torch.tensor([1.0, float("inf"), 0.0, 0.0]), r"scores must be \(B,\) finite rewards"),
+        ("scores", torch.zeros(4, 2), r"scores must be \(B,\)"),
+        ("old_per_token_logps", [torch.tensor([float("nan")])] * 4, r"old_per_token_logps\[0\] must be finite"),
+        ("old_per_token_logps", [torch.tensor([0.5])] * 4, r"log-probabilities <= 0"),
+        ("version", 1.5, r"version=1.5 must be an int >= 0"),
+        ("completion_ids", [torch.tensor([], dtype=torch.long)] * 4, r"completion_ids\[0\] is empty"),
+    ],
+)
+def test_a_sampled_round_refuses_non_finite_or_malformed_values(suite, field, value, message):
+    kwargs = {
+        **dict(examples=prompts(suite), completion_ids=[torch.tensor([5])] * 4, version=0, group=4),
+        field: value,
+    }
+    with pytest.raises(ValueError, match=message):
+        SampledRound(**kwargs)

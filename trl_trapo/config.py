@@ -256,9 +256,9 @@ class TRAPOConfig(_BaseConfig):
         default_factory=lambda: [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6],
         metadata={
             "help": "Target (pretrain, sft, rl) mixture of each phase, flattened: 3 numbers per phase, each triple "
-            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). In Python or a YAML "
-            "config it may instead be one mapping objective name -> share per phase, which is how objectives added "
-            "with `TRAPOTrainer(objectives=...)` get a share."
+            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). In Python "
+            "(`TRAPOConfig(curriculum_mixtures=[...])`) it may instead be one mapping objective name -> share per "
+            "phase, which is how objectives added with `TRAPOTrainer(objectives=...)` get a share."
         },
     )
     curriculum_decay_steps: float = field(
@@ -868,10 +868,11 @@ class TRAPOConfig(_BaseConfig):
             for i, mapping in enumerate(mixtures):
                 shares = list(mapping.values())
                 if not all(isinstance(k, str) for k in mapping) or any(
-                    not isinstance(x, (int, float)) or isinstance(x, bool) or x < 0 for x in shares
+                    not isinstance(x, (int, float)) or isinstance(x, bool) or not (x >= 0 and math.isfinite(x))
+                    for x in shares
                 ):
-                    bad("curriculum_mixtures", mixtures, f"phase {i} must map objective names to shares >= 0.")
-                if abs(sum(shares) - 1) > 1e-6:
+                    bad("curriculum_mixtures", mixtures, f"phase {i} must map objective names to finite shares >= 0.")
+                if not abs(sum(shares) - 1) <= 1e-6:
                     bad("curriculum_mixtures", mixtures, f"phase {i} {dict(mapping)} must sum to 1.")
         else:
             if any(isinstance(m, Mapping) for m in mixtures) or len(mixtures) != 3 * phases:
@@ -883,8 +884,8 @@ class TRAPOConfig(_BaseConfig):
                 )
             for i in range(0, len(mixtures), 3):
                 triple = mixtures[i : i + 3]
-                if any(x < 0 for x in triple) or abs(sum(triple) - 1) > 1e-6:
-                    bad("curriculum_mixtures", mixtures, f"phase {i // 3} {triple} must be >= 0 and sum to 1.")
+                if any(not (x >= 0 and math.isfinite(x)) for x in triple) or not abs(sum(triple) - 1) <= 1e-6:
+                    bad("curriculum_mixtures", mixtures, f"phase {i // 3} {triple} must be finite, >= 0 and sum to 1.")
         if self.curriculum_decay_steps <= 0:
             bad("curriculum_decay_steps", self.curriculum_decay_steps, "use a positive number (< 1: a fraction).")
         for name in ("pretrain_max_length", "sft_max_length", "max_prompt_length", "response_length"):

@@ -28,7 +28,10 @@ Adding an objective is subclassing [`Objective`] (see `docs/seams.md`, "Adding a
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +58,7 @@ class ObjectiveSetup:
         tokenizer: the policy's tokenizer.
         rank (`int`), world_size (`int`): this process and the number of processes (shard the data by them).
         planned_steps (`int`): the run's optimizer steps.
+        max_positions (`int`, *optional*): the policy's context (rows must not be longer); None if unknown.
     """
 
     index: int
@@ -63,6 +67,7 @@ class ObjectiveSetup:
     rank: int
     world_size: int
     planned_steps: int
+    max_positions: int | None = None
 
 
 @dataclass
@@ -105,8 +110,14 @@ class Objective:
     def __init__(self, name: str, weight: float = 1.0):
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"An objective's name must be a non-empty string without '/', got {name!r}.")
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not weight >= 0:
-            raise ValueError(f"Objective '{name}': weight={weight!r} must be a number >= 0 (0 switches it off).")
+        if (
+            not isinstance(weight, numbers.Real)
+            or isinstance(weight, bool)
+            or not (weight >= 0 and math.isfinite(weight))
+        ):
+            raise ValueError(
+                f"Objective '{name}': weight={weight!r} must be a finite number >= 0 (0 switches it off)."
+            )
         self.name = name
         self.weight = float(weight)
         self.index: int | None = None
@@ -202,6 +213,17 @@ class LanguageModelingObjective(Objective):
             return
         args = setup.args
         role = "pretrain_dataset" if not self.check else f"objective '{self.name}' dataset"
+        max_length = self.max_length or args.pretrain_max_length
+        if self.check and (
+            not isinstance(max_length, int)
+            or max_length < 2
+            or (setup.max_positions is not None and max_length > setup.max_positions)
+        ):
+            raise ValueError(
+                f"LanguageModelingObjective('{self.name}'): max_length={max_length!r} must be an int in [2, "
+                f"{setup.max_positions or 'the context'}] (a row predicts max_length - 1 tokens and must fit the "
+                "policy's context)."
+            )
         if self.check:
             check_dataset_object(self.dataset, role, streaming_ok=True)
             if "text" not in dataset_columns(self.dataset):
@@ -216,7 +238,7 @@ class LanguageModelingObjective(Objective):
         self.stream = PretrainStream(
             self.dataset,
             setup.tokenizer,
-            self.max_length or args.pretrain_max_length,
+            max_length,
             packing=args.pretrain_packing if self.packing is None else self.packing,
             seed=args.sampling_seed + setup.index if self.seed is None else self.seed,
             rank=setup.rank,
@@ -436,24 +458,98 @@ def step_counts(batches: list[dict[str, torch.Tensor]], objectives: list[Objecti
 
 
 def check_objectives(objectives: list[Objective]) -> None:
-    """Refuse a list of objectives the trainer cannot run.
+    """Refuse a list of objectives the trainer cannot run, at construction.
 
     Raises:
-        TypeError: if an entry is not an [`Objective`].
+        TypeError: if `objectives` is not a list of [`Objective`] instances, or one does not implement `take` and
+            `loss`.
         ValueError: if two objectives share a name.
     """
+    if not isinstance(objectives, (list, tuple)):
+        raise TypeError(
+            f"`objectives` must be a list of trl_trapo.objectives.Objective, got {type(objectives).__name__}: "
+            "wrap it in a list."
+        )
     seen: set[str] = set()
     for objective in objectives:
         if not isinstance(objective, Objective):
             raise TypeError(
                 f"`objectives` entries must be trl_trapo.objectives.Objective instances, got {type(objective).__name__}."
             )
+        missing = [hook for hook in ("take", "loss") if getattr(type(objective), hook) is getattr(Objective, hook)]
+        if missing:
+            raise TypeError(f"Objective '{objective.name}' ({type(objective).__name__}) does not implement {missing}.")
         if objective.name in seen:
             raise ValueError(
                 f"Two objectives are named '{objective.name}': names key the metrics, the curriculum and the "
                 "checkpoint; give each a unique name."
             )
         seen.add(objective.name)
+
+
+def check_state_dict(objective: Objective) -> None:
+    """Refuse an objective whose state cannot be checkpointed (it must be JSON), before training.
+
+    Raises:
+        TypeError: naming the objective, if `state_dict()` is not a JSON-serialisable dict.
+    """
+    state = objective.state_dict()
+    try:
+        if not isinstance(state, dict):
+            raise TypeError(f"it is a {type(state).__name__}")
+        json.dumps(state)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"Objective '{objective.name}': state_dict() must return a JSON-serialisable dict (it goes into the "
+            f"checkpoint's rank{{r}}.json): {error}. Keep tensors out of it (lists of numbers are fine)."
+        ) from error
+
+
+def check_served_rows(objective: Objective, rows: list, n: int) -> None:
+    """Refuse what an objective's `take` served when it is not `n` rows of its own.
+
+    Raises:
+        ValueError: naming the objective, the count or the row at fault.
+    """
+    if not isinstance(rows, list) or len(rows) != n:
+        raise ValueError(
+            f"Objective '{objective.name}': take({n}, step) returned "
+            f"{len(rows) if isinstance(rows, list) else type(rows).__name__} rows; it must return a list of exactly "
+            f"{n} Row objects."
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, Row) or not isinstance(row.input_ids, torch.Tensor) or row.input_ids.dim() != 1:
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} is a {type(row).__name__} (input_ids "
+                f"{type(getattr(row, 'input_ids', None)).__name__}); return trl_trapo.collator.Row objects with 1-D "
+                "tensor input_ids."
+            )
+        if row.objective != objective.index:
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} has objective={row.objective!r}, but this objective's "
+                f"index is {objective.index}: build rows with Row(self.index, ...) (set by setup())."
+            )
+
+
+def check_term(objective: Objective, term: Any, batch_shape: tuple[int, ...]) -> None:
+    """Refuse a loss term of the wrong form, naming the objective.
+
+    Raises:
+        TypeError: if `term` is not a [`TermOutput`] with a scalar tensor `loss`, or `logp_coef` is not `(B, T)`.
+    """
+    if not isinstance(term, TermOutput) or not isinstance(term.loss, torch.Tensor) or term.loss.dim() != 0:
+        shape = tuple(term.loss.shape) if isinstance(getattr(term, "loss", None), torch.Tensor) else None
+        raise TypeError(
+            f"Objective '{objective.name}': loss() must return a trl_trapo.losses.TermOutput whose `loss` is a scalar "
+            f"tensor, got {type(term).__name__}"
+            + (f" with a loss of shape {shape}" if shape is not None else "")
+            + "."
+        )
+    if term.logp_coef is not None and tuple(term.logp_coef.shape) != batch_shape:
+        raise TypeError(
+            f"Objective '{objective.name}': TermOutput.logp_coef has shape {tuple(term.logp_coef.shape)}, the "
+            f"micro-batch's target positions are {batch_shape} (B, T)."
+        )
 
 
 __all__ = [
@@ -464,6 +560,9 @@ __all__ = [
     "SFTObjective",
     "TermInputs",
     "check_objectives",
+    "check_served_rows",
+    "check_state_dict",
+    "check_term",
     "count_keys",
     "step_counts",
 ]

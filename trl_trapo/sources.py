@@ -117,6 +117,71 @@ class SampledRound:
                 raise ValueError(f"SampledRound.{name} has {len(values)} entries for {rows} completions.")
         if self.per_func is not None and self.scores is None:
             raise ValueError("SampledRound.per_func needs `scores` (the weighted reward) too.")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 0:
+            raise ValueError(
+                f"SampledRound.version={self.version!r} must be an int >= 0: the optimizer step whose weights sampled "
+                "the round (`step` for a round sampled with the current weights)."
+            )
+        empty = [i for i, n in enumerate(lengths) if n == 0]
+        if empty:
+            raise ValueError(
+                f"SampledRound.completion_ids[{empty[0]}] is empty ({len(empty)} empty in all): a completion needs at "
+                "least one token (end it with the EOS token to train a stop)."
+            )
+        if self.scores is not None:
+            scores = torch.as_tensor(self.scores, dtype=torch.float32)
+            if scores.dim() != 1 or bool(torch.isinf(scores).any()):
+                raise ValueError(
+                    f"SampledRound.scores must be (B,) finite rewards (NaN = no reward), got shape "
+                    f"{tuple(scores.shape)} with {int(torch.isinf(scores).sum())} infinite: a reward of +-inf would "
+                    "make every advantage of its group infinite."
+                )
+        if self.old_per_token_logps is not None:
+            for i, logps in enumerate(self.old_per_token_logps):
+                logps = torch.as_tensor(logps, dtype=torch.float32)
+                if not bool(torch.isfinite(logps).all()) or bool((logps > 1e-4).any()):
+                    raise ValueError(
+                        f"SampledRound.old_per_token_logps[{i}] must be finite log-probabilities <= 0 (nats), got "
+                        f"{logps.tolist()[:8]}...: pass the sampler's log-probs of the sampled tokens, or None to "
+                        "have the trainer compute them."
+                    )
+
+
+def check_round(sampled: SampledRound, step: int, vocab_size: int, context: int | None, source: str) -> None:
+    """Refuse a round the trainer cannot train on, before anything is computed from it, naming the source.
+
+    Args:
+        sampled ([`SampledRound`]): the round.
+        step (`int`): the current optimizer step (no round can come from a later policy).
+        vocab_size (`int`): the policy's embedding rows (ids must be in [0, vocab_size)).
+        context (`int`, *optional*): the policy's positions (prompt + completion must fit).
+        source (`str`): how the error names the source.
+
+    Raises:
+        ValueError: for a `version` after `step`, a token id outside the vocabulary, or a prompt + completion longer
+            than the context.
+    """
+    if sampled.version > step:
+        raise ValueError(
+            f"{source} returned a round of version {sampled.version} at step {step}: a round is sampled by the weights "
+            "of a step already taken (version <= step); stamp it with the step whose weights sampled it."
+        )
+    prompts = sampled.prompt_ids
+    if prompts is None:
+        prompts = [torch.as_tensor(e["prompt_ids"]) if "prompt_ids" in e else None for e in sampled.examples]
+    for i, completion in enumerate(sampled.completion_ids):
+        for what, ids in (("completion_ids", completion), ("prompt_ids", prompts[i])):
+            if ids is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+                raise ValueError(
+                    f"{source}: {what}[{i}] holds token id {int(ids.min()) if int(ids.min()) < 0 else int(ids.max())}, "
+                    f"outside the policy's vocabulary [0, {vocab_size}): tokenize with the policy's tokenizer."
+                )
+        length = completion.numel() + (prompts[i].numel() if prompts[i] is not None else 0)
+        if context is not None and length > context:  # a prompt given as text is not counted here
+            raise ValueError(
+                f"{source}: {'prompt + ' if prompts[i] is not None else ''}completion {i} is {length} tokens, more "
+                f"than the policy's context of {context} positions: shorten the prompt or cut the completion."
+            )
 
 
 @runtime_checkable

@@ -126,6 +126,9 @@ from .objectives import (
     SFTObjective,
     TermInputs,
     check_objectives,
+    check_served_rows,
+    check_state_dict,
+    check_term,
     count_keys,
     step_counts,
 )
@@ -144,7 +147,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
-from .sources import RolloutSource, SampledRound, SyncRolloutSource, check_rollout_source
+from .sources import RolloutSource, SampledRound, SyncRolloutSource, check_rollout_source, check_round
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -371,8 +374,8 @@ class TRAPOTrainer(_BaseTrainer):
                 "num_train_epochs to fix the run's length, or drop total_episodes."
             )
         # the objectives: the built-in three (pretrain, sft, rl), then the user's, each with its name and static weight
+        check_objectives(objectives if objectives is not None else [])
         extra_objectives = list(objectives or [])
-        check_objectives(extra_objectives)
         clash = [o.name for o in extra_objectives if o.name in OBJECTIVES]
         if clash:
             raise ValueError(
@@ -394,6 +397,7 @@ class TRAPOTrainer(_BaseTrainer):
             phase_mixtures(args.curriculum_mixtures, len(args.curriculum_boundaries) + 1, names),
         )
         active = tuple(a and c > 0 for a, c in zip(has_data, static_weights))
+        phase_shares = [any(m[i] > 0 for m in curriculum_args[1]) for i in range(len(names))]
         average_shares = CurriculumSchedule(
             *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
         ).mixture(0)
@@ -437,7 +441,17 @@ class TRAPOTrainer(_BaseTrainer):
                     rank=rank,
                     world_size=world,
                     planned_steps=self._planned_steps,
+                    max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
                 )
+            )
+        for objective in extra_objectives:  # its state goes into the checkpoint's JSON: refuse what cannot, now
+            check_state_dict(objective)
+        idle = [n for n, shared, on in list(zip(names, phase_shares, active))[len(OBJECTIVES) :] if shared and not on]
+        if idle:
+            logger.warning(
+                "The objectives %s have a curriculum share but no data or a weight of 0: their share goes to the "
+                "others.",
+                idle,
             )
         sft_pool = build_sft_pool(args, data.sft, self._planned_steps, rank, world) if self.active[SFT] else None
         prompt_sampler = (
@@ -900,7 +914,9 @@ class TRAPOTrainer(_BaseTrainer):
         rows = []
         for objective, count in zip(self.objectives, counts):
             if count:
-                rows += objective.take(count, step)
+                served = objective.take(count, step)
+                check_served_rows(objective, served, count)
+                rows += served
         order = torch.randperm(len(rows), generator=self._row_generator).tolist()
         for position, index in enumerate(order):
             rows[index].half = position % 2
@@ -964,6 +980,9 @@ class TRAPOTrainer(_BaseTrainer):
 
         Raises:
             TypeError: if the source does not return a `SampledRound`.
+            ValueError: naming the source, for a round sampled by a later policy than `step`, token ids outside the
+                vocabulary, a prompt + completion longer than the context, or `group=1` with group-relative
+                advantages (see [`~trl_trapo.sources.check_round`]).
         """
         step = self.state.global_step if step is None else step
         sampled = self.rollout_source.sample(rows_needed, step)
@@ -971,6 +990,22 @@ class TRAPOTrainer(_BaseTrainer):
             raise TypeError(
                 f"{type(self.rollout_source).__name__}.sample returned {type(sampled).__name__}; a rollout source "
                 "returns a trl_trapo.sources.SampledRound."
+            )
+        policy = self._unwrapped_policy()
+        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+        name = f"{type(self.rollout_source).__name__}.sample"
+        check_round(
+            sampled,
+            step,
+            policy.get_input_embeddings().num_embeddings,
+            getattr(config, "max_position_embeddings", None),
+            name,
+        )
+        if sampled.group == 1 and not self._has_critic:
+            raise ValueError(
+                f"{name} returned a round with group=1, but advantages are group-relative (no value_model): every "
+                f"completion would get advantage 0. Return `group` completions per prompt (num_generations="
+                f"{self.args.num_generations}) consecutively and set SampledRound.group, or train with a value_model."
             )
         batch = self.rollouts.finish(sampled, across_ranks=True)
         self._consume_round(batch)
@@ -1132,6 +1167,7 @@ class TRAPOTrainer(_BaseTrainer):
                 context=context,
             )
             term = term_objective.loss(view)
+            check_term(term_objective, term, tuple(mask.shape))
             total = total + weights[index] * term.loss if index else weights[index] * term.loss
             terms.append(term)
             views.append(view)
@@ -1262,6 +1298,8 @@ class TRAPOTrainer(_BaseTrainer):
         out.update(self.dare.metrics())
         out.update(self.schedules.metrics(self._last_step_built))
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
+        for objective in self.objectives:  # each objective's own (none for the built-in three)
+            out.update(objective.metrics())
         if self.exploration is not None:  # the family temperatures (the same on every rank)
             out.update(self.exploration.metrics(self._task_families))
         out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
