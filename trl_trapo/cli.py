@@ -1014,6 +1014,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     for arg, value in (
         ("--reward_model_name_or_path", script_args.reward_model_name_or_path),
         ("--value_model_name_or_path", script_args.value_model_name_or_path),
+        ("--teacher_model_name_or_path", training_args.teacher_model_name_or_path),
     ):
         if value is not None:
             check_model_source(value, arg)

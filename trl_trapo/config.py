@@ -163,6 +163,47 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
+    # On-policy distillation: a fourth objective when a teacher is given (trl_trapo/objectives.py)
+    # ------------------------------------------------------------------------------------------------------------
+    teacher_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A teacher (model id or local path, as TRL's DistillationConfig spells it): the student's own "
+            "sampled completions are scored by it and the divergence to it is a fourth objective, `distill`, "
+            "weighted by DARE like the others. It must share the policy's tokenizer (cross-tokenizer distillation "
+            "is TRL's GOLD, not supported here). With the three-number `curriculum_mixtures` the distillation "
+            "objective takes half of RL's share in every phase; give one mapping per phase to choose. None: off."
+        },
+    )
+    teacher_model_revision: str | None = field(
+        default=None, metadata={"help": "The teacher's revision (branch, tag or commit) on the Hub."}
+    )
+    teacher_model_init_kwargs: dict | None = field(
+        default=None,
+        metadata={"help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` for the teacher."},
+    )
+    distillation_weight: float = field(
+        default=1.0,
+        metadata={"help": "Static multiplier c_distill of the distillation objective (0 switches it off)."},
+    )
+    distillation_beta: float = field(
+        default=1.0,
+        metadata={
+            "help": "Which divergence to the teacher (TRL DistillationConfig's `beta`, renamed so it is not GRPO's "
+            "KL coefficient): 0 forward KL(teacher || student), 1 reverse KL(student || teacher), in between the "
+            "generalised JSD with mixture (1 - beta) p_student + beta p_teacher (GKD, "
+            "huggingface.co/papers/2306.13649)."
+        },
+    )
+    distillation_temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Softmax temperature of both distributions in the divergence (TRL DistillationConfig's "
+            "`temperature` in the loss); not the rows' sampling temperature."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
     # Objective weights
     # ------------------------------------------------------------------------------------------------------------
     pretrain_weight: float = field(
@@ -835,7 +876,11 @@ class TRAPOConfig(_BaseConfig):
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
 
-        for name in ("pretrain_weight", "sft_weight", "rl_weight"):
+        if not (0.0 <= self.distillation_beta <= 1.0):
+            bad("distillation_beta", self.distillation_beta, "use a value in [0, 1] (0 forward KL, 1 reverse KL).")
+        if not (self.distillation_temperature > 0 and math.isfinite(self.distillation_temperature)):
+            bad("distillation_temperature", self.distillation_temperature, "use a finite temperature > 0.")
+        for name in ("pretrain_weight", "sft_weight", "rl_weight", "distillation_weight"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 bad(name, value, "use a finite number >= 0 (0 switches the objective off).")

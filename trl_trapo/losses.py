@@ -18,6 +18,7 @@ accumulation and data parallelism exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -567,6 +568,90 @@ def rl_term(
         stats["loss/value_avg"] = value_loss.detach()
         stats["val/clipfrac_avg"] = masked_sum(value_out.is_clipped.float(), value_mask) / n_tokens
     return TermOutput(loss, loss.detach(), logp_coef=logp_coef * mask, stats=stats)
+
+
+def generalized_jsd(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, beta: float, temperature: float = 1.0
+) -> torch.Tensor:
+    """Per-token generalised Jensen-Shannon divergence between the student's and the teacher's next-token
+    distributions (nats), the family of on-policy distillation (GKD, Agarwal et al. 2024, huggingface.co/papers/2306.13649,
+    eq. 1; TRL's `DistillationTrainer`).
+
+    With p_s = softmax(z_s / tau), p_t = softmax(z_t / tau) and m = (1 - beta) p_s + beta p_t:
+    beta = 0 is the forward KL(p_t || p_s), beta = 1 the reverse KL(p_s || p_t), and in between
+    beta * KL(p_t || m) + (1 - beta) * KL(p_s || m) (0.5: the symmetric JSD). `beta` is TRL `DistillationConfig.beta`
+    (TRAPO's `distillation_beta`).
+
+    Args:
+        student_logits (`torch.Tensor`): `(N, V)` (requires grad).
+        teacher_logits (`torch.Tensor`): `(N, V)`, the same vocabulary.
+        beta (`float`): in [0, 1].
+        temperature (`float`): tau > 0, applied to both.
+
+    Returns:
+        `torch.Tensor`: `(N,)` fp32 divergences, >= 0.
+    """
+    log_ps = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_pt = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    if beta == 0.0:
+        return (log_pt.exp() * (log_pt - log_ps)).sum(-1)
+    if beta == 1.0:
+        return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
+    log_m = torch.logaddexp(log_ps + math.log(1.0 - beta), log_pt + math.log(beta))
+    return beta * (log_pt.exp() * (log_pt - log_m)).sum(-1) + (1.0 - beta) * (log_ps.exp() * (log_ps - log_m)).sum(-1)
+
+
+def distillation_term(
+    student_logits: torch.Tensor,
+    teacher_hidden: torch.Tensor,
+    teacher_head: Callable[[torch.Tensor], torch.Tensor],
+    num_tokens: float,
+    beta: float = 1.0,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    probe: bool = False,
+) -> TermOutput:
+    """The on-policy distillation term: the mean [`generalized_jsd`] to a teacher over the student's counted tokens.
+
+    L = sum_n D_beta(p_s,n || p_t,n) / num_tokens. The teacher's logits are formed `chunk_size` tokens at a time from
+    its final hidden states, inside an activation checkpoint, so neither `(N, V)` teacher logits nor the divergence's
+    `(N, V)` intermediates are kept for the backward (only the student's logits, which the shared forward made).
+
+    Args:
+        student_logits (`torch.Tensor`): `(N, V)` the student's logits at the term's counted positions (requires grad).
+        teacher_hidden (`torch.Tensor`): `(N, H_t)` the teacher's final hidden states at the same positions (no grad).
+        teacher_head (`Callable`): the teacher's output layer, `(n, H_t) -> (n, V)`.
+        num_tokens (`float`): the step's global count of the term's tokens.
+        beta, temperature: see [`generalized_jsd`].
+        chunk_size (`int`): tokens per chunk.
+        probe (`bool`): also return `logit_grad` `(N, V)`, d loss / d student logits, for the DARE probe (its
+            gradient is not c (p - e_y)).
+
+    Returns:
+        [`TermOutput`]: `stats` `distill/divergence_avg` (nats per token).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk_divergence(student: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = teacher_head(hidden)
+        return generalized_jsd(student, teacher_logits, beta, temperature)
+
+    total = student_logits.new_zeros((), dtype=torch.float32)
+    grads = []
+    for start in range(0, student_logits.shape[0], chunk_size):
+        student, hidden = student_logits[start : start + chunk_size], teacher_hidden[start : start + chunk_size]
+        total = total + checkpoint(chunk_divergence, student, hidden, use_reentrant=False).sum()
+        if probe:
+            with torch.enable_grad():
+                detached = student.detach().requires_grad_(True)
+                divergence = chunk_divergence(detached, hidden).sum() / max(num_tokens, 1.0)
+                grads.append(torch.autograd.grad(divergence, detached)[0])
+    loss = total / max(num_tokens, 1.0)
+    logit_grad = torch.cat(grads) if probe and grads else None
+    if probe and logit_grad is None:
+        logit_grad = student_logits.new_zeros((0, student_logits.shape[-1]))
+    return TermOutput(loss, loss.detach(), logit_grad=logit_grad, stats={"distill/divergence_avg": loss.detach()})
 
 
 # ---------------------------------------------------------------------------------------------------------------------

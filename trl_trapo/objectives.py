@@ -42,7 +42,15 @@ from trl.trainer.utils import entropy_from_logits
 
 from .collator import Row, StepContext
 from .data import PretrainStream, check_dataset_object, check_rows, dataset_columns
-from .losses import RLTermCounts, TermOutput, kl_estimate, language_modeling_term, rl_term, sft_term
+from .losses import (
+    RLTermCounts,
+    TermOutput,
+    distillation_term,
+    kl_estimate,
+    language_modeling_term,
+    rl_term,
+    sft_term,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -432,6 +440,70 @@ class RLObjective(Objective):
         )
 
 
+class DistillationObjective(Objective):
+    """On-policy distillation from a teacher — [`~trl_trapo.losses.distillation_term`]: on the student's own sampled
+    completions (RL rollouts served by the replay buffer), the generalised JSD between the student's and the teacher's
+    next-token distributions over the full vocabulary, at the completion tokens.
+
+    The teacher's forward runs in the training step, on this objective's rows only, and its logits are formed a chunk of
+    tokens at a time from its final hidden states. The term hands the DARE probe its own logit gradient (the
+    divergence's gradient depends on the whole distribution). The divergence uses its own temperature
+    (`distillation_temperature`), not the rows' sampling temperatures.
+
+    Args:
+        take_rows (`Callable[[int, int], list[Row]]`): serves `n` rows (the student's samples) at a step; their
+            `objective` is set to this objective's index here.
+        teacher_hidden (`Callable`): `(input_ids (B, L), attention_mask (B, L)) -> (B, L, H_t)` the teacher's final hidden
+            states (no grad).
+        teacher_head (`Callable`): the teacher's output layer, `(n, H_t) -> (n, V)`.
+        beta (`float`), temperature (`float`): the divergence (`distillation_beta`, `distillation_temperature`).
+        weight (`float`): the static multiplier c_distill.
+        chunk_size (`int`): tokens per chunk of teacher logits.
+        name (`str`): "distill".
+    """
+
+    def __init__(
+        self,
+        take_rows: Callable[[int, int], list[Row]],
+        teacher_hidden: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        teacher_head: Callable[[torch.Tensor], torch.Tensor],
+        beta: float = 1.0,
+        temperature: float = 1.0,
+        weight: float = 1.0,
+        chunk_size: int = 1024,
+        name: str = "distill",
+    ):
+        super().__init__(name, weight)
+        self.take_rows, self.teacher_hidden, self.teacher_head = take_rows, teacher_hidden, teacher_head
+        self.beta, self.temperature, self.chunk_size = beta, temperature, chunk_size
+
+    def take(self, n: int, step: int) -> list[Row]:
+        rows = self.take_rows(n, step)
+        for row in rows:
+            row.objective = self.index
+        return rows
+
+    def loss(self, term: TermInputs) -> TermOutput:
+        device = term.logits.device
+        if not bool(term.rows.any()):
+            zero = torch.zeros((), device=device)
+            return TermOutput(zero, zero)
+        index = term.rows.nonzero().squeeze(-1)
+        with torch.no_grad():
+            hidden = self.teacher_hidden(term.inputs["input_ids"][index], term.inputs["attention_mask"][index])
+        teacher_hidden = hidden[:, :-1][term.mask[index].bool()]  # (N_o, H_t), the counted positions' order
+        return distillation_term(
+            term.logits[term.tokens],
+            teacher_hidden,
+            self.teacher_head,
+            term.context.counts[f"tokens_{self.name}"],
+            self.beta,
+            self.temperature,
+            self.chunk_size,
+            probe=term.context.probe,
+        )
+
+
 def count_keys(objectives: list[Objective]) -> tuple[str, ...]:
     """The keys of a step's global counts: `tokens_<name>` per objective, then each objective's `count_keys`."""
     return tuple(f"tokens_{o.name}" for o in objectives) + tuple(k for o in objectives for k in o.count_keys)
@@ -553,6 +625,7 @@ def check_term(objective: Objective, term: Any, batch_shape: tuple[int, ...]) ->
 
 
 __all__ = [
+    "DistillationObjective",
     "LanguageModelingObjective",
     "Objective",
     "ObjectiveSetup",

@@ -119,6 +119,7 @@ from .models import (
     model_forward,
 )
 from .objectives import (
+    DistillationObjective,
     LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
@@ -221,6 +222,10 @@ class TRAPOTrainer(_BaseTrainer):
             name, static weight, rows and loss term (see [`~trl_trapo.objectives.Objective`]; e.g. a second corpus:
             `LanguageModelingObjective("code", code_dataset, weight=0.5)`). DARE weights them like the others; the
             curriculum gives them a share when `curriculum_mixtures` is one mapping objective -> share per phase.
+        teacher_model (`str` or `PreTrainedModel`, *optional*): a teacher for on-policy distillation (default: loaded
+            from `teacher_model_name_or_path`): the divergence to it on the student's own samples becomes the
+            objective `distill` ([`~trl_trapo.objectives.DistillationObjective`]), weighted by DARE. It must share the
+            policy's tokenizer, dtype and vocabulary, and needs RL prompts (`train_dataset`) to sample from.
         rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: an object with
             `sample(rows_needed, step) -> SampledRound` (see `trl_trapo/sources.py` and
             `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
@@ -259,6 +264,7 @@ class TRAPOTrainer(_BaseTrainer):
         peft_config: PeftConfig | None = None,
         objectives: list[Objective] | None = None,
         rollout_source: RolloutSource | None = None,
+        teacher_model: str | PreTrainedModel | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
@@ -302,6 +308,8 @@ class TRAPOTrainer(_BaseTrainer):
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
             train_model = model
+
+        teacher = self._load_teacher(teacher_model, model, args, processing_class)
 
         # ---- step 2. rewards ------------------------------------------------------------------------------------
         funcs, reward_tokenizers = load_reward_funcs(
@@ -349,7 +357,10 @@ class TRAPOTrainer(_BaseTrainer):
         check_best_model_metric(args, eval_dataset)
         if data.rl is not None:  # models that read the policy's tokens must fit the longest prompt + completion
             longest = max(len(ids) for ids in data.rl["prompt_ids"]) + args.response_length
-            readers = [("value_model", value_model, processing_class)] + [
+            readers = [
+                ("value_model", value_model, processing_class),
+                ("teacher_model", teacher, processing_class),
+            ] + [
                 (f"reward model '{name}'", func, tok)
                 for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
                 if isinstance(func, nn.Module)
@@ -381,9 +392,23 @@ class TRAPOTrainer(_BaseTrainer):
             raise ValueError(
                 f"`objectives` may not reuse the built-in names {list(OBJECTIVES)} (got {clash}): name it differently."
             )
-        names = (*OBJECTIVES, *(o.name for o in extra_objectives))
-        has_data = (*self.active, *(o.has_data for o in extra_objectives))
-        static_weights = (args.pretrain_weight, args.sft_weight, args.rl_weight, *(o.weight for o in extra_objectives))
+        if teacher is not None and not self.active[RL]:
+            raise ValueError(
+                "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of the RL "
+                "prompts, but this run has none: pass a `train_dataset` of prompts (with reward_funcs) and rl_weight > 0."
+            )
+        if teacher is not None and "distill" in {o.name for o in extra_objectives}:
+            raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
+        distill = ("distill",) if teacher is not None else ()
+        names = (*OBJECTIVES, *distill, *(o.name for o in extra_objectives))
+        has_data = (*self.active, *(True for _ in distill), *(o.has_data for o in extra_objectives))
+        static_weights = (
+            args.pretrain_weight,
+            args.sft_weight,
+            args.rl_weight,
+            *(args.distillation_weight for _ in distill),
+            *(o.weight for o in extra_objectives),
+        )
         if args.num_sample_generations > 0 and not any(
             {"prompt", "input_ids"} & set(dataset_columns(d)) for _, d in eval_datasets(eval_dataset)
         ):
@@ -392,9 +417,16 @@ class TRAPOTrainer(_BaseTrainer):
                 "table will be logged. Pass an eval_dataset with a 'prompt' column, or set num_sample_generations=0.",
                 args.num_sample_generations,
             )
+        mixtures = args.curriculum_mixtures
+        if distill and not all(isinstance(m, dict) for m in mixtures):  # the teacher's objective halves RL's share
+            size = len(OBJECTIVES)
+            mixtures = [
+                {"pretrain": m[0], "sft": m[1], "rl": m[2] / 2, "distill": m[2] / 2}
+                for m in (mixtures[i : i + size] for i in range(0, len(mixtures), size))
+            ]
         curriculum_args = (
             args.curriculum_boundaries,
-            phase_mixtures(args.curriculum_mixtures, len(args.curriculum_boundaries) + 1, names),
+            phase_mixtures(mixtures, len(args.curriculum_boundaries) + 1, names),
         )
         active = tuple(a and c > 0 for a, c in zip(has_data, static_weights))
         phase_shares = [any(m[i] > 0 for m in curriculum_args[1]) for i in range(len(names))]
@@ -432,10 +464,10 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
-        for index, objective in enumerate((pretrain, *extra_objectives)):
+        for objective in (pretrain, *extra_objectives):
             objective.setup(
                 ObjectiveSetup(
-                    index=0 if index == 0 else len(OBJECTIVES) + index - 1,
+                    index=names.index(objective.name),
                     args=args,
                     tokenizer=processing_class,
                     rank=rank,
@@ -548,15 +580,27 @@ class TRAPOTrainer(_BaseTrainer):
                 has_data=self.active[RL],
                 weight=args.rl_weight,
             ),
+            *(
+                DistillationObjective(
+                    self._take_distill_rows,
+                    self._teacher_hidden,
+                    self._teacher_head,
+                    beta=args.distillation_beta,
+                    temperature=args.distillation_temperature,
+                    weight=args.distillation_weight,
+                )
+                for _ in distill
+            ),
             *extra_objectives,
         ]
-        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES)], start=1):
+        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
             objective.setup(
                 ObjectiveSetup(index, args, processing_class, rank, world, planned_steps=self._planned_steps)
             )
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
+        self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
         self.reference = None  # the KL term's reference (none when kl_coef = 0)
         if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
             self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
@@ -687,6 +731,67 @@ class TRAPOTrainer(_BaseTrainer):
             if args.disable_dropout:
                 disable_dropout_in_model(ref_model)
         return model, ref_model, ref_adapter
+
+    @staticmethod
+    def _load_teacher(teacher, policy, args: TRAPOConfig, tokenizer) -> nn.Module | None:
+        """The distillation teacher (`teacher_model`, or loaded from `teacher_model_name_or_path`), frozen; None
+        without one.
+
+        Raises:
+            ValueError: naming the fix, for a teacher that is the policy itself, a vocabulary of another size or
+                another token mapping than the policy's tokenizer, or another dtype than the policy's.
+        """
+        if teacher is None:
+            teacher = args.teacher_model_name_or_path
+        if teacher is None:
+            return None
+        teacher_tokenizer = None
+        if isinstance(teacher, str):
+            check_model_source(teacher, "teacher_model")
+            path = teacher
+            teacher = AutoModelForCausalLM.from_pretrained(
+                path, revision=args.teacher_model_revision, **(args.teacher_model_init_kwargs or {})
+            )
+            try:
+                teacher_tokenizer = AutoTokenizer.from_pretrained(path, revision=args.teacher_model_revision)
+            except (OSError, ValueError):  # a model folder without a tokenizer: the vocabulary size is still checked
+                teacher_tokenizer = None
+        elif args.teacher_model_init_kwargs:
+            raise ValueError(
+                "`teacher_model_init_kwargs` is only used when the teacher is given by name; drop it or pass "
+                "teacher_model_name_or_path."
+            )
+        policy_base = policy.get_base_model() if is_peft_model(policy) else policy
+        if teacher is policy or teacher is policy_base:
+            raise ValueError(
+                "`teacher_model` is the policy itself: distilling a model into itself trains nothing. Pass a separate "
+                "teacher (e.g. a larger model of the same family, or a frozen copy loaded from a checkpoint)."
+            )
+        student_vocab = policy.get_output_embeddings().weight.shape[0]
+        teacher_vocab = teacher.get_output_embeddings().weight.shape[0]
+        if student_vocab != teacher_vocab:
+            raise ValueError(
+                f"The teacher's vocabulary has {teacher_vocab} rows, the policy's {student_vocab}: the divergence "
+                "compares the two next-token distributions token by token, so they must share a tokenizer. "
+                "Cross-tokenizer distillation is TRL's GOLD (`trl.experimental.gold`), not supported here."
+            )
+        if teacher_tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+            raise ValueError(
+                "The teacher's tokenizer maps tokens to other ids than the policy's (same vocabulary size, another "
+                "mapping): the divergence would compare unrelated tokens. Use a teacher trained with the policy's "
+                "tokenizer (cross-tokenizer distillation is TRL's GOLD, not supported here)."
+            )
+        teacher_dtype, student_dtype = next(teacher.parameters()).dtype, next(policy.parameters()).dtype
+        if teacher_dtype != student_dtype:
+            raise ValueError(
+                f"The teacher is {teacher_dtype}, the policy {student_dtype}: load the teacher in the policy's dtype "
+                f"(teacher_model_init_kwargs={{'dtype': '{str(student_dtype).replace('torch.', '')}'}}, or "
+                f"`teacher.to({student_dtype})`)."
+            )
+        teacher.eval().requires_grad_(False)
+        if args.disable_dropout:
+            disable_dropout_in_model(teacher)
+        return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
         if self.is_deepspeed_enabled:
@@ -936,6 +1041,20 @@ class TRAPOTrainer(_BaseTrainer):
     def _take_rl_rows(self, n: int, step: int) -> list:
         """The RL objective's rows: `n` trajectories from the replay buffer (a rollout round refills it)."""
         return [t.to_row() for t in self._take_trajectories(n, step)]
+
+    def _take_distill_rows(self, n: int, step: int) -> list:
+        """The distillation objective's rows: `n` of the student's own samples from the replay buffer."""
+        return [t.to_row() for t in self._take_trajectories(n, step)]
+
+    def _teacher_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """`(B, L, H_t)` the teacher's final hidden states (its decoder body, no output layer), no grad."""
+        teacher = self.accelerator.unwrap_model(self.teacher_model)
+        with torch.no_grad():
+            return model_forward(teacher.get_decoder(), input_ids, attention_mask, use_cache=False).last_hidden_state
+
+    def _teacher_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`(n, V)` the teacher's logits of `(n, H_t)` final hidden states."""
+        return self.accelerator.unwrap_model(self.teacher_model).get_output_embeddings()(hidden)
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
         for _ in range(20):

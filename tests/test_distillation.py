@@ -1,0 +1,231 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""On-policy distillation as a fourth objective (issue 22, first step): the divergence equals TRL's
+`DistillationTrainer` loss and gradient; a teacher given to the trainer (object or path) adds the `distill` objective,
+weighted by DARE and given half of RL's curriculum share; what cannot work is refused at construction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_CONFIG
+from transformers import AutoModelForCausalLM, LlamaConfig, TrainerCallback
+from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.losses import distillation_term, generalized_jsd
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return make_task_suite(seed=0, num_pretrain_docs=20, num_sft_per_task=5, num_rl_per_task=5, num_eval_per_task=2)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_the_divergence_and_its_gradient_equal_trl_distillation_trainers(beta):
+    """The same hidden states and output layers through TRL's chunked kernel (what `DistillationTrainer` computes)
+    and through TRAPO's term: loss and the gradient of the student's output layer within 1e-5."""
+    generator = torch.Generator().manual_seed(0)
+    n, hidden, vocab = 37, 16, 90
+    student_hidden = torch.randn(n, hidden, generator=generator)
+    student_head = torch.randn(vocab, hidden, generator=generator) / 4
+    teacher_hidden = torch.randn(n, hidden, generator=generator)
+    teacher_head = torch.randn(vocab, hidden, generator=generator) / 4
+    temperature = 1.3
+
+    head_trl = student_head.clone().requires_grad_(True)
+    hidden_trl = student_hidden.clone().requires_grad_(True)
+    divergence, _ = ChunkedDivergenceFunction.apply(
+        hidden_trl, head_trl, None, teacher_hidden, teacher_head, None, beta, temperature, 1.0, None, 1.0, None
+    )
+    loss_trl = divergence.sum() / n
+    loss_trl.backward()
+
+    head = student_head.clone().requires_grad_(True)
+    hidden_ours = student_hidden.clone().requires_grad_(True)
+    term = distillation_term(
+        hidden_ours @ head.T, teacher_hidden, lambda h: h @ teacher_head.T, n, beta, temperature, chunk_size=8
+    )
+    term.loss.backward()
+    torch.testing.assert_close(term.loss.detach(), loss_trl.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head.grad, head_trl.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden_ours.grad, hidden_trl.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_the_probe_signal_is_the_terms_own_logit_gradient():
+    generator = torch.Generator().manual_seed(1)
+    student = torch.randn(10, 30, generator=generator, requires_grad=True)
+    teacher_hidden = torch.randn(10, 6, generator=generator)
+    head = torch.randn(30, 6, generator=generator)
+    term = distillation_term(student, teacher_hidden, lambda h: h @ head.T, 10.0, 0.5, 1.0, chunk_size=4, probe=True)
+    (expected,) = torch.autograd.grad(term.loss, student)
+    torch.testing.assert_close(term.logit_grad, expected)
+    assert float(generalized_jsd(student.detach(), teacher_hidden @ head.T, 0.5).min()) >= 0
+
+
+def distill_trainer(output_dir, tokenizer, suite, teacher=None, **overrides):
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(output_dir), **{**TINY_CONFIG, **overrides}),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        teacher_model=teacher if teacher is not None else build_tiny_model(tokenizer, seed=1),
+    )
+
+
+def test_a_teacher_adds_a_weighted_distillation_objective(tmp_path, tokenizer, suite):
+    mixtures = [{"pretrain": 0.2, "sft": 0.2, "rl": 0.3, "distill": 0.3}] * 3
+    trainer = distill_trainer(
+        tmp_path, tokenizer, suite, max_steps=6, dare_update_interval=1, curriculum_mixtures=mixtures
+    )
+    assert [o.name for o in trainer.objectives] == ["pretrain", "sft", "rl", "distill"]
+    teacher_before = {k: v.clone() for k, v in trainer.teacher_model.state_dict().items()}
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss/distill" in entry]
+    assert logged and all(entry["loss/distill"] > 0 and 0 < entry["weight/distill"] < 1 for entry in logged)
+    assert trainer.dare.engine.signal_counts[3] > 0, "DARE never measured the distillation objective"
+    for name, value in trainer.teacher_model.state_dict().items():  # the teacher is frozen
+        assert torch.equal(value, teacher_before[name]), name
+
+
+def test_the_three_number_curriculum_gives_distillation_half_of_rls_share(tmp_path, tokenizer, suite):
+    trainer = distill_trainer(tmp_path, tokenizer, suite)
+    shares = trainer.curriculum.mixture(0)
+    assert shares[2] == pytest.approx(shares[3]) and shares[2] + shares[3] == pytest.approx(0.1)
+
+
+def test_distillation_training_resumes_bit_identically(tmp_path, tokenizer, suite):
+    settings = dict(max_steps=6, save_strategy="steps", save_steps=3, dare_update_interval=2)
+    full = distill_trainer(tmp_path / "full", tokenizer, suite, **settings)
+    full.train()
+
+    class StopAfterThree(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 3
+
+    first = distill_trainer(tmp_path / "first", tokenizer, suite, **settings)
+    first.add_callback(StopAfterThree())
+    first.train()
+    resumed = distill_trainer(tmp_path / "resumed", tokenizer, suite, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-3"))
+    expected = full.model.state_dict()
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+def test_a_teacher_given_by_path_is_loaded_as_the_cli_does(tmp_path, tokenizer, suite):
+    teacher = build_tiny_model(tokenizer, seed=1)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path / "out"),
+            teacher_model_name_or_path=str(tmp_path / "teacher"),
+            **{**TINY_CONFIG, "max_steps": 2},
+        ),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    assert trainer.objectives[-1].name == "distill"
+    torch.testing.assert_close(
+        trainer.teacher_model.get_output_embeddings().weight, teacher.get_output_embeddings().weight
+    )
+    trainer.train()
+
+
+def other_vocabulary_teacher(tokenizer):
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + 7,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("policy_itself", r"`teacher_model` is the policy itself"),
+        ("other_vocabulary", r"The teacher's vocabulary has \d+ rows, the policy's \d+.*GOLD"),
+        (
+            "other_dtype",
+            r"The teacher is torch.float64, the policy torch.float32: load the teacher in the policy's dtype",
+        ),
+        (
+            "short_context",
+            r"The teacher_model has a context of 8 positions, but the longest prompt \+ response_length",
+        ),
+        ("no_prompts", r"scores the student's own samples of the RL prompts, but this run has none"),
+    ],
+)
+def test_a_teacher_that_cannot_work_is_refused_at_construction(tmp_path, tokenizer, suite, case, message):
+    policy = build_tiny_model(tokenizer, seed=0)
+    teacher = build_tiny_model(tokenizer, seed=1)
+    train_dataset = suite.rl_train
+    if case == "policy_itself":
+        teacher = policy
+    elif case == "other_vocabulary":
+        teacher = other_vocabulary_teacher(tokenizer)
+    elif case == "other_dtype":
+        teacher = teacher.double()
+    elif case == "short_context":
+        teacher.config.max_position_embeddings = 8
+    elif case == "no_prompts":
+        train_dataset = None
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            policy,
+            reward_funcs=exact_match_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), **TINY_CONFIG),
+            train_dataset=train_dataset,
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+            teacher_model=teacher,
+        )
+
+
+@pytest.mark.parametrize(
+    "field, value", [("distillation_beta", 1.5), ("distillation_temperature", 0.0), ("distillation_weight", -1.0)]
+)
+def test_distillation_settings_are_validated(field, value):
+    with pytest.raises(ValueError, match=field):
+        TRAPOConfig(output_dir="unused", **{field: value})
+
+
+def test_the_command_line_takes_the_teacher_by_path(tmp_path, tokenizer):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    teacher = tmp_path / "teacher"
+    build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    command = [sys.executable, str(root / "examples" / "trapo.py"), "--max_steps", "2", "--report_to", "none"]
+    command += ["--eval_strategy", "no", "--output_dir", str(tmp_path / "out")]
+    run = subprocess.run([*command, "--teacher_model_name_or_path", str(teacher)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    assert any("weight/distill" in entry for entry in history)
+    missing = subprocess.run(
+        [*command, "--teacher_model_name_or_path", str(tmp_path / "nowhere"), "--overwrite_output_dir"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "--teacher_model_name_or_path=" in missing.stderr
+    assert "Traceback" not in missing.stderr
