@@ -36,7 +36,10 @@ logger = logging.getLogger(__name__)
 
 
 def phase_mixtures(
-    mixtures: Sequence[float] | Sequence[Mapping[str, float]], num_phases: int, names: Sequence[str]
+    mixtures: Sequence[float] | Sequence[Mapping[str, float]],
+    num_phases: int,
+    names: Sequence[str],
+    halves: Mapping[str, str] | None = None,
 ) -> list[tuple[float, ...]]:
     """Each phase's target mixture as one share per objective, in the order of `names`.
 
@@ -45,6 +48,8 @@ def phase_mixtures(
             the built-in three get 0), or one mapping objective name -> share per phase (a name left out gets 0).
         num_phases (`int`): the number of phases (boundaries + 1).
         names (`Sequence[str]`): the run's objectives, the built-in three first.
+        halves (`Mapping[str, str]`, *optional*): added objective -> built-in objective whose share it halves in the
+            three-number form (the teacher's `distill` takes half of `rl`'s); ignored for mappings.
 
     Returns:
         `list[tuple[float, ...]]`: `num_phases` tuples of `len(names)` shares.
@@ -71,6 +76,9 @@ def phase_mixtures(
             tuple(float(x) for x in mixtures[i : i + size]) + tuple(0.0 for _ in extra)
             for i in range(0, len(mixtures), size)
         ]
+        for added, host in (halves or {}).items():
+            i, j = list(names).index(added), list(names).index(host)
+            out = [tuple(m[j] / 2 if k in (i, j) else x for k, x in enumerate(m)) for m in out]
     for name in extra:
         index = list(names).index(name)
         if all(m[index] == 0 for m in out):

@@ -417,16 +417,15 @@ class TRAPOTrainer(_BaseTrainer):
                 "table will be logged. Pass an eval_dataset with a 'prompt' column, or set num_sample_generations=0.",
                 args.num_sample_generations,
             )
-        mixtures = args.curriculum_mixtures
-        if distill and not all(isinstance(m, dict) for m in mixtures):  # the teacher's objective halves RL's share
-            size = len(OBJECTIVES)
-            mixtures = [
-                {"pretrain": m[0], "sft": m[1], "rl": m[2] / 2, "distill": m[2] / 2}
-                for m in (mixtures[i : i + size] for i in range(0, len(mixtures), size))
-            ]
         curriculum_args = (
             args.curriculum_boundaries,
-            phase_mixtures(mixtures, len(args.curriculum_boundaries) + 1, names),
+            # the teacher's objective takes half of RL's share when the phases are given as three numbers
+            phase_mixtures(
+                args.curriculum_mixtures,
+                len(args.curriculum_boundaries) + 1,
+                names,
+                halves={name: OBJECTIVES[RL] for name in distill},
+            ),
         )
         active = tuple(a and c > 0 for a, c in zip(has_data, static_weights))
         phase_shares = [any(m[i] > 0 for m in curriculum_args[1]) for i in range(len(names))]
