@@ -229,3 +229,64 @@ def test_the_command_line_takes_the_teacher_by_path(tmp_path, tokenizer):
     )
     assert missing.returncode == 2 and "--teacher_model_name_or_path=" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_the_sampled_token_estimator_is_unbiased_for_the_reverse_kl_and_its_gradient():
+    """Tokens sampled from the student: the mean of log p_s(y) - log p_t(y) is KL(p_s || p_t) and the mean gradient of
+    the term is grad KL (score function), both within 4 standard errors of 200k samples."""
+    from trl_trapo.losses import sampled_token_distillation_term
+
+    generator = torch.Generator().manual_seed(3)
+    student_logits = torch.randn(6, generator=generator, dtype=torch.float64, requires_grad=True)
+    teacher_logits = torch.randn(6, generator=generator, dtype=torch.float64)
+    log_ps, log_pt = torch.log_softmax(student_logits, -1), torch.log_softmax(teacher_logits, -1)
+    kl = (log_ps.exp() * (log_ps - log_pt)).sum()
+    (kl_grad,) = torch.autograd.grad(kl, student_logits, retain_graph=True)
+    n = 200_000
+    samples = torch.multinomial(log_ps.detach().exp(), n, replacement=True, generator=generator)
+    per_token_logps = log_ps[samples].unsqueeze(1)  # (n, 1)
+    term = sampled_token_distillation_term(per_token_logps, log_pt[samples].unsqueeze(1), torch.ones(n, 1), n)
+    (grad,) = torch.autograd.grad(term.loss, student_logits)
+    k = (log_ps - log_pt).detach()[samples]
+    assert abs(float(term.value) - float(kl)) < 4 * float(k.std()) / n**0.5
+    per_sample = k.unsqueeze(1) * (torch.nn.functional.one_hot(samples, 6) - log_ps.detach().exp())  # k grad log p
+    tolerance = 4 * per_sample.std(0) / n**0.5
+    assert bool(((grad - kl_grad).abs() <= tolerance + 1e-12).all()), (grad, kl_grad, tolerance)
+
+
+def test_the_sampled_token_estimator_trains_on_the_rounds_teacher_log_probs(tmp_path, tokenizer, suite):
+    teacher = build_tiny_model(tokenizer, seed=1)
+    trainer = distill_trainer(
+        tmp_path, tokenizer, suite, teacher=teacher, distillation_estimator="sampled_token", max_steps=3
+    )
+    batch = trainer.collect_rollouts(8, step=0)
+    trajectory = batch.trajectories[0]
+    assert trajectory.teacher_per_token_logps is not None
+    from trl_trapo.models import completion_logps
+
+    expected = completion_logps(
+        trainer.teacher_model,
+        [trajectory.prompt_ids],
+        [trajectory.completion_ids],
+        tokenizer.pad_token_id,
+        torch.tensor([trainer.args.distillation_temperature]),
+        8,
+    )[0]
+    torch.testing.assert_close(trajectory.teacher_per_token_logps, expected)
+    trainer.train()
+    assert any("loss/distill" in entry for entry in trainer.state.log_history)
+
+
+def test_the_sampled_token_estimator_leaves_out_rows_sampled_at_another_temperature(tmp_path, tokenizer, suite):
+    """Targeted exploration samples some families hotter: under those samples log p_s - log p_t does not estimate the
+    KL at the divergence's temperature, so such rows count no token of the term (and are counted as excluded)."""
+    from trl_trapo.collator import Row
+
+    trainer = distill_trainer(tmp_path, tokenizer, suite, distillation_estimator="sampled_token")
+    distill = trainer.objectives[3]
+    ids = torch.arange(4, 10)
+    rows = [Row(2, ids, torch.ones(5), temperature=t) for t in (None, 1.0, 1.1, 1.3)]
+    distill.take_rows = lambda n, step: rows[:n]
+    taken = distill.take(4, step=0)
+    assert [float(r.mask.sum()) for r in taken] == [5.0, 5.0, 0.0, 0.0]
+    assert all(r.objective == 3 for r in taken) and distill.metrics()["distill/excluded_rows"] == 2.0

@@ -127,6 +127,7 @@ class RowField:
 ROW_FIELDS: tuple[RowField, ...] = (
     RowField("old_per_token_logps", "token", torch.float32, required=True, help="RL: log pi_old(y_t | ...) at sampling, nats (temperature-scaled)"),
     RowField("ref_per_token_logps", "token", torch.float32, help="RL with a KL term: log pi_ref(y_t | ...), nats"),
+    RowField("teacher_per_token_logps", "token", torch.float32, help="distillation's sampled-token estimator: log pi_teacher(y_t | ...) at distillation_temperature, nats"),
     RowField("advantages", "token", torch.float32, required=True, help="RL: per-token advantage"),
     RowField("returns", "token", torch.float32, help="RL with a critic: GAE return"),
     RowField("old_values", "token", torch.float32, help="RL with a critic: the critic's value at sampling"),

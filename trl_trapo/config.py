@@ -195,6 +195,17 @@ class TRAPOConfig(_BaseConfig):
             "huggingface.co/papers/2306.13649)."
         },
     )
+    distillation_estimator: Literal["full", "sampled_token"] = field(
+        default="full",
+        metadata={
+            "help": "'full': the divergence over the whole vocabulary, the teacher's forward in the training step. "
+            "'sampled_token': the reverse KL estimated from the teacher's log-probability of each sampled token only "
+            "(computed once per round, next to the reference's; what a teacher behind a server returning "
+            "log-probabilities allows), trained as a policy gradient with per-token reward log p_teacher - "
+            "log p_student. It estimates KL(student || teacher) only on rows sampled at distillation_temperature: "
+            "rows sampled at another temperature (targeted exploration) are left out of it."
+        },
+    )
     distillation_temperature: float = field(
         default=1.0,
         metadata={

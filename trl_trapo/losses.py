@@ -654,6 +654,33 @@ def distillation_term(
     return TermOutput(loss, loss.detach(), logit_grad=logit_grad, stats={"distill/divergence_avg": loss.detach()})
 
 
+def sampled_token_distillation_term(
+    per_token_logps: torch.Tensor, teacher_per_token_logps: torch.Tensor, mask: torch.Tensor, num_tokens: float
+) -> TermOutput:
+    """The reverse KL(student || teacher) estimated from the sampled tokens only (on-policy distillation with a teacher
+    that returns log-probabilities of given tokens, as in Thinking Machines' "On-Policy Distillation", 2025).
+
+    For y_t sampled from the student at the divergence's temperature, k_t = log p_s(y_t) - log p_t(y_t) is an unbiased
+    per-token estimate of KL(p_s || p_t), and its score-function gradient is E[k_t grad log p_s(y_t)]: the loss is
+    sum_t mask_t * sg(k_t) * log p_s(y_t) / num_tokens, a policy gradient whose per-token advantage is -k_t. The
+    logged value is the estimate, sum_t mask_t * k_t / num_tokens (nats per token). Valid only on rows sampled at the
+    divergence's temperature: the caller leaves the others out of `mask`.
+
+    Args:
+        per_token_logps (`torch.Tensor`): `(B, T)` log p_s of each target at the divergence's temperature (grad).
+        teacher_per_token_logps (`torch.Tensor`): `(B, T)` log p_t of the same tokens, same temperature.
+        mask (`torch.Tensor`): `(B, T)` 1 on the counted sampled tokens.
+        num_tokens (`float`): the step's global count of them.
+
+    Returns:
+        [`TermOutput`]: `logp_coef` = -k_t (closed form for the probe); `stats` `distill/divergence_avg`.
+    """
+    k = (per_token_logps.detach() - teacher_per_token_logps) * mask
+    loss = masked_sum(k * per_token_logps, mask) / max(num_tokens, 1.0)
+    value = masked_sum(k, mask) / max(num_tokens, 1.0)
+    return TermOutput(loss, value, logp_coef=-k, stats={"distill/divergence_avg": value})
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Rewards and advantages
 # ---------------------------------------------------------------------------------------------------------------------

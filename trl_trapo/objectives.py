@@ -49,6 +49,7 @@ from .losses import (
     kl_estimate,
     language_modeling_term,
     rl_term,
+    sampled_token_distillation_term,
     sft_term,
 )
 
@@ -458,6 +459,10 @@ class DistillationObjective(Objective):
         teacher_head (`Callable`): the teacher's output layer, `(n, H_t) -> (n, V)`.
         beta (`float`), temperature (`float`): the divergence (`distillation_beta`, `distillation_temperature`).
         weight (`float`): the static multiplier c_distill.
+        estimator (`str`): "full" (the divergence over the vocabulary) or "sampled_token" (the reverse KL from the
+            teacher's log-probability of each sampled token, `teacher_per_token_logps` of the rows; only rows sampled
+            at `temperature` count, see [`~trl_trapo.losses.sampled_token_distillation_term`]).
+        sampling_temperature (`float`): the configured sampling temperature (a row without its own was sampled at it).
         chunk_size (`int`): tokens per chunk of teacher logits.
         name (`str`): "distill".
     """
@@ -471,23 +476,56 @@ class DistillationObjective(Objective):
         temperature: float = 1.0,
         weight: float = 1.0,
         chunk_size: int = 1024,
+        estimator: str = "full",
+        sampling_temperature: float = 1.0,
         name: str = "distill",
     ):
         super().__init__(name, weight)
         self.take_rows, self.teacher_hidden, self.teacher_head = take_rows, teacher_hidden, teacher_head
         self.beta, self.temperature, self.chunk_size = beta, temperature, chunk_size
+        self.estimator, self.sampling_temperature = estimator, sampling_temperature
+        self.excluded_rows = 0  # sampled-token estimator: rows left out (sampled at another temperature), cumulative
 
     def take(self, n: int, step: int) -> list[Row]:
         rows = self.take_rows(n, step)
         for row in rows:
             row.objective = self.index
+            if self.estimator == "sampled_token":
+                sampled_at = self.sampling_temperature if row.temperature is None else row.temperature
+                # the estimate is a KL only under samples from p_s at the divergence's temperature; demonstrations
+                # put in by guidance were not sampled at all
+                if abs(sampled_at - self.temperature) > 1e-6 or row.off_policy:
+                    row.mask = torch.zeros_like(row.mask)
+                    self.excluded_rows += 1
         return rows
+
+    def logit_scale(self, inputs: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        """The sampled-token estimator compares log-probabilities at the divergence's temperature."""
+        if self.estimator == "sampled_token" and self.temperature != 1.0 and bool(rows.any()):
+            return torch.where(rows, 1.0 / self.temperature, 1.0)
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        return {"distill/excluded_rows": float(self.excluded_rows)} if self.estimator == "sampled_token" else {}
+
+    def state_dict(self) -> dict:
+        return {"excluded_rows": self.excluded_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.excluded_rows = int(state.get("excluded_rows", 0))
 
     def loss(self, term: TermInputs) -> TermOutput:
         device = term.logits.device
         if not bool(term.rows.any()):
             zero = torch.zeros((), device=device)
             return TermOutput(zero, zero)
+        if self.estimator == "sampled_token":
+            return sampled_token_distillation_term(
+                term.per_token_logps,
+                term.inputs["teacher_per_token_logps"],
+                term.mask,
+                term.context.counts[f"tokens_{self.name}"],
+            )
         index = term.rows.nonzero().squeeze(-1)
         with torch.no_grad():
             hidden = self.teacher_hidden(term.inputs["input_ids"][index], term.inputs["attention_mask"][index])

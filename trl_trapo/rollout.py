@@ -473,6 +473,10 @@ class RolloutEngine:
         guidance ([`~trl_trapo.guidance.DemonstrationGuidance`], *optional*): puts the prompt's demonstration into
             the groups it chooses (examples need `demonstration_ids`).
         vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
+        teacher ([`~trl_trapo.models.ReferencePolicy`], *optional*): the distillation teacher, when its sampled-token
+            estimator is on: each round's trajectories carry its log-probability of every sampled token
+            (`teacher_per_token_logps`, at `teacher_temperature`), computed next to the reference's.
+        teacher_temperature (`float`): the divergence's temperature (`distillation_temperature`).
 
     The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
     exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
@@ -495,6 +499,8 @@ class RolloutEngine:
         pad_token_id: int,
         guidance: DemonstrationGuidance | None = None,
         vllm: VLLMGenerator | None = None,
+        teacher: ReferencePolicy | None = None,
+        teacher_temperature: float = 1.0,
     ):
         self.args = args
         self.tokenizer = tokenizer
@@ -511,6 +517,7 @@ class RolloutEngine:
         self.pad_token_id = pad_token_id
         self.guidance = guidance
         self.vllm = vllm
+        self.teacher, self.teacher_temperature = teacher, teacher_temperature
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
 
     def progress_description(self, description: str) -> str | None:
@@ -748,6 +755,17 @@ class RolloutEngine:
             if masks is not None:
                 per_token_kl = [k * m.to(k.dtype) for k, m in zip(per_token_kl, masks)]
             kl = torch.stack([k.sum() for k in per_token_kl])  # (B,) nats per sequence
+        teacher_logps = None
+        if self.teacher is not None:  # distillation's sampled-token estimator: the teacher's log-prob of each token
+            teacher_logps = self.teacher.logps(
+                policy,
+                prompt_ids,
+                completion_ids,
+                pad_id,
+                torch.full_like(temperatures, self.teacher_temperature),
+                batch_size,
+                model_inputs,
+            )
         values = None
         if self.has_critic:
             values = value_predictions(
@@ -772,6 +790,7 @@ class RolloutEngine:
             model_inputs=model_inputs,
             completion_masks=masks,
             version=sampled.version,
+            teacher_logps=teacher_logps,
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
@@ -810,6 +829,7 @@ class RolloutEngine:
         model_inputs: list[dict[str, torch.Tensor]] | None = None,
         completion_masks: list[torch.Tensor] | None = None,
         version: int = 0,
+        teacher_logps: list[torch.Tensor] | None = None,
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
@@ -899,6 +919,9 @@ class RolloutEngine:
                     temperature=float(temperatures[i]) if own_temperature is not None and own_temperature[i] else None,
                     model_inputs=dict(model_inputs[i]) if model_inputs is not None else {},
                     version=version,
+                    teacher_per_token_logps=teacher_logps[i][:n].clone().float()
+                    if teacher_logps is not None
+                    else None,
                 )
             )
         return trajectories

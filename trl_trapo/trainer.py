@@ -587,6 +587,8 @@ class TRAPOTrainer(_BaseTrainer):
                     beta=args.distillation_beta,
                     temperature=args.distillation_temperature,
                     weight=args.distillation_weight,
+                    estimator=args.distillation_estimator,
+                    sampling_temperature=args.temperature,
                 )
                 for _ in distill
             ),
@@ -633,6 +635,11 @@ class TRAPOTrainer(_BaseTrainer):
             vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
+            # distillation's sampled-token estimator scores each sampled token with the teacher in the round
+            teacher=ReferencePolicy(self.teacher_model, None, unwrap=self.accelerator.unwrap_model)
+            if self.teacher_model is not None and args.distillation_estimator == "sampled_token"
+            else None,
+            teacher_temperature=args.distillation_temperature,
         )
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
         self.rollout_source = (
