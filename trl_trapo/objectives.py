@@ -4,7 +4,8 @@
 An objective has a name, a static weight c_o, a source of training rows, a loss term (a pure function of
 `losses.py` returning a [`~trl_trapo.losses.TermOutput`]), its own state (checkpointed) and its own metrics. The
 trainer holds a list of them — the three built-ins first, in the order of `config.OBJECTIVES` (pretraining, SFT, RL),
-then any the user adds with `TRAPOTrainer(objectives=[...])` — and everything that is "per objective" is sized from
+then `distill` when a teacher is given ([`DistillationObjective`]), then any the user adds with
+`TRAPOTrainer(objectives=[...])` — and everything that is "per objective" is sized from
 that list and keyed by name: the curriculum's shares, DARE's signals and factors, the rows of a step, the step's
 token counts, the gradient probe, the checkpoint and the metrics (`loss/<name>`, `weight/<name>`,
 `curriculum/<name>`, `dare/factor/<name>`, `dare/signal/<name>`). A row's `objective` is its objective's index in
