@@ -290,3 +290,31 @@ def test_the_sampled_token_estimator_leaves_out_rows_sampled_at_another_temperat
     taken = distill.take(4, step=0)
     assert [float(r.mask.sum()) for r in taken] == [5.0, 5.0, 0.0, 0.0]
     assert all(r.objective == 3 for r in taken) and distill.metrics()["distill/excluded_rows"] == 2.0
+
+
+def test_a_lora_policy_distils_from_a_separate_teacher(tmp_path, tokenizer, suite):
+    """With PEFT only the adapter trains: it moves, the base weights and the teacher stay, `distill` is measured."""
+    from peft import LoraConfig
+
+    mixtures = [{"pretrain": 0.2, "sft": 0.2, "rl": 0.3, "distill": 0.3}] * 3
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            **{**TINY_CONFIG, "max_steps": 3, "curriculum_mixtures": mixtures, "learning_rate": 1e-2},
+        ),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        teacher_model=build_tiny_model(tokenizer, seed=1),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    before = {k: v.clone() for k, v in trainer.model.named_parameters()}
+    teacher_before = {k: v.clone() for k, v in trainer.teacher_model.state_dict().items()}
+    trainer.train()
+    moved = {k for k, v in trainer.model.named_parameters() if not torch.equal(v, before[k])}
+    assert moved and all("lora_" in k for k in moved), moved
+    assert all(torch.equal(v, teacher_before[k]) for k, v in trainer.teacher_model.state_dict().items())
+    assert any("loss/distill" in entry for entry in trainer.state.log_history)

@@ -384,3 +384,32 @@ def test_round_statistics_cover_every_ranks_share(tmp_path):
         reference = [value for row in rank1[f"{name}/reference"] for value in row]
         assert max(abs(a - b) for a, b in zip(alone, reference)) > 0.1, name
     assert rank0["exploration/alone"]["levels"] == {"a": 1} and rank0["exploration"]["levels"] == {}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# On-policy distillation on two processes (issue 22)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path):
+    """The main job with a teacher under DDP: both ranks log the same `distill` weight, loss and DARE state (the
+    probe's logit-gradient sums are all-reduced like the others') and end with the same weights."""
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    teacher = tmp_path / "teacher"
+    build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    output = tmp_path / "out"
+    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", "--report_to", "none"]
+    args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
+    check(launch("multi_gpu.yaml", "tests/distributed_job.py", args))
+    ranks = records(output)
+    first, second = (r["log_history"] for r in ranks)
+    assert len(first) == len(second) and ranks[0]["world_size"] == 2
+    for a, b in zip(first, second):
+        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)} == {
+            k: v for k, v in b.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)
+        }
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    train_logs = [h for h in first if "loss" in h]
+    assert all("weight/distill" in h and "dare/factor/distill" in h for h in train_logs)
+    assert any("loss/distill" in h for h in train_logs)
