@@ -581,7 +581,7 @@ class TRAPOTrainer(_BaseTrainer):
             ),
             *(
                 DistillationObjective(
-                    self._take_distill_rows,
+                    self._take_rl_rows,
                     self._teacher_hidden,
                     self._teacher_head,
                     beta=args.distillation_beta,
@@ -1045,11 +1045,8 @@ class TRAPOTrainer(_BaseTrainer):
         return batches, context
 
     def _take_rl_rows(self, n: int, step: int) -> list:
-        """The RL objective's rows: `n` trajectories from the replay buffer (a rollout round refills it)."""
-        return [t.to_row() for t in self._take_trajectories(n, step)]
-
-    def _take_distill_rows(self, n: int, step: int) -> list:
-        """The distillation objective's rows: `n` of the student's own samples from the replay buffer."""
+        """`n` rows of the student's own samples from the replay buffer (a rollout round refills it): the RL
+        objective's rows, and the distillation objective's (which relabels them with its index)."""
         return [t.to_row() for t in self._take_trajectories(n, step)]
 
     def _teacher_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
