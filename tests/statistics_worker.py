@@ -29,6 +29,7 @@ from accelerate.utils import gather_object
 from conftest import finished_round
 
 from trl_trapo import TRAPOConfig
+from trl_trapo.distributed import end_process_group
 from trl_trapo.exploration import TargetedExploration
 from trl_trapo.metrics import MetricsAccumulator
 from trl_trapo.rollout import RolloutEngine
@@ -158,7 +159,7 @@ def main(output_dir: str) -> None:
         out[f"kl_coef{name}"] = schedules.kl_coef()
     with open(os.path.join(output_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(out, handle)
-    accelerator.wait_for_everyone()
+    end_process_group()  # without it a rank can abort at exit (gloo threads; see end_process_group)
 
 
 if __name__ == "__main__":
