@@ -169,7 +169,7 @@ def other_vocabulary_teacher(tokenizer):
             "short_context",
             r"The teacher_model has a context of 8 positions, but the longest prompt \+ response_length",
         ),
-        ("no_prompts", r"scores the student's own samples of the RL prompts, but this run has none"),
+        ("no_prompts", r"scores the student's own samples of prompts, but this run has none"),
     ],
 )
 def test_a_teacher_that_cannot_work_is_refused_at_construction(tmp_path, tokenizer, suite, case, message):
@@ -229,6 +229,28 @@ def test_the_command_line_takes_the_teacher_by_path(tmp_path, tokenizer):
     )
     assert missing.returncode == 2 and "--teacher_model_name_or_path=" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_the_command_line_takes_reward_free_distillation_prompts(tmp_path, tokenizer, suite):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    teacher = tmp_path / "teacher"
+    build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in suite.rl_train["prompt"]))
+    command = [sys.executable, str(root / "examples" / "trapo.py"), "--max_steps", "2", "--report_to", "none"]
+    command += ["--eval_strategy", "no", "--output_dir", str(tmp_path / "out"), "--distillation_dataset_name"]
+    command += [str(prompts)]
+    run = subprocess.run([*command, "--teacher_model_name_or_path", str(teacher)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    assert any(entry.get("distill/sampled_tokens", 0) > 0 for entry in history)
+    alone = subprocess.run([*command, "--overwrite_output_dir"], capture_output=True, text=True)
+    assert alone.returncode == 2 and "needs a teacher" in alone.stderr and "Traceback" not in alone.stderr
 
 
 def test_the_sampled_token_estimator_is_unbiased_for_the_reverse_kl_and_its_gradient():
@@ -318,3 +340,176 @@ def test_a_lora_policy_distils_from_a_separate_teacher(tmp_path, tokenizer, suit
     assert moved and all("lora_" in k for k in moved), moved
     assert all(torch.equal(v, teacher_before[k]) for k, v in trainer.teacher_model.state_dict().items())
     assert any("loss/distill" in entry for entry in trainer.state.log_history)
+
+
+# ---- reward-free distillation prompts (`distillation_dataset`) ------------------------------------------------------
+def distillation_prompts(suite, prefix=""):
+    """The RL prompts without their reward columns (the answers): what a pure distillation dataset looks like."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [prefix + p for p in suite.rl_train["prompt"]]})
+
+
+def test_pure_distillation_trains_on_reward_free_prompts_sampled_at_the_divergences_temperature(
+    tmp_path, tokenizer, suite
+):
+    """No train_dataset, no reward function: only the teacher's objective, on fresh samples of the prompts, each at
+    `distillation_temperature`; nothing reaches the replay buffer, the teacher stays frozen."""
+    teacher = build_tiny_model(tokenizer, seed=1)
+    teacher_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "distillation_temperature": 1.3}),
+        processing_class=tokenizer,
+        teacher_model=teacher,
+        distillation_dataset=distillation_prompts(suite),
+    )
+    assert trainer.curriculum.mixture(0) == (0.0, 0.0, 0.0, 1.0)
+    temperatures = []
+    sample = trainer.rollouts.sample
+
+    def recording_sample(examples, group, step, temperature):
+        temperatures.append(temperature)
+        return sample(examples, group, step, temperature)
+
+    trainer.rollouts.sample = recording_sample
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "loss/distill" in e]
+    assert len(logged) == TINY_CONFIG["max_steps"] and all(e["loss/distill"] > 0 for e in logged)
+    assert temperatures == [1.3] * TINY_CONFIG["max_steps"]  # one batched call per step, at the divergence's
+    assert len(trainer.replay) == 0 and trainer.state.episode == 0  # never a rollout round
+    assert logged[-1]["distill/sampled_tokens"] > 0
+    assert any(not torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, teacher_before[name]), name
+
+
+def test_distillation_prompts_never_reach_the_reward_functions_or_exploration(tmp_path, tokenizer, suite):
+    """Joint run (RL prompts with a reward, and reward-free distillation prompts): the reward function sees only RL
+    prompts; the distillation objective's rows are the distillation prompts' completions, not RL rollouts."""
+    seen = []
+
+    def reward(prompts, completions, answer, **kwargs):
+        seen.extend(prompts)
+        return exact_match_reward(prompts, completions, answer, **kwargs)
+
+    mixtures = [{"pretrain": 0.1, "sft": 0.1, "rl": 0.4, "distill": 0.4}] * 3
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "curriculum_mixtures": mixtures}),
+        train_dataset=suite.rl_train,
+        pretrain_dataset=suite.pretrain,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        teacher_model=build_tiny_model(tokenizer, seed=1),
+        distillation_dataset=distillation_prompts(suite, prefix="Z"),
+    )
+    distill = trainer.objectives[3]
+    taken = []
+    take = distill.take_rows
+    distill.take_rows = lambda n, step: taken.extend(take(n, step)) or taken[-n:]
+    trainer.train()
+    assert taken and seen
+    assert not any(p.startswith("Z") for p in seen), "a distillation prompt was scored"
+    z = tokenizer.convert_tokens_to_ids("Z")
+    assert all(int(row.input_ids[0]) == z for row in taken), "a distillation row was not a distillation prompt's"
+
+
+def test_distillation_prompts_split_between_ranks_without_duplicates():
+    from datasets import Dataset
+
+    from trl_trapo.objectives import DistillationPrompts
+
+    dataset = Dataset.from_dict({"prompt_ids": [[i + 1] for i in range(10)]})
+    prompts = [DistillationPrompts(dataset, sample=None, seed=3, rank=r, world_size=2) for r in range(2)]
+    per_rank = []
+    for p in prompts:
+        start = 0 + p.rank * 5
+        per_rank.append(p.indices(start, 5))
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(10))  # one epoch, split
+    assert prompts[0].indices(10, 10) != prompts[0].indices(0, 10)  # the next epoch is another order
+    assert sorted(prompts[0].indices(7, 6)) != [] and len(prompts[0].indices(7, 6)) == 6  # across an epoch's end
+
+
+def test_distillation_with_prompts_resumes_bit_identically(tmp_path, tokenizer, suite):
+    settings = dict(max_steps=6, save_strategy="steps", save_steps=3)
+
+    def make(output_dir):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=TRAPOConfig(output_dir=str(output_dir), **{**TINY_CONFIG, **settings}),
+            processing_class=tokenizer,
+            sft_dataset=suite.sft,
+            teacher_model=build_tiny_model(tokenizer, seed=1),
+            distillation_dataset=distillation_prompts(suite),
+        )
+
+    full = make(tmp_path / "full")
+    full.train()
+
+    class StopAfterThree(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 3
+
+    first = make(tmp_path / "first")
+    first.add_callback(StopAfterThree())
+    first.train()
+    resumed = make(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-3"))
+    assert resumed.objectives[3].prompts.position == full.objectives[3].prompts.position > 0
+    expected = full.model.state_dict()
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+def test_pure_distillation_plans_its_steps_from_the_prompts(tmp_path, tokenizer, suite):
+    prompts = distillation_prompts(suite)  # 30 prompts, 8 rows a step: 4 steps an epoch
+    config = {k: v for k, v in TINY_CONFIG.items() if k != "max_steps"}
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        args=TRAPOConfig(output_dir=str(tmp_path), **{**config, "num_train_epochs": 2}),
+        processing_class=tokenizer,
+        teacher_model=build_tiny_model(tokenizer, seed=1),
+        distillation_dataset=prompts,
+    )
+    assert trainer.args.max_steps == 2 * -(-len(prompts) // TINY_CONFIG["per_device_train_batch_size"])
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_teacher", "without a teacher"),
+        ("sft_rows", "would ignore it"),
+        ("no_prompt", "needs a `prompt` column"),
+        ("too_long", "exceeds the model's context"),
+        ("empty", "empty"),
+    ],
+)
+def test_a_distillation_dataset_that_cannot_work_is_refused_at_construction(tmp_path, tokenizer, suite, case, message):
+    from datasets import Dataset
+
+    teacher = build_tiny_model(tokenizer, seed=1)
+    dataset = distillation_prompts(suite)
+    overrides = {}
+    if case == "no_teacher":
+        teacher = None
+    elif case == "sft_rows":
+        dataset = suite.sft
+    elif case == "no_prompt":
+        dataset = Dataset.from_dict({"question": ["1+1="]})
+    elif case == "too_long":
+        dataset = Dataset.from_dict({"prompt": ["1" * 255]})
+        overrides = {"max_prompt_length": 256}
+    elif case == "empty":
+        dataset = Dataset.from_dict({"prompt": []})
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, **overrides}),
+            processing_class=tokenizer,
+            sft_dataset=suite.sft,
+            teacher_model=teacher,
+            distillation_dataset=dataset,
+        )

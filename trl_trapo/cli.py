@@ -183,6 +183,15 @@ class TRAPOScriptArguments(ScriptArguments):
     )
     sft_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
     sft_dataset_split: str = field(default="train", metadata={"help": "Split of the SFT dataset."})
+    distillation_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reward-free prompts (`prompt` column) for on-policy distillation from --teacher_model_name_or_path "
+            "(needs it): Hub id, local file or directory."
+        },
+    )
+    distillation_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    distillation_dataset_split: str = field(default="train", metadata={"help": "Split of the distillation prompts."})
     reward_funcs: list[str] = field(
         default_factory=list,
         metadata={
@@ -856,6 +865,7 @@ class JobInputs:
         eval_dataset: held-out RL prompts (at most `--max_eval_samples` rows), or None (no held-out RL evaluation).
         sft_dataset: SFT demonstrations, or None.
         pretrain_dataset: pretraining text, or None.
+        distillation_dataset: reward-free prompts for on-policy distillation, or None.
         reward_funcs: reward functions (the reward model, if any, is passed to the trainer by name).
         value_model: the critic, or None.
         builtin_eval: `eval_dataset` is the built-in held-out suite (exact-match accuracy is computed on it).
@@ -870,6 +880,7 @@ class JobInputs:
     eval_dataset: object = None
     sft_dataset: object = None
     pretrain_dataset: object = None
+    distillation_dataset: object = None
     reward_funcs: list = field(default_factory=list)
     value_model: object = None
     builtin_eval: bool = False  # eval_dataset is the built-in held-out suite (exact-match accuracy is computed on it)
@@ -1022,14 +1033,20 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         ("--dataset_name", script_args.dataset_name),
         ("--sft_dataset_name", script_args.sft_dataset_name),
         ("--pretrain_dataset_name", script_args.pretrain_dataset_name),
+        ("--distillation_dataset_name", script_args.distillation_dataset_name),
     ):
         if value:
             check_data_source(value, arg)
+    if script_args.distillation_dataset_name and not training_args.teacher_model_name_or_path:
+        raise ValueError(
+            f"--distillation_dataset_name={script_args.distillation_dataset_name!r} gives prompts for on-policy "
+            "distillation, which needs a teacher: add --teacher_model_name_or_path, or drop --distillation_dataset_name."
+        )
     check_checkpoint(training_args.resume_from_checkpoint)
     sources: dict[str, str] = {}
 
     # step 1. the user's data (Hub ids or local paths), loaded before any model so that bad data fails fast
-    train_dataset = eval_dataset = sft_dataset = pretrain_dataset = None
+    train_dataset = eval_dataset = sft_dataset = pretrain_dataset = distillation_dataset = None
     if script_args.dataset_name:
         train_dataset, eval_dataset = load_rl_data(script_args)
         sources["rl"] = f"--dataset_name={script_args.dataset_name!r}"
@@ -1057,6 +1074,15 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             split_arg="--pretrain_dataset_split",
         )
         sources["pretrain"] = f"--pretrain_dataset_name={script_args.pretrain_dataset_name!r}"
+    if script_args.distillation_dataset_name:
+        distillation_dataset = load_any(
+            script_args.distillation_dataset_name,
+            script_args.distillation_dataset_config,
+            script_args.distillation_dataset_split,
+            arg="--distillation_dataset_name",
+            split_arg="--distillation_dataset_split",
+        )
+        sources["distill"] = f"--distillation_dataset_name={script_args.distillation_dataset_name!r}"
     given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
     if script_args.reward_model_name_or_path:
         given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
@@ -1124,6 +1150,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         eval_dataset=eval_dataset,
         sft_dataset=sft_dataset,
         pretrain_dataset=pretrain_dataset,
+        distillation_dataset=distillation_dataset,
         reward_funcs=reward_funcs,
         value_model=value_model,
         builtin_eval=builtin_eval,
@@ -1192,6 +1219,7 @@ def build_trainer(
         eval_dataset=inputs.eval_dataset,
         pretrain_dataset=inputs.pretrain_dataset,
         sft_dataset=inputs.sft_dataset,
+        distillation_dataset=inputs.distillation_dataset,
         processing_class=inputs.tokenizer,
         reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
         value_model=inputs.value_model,

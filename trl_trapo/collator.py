@@ -234,13 +234,20 @@ def ticket_collator(features: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def plan_steps(
-    args, active: Sequence[bool], shares: Sequence[float], rl_prompts: int, sft_rows: int, pretrain_docs: int | None
+    args,
+    active: Sequence[bool],
+    shares: Sequence[float],
+    rl_prompts: int,
+    sft_rows: int,
+    pretrain_docs: int | None,
+    distill_prompts: tuple[int, int] | None = None,
 ) -> tuple[int, int]:
     """Planned optimizer steps N, and the length of the ticket dataset that makes the Trainer run N steps.
 
     `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the RL prompts
     (each of `total_episodes` — or `num_train_epochs` x prompts x completions per prompt — completions used
-    `num_ppo_epochs` times), else the SFT rows, else the map-style pretraining documents. Without `max_steps` the
+    `num_ppo_epochs` times), else the SFT rows, else the reward-free distillation prompts (one completion each per
+    epoch), else the map-style pretraining documents. Without `max_steps` the
     trainer's copy of the config gets `max_steps = N`, so the Trainer runs exactly the plan (its own count, whole
     epochs of tickets, could round up by a step or more).
 
@@ -251,6 +258,7 @@ def plan_steps(
         rl_prompts (`int`): RL prompts x completions per prompt (1 with a critic, else `num_generations`).
         sft_rows (`int`): SFT rows.
         pretrain_docs (`int`, *optional*): map-style pretraining documents (None when streaming).
+        distill_prompts (`tuple[int, int]`, *optional*): `(prompts, objective index)` of a `distillation_dataset`.
 
     Raises:
         ValueError: with only a streaming pretraining dataset and no `max_steps`.
@@ -265,6 +273,8 @@ def plan_steps(
         rows, share = completions * args.num_ppo_epochs, shares[RL]
     elif active[SFT]:
         rows, share = sft_rows * epochs, shares[SFT]
+    elif distill_prompts is not None:
+        rows, share = distill_prompts[0] * epochs, shares[distill_prompts[1]]
     elif pretrain_docs is not None:
         rows, share = pretrain_docs * epochs, shares[PRETRAIN]
     else:

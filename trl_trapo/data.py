@@ -786,6 +786,7 @@ class PreparedData:
     rl: Dataset | None  # RL prompts with a `prompt_ids` column (and a text `prompt`)
     sft: Dataset | None  # tokenized SFT rows: `input_ids`, `completion_mask`
     pretrain: Dataset | IterableDataset | None  # raw `text` documents (tokenized as they are streamed)
+    distill: Dataset | None = None  # reward-free distillation prompts with a `prompt_ids` column
 
     @property
     def active(self) -> tuple[bool, bool, bool]:
@@ -857,6 +858,8 @@ def prepare_datasets(
     has_rewards: bool,
     has_critic: bool,
     stop_token_ids: list[int] | None = None,
+    distillation_dataset: Dataset | None = None,
+    has_teacher: bool = False,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained.
 
@@ -868,6 +871,8 @@ def prepare_datasets(
         has_rewards (`bool`): whether any reward function or model was given.
         has_critic (`bool`): whether a value model was given.
         stop_token_ids (`list[int]`, *optional*): the ids that end a completion (for demonstrations).
+        distillation_dataset (`Dataset`, *optional*): reward-free prompts for the teacher's objective.
+        has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
@@ -950,11 +955,55 @@ def prepare_datasets(
         if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
             check_rows(pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS)
         pretrain = pretrain_dataset
-    data = PreparedData(rl=rl, sft=sft, pretrain=pretrain)
-    if not any(data.active):
+    distill = None
+    if distillation_dataset is not None:
+        if not has_teacher:
+            raise ValueError(
+                "`distillation_dataset` (reward-free prompts for on-policy distillation) was given without a teacher: "
+                "pass `teacher_model` (or set teacher_model_name_or_path), or drop distillation_dataset."
+            )
+        if args.distillation_weight > 0:
+            if isinstance(distillation_dataset, IterableDataset):
+                raise ValueError(
+                    "`distillation_dataset` is an IterableDataset, but its prompts are drawn by index and checked for "
+                    "length before training: pass a map-style `Dataset` (e.g. "
+                    "`Dataset.from_list(list(iterable.take(n)))`)."
+                )
+            check_dataset_object(distillation_dataset, "distillation_dataset")
+            columns = dataset_columns(distillation_dataset)
+            if not {"prompt", "input_ids"} & set(columns):
+                raise ValueError(
+                    f"`distillation_dataset` needs a `prompt` column (text or conversational messages) or tokenized "
+                    f"`input_ids`; it has {columns}. Prompt-completion or `messages` rows are SFT data: pass them as "
+                    "`sft_dataset`."
+                )
+            demos = [c for c in ("completion", "messages") if c in columns]
+            if demos:
+                raise ValueError(
+                    f"`distillation_dataset` has a {demos[0]!r} column, but on-policy distillation trains on the "
+                    "student's own samples of the prompts and would ignore it: pass demonstrations as `sft_dataset` "
+                    f"(the SFT objective), and here the prompts only (`dataset.remove_columns({demos!r})`)."
+                )
+            if len(distillation_dataset) == 0:
+                raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
+            check_rows(distillation_dataset, "distillation_dataset", tokenizer, "prompts")
+            distill = tokenize_prompt_dataset(
+                distillation_dataset, tokenizer, args.max_prompt_length, template_kwargs, name="distillation_dataset"
+            )
+            longest = max(len(ids) for ids in distill["prompt_ids"])
+            if max_positions is not None and longest + args.response_length > max_positions:
+                raise ValueError(
+                    f"`distillation_dataset` has a prompt of {longest} tokens; with response_length="
+                    f"{args.response_length} new tokens it exceeds the model's context of {max_positions} positions: "
+                    f"lower response_length to at most {max(max_positions - longest, 0)}, or remove prompts longer "
+                    f"than {max_positions - args.response_length} tokens."
+                )
+    data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
+    if not any(data.active) and distill is None:
         raise ValueError(
             "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
-            "`sft_dataset` or `pretrain_dataset`, with a weight > 0 (pretrain_weight / sft_weight / rl_weight)."
+            "`sft_dataset`, `pretrain_dataset` or (with a teacher) `distillation_dataset`, with a weight > 0 "
+            "(pretrain_weight / sft_weight / rl_weight / distillation_weight)."
         )
     if data.rl is not None and args.demonstration_column is not None and has_critic:
         raise ValueError(

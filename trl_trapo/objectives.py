@@ -42,6 +42,7 @@ from datasets import Dataset, IterableDataset
 from trl.trainer.utils import entropy_from_logits
 
 from .collator import Row, StepContext
+from .config import RL
 from .data import PretrainStream, check_dataset_object, check_rows, dataset_columns
 from .losses import (
     RLTermCounts,
@@ -466,11 +467,17 @@ class DistillationObjective(Objective):
         sampling_temperature (`float`): the configured sampling temperature (a row without its own was sampled at it).
         chunk_size (`int`): tokens per chunk of teacher logits.
         name (`str`): "distill".
+        prompts ([`DistillationPrompts`], *optional*): reward-free prompts (`distillation_dataset`); when given, the
+            rows are its fresh samples instead of `take_rows`' (pass `take_rows=None`), and its prompt position is
+            part of this objective's checkpointed state.
+
+    Raises:
+        ValueError: if neither or both of `take_rows` and `prompts` are given.
     """
 
     def __init__(
         self,
-        take_rows: Callable[[int, int], list[Row]],
+        take_rows: Callable[[int, int], list[Row]] | None,
         teacher_hidden: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         teacher_head: Callable[[torch.Tensor], torch.Tensor],
         beta: float = 1.0,
@@ -480,8 +487,13 @@ class DistillationObjective(Objective):
         estimator: str = "full",
         sampling_temperature: float = 1.0,
         name: str = "distill",
+        prompts: DistillationPrompts | None = None,
     ):
         super().__init__(name, weight)
+        if (take_rows is None) == (prompts is None):
+            raise ValueError("DistillationObjective needs exactly one of `take_rows` and `prompts`.")
+        self.prompts = prompts
+        take_rows = prompts.take if prompts is not None else take_rows
         self.take_rows, self.teacher_hidden, self.teacher_head = take_rows, teacher_hidden, teacher_head
         self.beta, self.temperature, self.chunk_size = beta, temperature, chunk_size
         self.estimator, self.sampling_temperature = estimator, sampling_temperature
@@ -507,13 +519,21 @@ class DistillationObjective(Objective):
         return None
 
     def metrics(self) -> dict[str, float]:
-        return {"distill/excluded_rows": float(self.excluded_rows)} if self.estimator == "sampled_token" else {}
+        metrics = {"distill/excluded_rows": float(self.excluded_rows)} if self.estimator == "sampled_token" else {}
+        if self.prompts is not None:  # this rank's count (like the other per-rank counters)
+            metrics["distill/sampled_tokens"] = float(self.prompts.sampled_tokens)
+        return metrics
 
     def state_dict(self) -> dict:
-        return {"excluded_rows": self.excluded_rows}
+        state = {"excluded_rows": self.excluded_rows}
+        if self.prompts is not None:
+            state["prompts"] = self.prompts.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.excluded_rows = int(state.get("excluded_rows", 0))
+        if self.prompts is not None and "prompts" in state:
+            self.prompts.load_state_dict(state["prompts"])
 
     def loss(self, term: TermInputs) -> TermOutput:
         device = term.logits.device
@@ -541,6 +561,93 @@ class DistillationObjective(Objective):
             self.chunk_size,
             probe=term.context.probe,
         )
+
+
+class DistillationPrompts:
+    """Reward-free prompts for the distillation objective (`distillation_dataset`): each step's distillation rows are
+    completions the live policy samples from them, fresh, in one batched call at the divergence's temperature.
+
+    Pure distillation: nothing here is scored, so these rows never meet the reward functions, targeted exploration,
+    self-imitation, guidance or the replay buffer (they are on-policy by construction: sampled by the weights being
+    trained). Sampling at `distillation_temperature` makes the sampled-token estimator valid on every row. Prompts are
+    drawn without replacement in epochs of one shuffled order shared by every rank (epoch `e`'s order is a
+    permutation seeded by `seed + e`); at each step rank r takes its own `n` consecutive positions of it, so ranks
+    never duplicate a prompt within an epoch.
+
+    Args:
+        dataset (`Dataset`): tokenized prompts (`prompt_ids`, `(P_i,)` each), at least one.
+        sample (`Callable[[list[dict], int], SampledRound]`): samples one completion per example at the policy
+            version `step` (the trainer's rollout engine at `distillation_temperature`); collective under ZeRO-3, so
+            every rank calls `take` with the same `n` (the row allocator is identical on every rank).
+        teacher_logps (`Callable[[SampledRound], list[torch.Tensor]]`, *optional*): the teacher's log-probability
+            (nats) of each sampled token, `(C_i,)` per completion; given for the sampled-token estimator only.
+        seed (`int`): the prompt order's seed.
+        rank (`int`), world_size (`int`): this process and the number of processes.
+        temperature (`float`): the divergence's temperature the rows were sampled at.
+
+    Raises:
+        ValueError: if `dataset` is empty.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        sample: Callable[[list[dict], int], Any],
+        teacher_logps: Callable[[Any], list[torch.Tensor]] | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        temperature: float = 1.0,
+    ):
+        if len(dataset) == 0:
+            raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
+        self.dataset, self.sample, self.teacher_logps = dataset, sample, teacher_logps
+        self.seed, self.rank, self.world_size, self.temperature = int(seed), int(rank), int(world_size), temperature
+        self.position = 0  # prompts handed out so far, over every rank (checkpointed)
+        self.sampled_tokens = 0  # completion tokens sampled on this rank (a metric)
+
+    def indices(self, start: int, count: int) -> list[int]:
+        """Dataset indices at positions `start ... start + count - 1` of the run's prompt order (epochs of shuffled
+        orders, concatenated)."""
+        size = len(self.dataset)
+        out: list[int] = []
+        while count > 0:
+            epoch, offset = divmod(start, size)
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+            chunk = order[offset : offset + count]
+            out += chunk
+            start, count = start + len(chunk), count - len(chunk)
+        return out
+
+    def take(self, n: int, step: int) -> list[Row]:
+        """`n` fresh distillation rows: `n` prompts of this rank, one completion each sampled now by the policy at
+        version `step`; the row's mask counts every completion token (objective index set by the objective)."""
+        start = self.position + self.rank * n
+        self.position += n * self.world_size
+        examples = [self.dataset[i] for i in self.indices(start, n)]
+        sampled = self.sample(examples, step)
+        teacher = self.teacher_logps(sampled) if self.teacher_logps is not None else None
+        rows = []
+        for i, completion in enumerate(sampled.completion_ids):
+            prompt = torch.as_tensor(examples[i]["prompt_ids"], dtype=torch.long)
+            p, c = prompt.numel(), completion.numel()
+            mask = torch.zeros(p + c - 1)
+            mask[p - 1 :] = 1.0
+            extra = {}
+            if teacher is not None:
+                full = torch.zeros(p + c - 1)
+                full[p - 1 :] = teacher[i].float()
+                extra["teacher_per_token_logps"] = full
+            rows.append(Row(RL, torch.cat([prompt, completion]), mask, temperature=float(self.temperature), **extra))
+            self.sampled_tokens += c
+        return rows
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "sampled_tokens": self.sampled_tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state.get("position", 0))
+        self.sampled_tokens = int(state.get("sampled_tokens", 0))
 
 
 def count_keys(objectives: list[Objective]) -> tuple[str, ...]:

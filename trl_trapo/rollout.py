@@ -619,6 +619,32 @@ class RolloutEngine:
         )
 
     @torch.no_grad()
+    @torch.no_grad()
+    def teacher_logps(self, sampled: SampledRound) -> list[torch.Tensor]:
+        """The distillation teacher's log-probability (nats) of each sampled token of a round, `(C_i,)` per
+        completion, at the divergence's temperature (`teacher_temperature`), for the sampled-token estimator on rows
+        that bypass [`finish`] (reward-free distillation prompts).
+
+        Raises:
+            ValueError: if the engine has no teacher (only the sampled-token estimator gives it one).
+        """
+        if self.teacher is None:
+            raise ValueError(
+                "RolloutEngine.teacher_logps: this engine has no teacher (distillation_estimator='full')."
+            )
+        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in sampled.examples]
+        temperatures = torch.full((len(prompt_ids),), float(self.teacher_temperature))
+        with self.unwrapped_model() as unwrapped:
+            return self.teacher.logps(
+                self.policy_of(unwrapped),
+                prompt_ids,
+                sampled.completion_ids,
+                self.pad_token_id,
+                temperatures,
+                self.args.local_rollout_forward_batch_size,
+                prompt_model_inputs(sampled.examples),
+            )
+
     def finish(self, sampled: SampledRound, across_ranks: bool = True) -> RolloutBatch:
         """Finish a sampled round into a scored [`RolloutBatch`], in this process, at consumption time: prompt ids
         (tokenized from `prompt` when absent), behaviour log-probs when the round has none (the current policy's, at

@@ -120,6 +120,7 @@ from .models import (
 )
 from .objectives import (
     DistillationObjective,
+    DistillationPrompts,
     LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
@@ -225,7 +226,14 @@ class TRAPOTrainer(_BaseTrainer):
         teacher_model (`str` or `PreTrainedModel`, *optional*): a teacher for on-policy distillation (default: loaded
             from `teacher_model_name_or_path`): the divergence to it on the student's own samples becomes the
             objective `distill` ([`~trl_trapo.objectives.DistillationObjective`]), weighted by DARE. It must share the
-            policy's tokenizer, dtype and vocabulary, and needs RL prompts (`train_dataset`) to sample from.
+            policy's tokenizer, dtype and vocabulary, and needs prompts to sample from: the RL prompts
+            (`train_dataset`), or `distillation_dataset`.
+        distillation_dataset (`Dataset`, *optional*): reward-free prompts for the teacher's objective (prompt-only
+            format, or tokenized `input_ids`; no reward columns): pure distillation. Each step the policy samples
+            one completion per prompt of the objective's rows, fresh, at `distillation_temperature`; they are never
+            scored and skip targeted exploration, self-imitation and the replay buffer
+            ([`~trl_trapo.objectives.DistillationPrompts`]). When given, the teacher's objective trains on these
+            only (not on the RL rollouts); with no other dataset the run is TRL's `DistillationTrainer`'s job.
         rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: an object with
             `sample(rows_needed, step) -> SampledRound` (see `trl_trapo/sources.py` and
             `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
@@ -265,6 +273,7 @@ class TRAPOTrainer(_BaseTrainer):
         objectives: list[Objective] | None = None,
         rollout_source: RolloutSource | None = None,
         teacher_model: str | PreTrainedModel | None = None,
+        distillation_dataset: Dataset | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
@@ -345,7 +354,10 @@ class TRAPOTrainer(_BaseTrainer):
             has_rewards=bool(funcs),
             has_critic=self._has_critic,
             stop_token_ids=stop_token_ids(args, processing_class),
+            distillation_dataset=distillation_dataset,
+            has_teacher=teacher is not None,
         )
+        self._distillation_dataset = data.distill
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
         self._task_families = None  # the RL dataset's task families, when few enough to log one metric each
         if data.rl is not None and "task" in data.rl.column_names:  # rl/zero_variance_groups per task family
@@ -355,8 +367,9 @@ class TRAPOTrainer(_BaseTrainer):
                 self.metrics.track_tasks(self._task_families)
         self.active = data.active
         check_best_model_metric(args, eval_dataset)
-        if data.rl is not None:  # models that read the policy's tokens must fit the longest prompt + completion
-            longest = max(len(ids) for ids in data.rl["prompt_ids"]) + args.response_length
+        prompt_sets = [d for d in (data.rl, data.distill) if d is not None]
+        if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
+            longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
             readers = [
                 ("value_model", value_model, processing_class),
                 ("teacher_model", teacher, processing_class),
@@ -392,10 +405,11 @@ class TRAPOTrainer(_BaseTrainer):
             raise ValueError(
                 f"`objectives` may not reuse the built-in names {list(OBJECTIVES)} (got {clash}): name it differently."
             )
-        if teacher is not None and not self.active[RL]:
+        if teacher is not None and not self.active[RL] and data.distill is None:
             raise ValueError(
-                "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of the RL "
-                "prompts, but this run has none: pass a `train_dataset` of prompts (with reward_funcs) and rl_weight > 0."
+                "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of "
+                "prompts, but this run has none: pass a `distillation_dataset` of prompts (reward-free), or a "
+                "`train_dataset` of RL prompts (with reward_funcs) and rl_weight > 0."
             )
         if teacher is not None and "distill" in {o.name for o in extra_objectives}:
             raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
@@ -439,6 +453,7 @@ class TRAPOTrainer(_BaseTrainer):
             rl_prompts=len(data.rl) * (1 if self._has_critic else args.num_generations) if data.rl else 0,
             sft_rows=len(data.sft) if data.sft else 0,
             pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
+            distill_prompts=(len(data.distill), names.index("distill")) if data.distill is not None else None,
         )
         check_disk_space(
             args.output_dir,
@@ -581,7 +596,7 @@ class TRAPOTrainer(_BaseTrainer):
             ),
             *(
                 DistillationObjective(
-                    self._take_rl_rows,
+                    None if data.distill is not None else self._take_rl_rows,
                     self._teacher_hidden,
                     self._teacher_head,
                     beta=args.distillation_beta,
@@ -589,6 +604,17 @@ class TRAPOTrainer(_BaseTrainer):
                     weight=args.distillation_weight,
                     estimator=args.distillation_estimator,
                     sampling_temperature=args.temperature,
+                    prompts=DistillationPrompts(
+                        data.distill,
+                        self._sample_distillation,
+                        self._distillation_teacher_logps if args.distillation_estimator == "sampled_token" else None,
+                        seed=args.seed,
+                        rank=rank,
+                        world_size=world,
+                        temperature=args.distillation_temperature,
+                    )
+                    if data.distill is not None
+                    else None,
                 )
                 for _ in distill
             ),
@@ -1048,6 +1074,15 @@ class TRAPOTrainer(_BaseTrainer):
         """`n` rows of the student's own samples from the replay buffer (a rollout round refills it): the RL
         objective's rows, and the distillation objective's (which relabels them with its index)."""
         return [t.to_row() for t in self._take_trajectories(n, step)]
+
+    def _sample_distillation(self, examples: list[dict], step: int):
+        """One completion per reward-free distillation prompt, sampled now by the live policy at the divergence's
+        temperature (collective under ZeRO-3: every rank calls it)."""
+        return self.rollouts.sample(examples, 1, step, self.args.distillation_temperature)
+
+    def _distillation_teacher_logps(self, sampled) -> list[torch.Tensor]:
+        """The teacher's log-prob of each token of a distillation round (sampled-token estimator)."""
+        return self.rollouts.teacher_logps(sampled)
 
     def _teacher_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """`(B, L, H_t)` the teacher's final hidden states (its decoder body, no output layer), no grad."""
