@@ -50,26 +50,41 @@ def test_quick_run_reports_every_ratio_and_a_record_per_trainer(bench, tmp_path)
     assert json.loads(output.read_text()) == json.loads(json.dumps(result))  # the JSON holds what main returned
 
     ratios = result["ratios"]
-    for key in ("rl_step_time", "rl_rollout_throughput", "rl_peak_memory", "sft_step_time", "sft_peak_memory"):
+    for key in (
+        "rl_step_time",
+        "rl_rollout_throughput",
+        "rl_peak_memory",
+        "sft_step_time",
+        "sft_peak_memory",
+        "distill_step_time",
+        "distill_peak_memory",
+    ):
         assert math.isfinite(ratios[key]) and ratios[key] > 0, (key, ratios[key])
 
     records = result["records"]
-    assert set(records) == {"rl_trapo", "rl_trl", "sft_trapo", "sft_trl"}
-    assert [records[name]["trainer"] for name in ("rl_trapo", "rl_trl", "sft_trapo", "sft_trl")] == [
+    names = ("rl_trapo", "rl_trl", "sft_trapo", "sft_trl", "distill_trapo", "distill_trl", "distill_joint")
+    assert set(records) == set(names)
+    assert [records[name]["trainer"] for name in names] == [
         "TRAPOTrainer",
         "GRPOTrainer",
         "TRAPOTrainer",
         "SFTTrainer",
+        "TRAPOTrainer",
+        "DistillationTrainer",
+        "TRAPOTrainer",
     ]
+    # the teacher ran in every distillation step, of both trainers and of the joint run
+    for name in ("distill_trapo", "distill_trl", "distill_joint"):
+        assert 0 < records[name]["teacher_share"] < 1, name
     settings = result["settings"]
     for name, record in records.items():
         assert len(record["steps"]) == settings["warmup"] + settings["steps"], name
         assert record["step_time_s"] > 0 and record["peak_memory_mib"] > 0, name
-        if record["objective"] == "rl":
+        if record["objective"] == "rl" or name in ("distill_trapo", "distill_trl"):
             # every measured step generated once, batch_size completions of exactly seq_len tokens
             measured = record["steps"][settings["warmup"] :]
             assert [s["generate_calls"] for s in measured] == [1] * settings["steps"], name
             assert [s["tokens"] for s in measured] == [settings["batch_size"] * settings["seq_len"]] * len(measured)
             assert record["rollout_tokens_per_s"] > 0, name
-        else:
+        elif record["objective"] == "sft":
             assert all(s["generate_calls"] == 0 for s in record["steps"]), name

@@ -7,7 +7,8 @@
     python scripts/benchmarks/benchmark_trainers.py --device cuda --threads 4 \
         --hidden_size 1024 --num_layers 12 --num_heads 16
 
-Two comparisons, four runs, each run in its own child process (so its peak memory is its own), one after the other:
+Three comparisons and one joint run, seven runs, each in its own child process (so its peak memory is its own), one
+after the other (`--comparisons` picks some):
 
 1. **RL only**: `TRAPOTrainer(train_dataset=RL prompts)` (no pretraining or SFT data, no value model, so advantages
    are group-relative) against `trl.GRPOTrainer`. The GRPOConfig is derived from the TRAPOConfig by
@@ -22,6 +23,15 @@ Two comparisons, four runs, each run in its own child process (so its peak memor
    differ: the policies drift apart as they train, and the length reward shortens completions).
 2. **SFT only**: `TRAPOTrainer(sft_dataset=...)` against `trl.SFTTrainer` (`completion_only_loss=True`,
    `max_length` = TRAPO `sft_max_length` = `--seq_len`, `packing=False`, same batch and optimizer).
+3. **On-policy distillation only**: `TRAPOTrainer(teacher_model=..., distillation_dataset=prompts)` (no other data:
+   only the `distill` objective) against `trl.DistillationTrainer` on the same student, teacher (a second model of the
+   same architecture, initialised with `--seed + 1`), prompts, batch (`--batch_size` prompts, one completion each),
+   completion length (`--seq_len` tokens, fixed as for RL), divergence (`beta` = TRAPO `distillation_beta` = 1.0,
+   reverse KL; temperature 1.0 for sampling and the divergence) and optimizer; both run the teacher's forward in the
+   training step and compute the full-vocabulary divergence chunked.
+4. **Joint** (`distill_joint`, TRAPO only, for the teacher's share): pretraining + SFT + RL + distillation from the RL
+   rollouts, a quarter of the rows each (`curriculum_mixtures`), same model, teacher and batch. Reported: the teacher's forward time as a share of the step time
+   (generation excluded), for this run and for the two distillation-only runs.
 
 The same for both sides of a comparison: the initial weights (a Llama built in-process from a config by
 `trl_trapo.tasks.build_tiny_model` with `--seed`, saved once to a temporary directory that every run loads from its
@@ -84,10 +94,18 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # the serial p
 from compare_pipelines import peak_rss_mb, stage_configs  # noqa: E402
 
 
-RUNS = (("rl", "trl"), ("rl", "trapo"), ("sft", "trl"), ("sft", "trapo"))
-"""(objective, trainer) of each run, in the order they are launched."""
+RUNS = (
+    ("rl", "trl"),
+    ("rl", "trapo"),
+    ("sft", "trl"),
+    ("sft", "trapo"),
+    ("distill", "trl"),
+    ("distill", "trapo"),
+    ("distill", "joint"),
+)
+"""(objective, trainer) of each run, in the order they are launched (`distill_joint`: TRAPO with all four objectives)."""
 
-TRL_TRAINER = {"rl": "GRPOTrainer", "sft": "SFTTrainer"}
+TRL_TRAINER = {"rl": "GRPOTrainer", "sft": "SFTTrainer", "distill": "DistillationTrainer"}
 
 RATIOS = {
     # key: (objective, record field, target, lower is better)
@@ -96,6 +114,8 @@ RATIOS = {
     "rl_peak_memory": ("rl", "peak_memory_mib", 1.1, True),
     "sft_step_time": ("sft", "step_time_s", 1.1, True),
     "sft_peak_memory": ("sft", "peak_memory_mib", 1.1, True),
+    "distill_step_time": ("distill", "step_time_s", 1.1, True),
+    "distill_peak_memory": ("distill", "peak_memory_mib", 1.1, True),
 }
 """The headline ratios (TRAPO / TRL), with the record field each divides and its target. `step_time_s` and
 `rollout_tokens_per_s` are measured on the `--clock` clock."""
@@ -109,6 +129,10 @@ DETAILS = {
     "sft_step_time_cpu": ("sft", "step_time_cpu_s"),
     "sft_step_time_wall": ("sft", "step_time_wall_s"),
     "sft_peak_rss_increase": ("sft", "peak_rss_increase_mib"),
+    "distill_step_time_cpu": ("distill", "step_time_cpu_s"),
+    "distill_step_time_wall": ("distill", "step_time_wall_s"),
+    "distill_peak_rss_increase": ("distill", "peak_rss_increase_mib"),
+    "distill_teacher_share": ("distill", "teacher_share"),
 }
 """Further ratios (TRAPO / TRL) reported for information: both clocks, and the memory the trainers add."""
 
@@ -126,6 +150,12 @@ LABELS = {
     "sft_step_time_cpu": "SFT: step time (CPU s, median)",
     "sft_step_time_wall": "SFT: step time (wall s, median)",
     "sft_peak_rss_increase": "SFT: peak RSS increase over the pre-trainer RSS (MiB)",
+    "distill_step_time": "Distillation: step time excl. generation ({clock} s, median)",
+    "distill_peak_memory": "Distillation: {memory}",
+    "distill_step_time_cpu": "Distillation: step time excl. generation (CPU s, median)",
+    "distill_step_time_wall": "Distillation: step time excl. generation (wall s, median)",
+    "distill_peak_rss_increase": "Distillation: peak RSS increase over the pre-trainer RSS (MiB)",
+    "distill_teacher_share": "Distillation: teacher forward / step time excl. generation (CPU)",
 }
 
 DEFAULTS = {
@@ -177,8 +207,8 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def save_model(args: argparse.Namespace, directory: str) -> int:
-    """Build the model in-process (`build_tiny_model`, seed `args.seed`) and save it with its tokenizer.
+def save_model(args: argparse.Namespace, directory: str, seed: int | None = None) -> int:
+    """Build the model in-process (`build_tiny_model`, seed `args.seed` unless `seed`) and save it with its tokenizer.
 
     Returns:
         `int`: the number of parameters (units).
@@ -190,7 +220,7 @@ def save_model(args: argparse.Namespace, directory: str) -> int:
     with open(config_path, "w", encoding="utf-8") as handle:
         json.dump(model_config(args), handle)
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(tokenizer, config_path=config_path, seed=args.seed)
+    model = build_tiny_model(tokenizer, config_path=config_path, seed=args.seed if seed is None else seed)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
@@ -225,6 +255,15 @@ def sft_dataset(spec: dict):
     return Dataset.from_dict({"prompt": [p[:cut] for p in pieces], "completion": [p[cut:] for p in pieces]})
 
 
+def distillation_prompts(spec: dict):
+    """Reward-free prompts (`prompt` only) for the distillation runs: the RL prompts without their answers; and, for
+    the joint run, the RL prompts with rewards and the SFT rows as well."""
+    from datasets import Dataset
+
+    dataset, reward_funcs = rl_dataset({**spec, "num_generations": 1})
+    return Dataset.from_dict({"prompt": dataset["prompt"]}), dataset, reward_funcs
+
+
 def trapo_config(spec: dict, output_dir: str):
     """The TRAPOConfig of a run (RL-only or SFT-only); the TRL config of the same comparison is derived from it."""
     from trl_trapo import TRAPOConfig
@@ -257,7 +296,69 @@ def trapo_config(spec: dict, output_dir: str):
             # samples); GRPOTrainer gets min_new_tokens (see fixed_length_kwargs)
             stop_token="eos" if spec["natural_lengths"] else None,
         )
+    if spec["objective"] == "distill":
+        return TRAPOConfig(
+            **common,
+            num_generations=spec["num_generations"],
+            response_length=spec["seq_len"],
+            max_prompt_length=32,
+            sft_max_length=spec["seq_len"],
+            pretrain_max_length=spec["seq_len"],
+            kl_coef=spec["kl_coef"],
+            num_ppo_epochs=1,
+            num_mini_batches=1,
+            temperature=1.0,
+            distillation_beta=1.0,
+            distillation_temperature=1.0,
+            stop_token="eos" if spec["natural_lengths"] else None,
+            # the joint run: a quarter of the rows for each objective, in every step
+            **(
+                {"curriculum_mixtures": [dict.fromkeys(("pretrain", "sft", "rl", "distill"), 0.25)] * 3}
+                if spec["trainer"] == "joint"
+                else {}
+            ),
+        )
     return TRAPOConfig(**common, sft_max_length=spec["seq_len"])
+
+
+def distillation_config(spec: dict, config, workdir: str):
+    """TRL's `DistillationConfig` with the TRAPOConfig's batch, lengths, sampling, divergence and optimizer (and the
+    gradient checkpointing `stage_configs` derives for the other TRL trainers)."""
+    from trl import DistillationConfig
+
+    reference = trl_config({**spec, "objective": "rl"}, config, workdir)
+    shared = (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "max_grad_norm",
+        "max_steps",
+        "seed",
+        "bf16",
+        "fp16",
+        "gradient_checkpointing",
+        "logging_steps",
+        "use_cpu",
+    )
+    return DistillationConfig(
+        output_dir=os.path.join(workdir, "trl"),
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        max_completion_length=spec["seq_len"],
+        temperature=config.distillation_temperature,
+        beta=config.distillation_beta,
+        generation_kwargs=fixed_length_kwargs(spec),
+        **{name: getattr(reference, name) for name in shared},
+    )
 
 
 def fixed_length_kwargs(spec: dict) -> dict | None:
@@ -344,7 +445,38 @@ class GenerationMeter:
         model.generate = measured_generate
 
 
-def make_step_timer(meter: GenerationMeter, synchronize):
+class ModuleClock:
+    """CPU seconds inside the teacher's decoder body (its forward to the final hidden states), one total per optimizer
+    step.
+
+    `instrument(model)` hooks the forward of `model.get_decoder()`: both trainers run the teacher through it in the
+    training step, and both then form the teacher's logits inside their chunked divergence (TRL from the output
+    layer's weight inside its kernel, TRAPO through the output layer a chunk at a time), which is loss time, not
+    counted here. `mark_step()` closes the current step's total into `cpu_s`.
+    """
+
+    def __init__(self, synchronize):
+        self.synchronize = synchronize
+        self.current = 0.0
+        self.cpu_s: list[float] = []
+        self.started: list[float] = []
+
+    def instrument(self, model) -> None:
+        decoder = model.get_decoder()
+        decoder.register_forward_pre_hook(lambda *_: self.started.append(time.process_time()))
+        decoder.register_forward_hook(self._stop)
+
+    def _stop(self, *_):
+        start = self.started.pop()
+        self.synchronize()
+        self.current += time.process_time() - start
+
+    def mark_step(self) -> None:
+        self.cpu_s.append(self.current)
+        self.current = 0.0
+
+
+def make_step_timer(meter: GenerationMeter, synchronize, clock: ModuleClock | None = None):
     """A `TrainerCallback` recording, per optimizer step (the interval between consecutive `on_step_end` calls, the
     first one starting at `on_train_begin`): `wall_s` / `cpu_s` (seconds of wall clock / process CPU time), the part
     of each inside `generate` (`generation_wall_s`, `generation_cpu_s`), their differences (`step_wall_s`,
@@ -385,6 +517,8 @@ def make_step_timer(meter: GenerationMeter, synchronize):
                 }
             )
             self.last, self.mark = now, snapshot
+            if clock is not None:
+                clock.mark_step()
 
     return StepTimer()
 
@@ -397,6 +531,41 @@ def build_trainer(spec: dict, tokenizer, callbacks: list):
 
     workdir = spec["workdir"]
     config = trapo_config(spec, os.path.join(workdir, "trapo"))
+    if spec["objective"] == "distill":
+        from trl import DistillationTrainer
+
+        prompts, rl_prompts, reward_funcs = spec["_data"]
+        if spec["trainer"] == "trl":
+            return DistillationTrainer(
+                model=spec["model_dir"],
+                teacher_model=spec["teacher_dir"],
+                args=distillation_config(spec, config, workdir),
+                train_dataset=prompts,
+                processing_class=tokenizer,
+                callbacks=callbacks,
+            )
+        if spec["trainer"] == "trapo":
+            return TRAPOTrainer(
+                spec["model_dir"],
+                args=config,
+                processing_class=tokenizer,
+                teacher_model=spec["teacher_dir"],
+                distillation_dataset=prompts,
+                callbacks=callbacks,
+            )
+        sft = sft_dataset(spec)  # the joint run: every objective, distillation on the RL rollouts
+        pretrain = sft.map(lambda row: {"text": row["prompt"] + row["completion"]}, remove_columns=sft.column_names)
+        return TRAPOTrainer(
+            spec["model_dir"],
+            reward_funcs=reward_funcs,
+            args=config,
+            train_dataset=rl_prompts,
+            sft_dataset=sft,
+            pretrain_dataset=pretrain,
+            processing_class=tokenizer,
+            teacher_model=spec["teacher_dir"],
+            callbacks=callbacks,
+        )
     if spec["objective"] == "rl":
         dataset, reward_funcs = spec["_data"]
         if spec["trainer"] == "trapo":
@@ -451,20 +620,24 @@ def worker(spec_path: str) -> None:
     synchronize = torch.cuda.synchronize if cuda else (lambda: None)
     load_start = os.getloadavg()
     tokenizer = build_char_tokenizer()
-    spec["_data"] = rl_dataset(spec) if spec["objective"] == "rl" else sft_dataset(spec)
+    data = {"rl": rl_dataset, "sft": sft_dataset, "distill": distillation_prompts}[spec["objective"]]
+    spec["_data"] = data(spec)
 
     rss_before = peak_rss_mb()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    # TRAPO's fixed-length RL runs never stop early (stop_token=None): every position counts
-    never_stops = spec["name"] == "rl_trapo" and not spec["natural_lengths"]
+    # TRAPO's fixed-length runs never stop early (stop_token=None): every position counts
+    never_stops = spec["trainer"] != "trl" and spec["objective"] != "sft" and not spec["natural_lengths"]
     meter = GenerationMeter(None if never_stops else tokenizer.eos_token_id, synchronize)
-    timer = make_step_timer(meter, synchronize)
+    teacher_clock = ModuleClock(synchronize) if spec["objective"] == "distill" else None
+    timer = make_step_timer(meter, synchronize, teacher_clock)
     started = time.perf_counter()
     trainer = build_trainer(spec, tokenizer, [timer])
     build_s = time.perf_counter() - started
     policy = trainer.accelerator.unwrap_model(trainer.model)
     meter.instrument(policy)
+    if teacher_clock is not None:
+        teacher_clock.instrument(trainer.accelerator.unwrap_model(trainer.teacher_model))
 
     profiler = None
     if spec["profile_dir"]:
@@ -487,7 +660,7 @@ def worker(spec_path: str) -> None:
     record = {
         "name": spec["name"],
         "objective": spec["objective"],
-        "trainer": "TRAPOTrainer" if spec["trainer"] == "trapo" else TRL_TRAINER[spec["objective"]],
+        "trainer": TRL_TRAINER[spec["objective"]] if spec["trainer"] == "trl" else "TRAPOTrainer",
         "clock": clock,
         "step_time_wall_s": statistics.median(s["step_wall_s"] for s in measured),
         "step_time_cpu_s": statistics.median(s["step_cpu_s"] for s in measured),
@@ -509,7 +682,11 @@ def worker(spec_path: str) -> None:
     if cuda:
         record["cuda_max_memory_allocated_mib"] = torch.cuda.max_memory_allocated() / 2**20
         record["peak_memory_mib"] = record["cuda_max_memory_allocated_mib"]
-    if spec["objective"] == "rl":
+    if teacher_clock is not None:  # the teacher's forward time over the measured steps' time (generation excluded)
+        teacher_cpu = sum(teacher_clock.cpu_s[spec["warmup"] :])
+        record["teacher_cpu_s"] = teacher_cpu
+        record["teacher_share"] = teacher_cpu / max(sum(s["step_cpu_s"] for s in measured), 1e-12)
+    if spec["objective"] in ("rl", "distill"):
         tokens = sum(s["tokens"] for s in measured)
         for name in ("wall", "cpu"):
             seconds = sum(s[f"generation_{name}_s"] for s in measured)
@@ -579,10 +756,12 @@ def launch(spec: dict) -> dict:
 
 
 def compute_ratios(records: dict[str, dict]) -> dict[str, float]:
-    """TRAPO / TRL (dimensionless) for every entry of `RATIOS` and `DETAILS`, from the records named
-    `<objective>_<trainer>`."""
+    """TRAPO / TRL (dimensionless) for every entry of `RATIOS` and `DETAILS` whose comparison ran, from the records
+    named `<objective>_<trainer>`."""
     ratios = {}
     for key, (objective, field_name, *_) in {**RATIOS, **DETAILS}.items():
+        if f"{objective}_trapo" not in records:
+            continue
         trapo, trl = records[f"{objective}_trapo"][field_name], records[f"{objective}_trl"][field_name]
         ratios[key] = trapo / trl if trl else math.nan
     return ratios
@@ -591,10 +770,13 @@ def compute_ratios(records: dict[str, dict]) -> dict[str, float]:
 def format_table(records: dict[str, dict], ratios: dict[str, float]) -> str:
     """A Markdown table: each measured quantity for TRAPO and TRL (absolute, with units), the ratio and its target
     (headline rows first, then the rows for information)."""
-    clock = records["rl_trapo"]["clock"]
-    memory = "peak CUDA memory (MiB)" if records["rl_trapo"]["device"] == "cuda" else "peak RSS (MiB)"
+    first = next(iter(records.values()))
+    clock = first["clock"]
+    memory = "peak CUDA memory (MiB)" if first["device"] == "cuda" else "peak RSS (MiB)"
     lines = ["| quantity | TRAPO | TRL | TRAPO / TRL | target |", "|---|---:|---:|---:|---|"]
     for key, (objective, field_name, *rest) in {**RATIOS, **DETAILS}.items():
+        if key not in ratios:
+            continue
         if not rest and field_name.endswith(f"_{clock}_s"):
             continue  # the headline row already shows it
         trapo, trl = records[f"{objective}_trapo"][field_name], records[f"{objective}_trl"][field_name]
@@ -608,6 +790,12 @@ def format_table(records: dict[str, dict], ratios: dict[str, float]) -> str:
             verdict = f"{'<=' if lower else '>='} {target}: {'met' if ok else 'NOT met'}"
         label = LABELS[key].format(clock="CPU" if clock == "cpu" else "wall", memory=memory)
         lines.append(f"| {label} | {trapo:.4g} | {trl:.4g} | {ratios[key]:.3f} | {verdict} |")
+    if "distill_joint" in records:
+        joint = records["distill_joint"]
+        lines.append(
+            f"| Joint TRAPO step (all four objectives): teacher forward / step time excl. generation (CPU) | "
+            f"{joint['teacher_share']:.4g} | – | – | info |"
+        )
     return "\n".join(lines)
 
 
@@ -648,6 +836,11 @@ def make_parser() -> argparse.ArgumentParser:
         help="clock of the headline step time and rollout throughput: process CPU time or wall time (default: cpu "
         "on CPU, wall on CUDA); both are recorded",
     )
+    parser.add_argument(
+        "--comparisons",
+        default="rl,sft,distill",
+        help="comma-separated comparisons to run: rl, sft, distill (distill includes the joint run)",
+    )
     parser.add_argument("--output_json", default=None, help="also write the records and ratios to this JSON file")
     parser.add_argument("--profile", default=None, metavar="DIR", help="write a cProfile of each run to DIR")
     parser.add_argument("--work_dir", default=None, help="model, specs and logs (default: a temporary directory)")
@@ -679,6 +872,11 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError(f"--num_heads={args.num_heads} must divide --hidden_size={args.hidden_size}.")
     if args.seq_len < 8:
         raise ValueError(f"--seq_len={args.seq_len} must be >= 8.")
+    comparisons = [c for c in args.comparisons.split(",") if c]
+    unknown = sorted(set(comparisons) - set(TRL_TRAINER))
+    if unknown or not comparisons:
+        raise ValueError(f"--comparisons={args.comparisons!r}: choose among {sorted(TRL_TRAINER)}, comma-separated.")
+    args.comparisons = ",".join(c for c in TRL_TRAINER if c in comparisons)
     return args
 
 
@@ -695,6 +893,9 @@ def main(argv: list[str] | None = None) -> dict:
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="benchmark-trainers-")
     model_dir = os.path.join(work_dir, "model")
     parameters = save_model(args, model_dir)
+    teacher_dir = os.path.join(work_dir, "teacher")
+    if "distill" in args.comparisons:
+        save_model(args, teacher_dir, seed=args.seed + 1)
     settings = {
         key: getattr(args, key)
         for key in (
@@ -707,6 +908,7 @@ def main(argv: list[str] | None = None) -> dict:
             "threads",
             "clock",
             "quick",
+            "comparisons",
         )
     }
     settings["parameters"] = parameters
@@ -718,6 +920,8 @@ def main(argv: list[str] | None = None) -> dict:
     records: dict[str, dict] = {}
     try:
         for objective, trainer in RUNS:
+            if objective not in args.comparisons.split(","):
+                continue
             name = f"{objective}_{trainer}"
             run_dir = os.path.join(work_dir, name)
             spec = {
@@ -725,11 +929,12 @@ def main(argv: list[str] | None = None) -> dict:
                 "objective": objective,
                 "trainer": trainer,
                 "model_dir": model_dir,
+                "teacher_dir": teacher_dir,
                 "workdir": run_dir,
                 "result_path": os.path.join(run_dir, "result.json"),
                 "total_steps": args.warmup + args.steps,
                 "profile_dir": os.path.abspath(args.profile) if args.profile else None,
-                **{key: settings[key] for key in settings if key not in ("parameters", "quick")},
+                **{key: settings[key] for key in settings if key not in ("parameters", "quick", "comparisons")},
                 "seq_len": args.seq_len,
             }
             run_started = time.perf_counter()
@@ -747,7 +952,9 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": settings,
         "records": records,
         "ratios": ratios,
-        "targets": {key: {"target": t, "lower_is_better": lower} for key, (_, _, t, lower) in RATIOS.items()},
+        "targets": {
+            key: {"target": t, "lower_is_better": lower} for key, (_, _, t, lower) in RATIOS.items() if key in ratios
+        },
         "clock": args.clock,
         "total_s": time.perf_counter() - started,
     }
