@@ -36,7 +36,7 @@ RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_se
 # per-rank state, logged as "this rank" (README's metrics table): each rank keeps successes from its own rollouts, so
 # these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
 # whole round, every rank's share: its temperatures agree)
-RANK_LOCAL_PREFIXES = ("self_imitation/",)
+RANK_LOCAL_PREFIXES = ("self_imitation/", "distill/sampled_tokens")
 # the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps)
 JOB_ARGS = [
     "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
@@ -389,11 +389,16 @@ def test_round_statistics_cover_every_ranks_share(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # On-policy distillation on two processes (issue 22)
 # ---------------------------------------------------------------------------------------------------------------------
-def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path):
-    """The main job with a teacher under DDP: both ranks log the same `distill` weight, loss and DARE state (the
-    probe's logit-gradient sums are all-reduced like the others') and end with the same weights."""
-    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+@pytest.mark.parametrize("backend, prompts", [("ddp", False), ("zero3", True)])
+def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backend, prompts):
+    """The main job with a teacher under DDP (distilling on the RL rollouts), and under DeepSpeed ZeRO-3 with the
+    teacher prepared like the reference policy (partitioned, frozen) and reward-free distillation prompts (each rank
+    samples its own prompts in a collective generate): both ranks log the same `distill` weight, loss and DARE state
+    (the probe's logit-gradient sums are all-reduced like the others') and end with the same weights."""
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
+    if backend != "ddp":
+        pytest.importorskip("deepspeed")
     tokenizer = build_char_tokenizer()
     teacher = tmp_path / "teacher"
     build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
@@ -401,7 +406,12 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path):
     output = tmp_path / "out"
     args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", "--report_to", "none"]
     args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
-    check(launch("multi_gpu.yaml", "tests/distributed_job.py", args))
+    if prompts:
+        path = tmp_path / "prompts.jsonl"
+        rows = make_task_suite(seed=0).rl_train["prompt"][:40]
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in rows))
+        args += ["--distillation_dataset_name", str(path)]
+    check(launch(BACKENDS[backend][0], "tests/distributed_job.py", args))
     ranks = records(output)
     first, second = (r["log_history"] for r in ranks)
     assert len(first) == len(second) and ranks[0]["world_size"] == 2
@@ -413,3 +423,5 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path):
     train_logs = [h for h in first if "loss" in h]
     assert all("weight/distill" in h and "dare/factor/distill" in h for h in train_logs)
     assert any("loss/distill" in h for h in train_logs)
+    if prompts:  # the rows came from the reward-free prompts, sampled on both ranks
+        assert train_logs[-1]["distill/sampled_tokens"] > 0

@@ -470,6 +470,10 @@ class DistillationObjective(Objective):
         prompts ([`DistillationPrompts`], *optional*): reward-free prompts (`distillation_dataset`); when given, the
             rows are its fresh samples instead of `take_rows`' (pass `take_rows=None`), and its prompt position is
             part of this objective's checkpointed state.
+        collective (`bool`): the teacher's forward is a collective (its parameters are partitioned across ranks by
+            ZeRO-3): the full-vocabulary term then runs the teacher in every micro-batch on every rank, on a one-token
+            stand-in when the micro-batch has none of this objective's rows, so that every rank gathers the same
+            parameters the same number of times.
 
     Raises:
         ValueError: if neither or both of `take_rows` and `prompts` are given.
@@ -488,8 +492,10 @@ class DistillationObjective(Objective):
         sampling_temperature: float = 1.0,
         name: str = "distill",
         prompts: DistillationPrompts | None = None,
+        collective: bool = False,
     ):
         super().__init__(name, weight)
+        self.collective = collective
         if (take_rows is None) == (prompts is None):
             raise ValueError("DistillationObjective needs exactly one of `take_rows` and `prompts`.")
         self.prompts = prompts
@@ -538,6 +544,9 @@ class DistillationObjective(Objective):
     def loss(self, term: TermInputs) -> TermOutput:
         device = term.logits.device
         if not bool(term.rows.any()):
+            if self.collective and self.estimator == "full":  # the other ranks may run the teacher in this one
+                stand_in = term.inputs["input_ids"][:1, :1]
+                self.teacher_hidden(stand_in, torch.ones_like(stand_in))
             zero = torch.zeros((), device=device)
             return TermOutput(zero, zero)
         if self.estimator == "sampled_token":

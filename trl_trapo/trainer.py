@@ -604,6 +604,7 @@ class TRAPOTrainer(_BaseTrainer):
                     weight=args.distillation_weight,
                     estimator=args.distillation_estimator,
                     sampling_temperature=args.temperature,
+                    collective=self._teacher_partitioned(),
                     prompts=DistillationPrompts(
                         data.distill,
                         self._sample_distillation,
@@ -628,6 +629,7 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
+        self._teacher_head_copy = self._gathered_teacher_head()
         self.reference = None  # the KL term's reference (none when kl_coef = 0)
         if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
             self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
@@ -1091,8 +1093,34 @@ class TRAPOTrainer(_BaseTrainer):
             return model_forward(teacher.get_decoder(), input_ids, attention_mask, use_cache=False).last_hidden_state
 
     def _teacher_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`(n, V)` the teacher's logits of `(n, H_t)` final hidden states."""
+        """`(n, V)` the teacher's logits of `(n, H_t)` final hidden states. Under ZeRO-3 from a whole copy of its
+        output layer gathered once at construction ([`_gathered_teacher_head`]): a call of the partitioned module
+        would gather it once per chunk (a collective whose count differs between ranks) and again in the backward's
+        recomputation of each chunk, after the decoder's own forward has partitioned a tied weight again."""
+        if self._teacher_head_copy is not None:
+            weight, bias = self._teacher_head_copy
+            return torch.nn.functional.linear(hidden, weight, bias)
         return self.accelerator.unwrap_model(self.teacher_model).get_output_embeddings()(hidden)
+
+    def _teacher_partitioned(self) -> bool:
+        """Whether the teacher's parameters are partitioned across ranks (DeepSpeed ZeRO-3), so that its forward is a
+        collective."""
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        return bool(self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
+
+    def _gathered_teacher_head(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Under ZeRO-3, a whole, frozen copy `(weight (V, H_t), bias (V,) or None)` of the teacher's output layer
+        (collective: every rank gathers it once; one V x H_t matrix per rank, e.g. 113 MB for a 49k x 576 fp32
+        head); None otherwise (the module is called as it is)."""
+        if self.teacher_model is None or not self._teacher_partitioned():
+            return None
+        import deepspeed
+
+        head = self.accelerator.unwrap_model(self.teacher_model).get_output_embeddings()
+        with deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None):
+            weight = head.weight.detach().clone()
+            bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
+        return weight, bias
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
         for _ in range(20):
