@@ -720,8 +720,8 @@ class ToolRolloutSource:
         unparsable call becomes a call that fails with an error result (counted in `tools/failure_frequency`)."""
         message = rollout.messages[-1]
         if "unparsable" in message:
-            error = message.pop("unparsable")
-            return [(failing(f"could not parse the tool call: {error}"), {}, "unknown")]
+            message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
+            return [(failing("unparsable tool call"), {}, "unknown")]
         calls = []
         for call in message.get("tool_calls") or []:
             function = call.get("function", {}) if isinstance(call, dict) else {}
