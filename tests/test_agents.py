@@ -599,3 +599,16 @@ def test_trapo_trains_through_tool_calls_end_to_end(tmp_path, tok):
     assert logged["tools/call_frequency"] == 1.0 and logged["tools/turns_mean"] == 2.0
     assert logged["rewards/Counter/mean"] == 2.0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_the_documented_tool_example_trains(tmp_path, monkeypatch):
+    """docs/agents.md's block, as written: two steps through the tool-calling source, its metrics logged."""
+    from test_doc_commands import registered_block
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block("docs/agents.md: # run: a tool the policy may call")
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert isinstance(trainer.rollout_source, ToolRolloutSource) and trainer.state.global_step == 2
+    assert "tools/turns_mean" in trainer.state.log_history[0]
