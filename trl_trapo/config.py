@@ -389,6 +389,16 @@ class TRAPOConfig(_BaseConfig):
         default=64,
         metadata={"help": "Rows per no-grad forward pass at rollout time (reference, value and reward models)."},
     )
+    max_tool_calling_iterations: int | None = field(
+        default=4,
+        metadata={
+            "help": "With `tools` or `environment_factory`: rounds of tool calls a rollout may make (each followed by "
+            "one more generated assistant turn); calls in the turn after the last round are not run. TRL's name; TRL "
+            "leaves it unbounded (None, also accepted here). TRAPO bounds it by default: every round is one more "
+            "batched `generate` for the whole round, waiting for its slowest rollout, so a policy that keeps calling "
+            "tools would stall RL steps (the `response_length` budget alone allows one round per few tokens)."
+        },
+    )
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
@@ -886,6 +896,14 @@ class TRAPOConfig(_BaseConfig):
 
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        if self.max_tool_calling_iterations is not None and not (
+            isinstance(self.max_tool_calling_iterations, int) and self.max_tool_calling_iterations >= 1
+        ):
+            bad(
+                "max_tool_calling_iterations",
+                self.max_tool_calling_iterations,
+                "use an int >= 1 (rounds of tool calls per rollout), or None for no bound.",
+            )
 
         if not (0.0 <= self.distillation_beta <= 1.0):
             bad("distillation_beta", self.distillation_beta, "use a value in [0, 1] (0 forward KL, 1 reverse KL).")

@@ -259,9 +259,10 @@ class RewardScorer:
         kwargs["log_extra"] = log_extra or self.log_extra
         return kwargs
 
-    def preflight(self, rows: list[dict]) -> None:
+    def preflight(self, rows: list[dict], extra_kwargs: dict[str, Any] | None = None) -> None:
         """Call every reward function once on dataset rows with empty completions, before training. What they log
-        (`log_metric` / `log_extra`) is discarded: it describes no completion the policy made.
+        (`log_metric` / `log_extra`) is discarded: it describes no completion the policy made. `extra_kwargs`: more
+        keywords, one list entry per row (the tool-calling source's `environments`).
 
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function.
@@ -281,6 +282,7 @@ class RewardScorer:
                     completions=completions,
                     completion_ids=[[] for _ in rows],
                     **self.reward_kwargs(rows, discard_metric, discard_extra),
+                    **(extra_kwargs or {}),
                 ),
                 self.loop,
             )
@@ -292,6 +294,8 @@ class RewardScorer:
         completion_ids: list[torch.Tensor],
         log_metric: Callable[[str, float], None] | None = None,
         log_extra: Callable[[str, list], None] | None = None,
+        completions: list | None = None,
+        extra_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score `B` completions.
 
@@ -303,6 +307,11 @@ class RewardScorer:
                 go for this call (default: the scorer's, i.e. the training metrics). Evaluation passes its own, so
                 what a function logs on held-out prompts never lands in a training log; `discard_metric` /
                 `discard_extra` drop it.
+            completions (`list`, *optional*): what reward functions get as `completions` (default: the decoded
+                completions, one assistant message each for conversational prompts); the tool-calling source passes
+                TRL's structured turns (assistant and tool messages).
+            extra_kwargs (`dict`, *optional*): more reward-function keywords, one list entry per completion (the
+                tool-calling source's `environments`).
 
         Returns:
             tuple `(scores, per_func)`: `(B,)` weighted scores (NaN = no reward) and `(B, F)` rewards per function.
@@ -310,9 +319,10 @@ class RewardScorer:
         prompts = [e["prompt"] for e in examples]
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         conversational = is_conversational({"prompt": prompts[0]})
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        if completions is None:
+            completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         per_func = torch.full((len(examples), len(self.funcs)), math.nan)
-        kwargs = self.reward_kwargs(examples, log_metric, log_extra)
+        kwargs = {**self.reward_kwargs(examples, log_metric, log_extra), **(extra_kwargs or {})}
         for i, (func, name, reward_tokenizer) in enumerate(zip(self.funcs, self.names, self.processing_classes)):
             if isinstance(func, nn.Module):
                 per_func[:, i] = self._model_scores(func, reward_tokenizer, prompts, texts, prompt_ids, completion_ids)

@@ -25,6 +25,7 @@ tokenizers whose pad token equals their EOS token are handled correctly.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -531,7 +532,12 @@ class RolloutEngine:
 
     @torch.no_grad()
     def sample(
-        self, examples: list[dict], group: int, step: int, temperature: float | Sequence[float]
+        self,
+        examples: list[dict],
+        group: int,
+        step: int,
+        temperature: float | Sequence[float],
+        max_new_tokens: int | None = None,
     ) -> SampledRound:
         """Sample one round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row) with the
         live policy, in one batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the
@@ -543,6 +549,8 @@ class RolloutEngine:
             step (`int`): the optimizer step (the round's version; for logs and vLLM's weight sync).
             temperature (`float`, or B floats): the sampling temperature of every row, or one per row (targeted
                 exploration); behaviour, reference and training log-probs all use each row's own.
+            max_new_tokens (`int`, *optional*): new tokens at most (default `response_length`); a multi-turn source
+                ([`~trl_trapo.agents.ToolRolloutSource`]) passes what its rollouts' budget and context leave.
 
         Returns:
             [`~trl_trapo.sources.SampledRound`]: completions cut after their stop token, with behaviour log-probs
@@ -568,6 +576,9 @@ class RolloutEngine:
                 examples, cut, version=step, group=group, temperatures=temperatures, prompt_ids=prompt_ids
             )
         generation_config = self.generation_config
+        if max_new_tokens is not None and max_new_tokens != generation_config.max_new_tokens:
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.max_new_tokens = int(max_new_tokens)
         with self.unwrapped_model() as unwrapped:
             # generate (behaviour log-probs are recorded during sampling)
             sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))

@@ -53,6 +53,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
+from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -242,6 +243,15 @@ class TRAPOTrainer(_BaseTrainer):
             With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
             is off; `use_vllm`, `fewshot_mode` and `exploration=True` (settings of the default source) are refused.
             `trainer.rollout_source` is the source in use.
+        tools (`list[Callable]`, *optional*): TRL's `tools=`: functions (sync or async, type hints and a Google-style
+            docstring) the policy may call in multi-turn rollouts ([`~trl_trapo.agents.ToolRolloutSource`], up to
+            `max_tool_calling_iterations` rounds of calls; `docs/agents.md`). Needs conversational prompts and a chat
+            template that expresses tool calls (`trl_trapo.agents.use_tool_chat_template` for the built-in tokenizer).
+        environment_factory (class, callable or `dict[str, callable]`, *optional*): TRL's `environment_factory=`: one
+            instance per rollout, `reset(**row)` before it (returned text is appended to the prompt), its public
+            methods are its tools, an optional `get_reward()` is an extra reward; a dict is chosen by the dataset's
+            `environment` column. Without a `train_dataset`, `max_steps` sets the run's length. With `tools` or an
+            environment, `rollout_source` and `exploration=True` are refused (targeted exploration is off).
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -274,6 +284,8 @@ class TRAPOTrainer(_BaseTrainer):
         rollout_source: RolloutSource | None = None,
         teacher_model: str | PreTrainedModel | None = None,
         distillation_dataset: Dataset | None = None,
+        tools: list[Callable] | None = None,
+        environment_factory: Callable | dict[str, Callable] | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
@@ -281,6 +293,13 @@ class TRAPOTrainer(_BaseTrainer):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
         if rollout_source is not None:
             check_rollout_source(rollout_source, args)
+        agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
+        if tools or environment_factory is not None:
+            check_agent_arguments(args, rollout_source)
+            agent = AgentSpec.build(tools, environment_factory)
+            agent.check_dataset(train_dataset, args.max_steps)
+            if train_dataset is None and agent.factories:  # the environment's `reset` writes each prompt
+                train_dataset = placeholder_prompts(args)
         # before anything slow: output_dir can be written and holds no finished run this one would replace
         check_output_dir(args)
 
@@ -300,6 +319,8 @@ class TRAPOTrainer(_BaseTrainer):
                 )
             processing_class = AutoTokenizer.from_pretrained(model_id)
         check_tokenizer(processing_class)
+        if agent is not None:
+            check_chat_template(processing_class, args.chat_template_kwargs)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
@@ -329,11 +350,15 @@ class TRAPOTrainer(_BaseTrainer):
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
                 "reward functions/models; give one weight per reward."
             )
+        reward_weights = list(args.reward_weights or [1.0] * len(funcs))
+        if agent is not None and agent.rewards:  # each environment's `get_reward`, weight 1 (as TRL)
+            funcs, reward_tokenizers = funcs + agent.rewards, reward_tokenizers + [None] * len(agent.rewards)
+            reward_weights += [1.0] * len(agent.rewards)
         self.metrics = MetricsAccumulator([])
         self.rewards = RewardScorer(
             funcs,
             reward_tokenizers,
-            args.reward_weights or [1.0] * len(funcs),
+            reward_weights,
             processing_class,
             args.local_rollout_forward_batch_size,
             log_metric=self.metrics.log_metric,
@@ -388,7 +413,8 @@ class TRAPOTrainer(_BaseTrainer):
                         "longer context."
                     )
         if self.active[RL]:  # every reward function is called once on two rows (what they log is discarded)
-            self.rewards.preflight([data.rl[i] for i in range(min(2, len(data.rl)))])
+            rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
+            self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
 
         # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -------------------
         if args.total_episodes is not None and not self.active[RL]:  # it would be ignored: the run follows epochs
@@ -541,7 +567,9 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
             )
-            if rollout_source is None and self._exploration_runs(args)  # it sets the default source's temperatures
+            if rollout_source is None
+            and agent is None
+            and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
 
@@ -670,6 +698,23 @@ class TRAPOTrainer(_BaseTrainer):
             teacher_temperature=args.distillation_temperature,
         )
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
+        if agent is not None and self.active[RL]:
+            rollout_source = ToolRolloutSource(
+                self.rollouts,
+                self._rl_dataset,
+                self.memory_pool,
+                agent,
+                processing_class,
+                self.rewards,
+                group=1 if self._has_critic else args.num_generations,
+                num_mini_batches=args.num_mini_batches,
+                temperature=args.temperature,
+                response_length=args.response_length,
+                context=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                max_iterations=args.max_tool_calling_iterations,
+                log_metric=self.metrics.log_metric,
+                template_kwargs=args.chat_template_kwargs,
+            )
         self.rollout_source = (
             rollout_source
             if rollout_source is not None

@@ -1,0 +1,614 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The multi-turn tool-calling source (trl_trapo/agents.py): TRL's `tools=` / `environment_factory=` contract.
+
+Most tests drive [`ToolRolloutSource`] with a scripted engine: it answers each turn with token ids a script writes
+from the decoded context (the tiny random model would never call a tool), through the same loop the trainer runs.
+Two tests train the real tiny model with `TRAPOTrainer(tools=[...]).train()` for 2 steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+
+import pytest
+import torch
+from datasets import Dataset
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.agents import (
+    AgentSpec,
+    ToolRolloutSource,
+    tool_suffix_ids,
+    use_tool_chat_template,
+)
+from trl_trapo.rewards import RewardScorer
+from trl_trapo.sources import SampledRound
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+
+LOGP = -0.5  # the scripted engine's behaviour log-prob of every token it "samples"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return use_tool_chat_template(build_char_tokenizer())
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def echo(text: str) -> str:
+    """Return the text.
+
+    Args:
+        text: Any text.
+    """
+    return text
+
+
+def broken(x: int) -> int:
+    """Always fails.
+
+    Args:
+        x: Ignored.
+    """
+    raise RuntimeError("the tool broke")
+
+
+def nap(x: int) -> int:
+    """Sleep 0.2 s, then return x.
+
+    Args:
+        x: Returned.
+    """
+    time.sleep(0.2)
+    return x
+
+
+async def async_nap(x: int) -> int:
+    """Sleep 0.2 s without blocking, then return x.
+
+    Args:
+        x: Returned.
+    """
+    await asyncio.sleep(0.2)
+    return x
+
+
+def call(name: str, arguments: str) -> str:
+    """An assistant turn calling one tool, as the compact template writes it (before the EOS)."""
+    return f'<c>{{"name":"{name}","arguments":{arguments}}}</c>'
+
+
+def ids(tok, text: str) -> list[int]:
+    """Token ids of `text` (`</s>` is the EOS token)."""
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+class ScriptedEngine:
+    """Stands in for `RolloutEngine.sample`: each row's turn is `script(decoded context)` (token ids), cut to
+    `max_new_tokens`; every token's behaviour log-prob is `LOGP`. Records every call's contexts."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script = tok, script
+        self.calls: list[list[list[int]]] = []
+        self.max_new_tokens: list[int] = []
+
+    def sample(self, examples, group, step, temperature, max_new_tokens=None):
+        contexts = [list(e["prompt_ids"]) for e in examples]
+        self.calls.append(contexts)
+        self.max_new_tokens.append(max_new_tokens)
+        turns = []
+        for context in contexts:
+            turn = self.script(self.tok.decode(context))
+            turns.append(turn if isinstance(turn, list) else ids(self.tok, turn))
+        turns = [t[:max_new_tokens] for t in turns]
+        return SampledRound(
+            [{"prompt_ids": c} for c in contexts],
+            turns,
+            version=step,
+            old_per_token_logps=[torch.full((len(t),), LOGP) for t in turns],
+            prompt_ids=contexts,
+        )
+
+
+class FirstPrompts:
+    """The memory pool's `select_prompts`: the first `n` rows."""
+
+    def select_prompts(self, n, step):
+        return list(range(n))
+
+
+class Metrics(dict):
+    def log(self, name, value):
+        self.setdefault(name, []).append(value)
+
+
+def prompts_dataset(n=4, **columns):
+    rows = {"prompt": [[{"role": "user", "content": f"add {i} 1="}] for i in range(n)]}
+    rows.update({k: list(v) for k, v in columns.items()})
+    return Dataset.from_dict(rows)
+
+
+def make_source(tok, script, tools=(), environment_factory=None, dataset=None, rewards=(), group=2, **kwargs):
+    metrics = Metrics()
+    spec = AgentSpec.build(list(tools), environment_factory)
+    funcs = list(rewards) + spec.rewards
+    scorer = RewardScorer(
+        funcs or [lambda completions, **kw: [0.0] * len(completions)],
+        [None] * max(len(funcs), 1),
+        [1.0] * max(len(funcs), 1),
+        tok,
+        8,
+        log_metric=lambda name, value: None,
+        log_extra=lambda column, values: None,
+        trainer_state=lambda: None,
+    )
+    settings = dict(
+        group=group,
+        num_mini_batches=1,
+        temperature=1.0,
+        response_length=96,
+        context=256,
+        max_iterations=4,
+        log_metric=metrics.log,
+    )
+    settings.update(kwargs)
+    engine = ScriptedEngine(tok, script)
+    source = ToolRolloutSource(
+        engine, dataset if dataset is not None else prompts_dataset(), FirstPrompts(), spec, tok, scorer, **settings
+    )
+    return source, engine, metrics
+
+
+def tiny_args(output_dir, **overrides):
+    settings = dict(
+        output_dir=str(output_dir),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        activation_checkpointing=False,
+        max_prompt_length=40,
+        response_length=48,
+        num_generations=4,
+        seed=0,
+    )
+    settings.update(overrides)
+    return TRAPOConfig(**settings)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The template
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_compact_template_renders_a_whole_exchange_within_128_characters(tok):
+    messages = [
+        {"role": "user", "content": "add 2 3="},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+        },
+        {"role": "tool", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "5"},
+    ]
+    text = tok.apply_chat_template(messages, tools=[add], tokenize=False)
+    assert text == 'T:add(a,b)\nu:add 2 3=\na:<c>{"name":"add","arguments":{"a":2,"b":3}}</c></s>t:5\na:5</s>'
+    assert len(ids(tok, text)) <= 128
+    parsed = tok.parse_response(ids(tok, call("add", '{"a":2,"b":3}') + "</s>"), prefix=ids(tok, "a:"))
+    assert parsed["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
+
+
+def test_trl_grpo_trainer_accepts_the_compact_template(tmp_path, tok):
+    from trl import GRPOConfig, GRPOTrainer
+
+    trainer = GRPOTrainer(
+        build_tiny_model(tok, seed=0),
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=16,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        ),
+        train_dataset=prompts_dataset(),
+        processing_class=tok,
+        tools=[add],
+    )
+    assert trainer.tools == [add]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Token-level correctness
+# ---------------------------------------------------------------------------------------------------------------------
+def test_turns_are_joined_as_token_ids_never_retokenized(tok):
+    # the model spells `</s>` as four characters inside an argument: decoding and re-encoding would make them the
+    # one EOS token (TRL issue #5224, a retokenised prefix drifts)
+    first = ids(tok, '<c>{"name":"echo","arguments":{"text":"') + ids(tok, "<") + ids(tok, "/s>")
+    first += ids(tok, '"}}</c></s>')
+    assert ids(tok, tok.decode(first)) != first
+    final = ids(tok, "ok</s>")
+    source, engine, _ = make_source(tok, lambda c: final if "t:" in c else first, tools=[echo], group=1)
+    round_ = source.sample(1, step=3)
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "echo", "content": "</s>"}])
+    completion = round_.completion_ids[0].tolist()
+    assert completion == first + suffix + final
+    assert engine.calls[1][0] == round_.prompt_ids[0].tolist() + first + suffix  # the second turn's context
+    assert round_.version == 3
+
+
+def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tok):
+    first, final = ids(tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tok, "3</s>")
+    source, _, metrics = make_source(tok, lambda c: final if "t:" in c else first, tools=[add])
+    round_ = source.sample(2, step=0)
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": "3"}])
+    assert tok.decode(suffix) == "t:3\na:"
+    expected_mask = [1] * len(first) + [0] * len(suffix) + [1] * len(final)
+    for mask, logps in zip(round_.completion_mask, round_.old_per_token_logps):
+        assert mask.tolist() == expected_mask
+        assert logps.tolist() == [LOGP if m else 0.0 for m in expected_mask]
+    assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/turns_mean"] == [2.0]
+    assert metrics["tools/failure_frequency"] == [0.0]
+
+
+def test_a_tool_result_past_the_budget_is_rolled_back(tok):
+    first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
+    source, engine, metrics = make_source(
+        tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=len(first) + 20
+    )
+    round_ = source.sample(2, step=0)
+    for completion, mask in zip(round_.completion_ids, round_.completion_mask):
+        assert completion.tolist() == first  # ends with the call as the model wrote it, no tool tokens
+        assert mask.tolist() == [1] * len(first)
+    assert len(engine.calls) == 1
+    assert metrics["tools/call_frequency"] == [1.0]
+
+
+def test_each_turn_is_limited_to_what_the_budget_leaves(tok):
+    first, long_answer = ids(tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tok, "y" * 200)
+    source, engine, _ = make_source(
+        tok, lambda c: long_answer if "t:" in c else first, tools=[add], response_length=60
+    )
+    round_ = source.sample(2, step=0)
+    assert all(c.numel() == 60 for c in round_.completion_ids)
+    assert engine.max_new_tokens == [60, 60 - len(first) - len(ids(tok, "t:3\na:"))]
+
+
+def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(tok):
+    turns = {
+        0: call("broken", '{"x":1}') + "</s>",
+        1: call("nowhere", "{}") + "</s>",
+        2: '<c>{"name":"add","argu</c></s>',
+    }
+
+    def script(context):
+        row = int(context.split("add ")[1][0])
+        return "done</s>" if "t:" in context else turns[row]
+
+    source, engine, metrics = make_source(tok, script, tools=[add, broken], dataset=prompts_dataset(3), group=1)
+    round_ = source.sample(3, step=0)
+    texts = [tok.decode(c) for c in round_.completion_ids]
+    assert "t:{'error': 'the tool broke'}\na:done" in texts[0]
+    assert "t:{'error': 'Tool nowhere not found.'}\na:done" in texts[1]
+    assert "t:{'error': 'unparsable tool call'}" in texts[2] and texts[2].endswith("a:done</s>")
+    assert len(engine.calls) == 2  # every rollout got its next turn
+    assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/failure_frequency"] == [1.0]
+
+
+def test_tool_calls_stop_after_max_tool_calling_iterations(tok):
+    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
+    source, engine, metrics = make_source(tok, lambda c: turn, tools=[add], max_iterations=2, response_length=200)
+    round_ = source.sample(2, step=0)
+    assert len(engine.calls) == 3 and metrics["tools/turns_mean"] == [3.0]
+    assert metrics["tools/call_frequency"] == [2.0]
+    assert round_.completion_ids[0].tolist()[-len(turn) :] == turn  # the last turn's call is not run
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Latency
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tool", [nap, async_nap], ids=["sync", "async"])
+def test_the_tool_calls_of_a_round_run_concurrently(tok, tool):
+    turn = ids(tok, call(tool.__name__, '{"x":1}') + "</s>")
+    source, _, metrics = make_source(
+        tok, lambda c: turn, tools=[tool], group=8, max_iterations=2, response_length=200, dataset=prompts_dataset(1)
+    )
+    start = time.perf_counter()
+    source.sample(8, step=0)
+    seconds = time.perf_counter() - start
+    rounds_of_calls = 2
+    print(f"8 rollouts x {rounds_of_calls} rounds of 0.2 s {tool.__name__} calls: {seconds:.3f} s")
+    assert metrics["tools/call_frequency"] == [2.0]
+    assert seconds < 2 * 0.2 * rounds_of_calls  # serial would be 8 * 0.2 * 2 = 3.2 s
+    source.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Environments
+# ---------------------------------------------------------------------------------------------------------------------
+class Counter:
+    """A counter environment: `reset` appends a hint to the prompt, `bump` is its tool, `get_reward` scores it."""
+
+    created = 0
+
+    def __init__(self):
+        Counter.created += 1
+        self.count = 0
+        self.rows = []
+
+    def reset(self, **row):
+        self.count = 0
+        self.rows.append(row)
+        return " (start at 0)"
+
+    def bump(self, by: int) -> int:
+        """Add to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        self.count += by
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+def test_environment_factory_resets_each_rollout_and_scores_it(tok):
+    seen = {}
+
+    def reads_environments(completions, environments, **kwargs):
+        seen["environments"] = environments
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    def script(context):
+        row = int(context.split("add ")[1][0])
+        return "done</s>" if "t:" in context else call("bump", f'{{"by":{row + 1}}}') + "</s>"
+
+    Counter.created = 0
+    source, _, _ = make_source(
+        tok, script, environment_factory=Counter, rewards=[reads_environments], dataset=prompts_dataset(2), group=2
+    )
+    assert Counter.created == 1  # the construction-time probe
+    round_ = source.sample(4, step=0)
+    environments = seen["environments"]
+    assert len({id(e) for e in environments}) == 4 and all(isinstance(e, Counter) for e in environments)
+    assert [e.count for e in environments] == [1, 1, 2, 2]  # each rollout called its own instance
+    assert [e.rows[-1]["prompt"][0]["content"] for e in environments] == ["add 0 1="] * 2 + ["add 1 1="] * 2
+    assert round_.per_func[:, 1].tolist() == [1.0, 1.0, 2.0, 2.0]  # get_reward, named after the class
+    assert source.scorer.names[-1] == "Counter"
+    assert round_.scores.tolist() == [1.0, 1.0, 2.0, 2.0]
+    assert tok.decode(round_.prompt_ids[0]) == "T:bump(by)\nu:add 0 1= (start at 0)\na:"
+    assert round_.examples[0]["prompt"][-1]["content"] == "add 0 1= (start at 0)"
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant", "tool", "assistant"]
+    assert seen["completions"][0][0]["tool_calls"][0]["function"]["name"] == "bump"
+    source.sample(4, step=1)  # instances are pooled: a second round creates none
+    assert Counter.created == 5
+
+
+class Quiet:
+    """An environment whose `reset` returns nothing and whose tool is `shout`."""
+
+    def reset(self, **row):
+        self.row = row
+
+    def shout(self, text: str) -> str:
+        """Shout.
+
+        Args:
+            text: What to shout.
+        """
+        return text.upper()
+
+
+def test_a_dict_environment_factory_routes_rows_by_their_environment_column(tok):
+    dataset = prompts_dataset(2, environment=["counter", "quiet"])
+    seen = {}
+
+    def reads_environments(environments, **kwargs):
+        seen["environments"] = environments
+        return [0.0] * len(environments)
+
+    source, _, _ = make_source(
+        tok,
+        lambda c: "x</s>",
+        environment_factory={"counter": Counter, "quiet": Quiet},
+        rewards=[reads_environments],
+        dataset=dataset,
+        group=1,
+    )
+    round_ = source.sample(2, step=0)
+    assert [type(e) for e in seen["environments"]] == [Counter, Quiet]
+    assert "environment" not in seen["environments"][1].row  # a control field, not given to reset
+    assert tok.decode(round_.prompt_ids[0]).startswith("T:bump(by)\n")
+    assert tok.decode(round_.prompt_ids[1]).startswith("T:shout(text)\n")
+    assert math.isnan(float(round_.per_func[1, 1]))  # Quiet has no get_reward: no reward from Counter's
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Construction refusals
+# ---------------------------------------------------------------------------------------------------------------------
+def no_hints(a):
+    """No hints.
+
+    Args:
+        a: Something.
+    """
+    return a
+
+
+def no_docstring(a: int) -> int:
+    return a
+
+
+class NoReset:
+    def act(self, x: int) -> int:
+        """Act.
+
+        Args:
+            x: Anything.
+        """
+        return x
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("no_hints", "`no_hints` has no usable schema"),
+        ("no_docstring", "`no_docstring` has no usable schema"),
+        ("duplicate", "two tools are named `add`"),
+        ("no_reset", "NoReset has no `reset` method"),
+        ("dict_without_column", "has no `environment` column"),
+        ("plain_template", "cannot express tool calls"),
+        ("with_rollout_source", "a rollout_source was given too"),
+        ("exploration", "exploration=True"),
+        ("no_dataset_no_max_steps", "needs max_steps > 0"),
+    ],
+)
+def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, message):
+    tokenizer, tools, factory, dataset, overrides, extra = tok, [add], None, prompts_dataset(), {}, {}
+    if case == "no_hints":
+        tools = [no_hints]
+    elif case == "no_docstring":
+        tools = [no_docstring]
+    elif case == "duplicate":
+        tools = [add, add]
+    elif case == "no_reset":
+        tools, factory = [], NoReset
+    elif case == "dict_without_column":
+        tools, factory = [], {"counter": Counter}
+    elif case == "plain_template":
+        tokenizer = build_char_tokenizer()
+    elif case == "with_rollout_source":
+        extra = {"rollout_source": FirstPromptsSource()}
+    elif case == "exploration":
+        overrides = {"exploration": True}
+    elif case == "no_dataset_no_max_steps":
+        tools, factory, dataset, overrides = [], Counter, None, {"max_steps": -1, "num_train_epochs": 1}
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=tiny_args(tmp_path, **overrides),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=tools,
+            environment_factory=factory,
+            **extra,
+        )
+
+
+class FirstPromptsSource:
+    def sample(self, rows_needed, step):
+        raise AssertionError("never sampled")
+
+
+def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
+    from trl_trapo.agents import check_chat_template
+
+    tokenizer = use_tool_chat_template(build_char_tokenizer())
+    # the assistant turn's end marker changes once a tool message follows it
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        "{% endif %}}</c>{% endfor %}</s>", "{% endif %}}</c>{% endfor %}{% if not loop.last %}|{% endif %}</s>"
+    )
+    with pytest.raises(ValueError, match="not prefix preserving"):
+        check_chat_template(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(tmp_path, tok):
+    # was: from trl import GRPOConfig, GRPOTrainer; the config's one renamed field: max_completion_length is
+    # TRAPOConfig's response_length (PPO's name)
+    from trl_trapo import TRAPOConfig as GRPOConfig
+    from trl_trapo import TRAPOTrainer as GRPOTrainer
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a * b
+
+    def reward_answer(completions, answer, **kwargs):
+        return [float(c[-1]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": f"{i}*3="}] for i in range(4)],
+            "answer": [str(3 * i) for i in range(4)],
+        }
+    )
+    config = GRPOConfig(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4,
+        response_length=32, max_tool_calling_iterations=2, logging_steps=1, report_to="none",
+        save_strategy="no", learning_rate=1e-3, activation_checkpointing=False,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=build_tiny_model(tok, seed=0),
+        reward_funcs=reward_answer,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tok,
+        tools=[multiply],
+    )
+    assert isinstance(trainer.rollout_source, ToolRolloutSource)
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert {"tools/call_frequency", "tools/failure_frequency", "tools/turns_mean"} <= set(logged)
+    assert trainer.state.global_step == 2
+
+
+def test_trapo_trains_through_tool_calls_end_to_end(tmp_path, tok):
+    trainer = TRAPOTrainer(
+        build_tiny_model(tok, seed=0),
+        args=tiny_args(tmp_path, response_length=64),
+        train_dataset=None,
+        processing_class=tok,
+        environment_factory=Counter,
+    )
+    # the random model never calls a tool: script its turns, through the same loop (the trainer's engine replaced)
+    bumps = itertools.cycle([1, 2, 2, 3])  # rewards that differ within a group: a gradient
+
+    def script(context):
+        return "ok</s>" if "t:" in context else call("bump", f'{{"by":{next(bumps)}}}') + "</s>"
+
+    trainer.rollout_source.engine = ScriptedEngine(tok, script)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["tools/call_frequency"] == 1.0 and logged["tools/turns_mean"] == 2.0
+    assert logged["rewards/Counter/mean"] == 2.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_the_documented_tool_example_trains(tmp_path, monkeypatch):
+    """docs/agents.md's block, as written: two steps through the tool-calling source, its metrics logged."""
+    from test_doc_commands import registered_block
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block("docs/agents.md: # run: a tool the policy may call")
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert isinstance(trainer.rollout_source, ToolRolloutSource) and trainer.state.global_step == 2
+    assert "tools/turns_mean" in trainer.state.log_history[0]

@@ -1,0 +1,762 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Multi-turn tool calling as a rollout source: TRL's `tools=` and `environment_factory=` contract on TRAPO.
+
+A GRPOTrainer agent script moves over by changing the import and the config class:
+
+- `tools=[f, ...]`: plain functions (sync or async) with type hints and a Google-style docstring; their JSON schemas
+  come from transformers' `get_json_schema` and are rendered into each prompt by the chat template (`tools=`).
+- `environment_factory=`: a class or zero-argument callable (one instance per rollout, pooled across rounds), or a
+  dict `{name: factory}` chosen by the dataset's `environment` column. `reset(**row)` is called with the dataset row
+  (without `environment` in dict mode) before each rollout; text it returns is appended to the prompt's last message.
+  The instance's public methods are its tools; an optional `get_reward()` becomes an extra reward (weight 1, named
+  after the class). Reward functions get `environments=` (one instance per completion).
+
+The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running
+(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; every tool
+call of the round runs concurrently ([`ToolRunner`]); the tool messages' tokens and the next generation prompt are
+appended **as token ids** (completion so far + tool suffix), never by re-tokenising decoded text (TRL issue #5224),
+with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result that would push the completion past
+`response_length`, or the sequence to the model's context, is rolled back: the rollout ends after the call the model
+wrote. At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
+
+Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
+`tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/turns_mean` (assistant turns per
+rollout).
+
+[`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
+express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'
+`parse_response` (and TRL's `GRPOTrainer(tools=...)`) reads.
+
+Shapes: `B` rollouts in a round, `group` consecutive ones per prompt, `P_i` prompt and `C_i` completion tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers.utils import get_json_schema
+from trl.chat_template_utils import add_response_schema, supports_tool_calling
+from trl.data_utils import is_conversational
+
+from .data import tokenize_prompt
+from .sources import SampledRound
+
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from .memory import MemoryPool
+    from .rewards import RewardScorer
+    from .rollout import RolloutEngine
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A compact tool-capable chat template for the character-level tokenizer
+# ---------------------------------------------------------------------------------------------------------------------
+
+# One character per token and 256 positions: every marker is short. `T:` lists the tools as `name(arg,...)`, `u:` /
+# `s:` are user / system lines, an assistant turn is `a:` + text + one `<c>{json}</c>` per call + `</s>` (the EOS,
+# which stops generation), a tool result is a `t:` line, and the generation prompt is `a:`. Prefix preserving: a turn
+# renders the same whatever follows.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}T:{% for t in tools %}{% set f = t.function if t.function is defined else t %}"
+    "{{ f.name }}({{ f.parameters.properties | list | join(',') }}){% if not loop.last %};{% endif %}{% endfor %}"
+    "{{ '\\n' }}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}a:{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}{% set f = c.function if c.function is defined else c %}"
+    '<c>{"name":{{ f.name | tojson }},"arguments":'
+    "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ f.arguments | tojson(separators=(',', ':')) }}"
+    "{% endif %}}</c>{% endfor %}</s>"
+    "{%- elif m.role == 'tool' %}t:{{ m.content }}{{ '\\n' }}"
+    "{%- else %}{{ m.role[0] }}:{{ m.content }}{{ '\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}a:{% endif %}"
+)
+
+# transformers' new-style response parser for TOOL_CHAT_TEMPLATE's assistant turns (`tokenizer.parse_response`)
+TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "a:",
+    "fields": {
+        "tool_calls": {
+            "open": "<c>",
+            "close_pattern": r"</c>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"</s>", "content": "text"},
+    },
+}
+
+
+def use_tool_chat_template(tokenizer):
+    """Give a tokenizer (the character-level one of `trl_trapo.tasks.build_char_tokenizer`) the compact tool-calling
+    chat template [`TOOL_CHAT_TEMPLATE`] and its response parser [`TOOL_RESPONSE_TEMPLATE`].
+
+    A rendered exchange, `T:add(a,b)\\nu:add 2 3=\\na:<c>{"name":"add","arguments":{"a":2,"b":3}}</c></s>t:5\\na:5</s>`,
+    is 79 characters: the built-in format keeps prompt + every turn within 128 of the tiny model's 256 positions.
+
+    Args:
+        tokenizer: a tokenizer whose EOS token is `</s>` (the template writes it as the end of an assistant turn).
+
+    Returns:
+        the same tokenizer, with `chat_template` and `response_template` set.
+
+    Raises:
+        ValueError: if the tokenizer's EOS token is not `</s>`.
+    """
+    if tokenizer.eos_token != "</s>":
+        raise ValueError(
+            f"use_tool_chat_template writes `</s>` as the end of an assistant turn, but this tokenizer's EOS token is "
+            f"{tokenizer.eos_token!r}: use it with trl_trapo.tasks.build_char_tokenizer(), or give your tokenizer a "
+            "tool-calling chat template of its own."
+        )
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    tokenizer.response_template = copy.deepcopy(TOOL_RESPONSE_TEMPLATE)
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tools and environments
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tool_schema(tool: Callable, where: str = "tools") -> dict:
+    """The JSON schema of one tool, from its type hints and Google-style docstring (transformers' `get_json_schema`).
+
+    Raises:
+        ValueError: naming the tool and the fix, if it is not callable or has no docstring / type hints that
+            `get_json_schema` can read.
+    """
+    name = getattr(tool, "__name__", repr(tool))
+    if not callable(tool):
+        raise ValueError(f"{where}: {name} is not callable; pass plain functions (sync or async) as tools.")
+    try:
+        return get_json_schema(tool)
+    except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
+        raise ValueError(
+            f"{where}: the tool `{name}` has no usable schema ({error}). Give it type hints on every argument and a "
+            "Google-style docstring with a description and an `Args:` entry per argument (transformers' "
+            "`get_json_schema` reads them)."
+        ) from error
+
+
+def environment_methods(instance: Any) -> list[Callable]:
+    """The tools of an environment instance: its public methods (listed on the class, so that properties are not
+    evaluated), except `reset` and `get_reward`, bound to the instance."""
+    return [
+        getattr(instance, name)
+        for name, _ in inspect.getmembers(type(instance), predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward")
+    ]
+
+
+def check_tool_names(tools: Sequence[Callable], where: str) -> None:
+    """Refuse two tools of one name (a call could not say which one it means).
+
+    Raises:
+        ValueError: naming the duplicated name and where it comes from.
+    """
+    seen = set()
+    for tool in tools:
+        name = tool.__name__
+        if name in seen:
+            raise ValueError(
+                f"{where}: two tools are named `{name}`, so a tool call could not say which one it means: rename one "
+                "of them (the function's `__name__` is the tool's name)."
+            )
+        seen.add(name)
+
+
+def environment_reward(environment_type: type) -> Callable:
+    """A reward function (TRL's contract) that scores each rollout whose environment is exactly `environment_type` by
+    its `get_reward()` (sync or async), and gives None (no reward) to the others; named after the class."""
+    if inspect.iscoroutinefunction(environment_type.get_reward):
+
+        async def reward(environments, **kwargs):
+            return [await e.get_reward() if type(e) is environment_type else None for e in environments]
+
+    else:
+
+        def reward(environments, **kwargs):
+            return [e.get_reward() if type(e) is environment_type else None for e in environments]
+
+    reward.__name__ = reward.__qualname__ = environment_type.__name__
+    return reward
+
+
+@dataclass
+class AgentSpec:
+    """The validated `tools=` / `environment_factory=` of one trainer: what every rollout may call.
+
+    Build it with [`AgentSpec.build`]; the trainer does at construction, before anything slow.
+
+    Attributes:
+        tools (`list[Callable]`): the standalone tools.
+        factories (`dict`): environment name -> factory; the single factory's name is None; empty without environments.
+        multi (`bool`): dict mode (each row's `environment` column chooses its factory).
+        schemas (`dict`): environment name (None without environments) -> the tool schemas rendered in its prompts.
+        rewards (`list[Callable]`): one reward function per environment class with a `get_reward` method.
+    """
+
+    tools: list[Callable]
+    factories: dict[str | None, Callable]
+    multi: bool
+    schemas: dict[str | None, list[dict]]
+    rewards: list[Callable] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, tools: Sequence[Callable] | None, environment_factory: Any) -> AgentSpec:
+        """Check the tools and probe one instance of each environment.
+
+        Raises:
+            ValueError: naming the culprit and the fix, for a tool without type hints or docstring, two tools of one
+                name, an environment factory that is not callable, or an instance without `reset`.
+        """
+        tools = list(tools or [])
+        for tool in tools:
+            tool_schema(tool, "tools")
+        check_tool_names(tools, "tools")
+        multi = isinstance(environment_factory, Mapping)
+        if environment_factory is None:
+            factories = {}
+        elif multi:
+            if not environment_factory:
+                raise ValueError("environment_factory={} names no environment: give {name: factory} or one factory.")
+            factories = dict(environment_factory)
+        else:
+            factories = {None: environment_factory}
+        schemas: dict[str | None, list[dict]] = {} if factories else {None: [tool_schema(t) for t in tools]}
+        rewards, rewarded = [], set()
+        for name, factory in factories.items():
+            where = "environment_factory" if name is None else f"environment_factory[{name!r}]"
+            if not callable(factory):
+                raise ValueError(f"{where}={factory!r} is not callable: pass a class or a zero-argument callable.")
+            instance = factory()
+            if not callable(getattr(type(instance), "reset", None)):
+                raise ValueError(
+                    f"{where}: {type(instance).__name__} has no `reset` method. Add `def reset(self, **row) -> str | "
+                    "None` (called with the dataset row before each rollout; returned text is appended to the prompt)."
+                )
+            methods = environment_methods(instance)
+            for method in methods:
+                tool_schema(method, f"{where} ({type(instance).__name__})")
+            check_tool_names(tools + methods, f"{where} ({type(instance).__name__}) with tools=")
+            schemas[name] = [tool_schema(t) for t in tools + methods]
+            if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in rewarded:
+                rewarded.add(type(instance))
+                rewards.append(environment_reward(type(instance)))
+        return cls(tools=tools, factories=factories, multi=multi, schemas=schemas, rewards=rewards)
+
+    def check_dataset(self, dataset: Dataset | None, max_steps: int) -> None:
+        """Refuse data the environments cannot route or a run without a length.
+
+        Raises:
+            ValueError: dict mode without a `train_dataset` with an `environment` column, an `environment` value
+                with no factory, or `environment_factory` without a `train_dataset` and without `max_steps`.
+        """
+        if dataset is None:
+            if self.multi:
+                raise ValueError(
+                    "environment_factory is a dict, which needs a train_dataset with an `environment` column naming "
+                    "each row's environment: pass one, or pass a single factory."
+                )
+            if self.factories and max_steps <= 0:
+                raise ValueError(
+                    f"environment_factory without a train_dataset (the environment's `reset` writes the prompt) needs "
+                    f"max_steps > 0 to fix the run's length, got max_steps={max_steps}: set TRAPOConfig(max_steps=...)."
+                )
+            return
+        if self.multi:
+            if "environment" not in dataset.column_names:
+                raise ValueError(
+                    f"environment_factory is a dict ({sorted(self.factories)}), but train_dataset has no "
+                    f"`environment` column (it has {dataset.column_names}): add one naming each row's environment."
+                )
+            unknown = sorted(set(map(str, dataset["environment"])) - set(self.factories))
+            if unknown:
+                raise ValueError(
+                    f"train_dataset's `environment` column holds {unknown}, which environment_factory does not name "
+                    f"(it has {sorted(self.factories)}): add a factory for each, or fix the column."
+                )
+
+    def environment_name(self, row: Mapping) -> str | None:
+        """The factory a dataset row uses (its `environment` in dict mode, else the single one)."""
+        return row["environment"] if self.multi else None
+
+    def reset_kwargs(self, row: Mapping) -> dict:
+        """The row as `reset` gets it: every column, without `environment` in dict mode (a control field)."""
+        return {k: v for k, v in row.items() if not (self.multi and k == "environment")}
+
+    def preflight_kwargs(self, rows: list[dict]) -> dict | None:
+        """The reward functions' extra keywords for the trainer's construction-time call on `rows`: `environments`,
+        fresh instances `reset` with each row (None without environments)."""
+        if not self.factories:
+            return None
+        environments = []
+        for row in rows:
+            environment = self.factories[self.environment_name(row)]()
+            environment.reset(**self.reset_kwargs(row))
+            environments.append(environment)
+        return {"environments": environments}
+
+
+def check_agent_arguments(args, rollout_source: Any) -> None:
+    """Refuse settings that cannot go with `tools` / `environment_factory`.
+
+    Raises:
+        ValueError: naming the setting and the fix, for a `rollout_source` (the tool loop is the source), or
+            `exploration=True` (per-family temperatures are the default source's; the tool loop samples every row at
+            `temperature`), or `use_vllm=True` (the loop generates with transformers' `generate`).
+    """
+    config = type(args).__name__
+    if rollout_source is not None:
+        raise ValueError(
+            "tools / environment_factory build the tool-calling rollout source, but a rollout_source was given too: "
+            "drop one of them (a source of your own runs its own tool loop)."
+        )
+    if args.exploration is True:
+        raise ValueError(
+            f"{config}.exploration=True sets the default rollout source's per-family temperatures, which the "
+            "tool-calling source does not use (every turn is sampled at `temperature`): set exploration=None or False."
+        )
+    if args.use_vllm:
+        raise ValueError(
+            f"{config}.use_vllm=True: the tool-calling loop generates with transformers' generate (each turn "
+            "continues from token ids); set use_vllm=False."
+        )
+
+
+def placeholder_prompts(args) -> Dataset:
+    """TRL's dataset for `environment_factory` without a `train_dataset`: rows with one empty user message (the
+    environment's `reset` writes the prompt), one round's worth of prompts; `max_steps` sets the run's length."""
+    from datasets import Dataset
+
+    rows = max(1, math.ceil(args.per_device_train_batch_size / args.num_generations))
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * rows})
+
+
+def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> None:
+    """Refuse a tokenizer that cannot express the loop, at construction: its chat template must render a tool call
+    and a tool message (TRL's `supports_tool_calling`), the tool message's tokens must extend the conversation's
+    (see [`tool_suffix_ids`]), and it must parse a response (`response_template` / `response_schema`; TRL's
+    `add_response_schema` sets one for the templates it knows).
+
+    Raises:
+        ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_tool_chat_template`).
+    """
+    if not supports_tool_calling(tokenizer):
+        raise ValueError(
+            "The tokenizer's chat template cannot express tool calls (rendering an assistant tool call and a `tool` "
+            "message loses one of them): give it a tool-calling template (for the character-level tokenizer of "
+            "trl_trapo.tasks: trl_trapo.agents.use_tool_chat_template(tokenizer))."
+        )
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        try:
+            add_response_schema(tokenizer)
+        except ValueError as error:
+            raise ValueError(
+                "The tokenizer has no `response_template` (transformers' parser of assistant turns, which finds the "
+                "tool calls) and TRL knows none for its chat template: set `tokenizer.response_template` (see "
+                "trl_trapo.agents.TOOL_RESPONSE_TEMPLATE for an example)."
+            ) from error
+    tool_suffix_ids(tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], template_kwargs)
+
+
+def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mapping | None = None) -> list[int]:
+    """The token ids that follow an assistant turn that called tools: the tool messages and the generation prompt
+    of the next assistant turn, as the chat template renders them.
+
+    Computed as a difference of *token ids*: a short conversation ending with an assistant tool call (cut after its
+    last EOS, where generation stopped) is rendered and tokenized with and without `tool_messages`; the result is
+    what the second adds, and only when the first is a prefix of it. The loop appends these ids to the sampled ids
+    as they are: nothing sampled is ever decoded and re-tokenized (TRL issue #5224).
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        tool_messages (`list[dict]`): `{"role": "tool", "name": ..., "content": ...}` each.
+        template_kwargs (`Mapping`, *optional*): extra `apply_chat_template` arguments (`chat_template_kwargs`).
+
+    Returns:
+        `list[int]`: the suffix.
+
+    Raises:
+        ValueError: if the template is not prefix preserving (adding a tool message changes the earlier tokens).
+    """
+    calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+    head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+    kwargs = dict(template_kwargs or {})
+    before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **kwargs)
+    after = tokenizer.apply_chat_template(
+        head + list(tool_messages), tokenize=True, return_dict=False, add_generation_prompt=True, **kwargs
+    )
+    ends = [i for i, t in enumerate(before) if t == tokenizer.eos_token_id]
+    if ends:  # generation stops at the EOS; what the template writes after it belongs to the suffix
+        before = before[: ends[-1] + 1]
+    if list(after[: len(before)]) != list(before):
+        raise ValueError(
+            "The chat template is not prefix preserving: adding a `tool` message changes the tokens of the assistant "
+            "turn before it, so tool results cannot be appended to the sampled tokens. Use a template that renders "
+            "each turn the same whatever follows (TRL's `get_training_chat_template` makes one for known models)."
+        )
+    return list(after[len(before) :])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running tool calls concurrently
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class ToolRunner:
+    """Runs a round's tool calls concurrently: sync tools in a bounded thread pool, async tools on one long-lived
+    event loop owned by a background thread (started at the first async call, once per runner).
+
+    Args:
+        max_workers (`int`): threads for sync tools (calls beyond it wait for a free thread).
+    """
+
+    def __init__(self, max_workers: int = 16):
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="trl-trapo-tools")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The runner's event loop, started in a daemon thread on first use."""
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            self.thread = threading.Thread(target=self.loop.run_forever, name="trl-trapo-tools-loop", daemon=True)
+            self.thread.start()
+        return self.loop
+
+    def run(self, calls: Sequence[tuple[Callable, dict]]) -> list[tuple[Any, bool]]:
+        """Run `(tool, arguments)` calls at once and wait for all of them.
+
+        Returns:
+            `list[tuple[Any, bool]]`: per call, `(result, failed)`: the tool's return value, or `{"error": message}`
+            with `failed=True` when it raised (or its arguments did not fit). Never raises for a tool's error.
+        """
+        futures: list[Future | None] = []
+        results: list[tuple[Any, bool] | None] = []
+        for tool, arguments in calls:
+            try:
+                if inspect.iscoroutinefunction(tool):
+                    futures.append(asyncio.run_coroutine_threadsafe(tool(**arguments), self.event_loop()))
+                else:
+                    futures.append(self.pool.submit(tool, **arguments))
+                results.append(None)
+            except Exception as error:  # e.g. a coroutine function called with wrong arguments
+                futures.append(None)
+                results.append(({"error": str(error)}, True))
+        for i, future in enumerate(futures):
+            if future is None:
+                continue
+            try:
+                results[i] = (future.result(), False)
+            except Exception as error:
+                results[i] = ({"error": str(error)}, True)
+        return results
+
+    def close(self) -> None:
+        """Stop the thread pool and the event loop."""
+        self.pool.shutdown(wait=False)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+            self.loop = self.thread = None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The source
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One rollout's state while a round runs (token lists grow turn by turn)."""
+
+    example: dict  # the dataset row (prompt with the reset text appended)
+    prompt_ids: list[int]
+    tools: dict[str, Callable]  # name -> callable, what this rollout may call
+    schemas: list[dict]
+    environment: Any = None
+    completion_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)  # 1 sampled, 0 tool result / template glue
+    logps: list[float] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # TRL's structured completion (assistant and tool messages)
+    turns: int = 0
+    calls: int = 0
+    failures: int = 0
+
+
+class ToolRolloutSource:
+    """A rollout source that runs TRL's multi-turn tool-calling loop with the live policy (module docstring).
+
+    A round holds `ceil(rows_needed * num_mini_batches / group)` prompts from the memory pool, each `group` times in a
+    row, as the default source's; each rollout gets its own environment instance (reused across rounds), `reset` with
+    its row. The round is scored here, because reward functions read the environments (`environments=`) and the
+    structured completions (assistant and tool messages, TRL's `completions`), and the instances are reset for the
+    next round.
+
+    Args:
+        engine ([`~trl_trapo.rollout.RolloutEngine`]): samples each turn (`engine.sample(..., max_new_tokens=)`).
+        dataset (`Dataset`): the RL rows (conversational `prompt`, and the reward columns).
+        prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`).
+        spec ([`AgentSpec`]): the tools and environments.
+        tokenizer: the policy's tokenizer (checked with [`check_chat_template`]).
+        scorer ([`~trl_trapo.rewards.RewardScorer`]): the trainer's reward functions (environment rewards included).
+        group (`int`): completions per prompt. num_mini_batches (`int`): optimizer steps a round feeds.
+        temperature (`float`): the sampling temperature.
+        response_length (`int`): the completion budget in tokens (tool results included).
+        context (`int`, *optional*): the policy's positions; prompt + completion stays below it.
+        max_iterations (`int`, *optional*): rounds of tool calls per rollout (`max_tool_calling_iterations`; None:
+            unbounded, the budget still ends the rollout).
+        log_metric (`Callable[[str, float], None]`): where the `tools/*` metrics go.
+        template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
+        max_workers (`int`): threads for sync tools.
+
+    Raises:
+        ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]) or
+            prompts that are not conversational.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        dataset: Dataset,
+        prompts: MemoryPool,
+        spec: AgentSpec,
+        tokenizer,
+        scorer: RewardScorer,
+        group: int,
+        num_mini_batches: int,
+        temperature: float,
+        response_length: int,
+        context: int | None,
+        max_iterations: int | None,
+        log_metric: Callable[[str, float], None],
+        template_kwargs: dict | None = None,
+        max_workers: int = 16,
+    ):
+        check_chat_template(tokenizer, template_kwargs)
+        if not is_conversational({"prompt": dataset[0]["prompt"]}):
+            raise ValueError(
+                "tools / environment_factory need conversational prompts (a `prompt` column of chat messages), so "
+                "that the chat template can render the tool schemas and the tool messages; got a plain-text prompt."
+            )
+        self.engine, self.dataset, self.prompts, self.spec = engine, dataset, prompts, spec
+        self.tokenizer, self.scorer = tokenizer, scorer
+        self.group, self.num_mini_batches = int(group), int(num_mini_batches)
+        self.temperature, self.response_length, self.context = float(temperature), int(response_length), context
+        self.max_iterations = math.inf if max_iterations is None else int(max_iterations)
+        self.log_metric = log_metric
+        self.template_kwargs = dict(template_kwargs or {})
+        self.runner = ToolRunner(max_workers)
+        self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
+        self.last_round_seconds: float | None = None
+
+    # ---- one rollout's start ------------------------------------------------------------------------------------------
+    def start(self, rows: list[dict]) -> list[Rollout]:
+        """Each row's rollout: its environment instance (from the pool, created when the round needs more), `reset`
+        with the row, the reset text appended to the last message, the prompt rendered with its tools."""
+        handed: dict[str | None, int] = {}
+        rollouts = []
+        for row in rows:
+            row = dict(row)
+            environment = None
+            tools = list(self.spec.tools)
+            if self.spec.factories:
+                name = self.spec.environment_name(row)
+                pool, index = self.pool[name], handed.get(name, 0)
+                if index == len(pool):
+                    pool.append(self.spec.factories[name]())
+                handed[name] = index + 1
+                environment = pool[index]
+                observation = environment.reset(**self.spec.reset_kwargs(row))
+                tools += environment_methods(environment)
+                if observation is not None:
+                    prompt = list(row["prompt"])
+                    prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + str(observation)}
+                    row["prompt"] = prompt
+            schemas = self.spec.schemas[self.spec.environment_name(row) if self.spec.factories else None]
+            prompt_ids = tokenize_prompt(
+                row["prompt"], self.tokenizer, {**self.template_kwargs, "tools": schemas or None}
+            )
+            rollouts.append(Rollout(row, prompt_ids, {t.__name__: t for t in tools}, schemas, environment=environment))
+        return rollouts
+
+    # ---- the loop -----------------------------------------------------------------------------------------------------
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        """Run one round of the tool-calling loop (class docstring) and score it.
+
+        Returns:
+            [`~trl_trapo.sources.SampledRound`]: `B` completions (every turn, tool results and template glue
+            included), `completion_mask` 0 on the tokens the policy did not sample, behaviour log-probs (0 there),
+            prompt ids rendered with the tools, `scores` and `per_func`, version `step`.
+        """
+        start_time = time.perf_counter()
+        num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
+        indices = self.prompts.select_prompts(num_prompts, step)
+        rows = [self.dataset[i] for i in indices for _ in range(self.group)]
+        rollouts = self.start(rows)
+        self.run_turns(rollouts, step)
+        examples = [r.example for r in rollouts]
+        prompt_ids = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in rollouts]
+        completion_ids = [torch.tensor(r.completion_ids, dtype=torch.long) for r in rollouts]
+        environments = [r.environment for r in rollouts] if self.spec.factories else None
+        scores, per_func = self.scorer.score(
+            examples,
+            prompt_ids,
+            completion_ids,
+            completions=[r.messages for r in rollouts],
+            extra_kwargs={"environments": environments} if environments is not None else None,
+        )
+        calls, failures = sum(r.calls for r in rollouts), sum(r.failures for r in rollouts)
+        self.log_metric("tools/call_frequency", calls / len(rollouts))
+        self.log_metric("tools/failure_frequency", failures / calls if calls else 0.0)
+        self.log_metric("tools/turns_mean", sum(r.turns for r in rollouts) / len(rollouts))
+        self.last_round_seconds = time.perf_counter() - start_time
+        return SampledRound(
+            examples,
+            completion_ids,
+            version=step,
+            group=self.group,
+            old_per_token_logps=[torch.tensor(r.logps, dtype=torch.float32) for r in rollouts],
+            temperatures=self.temperature,
+            prompt_ids=prompt_ids,
+            completion_mask=[torch.tensor(r.mask, dtype=torch.long) for r in rollouts],
+            scores=scores,
+            per_func=per_func,
+        )
+
+    def room(self, rollout: Rollout) -> int:
+        """Tokens this rollout may still add: the completion budget, and the context (prompt + completion < it)."""
+        left = self.response_length - len(rollout.completion_ids)
+        if self.context is not None:
+            left = min(left, self.context - 1 - len(rollout.prompt_ids) - len(rollout.completion_ids))
+        return left
+
+    def run_turns(self, rollouts: list[Rollout], step: int) -> None:
+        """Generate, call tools, append their results, generate again, until no rollout calls a tool, the budget is
+        spent, or `max_iterations` rounds of calls ran."""
+        active = [r for r in rollouts if self.room(r) > 0]
+        iteration = 0
+        while active:
+            self.generate_turn(active, step)
+            if iteration >= self.max_iterations:
+                break
+            pending = []  # (rollout, [(tool, arguments, name)]) of the rollouts that called tools
+            for rollout in active:
+                calls = self.parse_calls(rollout)
+                if calls:
+                    pending.append((rollout, calls))
+            flat = [(tool, arguments) for _, calls in pending for tool, arguments, _ in calls]
+            results = iter(self.runner.run(flat))
+            active = []
+            for rollout, calls in pending:
+                tool_messages = []
+                for _, _, name in calls:
+                    result, failed = next(results)
+                    rollout.calls += 1
+                    rollout.failures += int(failed)
+                    content = result if isinstance(result, list) else str(result)
+                    tool_messages.append({"role": "tool", "name": name, "content": content})
+                suffix = tool_suffix_ids(self.tokenizer, tool_messages, self.template_kwargs)
+                # a result that does not fit is rolled back: the rollout ends after the call the model wrote
+                if len(suffix) >= self.room(rollout):
+                    continue
+                rollout.completion_ids += suffix
+                rollout.mask += [0] * len(suffix)
+                rollout.logps += [0.0] * len(suffix)
+                rollout.messages += tool_messages
+                active.append(rollout)
+            iteration += 1
+
+    def generate_turn(self, active: list[Rollout], step: int) -> None:
+        """One batched `engine.sample` over the running rollouts, each continuing from its prompt + completion ids;
+        the new tokens (cut to each rollout's room) are appended with mask 1 and their behaviour log-probs."""
+        contexts = [{"prompt_ids": r.prompt_ids + r.completion_ids} for r in active]
+        rooms = [self.room(r) for r in active]
+        limit = max(rooms)
+        if self.context is not None:  # no row may pass the context while the batch generates
+            limit = min(limit, min(self.context - len(c["prompt_ids"]) for c in contexts))
+        sampled = self.engine.sample(contexts, 1, step, self.temperature, max_new_tokens=max(limit, 1))
+        for rollout, room, ids, logps in zip(active, rooms, sampled.completion_ids, sampled.old_per_token_logps):
+            ids, logps = ids[:room], logps[:room]
+            prefix = rollout.prompt_ids + rollout.completion_ids
+            rollout.completion_ids += ids.tolist()
+            rollout.mask += [1] * ids.numel()
+            rollout.logps += logps.tolist()
+            rollout.turns += 1
+            rollout.messages.append(self.parse(ids.tolist(), prefix, rollout.schemas))
+
+    def parse(self, ids: list[int], prefix: list[int], schemas: list[dict]) -> dict:
+        """One assistant turn as a message (transformers' `parse_response`); a turn the parser refuses (a malformed
+        tool call) is kept as text with `"unparsable": True`."""
+        try:
+            message = self.tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
+            if message is None:
+                raise ValueError("nothing parsed")
+        except (ValueError, TypeError) as error:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            return {"role": "assistant", "content": text, "unparsable": str(error)}
+        message = dict(message)
+        message["content"] = message.get("content") or ""
+        return message
+
+    def parse_calls(self, rollout: Rollout) -> list[tuple[Callable, dict, str]]:
+        """The last turn's tool calls as `(callable, arguments, name)`; an unknown name, malformed arguments or an
+        unparsable call becomes a call that fails with an error result (counted in `tools/failure_frequency`)."""
+        message = rollout.messages[-1]
+        if "unparsable" in message:
+            message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
+            return [(failing("unparsable tool call"), {}, "unknown")]
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            name, arguments = function.get("name"), function.get("arguments", {})
+            if name not in rollout.tools:
+                calls.append((failing(f"Tool {name} not found."), {}, str(name)))
+            elif not isinstance(arguments, dict):
+                calls.append((failing(f"arguments must be a JSON object, got {arguments!r}"), {}, name))
+            else:
+                calls.append((rollout.tools[name], arguments, name))
+        return calls
+
+    def close(self) -> None:
+        """Stop the tool threads and event loop."""
+        self.runner.close()
+
+
+def failing(message: str) -> Callable:
+    """A tool that raises `ValueError(message)`: how a call that cannot run shows up (as an error result)."""
+
+    def fail():
+        raise ValueError(message)
+
+    return fail
+
+
+__all__ = [
+    "TOOL_CHAT_TEMPLATE",
+    "TOOL_RESPONSE_TEMPLATE",
+    "AgentSpec",
+    "ToolRolloutSource",
+    "ToolRunner",
+    "check_agent_arguments",
+    "check_chat_template",
+    "placeholder_prompts",
+    "tool_suffix_ids",
+    "use_tool_chat_template",
+]
