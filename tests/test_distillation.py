@@ -513,3 +513,19 @@ def test_a_distillation_dataset_that_cannot_work_is_refused_at_construction(tmp_
             teacher_model=teacher,
             distillation_dataset=dataset,
         )
+
+
+def test_the_documented_distillation_example_trains(tmp_path, monkeypatch):
+    """docs/distillation.md's block, as written: three steps with the teacher's objective trained on the reward-free
+    prompts (and the three built-in objectives)."""
+    from test_doc_commands import registered_block
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block(
+        "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite"
+    )
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert [o.name for o in trainer.objectives] == ["pretrain", "sft", "rl", "distill"]
+    assert trainer.state.global_step == 3 and trainer.objectives[3].prompts is not None
