@@ -148,7 +148,14 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
-from .sources import RolloutSource, SampledRound, SyncRolloutSource, check_rollout_source, check_round
+from .sources import (
+    RolloutFuncSource,
+    RolloutSource,
+    SampledRound,
+    SyncRolloutSource,
+    check_rollout_source,
+    check_round,
+)
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -233,7 +240,16 @@ class TRAPOTrainer(_BaseTrainer):
             [`~trl_trapo.sources.SyncRolloutSource`], which samples `train_dataset`'s prompts with the live policy.
             With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
             is off; `use_vllm`, `fewshot_mode` and `exploration=True` (settings of the default source) are refused.
-            `trainer.rollout_source` is the source in use.
+            `trainer.rollout_source` is the source in use. A source's rounds may carry a `completion_mask` (0 on
+            tokens the environment wrote, e.g. tool results): those count in no loss, KL, entropy, ratio statistic or
+            length metric, and GAE with a critic steps over them.
+        rollout_func (`Callable`, *optional*): TRL 1.16's `rollout_func(prompts, trainer) -> dict` (as
+            `GRPOTrainer(rollout_func=...)` takes it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
+            this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
+            or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
+            `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
+            as a column. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
+            `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -265,13 +281,15 @@ class TRAPOTrainer(_BaseTrainer):
         objectives: list[Objective] | None = None,
         rollout_source: RolloutSource | None = None,
         teacher_model: str | PreTrainedModel | None = None,
+        rollout_func: Callable[[list, Any], dict] | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
-        if rollout_source is not None:
-            check_rollout_source(rollout_source, args)
+        own_source = rollout_source is not None or rollout_func is not None  # not the default SyncRolloutSource
+        if own_source:
+            check_rollout_source(rollout_source, args, rollout_func)
         # before anything slow: output_dir can be written and holds no finished run this one would replace
         check_output_dir(args)
 
@@ -526,7 +544,7 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
             )
-            if rollout_source is None and self._exploration_runs(args)  # it sets the default source's temperatures
+            if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
 
@@ -642,6 +660,22 @@ class TRAPOTrainer(_BaseTrainer):
             teacher_temperature=args.distillation_temperature,
         )
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
+        if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
+            if not self.active[RL]:
+                raise ValueError(
+                    "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
+                    "what rollout_func receives), with rl_weight > 0."
+                )
+            rollout_source = RolloutFuncSource(
+                rollout_func,
+                self,
+                self._rl_dataset,
+                self.memory_pool,
+                num_generations=args.num_generations,
+                num_mini_batches=args.num_mini_batches,
+            )
+        if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
+            self.metrics.track_env_tokens()
         self.rollout_source = (
             rollout_source
             if rollout_source is not None
