@@ -84,6 +84,9 @@ REGISTRY = {
     "docs/writing_a_rollout_source.md: # run: fixed completions as a rollout source": (
         "tests/test_sources.py::test_the_worked_example_trains_on_exactly_its_completions"
     ),
+    "docs/writing_a_rollout_source.md: # run: a rollout_func with a tool": (
+        "tests/test_rollout_func.py::test_the_documented_rollout_func_trains"
+    ),
 }
 # what the shortened runs append to the README's main-job command lines
 SHORT_MAIN_JOB = ["--max_steps", "3", "--eval_strategy", "no"]

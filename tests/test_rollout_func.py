@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from datasets import Dataset
+from test_doc_commands import registered_block
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.data import tokenize_prompt
@@ -21,6 +22,7 @@ from trl_trapo.sources import RolloutFuncSource, rollout_func_round
 from trl_trapo.tasks import build_tiny_model
 
 
+DOCUMENTED = "docs/writing_a_rollout_source.md: # run: a rollout_func with a tool"
 TOOL = "=7;"  # what the "tool" answers after the model's first turn
 
 
@@ -80,8 +82,8 @@ def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_
 ):
     calls, seen = [], []
 
-    def reward(prompts, completions, answer, tool_calls=None, **kwargs):
-        seen.append(tool_calls)  # None when the trainer checks the reward on dataset rows before training
+    def reward(prompts, completions, answer, tool_calls, **kwargs):  # a column only the rollout_func has
+        seen.append(tool_calls)
         return [float(len(c) % 3) for c in completions]
 
     trainer = trainer_for(tmp_path, tokenizer, suite.rl_train, agent(calls), reward)
@@ -93,7 +95,7 @@ def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_
     assert all(p in set(suite.rl_train["prompt"]) for prompts in calls for p in prompts)
     assert all(len(prompts) == 8 // 4 for prompts in calls)  # ceil(rows_needed * num_mini_batches / G) prompts
     # the extra key reached the reward function as a column, next to the dataset's own (`answer`)
-    assert [tools for tools in seen if tools is not None] == [[1] * 8] * len(calls)
+    assert seen == [[1] * 8] * len(calls)  # (and no call before training, on dataset rows without the column)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     # the first step trains on the function's own log-probs: ratio 1 on every model token
     assert logs[0]["policy/approxkl_avg"] < 1e-10 and logs[0]["val/ratio"] == pytest.approx(1.0, abs=1e-6)
@@ -214,3 +216,17 @@ def test_settings_it_cannot_work_with_are_refused(tmp_path, tokenizer, suite):
         )
     # exploration=None (auto) is simply off: the function chooses how it samples
     assert trainer_for(tmp_path, tokenizer, suite.rl_train, func, reward).exploration is None
+
+
+def test_the_documented_rollout_func_trains(tmp_path, monkeypatch):
+    """The document's block, as written: two steps; the extra key reached the reward (some completions agree with the
+    tool, some do not); the tool's three tokens are the environment's in every round."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block(DOCUMENTED)
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2
+    rounds = [h for h in trainer.state.log_history if "completions/mean_env_length" in h]
+    assert rounds and all(h["completions/mean_env_length"] == 3.0 for h in rounds)
+    assert all(0.0 < h["rewards/agrees_with_the_tool/mean"] < 1.0 for h in rounds)

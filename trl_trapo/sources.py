@@ -10,7 +10,8 @@ A source decides *what* is sampled and *how*: which prompts, by which policy ver
 transformers' `generate`, vLLM, a multi-turn agent with tools, or a producer in another process. It returns a
 [`SampledRound`]: the rows (dataset examples), the completions' token ids, optionally their behaviour log-probs, each
 row's sampling temperature, the policy version that sampled them, and optionally scores it already computed and a
-completion mask (0 on tokens the policy did not sample, e.g. tool results).
+completion mask (1 on tokens the policy sampled, 0 on tokens the environment wrote, e.g. tool results: TRL's
+`env_mask`).
 
 The trainer then *finishes* the round itself, at consumption time, in its own process where collectives are safe
 ([`~trl_trapo.rollout.RolloutEngine.finish`]): prompt ids (tokenized when absent), behaviour log-probs when the round
@@ -21,18 +22,28 @@ targeted exploration, the metrics, the adaptive KL window, the memory pool (few-
 and the replay buffer, which stamps each trajectory with the round's `version` (its age is the current step minus
 that version; `replay_max_age` retires stale ones).
 
-What this contract leaves to the source, and what to the trainer, is chosen so that two future sources fit unchanged:
+**Environment tokens.** Tokens with completion mask 0 stay in the sequence (the policy reads them) and count nowhere:
+no policy, KL, entropy or value loss, no loss normaliser, no DARE probe, no ratio, clip, KL or entropy statistic, no
+length metric (`completions/mean_length` counts the policy's tokens, `completions/mean_env_length` the
+environment's), no stop (a stop token the environment wrote is not the policy's). Their behaviour log-probs are
+ignored (0 is stored); GAE with a critic steps over them (`losses.gae_advantages`), so advantages, returns and values
+are 0 there; the replay buffer, its checkpoint and self-imitation keep the mask.
+
+What this contract leaves to the source, and what to the trainer, is chosen so that two kinds of sources fit:
 
 - **TRL's `rollout_func`** (`rollout_func(prompts, trainer) -> dict(prompt_ids, completion_ids, logprobs[, env_mask,
-  extra keys])`): a thin adapter draws prompts, calls the function, and returns `SampledRound(examples=rows with the
-  extra keys as reward columns, prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask,
-  version=step)`. Multi-turn completions are returned as they are: the trainer never cuts a source's completions.
+  extra keys])`, `TRAPOTrainer(rollout_func=...)`): [`RolloutFuncSource`] draws prompts, calls the function with them
+  (one per prompt, not repeated), and returns `SampledRound(examples=rows with the extra keys as reward columns,
+  prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask, version=step,
+  group=num_generations)`. Multi-turn completions are returned as they are: the trainer never cuts a source's
+  completions.
 - **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
   log-probs and the rewards there, and hands over finished samples with `version` = the step whose weights it had and
   `scores` set; `sample` returns the next ready round. Reference log-probs, values, advantages and every round or
   cross-rank statistic are still computed by the trainer when it consumes the round.
 
 [`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
+[`RolloutFuncSource`] is TRL's `rollout_func`.
 
 Limits: the trainer does not checkpoint a source's own state (the default source's prompt order and sampling seed
 live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing each enter the
@@ -67,7 +78,8 @@ class SampledRound:
 
     Raises:
         ValueError: naming the field, if the per-row fields do not have one entry per completion (or one value per
-            token of its completion), `B` is not a multiple of `group`, or the round is empty.
+            token of its completion), `B` is not a multiple of `group`, the round is empty, a completion mask holds
+            something other than 0 and 1, or behaviour log-probs at the policy's tokens are not finite and <= 0.
     """
 
     examples: list[dict[str, Any]]  # (B,) the dataset row of each completion's prompt: `prompt_ids` or `prompt`, and
@@ -76,13 +88,14 @@ class SampledRound:
     version: int  # the policy version that sampled it: the optimizer step whose weights generated it
     group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
     old_per_token_logps: list[torch.Tensor] | None = None  # (C_i,) each: behaviour log-probs (nats) at the row's
-    # temperature; None: the trainer computes them with the current policy (exact only when `version` is current)
+    # temperature; None: the trainer computes them with the current policy (exact only when `version` is current);
+    # set to 0 where `completion_mask` is 0 (what a source puts there is ignored)
     temperatures: float | Sequence[float] | torch.Tensor | None = None  # the sampling temperature, one or (B,);
     # None: the configured `temperature`
     prompt_ids: list[torch.Tensor] | None = None  # (P_i,) long each; None: each example's `prompt_ids`, else its
     # `prompt` tokenized as the trainer tokenizes prompts
-    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each: 1 on tokens the policy sampled, 0 on tokens it
-    # did not (tool results: TRL's `env_mask`); 0-tokens count in no loss, KL or KL metric. None: every token counts
+    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each, 0/1: 1 on tokens the policy sampled, 0 on tokens
+    # the environment wrote (tool results: TRL's `env_mask`); 0-tokens count nowhere (module docstring); None: all 1
     scores: torch.Tensor | None = None  # (B,) rewards the source computed (NaN = no reward), before the trainer's
     # `missing_eos_penalty`; None: the trainer's reward functions score the round
     per_func: torch.Tensor | None = None  # (B, F) each of the trainer's F reward functions' reward, with `scores`

@@ -392,7 +392,9 @@ class TRAPOTrainer(_BaseTrainer):
                         f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
                         "longer context."
                     )
-        if self.active[RL]:  # every reward function is called once on two rows (what they log is discarded)
+        # every reward function is called once on two rows (what they log is discarded); not with a rollout_func,
+        # whose extra keys (columns the reward functions may require) the dataset's rows do not have
+        if self.active[RL] and rollout_func is None:
             self.rewards.preflight([data.rl[i] for i in range(min(2, len(data.rl)))])
 
         # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -------------------
