@@ -363,8 +363,8 @@ class RolloutFuncSource:
     distinguishes it from any other source's round.
 
     Args:
-        rollout_func (`Callable[[list, Any], dict]`): the function.
-        trainer: what `rollout_func` gets as its second argument (the `TRAPOTrainer`).
+        rollout_func (`Callable[[list], dict]`): the function with its trainer bound, `prompts -> dict` (the trainer
+            passes `lambda prompts: rollout_func(prompts, trainer)`: no source holds the trainer).
         dataset (`Dataset`): the RL prompts (`prompt`, and the reward columns).
         prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`).
         num_generations (`int`): completions per prompt.
@@ -379,8 +379,7 @@ class RolloutFuncSource:
 
     def __init__(
         self,
-        rollout_func: Callable[[list, Any], dict],
-        trainer: Any,
+        rollout_func: Callable[[list], dict],
         dataset: Dataset,
         prompts: MemoryPool,
         num_generations: int,
@@ -388,11 +387,10 @@ class RolloutFuncSource:
     ):
         if not callable(rollout_func):
             raise TypeError(
-                f"rollout_func={rollout_func!r} is not callable: pass a function `rollout_func(prompts, trainer) -> "
-                "dict` (TRL's contract)."
+                f"rollout_func={rollout_func!r} is not callable: pass a function `prompts -> dict` (TRL's "
+                "`rollout_func(prompts, trainer)` with its trainer bound)."
             )
         self.rollout_func = rollout_func
-        self.trainer = trainer
         self.dataset = dataset
         self.prompts = prompts
         self.group = int(num_generations)
@@ -406,7 +404,7 @@ class RolloutFuncSource:
         """
         num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
         rows = [self.dataset[i] for i in self.prompts.select_prompts(num_prompts, step)]
-        output = self.rollout_func([row["prompt"] for row in rows], self.trainer)
+        output = self.rollout_func([row["prompt"] for row in rows])
         return rollout_func_round(output, rows, self.group, step)
 
 

@@ -669,8 +669,7 @@ class TRAPOTrainer(_BaseTrainer):
                     "what rollout_func receives), with rl_weight > 0."
                 )
             rollout_source = RolloutFuncSource(
-                rollout_func,
-                self,
+                lambda prompts: rollout_func(prompts, self),  # TRL's contract: the function gets the trainer
                 self._rl_dataset,
                 self.memory_pool,
                 num_generations=args.num_generations,
