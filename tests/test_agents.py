@@ -477,6 +477,7 @@ class NoReset:
         ("dict_without_column", "has no `environment` column"),
         ("plain_template", "cannot express tool calls"),
         ("with_rollout_source", "a rollout_source was given too"),
+        ("with_rollout_func", "a rollout_func was given too"),
         ("exploration", "exploration=True"),
         ("no_dataset_no_max_steps", "needs max_steps > 0"),
     ],
@@ -497,6 +498,8 @@ def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, messag
         tokenizer = build_char_tokenizer()
     elif case == "with_rollout_source":
         extra = {"rollout_source": FirstPromptsSource()}
+    elif case == "with_rollout_func":
+        extra = {"rollout_func": lambda prompts, trainer: {}}
     elif case == "exploration":
         overrides = {"exploration": True}
     elif case == "no_dataset_no_max_steps":

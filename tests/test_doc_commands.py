@@ -90,6 +90,9 @@ REGISTRY = {
     "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite": (
         "tests/test_distillation.py::test_the_documented_distillation_example_trains"
     ),
+    "docs/writing_a_rollout_source.md: # run: a rollout_func with a tool": (
+        "tests/test_rollout_func.py::test_the_documented_rollout_func_trains"
+    ),
 }
 # what the shortened runs append to the README's main-job command lines
 SHORT_MAIN_JOB = ["--max_steps", "3", "--eval_strategy", "no"]

@@ -187,8 +187,8 @@ def test_scores_from_the_source_are_used_and_no_reward_function_runs(tmp_path, t
 
 
 def test_a_completion_mask_keeps_tool_tokens_out_of_the_loss_and_the_kl(tmp_path, tokenizer, suite):
-    """A multi-turn completion `answer, tool result, answer`: the tool tokens (mask 0) count in no loss and add no KL;
-    such a round is not kept by self-imitation."""
+    """A multi-turn completion `answer, tool result, answer`: the tool tokens (mask 0) count in no loss and add no KL
+    (tests/test_env_mask.py covers every other consumer, and GAE with a critic)."""
     completions = answers(tokenizer, ["12345", "1234", "123", "12"])
     masks = [torch.tensor([1.0, 0.0, 0.0] + [1.0] * (len(c) - 3)) for c in completions]
     source = FixedRounds(suite.rl_train, completions, completion_mask=lambda n: [masks[i % 4] for i in range(n)])
@@ -204,43 +204,6 @@ def test_a_completion_mask_keeps_tool_tokens_out_of_the_loss_and_the_kl(tmp_path
     assert trainer.kl_estimator == "k2"
     expected = torch.stack([(0.5 * d**2).sum() for d in per_token])
     torch.testing.assert_close(batch.kl, expected)
-
-
-def test_a_completion_mask_with_a_critic_is_refused(tmp_path, tokenizer, suite):
-    from transformers import AutoModelForSequenceClassification, LlamaConfig
-
-    critic = AutoModelForSequenceClassification.from_config(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            num_labels=1,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
-    completions = answers(tokenizer, ["12"])
-    source = FixedRounds(suite.rl_train, completions, completion_mask=lambda n: [torch.ones(3)] * n)
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=length_reward,
-        args=TRAPOConfig(
-            output_dir=str(tmp_path),
-            report_to="none",
-            save_strategy="no",
-            num_generations=1,
-            max_prompt_length=16,
-            response_length=4,
-        ),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-        value_model=critic,
-        rollout_source=source,
-    )
-    with pytest.raises(ValueError, match="completion_mask.*group-relative advantages"):
-        trainer.collect_rollouts(2, step=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

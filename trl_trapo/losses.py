@@ -725,31 +725,44 @@ def per_token_rewards(
 def gae_advantages(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized advantage estimation (Schulman et al. 2015, huggingface.co/papers/1506.02438, eq. 16).
+    """Generalized advantage estimation over the policy's own tokens (Schulman et al. 2016, "High-Dimensional
+    Continuous Control Using Generalized Advantage Estimation", huggingface.co/papers/1506.02438, eq. 16).
 
-    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = sum_l (gamma * lam)^l delta_{t+l}, with V = 0 and r = 0 outside
-    the mask (after the completion ends), so the episode terminates at its last real token.
+    The actions are the positions where `mask` is 1: the tokens the policy sampled. Positions where it is 0 are not
+    actions — padding after the completion, or tokens the environment wrote into a multi-turn completion (tool
+    results, TRL's `env_mask` = 0) — and the recursion steps over them: from one model token to the next *model*
+    token, whose value bootstraps,
+
+        delta_t = r_t + gamma * V_{next(t)} - V_t,    A_t = delta_t + gamma * lam * A_{next(t)},
+
+    where next(t) is the first position after t with mask 1 (V_{next(t)} = 0 and A_{next(t)} = 0 after the last one:
+    the episode ends at its last model token). Rewards and values at positions with mask 0 are ignored, so the
+    sequence-level reward belongs on the last model token (see [`per_token_rewards`] with the same mask). On each row
+    the result at the model tokens equals plain GAE on the row with its mask-0 tokens deleted; with a mask that is a
+    prefix of each row (no environment tokens) it is the usual PPO recursion, bit for bit.
 
     Args:
-        rewards (`torch.Tensor`): shape `(B, T)`, per-token rewards.
-        values (`torch.Tensor`): shape `(B, T)`, value predictions at rollout time.
-        mask (`torch.Tensor`): shape `(B, T)`, 1 on completion tokens (a prefix of each row).
-        gamma (`float`): discount.
+        rewards (`torch.Tensor`): shape `(B, T)`, per-token rewards (read where `mask` is 1).
+        values (`torch.Tensor`): shape `(B, T)`, value predictions at rollout time (read where `mask` is 1).
+        mask (`torch.Tensor`): shape `(B, T)`, 1 on the policy's tokens (actions), 0 on padding and environment tokens.
+        gamma (`float`): discount per action (environment tokens are not discounted over).
         lam (`float`): GAE lambda.
 
     Returns:
-        tuple `(advantages, returns)`, both `(B, T)`; returns = advantages + values; 0 outside the mask.
+        tuple `(advantages, returns)`, both `(B, T)`; returns = advantages + values (the value targets); both 0 where
+        `mask` is 0.
     """
     mask = mask.to(values.dtype)
     values = values * mask
     rewards = rewards * mask
     advantages = torch.zeros_like(values)
-    last_gae = torch.zeros_like(values[:, 0])
-    length = values.shape[1]
-    for t in reversed(range(length)):
-        next_values = values[:, t + 1] if t + 1 < length else torch.zeros_like(last_gae)
+    last_gae = torch.zeros_like(values[:, 0])  # A at the next action (0 after the last one)
+    next_values = torch.zeros_like(last_gae)  # V at the next action (0 after the last one)
+    for t in reversed(range(values.shape[1])):
+        action = mask[:, t].bool()
         delta = rewards[:, t] + gamma * next_values - values[:, t]
-        last_gae = delta + gamma * lam * last_gae
+        last_gae = torch.where(action, delta + gamma * lam * last_gae, last_gae)
+        next_values = torch.where(action, values[:, t], next_values)
         advantages[:, t] = last_gae
     advantages = advantages * mask
     return advantages, (advantages + values) * mask

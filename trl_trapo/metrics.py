@@ -10,6 +10,12 @@
   groups (the `num_generations` completions of one prompt, at least two of them scored) whose scores are all equal —
   their group-relative advantages are 0, so they give RL no gradient; per task family as
   `rl/zero_variance_groups/<task>` when the RL dataset has a `task` column.
+- Lengths count the policy's own tokens: `completions/mean_length` is the mean number of tokens the policy sampled
+  per completion (as TRL's GRPO counts with an `env_mask`); tokens an environment wrote into a multi-turn completion
+  (completion mask 0, e.g. tool results) count in no length, and `completions/mean_env_length` (logged when the
+  trainer has a rollout source of its own or a `rollout_func`, see `track_env_tokens`) is their mean number per
+  completion. `objective/entropy` (minus the summed behaviour log-probs) and `objective/kl` sum the policy's tokens
+  only as well.
 
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
@@ -35,7 +41,13 @@ class MetricsAccumulator:
     def __init__(self, reward_names: list[str]):
         self.reward_names = list(reward_names)
         self.task_names: list[str] = []
+        self.env_tokens = False
         self.reset()
+
+    def track_env_tokens(self) -> None:
+        """Log `completions/mean_env_length`, the environment's tokens per completion (for a rollout source that
+        may return a completion mask; every rank calls this, so that the cross-rank reduction sees the same keys)."""
+        self.env_tokens = True
 
     def track_tasks(self, task_names: list[str]) -> None:
         """Log `rl/zero_variance_groups/<task>` for these task families (the RL dataset's `task` values; the same
@@ -76,6 +88,7 @@ class MetricsAccumulator:
         group_scores = batch.scores if batch.on_policy_scores is None else batch.on_policy_scores
         completion_ids, old_logps, kl = batch.completion_ids, batch.old_per_token_logps, batch.kl
         scores, per_func, is_truncated = batch.scores, batch.per_func, batch.is_truncated
+        masks = batch.completion_mask  # (C_i,) each: 1 on the policy's tokens; None: every token is the policy's
         if guided is not None:
             n_groups = len(completion_ids) // max(group, 1)
             self.rollout_sums["rl/all_groups"] += float(n_groups)
@@ -84,13 +97,14 @@ class MetricsAccumulator:
                 keep = (~guided).nonzero().squeeze(-1).tolist()
                 completion_ids = [completion_ids[i] for i in keep]
                 old_logps = [old_logps[i] for i in keep]
+                masks = [masks[i] for i in keep] if masks is not None else None
                 kl = kl[keep] if kl is not None else None
                 scores, per_func, is_truncated = scores[keep], per_func[keep], is_truncated[keep]
-        self._add_sampled(completion_ids, old_logps, kl, scores, per_func, is_truncated)
+        self._add_sampled(completion_ids, old_logps, kl, scores, per_func, is_truncated, masks)
         if group > 1 and group_scores.numel() % group == 0:
             self._add_groups(group_scores.view(-1, group), batch.tasks[::group] if batch.tasks is not None else None)
 
-    def _add_sampled(self, completion_ids, old_logps, kl, scores, per_func, is_truncated) -> None:
+    def _add_sampled(self, completion_ids, old_logps, kl, scores, per_func, is_truncated, masks=None) -> None:
         sums = self.rollout_sums
         n = len(completion_ids)
         valid = ~torch.isnan(scores)
@@ -98,8 +112,15 @@ class MetricsAccumulator:
         sums["rollouts_scored"] += float(valid.sum())
         sums["objective/scores"] += float(torch.nan_to_num(scores, nan=0.0).sum())
         sums["objective/kl"] += sum(kl.tolist()) if kl is not None else 0.0
-        sums["objective/entropy"] += float(sum(-o.sum() for o in old_logps))
-        sums["completions/mean_length"] += float(sum(c.numel() for c in completion_ids))
+        if masks is None:
+            sums["objective/entropy"] += float(sum(-o.sum() for o in old_logps))
+            sums["completions/mean_length"] += float(sum(c.numel() for c in completion_ids))
+        else:  # the policy's tokens only (mask 1); the environment's are counted apart
+            sums["objective/entropy"] += float(sum(-(o * m).sum() for o, m in zip(old_logps, masks)))
+            sums["completions/mean_length"] += float(sum(m.sum() for m in masks))
+        if self.env_tokens:  # the key on every rank, rounds without a mask included
+            env = sum(float((1 - m).sum()) for m in masks) if masks is not None else 0.0
+            sums["completions/mean_env_length"] += env
         sums["completions/clipped_ratio"] += float(is_truncated.float().sum())
         for i, name in enumerate(self.reward_names):
             column = per_func[:, i]
@@ -158,6 +179,8 @@ class MetricsAccumulator:
             out["objective/rlhf_reward"] = out["objective/scores"] + out["objective/non_score_reward"]
             out["completions/mean_length"] = reduced.get("completions/mean_length", 0.0) / rollouts
             out["completions/clipped_ratio"] = reduced.get("completions/clipped_ratio", 0.0) / rollouts
+            if self.env_tokens:
+                out["completions/mean_env_length"] = reduced.get("completions/mean_env_length", 0.0) / rollouts
             out["val/num_eos_tokens"] = rollouts - reduced.get("completions/clipped_ratio", 0.0)
             for name in self.reward_names:
                 count = reduced.get(f"rewards/{name}/count", 0.0)

@@ -668,15 +668,14 @@ class RolloutEngine:
             across_ranks (`bool`): every rank calls this at the same time with its part of one round, and the round's
                 statistics cover all parts (collective, see [`make_trajectories`]); False: they cover this round only.
 
+        A round's `completion_mask` (0 on tokens the environment wrote, TRL's `env_mask`) is kept whole: those tokens
+        count in no loss, KL, entropy, ratio statistic or length metric, their behaviour and reference log-probs are
+        0 in the trajectories, GAE steps over them (see [`~trl_trapo.losses.gae_advantages`]), and a completion has
+        stopped when the *policy* wrote a stop token.
+
         Raises:
-            ValueError: if the round has a `completion_mask` and advantages come from a critic (GAE over tokens the
-                policy did not sample is not supported), or it is to be scored here and an example has no `prompt`.
+            ValueError: if the round is to be scored here and an example has no `prompt`.
         """
-        if sampled.completion_mask is not None and self.has_critic:
-            raise ValueError(
-                "A rollout source's `completion_mask` (tokens the policy did not sample, e.g. tool results) is only "
-                "supported with group-relative advantages: drop the value_model, or return rounds without a mask."
-            )
         if sampled.scores is None and not all("prompt" in e for e in sampled.examples):
             raise ValueError(
                 "A round without `scores` is scored by the reward functions, which read each example's `prompt`: give "
@@ -740,6 +739,8 @@ class RolloutEngine:
             )
         completion_ids, old_logps = list(completion_ids), list(old_logps)
         masks = list(sampled.completion_mask) if sampled.completion_mask is not None else None
+        if masks is not None:  # behaviour log-probs of the policy's tokens only (0 where the environment wrote)
+            old_logps = [torch.where(m.bool(), lp.float(), 0.0) for lp, m in zip(old_logps, masks)]
         # step 2. scores (reward functions / models), unless the source brought them
         if sampled.scores is None:
             scores, per_func = self.scorer.score(examples, prompt_ids, completion_ids)
@@ -753,12 +754,16 @@ class RolloutEngine:
         # the missing-stop penalty is judged by the stop ids (EOS when completions never stop early)
         stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])
 
-        def stopped(completions: list[torch.Tensor]) -> torch.Tensor:
-            return torch.tensor([bool(torch.isin(c, stops).any()) for c in completions], dtype=torch.bool)
+        def stopped(completions: list[torch.Tensor], token_masks: list[torch.Tensor] | None) -> torch.Tensor:
+            """(B,) bool: the policy wrote a stop token (a stop id in an environment's tokens does not count)."""
+            hits = [torch.isin(c, stops) for c in completions]
+            if token_masks is not None:
+                hits = [h & m.bool() for h, m in zip(hits, token_masks)]
+            return torch.tensor([bool(h.any()) for h in hits], dtype=torch.bool)
 
         on_policy_scores = scores.clone()
         if args.missing_eos_penalty is not None:
-            on_policy_scores = on_policy_scores - args.missing_eos_penalty * (~stopped(completion_ids)).float()
+            on_policy_scores = on_policy_scores - args.missing_eos_penalty * (~stopped(completion_ids, masks)).float()
         # step 3. guidance: a chosen group's last completion becomes the prompt's demonstration (off-policy; its
         # "behaviour" log-probs are the current policy's, used for metrics and a KL in the reward only)
         off_policy = torch.zeros(len(completion_ids), dtype=torch.bool)
@@ -808,7 +813,7 @@ class RolloutEngine:
             values = value_predictions(
                 unwrapped.value_model, prompt_ids, completion_ids, pad_id, batch_size, model_inputs
             )
-        has_stop = stopped(completion_ids)
+        has_stop = stopped(completion_ids, masks)
         if args.missing_eos_penalty is not None:
             scores = scores - args.missing_eos_penalty * (~has_stop).float()
         # step 5. advantages
@@ -874,8 +879,10 @@ class RolloutEngine:
         (`off_policy`: demonstrations put in by guidance); `temperatures` `(B,)`: each completion's sampling
         temperature (a trajectory whose temperature is not the configured one carries it, for the training forward);
         `model_inputs`: each completion's prompt's extra model inputs, which its trajectory carries.
-        `completion_masks`: `(C_i,)` each, 0 on tokens the policy did not sample (they count in no loss and no KL;
-        group-relative advantages only); `version`: the policy version that sampled them, stamped on every trajectory.
+        `completion_masks`: `(C_i,)` each, 0 on tokens the policy did not sample (TRL's `env_mask`): they count in no
+        loss and no KL, GAE steps over them (the score lands on the last model token), and every per-token field of
+        the trajectory (behaviour, reference and teacher log-probs, advantages, returns, values) is 0 there;
+        `version`: the policy version that sampled them, stamped on every trajectory.
 
         Statistics over the batch — `scale_rewards="batch"`'s standard deviation, `whiten_rewards`' and
         `whiten_advantages`' mean and variance — cover the whole round: with `across_ranks` every rank calls this
@@ -904,6 +911,7 @@ class RolloutEngine:
             policy_mask = torch.zeros(batch, length)
             for i, m in enumerate(completion_masks):
                 policy_mask[i, : m.numel()] = m.float()
+            old, ref = old * policy_mask, ref * policy_mask  # log-probs of the policy's tokens only
         kl = (
             kl_estimate(old, ref, self.kl_estimator) * policy_mask if ref_logps is not None else torch.zeros_like(mask)
         )
@@ -915,8 +923,9 @@ class RolloutEngine:
             value_tensor = torch.zeros(batch, length)
             for i, v in enumerate(values):
                 value_tensor[i, : v.numel()] = v
-            rewards, _ = per_token_rewards(safe_scores, kl, mask, kl_coef_reward)
-            train_mask = mask * valid.unsqueeze(1)
+            # the actions are the policy's tokens: the score lands on the last one, GAE steps over the environment's
+            rewards, _ = per_token_rewards(safe_scores, kl, policy_mask, kl_coef_reward)
+            train_mask = policy_mask * valid.unsqueeze(1)
             # whitening needs 2 counted tokens in the whole batch it covers (every rank takes the same branch)
             whiten = (reduce or (lambda tensor: tensor))(train_mask.sum()) >= 2
             if args.whiten_rewards and whiten:
@@ -924,14 +933,14 @@ class RolloutEngine:
             advantages, returns = gae_advantages(rewards, value_tensor, train_mask, args.gamma, args.lam)
             if args.whiten_advantages and whiten:
                 advantages = masked_whiten(advantages, train_mask, reduce=reduce) * train_mask
-            old_values = value_tensor
+            old_values = value_tensor * policy_mask if completion_masks is not None else value_tensor
         else:
             sequence_reward = scores - kl_coef_reward * kl.sum(dim=1)
             batch_rewards = None  # GRPO's "batch" std is over the whole round: every rank's share of it
             if args.scale_rewards == "batch" and world_wide:
                 batch_rewards = gather_across_ranks(self.accelerator, sequence_reward)
             advantages = group_relative_advantages(sequence_reward, group, args.scale_rewards, batch_rewards)
-            advantages = advantages.unsqueeze(1).expand(batch, length) * mask
+            advantages = advantages.unsqueeze(1).expand(batch, length) * policy_mask
         # (B,) bool: sampled at another temperature than the configured one (compared in the float32 it was applied in)
         own_temperature = None if temperatures is None else temperatures != torch.tensor(args.temperature).float()
         trajectories = []
@@ -956,9 +965,11 @@ class RolloutEngine:
                     temperature=float(temperatures[i]) if own_temperature is not None and own_temperature[i] else None,
                     model_inputs=dict(model_inputs[i]) if model_inputs is not None else {},
                     version=version,
-                    teacher_per_token_logps=teacher_logps[i][:n].clone().float()
-                    if teacher_logps is not None
-                    else None,
+                    teacher_per_token_logps=None
+                    if teacher_logps is None
+                    else teacher_logps[i][:n].clone().float()
+                    if completion_masks is None
+                    else teacher_logps[i][:n].float() * policy_mask[i, :n],
                 )
             )
         return trajectories

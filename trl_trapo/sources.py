@@ -10,7 +10,8 @@ A source decides *what* is sampled and *how*: which prompts, by which policy ver
 transformers' `generate`, vLLM, a multi-turn agent with tools, or a producer in another process. It returns a
 [`SampledRound`]: the rows (dataset examples), the completions' token ids, optionally their behaviour log-probs, each
 row's sampling temperature, the policy version that sampled them, and optionally scores it already computed and a
-completion mask (0 on tokens the policy did not sample, e.g. tool results).
+completion mask (1 on tokens the policy sampled, 0 on tokens the environment wrote, e.g. tool results: TRL's
+`env_mask`).
 
 The trainer then *finishes* the round itself, at consumption time, in its own process where collectives are safe
 ([`~trl_trapo.rollout.RolloutEngine.finish`]): prompt ids (tokenized when absent), behaviour log-probs when the round
@@ -21,18 +22,28 @@ targeted exploration, the metrics, the adaptive KL window, the memory pool (few-
 and the replay buffer, which stamps each trajectory with the round's `version` (its age is the current step minus
 that version; `replay_max_age` retires stale ones).
 
-What this contract leaves to the source, and what to the trainer, is chosen so that two future sources fit unchanged:
+**Environment tokens.** Tokens with completion mask 0 stay in the sequence (the policy reads them) and count nowhere:
+no policy, KL, entropy or value loss, no loss normaliser, no DARE probe, no ratio, clip, KL or entropy statistic, no
+length metric (`completions/mean_length` counts the policy's tokens, `completions/mean_env_length` the
+environment's), no stop (a stop token the environment wrote is not the policy's). Their behaviour log-probs are
+ignored (0 is stored); GAE with a critic steps over them (`losses.gae_advantages`), so advantages, returns and values
+are 0 there; the replay buffer, its checkpoint and self-imitation keep the mask.
+
+What this contract leaves to the source, and what to the trainer, is chosen so that two kinds of sources fit:
 
 - **TRL's `rollout_func`** (`rollout_func(prompts, trainer) -> dict(prompt_ids, completion_ids, logprobs[, env_mask,
-  extra keys])`): a thin adapter draws prompts, calls the function, and returns `SampledRound(examples=rows with the
-  extra keys as reward columns, prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask,
-  version=step)`. Multi-turn completions are returned as they are: the trainer never cuts a source's completions.
+  extra keys])`, `TRAPOTrainer(rollout_func=...)`): [`RolloutFuncSource`] draws prompts, calls the function with them
+  (one per prompt, not repeated), and returns `SampledRound(examples=rows with the extra keys as reward columns,
+  prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask, version=step,
+  group=num_generations)`. Multi-turn completions are returned as they are: the trainer never cuts a source's
+  completions.
 - **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
   log-probs and the rewards there, and hands over finished samples with `version` = the step whose weights it had and
   `scores` set; `sample` returns the next ready round. Reference log-probs, values, advantages and every round or
   cross-rank statistic are still computed by the trainer when it consumes the round.
 
 [`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
+[`RolloutFuncSource`] is TRL's `rollout_func`.
 
 Limits: the trainer does not checkpoint a source's own state (the default source's prompt order and sampling seed
 live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing each enter the
@@ -46,7 +57,7 @@ gather served both before the split).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -67,7 +78,8 @@ class SampledRound:
 
     Raises:
         ValueError: naming the field, if the per-row fields do not have one entry per completion (or one value per
-            token of its completion), `B` is not a multiple of `group`, or the round is empty.
+            token of its completion), `B` is not a multiple of `group`, the round is empty, a completion mask holds
+            something other than 0 and 1, or behaviour log-probs at the policy's tokens are not finite and <= 0.
     """
 
     examples: list[dict[str, Any]]  # (B,) the dataset row of each completion's prompt: `prompt_ids` or `prompt`, and
@@ -76,13 +88,14 @@ class SampledRound:
     version: int  # the policy version that sampled it: the optimizer step whose weights generated it
     group: int = 1  # consecutive completions that share a prompt (group-relative advantages)
     old_per_token_logps: list[torch.Tensor] | None = None  # (C_i,) each: behaviour log-probs (nats) at the row's
-    # temperature; None: the trainer computes them with the current policy (exact only when `version` is current)
+    # temperature; None: the trainer computes them with the current policy (exact only when `version` is current);
+    # set to 0 where `completion_mask` is 0 (what a source puts there is ignored)
     temperatures: float | Sequence[float] | torch.Tensor | None = None  # the sampling temperature, one or (B,);
     # None: the configured `temperature`
     prompt_ids: list[torch.Tensor] | None = None  # (P_i,) long each; None: each example's `prompt_ids`, else its
     # `prompt` tokenized as the trainer tokenizes prompts
-    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each: 1 on tokens the policy sampled, 0 on tokens it
-    # did not (tool results: TRL's `env_mask`); 0-tokens count in no loss, KL or KL metric. None: every token counts
+    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each, 0/1: 1 on tokens the policy sampled, 0 on tokens
+    # the environment wrote (tool results: TRL's `env_mask`); 0-tokens count nowhere (module docstring); None: all 1
     scores: torch.Tensor | None = None  # (B,) rewards the source computed (NaN = no reward), before the trainer's
     # `missing_eos_penalty`; None: the trainer's reward functions score the round
     per_func: torch.Tensor | None = None  # (B, F) each of the trainer's F reward functions' reward, with `scores`
@@ -92,6 +105,10 @@ class SampledRound:
         self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
         if self.prompt_ids is not None:
             self.prompt_ids = [torch.as_tensor(p, dtype=torch.long) for p in self.prompt_ids]
+        if self.completion_mask is not None:
+            self.completion_mask = [torch.as_tensor(m).float() for m in self.completion_mask]
+        if self.old_per_token_logps is not None:
+            self.old_per_token_logps = [torch.as_tensor(lp, dtype=torch.float32) for lp in self.old_per_token_logps]
         rows = len(self.examples)
         if rows == 0:
             raise ValueError("SampledRound: a round needs at least one completion (`examples` is empty).")
@@ -136,9 +153,20 @@ class SampledRound:
                     f"{tuple(scores.shape)} with {int(torch.isinf(scores).sum())} infinite: a reward of +-inf would "
                     "make every advantage of its group infinite."
                 )
+        if self.completion_mask is not None:
+            for i, mask in enumerate(self.completion_mask):
+                if not bool(((mask == 0) | (mask == 1)).all()):
+                    raise ValueError(
+                        f"SampledRound.completion_mask[{i}] holds {sorted(set(mask.tolist()) - {0.0, 1.0})[:4]}: a "
+                        "completion mask is 1 on tokens the policy sampled and 0 on tokens the environment wrote, "
+                        "nothing else (pass TRL's `env_mask` as it is)."
+                    )
+            if self.old_per_token_logps is not None:  # what a source puts at the environment's tokens is ignored
+                self.old_per_token_logps = [
+                    torch.where(m.bool(), lp, 0.0) for lp, m in zip(self.old_per_token_logps, self.completion_mask)
+                ]
         if self.old_per_token_logps is not None:
             for i, logps in enumerate(self.old_per_token_logps):
-                logps = torch.as_tensor(logps, dtype=torch.float32)
                 if not bool(torch.isfinite(logps).all()) or bool((logps > 1e-4).any()):
                     raise ValueError(
                         f"SampledRound.old_per_token_logps[{i}] must be finite log-probabilities <= 0 (nats), got "
@@ -202,20 +230,33 @@ class RolloutSource(Protocol):
         ...
 
 
-def check_rollout_source(source: Any, args) -> None:
-    """Refuse a user's rollout source, at construction, where it cannot work with the configuration.
+def check_rollout_source(source: Any, args, rollout_func: Callable | None = None) -> None:
+    """Refuse a user's rollout source or `rollout_func`, at construction, where it cannot work with the configuration.
 
     Args:
-        source: what was passed as `rollout_source`.
+        source: what was passed as `rollout_source` (None when only `rollout_func` was).
         args ([`~trl_trapo.TRAPOConfig`]): the configuration.
+        rollout_func (`Callable`, *optional*): what was passed as `rollout_func`.
 
     Raises:
-        TypeError: if `source` has no `sample(rows_needed, step)` method.
-        ValueError: naming the setting, for `use_vllm=True`, `fewshot_mode=True` or `exploration=True`: they set how
-            the default source samples (vLLM, few-shot prompt choice and annealed temperature, per-family
-            temperatures), which a source of your own decides itself.
+        TypeError: if `source` has no `sample(rows_needed, step)` method, or `rollout_func` is not callable.
+        ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
+            `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
+            prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
+            `rollout_func`) decides itself.
     """
-    if not isinstance(source, RolloutSource):
+    if source is not None and rollout_func is not None:
+        raise ValueError(
+            "Both rollout_source and rollout_func were given; they are two ways to say where RL rounds come from "
+            "(rollout_func is wrapped in a trl_trapo.sources.RolloutFuncSource): pass one of them."
+        )
+    given = "rollout_func" if rollout_func is not None else "rollout_source"
+    if rollout_func is not None and not callable(rollout_func):
+        raise TypeError(
+            f"rollout_func={rollout_func!r} is not callable: pass a function `rollout_func(prompts, trainer) -> dict` "
+            "(TRL's contract, see docs/writing_a_rollout_source.md)."
+        )
+    if source is not None and not isinstance(source, RolloutSource):
         raise TypeError(
             f"rollout_source={type(source).__name__} has no `sample(rows_needed, step)` method; pass an object that "
             "returns a trl_trapo.sources.SampledRound from it (see docs/writing_a_rollout_source.md)."
@@ -223,13 +264,14 @@ def check_rollout_source(source: Any, args) -> None:
     for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
         if value:
             raise ValueError(
-                f"{type(args).__name__}.{name}=True configures the default rollout source, but a rollout_source was "
-                f"given (it samples by itself): set {name}=False, or drop rollout_source."
+                f"{type(args).__name__}.{name}=True configures the default rollout source, but a {given} was "
+                f"given (it samples by itself): set {name}=False, or drop {given}."
             )
     if args.exploration is True:
         raise ValueError(
             f"{type(args).__name__}.exploration=True sets the default rollout source's per-family temperatures, but a "
-            "rollout_source was given (it chooses its own temperatures): set exploration=None or False."
+            f"{given} was given (it chooses its own temperatures; its rows are trained at `temperature`): set "
+            "exploration=None or False."
         )
 
 
@@ -293,4 +335,154 @@ class SyncRolloutSource:
         return self.engine.sample(examples, self.group, step, temperature)
 
 
-__all__ = ["RolloutSource", "SampledRound", "SyncRolloutSource", "check_rollout_source"]
+ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # what TRL's `rollout_func` must return
+ENV_MASK = "env_mask"  # its optional key: 1 on tokens the policy sampled, 0 on tokens the environment wrote
+
+
+class RolloutFuncSource:
+    """TRL's `rollout_func` as a rollout source: `TRAPOTrainer(..., rollout_func=f)` wraps `f` in this adapter.
+
+    The contract is TRL 1.16 `GRPOTrainer`'s: `rollout_func(prompts, trainer) -> dict`. Each round, the adapter draws
+    `ceil(rows_needed * num_mini_batches / num_generations)` prompts from the memory pool's RL prompt sampler (the
+    default source's order, checkpointed), and calls `rollout_func` once with this process's prompts, **one entry
+    per prompt, without repetition**: each example's `prompt` as the dataset holds it (a list of messages for a
+    conversational dataset, a string for a standard one; chat templating is the function's business, as in TRL). The
+    function returns `num_generations` completions per prompt, those of one prompt consecutive, in a dict with
+
+    - `prompt_ids`: `B` lists of ints, the prompt each completion was generated from (as trained);
+    - `completion_ids`: `B` lists of ints, the completions as trained (never cut by the trainer);
+    - `logprobs`: `B` lists of floats, the sampler's log-probs (nats) of the completion tokens at `temperature`, or
+      None (the trainer then computes them with the current policy); values at environment tokens are ignored;
+    - `env_mask` (optional): `B` lists of 0/1, 1 on tokens the policy sampled, 0 on tokens the environment wrote
+      (tool results): those count in no loss, KL, entropy, ratio statistic or length metric, and GAE steps over them;
+    - any other key: a reward column, handed to the reward functions as a keyword argument (a list gives each
+      completion its entry, any other value is given to every completion).
+
+    with `B` = prompts x `num_generations`. The round is a [`SampledRound`] of version `step` (the function samples
+    with the current weights), `group` = `num_generations`, trained at the configured `temperature`. Nothing else
+    distinguishes it from any other source's round.
+
+    Args:
+        rollout_func (`Callable[[list], dict]`): the function with its trainer bound, `prompts -> dict` (the trainer
+            passes `lambda prompts: rollout_func(prompts, trainer)`: no source holds the trainer).
+        dataset (`Dataset`): the RL prompts (`prompt`, and the reward columns).
+        prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`).
+        num_generations (`int`): completions per prompt.
+        num_mini_batches (`int`): optimizer steps a round feeds.
+
+    Raises:
+        ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
+            [...] in its output dict.`), and naming the key, the row and the fix when the output is not a dict, a
+            key does not have one entry per completion, or a completion's `logprobs` or `env_mask` does not have one
+            value per completion token.
+    """
+
+    def __init__(
+        self,
+        rollout_func: Callable[[list], dict],
+        dataset: Dataset,
+        prompts: MemoryPool,
+        num_generations: int,
+        num_mini_batches: int,
+    ):
+        if not callable(rollout_func):
+            raise TypeError(
+                f"rollout_func={rollout_func!r} is not callable: pass a function `prompts -> dict` (TRL's "
+                "`rollout_func(prompts, trainer)` with its trainer bound)."
+            )
+        self.rollout_func = rollout_func
+        self.dataset = dataset
+        self.prompts = prompts
+        self.group = int(num_generations)
+        self.num_mini_batches = int(num_mini_batches)
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        """Call `rollout_func` on the round's prompts and check its output (see the class).
+
+        Returns:
+            [`SampledRound`]: `num_generations` completions per prompt, version `step`.
+        """
+        num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
+        rows = [self.dataset[i] for i in self.prompts.select_prompts(num_prompts, step)]
+        output = self.rollout_func([row["prompt"] for row in rows])
+        return rollout_func_round(output, rows, self.group, step)
+
+
+def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step: int) -> SampledRound:
+    """The [`SampledRound`] of one `rollout_func` call (see [`RolloutFuncSource`]).
+
+    Args:
+        output (`dict`): what `rollout_func` returned.
+        rows (`list[dict]`): the dataset rows of the prompts it was given, in order.
+        group (`int`): completions per prompt (`num_generations`).
+        step (`int`): the round's version.
+
+    Raises:
+        ValueError: see [`RolloutFuncSource`].
+    """
+    if not isinstance(output, Mapping):
+        raise ValueError(
+            f"rollout_func returned {type(output).__name__}; it must return a dict with keys {list(ROLLOUT_FUNC_KEYS)} "
+            "(and optionally 'env_mask' and reward columns)."
+        )
+    missing = sorted(set(ROLLOUT_FUNC_KEYS) - set(output))
+    if missing:
+        raise ValueError(f"rollout_func must return keys {missing} in its output dict.")  # TRL's message
+    rows_out = len(rows) * group
+    fix = (
+        f"return num_generations={group} completions for each of the {len(rows)} prompts it was given (one entry per "
+        "prompt, not repeated), those of one prompt consecutive"
+    )
+
+    def per_completion(key: str) -> list:
+        values = output[key]
+        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)) or len(values) != rows_out:
+            got = f"{len(values)} entries" if isinstance(values, Sequence) else type(values).__name__
+            raise ValueError(f"rollout_func's '{key}' has {got}, expected {rows_out}: {fix}.")
+        return list(values)
+
+    completion_ids = [torch.as_tensor(list(c), dtype=torch.long) for c in per_completion("completion_ids")]
+    prompt_ids = [torch.as_tensor(list(p), dtype=torch.long) for p in per_completion("prompt_ids")]
+
+    def per_token(key: str, dtype: torch.dtype) -> list[torch.Tensor]:
+        values = []
+        for i, (value, completion) in enumerate(zip(per_completion(key), completion_ids)):
+            value = [math.nan if v is None else v for v in value]  # vLLM's None log-prob: refused below as non-finite
+            if len(value) != completion.numel():
+                raise ValueError(
+                    f"rollout_func's '{key}'[{i}] has {len(value)} values for the {completion.numel()} tokens of "
+                    f"completion_ids[{i}]: give one value per completion token (0 for the environment's tokens in "
+                    "'logprobs')."
+                )
+            values.append(torch.tensor(value, dtype=dtype))
+        return values
+
+    logprobs = None if output["logprobs"] is None else per_token("logprobs", torch.float32)
+    env_mask = per_token(ENV_MASK, torch.float32) if output.get(ENV_MASK) is not None else None
+    columns = {}
+    for key in output:
+        if key in ROLLOUT_FUNC_KEYS or key == ENV_MASK:
+            continue
+        value = output[key]
+        is_list = isinstance(value, list)
+        columns[key] = per_completion(key) if is_list else [value] * rows_out
+    examples = [{**rows[i // group], **{key: values[i] for key, values in columns.items()}} for i in range(rows_out)]
+    return SampledRound(
+        examples,
+        completion_ids,
+        version=step,
+        group=group,
+        old_per_token_logps=logprobs,
+        prompt_ids=prompt_ids,
+        completion_mask=env_mask,
+    )
+
+
+__all__ = [
+    "RolloutFuncSource",
+    "RolloutSource",
+    "SampledRound",
+    "SyncRolloutSource",
+    "check_rollout_source",
+    "rollout_func_round",
+]

@@ -150,7 +150,14 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
-from .sources import RolloutSource, SampledRound, SyncRolloutSource, check_rollout_source, check_round
+from .sources import (
+    RolloutFuncSource,
+    RolloutSource,
+    SampledRound,
+    SyncRolloutSource,
+    check_rollout_source,
+    check_round,
+)
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
@@ -242,7 +249,9 @@ class TRAPOTrainer(_BaseTrainer):
             [`~trl_trapo.sources.SyncRolloutSource`], which samples `train_dataset`'s prompts with the live policy.
             With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
             is off; `use_vllm`, `fewshot_mode` and `exploration=True` (settings of the default source) are refused.
-            `trainer.rollout_source` is the source in use.
+            `trainer.rollout_source` is the source in use. A source's rounds may carry a `completion_mask` (0 on
+            tokens the environment wrote, e.g. tool results): those count in no loss, KL, entropy, ratio statistic or
+            length metric, and GAE with a critic steps over them.
         tools (`list[Callable]`, *optional*): TRL's `tools=`: functions (sync or async, type hints and a Google-style
             docstring) the policy may call in multi-turn rollouts ([`~trl_trapo.agents.ToolRolloutSource`], up to
             `max_tool_calling_iterations` rounds of calls; `docs/agents.md`). Needs conversational prompts and a chat
@@ -252,6 +261,13 @@ class TRAPOTrainer(_BaseTrainer):
             methods are its tools, an optional `get_reward()` is an extra reward; a dict is chosen by the dataset's
             `environment` column. Without a `train_dataset`, `max_steps` sets the run's length. With `tools` or an
             environment, `rollout_source` and `exploration=True` are refused (targeted exploration is off).
+        rollout_func (`Callable`, *optional*): TRL 1.16's `rollout_func(prompts, trainer) -> dict` (as
+            `GRPOTrainer(rollout_func=...)` takes it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
+            this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
+            or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
+            `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
+            as a column. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
+            `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -286,20 +302,28 @@ class TRAPOTrainer(_BaseTrainer):
         distillation_dataset: Dataset | None = None,
         tools: list[Callable] | None = None,
         environment_factory: Callable | dict[str, Callable] | None = None,
+        rollout_func: Callable[[list, Any], dict] | None = None,
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
-        if rollout_source is not None:
-            check_rollout_source(rollout_source, args)
+        if rollout_source is not None or rollout_func is not None:
+            check_rollout_source(rollout_source, args, rollout_func)
         agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
         if tools or environment_factory is not None:
+            if rollout_func is not None:
+                raise ValueError(
+                    "tools / environment_factory build the tool-calling rollout source, but a rollout_func was given "
+                    "too: drop one of them (a rollout_func runs its own tool loop)."
+                )
             check_agent_arguments(args, rollout_source)
             agent = AgentSpec.build(tools, environment_factory)
             agent.check_dataset(train_dataset, args.max_steps)
             if train_dataset is None and agent.factories:  # the environment's `reset` writes each prompt
                 train_dataset = placeholder_prompts(args)
+        # not the default SyncRolloutSource
+        own_source = rollout_source is not None or rollout_func is not None or agent is not None
         # before anything slow: output_dir can be written and holds no finished run this one would replace
         check_output_dir(args)
 
@@ -412,7 +436,9 @@ class TRAPOTrainer(_BaseTrainer):
                         f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
                         "longer context."
                     )
-        if self.active[RL]:  # every reward function is called once on two rows (what they log is discarded)
+        # every reward function is called once on two rows (what they log is discarded); not with a rollout_func,
+        # whose extra keys (columns the reward functions may require) the dataset's rows do not have
+        if self.active[RL] and rollout_func is None:
             rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
             self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
 
@@ -567,9 +593,7 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
             )
-            if rollout_source is None
-            and agent is None
-            and self._exploration_runs(args)  # it sets the default source's temperatures
+            if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
 
@@ -715,6 +739,21 @@ class TRAPOTrainer(_BaseTrainer):
                 log_metric=self.metrics.log_metric,
                 template_kwargs=args.chat_template_kwargs,
             )
+        if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
+            if not self.active[RL]:
+                raise ValueError(
+                    "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
+                    "what rollout_func receives), with rl_weight > 0."
+                )
+            rollout_source = RolloutFuncSource(
+                lambda prompts: rollout_func(prompts, self),  # TRL's contract: the function gets the trainer
+                self._rl_dataset,
+                self.memory_pool,
+                num_generations=args.num_generations,
+                num_mini_batches=args.num_mini_batches,
+            )
+        if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
+            self.metrics.track_env_tokens()
         self.rollout_source = (
             rollout_source
             if rollout_source is not None

@@ -214,9 +214,9 @@ class MemoryPool:
 
     def observe_successes(self, batch) -> None:
         """Self-imitation's input: a finished round ([`~trl_trapo.rollout.RolloutBatch`]; its prompts, completions,
-        scores, truncation and guidance flags). Nothing happens without self-imitation, nor for a round with a
-        completion mask (tokens the policy did not sample would be imitated)."""
-        if self.successes is None or batch.completion_mask is not None:
+        scores, truncation and guidance flags, and its completion mask: a multi-turn success is imitated on the
+        policy's tokens only). Nothing happens without self-imitation."""
+        if self.successes is None:
             return
         self.successes.observe(
             batch.prompt_ids,
@@ -225,6 +225,7 @@ class MemoryPool:
             batch.is_truncated,
             batch.group,
             batch.off_policy,
+            batch.completion_mask,
         )
 
     def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:

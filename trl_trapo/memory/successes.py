@@ -18,6 +18,10 @@ Bookkeeping: the buffer is first-in first-out (`self_imitation_capacity` rows; t
 served round-robin, a row retires after `self_imitation_max_uses` servings, and the number of success rows per step
 is exact in the long run (a running credit of `fraction x n` per step, its whole part taken). Everything is in the
 checkpoint (token ids as JSON).
+
+A multi-turn success (a completion with tokens the environment wrote, completion mask 0, e.g. tool results) is kept
+with its mask: its SFT row counts the policy's tokens only, so the policy imitates its own turns and never learns to
+write the tool's results.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class SuccessReplay:
         self.fraction = float(fraction)
         self.max_uses = int(max_uses)
         self.capacity = int(capacity)
-        self.rows: deque[dict] = deque()  # {"prompt_ids": [...], "completion_ids": [...], "uses": int}
+        # {"prompt_ids": [...], "completion_ids": [...], "uses": int[, "completion_mask": [...] with environment tokens]}
+        self.rows: deque[dict] = deque()
         self.credit = 0.0  # success rows owed to the steps so far (its whole part is served next)
         self.kept = 0  # successes kept so far
         self.served = 0  # success rows served so far
@@ -74,6 +79,7 @@ class SuccessReplay:
         is_truncated: torch.Tensor,
         group: int,
         off_policy: torch.Tensor | None = None,
+        completion_masks: list[torch.Tensor] | None = None,
     ) -> int:
         """Keep the successes of a scored generation round.
 
@@ -84,6 +90,8 @@ class SuccessReplay:
             is_truncated (`torch.Tensor`): `(B,)` bool, True where no stop token was generated.
             group (`int`): consecutive completions that share a prompt (1: no groups, every success is kept).
             off_policy (`torch.Tensor`, *optional*): `(B,)` bool, True for guidance's demonstrations (never kept).
+            completion_masks (`list[torch.Tensor]`, *optional*): `(C_i,)` each, 1 on tokens the policy sampled and 0 on
+                tokens the environment wrote; a success keeps its mask, and its SFT row counts mask-1 tokens only.
 
         Returns:
             `int`: the number of successes kept.
@@ -100,13 +108,14 @@ class SuccessReplay:
             success &= failed.reshape(-1, group).any(dim=1).repeat_interleave(group)
         kept = 0
         for i in success.nonzero().flatten().tolist():
-            self.rows.append(
-                {
-                    "prompt_ids": [int(t) for t in prompt_ids[i]],
-                    "completion_ids": completion_ids[i].tolist(),
-                    "uses": 0,
-                }
-            )
+            row = {
+                "prompt_ids": [int(t) for t in prompt_ids[i]],
+                "completion_ids": completion_ids[i].tolist(),
+                "uses": 0,
+            }
+            if completion_masks is not None and not bool(completion_masks[i].bool().all()):
+                row["completion_mask"] = [int(m) for m in completion_masks[i].tolist()]
+            self.rows.append(row)
             kept += 1
             if len(self.rows) > self.capacity:
                 self.rows.popleft()
@@ -125,12 +134,12 @@ class SuccessReplay:
 
     def take(self, k: int) -> list[Row]:
         """`k` SFT rows from the buffer, round-robin from the front (`input_ids` (P + C,), target-aligned mask
-        counting the completion tokens); a row that reaches `max_uses` leaves the buffer."""
+        counting the completion tokens the policy sampled); a row that reaches `max_uses` leaves the buffer."""
         out = []
         while len(out) < k and self.rows:
             row = self.rows.popleft()
             ids = row["prompt_ids"] + row["completion_ids"]
-            mask = [0] * len(row["prompt_ids"]) + [1] * len(row["completion_ids"])
+            mask = [0] * len(row["prompt_ids"]) + row.get("completion_mask", [1] * len(row["completion_ids"]))
             out.append(sft_row(ids, mask))
             row["uses"] += 1
             if row["uses"] < self.max_uses:
@@ -161,6 +170,7 @@ class SuccessReplay:
         state = state or {}
         self.rows = deque(
             {"prompt_ids": list(r["prompt_ids"]), "completion_ids": list(r["completion_ids"]), "uses": int(r["uses"])}
+            | ({"completion_mask": [int(m) for m in r["completion_mask"]]} if "completion_mask" in r else {})
             for r in state.get("rows", [])
         )
         self.credit = float(state.get("credit", 0.0))

@@ -1,0 +1,232 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""TRL's `rollout_func=` (`trl_trapo.sources.RolloutFuncSource`): a thin adapter onto the rollout-source seam.
+
+- A `rollout_func` in TRL's style (it generates with the trainer's model, then a tool answers: `env_mask` 0) trains
+  for a few steps; it gets one prompt per prompt (text as text, messages as messages), its extra keys reach the
+  reward functions as columns, and its log-probs are the behaviour log-probs (first ratio 1).
+- What it returns wrong is refused: a missing key with TRL's message, wrong counts and lengths naming the key, the
+  row and the fix; so are `rollout_func` with `rollout_source`, with `exploration=True`, without RL prompts, and
+  something not callable.
+"""
+
+from __future__ import annotations
+
+import pytest
+from datasets import Dataset
+from test_doc_commands import registered_block
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.data import tokenize_prompt
+from trl_trapo.rollout import generate
+from trl_trapo.sources import RolloutFuncSource, rollout_func_round
+from trl_trapo.tasks import build_tiny_model
+
+
+DOCUMENTED = "docs/writing_a_rollout_source.md: # run: a rollout_func with a tool"
+TOOL = "=7;"  # what the "tool" answers after the model's first turn
+
+
+def agent(calls: list):
+    """A `rollout_func` in TRL's style: render each prompt, sample `num_generations` turns with the trainer's model
+    (behaviour log-probs recorded), then the tool's answer (env_mask 0, log-prob 0); `tool_calls` is an extra key."""
+
+    def rollout_func(prompts, trainer):
+        calls.append(list(prompts))
+        tokenizer, args = trainer.processing_class, trainer.args
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        prompt_ids = [tokenize_prompt(p, tokenizer) for p in prompts for _ in range(args.num_generations)]
+        turns = generate(
+            policy, prompt_ids, trainer.generation_config, trainer.padding_id, None, temperature=args.temperature
+        )
+        tool = tokenizer.encode(TOOL, add_special_tokens=False)
+        out = {"prompt_ids": prompt_ids, "completion_ids": [], "logprobs": [], "env_mask": [], "tool_calls": []}
+        for turn, logps in zip(turns["completion_ids"], turns["old_per_token_logps"]):
+            turn = turn.tolist()
+            out["completion_ids"].append(turn + tool)
+            out["logprobs"].append(logps.tolist() + [0.0] * len(tool))
+            out["env_mask"].append([1] * len(turn) + [0] * len(tool))
+            out["tool_calls"].append(1)
+        return out
+
+    return rollout_func
+
+
+def trainer_for(tmp_path, tokenizer, dataset, rollout_func, reward, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path),
+        report_to="none",
+        save_strategy="no",
+        activation_checkpointing=False,
+        max_steps=3,
+        logging_steps=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_prompt_length=24,
+        response_length=3,
+        temperature=0.9,
+        seed=0,
+    )
+    settings.update(overrides)
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(**settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+
+
+def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_the_rewards(
+    tmp_path, tokenizer, suite
+):
+    calls, seen = [], []
+
+    def reward(prompts, completions, answer, tool_calls, **kwargs):  # a column only the rollout_func has
+        seen.append(tool_calls)
+        return [float(len(c) % 3) for c in completions]
+
+    trainer = trainer_for(tmp_path, tokenizer, suite.rl_train, agent(calls), reward)
+    assert isinstance(trainer.rollout_source, RolloutFuncSource)
+    trainer.train()
+    assert trainer.state.global_step == 3
+    # one entry per prompt, not repeated, as the dataset holds it (text); the rounds' rows are what it returned
+    assert calls and all(len(set(prompts)) == len(prompts) for prompts in calls)
+    assert all(p in set(suite.rl_train["prompt"]) for prompts in calls for p in prompts)
+    assert all(len(prompts) == 8 // 4 for prompts in calls)  # ceil(rows_needed * num_mini_batches / G) prompts
+    # the extra key reached the reward function as a column, next to the dataset's own (`answer`)
+    assert seen == [[1] * 8] * len(calls)  # (and no call before training, on dataset rows without the column)
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    # the first step trains on the function's own log-probs: ratio 1 on every model token
+    assert logs[0]["policy/approxkl_avg"] < 1e-10 and logs[0]["val/ratio"] == pytest.approx(1.0, abs=1e-6)
+    rollout_logs = [h for h in trainer.state.log_history if "completions/mean_env_length" in h]
+    assert rollout_logs and all(h["completions/mean_env_length"] == len(TOOL) for h in rollout_logs)
+    assert all(h["completions/mean_length"] <= 3 for h in rollout_logs)  # the model's turn only
+
+
+def test_conversational_prompts_are_passed_as_messages(tmp_path, tokenizer):
+    calls = []
+    dataset = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(6)]
+    )
+    trainer = trainer_for(
+        tmp_path, tokenizer, dataset, agent(calls), lambda completions, **kw: [0.0] * len(completions), max_steps=1
+    )
+    trainer.train()
+    assert calls and all(isinstance(p, list) and p[0]["role"] == "user" for p in calls[0])
+
+
+def rows(n=2):
+    return [{"prompt": f"p{i}", "answer": str(i)} for i in range(n)]
+
+
+def valid_output(group=2, n=2):
+    return {
+        "prompt_ids": [[5, 6]] * (n * group),
+        "completion_ids": [[7, 8, 9]] * (n * group),
+        "logprobs": [[-0.1, 0.0, -0.2]] * (n * group),
+        "env_mask": [[1, 0, 1]] * (n * group),
+        "judge": [f"j{i}" for i in range(n * group)],
+        "episode": 3,
+    }
+
+
+def test_the_round_it_makes():
+    sampled = rollout_func_round(valid_output(), rows(), 2, step=5)
+    assert sampled.version == 5 and sampled.group == 2 and sampled.temperatures is None
+    assert [e["prompt"] for e in sampled.examples] == ["p0", "p0", "p1", "p1"]  # each prompt's row, group times
+    assert [e["judge"] for e in sampled.examples] == ["j0", "j1", "j2", "j3"]  # a list: each completion its entry
+    assert all(e["episode"] == 3 for e in sampled.examples)  # anything else: every completion
+    assert sampled.completion_mask[0].tolist() == [1.0, 0.0, 1.0]
+    assert sampled.old_per_token_logps[0].tolist() == pytest.approx([-0.1, 0.0, -0.2])
+    none = rollout_func_round({**valid_output(), "logprobs": None, "env_mask": None}, rows(), 2, step=0)
+    assert none.old_per_token_logps is None and none.completion_mask is None
+
+
+@pytest.mark.parametrize("missing", [["logprobs"], ["completion_ids", "prompt_ids"]])
+def test_a_missing_key_raises_trls_message(missing):
+    output = {k: v for k, v in valid_output().items() if k not in missing}
+    expected = f"rollout_func must return keys {sorted(missing)} in its output dict."
+    with pytest.raises(ValueError) as error:
+        rollout_func_round(output, rows(), 2, step=0)
+    assert str(error.value) == expected
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"completion_ids": [[7, 8, 9]] * 2}, r"'completion_ids' has 2 entries, expected 4: return num_generations=2"),
+        ({"prompt_ids": [[5]] * 8}, r"'prompt_ids' has 8 entries, expected 4.*not repeated"),
+        ({"logprobs": [[-0.1, -0.2, -0.3]] * 3 + [[-0.1]]}, r"'logprobs'\[3\] has 1 values for the 3 tokens of "),
+        (
+            {"env_mask": [[1, 0, 1]] * 2 + [[1, 0, 1, 1]] * 2},
+            r"'env_mask'\[2\] has 4 values.*one value per completion",
+        ),
+        ({"judge": ["a"]}, r"'judge' has 1 entries, expected 4"),
+        ({"env_mask": [[1, 2, 1]] * 4}, r"completion_mask\[0\].*TRL's `env_mask`"),
+    ],
+)
+def test_wrong_shapes_are_refused_naming_the_key_and_row(change, message):
+    with pytest.raises(ValueError, match=message):
+        rollout_func_round({**valid_output(), **change}, rows(), 2, step=0)
+    with pytest.raises(ValueError, match="it must return a dict"):
+        rollout_func_round([1, 2], rows(), 2, step=0)
+
+
+def test_a_wrong_output_is_refused_when_the_trainer_asks_for_a_round(tmp_path, tokenizer, suite):
+    def too_few(prompts, trainer):
+        return {"prompt_ids": [[5]], "completion_ids": [[7]], "logprobs": None}
+
+    trainer = trainer_for(
+        tmp_path, tokenizer, suite.rl_train, too_few, lambda completions, **kw: [0.0] * len(completions)
+    )
+    with pytest.raises(ValueError, match=r"'completion_ids' has 1 entries, expected 8"):
+        trainer.collect_rollouts(8, step=0)
+
+
+def test_settings_it_cannot_work_with_are_refused(tmp_path, tokenizer, suite):
+    reward = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    func = agent([])
+
+    class Source:
+        def sample(self, rows_needed, step):
+            raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="Both rollout_source and rollout_func were given"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            rollout_source=Source(),
+            rollout_func=func,
+        )
+    with pytest.raises(ValueError, match=r"exploration=True.*rollout_func was given.*set exploration=None or False"):
+        trainer_for(tmp_path, tokenizer, suite.rl_train, func, reward, exploration=True)
+    with pytest.raises(TypeError, match="rollout_func=3 is not callable"):
+        trainer_for(tmp_path, tokenizer, suite.rl_train, 3, reward)
+    with pytest.raises(ValueError, match="rollout_func was given but there are no RL prompts: pass train_dataset"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=1),
+            sft_dataset=suite.sft,
+            processing_class=tokenizer,
+            rollout_func=func,
+        )
+    # exploration=None (auto) is simply off: the function chooses how it samples
+    assert trainer_for(tmp_path, tokenizer, suite.rl_train, func, reward).exploration is None
+
+
+def test_the_documented_rollout_func_trains(tmp_path, monkeypatch):
+    """The document's block, as written: two steps; the extra key reached the reward (some completions agree with the
+    tool, some do not); the tool's three tokens are the environment's in every round."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block(DOCUMENTED)
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2
+    rounds = [h for h in trainer.state.log_history if "completions/mean_env_length" in h]
+    assert rounds and all(h["completions/mean_env_length"] == 3.0 for h in rounds)
+    assert all(0.0 < h["rewards/agrees_with_the_tool/mean"] < 1.0 for h in rounds)
