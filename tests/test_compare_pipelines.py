@@ -231,3 +231,25 @@ def test_paired_component_table_pairs_by_seed():
     }
     row = pipeline_report.paired_component_table(consistent).splitlines()[-1]
     assert "helps" in row.split("|")[6]  # rl_only: with self-imitation is better in every seed
+
+
+def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_path):
+    """`--methods distill_trl`: TRL's DistillationTrainer on the RL prompts from the main job's teacher, evaluated at
+    the same checkpoints as TRAPO; the teacher is required, and so is a fixed learning rate."""
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    teacher = tmp_path / "teacher"
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    out = tmp_path / "cmp"
+    common = ["--quick", "--output_dir", str(out), "--max_steps", "6", "--eval_every", "0.5", "--heldout_docs", "40"]
+    common += ["--eval_per_split_family", "4", "--methods", "distill_trl", "trapo"]
+    with pytest.raises(ValueError, match="--no-lr_search"):
+        compare_pipelines.main([*common, "--lr_search"])
+    report = compare_pipelines.main([*common, "--teacher_model_name_or_path", str(teacher)])
+    assert set(report["summary"]) == {"distill_trl", "trapo"}
+    run = json.loads((out / "runs" / "distill_trl-seed0" / "result.json").read_text())
+    assert [c["step"] for c in run["checkpoints"]] == [0, 3, 6] and run["tokens"] > 0
+    trapo = json.loads((out / "runs" / "trapo-seed0" / "result.json").read_text())
+    assert trapo["checkpoints"][-1]["step"] == 6

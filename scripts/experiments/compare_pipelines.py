@@ -198,7 +198,14 @@ def make_parser() -> argparse.ArgumentParser:
         "gains nothing from a second torch thread, so two single-thread runs halve the total time)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / jobs)")
-    parser.add_argument("--methods", nargs="+", default=["serial", "trapo"], choices=["serial", "trapo"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["serial", "trapo"],
+        choices=["serial", "trapo", "distill_trl"],
+        help="serial and/or trapo; distill_trl: TRL's DistillationTrainer alone on the RL prompts, from the main "
+        "job's --teacher_model_name_or_path (needs it, and --no-lr_search)",
+    )
     parser.add_argument(
         "--rerun",
         action="store_true",
@@ -222,6 +229,11 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         raise ValueError("--lr_from reuses an earlier search: drop --lr_search (or --lr_from to search anew).")
     if args.lr_search is None:
         args.lr_search = not args.quick and args.lr_from is None
+    if "distill_trl" in args.methods and (args.lr_search or args.lr_from is not None or args.budget == "time"):
+        raise ValueError(
+            "--methods distill_trl runs at the main job's learning rate and a step budget: add --no-lr_search (and "
+            "drop --lr_from / --budget time)."
+        )
     if args.jobs is None:
         args.jobs = max(min(os.cpu_count() or 1, 2), 1)
     if args.jobs < 1:
@@ -575,6 +587,54 @@ def run_serial(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
     return recorder, {"setup_s": setup_s, "stages": stages, "shares": list(shares)}
 
 
+def run_distill_trl(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
+    """TRL's `DistillationTrainer` alone: on-policy distillation from the main job's `teacher_model_name_or_path` on
+    the RL prompts (no reward, no pretraining or SFT data), with the TRAPO configuration's steps, batch (prompts per
+    step, one completion each), optimizer and schedule (as the serial GRPO stage copies them), completion length
+    (`max_completion_length` = `response_length`) and divergence (`beta` = `distillation_beta`, `temperature` =
+    `distillation_temperature`, for sampling and the divergence)."""
+    from trl import DistillationConfig, DistillationTrainer
+
+    config = setup.config
+    if not config.teacher_model_name_or_path:
+        raise ValueError("--methods distill_trl needs the main job's --teacher_model_name_or_path (the teacher).")
+    recorder = Recorder(make_evaluator(setup), "steps", config.max_steps, spec["eval_every"])
+    workdir = tempfile.mkdtemp(prefix="distill-", dir=spec["run_dir"])
+    grpo = stage_configs(setup, [0, 0, int(config.max_steps)], spec, workdir)[2]
+    copied = (*SHARED_TRAINING_FIELDS, "bf16", "fp16", "max_steps", "warmup_steps")
+    # the main job's base rate (the GRPO stage's copy holds rl_phase_learning_rate when one is set)
+    values = {**{name: getattr(grpo, name) for name in dict.fromkeys(copied)}, "learning_rate": config.learning_rate}
+    args = DistillationConfig(
+        output_dir=os.path.join(workdir, "distill"),
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        max_completion_length=config.response_length,
+        temperature=config.distillation_temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        beta=config.distillation_beta,
+        disable_dropout=config.disable_dropout,
+        **values,
+    )
+    model = setup.model_factory()
+    started = time.perf_counter()
+    trainer = measured(DistillationTrainer, recorder)(
+        model=model,
+        teacher_model=config.teacher_model_name_or_path,
+        args=args,
+        train_dataset=setup.rl.select_columns(["prompt"]),
+        processing_class=copy.deepcopy(setup.tokenizer),
+        callbacks=[recorder_callback(recorder, "distill", 0, None, first=True)],
+    )
+    recorder.instrument_generate(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.train()
+    shutil.rmtree(workdir, ignore_errors=True)
+    setup_s = time.perf_counter() - started - recorder.wall.read() - recorder.eval_s
+    return recorder, {"setup_s": setup_s, "stages": [{"stage": "distill", "steps": recorder.global_step}]}
+
+
 def worker(spec_path: str) -> None:
     """Run one (method, seed) in this process and write `<run_dir>/result.json`."""
     import torch
@@ -587,6 +647,8 @@ def worker(spec_path: str) -> None:
     setup = build_setup(spec)
     if spec["method"] == "serial":
         recorder, info = run_serial(setup, spec)
+    elif spec["method"] == "distill_trl":
+        recorder, info = run_distill_trl(setup, spec)
     else:
         recorder, info = run_trapo(setup, spec)
     final = recorder.rows[-1]
@@ -759,7 +821,7 @@ def make_spec(args, job_argv, method, seed, run_dir, job_extra=None, time_budget
     extra = {"seed": seed, "output_dir": run_dir, "eval_strategy": "no", "save_strategy": "no", "report_to": "none"}
     extra["overwrite_output_dir"] = True  # a re-run (`--rerun`, changed settings) replaces the run on purpose
     extra["disable_tqdm"] = True
-    if method != "serial":
+    if method not in ("serial", "distill_trl"):
         extra.update(method_overrides(method))
     extra.update(job_extra or {})
     return {

@@ -215,6 +215,10 @@ ABLATION_LABELS = {
     "trapo_no_self_imitation": "no self-imitation (`self_imitation=False`)",
     "trapo_previous_defaults": "neither (the previous defaults)",
     "trapo_guidance": "+ guidance (`demonstration_column`)",
+    # the distillation grid (issue 22): exploration and self-imitation off in every arm
+    "distill_no_teacher": "no teacher",
+    "distill_teacher": "teacher (DARE)",
+    "distill_teacher_static": "teacher, static weights (`dare_mode=static`)",
     # variants of earlier commits, kept for their committed CSV files
     "trapo_exploration": "+ targeted exploration (`exploration=True`)",
 }
@@ -650,6 +654,60 @@ def seed_grid_from_csvs(*per_suite: list[dict]) -> str:
     return seed_grid_table(summaries, baseline="trapo_previous_defaults")
 
 
+DISTILL_METHODS = {"trapo": "distill_teacher", "trapo_static": "distill_teacher_static"}
+
+
+def distill_grid_from_csvs(teacher0: list[dict], teacher1: list[dict], plain0: list[dict], plain1: list[dict]) -> str:
+    """The distillation grid (issue 22): `rl_only` per seed with a teacher (DARE, and static weights on suite 0) and
+    without, exploration and self-imitation off everywhere; then the steps each run took to reach the teacher's
+    `rl_only` accuracy (1.00), and DARE against static weights with the teacher, paired by seed.
+
+    Args:
+        teacher0, teacher1: the runs with `--teacher_model_name_or_path` on task suites 0 and 1 (`trapo`, and
+            `trapo_static` where run).
+        plain0, plain1: the runs without a teacher on suites 0 and 1 (`trapo`).
+    """
+
+    def relabel(results, mapping):
+        return [{**r, "method": mapping[r["method"]]} for r in results if r["method"] in mapping]
+
+    suites = [
+        relabel(teacher, DISTILL_METHODS) + relabel(plain, {"trapo": "distill_no_teacher"})
+        for teacher, plain in ((teacher0, plain0), (teacher1, plain1))
+    ]
+    summaries = {suite: summarize(results) for suite, results in enumerate(suites)}
+    table = seed_grid_table(summaries, baseline="distill_no_teacher")
+    lines = ["", "| variant | steps to `rl_only` = 1.00 (the teacher's), per run | reached |", "|---|---|---|"]
+    for method in ("distill_teacher", "distill_teacher_static", "distill_no_teacher"):
+        steps = []
+        for suite, results in enumerate(suites):
+            for run in sorted((r for r in results if r["method"] == method), key=lambda r: r["seed"]):
+                first = next((c["step"] for c in run["checkpoints"] if c["accuracy_rl_only"] >= 1.0 - 1e-9), None)
+                steps.append(f"{'–' if first is None else first} (s{suite}/{run['seed']})")
+        reached = sum(not cell.startswith("–") for cell in steps)
+        lines.append(f"| {ABLATION_LABELS[method]} | {', '.join(steps)} | {reached} of {len(steps)} |")
+    pairs = {}
+    for run in suites[0]:
+        pairs.setdefault(run["seed"], {})[run["method"]] = run["checkpoints"][-1]
+    shared = sorted(s for s, m in pairs.items() if {"distill_teacher", "distill_teacher_static"} <= set(m))
+    if len(shared) >= 2:
+        lines += [
+            "",
+            "| DARE − static, with the teacher (suite 0, paired by seed) | mean | 90 % interval |",
+            "|---|---|---|",
+        ]
+        for key, name in (
+            ("accuracy", "accuracy"),
+            ("accuracy_rl_only", "rl_only"),
+            ("accuracy_sft_tasks", "sft_tasks"),
+            ("forgetting", "forgetting (nats/token)"),
+        ):
+            diffs = [pairs[s]["distill_teacher"][key] - pairs[s]["distill_teacher_static"][key] for s in shared]
+            mean, low, high = paired_interval(diffs)
+            lines.append(f"| {name} ({len(shared)} seeds) | {mean:+.4f} | {low:+.4f} … {high:+.4f} |")
+    return table + "\n".join(lines) + "\n"
+
+
 # README block -> (the committed CSV files it is rendered from, the table function of their result lists)
 README_TABLES = {
     "pipeline-table": (("docs/results/checkpoints.csv",), lambda results: markdown_table(summarize(results))),
@@ -657,6 +715,15 @@ README_TABLES = {
     "seed-grid-table": (
         ("docs/results/seed_grid/suite0_checkpoints.csv", "docs/results/seed_grid/suite1_checkpoints.csv"),
         seed_grid_from_csvs,
+    ),
+    "distill-grid-table": (
+        (
+            "docs/results/distill_grid/teacher_suite0_checkpoints.csv",
+            "docs/results/distill_grid/teacher_suite1_checkpoints.csv",
+            "docs/results/distill_grid/no_teacher_suite0_checkpoints.csv",
+            "docs/results/distill_grid/no_teacher_suite1_checkpoints.csv",
+        ),
+        distill_grid_from_csvs,
     ),
 }
 
