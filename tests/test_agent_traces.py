@@ -230,3 +230,18 @@ def test_trl_sft_trainer_accepts_the_template(tok, tmp_path):
     assert first["input_ids"] == ours["input_ids"]
     # TRL folds the assistant mask into `labels` (-100: not trained)
     assert [label != -100 for label in first["labels"]] == [bool(m) for m in ours["completion_mask"]]
+
+
+def test_the_documented_trace_example_trains(tmp_path, monkeypatch):
+    """docs/agents.md's SFT-on-traces block, as written: two SFT steps on every assistant turn of the traces."""
+    from test_doc_commands import registered_block
+
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    block = registered_block("docs/agents.md: # run: SFT on tool-calling traces")
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2 and "loss/sft" in trainer.state.log_history[0]
+    row, tok = trainer._sft_dataset[0], namespace["tokenizer"]
+    trained = tok.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m])
+    assert trained == '<c>{"name":"add","arguments":{"a":0,"b":7}}</c></s>7</s>'
