@@ -245,3 +245,13 @@ def test_the_documented_trace_example_trains(tmp_path, monkeypatch):
     row, tok = trainer._sft_dataset[0], namespace["tokenizer"]
     trained = tok.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m])
     assert trained == '<c>{"name":"add","arguments":{"a":0,"b":7}}</c></s>7</s>'
+
+
+def test_evaluation_of_traces_uses_the_same_mask(tok, tmp_path):
+    """An eval set of traces is scored on the assistant tokens alone, as the SFT objective trains them."""
+    trainer = make_trainer(tok, tmp_path, traces(), eval_strategy="no")
+    metrics = trainer.evaluate(eval_dataset=traces(2))
+    ids, mask = expected_row(tok, trace(), [get_json_schema(add)])
+    assert metrics["eval_sft_loss"] == pytest.approx(
+        masked_nll(copy.deepcopy(trainer.model).eval(), ids, mask), abs=1e-4
+    )
