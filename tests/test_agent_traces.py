@@ -255,3 +255,18 @@ def test_evaluation_of_traces_uses_the_same_mask(tok, tmp_path):
     assert metrics["eval_sft_loss"] == pytest.approx(
         masked_nll(copy.deepcopy(trainer.model).eval(), ids, mask), abs=1e-4
     )
+
+
+def test_a_mask_without_the_end_of_turn_token_warns(tok, tmp_path, caplog):
+    """`</s>` outside `{% endgeneration %}`: trained tokens lack it, and construction warns once (TRL's check)."""
+    late = copy.deepcopy(tok)
+    late.chat_template = TOOL_CHAT_TEMPLATE.replace("</s>{% endgeneration %}", "{% endgeneration %}</s>")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
+        make_trainer(late, tmp_path, traces(), max_steps=1)
+    assert sum("not trained to stop" in r.getMessage() for r in caplog.records) == 1
+    out = tokenize_sft_dataset(traces(1), late, 128, assistant_only_loss=True)[0]
+    assert tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]).endswith("</c>5")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
+        make_trainer(tok, tmp_path / "ok", traces(), max_steps=1)
+    assert not [r for r in caplog.records if "not trained to stop" in r.getMessage()]

@@ -363,8 +363,7 @@ def warn_untrained_turns(dataset: Dataset, role: str = "sft_dataset", config_nam
 def check_assistant_only_loss(
     dataset: Dataset, tokenizer, template_kwargs: dict | None = None, role: str = "sft_dataset"
 ) -> None:
-    """Refuse, before training, SFT data and a tokenizer that `assistant_only_loss=True` cannot train on; warn when
-    the template's assistant mask leaves out the end-of-turn token (TRL's `is_chat_template_stop_token_trained`).
+    """Refuse, before training, SFT data and a tokenizer that `assistant_only_loss=True` cannot train on.
 
     Raises:
         ValueError: naming `assistant_only_loss` and the fix, for prompt-completion text rows (completion-only loss
@@ -402,12 +401,23 @@ def check_assistant_only_loss(
             "template with `{% generation %}` markers (for the character-level tokenizer: "
             "trl_trapo.agents.use_tool_chat_template), or drop such rows."
         )
-    if not is_chat_template_stop_token_trained(tokenizer, chat_template=template_kwargs.get("chat_template")):
-        logger.warning(
-            "assistant_only_loss=True: the chat template's assistant mask leaves out the end-of-turn token, so the "
-            "model is not trained to stop. Move the end-of-turn token inside `{%% generation %%}...{%% endgeneration "
-            "%%}`."
-        )
+
+
+def warn_stop_token_untrained(tokenizer, template_kwargs: dict | None = None) -> bool:
+    """Log a warning when the chat template's assistant mask leaves out the end-of-turn token (TRL's
+    `is_chat_template_stop_token_trained`): with `assistant_only_loss=True` the model would not learn to stop.
+
+    Returns:
+        `bool`: whether the warning was logged.
+    """
+    chat_template = (template_kwargs or {}).get("chat_template")
+    if is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template):
+        return False
+    logger.warning(
+        "assistant_only_loss=True: the chat template's assistant mask leaves out the end-of-turn token, so the model "
+        "is not trained to stop. Move the end-of-turn token inside `{%% generation %%}...{%% endgeneration %%}`."
+    )
+    return True
 
 
 def _row_tools(value: Any) -> list | None:
@@ -1084,6 +1094,8 @@ def prepare_datasets(
         sft = tokenize_sft_dataset(
             sft_dataset, tokenizer, args.sft_max_length, template_kwargs, assistant_only_loss=assistant_only_loss
         )
+        if assistant_only_loss:  # the data and template passed `check_assistant_only_loss`
+            warn_stop_token_untrained(tokenizer, template_kwargs)
         longest = max((len(ids) for ids in sft["input_ids"]), default=0)
         if max_positions is not None and longest > max_positions:
             raise ValueError(
