@@ -87,6 +87,9 @@ REGISTRY = {
     "docs/agents.md: # run: a tool the policy may call": (
         "tests/test_agents.py::test_the_documented_tool_example_trains"
     ),
+    "docs/agents.md: # run: SFT on tool-calling traces": (
+        "tests/test_agent_traces.py::test_the_documented_trace_example_trains"
+    ),
     "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite": (
         "tests/test_distillation.py::test_the_documented_distillation_example_trains"
     ),

@@ -67,17 +67,18 @@ if TYPE_CHECKING:
 # One character per token and 256 positions: every marker is short. `T:` lists the tools as `name(arg,...)`, `u:` /
 # `s:` are user / system lines, an assistant turn is `a:` + text + one `<c>{json}</c>` per call + `</s>` (the EOS,
 # which stops generation), a tool result is a `t:` line, and the generation prompt is `a:`. Prefix preserving: a turn
-# renders the same whatever follows.
+# renders the same whatever follows. The assistant's text, calls and `</s>` sit between `{% generation %}` and
+# `{% endgeneration %}` (they render nothing): transformers' assistant mask, which `assistant_only_loss=True` trains on.
 TOOL_CHAT_TEMPLATE = (
     "{%- if tools %}T:{% for t in tools %}{% set f = t.function if t.function is defined else t %}"
     "{{ f.name }}({{ f.parameters.properties | list | join(',') }}){% if not loop.last %};{% endif %}{% endfor %}"
     "{{ '\\n' }}{% endif %}"
     "{%- for m in messages %}"
-    "{%- if m.role == 'assistant' %}a:{{ m.content or '' }}"
+    "{%- if m.role == 'assistant' %}a:{% generation %}{{ m.content or '' }}"
     "{%- for c in m.tool_calls or [] %}{% set f = c.function if c.function is defined else c %}"
     '<c>{"name":{{ f.name | tojson }},"arguments":'
     "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ f.arguments | tojson(separators=(',', ':')) }}"
-    "{% endif %}}</c>{% endfor %}</s>"
+    "{% endif %}}</c>{% endfor %}</s>{% endgeneration %}"
     "{%- elif m.role == 'tool' %}t:{{ m.content }}{{ '\\n' }}"
     "{%- else %}{{ m.role[0] }}:{{ m.content }}{{ '\\n' }}{% endif %}"
     "{%- endfor %}"

@@ -24,6 +24,7 @@ a tokenizer whose pad token is its EOS token is handled correctly.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained, supports_tool_calling
 from trl.data_utils import apply_chat_template, is_conversational
 
 from .collator import Row
@@ -320,8 +322,151 @@ def tokenize_prompt(prompt: Any, tokenizer, template_kwargs: dict | None = None)
     return tokenizer(prompt)["input_ids"]
 
 
+def is_agent_trace(messages: Any) -> bool:
+    """Whether a `messages` cell holds more than one assistant turn or any `tool` message (an agent trace)."""
+    if not isinstance(messages, (list, tuple)):
+        return False
+    roles = [m.get("role") for m in messages if isinstance(m, dict)]
+    return roles.count("assistant") > 1 or "tool" in roles
+
+
+def has_tool_calls(messages: Any) -> bool:
+    """Whether a `messages` cell holds an assistant tool call or a `tool` message."""
+    return isinstance(messages, (list, tuple)) and any(
+        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in messages
+    )
+
+
+def warn_untrained_turns(dataset: Dataset, role: str = "sft_dataset", config_name: str = "TRAPOConfig") -> int:
+    """With `assistant_only_loss=False`, log one warning when `messages` rows are agent traces (`is_agent_trace`):
+    only their last assistant turn is trained.
+
+    Returns:
+        `int`: the number of such rows (0: nothing logged).
+    """
+    if "messages" not in dataset_columns(dataset) or "completion" in dataset_columns(dataset):
+        return 0
+    count = sum(is_agent_trace(messages) for messages in dataset["messages"])
+    if count:
+        logger.warning(
+            "%d of %d `%s` rows have several assistant turns or tool messages; with %s.assistant_only_loss=False only "
+            "the last assistant turn of each is trained and the earlier assistant turns (their tool calls included) "
+            "are only context. Set assistant_only_loss=True to train every assistant turn.",
+            count,
+            len(dataset),
+            role,
+            config_name,
+        )
+    return count
+
+
+def check_assistant_only_loss(
+    dataset: Dataset, tokenizer, template_kwargs: dict | None = None, role: str = "sft_dataset"
+) -> None:
+    """Refuse, before training, SFT data and a tokenizer that `assistant_only_loss=True` cannot train on.
+
+    Raises:
+        ValueError: naming `assistant_only_loss` and the fix, for prompt-completion text rows (completion-only loss
+            already applies there), a chat template without `{% generation %}` markers (transformers' assistant mask
+            would be all zeros), or rows with tool calls / tool messages whose template cannot render them (TRL's
+            `supports_tool_calling`).
+    """
+    template_kwargs = template_kwargs or {}
+    columns = dataset_columns(dataset)
+    first = dataset[0]
+    conversational = "messages" in columns or is_conversational({"prompt": first.get("prompt")})
+    if not conversational:
+        raise ValueError(
+            f"assistant_only_loss=True trains the assistant turns of conversational rows (`messages`), but `{role}` "
+            f"has prompt-completion text rows (columns {columns}): their loss is already on the completion only "
+            "(completion-only loss). Set assistant_only_loss=False, or give conversational `messages` rows."
+        )
+    template = template_kwargs.get("chat_template") or tokenizer.chat_template
+    if not template or not has_generation_markers(template):
+        raise ValueError(
+            "assistant_only_loss=True takes the trained tokens from the chat template's assistant mask, but the "
+            f"tokenizer's chat template {'is None' if not template else 'has no `{% generation %}` markers'}: "
+            "transformers would return an all-zero mask and nothing would be trained. Add "
+            "`{% generation %}...{% endgeneration %}` around the assistant's content, tool calls and end-of-turn token "
+            "in `tokenizer.chat_template`, or use a template that has them (for the character-level tokenizer: "
+            "trl_trapo.agents.use_tool_chat_template), or set assistant_only_loss=False."
+        )
+    cells = dataset["messages"] if "messages" in columns else dataset["prompt"] + dataset["completion"]
+    traced = next((i for i, messages in enumerate(cells) if has_tool_calls(messages)), None)
+    if traced is not None and not supports_tool_calling(tokenizer):
+        raise ValueError(
+            f"`{role}` row {traced % len(dataset)} has tool calls or tool messages, but the tokenizer's chat template "
+            "cannot render them (rendering an assistant tool call and a `tool` message loses one of them), so "
+            "assistant_only_loss=True would train on a trace that is not there. Give the tokenizer a tool-calling "
+            "template with `{% generation %}` markers (for the character-level tokenizer: "
+            "trl_trapo.agents.use_tool_chat_template), or drop such rows."
+        )
+
+
+def warn_stop_token_untrained(tokenizer, template_kwargs: dict | None = None) -> bool:
+    """Log a warning when the chat template's assistant mask leaves out the end-of-turn token (TRL's
+    `is_chat_template_stop_token_trained`): with `assistant_only_loss=True` the model would not learn to stop.
+
+    Returns:
+        `bool`: whether the warning was logged.
+    """
+    chat_template = (template_kwargs or {}).get("chat_template")
+    if is_chat_template_stop_token_trained(tokenizer, chat_template=chat_template):
+        return False
+    logger.warning(
+        "assistant_only_loss=True: the chat template's assistant mask leaves out the end-of-turn token, so the model "
+        "is not trained to stop. Move the end-of-turn token inside `{%% generation %%}...{%% endgeneration %%}`."
+    )
+    return True
+
+
+def _row_tools(value: Any) -> list | None:
+    """A row's `tools` cell as `apply_chat_template(tools=...)` takes it (TRL's SFT accepts a JSON string too)."""
+    if isinstance(value, str):
+        return json.loads(value) if value.strip() else None
+    return value or None
+
+
+def _assistant_masked_row(example: dict, tokenizer, template_kwargs: dict) -> tuple[list[int], list[int]]:
+    """`(input_ids, assistant mask)` of one conversational row rendered whole: its `messages` (or `prompt` +
+    `completion`), with `tools=` from its `tools` column when present.
+
+    Raises:
+        ValueError: if the row has no assistant message, or the template's mask of it is all zeros.
+    """
+    if "messages" in example and "completion" not in example:
+        messages = list(example["messages"])
+    else:
+        messages = list(example["prompt"]) + list(example["completion"])
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise ValueError(
+            "An `sft_dataset` row has no assistant message, so assistant_only_loss=True has nothing to train on it: "
+            "give every row at least one assistant turn, or drop such rows."
+        )
+    kwargs = dict(template_kwargs)
+    tools = _row_tools(example.get("tools"))
+    if tools is not None:
+        kwargs["tools"] = tools
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
+    )
+    input_ids, mask = list(rendered["input_ids"]), list(rendered["assistant_masks"])
+    if 1 not in mask:
+        raise ValueError(
+            "assistant_only_loss=True: the chat template's assistant mask of an `sft_dataset` row with assistant "
+            "turns is all zeros (its `{% generation %}` markers enclose no assistant token). Put "
+            "`{% generation %}...{% endgeneration %}` around the assistant's content, tool calls and end-of-turn token."
+        )
+    return input_ids, mask
+
+
 def tokenize_sft_dataset(
-    dataset: Dataset, tokenizer, max_length: int, template_kwargs: dict | None = None, num_proc: int | None = None
+    dataset: Dataset,
+    tokenizer,
+    max_length: int,
+    template_kwargs: dict | None = None,
+    num_proc: int | None = None,
+    assistant_only_loss: bool = False,
 ) -> Dataset:
     """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on completion tokens and the final EOS).
 
@@ -330,8 +475,12 @@ def tokenize_sft_dataset(
     ChatML's `<|im_end|>\n` does; TRL's SFT appends nothing to such rows) and gets one appended otherwise.
 
     `messages` rows are split into a prompt (every message before the last one) and a completion (the last message,
-    which must be the assistant's), so the loss is on the final assistant turn. Rows longer than `max_length` are
-    truncated from the right; the number truncated is logged.
+    which must be the assistant's), so the loss is on the final assistant turn. With `assistant_only_loss`, a
+    conversational row is instead rendered whole (`messages`, or `prompt` + `completion`; `tools=` from its `tools`
+    column, a list of JSON schemas or a JSON string) and `completion_mask` is the template's assistant mask
+    (`return_assistant_tokens_mask=True`): 1 on every assistant turn as its `{% generation %}` markers enclose it
+    (tool calls and end-of-turn token included), 0 on system, user and tool tokens; nothing is appended. Rows longer
+    than `max_length` are truncated from the right; the number truncated is logged.
 
     Args:
         dataset (`Dataset`): prompt-completion or `messages` dataset.
@@ -339,17 +488,26 @@ def tokenize_sft_dataset(
         max_length (`int`): maximum row length in tokens.
         template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
         num_proc (`int`, *optional*): processes for `Dataset.map`.
+        assistant_only_loss (`bool`): train every assistant turn of conversational rows (`TRAPOConfig`'s field; the
+            data and template are checked by `check_assistant_only_loss`).
 
     Returns:
-        `Dataset` with columns `input_ids` and `completion_mask` (lists of equal length).
+        `Dataset` with columns `input_ids` and `completion_mask` (lists of equal length, in tokens).
 
     Raises:
-        ValueError: if a `messages` row does not end with an assistant message, or no row keeps a completion token.
+        ValueError: if a `messages` row does not end with an assistant message (without `assistant_only_loss`), has
+            no assistant message or an all-zero assistant mask (with it), or no row keeps a completion token.
     """
     template_kwargs = template_kwargs or {}
     eos = tokenizer.eos_token_id
+    if assistant_only_loss:
+        check_assistant_only_loss(dataset, tokenizer, template_kwargs)
 
     def tokenize(example: dict) -> dict:
+        if assistant_only_loss:
+            input_ids, mask = _assistant_masked_row(example, tokenizer, template_kwargs)
+            truncated = len(input_ids) > max_length
+            return {"input_ids": input_ids[:max_length], "completion_mask": mask[:max_length], "truncated": truncated}
         if "messages" in example and example.get("messages") is not None and "completion" not in example:
             messages = example["messages"]
             if not messages or messages[-1].get("role") != "assistant":
@@ -930,7 +1088,14 @@ def prepare_datasets(
         check_dataset_object(sft_dataset, "sft_dataset")
         check_sft_dataset(sft_dataset)
         check_rows(sft_dataset, "sft_dataset", tokenizer, "sft")
-        sft = tokenize_sft_dataset(sft_dataset, tokenizer, args.sft_max_length, template_kwargs)
+        assistant_only_loss = getattr(args, "assistant_only_loss", False)
+        if not assistant_only_loss:
+            warn_untrained_turns(sft_dataset, "sft_dataset", config_name)
+        sft = tokenize_sft_dataset(
+            sft_dataset, tokenizer, args.sft_max_length, template_kwargs, assistant_only_loss=assistant_only_loss
+        )
+        if assistant_only_loss:  # the data and template passed `check_assistant_only_loss`
+            warn_stop_token_untrained(tokenizer, template_kwargs)
         longest = max((len(ids) for ids in sft["input_ids"]), default=0)
         if max_positions is not None and longest > max_positions:
             raise ValueError(

@@ -274,7 +274,14 @@ class Evaluator:
                 return {f"{prefix}_pretrain_loss": sums[0] / max(sums[1], 1.0)}
             if "completion" in columns or "messages" in columns:
                 tokenized = (
-                    tokenize_sft_dataset(shard, self.tokenizer, args.sft_max_length, args.chat_template_kwargs)
+                    tokenize_sft_dataset(
+                        shard,
+                        self.tokenizer,
+                        args.sft_max_length,
+                        args.chat_template_kwargs,
+                        # the SFT objective's masking, for conversational rows (text rows: completion-only already)
+                        assistant_only_loss=args.assistant_only_loss and "messages" in columns,
+                    )
                     if len(shard)
                     else None
                 )
