@@ -185,6 +185,9 @@ def test_refused_when_the_template_cannot_render_tool_calls(tok, tmp_path):
     plain.chat_template = NO_TOOL_CALLS
     with pytest.raises(ValueError, match="row 0 has tool calls.*cannot render them"):
         make_trainer(plain, tmp_path, traces())
+    # without the flag too: the last turn's context would silently lose the calls and results
+    with pytest.raises(ValueError, match="row 0 has tool calls.*cannot render them"):
+        make_trainer(plain, tmp_path, traces(), assistant_only_loss=False)
     # without tool calls the same template is fine: two plain turns are both trained
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}] * 2
     out = tokenize_sft_dataset(Dataset.from_list([{"messages": chat}]), plain, 64, assistant_only_loss=True)[0]

@@ -403,6 +403,25 @@ def check_assistant_only_loss(
         )
 
 
+def check_tool_rendering(dataset: Dataset, tokenizer, role: str = "sft_dataset") -> None:
+    """Refuse `messages` rows with tool calls or `tool` messages when the tokenizer's chat template cannot render them
+    (TRL's `supports_tool_calling`): the rendered context would silently lose them.
+
+    Raises:
+        ValueError: naming the dataset, the first such row and the fix.
+    """
+    if "messages" not in dataset_columns(dataset):
+        return
+    traced = next((i for i, messages in enumerate(dataset["messages"]) if has_tool_calls(messages)), None)
+    if traced is not None and not supports_tool_calling(tokenizer):
+        raise ValueError(
+            f"`{role}` row {traced} has tool calls or tool messages, but the tokenizer's chat template cannot render "
+            "them (rendering an assistant tool call and a `tool` message loses one of them), so the row would be "
+            "trained on a conversation without them. Give the tokenizer a tool-calling template (for the "
+            "character-level tokenizer: trl_trapo.agents.use_tool_chat_template), or drop such rows."
+        )
+
+
 def warn_stop_token_untrained(tokenizer, template_kwargs: dict | None = None) -> bool:
     """Log a warning when the chat template's assistant mask leaves out the end-of-turn token (TRL's
     `is_chat_template_stop_token_trained`): with `assistant_only_loss=True` the model would not learn to stop.
@@ -1091,6 +1110,7 @@ def prepare_datasets(
         assistant_only_loss = getattr(args, "assistant_only_loss", False)
         if not assistant_only_loss:
             warn_untrained_turns(sft_dataset, "sft_dataset", config_name)
+            check_tool_rendering(sft_dataset, tokenizer, "sft_dataset")
         sft = tokenize_sft_dataset(
             sft_dataset, tokenizer, args.sft_max_length, template_kwargs, assistant_only_loss=assistant_only_loss
         )
