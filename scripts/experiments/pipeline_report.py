@@ -219,6 +219,7 @@ ABLATION_LABELS = {
     "distill_no_teacher": "no teacher",
     "distill_teacher": "teacher (DARE)",
     "distill_teacher_static": "teacher, static weights (`dare_mode=static`)",
+    "distill_trl": "TRL `DistillationTrainer` alone (same teacher, RL prompts)",
     # variants of earlier commits, kept for their committed CSV files
     "trapo_exploration": "+ targeted exploration (`exploration=True`)",
 }
@@ -654,7 +655,7 @@ def seed_grid_from_csvs(*per_suite: list[dict]) -> str:
     return seed_grid_table(summaries, baseline="trapo_previous_defaults")
 
 
-DISTILL_METHODS = {"trapo": "distill_teacher", "trapo_static": "distill_teacher_static"}
+DISTILL_METHODS = {"trapo": "distill_teacher", "trapo_static": "distill_teacher_static", "distill_trl": "distill_trl"}
 
 
 def distill_grid_from_csvs(teacher0: list[dict], teacher1: list[dict], plain0: list[dict], plain1: list[dict]) -> str:
@@ -664,7 +665,7 @@ def distill_grid_from_csvs(teacher0: list[dict], teacher1: list[dict], plain0: l
 
     Args:
         teacher0, teacher1: the runs with `--teacher_model_name_or_path` on task suites 0 and 1 (`trapo`, and
-            `trapo_static` where run).
+            `trapo_static` and `distill_trl` where run).
         plain0, plain1: the runs without a teacher on suites 0 and 1 (`trapo`).
     """
 
@@ -678,7 +679,8 @@ def distill_grid_from_csvs(teacher0: list[dict], teacher1: list[dict], plain0: l
     summaries = {suite: summarize(results) for suite, results in enumerate(suites)}
     table = seed_grid_table(summaries, baseline="distill_no_teacher")
     lines = ["", "| variant | steps to `rl_only` = 1.00 (the teacher's), per run | reached |", "|---|---|---|"]
-    for method in ("distill_teacher", "distill_teacher_static", "distill_no_teacher"):
+    present = {r["method"] for results in suites for r in results}
+    for method in [m for m in (*DISTILL_METHODS.values(), "distill_no_teacher") if m in present]:
         steps = []
         for suite, results in enumerate(suites):
             for run in sorted((r for r in results if r["method"] == method), key=lambda r: r["seed"]):
