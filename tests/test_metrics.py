@@ -64,6 +64,7 @@ COVERED_ELSEWHERE = {
     "tools/call_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/failure_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/turns_mean": "tests/test_agents.py (per-round values of scripted tool calls)",
+    "completions/mean_env_length": "tests/test_env_mask.py (a source whose rounds carry environment tokens)",
 }
 
 
