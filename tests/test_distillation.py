@@ -483,7 +483,8 @@ def test_pure_distillation_plans_its_steps_from_the_prompts(tmp_path, tokenizer,
         ("no_teacher", "without a teacher"),
         ("sft_rows", "would ignore it"),
         ("no_prompt", "needs a `prompt` column"),
-        ("too_long", "exceeds the model's context"),
+        ("too_long", "exceeds the model's context of 256 positions: lower response_length to at most 1, or remove"),
+        ("fills_context", "exceeds the model's context of 256 positions: remove prompts longer than 252 tokens"),
         ("empty", "empty"),
     ],
 )
@@ -502,6 +503,9 @@ def test_a_distillation_dataset_that_cannot_work_is_refused_at_construction(tmp_
     elif case == "too_long":
         dataset = Dataset.from_dict({"prompt": ["1" * 255]})
         overrides = {"max_prompt_length": 256}
+    elif case == "fills_context":  # no response_length can help: only the second fix is offered
+        dataset = Dataset.from_dict({"prompt": ["1" * 300]})
+        overrides = {"max_prompt_length": 400}
     elif case == "empty":
         dataset = Dataset.from_dict({"prompt": []})
     with pytest.raises(ValueError, match=message):

@@ -164,6 +164,8 @@ def test_a_missing_key_raises_trls_message(missing):
         ),
         ({"judge": ["a"]}, r"'judge' has 1 entries, expected 4"),
         ({"env_mask": [[1, 2, 1]] * 4}, r"completion_mask\[0\].*TRL's `env_mask`"),
+        ({"completion_ids": ["abc"] * 4}, r"'completion_ids'\[0\] is 'abc', not a list of token ids: tokenize"),
+        ({"env_mask": [[1, 0, 1]] * 3 + [[0, 0, 0]]}, r"'env_mask'\[3\] has no 1 .*trains nothing"),
     ],
 )
 def test_wrong_shapes_are_refused_naming_the_key_and_row(change, message):

@@ -1177,11 +1177,15 @@ def prepare_datasets(
             )
             longest = max(len(ids) for ids in distill["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:
+                shorter = (
+                    f"lower response_length to at most {max_positions - longest}, or "
+                    if longest < max_positions
+                    else ""
+                )
                 raise ValueError(
                     f"`distillation_dataset` has a prompt of {longest} tokens; with response_length="
                     f"{args.response_length} new tokens it exceeds the model's context of {max_positions} positions: "
-                    f"lower response_length to at most {max(max_positions - longest, 0)}, or remove prompts longer "
-                    f"than {max_positions - args.response_length} tokens."
+                    f"{shorter}remove prompts longer than {max_positions - args.response_length} tokens."
                 )
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
     if not any(data.active) and distill is None:

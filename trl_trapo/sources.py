@@ -441,8 +441,21 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
             raise ValueError(f"rollout_func's '{key}' has {got}, expected {rows_out}: {fix}.")
         return list(values)
 
-    completion_ids = [torch.as_tensor(list(c), dtype=torch.long) for c in per_completion("completion_ids")]
-    prompt_ids = [torch.as_tensor(list(p), dtype=torch.long) for p in per_completion("prompt_ids")]
+    def token_ids(key: str) -> list[torch.Tensor]:
+        out = []
+        for i, ids in enumerate(per_completion(key)):
+            if isinstance(ids, (str, bytes)) or not all(
+                isinstance(t, int) or (isinstance(t, torch.Tensor) and t.dim() == 0) for t in ids
+            ):
+                raise ValueError(
+                    f"rollout_func's '{key}'[{i}] is {str(ids)[:60]!r}, not a list of token ids: tokenize it with the "
+                    "trainer's tokenizer (`trainer.processing_class`) and return the ids."
+                )
+            out.append(torch.as_tensor([int(t) for t in ids], dtype=torch.long))
+        return out
+
+    completion_ids = token_ids("completion_ids")
+    prompt_ids = token_ids("prompt_ids")
 
     def per_token(key: str, dtype: torch.dtype) -> list[torch.Tensor]:
         values = []
@@ -459,6 +472,13 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
 
     logprobs = None if output["logprobs"] is None else per_token("logprobs", torch.float32)
     env_mask = per_token(ENV_MASK, torch.float32) if output.get(ENV_MASK) is not None else None
+    if env_mask is not None:
+        empty = [i for i, m in enumerate(env_mask) if not bool((m == 1).any())]
+        if empty:
+            raise ValueError(
+                f"rollout_func's '{ENV_MASK}'[{empty[0]}] has no 1 ({len(empty)} such completions): no token of it was "
+                "sampled by the policy, so it trains nothing. Mark the policy's tokens with 1 (the environment's 0)."
+            )
     columns = {}
     for key in output:
         if key in ROLLOUT_FUNC_KEYS or key == ENV_MASK:
