@@ -282,35 +282,29 @@ def trapo_config(spec: dict, output_dir: str):
         use_cpu=spec["device"] == "cpu",
         dataloader_num_workers=0,
     )
+    # the sampling and RL settings of the RL run, which the distillation runs share
+    rollouts = dict(
+        num_generations=spec["num_generations"],
+        response_length=spec["seq_len"],
+        max_prompt_length=32,
+        kl_coef=spec["kl_coef"],
+        num_ppo_epochs=1,
+        num_mini_batches=1,
+        temperature=1.0,
+        # fixed lengths: TRAPO never stops early with stop_token=None (no logits processor changes what it
+        # samples); GRPOTrainer gets min_new_tokens (see fixed_length_kwargs)
+        stop_token="eos" if spec["natural_lengths"] else None,
+    )
     if spec["objective"] == "rl":
-        return TRAPOConfig(
-            **common,
-            num_generations=spec["num_generations"],
-            response_length=spec["seq_len"],
-            max_prompt_length=32,
-            kl_coef=spec["kl_coef"],
-            num_ppo_epochs=1,
-            num_mini_batches=1,
-            temperature=1.0,
-            # fixed lengths: TRAPO never stops early with stop_token=None (no logits processor changes what it
-            # samples); GRPOTrainer gets min_new_tokens (see fixed_length_kwargs)
-            stop_token="eos" if spec["natural_lengths"] else None,
-        )
+        return TRAPOConfig(**common, **rollouts)
     if spec["objective"] == "distill":
         return TRAPOConfig(
             **common,
-            num_generations=spec["num_generations"],
-            response_length=spec["seq_len"],
-            max_prompt_length=32,
+            **rollouts,
             sft_max_length=spec["seq_len"],
             pretrain_max_length=spec["seq_len"],
-            kl_coef=spec["kl_coef"],
-            num_ppo_epochs=1,
-            num_mini_batches=1,
-            temperature=1.0,
             distillation_beta=1.0,
             distillation_temperature=1.0,
-            stop_token="eos" if spec["natural_lengths"] else None,
             # the joint run: a quarter of the rows for each objective, in every step
             **(
                 {"curriculum_mixtures": [dict.fromkeys(("pretrain", "sft", "rl", "distill"), 0.25)] * 3}
