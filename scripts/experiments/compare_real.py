@@ -246,7 +246,8 @@ def greedy_completions(model, tokenizer, prompts: list, max_new_tokens: int, bat
 
     Returns:
         `completions` (texts, special tokens removed, in the order of `prompts`), `lengths` (generated tokens, EOS
-        included), `stopped` (whether each ended with EOS within `max_new_tokens`), `seconds` (wall time).
+        included), `stopped` (whether each ended with EOS within `max_new_tokens`), `seconds` (wall time),
+        `prompt_ids` / `completion_ids` (the token ids of each prompt and of its completion, EOS included).
     """
     import torch
     from transformers import GenerationConfig
@@ -260,6 +261,7 @@ def greedy_completions(model, tokenizer, prompts: list, max_new_tokens: int, bat
     )
     device = next(model.parameters()).device
     completions, lengths, stopped = [""] * len(ids), [0] * len(ids), [False] * len(ids)
+    completion_ids: list[list[int]] = [[] for _ in ids]
     start = time.perf_counter()
     for first in range(0, len(order), batch_size):
         batch = order[first : first + batch_size]
@@ -272,8 +274,15 @@ def greedy_completions(model, tokenizer, prompts: list, max_new_tokens: int, bat
             new = out[row, width:].tolist()
             cut = new.index(eos) + 1 if eos in new else len(new)
             completions[i] = tokenizer.decode(new[:cut], skip_special_tokens=True)
-            lengths[i], stopped[i] = cut, eos in new
-    return {"completions": completions, "lengths": lengths, "stopped": stopped, "seconds": time.perf_counter() - start}
+            lengths[i], stopped[i], completion_ids[i] = cut, eos in new, new[:cut]
+    return {
+        "completions": completions,
+        "lengths": lengths,
+        "stopped": stopped,
+        "seconds": time.perf_counter() - start,
+        "prompt_ids": ids,
+        "completion_ids": completion_ids,
+    }
 
 
 def evaluate_gsm8k(model, tokenizer, problems: list[dict], max_new_tokens: int, batch_size: int) -> dict[str, Any]:
