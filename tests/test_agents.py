@@ -264,19 +264,43 @@ def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tok):
         assert logps.tolist() == [LOGP if m else 0.0 for m in expected_mask]
     assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/turns_mean"] == [2.0]
     assert metrics["tools/failure_frequency"] == [0.0]
+    assert metrics["tools/rollback_frequency"] == [0.0]  # every result fitted
 
 
-def test_a_tool_result_past_the_budget_is_rolled_back(tok):
+def test_a_tool_result_past_the_budget_is_rolled_back_counted_and_warned_once(tok, caplog):
     first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
     source, engine, metrics = make_source(
         tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=len(first) + 20
     )
-    round_ = source.sample(2, step=0)
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+        source.sample(2, step=1)
     for completion, mask in zip(round_.completion_ids, round_.completion_mask):
         assert completion.tolist() == first  # ends with the call as the model wrote it, no tool tokens
         assert mask.tolist() == [1] * len(first)
-    assert len(engine.calls) == 1
-    assert metrics["tools/call_frequency"] == [1.0]
+    assert len(engine.calls) == 2  # one turn per round
+    assert metrics["tools/call_frequency"] == [1.0, 1.0]
+    assert metrics["tools/rollback_frequency"] == [1.0, 1.0]  # every rollout of both rounds
+    warnings = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
+    assert len(warnings) == 1  # once per run, not once per rollout or round
+    suffix = len(tool_suffix_ids(tok, [{"role": "tool", "name": "echo", "content": "x" * 30}]))
+    assert f"A tool result of {suffix} tokens" in warnings[0]
+    assert f"response_length={len(first) + 20} is the limit" in warnings[0]
+    assert f"Raise TRAPOConfig.response_length above {len(first) + suffix}" in warnings[0]
+
+
+def test_a_tool_result_past_the_context_is_rolled_back_and_the_warning_says_response_length_cannot_help(tok, caplog):
+    first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
+    source, _, metrics = make_source(
+        tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=200, context=120
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+    assert round_.completion_ids[0].tolist() == first
+    assert metrics["tools/rollback_frequency"] == [1.0]
+    (warning,) = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
+    assert "context of 120 positions is the limit" in warning
+    assert "Raising response_length cannot help" in warning and "max_prompt_length" in warning
 
 
 def test_each_turn_is_limited_to_what_the_budget_leaves(tok):
@@ -577,7 +601,9 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     assert isinstance(trainer.rollout_source, ToolRolloutSource)
     trainer.train()
     logged = trainer.state.log_history[0]
-    assert {"tools/call_frequency", "tools/failure_frequency", "tools/turns_mean"} <= set(logged)
+    assert {"tools/call_frequency", "tools/failure_frequency", "tools/rollback_frequency", "tools/turns_mean"} <= set(
+        logged
+    )
     assert trainer.state.global_step == 2
 
 
