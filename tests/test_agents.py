@@ -562,8 +562,8 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
 # End to end
 # ---------------------------------------------------------------------------------------------------------------------
 def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(tmp_path, tok):
-    # was: from trl import GRPOConfig, GRPOTrainer; the config's one renamed field: max_completion_length is
-    # TRAPOConfig's response_length (PPO's name)
+    # was: from trl import GRPOConfig, GRPOTrainer; the config keeps GRPO's max_completion_length (TRAPOConfig's
+    # response_length, PPO's name, accepted under both)
     from trl_trapo import TRAPOConfig as GRPOConfig
     from trl_trapo import TRAPOTrainer as GRPOTrainer
 
@@ -587,9 +587,10 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     )
     config = GRPOConfig(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4,
-        response_length=32, max_tool_calling_iterations=2, logging_steps=1, report_to="none",
+        max_completion_length=32, max_tool_calling_iterations=2, logging_steps=1, report_to="none",
         save_strategy="no", learning_rate=1e-3, activation_checkpointing=False,
     )  # fmt: skip
+    assert config.response_length == 32
     trainer = GRPOTrainer(
         model=build_tiny_model(tok, seed=0),
         reward_funcs=reward_answer,

@@ -683,7 +683,8 @@ class ToolRolloutSource:
         return head + (
             f"response_length={self.response_length} is the limit (it covers every assistant turn and every tool "
             f"result of a rollout): {completion} tokens were already used. Raise TRAPOConfig.response_length above "
-            f"{completion + suffix_length}, with room for the answer after the result."
+            f"{completion + suffix_length} (max_completion_length, GRPO's name, if that is the one you set), with room "
+            "for the answer after the result."
         )
 
     def run_turns(self, rollouts: list[Rollout], step: int) -> None:
