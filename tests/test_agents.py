@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
 
+ROOT = Path(__file__).resolve().parent.parent
 LOGP = -0.5  # the scripted engine's behaviour log-prob of every token it "samples"
 
 
@@ -642,3 +644,24 @@ def test_the_documented_tool_example_trains(tmp_path, monkeypatch):
     trainer = namespace["trainer"]
     assert isinstance(trainer.rollout_source, ToolRolloutSource) and trainer.state.global_step == 2
     assert "tools/turns_mean" in trainer.state.log_history[0]
+    # its budget holds the exchange it is about: a call, its result and the answer (the random model never calls a
+    # tool: a perfect policy's turns are scripted, through the same source); at response_length=48 the call alone
+    # was cut short and no rollout reached a second turn
+    source = trainer.rollout_source
+
+    def perfect(context):
+        if "t:" in context:  # the tool's result is in: answer with it
+            return context.rsplit("t:", 1)[1].split("\n")[0] + "</s>"
+        a = context.rsplit("u:", 1)[1].split("*")[0]
+        return call("multiply", f'{{"a":{a},"b":7}}') + "</s>"
+
+    source.engine = ScriptedEngine(source.tokenizer, perfect)
+    round_ = source.sample(trainer.args.per_device_train_batch_size, step=trainer.state.global_step)
+    texts = [source.tokenizer.decode(c) for c in round_.completion_ids]
+    for example, text in zip(round_.examples, texts):
+        assert text.endswith(f"t:{example['answer']}\na:{example['answer']}</s>"), text
+    assert round_.scores.tolist() == [1.0] * len(texts)  # the reward reads the second turn's answer
+    longest = max(c.numel() for c in round_.completion_ids)
+    assert longest <= trainer.args.response_length, (longest, trainer.args.response_length)
+    prose = " ".join((ROOT / block.document).read_text(encoding="utf-8").split())
+    assert f"= {longest} of the {trainer.args.response_length} tokens" in prose  # the doc's count of the budget
