@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
 
+ROOT = Path(__file__).resolve().parent.parent
 LOGP = -0.5  # the scripted engine's behaviour log-prob of every token it "samples"
 
 
@@ -264,19 +266,43 @@ def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tok):
         assert logps.tolist() == [LOGP if m else 0.0 for m in expected_mask]
     assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/turns_mean"] == [2.0]
     assert metrics["tools/failure_frequency"] == [0.0]
+    assert metrics["tools/rollback_frequency"] == [0.0]  # every result fitted
 
 
-def test_a_tool_result_past_the_budget_is_rolled_back(tok):
+def test_a_tool_result_past_the_budget_is_rolled_back_counted_and_warned_once(tok, caplog):
     first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
     source, engine, metrics = make_source(
         tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=len(first) + 20
     )
-    round_ = source.sample(2, step=0)
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+        source.sample(2, step=1)
     for completion, mask in zip(round_.completion_ids, round_.completion_mask):
         assert completion.tolist() == first  # ends with the call as the model wrote it, no tool tokens
         assert mask.tolist() == [1] * len(first)
-    assert len(engine.calls) == 1
-    assert metrics["tools/call_frequency"] == [1.0]
+    assert len(engine.calls) == 2  # one turn per round
+    assert metrics["tools/call_frequency"] == [1.0, 1.0]
+    assert metrics["tools/rollback_frequency"] == [1.0, 1.0]  # every rollout of both rounds
+    warnings = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
+    assert len(warnings) == 1  # once per run, not once per rollout or round
+    suffix = len(tool_suffix_ids(tok, [{"role": "tool", "name": "echo", "content": "x" * 30}]))
+    assert f"A tool result of {suffix} tokens" in warnings[0]
+    assert f"response_length={len(first) + 20} is the limit" in warnings[0]
+    assert f"Raise TRAPOConfig.response_length above {len(first) + suffix}" in warnings[0]
+
+
+def test_a_tool_result_past_the_context_is_rolled_back_and_the_warning_says_response_length_cannot_help(tok, caplog):
+    first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
+    source, _, metrics = make_source(
+        tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=200, context=120
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+    assert round_.completion_ids[0].tolist() == first
+    assert metrics["tools/rollback_frequency"] == [1.0]
+    (warning,) = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
+    assert "context of 120 positions is the limit" in warning
+    assert "Raising response_length cannot help" in warning and "max_prompt_length" in warning
 
 
 def test_each_turn_is_limited_to_what_the_budget_leaves(tok):
@@ -538,8 +564,8 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
 # End to end
 # ---------------------------------------------------------------------------------------------------------------------
 def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(tmp_path, tok):
-    # was: from trl import GRPOConfig, GRPOTrainer; the config's one renamed field: max_completion_length is
-    # TRAPOConfig's response_length (PPO's name)
+    # was: from trl import GRPOConfig, GRPOTrainer; the config keeps GRPO's max_completion_length (TRAPOConfig's
+    # response_length, PPO's name, accepted under both)
     from trl_trapo import TRAPOConfig as GRPOConfig
     from trl_trapo import TRAPOTrainer as GRPOTrainer
 
@@ -563,9 +589,10 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     )
     config = GRPOConfig(
         output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4,
-        response_length=32, max_tool_calling_iterations=2, logging_steps=1, report_to="none",
+        max_completion_length=32, max_tool_calling_iterations=2, logging_steps=1, report_to="none",
         save_strategy="no", learning_rate=1e-3, activation_checkpointing=False,
     )  # fmt: skip
+    assert config.response_length == 32
     trainer = GRPOTrainer(
         model=build_tiny_model(tok, seed=0),
         reward_funcs=reward_answer,
@@ -577,7 +604,9 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     assert isinstance(trainer.rollout_source, ToolRolloutSource)
     trainer.train()
     logged = trainer.state.log_history[0]
-    assert {"tools/call_frequency", "tools/failure_frequency", "tools/turns_mean"} <= set(logged)
+    assert {"tools/call_frequency", "tools/failure_frequency", "tools/rollback_frequency", "tools/turns_mean"} <= set(
+        logged
+    )
     assert trainer.state.global_step == 2
 
 
@@ -615,3 +644,24 @@ def test_the_documented_tool_example_trains(tmp_path, monkeypatch):
     trainer = namespace["trainer"]
     assert isinstance(trainer.rollout_source, ToolRolloutSource) and trainer.state.global_step == 2
     assert "tools/turns_mean" in trainer.state.log_history[0]
+    # its budget holds the exchange it is about: a call, its result and the answer (the random model never calls a
+    # tool: a perfect policy's turns are scripted, through the same source); at response_length=48 the call alone
+    # was cut short and no rollout reached a second turn
+    source = trainer.rollout_source
+
+    def perfect(context):
+        if "t:" in context:  # the tool's result is in: answer with it
+            return context.rsplit("t:", 1)[1].split("\n")[0] + "</s>"
+        a = context.rsplit("u:", 1)[1].split("*")[0]
+        return call("multiply", f'{{"a":{a},"b":7}}') + "</s>"
+
+    source.engine = ScriptedEngine(source.tokenizer, perfect)
+    round_ = source.sample(trainer.args.per_device_train_batch_size, step=trainer.state.global_step)
+    texts = [source.tokenizer.decode(c) for c in round_.completion_ids]
+    for example, text in zip(round_.examples, texts):
+        assert text.endswith(f"t:{example['answer']}\na:{example['answer']}</s>"), text
+    assert round_.scores.tolist() == [1.0] * len(texts)  # the reward reads the second turn's answer
+    longest = max(c.numel() for c in round_.completion_ids)
+    assert longest <= trainer.args.response_length, (longest, trainer.args.response_length)
+    prose = " ".join((ROOT / block.document).read_text(encoding="utf-8").split())
+    assert f"= {longest} of the {trainer.args.response_length} tokens" in prose  # the doc's count of the budget

@@ -109,3 +109,50 @@ def test_activation_checkpointing_default_and_alias(tmp_path, kwargs, expected, 
     assert config.activation_checkpointing is expected and config.gradient_checkpointing is expected
     deprecation = [w for w in caught if "gradient_checkpointing` is deprecated" in str(w.message)]
     assert bool(deprecation) is warns
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"max_completion_length": 32}, 32),  # GRPO's name sets the budget
+        ({"max_completion_length": 32, "response_length": 32}, 32),  # both, agreeing
+        ({"response_length": 40}, 40),  # PPO's name alone: the alias stays None
+        ({}, 128),
+    ],
+)
+def test_max_completion_length_is_grpos_name_of_response_length(tmp_path, kwargs, expected):
+    import dataclasses
+
+    from trl_trapo import TRAPOConfig
+
+    config = TRAPOConfig(output_dir=str(tmp_path), **kwargs)
+    assert config.response_length == expected
+    assert config.max_completion_length == kwargs.get("max_completion_length")
+    assert comparable(dataclasses.replace(config, max_steps=3))["response_length"] == expected  # a copy keeps it
+    assert config.to_dict()["response_length"] == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needles"),
+    [
+        ({"max_completion_length": 32, "response_length": 64}, ("max_completion_length=32", "response_length=64")),
+        ({"max_completion_length": 0}, ("max_completion_length=0", "positive number of tokens")),
+    ],
+)
+def test_max_completion_length_that_disagrees_or_is_not_positive_is_refused(tmp_path, kwargs, needles):
+    from trl_trapo import TRAPOConfig
+
+    with pytest.raises(ValueError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), **kwargs)
+    assert all(needle in str(caught.value) for needle in needles), str(caught.value)
+
+
+def test_max_completion_length_on_the_command_line_wins_over_the_builtin_response_length():
+    from trl_trapo import cli
+
+    _, builtin, _ = cli.parse_args([])
+    _, grpo, _ = cli.parse_args(["--max_completion_length", "16"])
+    assert builtin.response_length == 8 and builtin.max_completion_length is None  # the built-in job's own budget
+    assert grpo.response_length == grpo.max_completion_length == 16
+    with pytest.raises(ValueError, match="max_completion_length=16 and response_length=9"):
+        cli.parse_args(["--max_completion_length", "16", "--response_length", "9"])

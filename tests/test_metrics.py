@@ -63,6 +63,7 @@ NOT_TRAINING = ("eval_", "eps", "grad_norm", "loss")  # evaluation keys; wall-cl
 COVERED_ELSEWHERE = {
     "tools/call_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/failure_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
+    "tools/rollback_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/turns_mean": "tests/test_agents.py (per-round values of scripted tool calls)",
     "completions/mean_env_length": "tests/test_env_mask.py (a source whose rounds carry environment tokens)",
 }

@@ -4,7 +4,8 @@ resolve from where it lives (helper modules without a `__main__` block: they imp
 fetch_smollm2`, unnoticed because nothing ran it) and its command line parses.
 
 All scripts run in one child interpreter, each as `__main__` with `sys.path` and `sys.modules` reset to what a fresh
-`python PATH` has, so one script's imports cannot hide another's missing path.
+`python PATH` has, so one script's imports cannot hide another's missing path. `benchmark_tools.py` also runs for real,
+with tiny arguments (the other benchmarks' runs live in their own test files, e.g. `tests/test_benchmark_trainers.py`).
 """
 
 from __future__ import annotations
@@ -66,3 +67,24 @@ def test_every_script_starts_and_parses_help():
     assert done.returncode == 0, done.stderr[-3000:]
     failures = json.loads(done.stdout.strip().splitlines()[-1])
     assert failures == {}, failures
+
+
+def test_benchmark_tools_times_rounds_with_an_instant_and_a_slow_tool(tmp_path):
+    """`scripts/benchmarks/benchmark_tools.py` with tiny arguments: 2 rollouts, 1 round of calls, a 0.05 s tool."""
+    import json
+
+    out = tmp_path / "tools.json"
+    script = ROOT / "scripts" / "benchmarks" / "benchmark_tools.py"
+    args = ["--rollouts", "2", "--calls", "1", "--delay", "0.05", "--repeats", "1", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "instant-tool round s" in done.stdout and "serial bound s" in done.stdout
+    results = json.loads(out.read_text())
+    assert results["serial_bound_s"] == 2 * 0.05 * 1
+    for kind in ("sync", "async"):
+        figures = results[kind]
+        assert figures["instant_round_s"] > 0
+        assert figures["slow_round_s"] >= 0.05  # the round waits for its slow call at least once
+        assert figures["difference_per_turn_s"] == figures["slow_round_s"] - figures["instant_round_s"]

@@ -780,16 +780,88 @@ def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     cli_error(
         code,
         out,
-        "`train_dataset` column 'prompt' has a missing value (None) at row 1",
+        "`--dataset_name` column 'prompt' has a missing value (None) at row 1",  # the flag, not `train_dataset`
         "dataset.filter(lambda row: row['prompt'] is not None)",  # the fix
     )
     sft = write_jsonl(
         tmp_path / "sft.jsonl", [{"prompt": "ab=", "completion": "ab"}, {"prompt": "c", "completion": None}]
     )
     code, out = run_cli("--max_steps", "1", "--sft_dataset_name", str(sft), cwd=tmp_path)
-    cli_error(code, out, "`sft_dataset` column 'completion' has a missing value (None) at row 1")
+    cli_error(code, out, "`--sft_dataset_name` column 'completion' has a missing value (None) at row 1")
     # refused before anything was written (the output_dir check may have created the empty folder, as the Trainer would)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory, tok) -> Path:
+    """A tiny teacher saved where `--teacher_model_name_or_path` can load it."""
+    folder = tmp_path_factory.mktemp("teacher")
+    build_tiny_model(tok, seed=1).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        (
+            "distill-demonstrations",  # the reported one: `distillation_dataset` has a 'completion' column
+            ["`--distillation_dataset_name` has a 'completion' column", "pass demonstrations as `--sft_dataset_name`"],
+        ),
+        ("distill-missing", ["`--distillation_dataset_name` column 'prompt' has a missing value (None) at row 1"]),
+        ("pretrain-missing", ["`--pretrain_dataset_name` column 'text' has a missing value (None) at row 1"]),
+        ("eval-missing", ["`--dataset_name` (held-out split) column 'prompt' has a missing value (None) at row 1"]),
+        (
+            "teacher-without-prompts",
+            ["A teacher (`--teacher_model_name_or_path`) scores", "`--distillation_dataset_name`"],
+        ),
+    ],
+)
+def test_cli_errors_the_trainer_raises_name_the_flag_the_user_typed(tmp_path, teacher_dir, case, needles):
+    """Errors about data (and models) raised while the trainer is built named its Python arguments
+    (`distillation_dataset`, `pretrain_dataset`, `eval_dataset`, `teacher_model`), which a command-line user never
+    typed; they name the flag (`--distillation_dataset_name`, ...), as the job's own errors do."""
+    teacher = ["--teacher_model_name_or_path", str(teacher_dir)]
+    if case == "distill-demonstrations":
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ab=", "completion": "ab"}])
+        args = ["--distillation_dataset_name", str(data), *teacher]
+    elif case == "distill-missing":
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ab="}, {"prompt": None}])
+        args = ["--distillation_dataset_name", str(data), *teacher]
+    elif case == "pretrain-missing":
+        data = write_jsonl(tmp_path / "p.jsonl", [{"text": "abc"}, {"text": None}])
+        args = ["--pretrain_dataset_name", str(data)]
+    elif case == "eval-missing":
+        folder = tmp_path / "rl"
+        folder.mkdir()
+        write_jsonl(folder / "train.jsonl", RL)
+        write_jsonl(folder / "test.jsonl", [RL[0], {"prompt": None, "answer": "x"}])
+        args = ["--dataset_name", str(folder)]
+    else:  # a teacher, no distillation prompts and no RL
+        args = [*teacher, "--rl_weight", "0"]
+    code, out = run_cli("--max_steps", "1", *args, cwd=tmp_path)
+    message = cli_error(code, out, *needles)
+    named = re.findall(
+        r"(?<![\w-])(distillation_dataset|pretrain_dataset|eval_dataset|train_dataset|sft_dataset)\b", message
+    )
+    assert not named, f"the message names trainer arguments {named}:\n{message}"
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("`sft_dataset` column 'x'", "`--sft_dataset_name` column 'x'"),
+        ("pass `reward_funcs` and/or `reward_model`", "pass `--reward_funcs` and/or `--reward_model_name_or_path`"),
+        ("drop the value_model or set x", "drop the --value_model_name_or_path or set x"),
+        ("`eval_dataset` row 0", "`--dataset_name` (held-out split) row 0"),
+        ("pass `teacher_model` (or set teacher_model_name_or_path).", "pass `--teacher_model_name_or_path`."),
+        ("A teacher (`teacher_model` / teacher_model_name_or_path)", "A teacher (`--teacher_model_name_or_path`)"),
+        # left alone: flags, config fields and longer names that contain an argument's name
+        ("--sft_dataset_name, sft_dataset_split, pretrain_dataset_name", None),
+        ("TRAPOConfig.teacher_model_name_or_path='x'; `eval_dataset['a']`", None),
+    ],
+)
+def test_flag_names_turns_trainer_arguments_into_flags(message, expected):
+    assert cli.flag_names(message) == (message if expected is None else expected)
 
 
 @pytest.mark.parametrize("kind", ["streaming", "splits"])

@@ -17,11 +17,12 @@ call of the round runs concurrently ([`ToolRunner`]); the tool messages' tokens 
 appended **as token ids** (completion so far + tool suffix), never by re-tokenising decoded text (TRL issue #5224),
 with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result that would push the completion past
 `response_length`, or the sequence to the model's context, is rolled back: the rollout ends after the call the model
-wrote. At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
+wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning naming the limit to raise). At
+most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
-`tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/turns_mean` (assistant turns per
-rollout).
+`tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
+tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns per rollout).
 
 [`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
 express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'
@@ -35,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import logging
 import math
 import threading
 import time
@@ -59,6 +61,8 @@ if TYPE_CHECKING:
     from .rewards import RewardScorer
     from .rollout import RolloutEngine
 
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # A compact tool-capable chat template for the character-level tokenizer
@@ -499,6 +503,7 @@ class Rollout:
     turns: int = 0
     calls: int = 0
     failures: int = 0
+    rolled_back: bool = False  # its last tool results did not fit and were dropped (the rollout ended there)
 
 
 class ToolRolloutSource:
@@ -566,6 +571,7 @@ class ToolRolloutSource:
         self.runner = ToolRunner(max_workers)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
         self.last_round_seconds: float | None = None
+        self.warned_rollback = False  # the first rolled-back tool result of the run is warned about, once
 
     # ---- one rollout's start ------------------------------------------------------------------------------------------
     def start(self, rows: list[dict]) -> list[Rollout]:
@@ -626,6 +632,7 @@ class ToolRolloutSource:
         calls, failures = sum(r.calls for r in rollouts), sum(r.failures for r in rollouts)
         self.log_metric("tools/call_frequency", calls / len(rollouts))
         self.log_metric("tools/failure_frequency", failures / calls if calls else 0.0)
+        self.log_metric("tools/rollback_frequency", sum(r.rolled_back for r in rollouts) / len(rollouts))
         self.log_metric("tools/turns_mean", sum(r.turns for r in rollouts) / len(rollouts))
         self.last_round_seconds = time.perf_counter() - start_time
         return SampledRound(
@@ -647,6 +654,38 @@ class ToolRolloutSource:
         if self.context is not None:
             left = min(left, self.context - 1 - len(rollout.prompt_ids) - len(rollout.completion_ids))
         return left
+
+    def rollback_message(self, rollout: Rollout, suffix_length: int) -> str:
+        """The warning for a rolled-back tool result: which limit it hit (the `response_length` budget or the
+        model's context) and the setting that would make room.
+
+        Args:
+            rollout ([`Rollout`]): the rollout, before the result was appended.
+            suffix_length (`int`): tokens of the tool messages + the next turn's generation prompt.
+
+        Returns:
+            `str`: the message.
+        """
+        prompt, completion = len(rollout.prompt_ids), len(rollout.completion_ids)
+        budget_left = self.response_length - completion
+        head = (
+            f"A tool result of {suffix_length} tokens (the tool messages and the next turn's generation prompt) did "
+            "not fit and was rolled back: the rollout ended after the call the model wrote, without the result or a "
+            "next turn (counted in tools/rollback_frequency; warned once per run). "
+        )
+        if self.context is not None and self.context - 1 - prompt - completion < budget_left:
+            return head + (
+                f"The model's context of {self.context} positions is the limit: the prompt holds {prompt} tokens (the "
+                f"tool schemas included) and the completion {completion}. Raising response_length cannot help: "
+                "shorten the prompts (max_prompt_length bounds them, before the tool schemas are added) or the tool "
+                "results, or use a model with a longer context."
+            )
+        return head + (
+            f"response_length={self.response_length} is the limit (it covers every assistant turn and every tool "
+            f"result of a rollout): {completion} tokens were already used. Raise TRAPOConfig.response_length above "
+            f"{completion + suffix_length} (max_completion_length, GRPO's name, if that is the one you set), with room "
+            "for the answer after the result."
+        )
 
     def run_turns(self, rollouts: list[Rollout], step: int) -> None:
         """Generate, call tools, append their results, generate again, until no rollout calls a tool, the budget is
@@ -676,6 +715,10 @@ class ToolRolloutSource:
                 suffix = tool_suffix_ids(self.tokenizer, tool_messages, self.template_kwargs)
                 # a result that does not fit is rolled back: the rollout ends after the call the model wrote
                 if len(suffix) >= self.room(rollout):
+                    rollout.rolled_back = True
+                    if not self.warned_rollback:
+                        self.warned_rollback = True
+                        logger.warning(self.rollback_message(rollout, len(suffix)))
                     continue
                 rollout.completion_ids += suffix
                 rollout.mask += [0] * len(suffix)

@@ -29,8 +29,10 @@ held-out RL evaluation otherwise (never the training rows, unless you ask for th
 `--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?").
 
 Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
-training: every path (model, datasets, `--resume_from_checkpoint`, `--config`) is checked before anything is loaded,
-and bad data is reported before any model is loaded. On the command line (`run`) such an error is one message on
+training (the trainer's own checks of the data and models name the flag too, not the trainer's Python argument:
+`--distillation_dataset_name`, never `distillation_dataset`; see `flag_names`): every path (model, datasets,
+`--resume_from_checkpoint`, `--config`) is checked before anything is loaded, and bad data is reported before any
+model is loaded. On the command line (`run`) such an error is one message on
 stderr, `trapo.py: error: ...`, and exit status 2 (argparse's, for a malformed command line), without a traceback;
 `TRAPO_DEBUG=1` shows it. Which exceptions count as the user's, and when: `SETUP_USER_ERRORS`, `RUN_USER_ERRORS`.
 
@@ -128,6 +130,7 @@ BUILTIN_YIELDS = {
     ),
     "max_steps": ("num_train_epochs",),
     "lr_scheduler_kwargs": ("lr_scheduler_type",),
+    "response_length": ("max_completion_length",),  # GRPO's name of the same setting: the user's value must win
 }
 # Built-in defaults proportional to the run's length (set for `max_steps=1000`): they follow the user's run length.
 BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")
@@ -1159,6 +1162,54 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     )
 
 
+# The trainer's arguments the job fills from flags, and how the command line spells each: the trainer's errors name its
+# Python arguments (`distillation_dataset`), the job's own errors name the flag (`arg=` above); `flag_names` turns the
+# first into the second for the errors the trainer raises while the job builds it.
+TRAINER_ARGUMENT_FLAGS = {
+    "train_dataset": "--dataset_name",
+    "eval_dataset": "--dataset_name",  # its held-out split (`--dataset_test_split`)
+    "sft_dataset": "--sft_dataset_name",
+    "pretrain_dataset": "--pretrain_dataset_name",
+    "distillation_dataset": "--distillation_dataset_name",
+    "reward_funcs": "--reward_funcs",
+    "reward_model": "--reward_model_name_or_path",
+    "value_model": "--value_model_name_or_path",
+    "teacher_model": "--teacher_model_name_or_path",
+}
+TRAINER_ARGUMENT = re.compile(
+    r"(`?)(?<![\w.-])(" + "|".join(sorted(TRAINER_ARGUMENT_FLAGS, key=len, reverse=True)) + r")(?![\w\[])(`?)"
+)
+
+
+def flag_names(message: str) -> str:
+    """An error message of the trainer as the command line's user should read it: each trainer argument the job fills
+    from a flag named by that flag (`TRAINER_ARGUMENT_FLAGS`), with its backticks if it had them.
+
+    `eval_dataset` becomes `--dataset_name` with "(held-out split)"; a config field spelt like the flag it duplicates
+    (`teacher_model` / teacher_model_name_or_path) is said once.
+
+    Args:
+        message: the trainer's message.
+
+    Returns:
+        The message with flags for arguments (unchanged if it names none).
+    """
+
+    def flag(match: re.Match) -> str:
+        opening, name, closing = match.groups()
+        quoted = opening and closing
+        text = f"`{TRAINER_ARGUMENT_FLAGS[name]}`" if quoted else TRAINER_ARGUMENT_FLAGS[name]
+        if name == "eval_dataset":
+            text += " (held-out split)"
+        return text if quoted else opening + text + closing
+
+    renamed = TRAINER_ARGUMENT.sub(flag, message)
+    for name in set(TRAINER_ARGUMENT_FLAGS.values()):  # `--x` / x, `--x` (or set x): the flag says it already
+        field_name = re.escape(name.removeprefix("--"))
+        renamed = re.sub(rf"({re.escape(name)}`?)(?: / {field_name}\b| \(or set {field_name}\))", r"\1", renamed)
+    return renamed
+
+
 def write_json_atomic(path: str, payload: dict) -> None:
     """Write JSON to `path` through a temporary file and a rename, so readers never see half a file.
 
@@ -1211,20 +1262,26 @@ def build_trainer(
 
     # step 3. the trainer (few-shot mode is an experimental extension: its own trainer subclass)
     trainer_class = FewShotTRAPOTrainer if training_args.fewshot_mode else TRAPOTrainer
-    trainer = trainer_class(
-        model=inputs.model,
-        reward_funcs=inputs.reward_funcs or None,
-        args=training_args,
-        train_dataset=inputs.train_dataset,
-        eval_dataset=inputs.eval_dataset,
-        pretrain_dataset=inputs.pretrain_dataset,
-        sft_dataset=inputs.sft_dataset,
-        distillation_dataset=inputs.distillation_dataset,
-        processing_class=inputs.tokenizer,
-        reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
-        value_model=inputs.value_model,
-        peft_config=get_peft_config(model_args),
-    )
+    try:
+        trainer = trainer_class(
+            model=inputs.model,
+            reward_funcs=inputs.reward_funcs or None,
+            args=training_args,
+            train_dataset=inputs.train_dataset,
+            eval_dataset=inputs.eval_dataset,
+            pretrain_dataset=inputs.pretrain_dataset,
+            sft_dataset=inputs.sft_dataset,
+            distillation_dataset=inputs.distillation_dataset,
+            processing_class=inputs.tokenizer,
+            reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
+            value_model=inputs.value_model,
+            peft_config=get_peft_config(model_args),
+        )
+    except ValueError as error:  # the trainer names its arguments (`sft_dataset`); the user typed flags
+        renamed = flag_names(str(error))
+        if type(error) is not ValueError or renamed == str(error):  # a subclass keeps its type and message
+            raise
+        raise ValueError(renamed) from error
     return trainer, inputs
 
 

@@ -367,7 +367,21 @@ class TRAPOConfig(_BaseConfig):
         },
     )
     response_length: int = field(
-        default=128, metadata={"help": "Maximum number of generated tokens per completion (PPO's name)."}
+        default=128,
+        metadata={
+            "help": "Maximum number of generated tokens per completion (PPO's name; GRPO's is `max_completion_length`, "
+            "also accepted). With `tools` / `environment_factory` it covers every assistant turn and every tool result "
+            "of a rollout."
+        },
+    )
+    max_completion_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name of `response_length`, accepted so that a GRPO script runs with only the "
+            "import and the config class changed. When given, it sets `response_length` at construction (both then "
+            "hold the value); giving both with different values is an error. A `response_length` equal to its default "
+            "counts as not given. None: use `response_length`."
+        },
     )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -876,6 +890,7 @@ class TRAPOConfig(_BaseConfig):
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
+        self._resolve_max_completion_length()
         super().__post_init__()
         self._validate()
 
@@ -901,6 +916,25 @@ class TRAPOConfig(_BaseConfig):
         elif not self.use_cpu:
             self.use_cpu = True
 
+    def _resolve_max_completion_length(self) -> None:
+        """GRPO's `max_completion_length`, when given, becomes `response_length` (set once, at construction).
+
+        `response_length` at its default counts as not given (a dataclass cannot tell an explicit default apart).
+
+        Raises:
+            ValueError: naming both fields, when both are given with different values.
+        """
+        if self.max_completion_length is None:
+            return
+        default = type(self).__dataclass_fields__["response_length"].default
+        if self.response_length not in (default, self.max_completion_length):
+            raise ValueError(
+                f"{type(self).__name__}.max_completion_length={self.max_completion_length!r} and response_length="
+                f"{self.response_length!r} disagree: they are one setting (GRPO's name and PPO's for the completion "
+                "budget in tokens). Give only one of them."
+            )
+        self.response_length = self.max_completion_length
+
     # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
     def _validate(self) -> None:
         def bad(name: str, value, fix: str):
@@ -908,6 +942,12 @@ class TRAPOConfig(_BaseConfig):
 
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            bad(
+                "max_completion_length",
+                self.max_completion_length,
+                "use a positive number of tokens (it is GRPO's name of response_length), or None.",
+            )
         if self.max_tool_calling_iterations is not None and not (
             isinstance(self.max_tool_calling_iterations, int) and self.max_tool_calling_iterations >= 1
         ):
