@@ -114,13 +114,18 @@ def test_nan_sampler_logps_give_ratio_one_and_stay_out_of_the_difference():
 @pytest.mark.parametrize(
     "mode, clip_max, clip_min, message",
     [
-        ("sequence", 3.0, None, "is not one of 'token_truncate'"),
-        ("token_truncate", None, None, "set vllm_importance_sampling_clip_max"),
-        ("sequence_geo_truncate", None, None, "set vllm_importance_sampling_clip_max"),
-        ("token_mask", 0.9, None, "clip_max=0.9 is below 1"),
-        ("token_mask", 3.0, 1.5, "clip_min=1.5 must be in \\[0, 1\\]"),
-        ("token_mask", 1.0, 1.0, "must be less than vllm_importance_sampling_clip_max=1.0"),
-        ("token_mask", math.inf, None, "must be a finite number"),
+        ("sequence", 3.0, None, "mode='sequence' is invalid: use one of 'token_truncate'"),
+        ("token_truncate", None, None, "clip_max=None is invalid: mode 'token_truncate' truncates"),
+        ("sequence_geo_truncate", None, None, "clip_max=None is invalid: mode 'sequence_geo_truncate' truncates"),
+        ("token_mask", 0.9, None, "clip_max=0.9 is invalid: use a bound >= 1"),
+        ("token_mask", 3.0, 1.5, "clip_min=1.5 is invalid: use a bound in \\[0, 1\\]"),
+        (
+            "token_mask",
+            1.0,
+            1.0,
+            "clip_min=1.0 is invalid: it must be less than vllm_importance_sampling_clip_max=1.0",
+        ),
+        ("token_mask", math.inf, None, "clip_max=inf is invalid: use a finite number"),
     ],
 )
 def test_bad_modes_and_bounds_name_the_field_and_the_fix(mode, clip_max, clip_min, message):

@@ -61,6 +61,85 @@ def test_vllm_settings_are_validated(tmp_path, overrides, message):
         config(tmp_path, **overrides)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            dict(vllm_importance_sampling_mode="sequence"),
+            "vllm_importance_sampling_mode='sequence' is invalid: use one",
+        ),
+        (
+            dict(vllm_importance_sampling_clip_max=0.5),
+            "vllm_importance_sampling_clip_max=0.5 is invalid: use a bound >= 1",
+        ),
+        (
+            dict(vllm_importance_sampling_clip_min=2.0),
+            "vllm_importance_sampling_clip_min=2.0 is invalid: use a bound in",
+        ),
+        (
+            dict(vllm_importance_sampling_clip_min=1.0, vllm_importance_sampling_clip_max=1.0),
+            "clip_min=1.0 is invalid: it must be less than vllm_importance_sampling_clip_max=1.0",
+        ),
+        (
+            dict(vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=None),
+            "vllm_importance_sampling_clip_max=None is invalid: mode 'token_truncate' truncates",
+        ),
+        (dict(generation_kwargs={"min_p": 0.05}), "generation_kwargs=\\{'min_p': 0.05\\} is invalid: .* drop min_p"),
+    ],
+    ids=["mode", "clip_max<1", "clip_min>1", "min>=max", "truncate-unbounded", "min_p"],
+)
+def test_correction_settings_are_validated(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **overrides)
+
+
+def test_correction_settings_accepted_where_trl_accepts_them(tmp_path):
+    # a truncate mode without bounds is refused only with the correction on (TRL's rule); min_p only with vLLM
+    args = config(
+        tmp_path,
+        vllm_importance_sampling_correction=False,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=None,
+    )
+    assert args.vllm_importance_sampling_clip_max is None
+    assert config(tmp_path, use_vllm=False, generation_kwargs={"min_p": 0.05}).generation_kwargs == {"min_p": 0.05}
+    # mask modes may be unbounded on one side or both
+    assert config(tmp_path, vllm_importance_sampling_clip_max=None, vllm_importance_sampling_clip_min=0.5)
+
+
+def test_correction_fields_keep_trl_names_defaults_and_values():
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from trl_trapo.sampler_correction import TRL_MODES
+
+    ours = {f.name: f for f in dataclasses.fields(TRAPOConfig)}
+    theirs = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    for name in (
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+        "vllm_importance_sampling_cap",
+    ):
+        assert ours[name].default == theirs[name].default, name
+    trl_help = theirs["vllm_importance_sampling_mode"].metadata["help"]
+    assert all(f"'{mode}'" in trl_help for mode in TRL_MODES)
+    assert "%" not in "".join(ours[name].metadata["help"] for name in ours if "importance_sampling" in name)
+
+
+def test_trl_deprecated_cap_warns_names_the_replacement_and_sets_it(tmp_path):
+    with pytest.warns(FutureWarning, match="use vllm_importance_sampling_clip_max=2.0 instead") as record:
+        args = config(tmp_path, vllm_importance_sampling_cap=2.0)
+    assert args.vllm_importance_sampling_clip_max == 2.0
+    assert any(w.filename == __file__ for w in record)  # points at the code that built the config
+    assert args.importance_sampling_cap is None  # TRAPO's replay cap is another knob, left alone
+    with pytest.raises(ValueError, match="vllm_importance_sampling_clip_max=0.5 is invalid"):
+        with pytest.warns(FutureWarning):
+            config(tmp_path, vllm_importance_sampling_cap=0.5)
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed: the missing-package error cannot happen")
 def test_use_vllm_without_vllm_is_a_clear_error(tmp_path, suite):
     model, tokenizer = saved_model(tmp_path)

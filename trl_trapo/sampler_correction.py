@@ -107,39 +107,63 @@ class SamplerCorrection:
         return out
 
 
-def check_bounds(mode: str, clip_max: float | None, clip_min: float | None) -> None:
-    """Refuse a mode or bounds [`sampler_importance_weights`] cannot use, naming the value and the fix.
+def bounds_problem(
+    mode: str, clip_max: float | None, clip_min: float | None, correction: bool = True
+) -> tuple[str, object, str] | None:
+    """What is wrong with a mode and bounds, as `(field, value, fix)` with the `vllm_importance_sampling_*` field's
+    name; None when they are usable. One rule set for `TRAPOConfig` and [`sampler_importance_weights`].
 
-    Raises:
-        ValueError: for a mode not in [`MODES`]; a bound that is not finite; `clip_max` < 1 or `clip_min` outside
-            [0, 1] (a ratio of 1, sampler and trainer agreeing, would be clipped or masked); `clip_min >= clip_max`
-            (TRL's rule); a "*_truncate" mode without either bound (TRL's rule).
+    Refused: a mode not in [`MODES`]; a bound that is not a finite number; `clip_max` < 1 or `clip_min` outside
+    [0, 1] (a ratio of 1, sampler and trainer agreeing, would be clipped or masked); `clip_min >= clip_max` (TRL's
+    rule); with `correction`, a "*_truncate" mode without either bound (TRL's rule).
     """
     if mode not in MODES:
-        raise ValueError(f"vllm_importance_sampling_mode={mode!r} is not one of {', '.join(map(repr, MODES))}.")
+        return "vllm_importance_sampling_mode", mode, f"use one of {', '.join(map(repr, MODES))}."
     for name, bound in (("clip_max", clip_max), ("clip_min", clip_min)):
-        if bound is not None and (isinstance(bound, bool) or not math.isfinite(bound)):
-            raise ValueError(f"vllm_importance_sampling_{name}={bound!r} must be a finite number or None.")
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, (int, float)) or not math.isfinite(bound)
+        ):
+            return f"vllm_importance_sampling_{name}", bound, "use a finite number, or None for no bound."
     if clip_max is not None and clip_max < 1:
-        raise ValueError(
-            f"vllm_importance_sampling_clip_max={clip_max!r} is below 1: a ratio of 1 (sampler and trainer agree) "
-            "would be clipped or masked. Use a bound >= 1 (TRL's default is 3.0), or None for no upper bound."
+        return (
+            "vllm_importance_sampling_clip_max",
+            clip_max,
+            "use a bound >= 1 (TRL's default is 3.0), or None for no upper bound: below 1, a ratio of 1 (sampler and "
+            "trainer agree) would be clipped or masked.",
         )
     if clip_min is not None and not 0 <= clip_min <= 1:
-        raise ValueError(
-            f"vllm_importance_sampling_clip_min={clip_min!r} must be in [0, 1] (a ratio of 1, sampler and trainer "
-            "agreeing, must stay inside the bounds), or None for no lower bound."
+        return (
+            "vllm_importance_sampling_clip_min",
+            clip_min,
+            "use a bound in [0, 1], or None for no lower bound: a ratio of 1 (sampler and trainer agree) must stay "
+            "inside the bounds.",
         )
     if clip_min is not None and clip_max is not None and clip_min >= clip_max:
-        raise ValueError(
-            f"vllm_importance_sampling_clip_min={clip_min!r} must be less than vllm_importance_sampling_clip_max="
-            f"{clip_max!r}."
+        return (
+            "vllm_importance_sampling_clip_min",
+            clip_min,
+            f"it must be less than vllm_importance_sampling_clip_max={clip_max!r}.",
         )
-    if mode.endswith("_truncate") and clip_min is None and clip_max is None:
-        raise ValueError(
-            f"vllm_importance_sampling_mode={mode!r} truncates the ratio to [clip_min, clip_max]: set "
-            "vllm_importance_sampling_clip_max (e.g. 3.0) or vllm_importance_sampling_clip_min."
+    if correction and mode.endswith("_truncate") and clip_min is None and clip_max is None:
+        return (
+            "vllm_importance_sampling_clip_max",
+            None,
+            f"mode {mode!r} truncates the ratio to [clip_min, clip_max]: set vllm_importance_sampling_clip_max "
+            "(e.g. 3.0) or vllm_importance_sampling_clip_min.",
         )
+    return None
+
+
+def check_bounds(mode: str, clip_max: float | None, clip_min: float | None) -> None:
+    """Raise for a mode or bounds [`sampler_importance_weights`] cannot use (see [`bounds_problem`]).
+
+    Raises:
+        ValueError: naming the field, the value and the fix.
+    """
+    problem = bounds_problem(mode, clip_max, clip_min)
+    if problem is not None:
+        name, value, fix = problem
+        raise ValueError(f"{name}={value!r} is invalid: {fix}")
 
 
 def sampler_importance_weights(
@@ -323,6 +347,7 @@ __all__ = [
     "TRL_MODES",
     "CorrectionMode",
     "SamplerCorrection",
+    "bounds_problem",
     "check_bounds",
     "correct_sampler_mismatch",
     "kept_support_logps",
