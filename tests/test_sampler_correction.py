@@ -223,3 +223,80 @@ def test_kept_support_logps_refuses_bad_settings():
         kept_support_logps(torch.zeros(2, 5), torch.zeros(2, dtype=torch.long), top_p=1.5)
     with pytest.raises(ValueError, match="do not match"):
         kept_support_logps(torch.zeros(2, 5), torch.zeros(3, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Any engine: a rollout source that returns its sampler's log-probs (what the asynchronous producer will do)
+# ---------------------------------------------------------------------------------------------------------------------
+def sampler_source(suite, tokenizer, value: float, nan_at: int | None = None):
+    from test_sources import FixedRounds, answers
+
+    completions = answers(tokenizer, ["1", "22", "333", "4444"])
+
+    def sampler_logps(n: int) -> list[torch.Tensor]:
+        out = [torch.full((len(completions[i % 4]),), value) for i in range(n)]
+        if nan_at is not None:
+            out[0][nan_at] = float("nan")  # a token the engine gave no log-prob for
+        return out
+
+    return FixedRounds(suite.rl_train, completions, sampler_per_token_logps=sampler_logps)
+
+
+def test_a_source_with_sampler_logps_gets_the_trainers_logps_and_the_mismatch_log_ratio(tmp_path, tokenizer, suite):
+    from test_sources import rl_trainer
+
+    from trl_trapo.models import completion_logps
+
+    source = sampler_source(suite, tokenizer, -1.0, nan_at=0)
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, vllm_importance_sampling_mode="token_mask")
+    batch = trainer.collect_rollouts(8, step=0)
+    expected = completion_logps(trainer.model, batch.prompt_ids, batch.completion_ids, trainer.padding_id)
+    for old, want in zip(batch.old_per_token_logps, expected):
+        torch.testing.assert_close(old, want)  # the behaviour log-probs are the trainer's own, not the sampler's
+    assert len(batch.trajectories) == len(batch.completion_ids)  # every completion scored: the same order
+    for i, (trajectory, old) in enumerate(zip(batch.trajectories, batch.old_per_token_logps)):
+        ratio = trajectory.sampler_log_ratio
+        want = old + 1.0  # log pi_trainer - (-1), no truncation: the full-vocabulary log-probs
+        if i == 0:
+            want[0] = 0.0  # NaN sampler log-prob: ratio 1
+        torch.testing.assert_close(ratio, want)
+    stats = batch.sampler_correction.summary()
+    assert stats["units"] == sum(c.numel() for c in batch.completion_ids)
+    assert batch.sampler_correction.logp_difference.numel() == stats["units"] - 1
+
+
+def test_a_source_with_sampler_logps_and_the_correction_off_is_trained_uncorrected(tmp_path, tokenizer, suite):
+    from test_sources import rl_trainer
+
+    source = sampler_source(suite, tokenizer, -1.0)
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, vllm_importance_sampling_correction=False)
+    batch = trainer.collect_rollouts(8, step=0)
+    assert batch.sampler_correction is None
+    assert all(t.sampler_log_ratio is None for t in batch.trajectories)
+    assert not any(bool((old == -1.0).all()) for old in batch.old_per_token_logps)  # the trainer's, not the sampler's
+
+
+def test_sampled_round_refuses_bad_sampler_logps(suite):
+    from trl_trapo.sources import SampledRound
+
+    examples, completions = [dict(suite.rl_train[0])], [torch.tensor([3, 4])]
+    with pytest.raises(ValueError, match="not both"):
+        SampledRound(
+            examples,
+            completions,
+            version=0,
+            old_per_token_logps=[torch.tensor([-1.0, -1.0])],
+            sampler_per_token_logps=[torch.tensor([-1.0, -1.0])],
+        )
+    with pytest.raises(ValueError, match="sampler_per_token_logps\\[0\\] must be log-probabilities <= 0"):
+        SampledRound(examples, completions, version=0, sampler_per_token_logps=[torch.tensor([0.5, -1.0])])
+    with pytest.raises(ValueError, match="sampler_per_token_logps must hold one \\(C_i,\\) tensor per completion"):
+        SampledRound(examples, completions, version=0, sampler_per_token_logps=[torch.tensor([-1.0])])
+    sampled = SampledRound(
+        examples,
+        completions,
+        version=0,
+        sampler_per_token_logps=[torch.tensor([float("nan"), -1.0])],
+        completion_mask=[torch.tensor([1.0, 0.0])],
+    )
+    assert torch.isnan(sampled.sampler_per_token_logps[0][0]) and sampled.sampler_per_token_logps[0][1] == 0.0

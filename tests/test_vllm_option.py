@@ -6,6 +6,7 @@ log-probs are the training policy's). `scripts/benchmarks/gpu_check.py` runs the
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.collator import collate_rows
+from trl_trapo.sampler_correction import kept_support_logps
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite
 
 
@@ -160,9 +162,13 @@ def test_use_vllm_without_rl_data_is_ignored(tmp_path, suite):
 
 
 class FakeVLLMGeneration:
-    """Stands in for `trl.generation.vllm_generation.VLLMGeneration`: samples from the policy with transformers."""
+    """Stands in for `trl.generation.vllm_generation.VLLMGeneration`: samples from the policy with transformers at the
+    given temperature / top-k / top-p and returns, like vLLM's `processed_logprobs`, the log-probs of the sampled tokens
+    under the truncated, renormalised distribution (minus `logprob_shift`: a sampler that finds every token
+    exp(shift) times less likely than the trainer does)."""
 
     instances: list = []
+    logprob_shift = 0.0
 
     def __init__(self, model, accelerator, processing_class, **kwargs):
         self.model, self.kwargs, self.syncs, self.calls = model, kwargs, 0, []
@@ -173,16 +179,27 @@ class FakeVLLMGeneration:
 
     def generate(self, prompts, images, num_generations):
         self.calls.append((len(prompts), num_generations))
-        completions = []
+        completions, logprobs = [], []
         for ids in prompts:
             out = self.model.generate(
-                torch.tensor([ids]), do_sample=True, max_new_tokens=self.kwargs["max_completion_length"]
+                torch.tensor([ids]),
+                do_sample=True,
+                max_new_tokens=self.kwargs["max_completion_length"],
+                temperature=self.kwargs["temperature"],
+                top_k=self.kwargs["top_k"],
+                top_p=self.kwargs["top_p"],
+                output_scores=True,  # the processed (temperature, top-k, top-p) scores
+                return_dict_in_generate=True,
             )
-            completions.append(out[0, len(ids) :].tolist())
-        return prompts, completions, None, None
+            new = out.sequences[0, len(ids) :]
+            scores = torch.stack(out.scores)[:, 0]  # (C, V), -inf outside the kept support
+            logps = torch.log_softmax(scores.float(), -1).gather(-1, new[:, None]).squeeze(-1) - self.logprob_shift
+            completions.append(new.tolist())
+            logprobs.append([[lp] for lp in logps.tolist()])  # (C, 1): vLLM's layout with logprobs=0
+        return prompts, completions, logprobs, None
 
 
-def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
+def fake_vllm_trainer(tmp_path, suite, monkeypatch, **overrides):
     import trl.generation.vllm_generation as vllm_generation
 
     import trl_trapo.rollout as vllm_rollouts
@@ -194,16 +211,24 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
     trainer = TRAPOTrainer(
         model,
         reward_funcs=exact_match_reward,
-        args=config(tmp_path, vllm_gpu_memory_utilization=0.4, temperature=0.9, top_k=5),
+        args=config(tmp_path, **overrides),
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
     )
+    return trainer, tokenizer
+
+
+def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
+    trainer, tokenizer = fake_vllm_trainer(
+        tmp_path, suite, monkeypatch, vllm_gpu_memory_utilization=0.4, temperature=0.9, top_k=5
+    )
     (fake,) = FakeVLLMGeneration.instances
-    assert fake.model is model
+    assert fake.model is trainer.model
     assert fake.kwargs["mode"] == "colocate"
     assert fake.kwargs["gpu_memory_utilization"] == 0.4
     assert fake.kwargs["max_completion_length"] == 4 and fake.kwargs["max_model_length"] == 16 + 4
     assert (fake.kwargs["temperature"], fake.kwargs["top_k"]) == (0.9, 5)
+    assert fake.kwargs["logprobs"] == 0  # the sampled token's log-prob, for the mismatch correction
 
     trainer.collect_rollouts(8, step=0)
     trainer.collect_rollouts(8, step=0)
@@ -219,6 +244,61 @@ def test_vllm_wiring_with_a_stand_in(tmp_path, suite, monkeypatch):
         logps = torch.log_softmax(logits[:, :-1] / 0.9, -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
     mask = batch["mask"].bool()
     torch.testing.assert_close(logps[mask], batch["old_per_token_logps"][mask], atol=1e-4, rtol=0)
+    # the mismatch log-ratio is taken over vLLM's top-k support: ~0 with the same model, although the full-vocabulary
+    # log-probs are far below vLLM's renormalised ones (log of the kept mass, TRL #6789)
+    torch.testing.assert_close(batch["sampler_log_ratio"][mask], torch.zeros(int(mask.sum())), atol=1e-4, rtol=0)
+    kept = kept_support_logps(logits[:, :-1] / 0.9, batch["input_ids"][:, 1:], top_k=5)
+    assert float((batch["old_per_token_logps"] - kept)[mask].mean()) < -0.5  # log of the kept mass
+    metrics = trainer.metrics.collect(trainer.accelerator, 0.0)
+    assert metrics["sampling/raw_importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-3)  # sequence_mask
+    assert metrics["sampling/importance_sampling_ratio/masked_frac"] == 0.0
+    assert metrics["sampling/sampling_logp_difference/max"] < 1e-4
+
+
+def test_vllm_correction_weights_the_policy_loss_and_is_logged(tmp_path, suite, monkeypatch):
+    """A sampler that finds every token exp(0.3) = 1.35 times less likely than the trainer: token ratios 1.35, clipped
+    to 1.2 by token_truncate; the RL term gets weight 1.2 on every counted token, and the logs say so."""
+    import trl_trapo.objectives as objectives
+
+    monkeypatch.setattr(FakeVLLMGeneration, "logprob_shift", 0.3)
+    seen = []
+
+    def recording_rl_term(*args, **kwargs):
+        seen.append((kwargs["sampling_weights"], args[3]))  # (weights, mask)
+        return rl_term(*args, **kwargs)
+
+    rl_term = objectives.rl_term
+    monkeypatch.setattr(objectives, "rl_term", recording_rl_term)
+    trainer, _ = fake_vllm_trainer(
+        tmp_path,
+        suite,
+        monkeypatch,
+        max_steps=1,
+        logging_steps=1,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=1.2,
+    )
+    trainer.train()
+    assert seen
+    for weights, mask in seen:
+        counted = mask.bool()
+        assert bool(counted.any())
+        torch.testing.assert_close(weights[counted], torch.full((int(counted.sum()),), 1.2), atol=1e-5, rtol=0)
+    logged = next(entry for entry in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in entry)
+    assert logged["sampling/raw_importance_sampling_ratio/mean"] == pytest.approx(math.exp(0.3), abs=1e-3)
+    assert logged["sampling/importance_sampling_ratio/max"] == pytest.approx(1.2)
+    assert logged["sampling/importance_sampling_ratio/clipped_frac"] == 1.0
+    assert logged["sampling/sampling_logp_difference/mean"] == pytest.approx(0.3, abs=1e-3)
+
+
+def test_vllm_correction_off_ignores_the_sampler_logps(tmp_path, suite, monkeypatch):
+    monkeypatch.setattr(FakeVLLMGeneration, "logprob_shift", 0.3)
+    trainer, tokenizer = fake_vllm_trainer(tmp_path, suite, monkeypatch, vllm_importance_sampling_correction=False)
+    trainer.collect_rollouts(8, step=0)
+    batch = collate_rows([t.to_row() for t in trainer.replay.sample(8, step=0)], tokenizer.pad_token_id)
+    assert "sampler_log_ratio" not in batch
+    assert not any(k.startswith("sampling/") for k in trainer.metrics.collect(trainer.accelerator, 0.0))
 
 
 def test_vllm_needs_a_model_that_vllm_can_load(tmp_path, tokenizer, suite, monkeypatch):
