@@ -6,7 +6,9 @@ log-probs are the training policy's). `scripts/benchmarks/gpu_check.py` runs the
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,6 +174,10 @@ class FakeVLLMGeneration:
 
     def __init__(self, model, accelerator, processing_class, **kwargs):
         self.model, self.kwargs, self.syncs, self.calls = model, kwargs, 0, []
+        if kwargs["mode"] == "server":  # what `trl vllm-serve --logprobs-mode raw_logprobs` would report
+            self.vllm_client = SimpleNamespace(
+                get_server_info=lambda: {"model_config": {"logprobs_mode": "raw_logprobs"}}
+            )
         FakeVLLMGeneration.instances.append(self)
 
     def sync_weights(self):
@@ -290,6 +296,16 @@ def test_vllm_correction_weights_the_policy_loss_and_is_logged(tmp_path, suite, 
     assert logged["sampling/importance_sampling_ratio/max"] == pytest.approx(1.2)
     assert logged["sampling/importance_sampling_ratio/clipped_frac"] == 1.0
     assert logged["sampling/sampling_logp_difference/mean"] == pytest.approx(0.3, abs=1e-3)
+
+
+def test_a_server_whose_logprobs_are_not_the_processed_ones_is_warned_about(tmp_path, suite, monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.rollout"):
+        fake_vllm_trainer(tmp_path, suite, monkeypatch, vllm_mode="server")
+    assert "`--logprobs-mode raw_logprobs`" in caplog.text and "processed_logprobs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.rollout"):
+        fake_vllm_trainer(tmp_path, suite, monkeypatch, vllm_mode="server", vllm_importance_sampling_correction=False)
+    assert "logprobs-mode" not in caplog.text
 
 
 def test_vllm_correction_off_ignores_the_sampler_logps(tmp_path, suite, monkeypatch):

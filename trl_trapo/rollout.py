@@ -443,6 +443,17 @@ class VLLMGenerator:
             generation_kwargs=generation_kwargs,
         )
         self.synced_step: int | None = None
+        if args.vllm_mode == "server" and args.vllm_importance_sampling_correction and accelerator.is_main_process:
+            # the correction compares the trainer's log-probs over the kept support with vLLM's processed ones
+            mode = self.generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if mode != "processed_logprobs":
+                logger.warning(
+                    "The vLLM server runs with `--logprobs-mode %s`: its log-probs are not those of the distribution "
+                    "it samples from (temperature, top_k / top_p applied), which biases the sampler/trainer mismatch "
+                    "correction. Restart it with `--logprobs-mode processed_logprobs` (what `trl vllm-serve` sets), "
+                    "or set vllm_importance_sampling_correction=False.",
+                    mode,
+                )
 
     def generate(
         self, prompt_ids: list[list[int]], group: int, step: int
