@@ -1,7 +1,9 @@
 """`use_vllm`: the option is validated and wired to TRL's `VLLMGeneration`. vLLM itself needs a GPU and is not
 installed here: these tests check the clear error when it is absent, and drive the wiring with a stand-in for
 `VLLMGeneration` (what it is given, when weights are synced, that its completions become trajectories whose behaviour
-log-probs are the training policy's). `scripts/benchmarks/gpu_check.py` runs the real thing on a GPU machine."""
+log-probs are the training policy's, and that its own log-probs weight the policy loss through the sampler/trainer
+mismatch correction, `vllm_importance_sampling_*`). `scripts/benchmarks/gpu_check.py` runs the real thing on a GPU
+machine."""
 
 from __future__ import annotations
 
@@ -329,3 +331,20 @@ def test_vllm_needs_a_model_that_vllm_can_load(tmp_path, tokenizer, suite, monke
             train_dataset=suite.rl_train,
             processing_class=tokenizer,
         )
+
+
+def test_guidance_demonstrations_carry_no_mismatch(tmp_path, suite, monkeypatch):
+    """A demonstration put in by guidance was not sampled: log-ratio 0 (weight 1), while the sampled completions of
+    the same round carry vLLM's mismatch (here 0.3 per token)."""
+    monkeypatch.setattr(FakeVLLMGeneration, "logprob_shift", 0.3)
+    trainer, _ = fake_vllm_trainer(
+        tmp_path, suite, monkeypatch, demonstration_column="demonstration", guidance="always"
+    )
+    batch = trainer.collect_rollouts(16, step=0)
+    guided = [t for t in batch.trajectories if t.off_policy]
+    sampled = [t for t in batch.trajectories if not t.off_policy]
+    assert guided and sampled
+    for t in guided:
+        assert bool((t.sampler_log_ratio == 0).all())
+    for t in sampled:
+        torch.testing.assert_close(t.sampler_log_ratio, torch.full_like(t.sampler_log_ratio, 0.3), atol=1e-4, rtol=0)
