@@ -534,3 +534,36 @@ def test_kl_estimator_placement_gradients(estimator, placement, unbiased):
     else:
         assert error > 0.05, error  # a real bias, not rounding
         assert "auto" in kl_gradient_warning(estimator, placement)
+
+
+@pytest.mark.parametrize("cap", [None, 2.0], ids=["clipped", "truncated-is"])
+def test_rl_term_sampling_weights_multiply_the_policy_loss_only(cap):
+    from trl_trapo.losses import RLTermCounts, rl_term
+
+    # first use (log pi = log pi_old): ratio 1, policy loss per token -A; dapo over the 3 counted tokens
+    logps = t([[-1.0, -2.0, -0.5]], requires_grad=True)
+    advantages = t([[1.0, -2.0, 4.0]])
+    mask = t([[1.0, 1.0, 0.0]])
+    kl = t([[0.3, 0.1, 9.0]])
+    weights = t([[2.0, 0.5, 7.0]])  # the sampler/trainer mismatch weights (the third token is off the mask)
+    counts = RLTermCounts(tokens=2.0, sequences=1.0, micro_batches=1.0, sampled_tokens=2.0)
+    common = dict(
+        loss_type="dapo",
+        response_length=3,
+        cliprange=0.2,
+        importance_weights=t([1.0]),
+        importance_sampling_cap=cap,
+        kl=kl,
+        kl_coef_in_loss=0.5,
+    )
+    out = rl_term(logps, logps.detach(), advantages, mask, counts, sampling_weights=weights, **common)
+    plain = rl_term(logps, logps.detach(), advantages, mask, counts, **common)
+    # the gradient of the policy part, -A * w / 2 on the counted tokens (the KL here is a constant): -1, 0.5, 0
+    (grad,) = torch.autograd.grad(out.loss, logps)
+    torch.testing.assert_close(grad, t([[-1.0, 0.5, 0.0]]))
+    # what multiplies grad log pi (the DARE probe's signal) carries the weights too: A * w on the counted tokens
+    torch.testing.assert_close(out.logp_coef, t([[2.0, -1.0, 0.0]]))
+    if cap is None:  # the clipped surrogate's value: (-1 * 2 + 2 * 0.5) / 2 = -0.5; the KL unweighted: 0.5 * 0.4 / 2
+        assert out.loss.item() == pytest.approx(-0.5 + 0.1)
+        assert plain.loss.item() == pytest.approx((-1.0 + 2.0) / 2 + 0.1)
+        assert out.stats["loss/policy_avg"].item() == pytest.approx(-0.5)

@@ -30,6 +30,7 @@ Tensor layout of a collated micro-batch (B rows, L = longest row, T = L - 1 targ
 | `ref_per_token_logps` | (B, T) | RL: reference log-probs (nats); 0 elsewhere |
 | `advantages` | (B, T) | RL: per-token advantages; 0 elsewhere |
 | `returns`, `old_values` | (B, T) | RL with a critic: GAE returns and rollout-time values |
+| `sampler_log_ratio` | (B, T) | only when some row has one: RL rows another engine sampled, log pi_trainer - log pi_sampler (0: none measured, a weight of 1) |
 | `importance_weight` | (B,) | RL: extra detached weight of a stale row; SFT: prioritised-replay weight (1 by default) |
 | `pool_index` | (B,) | SFT: the row's slot in the SFT pool, for per-row feedback; -1 for other rows |
 | `temperature` | (B,) | only when some row carries one: RL rows' own sampling temperature (0: the configured one) |
@@ -131,6 +132,7 @@ ROW_FIELDS: tuple[RowField, ...] = (
     RowField("advantages", "token", torch.float32, required=True, help="RL: per-token advantage"),
     RowField("returns", "token", torch.float32, help="RL with a critic: GAE return"),
     RowField("old_values", "token", torch.float32, help="RL with a critic: the critic's value at sampling"),
+    RowField("sampler_log_ratio", "token", torch.float32, help="RL rounds another engine sampled (vLLM): log pi_trainer - log pi_sampler per token, nats, over the sampler's kept support; the mismatch weight is formed from it (vllm_importance_sampling_mode)"),
     RowField("importance_weight", "row", torch.float32, 1.0, always=True, help="detached weight of the row's loss (stale RL rows, prioritised SFT replay)"),
     RowField("pool_index", "row", torch.long, -1, stored=False, always=True, help="SFT: the row's slot in the SFT pool (per-row feedback); -1 otherwise"),
     RowField("temperature", "row", torch.float32, help="RL: the row's own sampling temperature (few-shot mode, exploration); None: the config's"),

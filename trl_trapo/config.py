@@ -10,6 +10,7 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,6 +18,8 @@ from typing import Literal
 import huggingface_hub.constants
 import torch
 from trl.trainer.base_config import _BaseConfig
+
+from .sampler_correction import CorrectionMode, bounds_problem
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -571,7 +574,11 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "Replace PPO's clipping by a truncated importance weight min(cap, pi/pi_old) (detached), for "
             "heavily reused or stale replay (truncated IS, as in IMPALA huggingface.co/papers/1802.01561). None keeps "
-            "the clipped surrogate."
+            "the clipped surrogate. It bounds the trained policy's drift from the behaviour policy (pi_theta / "
+            "pi_old, which grows with reuse and staleness); not to be confused with "
+            "`vllm_importance_sampling_clip_max` (TRL's older `vllm_importance_sampling_cap`), which bounds the "
+            "sampler/trainer mismatch pi_old / pi_sampler of rounds sampled by another engine. The two weights "
+            "multiply."
         },
     )
     demonstration_column: str | None = field(
@@ -854,8 +861,9 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "Generate rollouts with vLLM through TRL's `VLLMGeneration` (weights, LoRA merged, are pushed to "
             "vLLM after every optimizer step that is followed by a generation round). Behaviour log-probs are then "
-            "recomputed by the training model, so the first-use ratio stays exactly 1. Needs `pip install vllm` "
-            "and a GPU; the model must be a local directory or Hub id (vLLM loads it itself)."
+            "recomputed by the training model, so PPO's first-use ratio stays exactly 1, and vLLM's own log-probs "
+            "weight the policy loss by the sampler/trainer mismatch (`vllm_importance_sampling_correction`). Needs "
+            "`pip install vllm` and a GPU; the model must be a local directory or Hub id (vLLM loads it itself)."
         },
     )
     vllm_mode: Literal["colocate", "server"] = field(
@@ -884,6 +892,61 @@ class TRAPOConfig(_BaseConfig):
         default=None, metadata={"help": "Server mode: base URL of the vLLM server (default http://0.0.0.0:8000)."}
     )
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Sampler/trainer mismatch correction: TRL GRPOConfig's names, defaults and values (trl_trapo/sampler_correction.py)
+    # ------------------------------------------------------------------------------------------------------------
+    vllm_importance_sampling_correction: bool = field(
+        default=True,
+        metadata={
+            "help": "When a round is sampled by another engine than the trainer's forward (vLLM with use_vllm=True, "
+            "or a rollout source that returns the sampler's log-probs as `SampledRound.sampler_per_token_logps`), "
+            "weight each token's policy loss by the importance ratio pi_trainer / pi_sampler of the token, bounded "
+            "per `vllm_importance_sampling_mode`, as TRL's GRPO does (TRL's name and default). The trainer's own "
+            "log-probs, computed when the round is finished, are PPO's behaviour log-probs. It changes nothing "
+            "where the trainer samples itself (transformers' generate, the default). False: the sampler's "
+            "log-probs are ignored (no correction)."
+        },
+    )
+    vllm_importance_sampling_mode: CorrectionMode = field(
+        default="sequence_mask",
+        metadata={
+            "help": "How the ratios are formed and bounded, with TRL's values and meaning: 'token_truncate' / "
+            "'token_mask': one ratio per token, clipped to [clip_min, clip_max] or set to 0 outside it; "
+            "'sequence_truncate' / 'sequence_mask' (TRL's default): one ratio per completion, the product of its "
+            "tokens' ratios, clipped or masked whole. TRAPO adds 'sequence_geo_truncate' / 'sequence_geo_mask': "
+            "the geometric mean of the tokens' ratios (length-normalised, as GSPO huggingface.co/papers/2507.18071 "
+            "eq. 7 and verl's 'geometric' level). On long completions the product drifts far from 1 even when every "
+            "token's ratio is close to 1, and the bound then masks, clips or shrinks most of them (TRL issue #5814); "
+            "scripts/benchmarks/benchmark_is_modes.py measures how many samples each mode keeps. With top_k / top_p "
+            "the trainer's side is taken over the sampler's kept support (TRL issue #6789)."
+        },
+    )
+    vllm_importance_sampling_clip_max: float | None = field(
+        default=3.0,
+        metadata={
+            "help": "C_max (TRL's name and default): '*_truncate' modes clip ratios above it, '*_mask' modes set them "
+            "to 0. At least 1; None: no upper bound. It bounds the sampler mismatch pi_old / pi_sampler, fixed when "
+            "a round is finished; `importance_sampling_cap` bounds the trained policy's drift pi_theta / pi_old. "
+            "Two ratios, two knobs; their weights multiply."
+        },
+    )
+    vllm_importance_sampling_clip_min: float | None = field(
+        default=None,
+        metadata={
+            "help": "C_min (TRL's name): '*_truncate' modes clip ratios below it, '*_mask' modes set them to 0. In "
+            "[0, 1]; None (default): no lower bound. To mask only below C_min, set "
+            "vllm_importance_sampling_clip_max=None."
+        },
+    )
+    vllm_importance_sampling_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "Deprecated (TRL's name before 1.6, deprecated there too): use "
+            "vllm_importance_sampling_clip_max, which a value given here sets, with a FutureWarning. Not TRAPO's "
+            "`importance_sampling_cap`."
+        },
+    )
+
     def __post_init__(self):
         self._cpu_distributed_defaults()
         if self.bf16 is None:
@@ -891,6 +954,15 @@ class TRAPOConfig(_BaseConfig):
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
         self._resolve_max_completion_length()
+        if self.vllm_importance_sampling_cap is not None:  # TRL's own deprecated alias, with TRL's meaning
+            warnings.warn(
+                f"{type(self).__name__}.vllm_importance_sampling_cap is deprecated (as in TRL since 1.6): use "
+                f"vllm_importance_sampling_clip_max={self.vllm_importance_sampling_cap!r} instead, which it sets "
+                "here. (TRAPO's `importance_sampling_cap` is another knob: it bounds pi_theta / pi_old.)",
+                FutureWarning,
+                stacklevel=3,
+            )
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         super().__post_init__()
         self._validate()
 
@@ -1093,6 +1165,22 @@ class TRAPOConfig(_BaseConfig):
             bad("replay_compress_threshold", self.replay_compress_threshold, "use a fraction in (0, 1].")
         if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:
             bad("importance_sampling_cap", self.importance_sampling_cap, "use a positive cap (e.g. 2.0) or None.")
+        problem = bounds_problem(
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_max,
+            self.vllm_importance_sampling_clip_min,
+            correction=self.vllm_importance_sampling_correction,
+        )
+        if problem is not None:
+            bad(*problem)
+        if self.use_vllm and self.vllm_importance_sampling_correction and "min_p" in (self.generation_kwargs or {}):
+            bad(
+                "generation_kwargs",
+                {"min_p": self.generation_kwargs["min_p"]},
+                "with vllm_importance_sampling_correction, vLLM's log-probs are renormalised over what min_p keeps "
+                "but the trainer's side models top_k / top_p only, so every ratio would carry the kept mass: drop "
+                "min_p (use top_p / top_k), or set vllm_importance_sampling_correction=False.",
+            )
         if self.guidance not in ("zero_variance", "always"):
             bad("guidance", self.guidance, "use 'zero_variance' or 'always'.")
         if not (math.isfinite(self.guidance_gamma) and self.guidance_gamma > 0):

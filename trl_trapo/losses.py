@@ -481,6 +481,7 @@ def rl_term(
     cliprange: float,
     importance_weights: torch.Tensor,
     importance_sampling_cap: float | None = None,
+    sampling_weights: torch.Tensor | None = None,
     off_policy: torch.Tensor | None = None,
     guidance_gamma: float = 0.1,
     kl: torch.Tensor | None = None,
@@ -507,6 +508,10 @@ def rl_term(
         loss_type, response_length, cliprange: see [`aggregate_rl_loss`] and [`clipped_policy_loss`].
         importance_weights (`torch.Tensor`): `(B,)` detached row weights (stale replay rows).
         importance_sampling_cap (`float`, *optional*): truncated importance sampling instead of the clip.
+        sampling_weights (`torch.Tensor`, *optional*): `(B, T)` detached per-token weights of the policy loss for a
+            sampler that is not the trainer (the sampler/trainer mismatch correction,
+            [`~trl_trapo.sampler_correction.sampler_importance_weights`]); multiply it after PPO's clip (or the
+            truncated-IS weight), not the KL or entropy terms, and leave the normalisers unchanged, as TRL's GRPO does.
         off_policy (`torch.Tensor`, *optional*): `(B,)` bool, rows that are demonstrations put in by guidance: shaped
             loss (`guidance_gamma`), no KL term, out of the ratio statistics.
         kl (`torch.Tensor`, *optional*): `(B, T)` per-token KL estimate to the reference (statistics; in the loss with
@@ -530,6 +535,8 @@ def rl_term(
         num_micro_batches=counts.micro_batches,
     )
     importance = importance_weights.unsqueeze(1)
+    if sampling_weights is not None:
+        importance = importance * sampling_weights.to(importance.dtype)
     if importance_sampling_cap is None:
         policy = clipped_policy_loss(per_token_logps, old_per_token_logps, advantages, cliprange, importance)
     else:  # its statistics and probe coefficients are the truncated-IS loss's own (it is what is optimised)

@@ -17,6 +17,13 @@
   completion. `objective/entropy` (minus the summed behaviour log-probs) and `objective/kl` sum the policy's tokens
   only as well.
 
+- Sampler/trainer mismatch (`sampling/*`, rounds another engine sampled, with `vllm_importance_sampling_correction`;
+  TRL GRPO's names): over every such round since the last log, `sampling/sampling_logp_difference/mean|max` (|log
+  pi_trainer - log pi_sampler| per token), `sampling/importance_sampling_ratio/min|mean|max` (the weights, after the
+  bound), `sampling/raw_importance_sampling_ratio/min|mean|max` (before it, TRL #5231 / #5243) and
+  `sampling/importance_sampling_ratio/clipped_frac|masked_frac` (the fraction of the mode's units, tokens or
+  sequences, clipped or set to 0). Means are over all units of all ranks; min and max over all ranks.
+
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
 """
@@ -60,6 +67,7 @@ class MetricsAccumulator:
         self.step_counts: dict[str, int] = {}  # optimizer steps that contributed to each key since the last log
         self._keys_this_step: set[str] = set()
         self.rollout_sums: dict[str, float] = defaultdict(float)
+        self.rollout_extrema: dict[str, float] = {}  # largest value since the last log (a minimum is stored negated)
         self.reward_metrics: dict[str, list[float]] = defaultdict(list)
         self.extra_columns: dict[str, list] = defaultdict(list)
 
@@ -100,6 +108,8 @@ class MetricsAccumulator:
                 masks = [masks[i] for i in keep] if masks is not None else None
                 kl = kl[keep] if kl is not None else None
                 scores, per_func, is_truncated = scores[keep], per_func[keep], is_truncated[keep]
+        if batch.sampler_correction is not None:  # over every completion the sampler returned, guided ones too
+            self._add_sampler_correction(batch.sampler_correction)
         self._add_sampled(completion_ids, old_logps, kl, scores, per_func, is_truncated, masks)
         if group > 1 and group_scores.numel() % group == 0:
             self._add_groups(group_scores.view(-1, group), batch.tasks[::group] if batch.tasks is not None else None)
@@ -126,6 +136,29 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
+
+    def _add_sampler_correction(self, correction) -> None:
+        """Sums and extremes of a round's [`~trl_trapo.sampler_correction.SamplerCorrection`] (every key on every rank,
+        an empty round included, so that the cross-rank reduction sees the same keys)."""
+        sums = self.rollout_sums
+        sums["sampling/units"] += float(correction.ratio.numel())
+        sums["sampling/raw_sum"] += float(correction.raw_ratio.double().sum())
+        sums["sampling/ratio_sum"] += float(correction.ratio.double().sum())
+        sums["sampling/clipped"] += float(correction.clipped.sum())
+        sums["sampling/masked"] += float(correction.masked.sum())
+        difference = correction.logp_difference if correction.logp_difference is not None else torch.zeros(0)
+        sums["sampling/difference_sum"] += float(difference.double().sum())
+        sums["sampling/difference_count"] += float(difference.numel())
+
+        def largest(key: str, values: torch.Tensor) -> None:
+            value = float(values.max()) if values.numel() else -float("inf")
+            self.rollout_extrema[key] = max(self.rollout_extrema.get(key, -float("inf")), value)
+
+        largest("sampling/importance_sampling_ratio/max", correction.ratio)
+        largest("sampling/importance_sampling_ratio/min", -correction.ratio)
+        largest("sampling/raw_importance_sampling_ratio/max", correction.raw_ratio)
+        largest("sampling/raw_importance_sampling_ratio/min", -correction.raw_ratio)
+        largest("sampling/sampling_logp_difference/max", difference)
 
     def _add_groups(self, scores: torch.Tensor, tasks: list[str] | None) -> None:
         """Count the groups (rows of `(G, group)` scores) with at least two scores, and those whose scores are equal
@@ -192,8 +225,32 @@ class MetricsAccumulator:
                 groups = reduced.get(f"rl/groups{suffix}", 0.0)
                 if groups:
                     out[f"rl/zero_variance_groups{suffix}"] = reduced[f"rl/zero_variance_groups{suffix}"] / groups
+            if "sampling/units" in reduced:
+                out.update(self._sampler_correction_metrics(accelerator, reduced))
         out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
         self.reset()
+        return out
+
+    def _sampler_correction_metrics(self, accelerator, reduced: dict[str, float]) -> dict[str, float]:
+        """The `sampling/*` metrics from the rank-summed sums and the extremes, reduced here (max over ranks; a
+        collective, on every rank that has the sums). 0 where nothing was measured, as TRL logs an empty batch."""
+        keys = sorted(self.rollout_extrema)
+        local = torch.tensor([[self.rollout_extrema[k] for k in keys]], dtype=torch.float64)
+        extrema = dict(zip(keys, accelerator.gather(local.to(accelerator.device)).amax(0).cpu().tolist()))
+        units = reduced["sampling/units"]
+        count = reduced["sampling/difference_count"]
+        out = {}
+        for name in ("importance_sampling_ratio", "raw_importance_sampling_ratio"):
+            total = reduced["sampling/ratio_sum" if name == "importance_sampling_ratio" else "sampling/raw_sum"]
+            out[f"sampling/{name}/min"] = -extrema[f"sampling/{name}/min"] if units else 0.0
+            out[f"sampling/{name}/mean"] = total / units if units else 0.0
+            out[f"sampling/{name}/max"] = extrema[f"sampling/{name}/max"] if units else 0.0
+        out["sampling/importance_sampling_ratio/clipped_frac"] = reduced["sampling/clipped"] / max(units, 1.0)
+        out["sampling/importance_sampling_ratio/masked_frac"] = reduced["sampling/masked"] / max(units, 1.0)
+        out["sampling/sampling_logp_difference/mean"] = reduced["sampling/difference_sum"] / count if count else 0.0
+        out["sampling/sampling_logp_difference/max"] = (
+            extrema["sampling/sampling_logp_difference/max"] if count else 0.0
+        )
         return out
 
 

@@ -27,6 +27,7 @@ from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import selective_log_softmax, use_adapter
 
 from .collator import combine_model_inputs
+from .sampler_correction import kept_support_logps
 
 
 logger = logging.getLogger(__name__)
@@ -501,6 +502,39 @@ def batch_model_inputs(
     return combine_model_inputs(model_inputs[start : start + size])
 
 
+def _completion_logits(
+    model: nn.Module,
+    prompt_ids: Sequence[torch.Tensor],
+    completion_ids: Sequence[torch.Tensor],
+    pad_token_id: int,
+    temperature: float | Sequence[float] | torch.Tensor,
+    batch_size: int,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, float | None, list[slice]]]:
+    """Per forward of `batch_size` rows: `(logits (b, L - 1, V) fp32, targets (b, L - 1), temperature, rows)` where
+    `temperature` is the one temperature of the batch (None: `logits` are already divided by each row's own) and
+    `rows[i]` the positions of row i's completion targets."""
+    device = next(model.parameters()).device
+    temperatures = torch.as_tensor(temperature, dtype=torch.float32).flatten()
+    per_row = temperatures.numel() > 1 and bool((temperatures != temperatures[0]).any())
+    if temperatures.numel() > 1 and temperatures.numel() != len(prompt_ids):
+        raise ValueError(
+            f"{temperatures.numel()} temperatures for {len(prompt_ids)} completions; give one or one each."
+        )
+    for start in range(0, len(prompt_ids), batch_size):
+        p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
+        input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
+        inputs = batch_model_inputs(model_inputs, start, len(p))
+        logits = model_forward(model, input_ids.to(device), attention_mask.to(device), inputs).logits[:, :-1].float()
+        scalar = None
+        if per_row:  # each row at its own temperature (one temperature keeps TRL's scalar path)
+            logits = logits / temperatures[start : start + len(p)].to(device).view(-1, 1, 1)
+        else:
+            scalar = float(temperatures[0])
+        rows = [slice(int(lp) - 1, int(lp) - 1 + int(lc)) for lp, lc in zip(lengths_p, lengths_c)]
+        yield logits, input_ids[:, 1:].to(device), scalar, rows
+
+
 @torch.no_grad()
 def completion_logps(
     model: nn.Module,
@@ -527,28 +561,50 @@ def completion_logps(
     Returns:
         `list[torch.Tensor]`: `(C_i,)` log-probs in nats, on CPU, float32.
     """
-    device = next(model.parameters()).device
-    temperatures = torch.as_tensor(temperature, dtype=torch.float32).flatten()
-    per_row = temperatures.numel() > 1 and bool((temperatures != temperatures[0]).any())
-    if temperatures.numel() > 1 and temperatures.numel() != len(prompt_ids):
-        raise ValueError(
-            f"{temperatures.numel()} temperatures for {len(prompt_ids)} completions; give one or one each."
-        )
     out: list[torch.Tensor] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        p, c = prompt_ids[start : start + batch_size], completion_ids[start : start + batch_size]
-        input_ids, attention_mask, lengths_p, lengths_c = _right_pad_pairs(p, c, pad_token_id)
-        inputs = batch_model_inputs(model_inputs, start, len(p))
-        logits = model_forward(model, input_ids.to(device), attention_mask.to(device), inputs).logits[:, :-1].float()
-        if per_row:  # each row at its own temperature (one temperature keeps TRL's scalar path)
-            scale = temperatures[start : start + len(p)].to(device).view(-1, 1, 1)
-            logps = selective_log_softmax(logits / scale, input_ids[:, 1:].to(device))
-        else:
-            logps = selective_log_softmax(logits, input_ids[:, 1:].to(device), temperature=float(temperatures[0]))
-        for i in range(len(p)):
-            first = int(lengths_p[i]) - 1
-            out.append(logps[i, first : first + int(lengths_c[i])].cpu())
+    chunks = _completion_logits(model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size, model_inputs)
+    for logits, targets, scalar, rows in chunks:
+        logps = selective_log_softmax(logits, targets, temperature=1.0 if scalar is None else scalar)
+        out.extend(logps[i, row].cpu() for i, row in enumerate(rows))
     return out
+
+
+@torch.no_grad()
+def completion_logps_and_kept_support(
+    model: nn.Module,
+    prompt_ids: Sequence[torch.Tensor],
+    completion_ids: Sequence[torch.Tensor],
+    pad_token_id: int,
+    temperature: float | Sequence[float] | torch.Tensor = 1.0,
+    batch_size: int = 64,
+    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """[`completion_logps`], and from the same forward the log-probs over the support a `top_k` / `top_p` sampler
+    draws from (renormalised; [`~trl_trapo.sampler_correction.kept_support_logps`]): the trainer's side of the
+    sampler/trainer importance ratio, which must be taken over the support the sampler's log-probs are (TRL #6789).
+
+    Args:
+        model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size, model_inputs: as
+            [`completion_logps`].
+        top_k (`int`): the sampler's top-k (0: none).
+        top_p (`float`): the sampler's top-p (1: none).
+
+    Returns:
+        tuple `(full, kept)`: each a list of `(C_i,)` float32 CPU log-probs in nats; `full` is exactly what
+        [`completion_logps`] returns (PPO's behaviour log-probs), `kept` equals it without truncation.
+    """
+    full: list[torch.Tensor] = []
+    kept: list[torch.Tensor] = []
+    chunks = _completion_logits(model, prompt_ids, completion_ids, pad_token_id, temperature, batch_size, model_inputs)
+    for logits, targets, scalar, rows in chunks:
+        logps = selective_log_softmax(logits, targets, temperature=1.0 if scalar is None else scalar)
+        full.extend(logps[i, row].cpu() for i, row in enumerate(rows))
+        scaled = logits if scalar is None or scalar == 1.0 else logits / scalar
+        for i, row in enumerate(rows):  # the completion's positions only: top-p sorts (C_i, V)
+            kept.append(kept_support_logps(scaled[i, row], targets[i, row], top_k, top_p).cpu())
+    return full, kept
 
 
 def find_score_head(model: nn.Module) -> nn.Module:

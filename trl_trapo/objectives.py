@@ -54,6 +54,7 @@ from .losses import (
     sampled_token_distillation_term,
     sft_term,
 )
+from .sampler_correction import sampler_importance_weights
 
 
 logger = logging.getLogger(__name__)
@@ -323,7 +324,10 @@ class SFTObjective(Objective):
 class RLObjective(Objective):
     """Reinforcement learning on scored rollouts served by the replay buffer — [`~trl_trapo.losses.rl_term`]: PPO's
     clipped surrogate (or truncated importance sampling), guidance's shaped loss on demonstration rows, the KL to the
-    reference in the loss (`kl_penalty="loss"`), the entropy bonus and, with a critic, the clipped value loss.
+    reference in the loss (`kl_penalty="loss"`), the entropy bonus and, with a critic, the clipped value loss. Rows
+    another engine sampled (vLLM) carry their per-token sampler/trainer log-ratio, from which the mismatch weight of
+    the policy loss is formed ([`~trl_trapo.sampler_correction.sampler_importance_weights`], per
+    `vllm_importance_sampling_mode`; a whole row is in the micro-batch, so its sequence ratio is the round's).
 
     It owns what only RL rows need: their sampling temperatures (a row sampled at temperature tau is trained on
     logits / tau, `logit_scale`), the per-row flags of guidance, and its normalisers (`sequences_rl`,
@@ -416,6 +420,15 @@ class RLObjective(Objective):
                 cliprange_value=args.cliprange_value,
                 vf_coef=args.vf_coef,
             )
+        sampling_weights = None
+        if args.vllm_importance_sampling_correction and "sampler_log_ratio" in inputs:  # another engine sampled
+            sampling_weights = sampler_importance_weights(
+                inputs["sampler_log_ratio"],
+                mask,
+                args.vllm_importance_sampling_mode,
+                args.vllm_importance_sampling_clip_max,
+                args.vllm_importance_sampling_clip_min,
+            ).weights.to(per_token_logps.dtype)
         return rl_term(
             per_token_logps,
             inputs["old_per_token_logps"],
@@ -433,6 +446,7 @@ class RLObjective(Objective):
             cliprange=args.cliprange,
             importance_weights=inputs["importance_weight"],
             importance_sampling_cap=args.importance_sampling_cap,
+            sampling_weights=sampling_weights,
             off_policy=inputs.get("off_policy"),
             guidance_gamma=args.guidance_gamma,
             kl=kl,

@@ -52,10 +52,12 @@ from .models import (
     ReferencePolicy,
     batch_model_inputs,
     completion_logps,
+    completion_logps_and_kept_support,
     model_input_kwargs,
     value_predictions,
 )
 from .rewards import RewardScorer, discard_extra, discard_metric
+from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
 from .sources import SampledRound
 
 
@@ -369,22 +371,28 @@ class RolloutBatch:
     # tokens (nats); None without a reference
     completion_mask: list[torch.Tensor] | None = None  # (C_i,) each: the source's mask (0 = not sampled by the
     # policy, e.g. tool results); None: every token was sampled
+    sampler_correction: SamplerCorrection | None = None  # the sampler/trainer mismatch correction of a round another
+    # engine sampled (statistics over every completion it returned); None: the trainer sampled, or no correction
 
 
 class VLLMGenerator:
     """Completions from vLLM for lists of prompt token ids, with the weights synced once per optimizer step (GPU only;
     `use_vllm=True`), through TRL's `VLLMGeneration`.
 
-    vLLM only samples the completions. Everything else stays TRAPO's: completions are cut after the stop token, and
-    the behaviour log-probs are recomputed by the training policy (the same forward as the HF-`generate` path's), so
-    the PPO ratio of a fresh rollout is exactly 1 and kernel differences between vLLM and the trainer cannot bias it.
+    vLLM only samples the completions (and reports its log-probs of them). Everything else stays TRAPO's: completions
+    are cut after the stop token, and the behaviour log-probs are recomputed by the training policy (the same forward
+    as the HF-`generate` path's), so the PPO ratio of a fresh rollout is exactly 1. The kernel differences between
+    vLLM and the trainer are corrected by importance weights (`vllm_importance_sampling_correction`, TRL's default):
+    vLLM's log-probs go to the round as `sampler_per_token_logps` and [`RolloutEngine.finish`] weighs them against
+    the trainer's, taken over the same top-k / top-p support.
     The policy's weights (LoRA adapters merged) are pushed to vLLM before the first generation round of every
     optimizer step; TRL's `VLLMGeneration` gathers ZeRO-3 / FSDP shards parameter by parameter while doing so.
 
     Not tested on this project's CPU machines (vLLM needs a GPU); `scripts/gpu_check.py` exercises it when vLLM is
     importable. Differences from the HF path: sampling is seeded by vLLM, not by the trainer's checkpointed
     generator, so a resumed run does not draw the same completions; with `top_p < 1` or `top_k > 0` the recomputed
-    behaviour log-probs are those of the temperature-scaled distribution, not of the truncated one vLLM sampled from.
+    behaviour log-probs (PPO's ratio) are those of the temperature-scaled distribution, as on the HF path, not of the
+    truncated one vLLM sampled from (only the mismatch weight is taken over the truncated support).
 
     Args:
         args ([`TRAPOConfig`]): the `vllm_*` settings and sampling parameters.
@@ -435,20 +443,45 @@ class VLLMGenerator:
             generation_kwargs=generation_kwargs,
         )
         self.synced_step: int | None = None
+        if args.vllm_mode == "server" and args.vllm_importance_sampling_correction and accelerator.is_main_process:
+            # the correction compares the trainer's log-probs over the kept support with vLLM's processed ones
+            mode = self.generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if mode != "processed_logprobs":
+                logger.warning(
+                    "The vLLM server runs with `--logprobs-mode %s`: its log-probs are not those of the distribution "
+                    "it samples from (temperature, top_k / top_p applied), which biases the sampler/trainer mismatch "
+                    "correction. Restart it with `--logprobs-mode processed_logprobs` (what `trl vllm-serve` sets), "
+                    "or set vllm_importance_sampling_correction=False.",
+                    mode,
+                )
 
-    def generate(self, prompt_ids: list[list[int]], group: int, step: int) -> list[torch.Tensor]:
+    def generate(
+        self, prompt_ids: list[list[int]], group: int, step: int
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Sample one completion per prompt (prompts come in consecutive groups of `group` copies).
 
         Collective (weight sync gathers sharded parameters; server mode gathers prompts): every rank calls it.
 
         Returns:
-            `list[torch.Tensor]`: `(C_i,)` completion token ids, uncut (the caller cuts after the stop token).
+            tuple `(completion_ids, logps)`: `(C_i,)` completion token ids, uncut (the caller cuts after the stop
+            token), and vLLM's `(C_i,)` float32 log-probs of them (nats, after temperature and top-k / top-p: TRL's
+            `processed_logprobs`; NaN where vLLM gave none), or None when vLLM returned none.
         """
         if self.synced_step != step:
             self.generation.sync_weights()
             self.synced_step = step
-        _, completion_ids, _, _ = self.generation.generate(prompts=prompt_ids, images=None, num_generations=group)
-        return [torch.tensor(list(c), dtype=torch.long) for c in completion_ids]
+        _, completion_ids, logprobs, _ = self.generation.generate(
+            prompts=prompt_ids, images=None, num_generations=group
+        )
+        completions = [torch.tensor(list(c), dtype=torch.long) for c in completion_ids]
+        if logprobs is None:
+            return completions, None
+        # (C_i, num_logprobs) per completion, the sampled token's first; None (a NaN vLLM dropped) -> NaN
+        logps = [
+            torch.tensor([math.nan if lp[0] is None else float(lp[0]) for lp in row], dtype=torch.float32)
+            for row in logprobs
+        ]
+        return completions, logps
 
 
 class RolloutEngine:
@@ -554,8 +587,8 @@ class RolloutEngine:
 
         Returns:
             [`~trl_trapo.sources.SampledRound`]: completions cut after their stop token, with behaviour log-probs
-            recorded while sampling (None with vLLM: [`finish`] computes them with the training policy), version
-            `step`.
+            recorded while sampling (with vLLM: none, [`finish`] computes them with the training policy, and vLLM's
+            own as `sampler_per_token_logps` when the mismatch correction is on), version `step`.
 
         Raises:
             RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
@@ -570,10 +603,19 @@ class RolloutEngine:
                     "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
                     "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
                 )
-            completion_ids = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
+            completion_ids, vllm_logps = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
             cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
+            sampler_logps = None
+            if vllm_logps is not None and args.vllm_importance_sampling_correction:
+                sampler_logps = [lp[: c.numel()] for lp, c in zip(vllm_logps, cut)]
             return SampledRound(
-                examples, cut, version=step, group=group, temperatures=temperatures, prompt_ids=prompt_ids
+                examples,
+                cut,
+                version=step,
+                group=group,
+                temperatures=temperatures,
+                prompt_ids=prompt_ids,
+                sampler_per_token_logps=sampler_logps,
             )
         generation_config = self.generation_config
         if max_new_tokens is not None and max_new_tokens != generation_config.max_new_tokens:
@@ -661,7 +703,9 @@ class RolloutEngine:
         (tokenized from `prompt` when absent), behaviour log-probs when the round has none (the current policy's, at
         each row's temperature), scores when it has none (the reward functions), the missing-stop penalty, guidance's
         demonstrations, reference log-probs, critic values, advantages and trajectories stamped with the round's
-        version. The completions are taken as they are (never cut).
+        version. The completions are taken as they are (never cut). A round with `sampler_per_token_logps` (another
+        engine sampled it) gets the trainer's log-probs as behaviour log-probs and, with
+        `vllm_importance_sampling_correction`, the mismatch log-ratios and statistics ([`sampler_correction`]).
 
         Args:
             sampled ([`~trl_trapo.sources.SampledRound`]): the round.
@@ -733,12 +777,29 @@ class RolloutEngine:
         batch_size = args.local_rollout_forward_batch_size
         policy = self.policy_of(unwrapped)
         completion_ids, old_logps = sampled.completion_ids, sampled.old_per_token_logps
-        if old_logps is None:
+        masks = list(sampled.completion_mask) if sampled.completion_mask is not None else None
+        correction = log_ratios = None
+        if sampled.sampler_per_token_logps is not None and args.vllm_importance_sampling_correction:
+            # another engine sampled: the trainer's own log-probs are the behaviour log-probs, and over the sampler's
+            # kept top-k / top-p support they give the mismatch weight (TRL's vllm_importance_sampling_correction)
+            old_logps, kept_logps = completion_logps_and_kept_support(
+                policy,
+                prompt_ids,
+                completion_ids,
+                pad_id,
+                temperatures,
+                batch_size,
+                model_inputs,
+                args.top_k,
+                args.top_p,
+            )
+            correction = self.sampler_correction(kept_logps, sampled.sampler_per_token_logps, completion_ids, masks)
+            log_ratios = [correction.log_ratio[i, : c.numel()].clone() for i, c in enumerate(completion_ids)]
+        elif old_logps is None:
             old_logps = completion_logps(
                 policy, prompt_ids, completion_ids, pad_id, temperatures, batch_size, model_inputs
             )
         completion_ids, old_logps = list(completion_ids), list(old_logps)
-        masks = list(sampled.completion_mask) if sampled.completion_mask is not None else None
         if masks is not None:  # behaviour log-probs of the policy's tokens only (0 where the environment wrote)
             old_logps = [torch.where(m.bool(), lp.float(), 0.0) for lp, m in zip(old_logps, masks)]
         # step 2. scores (reward functions / models), unless the source brought them
@@ -782,6 +843,8 @@ class RolloutEngine:
                 )
                 for k, i in enumerate(chosen):
                     completion_ids[i], old_logps[i] = demos[k], demo_logps[k]
+                    if log_ratios is not None:  # a demonstration was not sampled: no mismatch to correct
+                        log_ratios[i] = torch.zeros(demos[k].numel())
                     scores[i], per_func[i] = demo_scores[k], demo_per_func[k]
                     off_policy[i] = True
                     if masks is not None:  # every token of a demonstration counts
@@ -833,6 +896,7 @@ class RolloutEngine:
             completion_masks=masks,
             version=sampled.version,
             teacher_logps=teacher_logps,
+            sampler_log_ratios=log_ratios,
         )
         tasks = [str(e["task"]) for e in examples] if all("task" in e for e in examples) else None
         return RolloutBatch(
@@ -853,6 +917,45 @@ class RolloutEngine:
             on_policy_scores=on_policy_scores,
             kl=kl,
             completion_mask=masks,
+            sampler_correction=correction,
+        )
+
+    def sampler_correction(
+        self,
+        trainer_logps: list[torch.Tensor],
+        sampler_logps: list[torch.Tensor],
+        completion_ids: list[torch.Tensor],
+        masks: list[torch.Tensor] | None,
+    ) -> SamplerCorrection:
+        """The round's sampler/trainer mismatch correction (`vllm_importance_sampling_*`) over the policy's tokens of
+        every completion the sampler returned: the per-token log-ratios trajectories carry (`sampler_log_ratio`; the
+        training step turns them into weights, [`~trl_trapo.objectives.RLObjective`]) and the round's statistics.
+
+        Args:
+            trainer_logps (`list[torch.Tensor]`): `(C_i,)` the trainer's log-probs over the sampler's kept support.
+            sampler_logps (`list[torch.Tensor]`): `(C_i,)` the sampler's (NaN: unknown).
+            completion_ids (`list[torch.Tensor]`): `(C_i,)` the completions (for their lengths).
+            masks (`list[torch.Tensor]`, *optional*): `(C_i,)` 1 on the policy's tokens; None: all.
+
+        Returns:
+            [`~trl_trapo.sampler_correction.SamplerCorrection`] over `(B, max C_i)` padded tensors.
+        """
+        args = self.args
+        length = max(c.numel() for c in completion_ids)
+        trainer = torch.zeros(len(completion_ids), length)
+        sampler = torch.zeros(len(completion_ids), length)
+        mask = torch.zeros(len(completion_ids), length)
+        for i, c in enumerate(completion_ids):
+            n = c.numel()
+            trainer[i, :n], sampler[i, :n] = trainer_logps[i].float(), sampler_logps[i].float()
+            mask[i, :n] = 1.0 if masks is None else masks[i].float()
+        return correct_sampler_mismatch(
+            trainer,
+            sampler,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_max,
+            args.vllm_importance_sampling_clip_min,
         )
 
     def make_trajectories(
@@ -872,6 +975,7 @@ class RolloutEngine:
         completion_masks: list[torch.Tensor] | None = None,
         version: int = 0,
         teacher_logps: list[torch.Tensor] | None = None,
+        sampler_log_ratios: list[torch.Tensor] | None = None,
     ) -> list[Trajectory]:
         """Advantages (GAE with a critic, with the KL in the per-token rewards when `kl_penalty="reward"`;
         group-relative over consecutive groups of `group` completions otherwise) and the trajectories of the
@@ -882,7 +986,9 @@ class RolloutEngine:
         `completion_masks`: `(C_i,)` each, 0 on tokens the policy did not sample (TRL's `env_mask`): they count in no
         loss and no KL, GAE steps over them (the score lands on the last model token), and every per-token field of
         the trajectory (behaviour, reference and teacher log-probs, advantages, returns, values) is 0 there;
-        `version`: the policy version that sampled them, stamped on every trajectory.
+        `version`: the policy version that sampled them, stamped on every trajectory. `sampler_log_ratios`: `(C_i,)`
+        each, log pi_trainer - log pi_sampler per token of a round another engine sampled (0 off the policy's tokens
+        and on demonstrations), carried by the trajectories for the mismatch weight.
 
         Statistics over the batch — `scale_rewards="batch"`'s standard deviation, `whiten_rewards`' and
         `whiten_advantages`' mean and variance — cover the whole round: with `across_ranks` every rank calls this
@@ -970,6 +1076,9 @@ class RolloutEngine:
                     else teacher_logps[i][:n].clone().float()
                     if completion_masks is None
                     else teacher_logps[i][:n].float() * policy_mask[i, :n],
+                    sampler_log_ratio=None
+                    if sampler_log_ratios is None
+                    else sampler_log_ratios[i][:n].float() * policy_mask[i, :n],
                 )
             )
         return trajectories

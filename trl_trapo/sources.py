@@ -39,7 +39,12 @@ What this contract leaves to the source, and what to the trainer, is chosen so t
   completions.
 - **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
   log-probs and the rewards there, and hands over finished samples with `version` = the step whose weights it had and
-  `scores` set; `sample` returns the next ready round. Reference log-probs, values, advantages and every round or
+  `scores` set; `sample` returns the next ready round. An engine whose log-probs are not the trainer's own (vLLM, a
+  producer in another precision) returns them as `sampler_per_token_logps`: the trainer then computes its own when it
+  finishes the round (PPO's behaviour log-probs) and weights the policy loss by the sampler/trainer mismatch
+  (`vllm_importance_sampling_*`, `trl_trapo/sampler_correction.py`). For a round older than the current step, the
+  trainer's log-probs are the current policy's, so the weight then also covers the staleness (decoupled PPO's
+  proximal policy, AReaL huggingface.co/papers/2505.24298). Reference log-probs, values, advantages and every round or
   cross-rank statistic are still computed by the trainer when it consumes the round.
 
 [`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
@@ -79,7 +84,8 @@ class SampledRound:
     Raises:
         ValueError: naming the field, if the per-row fields do not have one entry per completion (or one value per
             token of its completion), `B` is not a multiple of `group`, the round is empty, a completion mask holds
-            something other than 0 and 1, or behaviour log-probs at the policy's tokens are not finite and <= 0.
+            something other than 0 and 1, behaviour log-probs at the policy's tokens are not finite and <= 0,
+            sampler log-probs are not <= 0 or NaN, or both kinds of log-probs are given.
     """
 
     examples: list[dict[str, Any]]  # (B,) the dataset row of each completion's prompt: `prompt_ids` or `prompt`, and
@@ -100,6 +106,12 @@ class SampledRound:
     # `missing_eos_penalty`; None: the trainer's reward functions score the round
     per_func: torch.Tensor | None = None  # (B, F) each of the trainer's F reward functions' reward, with `scores`
     # (for `rewards/<name>/mean`); None: no per-function metrics for this round
+    sampler_per_token_logps: list[torch.Tensor] | None = None  # (C_i,) each: the log-probs of the sampled tokens
+    # as a separate sampling engine computed them (vLLM, an asynchronous producer; nats, at the row's temperature,
+    # over the support the configured `top_k` / `top_p` keep, renormalised: vLLM's "processed_logprobs"); NaN where
+    # the engine gave none. With them the trainer computes the behaviour log-probs itself (`old_per_token_logps`
+    # must be None) and weights the policy loss by the sampler/trainer mismatch (`vllm_importance_sampling_*`);
+    # ignored when `vllm_importance_sampling_correction=False`; set to 0 where `completion_mask` is 0
 
     def __post_init__(self):
         self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
@@ -109,6 +121,16 @@ class SampledRound:
             self.completion_mask = [torch.as_tensor(m).float() for m in self.completion_mask]
         if self.old_per_token_logps is not None:
             self.old_per_token_logps = [torch.as_tensor(lp, dtype=torch.float32) for lp in self.old_per_token_logps]
+        if self.sampler_per_token_logps is not None:
+            self.sampler_per_token_logps = [
+                torch.as_tensor(lp, dtype=torch.float32) for lp in self.sampler_per_token_logps
+            ]
+            if self.old_per_token_logps is not None:
+                raise ValueError(
+                    "SampledRound: give the behaviour log-probs either as `old_per_token_logps` (the trainer's own, "
+                    "used as they are) or as `sampler_per_token_logps` (another engine's: the trainer computes its "
+                    "own and corrects for the mismatch), not both."
+                )
         rows = len(self.examples)
         if rows == 0:
             raise ValueError("SampledRound: a round needs at least one completion (`examples` is empty).")
@@ -120,7 +142,7 @@ class SampledRound:
         lengths = [int(c.numel()) for c in self.completion_ids]
         if len(lengths) != rows:
             raise ValueError(f"SampledRound: {len(lengths)} completion_ids for {rows} examples; give one per example.")
-        for name in ("old_per_token_logps", "completion_mask"):
+        for name in ("old_per_token_logps", "sampler_per_token_logps", "completion_mask"):
             values = getattr(self, name)
             if values is None:
                 continue
@@ -161,10 +183,13 @@ class SampledRound:
                         "completion mask is 1 on tokens the policy sampled and 0 on tokens the environment wrote, "
                         "nothing else (pass TRL's `env_mask` as it is)."
                     )
-            if self.old_per_token_logps is not None:  # what a source puts at the environment's tokens is ignored
-                self.old_per_token_logps = [
-                    torch.where(m.bool(), lp, 0.0) for lp, m in zip(self.old_per_token_logps, self.completion_mask)
-                ]
+            for name in ("old_per_token_logps", "sampler_per_token_logps"):  # ignored at the environment's tokens
+                if getattr(self, name) is not None:
+                    setattr(
+                        self,
+                        name,
+                        [torch.where(m.bool(), lp, 0.0) for lp, m in zip(getattr(self, name), self.completion_mask)],
+                    )
         if self.old_per_token_logps is not None:
             for i, logps in enumerate(self.old_per_token_logps):
                 if not bool(torch.isfinite(logps).all()) or bool((logps > 1e-4).any()):
@@ -172,6 +197,15 @@ class SampledRound:
                         f"SampledRound.old_per_token_logps[{i}] must be finite log-probabilities <= 0 (nats), got "
                         f"{logps.tolist()[:8]}...: pass the sampler's log-probs of the sampled tokens, or None to "
                         "have the trainer compute them."
+                    )
+        if self.sampler_per_token_logps is not None:
+            for i, logps in enumerate(self.sampler_per_token_logps):
+                known = logps[~torch.isnan(logps)]
+                if not bool(torch.isfinite(known).all()) or bool((known > 1e-4).any()):
+                    raise ValueError(
+                        f"SampledRound.sampler_per_token_logps[{i}] must be log-probabilities <= 0 (nats), NaN where "
+                        f"the engine gave none, got {logps.tolist()[:8]}...: pass the sampler's log-probs of the "
+                        "sampled tokens."
                     )
 
 

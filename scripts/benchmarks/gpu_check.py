@@ -12,6 +12,9 @@ is importable — and prints, per run:
 - peak GPU memory (`torch.cuda.max_memory_allocated`);
 - the share of step time spent in generation rounds (generate + reference / reward scoring), and the median step time.
 
+The vLLM run also records the sampler/trainer mismatch its rounds logged last (`sampling/*`: vLLM's bf16 log-probs
+against the trainer's, TRL's `vllm_importance_sampling_correction` at its defaults) in the JSON output.
+
 The first `--warmup` steps are not timed. The whole script is meant to finish in under 8 minutes on one H100/H200
 (`--time_budget_s` skips the vLLM run when the first one took too long). A tiny variant runs anywhere:
 
@@ -227,6 +230,8 @@ def run(name: str, arch: dict, args, device: torch.device, use_vllm: bool) -> di
         "total_s": total,
         "parameters_m": sum(p.numel() for p in trainer.model.parameters()) / 1e6,
     }
+    for entry in trainer.state.log_history:  # vLLM runs: the mismatch statistics, last logged values
+        result.update({k: v for k, v in entry.items() if k.startswith("sampling/")})
     del trainer, model
     if device.type == "cuda":
         torch.cuda.empty_cache()
