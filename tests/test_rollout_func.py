@@ -3,7 +3,12 @@
 
 - A `rollout_func` in TRL's style (it generates with the trainer's model, then a tool answers: `env_mask` 0) trains
   for a few steps; it gets one prompt per prompt (text as text, messages as messages), its extra keys reach the
-  reward functions as columns, and its log-probs are the behaviour log-probs (first ratio 1).
+  reward functions as columns.
+- Its `logprobs` have TRL's meaning, the *sampler's* log-probs: PPO's behaviour log-probs are the trainer's own
+  recompute (first ratio exactly 1 on every model token whatever the function returned), and the sampler's weight the
+  policy loss by pi_trainer / pi_sampler (`vllm_importance_sampling_*`, `sampling/*` metrics): weights 1 when they
+  are the trainer's, the gap when they are off (a constant, another temperature), 1 over top-p's kept support when
+  they are vLLM-style renormalised ones (TRL #6789); the environment's tokens carry no weight.
 - What it returns wrong is refused: a missing key with TRL's message, wrong counts and lengths naming the key, the
   row and the fix; so are `rollout_func` with `rollout_source`, with `exploration=True`, without RL prompts, and
   something not callable.
@@ -11,12 +16,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 from datasets import Dataset
 from test_doc_commands import registered_block
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.data import tokenize_prompt
+from trl_trapo.models import completion_logps, completion_logps_and_kept_support
 from trl_trapo.rollout import generate
 from trl_trapo.sources import RolloutFuncSource, rollout_func_round
 from trl_trapo.tasks import build_tiny_model
@@ -26,26 +35,41 @@ DOCUMENTED = "docs/writing_a_rollout_source.md: # run: a rollout_func with a too
 TOOL = "=7;"  # what the "tool" answers after the model's first turn
 
 
-def agent(calls: list):
+def agent(calls: list, logprobs: str = "own", outputs: list | None = None, env_logprob: float = 0.0):
     """A `rollout_func` in TRL's style: render each prompt, sample `num_generations` turns with the trainer's model
-    (behaviour log-probs recorded), then the tool's answer (env_mask 0, log-prob 0); `tool_calls` is an extra key."""
+    (log-probs recorded while sampling), then the tool's answer (env_mask 0, log-prob `env_logprob`); `tool_calls` is
+    an extra key. `logprobs` says what it returns as the sampler's log-probs: "own" (recorded while sampling at
+    `temperature`: the trainer's), "constant" (-1.0 everywhere: deliberately off), "temperature" (it samples at 0.5
+    and returns those, while the round is trained at `temperature`), "top_p" (renormalised over what `top_p` keeps,
+    as vLLM's `processed_logprobs`). Each output is appended to `outputs`."""
 
     def rollout_func(prompts, trainer):
         calls.append(list(prompts))
         tokenizer, args = trainer.processing_class, trainer.args
         policy = trainer.accelerator.unwrap_model(trainer.model)
         prompt_ids = [tokenize_prompt(p, tokenizer) for p in prompts for _ in range(args.num_generations)]
+        temperature = 0.5 if logprobs == "temperature" else args.temperature
         turns = generate(
-            policy, prompt_ids, trainer.generation_config, trainer.padding_id, None, temperature=args.temperature
+            policy, prompt_ids, trainer.generation_config, trainer.padding_id, None, temperature=temperature
         )
+        sampler = turns["old_per_token_logps"]
+        if logprobs == "constant":
+            sampler = [torch.full_like(lp, -1.0) for lp in sampler]
+        elif logprobs == "top_p":
+            prompts_t = [torch.tensor(p) for p in prompt_ids]
+            _, sampler = completion_logps_and_kept_support(
+                policy, prompts_t, turns["completion_ids"], trainer.padding_id, args.temperature, top_p=args.top_p
+            )
         tool = tokenizer.encode(TOOL, add_special_tokens=False)
         out = {"prompt_ids": prompt_ids, "completion_ids": [], "logprobs": [], "env_mask": [], "tool_calls": []}
-        for turn, logps in zip(turns["completion_ids"], turns["old_per_token_logps"]):
+        for turn, logps in zip(turns["completion_ids"], sampler):
             turn = turn.tolist()
             out["completion_ids"].append(turn + tool)
-            out["logprobs"].append(logps.tolist() + [0.0] * len(tool))
+            out["logprobs"].append(logps.tolist() + [env_logprob] * len(tool))
             out["env_mask"].append([1] * len(turn) + [0] * len(tool))
             out["tool_calls"].append(1)
+        if outputs is not None:
+            outputs.append(out)
         return out
 
     return rollout_func
@@ -97,11 +121,18 @@ def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_
     # the extra key reached the reward function as a column, next to the dataset's own (`answer`)
     assert seen == [[1] * 8] * len(calls)  # (and no call before training, on dataset rows without the column)
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    # the first step trains on the function's own log-probs: ratio 1 on every model token
+    # the first step's behaviour log-probs are the trainer's recompute: ratio 1 on every model token
     assert logs[0]["policy/approxkl_avg"] < 1e-10 and logs[0]["val/ratio"] == pytest.approx(1.0, abs=1e-6)
     rollout_logs = [h for h in trainer.state.log_history if "completions/mean_env_length" in h]
     assert rollout_logs and all(h["completions/mean_env_length"] == len(TOOL) for h in rollout_logs)
     assert all(h["completions/mean_length"] <= 3 for h in rollout_logs)  # the model's turn only
+    # its log-probs are the sampler's, here the trainer's own: every round's mismatch weights are 1 (TRL's default
+    # sequence_mask: the smallest and largest sequence weight), with no gap between the two
+    for h in rollout_logs:
+        assert h["sampling/importance_sampling_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+        assert h["sampling/importance_sampling_ratio/max"] == pytest.approx(1.0, abs=1e-4)
+        assert h["sampling/importance_sampling_ratio/masked_frac"] == 0.0
+        assert h["sampling/sampling_logp_difference/max"] < 1e-4
 
 
 def test_conversational_prompts_are_passed_as_messages(tmp_path, tokenizer):
@@ -114,6 +145,114 @@ def test_conversational_prompts_are_passed_as_messages(tmp_path, tokenizer):
     )
     trainer.train()
     assert calls and all(isinstance(p, list) and p[0]["role"] == "user" for p in calls[0])
+
+
+def test_logprobs_that_are_off_leave_the_first_ratio_one_and_weight_the_loss_by_the_gap(
+    tmp_path, tokenizer, suite, monkeypatch
+):
+    """A function whose `logprobs` are all -1.0 (nonsense 5.0 at the tool's tokens): PPO's first ratio is exactly 1
+    on every model token (the trainer's recompute is the behaviour log-prob), each model token's policy loss is
+    weighted by exp(log pi_trainer - (-1)) (token_mask without bounds: the raw ratio), the environment's tokens by
+    nothing, and the `sampling/*` metrics report that gap. Before, -1.0 was PPO's behaviour log-prob: the first ratio
+    was exp(log pi + 1), far from 1."""
+    import trl_trapo.objectives as objectives
+
+    seen = []
+
+    def recording_rl_term(*args, **kwargs):
+        seen.append((args[0].detach(), args[1], args[3], kwargs["sampling_weights"]))  # new, old, mask, weights
+        return rl_term(*args, **kwargs)
+
+    rl_term = objectives.rl_term
+    monkeypatch.setattr(objectives, "rl_term", recording_rl_term)
+    reward = lambda completions, **kw: [float(len(c) % 3) for c in completions]  # noqa: E731
+    func = agent([], logprobs="constant", env_logprob=5.0)
+    trainer = trainer_for(
+        tmp_path,
+        tokenizer,
+        suite.rl_train,
+        func,
+        reward,
+        max_steps=1,
+        vllm_importance_sampling_mode="token_mask",
+        vllm_importance_sampling_clip_max=None,
+    )
+    trainer.train()
+    assert seen
+    new = torch.cat([n[m.bool()] for n, _, m, _ in seen])
+    for n, old, mask, weights in seen:
+        counted = mask.bool()
+        assert bool(counted.any()) and weights is not None
+        torch.testing.assert_close(torch.exp(n - old)[counted], torch.ones(int(counted.sum())), atol=1e-5, rtol=0)
+        torch.testing.assert_close(weights[counted], torch.exp(n + 1.0)[counted], atol=1e-4, rtol=1e-4)
+        assert bool((weights[~counted] == 1.0).all())  # the environment's tokens (and the prompt) carry no weight
+    gap = (new + 1.0).abs()
+    assert float(gap.mean()) > 0.5  # the function's -1.0 is far from the trainer's log-probs
+    logged = next(h for h in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in h)
+    assert logged["sampling/sampling_logp_difference/mean"] == pytest.approx(float(gap.mean()), rel=1e-4)
+    assert logged["sampling/sampling_logp_difference/max"] == pytest.approx(float(gap.max()), rel=1e-4)
+    ratios = torch.exp(new + 1.0).double()
+    for name in ("importance_sampling_ratio", "raw_importance_sampling_ratio"):
+        assert logged[f"sampling/{name}/mean"] == pytest.approx(float(ratios.mean()), rel=1e-4)
+        assert logged[f"sampling/{name}/min"] == pytest.approx(float(ratios.min()), rel=1e-4)
+        assert logged[f"sampling/{name}/max"] == pytest.approx(float(ratios.max()), rel=1e-4)
+    assert logged["sampling/importance_sampling_ratio/masked_frac"] == 0.0
+    assert logged["val/ratio"] == pytest.approx(1.0, abs=1e-6) and logged["policy/approxkl_avg"] < 1e-10
+
+
+@pytest.mark.parametrize(
+    "logprobs, overrides",
+    [
+        ("constant", {}),
+        ("temperature", {}),
+        ("top_p", {"top_p": 0.7}),
+        ("constant", {"vllm_importance_sampling_correction": False}),
+    ],
+)
+def test_a_round_gets_the_trainers_behaviour_logprobs_and_the_samplers_mismatch(
+    tmp_path, tokenizer, suite, logprobs, overrides
+):
+    """Whatever the function's `logprobs`, the round's behaviour log-probs are the trainer's forward at the round's
+    temperature (so PPO's first ratio is 1), and the mismatch log-ratio is log pi_trainer - log pi_sampler at the
+    model's tokens, 0 at the tool's: -1.0 everywhere and log-probs of a 0.5-temperature sampler give a gap; vLLM-style
+    log-probs renormalised over top_p's kept support give none, because the trainer's side is taken over the same
+    support (TRL #6789), although they are far above the full-vocabulary ones (which, as behaviour log-probs, made
+    the first ratio the kept mass S < 1). With the correction off they are ignored (TRL without vLLM)."""
+    outputs = []
+    reward = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = trainer_for(
+        tmp_path, tokenizer, suite.rl_train, agent([], logprobs, outputs, env_logprob=5.0), reward, **overrides
+    )
+    batch = trainer.collect_rollouts(8, step=0)
+    (out,) = outputs
+    assert [c.tolist() for c in batch.completion_ids] == out["completion_ids"]
+    expected = completion_logps(
+        trainer.model, batch.prompt_ids, batch.completion_ids, trainer.padding_id, batch.temperatures
+    )
+    for old, want, mask in zip(batch.old_per_token_logps, expected, batch.completion_mask):
+        torch.testing.assert_close(old, torch.where(mask.bool(), want, 0.0))  # the trainer's own: first ratio 1
+    if overrides.get("vllm_importance_sampling_correction") is False:
+        assert batch.sampler_correction is None and all(t.sampler_log_ratio is None for t in batch.trajectories)
+        return
+    gaps = []
+    for t, old, sampler, mask in zip(batch.trajectories, batch.old_per_token_logps, out["logprobs"], out["env_mask"]):
+        model = torch.tensor(mask).bool()
+        assert bool((t.sampler_log_ratio[~model] == 0).all())  # the tool's tokens: no mismatch weight
+        sampler = torch.tensor(sampler)
+        if logprobs == "top_p":
+            assert bool((sampler[model] > old[model] + 1e-3).any())  # renormalised: above the full-vocabulary ones
+            torch.testing.assert_close(t.sampler_log_ratio[model], torch.zeros(int(model.sum())), atol=1e-5, rtol=0)
+        else:
+            torch.testing.assert_close(t.sampler_log_ratio[model], old[model] - sampler[model], atol=1e-5, rtol=0)
+        gaps.append(t.sampler_log_ratio[model].abs())
+    stats = batch.sampler_correction.summary()
+    assert stats["logp_difference/mean"] == pytest.approx(float(torch.cat(gaps).mean()), abs=1e-6)
+    if logprobs == "top_p":
+        assert stats["ratio/min"] == pytest.approx(1.0, abs=1e-4) and stats["ratio/max"] == pytest.approx(
+            1.0, abs=1e-4
+        )
+    else:
+        assert stats["logp_difference/mean"] > 0.05 and not math.isclose(stats["raw_ratio/mean"], 1.0, abs_tol=1e-2)
 
 
 def rows(n=2):
@@ -138,9 +277,17 @@ def test_the_round_it_makes():
     assert [e["judge"] for e in sampled.examples] == ["j0", "j1", "j2", "j3"]  # a list: each completion its entry
     assert all(e["episode"] == 3 for e in sampled.examples)  # anything else: every completion
     assert sampled.completion_mask[0].tolist() == [1.0, 0.0, 1.0]
-    assert sampled.old_per_token_logps[0].tolist() == pytest.approx([-0.1, 0.0, -0.2])
+    # TRL's meaning: the sampler's log-probs (0 at the environment's tokens), not PPO's behaviour log-probs, which the
+    # trainer computes when it finishes the round
+    assert sampled.old_per_token_logps is None
+    assert sampled.sampler_per_token_logps[0].tolist() == pytest.approx([-0.1, 0.0, -0.2])
     none = rollout_func_round({**valid_output(), "logprobs": None, "env_mask": None}, rows(), 2, step=0)
-    assert none.old_per_token_logps is None and none.completion_mask is None
+    assert none.old_per_token_logps is None and none.sampler_per_token_logps is None and none.completion_mask is None
+    # anything at the environment's tokens (TRL: vLLM's None, a placeholder) is accepted and ignored
+    anything = {**valid_output(), "logprobs": [[-0.1, None, -0.2], [-0.1, 7.0, -0.2]] * 2}
+    assert rollout_func_round(anything, rows(), 2, step=0).sampler_per_token_logps[1].tolist() == pytest.approx(
+        [-0.1, 0.0, -0.2]
+    )
 
 
 @pytest.mark.parametrize("missing", [["logprobs"], ["completion_ids", "prompt_ids"]])
@@ -166,6 +313,10 @@ def test_a_missing_key_raises_trls_message(missing):
         ({"env_mask": [[1, 2, 1]] * 4}, r"completion_mask\[0\].*TRL's `env_mask`"),
         ({"completion_ids": ["abc"] * 4}, r"'completion_ids'\[0\] is 'abc', not a list of token ids: tokenize"),
         ({"env_mask": [[1, 0, 1]] * 3 + [[0, 0, 0]]}, r"'env_mask'\[3\] has no 1 .*trains nothing"),
+        # log-probs are checked at the policy's tokens, as before: finite and <= 0 (vLLM's None is not a log-prob)
+        ({"logprobs": [[-0.1, 0.0, -0.2]] + [[0.5, 0.0, -0.2]] * 3}, r"'logprobs'\[1\] must be finite .*<= 0"),
+        ({"logprobs": [[-0.1, 0.0, None]] * 4}, r"'logprobs'\[0\] must be finite log-probabilities"),
+        ({"logprobs": [[-0.1, 0.0, float("-inf")]] * 4}, r"'logprobs'\[0\] must be finite log-probabilities"),
     ],
 )
 def test_wrong_shapes_are_refused_naming_the_key_and_row(change, message):

@@ -898,13 +898,16 @@ class TRAPOConfig(_BaseConfig):
     vllm_importance_sampling_correction: bool = field(
         default=True,
         metadata={
-            "help": "When a round is sampled by another engine than the trainer's forward (vLLM with use_vllm=True, "
-            "or a rollout source that returns the sampler's log-probs as `SampledRound.sampler_per_token_logps`), "
-            "weight each token's policy loss by the importance ratio pi_trainer / pi_sampler of the token, bounded "
-            "per `vllm_importance_sampling_mode`, as TRL's GRPO does (TRL's name and default). The trainer's own "
-            "log-probs, computed when the round is finished, are PPO's behaviour log-probs. It changes nothing "
-            "where the trainer samples itself (transformers' generate, the default). False: the sampler's "
-            "log-probs are ignored (no correction)."
+            "help": "When a round is sampled by another engine than the trainer's forward, weight each token's "
+            "policy loss by the importance ratio pi_trainer / pi_sampler of the token, bounded per "
+            "`vllm_importance_sampling_mode`, as TRL's GRPO does (TRL's name and default). It applies whenever the "
+            "sampler's log-probs exist: vLLM with use_vllm=True, a `rollout_func` that returns `logprobs`, or a "
+            "rollout source that returns `SampledRound.sampler_per_token_logps`. TRL applies it only with "
+            "use_vllm=True; a `rollout_func` samples with an engine of its own (use_vllm is refused with it), so "
+            "TRAPO corrects its rounds too. The trainer's own log-probs, computed when the round is finished, are "
+            "PPO's behaviour log-probs in every case. It changes nothing where the trainer samples itself "
+            "(transformers' generate, the default). False: the sampler's log-probs are ignored (no correction, as "
+            "TRL without vLLM)."
         },
     )
     vllm_importance_sampling_mode: CorrectionMode = field(

@@ -17,10 +17,11 @@
   completion. `objective/entropy` (minus the summed behaviour log-probs) and `objective/kl` sum the policy's tokens
   only as well.
 
-- Sampler/trainer mismatch (`sampling/*`, rounds another engine sampled, with `vllm_importance_sampling_correction`;
-  TRL GRPO's names): over every such round since the last log, `sampling/sampling_logp_difference/mean|max` (|log
-  pi_trainer - log pi_sampler| per token), `sampling/importance_sampling_ratio/min|mean|max` (the weights, after the
-  bound), `sampling/raw_importance_sampling_ratio/min|mean|max` (before it, TRL #5231 / #5243) and
+- Sampler/trainer mismatch (`sampling/*`, rounds another engine sampled: vLLM, a `rollout_func` returning
+  `logprobs`, a source's `sampler_per_token_logps`; with `vllm_importance_sampling_correction`; TRL GRPO's names):
+  over every such round since the last log, `sampling/sampling_logp_difference/mean|max` (|log pi_trainer - log
+  pi_sampler| per token), `sampling/importance_sampling_ratio/min|mean|max` (the weights, after the bound),
+  `sampling/raw_importance_sampling_ratio/min|mean|max` (before it, TRL #5231 / #5243) and
   `sampling/importance_sampling_ratio/clipped_frac|masked_frac` (the fraction of the mode's units, tokens or
   sequences, clipped or set to 0). Means are over all units of all ranks; min and max over all ranks.
 

@@ -34,9 +34,10 @@ What this contract leaves to the source, and what to the trainer, is chosen so t
 - **TRL's `rollout_func`** (`rollout_func(prompts, trainer) -> dict(prompt_ids, completion_ids, logprobs[, env_mask,
   extra keys])`, `TRAPOTrainer(rollout_func=...)`): [`RolloutFuncSource`] draws prompts, calls the function with them
   (one per prompt, not repeated), and returns `SampledRound(examples=rows with the extra keys as reward columns,
-  prompt_ids, completion_ids, old_per_token_logps=logprobs, completion_mask=env_mask, version=step,
-  group=num_generations)`. Multi-turn completions are returned as they are: the trainer never cuts a source's
-  completions.
+  prompt_ids, completion_ids, sampler_per_token_logps=logprobs, completion_mask=env_mask, version=step,
+  group=num_generations)`. As in TRL, `logprobs` are the *sampler's* log-probs: the trainer's own forward gives PPO's
+  behaviour log-probs (first-use ratio exactly 1), and the sampler's weight the policy loss by the mismatch (below).
+  Multi-turn completions are returned as they are: the trainer never cuts a source's completions.
 - **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
   log-probs and the rewards there, and hands over finished samples with `version` = the step whose weights it had and
   `scores` set; `sample` returns the next ready round. An engine whose log-probs are not the trainer's own (vLLM, a
@@ -107,7 +108,8 @@ class SampledRound:
     per_func: torch.Tensor | None = None  # (B, F) each of the trainer's F reward functions' reward, with `scores`
     # (for `rewards/<name>/mean`); None: no per-function metrics for this round
     sampler_per_token_logps: list[torch.Tensor] | None = None  # (C_i,) each: the log-probs of the sampled tokens
-    # as a separate sampling engine computed them (vLLM, an asynchronous producer; nats, at the row's temperature,
+    # as a separate sampling engine computed them (vLLM, a `rollout_func`'s `logprobs`, an asynchronous producer;
+    # nats, at the row's temperature,
     # over the support the configured `top_k` / `top_p` keep, renormalised: vLLM's "processed_logprobs"); NaN where
     # the engine gave none. With them the trainer computes the behaviour log-probs itself (`old_per_token_logps`
     # must be None) and weights the policy loss by the sampler/trainer mismatch (`vllm_importance_sampling_*`);
@@ -385,8 +387,16 @@ class RolloutFuncSource:
 
     - `prompt_ids`: `B` lists of ints, the prompt each completion was generated from (as trained);
     - `completion_ids`: `B` lists of ints, the completions as trained (never cut by the trainer);
-    - `logprobs`: `B` lists of floats, the sampler's log-probs (nats) of the completion tokens at `temperature`, or
-      None (the trainer then computes them with the current policy); values at environment tokens are ignored;
+    - `logprobs`: `B` lists of floats, the sampler's log-probs (nats) of the completion tokens at `temperature`, over
+      the support the configured `top_k` / `top_p` keep (vLLM's `processed_logprobs`), or None; values at
+      environment tokens are ignored. TRL's meaning: they are the round's `sampler_per_token_logps`, not PPO's
+      behaviour log-probs. The trainer computes those itself with the current policy when it finishes the round (so
+      PPO's first ratio is exactly 1 whatever engine sampled), and with `vllm_importance_sampling_correction` (the
+      default) weights each token's policy loss by pi_trainer / pi_sampler, bounded per
+      `vllm_importance_sampling_mode` (`sampling/*` metrics). TRL applies that correction only with
+      `use_vllm=True`; a `rollout_func` samples with an engine of its own (use_vllm is refused with it), so here it
+      applies whenever `logprobs` are given. `vllm_importance_sampling_correction=False` or `logprobs=None`: no
+      correction (the log-probs are then unused, as in TRL without vLLM);
     - `env_mask` (optional): `B` lists of 0/1, 1 on tokens the policy sampled, 0 on tokens the environment wrote
       (tool results): those count in no loss, KL, entropy, ratio statistic or length metric, and GAE steps over them;
     - any other key: a reward column, handed to the reward functions as a keyword argument (a list gives each
@@ -407,8 +417,8 @@ class RolloutFuncSource:
     Raises:
         ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
             [...] in its output dict.`), and naming the key, the row and the fix when the output is not a dict, a
-            key does not have one entry per completion, or a completion's `logprobs` or `env_mask` does not have one
-            value per completion token.
+            key does not have one entry per completion, a completion's `logprobs` or `env_mask` does not have one
+            value per completion token, or its `logprobs` are not finite and <= 0 at the policy's tokens.
     """
 
     def __init__(
@@ -513,6 +523,15 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
                 f"rollout_func's '{ENV_MASK}'[{empty[0]}] has no 1 ({len(empty)} such completions): no token of it was "
                 "sampled by the policy, so it trains nothing. Mark the policy's tokens with 1 (the environment's 0)."
             )
+    if logprobs is not None:  # the sampler's log-probs, checked at the policy's tokens (the environment's are ignored)
+        for i, logps in enumerate(logprobs):
+            policy = logps if env_mask is None else logps[env_mask[i] != 0]
+            if not bool(torch.isfinite(policy).all()) or bool((policy > 1e-4).any()):
+                raise ValueError(
+                    f"rollout_func's 'logprobs'[{i}] must be finite log-probabilities <= 0 (nats) at the policy's "
+                    f"tokens, got {logps.tolist()[:8]}...: return the sampler's log-prob of each sampled token (any "
+                    "value at the environment's tokens, env_mask 0), or logprobs=None."
+                )
     columns = {}
     for key in output:
         if key in ROLLOUT_FUNC_KEYS or key == ENV_MASK:
@@ -526,9 +545,9 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
         completion_ids,
         version=step,
         group=group,
-        old_per_token_logps=logprobs,
         prompt_ids=prompt_ids,
         completion_mask=env_mask,
+        sampler_per_token_logps=logprobs,  # TRL's meaning: the sampler's, not PPO's behaviour log-probs
     )
 
 

@@ -266,7 +266,9 @@ class TRAPOTrainer(_BaseTrainer):
             this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
             or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
             `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
-            as a column. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
+            as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's behaviour log-probs
+            itself, and with `vllm_importance_sampling_correction` weights the policy loss by the sampler/trainer
+            mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
             `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
