@@ -199,4 +199,3 @@ def test_guidance_real_block_is_rendered_from_the_committed_results():
         "The README's guidance-real block differs from docs/results/real_smollm2/guidance.json: run "
         "`python scripts/experiments/guidance_real.py --write_readme` (or the experiment), never edit it"
     )
-
