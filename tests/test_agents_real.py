@@ -1,0 +1,287 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Tools with a real ChatML model whose own template cannot express them (SmolLM2): `use_chatml_tool_template` and the
+calculator through `TRAPOTrainer(tools=...)`.
+
+SmolLM2's tokenizer is the fixture `tests/fixtures/smollm2_tokenizer`; the model is a tiny random Llama over it. The
+tiny model never calls a tool, so the tool-calling round is driven by a scripted engine (`tests/test_agents.py`): each
+turn is token ids a script writes from the decoded context, through the loop the trainer runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from test_agents import FirstPrompts, Metrics, ScriptedEngine
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.utils import get_json_schema
+from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.agents import (
+    SMOLLM2_DEFAULT_SYSTEM,
+    ToolRolloutSource,
+    chatml_tool_chat_template,
+    check_chat_template,
+    tool_suffix_ids,
+    use_chatml_tool_template,
+)
+from trl_trapo.rewards import numeric_answer_reward
+from trl_trapo.tasks import build_char_tokenizer
+from trl_trapo.tools import calculator
+
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "smollm2_tokenizer"
+sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "48/2"}}}
+EXCHANGE = [
+    {"role": "system", "content": "Solve the problem."},
+    {"role": "user", "content": "Half of 48?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "name": "calculator", "content": "24"},
+    {"role": "assistant", "content": "#### 24"},
+]
+
+
+def smollm2_tokenizer():
+    return AutoTokenizer.from_pretrained(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return use_chatml_tool_template(smollm2_tokenizer())
+
+
+def tiny_model(tokenizer) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def call_text(expression: str) -> str:
+    """An assistant turn calling the calculator, as the template writes it (EOS included)."""
+    arguments = json.dumps({"expression": expression})
+    return f'<tool_call>\n{{"name": "calculator", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The template and its parser
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("generation_prompt", [False, True])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [{"role": "user", "content": "hi"}],  # SmolLM2's default system message is written
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+        ],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+    ],
+    ids=["default-system", "system", "multi-turn"],
+)
+def test_without_tools_it_renders_exactly_as_smollm2s_own_template(tok, messages, generation_prompt):
+    own = smollm2_tokenizer()
+    assert "tool" not in own.chat_template and not supports_tool_calling(own)  # why the helper exists
+    expected = own.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt) == expected
+
+
+def test_a_tool_exchange_renders_in_the_hermes_format_and_the_parser_recovers_the_call(tok):
+    text = tok.apply_chat_template(EXCHANGE, tools=[calculator], tokenize=False)
+    schema = json.dumps(get_json_schema(calculator), ensure_ascii=False)
+    assert text.startswith("<|im_start|>system\nSolve the problem.\n\n# Tools\n\n")
+    assert f"<tools>\n{schema}\n</tools>" in text
+    assert text.endswith(
+        "<|im_start|>user\nHalf of 48?<|im_end|>\n"
+        f"<|im_start|>assistant\n{call_text('48/2')}\n"
+        "<|im_start|>user\n<tool_response>\n24\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n#### 24<|im_end|>\n"
+    )
+    prefix = ids(tok, "<|im_start|>user\nHalf of 48?<|im_end|>\n<|im_start|>assistant\n")
+    parsed = tok.parse_response(ids(tok, call_text("48/2")), prefix=prefix, tools=[calculator])
+    assert parsed["tool_calls"] == [CALL] and not parsed.get("content")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "content": "Let me compute.", "tool_calls": [CALL]},
+        {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
+        {"role": "assistant", "content": "So 72.\n#### 72"},
+    ],
+    ids=["text-then-call", "two-calls", "no-call"],
+)
+def test_the_parser_reads_back_what_the_template_writes(tok, message):
+    head = [{"role": "user", "content": "q"}]
+    prefix = tok.apply_chat_template(head, tokenize=True, add_generation_prompt=True, return_dict=False)
+    full = tok.apply_chat_template(head + [message], tokenize=True, return_dict=False)
+    turn = full[len(prefix) :]
+    assert full[: len(prefix)] == prefix
+    assert tok.decode(turn[-2:]) == "<|im_end|>\n"  # the turn ends with the EOS, then the template's newline
+    parsed = tok.parse_response(turn[:-1], prefix=prefix, tools=[calculator])
+    assert (parsed.get("content") or "") == message["content"]
+    assert parsed.get("tool_calls", []) == message.get("tool_calls", [])
+
+
+def test_every_message_renders_the_same_whatever_follows(tok):
+    # text: each conversation's rendering starts with the rendering of every shorter one
+    renders = [tok.apply_chat_template(EXCHANGE[:k], tools=[calculator], tokenize=False) for k in range(2, 6)]
+    assert all(longer.startswith(shorter) for shorter, longer in zip(renders, renders[1:]))
+    two_results = [*EXCHANGE[:3], EXCHANGE[3], {"role": "tool", "name": "calculator", "content": "25"}]
+    assert tok.apply_chat_template(two_results, tokenize=False).startswith(
+        tok.apply_chat_template(two_results[:4], tokenize=False)
+    )
+    # tokens: what the trainer and TRL check (an assistant call, then a tool message and the next generation prompt)
+    check_chat_template(tok)
+    assert is_chat_template_prefix_preserving(tok)
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "calculator", "content": "24"}])
+    assert tok.decode(suffix) == (
+        "\n<|im_start|>user\n<tool_response>\n24\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_the_assistant_mask_covers_assistant_text_calls_and_eos_but_no_tool_result(tok):
+    out = tok.apply_chat_template(
+        EXCHANGE, tools=[calculator], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    input_ids, mask = out["input_ids"], out["assistant_masks"]
+    trained = tok.decode([t for t, m in zip(input_ids, mask) if m])
+    assert trained == call_text("48/2") + "#### 24<|im_end|>"  # both turns, calls and EOS; nothing else
+    untrained = tok.decode([t for t, m in zip(input_ids, mask) if not m])
+    assert "<tool_response>\n24\n</tool_response>" in untrained and "Half of 48?" in untrained
+
+
+def test_default_system_message_can_be_changed_or_left_out():
+    messages = [{"role": "user", "content": "hi"}]
+    plain = smollm2_tokenizer()
+    plain.chat_template = chatml_tool_chat_template(None)
+    assert plain.apply_chat_template(messages, tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
+    quoted = smollm2_tokenizer()
+    quoted.chat_template = chatml_tool_chat_template('Say "hi".\nTwice.')
+    assert quoted.apply_chat_template(messages, tokenize=False).startswith('<|im_start|>system\nSay "hi".\nTwice.<|')
+    assert SMOLLM2_DEFAULT_SYSTEM in use_chatml_tool_template(smollm2_tokenizer()).apply_chat_template(
+        messages, tokenize=False
+    )
+
+
+def test_a_tokenizer_without_chatml_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"'<\|im_start\|>' is not one token of this tokenizer.*ChatML model"):
+        use_chatml_tool_template(build_char_tokenizer())
+    other_eos = smollm2_tokenizer()
+    other_eos.eos_token = "<|endoftext|>"
+    with pytest.raises(ValueError, match=r"EOS token is '<\|endoftext\|>'.*tokenizer.eos_token = '<\|im_end\|>'"):
+        use_chatml_tool_template(other_eos)
+
+
+def test_trl_grpo_trainer_accepts_it_and_keeps_it(tmp_path, tok):
+    from trl import GRPOConfig, GRPOTrainer
+
+    trainer = GRPOTrainer(
+        tiny_model(tok),
+        reward_funcs=numeric_answer_reward,
+        args=GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=16,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+        ),
+        train_dataset=Dataset.from_list([{"prompt": EXCHANGE[:2], "answer": "#### 24"}] * 4),
+        processing_class=tok,
+        tools=[calculator],
+    )
+    assert trainer.tools == [calculator]
+    assert trainer.chat_template is None  # prefix preserving: TRL renders with it rather than swapping in its own
+    assert trainer.processing_class.response_template["start_anchor"] == "<|im_start|>assistant\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The trainer: tiny model, SmolLM2's tokenizer, the calculator
+# ---------------------------------------------------------------------------------------------------------------------
+def gsm8k_like(n: int) -> Dataset:
+    system = {"role": "system", "content": "Solve the problem. You may call the calculator tool."}
+    return Dataset.from_list(
+        [{"prompt": [system, {"role": "user", "content": f"Half of {48 + 2 * i}?"}], "answer": f"#### {24 + i}"}
+         for i in range(n)]
+    )  # fmt: skip
+
+
+def test_trapo_trainer_runs_a_tool_calling_round_with_the_calculator(tmp_path, tok):
+    trainer = TRAPOTrainer(
+        tiny_model(tok),
+        reward_funcs=numeric_answer_reward,
+        args=TRAPOConfig(
+            output_dir=str(tmp_path),
+            max_steps=1,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            response_length=128,
+            max_tool_calling_iterations=2,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            activation_checkpointing=False,
+            learning_rate=1e-3,
+        ),
+        train_dataset=gsm8k_like(4),
+        processing_class=tok,
+        tools=[calculator],
+    )
+    source = trainer.rollout_source
+    assert isinstance(source, ToolRolloutSource)
+    metrics, trainer_metrics = Metrics(), source.log_metric
+    source.log_metric, source.prompts = metrics.log, FirstPrompts()
+    # the first completion of each prompt calls the calculator well, the second with code: an error result, then a
+    # wrong answer (rewards that differ within each group: a gradient)
+    calls = itertools.cycle(["good", "code"])
+
+    def script(context: str) -> str:
+        if "<tool_response>" in context:
+            result = context.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0]
+            return f"#### {result}<|im_end|>" if "error" not in result else "#### 0<|im_end|>"
+        number = int(context.rsplit("Half of ", 1)[1].split("?")[0])
+        return call_text(f"{number}/2" if next(calls) == "good" else "__import__('os')")
+
+    source.engine = ScriptedEngine(tok, script)
+    round_ = source.sample(4, step=0)
+    texts = [tok.decode(c) for c in round_.completion_ids]
+    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "calculator", "content": "24"}])
+    first, answer = ids(tok, call_text("48/2")), ids(tok, "#### 24<|im_end|>")
+    assert round_.completion_ids[0].tolist() == first + suffix + answer  # joined as token ids
+    assert round_.completion_mask[0].tolist() == [1] * len(first) + [0] * len(suffix) + [1] * len(answer)
+    assert texts[2].startswith(call_text("50/2")) and texts[2].endswith("#### 25<|im_end|>")
+    assert "<tool_response>\n{'error': 'a function call is not allowed: write numbers," in texts[1]
+    assert round_.scores.tolist() == [1.0, 0.0, 1.0, 0.0]  # the reward reads the last turn's `#### N`
+    assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/turns_mean"] == [2.0]
+    assert metrics["tools/failure_frequency"] == [0.5]  # the two `__import__` calls of four
+    assert metrics["tools/rollback_frequency"] == [0.0]  # every result fitted in response_length
+    assert '"name": "calculator"' in tok.decode(round_.prompt_ids[0])  # the schema is in the prompt
+
+    # and the trainer trains on such rounds (the scripted engine stays in place)
+    source.log_metric = trainer_metrics
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert trainer.state.global_step == 1 and logged["tools/call_frequency"] == 1.0
+    assert logged["tools/failure_frequency"] == 0.5 and logged["rewards/numeric_answer_reward/mean"] == 0.5
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
