@@ -477,12 +477,13 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> No
     `add_response_schema` sets one for the templates it knows).
 
     Raises:
-        ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_tool_chat_template`).
+        ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_chatml_tool_template`).
     """
     if not supports_tool_calling(tokenizer):
         raise ValueError(
             "The tokenizer's chat template cannot express tool calls (rendering an assistant tool call and a `tool` "
-            "message loses one of them): give it a tool-calling template (for the character-level tokenizer of "
+            "message loses one of them): give it a tool-calling template (for a ChatML model such as SmolLM2: "
+            "trl_trapo.agents.use_chatml_tool_template(tokenizer); for the character-level tokenizer of "
             "trl_trapo.tasks: trl_trapo.agents.use_tool_chat_template(tokenizer))."
         )
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
@@ -492,7 +493,7 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> No
             raise ValueError(
                 "The tokenizer has no `response_template` (transformers' parser of assistant turns, which finds the "
                 "tool calls) and TRL knows none for its chat template: set `tokenizer.response_template` (see "
-                "trl_trapo.agents.TOOL_RESPONSE_TEMPLATE for an example)."
+                "trl_trapo.agents.CHATML_TOOL_RESPONSE_TEMPLATE for an example)."
             ) from error
     tool_suffix_ids(tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], template_kwargs)
 
