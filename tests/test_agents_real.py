@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Tools with a real ChatML model whose own template cannot express them (SmolLM2): `use_chatml_tool_template` and the
-calculator through `TRAPOTrainer(tools=...)`.
+"""Tools with a real ChatML model whose own template cannot express them (SmolLM2): `use_chatml_tool_template`, the
+calculator through `TRAPOTrainer(tools=...)`, and `scripts/experiments/agents_real.py --quick`.
 
 SmolLM2's tokenizer is the fixture `tests/fixtures/smollm2_tokenizer`; the model is a tiny random Llama over it. The
 tiny model never calls a tool, so the tool-calling round is driven by a scripted engine (`tests/test_agents.py`): each
@@ -191,6 +191,20 @@ def test_a_tokenizer_without_chatml_is_refused_with_the_fix():
         use_chatml_tool_template(other_eos)
 
 
+def test_smollm2s_own_tokenizer_is_refused_at_construction_naming_the_helper(tmp_path):
+    with pytest.raises(ValueError, match=r"cannot express tool calls.*use_chatml_tool_template\(tokenizer\)"):
+        TRAPOTrainer(
+            tiny_model(smollm2_tokenizer()),
+            reward_funcs=numeric_answer_reward,
+            args=TRAPOConfig(
+                output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, report_to="none"
+            ),
+            train_dataset=gsm8k_like(4),
+            processing_class=smollm2_tokenizer(),
+            tools=[calculator],
+        )
+
+
 def test_trl_grpo_trainer_accepts_it_and_keeps_it(tmp_path, tok):
     from trl import GRPOConfig, GRPOTrainer
 
@@ -285,3 +299,45 @@ def test_trapo_trainer_runs_a_tool_calling_round_with_the_calculator(tmp_path, t
     assert trainer.state.global_step == 1 and logged["tools/call_frequency"] == 1.0
     assert logged["tools/failure_frequency"] == 0.5 and logged["rewards/numeric_answer_reward/mean"] == 0.5
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The measurement script
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_measurement_scripts_quick_run_writes_its_results(tmp_path, capsys):
+    import agents_real
+
+    results = agents_real.main(["--quick", "--work_dir", str(tmp_path), "--train_rows", "8"])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    assert results["settings"]["rl_rows_per_step"] == 8 and results["settings"]["max_tool_calling_iterations"] == 2
+    assert results["settings"]["system_hint"].endswith(agents_real.TOOL_HINT)
+    assert [s["step"] for s in results["steps"]] == [1, 2]
+    for step in results["steps"]:
+        assert set(agents_real.TOOL_METRICS) <= set(step) and step["wall_s"] > 0 and step["rollout_wall_s"] > 0
+    assert results["totals"]["rollouts"] == 16 and results["totals"]["peak_rss_mb"] > 0
+    assert {s["step"] for s in results["samples"]} == {1, 2}  # the rounds of steps 1 and 2, by the log's numbering
+    assert all(s["text"] and s["messages"][0]["role"] == "assistant" and s["question"] for s in results["samples"])
+    printed = capsys.readouterr().out
+    assert "calls/rollout" in printed and f"written: {tmp_path / 'results.json'}" in printed
+
+
+def test_the_documented_chatml_example_trains(tmp_path, monkeypatch):
+    """docs/agents.md's block, with the model folder replaced by a tiny random Llama over SmolLM2's tokenizer."""
+    import compare_real
+    from test_doc_commands import registered_block
+
+    block = registered_block("docs/agents.md: # run: tools with a ChatML model whose template has none")
+    tiny = compare_real.make_tiny_model(tmp_path / "tiny-smollm2")
+    text = block.text.replace('"models/SmolLM2-135M-Instruct"', repr(str(tiny)))
+    assert text != block.text
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert isinstance(trainer.rollout_source, ToolRolloutSource) and trainer.state.global_step == 1
+    assert {"tools/call_frequency", "tools/turns_mean"} <= set(trainer.state.log_history[0])
+    prompt = trainer.processing_class.apply_chat_template(
+        namespace["dataset"][0]["prompt"], tools=[calculator], tokenize=False, add_generation_prompt=True
+    )
+    assert '"name": "calculator"' in prompt and prompt.endswith("<|im_start|>assistant\n")
