@@ -304,17 +304,39 @@ def test_trapo_trainer_runs_a_tool_calling_round_with_the_calculator(tmp_path, t
 # ---------------------------------------------------------------------------------------------------------------------
 # The measurement script
 # ---------------------------------------------------------------------------------------------------------------------
+def test_gsm8k_solutions_become_tool_calling_traces():
+    import agents_real
+
+    answer = (
+        "She sold 48/2 = <<48/2=24>>24 in May.\nSo 48+24 = <<48+24=72>>72 in all.\nThen 72*2 = <<72*2=144>>144.\n"
+        "#### 144"
+    )
+    trace = agents_real.gsm8k_tool_trace("How many?", answer, "Solve.", max_calls=2)
+    calls = [m["tool_calls"][0]["function"]["arguments"]["expression"] for m in trace if m.get("tool_calls")]
+    assert calls == ["48/2", "48+24"]  # the first two annotations are calls; the third stays text
+    assert [m["role"] for m in trace] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert trace[2]["content"] == "She sold 48/2 =" and trace[3]["content"] == "24"  # the calculator's result
+    assert trace[4]["content"] == "24 in May.\nSo 48+24 ="
+    assert trace[-1]["content"] == "72 in all.\nThen 72*2 = 144.\n#### 144"  # annotations removed
+    plain = agents_real.gsm8k_tool_trace("How many?", "Just 3.\n#### 3", "Solve.")
+    assert plain[2:] == [{"role": "assistant", "content": "Just 3.\n#### 3"}]
+
+
 def test_the_measurement_scripts_quick_run_writes_its_results(tmp_path, capsys):
     import agents_real
 
-    results = agents_real.main(["--quick", "--work_dir", str(tmp_path), "--train_rows", "8"])
+    argv = ["--quick", "--work_dir", str(tmp_path), "--train_rows", "8", "--sft_traces", "4"]
+    results = agents_real.main(argv)
     written = json.loads((tmp_path / "results.json").read_text())
     assert written == json.loads(json.dumps(results))
     assert results["settings"]["rl_rows_per_step"] == 8 and results["settings"]["max_tool_calling_iterations"] == 2
+    assert results["settings"]["sft_trace_rows_per_step"] == 4
     assert results["settings"]["system_hint"].endswith(agents_real.TOOL_HINT)
     assert [s["step"] for s in results["steps"]] == [1, 2]
     for step in results["steps"]:
         assert set(agents_real.TOOL_METRICS) <= set(step) and step["wall_s"] > 0 and step["rollout_wall_s"] > 0
+        assert step["loss/sft"] > 0  # the traces trained next to the RL rows
+    # each step's round is 4 prompts x 2 completions: the 4 SFT rows came on top of the RL rows
     assert results["totals"]["rollouts"] == 16 and results["totals"]["peak_rss_mb"] > 0
     assert {s["step"] for s in results["samples"]} == {1, 2}  # the rounds of steps 1 and 2, by the log's numbering
     assert all(s["text"] and s["messages"][0]["role"] == "assistant" and s["question"] for s in results["samples"])

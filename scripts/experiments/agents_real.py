@@ -6,16 +6,23 @@
 
 What it shows is the path, not accuracy: SmolLM2's chat template cannot express tools, so the tokenizer gets the
 Hermes / Qwen2.5 ChatML tool format (`trl_trapo.agents.use_chatml_tool_template`); the prompts are the recipe's
-conversational GSM8K prompts (`scripts/gsm8k_to_trl.py --conversational`, from `examples/data/gsm8k/train_first1500.jsonl`)
-with one sentence added to the system hint saying that the calculator may be called; the tool is
-`trl_trapo.tools.calculator`; the reward is `numeric_answer` (the number after the last `####` of the assistant's
-turns). Every step is RL only: no SFT or pretraining data is given, so all rows of a step are RL rows: `--prompts` (16)
-prompts x `--num_generations` (2) completions = 32, trained in micro-batches of `--micro_batch` (8) rows with gradient
-accumulation (one optimizer step, one rollout round of 32). A rollout makes at most `--max_tool_calling_iterations` (2)
-rounds of calls, so at most 3 assistant turns; `--response_length` (256) tokens is the budget of the whole rollout (a
-call is ~33 tokens, its result and the next turn's header ~22, a worked answer ~85 to 160). The other settings are the
-CPU recipe's (`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`, `RECIPE_FIELDS`: learning rate 2e-5, temperature 0.7,
-KL 0.05, ...).
+conversational GSM8K prompts (`scripts/gsm8k_to_trl.py --conversational`, from
+`examples/data/gsm8k/train_first1500.jsonl`) with one sentence added to the system hint saying that the calculator may
+be called; the tool is `trl_trapo.tools.calculator`; the reward is `numeric_answer` (the number after the last `####`
+of the assistant's turns). By default every step is RL only: no SFT or pretraining data is given, so all its rows are
+RL rows: `--prompts` (16) prompts x `--num_generations` (2) completions = 32, trained in micro-batches of
+`--micro_batch` (8) rows with gradient accumulation (one optimizer step, one rollout round of 32). A rollout makes at
+most `--max_tool_calling_iterations` (2) rounds of calls, so at most 3 assistant turns; `--response_length` (256)
+tokens is the budget of the whole rollout (a call is ~33 tokens, its result and the next turn's header ~22, a worked
+answer ~85 to 160). The other settings are the CPU recipe's (`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`,
+`RECIPE_FIELDS`: learning rate 2e-5, temperature 0.7, KL 0.05, ...). The RL prompts are the first `--train_rows`
+(1,000) problems.
+
+Sampled before training, SmolLM2-135M-Instruct does not write `<tool_call>`; RL only reinforces calls it samples.
+`--sft_traces N` adds N SFT rows per step on top of the RL rows (TRAPO's joint SFT, `assistant_only_loss=True`):
+GSM8K solutions of the problems after `--train_rows` turned into tool-calling traces (`gsm8k_tool_trace`: each of
+their first two calculator annotations becomes a call and its result), which teach the format while RL measures its
+use; N must keep the step's rows a multiple of `--micro_batch` (e.g. 8).
 
 Written to `--output` (default `docs/results/agents_real/results.json`; with `--quick` under `--work_dir`) and printed:
 per step the tool metrics (`tools/call_frequency`, `tools/failure_frequency`, `tools/turns_mean`,
@@ -35,8 +42,10 @@ more threads, or fewer rows (`--prompts 8` halves it).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import resource
 import statistics
 import sys
@@ -60,9 +69,11 @@ RECIPE_FIELDS = (
     "activation_checkpointing", "max_prompt_length", "num_ppo_epochs", "temperature", "kl_coef",
 )  # fmt: skip
 TOOL_METRICS = ("tools/call_frequency", "tools/failure_frequency", "tools/turns_mean", "tools/rollback_frequency")
-STEP_METRICS = (*TOOL_METRICS, "objective/scores", "completions/mean_length", "completions/mean_env_length", "loss/rl")
+STEP_METRICS = (
+    *TOOL_METRICS, "objective/scores", "completions/mean_length", "completions/mean_env_length", "loss/rl", "loss/sft",
+)  # fmt: skip
 QUICK = {"max_steps": 2, "prompts": 4, "response_length": 96, "train_rows": 32, "micro_batch": 4}
-FULL = {"max_steps": 20, "prompts": 16, "response_length": 256, "train_rows": None, "micro_batch": 8}
+FULL = {"max_steps": 20, "prompts": 16, "response_length": 256, "train_rows": 1000, "micro_batch": 8}
 
 
 # =====================================================================================================================
@@ -86,6 +97,46 @@ def gsm8k_tool_prompts(rows: int | None = None) -> list[dict]:
         system, user = row["prompt"]
         out.append({"prompt": [{**system, "content": system["content"] + TOOL_HINT}, user], "answer": row["answer"]})
     return out
+
+
+ANNOTATION = re.compile(r"<<([^<>=]*)=[^<>]*>>")  # GSM8K's calculator annotation `<<48/2=24>>`
+
+
+def gsm8k_tool_trace(question: str, answer: str, system: str, max_calls: int = 2) -> list[dict]:
+    """A GSM8K worked solution as a tool-calling conversation (TRL's `messages` format) for SFT on traces: the
+    solution's text up to each of its first `max_calls` calculator annotations is an assistant turn that ends with a
+    `calculator` call on the annotated expression; the calculator's result comes back as a tool message; the next turn
+    goes on where the annotation was (GSM8K writes the result there); the rest of the solution, annotations removed,
+    is the last turn. `Natalia sold 48/2 = <<48/2=24>>24 clips` becomes `Natalia sold 48/2 =` + call(`48/2`), tool
+    `24`, then `24 clips ...`.
+
+    Args:
+        question: the problem.
+        answer: GSM8K's solution with its annotations, ending in `#### N`.
+        system: the system message (the prompts' system hint).
+        max_calls: calls per trace at most (`max_tool_calling_iterations`: one call per turn).
+
+    Returns:
+        `list[dict]`: system, user, then assistant (with `tool_calls`) / tool pairs and a final assistant message.
+
+    Raises:
+        ValueError: if an annotated expression is one the calculator refuses (none of the bundled rows has one).
+    """
+    from gsm8k_to_trl import clean_solution
+
+    from trl_trapo.tools import calculator
+
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    position = 0
+    for match in list(ANNOTATION.finditer(answer))[:max_calls]:
+        expression = match.group(1).strip()
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        text = clean_solution(answer[position : match.start()])
+        messages.append({"role": "assistant", "content": text, "tool_calls": [call]})
+        messages.append({"role": "tool", "name": "calculator", "content": calculator(expression)})
+        position = match.end()
+    messages.append({"role": "assistant", "content": clean_solution(answer[position:])})
+    return messages
 
 
 class RecordingReward:
@@ -174,7 +225,7 @@ def build_config(args, recipe: dict, output_dir: Path):
         output_dir=str(output_dir),
         max_steps=args.max_steps,
         per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=args.prompts * args.num_generations // args.micro_batch,
+        gradient_accumulation_steps=step_rows(args) // args.micro_batch,
         # rows per generate call and per no-grad reference forward: 32 rows of ~550 tokens at once would hold 32 x 550
         # x 49,152 float32 logits (3.5 GB) and their log-softmax; 16 keeps the peak at the training micro-batch's
         local_rollout_forward_batch_size=min(16, args.prompts * args.num_generations),
@@ -194,7 +245,20 @@ def build_config(args, recipe: dict, output_dir: Path):
     if args.temperature is not None:
         settings["temperature"] = args.temperature
     settings["warmup_steps"] = min(settings.get("warmup_steps", 0), max(args.max_steps // 5, 0))
+    if args.sft_traces:
+        # every step: --sft_traces SFT rows (assistant turns only) next to the RL rows, no pretraining (no data)
+        sft = args.sft_traces / step_rows(args)
+        settings.update(
+            curriculum_mixtures=[0.0, sft, 1.0 - sft] * 3,
+            assistant_only_loss=True,
+            sft_max_length=args.sft_max_length,
+        )
     return TRAPOConfig(**settings)
+
+
+def step_rows(args) -> int:
+    """Rows of one optimizer step: the RL rows (`--prompts` x `--num_generations`) and the `--sft_traces` rows."""
+    return args.prompts * args.num_generations + args.sft_traces
 
 
 def summarise_steps(log_history: list[dict], timings: list[dict]) -> list[dict]:
@@ -225,6 +289,7 @@ def run(args) -> dict[str, Any]:
     import yaml
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import get_json_schema
 
     from trl_trapo import TRAPOTrainer
     from trl_trapo.agents import use_chatml_tool_template
@@ -243,6 +308,24 @@ def run(args) -> dict[str, Any]:
     tokenizer = use_chatml_tool_template(AutoTokenizer.from_pretrained(model_path))
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     dataset = Dataset.from_list(gsm8k_tool_prompts(args.train_rows))
+    traces = None
+    if args.sft_traces:  # from the problems after the RL prompts: none is both an RL prompt and a demonstration
+        from gsm8k_to_trl import read_rows
+
+        system = dataset[0]["prompt"][0]["content"]
+        rows = read_rows(str(DATA), None, "train")[len(dataset) :][: args.sft_traces * args.max_steps]
+        if not rows:
+            raise SystemExit(
+                f"--sft_traces needs GSM8K rows after the first --train_rows {args.train_rows}: lower it."
+            )
+        schema = [get_json_schema(calculator)]
+        traces = Dataset.from_list(
+            [
+                {"messages": gsm8k_tool_trace(r["question"], r["answer"], system, args.max_tool_calling_iterations),
+                 "tools": json.dumps(schema)}
+                for r in rows
+            ]
+        )  # fmt: skip
     reward = RecordingReward(tokenizer)
     timer = step_timer()
     trainer = TRAPOTrainer(
@@ -250,6 +333,7 @@ def run(args) -> dict[str, Any]:
         reward_funcs=reward,
         args=build_config(args, recipe, work / "run"),
         train_dataset=dataset,
+        sft_dataset=traces,
         processing_class=tokenizer,
         tools=[calculator],
         callbacks=[timer],
@@ -278,7 +362,8 @@ def run(args) -> dict[str, Any]:
             "steps": args.max_steps,
             "prompts_per_step": args.prompts,
             "num_generations": args.num_generations,
-            "rl_rows_per_step": trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps,
+            "rl_rows_per_step": args.prompts * args.num_generations,
+            "sft_trace_rows_per_step": args.sft_traces,
             "micro_batch": args.micro_batch,
             "max_tool_calling_iterations": args.max_tool_calling_iterations,
             "response_length": args.response_length,
@@ -316,13 +401,16 @@ def report(results: dict) -> str:
     def cell(value, digits=2):
         return "–" if value is None else f"{value:.{digits}f}"
 
+    settings = results["settings"]
     lines = [
-        f"{results['model']}: {results['settings']['steps']} steps x {results['settings']['rl_rows_per_step']} RL rows",
+        f"{results['model']}: {settings['steps']} steps x {settings['rl_rows_per_step']} RL rows"
+        + (f" + {settings['sft_trace_rows_per_step']} SFT trace rows" if settings["sft_trace_rows_per_step"] else ""),
         "step  calls/rollout  failed/call  turns  rolled back  reward  step wall / CPU s  rollout wall s",
     ]
     for s in results["steps"]:
         lines.append(
-            f"{s['step']:>4}  {cell(s.get('tools/call_frequency')):>13}  {cell(s.get('tools/failure_frequency')):>11}  "
+            f"{s['step']:>4}  {cell(s.get('tools/call_frequency')):>13}  "
+            f"{cell(s.get('tools/failure_frequency')):>11}  "
             f"{cell(s.get('tools/turns_mean')):>5}  {cell(s.get('tools/rollback_frequency')):>11}  "
             f"{cell(s.get('objective/scores')):>6}  {s['wall_s']:>8.1f} / {s['cpu_s']:<8.1f}  "
             f"{cell(s.get('rollout_wall_s'), 1):>14}"
@@ -337,8 +425,8 @@ def report(results: dict) -> str:
     for sample in results["samples"]:
         lines += [
             "",
-            f"--- step {sample['step']}, answer {sample['answer']}, reward {sample['reward']}, calls {sample['calls']} "
-            f"({sample['failed_calls']} failed), assistant turns {sample['assistant_turns']}",
+            f"--- step {sample['step']}, answer {sample['answer']}, reward {sample['reward']}, "
+            f"calls {sample['calls']} ({sample['failed_calls']} failed), assistant turns {sample['assistant_turns']}",
             f"Q: {sample['question']}",
             sample["text"],
         ]
@@ -363,7 +451,18 @@ def make_parser() -> argparse.ArgumentParser:
         help="rows per forward/backward (default 8; --quick 4); it must "
         "divide --prompts x --num_generations, the step's rows, which gradient accumulation gathers",
     )
-    parser.add_argument("--train_rows", type=int, default=None, help="GSM8K rows to draw from (default all 1,500)")
+    parser.add_argument(
+        "--sft_traces",
+        type=int,
+        default=0,
+        help="SFT rows per step of GSM8K tool-calling traces (gsm8k_tool_trace) "
+        "next to the RL rows, from the problems after --train_rows (default 0: RL only)",
+    )
+    parser.add_argument("--sft_max_length", type=int, default=768, help="tokens of a trace (system turn with tools "
+                        "~260, question, solution; the longest of rows 1,000-1,160 is 748)")  # fmt: skip
+    parser.add_argument(
+        "--train_rows", type=int, default=None, help="the first GSM8K rows, the RL prompts (default 1,000; --quick 32)"
+    )
     parser.add_argument("--learning_rate", type=float, default=None, help="default: the recipe's")
     parser.add_argument("--temperature", type=float, default=None, help="default: the recipe's")
     parser.add_argument("--seed", type=int, default=0)
@@ -389,11 +488,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--max_steps and --prompts must be >= 1 and --num_generations >= 2 (a group needs two completions), got "
             f"{args.max_steps}, {args.prompts}, {args.num_generations}."
         )
-    rows = args.prompts * args.num_generations
+    if args.sft_traces < 0:
+        raise SystemExit(f"--sft_traces must be >= 0 (SFT rows per step), got {args.sft_traces}.")
+    rows = step_rows(args)
     if args.micro_batch < 1 or rows % args.micro_batch:
         raise SystemExit(
-            f"--micro_batch {args.micro_batch} must divide the step's {rows} RL rows (--prompts {args.prompts} x "
-            f"--num_generations {args.num_generations}): e.g. --micro_batch {min(8, rows)} if it divides them."
+            f"--micro_batch {args.micro_batch} must divide the step's {rows} rows (--prompts {args.prompts} x "
+            f"--num_generations {args.num_generations} RL rows + --sft_traces {args.sft_traces}): choose a divisor."
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
