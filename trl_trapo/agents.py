@@ -26,7 +26,8 @@ tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns
 
 [`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
 express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'
-`parse_response` (and TRL's `GRPOTrainer(tools=...)`) reads.
+`parse_response` (and TRL's `GRPOTrainer(tools=...)`) reads. [`use_chatml_tool_template`] does the same for a real
+ChatML model whose own template has no tools (SmolLM2-Instruct): Hermes / Qwen2.5's `<tool_call>` format.
 
 Shapes: `B` rollouts in a round, `group` consecutive ones per prompt, `P_i` prompt and `C_i` completion tokens.
 """
@@ -146,8 +147,9 @@ SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained b
 #   `# Tools` section listing each tool's JSON schema inside `<tools></tools>` and showing the call format;
 # - an assistant turn is its text, then one `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` per call
 #   (separated from the text and from each other by a newline), then `<|im_end|>` (the EOS: generation stops there);
-# - a tool result is a *user* turn `<tool_response>\n...\n</tool_response>` (Qwen2.5's and SmolLM2's own function-calling
-#   format: the model saw only system / user / assistant roles), one turn per tool message, so every message renders
+# - a tool result is a *user* turn `<tool_response>\n...\n</tool_response>`, one per tool message: Qwen2.5's choice and
+#   that of Ollama's SmolLM2 template (which lists tools for all three sizes); SmolLM2 was trained on system / user /
+#   assistant turns, and a `tool` role would be a header it never saw. One turn per message, so every message renders
 #   the same whatever follows (prefix preserving for any conversation, not only assistant -> tool).
 # Without tool calls, tool messages or `tools=` it renders exactly as SmolLM2's own template. Each assistant turn's
 # text, calls and `<|im_end|>` (not the newline after it, which generation never samples) sit between
