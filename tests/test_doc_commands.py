@@ -90,6 +90,13 @@ REGISTRY = {
     "docs/agents.md: # run: SFT on tool-calling traces": (
         "tests/test_agent_traces.py::test_the_documented_trace_example_trains"
     ),
+    # the model folder replaced by a tiny random Llama over SmolLM2's tokenizer; the measurement's `--quick`
+    "docs/agents.md: # run: tools with a ChatML model whose template has none": (
+        "tests/test_agents_real.py::test_the_documented_chatml_example_trains"
+    ),
+    "docs/agents.md: python scripts/experiments/agents_real.py # 20 steps; hours on 2 loaded CPU cores": (
+        "tests/test_agents_real.py::test_the_measurement_scripts_quick_run_writes_its_results"
+    ),
     "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite": (
         "tests/test_distillation.py::test_the_documented_distillation_example_trains"
     ),

@@ -26,7 +26,8 @@ tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns
 
 [`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
 express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'
-`parse_response` (and TRL's `GRPOTrainer(tools=...)`) reads.
+`parse_response` (and TRL's `GRPOTrainer(tools=...)`) reads. [`use_chatml_tool_template`] does the same for a real
+ChatML model whose own template has no tools (SmolLM2-Instruct): Hermes / Qwen2.5's `<tool_call>` format.
 
 Shapes: `B` rollouts in a round, `group` consecutive ones per prompt, `P_i` prompt and `C_i` completion tokens.
 """
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import logging
 import math
 import threading
@@ -130,6 +132,123 @@ def use_tool_chat_template(tokenizer):
         )
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     tokenizer.response_template = copy.deepcopy(TOOL_RESPONSE_TEMPLATE)
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A tool-capable ChatML template for real models whose own template has no tool support (SmolLM2)
+# ---------------------------------------------------------------------------------------------------------------------
+
+# SmolLM2-Instruct's default system message: its own template writes it when the conversation has none
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+# Hermes / Qwen2.5's tool format on plain ChatML (`<|im_start|>role\n...<|im_end|>\n`):
+# - with `tools=`, the system turn (the conversation's own system message, else `default_system`) is followed by a
+#   `# Tools` section listing each tool's JSON schema inside `<tools></tools>` and showing the call format;
+# - an assistant turn is its text, then one `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` per call
+#   (separated from the text and from each other by a newline), then `<|im_end|>` (the EOS: generation stops there);
+# - a tool result is a *user* turn `<tool_response>\n...\n</tool_response>`, one per tool message: Qwen2.5's choice and
+#   that of Ollama's SmolLM2 template (which lists tools for all three sizes); SmolLM2 was trained on system / user /
+#   assistant turns, and a `tool` role would be a header it never saw. One turn per message, so every message renders
+#   the same whatever follows (prefix preserving for any conversation, not only assistant -> tool).
+# Without tool calls, tool messages or `tools=` it renders exactly as SmolLM2's own template. Each assistant turn's
+# text, calls and `<|im_end|>` (not the newline after it, which generation never samples) sit between
+# `{% generation %}` and `{% endgeneration %}`: transformers' assistant mask, which `assistant_only_loss=True` trains.
+CHATML_TOOL_CHAT_TEMPLATE = (
+    "{%- set rest = messages %}{% set system = none %}"
+    "{%- if messages and messages[0].role == 'system' %}{% set system = messages[0].content %}"
+    "{% set rest = messages[1:] %}{% elif messages %}{% set system = @DEFAULT_SYSTEM@ %}{% endif %}"
+    "{%- if system is not none or tools %}<|im_start|>system{{ '\\n' }}{{ system or '' }}"
+    "{%- if tools %}{% if system %}{{ '\\n\\n' }}{% endif %}# Tools\n\nYou may call one or more functions to assist "
+    "with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for t in tools %}{{ '\\n' }}{{ t | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\nFor each function call, "
+    "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>{% endif %}<|im_end|>{{ \'\\n\' }}'
+    "{% endif %}"
+    "{%- for m in rest %}"
+    "{%- if m.role == 'assistant' %}<|im_start|>assistant{{ '\\n' }}{% generation %}{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}{% set f = c.function if c.function is defined else c %}"
+    "{%- if m.content or not loop.first %}{{ '\\n' }}{% endif %}"
+    '<tool_call>{{ \'\\n\' }}{"name": {{ f.name | tojson }}, "arguments": '
+    "{% if f.arguments is string %}{{ f.arguments }}{% else %}{{ (f.arguments or {}) | tojson }}{% endif %}}"
+    "{{ '\\n' }}</tool_call>{% endfor %}<|im_end|>{% endgeneration %}{{ '\\n' }}"
+    "{%- elif m.role == 'tool' %}<|im_start|>user{{ '\\n' }}<tool_response>{{ '\\n' }}{{ m.content }}{{ '\\n' }}"
+    "</tool_response><|im_end|>{{ '\\n' }}"
+    "{%- else %}<|im_start|>{{ m.role }}{{ '\\n' }}{{ m.content }}<|im_end|>{{ '\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant{{ '\\n' }}{% endif %}"
+)
+
+# transformers' response parser for CHATML_TOOL_CHAT_TEMPLATE's assistant turns (`tokenizer.parse_response`): the text
+# before the first call is `content`, each `<tool_call>` holds one JSON object (TRL's Qwen3 parser, without `<think>`)
+CHATML_TOOL_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r"\n?<tool_call>\s*",
+            "close_pattern": r"\s*</tool_call>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
+def chatml_tool_chat_template(default_system: str | None = SMOLLM2_DEFAULT_SYSTEM) -> str:
+    """[`CHATML_TOOL_CHAT_TEMPLATE`] with the system message written when a conversation has none.
+
+    Args:
+        default_system: the model's default system message (SmolLM2-Instruct's by default; its own template writes
+            it), or None to write no system turn unless the conversation has one or tools are given.
+
+    Returns:
+        `str`: the Jinja chat template.
+    """
+    literal = "none" if default_system is None else json.dumps(default_system)  # a JSON string is a Jinja literal
+    return CHATML_TOOL_CHAT_TEMPLATE.replace("@DEFAULT_SYSTEM@", literal)
+
+
+def use_chatml_tool_template(tokenizer, default_system: str | None = SMOLLM2_DEFAULT_SYSTEM):
+    """Give a ChatML tokenizer whose chat template cannot express tools (SmolLM2-Instruct's) a tool-calling template,
+    Hermes / Qwen2.5's format ([`CHATML_TOOL_CHAT_TEMPLATE`]), and its response parser
+    ([`CHATML_TOOL_RESPONSE_TEMPLATE`]), so that `TRAPOTrainer(tools=...)` (and TRL's `GRPOTrainer(tools=...)`,
+    `SFTTrainer` / `assistant_only_loss=True` on tool-calling traces) can use it.
+
+    A rendered call and its result (after the system turn with the tools and the user's question):
+    `<|im_start|>assistant\\n<tool_call>\\n{"name": "calculator", "arguments": {"expression": "48/2"}}\\n</tool_call>`
+    `<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n24\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`.
+
+    Args:
+        tokenizer: a tokenizer with ChatML's `<|im_start|>` and `<|im_end|>` as single tokens and `<|im_end|>` as its
+            EOS token (generation must stop at the end of an assistant turn).
+        default_system: see [`chatml_tool_chat_template`].
+
+    Returns:
+        the same tokenizer, with `chat_template` and `response_template` set.
+
+    Raises:
+        ValueError: naming the token and the fix, if `<|im_start|>` or `<|im_end|>` is not one token of the
+            vocabulary, or the EOS token is not `<|im_end|>`.
+    """
+    for marker in ("<|im_start|>", "<|im_end|>"):
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1 or tokenizer.convert_ids_to_tokens(ids[0]) != marker:
+            raise ValueError(
+                f"use_chatml_tool_template writes ChatML, but {marker!r} is not one token of this tokenizer (it "
+                f"encodes to {len(ids)} tokens): use it with a ChatML model (SmolLM2, Qwen2.5, ...), or give your "
+                "tokenizer a tool-calling chat template in its own format."
+            )
+    if tokenizer.eos_token != "<|im_end|>":
+        raise ValueError(
+            f"use_chatml_tool_template ends each assistant turn with <|im_end|>, but this tokenizer's EOS token is "
+            f"{tokenizer.eos_token!r}, so generation would not stop there: set tokenizer.eos_token = '<|im_end|>' "
+            "(and the model's generation_config.eos_token_id to its id) first."
+        )
+    tokenizer.chat_template = chatml_tool_chat_template(default_system)
+    tokenizer.response_template = copy.deepcopy(CHATML_TOOL_RESPONSE_TEMPLATE)
     return tokenizer
 
 
@@ -360,12 +479,13 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> No
     `add_response_schema` sets one for the templates it knows).
 
     Raises:
-        ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_tool_chat_template`).
+        ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_chatml_tool_template`).
     """
     if not supports_tool_calling(tokenizer):
         raise ValueError(
             "The tokenizer's chat template cannot express tool calls (rendering an assistant tool call and a `tool` "
-            "message loses one of them): give it a tool-calling template (for the character-level tokenizer of "
+            "message loses one of them): give it a tool-calling template (for a ChatML model such as SmolLM2: "
+            "trl_trapo.agents.use_chatml_tool_template(tokenizer); for the character-level tokenizer of "
             "trl_trapo.tasks: trl_trapo.agents.use_tool_chat_template(tokenizer))."
         )
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
@@ -375,7 +495,7 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> No
             raise ValueError(
                 "The tokenizer has no `response_template` (transformers' parser of assistant turns, which finds the "
                 "tool calls) and TRL knows none for its chat template: set `tokenizer.response_template` (see "
-                "trl_trapo.agents.TOOL_RESPONSE_TEMPLATE for an example)."
+                "trl_trapo.agents.CHATML_TOOL_RESPONSE_TEMPLATE for an example)."
             ) from error
     tool_suffix_ids(tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], template_kwargs)
 
@@ -793,14 +913,19 @@ def failing(message: str) -> Callable:
 
 
 __all__ = [
+    "CHATML_TOOL_CHAT_TEMPLATE",
+    "CHATML_TOOL_RESPONSE_TEMPLATE",
+    "SMOLLM2_DEFAULT_SYSTEM",
     "TOOL_CHAT_TEMPLATE",
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
     "ToolRolloutSource",
     "ToolRunner",
     "check_agent_arguments",
+    "chatml_tool_chat_template",
     "check_chat_template",
     "placeholder_prompts",
     "tool_suffix_ids",
+    "use_chatml_tool_template",
     "use_tool_chat_template",
 ]

@@ -389,7 +389,8 @@ def check_assistant_only_loss(
             "transformers would return an all-zero mask and nothing would be trained. Add "
             "`{% generation %}...{% endgeneration %}` around the assistant's content, tool calls and end-of-turn token "
             "in `tokenizer.chat_template`, or use a template that has them (for the character-level tokenizer: "
-            "trl_trapo.agents.use_tool_chat_template), or set assistant_only_loss=False."
+            "trl_trapo.agents.use_tool_chat_template; for a ChatML model such as SmolLM2: "
+            "trl_trapo.agents.use_chatml_tool_template), or set assistant_only_loss=False."
         )
     cells = dataset["messages"] if "messages" in columns else dataset["prompt"] + dataset["completion"]
     traced = next((i for i, messages in enumerate(cells) if has_tool_calls(messages)), None)
@@ -399,7 +400,8 @@ def check_assistant_only_loss(
             "cannot render them (rendering an assistant tool call and a `tool` message loses one of them), so "
             "assistant_only_loss=True would train on a trace that is not there. Give the tokenizer a tool-calling "
             "template with `{% generation %}` markers (for the character-level tokenizer: "
-            "trl_trapo.agents.use_tool_chat_template), or drop such rows."
+            "trl_trapo.agents.use_tool_chat_template; for a ChatML model such as SmolLM2: "
+            "trl_trapo.agents.use_chatml_tool_template), or drop such rows."
         )
 
 
@@ -418,7 +420,8 @@ def check_tool_rendering(dataset: Dataset, tokenizer, role: str = "sft_dataset")
             f"`{role}` row {traced} has tool calls or tool messages, but the tokenizer's chat template cannot render "
             "them (rendering an assistant tool call and a `tool` message loses one of them), so the row would be "
             "trained on a conversation without them. Give the tokenizer a tool-calling template (for the "
-            "character-level tokenizer: trl_trapo.agents.use_tool_chat_template), or drop such rows."
+            "character-level tokenizer: trl_trapo.agents.use_tool_chat_template; for a ChatML model such as SmolLM2: "
+            "trl_trapo.agents.use_chatml_tool_template), or drop such rows."
         )
 
 

@@ -255,7 +255,9 @@ class TRAPOTrainer(_BaseTrainer):
         tools (`list[Callable]`, *optional*): TRL's `tools=`: functions (sync or async, type hints and a Google-style
             docstring) the policy may call in multi-turn rollouts ([`~trl_trapo.agents.ToolRolloutSource`], up to
             `max_tool_calling_iterations` rounds of calls; `docs/agents.md`). Needs conversational prompts and a chat
-            template that expresses tool calls (`trl_trapo.agents.use_tool_chat_template` for the built-in tokenizer).
+            template that expresses tool calls (`trl_trapo.agents.use_chatml_tool_template` for a ChatML model whose
+            own template cannot, such as SmolLM2; `trl_trapo.agents.use_tool_chat_template` for the built-in
+            tokenizer).
         environment_factory (class, callable or `dict[str, callable]`, *optional*): TRL's `environment_factory=`: one
             instance per rollout, `reset(**row)` before it (returned text is appended to the prompt), its public
             methods are its tools, an optional `get_reward()` is an extra reward; a dict is chosen by the dataset's
