@@ -199,3 +199,20 @@ def test_guidance_real_block_is_rendered_from_the_committed_results():
         "The README's guidance-real block differs from docs/results/real_smollm2/guidance.json: run "
         "`python scripts/experiments/guidance_real.py --write_readme` (or the experiment), never edit it"
     )
+
+
+def test_distill_real_block_is_rendered_from_the_committed_results():
+    """The real-teacher distillation block (issue 22) is `distill_real.py --write_readme` of the committed results,
+    and those are the summary of the committed arms (their final reverse KL is the cached final point's)."""
+    import distill_real
+
+    results = json.loads((distill_real.RESULTS_DIR / "results.json").read_text(encoding="utf-8"))
+    assert results["pending"] == [] and set(results["arms"]) == set(distill_real.ARMS)
+    for name, arm in results["arms"].items():
+        cached = json.loads((distill_real.RESULTS_DIR / "arms" / f"{name}.json").read_text(encoding="utf-8"))
+        assert arm["points"][-1]["reverse_kl"] == cached["points"][-1]["reverse_kl"], name
+        assert arm["steps"] == cached["steps"] == distill_real.JOB["max_steps"], name
+    assert read_block(README, distill_real.README_BLOCK) == distill_real.render_readme_block(results), (
+        "README.md's distill-real block differs from docs/results/distill_real/results.json: run "
+        "`python scripts/experiments/distill_real.py --write_readme` (or the comparison), never edit it"
+    )
