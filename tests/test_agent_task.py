@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from transformers.utils import get_json_schema
 
+from trl_trapo.agent_job import AgentJobArguments
 from trl_trapo.agent_tasks import (
     MAX_TRACE_CHARACTERS,
     GreedyEngine,
@@ -36,7 +36,6 @@ from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
 
-ROOT = Path(__file__).resolve().parents[1]
 PAIR = re.compile(r"^mul (\d+) (\d+)=$")
 
 
@@ -307,3 +306,44 @@ def test_trl_grpo_trainer_builds_with_the_task_and_parses_its_calls(tmp_path, to
     assert parsed["tool_calls"] == [
         {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The example script
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_job_arguments_refuse_bad_values():
+    with pytest.raises(ValueError, match="--num_eval=0"):
+        AgentJobArguments(num_eval=0)
+    with pytest.raises(ValueError, match="--heldout_docs=-1"):
+        AgentJobArguments(heldout_docs=-1)
+
+
+def test_the_documented_example_runs_two_steps_and_writes_its_results(tmp_path):
+    """docs/agents.md's command, as written, shortened to two steps on small data; it writes
+    `trapo-tools-output/eval_results.json` with every metric before and after, the model and a summary."""
+    from test_doc_commands import logical_lines, registered_block, run_shell, sandbox, with_flags
+
+    commands = logical_lines(registered_block("docs/agents.md: python examples/trapo_tools.py").text)
+    short = [
+        "--max_steps", "2", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
+        "--num_generations", "4", "--response_length", "48", "--num_traces", "32", "--num_rl_prompts", "16",
+        "--num_eval", "4", "--other_sft_per_task", "8", "--heldout_docs", "10",
+    ]  # fmt: skip
+    work = sandbox(tmp_path)
+    output = run_shell(with_flags(commands, "python examples/trapo_tools.py", short), work)
+    out = work / "trapo-tools-output"
+    results = json.loads((out / "eval_results.json").read_text())
+    metrics = (
+        "agent_accuracy_with_tool", "agent_accuracy_without_tool", "agent_tool_call_validity",
+        "agent_tool_calls_per_prompt", "agent_tool_calls_per_prompt_without_tool", "other_accuracy",
+        "other_accuracy_rev", "other_accuracy_nxt", "other_accuracy_min", "heldout_loss",
+    )  # fmt: skip
+    expected = {f"eval_{m}{suffix}" for m in metrics for suffix in ("", "_initial")} | {
+        "train_loss",
+        "train_runtime_s",
+    }
+    assert set(results) == expected
+    assert all(0.0 <= results[f"eval_{m}"] <= 1.0 for m in metrics if "accuracy" in m or "validity" in m)
+    assert results["eval_heldout_loss"] != results["eval_heldout_loss_initial"]  # two steps moved the weights
+    assert (out / "model.safetensors").exists()
+    assert "agent_accuracy_with_tool" in output  # the summary

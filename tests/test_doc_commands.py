@@ -90,6 +90,10 @@ REGISTRY = {
     "docs/agents.md: # run: SFT on tool-calling traces": (
         "tests/test_agent_traces.py::test_the_documented_trace_example_trains"
     ),
+    # shortened to two steps on small data
+    "docs/agents.md: python examples/trapo_tools.py": (
+        "tests/test_agent_task.py::test_the_documented_example_runs_two_steps_and_writes_its_results"
+    ),
     "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite": (
         "tests/test_distillation.py::test_the_documented_distillation_example_trains"
     ),
