@@ -46,7 +46,10 @@ from .tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, gree
 
 logger = logging.getLogger(__name__)
 
-# Hyper-parameters of the agent job, for what the user does not set. Measured on 2 CPU cores (docs/agents.md).
+# Hyper-parameters of the agent job, for what the user does not set. Measured on 2 CPU cores (docs/agents.md). The
+# main job's `BUILTIN_DEFAULTS` (trl_trapo/cli.py), except: 600 steps, warm-up as a fraction, no evaluation during
+# training, logging every 20 steps, room for the agent's turns (prompt 40, response 80, SFT rows 128 tokens), every
+# assistant turn trained (`assistant_only_loss`), at most 2 rounds of tool calls, no progress bars.
 AGENT_JOB_DEFAULTS = dict(
     output_dir="trapo-tools-output",
     max_steps=600,

@@ -62,6 +62,9 @@ def multiply(a: int, b: int) -> int:
     Args:
         a: The first integer.
         b: The second integer.
+
+    Raises:
+        TypeError: if an argument is not an integer (a bool is not one), so that a call with bad arguments fails.
     """
     for name, value in (("a", a), ("b", b)):
         if isinstance(value, bool) or not isinstance(value, int):
