@@ -19,8 +19,13 @@ import logging
 import sys
 
 from trl_trapo.agent_job import run
+from trl_trapo.cli import exits_cleanly
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(run())
+    # a bad value, path or dataset: one message and exit status 2 (TRAPO_DEBUG=1 shows the traceback); Ctrl-C /
+    # SIGTERM during training: a checkpoint, one line saying how to resume, exit 130 / 143 (as examples/trapo.py)
+    with exits_cleanly():
+        status = run()
+    sys.exit(status)

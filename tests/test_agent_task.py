@@ -318,6 +318,22 @@ def test_the_job_arguments_refuse_bad_values():
         AgentJobArguments(heldout_docs=-1)
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num_traces", "0"], "--num_traces=0: must be a whole number >= 1"),
+        (["--heldout_docs", "5000"], "--heldout_docs=5000 holds out every one of the 3000 pretraining documents"),
+        (["--max_tool_calling_iterations", "0"], "max_tool_calling_iterations"),
+    ],
+)
+def test_a_user_error_is_one_message_and_exit_status_2(argv, message, capsys, tmp_path):
+    from trl_trapo.agent_job import run
+
+    assert run([*argv, "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "TRAPO_DEBUG=1" in err and "Traceback" not in err
+
+
 def test_the_documented_example_runs_two_steps_and_writes_its_results(tmp_path):
     """docs/agents.md's command, as written, shortened to two steps on small data; it writes
     `trapo-tools-output/eval_results.json` with every metric before and after, the model and a summary."""

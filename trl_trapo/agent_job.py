@@ -257,23 +257,17 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
     )
 
 
-def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
-    """The job: build, evaluate, train jointly, evaluate again, save.
+def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
+    """Evaluate, train jointly, evaluate again, save (steps 2-3 of [`main`]).
 
     Returns:
-        The results written to `<output_dir>/eval_results.json`: `eval_<metric>_initial` and `eval_<metric>` for
-        every metric of [`evaluate`], `train_runtime_s` (seconds) and `train_loss`.
+        The results written to `<output_dir>/eval_results.json` (see [`main`]).
 
     Raises:
-        ValueError: for data arguments that cannot work (see [`build_data`]) or what the trainer refuses.
         trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
     """
     from .cli import write_json_atomic
 
-    start = time.perf_counter()
-    # step 1. data, tokenizer, model, trainer
-    data = build_data(job_args)
-    trainer = build_trainer(data, config)
     # step 2. evaluate, train, evaluate
     results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data, config).items()}
     train_start = time.perf_counter()
@@ -285,8 +279,25 @@ def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
     trainer.save_model(config.output_dir)
     if trainer.accelerator.is_main_process:
         write_json_atomic(os.path.join(config.output_dir, "eval_results.json"), results)
-        print(summary(config.output_dir, results, time.perf_counter() - start), flush=True)
+        print(summary(config.output_dir, results, time.perf_counter() - job_start), flush=True)
     return results
+
+
+def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
+    """The job: build, evaluate, train jointly, evaluate again, save.
+
+    Returns:
+        The results written to `<output_dir>/eval_results.json`: `eval_<metric>_initial` and `eval_<metric>` for
+        every metric of [`evaluate`], `train_runtime_s` (seconds) and `train_loss`.
+
+    Raises:
+        ValueError: for data arguments that cannot work (see [`build_data`]) or what the trainer refuses.
+        trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
+    """
+    job_start = time.perf_counter()
+    # step 1. data, tokenizer, model, trainer
+    data = build_data(job_args)
+    return run_job(data, build_trainer(data, config), config, job_start)
 
 
 SUMMARY_METRICS = (
@@ -309,19 +320,28 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """The command line: parse, run the job; a bad value becomes one message on stderr and exit status 2
-    (`TRAPO_DEBUG=1` raises it with its traceback instead).
+    """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
+    in the main job (`trl_trapo.cli.run`: the same errors count as the user's before and during training;
+    `TRAPO_DEBUG=1` raises them with their traceback instead).
 
     Returns:
         0 after a complete job, 2 after a user error.
-    """
-    from .cli import DEBUG_VARIABLE, USER_ERROR_EXIT_CODE, debug_requested
 
+    Raises:
+        SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
+    """
+    from .cli import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
+
+    user_errors = SETUP_USER_ERRORS
     try:
         job_args, config = parse_args(argv)
-        main(job_args, config)
-    except ValueError as error:
-        if debug_requested():
+        job_start = time.perf_counter()
+        data = build_data(job_args)
+        trainer = build_trainer(data, config)
+        user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
+        run_job(data, trainer, config, job_start)
+    except Exception as error:
+        if not isinstance(error, user_errors) or debug_requested():
             raise
         program = os.path.basename(sys.argv[0]) or "trapo_tools.py"
         print(f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr)
@@ -341,4 +361,5 @@ __all__ = [
     "make_parser",
     "parse_args",
     "run",
+    "run_job",
 ]
