@@ -336,6 +336,31 @@ def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(
     assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/failure_frequency"] == [1.0]
 
 
+def test_a_call_that_is_not_an_object_with_a_name_fails_and_the_round_goes_on(tok):
+    """JSON the parser accepts between the call markers but that names no tool (a string, a number, a list, an object
+    whose `name` is not text) is a failed call with a short error, not a crash of the round (found by the built-in
+    agent task's evaluation: a trained model wrote `<c>"..."</c>` once the tool was withheld)."""
+    turns = {
+        0: '<c>"abc"</c></s>',
+        1: "<c>7</c></s>",
+        2: "<c>[1,2]</c></s>",
+        3: '<c>{"name":3,"arguments":{}}</c></s>',
+    }
+
+    def script(context):
+        row = int(context.split("add ")[1][0])
+        return "done</s>" if "t:" in context else turns[row]
+
+    source, engine, metrics = make_source(
+        tok, script, tools=[add], dataset=prompts_dataset(4), group=1, response_length=160
+    )
+    round_ = source.sample(4, step=0)
+    error = "t:{'error': 'a tool call must be a JSON object with a string `name`'}\na:done</s>"
+    assert [tok.decode(c)[-len(error) :] for c in round_.completion_ids] == [error] * 4
+    assert len(engine.calls) == 2  # every rollout got its next turn
+    assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/failure_frequency"] == [1.0]
+
+
 def test_tool_calls_stop_after_max_tool_calling_iterations(tok):
     turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
     source, engine, metrics = make_source(tok, lambda c: turn, tools=[add], max_iterations=2, response_length=200)

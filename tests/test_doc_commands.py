@@ -97,6 +97,14 @@ REGISTRY = {
     "docs/agents.md: python scripts/experiments/agents_real.py # 20 steps; hours on 2 loaded CPU cores": (
         "tests/test_agents_real.py::test_the_measurement_scripts_quick_run_writes_its_results"
     ),
+    # shortened to two steps on small data
+    "docs/agents.md: python examples/trapo_tools.py": (
+        "tests/test_agent_task.py::test_the_documented_example_runs_two_steps_and_writes_its_results"
+    ),
+    # `--quick`
+    "docs/agents.md: python scripts/experiments/compare_agents.py": (
+        "tests/test_compare_agents.py::test_quick_run_measures_both_arms_from_one_base_and_reuses_them"
+    ),
     "docs/distillation.md: # run: a teacher and reward-free prompts next to the built-in suite": (
         "tests/test_distillation.py::test_the_documented_distillation_example_trains"
     ),

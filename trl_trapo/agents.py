@@ -880,16 +880,21 @@ class ToolRolloutSource:
         return message
 
     def parse_calls(self, rollout: Rollout) -> list[tuple[Callable, dict, str]]:
-        """The last turn's tool calls as `(callable, arguments, name)`; an unknown name, malformed arguments or an
-        unparsable call becomes a call that fails with an error result (counted in `tools/failure_frequency`)."""
+        """The last turn's tool calls as `(callable, arguments, name)`; an unknown name, malformed arguments, a call
+        that is not a JSON object with a string `name`, or an unparsable call becomes a call that fails with an error
+        result (counted in `tools/failure_frequency`)."""
         message = rollout.messages[-1]
         if "unparsable" in message:
             message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
             return [(failing("unparsable tool call"), {}, "unknown")]
         calls = []
         for call in message.get("tool_calls") or []:
-            function = call.get("function", {}) if isinstance(call, dict) else {}
-            name, arguments = function.get("name"), function.get("arguments", {})
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                # valid JSON the parser took for a call, but no call: `<c>"text"</c>`, `<c>7</c>`, `<c>{"name":3}</c>`
+                calls.append((failing("a tool call must be a JSON object with a string `name`"), {}, "unknown"))
+                continue
+            name, arguments = function["name"], function.get("arguments", {})
             if name not in rollout.tools:
                 calls.append((failing(f"Tool {name} not found."), {}, str(name)))
             elif not isinstance(arguments, dict):
