@@ -66,6 +66,16 @@ COVERED_ELSEWHERE = {
     "tools/rollback_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/turns_mean": "tests/test_agents.py (per-round values of scripted tool calls)",
     "completions/mean_env_length": "tests/test_env_mask.py (a source whose rounds carry environment tokens)",
+    "sampling/sampling_logp_difference/mean": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/sampling_logp_difference/max": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/importance_sampling_ratio/min": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/importance_sampling_ratio/mean": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/importance_sampling_ratio/max": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/raw_importance_sampling_ratio/min": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/raw_importance_sampling_ratio/mean": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/raw_importance_sampling_ratio/max": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/importance_sampling_ratio/clipped_frac": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
+    "sampling/importance_sampling_ratio/masked_frac": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
 }
 
 
