@@ -854,8 +854,9 @@ def task_specs(args, passthrough: list[str], argv: list[str]) -> list[dict]:
     return specs
 
 
-def launch(spec: dict, log_dir: Path) -> dict:
-    """Run one spec in a child process (its own peak memory); raises with the log's tail if it fails."""
+def launch(spec: dict, log_dir: Path, script: Path | None = None) -> dict:
+    """Run one spec in a child process (its own peak memory): `script --_worker <spec file>` (default this script);
+    returns the spec's cache file; raises with the log's tail if it fails."""
     log_dir.mkdir(parents=True, exist_ok=True)
     spec_path = log_dir / f"{spec['name']}.spec.json"
     write_json(spec_path, spec)
@@ -872,7 +873,7 @@ def launch(spec: dict, log_dir: Path) -> dict:
     logger.info("%s: started (log %s)", spec["name"], log_path)
     with open(log_path, "w", encoding="utf-8") as log:
         code = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--_worker", str(spec_path)],
+            [sys.executable, str(script or Path(__file__).resolve()), "--_worker", str(spec_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

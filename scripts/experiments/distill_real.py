@@ -55,7 +55,6 @@ import logging
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -351,6 +350,7 @@ def run_arm(spec: dict) -> dict:
     """Train one arm from the student, measuring it at the spec's points; returns the arm's result."""
     import copy
 
+    import torch
     from trl import DistillationConfig, DistillationTrainer
 
     from trl_trapo import TRAPOTrainer
@@ -383,7 +383,7 @@ def run_arm(spec: dict) -> dict:
             eval_strategy="no",
             logging_steps=1,
             disable_tqdm=True,
-            use_cpu=not _has_accelerator(),
+            use_cpu=not torch.cuda.is_available(),
             max_completion_length=config.response_length,
             temperature=config.distillation_temperature,
             beta=config.distillation_beta,
@@ -413,12 +413,6 @@ def run_arm(spec: dict) -> dict:
         "config": {k: getattr(config, k, None) for k in (*SHARED_FIELDS, *JOB)},
         "log_history": history,
     }
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def worker(spec: dict) -> None:
@@ -507,28 +501,6 @@ def task_specs(args, passthrough: list[str], argv: list[str]) -> list[dict]:
     return specs
 
 
-def launch(spec: dict, log_dir: Path) -> None:
-    """Run one spec in a child process; raises with the log's tail if it fails."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = log_dir / f"{spec['name']}.spec.json"
-    real.write_json(spec_path, spec)
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), TOKENIZERS_PARALLELISM="false")
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        env.setdefault(key, "1")
-    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    log_path = log_dir / f"{spec['name']}.log"
-    logger.info("%s: started (log %s)", spec["name"], log_path)
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--_worker", str(spec_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False,
-        ).returncode  # fmt: skip
-    if code != 0:
-        tail = log_path.read_text(encoding="utf-8")[-3000:]
-        raise RuntimeError(f"{spec['name']} failed (exit code {code}); {log_path} ends with:\n{tail}")
-    logger.info("%s: done", spec["name"])
-
-
 def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
     """Run the specs whose cache is missing or stale: the initial measurement first (the arms read the teacher's
     completions from it), then the arms `jobs` at a time. Returns the names of the tasks that ran."""
@@ -540,10 +512,10 @@ def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
     todo = [s for s in specs if stale(s)]
     for spec in todo:
         if spec["name"] == "initial":
-            launch(spec, log_dir)
+            real.launch(spec, log_dir, Path(__file__).resolve())
     arms = [s for s in todo if s["name"] != "initial"]
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        list(pool.map(lambda s: launch(s, log_dir), arms))
+        list(pool.map(lambda s: real.launch(s, log_dir, Path(__file__).resolve()), arms))
     return [s["name"] for s in todo]
 
 
