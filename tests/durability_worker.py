@@ -40,7 +40,9 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
     """The run of the durability tests.
 
     Variants: "full" — full-model training of all three objectives with the prioritised SFT pool and few-shot mode;
-    "peft" — the same with a LoRA policy and the adapter bank (a snapshot every 2 steps).
+    "peft" — the same with a LoRA policy and the adapter bank (a snapshot every 2 steps); "async" — "full" with
+    asynchronous rollouts (`max_staleness=2`) instead of few-shot mode; "async_sync3" — the same with the weights sent to
+    the producer every 3 steps.
     """
     from conftest import TINY_CONFIG, TINY_SUITE  # tests/ is on sys.path: this script's folder, or pytest's
     from peft import LoraConfig
@@ -68,6 +70,9 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
         dataloader_num_workers=0,
     )
     peft_config = None
+    if variant.startswith("async"):  # asynchronous rollouts: rounds in flight at the checkpoint, producer weights
+        values.update(fewshot_mode=False, async_rollouts=True, max_staleness=2)
+        values.update(weight_sync_steps=3 if variant == "async_sync3" else 1)
     if variant == "peft":
         values.update(adapter_snapshot_steps=2, max_adapter_snapshots=2, learning_rate=2e-2)
         peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])

@@ -114,7 +114,7 @@ def kill_after_checkpoint(output_dir: str, variant: str, step: int) -> None:
     assert not os.path.exists(marker(output_dir, MAX_STEPS)), "the run finished before it was killed"
 
 
-@pytest.mark.parametrize("variant", ["full", pytest.param("peft", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("variant", ["full", pytest.param("peft", marks=pytest.mark.slow), "async", "async_sync3"])
 def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, variant):
     reference = uninterrupted(tmp_path / "reference", variant)
     killed = str(tmp_path / "killed")
@@ -126,7 +126,8 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, varia
     torch.testing.assert_close(
         resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0
     )
-    assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
+    if resumed.memory_pool.selector is not None:
+        assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
     if variant == "peft":
         assert [s["files"] for s in resumed.memory_pool.adapter_bank.bank.list()] == [
             s["files"] for s in reference.memory_pool.adapter_bank.bank.list()
@@ -363,7 +364,8 @@ def test_a_checkpoint_in_the_earlier_layout_resumes_exactly(tmp_path):
     torch.testing.assert_close(
         resumed.memory_pool.sft_pool.priorities, reference.memory_pool.sft_pool.priorities, atol=1e-6, rtol=0
     )
-    assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
+    if resumed.memory_pool.selector is not None:
+        assert resumed.memory_pool.selector.prototypes.labels == reference.memory_pool.selector.prototypes.labels
     assert resumed.memory_pool.prompt_sampler.state_dict() == reference.memory_pool.prompt_sampler.state_dict()
 
 

@@ -893,6 +893,76 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
+    # Asynchronous rollouts: a producer process samples and scores rounds while the trainer trains (async_rollouts.py)
+    # ------------------------------------------------------------------------------------------------------------
+    async_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "Sample RL rounds in a separate producer process (transformers' generate with a copy of the "
+            "policy, behaviour log-probs and the reward functions there) while the trainer trains; the trainer takes "
+            "finished rounds from a bounded queue and computes reference log-probs, values, advantages and every "
+            "round statistic itself when it consumes them. Reward functions must be picklable (module-level). The "
+            "prompt choice and targeted exploration's temperatures apply when a round is asked for, guidance when it is "
+            "consumed; see docs/async.md. Not with use_vllm, fewshot_mode, tools / environment_factory, rollout_func, "
+            "a rollout_source of your own or ZeRO-3."
+        },
+    )
+    max_staleness: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's name and unit: optimizer steps between the policy that sampled a round and the policy "
+            "being trained when the round enters training. The producer is asked for a round early enough that it "
+            "arrives at most this many steps late; one that arrives later is dropped (`sample/dropped_stale_total`) "
+            "or down-weighted (`stale_rollouts`). Its trajectories are then reused for up to num_ppo_epochs steps, "
+            "as in synchronous training (their age at each use is `replay/age_mean`; `replay_max_age` bounds that). "
+            "None: 4 (TRL's default) with async_rollouts; it is unused without them. 0: strictly on-policy (no "
+            "overlap)."
+        },
+    )
+    stale_rollouts: Literal["drop", "downweight"] = field(
+        default="drop",
+        metadata={
+            "help": "A round that arrives more than max_staleness steps late: 'drop' (TRL's behaviour; the next round "
+            "is taken) or 'downweight': trained with its loss weighted by (max_staleness + 1) / (lag + 1)."
+        },
+    )
+    weight_sync_steps: int = field(
+        default=1,
+        metadata={
+            "help": "TRL's name: the producer receives the trained weights (only the trainable ones: a LoRA run sends "
+            "only the adapter) at most every this many optimizer steps."
+        },
+    )
+    async_correction: Literal["decoupled", "behaviour"] = field(
+        default="decoupled",
+        metadata={
+            "help": "How a late round is corrected. 'decoupled' (AReaL's decoupled PPO, huggingface.co/papers/"
+            "2505.24298 eq. 5): the trainer recomputes the log-probs with the policy it is training when the round "
+            "arrives (the proximal policy: PPO's ratio and clip are taken against it) and weights the loss by the "
+            "truncated importance ratio proximal / producer (`vllm_importance_sampling_*`, which must be on). "
+            "'behaviour': the producer's log-probs are PPO's old log-probs (the clipped ratio against the sampling "
+            "policy is the only correction, as TRL's AsyncGRPOTrainer); no extra forward per round. "
+            "scripts/experiments/compare_async.py measures both."
+        },
+    )
+    async_deterministic: bool = field(
+        default=True,
+        metadata={
+            "help": "True: each round is sampled with the weights the trainer had sent when it asked for the round and "
+            "an RNG seeded by (seed, rank, round), so a run does not depend on timing and a resumed run (even after "
+            "kill -9) equals an uninterrupted one. False (free-running): the producer samples with the newest "
+            "weights it has received when it starts a round: fresher samples, runs are not bit-reproducible."
+        },
+    )
+    async_producer_threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch threads of the producer process (its own cores: on a 2-core CPU machine, 1 for the "
+            "producer and 1 for the trainer's `torch.set_num_threads`)."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
     # Sampler/trainer mismatch correction: TRL GRPOConfig's names, defaults and values (trl_trapo/sampler_correction.py)
     # ------------------------------------------------------------------------------------------------------------
     vllm_importance_sampling_correction: bool = field(
@@ -1220,6 +1290,33 @@ class TRAPOConfig(_BaseConfig):
             bad("self_imitation", True, "few-shot mode chooses the SFT rows itself: use one of the two, not both.")
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
+        if self.max_staleness is not None and not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
+            bad("max_staleness", self.max_staleness, "use a number of optimizer steps >= 0, or None (4).")
+        if not (isinstance(self.weight_sync_steps, int) and self.weight_sync_steps >= 1):
+            bad("weight_sync_steps", self.weight_sync_steps, "use an integer >= 1 (optimizer steps).")
+        if self.stale_rollouts not in ("drop", "downweight"):
+            bad("stale_rollouts", self.stale_rollouts, "use 'drop' or 'downweight'.")
+        if self.async_correction not in ("decoupled", "behaviour"):
+            bad("async_correction", self.async_correction, "use 'decoupled' or 'behaviour'.")
+        if not (isinstance(self.async_producer_threads, int) and self.async_producer_threads >= 1):
+            bad("async_producer_threads", self.async_producer_threads, "use an integer >= 1.")
+        if self.async_rollouts:
+            if self.async_correction == "decoupled" and not self.vllm_importance_sampling_correction:
+                bad(
+                    "async_correction",
+                    "decoupled",
+                    "the decoupled objective weights the loss by the truncated ratio proximal / producer, which is "
+                    "vllm_importance_sampling_correction: set it to True, or use async_correction='behaviour'.",
+                )
+            for name in ("use_vllm", "fewshot_mode"):
+                if getattr(self, name):
+                    bad(
+                        name,
+                        True,
+                        "async_rollouts samples with transformers' generate in a producer process; the vLLM server "
+                        "producer and few-shot prompt embeddings are not available there yet: set "
+                        f"{name}=False, or async_rollouts=False.",
+                    )
         if self.local_rollout_forward_batch_size < 1:
             bad("local_rollout_forward_batch_size", self.local_rollout_forward_batch_size, "use an integer >= 1.")
         if self.max_nonfinite_steps < 1:

@@ -25,12 +25,23 @@
   `sampling/importance_sampling_ratio/clipped_frac|masked_frac` (the fraction of the mode's units, tokens or
   sequences, clipped or set to 0). Means are over all units of all ranks; min and max over all ranks.
 
+- Asynchronous rollouts (`async_rollouts=True`, see `trl_trapo/async_rollouts.py`; TRL's AsyncGRPO names):
+  `sample/staleness_mean` and `sample/staleness_max` (lag in optimizer steps of the rounds that arrived since the last
+  log: the consuming step minus the weights version that sampled them; mean over rounds of all ranks, max over all
+  ranks), `sample/dropped_stale_total` (rounds dropped for arriving later than `max_staleness`, since the start of the
+  run, summed over ranks), `perf/rollout_wait_s` (seconds the trainer waited for the producer since the last log,
+  mean over ranks), `perf/rollout_wait_share` (that wait over the wall time since the last log),
+  `perf/weight_sync_s` (seconds spent sending weights to the producer, mean over ranks),
+  `perf/producer_generate_s` and `perf/producer_reward_s` (the producer's generation and reward seconds per round).
+  Logged at every log once the trainer has an asynchronous source (`track_async`), 0 when nothing arrived.
+
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import torch
@@ -50,12 +61,39 @@ class MetricsAccumulator:
         self.reward_names = list(reward_names)
         self.task_names: list[str] = []
         self.env_tokens = False
+        self.async_rollouts = False
+        self.dropped_stale_total = 0
         self.reset()
 
     def track_env_tokens(self) -> None:
         """Log `completions/mean_env_length`, the environment's tokens per completion (for a rollout source that
         may return a completion mask; every rank calls this, so that the cross-rank reduction sees the same keys)."""
         self.env_tokens = True
+
+    def track_async(self) -> None:
+        """Log the asynchronous-rollout metrics (module docstring) at every log; every rank calls this."""
+        self.async_rollouts = True
+
+    def add_async_round(self, lag: int, generate_seconds: float, reward_seconds: float) -> None:
+        """A round from the producer entered training `lag` optimizer steps after the weights that sampled it."""
+        sums = self.async_sums
+        sums["sample/rounds"] += 1.0
+        sums["sample/staleness_sum"] += float(lag)
+        sums["perf/producer_generate_s"] += float(generate_seconds)
+        sums["perf/producer_reward_s"] += float(reward_seconds)
+        self.async_extrema["sample/staleness_max"] = max(self.async_extrema["sample/staleness_max"], float(lag))
+
+    def add_async_wait(self, seconds: float) -> None:
+        """The trainer waited `seconds` for the producer."""
+        self.async_sums["perf/rollout_wait_s"] += float(seconds)
+
+    def add_weight_sync(self, seconds: float) -> None:
+        """Sending weights to the producer took `seconds`."""
+        self.async_sums["perf/weight_sync_s"] += float(seconds)
+
+    def set_dropped_stale_total(self, total: int) -> None:
+        """Rounds this rank's source has dropped since the start of the run (checkpointed by the source)."""
+        self.dropped_stale_total = int(total)
 
     def track_tasks(self, task_names: list[str]) -> None:
         """Log `rl/zero_variance_groups/<task>` for these task families (the RL dataset's `task` values; the same
@@ -71,6 +109,10 @@ class MetricsAccumulator:
         self.rollout_extrema: dict[str, float] = {}  # largest value since the last log (a minimum is stored negated)
         self.reward_metrics: dict[str, list[float]] = defaultdict(list)
         self.extra_columns: dict[str, list] = defaultdict(list)
+        # asynchronous rollouts: apart from `rollout_sums`, whose keys must agree across ranks (a weight sync is not)
+        self.async_sums: dict[str, float] = defaultdict(float)
+        self.async_extrema: dict[str, float] = {"sample/staleness_max": 0.0}
+        self.window_start = time.perf_counter()
 
     # ---- what the loss adds -----------------------------------------------------------------------------------------
     def add(self, key: str, value: torch.Tensor) -> None:
@@ -228,9 +270,36 @@ class MetricsAccumulator:
                     out[f"rl/zero_variance_groups{suffix}"] = reduced[f"rl/zero_variance_groups{suffix}"] / groups
             if "sampling/units" in reduced:
                 out.update(self._sampler_correction_metrics(accelerator, reduced))
+        if self.async_rollouts:
+            out.update(self._async_metrics(accelerator))
         out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
         self.reset()
         return out
+
+    def _async_metrics(self, accelerator) -> dict[str, float]:
+        """The asynchronous-rollout metrics (module docstring): sums over ranks, the lag's max over ranks (collective:
+        every rank tracking them calls this)."""
+        keys = ("sample/rounds", "sample/staleness_sum", "perf/rollout_wait_s", "perf/weight_sync_s",
+                "perf/producer_generate_s", "perf/producer_reward_s")  # fmt: skip
+        local = [self.async_sums[k] for k in keys] + [float(self.dropped_stale_total)]
+        stacked = torch.tensor(local, dtype=torch.float64).to(accelerator.device)
+        sums = dict(zip([*keys, "dropped"], accelerator.reduce(stacked, "sum").cpu().tolist()))
+        largest = torch.tensor([self.async_extrema["sample/staleness_max"]], dtype=torch.float64)
+        lag_max = float(accelerator.gather(largest.to(accelerator.device)).max())
+        ranks = max(accelerator.num_processes, 1)
+        rounds = sums["sample/rounds"]
+        wall = max(time.perf_counter() - self.window_start, 1e-9)
+        wait = sums["perf/rollout_wait_s"] / ranks
+        return {
+            "sample/staleness_mean": sums["sample/staleness_sum"] / rounds if rounds else 0.0,
+            "sample/staleness_max": lag_max,
+            "sample/dropped_stale_total": sums["dropped"],
+            "perf/rollout_wait_s": wait,
+            "perf/rollout_wait_share": min(wait / wall, 1.0),
+            "perf/weight_sync_s": sums["perf/weight_sync_s"] / ranks,
+            "perf/producer_generate_s": sums["perf/producer_generate_s"] / rounds if rounds else 0.0,
+            "perf/producer_reward_s": sums["perf/producer_reward_s"] / rounds if rounds else 0.0,
+        }
 
     def _sampler_correction_metrics(self, accelerator, reduced: dict[str, float]) -> dict[str, float]:
         """The `sampling/*` metrics from the rank-summed sums and the extremes, reduced here (max over ranks; a

@@ -114,6 +114,8 @@ class SampledRound:
     # the engine gave none. With them the trainer computes the behaviour log-probs itself (`old_per_token_logps`
     # must be None) and weights the policy loss by the sampler/trainer mismatch (`vllm_importance_sampling_*`);
     # ignored when `vllm_importance_sampling_correction=False`; set to 0 where `completion_mask` is 0
+    importance_weight: float = 1.0  # a detached weight of every one of the round's losses (e.g. an asynchronous
+    # source's late round, `stale_rollouts="downweight"`); stamped on its trajectories (`importance_weight`)
 
     def __post_init__(self):
         self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
@@ -162,6 +164,10 @@ class SampledRound:
             raise ValueError(
                 f"SampledRound.version={self.version!r} must be an int >= 0: the optimizer step whose weights sampled "
                 "the round (`step` for a round sampled with the current weights)."
+            )
+        if not (math.isfinite(self.importance_weight) and self.importance_weight > 0):
+            raise ValueError(
+                f"SampledRound.importance_weight={self.importance_weight!r} must be a finite weight > 0 (1: none)."
             )
         empty = [i for i, n in enumerate(lengths) if n == 0]
         if empty:

@@ -54,6 +54,7 @@ from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
+from .async_rollouts import AsyncRolloutSource
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -758,6 +759,8 @@ class TRAPOTrainer(_BaseTrainer):
             )
         if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
             self.metrics.track_env_tokens()
+        if args.async_rollouts:  # a producer process samples and scores rounds ahead (async_rollouts.py)
+            rollout_source = self._build_async_source(args, own_source, stops)
         self.rollout_source = (
             rollout_source
             if rollout_source is not None
@@ -1014,6 +1017,51 @@ class TRAPOTrainer(_BaseTrainer):
             args.self_imitation_capacity,
         )
 
+    def _build_async_source(self, args: TRAPOConfig, own_source: bool, stops: list[int]) -> AsyncRolloutSource:
+        """The asynchronous rollout source (`async_rollouts=True`).
+
+        Raises:
+            ValueError: naming the argument, with a rollout source of the user's (`rollout_source`, `rollout_func`,
+                `tools` / `environment_factory`: they sample by themselves), without RL prompts, under DeepSpeed
+                ZeRO-3 (a weight sync would gather the partitioned weights, a collective the ranks would reach at
+                different steps), or when a reward function cannot be pickled.
+        """
+        if own_source:
+            raise ValueError(
+                "TRAPOConfig.async_rollouts=True replaces the default rollout source by a producer process, but a "
+                "rollout_source, rollout_func or tools / environment_factory was given (they sample by themselves): "
+                "set async_rollouts=False, or drop them."
+            )
+        if not self.active[RL]:
+            raise ValueError(
+                "TRAPOConfig.async_rollouts=True but the run has no RL prompts (train_dataset with rl_weight > 0): "
+                "set async_rollouts=False."
+            )
+        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+            raise ValueError(
+                "TRAPOConfig.async_rollouts=True is not available under DeepSpeed ZeRO-3: sending the weights to the "
+                "producer would gather the partitioned parameters, a collective that each rank reaches when its own "
+                "replay buffer runs low. Use ZeRO-2 or DDP, or async_rollouts=False."
+            )
+        self.metrics.track_async()
+        return AsyncRolloutSource(
+            self._unwrapped_policy,
+            self._rl_dataset,
+            self.memory_pool,
+            self.rewards,
+            self.processing_class,
+            self.generation_config,
+            self.padding_id,
+            stops,
+            args,
+            group=1 if self._has_critic else args.num_generations,
+            num_mini_batches=args.num_mini_batches,
+            rank=self.accelerator.process_index,
+            device=str(self.accelerator.device),
+            metrics=self.metrics,
+            exploration=self.exploration,
+        )
+
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
         """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3)."""
         if args.adapter_snapshot_steps <= 0 or not is_peft_model(self._unwrapped_policy()):
@@ -1211,6 +1259,9 @@ class TRAPOTrainer(_BaseTrainer):
         return weight, bias
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
+        prefetch = getattr(self.rollout_source, "prefetch", None)
+        if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
+            prefetch(n, step, self.replay.use_counts(step))
         for _ in range(20):
             # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
             # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts)
@@ -1281,6 +1332,9 @@ class TRAPOTrainer(_BaseTrainer):
                 f"{self.args.num_generations}) consecutively and set SampledRound.group, or train with a value_model."
             )
         batch = self.rollouts.finish(sampled, across_ranks=True)
+        if sampled.importance_weight != 1.0:  # e.g. a late asynchronous round, down-weighted
+            for trajectory in batch.trajectories:
+                trajectory.importance_weight = sampled.importance_weight
         self._consume_round(batch)
         return batch
 
@@ -1674,23 +1728,33 @@ class TRAPOTrainer(_BaseTrainer):
                     **kwargs,
                 )
         except TrainingAborted:
+            self._close_rollout_source()
             newest, _ = last_complete_checkpoint(self.args.output_dir, world)
             raise TrainingAborted(
                 f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
                 f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
             ) from None
         except Exception as error:
+            self._close_rollout_source()
             # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
             # KeyboardInterrupt / SystemExit leaves it as a kill would: without markers, resuming skips it)
             replacement = self._checkpoint_guard.failed(error)
             if replacement is not None:
                 raise replacement from error
             raise
+        self._close_rollout_source()
         if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
             raise TrainingInterrupted(self.interruption)
         if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
             signal.raise_signal(catcher.received)
         return output
+
+    def _close_rollout_source(self) -> None:
+        """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
+        starts it again."""
+        close = getattr(self.rollout_source, "close", None)
+        if close is not None:
+            close()
 
     @property
     def interruption(self) -> Interruption | None:
@@ -1725,6 +1789,10 @@ class TRAPOTrainer(_BaseTrainer):
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
+        source_state = getattr(self.rollout_source, "state_dict", None)
+        if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
+            state["rollout_source"], source_tensors = source_state()
+            tensors.update({f"rollout_source/{k}": v for k, v in source_tensors.items()})
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
         write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
@@ -1778,6 +1846,17 @@ class TRAPOTrainer(_BaseTrainer):
             if self.reference is not None:
                 self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
             pool.load_state_dict(pool_state, checkpoint_dir)
+            load_source = getattr(self.rollout_source, "load_state_dict", None)
+            if load_source is not None:
+                if state.get("rollout_source") is None:
+                    raise CheckpointError(
+                        f"{source}: the checkpoint was written without {type(self.rollout_source).__name__}'s state "
+                        "(a run with another rollout source, e.g. async_rollouts=False); resume with the same one."
+                    )
+                prefix = "rollout_source/"
+                load_source(
+                    state["rollout_source"], {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+                )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:

@@ -268,6 +268,12 @@ class ReplayBuffer:
         self._expire(step)
         return sum(len(bucket) for bucket in self._buckets)
 
+    def use_counts(self, step: int) -> list[int]:
+        """`(max_uses,)` servable trajectories at `step` by the number of times they were served (what an asynchronous
+        source forecasts the buffer's remaining steps from, see [`steps_covered`])."""
+        self._expire(step)
+        return [len(bucket) for bucket in self._buckets]
+
     def _tensors(self, item: dict) -> dict[str, torch.Tensor]:
         return item["tensors"] if item["blob"] is None else decompress_tensors(item["blob"])
 
@@ -450,3 +456,34 @@ class ReplayBuffer:
 
 
 __all__ = ["ReplayBuffer", "Trajectory", "compress_tensors", "decompress_tensors", "trajectory_nbytes"]
+
+
+def steps_covered(use_counts: list[int], n: int, rounds: list[int], horizon: int) -> int:
+    """How many optimizer steps in a row, from the current one, a replay buffer can serve `n` trajectories each, as
+    [`ReplayBuffer.sample`] serves them (least used first, each at most `len(use_counts)` times), when each of `rounds`
+    (trajectory counts, in order) is added the first time the buffer runs dry. Counts up to `horizon + 1`.
+
+    Args:
+        use_counts (`list[int]`): `(max_uses,)` servable trajectories by uses so far ([`ReplayBuffer.use_counts`]).
+        n (`int`): trajectories a step takes (> 0).
+        rounds (`list[int]`): sizes of the rounds that will arrive, in order.
+        horizon (`int`): stop counting past this many steps.
+    """
+    by_uses, queue, steps = list(use_counts), list(rounds), 0
+    max_uses = len(by_uses)
+    while steps <= horizon:
+        while sum(by_uses) < n:  # the trainer asks for the next round when fewer than n are servable
+            if not queue:
+                return steps
+            fresh = queue.pop(0)
+            by_uses = [fresh + by_uses[uses] if uses == 0 else by_uses[uses] for uses in range(max_uses)]
+        served, take = [0] * max_uses, n
+        for uses in range(max_uses):
+            served[uses] = min(take, by_uses[uses])
+            take -= served[uses]
+        for uses in range(max_uses):
+            by_uses[uses] -= served[uses]
+            if uses + 1 < max_uses:
+                by_uses[uses + 1] += served[uses]
+        steps += 1
+    return steps

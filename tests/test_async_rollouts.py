@@ -1,0 +1,245 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts (`async_rollouts=True`, trl_trapo/async_rollouts.py): a producer process samples and scores
+rounds while the trainer trains.
+
+- The lag of every round (consuming step minus the weights version that sampled it) stays within `max_staleness`, the
+  producer runs ahead when allowed, and the metrics say so.
+- A run does not depend on the producer's timing (deterministic mode): a slow reward gives the same weights.
+- A late round is dropped (counted) or down-weighted; the log-probs go where `async_correction` says, and at lag 0 the
+  producer's are the trainer's own.
+- Failures reach the trainer: a reward function that raises in the producer, a producer that dies, a reward function
+  that cannot be pickled (refused at construction), settings that do not combine.
+- A LoRA run sends only the adapter.
+Resuming after kill -9 is in tests/test_durability.py; two processes in tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from conftest import make_tiny_trainer
+
+from trl_trapo import TRAPOConfig
+from trl_trapo.async_rollouts import ProducerError, round_seed, trainable_state
+from trl_trapo.rollout import completion_logps
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+TIMING_KEYS = ("perf/", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eps")
+
+
+def slow_exact_match(**kwargs):
+    """`exact_match_reward`, 0.3 s later (a remote verifier); module level, so the producer can import it."""
+    time.sleep(0.3)
+    return exact_match_reward(**kwargs)
+
+
+def failing_reward(completions, **kwargs):
+    raise ValueError("the verifier is down")
+
+
+def async_trainer(tmp_path, tokenizer, suite, **overrides):
+    values = dict(async_rollouts=True, max_staleness=2, max_steps=8, gradient_accumulation_steps=2)
+    values.update(overrides)
+    return make_tiny_trainer(tmp_path, tokenizer, suite, **values)
+
+
+def logs_without_timing(trainer) -> list[dict]:
+    return [
+        {k: v for k, v in h.items() if not k.startswith(TIMING_KEYS)} for h in trainer.state.log_history if "loss" in h
+    ]
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 4])
+def test_lag_stays_within_max_staleness_and_the_producer_runs_ahead(tmp_path, tokenizer, suite, max_staleness):
+    trainer = async_trainer(tmp_path, tokenizer, suite, max_staleness=max_staleness, max_steps=10)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    lags = [h["sample/staleness_max"] for h in logs]
+    assert max(lags) <= max_staleness, lags
+    if max_staleness > 0:  # rounds were asked for ahead: some arrived late by design
+        assert max(lags) >= 1, lags
+    assert all(h["sample/dropped_stale_total"] == 0 for h in logs)
+    for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/rollout_wait_share", "perf/weight_sync_s"):
+        assert all(key in h for h in logs), key
+    assert 0 < sum(h["perf/rollout_wait_s"] for h in logs)  # the first round is waited for (the producer starts)
+    assert trainer.rollout_source.producer_pid is None  # stopped when train() returned
+
+
+def test_a_slow_reward_does_not_change_the_run(tmp_path, tokenizer, suite):
+    """Deterministic mode: what is sampled depends on the training state, never on how fast the producer is."""
+    fast = async_trainer(tmp_path / "fast", tokenizer, suite)
+    fast.train()
+    slow = async_trainer(tmp_path / "slow", tokenizer, suite)
+    slow.rewards.funcs[0] = slow_exact_match  # same rewards, 0.3 s per call in the producer
+    slow.train()
+    assert logs_without_timing(fast) == logs_without_timing(slow)
+    for (name, a), (_, b) in zip(fast.model.named_parameters(), slow.model.named_parameters()):
+        assert torch.equal(a, b), name
+    # the producer was slow indeed (timing-free: the sleep is a lower bound)
+    assert max(h["perf/producer_reward_s"] for h in slow.state.log_history if "loss" in h) >= 0.3
+    assert max(h["perf/producer_reward_s"] for h in fast.state.log_history if "loss" in h) < 0.3
+
+
+def test_a_late_round_is_dropped_or_downweighted(tmp_path, tokenizer, suite):
+    trainer = async_trainer(tmp_path / "drop", tokenizer, suite, max_staleness=1)
+    source = trainer.rollout_source
+    try:
+        source.prefetch(8, 0, [0, 0, 0, 0])  # one round asked for at step 0 (weights of step 0) ...
+        sampled = source.sample(8, 3)  # ... is consumed at step 3: 3 steps late, dropped; the next is asked for now
+        assert sampled.version == 3 and source.dropped_total == 1
+        assert trainer.metrics.dropped_stale_total == 1
+    finally:
+        source.close()
+    trainer = async_trainer(tmp_path / "down", tokenizer, suite, max_staleness=1, stale_rollouts="downweight")
+    source = trainer.rollout_source
+    try:
+        source.prefetch(8, 0, [0, 0, 0, 0])
+        sampled = source.sample(8, 3)
+        assert sampled.version == 0 and sampled.importance_weight == pytest.approx(2 / 4)
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("correction", ["decoupled", "behaviour"])
+def test_log_probs_follow_async_correction_and_match_the_trainer_at_lag_0(tmp_path, tokenizer, suite, correction):
+    trainer = async_trainer(tmp_path, tokenizer, suite, async_correction=correction)
+    source = trainer.rollout_source
+    try:
+        sampled = source.sample(8, 0)
+    finally:
+        source.close()
+    producer = sampled.sampler_per_token_logps if correction == "decoupled" else sampled.old_per_token_logps
+    other = sampled.old_per_token_logps if correction == "decoupled" else sampled.sampler_per_token_logps
+    assert producer is not None and other is None
+    assert sampled.scores is not None and sampled.version == 0
+    own = completion_logps(
+        trainer.model, sampled.prompt_ids, sampled.completion_ids, trainer.padding_id, sampled.temperatures, 64
+    )
+    for a, b in zip(producer, own):  # the same weights, fp32: the same log-probs up to summation order
+        torch.testing.assert_close(a, b.float(), atol=1e-5, rtol=0)
+
+
+def test_a_failing_reward_in_the_producer_reaches_the_trainer(tmp_path, tokenizer, suite):
+    trainer = async_trainer(tmp_path, tokenizer, suite)
+    trainer.rewards.funcs[0] = failing_reward
+    with pytest.raises(ProducerError, match="(?s)failing_reward.*the verifier is down"):
+        trainer.rollout_source.sample(8, 0)
+    assert trainer.rollout_source.producer_pid is None  # stopped
+
+
+def test_a_dead_producer_is_reported(tmp_path, tokenizer, suite):
+    trainer = async_trainer(tmp_path, tokenizer, suite)
+    source = trainer.rollout_source
+    try:
+        source.sample(8, 0)  # started
+        os.kill(source.producer_pid, signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(ProducerError, match="died with exit code -9"):
+            source.sample(8, 1)
+    finally:
+        source.close()
+
+
+def test_an_unpicklable_reward_is_refused_at_construction_by_name(tmp_path, tokenizer, suite):
+    def local_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match="'local_reward' cannot be pickled.*module level"):
+        make_tiny_trainer(
+            tmp_path, tokenizer, suite, async_rollouts=True, train_dataset=suite.rl_train
+        ).__class__(  # the same construction, with the local function as the reward
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=local_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", async_rollouts=True, max_steps=2),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(max_staleness=-1), "max_staleness=-1"),
+        (dict(weight_sync_steps=0), "weight_sync_steps=0"),
+        (dict(async_producer_threads=0), "async_producer_threads=0"),
+        (dict(async_correction="x"), "async_correction='x'"),
+        (dict(stale_rollouts="x"), "stale_rollouts='x'"),
+        (dict(vllm_importance_sampling_correction=False), "async_correction='decoupled'.*vllm_importance_sampling"),
+        (dict(fewshot_mode=True), "fewshot_mode=True"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        TRAPOConfig(output_dir=str(tmp_path), async_rollouts=True, **overrides)
+
+
+def test_a_source_of_your_own_is_refused(tmp_path, tokenizer, suite):
+    def rollout_func(prompts, trainer):
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="async_rollouts=True replaces the default rollout source"):
+        make_tiny_trainer(tmp_path, tokenizer, suite, async_rollouts=True).__class__(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path / "b"), report_to="none", async_rollouts=True, max_steps=2),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            rollout_func=rollout_func,
+        )
+
+
+def test_a_lora_run_sends_only_the_adapter(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    state = trainable_state(model)
+    assert state and all("lora_" in name for name in state)
+    assert sum(v.numel() for v in state.values()) < sum(p.numel() for p in model.parameters()) / 10
+
+
+def test_round_seeds_depend_only_on_seed_rank_and_round():
+    assert round_seed(0, 0, 5) == round_seed(0, 0, 5)
+    assert len({round_seed(0, 0, 5), round_seed(1, 0, 5), round_seed(0, 1, 5), round_seed(0, 0, 6)}) == 4
+
+
+def test_steps_covered_follows_least_used_first_serving():
+    """The forecast equals what a real replay buffer serves, rounds in flight added when it runs dry (as the trainer
+    adds a round when fewer than `n` trajectories are servable)."""
+    from trl_trapo.memory.replay import ReplayBuffer, steps_covered
+
+    for n, first, rounds in [(3, 8, []), (3, 5, [4]), (2, 3, [4, 4]), (4, 3, [2, 2, 6])]:
+        buffer = ReplayBuffer(max_uses=4)
+        buffer.add(trajectories_for_test(first))
+        buffer.sample(min(n, first), 0)  # some uses already
+        forecast = steps_covered(buffer.use_counts(0), n, rounds, horizon=100)
+        queue, steps = list(rounds), 0
+        while True:
+            while buffer.num_available(0) < n and queue:
+                buffer.add(trajectories_for_test(queue.pop(0)))
+            if buffer.num_available(0) < n:
+                break
+            buffer.sample(n, 0)
+            steps += 1
+        assert forecast == steps, (n, first, rounds)
+    assert steps_covered([0, 0, 0, 0], 3, [], horizon=5) == 0
+    assert steps_covered([100, 0, 0, 0], 1, [], horizon=5) == 6  # counted up to horizon + 1
+
+
+def trajectories_for_test(n: int):
+    from trl_trapo.memory.replay import Trajectory
+
+    return [
+        Trajectory(
+            torch.tensor([1, 2]),
+            torch.tensor([3]),
+            torch.ones(1),
+            old_per_token_logps=torch.zeros(1),
+            advantages=torch.zeros(1),
+        )
+        for _ in range(n)
+    ]

@@ -1,0 +1,646 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts: a producer process samples and scores rounds while the trainer trains.
+
+`TRAPOConfig(async_rollouts=True)` replaces the default rollout source by an [`AsyncRolloutSource`]. It has the
+default source's prompts (the memory pool's RL prompt sampler) and temperatures (targeted exploration), but a round is
+*asked for* before the replay buffer runs dry and sampled by a **producer**: a separate process (started with
+`spawn`, so it has its own interpreter and its own `async_producer_threads` torch threads, i.e. its own cores) that
+holds a copy of the policy, runs transformers' `generate` with the behaviour log-probs recorded while sampling, and
+calls the reward functions. The trainer takes finished rounds in order from a queue and finishes each itself
+([`~trl_trapo.rollout.RolloutEngine.finish`]): reference and teacher log-probs, critic values, the missing-stop
+penalty, guidance, advantages and every statistic over a round or across processes (collectives stay in the trainer).
+
+**When a round is asked for.** Each optimizer step the trainer calls `prefetch(rows_needed, step, remaining)`, with
+`remaining` the servings the replay buffer still holds (`ReplayBuffer.remaining_uses`). The source keeps asking for
+rounds while the steps that the buffer and the rounds in flight can feed (`servings / rows_needed`) are at most
+`max_staleness`: a round asked for at step `s` is then consumed at most `max_staleness` steps later, when the buffer
+runs dry, so its **lag** (the step that consumes it minus the version of the weights that sampled it) is bounded. Its
+trajectories are then served up to `num_ppo_epochs` times, as in synchronous training; `replay/age_mean` is their age
+at each use. The decision depends only on the training state, never on timing; the producer's speed decides only how
+long the trainer waits (`perf/rollout_wait_s`). With `max_staleness=0` nothing is asked for ahead: the producer then
+samples while the trainer waits, as synchronous training does.
+
+**Weights.** Before a round is asked for, the producer is sent the trained weights if `weight_sync_steps` steps have
+passed since the last send: the trainable parameters only (a LoRA run sends its adapter), copied into shared memory
+(`perf/weight_sync_s`). In the deterministic mode (`async_deterministic=True`, the default) weights and requests
+travel in one FIFO queue, so every round is sampled with exactly the weights sent before it was asked for, with an RNG
+seeded by `(seed, rank, round)`: a run does not depend on timing. In the free-running mode the weights travel on a
+queue of their own and the producer takes the newest it has when it starts a round (fresher, not reproducible).
+
+**Staleness.** A round whose lag exceeds `max_staleness` (possible when the RL share of a step grows, so the buffer
+runs dry earlier than forecast) is dropped and counted (`sample/dropped_stale_total`), or with
+`stale_rollouts="downweight"` trained with its loss weighted by `(max_staleness + 1) / (lag + 1)`. The correction of
+the gap between the producer's policy and the trained one is `async_correction`: "decoupled" returns the producer's
+log-probs as `sampler_per_token_logps` (the trainer recomputes the proximal log-probs and weights the loss by the
+truncated ratio, `vllm_importance_sampling_*`; AReaL, huggingface.co/papers/2505.24298 eq. 5), "behaviour" as PPO's
+old log-probs (the clipped ratio against the sampling policy is the only correction).
+
+**Checkpoints.** `state_dict` first waits for the rounds in flight and keeps them, finished, in the checkpoint, with
+the round counter, the last weights version sent and, when that version is older than the checkpoint's step
+(`weight_sync_steps > 1`), those weights: a resumed run consumes exactly the rounds an uninterrupted one would, and in
+the deterministic mode trains to the same parameters.
+
+Metrics (TRL's names where TRL has them): `sample/staleness_mean`, `sample/staleness_max` (lag of the rounds that
+arrived, in optimizer steps), `sample/dropped_stale_total` (rounds dropped since the start of the run),
+`perf/rollout_wait_s` (seconds the trainer waited for rounds in the logging window), `perf/weight_sync_s` (seconds
+spent sending weights), `perf/rollout_wait_share` (waited share of the window's wall time), `perf/producer_generate_s`
+and `perf/producer_reward_s` (the producer's seconds per round).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+import pickle
+import queue
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from .memory.replay import steps_covered
+from .sources import SampledRound
+
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_STALENESS = 4  # TRL AsyncGRPOConfig's default
+POLL_SECONDS = 1.0  # how often a waiting side checks that the other is alive
+
+
+class ProducerError(RuntimeError):
+    """The producer process failed (its traceback is in the message) or died."""
+
+
+def check_picklable(funcs: list, what: str = "reward function") -> None:
+    """Refuse, by name, what cannot reach a producer process (it is started with `spawn`, so it gets pickled copies).
+
+    Raises:
+        ValueError: naming the object and the fix, if `pickle.dumps` fails on it (a lambda, a local function, an
+            object holding a lock or an open connection).
+    """
+    from .rewards import reward_function_name
+
+    for func in funcs:
+        if isinstance(func, nn.Module):
+            continue
+        try:
+            pickle.dumps(func)
+        except Exception as error:  # pickle raises PicklingError, AttributeError, TypeError ...
+            raise ValueError(
+                f"async_rollouts=True runs the {what}s in a producer process, but {what} "
+                f"{reward_function_name(func)!r} cannot be pickled ({type(error).__name__}: {error}). Define it at "
+                "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
+                "async_rollouts=False."
+            ) from error
+
+
+def round_seed(seed: int, rank: int, index: int) -> int:
+    """The sampling seed of round `index` of rank `rank` (deterministic mode): a function of the three numbers only."""
+    digest = hashlib.sha256(f"trl-trapo-round:{seed}:{rank}:{index}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+@dataclass
+class ProducerSpec:
+    """Everything the producer process builds itself from (pickled once, when it starts).
+
+    `model` is a CPU copy of the policy (eval mode); `funcs`, `processing_classes`, `weights` are the reward
+    functions / models, their tokenizers and weights as the trainer's [`~trl_trapo.rewards.RewardScorer`] has them.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    generation_config: Any
+    pad_token_id: int
+    stop_token_ids: list[int]
+    batch_size: int
+    funcs: list
+    processing_classes: list
+    weights: list[float]
+    reward_batch_size: int
+    device: str
+    num_threads: int
+    version: int
+    deterministic: bool
+
+
+@dataclass
+class Request:
+    """One round asked for: dataset indices of its prompts, each repeated `group` times, and per-row temperatures."""
+
+    index: int  # the round's number on this rank, from 0
+    indices: list[int]
+    group: int
+    temperatures: list[float]
+    seed: int
+    step: int  # the optimizer step that asked for it
+    version: int  # the weights version sent before it (the deterministic mode samples with exactly these)
+
+
+@dataclass
+class Produced:
+    """A round as the producer returns it (CPU tensors)."""
+
+    index: int
+    version: int  # the weights version that sampled it
+    completion_ids: list[torch.Tensor]
+    logps: list[torch.Tensor]
+    scores: torch.Tensor
+    per_func: torch.Tensor
+    generate_seconds: float
+    reward_seconds: float
+    reward_metrics: dict[str, list[float]] = field(default_factory=dict)
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters (`requires_grad`), detached CPU copies, by name: what a weight sync sends (a PEFT
+    model's adapter only)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
+    """The producer process: build the model and the reward scorer, then serve requests until `None` arrives.
+
+    Messages in: `("weights", version, state)` and `("round", Request)` on `requests` (in the free-running mode the
+    weights come on `weights_queue`). Messages out on `results`: `("round", Produced)` or `("error", index, text)`.
+    The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
+    flight) and exits when the trainer's process is gone.
+    """
+    from .rewards import RewardScorer, discard_extra
+    from .rollout import generate
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+    index = -1
+    scorer = None
+    try:
+        torch.set_num_threads(spec.num_threads)
+        model = spec.model.to(spec.device).eval()
+        version = spec.version
+        collected: dict[str, list[float]] = {}
+        state_snapshot = {"global_step": 0}
+
+        def log_metric(name: str, value: float) -> None:
+            collected.setdefault(name, []).append(float(value))
+
+        scorer = RewardScorer(
+            spec.funcs,
+            spec.processing_classes,
+            spec.weights,
+            spec.tokenizer,
+            spec.reward_batch_size,
+            log_metric,
+            discard_extra,
+            lambda: dataclasses.replace(_TrainerStateView(), **state_snapshot),
+        )
+        while True:
+            try:
+                message = requests.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if os.getppid() != parent:  # the trainer is gone
+                    return
+                continue
+            if message is None:
+                return
+            if message[0] == "weights":
+                _, version, state = message
+                _load_weights(model, state)
+                continue
+            request: Request = message[1]
+            index = request.index
+            if not spec.deterministic:  # free-running: the newest weights received so far
+                while True:
+                    try:
+                        _, version, state = weights_queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    _load_weights(model, state)
+            examples = request.examples  # attached by the trainer side
+            prompt_ids = [list(e["prompt_ids"]) for e in examples]
+            torch.manual_seed(request.seed)
+            generated = generate(
+                model,
+                prompt_ids,
+                spec.generation_config,
+                spec.pad_token_id,
+                spec.stop_token_ids,
+                torch.tensor(request.temperatures),
+                batch_size=spec.batch_size,
+                model_inputs=request.model_inputs,
+            )
+            start = time.perf_counter()
+            collected = {}
+            state_snapshot = {"global_step": request.step}
+            scores, per_func = scorer.score(
+                examples, [torch.tensor(p) for p in prompt_ids], generated["completion_ids"], log_metric
+            )
+            results.put(
+                (
+                    "round",
+                    Produced(
+                        request.index,
+                        version,
+                        generated["completion_ids"],
+                        generated["old_per_token_logps"],
+                        scores,
+                        per_func,
+                        generated["seconds"],
+                        time.perf_counter() - start,
+                        collected,
+                    ),
+                )
+            )
+    except BaseException:  # noqa: BLE001 - everything reaches the trainer, which raises it there
+        results.put(("error", index, traceback.format_exc()))
+    finally:
+        if scorer is not None:
+            scorer.close()
+
+
+@dataclass
+class _TrainerStateView:
+    """What a reward function gets as `trainer_state` in the producer: the step that asked for the round."""
+
+    global_step: int = 0
+
+
+class AsyncRolloutSource:
+    """The asynchronous rollout source (module docstring): rounds asked for ahead and sampled by a producer process.
+
+    Args:
+        policy (`Callable[[], nn.Module]`): returns the trained policy, unwrapped (copied when the producer starts,
+            read at every weight sync).
+        dataset (`Dataset`): the tokenized RL prompts (`prompt_ids` and the reward columns).
+        prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`) and its
+            temperature (`rollout_temperature(default)`), when the round is asked for.
+        scorer ([`~trl_trapo.rewards.RewardScorer`]): the trainer's reward functions, copied into the producer.
+        tokenizer: the policy's tokenizer (the reward functions decode with it).
+        generation_config (`GenerationConfig`), pad_token_id (`int`), stop_token_ids (`list[int]`): sampling, as the
+            trainer's rollout engine samples.
+        args ([`~trl_trapo.TRAPOConfig`]): `max_staleness`, `weight_sync_steps`, `stale_rollouts`,
+            `async_correction`, `async_deterministic`, `async_producer_threads`, `seed`, `temperature`,
+            `local_rollout_forward_batch_size` (read only).
+        group (`int`): completions per prompt (1 with a critic, else `num_generations`).
+        num_mini_batches (`int`): optimizer steps a round feeds (a round holds `rows_needed * num_mini_batches` rows).
+        rank (`int`): this process's rank (seeds).
+        device (`str`): where the producer samples (the trainer's device).
+        metrics: the trainer's [`~trl_trapo.metrics.MetricsAccumulator`] (`add_async_round`, `add_async_wait`,
+            `add_weight_sync`, `add_dropped_stale`, `log_metric`).
+        exploration ([`~trl_trapo.exploration.TargetedExploration`], *optional*): per-row temperatures by family.
+
+    Raises:
+        ValueError: naming the reward function, if one cannot be pickled (see [`check_picklable`]).
+    """
+
+    def __init__(
+        self,
+        policy: Callable[[], nn.Module],
+        dataset,
+        prompts,
+        scorer,
+        tokenizer,
+        generation_config,
+        pad_token_id: int,
+        stop_token_ids: list[int],
+        args,
+        group: int,
+        num_mini_batches: int,
+        rank: int,
+        device: str,
+        metrics,
+        exploration=None,
+    ):
+        check_picklable(list(scorer.funcs))
+        self.policy = policy
+        self.dataset = dataset
+        self.prompts = prompts
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config
+        self.pad_token_id = int(pad_token_id)
+        self.stop_token_ids = list(stop_token_ids)
+        self.args = args
+        self.group = int(group)
+        self.num_mini_batches = int(num_mini_batches)
+        self.rank = int(rank)
+        self.device = str(device)
+        self.metrics = metrics
+        self.exploration = exploration
+        self.max_staleness = DEFAULT_MAX_STALENESS if args.max_staleness is None else int(args.max_staleness)
+        self.pending: deque[Request] = deque()  # asked for, in order
+        self.ready: dict[int, Produced] = {}  # finished, by round index, not yet consumed
+        self.next_index = 0  # the next round's number
+        self.sent_version: int | None = None  # the weights version the producer has (None: not started)
+        self.sent_state: dict[str, torch.Tensor] | None = None  # kept when weight_sync_steps > 1 (checkpoints)
+        self.dropped_total = 0
+        self._restored_weights: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._process = self._requests = self._weights = self._results = None
+
+    @property
+    def producer_pid(self) -> int | None:
+        """The producer process's id while it runs, else None."""
+        return self._process.pid if self._process is not None else None
+
+    # ---- the producer process -------------------------------------------------------------------------------------
+    def _start(self, step: int) -> None:
+        context = mp.get_context("spawn")
+        policy = copy.deepcopy(self.policy()).to("cpu").eval()
+        version = step
+        if self._restored_weights is not None:  # the checkpoint's producer weights (older than its step)
+            version, state = self._restored_weights
+            _load_weights(policy, state)
+            self._restored_weights = None
+        spec = ProducerSpec(
+            model=policy,
+            tokenizer=self.tokenizer,
+            generation_config=self.generation_config,
+            pad_token_id=self.pad_token_id,
+            stop_token_ids=self.stop_token_ids,
+            batch_size=self.args.local_rollout_forward_batch_size,
+            funcs=list(self.scorer.funcs),
+            processing_classes=list(self.scorer.processing_classes),
+            weights=[float(w) for w in self.scorer.weights],
+            reward_batch_size=self.scorer.batch_size,
+            device=self.device,
+            num_threads=self.args.async_producer_threads,
+            version=version,
+            deterministic=self.args.async_deterministic,
+        )
+        self._requests, self._weights, self._results = context.Queue(), context.Queue(), context.Queue()
+        self._process = context.Process(
+            target=producer_main,
+            args=(spec, self._requests, self._weights, self._results),
+            name=f"trl-trapo-producer-rank{self.rank}",
+            daemon=True,
+        )
+        self._process.start()
+        self.sent_version = version
+        if self.args.weight_sync_steps > 1:
+            self.sent_state = trainable_state(policy)
+        for request in self.pending:  # asked for before a `close` and not received: asked for again, in order
+            if request.index not in self.ready:
+                self._send(request, self._examples(request.indices))
+
+    def _sync_weights(self, step: int, force: bool = False) -> None:
+        """Send the trainable weights if `weight_sync_steps` steps have passed since the last send."""
+        if self._process is None:
+            self._start(step)
+        if step <= self.sent_version or (not force and step - self.sent_version < self.args.weight_sync_steps):
+            return
+        start = time.perf_counter()
+        state = trainable_state(self.policy())
+        channel = self._requests if self.args.async_deterministic else self._weights
+        channel.put(("weights", step, state))
+        self.sent_version = step
+        if self.args.weight_sync_steps > 1:
+            self.sent_state = state
+        self.metrics.add_weight_sync(time.perf_counter() - start)
+
+    def _ask(self, rows_needed: int, step: int, sync: bool = False) -> None:
+        """Ask the producer for one round (prompts and temperatures chosen now); `sync`: send the weights first even
+        if `weight_sync_steps` have not passed."""
+        self._sync_weights(step, force=sync)
+        num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
+        indices = [int(i) for i in self.prompts.select_prompts(num_prompts, step)]
+        temperature = self.prompts.rollout_temperature(self.args.temperature)
+        examples = self._examples(indices)
+        if self.exploration is not None:
+            temperatures = [float(t) for t in self.exploration.row_temperatures(examples)]
+        else:
+            temperatures = [float(temperature)] * len(examples)
+        index = self.next_index
+        self.next_index += 1
+        request = Request(
+            index, indices, self.group, temperatures, round_seed(self.args.seed, self.rank, index), step,
+            self.sent_version,
+        )  # fmt: skip
+        self.pending.append(request)
+        self._send(request, examples)
+
+    def _examples(self, indices: list[int]) -> list[dict]:
+        return [example for example in (self.dataset[i] for i in indices) for _ in range(self.group)]
+
+    def _send(self, request: Request, examples: list[dict]) -> None:
+        from .rollout import prompt_model_inputs
+
+        wire = copy.copy(request)
+        wire.examples = examples
+        wire.model_inputs = prompt_model_inputs(examples)
+        self._requests.put(("round", wire))
+
+    def _receive(self, index: int) -> Produced:
+        """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s`."""
+        start = time.perf_counter()
+        while index not in self.ready:
+            try:
+                message = self._results.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if not self._process.is_alive():
+                    raise ProducerError(
+                        f"The rollout producer process (rank {self.rank}) died with exit code "
+                        f"{self._process.exitcode} while round {index} was being sampled (out of memory? killed?). "
+                        "Resume from the last checkpoint; with async_rollouts=False rounds are sampled in the trainer."
+                    ) from None
+                continue
+            if message[0] == "error":
+                self.close()
+                raise ProducerError(
+                    f"The rollout producer process (rank {self.rank}) failed on round {message[1]}:\n{message[2]}"
+                    "A reward function that fails there fails as it would in the trainer; a function that cannot be "
+                    "imported by a fresh process (defined in `python -c`, or in a script without an `if __name__ == "
+                    "'__main__':` guard) fails here too: define it in an importable module."
+                )
+            produced: Produced = message[1]
+            self.ready[produced.index] = produced
+        waited = time.perf_counter() - start
+        self.metrics.add_async_wait(waited)
+        return self.ready.pop(index)
+
+    # ---- the rollout-source contract ------------------------------------------------------------------------------
+    def prefetch(self, rows_needed: int, step: int, use_counts: list[int]) -> None:
+        """Ask for rounds while the steps the replay buffer (`use_counts`: its servable trajectories by uses, see
+        [`~trl_trapo.memory.ReplayBuffer.use_counts`]) and the rounds in flight can feed at `rows_needed` RL rows a
+        step, plus the age of the weights a round would be sampled with, are at most `max_staleness` (module
+        docstring). Called by the trainer whenever it takes RL rows; not a collective. In the free-running mode it
+        also sends the weights every `weight_sync_steps` steps."""
+        if rows_needed <= 0 or self.max_staleness == 0:
+            return
+        if self._process is not None and not self.args.async_deterministic:
+            self._sync_weights(step)
+        while True:
+            rounds = [len(r.indices) * r.group for r in self.pending]
+            covered = steps_covered(use_counts, rows_needed, rounds, self.max_staleness)
+            # the weights a round asked for now is sampled with: this step's if a sync is due, else the last sent
+            due = self.sent_version is None or step - self.sent_version >= self.args.weight_sync_steps
+            behind = 0 if due else step - self.sent_version
+            if covered + behind > self.max_staleness:
+                return
+            self._ask(rows_needed, step)
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        """The next round in order (asked for now if none is in flight; waits for the producer if it is not ready).
+
+        Returns:
+            [`~trl_trapo.sources.SampledRound`]: with the producer's scores, its log-probs (as
+            `sampler_per_token_logps` or `old_per_token_logps`, per `async_correction`), the version of the weights
+            that sampled it, and with `stale_rollouts="downweight"` the loss weight of a late round.
+
+        Raises:
+            ProducerError: if the producer failed (its traceback in the message) or died.
+        """
+        while True:
+            if not self.pending:  # nothing asked for ahead: asked for now, with the current weights
+                self._ask(rows_needed, step, sync=True)
+            request = self.pending.popleft()
+            produced = self._receive(request.index)
+            lag = step - produced.version
+            weight = 1.0
+            if lag > self.max_staleness:
+                if self.args.stale_rollouts == "drop":
+                    self.dropped_total += 1
+                    self.metrics.set_dropped_stale_total(self.dropped_total)
+                    logger.info("Dropped round %d: %d steps late (max_staleness=%d).", request.index, lag,
+                                self.max_staleness)  # fmt: skip
+                    continue
+                weight = (self.max_staleness + 1) / (lag + 1)
+            self.metrics.add_async_round(lag, produced.generate_seconds, produced.reward_seconds)
+            for name, values in produced.reward_metrics.items():
+                for value in values:
+                    self.metrics.log_metric(name, value)
+            examples = self._examples(request.indices)
+            prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+            logps = [lp.float() for lp in produced.logps]
+            decoupled = self.args.async_correction == "decoupled"
+            return SampledRound(
+                examples,
+                produced.completion_ids,
+                version=produced.version,
+                group=request.group,
+                old_per_token_logps=None if decoupled else logps,
+                sampler_per_token_logps=logps if decoupled else None,
+                temperatures=torch.tensor(request.temperatures),
+                prompt_ids=prompt_ids,
+                scores=produced.scores,
+                per_func=produced.per_func,
+                importance_weight=weight,
+            )
+
+    def close(self) -> None:
+        """Stop the producer (rounds in flight are lost: `state_dict` keeps them first). Idempotent."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            self._requests.put(None)
+            process.join(timeout=10)
+        finally:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+            for channel in (self._requests, self._weights, self._results):
+                channel.cancel_join_thread()
+                channel.close()
+            self.sent_version = None  # the next producer starts with the weights of its step
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Wait for the rounds in flight, then everything a resumed run needs: JSON metadata and flat tensors.
+
+        The finished rounds not yet consumed are kept whole (requests, completions, log-probs, scores), so a resumed
+        run consumes exactly the rounds an uninterrupted one would; the producer's weights are kept when they are
+        older than the trained ones (`weight_sync_steps > 1`)."""
+        for request in self.pending:
+            if request.index not in self.ready:
+                self._receive_silently(request.index)
+        meta = {
+            "format": 1,
+            "next_index": self.next_index,
+            "sent_version": self.sent_version,
+            "dropped_total": self.dropped_total,
+            "pending": [],
+        }
+        tensors: dict[str, torch.Tensor] = {}
+        for request in self.pending:
+            produced = self.ready[request.index]
+            key = f"round{request.index}"
+            meta["pending"].append(
+                {
+                    "request": dataclasses.asdict(request),
+                    "version": produced.version,
+                    "generate_seconds": produced.generate_seconds,
+                    "reward_seconds": produced.reward_seconds,
+                    "reward_metrics": produced.reward_metrics,
+                    "lengths": [int(c.numel()) for c in produced.completion_ids],
+                }
+            )
+            tensors[f"{key}/completion_ids"] = _flat(produced.completion_ids, torch.long)
+            tensors[f"{key}/logps"] = _flat(produced.logps, torch.float32)
+            tensors[f"{key}/scores"] = produced.scores.float().contiguous()
+            tensors[f"{key}/per_func"] = produced.per_func.float().contiguous()
+        if self.sent_state is not None and self.sent_version is not None and self.sent_state:
+            for name, value in self.sent_state.items():
+                tensors[f"producer_weights/{name}"] = value.contiguous()
+        return meta, tensors
+
+    def _receive_silently(self, index: int) -> None:
+        """Wait for a round without counting the wait as the trainer's (a checkpoint waits, not training)."""
+        produced = self._receive(index)
+        self.ready[index] = produced
+
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` returned (before the producer starts: it starts with the restored weights)."""
+        self.close()
+        self.next_index = int(meta["next_index"])
+        self.dropped_total = int(meta["dropped_total"])
+        self.metrics.set_dropped_stale_total(self.dropped_total)
+        self.pending.clear()
+        self.ready.clear()
+        for entry in meta["pending"]:
+            request = Request(**entry["request"])
+            key = f"round{request.index}"
+            lengths = entry["lengths"]
+            self.pending.append(request)
+            self.ready[request.index] = Produced(
+                request.index,
+                int(entry["version"]),
+                list(torch.split(tensors[f"{key}/completion_ids"], lengths)),
+                list(torch.split(tensors[f"{key}/logps"], lengths)),
+                tensors[f"{key}/scores"],
+                tensors[f"{key}/per_func"],
+                float(entry["generate_seconds"]),
+                float(entry["reward_seconds"]),
+                {k: list(v) for k, v in entry["reward_metrics"].items()},
+            )
+        weights = {k[len("producer_weights/") :]: v for k, v in tensors.items() if k.startswith("producer_weights/")}
+        sent = meta.get("sent_version")
+        # the producer starts (at the next round asked for) with the weights it had: the saved ones when they are
+        # older than the checkpoint, else the checkpoint's own
+        self.sent_version = None if sent is None else int(sent)
+        self._restored_weights = (int(sent), weights) if weights and sent is not None else None
+
+
+def _flat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat([p.to(dtype).reshape(-1) for p in parts]) if parts else torch.zeros(0, dtype=dtype)
+
+
+__all__ = ["AsyncRolloutSource", "ProducerError", "check_picklable", "round_seed", "trainable_state"]
