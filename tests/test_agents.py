@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -583,6 +584,133 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
     )
     with pytest.raises(ValueError, match="not prefix preserving"):
         check_chat_template(tokenizer)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several processes (tests/test_distributed.py runs the trainer on two)
+# ---------------------------------------------------------------------------------------------------------------------
+class ThreadRanks:
+    """Ranks as threads: `collective(rank, op, tensor)` is a collective between them (every rank deposits its op and
+    tensor, all wait, the tensors are summed). A rank that makes a collective the others do not make is an error here
+    (ops that differ, or the barrier broken after `timeout` s) where processes would hang."""
+
+    def __init__(self, n: int, timeout: float = 10.0):
+        self.barrier = threading.Barrier(n, timeout=timeout)
+        self.slots: list = [None] * n
+
+    def collective(self, rank: int, op: str, tensor: torch.Tensor | None = None) -> torch.Tensor | None:
+        self.slots[rank] = (op, tensor)
+        self.barrier.wait()
+        ops = [slot[0] for slot in self.slots]
+        if len(set(ops)) > 1:
+            self.barrier.abort()
+            raise RuntimeError(f"mismatched collectives: {ops}")
+        total = torch.stack([slot[1] for slot in self.slots]).sum(0) if tensor is not None else None
+        self.barrier.wait()
+        return total
+
+
+class CollectiveEngine(ScriptedEngine):
+    """A scripted engine whose every `sample` is a collective, as generation under ZeRO-3 is (the weights are
+    gathered); records the `lockstep` flag of each call."""
+
+    def __init__(self, tok, script, ranks: ThreadRanks, rank: int):
+        super().__init__(tok, script)
+        self.ranks, self.rank, self.lockstep = ranks, rank, []
+
+    def sample(self, examples, group, step, temperature, max_new_tokens=None, lockstep=False):
+        self.lockstep.append(lockstep)
+        self.ranks.collective(self.rank, "generate")
+        return super().sample(examples, group, step, temperature, max_new_tokens)
+
+
+def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metrics(tok):
+    """Two ranks, one rollout loop each, in threads: rank 0's rollouts answer at once (1 turn), rank 1's call `add`,
+    then `broken`, then answer (3 turns); turns are generated in calls of at most 3 rows (4 rollouts: 2 calls). Every
+    `engine.sample` is a collective, as under ZeRO-3: rank 0 takes part in rank 1's later turns with throwaway 1-token
+    calls (before the fix it made 2 calls to rank 1's 6, the processes hung), all with `lockstep=True`; and both ranks
+    log the round's metrics over both ranks' rollouts (failures / calls of the round: 4 / 8, where the mean of the
+    ranks' own ratios, 0 and 0.5, is 0.25)."""
+
+    def rank1(context):
+        results = context.count("</s>t:")
+        return [call("add", '{"a":1,"b":2}'), call("broken", '{"x":1}'), "done"][results] + "</s>"
+
+    ranks = ThreadRanks(2)
+    scripts = [lambda context: "ok</s>", rank1]
+    sources, engines, metrics = [], [], []
+    for rank, script in enumerate(scripts):
+        source, _, logged = make_source(
+            tok,
+            script,
+            tools=[add, broken],
+            group=2,
+            response_length=160,
+            sum_over_ranks=lambda tensor, rank=rank: ranks.collective(rank, "sum", tensor),
+            generation_batch_size=3,
+        )
+        source.engine = CollectiveEngine(tok, script, ranks, rank)
+        sources.append(source)
+        engines.append(source.engine)
+        metrics.append(logged)
+    rounds, errors = [None, None], []
+
+    def run(rank):
+        try:
+            rounds[rank] = sources[rank].sample(4, step=0)
+        except Exception as error:  # noqa: BLE001 - reported below, with the other rank's
+            errors.append(error)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    texts = [[tok.decode(c) for c in round_.completion_ids] for round_ in rounds]
+    assert texts[0] == ["ok</s>"] * 4
+    ending = "t:3\na:" + call("broken", '{"x":1}') + "</s>t:{'error': 'the tool broke'}\na:done</s>"
+    assert all(text.endswith(ending) for text in texts[1]), texts[1]
+    # the same 6 calls on both ranks: 3 turns of 2 calls (3 rows, then 1); rank 0's last 4 throwaway, 1 row, 1 token
+    assert [len(c) for c in engines[1].calls] == [3, 1] * 3
+    assert [len(c) for c in engines[0].calls] == [3, 1, 1, 1, 1, 1]
+    assert engines[0].max_new_tokens[2:] == [1] * 4
+    assert engines[0].lockstep == engines[1].lockstep == [True] * 6
+    for logged in metrics:
+        assert logged["tools/call_frequency"] == [1.0]  # 8 calls, 8 rollouts
+        assert logged["tools/failure_frequency"] == [0.5]
+        assert logged["tools/turns_mean"] == [2.0]  # (4 x 1 + 4 x 3) / 8
+        assert logged["tools/rollback_frequency"] == [0.0]
+
+
+def test_one_process_makes_one_generation_call_per_turn_without_lockstep(tok):
+    """Without `sum_over_ranks` nothing changes: one `engine.sample` per turn, all running rows, no `lockstep`."""
+    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
+    source, engine, _ = make_source(
+        tok, lambda c: "ok</s>" if "t:" in c else turn, tools=[add], generation_batch_size=1, response_length=200
+    )
+    source.sample(2, step=0)
+    assert [len(c) for c in engine.calls] == [2, 2]  # ScriptedEngine.sample takes no `lockstep`: none was passed
+
+
+@pytest.mark.parametrize(
+    "zero_stage, gathered, lockstep, expected",
+    [(0, True, True, False), (3, True, False, False), (3, True, True, None), (3, False, False, None)],
+)
+def test_lockstep_generation_is_synced_under_zero3_even_with_gathered_weights(
+    zero_stage, gathered, lockstep, expected
+):
+    """`synced_gpus`: None lets transformers sync the ranks' forwards (ZeRO-3 on several processes); the tool loop's
+    turns ask for it even with gathered weights (DeepSpeed's forward pre-hook broadcasts while it re-records its
+    parameter trace, which TRL invalidates after every generation: a rank that stopped after 1 token hung)."""
+    from types import SimpleNamespace
+
+    from trl_trapo.distributed import generation_synced_gpus
+
+    plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+    accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin, fsdp_plugin=None))
+    assert generation_synced_gpus(accelerator, gathered, lockstep=lockstep) is expected
 
 
 # ---------------------------------------------------------------------------------------------------------------------

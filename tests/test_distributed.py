@@ -1,7 +1,9 @@
 """Scale-out on 2 CPU processes: DDP (gloo) and DeepSpeed ZeRO-2 / ZeRO-3 (`DS_ACCELERATOR=cpu`) run the built-in job,
 save, resume exactly and give a model that reloads, with identical logs and weights on both ranks; the 2-process
 gradient equals the 1-process gradient of the same global batch; the DDP communication hooks run; every accelerate
-config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates.
+config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates. A TRL GRPO agent
+script (`tools=` / `environment_factory=`, tests/distributed_tools_job.py) trains with ranks that run different numbers
+of turns, and logs the same round-wide tool metrics on both.
 
 Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
 (`--num_processes 2 --mixed_precision no`), through `tests/distributed_job.py`, which runs the main job
@@ -75,13 +77,26 @@ def launch(
         "--config_file", str(CONFIGS / config), "--num_processes", "2", "--mixed_precision", "no",
         "--main_process_port", str(free_port()), str(ROOT / script), *args,
     ]  # fmt: skip
-    # a session of its own, so that a hang kills the launcher's workers too, not only the launcher
+    # a session of its own for the launcher; torchrun starts each worker in a session of its own too, so after a hang
+    # the workers are killed one by one (a worker stuck in a collective would otherwise outlive the test, for gloo's
+    # 30-minute timeout), then the launcher's group
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        import psutil  # accelerate's dependency
+
+        try:
+            workers = psutil.Process(process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            workers = []
+        for worker in workers:
+            try:
+                worker.kill()
+            except psutil.NoSuchProcess:
+                pass
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
         raise AssertionError(f"timed out after {timeout} s:\n{(stdout + stderr)[-4000:]}") from None
@@ -425,3 +440,85 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backe
     assert any("loss/distill" in h for h in train_logs)
     if prompts:  # the rows came from the reward-free prompts, sampled on both ranks
         assert train_logs[-1]["distill/sampled_tokens"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A TRL GRPO agent script (tools= / environment_factory=) on two processes
+# ---------------------------------------------------------------------------------------------------------------------
+TOOL_METRICS = ("tools/call_frequency", "tools/failure_frequency", "tools/rollback_frequency", "tools/turns_mean")
+
+
+def round_wide(rounds: list[dict]) -> dict[str, float]:
+    """TRL's tool metrics of one round from every rank's sums (`rounds`: one rank's record of the round each)."""
+    total = {k: sum(r[k] for r in rounds) for k in ("rollouts", "calls", "failures", "rolled_back", "turns")}
+    return {
+        "tools/call_frequency": total["calls"] / total["rollouts"],
+        "tools/failure_frequency": total["failures"] / total["calls"] if total["calls"] else 0.0,
+        "tools/rollback_frequency": total["rolled_back"] / total["rollouts"],
+        "tools/turns_mean": total["turns"] / total["rollouts"],
+    }
+
+
+@pytest.mark.parametrize("backend, mode", [("ddp", "tools"), ("ddp", "environment"), ("zero3", "tools")])
+def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
+    """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an
+    async and a failing tool, or the same three as an environment with one instance per rollout) trains 4 steps on
+    2 processes. The calls are forced and rank 1's rollouts make one more than rank 0's, so the ranks run different
+    numbers of turns in every round (the model generates every turn): the job ends on both ranks (under ZeRO-3 it
+    hung in the extra turn's weight gather before the turns were run in lockstep), with identical weights, changed by
+    training; the tools ran (async results, failures counted as error results, not crashes); and the `tools/*`
+    metrics are TRL's definitions over the whole round, every rank's rollouts, the same on both ranks
+    (`tools/failure_frequency` was the mean of the ranks' own ratios), as is every other logged value."""
+    if backend != "ddp":
+        pytest.importorskip("deepspeed")
+    config, distributed_type = BACKENDS[backend]
+    check(launch(config, "tests/distributed_tools_job.py", ["--mode", mode, "--output_dir", str(tmp_path)], 300))
+    ranks = records(tmp_path)
+    tools = [json.loads((tmp_path / "ranks" / f"tools{r}.json").read_text()) for r in (0, 1)]
+    for record in ranks:
+        assert (record["world_size"], record["distributed_type"], record["global_step"]) == (2, distributed_type, 4)
+    assert tools[0]["initial_digest"] == tools[1]["initial_digest"]
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"] != tools[0]["initial_digest"]
+
+    # every step drew a round on both ranks; rank 1 ran more turns and calls than rank 0 in every round
+    rounds = [t["rounds"] for t in tools]
+    assert [r["step"] for r in rounds[0]] == [r["step"] for r in rounds[1]] == [0, 1, 2, 3]
+    for mine, theirs in zip(*rounds):
+        assert mine["rollouts"] == theirs["rollouts"] == 8
+        assert mine["turns"] < theirs["turns"] and mine["calls"] < theirs["calls"], (mine, theirs)
+    results: dict[str, list[str]] = {}
+    for rank_rounds in rounds:
+        for round_ in rank_rounds:
+            for name, contents in round_["tool_messages"].items():
+                results.setdefault(name, []).extend(contents)
+    assert set(results) == {"multiply", "divide", "add"}
+    assert results["multiply"] and all(c.isdigit() for c in results["multiply"])  # sync
+    assert results["add"] and all(c.isdigit() for c in results["add"])  # async, rank 1's second call
+    assert not any(round_["tool_messages"].get("add") for round_ in rounds[0])
+    assert results["divide"] and set(results["divide"]) == {"error"}  # b=0: raised, returned as an error result
+    assert sum(r["failures"] for rank_rounds in rounds for r in rank_rounds) >= len(results["divide"])
+
+    # the logs agree on both ranks, key by key, value by value (the tool metrics included)
+    first, second = (r["log_history"] for r in ranks)
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS} == {
+            k: v for k, v in b.items() if k not in RUNTIME_KEYS
+        }
+    # each log (every 2 steps) averages its rounds' values, each over every rank's rollouts of the round
+    logs = [h for h in first if "loss" in h]
+    assert [h["step"] for h in logs] == [2, 4]
+    distinguishes = False
+    for log in logs:
+        window = [(mine, theirs) for mine, theirs in zip(*rounds) if log["step"] - 2 <= mine["step"] < log["step"]]
+        assert len(window) == 2
+        for key in TOOL_METRICS:
+            expected = sum(round_wide(pair)[key] for pair in window) / len(window)
+            assert log[key] == pytest.approx(expected, abs=1e-12), (key, log[key], expected)
+        per_rank_mean = sum(round_wide([r])["tools/failure_frequency"] for pair in window for r in pair) / 4
+        distinguishes |= abs(per_rank_mean - log["tools/failure_frequency"]) > 1e-3
+        assert log["tools/call_frequency"] > 0 and log["tools/failure_frequency"] > 0
+        assert "rewards/answer_length/mean" in log
+        if mode == "environment":  # the environment's get_reward, one instance per rollout
+            assert log["rewards/Calculator/mean"] > 0
+    assert distinguishes  # the mean of the ranks' own failure ratios would have differed

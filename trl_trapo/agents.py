@@ -22,7 +22,19 @@ most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
-tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns per rollout).
+tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns per rollout). On several processes
+each is over the whole round, every rank's rollouts (the counts are summed over ranks before dividing, as TRL gathers
+them), so every rank logs the same value.
+
+Several processes: the ranks generate in lockstep. Their rollouts call tools a different number of times, but a
+turn's generation is a collective under ZeRO-3 (the weights are gathered for it, and DeepSpeed's forward pre-hook
+broadcasts while it re-records its parameter trace, which TRL invalidates after every generation) and FSDP (every
+forward gathers). So every rank makes the same `engine.sample` calls: the loop goes on while any rank has a running
+rollout, a turn is generated in calls of at most `generation_batch_size` rows while any rank has rows left (one tiny
+all-reduce per call), a rank with none left generates a throwaway token meanwhile, and each call asks the engine for
+`lockstep=True` generation (transformers' `synced_gpus` under ZeRO-3 / FSDP: the forwards go on until every rank is
+done). Without it, a rank with more turns waited in its extra turn's gather for a rank that had moved on (a hang under
+ZeRO-3, tests/test_distributed.py).
 
 [`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
 express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'
@@ -651,6 +663,13 @@ class ToolRolloutSource:
         log_metric (`Callable[[str, float], None]`): where the `tools/*` metrics go.
         template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
         max_workers (`int`): threads for sync tools.
+        sum_over_ranks (`Callable[[torch.Tensor], torch.Tensor]`, *optional*): sums a tensor over the data-parallel
+            ranks (a collective; `trl_trapo.distributed.sum_over_ranks` bound to the trainer's accelerator). Given,
+            the ranks generate in lockstep (`engine.sample(..., lockstep=True)`) and the `tools/*` metrics cover the
+            whole round (module docstring); None: this process is the only one.
+        generation_batch_size (`int`, *optional*): with `sum_over_ranks`, rows per `engine.sample` call
+            (`local_rollout_forward_batch_size`: the engine then makes one `generate` call per `sample`); None: a
+            turn's rows in one call.
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]) or
@@ -674,6 +693,8 @@ class ToolRolloutSource:
         log_metric: Callable[[str, float], None],
         template_kwargs: dict | None = None,
         max_workers: int = 16,
+        sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        generation_batch_size: int | None = None,
     ):
         check_chat_template(tokenizer, template_kwargs)
         if not is_conversational({"prompt": dataset[0]["prompt"]}):
@@ -687,6 +708,8 @@ class ToolRolloutSource:
         self.temperature, self.response_length, self.context = float(temperature), int(response_length), context
         self.max_iterations = math.inf if max_iterations is None else int(max_iterations)
         self.log_metric = log_metric
+        self.sum_over_ranks = sum_over_ranks
+        self.generation_batch_size = generation_batch_size
         self.template_kwargs = dict(template_kwargs or {})
         self.runner = ToolRunner(max_workers)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
@@ -749,11 +772,25 @@ class ToolRolloutSource:
             completions=[r.messages for r in rollouts],
             extra_kwargs={"environments": environments} if environments is not None else None,
         )
-        calls, failures = sum(r.calls for r in rollouts), sum(r.failures for r in rollouts)
-        self.log_metric("tools/call_frequency", calls / len(rollouts))
+        # the round's counts, every rank's (TRL's definitions are over the whole round: failures / calls is not the
+        # mean of the ranks' ratios when their calls differ)
+        counts = torch.tensor(
+            [
+                len(rollouts),
+                sum(r.calls for r in rollouts),
+                sum(r.failures for r in rollouts),
+                sum(r.rolled_back for r in rollouts),
+                sum(r.turns for r in rollouts),
+            ],
+            dtype=torch.float64,
+        )
+        if self.sum_over_ranks is not None:
+            counts = self.sum_over_ranks(counts)
+        total, calls, failures, rolled_back, turns = counts.tolist()
+        self.log_metric("tools/call_frequency", calls / total)
         self.log_metric("tools/failure_frequency", failures / calls if calls else 0.0)
-        self.log_metric("tools/rollback_frequency", sum(r.rolled_back for r in rollouts) / len(rollouts))
-        self.log_metric("tools/turns_mean", sum(r.turns for r in rollouts) / len(rollouts))
+        self.log_metric("tools/rollback_frequency", rolled_back / total)
+        self.log_metric("tools/turns_mean", turns / total)
         self.last_round_seconds = time.perf_counter() - start_time
         return SampledRound(
             examples,
@@ -807,13 +844,21 @@ class ToolRolloutSource:
             "for the answer after the result."
         )
 
+    def any_rank_has(self, items: list) -> bool:
+        """Whether `items` is not empty here or (with `sum_over_ranks`, a collective) on any rank: the same answer on
+        every rank."""
+        if self.sum_over_ranks is None:
+            return bool(items)
+        return bool(self.sum_over_ranks(torch.tensor([float(bool(items))], dtype=torch.float64)).item() > 0)
+
     def run_turns(self, rollouts: list[Rollout], step: int) -> None:
         """Generate, call tools, append their results, generate again, until no rollout calls a tool, the budget is
-        spent, or `max_iterations` rounds of calls ran."""
+        spent, or `max_iterations` rounds of calls ran; with `sum_over_ranks`, until that holds on every rank (a rank
+        that is done meanwhile takes part in the others' turns, see [`generate_turn`])."""
         active = [r for r in rollouts if self.room(r) > 0]
         iteration = 0
-        while active:
-            self.generate_turn(active, step)
+        while self.any_rank_has(active):
+            self.generate_turn(active, step, rollouts[0])
             if iteration >= self.max_iterations:
                 break
             pending = []  # (rollout, [(tool, arguments, name)]) of the rollouts that called tools
@@ -847,15 +892,36 @@ class ToolRolloutSource:
                 active.append(rollout)
             iteration += 1
 
-    def generate_turn(self, active: list[Rollout], step: int) -> None:
-        """One batched `engine.sample` over the running rollouts, each continuing from its prompt + completion ids;
-        the new tokens (cut to each rollout's room) are appended with mask 1 and their behaviour log-probs."""
+    def generate_turn(self, active: list[Rollout], step: int, first: Rollout) -> None:
+        """One turn of the running rollouts: one batched `engine.sample` on one process; with `sum_over_ranks`, calls
+        of at most `generation_batch_size` rows while any rank has rows left, and a throwaway token (from `first`'s
+        prompt, this rank's first rollout) in the calls this rank has no rows for, every call with `lockstep=True`
+        (module docstring)."""
+        if self.sum_over_ranks is None:
+            self.sample_rows(active, step)
+            return
+        size = self.generation_batch_size or max(len(active), 1)
+        chunks = [active[start : start + size] for start in range(0, len(active), size)]
+        index = 0
+        while self.any_rank_has(chunks[index:]):
+            if index < len(chunks):
+                self.sample_rows(chunks[index], step, lockstep=True)
+            else:  # the others generate; this rank takes part in the collectives, and keeps nothing
+                prompt = {"prompt_ids": list(first.prompt_ids)}
+                self.engine.sample([prompt], 1, step, self.temperature, max_new_tokens=1, lockstep=True)
+            index += 1
+
+    def sample_rows(self, active: list[Rollout], step: int, lockstep: bool = False) -> None:
+        """One `engine.sample` over `active` (`lockstep=True` passed on only when set: an engine of one process, e.g.
+        evaluation's greedy one, need not know it), each row continuing from its prompt + completion ids; the new
+        tokens (cut to each rollout's room) are appended with mask 1 and their behaviour log-probs."""
         contexts = [{"prompt_ids": r.prompt_ids + r.completion_ids} for r in active]
         rooms = [self.room(r) for r in active]
         limit = max(rooms)
         if self.context is not None:  # no row may pass the context while the batch generates
             limit = min(limit, min(self.context - len(c["prompt_ids"]) for c in contexts))
-        sampled = self.engine.sample(contexts, 1, step, self.temperature, max_new_tokens=max(limit, 1))
+        extra = {"lockstep": True} if lockstep else {}
+        sampled = self.engine.sample(contexts, 1, step, self.temperature, max_new_tokens=max(limit, 1), **extra)
         for rollout, room, ids, logps in zip(active, rooms, sampled.completion_ids, sampled.old_per_token_logps):
             ids, logps = ids[:room], logps[:room]
             prefix = rollout.prompt_ids + rollout.completion_ids

@@ -244,14 +244,20 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor]) -> N
                 target.data.copy_(state[name].to(target.device, target.dtype))
 
 
-def generation_synced_gpus(accelerator, gathered: bool) -> bool | None:
+def generation_synced_gpus(accelerator, gathered: bool, lockstep: bool = False) -> bool | None:
     """`synced_gpus` for `generate`: False when the weights are local (no collective inside a forward, so ranks may
     generate different numbers of tokens and batches); None (transformers decides: True for ZeRO-3 / FSDP on several
-    processes) when forwards gather weights and every rank must run them in lockstep."""
+    processes) when forwards gather weights and every rank must run them in lockstep.
+
+    `lockstep=True` (every rank makes this `generate` call together, e.g. a turn of the tool-calling loop): None under
+    ZeRO-3 even with the weights gathered. A generation context that follows another one without a training step in
+    between (the loop's next turn) starts with DeepSpeed's parameter trace invalidated (TRL's `add_hooks` does it on
+    leaving the context), and DeepSpeed's forward pre-hook broadcasts while it re-records the trace, in the first
+    forwards: a rank that stops after one token while another goes on would wait in that broadcast forever."""
     from trl.distributed import DistributedBackend
 
     backend = DistributedBackend(accelerator)
-    if backend.is_fsdp or (backend.is_zero3 and not gathered):
+    if backend.is_fsdp or (backend.is_zero3 and (not gathered or lockstep)):
         return None
     return False
 

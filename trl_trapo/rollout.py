@@ -571,6 +571,7 @@ class RolloutEngine:
         step: int,
         temperature: float | Sequence[float],
         max_new_tokens: int | None = None,
+        lockstep: bool = False,
     ) -> SampledRound:
         """Sample one round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row) with the
         live policy, in one batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the
@@ -584,6 +585,9 @@ class RolloutEngine:
                 exploration); behaviour, reference and training log-probs all use each row's own.
             max_new_tokens (`int`, *optional*): new tokens at most (default `response_length`); a multi-turn source
                 ([`~trl_trapo.agents.ToolRolloutSource`]) passes what its rollouts' budget and context leave.
+            lockstep (`bool`): every rank makes this call together with at most `local_rollout_forward_batch_size`
+                rows (the tool-calling loop's turns, one `generate` call each): generate in lockstep under ZeRO-3 even
+                with the weights gathered (see [`~trl_trapo.distributed.generation_synced_gpus`]).
 
         Returns:
             [`~trl_trapo.sources.SampledRound`]: completions cut after their stop token, with behaviour log-probs
@@ -637,7 +641,9 @@ class RolloutEngine:
                         self.stop_token_ids,
                         temperatures,
                         batch_size=args.local_rollout_forward_batch_size,
-                        synced_gpus=generation_synced_gpus(self.accelerator, args.ds3_gather_for_generation),
+                        synced_gpus=generation_synced_gpus(
+                            self.accelerator, args.ds3_gather_for_generation, lockstep=lockstep
+                        ),
                         progress=self.progress_description(f"Rollouts, step {step}"),
                         model_inputs=model_inputs,
                     )

@@ -743,6 +743,11 @@ class TRAPOTrainer(_BaseTrainer):
                 max_iterations=args.max_tool_calling_iterations,
                 log_metric=self.metrics.log_metric,
                 template_kwargs=args.chat_template_kwargs,
+                # turns in lockstep across ranks (a turn's generation can be a collective) and `tools/*` over the round
+                sum_over_ranks=(lambda tensor: sum_over_ranks(self.accelerator, tensor))
+                if self.accelerator.num_processes > 1
+                else None,
+                generation_batch_size=args.local_rollout_forward_batch_size,
             )
         if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
             if not self.active[RL]:
