@@ -25,11 +25,15 @@ that name aside and writing its first file), while rank 1, having written its RN
 for 1.5 times as long before the rest of its save (its `on_save` callbacks included). With `--save_only_model` rank 1
 writes no RNG file: it reaches `on_save` before rank 0 has created the folder.
 
+`TRAPO_TEST_WATCHDOG_S=<seconds>`: a rank still running after that long prints the stack of each of its threads and
+exits (`faulthandler`), so that a hang fails with where every rank waits instead of being killed without a word.
+
     accelerate launch --num_processes 2 --multi_gpu tests/distributed_job.py --max_steps 12 --output_dir out
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import logging
@@ -132,6 +136,8 @@ def slow_checkpoints(trainer, delay: float) -> None:
 
 
 def main() -> None:
+    if os.environ.get("TRAPO_TEST_WATCHDOG_S"):
+        faulthandler.dump_traceback_later(float(os.environ["TRAPO_TEST_WATCHDOG_S"]), exit=True)
     base = cli.TRAPOTrainer
 
     class RecordedTRAPOTrainer(base):

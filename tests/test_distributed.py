@@ -59,7 +59,9 @@ def launch(
 
     The timeout only guards against a hang: a job takes ~45 s on an idle 2-core machine; in a new user's run of the
     suite beside a real-model job the ZeRO-3 job failed once (error not captured) and passed alone, most likely the
-    former 240 s limit (two ranks sharing two busy cores, plus DeepSpeed's one-time build of its CPU op)."""
+    former 240 s limit (two ranks sharing two busy cores, plus DeepSpeed's one-time build of its CPU op). Half a minute
+    before it, `tests/distributed_job.py` prints every rank's stacks and exits (`TRAPO_TEST_WATCHDOG_S`): a hang fails
+    saying which collective each rank waits in."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -68,6 +70,7 @@ def launch(
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TRANSFORMERS_VERBOSITY": "error",
+        "TRAPO_TEST_WATCHDOG_S": str(max(timeout - 30, 1)),
         **(env or {}),
     }
     command = [
@@ -90,7 +93,8 @@ def launch(
 
 def check(completed: subprocess.CompletedProcess) -> str:
     output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-6000:]
+    hung = output.find("Timeout (0:")  # faulthandler's header: the ranks' stacks when the watchdog fired (launch)
+    assert completed.returncode == 0, output[-6000:] if hung < 0 else f"the job hung:\n{output[hung:][:12000]}"
     return output
 
 
