@@ -18,11 +18,22 @@ writes `<output_dir>/ranks/rank<r>.json` with what that rank saw:
 `TRAPO_TEST_SIGNAL=<rank>:<step>:<SIGNAL>` (e.g. `1:3:SIGTERM`) makes that rank send itself the signal at the start of
 that optimizer step, as a preemption of one process would (tests/test_distributed.py).
 
+`TRAPO_TEST_SLOW_CHECKPOINT=<seconds>` replays, with sleeps that make it certain, the schedule of a loaded machine on
+which the ranks once disagreed about saving a checkpoint (tests/test_distributed.py): at every `checkpoint-N`, rank 0
+is descheduled for that long before it starts the folder and again right after (between moving an earlier folder of
+that name aside and writing its first file), while rank 1, having written its RNG file into the folder, is descheduled
+for 1.5 times as long before the rest of its save (its `on_save` callbacks included). With `--save_only_model` rank 1
+writes no RNG file: it reaches `on_save` before rank 0 has created the folder.
+
+`TRAPO_TEST_WATCHDOG_S=<seconds>`: a rank still running after that long prints the stack of each of its threads and
+exits (`faulthandler`), so that a hang fails with where every rank waits instead of being killed without a word.
+
     accelerate launch --num_processes 2 --multi_gpu tests/distributed_job.py --max_steps 12 --output_dir out
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
 import logging
@@ -42,6 +53,8 @@ class RankRecorder(TrainerCallback):
     def __init__(self, trainer):
         self.trainer = trainer
         self.step_end_times: list[float] = []
+        if os.environ.get("TRAPO_TEST_SLOW_CHECKPOINT"):
+            slow_checkpoints(trainer, float(os.environ["TRAPO_TEST_SLOW_CHECKPOINT"]))
 
     def on_train_begin(self, args, state, control, **kwargs):
         from trl_trapo.distributed import full_state_dict
@@ -100,7 +113,31 @@ class RankRecorder(TrainerCallback):
         return control
 
 
+def slow_checkpoints(trainer, delay: float) -> None:
+    """See `TRAPO_TEST_SLOW_CHECKPOINT` in the module docstring."""
+    if trainer.accelerator.process_index == 0:
+        guard = trainer._checkpoint_guard
+        begin = guard.begin
+
+        def slow_begin(path: str) -> None:
+            time.sleep(delay)
+            begin(path)
+            time.sleep(delay)
+
+        guard.begin = slow_begin
+    else:
+        save_rng_state = trainer._save_rng_state
+
+        def slow_save_rng_state(output_dir: str) -> None:
+            save_rng_state(output_dir)
+            time.sleep(1.5 * delay)
+
+        trainer._save_rng_state = slow_save_rng_state
+
+
 def main() -> None:
+    if os.environ.get("TRAPO_TEST_WATCHDOG_S"):
+        faulthandler.dump_traceback_later(float(os.environ["TRAPO_TEST_WATCHDOG_S"]), exit=True)
     base = cli.TRAPOTrainer
 
     class RecordedTRAPOTrainer(base):

@@ -61,7 +61,9 @@ def launch(
 
     The timeout only guards against a hang: a job takes ~45 s on an idle 2-core machine; in a new user's run of the
     suite beside a real-model job the ZeRO-3 job failed once (error not captured) and passed alone, most likely the
-    former 240 s limit (two ranks sharing two busy cores, plus DeepSpeed's one-time build of its CPU op)."""
+    former 240 s limit (two ranks sharing two busy cores, plus DeepSpeed's one-time build of its CPU op). Half a minute
+    before it, `tests/distributed_job.py` prints every rank's stacks and exits (`TRAPO_TEST_WATCHDOG_S`): a hang fails
+    saying which collective each rank waits in."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -70,6 +72,7 @@ def launch(
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TRANSFORMERS_VERBOSITY": "error",
+        "TRAPO_TEST_WATCHDOG_S": str(max(timeout - 30, 1)),
         **(env or {}),
     }
     command = [
@@ -105,7 +108,8 @@ def launch(
 
 def check(completed: subprocess.CompletedProcess) -> str:
     output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, output[-6000:]
+    hung = output.find("Timeout (0:")  # faulthandler's header: the ranks' stacks when the watchdog fired (launch)
+    assert completed.returncode == 0, output[-6000:] if hung < 0 else f"the job hung:\n{output[hung:][:12000]}"
     return output
 
 
@@ -207,6 +211,33 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_c
     assert not (tmp_path / "eval_results.json").exists() and not (tmp_path / "model.safetensors").exists()
     assert output.count("Interrupted by SIGTERM at step 3: saved the complete checkpoint") == 1
     assert "exitcode  : 143" in output  # torchrun's report of the workers' status: 128 + SIGTERM
+
+
+@pytest.mark.parametrize("save_only_model", [False, True], ids=["full", "save_only_model"])
+def test_every_rank_saves_every_checkpoint_however_late_rank_0_creates_its_folder(tmp_path, save_only_model):
+    """A loaded machine once hung this job: rank 1 decided from `os.path.isdir(checkpoint-N)` whether to take part in
+    the collective save of TRAPO's state, and did not see the folder — rank 0 had not created it yet, or had just moved
+    aside the one rank 1 had created for its RNG file (taking it for an earlier run's) — so rank 0 waited in a barrier
+    while rank 1 trained on. `TRAPO_TEST_SLOW_CHECKPOINT` makes that schedule certain (rank 0 slow to start each
+    folder): both ranks complete every step, each checkpoint has both ranks' state, and rank 1's RNG file is kept and
+    fingerprinted."""
+    from trl_trapo.checkpoint import marker_path, verify_checkpoint
+
+    args = ["--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2"]
+    args += ["--output_dir", str(tmp_path)] + (["--save_only_model", "true"] if save_only_model else [])
+    check(
+        launch(
+            "multi_gpu.yaml", "tests/distributed_job.py", args, timeout=300, env={"TRAPO_TEST_SLOW_CHECKPOINT": "1"}
+        )
+    )
+    assert [r["global_step"] for r in records(tmp_path)] == [4, 4]
+    for step in (2, 4):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        verify_checkpoint(str(checkpoint), 2)
+        assert not checkpoint.with_name(f"checkpoint-{step}.replaced").exists()
+        for rank in (0, 1):
+            listed = json.loads(Path(marker_path(str(checkpoint), rank)).read_text())["files"]
+            assert (f"rng_state_{rank}.pth" in listed) is not save_only_model, (step, rank, listed)
 
 
 def test_fsdp_on_cpu_fails_with_a_clear_message(tmp_path):

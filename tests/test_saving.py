@@ -13,7 +13,8 @@ import torch
 import transformers.trainer
 from transformers import AutoModelForCausalLM
 
-from trl_trapo.checkpoint import last_complete_checkpoint, verify_checkpoint
+from trl_trapo import checkpoint as trapo_checkpoint
+from trl_trapo.checkpoint import CheckpointError, last_complete_checkpoint, verify_checkpoint
 from trl_trapo.saving import STAGING_DIR, CheckpointGuard, HubPushError, SaveError, checkpoint_nbytes
 from trl_trapo.tasks import build_tiny_model
 
@@ -96,6 +97,55 @@ def test_the_guard_puts_back_a_same_numbered_checkpoint_a_failed_save_replaced(t
     guard.end(str(old))
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2"] and not (old / "model.safetensors").exists()
     assert guard.failed(RuntimeError("not a save")) is None
+
+
+def test_the_state_callback_decides_from_the_folder_being_saved_not_from_the_disk(tmp_path):
+    """Saving TRAPO's state is collective: every rank must decide alike. The decision comes from the folder the
+    Trainer's save was given (the same on every rank), not from `os.path.isdir`, which differed between ranks on a
+    loaded machine (rank 0 had not created the folder yet, or had moved it aside for a moment): a hang."""
+    from types import SimpleNamespace
+
+    from trl_trapo.callbacks import StateCheckpointCallback
+
+    saved, being_saved = [], []
+    callback = StateCheckpointCallback(saved.append, lambda: being_saved[-1] if being_saved else None)
+    args, state = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=2)
+    (tmp_path / "checkpoint-2").mkdir()
+    assert callback.on_save(args, state, "control") == "control" and saved == []  # a folder, but no save in progress
+    being_saved.append(str(tmp_path / "checkpoint-4"))  # not on this rank's disk (yet)
+    callback.on_save(args, SimpleNamespace(global_step=4), "control")
+    assert saved == [str(tmp_path / "checkpoint-4")]
+
+
+def test_a_checkpoint_save_waits_for_every_rank_after_an_earlier_folder_is_moved_aside(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch
+):
+    """Rank 0 moves an earlier same-numbered folder aside (`CheckpointGuard.begin`); a rank that wrote into the new
+    folder before that (its RNG file) lost the file with the folder. The ranks wait for each other in between, and the
+    marker of each rank fingerprints its RNG file, so that a checkpoint without it is not taken for complete."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1, save_strategy="steps", save_steps=1)
+    events = []
+
+    def recorded(name, original):
+        def call(*args):
+            events.append(name)
+            return original(*args)
+
+        return call
+
+    monkeypatch.setattr(trainer._checkpoint_guard, "begin", recorded("begin", trainer._checkpoint_guard.begin))
+    monkeypatch.setattr(trainer, "_save_model", recorded("_save_model", trainer._save_model))
+    monkeypatch.setattr(trainer.accelerator, "wait_for_everyone", recorded("barrier", lambda: None))
+    trainer.train()
+    assert events[:3] == ["begin", "barrier", "_save_model"], events
+    checkpoint = tmp_path / "checkpoint-1"
+    verify_checkpoint(str(checkpoint), 1)
+    (checkpoint / "rng_state_1.pth").write_bytes(b"rank 1")  # as a second rank would have written it
+    trapo_checkpoint.write_rank_state(str(checkpoint), 1, {}, {}, False)
+    verify_checkpoint(str(checkpoint), 2)
+    (checkpoint / "rng_state_1.pth").unlink()
+    with pytest.raises(CheckpointError, match="rng_state_1.pth is missing"):
+        verify_checkpoint(str(checkpoint), 2)
 
 
 class FakeHubApi:

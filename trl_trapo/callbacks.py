@@ -76,16 +76,25 @@ class AdaptiveKLCallback(TrainerCallback):
 class StateCheckpointCallback(TrainerCallback):
     """Writes TRAPO's own state into each `checkpoint-N` directory right after the Trainer has written its files.
 
+    Which directory, and whether there is one, comes from `checkpoint`: the folder the Trainer's checkpoint save was
+    given (every rank is given the same), never from what this rank sees on disk. `save_state` is collective (its
+    barriers), so every rank must decide alike: the folder may not exist yet for a rank that writes nothing into it
+    before `on_save` (only rank 0 writes the model; with `save_only_model` no rank writes an RNG file) or may be
+    moved aside for a moment while rank 0 replaces an earlier same-numbered folder — a rank deciding from
+    `os.path.isdir` skipped the save that the others were waiting in (a hang, seen on a loaded 2-core machine).
+
     Args:
-        save_state (`Callable[[str], None]`): writes the state into the checkpoint directory it is given.
+        save_state (`Callable[[str], None]`): writes the state into the checkpoint directory it is given (collective).
+        checkpoint (`Callable[[], str | None]`): the checkpoint folder being saved, or None if none is.
     """
 
-    def __init__(self, save_state: Callable[[str], None]):
+    def __init__(self, save_state: Callable[[str], None], checkpoint: Callable[[], str | None]):
         self.save_state = save_state
+        self.checkpoint = checkpoint
 
     def on_save(self, args, state, control, **kwargs):
-        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        if os.path.isdir(directory):
+        directory = self.checkpoint()
+        if directory is not None:
             self.save_state(directory)
         return control
 

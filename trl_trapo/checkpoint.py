@@ -129,11 +129,11 @@ def write_rank_state(
         paths.append(os.path.join(directory, name))
         atomic_write_bytes(paths[-1], data)
     files = {os.path.relpath(p, checkpoint_dir): sha256_file(p) for p in paths}
-    if rank == 0:
-        for name in TRAINER_FILES:
-            path = os.path.join(checkpoint_dir, name)
-            if os.path.isfile(path):
-                files[name] = sha256_file(path)
+    # rank 0: the Trainer's shared files; every rank: the RNG state the Trainer wrote for it (several processes)
+    for name in (*(TRAINER_FILES if rank == 0 else ()), f"rng_state_{rank}.pth"):
+        path = os.path.join(checkpoint_dir, name)
+        if os.path.isfile(path):
+            files[name] = sha256_file(path)
     atomic_write_json(marker_path(checkpoint_dir, rank), {"files": files, "tensors": os.path.basename(tensor_path)})
 
 

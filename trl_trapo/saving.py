@@ -234,10 +234,15 @@ class CheckpointGuard:
 
     `begin(path)` when the Trainer starts writing `checkpoint-N` (from `save_model`), `end(path)` when its
     completion markers are written (from the state-checkpoint callback), `failed(error)` from `train` when anything
-    raised in between. Only the main process moves or removes folders.
+    raised in between. Only the main process moves or removes folders; `begin` is called on every rank, and the ranks
+    wait for each other after it (`TRAPOTrainer.save_model`) so that no rank writes into the new folder before an
+    earlier one of that name has been moved aside.
 
     Args:
         is_main_process (`Callable[[], bool]`): whether this process writes shared files.
+
+    Attributes:
+        pending (`str` or None): the checkpoint folder being written, the same on every rank; None outside a save.
     """
 
     def __init__(self, is_main_process: Callable[[], bool]):

@@ -796,7 +796,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
         # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
         self._checkpoint_guard = CheckpointGuard(lambda: self.args.should_save)
-        self.add_callback(StateCheckpointCallback(self._save_trapo_state))
+        self.add_callback(StateCheckpointCallback(self._save_trapo_state, lambda: self._checkpoint_guard.pending))
         if args.sync_ref_model and args.kl_coef > 0:
             if self.reference is None or not self.reference.syncable:
                 raise ValueError(
@@ -1888,6 +1888,9 @@ class TRAPOTrainer(_BaseTrainer):
         with embeddable_saved_pad_ids(self.padding_id, self._unwrapped_policy(), critic):
             if is_checkpoint:  # written in place; the guard undoes it if the save fails before its markers
                 self._checkpoint_guard.begin(output_dir)
+                # every rank: rank 0 has moved an earlier folder of that name aside before any rank writes into the
+                # new one (a rank ahead of it wrote its RNG file into the folder rank 0 then moved away and dropped)
+                self.accelerator.wait_for_everyone()
                 self._save_model(output_dir, is_checkpoint)
             else:  # staged: a failed save leaves the model already in output_dir whole
                 output_dir = output_dir or self.args.output_dir
