@@ -15,8 +15,9 @@ Issue's target, reported and never forced: with the `http` reward an async arm i
 async - sync over seeds is at least -0.05.
 
 The runs go one at a time, each in its own process calling `trl_trapo.cli.parse_args` / `main` (what
-`examples/trapo.py` does) with 2 torch threads in every arm (`torch.set_num_threads(2)`, `OMP_NUM_THREADS=2`): an
-async run splits them, the rollout producer taking 1 of them, so every arm gets the same 2 cores. For each reward
+`examples/trapo.py` does), every arm on the same 2 cores: the sync trainer with 2 torch threads
+(`torch.set_num_threads(2)`, `OMP_NUM_THREADS=2`), an async run split into the trainer with 1 and its rollout producer
+with 1 (`async_producer_threads`, its own process) — `ARM_THREADS`. For each reward
 setting the seeds go in order and, within a seed, the arms, so a drift in the machine's load falls on every arm.
 Results go to `docs/results/async/results.json`, written atomically:
 
@@ -82,7 +83,9 @@ REMOTE_REWARD = "scripts.reward_server.remote_exact_match"
 REWARDS = {"instant": [], "http": ["--reward_funcs", REMOTE_REWARD]}
 SEEDS = (0, 1, 2)
 HTTP_DELAY_S = 0.3
-TORCH_THREADS = 2  # every arm; an async run's producer takes 1 of them
+TORCH_THREADS = 2  # cores a run may use: the sync trainer takes both; an async run splits them (ARM_THREADS)
+# the trainer's torch threads per arm; an async run's producer has its own (`async_producer_threads`, 1)
+ARM_THREADS = {"sync": TORCH_THREADS, "async1": TORCH_THREADS - 1, "async4": TORCH_THREADS - 1}
 QUICK_ARGS = ["--max_steps", "4", "--max_eval_samples", "8", "--eval_strategy", "no"]
 QUICK_ARMS = ("sync", "async1")
 ASYNC_METRICS = (
@@ -99,7 +102,6 @@ TARGET_ACCURACY_LOW = -0.05
 # Student t quantiles t_{0.975, df} (two-sided 95 % intervals), df = 1..10 (standard tables)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 LINE_WIDTH = 119  # the README's
-THREAD_ENV = {"OMP_NUM_THREADS": str(TORCH_THREADS), "MKL_NUM_THREADS": str(TORCH_THREADS)}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 URL_VARIABLE = "TRAPO_REWARD_URL"  # scripts/reward_server.py's
 
@@ -122,10 +124,11 @@ def pretrain_loss_end(history: list[dict], windows: int = PRETRAIN_END_WINDOWS) 
 
 
 def worker(spec_path: str) -> None:
-    """Run the main job with the spec's arguments and 2 torch threads and write what the run's entry needs.
+    """Run the main job with the spec's arguments and torch threads and write what the run's entry needs.
 
     Args:
-        spec_path: JSON file with `argv` (the main job's arguments, `--output_dir` included) and `result` (where to
+        spec_path: JSON file with `argv` (the main job's arguments, `--output_dir` included), `threads` (the
+            trainer's torch threads) and `result` (where to
             write `{"results", "history", "max_steps", "torch_threads", "peak_rss_mb", "peak_rss_children_mb"}`).
     """
     import logging
@@ -136,7 +139,7 @@ def worker(spec_path: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    torch.set_num_threads(TORCH_THREADS)
+    torch.set_num_threads(int(spec["threads"]))
     threads_start = torch.get_num_threads()
     script_args, training_args, model_args = parse_args(spec["argv"])
     results = main(script_args, training_args, model_args)
@@ -204,11 +207,12 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
     run_dir = work_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     job_argv = [*argv, "--output_dir", str(run_dir / "output"), "--overwrite_output_dir"]  # a re-run replaces it
-    spec = {"argv": job_argv, "result": str(run_dir / "result.json")}
+    threads = ARM_THREADS[name.split("-")[1]] if name.count("-") >= 2 else TORCH_THREADS
+    spec = {"argv": job_argv, "result": str(run_dir / "result.json"), "threads": threads}
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != URL_VARIABLE}
-    env.update(THREAD_ENV, **OFFLINE_ENV)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}, **OFFLINE_ENV)
     if reward_url:
         env[URL_VARIABLE] = reward_url
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # this checkout's code
@@ -229,7 +233,7 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
         raise RuntimeError(f"run {name} failed (exit code {code}); {run_dir / 'job.log'} ends with:\n{tail}")
     out = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     results, history = out["results"], out["history"]
-    prefix = [f"{k}={THREAD_ENV[k]}" for k in ("OMP_NUM_THREADS",)] + ([f"{URL_VARIABLE}=..."] if reward_url else [])
+    prefix = [f"OMP_NUM_THREADS={threads}"] + ([f"{URL_VARIABLE}=..."] if reward_url else [])
     return {
         "command": shlex.join([*prefix, "python", "examples/trapo.py", *argv]),
         "final": {k: v for k, v in results.items() if k.startswith("eval_accuracy") and not k.endswith("_initial")},
@@ -383,8 +387,8 @@ def render_readme_block(data: dict) -> str:
     intro = (
         f"Measured by `python scripts/experiments/compare_async.py` on {machine_info['date']} "
         f"([`docs/results/async/results.json`](docs/results/async/results.json)): {machine_info['cpu_model']}, "
-        f"{machine_info['cpu_count']} cores, one run at a time with {data['torch_threads']} torch threads in every arm "
-        f"(an async run's rollout producer takes 1 of them), load average (1/5/15 min) {load[0]} at the start and "
+        f"{machine_info['cpu_count']} cores, one run at a time on {data['torch_threads']} cores (sync: the trainer with "
+        f"{data['torch_threads']} torch threads; async: the trainer with 1 and its rollout producer with 1), load average (1/5/15 min) {load[0]} at the start and "
         f"{load[1]} at the end; torch {machine_info['torch']}, transformers {machine_info['transformers']}, trl "
         f"{machine_info['trl']}, commit `{(machine_info['git_commit'] or 'unknown')[:7]}`. Each run: "
         f"{', '.join(f'{s:,}' for s in steps)} joint steps of the built-in job, {'seed' if len(seeds) == 1 else 'seeds'} {', '.join(map(str, seeds))} "
@@ -560,7 +564,7 @@ def main(argv: list[str] | None = None) -> dict:
         "http_delay_s": args.delay,
         "jobs": 1,
         "torch_threads": TORCH_THREADS,
-        "thread_split": "trainer and, in async arms, its rollout producer share the run's threads; producer uses 1",
+        "thread_split": {arm: ARM_THREADS[arm] for arm in arms},
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
         "total_wall_s": time.perf_counter() - started,
