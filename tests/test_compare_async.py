@@ -33,7 +33,7 @@ def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[i
         assert name == f"{run['reward']}-{run['arm']}-seed{run['seed']}"
         assert run["wall_s"] > run["train_runtime_s"] > 0, name
         assert 0.0 <= run["final"]["eval_accuracy"] <= 1.0 and "eval_accuracy_initial" in run["initial"]
-        assert run["torch_threads"]["start"] == compare_async.TORCH_THREADS, name
+        assert run["torch_threads"]["start"] == compare_async.ARM_THREADS[run["arm"]], name
         assert set(run["forgetting"]) == {"eval_pretrain_loss", "eval_pretrain_loss_initial", "pretrain_loss_end"}
         assert run["forgetting"]["pretrain_loss_end"] > 0  # the built-in job logs `loss/pretrain`
         assert set(run["async_metrics"]) == set(compare_async.ASYNC_METRICS)
