@@ -47,7 +47,7 @@ def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[i
                 assert run["async_metrics"][key]["count"] >= 1
             assert 0.0 <= run["async_metrics"]["perf/rollout_wait_share"]["mean"] <= 1.0
             # the rounds trained on are at most `--max_staleness` updates old (stale ones are dropped, and counted)
-            assert run["async_metrics"]["sample/staleness_max"]["max"] <= int(compare_async.ARMS[run["arm"]][-1])
+            assert run["async_metrics"]["sample/staleness_max"]["max"] <= max_staleness(compare_async.ARMS[run["arm"]])
         if run["reward"] == "http":
             assert "--reward_funcs scripts.reward_server.remote_exact_match" in run["command"]
             assert run["reward_calls"] >= 1, name  # the rewards came from the server
@@ -140,6 +140,10 @@ def fake_run(reward: str, arm: str, seed: int, accuracy: float, wall: float, wai
     }
 
 
+def max_staleness(arm_args: list[str]) -> int:
+    return int(arm_args[arm_args.index("--max_staleness") + 1])
+
+
 def fake_results() -> dict:
     runs = {}
     accuracy = {"sync": [0.90, 0.95, 1.00], "async1": [0.91, 0.93, 1.00], "async4": [0.80, 0.85, 0.70]}
@@ -147,7 +151,7 @@ def fake_results() -> dict:
     walls |= {("http", "sync"): 450, ("http", "async1"): 250, ("http", "async4"): 200}
     for reward in compare_async.REWARDS:
         for seed in compare_async.SEEDS:
-            for arm in compare_async.ARMS:
+            for arm in compare_async.DEFAULT_ARMS:
                 share = None if arm == "sync" else 0.1
                 run = fake_run(reward, arm, seed, accuracy[arm][seed], walls[reward, arm] + seed, share)
                 runs[f"{reward}-{arm}-seed{seed}"] = run

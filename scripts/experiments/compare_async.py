@@ -78,14 +78,17 @@ ARMS = {
     "sync": [],
     "async1": ["--async_rollouts", "--max_staleness", "1"],
     "async4": ["--async_rollouts", "--max_staleness", "4"],
+    # the other correction (`async_correction`): PPO's clip against the producer's policy, no proximal forward
+    "async4_behaviour": ["--async_rollouts", "--max_staleness", "4", "--async_correction", "behaviour"],
 }
+DEFAULT_ARMS = ("sync", "async1", "async4")
 REMOTE_REWARD = "scripts.reward_server.remote_exact_match"
 REWARDS = {"instant": [], "http": ["--reward_funcs", REMOTE_REWARD]}
 SEEDS = (0, 1, 2)
 HTTP_DELAY_S = 0.3
 TORCH_THREADS = 2  # cores a run may use: the sync trainer takes both; an async run splits them (ARM_THREADS)
 # the trainer's torch threads per arm; an async run's producer has its own (`async_producer_threads`, 1)
-ARM_THREADS = {"sync": TORCH_THREADS, "async1": TORCH_THREADS - 1, "async4": TORCH_THREADS - 1}
+ARM_THREADS = {arm: TORCH_THREADS if arm == "sync" else TORCH_THREADS - 1 for arm in ARMS}
 QUICK_ARGS = ["--max_steps", "4", "--max_eval_samples", "8", "--eval_strategy", "no"]
 QUICK_ARMS = ("sync", "async1")
 ASYNC_METRICS = (
@@ -461,7 +464,10 @@ def make_parser() -> argparse.ArgumentParser:
     """This script's arguments (anything else goes to every run of the main job)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument(
-        "--arms", type=_csv(str, list(ARMS)), default=None, help=f"arms, e.g. sync,async1 (default {','.join(ARMS)})"
+        "--arms",
+        type=_csv(str, list(ARMS)),
+        default=None,
+        help=f"arms, of {','.join(ARMS)} (default {','.join(DEFAULT_ARMS)})",
     )
     parser.add_argument("--seeds", type=_csv(int), default=None, help="seeds, e.g. 0,1 (default 0,1,2)")
     parser.add_argument(
@@ -512,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.delay < 0:
         raise SystemExit(f"--delay must be >= 0 seconds, got {args.delay}.")
-    arms = args.arms or (list(QUICK_ARMS) if args.quick else list(ARMS))
+    arms = args.arms or list(QUICK_ARMS if args.quick else DEFAULT_ARMS)
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     job_argv = [*(QUICK_ARGS if args.quick else []), *job_argv]  # the caller's arguments come last and win
     from scripts.reward_server import start_server
