@@ -59,14 +59,17 @@ def test_lag_stays_within_max_staleness_and_the_producer_runs_ahead(tmp_path, to
     trainer = async_trainer(tmp_path, tokenizer, suite, max_staleness=max_staleness, max_steps=10)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    lags = [h["sample/staleness_max"] for h in logs]
-    assert max(lags) <= max_staleness, lags
+    arrivals = [h for h in logs if "sample/staleness_max" in h]  # a log per step: the steps a round arrived
+    lags = [h["sample/staleness_max"] for h in arrivals]
+    assert 2 <= len(arrivals) < len(logs) and max(lags) <= max_staleness, lags
     if max_staleness > 0:  # rounds were asked for ahead: some arrived late by design
         assert max(lags) >= 1, lags
-    assert all(h["sample/dropped_stale_total"] == 0 for h in logs)
-    for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/rollout_wait_share", "perf/weight_sync_s"):
-        assert all(key in h for h in logs), key
-    assert 0 < sum(h["perf/rollout_wait_s"] for h in logs)  # the first round is waited for (the producer starts)
+    assert all(h["sample/dropped_stale_total"] == 0 for h in logs)  # a state: in every log
+    for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/rollout_wait_share", "perf/producer_reward_s"):
+        assert all(key in h for h in arrivals) and not any(key in h for h in logs if h not in arrivals), key
+    assert any("perf/weight_sync_s" in h for h in logs)  # weights were sent after the first round
+    assert 0 < arrivals[0]["perf/rollout_wait_s"]  # the first round is waited for (the producer starts)
+    assert all(0 <= h["perf/rollout_wait_share"] <= 1 for h in arrivals)
     assert trainer.rollout_source.producer_pid is None  # stopped when train() returned
 
 
@@ -81,8 +84,8 @@ def test_a_slow_reward_does_not_change_the_run(tmp_path, tokenizer, suite):
     for (name, a), (_, b) in zip(fast.model.named_parameters(), slow.model.named_parameters()):
         assert torch.equal(a, b), name
     # the producer was slow indeed (timing-free: the sleep is a lower bound)
-    assert max(h["perf/producer_reward_s"] for h in slow.state.log_history if "loss" in h) >= 0.3
-    assert max(h["perf/producer_reward_s"] for h in fast.state.log_history if "loss" in h) < 0.3
+    assert max(h.get("perf/producer_reward_s", 0) for h in slow.state.log_history) >= 0.3
+    assert max(h.get("perf/producer_reward_s", 0) for h in fast.state.log_history) < 0.3
 
 
 def test_a_late_round_is_dropped_or_downweighted(tmp_path, tokenizer, suite):

@@ -46,6 +46,7 @@ def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[i
                 assert run["async_metrics"][key] is not None, (name, key)
                 assert run["async_metrics"][key]["count"] >= 1
             assert 0.0 <= run["async_metrics"]["perf/rollout_wait_share"]["mean"] <= 1.0
+            assert 0.0 < run["wait_share"] <= 1.0  # the first round is waited for
             # the rounds trained on are at most `--max_staleness` updates old (stale ones are dropped, and counted)
             assert run["async_metrics"]["sample/staleness_max"]["max"] <= max_staleness(compare_async.ARMS[run["arm"]])
         if run["reward"] == "http":
@@ -128,6 +129,7 @@ def fake_run(reward: str, arm: str, seed: int, accuracy: float, wall: float, wai
             "sample/dropped_stale_total": metric(2.0, 4.0) if asynchronous else None,
         },
         "async_rollouts": asynchronous,
+        "wait_share": wait_share,
         "torch_threads": {"start": 2, "end": 2},
         "reward_calls": 100 if reward == "http" else None,
         "max_steps": 1000,
@@ -195,6 +197,7 @@ def test_summary_speedups_paired_differences_and_the_target():
     assert http["async4"]["staleness_max"] == 3.0 and http["sync"]["staleness_max"] is None
     assert http["async1"]["async_metrics_mean"]["perf/rollout_wait_share"] == pytest.approx(0.1)
     assert http["sync"]["async_metrics_mean"]["perf/rollout_wait_share"] is None
+    assert http["async1"]["wait_share_mean"] == pytest.approx(0.1) and http["sync"]["wait_share_mean"] is None
     assert http["sync"]["reward_calls_mean"] == 100 and summary["instant"]["sync"]["reward_calls_mean"] is None
 
 

@@ -574,8 +574,9 @@ def test_async_rollouts_on_two_processes_keep_the_ranks_identical_and_resume_exa
         }
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
     train_logs = [h for h in ranks[0]["log_history"] if "loss" in h]
-    assert all(h["sample/staleness_max"] <= 2 for h in train_logs)
-    assert max(h["sample/staleness_max"] for h in train_logs) >= 1  # rounds were asked for ahead
+    lags = [h["sample/staleness_max"] for h in train_logs if "sample/staleness_max" in h]  # logs with an arrival
+    assert lags and max(lags) <= 2
+    assert max(lags) >= 1  # rounds were asked for ahead
     for r in (0, 1):
         assert (full / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
     resumed.mkdir()

@@ -448,8 +448,9 @@ class AsyncRolloutSource:
         wire.model_inputs = prompt_model_inputs(examples)
         self._requests.put(("round", wire))
 
-    def _receive(self, index: int) -> Produced:
-        """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s`."""
+    def _receive(self, index: int, training: bool = True) -> Produced:
+        """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s` when
+        `training` (a checkpoint's wait does not)."""
         start = time.perf_counter()
         while index not in self.ready:
             try:
@@ -472,8 +473,8 @@ class AsyncRolloutSource:
                 )
             produced: Produced = message[1]
             self.ready[produced.index] = produced
-        waited = time.perf_counter() - start
-        self.metrics.add_async_wait(waited)
+        if training:
+            self.metrics.add_async_wait(time.perf_counter() - start)
         return self.ready.pop(index)
 
     # ---- the rollout-source contract ------------------------------------------------------------------------------
@@ -604,8 +605,7 @@ class AsyncRolloutSource:
 
     def _receive_silently(self, index: int) -> None:
         """Wait for a round without counting the wait as the trainer's (a checkpoint waits, not training)."""
-        produced = self._receive(index)
-        self.ready[index] = produced
+        self.ready[index] = self._receive(index, training=False)
 
     def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
         """Restore what `state_dict` returned (before the producer starts: it starts with the restored weights)."""

@@ -33,7 +33,8 @@
   mean over ranks), `perf/rollout_wait_share` (that wait over the wall time since the last log),
   `perf/weight_sync_s` (seconds spent sending weights to the producer, mean over ranks),
   `perf/producer_generate_s` and `perf/producer_reward_s` (the producer's generation and reward seconds per round).
-  Logged at every log once the trainer has an asynchronous source (`track_async`), 0 when nothing arrived.
+  With an asynchronous source (`track_async`): `sample/dropped_stale_total` at every log, the round metrics when a
+  round arrived since the last log, `perf/weight_sync_s` when weights were sent.
 
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
@@ -90,6 +91,7 @@ class MetricsAccumulator:
     def add_weight_sync(self, seconds: float) -> None:
         """Sending weights to the producer took `seconds`."""
         self.async_sums["perf/weight_sync_s"] += float(seconds)
+        self.async_sums["perf/weight_syncs"] += 1.0
 
     def set_dropped_stale_total(self, total: int) -> None:
         """Rounds this rank's source has dropped since the start of the run (checkpointed by the source)."""
@@ -278,28 +280,34 @@ class MetricsAccumulator:
 
     def _async_metrics(self, accelerator) -> dict[str, float]:
         """The asynchronous-rollout metrics (module docstring): sums over ranks, the lag's max over ranks (collective:
-        every rank tracking them calls this)."""
-        keys = ("sample/rounds", "sample/staleness_sum", "perf/rollout_wait_s", "perf/weight_sync_s",
-                "perf/producer_generate_s", "perf/producer_reward_s")  # fmt: skip
+        every rank tracking them calls this, with the same keys). Those about rounds only when a round arrived on some
+        rank since the last log, `perf/weight_sync_s` only when weights were sent."""
+        keys = ("sample/rounds", "sample/staleness_sum", "perf/rollout_wait_s", "perf/weight_syncs",
+                "perf/weight_sync_s", "perf/producer_generate_s", "perf/producer_reward_s")  # fmt: skip
         local = [self.async_sums[k] for k in keys] + [float(self.dropped_stale_total)]
         stacked = torch.tensor(local, dtype=torch.float64).to(accelerator.device)
         sums = dict(zip([*keys, "dropped"], accelerator.reduce(stacked, "sum").cpu().tolist()))
         largest = torch.tensor([self.async_extrema["sample/staleness_max"]], dtype=torch.float64)
         lag_max = float(accelerator.gather(largest.to(accelerator.device)).max())
         ranks = max(accelerator.num_processes, 1)
+        out = {"sample/dropped_stale_total": sums["dropped"]}
         rounds = sums["sample/rounds"]
-        wall = max(time.perf_counter() - self.window_start, 1e-9)
-        wait = sums["perf/rollout_wait_s"] / ranks
-        return {
-            "sample/staleness_mean": sums["sample/staleness_sum"] / rounds if rounds else 0.0,
-            "sample/staleness_max": lag_max,
-            "sample/dropped_stale_total": sums["dropped"],
-            "perf/rollout_wait_s": wait,
-            "perf/rollout_wait_share": min(wait / wall, 1.0),
-            "perf/weight_sync_s": sums["perf/weight_sync_s"] / ranks,
-            "perf/producer_generate_s": sums["perf/producer_generate_s"] / rounds if rounds else 0.0,
-            "perf/producer_reward_s": sums["perf/producer_reward_s"] / rounds if rounds else 0.0,
-        }
+        if rounds:
+            wall = max(time.perf_counter() - self.window_start, 1e-9)
+            wait = sums["perf/rollout_wait_s"] / ranks
+            out.update(
+                {
+                    "sample/staleness_mean": sums["sample/staleness_sum"] / rounds,
+                    "sample/staleness_max": lag_max,
+                    "perf/rollout_wait_s": wait,
+                    "perf/rollout_wait_share": min(wait / wall, 1.0),
+                    "perf/producer_generate_s": sums["perf/producer_generate_s"] / rounds,
+                    "perf/producer_reward_s": sums["perf/producer_reward_s"] / rounds,
+                }
+            )
+        if sums["perf/weight_syncs"]:
+            out["perf/weight_sync_s"] = sums["perf/weight_sync_s"] / ranks
+        return out
 
     def _sampler_correction_metrics(self, accelerator, reduced: dict[str, float]) -> dict[str, float]:
         """The `sampling/*` metrics from the rank-summed sums and the extremes, reduced here (max over ranks; a

@@ -25,7 +25,8 @@ Results go to `docs/results/async/results.json`, written atomically:
   split, the evaluations during training, the forgetting measures the job logs (below), the log history's
   asynchronous-rollout metrics (`perf/rollout_wait_share`, `perf/rollout_wait_s`, `perf/weight_sync_s`,
   `sample/staleness_mean`, `sample/staleness_max`, `sample/dropped_stale_total`: mean, max and last value over the
-  logging windows that have them; None in sync runs, which log none), the torch thread count at the start and the
+  logging windows that have them; None in sync runs, which log none), `wait_share` (the trainer's waiting share of
+  the run: the summed `perf/rollout_wait_s` over `train_runtime_s`; the table's "rollout wait share"), the torch thread count at the start and the
   end of training, the number of reward-server calls (`http`), the peak RSS of the trainer and of its children (the
   producer), the command it is equivalent to;
 - per reward setting and arm (`summary`): mean wall time and `train_runtime_s`, speed-up over sync (mean sync wall /
@@ -113,11 +114,17 @@ URL_VARIABLE = "TRAPO_REWARD_URL"  # scripts/reward_server.py's
 # One run (in its own process)
 # =====================================================================================================================
 def metric_summary(history: list[dict], key: str) -> dict | None:
-    """Mean, max, last value and count of `key` over the log entries that have it (None when none has it)."""
+    """Mean, max, last value, sum and count of `key` over the log entries that have it (None when none has it)."""
     values = [float(h[key]) for h in history if isinstance(h.get(key), (int, float))]
     if not values:
         return None
-    return {"mean": statistics.mean(values), "max": max(values), "last": values[-1], "count": len(values)}
+    return {
+        "mean": statistics.mean(values),
+        "max": max(values),
+        "last": values[-1],
+        "sum": sum(values),
+        "count": len(values),
+    }
 
 
 def pretrain_loss_end(history: list[dict], windows: int = PRETRAIN_END_WINDOWS) -> float | None:
@@ -252,6 +259,10 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
             "pretrain_loss_end": pretrain_loss_end(history),
         },
         "async_metrics": {key: metric_summary(history, key) for key in ASYNC_METRICS},
+        # the trainer's waiting share over the whole run: the seconds it waited for the producer / training time
+        "wait_share": None
+        if metric_summary(history, "perf/rollout_wait_s") is None
+        else metric_summary(history, "perf/rollout_wait_s")["sum"] / results["train_runtime_s"],
         "async_rollouts": out.get("async_rollouts", False),
         "torch_threads": out["torch_threads"],
         "reward_calls": None if calls_before is None else reward_calls(server) - calls_before,
@@ -332,6 +343,7 @@ def summarize(runs: dict) -> dict:
                     key: _mean([(r["async_metrics"].get(key) or {}).get("mean") for r in seeds.values()])
                     for key in ASYNC_METRICS
                 },
+                "wait_share_mean": _mean([r.get("wait_share") for r in seeds.values()]),
                 "dropped_stale_total_end_mean": _mean(
                     [(r["async_metrics"].get("sample/dropped_stale_total") or {}).get("last") for r in seeds.values()]
                 ),
@@ -425,7 +437,7 @@ def render_readme_block(data: dict) -> str:
                 *(_num(entry[f"{k}_mean"]) for k in SPLITS),
                 "–" if arm == "sync" else _interval(entry["paired_accuracy_vs_sync"]),
                 _num(entry["pretrain_loss_end_mean"]),
-                _num(metrics.get("perf/rollout_wait_share"), 2),
+                _num(entry.get("wait_share_mean"), 2),
                 f"{_num(metrics.get('sample/staleness_mean'), 2)} / {_num(entry['staleness_max'], 0)}",
                 _num(entry["dropped_stale_total_end_mean"], 0),
             ]
