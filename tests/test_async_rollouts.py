@@ -65,7 +65,8 @@ def test_lag_stays_within_max_staleness_and_the_producer_runs_ahead(tmp_path, to
     if max_staleness > 0:  # rounds were asked for ahead: some arrived late by design
         assert max(lags) >= 1, lags
     assert all(h["sample/dropped_stale_total"] == 0 for h in logs)  # a state: in every log
-    for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/rollout_wait_share", "perf/producer_reward_s"):
+    for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/rollout_wait_share", "perf/producer_reward_s",
+                "perf/producer_generate_s"):  # fmt: skip
         assert all(key in h for h in arrivals) and not any(key in h for h in logs if h not in arrivals), key
     assert any("perf/weight_sync_s" in h for h in logs)  # weights were sent after the first round
     assert 0 < arrivals[0]["perf/rollout_wait_s"]  # the first round is waited for (the producer starts)

@@ -77,6 +77,22 @@ COVERED_ELSEWHERE = {
     "sampling/importance_sampling_ratio/clipped_frac": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
     "sampling/importance_sampling_ratio/masked_frac": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
 }
+ASYNC = (
+    "tests/test_async_rollouts.py (present exactly in the logs of steps a round arrived at, lag within max_staleness)"
+)
+COVERED_ELSEWHERE |= {
+    key: ASYNC
+    for key in (
+        "sample/staleness_mean",
+        "sample/staleness_max",
+        "sample/dropped_stale_total",
+        "perf/rollout_wait_s",
+        "perf/rollout_wait_share",
+        "perf/weight_sync_s",
+        "perf/producer_generate_s",
+        "perf/producer_reward_s",
+    )
+}
 
 
 def kind(key: str) -> str:
