@@ -23,6 +23,12 @@ reference copy, gradients and AdamW's moments; the rest activations and (B, T, 4
 
     python scripts/benchmarks/benchmark_smollm2.py                      # ~3.5 min, 2 min of CPU (7.6 GB peak)
     python scripts/benchmarks/benchmark_smollm2.py --profile --output bench-smollm2.json
+    python scripts/benchmarks/benchmark_smollm2.py --skip_generate --steps 6 --async_rollouts   # sync vs async
+
+With `--async_rollouts` the rounds are sampled by a producer process with its own torch thread (trainer 1 thread +
+producer 1 thread on 2 cores), asked for one step ahead (`--max_staleness 1`); the results add the producer's times,
+the lag and the sampler/trainer log-prob gap (`sampling/*`: the producer's log-probs against the trainer's own when
+the round arrives, i.e. the staleness of one optimizer step plus any numerical difference).
 """
 
 from __future__ import annotations
@@ -167,6 +173,8 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
             num_generations=args.num_generations,
             num_ppo_epochs=1,
             seed=0,
+            async_rollouts=args.async_rollouts,
+            max_staleness=args.max_staleness,
         )
         trainer = TRAPOTrainer(
             model,
@@ -188,6 +196,12 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
         "completions_mean_length": [entry.get("completions/mean_length") for entry in logs[: args.steps]],
         "peak_rss_mb": round(peak_rss_mb()),
     }
+    if args.async_rollouts:  # what the producer did, and the gap between its log-probs and the trainer's
+        for key in ("sample/staleness_mean", "perf/rollout_wait_s", "perf/producer_generate_s",
+                    "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                    "sampling/importance_sampling_ratio/mean"):  # fmt: skip
+            result[key] = [entry.get(key) for entry in logs[: args.steps]]
+        result["peak_rss_children_mb"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     if args.profile:
         stream = io.StringIO()
         stats = pstats.Stats(timer.profiler, stream=stream).sort_stats("tottime")
@@ -259,8 +273,17 @@ def main(argv: list[str] | None = None) -> dict:
         help="torch threads (default 1, as `accelerate launch` uses on CPU; on a machine shared with other jobs more "
         "threads than free cores make every operator wait at OpenMP barriers, and times balloon).",
     )
+    parser.add_argument(
+        "--async_rollouts",
+        action="store_true",
+        help="Sample in a producer process (its own torch thread) while the trainer trains: the step time then "
+        "overlaps generation and rewards; the results add the producer's times and the sampler/trainer log-prob gap.",
+    )
+    parser.add_argument("--max_staleness", type=int, default=1, help="With --async_rollouts (default 1).")
     parser.add_argument("--output", default=None, help="Write the results as JSON here.")
     args = parser.parse_args(argv)
+    if args.async_rollouts and args.profile:
+        parser.error("--profile measures one process; with --async_rollouts the rollouts run in another: drop one.")
     torch.set_num_threads(args.threads)
     model_dir = str(args.model_dir or default_output_dir())
     if not is_complete(model_dir):
