@@ -15,9 +15,10 @@ Issue's target, reported and never forced: with the `http` reward an async arm i
 async - sync over seeds is at least -0.05.
 
 The runs go one at a time, each in its own process calling `trl_trapo.cli.parse_args` / `main` (what
-`examples/trapo.py` does), every arm on the same 2 cores: the sync trainer with 2 torch threads
-(`torch.set_num_threads(2)`, `OMP_NUM_THREADS=2`), an async run split into the trainer with 1 and its rollout producer
-with 1 (`async_producer_threads`, its own process) — `ARM_THREADS`. For each reward
+`examples/trapo.py` does) with the trainer on 1 torch thread in every arm (`torch.set_num_threads(1)`,
+`OMP_NUM_THREADS=1`, as `accelerate launch` runs it on CPU): a sync run leaves the second core idle, an async run puts
+its rollout producer there (`async_producer_threads=1`, its own process) — `ARM_THREADS`. So the speed-up is what
+the second core buys through the overlap. For each reward
 setting the seeds go in order and, within a seed, the arms, so a drift in the machine's load falls on every arm.
 Results go to `docs/results/async/results.json`, written atomically:
 
@@ -87,9 +88,11 @@ REMOTE_REWARD = "scripts.reward_server.remote_exact_match"
 REWARDS = {"instant": [], "http": ["--reward_funcs", REMOTE_REWARD]}
 SEEDS = (0, 1, 2)
 HTTP_DELAY_S = 0.3
-TORCH_THREADS = 2  # cores a run may use: the sync trainer takes both; an async run splits them (ARM_THREADS)
-# the trainer's torch threads per arm; an async run's producer has its own (`async_producer_threads`, 1)
-ARM_THREADS = {arm: TORCH_THREADS if arm == "sync" else TORCH_THREADS - 1 for arm in ARMS}
+TORCH_THREADS = 2  # the machine's cores: a sync run's trainer uses 1 (the 2nd is idle), an async run both
+# the trainer's torch threads per arm: 1 in every arm, as `accelerate launch` uses on CPU (2 threads on a machine that
+# is not idle make every operator wait at OpenMP barriers: a sync run with 2 threads took 2.5 s a step instead of
+# ~0.3); an async run's producer has its own thread (`async_producer_threads`, 1) on the second core
+ARM_THREADS = dict.fromkeys(ARMS, 1)
 QUICK_ARGS = ["--max_steps", "4", "--max_eval_samples", "8", "--eval_strategy", "no"]
 QUICK_ARMS = ("sync", "async1")
 ASYNC_METRICS = (
@@ -402,8 +405,8 @@ def render_readme_block(data: dict) -> str:
     intro = (
         f"Measured by `python scripts/experiments/compare_async.py` on {machine_info['date']} "
         f"([`docs/results/async/results.json`](docs/results/async/results.json)): {machine_info['cpu_model']}, "
-        f"{machine_info['cpu_count']} cores, one run at a time on {data['torch_threads']} cores (sync: the trainer with "
-        f"{data['torch_threads']} torch threads; async: the trainer with 1 and its rollout producer with 1), load average (1/5/15 min) {load[0]} at the start and "
+        f"{machine_info['cpu_count']} cores, one run at a time on {data['torch_threads']} cores (every trainer with 1 torch thread; an async "
+        f"run's rollout producer with 1 more, on the second core, which a sync run leaves idle), load average (1/5/15 min) {load[0]} at the start and "
         f"{load[1]} at the end; torch {machine_info['torch']}, transformers {machine_info['transformers']}, trl "
         f"{machine_info['trl']}, commit `{(machine_info['git_commit'] or 'unknown')[:7]}`. Each run: "
         f"{', '.join(f'{s:,}' for s in steps)} joint steps of the built-in job, {'seed' if len(seeds) == 1 else 'seeds'} {', '.join(map(str, seeds))} "
