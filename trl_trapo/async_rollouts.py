@@ -27,6 +27,22 @@ travel in one FIFO queue, so every round is sampled with exactly the weights sen
 seeded by `(seed, rank, round)`: a run does not depend on timing. In the free-running mode the weights travel on a
 queue of their own and the producer takes the newest it has when it starts a round (fresher, not reproducible).
 
+**vLLM server** (`use_vllm=True, vllm_mode="server"`). The producer holds no copy of the policy: it sends each
+round's prompts (token ids) to the server through TRL's `VLLMClient` ([`sample_from_server`]: one request per prompt
+with `n` = its group, concurrently, each seeded from the round's seed), cuts the completions after the stop token and
+calls the reward functions. The trainer pushes the weights to the server itself ([`~trl_trapo.rollout.VLLMGenerator`]
+`.push_weights`, TRL's `VLLMGeneration.sync_weights`: every parameter, LoRA merged, over NCCL) when the producer
+starts and every `weight_sync_steps` steps, and sends the producer only the version number. The server's log-probs
+are another engine's, so they always reach the trainer as `sampler_per_token_logps` (the trainer recomputes PPO's
+old log-probs; `async_correction="behaviour"` is refused with vLLM). In the deterministic mode a push must not change
+the weights under a round being sampled: before pushing, the trainer waits until the producer has finished every
+round asked for (`perf/rollout_wait_s`). This gives up part of the overlap: with `weight_sync_steps=1` the producer
+can run at most about one optimizer step ahead; `weight_sync_steps=k` lets it run ahead between pushes. Rounds are
+seeded but vLLM's sampling is reproducible only as far as its kernels are batch-invariant. In the free-running mode the
+weights are pushed whenever due, also while a round is being sampled (such a round is stamped with the version the
+producer knew when it started it, so its lag is an upper bound). One training process only; a checkpoint's older
+producer weights (`weight_sync_steps > 1`) are not restored, the server gets the resumed step's.
+
 **Staleness.** A round whose lag exceeds `max_staleness` (possible when the RL share of a step grows, so the buffer
 runs dry earlier than forecast) is dropped and counted (`sample/dropped_stale_total`), or with
 `stale_rollouts="downweight"` trained with its loss weighted by `(max_staleness + 1) / (lag + 1)`. The correction of
@@ -116,11 +132,12 @@ def round_seed(seed: int, rank: int, index: int) -> int:
 class ProducerSpec:
     """Everything the producer process builds itself from (pickled once, when it starts).
 
-    `model` is a CPU copy of the policy (eval mode); `funcs`, `processing_classes`, `weights` are the reward
-    functions / models, their tokenizers and weights as the trainer's [`~trl_trapo.rewards.RewardScorer`] has them.
+    `model` is a CPU copy of the policy (eval mode), None when a vLLM server samples (`server`); `funcs`,
+    `processing_classes`, `weights` are the reward functions / models, their tokenizers and weights as the trainer's
+    [`~trl_trapo.rewards.RewardScorer`] has them.
     """
 
-    model: nn.Module
+    model: nn.Module | None
     tokenizer: Any
     generation_config: Any
     pad_token_id: int
@@ -134,6 +151,104 @@ class ProducerSpec:
     num_threads: int
     version: int
     deterministic: bool
+    server: VLLMServerSpec | None = None
+
+
+@dataclass
+class VLLMServerSpec:
+    """How the producer samples through a vLLM server (`use_vllm=True, vllm_mode="server"`).
+
+    `sampling` holds `VLLMClient.generate`'s keyword arguments other than the prompts, `n` and `temperature`
+    (`top_p`, `top_k`, `max_tokens`, `logprobs=0`, `generation_kwargs` with the stop tokens); `client_factory(url,
+    timeout)` returns the client (TRL's `VLLMClient` by default, [`open_vllm_client`]); `model` names the policy in
+    messages; at most `max_concurrency` requests are in flight at once (TRL's client pools 64 connections).
+    """
+
+    url: str
+    timeout: float
+    model: str
+    sampling: dict
+    client_factory: Callable[[str, float], Any]
+    max_concurrency: int = 64
+
+
+def open_vllm_client(url: str, timeout: float):
+    """TRL's `VLLMClient` at `url`, after waiting up to `timeout` seconds for the server (the producer's client: HTTP
+    only, it never joins the weight-transfer group)."""
+    from trl.generation.vllm_client import VLLMClient
+
+    return VLLMClient(base_url=url, connection_timeout=timeout)
+
+
+def unit_seed(seed: int, unit: int) -> int:
+    """The vLLM seed of request `unit` of a round seeded `seed` (vLLM seeds the `n` completions of a request
+    `seed, seed + 1, ...`; distinct requests get unrelated seeds, so equal prompts never draw equal completions)."""
+    digest = hashlib.sha256(f"trl-trapo-request:{seed}:{unit}".encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def sample_from_server(
+    client, server: VLLMServerSpec, prompt_ids: list[list[int]], temperatures: list[float], group: int, seed: int,
+    stop_token_ids: list[int],
+) -> dict:  # fmt: skip
+    """Sample one completion per row through the vLLM server: one request per prompt with `n` = its `group` rows
+    when they share a temperature (vLLM takes one temperature per request), else one request per row; requests go
+    concurrently (vLLM batches them), each with its own seed from the round's.
+
+    Returns:
+        dict like [`~trl_trapo.rollout.generate`]'s: `completion_ids` cut after their stop token, `old_per_token_logps`
+        the server's log-probs of them (nats, vLLM's `processed_logprobs`: after temperature and top-k / top-p),
+        `seconds`.
+
+    Raises:
+        VLLMServerError: naming `vllm_server_base_url`, when the server does not answer.
+        RuntimeError: when the server returns no log-probs.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .rollout import (
+        VLLMServerError,
+        cut_after_stop,
+        sampled_token_logps,
+        unreachable_errors,
+        vllm_server_unreachable,
+    )
+
+    start = time.perf_counter()
+    units: list[tuple[list[int], float]] = []  # (rows, temperature): the rows share one prompt and one temperature
+    for first in range(0, len(prompt_ids), group):
+        rows = [r for r in range(first, min(first + group, len(prompt_ids))) if prompt_ids[r] == prompt_ids[first]]
+        if len(rows) == group and len({temperatures[r] for r in rows}) == 1:
+            units.append((rows, temperatures[first]))
+        else:
+            units.extend(([r], temperatures[r]) for r in range(first, min(first + group, len(prompt_ids))))
+
+    def send(k: int) -> dict:
+        rows, temperature = units[k]
+        kwargs = dict(server.sampling)
+        kwargs["generation_kwargs"] = {**kwargs.get("generation_kwargs", {}), "seed": unit_seed(seed, k)}
+        return client.generate(prompts=[prompt_ids[rows[0]]], n=len(rows), temperature=float(temperature), **kwargs)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(server.max_concurrency, len(units)))) as executor:
+            outputs = list(executor.map(send, range(len(units))))
+    except unreachable_errors() as error:
+        raise VLLMServerError(
+            vllm_server_unreachable(server.url, server.timeout, server.model, "from the rollout producer", error)
+        ) from error
+    completion_ids: list[torch.Tensor | None] = [None] * len(prompt_ids)
+    logps: list[torch.Tensor | None] = [None] * len(prompt_ids)
+    for (rows, _), output in zip(units, outputs):
+        if output["logprobs"] is None:
+            raise RuntimeError(
+                f"The vLLM server at {server.url} returned no log-probs; the asynchronous producer needs them (the "
+                "sampler/trainer mismatch correction). Serve with `trl vllm-serve` (it sets `--logprobs-mode "
+                "processed_logprobs --max-logprobs -1`)."
+            )
+        for row, ids, lp in zip(rows, output["completion_ids"], sampled_token_logps(output["logprobs"])):
+            cut = cut_after_stop(torch.tensor(list(ids), dtype=torch.long), stop_token_ids)
+            completion_ids[row], logps[row] = cut, lp[: cut.numel()]
+    return {"completion_ids": completion_ids, "old_per_token_logps": logps, "seconds": time.perf_counter() - start}
 
 
 @dataclass
@@ -181,12 +296,14 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
     """The producer process: build the model and the reward scorer, then serve requests until `None` arrives.
 
     Messages in: `("weights", version, state)` and `("round", Request)` on `requests` (in the free-running mode the
-    weights come on `weights_queue`). Messages out on `results`: `("round", Produced)` or `("error", index, text)`.
+    weights come on `weights_queue`; with a vLLM server `state` is None: the trainer pushed the weights to the server,
+    the message only says which version it holds). Messages out on `results`: `("round", Produced)` or `("error",
+    index, traceback, summary)` (`summary`: a complete message for the user, or None).
     The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
     flight) and exits when the trainer's process is gone.
     """
     from .rewards import RewardScorer, discard_extra
-    from .rollout import generate
+    from .rollout import VLLMServerError, generate, unreachable_errors, vllm_server_unreachable
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -195,7 +312,19 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
     scorer = None
     try:
         torch.set_num_threads(spec.num_threads)
-        model = spec.model.to(spec.device).eval()
+        model = client = None
+        if spec.server is None:
+            model = spec.model.to(spec.device).eval()
+        else:
+            server = spec.server
+            try:
+                client = server.client_factory(server.url, server.timeout)
+            except unreachable_errors() as error:
+                raise VLLMServerError(
+                    vllm_server_unreachable(
+                        server.url, server.timeout, server.model, "from the rollout producer", error
+                    )
+                ) from error
         version = spec.version
         collected: dict[str, list[float]] = {}
         state_snapshot = {"global_step": 0}
@@ -224,7 +353,8 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                 return
             if message[0] == "weights":
                 _, version, state = message
-                _load_weights(model, state)
+                if state is not None:
+                    _load_weights(model, state)
                 continue
             request: Request = message[1]
             index = request.index
@@ -234,20 +364,27 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                         _, version, state = weights_queue.get_nowait()
                     except queue.Empty:
                         break
-                    _load_weights(model, state)
+                    if state is not None:
+                        _load_weights(model, state)
             examples = request.examples  # attached by the trainer side
             prompt_ids = [list(e["prompt_ids"]) for e in examples]
-            torch.manual_seed(request.seed)
-            generated = generate(
-                model,
-                prompt_ids,
-                spec.generation_config,
-                spec.pad_token_id,
-                spec.stop_token_ids,
-                torch.tensor(request.temperatures),
-                batch_size=spec.batch_size,
-                model_inputs=request.model_inputs,
-            )
+            if client is not None:
+                generated = sample_from_server(
+                    client, spec.server, prompt_ids, request.temperatures, request.group, request.seed,
+                    spec.stop_token_ids,
+                )  # fmt: skip
+            else:
+                torch.manual_seed(request.seed)
+                generated = generate(
+                    model,
+                    prompt_ids,
+                    spec.generation_config,
+                    spec.pad_token_id,
+                    spec.stop_token_ids,
+                    torch.tensor(request.temperatures),
+                    batch_size=spec.batch_size,
+                    model_inputs=request.model_inputs,
+                )
             start = time.perf_counter()
             collected = {}
             state_snapshot = {"global_step": request.step}
@@ -270,8 +407,9 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                     ),
                 )
             )
-    except BaseException:  # noqa: BLE001 - everything reaches the trainer, which raises it there
-        results.put(("error", index, traceback.format_exc()))
+    except BaseException as error:  # noqa: BLE001 - everything reaches the trainer, which raises it there
+        summary = str(error) if isinstance(error, VLLMServerError) else None
+        results.put(("error", index, traceback.format_exc(), summary))
     finally:
         if scorer is not None:
             scorer.close()
@@ -307,6 +445,9 @@ class AsyncRolloutSource:
         metrics: the trainer's [`~trl_trapo.metrics.MetricsAccumulator`] (`add_async_round`, `add_async_wait`,
             `add_weight_sync`, `add_dropped_stale`, `log_metric`).
         exploration ([`~trl_trapo.exploration.TargetedExploration`], *optional*): per-row temperatures by family.
+        vllm ([`~trl_trapo.rollout.VLLMGenerator`], *optional*): with `use_vllm=True, vllm_mode="server"`, the
+            trainer's connection to the vLLM server: the producer then samples through the server (no copy of the
+            policy) and the weights are pushed to the server with `vllm.push_weights()` (module docstring).
 
     Raises:
         ValueError: naming the reward function, if one cannot be pickled (see [`check_picklable`]).
@@ -329,6 +470,7 @@ class AsyncRolloutSource:
         device: str,
         metrics,
         exploration=None,
+        vllm=None,
     ):
         check_picklable(list(scorer.funcs))
         self.policy = policy
@@ -346,6 +488,7 @@ class AsyncRolloutSource:
         self.device = str(device)
         self.metrics = metrics
         self.exploration = exploration
+        self.vllm = vllm
         self.max_staleness = DEFAULT_MAX_STALENESS if args.max_staleness is None else int(args.max_staleness)
         self.pending: deque[Request] = deque()  # asked for, in order
         self.ready: dict[int, Produced] = {}  # finished, by round index, not yet consumed
@@ -362,14 +505,42 @@ class AsyncRolloutSource:
         return self._process.pid if self._process is not None else None
 
     # ---- the producer process -------------------------------------------------------------------------------------
+    def _server_spec(self) -> VLLMServerSpec:
+        from .rollout import vllm_generation_kwargs, vllm_server_url
+
+        args = self.args
+        return VLLMServerSpec(
+            url=vllm_server_url(args),
+            timeout=float(args.vllm_server_timeout),
+            model=getattr(self.vllm, "model_name", ""),
+            sampling=dict(
+                top_p=args.top_p,
+                top_k=args.top_k,
+                max_tokens=args.response_length,
+                logprobs=0,  # the sampled token's log-prob
+                generation_kwargs=vllm_generation_kwargs(args, self.tokenizer),
+            ),
+            client_factory=open_vllm_client,
+        )
+
     def _start(self, step: int) -> None:
         context = mp.get_context("spawn")
-        policy = copy.deepcopy(self.policy()).to("cpu").eval()
         version = step
-        if self._restored_weights is not None:  # the checkpoint's producer weights (older than its step)
-            version, state = self._restored_weights
-            _load_weights(policy, state)
-            self._restored_weights = None
+        policy = server = None
+        if self.vllm is not None:
+            # the server holds whatever it was last sent (or loaded): it gets this step's weights before any round
+            if self._restored_weights is not None:
+                logger.info("vLLM server producer: the checkpoint's older producer weights (version %d) are not "
+                            "restored; the server samples with this step's.", self._restored_weights[0])  # fmt: skip
+                self._restored_weights = None
+            self._push(step)
+            server = self._server_spec()
+        else:
+            policy = copy.deepcopy(self.policy()).to("cpu").eval()
+            if self._restored_weights is not None:  # the checkpoint's producer weights (older than its step)
+                version, state = self._restored_weights
+                _load_weights(policy, state)
+                self._restored_weights = None
         spec = ProducerSpec(
             model=policy,
             tokenizer=self.tokenizer,
@@ -385,6 +556,7 @@ class AsyncRolloutSource:
             num_threads=self.args.async_producer_threads,
             version=version,
             deterministic=self.args.async_deterministic,
+            server=server,
         )
         self._requests, self._weights, self._results = context.Queue(), context.Queue(), context.Queue()
         self._process = context.Process(
@@ -395,7 +567,7 @@ class AsyncRolloutSource:
         )
         self._process.start()
         self.sent_version = version
-        if self.args.weight_sync_steps > 1:
+        if self.args.weight_sync_steps > 1 and policy is not None:
             self.sent_state = trainable_state(policy)
         for request in self.pending:  # asked for before a `close` and not received: asked for again, in order
             if request.index not in self.ready:
@@ -407,13 +579,31 @@ class AsyncRolloutSource:
             self._start(step)
         if step <= self.sent_version or (not force and step - self.sent_version < self.args.weight_sync_steps):
             return
+        channel = self._requests if self.args.async_deterministic else self._weights
+        if self.vllm is not None:
+            if self.args.async_deterministic:
+                # no round may be sampled partly with the old weights and partly with the new: the push waits until
+                # the producer has finished every round asked for before (counted as `perf/rollout_wait_s`)
+                for request in self.pending:
+                    if request.index not in self.ready:
+                        self._receive_silently(request.index)
+            self._push(step)
+            channel.put(("weights", step, None))  # the server holds `step`'s weights (stamps the next rounds)
+            self.sent_version = step
+            return
         start = time.perf_counter()
         state = trainable_state(self.policy())
-        channel = self._requests if self.args.async_deterministic else self._weights
         channel.put(("weights", step, state))
         self.sent_version = step
         if self.args.weight_sync_steps > 1:
             self.sent_state = state
+        self.metrics.add_weight_sync(time.perf_counter() - start)
+
+    def _push(self, step: int) -> None:
+        """Push the trained weights to the vLLM server (from the trainer's process; `perf/weight_sync_s`)."""
+        start = time.perf_counter()
+        self.vllm.push_weights()
+        logger.debug("Pushed the weights of step %d to the vLLM server.", step)
         self.metrics.add_weight_sync(time.perf_counter() - start)
 
     def _ask(self, rows_needed: int, step: int, sync: bool = False) -> None:
@@ -446,6 +636,11 @@ class AsyncRolloutSource:
         wire = copy.copy(request)
         wire.examples = examples
         wire.model_inputs = prompt_model_inputs(examples)
+        if self.vllm is not None and wire.model_inputs is not None:
+            raise ValueError(
+                "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
+                "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
+            )
         self._requests.put(("round", wire))
 
     def _receive(self, index: int, training: bool = True) -> Produced:
@@ -465,6 +660,11 @@ class AsyncRolloutSource:
                 continue
             if message[0] == "error":
                 self.close()
+                if len(message) > 3 and message[3]:  # a complete message (the vLLM server does not answer)
+                    where = f"on round {message[1]}" if message[1] >= 0 else "while starting"
+                    raise ProducerError(
+                        f"The rollout producer process (rank {self.rank}) failed {where}: {message[3]}"
+                    )
                 raise ProducerError(
                     f"The rollout producer process (rank {self.rank}) failed on round {message[1]}:\n{message[2]}"
                     "A reward function that fails there fails as it would in the trainer; a function that cannot be "
@@ -531,7 +731,8 @@ class AsyncRolloutSource:
             examples = self._examples(request.indices)
             prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
             logps = [lp.float() for lp in produced.logps]
-            decoupled = self.args.async_correction == "decoupled"
+            # vLLM's log-probs are another engine's: always the sampler's (the config refuses "behaviour" with vLLM)
+            decoupled = self.args.async_correction == "decoupled" or self.vllm is not None
             return SampledRound(
                 examples,
                 produced.completion_ids,
@@ -643,4 +844,13 @@ def _flat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([p.to(dtype).reshape(-1) for p in parts]) if parts else torch.zeros(0, dtype=dtype)
 
 
-__all__ = ["AsyncRolloutSource", "ProducerError", "check_picklable", "round_seed", "trainable_state"]
+__all__ = [
+    "AsyncRolloutSource",
+    "ProducerError",
+    "VLLMServerSpec",
+    "check_picklable",
+    "open_vllm_client",
+    "round_seed",
+    "sample_from_server",
+    "trainable_state",
+]

@@ -863,7 +863,9 @@ class TRAPOConfig(_BaseConfig):
             "vLLM after every optimizer step that is followed by a generation round). Behaviour log-probs are then "
             "recomputed by the training model, so PPO's first-use ratio stays exactly 1, and vLLM's own log-probs "
             "weight the policy loss by the sampler/trainer mismatch (`vllm_importance_sampling_correction`). Needs "
-            "`pip install vllm` and a GPU; the model must be a local directory or Hub id (vLLM loads it itself)."
+            "`pip install vllm` and a GPU; the model must be a local directory or Hub id (vLLM loads it itself). "
+            "With async_rollouts=True (server mode only): the producer process sends each round's prompts to the "
+            "server, the trainer pushes the weights every weight_sync_steps steps (docs/async.md)."
         },
     )
     vllm_mode: Literal["colocate", "server"] = field(
@@ -891,6 +893,13 @@ class TRAPOConfig(_BaseConfig):
     vllm_server_base_url: str | None = field(
         default=None, metadata={"help": "Server mode: base URL of the vLLM server (default http://0.0.0.0:8000)."}
     )
+    vllm_server_timeout: float = field(
+        default=240.0,
+        metadata={
+            "help": "Server mode (TRL's name and default): seconds to wait for the vLLM server to answer, when the "
+            "trainer connects and, with async_rollouts, when the producer connects and before each weight push."
+        },
+    )
 
     # ------------------------------------------------------------------------------------------------------------
     # Asynchronous rollouts: a producer process samples and scores rounds while the trainer trains (async_rollouts.py)
@@ -898,13 +907,16 @@ class TRAPOConfig(_BaseConfig):
     async_rollouts: bool = field(
         default=False,
         metadata={
-            "help": "Sample RL rounds in a separate producer process (transformers' generate with a copy of the "
-            "policy, behaviour log-probs and the reward functions there) while the trainer trains; the trainer takes "
-            "finished rounds from a bounded queue and computes reference log-probs, values, advantages and every "
-            "round statistic itself when it consumes them. Reward functions must be picklable (module-level). The "
-            "prompt choice and targeted exploration's temperatures apply when a round is asked for, guidance when it is "
-            "consumed; see docs/async.md. Not with use_vllm, fewshot_mode, tools / environment_factory, rollout_func, "
-            "a rollout_source of your own or ZeRO-3."
+            "help": "Sample RL rounds in a separate producer process while the trainer trains: with transformers' "
+            "generate and a copy of the policy (behaviour log-probs recorded there), or with use_vllm=True and "
+            "vllm_mode='server' through the vLLM server (no copy of the policy: the producer sends the prompts, the "
+            "trainer pushes the weights; vLLM's log-probs always go to the sampler/trainer mismatch correction). The "
+            "producer calls the reward functions; the trainer takes finished rounds from a bounded queue and "
+            "computes reference log-probs, values, advantages and every round statistic itself when it consumes "
+            "them. Reward functions must be picklable (module-level). The prompt choice and targeted exploration's "
+            "temperatures apply when a round is asked for, guidance when it is consumed; see docs/async.md. Not with "
+            "vLLM's colocate mode, fewshot_mode, tools / environment_factory, rollout_func, a rollout_source of your "
+            "own or ZeRO-3."
         },
     )
     max_staleness: int | None = field(
@@ -1308,15 +1320,31 @@ class TRAPOConfig(_BaseConfig):
                     "the decoupled objective weights the loss by the truncated ratio proximal / producer, which is "
                     "vllm_importance_sampling_correction: set it to True, or use async_correction='behaviour'.",
                 )
-            for name in ("use_vllm", "fewshot_mode"):
-                if getattr(self, name):
-                    bad(
-                        name,
-                        True,
-                        "async_rollouts samples with transformers' generate in a producer process; the vLLM server "
-                        "producer and few-shot prompt embeddings are not available there yet: set "
-                        f"{name}=False, or async_rollouts=False.",
-                    )
+            if self.use_vllm and self.vllm_mode != "server":
+                bad(
+                    "vllm_mode",
+                    self.vllm_mode,
+                    "async_rollouts samples in a producer process, but colocate mode's vLLM engine lives in the "
+                    "trainer's process (it would sample in the trainer's time and memory). Start a vLLM server "
+                    "(`trl vllm-serve --model <model>`) and set vllm_mode='server' with vllm_server_base_url, or "
+                    "set async_rollouts=False.",
+                )
+            if self.use_vllm and self.async_correction == "behaviour":
+                bad(
+                    "async_correction",
+                    "behaviour",
+                    "with use_vllm=True the sampled log-probs are vLLM's (its kernels, its top-k / top-p support), "
+                    "not the training model's: PPO's old log-probs are recomputed by the trainer and vLLM's weight "
+                    "the loss through the mismatch correction, which is async_correction='decoupled'. Use it, or "
+                    "use_vllm=False.",
+                )
+            if self.fewshot_mode:
+                bad(
+                    "fewshot_mode",
+                    True,
+                    "few-shot prompt embeddings are not available in the asynchronous producer: set "
+                    "fewshot_mode=False, or async_rollouts=False.",
+                )
         if self.local_rollout_forward_batch_size < 1:
             bad("local_rollout_forward_batch_size", self.local_rollout_forward_batch_size, "use an integer >= 1.")
         if self.max_nonfinite_steps < 1:
@@ -1462,6 +1490,8 @@ class TRAPOConfig(_BaseConfig):
         if self.powersgd_start_iter < 2:
             bad("powersgd_start_iter", self.powersgd_start_iter, "PyTorch's PowerSGD needs at least 2.")
         if self.use_vllm:
+            if not (math.isfinite(self.vllm_server_timeout) and self.vllm_server_timeout >= 0):
+                bad("vllm_server_timeout", self.vllm_server_timeout, "use a number of seconds >= 0 (TRL: 240).")
             if not 0 < self.vllm_gpu_memory_utilization <= 1:
                 bad("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, "use a fraction in (0, 1].")
             if self.vllm_tensor_parallel_size < 1:

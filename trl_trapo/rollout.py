@@ -375,6 +375,65 @@ class RolloutBatch:
     # engine sampled (statistics over every completion it returned); None: the trainer sampled, or no correction
 
 
+# where TRL's VLLMGeneration looks for the server without server_base_url (host 0.0.0.0, port 8000)
+DEFAULT_VLLM_SERVER_URL = "http://0.0.0.0:8000"
+
+
+def vllm_generation_kwargs(args, tokenizer) -> dict:
+    """The `generation_kwargs` vLLM samples rollouts with: the user's (less `eos_token_id`, which becomes a stop
+    token), with the ids of [`stop_token_ids`] as vLLM's `stop_token_ids`, or `ignore_eos` when there are none
+    (`stop_token=None`: completions never stop early). The synchronous ([`VLLMGenerator`]) and the asynchronous server
+    producer (`trl_trapo/async_rollouts.py`) sample with the same."""
+    kwargs = {k: v for k, v in (args.generation_kwargs or {}).items() if k != "eos_token_id"}
+    stops = stop_token_ids(args, tokenizer)
+    if stops:
+        kwargs["stop_token_ids"] = stops
+    else:
+        kwargs["ignore_eos"] = True
+    return kwargs
+
+
+def sampled_token_logps(logprobs: list) -> list[torch.Tensor]:
+    """vLLM's log-probs of the sampled tokens, `(C_i,)` float32 each, from `VLLMClient.generate`'s `(num_sequences,
+    C_i, num_logprobs)` lists (the sampled token's first); a None (a NaN vLLM dropped) becomes NaN."""
+    return [
+        torch.tensor([math.nan if lp[0] is None else float(lp[0]) for lp in row], dtype=torch.float32)
+        for row in logprobs
+    ]
+
+
+def vllm_server_url(args) -> str:
+    """The vLLM server's base URL in server mode (`vllm_server_base_url`, else TRL's default)."""
+    return args.vllm_server_base_url or DEFAULT_VLLM_SERVER_URL
+
+
+def vllm_server_unreachable(url: str, timeout: float, model: str, who: str, error: BaseException) -> str:
+    """The message of a vLLM server that does not answer: where it was looked for, the settings, and the fix."""
+    detail = str(error).rstrip(".")
+    return (
+        f"No vLLM server answers at {url} (TRAPOConfig.vllm_server_base_url; {who}, after waiting "
+        f"vllm_server_timeout={timeout:g} s): {type(error).__name__}: {detail}. Start the server first, on the GPU(s) "
+        f"it should use, e.g. `trl vllm-serve --model {model or '<model directory>'} --port 8000` (it sets the "
+        "weight-transfer and log-prob flags TRAPO needs), then point vllm_server_base_url at it "
+        "(http://<host>:<port>); raise vllm_server_timeout for a server that is still loading."
+    )
+
+
+def unreachable_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of a server that does not answer: requests' `ConnectionError` (what TRL's `VLLMClient` raises
+    from its health check and, after its retries, from a request) and Python's."""
+    try:
+        from requests.exceptions import ConnectionError as RequestsConnectionError
+    except ImportError:  # TRL's client needs requests; without it there is no server to reach
+        return (ConnectionError,)
+    return (RequestsConnectionError, ConnectionError)
+
+
+class VLLMServerError(ConnectionError):
+    """The vLLM server (`vllm_mode="server"`) cannot be reached: the message names `vllm_server_base_url` and the
+    fix."""
+
+
 class VLLMGenerator:
     """Completions from vLLM for lists of prompt token ids, with the weights synced once per optimizer step (GPU only;
     `use_vllm=True`), through TRL's `VLLMGeneration`.
@@ -387,6 +446,10 @@ class VLLMGenerator:
     the trainer's, taken over the same top-k / top-p support.
     The policy's weights (LoRA adapters merged) are pushed to vLLM before the first generation round of every
     optimizer step; TRL's `VLLMGeneration` gathers ZeRO-3 / FSDP shards parameter by parameter while doing so.
+
+    With `async_rollouts=True` (server mode only) the trainer keeps this object for the weights alone
+    ([`push_weights`]): the asynchronous source's producer process sends the prompts to the server itself
+    (`trl_trapo/async_rollouts.py`).
 
     Not tested on this project's CPU machines (vLLM needs a GPU); `scripts/gpu_check.py` exercises it when vLLM is
     importable. Differences from the HF path: sampling is seeded by vLLM, not by the trainer's checkpointed
@@ -403,6 +466,7 @@ class VLLMGenerator:
     Raises:
         ImportError: if vLLM is not installed.
         ValueError: if the policy was not loaded from a directory or Hub id (vLLM loads the model itself).
+        VLLMServerError: in server mode, if no server answers at `vllm_server_base_url` within `vllm_server_timeout`.
     """
 
     def __init__(self, args, policy: nn.Module, accelerator, tokenizer):
@@ -419,29 +483,33 @@ class VLLMGenerator:
                 f"TRAPOConfig.use_vllm=True: vLLM loads the model from its directory or Hub id, but the policy's "
                 f"name_or_path is {name!r}. Save the model with `save_pretrained(path)` and pass `model=path`."
             )
-        generation_kwargs = {k: v for k, v in (args.generation_kwargs or {}).items() if k != "eos_token_id"}
-        stops = stop_token_ids(args, tokenizer)
-        if stops:
-            generation_kwargs["stop_token_ids"] = stops
-        else:
-            generation_kwargs["ignore_eos"] = True  # stop_token=None: completions never stop early
-        self.generation = VLLMGeneration(
-            model=policy,
-            accelerator=accelerator,
-            processing_class=tokenizer,
-            mode=args.vllm_mode,
-            server_base_url=args.vllm_server_base_url,
-            tensor_parallel_size=args.vllm_tensor_parallel_size,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            max_model_length=args.vllm_max_model_length or args.max_prompt_length + args.response_length,
-            enable_sleep_mode=args.vllm_enable_sleep_mode,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_completion_length=args.response_length,
-            logprobs=0,
-            generation_kwargs=generation_kwargs,
-        )
+        self.model_name = name
+        self.server_url, self.server_timeout = vllm_server_url(args), float(args.vllm_server_timeout)
+        try:
+            self.generation = VLLMGeneration(
+                model=policy,
+                accelerator=accelerator,
+                processing_class=tokenizer,
+                mode=args.vllm_mode,
+                server_base_url=args.vllm_server_base_url,
+                server_timeout=self.server_timeout,
+                tensor_parallel_size=args.vllm_tensor_parallel_size,
+                gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                max_model_length=args.vllm_max_model_length or args.max_prompt_length + args.response_length,
+                enable_sleep_mode=args.vllm_enable_sleep_mode,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                top_k=args.top_k,
+                max_completion_length=args.response_length,
+                logprobs=0,
+                generation_kwargs=vllm_generation_kwargs(args, tokenizer),
+            )
+        except unreachable_errors() as error:  # TRL's VLLMClient.check_server raises requests' ConnectionError
+            if args.vllm_mode != "server":
+                raise
+            raise VLLMServerError(
+                vllm_server_unreachable(self.server_url, self.server_timeout, name, "from the trainer", error)
+            ) from error
         self.synced_step: int | None = None
         if args.vllm_mode == "server" and args.vllm_importance_sampling_correction and accelerator.is_main_process:
             # the correction compares the trainer's log-probs over the kept support with vLLM's processed ones
@@ -454,6 +522,27 @@ class VLLMGenerator:
                     "or set vllm_importance_sampling_correction=False.",
                     mode,
                 )
+
+    def push_weights(self) -> None:
+        """Push the policy's weights to vLLM now (TRL's `VLLMGeneration.sync_weights`: every parameter, LoRA adapters
+        merged, ZeRO-3 / FSDP shards gathered, then vLLM's prefix cache reset). In server mode the main process first
+        checks that the server answers (waiting up to `vllm_server_timeout`), so that a server that went away is a
+        clear error rather than minutes of HTTP retries.
+
+        Raises:
+            VLLMServerError: naming `vllm_server_base_url`, if the server does not answer.
+        """
+        client = getattr(self.generation, "vllm_client", None)  # server mode, main process
+        if client is not None:
+            try:
+                client.check_server(self.server_timeout)
+            except unreachable_errors() as error:
+                raise VLLMServerError(
+                    vllm_server_unreachable(
+                        self.server_url, self.server_timeout, self.model_name, "pushing the weights", error
+                    )
+                ) from error
+        self.generation.sync_weights()
 
     def generate(
         self, prompt_ids: list[list[int]], group: int, step: int
@@ -468,7 +557,7 @@ class VLLMGenerator:
             `processed_logprobs`; NaN where vLLM gave none), or None when vLLM returned none.
         """
         if self.synced_step != step:
-            self.generation.sync_weights()
+            self.push_weights()
             self.synced_step = step
         _, completion_ids, logprobs, _ = self.generation.generate(
             prompts=prompt_ids, images=None, num_generations=group
@@ -476,12 +565,7 @@ class VLLMGenerator:
         completions = [torch.tensor(list(c), dtype=torch.long) for c in completion_ids]
         if logprobs is None:
             return completions, None
-        # (C_i, num_logprobs) per completion, the sampled token's first; None (a NaN vLLM dropped) -> NaN
-        logps = [
-            torch.tensor([math.nan if lp[0] is None else float(lp[0]) for lp in row], dtype=torch.float32)
-            for row in logprobs
-        ]
-        return completions, logps
+        return completions, sampled_token_logps(logprobs)  # (C_i, num_logprobs) per completion, sampled token first
 
 
 class RolloutEngine:

@@ -1029,7 +1029,8 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: naming the argument, with a rollout source of the user's (`rollout_source`, `rollout_func`,
                 `tools` / `environment_factory`: they sample by themselves), without RL prompts, under DeepSpeed
                 ZeRO-3 (a weight sync would gather the partitioned weights, a collective the ranks would reach at
-                different steps), or when a reward function cannot be pickled.
+                different steps), with the vLLM server on more than one process, or when a reward function cannot be
+                pickled.
         """
         if own_source:
             raise ValueError(
@@ -1048,6 +1049,13 @@ class TRAPOTrainer(_BaseTrainer):
                 "producer would gather the partitioned parameters, a collective that each rank reaches when its own "
                 "replay buffer runs low. Use ZeRO-2 or DDP, or async_rollouts=False."
             )
+        if args.use_vllm and self.accelerator.num_processes > 1:
+            raise ValueError(
+                "TRAPOConfig.async_rollouts=True with the vLLM server runs on one training process: every rank's "
+                f"producer samples from the one server, and a weight push ({self.accelerator.num_processes} processes "
+                "here) would have to wait for all of them at once. Launch one process, or set async_rollouts=False "
+                "(synchronous vLLM rollouts gather every rank's prompts)."
+            )
         self.metrics.track_async()
         return AsyncRolloutSource(
             self._unwrapped_policy,
@@ -1065,6 +1073,7 @@ class TRAPOTrainer(_BaseTrainer):
             device=str(self.accelerator.device),
             metrics=self.metrics,
             exploration=self.exploration,
+            vllm=self.rollouts.vllm,  # server mode: the trainer's connection, for the weight pushes
         )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:

@@ -15,11 +15,26 @@ is importable — and prints, per run:
 The vLLM run also records the sampler/trainer mismatch its rounds logged last (`sampling/*`: vLLM's bf16 log-probs
 against the trainer's, TRL's `vllm_importance_sampling_correction` at its defaults) in the JSON output.
 
-The first `--warmup` steps are not timed. The whole script is meant to finish in under 8 minutes on one H100/H200
-(`--time_budget_s` skips the vLLM run when the first one took too long). A tiny variant runs anywhere:
+Then, where vLLM is importable and a GPU is present, asynchronous rollouts through a vLLM server (`async_rollouts=True,
+use_vllm=True, vllm_mode="server"`): a child process starts `trl vllm-serve` on the trainer's chip (low
+`--gpu_memory_utilization`; on the second GPU when there are two), trains a few RL steps against it and prints the
+wall time of each step and the measured sampler/trainer log-prob gap (`sampling/sampling_logp_difference/*`; at step
+0 the server and the trainer hold the same weights, so it is vLLM's kernels against the trainer's). The trainer
+pushes its weights to the server over NCCL, which refuses two ranks on one GPU ("Duplicate GPU detected"): on a
+one-GPU machine the script says so and leaves the pushes out (`async-vllm-server-no-push`: the server keeps the
+initial weights; `--async_try_push` tries them, falling back when they fail), which still checks the HTTP path, the
+producer and the log-prob gap; with two GPUs the server gets the second one and the pushes run. Elsewhere it prints
+why it was skipped; the script exits 0 either way.
+
+The first `--warmup` steps are not timed. The first two runs are meant to finish in under 8 minutes on one H100/H200
+(`--time_budget_s` skips the vLLM run when the first one took too long); the async run adds a few minutes (server
+start included; `--async_budget_s` skips it, `--async_timeout_s` stops it; `--async_only` runs it alone). A tiny
+variant runs anywhere:
 
     python scripts/benchmarks/gpu_check.py                       # on the GPU machine
     python scripts/benchmarks/gpu_check.py --tiny --steps 4      # CPU smoke test (tests/test_gpu_check.py)
+    python scripts/benchmarks/gpu_check.py --no_vllm             # transformers' generate only
+    python scripts/benchmarks/gpu_check.py --async_only          # only the async vLLM server run (a few minutes)
 """
 
 from __future__ import annotations
@@ -27,10 +42,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import torch
 
@@ -238,6 +257,245 @@ def run(name: str, arch: dict, args, device: torch.device, use_vllm: bool) -> di
     return result
 
 
+def vllm_missing(device: torch.device) -> str | None:
+    """Why vLLM runs cannot happen here (None: they can)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vllm is not importable"
+    return None if device.type == "cuda" else "no GPU"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class VLLMServer:
+    """`trl vllm-serve` in a process group of its own (stopped on exit), logging to a file; `gpu`: the
+    `CUDA_VISIBLE_DEVICES` it gets (None: this process's, i.e. the trainer's chip)."""
+
+    def __init__(self, model_dir: str, max_model_len: int, start_timeout_s: float, gpu_memory_utilization: float,
+                 gpu: str | None = None):  # fmt: skip
+        self.model_dir, self.max_model_len, self.gpu = model_dir, max_model_len, gpu
+        self.start_timeout_s, self.gpu_memory_utilization = start_timeout_s, gpu_memory_utilization
+        self.process = None
+        self.log_path = os.path.join(os.path.dirname(model_dir), "vllm_server.log")
+
+    def start(self) -> str:
+        port = free_port()
+        command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", self.model_dir,
+                   "--host", "127.0.0.1", "--port", str(port), "--gpu_memory_utilization",
+                   str(self.gpu_memory_utilization), "--max_model_len", str(self.max_model_len),
+                   "--enforce_eager", "true"]  # fmt: skip
+        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": self.gpu} if self.gpu is not None else {}))
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the server writes to it until it stops
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        start = time.perf_counter()
+        while time.perf_counter() - start < self.start_timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"`trl vllm-serve` exited with code {self.process.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                print(f"vLLM server up at {self.url} after {time.perf_counter() - start:.0f} s", flush=True)
+                return self.url
+            time.sleep(2)
+        raise RuntimeError(f"`trl vllm-serve` did not answer within {self.start_timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def log_tail(self, chars: int = 3000) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()[-chars:]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+
+def run_async_server(name: str, model_dir: str, url: str, args, push: bool) -> dict:
+    """A few RL steps with asynchronous rollouts through the vLLM server at `url`; `push=False` leaves the NCCL weight
+    transfer out (the trainer's `init_communicator` and weight pushes become no-ops: the server keeps its weights)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl.generation.vllm_client import VLLMClient
+
+    from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.rollout import VLLMGenerator
+    from trl_trapo.tasks import exact_match_reward, make_task_suite
+
+    if not push:
+        VLLMClient.init_communicator = lambda self, device=0: None
+        VLLMGenerator.push_weights = lambda self: None
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    suite = make_task_suite(seed=0, num_pretrain_docs=10, num_sft_per_task=2, num_rl_per_task=200, num_eval_per_task=2)
+    config = TRAPOConfig(
+        output_dir=os.path.join(os.path.dirname(model_dir), f"out-{name}"),
+        max_steps=args.async_steps,
+        per_device_train_batch_size=args.rows,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        activation_checkpointing=False,
+        max_prompt_length=32,
+        response_length=args.response_length,
+        num_generations=8,
+        num_ppo_epochs=1,  # every step consumes a round: each step's wait shows the producer's pace
+        async_rollouts=True,
+        max_staleness=2,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+        vllm_server_timeout=60,
+        seed=0,
+    )
+    trainer = TRAPOTrainer(
+        model, reward_funcs=exact_match_reward, args=config, train_dataset=suite.rl_train, processing_class=tokenizer
+    )
+    ends = []
+
+    class StepEnd(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            ends.append(time.perf_counter())
+            return control
+
+    trainer.add_callback(StepEnd())
+    start = time.perf_counter()
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    step_s = [b - a for a, b in zip([start] + ends[:-1], ends)]
+    gap = [h.get("sampling/sampling_logp_difference/mean") for h in logs]
+    result = {
+        "run": name,
+        "step_s": step_s,
+        "median_step_s": statistics.median(step_s[1:] or step_s),
+        "logp_gap_step0": gap[0] if gap else None,
+        "logp_gap_mean": statistics.mean([g for g in gap if g is not None])
+        if any(g is not None for g in gap)
+        else None,
+        "logp_gap_max": max((h.get("sampling/sampling_logp_difference/max", 0.0) for h in logs), default=None),
+        "rollout_wait_s": sum(h.get("perf/rollout_wait_s", 0.0) for h in logs),
+        "weight_sync_s": sum(h.get("perf/weight_sync_s", 0.0) for h in logs),
+        "staleness_max": max((h.get("sample/staleness_max", 0) for h in logs), default=None),
+    }
+    print(f"{name}: step wall times (s): " + ", ".join(f"{t:.2f}" for t in step_s), flush=True)
+    print(
+        f"{name}: median step {result['median_step_s']:.2f} s (first step excluded), sampler/trainer log-prob gap "
+        f"{result['logp_gap_step0']} nats/token at step 0 (same weights), mean {result['logp_gap_mean']}, max "
+        f"{result['logp_gap_max']}; waited {result['rollout_wait_s']:.2f} s for rounds, {result['weight_sync_s']:.2f} "
+        f"s pushing weights, lag <= {result['staleness_max']}",
+        flush=True,
+    )
+    return result
+
+
+def async_server_child(args) -> list[dict]:
+    """The async vLLM server runs (in a child process of the check: its own CUDA context and time limit), each result
+    written to `args.async_server_child` as soon as it exists.
+
+    With one GPU the trainer and the server share it, and NCCL refuses two ranks of one communicator on one GPU
+    ("Duplicate GPU detected"; with TRL's HTTP retries the failed rendezvous can also hang), so the weight pushes are
+    left out unless `--async_try_push`; with two or more the server gets the second GPU and the pushes run."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the parent's time limit: stop the server on the way out
+    arch = TINY if args.tiny else QWEN25_05B
+    tokenizer = build_tokenizer(arch["vocab_size"])
+    workdir = tempfile.mkdtemp(prefix="trapo-gpu-check-async-")
+    model_dir = os.path.join(workdir, "model")
+    build_model(arch, tokenizer, torch.bfloat16).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if os.environ.get("CUDA_VISIBLE_DEVICES") else []
+    shared = torch.cuda.device_count() < 2
+    gpu = None if shared else (visible[1] if len(visible) > 1 else "1")
+    push = not shared or args.async_try_push
+    if not push:
+        print(
+            "async vLLM server: one GPU, shared by the trainer and the server; NCCL refuses two ranks on one GPU, so "
+            "the trainer's weight pushes are left out (the server keeps the initial weights; --async_try_push tries "
+            "them). The run still checks the HTTP path, the producer and the sampler/trainer log-prob gap.",
+            flush=True,
+        )
+    server = VLLMServer(model_dir, 32 + args.response_length, args.async_server_start_s, 0.25, gpu)
+    results = []
+
+    def keep(result: dict) -> None:
+        results.append(result)
+        with open(args.async_server_child, "w", encoding="utf-8") as handle:
+            json.dump(results, handle)
+
+    try:
+        url = server.start()
+        name = "async-vllm-server" if push else "async-vllm-server-no-push"
+        try:
+            keep(run_async_server(name, model_dir, url, args, push=push))
+        except Exception as error:  # report, then check the rest without the NCCL weight transfer
+            if not push:
+                raise
+            text = f"{type(error).__name__}: {error}"
+            duplicate = "Duplicate GPU" in text + server.log_tail(20000)
+            print(
+                f"async vLLM server run with weight pushes failed: {text[:1500]}\n"
+                + ("NCCL refused two ranks on one GPU. " if duplicate else "")
+                + "Running again without the weight pushes.",
+                flush=True,
+            )
+            if not server.healthy():
+                server.stop()
+                url = server.start()
+            keep(run_async_server("async-vllm-server-no-push", model_dir, url, args, push=False))
+    finally:
+        server.stop()
+    return results
+
+
+def run_async_server_check(args, device: torch.device) -> list[dict]:
+    """Asynchronous rollouts through `trl vllm-serve` (module docstring), in a child process stopped after
+    `--async_timeout_s`; prints why it was skipped or what failed, never raises."""
+    reason = "--no_vllm" if args.no_vllm else vllm_missing(device)
+    if reason is not None:
+        print(f"async vLLM server run skipped: {reason}", flush=True)
+        return []
+    out = tempfile.mkstemp(prefix="trapo-async-vllm-", suffix=".json")[1]
+    command = [sys.executable, os.path.abspath(__file__), "--async_server_child", out, "--async_steps",
+               str(args.async_steps), "--rows", str(args.rows), "--response_length", str(args.response_length),
+               "--async_server_start_s", str(args.async_server_start_s)]  # fmt: skip
+    command += ["--tiny"] if args.tiny else []
+    command += ["--async_try_push"] if args.async_try_push else []
+    child = subprocess.Popen(command, start_new_session=True)
+    try:
+        child.wait(timeout=args.async_timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"async vLLM server run stopped after {args.async_timeout_s:.0f} s (--async_timeout_s)", flush=True)
+        os.killpg(child.pid, signal.SIGTERM)  # the child stops its server on the way out
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    if child.returncode not in (0, None):
+        print(f"async vLLM server run failed (exit code {child.returncode}; its output is above)", flush=True)
+    try:
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return []
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model with a 512-token vocabulary (CPU test)")
@@ -248,7 +506,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--response_length", type=int, default=128, help="generated tokens per completion")
     parser.add_argument("--peak_tflops", type=float, default=None, help="dense peak TFLOP/s (default: from GPU name)")
     parser.add_argument("--time_budget_s", type=float, default=420, help="skip the vLLM run after this many seconds")
-    parser.add_argument("--no_vllm", action="store_true", help="skip the vLLM run even if vLLM is importable")
+    parser.add_argument("--no_vllm", action="store_true", help="skip the vLLM runs even if vLLM is importable")
+    parser.add_argument("--async_steps", type=int, default=8, help="optimizer steps of the async vLLM server run")
+    parser.add_argument("--async_server_start_s", type=float, default=300, help="wait this long for the server")
+    parser.add_argument("--async_timeout_s", type=float, default=420, help="stop the async vLLM server run after")
+    parser.add_argument("--async_budget_s", type=float, default=600,
+                        help="skip the async vLLM server run when the runs before it took longer")  # fmt: skip
+    parser.add_argument("--async_only", action="store_true", help="only the async vLLM server run (a short check)")
+    parser.add_argument("--async_try_push", action="store_true",
+                        help="on one GPU, try the NCCL weight pushes to the server anyway")  # fmt: skip
+    parser.add_argument("--async_server_child", default=None, help=argparse.SUPPRESS)  # internal: the child's JSON
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -256,18 +523,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.tiny:
         args.seq_len, args.response_length, args.rows = min(args.seq_len, 64), min(args.response_length, 16), 8
+    if args.async_server_child:  # the child process of the async vLLM server run
+        results = async_server_child(args)
+        with open(args.async_server_child, "w", encoding="utf-8") as handle:
+            json.dump(results, handle)
+        return results
     arch = TINY if args.tiny else QWEN25_05B
     start = time.perf_counter()
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}", flush=True)
+    missing = vllm_missing(device)
+    if args.async_only:
+        results = run_async_server_check(args, device)
+        print(f"total wall time: {time.perf_counter() - start:.0f} s", flush=True)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                json.dump(results, handle, indent=1)
+        return results
     results = [run("hf-generate", arch, args, device, use_vllm=False)]
-    try:
-        import vllm  # noqa: F401
-
-        has_vllm = device.type == "cuda"
-    except ImportError:
-        has_vllm = False
-    if not has_vllm or args.no_vllm:
-        print("vLLM run skipped: " + ("--no_vllm" if args.no_vllm else "vllm not importable or no GPU"), flush=True)
+    if missing is not None or args.no_vllm:
+        print("vLLM run skipped: " + ("--no_vllm" if args.no_vllm else missing), flush=True)
     elif time.perf_counter() - start > args.time_budget_s:
         print(f"vLLM run skipped: the first run used up the {args.time_budget_s:.0f} s budget", flush=True)
     else:
@@ -297,6 +571,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ),
             flush=True,
         )
+    if not args.no_vllm and missing is None and time.perf_counter() - start > args.async_budget_s:
+        print(f"async vLLM server run skipped: the runs above took over {args.async_budget_s:.0f} s", flush=True)
+    else:
+        results += run_async_server_check(args, device)
     print(f"total wall time: {time.perf_counter() - start:.0f} s", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
