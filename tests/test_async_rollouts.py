@@ -257,3 +257,21 @@ def test_free_running_mode_trains_with_the_newest_weights(tmp_path, tokenizer, s
     lags = [h["sample/staleness_max"] for h in trainer.state.log_history if "sample/staleness_max" in h]
     assert len(lags) >= 2 and max(lags) <= 2
     assert any("perf/weight_sync_s" in h for h in trainer.state.log_history)
+
+
+def test_a_round_is_taken_before_the_buffer_runs_dry_when_it_would_be_late(tmp_path, tokenizer, suite):
+    """When a step's RL rows shrink the buffer outlasts the forecast; the round asked for is then taken when one more
+    step would make it later than `max_staleness` — nothing is dropped (the first measurement dropped 21 rounds a
+    run at max_staleness 1 without this)."""
+    trainer = async_trainer(tmp_path, tokenizer, suite, max_staleness=1)
+    source = trainer.rollout_source
+    try:
+        source.prefetch(8, 0, [0, 0, 0, 0])  # asked for at step 0
+        assert not source.round_due(0) and source.round_due(1)  # taken at step 1 at the latest
+    finally:
+        source.close()
+    trainer = async_trainer(tmp_path / "run", tokenizer, suite, max_staleness=1, max_steps=12)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert logs[-1]["sample/dropped_stale_total"] == 0
+    assert max(h.get("sample/staleness_max", 0) for h in logs) == 1

@@ -590,3 +590,18 @@ def test_async_rollouts_on_two_processes_keep_the_ranks_identical_and_resume_exa
     )
     again = records(resumed)
     assert again[0]["param_digest"] == again[1]["param_digest"] == ranks[0]["param_digest"]
+
+
+def test_async_rollouts_under_zero3_are_refused_with_the_reason(tmp_path):
+    """Sending the weights to a producer would gather ZeRO-3's partitions, a collective each rank would reach at its
+    own step: refused at construction, before any training."""
+    pytest.importorskip("deepspeed")
+    completed = launch(
+        "deepspeed_zero3.yaml",
+        "tests/distributed_job.py",
+        ["--max_steps", "2", "--eval_strategy", "no", "--async_rollouts", "--output_dir", str(tmp_path)],
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0
+    assert "async_rollouts=True is not available under DeepSpeed ZeRO-3" in output, output[-3000:]
+    assert not (tmp_path / "ranks").exists() or not any((tmp_path / "ranks").iterdir())  # nothing trained

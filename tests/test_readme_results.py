@@ -10,7 +10,9 @@
 - "A real model and real data, offline": `scripts/benchmarks/real_model_report.py` renders the speed block from
   `docs/results/benchmarks/*.json`;
 - guidance on the real model: `scripts/experiments/guidance_real.py --write_readme` renders the `guidance-real` block
-  from `docs/results/real_smollm2/guidance.json`.
+  from `docs/results/real_smollm2/guidance.json`;
+- asynchronous rollouts: `scripts/experiments/compare_async.py --write_readme` renders the `async-table` block from
+  `docs/results/async/results.json`.
 
 A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
 the script's `--write_readme`, or the experiment itself.
@@ -215,4 +217,22 @@ def test_distill_real_block_is_rendered_from_the_committed_results():
     assert read_block(README, distill_real.README_BLOCK) == distill_real.render_readme_block(results), (
         "README.md's distill-real block differs from docs/results/distill_real/results.json: run "
         "`python scripts/experiments/distill_real.py --write_readme` (or the comparison), never edit it"
+    )
+
+
+def test_async_block_is_rendered_from_the_committed_results():
+    """The asynchronous-rollout block (issue 24) is `compare_async.py --write_readme` of the committed results, which
+    hold every arm and seed of both reward settings."""
+    import compare_async
+
+    results = json.loads(compare_async.RESULTS.read_text(encoding="utf-8"))
+    expected_runs = {
+        compare_async.run_name(reward, arm, seed)
+        for reward in compare_async.REWARDS
+        for arm in compare_async.DEFAULT_ARMS
+        for seed in compare_async.SEEDS
+    }
+    assert expected_runs <= set(results["runs"])
+    assert read_block(README, compare_async.README_BLOCK) == compare_async.render_readme_block(results), (
+        "`python scripts/experiments/compare_async.py --write_readme` (or the experiment), never edit it"
     )

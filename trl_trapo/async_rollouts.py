@@ -43,8 +43,11 @@ weights are pushed whenever due, also while a round is being sampled (such a rou
 producer knew when it started it, so its lag is an upper bound). One training process only; a checkpoint's older
 producer weights (`weight_sync_steps > 1`) are not restored, the server gets the resumed step's.
 
-**Staleness.** A round whose lag exceeds `max_staleness` (possible when the RL share of a step grows, so the buffer
-runs dry earlier than forecast) is dropped and counted (`sample/dropped_stale_total`), or with
+**Staleness.** The forecast errs when a step's RL rows change (the curriculum, DARE): when they shrink, the buffer
+lasts longer than forecast, so the trainer also takes a round *before* the buffer runs dry when one step more would
+make it later than `max_staleness` (`round_due`; its trajectories join what the buffer still holds, served least used
+first). A round whose lag still exceeds `max_staleness` (e.g. weights older than `max_staleness` because
+`weight_sync_steps` is larger) is dropped and counted (`sample/dropped_stale_total`), or with
 `stale_rollouts="downweight"` trained with its loss weighted by `(max_staleness + 1) / (lag + 1)`. The correction of
 the gap between the producer's policy and the trained one is `async_correction`: "decoupled" returns the producer's
 log-probs as `sampler_per_token_logps` (the trainer recomputes the proximal log-probs and weights the loss by the
@@ -697,6 +700,13 @@ class AsyncRolloutSource:
             if covered + behind > self.max_staleness:
                 return
             self._ask(rows_needed, step)
+
+    def round_due(self, step: int) -> bool:
+        """Whether the oldest round asked for must be consumed at `step`: one step more and it would be later than
+        `max_staleness` (the forecast of when the buffer runs dry errs when a step's RL rows shrink). Its lag is
+        counted from the weights version sent before it was asked for (in the free-running mode the producer may use
+        newer ones: the bound then holds a fortiori). Not a collective; the trainer agrees across ranks."""
+        return bool(self.pending) and step - self.pending[0].version >= self.max_staleness
 
     def sample(self, rows_needed: int, step: int) -> SampledRound:
         """The next round in order (asked for now if none is in flight; waits for the producer if it is not ready).

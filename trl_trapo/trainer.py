@@ -1276,10 +1276,14 @@ class TRAPOTrainer(_BaseTrainer):
         prefetch = getattr(self.rollout_source, "prefetch", None)
         if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
             prefetch(n, step, self.replay.use_counts(step))
+        round_due = getattr(self.rollout_source, "round_due", None)
         for _ in range(20):
             # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
-            # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts)
-            if not any_rank(self.accelerator, self.replay.num_available(step) < n):
+            # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts);
+            # an asynchronous source's round is also taken before the buffer runs dry when waiting longer would make
+            # it later than `max_staleness` (its trajectories join what the buffer holds)
+            due = round_due is not None and round_due(step)
+            if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
                 break
             self.collect_rollouts(n, step)
         else:
