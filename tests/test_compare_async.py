@@ -66,6 +66,7 @@ def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[i
                 assert entry["paired_accuracy_vs_sync"] is None and entry["target"] == "n/a"
 
 
+@pytest.mark.slow  # 4 main-job runs, two with a producer: 1-2.5 min; the summary and the block are tested below
 def test_quick_run_writes_the_results_and_the_readme_block(tmp_path):
     """`--quick` into tmp_path: 4 runs (sync and async1, instant and http rewards), then `--write_readme` into a copy
     of a README with the markers. Needs `--async_rollouts` in the main job."""

@@ -490,7 +490,10 @@ def round_wide(rounds: list[dict]) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("backend, mode", [("ddp", "tools"), ("ddp", "environment"), ("zero3", "tools")])
+@pytest.mark.parametrize(
+    "backend, mode",
+    [("ddp", "tools"), ("ddp", "environment"), pytest.param("zero3", "tools", marks=pytest.mark.slow)],  # ~50 s
+)
 def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
     """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an
     async and a failing tool, or the same three as an environment with one instance per rollout) trains 4 steps on
@@ -558,14 +561,13 @@ def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
 # ---------------------------------------------------------------------------------------------------------------------
 # Asynchronous rollouts on two processes (issue 24): a producer per rank, identical ranks, exact resume
 # ---------------------------------------------------------------------------------------------------------------------
-def test_async_rollouts_on_two_processes_keep_the_ranks_identical_and_resume_exactly(tmp_path):
-    """The built-in job with `--async_rollouts` (a producer process per rank, rounds asked for ahead): both ranks end
-    with the same weights and logs (timing metrics apart), every round arrived within `max_staleness`, and resuming
-    from the middle (the rounds in flight kept in each rank's checkpoint) gives the uninterrupted run's weights."""
-    args = [*JOB_ARGS, "--async_rollouts", "--max_staleness", "2"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    check(launch("multi_gpu.yaml", "tests/distributed_job.py", [*args, "--output_dir", str(full)]))
-    ranks = records(full)
+ASYNC_ARGS = [*JOB_ARGS, "--async_rollouts", "--max_staleness", "2"]
+
+
+def async_job_on_two_processes(output_dir: Path) -> list[dict]:
+    """The built-in job with `--async_rollouts` on 2 processes; both ranks' records, checked to agree."""
+    check(launch("multi_gpu.yaml", "tests/distributed_job.py", [*ASYNC_ARGS, "--output_dir", str(output_dir)]))
+    ranks = records(output_dir)
     for a, b in zip(*(r["log_history"] for r in ranks)):
         timing = RUNTIME_KEYS | {k for k in a if k.startswith("perf/")}
         local = {k for k in a if k.startswith(RANK_LOCAL_PREFIXES)}
@@ -573,12 +575,28 @@ def test_async_rollouts_on_two_processes_keep_the_ranks_identical_and_resume_exa
             k: v for k, v in b.items() if k not in timing | local
         }
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    return ranks
+
+
+def test_async_rollouts_on_two_processes_keep_the_ranks_identical(tmp_path):
+    """The built-in job with `--async_rollouts` (a producer process per rank, rounds asked for ahead): both ranks end
+    with the same weights and logs (timing metrics apart), and every round arrived within `max_staleness`."""
+    ranks = async_job_on_two_processes(tmp_path)
     train_logs = [h for h in ranks[0]["log_history"] if "loss" in h]
     lags = [h["sample/staleness_max"] for h in train_logs if "sample/staleness_max" in h]  # logs with an arrival
     assert lags and max(lags) <= 2
     assert max(lags) >= 1  # rounds were asked for ahead
     for r in (0, 1):
-        assert (full / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
+        assert (tmp_path / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
+
+
+@pytest.mark.slow  # two 2-process jobs, ~90 s; the kill -9 resume of an async run is in tests/test_durability.py
+def test_async_rollouts_on_two_processes_resume_exactly(tmp_path):
+    """Resuming a 2-process async run from the middle (the rounds in flight kept in each rank's checkpoint) gives the
+    uninterrupted run's weights on both ranks."""
+    args = ASYNC_ARGS
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    ranks = async_job_on_two_processes(full)
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
     check(
