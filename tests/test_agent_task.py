@@ -323,7 +323,7 @@ def test_the_job_arguments_refuse_bad_values():
     [
         (["--num_traces", "0"], "--num_traces=0: must be a whole number >= 1"),
         (["--heldout_docs", "5000"], "--heldout_docs=5000 holds out every one of the 3000 pretraining documents"),
-        (["--max_tool_calling_iterations", "0"], "max_tool_calling_iterations"),
+        (["--max_tool_calling_iterations", "-1"], "max_tool_calling_iterations"),
     ],
 )
 def test_a_user_error_is_one_message_and_exit_status_2(argv, message, capsys, tmp_path):

@@ -218,7 +218,9 @@ def evaluate(model, data: AgentJobData, config: TRAPOConfig) -> dict[str, float]
         validity are fractions in [0, 1].
     """
     tokenizer, task = data.tokenizer, data.task
-    loop = dict(response_length=config.response_length, max_iterations=config.max_tool_calling_iterations or 4)
+    # training's bound (0 included: tools shown, none run); None (unbounded in training) evaluates with 4 rounds
+    iterations = 4 if config.max_tool_calling_iterations is None else config.max_tool_calling_iterations
+    loop = dict(response_length=config.response_length, max_iterations=iterations)
     with_tool = evaluate_agent(model, tokenizer, task.eval, task.tools, **loop)
     without_tool = evaluate_agent(model, tokenizer, task.eval, (), **loop)
     metrics = {

@@ -64,7 +64,7 @@ from transformers.utils import get_json_schema
 from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational
 
-from .data import tokenize_prompt
+from .data import INTERNAL_COLUMNS, tokenize_prompt
 from .sources import SampledRound
 
 
@@ -380,7 +380,14 @@ class AgentSpec:
             where = "environment_factory" if name is None else f"environment_factory[{name!r}]"
             if not callable(factory):
                 raise ValueError(f"{where}={factory!r} is not callable: pass a class or a zero-argument callable.")
-            instance = factory()
+            try:
+                instance = factory()
+            except Exception as error:
+                raise RuntimeError(
+                    f"{where}: calling {factory_name(factory)}() failed in TRAPOTrainer's construction-time check (one "
+                    f"trial instance per factory, to read its tools) with {type(error).__name__}: {error}. The "
+                    "factory must build an instance with no arguments."
+                ) from error
             if not callable(getattr(type(instance), "reset", None)):
                 raise ValueError(
                     f"{where}: {type(instance).__name__} has no `reset` method. Add `def reset(self, **row) -> str | "
@@ -433,20 +440,51 @@ class AgentSpec:
         return row["environment"] if self.multi else None
 
     def reset_kwargs(self, row: Mapping) -> dict:
-        """The row as `reset` gets it: every column, without `environment` in dict mode (a control field)."""
-        return {k: v for k, v in row.items() if not (self.multi and k == "environment")}
+        """The row as `reset` gets it: the dataset's own columns, as TRL passes them (not the columns TRAPO adds,
+        `INTERNAL_COLUMNS` such as `prompt_ids`), without `environment` in dict mode (a control field)."""
+        return {k: v for k, v in row.items() if k not in INTERNAL_COLUMNS and not (self.multi and k == "environment")}
 
     def preflight_kwargs(self, rows: list[dict]) -> dict | None:
         """The reward functions' extra keywords for the trainer's construction-time call on `rows`: `environments`,
-        fresh instances `reset` with each row (None without environments)."""
+        fresh instances `reset` with each row (None without environments).
+
+        Raises:
+            RuntimeError: naming the factory / class, saying it was the construction-time trial reset and the
+                keywords `reset` got, with the user's exception as the cause, if a factory or a `reset` raises.
+        """
         if not self.factories:
             return None
         environments = []
         for row in rows:
-            environment = self.factories[self.environment_name(row)]()
-            environment.reset(**self.reset_kwargs(row))
+            name = self.environment_name(row)
+            factory = self.factories[name]
+            where = "environment_factory" if name is None else f"environment_factory[{name!r}]"
+            kwargs = self.reset_kwargs(row)
+            try:
+                environment = factory()
+            except Exception as error:
+                raise RuntimeError(
+                    f"{where}: calling {factory_name(factory)}() failed in TRAPOTrainer's construction-time check (fresh "
+                    f"instances for a trial reset) with {type(error).__name__}: {error}. The factory must build an "
+                    "instance with no arguments."
+                ) from error
+            try:
+                environment.reset(**kwargs)
+            except Exception as error:
+                raise RuntimeError(
+                    f"{where}: {type(environment).__name__}.reset(**row) raised {type(error).__name__}: {error}, in "
+                    f"TRAPOTrainer's construction-time check (a trial reset of fresh instances with the first "
+                    f"{len(rows)} dataset rows, before anything slow; training resets every rollout the same way). "
+                    f"reset is called with the row's columns as keywords: {sorted(kwargs)}; accept them (or "
+                    "`**kwargs`) and make reset work on those rows."
+                ) from error
             environments.append(environment)
         return {"environments": environments}
+
+
+def factory_name(factory: Callable) -> str:
+    """An environment factory's name for messages: the class's (or function's) name, else its repr."""
+    return getattr(factory, "__name__", None) or repr(factory)
 
 
 def check_agent_arguments(args, rollout_source: Any) -> None:
@@ -565,9 +603,17 @@ class ToolRunner:
     """
 
     def __init__(self, max_workers: int = 16):
-        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="trl-trapo-tools")
+        self.max_workers = max_workers
+        self.pool: ThreadPoolExecutor | None = None  # started at the first sync call, again after `close`
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+
+    def thread_pool(self) -> ThreadPoolExecutor:
+        """The runner's thread pool for sync tools, started on first use (and after `close`: the trainer closes its
+        rollout source when `train()` ends, and a later `train()` or round must still run tools)."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="trl-trapo-tools")
+        return self.pool
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The runner's event loop, started in a daemon thread on first use."""
@@ -591,7 +637,7 @@ class ToolRunner:
                 if inspect.iscoroutinefunction(tool):
                     futures.append(asyncio.run_coroutine_threadsafe(tool(**arguments), self.event_loop()))
                 else:
-                    futures.append(self.pool.submit(tool, **arguments))
+                    futures.append(self.thread_pool().submit(tool, **arguments))
                 results.append(None)
             except Exception as error:  # e.g. a coroutine function called with wrong arguments
                 futures.append(None)
@@ -606,8 +652,10 @@ class ToolRunner:
         return results
 
     def close(self) -> None:
-        """Stop the thread pool and the event loop."""
-        self.pool.shutdown(wait=False)
+        """Stop the thread pool and the event loop (both start again at the next call)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+            self.pool = None
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=5)

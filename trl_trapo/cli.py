@@ -131,6 +131,7 @@ BUILTIN_YIELDS = {
     "max_steps": ("num_train_epochs",),
     "lr_scheduler_kwargs": ("lr_scheduler_type",),
     "response_length": ("max_completion_length",),  # GRPO's name of the same setting: the user's value must win
+    "kl_coef": ("beta",),  # GRPO's name of kl_coef (config.GRPO_ALIASES; the other aliases' targets have no built-in)
 }
 # Built-in defaults proportional to the run's length (set for `max_steps=1000`): they follow the user's run length.
 BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")

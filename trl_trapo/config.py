@@ -71,10 +71,44 @@ LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
 """`generation_kwargs` keys that change the sampled distribution away from softmax(logits / temperature)."""
 
 
+GRPO_ALIASES = {
+    "max_completion_length": "response_length",
+    "beta": "kl_coef",
+    "epsilon": "cliprange",
+    "num_iterations": "num_ppo_epochs",
+}
+"""TRL GRPOConfig's names of TRAPOConfig fields with the same meaning (GRPO name -> TRAPO field): each is a field of
+its own (None by default) that, when given, sets TRAPO's at construction; both given and different is refused."""
+
+GRPO_ONLY_FIXES = {
+    "epsilon_high": "TRAPO clips the ratio symmetrically to [1 - cliprange, 1 + cliprange] (`epsilon`, GRPO's name, "
+    "is accepted): drop epsilon_high, or set epsilon to the bound you want on both sides",
+    "delta": "TRAPO's ratio bound is `importance_sampling_cap` (it bounds pi_theta / pi_old); drop delta",
+    "log_completions": "TRAPO logs no per-step completion table of training rollouts; drop it (a table of the eval "
+    "prompts' completions: `trainer.generate_completions()`, printed and logged to W&B / Trackio)",
+    "num_completions_to_print": "TRAPO logs no per-step completion table; drop it",
+    "log_completions_hub_repo": "TRAPO logs no per-step completion table; drop it",
+    "log_unique_prompts": "TRAPO logs no per-step completion table; drop it",
+    "min_p": 'pass it as generation_kwargs={"min_p": ...} (a truncation sampler, allowed there)',
+    "generation_batch_size": "a round's size follows per_device_train_batch_size x gradient_accumulation_steps x "
+    "num_mini_batches (num_mini_batches: optimizer steps a generation round feeds); drop it",
+    "steps_per_generation": "set num_mini_batches (optimizer steps a generation round feeds) instead",
+}
+"""TRL GRPOConfig fields a GRPO script commonly sets that TRAPOConfig has no equivalent of, with the fix the refusal
+names (`TRAPOConfig.__new__`); any other GRPOConfig-only field is refused with a pointer to docs/agents.md's table."""
+
+
 def _bf16_supported() -> bool:
     return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
         hasattr(torch, "xpu") and torch.xpu.is_available()
     )
+
+
+def _grpo_config_fields() -> set[str]:
+    """TRL GRPOConfig's field names (imported when a config is built with an unknown keyword only)."""
+    from trl import GRPOConfig
+
+    return set(GRPOConfig.__dataclass_fields__)
 
 
 @dataclass
@@ -98,6 +132,22 @@ class TRAPOConfig(_BaseConfig):
     Raises:
         ValueError: from `__post_init__`, naming the field, the bad value and the fix, for any inconsistent setting.
     """
+
+    def __new__(cls, *args, **kwargs):
+        # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
+        # here first, naming it and the fix (GRPO's names of TRAPO's own settings are fields: `GRPO_ALIASES`)
+        unknown = set(kwargs) - set(cls.__dataclass_fields__)
+        grpo_only = sorted(unknown & _grpo_config_fields()) if unknown else []
+        if grpo_only:
+            fixes = "; ".join(
+                f"{name}: {GRPO_ONLY_FIXES.get(name, 'no TRAPO equivalent, drop it')}" for name in grpo_only
+            )
+            raise TypeError(
+                f"{cls.__name__} got TRL GRPOConfig field(s) it does not have: {fixes}. GRPOConfig's names that "
+                f"TRAPOConfig accepts as aliases: {', '.join(f'{a} (= {t})' for a, t in GRPO_ALIASES.items())}; the "
+                "full mapping is in docs/agents.md, 'Moving a GRPOTrainer script over'."
+            )
+        return super().__new__(cls)
 
     # ------------------------------------------------------------------------------------------------------------
     # Overridden TrainingArguments / _BaseConfig defaults
@@ -422,7 +472,8 @@ class TRAPOConfig(_BaseConfig):
         default=4,
         metadata={
             "help": "With `tools` or `environment_factory`: rounds of tool calls a rollout may make (each followed by "
-            "one more generated assistant turn); calls in the turn after the last round are not run. TRL's name; TRL "
+            "one more generated assistant turn); calls in the turn after the last round are not run. 0 (as in TRL): "
+            "the tools are shown in the prompt but none is run, each rollout is one assistant turn. TRL's name; TRL "
             "leaves it unbounded (None, also accepted here). TRAPO bounds it by default: every round is one more "
             "batched `generate` for the whole round, waiting for its slowest rollout, so a policy that keeps calling "
             "tools would stall RL steps (the `response_length` budget alone allows one round per few tokens)."
@@ -478,7 +529,26 @@ class TRAPOConfig(_BaseConfig):
         default=0.2,
         metadata={"help": "PPO clip range epsilon of the ratio (huggingface.co/papers/1707.06347, eq. 7)."},
     )
+    epsilon: float | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name of `cliprange` (the ratio is clipped to [1 - epsilon, 1 + epsilon]); when "
+            "given it sets `cliprange` at construction, and giving both with different values is an error (a "
+            "`cliprange` equal to its default counts as not given). None: use `cliprange`. Both default to 0.2. "
+            "GRPO's `epsilon_high` (an asymmetric upper bound) has no TRAPO equivalent: the clip is symmetric."
+        },
+    )
     kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient of the penalty towards the reference."})
+    beta: float | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name of `kl_coef`, accepted so that a GRPO script runs with only the import and "
+            "the config class changed; when given it sets `kl_coef` at construction (both then hold the value), and "
+            "giving both with different values is an error (a `kl_coef` equal to its default counts as not given). "
+            "None: use `kl_coef`. Note the defaults differ: GRPO's beta is 0.0 (no KL), TRAPO's kl_coef 0.05, so a "
+            "GRPO script that never set beta trains with a KL term here: pass beta=0.0 for GRPO's default."
+        },
+    )
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = field(
         default="auto",
         metadata={
@@ -544,6 +614,15 @@ class TRAPOConfig(_BaseConfig):
     num_ppo_epochs: int = field(
         default=4,
         metadata={"help": "Each trajectory in the replay buffer is used for at most this many updates."},
+    )
+    num_iterations: int | None = field(
+        default=None,
+        metadata={
+            "help": "TRL GRPOConfig's name of `num_ppo_epochs` (GRPO's mu: updates per generated batch); when given it "
+            "sets `num_ppo_epochs` at construction, and giving both with different values is an error (a "
+            "`num_ppo_epochs` equal to its default counts as not given). None: use `num_ppo_epochs`. Note the "
+            "defaults differ: GRPO's is 1, TRAPO's 4; pass num_iterations=1 for GRPO's."
+        },
     )
     num_mini_batches: int = field(
         default=1,
@@ -1039,6 +1118,9 @@ class TRAPOConfig(_BaseConfig):
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
         self._resolve_max_completion_length()
+        for alias, target in GRPO_ALIASES.items():
+            if alias != "max_completion_length":
+                self._resolve_alias(alias, target)
         if self.vllm_importance_sampling_cap is not None:  # TRL's own deprecated alias, with TRL's meaning
             warnings.warn(
                 f"{type(self).__name__}.vllm_importance_sampling_cap is deprecated (as in TRL since 1.6): use "
@@ -1092,6 +1174,24 @@ class TRAPOConfig(_BaseConfig):
             )
         self.response_length = self.max_completion_length
 
+    def _resolve_alias(self, alias: str, target: str) -> None:
+        """A GRPO name (`GRPO_ALIASES`), when given, sets TRAPO's field (once, at construction), as
+        [`_resolve_max_completion_length`] does: the target at its default counts as not given.
+
+        Raises:
+            ValueError: naming both fields, when both are given with different values.
+        """
+        value = getattr(self, alias)
+        if value is None:
+            return
+        default = type(self).__dataclass_fields__[target].default
+        if getattr(self, target) not in (default, value):
+            raise ValueError(
+                f"{type(self).__name__}.{alias}={value!r} and {target}={getattr(self, target)!r} disagree: they are "
+                f"one setting (TRL GRPOConfig's name and TRAPO's). Give only one of them."
+            )
+        setattr(self, target, value)
+
     # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
     def _validate(self) -> None:
         def bad(name: str, value, fix: str):
@@ -1106,12 +1206,14 @@ class TRAPOConfig(_BaseConfig):
                 "use a positive number of tokens (it is GRPO's name of response_length), or None.",
             )
         if self.max_tool_calling_iterations is not None and not (
-            isinstance(self.max_tool_calling_iterations, int) and self.max_tool_calling_iterations >= 1
+            isinstance(self.max_tool_calling_iterations, int)
+            and not isinstance(self.max_tool_calling_iterations, bool)
+            and self.max_tool_calling_iterations >= 0
         ):
             bad(
                 "max_tool_calling_iterations",
                 self.max_tool_calling_iterations,
-                "use an int >= 1 (rounds of tool calls per rollout), or None for no bound.",
+                "use an int >= 0 (rounds of tool calls per rollout; 0: tools shown, none run), or None for no bound.",
             )
 
         if not (0.0 <= self.distillation_beta <= 1.0):

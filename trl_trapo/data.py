@@ -42,6 +42,11 @@ from .config import PRETRAIN, SFT
 
 logger = logging.getLogger(__name__)
 
+# The columns TRAPO adds to the RL prompts when it prepares them (`tokenize_prompt_dataset`, `tokenize_demonstrations`):
+# its own bookkeeping, never handed to user code that gets a row's columns (an environment's `reset(**row)`, reward
+# functions' `**dataset_columns`), so that they get exactly the dataset's own columns, as TRL's GRPOTrainer passes them.
+INTERNAL_COLUMNS = ("prompt_ids", "demonstration_ids")
+
 
 def dataset_columns(dataset: Dataset | IterableDataset) -> list[str]:
     """Column names of a map-style or streaming dataset (empty list if unknown)."""
@@ -443,10 +448,125 @@ def warn_stop_token_untrained(tokenizer, template_kwargs: dict | None = None) ->
 
 
 def _row_tools(value: Any) -> list | None:
-    """A row's `tools` cell as `apply_chat_template(tools=...)` takes it (TRL's SFT accepts a JSON string too)."""
+    """A row's `tools` cell as `apply_chat_template(tools=...)` takes it (TRL's SFT accepts a JSON string too); checked
+    beforehand by [`check_tool_call_traces`]."""
     if isinstance(value, str):
         return json.loads(value) if value.strip() else None
     return value or None
+
+
+def _schema_name(schema: Any) -> str | None:
+    """A tool schema's name: `{"type": "function", "function": {"name": ...}}` or `{"name": ...}`."""
+    if not isinstance(schema, dict):
+        return None
+    function = schema.get("function") if isinstance(schema.get("function"), dict) else schema
+    name = function.get("name")
+    return name if isinstance(name, str) else None
+
+
+def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:
+    """Refuse malformed tool-calling traces (TRL's conversational format: assistant messages with `tool_calls`, an
+    optional `tools` column of JSON schemas) before anything is tokenized, where the chat template would crash with a
+    Jinja or JSON traceback, or render a call the model should not learn.
+
+    Each row's `tools` cell must be None, a list of schemas (each with a `name`) or a JSON string of one; each
+    assistant message's `tool_calls` a list of calls, each a dict with a string `name` (at `function.name`, TRL's
+    format, or at the top level), and `arguments`, when present, a dict or a JSON string of an object; when the row has
+    tools, every call must name one of them.
+
+    Raises:
+        ValueError: naming the dataset, the row, the field and the fix.
+    """
+    columns = dataset_columns(dataset)
+    if "messages" in columns and "completion" not in columns:
+        cells = dataset["messages"]
+    elif {"prompt", "completion"} <= set(columns):
+        cells = [
+            (list(p) if isinstance(p, list) else []) + (list(c) if isinstance(c, list) else [])
+            for p, c in zip(dataset["prompt"], dataset["completion"])
+        ]
+    else:
+        return
+    tools_cells = dataset["tools"] if "tools" in columns else [None] * len(cells)
+    for row, (messages, tools_cell) in enumerate(zip(cells, tools_cells)):
+
+        def bad(field: str, problem: str, fix: str, row=row) -> ValueError:
+            return ValueError(f"`{role}` row {row}, {field}: {problem}. {fix}")
+
+        names = None  # the row's tool names (None: the row lists no tools)
+        if isinstance(tools_cell, str) and tools_cell.strip():
+            try:
+                tools_cell = json.loads(tools_cell)
+            except json.JSONDecodeError as error:
+                raise bad(
+                    "`tools`",
+                    f"the JSON string does not parse ({error}): {tools_cell[:80]!r}",
+                    "Write the tool schemas as a JSON list (json.dumps of a list of schemas), or as the list itself.",
+                ) from error
+        elif isinstance(tools_cell, str):
+            tools_cell = None
+        if tools_cell:
+            if not isinstance(tools_cell, list):
+                raise bad(
+                    "`tools`",
+                    f"a {type(tools_cell).__name__} where a list of tool schemas belongs",
+                    'Give a list of JSON schemas ({"type": "function", "function": {"name": ..., "parameters": ...}}, '
+                    "as transformers' get_json_schema writes them), or None.",
+                )
+            names = [_schema_name(schema) for schema in tools_cell]
+            if None in names:
+                raise bad(
+                    f"`tools`[{names.index(None)}]",
+                    "a tool schema without a string `name`",
+                    "Give each schema a name (transformers' get_json_schema(function) writes one).",
+                )
+        if not isinstance(messages, (list, tuple)):
+            continue
+        for turn, message in enumerate(messages):
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                continue
+            calls = message.get("tool_calls")
+            if calls is None:
+                continue
+            where = f"message {turn} `tool_calls`"
+            if not isinstance(calls, (list, tuple)):
+                raise bad(
+                    where,
+                    f"a {type(calls).__name__} where a list of calls belongs",
+                    'Write `tool_calls` as a list: [{"type": "function", "function": {"name": ..., "arguments": '
+                    "{...}}}, ...].",
+                )
+            for index, call in enumerate(calls):
+                here = f"{where}[{index}]"
+                function = call.get("function") if isinstance(call, dict) and "function" in call else call
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise bad(
+                        here,
+                        f"a call without a string `name`: {call!r:.120}",
+                        'Write each call as {"type": "function", "function": {"name": "<tool>", "arguments": {...}}}.',
+                    )
+                name, arguments = function["name"], function.get("arguments")
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments)
+                    except json.JSONDecodeError as error:
+                        raise bad(
+                            f"{here} `arguments`",
+                            f"the string does not parse as JSON ({error}): {function['arguments'][:80]!r}",
+                            "Give the arguments as a dict, or as a JSON object string (json.dumps of the dict).",
+                        ) from error
+                if arguments is not None and not isinstance(arguments, dict):
+                    raise bad(
+                        f"{here} `arguments`",
+                        f"{arguments!r:.80} is not a JSON object",
+                        "Give the arguments as a dict of argument name -> value ({} for none).",
+                    )
+                if names is not None and name not in names:
+                    raise bad(
+                        here,
+                        f"calls `{name}`, which is not among the row's `tools` ({names})",
+                        "Fix the call's name, or add the tool's schema to the row's `tools`.",
+                    )
 
 
 def _assistant_masked_row(example: dict, tokenizer, template_kwargs: dict) -> tuple[list[int], list[int]]:
@@ -530,6 +650,7 @@ def tokenize_sft_dataset(
             input_ids, mask = _assistant_masked_row(example, tokenizer, template_kwargs)
             truncated = len(input_ids) > max_length
             return {"input_ids": input_ids[:max_length], "completion_mask": mask[:max_length], "truncated": truncated}
+        tools = _row_tools(example.get("tools"))  # rendered into the prompt, as TRL's SFTTrainer does
         if "messages" in example and example.get("messages") is not None and "completion" not in example:
             messages = example["messages"]
             if not messages or messages[-1].get("role") != "assistant":
@@ -540,7 +661,9 @@ def tokenize_sft_dataset(
             example = {"prompt": messages[:-1], "completion": messages[-1:]}
         prompt, completion = example["prompt"], example["completion"]
         if is_conversational({"prompt": prompt}):
-            rendered = apply_chat_template({"prompt": prompt, "completion": completion}, tokenizer, **template_kwargs)
+            rendered = apply_chat_template(
+                {"prompt": prompt, "completion": completion}, tokenizer, tools=tools, **template_kwargs
+            )
             prompt_ids = tokenizer(rendered["prompt"], add_special_tokens=False)["input_ids"]
             completion_ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
             ends_turn = eos in completion_ids  # the template ends the turn itself (e.g. ChatML's "<|im_end|>\n")
@@ -1000,6 +1123,8 @@ def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
             )
         if tokenizer is not None:
             check_rows(dataset, label, tokenizer)
+        if columns & {"completion", "messages"} and isinstance(dataset, Dataset):  # SFT loss rows: their tool calls
+            check_tool_call_traces(dataset, label)
 
 
 def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None) -> None:
@@ -1110,6 +1235,7 @@ def prepare_datasets(
         check_dataset_object(sft_dataset, "sft_dataset")
         check_sft_dataset(sft_dataset)
         check_rows(sft_dataset, "sft_dataset", tokenizer, "sft")
+        check_tool_call_traces(sft_dataset, "sft_dataset")
         assistant_only_loss = getattr(args, "assistant_only_loss", False)
         if not assistant_only_loss:
             warn_untrained_turns(sft_dataset, "sft_dataset", config_name)

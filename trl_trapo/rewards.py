@@ -35,6 +35,7 @@ from trl.trainer.utils import (
     pad as pad_tensors,
 )
 
+from .data import INTERNAL_COLUMNS
 from .models import embedding_safe_pad_id, reward_model_scores
 from .paths import check_model_source
 from .tasks import exact_match_reward
@@ -250,9 +251,11 @@ class RewardScorer:
         log_metric: Callable[[str, float], None] | None = None,
         log_extra: Callable[[str, list], None] | None = None,
     ) -> dict[str, Any]:
-        """Dataset columns (all but prompt / completion / ids) and trainer extras, as reward-function keywords;
-        `log_metric` / `log_extra` default to the scorer's (the training metrics)."""
-        keys = [k for k in examples[0] if k not in ("prompt", "completion", "completion_ids", "prompt_ids")]
+        """Dataset columns (all but prompt / completion / completion_ids, as TRL, and the columns TRAPO added,
+        `INTERNAL_COLUMNS`) and trainer extras, as reward-function keywords; `log_metric` / `log_extra` default to the
+        scorer's (the training metrics)."""
+        skipped = ("prompt", "completion", "completion_ids", *INTERNAL_COLUMNS)
+        keys = [k for k in examples[0] if k not in skipped]
         kwargs = {k: [e[k] for e in examples] for k in keys}
         kwargs["trainer_state"] = self.trainer_state()
         kwargs["log_metric"] = log_metric or self.log_metric
@@ -265,7 +268,9 @@ class RewardScorer:
         keywords, one list entry per row (the tool-calling source's `environments`).
 
         Raises:
-            RuntimeError, ValueError: as `call_reward_function`, naming the function.
+            RuntimeError, ValueError: as `call_reward_function`, naming the function, the same type, its message
+                prefixed with what this call is (the construction-time check, empty completions), the original
+                exception chained.
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
@@ -273,19 +278,27 @@ class RewardScorer:
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
-            call_reward_function(
-                func,
-                name,
-                len(rows),
-                dict(
-                    prompts=prompts,
-                    completions=completions,
-                    completion_ids=[[] for _ in rows],
-                    **self.reward_kwargs(rows, discard_metric, discard_extra),
-                    **(extra_kwargs or {}),
-                ),
-                self.loop,
-            )
+            try:
+                call_reward_function(
+                    func,
+                    name,
+                    len(rows),
+                    dict(
+                        prompts=prompts,
+                        completions=completions,
+                        completion_ids=[[] for _ in rows],
+                        **self.reward_kwargs(rows, discard_metric, discard_extra),
+                        **(extra_kwargs or {}),
+                    ),
+                    self.loop,
+                )
+            except (RewardFunctionError, ValueError) as error:
+                raise type(error)(
+                    f"In TRAPOTrainer's construction-time check (each reward function is called once on the first "
+                    f"{len(rows)} dataset rows with empty completions, before anything slow), reward function "
+                    f"'{name}' failed. {error} A reward function must also accept an empty completion (return 0.0 or "
+                    "None for it)."
+                ) from (error.__cause__ or error)
 
     def score(
         self,

@@ -325,6 +325,14 @@ class TRAPOTrainer(_BaseTrainer):
             check_agent_arguments(args, rollout_source)
             agent = AgentSpec.build(tools, environment_factory)
             agent.check_dataset(train_dataset, args.max_steps)
+            if not reward_funcs and reward_model is None and not agent.rewards and args.rl_weight > 0:
+                given = "a train_dataset" if train_dataset is not None else "no train_dataset"
+                raise ValueError(
+                    f"tools / environment_factory with {given} and no reward source: the rollouts could not be "
+                    "scored. Pass `reward_funcs` (and/or `reward_model`), or give the environment class of "
+                    "`environment_factory` a `get_reward(self) -> float` method (called after each rollout; it becomes "
+                    "a reward of weight 1, as in TRL's GRPOTrainer)."
+                )
             if train_dataset is None and agent.factories:  # the environment's `reset` writes each prompt
                 train_dataset = placeholder_prompts(args)
         # not the default SyncRolloutSource

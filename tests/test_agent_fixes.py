@@ -1,0 +1,284 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""A GRPO agent script's first contact with TRAPO: faults a new user met, each fixed at its mechanism.
+
+- reset / reward functions get the dataset's own columns, never TRAPO's `prompt_ids` / `demonstration_ids`;
+- GRPOConfig's `beta`, `epsilon`, `num_iterations` are aliases; GRPO-only fields are refused naming the fix;
+- `max_tool_calling_iterations=0` is TRL's "tools shown, none run";
+- no reward source with `environment_factory` says so (and suggests `get_reward`);
+- the construction-time calls of user code (reward functions on empty completions, trial resets) say where they
+  failed and keep the cause;
+- malformed tool-call traces in SFT data are refused at construction, naming the row, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import Dataset
+from test_agent_traces import make_trainer, trace
+from test_agents import Counter, Quiet, call, make_source, prompts_dataset, tiny_args
+from transformers.utils import get_json_schema
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.agents import use_tool_chat_template
+from trl_trapo.data import INTERNAL_COLUMNS, tokenize_sft_dataset
+from trl_trapo.rewards import RewardScorer
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return use_tool_chat_template(build_char_tokenizer())
+
+
+def zero(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A. reset and reward functions get the dataset's own columns
+# ---------------------------------------------------------------------------------------------------------------------
+class StrictReset:
+    """TRL-style: `reset` names the dataset's columns and takes nothing else."""
+
+    seen: list[dict] = []
+
+    def reset(self, prompt, answer):
+        StrictReset.seen.append({"prompt": prompt, "answer": answer})
+
+    def guess(self, value: int) -> str:
+        """Guess.
+
+        Args:
+            value: The guess.
+        """
+        return "ok"
+
+    def get_reward(self) -> float:
+        return 0.0
+
+
+def test_reset_gets_exactly_the_dataset_columns_as_trl_passes_them(tmp_path, tok):
+    StrictReset.seen = []
+    trainer = TRAPOTrainer(
+        build_tiny_model(tok, seed=0),
+        args=tiny_args(tmp_path),
+        train_dataset=prompts_dataset(4, answer=["1", "2", "3", "4"]),
+        processing_class=tok,
+        environment_factory=StrictReset,
+    )  # was: TypeError: StrictReset.reset() got an unexpected keyword argument 'prompt_ids'
+    assert len(StrictReset.seen) == 2  # the construction-time trial resets
+    source = trainer.rollout_source
+    rows = [source.dataset[0]]
+    assert "prompt_ids" in rows[0]  # the prepared rows carry it; reset does not get it
+    rollouts = source.start(rows)
+    assert StrictReset.seen[-1]["answer"] == "1" and rollouts[0].environment is not None
+
+
+def test_reward_functions_get_no_internal_column():
+    seen = {}
+
+    def reward(completions, **kwargs):
+        seen.update(kwargs)
+        return [0.0] * len(completions)
+
+    scorer = RewardScorer([reward], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
+    rows = [{"prompt": "p", "answer": "1", "prompt_ids": [1, 2], "demonstration_ids": [3]}]
+    scorer.preflight(rows)
+    assert "answer" in seen and not set(INTERNAL_COLUMNS) & set(seen)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# B. GRPOConfig's names
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("alias", "target", "value"),
+    [("beta", "kl_coef", 0.0), ("epsilon", "cliprange", 0.3), ("num_iterations", "num_ppo_epochs", 1)],
+)
+def test_grpo_names_are_aliases_set_once_and_a_disagreement_is_refused(tmp_path, alias, target, value):
+    config = TRAPOConfig(output_dir=str(tmp_path), **{alias: value})
+    assert getattr(config, target) == value and getattr(config, alias) == value
+    assert getattr(TRAPOConfig(output_dir=str(tmp_path)), alias) is None
+    same = TRAPOConfig(output_dir=str(tmp_path), **{alias: value, target: value})
+    assert getattr(same, target) == value
+    other = {"kl_coef": 0.2, "cliprange": 0.1, "num_ppo_epochs": 2}[target]
+    with pytest.raises(ValueError, match=rf"{alias}={value!r} and {target}={other!r} disagree"):
+        TRAPOConfig(output_dir=str(tmp_path), **{alias: value, target: other})
+
+
+@pytest.mark.parametrize(
+    ("field", "needle"),
+    [
+        ("log_completions", "generate_completions"),
+        ("epsilon_high", "symmetrically"),
+        ("vllm_server_host", "no TRAPO equivalent"),
+    ],
+)
+def test_a_grpo_only_field_is_refused_naming_it_and_the_fix(tmp_path, field, needle):
+    with pytest.raises(TypeError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), **{field: True})
+    message = str(caught.value)
+    assert field in message and needle in message and "Moving a GRPOTrainer script over" in message
+    with pytest.raises(TypeError, match="unexpected keyword argument 'not_a_field'"):
+        TRAPOConfig(output_dir=str(tmp_path), not_a_field=1)
+
+
+def test_the_cli_parses_the_aliases_and_beta_wins_over_the_builtin_kl_coef():
+    from trl_trapo import cli
+
+    _, config, _ = cli.parse_args(["--beta", "0.0", "--epsilon", "0.25", "--num_iterations", "2"])
+    assert (config.kl_coef, config.cliprange, config.num_ppo_epochs) == (0.0, 0.25, 2)
+    _, builtin, _ = cli.parse_args([])
+    assert builtin.kl_coef == 0.01 and builtin.beta is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# D. max_tool_calling_iterations=0
+# ---------------------------------------------------------------------------------------------------------------------
+def test_zero_tool_calling_iterations_shows_the_tools_and_runs_none(tmp_path, tok):
+    from test_agents import add
+
+    config = tiny_args(tmp_path, max_tool_calling_iterations=0)
+    assert config.max_tool_calling_iterations == 0
+    with pytest.raises(ValueError, match="max_tool_calling_iterations=-1"):
+        tiny_args(tmp_path, max_tool_calling_iterations=-1)
+    source, engine, metrics = make_source(
+        tok, lambda context: call("add", '{"a":1,"b":2}') + "</s>", tools=[add], max_iterations=0
+    )
+    round_ = source.sample(4, step=0)
+    assert tok.decode(round_.prompt_ids[0]).startswith("T:add(a,b)\n")  # the tools are in the prompt
+    assert metrics["tools/call_frequency"] == [0.0] and metrics["tools/turns_mean"] == [1.0]  # none ran
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# E. no reward source
+# ---------------------------------------------------------------------------------------------------------------------
+def test_an_environment_without_any_reward_source_is_told_about_get_reward(tmp_path, tok):
+    with pytest.raises(ValueError) as caught:
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=tiny_args(tmp_path),
+            train_dataset=None,
+            processing_class=tok,
+            environment_factory=Quiet,
+        )
+    message = str(caught.value)
+    assert "get_reward" in message and "no train_dataset" in message and "was given without" not in message
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# F. construction-time calls of user code
+# ---------------------------------------------------------------------------------------------------------------------
+class Offline(Counter):
+    def reset(self, **row):
+        raise RuntimeError("database offline")
+
+
+def test_a_failing_trial_reset_says_where_and_keeps_the_cause(tmp_path, tok):
+    with pytest.raises(RuntimeError) as caught:
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=tiny_args(tmp_path),
+            train_dataset=prompts_dataset(),
+            processing_class=tok,
+            environment_factory=Offline,
+        )
+    message = str(caught.value)
+    assert "Offline.reset(**row) raised RuntimeError: database offline" in message
+    assert "construction-time check" in message and "trial reset" in message and "['prompt']" in message
+    assert str(caught.value.__cause__) == "database offline"
+
+
+def test_a_reward_function_failing_on_empty_completions_says_where_and_keeps_the_cause(tmp_path, tok):
+    from test_agents import add
+
+    def first_char(completions, **kwargs):
+        return [float(c[-1]["content"][0] == "3") for c in completions]  # IndexError on an empty completion
+
+    with pytest.raises(RuntimeError) as caught:
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            reward_funcs=first_char,
+            args=tiny_args(tmp_path),
+            train_dataset=prompts_dataset(),
+            processing_class=tok,
+            tools=[add],
+        )
+    message = str(caught.value)
+    assert "construction-time check" in message and "empty completions" in message and "'first_char'" in message
+    assert isinstance(caught.value.__cause__, IndexError)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# H. malformed tool-call traces
+# ---------------------------------------------------------------------------------------------------------------------
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def with_call(calls, tools=None) -> Dataset:
+    """Row 0 a plain exchange, row 1 a trace whose first assistant turn makes `calls`."""
+    messages = trace()
+    messages[2] = {"role": "assistant", "content": "", "tool_calls": calls}
+    plain = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    rows = [{"messages": plain}, {"messages": messages}]
+    if tools is not None:
+        rows = [{**rows[0], "tools": SCHEMAS}, {**rows[1], "tools": tools}]
+    return Dataset.from_list(rows)
+
+
+def function_call(name, arguments):
+    return [{"type": "function", "function": {"name": name, "arguments": arguments}}]
+
+
+SCHEMAS = json.dumps([get_json_schema(add)])
+
+
+@pytest.mark.parametrize("assistant_only_loss", [True, False])
+@pytest.mark.parametrize(
+    ("dataset", "needles"),
+    [
+        (lambda: with_call(function_call("add", '{"a": 2,'), SCHEMAS), ("`arguments`", "does not parse as JSON")),
+        (lambda: with_call(function_call("mul", '{"a": 2}'), SCHEMAS), ("calls `mul`", "not among the row's `tools`")),
+        (lambda: with_call({"name": "add"}), ("`tool_calls`", "a dict where a list of calls belongs")),
+        (lambda: with_call([{"type": "function", "function": {"arguments": "{}"}}]), ("without a string `name`",)),
+        (lambda: with_call(function_call("add", "{}"), "[{not json"), ("`tools`", "JSON string does not parse")),
+    ],
+)
+def test_malformed_tool_call_traces_are_refused_at_construction(tok, tmp_path, dataset, needles, assistant_only_loss):
+    with pytest.raises(ValueError) as caught:
+        make_trainer(tok, tmp_path, dataset(), assistant_only_loss=assistant_only_loss)
+    message = str(caught.value)
+    assert "`sft_dataset` row 1" in message and all(n in message for n in needles), message
+
+
+def test_the_tools_column_is_rendered_without_assistant_only_loss_too(tok):
+    """TRL's SFTTrainer renders a row's `tools` for every conversational row; the last-turn path dropped them."""
+    rows = Dataset.from_list([{"messages": trace(), "tools": SCHEMAS}])
+    out = tokenize_sft_dataset(rows, tok, 256)[0]
+    assert tok.decode(out["input_ids"]).startswith("T:add(a,b)\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A sibling: the trainer closes its rollout source when train() ends; the tool runner must start again
+# ---------------------------------------------------------------------------------------------------------------------
+def test_the_tool_runner_runs_tools_again_after_close():
+    """Was: every call after `close` failed with 'cannot schedule new futures after shutdown' (a second `train()`, or
+    a round sampled after training, had all its tool calls counted as failures)."""
+    from trl_trapo.agents import ToolRunner
+
+    async def twice(x: int) -> int:
+        return 2 * x
+
+    runner = ToolRunner(2)
+    assert runner.run([(add, {"a": 1, "b": 2}), (twice, {"x": 3})]) == [(3, False), (6, False)]
+    runner.close()
+    assert runner.run([(add, {"a": 1, "b": 2}), (twice, {"x": 3})]) == [(3, False), (6, False)]
+    runner.close()
