@@ -54,7 +54,7 @@ log-probs as `sampler_per_token_logps` (the trainer recomputes the proximal log-
 truncated ratio, `vllm_importance_sampling_*`; AReaL, huggingface.co/papers/2505.24298 eq. 5), "behaviour" as PPO's
 old log-probs (the clipped ratio against the sampling policy is the only correction).
 
-**Checkpoints.** `state_dict` first waits for the rounds in flight and keeps them, finished, in the checkpoint, with
+**Checkpoints.** `checkpoint_state` first waits for the rounds in flight and keeps them, finished, in the checkpoint, with
 the round counter, the last weights version sent and, when that version is older than the checkpoint's step
 (`weight_sync_steps > 1`), those weights: a resumed run consumes exactly the rounds an uninterrupted one would, and in
 the deterministic mode trains to the same parameters.
@@ -758,7 +758,7 @@ class AsyncRolloutSource:
             )
 
     def close(self) -> None:
-        """Stop the producer (rounds in flight are lost: `state_dict` keeps them first). Idempotent."""
+        """Stop the producer (rounds in flight are lost: `checkpoint_state` keeps them first). Idempotent."""
         process, self._process = self._process, None
         if process is None:
             return
@@ -775,7 +775,7 @@ class AsyncRolloutSource:
             self.sent_version = None  # the next producer starts with the weights of its step
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
-    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+    def checkpoint_state(self) -> tuple[dict, dict[str, torch.Tensor]]:
         """Wait for the rounds in flight, then everything a resumed run needs: JSON metadata and flat tensors.
 
         The finished rounds not yet consumed are kept whole (requests, completions, log-probs, scores), so a resumed
@@ -818,8 +818,8 @@ class AsyncRolloutSource:
         """Wait for a round without counting the wait as the trainer's (a checkpoint waits, not training)."""
         self.ready[index] = self._receive(index, training=False)
 
-    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what `state_dict` returned (before the producer starts: it starts with the restored weights)."""
+    def restore_checkpoint_state(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `checkpoint_state` returned (before the producer starts: it starts with the restored weights)."""
         self.close()
         self.next_index = int(meta["next_index"])
         self.dropped_total = int(meta["dropped_total"])

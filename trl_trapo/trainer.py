@@ -1815,7 +1815,7 @@ class TRAPOTrainer(_BaseTrainer):
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
-        source_state = getattr(self.rollout_source, "state_dict", None)
+        source_state = getattr(self.rollout_source, "checkpoint_state", None)
         if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
             state["rollout_source"], source_tensors = source_state()
             tensors.update({f"rollout_source/{k}": v for k, v in source_tensors.items()})
@@ -1872,7 +1872,7 @@ class TRAPOTrainer(_BaseTrainer):
             if self.reference is not None:
                 self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
             pool.load_state_dict(pool_state, checkpoint_dir)
-            load_source = getattr(self.rollout_source, "load_state_dict", None)
+            load_source = getattr(self.rollout_source, "restore_checkpoint_state", None)
             if load_source is not None:
                 if state.get("rollout_source") is None:
                     raise CheckpointError(
