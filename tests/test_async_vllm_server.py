@@ -32,6 +32,7 @@ from urllib.parse import urlparse
 
 import pytest
 import torch
+from conftest import TINY_CONFIG
 from transformers import AutoModelForCausalLM
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -269,18 +270,8 @@ def server(model_dir, stubs):
 
 def vllm_async_trainer(model_dir, suite, url, **overrides):
     values = dict(
+        TINY_CONFIG,
         output_dir=str(model_dir.parent / "out"),
-        max_steps=4,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        activation_checkpointing=False,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        seed=0,
         async_rollouts=True,
         max_staleness=2,
         use_vllm=True,

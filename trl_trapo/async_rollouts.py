@@ -298,7 +298,7 @@ def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
     """The producer process: build the model and the reward scorer, then serve requests until `None` arrives.
 
-    Messages in: `("weights", version, state)` and `("round", Request)` on `requests` (in the free-running mode the
+    Messages in: `("weights", version, state)` and `("round", Request, examples, model_inputs)` on `requests` (in the free-running mode the
     weights come on `weights_queue`; with a vLLM server `state` is None: the trainer pushed the weights to the server,
     the message only says which version it holds). Messages out on `results`: `("round", Produced)` or `("error",
     index, traceback, summary)` (`summary`: a complete message for the user, or None).
@@ -343,7 +343,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             spec.reward_batch_size,
             log_metric,
             discard_extra,
-            lambda: dataclasses.replace(_TrainerStateView(), **state_snapshot),
+            lambda: _TrainerStateView(**state_snapshot),
         )
         while True:
             try:
@@ -359,7 +359,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                 if state is not None:
                     _load_weights(model, state)
                 continue
-            request: Request = message[1]
+            _, request, examples, model_inputs = message
             index = request.index
             if not spec.deterministic:  # free-running: the newest weights received so far
                 while True:
@@ -369,7 +369,6 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                         break
                     if state is not None:
                         _load_weights(model, state)
-            examples = request.examples  # attached by the trainer side
             prompt_ids = [list(e["prompt_ids"]) for e in examples]
             if client is not None:
                 generated = sample_from_server(
@@ -386,7 +385,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                     spec.stop_token_ids,
                     torch.tensor(request.temperatures),
                     batch_size=spec.batch_size,
-                    model_inputs=request.model_inputs,
+                    model_inputs=model_inputs,
                 )
             start = time.perf_counter()
             collected = {}
@@ -636,15 +635,13 @@ class AsyncRolloutSource:
     def _send(self, request: Request, examples: list[dict]) -> None:
         from .rollout import prompt_model_inputs
 
-        wire = copy.copy(request)
-        wire.examples = examples
-        wire.model_inputs = prompt_model_inputs(examples)
-        if self.vllm is not None and wire.model_inputs is not None:
+        model_inputs = prompt_model_inputs(examples)
+        if self.vllm is not None and model_inputs is not None:
             raise ValueError(
                 "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
                 "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
             )
-        self._requests.put(("round", wire))
+        self._requests.put(("round", request, examples, model_inputs))
 
     def _receive(self, index: int, training: bool = True) -> Produced:
         """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s` when
