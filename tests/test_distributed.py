@@ -39,9 +39,13 @@ RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_se
 # these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
 # whole round, every rank's share: its temperatures agree)
 RANK_LOCAL_PREFIXES = ("self_imitation/", "distill/sampled_tokens")
-# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps)
+# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps); the evaluations
+# before and after training on the first 16 held-out prompts (`--max_eval_samples`), 8 a rank: the full 400 cost a
+# few seconds a launch and test nothing more here (tests/test_examples.py evaluates on all of them)
+EVAL_CAP = ["--max_eval_samples", "16"]
 JOB_ARGS = [
     "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
+    *EVAL_CAP,
     "--save_strategy", "steps", "--save_steps", "6",
     "--kl_target", "0.5", "--kl_horizon", "200", "--kl_coef_range", "0.005", "0.05",
     "--rl_phase_learning_rate", "1e-3", "--entropy_coef", "0.01", "--late_entropy_coef", "0.001",
@@ -199,7 +203,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_c
     the 2-rank checkpoint-3 is complete, nothing final is written, and the one line comes from rank 0 only."""
     from trl_trapo.checkpoint import verify_checkpoint
 
-    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path)]
+    args = ["--max_steps", "8", "--eval_strategy", "no", *EVAL_CAP, "--output_dir", str(tmp_path)]
     completed = launch("multi_gpu.yaml", "tests/distributed_job.py", args, env={"TRAPO_TEST_SIGNAL": "1:3:SIGTERM"})
     output = completed.stdout + completed.stderr
     assert completed.returncode != 0, output[-4000:]
@@ -227,7 +231,7 @@ def test_every_rank_saves_every_checkpoint_however_late_rank_0_creates_its_folde
     fingerprinted."""
     from trl_trapo.checkpoint import marker_path, verify_checkpoint
 
-    args = ["--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2"]
+    args = ["--max_steps", "4", "--eval_strategy", "no", *EVAL_CAP, "--save_strategy", "steps", "--save_steps", "2"]
     args += ["--output_dir", str(tmp_path)] + (["--save_only_model", "true"] if save_only_model else [])
     check(
         launch(
@@ -289,7 +293,8 @@ HOOK_NAMES = {"powersgd": "powerSGD_hook", "fp16": "fp16_compress_hook"}
 
 @pytest.mark.parametrize("hook", ["powersgd", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
-    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", hook]
+    args = ["--max_steps", "8", "--eval_strategy", "no", *EVAL_CAP, "--output_dir", str(tmp_path)]
+    args += ["--ddp_comm_hook", hook]
     if hook == "powersgd":
         # compress from the 2nd all-reduce on; on gloo PowerSGD's chained collectives must not interleave with DDP's
         # other ones (pytorch/pytorch#58467): one bucket, no unused-parameter search (docs/distributed.md)
@@ -454,7 +459,7 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backe
     build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
     tokenizer.save_pretrained(teacher)
     output = tmp_path / "out"
-    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", "--report_to", "none"]
+    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP, "--report_to", "none"]
     args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
     if prompts:
         path = tmp_path / "prompts.jsonl"
