@@ -157,8 +157,21 @@ BACKENDS = {
 }
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
+@pytest.mark.parametrize(
+    "backend, resume",
+    [
+        ("ddp", True),
+        # default-run sibling: test_job_on_two_processes_saves_resumes_and_reloads[zero3-save] (and [ddp] resuming)
+        pytest.param("zero2", True, marks=pytest.mark.slow),
+        ("zero3", False),  # ~30 s a launch: the DeepSpeed run, its save and the reload; the resume is [zero3]
+        # default-run sibling: test_job_on_two_processes_saves_resumes_and_reloads[ddp] (the same resume, under DDP)
+        pytest.param("zero3", True, marks=pytest.mark.slow),
+    ],
+    ids=["ddp", "zero2", "zero3-save", "zero3"],
+)
+def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend, resume):
+    """The built-in job on 2 processes: identical ranks, the checkpoint of every rank, a saved model that reloads as the
+    trained one, and (`resume`) a run resumed from the middle that ends with the uninterrupted run's weights and logs."""
     if backend != "ddp":
         pytest.importorskip("deepspeed")
     from transformers import AutoModelForCausalLM
@@ -175,6 +188,8 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
         assert (full / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
     # the saved model reloads and is the trained one
     assert digest_of(AutoModelForCausalLM.from_pretrained(full)) == ranks[0]["param_digest"]
+    if not resume:
+        return
     # resuming from the middle gives the uninterrupted run's weights and logs
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
