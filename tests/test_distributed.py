@@ -516,7 +516,12 @@ def round_wide(rounds: list[dict]) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     "backend, mode",
-    [("ddp", "tools"), ("ddp", "environment"), pytest.param("zero3", "tools", marks=pytest.mark.slow)],  # ~50 s
+    [
+        ("ddp", "tools"),
+        # default-run sibling: test_a_grpo_agent_script_trains_on_two_processes[ddp-tools]
+        pytest.param("ddp", "environment", marks=pytest.mark.slow),
+        pytest.param("zero3", "tools", marks=pytest.mark.slow),  # ~50 s
+    ],
 )
 def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
     """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an
