@@ -5,6 +5,9 @@ user had (files, folders, the config object) is changed.
 Helpers shared by every section:
 - `run_cli(*args, cwd=...)`: `python examples/trapo.py ARGS` in a subprocess, offline, with a short `--max_steps` and an
   `--output_dir` under `cwd` unless the arguments give them; returns `(returncode, stdout + stderr)`;
+- `run_cli_here(*args, cwd=..., monkeypatch=..., capsys=...)`: the same arguments through `cli.run` in this process
+  (what `examples/trapo.py` calls, its log lines on stderr too), without the interpreter start: for the many-case
+  tables, whose cases also run through `run_cli` (one in the default run, every one with `-m slow`);
 - `cli_error(returncode, output, *needles)`: asserts a non-zero exit, no traceback, exactly one `error:` line, and
   every needle in the message; returns the message;
 - `api_error(call, *needles, error=ValueError)`: asserts `call()` raises `error` whose message holds every needle;
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -94,6 +98,36 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300
         check=False,
     )
     return completed.returncode, completed.stdout + completed.stderr
+
+
+def run_cli_here(*args: str, cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """`run_cli` in this process: `cli.run` on the same arguments (`cli_args`), from `cwd`, with `TRAPO_DEBUG` unset
+    and the log lines on stderr (as `examples/trapo.py`'s `logging.basicConfig` puts them); a few milliseconds instead
+    of an interpreter start. What only a process shows (its exit status, output at import or exit) is `run_cli`'s.
+
+    Returns:
+        `(returncode, output)`: `cli.run`'s exit status (argparse's for a malformed command line) and stdout followed
+        by stderr.
+    """
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("TRAPO_DEBUG", raising=False)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT)])  # the program name of the message
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a dotted reward path adds the launch directory
+    capsys.readouterr()
+    root = logging.getLogger()
+    handler, level = logging.StreamHandler(sys.stderr), root.level
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        returncode = cli.run(cli_args(args, cwd))
+    except SystemExit as exit_:
+        returncode = exit_.code
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    captured = capsys.readouterr()
+    return returncode, captured.out + captured.err
 
 
 def cli_error(returncode: int, output: str, *needles: str) -> str:
@@ -178,85 +212,133 @@ def assert_untouched(folder: Path, before: dict[str, str]) -> None:
     assert snapshot(folder) == before, f"{folder} changed: {sorted(snapshot(folder))} (before: {sorted(before)})"
 
 
+def here_and_in_the_script(cases: list[tuple], ids: list[str], default_script_case: str) -> list:
+    """Each case twice, as `(*case, where)`: `where="here"` (`run_cli_here`, id `<id>-here`) and `where="script"`
+    (`run_cli`, id `<id>`). Every case runs in-process in the default run, and `default_script_case` through the
+    script too (about 5 s of interpreter start each); the other cases' script runs are `slow`."""
+    params = []
+    for case, id_ in zip(cases, ids, strict=True):
+        params.append(pytest.param(*case, "here", id=f"{id_}-here"))
+        # default-run sibling: the same case's `<id>-here` run (and the script run of `default_script_case`)
+        marks = () if id_ == default_script_case else pytest.mark.slow
+        params.append(pytest.param(*case, "script", id=id_, marks=marks))
+    return params
+
+
+def run_case(where: str, *args: str, cwd: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """`run_cli_here` (`where="here"`) or `run_cli` (`where="script"`) on `args`."""
+    if where == "here":
+        return run_cli_here(*args, cwd=cwd, monkeypatch=monkeypatch, capsys=capsys)
+    return run_cli(*args, cwd=cwd)
+
+
+# slow script runs: default-run sibling: test_a_bad_value_is_one_clean_message[<id>-here]
 @pytest.mark.parametrize(
-    "args, needles",
-    [
-        # argparse took `-1e-3` for an option ("expected one argument"); the value must reach TRAPOConfig's check
-        (["--learning_rate", "-1e-3"], ["learning_rate", "-0.001", "> 0"]),
-        (["--learning_rate=-1e-3"], ["learning_rate", "-0.001", "> 0"]),
-        # before: a traceback of 3-33 frames above the message
-        (
-            ["--reward_funcs", "not_a_reward"],
-            ["--reward_funcs", "'not_a_reward'", "exact_match", "my_module.my_reward"],
-        ),
-        (["--reward_funcs", "no_such_module.reward"], ["--reward_funcs", "'no_such_module.reward'", "cannot import"]),
-        (["--reward_funcs", "json.no_such_function"], ["'json.no_such_function'", "no attribute", "numeric_answer"]),
-        (["--reward_funcs", "json.__name__"], ["'json.__name__'", "not a function", "my_module.my_reward"]),
-        (["--max_eval_samples", "0"], ["--max_eval_samples", "0", ">= 1"]),
-        (["--max_eval_samples", "-5"], ["--max_eval_samples", "-5", ">= 1"]),
-        (["--dataset_name", "./missing.jsonl"], ["--dataset_name", "'./missing.jsonl'", "Fix: correct the path"]),
-        (
-            ["--resume_from_checkpoint", "missing-checkpoint"],
-            ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
-        ),
-        (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
-    ],
-    ids=[
-        "negative-learning-rate",
-        "negative-learning-rate=",
-        "unknown-reward",
-        "reward-module-missing",
-        "reward-attribute-missing",
-        "reward-not-callable",
-        "max-eval-samples-0",
-        "max-eval-samples-negative",
-        "missing-dataset",
-        "missing-checkpoint",
-        "bad-config-value",
-    ],
+    "args, needles, where",
+    here_and_in_the_script(
+        [
+            # argparse took `-1e-3` for an option ("expected one argument"); the value must reach TRAPOConfig's check
+            (["--learning_rate", "-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+            (["--learning_rate=-1e-3"], ["learning_rate", "-0.001", "> 0"]),
+            # before: a traceback of 3-33 frames above the message
+            (
+                ["--reward_funcs", "not_a_reward"],
+                ["--reward_funcs", "'not_a_reward'", "exact_match", "my_module.my_reward"],
+            ),
+            (
+                ["--reward_funcs", "no_such_module.reward"],
+                ["--reward_funcs", "'no_such_module.reward'", "cannot import"],
+            ),
+            (
+                ["--reward_funcs", "json.no_such_function"],
+                ["'json.no_such_function'", "no attribute", "numeric_answer"],
+            ),
+            (["--reward_funcs", "json.__name__"], ["'json.__name__'", "not a function", "my_module.my_reward"]),
+            (["--max_eval_samples", "0"], ["--max_eval_samples", "0", ">= 1"]),
+            (["--max_eval_samples", "-5"], ["--max_eval_samples", "-5", ">= 1"]),
+            (["--dataset_name", "./missing.jsonl"], ["--dataset_name", "'./missing.jsonl'", "Fix: correct the path"]),
+            (
+                ["--resume_from_checkpoint", "missing-checkpoint"],
+                ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
+            ),
+            (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
+        ],
+        ids=[
+            "negative-learning-rate",
+            "negative-learning-rate=",
+            "unknown-reward",
+            "reward-module-missing",
+            "reward-attribute-missing",
+            "reward-not-callable",
+            "max-eval-samples-0",
+            "max-eval-samples-negative",
+            "missing-dataset",
+            "missing-checkpoint",
+            "bad-config-value",
+        ],
+        default_script_case="unknown-reward",
+    ),
 )
-def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, args, needles):
+def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, monkeypatch, capsys, args, needles, where):
     before = snapshot(users_folder)
-    returncode, output = run_cli(*args, "--output_dir", str(users_folder), cwd=tmp_path)
+    returncode, output = run_case(
+        where, *args, "--output_dir", str(users_folder), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+    )
     cli_error(returncode, output, *needles)
     assert returncode == cli.USER_ERROR_EXIT_CODE == 2
     assert "TRAPO_DEBUG=1" in output  # the message says how to see the traceback
     assert_untouched(users_folder, before)
 
 
+# slow script runs: default-run sibling: test_a_bad_config_file_is_one_clean_message[<id>-here]
 @pytest.mark.parametrize(
-    "content, needles",
-    [
-        (
-            "learning_rate: 1e-5\nmax_steps: [1, 2\n",
-            ["--config", "not valid YAML", "line 3"],
-        ),  # before: yaml's traceback
-        ("learning_rat: 1e-5\n", ["--config", "unknown key 'learning_rat'", "--learning_rate"]),
-        ("- learning_rate\n", ["--config", "YAML mapping"]),
-        ("max_eval_samples: 0\n", ["--max_eval_samples", "0", ">= 1"]),
-        # YAML values reach the config unconverted: a list for a number was a TypeError traceback, a fraction of a
-        # step trained and crashed at the end, text for a number named no field
-        ("learning_rate: [1.0e-5, 2.0e-5]\n", ["--config", "learning_rate", "[1e-05, 2e-05]", "a number is needed"]),
-        ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
-        ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
-        ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
-    ],
-    ids=[
-        "not-yaml",
-        "unknown-key",
-        "not-a-mapping",
-        "bad-value",
-        "list-for-number",
-        "fraction-for-int",
-        "text-for-int",
-        "number-for-list",
-    ],
+    "content, needles, where",
+    here_and_in_the_script(
+        [
+            (
+                "learning_rate: 1e-5\nmax_steps: [1, 2\n",
+                ["--config", "not valid YAML", "line 3"],
+            ),  # before: yaml's traceback
+            ("learning_rat: 1e-5\n", ["--config", "unknown key 'learning_rat'", "--learning_rate"]),
+            ("- learning_rate\n", ["--config", "YAML mapping"]),
+            ("max_eval_samples: 0\n", ["--max_eval_samples", "0", ">= 1"]),
+            # YAML values reach the config unconverted: a list for a number was a TypeError traceback, a fraction of a
+            # step trained and crashed at the end, text for a number named no field
+            (
+                "learning_rate: [1.0e-5, 2.0e-5]\n",
+                ["--config", "learning_rate", "[1e-05, 2e-05]", "a number is needed"],
+            ),
+            ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
+            ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
+            ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
+        ],
+        ids=[
+            "not-yaml",
+            "unknown-key",
+            "not-a-mapping",
+            "bad-value",
+            "list-for-number",
+            "fraction-for-int",
+            "text-for-int",
+            "number-for-list",
+        ],
+        default_script_case="not-yaml",
+    ),
 )
-def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, content, needles):
+def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, monkeypatch, capsys, content, needles, where):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(content)
     before = snapshot(users_folder), snapshot(recipe)
-    returncode, output = run_cli("--config", str(recipe), "--output_dir", str(users_folder), cwd=tmp_path)
+    returncode, output = run_case(
+        where,
+        "--config",
+        str(recipe),
+        "--output_dir",
+        str(users_folder),
+        cwd=tmp_path,
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     cli_error(returncode, output, *needles)
     assert (snapshot(users_folder), snapshot(recipe)) == before
 
@@ -800,23 +882,42 @@ def teacher_dir(tmp_path_factory, tok) -> Path:
     return folder
 
 
+# slow script runs: default-run sibling: test_cli_errors_the_trainer_raises_name_the_flag_the_user_typed[<id>-here]
 @pytest.mark.parametrize(
-    "case, needles",
-    [
-        (
-            "distill-demonstrations",  # the reported one: `distillation_dataset` has a 'completion' column
-            ["`--distillation_dataset_name` has a 'completion' column", "pass demonstrations as `--sft_dataset_name`"],
-        ),
-        ("distill-missing", ["`--distillation_dataset_name` column 'prompt' has a missing value (None) at row 1"]),
-        ("pretrain-missing", ["`--pretrain_dataset_name` column 'text' has a missing value (None) at row 1"]),
-        ("eval-missing", ["`--dataset_name` (held-out split) column 'prompt' has a missing value (None) at row 1"]),
-        (
+    "case, needles, where",
+    here_and_in_the_script(
+        [
+            (
+                "distill-demonstrations",  # the reported one: `distillation_dataset` has a 'completion' column
+                [
+                    "`--distillation_dataset_name` has a 'completion' column",
+                    "pass demonstrations as `--sft_dataset_name`",
+                ],
+            ),
+            ("distill-missing", ["`--distillation_dataset_name` column 'prompt' has a missing value (None) at row 1"]),
+            ("pretrain-missing", ["`--pretrain_dataset_name` column 'text' has a missing value (None) at row 1"]),
+            (
+                "eval-missing",
+                ["`--dataset_name` (held-out split) column 'prompt' has a missing value (None) at row 1"],
+            ),
+            (
+                "teacher-without-prompts",
+                ["A teacher (`--teacher_model_name_or_path`) scores", "`--distillation_dataset_name`"],
+            ),
+        ],
+        ids=[
+            "distill-demonstrations",
+            "distill-missing",
+            "pretrain-missing",
+            "eval-missing",
             "teacher-without-prompts",
-            ["A teacher (`--teacher_model_name_or_path`) scores", "`--distillation_dataset_name`"],
-        ),
-    ],
+        ],
+        default_script_case="distill-demonstrations",
+    ),
 )
-def test_cli_errors_the_trainer_raises_name_the_flag_the_user_typed(tmp_path, teacher_dir, case, needles):
+def test_cli_errors_the_trainer_raises_name_the_flag_the_user_typed(
+    tmp_path, teacher_dir, monkeypatch, capsys, case, needles, where
+):
     """Errors about data (and models) raised while the trainer is built named its Python arguments
     (`distillation_dataset`, `pretrain_dataset`, `eval_dataset`, `teacher_model`), which a command-line user never
     typed; they name the flag (`--distillation_dataset_name`, ...), as the job's own errors do."""
@@ -838,7 +939,7 @@ def test_cli_errors_the_trainer_raises_name_the_flag_the_user_typed(tmp_path, te
         args = ["--dataset_name", str(folder)]
     else:  # a teacher, no distillation prompts and no RL
         args = [*teacher, "--rl_weight", "0"]
-    code, out = run_cli("--max_steps", "1", *args, cwd=tmp_path)
+    code, out = run_case(where, "--max_steps", "1", *args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     message = cli_error(code, out, *needles)
     named = re.findall(
         r"(?<![\w-])(distillation_dataset|pretrain_dataset|eval_dataset|train_dataset|sft_dataset)\b", message
