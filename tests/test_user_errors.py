@@ -645,22 +645,26 @@ def test_max_steps_zero_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# slow script runs: default-run sibling: test_negative_step_counts_are_refused[<id>-here]
 @pytest.mark.parametrize(
-    "settings, field",
-    [
-        ({"max_steps": -7}, "max_steps=-7"),
-        ({"save_strategy": "steps", "save_steps": -3}, "save_steps=-3"),
-        ({"eval_strategy": "steps", "eval_steps": -3}, "eval_steps=-3"),
-        ({"logging_steps": -2}, "logging_steps=-2"),
-    ],
-    ids=["max_steps", "save_steps", "eval_steps", "logging_steps"],
+    "settings, field, where",
+    here_and_in_the_script(
+        [
+            ({"max_steps": -7}, "max_steps=-7"),
+            ({"save_strategy": "steps", "save_steps": -3}, "save_steps=-3"),
+            ({"eval_strategy": "steps", "eval_steps": -3}, "eval_steps=-3"),
+            ({"logging_steps": -2}, "logging_steps=-2"),
+        ],
+        ids=["max_steps", "save_steps", "eval_steps", "logging_steps"],
+        default_script_case="max_steps",
+    ),
 )
-def test_negative_step_counts_are_refused(tmp_path, settings, field):
+def test_negative_step_counts_are_refused(tmp_path, monkeypatch, capsys, settings, field, where):
     """Siblings of `max_steps=0`: a negative interval never fires (and `max_steps` < -1 silently trained for epochs);
     refused in the config and on the command line, before anything loads."""
     api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings), f"TRAPOConfig.{field} is")
     args = [part for key, value in settings.items() for part in (f"--{key}", str(value))]
-    code, output = run_cli(*args, cwd=tmp_path)
+    code, output = run_case(where, *args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     cli_error(code, output, f"TRAPOConfig.{field}", "is invalid", "positive number")  # the CLI parses -3 as -3.0
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
