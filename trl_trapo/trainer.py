@@ -48,7 +48,7 @@ import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
@@ -158,6 +158,17 @@ from .sources import (
     SyncRolloutSource,
     check_rollout_source,
     check_round,
+)
+from .vision import (
+    ImageRows,
+    check_vision_options,
+    freeze_vision_tower,
+    is_processor,
+    is_vision_language_model,
+    load_policy,
+    model_context,
+    rows_have_images,
+    text_tokenizer,
 )
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
@@ -346,7 +357,7 @@ class TRAPOTrainer(_BaseTrainer):
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             check_model_source(model, "model")
-            model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
+            model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
         elif args.model_init_kwargs:
             raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
         if processing_class is None:
@@ -354,10 +365,24 @@ class TRAPOTrainer(_BaseTrainer):
                 raise ValueError(
                     "Pass `processing_class` (the policy's tokenizer): it cannot be loaded from the model."
                 )
-            processing_class = AutoTokenizer.from_pretrained(model_id)
-        check_tokenizer(processing_class)
+            processing_class = (
+                AutoProcessor.from_pretrained(model_id)
+                if is_vision_language_model(model)
+                else AutoTokenizer.from_pretrained(model_id)
+            )
+        # a VLM run's processor turns image rows into ids and model inputs; every text path uses its tokenizer
+        tokenizer = text_tokenizer(processing_class)
+        image_rows = (
+            ImageRows(processing_class, args.chat_template_kwargs, args.max_image_pixels)
+            if is_processor(processing_class)
+            else None
+        )
+        check_tokenizer(tokenizer)
         if agent is not None:
-            check_chat_template(processing_class, args.chat_template_kwargs)
+            check_chat_template(tokenizer, args.chat_template_kwargs)
+        if args.freeze_vision_tower:  # before the reference is copied and any adapter wraps the policy
+            frozen = freeze_vision_tower(model)
+            logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
@@ -371,17 +396,15 @@ class TRAPOTrainer(_BaseTrainer):
         if self._has_critic:
             if args.disable_dropout:
                 disable_dropout_in_model(value_model)
-            set_pad_token_id(value_model, processing_class.pad_token_id, "value_model")
+            set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
             train_model = model
 
-        teacher = self._load_teacher(teacher_model, model, args, processing_class)
+        teacher = self._load_teacher(teacher_model, model, args, tokenizer)
 
         # ---- step 2. rewards ------------------------------------------------------------------------------------
-        funcs, reward_tokenizers = load_reward_funcs(
-            reward_funcs, reward_model, reward_processing_classes, processing_class
-        )
+        funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
         if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
@@ -396,7 +419,7 @@ class TRAPOTrainer(_BaseTrainer):
             funcs,
             reward_tokenizers,
             reward_weights,
-            processing_class,
+            tokenizer,
             args.local_rollout_forward_batch_size,
             log_metric=self.metrics.log_metric,
             log_extra=self.metrics.log_extra,
@@ -407,18 +430,27 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 3. datasets (checked and tokenized before anything is trained) -------------------------------
         data = prepare_datasets(
             args,
-            processing_class,
+            tokenizer,
             train_dataset,
             sft_dataset,
             pretrain_dataset,
             eval_dataset,
-            max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+            max_positions=model_context(model),
             has_rewards=bool(funcs),
             has_critic=self._has_critic,
-            stop_token_ids=stop_token_ids(args, processing_class),
+            stop_token_ids=stop_token_ids(args, tokenizer),
             distillation_dataset=distillation_dataset,
             has_teacher=teacher is not None,
+            images=image_rows,
         )
+        if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
+            check_vision_options(
+                args,
+                prompts_have_images=rows_have_images(data.rl) or rows_have_images(data.distill),
+                has_critic=self._has_critic,
+                reward_models=[n for f, n in zip(self.rewards.funcs, self.rewards.names) if isinstance(f, nn.Module)],
+                has_agent=agent is not None or rollout_func is not None,
+            )
         self._distillation_dataset = data.distill
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
         self._task_families = None  # the RL dataset's task families, when few enough to log one metric each
@@ -433,16 +465,16 @@ class TRAPOTrainer(_BaseTrainer):
         if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
             longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
             readers = [
-                ("value_model", value_model, processing_class),
-                ("teacher_model", teacher, processing_class),
+                ("value_model", value_model, tokenizer),
+                ("teacher_model", teacher, tokenizer),
             ] + [
                 (f"reward model '{name}'", func, tok)
                 for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
                 if isinstance(func, nn.Module)
             ]
             for what, reader, reader_tokenizer in readers:
-                context = getattr(getattr(reader, "config", None), "max_position_embeddings", None)
-                same_tokens = reader_tokenizer is processing_class
+                context = model_context(reader)
+                same_tokens = reader_tokenizer is tokenizer
                 if reader is not None and context is not None and same_tokens and longest > context:
                     raise ValueError(
                         f"The {what} has a context of {context} positions, but the longest prompt + response_length "
@@ -548,11 +580,12 @@ class TRAPOTrainer(_BaseTrainer):
                 ObjectiveSetup(
                     index=names.index(objective.name),
                     args=args,
-                    tokenizer=processing_class,
+                    tokenizer=tokenizer,
                     rank=rank,
                     world_size=world,
                     planned_steps=self._planned_steps,
-                    max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                    max_positions=model_context(model),
+                    images=image_rows,
                 )
             )
         for objective in extra_objectives:  # its state goes into the checkpoint's JSON: refuse what cannot, now
@@ -687,9 +720,7 @@ class TRAPOTrainer(_BaseTrainer):
             *extra_objectives,
         ]
         for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
-            objective.setup(
-                ObjectiveSetup(index, args, processing_class, rank, world, planned_steps=self._planned_steps)
-            )
+            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
@@ -703,14 +734,14 @@ class TRAPOTrainer(_BaseTrainer):
                 self.rewards.funcs[i] = self._prepare_frozen(func)
         # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
         # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
-        self.padding_id = embedding_safe_pad_id(processing_class, self._unwrapped_policy(), value_model)
+        self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
         # the training forward's output layer runs only at counted positions
         self.counted_head = CountedPositionHead(self._unwrapped_policy())
-        self.generation_config = rollout_generation_config(args, processing_class, self.padding_id)
-        stops = stop_token_ids(args, processing_class)  # what stops generation is exactly what cuts the mask
+        self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
+        stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
         self.rollouts = RolloutEngine(
             args,
-            processing_class,
+            tokenizer,
             self.rewards,
             self.reference,
             self._has_critic,
@@ -725,7 +756,7 @@ class TRAPOTrainer(_BaseTrainer):
             guidance=DemonstrationGuidance(args.guidance, args.guidance_gamma)
             if args.demonstration_column is not None
             else None,
-            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
+            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, tokenizer)
             if args.use_vllm and self.active[RL]
             else None,
             # distillation's sampled-token estimator scores each sampled token with the teacher in the round
@@ -741,13 +772,13 @@ class TRAPOTrainer(_BaseTrainer):
                 self._rl_dataset,
                 self.memory_pool,
                 agent,
-                processing_class,
+                tokenizer,
                 self.rewards,
                 group=1 if self._has_critic else args.num_generations,
                 num_mini_batches=args.num_mini_batches,
                 temperature=args.temperature,
                 response_length=args.response_length,
-                context=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                context=model_context(model),
                 max_iterations=args.max_tool_calling_iterations,
                 log_metric=self.metrics.log_metric,
                 template_kwargs=args.chat_template_kwargs,
@@ -789,13 +820,14 @@ class TRAPOTrainer(_BaseTrainer):
         )
         self.evaluator = Evaluator(
             args,
-            processing_class,
+            tokenizer,
             self.rewards,
             self.accelerator,
             self._unwrapped_policy_for_eval,
             self.generation_config,
             stops,
             self.padding_id,
+            images=image_rows,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
@@ -1070,7 +1102,7 @@ class TRAPOTrainer(_BaseTrainer):
             self._rl_dataset,
             self.memory_pool,
             self.rewards,
-            self.processing_class,
+            text_tokenizer(self.processing_class),
             self.generation_config,
             self.padding_id,
             stops,
@@ -1689,7 +1721,7 @@ class TRAPOTrainer(_BaseTrainer):
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         if eval_dataset is not None:  # the trainer's own was checked at construction
-            check_eval_dataset(eval_dataset, self.processing_class)
+            check_eval_dataset(eval_dataset, text_tokenizer(self.processing_class))
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():

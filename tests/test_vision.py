@@ -1,0 +1,383 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Vision-language runs (trl_trapo/vision.py): images travel with their rows into every forward, and what cannot work
+is refused before training.
+
+The alignment tests use `AlignedLlava`, a tiny LLaVA whose every whole-sequence forward checks that the images it is
+given are the images of its rows, in row order: each image is one flat colour whose red channel encodes an identity k,
+and the text before each image says `#k`. A batch whose images were regrouped, shuffled, dropped or split from their
+rows anywhere (grouping, micro-batching, replay, the SFT pool, self-imitation, evaluation) fails the assertion.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from datasets import Dataset
+from PIL import Image
+from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.tasks import build_char_tokenizer, exact_match_reward
+
+
+IMAGE_TOKEN = "<image>"
+SIDE, PATCH = 28, 14  # 2 x 2 patches: 4 image tokens per image
+TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: "
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_processor() -> LlavaProcessor:
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tokenizer.chat_template = TEMPLATE
+    images = CLIPImageProcessor(size={"shortest_edge": SIDE}, crop_size={"height": SIDE, "width": SIDE})
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tokenizer,
+        chat_template=TEMPLATE,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+
+
+def image(k: int) -> Image.Image:
+    """A flat image whose red channel is 20 k: its identity."""
+    return Image.new("RGB", (SIDE, SIDE), (20 * k, 90, 40))
+
+
+class AlignedLlava(LlavaForConditionalGeneration):
+    """Checks, in every whole-sequence forward, that image i of the batch is the image its row's text names (`#k`
+    before each image placeholder), and records `(phase, images)` per call."""
+
+    def forward(self, input_ids=None, attention_mask=None, pixel_values=None, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if input_ids is not None and (cache is None or cache.get_seq_length() == 0):
+            masks = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+            named = []
+            for ids, mask in zip(input_ids, masks):
+                text = self.tokenizer.decode(ids[mask.bool()])
+                named += [int(k) for k in re.findall(r"#(\d+)(?:<image>)+", text)]
+            seen = [] if pixel_values is None else self.identities(pixel_values)
+            assert seen == named, f"images {seen} given to rows that name {named}"
+            phase = "generate" if self.generating else "train" if torch.is_grad_enabled() else "no_grad"
+            self.calls.append((phase, len(seen)))
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, pixel_values=pixel_values, **kwargs)
+
+    def identities(self, pixel_values: torch.Tensor) -> list[int]:
+        red = pixel_values[:, 0].float().mean(dim=(1, 2)) * self.std + self.mean  # undo the processor's normalisation
+        return [round(float(v) * 255 / 20) for v in red]
+
+    def generate(self, *args, **kwargs):
+        self.generating = True
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            self.generating = False
+
+
+def build_model(processor, cls=AlignedLlava, seed: int = 0):
+    tokenizer = processor.tokenizer
+    config = LlavaConfig(
+        text_config=dict(
+            model_type="llama",
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=128,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        ),
+        vision_config=dict(
+            model_type="clip_vision_model",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=SIDE,
+            patch_size=PATCH,
+            projection_dim=16,
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+    )
+    torch.manual_seed(seed)
+    model = cls(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if cls is AlignedLlava:
+        model.tokenizer, model.calls, model.generating = tokenizer, [], False
+        model.mean = processor.image_processor.image_mean[0]
+        model.std = processor.image_processor.image_std[0]
+    return model
+
+
+def content(ks: list[int], question: str) -> list[dict]:
+    """A user turn naming each of its images before it: `#k<image>` ..., then the question."""
+    parts = []
+    for k in ks:
+        parts += [{"type": "text", "text": f"#{k}"}, {"type": "image"}]
+    return parts + [{"type": "text", "text": question}]
+
+
+def datasets(n: int = 12):
+    """Rows with 0, 1 and 2 images in turn (identities 1..), RL / SFT / pretraining / eval."""
+    rl, sft, docs = [], [], []
+    k = 1
+    for i in range(n):
+        ks = list(range(k, k + i % 3))
+        k = k % 9 + i % 3 + 1
+        answer = "ab"[i % 2]
+        prompt = [{"role": "user", "content": content(ks, "q?")}]
+        rl.append({"prompt": prompt, "images": [image(j) for j in ks], "answer": answer})
+        sft.append({**rl[-1], "completion": [{"role": "assistant", "content": answer}]})
+        docs.append({"text": "".join(f"#{j}{IMAGE_TOKEN}" for j in ks) + " a doc.", "images": [image(j) for j in ks]})
+    rl, sft, docs = Dataset.from_list(rl), Dataset.from_list(sft).remove_columns("answer"), Dataset.from_list(docs)
+    return rl, sft, docs
+
+
+def vlm_config(tmp_path, **overrides) -> TRAPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=8,
+        num_generations=2,
+        learning_rate=1e-3,
+        response_length=3,
+        max_prompt_length=48,
+        sft_max_length=48,
+        pretrain_max_length=48,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    return TRAPOConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def processor():
+    return build_processor()
+
+
+def test_images_reach_every_forward_with_their_rows(tmp_path, processor):
+    """Grouping (2 completions per prompt), micro-batching and shuffling (2 mini-batches, 2 PPO epochs), replay reuse,
+    SFT and pretraining rows with 0, 1 and 2 images, self-imitation and evaluation: every forward's images are its
+    rows' (AlignedLlava asserts it), and each kind of forward sees images."""
+    rl, sft, docs = datasets()
+    model = build_model(processor)
+
+    def odd_length(completions, **kwargs):  # some completions of a group succeed, some fail: self-imitation keeps some
+        return [float(len(str(c)) % 2) for c in completions]
+
+    trainer = TRAPOTrainer(
+        model,
+        reward_funcs=odd_length,
+        args=vlm_config(
+            tmp_path,
+            num_mini_batches=2,
+            num_ppo_epochs=2,
+            self_imitation=True,
+            self_imitation_min_reward=1.0,
+            eval_strategy="steps",
+            eval_steps=4,
+        ),
+        train_dataset=rl,
+        sft_dataset=sft,
+        pretrain_dataset=docs,
+        eval_dataset={"prompts": rl.select(range(6)), "docs": docs.select(range(6)), "sft": sft.select(range(6))},
+        processing_class=processor,
+    )
+    trainer.ref_model.tokenizer, trainer.ref_model.calls = processor.tokenizer, model.calls
+    trainer.ref_model.mean, trainer.ref_model.std, trainer.ref_model.generating = model.mean, model.std, False
+    trainer.train()
+    with_images = {phase for phase, count in model.calls if count}
+    assert with_images == {"generate", "no_grad", "train"}, model.calls
+    logs = {key for log in trainer.state.log_history for key in log}
+    assert {"eval_prompts_reward", "eval_docs_pretrain_loss", "eval_sft_sft_loss"} <= logs
+    served = [log["self_imitation/served"] for log in trainer.state.log_history if "self_imitation/served" in log]
+    assert served[-1] > 0, served
+
+
+def test_an_image_column_with_a_tokenizer_is_refused(tmp_path, processor):
+    rl, _, _ = datasets(3)
+    tokenizer = build_char_tokenizer()
+    from trl_trapo.tasks import build_tiny_model
+
+    with pytest.raises(
+        ValueError, match=r"`train_dataset` has an 'images' column, but `processing_class` is a tokenizer"
+    ):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer),
+            reward_funcs=exact_match_reward,
+            args=vlm_config(tmp_path),
+            train_dataset=rl,
+            processing_class=tokenizer,
+        )
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (None, r"`train_dataset` row 1: entry 0 of 'images' is a str, not an image"),  # file names, not images
+        ({"images": []}, r"`train_dataset` row 1: its messages and its 0 images do not match"),
+        (
+            {"images": [Image.new("RGB", (400, 400))]},
+            r"`train_dataset` row 1: image 0 is 400x400 = 160000 pixels, over max_image_pixels=10000",
+        ),
+    ],
+    ids=["not-an-image", "count-mismatch", "oversized"],
+)
+def test_bad_image_rows_are_refused_naming_the_row(tmp_path, processor, row, message):
+    rl, _, _ = datasets(3)
+    rows = rl.to_list()
+    if row is None:  # every row's images given as file names (one column holds one type)
+        dataset = Dataset.from_list([{**r, "images": [f"{k}.png" for k, _ in enumerate(r["images"])]} for r in rows])
+    else:
+        rows[1] = {**rows[1], **row}
+        dataset = Dataset.from_list(rows, features=rl.features)
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            reward_funcs=exact_match_reward,
+            args=vlm_config(tmp_path, max_image_pixels=10_000),
+            train_dataset=dataset,
+            processing_class=processor,
+        )
+
+
+def test_a_document_whose_placeholders_do_not_match_its_images_is_refused(tmp_path, processor):
+    _, _, docs = datasets(3)
+    rows = docs.to_list()
+    rows[2]["text"] = "no placeholder here."
+    with pytest.raises(
+        ValueError, match=r"`pretrain_dataset` row 2 has 2 images but its text holds 0 image placeholders"
+    ):
+        TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            args=vlm_config(tmp_path),
+            pretrain_dataset=Dataset.from_list(rows, features=docs.features),
+            processing_class=processor,
+        )
+
+
+def test_cutting_image_tokens_is_refused(tmp_path, processor):
+    _, sft, _ = datasets(3)
+    with pytest.raises(
+        ValueError, match=r"`sft_dataset` row 1 is \d+ tokens long and its image tokens reach past 10 tokens"
+    ):
+        TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            args=vlm_config(tmp_path, sft_max_length=10),
+            sft_dataset=sft,
+            processing_class=processor,
+        )
+
+
+@pytest.mark.parametrize(
+    "overrides, extra, message",
+    [
+        (dict(use_vllm=True), {}, r"use_vllm=True, but the RL prompts have images"),
+        ({}, {"value_model": True}, r"A `value_model` was given, but the RL prompts have images"),
+    ],
+    ids=["vllm", "critic"],
+)
+def test_what_image_prompts_cannot_go_through_is_refused(tmp_path, processor, overrides, extra, message):
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    rl, _, _ = datasets(3)
+    if extra.get("value_model"):
+        tokenizer = processor.tokenizer
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+        extra = {"value_model": AutoModelForSequenceClassification.from_config(config)}
+    with pytest.raises(ValueError, match=message):
+        TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            reward_funcs=exact_match_reward,
+            args=vlm_config(tmp_path, **overrides),
+            train_dataset=rl,
+            processing_class=processor,
+            **extra,
+        )
+
+
+def test_freeze_vision_tower_trains_the_language_model_only(tmp_path, processor):
+    rl, sft, docs = datasets(6)
+    model = build_model(processor, LlavaForConditionalGeneration)
+    tower = {n: p.detach().clone() for n, p in model.named_parameters() if "vision_tower" in n or "projector" in n}
+    text = {n: p.detach().clone() for n, p in model.named_parameters() if "language_model" in n}
+    trainer = TRAPOTrainer(
+        model,
+        args=vlm_config(tmp_path, freeze_vision_tower=True, max_steps=2),
+        sft_dataset=sft,
+        pretrain_dataset=docs,
+        processing_class=processor,
+    )
+    trainer.train()
+    after = dict(model.named_parameters())
+    assert all(torch.equal(after[n], p) for n, p in tower.items())
+    assert any(not torch.equal(after[n], p) for n, p in text.items())
+
+
+def test_freeze_vision_tower_on_a_text_model_is_refused(tmp_path):
+    from trl_trapo.tasks import build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    _, sft, _ = datasets(3)
+    with pytest.raises(ValueError, match=r"freeze_vision_tower=True, but LlamaForCausalLM has no submodule"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer),
+            args=vlm_config(tmp_path, freeze_vision_tower=True),
+            sft_dataset=sft.remove_columns("images"),
+            processing_class=tokenizer,
+        )
+
+
+def test_image_rows_as_objectives_of_their_own(tmp_path, processor):
+    """Per-modality weights as configuration: image demonstrations and image documents as objectives of their own
+    (`DemonstrationObjective`, `LanguageModelingObjective`), weighed by DARE apart from the text ones; their rows keep
+    their images (AlignedLlava) and resume restores their samplers."""
+    from trl_trapo import DemonstrationObjective, LanguageModelingObjective
+
+    rl, sft, docs = datasets()
+    with_image = [i for i in range(len(sft)) if sft[i]["images"]]
+    text_only = [i for i in range(len(sft)) if not sft[i]["images"]]
+    model = build_model(processor)
+    objectives = [
+        DemonstrationObjective("sft_image", sft.select(with_image)),
+        LanguageModelingObjective("pretrain_image", docs.select(with_image)),
+    ]
+    trainer = TRAPOTrainer(
+        model,
+        args=vlm_config(
+            tmp_path,
+            max_steps=3,
+            curriculum_boundaries=[],
+            curriculum_mixtures=[{"pretrain": 0.25, "sft": 0.25, "sft_image": 0.25, "pretrain_image": 0.25}],
+        ),
+        sft_dataset=sft.select(text_only),
+        pretrain_dataset=docs.select(text_only),
+        objectives=objectives,
+        processing_class=processor,
+    )
+    trainer.train()
+    logs = {key for log in trainer.state.log_history for key in log}
+    assert {"loss/sft_image", "loss/pretrain_image", "weight/sft_image", "dare/factor/sft_image"} <= logs, logs
+    assert any(count for phase, count in model.calls if phase == "train")
+    state = objectives[0].state_dict()
+    assert state["sampler"]["position"] > 0
