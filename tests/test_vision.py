@@ -381,3 +381,84 @@ def test_image_rows_as_objectives_of_their_own(tmp_path, processor):
     assert any(count for phase, count in model.calls if phase == "train")
     state = objectives[0].state_dict()
     assert state["sampler"]["position"] > 0
+
+
+def test_a_vlm_run_resumes_bit_identically(tmp_path, processor):
+    """Stopped at step 3 and resumed from its checkpoint, a run with image rows in the replay buffer, the SFT pool,
+    the pretraining stream and self-imitation ends with the weights of an uninterrupted run: every image a checkpoint
+    holds comes back to its row."""
+    from transformers import TrainerCallback
+
+    rl, sft, docs = datasets()
+
+    def odd_length(completions, **kwargs):
+        return [float(len(str(c)) % 2) for c in completions]
+
+    def trainer(output_dir):
+        return TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            reward_funcs=odd_length,
+            args=vlm_config(
+                output_dir,
+                max_steps=6,
+                save_strategy="steps",
+                save_steps=3,
+                self_imitation=True,
+                self_imitation_min_reward=1.0,
+                dare_update_interval=2,
+            ),
+            train_dataset=rl,
+            sft_dataset=sft,
+            pretrain_dataset=docs,
+            processing_class=processor,
+        )
+
+    class StopAfterThree(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 3
+
+    full = trainer(tmp_path / "full")
+    full.train()
+    first = trainer(tmp_path / "first")
+    first.add_callback(StopAfterThree())
+    first.train()
+    resumed = trainer(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-3"))
+    expected = full.model.state_dict()
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+def test_the_policy_never_samples_an_image_placeholder(tmp_path, processor):
+    """A policy that would put almost all its probability on `<image>` (a bias of 50 on its logit) samples other
+    tokens: a completion holding a placeholder would read as an image without features ("Image features and image
+    tokens do not match") in the next forward. The suppression is part of the policy everywhere, so the behaviour and
+    the training log-probs agree (ratio 1 on the first, on-policy pass)."""
+    rl, _, _ = datasets(6)
+    model = build_model(processor, LlavaForConditionalGeneration)
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    head = model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[image_id] = 50.0
+    model.lm_head = biased
+    sampled = []
+
+    def record(completions, completion_ids, **kwargs):  # every completion the policy sampled
+        sampled.extend(list(ids) for ids in completion_ids)
+        return [0.0] * len(completions)
+
+    trainer = TRAPOTrainer(
+        model,
+        reward_funcs=record,
+        args=vlm_config(tmp_path, max_steps=2, num_ppo_epochs=1, pretrain_weight=0.0, sft_weight=0.0),
+        train_dataset=rl,
+        processing_class=processor,
+    )
+    trainer.train()
+    sampled = sampled[2:]  # the reward functions' check before training scores two dataset rows, no completion
+    assert sampled and all(image_id not in ids for ids in sampled), sampled
+    first = next(log for log in trainer.state.log_history if "val/ratio" in log)
+    assert abs(first["val/ratio"] - 1.0) < 1e-5, first["val/ratio"]

@@ -167,7 +167,9 @@ from .vision import (
     is_vision_language_model,
     load_policy,
     model_context,
+    restore_converted_weights,
     rows_have_images,
+    suppress_placeholder_tokens,
     text_tokenizer,
 )
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
@@ -380,6 +382,9 @@ class TRAPOTrainer(_BaseTrainer):
         check_tokenizer(tokenizer)
         if agent is not None:
             check_chat_template(tokenizer, args.chat_template_kwargs)
+        if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
+            suppressed = suppress_placeholder_tokens(model, processing_class)
+            logger.info("Vision-language run: placeholder tokens %s are never sampled.", suppressed)
         if args.freeze_vision_tower:  # before the reference is copied and any adapter wraps the policy
             frozen = freeze_vision_tower(model)
             logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
@@ -1775,6 +1780,11 @@ class TRAPOTrainer(_BaseTrainer):
                     f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
                 )
             self._load_trapo_state(resume_from_checkpoint)
+            policy = self.accelerator.unwrap_model(self.model)
+            if not is_peft_model(policy) and not isinstance(policy, PolicyAndValueWrapper):
+                # a model file in another key layout (LLaVA's) would be loaded as nothing by the Trainer
+                if restore_converted_weights(policy, resume_from_checkpoint):
+                    logger.info("Loaded the checkpoint's weights through from_pretrained (key conversion).")
             logger.info("Resuming from %s", resume_from_checkpoint)
         catcher = self._signal_catcher
         try:

@@ -444,3 +444,116 @@ def check_vision_options(
             "rollout would have to carry its images through every turn): train the agent on text prompts, or drop "
             "the images."
         )
+
+
+class SuppressTokens:
+    """A forward hook on a model's output layer that gives `token_ids` a logit far below any other (-1e9; -600 in
+    float16), so the policy never samples them and every log-probability of it — behaviour, reference, training,
+    entropy — is over the same remaining vocabulary (the first PPO ratio stays exactly 1).
+
+    A VLM run suppresses its image placeholder tokens: a completion holding one would read as an image without
+    features ("Image features and image tokens do not match"). A module-level class, so the hook survives
+    `copy.deepcopy` (the reference) and pickling (the asynchronous producer's copy).
+
+    Args:
+        token_ids (`Sequence[int]`): the vocabulary ids to suppress.
+    """
+
+    def __init__(self, token_ids: Sequence[int]):
+        self.token_ids = sorted({int(t) for t in token_ids})
+
+    def __call__(self, module, inputs, output):
+        if not isinstance(output, torch.Tensor) or not self.token_ids:
+            return output
+        value = -1e9 if torch.finfo(output.dtype).max > 1e30 else -600.0
+        index = torch.tensor(self.token_ids, device=output.device)
+        return output.index_fill(-1, index, value)
+
+
+def placeholder_token_ids(processor, model) -> list[int]:
+    """The ids a VLM's completions must never hold: the processor's image (and video) token and the config's
+    `image_token_id`, `video_token_id`, `vision_start_token_id`, `vision_end_token_id` where they exist."""
+    tokenizer = text_tokenizer(processor)
+    ids = set()
+    for name in ("image_token", "video_token"):
+        token = getattr(processor, name, None)
+        if isinstance(token, str):
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                ids.add(token_id)
+    config = getattr(model, "config", None)
+    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            ids.add(value)
+    return sorted(ids)
+
+
+def suppress_placeholder_tokens(model, processor) -> list[int]:
+    """Register [`SuppressTokens`] for [`placeholder_token_ids`] on the model's output layer (once); return the ids.
+
+    Raises:
+        ValueError: if the model has no output layer (`get_output_embeddings()` is None).
+    """
+    ids = placeholder_token_ids(processor, model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(
+            f"{type(model).__name__} has no output layer (`get_output_embeddings()` is None); TRAPO samples and "
+            "trains next-token distributions: pass a model with a language-modelling head."
+        )
+    if ids and not any(isinstance(hook, SuppressTokens) for hook in head._forward_hooks.values()):
+        head.register_forward_hook(SuppressTokens(ids))
+    return ids
+
+
+def restore_converted_weights(model, checkpoint_dir: str) -> bool:
+    """Load a checkpoint's weights into `model` through `from_pretrained` when its file is in other key names than
+    the model's own; return whether it did.
+
+    transformers saves some architectures (LLaVA among them) in their original checkpoint layout
+    (`save_pretrained(save_original_format=True)`, the default) and renames the keys back only in `from_pretrained`.
+    The Trainer's resume loads the file with a plain `load_state_dict(strict=False)`, which then matches no key and
+    leaves the model as it was built (it only warns): the run would go on from its initial weights. Loading a fresh
+    copy with `from_pretrained` (key conversion included) and copying its weights in gives the checkpoint's model;
+    the Trainer's own load afterwards matches nothing and changes nothing.
+
+    Args:
+        model: the policy as the Trainer holds it (not a PEFT model, nor a policy-and-critic wrapper: their files are
+            the Trainer's own layout).
+        checkpoint_dir (`str`): a `checkpoint-N` folder.
+
+    Raises:
+        ValueError: if the converted weights still do not match the model (naming the keys).
+    """
+    import json
+    import os
+
+    from safetensors import safe_open
+
+    single = os.path.join(checkpoint_dir, "model.safetensors")
+    index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        with safe_open(single, framework="pt") as handle:
+            keys = set(handle.keys())
+    elif os.path.isfile(index):
+        with open(index, encoding="utf-8") as handle:
+            keys = set(json.load(handle)["weight_map"])
+    else:
+        return False
+    own = model.state_dict()
+    if keys <= set(own):
+        return False  # the Trainer's load matches every key
+    dtype = next(model.parameters()).dtype
+    fresh = type(model).from_pretrained(checkpoint_dir, dtype=dtype)
+    state = fresh.state_dict()
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise ValueError(
+            f"The checkpoint {checkpoint_dir} does not hold the model's weights {missing[:5]} even after its keys are "
+            "converted; it was not saved from this model."
+        )
+    with torch.no_grad():
+        for name, value in own.items():
+            value.copy_(state[name].to(value.device))
+    return True
