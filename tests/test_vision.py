@@ -462,3 +462,33 @@ def test_the_policy_never_samples_an_image_placeholder(tmp_path, processor):
     assert sampled and all(image_id not in ids for ids in sampled), sampled
     first = next(log for log in trainer.state.log_history if "val/ratio" in log)
     assert abs(first["val/ratio"] - 1.0) < 1e-5, first["val/ratio"]
+
+
+def test_load_best_model_at_end_loads_the_best_vlm_checkpoint(tmp_path, processor):
+    """`load_best_model_at_end` with a model transformers saves in its original key layout: the final weights are the
+    best checkpoint's (the Trainer's own load matched no key and kept the last step's weights)."""
+    _, sft, docs = datasets(6)
+    trainer = TRAPOTrainer(
+        build_model(processor, LlavaForConditionalGeneration),
+        args=vlm_config(
+            tmp_path,
+            max_steps=4,
+            eval_strategy="steps",
+            eval_steps=1,
+            save_strategy="steps",
+            save_steps=1,
+            load_best_model_at_end=True,
+            metric_for_best_model="eval_sft_loss",
+            greater_is_better=True,  # the highest loss: an early checkpoint, not the last step's weights
+        ),
+        sft_dataset=sft,
+        pretrain_dataset=docs,
+        eval_dataset=sft.select(range(3)),
+        processing_class=processor,
+    )
+    trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and not best.endswith("checkpoint-4"), best
+    expected = LlavaForConditionalGeneration.from_pretrained(best).state_dict()
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, expected[name]), name

@@ -1780,11 +1780,7 @@ class TRAPOTrainer(_BaseTrainer):
                     f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
                 )
             self._load_trapo_state(resume_from_checkpoint)
-            policy = self.accelerator.unwrap_model(self.model)
-            if not is_peft_model(policy) and not isinstance(policy, PolicyAndValueWrapper):
-                # a model file in another key layout (LLaVA's) would be loaded as nothing by the Trainer
-                if restore_converted_weights(policy, resume_from_checkpoint):
-                    logger.info("Loaded the checkpoint's weights through from_pretrained (key conversion).")
+            self._restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
         catcher = self._signal_catcher
         try:
@@ -1811,11 +1807,25 @@ class TRAPOTrainer(_BaseTrainer):
                 raise replacement from error
             raise
         self._close_rollout_source()
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
+            self._restore_converted_weights(best)  # the Trainer loaded it as it resumes: the same blind spot
         if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
             raise TrainingInterrupted(self.interruption)
         if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
             signal.raise_signal(catcher.received)
         return output
+
+    def _restore_converted_weights(self, checkpoint_dir: str) -> None:
+        """Load a checkpoint's model weights through `from_pretrained` when the Trainer's plain `load_state_dict`
+        cannot (a file in the architecture's original key layout, as transformers saves LLaVA; see
+        [`~trl_trapo.vision.restore_converted_weights`]). PEFT adapters and a policy-and-critic pair are saved in the
+        Trainer's own layout and left to it."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy) or isinstance(policy, PolicyAndValueWrapper):
+            return
+        if restore_converted_weights(policy, checkpoint_dir):
+            logger.info("Loaded the weights of %s through from_pretrained (key conversion).", checkpoint_dir)
 
     def _close_rollout_source(self) -> None:
         """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
