@@ -1135,17 +1135,13 @@ class PretrainStream:
             return None, self._add_documents([(row, text)])
         ids, inputs = self.images.document(text, images, self.role, row)
         ids = ids[: self.images.cut(ids, self.max_length, self.role, row)]
-        row = Row(
-            self.objective,
-            torch.tensor(ids, dtype=torch.long),
-            torch.ones(len(ids) - 1),
-            model_inputs=as_tensors(inputs),
-        )
+        mask = self.images.document_mask(ids)  # the image tokens are read, not predicted
+        row = Row(self.objective, torch.tensor(ids, dtype=torch.long), mask, model_inputs=as_tensors(inputs))
         return row, len(ids)
 
     def take(self, n: int) -> list[Row]:
-        """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted; a VLM document's
-        `model_inputs`)."""
+        """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted, but a VLM
+        document's image tokens; its `model_inputs`)."""
         rows = []
         empty_fills = 0  # consecutive fills that added nothing
         while len(rows) < n:

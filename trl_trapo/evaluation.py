@@ -66,7 +66,8 @@ def image_document_rows(dataset, column: str, images: ImageRows, max_length: int
             continue
         ids, inputs = images.document(example["text"], found, role, index)
         ids = ids[: images.cut(ids, max_length, role, index)]
-        rows.append(Row(PRETRAIN, torch.tensor(ids), torch.ones(len(ids) - 1), model_inputs=as_tensors(inputs)))
+        mask = images.document_mask(ids)  # the image tokens are read, not predicted (as in training)
+        rows.append(Row(PRETRAIN, torch.tensor(ids), mask, model_inputs=as_tensors(inputs)))
     return rows
 
 

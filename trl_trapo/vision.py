@@ -300,6 +300,13 @@ class ImageRows:
         """The id of the (expanded) image token."""
         return int(self.tokenizer.convert_tokens_to_ids(self.image_token))
 
+    def document_mask(self, ids: Sequence[int]) -> torch.Tensor:
+        """The target-aligned mask of a document row: `(L - 1,)` float, 1 on every next token but the image
+        tokens (they stand for the image, which the model reads and never predicts: their logit is suppressed, see
+        [`SuppressTokens`]), as TRL's vision collators set their labels to -100."""
+        image_id = self.image_token_id()
+        return torch.tensor([0.0 if int(t) == image_id else 1.0 for t in ids[1:]])
+
     def cut(self, ids: list[int], max_length: int, role: str, row: int | str) -> int:
         """How many of `ids` a row of at most `max_length` tokens keeps: all, or `max_length` when the cut leaves
         every image token whole.
