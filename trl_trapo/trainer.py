@@ -33,6 +33,7 @@ change how samples are chosen and reused, `replay_max_uses` and `build_sample_se
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -171,6 +172,7 @@ from .vision import (
     rows_have_images,
     suppress_placeholder_tokens,
     text_tokenizer,
+    vision_parameters,
 )
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
@@ -577,6 +579,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         check_launch(self.accelerator)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
+        self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
@@ -1562,6 +1566,8 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
+        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+            total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
         # in closed form from -d loss / d log p per token (`logp_coef`), or from the term's own logit gradient
@@ -1792,7 +1798,7 @@ class TRAPOTrainer(_BaseTrainer):
                     **kwargs,
                 )
         except TrainingAborted:
-            self._close_rollout_source()
+            self._close_rollout_source(abort=True)
             newest, _ = last_complete_checkpoint(self.args.output_dir, world)
             raise TrainingAborted(
                 f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
@@ -1827,11 +1833,16 @@ class TRAPOTrainer(_BaseTrainer):
         if restore_converted_weights(policy, checkpoint_dir):
             logger.info("Loaded the weights of %s through from_pretrained (key conversion).", checkpoint_dir)
 
-    def _close_rollout_source(self) -> None:
+    def _close_rollout_source(self, abort: bool = False) -> None:
         """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
-        starts it again."""
+        starts it again. On a second Ctrl-C (`abort`) a `close` that takes a `timeout` gets a short one: the run stops
+        at once, even while a reward call hangs in the producer."""
         close = getattr(self.rollout_source, "close", None)
-        if close is not None:
+        if close is None:
+            return
+        if abort and "timeout" in inspect.signature(close).parameters:
+            close(timeout=0.5)
+        else:
             close()
 
     @property

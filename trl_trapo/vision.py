@@ -497,7 +497,7 @@ def placeholder_token_ids(processor, model) -> list[int]:
 
 
 def suppress_placeholder_tokens(model, processor) -> list[int]:
-    """Register [`SuppressTokens`] for [`placeholder_token_ids`] on the model's output layer (once); return the ids.
+    """Register [`SuppressTokens`] for [`placeholder_token_ids`] on the model's output layer; return the ids.
 
     Raises:
         ValueError: if the model has no output layer (`get_output_embeddings()` is None).
@@ -509,7 +509,7 @@ def suppress_placeholder_tokens(model, processor) -> list[int]:
             f"{type(model).__name__} has no output layer (`get_output_embeddings()` is None); TRAPO samples and "
             "trains next-token distributions: pass a model with a language-modelling head."
         )
-    if ids and not any(isinstance(hook, SuppressTokens) for hook in head._forward_hooks.values()):
+    if ids:  # a second trainer on the same model adds a second hook: the same logits, harmless
         head.register_forward_hook(SuppressTokens(ids))
     return ids
 
@@ -564,3 +564,22 @@ def restore_converted_weights(model, checkpoint_dir: str) -> bool:
         for name, value in own.items():
             value.copy_(state[name].to(value.device))
     return True
+
+
+def vision_parameters(model) -> list:
+    """The trainable parameters of a VLM's vision encoder and projector (submodules named as in `VISION_MODULES`).
+
+    Under DDP every trainable parameter must take part in every backward, but a micro-batch of text rows leaves the
+    vision encoder out of the graph, and some encoder parameters never take part at all (LLaVA reads CLIP's hidden
+    states before its `post_layernorm`): "Expected to have finished reduction in the prior iteration ...". The
+    trainer adds a zero-valued term over them to every micro-batch (an unused one's gradient is then 0, as
+    `find_unused_parameters=True` would make it, without its cost or its conflict with activation checkpointing).
+    """
+    seen, out = set(), []
+    for name, module in model.named_modules():
+        if name.split(".")[-1] in VISION_MODULES:
+            for parameter in module.parameters():
+                if parameter.requires_grad and id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    out.append(parameter)
+    return out
