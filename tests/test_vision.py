@@ -294,9 +294,10 @@ def test_cutting_image_tokens_is_refused(tmp_path, processor):
     "overrides, extra, message",
     [
         (dict(use_vllm=True), {}, r"use_vllm=True, but the RL prompts have images"),
+        (dict(async_rollouts=True), {}, r"async_rollouts=True with image prompts is not supported yet"),
         ({}, {"value_model": True}, r"A `value_model` was given, but the RL prompts have images"),
     ],
-    ids=["vllm", "critic"],
+    ids=["vllm", "async", "critic"],
 )
 def test_what_image_prompts_cannot_go_through_is_refused(tmp_path, processor, overrides, extra, message):
     from transformers import AutoModelForSequenceClassification, LlamaConfig
@@ -496,3 +497,28 @@ def test_load_best_model_at_end_loads_the_best_vlm_checkpoint(tmp_path, processo
     expected = LlavaForConditionalGeneration.from_pretrained(best).state_dict()
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, expected[name]), name
+
+
+def test_lora_on_the_language_model_only(tmp_path, processor):
+    """A `peft_config` whose `target_modules` name the language model's projections only (docs/vision.md): the
+    adapters sit in the language model, the vision tower and projector stay as they were, and the run trains."""
+    from peft import LoraConfig
+
+    rl, sft, docs = datasets(6)
+    model = build_model(processor, LlavaForConditionalGeneration)
+    tower = {n: p.detach().clone() for n, p in model.named_parameters() if "vision_tower" in n or "projector" in n}
+    trainer = TRAPOTrainer(
+        model,
+        reward_funcs=exact_match_reward,
+        args=vlm_config(tmp_path, max_steps=2),
+        train_dataset=rl,
+        sft_dataset=sft,
+        pretrain_dataset=docs,
+        processing_class=processor,
+        peft_config=LoraConfig(r=4, target_modules=r".*language_model.*\.(q_proj|v_proj)"),
+    )
+    trainer.train()
+    adapters = [n for n, p in trainer.model.named_parameters() if "lora_" in n]
+    assert adapters and all("language_model" in n for n in adapters)
+    after = {n.replace("base_model.model.", ""): p for n, p in trainer.model.named_parameters()}
+    assert all(torch.equal(after[n], p) for n, p in tower.items())
