@@ -65,6 +65,10 @@ def test_quick_run_measures_every_arm_and_reuses_them(tmp_path, caplog):
         again = compare_vlm.main(["--quick", "--work_dir", str(out)])
     assert sum("reused" in r.getMessage() for r in caplog.records) == 3
     assert again["table"] == payload["table"]
+    # --collect_only runs nothing: a seed without finished runs is listed as missing
+    collected = compare_vlm.main(["--quick", "--work_dir", str(out), "--seeds", "0", "1", "--collect_only"])
+    assert collected["table"] == payload["table"] and not (out / "runs" / "trapo-seed1").exists()
+    assert collected["missing"] == ["trapo-seed1", "trapo_modality-seed1", "serial-seed1"]
     # the README block renders from the results file, between its markers
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- vlm-table:start -->\nold\n<!-- vlm-table:end -->\nend\n", encoding="utf-8")

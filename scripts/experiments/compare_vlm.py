@@ -113,6 +113,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--rerun", action="store_true", help="run again even where a result of the same code exists")
+    parser.add_argument(
+        "--collect_only",
+        action="store_true",
+        help="run nothing: summarize the finished runs of the same code (the others are listed under `missing`)",
+    )
     parser.add_argument("--write_readme", action="store_true", help="only render the README block from --results")
     parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README for --write_readme")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
@@ -399,6 +404,15 @@ def launch(spec: dict, in_process: bool) -> dict:
         return json.load(handle)
 
 
+def finished(spec: dict) -> bool:
+    """Whether `spec`'s run directory holds a result made by the same code and settings (its `key`)."""
+    path = os.path.join(spec["run_dir"], "result.json")
+    if not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle).get("key") == spec["key"]
+
+
 def run_all(specs: list[dict], jobs: int) -> list[dict]:
     """Launch every spec, `jobs` at a time (`jobs == 1`: in this process, in order); results in `specs`' order."""
     if jobs == 1:
@@ -536,7 +550,14 @@ def main(argv: list[str] | None = None) -> dict:
             "key": code_key(args, job_argv, arm),
         }
 
-    results = run_all([spec(arm, seed) for seed in args.seeds for arm in args.arms], args.jobs)
+    specs = [spec(arm, seed) for seed in args.seeds for arm in args.arms]
+    missing = []
+    if args.collect_only:
+        missing = [f"{s['arm']}-seed{s['seed']}" for s in specs if not finished(s)]
+        specs = [s for s in specs if finished(s)]
+        if missing:
+            logger.warning("--collect_only: no finished result for %s; left out.", ", ".join(missing))
+    results = run_all(specs, args.jobs)
     pretrain_steps, sft_steps, rl_steps = relay_steps(config)
     import torch
     import transformers
@@ -558,6 +579,7 @@ def main(argv: list[str] | None = None) -> dict:
             "learning_rate": config.learning_rate,
         },
         "runs": [{k: v for k, v in r.items() if k != "key"} for r in results],
+        "missing": missing,
         "summary": summarize(results),
         "table": table(results),
         "machine": {
