@@ -217,7 +217,7 @@ def test_the_command_line_takes_the_teacher_by_path(tmp_path, tokenizer):
     build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
     tokenizer.save_pretrained(teacher)
     command = [sys.executable, str(root / "examples" / "trapo.py"), "--max_steps", "2", "--report_to", "none"]
-    command += ["--eval_strategy", "no", "--output_dir", str(tmp_path / "out")]
+    command += ["--eval_strategy", "no", "--max_eval_samples", "8", "--output_dir", str(tmp_path / "out")]
     run = subprocess.run([*command, "--teacher_model_name_or_path", str(teacher)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
@@ -243,7 +243,8 @@ def test_the_command_line_takes_reward_free_distillation_prompts(tmp_path, token
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in suite.rl_train["prompt"]))
     command = [sys.executable, str(root / "examples" / "trapo.py"), "--max_steps", "2", "--report_to", "none"]
-    command += ["--eval_strategy", "no", "--output_dir", str(tmp_path / "out"), "--distillation_dataset_name"]
+    command += ["--eval_strategy", "no", "--max_eval_samples", "8", "--output_dir", str(tmp_path / "out")]
+    command += ["--distillation_dataset_name"]
     command += [str(prompts)]
     run = subprocess.run([*command, "--teacher_model_name_or_path", str(teacher)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -39,9 +39,13 @@ RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_se
 # these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
 # whole round, every rank's share: its temperatures agree)
 RANK_LOCAL_PREFIXES = ("self_imitation/", "distill/sampled_tokens")
-# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps)
+# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps); the evaluations
+# before and after training on the first 16 held-out prompts (`--max_eval_samples`), 8 a rank: the full 400 cost a
+# few seconds a launch and test nothing more here (tests/test_examples.py evaluates on all of them)
+EVAL_CAP = ["--max_eval_samples", "16"]
 JOB_ARGS = [
     "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
+    *EVAL_CAP,
     "--save_strategy", "steps", "--save_steps", "6",
     "--kl_target", "0.5", "--kl_horizon", "200", "--kl_coef_range", "0.005", "0.05",
     "--rl_phase_learning_rate", "1e-3", "--entropy_coef", "0.01", "--late_entropy_coef", "0.001",
@@ -153,8 +157,21 @@ BACKENDS = {
 }
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
+@pytest.mark.parametrize(
+    "backend, resume",
+    [
+        ("ddp", True),
+        # default-run sibling: test_job_on_two_processes_saves_resumes_and_reloads[zero3-save] (and [ddp] resuming)
+        pytest.param("zero2", True, marks=pytest.mark.slow),
+        ("zero3", False),  # ~30 s a launch: the DeepSpeed run, its save and the reload; the resume is [zero3]
+        # default-run sibling: test_job_on_two_processes_saves_resumes_and_reloads[ddp] (the same resume, under DDP)
+        pytest.param("zero3", True, marks=pytest.mark.slow),
+    ],
+    ids=["ddp", "zero2", "zero3-save", "zero3"],
+)
+def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend, resume):
+    """The built-in job on 2 processes: identical ranks, the checkpoint of every rank, a saved model that reloads as the
+    trained one, and (`resume`) a run resumed from the middle that ends with the uninterrupted run's weights and logs."""
     if backend != "ddp":
         pytest.importorskip("deepspeed")
     from transformers import AutoModelForCausalLM
@@ -171,6 +188,8 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend):
         assert (full / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
     # the saved model reloads and is the trained one
     assert digest_of(AutoModelForCausalLM.from_pretrained(full)) == ranks[0]["param_digest"]
+    if not resume:
+        return
     # resuming from the middle gives the uninterrupted run's weights and logs
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
@@ -199,7 +218,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_c
     the 2-rank checkpoint-3 is complete, nothing final is written, and the one line comes from rank 0 only."""
     from trl_trapo.checkpoint import verify_checkpoint
 
-    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path)]
+    args = ["--max_steps", "8", "--eval_strategy", "no", *EVAL_CAP, "--output_dir", str(tmp_path)]
     completed = launch("multi_gpu.yaml", "tests/distributed_job.py", args, env={"TRAPO_TEST_SIGNAL": "1:3:SIGTERM"})
     output = completed.stdout + completed.stderr
     assert completed.returncode != 0, output[-4000:]
@@ -227,7 +246,7 @@ def test_every_rank_saves_every_checkpoint_however_late_rank_0_creates_its_folde
     fingerprinted."""
     from trl_trapo.checkpoint import marker_path, verify_checkpoint
 
-    args = ["--max_steps", "4", "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2"]
+    args = ["--max_steps", "4", "--eval_strategy", "no", *EVAL_CAP, "--save_strategy", "steps", "--save_steps", "2"]
     args += ["--output_dir", str(tmp_path)] + (["--save_only_model", "true"] if save_only_model else [])
     check(
         launch(
@@ -289,7 +308,8 @@ HOOK_NAMES = {"powersgd": "powerSGD_hook", "fp16": "fp16_compress_hook"}
 
 @pytest.mark.parametrize("hook", ["powersgd", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
-    args = ["--max_steps", "8", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", hook]
+    args = ["--max_steps", "8", "--eval_strategy", "no", *EVAL_CAP, "--output_dir", str(tmp_path)]
+    args += ["--ddp_comm_hook", hook]
     if hook == "powersgd":
         # compress from the 2nd all-reduce on; on gloo PowerSGD's chained collectives must not interleave with DDP's
         # other ones (pytorch/pytorch#58467): one bucket, no unused-parameter search (docs/distributed.md)
@@ -454,7 +474,7 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backe
     build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
     tokenizer.save_pretrained(teacher)
     output = tmp_path / "out"
-    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", "--report_to", "none"]
+    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP, "--report_to", "none"]
     args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
     if prompts:
         path = tmp_path / "prompts.jsonl"
@@ -496,7 +516,12 @@ def round_wide(rounds: list[dict]) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     "backend, mode",
-    [("ddp", "tools"), ("ddp", "environment"), pytest.param("zero3", "tools", marks=pytest.mark.slow)],  # ~50 s
+    [
+        ("ddp", "tools"),
+        # default-run sibling: test_a_grpo_agent_script_trains_on_two_processes[ddp-tools]
+        pytest.param("ddp", "environment", marks=pytest.mark.slow),
+        pytest.param("zero3", "tools", marks=pytest.mark.slow),  # ~50 s
+    ],
 )
 def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
     """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an

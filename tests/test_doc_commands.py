@@ -369,11 +369,13 @@ def test_readme_main_job_command(tmp_path):
 
 @pytest.fixture(scope="module")
 def offline_sandbox(tmp_path_factory) -> tuple[Path, str]:
-    """The README's offline GSM8K block, run as written with the main job shortened to `--max_steps 3`; its working
-    directory and output."""
+    """The README's offline GSM8K block, run as written with the main job shortened to `--max_steps 3` and its
+    held-out evaluation (128 new tokens a prompt) to the first 8 of the 100 test questions; its working directory and
+    output."""
     work = sandbox(tmp_path_factory.mktemp("offline"))
     commands = logical_lines(block_of("test_readme_offline_gsm8k_commands").text)
-    output = run_shell(with_flags(commands, "accelerate launch examples/trapo.py", ["--max_steps", "3"]), work)
+    short = ["--max_steps", "3", "--max_eval_samples", "8"]
+    output = run_shell(with_flags(commands, "accelerate launch examples/trapo.py", short), work)
     return work, output
 
 

@@ -114,7 +114,16 @@ def kill_after_checkpoint(output_dir: str, variant: str, step: int) -> None:
     assert not os.path.exists(marker(output_dir, MAX_STEPS)), "the run finished before it was killed"
 
 
-@pytest.mark.parametrize("variant", ["full", pytest.param("peft", marks=pytest.mark.slow), "async", "async_sync3"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "full",
+        pytest.param("peft", marks=pytest.mark.slow),
+        # default-run sibling: test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run[async_sync3]
+        pytest.param("async", marks=pytest.mark.slow),
+        "async_sync3",  # rounds in flight and the producer's older weights (weights sent every 3 steps) restored
+    ],
+)
 def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, variant):
     reference = uninterrupted(tmp_path / "reference", variant)
     killed = str(tmp_path / "killed")

@@ -40,7 +40,7 @@ def tiny_args(output_dir, **overrides):
 def test_builtin_job_writes_results_and_a_model_that_reloads(tmp_path):
     from trl_trapo.tasks import greedy_accuracy, make_task_suite
 
-    script, args, model_args = tiny_args(tmp_path, max_steps=30, eval_steps=15)
+    script, args, model_args = tiny_args(tmp_path)  # 6 steps, an evaluation every 3
     results = cli.main(script, args, model_args)
     saved = json.loads((tmp_path / "eval_results.json").read_text())
     assert saved == pytest.approx(results)
