@@ -349,10 +349,12 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             try:
                 message = requests.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                if os.getppid() != parent:  # the trainer is gone
+                if os.getppid() != parent:  # the trainer is gone: nobody reads what is still in the pipe
+                    results.cancel_join_thread()  # (exit would wait for it forever: an orphan process)
                     return
                 continue
-            if message is None:
+            if message is None:  # the trainer stops reading: exit without flushing rounds it will not take
+                results.cancel_join_thread()
                 return
             if message[0] == "weights":
                 _, version, state = message
