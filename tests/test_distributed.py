@@ -652,3 +652,26 @@ def test_async_rollouts_under_zero3_are_refused_with_the_reason(tmp_path):
     assert completed.returncode != 0
     assert "async_rollouts=True is not available under DeepSpeed ZeRO-3" in output, output[-3000:]
     assert not (tmp_path / "ranks").exists() or not any((tmp_path / "ranks").iterdir())  # nothing trained
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A TRL GRPO vision-language script on two processes (issue 25)
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
+    """A `GRPOTrainer` VLM script with only the import changed (tests/distributed_vlm_job.py: the tiny LLaVA, prompts
+    with 0, 1 and 2 images) trains 3 steps under DDP on 2 processes: each rank's share of the round carries its own
+    images into every forward, and the ranks end with identical weights, changed by training, and identical logs."""
+    check(launch("multi_gpu.yaml", "tests/distributed_vlm_job.py", ["--output_dir", str(tmp_path)], 300))
+    ranks = records(tmp_path)
+    vlm = [json.loads((tmp_path / "ranks" / f"vlm{r}.json").read_text()) for r in (0, 1)]
+    for record in ranks:
+        assert (record["world_size"], record["distributed_type"]) == (2, "DistributedType.MULTI_CPU")
+    first, second = (r["log_history"] for r in ranks)
+    assert len(first) == len(second) and any("loss/rl" in h for h in first)
+    for a, b in zip(first, second):
+        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)} == {
+            k: v for k, v in b.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)
+        }
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    assert vlm[0]["initial_digest"] == vlm[1]["initial_digest"] != vlm[0]["final_digest"] == vlm[1]["final_digest"]
+    assert ranks[0]["global_step"] == 3

@@ -7,7 +7,7 @@ from .config import TRAPOConfig
 from .controllers import AdaptiveKLController, Controller, FixedKLController
 from .curriculum import CurriculumSchedule
 from .interrupts import TrainingAborted, TrainingInterrupted
-from .objectives import LanguageModelingObjective, Objective
+from .objectives import DemonstrationObjective, LanguageModelingObjective, Objective
 from .ppo import PPOConfig, PPOTrainer
 from .rewards import numeric_answer_reward
 from .trainer import TRAPOTrainer
@@ -27,6 +27,7 @@ __all__ = [
     "DAREWeighting",
     "StaticWeighting",
     "Objective",
+    "DemonstrationObjective",
     "LanguageModelingObjective",
     "numeric_answer_reward",
     "TrainingInterrupted",

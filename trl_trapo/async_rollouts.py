@@ -349,10 +349,12 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             try:
                 message = requests.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                if os.getppid() != parent:  # the trainer is gone
+                if os.getppid() != parent:  # the trainer is gone: nobody reads what is still in the pipe
+                    results.cancel_join_thread()  # (exit would wait for it forever: an orphan process)
                     return
                 continue
-            if message is None:
+            if message is None:  # the trainer stops reading: exit without flushing rounds it will not take
+                results.cancel_join_thread()
                 return
             if message[0] == "weights":
                 _, version, state = message
@@ -422,6 +424,36 @@ class _TrainerStateView:
     """What a reward function gets as `trainer_state` in the producer: the step that asked for the round."""
 
     global_step: int = 0
+
+
+def without_training_hooks(model) -> None:
+    """Turn off what only training needs on a sampling copy of the policy: activation checkpointing and the hook
+    that makes input embeddings require grad (`enable_input_require_grads`, which PEFT and activation checkpointing
+    install: a local closure, so a model holding it cannot be pickled into the producer process)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            if getattr(module, "is_gradient_checkpointing", False):
+                module.gradient_checkpointing_disable()
+            module.disable_input_require_grads()
+
+
+def producer_exit(exitcode: int | None) -> str:
+    """How the producer process ended, for an error message: an error it raised (its traceback is printed above by
+    the process), or the signal that killed it."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        likely = " (out of memory, or killed by hand?)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{likely}"
+    return (
+        f"exited with code {exitcode} after an error (its traceback is printed above; a script that starts training "
+        'when it is imported needs `if __name__ == "__main__":`, since the producer is started with `spawn`, which '
+        "imports it)"
+    )
 
 
 class AsyncRolloutSource:
@@ -539,6 +571,7 @@ class AsyncRolloutSource:
             server = self._server_spec()
         else:
             policy = copy.deepcopy(self.policy()).to("cpu").eval()
+            without_training_hooks(policy)  # sampling needs neither, and their closures cannot be pickled
             if self._restored_weights is not None:  # the checkpoint's producer weights (older than its step)
                 version, state = self._restored_weights
                 _load_weights(policy, state)
@@ -567,7 +600,17 @@ class AsyncRolloutSource:
             name=f"trl-trapo-producer-rank{self.rank}",
             daemon=True,
         )
-        self._process.start()
+        try:
+            self._process.start()  # `spawn` pickles the spec here
+        except Exception as error:
+            self._process = None
+            for channel in (self._requests, self._weights, self._results):
+                channel.close()
+            raise ProducerError(
+                f"The rollout producer process (rank {self.rank}) could not be started: what it is sent (a copy of "
+                f"the policy, the tokenizer, the reward functions) cannot be pickled ({type(error).__name__}: "
+                f"{error}). Define reward functions at module level, or set async_rollouts=False."
+            ) from error
         self.sent_version = version
         if self.args.weight_sync_steps > 1 and policy is not None:
             self.sent_state = trainable_state(policy)
@@ -653,9 +696,9 @@ class AsyncRolloutSource:
             except queue.Empty:
                 if not self._process.is_alive():
                     raise ProducerError(
-                        f"The rollout producer process (rank {self.rank}) died with exit code "
-                        f"{self._process.exitcode} while round {index} was being sampled (out of memory? killed?). "
-                        "Resume from the last checkpoint; with async_rollouts=False rounds are sampled in the trainer."
+                        f"The rollout producer process (rank {self.rank}) {producer_exit(self._process.exitcode)} "
+                        f"while round {index} was being sampled. Resume from the last checkpoint; with "
+                        "async_rollouts=False rounds are sampled in the trainer."
                     ) from None
                 continue
             if message[0] == "error":
@@ -754,17 +797,23 @@ class AsyncRolloutSource:
                 importance_weight=weight,
             )
 
-    def close(self) -> None:
-        """Stop the producer (rounds in flight are lost: `checkpoint_state` keeps them first). Idempotent."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the producer (rounds in flight are lost: `checkpoint_state` keeps them first). Idempotent.
+
+        Args:
+            timeout (`float`): seconds the producer gets to finish what it is doing (a round, a reward call) and exit;
+                then it is killed (it ignores SIGTERM, so `terminate` would not stop it). A second Ctrl-C passes a short
+                one.
+        """
         process, self._process = self._process, None
         if process is None:
             return
         try:
             self._requests.put(None)
-            process.join(timeout=10)
+            process.join(timeout=timeout)
         finally:
             if process.is_alive():
-                process.terminate()
+                process.kill()  # it ignores SIGTERM (see producer_main); a hung reward call would keep it forever
                 process.join(timeout=5)
             for channel in (self._requests, self._weights, self._results):
                 channel.cancel_join_thread()

@@ -419,6 +419,21 @@ class TRAPOConfig(_BaseConfig):
             "silent truncation)."
         },
     )
+    max_image_pixels: int | None = field(
+        default=None,
+        metadata={
+            "help": "Vision-language runs: the largest image accepted, in pixels (width x height). A larger image is "
+            "refused when the trainer is built, naming its row (resize it, or raise the limit), not met as an "
+            "out-of-memory error mid-run. None: no limit (the processor resizes as it is configured to)."
+        },
+    )
+    freeze_vision_tower: bool = field(
+        default=False,
+        metadata={
+            "help": "Vision-language runs: freeze the vision encoder (the `vision_tower` / `visual` module, and the "
+            "multimodal projector with it), so the three objectives train the language model only."
+        },
+    )
     response_length: int = field(
         default=128,
         metadata={
@@ -1412,6 +1427,10 @@ class TRAPOConfig(_BaseConfig):
             bad("stale_rollouts", self.stale_rollouts, "use 'drop' or 'downweight'.")
         if self.async_correction not in ("decoupled", "behaviour"):
             bad("async_correction", self.async_correction, "use 'decoupled' or 'behaviour'.")
+        if self.max_image_pixels is not None and not (
+            isinstance(self.max_image_pixels, int) and self.max_image_pixels >= 1
+        ):
+            bad("max_image_pixels", self.max_image_pixels, "use a number of pixels >= 1 (width x height), or None.")
         if not (isinstance(self.async_producer_threads, int) and self.async_producer_threads >= 1):
             bad("async_producer_threads", self.async_producer_threads, "use an integer >= 1.")
         if self.async_rollouts:

@@ -38,6 +38,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 
 from .collator import Row
 from .config import PRETRAIN, SFT
+from .vision import ImageRows, as_tensors, check_no_images, image_column
 
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ def missing_part(value: Any) -> str | None:
         return "NaN"
     if isinstance(value, (list, tuple)):
         for j, item in enumerate(value):
+            if isinstance(item, dict) and "type" in item and "role" not in item:
+                continue  # a content part of a multimodal message (an image part has no text)
             if isinstance(item, dict):
                 for key in ("role", "content"):
                     what = missing_part(item.get(key))
@@ -151,9 +154,14 @@ def check_missing_values(dataset: Dataset, role: str, columns: Sequence[str]) ->
 
 
 def row_text(value: Any) -> str:
-    """The text a user wrote in one cell: a string, or the contents of a message list joined (no template)."""
+    """The text a user wrote in one cell: a string, or the contents of a message list joined (no template; a
+    multimodal message's text parts)."""
     if isinstance(value, (list, tuple)):
-        return "".join(str(m.get("content") or "") for m in value if isinstance(m, dict))
+        return "".join(
+            str(m.get("text") or "") if "type" in m and "role" not in m else row_text(m.get("content"))
+            for m in value
+            if isinstance(m, dict)
+        )  # messages, or the content parts of a multimodal message (an image part has no text)
     return "" if value is None else str(value)
 
 
@@ -609,8 +617,14 @@ def tokenize_sft_dataset(
     template_kwargs: dict | None = None,
     num_proc: int | None = None,
     assistant_only_loss: bool = False,
+    images: ImageRows | None = None,
+    role: str = "sft_dataset",
 ) -> Dataset:
     """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on completion tokens and the final EOS).
+
+    With `images` (a VLM run) and an `images` / `image` column, every row goes through the processor instead (see
+    [`~trl_trapo.vision.ImageRows.sft`]) and the result also has a `model_inputs` column (the row's `pixel_values` ...,
+    empty for a text row); `assistant_only_loss` does not apply to such rows (the last assistant turn is trained).
 
     The completion ends with exactly one EOS: a standard completion gets one appended unless it ends with it; a
     conversational completion keeps what the chat template renders when that already ends the turn with EOS (as
@@ -632,6 +646,8 @@ def tokenize_sft_dataset(
         num_proc (`int`, *optional*): processes for `Dataset.map`.
         assistant_only_loss (`bool`): train every assistant turn of conversational rows (`TRAPOConfig`'s field; the
             data and template are checked by `check_assistant_only_loss`).
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): the processor's row builder of a VLM run.
+        role (`str`): how errors name the dataset.
 
     Returns:
         `Dataset` with columns `input_ids` and `completion_mask` (lists of equal length, in tokens).
@@ -642,6 +658,9 @@ def tokenize_sft_dataset(
     """
     template_kwargs = template_kwargs or {}
     eos = tokenizer.eos_token_id
+    column = image_column(dataset_columns(dataset), role)
+    if column is not None and images is not None:
+        return _tokenize_image_sft_dataset(dataset, images, column, max_length, role, num_proc)
     if assistant_only_loss:
         check_assistant_only_loss(dataset, tokenizer, template_kwargs)
 
@@ -703,6 +722,39 @@ def tokenize_sft_dataset(
     return keep
 
 
+def _tokenize_image_sft_dataset(
+    dataset: Dataset, images: ImageRows, column: str, max_length: int, role: str, num_proc: int | None
+) -> Dataset:
+    """The SFT rows of a VLM run through the processor: `input_ids`, `completion_mask`, `model_inputs` (see
+    `tokenize_sft_dataset`). A row longer than `max_length` keeps its first `max_length` tokens when its image tokens
+    all fit (refused otherwise, naming the row)."""
+
+    def tokenize(example: dict, index: int) -> dict:
+        ids, mask, inputs = images.sft(example, column, role, index)
+        keep = images.cut(ids, max_length, role, index)
+        return {"input_ids": ids[:keep], "completion_mask": mask[:keep], "model_inputs": inputs}
+
+    tokenized = dataset.map(
+        tokenize,
+        with_indices=True,
+        remove_columns=dataset_columns(dataset),
+        num_proc=num_proc,
+        desc=f"Processing {role} (images)",
+    )
+    keep = tokenized.filter(lambda m: sum(m) > 0, input_columns="completion_mask")
+    if len(keep) < len(tokenized):
+        logger.warning(
+            "%d SFT rows have no completion token left within sft_max_length=%d and are skipped.",
+            len(tokenized) - len(keep),
+            max_length,
+        )
+    if len(keep) == 0:
+        raise ValueError(
+            f"No `{role}` row keeps a completion token within sft_max_length={max_length}: raise sft_max_length."
+        )
+    return keep
+
+
 def tokenize_prompt_dataset(
     dataset: Dataset,
     tokenizer,
@@ -710,8 +762,13 @@ def tokenize_prompt_dataset(
     template_kwargs: dict | None = None,
     name: str = "train_dataset",
     num_proc: int | None = None,
+    images: ImageRows | None = None,
 ) -> Dataset:
     """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths.
+
+    With `images` (a VLM run) and an `images` / `image` column, prompts go through the processor (their image
+    tokens expanded, see [`~trl_trapo.vision.ImageRows.prompt`]) and a `model_inputs` column is added (the row's
+    `pixel_values` ..., empty for a text row), which rollouts and evaluation pass to the model.
 
     Args:
         dataset (`Dataset`): prompt-only dataset (`prompt` column, standard or conversational, or `input_ids`).
@@ -720,9 +777,11 @@ def tokenize_prompt_dataset(
         template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
         name (`str`): the argument's name, for error messages.
         num_proc (`int`, *optional*): processes for `Dataset.map`.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): the processor's row builder of a VLM run.
 
     Returns:
-        `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent).
+        `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent, and
+        `model_inputs` for a VLM run's image column).
 
     Raises:
         ValueError: if any prompt is longer than `max_prompt_length` tokens (never silently truncated), or empty.
@@ -730,8 +789,17 @@ def tokenize_prompt_dataset(
     template_kwargs = template_kwargs or {}
     columns = dataset_columns(dataset)
     has_prompt = "prompt" in columns
+    column = image_column(columns, name) if images is not None else None
+    if column is not None and not has_prompt:
+        raise ValueError(
+            f"`{name}` has an {column!r} column and tokenized `input_ids` but no 'prompt': the processor must expand "
+            "each image's placeholder, so give the prompts as text or messages in a 'prompt' column."
+        )
 
-    def tokenize(example: dict) -> dict:
+    def tokenize(example: dict, index: int) -> dict:
+        if column is not None:
+            ids, inputs = images.prompt(example, column, name, index)
+            return {"prompt_ids": ids, "model_inputs": inputs}
         if has_prompt:
             ids = tokenize_prompt(example["prompt"], tokenizer, template_kwargs)
             return {"prompt_ids": ids}
@@ -741,7 +809,7 @@ def tokenize_prompt_dataset(
             ids = [t for t, m in zip(ids, example["attention_mask"]) if m]
         return {"prompt_ids": ids, "prompt": tokenizer.decode(ids, skip_special_tokens=True)}
 
-    tokenized = dataset.map(tokenize, num_proc=num_proc, desc=f"Tokenizing {name}")
+    tokenized = dataset.map(tokenize, with_indices=True, num_proc=num_proc, desc=f"Tokenizing {name}")
     lengths = [len(ids) for ids in tokenized["prompt_ids"]]
     too_long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
     if too_long:
@@ -924,6 +992,11 @@ class PretrainStream:
         objective (`int`): the `objective` index its rows carry (the trainer's pretraining objective by default; another
             language-modelling objective's own index).
         role (`str`): how errors name the dataset (`pretrain_dataset`, or the objective's name).
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder. With it, a document with
+            images (an `images` / `image` column; its `text` holds one image placeholder per image) is a row of its
+            own, never packed with others (a cut inside its image tokens would part them from their image): its
+            first `max_length` tokens, refused when its image tokens do not fit. Documents are then read one at a
+            time, so no image row waits in the stream between steps (the checkpointed state stays token ids only).
     """
 
     def __init__(
@@ -937,10 +1010,14 @@ class PretrainStream:
         world_size: int = 1,
         objective: int = PRETRAIN,
         role: str = "pretrain_dataset",
+        images: ImageRows | None = None,
     ):
         self.dataset = dataset
         self.objective = objective
         self.role = role
+        self.images = images
+        columns = dataset_columns(dataset)
+        self.image_column = image_column(columns, role) if images is not None else None
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.packing = packing
@@ -963,19 +1040,27 @@ class PretrainStream:
 
     def _next_documents(self, n: int) -> list[tuple[int | str, str]]:
         """The next `n` documents of this rank, each with its row (index, or position in this rank's stream)."""
+        return [(row, text) for row, text, _ in self._next_examples(n)]
+
+    def _next_examples(self, n: int) -> list[tuple[int | str, str, Any]]:
+        """The next `n` documents of this rank as `(row, text, images)` (`images`: the image column's value, None
+        without one)."""
+        column = self.image_column
         if not self.streaming:
             indices = list(self.sampler.take(n))
-            return [self._checked(i, text) for i, text in zip(indices, self.dataset[indices]["text"])]
-        docs: list[tuple[int | str, str]] = []
+            batch = self.dataset[indices]
+            images = batch[column] if column is not None else [None] * len(indices)
+            return [(*self._checked(i, text), value) for i, text, value in zip(indices, batch["text"], images)]
+        docs: list[tuple[int | str, str, Any]] = []
         empty_epochs = 0
         while len(docs) < n:
             if self._iterator is None:
                 self._shard.set_epoch(self.epoch)
                 self._iterator = iter(self._shard.skip(self.consumed) if self.consumed else self._shard)
             try:
-                text = next(self._iterator)["text"]
+                example = next(self._iterator)
                 row = f"{self.consumed} of this process's stream" + (f" (pass {self.epoch})" if self.epoch else "")
-                docs.append(self._checked(row, text))
+                docs.append((*self._checked(row, example["text"]), example.get(column) if column else None))
                 self.consumed += 1
                 empty_epochs = 0
             except StopIteration:
@@ -1005,9 +1090,13 @@ class PretrainStream:
         Raises:
             ValueError: for a document that is nothing but unknown tokens (warned once for unknown tokens).
         """
+        return self._add_documents(self._next_documents(64))
+
+    def _add_documents(self, docs: list[tuple[int | str, str]]) -> int:
+        """Tokenize text documents into the packing buffer (or the pending chunks); return the tokens added."""
         eos = self.tokenizer.eos_token_id
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        docs = [(row, text) for row, text in self._next_documents(64) if text]
+        docs = [(row, text) for row, text in docs if text]
         if not docs:
             return 0
         added = 0
@@ -1037,8 +1126,22 @@ class PretrainStream:
                         self.pending.append(chunk)
         return added
 
+    def _read_one(self) -> tuple[Row | None, int]:
+        """Read one document: `(its row, tokens)` when it has images (a row of its own, see the class docstring),
+        else `(None, tokens added)` after adding it to the stream as `_fill` does."""
+        ((row, text, value),) = self._next_examples(1)
+        images = self.images.images_of({"images": value}, "images", self.role, row)
+        if not images:
+            return None, self._add_documents([(row, text)])
+        ids, inputs = self.images.document(text, images, self.role, row)
+        ids = ids[: self.images.cut(ids, self.max_length, self.role, row)]
+        mask = self.images.document_mask(ids)  # the image tokens are read, not predicted
+        row = Row(self.objective, torch.tensor(ids, dtype=torch.long), mask, model_inputs=as_tensors(inputs))
+        return row, len(ids)
+
     def take(self, n: int) -> list[Row]:
-        """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted)."""
+        """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted, but a VLM
+        document's image tokens; its `model_inputs`)."""
         rows = []
         empty_fills = 0  # consecutive fills that added nothing
         while len(rows) < n:
@@ -1047,7 +1150,13 @@ class PretrainStream:
             elif not self.packing and self.pending:
                 chunk = self.pending.pop(0)
             else:
-                empty_fills = 0 if self._fill() else empty_fills + 1
+                if self.image_column is not None:
+                    image_row, added = self._read_one()
+                    if image_row is not None:
+                        rows.append(image_row)
+                else:
+                    added = self._fill()
+                empty_fills = 0 if added else empty_fills + 1
                 if empty_fills > 1000:
                     raise ValueError(f"`{self.role}` produced no tokens: are all its 'text' values empty?")
                 continue
@@ -1074,12 +1183,24 @@ class PretrainStream:
 
 
 def sft_row(
-    input_ids: list[int], completion_mask: list[int], pool_index: int = -1, importance_weight: float = 1.0
+    input_ids: list[int],
+    completion_mask: list[int],
+    pool_index: int = -1,
+    importance_weight: float = 1.0,
+    model_inputs: dict | None = None,
 ) -> Row:
-    """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS)."""
+    """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS); its stored
+    `model_inputs` (a VLM row's `pixel_values` ..., see [`~trl_trapo.vision.as_tensors`]) ride with it."""
     ids = torch.tensor(input_ids, dtype=torch.long)
     mask = torch.tensor(completion_mask[1:], dtype=torch.float32)
-    return Row(SFT, ids, mask, pool_index=pool_index, importance_weight=importance_weight)
+    return Row(
+        SFT,
+        ids,
+        mask,
+        pool_index=pool_index,
+        importance_weight=importance_weight,
+        model_inputs=as_tensors(model_inputs),
+    )
 
 
 @dataclass
@@ -1127,7 +1248,7 @@ def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
             check_tool_call_traces(dataset, label)
 
 
-def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None) -> None:
+def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None, images=None) -> None:
     """Tokenize the prompts of every prompt-only eval dataset once, before training, so that a prompt longer than
     `max_prompt_length` (or than the context, with `response_length` new tokens) fails now, not at the first
     evaluation after hours of training.
@@ -1140,7 +1261,7 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None)
         if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
             continue  # evaluated by loss, not by generation
         tokenized = tokenize_prompt_dataset(
-            dataset, tokenizer, args.max_prompt_length, args.chat_template_kwargs or {}, name=label
+            dataset, tokenizer, args.max_prompt_length, args.chat_template_kwargs or {}, name=label, images=images
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
@@ -1165,6 +1286,7 @@ def prepare_datasets(
     stop_token_ids: list[int] | None = None,
     distillation_dataset: Dataset | None = None,
     has_teacher: bool = False,
+    images: ImageRows | None = None,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained.
 
@@ -1178,6 +1300,8 @@ def prepare_datasets(
         stop_token_ids (`list[int]`, *optional*): the ids that end a completion (for demonstrations).
         distillation_dataset (`Dataset`, *optional*): reward-free prompts for the teacher's objective.
         has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder; without it (a tokenizer), a
+            dataset with an `images` / `image` column is refused.
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
@@ -1188,6 +1312,16 @@ def prepare_datasets(
     config_name = type(args).__name__
     template_kwargs = args.chat_template_kwargs or {}
     rl = sft = pretrain = None
+    processing_class = images.processor if images is not None else tokenizer
+    for role, dataset in [
+        ("train_dataset", train_dataset),
+        ("sft_dataset", sft_dataset),
+        ("pretrain_dataset", pretrain_dataset),
+        ("distillation_dataset", distillation_dataset),
+        *eval_datasets(eval_dataset),
+    ]:
+        if dataset is not None and not isinstance(dataset, dict):
+            check_no_images(dataset_columns(dataset) or [], role, processing_class)
     if train_dataset is not None and args.rl_weight > 0:
         if isinstance(train_dataset, IterableDataset):
             raise ValueError(
@@ -1203,7 +1337,7 @@ def prepare_datasets(
                 "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
                 "`reward_model`, or set rl_weight=0 to train without RL."
             )
-        rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs)
+        rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs, images=images)
         if args.demonstration_column is not None:
             rl = tokenize_demonstrations(
                 rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
@@ -1241,7 +1375,12 @@ def prepare_datasets(
             warn_untrained_turns(sft_dataset, "sft_dataset", config_name)
             check_tool_rendering(sft_dataset, tokenizer, "sft_dataset")
         sft = tokenize_sft_dataset(
-            sft_dataset, tokenizer, args.sft_max_length, template_kwargs, assistant_only_loss=assistant_only_loss
+            sft_dataset,
+            tokenizer,
+            args.sft_max_length,
+            template_kwargs,
+            assistant_only_loss=assistant_only_loss,
+            images=images,
         )
         if assistant_only_loss:  # the data and template passed `check_assistant_only_loss`
             warn_stop_token_untrained(tokenizer, template_kwargs)
@@ -1262,12 +1401,16 @@ def prepare_datasets(
             f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
         )
     check_eval_dataset(eval_dataset, tokenizer)
-    check_eval_prompts(args, tokenizer, eval_dataset, max_positions)
+    check_eval_prompts(args, tokenizer, eval_dataset, max_positions, images)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
         check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
         check_pretrain_dataset(pretrain_dataset)
         if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
             check_rows(pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS)
+            column = image_column(dataset_columns(pretrain_dataset), "pretrain_dataset") if images else None
+            if column is not None:  # images and placeholders, as far as the text check reads
+                for index in range(min(len(pretrain_dataset), PRETRAIN_SCAN_ROWS)):
+                    images.check_document(pretrain_dataset[index], column, "pretrain_dataset", index)
         pretrain = pretrain_dataset
     distill = None
     if distillation_dataset is not None:
@@ -1302,7 +1445,12 @@ def prepare_datasets(
                 raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
             check_rows(distillation_dataset, "distillation_dataset", tokenizer, "prompts")
             distill = tokenize_prompt_dataset(
-                distillation_dataset, tokenizer, args.max_prompt_length, template_kwargs, name="distillation_dataset"
+                distillation_dataset,
+                tokenizer,
+                args.max_prompt_length,
+                template_kwargs,
+                name="distillation_dataset",
+                images=images,
             )
             longest = max(len(ids) for ids in distill["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:

@@ -31,6 +31,7 @@ from .distributed import generation_synced_gpus, reduce_named_means
 from .models import model_forward
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .rollout import generate, prompt_model_inputs
+from .vision import ImageRows, as_tensors, image_column
 
 
 logger = logging.getLogger(__name__)
@@ -53,9 +54,30 @@ def document_rows(texts: list[str], tokenizer, max_length: int) -> list[Row]:
     return rows
 
 
+def image_document_rows(dataset, column: str, images: ImageRows, max_length: int, role: str) -> list[Row]:
+    """The documents of a VLM eval set with a `text` and an image column: a document with images is one row (its first
+    `max_length` tokens, its `model_inputs`), as the pretraining stream makes it; a text document is cut as
+    [`document_rows`] cuts it."""
+    rows = []
+    for index, example in enumerate(dataset):
+        found = images.images_of(example, column, role, index)
+        if not found:
+            rows += document_rows([example["text"]], images.tokenizer, max_length)
+            continue
+        ids, inputs = images.document(example["text"], found, role, index)
+        ids = ids[: images.cut(ids, max_length, role, index)]
+        mask = images.document_mask(ids)  # the image tokens are read, not predicted (as in training)
+        rows.append(Row(PRETRAIN, torch.tensor(ids), mask, model_inputs=as_tensors(inputs)))
+    return rows
+
+
 def sft_rows(tokenized) -> list[Row]:
-    """Rows of a dataset tokenised by `tokenize_sft_dataset`."""
-    return [sft_row(ids, mask) for ids, mask in zip(tokenized["input_ids"], tokenized["completion_mask"])]
+    """Rows of a dataset tokenised by `tokenize_sft_dataset` (with their `model_inputs`, in a VLM run)."""
+    inputs = tokenized[MODEL_INPUTS] if MODEL_INPUTS in tokenized.column_names else [None] * len(tokenized)
+    return [
+        sft_row(ids, mask, model_inputs=extra)
+        for ids, mask, extra in zip(tokenized["input_ids"], tokenized["completion_mask"], inputs)
+    ]
 
 
 @torch.no_grad()
@@ -148,6 +170,8 @@ class Evaluator:
         stop_token_ids (`list[int]`): completions are cut after the first of them (empty: never early).
         pad_token_id (`int`, *optional*): the id written in padding positions (default: the tokenizer's); one the
             policy embeds.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder: eval rows with an `images` /
+            `image` column go through the processor, as training rows do.
     """
 
     def __init__(
@@ -160,9 +184,11 @@ class Evaluator:
         generation_config: GenerationConfig,
         stop_token_ids: list[int],
         pad_token_id: int | None = None,
+        images: ImageRows | None = None,
     ):
         self.args = args
         self.tokenizer = tokenizer
+        self.images = images
         self.scorer = scorer
         self.accelerator = accelerator
         self.unwrapped_policy = unwrapped_policy
@@ -198,7 +224,12 @@ class Evaluator:
         if sampling:
             dataset = dataset.select(range(min(len(dataset), args.per_device_eval_batch_size)))
         tokenized = tokenize_prompt_dataset(
-            dataset, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs, "eval_dataset"
+            dataset,
+            self.tokenizer,
+            args.max_prompt_length,
+            args.chat_template_kwargs,
+            "eval_dataset",
+            images=self.images,
         )
         examples = [tokenized[i] for i in range(len(tokenized))]
         prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
@@ -270,6 +301,9 @@ class Evaluator:
         with self.unwrapped_policy(True) as policy:
             if "text" in columns:
                 rows = document_rows(shard["text"], self.tokenizer, args.pretrain_max_length)
+                column = image_column(columns, prefix) if self.images is not None else None
+                if column is not None:  # documents with images are rows of their own (see PretrainStream)
+                    rows = image_document_rows(shard, column, self.images, args.pretrain_max_length, prefix)
                 sums = self._reduce_floats(nll_sum(policy, rows, pad_id, args.per_device_eval_batch_size))
                 return {f"{prefix}_pretrain_loss": sums[0] / max(sums[1], 1.0)}
             if "completion" in columns or "messages" in columns:
@@ -281,6 +315,8 @@ class Evaluator:
                         args.chat_template_kwargs,
                         # the SFT objective's masking, for conversational rows (text rows: completion-only already)
                         assistant_only_loss=args.assistant_only_loss and "messages" in columns,
+                        images=self.images,
+                        role=f"eval_dataset ({prefix})",
                     )
                     if len(shard)
                     else None
@@ -321,7 +357,12 @@ class Evaluator:
 
         if len(shard):
             tokenized = tokenize_prompt_dataset(
-                shard, self.tokenizer, args.max_prompt_length, args.chat_template_kwargs, name="eval_dataset"
+                shard,
+                self.tokenizer,
+                args.max_prompt_length,
+                args.chat_template_kwargs,
+                name="eval_dataset",
+                images=self.images,
             )
             examples = [tokenized[i] for i in range(len(tokenized))]
             prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]

@@ -430,10 +430,10 @@ def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: 
     Raises:
         ValueError: under ZeRO-3, when the policy is neither partitioned-and-rebuildable nor loadable by id.
     """
-    from transformers import AutoModelForCausalLM
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
     from .distributed import zero3_reference_copy
+    from .vision import load_policy
 
     if is_deepspeed_zero3_enabled():
         if not model_id or not (os.path.isdir(model_id) or "/" in model_id or not os.path.exists(model_id)):
@@ -443,7 +443,7 @@ def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: 
                 "Under DeepSpeed ZeRO-3 the reference model cannot be deep-copied from the (partitioned) policy; "
                 "pass `ref_model` explicitly or pass `model` as a model id / path."
             )
-        return AutoModelForCausalLM.from_pretrained(model_id, **(model_init_kwargs or {}))
+        return load_policy(model_id, model_init_kwargs)
     return copy.deepcopy(model)
 
 

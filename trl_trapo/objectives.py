@@ -71,6 +71,8 @@ class ObjectiveSetup:
         rank (`int`), world_size (`int`): this process and the number of processes (shard the data by them).
         planned_steps (`int`): the run's optimizer steps.
         max_positions (`int`, *optional*): the policy's context (rows must not be longer); None if unknown.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder (the processor), for rows with
+            images; None in a text run.
     """
 
     index: int
@@ -80,6 +82,7 @@ class ObjectiveSetup:
     world_size: int
     planned_steps: int
     max_positions: int | None = None
+    images: Any = None
 
 
 @dataclass
@@ -257,6 +260,7 @@ class LanguageModelingObjective(Objective):
             world_size=setup.world_size,
             objective=setup.index,
             role=role,
+            images=setup.images,
         )
 
     def take(self, n: int, step: int) -> list[Row]:
@@ -319,6 +323,88 @@ class SFTObjective(Objective):
 
     def after_forward(self, term: TermInputs) -> None:
         self.pool.after_forward(term.inputs, term.per_token_logps, term.mask)
+
+
+class DemonstrationObjective(SFTObjective):
+    """SFT on a further set of demonstrations with its own weight, so DARE and the curriculum weigh it apart from the
+    built-in `sft` (e.g. image demonstrations next to text ones: the loss-level analogue of per-modality weights) —
+    [`~trl_trapo.losses.sft_term`].
+
+    Rows are tokenised at setup as the built-in SFT data is (`tokenize_sft_dataset`: prompt-completion or `messages`;
+    a VLM run's image rows through the processor) and served in seeded per-rank epochs (uniform sampling, as
+    `sft_sampling="uniform"`); the sampler's position is checkpointed. Self-imitation, prioritised replay and few-shot
+    mode serve the built-in `sft` only.
+
+    Args:
+        name (`str`): the objective's name.
+        dataset (`Dataset`): the demonstrations (map-style).
+        weight (`float`): the static multiplier c_o.
+        max_length (`int`, *optional*): tokens per row (default: `sft_max_length`).
+        sft_loss_type (`str`), alpha (`float`): "nll" or "trust_region" and its threshold.
+        seed (`int`, *optional*): the sampling seed (default: `sampling_seed` + the objective's index).
+
+    Raises:
+        ValueError: at setup, for a dataset that is not map-style, is empty, or has neither 'prompt' + 'completion'
+            nor 'messages' (and for rows `tokenize_sft_dataset` refuses).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dataset: Dataset | None,
+        weight: float = 1.0,
+        max_length: int | None = None,
+        sft_loss_type: str = "nll",
+        alpha: float = 0.1,
+        seed: int | None = None,
+    ):
+        super().__init__(None, dataset is not None, sft_loss_type, alpha, weight, name)
+        self.dataset, self.max_length, self.seed = dataset, max_length, seed
+
+    def setup(self, setup: ObjectiveSetup) -> None:
+        from .data import tokenize_sft_dataset
+        from .memory.sft_pool import SFTPool
+
+        super().setup(setup)
+        if self.dataset is None or self.weight <= 0:
+            return
+        role = f"objective '{self.name}' dataset"
+        check_dataset_object(self.dataset, role)
+        columns = dataset_columns(self.dataset)
+        if not ({"prompt", "completion"} <= set(columns) or "messages" in columns):
+            raise ValueError(
+                f"The {role} needs 'prompt' and 'completion' columns or a 'messages' column (TRL's SFT formats); it "
+                f"has {columns}."
+            )
+        if len(self.dataset) == 0:
+            raise ValueError(f"The {role} is empty: give it demonstrations, or drop the objective.")
+        args = setup.args
+        tokenized = tokenize_sft_dataset(
+            self.dataset,
+            setup.tokenizer,
+            self.max_length or args.sft_max_length,
+            args.chat_template_kwargs,
+            images=setup.images,
+            role=role,
+        )
+        seed = args.sampling_seed + setup.index if self.seed is None else self.seed
+        self.pool = SFTPool(tokenized, seed=seed, rank=setup.rank, world_size=setup.world_size)
+
+    def take(self, n: int, step: int) -> list[Row]:
+        rows = self.pool.take(n, step)
+        for row in rows:
+            row.objective = self.index
+        return rows
+
+    def after_forward(self, term: TermInputs) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return self.pool.state_dict() if self.pool is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.pool is not None and state:
+            self.pool.load_state_dict(state)
 
 
 class RLObjective(Objective):

@@ -59,6 +59,7 @@ from .models import (
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
 from .sources import SampledRound
+from .vision import as_tensors
 
 
 logger = logging.getLogger(__name__)
@@ -293,16 +294,14 @@ def generate(
 def prompt_model_inputs(examples: Sequence[Mapping]) -> list[dict[str, torch.Tensor]] | None:
     """Each example's extra model inputs as tensors: its `model_inputs` column, name -> a tensor (or nested lists,
     as a `datasets.Dataset` returns them) with a leading dimension (e.g. a VLM processor's `pixel_values` and
-    `image_grid_thw` for the prompt); a missing or None entry is no input. None when no example has any.
+    `image_grid_thw` for the prompt, see [`~trl_trapo.vision.as_tensors`]); a missing, None or empty entry is no
+    input. None when no example has any.
 
     This is where a prompt's model inputs enter rollouts: `generate`, the behaviour and reference log-probs, the
     critic and the trajectories (so the training forward) all get them. Reward models and functions do not (they
     see the prompt's text and ids only), nor do few-shot prompt embeddings, self-imitation's SFT rows and vLLM.
     """
-    inputs = [
-        {name: torch.as_tensor(value) for name, value in (e.get("model_inputs") or {}).items() if value is not None}
-        for e in examples
-    ]
+    inputs = [as_tensors(e.get("model_inputs")) for e in examples]
     return inputs if any(inputs) else None
 
 

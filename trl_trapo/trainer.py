@@ -33,6 +33,7 @@ change how samples are chosen and reused, `replay_max_uses` and `build_sample_se
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -48,7 +49,7 @@ import torch
 from accelerate.utils import gather_object, is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
@@ -158,6 +159,20 @@ from .sources import (
     SyncRolloutSource,
     check_rollout_source,
     check_round,
+)
+from .vision import (
+    ImageRows,
+    check_vision_options,
+    freeze_vision_tower,
+    is_processor,
+    is_vision_language_model,
+    load_policy,
+    model_context,
+    restore_converted_weights,
+    rows_have_images,
+    suppress_placeholder_tokens,
+    text_tokenizer,
+    vision_parameters,
 )
 from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
@@ -346,7 +361,7 @@ class TRAPOTrainer(_BaseTrainer):
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             check_model_source(model, "model")
-            model = AutoModelForCausalLM.from_pretrained(model, **(args.model_init_kwargs or {}))
+            model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
         elif args.model_init_kwargs:
             raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
         if processing_class is None:
@@ -354,10 +369,27 @@ class TRAPOTrainer(_BaseTrainer):
                 raise ValueError(
                     "Pass `processing_class` (the policy's tokenizer): it cannot be loaded from the model."
                 )
-            processing_class = AutoTokenizer.from_pretrained(model_id)
-        check_tokenizer(processing_class)
+            processing_class = (
+                AutoProcessor.from_pretrained(model_id)
+                if is_vision_language_model(model)
+                else AutoTokenizer.from_pretrained(model_id)
+            )
+        # a VLM run's processor turns image rows into ids and model inputs; every text path uses its tokenizer
+        tokenizer = text_tokenizer(processing_class)
+        image_rows = (
+            ImageRows(processing_class, args.chat_template_kwargs, args.max_image_pixels)
+            if is_processor(processing_class)
+            else None
+        )
+        check_tokenizer(tokenizer)
         if agent is not None:
-            check_chat_template(processing_class, args.chat_template_kwargs)
+            check_chat_template(tokenizer, args.chat_template_kwargs)
+        if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
+            suppressed = suppress_placeholder_tokens(model, processing_class)
+            logger.info("Vision-language run: placeholder tokens %s are never sampled.", suppressed)
+        if args.freeze_vision_tower:  # before the reference is copied and any adapter wraps the policy
+            frozen = freeze_vision_tower(model)
+            logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
@@ -371,17 +403,15 @@ class TRAPOTrainer(_BaseTrainer):
         if self._has_critic:
             if args.disable_dropout:
                 disable_dropout_in_model(value_model)
-            set_pad_token_id(value_model, processing_class.pad_token_id, "value_model")
+            set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
             train_model = model
 
-        teacher = self._load_teacher(teacher_model, model, args, processing_class)
+        teacher = self._load_teacher(teacher_model, model, args, tokenizer)
 
         # ---- step 2. rewards ------------------------------------------------------------------------------------
-        funcs, reward_tokenizers = load_reward_funcs(
-            reward_funcs, reward_model, reward_processing_classes, processing_class
-        )
+        funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
         if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
@@ -396,7 +426,7 @@ class TRAPOTrainer(_BaseTrainer):
             funcs,
             reward_tokenizers,
             reward_weights,
-            processing_class,
+            tokenizer,
             args.local_rollout_forward_batch_size,
             log_metric=self.metrics.log_metric,
             log_extra=self.metrics.log_extra,
@@ -407,18 +437,27 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 3. datasets (checked and tokenized before anything is trained) -------------------------------
         data = prepare_datasets(
             args,
-            processing_class,
+            tokenizer,
             train_dataset,
             sft_dataset,
             pretrain_dataset,
             eval_dataset,
-            max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+            max_positions=model_context(model),
             has_rewards=bool(funcs),
             has_critic=self._has_critic,
-            stop_token_ids=stop_token_ids(args, processing_class),
+            stop_token_ids=stop_token_ids(args, tokenizer),
             distillation_dataset=distillation_dataset,
             has_teacher=teacher is not None,
+            images=image_rows,
         )
+        if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
+            check_vision_options(
+                args,
+                prompts_have_images=rows_have_images(data.rl) or rows_have_images(data.distill),
+                has_critic=self._has_critic,
+                reward_models=[n for f, n in zip(self.rewards.funcs, self.rewards.names) if isinstance(f, nn.Module)],
+                has_agent=agent is not None or rollout_func is not None,
+            )
         self._distillation_dataset = data.distill
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
         self._task_families = None  # the RL dataset's task families, when few enough to log one metric each
@@ -433,16 +472,16 @@ class TRAPOTrainer(_BaseTrainer):
         if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
             longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
             readers = [
-                ("value_model", value_model, processing_class),
-                ("teacher_model", teacher, processing_class),
+                ("value_model", value_model, tokenizer),
+                ("teacher_model", teacher, tokenizer),
             ] + [
                 (f"reward model '{name}'", func, tok)
                 for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
                 if isinstance(func, nn.Module)
             ]
             for what, reader, reader_tokenizer in readers:
-                context = getattr(getattr(reader, "config", None), "max_position_embeddings", None)
-                same_tokens = reader_tokenizer is processing_class
+                context = model_context(reader)
+                same_tokens = reader_tokenizer is tokenizer
                 if reader is not None and context is not None and same_tokens and longest > context:
                     raise ValueError(
                         f"The {what} has a context of {context} positions, but the longest prompt + response_length "
@@ -540,6 +579,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         check_launch(self.accelerator)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
+        self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
@@ -548,11 +589,12 @@ class TRAPOTrainer(_BaseTrainer):
                 ObjectiveSetup(
                     index=names.index(objective.name),
                     args=args,
-                    tokenizer=processing_class,
+                    tokenizer=tokenizer,
                     rank=rank,
                     world_size=world,
                     planned_steps=self._planned_steps,
-                    max_positions=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                    max_positions=model_context(model),
+                    images=image_rows,
                 )
             )
         for objective in extra_objectives:  # its state goes into the checkpoint's JSON: refuse what cannot, now
@@ -687,9 +729,7 @@ class TRAPOTrainer(_BaseTrainer):
             *extra_objectives,
         ]
         for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
-            objective.setup(
-                ObjectiveSetup(index, args, processing_class, rank, world, planned_steps=self._planned_steps)
-            )
+            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
@@ -703,14 +743,14 @@ class TRAPOTrainer(_BaseTrainer):
                 self.rewards.funcs[i] = self._prepare_frozen(func)
         # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
         # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
-        self.padding_id = embedding_safe_pad_id(processing_class, self._unwrapped_policy(), value_model)
+        self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
         # the training forward's output layer runs only at counted positions
         self.counted_head = CountedPositionHead(self._unwrapped_policy())
-        self.generation_config = rollout_generation_config(args, processing_class, self.padding_id)
-        stops = stop_token_ids(args, processing_class)  # what stops generation is exactly what cuts the mask
+        self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
+        stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
         self.rollouts = RolloutEngine(
             args,
-            processing_class,
+            tokenizer,
             self.rewards,
             self.reference,
             self._has_critic,
@@ -725,7 +765,7 @@ class TRAPOTrainer(_BaseTrainer):
             guidance=DemonstrationGuidance(args.guidance, args.guidance_gamma)
             if args.demonstration_column is not None
             else None,
-            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, processing_class)
+            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, tokenizer)
             if args.use_vllm and self.active[RL]
             else None,
             # distillation's sampled-token estimator scores each sampled token with the teacher in the round
@@ -741,13 +781,13 @@ class TRAPOTrainer(_BaseTrainer):
                 self._rl_dataset,
                 self.memory_pool,
                 agent,
-                processing_class,
+                tokenizer,
                 self.rewards,
                 group=1 if self._has_critic else args.num_generations,
                 num_mini_batches=args.num_mini_batches,
                 temperature=args.temperature,
                 response_length=args.response_length,
-                context=getattr(getattr(model, "config", None), "max_position_embeddings", None),
+                context=model_context(model),
                 max_iterations=args.max_tool_calling_iterations,
                 log_metric=self.metrics.log_metric,
                 template_kwargs=args.chat_template_kwargs,
@@ -789,13 +829,14 @@ class TRAPOTrainer(_BaseTrainer):
         )
         self.evaluator = Evaluator(
             args,
-            processing_class,
+            tokenizer,
             self.rewards,
             self.accelerator,
             self._unwrapped_policy_for_eval,
             self.generation_config,
             stops,
             self.padding_id,
+            images=image_rows,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
@@ -1070,7 +1111,7 @@ class TRAPOTrainer(_BaseTrainer):
             self._rl_dataset,
             self.memory_pool,
             self.rewards,
-            self.processing_class,
+            text_tokenizer(self.processing_class),
             self.generation_config,
             self.padding_id,
             stops,
@@ -1525,6 +1566,8 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
+        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+            total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
         # in closed form from -d loss / d log p per token (`logp_coef`), or from the term's own logit gradient
@@ -1689,7 +1732,7 @@ class TRAPOTrainer(_BaseTrainer):
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         if eval_dataset is not None:  # the trainer's own was checked at construction
-            check_eval_dataset(eval_dataset, self.processing_class)
+            check_eval_dataset(eval_dataset, text_tokenizer(self.processing_class))
         if isinstance(dataset, dict):
             metrics = {}
             for name, part in dataset.items():
@@ -1743,6 +1786,7 @@ class TRAPOTrainer(_BaseTrainer):
                     f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
                 )
             self._load_trapo_state(resume_from_checkpoint)
+            self._restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
         catcher = self._signal_catcher
         try:
@@ -1754,7 +1798,7 @@ class TRAPOTrainer(_BaseTrainer):
                     **kwargs,
                 )
         except TrainingAborted:
-            self._close_rollout_source()
+            self._close_rollout_source(abort=True)
             newest, _ = last_complete_checkpoint(self.args.output_dir, world)
             raise TrainingAborted(
                 f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
@@ -1769,17 +1813,36 @@ class TRAPOTrainer(_BaseTrainer):
                 raise replacement from error
             raise
         self._close_rollout_source()
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
+            self._restore_converted_weights(best)  # the Trainer loaded it as it resumes: the same blind spot
         if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
             raise TrainingInterrupted(self.interruption)
         if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
             signal.raise_signal(catcher.received)
         return output
 
-    def _close_rollout_source(self) -> None:
+    def _restore_converted_weights(self, checkpoint_dir: str) -> None:
+        """Load a checkpoint's model weights through `from_pretrained` when the Trainer's plain `load_state_dict`
+        cannot (a file in the architecture's original key layout, as transformers saves LLaVA; see
+        [`~trl_trapo.vision.restore_converted_weights`]). PEFT adapters and a policy-and-critic pair are saved in the
+        Trainer's own layout and left to it."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(policy) or isinstance(policy, PolicyAndValueWrapper):
+            return
+        if restore_converted_weights(policy, checkpoint_dir):
+            logger.info("Loaded the weights of %s through from_pretrained (key conversion).", checkpoint_dir)
+
+    def _close_rollout_source(self, abort: bool = False) -> None:
         """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
-        starts it again."""
+        starts it again. On a second Ctrl-C (`abort`) a `close` that takes a `timeout` gets a short one: the run stops
+        at once, even while a reward call hangs in the producer."""
         close = getattr(self.rollout_source, "close", None)
-        if close is not None:
+        if close is None:
+            return
+        if abort and "timeout" in inspect.signature(close).parameters:
+            close(timeout=0.5)
+        else:
             close()
 
     @property

@@ -38,8 +38,9 @@ from typing import Protocol
 import torch
 
 from ..checkpoint import CheckpointError, encode_tensors, read_state_file
-from ..collator import Row
+from ..collator import MODEL_INPUTS, Row
 from ..config import SFT
+from ..vision import as_tensors
 from .replay import Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
 from .successes import SuccessReplay
@@ -226,6 +227,7 @@ class MemoryPool:
             batch.group,
             batch.off_policy,
             batch.completion_mask,
+            [as_tensors(e.get(MODEL_INPUTS)) for e in batch.examples],  # a VLM prompt's images ride with its success
         )
 
     def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:

@@ -13,6 +13,7 @@ feedback (priority proxies; prompt embeddings for a sample selector such as few-
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -21,7 +22,7 @@ import tempfile
 
 import torch
 
-from ..collator import Row
+from ..collator import MODEL_INPUTS, Row
 from ..data import ShardedSampler, sft_row
 
 
@@ -51,9 +52,10 @@ class SFTPool:
             return []
         indices = self.sampler.take(n)
         batch = self.dataset[list(indices)]  # one Arrow take; `select` + column reads costs ~10x more per step
+        inputs = batch.get(MODEL_INPUTS) or [None] * len(indices)  # a VLM row's pixel_values ...
         return [
-            sft_row(ids, mask, pool_index=index)
-            for ids, mask, index in zip(batch["input_ids"], batch["completion_mask"], indices)
+            sft_row(ids, mask, pool_index=index, model_inputs=extra)
+            for ids, mask, index, extra in zip(batch["input_ids"], batch["completion_mask"], indices, inputs)
         ]
 
     def state_dict(self) -> dict:
@@ -259,8 +261,12 @@ class PrioritizedSFTPool:
 
     # ---- the on-disk copy -------------------------------------------------------------------------------------------
     def _estimate_row_bytes(self, indices: list[int]) -> list[int]:
-        lengths = self.source.select(indices)["input_ids"]
-        return [5 * len(ids) + 8 for ids in lengths]  # int32 ids + int8 mask + two int32 list offsets
+        rows = self.source.select(indices)
+        lengths = rows["input_ids"]
+        sizes = [5 * len(ids) + 8 for ids in lengths]  # int32 ids + int8 mask + two int32 list offsets
+        if MODEL_INPUTS in rows.column_names:  # a VLM row's inputs, stored as JSON text
+            sizes = [size + len(json.dumps(extra)) for size, extra in zip(sizes, rows[MODEL_INPUTS])]
+        return sizes
 
     def _write(self, indices: list[int]) -> int:
         from datasets import Features, Sequence, Value, load_from_disk
@@ -273,7 +279,9 @@ class PrioritizedSFTPool:
         bars_were_disabled = are_progress_bars_disabled()
         disable_progress_bars()
         try:
-            subset = self.source.select(indices).select_columns(["input_ids", "completion_mask"]).cast(features)
+            subset = self.source.select(indices)
+            kept = ["input_ids", "completion_mask"] + [MODEL_INPUTS] * (MODEL_INPUTS in subset.column_names)
+            subset = subset.select_columns(kept).cast(Features({**subset.features, **features}))
             subset.save_to_disk(temporary)
             old = None
             if os.path.exists(self.directory):
@@ -358,10 +366,11 @@ class PrioritizedSFTPool:
         self.beta = self.beta_at(step)
         self._last_weights = weights
         batch = self.dataset[indices.tolist()]
+        inputs = batch.get(MODEL_INPUTS) or [None] * len(weights)  # a VLM row's pixel_values ...
         return [
-            sft_row(ids, mask, pool_index=index, importance_weight=float(weight))
-            for ids, mask, index, weight in zip(
-                batch["input_ids"], batch["completion_mask"], indices.tolist(), weights
+            sft_row(ids, mask, pool_index=index, importance_weight=float(weight), model_inputs=extra)
+            for ids, mask, index, weight, extra in zip(
+                batch["input_ids"], batch["completion_mask"], indices.tolist(), weights, inputs
             )
         ]
 

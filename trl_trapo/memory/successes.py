@@ -80,6 +80,7 @@ class SuccessReplay:
         group: int,
         off_policy: torch.Tensor | None = None,
         completion_masks: list[torch.Tensor] | None = None,
+        model_inputs: list[dict[str, torch.Tensor]] | None = None,
     ) -> int:
         """Keep the successes of a scored generation round.
 
@@ -92,6 +93,8 @@ class SuccessReplay:
             off_policy (`torch.Tensor`, *optional*): `(B,)` bool, True for guidance's demonstrations (never kept).
             completion_masks (`list[torch.Tensor]`, *optional*): `(C_i,)` each, 1 on tokens the policy sampled and 0 on
                 tokens the environment wrote; a success keeps its mask, and its SFT row counts mask-1 tokens only.
+            model_inputs (`list[dict]`, *optional*): each completion's prompt's extra model inputs (a VLM prompt's
+                `pixel_values` ...); a success keeps them (as lists, in the JSON state) and its SFT row carries them.
 
         Returns:
             `int`: the number of successes kept.
@@ -115,6 +118,8 @@ class SuccessReplay:
             }
             if completion_masks is not None and not bool(completion_masks[i].bool().all()):
                 row["completion_mask"] = [int(m) for m in completion_masks[i].tolist()]
+            if model_inputs is not None and model_inputs[i]:
+                row["model_inputs"] = {name: value.tolist() for name, value in model_inputs[i].items()}
             self.rows.append(row)
             kept += 1
             if len(self.rows) > self.capacity:
@@ -140,7 +145,7 @@ class SuccessReplay:
             row = self.rows.popleft()
             ids = row["prompt_ids"] + row["completion_ids"]
             mask = [0] * len(row["prompt_ids"]) + row.get("completion_mask", [1] * len(row["completion_ids"]))
-            out.append(sft_row(ids, mask))
+            out.append(sft_row(ids, mask, model_inputs=row.get("model_inputs")))
             row["uses"] += 1
             if row["uses"] < self.max_uses:
                 self.rows.append(row)  # back of the queue: served again after the others
@@ -171,6 +176,7 @@ class SuccessReplay:
         self.rows = deque(
             {"prompt_ids": list(r["prompt_ids"]), "completion_ids": list(r["completion_ids"]), "uses": int(r["uses"])}
             | ({"completion_mask": [int(m) for m in r["completion_mask"]]} if "completion_mask" in r else {})
+            | ({"model_inputs": dict(r["model_inputs"])} if "model_inputs" in r else {})
             for r in state.get("rows", [])
         )
         self.credit = float(state.get("credit", 0.0))

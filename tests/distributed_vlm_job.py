@@ -1,0 +1,84 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""A TRL `GRPOTrainer` vision-language script on TRAPO (only the import changed), with a per-rank record — for the
+VLM tests of tests/test_distributed.py and tests/test_vision_job.py.
+
+    accelerate launch --num_processes 2 tests/distributed_vlm_job.py --output_dir out
+    python tests/distributed_vlm_job.py --output_dir out        # one process
+
+The script is what a GRPO user writes for a VLM: a model and its processor, a dataset in TRL's format (a
+conversational `prompt` with image parts, an `images` column), a reward function, `GRPOConfig`. The tiny LLaVA and
+its processor are built in-process (`trl_trapo.vision_tasks`; no Hub). Every rank writes
+`<output_dir>/ranks/rank<r>.json` (`distributed_job.RankRecorder`: logs, final-weight digest) and
+`<output_dir>/ranks/vlm<r>.json`: `initial_digest` and `final_digest` (SHA-256 of the weights before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+
+from distributed_job import RankRecorder  # tests/ is the script's directory: on sys.path
+
+from trl_trapo import TRAPOConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
+from trl_trapo import TRAPOTrainer as GRPOTrainer
+from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+
+
+def colour_reward(completions, answer, **kwargs):
+    """1 when the completion's first word is the answer (TRL's reward-function signature)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(t.strip().split("</s>")[0].strip() == a) for t, a in zip(texts, answer)]
+
+
+def brevity(completions, **kwargs):
+    """Shorter is better (varies within every group, so a random policy gets a gradient from the first step)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [-len(t) / 10 for t in texts]
+
+
+def digest(model) -> str:
+    sha = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        sha.update(name.encode())
+        sha.update(value.detach().cpu().float().numpy().tobytes())
+    return sha.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--max_steps", type=int, default=3)
+    options = parser.parse_args()
+
+    processor = build_vlm_processor()
+    model = build_tiny_vlm(processor, seed=0)
+    suite = make_visual_task_suite(0, num_pretrain_docs=8, num_sft_per_task=8, num_rl_per_task=16)
+    dataset = suite.rl_train.select(range(32))  # prompts with 0, 1 and 2 images
+    config = GRPOConfig(
+        output_dir=options.output_dir, max_steps=options.max_steps, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=6, max_prompt_length=80, logging_steps=1, beta=0.01,
+        report_to="none", save_strategy="no", seed=0, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[colour_reward, brevity],
+        args=config,
+        train_dataset=dataset,
+        processing_class=processor,
+    )
+    trainer.add_callback(RankRecorder(trainer))
+    rank = trainer.accelerator.process_index
+    initial = digest(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.train()
+    os.makedirs(os.path.join(options.output_dir, "ranks"), exist_ok=True)
+    with open(os.path.join(options.output_dir, "ranks", f"vlm{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(
+            {"initial_digest": initial, "final_digest": digest(trainer.accelerator.unwrap_model(trainer.model))},
+            handle,
+        )
+
+
+if __name__ == "__main__":
+    main()

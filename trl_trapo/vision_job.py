@@ -1,0 +1,320 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The built-in vision-language job (`examples/trapo_vlm.py`): a tiny VLM learns the visual task in one loop.
+
+    from trl_trapo.vision_job import main, parse_args
+
+    job_args, config = parse_args([])  # the defaults of VLM_JOB_DEFAULTS; `--config recipe.yaml` supported
+    results = main(job_args, config)  # evaluate, train, evaluate again, save; results as in eval_results.json
+
+With no arguments and no network it builds the tiny LLaVA and its processor (`trl_trapo.vision_tasks`: a CLIP image
+processor's PIL backend and the character tokenizer with an `<image>` token), the visual task suite (shapes and
+colours drawn at 56x56 pixels: captions for pretraining, demonstrations of the `colour`, `count`, `same` and `text`
+families, RL prompts of every family, `shape` RL-only), and trains one `TRAPOTrainer` on all three objectives at once.
+Before and after training it measures ([`evaluate`]):
+
+- `eval_accuracy`, `eval_accuracy_<split>` (`sft_tasks`, `rl_only`) and `eval_accuracy_<family>`: greedy exact match
+  on held-out images (`vision_tasks.greedy_vlm_accuracy`);
+- `eval_caption_loss`: language-modelling loss (nats/token) of held-out caption documents, which no run trains on
+  (`vision_tasks.caption_loss`): forgetting of the pretraining objective;
+
+each also with the suffix `_initial` (before training), plus `train_runtime_s` and `train_loss`, written to
+`<output_dir>/eval_results.json` (atomically) next to the model and its processor.
+
+`--per_modality` trains image rows and text rows as separate objectives (`DemonstrationObjective("sft_image")`,
+`LanguageModelingObjective("pretrain_image")` next to the built-in `sft` and `pretrain` on the text rows; RL stays
+one objective): DARE and the curriculum weigh each modality apart (docs/vision.md, "Per-modality weights").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from datasets import Dataset
+from trl import TrlParser
+
+from .config import OBJECTIVES, PRETRAIN, SFT, TRAPOConfig
+
+
+logger = logging.getLogger(__name__)
+
+# Hyper-parameters of the VLM job, for what the user does not set. The main job's `BUILTIN_DEFAULTS`
+# (trl_trapo/cli.py), except: fewer steps (an image row costs ~4x a text row on the CPU), room for images in the
+# lengths (16 tokens per image, up to 2 per prompt), no evaluation during training, logging every 20 steps.
+VLM_JOB_DEFAULTS = dict(
+    output_dir="trapo-vlm-output",
+    max_steps=300,
+    per_device_train_batch_size=32,
+    gradient_accumulation_steps=1,
+    learning_rate=2e-3,
+    lr_scheduler_type="cosine_with_min_lr",
+    lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    warmup_steps=0.05,
+    adam_beta2=0.99,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    logging_steps=20,
+    eval_strategy="no",
+    save_strategy="no",
+    report_to="none",
+    activation_checkpointing=False,
+    pretrain_max_length=96,
+    sft_max_length=96,
+    max_prompt_length=80,
+    response_length=12,
+    num_generations=8,
+    temperature=1.0,
+    kl_coef=0.01,
+    sync_ref_model=True,  # from random weights: anchor the KL to a lagging copy, as the main job does
+    ref_model_sync_steps=25,
+    ref_model_mixup_alpha=0.5,
+    seed=0,
+    dataloader_num_workers=0,
+    disable_tqdm=True,
+)
+IMAGE_SUFFIX = "_image"  # the per-modality objectives: `pretrain_image`, `sft_image`
+
+
+def per_modality_curriculum(config: TRAPOConfig) -> tuple[list[float], list[dict[str, float]]]:
+    """`(boundaries, mixtures)` of the per-modality run: the config's phases with the pretraining and the SFT share
+    each split half and half between the text objective and its image twin (RL's share unchanged)."""
+    names = list(OBJECTIVES)
+    flat = list(config.curriculum_mixtures)
+    split = {OBJECTIVES[PRETRAIN], OBJECTIVES[SFT]}
+    mixtures = []
+    for start in range(0, len(flat), len(names)):
+        mixture: dict[str, float] = {}
+        for name, share in zip(names, flat[start : start + len(names)]):
+            if name in split:
+                mixture[name] = mixture[name + IMAGE_SUFFIX] = share / 2
+            else:
+                mixture[name] = share
+        mixtures.append(mixture)
+    return list(config.curriculum_boundaries), mixtures
+
+
+@dataclass
+class VisionJobArguments:
+    """The data arguments of the VLM job (the training arguments are `TRAPOConfig`'s)."""
+
+    task_seed: int = field(default=0, metadata={"help": "Seed of the visual task suite (images, splits, rows)."})
+    num_pretrain_docs: int = field(default=2000, metadata={"help": "Pretraining documents (captions, text)."})
+    num_sft_per_task: int = field(default=1000, metadata={"help": "SFT demonstrations per family that has them."})
+    num_rl_per_task: int = field(default=500, metadata={"help": "RL prompts per family with demonstrations."})
+    num_eval_per_task: int = field(default=48, metadata={"help": "Held-out eval prompts per family."})
+    num_eval_captions: int = field(default=48, metadata={"help": "Held-out caption documents (forgetting)."})
+    per_modality: bool = field(
+        default=False,
+        metadata={
+            "help": "Train image rows and text rows as separate objectives (sft_image, pretrain_image next to sft "
+            "and pretrain), weighed apart by DARE and the curriculum."
+        },
+    )
+
+    def __post_init__(self):
+        for name in ("num_pretrain_docs", "num_sft_per_task", "num_rl_per_task", "num_eval_per_task"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name}={value!r}: must be a whole number >= 1. Fix: give one.")
+
+
+def make_parser() -> TrlParser:
+    """The job's parser over `(VisionJobArguments, TRAPOConfig)`, with `VLM_JOB_DEFAULTS` as defaults."""
+    parser = TrlParser(
+        (VisionJobArguments, TRAPOConfig),
+        allow_abbrev=False,
+        usage="examples/trapo_vlm.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+    )
+    parser.set_defaults(**VLM_JOB_DEFAULTS)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[VisionJobArguments, TRAPOConfig]:
+    """Parse the job's command line (`sys.argv[1:]` by default) over `VLM_JOB_DEFAULTS`.
+
+    Raises:
+        SystemExit: from argparse, for `--help` or an unknown argument.
+        ValueError: for a value `TRAPOConfig` or [`VisionJobArguments`] refuses, naming the field.
+    """
+    import dataclasses
+
+    job_args, config = make_parser().parse_args_and_config(sys.argv[1:] if argv is None else list(argv))
+    given = config.curriculum_mixtures
+    if job_args.per_modality and all(isinstance(share, (int, float)) for share in given):
+        # phases given as numbers name the three built-in objectives; this run has five (mappings name them all)
+        boundaries, mixtures = per_modality_curriculum(config)
+        config = dataclasses.replace(config, curriculum_boundaries=boundaries, curriculum_mixtures=mixtures)
+    return job_args, config
+
+
+@dataclass
+class VisionJobData:
+    """What the VLM job trains and evaluates on.
+
+    Attributes:
+        processor: the tiny VLM's processor (`vision_tasks.build_vlm_processor`).
+        suite: the visual task suite (`vision_tasks.VisualTaskSuite`).
+        per_modality (`bool`): split image and text rows into objectives of their own.
+    """
+
+    processor: object
+    suite: object
+    per_modality: bool = False
+
+
+def build_data(job_args: VisionJobArguments) -> VisionJobData:
+    """Generate the visual task suite from `job_args.task_seed` and build the processor (no download)."""
+    from .vision_tasks import build_vlm_processor, make_visual_task_suite
+
+    suite = make_visual_task_suite(
+        job_args.task_seed,
+        num_pretrain_docs=job_args.num_pretrain_docs,
+        num_sft_per_task=job_args.num_sft_per_task,
+        num_rl_per_task=job_args.num_rl_per_task,
+        num_eval_per_task=job_args.num_eval_per_task,
+        num_eval_captions=job_args.num_eval_captions,
+    )
+    return VisionJobData(processor=build_vlm_processor(), suite=suite, per_modality=job_args.per_modality)
+
+
+def split_by_images(dataset: Dataset) -> tuple[Dataset, Dataset]:
+    """`(rows with images, rows without)` of a dataset with an `images` column."""
+    counts = [len(images or []) for images in dataset["images"]]
+    return (
+        dataset.select([i for i, n in enumerate(counts) if n]),
+        dataset.select([i for i, n in enumerate(counts) if not n]),
+    )
+
+
+def evaluate(model, data: VisionJobData) -> dict[str, float]:
+    """The job's held-out metrics of `model` (module docstring), without the `eval_` prefix: `accuracy`,
+    `accuracy_<split>`, `accuracy_<family>` (fractions in [0, 1]) and `caption_loss` (nats/token)."""
+    from .vision_tasks import caption_loss, greedy_vlm_accuracy
+
+    metrics = greedy_vlm_accuracy(model, data.processor, data.suite.eval)
+    metrics["caption_loss"] = caption_loss(model, data.processor, data.suite.eval_captions)
+    return metrics
+
+
+def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
+    """The job's `TRAPOTrainer`: pretraining on the captions, SFT on the demonstrations, RL on the prompts (per
+    modality: image rows as objectives of their own); `model` defaults to a fresh tiny VLM
+    (`build_tiny_vlm(processor, seed=config.seed)`)."""
+    from .objectives import DemonstrationObjective, LanguageModelingObjective
+    from .trainer import TRAPOTrainer
+    from .vision_tasks import build_tiny_vlm
+
+    suite = data.suite
+    sft, pretrain, objectives = suite.sft, suite.pretrain, []
+    if data.per_modality:
+        sft_image, sft = split_by_images(suite.sft)
+        pretrain_image, pretrain = split_by_images(suite.pretrain)
+        objectives = [
+            DemonstrationObjective(OBJECTIVES[SFT] + IMAGE_SUFFIX, sft_image),
+            LanguageModelingObjective(OBJECTIVES[PRETRAIN] + IMAGE_SUFFIX, pretrain_image),
+        ]
+    return TRAPOTrainer(
+        model if model is not None else build_tiny_vlm(data.processor, seed=config.seed),
+        reward_funcs=suite.reward_funcs,
+        args=config,
+        train_dataset=suite.rl_train,
+        sft_dataset=sft,
+        pretrain_dataset=pretrain,
+        processing_class=data.processor,
+        objectives=objectives or None,
+    )
+
+
+def run_job(data: VisionJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
+    """Evaluate, train jointly, evaluate again, save (model, processor, `eval_results.json`).
+
+    Raises:
+        trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
+    """
+    from .cli import write_json_atomic
+
+    results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data).items()}
+    train_start = time.perf_counter()
+    output = trainer.train()
+    results["train_runtime_s"] = time.perf_counter() - train_start
+    results["train_loss"] = output.training_loss
+    results.update({f"eval_{k}": v for k, v in evaluate(trainer.model, data).items()})
+    trainer.save_model(config.output_dir)
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(os.path.join(config.output_dir, "eval_results.json"), results)
+        print(summary(config.output_dir, results, time.perf_counter() - job_start), flush=True)
+    return results
+
+
+def main(job_args: VisionJobArguments, config: TRAPOConfig) -> dict[str, float]:
+    """The job: build, evaluate, train jointly, evaluate again, save.
+
+    Returns:
+        The results written to `<output_dir>/eval_results.json`: `eval_<metric>_initial` and `eval_<metric>` for
+        every metric of [`evaluate`], `train_runtime_s` (seconds) and `train_loss`.
+    """
+    job_start = time.perf_counter()
+    data = build_data(job_args)
+    return run_job(data, build_trainer(data, config), config, job_start)
+
+
+SUMMARY_METRICS = ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only", "caption_loss")
+
+
+def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
+    """A few lines for the human who launched the job: where the results are, the headline metrics before -> after,
+    wall time."""
+    names = [n for n in SUMMARY_METRICS if f"eval_{n}" in results]
+    width = max(len(name) for name in names)
+    lines = [f"Done in {seconds:.0f} s (training {results['train_runtime_s']:.0f} s). Output: {output_dir}"]
+    for name in names:
+        lines.append(f"  {name:<{width}}  {results[f'eval_{name}_initial']:.3f} -> {results[f'eval_{name}']:.3f}")
+    return "\n".join(lines)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
+    in the main job (`TRAPO_DEBUG=1` raises it with its traceback instead).
+
+    Returns:
+        0 after a complete job, 2 after a user error.
+
+    Raises:
+        SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
+    """
+    from .cli import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
+
+    user_errors = SETUP_USER_ERRORS
+    try:
+        job_args, config = parse_args(argv)
+        job_start = time.perf_counter()
+        data = build_data(job_args)
+        trainer = build_trainer(data, config)
+        user_errors = RUN_USER_ERRORS
+        run_job(data, trainer, config, job_start)
+    except Exception as error:
+        if not isinstance(error, user_errors) or debug_requested():
+            raise
+        program = os.path.basename(sys.argv[0]) or "trapo_vlm.py"
+        print(f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    return 0
+
+
+__all__ = [
+    "VLM_JOB_DEFAULTS",
+    "VisionJobArguments",
+    "VisionJobData",
+    "build_data",
+    "build_trainer",
+    "evaluate",
+    "main",
+    "make_parser",
+    "parse_args",
+    "run",
+    "run_job",
+    "split_by_images",
+]
