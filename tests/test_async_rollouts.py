@@ -288,6 +288,31 @@ def test_activation_checkpointing_on_does_not_stop_the_producer(tmp_path, tokeni
     assert any("sample/staleness_mean" in log for log in trainer.state.log_history)
 
 
+def test_a_policy_with_transformers_capture_hooks_reaches_the_producer(tmp_path, tokenizer, suite):
+    """transformers installs its output-capturing hooks (local closures) the first time a forward records hidden
+    states; a policy that had such a forward (an evaluation, a probe, a user's own call) could not be pickled into the
+    producer ("Can't pickle local object ... output_capturing_hook"). The producer now builds its copy from class,
+    config and weights, with the policy's exact outputs and tied weights."""
+    import pickle
+
+    from trl_trapo.async_rollouts import PolicyBlueprint
+
+    model = build_tiny_model(tokenizer, seed=0).eval()
+    ids = torch.tensor([[1, 5, 7, 9]])
+    expected = model(ids, output_hidden_states=True).logits  # installs the hooks
+    with pytest.raises(Exception, match="pickle"):
+        pickle.dumps(model)
+    copy = pickle.loads(pickle.dumps(PolicyBlueprint.of(model))).build()
+    torch.testing.assert_close(copy(ids).logits, expected, rtol=0, atol=0)
+    tied = model.config.tie_word_embeddings
+    assert (copy.get_output_embeddings().weight is copy.get_input_embeddings().weight) == tied
+
+    trainer = async_trainer(tmp_path, tokenizer, suite, model=model, max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any("sample/staleness_mean" in log for log in trainer.state.log_history)
+
+
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     """With a large `max_staleness` the producer is still writing rounds nobody reads when training ends; it ignores
     SIGTERM, so the `terminate` that used to follow the trainer's request to stop did nothing and the process hung

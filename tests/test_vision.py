@@ -47,6 +47,12 @@ def build_processor() -> LlavaProcessor:
     )
 
 
+def odd_length_reward(completions, **kwargs) -> list[float]:
+    """1 for a completion of odd length: some completions of a group succeed, some fail (module level: the async
+    producer imports it)."""
+    return [float(len(str(c)) % 2) for c in completions]
+
+
 def image(k: int) -> Image.Image:
     """A flat image whose red channel is 20 k: its identity."""
     return Image.new("RGB", (SIDE, SIDE), (20 * k, 90, 40))
@@ -294,10 +300,9 @@ def test_cutting_image_tokens_is_refused(tmp_path, processor):
     "overrides, extra, message",
     [
         (dict(use_vllm=True), {}, r"use_vllm=True, but the RL prompts have images"),
-        (dict(async_rollouts=True), {}, r"async_rollouts=True with image prompts is not supported yet"),
         ({}, {"value_model": True}, r"A `value_model` was given, but the RL prompts have images"),
     ],
-    ids=["vllm", "async", "critic"],
+    ids=["vllm", "critic"],
 )
 def test_what_image_prompts_cannot_go_through_is_refused(tmp_path, processor, overrides, extra, message):
     from transformers import AutoModelForSequenceClassification, LlamaConfig
@@ -319,6 +324,32 @@ def test_what_image_prompts_cannot_go_through_is_refused(tmp_path, processor, ov
             processing_class=processor,
             **extra,
         )
+
+
+def test_asynchronous_rollouts_sample_each_row_with_its_own_images(tmp_path, processor):
+    """`async_rollouts=True` with image prompts: the producer (its LLaVA copy built from class, config and weights:
+    a pickled one carries transformers' output-capturing hooks, which cannot be pickled) samples each row with its
+    row's images. At lag 0 the producer's log-probs are the trained policy's, so the trainer's recomputation with
+    the rows' images matches them to float rounding; a row given another row's images would not."""
+    rl, sft, docs = datasets()
+    trainer = TRAPOTrainer(
+        build_model(processor, LlavaForConditionalGeneration),
+        reward_funcs=odd_length_reward,
+        args=vlm_config(
+            tmp_path, async_rollouts=True, max_staleness=0, max_steps=6, rl_weight=3.0, num_mini_batches=2
+        ),
+        train_dataset=rl.filter(lambda row: len(row["images"]) > 0),  # 1 and 2 images per prompt
+        sft_dataset=sft,
+        pretrain_dataset=docs,
+        processing_class=processor,
+    )
+    trainer.train()
+    logs = trainer.state.log_history
+    differences = [
+        log["sampling/sampling_logp_difference/max"] for log in logs if "sampling/sampling_logp_difference/max" in log
+    ]
+    assert len(differences) >= 2 and max(differences) < 1e-4, differences
+    assert all(log["sample/staleness_max"] == 0 for log in logs if "sample/staleness_max" in log)
 
 
 def test_freeze_vision_tower_trains_the_language_model_only(tmp_path, processor):

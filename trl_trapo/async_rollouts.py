@@ -68,6 +68,7 @@ and `perf/producer_reward_s` (the producer's seconds per round).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -80,7 +81,7 @@ import signal
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,12 +136,14 @@ def round_seed(seed: int, rank: int, index: int) -> int:
 class ProducerSpec:
     """Everything the producer process builds itself from (pickled once, when it starts).
 
-    `model` is a CPU copy of the policy (eval mode), None when a vLLM server samples (`server`); `funcs`,
+    `model` is the policy's [`PolicyBlueprint`] (a transformers or PEFT model) or a CPU copy of it (eval mode, any
+    other module), None when a vLLM server samples (`server`); `suppress_token_ids` are suppressed in a rebuilt copy
+    (a VLM's image placeholders); `funcs`,
     `processing_classes`, `weights` are the reward functions / models, their tokenizers and weights as the trainer's
     [`~trl_trapo.rewards.RewardScorer`] has them.
     """
 
-    model: nn.Module | None
+    model: PolicyBlueprint | nn.Module | None
     tokenizer: Any
     generation_config: Any
     pad_token_id: int
@@ -155,6 +158,7 @@ class ProducerSpec:
     version: int
     deterministic: bool
     server: VLLMServerSpec | None = None
+    suppress_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -288,6 +292,86 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
+@dataclass
+class PolicyBlueprint:
+    """The producer's sampling copy of a transformers policy, as class + config + weights, built in the producer.
+
+    A pickled module carries its forward hooks, and transformers installs local closures as hooks the first time a
+    forward records outputs (`output_hidden_states`; a LLaVA's vision tower at every image forward): such a policy
+    cannot be pickled ("Can't pickle local object ... output_capturing_hook"), and a copy that dropped them would
+    lose the hidden states the model reads. Built fresh in the producer, the model installs its own hooks when it
+    needs them. Training-only hooks (activation checkpointing, input embeddings requiring grad) are not rebuilt.
+
+    `model_class(config)` builds the model (for a PEFT policy: its base model, then `get_peft_model(...,
+    peft_config, adapter_name)`); `state` holds every tensor of the policy's `state_dict()` as a detached CPU copy,
+    tensors that shared storage (tied embeddings) still sharing it; they are assigned with their own dtypes.
+    """
+
+    model_class: type
+    config: Any
+    state: dict[str, torch.Tensor]
+    peft_config: Any = None
+    adapter_name: str = "default"
+
+    @classmethod
+    def of(cls, policy: nn.Module) -> PolicyBlueprint | None:
+        """The blueprint of `policy` (a `PreTrainedModel`, or a `PeftModel` with one adapter over one), or None for
+        any other module (the producer then gets a pickled copy)."""
+        from transformers import PreTrainedModel
+
+        peft_config, adapter_name, base = None, "default", policy
+        try:
+            from peft import PeftModel
+        except ImportError:  # pragma: no cover - peft is a dependency
+            PeftModel = ()
+        if isinstance(policy, PeftModel):
+            if len(policy.peft_config) != 1:
+                return None
+            adapter_name, peft_config = next(iter(policy.peft_config.items()))
+            base = policy.get_base_model()
+        if not isinstance(base, PreTrainedModel) or getattr(base.config, "quantization_config", None) is not None:
+            return None
+        copies: dict[int, torch.Tensor] = {}  # by storage: tied tensors stay one tensor
+        state = {}
+        for name, tensor in policy.state_dict().items():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+            if key not in copies or not tensor.numel():
+                copies[key] = tensor.detach().to("cpu", copy=True)
+            state[name] = copies[key]
+        return cls(type(base), copy.deepcopy(base.config), state, copy.deepcopy(peft_config), adapter_name)
+
+    def build(self) -> nn.Module:
+        """The policy, in eval mode, on the CPU.
+
+        Raises:
+            RuntimeError: if the built model's tensors do not match `state` by name (missing or unexpected keys).
+        """
+        try:
+            from transformers.initialization import no_init_weights
+        except ImportError:  # transformers < 5: random initialisation, then overwritten (slower, same result)
+            no_init_weights = contextlib.nullcontext
+
+        with no_init_weights():  # every parameter is assigned from `state` below
+            model = self.model_class(self.config)
+        if self.peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, copy.deepcopy(self.peft_config), adapter_name=self.adapter_name)
+        model.load_state_dict(self.state, strict=True, assign=True)
+        tie = getattr(model, "tie_weights", None)
+        if callable(tie):
+            tie()
+        return model.eval()
+
+
+def _load_weights_into_state(target: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` (parameters by name, as [`trainable_state`] sends them) into a blueprint's `target` tensors, in
+    place (a tied tensor is updated under all its names)."""
+    with torch.no_grad():
+        for name, value in state.items():
+            target[name].copy_(value.to(target[name].dtype))
+
+
 def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     params = dict(model.named_parameters())
     with torch.no_grad():
@@ -317,7 +401,15 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
         torch.set_num_threads(spec.num_threads)
         model = client = None
         if spec.server is None:
-            model = spec.model.to(spec.device).eval()
+            if isinstance(spec.model, PolicyBlueprint):
+                model = spec.model.build()
+                if spec.suppress_token_ids:  # the policy's hook is not in a rebuilt copy
+                    from .vision import SuppressTokens
+
+                    model.get_output_embeddings().register_forward_hook(SuppressTokens(spec.suppress_token_ids))
+            else:  # a pickled copy keeps the policy's (picklable) hooks
+                model = spec.model
+            model = model.to(spec.device).eval()
         else:
             server = spec.server
             try:
@@ -482,6 +574,9 @@ class AsyncRolloutSource:
         vllm ([`~trl_trapo.rollout.VLLMGenerator`], *optional*): with `use_vllm=True, vllm_mode="server"`, the
             trainer's connection to the vLLM server: the producer then samples through the server (no copy of the
             policy) and the weights are pushed to the server with `vllm.push_weights()` (module docstring).
+        suppress_token_ids (`Sequence[int]`, *optional*): vocabulary ids the policy never samples (a VLM's image
+            placeholders, [`~trl_trapo.vision.SuppressTokens`]): suppressed again in the producer's rebuilt copy,
+            which has none of the policy's forward hooks.
 
     Raises:
         ValueError: naming the reward function, if one cannot be pickled (see [`check_picklable`]).
@@ -505,8 +600,10 @@ class AsyncRolloutSource:
         metrics,
         exploration=None,
         vllm=None,
+        suppress_token_ids: Sequence[int] = (),
     ):
         check_picklable(list(scorer.funcs))
+        self.suppress_token_ids = [int(t) for t in suppress_token_ids]
         self.policy = policy
         self.dataset = dataset
         self.prompts = prompts
@@ -570,11 +667,17 @@ class AsyncRolloutSource:
             self._push(step)
             server = self._server_spec()
         else:
-            policy = copy.deepcopy(self.policy()).to("cpu").eval()
-            without_training_hooks(policy)  # sampling needs neither, and their closures cannot be pickled
+            live = self.policy()
+            policy = PolicyBlueprint.of(live)
+            if policy is None:  # not a transformers model: a pickled copy, without training-only hooks
+                policy = copy.deepcopy(live).to("cpu").eval()
+                without_training_hooks(policy)  # sampling needs neither, and their closures cannot be pickled
             if self._restored_weights is not None:  # the checkpoint's producer weights (older than its step)
                 version, state = self._restored_weights
-                _load_weights(policy, state)
+                if isinstance(policy, PolicyBlueprint):
+                    _load_weights_into_state(policy.state, state)
+                else:
+                    _load_weights(policy, state)
                 self._restored_weights = None
         spec = ProducerSpec(
             model=policy,
@@ -592,6 +695,7 @@ class AsyncRolloutSource:
             version=version,
             deterministic=self.args.async_deterministic,
             server=server,
+            suppress_token_ids=self.suppress_token_ids,
         )
         self._requests, self._weights, self._results = context.Queue(), context.Queue(), context.Queue()
         self._process = context.Process(
@@ -612,7 +716,10 @@ class AsyncRolloutSource:
                 f"{error}). Define reward functions at module level, or set async_rollouts=False."
             ) from error
         self.sent_version = version
-        if self.args.weight_sync_steps > 1 and policy is not None:
+        if self.args.weight_sync_steps > 1 and isinstance(policy, PolicyBlueprint):
+            names = [n for n, p in live.named_parameters() if p.requires_grad]  # as a weight sync sends them
+            self.sent_state = {name: policy.state[name].clone() for name in names}
+        elif self.args.weight_sync_steps > 1 and policy is not None:
             self.sent_state = trainable_state(policy)
         for request in self.pending:  # asked for before a `close` and not received: asked for again, in order
             if request.index not in self.ready:

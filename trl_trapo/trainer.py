@@ -384,6 +384,7 @@ class TRAPOTrainer(_BaseTrainer):
         check_tokenizer(tokenizer)
         if agent is not None:
             check_chat_template(tokenizer, args.chat_template_kwargs)
+        suppressed: list[int] = []  # token ids the policy never samples (a VLM's image placeholders)
         if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
             suppressed = suppress_placeholder_tokens(model, processing_class)
             logger.info("Vision-language run: placeholder tokens %s are never sampled.", suppressed)
@@ -581,6 +582,7 @@ class TRAPOTrainer(_BaseTrainer):
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
         self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
+        self._suppressed_token_ids = list(suppressed)
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
@@ -1123,6 +1125,7 @@ class TRAPOTrainer(_BaseTrainer):
             metrics=self.metrics,
             exploration=self.exploration,
             vllm=self.rollouts.vllm,  # server mode: the trainer's connection, for the weight pushes
+            suppress_token_ids=self._suppressed_token_ids,
         )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:

@@ -417,7 +417,7 @@ def check_vision_options(
 
     Raises:
         ValueError: naming the option and the alternative: vLLM (TRAPO passes no images to it), few-shot mode (it
-            embeds prompts by their ids), asynchronous rollouts (the producer's pickled VLM copy fails), a critic or a reward model (transformers has no value or score head that
+            embeds prompts by their ids), a critic or a reward model (transformers has no value or score head that
             reads images; they would score the text alone), tools / environments (multi-turn rollouts with images).
     """
     if not prompts_have_images:
@@ -432,12 +432,6 @@ def check_vision_options(
         raise ValueError(
             f"{name}.fewshot_mode=True embeds prompts by their token ids only, but the RL prompts have images: set "
             "fewshot_mode=False."
-        )
-    if getattr(args, "async_rollouts", False):
-        raise ValueError(
-            f"{name}.async_rollouts=True with image prompts is not supported yet: the producer process gets a pickled "
-            "copy of the policy, and a VLM's copy loses what transformers installs to capture the vision tower's "
-            "hidden states (its first round fails). Set async_rollouts=False."
         )
     if has_critic:
         raise ValueError(
