@@ -25,7 +25,7 @@ def test_the_relay_splits_the_steps_as_trapos_three_row_shares():
 
     _, config = vision_job.parse_args([])
     steps = compare_vlm.relay_steps(config)
-    assert sum(steps) == 300 and all(s > 0 for s in steps)
+    assert sum(steps) == config.max_steps == 900 and all(s > 0 for s in steps)
 
 
 def test_the_relay_rl_stage_keeps_only_image_prompts():

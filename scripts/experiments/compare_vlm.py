@@ -10,7 +10,7 @@ Every argument this script does not know is an argument of the VLM job (`example
 
 Per seed `S`, every arm starts from a fresh tiny LLaVA (`build_tiny_vlm(processor, seed=S)`) and the same data
 (`make_visual_task_suite(S)`: `--task_seed S`), for the same number of optimizer steps (`--max_steps`, default the
-job's 300), each run in its own process (`--jobs 2` by default; `--jobs 1`, and `--quick`, run in this one):
+job's 900), each run in its own process (`--jobs 2` by default; `--jobs 1`, and `--quick`, run in this one):
 
 1. `trapo`: `vision_job.build_trainer` with the job's configuration: pretraining on the captions, SFT on the
    demonstrations, RL on the prompts, one `TRAPOTrainer` (three objectives).
@@ -108,7 +108,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results", default=None, help="summary JSON (default docs/results/vlm/results.json)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to run (default all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
-    parser.add_argument("--max_steps", type=int, default=None, help="optimizer steps of every arm (default 300)")
+    parser.add_argument(
+        "--max_steps", type=int, default=None, help="optimizer steps of every arm (default: the job's, 900)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, tiny data: a smoke run")
     parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
