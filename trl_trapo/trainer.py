@@ -162,6 +162,7 @@ from .sources import (
 )
 from .vision import (
     ImageRows,
+    as_tensors,
     check_vision_options,
     freeze_vision_tower,
     is_processor,
@@ -647,6 +648,8 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_ceiling,
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
+                # the search feeds self-imitation only: without it there is nothing to search for
+                max_search=args.exploration_max_search if self.memory_pool.successes is not None else 0,
             )
             if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
@@ -1408,12 +1411,46 @@ class TRAPOTrainer(_BaseTrainer):
     def _consume_round(self, batch: RolloutBatch) -> None:
         """A finished round reaches every consumer, whole and in this order: targeted exploration (collective: the
         whole round's groups decide each family's temperature), then `_observe_rollouts`, self-imitation, the replay
-        buffer."""
+        buffer; then exploration's search of the families stuck at the ceiling (`_search_stuck_families`)."""
         if self.exploration is not None:
             self.exploration.observe(batch)
         self._observe_rollouts(batch)
         self.memory_pool.observe_successes(batch)  # self-imitation keeps the rare successes
         self.replay.add(batch.trajectories)
+        self._search_stuck_families(batch)
+
+    def _search_stuck_families(self, batch: RolloutBatch) -> None:
+        """Targeted exploration's search (trl_trapo/exploration.py): the round's groups of a family stuck at the
+        temperature ceiling are sampled again `exploration.search_repeats(family)` times (at the family's
+        temperature, in one batched `generate` call), scored by the reward functions, and their successes go to
+        self-imitation (a success is news there: its search group is stuck or mostly failing). Nothing else sees
+        these completions. Needs exploration (with `exploration_max_search` > 0) and self-imitation; the prompts
+        must carry `prompt_ids` (the default rollout source's do). Collective under data parallelism when any rank
+        searches: every rank then samples (a rank with nothing to search samples its round's first group once), so
+        ZeRO-3's weight gathering for `generate` is entered by all."""
+        explore, successes = self.exploration, self.memory_pool.successes
+        if explore is None or successes is None or not explore.max_search or batch.group < 2:
+            return
+        group = batch.group
+        examples = []
+        for start in range(0, len(batch.examples), group):
+            rows = batch.examples[start : start + group]
+            examples += rows * explore.search_repeats(explore.families(rows[:1])[0])
+        if not any_rank(self.accelerator, bool(examples)):
+            return
+        if not all("prompt_ids" in e for e in examples or batch.examples[:group]):
+            return
+        examples = examples or list(batch.examples[:group])
+        sampled = self.rollouts.sample(examples, group, self.state.global_step, explore.row_temperatures(examples))
+        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in examples]
+        scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
+        stops = torch.tensor(self.rollouts.stop_token_ids or [self.processing_class.eos_token_id])
+        is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
+        explore.searched += len(examples)
+        model_inputs = [as_tensors(e.get(MODEL_INPUTS)) for e in examples]  # a VLM prompt's images ride along
+        explore.search_successes += successes.observe(
+            prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs
+        )
 
     @torch.no_grad()
     def process_rollouts(
