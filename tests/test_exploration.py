@@ -155,7 +155,9 @@ def test_search_samples_go_to_self_imitation_only(tmp_path, tokenizer, suite):
         processing_class=tokenizer,
     )
     trainer.exploration.load_state_dict({"levels": {"lst": 2}, "lowest_score": 0.0, "search_levels": {"lst": 2}})
-    rows = [r for r in suite.rl_train if r["task"] == "lst"][:1] + [r for r in suite.rl_train if r["task"] == "rev"][:1]
+    rows = [r for r in suite.rl_train if r["task"] == "lst"][:1] + [r for r in suite.rl_train if r["task"] == "rev"][
+        :1
+    ]
     examples = [dict(r, prompt_ids=tokenizer(r["prompt"])["input_ids"]) for r in rows for _ in range(2)]
     calls = []
     sample = trainer.rollouts.sample
