@@ -124,7 +124,7 @@ def test_a_family_stuck_at_the_ceiling_is_searched_with_doubling_repeats():
     plain = TargetedExploration(temperature=1.0, max_temperature=1.2, step=0.1)
     for _ in range(6):
         plain.observe(finished_round(rows, flat_a, 2))
-    assert plain.search_repeats("a") == 0 and "exploration/searched" not in plain.metrics(["a"])
+    assert plain.search_repeats("a") == 0 and "exploration/search/a" not in plain.metrics(["a"])
     with pytest.raises(ValueError, match="exploration_max_search=-1"):
         TargetedExploration(1.0, 1.2, 0.1, max_search=-1)
 
@@ -175,9 +175,48 @@ def test_search_samples_go_to_self_imitation_only(tmp_path, tokenizer, suite):
     # lst (searched 2x) is sampled again twice, rev (not searched) not at all, in one call at lst's temperature
     assert calls == [(["lst"] * 4, 2, pytest.approx([1.2] * 4))]
     successes = trainer.memory_pool.successes
-    assert len(successes) == 2 and trainer.exploration.search_successes == 2  # one per search group
-    assert trainer.exploration.searched == 4 and len(trainer.replay) == replay_before
+    assert len(successes) == 2 and len(trainer.replay) == replay_before  # one success per search group
+    assert successes.metrics() == {
+        "self_imitation/size": 2.0,
+        "self_imitation/kept": 2.0,
+        "self_imitation/served": 0.0,
+        "self_imitation/searched": 4.0,
+        "self_imitation/search_kept": 2.0,
+    }
     assert trainer.exploration.metrics(["lst", "rev"])["exploration/search/lst"] == 2.0
+
+
+def test_a_rank_with_nothing_to_search_samples_as_many_rows_as_the_others(tmp_path, tokenizer, suite, monkeypatch):
+    """Under data parallelism every rank samples and scores the same number of search rows (generation and reward
+    models in lockstep): a rank whose round has no searched family, while another rank searches 4 rows (simulated
+    through `max_over_ranks`), samples 4 rows of its own round's groups, at their families' temperatures."""
+    import trl_trapo.trainer as trainer_module
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=first_of_each_pair,
+        args=make_tiny_config(tmp_path, exploration=True, self_imitation=True, num_generations=2, disable_tqdm=True),
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    rows = [r for r in suite.rl_train if r["task"] == "rev"][:3]
+    examples = [dict(r, prompt_ids=tokenizer(r["prompt"])["input_ids"]) for r in rows for _ in range(2)]
+    calls = []
+    sample = trainer.rollouts.sample
+
+    def recording_sample(examples, group, step, temperature, **kwargs):
+        calls.append(([e["prompt"] for e in examples], list(temperature)))
+        return sample(examples, group, step, temperature, **kwargs)
+
+    trainer.rollouts.sample = recording_sample
+    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: max(value, 4))
+    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))
+    assert calls == [([rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2, pytest.approx([1.0] * 4))]
+    assert trainer.memory_pool.successes.searched == 4
+    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: value)
+    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))  # no rank searches: no call
+    assert len(calls) == 1
 
 
 def test_each_row_of_a_round_gets_its_familys_temperature():
@@ -271,8 +310,6 @@ def test_exploration_state_survives_resume_exactly(tmp_path, tokenizer, suite):
         "levels": {ALL_FAMILIES: 4},
         "lowest_score": 0.0,
         "search_levels": {},  # RL only: no self-imitation, so no search
-        "searched": 0,
-        "search_successes": 0,
     }  # 0.8 + 4 x 0.1 = the ceiling
     resumed = exploring_trainer(tmp_path / "resumed", tokenizer, suite, **settings)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))

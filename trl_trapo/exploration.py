@@ -121,8 +121,6 @@ class TargetedExploration:
         self.max_search = int(max_search)
         # family -> consecutive rounds stuck at the ceiling (k: each group is sampled again min(2^(k-1), max_search) x)
         self.search_levels: dict[str, int] = {}
-        self.searched = 0  # extra completions sampled by the search so far (this rank)
-        self.search_successes = 0  # of them, successes self-imitation kept (this rank)
 
     @property
     def max_level(self) -> int:
@@ -210,28 +208,22 @@ class TargetedExploration:
 
     def metrics(self, families: list[str] | None) -> dict[str, float]:
         """`exploration/temperature` (mean over the tracked families, or of "all") and, per tracked family,
-        `exploration/temperature/<family>`; with search, `exploration/search/<family>` (the repeats of its next
-        round), `exploration/searched` and `exploration/search_successes` (extra completions sampled and successes
-        kept so far, this rank)."""
+        `exploration/temperature/<family>`; with search, per tracked family `exploration/search/<family>` (the
+        repeats of its next round; what the search sampled and kept is counted by self-imitation, per rank)."""
         names = families or [ALL_FAMILIES]
         out = {f"exploration/temperature/{name}": self.temperature_of(name) for name in names} if families else {}
         out["exploration/temperature"] = sum(self.temperature_of(n) for n in names) / len(names)
-        if self.max_search:
-            if families:
-                out.update({f"exploration/search/{name}": float(self.search_repeats(name)) for name in names})
-            out["exploration/searched"] = float(self.searched)
-            out["exploration/search_successes"] = float(self.search_successes)
+        if self.max_search and families:
+            out.update({f"exploration/search/{name}": float(self.search_repeats(name)) for name in names})
         return out
 
     def state_dict(self) -> dict:
-        """The per-family boosts and search levels, the lowest score seen (JSON-serialisable; the same on every rank)
-        and this rank's search counters."""
+        """The per-family boosts and search levels and the lowest score seen (JSON-serialisable; the same on every
+        rank)."""
         return {
             "levels": dict(self.levels),
             "lowest_score": self.lowest_score,
             "search_levels": dict(self.search_levels),
-            "searched": self.searched,
-            "search_successes": self.search_successes,
         }
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -241,5 +233,3 @@ class TargetedExploration:
         lowest = state.get("lowest_score")
         self.lowest_score = None if lowest is None else float(lowest)
         self.search_levels = {str(k): int(v) for k, v in state.get("search_levels", {}).items()}
-        self.searched = int(state.get("searched", 0))
-        self.search_successes = int(state.get("search_successes", 0))

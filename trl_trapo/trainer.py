@@ -93,7 +93,7 @@ from .data import (
     eval_datasets,
     prepare_datasets,
 )
-from .distributed import any_rank, check_launch, reduce_replay_metrics, sum_over_ranks
+from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
@@ -1424,10 +1424,10 @@ class TRAPOTrainer(_BaseTrainer):
         temperature ceiling are sampled again `exploration.search_repeats(family)` times (at the family's
         temperature, in one batched `generate` call), scored by the reward functions, and their successes go to
         self-imitation (a success is news there: its search group is stuck or mostly failing). Nothing else sees
-        these completions. Needs exploration (with `exploration_max_search` > 0) and self-imitation; the prompts
-        must carry `prompt_ids` (the default rollout source's do). Collective under data parallelism when any rank
-        searches: every rank then samples (a rank with nothing to search samples its round's first group once), so
-        ZeRO-3's weight gathering for `generate` is entered by all."""
+        these completions. Needs exploration (with `exploration_max_search` > 0), self-imitation, and prompts that
+        carry `prompt_ids` (the default rollout source's do). Collective under data parallelism: every rank samples
+        and scores as many rows (the most any rank has to search; a rank with fewer repeats its own searched groups,
+        or its round's first groups when it has none), so generation and reward models stay in lockstep."""
         explore, successes = self.exploration, self.memory_pool.successes
         if explore is None or successes is None or not explore.max_search or batch.group < 2:
             return
@@ -1436,20 +1436,19 @@ class TRAPOTrainer(_BaseTrainer):
         for start in range(0, len(batch.examples), group):
             rows = batch.examples[start : start + group]
             examples += rows * explore.search_repeats(explore.families(rows[:1])[0])
-        if not any_rank(self.accelerator, bool(examples)):
+        needed = max_over_ranks(self.accelerator, len(examples))  # the same on every rank
+        if not needed or not all("prompt_ids" in e for e in batch.examples):
             return
-        if not all("prompt_ids" in e for e in examples or batch.examples[:group]):
-            return
-        examples = examples or list(batch.examples[:group])
+        pool = examples or list(batch.examples)
+        examples = [pool[i % len(pool)] for i in range(needed)]  # whole groups: every count is a multiple of group
         sampled = self.rollouts.sample(examples, group, self.state.global_step, explore.row_temperatures(examples))
         prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in examples]
         scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
         stops = torch.tensor(self.rollouts.stop_token_ids or [self.processing_class.eos_token_id])
         is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
-        explore.searched += len(examples)
         model_inputs = [as_tensors(e.get(MODEL_INPUTS)) for e in examples]  # a VLM prompt's images ride along
-        explore.search_successes += successes.observe(
-            prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs
+        successes.observe(
+            prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs, search=True
         )
 
     @torch.no_grad()
