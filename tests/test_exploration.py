@@ -7,6 +7,9 @@
 - In training: with a reward that never varies, the families' temperatures rise round by round, every trajectory
   carries the temperature it was sampled at, and the training forward scores it at that temperature (the first PPO
   ratio stays 1); the state survives a checkpoint exactly (a resumed run ends where an uninterrupted one does).
+- Search once heat has run out: a family still stuck in a round sampled at the ceiling has its groups sampled again
+  1, 2, 4, ... times (up to `exploration_max_search`), from the next round on, until a round carries a signal; in
+  training those extra completions reach self-imitation only (not the replay buffer), at the family's temperature.
 - Bad settings fail at construction, naming the field.
 """
 
@@ -95,6 +98,127 @@ def test_the_rule_reads_the_whole_round_through_gather():
     assert alone.levels == {"a": 1}
 
 
+def test_a_family_stuck_at_the_ceiling_is_searched_with_doubling_repeats():
+    """Heat first, volume when heat has run out: no search while the family warms up, then 1, 2, 4, then the cap 5
+    extra samplings per group in consecutive stuck rounds at the ceiling; a round with signal stops the search (and
+    cools the family as before); a family that is not stuck is never searched."""
+    explore = TargetedExploration(temperature=1.0, max_temperature=1.2, step=0.1, max_search=5)
+    rows = [{"task": "a"}] * 2 + [{"task": "b"}] * 2
+    flat_a = torch.tensor([0.0, 0.0, 0.0, 1.0])  # a stuck, b has signal
+    repeats = []
+    for _ in range(6):
+        explore.observe(finished_round(rows, flat_a, 2))
+        repeats.append((explore.temperature_of("a"), explore.search_repeats("a"), explore.search_repeats("b")))
+    # rounds 1-2 heat a to the ceiling (1.1, 1.2); round 3 is the first stuck one sampled at 1.2
+    assert [r[1] for r in repeats] == [0, 0, 1, 2, 4, 5] and {r[2] for r in repeats} == {0}
+    assert repeats[-1][0] == pytest.approx(1.2)
+    assert explore.metrics(["a", "b"])["exploration/search/a"] == 5.0
+    state = explore.state_dict()
+    assert state["search_levels"] == {"a": explore.max_search_level} and explore.max_search_level == 4
+    again = TargetedExploration(temperature=1.0, max_temperature=1.2, step=0.1, max_search=5)
+    again.load_state_dict(state)
+    assert again.state_dict() == state and again.search_repeats("a") == 5
+    explore.observe(finished_round(rows, torch.tensor([0.0, 1.0, 0.0, 1.0]), 2))  # a signal: stop searching
+    assert explore.search_repeats("a") == 0 and explore.temperature_of("a") == pytest.approx(1.1)
+    # without search (max_search=0, or a checkpoint made before it) nothing is ever searched
+    plain = TargetedExploration(temperature=1.0, max_temperature=1.2, step=0.1)
+    for _ in range(6):
+        plain.observe(finished_round(rows, flat_a, 2))
+    assert plain.search_repeats("a") == 0 and "exploration/search/a" not in plain.metrics(["a"])
+    with pytest.raises(ValueError, match="exploration_max_search=-1"):
+        TargetedExploration(1.0, 1.2, 0.1, max_search=-1)
+
+
+def first_of_each_pair(completions, **kwargs):
+    """1 for the first completion of every pair, 0 for the second: every group of 2 has one success."""
+    return [1.0 if i % 2 == 0 else 0.0 for i in range(len(completions))]
+
+
+def test_search_samples_go_to_self_imitation_only(tmp_path, tokenizer, suite):
+    """The round's groups of a family searched 2x are sampled again (2 x its rows, at its temperature, the ceiling),
+    scored, and their stopped successes join self-imitation; the replay buffer does not see them."""
+    config = make_tiny_config(
+        tmp_path,
+        exploration=True,
+        self_imitation=True,
+        num_generations=2,
+        exploration_max_temperature=1.2,
+        exploration_max_search=4,
+        disable_tqdm=True,
+    )
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=first_of_each_pair,
+        args=config,
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    trainer.exploration.load_state_dict({"levels": {"lst": 2}, "lowest_score": 0.0, "search_levels": {"lst": 2}})
+    rows = [r for r in suite.rl_train if r["task"] == "lst"][:1] + [r for r in suite.rl_train if r["task"] == "rev"][
+        :1
+    ]
+    examples = [dict(r, prompt_ids=tokenizer(r["prompt"])["input_ids"]) for r in rows for _ in range(2)]
+    calls = []
+    sample = trainer.rollouts.sample
+
+    def recording_sample(examples, group, step, temperature, **kwargs):
+        calls.append(([e["task"] for e in examples], group, list(temperature)))
+        sampled = sample(examples, group, step, temperature, **kwargs)
+        eos = torch.tensor([tokenizer.eos_token_id])
+        sampled.completion_ids = [torch.cat([c[:1], eos]) for c in sampled.completion_ids]  # all stopped
+        return sampled
+
+    trainer.rollouts.sample = recording_sample
+    replay_before = len(trainer.replay)
+    trainer._search_stuck_families(finished_round(examples, torch.zeros(4), 2))
+    # lst (searched 2x) is sampled again twice, rev (not searched) not at all, in one call at lst's temperature
+    assert calls == [(["lst"] * 4, 2, pytest.approx([1.2] * 4))]
+    successes = trainer.memory_pool.successes
+    assert len(successes) == 2 and len(trainer.replay) == replay_before  # one success per search group
+    assert successes.metrics() == {
+        "self_imitation/size": 2.0,
+        "self_imitation/kept": 2.0,
+        "self_imitation/served": 0.0,
+        "self_imitation/searched": 4.0,
+        "self_imitation/search_kept": 2.0,
+    }
+    assert trainer.exploration.metrics(["lst", "rev"])["exploration/search/lst"] == 2.0
+
+
+def test_a_rank_with_nothing_to_search_samples_as_many_rows_as_the_others(tmp_path, tokenizer, suite, monkeypatch):
+    """Under data parallelism every rank samples and scores the same number of search rows (generation and reward
+    models in lockstep): a rank whose round has no searched family, while another rank searches 4 rows (simulated
+    through `max_over_ranks`), samples 4 rows of its own round's groups, at their families' temperatures."""
+    import trl_trapo.trainer as trainer_module
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=first_of_each_pair,
+        args=make_tiny_config(tmp_path, exploration=True, self_imitation=True, num_generations=2, disable_tqdm=True),
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    rows = [r for r in suite.rl_train if r["task"] == "rev"][:3]
+    examples = [dict(r, prompt_ids=tokenizer(r["prompt"])["input_ids"]) for r in rows for _ in range(2)]
+    calls = []
+    sample = trainer.rollouts.sample
+
+    def recording_sample(examples, group, step, temperature, **kwargs):
+        calls.append(([e["prompt"] for e in examples], list(temperature)))
+        return sample(examples, group, step, temperature, **kwargs)
+
+    trainer.rollouts.sample = recording_sample
+    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: max(value, 4))
+    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))
+    assert calls == [([rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2, pytest.approx([1.0] * 4))]
+    assert trainer.memory_pool.successes.searched == 4
+    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: value)
+    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))  # no rank searches: no call
+    assert len(calls) == 1
+
+
 def test_each_row_of_a_round_gets_its_familys_temperature():
     explore = TargetedExploration(temperature=1.0, max_temperature=1.3, step=0.1)
     explore.load_state_dict({"levels": {"hot": 2}})
@@ -111,6 +235,8 @@ def test_bad_settings_fail_at_construction(tmp_path, tokenizer, suite):
         TRAPOConfig(output_dir=str(tmp_path), temperature=0.7, exploration_max_temperature=0.5)
     with pytest.raises(ValueError, match="exploration_temperature_step=0"):
         TRAPOConfig(output_dir=str(tmp_path), exploration_temperature_step=0.0)
+    with pytest.raises(ValueError, match="exploration_max_search=-2.*integer >= 0"):
+        TRAPOConfig(output_dir=str(tmp_path), exploration_max_search=-2)
     with pytest.raises(ValueError, match="exploration.*few-shot mode"):
         TRAPOConfig(output_dir=str(tmp_path), exploration=True, fewshot_mode=True)
     with pytest.raises(ValueError, match="max_temperature=1.0 must exceed temperature=1.0"):
@@ -183,6 +309,7 @@ def test_exploration_state_survives_resume_exactly(tmp_path, tokenizer, suite):
     assert whole.exploration.state_dict() == {
         "levels": {ALL_FAMILIES: 4},
         "lowest_score": 0.0,
+        "search_levels": {},  # RL only: no self-imitation, so no search
     }  # 0.8 + 4 x 0.1 = the ceiling
     resumed = exploring_trainer(tmp_path / "resumed", tokenizer, suite, **settings)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))

@@ -718,6 +718,16 @@ class TRAPOConfig(_BaseConfig):
         default=None,
         metadata={"help": "The highest sampling temperature exploration uses. None: 1.5 x `temperature`."},
     )
+    exploration_max_search: int = field(
+        default=8,
+        metadata={
+            "help": "Search once heat has run out: a family still stuck in a round sampled at "
+            "`exploration_max_temperature` has each of its groups sampled again in the next rounds, 1, 2, 4, ... "
+            "times (doubling per consecutive such round) up to this many times, and the successes among those extra "
+            "completions go to self-imitation only (trl_trapo/exploration.py). Needs exploration and self-imitation; "
+            "0: no search."
+        },
+    )
     self_imitation: bool | None = field(
         default=None,
         metadata={
@@ -1399,6 +1409,12 @@ class TRAPOConfig(_BaseConfig):
                 self.exploration_max_temperature,
                 f"use a temperature above `temperature` ({self.temperature}), or None (1.5 x temperature).",
             )
+        if (
+            isinstance(self.exploration_max_search, bool)
+            or not isinstance(self.exploration_max_search, int)
+            or self.exploration_max_search < 0
+        ):
+            bad("exploration_max_search", self.exploration_max_search, "use an integer >= 0 (0: no search).")
         if self.exploration is True and self.use_vllm:
             bad("exploration", True, "vLLM samples at one temperature per round: set use_vllm=False.")
         if self.exploration is True and self.fewshot_mode:

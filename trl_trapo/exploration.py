@@ -24,6 +24,17 @@ temperature would be, before top-k / top-p). Every trajectory carries its sampli
 forward scores it at that temperature (the same temperature-scaled log-probs its behaviour and reference log-probs
 were recorded with), so the PPO ratio of a fresh trajectory is 1 whatever its temperature.
 
+Heat can run out. On the built-in suite's `lst` family a policy that writes several letters reaches a correct
+answer (one letter, then stop) with probability ~1e-3 per completion at *every* temperature from 0.5 to 2 (measured
+on the failing seed-grid runs, see CHANGELOG): the family then sits at the ceiling for hundreds of steps with one
+group of 8 completions every few steps, and no success is ever sampled. Only more samples help then, so a family
+that is still stuck in a round it was sampled at the ceiling is *searched*: each of its groups in the next rounds is
+sampled again 1, 2, 4, ... times (doubling with every consecutive stuck round at the ceiling — the doubling search for
+an unknown success rate — up to `exploration_max_search` times), and any success among those extra completions
+reaches self-imitation (a rejection-sampling step, STaR / RAFT; `trl_trapo/memory/successes.py`), which makes it an
+SFT row. The extra completions feed nothing else (not RL, not this rule), so the RL data and the temperature rule are
+what they were; the search stops as soon as a round of the family carries a signal or leaves the ceiling.
+
 z_f and the lowest score are taken over the whole round: under data parallelism every rank's share of it (the
 `gather` the trainer hands in), so every rank reaches the same boosts. The state is checkpointed.
 """
@@ -75,15 +86,22 @@ class TargetedExploration:
         gather (`Callable[[list], list]`, *optional*): concatenates a list over every rank, in rank order, the same
             on every rank (collective; e.g. accelerate's `gather_object`). With it, `observe` decides from the whole
             round, every rank's share; None: from this process's rows only (one process).
+        max_search (`int`): the most extra samplings of one stuck group per round once its family is stuck at the
+            ceiling (module docstring; >= 0, 0: no search).
 
     Raises:
-        ValueError: if `max_temperature <= temperature` or `step <= 0`.
+        ValueError: if `max_temperature <= temperature`, `step <= 0` or `max_search` is not an integer >= 0.
     """
 
     THRESHOLD = 0.5  # a family is "stuck" in a round when at least half of its groups carry no signal
 
     def __init__(
-        self, temperature: float, max_temperature: float, step: float, gather: Callable[[list], list] | None = None
+        self,
+        temperature: float,
+        max_temperature: float,
+        step: float,
+        gather: Callable[[list], list] | None = None,
+        max_search: int = 0,
     ):
         if not max_temperature > temperature:
             raise ValueError(
@@ -92,17 +110,34 @@ class TargetedExploration:
             )
         if not step > 0:
             raise ValueError(f"exploration_temperature_step={step!r}: use a positive step (e.g. 0.1).")
+        if isinstance(max_search, bool) or not isinstance(max_search, int) or max_search < 0:
+            raise ValueError(f"exploration_max_search={max_search!r}: use an integer >= 0 (0: no search).")
         self.temperature = float(temperature)
         self.max_boost = float(max_temperature) - float(temperature)
         self.step = float(step)
         self.gather = gather
         self.levels: dict[str, int] = {}  # family -> boost in steps (0 = the configured temperature)
         self.lowest_score: float | None = None  # the lowest score seen so far (a flat group at it is stuck)
+        self.max_search = int(max_search)
+        # family -> consecutive rounds stuck at the ceiling (k: each group is sampled again min(2^(k-1), max_search) x)
+        self.search_levels: dict[str, int] = {}
 
     @property
     def max_level(self) -> int:
         """The highest boost, in steps (the last step may be partial: the temperature never passes the ceiling)."""
         return max(1, math.ceil(self.max_boost / self.step - 1e-9))
+
+    @property
+    def max_search_level(self) -> int:
+        """The search level at which the repeats reach `max_search` (0 without search)."""
+        return 1 + math.ceil(math.log2(self.max_search)) if self.max_search else 0
+
+    def search_repeats(self, family: str) -> int:
+        """How many more times each of `family`'s groups in a round is sampled for the search: 0 unless the family
+        was stuck at the ceiling in its last round(s), then 1, 2, 4, ... (one doubling per consecutive such round) up
+        to `max_search`."""
+        level = self.search_levels.get(family, 0)
+        return min(2 ** (level - 1), self.max_search) if level else 0
 
     def temperature_of(self, family: str) -> float:
         """The sampling temperature of `family`'s next prompts."""
@@ -129,7 +164,9 @@ class TargetedExploration:
 
         A group is stuck when its scored completions all score the same and that score is the lowest score seen so
         far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups in the
-        round are. With `gather`, the round is every rank's share together (collective: every rank calls this).
+        round are. With `gather`, the round is every rank's share together (collective: every rank calls this). A
+        family stuck in a round it was sampled at the ceiling moves one search level up (its repeats double, see
+        `search_repeats`); a family not stuck, or not at the ceiling, stops searching.
 
         Args:
             batch ([`~trl_trapo.rollout.RolloutBatch`]): this rank's share of the round; reads its `examples` (B rows,
@@ -159,6 +196,10 @@ class TargetedExploration:
             mine = torch.tensor([f == family for f in families])
             stuck = float(flat[mine].double().mean()) >= self.THRESHOLD
             level = self.levels.get(family, 0)
+            if stuck and level >= self.max_level and self.max_search:  # heat has run out: search by volume
+                self.search_levels[family] = min(self.search_levels.get(family, 0) + 1, self.max_search_level)
+            else:
+                self.search_levels.pop(family, None)
             level = min(level + 1, self.max_level) if stuck else max(level - 1, 0)
             if level:
                 self.levels[family] = level
@@ -167,15 +208,23 @@ class TargetedExploration:
 
     def metrics(self, families: list[str] | None) -> dict[str, float]:
         """`exploration/temperature` (mean over the tracked families, or of "all") and, per tracked family,
-        `exploration/temperature/<family>`."""
+        `exploration/temperature/<family>`; with search, per tracked family `exploration/search/<family>` (the
+        repeats of its next round; what the search sampled and kept is counted by self-imitation, per rank)."""
         names = families or [ALL_FAMILIES]
         out = {f"exploration/temperature/{name}": self.temperature_of(name) for name in names} if families else {}
         out["exploration/temperature"] = sum(self.temperature_of(n) for n in names) / len(names)
+        if self.max_search and families:
+            out.update({f"exploration/search/{name}": float(self.search_repeats(name)) for name in names})
         return out
 
     def state_dict(self) -> dict:
-        """The per-family boosts and the lowest score seen (JSON-serialisable; the same on every rank)."""
-        return {"levels": dict(self.levels), "lowest_score": self.lowest_score}
+        """The per-family boosts and search levels and the lowest score seen (JSON-serialisable; the same on every
+        rank)."""
+        return {
+            "levels": dict(self.levels),
+            "lowest_score": self.lowest_score,
+            "search_levels": dict(self.search_levels),
+        }
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore `state_dict()`; None (a checkpoint made without exploration) starts every family at the floor."""
@@ -183,3 +232,4 @@ class TargetedExploration:
         self.levels = {str(k): int(v) for k, v in state.get("levels", {}).items()}
         lowest = state.get("lowest_score")
         self.lowest_score = None if lowest is None else float(lowest)
+        self.search_levels = {str(k): int(v) for k, v in state.get("search_levels", {}).items()}

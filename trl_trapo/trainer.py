@@ -93,7 +93,7 @@ from .data import (
     eval_datasets,
     prepare_datasets,
 )
-from .distributed import any_rank, check_launch, reduce_replay_metrics, sum_over_ranks
+from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
@@ -162,6 +162,7 @@ from .sources import (
 )
 from .vision import (
     ImageRows,
+    as_tensors,
     check_vision_options,
     freeze_vision_tower,
     is_processor,
@@ -649,6 +650,8 @@ class TRAPOTrainer(_BaseTrainer):
                 args.exploration_ceiling,
                 args.exploration_temperature_step,
                 gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
+                # the search feeds self-imitation only: without it there is nothing to search for
+                max_search=args.exploration_max_search if self.memory_pool.successes is not None else 0,
             )
             if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
@@ -1411,12 +1414,45 @@ class TRAPOTrainer(_BaseTrainer):
     def _consume_round(self, batch: RolloutBatch) -> None:
         """A finished round reaches every consumer, whole and in this order: targeted exploration (collective: the
         whole round's groups decide each family's temperature), then `_observe_rollouts`, self-imitation, the replay
-        buffer."""
+        buffer; then exploration's search of the families stuck at the ceiling (`_search_stuck_families`)."""
         if self.exploration is not None:
             self.exploration.observe(batch)
         self._observe_rollouts(batch)
         self.memory_pool.observe_successes(batch)  # self-imitation keeps the rare successes
         self.replay.add(batch.trajectories)
+        self._search_stuck_families(batch)
+
+    def _search_stuck_families(self, batch: RolloutBatch) -> None:
+        """Targeted exploration's search (trl_trapo/exploration.py): the round's groups of a family stuck at the
+        temperature ceiling are sampled again `exploration.search_repeats(family)` times (at the family's
+        temperature, in one batched `generate` call), scored by the reward functions, and their successes go to
+        self-imitation (a success is news there: its search group is stuck or mostly failing). Nothing else sees
+        these completions. Needs exploration (with `exploration_max_search` > 0), self-imitation, and prompts that
+        carry `prompt_ids` (the default rollout source's do). Collective under data parallelism: every rank samples
+        and scores as many rows (the most any rank has to search; a rank with fewer repeats its own searched groups,
+        or its round's first groups when it has none), so generation and reward models stay in lockstep."""
+        explore, successes = self.exploration, self.memory_pool.successes
+        if explore is None or successes is None or not explore.max_search or batch.group < 2:
+            return
+        group = batch.group
+        examples = []
+        for start in range(0, len(batch.examples), group):
+            rows = batch.examples[start : start + group]
+            examples += rows * explore.search_repeats(explore.families(rows[:1])[0])
+        needed = max_over_ranks(self.accelerator, len(examples))  # the same on every rank
+        if not needed or not all("prompt_ids" in e for e in batch.examples):
+            return
+        pool = examples or list(batch.examples)
+        examples = [pool[i % len(pool)] for i in range(needed)]  # whole groups: every count is a multiple of group
+        sampled = self.rollouts.sample(examples, group, self.state.global_step, explore.row_temperatures(examples))
+        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in examples]
+        scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
+        stops = torch.tensor(self.rollouts.stop_token_ids or [self.processing_class.eos_token_id])
+        is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
+        model_inputs = [as_tensors(e.get(MODEL_INPUTS)) for e in examples]  # a VLM prompt's images ride along
+        successes.observe(
+            prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs, search=True
+        )
 
     @torch.no_grad()
     def process_rollouts(

@@ -67,6 +67,8 @@ class SuccessReplay:
         self.credit = 0.0  # success rows owed to the steps so far (its whole part is served next)
         self.kept = 0  # successes kept so far
         self.served = 0  # success rows served so far
+        self.searched = 0  # completions targeted exploration's search offered so far (`observe(..., search=True)`)
+        self.search_kept = 0  # successes kept from them
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -81,6 +83,7 @@ class SuccessReplay:
         off_policy: torch.Tensor | None = None,
         completion_masks: list[torch.Tensor] | None = None,
         model_inputs: list[dict[str, torch.Tensor]] | None = None,
+        search: bool = False,
     ) -> int:
         """Keep the successes of a scored generation round.
 
@@ -95,6 +98,8 @@ class SuccessReplay:
                 tokens the environment wrote; a success keeps its mask, and its SFT row counts mask-1 tokens only.
             model_inputs (`list[dict]`, *optional*): each completion's prompt's extra model inputs (a VLM prompt's
                 `pixel_values` ...); a success keeps them (as lists, in the JSON state) and its SFT row carries them.
+            search (`bool`): the completions come from targeted exploration's search (trl_trapo/exploration.py), not
+                from a training round: kept the same way, counted apart (`self_imitation/searched`, `/search_kept`).
 
         Returns:
             `int`: the number of successes kept.
@@ -125,6 +130,9 @@ class SuccessReplay:
             if len(self.rows) > self.capacity:
                 self.rows.popleft()
         self.kept += kept
+        if search:
+            self.searched += len(completion_ids)
+            self.search_kept += kept
         return kept
 
     def split(self, n: int) -> int:
@@ -154,12 +162,18 @@ class SuccessReplay:
 
     def metrics(self) -> dict[str, float]:
         """`self_imitation/size` (rows in the buffer), `self_imitation/kept` and `self_imitation/served` (successes
-        kept and success rows served so far, this rank)."""
-        return {
+        kept and success rows served so far, this rank); once exploration's search has offered completions,
+        `self_imitation/searched` and `self_imitation/search_kept` (completions offered and successes kept from them so
+        far, this rank; every rank searches as many, see `TRAPOTrainer._search_stuck_families`)."""
+        out = {
             "self_imitation/size": float(len(self.rows)),
             "self_imitation/kept": float(self.kept),
             "self_imitation/served": float(self.served),
         }
+        if self.searched:
+            out["self_imitation/searched"] = float(self.searched)
+            out["self_imitation/search_kept"] = float(self.search_kept)
+        return out
 
     def state_dict(self) -> dict:
         """The buffer, its order and uses, the credit and the counters (JSON-serialisable)."""
@@ -168,6 +182,8 @@ class SuccessReplay:
             "credit": self.credit,
             "kept": self.kept,
             "served": self.served,
+            "searched": self.searched,
+            "search_kept": self.search_kept,
         }
 
     def load_state_dict(self, state: dict | None) -> None:
@@ -182,6 +198,8 @@ class SuccessReplay:
         self.credit = float(state.get("credit", 0.0))
         self.kept = int(state.get("kept", 0))
         self.served = int(state.get("served", 0))
+        self.searched = int(state.get("searched", 0))
+        self.search_kept = int(state.get("search_kept", 0))
 
 
 __all__ = ["SuccessReplay"]
