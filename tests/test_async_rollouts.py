@@ -313,6 +313,38 @@ def test_a_policy_with_transformers_capture_hooks_reaches_the_producer(tmp_path,
     assert any("sample/staleness_mean" in log for log in trainer.state.log_history)
 
 
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """`spawn` imports the main script in the producer; a script that trains at import started a second training
+    there, whose producer failed with "could not be started ... cannot be pickled" before the real hint (a fresh
+    user's trial). The producer now says what happened and what to write."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from trl_trapo import TRAPOConfig, TRAPOTrainer\n"
+        "from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite\n"
+        "tokenizer = build_char_tokenizer()\n"
+        "suite = make_task_suite(seed=0, num_pretrain_docs=8, num_sft_per_task=4, num_rl_per_task=4, "
+        "num_eval_per_task=1)\n"
+        f"config = TRAPOConfig(output_dir={str(tmp_path / 'out')!r}, max_steps=2, per_device_train_batch_size=8, "
+        "report_to='none', save_strategy='no', activation_checkpointing=False, max_prompt_length=16, "
+        "response_length=4, num_generations=4, async_rollouts=True, use_cpu=True)\n"
+        "TRAPOTrainer(build_tiny_model(tokenizer, seed=0), reward_funcs=exact_match_reward, args=config, "
+        "train_dataset=suite.rl_train, processing_class=tokenizer).train()\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    completed = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0, output[-3000:]
+    assert "is importing the script that started it" in output, output[-3000:]
+    assert "cannot be pickled" not in output, output[-3000:]
+
+
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     """With a large `max_staleness` the producer is still writing rounds nobody reads when training ends; it ignores
     SIGTERM, so the `terminate` that used to follow the trainer's request to stop did nothing and the process hung

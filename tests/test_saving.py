@@ -6,6 +6,7 @@ save; the checkpoint size estimate counts weights and AdamW state."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
@@ -203,3 +204,24 @@ def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):
     model.get_input_embeddings().weight.requires_grad_(False)
     frozen = model.get_input_embeddings().weight.numel()
     assert checkpoint_nbytes(model, "adamw_torch") == 4 * n + 8 * (n - frozen)
+
+
+def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
+    """`tempfile.mkstemp` makes 0o600 files, so every atomically written file (`eval_results.json`, checkpoint
+    state) was unreadable to the group on a shared machine (a fresh user's trial). A new file gets 0o666 less the
+    umask, as `open(path, "w")` gives; a replaced file keeps its mode."""
+    import stat
+
+    from trl_trapo.checkpoint import atomic_write_json
+
+    umask = os.umask(0o022)
+    try:
+        path = tmp_path / "results.json"
+        atomic_write_json(str(path), {"a": 1})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        os.chmod(path, 0o640)
+        atomic_write_json(str(path), {"a": 2})
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        assert json.loads(path.read_text()) == {"a": 2}
+    finally:
+        os.umask(umask)

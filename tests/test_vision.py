@@ -296,6 +296,22 @@ def test_cutting_image_tokens_is_refused(tmp_path, processor):
         )
 
 
+def test_a_pretraining_document_whose_image_tokens_would_be_cut_is_refused_at_construction(tmp_path, processor):
+    """Pretraining documents are read as training goes: a document that `pretrain_max_length` would cut through its
+    image tokens failed only when it was reached (a fresh user's trial: step 7 of a run, row 399 of 400); SFT rows
+    were refused at construction. Both are now."""
+    _, _, docs = datasets(6)  # rows 2 and 5 have two images: their second reaches past 10 tokens
+    with pytest.raises(
+        ValueError, match=r"`pretrain_dataset` row 2 is \d+ tokens long and its image tokens reach past 10 tokens"
+    ):
+        TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            args=vlm_config(tmp_path, pretrain_max_length=10),
+            pretrain_dataset=docs,
+            processing_class=processor,
+        )
+
+
 @pytest.mark.parametrize(
     "overrides, extra, message",
     [

@@ -63,3 +63,31 @@ def test_a_grpo_vlm_script_runs_with_only_the_import_changed(tmp_path):
     assert record["initial_digest"] != record["final_digest"]
     logs = json.loads((tmp_path / "ranks" / "rank0.json").read_text())["log_history"]
     assert any("loss/rl" in log for log in logs)
+
+
+@pytest.mark.parametrize(
+    "name", ["num_pretrain_docs", "num_sft_per_task", "num_rl_per_task", "num_eval_per_task", "num_eval_captions"]
+)
+def test_a_size_of_zero_is_refused_naming_the_flag(name):
+    """`--num_eval_captions 0` crashed in the caption loss after training with "`dataset` is empty" (a fresh user's
+    trial); every size flag is checked when the arguments are parsed."""
+    from trl_trapo import vision_job
+
+    with pytest.raises(ValueError, match=f"--{name}=0: must be a whole number >= 1"):
+        vision_job.parse_args([f"--{name}", "0"])
+
+
+@pytest.mark.parametrize("flag, objective", [("--sft_weight", "sft"), ("--pretrain_weight", "pretrain")])
+def test_per_modality_weight_zero_turns_off_the_image_twin_too(tmp_path, flag, objective):
+    """`--per_modality --sft_weight 0` switched off the text demonstrations only: `sft_image` still trained at
+    weight 1 (a fresh user's trial). An image objective has its text objective's static weight."""
+    from trl_trapo import vision_job
+
+    job_args, config = vision_job.parse_args(
+        [*SMALL, "--per_modality", flag, "0", "--output_dir", str(tmp_path), "--max_steps", "2"]
+    )
+    trainer = vision_job.build_trainer(vision_job.build_data(job_args), config)
+    weights = {o.name: o.weight for o in trainer.objectives}
+    assert weights[objective] == weights[objective + "_image"] == 0.0, weights
+    other = "pretrain" if objective == "sft" else "sft"
+    assert weights[other] == weights[other + "_image"] == 1.0, weights

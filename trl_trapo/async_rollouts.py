@@ -710,6 +710,13 @@ class AsyncRolloutSource:
             self._process = None
             for channel in (self._requests, self._weights, self._results):
                 channel.close()
+            if isinstance(error, RuntimeError) and "bootstrapping phase" in str(error):
+                # multiprocessing's own check: we are a spawned producer importing a script that trains at import
+                raise ProducerError(
+                    "A rollout producer process is importing the script that started it and training from there: "
+                    "the producer is started with `spawn`, which imports the main script, so the code that builds "
+                    'and trains the TRAPOTrainer must sit under `if __name__ == "__main__":`.'
+                ) from error
             raise ProducerError(
                 f"The rollout producer process (rank {self.rank}) could not be started: what it is sent (a copy of "
                 f"the policy, the tokenizer, the reward functions) cannot be pickled ({type(error).__name__}: "

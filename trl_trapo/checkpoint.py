@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
 from typing import Any
 
@@ -49,8 +50,20 @@ class CheckpointError(ValueError):
     """A checkpoint is incomplete or corrupted; the message names the file and what is wrong."""
 
 
+def new_file_mode(path: str) -> int:
+    """The permission bits `open(path, "w")` would give: the existing file's, else 0o666 less the umask (a temporary
+    file from `tempfile.mkstemp` is 0o600, which would leave results unreadable to the group on a shared machine)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory, fsync'ed, then renamed."""
+    """Write `data` to `path` through a temporary file in the same directory, fsync'ed, then renamed; the file gets
+    the permissions a plain write would ([`new_file_mode`])."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
@@ -58,6 +71,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), new_file_mode(path))
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:

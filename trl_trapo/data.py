@@ -1408,9 +1408,11 @@ def prepare_datasets(
         if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
             check_rows(pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS)
             column = image_column(dataset_columns(pretrain_dataset), "pretrain_dataset") if images else None
-            if column is not None:  # images and placeholders, as far as the text check reads
+            if column is not None:  # images, placeholders and lengths, as far as the text check reads
                 for index in range(min(len(pretrain_dataset), PRETRAIN_SCAN_ROWS)):
-                    images.check_document(pretrain_dataset[index], column, "pretrain_dataset", index)
+                    images.check_document(
+                        pretrain_dataset[index], column, "pretrain_dataset", index, args.pretrain_max_length
+                    )
         pretrain = pretrain_dataset
     distill = None
     if distillation_dataset is not None:

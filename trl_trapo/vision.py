@@ -275,12 +275,15 @@ class ImageRows:
             completion_ids.append(eos)
         return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids), inputs
 
-    def check_document(self, example: Mapping, column: str, role: str, row: int | str) -> None:
-        """Check a pretraining document before training (its images, and one placeholder per image in its `text`),
-        without running the processor.
+    def check_document(
+        self, example: Mapping, column: str, role: str, row: int | str, max_length: int | None = None
+    ) -> None:
+        """Check a pretraining document before training: its images, one placeholder per image in its `text`, and,
+        given `max_length`, that a row of that length keeps its image tokens whole (this runs the processor on the
+        document's images: a row it would cut fails here, not hours into training when it is read).
 
         Raises:
-            ValueError: naming the row, as [`images_of`] and [`encode`] do.
+            ValueError: naming the row, as [`images_of`], [`encode`] and [`cut`] do.
         """
         images = self.images_of(example, column, role, row)
         text = str(example.get("text") or "")
@@ -290,6 +293,9 @@ class ImageRows:
                 f"placeholders ({self.image_token!r}): write one {self.image_token!r} in the text where each image "
                 "goes, or fix the image column."
             )
+        if images and max_length is not None:
+            ids, _ = self.document(text, images, role, row)
+            self.cut(ids, max_length, role, row)
 
     def document(self, text: str, images: list, role: str, row: int | str):
         """`(input_ids, model_inputs)` of a pretraining document (its placeholders expanded), EOS appended."""

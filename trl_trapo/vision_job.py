@@ -111,12 +111,15 @@ class VisionJobArguments:
         default=False,
         metadata={
             "help": "Train image rows and text rows as separate objectives (sft_image, pretrain_image next to sft "
-            "and pretrain), weighed apart by DARE and the curriculum."
+            "and pretrain), weighed apart by DARE and the curriculum; each image objective has its text objective's "
+            "static weight (`--sft_weight`, `--pretrain_weight`: 0 turns both off)."
         },
     )
 
     def __post_init__(self):
-        for name in ("num_pretrain_docs", "num_sft_per_task", "num_rl_per_task", "num_eval_per_task"):
+        for name in (
+            "num_pretrain_docs", "num_sft_per_task", "num_rl_per_task", "num_eval_per_task", "num_eval_captions"
+        ):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name}={value!r}: must be a whole number >= 1. Fix: give one.")
@@ -213,9 +216,11 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
     if data.per_modality:
         sft_image, sft = split_by_images(suite.sft)
         pretrain_image, pretrain = split_by_images(suite.pretrain)
-        objectives = [
-            DemonstrationObjective(OBJECTIVES[SFT] + IMAGE_SUFFIX, sft_image),
-            LanguageModelingObjective(OBJECTIVES[PRETRAIN] + IMAGE_SUFFIX, pretrain_image),
+        objectives = [  # each image twin weighs as its text objective (`--sft_weight 0` turns both off)
+            DemonstrationObjective(OBJECTIVES[SFT] + IMAGE_SUFFIX, sft_image, weight=config.sft_weight),
+            LanguageModelingObjective(
+                OBJECTIVES[PRETRAIN] + IMAGE_SUFFIX, pretrain_image, weight=config.pretrain_weight
+            ),
         ]
     return TRAPOTrainer(
         model if model is not None else build_tiny_vlm(data.processor, seed=config.seed),
