@@ -66,6 +66,8 @@ COVERED_ELSEWHERE = {
     "tools/rollback_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/turns_mean": "tests/test_agents.py (per-round values of scripted tool calls)",
     "completions/mean_env_length": "tests/test_env_mask.py (a source whose rounds carry environment tokens)",
+    "self_imitation/searched": "tests/test_exploration.py (a round whose family is searched: the counts it logs)",
+    "self_imitation/search_kept": "tests/test_exploration.py (a round whose family is searched: the counts it logs)",
     "sampling/sampling_logp_difference/mean": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
     "sampling/sampling_logp_difference/max": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
     "sampling/importance_sampling_ratio/min": "tests/test_rollout_func.py (a rollout_func whose logprobs are off by a known gap)",
