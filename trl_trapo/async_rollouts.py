@@ -404,9 +404,9 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             if isinstance(spec.model, PolicyBlueprint):
                 model = spec.model.build()
                 if spec.suppress_token_ids:  # the policy's hook is not in a rebuilt copy
-                    from .vision import SuppressTokens
+                    from .vision import suppress_tokens
 
-                    model.get_output_embeddings().register_forward_hook(SuppressTokens(spec.suppress_token_ids))
+                    suppress_tokens(model, spec.suppress_token_ids)
             else:  # a pickled copy keeps the policy's (picklable) hooks
                 model = spec.model
             model = model.to(spec.device).eval()

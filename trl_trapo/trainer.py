@@ -1447,7 +1447,7 @@ class TRAPOTrainer(_BaseTrainer):
         sampled = self.rollouts.sample(examples, group, self.state.global_step, explore.row_temperatures(examples))
         prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in examples]
         scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
-        stops = torch.tensor(self.rollouts.stop_token_ids or [self.processing_class.eos_token_id])
+        stops = torch.tensor(self.rollouts.stop_token_ids, dtype=torch.long)  # none: completions never stop early
         is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
         model_inputs = [as_tensors(e.get(MODEL_INPUTS)) for e in examples]  # a VLM prompt's images ride along
         successes.observe(

@@ -509,6 +509,16 @@ def suppress_placeholder_tokens(model, processor) -> list[int]:
         ValueError: if the model has no output layer (`get_output_embeddings()` is None).
     """
     ids = placeholder_token_ids(processor, model)
+    suppress_tokens(model, ids)
+    return ids
+
+
+def suppress_tokens(model, ids: Sequence[int]) -> None:
+    """Register [`SuppressTokens`] for `ids` on the model's output layer (nothing for no ids).
+
+    Raises:
+        ValueError: if the model has no output layer (`get_output_embeddings()` is None).
+    """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         raise ValueError(
@@ -517,7 +527,6 @@ def suppress_placeholder_tokens(model, processor) -> list[int]:
         )
     if ids:  # a second trainer on the same model adds a second hook: the same logits, harmless
         head.register_forward_hook(SuppressTokens(ids))
-    return ids
 
 
 def restore_converted_weights(model, checkpoint_dir: str) -> bool:
