@@ -43,8 +43,10 @@ logger = logging.getLogger(__name__)
 
 # Hyper-parameters of the VLM job, for what the user does not set. The main job's `BUILTIN_DEFAULTS`
 # (trl_trapo/cli.py), except: 900 steps (the families with demonstrations are learnt; ~3.5 min of training on 2 CPU
-# cores), room for images in the lengths (16 tokens per image, up to 2 per prompt), no evaluation during training,
-# logging every 20 steps.
+# cores), room for images in the lengths (16 tokens per image, up to 2 per prompt), each trajectory trained on once
+# (`num_ppo_epochs=1`, GRPO's on-policy default: the RL-only `shape` family needs ~4x the fresh rollouts that reuse x4
+# leaves it - with reuse it collapsed to one constant answer, 0.33), no evaluation during training, logging every 20
+# steps.
 VLM_JOB_DEFAULTS = dict(
     output_dir="trapo-vlm-output",
     max_steps=900,
@@ -67,6 +69,7 @@ VLM_JOB_DEFAULTS = dict(
     max_prompt_length=80,
     response_length=12,
     num_generations=8,
+    num_ppo_epochs=1,
     temperature=1.0,
     kl_coef=0.01,
     sync_ref_model=True,  # from random weights: anchor the KL to a lagging copy, as the main job does
