@@ -401,3 +401,24 @@ def test_flat_string_columns_are_checked_without_reading_them_and_selections_kee
     check_missing_values(dataset.select([0, 2]), "train_dataset", ["prompt"])  # the selection has no missing value
     with pytest.raises(ValueError, match=r"at row 1 \(and 1 more rows\)"):
         check_missing_values(dataset.select([0, 1, 2, 3]), "train_dataset", ["prompt"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# disable_tqdm reaches the datasets' own progress bars (a fresh user's report: "Tokenizing ..." bars despite it)
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("disable_tqdm", [True, False])
+def test_disable_tqdm_governs_tokenizing_bars_and_restores_the_setting(
+    tmp_path, tokenizer, suite, tiny_trainer, capsys, disable_tqdm
+):
+    import datasets
+
+    datasets.enable_progress_bars()
+    try:
+        tiny_trainer(tmp_path, tokenizer, suite, disable_tqdm=disable_tqdm)
+        assert ("Tokenizing" in capsys.readouterr().err) is not disable_tqdm
+        assert datasets.is_progress_bar_enabled()  # the process-wide setting the caller had is back
+        datasets.disable_progress_bars()
+        tiny_trainer(tmp_path, tokenizer, suite, disable_tqdm=disable_tqdm)
+        assert not datasets.is_progress_bar_enabled()
+    finally:
+        datasets.enable_progress_bars()

@@ -24,6 +24,7 @@ a tokenizer whose pad token is its EOS token is handled correctly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import datasets
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained, supports_tool_calling
@@ -1271,6 +1273,19 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None,
                 f"{max_positions - longest}, or remove prompts longer than {max_positions - args.response_length} "
                 "tokens from the eval data."
             )
+
+
+@contextlib.contextmanager
+def progress_bars(enabled: bool) -> Iterator[None]:
+    """Within the block, `datasets`' progress bars (`map`'s "Tokenizing ..." bars) are on or off as `enabled` says;
+    the process-wide setting the caller had is restored on exit, also after an error. The trainer wraps its dataset
+    preparation in it with `enabled = not args.disable_tqdm`, so `disable_tqdm=True` silences those bars too."""
+    before = datasets.is_progress_bar_enabled()
+    (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.enable_progress_bars if before else datasets.disable_progress_bars)()
 
 
 def prepare_datasets(

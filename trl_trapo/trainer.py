@@ -92,6 +92,7 @@ from .data import (
     dataset_columns,
     eval_datasets,
     prepare_datasets,
+    progress_bars,
 )
 from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
@@ -437,21 +438,22 @@ class TRAPOTrainer(_BaseTrainer):
         self.metrics.reward_names = list(self.rewards.names)
 
         # ---- step 3. datasets (checked and tokenized before anything is trained) -------------------------------
-        data = prepare_datasets(
-            args,
-            tokenizer,
-            train_dataset,
-            sft_dataset,
-            pretrain_dataset,
-            eval_dataset,
-            max_positions=model_context(model),
-            has_rewards=bool(funcs),
-            has_critic=self._has_critic,
-            stop_token_ids=stop_token_ids(args, tokenizer),
-            distillation_dataset=distillation_dataset,
-            has_teacher=teacher is not None,
-            images=image_rows,
-        )
+        with progress_bars(enabled=not args.disable_tqdm):
+            data = prepare_datasets(
+                args,
+                tokenizer,
+                train_dataset,
+                sft_dataset,
+                pretrain_dataset,
+                eval_dataset,
+                max_positions=model_context(model),
+                has_rewards=bool(funcs),
+                has_critic=self._has_critic,
+                stop_token_ids=stop_token_ids(args, tokenizer),
+                distillation_dataset=distillation_dataset,
+                has_teacher=teacher is not None,
+                images=image_rows,
+            )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
                 args,
