@@ -417,8 +417,9 @@ def test_disable_tqdm_governs_tokenizing_bars_and_restores_the_setting(
         tiny_trainer(tmp_path, tokenizer, suite, disable_tqdm=disable_tqdm)
         assert ("Tokenizing" in capsys.readouterr().err) is not disable_tqdm
         assert datasets.is_progress_bar_enabled()  # the process-wide setting the caller had is back
-        datasets.disable_progress_bars()
+        datasets.disable_progress_bars()  # the caller's own "off" wins over disable_tqdm=False
         tiny_trainer(tmp_path, tokenizer, suite, disable_tqdm=disable_tqdm)
+        assert "Tokenizing" not in capsys.readouterr().err
         assert not datasets.is_progress_bar_enabled()
     finally:
         datasets.enable_progress_bars()

@@ -1277,11 +1277,13 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None,
 
 @contextlib.contextmanager
 def progress_bars(enabled: bool) -> Iterator[None]:
-    """Within the block, `datasets`' progress bars (`map`'s "Tokenizing ..." bars) are on or off as `enabled` says;
-    the process-wide setting the caller had is restored on exit, also after an error. The trainer wraps its dataset
-    preparation in it with `enabled = not args.disable_tqdm`, so `disable_tqdm=True` silences those bars too."""
+    """Within the block, `datasets`' progress bars (`map`'s "Tokenizing ..." bars) are off when `enabled` is False;
+    when it is True the process-wide setting is left as the caller has it (`datasets.disable_progress_bars()` or
+    `HF_DATASETS_DISABLE_PROGRESS_BARS` still win). The setting is restored on exit, also after an error. The trainer
+    wraps its dataset preparation in it with `enabled = not args.disable_tqdm`."""
     before = datasets.is_progress_bar_enabled()
-    (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    if not enabled:
+        datasets.disable_progress_bars()
     try:
         yield
     finally:
