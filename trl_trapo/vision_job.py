@@ -42,7 +42,7 @@ from .config import OBJECTIVES, PRETRAIN, SFT, TRAPOConfig
 logger = logging.getLogger(__name__)
 
 # Hyper-parameters of the VLM job, for what the user does not set. The main job's `BUILTIN_DEFAULTS`
-# (trl_trapo/cli.py), except: 900 steps (the families with demonstrations are learnt; ~3.5 min of training on 2 CPU
+# (trl_trapo/cli.py), except: 900 steps (the families with demonstrations are learnt; ~5-6 min of training on 2 CPU
 # cores), room for images in the lengths (16 tokens per image, up to 2 per prompt), each trajectory trained on once
 # (`num_ppo_epochs=1`, GRPO's on-policy default: the RL-only `shape` family needs ~4x the fresh rollouts that reuse x4
 # leaves it - with reuse it collapsed to one constant answer, 0.33), no evaluation during training, logging every 20
