@@ -423,3 +423,19 @@ def test_disable_tqdm_governs_tokenizing_bars_and_restores_the_setting(
         assert not datasets.is_progress_bar_enabled()
     finally:
         datasets.enable_progress_bars()
+
+
+def test_disable_tqdm_also_governs_the_bars_of_evaluation(tmp_path, tokenizer, suite, tiny_trainer, capsys):
+    """The evaluator tokenizes its shards at every `evaluate()` call: those bars follow `disable_tqdm` too."""
+    import datasets
+
+    datasets.enable_progress_bars()
+    try:
+        trainer = tiny_trainer(tmp_path, tokenizer, suite, disable_tqdm=True)
+        capsys.readouterr()
+        metrics = trainer.evaluate(suite.eval)
+        assert any(k.startswith("eval_") for k in metrics)  # it evaluated
+        assert "Tokenizing" not in capsys.readouterr().err
+        assert datasets.is_progress_bar_enabled()
+    finally:
+        datasets.enable_progress_bars()

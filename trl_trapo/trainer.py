@@ -590,18 +590,19 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
         for objective in (pretrain, *extra_objectives):
-            objective.setup(
-                ObjectiveSetup(
-                    index=names.index(objective.name),
-                    args=args,
-                    tokenizer=tokenizer,
-                    rank=rank,
-                    world_size=world,
-                    planned_steps=self._planned_steps,
-                    max_positions=model_context(model),
-                    images=image_rows,
+            with progress_bars(enabled=not args.disable_tqdm):  # an added objective tokenizes its dataset here
+                objective.setup(
+                    ObjectiveSetup(
+                        index=names.index(objective.name),
+                        args=args,
+                        tokenizer=tokenizer,
+                        rank=rank,
+                        world_size=world,
+                        planned_steps=self._planned_steps,
+                        max_positions=model_context(model),
+                        images=image_rows,
+                    )
                 )
-            )
         for objective in extra_objectives:  # its state goes into the checkpoint's JSON: refuse what cannot, now
             check_state_dict(objective)
         idle = [n for n, shared, on in list(zip(names, phase_shares, active))[len(OBJECTIVES) :] if shared and not on]
@@ -1774,12 +1775,13 @@ class TRAPOTrainer(_BaseTrainer):
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         if eval_dataset is not None:  # the trainer's own was checked at construction
             check_eval_dataset(eval_dataset, text_tokenizer(self.processing_class))
-        if isinstance(dataset, dict):
-            metrics = {}
-            for name, part in dataset.items():
-                metrics.update(self.evaluator.evaluate(part, f"{metric_key_prefix}_{name}"))
-        else:
-            metrics = self.evaluator.evaluate(dataset, metric_key_prefix)
+        parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
+        metrics = {}
+        with progress_bars(enabled=not self.args.disable_tqdm):  # the evaluator tokenizes its shards at each call
+            for name, part in parts:
+                metrics.update(
+                    self.evaluator.evaluate(part, metric_key_prefix if name is None else f"{metric_key_prefix}_{name}")
+                )
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
