@@ -357,14 +357,14 @@ def test_self_imitation_keeps_a_multi_turn_success_with_its_mask_through_its_che
                           completion_masks=masks)  # fmt: skip
     assert kept == 1
     restored = SuccessReplay(min_reward=1.0, fraction=1.0, max_uses=2, capacity=4)
-    restored.load_state_dict(replay.state_dict())
+    restored.load_state_dict(*replay.state_dict())
     for rows in (replay.take(1), restored.take(1)):
         assert rows[0].input_ids.tolist() == [1, 2, 10, 11, 12, 13]
         assert rows[0].mask.tolist() == [0.0, 1.0, 0.0, 0.0, 1.0]  # target-aligned; the tool's tokens are not imitated
     # a success without environment tokens is stored as before (no mask in its JSON)
     replay.observe(prompts, [torch.tensor([20, 21]), completions[0]], torch.tensor([1.0, 0.0]),
                    torch.zeros(2, dtype=torch.bool), 2, completion_masks=[torch.ones(2), masks[0]])  # fmt: skip
-    assert "completion_mask" not in replay.state_dict()["rows"][-1]
+    assert "completion_mask" not in replay.state_dict()[0]["rows"][-1]
 
 
 def fixed_rollout_func(prompts, trainer):

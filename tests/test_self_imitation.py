@@ -62,6 +62,38 @@ def test_serving_share_round_robin_retirement_and_capacity():
     assert len(replay) == 0 and replay.metrics()["self_imitation/served"] == 6.0
 
 
+def test_a_vlm_success_keeps_its_model_inputs_as_tensors_and_checkpoints_them_as_tensors():
+    """A success's `pixel_values` stay one tensor (shared by the successes of its prompt), not Python lists: as lists a
+    (1, 3, 56, 56) image took 305 KB of memory and 187 KB of JSON text per success (37 KB as a tensor), for up to
+    `capacity` successes."""
+    import json
+
+    replay = SuccessReplay(min_reward=1.0, fraction=0.5, max_uses=2, capacity=10)
+    images = [{"pixel_values": torch.rand(1, 3, 56, 56)}, {"pixel_values": torch.rand(2, 3, 56, 56)}]
+    per_completion = [images[0]] * 3 + [images[1]] * 3  # groups of 3: one prompt's completions share its inputs
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    kept = replay.observe(
+        ids([1], [1], [1], [2], [2], [2]), ids([10], [11], [12], [20], [21], [22]), scores, torch.zeros(6, dtype=bool),
+        3, model_inputs=per_completion,
+    )  # fmt: skip
+    assert kept == 3
+    assert all(isinstance(r["model_inputs"]["pixel_values"], torch.Tensor) for r in replay.rows)
+    meta, tensors = replay.state_dict()
+    assert len(json.dumps(meta)) < 1000  # ids and counters only
+    assert sorted(t.shape for t in tensors.values()) == [(1, 3, 56, 56), (2, 3, 56, 56)]  # one per prompt
+    restored = SuccessReplay(min_reward=1.0, fraction=0.5, max_uses=2, capacity=10)
+    restored.load_state_dict(json.loads(json.dumps(meta)), tensors)
+    for row, expected in zip(restored.take(3), [images[0], images[0], images[1]]):
+        assert torch.equal(row.model_inputs["pixel_values"], expected["pixel_values"])
+    # a checkpoint written while the inputs were nested lists in the JSON still loads
+    old = {**meta, "rows": [{**r, "model_inputs": {"pixel_values": tensors[r["model_inputs"]["pixel_values"]].tolist()}}
+                            for r in meta["rows"]]}  # fmt: skip
+    restored.load_state_dict(old)
+    assert torch.equal(restored.take(1)[0].model_inputs["pixel_values"], images[0]["pixel_values"])
+    with pytest.raises(KeyError):
+        restored.load_state_dict(meta, {})  # the tensors file lacks them
+
+
 def test_bad_settings_fail_at_construction(tmp_path, tokenizer, suite):
     with pytest.raises(ValueError, match="self_imitation_fraction=0.0"):
         TRAPOConfig(output_dir=str(tmp_path), self_imitation_fraction=0.0)

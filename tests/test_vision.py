@@ -600,3 +600,15 @@ def test_preparing_image_rows_holds_few_rows_in_python_at_once(processor):
         assert len(prepared) == n
         assert stored > 1_000_000, (name, stored)  # 400 x 3 x 28 x 28 float32: ~3.8 MB
         assert peak < 0.5 * stored, f"{name}: Python peak {peak / 2**20:.1f} MiB for {stored / 2**20:.1f} MiB stored"
+
+
+def test_the_rows_of_one_prompt_share_its_model_input_tensors():
+    """A group's rows are one example dict repeated: converted once, so whatever keeps several of them (self-imitation's
+    successes, the checkpoint of that buffer) holds one copy of the prompt's `pixel_values`, not `num_generations`."""
+    from trl_trapo.vision import examples_model_inputs
+
+    first, second = ({"model_inputs": {"pixel_values": [[[float(k)] * 4] * 4] * 3}} for k in (1, 2))
+    inputs = examples_model_inputs([first, first, first, second, second, {"prompt": "a text row"}])
+    assert inputs[0] is inputs[1] is inputs[2] and inputs[3] is inputs[4] and inputs[0] is not inputs[3]
+    assert inputs[0]["pixel_values"].shape == (3, 4, 4) and float(inputs[3]["pixel_values"][0, 0, 0]) == 2.0
+    assert inputs[5] == {}

@@ -59,7 +59,7 @@ from .models import (
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
 from .sources import SampledRound
-from .vision import as_tensors
+from .vision import examples_model_inputs
 
 
 logger = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ def prompt_model_inputs(examples: Sequence[Mapping]) -> list[dict[str, torch.Ten
     critic and the trajectories (so the training forward) all get them. Reward models and functions do not (they
     see the prompt's text and ids only), nor do few-shot prompt embeddings, self-imitation's SFT rows and vLLM.
     """
-    inputs = [as_tensors(e.get("model_inputs")) for e in examples]
+    inputs = examples_model_inputs(examples)  # the rows of one prompt share its tensors
     return inputs if any(inputs) else None
 
 

@@ -163,8 +163,8 @@ from .sources import (
 )
 from .vision import (
     ImageRows,
-    as_tensors,
     check_vision_options,
+    examples_model_inputs,
     freeze_vision_tower,
     is_processor,
     is_vision_language_model,
@@ -1452,7 +1452,7 @@ class TRAPOTrainer(_BaseTrainer):
         scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
         stops = torch.tensor(self.rollouts.stop_token_ids, dtype=torch.long)  # none: completions never stop early
         is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
-        model_inputs = [as_tensors(e.get(MODEL_INPUTS)) for e in examples]  # a VLM prompt's images ride along
+        model_inputs = examples_model_inputs(examples, MODEL_INPUTS)  # a VLM prompt's images ride along
         successes.observe(
             prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs, search=True
         )

@@ -346,6 +346,17 @@ def as_tensors(model_inputs: Mapping[str, Any] | None) -> dict[str, torch.Tensor
     return out
 
 
+def examples_model_inputs(examples: Sequence[Mapping], key: str = "model_inputs") -> list[dict[str, torch.Tensor]]:
+    """Each example's stored model inputs (its `key` entry) as tensors ([`as_tensors`]), converted once per distinct
+    example object: the `num_generations` rows of a group are one dict repeated, so they share one set of tensors
+    (a memory that keeps several of them, e.g. self-imitation's successes, then keeps one copy).
+
+    Returns:
+        `list[dict[str, torch.Tensor]]`: one entry per example (empty for a row without inputs)."""
+    converted: dict[int, dict[str, torch.Tensor]] = {}
+    return [converted.setdefault(id(e), as_tensors(e.get(key))) for e in examples]
+
+
 def is_vision_language_model(model: Any) -> bool:
     """Whether `model` (a model, or its config) is a vision-language model: its config has a `vision_config`, or its
     type is one transformers loads with `AutoModelForImageTextToText`."""

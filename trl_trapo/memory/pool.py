@@ -40,7 +40,7 @@ import torch
 from ..checkpoint import CheckpointError, encode_tensors, read_state_file
 from ..collator import MODEL_INPUTS, Row
 from ..config import SFT
-from ..vision import as_tensors
+from ..vision import examples_model_inputs
 from .replay import Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
 from .successes import SuccessReplay
@@ -227,7 +227,7 @@ class MemoryPool:
             batch.group,
             batch.off_policy,
             batch.completion_mask,
-            [as_tensors(e.get(MODEL_INPUTS)) for e in batch.examples],  # a VLM prompt's images ride with its success
+            examples_model_inputs(batch.examples, MODEL_INPUTS),  # a VLM prompt's images ride with its success
         )
 
     def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:
@@ -257,15 +257,16 @@ class MemoryPool:
             `tuple[dict, dict[str, bytes]]`: the JSON of the `memory_pool` entry of `rank{r}.json` (`prompt_sampler`
             and `sft_pool`, None for a part this run does not have; `successes` and `selector` when there are) and
             the extra files by name inside `trapo/` (`rank{r}-sft_pool.safetensors` with the prioritised pool's and
-            the selector's tensors; `adapter_bank.json` on rank 0).
+            the selector's tensors and self-imitation's model inputs; `adapter_bank.json` on rank 0).
         """
         state: dict = {
             "prompt_sampler": self.prompt_sampler.state_dict() if self.prompt_sampler else None,
             "sft_pool": self.sft_pool.state_dict() if self.sft_pool else None,  # the prioritised pool's JSON part
         }
-        if self.successes is not None:
-            state["successes"] = self.successes.state_dict()
         tensors: dict[str, torch.Tensor] = {}
+        if self.successes is not None:
+            state["successes"], success_tensors = self.successes.state_dict()
+            tensors.update({f"successes/{k}": v for k, v in success_tensors.items()})
         if isinstance(self.sft_pool, PrioritizedSFTPool):
             tensors.update({f"sft_pool/{k}": v for k, v in self.sft_pool.tensor_state().items()})
         if self.selector is not None:
@@ -323,18 +324,31 @@ class MemoryPool:
                     part.load_state_dict(state[name])  # the prioritised pool's JSON part, before its tensors
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"{rank_source} cannot be restored: {type(error).__name__}: {error}") from error
-        if self.successes is not None:
-            self.successes.load_state_dict(state.get("successes"))
         directory = os.path.join(checkpoint_dir, "trapo")
         name = f"rank{self.rank}-sft_pool.safetensors"
-        needs_tensors = isinstance(self.sft_pool, PrioritizedSFTPool) or self.selector is not None
-        tensors = read_state_file(checkpoint_dir, name) if needs_tensors else None
         source = os.path.join(directory, name)
+        successes = state.get("successes") if self.successes is not None else None
+        has_refs = any(
+            isinstance(ref, str)
+            for row in (successes or {}).get("rows", [])
+            for ref in row.get("model_inputs", {}).values()
+        )
+        needs_tensors = isinstance(self.sft_pool, PrioritizedSFTPool) or self.selector is not None or has_refs
+        tensors = read_state_file(checkpoint_dir, name) if needs_tensors else None
         if needs_tensors and tensors is None:
             raise CheckpointError(
                 f"{source} is missing: the checkpoint was made without the prioritised SFT pool / few-shot mode this "
-                "run uses. Resume with the same sft_sampling and fewshot_mode."
+                "run uses, or its self-imitation successes' model inputs are gone. Resume with the same sft_sampling "
+                "and fewshot_mode, from a complete checkpoint."
             )
+        if self.successes is not None:
+            prefix = "successes/"
+            try:
+                self.successes.load_state_dict(
+                    successes, {k[len(prefix) :]: v for k, v in (tensors or {}).items() if k.startswith(prefix)}
+                )
+            except (KeyError, TypeError, ValueError) as error:
+                raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
         try:
             if isinstance(self.sft_pool, PrioritizedSFTPool):
                 self.sft_pool.load_tensor_state(
