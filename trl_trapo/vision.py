@@ -353,8 +353,11 @@ def examples_model_inputs(examples: Sequence[Mapping], key: str = "model_inputs"
 
     Returns:
         `list[dict[str, torch.Tensor]]`: one entry per example (empty for a row without inputs)."""
-    converted: dict[int, dict[str, torch.Tensor]] = {}
-    return [converted.setdefault(id(e), as_tensors(e.get(key))) for e in examples]
+    converted: dict[int, dict[str, torch.Tensor]] = {}  # id(example) -> its tensors (`examples` keeps them alive)
+    for example in examples:
+        if id(example) not in converted:
+            converted[id(example)] = as_tensors(example.get(key))
+    return [converted[id(example)] for example in examples]
 
 
 def is_vision_language_model(model: Any) -> bool:

@@ -129,9 +129,10 @@ class SuccessReplay:
             if model_inputs is not None and model_inputs[i]:
                 # tensors, not lists: a (1, 3, 56, 56) image as Python floats takes 8x its 37 KB (305 KB), and the buffer
                 # holds up to `capacity` successes
-                row["model_inputs"] = {
-                    name: stored.setdefault(id(value), value.detach().cpu()) for name, value in model_inputs[i].items()
-                }  # one tensor per prompt: its successes share it
+                for value in model_inputs[i].values():
+                    if id(value) not in stored:  # one tensor per prompt: its successes share it
+                        stored[id(value)] = value.detach().cpu()
+                row["model_inputs"] = {name: stored[id(value)] for name, value in model_inputs[i].items()}
             self.rows.append(row)
             kept += 1
             if len(self.rows) > self.capacity:
