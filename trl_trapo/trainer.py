@@ -589,8 +589,8 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
-        for objective in (pretrain, *extra_objectives):
-            with progress_bars(enabled=not args.disable_tqdm):  # an added objective tokenizes its dataset here
+        with progress_bars(enabled=not args.disable_tqdm):  # an added objective tokenizes its dataset here
+            for objective in (pretrain, *extra_objectives):
                 objective.setup(
                     ObjectiveSetup(
                         index=names.index(objective.name),
