@@ -131,10 +131,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentJobArguments, TRAPOC
         `(job_args, config)`.
 
     Raises:
-        SystemExit: from argparse, for `--help` or an unknown argument.
-        ValueError: for a value `TRAPOConfig` or [`AgentJobArguments`] refuses, naming the field.
+        SystemExit: from argparse, for `--help`.
+        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value `TRAPOConfig` or [`AgentJobArguments`] refuses, naming the field.
     """
-    job_args, config = make_parser().parse_args_and_config(sys.argv[1:] if argv is None else list(argv))
+    from .cli import parse_job_args
+
+    job_args, config = parse_job_args(
+        make_parser,
+        (AgentJobArguments, TRAPOConfig),
+        sys.argv[1:] if argv is None else list(argv),
+        "examples/trapo_tools.py",
+    )
     return job_args, config
 
 

@@ -259,29 +259,35 @@ def make_parser() -> TrlParser:
     )
 
 
-def known_fields() -> list[str]:
-    """Every argument name the parser accepts (the fields of the three argument dataclasses), without `--`."""
-    return [
-        f.name for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig) for f in dataclasses.fields(cls) if f.init
-    ]
+JOB_CLASSES = (TRAPOScriptArguments, TRAPOConfig, ModelConfig)
+"""The argument dataclasses of the main job's parser. The helpers below take another tuple (and the program's name,
+for their messages) for a job whose parser has other dataclasses, e.g. `examples/trapo_vlm.py`'s: see
+[`parse_job_args`]."""
+MAIN_PROGRAM = "examples/trapo.py"
 
 
-def did_you_mean(name: str) -> str:
+def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
+    """Every argument name the parser accepts (the fields of `classes`, the parser's dataclasses), without `--`."""
+    return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
+
+
+def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
     """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
 
     Args:
         name: the unknown name, with or without leading dashes; hyphens count as underscores.
+        classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
         `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
-    known = known_fields()
+    known = known_fields(classes)
     matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
-def optional_bool_fields() -> set[str]:
+def optional_bool_fields(classes: tuple = JOB_CLASSES) -> set[str]:
     """The arguments typed `bool | None` (default None: "decide for me", e.g. `bf16`, `exploration`).
 
     `HfArgumentParser` gives a bare-flag form (`--fp16`) only to `bool` fields; these need a value (`--bf16 true`),
@@ -291,7 +297,7 @@ def optional_bool_fields() -> set[str]:
         Their names (without `--`).
     """
     names = set()
-    for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig):
+    for cls in classes:
         hints = typing.get_type_hints(cls)
         names |= {f.name for f in dataclasses.fields(cls) if f.init and hints[f.name] == bool | None}
     return names
@@ -302,7 +308,7 @@ def optional_bool_fields() -> set[str]:
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
-def normalize_argv(argv: list[str]) -> list[str]:
+def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
     """`argv` in the forms the parser reads as the user meant them.
 
     1. `--config=PATH` is spelt `--config PATH`, the only form `TrlParser` reads.
@@ -313,11 +319,12 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
     Args:
         argv: command-line arguments, without the program name.
+        classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
         A new list.
     """
-    flags = {form for name in optional_bool_fields() for form in (f"--{name}", f"--{name.replace('_', '-')}")}
+    flags = {form for name in optional_bool_fields(classes) for form in (f"--{name}", f"--{name.replace('_', '-')}")}
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -336,11 +343,13 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def read_config_file(path: str) -> dict:
+def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
     Args:
         path: the value of `--config`.
+        classes: the parser's argument dataclasses (default: the main job's).
+        program: the script the messages name (`python <program> --help`).
 
     Returns:
         The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
@@ -365,27 +374,28 @@ def read_config_file(path: str) -> dict:
         return {}
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
-    known = set(known_fields()) | {"env"}
-    kinds = field_types()
+    known = set(known_fields(classes)) | {"env"}
+    kinds = field_types(classes)
     for key, value in config.items():
         if key not in known:
             raise ValueError(
-                f"--config={path!r}: unknown key {key!r}: no argument has this name.{did_you_mean(str(key))} Fix: "
-                "correct or remove it (`python examples/trapo.py --help` lists every argument)."
+                f"--config={path!r}: unknown key {key!r}: no argument has this name."
+                f"{did_you_mean(str(key), classes)} Fix: correct or remove it (`python {program} --help` lists every "
+                "argument)."
             )
         problem = config_value_problem(value, kinds.get(key))
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
             raise ValueError(
                 f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
-                f"(`python examples/trapo.py --help` shows the type of --{key})."
+                f"(`python {program} --help` shows the type of --{key})."
             )
     return config
 
 
-def field_types() -> dict[str, object]:
-    """Argument name -> its annotated type, for the fields of the three argument dataclasses."""
+def field_types(classes: tuple = JOB_CLASSES) -> dict[str, object]:
+    """Argument name -> its annotated type, for the fields of `classes` (default: the main job's dataclasses)."""
     kinds: dict[str, object] = {}
-    for cls in (TRAPOScriptArguments, TRAPOConfig, ModelConfig):
+    for cls in classes:
         hints = typing.get_type_hints(cls)
         kinds.update({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
     return kinds
@@ -441,11 +451,12 @@ def config_value_problem(value, kind) -> str | None:
     return None
 
 
-def split_config(argv: list[str]) -> tuple[dict, list[str]]:
+def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> tuple[dict, list[str]]:
     """The `--config` YAML mapping of `argv` and the other arguments.
 
     Args:
         argv: command-line arguments (`--config=PATH` already spelt `--config PATH`, see `normalize_argv`).
+        classes, program: as in [`read_config_file`].
 
     Returns:
         `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
@@ -458,17 +469,23 @@ def split_config(argv: list[str]) -> tuple[dict, list[str]]:
     i = argv.index("--config")
     if i + 1 >= len(argv):
         raise ValueError("--config needs a value: the path of a YAML recipe.")
-    return read_config_file(argv[i + 1]), argv[:i] + argv[i + 2 :]
+    return read_config_file(argv[i + 1], classes, program), argv[:i] + argv[i + 2 :]
 
 
 NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
 
 
-def given_arguments(argv: list[str]) -> dict:
+def given_arguments(
+    argv: list[str], classes: tuple = JOB_CLASSES, parser_factory=None, program: str = MAIN_PROGRAM
+) -> dict:
     """The arguments the user gave, in the `--config` YAML or on the command line (which wins), with their values.
 
     Args:
         argv: command-line arguments, without the program name.
+        classes: the parser's argument dataclasses (default: the main job's).
+        parser_factory: builds a fresh parser over `classes` (default: the main job's `make_parser`); the one it
+            returns gets sentinel defaults, so it must not be the parser that parses the command line.
+        program: the script the messages name.
 
     Returns:
         Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
@@ -477,21 +494,46 @@ def given_arguments(argv: list[str]) -> dict:
         ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
             known names (abbreviations are unknown arguments).
     """
-    config, rest = split_config(normalize_argv(list(argv)))
-    parser = make_parser()
-    parser.set_defaults(**dict.fromkeys(known_fields(), NOT_GIVEN))  # a non-string sentinel: argparse leaves it as is
+    config, rest = split_config(normalize_argv(list(argv), classes), classes, program)
+    parser = (parser_factory or make_parser)()
+    parser.set_defaults(**dict.fromkeys(known_fields(classes), NOT_GIVEN))  # non-string sentinel: argparse keeps it
     namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
     for token in unknown:
         flag = token.split("=", 1)[0]
         if flag.startswith("-"):
             raise ValueError(
-                f"{flag}: unknown argument.{did_you_mean(flag)} Fix: spell the argument in full "
-                "(`python examples/trapo.py --help` lists every argument)."
+                f"{flag}: unknown argument.{did_you_mean(flag, classes)} Fix: spell the argument in full "
+                f"(`python {program} --help` lists every argument)."
             )
         raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
     given = {key: value for key, value in config.items() if key != "env"}
     given.update({key: value for key, value in vars(namespace).items() if value is not NOT_GIVEN})
     return given
+
+
+def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str) -> tuple:
+    """Parse a job's command line with the main job's checks: `normalize_argv`'s forms (`--config=PATH`, a bare
+    `bool | None` flag, a negative number), `--config` YAML keys and value types, and unknown arguments refused with
+    the closest known names, before `TrlParser.parse_args_and_config` builds the dataclasses. The VLM and agent jobs
+    (`trl_trapo.vision_job`, `trl_trapo.agent_job`) parse with it.
+
+    Args:
+        parser_factory: builds the job's parser over `classes`, with the job's defaults (called twice: once for the
+            checks, once to parse).
+        classes: the parser's argument dataclasses, in its order.
+        argv: command-line arguments, without the program name.
+        program: the script the messages name (e.g. `"examples/trapo_vlm.py"`).
+
+    Returns:
+        One instance of each of `classes`, as `parse_args_and_config` returns them.
+
+    Raises:
+        ValueError: as [`given_arguments`], or for a value a dataclass refuses.
+        SystemExit: from argparse, for `--help`.
+    """
+    argv = normalize_argv(list(argv), classes)
+    given_arguments(argv, classes, parser_factory, program)
+    return parser_factory().parse_args_and_config(argv)
 
 
 def given_model(argv: list[str]) -> str | None:

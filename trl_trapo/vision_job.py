@@ -143,12 +143,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[VisionJobArguments, TRAPO
     """Parse the job's command line (`sys.argv[1:]` by default) over `VLM_JOB_DEFAULTS`.
 
     Raises:
-        SystemExit: from argparse, for `--help` or an unknown argument.
-        ValueError: for a value `TRAPOConfig` or [`VisionJobArguments`] refuses, naming the field.
+        SystemExit: from argparse, for `--help`.
+        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value `TRAPOConfig` or [`VisionJobArguments`] refuses, naming the field.
     """
     import dataclasses
 
-    job_args, config = make_parser().parse_args_and_config(sys.argv[1:] if argv is None else list(argv))
+    from .cli import parse_job_args
+
+    job_args, config = parse_job_args(
+        make_parser,
+        (VisionJobArguments, TRAPOConfig),
+        sys.argv[1:] if argv is None else list(argv),
+        "examples/trapo_vlm.py",
+    )
     given = config.curriculum_mixtures
     if job_args.per_modality and all(isinstance(share, (int, float)) for share in given):
         # phases given as numbers name the three built-in objectives; this run has five (mappings name them all)

@@ -1,0 +1,61 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The VLM and agent jobs parse their command line with the main job's checks (`cli.parse_job_args`).
+
+They called `TrlParser.parse_args_and_config` directly, so a typo got argparse's "Some specified arguments are not
+used by the HfArgumentParser" with no hint, `--config=recipe.yaml` was an unknown argument, a YAML key or value the
+parser cannot use went through unchecked, and `--learning_rate -1e-3` was "expected one argument": the main job had
+fixed each of these (tests/test_user_errors.py), its siblings had not.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+JOBS = {
+    "vision": ("trl_trapo.vision_job", "examples/trapo_vlm.py", "num_sft_per_task"),
+    "agent": ("trl_trapo.agent_job", "examples/trapo_tools.py", "num_traces"),
+}
+
+
+def job(name):
+    import importlib
+
+    module, program, job_field = JOBS[name]
+    return importlib.import_module(module), program, job_field
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_misspelt_argument_gets_the_closest_name_and_the_script(name):
+    module, program, job_field = job(name)
+    with pytest.raises(ValueError, match=r"--num_generation: unknown argument\. Did you mean --num_generations\?") as e:
+        module.parse_args(["--num_generation", "4"])
+    assert f"python {program} --help" in str(e.value)
+    with pytest.raises(ValueError, match=f"Did you mean --{job_field}\\?"):  # the job's own fields are known too
+        module.parse_args([f"--{job_field[:-1]}", "4"])
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_config_equals_form_and_yaml_keys_are_checked(tmp_path, name):
+    module, program, job_field = job(name)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{job_field}: 7\nmax_steps: 3\n")
+    job_args, config = module.parse_args([f"--config={recipe}", "--learning_rate", "2e-3"])
+    assert getattr(job_args, job_field) == 7 and config.max_steps == 3 and config.learning_rate == 2e-3
+
+    recipe.write_text("learning_rat: 0.001\n")
+    with pytest.raises(ValueError, match=r"unknown key 'learning_rat'.*Did you mean --learning_rate\?") as e:
+        module.parse_args(["--config", str(recipe)])
+    assert f"python {program} --help" in str(e.value)
+
+    recipe.write_text("max_steps: [3]\n")  # the parser would have handed the list on to the trainer
+    with pytest.raises(ValueError, match=r"max_steps: \[3\] is list; a whole number is needed"):
+        module.parse_args(["--config", str(recipe)])
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_negative_number_reaches_the_config_check(name):
+    """argparse took `-1e-3` for an option ("expected one argument"); the config's own check names the field."""
+    module, _, _ = job(name)
+    with pytest.raises(ValueError, match=r"learning_rate=-0\.001 is invalid"):
+        module.parse_args(["--learning_rate", "-1e-3"])
