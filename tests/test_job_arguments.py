@@ -28,7 +28,9 @@ def job(name):
 @pytest.mark.parametrize("name", sorted(JOBS))
 def test_a_misspelt_argument_gets_the_closest_name_and_the_script(name):
     module, program, job_field = job(name)
-    with pytest.raises(ValueError, match=r"--num_generation: unknown argument\. Did you mean --num_generations\?") as e:
+    with pytest.raises(
+        ValueError, match=r"--num_generation: unknown argument\. Did you mean --num_generations\?"
+    ) as e:
         module.parse_args(["--num_generation", "4"])
     assert f"python {program} --help" in str(e.value)
     with pytest.raises(ValueError, match=f"Did you mean --{job_field}\\?"):  # the job's own fields are known too
