@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentJobArguments, TRAPOC
 
     Raises:
         SystemExit: from argparse, for `--help`.
-        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value `TRAPOConfig` or [`AgentJobArguments`] refuses, naming the field.
+        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value
+            `TRAPOConfig` or [`AgentJobArguments`] refuses, naming the field.
     """
     from .cli import parse_job_args
 

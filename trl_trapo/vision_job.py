@@ -144,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[VisionJobArguments, TRAPO
 
     Raises:
         SystemExit: from argparse, for `--help`.
-        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value `TRAPOConfig` or [`VisionJobArguments`] refuses, naming the field.
+        ValueError: for an unknown argument or `--config` key (with the closest known names), or a value
+            `TRAPOConfig` or [`VisionJobArguments`] refuses, naming the field.
     """
     import dataclasses
 
