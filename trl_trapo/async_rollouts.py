@@ -4,9 +4,9 @@
 `TRAPOConfig(async_rollouts=True)` replaces the default rollout source by an [`AsyncRolloutSource`]. It has the
 default source's prompts (the memory pool's RL prompt sampler) and temperatures (targeted exploration), but a round is
 *asked for* before the replay buffer runs dry and sampled by a **producer**: a separate process (started with
-`spawn`, so it has its own interpreter and its own `async_producer_threads` torch threads, i.e. its own cores) that
-holds a copy of the policy, runs transformers' `generate` with the behaviour log-probs recorded while sampling, and
-calls the reward functions. The trainer takes finished rounds in order from a queue and finishes each itself
+`spawn`, so it has its own interpreter and its own torch threads: by default its share of the cores, waiting
+passively, [`~trl_trapo.threads`]; `async_producer_threads` sets them) that holds a copy of the policy, runs
+transformers' `generate` with the behaviour log-probs recorded while sampling, and calls the reward functions. The trainer takes finished rounds in order from a queue and finishes each itself
 ([`~trl_trapo.rollout.RolloutEngine.finish`]): reference and teacher log-probs, critic values, the missing-stop
 penalty, guidance, advantages and every statistic over a round or across processes (collectives stay in the trainer).
 
@@ -91,6 +91,7 @@ from torch import nn
 
 from .memory.replay import steps_covered
 from .sources import SampledRound
+from .threads import passive_waiting_for_children
 
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,8 @@ class ProducerSpec:
     other module), None when a vLLM server samples (`server`); `suppress_token_ids` are suppressed in a rebuilt copy
     (a VLM's image placeholders); `funcs`,
     `processing_classes`, `weights` are the reward functions / models, their tokenizers and weights as the trainer's
-    [`~trl_trapo.rewards.RewardScorer`] has them.
+    [`~trl_trapo.rewards.RewardScorer`] has them; `num_threads` are the producer's torch threads (None: torch's
+    default, or `OMP_NUM_THREADS` inherited from the trainer's environment).
     """
 
     model: PolicyBlueprint | nn.Module | None
@@ -154,7 +156,7 @@ class ProducerSpec:
     weights: list[float]
     reward_batch_size: int
     device: str
-    num_threads: int
+    num_threads: int | None
     version: int
     deterministic: bool
     server: VLLMServerSpec | None = None
@@ -398,7 +400,8 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
     index = -1
     scorer = None
     try:
-        torch.set_num_threads(spec.num_threads)
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
         model = client = None
         if spec.server is None:
             if isinstance(spec.model, PolicyBlueprint):
@@ -577,6 +580,8 @@ class AsyncRolloutSource:
         suppress_token_ids (`Sequence[int]`, *optional*): vocabulary ids the policy never samples (a VLM's image
             placeholders, [`~trl_trapo.vision.SuppressTokens`]): suppressed again in the producer's rebuilt copy,
             which has none of the policy's forward hooks.
+        producer_threads (`int`, *optional*): the producer's torch threads when `async_producer_threads` is None
+            (the trainer's [`~trl_trapo.threads.ThreadChoice.producer_threads`]); None: torch's default.
 
     Raises:
         ValueError: naming the reward function, if one cannot be pickled (see [`check_picklable`]).
@@ -601,8 +606,12 @@ class AsyncRolloutSource:
         exploration=None,
         vllm=None,
         suppress_token_ids: Sequence[int] = (),
+        producer_threads: int | None = None,
     ):
         check_picklable(list(scorer.funcs))
+        self.producer_threads = (
+            args.async_producer_threads if args.async_producer_threads is not None else producer_threads
+        )
         self.suppress_token_ids = [int(t) for t in suppress_token_ids]
         self.policy = policy
         self.dataset = dataset
@@ -691,7 +700,7 @@ class AsyncRolloutSource:
             weights=[float(w) for w in self.scorer.weights],
             reward_batch_size=self.scorer.batch_size,
             device=self.device,
-            num_threads=self.args.async_producer_threads,
+            num_threads=self.producer_threads,
             version=version,
             deterministic=self.args.async_deterministic,
             server=server,
@@ -705,7 +714,8 @@ class AsyncRolloutSource:
             daemon=True,
         )
         try:
-            self._process.start()  # `spawn` pickles the spec here
+            with passive_waiting_for_children():  # its OpenMP threads sleep while they wait (threads.py)
+                self._process.start()  # `spawn` pickles the spec here
         except Exception as error:
             self._process = None
             for channel in (self._requests, self._weights, self._results):

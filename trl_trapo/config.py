@@ -958,6 +958,22 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
+    # CPU threads (trl_trapo/threads.py)
+    # ------------------------------------------------------------------------------------------------------------
+    torch_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch's CPU threads in each process of the run. None (default): unless OMP_NUM_THREADS / "
+            "MKL_NUM_THREADS is set or torch.set_num_threads was called (then they are left alone), the trainer sets "
+            "usable cores // processes this run starts on the node (trainer processes, plus a producer each with "
+            "async_rollouts), one less when that fills every core and OpenMP spins while it waits (no "
+            "OMP_WAIT_POLICY=PASSIVE), and logs it once. 0: torch's threads are left as they are. N >= 1: N threads "
+            "in every process (the producer too unless async_producer_threads is set). docs/threads.md has the "
+            "measurements."
+        },
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
     # Rollouts with vLLM (GPU only; untested on this project's CPU CI)
     # ------------------------------------------------------------------------------------------------------------
     use_vllm: bool = field(
@@ -1070,11 +1086,12 @@ class TRAPOConfig(_BaseConfig):
             "weights it has received when it starts a round: fresher samples, runs are not bit-reproducible."
         },
     )
-    async_producer_threads: int = field(
-        default=1,
+    async_producer_threads: int | None = field(
+        default=None,
         metadata={
-            "help": "torch threads of the producer process (its own cores: on a 2-core CPU machine, 1 for the "
-            "producer and 1 for the trainer's `torch.set_num_threads`)."
+            "help": "torch threads of the producer process. None (default): as `torch_threads` decides, its share of "
+            "the cores (on a 2-core CPU machine: 1 for the producer, 1 for the trainer), the trainer's own threads "
+            "when the user set them, torch's default with torch_threads=0."
         },
     )
 
@@ -1447,8 +1464,12 @@ class TRAPOConfig(_BaseConfig):
             isinstance(self.max_image_pixels, int) and self.max_image_pixels >= 1
         ):
             bad("max_image_pixels", self.max_image_pixels, "use a number of pixels >= 1 (width x height), or None.")
-        if not (isinstance(self.async_producer_threads, int) and self.async_producer_threads >= 1):
-            bad("async_producer_threads", self.async_producer_threads, "use an integer >= 1.")
+        if self.async_producer_threads is not None and not (
+            isinstance(self.async_producer_threads, int) and self.async_producer_threads >= 1
+        ):
+            bad("async_producer_threads", self.async_producer_threads, "use an integer >= 1, or None (its share).")
+        if self.torch_threads is not None and not (isinstance(self.torch_threads, int) and self.torch_threads >= 0):
+            bad("torch_threads", self.torch_threads, "use None (TRAPO chooses), 0 (torch's default) or N >= 1.")
         if self.async_rollouts:
             if self.async_correction == "decoupled" and not self.vllm_importance_sampling_correction:
                 bad(

@@ -161,6 +161,7 @@ from .sources import (
     check_rollout_source,
     check_round,
 )
+from .threads import choose_torch_threads
 from .vision import (
     ImageRows,
     check_vision_options,
@@ -356,6 +357,8 @@ class TRAPOTrainer(_BaseTrainer):
         own_source = rollout_source is not None or rollout_func is not None or agent is not None
         # before anything slow: output_dir can be written and holds no finished run this one would replace
         check_output_dir(args)
+        # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
+        self.thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
@@ -1132,6 +1135,7 @@ class TRAPOTrainer(_BaseTrainer):
             exploration=self.exploration,
             vllm=self.rollouts.vllm,  # server mode: the trainer's connection, for the weight pushes
             suppress_token_ids=self._suppressed_token_ids,
+            producer_threads=self.thread_choice.producer_threads,
         )
 
     def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
