@@ -25,7 +25,13 @@ says how modes, splits and errors work); `python examples/trapo.py --help` lists
 """
 
 import logging
+import os
 import sys
+
+
+# before torch loads (OpenMP reads it then): threads that wait sleep instead of spinning, so that a core taken by
+# another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from trl_trapo.cli import exits_cleanly, run
 

@@ -16,7 +16,13 @@ families' accuracy and the held-out pretraining loss. `--output_dir`, `--max_ste
 """
 
 import logging
+import os
 import sys
+
+
+# before torch loads (OpenMP reads it then): threads that wait sleep instead of spinning, so that a core taken by
+# another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from trl_trapo.agent_job import run
 from trl_trapo.cli import exits_cleanly

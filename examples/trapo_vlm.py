@@ -17,7 +17,13 @@ greedy accuracy on held-out images (per split and family) and the loss of held-o
 """
 
 import logging
+import os
 import sys
+
+
+# before torch loads (OpenMP reads it then): threads that wait sleep instead of spinning, so that a core taken by
+# another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from trl_trapo.cli import exits_cleanly
 from trl_trapo.vision_job import run
