@@ -12,6 +12,8 @@ Timings are in scripts/benchmarks/benchmark_threads.py, not here.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -218,3 +220,36 @@ def test_async_producer_threads_overrides_the_share(tmp_path, tokenizer, suite, 
     cores(monkeypatch, 4)
     trainer = make_tiny_trainer(tmp_path, tokenizer, suite, async_rollouts=True, async_producer_threads=3)
     assert trainer.rollout_source.producer_threads == 3
+
+
+# ---- the benchmark's harness (its figures are machine-dependent: nothing here times anything) ----------------------
+
+
+def load_benchmark():
+    path = ROOT / "scripts" / "benchmarks" / "benchmark_threads.py"
+    spec = importlib.util.spec_from_file_location("benchmark_threads", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_arms():
+    bench = load_benchmark()
+    assert bench.arm_environment("off") == ({}, ["--torch_threads", "0"])
+    assert bench.arm_environment("api") == ({}, [])
+    assert bench.arm_environment("example") == ({"OMP_WAIT_POLICY": "PASSIVE"}, [])
+    assert bench.arm_environment("2+passive") == ({"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}, [])
+    with pytest.raises(ValueError, match="unknown arm 'fast'"):
+        bench.arm_environment("fast")
+
+
+def test_benchmark_runs_a_job_with_the_choice(tmp_path):
+    """One real run (the main job, 1 step) in a fresh process without thread variables: TRAPO's choice is made."""
+    out = tmp_path / "runs.json"
+    command = [sys.executable, str(ROOT / "scripts" / "benchmarks" / "benchmark_threads.py"), "--jobs", "main"]
+    command += ["--max_steps", "1", "--arms", "api", "--job_args", "--eval_strategy no", "--output_json", str(out)]
+    printed = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["returncode"] == 0 and run["train_s"] > 0
+    assert run["torch_threads"] == threads.thread_share(threads.usable_cores(), 1, spinning=True)
+    assert "main   api" in printed and "usable CPUs" in printed
