@@ -538,6 +538,49 @@ def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch
     assert cli.local_or_hub("owner/model") == "owner/model"  # a Hub id is left alone
 
 
+# ---- config field types ----
+@pytest.mark.parametrize(
+    "settings, needles",
+    [
+        ({"learning_rate": "1e-3"}, ["learning_rate='1e-3'", "must be a number, not str", "write learning_rate=0.001"]),
+        ({"max_prompt_length": None}, ["max_prompt_length=None", "must be an int, not None", "the default is 512"]),
+        ({"num_generations": 2.5}, ["num_generations=2.5", "must be an int, not float"]),
+        ({"max_steps": 3.0}, ["max_steps=3.0", "write max_steps=3"]),
+        ({"top_k": True}, ["top_k=True", "must be an int, not bool"]),
+        ({"bf16": "true"}, ["bf16='true'", "must be True or False or None"]),
+        ({"reward_weights": ["1", 2.0]}, ["reward_weights=['1', 2.0]", "a list of numbers or None, not a list holding '1'"]),
+        ({"curriculum_boundaries": 0.5}, ["curriculum_boundaries=0.5", "must be a list of numbers, not float"]),
+        ({"kl_estimator": 2}, ["kl_estimator=2", "must be one of 'auto', 'k1', 'k2', 'k3'"]),
+    ],
+    ids=["str-number", "none", "float-for-int", "integral-float", "bool-for-int", "str-bool", "list-item", "scalar-list",
+         "literal-type"],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_one_message_naming_field_value_and_fix(tmp_path, settings, needles):
+    """Every field is checked against its annotation before any other check uses it (a string learning rate was
+    `TypeError: must be real number, not str`, naming nothing; `max_prompt_length=None`, which older GRPOConfigs took,
+    was `'<' not supported between instances of 'NoneType' and 'int'`; `num_generations=2.5` was accepted)."""
+    message = api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings), *needles)
+    assert message.startswith("TRAPOConfig.") and "is invalid" in message
+
+
+def test_the_type_check_accepts_what_the_fields_take(tmp_path):
+    """Ints for numbers, tuples for lists, a mapping per curriculum phase, config objects where a dict is annotated,
+    and every value a built config holds (its copy through `dataclasses.replace`, which the trainer makes)."""
+    import dataclasses
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    from trl_trapo import PPOConfig
+
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), report_to=["none"], learning_rate=1, curriculum_boundaries=(0.5,),
+        curriculum_mixtures=[{"pretrain": 0.5, "sft": 0.5, "rl": 0.0}, {"rl": 1.0}], eval_strategy="steps",
+        eval_steps=5, lr_scheduler_type="cosine", accelerator_config=AcceleratorConfig(), debug="underflow_overflow",
+    )  # fmt: skip
+    assert dataclasses.replace(config).learning_rate == 1
+    dataclasses.replace(PPOConfig(output_dir=str(tmp_path), report_to="none"), max_steps=4)
+
+
 # ---- output dir, disk, saves ----
 def finished_run(folder: Path) -> dict[str, bytes]:
     """A folder as a finished run leaves it (a model's config and weights, eval_results.json); its snapshot."""
