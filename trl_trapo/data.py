@@ -1263,6 +1263,40 @@ def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
             check_tool_call_traces(dataset, label)
 
 
+def context_overflow_message(label: str, longest: int, args, max_positions: int) -> str:
+    """The error for prompts of `label` whose longest (`longest` tokens) and `response_length` new tokens do not fit
+    the model's context of `max_positions` positions, with the fixes that can work: a shorter `response_length` (when
+    the prompt leaves room for at least one token) and removing the prompts longer than what a full `response_length`
+    leaves (when it leaves room for at least one prompt token); when neither alone can, both.
+
+    Returns:
+        `str`: naming `label`, the longest prompt, `response_length`, the context and the fix (never a length < 1).
+    """
+    room = max_positions - args.response_length  # the longest prompt that fits with a full response_length
+    lower = f"lower response_length to at most {max_positions - longest}"
+    remove = f"remove prompts longer than {room} tokens"
+    let_through = (
+        f"max_prompt_length={args.max_prompt_length} lets them through; lower it to find them at construction"
+    )
+    if longest < max_positions and room >= 1:
+        fix = f"{lower}, or {remove}"
+    elif longest < max_positions:
+        fix = f"response_length alone leaves no room for a prompt: {lower}"
+    elif room >= 1:
+        fix = f"that prompt alone fills the context, so no response_length can help: {remove} ({let_through})"
+    else:
+        half = max_positions // 2
+        fix = (
+            f"that prompt alone fills the context, and response_length alone leaves no room for a prompt: lower "
+            f"response_length below {max_positions} and remove the prompts longer than what it leaves (e.g. "
+            f"response_length={half} and prompts of at most {max_positions - half} tokens; {let_through})"
+        )
+    return (
+        f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens it exceeds "
+        f"the model's context of {max_positions} positions: {fix}."
+    )
+
+
 def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None, images=None) -> None:
     """Tokenize the prompts of every prompt-only eval dataset once, before training, so that a prompt longer than
     `max_prompt_length` (or than the context, with `response_length` new tokens) fails now, not at the first
@@ -1280,12 +1314,7 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None,
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
-            raise ValueError(
-                f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens "
-                f"it exceeds the model's context of {max_positions} positions. Lower response_length to at most "
-                f"{max_positions - longest}, or remove prompts longer than {max_positions - args.response_length} "
-                "tokens from the eval data."
-            )
+            raise ValueError(context_overflow_message(label, longest, args, max_positions))
 
 
 @contextlib.contextmanager
@@ -1374,21 +1403,7 @@ def prepare_datasets(
             )
         longest = max(len(ids) for ids in rl["prompt_ids"])
         if max_positions is not None and longest + args.response_length > max_positions:
-            if longest >= max_positions:
-                fix = (
-                    f"that prompt alone fills the context, so no response_length can help: remove prompts longer than "
-                    f"{max_positions - args.response_length} tokens (max_prompt_length={args.max_prompt_length} "
-                    "lets them through; lower it to find them at construction)"
-                )
-            else:
-                fix = (
-                    f"lower response_length to at most {max_positions - longest}, or remove prompts longer than "
-                    f"{max_positions - args.response_length} tokens"
-                )
-            raise ValueError(
-                f"`train_dataset` has a prompt of {longest} tokens; with response_length={args.response_length} new "
-                f"tokens it exceeds the model's context of {max_positions} positions: {fix}."
-            )
+            raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
     if sft_dataset is not None and args.sft_weight > 0:
         if isinstance(sft_dataset, IterableDataset):
             raise ValueError(
@@ -1486,16 +1501,7 @@ def prepare_datasets(
             )
             longest = max(len(ids) for ids in distill["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:
-                shorter = (
-                    f"lower response_length to at most {max_positions - longest}, or "
-                    if longest < max_positions
-                    else ""
-                )
-                raise ValueError(
-                    f"`distillation_dataset` has a prompt of {longest} tokens; with response_length="
-                    f"{args.response_length} new tokens it exceeds the model's context of {max_positions} positions: "
-                    f"{shorter}remove prompts longer than {max_positions - args.response_length} tokens."
-                )
+                raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
     if not any(data.active) and distill is None:
         raise ValueError(
