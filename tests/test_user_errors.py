@@ -836,6 +836,112 @@ def test_a_missing_value_in_a_column_trapo_reads_is_refused_by_dataset_column_an
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+BAD_CELLS = [
+    # (datasets, the message: dataset, column, row, what; the fix)
+    (
+        dict(sft_dataset=[{"prompt": "ab=", "answer": "ab"}]),
+        "`sft_dataset` must have 'prompt' and 'completion' columns",
+        "'messages' column",
+    ),
+    (
+        dict(train_dataset=[{"prompt": 7, "answer": "a"}, {"prompt": 8, "answer": "b"}]),
+        "`train_dataset` column 'prompt' holds a value of type int at row 0 (and 1 more rows): '7'",
+        "dataset.map(lambda row: {'prompt': str(row['prompt'])})",
+    ),
+    (
+        dict(train_dataset=[{"prompt": ["ab=", "cd="], "answer": "a"}]),
+        "`train_dataset` column 'prompt' holds a value of type list at row 0",
+        "a list of {'role', 'content'} messages",
+    ),
+    (
+        dict(train_dataset=[{"input_ids": ["5", "6"]}]),
+        "`train_dataset` column 'input_ids' holds a value of type list at row 0",
+        "a list of token ids (ints)",
+    ),
+    (dict(pretrain_dataset=[{"text": 3.5}]), "`pretrain_dataset` column 'text' holds a value of type float", "str("),
+    (
+        dict(sft_dataset=[SFT[0], {"prompt": "x=", "completion": "  "}]),
+        "`sft_dataset` column 'completion' has an empty completion at row 1",
+        "dataset.filter(lambda row: row['completion'].strip())",
+    ),
+    (
+        dict(sft_dataset=[{"prompt": conv("a="), "completion": [{"role": "assistant", "content": ""}]}] * 2),
+        "`sft_dataset` column 'completion' has an empty completion at row 0 (and 1 more rows)",
+        "if m['role'] == 'assistant'",
+    ),
+    (
+        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": ""}]}]),
+        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
+        "would teach only to stop",
+    ),
+    (
+        dict(pretrain_dataset=TEXT, eval_dataset={"sft": [{"prompt": "a=", "completion": ""}]}),
+        "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
+        "Fill it, or drop such rows",
+    ),
+]
+
+
+@pytest.mark.parametrize(("datasets", "message", "fix"), BAD_CELLS)
+def test_a_cell_trapo_cannot_read_is_refused_before_any_model_loads(tmp_path, tok, datasets, message, fix):
+    """A prompt column of ints failed inside the tokenizer ("text input must be of type `str`"), and SFT rows with an
+    empty completion trained to stop at once without a word; each is one message naming the dataset, column, row and
+    fix. Every dataset error that needs no tokenizer comes before the model is loaded (a column error came after the
+    model, its reference copy and the teacher had loaded: 51 s on a loaded machine): here the model is a path that
+    does not exist, and the data error is the one reported."""
+    rows = {k: Dataset.from_list(v) if isinstance(v, list) else {n: Dataset.from_list(r) for n, r in v.items()}
+            for k, v in datasets.items()}  # fmt: skip
+    reward = {"reward_funcs": exact_match_reward} if "train_dataset" in rows else {}
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer("no/such/model-folder", args=config, processing_class=tok, **reward, **rows)
+    assert message in str(error.value) and fix in str(error.value), error.value
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_tool_call_is_a_completion_and_a_blank_prompt_is_a_prompt():
+    """What the empty-completion check must not refuse: an assistant turn that only calls a tool, and SFT rows whose
+    prompt is empty (unconditional text)."""
+    from trl_trapo.data import check_cells
+
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    messages = conv("1+2?") + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    check_cells(Dataset.from_list([{"messages": messages}]), "sft_dataset", "sft")
+    check_cells(Dataset.from_list([{"prompt": "", "completion": "abc"}]), "sft_dataset", "sft")
+
+
+@pytest.mark.parametrize("role", ["train_dataset", "sft_dataset", "eval_dataset"])
+def test_conversations_without_a_chat_template_are_one_message(tmp_path, role):
+    """Conversational rows with a tokenizer that has no chat template failed with transformers' "Cannot use chat
+    template functions because tokenizer.chat_template is not set"; refused at construction naming the dataset, the
+    column and the fixes. `chat_template_kwargs={"chat_template": ...}` renders them and is accepted."""
+    from trl_trapo.tasks import CHAT_TEMPLATE
+
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    rows = {
+        "train_dataset": [{"prompt": conv("ab="), "answer": "ab"}] * 2,
+        "sft_dataset": [{"prompt": conv("ab="), "completion": [{"role": "assistant", "content": "ab"}]}] * 2,
+        "eval_dataset": [{"prompt": conv("ab="), "answer": "ab"}],
+    }
+    datasets = {role: Dataset.from_list(rows[role])}
+    if role == "eval_dataset":
+        datasets["pretrain_dataset"] = Dataset.from_list(TEXT)
+
+    def build_with(**template):
+        config = TRAPOConfig(
+            output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
+            save_strategy="no", activation_checkpointing=False, max_prompt_length=32, response_length=4, pretrain_max_length=16,
+            num_generations=2, **template,
+        )  # fmt: skip
+        reward = {"reward_funcs": exact_match_reward} if role == "train_dataset" else {}
+        return TRAPOTrainer(build_tiny_model(bare, seed=0), args=config, processing_class=bare, **reward, **datasets)
+
+    message = api_error(build_with, f"`{role}` column 'prompt' holds conversations", "no chat template")
+    assert "tokenizer.chat_template" in message and "plain text" in message
+    build_with(chat_template_kwargs={"chat_template": CHAT_TEMPLATE})
+
+
 def test_missing_values_in_reward_columns_reach_the_reward_function(tmp_path, tok):
     """Reward columns are the user's: a None there is passed as it is (a reward function may return None for "cannot
     score", as `numeric_answer_reward` does for a reference without a number)."""

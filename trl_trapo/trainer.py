@@ -87,6 +87,7 @@ from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
+    check_datasets,
     check_eval_dataset,
     check_tokenizer,
     dataset_columns,
@@ -354,8 +355,10 @@ class TRAPOTrainer(_BaseTrainer):
                 train_dataset = placeholder_prompts(args)
         # not the default SyncRolloutSource
         own_source = rollout_source is not None or rollout_func is not None or agent is not None
-        # before anything slow: output_dir can be written and holds no finished run this one would replace
+        # before anything slow: output_dir can be written and holds no finished run this one would replace; the
+        # datasets have the columns and cells their objectives read
         check_output_dir(args)
+        check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
