@@ -664,6 +664,46 @@ def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, ti
     assert not (tmp_path / "cli2" / "model.safetensors").exists()
 
 
+def test_a_corrupted_checkpoint_is_refused_before_anything_slow(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys
+):
+    """A checkpoint whose files no longer match their recorded SHA-256 was found by `train()`, after the job's initial
+    evaluation (53-66 s in a user's trial); it is found when the trainer is built, before the model is even looked at,
+    and the command line reports it without evaluating anything. An intact one is hashed once: `train()` resumes
+    from it without verifying it again."""
+    import shutil
+
+    import trl_trapo.trainer as trainer_module
+
+    first = tiny_trainer(tmp_path / "first", tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    intact = tmp_path / "first" / "checkpoint-2"
+    damaged = tmp_path / "damaged" / "checkpoint-2"
+    shutil.copytree(intact, damaged)
+    state = damaged / "trapo" / "rank0.json"
+    state.write_bytes(state.read_bytes()[:-12] + b" 0123456789}")  # same length, other bytes
+    config = TRAPOConfig(output_dir=str(tmp_path / "api"), report_to="none", resume_from_checkpoint=str(damaged))
+    with pytest.raises(CheckpointError, match=r"rank0\.json is corrupted or truncated"):
+        TRAPOTrainer("no/such/model-folder", args=config)
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("evaluated before the checkpoint to resume from was verified")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TRAPOTrainer, "evaluate", not_reached)
+        code, output = run_cli_here(
+            "--max_steps", "4", "--resume_from_checkpoint", str(damaged), "--output_dir", str(tmp_path / "cli"),
+            cwd=tmp_path, monkeypatch=patch, capsys=capsys,
+        )  # fmt: skip
+    cli_error(code, output, "rank0.json is corrupted or truncated")
+
+    second = tiny_trainer(tmp_path / "second", tokenizer, suite, max_steps=4, resume_from_checkpoint=str(intact))
+    verified = []
+    monkeypatch.setattr(trainer_module, "verify_checkpoint", lambda *args: verified.append(args))
+    second.train(resume_from_checkpoint=str(intact))
+    assert second.state.global_step == 4 and verified == []
+
+
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, where):
     """A file, or a path under a file, fails at once with a ValueError naming output_dir (CLI: before any model

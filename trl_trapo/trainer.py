@@ -296,6 +296,8 @@ class TRAPOTrainer(_BaseTrainer):
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
             columns, prompts longer than the context, reward functions that fail or return the wrong length, a
             tokenizer without a pad token, ...), with a message naming the argument and the fix.
+        CheckpointError: (a `ValueError`) if `args.resume_from_checkpoint` names a checkpoint that is incomplete or
+            corrupted, before any model is loaded.
     """
 
     _tag_names = ["trl", "trapo"]
@@ -359,6 +361,12 @@ class TRAPOTrainer(_BaseTrainer):
         # datasets have the columns and cells their objectives read
         check_output_dir(args)
         check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
+        # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
+        # does not hash it again
+        self._verified_checkpoint = None
+        if isinstance(args.resume_from_checkpoint, str):
+            verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+            self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
@@ -1822,7 +1830,8 @@ class TRAPOTrainer(_BaseTrainer):
             resume_from_checkpoint = path
         self._train_start_time = time.perf_counter()
         if resume_from_checkpoint:
-            verify_checkpoint(resume_from_checkpoint, world)
+            if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
+                verify_checkpoint(resume_from_checkpoint, world)
             with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
                 resumed_step = int(json.load(handle).get("global_step", 0))
             if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
