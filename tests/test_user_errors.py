@@ -619,7 +619,8 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     """At construction, before the model is even looked at (a missing model path is not reached); resuming one of its
     checkpoints *in place* is refused too (the final save would replace the finished model: a new user's resume from
     shell history trained 0 steps and replaced it), resuming it into another output_dir or `overwrite_output_dir=True`
-    is accepted; a folder of checkpoints only (an interrupted run) is not finished and resumes in place."""
+    is accepted; a folder of checkpoints only (an interrupted run) is not finished: the trainer is built, and `train()`
+    resumes it in place (see the next test)."""
     before = finished_run(tmp_path)
     with pytest.raises(ValueError, match=r"output_dir=.*holds a finished run \(config\.json.*overwrite_output_dir"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"))
@@ -632,12 +633,42 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     with pytest.raises(ValueError, match=r"resuming in place replaces it too"):
         tiny_trainer(tmp_path, tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert snapshot(tmp_path) == before
-    tiny_trainer(tmp_path / "continued", tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    from trl_trapo.saving import check_output_dir  # (the trainer would also verify the empty checkpoint-2 here)
+
+    continued = str(tmp_path / "continued")
+    check_output_dir(TRAPOConfig(output_dir=continued, resume_from_checkpoint=str(tmp_path / "checkpoint-2")))
     tiny_trainer(tmp_path, tokenizer, suite, overwrite_output_dir=True)
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoint-2").mkdir(parents=True)
     tiny_trainer(interrupted, tokenizer, suite)
-    tiny_trainer(interrupted, tokenizer, suite, resume_from_checkpoint=str(interrupted / "checkpoint-2"))
+
+
+def test_an_unfinished_runs_checkpoints_are_resumed_or_replaced_only_when_told(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys
+):
+    """A run into an output_dir holding an interrupted run's checkpoints warned, then wrote its own checkpoint-1,
+    checkpoint-2 over them, destroying what the resume needed. `train()` now refuses before writing anything unless it
+    resumes from one of them (True, or a path inside output_dir) or `overwrite_output_dir=True`; a run resuming
+    another folder's checkpoint into it is refused too. The command line refuses before loading anything."""
+    out = tmp_path / "run"
+    tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()  # interrupted at 2
+    before = snapshot(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    fixes = [f"--resume_from_checkpoint {out / 'checkpoint-2'}", "resume_from_checkpoint=True", "another output_dir",
+             "--overwrite_output_dir"]  # fmt: skip
+    code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    cli_error(code, output, "holds checkpoints of an unfinished run", *fixes)
+    assert snapshot(out) == before
+
+    again = tiny_trainer(out, tokenizer, suite, max_steps=3, save_strategy="steps", save_steps=1)  # train() decides
+    api_error(again.train, f"output_dir={str(out)!r} holds checkpoints of an unfinished run (checkpoint-1, "
+              "checkpoint-2) and this run starts from scratch", *fixes)  # fmt: skip
+    elsewhere = str(tmp_path / "other" / "checkpoint-1")
+    api_error(lambda: again.train(resume_from_checkpoint=elsewhere), f"this run resumes from {elsewhere}")
+    assert again.state.global_step == 0 and snapshot(out) == before  # nothing written
+    again.train(resume_from_checkpoint=True)  # continues the run: its checkpoints stay as they were
+    assert again.state.global_step == 3 and {k: v for k, v in snapshot(out).items() if k in before} == before
+    tiny_trainer(out, tokenizer, suite, max_steps=1, overwrite_output_dir=True).train()  # told to replace them
 
 
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer):

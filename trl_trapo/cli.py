@@ -73,7 +73,7 @@ from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
-from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
+from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -1290,9 +1290,11 @@ def build_trainer(
     """
     check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
     # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
-    # written and holds no finished run, checked before any model loads (the trainer checks again)
+    # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
+    # (the trainer checks again)
     check_checkpoint(training_args.resume_from_checkpoint)
-    check_output_dir(training_args, warn_checkpoints=False)
+    check_output_dir(training_args)
+    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     derived = {}

@@ -989,10 +989,11 @@ class TRAPOConfig(_BaseConfig):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into an `output_dir` that holds a finished run (a saved model or `eval_results.json`), "
-            "replacing its files. Without it such a folder is refused at construction, so a re-run never silently "
-            "replaces the last result (the flag transformers 5 removed from `TrainingArguments`). Resuming "
-            "(`resume_from_checkpoint`) needs no flag; a folder holding only checkpoints is not a finished run."
+            "help": "Train into an `output_dir` that holds a finished run (a saved model or `eval_results.json`) or "
+            "an unfinished run's `checkpoint-N` folders, replacing its files. Without it a finished run is refused at "
+            "construction and checkpoints by `train()` unless it resumes from one of them, so a re-run never "
+            "silently replaces the last result or what a resume needs (the flag transformers 5 removed from "
+            "`TrainingArguments`)."
         },
     )
 

@@ -146,6 +146,7 @@ from .saving import (
     CheckpointGuard,
     SaveError,
     check_disk_space,
+    check_earlier_checkpoints,
     check_output_dir,
     checkpoint_nbytes,
     describe_os_error,
@@ -1809,6 +1810,9 @@ class TRAPOTrainer(_BaseTrainer):
         returns or raises.
 
         Raises:
+            ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
+                one neither resumes from one of them nor has `overwrite_output_dir=True` (see
+                [`~trl_trapo.saving.check_earlier_checkpoints`]).
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
                 `resume_from_checkpoint=True` finds no complete checkpoint.
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
@@ -1816,6 +1820,8 @@ class TRAPOTrainer(_BaseTrainer):
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
+        # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
+        check_earlier_checkpoints(self.args, resume_from_checkpoint)
         world = self.accelerator.num_processes
         if resume_from_checkpoint is True:
             path, skipped = last_complete_checkpoint(self.args.output_dir, world)
