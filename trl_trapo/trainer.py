@@ -55,7 +55,7 @@ from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
-from .async_rollouts import AsyncRolloutSource
+from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -334,6 +334,8 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
+            check_main_guard()
         if rollout_source is not None or rollout_func is not None:
             check_rollout_source(rollout_source, args, rollout_func)
         agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
