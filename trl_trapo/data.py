@@ -383,8 +383,8 @@ def check_conversations_renderable(
             raise ValueError(
                 f"`{role}` column {column!r} holds conversations (lists of messages), but the tokenizer has no chat "
                 "template to render them as text. Fix: set `tokenizer.chat_template` (the template of the model's "
-                "instruct version, e.g. with trl's `clone_chat_template`), pass `chat_template_kwargs={'chat_template':"
-                " ...}`, or give the rows as plain text."
+                "instruct version, e.g. with trl's `clone_chat_template`), pass "
+                "`chat_template_kwargs={'chat_template': ...}`, or give the rows as plain text."
             )
 
 
@@ -1490,8 +1490,8 @@ def context_overflow_message(label: str, longest: int, args, max_positions: int)
             f"response_length={half} and prompts of at most {max_positions - half} tokens; {let_through})"
         )
     return (
-        f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens it exceeds "
-        f"the model's context of {max_positions} positions: {fix}."
+        f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens it "
+        f"exceeds the model's context of {max_positions} positions: {fix}."
     )
 
 

@@ -196,9 +196,9 @@ def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None) -
     listed = ", ".join(checkpoints[-3:]) if len(checkpoints) <= 3 else f"{checkpoints[0]} ... {checkpoints[-1]}"
     how = f"resumes from {resume_from_checkpoint}" if resume_from_checkpoint else "starts from scratch"
     raise ValueError(
-        f"{type(args).__name__}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this run "
-        f"{how}: its own checkpoints would replace them, and the earlier run could no longer be resumed. Fix: continue "
-        f"that run (--resume_from_checkpoint {os.path.join(output_dir, checkpoints[-1])}; API: "
+        f"{type(args).__name__}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this "
+        f"run {how}: its own checkpoints would replace them, and the earlier run could no longer be resumed. Fix: "
+        f"continue that run (--resume_from_checkpoint {os.path.join(output_dir, checkpoints[-1])}; API: "
         "trainer.train(resume_from_checkpoint=True)), choose another output_dir, or pass --overwrite_output_dir "
         "(TRAPOConfig(overwrite_output_dir=True)) to replace them."
     )
