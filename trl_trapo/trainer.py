@@ -282,14 +282,14 @@ class TRAPOTrainer(_BaseTrainer):
             `environment` column. Without a `train_dataset`, `max_steps` sets the run's length. With `tools` or an
             environment, `rollout_source` and `exploration=True` are refused (targeted exploration is off).
         rollout_func (`Callable`, *optional*): TRL 1.16's `rollout_func(prompts, trainer) -> dict` (as
-            `GRPOTrainer(rollout_func=...)` takes it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
-            this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
-            or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
-            `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
-            as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's behaviour log-probs
-            itself, and with `vllm_importance_sampling_correction` weights the policy loss by the sampler/trainer
-            mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
-            `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `GRPOTrainer(rollout_func=...)` runs it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
+            this process's prompts of a round, each `num_generations` times in a row as TRL passes them (the dataset's
+            `prompt` as it is, messages or text), and returns one completion per entry as `prompt_ids`,
+            `completion_ids`, `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches
+            the reward functions as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's
+            behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
+            sampler/trainer mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`,
+            without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
