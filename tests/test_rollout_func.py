@@ -7,6 +7,9 @@
   TRL's docstring (`num_generations` completions per entry) is refused naming both readings.
 - A `rollout_func` in TRL's style (it generates with the trainer's model, then a tool answers: `env_mask` 0) trains
   for a few steps; its extra keys reach the reward functions as columns.
+- `response_length` sizes the default source's completions only: RL prompts that leave fewer positions of the context
+  are accepted with a `rollout_func` (or a `rollout_source`) whose completions fit; each round is still checked
+  against the context.
 - Its `logprobs` have TRL's meaning, the *sampler's* log-probs: PPO's behaviour log-probs are the trainer's own
   recompute (first ratio exactly 1 on every model token whatever the function returned), and the sampler's weight the
   policy loss by pi_trainer / pi_sampler (`vllm_importance_sampling_*`, `sampling/*` metrics): weights 1 when they
@@ -233,6 +236,56 @@ def test_each_entry_is_a_copy_and_what_the_function_does_to_it_never_reaches_the
     batch = trainer.collect_rollouts(8, step=0)
     assert len(seen) == len(batch.completion_ids) == 8
     assert all(len(p) == 1 and p[0]["role"] == "user" for p in seen)  # the dataset's messages, untouched
+
+
+def test_response_length_sizes_the_default_sources_completions_only(tmp_path, tokenizer):
+    """A prompt of 245 tokens with response_length=16 does not fit the tiny model's 256 positions: refused for the
+    default source, which samples 16 tokens. A rollout_func (or a rollout_source) decides its completions' length:
+    one that returns 3 tokens trains; one that returns 12 is refused when its round arrives, naming the context.
+    Before, the rollout_func run was refused at construction, its completions fitting or not."""
+    dataset = Dataset.from_dict({"prompt": ["1" * 245] * 4, "answer": ["2"] * 4})
+    reward = lambda completions, **kw: [float(len(c) % 2) for c in completions]  # noqa: E731
+    settings = dict(max_prompt_length=300, response_length=16, max_steps=1)
+
+    def answering(length):
+        def rollout_func(prompts, trainer):
+            tok = trainer.processing_class
+            ids = [tokenize_prompt(p, tok) for p in prompts]
+            return {
+                "prompt_ids": ids,
+                "completion_ids": [[tok.encode("2", add_special_tokens=False)[0]] * length for _ in prompts],
+                "logprobs": None,
+            }
+
+        return rollout_func
+
+    with pytest.raises(ValueError, match=r"`train_dataset` has a prompt of 245 tokens; with response_length=16"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    trainer = trainer_for(tmp_path, tokenizer, dataset, answering(3), reward, **settings)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    too_long = trainer_for(tmp_path, tokenizer, dataset, answering(12), reward, **settings)
+    with pytest.raises(ValueError, match=r"completion 0 is 257 tokens, more than the policy's context of 256"):
+        too_long.collect_rollouts(8, step=0)
+
+    class Fixed:  # a rollout_source of the user's gets the same freedom
+        def sample(self, rows_needed, step):
+            raise AssertionError("not called at construction")
+
+    TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_source=Fixed(),
+    )
 
 
 def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_the_rewards(

@@ -1317,6 +1317,7 @@ def prepare_datasets(
     distillation_dataset: Dataset | None = None,
     has_teacher: bool = False,
     images: ImageRows | None = None,
+    user_source: bool = False,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained.
 
@@ -1332,10 +1333,14 @@ def prepare_datasets(
         has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder; without it (a tokenizer), a
             dataset with an `images` / `image` column is refused.
+        user_source (`bool`): the RL rounds come from a source of the user's (`rollout_source`, `rollout_func`), not
+            the default one: its completions are not `response_length` long (they are checked against the context as
+            each round arrives, `sources.check_round`), so RL prompts need not leave `response_length` positions.
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
-            that stream or exceed `max_prompt_length` / the context, RL prompts without a reward, SFT / pretraining
+            that stream or exceed `max_prompt_length` / the context (with `response_length` new tokens, for the
+            default source and tools), RL prompts without a reward, SFT / pretraining
             lengths beyond the context, an eval set TRAPO cannot evaluate, no objective with data, or group-relative
             advantages with fewer than 2 completions per prompt.
     """
@@ -1373,7 +1378,8 @@ def prepare_datasets(
                 rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
             )
         longest = max(len(ids) for ids in rl["prompt_ids"])
-        if max_positions is not None and longest + args.response_length > max_positions:
+        # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+        if max_positions is not None and not user_source and longest + args.response_length > max_positions:
             if longest >= max_positions:
                 fix = (
                     f"that prompt alone fills the context, so no response_length can help: remove prompts longer than "

@@ -288,8 +288,9 @@ class TRAPOTrainer(_BaseTrainer):
             `completion_ids`, `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches
             the reward functions as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's
             behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
-            sampler/trainer mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`,
-            without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
+            `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
+            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -453,6 +454,7 @@ class TRAPOTrainer(_BaseTrainer):
                 distillation_dataset=distillation_dataset,
                 has_teacher=teacher is not None,
                 images=image_rows,
+                user_source=rollout_source is not None or rollout_func is not None,
             )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
