@@ -12,13 +12,14 @@ A GRPOTrainer agent script moves over by changing the import and the config clas
   after the class). Reward functions get `environments=` (one instance per completion).
 
 The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running
-(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; every tool
-call of the round runs concurrently ([`ToolRunner`]); the tool messages' tokens and the next generation prompt are
-appended **as token ids** (completion so far + tool suffix), never by re-tokenising decoded text (TRL issue #5224),
-with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result that would push the completion past
-`response_length`, or the sequence to the model's context, is rolled back: the rollout ends after the call the model
-wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning naming the limit to raise). At
-most `max_tool_calling_iterations` rounds of tool calls run per rollout.
+(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; a turn's
+tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
+([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
+tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by
+re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result
+that would push the completion past `response_length`, or the sequence to the model's context, is rolled back: the
+rollout ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a
+warning naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -55,7 +57,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -590,13 +592,44 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Running tool calls concurrently
+# Running tool calls: in order within a turn, the turns of a round concurrently
 # ---------------------------------------------------------------------------------------------------------------------
+
+MAX_ARGUMENTS_CHARS = 500  # of a failed call's arguments in its warning
+
+
+@dataclass
+class ToolCall:
+    """One tool call of an assistant turn, as the loop runs it.
+
+    Attributes:
+        name (`str`): the tool's name as the model wrote it (`"unknown"` when it wrote none); the tool message's name.
+        arguments (`dict`): keyword arguments of the call.
+        tool (`Callable`, *optional*): what to call (sync or async); None: the call cannot run and fails with `error`
+            (an unknown name, arguments that are not an object, an unparsable call: the model's errors).
+        error (`str`, *optional*): why the call cannot run, when `tool` is None.
+    """
+
+    name: str
+    arguments: dict = field(default_factory=dict)
+    tool: Callable | None = None
+    error: str | None = None
 
 
 class ToolRunner:
-    """Runs a round's tool calls concurrently: sync tools in a bounded thread pool, async tools on one long-lived
-    event loop owned by a background thread (started at the first async call, once per runner).
+    """Runs a round's tool calls: each turn's calls **in the order written**, each finishing before the next starts
+    (an environment's methods are stateful: `store(7)` then `fetch()` must fetch 7), and the turns of different
+    rollouts concurrently. Each turn is one coroutine on one long-lived event loop owned by a background thread
+    (started at the first call, again after `close`): an async tool is awaited there, a sync one runs in a bounded
+    thread pool.
+
+    TRL 1.16's `GRPOTrainer` runs a turn's sync calls in order but gathers its async ones (`asyncio.gather`): two async
+    calls of one turn run together there, one after the other here.
+
+    The first failure of each tool (by name) is logged once as a warning with the exception, the call's arguments and
+    the traceback; every failure is still an error result (`{"error": message}`) the model reads, counted in
+    `tools/failure_frequency`. A call that cannot run (`ToolCall.tool` None: the model's error, not the tool's) is not
+    warned about.
 
     Args:
         max_workers (`int`): threads for sync tools (calls beyond it wait for a free thread).
@@ -604,9 +637,10 @@ class ToolRunner:
 
     def __init__(self, max_workers: int = 16):
         self.max_workers = max_workers
-        self.pool: ThreadPoolExecutor | None = None  # started at the first sync call, again after `close`
+        self.pool: ThreadPoolExecutor | None = None  # started at the first round, again after `close`
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+        self.warned: set[str] = set()  # tools whose first failure was warned about
 
     def thread_pool(self) -> ThreadPoolExecutor:
         """The runner's thread pool for sync tools, started on first use (and after `close`: the trainer closes its
@@ -623,33 +657,63 @@ class ToolRunner:
             self.thread.start()
         return self.loop
 
-    def run(self, calls: Sequence[tuple[Callable, dict]]) -> list[tuple[Any, bool]]:
-        """Run `(tool, arguments)` calls at once and wait for all of them.
+    def run(self, turns: Sequence[Sequence[ToolCall]]) -> list[list[tuple[Any, bool]]]:
+        """Run every turn's calls, in order within a turn, the turns concurrently, and wait for all of them.
+
+        Args:
+            turns (`Sequence[Sequence[ToolCall]]`): per assistant turn (one per rollout that called tools), its calls
+                in the order the model wrote them.
 
         Returns:
-            `list[tuple[Any, bool]]`: per call, `(result, failed)`: the tool's return value, or `{"error": message}`
-            with `failed=True` when it raised (or its arguments did not fit). Never raises for a tool's error.
+            `list[list[tuple[Any, bool]]]`: per turn, per call, `(result, failed)`: the tool's return value, or
+            `{"error": message}` with `failed=True` when the call could not run or the tool raised (its arguments
+            not fitting included). Never raises for a tool's error.
         """
-        futures: list[Future | None] = []
-        results: list[tuple[Any, bool] | None] = []
-        for tool, arguments in calls:
-            try:
-                if inspect.iscoroutinefunction(tool):
-                    futures.append(asyncio.run_coroutine_threadsafe(tool(**arguments), self.event_loop()))
-                else:
-                    futures.append(self.thread_pool().submit(tool, **arguments))
-                results.append(None)
-            except Exception as error:  # e.g. a coroutine function called with wrong arguments
-                futures.append(None)
-                results.append(({"error": str(error)}, True))
-        for i, future in enumerate(futures):
-            if future is None:
+        if not any(turns):
+            return [[] for _ in turns]
+        pool, loop = self.thread_pool(), self.event_loop()
+        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls, pool), loop) for calls in turns]
+        outcomes = [future.result() for future in futures]
+        # warned here, in the caller's thread and in call order: the first failure of each tool, deterministically
+        for calls, turn_outcomes in zip(turns, outcomes):
+            for tool_call, (_, _, error) in zip(calls, turn_outcomes):
+                if error is not None and tool_call.name not in self.warned:
+                    self.warned.add(tool_call.name)
+                    logger.warning(self.failure_message(tool_call, error), exc_info=error)
+        return [[(result, failed) for result, failed, _ in turn_outcomes] for turn_outcomes in outcomes]
+
+    async def run_turn(
+        self, calls: Sequence[ToolCall], pool: ThreadPoolExecutor
+    ) -> list[tuple[Any, bool, Exception | None]]:
+        """One turn's calls, each awaited before the next starts: per call `(result, failed, exception)`, the
+        exception the tool raised (None when it returned, or when the call could not run)."""
+        loop = asyncio.get_running_loop()
+        outcomes: list[tuple[Any, bool, Exception | None]] = []
+        for tool_call in calls:
+            if tool_call.tool is None:
+                outcomes.append(({"error": tool_call.error}, True, None))
                 continue
             try:
-                results[i] = (future.result(), False)
-            except Exception as error:
-                results[i] = ({"error": str(error)}, True)
-        return results
+                if inspect.iscoroutinefunction(tool_call.tool):
+                    result = await tool_call.tool(**tool_call.arguments)
+                else:
+                    result = await loop.run_in_executor(pool, functools.partial(tool_call.tool, **tool_call.arguments))
+                outcomes.append((result, False, None))
+            except Exception as error:  # the tool's error (or its arguments not fitting): an error result
+                outcomes.append(({"error": str(error)}, True, error))
+        return outcomes
+
+    @staticmethod
+    def failure_message(tool_call: ToolCall, error: BaseException) -> str:
+        """The warning for a tool's first failure: its name, the exception and the call's arguments."""
+        arguments = repr(tool_call.arguments)
+        if len(arguments) > MAX_ARGUMENTS_CHARS:
+            arguments = f"{arguments[:MAX_ARGUMENTS_CHARS]}... ({len(arguments)} characters)"
+        return (
+            f"The tool `{tool_call.name}` raised {type(error).__name__}: {error}, called with the arguments "
+            f"{arguments}. The model reads {{'error': {str(error)!r}}} as the result and the call counts in "
+            "tools/failure_frequency; only the first failure of each tool is shown."
+        )
 
     def close(self) -> None:
         """Stop the thread pool and the event loop (both start again at the next call)."""
@@ -909,22 +973,20 @@ class ToolRolloutSource:
             self.generate_turn(active, step, rollouts[0])
             if iteration >= self.max_iterations:
                 break
-            pending = []  # (rollout, [(tool, arguments, name)]) of the rollouts that called tools
+            pending = []  # (rollout, its turn's calls) of the rollouts that called tools
             for rollout in active:
                 calls = self.parse_calls(rollout)
                 if calls:
                     pending.append((rollout, calls))
-            flat = [(tool, arguments) for _, calls in pending for tool, arguments, _ in calls]
-            results = iter(self.runner.run(flat))
+            results = self.runner.run([calls for _, calls in pending])  # in order within a turn ([`ToolRunner`])
             active = []
-            for rollout, calls in pending:
+            for (rollout, calls), outcomes in zip(pending, results):
                 tool_messages = []
-                for _, _, name in calls:
-                    result, failed = next(results)
+                for tool_call, (result, failed) in zip(calls, outcomes):
                     rollout.calls += 1
                     rollout.failures += int(failed)
                     content = result if isinstance(result, list) else str(result)
-                    tool_messages.append({"role": "tool", "name": name, "content": content})
+                    tool_messages.append({"role": "tool", "name": tool_call.name, "content": content})
                 suffix = tool_suffix_ids(self.tokenizer, tool_messages, self.template_kwargs)
                 # a result that does not fit is rolled back: the rollout ends after the call the model wrote
                 if len(suffix) >= self.room(rollout):
@@ -993,42 +1055,33 @@ class ToolRolloutSource:
         message["content"] = message.get("content") or ""
         return message
 
-    def parse_calls(self, rollout: Rollout) -> list[tuple[Callable, dict, str]]:
-        """The last turn's tool calls as `(callable, arguments, name)`; an unknown name, malformed arguments, a call
-        that is not a JSON object with a string `name`, or an unparsable call becomes a call that fails with an error
-        result (counted in `tools/failure_frequency`)."""
+    def parse_calls(self, rollout: Rollout) -> list[ToolCall]:
+        """The last turn's tool calls, in the order written; an unknown name, malformed arguments, a call that is not
+        a JSON object with a string `name`, or an unparsable call becomes a call that cannot run and fails with an
+        error result (counted in `tools/failure_frequency`)."""
         message = rollout.messages[-1]
         if "unparsable" in message:
             message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
-            return [(failing("unparsable tool call"), {}, "unknown")]
+            return [ToolCall("unknown", error="unparsable tool call")]
         calls = []
         for call in message.get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 # valid JSON the parser took for a call, but no call: `<c>"text"</c>`, `<c>7</c>`, `<c>{"name":3}</c>`
-                calls.append((failing("a tool call must be a JSON object with a string `name`"), {}, "unknown"))
+                calls.append(ToolCall("unknown", error="a tool call must be a JSON object with a string `name`"))
                 continue
             name, arguments = function["name"], function.get("arguments", {})
             if name not in rollout.tools:
-                calls.append((failing(f"Tool {name} not found."), {}, str(name)))
+                calls.append(ToolCall(name, error=f"Tool {name} not found."))
             elif not isinstance(arguments, dict):
-                calls.append((failing(f"arguments must be a JSON object, got {arguments!r}"), {}, name))
+                calls.append(ToolCall(name, error=f"arguments must be a JSON object, got {arguments!r}"))
             else:
-                calls.append((rollout.tools[name], arguments, name))
+                calls.append(ToolCall(name, arguments, rollout.tools[name]))
         return calls
 
     def close(self) -> None:
         """Stop the tool threads and event loop."""
         self.runner.close()
-
-
-def failing(message: str) -> Callable:
-    """A tool that raises `ValueError(message)`: how a call that cannot run shows up (as an error result)."""
-
-    def fail():
-        raise ValueError(message)
-
-    return fail
 
 
 __all__ = [
@@ -1038,6 +1091,7 @@ __all__ = [
     "TOOL_CHAT_TEMPLATE",
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
+    "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",
     "check_agent_arguments",
