@@ -8,8 +8,8 @@
 - the construction-time calls of user code (reward functions on empty completions, trial resets) say where they
   failed and keep the cause;
 - malformed tool-call traces in SFT data are refused at construction, naming the row, the field and the fix;
-- a turn's tool calls run in the order written (stateful environments), and a tool that raises is shown once
-  (issue 37).
+- a turn's tool calls run in the order written (stateful environments), a call cut off by the completion budget is
+  never run (counted in `tools/truncated_frequency`), and a tool that raises is shown once (issue 37).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 import pytest
 from datasets import Dataset
 from test_agent_traces import make_trainer, trace
-from test_agents import Counter, Quiet, broken, call, make_source, prompts_dataset, tiny_args
+from test_agents import Counter, Quiet, broken, call, ids, make_source, prompts_dataset, tiny_args
 from transformers.utils import get_json_schema
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -290,7 +290,7 @@ def test_the_tool_runner_runs_tools_again_after_close():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Tool calls: a turn's calls run in the order written, a raising tool is shown
+# Tool calls: a turn's calls run in the order written, a call cut by the budget never runs, a raising tool is shown
 # ---------------------------------------------------------------------------------------------------------------------
 class Locker:
     """A stateful environment: `store` is slow, `fetch` reads what `store` wrote (TRL's environments are stateful)."""
@@ -369,6 +369,55 @@ def test_a_turns_tool_calls_run_in_the_order_written_and_rollouts_still_run_conc
     assert seconds < 8 * 0.2 / 2, seconds  # 8 rollouts' `store`s one after another would take 1.6 s
 
 
+class Wallet:
+    """A tool with an effect: how often `pay` ran."""
+
+    payments = 0
+
+    @staticmethod
+    def pay(amount: int) -> str:
+        """Pay an amount.
+
+        Args:
+            amount: How much to pay.
+        """
+        Wallet.payments += 1
+        return "paid"
+
+
+PAY = call("pay", '{"amount":5}')
+
+
+@pytest.mark.parametrize(
+    "turn, cut, truncated",
+    [
+        (PAY + "</s>", len(PAY) - len("</c>"), 1.0),  # in the closing tag: the parser takes the call for complete
+        (PAY + "</s>", len(PAY) - len("5}}</c>"), 1.0),  # in the arguments: unparsable, was a failed call
+        (PAY + "</s>", len(PAY), 1.0),  # after the call, before the turn's end: no result can follow
+        ("the answer is 5</s>", len("the answer"), 0.0),  # cut text: no tool call to count
+    ],
+    ids=["unclosed_tag", "in_the_arguments", "before_the_eos", "plain_text"],
+)
+def test_a_tool_call_cut_off_by_the_budget_is_never_run_and_counted_as_truncated(tok, caplog, turn, cut, truncated):
+    """Was: transformers' parser reads `<c>{...}` without `</c>` as a complete call, and the loop ran it (a payment
+    made), then rolled its result back for want of room."""
+    Wallet.payments = 0
+    source, engine, metrics = make_source(tok, lambda c: turn, tools=[Wallet.pay], response_length=cut)
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+        source.sample(2, step=1)
+    assert Wallet.payments == 0
+    assert len(engine.calls) == 2  # one turn per round: the rollouts ended at the cut
+    assert [c.tolist() for c in round_.completion_ids] == [ids(tok, turn)[:cut]] * 2  # what the model wrote, kept
+    assert metrics["tools/truncated_frequency"] == [truncated] * 2
+    assert metrics["tools/call_frequency"] == [0.0] * 2 and metrics["tools/failure_frequency"] == [0.0] * 2
+    assert metrics["tools/rollback_frequency"] == [0.0] * 2
+    warnings = [r.getMessage() for r in caplog.records if "cut by the length limit" in r.getMessage()]
+    assert len(warnings) == int(truncated)  # once per run
+    if warnings:
+        assert f"response_length={cut} is the limit" in warnings[0] and "not run" in warnings[0]
+
+
 def also_broken(text: str) -> str:
     """Always fails, differently.
 
@@ -401,3 +450,42 @@ def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_ar
     assert "KeyError: 'abc'" in second and "{'text': 'abc'}" in second
     assert warnings[0].exc_info is not None  # the traceback, to find the line that raised
     assert not [r for r in caplog.records if "nowhere" in r.getMessage()]  # the model's error, not a tool's
+
+
+def test_a_turn_the_parser_refuses_reaches_the_reward_functions_as_plain_text(tok):
+    """Was: with no call run after it (the last turn, `max_tool_calling_iterations` spent), the loop's internal
+    `unparsable` marker stayed in the assistant message the reward functions got."""
+    seen = {}
+
+    def reads(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    source, _, metrics = make_source(
+        tok, lambda c: '<c>{"name":"add","argu</c></s>', tools=[add], rewards=[reads], max_iterations=0
+    )
+    source.sample(2, step=0)
+    assert seen["completions"][0] == [{"role": "assistant", "content": '<c>{"name":"add","argu</c>'}]
+    assert metrics["tools/call_frequency"] == [0.0]
+
+
+def test_a_turn_ends_at_the_configured_stop_token_and_no_stop_token_is_refused(tmp_path, tok):
+    """The turn's end is judged by the ids generation stops at (the trainer's `stop_token_id` here, not the EOS)."""
+    stop = ids(tok, "#")[0]
+    trainer = TRAPOTrainer(
+        build_tiny_model(tok, seed=0),
+        reward_funcs=zero,
+        args=tiny_args(tmp_path, stop_token_id=stop),
+        train_dataset=prompts_dataset(),
+        processing_class=tok,
+        tools=[add],
+    )
+    assert trainer.rollout_source.stop_token_ids == {stop}
+    Wallet.payments = 0
+    source, _, metrics = make_source(
+        tok, lambda c: PAY + "#", tools=[Wallet.pay], max_iterations=0, stop_token_ids=[stop]
+    )
+    source.sample(2, step=0)
+    assert metrics["tools/truncated_frequency"] == [0.0]  # ended at `#`: not cut (with the EOS as the stop: cut)
+    with pytest.raises(ValueError, match="stop_token_ids is empty"):
+        make_source(tok, lambda c: "x</s>", tools=[add], stop_token_ids=[])

@@ -16,16 +16,20 @@ The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample
 tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
 ([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
 tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by
-re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result
-that would push the completion past `response_length`, or the sequence to the model's context, is rolled back: the
-rollout ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a
-warning naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
+re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob 0 on them. A turn cut by
+the length limit (no stop token at its end) runs none of its tool calls: transformers' parser reads a call whose
+closing tag never came as complete, and no tool result can follow a turn that never ended; the rollout ends there
+(counted in `tools/truncated_frequency`; the first one of a run logs a warning naming the limit). A tool result that
+would push the completion past `response_length`, or the sequence to the model's context, is rolled back: the rollout
+ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning
+naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
-tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns per rollout). On several processes
-each is over the whole round, every rank's rollouts (the counts are summed over ranks before dividing, as TRL gathers
-them), so every rank logs the same value.
+tool results were rolled back, per rollout), `tools/truncated_frequency` (rollouts whose last turn was cut by the
+length limit with a tool call in it, which did not run, per rollout), `tools/turns_mean` (assistant turns per
+rollout). On several processes each is over the whole round, every rank's rollouts (the counts are summed over ranks
+before dividing, as TRL gathers them), so every rank logs the same value.
 
 Several processes: the ranks generate in lockstep. Their rollouts call tools a different number of times, but a
 turn's generation is a collective under ZeRO-3 (the weights are gathered for it, and DeepSpeed's forward pre-hook
@@ -495,7 +499,8 @@ def check_agent_arguments(args, rollout_source: Any) -> None:
     Raises:
         ValueError: naming the setting and the fix, for a `rollout_source` (the tool loop is the source), or
             `exploration=True` (per-family temperatures are the default source's; the tool loop samples every row at
-            `temperature`), or `use_vllm=True` (the loop generates with transformers' `generate`).
+            `temperature`), `use_vllm=True` (the loop generates with transformers' `generate`), or no stop token
+            (`stop_token=None` without `stop_token_id`: no turn would end, every tool call would be cut off).
     """
     config = type(args).__name__
     if rollout_source is not None:
@@ -512,6 +517,13 @@ def check_agent_arguments(args, rollout_source: Any) -> None:
         raise ValueError(
             f"{config}.use_vllm=True: the tool-calling loop generates with transformers' generate (each turn "
             "continues from token ids); set use_vllm=False."
+        )
+    extra_stops = (args.generation_kwargs or {}).get("eos_token_id")  # what `rollout.stop_token_ids` also stops at
+    if args.stop_token is None and args.stop_token_id is None and extra_stops in (None, [], ()):
+        raise ValueError(
+            f"{config}.stop_token=None without a stop_token_id: completions never stop early, so no assistant turn "
+            "would end and every tool call would be cut off by the length limit (and never run). Set "
+            "stop_token='eos' (the default) or stop_token_id."
         )
 
 
@@ -748,6 +760,9 @@ class Rollout:
     calls: int = 0
     failures: int = 0
     rolled_back: bool = False  # its last tool results did not fit and were dropped (the rollout ended there)
+    turn_ended: bool = True  # its last turn ended with a stop token (False: the length limit cut it)
+    parse_error: str | None = None  # why the parser refused its last turn (None: parsed)
+    truncated: bool = False  # its last turn was cut by the length limit with tool calls in it, which did not run
 
 
 class ToolRolloutSource:
@@ -782,10 +797,13 @@ class ToolRolloutSource:
         generation_batch_size (`int`, *optional*): with `sum_over_ranks`, rows per `engine.sample` call
             (`local_rollout_forward_batch_size`: the engine then makes one `generate` call per `sample`); None: a
             turn's rows in one call.
+        stop_token_ids (`Sequence[int]`, *optional*): the ids the engine stops a turn at (and cuts it after); a turn
+            that does not end with one was cut by the length limit, and its tool calls are not run. None: the
+            tokenizer's EOS.
 
     Raises:
-        ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]) or
-            prompts that are not conversational.
+        ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
+            prompts that are not conversational, or an empty `stop_token_ids`.
     """
 
     def __init__(
@@ -807,8 +825,14 @@ class ToolRolloutSource:
         max_workers: int = 16,
         sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
         generation_batch_size: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
     ):
         check_chat_template(tokenizer, template_kwargs)
+        if stop_token_ids is not None and not list(stop_token_ids):
+            raise ValueError(
+                "stop_token_ids is empty: no assistant turn would end, so every tool call would be cut off by the "
+                "length limit; give the ids generation stops at (None: the tokenizer's EOS)."
+            )
         if not is_conversational({"prompt": dataset[0]["prompt"]}):
             raise ValueError(
                 "tools / environment_factory need conversational prompts (a `prompt` column of chat messages), so "
@@ -826,7 +850,9 @@ class ToolRolloutSource:
         self.runner = ToolRunner(max_workers)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
         self.last_round_seconds: float | None = None
+        self.stop_token_ids = set([tokenizer.eos_token_id] if stop_token_ids is None else stop_token_ids)
         self.warned_rollback = False  # the first rolled-back tool result of the run is warned about, once
+        self.warned_truncation = False  # and the first tool call cut off by the length limit
 
     # ---- one rollout's start ------------------------------------------------------------------------------------------
     def start(self, rows: list[dict]) -> list[Rollout]:
@@ -892,16 +918,18 @@ class ToolRolloutSource:
                 sum(r.calls for r in rollouts),
                 sum(r.failures for r in rollouts),
                 sum(r.rolled_back for r in rollouts),
+                sum(r.truncated for r in rollouts),
                 sum(r.turns for r in rollouts),
             ],
             dtype=torch.float64,
         )
         if self.sum_over_ranks is not None:
             counts = self.sum_over_ranks(counts)
-        total, calls, failures, rolled_back, turns = counts.tolist()
+        total, calls, failures, rolled_back, truncated, turns = counts.tolist()
         self.log_metric("tools/call_frequency", calls / total)
         self.log_metric("tools/failure_frequency", failures / calls if calls else 0.0)
         self.log_metric("tools/rollback_frequency", rolled_back / total)
+        self.log_metric("tools/truncated_frequency", truncated / total)
         self.log_metric("tools/turns_mean", turns / total)
         self.last_round_seconds = time.perf_counter() - start_time
         return SampledRound(
@@ -956,6 +984,44 @@ class ToolRolloutSource:
             "for the answer after the result."
         )
 
+    def truncation_message(self, rollout: Rollout) -> str:
+        """The warning for a turn cut by the length limit with tool calls in it: which limit cut it (the
+        `response_length` budget, the model's context, or its generation batch's) and the setting that would make
+        room.
+
+        Args:
+            rollout ([`Rollout`]): the rollout, with the cut turn appended.
+
+        Returns:
+            `str`: the message.
+        """
+        prompt, completion = len(rollout.prompt_ids), len(rollout.completion_ids)
+        head = (
+            "An assistant turn was cut by the length limit while it held a tool call: its calls were not run (the "
+            "last one may be incomplete, and no tool result can follow a turn that never ended), and the rollout "
+            "ended there (counted in tools/truncated_frequency; warned once per run). "
+        )
+        if self.response_length - completion <= 0:
+            return head + (
+                f"response_length={self.response_length} is the limit (it covers every assistant turn and every "
+                f"tool result of a rollout) and the completion reached it. Raise TRAPOConfig.response_length "
+                "(max_completion_length, GRPO's name, if that is the one you set), with room for the call, its result "
+                "and the answer."
+            )
+        if self.context is not None and self.context - 1 - prompt - completion <= 0:
+            return head + (
+                f"The model's context of {self.context} positions is the limit: the prompt holds {prompt} tokens (the "
+                f"tool schemas included) and the completion {completion}. Raising response_length cannot help: "
+                "shorten the prompts (max_prompt_length bounds them, before the tool schemas are added) or the tool "
+                "results, or use a model with a longer context."
+            )
+        return head + (
+            f"The turn's generation batch was the limit: its rows generate together, as many new tokens as the "
+            f"longest row leaves in the model's context of {self.context} positions (this rollout had used "
+            f"{completion} of response_length={self.response_length} tokens). Shorten the prompts or the tool "
+            "results, or use a model with a longer context."
+        )
+
     def any_rank_has(self, items: list) -> bool:
         """Whether `items` is not empty here or (with `sum_over_ranks`, a collective) on any rank: the same answer on
         every rank."""
@@ -966,19 +1032,29 @@ class ToolRolloutSource:
     def run_turns(self, rollouts: list[Rollout], step: int) -> None:
         """Generate, call tools, append their results, generate again, until no rollout calls a tool, the budget is
         spent, or `max_iterations` rounds of calls ran; with `sum_over_ranks`, until that holds on every rank (a rank
-        that is done meanwhile takes part in the others' turns, see [`generate_turn`])."""
+        that is done meanwhile takes part in the others' turns, see [`generate_turn`]).
+
+        A turn's calls run in the order written, the rollouts' turns concurrently ([`ToolRunner`]). A turn cut by the
+        length limit (no stop token at its end) runs none of its calls and ends its rollout: its last call may be
+        incomplete (transformers' parser reads an unclosed `<tool_call>` as a whole call), and no tool result can
+        follow a turn that never ended; such rollouts are counted in `tools/truncated_frequency`."""
         active = [r for r in rollouts if self.room(r) > 0]
         iteration = 0
         while self.any_rank_has(active):
             self.generate_turn(active, step, rollouts[0])
-            if iteration >= self.max_iterations:
-                break
-            pending = []  # (rollout, its turn's calls) of the rollouts that called tools
+            pending = []  # (rollout, its turn's calls) of the rollouts whose finished turn called tools
             for rollout in active:
                 calls = self.parse_calls(rollout)
-                if calls:
+                if calls and not rollout.turn_ended:  # cut off by the length limit: never run
+                    rollout.truncated = True
+                    if not self.warned_truncation:
+                        self.warned_truncation = True
+                        logger.warning(self.truncation_message(rollout))
+                elif calls:
                     pending.append((rollout, calls))
-            results = self.runner.run([calls for _, calls in pending])  # in order within a turn ([`ToolRunner`])
+            if iteration >= self.max_iterations:
+                break
+            results = self.runner.run([calls for _, calls in pending])
             active = []
             for (rollout, calls), outcomes in zip(pending, results):
                 tool_messages = []
@@ -1039,32 +1115,31 @@ class ToolRolloutSource:
             rollout.mask += [1] * ids.numel()
             rollout.logps += logps.tolist()
             rollout.turns += 1
-            rollout.messages.append(self.parse(ids.tolist(), prefix, rollout.schemas))
+            rollout.turn_ended = ids.numel() > 0 and int(ids[-1]) in self.stop_token_ids
+            message, rollout.parse_error = self.parse(ids.tolist(), prefix, rollout.schemas)
+            rollout.messages.append(message)
 
-    def parse(self, ids: list[int], prefix: list[int], schemas: list[dict]) -> dict:
-        """One assistant turn as a message (transformers' `parse_response`); a turn the parser refuses (a malformed
-        tool call) is kept as text with `"unparsable": True`."""
+    def parse(self, ids: list[int], prefix: list[int], schemas: list[dict]) -> tuple[dict, str | None]:
+        """One assistant turn as a message (transformers' `parse_response`), and the parser's error: a turn it refuses
+        (a malformed tool call) is kept as plain text, as TRL's `parse_response` keeps it."""
         try:
             message = self.tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
             if message is None:
                 raise ValueError("nothing parsed")
         except (ValueError, TypeError) as error:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            return {"role": "assistant", "content": text, "unparsable": str(error)}
+            return {"role": "assistant", "content": self.tokenizer.decode(ids, skip_special_tokens=True)}, str(error)
         message = dict(message)
         message["content"] = message.get("content") or ""
-        return message
+        return message, None
 
     def parse_calls(self, rollout: Rollout) -> list[ToolCall]:
         """The last turn's tool calls, in the order written; an unknown name, malformed arguments, a call that is not
-        a JSON object with a string `name`, or an unparsable call becomes a call that cannot run and fails with an
+        a JSON object with a string `name`, or an unparsable turn becomes a call that cannot run and fails with an
         error result (counted in `tools/failure_frequency`)."""
-        message = rollout.messages[-1]
-        if "unparsable" in message:
-            message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
+        if rollout.parse_error is not None:  # the parser's own message is long; a compact one fits small budgets
             return [ToolCall("unknown", error="unparsable tool call")]
         calls = []
-        for call in message.get("tool_calls") or []:
+        for call in rollout.messages[-1].get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 # valid JSON the parser took for a call, but no call: `<c>"text"</c>`, `<c>7</c>`, `<c>{"name":3}</c>`
