@@ -806,6 +806,7 @@ class TRAPOTrainer(_BaseTrainer):
                 if self.accelerator.num_processes > 1
                 else None,
                 generation_batch_size=args.local_rollout_forward_batch_size,
+                stop_token_ids=stops,  # a turn without one at its end was cut by the length limit
             )
         if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
             if not self.active[RL]:
