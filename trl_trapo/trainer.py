@@ -97,6 +97,7 @@ from .data import (
 from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
+from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import kl_gradient_warning, resolve_kl_estimator
@@ -661,6 +662,12 @@ class TRAPOTrainer(_BaseTrainer):
             if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
+        if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
+            notice = grpo_notice(
+                args, self.exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty
+            )
+            if notice:
+                logger.warning(notice)
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules; the objectives' list -----
         self.allocator = RowAllocator(len(names))
