@@ -52,7 +52,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .async_rollouts import AsyncRolloutSource
@@ -118,6 +117,7 @@ from .models import (
     add_frozen_adapter_copy,
     counted_log_probs,
     create_reference,
+    disable_dropout,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
     model_forward,
@@ -405,7 +405,7 @@ class TRAPOTrainer(_BaseTrainer):
             logger.warning(warning)
         if self._has_critic:
             if args.disable_dropout:
-                disable_dropout_in_model(value_model)
+                disable_dropout(value_model, "value model")
             set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
@@ -890,7 +890,7 @@ class TRAPOTrainer(_BaseTrainer):
                 model = get_peft_model(model, peft_config)
             created_adapter = True
         if args.disable_dropout:
-            disable_dropout_in_model(model)
+            disable_dropout(model, "policy")
         ref_adapter: str | None = None
         if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
             raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
@@ -916,7 +916,7 @@ class TRAPOTrainer(_BaseTrainer):
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             if args.disable_dropout:
-                disable_dropout_in_model(ref_model)
+                disable_dropout(ref_model, "reference model")
         return model, ref_model, ref_adapter
 
     @staticmethod
@@ -977,7 +977,7 @@ class TRAPOTrainer(_BaseTrainer):
             )
         teacher.eval().requires_grad_(False)
         if args.disable_dropout:
-            disable_dropout_in_model(teacher)
+            disable_dropout(teacher, "teacher")
         return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
