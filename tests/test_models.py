@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import TINY_SUITE, make_tiny_config
+from peft import LoraConfig
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig
 
@@ -224,3 +225,10 @@ def test_no_model_the_trainer_holds_has_dropout(tmp_path):
     given = trainer(ref_model=ref_model, value_model=value_model, teacher_model=teacher)
     for model in (given.model.policy, given.ref_model, value_model, given.teacher_model):
         assert dropout_left(model) == [], type(model).__name__
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
+    adapters = TRAPOTrainer(  # the reference is a frozen copy of the adapter, with LoRA dropout modules of its own
+        build_tiny_model(tokenizer, path, seed=0), reward_funcs=suite.reward_funcs,
+        args=rl_config(tmp_path, sync_ref_model=True), train_dataset=suite.rl_train, processing_class=tokenizer,
+        peft_config=lora,
+    )  # fmt: skip
+    assert len(adapters.model.peft_config) == 2 and dropout_left(adapters.model) == []

@@ -911,6 +911,8 @@ class TRAPOTrainer(_BaseTrainer):
                     ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
                     ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                    if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
+                        disable_dropout(model, "policy")
             else:
                 ref_model = create_reference(model, model_id, args.model_init_kwargs)
         if ref_model is not None:
