@@ -93,7 +93,14 @@ from .data import (
     prepare_datasets,
     progress_bars,
 )
-from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
+from .distributed import (
+    any_rank,
+    check_launch,
+    max_over_ranks,
+    reduce_replay_metrics,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
 from .guidance import DemonstrationGuidance
@@ -170,6 +177,7 @@ from .vision import (
     is_vision_language_model,
     load_policy,
     model_context,
+    needs_every_parameter,
     restore_converted_weights,
     rows_have_images,
     suppress_placeholder_tokens,
@@ -740,6 +748,9 @@ class TRAPOTrainer(_BaseTrainer):
             objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
+        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
+        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
+        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
         self._teacher_head_copy = self._gathered_teacher_head()
@@ -1610,7 +1621,9 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
-        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+        if self._vision_parameters and needs_every_parameter(
+            model
+        ):  # every vision parameter takes part, images or not
             total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
