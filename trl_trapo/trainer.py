@@ -52,7 +52,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .async_rollouts import AsyncRolloutSource
@@ -94,7 +93,14 @@ from .data import (
     prepare_datasets,
     progress_bars,
 )
-from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
+from .distributed import (
+    any_rank,
+    check_launch,
+    max_over_ranks,
+    reduce_replay_metrics,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
 from .grpo import grpo_notice
@@ -119,6 +125,7 @@ from .models import (
     add_frozen_adapter_copy,
     counted_log_probs,
     create_reference,
+    disable_dropout,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
     model_forward,
@@ -171,6 +178,7 @@ from .vision import (
     is_vision_language_model,
     load_policy,
     model_context,
+    needs_every_parameter,
     restore_converted_weights,
     rows_have_images,
     suppress_placeholder_tokens,
@@ -407,7 +415,7 @@ class TRAPOTrainer(_BaseTrainer):
             logger.warning(warning)
         if self._has_critic:
             if args.disable_dropout:
-                disable_dropout_in_model(value_model)
+                disable_dropout(value_model, "value model")
             set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
@@ -749,6 +757,9 @@ class TRAPOTrainer(_BaseTrainer):
             objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
+        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
+        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
+        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
         self._teacher_head_copy = self._gathered_teacher_head()
@@ -900,7 +911,7 @@ class TRAPOTrainer(_BaseTrainer):
                 model = get_peft_model(model, peft_config)
             created_adapter = True
         if args.disable_dropout:
-            disable_dropout_in_model(model)
+            disable_dropout(model, "policy")
         ref_adapter: str | None = None
         if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
             raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
@@ -921,12 +932,14 @@ class TRAPOTrainer(_BaseTrainer):
                     ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
                     ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                    if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
+                        disable_dropout(model, "policy")
             else:
                 ref_model = create_reference(model, model_id, args.model_init_kwargs)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             if args.disable_dropout:
-                disable_dropout_in_model(ref_model)
+                disable_dropout(ref_model, "reference model")
         return model, ref_model, ref_adapter
 
     @staticmethod
@@ -987,7 +1000,7 @@ class TRAPOTrainer(_BaseTrainer):
             )
         teacher.eval().requires_grad_(False)
         if args.disable_dropout:
-            disable_dropout_in_model(teacher)
+            disable_dropout(teacher, "teacher")
         return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
@@ -1618,7 +1631,9 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
-        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+        if self._vision_parameters and needs_every_parameter(
+            model
+        ):  # every vision parameter takes part, images or not
             total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
