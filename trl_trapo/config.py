@@ -312,8 +312,14 @@ class TRAPOConfig(_BaseConfig):
     disable_dropout: bool = field(
         default=True,
         metadata={
-            "help": "Disable dropout in the policy and reference models, so behaviour, current and reference "
-            "log-probs of a token are computed by the same function."
+            "help": "Disable dropout in the policy, reference, value model and teacher, so behaviour, current and "
+            "reference log-probs of a token are computed by the same function (PPO's first ratio is exactly 1). "
+            "Beyond TRL's `disable_dropout_in_model` (p = 0 on every `nn.Dropout`), the float dropout probabilities "
+            "attention modules copy from their config (Llama / Qwen2 / Mistral `attention_dropout`, CLIP's "
+            "`dropout`, ...) are set to 0.0, and so are the `*drop*` fields of each model's config and sub-configs "
+            "(so copies rebuilt from it, e.g. a ZeRO-3 reference, have none): the model's config then says 0.0, "
+            "also in a model saved from the run; each changed field is logged (WARNING) with its old value. "
+            "Reward models are frozen in eval mode, where dropout never runs, and are left as given."
         },
     )
 

@@ -1544,6 +1544,7 @@ def prepare_datasets(
     distillation_dataset: Dataset | None = None,
     has_teacher: bool = False,
     images: ImageRows | None = None,
+    user_source: bool = False,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained: the checks that need the tokenizer or
     the model (`check_datasets` has made the others, and must have passed).
@@ -1560,12 +1561,16 @@ def prepare_datasets(
         has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder; without it (a tokenizer), a
             dataset with an `images` / `image` column is refused.
+        user_source (`bool`): the RL rounds come from a source of the user's (`rollout_source`, `rollout_func`), not
+            the default one: its completions are not `response_length` long (they are checked against the context as
+            each round arrives, `sources.check_round`), so RL prompts need not leave `response_length` positions.
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: images without a processor,
-            conversations without a chat template, RL prompts that exceed `max_prompt_length` / the context, RL
-            prompts without a reward, SFT / pretraining lengths beyond the context, a row of unknown tokens only, no
-            objective with data, or group-relative advantages with fewer than 2 completions per prompt.
+            conversations without a chat template, RL prompts that exceed `max_prompt_length` / the context (with
+            `response_length` new tokens, for the default source and tools), RL prompts without a reward, SFT /
+            pretraining lengths beyond the context, a row of unknown tokens only, no objective with data, or
+            group-relative advantages with fewer than 2 completions per prompt.
     """
     config_name = type(args).__name__
     template_kwargs = args.chat_template_kwargs or {}
@@ -1595,7 +1600,8 @@ def prepare_datasets(
                 rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
             )
         longest = max(len(ids) for ids in rl["prompt_ids"])
-        if max_positions is not None and longest + args.response_length > max_positions:
+        # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+        if max_positions is not None and not user_source and longest + args.response_length > max_positions:
             raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
     if sft_dataset is not None and args.sft_weight > 0:
         check_rows(sft_dataset, "sft_dataset", tokenizer, "sft", cells=False)

@@ -52,7 +52,6 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .async_rollouts import AsyncRolloutSource, check_main_guard
@@ -95,9 +94,17 @@ from .data import (
     prepare_datasets,
     progress_bars,
 )
-from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
+from .distributed import (
+    any_rank,
+    check_launch,
+    max_over_ranks,
+    reduce_replay_metrics,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
+from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import kl_gradient_warning, resolve_kl_estimator
@@ -119,6 +126,7 @@ from .models import (
     add_frozen_adapter_copy,
     counted_log_probs,
     create_reference,
+    disable_dropout,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
     model_forward,
@@ -172,6 +180,7 @@ from .vision import (
     is_vision_language_model,
     load_policy,
     model_context,
+    needs_every_parameter,
     restore_converted_weights,
     rows_have_images,
     suppress_placeholder_tokens,
@@ -284,14 +293,15 @@ class TRAPOTrainer(_BaseTrainer):
             `environment` column. Without a `train_dataset`, `max_steps` sets the run's length. With `tools` or an
             environment, `rollout_source` and `exploration=True` are refused (targeted exploration is off).
         rollout_func (`Callable`, *optional*): TRL 1.16's `rollout_func(prompts, trainer) -> dict` (as
-            `GRPOTrainer(rollout_func=...)` takes it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
-            this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
-            or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
-            `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
-            as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's behaviour log-probs
-            itself, and with `vllm_importance_sampling_correction` weights the policy loss by the sampler/trainer
-            mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
-            `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `GRPOTrainer(rollout_func=...)` runs it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
+            this process's prompts of a round, each `num_generations` times in a row as TRL passes them (the dataset's
+            `prompt` as it is, messages or text), and returns one completion per entry as `prompt_ids`,
+            `completion_ids`, `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches
+            the reward functions as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's
+            behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
+            sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
+            `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
+            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
@@ -419,7 +429,7 @@ class TRAPOTrainer(_BaseTrainer):
             logger.warning(warning)
         if self._has_critic:
             if args.disable_dropout:
-                disable_dropout_in_model(value_model)
+                disable_dropout(value_model, "value model")
             set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
@@ -467,6 +477,7 @@ class TRAPOTrainer(_BaseTrainer):
                 distillation_dataset=distillation_dataset,
                 has_teacher=teacher is not None,
                 images=image_rows,
+                user_source=rollout_source is not None or rollout_func is not None,
             )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
@@ -673,6 +684,12 @@ class TRAPOTrainer(_BaseTrainer):
             if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
+        if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
+            notice = grpo_notice(
+                args, self.exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty
+            )
+            if notice:
+                logger.warning(notice)
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules; the objectives' list -----
         self.allocator = RowAllocator(len(names))
@@ -754,6 +771,9 @@ class TRAPOTrainer(_BaseTrainer):
             objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
+        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
+        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
+        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
         self._teacher_head_copy = self._gathered_teacher_head()
@@ -818,6 +838,7 @@ class TRAPOTrainer(_BaseTrainer):
                 if self.accelerator.num_processes > 1
                 else None,
                 generation_batch_size=args.local_rollout_forward_batch_size,
+                stop_token_ids=stops,  # a turn without one at its end was cut by the length limit
             )
         if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
             if not self.active[RL]:
@@ -904,7 +925,7 @@ class TRAPOTrainer(_BaseTrainer):
                 model = get_peft_model(model, peft_config)
             created_adapter = True
         if args.disable_dropout:
-            disable_dropout_in_model(model)
+            disable_dropout(model, "policy")
         ref_adapter: str | None = None
         if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
             raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
@@ -925,12 +946,14 @@ class TRAPOTrainer(_BaseTrainer):
                     ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
                     ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                    if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
+                        disable_dropout(model, "policy")
             else:
                 ref_model = create_reference(model, model_id, args.model_init_kwargs)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             if args.disable_dropout:
-                disable_dropout_in_model(ref_model)
+                disable_dropout(ref_model, "reference model")
         return model, ref_model, ref_adapter
 
     @staticmethod
@@ -991,7 +1014,7 @@ class TRAPOTrainer(_BaseTrainer):
             )
         teacher.eval().requires_grad_(False)
         if args.disable_dropout:
-            disable_dropout_in_model(teacher)
+            disable_dropout(teacher, "teacher")
         return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
@@ -1622,7 +1645,9 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
-        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+        if self._vision_parameters and needs_every_parameter(
+            model
+        ):  # every vision parameter takes part, images or not
             total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
