@@ -970,6 +970,36 @@ def test_a_cell_trapo_cannot_read_is_refused_before_any_model_loads(tmp_path, to
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"prompt": "x=", "completion": ""}, "column 'completion' has an empty completion at row 1"),
+        ({"prompt": "x=", "completion": None}, "column 'completion' has a missing value (None) at row 1"),
+    ],
+    ids=["empty", "missing"],
+)
+def test_an_added_demonstration_objective_checks_its_cells_as_the_sft_data(tmp_path, tok, row, message):
+    """The sibling path: `TRAPOTrainer(objectives=[DemonstrationObjective(...)])` tokenized its rows without the SFT
+    data's cell checks (an empty completion trained to stop, a missing one failed in the tokenizer)."""
+    from trl_trapo.objectives import DemonstrationObjective
+
+    demos = DemonstrationObjective("demos", Dataset.from_list([SFT[0], row]))
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no", pretrain_max_length=16,
+        curriculum_boundaries=[], curriculum_mixtures=[{"pretrain": 0.5, "demos": 0.5}],
+    )  # fmt: skip
+    api_error(
+        lambda: TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=config,
+            processing_class=tok,
+            pretrain_dataset=Dataset.from_list(TEXT),
+            objectives=[demos],
+        ),  # fmt: skip
+        f"`objective 'demos' dataset` {message}",
+    )
+
+
 def test_a_tool_call_is_a_completion_and_a_blank_prompt_is_a_prompt():
     """What the empty-completion check must not refuse: an assistant turn that only calls a tool, and SFT rows whose
     prompt is empty (unconditional text)."""
