@@ -565,7 +565,8 @@ def test_a_value_of_the_wrong_type_is_one_message_naming_field_value_and_fix(tmp
 
 def test_the_type_check_accepts_what_the_fields_take(tmp_path):
     """Ints for numbers, tuples for lists, a mapping per curriculum phase, config objects where a dict is annotated,
-    and every value a built config holds (its copy through `dataclasses.replace`, which the trainer makes)."""
+    a `pathlib.Path` for a path, and every value a built config holds (its copy through `dataclasses.replace`, which
+    the trainer makes)."""
     import dataclasses
 
     from transformers.trainer_pt_utils import AcceleratorConfig
@@ -573,7 +574,7 @@ def test_the_type_check_accepts_what_the_fields_take(tmp_path):
     from trl_trapo import PPOConfig
 
     config = TRAPOConfig(
-        output_dir=str(tmp_path), report_to=["none"], learning_rate=1, curriculum_boundaries=(0.5,),
+        output_dir=tmp_path, report_to=["none"], learning_rate=1, curriculum_boundaries=(0.5,),
         curriculum_mixtures=[{"pretrain": 0.5, "sft": 0.5, "rl": 0.0}, {"rl": 1.0}], eval_strategy="steps",
         eval_steps=5, lr_scheduler_type="cosine", accelerator_config=AcceleratorConfig(), debug="underflow_overflow",
     )  # fmt: skip

@@ -14,6 +14,7 @@ import enum
 import functools
 import math
 import numbers
+import os
 import types
 import typing
 import warnings
@@ -154,8 +155,8 @@ def _type_matches(value, kind) -> bool | None:
         return isinstance(value, bool)
     if kind in (int, float):  # an int is a number; True is not a count
         return isinstance(value, numbers.Integral if kind is int else numbers.Real) and not isinstance(value, bool)
-    if kind is str:
-        return isinstance(value, str)
+    if kind is str:  # a `pathlib.Path` where a path is a string (`output_dir`), as transformers converts it
+        return isinstance(value, (str, os.PathLike))
     if kind is typing.Any:
         return True
     return True if isinstance(kind, type) and not issubclass(kind, enum.Enum) and isinstance(value, kind) else None

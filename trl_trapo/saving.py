@@ -162,12 +162,12 @@ def checkpoint_names(output_dir: str) -> list[str]:
     return sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
 
 
-def resumes_in(output_dir: str, resume_from_checkpoint: str | bool | None) -> bool:
+def resumes_in(output_dir: str, resume_from_checkpoint: str | os.PathLike | bool | None) -> bool:
     """Whether `resume_from_checkpoint` (a `train()` argument) resumes a checkpoint of `output_dir`: True (its newest
     complete one) or a path inside it."""
     here = os.path.abspath(output_dir)
     return resume_from_checkpoint is True or (
-        isinstance(resume_from_checkpoint, str)
+        isinstance(resume_from_checkpoint, (str, os.PathLike))
         and os.path.commonpath([os.path.abspath(os.path.expanduser(resume_from_checkpoint)), here]) == here
     )
 

@@ -377,7 +377,7 @@ class TRAPOTrainer(_BaseTrainer):
         # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
         # does not hash it again
         self._verified_checkpoint = None
-        if isinstance(args.resume_from_checkpoint, str):
+        if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
             verify_checkpoint(args.resume_from_checkpoint, args.world_size)
             self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
 
