@@ -22,6 +22,16 @@ and reward model (the value and reward heads start random, as TRL's example does
         --dataset_name examples/data/gsm8k/train_first1500.jsonl --max_prompts 24 --eval_samples 4 \
         --total_episodes 16 --response_length 32 --per_device_train_batch_size 4 --num_ppo_epochs 1 \
         --stop_token eos --output_dir ppo-smollm2 --report_to none
+
+Offline, on the built-in tiny model (`python scripts/save_tiny_model.py --output_dir models/tiny`; a character-level
+tokenizer and a context of 256 positions, so shorter prompts and responses; ~10 s on a CPU):
+
+    python examples/ppo_trl112_style.py \
+        --model_name_or_path models/tiny --sft_model_path models/tiny --reward_model_path models/tiny \
+        --max_prompts 24 --eval_samples 4 --max_prompt_tokens 200 --total_episodes 8 --response_length 16 \
+        --per_device_train_batch_size 4 --num_ppo_epochs 1 --stop_token eos --output_dir ppo-tiny --report_to none
+
+Without `--model_name_or_path` it stops at once and says what to pass.
 """
 
 import shutil
@@ -63,6 +73,13 @@ class PPOScriptArguments(ScriptArguments):
 if __name__ == "__main__":
     parser = HfArgumentParser((PPOScriptArguments, PPOConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_into_dataclasses()
+    if model_args.model_name_or_path is None:  # say what to pass before anything is loaded or deleted
+        raise SystemExit(
+            f"{parser.prog}: error: no model given: pass --model_name_or_path (its tokenizer), --sft_model_path "
+            "(policy and reference) and --reward_model_path (reward model and critic), local folders or Hub ids. "
+            "Offline, on the built-in tiny model: `python scripts/save_tiny_model.py --output_dir models/tiny`, then "
+            "models/tiny for all three (the docstring has a full command)."
+        )
     # remove output_dir if exists
     shutil.rmtree(training_args.output_dir, ignore_errors=True)
 

@@ -8,7 +8,8 @@ Run it with no arguments and no network:
 It builds the character-level tokenizer with a compact tool-calling chat template, the tiny model, the agent task
 (multiplying two numbers of up to three digits, which the model cannot compute, with a `multiply` tool it can call),
 the built-in suite's pretraining corpus and other families, and trains one `TRAPOTrainer` on pretraining + SFT on
-tool-calling traces + RL with the tool. It evaluates before and after and writes `<output_dir>/eval_results.json`:
+tool-calling traces + RL with the tool. It evaluates before and after and writes `<output_dir>/eval_results.json`
+(next to the model and `trainer_state.json`, as examples/trapo.py does):
 accuracy with the tool against without it (the same model, the tool withheld), tool-call validity, the other
 families' accuracy and the held-out pretraining loss. `--output_dir`, `--max_steps`, `--seed`, `--task_seed` and every
 `TRAPOConfig` field are arguments (`python examples/trapo_tools.py --help`); the job itself lives in

@@ -9,7 +9,8 @@ It builds a tiny LLaVA (a CLIP vision tower and a small Llama, from `trl_trapo/c
 processor assembled in-process, draws the visual task suite (56x56 images of squares, circles and triangles in four
 colours: captions to pretrain on, demonstrations of "colour of the square?", "how many circles?", "same colour?" over
 two images and text-only questions, RL prompts of every family with "what shape is it?" RL-only), and trains one
-`TRAPOTrainer` on pretraining + SFT + RL. It evaluates before and after and writes `<output_dir>/eval_results.json`:
+`TRAPOTrainer` on pretraining + SFT + RL. It evaluates before and after and writes `<output_dir>/eval_results.json`
+(next to the model, its processor and `trainer_state.json`, as examples/trapo.py does):
 greedy accuracy on held-out images (per split and family) and the loss of held-out captions (forgetting).
 `--per_modality` weighs image rows and text rows as separate objectives. `--output_dir`, `--max_steps`, `--seed`,
 `--task_seed` and every `TRAPOConfig` field are arguments (`python examples/trapo_vlm.py --help`); the job lives in

@@ -7,17 +7,21 @@
 - no reward source with `environment_factory` says so (and suggests `get_reward`);
 - the construction-time calls of user code (reward functions on empty completions, trial resets) say where they
   failed and keep the cause;
-- malformed tool-call traces in SFT data are refused at construction, naming the row, the field and the fix.
+- malformed tool-call traces in SFT data are refused at construction, naming the row, the field and the fix;
+- a turn's tool calls run in the order written (stateful environments), a call cut off by the completion budget is
+  never run (counted in `tools/truncated_frequency`), and a tool that raises is shown once (issue 37).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from datasets import Dataset
 from test_agent_traces import make_trainer, trace
-from test_agents import Counter, Quiet, call, make_source, prompts_dataset, tiny_args
+from test_agents import Counter, Quiet, broken, call, ids, make_source, prompts_dataset, tiny_args
 from transformers.utils import get_json_schema
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -272,13 +276,216 @@ def test_the_tools_column_is_rendered_without_assistant_only_loss_too(tok):
 def test_the_tool_runner_runs_tools_again_after_close():
     """Was: every call after `close` failed with 'cannot schedule new futures after shutdown' (a second `train()`, or
     a round sampled after training, had all its tool calls counted as failures)."""
-    from trl_trapo.agents import ToolRunner
+    from trl_trapo.agents import ToolCall, ToolRunner
 
     async def twice(x: int) -> int:
         return 2 * x
 
+    turns = [[ToolCall("add", {"a": 1, "b": 2}, add)], [ToolCall("twice", {"x": 3}, twice)]]
     runner = ToolRunner(2)
-    assert runner.run([(add, {"a": 1, "b": 2}), (twice, {"x": 3})]) == [(3, False), (6, False)]
+    assert runner.run(turns) == [[(3, False)], [(6, False)]]
     runner.close()
-    assert runner.run([(add, {"a": 1, "b": 2}), (twice, {"x": 3})]) == [(3, False), (6, False)]
+    assert runner.run(turns) == [[(3, False)], [(6, False)]]
     runner.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tool calls: a turn's calls run in the order written, a call cut by the budget never runs, a raising tool is shown
+# ---------------------------------------------------------------------------------------------------------------------
+class Locker:
+    """A stateful environment: `store` is slow, `fetch` reads what `store` wrote (TRL's environments are stateful)."""
+
+    def reset(self, **row):
+        self.value = None
+
+    def store(self, value: int) -> str:
+        """Store a value (slowly).
+
+        Args:
+            value: The value to store.
+        """
+        time.sleep(0.2)
+        self.value = value
+        return "stored"
+
+    def fetch(self) -> str:
+        """Fetch the stored value."""
+        return str(self.value)
+
+
+class AsyncLocker:
+    """`Locker` with async tools (TRL 1.16 gathers a turn's async calls, so `fetch` ran while `store` slept)."""
+
+    def reset(self, **row):
+        self.value = None
+
+    async def store(self, value: int) -> str:
+        """Store a value (slowly).
+
+        Args:
+            value: The value to store.
+        """
+        await asyncio.sleep(0.2)
+        self.value = value
+        return "stored"
+
+    async def fetch(self) -> str:
+        """Fetch the stored value."""
+        return str(self.value)
+
+
+@pytest.mark.parametrize("environment", [Locker, AsyncLocker], ids=["sync", "async"])
+def test_a_turns_tool_calls_run_in_the_order_written_and_rollouts_still_run_concurrently(tok, environment):
+    """Was: every call of a round was submitted at once, so `fetch` ran before `store` had finished and read None."""
+
+    def script(context):
+        row = int(context.split("add ")[1][0])
+        if "t:" in context:
+            return "done</s>"
+        return call("store", f'{{"value":{row + 7}}}') + call("fetch", "{}") + "</s>"
+
+    seen = {}
+
+    def reads(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    source, _, metrics = make_source(
+        tok,
+        script,
+        environment_factory=environment,
+        rewards=[reads],
+        dataset=prompts_dataset(2),
+        group=4,
+        response_length=160,
+    )
+    start = time.perf_counter()
+    source.sample(8, step=0)
+    seconds = time.perf_counter() - start
+    source.close()
+    results = [[m["content"] for m in completion if m["role"] == "tool"] for completion in seen["completions"]]
+    assert results == [["stored", "7"]] * 4 + [["stored", "8"]] * 4
+    assert metrics["tools/call_frequency"] == [2.0] and metrics["tools/failure_frequency"] == [0.0]
+    assert seconds < 8 * 0.2 / 2, seconds  # 8 rollouts' `store`s one after another would take 1.6 s
+
+
+class Wallet:
+    """A tool with an effect: how often `pay` ran."""
+
+    payments = 0
+
+    @staticmethod
+    def pay(amount: int) -> str:
+        """Pay an amount.
+
+        Args:
+            amount: How much to pay.
+        """
+        Wallet.payments += 1
+        return "paid"
+
+
+PAY = call("pay", '{"amount":5}')
+
+
+@pytest.mark.parametrize(
+    "turn, cut, truncated",
+    [
+        (PAY + "</s>", len(PAY) - len("</c>"), 1.0),  # in the closing tag: the parser takes the call for complete
+        (PAY + "</s>", len(PAY) - len("5}}</c>"), 1.0),  # in the arguments: unparsable, was a failed call
+        (PAY + "</s>", len(PAY), 1.0),  # after the call, before the turn's end: no result can follow
+        ("the answer is 5</s>", len("the answer"), 0.0),  # cut text: no tool call to count
+    ],
+    ids=["unclosed_tag", "in_the_arguments", "before_the_eos", "plain_text"],
+)
+def test_a_tool_call_cut_off_by_the_budget_is_never_run_and_counted_as_truncated(tok, caplog, turn, cut, truncated):
+    """Was: transformers' parser reads `<c>{...}` without `</c>` as a complete call, and the loop ran it (a payment
+    made), then rolled its result back for want of room."""
+    Wallet.payments = 0
+    source, engine, metrics = make_source(tok, lambda c: turn, tools=[Wallet.pay], response_length=cut)
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        round_ = source.sample(2, step=0)
+        source.sample(2, step=1)
+    assert Wallet.payments == 0
+    assert len(engine.calls) == 2  # one turn per round: the rollouts ended at the cut
+    assert [c.tolist() for c in round_.completion_ids] == [ids(tok, turn)[:cut]] * 2  # what the model wrote, kept
+    assert metrics["tools/truncated_frequency"] == [truncated] * 2
+    assert metrics["tools/call_frequency"] == [0.0] * 2 and metrics["tools/failure_frequency"] == [0.0] * 2
+    assert metrics["tools/rollback_frequency"] == [0.0] * 2
+    warnings = [r.getMessage() for r in caplog.records if "cut by the length limit" in r.getMessage()]
+    assert len(warnings) == int(truncated)  # once per run
+    if warnings:
+        assert f"response_length={cut} is the limit" in warnings[0] and "not run" in warnings[0]
+
+
+def also_broken(text: str) -> str:
+    """Always fails, differently.
+
+    Args:
+        text: Ignored.
+    """
+    raise KeyError(text)
+
+
+def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_arguments(tok, caplog):
+    """Was: only `tools/failure_frequency` moved; the exception appeared nowhere."""
+    turns = [call("broken", '{"x":1}'), call("also_broken", '{"text":"abc"}'), call("nowhere", "{}")]
+
+    def script(context):
+        row = int(context.split("add ")[1][0])
+        return "done</s>" if "t:" in context else turns[row] + "</s>"
+
+    source, _, metrics = make_source(
+        tok, script, tools=[add, broken, also_broken], dataset=prompts_dataset(3), group=2, response_length=120
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        source.sample(6, step=0)
+        source.sample(6, step=1)
+    source.close()
+    assert metrics["tools/failure_frequency"] == [1.0, 1.0]  # 6 failed calls of 6, in each round
+    warnings = [r for r in caplog.records if r.getMessage().startswith("The tool `")]
+    assert [r.getMessage().split("`")[1] for r in warnings] == ["broken", "also_broken"]  # one each, 4 failures each
+    first, second = (r.getMessage() for r in warnings)
+    assert "RuntimeError: the tool broke" in first and "{'x': 1}" in first
+    assert "KeyError: 'abc'" in second and "{'text': 'abc'}" in second
+    assert warnings[0].exc_info is not None  # the traceback, to find the line that raised
+    assert not [r for r in caplog.records if "nowhere" in r.getMessage()]  # the model's error, not a tool's
+
+
+def test_a_turn_the_parser_refuses_reaches_the_reward_functions_as_plain_text(tok):
+    """Was: with no call run after it (the last turn, `max_tool_calling_iterations` spent), the loop's internal
+    `unparsable` marker stayed in the assistant message the reward functions got."""
+    seen = {}
+
+    def reads(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    source, _, metrics = make_source(
+        tok, lambda c: '<c>{"name":"add","argu</c></s>', tools=[add], rewards=[reads], max_iterations=0
+    )
+    source.sample(2, step=0)
+    assert seen["completions"][0] == [{"role": "assistant", "content": '<c>{"name":"add","argu</c>'}]
+    assert metrics["tools/call_frequency"] == [0.0]
+
+
+def test_a_turn_ends_at_the_configured_stop_token_and_no_stop_token_is_refused(tmp_path, tok):
+    """The turn's end is judged by the ids generation stops at (the trainer's `stop_token_id` here, not the EOS)."""
+    stop = ids(tok, "#")[0]
+    trainer = TRAPOTrainer(
+        build_tiny_model(tok, seed=0),
+        reward_funcs=zero,
+        args=tiny_args(tmp_path, stop_token_id=stop),
+        train_dataset=prompts_dataset(),
+        processing_class=tok,
+        tools=[add],
+    )
+    assert trainer.rollout_source.stop_token_ids == {stop}
+    Wallet.payments = 0
+    source, _, metrics = make_source(
+        tok, lambda c: PAY + "#", tools=[Wallet.pay], max_iterations=0, stop_token_ids=[stop]
+    )
+    source.sample(2, step=0)
+    assert metrics["tools/truncated_frequency"] == [0.0]  # ended at `#`: not cut (with the EOS as the stop: cut)
+    with pytest.raises(ValueError, match="stop_token_ids is empty"):
+        make_source(tok, lambda c: "x</s>", tools=[add], stop_token_ids=[])

@@ -531,6 +531,7 @@ class NoReset:
         ("with_rollout_source", "a rollout_source was given too"),
         ("with_rollout_func", "a rollout_func was given too"),
         ("exploration", "exploration=True"),
+        ("no_stop_token", "stop_token=None without a stop_token_id"),
         ("no_dataset_no_max_steps", "needs max_steps > 0"),
     ],
 )
@@ -554,6 +555,8 @@ def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, messag
         extra = {"rollout_func": lambda prompts, trainer: {}}
     elif case == "exploration":
         overrides = {"exploration": True}
+    elif case == "no_stop_token":  # no turn would end: every call cut off by the length limit
+        overrides = {"stop_token": None}
     elif case == "no_dataset_no_max_steps":
         tools, factory, dataset, overrides = [], Counter, None, {"max_steps": -1, "num_train_epochs": 1}
     with pytest.raises(ValueError, match=message):

@@ -16,6 +16,7 @@ Resuming after kill -9 is in tests/test_durability.py; two processes in tests/te
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -313,36 +314,72 @@ def test_a_policy_with_transformers_capture_hooks_reaches_the_producer(tmp_path,
     assert any("sample/staleness_mean" in log for log in trainer.state.log_history)
 
 
+GUARD_SCRIPT = (
+    "from trl_trapo import TRAPOConfig, TRAPOTrainer\n"
+    "from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite\n"
+    "tokenizer = build_char_tokenizer()\n"
+    "suite = make_task_suite(seed=0, num_pretrain_docs=8, num_sft_per_task=4, num_rl_per_task=4, "
+    "num_eval_per_task=1)\n"
+    "config = TRAPOConfig(output_dir={out!r}, max_steps=2, per_device_train_batch_size=8, report_to='none', "
+    "save_strategy='no', activation_checkpointing=False, max_prompt_length=16, response_length=4, num_generations=4, "
+    "async_rollouts=True, use_cpu=True)\n"
+    "def build():\n"
+    "    return TRAPOTrainer(build_tiny_model(tokenizer, seed=0), reward_funcs=exact_match_reward, args=config, "
+    "train_dataset=suite.rl_train, processing_class=tokenizer)\n"
+    "{main}"
+)
+
+
 def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     """`spawn` imports the main script in the producer; a script that trains at import started a second training
-    there, whose producer failed with "could not be started ... cannot be pickled" before the real hint (a fresh
-    user's trial). The producer now says what happened and what to write."""
+    there: 71 lines of tracebacks whose first message was multiprocessing's "bootstrapping phase" (naming
+    `freeze_support()`), in a fresh user's trial. The trainer now refuses such a script when it is built, before
+    anything is loaded or started: one error naming the script, its line and the guard to write."""
     import subprocess
     import sys
 
     from conftest import ROOT
 
     script = tmp_path / "no_guard.py"
-    script.write_text(
-        "from trl_trapo import TRAPOConfig, TRAPOTrainer\n"
-        "from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite\n"
-        "tokenizer = build_char_tokenizer()\n"
-        "suite = make_task_suite(seed=0, num_pretrain_docs=8, num_sft_per_task=4, num_rl_per_task=4, "
-        "num_eval_per_task=1)\n"
-        f"config = TRAPOConfig(output_dir={str(tmp_path / 'out')!r}, max_steps=2, per_device_train_batch_size=8, "
-        "report_to='none', save_strategy='no', activation_checkpointing=False, max_prompt_length=16, "
-        "response_length=4, num_generations=4, async_rollouts=True, use_cpu=True)\n"
-        "TRAPOTrainer(build_tiny_model(tokenizer, seed=0), reward_funcs=exact_match_reward, args=config, "
-        "train_dataset=suite.rl_train, processing_class=tokenizer).train()\n"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    script.write_text(GUARD_SCRIPT.format(out=str(tmp_path / "out"), main="build().train()\n"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
     completed = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
     )
     output = completed.stdout + completed.stderr
     assert completed.returncode != 0, output[-3000:]
-    assert "is importing the script that started it" in output, output[-3000:]
-    assert "cannot be pickled" not in output, output[-3000:]
+    errors = [line for line in output.splitlines() if re.match(r"\w*Error\b", line)]
+    assert errors == [errors[-1]] and errors[-1].startswith("ValueError: async_rollouts=True"), output[-3000:]
+    assert f"({script}) again; this script builds the trainer as it runs (line 8)" in output, output[-3000:]
+    assert 'if __name__ == "__main__":' in errors[-1] and "bootstrapping" not in output, output[-3000:]
+    assert len(output.splitlines()) < 20, output  # one traceback, not one per process
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "main, refused",
+    [
+        ('if __name__ == "__main__":\n    print(type(build()).__name__)\n', False),
+        ("def main():\n    build()\nif '__main__' == __name__:\n    main()\n", False),
+        ("def main():\n    build()\nmain()\n", True),  # a main() called without the guard
+    ],
+    ids=["guarded", "main-guarded", "main-unguarded"],
+)
+def test_the_main_guard_check_reads_where_the_script_builds_the_trainer(tmp_path, monkeypatch, main, refused):
+    """The check follows the call stack to the script's module level and reads whether that line sits under the
+    guard (here the script runs in this process as `__main__`, as `python script.py` runs it)."""
+    import runpy
+
+    script = tmp_path / "script.py"
+    script.write_text(GUARD_SCRIPT.format(out=str(tmp_path / "out"), main=main))
+    monkeypatch.chdir(tmp_path)
+    if refused:
+        with pytest.raises(
+            ValueError, match=r"script\.py\) again; this script builds the trainer as it runs \(line 10\)"
+        ):
+            runpy.run_path(str(script), run_name="__main__")
+    else:
+        runpy.run_path(str(script), run_name="__main__")
 
 
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):

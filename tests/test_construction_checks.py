@@ -35,7 +35,7 @@ def test_eval_prompts_longer_than_max_prompt_length_fail_at_construction(tmp_pat
 def test_eval_prompts_that_overflow_the_context_name_the_fix(tmp_path, tokenizer, suite, tiny_config):
     context = build_tiny_model(tokenizer).config.max_position_embeddings
     eval_dataset = Dataset.from_dict({"prompt": ["y" * (context - 2)], "answer": ["z"]})  # + 4 new tokens > context
-    with pytest.raises(ValueError, match=r"Lower response_length to at most 2"):
+    with pytest.raises(ValueError, match=r"lower response_length to at most 2, or remove prompts longer than 252"):
         build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=eval_dataset, max_prompt_length=context)
 
 
@@ -135,6 +135,40 @@ def test_a_train_prompt_beyond_the_context_says_which_fix_applies(tmp_path, toke
             train_dataset=prompts,
             processing_class=tokenizer,
         )
+
+
+def test_a_response_length_beyond_the_context_is_told_to_shrink_never_a_negative_length(
+    tmp_path, tokenizer, tiny_config
+):
+    """`response_length=300` on a 256-position model said "remove prompts longer than -44 tokens"; the fix now names
+    only lengths that can work, through the trainer and for every case of the message's function."""
+    import re
+    from types import SimpleNamespace
+
+    prompts = Dataset.from_dict({"prompt": ["rev abc="], "answer": ["cba"]})  # 9 tokens with the BOS
+    with pytest.raises(ValueError) as caught:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path, response_length=300),
+            train_dataset=prompts,
+            processing_class=tokenizer,
+        )
+    assert re.search(r"response_length=300 .*context of 256 positions: response_length alone leaves no room for a "
+                     r"prompt: lower response_length to at most 24\d\.$", str(caught.value)), caught.value  # fmt: skip
+    from trl_trapo.data import context_overflow_message
+
+    cases = [  # (longest prompt, response_length) on 256 positions -> the fix
+        ((250, 10), "lower response_length to at most 6, or remove prompts longer than 246 tokens."),
+        ((10, 300), "response_length alone leaves no room for a prompt: lower response_length to at most 246."),
+        ((260, 10), "no response_length can help: remove prompts longer than 246 tokens (max_prompt_length=512"),
+        ((260, 256), "lower response_length below 256 and remove the prompts longer than what it leaves (e.g. "
+                     "response_length=128 and prompts of at most 128 tokens"),
+    ]  # fmt: skip
+    for (longest, response_length), fix in cases:
+        args = SimpleNamespace(response_length=response_length, max_prompt_length=512)
+        message = context_overflow_message("train_dataset", longest, args, 256)
+        assert fix in message and not re.search(r"(?<![\w=])-\d", message), message
 
 
 def test_kl_estimator_auto_is_the_unbiased_one_for_its_placement(tmp_path, tokenizer, suite, tiny_config, caplog):

@@ -657,15 +657,13 @@ def test_async_rollouts_under_zero3_are_refused_with_the_reason(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # A TRL GRPO vision-language script on two processes (issue 25)
 # ---------------------------------------------------------------------------------------------------------------------
-def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
-    """A `GRPOTrainer` VLM script with only the import changed (tests/distributed_vlm_job.py: the tiny LLaVA, prompts
-    with 0, 1 and 2 images) trains 3 steps under DDP on 2 processes: each rank's share of the round carries its own
-    images into every forward, and the ranks end with identical weights, changed by training, and identical logs."""
-    check(launch("multi_gpu.yaml", "tests/distributed_vlm_job.py", ["--output_dir", str(tmp_path)], 300))
-    ranks = records(tmp_path)
-    vlm = [json.loads((tmp_path / "ranks" / f"vlm{r}.json").read_text()) for r in (0, 1)]
+def check_vlm_job(output_dir: Path, distributed_type: str, steps: int) -> list[dict]:
+    """The ranks of a tests/distributed_vlm_job.py run trained `steps` steps together: identical logs (with the RL
+    loss) and weights, changed by training. Returns the ranks' `vlm<r>.json` records."""
+    ranks = records(output_dir)
+    vlm = [json.loads((output_dir / "ranks" / f"vlm{r}.json").read_text()) for r in (0, 1)]
     for record in ranks:
-        assert (record["world_size"], record["distributed_type"]) == (2, "DistributedType.MULTI_CPU")
+        assert (record["world_size"], record["distributed_type"]) == (2, distributed_type)
     first, second = (r["log_history"] for r in ranks)
     assert len(first) == len(second) and any("loss/rl" in h for h in first)
     for a, b in zip(first, second):
@@ -674,4 +672,69 @@ def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
         }
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
     assert vlm[0]["initial_digest"] == vlm[1]["initial_digest"] != vlm[0]["final_digest"] == vlm[1]["final_digest"]
-    assert ranks[0]["global_step"] == 3
+    assert ranks[0]["global_step"] == steps
+    return vlm
+
+
+def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
+    """A `GRPOTrainer` VLM script with only the import changed (tests/distributed_vlm_job.py: the tiny LLaVA, prompts
+    with 0, 1 and 2 images) trains 3 steps under DDP on 2 processes: each rank's share of the round carries its own
+    images into every forward, and the ranks end with identical weights, changed by training, and identical logs."""
+    check(launch("multi_gpu.yaml", "tests/distributed_vlm_job.py", ["--output_dir", str(tmp_path)], 300))
+    check_vlm_job(tmp_path, "DistributedType.MULTI_CPU", 3)
+
+
+@pytest.mark.parametrize(
+    "config, options",
+    [
+        # transformers turns DDP's own unused-parameter search on when activation checkpointing is off: the zero term
+        # over the vision encoder would mark its parameters ready twice ("post_layernorm.bias has been marked as
+        # ready twice"); a rank with text-only micro-batches relies on DDP's search
+        ("multi_gpu.yaml", ["--gradient_checkpointing", "false", "--dataset", "mixed"]),
+        # ZeRO-1/2 reduce gradient buckets together: the zero term keeps a rank with text-only micro-batches in step
+        ("deepspeed_zero2.yaml", ["--dataset", "mixed"]),
+        # ZeRO-3 builds the LLaVA partitioned: its language model's class, first imported then, lost the kernels
+        # `__init__` ("'LlamaAttention' object has no attribute '_kernel_funcs'" at the reference's first forward),
+        # and the zero term cannot index partitioned parameters
+        ("deepspeed_zero3.yaml", []),
+    ],
+    ids=["ddp-no-checkpointing", "zero2", "zero3"],
+)
+def test_a_grpo_vlm_script_trains_on_each_backend(tmp_path, config, options):
+    """The VLM script trains 2 steps on 2 processes under DDP without activation checkpointing, ZeRO-2 and ZeRO-3 (each
+    ~15-25 s), the ranks agreeing on logs and weights; with `--dataset mixed` one rank's micro-batches have no image
+    while the other rank's have."""
+    args = ["--output_dir", str(tmp_path), "--max_steps", "2", *options]
+    check(launch(config, "tests/distributed_vlm_job.py", args, 300))
+    distributed_type = "DistributedType.MULTI_CPU" if config == "multi_gpu.yaml" else "DistributedType.DEEPSPEED"
+    vlm = check_vlm_job(tmp_path, distributed_type, 2)
+    images = [record["images_per_micro_batch"] for record in vlm]
+    if "mixed" in options:
+        assert any((a == 0) != (b == 0) for a, b in zip(*images)), images
+    else:  # ZeRO-3 gathers a module's parameters when it runs: every rank must run the vision encoder (docs/vision.md)
+        assert all(n > 0 for rank in images for n in rank), images
+
+
+def test_restore_kernel_functions_gives_a_module_its_own_kernel_functions_back():
+    """What ZeRO-3 leaves a model built after it undid a kernelized class's `__init__` (attention modules without
+    `_kernel_funcs`, simulated here on one process) fails at its forward; restored from a whole model of the same
+    classes it computes what the whole one computes, each module with wrappers of its own; a second call changes
+    nothing."""
+    pytest.importorskip("kernels")
+    from trl_trapo.distributed import KERNEL_FUNCS, restore_kernel_functions
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    whole, damaged = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
+    attention = [module for module in damaged.modules() if KERNEL_FUNCS in vars(module)]
+    assert attention  # transformers' Llama attention is kernelized when `kernels` is installed
+    for module in attention:
+        del vars(module)[KERNEL_FUNCS]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with pytest.raises(AttributeError, match="_kernel_funcs"):
+        damaged(ids)
+    assert restore_kernel_functions(whole, None, damaged) == len(attention)
+    torch.testing.assert_close(damaged(ids).logits, whole(ids).logits, rtol=0, atol=0)
+    wrappers = [f for m in [*whole.modules(), *damaged.modules()] for f in vars(m).get(KERNEL_FUNCS, {}).values()]
+    assert len({id(f) for f in wrappers}) == len(wrappers) == 2 * len(attention)
+    assert restore_kernel_functions(whole, damaged) == 0

@@ -368,18 +368,18 @@ def test_self_imitation_keeps_a_multi_turn_success_with_its_mask_through_its_che
 
 
 def fixed_rollout_func(prompts, trainer):
-    """TRL-style: two completions per prompt, a tool result in the middle (env_mask 0); behaviour log-probs left to
-    the trainer (None)."""
+    """TRL-style: one completion per prompt entry (each prompt comes num_generations=2 times in a row: "1" for the
+    first, "22" for the second), a tool result in the middle (env_mask 0); behaviour log-probs left to the trainer
+    (None)."""
     tokenizer = trainer.processing_class
     out = {"prompt_ids": [], "completion_ids": [], "logprobs": None, "env_mask": []}
-    for prompt in prompts:
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        for answer in ("1", "22"):
-            completion = ids(tokenizer, answer) + ids(tokenizer, "=9;") + ids(tokenizer, answer)
-            completion.append(tokenizer.eos_token_id)
-            out["prompt_ids"].append(prompt_ids)
-            out["completion_ids"].append(completion)
-            out["env_mask"].append([1] * len(answer) + [0, 0, 0] + [1] * len(answer) + [1])
+    for i, prompt in enumerate(prompts):
+        answer = ("1", "22")[i % 2]
+        completion = ids(tokenizer, answer) + ids(tokenizer, "=9;") + ids(tokenizer, answer)
+        completion.append(tokenizer.eos_token_id)
+        out["prompt_ids"].append(tokenizer.encode(prompt, add_special_tokens=False))
+        out["completion_ids"].append(completion)
+        out["env_mask"].append([1] * len(answer) + [0, 0, 0] + [1] * len(answer) + [1])
     return out
 
 

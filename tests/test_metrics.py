@@ -64,6 +64,7 @@ COVERED_ELSEWHERE = {
     "tools/call_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/failure_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
     "tools/rollback_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
+    "tools/truncated_frequency": "tests/test_agent_fixes.py (per-round values of scripted turns cut in a tool call)",
     "tools/turns_mean": "tests/test_agents.py (per-round values of scripted tool calls)",
     "completions/mean_env_length": "tests/test_env_mask.py (a source whose rounds carry environment tokens)",
     "self_imitation/searched": "tests/test_exploration.py (a round whose family is searched: the counts it logs)",

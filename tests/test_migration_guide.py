@@ -287,3 +287,46 @@ def test_the_policy_the_example_saves_reloads_with_from_pretrained(example_run):
     completed, output_dir = example_run
     assert completed.returncode == 0
     AutoModelForCausalLM.from_pretrained(output_dir)
+
+
+def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
+    """With no arguments the example went on to load `None` from the Hub and ended, 52 s later, in a raw `OSError`
+    traceback (a fresh user's trial). It now stops after parsing with one line naming the three model flags and the
+    offline tiny model, before it loads anything or deletes `output_dir` (the script's `rmtree`, kept from TRL's
+    example). The offline command its docstring gives runs, on the tiny model `scripts/save_tiny_model.py` writes."""
+    out = tmp_path / "earlier-results"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    completed = subprocess.run(
+        [sys.executable, str(AFTER), "--output_dir", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "[WARNING]" not in line]
+    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert lines[0].startswith("ppo_trl112_style.py: error: no model given: pass --model_name_or_path"), lines
+    for needle in ("--sft_model_path", "--reward_model_path", "scripts/save_tiny_model.py --output_dir models/tiny"):
+        assert needle in lines[0], needle
+    assert (out / "notes.txt").read_text() == "kept"
+
+    docstring = AFTER.read_text(encoding="utf-8").split("Offline, on the built-in tiny model")[1].split('"""')[0]
+    command = shlex.split(docstring[docstring.index("python examples") :].split("\n\n")[0].replace("\\\n", " "))
+    assert command[:2] == ["python", "examples/ppo_trl112_style.py"] and command.count("models/tiny") == 3, command
+    save_tiny_model = subprocess.run(
+        [sys.executable, "scripts/save_tiny_model.py", "--output_dir", str(tmp_path / "tiny")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert save_tiny_model.returncode == 0, save_tiny_model.stderr[-3000:]
+    paths = {"models/tiny": str(tmp_path / "tiny"), "ppo-tiny": str(tmp_path / "ppo-tiny")}
+    offline = subprocess.run(
+        [sys.executable, *(paths.get(part, part) for part in command[1:])],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert offline.returncode == 0, (offline.stdout + offline.stderr)[-3000:]
+    assert (tmp_path / "ppo-tiny" / "model.safetensors").is_file()

@@ -72,7 +72,8 @@ def load(root, name):
     return AutoModelForCausalLM.from_pretrained(root / name)
 
 
-def ppo_config(tmp_path, **overrides) -> PPOConfig:
+def ppo_config(tmp_path, unset=(), **overrides) -> PPOConfig:
+    """The tests' PPOConfig: `overrides` replace the values below; the fields in `unset` are left at their default."""
     values = dict(
         output_dir=str(tmp_path / "out"),
         per_device_train_batch_size=4,
@@ -91,7 +92,7 @@ def ppo_config(tmp_path, **overrides) -> PPOConfig:
         logging_steps=1,
     )
     values.update(overrides)
-    return PPOConfig(**values)
+    return PPOConfig(**{k: v for k, v in values.items() if k not in unset})
 
 
 def test_ppo_pipeline_as_trl_1_12_documented_it(tmp_path, saved_models):
@@ -192,6 +193,38 @@ def test_ppo_lora_variant_trains_critic_and_adapter_and_saves_only_the_adapter(t
     files = set(os.listdir(tmp_path / "adapter"))
     assert "adapter_model.safetensors" in files and "adapter_config.json" in files
     assert "model.safetensors" not in files
+
+
+def test_ppo_metrics_are_logged_once_per_rollout_batch_unless_logging_steps_is_given(tmp_path, saved_models):
+    """TRL 1.12's PPOTrainer logged its metrics once per PPO update whatever `logging_steps` said; a 1.12 script that
+    leaves `logging_steps` unset gets one log per rollout batch (num_ppo_epochs x num_mini_batches optimizer steps),
+    also in a run shorter than TRAPOConfig's default of 10 steps. A value the user gives is kept, 10 included."""
+    values = dict(output_dir=str(tmp_path / "out"), report_to="none")
+    assert PPOConfig(**values).logging_steps == 4  # 1.12's defaults: 4 PPO epochs x 1 mini-batch
+    assert PPOConfig(**values, logging_steps=10).logging_steps == 10
+    assert PPOConfig(**values, logging_steps=0.5).logging_steps == 0.5
+    assert PPOConfig(**values, num_ppo_epochs=3, num_mini_batches=2, gradient_accumulation_steps=2).logging_steps == 6
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    config = ppo_config(tmp_path, unset=("logging_steps",), gradient_accumulation_steps=2, num_mini_batches=2)
+    assert config.logging_steps == 4
+    trainer = PPOTrainer(
+        config,
+        tokenizer,
+        load(saved_models, "policy"),
+        load(saved_models, "ref"),
+        load(saved_models, "reward"),
+        tokenized_prompts(tokenizer),
+        load(saved_models, "value"),
+    )
+    trainer.train()
+    # 16 episodes / 8 prompts per rollout batch = 2 batches x 2 PPO epochs x 2 mini-batches = 8 optimizer steps
+    assert trainer.state.global_step == 8
+    logs = [h for h in trainer.state.log_history if "objective/kl" in h]
+    assert [h["step"] for h in logs] == [4, 8]  # one log per rollout batch, at its last optimizer step
+    assert [h["episode"] for h in logs] == [8, 16]
+    assert all(
+        {"objective/scores", "policy/approxkl_avg", "loss/policy_avg", "loss/value_avg"} <= set(h) for h in logs
+    )
 
 
 def test_mini_batches_must_divide_accumulation(tmp_path, saved_models):

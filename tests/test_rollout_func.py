@@ -1,9 +1,15 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """TRL's `rollout_func=` (`trl_trapo.sources.RolloutFuncSource`): a thin adapter onto the rollout-source seam.
 
+- It gets what TRL 1.16's `GRPOTrainer` gives it, and TRL's contract is its code's: each prompt `num_generations`
+  times in a row (a copy each; text as text, messages as messages), one completion back per entry. The same script
+  trains under TRL's `GRPOTrainer` and under `TRAPOTrainer`, both calling it with such lists; a function written to
+  TRL's docstring (`num_generations` completions per entry) is refused naming both readings.
 - A `rollout_func` in TRL's style (it generates with the trainer's model, then a tool answers: `env_mask` 0) trains
-  for a few steps; it gets one prompt per prompt (text as text, messages as messages), its extra keys reach the
-  reward functions as columns.
+  for a few steps; its extra keys reach the reward functions as columns.
+- `response_length` sizes the default source's completions only: RL prompts that leave fewer positions of the context
+  are accepted with a `rollout_func` (or a `rollout_source`) whose completions fit; each round is still checked
+  against the context.
 - Its `logprobs` have TRL's meaning, the *sampler's* log-probs: PPO's behaviour log-probs are the trainer's own
   recompute (first ratio exactly 1 on every model token whatever the function returned), and the sampler's weight the
   policy loss by pi_trainer / pi_sampler (`vllm_importance_sampling_*`, `sampling/*` metrics): weights 1 when they
@@ -36,8 +42,8 @@ TOOL = "=7;"  # what the "tool" answers after the model's first turn
 
 
 def agent(calls: list, logprobs: str = "own", outputs: list | None = None, env_logprob: float = 0.0):
-    """A `rollout_func` in TRL's style: render each prompt, sample `num_generations` turns with the trainer's model
-    (log-probs recorded while sampling), then the tool's answer (env_mask 0, log-prob `env_logprob`); `tool_calls` is
+    """A `rollout_func` in TRL's style: render each prompt entry (TRL passes each prompt `num_generations` times),
+    sample one turn for each with the trainer's model (log-probs recorded while sampling), then the tool's answer (env_mask 0, log-prob `env_logprob`); `tool_calls` is
     an extra key. `logprobs` says what it returns as the sampler's log-probs: "own" (recorded while sampling at
     `temperature`: the trainer's), "constant" (-1.0 everywhere: deliberately off), "temperature" (it samples at 0.5
     and returns those, while the round is trained at `temperature`), "top_p" (renormalised over what `top_p` keeps,
@@ -47,7 +53,7 @@ def agent(calls: list, logprobs: str = "own", outputs: list | None = None, env_l
         calls.append(list(prompts))
         tokenizer, args = trainer.processing_class, trainer.args
         policy = trainer.accelerator.unwrap_model(trainer.model)
-        prompt_ids = [tokenize_prompt(p, tokenizer) for p in prompts for _ in range(args.num_generations)]
+        prompt_ids = [tokenize_prompt(p, tokenizer) for p in prompts]  # one completion per entry received
         temperature = 0.5 if logprobs == "temperature" else args.temperature
         turns = generate(
             policy, prompt_ids, trainer.generation_config, trainer.padding_id, None, temperature=temperature
@@ -101,6 +107,187 @@ def trainer_for(tmp_path, tokenizer, dataset, rollout_func, reward, **overrides)
     )
 
 
+def trl_script(trainer_class, config_class, tokenizer, output_dir, calls: list, lengths: list):
+    """A TRL 1.16 `rollout_func` script as TRL's `GRPOTrainer` runs it: the function samples one completion per prompt
+    entry it receives (transformers' `generate` with the trainer's model, its log-probs from `compute_transition_scores`)
+    and returns an extra key, `length`, that the reward reads. Only the two classes change between runs. Records each
+    call's prompts in `calls` and each reward call's `length` column in `lengths`."""
+
+    def rollout_func(prompts, trainer):
+        calls.append(list(prompts))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tok = trainer.processing_class
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "length": []}
+        for prompt in prompts:
+            ids = tok.encode(prompt, add_special_tokens=False)
+            with torch.no_grad():
+                generated = model.generate(
+                    torch.tensor([ids]),
+                    do_sample=True,
+                    max_new_tokens=trainer.args.max_completion_length,
+                    temperature=trainer.args.temperature,
+                    top_k=0,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=tok.pad_token_id,
+                )
+            logps = model.compute_transition_scores(generated.sequences, generated.scores, normalize_logits=True)
+            out["prompt_ids"].append(ids)
+            out["completion_ids"].append(generated.sequences[0, len(ids) :].tolist())
+            out["logprobs"].append(logps[0].tolist())
+            out["length"].append(len(out["completion_ids"][-1]))
+        return out
+
+    def reward(completions, length, **kwargs):
+        lengths.append(list(length))
+        return [float(n % 3) for n in length]
+
+    return trainer_class(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=config_class(
+            output_dir=str(output_dir),
+            max_steps=2,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=4,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+        ),
+        train_dataset=Dataset.from_dict({"prompt": ["2+2=", "3+4=", "1+5=", "9+9=", "5+1=", "7+2="]}),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+
+
+def test_a_trl_rollout_func_script_runs_unchanged_under_both_trainers(tmp_path, tokenizer, monkeypatch):
+    """TRL 1.16's `GRPOTrainer` calls `rollout_func` with its RepeatSampler's per-process slice (each prompt
+    num_generations times in a row) and takes one completion per entry, whatever its docstring says; the same script
+    runs under `TRAPOTrainer`, which passes the same kind of list. Before, TRAPO passed each prompt once and demanded
+    num_generations completions per entry: "'completion_ids' has 2 entries, expected 4"."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's experimental-feature warning
+    runs = {}
+    for name, trainer_class, config_class in [
+        ("trl", GRPOTrainer, GRPOConfig),
+        ("trapo", TRAPOTrainer, TRAPOConfig),
+    ]:
+        calls, lengths = [], []
+        trainer = trl_script(trainer_class, config_class, tokenizer, tmp_path / name, calls, lengths)
+        trainer.train()
+        assert trainer.state.global_step == 2, name
+        runs[name] = calls, lengths
+    for name, (calls, lengths) in runs.items():
+        assert calls, name
+        for prompts in calls:  # each prompt num_generations=2 times in a row, as text
+            assert len(prompts) % 2 == 0 and prompts == [p for p in prompts[::2] for _ in range(2)], (name, prompts)
+            assert len(set(prompts)) == len(prompts) // 2, (name, prompts)
+        # one completion per entry was taken: the reward saw one `length` per entry of each call
+        assert [len(column) for column in lengths] == [len(prompts) for prompts in calls], name
+
+
+def test_a_function_returning_num_generations_per_entry_is_refused_naming_both_readings(tmp_path, tokenizer, suite):
+    """The reading of TRL's docstring (prompts without duplication, num_generations completions per prompt) applied
+    to what TRL's code passes: 4 x too many completions. Before, TRAPO expected exactly that and trained on it."""
+
+    def per_prompt(prompts, trainer):
+        n = len(prompts) * trainer.args.num_generations
+        return {"prompt_ids": [[5, 6]] * n, "completion_ids": [[7, 8]] * n, "logprobs": None}
+
+    reward = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = trainer_for(tmp_path, tokenizer, suite.rl_train, per_prompt, reward)
+    with pytest.raises(ValueError) as error:
+        trainer.collect_rollouts(8, step=0)
+    message = str(error.value)
+    assert message.startswith("rollout_func's 'completion_ids' has 32 entries, expected 8: it returned ")
+    assert "num_generations=4 completions for each of the 8 prompt entries" in message
+    assert "its code (what TRL runs, and TRAPO follows) passes each prompt repeated num_generations times" in message
+    assert "its docstring says the prompts come without duplication" in message
+    assert "Return one completion per entry received" in message
+
+
+def test_each_entry_is_a_copy_and_what_the_function_does_to_it_never_reaches_the_rewards(tmp_path, tokenizer):
+    """TRL deep-copies the prompts it passes. A function that appends its answer to each entry's messages (in place)
+    leaves the rows the reward functions read as the dataset holds them, and no two entries are one object. Before,
+    the entries were the rows' own lists: the reward saw the function's appended message."""
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+1="}]} for i in range(6)])
+    seen = []
+
+    def appends(prompts, trainer):
+        assert len({id(p) for p in prompts}) == len(prompts)  # a copy each, also within a group
+        tok = trainer.processing_class
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": None}
+        for prompt in prompts:
+            out["prompt_ids"].append(tokenize_prompt(prompt, tok))
+            prompt.append({"role": "assistant", "content": "2"})
+            out["completion_ids"].append(tok.encode("2", add_special_tokens=False) + [tok.eos_token_id])
+        return out
+
+    def reward(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return [0.0] * len(completions)
+
+    trainer = trainer_for(tmp_path, tokenizer, dataset, appends, reward)
+    batch = trainer.collect_rollouts(8, step=0)
+    assert len(seen) == len(batch.completion_ids) == 8
+    assert all(len(p) == 1 and p[0]["role"] == "user" for p in seen)  # the dataset's messages, untouched
+
+
+def test_response_length_sizes_the_default_sources_completions_only(tmp_path, tokenizer):
+    """A prompt of 245 tokens with response_length=16 does not fit the tiny model's 256 positions: refused for the
+    default source, which samples 16 tokens. A rollout_func (or a rollout_source) decides its completions' length:
+    one that returns 3 tokens trains; one that returns 12 is refused when its round arrives, naming the context.
+    Before, the rollout_func run was refused at construction, its completions fitting or not."""
+    dataset = Dataset.from_dict({"prompt": ["1" * 245] * 4, "answer": ["2"] * 4})
+    reward = lambda completions, **kw: [float(len(c) % 2) for c in completions]  # noqa: E731
+    settings = dict(max_prompt_length=300, response_length=16, max_steps=1)
+
+    def answering(length):
+        def rollout_func(prompts, trainer):
+            tok = trainer.processing_class
+            ids = [tokenize_prompt(p, tok) for p in prompts]
+            return {
+                "prompt_ids": ids,
+                "completion_ids": [[tok.encode("2", add_special_tokens=False)[0]] * length for _ in prompts],
+                "logprobs": None,
+            }
+
+        return rollout_func
+
+    with pytest.raises(ValueError, match=r"`train_dataset` has a prompt of 245 tokens; with response_length=16"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=reward,
+            args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    trainer = trainer_for(tmp_path, tokenizer, dataset, answering(3), reward, **settings)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    too_long = trainer_for(tmp_path, tokenizer, dataset, answering(12), reward, **settings)
+    with pytest.raises(ValueError, match=r"completion 0 is 257 tokens, more than the policy's context of 256"):
+        too_long.collect_rollouts(8, step=0)
+
+    class Fixed:  # a rollout_source of the user's gets the same freedom
+        def sample(self, rows_needed, step):
+            raise AssertionError("not called at construction")
+
+    TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_source=Fixed(),
+    )
+
+
 def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_the_rewards(
     tmp_path, tokenizer, suite
 ):
@@ -114,10 +301,11 @@ def test_a_trl_style_rollout_func_trains_with_env_mask_and_its_extra_keys_reach_
     assert isinstance(trainer.rollout_source, RolloutFuncSource)
     trainer.train()
     assert trainer.state.global_step == 3
-    # one entry per prompt, not repeated, as the dataset holds it (text); the rounds' rows are what it returned
-    assert calls and all(len(set(prompts)) == len(prompts) for prompts in calls)
+    # as TRL passes them: each prompt num_generations=4 times in a row, as the dataset holds it (text)
+    assert calls and all(len(prompts) == 8 for prompts in calls)  # ceil(rows_needed * num_mini_batches / G) x G
+    assert all(prompts == [p for p in prompts[::4] for _ in range(4)] for prompts in calls)
+    assert all(len(set(prompts)) == 2 for prompts in calls)
     assert all(p in set(suite.rl_train["prompt"]) for prompts in calls for p in prompts)
-    assert all(len(prompts) == 8 // 4 for prompts in calls)  # ceil(rows_needed * num_mini_batches / G) prompts
     # the extra key reached the reward function as a column, next to the dataset's own (`answer`)
     assert seen == [[1] * 8] * len(calls)  # (and no call before training, on dataset rows without the column)
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -255,8 +443,9 @@ def test_a_round_gets_the_trainers_behaviour_logprobs_and_the_samplers_mismatch(
         assert stats["logp_difference/mean"] > 0.05 and not math.isclose(stats["raw_ratio/mean"], 1.0, abs_tol=1e-2)
 
 
-def rows(n=2):
-    return [{"prompt": f"p{i}", "answer": str(i)} for i in range(n)]
+def rows(n=2, group=2):
+    """The rows of the entries a rollout_func gets: `n` prompts, each `group` times in a row."""
+    return [{"prompt": f"p{i}", "answer": str(i)} for i in range(n) for _ in range(group)]
 
 
 def valid_output(group=2, n=2):
@@ -273,7 +462,7 @@ def valid_output(group=2, n=2):
 def test_the_round_it_makes():
     sampled = rollout_func_round(valid_output(), rows(), 2, step=5)
     assert sampled.version == 5 and sampled.group == 2 and sampled.temperatures is None
-    assert [e["prompt"] for e in sampled.examples] == ["p0", "p0", "p1", "p1"]  # each prompt's row, group times
+    assert [e["prompt"] for e in sampled.examples] == ["p0", "p0", "p1", "p1"]  # each entry's row
     assert [e["judge"] for e in sampled.examples] == ["j0", "j1", "j2", "j3"]  # a list: each completion its entry
     assert all(e["episode"] == 3 for e in sampled.examples)  # anything else: every completion
     assert sampled.completion_mask[0].tolist() == [1.0, 0.0, 1.0]
@@ -302,8 +491,12 @@ def test_a_missing_key_raises_trls_message(missing):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"completion_ids": [[7, 8, 9]] * 2}, r"'completion_ids' has 2 entries, expected 4: return num_generations=2"),
-        ({"prompt_ids": [[5]] * 8}, r"'prompt_ids' has 8 entries, expected 4.*not repeated"),
+        (
+            {"completion_ids": [[7, 8, 9]] * 2},
+            r"'completion_ids' has 2 entries, expected 4: return one completion per prompt entry it was given, in "
+            r"their order \(the 4 entries are 2 prompts, each repeated num_generations=2 times in a row",
+        ),
+        ({"prompt_ids": [[5]] * 8}, r"'prompt_ids' has 8 entries, expected 4: it returned num_generations=2 "),
         ({"logprobs": [[-0.1, -0.2, -0.3]] * 3 + [[-0.1]]}, r"'logprobs'\[3\] has 1 values for the 3 tokens of "),
         (
             {"env_mask": [[1, 0, 1]] * 2 + [[1, 0, 1, 1]] * 2},

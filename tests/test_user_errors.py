@@ -538,6 +538,50 @@ def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch
     assert cli.local_or_hub("owner/model") == "owner/model"  # a Hub id is left alone
 
 
+# ---- config field types ----
+@pytest.mark.parametrize(
+    "settings, needles",
+    [
+        ({"learning_rate": "1e-3"}, ["learning_rate='1e-3'", "a number, not str", "write learning_rate=0.001"]),
+        ({"max_prompt_length": None}, ["max_prompt_length=None", "must be an int, not None", "the default is 512"]),
+        ({"num_generations": 2.5}, ["num_generations=2.5", "must be an int, not float"]),
+        ({"max_steps": 3.0}, ["max_steps=3.0", "write max_steps=3"]),
+        ({"top_k": True}, ["top_k=True", "must be an int, not bool"]),
+        ({"bf16": "true"}, ["bf16='true'", "must be True or False or None"]),
+        ({"reward_weights": ["1", 2.0]}, ["reward_weights=['1', 2.0]", "numbers or None, not a list holding '1'"]),
+        ({"curriculum_boundaries": 0.5}, ["curriculum_boundaries=0.5", "must be a list of numbers, not float"]),
+        ({"kl_estimator": 2}, ["kl_estimator=2", "must be one of 'auto', 'k1', 'k2', 'k3'"]),
+    ],
+    ids=["str-number", "none", "float-for-int", "integral-float", "bool-for-int", "str-bool", "list-item",
+         "scalar-list", "literal-type"],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_one_message_naming_field_value_and_fix(tmp_path, settings, needles):
+    """Every field is checked against its annotation before any other check uses it (a string learning rate was
+    `TypeError: must be real number, not str`, naming nothing; `max_prompt_length=None`, which older GRPOConfigs took,
+    was `'<' not supported between instances of 'NoneType' and 'int'`; `num_generations=2.5` was accepted)."""
+    message = api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings), *needles)
+    assert message.startswith("TRAPOConfig.") and "is invalid" in message
+
+
+def test_the_type_check_accepts_what_the_fields_take(tmp_path):
+    """Ints for numbers, tuples for lists, a mapping per curriculum phase, config objects where a dict is annotated,
+    a `pathlib.Path` for a path, and every value a built config holds (its copy through `dataclasses.replace`, which
+    the trainer makes)."""
+    import dataclasses
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    from trl_trapo import PPOConfig
+
+    config = TRAPOConfig(
+        output_dir=tmp_path, report_to=["none"], learning_rate=1, curriculum_boundaries=(0.5,),
+        curriculum_mixtures=[{"pretrain": 0.5, "sft": 0.5, "rl": 0.0}, {"rl": 1.0}], eval_strategy="steps",
+        eval_steps=5, lr_scheduler_type="cosine", accelerator_config=AcceleratorConfig(), debug="underflow_overflow",
+    )  # fmt: skip
+    assert dataclasses.replace(config).learning_rate == 1
+    dataclasses.replace(PPOConfig(output_dir=str(tmp_path), report_to="none"), max_steps=4)
+
+
 # ---- output dir, disk, saves ----
 def finished_run(folder: Path) -> dict[str, bytes]:
     """A folder as a finished run leaves it (a model's config and weights, eval_results.json); its snapshot."""
@@ -576,7 +620,8 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     """At construction, before the model is even looked at (a missing model path is not reached); resuming one of its
     checkpoints *in place* is refused too (the final save would replace the finished model: a new user's resume from
     shell history trained 0 steps and replaced it), resuming it into another output_dir or `overwrite_output_dir=True`
-    is accepted; a folder of checkpoints only (an interrupted run) is not finished and resumes in place."""
+    is accepted; a folder of checkpoints only (an interrupted run) is not finished: the trainer is built, and `train()`
+    resumes it in place (see the next test)."""
     before = finished_run(tmp_path)
     with pytest.raises(ValueError, match=r"output_dir=.*holds a finished run \(config\.json.*overwrite_output_dir"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"))
@@ -589,12 +634,42 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     with pytest.raises(ValueError, match=r"resuming in place replaces it too"):
         tiny_trainer(tmp_path, tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert snapshot(tmp_path) == before
-    tiny_trainer(tmp_path / "continued", tokenizer, suite, resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    from trl_trapo.saving import check_output_dir  # (the trainer would also verify the empty checkpoint-2 here)
+
+    continued = str(tmp_path / "continued")
+    check_output_dir(TRAPOConfig(output_dir=continued, resume_from_checkpoint=str(tmp_path / "checkpoint-2")))
     tiny_trainer(tmp_path, tokenizer, suite, overwrite_output_dir=True)
     interrupted = tmp_path / "interrupted"
     (interrupted / "checkpoint-2").mkdir(parents=True)
     tiny_trainer(interrupted, tokenizer, suite)
-    tiny_trainer(interrupted, tokenizer, suite, resume_from_checkpoint=str(interrupted / "checkpoint-2"))
+
+
+def test_an_unfinished_runs_checkpoints_are_resumed_or_replaced_only_when_told(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys
+):
+    """A run into an output_dir holding an interrupted run's checkpoints warned, then wrote its own checkpoint-1,
+    checkpoint-2 over them, destroying what the resume needed. `train()` now refuses before writing anything unless it
+    resumes from one of them (True, or a path inside output_dir) or `overwrite_output_dir=True`; a run resuming
+    another folder's checkpoint into it is refused too. The command line refuses before loading anything."""
+    out = tmp_path / "run"
+    tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()  # interrupted at 2
+    before = snapshot(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    fixes = [f"--resume_from_checkpoint {out / 'checkpoint-2'}", "resume_from_checkpoint=True", "another output_dir",
+             "--overwrite_output_dir"]  # fmt: skip
+    code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
+    cli_error(code, output, "holds checkpoints of an unfinished run", *fixes)
+    assert snapshot(out) == before
+
+    again = tiny_trainer(out, tokenizer, suite, max_steps=3, save_strategy="steps", save_steps=1)  # train() decides
+    api_error(again.train, f"output_dir={str(out)!r} holds checkpoints of an unfinished run (checkpoint-1, "
+              "checkpoint-2) and this run starts from scratch", *fixes)  # fmt: skip
+    elsewhere = str(tmp_path / "other" / "checkpoint-1")
+    api_error(lambda: again.train(resume_from_checkpoint=elsewhere), f"this run resumes from {elsewhere}")
+    assert again.state.global_step == 0 and snapshot(out) == before  # nothing written
+    again.train(resume_from_checkpoint=True)  # continues the run: its checkpoints stay as they were
+    assert again.state.global_step == 3 and {k: v for k, v in snapshot(out).items() if k in before} == before
+    tiny_trainer(out, tokenizer, suite, max_steps=1, overwrite_output_dir=True).train()  # told to replace them
 
 
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer):
@@ -619,6 +694,46 @@ def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, ti
     )  # fmt: skip
     cli_error(code, output, "is at step 6 and max_steps=3", "Raise max_steps above 6")
     assert not (tmp_path / "cli2" / "model.safetensors").exists()
+
+
+def test_a_corrupted_checkpoint_is_refused_before_anything_slow(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys
+):
+    """A checkpoint whose files no longer match their recorded SHA-256 was found by `train()`, after the job's initial
+    evaluation (53-66 s in a user's trial); it is found when the trainer is built, before the model is even looked at,
+    and the command line reports it without evaluating anything. An intact one is hashed once: `train()` resumes
+    from it without verifying it again."""
+    import shutil
+
+    import trl_trapo.trainer as trainer_module
+
+    first = tiny_trainer(tmp_path / "first", tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=2)
+    first.train()
+    intact = tmp_path / "first" / "checkpoint-2"
+    damaged = tmp_path / "damaged" / "checkpoint-2"
+    shutil.copytree(intact, damaged)
+    state = damaged / "trapo" / "rank0.json"
+    state.write_bytes(state.read_bytes()[:-12] + b" 0123456789}")  # same length, other bytes
+    config = TRAPOConfig(output_dir=str(tmp_path / "api"), report_to="none", resume_from_checkpoint=str(damaged))
+    with pytest.raises(CheckpointError, match=r"rank0\.json is corrupted or truncated"):
+        TRAPOTrainer("no/such/model-folder", args=config)
+
+    def not_reached(*args, **kwargs):
+        raise AssertionError("evaluated before the checkpoint to resume from was verified")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TRAPOTrainer, "evaluate", not_reached)
+        code, output = run_cli_here(
+            "--max_steps", "4", "--resume_from_checkpoint", str(damaged), "--output_dir", str(tmp_path / "cli"),
+            cwd=tmp_path, monkeypatch=patch, capsys=capsys,
+        )  # fmt: skip
+    cli_error(code, output, "rank0.json is corrupted or truncated")
+
+    second = tiny_trainer(tmp_path / "second", tokenizer, suite, max_steps=4, resume_from_checkpoint=str(intact))
+    verified = []
+    monkeypatch.setattr(trainer_module, "verify_checkpoint", lambda *args: verified.append(args))
+    second.train(resume_from_checkpoint=str(intact))
+    assert second.state.global_step == 4 and verified == []
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
@@ -791,6 +906,143 @@ def test_a_missing_value_in_a_column_trapo_reads_is_refused_by_dataset_column_an
     assert "fill it, or drop such rows" in str(error.value)  # the fix
     assert datasets == before  # nothing the user had is changed
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+BAD_CELLS = [
+    # (datasets, the message: dataset, column, row, what; the fix)
+    (
+        dict(sft_dataset=[{"prompt": "ab=", "answer": "ab"}]),
+        "`sft_dataset` must have 'prompt' and 'completion' columns",
+        "'messages' column",
+    ),
+    (
+        dict(train_dataset=[{"prompt": 7, "answer": "a"}, {"prompt": 8, "answer": "b"}]),
+        "`train_dataset` column 'prompt' holds a value of type int at row 0 (and 1 more rows): '7'",
+        "dataset.map(lambda row: {'prompt': str(row['prompt'])})",
+    ),
+    (
+        dict(train_dataset=[{"prompt": ["ab=", "cd="], "answer": "a"}]),
+        "`train_dataset` column 'prompt' holds a value of type list at row 0",
+        "a list of {'role', 'content'} messages",
+    ),
+    (
+        dict(train_dataset=[{"input_ids": ["5", "6"]}]),
+        "`train_dataset` column 'input_ids' holds a value of type list at row 0",
+        "a list of token ids (ints)",
+    ),
+    (dict(pretrain_dataset=[{"text": 3.5}]), "`pretrain_dataset` column 'text' holds a value of type float", "str("),
+    (
+        dict(sft_dataset=[SFT[0], {"prompt": "x=", "completion": "  "}]),
+        "`sft_dataset` column 'completion' has an empty completion at row 1",
+        "dataset.filter(lambda row: row['completion'].strip())",
+    ),
+    (
+        dict(sft_dataset=[{"prompt": conv("a="), "completion": [{"role": "assistant", "content": ""}]}] * 2),
+        "`sft_dataset` column 'completion' has an empty completion at row 0 (and 1 more rows)",
+        "if m['role'] == 'assistant'",
+    ),
+    (
+        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": ""}]}]),
+        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
+        "would teach only to stop",
+    ),
+    (
+        dict(pretrain_dataset=TEXT, eval_dataset={"sft": [{"prompt": "a=", "completion": ""}]}),
+        "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
+        "Fill it, or drop such rows",
+    ),
+]
+
+
+@pytest.mark.parametrize(("datasets", "message", "fix"), BAD_CELLS)
+def test_a_cell_trapo_cannot_read_is_refused_before_any_model_loads(tmp_path, tok, datasets, message, fix):
+    """A prompt column of ints failed inside the tokenizer ("text input must be of type `str`"), and SFT rows with an
+    empty completion trained to stop at once without a word; each is one message naming the dataset, column, row and
+    fix. Every dataset error that needs no tokenizer comes before the model is loaded (a column error came after the
+    model, its reference copy and the teacher had loaded: 51 s on a loaded machine): here the model is a path that
+    does not exist, and the data error is the one reported."""
+    rows = {k: Dataset.from_list(v) if isinstance(v, list) else {n: Dataset.from_list(r) for n, r in v.items()}
+            for k, v in datasets.items()}  # fmt: skip
+    reward = {"reward_funcs": exact_match_reward} if "train_dataset" in rows else {}
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer("no/such/model-folder", args=config, processing_class=tok, **reward, **rows)
+    assert message in str(error.value) and fix in str(error.value), error.value
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"prompt": "x=", "completion": ""}, "column 'completion' has an empty completion at row 1"),
+        ({"prompt": "x=", "completion": None}, "column 'completion' has a missing value (None) at row 1"),
+    ],
+    ids=["empty", "missing"],
+)
+def test_an_added_demonstration_objective_checks_its_cells_as_the_sft_data(tmp_path, tok, row, message):
+    """The sibling path: `TRAPOTrainer(objectives=[DemonstrationObjective(...)])` tokenized its rows without the SFT
+    data's cell checks (an empty completion trained to stop, a missing one failed in the tokenizer)."""
+    from trl_trapo.objectives import DemonstrationObjective
+
+    demos = DemonstrationObjective("demos", Dataset.from_list([SFT[0], row]))
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no", pretrain_max_length=16,
+        curriculum_boundaries=[], curriculum_mixtures=[{"pretrain": 0.5, "demos": 0.5}],
+    )  # fmt: skip
+    api_error(
+        lambda: TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=config,
+            processing_class=tok,
+            pretrain_dataset=Dataset.from_list(TEXT),
+            objectives=[demos],
+        ),  # fmt: skip
+        f"`objective 'demos' dataset` {message}",
+    )
+
+
+def test_a_tool_call_is_a_completion_and_a_blank_prompt_is_a_prompt():
+    """What the empty-completion check must not refuse: an assistant turn that only calls a tool, and SFT rows whose
+    prompt is empty (unconditional text)."""
+    from trl_trapo.data import check_cells
+
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    messages = conv("1+2?") + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    check_cells(Dataset.from_list([{"messages": messages}]), "sft_dataset", "sft")
+    check_cells(Dataset.from_list([{"prompt": "", "completion": "abc"}]), "sft_dataset", "sft")
+
+
+@pytest.mark.parametrize("role", ["train_dataset", "sft_dataset", "eval_dataset"])
+def test_conversations_without_a_chat_template_are_one_message(tmp_path, role):
+    """Conversational rows with a tokenizer that has no chat template failed with transformers' "Cannot use chat
+    template functions because tokenizer.chat_template is not set"; refused at construction naming the dataset, the
+    column and the fixes. `chat_template_kwargs={"chat_template": ...}` renders them and is accepted."""
+    from trl_trapo.tasks import CHAT_TEMPLATE
+
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    rows = {
+        "train_dataset": [{"prompt": conv("ab="), "answer": "ab"}] * 2,
+        "sft_dataset": [{"prompt": conv("ab="), "completion": [{"role": "assistant", "content": "ab"}]}] * 2,
+        "eval_dataset": [{"prompt": conv("ab="), "answer": "ab"}],
+    }
+    datasets = {role: Dataset.from_list(rows[role])}
+    if role == "eval_dataset":
+        datasets["pretrain_dataset"] = Dataset.from_list(TEXT)
+
+    def build_with(**template):
+        config = TRAPOConfig(
+            output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none",
+            save_strategy="no", activation_checkpointing=False, max_prompt_length=32, response_length=4,
+            pretrain_max_length=16,
+            num_generations=2, **template,
+        )  # fmt: skip
+        reward = {"reward_funcs": exact_match_reward} if role == "train_dataset" else {}
+        return TRAPOTrainer(build_tiny_model(bare, seed=0), args=config, processing_class=bare, **reward, **datasets)
+
+    message = api_error(build_with, f"`{role}` column 'prompt' holds conversations", "no chat template")
+    assert "tokenizer.chat_template" in message and "plain text" in message
+    build_with(chat_template_kwargs={"chat_template": CHAT_TEMPLATE})
 
 
 def test_missing_values_in_reward_columns_reach_the_reward_function(tmp_path, tok):

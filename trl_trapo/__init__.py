@@ -6,6 +6,7 @@ __version__ = "0.1.0.dev0"
 from .config import TRAPOConfig
 from .controllers import AdaptiveKLController, Controller, FixedKLController
 from .curriculum import CurriculumSchedule
+from .grpo import GRPOConfig
 from .interrupts import TrainingAborted, TrainingInterrupted
 from .objectives import DemonstrationObjective, LanguageModelingObjective, Objective
 from .ppo import PPOConfig, PPOTrainer
@@ -19,6 +20,7 @@ __all__ = [
     "TRAPOTrainer",
     "PPOConfig",
     "PPOTrainer",
+    "GRPOConfig",
     "Controller",
     "AdaptiveKLController",
     "FixedKLController",

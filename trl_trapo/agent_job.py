@@ -24,7 +24,8 @@ the tool (`tools=[multiply]`). Before and after training it measures ([`evaluate
   no run trains on;
 
 each also with the suffix `_initial` (before training), plus `train_runtime_s` and `train_loss`, written to
-`<output_dir>/eval_results.json` (atomically) next to the model.
+`<output_dir>/eval_results.json` (atomically) next to the model and `trainer_state.json`, as the main job writes them
+(`trl_trapo.cli.save_job`); `--resume_from_checkpoint` resumes training as there (`trl_trapo.cli.train_job`).
 """
 
 from __future__ import annotations
@@ -252,9 +253,18 @@ def evaluate(model, data: AgentJobData, config: TRAPOConfig) -> dict[str, float]
 
 def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
     """The job's `TRAPOTrainer`: pretraining on `data.pretrain`, SFT on `data.sft`, RL on the agent prompts with the
-    tool; `model` defaults to a fresh tiny model (`build_tiny_model(tokenizer, seed=config.seed)`)."""
+    tool; `model` defaults to a fresh tiny model (`build_tiny_model(tokenizer, seed=config.seed)`).
+
+    Raises:
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
+            does not resume (checked first, as the main job does), or for what the trainer refuses.
+    """
+    from .cli import check_checkpoint
+    from .saving import check_earlier_checkpoints
     from .trainer import TRAPOTrainer
 
+    check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
     return TRAPOTrainer(
         model if model is not None else build_tiny_model(data.tokenizer, seed=config.seed),
         reward_funcs=data.task.reward_funcs,
@@ -268,27 +278,26 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
 
 
 def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
-    """Evaluate, train jointly, evaluate again, save (steps 2-3 of [`main`]).
+    """Evaluate, train jointly (resuming from `resume_from_checkpoint` when given), evaluate again, save the model,
+    `trainer_state.json` and `eval_results.json` (steps 2-3 of [`main`]; `trl_trapo.cli.train_job` and `save_job`,
+    shared with the main job).
 
     Returns:
         The results written to `<output_dir>/eval_results.json` (see [`main`]).
 
     Raises:
-        trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
+        trl_trapo.checkpoint.CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+        trl_trapo.saving.SaveError: if a file of the output folder cannot be written.
     """
-    from .cli import write_json_atomic
+    from .cli import save_job, train_job
 
-    # step 2. evaluate, train, evaluate
+    # step 2. evaluate, train (resuming from resume_from_checkpoint when given), evaluate
     results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data, config).items()}
-    train_start = time.perf_counter()
-    output = trainer.train()
-    results["train_runtime_s"] = time.perf_counter() - train_start
-    results["train_loss"] = output.training_loss
+    results.update(train_job(trainer))
     results.update({f"eval_{k}": v for k, v in evaluate(trainer.model, data, config).items()})
-    # step 3. save the model and the results
-    trainer.save_model(config.output_dir)
+    # step 3. save the model, the trainer state and the results, as the main job does
+    save_job(trainer, results)
     if trainer.accelerator.is_main_process:
-        write_json_atomic(os.path.join(config.output_dir, "eval_results.json"), results)
         print(summary(config.output_dir, results, time.perf_counter() - job_start), flush=True)
     return results
 
@@ -302,7 +311,8 @@ def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
 
     Raises:
         ValueError: for data arguments that cannot work (see [`build_data`]) or what the trainer refuses.
-        trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
+        trl_trapo.checkpoint.CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+        trl_trapo.saving.SaveError: if a file of the output folder cannot be written.
     """
     job_start = time.perf_counter()
     # step 1. data, tokenizer, model, trainer

@@ -12,19 +12,24 @@ A GRPOTrainer agent script moves over by changing the import and the config clas
   after the class). Reward functions get `environments=` (one instance per completion).
 
 The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running
-(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; every tool
-call of the round runs concurrently ([`ToolRunner`]); the tool messages' tokens and the next generation prompt are
-appended **as token ids** (completion so far + tool suffix), never by re-tokenising decoded text (TRL issue #5224),
-with `completion_mask` 0 and behaviour log-prob 0 on them. A tool result that would push the completion past
-`response_length`, or the sequence to the model's context, is rolled back: the rollout ends after the call the model
-wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning naming the limit to raise). At
-most `max_tool_calling_iterations` rounds of tool calls run per rollout.
+(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; a turn's
+tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
+([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
+tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by
+re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob 0 on them. A turn cut by
+the length limit (no stop token at its end) runs none of its tool calls: transformers' parser reads a call whose
+closing tag never came as complete, and no tool result can follow a turn that never ended; the rollout ends there
+(counted in `tools/truncated_frequency`; the first one of a run logs a warning naming the limit). A tool result that
+would push the completion past `response_length`, or the sequence to the model's context, is rolled back: the rollout
+ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning
+naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
-tool results were rolled back, per rollout), `tools/turns_mean` (assistant turns per rollout). On several processes
-each is over the whole round, every rank's rollouts (the counts are summed over ranks before dividing, as TRL gathers
-them), so every rank logs the same value.
+tool results were rolled back, per rollout), `tools/truncated_frequency` (rollouts whose last turn was cut by the
+length limit with a tool call in it, which did not run, per rollout), `tools/turns_mean` (assistant turns per
+rollout). On several processes each is over the whole round, every rank's rollouts (the counts are summed over ranks
+before dividing, as TRL gathers them), so every rank logs the same value.
 
 Several processes: the ranks generate in lockstep. Their rollouts call tools a different number of times, but a
 turn's generation is a collective under ZeRO-3 (the weights are gathered for it, and DeepSpeed's forward pre-hook
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import json
 import logging
@@ -55,7 +61,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -493,7 +499,8 @@ def check_agent_arguments(args, rollout_source: Any) -> None:
     Raises:
         ValueError: naming the setting and the fix, for a `rollout_source` (the tool loop is the source), or
             `exploration=True` (per-family temperatures are the default source's; the tool loop samples every row at
-            `temperature`), or `use_vllm=True` (the loop generates with transformers' `generate`).
+            `temperature`), `use_vllm=True` (the loop generates with transformers' `generate`), or no stop token
+            (`stop_token=None` without `stop_token_id`: no turn would end, every tool call would be cut off).
     """
     config = type(args).__name__
     if rollout_source is not None:
@@ -510,6 +517,13 @@ def check_agent_arguments(args, rollout_source: Any) -> None:
         raise ValueError(
             f"{config}.use_vllm=True: the tool-calling loop generates with transformers' generate (each turn "
             "continues from token ids); set use_vllm=False."
+        )
+    extra_stops = (args.generation_kwargs or {}).get("eos_token_id")  # what `rollout.stop_token_ids` also stops at
+    if args.stop_token is None and args.stop_token_id is None and extra_stops in (None, [], ()):
+        raise ValueError(
+            f"{config}.stop_token=None without a stop_token_id: completions never stop early, so no assistant turn "
+            "would end and every tool call would be cut off by the length limit (and never run). Set "
+            "stop_token='eos' (the default) or stop_token_id."
         )
 
 
@@ -590,13 +604,44 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Running tool calls concurrently
+# Running tool calls: in order within a turn, the turns of a round concurrently
 # ---------------------------------------------------------------------------------------------------------------------
+
+MAX_ARGUMENTS_CHARS = 500  # of a failed call's arguments in its warning
+
+
+@dataclass
+class ToolCall:
+    """One tool call of an assistant turn, as the loop runs it.
+
+    Attributes:
+        name (`str`): the tool's name as the model wrote it (`"unknown"` when it wrote none); the tool message's name.
+        arguments (`dict`): keyword arguments of the call.
+        tool (`Callable`, *optional*): what to call (sync or async); None: the call cannot run and fails with `error`
+            (an unknown name, arguments that are not an object, an unparsable call: the model's errors).
+        error (`str`, *optional*): why the call cannot run, when `tool` is None.
+    """
+
+    name: str
+    arguments: dict = field(default_factory=dict)
+    tool: Callable | None = None
+    error: str | None = None
 
 
 class ToolRunner:
-    """Runs a round's tool calls concurrently: sync tools in a bounded thread pool, async tools on one long-lived
-    event loop owned by a background thread (started at the first async call, once per runner).
+    """Runs a round's tool calls: each turn's calls **in the order written**, each finishing before the next starts
+    (an environment's methods are stateful: `store(7)` then `fetch()` must fetch 7), and the turns of different
+    rollouts concurrently. Each turn is one coroutine on one long-lived event loop owned by a background thread
+    (started at the first call, again after `close`): an async tool is awaited there, a sync one runs in a bounded
+    thread pool.
+
+    TRL 1.16's `GRPOTrainer` runs a turn's sync calls in order but gathers its async ones (`asyncio.gather`): two async
+    calls of one turn run together there, one after the other here.
+
+    The first failure of each tool (by name) is logged once as a warning with the exception, the call's arguments and
+    the traceback; every failure is still an error result (`{"error": message}`) the model reads, counted in
+    `tools/failure_frequency`. A call that cannot run (`ToolCall.tool` None: the model's error, not the tool's) is not
+    warned about.
 
     Args:
         max_workers (`int`): threads for sync tools (calls beyond it wait for a free thread).
@@ -604,9 +649,10 @@ class ToolRunner:
 
     def __init__(self, max_workers: int = 16):
         self.max_workers = max_workers
-        self.pool: ThreadPoolExecutor | None = None  # started at the first sync call, again after `close`
+        self.pool: ThreadPoolExecutor | None = None  # started at the first round, again after `close`
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+        self.warned: set[str] = set()  # tools whose first failure was warned about
 
     def thread_pool(self) -> ThreadPoolExecutor:
         """The runner's thread pool for sync tools, started on first use (and after `close`: the trainer closes its
@@ -623,33 +669,63 @@ class ToolRunner:
             self.thread.start()
         return self.loop
 
-    def run(self, calls: Sequence[tuple[Callable, dict]]) -> list[tuple[Any, bool]]:
-        """Run `(tool, arguments)` calls at once and wait for all of them.
+    def run(self, turns: Sequence[Sequence[ToolCall]]) -> list[list[tuple[Any, bool]]]:
+        """Run every turn's calls, in order within a turn, the turns concurrently, and wait for all of them.
+
+        Args:
+            turns (`Sequence[Sequence[ToolCall]]`): per assistant turn (one per rollout that called tools), its calls
+                in the order the model wrote them.
 
         Returns:
-            `list[tuple[Any, bool]]`: per call, `(result, failed)`: the tool's return value, or `{"error": message}`
-            with `failed=True` when it raised (or its arguments did not fit). Never raises for a tool's error.
+            `list[list[tuple[Any, bool]]]`: per turn, per call, `(result, failed)`: the tool's return value, or
+            `{"error": message}` with `failed=True` when the call could not run or the tool raised (its arguments
+            not fitting included). Never raises for a tool's error.
         """
-        futures: list[Future | None] = []
-        results: list[tuple[Any, bool] | None] = []
-        for tool, arguments in calls:
-            try:
-                if inspect.iscoroutinefunction(tool):
-                    futures.append(asyncio.run_coroutine_threadsafe(tool(**arguments), self.event_loop()))
-                else:
-                    futures.append(self.thread_pool().submit(tool, **arguments))
-                results.append(None)
-            except Exception as error:  # e.g. a coroutine function called with wrong arguments
-                futures.append(None)
-                results.append(({"error": str(error)}, True))
-        for i, future in enumerate(futures):
-            if future is None:
+        if not any(turns):
+            return [[] for _ in turns]
+        pool, loop = self.thread_pool(), self.event_loop()
+        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls, pool), loop) for calls in turns]
+        outcomes = [future.result() for future in futures]
+        # warned here, in the caller's thread and in call order: the first failure of each tool, deterministically
+        for calls, turn_outcomes in zip(turns, outcomes):
+            for tool_call, (_, _, error) in zip(calls, turn_outcomes):
+                if error is not None and tool_call.name not in self.warned:
+                    self.warned.add(tool_call.name)
+                    logger.warning(self.failure_message(tool_call, error), exc_info=error)
+        return [[(result, failed) for result, failed, _ in turn_outcomes] for turn_outcomes in outcomes]
+
+    async def run_turn(
+        self, calls: Sequence[ToolCall], pool: ThreadPoolExecutor
+    ) -> list[tuple[Any, bool, Exception | None]]:
+        """One turn's calls, each awaited before the next starts: per call `(result, failed, exception)`, the
+        exception the tool raised (None when it returned, or when the call could not run)."""
+        loop = asyncio.get_running_loop()
+        outcomes: list[tuple[Any, bool, Exception | None]] = []
+        for tool_call in calls:
+            if tool_call.tool is None:
+                outcomes.append(({"error": tool_call.error}, True, None))
                 continue
             try:
-                results[i] = (future.result(), False)
-            except Exception as error:
-                results[i] = ({"error": str(error)}, True)
-        return results
+                if inspect.iscoroutinefunction(tool_call.tool):
+                    result = await tool_call.tool(**tool_call.arguments)
+                else:
+                    result = await loop.run_in_executor(pool, functools.partial(tool_call.tool, **tool_call.arguments))
+                outcomes.append((result, False, None))
+            except Exception as error:  # the tool's error (or its arguments not fitting): an error result
+                outcomes.append(({"error": str(error)}, True, error))
+        return outcomes
+
+    @staticmethod
+    def failure_message(tool_call: ToolCall, error: BaseException) -> str:
+        """The warning for a tool's first failure: its name, the exception and the call's arguments."""
+        arguments = repr(tool_call.arguments)
+        if len(arguments) > MAX_ARGUMENTS_CHARS:
+            arguments = f"{arguments[:MAX_ARGUMENTS_CHARS]}... ({len(arguments)} characters)"
+        return (
+            f"The tool `{tool_call.name}` raised {type(error).__name__}: {error}, called with the arguments "
+            f"{arguments}. The model reads {{'error': {str(error)!r}}} as the result and the call counts in "
+            "tools/failure_frequency; only the first failure of each tool is shown."
+        )
 
     def close(self) -> None:
         """Stop the thread pool and the event loop (both start again at the next call)."""
@@ -684,6 +760,9 @@ class Rollout:
     calls: int = 0
     failures: int = 0
     rolled_back: bool = False  # its last tool results did not fit and were dropped (the rollout ended there)
+    turn_ended: bool = True  # its last turn ended with a stop token (False: the length limit cut it)
+    parse_error: str | None = None  # why the parser refused its last turn (None: parsed)
+    truncated: bool = False  # its last turn was cut by the length limit with tool calls in it, which did not run
 
 
 class ToolRolloutSource:
@@ -718,10 +797,13 @@ class ToolRolloutSource:
         generation_batch_size (`int`, *optional*): with `sum_over_ranks`, rows per `engine.sample` call
             (`local_rollout_forward_batch_size`: the engine then makes one `generate` call per `sample`); None: a
             turn's rows in one call.
+        stop_token_ids (`Sequence[int]`, *optional*): the ids the engine stops a turn at (and cuts it after); a turn
+            that does not end with one was cut by the length limit, and its tool calls are not run. None: the
+            tokenizer's EOS.
 
     Raises:
-        ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]) or
-            prompts that are not conversational.
+        ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
+            prompts that are not conversational, or an empty `stop_token_ids`.
     """
 
     def __init__(
@@ -743,8 +825,14 @@ class ToolRolloutSource:
         max_workers: int = 16,
         sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
         generation_batch_size: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
     ):
         check_chat_template(tokenizer, template_kwargs)
+        if stop_token_ids is not None and not list(stop_token_ids):
+            raise ValueError(
+                "stop_token_ids is empty: no assistant turn would end, so every tool call would be cut off by the "
+                "length limit; give the ids generation stops at (None: the tokenizer's EOS)."
+            )
         if not is_conversational({"prompt": dataset[0]["prompt"]}):
             raise ValueError(
                 "tools / environment_factory need conversational prompts (a `prompt` column of chat messages), so "
@@ -762,7 +850,9 @@ class ToolRolloutSource:
         self.runner = ToolRunner(max_workers)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
         self.last_round_seconds: float | None = None
+        self.stop_token_ids = set([tokenizer.eos_token_id] if stop_token_ids is None else stop_token_ids)
         self.warned_rollback = False  # the first rolled-back tool result of the run is warned about, once
+        self.warned_truncation = False  # and the first tool call cut off by the length limit
 
     # ---- one rollout's start ------------------------------------------------------------------------------------------
     def start(self, rows: list[dict]) -> list[Rollout]:
@@ -828,16 +918,18 @@ class ToolRolloutSource:
                 sum(r.calls for r in rollouts),
                 sum(r.failures for r in rollouts),
                 sum(r.rolled_back for r in rollouts),
+                sum(r.truncated for r in rollouts),
                 sum(r.turns for r in rollouts),
             ],
             dtype=torch.float64,
         )
         if self.sum_over_ranks is not None:
             counts = self.sum_over_ranks(counts)
-        total, calls, failures, rolled_back, turns = counts.tolist()
+        total, calls, failures, rolled_back, truncated, turns = counts.tolist()
         self.log_metric("tools/call_frequency", calls / total)
         self.log_metric("tools/failure_frequency", failures / calls if calls else 0.0)
         self.log_metric("tools/rollback_frequency", rolled_back / total)
+        self.log_metric("tools/truncated_frequency", truncated / total)
         self.log_metric("tools/turns_mean", turns / total)
         self.last_round_seconds = time.perf_counter() - start_time
         return SampledRound(
@@ -892,6 +984,44 @@ class ToolRolloutSource:
             "for the answer after the result."
         )
 
+    def truncation_message(self, rollout: Rollout) -> str:
+        """The warning for a turn cut by the length limit with tool calls in it: which limit cut it (the
+        `response_length` budget, the model's context, or its generation batch's) and the setting that would make
+        room.
+
+        Args:
+            rollout ([`Rollout`]): the rollout, with the cut turn appended.
+
+        Returns:
+            `str`: the message.
+        """
+        prompt, completion = len(rollout.prompt_ids), len(rollout.completion_ids)
+        head = (
+            "An assistant turn was cut by the length limit while it held a tool call: its calls were not run (the "
+            "last one may be incomplete, and no tool result can follow a turn that never ended), and the rollout "
+            "ended there (counted in tools/truncated_frequency; warned once per run). "
+        )
+        if self.response_length - completion <= 0:
+            return head + (
+                f"response_length={self.response_length} is the limit (it covers every assistant turn and every "
+                f"tool result of a rollout) and the completion reached it. Raise TRAPOConfig.response_length "
+                "(max_completion_length, GRPO's name, if that is the one you set), with room for the call, its result "
+                "and the answer."
+            )
+        if self.context is not None and self.context - 1 - prompt - completion <= 0:
+            return head + (
+                f"The model's context of {self.context} positions is the limit: the prompt holds {prompt} tokens (the "
+                f"tool schemas included) and the completion {completion}. Raising response_length cannot help: "
+                "shorten the prompts (max_prompt_length bounds them, before the tool schemas are added) or the tool "
+                "results, or use a model with a longer context."
+            )
+        return head + (
+            f"The turn's generation batch was the limit: its rows generate together, as many new tokens as the "
+            f"longest row leaves in the model's context of {self.context} positions (this rollout had used "
+            f"{completion} of response_length={self.response_length} tokens). Shorten the prompts or the tool "
+            "results, or use a model with a longer context."
+        )
+
     def any_rank_has(self, items: list) -> bool:
         """Whether `items` is not empty here or (with `sum_over_ranks`, a collective) on any rank: the same answer on
         every rank."""
@@ -902,29 +1032,37 @@ class ToolRolloutSource:
     def run_turns(self, rollouts: list[Rollout], step: int) -> None:
         """Generate, call tools, append their results, generate again, until no rollout calls a tool, the budget is
         spent, or `max_iterations` rounds of calls ran; with `sum_over_ranks`, until that holds on every rank (a rank
-        that is done meanwhile takes part in the others' turns, see [`generate_turn`])."""
+        that is done meanwhile takes part in the others' turns, see [`generate_turn`]).
+
+        A turn's calls run in the order written, the rollouts' turns concurrently ([`ToolRunner`]). A turn cut by the
+        length limit (no stop token at its end) runs none of its calls and ends its rollout: its last call may be
+        incomplete (transformers' parser reads an unclosed `<tool_call>` as a whole call), and no tool result can
+        follow a turn that never ended; such rollouts are counted in `tools/truncated_frequency`."""
         active = [r for r in rollouts if self.room(r) > 0]
         iteration = 0
         while self.any_rank_has(active):
             self.generate_turn(active, step, rollouts[0])
-            if iteration >= self.max_iterations:
-                break
-            pending = []  # (rollout, [(tool, arguments, name)]) of the rollouts that called tools
+            pending = []  # (rollout, its turn's calls) of the rollouts whose finished turn called tools
             for rollout in active:
                 calls = self.parse_calls(rollout)
-                if calls:
+                if calls and not rollout.turn_ended:  # cut off by the length limit: never run
+                    rollout.truncated = True
+                    if not self.warned_truncation:
+                        self.warned_truncation = True
+                        logger.warning(self.truncation_message(rollout))
+                elif calls:
                     pending.append((rollout, calls))
-            flat = [(tool, arguments) for _, calls in pending for tool, arguments, _ in calls]
-            results = iter(self.runner.run(flat))
+            if iteration >= self.max_iterations:
+                break
+            results = self.runner.run([calls for _, calls in pending])
             active = []
-            for rollout, calls in pending:
+            for (rollout, calls), outcomes in zip(pending, results):
                 tool_messages = []
-                for _, _, name in calls:
-                    result, failed = next(results)
+                for tool_call, (result, failed) in zip(calls, outcomes):
                     rollout.calls += 1
                     rollout.failures += int(failed)
                     content = result if isinstance(result, list) else str(result)
-                    tool_messages.append({"role": "tool", "name": name, "content": content})
+                    tool_messages.append({"role": "tool", "name": tool_call.name, "content": content})
                 suffix = tool_suffix_ids(self.tokenizer, tool_messages, self.template_kwargs)
                 # a result that does not fit is rolled back: the rollout ends after the call the model wrote
                 if len(suffix) >= self.room(rollout):
@@ -977,58 +1115,48 @@ class ToolRolloutSource:
             rollout.mask += [1] * ids.numel()
             rollout.logps += logps.tolist()
             rollout.turns += 1
-            rollout.messages.append(self.parse(ids.tolist(), prefix, rollout.schemas))
+            rollout.turn_ended = ids.numel() > 0 and int(ids[-1]) in self.stop_token_ids
+            message, rollout.parse_error = self.parse(ids.tolist(), prefix, rollout.schemas)
+            rollout.messages.append(message)
 
-    def parse(self, ids: list[int], prefix: list[int], schemas: list[dict]) -> dict:
-        """One assistant turn as a message (transformers' `parse_response`); a turn the parser refuses (a malformed
-        tool call) is kept as text with `"unparsable": True`."""
+    def parse(self, ids: list[int], prefix: list[int], schemas: list[dict]) -> tuple[dict, str | None]:
+        """One assistant turn as a message (transformers' `parse_response`), and the parser's error: a turn it refuses
+        (a malformed tool call) is kept as plain text, as TRL's `parse_response` keeps it."""
         try:
             message = self.tokenizer.parse_response(ids, prefix=prefix, tools=schemas or None)
             if message is None:
                 raise ValueError("nothing parsed")
         except (ValueError, TypeError) as error:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            return {"role": "assistant", "content": text, "unparsable": str(error)}
+            return {"role": "assistant", "content": self.tokenizer.decode(ids, skip_special_tokens=True)}, str(error)
         message = dict(message)
         message["content"] = message.get("content") or ""
-        return message
+        return message, None
 
-    def parse_calls(self, rollout: Rollout) -> list[tuple[Callable, dict, str]]:
-        """The last turn's tool calls as `(callable, arguments, name)`; an unknown name, malformed arguments, a call
-        that is not a JSON object with a string `name`, or an unparsable call becomes a call that fails with an error
-        result (counted in `tools/failure_frequency`)."""
-        message = rollout.messages[-1]
-        if "unparsable" in message:
-            message.pop("unparsable")  # the parser's own message is long; a compact one fits small budgets
-            return [(failing("unparsable tool call"), {}, "unknown")]
+    def parse_calls(self, rollout: Rollout) -> list[ToolCall]:
+        """The last turn's tool calls, in the order written; an unknown name, malformed arguments, a call that is not
+        a JSON object with a string `name`, or an unparsable turn becomes a call that cannot run and fails with an
+        error result (counted in `tools/failure_frequency`)."""
+        if rollout.parse_error is not None:  # the parser's own message is long; a compact one fits small budgets
+            return [ToolCall("unknown", error="unparsable tool call")]
         calls = []
-        for call in message.get("tool_calls") or []:
+        for call in rollout.messages[-1].get("tool_calls") or []:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 # valid JSON the parser took for a call, but no call: `<c>"text"</c>`, `<c>7</c>`, `<c>{"name":3}</c>`
-                calls.append((failing("a tool call must be a JSON object with a string `name`"), {}, "unknown"))
+                calls.append(ToolCall("unknown", error="a tool call must be a JSON object with a string `name`"))
                 continue
             name, arguments = function["name"], function.get("arguments", {})
             if name not in rollout.tools:
-                calls.append((failing(f"Tool {name} not found."), {}, str(name)))
+                calls.append(ToolCall(name, error=f"Tool {name} not found."))
             elif not isinstance(arguments, dict):
-                calls.append((failing(f"arguments must be a JSON object, got {arguments!r}"), {}, name))
+                calls.append(ToolCall(name, error=f"arguments must be a JSON object, got {arguments!r}"))
             else:
-                calls.append((rollout.tools[name], arguments, name))
+                calls.append(ToolCall(name, arguments, rollout.tools[name]))
         return calls
 
     def close(self) -> None:
         """Stop the tool threads and event loop."""
         self.runner.close()
-
-
-def failing(message: str) -> Callable:
-    """A tool that raises `ValueError(message)`: how a call that cannot run shows up (as an error result)."""
-
-    def fail():
-        raise ValueError(message)
-
-    return fail
 
 
 __all__ = [
@@ -1038,6 +1166,7 @@ __all__ = [
     "TOOL_CHAT_TEMPLATE",
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
+    "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",
     "check_agent_arguments",

@@ -68,16 +68,19 @@ and `perf/producer_reward_s` (the producer's seconds per round).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import dataclasses
 import hashlib
+import inspect
 import logging
 import math
 import os
 import pickle
 import queue
 import signal
+import sys
 import time
 import traceback
 from collections import deque
@@ -125,6 +128,57 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
                 "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
                 "async_rollouts=False."
             ) from error
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    """Whether an `if` test reads `__name__ == "__main__"` (either way round)."""
+    return (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+        and {ast.unparse(test.left), ast.unparse(test.comparators[0])} == {"__name__", "'__main__'"}
+    )
+
+
+def check_main_guard() -> None:
+    """Refuse, before anything is loaded, a main script that builds an asynchronous trainer as it runs, outside `if
+    __name__ == "__main__":`. The producer is started with `spawn`, which imports the main script again: the import
+    would build and train a second trainer inside the producer, which fails with multiprocessing's "bootstrapping
+    phase" error (whose first lines name `freeze_support()`) and dozens of lines of tracebacks.
+
+    Looks for the frame of the main script's module level in the call stack (none: the trainer is built from an
+    imported module's function called later, `python -c`, a notebook) and, in the script's source, for an `if
+    __name__ == "__main__":` block around its current line.
+
+    Raises:
+        ValueError: naming the script, the line and the fix.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or not os.path.isfile(path):
+        return  # `python -c`, a notebook, an interactive session: `spawn` imports no script
+    frame = inspect.currentframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:
+        return
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return  # the runtime check in `AsyncRolloutSource._start` still names the guard
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_guard(node.test):
+            if node.body[0].lineno <= line <= node.body[-1].end_lineno:
+                return
+    raise ValueError(
+        f"async_rollouts=True samples in a producer process started with `spawn`, which imports the main script "
+        f"({path}) again; this script builds the trainer as it runs (line {line}), outside `if __name__ == "
+        '"__main__":`, so that import would build and train a second trainer inside the producer. Fix: put the code '
+        'that builds and trains the trainer under `if __name__ == "__main__":` (docs/async.md), or set '
+        "async_rollouts=False."
+    )
 
 
 def round_seed(seed: int, rank: int, index: int) -> int:
@@ -1028,6 +1082,7 @@ __all__ = [
     "AsyncRolloutSource",
     "ProducerError",
     "VLLMServerSpec",
+    "check_main_guard",
     "check_picklable",
     "open_vllm_client",
     "round_seed",

@@ -73,7 +73,7 @@ from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
-from trl_trapo.saving import HubPushError, SaveError, check_output_dir, describe_os_error
+from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -1269,6 +1269,48 @@ def write_json_atomic(path: str, payload: dict) -> None:
         raise SaveError(f"Writing {path} failed: {describe_os_error(path, error)}.") from error
 
 
+def train_job(trainer: TRAPOTrainer) -> dict[str, float]:
+    """Train, resuming from `trainer.args.resume_from_checkpoint` when it is set: the training step of every job (the
+    main job here, `trl_trapo.agent_job`, `trl_trapo.vision_job`).
+
+    Args:
+        trainer: the job's trainer.
+
+    Returns:
+        `{"train_runtime_s": seconds of `train()`, "train_loss": the Trainer's mean training loss}`.
+
+    Raises:
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+    """
+    start = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    return {"train_runtime_s": time.perf_counter() - start, "train_loss": output.training_loss}
+
+
+def save_job(trainer: TRAPOTrainer, results: dict, dataset_name: str | None = None) -> None:
+    """What every job leaves in `trainer.args.output_dir` after training (the main job here, `trl_trapo.agent_job`,
+    `trl_trapo.vision_job`): the model (or adapter) with its processing class, `trainer_state.json` (the log history,
+    the best checkpoint), `eval_results.json` written atomically by the main process, and, with `push_to_hub`, all of
+    it on the Hub.
+
+    Args:
+        trainer: the trained trainer.
+        results: the job's results (JSON-serialisable).
+        dataset_name: the training dataset's name for the Hub's model card (None: not named).
+
+    Raises:
+        SaveError: if a file cannot be written (naming it and the cause).
+        HubPushError: if the Hub cannot be reached with `push_to_hub`.
+    """
+    output_dir = trainer.args.output_dir
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(os.path.join(output_dir, "eval_results.json"), results)
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+
+
 def build_trainer(
     script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig
 ) -> tuple[TRAPOTrainer, JobInputs]:
@@ -1290,9 +1332,11 @@ def build_trainer(
     """
     check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
     # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
-    # written and holds no finished run, checked before any model loads (the trainer checks again)
+    # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
+    # (the trainer checks again)
     check_checkpoint(training_args.resume_from_checkpoint)
-    check_output_dir(training_args, warn_checkpoints=False)
+    check_output_dir(training_args)
+    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     derived = {}
@@ -1341,7 +1385,8 @@ def run_job(
         trainer: from `build_trainer`.
         inputs: from `build_trainer` (the evaluation dataset and the tokenizer are read).
         script_args: `dataset_name` is read (for the Hub's model card).
-        training_args: the user's configuration (`resume_from_checkpoint`, `output_dir`, `push_to_hub`).
+        training_args: the user's configuration (`output_dir`, for the summary; the trainer's copy of it decides the
+            rest: `resume_from_checkpoint`, `push_to_hub`, see `train_job` and `save_job`).
         job_start: `time.perf_counter()` when the job started (for the summary's wall time).
 
     Returns:
@@ -1358,22 +1403,14 @@ def run_job(
         results.update({f"{k}_initial": v for k, v in initial.items()})
     if inputs.builtin_eval:  # exact-match accuracy, computed directly (the RL reward adds partial credit)
         results.update({f"eval_{k}_initial": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
-    start = time.perf_counter()
-    train_output = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    results["train_runtime_s"] = time.perf_counter() - start
-    results["train_loss"] = train_output.training_loss
+    results.update(train_job(trainer))
     if eval_dataset is not None:
         results.update(trainer.evaluate(metric_key_prefix="eval"))
     if inputs.builtin_eval:
         results.update({f"eval_{k}": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
 
     # step 5. save model (or adapter), trainer state and results
-    trainer.save_model(training_args.output_dir)
-    trainer.save_state()
-    if trainer.accelerator.is_main_process:
-        write_json_atomic(os.path.join(training_args.output_dir, "eval_results.json"), results)
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    save_job(trainer, results, dataset_name=script_args.dataset_name)
 
     # step 6. a short summary for the human who launched the job
     if trainer.accelerator.is_main_process:

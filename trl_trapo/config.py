@@ -9,7 +9,14 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import math
+import numbers
+import os
+import types
+import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -111,6 +118,102 @@ def _grpo_config_fields() -> set[str]:
     return set(GRPOConfig.__dataclass_fields__)
 
 
+ACCEPTED_TYPES = {"curriculum_mixtures": list[float | Mapping]}
+"""Fields that take more in Python than their annotation (which is what the command line parses) says."""
+TYPE_NAMES = {bool: "True or False", int: "an int", float: "a number", str: "a string", type(None): "None"}
+
+
+def _type_name(kind) -> str:
+    """`kind` (a field annotation) in words, e.g. "an int or None", "a list of numbers", "one of 'k1', 'k2'"."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (list, tuple):
+        return f"a list of {_type_name(args[0]).removeprefix('an ').removeprefix('a ')}s" if args else "a list"
+    return TYPE_NAMES.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def _type_matches(value, kind) -> bool | None:
+    """Whether `value` has the type a field annotated `kind` holds: True, False, or None where the annotation names a
+    class this check leaves to the field's own validation (a dict of settings, an enum, a config object)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        results = [_type_matches(value, a) for a in args]
+        return True if True in results else None if None in results else False
+    if origin is Literal:  # the type only: `_validate` names the accepted values
+        return value in args or any(type(value) is type(a) for a in args)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        results = [_type_matches(v, args[0]) for v in value] if args else []
+        return False if False in results else None if None in results else True
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):  # an int is a number; True is not a count
+        return isinstance(value, numbers.Integral if kind is int else numbers.Real) and not isinstance(value, bool)
+    if kind is str:  # a `pathlib.Path` where a path is a string (`output_dir`), as transformers converts it
+        return isinstance(value, (str, os.PathLike))
+    if kind is typing.Any:
+        return True
+    return True if isinstance(kind, type) and not issubclass(kind, enum.Enum) and isinstance(value, kind) else None
+
+
+@functools.cache
+def _field_annotations(cls: type) -> dict[str, object]:
+    """Field -> the type its values must have: the annotation (`ACCEPTED_TYPES` where wider), with None allowed in the
+    fields of transformers' and TRL's classes, which do not always annotate a None they accept (`debug`)."""
+    hints = typing.get_type_hints(cls)
+    own = {name for c in cls.__mro__ if issubclass(c, TRAPOConfig) for name in vars(c).get("__annotations__", {})}
+    return {
+        f.name: ACCEPTED_TYPES.get(f.name, hints[f.name] if f.name in own else hints[f.name] | None)
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
+
+
+def check_field_types(config) -> None:
+    """Refuse a field whose value does not have its annotated type (`learning_rate="1e-3"`, `max_prompt_length=None`,
+    `num_generations=2.5`), before any other check compares or computes with it. A field at its default passes.
+
+    Raises:
+        ValueError: naming the field, the value, the type expected and the fix.
+    """
+    for f in dataclasses.fields(config):
+        if not f.init or (value := getattr(config, f.name)) is f.default:
+            continue
+        kind = _field_annotations(type(config))[f.name]
+        if _type_matches(value, kind) is not False:
+            continue
+        expected, got = _type_name(kind), "None" if value is None else type(value).__name__
+        default = "" if f.default is dataclasses.MISSING else f" (the default is {f.default!r})"
+        fix = f"give {expected}{default}"
+        if isinstance(value, str) or (isinstance(value, float) and value.is_integer()):
+            for convert in (int, float):  # the number the user meant, if the field takes it
+                try:
+                    number = convert(value)
+                except ValueError:
+                    continue
+                if _type_matches(number, kind):
+                    fix = f"write {f.name}={number!r}" + (
+                        " (a number, not a string)" if isinstance(value, str) else ""
+                    )
+                    break
+        elif value is None:  # e.g. GRPOConfig's max_prompt_length=None of older TRL versions
+            got = "None (a no-limit None of some TRL configs has no equivalent here)"
+        elif isinstance(value, (list, tuple)) and (
+            lists := [a for a in (kind, *typing.get_args(kind)) if typing.get_origin(a) in (list, tuple)]
+        ):
+            item = next((v for v in value if _type_matches(v, typing.get_args(lists[0])[0]) is False), None)
+            got = f"a list holding {item!r}" if item is not None else got
+        raise ValueError(
+            f"{type(config).__name__}.{f.name}={value!r} is invalid: it must be {expected}, not {got}: {fix}."
+        )
+
+
 @dataclass
 class TRAPOConfig(_BaseConfig):
     r"""
@@ -210,8 +313,14 @@ class TRAPOConfig(_BaseConfig):
     disable_dropout: bool = field(
         default=True,
         metadata={
-            "help": "Disable dropout in the policy and reference models, so behaviour, current and reference "
-            "log-probs of a token are computed by the same function."
+            "help": "Disable dropout in the policy, reference, value model and teacher, so behaviour, current and "
+            "reference log-probs of a token are computed by the same function (PPO's first ratio is exactly 1). "
+            "Beyond TRL's `disable_dropout_in_model` (p = 0 on every `nn.Dropout`), the float dropout probabilities "
+            "attention modules copy from their config (Llama / Qwen2 / Mistral `attention_dropout`, CLIP's "
+            "`dropout`, ...) are set to 0.0, and so are the `*drop*` fields of each model's config and sub-configs "
+            "(so copies rebuilt from it, e.g. a ZeRO-3 reference, have none): the model's config then says 0.0, "
+            "also in a model saved from the run; each changed field is logged (WARNING) with its old value. "
+            "Reward models are frozen in eval mode, where dropout never runs, and are left as given."
         },
     )
 
@@ -887,10 +996,11 @@ class TRAPOConfig(_BaseConfig):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
-            "help": "Train into an `output_dir` that holds a finished run (a saved model or `eval_results.json`), "
-            "replacing its files. Without it such a folder is refused at construction, so a re-run never silently "
-            "replaces the last result (the flag transformers 5 removed from `TrainingArguments`). Resuming "
-            "(`resume_from_checkpoint`) needs no flag; a folder holding only checkpoints is not a finished run."
+            "help": "Train into an `output_dir` that holds a finished run (a saved model or `eval_results.json`) or "
+            "an unfinished run's `checkpoint-N` folders, replacing its files. Without it a finished run is refused at "
+            "construction and checkpoints by `train()` unless it resumes from one of them, so a re-run never "
+            "silently replaces the last result or what a resume needs (the flag transformers 5 removed from "
+            "`TrainingArguments`)."
         },
     )
 
@@ -1154,6 +1264,7 @@ class TRAPOConfig(_BaseConfig):
     )
 
     def __post_init__(self):
+        check_field_types(self)  # first: every check below compares or computes with the values
         self._cpu_distributed_defaults()
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()

@@ -267,15 +267,140 @@ def read_columns(columns: Sequence[str], kind: str | None = None) -> list[str]:
     return read + (["task", "split"] if evaluated else ["task"])
 
 
-def check_rows(dataset: Dataset, role: str, tokenizer, kind: str | None = None, limit: int | None = None) -> None:
-    """Refuse missing values in the columns TRAPO reads (`read_columns(columns, kind)`), and count the characters of
-    their text the tokenizer cannot represent (`check_unknown_tokens`, over the first `limit` rows when given).
+def is_messages(value: Any) -> bool:
+    """Whether a cell is a conversation: a non-empty list of message dicts, each with a `role`."""
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+# the form of each column TRAPO reads: a test of one cell, and what it must be (for the message)
+CELL_FORMS = {
+    "text": (lambda v: isinstance(v, str), "text (a string)"),
+    "prompt": (
+        lambda v: isinstance(v, str) or is_messages(v),
+        "text (a string) or a list of {'role', 'content'} messages",
+    ),
+    "completion": (lambda v: isinstance(v, str) or is_messages(v), "text (a string) or a list of messages"),
+    "messages": (is_messages, "a list of {'role', 'content'} messages"),
+    "input_ids": (
+        lambda v: isinstance(v, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in v),
+        "a list of token ids (ints)",
+    ),
+}
+
+
+def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> None:
+    """Refuse a cell of `columns` (those the dataset has and `CELL_FORMS` knows) that does not have its column's form,
+    e.g. a prompt that is a number. A column Arrow stores as strings is accepted without reading it.
+
+    Raises:
+        ValueError: naming the dataset, the column, the first bad row and its value, the form expected and the fix.
+    """
+    for column in columns:
+        if column not in CELL_FORMS or column not in dataset_columns(dataset):
+            continue
+        if str(dataset.with_format("arrow")[column].type) in ("string", "large_string") and column != "messages":
+            continue  # every cell is text (a missing one is `check_missing_values`'s)
+        ok, form = CELL_FORMS[column]
+        bad = [(i, value) for i, value in enumerate(dataset[column]) if value is not None and not ok(value)]
+        if bad:
+            row, value = bad[0]
+            more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+            scalar = not isinstance(value, (list, tuple, dict))
+            fix = (
+                f"convert the column, e.g. `dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}})`"
+                if scalar and column in ("text", "prompt", "completion")
+                else "rewrite the column in that form"
+            )
+            raise ValueError(
+                f"`{role}` column {column!r} holds a value of type {type(value).__name__} at row {row}{more}: "
+                f"{str(value)[:60]!r}; each cell must be {form}. Fix: {fix}, or drop such rows."
+            )
+
+
+def check_sft_completions(dataset: Dataset, role: str) -> None:
+    """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
+    text (blank) and no tool call. Such a row would train only the end-of-sequence token after its prompt.
+
+    Raises:
+        ValueError: naming the dataset, the column, the first empty row, how many there are and the fix.
+    """
+    column = "completion" if "completion" in dataset_columns(dataset) else "messages"
+    if column not in dataset_columns(dataset):
+        return
+
+    def empty(value: Any) -> bool:
+        turns = [m for m in value if m.get("role") == "assistant"] if column == "messages" else value
+        if isinstance(turns, str):
+            return not turns.strip()
+        return not any(row_text(m.get("content")).strip() or m.get("tool_calls") for m in turns)
+
+    bad = [i for i, value in enumerate(dataset[column]) if value is not None and empty(value)]
+    if bad:
+        more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+        what = "completion" if column == "completion" else "assistant turn"
+        keep = (
+            f"row[{column!r}].strip()"
+            if isinstance(dataset[bad[0]][column], str)
+            else f"any(m['content'] for m in row[{column!r}] if m['role'] == 'assistant')"
+        )
+        raise ValueError(
+            f"`{role}` column {column!r} has an empty {what} at row {bad[0]}{more}: an SFT row trains on its "
+            f"completion, and this one would teach only to stop. Fill it, or drop such rows, e.g. "
+            f"`dataset.filter(lambda row: {keep})`."
+        )
+
+
+def check_cells(dataset: Dataset, role: str, kind: str | None = None) -> None:
+    """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
+    (`check_missing_values`), each of its column's form (`check_cell_types`) and, for SFT rows, a completion to learn
+    (`check_sft_completions`).
+
+    Raises:
+        ValueError: naming the dataset, column, row and fix.
+    """
+    names = dataset_columns(dataset)
+    columns = read_columns(names, kind)
+    check_missing_values(dataset, role, columns)
+    check_cell_types(dataset, role, columns)
+    if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
+        check_sft_completions(dataset, role)
+
+
+def check_conversations_renderable(
+    dataset: Dataset, role: str, processing_class, template_kwargs: dict | None = None
+) -> None:
+    """Refuse conversational cells (`prompt` / `completion` messages, or a `messages` column) when there is no chat
+    template to render them: neither `processing_class.chat_template` nor `chat_template` in `template_kwargs`.
+
+    Raises:
+        ValueError: naming the dataset, the column and the fixes.
+    """
+    if (template_kwargs or {}).get("chat_template") or getattr(processing_class, "chat_template", None):
+        return
+    names = dataset_columns(dataset)
+    for column in ("messages", "prompt", "completion"):
+        if column in names and len(dataset) and is_messages(dataset[0][column]):
+            raise ValueError(
+                f"`{role}` column {column!r} holds conversations (lists of messages), but the tokenizer has no chat "
+                "template to render them as text. Fix: set `tokenizer.chat_template` (the template of the model's "
+                "instruct version, e.g. with trl's `clone_chat_template`), pass "
+                "`chat_template_kwargs={'chat_template': ...}`, or give the rows as plain text."
+            )
+
+
+def check_rows(
+    dataset: Dataset, role: str, tokenizer, kind: str | None = None, limit: int | None = None, cells: bool = True
+) -> None:
+    """Refuse cells TRAPO cannot read (`check_cells`; skipped with `cells=False`, for data `check_datasets` has
+    checked), and count the characters of their text the tokenizer cannot represent (`check_unknown_tokens`, over the
+    first `limit` rows when given).
 
     Raises:
         ValueError: naming the dataset, column, row and fix.
     """
     columns = read_columns(dataset_columns(dataset), kind)
-    check_missing_values(dataset, role, columns)
+    if cells:
+        check_cells(dataset, role, kind)
     scanned = dataset if limit is None or len(dataset) <= limit else dataset.select(range(limit))
     scope = "" if scanned is dataset else f"of the first {limit}"
     for column in columns:
@@ -1241,12 +1366,12 @@ def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
     return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
 
 
-def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
+def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True) -> None:
     """Raise `ValueError` before training if an eval dataset is not a map-style `Dataset` (evaluation reads every row
     by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
-    `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or has a missing
-    value in a column evaluation reads; with `tokenizer`, also count characters it cannot represent
-    (`check_rows`)."""
+    `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or a cell evaluation
+    reads that it cannot (`check_cells`, and the tool calls of SFT-loss rows; skipped with `cells=False`, for sets
+    `check_datasets` has checked); with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
     if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
         check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
     for label, dataset in eval_datasets(eval_dataset):
@@ -1257,10 +1382,117 @@ def check_eval_dataset(eval_dataset, tokenizer=None) -> None:
                 f"`{label}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
                 "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
             )
+        if cells:
+            check_cells(dataset, label)
+            if columns & {"completion", "messages"}:  # SFT loss rows: their tool calls
+                check_tool_call_traces(dataset, label)
         if tokenizer is not None:
-            check_rows(dataset, label, tokenizer)
-        if columns & {"completion", "messages"} and isinstance(dataset, Dataset):  # SFT loss rows: their tool calls
-            check_tool_call_traces(dataset, label)
+            check_rows(dataset, label, tokenizer, cells=False)
+
+
+def check_datasets(
+    args,
+    train_dataset: Dataset | None,
+    sft_dataset: Dataset | None,
+    pretrain_dataset: Dataset | IterableDataset | None,
+    eval_dataset,
+    distillation_dataset: Dataset | None = None,
+) -> None:
+    """The checks of a run's datasets that need neither tokenizer nor model, so that the trainer makes them before it
+    loads any (a column error after a model load took 51 s on a loaded machine): each dataset of an objective with
+    a weight > 0 is one map-style split (pretraining may stream) with the columns its objective reads, and every cell
+    those columns hold can be read (`check_cells`); SFT rows' tool calls are consistent. [`prepare_datasets`] then
+    tokenizes them, with the checks that need the tokenizer or the model.
+
+    Args:
+        args ([`TRAPOConfig`]): the objectives' weights.
+        train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset: as given to the trainer.
+
+    Raises:
+        ValueError: naming the argument, the column, the row and the fix.
+    """
+    for role, dataset, weight in (
+        ("train_dataset", train_dataset, args.rl_weight),
+        ("sft_dataset", sft_dataset, args.sft_weight),
+        ("distillation_dataset", distillation_dataset, args.distillation_weight),
+    ):
+        if dataset is None or not weight > 0:
+            continue
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(
+                f"`{role}` is an IterableDataset (streaming), but its rows are drawn by index and checked before "
+                "training: pass a map-style `Dataset` (e.g. `Dataset.from_list(list(iterable.take(n)))`). Streaming "
+                "is supported for `pretrain_dataset`."
+            )
+        check_dataset_object(dataset, role)
+        if role == "train_dataset":
+            check_prompt_dataset(dataset)
+        elif role == "sft_dataset":
+            check_sft_dataset(dataset)
+            check_tool_call_traces(dataset, role)
+        else:
+            check_distillation_dataset(dataset)
+        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts")
+    check_eval_dataset(eval_dataset)
+    if pretrain_dataset is not None and args.pretrain_weight > 0:
+        check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
+        check_pretrain_dataset(pretrain_dataset)
+        if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
+            check_cells(pretrain_dataset, "pretrain_dataset", "pretrain")
+
+
+def check_distillation_dataset(dataset: Dataset) -> None:
+    """Raise a ValueError unless `dataset` is a non-empty prompt-only dataset without demonstrations."""
+    columns = dataset_columns(dataset)
+    if not {"prompt", "input_ids"} & set(columns):
+        raise ValueError(
+            f"`distillation_dataset` needs a `prompt` column (text or conversational messages) or tokenized "
+            f"`input_ids`; it has {columns}. Prompt-completion or `messages` rows are SFT data: pass them as "
+            "`sft_dataset`."
+        )
+    demos = [c for c in ("completion", "messages") if c in columns]
+    if demos:
+        raise ValueError(
+            f"`distillation_dataset` has a {demos[0]!r} column, but on-policy distillation trains on the "
+            "student's own samples of the prompts and would ignore it: pass demonstrations as `sft_dataset` "
+            f"(the SFT objective), and here the prompts only (`dataset.remove_columns({demos!r})`)."
+        )
+    if len(dataset) == 0:
+        raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
+
+
+def context_overflow_message(label: str, longest: int, args, max_positions: int) -> str:
+    """The error for prompts of `label` whose longest (`longest` tokens) and `response_length` new tokens do not fit
+    the model's context of `max_positions` positions, with the fixes that can work: a shorter `response_length` (when
+    the prompt leaves room for at least one token) and removing the prompts longer than what a full `response_length`
+    leaves (when it leaves room for at least one prompt token); when neither alone can, both.
+
+    Returns:
+        `str`: naming `label`, the longest prompt, `response_length`, the context and the fix (never a length < 1).
+    """
+    room = max_positions - args.response_length  # the longest prompt that fits with a full response_length
+    lower = f"lower response_length to at most {max_positions - longest}"
+    remove = f"remove prompts longer than {room} tokens"
+    let_through = (
+        f"max_prompt_length={args.max_prompt_length} lets them through; lower it to find them at construction"
+    )
+    if longest < max_positions and room >= 1:
+        fix = f"{lower}, or {remove}"
+    elif longest < max_positions:
+        fix = f"response_length alone leaves no room for a prompt: {lower}"
+    elif room >= 1:
+        fix = f"that prompt alone fills the context, so no response_length can help: {remove} ({let_through})"
+    else:
+        half = max_positions // 2
+        fix = (
+            f"that prompt alone fills the context, and response_length alone leaves no room for a prompt: lower "
+            f"response_length below {max_positions} and remove the prompts longer than what it leaves (e.g. "
+            f"response_length={half} and prompts of at most {max_positions - half} tokens; {let_through})"
+        )
+    return (
+        f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens it "
+        f"exceeds the model's context of {max_positions} positions: {fix}."
+    )
 
 
 def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None, images=None) -> None:
@@ -1280,12 +1512,7 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None,
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
-            raise ValueError(
-                f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens "
-                f"it exceeds the model's context of {max_positions} positions. Lower response_length to at most "
-                f"{max_positions - longest}, or remove prompts longer than {max_positions - args.response_length} "
-                "tokens from the eval data."
-            )
+            raise ValueError(context_overflow_message(label, longest, args, max_positions))
 
 
 @contextlib.contextmanager
@@ -1317,8 +1544,10 @@ def prepare_datasets(
     distillation_dataset: Dataset | None = None,
     has_teacher: bool = False,
     images: ImageRows | None = None,
+    user_source: bool = False,
 ) -> PreparedData:
-    """Check and tokenise the datasets of a run, before anything is trained.
+    """Check and tokenise the datasets of a run, before anything is trained: the checks that need the tokenizer or
+    the model (`check_datasets` has made the others, and must have passed).
 
     Args:
         args ([`TRAPOConfig`]): lengths, weights and chat-template arguments.
@@ -1332,12 +1561,16 @@ def prepare_datasets(
         has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder; without it (a tokenizer), a
             dataset with an `images` / `image` column is refused.
+        user_source (`bool`): the RL rounds come from a source of the user's (`rollout_source`, `rollout_func`), not
+            the default one: its completions are not `response_length` long (they are checked against the context as
+            each round arrives, `sources.check_round`), so RL prompts need not leave `response_length` positions.
 
     Raises:
-        ValueError: naming the argument and the fix, for a dataset that cannot work: missing columns, empty, RL prompts
-            that stream or exceed `max_prompt_length` / the context, RL prompts without a reward, SFT / pretraining
-            lengths beyond the context, an eval set TRAPO cannot evaluate, no objective with data, or group-relative
-            advantages with fewer than 2 completions per prompt.
+        ValueError: naming the argument and the fix, for a dataset that cannot work: images without a processor,
+            conversations without a chat template, RL prompts that exceed `max_prompt_length` / the context (with
+            `response_length` new tokens, for the default source and tools), RL prompts without a reward, SFT /
+            pretraining lengths beyond the context, a row of unknown tokens only, no objective with data, or
+            group-relative advantages with fewer than 2 completions per prompt.
     """
     config_name = type(args).__name__
     template_kwargs = args.chat_template_kwargs or {}
@@ -1352,16 +1585,10 @@ def prepare_datasets(
     ]:
         if dataset is not None and not isinstance(dataset, dict):
             check_no_images(dataset_columns(dataset) or [], role, processing_class)
+            if isinstance(dataset, Dataset):
+                check_conversations_renderable(dataset, role, processing_class, template_kwargs)
     if train_dataset is not None and args.rl_weight > 0:
-        if isinstance(train_dataset, IterableDataset):
-            raise ValueError(
-                "`train_dataset` (RL prompts) is an IterableDataset, but prompts are sampled by index and "
-                "checked for length before training: pass a map-style `Dataset` (e.g. "
-                "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
-            )
-        check_dataset_object(train_dataset, "train_dataset")
-        check_prompt_dataset(train_dataset)
-        check_rows(train_dataset, "train_dataset", tokenizer, "prompts")
+        check_rows(train_dataset, "train_dataset", tokenizer, "prompts", cells=False)
         if not has_rewards:
             raise ValueError(
                 "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
@@ -1373,33 +1600,11 @@ def prepare_datasets(
                 rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
             )
         longest = max(len(ids) for ids in rl["prompt_ids"])
-        if max_positions is not None and longest + args.response_length > max_positions:
-            if longest >= max_positions:
-                fix = (
-                    f"that prompt alone fills the context, so no response_length can help: remove prompts longer than "
-                    f"{max_positions - args.response_length} tokens (max_prompt_length={args.max_prompt_length} "
-                    "lets them through; lower it to find them at construction)"
-                )
-            else:
-                fix = (
-                    f"lower response_length to at most {max_positions - longest}, or remove prompts longer than "
-                    f"{max_positions - args.response_length} tokens"
-                )
-            raise ValueError(
-                f"`train_dataset` has a prompt of {longest} tokens; with response_length={args.response_length} new "
-                f"tokens it exceeds the model's context of {max_positions} positions: {fix}."
-            )
+        # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+        if max_positions is not None and not user_source and longest + args.response_length > max_positions:
+            raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
     if sft_dataset is not None and args.sft_weight > 0:
-        if isinstance(sft_dataset, IterableDataset):
-            raise ValueError(
-                "`sft_dataset` is an IterableDataset (streaming), but SFT rows are tokenized once and drawn by index "
-                "(uniformly or by priority): pass a map-style `Dataset` (e.g. "
-                "`Dataset.from_list(list(iterable.take(n)))`). Streaming is supported for `pretrain_dataset`."
-            )
-        check_dataset_object(sft_dataset, "sft_dataset")
-        check_sft_dataset(sft_dataset)
-        check_rows(sft_dataset, "sft_dataset", tokenizer, "sft")
-        check_tool_call_traces(sft_dataset, "sft_dataset")
+        check_rows(sft_dataset, "sft_dataset", tokenizer, "sft", cells=False)
         assistant_only_loss = getattr(args, "assistant_only_loss", False)
         if not assistant_only_loss:
             warn_untrained_turns(sft_dataset, "sft_dataset", config_name)
@@ -1430,13 +1635,13 @@ def prepare_datasets(
             f"{config_name}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
             f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
         )
-    check_eval_dataset(eval_dataset, tokenizer)
+    check_eval_dataset(eval_dataset, tokenizer, cells=False)
     check_eval_prompts(args, tokenizer, eval_dataset, max_positions, images)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
-        check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
-        check_pretrain_dataset(pretrain_dataset)
         if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
-            check_rows(pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS)
+            check_rows(
+                pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS, cells=False
+            )
             column = image_column(dataset_columns(pretrain_dataset), "pretrain_dataset") if images else None
             if column is not None:  # images, placeholders and lengths, as far as the text check reads
                 for index in range(min(len(pretrain_dataset), PRETRAIN_SCAN_ROWS)):
@@ -1452,30 +1657,7 @@ def prepare_datasets(
                 "pass `teacher_model` (or set teacher_model_name_or_path), or drop distillation_dataset."
             )
         if args.distillation_weight > 0:
-            if isinstance(distillation_dataset, IterableDataset):
-                raise ValueError(
-                    "`distillation_dataset` is an IterableDataset, but its prompts are drawn by index and checked for "
-                    "length before training: pass a map-style `Dataset` (e.g. "
-                    "`Dataset.from_list(list(iterable.take(n)))`)."
-                )
-            check_dataset_object(distillation_dataset, "distillation_dataset")
-            columns = dataset_columns(distillation_dataset)
-            if not {"prompt", "input_ids"} & set(columns):
-                raise ValueError(
-                    f"`distillation_dataset` needs a `prompt` column (text or conversational messages) or tokenized "
-                    f"`input_ids`; it has {columns}. Prompt-completion or `messages` rows are SFT data: pass them as "
-                    "`sft_dataset`."
-                )
-            demos = [c for c in ("completion", "messages") if c in columns]
-            if demos:
-                raise ValueError(
-                    f"`distillation_dataset` has a {demos[0]!r} column, but on-policy distillation trains on the "
-                    "student's own samples of the prompts and would ignore it: pass demonstrations as `sft_dataset` "
-                    f"(the SFT objective), and here the prompts only (`dataset.remove_columns({demos!r})`)."
-                )
-            if len(distillation_dataset) == 0:
-                raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
-            check_rows(distillation_dataset, "distillation_dataset", tokenizer, "prompts")
+            check_rows(distillation_dataset, "distillation_dataset", tokenizer, "prompts", cells=False)
             distill = tokenize_prompt_dataset(
                 distillation_dataset,
                 tokenizer,
@@ -1486,16 +1668,7 @@ def prepare_datasets(
             )
             longest = max(len(ids) for ids in distill["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:
-                shorter = (
-                    f"lower response_length to at most {max_positions - longest}, or "
-                    if longest < max_positions
-                    else ""
-                )
-                raise ValueError(
-                    f"`distillation_dataset` has a prompt of {longest} tokens; with response_length="
-                    f"{args.response_length} new tokens it exceeds the model's context of {max_positions} positions: "
-                    f"{shorter}remove prompts longer than {max_positions - args.response_length} tokens."
-                )
+                raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
     if not any(data.active) and distill is None:
         raise ValueError(

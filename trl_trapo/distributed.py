@@ -10,6 +10,8 @@
 - `end_process_group`: an orderly end of the process group before the interpreter exits.
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
   policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model).
+- `restore_kernel_functions`: gives models built after DeepSpeed's `zero.Init` undid a kernelized class's `__init__`
+  (a VLM's language model imported while ZeRO-3 built it) the kernel functions their `forward` reads.
 - `register_ddp_comm_hook`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
   `DistributedDataParallelKwargs.register_comm_hook` on the model the Trainer wrapped (called by
   `callbacks.DDPCommHookCallback` at the start of training: the Trainer builds its `Accelerator` and its DDP kwargs
@@ -207,6 +209,57 @@ def zero3_reference_copy(model: nn.Module) -> nn.Module:
             if name in source_buffers:
                 buffer.copy_(source_buffers[name])
     return reference.eval().requires_grad_(False)
+
+
+KERNEL_FUNCS = "_kernel_funcs"  # where `kernels.use_kernelized_func` keeps an instance's kernel functions
+
+
+def restore_kernel_functions(*models: nn.Module | None) -> int:
+    """Give the modules of `models` the per-instance kernel functions their class's `forward` reads, where DeepSpeed's
+    `zero.Init` left a class without the `__init__` that creates them.
+
+    With the `kernels` package installed, transformers decorates attention classes (`LlamaAttention`,
+    `Qwen2Attention`, ...) with `kernels.use_kernelized_func`, which replaces both `__init__` (each instance gets its
+    own `_kernel_funcs`, one wrapper per kernel function) and `forward` (which reads them). `deepspeed.zero.Init`
+    (0.19) patches the `__init__` of every `nn.Module` subclass, also of a class *defined* while it is active (through
+    `__init_subclass__`, which runs before class decorators), and on exit puts back the `__init__` it saw then: the
+    undecorated one. A model class first imported inside `zero.Init` — a LLaVA's language model, which
+    `LlavaModel.__init__` builds with `AutoModel.from_config` while ZeRO-3 builds the VLM — keeps its kernelized
+    `forward` but loses the `__init__` that feeds it. The policy built then is whole; every instance built later (a
+    ZeRO-3 reference rebuilt from the config or loaded by id, a teacher or reward model of the same class) failed at
+    its first forward: "'LlamaAttention' object has no attribute '_kernel_funcs'".
+
+    A module whose class has whole instances among `models` (the policy's) but which has no kernel functions itself
+    gets fresh wrappers of the same functions, as the decorator's `__init__` gives them: one new instance of each
+    wrapper's class. Nothing else changes; without the `kernels` package, or when every module is whole, nothing
+    happens. Call it on every model before its first forward.
+
+    Args:
+        *models (`nn.Module | None`): the models (None is skipped).
+
+    Returns:
+        `int`: the number of modules given their kernel functions (each repair is logged once per class).
+    """
+    wholes: dict[type, dict] = {}  # class -> the kernel functions of one whole instance
+    modules = [module for model in models if model is not None for module in model.modules()]
+    for module in modules:
+        if isinstance(vars(module).get(KERNEL_FUNCS), dict):
+            wholes.setdefault(type(module), vars(module)[KERNEL_FUNCS])
+    repaired: dict[type, int] = {}
+    for module in modules:
+        funcs = wholes.get(type(module))
+        if funcs is not None and KERNEL_FUNCS not in vars(module):
+            vars(module)[KERNEL_FUNCS] = {name: type(func)() for name, func in funcs.items()}
+            repaired[type(module)] = repaired.get(type(module), 0) + 1
+    for cls, count in repaired.items():
+        logger.info(
+            "%d %s modules, built after DeepSpeed's zero.Init undid their class's kernels `__init__`, were given their "
+            "kernel functions (%s).",
+            count,
+            cls.__name__,
+            ", ".join(wholes[cls]),
+        )
+    return sum(repaired.values())
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

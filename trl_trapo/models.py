@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 from trl.trainer.callbacks import SyncRefModelCallback
-from trl.trainer.utils import selective_log_softmax, use_adapter
+from trl.trainer.utils import disable_dropout_in_model, selective_log_softmax, use_adapter
 
 from .collator import combine_model_inputs
 from .sampler_correction import kept_support_logps
@@ -422,6 +422,79 @@ def embeddable_saved_pad_ids(pad_id: int, *models: nn.Module | None) -> Iterator
     finally:
         for holder, value in changed:
             holder.pad_token_id = value
+
+
+def _dropout_fields(holder) -> Iterator[tuple[str, float]]:
+    """`(name, value)` of each non-zero float attribute of `holder` whose name says it is a dropout probability."""
+    for name, value in vars(holder).items():
+        if type(value) is float and value != 0.0 and "drop" in name.lower():
+            yield name, value
+
+
+def _configs(model: nn.Module) -> list:
+    """Every distinct `PretrainedConfig` `model`'s modules hold, with their sub-configs (a VLM's `text_config` ...)."""
+    from transformers import PretrainedConfig
+
+    found: dict[int, PretrainedConfig] = {}
+    pending = [getattr(module, "config", None) for module in model.modules()]
+    while pending:
+        config = pending.pop()
+        if isinstance(config, PretrainedConfig) and id(config) not in found:
+            found[id(config)] = config
+            pending.extend(value for value in vars(config).values() if isinstance(value, PretrainedConfig))
+    return list(found.values())
+
+
+def disable_dropout(model: nn.Module, role: str) -> list[str]:
+    """Switch every dropout of `model` off (`TRAPOConfig.disable_dropout`), so that a token's behaviour, current and
+    reference log-probs are one function of the weights and PPO's first ratio is exactly 1.
+
+    TRL's `disable_dropout_in_model` sets `p = 0` on `nn.Dropout` modules only, but many architectures apply a float
+    they copied from their config when they were built (Llama, Qwen2, Mistral: `dropout=0.0 if not self.training else
+    self.attention_dropout`; CLIP's and SigLIP's attention: `self.dropout`), and a few read the config at forward time
+    (Persimmon's `config.attention_dropout`). So, in this order:
+
+    1. every `nn.Dropout` gets `p = 0` (TRL's `disable_dropout_in_model`);
+    2. every module's float attribute whose name contains "drop" (`attention_dropout`, `dropout`, `layerdrop`,
+       `drop_prob`, `resid_pdrop`, ...) is set to 0.0;
+    3. the same in the model's configs and their sub-configs (`attention_dropout`, `hidden_dropout_prob`,
+       `drop_path_rate`, ...), so a copy rebuilt from the config (a ZeRO-3 reference, the async producer's copy) has
+       no dropout either.
+
+    Step 3 changes the model's own config: a model saved afterwards says 0.0 where it said otherwise. Each config
+    field changed is logged (WARNING) with its old value.
+
+    Args:
+        model (`nn.Module`): the model, changed in place (a `PeftModel` included: its LoRA dropout is an `nn.Dropout`).
+        role (`str`): what the model is, for the log ("policy", "reference model", ...).
+
+    Returns:
+        `list[str]`: the config fields set to 0.0, as `"<ConfigClass>.<field>=<old value>"` (empty when the config
+        had no dropout).
+    """
+    disable_dropout_in_model(model)
+    modules = 0
+    for module in model.modules():
+        for name, _ in list(_dropout_fields(module)):
+            setattr(module, name, 0.0)
+            modules += 1
+    changed = []
+    for config in _configs(model):
+        for name, value in list(_dropout_fields(config)):
+            setattr(config, name, 0.0)
+            changed.append(f"{type(config).__name__}.{name}={value}")
+    if changed:
+        logger.warning(
+            "disable_dropout=True: the %s's config had dropout (%s), now 0.0 there and in %d module attributes "
+            "copied from it; a model saved from this run says 0.0 (set the values back in its config.json to train "
+            "it with dropout later).",
+            role,
+            ", ".join(changed),
+            modules,
+        )
+    elif modules:
+        logger.info("disable_dropout=True: %d float dropout attributes of the %s's modules set to 0.0.", modules, role)
+    return changed
 
 
 def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:

@@ -43,7 +43,14 @@ from trl.trainer.utils import entropy_from_logits
 
 from .collator import Row, StepContext
 from .config import RL
-from .data import PretrainStream, check_dataset_object, check_rows, dataset_columns
+from .data import (
+    PretrainStream,
+    check_cells,
+    check_conversations_renderable,
+    check_dataset_object,
+    check_rows,
+    dataset_columns,
+)
 from .losses import (
     RLTermCounts,
     TermOutput,
@@ -344,8 +351,9 @@ class DemonstrationObjective(SFTObjective):
         seed (`int`, *optional*): the sampling seed (default: `sampling_seed` + the objective's index).
 
     Raises:
-        ValueError: at setup, for a dataset that is not map-style, is empty, or has neither 'prompt' + 'completion'
-            nor 'messages' (and for rows `tokenize_sft_dataset` refuses).
+        ValueError: at setup, for a dataset that is not map-style, is empty, has neither 'prompt' + 'completion'
+            nor 'messages', a cell of the wrong form or missing, an empty completion (`trl_trapo.data.check_cells`),
+            conversations without a chat template (and for rows `tokenize_sft_dataset` refuses).
     """
 
     def __init__(
@@ -379,6 +387,9 @@ class DemonstrationObjective(SFTObjective):
         if len(self.dataset) == 0:
             raise ValueError(f"The {role} is empty: give it demonstrations, or drop the objective.")
         args = setup.args
+        check_cells(self.dataset, role, "sft")  # as the built-in SFT data: values of the right form, a completion
+        renderer = setup.images.processor if setup.images is not None else setup.tokenizer
+        check_conversations_renderable(self.dataset, role, renderer, args.chat_template_kwargs)
         tokenized = tokenize_sft_dataset(
             self.dataset,
             setup.tokenizer,

@@ -72,6 +72,15 @@ class PPOConfig(TRAPOConfig):
         default="static",
         metadata={"help": "With one objective the weights are 1 anyway; 'dynamic' only matters with ptx/SFT data."},
     )
+    logging_steps: float | None = field(
+        default=None,
+        metadata={
+            "help": "Optimizer steps between two logs (below 1: a fraction of the run's steps). None (the default): "
+            "num_ppo_epochs x num_mini_batches, the optimizer steps of one rollout batch, so the PPO metrics are "
+            "logged once per PPO update as TRL 1.12's PPOTrainer logged them. Give a number to log at another "
+            "cadence (TRAPOConfig's default is 10)."
+        },
+    )
     # ---- TRL 1.12 PPOConfig fields TRAPOConfig does not have ---------------------------------------------------
     exp_name: str = field(
         default=os.path.basename(__file__)[: -len(".py")], metadata={"help": "Name of this experiment."}
@@ -96,6 +105,12 @@ class PPOConfig(TRAPOConfig):
         default=None, metadata={"help": "Filled in: local_batch_size / num_mini_batches."}
     )
     mini_batch_size: int | None = field(default=None, metadata={"help": "Filled in: batch_size / num_mini_batches."})
+
+    def __post_init__(self):
+        if self.logging_steps is None:  # TRL 1.12 logged once per rollout batch; its optimizer steps are these
+            epochs = self.num_ppo_epochs if self.num_iterations is None else self.num_iterations  # GRPO's alias
+            self.logging_steps = max(epochs * self.num_mini_batches, 1)  # bad values are refused by name below
+        super().__post_init__()
 
 
 class PPOTrainer(TRAPOTrainer):

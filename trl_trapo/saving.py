@@ -3,8 +3,11 @@
 
 - [`check_output_dir`] (construction, and the command line before it loads a model): `output_dir` must be a folder
   that can be written, and must not hold a *finished* run (a saved model or `eval_results.json`, see
-  `FINISHED_RUN_FILES`) unless the run resumes from it or `overwrite_output_dir=True`; a folder of checkpoints only
-  (an interrupted run) is accepted, with a warning that its same-numbered checkpoints would be replaced.
+  `FINISHED_RUN_FILES`) unless `overwrite_output_dir=True`.
+- [`check_earlier_checkpoints`] (`train()`, and the command line before it loads a model): a folder holding an
+  unfinished run's checkpoints is refused unless this run resumes from one of them or `overwrite_output_dir=True`:
+  a run from scratch would write its own `checkpoint-1`, `checkpoint-2` ... over them, destroying what a resume
+  needs. (transformers' `Trainer` writes over them silently; transformers 5 has no `overwrite_output_dir`.)
 - [`check_disk_space`] (construction): `checkpoint_nbytes` estimates one checkpoint, and a disk that cannot hold it is
   refused (checkpoints on) or warned about (checkpoints off: only a final `save_model` would need the weights).
 - [`CheckpointGuard`] (every save): a `checkpoint-N` is complete once TRAPO's completion markers are written (see
@@ -89,7 +92,7 @@ def describe_os_error(path: str, error: OSError) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def check_output_dir(args, warn_checkpoints: bool = True) -> None:
+def check_output_dir(args) -> None:
     """Check, before anything slow, that `args.output_dir` can be written and holds no finished run.
 
     Creates `output_dir` if it is missing (as the `Trainer` does at construction) and writes and removes a probe
@@ -97,8 +100,6 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
 
     Args:
         args ([`TRAPOConfig`]): reads `output_dir`, `overwrite_output_dir` and `resume_from_checkpoint`.
-        warn_checkpoints (`bool`): warn when the folder holds checkpoints of an earlier run and this one starts
-            from scratch (same-numbered checkpoints would be replaced).
 
     Raises:
         ValueError: naming `output_dir`, its value and the fix, if it is a file, cannot be created or written, or
@@ -133,18 +134,17 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
         ) from None
     if args.overwrite_output_dir:
         return
-    resume = args.resume_from_checkpoint
-    here = os.path.abspath(output_dir)
-    resuming_here = resume is True or (
-        isinstance(resume, str) and os.path.commonpath([os.path.abspath(resume), here]) == here
-    )
-    checkpoints = sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
+    checkpoints = checkpoint_names(output_dir)
     latest = os.path.join(output_dir, checkpoints[-1]) if checkpoints else "<a checkpoint-N of it>"
     found = [f for f in FINISHED_RUN_FILES if os.path.isfile(os.path.join(output_dir, f))]
     if found:  # resuming here would replace the finished model too (its final save goes to output_dir)
         raise ValueError(
             f"{name}={output_dir!r} holds a finished run ({', '.join(found)}), which this run would replace"
-            + (" when it saves its final model (resuming in place replaces it too)" if resuming_here else "")
+            + (
+                " when it saves its final model (resuming in place replaces it too)"
+                if resumes_in(output_dir, args.resume_from_checkpoint)
+                else ""
+            )
             + ". Fix: choose another output_dir"
             + (
                 f" (to continue from one of its checkpoints: --output_dir NEW --resume_from_checkpoint {latest})"
@@ -153,21 +153,55 @@ def check_output_dir(args, warn_checkpoints: bool = True) -> None:
             )
             + ", or pass --overwrite_output_dir (TRAPOConfig(overwrite_output_dir=True)) to replace it."
         )
-    if resuming_here:
-        return  # an interrupted run of this folder (checkpoints, no final model): resuming is what it is for
-    resume_hint = (
-        f"--resume_from_checkpoint {latest}; API: TRAPOConfig(resume_from_checkpoint=...) and "
-        "trainer.train(resume_from_checkpoint=...)"
+
+
+def checkpoint_names(output_dir: str) -> list[str]:
+    """The `checkpoint-N` folders of `output_dir`, by step (complete or not); [] if it does not exist."""
+    if not os.path.isdir(output_dir):
+        return []
+    return sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
+
+
+def resumes_in(output_dir: str, resume_from_checkpoint: str | os.PathLike | bool | None) -> bool:
+    """Whether `resume_from_checkpoint` (a `train()` argument) resumes a checkpoint of `output_dir`: True (its newest
+    complete one) or a path inside it."""
+    here = os.path.abspath(output_dir)
+    return resume_from_checkpoint is True or (
+        isinstance(resume_from_checkpoint, (str, os.PathLike))
+        and os.path.commonpath([os.path.abspath(os.path.expanduser(resume_from_checkpoint)), here]) == here
     )
-    if checkpoints and warn_checkpoints:
-        logger.warning(
-            "%s=%r holds checkpoints of an earlier run (%s) and this run starts from scratch: the ones with the "
-            "same step numbers will be replaced. To continue that run instead: %s; to keep them: another output_dir.",
-            name,
-            output_dir,
-            ", ".join(checkpoints[-3:]),
-            resume_hint,
-        )
+
+
+def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None) -> None:
+    """Refuse to start a run whose checkpoints would replace an unfinished run's, before anything is written.
+
+    A run into an `output_dir` that holds `checkpoint-N` folders must resume from one of them (`resume_from_checkpoint`
+    True, or a path inside `output_dir`) or be told to replace them (`overwrite_output_dir=True`): started from
+    scratch, or from another folder's checkpoint, it would write its own `checkpoint-N` over theirs, destroying what a
+    resume of the earlier run needs, and mixing two runs' checkpoints in one folder.
+
+    Args:
+        args ([`TRAPOConfig`]): reads `output_dir` and `overwrite_output_dir`.
+        resume_from_checkpoint: what the run resumes from (`train()`'s argument; the command line's
+            `--resume_from_checkpoint`): None / False (from scratch), True, or a checkpoint path.
+
+    Raises:
+        ValueError: naming `output_dir`, its checkpoints and the three fixes (resume the earlier run, another
+            output_dir, `overwrite_output_dir`).
+    """
+    output_dir = args.output_dir
+    checkpoints = checkpoint_names(output_dir)
+    if args.overwrite_output_dir or not checkpoints or resumes_in(output_dir, resume_from_checkpoint):
+        return
+    listed = ", ".join(checkpoints[-3:]) if len(checkpoints) <= 3 else f"{checkpoints[0]} ... {checkpoints[-1]}"
+    how = f"resumes from {resume_from_checkpoint}" if resume_from_checkpoint else "starts from scratch"
+    raise ValueError(
+        f"{type(args).__name__}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this "
+        f"run {how}: its own checkpoints would replace them, and the earlier run could no longer be resumed. Fix: "
+        f"continue that run (--resume_from_checkpoint {os.path.join(output_dir, checkpoints[-1])}; API: "
+        "trainer.train(resume_from_checkpoint=True)), choose another output_dir, or pass --overwrite_output_dir "
+        "(TRAPOConfig(overwrite_output_dir=True)) to replace them."
+    )
 
 
 def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = False) -> int:
@@ -366,6 +400,7 @@ __all__ = [
     "HubPushError",
     "SaveError",
     "check_disk_space",
+    "check_earlier_checkpoints",
     "check_output_dir",
     "checkpoint_nbytes",
     "hub_error",

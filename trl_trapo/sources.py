@@ -33,9 +33,9 @@ What this contract leaves to the source, and what to the trainer, is chosen so t
 
 - **TRL's `rollout_func`** (`rollout_func(prompts, trainer) -> dict(prompt_ids, completion_ids, logprobs[, env_mask,
   extra keys])`, `TRAPOTrainer(rollout_func=...)`): [`RolloutFuncSource`] draws prompts, calls the function with them
-  (one per prompt, not repeated), and returns `SampledRound(examples=rows with the extra keys as reward columns,
-  prompt_ids, completion_ids, sampler_per_token_logps=logprobs, completion_mask=env_mask, version=step,
-  group=num_generations)`. As in TRL, `logprobs` are the *sampler's* log-probs: the trainer's own forward gives PPO's
+  as TRL's code does (each prompt `num_generations` times in a row, one completion back per entry), and returns
+  `SampledRound(examples=rows with the extra keys as reward columns, prompt_ids, completion_ids,
+  sampler_per_token_logps=logprobs, completion_mask=env_mask, version=step, group=num_generations)`. As in TRL, `logprobs` are the *sampler's* log-probs: the trainer's own forward gives PPO's
   behaviour log-probs (first-use ratio exactly 1), and the sampler's weight the policy loss by the mismatch (below).
   Multi-turn completions are returned as they are: the trainer never cuts a source's completions.
 - **An asynchronous producer**: another process samples with a snapshot of the policy, computes the behaviour
@@ -62,6 +62,7 @@ gather served both before the split).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -384,12 +385,16 @@ ENV_MASK = "env_mask"  # its optional key: 1 on tokens the policy sampled, 0 on 
 class RolloutFuncSource:
     """TRL's `rollout_func` as a rollout source: `TRAPOTrainer(..., rollout_func=f)` wraps `f` in this adapter.
 
-    The contract is TRL 1.16 `GRPOTrainer`'s: `rollout_func(prompts, trainer) -> dict`. Each round, the adapter draws
-    `ceil(rows_needed * num_mini_batches / num_generations)` prompts from the memory pool's RL prompt sampler (the
-    default source's order, checkpointed), and calls `rollout_func` once with this process's prompts, **one entry
-    per prompt, without repetition**: each example's `prompt` as the dataset holds it (a list of messages for a
-    conversational dataset, a string for a standard one; chat templating is the function's business, as in TRL). The
-    function returns `num_generations` completions per prompt, those of one prompt consecutive, in a dict with
+    The contract is TRL 1.16 `GRPOTrainer`'s as its code runs it: `rollout_func(prompts, trainer) -> dict`. Each
+    round, the adapter draws `ceil(rows_needed * num_mini_batches / num_generations)` prompts from the memory pool's
+    RL prompt sampler (the default source's order, checkpointed), and calls `rollout_func` once with this process's
+    `B` = prompts x `num_generations` **entries: each prompt `num_generations` times in a row**, as TRL's
+    `RepeatSampler` hands them out (TRL's docstring says the prompts come "with no duplication", but its code passes
+    the repeated per-process slice; scripts are written against the code). Each entry is the example's `prompt` as
+    the dataset holds it, a copy of its own (a list of messages for a conversational dataset, a string for a standard
+    one; chat templating is the function's business, as in TRL). Unlike TRL, whose per-process slice may split a
+    prompt's group across processes, every process here gets whole groups. The function returns **one completion per
+    entry**, in the entries' order, in a dict with
 
     - `prompt_ids`: `B` lists of ints, the prompt each completion was generated from (as trained);
     - `completion_ids`: `B` lists of ints, the completions as trained (never cut by the trainer);
@@ -408,9 +413,9 @@ class RolloutFuncSource:
     - any other key: a reward column, handed to the reward functions as a keyword argument (a list gives each
       completion its entry, any other value is given to every completion).
 
-    with `B` = prompts x `num_generations`. The round is a [`SampledRound`] of version `step` (the function samples
-    with the current weights), `group` = `num_generations`, trained at the configured `temperature`. Nothing else
-    distinguishes it from any other source's round.
+    The round is a [`SampledRound`] of version `step` (the function samples with the current weights), `group` =
+    `num_generations`, trained at the configured `temperature`. Nothing else distinguishes it from any other source's
+    round.
 
     Args:
         rollout_func (`Callable[[list], dict]`): the function with its trainer bound, `prompts -> dict` (the trainer
@@ -423,8 +428,9 @@ class RolloutFuncSource:
     Raises:
         ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
             [...] in its output dict.`), and naming the key, the row and the fix when the output is not a dict, a
-            key does not have one entry per completion, a completion's `logprobs` or `env_mask` does not have one
-            value per completion token, or its `logprobs` are not finite and <= 0 at the policy's tokens.
+            key does not have one entry per prompt entry received (`num_generations` per entry, the reading of TRL's
+            docstring, is named as such), a completion's `logprobs` or `env_mask` does not have one value per
+            completion token, or its `logprobs` are not finite and <= 0 at the policy's tokens.
     """
 
     def __init__(
@@ -453,8 +459,12 @@ class RolloutFuncSource:
             [`SampledRound`]: `num_generations` completions per prompt, version `step`.
         """
         num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
-        rows = [self.dataset[i] for i in self.prompts.select_prompts(num_prompts, step)]
-        output = self.rollout_func([row["prompt"] for row in rows])
+        indices = self.prompts.select_prompts(num_prompts, step)
+        # TRL's RepeatSampler: each prompt `num_generations` times in a row, one completion back per entry
+        rows = [self.dataset[i] for i in indices for _ in range(self.group)]
+        # a copy each, as TRL passes them: what the function does to its prompts never reaches the reward functions'
+        prompts = [copy.deepcopy(row["prompt"]) for row in rows]
+        output = self.rollout_func(prompts)
         return rollout_func_round(output, rows, self.group, step)
 
 
@@ -463,8 +473,9 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
 
     Args:
         output (`dict`): what `rollout_func` returned.
-        rows (`list[dict]`): the dataset rows of the prompts it was given, in order.
-        group (`int`): completions per prompt (`num_generations`).
+        rows (`list[dict]`): `B` dataset rows, one per prompt entry it was given, in order: each prompt's row `group`
+            times in a row.
+        group (`int`): completions per prompt (`num_generations`): the round's group.
         step (`int`): the round's version.
 
     Raises:
@@ -478,17 +489,26 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
     missing = sorted(set(ROLLOUT_FUNC_KEYS) - set(output))
     if missing:
         raise ValueError(f"rollout_func must return keys {missing} in its output dict.")  # TRL's message
-    rows_out = len(rows) * group
+    rows_out = len(rows)  # one completion per prompt entry it was given
     fix = (
-        f"return num_generations={group} completions for each of the {len(rows)} prompts it was given (one entry per "
-        "prompt, not repeated), those of one prompt consecutive"
+        f"return one completion per prompt entry it was given, in their order (the {rows_out} entries are "
+        f"{rows_out // group} prompts, each repeated num_generations={group} times in a row, as TRL 1.16 passes them)"
+    )
+    per_entry = (
+        f"it returned num_generations={group} completions for each of the {rows_out} prompt entries it was given. "
+        "Two readings of TRL 1.16's `rollout_func`: its code (what TRL runs, and TRAPO follows) passes each prompt "
+        "repeated num_generations times and takes one completion per entry; its docstring says the prompts come "
+        "without duplication and the function returns num_generations completions per prompt. Return one "
+        "completion per entry received (drop the loop over num_generations)"
     )
 
     def per_completion(key: str) -> list:
         values = output[key]
-        if not isinstance(values, Sequence) or isinstance(values, (str, bytes)) or len(values) != rows_out:
-            got = f"{len(values)} entries" if isinstance(values, Sequence) else type(values).__name__
-            raise ValueError(f"rollout_func's '{key}' has {got}, expected {rows_out}: {fix}.")
+        is_list = isinstance(values, Sequence) and not isinstance(values, (str, bytes))
+        if not is_list or len(values) != rows_out:
+            got = f"{len(values)} entries" if is_list else type(values).__name__
+            why = per_entry if group > 1 and is_list and len(values) == rows_out * group else fix
+            raise ValueError(f"rollout_func's '{key}' has {got}, expected {rows_out}: {why}.")
         return list(values)
 
     def token_ids(key: str) -> list[torch.Tensor]:
@@ -545,7 +565,7 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
         value = output[key]
         is_list = isinstance(value, list)
         columns[key] = per_completion(key) if is_list else [value] * rows_out
-    examples = [{**rows[i // group], **{key: values[i] for key, values in columns.items()}} for i in range(rows_out)]
+    examples = [{**row, **{key: values[i] for key, values in columns.items()}} for i, row in enumerate(rows)]
     return SampledRound(
         examples,
         completion_ids,

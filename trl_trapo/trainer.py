@@ -52,10 +52,9 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import disable_dropout_in_model
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
-from .async_rollouts import AsyncRolloutSource
+from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -87,6 +86,7 @@ from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
+    check_datasets,
     check_eval_dataset,
     check_tokenizer,
     dataset_columns,
@@ -94,9 +94,17 @@ from .data import (
     prepare_datasets,
     progress_bars,
 )
-from .distributed import any_rank, check_launch, max_over_ranks, reduce_replay_metrics, sum_over_ranks
+from .distributed import (
+    any_rank,
+    check_launch,
+    max_over_ranks,
+    reduce_replay_metrics,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import Evaluator, check_best_model_metric
 from .exploration import TargetedExploration
+from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .losses import kl_gradient_warning, resolve_kl_estimator
@@ -118,6 +126,7 @@ from .models import (
     add_frozen_adapter_copy,
     counted_log_probs,
     create_reference,
+    disable_dropout,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
     model_forward,
@@ -145,6 +154,7 @@ from .saving import (
     CheckpointGuard,
     SaveError,
     check_disk_space,
+    check_earlier_checkpoints,
     check_output_dir,
     checkpoint_nbytes,
     describe_os_error,
@@ -171,6 +181,7 @@ from .vision import (
     is_vision_language_model,
     load_policy,
     model_context,
+    needs_every_parameter,
     restore_converted_weights,
     rows_have_images,
     suppress_placeholder_tokens,
@@ -283,19 +294,22 @@ class TRAPOTrainer(_BaseTrainer):
             `environment` column. Without a `train_dataset`, `max_steps` sets the run's length. With `tools` or an
             environment, `rollout_source` and `exploration=True` are refused (targeted exploration is off).
         rollout_func (`Callable`, *optional*): TRL 1.16's `rollout_func(prompts, trainer) -> dict` (as
-            `GRPOTrainer(rollout_func=...)` takes it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
-            this process's prompts of a round, one per prompt (not repeated; the dataset's `prompt` as it is, messages
-            or text), and returns `num_generations` completions per prompt as `prompt_ids`, `completion_ids`,
-            `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches the reward functions
-            as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's behaviour log-probs
-            itself, and with `vllm_importance_sampling_correction` weights the policy loss by the sampler/trainer
-            mismatch. Its rows are trained at `temperature`. Refused together with `rollout_source`, without
-            `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `GRPOTrainer(rollout_func=...)` runs it), wrapped in a [`~trl_trapo.sources.RolloutFuncSource`]: it gets
+            this process's prompts of a round, each `num_generations` times in a row as TRL passes them (the dataset's
+            `prompt` as it is, messages or text), and returns one completion per entry as `prompt_ids`,
+            `completion_ids`, `logprobs` and optionally `env_mask` (1 on the policy's tokens); any other key reaches
+            the reward functions as a column. `logprobs` are the sampler's (TRL's meaning): the trainer computes PPO's
+            behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
+            sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
+            `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
+            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
             columns, prompts longer than the context, reward functions that fail or return the wrong length, a
             tokenizer without a pad token, ...), with a message naming the argument and the fix.
+        CheckpointError: (a `ValueError`) if `args.resume_from_checkpoint` names a checkpoint that is incomplete or
+            corrupted, before any model is loaded.
     """
 
     _tag_names = ["trl", "trapo"]
@@ -331,6 +345,8 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
+            check_main_guard()
         if rollout_source is not None or rollout_func is not None:
             check_rollout_source(rollout_source, args, rollout_func)
         agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
@@ -355,8 +371,16 @@ class TRAPOTrainer(_BaseTrainer):
                 train_dataset = placeholder_prompts(args)
         # not the default SyncRolloutSource
         own_source = rollout_source is not None or rollout_func is not None or agent is not None
-        # before anything slow: output_dir can be written and holds no finished run this one would replace
+        # before anything slow: output_dir can be written and holds no finished run this one would replace; the
+        # datasets have the columns and cells their objectives read
         check_output_dir(args)
+        check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
+        # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
+        # does not hash it again
+        self._verified_checkpoint = None
+        if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
+            verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+            self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
         # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
         self.thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
 
@@ -408,7 +432,7 @@ class TRAPOTrainer(_BaseTrainer):
             logger.warning(warning)
         if self._has_critic:
             if args.disable_dropout:
-                disable_dropout_in_model(value_model)
+                disable_dropout(value_model, "value model")
             set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
             train_model = PolicyAndValueWrapper(model, value_model)
         else:
@@ -456,6 +480,7 @@ class TRAPOTrainer(_BaseTrainer):
                 distillation_dataset=distillation_dataset,
                 has_teacher=teacher is not None,
                 images=image_rows,
+                user_source=rollout_source is not None or rollout_func is not None,
             )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
@@ -662,6 +687,12 @@ class TRAPOTrainer(_BaseTrainer):
             if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
             else None
         )
+        if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
+            notice = grpo_notice(
+                args, self.exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty
+            )
+            if notice:
+                logger.warning(notice)
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules; the objectives' list -----
         self.allocator = RowAllocator(len(names))
@@ -743,6 +774,9 @@ class TRAPOTrainer(_BaseTrainer):
             objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
 
         # ---- step 7. frozen models, rollouts and evaluation -----------------------------------------------------
+        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
+        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
+        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
         self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
         self._teacher_head_copy = self._gathered_teacher_head()
@@ -807,6 +841,7 @@ class TRAPOTrainer(_BaseTrainer):
                 if self.accelerator.num_processes > 1
                 else None,
                 generation_batch_size=args.local_rollout_forward_batch_size,
+                stop_token_ids=stops,  # a turn without one at its end was cut by the length limit
             )
         if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
             if not self.active[RL]:
@@ -893,7 +928,7 @@ class TRAPOTrainer(_BaseTrainer):
                 model = get_peft_model(model, peft_config)
             created_adapter = True
         if args.disable_dropout:
-            disable_dropout_in_model(model)
+            disable_dropout(model, "policy")
         ref_adapter: str | None = None
         if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
             raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
@@ -914,12 +949,14 @@ class TRAPOTrainer(_BaseTrainer):
                     ref_adapter = ""  # a fresh adapter starts at the base model
                 else:
                     ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                    if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
+                        disable_dropout(model, "policy")
             else:
                 ref_model = create_reference(model, model_id, args.model_init_kwargs)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             if args.disable_dropout:
-                disable_dropout_in_model(ref_model)
+                disable_dropout(ref_model, "reference model")
         return model, ref_model, ref_adapter
 
     @staticmethod
@@ -980,7 +1017,7 @@ class TRAPOTrainer(_BaseTrainer):
             )
         teacher.eval().requires_grad_(False)
         if args.disable_dropout:
-            disable_dropout_in_model(teacher)
+            disable_dropout(teacher, "teacher")
         return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
@@ -1612,7 +1649,9 @@ class TRAPOTrainer(_BaseTrainer):
             terms.append(term)
             views.append(view)
         total = total * self.accelerator.num_processes
-        if self._vision_parameters:  # DDP: every vision parameter takes part, images or not (see vision_parameters)
+        if self._vision_parameters and needs_every_parameter(
+            model
+        ):  # every vision parameter takes part, images or not
             total = total + 0.0 * sum(p.view(-1)[0] for p in self._vision_parameters)
 
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
@@ -1802,6 +1841,9 @@ class TRAPOTrainer(_BaseTrainer):
         returns or raises.
 
         Raises:
+            ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
+                one neither resumes from one of them nor has `overwrite_output_dir=True` (see
+                [`~trl_trapo.saving.check_earlier_checkpoints`]).
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
                 `resume_from_checkpoint=True` finds no complete checkpoint.
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
@@ -1809,6 +1851,8 @@ class TRAPOTrainer(_BaseTrainer):
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
+        # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
+        check_earlier_checkpoints(self.args, resume_from_checkpoint)
         world = self.accelerator.num_processes
         if resume_from_checkpoint is True:
             path, skipped = last_complete_checkpoint(self.args.output_dir, world)
@@ -1823,7 +1867,8 @@ class TRAPOTrainer(_BaseTrainer):
             resume_from_checkpoint = path
         self._train_start_time = time.perf_counter()
         if resume_from_checkpoint:
-            verify_checkpoint(resume_from_checkpoint, world)
+            if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
+                verify_checkpoint(resume_from_checkpoint, world)
             with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
                 resumed_step = int(json.load(handle).get("global_step", 0))
             if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint

@@ -602,7 +602,8 @@ def vision_parameters(model) -> list:
     vision encoder out of the graph, and some encoder parameters never take part at all (LLaVA reads CLIP's hidden
     states before its `post_layernorm`): "Expected to have finished reduction in the prior iteration ...". The
     trainer adds a zero-valued term over them to every micro-batch (an unused one's gradient is then 0, as
-    `find_unused_parameters=True` would make it, without its cost or its conflict with activation checkpointing).
+    `find_unused_parameters=True` would make it, without its cost or its conflict with activation checkpointing),
+    when [`needs_every_parameter`] says the wrapped model needs it.
     """
     seen, out = set(), []
     for name, module in model.named_modules():
@@ -612,3 +613,25 @@ def vision_parameters(model) -> list:
                     seen.add(id(parameter))
                     out.append(parameter)
     return out
+
+
+def needs_every_parameter(model) -> bool:
+    """Whether `model`, as the Trainer wrapped it for training, needs every trainable parameter in every backward on
+    every rank, so that the trainer adds the zero term over [`vision_parameters`].
+
+    - `DistributedDataParallel`: yes without `find_unused_parameters`. With it (transformers' choice when activation
+      checkpointing is off) DDP searches the forward's graph itself and marks the parameters outside it ready when
+      the forward ends; the zero term, added after the forward, would mark them a second time at the backward
+      ("Parameter ... post_layernorm.bias has been marked as ready twice").
+    - DeepSpeed ZeRO-1/2: yes: ranks reduce their gradient buckets together, and a rank whose micro-batch has no image
+      would fill them with other parameters ("Received data size doesn't match expected size").
+    - DeepSpeed ZeRO-3: no: a parameter is partitioned outside its module's forward (the term could not even read
+      it: "index 0 is out of bounds for dimension 0 with size 0"), and ZeRO-3 reduces unused parameters itself.
+    - Anything else (FSDP, one process wrapped by nothing): as before, yes when there are vision parameters.
+    """
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return not model.find_unused_parameters
+    stage = getattr(model, "zero_optimization_stage", None)  # a DeepSpeedEngine's
+    if callable(stage):
+        return stage() < 3
+    return True

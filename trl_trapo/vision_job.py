@@ -18,7 +18,9 @@ Before and after training it measures ([`evaluate`]):
   (`vision_tasks.caption_loss`): forgetting of the pretraining objective;
 
 each also with the suffix `_initial` (before training), plus `train_runtime_s` and `train_loss`, written to
-`<output_dir>/eval_results.json` (atomically) next to the model and its processor.
+`<output_dir>/eval_results.json` (atomically) next to the model, its processor and `trainer_state.json`, as the main
+job writes them (`trl_trapo.cli.save_job`); `--resume_from_checkpoint` resumes training as there
+(`trl_trapo.cli.train_job`).
 
 `--per_modality` trains image rows and text rows as separate objectives (`DemonstrationObjective("sft_image")`,
 `LanguageModelingObjective("pretrain_image")` next to the built-in `sft` and `pretrain` on the text rows; RL stays
@@ -217,11 +219,20 @@ def evaluate(model, data: VisionJobData) -> dict[str, float]:
 def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
     """The job's `TRAPOTrainer`: pretraining on the captions, SFT on the demonstrations, RL on the prompts (per
     modality: image rows as objectives of their own); `model` defaults to a fresh tiny VLM
-    (`build_tiny_vlm(processor, seed=config.seed)`)."""
+    (`build_tiny_vlm(processor, seed=config.seed)`).
+
+    Raises:
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
+            does not resume (checked first, as the main job does), or for what the trainer refuses.
+    """
+    from .cli import check_checkpoint
     from .objectives import DemonstrationObjective, LanguageModelingObjective
+    from .saving import check_earlier_checkpoints
     from .trainer import TRAPOTrainer
     from .vision_tasks import build_tiny_vlm
 
+    check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
     suite = data.suite
     sft, pretrain, objectives = suite.sft, suite.pretrain, []
     if data.per_modality:
@@ -246,22 +257,22 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
 
 
 def run_job(data: VisionJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
-    """Evaluate, train jointly, evaluate again, save (model, processor, `eval_results.json`).
+    """Evaluate, train jointly (resuming from `resume_from_checkpoint` when given), evaluate again, save the model,
+    its processor, `trainer_state.json` and `eval_results.json` (`trl_trapo.cli.train_job` and `save_job`, shared
+    with the main job).
 
     Raises:
-        trl_trapo.saving.SaveError: if `eval_results.json` cannot be written.
+        trl_trapo.checkpoint.CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+        trl_trapo.saving.SaveError: if a file of the output folder cannot be written.
     """
-    from .cli import write_json_atomic
+    from .cli import save_job, train_job
 
+    # evaluate, train (resuming from resume_from_checkpoint when given), evaluate; save as the main job does
     results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data).items()}
-    train_start = time.perf_counter()
-    output = trainer.train()
-    results["train_runtime_s"] = time.perf_counter() - train_start
-    results["train_loss"] = output.training_loss
+    results.update(train_job(trainer))
     results.update({f"eval_{k}": v for k, v in evaluate(trainer.model, data).items()})
-    trainer.save_model(config.output_dir)
+    save_job(trainer, results)
     if trainer.accelerator.is_main_process:
-        write_json_atomic(os.path.join(config.output_dir, "eval_results.json"), results)
         print(summary(config.output_dir, results, time.perf_counter() - job_start), flush=True)
     return results
 

@@ -1,0 +1,155 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""A GRPO script on TRAPO keeps GRPO's semantics (`trl_trapo.GRPOConfig`), or is told at start what differs
+(`trl_trapo.grpo.grpo_notice`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from trl_trapo import GRPOConfig, TRAPOConfig, TRAPOTrainer
+from trl_trapo.grpo import grpo_notice
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# the script's config, as a TRL GRPO script on a CPU machine writes it (TRL needs use_cpu / bf16 there)
+SCRIPT_CONFIG = dict(
+    max_steps=6,
+    per_device_train_batch_size=8,
+    num_generations=4,
+    max_completion_length=4,
+    learning_rate=1e-3,
+    report_to="none",
+    save_strategy="no",
+    use_cpu=True,
+    bf16=False,
+)
+# TRAPO's deliberate differences from a TRL GRPOConfig instance: its dataloader only serves step placeholders
+DELIBERATE = {"dataloader_pin_memory"}
+
+
+def test_grpo_config_has_every_default_of_trls(tmp_path):
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    theirs = TRLGRPOConfig(output_dir=str(tmp_path), bf16=False)  # TRL's bf16 default fails on a CPU machine
+    ours = GRPOConfig(output_dir=str(tmp_path))
+    shared = [f.name for f in dataclasses.fields(TRLGRPOConfig) if hasattr(ours, f.name)]
+    assert {"beta", "num_iterations", "epsilon", "max_completion_length", "learning_rate"} <= set(shared)
+    differ = {name: (getattr(theirs, name), getattr(ours, name)) for name in shared if name not in DELIBERATE}
+    assert {name: pair for name, pair in differ.items() if pair[0] != pair[1]} == {}
+    # TRAPO's own names of the same settings hold GRPO's values; TRAPO's additions to sampling are off
+    assert (ours.kl_coef, ours.num_ppo_epochs, ours.cliprange, ours.response_length) == (0.0, 1, 0.2, 512)
+    assert ours.exploration is False and ours.self_imitation is False
+    # a value given under either name is kept, under both names; the two names disagreeing is refused
+    given = GRPOConfig(output_dir=str(tmp_path), beta=0.04, num_ppo_epochs=2)
+    assert (given.beta, given.kl_coef, given.num_iterations, given.num_ppo_epochs) == (0.04, 0.04, 2, 2)
+    with pytest.raises(ValueError, match="beta=0.04 and kl_coef=0.1 disagree"):
+        GRPOConfig(output_dir=str(tmp_path), beta=0.04, kl_coef=0.1)
+    with pytest.raises(TypeError, match="epsilon_high"):
+        GRPOConfig(output_dir=str(tmp_path), epsilon_high=0.28)
+
+
+def run_script(config_class, trainer_class, tmp_path) -> tuple[object, list[int]]:
+    """The same GRPO script under `config_class` / `trainer_class`: the completions each reward call scored during
+    training (construction-time checks of the reward function excluded)."""
+    scored = []
+
+    def reward(completions, **kwargs):
+        scored.append(len(completions))
+        return [float(len(c) % 2) for c in completions]
+
+    tokenizer = build_char_tokenizer()
+    trainer = trainer_class(
+        model=build_tiny_model(tokenizer, seed=0),
+        reward_funcs=reward,
+        args=config_class(output_dir=str(tmp_path), **SCRIPT_CONFIG),
+        train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
+        processing_class=tokenizer,
+    )
+    scored.clear()
+    trainer.train()
+    return trainer, scored
+
+
+def test_a_grpo_script_generates_every_step_without_a_reference_as_under_trl(tmp_path, caplog):
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOTrainer
+
+    trl_trainer, trl_scored = run_script(TRLGRPOConfig, GRPOTrainer, tmp_path / "trl")
+    assert trl_scored == [8] * 6 and trl_trainer.ref_model is None  # one round of 8 completions per step, no KL
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer, scored = run_script(GRPOConfig, TRAPOTrainer, tmp_path / "ours")
+    assert scored == trl_scored and trainer.ref_model is None and trainer.exploration is None
+    assert "GRPO-style run" not in caplog.text  # nothing differs from GRPO's defaults
+    # the config class renamed instead (`TRAPOConfig as GRPOConfig`): TRAPO's defaults, and a notice saying so
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer, scored = run_script(TRAPOConfig, TRAPOTrainer, tmp_path / "renamed")
+    assert scored == [8, 8]  # a round every num_ppo_epochs=4 steps
+    notice = [r.getMessage() for r in caplog.records if "GRPO-style run" in r.getMessage()]
+    assert len(notice) == 1 and "num_ppo_epochs=4" in notice[0] and "num_iterations=1" in notice[0]
+    guide = ROOT.joinpath("docs", "agents.md").read_text()
+    documented = guide.split("```text\nGRPO-style run: ", 1)[1].split(" ...\n```", 1)[0].removesuffix(";")
+    assert notice[0].startswith(f"GRPO-style run: {documented}")  # docs/agents.md quotes it as the trainer says it
+
+
+@pytest.mark.parametrize(
+    ("config_class", "values", "expected"),
+    [
+        (TRAPOConfig, {}, None),  # no GRPO name: a TRAPO user, no notice
+        (
+            TRAPOConfig,
+            {"max_completion_length": 16},
+            [
+                "kl_coef=0.05",
+                "GRPO: beta=0.0",
+                "num_ppo_epochs=4",
+                "GRPO: num_iterations=1",
+                "learning_rate=5e-05",
+                "GRPO: learning_rate=1e-06",
+                "disable_dropout=True",
+                "exploration=False",
+                "KL estimator k2 in the loss",
+                "kl_estimator='k3'",
+                "from trl_trapo import GRPOConfig",
+            ],
+        ),
+        (TRAPOConfig, {"beta": 0.05, "num_iterations": 1, "exploration": False}, ["learning_rate=5e-05"]),
+        (
+            TRAPOConfig,
+            dict(beta=0.0, num_iterations=1, max_completion_length=512, learning_rate=1e-6, disable_dropout=False)
+            | {"exploration": False},
+            None,  # every GRPO default given: nothing to say
+        ),
+        (
+            TRAPOConfig,
+            dict(beta=0.0, num_iterations=1, max_completion_length=512, learning_rate=1e-6, disable_dropout=False),
+            ["exploration=False"],  # every GRPO default given but one
+        ),
+        (GRPOConfig, {}, None),
+        (GRPOConfig, {"beta": 0.04}, ["KL estimator k2 in the loss (GRPO: k3"]),
+        (GRPOConfig, {"beta": 0.04, "kl_estimator": "k2"}, None),  # an estimator the user chose is theirs
+    ],
+)
+def test_the_notice_lists_each_default_that_differs_from_grpos_and_the_value_for_grpos(
+    tmp_path, config_class, values, expected
+):
+    config = config_class(output_dir=str(tmp_path), **values)
+    exploration = config.exploration is None  # what the trainer resolves for a critic-free run on HF generate
+    notice = grpo_notice(config, exploration, tools=False, kl_estimator="k2", kl_penalty="loss")
+    if expected is None:
+        assert notice is None
+        return
+    assert notice is not None and "\n" not in notice
+    for needle in expected:
+        assert needle in notice, needle
+    if "beta" in values:  # given under GRPO's name: the user's choice, not listed
+        assert "kl_coef=" not in notice
+    assert "max_tool_calling_iterations" not in notice  # no tools in this run
+    tools = grpo_notice(TRAPOConfig(output_dir=str(tmp_path), beta=0.0), False, True, "k2", "loss")
+    assert "max_tool_calling_iterations=4" in tools and "GRPO: max_tool_calling_iterations=None" in tools
