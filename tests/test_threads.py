@@ -126,7 +126,7 @@ def test_opt_out_and_explicit_setting(monkeypatch):
     "field, value", [("torch_threads", -1), ("torch_threads", 1.5), ("async_producer_threads", 0)]
 )
 def test_config_refuses_a_bad_value(tmp_path, field, value):
-    with pytest.raises(ValueError, match=rf"TRAPOConfig.{field}={value!r} is invalid: use "):
+    with pytest.raises(ValueError, match=rf"TRAPOConfig\.{field}={value!r} is invalid: "):
         TRAPOConfig(output_dir=str(tmp_path), **{field: value})
 
 
