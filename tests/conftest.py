@@ -12,6 +12,9 @@ Fixtures:
 Real data in chat format (GSM8K rows, Shakespeare paragraphs) and a trainer that records every micro-batch it trains
 on: `gsm8k_rows`, `gsm8k_chat_datasets`, `RecordingTRAPOTrainer`, `trained_rows` (`from conftest import ...`).
 
+`run_script(path, argv, monkeypatch)` runs a script as `python PATH ARGV` would, in this process (command-line tests whose
+subject is not the process boundary; a fresh interpreter costs ~5 CPU-seconds of imports).
+
 `finished_round(examples, scores, group, ...)` builds a finished round (`RolloutBatch`) by hand, for the unit tests of
 the round's consumers (exploration, metrics, KL schedules).
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
+import sys
 from pathlib import Path
 
 
@@ -171,6 +176,22 @@ def trained_rows(batches: list[dict], objective: int) -> list[tuple[torch.Tensor
             n = int(batch["attention_mask"][i].sum())
             out.append((batch["input_ids"][i, :n], batch["mask"][i, : n - 1]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A script's command line in this process (tests/test_examples.py, tests/test_reward_server.py)
+# ---------------------------------------------------------------------------------------------------------------------
+def run_script(path, argv: list[str], monkeypatch) -> int:
+    """Run the file `path` as `__main__` with `sys.argv = [path, *argv]` (restored by `monkeypatch`), as `python PATH
+    ARGV` would, and return its exit status (`sys.exit(n)` -> `n`; returning -> 0). An exception the script does not
+    turn into an exit status propagates, so a traceback fails the test. The working directory, `sys.path` and the
+    environment are the caller's (`monkeypatch.chdir` / `.syspath_prepend` / `.setenv`)."""
+    monkeypatch.setattr(sys, "argv", [str(path), *argv])
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -322,6 +322,7 @@ def test_gsm8k_solutions_become_tool_calling_traces():
     assert plain[2:] == [{"role": "assistant", "content": "Just 3.\n#### 3"}]
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_the_measurement_scripts_quick_run_writes_its_results(tmp_path, capsys):
     import agents_real
 

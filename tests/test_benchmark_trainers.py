@@ -44,6 +44,7 @@ def test_generation_meter_counts_completion_tokens_up_to_the_first_eos(bench):
     assert wall_s >= 0 and cpu_s >= 0
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_quick_run_reports_every_ratio_and_a_record_per_trainer(bench, tmp_path):
     output = tmp_path / "bench.json"
     result = bench.main(["--quick", "--output_json", str(output)])

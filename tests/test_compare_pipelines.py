@@ -87,6 +87,7 @@ def test_bad_arguments_fail_before_any_run(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     """The `--quick` path end to end, shortened further: both arms run in their own processes with TRL's real
     SFTTrainer / GRPOTrainer for the serial arm, and the report is complete."""
@@ -233,6 +234,7 @@ def test_paired_component_table_pairs_by_seed():
     assert "helps" in row.split("|")[6]  # rl_only: with self-imitation is better in every seed
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_path):
     """`--methods distill_trl`: TRL's DistillationTrainer on the RL prompts from the main job's teacher, evaluated at
     the same checkpoints as TRAPO; the teacher is required, and so is a fixed learning rate."""

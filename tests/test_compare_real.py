@@ -102,6 +102,7 @@ def test_a_stale_or_missing_cache_entry_runs_again(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------------
 # a real --quick run (in this process), then a resume
 # ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_quick_run_measures_every_arm_and_resumes_without_rerunning(tmp_path, monkeypatch):
     work = tmp_path / "work"
     argv = ["--quick", "--jobs", "0", "--work_dir", str(work)]

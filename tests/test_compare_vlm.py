@@ -77,6 +77,7 @@ def test_quick_run_measures_every_arm_and_reuses_them(tmp_path, caplog):
     assert payload["table"] in text and "old" not in text and text.endswith("end\n")
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_cost_benchmark_quick_mode_runs(tmp_path):
     import benchmark_vlm
 

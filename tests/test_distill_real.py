@@ -59,6 +59,7 @@ def test_divergences_are_zero_against_itself_and_match_the_definition(teacher, t
     assert out["forward_kl"] == pytest.approx(forward, rel=1e-5)
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_quick_run_trains_both_arms_and_renders_the_block(tmp_path):
     work = tmp_path / "work"
     summary = distill_real.main(["--quick", "--work_dir", str(work)])

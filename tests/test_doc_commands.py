@@ -427,9 +427,11 @@ def test_readme_offline_numbers_are_the_measured_ones(offline_sandbox):
     assert f"up to {char_tokens} tokens (default: {defaults['max_prompt_length']})" in python_block
 
 
-def test_readme_python_example(offline_sandbox):
+def test_readme_python_example(offline_sandbox, monkeypatch):
     """The README's Python example as written, in the offline commands' folder, with `max_steps=3`: it trains, writes
-    `checkpoint-N` folders into its `output_dir` (every `save_steps` and at the end) and saves a loadable model."""
+    `checkpoint-N` folders into its `output_dir` (every `save_steps` and at the end) and saves a loadable model. It runs
+    in this process (`run_script`, as `python readme_example.py` would): its subject is the code, not the process."""
+    from conftest import run_script
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_trapo import TRAPOConfig
@@ -440,7 +442,8 @@ def test_readme_python_example(offline_sandbox):
     save_steps = {f.name: f.default for f in dataclasses.fields(TRAPOConfig)}["save_steps"]
     assert f"checkpoint-{save_steps}" in code and "checkpoint-2000" in code  # what the comments promise
     (work / "readme_example.py").write_text(code.replace("max_steps=2000", "max_steps=3"), encoding="utf-8")
-    run_shell(["python readme_example.py"], work)
+    monkeypatch.chdir(work)
+    assert run_script(work / "readme_example.py", [], monkeypatch) == 0
     output_dir = work / re.search(r'output_dir="([^"]+)"', code).group(1)
     checkpoint = output_dir / "checkpoint-3"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
@@ -14,6 +16,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 import guidance_real  # noqa: E402
 
 
+@pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_quick_run_compares_the_arms(tmp_path):
     results = guidance_real.main(["--quick", "--work_dir", str(tmp_path)])
     assert json.loads((tmp_path / "guidance.json").read_text()) == json.loads(json.dumps(results))

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import pickle
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -20,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 from trl_trapo.rewards import RewardFunctionError, call_reward_function
 from trl_trapo.tasks import exact_match_reward, make_task_suite
@@ -167,33 +166,18 @@ def test_the_client_pickles_and_runs_in_a_spawned_process(url):
     assert rewards == [1.0, 0.0]
 
 
-def test_the_main_job_runs_with_the_remote_reward(server, tmp_path):
-    """3 steps of the built-in job with `--reward_funcs scripts.reward_server.remote_exact_match`, launched from the
-    repository root as the module's docstring says."""
+def test_the_main_job_runs_with_the_remote_reward(server, url, tmp_path, monkeypatch):
+    """3 steps of the built-in job with `--reward_funcs scripts.reward_server.remote_exact_match`, run from the
+    repository root as the module's docstring says (in this process, `run_script`: the subject is the reward's import
+    path and the server, not the process)."""
     calls = get_json(server.url + "/health")["calls"]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "OMP_NUM_THREADS": "1",
-        reward_server.URL_VARIABLE: server.url,
-    }
     argv = [
         *("--reward_funcs", "scripts.reward_server.remote_exact_match"),
         *("--max_steps", "3", "--max_eval_samples", "4", "--eval_strategy", "no"),
         *("--output_dir", str(tmp_path / "out")),
     ]
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "trapo.py"), *argv],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    monkeypatch.chdir(ROOT)
+    assert run_script(ROOT / "examples" / "trapo.py", argv, monkeypatch) == 0
     assert get_json(server.url + "/health")["calls"] > calls  # the rewards came from the server
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     assert any("rewards/remote_exact_match/mean" in h for h in history), history[0].keys()
