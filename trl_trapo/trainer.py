@@ -54,6 +54,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
+from .arguments import check_trainer_arguments
 from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
@@ -305,6 +306,9 @@ class TRAPOTrainer(_BaseTrainer):
             `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
+        TypeError: before anything loads, for an argument of the wrong type (`args` not a `TRAPOConfig`; `model`,
+            `reward_funcs`, `peft_config`, `callbacks`, ...: see `trl_trapo.arguments.check_trainer_arguments`),
+            naming the argument, the value and what to pass.
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
             columns, prompts longer than the context, reward functions that fail or return the wrong length, a
             tokenizer without a pad token, ...), with a message naming the argument and the fix.
@@ -345,6 +349,21 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        # every argument of the wrong type is refused by name now, not by the library that first touches it
+        check_trainer_arguments(
+            model=model,
+            reward_funcs=reward_funcs,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            value_model=value_model,
+            teacher_model=teacher_model,
+            peft_config=peft_config,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            tools=tools,
+        )
         if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
             check_main_guard()
         if rollout_source is not None or rollout_func is not None:
