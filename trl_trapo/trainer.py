@@ -500,6 +500,7 @@ class TRAPOTrainer(_BaseTrainer):
                 has_teacher=teacher is not None,
                 images=image_rows,
                 user_source=rollout_source is not None or rollout_func is not None,
+                vocab_size=model.get_input_embeddings().num_embeddings,
             )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
@@ -902,6 +903,7 @@ class TRAPOTrainer(_BaseTrainer):
             stops,
             self.padding_id,
             images=image_rows,
+            vocab_size=model.get_input_embeddings().num_embeddings,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
