@@ -2,6 +2,7 @@
 """Format checks, SFT / prompt tokenisation, per-rank sampling and pretraining packing, with a char-level tokenizer."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -206,6 +207,63 @@ def test_text_in_input_ids_is_refused_with_the_prompt_column_as_the_fix():
     assert "`train_dataset` column 'input_ids' holds a value of type str at row 0 (and 7 more rows): '1+1='" in message
     assert "a list of token ids (ints)" in message and "dataset.rename_column('input_ids', 'prompt')" in message
     check_cells(Dataset.from_dict({"prompt": ["1+1="]}), "train_dataset", "prompts")  # text where text belongs
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+@pytest.mark.parametrize(
+    ("role", "kind", "column", "rows", "needles", "kept"),
+    [
+        (  # it used to say "has an empty assistant turn"
+            "sft_dataset",
+            "sft",
+            "messages",
+            [[user("a"), user("b")]] * 3,
+            ["has no assistant turn at row 0, whose roles are user, user (and 2 more rows)", "Add the assistant's"],
+            [False] * 3,
+        ),
+        (  # it used to say "missing value (None content in message 0)", with a filter that kept every row
+            "train_dataset",
+            "prompts",
+            "prompt",
+            [[{"role": "user", "text": "hi"}]] * 2,
+            ["has a message without a 'content' key at row 0", "(its keys: 'role', 'text')", "'content': m['text']"],
+            None,  # converted, not dropped: every row is in that format
+        ),
+        (  # a None inside a message or a token list: the filter drops exactly such rows
+            "train_dataset",
+            "prompts",
+            "prompt",
+            [[user("a")], [user(None)]],
+            ["(None content in message 0) at row 1", "all(m['content'] is not None for m in row['prompt'])"],
+            [True, False],
+        ),
+        (
+            "train_dataset",
+            "prompts",
+            "input_ids",
+            [[5, 6], [5, None]],
+            ["(None at position 1) at row 1", "`dataset.filter(lambda row: None not in row['input_ids'])`"],
+            [True, False],
+        ),
+    ],
+    ids=["no-assistant-turn", "text-not-content", "none-content", "none-token"],
+)
+def test_messages_and_missing_values_are_named_for_what_they_are(role, kind, column, rows, needles, kept):
+    dataset = Dataset.from_dict({column: rows})
+    with pytest.raises(ValueError) as raised:
+        check_cells(dataset, role, kind)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` column {column!r}")
+    for needle in needles:
+        assert needle in message, (needle, message)
+    filter_ = re.search(r"dataset\.filter\((lambda row: .*)\)`", message)
+    assert (filter_ is None) == (kept is None)
+    if kept is not None:  # the suggested filter drops exactly the bad rows (it used to keep rows with a None inside)
+        keep = eval(filter_[1])
+        assert [bool(keep(row)) for row in dataset] == kept
 
 
 def out_of_vocabulary_trainer(tmp_path, tokenizer, **datasets):

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,8 @@ def missing_part(value: Any) -> str | None:
         value: a cell of a dataset column (a string, a list of token ids, or a list of message dicts).
 
     Returns:
-        `str` or None: e.g. "None", "NaN", "None content in message 1".
+        `str` or None: e.g. "None", "NaN", "None content in message 1", "None at position 2", or, for a message
+        without the key at all, "no 'content' key in message 0 (its keys: 'role', 'text')".
     """
     if value is None:
         return "None"
@@ -121,7 +123,9 @@ def missing_part(value: Any) -> str | None:
                 continue  # a content part of a multimodal message (an image part has no text)
             if isinstance(item, dict):
                 for key in ("role", "content"):
-                    what = missing_part(item.get(key))
+                    if key not in item:  # a message in another format (e.g. {'role', 'text'}), not a missing value
+                        return f"no {key!r} key in message {j} (its keys: {', '.join(map(repr, item))})"
+                    what = missing_part(item[key])
                     if what is not None:
                         return f"{what} {key} in message {j}"
             elif (what := missing_part(item)) is not None:
@@ -130,12 +134,27 @@ def missing_part(value: Any) -> str | None:
 
 
 def missing_value_error(role: str, column: str, row: int | str, what: str, count: int = 1) -> ValueError:
-    """The error for a missing value: the dataset, column, row, what is missing and the fix."""
+    """The error for a missing value (`what`, from `missing_part`): the dataset, column, row, what is missing and the
+    fix, with a filter that drops exactly such rows (a message's missing role / content, a token list's None)."""
     more = f" (and {count - 1} more rows)" if count > 1 else ""
+    key = re.match(r"no '(\w+)' key in message", what)
+    if key:  # the messages are in another format: converting them is the fix, dropping rows would drop them all
+        return ValueError(
+            f"`{role}` column {column!r} has a message without a {key[1]!r} key at row {row}{more}: {what}. Each "
+            "message must be a dict with 'role' and 'content' (TRL's conversational format): rename the key that "
+            f"holds it, e.g. `dataset.map(lambda row: {{{column!r}: [{{'role': m['role'], 'content': m['text']}} "
+            f"for m in row[{column!r}]]}})` for messages written with 'text'."
+        )
+    part = re.match(r".* (role|content) in message", what)
+    if part:
+        keep = f"all(m[{part[1]!r}] is not None for m in row[{column!r}])"
+    elif " at position " in what:
+        keep = f"None not in row[{column!r}]"
+    else:
+        keep = f"row[{column!r}] is not None"
     return ValueError(
         f"`{role}` column {column!r} has a missing value ({what}) at row {row}{more}. TRAPO never trains on a "
-        f"missing value nor guesses one: fill it, or drop such rows, e.g. "
-        f"`dataset.filter(lambda row: row[{column!r}] is not None)`."
+        f"missing value nor guesses one: fill it, or drop such rows, e.g. `dataset.filter(lambda row: {keep})`."
     )
 
 
@@ -324,7 +343,8 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
 
 def check_sft_completions(dataset: Dataset, role: str) -> None:
     """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
-    text (blank) and no tool call. Such a row would train only the end-of-sequence token after its prompt.
+    text (blank) and no tool call, or `messages` without any assistant turn. Such a row would train only the
+    end-of-sequence token after its prompt.
 
     Raises:
         ValueError: naming the dataset, the column, the first empty row, how many there are and the fix.
@@ -339,9 +359,18 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
             return not turns.strip()
         return not any(row_text(m.get("content")).strip() or m.get("tool_calls") for m in turns)
 
-    bad = [i for i, value in enumerate(dataset[column]) if value is not None and empty(value)]
+    values = dataset[column]
+    bad = [i for i, value in enumerate(values) if value is not None and empty(value)]
     if bad:
         more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+        if column == "messages" and not any(m.get("role") == "assistant" for m in values[bad[0]]):
+            roles = ", ".join(str(m.get("role")) for m in values[bad[0]])
+            raise ValueError(
+                f"`{role}` column 'messages' has no assistant turn at row {bad[0]}, whose roles are {roles}{more}: "
+                "an SFT row trains on the assistant's turns, and this one has none. Add the assistant's reply, or drop "
+                "such rows, e.g. `dataset.filter(lambda row: any(m['content'] for m in row['messages'] if m['role'] "
+                "== 'assistant'))`."
+            )
         what = "completion" if column == "completion" else "assistant turn"
         keep = (
             f"row[{column!r}].strip()"
