@@ -1397,7 +1397,7 @@ class TRAPOTrainer(_BaseTrainer):
         if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
             prefetch(n, step, self.replay.use_counts(step))
         round_due = getattr(self.rollout_source, "round_due", None)
-        for _ in range(20):
+        for attempt in range(20):
             # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
             # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts);
             # an asynchronous source's round is also taken before the buffer runs dry when waiting longer would make
@@ -1405,7 +1405,18 @@ class TRAPOTrainer(_BaseTrainer):
             due = round_due is not None and round_due(step)
             if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
                 break
-            self.collect_rollouts(n, step)
+            batch = self.collect_rollouts(n, step)
+            unscored = batch.per_func.numel() > 0 and bool(torch.isnan(batch.per_func).all())
+            if attempt == 0 and unscored:  # said at once: the error below comes only after 19 more rounds
+                logger.warning(
+                    "Step %d: no completion of this rollout round got a reward: every reward function (%s) returned "
+                    "None or NaN ('no reward for this sample', as in TRL) for all %d completions, so none can be "
+                    "trained on. Rounds are retried (20 in a row without a usable trajectory stop the run); if your "
+                    "reward functions cannot score any completion, fix them now.",
+                    step,
+                    ", ".join(repr(name) for name in self.rewards.names),
+                    batch.per_func.shape[0],
+                )
         else:
             raise RuntimeError(
                 "20 rollout rounds in a row produced no usable trajectory: every reward function returned None or NaN "
