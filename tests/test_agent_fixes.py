@@ -25,7 +25,7 @@ from test_agents import Counter, Quiet, broken, call, ids, make_source, prompts_
 from transformers.utils import get_json_schema
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.agents import use_tool_chat_template
+from trl_trapo.agents import check_observation, use_tool_chat_template
 from trl_trapo.data import INTERNAL_COLUMNS, tokenize_sft_dataset
 from trl_trapo.rewards import RewardScorer
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
@@ -192,6 +192,27 @@ def test_a_failing_trial_reset_says_where_and_keeps_the_cause(tmp_path, tok):
     assert "Offline.reset(**row) raised RuntimeError: database offline" in message
     assert "construction-time check" in message and "trial reset" in message and "['prompt']" in message
     assert str(caught.value.__cause__) == "database offline"
+
+
+class Numeric(Counter):
+    def reset(self, **row):
+        return 42
+
+
+def test_a_reset_returning_neither_text_nor_none_is_refused_at_construction(tmp_path, tok):
+    """TRL's contract is `reset(**row) -> str | None`; 42 used to be appended to the prompt as "42" without a word."""
+    with pytest.raises(TypeError) as caught:
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=tiny_args(tmp_path),
+            train_dataset=prompts_dataset(),
+            processing_class=tok,
+            environment_factory=Numeric,
+        )
+    message = str(caught.value)
+    assert message.startswith("environment_factory, in TRAPOTrainer's construction-time trial reset: Numeric.reset")
+    assert "returned int (42); it must return the text to append to the prompt (str) or None" in message
+    assert check_observation("seen: 3", Numeric()) == "seen: 3" and check_observation(None, Numeric()) is None
 
 
 def test_a_reward_function_failing_on_empty_completions_says_where_and_keeps_the_cause(tmp_path, tok):

@@ -1,11 +1,14 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """Everything checkable is checked when the trainer (or its config) is built, before any training: eval prompts,
-streaming SFT data, the best-model metric, and every `TrainingArguments` field whose hook TRAPO replaces — each one
-works or is refused by name, never silently ignored."""
+streaming SFT data, the best-model metric, every `TrainingArguments` field whose hook TRAPO replaces, and mixed
+precision the machine cannot run — each one works or is refused by name, never silently ignored."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import torch
 from datasets import Dataset, IterableDatasetDict
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -318,3 +321,43 @@ def test_total_episodes_without_rl_prompts_is_refused_not_ignored(tmp_path, toke
         TRAPOTrainer(
             build_tiny_model(tokenizer, seed=0), args=config, sft_dataset=sft_rows(4), processing_class=tokenizer
         )
+
+
+# ---- mixed precision this machine cannot run: refused by field, never ignored ----
+def without_gpu(monkeypatch):
+    """This machine as one without any accelerator (and so without a bf16 GPU), whatever it has."""
+    import transformers.utils
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(transformers.utils, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(transformers.utils, "is_torch_xla_available", lambda *args, **kwargs: False)
+
+
+@pytest.mark.parametrize("use_cpu", [False, True])
+def test_fp16_on_the_cpu_is_refused_not_ignored(tmp_path, monkeypatch, use_cpu):
+    """accelerate turns fp16 autocast on only off the CPU: on it the run was silently fp32."""
+    without_gpu(monkeypatch)
+    why = "use_cpu=True" if use_cpu else "this machine has no GPU"
+    with pytest.raises(ValueError, match=re.escape(f"TRAPOConfig.fp16=True, but training runs on the CPU ({why})")):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", fp16=True, use_cpu=use_cpu)
+
+
+def test_fp16_with_use_cpu_is_refused_even_with_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=re.escape("TRAPOConfig.fp16=True, but training runs on the CPU (use_cpu")):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", fp16=True, use_cpu=True)
+
+
+@pytest.mark.parametrize("field", ["bf16", "bf16_full_eval"])
+def test_bf16_without_a_bf16_gpu_names_the_field_and_the_fix(tmp_path, monkeypatch, field):
+    """transformers' own refusal ("Your setup doesn't support bf16/gpu ...") named neither."""
+    without_gpu(monkeypatch)
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", **{field: True})
+    message = str(raised.value)
+    assert message.startswith(f"TRAPOConfig.{field}=True, but this machine has no GPU with bf16 support")
+    assert "Drop it" in message and "use_cpu=True" in message
+    # what transformers accepts is accepted: bf16 autocast on the CPU when asked for with use_cpu
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{field: True})
+    assert getattr(config, field) is True
+    TRAPOConfig(output_dir=str(tmp_path), report_to="none")  # left unset, bf16 is decided for the machine

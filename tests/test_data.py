@@ -2,15 +2,18 @@
 """Format checks, SFT / prompt tokenisation, per-rank sampling and pretraining packing, with a char-level tokenizer."""
 
 import json
+import re
 
 import pytest
 import torch
 from datasets import Dataset
 
+from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.config import PRETRAIN, SFT
 from trl_trapo.data import (
     PretrainStream,
     ShardedSampler,
+    check_cells,
     check_pretrain_dataset,
     check_prompt_dataset,
     check_sft_dataset,
@@ -19,6 +22,7 @@ from trl_trapo.data import (
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
 def ids(tokenizer, text):
@@ -190,6 +194,118 @@ def test_tokenize_prompt_dataset_rejects_empty_prompts(tokenizer):
     dataset = Dataset.from_dict({"input_ids": [[5, 6], [0, 0]], "attention_mask": [[1, 1], [0, 0]]})
     with pytest.raises(ValueError, match="empty"):
         tokenize_prompt_dataset(dataset, tokenizer, 4)
+
+
+def test_text_in_input_ids_is_refused_with_the_prompt_column_as_the_fix():
+    """Arrow stores a column of strings as text, and text columns skip the per-cell check; `input_ids` must not (a
+    PPO script's text in `input_ids` used to reach `tokenizer.decode`: "'str' object cannot be interpreted as an
+    integer")."""
+    dataset = Dataset.from_dict({"input_ids": ["1+1=", "2+2="] * 4})
+    with pytest.raises(ValueError) as raised:
+        check_cells(dataset, "train_dataset", "prompts")
+    message = str(raised.value)
+    assert "`train_dataset` column 'input_ids' holds a value of type str at row 0 (and 7 more rows): '1+1='" in message
+    assert "a list of token ids (ints)" in message and "dataset.rename_column('input_ids', 'prompt')" in message
+    check_cells(Dataset.from_dict({"prompt": ["1+1="]}), "train_dataset", "prompts")  # text where text belongs
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+@pytest.mark.parametrize(
+    ("role", "kind", "column", "rows", "needles", "kept"),
+    [
+        (  # it used to say "has an empty assistant turn"
+            "sft_dataset",
+            "sft",
+            "messages",
+            [[user("a"), user("b")]] * 3,
+            ["has no assistant turn at row 0, whose roles are user, user (and 2 more rows)", "Add the assistant's"],
+            [False] * 3,
+        ),
+        (  # it used to say "missing value (None content in message 0)", with a filter that kept every row
+            "train_dataset",
+            "prompts",
+            "prompt",
+            [[{"role": "user", "text": "hi"}]] * 2,
+            ["has a message without a 'content' key at row 0", "(its keys: 'role', 'text')", "'content': m['text']"],
+            None,  # converted, not dropped: every row is in that format
+        ),
+        (  # a None inside a message or a token list: the filter drops exactly such rows
+            "train_dataset",
+            "prompts",
+            "prompt",
+            [[user("a")], [user(None)]],
+            ["(None content in message 0) at row 1", "all(m['content'] is not None for m in row['prompt'])"],
+            [True, False],
+        ),
+        (
+            "train_dataset",
+            "prompts",
+            "input_ids",
+            [[5, 6], [5, None]],
+            ["(None at position 1) at row 1", "`dataset.filter(lambda row: None not in row['input_ids'])`"],
+            [True, False],
+        ),
+    ],
+    ids=["no-assistant-turn", "text-not-content", "none-content", "none-token"],
+)
+def test_messages_and_missing_values_are_named_for_what_they_are(role, kind, column, rows, needles, kept):
+    dataset = Dataset.from_dict({column: rows})
+    with pytest.raises(ValueError) as raised:
+        check_cells(dataset, role, kind)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` column {column!r}")
+    for needle in needles:
+        assert needle in message, (needle, message)
+    filter_ = re.search(r"dataset\.filter\((lambda row: .*)\)`", message)
+    assert (filter_ is None) == (kept is None)
+    if kept is not None:  # the suggested filter drops exactly the bad rows (it used to keep rows with a None inside)
+        keep = eval(filter_[1])
+        assert [bool(keep(row)) for row in dataset] == kept
+
+
+def out_of_vocabulary_trainer(tmp_path, tokenizer, **datasets):
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=1, num_generations=2),
+        processing_class=tokenizer,
+        **{"train_dataset": Dataset.from_dict({"prompt": ["ab="] * 2, "answer": ["x"] * 2}), **datasets},
+    )
+
+
+@pytest.mark.parametrize("role", ["train_dataset", "eval_dataset"])
+def test_a_token_id_outside_the_vocabulary_is_refused_at_construction(tmp_path, tokenizer, role):
+    """It used to pass construction and fail in the first rollout's embedding ("index out of range in self")."""
+    vocabulary = len(tokenizer)
+    dataset = Dataset.from_dict({"input_ids": [[5, 6], [5, 6, 7, vocabulary + 10]], "answer": ["x", "y"]})
+    with pytest.raises(ValueError) as raised:
+        out_of_vocabulary_trainer(tmp_path, tokenizer, **{role: dataset})
+    assert str(raised.value).startswith(
+        f"`{role}` column 'input_ids' holds token id {vocabulary + 10} at row 1, outside the policy's vocabulary "
+        f"[0, {vocabulary})"
+    )
+    negative = Dataset.from_dict({"input_ids": [[5, -1]], "answer": ["x"]})
+    with pytest.raises(ValueError, match=r"holds token id -1 at row 0"):
+        out_of_vocabulary_trainer(tmp_path, tokenizer, **{role: negative})
+
+
+def test_evaluate_refuses_a_token_id_outside_the_vocabulary_before_generating(tmp_path, tokenizer):
+    trainer = out_of_vocabulary_trainer(tmp_path, tokenizer)
+    late = Dataset.from_dict({"input_ids": [[5, len(tokenizer)]], "answer": ["x"]})
+    with pytest.raises(ValueError, match=r"`eval_dataset` column 'input_ids' holds token id \d+ at row 0"):
+        trainer.evaluate(eval_dataset=late)
+
+
+def test_padding_outside_the_vocabulary_is_not_a_token(tmp_path, tokenizer):
+    """Positions the attention mask marks as padding are dropped before the ids are read (left padding with -100)."""
+    a, b = ids(tokenizer, "ab")
+    padded = Dataset.from_dict({"input_ids": [[-100, a, b], [a, b, a]], "attention_mask": [[0, 1, 1], [1, 1, 1]]})
+    padded = padded.add_column("answer", ["x", "y"])
+    trainer = out_of_vocabulary_trainer(tmp_path, tokenizer, train_dataset=padded)
+    assert trainer.train_dataset is not None
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import math
 import pytest
 import torch
 from conftest import finished_round, make_tiny_config
+from transformers import AutoModelForSequenceClassification
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.exploration import ALL_FAMILIES, TargetedExploration, zero_variance_groups
@@ -241,7 +242,9 @@ def test_bad_settings_fail_at_construction(tmp_path, tokenizer, suite):
         TRAPOConfig(output_dir=str(tmp_path), exploration=True, fewshot_mode=True)
     with pytest.raises(ValueError, match="max_temperature=1.0 must exceed temperature=1.0"):
         TargetedExploration(1.0, 1.0, 0.1)
-    value_model = build_tiny_model(tokenizer, seed=1)
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1  # a critic: a sequence-classification model with one output
+    value_model = AutoModelForSequenceClassification.from_config(config)
     with pytest.raises(ValueError, match="exploration=True watches groups.*value_model"):
         TRAPOTrainer(
             build_tiny_model(tokenizer, seed=0),

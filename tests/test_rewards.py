@@ -174,3 +174,28 @@ def test_a_non_numeric_reward_at_train_time_is_refused_by_name(tmp_path, tokeniz
     )
     with pytest.raises(ValueError, match=r"Reward function 'parsed_reward' returned '\d+' \(str\) for completion \d+"):
         trainer.train()
+
+
+@pytest.mark.parametrize("value", [None, float("nan")], ids=["None", "NaN"])
+def test_a_round_no_reward_function_scored_is_said_at_once(tmp_path, tokenizer, suite, tiny_config, caplog, value):
+    """None / NaN is 'no reward for this sample' (TRL): a round can lose some completions, so rounds are retried, and
+    the run stops after 20 in a row. The first such round is now a warning naming the functions, not 19 silent rounds.
+    (At construction the functions are called on empty completions, for which None is a legitimate answer, so that
+    call cannot tell a broken function from a correct one.)"""
+
+    def unscored(completions, **kwargs):
+        return [value] * len(completions)
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer),
+        reward_funcs=unscored,
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.trainer"), pytest.raises(RuntimeError, match="20 rollout"):
+        trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if "no completion of this rollout round" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once, at the first round
+    assert warnings[0].startswith("Step 0: no completion of this rollout round got a reward: every reward function")
+    assert "('unscored') returned None or NaN" in warnings[0]

@@ -503,6 +503,13 @@ def test_a_missing_key_raises_trls_message(missing):
             r"'env_mask'\[2\] has 4 values.*one value per completion",
         ),
         ({"judge": ["a"]}, r"'judge' has 1 entries, expected 4"),
+        # the count is right, the type is not (it used to say "'completion_ids' has Tensor, expected 4")
+        (
+            {"completion_ids": torch.tensor([[7, 8, 9]] * 4)},
+            r"'completion_ids' is a Tensor of shape \(4, 3\); it must be a list with one entry per completion \(4\)"
+            r".*Convert it with `\.tolist\(\)`",
+        ),
+        ({"logprobs": 0.5}, r"'logprobs' is a float; it must be a list with one entry per completion \(4\)"),
         ({"env_mask": [[1, 2, 1]] * 4}, r"completion_mask\[0\].*TRL's `env_mask`"),
         ({"completion_ids": ["abc"] * 4}, r"'completion_ids'\[0\] is 'abc', not a list of token ids: tokenize"),
         ({"env_mask": [[1, 0, 1]] * 3 + [[0, 0, 0]]}, r"'env_mask'\[3\] has no 1 .*trains nothing"),

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import make_tiny_config
+from transformers import AutoModelForSequenceClassification
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.config import SFT
@@ -131,7 +132,9 @@ def test_auto_is_on_with_sft_data_and_quietly_off_without(tmp_path, tokenizer, s
     assert with_sft.memory_pool.successes is not None and with_sft.exploration is not None
     rl_only = trainer()
     assert rl_only.memory_pool.successes is None and rl_only.exploration is not None
-    critic = trainer(sft_dataset=suite.sft, value_model=build_tiny_model(tokenizer, seed=1))
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1  # a critic: a sequence-classification model with one output
+    critic = trainer(sft_dataset=suite.sft, value_model=AutoModelForSequenceClassification.from_config(config))
     assert critic.exploration is None and critic.memory_pool.successes is not None
 
 

@@ -457,6 +457,7 @@ class AgentSpec:
         Raises:
             RuntimeError: naming the factory / class, saying it was the construction-time trial reset and the
                 keywords `reset` got, with the user's exception as the cause, if a factory or a `reset` raises.
+            TypeError: if a `reset` returns neither text nor None (`check_observation`).
         """
         if not self.factories:
             return None
@@ -475,7 +476,7 @@ class AgentSpec:
                     "instance with no arguments."
                 ) from error
             try:
-                environment.reset(**kwargs)
+                observation = environment.reset(**kwargs)
             except Exception as error:
                 raise RuntimeError(
                     f"{where}: {type(environment).__name__}.reset(**row) raised {type(error).__name__}: {error}, in "
@@ -484,8 +485,29 @@ class AgentSpec:
                     f"reset is called with the row's columns as keywords: {sorted(kwargs)}; accept them (or "
                     "`**kwargs`) and make reset work on those rows."
                 ) from error
+            check_observation(
+                observation, environment, where=f"{where}, in TRAPOTrainer's construction-time trial reset"
+            )
             environments.append(environment)
         return {"environments": environments}
+
+
+def check_observation(observation: Any, environment: Any, where: str = "environment_factory") -> str | None:
+    """What an environment's `reset` returned, as the text appended to the prompt's last message: a string, or None
+    for nothing (TRL's contract, `reset(**row) -> str | None`).
+
+    Raises:
+        TypeError: naming the environment class, the type and value returned and the fix, for anything else (a number
+            used to be appended as its `str()`; TRL fails on it with `TypeError` deep in its rollout).
+    """
+    if observation is None or isinstance(observation, str):
+        return observation
+    shown = repr(observation)
+    raise TypeError(
+        f"{where}: {type(environment).__name__}.reset(**row) returned {type(observation).__name__} "
+        f"({shown[:60] + '...' if len(shown) > 60 else shown}); it must return the text to append to the prompt "
+        "(str) or None for nothing. Return e.g. `str(value)` or an f-string."
+    )
 
 
 def factory_name(factory: Callable) -> str:
@@ -871,11 +893,11 @@ class ToolRolloutSource:
                     pool.append(self.spec.factories[name]())
                 handed[name] = index + 1
                 environment = pool[index]
-                observation = environment.reset(**self.spec.reset_kwargs(row))
+                observation = check_observation(environment.reset(**self.spec.reset_kwargs(row)), environment)
                 tools += environment_methods(environment)
                 if observation is not None:
                     prompt = list(row["prompt"])
-                    prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + str(observation)}
+                    prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
                     row["prompt"] = prompt
             schemas = self.spec.schemas[self.spec.environment_name(row) if self.spec.factories else None]
             prompt_ids = tokenize_prompt(

@@ -1266,6 +1266,7 @@ class TRAPOConfig(_BaseConfig):
     def __post_init__(self):
         check_field_types(self)  # first: every check below compares or computes with the values
         self._cpu_distributed_defaults()
+        self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -1307,6 +1308,40 @@ class TRAPOConfig(_BaseConfig):
                 self.ddp_backend = "gloo"
         elif not self.use_cpu:
             self.use_cpu = True
+
+    def _check_precision(self) -> None:
+        """Refuse mixed precision that this machine cannot run, naming the field, the value and the fix.
+
+        - `bf16=True` / `bf16_full_eval=True` without a bf16 GPU (or XLA) and without `use_cpu=True`: transformers
+          refuses it ("Your setup doesn't support bf16/gpu. You need to assign use_cpu ..."), naming neither the field
+          nor the fix. The condition is transformers' own, so nothing it accepts is refused here; with `use_cpu=True`
+          accelerate runs bf16 autocast on the CPU.
+        - `fp16=True` when training runs on the CPU (`use_cpu=True`, or no accelerator): accelerate turns fp16 autocast
+          on only off the CPU and silently ignores it there (the run is fp32). DeepSpeed runs are left to DeepSpeed,
+          which handles precision itself (its CPU accelerator has fp16 on some CPUs).
+
+        Raises:
+            ValueError: naming `bf16` / `bf16_full_eval` / `fp16`, its value and the fix.
+        """
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+        name = type(self).__name__
+        for field_name in ("bf16", "bf16_full_eval"):
+            if getattr(self, field_name) is True and not (
+                self.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available()
+            ):
+                raise ValueError(
+                    f"{name}.{field_name}=True, but this machine has no GPU with bf16 support (transformers refuses "
+                    f"bf16 here). Drop it ({name}.bf16 left unset turns bf16 on only where a bf16 GPU is present), or "
+                    "set use_cpu=True to train with bf16 autocast on the CPU."
+                )
+        deepspeed = bool(self.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+        if self.fp16 and (self.use_cpu or not torch.accelerator.is_available()) and not deepspeed:
+            why = "use_cpu=True" if self.use_cpu else "this machine has no GPU"
+            raise ValueError(
+                f"{name}.fp16=True, but training runs on the CPU ({why}), where accelerate has no fp16 mixed "
+                "precision: it would ignore the setting and train in fp32. Drop fp16, or train on a GPU."
+            )
 
     def _resolve_max_completion_length(self) -> None:
         """GRPO's `max_completion_length`, when given, becomes `response_length` (set once, at construction).

@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +110,8 @@ def missing_part(value: Any) -> str | None:
         value: a cell of a dataset column (a string, a list of token ids, or a list of message dicts).
 
     Returns:
-        `str` or None: e.g. "None", "NaN", "None content in message 1".
+        `str` or None: e.g. "None", "NaN", "None content in message 1", "None at position 2", or, for a message
+        without the key at all, "no 'content' key in message 0 (its keys: 'role', 'text')".
     """
     if value is None:
         return "None"
@@ -121,7 +123,9 @@ def missing_part(value: Any) -> str | None:
                 continue  # a content part of a multimodal message (an image part has no text)
             if isinstance(item, dict):
                 for key in ("role", "content"):
-                    what = missing_part(item.get(key))
+                    if key not in item:  # a message in another format (e.g. {'role', 'text'}), not a missing value
+                        return f"no {key!r} key in message {j} (its keys: {', '.join(map(repr, item))})"
+                    what = missing_part(item[key])
                     if what is not None:
                         return f"{what} {key} in message {j}"
             elif (what := missing_part(item)) is not None:
@@ -130,12 +134,27 @@ def missing_part(value: Any) -> str | None:
 
 
 def missing_value_error(role: str, column: str, row: int | str, what: str, count: int = 1) -> ValueError:
-    """The error for a missing value: the dataset, column, row, what is missing and the fix."""
+    """The error for a missing value (`what`, from `missing_part`): the dataset, column, row, what is missing and the
+    fix, with a filter that drops exactly such rows (a message's missing role / content, a token list's None)."""
     more = f" (and {count - 1} more rows)" if count > 1 else ""
+    key = re.match(r"no '(\w+)' key in message", what)
+    if key:  # the messages are in another format: converting them is the fix, dropping rows would drop them all
+        return ValueError(
+            f"`{role}` column {column!r} has a message without a {key[1]!r} key at row {row}{more}: {what}. Each "
+            "message must be a dict with 'role' and 'content' (TRL's conversational format): rename the key that "
+            f"holds it, e.g. `dataset.map(lambda row: {{{column!r}: [{{'role': m['role'], 'content': m['text']}} "
+            f"for m in row[{column!r}]]}})` for messages written with 'text'."
+        )
+    part = re.match(r".* (role|content) in message", what)
+    if part:
+        keep = f"all(m[{part[1]!r}] is not None for m in row[{column!r}])"
+    elif " at position " in what:
+        keep = f"None not in row[{column!r}]"
+    else:
+        keep = f"row[{column!r}] is not None"
     return ValueError(
         f"`{role}` column {column!r} has a missing value ({what}) at row {row}{more}. TRAPO never trains on a "
-        f"missing value nor guesses one: fill it, or drop such rows, e.g. "
-        f"`dataset.filter(lambda row: row[{column!r}] is not None)`."
+        f"missing value nor guesses one: fill it, or drop such rows, e.g. `dataset.filter(lambda row: {keep})`."
     )
 
 
@@ -290,7 +309,8 @@ CELL_FORMS = {
 
 def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> None:
     """Refuse a cell of `columns` (those the dataset has and `CELL_FORMS` knows) that does not have its column's form,
-    e.g. a prompt that is a number. A column Arrow stores as strings is accepted without reading it.
+    e.g. a prompt that is a number, or text in `input_ids`. A column Arrow stores as strings is accepted without
+    reading it when its form is text.
 
     Raises:
         ValueError: naming the dataset, the column, the first bad row and its value, the form expected and the fix.
@@ -298,19 +318,23 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
     for column in columns:
         if column not in CELL_FORMS or column not in dataset_columns(dataset):
             continue
-        if str(dataset.with_format("arrow")[column].type) in ("string", "large_string") and column != "messages":
-            continue  # every cell is text (a missing one is `check_missing_values`'s)
         ok, form = CELL_FORMS[column]
+        if str(dataset.with_format("arrow")[column].type) in ("string", "large_string") and ok("text"):
+            continue  # every cell is text, which the column takes (a missing one is `check_missing_values`'s)
         bad = [(i, value) for i, value in enumerate(dataset[column]) if value is not None and not ok(value)]
         if bad:
             row, value = bad[0]
             more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
             scalar = not isinstance(value, (list, tuple, dict))
-            fix = (
-                f"convert the column, e.g. `dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}})`"
-                if scalar and column in ("text", "prompt", "completion")
-                else "rewrite the column in that form"
-            )
+            if scalar and column in ("text", "prompt", "completion"):
+                fix = f"convert the column, e.g. `dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}})`"
+            elif isinstance(value, str) and column == "input_ids":  # text where token ids belong
+                fix = (
+                    "give text prompts in a 'prompt' column, which TRAPO tokenizes with the policy's tokenizer "
+                    "(`dataset.rename_column('input_ids', 'prompt')`), or tokenize them into 'input_ids'"
+                )
+            else:
+                fix = "rewrite the column in that form"
             raise ValueError(
                 f"`{role}` column {column!r} holds a value of type {type(value).__name__} at row {row}{more}: "
                 f"{str(value)[:60]!r}; each cell must be {form}. Fix: {fix}, or drop such rows."
@@ -319,7 +343,8 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
 
 def check_sft_completions(dataset: Dataset, role: str) -> None:
     """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
-    text (blank) and no tool call. Such a row would train only the end-of-sequence token after its prompt.
+    text (blank) and no tool call, or `messages` without any assistant turn. Such a row would train only the
+    end-of-sequence token after its prompt.
 
     Raises:
         ValueError: naming the dataset, the column, the first empty row, how many there are and the fix.
@@ -334,9 +359,18 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
             return not turns.strip()
         return not any(row_text(m.get("content")).strip() or m.get("tool_calls") for m in turns)
 
-    bad = [i for i, value in enumerate(dataset[column]) if value is not None and empty(value)]
+    values = dataset[column]
+    bad = [i for i, value in enumerate(values) if value is not None and empty(value)]
     if bad:
         more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+        if column == "messages" and not any(m.get("role") == "assistant" for m in values[bad[0]]):
+            roles = ", ".join(str(m.get("role")) for m in values[bad[0]])
+            raise ValueError(
+                f"`{role}` column 'messages' has no assistant turn at row {bad[0]}, whose roles are {roles}{more}: "
+                "an SFT row trains on the assistant's turns, and this one has none. Add the assistant's reply, or drop "
+                "such rows, e.g. `dataset.filter(lambda row: any(m['content'] for m in row['messages'] if m['role'] "
+                "== 'assistant'))`."
+            )
         what = "completion" if column == "completion" else "assistant turn"
         keep = (
             f"row[{column!r}].strip()"
@@ -889,6 +923,32 @@ def _tokenize_image_sft_dataset(
     return keep
 
 
+def check_token_ids(dataset: Dataset, role: str, vocab_size: int) -> None:
+    """Refuse a tokenized prompt (`input_ids`) holding a token id outside [0, `vocab_size`): the policy's embedding
+    would fail on it at the first rollout (`IndexError: index out of range in self`). One vectorised min / max over
+    the whole column; only when it finds an id outside, the rows are read to name the first one (positions its
+    `attention_mask` marks as padding do not count).
+
+    Raises:
+        ValueError: naming the dataset, the row, the id, the vocabulary and the fix.
+    """
+    import pyarrow.compute as pc
+
+    bounds = pc.min_max(pc.list_flatten(dataset.with_format("arrow")["input_ids"])).as_py()
+    if bounds["min"] is None or (bounds["min"] >= 0 and bounds["max"] < vocab_size):
+        return
+    masks = dataset["attention_mask"] if "attention_mask" in dataset_columns(dataset) else None
+    for row, ids in enumerate(dataset["input_ids"]):
+        mask = masks[row] if masks is not None and masks[row] is not None else [1] * len(ids)
+        bad = [t for t, m in zip(ids, mask) if m and not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"`{role}` column 'input_ids' holds token id {bad[0]} at row {row}, outside the policy's vocabulary "
+                f"[0, {vocab_size}): tokenize the prompts with the policy's tokenizer (`processing_class`), or give "
+                "them as text in a 'prompt' column, which TRAPO tokenizes."
+            )
+
+
 def tokenize_prompt_dataset(
     dataset: Dataset,
     tokenizer,
@@ -897,8 +957,10 @@ def tokenize_prompt_dataset(
     name: str = "train_dataset",
     num_proc: int | None = None,
     images: ImageRows | None = None,
+    vocab_size: int | None = None,
 ) -> Dataset:
-    """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths.
+    """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths and,
+    with `vocab_size`, that tokenized prompts' ids exist in the policy's vocabulary (`check_token_ids`).
 
     With `images` (a VLM run) and an `images` / `image` column, prompts go through the processor (their image
     tokens expanded, see [`~trl_trapo.vision.ImageRows.prompt`]) and a `model_inputs` column is added (the row's
@@ -912,13 +974,15 @@ def tokenize_prompt_dataset(
         name (`str`): the argument's name, for error messages.
         num_proc (`int`, *optional*): processes for `Dataset.map`.
         images ([`~trl_trapo.vision.ImageRows`], *optional*): the processor's row builder of a VLM run.
+        vocab_size (`int`, *optional*): the policy's embedding rows; `input_ids` must lie in [0, vocab_size).
 
     Returns:
         `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent, and
         `model_inputs` for a VLM run's image column).
 
     Raises:
-        ValueError: if any prompt is longer than `max_prompt_length` tokens (never silently truncated), or empty.
+        ValueError: if any prompt is longer than `max_prompt_length` tokens (never silently truncated), or empty, or
+            (with `vocab_size`) holds a token id outside the vocabulary.
     """
     template_kwargs = template_kwargs or {}
     columns = dataset_columns(dataset)
@@ -929,6 +993,9 @@ def tokenize_prompt_dataset(
             f"`{name}` has an {column!r} column and tokenized `input_ids` but no 'prompt': the processor must expand "
             "each image's placeholder, so give the prompts as text or messages in a 'prompt' column."
         )
+
+    if not has_prompt and vocab_size is not None:
+        check_token_ids(dataset, name, vocab_size)
 
     def tokenize(example: dict, index: int) -> dict:
         if column is not None:
@@ -1495,10 +1562,12 @@ def context_overflow_message(label: str, longest: int, args, max_positions: int)
     )
 
 
-def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None, images=None) -> None:
+def check_eval_prompts(
+    args, tokenizer, eval_dataset, max_positions: int | None, images=None, vocab_size: int | None = None
+) -> None:
     """Tokenize the prompts of every prompt-only eval dataset once, before training, so that a prompt longer than
-    `max_prompt_length` (or than the context, with `response_length` new tokens) fails now, not at the first
-    evaluation after hours of training.
+    `max_prompt_length` (or than the context, with `response_length` new tokens), or one of token ids outside the
+    policy's `vocab_size`, fails now, not at the first evaluation after hours of training.
 
     Raises:
         ValueError: naming the dataset, the longest prompt and the fix.
@@ -1508,7 +1577,13 @@ def check_eval_prompts(args, tokenizer, eval_dataset, max_positions: int | None,
         if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
             continue  # evaluated by loss, not by generation
         tokenized = tokenize_prompt_dataset(
-            dataset, tokenizer, args.max_prompt_length, args.chat_template_kwargs or {}, name=label, images=images
+            dataset,
+            tokenizer,
+            args.max_prompt_length,
+            args.chat_template_kwargs or {},
+            name=label,
+            images=images,
+            vocab_size=vocab_size,
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
@@ -1545,6 +1620,7 @@ def prepare_datasets(
     has_teacher: bool = False,
     images: ImageRows | None = None,
     user_source: bool = False,
+    vocab_size: int | None = None,
 ) -> PreparedData:
     """Check and tokenise the datasets of a run, before anything is trained: the checks that need the tokenizer or
     the model (`check_datasets` has made the others, and must have passed).
@@ -1564,13 +1640,16 @@ def prepare_datasets(
         user_source (`bool`): the RL rounds come from a source of the user's (`rollout_source`, `rollout_func`), not
             the default one: its completions are not `response_length` long (they are checked against the context as
             each round arrives, `sources.check_round`), so RL prompts need not leave `response_length` positions.
+        vocab_size (`int`, *optional*): the policy's embedding rows: tokenized prompts (`input_ids`) must hold ids in
+            [0, vocab_size) (`check_token_ids`).
 
     Raises:
         ValueError: naming the argument and the fix, for a dataset that cannot work: images without a processor,
             conversations without a chat template, RL prompts that exceed `max_prompt_length` / the context (with
             `response_length` new tokens, for the default source and tools), RL prompts without a reward, SFT /
-            pretraining lengths beyond the context, a row of unknown tokens only, no objective with data, or
-            group-relative advantages with fewer than 2 completions per prompt.
+            pretraining lengths beyond the context, a row of unknown tokens only, tokenized prompts with ids outside
+            the vocabulary, no objective with data, or group-relative advantages with fewer than 2 completions per
+            prompt.
     """
     config_name = type(args).__name__
     template_kwargs = args.chat_template_kwargs or {}
@@ -1594,7 +1673,9 @@ def prepare_datasets(
                 "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
                 "`reward_model`, or set rl_weight=0 to train without RL."
             )
-        rl = tokenize_prompt_dataset(train_dataset, tokenizer, args.max_prompt_length, template_kwargs, images=images)
+        rl = tokenize_prompt_dataset(
+            train_dataset, tokenizer, args.max_prompt_length, template_kwargs, images=images, vocab_size=vocab_size
+        )
         if args.demonstration_column is not None:
             rl = tokenize_demonstrations(
                 rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
@@ -1636,7 +1717,7 @@ def prepare_datasets(
             f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
         )
     check_eval_dataset(eval_dataset, tokenizer, cells=False)
-    check_eval_prompts(args, tokenizer, eval_dataset, max_positions, images)
+    check_eval_prompts(args, tokenizer, eval_dataset, max_positions, images, vocab_size)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
         if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
             check_rows(
@@ -1665,6 +1746,7 @@ def prepare_datasets(
                 template_kwargs,
                 name="distillation_dataset",
                 images=images,
+                vocab_size=vocab_size,
             )
             longest = max(len(ids) for ids in distill["prompt_ids"])
             if max_positions is not None and longest + args.response_length > max_positions:

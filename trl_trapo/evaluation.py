@@ -172,6 +172,8 @@ class Evaluator:
             policy embeds.
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder: eval rows with an `images` /
             `image` column go through the processor, as training rows do.
+        vocab_size (`int`, *optional*): the policy's embedding rows: tokenized eval prompts (`input_ids`) with an id
+            outside [0, vocab_size) are refused before generation (`data.check_token_ids`).
     """
 
     def __init__(
@@ -185,10 +187,12 @@ class Evaluator:
         stop_token_ids: list[int],
         pad_token_id: int | None = None,
         images: ImageRows | None = None,
+        vocab_size: int | None = None,
     ):
         self.args = args
         self.tokenizer = tokenizer
         self.images = images
+        self.vocab_size = vocab_size
         self.scorer = scorer
         self.accelerator = accelerator
         self.unwrapped_policy = unwrapped_policy
@@ -230,6 +234,7 @@ class Evaluator:
             args.chat_template_kwargs,
             "eval_dataset",
             images=self.images,
+            vocab_size=self.vocab_size,
         )
         examples = [tokenized[i] for i in range(len(tokenized))]
         prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
@@ -363,6 +368,7 @@ class Evaluator:
                 args.chat_template_kwargs,
                 name="eval_dataset",
                 images=self.images,
+                vocab_size=self.vocab_size,
             )
             examples = [tokenized[i] for i in range(len(tokenized))]
             prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]

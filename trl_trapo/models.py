@@ -680,11 +680,11 @@ def completion_logps_and_kept_support(
     return full, kept
 
 
-def find_score_head(model: nn.Module) -> nn.Module:
+def find_score_head(model: nn.Module, what: str = "reward_model / value_model") -> nn.Module:
     """The module of a sequence-classification model that maps hidden states to class logits (`score`/`classifier`).
 
     Raises:
-        ValueError: if the model has neither.
+        ValueError: if the model has neither, naming `what` (the argument it came from).
     """
     for module in (
         model,
@@ -699,8 +699,34 @@ def find_score_head(model: nn.Module) -> nn.Module:
                 return head
     raise ValueError(
         f"{type(model).__name__} has no `score`/`classifier` head; pass an `AutoModelForSequenceClassification` "
-        "(num_labels=1) as reward_model / value_model."
+        f"(num_labels=1) as {what}."
     )
+
+
+def check_score_head(model: nn.Module, what: str) -> None:
+    """Refuse a reward or value model that TRAPO cannot read one score per position from: no `score` / `classifier` /
+    `v_head` head (a causal LM, say), or a head with more than one output (`num_labels` > 1), whose first output
+    [`per_token_head_outputs`] would silently use as the score. TRL's contract is a sequence-classification model
+    with `num_labels=1` (its trainers load reward models that way).
+
+    Args:
+        model (`nn.Module`): the reward or value model.
+        what (`str`): how the message names it (e.g. "value_model", "reward_funcs[1]").
+
+    Raises:
+        ValueError: naming `what`, the number of outputs and the fix.
+    """
+    head = find_score_head(model, what)
+    outputs = getattr(head, "out_features", None)
+    if outputs is None:  # a head wrapping its projection (a PEFT `ModulesToSaveWrapper`, TRL's `ValueHead`)
+        linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+        outputs = linears[-1].out_features if linears else None
+    if outputs is not None and outputs != 1:
+        raise ValueError(
+            f"The {what} ({type(model).__name__}) has a head of {outputs} outputs (num_labels={outputs}), but a "
+            "reward or value model gives one score: TRAPO would read its first output and ignore the others. Load it "
+            "with one: `AutoModelForSequenceClassification.from_pretrained(..., num_labels=1)` (TRL's contract)."
+        )
 
 
 def per_token_head_outputs(

@@ -388,7 +388,8 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
     """The reward functions and models of a run, with one tokenizer each (None for functions).
 
     Args:
-        reward_funcs: a reward function, a model id / path, a sequence-classification model, or a list of them.
+        reward_funcs: a reward function, a model id / path, a sequence-classification model, or a list (or tuple)
+            of them.
         reward_model (`PreTrainedModel`, *optional*): a reward model given PPO-style; it comes last.
         reward_processing_classes: a tokenizer, or a list with one per reward (None entries reuse `tokenizer`).
         tokenizer: the policy's tokenizer.
@@ -403,7 +404,7 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
 
     if reward_funcs is None:
         reward_funcs = []
-    elif not isinstance(reward_funcs, list):
+    elif not isinstance(reward_funcs, (list, tuple)):
         reward_funcs = [reward_funcs]
     reward_funcs = list(reward_funcs) + ([reward_model] if reward_model is not None else [])
     if not isinstance(reward_processing_classes, list):

@@ -505,10 +505,22 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
     def per_completion(key: str) -> list:
         values = output[key]
         is_list = isinstance(values, Sequence) and not isinstance(values, (str, bytes))
-        if not is_list or len(values) != rows_out:
-            got = f"{len(values)} entries" if is_list else type(values).__name__
-            why = per_entry if group > 1 and is_list and len(values) == rows_out * group else fix
-            raise ValueError(f"rollout_func's '{key}' has {got}, expected {rows_out}: {why}.")
+        if not is_list:  # a tensor or an array: the count may be right, the type is not
+            shape = getattr(values, "shape", None)
+            shown = type(values).__name__ + (f" of shape {tuple(shape)}" if shape is not None else "")
+            convert = (
+                " Convert it with `.tolist()` (and cut each row at its real length: a padded row's pad ids would be "
+                "trained as tokens)."
+                if hasattr(values, "tolist")
+                else ""
+            )
+            raise ValueError(
+                f"rollout_func's '{key}' is a {shown}; it must be a list with one entry per completion "
+                f"({rows_out}), each a list (TRL's contract: list[list[int]] for ids).{convert}"
+            )
+        if len(values) != rows_out:
+            why = per_entry if group > 1 and len(values) == rows_out * group else fix
+            raise ValueError(f"rollout_func's '{key}' has {len(values)} entries, expected {rows_out}: {why}.")
         return list(values)
 
     def token_ids(key: str) -> list[torch.Tensor]:

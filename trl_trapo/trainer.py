@@ -54,6 +54,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
+from .arguments import check_trainer_arguments
 from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
@@ -305,6 +306,9 @@ class TRAPOTrainer(_BaseTrainer):
             `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
 
     Raises:
+        TypeError: before anything loads, for an argument of the wrong type (`args` not a `TRAPOConfig`; `model`,
+            `reward_funcs`, `peft_config`, `callbacks`, ...: see `trl_trapo.arguments.check_trainer_arguments`),
+            naming the argument, the value and what to pass.
         ValueError: before any training, for data or settings that cannot work (no objective has data, missing
             columns, prompts longer than the context, reward functions that fail or return the wrong length, a
             tokenizer without a pad token, ...), with a message naming the argument and the fix.
@@ -345,6 +349,21 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         if not isinstance(args, TRAPOConfig):
             raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        # every argument of the wrong type is refused by name now, not by the library that first touches it
+        check_trainer_arguments(
+            model=model,
+            reward_funcs=reward_funcs,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            ref_model=ref_model,
+            reward_model=reward_model,
+            value_model=value_model,
+            teacher_model=teacher_model,
+            peft_config=peft_config,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            tools=tools,
+        )
         if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
             check_main_guard()
         if rollout_source is not None or rollout_func is not None:
@@ -481,6 +500,7 @@ class TRAPOTrainer(_BaseTrainer):
                 has_teacher=teacher is not None,
                 images=image_rows,
                 user_source=rollout_source is not None or rollout_func is not None,
+                vocab_size=model.get_input_embeddings().num_embeddings,
             )
         if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
             check_vision_options(
@@ -883,6 +903,7 @@ class TRAPOTrainer(_BaseTrainer):
             stops,
             self.padding_id,
             images=image_rows,
+            vocab_size=model.get_input_embeddings().num_embeddings,
         )
 
         # ---- step 8. callbacks ------------------------------------------------------------------------------------
@@ -1376,7 +1397,7 @@ class TRAPOTrainer(_BaseTrainer):
         if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
             prefetch(n, step, self.replay.use_counts(step))
         round_due = getattr(self.rollout_source, "round_due", None)
-        for _ in range(20):
+        for attempt in range(20):
             # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
             # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts);
             # an asynchronous source's round is also taken before the buffer runs dry when waiting longer would make
@@ -1384,7 +1405,18 @@ class TRAPOTrainer(_BaseTrainer):
             due = round_due is not None and round_due(step)
             if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
                 break
-            self.collect_rollouts(n, step)
+            batch = self.collect_rollouts(n, step)
+            unscored = batch.per_func.numel() > 0 and bool(torch.isnan(batch.per_func).all())
+            if attempt == 0 and unscored:  # said at once: the error below comes only after 19 more rounds
+                logger.warning(
+                    "Step %d: no completion of this rollout round got a reward: every reward function (%s) returned "
+                    "None or NaN ('no reward for this sample', as in TRL) for all %d completions, so none can be "
+                    "trained on. Rounds are retried (20 in a row without a usable trajectory stop the run); if your "
+                    "reward functions cannot score any completion, fix them now.",
+                    step,
+                    ", ".join(repr(name) for name in self.rewards.names),
+                    batch.per_func.shape[0],
+                )
         else:
             raise RuntimeError(
                 "20 rollout rounds in a row produced no usable trajectory: every reward function returned None or NaN "

@@ -1,0 +1,167 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""`TRAPOTrainer`'s constructor arguments (`trl_trapo/arguments.py`): one of the wrong type is one `TypeError` naming
+the argument, the value and the fix, raised before anything loads — never an `AttributeError` from TRL, PEFT or
+transformers about an attribute the user never named — and a reward or value model must have a one-output score head
+(a `num_labels=2` critic used to train silently on its first label)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForSequenceClassification, TrainerCallback
+
+from trl_trapo import PPOConfig, PPOTrainer, TRAPOTrainer
+from trl_trapo.arguments import check_trainer_arguments
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+# Each case's `model` is a path that does not exist: the old code got past the bad argument to that path's check (or
+# further), so each case also shows that the argument is checked before any model is looked for or loaded.
+MISSING_MODEL = "/nonexistent/trapo-model"
+
+
+def prompts() -> Dataset:
+    return Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(8)], "answer": [str(2 * i) for i in range(8)]})
+
+
+def build(tmp_path, tokenizer, tiny_config, **arguments) -> TRAPOTrainer:
+    values = dict(
+        model=MISSING_MODEL,
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=prompts(),
+        processing_class=tokenizer,
+    )
+    return TRAPOTrainer(**{**values, **arguments})
+
+
+def sequence_classifier(tokenizer, num_labels: int):
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = num_labels
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+class Recorder(TrainerCallback):
+    pass
+
+
+BAD_TYPES = [
+    # (arguments, needles: the argument, the value given, what to pass)
+    (dict(model=12345), ["`model`", "int (12345)", "AutoModelForCausalLM.from_pretrained", "id / local path (str)"]),
+    (dict(model=Path("/tmp/my-model")), ["`model`", "PosixPath", "str(PosixPath('/tmp/my-model'))"]),
+    (dict(reward_funcs=42), ["`reward_funcs`", "int (42)", "reward function", "num_labels=1"]),
+    (dict(reward_funcs=[exact_match_reward, 42]), ["`reward_funcs[1]`", "int (42)"]),
+    (dict(reward_model=42), ["`reward_model`", "int (42)"]),
+    (dict(peft_config={"r": 8}), ["`peft_config`", "dict ({'r': 8})", "peft.LoraConfig(**{'r': 8})"]),
+    (dict(peft_config="lora"), ["`peft_config`", "str ('lora')", "peft.LoraConfig(r=16"]),
+    (dict(ref_model=42), ["`ref_model`", "int (42)"]),
+    (dict(value_model=42), ["`value_model`", "int (42)", "num_labels=1"]),
+    (dict(teacher_model=42), ["`teacher_model`", "int (42)"]),
+    (dict(processing_class="gpt2"), ["`processing_class`", "str ('gpt2')", "AutoTokenizer.from_pretrained"]),
+    (dict(reward_processing_classes=[None, 3]), ["`reward_processing_classes[1]`", "int (3)"]),
+    (dict(callbacks=Recorder()), ["`callbacks`", "Recorder", "Wrap it in a list"]),
+    (dict(callbacks=[Recorder, 42]), ["`callbacks[1]`", "int (42)", "TrainerCallback"]),
+    (dict(optimizers=42), ["`optimizers`", "int (42)", "(optimizer, lr_scheduler)"]),
+    (dict(optimizers=("adamw", None)), ["`optimizers[0]`", "str ('adamw')", "torch.optim.Optimizer"]),
+    (dict(tools=exact_match_reward), ["`tools`", "function", "Wrap it in a list: `tools=[...]`"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needles"), BAD_TYPES, ids=[f"{next(iter(a))}-{i}" for i, (a, _) in enumerate(BAD_TYPES)]
+)
+def test_an_argument_of_the_wrong_type_is_one_message_before_anything_loads(
+    tmp_path, tokenizer, tiny_config, arguments, needles
+):
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    for needle in needles:
+        assert needle in message, (needle, message)
+    assert raised.value.__cause__ is None  # raised by the check, not re-raised from a library's error
+
+
+def test_the_ppo_trainer_checks_its_arguments_as_well(tmp_path, tokenizer):
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 4})
+    args = PPOConfig(output_dir=str(tmp_path), report_to="none", total_episodes=4, per_device_train_batch_size=4)
+    with pytest.raises(TypeError, match=re.escape("`peft_config` must be a `peft.PeftConfig`")):
+        PPOTrainer(args, tokenizer, MISSING_MODEL, None, exact_match_reward, dataset, peft_config={"r": 8})
+
+
+def test_what_trl_accepts_passes_the_check(tokenizer):
+    """The types TRL and transformers take, and tuples where a list is taken, are all accepted."""
+    from peft import LoraConfig
+
+    model = build_tiny_model(tokenizer)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    check_trainer_arguments(
+        model=model,
+        reward_funcs=("some/reward-model", exact_match_reward, sequence_classifier(tokenizer, 1)),
+        processing_class=tokenizer,
+        reward_processing_classes=[None, None, tokenizer],
+        ref_model=None,
+        reward_model="a/reward-model",
+        value_model=sequence_classifier(tokenizer, 1),
+        teacher_model="a/teacher",
+        peft_config=LoraConfig(r=4),
+        callbacks=(Recorder, Recorder()),
+        optimizers=(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)),
+        tools=[exact_match_reward],
+    )
+    check_trainer_arguments(model="a/model", optimizers=(None, None), callbacks=[])
+
+
+def test_a_tuple_of_reward_functions_trains_like_a_list(tmp_path, tokenizer, tiny_config):
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    trainer = build(
+        tmp_path,
+        tokenizer,
+        tiny_config,
+        model=build_tiny_model(tokenizer),
+        reward_funcs=(exact_match_reward, length_reward),
+    )
+    assert trainer.reward_funcs == [exact_match_reward, length_reward]
+
+
+# ---- reward and value models: one score per position ----
+@pytest.mark.parametrize("role", ["value_model", "reward_model", "reward_funcs"])
+def test_a_model_with_two_labels_is_refused_not_read_at_its_first_label(tmp_path, tokenizer, tiny_config, role):
+    two_labels = sequence_classifier(tokenizer, 2)
+    arguments = {role: [exact_match_reward, two_labels] if role == "reward_funcs" else two_labels}
+    name = "reward_funcs[1]" if role == "reward_funcs" else role
+    with pytest.raises(ValueError) as raised:  # the old code built the trainer and trained on label 0
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), **arguments)
+    message = str(raised.value)
+    assert f"The {name} (LlamaForSequenceClassification) has a head of 2 outputs (num_labels=2)" in message
+    assert "from_pretrained(..., num_labels=1)" in message
+
+
+def test_a_causal_lm_as_reward_model_is_refused_at_construction(tmp_path, tokenizer, tiny_config):
+    """It used to pass construction and fail in the first step's scoring."""
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM has no `score`/`classifier` head.* as reward_model\."):
+        build(
+            tmp_path,
+            tokenizer,
+            tiny_config,
+            model=build_tiny_model(tokenizer),
+            reward_model=build_tiny_model(tokenizer),
+        )
+
+
+def test_one_label_models_are_accepted(tmp_path, tokenizer, tiny_config):
+    trainer = build(
+        tmp_path,
+        tokenizer,
+        tiny_config,
+        model=build_tiny_model(tokenizer),
+        reward_funcs=[exact_match_reward, sequence_classifier(tokenizer, 1)],
+        value_model=sequence_classifier(tokenizer, 1),
+    )
+    assert len(trainer.reward_funcs) == 2 and trainer.model.value_model is not None

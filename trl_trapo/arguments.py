@@ -1,0 +1,172 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The types of `TRAPOTrainer`'s constructor arguments, checked before anything loads.
+
+A value of the wrong type (a number for `model`, a dict for `peft_config`, a bare callback for `callbacks`) would
+otherwise travel to the first library that touches it — TRL's `disable_dropout_in_model`, TRL's `is_async_callable`,
+PEFT's `get_peft_model`, transformers' `Trainer.__init__` — and fail there with an `AttributeError` about an attribute
+the user never named, often after the policy has loaded and the datasets are tokenized. [`check_trainer_arguments`]
+refuses it first, naming the argument, the value and what to pass. The accepted types are TRL 1.16's (`GRPOTrainer`,
+`transformers.Trainer`), plus tuples wherever a list is taken. A reward or value model must also have the head TRAPO
+reads its score from, with one output ([`~trl_trapo.models.check_score_head`]): a causal LM, or `num_labels=2`, would
+fail at the first step or, worse, train on its first label. Arguments with checks of their own (the datasets,
+`tools`' entries, `environment_factory`, `rollout_func`, `rollout_source`, `objectives`) are left to them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
+
+from .models import check_score_head
+
+
+REWARD_FUNC = (
+    "a reward function `f(completions, **kwargs) -> list[float]` (sync or async), a sequence-classification model "
+    "(`AutoModelForSequenceClassification`, num_labels=1), or the id / local path of one (str)"
+)
+TOKENIZER = "a tokenizer or processor (`AutoTokenizer.from_pretrained(...)` / `AutoProcessor.from_pretrained(...)`)"
+
+
+def _shown(value: Any) -> str:
+    """`type (repr)`, the repr cut to 60 characters."""
+    text = repr(value)
+    return f"{type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
+
+
+def _refuse(name: str, value: Any, expected: str, fix: str = "") -> None:
+    raise TypeError(f"`{name}` must be {expected}; got {_shown(value)}.{' ' + fix if fix else ''}")
+
+
+def _is_reward_func(value: Any) -> bool:
+    return isinstance(value, (str, nn.Module)) or callable(value)
+
+
+def _is_tokenizer(value: Any) -> bool:
+    return isinstance(value, (PreTrainedTokenizerBase, ProcessorMixin))
+
+
+def _path_fix(value: Any) -> str:
+    return f"Pass it as a string: `str({value!r})`." if isinstance(value, os.PathLike) else ""
+
+
+def _check_model(
+    name: str, value: Any, loadable: bool, example: str = "AutoModelForCausalLM.from_pretrained(...)"
+) -> None:
+    """`value` is an `nn.Module` (or, when `loadable`, a model id / local path as `str`)."""
+    ok = isinstance(value, nn.Module) or (loadable and isinstance(value, str))
+    if not ok:
+        expected = f"a loaded model (`nn.Module`, e.g. `{example}`)"
+        _refuse(name, value, f"{expected} or its id / local path (str)" if loadable else expected, _path_fix(value))
+
+
+def _check_peft_config(value: Any) -> None:
+    from peft import PeftConfig
+
+    if isinstance(value, PeftConfig):
+        return
+    fix = (
+        f"Build the config object: `peft.LoraConfig(**{value!r})` (TRL's trainers refuse a dict too)."
+        if isinstance(value, dict)
+        else "Pass a PEFT config, e.g. `peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`."
+    )
+    _refuse("peft_config", value, "a `peft.PeftConfig` (e.g. `peft.LoraConfig`)", fix)
+
+
+def _check_reward_funcs(value: Any) -> None:
+    entries = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
+    for index, entry in entries:
+        name = "reward_funcs" if index is None else f"reward_funcs[{index}]"
+        _check_reward(name, entry)
+
+
+def _check_reward(name: str, value: Any) -> None:
+    if not _is_reward_func(value):
+        _refuse(name, value, REWARD_FUNC, _path_fix(value))
+    if isinstance(value, nn.Module):
+        check_score_head(value, name)
+
+
+def _check_value_model(value: Any) -> None:
+    example = "AutoModelForSequenceClassification.from_pretrained(..., num_labels=1)"
+    _check_model("value_model", value, loadable=False, example=example)
+    check_score_head(value, "value_model")
+
+
+def _check_reward_processing_classes(value: Any) -> None:
+    entries = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
+    for index, entry in entries:
+        if entry is not None and not _is_tokenizer(entry):
+            name = "reward_processing_classes" if index is None else f"reward_processing_classes[{index}]"
+            _refuse(name, entry, f"{TOKENIZER}, None, or a list of them (one per reward)")
+
+
+def _check_callbacks(value: Any) -> None:
+    expected = "a list of `transformers.TrainerCallback` instances or classes"
+    if not isinstance(value, (list, tuple)):
+        fix = "Wrap it in a list: `callbacks=[...]`." if _is_callback(value) else ""
+        _refuse("callbacks", value, expected, fix)
+    for index, entry in enumerate(value):
+        if not _is_callback(entry):
+            _refuse(f"callbacks[{index}]", entry, "a `transformers.TrainerCallback` instance or class")
+
+
+def _is_callback(value: Any) -> bool:
+    return isinstance(value, TrainerCallback) or (isinstance(value, type) and issubclass(value, TrainerCallback))
+
+
+def _check_optimizers(value: Any) -> None:
+    expected = "a pair `(optimizer, lr_scheduler)`, each a torch object or None (transformers.Trainer's contract)"
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        fix = "Pass `optimizers=(optimizer, None)`." if isinstance(value, torch.optim.Optimizer) else ""
+        _refuse("optimizers", value, expected, fix)
+    optimizer, scheduler = value
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        _refuse("optimizers[0]", optimizer, "a `torch.optim.Optimizer` or None")
+    if scheduler is not None and not callable(getattr(scheduler, "step", None)):
+        _refuse("optimizers[1]", scheduler, "a learning-rate scheduler (`torch.optim.lr_scheduler.*`) or None")
+
+
+def _check_tools(value: Any) -> None:
+    if not isinstance(value, (list, tuple)):
+        fix = "Wrap it in a list: `tools=[...]`." if callable(value) else ""
+        _refuse("tools", value, "a list of functions (TRL's `tools=`)", fix)
+
+
+# argument -> its check (called with the value when it is not None)
+CHECKS: dict[str, Callable[[Any], None]] = {
+    "model": lambda v: _check_model("model", v, loadable=True),
+    "reward_funcs": _check_reward_funcs,
+    "processing_class": lambda v: None if _is_tokenizer(v) else _refuse("processing_class", v, TOKENIZER),
+    "reward_processing_classes": _check_reward_processing_classes,
+    "ref_model": lambda v: _check_model("ref_model", v, loadable=False),
+    "reward_model": lambda v: _check_reward("reward_model", v),
+    "value_model": _check_value_model,
+    "teacher_model": lambda v: _check_model("teacher_model", v, loadable=True),
+    "peft_config": _check_peft_config,
+    "callbacks": _check_callbacks,
+    "optimizers": _check_optimizers,
+    "tools": _check_tools,
+}
+
+
+def check_trainer_arguments(**arguments: Any) -> None:
+    """Refuse a constructor argument of the wrong type (see the module docstring), before anything loads.
+
+    Args:
+        **arguments: `TRAPOTrainer`'s arguments by name; those `CHECKS` knows are checked (None is always accepted:
+            it means "not given").
+
+    Raises:
+        TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
+            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict).
+        ValueError: for a reward or value model without a one-output score head ([`~trl_trapo.models.check_score_head`]:
+            a causal LM, or `num_labels` > 1).
+    """
+    for name, value in arguments.items():
+        if value is not None and name in CHECKS:
+            CHECKS[name](value)
