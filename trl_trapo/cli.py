@@ -869,8 +869,20 @@ def local_or_hub(value: str) -> str:
     return path if os.path.exists(path) else value
 
 
+# files a tokenizer is loaded from (any one of them): transformers' fast and slow tokenizer files
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
 def load_pretrained(loader, value: str, arg: str, **kwargs):
-    """`loader.from_pretrained(value, **kwargs)` with a missing local or Hub model reported as a `ValueError`.
+    """`loader.from_pretrained(value, **kwargs)` with a model or tokenizer that cannot be loaded reported as a
+    `ValueError` naming `arg`.
 
     Args:
         loader: a class with `from_pretrained` (e.g. `AutoTokenizer`).
@@ -882,15 +894,30 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
         What `from_pretrained` returns.
 
     Raises:
-        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id).
+        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id),
+            or, for a local directory, a `ValueError` (e.g. a tokenizer without tokenizer files: the message says which
+            files a tokenizer needs).
     """
+    path = os.path.expanduser(value)
+    local = os.path.isdir(path)
     try:
         return loader.from_pretrained(local_or_hub(value), **kwargs)
-    except OSError as error:  # includes huggingface_hub's validation and connection errors
-        path = os.path.expanduser(value)
+    except (OSError, ValueError) as error:  # OSError includes huggingface_hub's validation and connection errors
+        if isinstance(error, ValueError) and not local:
+            raise
+        if (
+            local
+            and loader is AutoTokenizer
+            and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+        ):
+            raise ValueError(
+                f"{arg}={value!r}: the directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
+                "the tokenizer cannot be loaded from it. Fix: save the tokenizer next to the model "
+                "(`tokenizer.save_pretrained(directory)`), or point at a directory that has one."
+            ) from error
         where = (
             "cannot load this local directory"
-            if os.path.isdir(path)
+            if local
             else f"no local directory {os.path.abspath(path)}, and loading it from the Hub (or its cache) failed"
         )
         raise ValueError(
