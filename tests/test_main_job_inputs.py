@@ -283,6 +283,28 @@ def test_trl_script_arguments_the_job_does_not_support_are_refused(tmp_path, fla
 
 
 @pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora_r", "-4"], "--lora_r=-4: the LoRA rank must be a whole number >= 1"),
+        (["--lora_r", "0"], "--lora_r=0: the LoRA rank"),
+        (["--lora_alpha", "0"], "--lora_alpha=0: must be > 0"),
+        (["--lora_dropout", "1.5"], "--lora_dropout=1.5: must be a probability in [0, 1)"),
+        (["--lora_dropout", "-0.1"], "--lora_dropout=-0.1: must be a probability"),
+        (["--lora_task_type", "SEQ_CLS"], "--lora_task_type='SEQ_CLS': the policy is a causal language model"),
+    ],
+)
+def test_bad_lora_settings_are_refused_at_parse_time_naming_the_flag(tmp_path, flags, message):
+    """`--use_peft --lora_r -4` failed when the trainer built the adapter, with PEFT's "`r` should be a positive
+    integer value" naming no flag (a fresh user's trial). Without --use_peft the LoRA flags are unused: not checked."""
+    out = ["--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cli.parse_args(["--use_peft", *flags, *out])
+    cli.parse_args([*flags, *out])
+    _, _, model = cli.parse_args(["--use_peft", "--lora_r", "8", "--lora_dropout", "0", *out])
+    assert model.lora_r == 8
+
+
+@pytest.mark.parametrize(
     "value, pattern",
     [
         ("./models/missing", "no such directory"),

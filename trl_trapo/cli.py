@@ -604,6 +604,42 @@ def builtin_defaults(given: dict) -> dict:
     return defaults
 
 
+def check_lora_arguments(model_args: ModelConfig) -> None:
+    """Refuse, naming the flag, a LoRA setting of TRL's `ModelConfig` that PEFT would refuse (or silently misuse) only
+    once the trainer builds the adapter: checked at parse time, when `--use_peft` is set (without it they are unused).
+
+    Args:
+        model_args: the parsed model arguments.
+
+    Raises:
+        ValueError: naming the flag, the value and the fix, for `--lora_r` < 1 (PEFT: "`r` should be a positive
+            integer"), `--lora_alpha` <= 0 (a zero scale trains nothing, a negative one flips the update),
+            `--lora_dropout` outside [0, 1) (torch refuses > 1; 1 drops every input), or a `--lora_task_type` other
+            than `CAUSAL_LM` (the policy is a causal LM; another type builds the wrong PEFT model class).
+    """
+    if not model_args.use_peft:
+        return
+    r, alpha, dropout = model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"--lora_r={r!r}: the LoRA rank must be a whole number >= 1. Fix: e.g. --lora_r 16.")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ValueError(
+            f"--lora_alpha={alpha!r}: must be > 0 (the adapter's update is scaled by lora_alpha / lora_r: 0 trains "
+            "nothing, a negative value flips it). Fix: e.g. --lora_alpha 32 (twice --lora_r is common)."
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(
+            f"--lora_dropout={dropout!r}: must be a probability in [0, 1) (1 drops every input of the adapter). Fix: "
+            "e.g. --lora_dropout 0.05, or 0 for none."
+        )
+    if model_args.lora_task_type != "CAUSAL_LM":
+        raise ValueError(
+            f"--lora_task_type={model_args.lora_task_type!r}: the policy is a causal language model, whose adapter is "
+            "built for CAUSAL_LM (another task type wraps it in the wrong PEFT model class). Fix: leave it unset "
+            "(CAUSAL_LM)."
+        )
+
+
 def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
@@ -619,8 +655,8 @@ def parse_args(
         `(script_args, training_args, model_args)`.
 
     Raises:
-        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), or a value
-            `TRAPOConfig` refuses.
+        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), a value
+            `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv)
@@ -629,7 +665,9 @@ def parse_args(
         parser.set_defaults(**builtin_defaults(given))
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
-    return parser.parse_args_and_config(argv)
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    check_lora_arguments(model_args)
+    return script_args, training_args, model_args
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1090,6 +1128,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
                     else "."
                 )
             )
+    check_lora_arguments(model_args)  # again for a caller of `main` who built the ModelConfig in Python
     reward_funcs = [resolve_reward_func(name) for name in script_args.reward_funcs]  # imports user code, loads nothing
     builtin = model_args.model_name_or_path is None
     model_init_kwargs = None
