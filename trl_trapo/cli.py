@@ -856,8 +856,68 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
         message = str(error) or type(error).__name__
         if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
             raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
+        local = kwargs.get("data_files") or path
+        problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
+        if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
+            raise ValueError(
+                f"{where}: {problem}. Fix: repair or remove that line (each line of a .jsonl file is one JSON object, "
+                "e.g. a write that was cut short leaves a truncated last line)."
+            ) from error
         fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
         raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def json_syntax_problem(path: str) -> str | None:
+    """The first line that is not a JSON object in the local JSON / JSON Lines data at `path`, or None; read only
+    after `datasets` failed to load it, to say where (its own message names neither the file nor the line).
+
+    Args:
+        path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
+
+    Returns:
+        E.g. `"data/rl.jsonl, line 2: not valid JSON (Unterminated string ...): '{"prompt": "b=", "answ'"`; None
+        when every file reads (a `.json` file as one JSON document or as JSON Lines) or there is no such file.
+    """
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(path)
+            for name in names
+            if name.endswith((".json", ".jsonl"))
+            and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+        )
+    else:
+        files = [path] if path.endswith((".json", ".jsonl")) else []
+    for file in files:
+        try:
+            with open(file, encoding="utf-8") as handle:
+                text = handle.read()
+        except UnicodeDecodeError as error:
+            line = text_line_of_byte(file, error.start)
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+        if file.endswith(".json"):
+            try:
+                json.loads(text)
+                continue  # one JSON document
+            except json.JSONDecodeError:
+                pass  # JSON Lines in a .json file, as datasets reads it too
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                shown = line if len(line) <= 80 else line[:77] + "..."
+                return f"{file}, line {number}: not valid JSON ({error.msg}, column {error.colno}): {shown!r}"
+            if not isinstance(row, dict):
+                return f"{file}, line {number}: a JSON {type(row).__name__}, not an object (one row per line)"
+    return None
+
+
+def text_line_of_byte(file: str, offset: int) -> int:
+    """The 1-based line of `file` that holds byte `offset`."""
+    with open(file, "rb") as handle:
+        return handle.read(offset).count(b"\n") + 1
 
 
 def load_any(
