@@ -19,7 +19,7 @@ and reward model (the value and reward heads start random, as TRL's example does
         --model_name_or_path models/SmolLM2-135M-Instruct \
         --sft_model_path models/SmolLM2-135M-Instruct \
         --reward_model_path models/SmolLM2-135M-Instruct \
-        --dataset_name examples/data/gsm8k/train_first1500.jsonl --max_prompts 24 --eval_samples 4 \
+        --max_prompts 24 --eval_samples 4 \
         --total_episodes 16 --response_length 32 --per_device_train_batch_size 4 --num_ppo_epochs 1 \
         --stop_token eos --output_dir ppo-smollm2 --report_to none
 
@@ -31,9 +31,13 @@ tokenizer and a context of 256 positions, so shorter prompts and responses; ~10 
         --max_prompts 24 --eval_samples 4 --max_prompt_tokens 200 --total_episodes 8 --response_length 16 \
         --per_device_train_batch_size 4 --num_ppo_epochs 1 --stop_token eos --output_dir ppo-tiny --report_to none
 
-Without `--model_name_or_path` it stops at once and says what to pass.
+Both run from any folder: the default `--dataset_name` is the GSM8K file shipped next to this script. Without
+`--model_name_or_path` it stops at once and says what to pass; a model folder or data file that does not exist, an
+unknown or abbreviated flag (`--total_episode`) and a value the configuration refuses stop it at once too, with one
+line naming the flag, before anything is loaded or deleted.
 """
 
+import os
 import shutil
 from dataclasses import dataclass, field
 
@@ -52,8 +56,11 @@ class PPOScriptArguments(ScriptArguments):
     local JSON Lines file of questions into prompts."""
 
     dataset_name: str = field(
-        default="examples/data/gsm8k/train_first1500.jsonl",
-        metadata={"help": "Local JSON / JSON Lines file of prompts (one row per prompt)."},
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "gsm8k", "train_first1500.jsonl"),
+        metadata={
+            "help": "Local JSON / JSON Lines file of prompts (one row per prompt). Default: the first 1500 GSM8K "
+            "training questions shipped next to this script (examples/data/gsm8k/train_first1500.jsonl)."
+        },
     )
     dataset_text_field: str = field(default="question", metadata={"help": "Column holding the prompt text."})
     max_prompts: int | None = field(
@@ -70,15 +77,52 @@ class PPOScriptArguments(ScriptArguments):
     )
 
 
+def local_path_problem(path: str) -> str | None:
+    """Why `path` (a model folder or Hub id) cannot be loaded, when that is clear without loading it: it does not
+    exist here and cannot be a Hub id (a `./`, `/` or `~` path, or more than one `/`), or its parent folder exists
+    here (`models/nope` next to `models/`: a mistyped local folder, not a Hub id to try for a minute offline)."""
+    if os.path.exists(os.path.expanduser(path)):
+        return None if os.path.isdir(os.path.expanduser(path)) else "a file, not a model folder"
+    parent = os.path.dirname(os.path.normpath(path))
+    if path.startswith((".", "/", "~")) or path.count("/") > 1 or (parent and os.path.isdir(parent)):
+        return f"no such folder ({os.path.abspath(os.path.expanduser(path))})"
+    return None
+
+
 if __name__ == "__main__":
-    parser = HfArgumentParser((PPOScriptArguments, PPOConfig, ModelConfig))
-    script_args, training_args, model_args = parser.parse_args_into_dataclasses()
+    # abbreviations are refused (`--total_episode` is not taken for `--total_episodes`), as in the project's other jobs
+    parser = HfArgumentParser((PPOScriptArguments, PPOConfig, ModelConfig), allow_abbrev=False)
+    try:
+        script_args, training_args, model_args = parser.parse_args_into_dataclasses()
+    except ValueError as error:  # an unknown flag, or a value a configuration refuses: one line, no traceback
+        unknown = "not used by the HfArgumentParser" in str(error)
+        fix = ". Fix: spell each flag in full (`--help` lists them)." if unknown else ""
+        raise SystemExit(f"{parser.prog}: error: {error}{fix}") from None
     if model_args.model_name_or_path is None:  # say what to pass before anything is loaded or deleted
         raise SystemExit(
             f"{parser.prog}: error: no model given: pass --model_name_or_path (its tokenizer), --sft_model_path "
             "(policy and reference) and --reward_model_path (reward model and critic), local folders or Hub ids. "
             "Offline, on the built-in tiny model: `python scripts/save_tiny_model.py --output_dir models/tiny`, then "
             "models/tiny for all three (the docstring has a full command)."
+        )
+    # every path is checked before anything is loaded or deleted (a missing `models/x` would be tried as a Hub id)
+    for flag, path in (
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--sft_model_path", training_args.sft_model_path),
+        ("--reward_model_path", training_args.reward_model_path),
+        ("--value_model_path", script_args.value_model_path),
+    ):
+        problem = path is not None and local_path_problem(path)
+        if problem:
+            raise SystemExit(
+                f"{parser.prog}: error: {flag}={path!r}: {problem}. Fix: give a model folder written by "
+                "`save_pretrained` (offline: `python scripts/save_tiny_model.py --output_dir models/tiny`) or a Hub id."
+            )
+    if not os.path.isfile(script_args.dataset_name):
+        raise SystemExit(
+            f"{parser.prog}: error: --dataset_name={script_args.dataset_name!r}: no such file "
+            f"({os.path.abspath(script_args.dataset_name)}). Fix: give a local JSON / JSON Lines file of prompts, or "
+            "leave it unset for the GSM8K questions shipped next to this script."
         )
     # remove output_dir if exists
     shutil.rmtree(training_args.output_dir, ignore_errors=True)

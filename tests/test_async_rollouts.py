@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -380,6 +381,72 @@ def test_the_main_guard_check_reads_where_the_script_builds_the_trainer(tmp_path
             runpy.run_path(str(script), run_name="__main__")
     else:
         runpy.run_path(str(script), run_name="__main__")
+
+
+MAIN_REWARD = (
+    "def my_reward(completions, **kwargs):\n"
+    "    return [0.0] * len(completions)\n"
+    "TRAPOTrainer(build_tiny_model(tokenizer, seed=0), reward_funcs=my_reward, args=config, "
+    "train_dataset=suite.rl_train, processing_class=tokenizer)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "how, main, message",
+    [
+        ("stdin", 'if __name__ == "__main__":\n    build()\n', "this script has no file ('<stdin>'"),
+        ("-c", MAIN_REWARD, "reward function 'my_reward' is defined in `__main__` of a session that has no script"),
+    ],
+    ids=["script-on-stdin", "reward-defined-in-python-c"],
+)
+def test_a_session_the_producer_cannot_rebuild_is_refused_at_construction(tmp_path, how, main, message):
+    """`python - < s.py`, or a reward function defined in `python -c` (or a notebook): the producer, started with
+    `spawn`, died at its start (it runs the file "<stdin>" again) or looking the function up in its own `__main__`,
+    and the ProducerError blamed a missing `if __name__ == "__main__":` guard (a fresh user's trial). Now the trainer
+    refuses at construction, saying what the producer cannot rebuild and the two fixes."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = GUARD_SCRIPT.format(out=str(tmp_path / "out"), main=main)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
+    command = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", code]
+    completed = subprocess.run(
+        command, input=code if how == "stdin" else None, cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    errors = [line for line in output.splitlines() if re.match(r"\w*Error\b", line)]
+    assert completed.returncode != 0 and errors, output[-3000:]
+    assert errors[-1].startswith("ValueError: async_rollouts=True") and message in errors[-1], output[-3000:]
+    assert "async_rollouts=False" in errors[-1] and "ProducerError" not in output
+
+
+def test_only_what_pickles_by_reference_to_a_fileless_main_is_refused(monkeypatch, tmp_path):
+    """Without a main script file a function of `__main__` (also inside a `functools.partial`) is refused; a
+    function of an importable module is not, and neither is one of `__main__` when there is a script file."""
+    import functools
+    import types
+
+    from trl_trapo.async_rollouts import check_picklable
+
+    main = types.ModuleType("__main__")  # `python -c`: no __file__, no __spec__
+
+    def my_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    my_reward.__module__, my_reward.__qualname__ = "__main__", "my_reward"
+    main.my_reward = my_reward
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    for func in (my_reward, functools.partial(my_reward, scale=2)):
+        with pytest.raises(ValueError, match="is defined in `__main__` of a session that has no script file"):
+            check_picklable([func])
+    check_picklable([exact_match_reward, functools.partial(exact_match_reward)])
+    script = tmp_path / "train.py"
+    script.write_text("")
+    main.__file__ = str(script)  # `python train.py`: spawn runs it again, so its module-level functions exist
+    check_picklable([my_reward])
 
 
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):

@@ -283,6 +283,49 @@ def test_trl_script_arguments_the_job_does_not_support_are_refused(tmp_path, fla
 
 
 @pytest.mark.parametrize(
+    "name, content, where",
+    [
+        ("rl.jsonl", '{"prompt": "a=", "answer": "1"}\n{"prompt": "b=", "answ\n', "rl.jsonl, line 2: not valid JSON"),
+        ("rl.jsonl", '{"prompt": "a=", "answer": "1"}\n\n[1, 2]\n', "rl.jsonl, line 3: a JSON list, not an object"),
+        ("rl.json", '{"prompt": "a=", "answer": "1"}\n{"prompt": "b=" "answer": "2"}\n', "rl.json, line 2: not valid"),
+        ("dir/train.jsonl", '{"prompt": "a=", "answer": "1"}\n{"prompt": \n', "train.jsonl, line 2: not valid JSON"),
+    ],
+    ids=["truncated-line", "not-an-object", "json-lines-in-.json", "file-of-a-directory"],
+)
+def test_a_malformed_json_lines_file_is_named_with_its_line(tmp_path, name, content, where):
+    """A truncated second line was "cannot load the dataset (DatasetGenerationError: An error occurred while
+    generating the dataset)", naming neither the file nor the line (a fresh user's trial)."""
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(content)
+    given = str(path.parent if name.startswith("dir/") else path)
+    with pytest.raises(ValueError, match=re.escape(f"--dataset_name={given!r}: ") + ".*" + re.escape(where)):
+        build(tmp_path, dataset_name=given)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lora_r", "-4"], "--lora_r=-4: the LoRA rank must be a whole number >= 1"),
+        (["--lora_r", "0"], "--lora_r=0: the LoRA rank"),
+        (["--lora_alpha", "0"], "--lora_alpha=0: must be > 0"),
+        (["--lora_dropout", "1.5"], "--lora_dropout=1.5: must be a probability in [0, 1)"),
+        (["--lora_dropout", "-0.1"], "--lora_dropout=-0.1: must be a probability"),
+        (["--lora_task_type", "SEQ_CLS"], "--lora_task_type='SEQ_CLS': the policy is a causal language model"),
+    ],
+)
+def test_bad_lora_settings_are_refused_at_parse_time_naming_the_flag(tmp_path, flags, message):
+    """`--use_peft --lora_r -4` failed when the trainer built the adapter, with PEFT's "`r` should be a positive
+    integer value" naming no flag (a fresh user's trial). Without --use_peft the LoRA flags are unused: not checked."""
+    out = ["--output_dir", str(tmp_path / "out")]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cli.parse_args(["--use_peft", *flags, *out])
+    cli.parse_args([*flags, *out])
+    _, _, model = cli.parse_args(["--use_peft", "--lora_r", "8", "--lora_dropout", "0", *out])
+    assert model.lora_r == 8
+
+
+@pytest.mark.parametrize(
     "value, pattern",
     [
         ("./models/missing", "no such directory"),

@@ -293,7 +293,9 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
     """With no arguments the example went on to load `None` from the Hub and ended, 52 s later, in a raw `OSError`
     traceback (a fresh user's trial). It now stops after parsing with one line naming the three model flags and the
     offline tiny model, before it loads anything or deletes `output_dir` (the script's `rmtree`, kept from TRL's
-    example). The offline command its docstring gives runs, on the tiny model `scripts/save_tiny_model.py` writes."""
+    example). The offline command its docstring gives runs, on the tiny model `scripts/save_tiny_model.py` writes, from
+    a folder other than the repository root (its default `--dataset_name` was relative to the working directory: a raw
+    `FileNotFoundError` from datasets anywhere else)."""
     out = tmp_path / "earlier-results"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
@@ -324,9 +326,59 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
     )  # fmt: skip
     assert save_tiny_model.returncode == 0, save_tiny_model.stderr[-3000:]
     paths = {"models/tiny": str(tmp_path / "tiny"), "ppo-tiny": str(tmp_path / "ppo-tiny")}
+    away = tmp_path / "elsewhere"  # not the repository root: the default --dataset_name is found next to the script
+    away.mkdir()
     offline = subprocess.run(
-        [sys.executable, *(paths.get(part, part) for part in command[1:])],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        [sys.executable, str(AFTER), *(paths.get(part, part) for part in command[2:])],
+        cwd=away, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert offline.returncode == 0, (offline.stdout + offline.stderr)[-3000:]
     assert (tmp_path / "ppo-tiny" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        # a missing local folder of the form `a/b` was tried as a Hub id: 53 s of retries offline, then a raw OSError
+        (["--reward_model_path", "models/nope_rm"], "--reward_model_path='models/nope_rm': no such folder"),
+        (["--sft_model_path", "./nope"], "--sft_model_path='./nope': no such folder"),
+        # a data file that does not exist: a raw FileNotFoundError from datasets, after the models had loaded
+        (["--dataset_name", "nope.jsonl"], "--dataset_name='nope.jsonl': no such file"),
+        # an abbreviation was silently taken for --total_episodes (argparse's prefix matching)
+        (["--total_episode", "8"], "['--total_episode', '8']"),
+        # a value the configuration refuses: its message, without a traceback
+        (["--total_episodes", "-3"], "total_episodes=-3 is invalid"),
+    ],
+    ids=["missing-reward-model", "missing-sft-model", "missing-data", "abbreviation", "bad-value"],
+)
+def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, flags, needle):
+    """A fresh user's trial: each bad input ended in a traceback (or was silently taken). Now one line, the flag and
+    value named, a non-zero exit, before any model is loaded or `output_dir` deleted."""
+    (tmp_path / "models" / "tiny").mkdir(parents=True)  # a local `models/` folder: `models/nope_rm` is a typo
+    (tmp_path / "models" / "tiny" / "config.json").write_text('{"model_type": "llama"}')
+    out = tmp_path / "earlier-results"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    env.pop("HF_HUB_OFFLINE", None)  # as the user ran it: online mode, no network
+    models = [
+        "--model_name_or_path",
+        "models/tiny",
+        "--sft_model_path",
+        "models/tiny",
+        "--reward_model_path",
+        "models/tiny",
+    ]
+    completed = subprocess.run(
+        [sys.executable, str(AFTER), *models, *flags, "--output_dir", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "[WARNING]" not in line]
+    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert lines[0].startswith("ppo_trl112_style.py: error: ") and needle in lines[0], lines
+    assert (out / "notes.txt").read_text() == "kept"

@@ -78,6 +78,7 @@ import logging
 import math
 import os
 import pickle
+import pickletools
 import queue
 import signal
 import sys
@@ -120,7 +121,7 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
         if isinstance(func, nn.Module):
             continue
         try:
-            pickle.dumps(func)
+            data = pickle.dumps(func)
         except Exception as error:  # pickle raises PicklingError, AttributeError, TypeError ...
             raise ValueError(
                 f"async_rollouts=True runs the {what}s in a producer process, but {what} "
@@ -128,6 +129,40 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
                 "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
                 "async_rollouts=False."
             ) from error
+        if not main_importable_by_spawn() and pickle_references_main(data):
+            # pickled by reference to `__main__`, which a spawned process rebuilds only by running the main script:
+            # there is none, so the producer would die looking it up (and blame a missing `__main__` guard)
+            raise ValueError(
+                f"async_rollouts=True runs the {what}s in a producer process, which imports them by name, but {what} "
+                f"{reward_function_name(func)!r} is defined in `__main__` of a session that has no script file "
+                "(`python -c`, a notebook, an interactive session), so that process cannot import it. Fix: define it "
+                "in a module (e.g. `my_rewards.py`, then `from my_rewards import ...`), or set async_rollouts=False."
+            )
+
+
+def main_importable_by_spawn() -> bool:
+    """Whether a process started with `spawn` rebuilds this session's `__main__` module: run as `python -m module`
+    (imported by name) or `python script.py` (run from its file). Not for `python -c`, a notebook or an interactive
+    session (no file: `spawn` skips it) nor a script fed on stdin (`python - < s.py`: its file `<stdin>` does not
+    exist). Mirrors `multiprocessing.spawn.get_preparation_data`."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        return False
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return True
+    path = getattr(main, "__file__", None)
+    return bool(path) and os.path.isfile(path)
+
+
+def pickle_references_main(data: bytes) -> bool:
+    """Whether the pickle `data` refers to an object of the `__main__` module by name (a function or class defined
+    there, also inside a `functools.partial` or as an instance's class): it is then looked up when unpickled."""
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "GLOBAL" and isinstance(arg, str) and arg.split(" ", 1)[0] == "__main__":  # protocols 0-3
+            return True
+        if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE") and arg == "__main__":  # STACK_GLOBAL's module
+            return True
+    return False
 
 
 def _is_main_guard(test: ast.expr) -> bool:
@@ -148,13 +183,21 @@ def check_main_guard() -> None:
 
     Looks for the frame of the main script's module level in the call stack (none: the trainer is built from an
     imported module's function called later, `python -c`, a notebook) and, in the script's source, for an `if
-    __name__ == "__main__":` block around its current line.
+    __name__ == "__main__":` block around its current line. A script fed on standard input (`python - < s.py`, whose
+    file `<stdin>` the producer cannot run again) is refused too.
 
     Raises:
-        ValueError: naming the script, the line and the fix.
+        ValueError: naming the script, the line and the fix; or saying that a script on standard input has no file.
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    if path and not main_importable_by_spawn():  # `python - < script.py`: `spawn` runs the file "<stdin>" again
+        raise ValueError(
+            f"async_rollouts=True samples in a producer process started with `spawn`, which runs the main script "
+            f"again from its file, but this script has no file ({path!r}: fed on standard input, `python - < "
+            "script.py`), so the producer would die at its start. Fix: save the script and run it as `python "
+            'script.py` (with the training under `if __name__ == "__main__":`), or set async_rollouts=False.'
+        )
     if main is None or not path or not os.path.isfile(path):
         return  # `python -c`, a notebook, an interactive session: `spawn` imports no script
     frame = inspect.currentframe()
@@ -1084,6 +1127,7 @@ __all__ = [
     "VLLMServerSpec",
     "check_main_guard",
     "check_picklable",
+    "main_importable_by_spawn",
     "open_vllm_client",
     "round_seed",
     "sample_from_server",

@@ -604,6 +604,42 @@ def builtin_defaults(given: dict) -> dict:
     return defaults
 
 
+def check_lora_arguments(model_args: ModelConfig) -> None:
+    """Refuse, naming the flag, a LoRA setting of TRL's `ModelConfig` that PEFT would refuse (or silently misuse) only
+    once the trainer builds the adapter: checked at parse time, when `--use_peft` is set (without it they are unused).
+
+    Args:
+        model_args: the parsed model arguments.
+
+    Raises:
+        ValueError: naming the flag, the value and the fix, for `--lora_r` < 1 (PEFT: "`r` should be a positive
+            integer"), `--lora_alpha` <= 0 (a zero scale trains nothing, a negative one flips the update),
+            `--lora_dropout` outside [0, 1) (torch refuses > 1; 1 drops every input), or a `--lora_task_type` other
+            than `CAUSAL_LM` (the policy is a causal LM; another type builds the wrong PEFT model class).
+    """
+    if not model_args.use_peft:
+        return
+    r, alpha, dropout = model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"--lora_r={r!r}: the LoRA rank must be a whole number >= 1. Fix: e.g. --lora_r 16.")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ValueError(
+            f"--lora_alpha={alpha!r}: must be > 0 (the adapter's update is scaled by lora_alpha / lora_r: 0 trains "
+            "nothing, a negative value flips it). Fix: e.g. --lora_alpha 32 (twice --lora_r is common)."
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(
+            f"--lora_dropout={dropout!r}: must be a probability in [0, 1) (1 drops every input of the adapter). Fix: "
+            "e.g. --lora_dropout 0.05, or 0 for none."
+        )
+    if model_args.lora_task_type != "CAUSAL_LM":
+        raise ValueError(
+            f"--lora_task_type={model_args.lora_task_type!r}: the policy is a causal language model, whose adapter is "
+            "built for CAUSAL_LM (another task type wraps it in the wrong PEFT model class). Fix: leave it unset "
+            "(CAUSAL_LM)."
+        )
+
+
 def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
@@ -619,8 +655,8 @@ def parse_args(
         `(script_args, training_args, model_args)`.
 
     Raises:
-        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), or a value
-            `TRAPOConfig` refuses.
+        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), a value
+            `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv)
@@ -629,7 +665,9 @@ def parse_args(
         parser.set_defaults(**builtin_defaults(given))
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
-    return parser.parse_args_and_config(argv)
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    check_lora_arguments(model_args)
+    return script_args, training_args, model_args
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -818,8 +856,68 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
         message = str(error) or type(error).__name__
         if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
             raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
+        local = kwargs.get("data_files") or path
+        problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
+        if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
+            raise ValueError(
+                f"{where}: {problem}. Fix: repair or remove that line (each line of a .jsonl file is one JSON object, "
+                "e.g. a write that was cut short leaves a truncated last line)."
+            ) from error
         fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
         raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def json_syntax_problem(path: str) -> str | None:
+    """The first line that is not a JSON object in the local JSON / JSON Lines data at `path`, or None; read only
+    after `datasets` failed to load it, to say where (its own message names neither the file nor the line).
+
+    Args:
+        path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
+
+    Returns:
+        E.g. `"data/rl.jsonl, line 2: not valid JSON (Unterminated string ...): '{"prompt": "b=", "answ'"`; None
+        when every file reads (a `.json` file as one JSON document or as JSON Lines) or there is no such file.
+    """
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(path)
+            for name in names
+            if name.endswith((".json", ".jsonl"))
+            and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+        )
+    else:
+        files = [path] if path.endswith((".json", ".jsonl")) else []
+    for file in files:
+        try:
+            with open(file, encoding="utf-8") as handle:
+                text = handle.read()
+        except UnicodeDecodeError as error:
+            line = text_line_of_byte(file, error.start)
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+        if file.endswith(".json"):
+            try:
+                json.loads(text)
+                continue  # one JSON document
+            except json.JSONDecodeError:
+                pass  # JSON Lines in a .json file, as datasets reads it too
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                shown = line if len(line) <= 80 else line[:77] + "..."
+                return f"{file}, line {number}: not valid JSON ({error.msg}, column {error.colno}): {shown!r}"
+            if not isinstance(row, dict):
+                return f"{file}, line {number}: a JSON {type(row).__name__}, not an object (one row per line)"
+    return None
+
+
+def text_line_of_byte(file: str, offset: int) -> int:
+    """The 1-based line of `file` that holds byte `offset`."""
+    with open(file, "rb") as handle:
+        return handle.read(offset).count(b"\n") + 1
 
 
 def load_any(
@@ -869,8 +967,20 @@ def local_or_hub(value: str) -> str:
     return path if os.path.exists(path) else value
 
 
+# files a tokenizer is loaded from (any one of them): transformers' fast and slow tokenizer files
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
 def load_pretrained(loader, value: str, arg: str, **kwargs):
-    """`loader.from_pretrained(value, **kwargs)` with a missing local or Hub model reported as a `ValueError`.
+    """`loader.from_pretrained(value, **kwargs)` with a model or tokenizer that cannot be loaded reported as a
+    `ValueError` naming `arg`.
 
     Args:
         loader: a class with `from_pretrained` (e.g. `AutoTokenizer`).
@@ -882,15 +992,30 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
         What `from_pretrained` returns.
 
     Raises:
-        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id).
+        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id),
+            or, for a local directory, a `ValueError` (e.g. a tokenizer without tokenizer files: the message says which
+            files a tokenizer needs).
     """
+    path = os.path.expanduser(value)
+    local = os.path.isdir(path)
     try:
         return loader.from_pretrained(local_or_hub(value), **kwargs)
-    except OSError as error:  # includes huggingface_hub's validation and connection errors
-        path = os.path.expanduser(value)
+    except (OSError, ValueError) as error:  # OSError includes huggingface_hub's validation and connection errors
+        if isinstance(error, ValueError) and not local:
+            raise
+        if (
+            local
+            and loader is AutoTokenizer
+            and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+        ):
+            raise ValueError(
+                f"{arg}={value!r}: the directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
+                "the tokenizer cannot be loaded from it. Fix: save the tokenizer next to the model "
+                "(`tokenizer.save_pretrained(directory)`), or point at a directory that has one."
+            ) from error
         where = (
             "cannot load this local directory"
-            if os.path.isdir(path)
+            if local
             else f"no local directory {os.path.abspath(path)}, and loading it from the Hub (or its cache) failed"
         )
         raise ValueError(
@@ -1063,6 +1188,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
                     else "."
                 )
             )
+    check_lora_arguments(model_args)  # again for a caller of `main` who built the ModelConfig in Python
     reward_funcs = [resolve_reward_func(name) for name in script_args.reward_funcs]  # imports user code, loads nothing
     builtin = model_args.model_name_or_path is None
     model_init_kwargs = None
