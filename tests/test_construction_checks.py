@@ -426,3 +426,8 @@ def test_a_stop_id_outside_the_vocabulary_is_refused_by_name(
     """It trained silently with a stop condition that can never fire."""
     with pytest.raises(ValueError, match=rf"{shown} is outside the policy's vocabulary \[0, {len(tokenizer)}\)"):
         vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, **{field: value})
+
+
+def test_a_negative_stop_token_id_is_refused_by_the_config(tmp_path):
+    with pytest.raises(ValueError, match=r"TRAPOConfig.stop_token_id=-1 is invalid: use a token id >= 0"):
+        TRAPOConfig(output_dir=str(tmp_path), stop_token_id=-1)
