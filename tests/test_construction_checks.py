@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 from datasets import Dataset, IterableDatasetDict
+from transformers import AutoModelForSequenceClassification
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
@@ -361,3 +362,72 @@ def test_bf16_without_a_bf16_gpu_names_the_field_and_the_fix(tmp_path, monkeypat
     config = TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{field: True})
     assert getattr(config, field) is True
     TRAPOConfig(output_dir=str(tmp_path), report_to="none")  # left unset, bf16 is decided for the machine
+
+
+# ---- token ids and vocabularies (every id looked up or sampled fits the matrix that reads it) -------------------------
+
+
+def vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, model=None, **arguments):
+    config = {k: arguments.pop(k) for k in ("stop_token_id", "generation_kwargs") if k in arguments}
+    return TRAPOTrainer(
+        model if model is not None else build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, **config),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        **arguments,
+    )
+
+
+def shrunk(model, rows: int):
+    model.resize_token_embeddings(rows)
+    return model
+
+
+def test_a_policy_embedding_fewer_tokens_than_its_tokenizer_is_refused(tmp_path, tokenizer, suite, tiny_config):
+    """Built, it failed at the first step with "IndexError: index out of range in self"."""
+    policy = shrunk(build_tiny_model(tokenizer), 10)
+    with pytest.raises(
+        ValueError,
+        match=rf"`processing_class` has {len(tokenizer)} tokens .* embeds only 10 .*"
+        r"resize_token_embeddings\(len\(tokenizer\)\)",
+    ):
+        vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, model=policy)
+
+
+def test_models_reading_the_policy_tokens_need_its_vocabulary(tmp_path, tokenizer, suite, tiny_config):
+    """A reference (or value model) of another vocabulary built, then failed at the first RL step."""
+    rows = len(tokenizer)
+    with pytest.raises(ValueError, match=rf"`ref_model` embeds 50 tokens, the policy {rows}"):
+        vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, ref_model=shrunk(build_tiny_model(tokenizer), 50))
+    value_model = sequence_classifier_of(tokenizer)
+    value_model.resize_token_embeddings(50)
+    with pytest.raises(ValueError, match=rf"The value_model embeds 50 tokens, .* go up to {rows - 1}"):
+        vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, value_model=value_model)
+
+
+def sequence_classifier_of(tokenizer):
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("stop_token_id", 99999, "stop_token_id=99999"),
+        ("generation_kwargs", {"eos_token_id": [5, 99999]}, r"generation_kwargs\['eos_token_id'\]=99999"),
+        ("generation_kwargs", {"eos_token_id": 99999}, r"generation_kwargs\['eos_token_id'\]=99999"),
+    ],
+)
+def test_a_stop_id_outside_the_vocabulary_is_refused_by_name(
+    tmp_path, tokenizer, suite, tiny_config, field, value, shown
+):
+    """It trained silently with a stop condition that can never fire."""
+    with pytest.raises(ValueError, match=rf"{shown} is outside the policy's vocabulary \[0, {len(tokenizer)}\)"):
+        vocabulary_trainer(tmp_path, tokenizer, suite, tiny_config, **{field: value})
+
+
+def test_a_negative_stop_token_id_is_refused_by_the_config(tmp_path):
+    with pytest.raises(ValueError, match=r"TRAPOConfig.stop_token_id=-1 is invalid: use a token id >= 0"):
+        TRAPOConfig(output_dir=str(tmp_path), stop_token_id=-1)

@@ -1659,6 +1659,8 @@ class TRAPOConfig(_BaseConfig):
             bad("reward_weights", self.reward_weights, "use finite numbers.")
         if self.stop_token is not None and self.stop_token != "eos":
             bad("stop_token", self.stop_token, "use 'eos' or None (or set stop_token_id).")
+        if self.stop_token_id is not None and (isinstance(self.stop_token_id, bool) or self.stop_token_id < 0):
+            bad("stop_token_id", self.stop_token_id, "use a token id >= 0 of the policy's tokenizer, or None.")
         self._validate_generation_kwargs(bad)
         self._validate_bypassed_trainer_fields(bad)
         self._validate_schedules_and_distribution(bad)

@@ -348,6 +348,76 @@ class ReferencePolicy:
                     params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
 
 
+def embedding_rows(model: nn.Module) -> int | None:
+    """The rows of `model`'s input embedding matrix (`get_input_embeddings().num_embeddings`): the token ids it can
+    read are [0, rows). None for a model without one."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embeddings = getter() if getter is not None else None
+    return getattr(embeddings, "num_embeddings", None)
+
+
+def check_vocabularies(
+    tokenizer,
+    policy: nn.Module,
+    reference: nn.Module | None = None,
+    readers: Sequence[tuple[str, nn.Module | None]] = (),
+    stop_ids: Sequence[tuple[str, Sequence[int]]] = (),
+) -> None:
+    """Refuse, before training, every token id a run would look up outside an embedding matrix or sample outside the
+    policy's vocabulary (V = the policy's input embedding rows). Each of these otherwise builds and then fails at the
+    first step ("IndexError: index out of range in self") or trains with a stop condition that can never fire.
+
+    Args:
+        tokenizer: the policy's (text) tokenizer. Every id it can produce (`len(tokenizer)` ids and its special ids)
+            must lie in [0, V), except the pad id: a pad token added without resizing (TRL 1.12's PPO example) is
+            never looked up (see [`embedding_safe_pad_id`]).
+        policy (`nn.Module`): the policy (or `PeftModel`).
+        reference (`nn.Module`, *optional*): the reference model: its log-probs are read at the policy's tokens, so it
+            must have the policy's V rows (as the distillation teacher).
+        readers (`Sequence[tuple[str, nn.Module | None]]`): (argument name, model) of each model fed the policy's
+            token ids (the value model, reward models without their own `reward_processing_class`): at least V rows.
+        stop_ids (`Sequence[tuple[str, Sequence[int]]]`): (field name, ids) of each configured stop id: in [0, V).
+
+    Raises:
+        ValueError: naming the argument or field, the id or vocabulary size, and the fix.
+    """
+    rows = embedding_rows(policy)
+    if rows is None:
+        return
+    special = [i for i in getattr(tokenizer, "all_special_ids", []) if i is not None]
+    outside = {i for i in special if i >= rows} | set(range(rows, len(tokenizer)))
+    outside.discard(tokenizer.pad_token_id)
+    if outside:
+        raise ValueError(
+            f"`processing_class` has {len(tokenizer)} tokens (largest id {max(outside)}), but the policy embeds only "
+            f'{rows} (`model.get_input_embeddings()`): token id {min(outside)} would fail at the first step ("index '
+            "out of range in self\"). Resize the policy's embeddings to the tokenizer "
+            "(`model.resize_token_embeddings(len(tokenizer))`), or pass the tokenizer the model was trained with."
+        )
+    if reference is not None and embedding_rows(reference) not in (None, rows):
+        raise ValueError(
+            f"`ref_model` embeds {embedding_rows(reference)} tokens, the policy {rows}: the KL term reads the "
+            "reference's log-probs at the policy's tokens, so both must share the policy's vocabulary. Pass a "
+            "reference with the policy's tokenizer (or ref_model=None: a frozen copy of the policy)."
+        )
+    for name, reader in readers:
+        reader_rows = embedding_rows(reader) if reader is not None else None
+        if reader_rows is not None and reader_rows < rows:
+            raise ValueError(
+                f"The {name} embeds {reader_rows} tokens, but it reads the policy's token ids, which go up to "
+                f"{rows - 1}: use a model with the policy's vocabulary ({rows} rows), or (a reward model) pass its own "
+                "tokenizer in `reward_processing_classes` so completions are re-tokenized for it."
+            )
+    for name, ids in stop_ids:
+        bad = [i for i in ids if not 0 <= i < rows]
+        if bad:
+            raise ValueError(
+                f"{name}={bad[0]} is outside the policy's vocabulary [0, {rows}): that stop token can never be "
+                "sampled, so completions would never stop. Use an id of the policy's tokenizer (e.g. "
+                "`tokenizer.convert_tokens_to_ids('<|im_end|>')`)."
+            )
+
+
 def embedding_safe_pad_id(tokenizer, *models: nn.Module | None) -> int:
     """The id written in padding positions of every input the given models see: the tokenizer's pad id when every
     model embeds it, else its EOS id (else 0).

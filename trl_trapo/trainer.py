@@ -125,6 +125,7 @@ from .models import (
     PolicyAndValueWrapper,
     ReferencePolicy,
     add_frozen_adapter_copy,
+    check_vocabularies,
     counted_log_probs,
     create_reference,
     disable_dropout,
@@ -149,7 +150,7 @@ from .objectives import (
     step_counts,
 )
 from .paths import check_model_source
-from .rewards import RewardScorer, load_reward_funcs, set_pad_token_id
+from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
@@ -461,6 +462,25 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 2. rewards ------------------------------------------------------------------------------------
         funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
+        # every id the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids
+        # embeds them: refused now, not as "index out of range in self" at the first step
+        extra_stops = (args.generation_kwargs or {}).get("eos_token_id", [])
+        extra_stops = extra_stops if isinstance(extra_stops, (list, tuple)) else [extra_stops]
+        check_vocabularies(
+            tokenizer,
+            model,
+            reference=ref_model,
+            readers=[("value_model", value_model)]
+            + [
+                (f"reward model '{reward_function_name(func)}'", func)
+                for func, tok in zip(funcs, reward_tokenizers)
+                if isinstance(func, nn.Module) and (tok is tokenizer or tok.get_vocab() == tokenizer.get_vocab())
+            ],
+            stop_ids=[
+                ("stop_token_id", [args.stop_token_id] if args.stop_token_id is not None else []),
+                ("generation_kwargs['eos_token_id']", extra_stops),
+            ],
+        )
         if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
             raise ValueError(
                 f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
