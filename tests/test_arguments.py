@@ -165,3 +165,16 @@ def test_one_label_models_are_accepted(tmp_path, tokenizer, tiny_config):
         value_model=sequence_classifier(tokenizer, 1),
     )
     assert len(trainer.reward_funcs) == 2 and trainer.model.value_model is not None
+
+
+@pytest.mark.parametrize("kind", ["PromptTuningConfig", "PrefixTuningConfig"])
+def test_a_prompt_learning_peft_config_is_refused_at_construction(tmp_path, tokenizer, tiny_config, kind):
+    """Its virtual tokens lengthen the logits: the old code built the trainer, then raised IndexError at step one."""
+    import peft
+
+    config = getattr(peft, kind)(task_type="CAUSAL_LM", num_virtual_tokens=4)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), peft_config=config)
+    message = str(raised.value)
+    for needle in ["`peft_config`", kind, "prompt-learning", "peft.LoraConfig"]:
+        assert needle in message, (needle, message)

@@ -68,6 +68,13 @@ def _check_peft_config(value: Any) -> None:
     from peft import PeftConfig
 
     if isinstance(value, PeftConfig):
+        if value.is_prompt_learning:  # virtual tokens lengthen the logits past the completion mask: IndexError later
+            raise ValueError(
+                f"`peft_config` is a prompt-learning config ({type(value).__name__}), which TRAPO does not support: "
+                "its virtual tokens lengthen the model's logits past the token masks TRAPO scores. Use a LoRA-style "
+                "adapter instead (`peft.LoraConfig`, `AdaLoraConfig`, `IA3Config`, ...), e.g. "
+                "`peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`."
+            )
         return
     fix = (
         f"Build the config object: `peft.LoraConfig(**{value!r})` (TRL's trainers refuse a dict too)."
@@ -165,7 +172,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict).
         ValueError: for a reward or value model without a one-output score head ([`~trl_trapo.models.check_score_head`]:
-            a causal LM, or `num_labels` > 1).
+            a causal LM, or `num_labels` > 1), and for a prompt-learning `peft_config` (`PromptTuningConfig`,
+            `PrefixTuningConfig`, ...: `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
     """
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
