@@ -178,3 +178,17 @@ def test_a_prompt_learning_peft_config_is_refused_at_construction(tmp_path, toke
     message = str(raised.value)
     for needle in ["`peft_config`", kind, "prompt-learning", "peft.LoraConfig"]:
         assert needle in message, (needle, message)
+
+
+def test_lora_target_modules_that_match_nothing_name_the_field_and_the_choices(tmp_path, tokenizer, tiny_config):
+    """The old code let PEFT's `NoMatchingPeftModuleError` through, naming neither the field nor the module names."""
+    from peft import LoraConfig
+
+    model = build_tiny_model(tokenizer)
+    config = LoraConfig(r=4, target_modules=["nonexistent_proj"])
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=model, peft_config=config)
+    message = str(raised.value)
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    for needle in ["peft_config.target_modules=", "nonexistent_proj", linear[0], "'all-linear'"]:
+        assert needle in message, (needle, message)

@@ -193,9 +193,10 @@ from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
 try:
-    from peft import PeftConfig, get_peft_model
+    from peft import NoMatchingPeftModuleError, PeftConfig, get_peft_model
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
     PeftConfig = get_peft_model = None
+    NoMatchingPeftModuleError = ValueError
 
 logger = logging.getLogger(__name__)
 
@@ -945,8 +946,19 @@ class TRAPOTrainer(_BaseTrainer):
                 raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
             if is_peft_model(model):
                 raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
-            with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
-                model = get_peft_model(model, peft_config)
+            linear_names = sorted(
+                {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+            )
+            try:
+                with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
+                    model = get_peft_model(model, peft_config)
+            except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
+                shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
+                raise ValueError(
+                    f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
+                    f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
+                    "target_modules='all-linear' (every linear layer but the output head)."
+                ) from error
             created_adapter = True
         if args.disable_dropout:
             disable_dropout(model, "policy")
