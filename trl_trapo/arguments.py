@@ -161,6 +161,30 @@ CHECKS: dict[str, Callable[[Any], None]] = {
 }
 
 
+TRL_CONFIG_FIXES = {
+    "GRPOConfig": "use `from trl_trapo import GRPOConfig` (TRL's GRPO defaults on TRAPOConfig) with the same fields",
+    "PPOConfig": "use `from trl_trapo import PPOConfig` (TRL's PPO fields and defaults on TRAPOConfig)",
+}
+"""TRL config classes a TRL script passes as `args`, and the TRAPO class that takes the same fields."""
+
+
+def check_config_type(args: Any, expected: type, shown: str | None = None) -> None:
+    """Refuse `args` that is not an `expected` (a `TRAPOConfig` class) instance; `shown`: the class the message asks
+    for (default `expected`'s name).
+
+    Raises:
+        TypeError: naming the class given and, for TRL's `GRPOConfig` / `PPOConfig`, the TRAPO class of the same name.
+    """
+    if isinstance(args, expected):
+        return
+    name, shown = type(args).__name__, shown or expected.__name__
+    if type(args).__module__.split(".")[0] == "trl" and name in TRL_CONFIG_FIXES:
+        fix = f"TRL's {name} is not one: {TRL_CONFIG_FIXES[name]}."
+    else:
+        fix = f"Build one: `{shown}(output_dir=..., ...)`."
+    raise TypeError(f"`args` must be a {shown}, got {name}. {fix}")
+
+
 def check_trainer_arguments(**arguments: Any) -> None:
     """Refuse a constructor argument of the wrong type (see the module docstring), before anything loads.
 

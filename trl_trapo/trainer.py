@@ -54,7 +54,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
-from .arguments import check_trainer_arguments
+from .arguments import check_config_type, check_trainer_arguments
 from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
@@ -348,8 +348,7 @@ class TRAPOTrainer(_BaseTrainer):
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
-        if not isinstance(args, TRAPOConfig):
-            raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        check_config_type(args, TRAPOConfig)
         # every argument of the wrong type is refused by name now, not by the library that first touches it
         check_trainer_arguments(
             model=model,
