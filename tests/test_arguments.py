@@ -165,3 +165,59 @@ def test_one_label_models_are_accepted(tmp_path, tokenizer, tiny_config):
         value_model=sequence_classifier(tokenizer, 1),
     )
     assert len(trainer.reward_funcs) == 2 and trainer.model.value_model is not None
+
+
+@pytest.mark.parametrize("kind", ["PromptTuningConfig", "PrefixTuningConfig"])
+def test_a_prompt_learning_peft_config_is_refused_at_construction(tmp_path, tokenizer, tiny_config, kind):
+    """Its virtual tokens lengthen the logits: the old code built the trainer, then raised IndexError at step one."""
+    import peft
+
+    config = getattr(peft, kind)(task_type="CAUSAL_LM", num_virtual_tokens=4)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), peft_config=config)
+    message = str(raised.value)
+    for needle in ["`peft_config`", kind, "prompt-learning", "peft.LoraConfig"]:
+        assert needle in message, (needle, message)
+
+
+def test_lora_target_modules_that_match_nothing_name_the_field_and_the_choices(tmp_path, tokenizer, tiny_config):
+    """The old code let PEFT's `NoMatchingPeftModuleError` through, naming neither the field nor the module names."""
+    from peft import LoraConfig
+
+    model = build_tiny_model(tokenizer)
+    config = LoraConfig(r=4, target_modules=["nonexistent_proj"])
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=model, peft_config=config)
+    message = str(raised.value)
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    for needle in ["peft_config.target_modules=", "nonexistent_proj", linear[0], "'all-linear'"]:
+        assert needle in message, (needle, message)
+
+
+def test_trls_grpo_config_as_args_points_to_trapos_class_of_the_same_name(tmp_path, tokenizer, tiny_config):
+    """The old message said only "`args` must be a TRAPOConfig, got GRPOConfig."; a TRL script needs the import."""
+    import trl
+
+    trl_args = trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False)
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, args=trl_args)
+    message = str(raised.value)
+    for needle in ["`args` must be a TRAPOConfig, got GRPOConfig", "from trl_trapo import GRPOConfig"]:
+        assert needle in message, (needle, message)
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 4})
+    with pytest.raises(
+        TypeError, match="`args` must be a PPOConfig, got GRPOConfig.*from trl_trapo import GRPOConfig"
+    ):
+        PPOTrainer(trl_args, tokenizer, MISSING_MODEL, None, exact_match_reward, dataset)
+
+
+def test_trls_ppo_config_as_args_points_to_trapos_ppo_config():
+    """TRL 1.16 has no PPOConfig left; a class of that name from a `trl` module stands in for an older TRL's."""
+    from trl_trapo.arguments import check_config_type
+    from trl_trapo.config import TRAPOConfig
+
+    legacy = type("PPOConfig", (), {"__module__": "trl.trainer.ppo_config"})()
+    with pytest.raises(TypeError, match=re.escape("from trl_trapo import PPOConfig")):
+        check_config_type(legacy, TRAPOConfig, "PPOConfig")
+    with pytest.raises(TypeError, match=re.escape("Build one: `TRAPOConfig(output_dir=..., ...)`")):
+        check_config_type({"output_dir": "x"}, TRAPOConfig)

@@ -431,3 +431,27 @@ def test_a_stop_id_outside_the_vocabulary_is_refused_by_name(
 def test_a_negative_stop_token_id_is_refused_by_the_config(tmp_path):
     with pytest.raises(ValueError, match=r"TRAPOConfig.stop_token_id=-1 is invalid: use a token id >= 0"):
         TRAPOConfig(output_dir=str(tmp_path), stop_token_id=-1)
+
+
+@pytest.mark.parametrize(
+    ("field", "key", "value"),
+    [
+        ("model_init_kwargs", "dtype", "float17"),
+        ("model_init_kwargs", "torch_dtype", "bf16"),
+        ("teacher_model_init_kwargs", "dtype", 16),
+    ],
+)
+def test_a_dtype_torch_does_not_have_is_refused_by_field_with_examples(tmp_path, field, key, value):
+    """The old code built the config, then `from_pretrained` raised `module 'torch' has no attribute 'float17'`."""
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", **{field: {key: value}})
+    message = str(raised.value)
+    for needle in [f"{field}[{key!r}]={value!r}", "'auto'", "'bfloat16'"]:
+        assert needle in message, (needle, message)
+
+
+def test_the_dtypes_from_pretrained_takes_are_accepted(tmp_path):
+    for dtype in ("auto", "bfloat16", "float32", torch.float16, None):
+        TRAPOConfig(
+            output_dir=str(tmp_path), report_to="none", model_init_kwargs={"dtype": dtype, "torch_dtype": dtype}
+        )

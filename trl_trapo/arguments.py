@@ -68,6 +68,13 @@ def _check_peft_config(value: Any) -> None:
     from peft import PeftConfig
 
     if isinstance(value, PeftConfig):
+        if value.is_prompt_learning:  # virtual tokens lengthen the logits past the completion mask: IndexError later
+            raise ValueError(
+                f"`peft_config` is a prompt-learning config ({type(value).__name__}), which TRAPO does not support: "
+                "its virtual tokens lengthen the model's logits past the token masks TRAPO scores. Use a LoRA-style "
+                "adapter instead (`peft.LoraConfig`, `AdaLoraConfig`, `IA3Config`, ...), e.g. "
+                "`peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`."
+            )
         return
     fix = (
         f"Build the config object: `peft.LoraConfig(**{value!r})` (TRL's trainers refuse a dict too)."
@@ -154,6 +161,30 @@ CHECKS: dict[str, Callable[[Any], None]] = {
 }
 
 
+TRL_CONFIG_FIXES = {
+    "GRPOConfig": "use `from trl_trapo import GRPOConfig` (TRL's GRPO defaults on TRAPOConfig) with the same fields",
+    "PPOConfig": "use `from trl_trapo import PPOConfig` (TRL's PPO fields and defaults on TRAPOConfig)",
+}
+"""TRL config classes a TRL script passes as `args`, and the TRAPO class that takes the same fields."""
+
+
+def check_config_type(args: Any, expected: type, shown: str | None = None) -> None:
+    """Refuse `args` that is not an `expected` (a `TRAPOConfig` class) instance; `shown`: the class the message asks
+    for (default `expected`'s name).
+
+    Raises:
+        TypeError: naming the class given and, for TRL's `GRPOConfig` / `PPOConfig`, the TRAPO class of the same name.
+    """
+    if isinstance(args, expected):
+        return
+    name, shown = type(args).__name__, shown or expected.__name__
+    if type(args).__module__.split(".")[0] == "trl" and name in TRL_CONFIG_FIXES:
+        fix = f"TRL's {name} is not one: {TRL_CONFIG_FIXES[name]}."
+    else:
+        fix = f"Build one: `{shown}(output_dir=..., ...)`."
+    raise TypeError(f"`args` must be a {shown}, got {name}. {fix}")
+
+
 def check_trainer_arguments(**arguments: Any) -> None:
     """Refuse a constructor argument of the wrong type (see the module docstring), before anything loads.
 
@@ -165,7 +196,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict).
         ValueError: for a reward or value model without a one-output score head ([`~trl_trapo.models.check_score_head`]:
-            a causal LM, or `num_labels` > 1).
+            a causal LM, or `num_labels` > 1), and for a prompt-learning `peft_config` (`PromptTuningConfig`,
+            `PrefixTuningConfig`, ...: `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
     """
     for name, value in arguments.items():
         if value is not None and name in CHECKS:

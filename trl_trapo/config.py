@@ -1404,6 +1404,18 @@ class TRAPOConfig(_BaseConfig):
                 "use an int >= 0 (rounds of tool calls per rollout; 0: tools shown, none run), or None for no bound.",
             )
 
+        for name in ("model_init_kwargs", "teacher_model_init_kwargs"):
+            kwargs = getattr(self, name)
+            for key in ("dtype", "torch_dtype"):  # `from_pretrained` reads a string one as `getattr(torch, value)`
+                value = kwargs.get(key) if isinstance(kwargs, dict) else None
+                if value is None or value == "auto" or isinstance(value, torch.dtype):
+                    continue
+                if not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+                    bad(
+                        f"{name}[{key!r}]",
+                        value,
+                        "use 'auto', a torch.dtype, or the name of one (e.g. 'bfloat16', 'float16', 'float32').",
+                    )
         if not (0.0 <= self.distillation_beta <= 1.0):
             bad("distillation_beta", self.distillation_beta, "use a value in [0, 1] (0 forward KL, 1 reverse KL).")
         if not (self.distillation_temperature > 0 and math.isfinite(self.distillation_temperature)):

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .arguments import check_config_type
 from .config import TRAPOConfig
 from .data import check_dataset_object
 from .trainer import TRAPOTrainer
@@ -172,8 +173,7 @@ class PPOTrainer(TRAPOTrainer):
                 "`model` and `ref_model` cannot be the same object. To use a copy of the policy as the reference, "
                 "pass `ref_model=None`."
             )
-        if not isinstance(args, TRAPOConfig):
-            raise TypeError(f"`args` must be a PPOConfig, got {type(args).__name__}.")
+        check_config_type(args, TRAPOConfig, "PPOConfig")
         mixed = any(
             trapo_kwargs.get(name) is not None and weight > 0
             for name, weight in (("pretrain_dataset", args.pretrain_weight), ("sft_dataset", args.sft_weight))

@@ -54,7 +54,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
 from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
-from .arguments import check_trainer_arguments
+from .arguments import check_config_type, check_trainer_arguments
 from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
@@ -194,9 +194,10 @@ from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
 
 
 try:
-    from peft import PeftConfig, get_peft_model
+    from peft import NoMatchingPeftModuleError, PeftConfig, get_peft_model
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
     PeftConfig = get_peft_model = None
+    NoMatchingPeftModuleError = ValueError
 
 logger = logging.getLogger(__name__)
 
@@ -348,8 +349,7 @@ class TRAPOTrainer(_BaseTrainer):
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
-        if not isinstance(args, TRAPOConfig):
-            raise TypeError(f"`args` must be a TRAPOConfig, got {type(args).__name__}.")
+        check_config_type(args, TRAPOConfig)
         # every argument of the wrong type is refused by name now, not by the library that first touches it
         check_trainer_arguments(
             model=model,
@@ -965,8 +965,19 @@ class TRAPOTrainer(_BaseTrainer):
                 raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
             if is_peft_model(model):
                 raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
-            with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
-                model = get_peft_model(model, peft_config)
+            linear_names = sorted(
+                {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+            )
+            try:
+                with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
+                    model = get_peft_model(model, peft_config)
+            except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
+                shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
+                raise ValueError(
+                    f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
+                    f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
+                    "target_modules='all-linear' (every linear layer but the output head)."
+                ) from error
             created_adapter = True
         if args.disable_dropout:
             disable_dropout(model, "policy")
