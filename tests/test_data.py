@@ -555,17 +555,3 @@ def test_disable_tqdm_also_governs_the_bars_of_evaluation(tmp_path, tokenizer, s
         assert datasets.is_progress_bar_enabled()
     finally:
         datasets.enable_progress_bars()
-
-
-def test_an_sft_message_with_an_unknown_role_is_refused_by_dataset_row_and_role():
-    """The old code passed it to TRL, whose `Invalid role in the last message: wizard` came from inside datasets.map."""
-    good = [user("hi"), {"role": "assistant", "content": "hello"}]
-    bad = [user("hi"), {"role": "wizard", "content": "abracadabra"}]
-    with pytest.raises(ValueError) as raised:
-        check_cells(Dataset.from_dict({"messages": [good, bad]}), "sft_dataset", "sft")
-    message = str(raised.value)
-    for needle in ["`sft_dataset` column 'messages'", "role 'wizard' at row 1", "system, user, assistant, tool"]:
-        assert needle in message, (needle, message)
-    check_cells(
-        Dataset.from_dict({"messages": [good, [{"role": "system", "content": "s"}, *good]]}), "sft_dataset", "sft"
-    )

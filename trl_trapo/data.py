@@ -341,34 +341,6 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
             )
 
 
-SFT_ROLES = ("system", "user", "assistant", "tool")
-"""The message roles an SFT conversation may have (TRL's SFT tokenization refuses any other, deep in `datasets.map`)."""
-
-
-def check_sft_roles(dataset: Dataset, role: str) -> None:
-    """Refuse an SFT conversation (`messages`, or conversational `prompt` / `completion`) with a message whose role is
-    not one of `SFT_ROLES`; TRL's SFT tokenization would otherwise raise `Invalid role in the last message` from inside
-    `datasets.map`, naming neither the dataset nor the row.
-
-    Raises:
-        ValueError: naming the dataset, the column, the first such row, the role, the allowed roles and the fix.
-    """
-    for column in ("messages", "prompt", "completion"):
-        if column not in dataset_columns(dataset):
-            continue
-        for row, value in enumerate(dataset[column]):
-            if not isinstance(value, list):
-                continue
-            for message in value:
-                if isinstance(message, dict) and message.get("role") not in SFT_ROLES:
-                    raise ValueError(
-                        f"`{role}` column {column!r} has a message with role {message.get('role')!r} at row {row}; "
-                        f"the roles an SFT conversation may have are {', '.join(SFT_ROLES)}. Rename it, e.g. "
-                        f"`dataset.map(lambda row: {{{column!r}: [{{**m, 'role': m['role'] if m['role'] in "
-                        f"{SFT_ROLES!r} else 'user'}} for m in row[{column!r}]]}})`, or drop such rows."
-                    )
-
-
 def check_sft_completions(dataset: Dataset, role: str) -> None:
     """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
     text (blank) and no tool call, or `messages` without any assistant turn. Such a row would train only the
@@ -377,7 +349,6 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
     Raises:
         ValueError: naming the dataset, the column, the first empty row, how many there are and the fix.
     """
-    check_sft_roles(dataset, role)
     column = "completion" if "completion" in dataset_columns(dataset) else "messages"
     if column not in dataset_columns(dataset):
         return
