@@ -114,12 +114,12 @@ def test_the_config_table_has_every_field_with_its_type_default_and_help():
     assert set(rows) == {f.name for f in fields}
     for f in fields:
         name, kind, default, help_text = (cell.strip() for cell in rows[f.name].split(" | "))
-        assert help_text.removesuffix(" |") == hooks._cell(f.metadata.get("help", "")), f.name
-        assert kind == hooks._code(str(f.type)), f.name
+        assert help_text.removesuffix(" |") == hooks.table_cell(f.metadata.get("help", "")), f.name
+        assert kind == hooks.html_code(str(f.type)), f.name
         if f.default is not dataclasses.MISSING:
-            assert default == hooks._code(repr(f.default)), f.name
+            assert default == hooks.html_code(repr(f.default)), f.name
     assert rows["learning_rate"].split(" | ")[2] == "<code>5e-05</code>"  # TRAPO's default, not TrainingArguments'
-    assert hooks._cell("a `x | None` b | c") == "a <code>x &#124; None</code> b \\| c"
+    assert hooks.table_cell("a `x | None` b | c") == "a <code>x &#124; None</code> b \\| c"
 
 
 def test_links_outside_docs_are_copied_into_the_site(tmp_path):

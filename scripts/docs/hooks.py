@@ -269,18 +269,18 @@ def on_files(files: Files, config, **kwargs) -> Files:
 # =====================================================================================================================
 # Page Markdown: the home page, the config table, links that leave docs/
 # =====================================================================================================================
-def _code(text: str) -> str:
+def html_code(text: str) -> str:
     """Inline code for a table cell: HTML, because a `|` inside a Markdown code span would end the cell (and `\\|`
     would show its backslash)."""
     return "<code>" + html.escape(text, quote=False).replace("|", "&#124;") + "</code>"
 
 
-def _cell(text: str) -> str:
+def table_cell(text: str) -> str:
     """Text for a Markdown table cell: one line, argparse's `%%` shown as `%`, code spans as HTML, other pipes
     escaped."""
     text = " ".join(str(text).replace("%%", "%").split())
     pieces = re.split(r"(`[^`]+`)", text)
-    return "".join(_code(p[1:-1]) if i % 2 else p.replace("|", "\\|") for i, p in enumerate(pieces))
+    return "".join(html_code(p[1:-1]) if i % 2 else p.replace("|", "\\|") for i, p in enumerate(pieces))
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -290,7 +290,7 @@ def _default(f: dataclasses.Field) -> str:
         value = f.default_factory()  # type: ignore[misc]
     else:
         return "required"
-    return _code(repr(value))
+    return html_code(repr(value))
 
 
 def config_fields_table() -> str:
@@ -306,7 +306,7 @@ def config_fields_table() -> str:
         if f.name.startswith("_"):
             continue
         help_text = f.metadata.get("help", "")
-        row = f"| `{f.name}` | {_code(str(f.type))} | {_default(f)} | {_cell(help_text)} |"
+        row = f"| `{f.name}` | {html_code(str(f.type))} | {_default(f)} | {table_cell(help_text)} |"
         rows[f.name in own or f.name not in inherited].append(row)
     header = "| field | type | default | description |\n|---|---|---|---|\n"
     return (
