@@ -223,7 +223,7 @@ class TRAPOConfig(_BaseConfig):
     Only the fields TRAPO adds are listed here; the rest are [`~transformers.TrainingArguments`]. Every field carries
     `metadata["help"]`, which `TrlParser` shows with `--help`.
 
-    How the objectives combine (see the README, "How the curriculum and DARE combine"):
+    How the objectives combine (see docs/how_it_works.md, "The curriculum and DARE"):
 
     - the **share** s_o of a step's examples (rows) given to objective o is the curriculum mixture, restricted to the
       objectives that have data and a non-zero weight, renormalised to sum to 1;
@@ -681,7 +681,7 @@ class TRAPOConfig(_BaseConfig):
             "one whose gradient is the gradient of KL(pi || pi_ref) where the KL is placed (on-policy): k2 in the "
             "loss, k1 in the reward. The other combinations are biased (k3 in the loss follows the reverse KL, k1 "
             "in the loss has a zero expected gradient, k2 / k3 in the reward miss the gradient through their own "
-            "dependence on pi) and are warned about; see the README's KL table."
+            "dependence on pi) and are warned about; see the KL table of docs/sampling.md."
         },
     )
     kl_penalty: Literal["auto", "reward", "loss"] = field(

@@ -3,7 +3,7 @@
 arms, for seeds 0, 1 and 2 (`--seed S --task_suite_seed S`), with two reward settings.
 
     python scripts/experiments/compare_async.py                 # 18 runs, one at a time
-    python scripts/experiments/compare_async.py --write_readme  # README block from the results file (no run)
+    python scripts/experiments/compare_async.py --write_docs  # docs/results/async.md's block from the results file (no run)
     python scripts/experiments/compare_async.py --quick --results /tmp/async.json --work_dir /tmp/async  # a smoke run
 
 Arms: `sync` (no flags), `async1` (`--async_rollouts --max_staleness 1`), `async4` (`--async_rollouts
@@ -41,7 +41,7 @@ forgetting is the `sft_tasks` accuracy (families taught by SFT, which RL must no
 pretraining stream, `loss/pretrain`; each run records `eval_pretrain_loss` when the job reports it (never, in
 built-in mode) and `pretrain_loss_end`, the mean `loss/pretrain` of the last 5 logging windows.
 
-`--write_readme` renders the README block (`render_readme_block`) from the results file and puts it between the
+`--write_docs` renders the block of docs/results/async.md (`render_block`) from the results file and puts it between the
 `<!-- async-table:start -->` and `<!-- async-table:end -->` markers. Arguments this script does not know are passed to
 every run (`--max_steps 20`); such a run, or `--quick`, never overwrites the committed results unless `--results`
 says so. `--quick`: seed 0, arms `sync` and `async1` (unless `--arms` is given), both rewards, 4 steps and 8 held-out
@@ -71,11 +71,11 @@ if str(ROOT) not in sys.path:  # `scripts.reward_server`, the module the `http` 
     sys.path.append(str(ROOT))
 
 from main_job_seeds import SPLITS, machine  # noqa: E402
-from readme_blocks import write_readme_block  # noqa: E402
+from result_blocks import file_link, page_of, write_block  # noqa: E402
 
 
 RESULTS = ROOT / "docs" / "results" / "async" / "results.json"
-README_BLOCK = "async-table"
+BLOCK = "async-table"
 ARMS = {
     "sync": [],
     "async1": ["--async_rollouts", "--max_staleness", "1"],
@@ -108,7 +108,7 @@ TARGET_SPEEDUP = 1.5
 TARGET_ACCURACY_LOW = -0.05
 # Student t quantiles t_{0.975, df} (two-sided 95 % intervals), df = 1..10 (standard tables)
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-LINE_WIDTH = 119  # the README's
+LINE_WIDTH = 119  # the docs'
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 URL_VARIABLE = "TRAPO_REWARD_URL"  # scripts/reward_server.py's
 
@@ -373,7 +373,7 @@ def _max(summaries: list[dict]) -> float | None:
 
 
 # =====================================================================================================================
-# The README's block
+# The results page's block
 # =====================================================================================================================
 def _num(value: float | None, digits: int = 3, sign: bool = False) -> str:
     if value is None:
@@ -387,8 +387,8 @@ def _interval(interval: dict | None) -> str:
     return f"{interval['mean']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's asynchronous-rollouts block: how it was measured, one table row per reward setting and arm, and
+def render_block(data: dict) -> str:
+    """The asynchronous-rollouts block of docs/results/async.md: how it was measured, one table row per reward setting and arm, and
     the target's verdict for the `http` reward.
 
     Args:
@@ -404,7 +404,7 @@ def render_readme_block(data: dict) -> str:
     load = "/".join(f"{v:.1f}" for v in data["loadavg_start"]), "/".join(f"{v:.1f}" for v in data["loadavg_end"])
     intro = (
         f"Measured by `python scripts/experiments/compare_async.py` on {machine_info['date']} "
-        f"([`docs/results/async/results.json`](docs/results/async/results.json)): {machine_info['cpu_model']}, "
+        f"({file_link('docs/results/async/results.json', BLOCK)}): {machine_info['cpu_model']}, "
         f"{machine_info['cpu_count']} cores, one run at a time on {data['torch_threads']} cores (every trainer with 1 torch thread; an async "
         f"run's rollout producer with 1 more, on the second core, which a sync run leaves idle), load average (1/5/15 min) {load[0]} at the start and "
         f"{load[1]} at the end; torch {machine_info['torch']}, transformers {machine_info['transformers']}, trl "
@@ -499,14 +499,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--work_dir", default="compare-async-output", help="the runs' output folders and logs")
     parser.add_argument("--results", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --results")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="README to write with --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Make the runs and write the results file (or, with `--write_readme`, only the README block).
+    """Make the runs and write the results file (or, with `--write_docs`, only the docs block).
 
     Returns:
         The results file's contents.
@@ -521,10 +521,10 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
-    if args.write_readme:
+    if args.write_docs:
         data = json.loads(results_path.read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'block updated' if changed else 'already up to date'}")
+        changed = write_block(BLOCK, render_block(data), Path(args.page))
+        print(f"{args.page}: {'block updated' if changed else 'already up to date'}")
         return data
     if (job_argv or args.quick) and args.results is None:
         raise SystemExit(
@@ -594,8 +594,8 @@ def main(argv: list[str] | None = None) -> dict:
         "summary": summarize(runs),
     }
     write_json_atomic(str(results_path), data)
-    print(render_readme_block(data))
-    print(f"Written to {results_path}; `--write_readme` puts the block into the README.")
+    print(render_block(data))
+    print(f"Written to {results_path}; `--write_docs` puts the block into {page_of(BLOCK).relative_to(ROOT)}.")
     return data
 
 

@@ -5,7 +5,7 @@ SmolLM2-135M-Instruct and GSM8K, from the same initial weights, on the same data
     python scripts/experiments/compare_real.py                 # the three arms; hours on 2 CPU cores; resumes
     python scripts/experiments/compare_real.py --quick         # a tiny random model with SmolLM2's tokenizer (< 1 min)
     python scripts/experiments/compare_real.py --probe         # the recipe's choices: 4 short TRAPO runs
-    python scripts/experiments/compare_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/compare_real.py --write_docs  # the docs block from the committed results
 
 Arms (each in its own process, so its peak memory is its own; `--jobs 2` runs two at a time):
 
@@ -37,7 +37,7 @@ Measured (the evaluation clocks are stopped during training time):
 Caching: the initial evaluation is `<results_dir>/initial.json` and each finished arm `<results_dir>/arms/<arm>.json`
 (written atomically, with a fingerprint of everything that defines it); a rerun skips what is cached with the same
 fingerprint, so an interrupted comparison resumes at the first unfinished arm. `<results_dir>/results.json` (the
-summary), `real_smollm2.png` and the README block are rebuilt from the cache on every run, also from a partial one.
+summary), `real_smollm2.png` and the docs block are rebuilt from the cache on every run, also from a partial one.
 
 Every argument this script does not know goes to the main job's parser after `--config <recipe>` (e.g.
 `--max_steps 400 --per_device_train_batch_size 32 --bf16 true` on a GPU).
@@ -70,18 +70,21 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the repository
-sys.path.insert(0, str(HERE))  # compare_pipelines, pipeline_measure, readme_blocks
+sys.path.insert(0, str(HERE))  # compare_pipelines, pipeline_measure, result_blocks
 sys.path.insert(0, str(HERE.parent))  # scripts/: gsm8k_to_trl, fetch_smollm2
+
+from result_blocks import file_link  # noqa: E402  (after the path set-up)
+
 
 logger = logging.getLogger("compare_real")
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
 RESULTS_DIR = ROOT / "docs" / "results" / "real_smollm2"
-README_BLOCK = "real-smollm2-table"
+BLOCK = "real-smollm2-table"
 EVAL_FILE = ROOT / "examples" / "data" / "gsm8k" / "test_first500.jsonl"
 HELDOUT_FILE = ROOT / "examples" / "data" / "shakespeare" / "heldout.txt"
 TOKENIZER_FIXTURE = ROOT / "tests" / "fixtures" / "smollm2_tokenizer"
-# the README's conversion command (run from the repository root): what the recipe's data paths name
+# docs/real_models.md's conversion command (run from the repository root): what the recipe's data paths name
 CONVERT_ARGV = [
     "examples/data/gsm8k/train_first1500.jsonl",
     "--conversational",
@@ -373,7 +376,7 @@ class Evaluator:
 # Setup: the recipe, the data, the model
 # =====================================================================================================================
 def convert_argv(corpus_flags: list[str] | None = None) -> list[str]:
-    """`CONVERT_ARGV` (the README's conversion) with the pretraining corpus chosen by `corpus_flags` (`CORPORA`)
+    """`CONVERT_ARGV` (docs/real_models.md's conversion) with the pretraining corpus chosen by `corpus_flags` (`CORPORA`)
     instead, when given."""
     argv = list(CONVERT_ARGV)
     if corpus_flags is not None:
@@ -385,7 +388,7 @@ def convert_argv(corpus_flags: list[str] | None = None) -> list[str]:
 def prepare_data(
     work_dir: Path, corpus_flags: list[str] | None = None, name: str = "gsm8k-chat", train_rows: int | None = None
 ) -> Path:
-    """Run `gsm8k_to_trl.py` as the README does (`convert_argv`), writing to `work_dir/data/<name>` instead of
+    """Run `gsm8k_to_trl.py` as docs/real_models.md does (`convert_argv`), writing to `work_dir/data/<name>` instead of
     `data/gsm8k-chat`; `train_rows` keeps only the first rows of the training file (`--quick`). Deterministic;
     skipped when that folder already holds the same conversion.
 
@@ -765,8 +768,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a tiny random model, a few steps: a smoke run")
     parser.add_argument("--probe", action="store_true", help="the recipe's choices: LoRA / full x two corpora")
     parser.add_argument("--probe_steps", type=int, default=8, help="optimizer steps of each probe run")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from results")
-    parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
+    parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -908,7 +911,7 @@ def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
 
 
 # =====================================================================================================================
-# Report: results.json, the plot, the README block
+# Report: results.json, the plot, the docs block
 # =====================================================================================================================
 def summarize(initial: dict | None, arms: dict[str, dict], meta: dict) -> dict:
     """The comparison from the cached initial evaluation and arms (any of them may be missing).
@@ -1047,12 +1050,12 @@ def minutes(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds / 60:.1f}"
 
 
-def render_readme_block(results: dict) -> str:
-    """The README's block for this comparison, from `results.json` (also from a partial run: pending arms listed)."""
+def render_block(results: dict) -> str:
+    """The docs block for this comparison, from `results.json` (also from a partial run: pending arms listed)."""
     meta, initial = results["meta"], results.get("initial")
     arms = {name: results["arms"][name] for name in ARMS if name in results["arms"]}
     lines = [
-        f"Measured by `{meta['command']}` ([`{meta['results_file']}`]({meta['results_file']})"
+        f"Measured by `{meta['command']}` ({file_link(meta['results_file'], BLOCK)}"
         + (
             f"; the tasks ran in {len(meta['invocations'])} invocations that differ only in `--arms` / `--jobs` / "
             "`--threads`, listed there"
@@ -1258,13 +1261,13 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     args = resolve(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.write_readme:
-        from readme_blocks import README, write_readme_block
+    if args.write_docs:
+        from result_blocks import write_block
 
         results = read_json(Path(args.results_dir) / "results.json")
         if results is None:
             raise SystemExit(f"No {args.results_dir}/results.json: run the comparison first.")
-        write_readme_block(README_BLOCK, render_readme_block(results), Path(args.readme) if args.readme else README)
+        write_block(BLOCK, render_block(results), Path(args.page) if args.page else None)
         return results
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.setdefault(key, "1")
@@ -1274,7 +1277,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.probe:
         return write_probe_summary(Path(args.results_dir))
     summary = write_results(args, argv, ran, started)
-    print(render_readme_block(summary))
+    print(render_block(summary))
     return summary
 
 

@@ -3,7 +3,7 @@
 
     python scripts/experiments/compare_vlm.py                 # seeds 0 1 2; writes docs/results/vlm/results.json
     python scripts/experiments/compare_vlm.py --quick         # 1 seed, 4 steps, tiny data: the harness (< 1 min)
-    python scripts/experiments/compare_vlm.py --write_readme  # the README's vlm-table block from --results (no run)
+    python scripts/experiments/compare_vlm.py --write_docs  # docs/results/vision.md's vlm-table block from --results (no run)
 
 Every argument this script does not know is an argument of the VLM job (`examples/trapo_vlm.py`, its
 `VLM_JOB_DEFAULTS`): the TRAPO arms *are* that job's configuration and the relay's stages are derived from it.
@@ -63,16 +63,16 @@ from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)  # compare_pipelines, readme_blocks
+sys.path.insert(0, HERE)  # compare_pipelines, result_blocks
 
-from readme_blocks import write_readme_block  # noqa: E402
+from result_blocks import file_link, page_of, write_block  # noqa: E402
 
 
 logger = logging.getLogger("compare_vlm")
 
 ARMS = ("trapo", "trapo_modality", "serial")
 RESULTS = os.path.join(ROOT, "docs", "results", "vlm", "results.json")
-README_BLOCK = "vlm-table"
+BLOCK = "vlm-table"
 # what `--quick` lowers (explicit command-line values win): a smoke run of the whole harness
 QUICK_JOB = {
     "max_steps": 4,
@@ -120,8 +120,8 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run nothing: summarize the finished runs of the same code (the others are listed under `missing`)",
     )
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --results")
-    parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README for --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -481,8 +481,8 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's `vlm-table` block: how it was measured (budget, relay split, machine) and the table.
+def render_block(data: dict) -> str:
+    """The `vlm-table` block of docs/results/vision.md: how it was measured (budget, relay split, machine) and the table.
 
     Args:
         data: the contents of the results file (`budget`, `seeds`, `machine`, `table`).
@@ -495,7 +495,7 @@ def render_readme_block(data: dict) -> str:
     versions = machine["versions"]
     intro = (
         f"Measured by `python scripts/experiments/compare_vlm.py` "
-        f"([`docs/results/vlm/results.json`](docs/results/vlm/results.json)): seeds "
+        f"({file_link('docs/results/vlm/results.json', BLOCK)}): seeds "
         f"{', '.join(map(str, data['seeds']))}, every arm from a fresh tiny LLaVA (0.57 M parameters) for "
         f"{budget['max_steps']} optimizer steps of {budget['rows_per_step']} rows; the relay (TRL `SFTTrainer` on the "
         f"captions, `SFTTrainer` on the demonstrations, `GRPOTrainer`) split them "
@@ -511,8 +511,8 @@ def render_readme_block(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the arms for the seeds (reusing finished runs) and write the results file; with `--write_readme`, only
-    render the README block from the results file.
+    """Run the arms for the seeds (reusing finished runs) and write the results file; with `--write_docs`, only
+    render the docs block from the results file.
 
     Returns:
         The results file's contents (`{}` in a worker process).
@@ -526,11 +526,11 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args._worker, encoding="utf-8") as handle:
             worker(json.load(handle))
         return {}
-    if args.write_readme:
+    if args.write_docs:
         with open(args.results or RESULTS, encoding="utf-8") as handle:
             data = json.load(handle)
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'block updated' if changed else 'already up to date'}")
+        changed = write_block(BLOCK, render_block(data), Path(args.page))
+        print(f"{args.page}: {'block updated' if changed else 'already up to date'}")
         return data
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct as the teacher and a student cut from it.
 
     python scripts/experiments/distill_real.py                 # the two arms (~1 h on 2 CPU cores); resumes
     python scripts/experiments/distill_real.py --quick         # a tiny random teacher with SmolLM2's tokenizer
-    python scripts/experiments/distill_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/distill_real.py --write_docs  # the docs block from the committed results
 
 The student is the teacher's first `--student_layers` (8) of its 30 decoder layers with their weights, the teacher's
 embeddings, final norm and (tied) output layer: a student from random weights would write no usable text within a
@@ -41,8 +41,8 @@ Measured on held-out data at step 0 (the student; shared), `--points` evenly spa
 - training wall and CPU time (evaluations excluded), peak resident memory.
 
 Caching as in `compare_real.py`: `<results_dir>/initial.json` and `<results_dir>/arms/<arm>.json` are written
-atomically with a fingerprint of what defines them; a rerun skips what is cached. `results.json` and the README block
-(`--write_readme`) are rebuilt from the cache. Arguments this script does not know go to the main job's parser after
+atomically with a fingerprint of what defines them; a rerun skips what is cached. `results.json` and the docs block
+(`--write_docs`) are rebuilt from the cache. Arguments this script does not know go to the main job's parser after
 `--config <recipe>` (they reach the TRAPO arm; the TRL arm copies the settings it shares with it).
 """
 
@@ -65,16 +65,17 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # compare_real, pipeline_measure, readme_blocks
+sys.path.insert(0, str(HERE))  # compare_real, pipeline_measure, result_blocks
 sys.path.insert(0, str(HERE.parent))  # scripts/: gsm8k_to_trl, fetch_smollm2
 
 import compare_real as real  # noqa: E402  (after the path set-up)
+from result_blocks import file_link  # noqa: E402
 
 
 logger = logging.getLogger("distill_real")
 
 RESULTS_DIR = ROOT / "docs" / "results" / "distill_real"
-README_BLOCK = "distill-real-table"
+BLOCK = "distill-real-table"
 ARMS = ("trapo", "distill_trl")
 # the comparison's settings on top of the recipe (explicit command-line flags still win)
 JOB = {
@@ -450,8 +451,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2, help="tasks at a time, each its own process")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per task (default cores / jobs)")
     parser.add_argument("--quick", action="store_true", help="a tiny random teacher, a few steps: a smoke run")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from results")
-    parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
+    parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -559,11 +560,11 @@ def summarize(initial: dict | None, arms: dict[str, dict], meta: dict) -> dict:
     return out
 
 
-def render_readme_block(results: dict) -> str:
-    """The README's block for this comparison, from `results.json`."""
+def render_block(results: dict) -> str:
+    """The docs block for this comparison, from `results.json`."""
     meta, teacher, initial = results["meta"], results.get("teacher"), results.get("initial")
     lines = [
-        f"Measured by `{meta['command']}` ([`{meta['results_file']}`]({meta['results_file']})), finished "
+        f"Measured by `{meta['command']}` ({file_link(meta['results_file'], BLOCK)}), finished "
         f"{meta['date']} on {meta['machine']}; {meta['versions']}, commit `{meta['git_commit']}`; the two arms ran "
         f"at the same time, {meta['threads']} torch thread(s) each, on a machine shared with other jobs.",
         "",
@@ -658,13 +659,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.points < 1 or args.eval_rows < 2:
         raise SystemExit("--points >= 1 and --eval_rows >= 2 are required.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.write_readme:
-        from readme_blocks import README, write_readme_block
+    if args.write_docs:
+        from result_blocks import write_block
 
         results = real.read_json(Path(args.results_dir) / "results.json")
         if results is None:
             raise SystemExit(f"No {args.results_dir}/results.json: run the comparison first.")
-        write_readme_block(README_BLOCK, render_readme_block(results), Path(args.readme) if args.readme else README)
+        write_block(BLOCK, render_block(results), Path(args.page) if args.page else None)
         return results
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
         os.environ.setdefault(key, "1")
@@ -672,7 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
         specs = task_specs(args, passthrough, argv)
     ran = run_tasks(specs, args.jobs, Path(args.work_dir) / "logs")
     summary = write_results(args, argv, ran)
-    print(render_readme_block(summary))
+    print(render_block(summary))
     return summary
 
 

@@ -3,7 +3,7 @@
 
     python scripts/experiments/guidance_real.py            # two runs of 20 steps (~15 min each on one CPU core)
     python scripts/experiments/guidance_real.py --quick    # a tiny random model with SmolLM2's tokenizer (< 1 min)
-    python scripts/experiments/guidance_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/guidance_real.py --write_docs  # the docs block from the committed results
 
 Both arms are the CPU recipe (`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`) with one change: a constant mixture of
 25 % pretraining, 25 % SFT and 50 % RL rows (`curriculum_mixtures`), because the recipe's early phase gives a 20-step
@@ -44,7 +44,7 @@ KEYS = ("objective/scores", "rl/zero_variance_groups", "rl/guided_groups", "loss
 
 
 def prepare_data(work: Path, quick: bool) -> Path:
-    """The recipe's data (the README's conversion command) plus an RL copy with a `solution` column."""
+    """The recipe's data (docs/real_models.md's conversion command) plus an RL copy with a `solution` column."""
     import compare_real
     from gsm8k_to_trl import clean_solution
     from gsm8k_to_trl import main as convert
@@ -115,11 +115,11 @@ def summarise(steps: list[dict]) -> dict:
     return out
 
 
-README_BLOCK = "guidance-real"
+BLOCK = "guidance-real"
 
 
-def render_readme_block(results: dict) -> str:
-    """The README block: per arm, the means over the logged steps of the sampled completions' reward, the fraction
+def render_block(results: dict) -> str:
+    """The docs block: per arm, the means over the logged steps of the sampled completions' reward, the fraction
     of flat groups, the fraction of groups that got a demonstration and the RL loss, and the arm's CPU time."""
 
     def cell(summary: dict, key: str, digits: int = 3) -> str:
@@ -152,15 +152,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default=None, help=f"results JSON (default {OUTPUT}; --quick: in --work_dir)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each arm's process")
     parser.add_argument("--quick", action="store_true", help="a tiny random model with SmolLM2's tokenizer")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --output")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --output")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.write_readme:
-        from readme_blocks import write_readme_block
+    if args.write_docs:
+        from result_blocks import page_of, write_block
 
         results = json.loads(Path(args.output or OUTPUT).read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(results))
-        print(f"README.md {README_BLOCK}: {'updated' if changed else 'already up to date'}")
+        changed = write_block(BLOCK, render_block(results))
+        print(f"{page_of(BLOCK).relative_to(ROOT)} {BLOCK}: {'updated' if changed else 'already up to date'}")
         return results
     if args._worker:
         spec = json.loads(Path(args._worker[0]).read_text(encoding="utf-8"))

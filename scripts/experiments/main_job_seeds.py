@@ -1,9 +1,9 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The README's main-job table, measured: the main job (`accelerate launch examples/trapo.py`, built-in mode) for
+"""The main-job table of docs/results/main_job.md, measured: the main job (`accelerate launch examples/trapo.py`, built-in mode) for
 seeds 0, 1 and 2 (`--seed S --task_suite_seed S`) and with RL switched off (`--rl_weight 0`, seed 0).
 
     python scripts/experiments/main_job_seeds.py                 # 4 runs, 2 at a time: ~10 min on 2 CPU cores
-    python scripts/experiments/main_job_seeds.py --write_readme  # README table from the results file (no run)
+    python scripts/experiments/main_job_seeds.py --write_docs  # the docs table from the results file (no run)
 
 Each run is one process calling `trl_trapo.cli.parse_args` / `main` — what `examples/trapo.py` does — with one torch
 thread, as `accelerate launch` uses on CPU; at most one run per CPU core at a time (`--jobs`, default 2). A run is the
@@ -17,9 +17,9 @@ and evaluation; the 4 runs took 9 min there. Results go to `docs/results/main_jo
   transformers, trl and accelerate versions, the git commit (and whether `trl_trapo/` or `examples/` differed from
   it), the date.
 
-`--write_readme` renders the README's table (`render_readme_block`) from that file and puts it between the
-`<!-- main-job-table:start -->` and `<!-- main-job-table:end -->` markers; `tests/test_readme_results.py` checks that
-the README holds exactly that rendering. Arguments this script does not know are passed to every run (a smoke run:
+`--write_docs` renders the table of docs/results/main_job.md (`render_block`) from that file and puts it between the
+`<!-- main-job-table:start -->` and `<!-- main-job-table:end -->` markers; `tests/test_result_pages.py` checks that
+the page holds exactly that rendering. Arguments this script does not know are passed to every run (a smoke run:
 `--max_steps 3 --results /tmp/r.json`); such a run never overwrites the committed results unless `--results` says so.
 The numbers depend on the seed and on the processor (fp32 rounding changes the sampled tokens): regenerate them, do
 not edit them.
@@ -46,12 +46,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from readme_blocks import write_readme_block  # noqa: E402
+from result_blocks import file_link, page_of, write_block  # noqa: E402
 
 
 RESULTS = ROOT / "docs" / "results" / "main_job" / "results.json"
-README_BLOCK = "main-job-table"
-# name -> the main job's arguments (the README's rows, in this order)
+BLOCK = "main-job-table"
+# name -> the main job's arguments (the table's rows, in this order)
 RUNS = {
     "seed0": ["--seed", "0", "--task_suite_seed", "0"],
     "seed1": ["--seed", "1", "--task_suite_seed", "1"],
@@ -59,7 +59,7 @@ RUNS = {
     "rl_off": ["--seed", "0", "--task_suite_seed", "0", "--rl_weight", "0"],
 }
 SEED_RUNS = ("seed0", "seed1", "seed2")
-LINE_WIDTH = 119  # the README's
+LINE_WIDTH = 119  # the docs'
 SPLITS = ("eval_accuracy", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only")
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
@@ -202,7 +202,7 @@ def machine() -> dict:
 
 
 # =====================================================================================================================
-# The README's table
+# The results page's table
 # =====================================================================================================================
 def _cell(values: list[float]) -> str:
     """One value, or 'min–max' when the runs disagree."""
@@ -224,8 +224,8 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's main-job block (a sentence saying how it was measured, the table, the spread over seeds).
+def render_block(data: dict) -> str:
+    """The main-job block (a sentence saying how it was measured, the table, the spread over seeds).
 
     Args:
         data: the contents of the results file (`machine`, `runs`, `jobs`, `loadavg_start`, `loadavg_end`).
@@ -239,7 +239,7 @@ def render_readme_block(data: dict) -> str:
     load = "/".join(f"{v:.1f}" for v in data["loadavg_start"]), "/".join(f"{v:.1f}" for v in data["loadavg_end"])
     lines = [
         f"Measured by `python scripts/experiments/main_job_seeds.py` on {machine['date']} "
-        f"([`docs/results/main_job/results.json`](docs/results/main_job/results.json)): {machine['cpu_model']} "
+        f"({file_link('docs/results/main_job/results.json', BLOCK)}): {machine['cpu_model']} "
         f"({', '.join(machine.get('cpu_simd') or ['no SIMD flags read'])}), "
         f"{machine['cpu_count']} cores, {data['jobs']} runs at a time with one torch thread each (as `accelerate "
         f"launch` uses on CPU), load average (1/5/15 min) {load[0]} at the start and {load[1]} at the end; torch "
@@ -303,14 +303,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (at most the number of CPU cores)")
     parser.add_argument("--work_dir", default="main-job-seeds-output", help="the runs' output folders and logs")
     parser.add_argument("--results", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README table from --results")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="README to write with --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs table from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Make the runs and write the results file (or, with `--write_readme`, only the README table).
+    """Make the runs and write the results file (or, with `--write_docs`, only the docs table).
 
     Returns:
         The results file's contents.
@@ -324,10 +324,10 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
-    if args.write_readme:
+    if args.write_docs:
         data = json.loads(results_path.read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'table updated' if changed else 'already up to date'}")
+        changed = write_block(BLOCK, render_block(data), Path(args.page))
+        print(f"{args.page}: {'table updated' if changed else 'already up to date'}")
         return data
     if job_argv and args.results is None:
         raise SystemExit(
@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": dict(zip(args.runs, entries)),
     }
     write_json_atomic(str(results_path), data)
-    print(render_readme_block(data))
-    print(f"Written to {results_path}; `--write_readme` puts the table into the README.")
+    print(render_block(data))
+    print(f"Written to {results_path}; `--write_docs` puts the table into {page_of(BLOCK).relative_to(ROOT)}.")
     return data
 
 
