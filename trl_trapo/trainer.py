@@ -44,7 +44,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import gather_object, is_peft_model
@@ -54,9 +54,7 @@ from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrain
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .arguments import check_config_type, check_trainer_arguments
-from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -199,6 +197,9 @@ try:
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
     PeftConfig = get_peft_model = None
     NoMatchingPeftModuleError = ValueError
+
+if TYPE_CHECKING:  # built only when asked for (`async_rollouts=True`)
+    from .async_rollouts import AsyncRolloutSource
 
 logger = logging.getLogger(__name__)
 
@@ -367,11 +368,15 @@ class TRAPOTrainer(_BaseTrainer):
             tools=tools,
         )
         if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
+            from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
+
             check_main_guard()
         if rollout_source is not None or rollout_func is not None:
             check_rollout_source(rollout_source, args, rollout_func)
         agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
         if tools or environment_factory is not None:
+            from .agents import AgentSpec, check_agent_arguments, placeholder_prompts
+
             if rollout_func is not None:
                 raise ValueError(
                     "tools / environment_factory build the tool-calling rollout source, but a rollout_func was given "
@@ -433,6 +438,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         check_tokenizer(tokenizer)
         if agent is not None:
+            from .agents import check_chat_template
+
             check_chat_template(tokenizer, args.chat_template_kwargs)
         suppressed: list[int] = []  # token ids the policy never samples (a VLM's image placeholders)
         if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
@@ -849,6 +856,8 @@ class TRAPOTrainer(_BaseTrainer):
         # ---- step 9. the rollout source and evaluation --------------------------------------------------------------
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
         if agent is not None and self.active[RL]:
+            from .agents import ToolRolloutSource
+
             rollout_source = ToolRolloutSource(
                 self.rollouts,
                 self._rl_dataset,
@@ -1133,6 +1142,8 @@ class TRAPOTrainer(_BaseTrainer):
                 "(synchronous vLLM rollouts gather every rank's prompts)."
             )
         self.metrics.track_async()
+        from .async_rollouts import AsyncRolloutSource
+
         return AsyncRolloutSource(
             self._unwrapped_policy,
             self._rl_dataset,
