@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import numbers
 import os
@@ -214,6 +215,62 @@ def check_field_types(config) -> None:
         )
 
 
+PATH_OR_DICT_FIELDS = ("deepspeed", "fsdp_config", "accelerator_config")
+"""transformers' dict fields that also take the path of a JSON file: a text value not starting with `{` is a path."""
+JSON_EXAMPLES = {
+    "generation_kwargs": '{"min_p": 0.1}',
+    "chat_template_kwargs": '{"enable_thinking": false}',
+    "model_init_kwargs": '{"dtype": "bfloat16"}',
+    "teacher_model_init_kwargs": '{"dtype": "bfloat16"}',
+    "lr_scheduler_kwargs": '{"num_cycles": 2}',
+}
+"""An example JSON object per dict field, for the message of `check_json_dicts` (others: a generic one)."""
+
+
+def _is_dict_field(kind) -> bool:
+    """Whether a field annotated `kind` holds a dict (`dict`, `dict[str, Any] | str | None`, ...)."""
+    return any(a is dict or typing.get_origin(a) is dict for a in (kind, *typing.get_args(kind)))
+
+
+def check_json_dicts(config) -> None:
+    """Refuse a dict field given as text that is not a JSON object. The command line gives every dict field as text
+    (`--generation_kwargs '{"min_p": 0.1}'`), as Python may; transformers' `__post_init__` parses the text of the
+    fields in `_VALID_DICT_FIELDS` (TRL's configs list theirs there), raising a bare `JSONDecodeError` that names
+    neither field nor value for malformed text, and leaving text that does not start with `{` as it is. Fields of
+    `PATH_OR_DICT_FIELDS` also take a file path (any text not starting with `{`).
+
+    Raises:
+        ValueError: naming the field, the value, what is wrong with it and the form expected.
+    """
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not f.init or not isinstance(value, str) or not _is_dict_field(hints[f.name]):
+            continue
+        path = f.name in PATH_OR_DICT_FIELDS
+        if path and not value.startswith("{"):
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            problem = f"it is not valid JSON ({error})"
+        else:
+            problem = (
+                f"it is a JSON {type(parsed).__name__}, not an object"
+                if not isinstance(parsed, dict)
+                else "it does not start with '{'"  # leading spaces: transformers would leave it as text
+                if not value.startswith("{")
+                else None
+            )
+        if problem is not None:
+            example = JSON_EXAMPLES.get(f.name, '{"key": "value"}')
+            raise ValueError(
+                f"{type(config).__name__}.{f.name}={value!r} is invalid: {problem}. It takes a JSON object, keys in "
+                f"double quotes, e.g. `--{f.name} '{example}'` on the command line (in Python or a YAML recipe: a "
+                f"dict{', or the path of a JSON file' if path else ''})."
+            )
+
+
 @dataclass
 class TRAPOConfig(_BaseConfig):
     r"""
@@ -235,6 +292,15 @@ class TRAPOConfig(_BaseConfig):
     Raises:
         ValueError: from `__post_init__`, naming the field, the bad value and the fix, for any inconsistent setting.
     """
+
+    # dict fields whose JSON text (the command line's form) transformers' `__post_init__` parses, as in TRL's configs
+    _VALID_DICT_FIELDS = _BaseConfig._VALID_DICT_FIELDS + [
+        "liger_kernel_config",
+        "model_init_kwargs",
+        "teacher_model_init_kwargs",
+        "generation_kwargs",
+        "chat_template_kwargs",
+    ]
 
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
@@ -272,6 +338,14 @@ class TRAPOConfig(_BaseConfig):
         default=None,
         metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers 5); use that instead."},
     )
+    liger_kernel_config: dict[str, bool] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Configuration for Liger Kernel (`use_liger_kernel`), passed as kwargs to its patching function; "
+            "None: its default. A dict, or its JSON text (transformers' `dict[str, bool] | None` could not be given "
+            "on the command line)."
+        },
+    )
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={
@@ -292,7 +366,7 @@ class TRAPOConfig(_BaseConfig):
     # ------------------------------------------------------------------------------------------------------------
     # Model loading
     # ------------------------------------------------------------------------------------------------------------
-    model_init_kwargs: dict | None = field(
+    model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={
             "help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` when `model` is a string (e.g. "
@@ -340,7 +414,7 @@ class TRAPOConfig(_BaseConfig):
     teacher_model_revision: str | None = field(
         default=None, metadata={"help": "The teacher's revision (branch, tag or commit) on the Hub."}
     )
-    teacher_model_init_kwargs: dict | None = field(
+    teacher_model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` for the teacher."},
     )
@@ -610,7 +684,7 @@ class TRAPOConfig(_BaseConfig):
             "the full model) instead of gathering layer by layer."
         },
     )
-    generation_kwargs: dict | None = field(
+    generation_kwargs: dict | str | None = field(
         default=None,
         metadata={
             "help": "Extra settings of rollout generation, limited to those that leave the recorded log-probs exact: "
@@ -621,7 +695,7 @@ class TRAPOConfig(_BaseConfig):
             "are refused: the trained log-probs would not describe the sampled distribution."
         },
     )
-    chat_template_kwargs: dict | None = field(
+    chat_template_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Extra keyword arguments of `apply_chat_template` for conversational data."}
     )
 
@@ -1264,6 +1338,7 @@ class TRAPOConfig(_BaseConfig):
     )
 
     def __post_init__(self):
+        check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         check_field_types(self)  # first: every check below compares or computes with the values
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
