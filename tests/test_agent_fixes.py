@@ -134,7 +134,7 @@ def test_the_cli_parses_the_aliases_and_beta_wins_over_the_builtin_kl_coef():
     _, config, _ = cli.parse_args(["--beta", "0.0", "--epsilon", "0.25", "--num_iterations", "2"])
     assert (config.kl_coef, config.cliprange, config.num_ppo_epochs) == (0.0, 0.25, 2)
     _, builtin, _ = cli.parse_args([])
-    assert builtin.kl_coef == 0.01 and builtin.beta is None
+    assert builtin.kl_coef == builtin.beta == 0.01 and builtin.grpo_names_given == []  # beta reads kl_coef
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -561,7 +561,8 @@ def test_disable_tqdm_also_governs_the_bars_of_evaluation(tmp_path, tokenizer, s
 def test_a_prompts_last_role_is_refused_exactly_when_trls_apply_chat_template_refuses_it(tokenizer, last):
     """TRAPO renders conversational prompts with TRL's `apply_chat_template`, which raises `Invalid role in the last
     message` from inside `datasets.map` (naming neither dataset nor row) for some last roles: `check_cells` refuses
-    exactly those rows first, by dataset, row and role, and accepts every other (a first fix refused roles TRL takes)."""
+    exactly those rows first, by dataset, row and role, and accepts every other (a first fix refused roles TRL
+    takes)."""
     from trl.data_utils import apply_chat_template
 
     prompt = [user("a"), {"role": last, "content": "b"}]

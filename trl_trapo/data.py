@@ -411,8 +411,8 @@ def check_prompt_roles(
                 f"{where} with a message of role {last!r}, but TRL's `apply_chat_template`, which renders it, takes "
                 f"only {', '.join(repr(r) for r in PROMPT_LAST_ROLES)} as a prompt's last role (it would raise "
                 f"`Invalid role in the last message: {last}`); other roles are fine before it",
-                f"end each prompt with a 'user' (or 'tool', 'assistant') message, e.g. rename the role {last!r} where it "
-                "comes last, or drop such rows",
+                f"end each prompt with a 'user' (or 'tool', 'assistant') message, e.g. rename the role {last!r} where "
+                "it comes last, or drop such rows",
             )
         if problem is not None:
             bad.append(row)
