@@ -613,3 +613,16 @@ def test_the_distillation_prompts_last_role_is_checked_with_the_other_datasets(t
     prompts = Dataset.from_dict({"prompt": [[user("a")], [{"role": "system", "content": "s"}]]})
     with pytest.raises(ValueError, match=r"`distillation_dataset` column 'prompt' row 1: .* role 'system'"):
         check_datasets(config, None, None, None, None, distillation_dataset=prompts)
+
+
+def test_eval_messages_rendered_whole_under_assistant_only_loss_are_not_split_checked():
+    """Evaluation renders `messages` rows whole under assistant_only_loss (as the SFT objective does), so a role
+    before the last assistant turn is the template's: `check_eval_dataset` (also run by `evaluate(eval_dataset=...)`)
+    passes it then, and refuses it when the row is split into prompt and completion."""
+    from trl_trapo.data import check_eval_dataset
+
+    row = [user("a"), {"role": "wizard", "content": "w"}, {"role": "assistant", "content": "c"}]
+    dataset = Dataset.from_dict({"messages": [row]})
+    check_eval_dataset({"held": dataset}, assistant_only_loss=True)
+    with pytest.raises(ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: .* role 'wizard'"):
+        check_eval_dataset({"held": dataset})
