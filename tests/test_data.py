@@ -626,3 +626,32 @@ def test_eval_messages_rendered_whole_under_assistant_only_loss_are_not_split_ch
     check_eval_dataset({"held": dataset}, assistant_only_loss=True)
     with pytest.raises(ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: .* role 'wizard'"):
         check_eval_dataset({"held": dataset})
+
+
+@pytest.mark.parametrize("middle", ["system", "tool", "developer", "wizard"])
+def test_a_vlm_rows_roles_are_refused_exactly_when_trls_prepare_multimodal_messages_refuses_them(middle):
+    """A dataset with an image column goes through TRL's `prepare_multimodal_messages` (which places the images), and
+    that refuses a role outside system / user / assistant / tool anywhere in the conversation: the processor's
+    `datasets.map` said "its messages and its 0 images do not match (Invalid role in message: developer ...)", a
+    wrong cause. `check_cells` refuses exactly those rows first, by dataset, row and role."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    messages = [user("a"), {"role": middle, "content": "b"}, user("c"), {"role": "assistant", "content": "d"}]
+    try:
+        prepare_multimodal_messages(messages, [])
+        trl_refuses = False
+    except ValueError as error:
+        assert f"Invalid role in message: {middle}" in str(error)
+        trl_refuses = True
+    assert trl_refuses == (middle not in ("system", "user", "assistant", "tool"))
+    for kind, columns in [
+        ("sft", {"messages": [messages]}),
+        ("prompts", {"prompt": [messages[:3]]}),
+        ("sft", {"prompt": [messages[:1]], "completion": [[{"role": middle, "content": "d"}]]}),
+    ]:
+        dataset = Dataset.from_dict({**columns, "images": [[]]})
+        if trl_refuses:
+            with pytest.raises(ValueError, match=rf"row 0: has a message of role '{middle}'.*prepare_multimodal"):
+                check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
+        else:
+            check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)

@@ -346,21 +346,27 @@ PROMPT_LAST_ROLES = ("user", "tool", "assistant")
 takes for a prompt's last message: `user` / `tool` get the generation prompt, `assistant` is continued; any other
 (`system` included) raises `Invalid role in the last message`. The roles before the last are the chat template's to
 render (`developer`, `ipython`, ...), unchecked by TRL."""
+IMAGE_ROLES = ("system", "user", "assistant", "tool")
+"""The roles TRL's `prepare_multimodal_messages` (`trl.data_utils`), which places a VLM row's images, takes for every
+message; any other raises `Invalid role in message`."""
 
 
 def check_prompt_roles(
     dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False
 ) -> None:
     """Refuse, before anything slow, the conversational rows TRAPO's rendering would fail on from inside
-    `datasets.map` without naming the dataset or the row: a prompt whose last message's role is not one of
-    `PROMPT_LAST_ROLES` (the `prompt` column's messages; for a `messages` row, every message before the last), and a
-    `messages` row that is split into prompt and completion but does not end with the assistant's message or has
-    nothing before it. Exactly the rows `trl.data_utils.apply_chat_template` refuses: a role it does not check (one
-    before the last) passes.
+    `datasets.map`, with TRL's message that names neither the dataset nor the row: exactly the rows TRL's functions
+    refuse, every other role passing.
 
-    With `assistant_only_loss` (SFT rows rendered whole by the chat template, see `tokenize_sft_dataset`) no SFT row is
-    split, so only prompt-only rows are checked. A dataset with an image column is rendered by the processor (see
-    [`~trl_trapo.vision.ImageRows`]), which checks no role: only the assistant ending of its `messages` is checked.
+    - Text rows, rendered by `trl.data_utils.apply_chat_template`: a prompt whose last message's role is not one of
+      `PROMPT_LAST_ROLES` (the `prompt` column's messages; for a `messages` row, every message before the last).
+    - Rows of a dataset with an image column, whose messages go through `trl.data_utils.prepare_multimodal_messages`
+      (see [`~trl_trapo.vision.ImageRows`]): a message, anywhere, whose role is not one of `IMAGE_ROLES`.
+    - A `messages` row split into prompt and completion that does not end with the assistant's message, or (text
+      rows) has nothing before it.
+
+    With `assistant_only_loss` SFT text rows are rendered whole by the chat template (see `tokenize_sft_dataset`),
+    neither split nor checked by TRL: only prompt-only rows are checked then.
 
     Args:
         dataset (`Dataset`): the rows, with the columns `read_columns(columns, kind)` names.
@@ -373,40 +379,47 @@ def check_prompt_roles(
     """
     names = dataset_columns(dataset)
     columns = read_columns(names, kind)
-    sft = "completion" in columns or "messages" in columns
-    if sft and assistant_only_loss:
-        return
     images = any(c in names for c in IMAGE_COLUMNS)
+    if ("completion" in columns or "messages" in columns) and assistant_only_loss and not images:
+        return
     column = "messages" if "messages" in columns else "prompt" if "prompt" in columns else None
     if column is None or str(dataset.with_format("arrow")[column].type) in ("string", "large_string"):
         return  # no column of conversations (text rows are not rendered by a chat template)
+    completions = dataset["completion"] if images and "completion" in columns else None
     bad: list[int] = []
     first = None  # (what is wrong, fix) of the first bad row
     for row, value in enumerate(dataset[column]):
         if not is_messages(value):
             continue  # text, or a cell `check_cell_types` refuses
         problem = None
-        if column == "messages":
-            if value[-1].get("role") != "assistant":
+        split = column == "messages"
+        if split and value[-1].get("role") != "assistant":
+            problem = (
+                f"ends with a message of role {value[-1].get('role')!r}, but a 'messages' row is split into a prompt "
+                "(every message before the last) and the completion to learn (the last, which must be the "
+                "assistant's)",
+                "drop the turns after the last assistant message, e.g. `dataset.map(lambda row: {'messages': "
+                "row['messages'][: max(i for i, m in enumerate(row['messages']) if m['role'] == 'assistant') + 1]})`"
+                + ("" if images else ", or set assistant_only_loss=True (every assistant turn is trained)"),
+            )
+        elif images:
+            rendered = list(value) + (completions[row] if completions and is_messages(completions[row]) else [])
+            unknown = next((m.get("role") for m in rendered if m.get("role") not in IMAGE_ROLES), None)
+            if unknown is not None:
                 problem = (
-                    f"ends with a message of role {value[-1].get('role')!r}, but a 'messages' row is split into a "
-                    "prompt (every message before the last) and the completion to learn (the last, which must be the "
-                    "assistant's)",
-                    "drop the turns after the last assistant message, e.g. `dataset.map(lambda row: {'messages': "
-                    "row['messages'][: max(i for i, m in enumerate(row['messages']) if m['role'] == 'assistant') + "
-                    "1]})`, or set assistant_only_loss=True (every assistant turn is trained, whatever comes last)",
+                    f"has a message of role {unknown!r}, but TRL's `prepare_multimodal_messages`, which places the "
+                    f"row's images, takes only {', '.join(repr(r) for r in IMAGE_ROLES)} (it would raise `Invalid "
+                    f"role in message: {unknown}`)",
+                    f"rename the role {unknown!r} to one of those, or drop such rows",
                 )
-            elif len(value) == 1 and not images:
-                problem = (
-                    "holds only the assistant's message, so its prompt (every message before the last) is empty",
-                    "give it a prompt (e.g. a user turn before the reply), or drop such rows",
-                )
-            prompt = value[:-1]
-        else:
-            prompt = value
-        if problem is None and prompt and not images and prompt[-1].get("role") not in PROMPT_LAST_ROLES:
+        elif split and len(value) == 1:
+            problem = (
+                "holds only the assistant's message, so its prompt (every message before the last) is empty",
+                "give it a prompt (e.g. a user turn before the reply), or drop such rows",
+            )
+        elif (prompt := value[:-1] if split else value)[-1].get("role") not in PROMPT_LAST_ROLES:
             last = prompt[-1].get("role")
-            where = "its prompt (every message before the last) ends" if column == "messages" else "its prompt ends"
+            where = "its prompt (every message before the last) ends" if split else "its prompt ends"
             problem = (
                 f"{where} with a message of role {last!r}, but TRL's `apply_chat_template`, which renders it, takes "
                 f"only {', '.join(repr(r) for r in PROMPT_LAST_ROLES)} as a prompt's last role (it would raise "
