@@ -24,6 +24,9 @@ ALLOWED_PRIVATE_ACCESS = {
     # transformers' per-class constructor that honours `deepspeed.zero.Init`; the public `AutoModel*.from_config`
     # would require the policy's class to be registered with an Auto class
     ("distributed.py", "type(model)._from_config"),
+    # transformers' list of the dict fields whose JSON text `TrainingArguments.__post_init__` parses, which every TRL
+    # config extends the same way (`_BaseConfig._VALID_DICT_FIELDS + [...]`)
+    ("config.py", "_BaseConfig._VALID_DICT_FIELDS"),
 }
 
 

@@ -1780,7 +1780,9 @@ class TRAPOTrainer(_BaseTrainer):
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         if eval_dataset is not None:  # the trainer's own was checked at construction
-            check_eval_dataset(eval_dataset, text_tokenizer(self.processing_class))
+            check_eval_dataset(
+                eval_dataset, text_tokenizer(self.processing_class), assistant_only_loss=self.args.assistant_only_loss
+            )
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
         with progress_bars(enabled=not self.args.disable_tqdm):  # the evaluator tokenizes its shards at each call
