@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 
 import compare_real  # noqa: E402
+from runlib import write_json_atomic  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -93,8 +94,8 @@ def test_a_stale_or_missing_cache_entry_runs_again(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(compare_real, "worker", lambda spec: ran.append(spec["name"]))
     specs = [{"name": name, "cache": str(tmp_path / f"{name}.json"), "fingerprint": "abc"} for name in ("a", "b", "c")]
-    compare_real.write_json(tmp_path / "a.json", {"fingerprint": "abc"})
-    compare_real.write_json(tmp_path / "b.json", {"fingerprint": "made-with-other-settings"})
+    write_json_atomic(tmp_path / "a.json", {"fingerprint": "abc"})
+    write_json_atomic(tmp_path / "b.json", {"fingerprint": "made-with-other-settings"})
     assert compare_real.run_tasks(specs, jobs=0, log_dir=tmp_path) == ["b", "c"]
     assert ran == ["b", "c"]
 

@@ -57,15 +57,13 @@ from trl_trapo.rollout import generate as rollout_generate
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # scripts/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
 from fetch_smollm2 import default_output_dir, is_complete  # noqa: E402
 from gsm8k_to_trl import clean_solution  # noqa: E402
+from runlib import peak_rss_mb  # noqa: E402
 
 
 DATA = __file__.rsplit("/scripts/", 1)[0] + "/examples/data"
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def gsm8k(n: int) -> list[dict]:

@@ -53,19 +53,17 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)  # compare_pipelines, result_blocks
+sys.path.insert(0, HERE)  # compare_pipelines, result_blocks, runlib
 
-from result_blocks import file_link, page_of, write_block  # noqa: E402
+import runlib  # noqa: E402
+from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
 
 
 logger = logging.getLogger("compare_vlm")
@@ -323,23 +321,13 @@ def worker(spec: dict) -> dict:
     }
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    write_json(os.path.join(spec["run_dir"], "result.json"), result)
+    runlib.write_json_atomic(os.path.join(spec["run_dir"], "result.json"), result)
     return result
 
 
 # =====================================================================================================================
 # Orchestration
 # =====================================================================================================================
-def write_json(path: str, payload) -> None:
-    """Write `payload` as JSON through a temporary file and a rename (an interrupted run never leaves half a file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
 def code_key(args, job_argv: list[str], arm: str) -> str:
     """A 16-hex-digit key of what decides the numbers of an `arm`'s runs: the package, the functions of this script
     the arm executes (`RUN_FUNCTIONS[arm]`: editing the table, the docs or another arm keeps the finished runs), its
@@ -368,59 +356,14 @@ RUN_FUNCTIONS = {
 }
 
 
-def launch(spec: dict, in_process: bool) -> dict:
-    """Run one spec (reusing a result of the same key), in this process or a child one.
-
-    Raises:
-        RuntimeError: if the child process fails, with the end of its log.
-    """
-    result_path = os.path.join(spec["run_dir"], "result.json")
-    if not spec["rerun"] and os.path.exists(result_path):
-        with open(result_path, encoding="utf-8") as handle:
-            cached = json.load(handle)
-        if cached.get("key") == spec["key"]:
-            logger.info("%s-seed%d: reused %s", spec["arm"], spec["seed"], result_path)
-            return cached
-    logger.info("%s-seed%d: running", spec["arm"], spec["seed"])
-    started = time.perf_counter()
-    if in_process:
-        result = worker(spec)
-        logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-        return result
-    os.makedirs(spec["run_dir"], exist_ok=True)
-    spec_path = os.path.join(spec["run_dir"], "spec.json")
-    write_json(spec_path, spec)
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.update(TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=ROOT)
-    log_path = os.path.join(spec["run_dir"], "log.txt")
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path], stdout=log, stderr=log, env=env
-        ).returncode
-    if code != 0:
-        with open(log_path, encoding="utf-8") as handle:
-            tail = handle.read()[-3000:]
-        raise RuntimeError(f"{spec['arm']}-seed{spec['seed']} failed (exit {code}); its log ends with:\n{tail}")
-    logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-    with open(result_path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def finished(spec: dict) -> bool:
-    """Whether `spec`'s run directory holds a result made by the same code and settings (its `key`)."""
-    path = os.path.join(spec["run_dir"], "result.json")
-    if not os.path.exists(path):
-        return False
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle).get("key") == spec["key"]
-
-
 def run_all(specs: list[dict], jobs: int) -> list[dict]:
     """Launch every spec, `jobs` at a time (`jobs == 1`: in this process, in order); results in `specs`' order."""
-    if jobs == 1:
-        return [launch(spec, in_process=True) for spec in specs]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda spec: launch(spec, in_process=False), specs))
+
+    def run(spec: dict) -> dict:
+        name = f"{spec['arm']}-seed{spec['seed']}"
+        return runlib.run_cached(spec, worker, __file__, in_process=jobs == 1, name=name, log=logger)
+
+    return runlib.map_jobs(run, specs, jobs)
 
 
 def summarize(results: list[dict]) -> dict:
@@ -437,16 +380,7 @@ def summarize(results: list[dict]) -> dict:
                 values.setdefault(name, []).append(r["metrics"][name])
                 values.setdefault(f"{name}_change", []).append(r["metrics"][name] - r["initial"][name])
             values.setdefault("train_s", []).append(r["train_s"])
-        summary[arm] = {
-            name: {
-                "mean": statistics.fmean(v),
-                "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                "min": min(v),
-                "max": max(v),
-                "n": len(v),
-            }
-            for name, v in values.items()
-        }
+        summary[arm] = {name: runlib.describe(v) for name, v in values.items()}
     return summary
 
 
@@ -527,11 +461,7 @@ def main(argv: list[str] | None = None) -> dict:
             worker(json.load(handle))
         return {}
     if args.write_docs:
-        with open(args.results or RESULTS, encoding="utf-8") as handle:
-            data = json.load(handle)
-        changed = write_block(BLOCK, render_block(data), Path(args.page))
-        print(f"{args.page}: {'block updated' if changed else 'already up to date'}")
-        return data
+        return write_block_from_results(BLOCK, render_block, args.results or RESULTS, args.page)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args, job_argv = resolve(args, job_argv)
@@ -555,16 +485,13 @@ def main(argv: list[str] | None = None) -> dict:
     specs = [spec(arm, seed) for seed in args.seeds for arm in args.arms]
     missing = []
     if args.collect_only:
-        missing = [f"{s['arm']}-seed{s['seed']}" for s in specs if not finished(s)]
-        specs = [s for s in specs if finished(s)]
+        finished = [runlib.keyed_result(s["run_dir"], s["key"]) is not None for s in specs]
+        missing = [f"{s['arm']}-seed{s['seed']}" for s, done in zip(specs, finished) if not done]
+        specs = [s for s, done in zip(specs, finished) if done]
         if missing:
             logger.warning("--collect_only: no finished result for %s; left out.", ", ".join(missing))
     results = run_all(specs, args.jobs)
     pretrain_steps, sft_steps, rl_steps = relay_steps(config)
-    import torch
-    import transformers
-    import trl
-
     payload = {
         "command": " ".join(
             ["python", "scripts/experiments/compare_vlm.py", *(argv if argv is not None else sys.argv[1:])]
@@ -584,17 +511,10 @@ def main(argv: list[str] | None = None) -> dict:
         "missing": missing,
         "summary": summarize(results),
         "table": table(results),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "loadavg_start": load_start,
-            "loadavg_end": os.getloadavg(),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        },
+        "machine": runlib.run_conditions(args.jobs, args.threads, load_start),
         "total_s": time.perf_counter() - started,
     }
-    write_json(args.results, payload)
+    runlib.write_json_atomic(args.results, payload)
     print(payload["table"])
     print(f"\nWritten to {args.results} ({payload['total_s']:.0f} s).")
     return payload

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,10 +27,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # compare_real
+sys.path.insert(0, str(HERE))  # compare_real, runlib
 sys.path.insert(0, str(HERE.parent))  # gsm8k_to_trl, fetch_smollm2
 
-from compare_real import write_json  # noqa: E402  (atomic JSON writes)
+from runlib import launch_worker, machine_line, read_json, write_json_atomic  # noqa: E402
 
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
@@ -103,7 +100,7 @@ def run_arm(argv: list[str], output: Path) -> None:
         for entry in trainer.state.log_history
         if "loss" in entry and "train_runtime" not in entry
     ]
-    write_json(output, {"argv": argv, "cpu_s": time.process_time() - started, "steps": steps})
+    write_json_atomic(output, {"argv": argv, "cpu_s": time.process_time() - started, "steps": steps})
 
 
 def summarise(steps: list[dict]) -> dict:
@@ -156,12 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.write_docs:
-        from result_blocks import page_of, write_block
+        from result_blocks import write_block_from_results
 
-        results = json.loads(Path(args.output or OUTPUT).read_text(encoding="utf-8"))
-        changed = write_block(BLOCK, render_block(results))
-        print(f"{page_of(BLOCK).relative_to(ROOT)} {BLOCK}: {'updated' if changed else 'already up to date'}")
-        return results
+        return write_block_from_results(BLOCK, render_block, args.output or OUTPUT)
     if args._worker:
         spec = json.loads(Path(args._worker[0]).read_text(encoding="utf-8"))
         run_arm(spec, Path(args._worker[1]))
@@ -180,38 +174,31 @@ def main(argv: list[str] | None = None) -> dict:
     data = prepare_data(work, args.quick)
     results = {
         "command": " ".join(["python scripts/experiments/guidance_real.py", *(argv or sys.argv[1:])]),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine_line(),
         "date": time.strftime("%Y-%m-%d"),
         "max_steps": args.max_steps,
         "arms": {},
     }
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     for arm in ARMS:
         spec_path, arm_output = work / "logs" / f"{arm}.argv.json", work / "logs" / f"{arm}.json"
-        write_json(spec_path, job_argv(args, model, data, work, arm))
-        started = time.perf_counter()
-        with open(work / "logs" / f"{arm}.log", "w", encoding="utf-8") as log:
-            code = subprocess.run(
-                [sys.executable, __file__, "--_worker", str(spec_path), str(arm_output)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                check=False,
-            ).returncode
-        if code:
-            tail = (work / "logs" / f"{arm}.log").read_text(encoding="utf-8")[-3000:]
-            raise RuntimeError(f"{arm} failed (exit code {code}):\n{tail}")
-        history = json.loads(arm_output.read_text(encoding="utf-8"))
+        run = launch_worker(
+            __file__,
+            job_argv(args, model, data, work, arm),
+            spec_path,
+            threads=args.threads,
+            log_path=work / "logs" / f"{arm}.log",
+            name=arm,
+            worker_args=[str(arm_output)],
+        )
+        history = read_json(arm_output)
         results["arms"][arm] = {
-            "wall_s": time.perf_counter() - started,
+            "wall_s": run.wall_s,
             "cpu_s": history["cpu_s"],
             "summary": summarise(history["steps"]),
             "steps": history["steps"],
         }
         print(arm, json.dumps(results["arms"][arm]["summary"]), flush=True)
-    write_json(output, results)
+    write_json_atomic(output, results)
     return results
 
 

@@ -28,25 +28,21 @@ not edit them.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_blocks import file_link, page_of, write_block  # noqa: E402
+from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
+from runlib import launch_worker, machine_info, map_jobs, peak_rss_mb, read_json, usable_cores, write_json_atomic  # noqa: E402
 
 
 RESULTS = ROOT / "docs" / "results" / "main_job" / "results.json"
@@ -61,8 +57,6 @@ RUNS = {
 SEED_RUNS = ("seed0", "seed1", "seed2")
 LINE_WIDTH = 119  # the docs'
 SPLITS = ("eval_accuracy", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only")
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 # =====================================================================================================================
@@ -79,7 +73,7 @@ def worker(spec_path: str) -> None:
 
     import torch
 
-    from trl_trapo.cli import main, parse_args, write_json_atomic
+    from trl_trapo.cli import main, parse_args
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -98,7 +92,7 @@ def worker(spec_path: str) -> None:
                 if "eval_reward" in h
             ],
             "max_steps": training_args.max_steps,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+            "peak_rss_mb": peak_rss_mb(),
         },
     )
 
@@ -113,24 +107,11 @@ def launch(name: str, argv: list[str], work_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     job_argv = [*argv, "--output_dir", str(run_dir / "output"), "--overwrite_output_dir"]  # a re-run replaces it
     spec = {"argv": job_argv, "result": str(run_dir / "result.json")}
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
-    env = {**os.environ, **THREAD_ENV, **OFFLINE_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # this checkout's code
-    start = time.perf_counter()
-    with open(run_dir / "job.log", "w", encoding="utf-8") as log:
-        code = subprocess.call(
-            [sys.executable, str(Path(__file__).resolve()), "--_worker", str(spec_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    wall = time.perf_counter() - start
-    if code != 0:
-        tail = (run_dir / "job.log").read_text(encoding="utf-8")[-3000:]
-        raise RuntimeError(f"run {name} failed (exit code {code}); {run_dir / 'job.log'} ends with:\n{tail}")
-    out = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    # one torch thread, as `accelerate launch` uses on CPU
+    run = launch_worker(
+        __file__, spec, run_dir / "spec.json", threads=1, log_path=run_dir / "job.log", name=f"run {name}"
+    )
+    out = read_json(run_dir / "result.json")
     results = out["results"]
     return {
         "command": shlex.join(["accelerate", "launch", "examples/trapo.py", *argv]),
@@ -141,63 +122,7 @@ def launch(name: str, argv: list[str], work_dir: Path) -> dict:
         "train_runtime_s": results["train_runtime_s"],
         "train_loss": results.get("train_loss"),
         "peak_rss_mb": out["peak_rss_mb"],
-        "wall_s": wall,
-    }
-
-
-# =====================================================================================================================
-# The machine
-# =====================================================================================================================
-def cpuinfo(field: str) -> str | None:
-    """The first `field` line of `/proc/cpuinfo` (None where there is no such file or line)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.split(":", 1)[0].strip() == field:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name from `/proc/cpuinfo` (`platform.processor()` where there is none)."""
-    return cpuinfo("model name") or platform.processor() or "unknown"
-
-
-def simd_flags() -> list[str]:
-    """The vector instruction sets the CPU reports that change how fp32 sums are rounded (AVX2, AVX-512, AMX)."""
-    flags = set((cpuinfo("flags") or "").split())
-    return [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-
-
-def git(*args: str) -> str | None:
-    """Output of `git <args>` in this checkout (stripped), or None when git or the repository is missing."""
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def machine() -> dict:
-    """What the numbers depend on besides the seed: processor, cores, library versions, code version, date."""
-    import accelerate
-    import torch
-    import transformers
-    import trl
-
-    changed = git("status", "--porcelain", "--", "trl_trapo", "examples")
-    return {
-        "cpu_model": cpu_model(),
-        "cpu_simd": simd_flags(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-        "git_commit": git("rev-parse", "HEAD"),
-        "code_differs_from_commit": bool(changed) if changed is not None else None,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "wall_s": run.wall_s,
     }
 
 
@@ -325,10 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     results_path = Path(args.results) if args.results else RESULTS
     if args.write_docs:
-        data = json.loads(results_path.read_text(encoding="utf-8"))
-        changed = write_block(BLOCK, render_block(data), Path(args.page))
-        print(f"{args.page}: {'table updated' if changed else 'already up to date'}")
-        return data
+        return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if job_argv and args.results is None:
         raise SystemExit(
             f"extra main-job arguments {job_argv} change the runs: pass --results PATH so that they do not "
@@ -336,14 +258,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}.")
-    jobs = min(args.jobs, os.cpu_count() or 1, len(args.runs))
-    from trl_trapo.cli import write_json_atomic
-
+    jobs = min(args.jobs, usable_cores(), len(args.runs))
     work_dir = Path(args.work_dir).resolve()
     load_start = os.getloadavg()
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        entries = list(pool.map(lambda name: launch(name, [*RUNS[name], *job_argv], work_dir), args.runs))
+    entries = map_jobs(lambda name: launch(name, [*RUNS[name], *job_argv], work_dir), args.runs, jobs)
     data = {
         "command": shlex.join(
             ["python", "scripts/experiments/main_job_seeds.py", *(sys.argv[1:] if argv is None else argv)]
@@ -353,10 +272,10 @@ def main(argv: list[str] | None = None) -> dict:
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
         "total_wall_s": time.perf_counter() - started,
-        "machine": machine(),
+        "machine": machine_info(),
         "runs": dict(zip(args.runs, entries)),
     }
-    write_json_atomic(str(results_path), data)
+    write_json_atomic(results_path, data, indent=2, newline=False)
     print(render_block(data))
     print(f"Written to {results_path}; `--write_docs` puts the table into {page_of(BLOCK).relative_to(ROOT)}.")
     return data

@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import runlib  # noqa: E402
 from result_blocks import ROOT, page_of, write_block  # noqa: E402
 
 
@@ -246,24 +247,19 @@ def ablation_table(summary: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Student t quantiles t_{0.95, df} (two-sided 90 % intervals), df = 1..10 (standard tables)
-T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
 # (column, what "better" is) of the paired comparison; forgetting is better when lower
 PAIRED_METRICS = (("accuracy", 1), ("accuracy_rl_only", 1), ("forgetting", -1))
 
 
 def paired_interval(differences: list[float]) -> tuple[float, float, float]:
-    """Mean of paired differences and its two-sided 90 % Student t interval `(mean, low, high)`.
+    """Mean of paired differences and its two-sided 90 % Student t interval `(mean, low, high)`
+    (`runlib.paired_interval`).
 
     Raises:
-        ValueError: with fewer than 2 or more than 11 pairs (`T_95` covers df 1..10).
+        ValueError: with fewer than 2 pairs.
     """
-    n = len(differences)
-    if not 2 <= n <= len(T_95) + 1:
-        raise ValueError(f"paired_interval: {n} pairs; need 2..{len(T_95) + 1}.")
-    mean = statistics.mean(differences)
-    half = T_95[n - 1] * statistics.stdev(differences) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    interval = runlib.paired_interval(differences, confidence=0.9)
+    return interval["mean"], interval["low"], interval["high"]
 
 
 def component_verdict(mean: float, low: float, high: float, better: int) -> str:

@@ -2,14 +2,18 @@
 """Generated blocks of the results pages: the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` markers.
 
 A script that measures something renders its block from its results file and writes it with `write_block` into the
-page that holds it (`PAGES`: block name -> page under `docs/`); `tests/test_result_pages.py` checks with `read_block`
-that each page still holds exactly what the committed results render to, so a number edited by hand fails the test.
+page that holds it (`PAGES`: block name -> page under `docs/`); `write_block_from_results` is a script's whole
+`--write_docs` (read the results file, render, write, say whether the page changed). `tests/test_result_pages.py`
+checks with `read_block` that each page still holds exactly what the committed results render to, so a number edited
+by hand fails the test.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -93,3 +97,26 @@ def write_block(name: str, block: str, page: Path | None = None) -> bool:
         partial.write_text(new, encoding="utf-8")
         os.replace(partial, page)
     return new != text
+
+
+def write_block_from_results(
+    name: str, render: Callable[[dict], str], results_path: str | Path, page: str | Path | None = None
+) -> dict:
+    """A script's `--write_docs`: render the `name` block from its results file, put it into `page` (default the
+    results page that holds it, `page_of(name)`) and say whether it changed.
+
+    Returns:
+        The results file's contents.
+
+    Raises:
+        SystemExit: if there is no results file (run the script first).
+    """
+    results_path = Path(results_path)
+    if not results_path.is_file():
+        raise SystemExit(f"No {results_path}: run the comparison first.")
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    page = page_of(name) if page is None else Path(page)
+    changed = write_block(name, render(results), page)
+    shown = page.resolve().relative_to(ROOT) if page.resolve().is_relative_to(ROOT) else page
+    print(f"{shown}: the {name} block {'updated' if changed else 'is already up to date'}")
+    return results
