@@ -56,6 +56,15 @@ def test_child_env_without_threads_leaves_them_and_drop_removes(monkeypatch):
         runlib.child_env(0)
 
 
+def test_go_offline_defaults_this_process_as_a_child_and_keeps_the_users_choice(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_HUB_DISABLE_TELEMETRY", raising=False)
+    runlib.go_offline()
+    assert os.environ["HF_HUB_OFFLINE"] == "0" and os.environ["HF_DATASETS_OFFLINE"] == "1"
+    assert os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1"
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the launcher
 # ---------------------------------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # the serial pipeline's stage configurations
 
 from compare_pipelines import stage_configs  # noqa: E402
-from runlib import launch_worker, peak_rss_mb, read_json, write_json_atomic  # noqa: E402
+from runlib import go_offline, launch_worker, peak_rss_mb, read_json, write_json_atomic  # noqa: E402
 
 
 RUNS = (
@@ -863,7 +863,7 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     args = resolve_defaults(args)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    go_offline()
     started = time.perf_counter()
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="benchmark-trainers-")
     model_dir = os.path.join(work_dir, "model")

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import statistics
 import sys
@@ -494,8 +493,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--num_generations {args.num_generations} RL rows + --sft_traces {args.sft_traces}): choose a divisor."
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(key, "1")
+    runlib.go_offline()
     results = run(args)
     output = Path(args.output) if args.output else (Path(args.work_dir) / "results.json" if args.quick else OUTPUT)
     runlib.write_json_atomic(output, results)

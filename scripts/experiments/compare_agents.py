@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
             worker(json.load(handle))
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
     from trl_trapo import agent_job
 

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -88,8 +89,10 @@ def main() -> None:
     parser.add_argument("--num_sft_per_task", type=int, default=50)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from runlib import go_offline
+
+    go_offline()
     results = []
     for seed in args.seeds:
         for arm in args.arms:

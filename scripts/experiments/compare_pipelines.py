@@ -102,7 +102,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report, runlib
 
-from runlib import launch_worker, map_jobs, peak_rss_mb, write_json_atomic  # noqa: E402
+from runlib import go_offline, launch_worker, map_jobs, peak_rss_mb, write_json_atomic  # noqa: E402
 
 
 logger = logging.getLogger("compare_pipelines")
@@ -955,8 +955,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_defaults(args)
     args.code = code_fingerprint()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    go_offline()
     from pipeline_report import write_report
 
     methods = list(dict.fromkeys(args.methods))

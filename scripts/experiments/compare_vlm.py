@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, args.results or RESULTS, args.page)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
     from trl_trapo import vision_job
 

@@ -652,8 +652,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(key, "1")
+    runlib.go_offline()
     with contextlib.redirect_stdout(sys.stderr):
         specs = task_specs(args, passthrough, argv)
     ran = run_tasks(specs, args.jobs, Path(args.work_dir) / "logs")

@@ -50,6 +50,18 @@ R = TypeVar("R")
 # =====================================================================================================================
 # Child processes
 # =====================================================================================================================
+# the Hugging Face Hub and datasets offline, unless the user's environment says otherwise (the runs build or read their
+# models and data locally)
+OFFLINE_DEFAULTS = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def go_offline() -> None:
+    """Put this process offline as `child_env` puts a child: `OFFLINE_DEFAULTS` where the environment does not set
+    them, and `HF_HUB_DISABLE_TELEMETRY=1` unless set. Call it before anything imports `huggingface_hub`."""
+    for key, value in {**OFFLINE_DEFAULTS, "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+        os.environ.setdefault(key, value)
+
+
 def child_env(
     threads: int | None, extra: Mapping[str, str | None] | None = None, *, drop: Iterable[str] = ()
 ) -> dict[str, str]:
@@ -83,8 +95,8 @@ def child_env(
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     if threads is not None:
         env.update(dict.fromkeys(THREAD_VARIABLES, str(threads)))
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        env.setdefault(key, "1")
+    for key, value in OFFLINE_DEFAULTS.items():
+        env.setdefault(key, value)
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
     env.update(HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
