@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
 from fetch_smollm2 import default_output_dir, is_complete  # noqa: E402
 from gsm8k_to_trl import clean_solution  # noqa: E402
-from runlib import peak_rss_mb  # noqa: E402
+from runlib import peak_rss_mb, write_json_atomic  # noqa: E402
 
 
 DATA = __file__.rsplit("/scripts/", 1)[0] + "/examples/data"
@@ -306,8 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(profile)
         results["trapo"]["profile_top10_by_self_time"] = profile
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
+        write_json_atomic(args.output, results, sort_keys=False, newline=False)
     return results
 
 
