@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 import threading
@@ -188,6 +189,22 @@ def test_map_jobs_keeps_the_order_and_runs_at_most_one_per_core(monkeypatch):
     assert most[0] == 2  # 4 asked, 2 cores
     caller = threading.get_ident()
     assert runlib.map_jobs(lambda _: threading.get_ident(), range(3), jobs=1) == [caller] * 3  # in this thread
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT goes to the main thread")
+def test_ctrl_c_kills_the_children_of_every_job(tmp_path, monkeypatch):
+    """Each child has its own session (a timeout kills its group), so the terminal's SIGINT no longer reaches it:
+    Ctrl-C in the parent must kill the children of every job, or they would train on, orphaned."""
+    monkeypatch.setattr(runlib, "usable_cores", lambda: 2)
+    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C while both children sleep
+    started = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        runlib.map_jobs(lambda i: runlib.run_child(sleeper, log_path=tmp_path / f"{i}.log"), [0, 1], jobs=2)
+    timer.join()
+    assert time.perf_counter() - started < 20  # both sleeping children were killed, not waited for
+    assert not runlib._live_groups  # nothing left to kill
 
 
 def test_run_cached_reuses_only_a_result_of_the_same_key(tmp_path):

@@ -145,6 +145,25 @@ class ChildFailed(RuntimeError):
         self.run = run
 
 
+# the process groups of the children `run_child` is waiting for: each child has its own session (so that a timeout
+# kills what it started too), so the terminal's Ctrl-C no longer reaches it; `kill_children` does
+_live_groups: set[int] = set()
+_live_lock = threading.Lock()
+
+
+def kill_children() -> None:
+    """SIGKILL the process group of every child `run_child` is waiting for (what Ctrl-C in the parent must do: the
+    children run in their own sessions and do not get the terminal's SIGINT). Their `run_child` calls then return
+    (or raise `ChildFailed`)."""
+    with _live_lock:
+        groups = list(_live_groups)
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _rss_mb(maxrss: int) -> float:
     """`ru_maxrss` in MB: Linux reports KiB, macOS bytes."""
     return maxrss / (1024 * 1024) if sys.platform == "darwin" else maxrss / 1024
@@ -204,6 +223,8 @@ def run_child(
             cwd=str(cwd),
             start_new_session=True,  # its own process group: a timeout kills what it started too
         )
+        with _live_lock:
+            _live_groups.add(process.pid)
 
         def kill() -> None:
             killed.set()
@@ -224,7 +245,14 @@ def run_child(
                         log.flush()
             # reap it here (not with process.wait()) to read the child's own resource usage
             _, status, usage = os.wait4(process.pid, 0)
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) in this thread: the child must not outlive it
+            kill()
+            os.waitpid(process.pid, 0)
+            process.returncode = -signal.SIGKILL
+            raise
         finally:
+            with _live_lock:
+                _live_groups.discard(process.pid)
             if timer is not None:
                 timer.cancel()
             if process.stdout is not None:
@@ -338,7 +366,9 @@ def map_jobs(function: Callable[[T], R], items: Iterable[T], jobs: int) -> list[
     one per usable core; results in the items' order.
 
     With `jobs <= 1` the items run one after the other in this thread (`function` may then run a task in this
-    process). The first exception is raised once the running calls have finished.
+    process). The first exception is raised once the running calls have finished; a KeyboardInterrupt (Ctrl-C, or
+    raised by a call) first kills the children of the other calls (`kill_children`), whose sessions do not get the
+    terminal's SIGINT.
     """
     items = list(items)
     if jobs <= 1 or len(items) <= 1:
@@ -347,7 +377,11 @@ def map_jobs(function: Callable[[T], R], items: Iterable[T], jobs: int) -> list[
     if jobs > cores:
         logger.warning("--jobs %d > %d usable cores: running %d at a time (one run per core).", jobs, cores, cores)
     with ThreadPoolExecutor(max_workers=min(jobs, cores, len(items))) as pool:
-        return list(pool.map(function, items))
+        try:
+            return list(pool.map(function, items))
+        except KeyboardInterrupt:
+            kill_children()
+            raise
 
 
 # =====================================================================================================================
