@@ -5,15 +5,18 @@ and paired statistics.
 Scripts import it as they import `result_blocks` (`scripts/experiments` on `sys.path`; the benchmarks add it):
 
 - **child processes**: `child_env` (the environment of a run: its torch threads, offline Hub, this checkout first on
-  `PYTHONPATH`), `run_child` (one subprocess, its log, a timeout, the child's own peak RSS and CPU time from
-  `os.wait4`), `launch_worker` (the `script --_worker spec.json` pattern on top of it), `map_jobs` (`--jobs` runs at a
-  time, at most one per core) and `peak_rss_mb` (this process's);
+  `PYTHONPATH`) and `go_offline` (the same defaults for this process), `run_child` (one subprocess in its own session,
+  its log, a timeout that kills what it started, the child's own peak RSS and CPU time from `os.wait4`),
+  `launch_worker` (the `script --_worker spec.json` pattern on top of it), `run_cached` (a run skipped when its folder
+  holds a result of the same key), `map_jobs` (`--jobs` runs at a time, at most one per core; Ctrl-C kills every
+  child: `kill_children`) and `peak_rss_mb` (this process's);
 - **the machine**: `machine_info` (CPU model and vector units, cores, Python and library versions, git commit and
-  whether the code differs from it, date), `machine_line`, `cpu_model`, `git`;
+  whether the code differs from it, date), `machine_line`, `versions`, `versions_line`, `run_conditions` (jobs,
+  threads, load before and after), `cpu_model`, `git`;
 - **files**: `write_json_atomic` (through the library's `atomic_write_bytes`: a reader never sees half a file),
   `read_json`;
-- **statistics**: `t_quantile` and `paired_interval` (the mean of paired differences with a Student t or a normal
-  interval).
+- **statistics**: `t_quantile`, `paired_interval` (the mean of paired differences with a Student t or a normal
+  interval) and `describe` (mean, standard deviation, range over seeds).
 
 It imports nothing heavy at module level: rendering a results page's block from a results file needs no torch.
 """
