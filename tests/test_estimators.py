@@ -57,7 +57,7 @@ def test_uncertainty_equals_adam_on_a_log_variance_in_the_loss():
         optimizer.step()
     weighting = UncertaintyWeighting(learning_rate=lr, betas=betas, eps=eps, max_factor=100.0, min_factor=0.01)
     weighting.update(losses(loss, None, None), step=steps)  # one update standing for 40 optimizer steps
-    assert weighting.log_variances[0] == pytest.approx(float(s), abs=1e-5)
+    assert weighting.log_variances[0] == pytest.approx(float(s.detach()), abs=1e-5)
 
 
 def test_uncertainty_reaches_the_papers_fixed_point():
@@ -312,7 +312,10 @@ def test_probe_statistics_gradient_is_the_mean_loss_gradient():
     # the scale the strategies compare objectives on: g = d(mean NLL)/dW, by autograd
     generator = torch.Generator().manual_seed(0)
     n, hidden_size, vocab = 9, 4, 5
-    hidden, weight = torch.randn(n, hidden_size, generator=generator), torch.randn(vocab, hidden_size, generator=generator)
+    hidden, weight = (
+        torch.randn(n, hidden_size, generator=generator),
+        torch.randn(vocab, hidden_size, generator=generator),
+    )
     targets = torch.randint(0, vocab, (n,), generator=generator)
     w = weight.clone().requires_grad_(True)
     logits = hidden @ w.T

@@ -4,7 +4,9 @@
 Every weighting strategy is a [`~trl_trapo.controllers.Controller`] — `value()`, `update(stats, step)`,
 `state_dict()`, `load_state_dict()` — so a new strategy is one class. `value()` returns one *factor* per objective
 (in the trainer's order of objectives); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
-[`combine_weights`]) and decides when the strategy updates.
+[`combine_weights`]) and decides when the strategy updates. The strategies: [`DAREWeighting`] (the default, below),
+[`StaticWeighting`], [`UncertaintyWeighting`] (Kendall et al. 2018), [`GradNormWeighting`] (Chen et al. 2018) and
+[`GACWeighting`] (after GAC, arXiv 2605.26184); `TRAPOConfig.weighting` selects one ([`build_weighting`]).
 
 ## What DARE measures
 
@@ -926,7 +928,8 @@ class DARE:
     Between updates the factors are constant. Logs `weight/*`, `dare/factor/*`, `dare/signal/*`.
 
     Args:
-        engine ([`~trl_trapo.controllers.Controller`]): the strategy ([`DAREWeighting`] or [`StaticWeighting`]).
+        engine ([`~trl_trapo.controllers.Controller`]): the strategy (see [`build_weighting`]); its `update` gets
+            `signal/<objective>` and the probe's statistics ([`ProbeStatistics.as_stats`]).
         update_interval (`int`): optimizer steps between updates (ceil(sqrt(N)) by default in the trainer).
         probe_factory (`Callable[[], GradientProbe]`, *optional*): builds the probe the first time it is needed (its
             sums take |S| x K floats per objective and half, so it is not allocated for static weighting).
