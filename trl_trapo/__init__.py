@@ -30,6 +30,9 @@ _EXPORTS = {
     "DARE": "weighting",
     "DAREWeighting": "weighting",
     "StaticWeighting": "weighting",
+    "UncertaintyWeighting": "weighting",
+    "GradNormWeighting": "weighting",
+    "GACWeighting": "weighting",
     "Objective": "objectives",
     "DemonstrationObjective": "objectives",
     "LanguageModelingObjective": "objectives",
@@ -51,6 +54,9 @@ __all__ = [  # the names of `_EXPORTS` (tests/test_layout.py resolves each one)
     "DARE",
     "DAREWeighting",
     "StaticWeighting",
+    "UncertaintyWeighting",
+    "GradNormWeighting",
+    "GACWeighting",
     "Objective",
     "DemonstrationObjective",
     "LanguageModelingObjective",
@@ -69,7 +75,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never runs
     from .ppo import PPOConfig, PPOTrainer
     from .rewards import numeric_answer_reward
     from .trainer import TRAPOTrainer
-    from .weighting import DARE, DAREWeighting, StaticWeighting
+    from .weighting import DARE, DAREWeighting, GACWeighting, GradNormWeighting, StaticWeighting, UncertaintyWeighting
 
 
 def __getattr__(name: str):

@@ -493,6 +493,16 @@ class TRAPOConfig(_BaseConfig):
             "'static': all factors stay 1 (for ablations)."
         },
     )
+    weighting: Literal["dare", "static", "uncertainty", "gradnorm", "gac"] | None = field(
+        default=None,
+        metadata={
+            "help": "The weighting strategy (docs/how_it_works.md): 'dare' (split-half gradient agreement), 'static' "
+            "(all factors 1), 'uncertainty' (Kendall et al. 2018's learnt log-variances), 'gradnorm' (Chen et al. "
+            "2018, alpha 1.5), 'gac' (a GAC-style closed-form SFT/RL weight from gradient noise and disagreement; "
+            "other objectives static). None: follow `dare_mode` ('dynamic' = 'dare'). When set, it wins over "
+            "`dare_mode`."
+        },
+    )
     dare_momentum: float = field(
         default=0.9,
         metadata={"help": "Momentum of the exponential smoothing of DARE's factors (0.9 in the source document)."},
@@ -1556,6 +1566,9 @@ class TRAPOConfig(_BaseConfig):
             bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
         if not 0 < self.trust_region_alpha <= 1:
             bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
+        weightings = typing.get_args(typing.get_args(_field_annotations(TRAPOConfig)["weighting"])[0])
+        if self.weighting is not None and self.weighting not in weightings:
+            bad("weighting", self.weighting, f"use one of {list(weightings)}, or None to follow dare_mode.")
         if not 0 <= self.dare_momentum < 1:
             bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
         if self.dare_update_interval is not None and self.dare_update_interval < 1:

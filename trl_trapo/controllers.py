@@ -2,8 +2,8 @@
 """Controllers: values that adapt from measurements during training, behind one small interface.
 
 Everything in TRAPO that moves a number from what it measures — DARE's weighting strategies
-([`~trl_trapo.weighting.DAREWeighting`], [`~trl_trapo.weighting.StaticWeighting`]) and the KL coefficient
-([`AdaptiveKLController`], [`FixedKLController`]) — implements [`Controller`]:
+([`~trl_trapo.weighting.DAREWeighting`], [`~trl_trapo.weighting.StaticWeighting`] and the estimators beside them)
+and the KL coefficient ([`AdaptiveKLController`], [`FixedKLController`]) — implements [`Controller`]:
 
 - `value()`: the current output (a tuple of per-objective factors, or a coefficient);
 - `update(stats, step)`: fold in the measurements of optimizer step `step` (a dict of floats; None = not measured);

@@ -189,7 +189,7 @@ from .vision import (
     text_tokenizer,
     vision_parameters,
 )
-from .weighting import DARE, DAREWeighting, GradientProbe, StaticWeighting
+from .weighting import DARE, GradientProbe, build_weighting
 
 
 try:
@@ -752,21 +752,9 @@ class TRAPOTrainer(_BaseTrainer):
             mode=args.curriculum_mode,
             names=names,
         )
-        dynamic = args.dare_mode == "dynamic" and sum(has_data) > 1
-        engine = (
-            DAREWeighting(
-                has_data,
-                args.dare_momentum,
-                args.dare_min_factor,
-                args.dare_max_factor,
-                noise_floor=self._probe_noise_floor(model, args),
-                names=names,
-            )
-            if dynamic
-            else StaticWeighting(len(names))  # one objective: weights renormalise to 1 whatever DARE says: no probe
-        )
+        engine = build_weighting(args, has_data, self._probe_noise_floor(model, args), names)  # trl_trapo/weighting.py
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe if dynamic else None, names=names)
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names)  # no probe for static weights
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
         self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
@@ -1640,6 +1628,7 @@ class TRAPOTrainer(_BaseTrainer):
     def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, rows, terms, views) -> None:
         """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets and the
         coefficient of each token; a term that gives its own logit gradient hands that instead."""
+        self.dare.probe.add_losses([term.value for term in terms])  # the loss-based strategies read them
         if not bool(counted.any()):
             return
         hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads

@@ -4,7 +4,9 @@
 Every weighting strategy is a [`~trl_trapo.controllers.Controller`] — `value()`, `update(stats, step)`,
 `state_dict()`, `load_state_dict()` — so a new strategy is one class. `value()` returns one *factor* per objective
 (in the trainer's order of objectives); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
-[`combine_weights`]) and decides when the strategy updates.
+[`combine_weights`]) and decides when the strategy updates. The strategies: [`DAREWeighting`] (the default, below),
+[`StaticWeighting`], [`UncertaintyWeighting`] (Kendall et al. 2018), [`GradNormWeighting`] (Chen et al. 2018) and
+[`GACWeighting`] (after GAC, arXiv 2605.26184); `TRAPOConfig.weighting` selects one ([`build_weighting`]).
 
 ## What DARE measures
 
@@ -49,10 +51,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .config import OBJECTIVES
+from .config import OBJECTIVES, TRAPOConfig
 from .controllers import Controller
 
 
@@ -251,6 +254,445 @@ class DAREWeighting:
         self.last_update_step = int(state.get("last_update_step", -1))
 
 
+def _finite_list(values, count: int) -> bool:
+    """Whether `values` is a list of `count` finite numbers (not bools)."""
+    return (
+        isinstance(values, list)
+        and len(values) == count
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    )
+
+
+class _ScalarAdam:
+    """Adam (Kingma and Ba, 2015, Algorithm 1) on a few scalars: the update rule of the model's optimizer, applied by a
+    weighting strategy to its own parameters (uncertainty weighting's log-variances, GradNorm's weights).
+
+    Args:
+        count (`int`): how many scalars.
+        learning_rate (`float`): the step size.
+        betas (`tuple[float, float]`): the moments' decay rates.
+        eps (`float`): the denominator's guard.
+    """
+
+    def __init__(self, count: int, learning_rate: float, betas: tuple[float, float], eps: float):
+        self.learning_rate = float(learning_rate)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.eps = float(eps)
+        self.first = [0.0] * count
+        self.second = [0.0] * count
+        self.steps = [0] * count
+
+    def step(self, index: int, value: float, gradient: float) -> float:
+        """`value` after one Adam step along `gradient`."""
+        beta1, beta2 = self.betas
+        self.steps[index] += 1
+        self.first[index] = beta1 * self.first[index] + (1.0 - beta1) * gradient
+        self.second[index] = beta2 * self.second[index] + (1.0 - beta2) * gradient * gradient
+        first = self.first[index] / (1.0 - beta1 ** self.steps[index])
+        second = self.second[index] / (1.0 - beta2 ** self.steps[index])
+        return value - self.learning_rate * first / (math.sqrt(second) + self.eps)
+
+    def state_dict(self) -> dict:
+        return {"first": list(self.first), "second": list(self.second), "steps": list(self.steps)}
+
+    def load_state_dict(self, state: dict, owner: str) -> None:
+        count = len(self.first)
+        first, second, steps = state.get("first"), state.get("second"), state.get("steps")
+        if not (_finite_list(first, count) and _finite_list(second, count) and isinstance(steps, list)):
+            raise ValueError(f"Corrupted {owner} state: optimizer moments {state!r}.")
+        if len(steps) != count or any(not isinstance(t, int) or t < 0 for t in steps) or min(second) < 0:
+            raise ValueError(f"Corrupted {owner} state: optimizer steps {steps!r}, second moments {second!r}.")
+        self.first, self.second, self.steps = [float(m) for m in first], [float(v) for v in second], list(steps)
+
+
+def _check_names(state: dict, names: tuple[str, ...], owner: str) -> None:
+    if state.get("names") != list(names):
+        raise ValueError(
+            f"The {owner} state was written for the objectives {state.get('names')}, this run has {list(names)}: "
+            "resume with the same objectives."
+        )
+
+
+class UncertaintyWeighting:
+    """Homoscedastic uncertainty weighting (Kendall, Gal and Cipolla, "Multi-Task Learning Using Uncertainty to Weigh
+    Losses for Scene Geometry and Semantics", CVPR 2018, eq. 7; arxiv.org/abs/1705.07115): one learnt log-variance
+    s_o per objective, the multi-task loss sum_o exp(-s_o) L_o + s_o, so the factor of objective o is exp(-s_o).
+    (Eq. 7 is this up to a factor 1/2; the classification variant, eq. 10-12, halves the regulariser, which changes
+    every factor by the same constant at the fixed point, and the weights are renormalised, see [`combine_weights`].)
+
+    **Where the weights live and what the optimizer sees.** The log-variances live here, not in the model's
+    optimizer, which never sees them. That is the same training as putting them in the optimizer: the gradient of
+    the loss with respect to s_o is 1 - exp(-s_o) L_o, a closed form of the measured L_o (no model parameter enters
+    it), and the model's gradient depends on s only through the factors. So `update` applies the model optimizer's
+    rule to s itself — Adam with the model's `learning_rate`, `adam_beta1`, `adam_beta2`, `adam_epsilon` — once for
+    each optimizer step since the previous update, holding L_o at its measured value in between. The fixed point is
+    the paper's, s_o* = log E[L_o] (factor 1 / E[L_o]). What differs from s in the optimizer: the loss is measured at
+    DARE's update steps only (every `dare_update_interval` steps), the learning rate is the configured peak one (no
+    warm-up or decay), and s takes no part in the model's gradient clipping (`max_grad_norm`: there its gradient,
+    of order L_o, would shrink the model's step) or weight decay. s is checkpointed with the weighting state
+    (`state_dict`, written with DARE's state into TRAPO's checkpoints), together with its Adam moments.
+
+    The derivation assumes a likelihood, L_o >= 0. An objective whose loss is not positive (an RL surrogate with
+    zero-mean advantages) has no finite optimum: its s falls at the optimizer's pace; s is clipped so that factors
+    stay within [`min_factor`, `max_factor`].
+
+    `update` reads `loss/<name>` (None: not measured, s unchanged).
+
+    Args:
+        active (`Sequence[bool]`, *optional*): which objectives take part (the others keep factor 1).
+        learning_rate (`float`): Adam's step size for s (the model's learning rate in the trainer).
+        betas (`tuple[float, float]`): Adam's moment decays.
+        eps (`float`): Adam's epsilon.
+        min_factor, max_factor (`float`): bounds of exp(-s).
+        names (`Sequence[str]`, *optional*): the objectives' names, in order.
+    """
+
+    def __init__(
+        self,
+        active: Sequence[bool] | None = None,
+        learning_rate: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        min_factor: float = 0.25,
+        max_factor: float = 4.0,
+        names: Sequence[str] = OBJECTIVES,
+    ):
+        self.names = tuple(names)
+        self.active = tuple(bool(a) for a in active) if active is not None else tuple(True for _ in self.names)
+        if len(self.active) != len(self.names):
+            raise ValueError(
+                f"UncertaintyWeighting: {len(self.active)} active flags for {len(self.names)} objectives."
+            )
+        self.bounds = (-math.log(max_factor), -math.log(min_factor))  # of s
+        self.log_variances = [0.0] * len(self.names)
+        self.optimizer = _ScalarAdam(len(self.names), learning_rate, betas, eps)
+        self.losses: list[float | None] = [None] * len(self.names)
+        self.last_update_step = 0
+
+    def value(self) -> tuple[float, ...]:
+        """exp(-s_o) per objective (1 for inactive ones)."""
+        return tuple(math.exp(-s) if a else 1.0 for s, a in zip(self.log_variances, self.active))
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        """One Adam step on each measured s_o per optimizer step since the previous update (see the class
+        docstring)."""
+        steps = max(step - self.last_update_step, 1)
+        self.last_update_step = step
+        losses = [stats.get(f"loss/{name}") for name in self.names]
+        self.losses = [None if v is None or not math.isfinite(v) else float(v) for v in losses]
+        low, high = self.bounds
+        for i, (active, loss) in enumerate(zip(self.active, self.losses)):
+            if not active or loss is None:
+                continue
+            s = self.log_variances[i]
+            for _ in range(steps):
+                s = min(max(self.optimizer.step(i, s, 1.0 - math.exp(-s) * loss), low), high)
+            self.log_variances[i] = s
+
+    def state_dict(self) -> dict:
+        return {
+            "strategy": "uncertainty",
+            "names": list(self.names),
+            "log_variances": list(self.log_variances),
+            "optimizer": self.optimizer.state_dict(),
+            "losses": list(self.losses),
+            "last_update_step": self.last_update_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned.
+
+        Raises:
+            ValueError: if the state is another strategy's, another run's objectives', or corrupted.
+        """
+        if state.get("strategy") != "uncertainty":
+            raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into UncertaintyWeighting.")
+        _check_names(state, self.names, "uncertainty weighting")
+        values = state.get("log_variances")
+        low, high = self.bounds
+        if not _finite_list(values, len(self.names)) or not all(low - 1e-9 <= s <= high + 1e-9 for s in values):
+            raise ValueError(
+                f"Corrupted uncertainty-weighting state: log_variances={values!r} must be {len(self.names)} finite "
+                f"numbers within [{low:.4g}, {high:.4g}]."
+            )
+        self.optimizer.load_state_dict(state.get("optimizer", {}), "uncertainty-weighting")
+        self.log_variances = [float(s) for s in values]
+        self.losses = [None if v is None else float(v) for v in state.get("losses", [None] * len(self.names))]
+        self.last_update_step = int(state.get("last_update_step", 0))
+
+
+class GradNormWeighting:
+    """GradNorm (Chen, Badrinarayanan, Lee and Rabinovich, "GradNorm: Gradient Normalization for Adaptive Loss Balancing
+    in Deep Multitask Networks", ICML 2018, eq. 1-2; arxiv.org/abs/1711.02257): the factors w_o are moved so that each
+    objective's weighted gradient norm at the shared layer trains at the rate its loss asks for.
+
+    With G_o the norm of objective o's gradient at the shared layer — here the probe's sketched LM-head gradient in
+    loss units (`grad_norm/<name>`, see [`GradientProbe.statistics`]) — and L_o(t) its loss (`loss/<name>`):
+
+        G_W^(o) = w_o G_o,   mean_G = mean_o G_W^(o),   L~_o = L_o(t) / L_o(0),   r_o = L~_o / mean_o L~_o,
+        L_grad = sum_o | G_W^(o) - mean_G * r_o^alpha |        (eq. 2, the target mean_G * r_o^alpha held constant)
+
+    and w_o takes a step along -dL_grad/dw_o = -sign(G_W^(o) - target_o) G_o with the model optimizer's rule (Adam,
+    the model's learning rate and betas; as for [`UncertaintyWeighting`], the weights live here and the model's
+    optimizer never sees them), once per optimizer step since the previous update with the measurements held, each
+    step followed by the paper's renormalisation: the updated weights keep their sum (the number of objectives, as
+    they start at 1). L_o(0) is the first measured loss. An objective whose first loss is not positive, or whose loss
+    is negative now (an RL surrogate), has no training rate: r_o = 1. The factors multiply the curriculum mixture
+    and the static multipliers (the weights GradNorm balances are the factors; the mixture stays the user's).
+
+    Args:
+        active (`Sequence[bool]`, *optional*): which objectives take part (the others keep factor 1).
+        alpha (`float`): the restoring force's asymmetry (1.5 in the paper's NYUv2 experiments).
+        learning_rate, betas, eps: Adam's, for the weights.
+        names (`Sequence[str]`, *optional*): the objectives' names, in order.
+    """
+
+    min_weight = 1e-3  # a weight never reaches 0 (the objective would be switched off for good)
+
+    def __init__(
+        self,
+        active: Sequence[bool] | None = None,
+        alpha: float = 1.5,
+        learning_rate: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        names: Sequence[str] = OBJECTIVES,
+    ):
+        self.names = tuple(names)
+        self.active = tuple(bool(a) for a in active) if active is not None else tuple(True for _ in self.names)
+        if len(self.active) != len(self.names):
+            raise ValueError(f"GradNormWeighting: {len(self.active)} active flags for {len(self.names)} objectives.")
+        self.alpha = float(alpha)
+        self.weights = [1.0] * len(self.names)
+        self.initial_losses: list[float | None] = [None] * len(self.names)
+        self.optimizer = _ScalarAdam(len(self.names), learning_rate, betas, eps)
+        self.last_update_step = 0
+
+    def value(self) -> tuple[float, ...]:
+        """The weights w_o (1 for inactive objectives)."""
+        return tuple(self.weights)
+
+    def rates(self, losses: Sequence[float | None], measured: Sequence[int]) -> dict[int, float]:
+        """r_o, the relative inverse training rate of each objective in `measured` (1 where it has none)."""
+        inverse = {}
+        for i in measured:
+            first, now = self.initial_losses[i], losses[i]
+            if first is not None and first > 0 and now is not None and now >= 0:
+                inverse[i] = now / first
+        mean = sum(inverse.values()) / len(inverse) if inverse else 0.0
+        return {i: inverse[i] / mean if i in inverse and mean > 0 else 1.0 for i in measured}
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        """Adam steps on the weights along dL_grad/dw (see the class docstring)."""
+        steps = max(step - self.last_update_step, 1)
+        self.last_update_step = step
+        norms = [stats.get(f"grad_norm/{name}") for name in self.names]
+        losses = [stats.get(f"loss/{name}") for name in self.names]
+        losses = [None if v is None or not math.isfinite(v) else float(v) for v in losses]
+        for i, loss in enumerate(losses):
+            if self.active[i] and self.initial_losses[i] is None and loss is not None:
+                self.initial_losses[i] = loss
+        measured = [i for i, n in enumerate(norms) if self.active[i] and n is not None and math.isfinite(n)]
+        if len(measured) < 2:
+            return
+        rates = self.rates(losses, measured)
+        total = sum(self.weights[i] for i in measured)
+        for _ in range(steps):
+            weighted = {i: self.weights[i] * norms[i] for i in measured}
+            mean = sum(weighted.values()) / len(measured)
+            for i in measured:
+                target = mean * rates[i] ** self.alpha
+                gradient = math.copysign(norms[i], weighted[i] - target) if weighted[i] != target else 0.0
+                self.weights[i] = max(self.optimizer.step(i, self.weights[i], gradient), self.min_weight)
+            scale = total / sum(self.weights[i] for i in measured)
+            for i in measured:
+                self.weights[i] *= scale
+
+    def state_dict(self) -> dict:
+        return {
+            "strategy": "gradnorm",
+            "names": list(self.names),
+            "weights": list(self.weights),
+            "initial_losses": list(self.initial_losses),
+            "optimizer": self.optimizer.state_dict(),
+            "last_update_step": self.last_update_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned.
+
+        Raises:
+            ValueError: if the state is another strategy's, another run's objectives', or corrupted.
+        """
+        if state.get("strategy") != "gradnorm":
+            raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into GradNormWeighting.")
+        _check_names(state, self.names, "GradNorm")
+        weights, initial = state.get("weights"), state.get("initial_losses")
+        count = len(self.names)
+        if not _finite_list(weights, count) or min(weights) <= 0:
+            raise ValueError(f"Corrupted GradNorm state: weights={weights!r} must be {count} positive numbers.")
+        if not isinstance(initial, list) or len(initial) != count:
+            raise ValueError(f"Corrupted GradNorm state: initial_losses={initial!r} must be a list of {count}.")
+        self.optimizer.load_state_dict(state.get("optimizer", {}), "GradNorm")
+        self.weights = [float(w) for w in weights]
+        self.initial_losses = [None if v is None else float(v) for v in initial]
+        self.last_update_step = int(state.get("last_update_step", 0))
+
+
+class GACWeighting:
+    """A GAC-style closed-form SFT/RL mixing weight from gradient noise and disagreement (after Hu, Yu, Cheng, Liu and
+    Song, "GAC: Noise-Aware Adaptive Mixing for Hybrid SFT-RL Post-Training", arXiv 2605.26184).
+
+    GAC mixes the two signals as g = mu g_sft + (1 - mu) g_rl and picks the mu that minimises an upper bound on the
+    mean squared error of that step against the RL gradient. With independent noises of variance sigma_s^2 and
+    sigma_r^2 and the disagreement Delta^2 = ||g_sft - g_rl||^2,
+
+        E||mu g^_sft + (1 - mu) g^_rl - g_rl||^2 = mu^2 (Delta^2 + sigma_s^2) + (1 - mu)^2 sigma_r^2,
+        mu* = sigma_r^2 / (sigma_r^2 + sigma_s^2 + Delta^2):
+
+    lean on SFT while the RL gradient is noisy, away from it when the two disagree. (The stored copy of the paper
+    available to us holds its abstract and figure 1 — sigma_r^2, sigma_s^2 and the disagreement proxy Delta~^2 as
+    the controller's inputs; EMA smoothing, a schedule prior and capped updates around the closed form — not its
+    numbered equations: this derivation and the constants below are ours.)
+
+    Ours, from the probe ([`GradientProbe.statistics`]): sigma_s^2 = `noise/sft`, sigma_r^2 = `noise/rl`, Delta~^2 =
+    `disagreement/sft/rl` (the measured gradients' distance, as the paper's proxy: its expectation also holds both
+    noises). Each is smoothed by an EMA with momentum `momentum` and Adam's bias correction; the target is the closed
+    form pulled towards the prior, t = (1 - `prior_weight`) mu* + `prior_weight` * 1/2, and mu moves towards it by
+    at most `max_change` per update. mu = 1/2 is the prior: the curriculum's own SFT/RL split. The factors are
+    f_sft = 2 mu and f_rl = 2 (1 - mu) (so the SFT/RL weight ratio is the curriculum's times mu / (1 - mu)); every
+    other objective (pretraining, distillation) keeps factor 1, i.e. its static weight. An RL term with no gradient at
+    all (every advantage 0) is a noiseless zero signal: sigma_r^2 = 0, so mu* = 0.
+
+    Args:
+        active (`Sequence[bool]`, *optional*): which objectives take part; without both SFT and RL, mu stays 1/2.
+        momentum (`float`): EMA momentum of the statistics.
+        max_change (`float`): the cap on |mu_t - mu_{t-1}| per update.
+        prior_weight (`float`): how much the target leans on the prior 1/2 (0: the closed form alone).
+        names (`Sequence[str]`, *optional*): the objectives' names, in order; must hold "sft" and "rl".
+
+    Raises:
+        ValueError: if `names` lacks "sft" or "rl", or a constant is out of range.
+    """
+
+    def __init__(
+        self,
+        active: Sequence[bool] | None = None,
+        momentum: float = 0.9,
+        max_change: float = 0.05,
+        prior_weight: float = 0.5,
+        names: Sequence[str] = OBJECTIVES,
+    ):
+        self.names = tuple(names)
+        if "sft" not in self.names or "rl" not in self.names:
+            raise ValueError(
+                f"weighting='gac' weighs SFT against RL: the objectives {list(self.names)} lack 'sft' or 'rl'; "
+                "choose another weighting."
+            )
+        if not (0 <= momentum < 1 and 0 < max_change <= 1 and 0 <= prior_weight <= 1):
+            raise ValueError(
+                f"GACWeighting needs 0 <= momentum < 1, 0 < max_change <= 1, 0 <= prior_weight <= 1; got {momentum}, "
+                f"{max_change}, {prior_weight}."
+            )
+        self.active = tuple(bool(a) for a in active) if active is not None else tuple(True for _ in self.names)
+        self.sft, self.rl = self.names.index("sft"), self.names.index("rl")
+        self.momentum, self.max_change, self.prior_weight = momentum, max_change, prior_weight
+        self.mu = 0.5
+        self.emas = [0.0, 0.0, 0.0]  # sigma_s^2, sigma_r^2, Delta^2 (before bias correction)
+        self.num_measured = 0
+
+    def value(self) -> tuple[float, ...]:
+        """f_sft = 2 mu, f_rl = 2 (1 - mu), 1 elsewhere."""
+        factors = [1.0] * len(self.names)
+        factors[self.sft], factors[self.rl] = 2.0 * self.mu, 2.0 * (1.0 - self.mu)
+        return tuple(factors)
+
+    def closed_form(self) -> float | None:
+        """mu* from the smoothed statistics (None before any measurement, or when all three are 0)."""
+        if self.num_measured == 0:
+            return None
+        correction = 1.0 - self.momentum**self.num_measured
+        sft_noise, rl_noise, disagreement = (e / correction for e in self.emas)
+        total = rl_noise + sft_noise + disagreement
+        return rl_noise / total if total > 0 else None
+
+    def update(self, stats: dict[str, float | None], step: int) -> None:
+        """Fold in `noise/sft`, `noise/rl` and `disagreement/sft/rl` (all three, or nothing) and move mu."""
+        if not (self.active[self.sft] and self.active[self.rl]):
+            return
+        sft, rl = self.names[self.sft], self.names[self.rl]
+        measured = (stats.get(f"noise/{sft}"), stats.get(f"noise/{rl}"), stats.get(f"disagreement/{sft}/{rl}"))
+        if any(v is None or not math.isfinite(v) for v in measured):
+            return
+        self.num_measured += 1
+        self.emas = [
+            self.momentum * e + (1.0 - self.momentum) * max(float(v), 0.0) for e, v in zip(self.emas, measured)
+        ]
+        optimum = self.closed_form()
+        if optimum is None:
+            return
+        target = (1.0 - self.prior_weight) * optimum + self.prior_weight * 0.5
+        self.mu += min(max(target - self.mu, -self.max_change), self.max_change)
+
+    def state_dict(self) -> dict:
+        return {
+            "strategy": "gac",
+            "names": list(self.names),
+            "mu": self.mu,
+            "emas": list(self.emas),
+            "num_measured": self.num_measured,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned.
+
+        Raises:
+            ValueError: if the state is another strategy's, another run's objectives', or corrupted.
+        """
+        if state.get("strategy") != "gac":
+            raise ValueError(f"Cannot load a {state.get('strategy')!r} weighting state into GACWeighting.")
+        _check_names(state, self.names, "GAC")
+        mu, emas, measured = state.get("mu"), state.get("emas"), state.get("num_measured")
+        if not (_finite_list([mu], 1) and 0 <= mu <= 1 and _finite_list(emas, 3) and min(emas) >= 0):
+            raise ValueError(f"Corrupted GAC state: mu={mu!r} must be in [0, 1], emas={emas!r} 3 numbers >= 0.")
+        if not isinstance(measured, int) or measured < 0:
+            raise ValueError(f"Corrupted GAC state: num_measured={measured!r}.")
+        self.mu, self.emas, self.num_measured = float(mu), [float(e) for e in emas], measured
+
+
+@dataclass(frozen=True)
+class ProbeStatistics:
+    """What [`GradientProbe.statistics`] measured at an update step, one entry per objective (None: not measured).
+
+    Attributes:
+        loss: the step's loss of each objective (its logged `loss/<objective>`; nats per token for the NLL terms).
+        grad_norm: ||g_o||, the norm of the objective's sketched LM-head gradient in loss units.
+        noise: the variance of that gradient estimate, E||g_o - E g_o||^2 (split-half estimate).
+        signal: ||E g_o||^2 (split-half estimate <a, b>).
+        disagreement: ||g_i - g_j||^2 for every ordered pair (i, j) of measured objectives.
+    """
+
+    loss: tuple[float | None, ...]
+    grad_norm: tuple[float | None, ...]
+    noise: tuple[float | None, ...]
+    signal: tuple[float | None, ...]
+    disagreement: dict[tuple[int, int], float]
+
+    def as_stats(self, names: Sequence[str]) -> dict[str, float | None]:
+        """Flat `stats` for a [`~trl_trapo.controllers.Controller`]: `loss/<name>`, `grad_norm/<name>`,
+        `noise/<name>`, `agreement/<name>` (the signal) and `disagreement/<name_i>/<name_j>`."""
+        out: dict[str, float | None] = {}
+        for key, values in (
+            ("loss", self.loss),
+            ("grad_norm", self.grad_norm),
+            ("noise", self.noise),
+            ("agreement", self.signal),
+        ):
+            out.update({f"{key}/{name}": v for name, v in zip(names, values)})
+        out.update({f"disagreement/{names[i]}/{names[j]}": v for (i, j), v in self.disagreement.items()})
+        return out
+
+
 class GradientProbe:
     """Accumulates the sketched closed-form LM-head gradient of each objective, for two halves of its rows.
 
@@ -304,12 +746,24 @@ class GradientProbe:
         self.sums = torch.zeros(num_objectives, 2, num_rows, dim, device=device)
         self.counts = torch.zeros(num_objectives, 2, device=device)  # tokens seen per (objective, half)
         self.informative = torch.zeros(num_objectives, 2, device=device)  # of which with a non-zero coefficient
+        self.losses = torch.zeros(num_objectives, device=device)  # each term's logged value, summed (`add_losses`)
+        # > 0 where the sums came from `accumulate_logit_grad`: a term's own d loss / d logits, already divided by
+        # its token count (`accumulate` sums unnormalised per-token coefficients); a tensor so ranks agree after `reduce`
+        self.prescaled = torch.zeros(num_objectives, device=device)
 
     def reset(self) -> None:
         """Forget everything accumulated."""
         self.sums.zero_()
         self.counts.zero_()
         self.informative.zero_()
+        self.losses.zero_()
+        self.prescaled.zero_()
+
+    @torch.no_grad()
+    def add_losses(self, values: Sequence[torch.Tensor]) -> None:
+        """Add one micro-batch's loss value of every objective (the terms' `value`, each already divided by the step's
+        global count of its tokens, so the sum over micro-batches and ranks is the step's `loss/<objective>`)."""
+        self.losses += torch.stack([v.detach().float().reshape(()) for v in values]).to(self.losses.device)
 
     @torch.no_grad()
     def accumulate(
@@ -375,6 +829,7 @@ class GradientProbe:
             objective (`int`): the objective's index.
             half (`torch.Tensor`): shape `(N,)`, 0 or 1: the half of each token's row.
         """
+        self.prescaled[objective] = 1.0
         if hidden.shape[0] == 0:
             return
         hidden = hidden.float()
@@ -413,6 +868,57 @@ class GradientProbe:
             out.append(float((a @ b) / norm) if norm > 1e-30 else 0.0)
         return out
 
+    def statistics(self) -> ProbeStatistics:
+        """Noise, signal and disagreement of the objectives' gradients, in loss units; call after reducing every tensor
+        of the probe across ranks (as `cosines`).
+
+        Each objective's probe gradient is put on the scale of its loss (a per-token mean): a half's gradient is
+        a = G_A / N_A (G_A the half's sum, N_A its tokens; a term that hands its own logit gradient, already divided by
+        its N tokens, gives a = G_A N / N_A), the step's gradient is g = (N_A a + N_B b) / N. Then, with independent
+        halves of equal mean:
+
+        - `noise` = ||a - b||^2 N_A N_B / N^2 estimates E||g - E g||^2, the variance of the step's gradient
+          (||a - b||^2 / 4 for equal halves);
+        - `signal` = <a, b> estimates ||E g||^2 (independent noise cancels in expectation);
+        - `grad_norm` = ||g||, and `disagreement[(i, j)]` = ||g_i - g_j||^2 (its expectation also holds both noises).
+
+        An RL term's per-token coefficients are those of its per-token loss before `loss_type`'s aggregation, so its
+        scale is the token-mean one whatever `loss_type` does. The rules of `cosines` decide what is measured: None
+        where a half is missing or only one half carries a gradient, 0 where no token carries any.
+
+        Returns:
+            [`ProbeStatistics`]: per objective, in order; `loss` is the summed `add_losses` (None where the
+            objective had no tokens).
+        """
+        count = self.num_objectives
+        losses: list[float | None] = [None] * count
+        norms: list[float | None] = [None] * count
+        noise: list[float | None] = [None] * count
+        signal: list[float | None] = [None] * count
+        gradients: dict[int, torch.Tensor] = {}
+        for o in range(count):
+            n_a, n_b = float(self.counts[o, 0]), float(self.counts[o, 1])
+            if n_a + n_b > 0:
+                losses[o] = float(self.losses[o])
+            if n_a == 0 or n_b == 0:
+                continue
+            informative = (float(self.informative[o, 0]) > 0, float(self.informative[o, 1]) > 0)
+            if informative[0] != informative[1]:
+                continue
+            n = n_a + n_b
+            scale = n if float(self.prescaled[o]) > 0 else 1.0
+            a = self.sums[o, 0].flatten().double() * (scale / n_a)
+            b = self.sums[o, 1].flatten().double() * (scale / n_b)
+            gradient = (n_a * a + n_b * b) / n
+            gradients[o] = gradient
+            noise[o] = float((a - b).square().sum()) * n_a * n_b / n**2
+            signal[o] = float(a @ b)
+            norms[o] = float(gradient.norm())
+        disagreement = {
+            (i, j): float((gradients[i] - gradients[j]).square().sum()) for i in gradients for j in gradients if i != j
+        }
+        return ProbeStatistics(tuple(losses), tuple(norms), tuple(noise), tuple(signal), disagreement)
+
 
 class DARE:
     """Owns the weighting strategy, decides when it updates, and measures its signals with a [`GradientProbe`].
@@ -422,7 +928,8 @@ class DARE:
     Between updates the factors are constant. Logs `weight/*`, `dare/factor/*`, `dare/signal/*`.
 
     Args:
-        engine ([`~trl_trapo.controllers.Controller`]): the strategy ([`DAREWeighting`] or [`StaticWeighting`]).
+        engine ([`~trl_trapo.controllers.Controller`]): the strategy (see [`build_weighting`]); its `update` gets
+            `signal/<objective>` and the probe's statistics ([`ProbeStatistics.as_stats`]).
         update_interval (`int`): optimizer steps between updates (ceil(sqrt(N)) by default in the trainer).
         probe_factory (`Callable[[], GradientProbe]`, *optional*): builds the probe the first time it is needed (its
             sums take |S| x K floats per objective and half, so it is not allocated for static weighting).
@@ -470,14 +977,17 @@ class DARE:
     def finish_step(self, step: int, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Reduce the probe across ranks (`reduce` sums a tensor over ranks) and update the factors. Collective."""
         probe = self.probe
-        probe.sums.copy_(reduce(probe.sums))
-        probe.counts.copy_(reduce(probe.counts))
-        probe.informative.copy_(reduce(probe.informative))
-        self.update(probe.cosines(), step)
+        for tensor in (probe.sums, probe.counts, probe.informative, probe.losses, probe.prescaled):
+            tensor.copy_(reduce(tensor))
+        self.update(probe.cosines(), step, probe.statistics().as_stats(self.names))
 
-    def update(self, signals: list[float | None], step: int) -> None:
-        """Feed the signals measured at `step` to the engine."""
+    def update(
+        self, signals: list[float | None], step: int, measurements: dict[str, float | None] | None = None
+    ) -> None:
+        """Feed the signals measured at `step` (the split-half cosines, as `signal/<objective>`) and any further
+        `measurements` (see [`ProbeStatistics.as_stats`]) to the engine."""
         stats = {f"signal/{name}": s for name, s in zip(self.names, signals)}
+        stats.update(measurements or {})
         self.engine.update(stats, step)
         logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.value())
 
@@ -489,3 +999,61 @@ class DARE:
         if signals is not None:
             out.update({f"dare/signal/{name}": s for name, s in zip(self.names, signals) if s is not None})
         return out
+
+
+WEIGHTINGS = ("dare", "static", "uncertainty", "gradnorm", "gac")  # the values of `TRAPOConfig.weighting`
+
+
+def weighting_name(args: TRAPOConfig) -> str:
+    """The strategy a config selects: `weighting`, or, where that is None, `dare_mode` ("dynamic" -> "dare",
+    "static" -> "static")."""
+    if args.weighting is not None:
+        return args.weighting
+    return "dare" if args.dare_mode == "dynamic" else "static"
+
+
+def build_weighting(
+    args: TRAPOConfig, active: Sequence[bool], noise_floor: float, names: Sequence[str] = OBJECTIVES
+) -> Controller:
+    """The weighting strategy `args` selects (see [`weighting_name`]), for the objectives `names` of which `active`
+    have data.
+
+    With at most one active objective every strategy is [`StaticWeighting`]: the weights renormalise to 1 whatever the
+    factors, so nothing is measured. The adaptive strategies take their bounds and smoothing from the `dare_*` fields;
+    uncertainty weighting and GradNorm step their own parameters with the model optimizer's `learning_rate`,
+    `adam_beta1`, `adam_beta2` and `adam_epsilon`.
+
+    Args:
+        args ([`TRAPOConfig`]): the run's config.
+        active (`Sequence[bool]`): one flag per objective: it has data.
+        noise_floor (`float`): DARE's noise floor of the probe's cosine (see [`DAREWeighting`]).
+        names (`Sequence[str]`, *optional*): the objectives' names, in order.
+
+    Returns:
+        [`~trl_trapo.controllers.Controller`]: the strategy.
+    """
+    strategy = weighting_name(args)
+    if strategy == "static" or sum(bool(a) for a in active) <= 1:
+        return StaticWeighting(len(names))
+    if strategy == "dare":
+        return DAREWeighting(
+            active,
+            args.dare_momentum,
+            args.dare_min_factor,
+            args.dare_max_factor,
+            noise_floor=noise_floor,
+            names=names,
+        )
+    optimizer = dict(learning_rate=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if strategy == "uncertainty":
+        return UncertaintyWeighting(
+            active, min_factor=args.dare_min_factor, max_factor=args.dare_max_factor, names=names, **optimizer
+        )
+    if strategy == "gradnorm":
+        return GradNormWeighting(active, names=names, **optimizer)
+    if strategy != "gac":
+        raise ValueError(f"weighting={strategy!r} is not a weighting strategy: use one of {list(WEIGHTINGS)}.")
+    gac = GACWeighting(active, momentum=args.dare_momentum, names=names)
+    if not (gac.active[gac.sft] and gac.active[gac.rl]):
+        logger.warning("weighting='gac' weighs SFT against RL, and this run lacks one of them: the factors stay 1.")
+    return gac
