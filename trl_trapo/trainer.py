@@ -33,7 +33,6 @@ change how samples are chosen and reused, `replay_max_uses` and `build_sample_se
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -170,8 +169,10 @@ from .sources import (
     RolloutSource,
     SampledRound,
     SyncRolloutSource,
+    as_rollout_source,
     check_rollout_source,
     check_round,
+    source_name,
 )
 from .threads import choose_torch_threads
 from .vision import (
@@ -275,9 +276,10 @@ class TRAPOTrainer(_BaseTrainer):
             scored and skip targeted exploration, self-imitation and the replay buffer
             ([`~trl_trapo.objectives.DistillationPrompts`]). When given, the teacher's objective trains on these
             only (not on the RL rollouts); with no other dataset the run is TRL's `DistillationTrainer`'s job.
-        rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: an object with
-            `sample(rows_needed, step) -> SampledRound` (see `trl_trapo/sources.py` and
-            `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
+        rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: a subclass that
+            implements `sample(rows_needed, step) -> SampledRound` and the optional hooks it needs (an object with
+            only a `sample` method is wrapped in a [`~trl_trapo.sources.RolloutSourceAdapter`]; see
+            `trl_trapo/sources.py` and `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
             reference log-probs, values, advantages) and ages its trajectories by the round's `version`. Default: a
             [`~trl_trapo.sources.SyncRolloutSource`], which samples `train_dataset`'s prompts with the live policy.
             With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
@@ -913,6 +915,7 @@ class TRAPOTrainer(_BaseTrainer):
                 exploration=self.exploration,
             )
         )
+        self._source = as_rollout_source(self.rollout_source)  # a duck-typed source of the user's, adapted
         self.evaluator = Evaluator(
             args,
             tokenizer,
@@ -1424,16 +1427,14 @@ class TRAPOTrainer(_BaseTrainer):
         return weight, bias
 
     def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
-        prefetch = getattr(self.rollout_source, "prefetch", None)
-        if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
-            prefetch(n, step, self.replay.use_counts(step))
-        round_due = getattr(self.rollout_source, "round_due", None)
+        # an asynchronous source asks for rounds ahead (not a collective)
+        self._source.prefetch(n, step, self.replay.use_counts(step))
         for attempt in range(20):
             # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
             # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts);
             # an asynchronous source's round is also taken before the buffer runs dry when waiting longer would make
             # it later than `max_staleness` (its trajectories join what the buffer holds)
-            due = round_due is not None and round_due(step)
+            due = self._source.round_due(step)
             if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
                 break
             batch = self.collect_rollouts(n, step)
@@ -1489,15 +1490,15 @@ class TRAPOTrainer(_BaseTrainer):
                 advantages (see [`~trl_trapo.sources.check_round`]).
         """
         step = self.state.global_step if step is None else step
-        sampled = self.rollout_source.sample(rows_needed, step)
+        sampled = self._source.sample(rows_needed, step)
         if not isinstance(sampled, SampledRound):
             raise TypeError(
-                f"{type(self.rollout_source).__name__}.sample returned {type(sampled).__name__}; a rollout source "
+                f"{source_name(self._source)}.sample returned {type(sampled).__name__}; a rollout source "
                 "returns a trl_trapo.sources.SampledRound."
             )
         policy = self._unwrapped_policy()
         config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
-        name = f"{type(self.rollout_source).__name__}.sample"
+        name = f"{source_name(self._source)}.sample"
         check_round(
             sampled,
             step,
@@ -1992,13 +1993,7 @@ class TRAPOTrainer(_BaseTrainer):
         """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
         starts it again. On a second Ctrl-C (`abort`) a `close` that takes a `timeout` gets a short one: the run stops
         at once, even while a reward call hangs in the producer."""
-        close = getattr(self.rollout_source, "close", None)
-        if close is None:
-            return
-        if abort and "timeout" in inspect.signature(close).parameters:
-            close(timeout=0.5)
-        else:
-            close()
+        self._source.close(timeout=0.5 if abort else None)
 
     @property
     def interruption(self) -> Interruption | None:
@@ -2033,9 +2028,9 @@ class TRAPOTrainer(_BaseTrainer):
         tensors = {**replay_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
-        source_state = getattr(self.rollout_source, "checkpoint_state", None)
+        source_state = self._source.checkpoint_state()
         if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
-            state["rollout_source"], source_tensors = source_state()
+            state["rollout_source"], source_tensors = source_state
             tensors.update({f"rollout_source/{k}": v for k, v in source_tensors.items()})
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
@@ -2090,17 +2085,10 @@ class TRAPOTrainer(_BaseTrainer):
             if self.reference is not None:
                 self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
             pool.load_state_dict(pool_state, checkpoint_dir)
-            load_source = getattr(self.rollout_source, "restore_checkpoint_state", None)
-            if load_source is not None:
-                if state.get("rollout_source") is None:
-                    raise CheckpointError(
-                        f"{source}: the checkpoint was written without {type(self.rollout_source).__name__}'s state "
-                        "(a run with another rollout source, e.g. async_rollouts=False); resume with the same one."
-                    )
-                prefix = "rollout_source/"
-                load_source(
-                    state["rollout_source"], {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-                )
+            prefix = "rollout_source/"
+            self._source.restore_checkpoint_state(
+                state.get("rollout_source"), {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:
