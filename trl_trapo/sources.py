@@ -265,8 +265,8 @@ class RolloutSource:
     """Base class of rollout sources: what the RL objective asks for rounds (the module docstring has the contract).
 
     A source subclasses it and overrides `sample`; the other hooks are optional, and their defaults are neutral (no
-    prefetch, no forced round, no state of its own, nothing to stop). The trainer calls every hook directly.
-    An object that does not subclass it but has a
+    prefetch, no forced round, no state of its own, nothing to stop). The RL objective's supply
+    ([`~trl_trapo.rl_supply.RLSupply`]) calls every hook directly. An object that does not subclass it but has a
     `sample` method (a source written before the base class) still works: the trainer wraps it in a
     [`RolloutSourceAdapter`] ([`as_rollout_source`]), which forwards the hooks it defines.
     """
