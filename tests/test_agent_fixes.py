@@ -103,7 +103,8 @@ def test_reward_functions_get_no_internal_column():
 def test_grpo_names_are_aliases_set_once_and_a_disagreement_is_refused(tmp_path, alias, target, value):
     config = TRAPOConfig(output_dir=str(tmp_path), **{alias: value})
     assert getattr(config, target) == value and getattr(config, alias) == value
-    assert getattr(TRAPOConfig(output_dir=str(tmp_path)), alias) is None
+    plain = TRAPOConfig(output_dir=str(tmp_path))  # not given: it reads TRAPO's value in effect, as in TRL
+    assert getattr(plain, alias) == getattr(plain, target) and plain.grpo_names_given == []
     same = TRAPOConfig(output_dir=str(tmp_path), **{alias: value, target: value})
     assert getattr(same, target) == value
     other = {"kl_coef": 0.2, "cliprange": 0.1, "num_ppo_epochs": 2}[target]
@@ -134,7 +135,7 @@ def test_the_cli_parses_the_aliases_and_beta_wins_over_the_builtin_kl_coef():
     _, config, _ = cli.parse_args(["--beta", "0.0", "--epsilon", "0.25", "--num_iterations", "2"])
     assert (config.kl_coef, config.cliprange, config.num_ppo_epochs) == (0.0, 0.25, 2)
     _, builtin, _ = cli.parse_args([])
-    assert builtin.kl_coef == 0.01 and builtin.beta is None
+    assert builtin.kl_coef == builtin.beta == 0.01 and builtin.grpo_names_given == []  # beta reads kl_coef
 
 
 # ---------------------------------------------------------------------------------------------------------------------

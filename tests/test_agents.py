@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import threading
 import time
@@ -25,6 +26,7 @@ from trl_trapo.agents import (
     ToolRolloutSource,
     tool_suffix_ids,
     use_tool_chat_template,
+    warn_no_tool_rounds,
 )
 from trl_trapo.rewards import RewardScorer
 from trl_trapo.sources import SampledRound
@@ -369,6 +371,26 @@ def test_tool_calls_stop_after_max_tool_calling_iterations(tok):
     assert len(engine.calls) == 3 and metrics["tools/turns_mean"] == [3.0]
     assert metrics["tools/call_frequency"] == [2.0]
     assert round_.completion_ids[0].tolist()[-len(turn) :] == turn  # the last turn's call is not run
+
+
+def test_zero_tool_calling_iterations_runs_no_call_as_in_trl_and_says_so(tok, caplog):
+    """TRL 1.16 reads 0 as a loop of no rounds: the first turn is the whole rollout and its calls are not run. That
+    was accepted here silently (`--max_tool_calling_iterations 0`); the behaviour is TRL's and a warning says it."""
+    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
+    warn_no_tool_rounds.cache_clear()  # said once per process (the trainer and evaluation each build a source)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
+        source, engine, metrics = make_source(tok, lambda c: turn, tools=[add], max_iterations=0, response_length=200)
+        make_source(tok, lambda c: turn, tools=[add], max_iterations=0)
+    notices = [r.getMessage() for r in caplog.records if "max_tool_calling_iterations=0" in r.getMessage()]
+    assert len(notices) == 1 and "no tool call is run" in notices[0] and "1 or more" in notices[0], notices
+    round_ = source.sample(2, step=0)
+    assert len(engine.calls) == 1 and metrics["tools/turns_mean"] == [1.0]
+    assert round_.completion_ids[0].tolist() == turn  # the call the model wrote, not run
+    caplog.clear()
+    warn_no_tool_rounds.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
+        make_source(tok, lambda c: turn, tools=[add], max_iterations=1)
+    assert not any("max_tool_calling_iterations" in r.getMessage() for r in caplog.records)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

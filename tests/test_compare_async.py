@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""`scripts/experiments/compare_async.py`: the summary and the README block from results made by hand (the paired
+"""`scripts/experiments/compare_async.py`: the summary and the docs block from results made by hand (the paired
 interval, speed-ups, the async metrics of the log history), and the `--quick` run of the whole harness (arms `sync`
 and `async1`, both reward settings, the HTTP reward server started and stopped by the script)."""
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 
 import compare_async  # noqa: E402
-from readme_blocks import read_block  # noqa: E402
+from result_blocks import read_block  # noqa: E402
 
 
 def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[int]) -> None:
@@ -67,25 +67,25 @@ def check_results(data: dict, arms: list[str], rewards: list[str], seeds: list[i
 
 
 @pytest.mark.slow  # 4 main-job runs, two with a producer: 1-2.5 min; the summary and the block are tested below
-def test_quick_run_writes_the_results_and_the_readme_block(tmp_path):
-    """`--quick` into tmp_path: 4 runs (sync and async1, instant and http rewards), then `--write_readme` into a copy
-    of a README with the markers. Needs `--async_rollouts` in the main job."""
+def test_quick_run_writes_the_results_and_the_docs_block(tmp_path):
+    """`--quick` into tmp_path: 4 runs (sync and async1, instant and http rewards), then `--write_docs` into a copy
+    of a page with the markers. Needs `--async_rollouts` in the main job."""
     results = tmp_path / "async.json"
     argv = ["--quick", "--results", str(results), "--work_dir", str(tmp_path / "work")]
     data = compare_async.main(argv)
     assert json.loads(results.read_text()) == json.loads(json.dumps(data))
     check_results(data, list(compare_async.QUICK_ARMS), list(compare_async.REWARDS), [0])
     assert all(run["max_steps"] == 4 for run in data["runs"].values())
-    readme = tmp_path / "README.md"
-    readme.write_text("# title\n\n<!-- async-table:start -->\nold\n<!-- async-table:end -->\n\nafter\n")
-    compare_async.main(["--write_readme", "--results", str(results), "--readme", str(readme)])
-    block = read_block(readme.read_text(), compare_async.README_BLOCK)
-    assert block == compare_async.render_readme_block(data)
+    page = tmp_path / "async.md"
+    page.write_text("# title\n\n<!-- async-table:start -->\nold\n<!-- async-table:end -->\n\nafter\n")
+    compare_async.main(["--write_docs", "--results", str(results), "--page", str(page)])
+    block = read_block(page.read_text(), compare_async.BLOCK)
+    assert block == compare_async.render_block(data)
     for row in ("| `instant` | `sync` |", "| `instant` | `async1` |", "| `http` | `sync` |", "| `http` | `async1` |"):
         assert row in block, row
     flat = " ".join(block.split())  # prose wrapped where the machine's own strings put the breaks
     assert "Target with the `http` reward" in flat and "`async1` n/a" in flat
-    assert readme.read_text().endswith("<!-- async-table:end -->\n\nafter\n")
+    assert page.read_text().endswith("<!-- async-table:end -->\n\nafter\n")
 
 
 def test_arguments_the_main_job_refuses_stop_the_script_before_any_run(tmp_path):
@@ -205,7 +205,7 @@ def test_summary_speedups_paired_differences_and_the_target():
 
 def test_the_block_shows_every_arm_and_moves_with_the_numbers():
     data = fake_results()
-    block = compare_async.render_readme_block(data)
+    block = compare_async.render_block(data)
     assert block.count("\n| `") == 6  # a row per reward setting and arm
     assert "| `http` | `async1` | 251 | 1.80× |" in block
     assert "`async1` met (1.80× faster" in block and "`async4` not met" in block
@@ -214,4 +214,4 @@ def test_the_block_shows_every_arm_and_moves_with_the_numbers():
     changed = copy.deepcopy(data)
     changed["runs"]["http-async1-seed0"]["final"]["eval_accuracy"] += 0.01
     changed["summary"] = compare_async.summarize(changed["runs"])
-    assert compare_async.render_readme_block(changed) != block
+    assert compare_async.render_block(changed) != block

@@ -16,6 +16,7 @@ sys.path.insert(0, SCRIPTS)
 
 import compare_pipelines  # noqa: E402
 import pipeline_report  # noqa: E402
+from runlib import write_json_atomic  # noqa: E402
 
 
 def rows(*points):
@@ -142,12 +143,12 @@ def test_lr_from_reuses_an_earlier_search_and_checks_it(tmp_path):
 def test_a_cached_run_is_reused_only_for_the_same_settings_and_code(tmp_path):
     spec = {"method": "trapo", "seed": 0, "run_dir": str(tmp_path), "job_extra": {"learning_rate": 6e-4}}
     spec["code"], spec["rerun"] = compare_pipelines.code_fingerprint(), False
-    compare_pipelines.write_json(str(tmp_path / "spec.json"), spec)
-    compare_pipelines.write_json(str(tmp_path / "result.json"), {"method": "trapo", "seed": 0})
+    write_json_atomic(str(tmp_path / "spec.json"), spec)
+    write_json_atomic(str(tmp_path / "result.json"), {"method": "trapo", "seed": 0})
     assert compare_pipelines.cached_result(spec) == {"method": "trapo", "seed": 0}
     # a run directory copied into another comparison (other paths, same settings) is reused there
     moved = {**spec, "run_dir": str(tmp_path), "job_extra": {**spec["job_extra"], "output_dir": "/elsewhere"}}
-    compare_pipelines.write_json(str(tmp_path / "spec.json"), {**spec, "run_dir": "/old/place"})
+    write_json_atomic(str(tmp_path / "spec.json"), {**spec, "run_dir": "/old/place"})
     assert compare_pipelines.cached_result(moved) == {"method": "trapo", "seed": 0}
     assert compare_pipelines.cached_result({**spec, "job_extra": {"learning_rate": 1e-3}}) is None
     assert compare_pipelines.cached_result({**spec, "code": "0" * 64}) is None  # the code changed

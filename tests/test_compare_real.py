@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 
 import compare_real  # noqa: E402
+from runlib import write_json_atomic  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -67,11 +68,11 @@ def test_forgetting_is_the_rise_over_the_initial_model_and_the_target_halves_ser
     assert compare_real.forgetting_verdict(0.3, -0.1) == {"ratio": None, "met": None}  # nothing to halve
 
 
-def test_the_readme_and_the_recipe_convert_the_data_as_the_script_does():
-    """`compare_real.py` converts the data with `CONVERT_ARGV`; the README and the recipe's header give the same
-    command, so the recipe run and the comparison's `trapo` arm read the same files."""
+def test_the_docs_and_the_recipe_convert_the_data_as_the_script_does():
+    """`compare_real.py` converts the data with `CONVERT_ARGV`; docs/real_models.md and the recipe's header give the
+    same command, so the recipe run and the comparison's `trapo` arm read the same files."""
     expected = ["python", "scripts/gsm8k_to_trl.py", *compare_real.CONVERT_ARGV]
-    for document in (ROOT / "README.md", compare_real.RECIPE):
+    for document in (ROOT / "docs" / "real_models.md", compare_real.RECIPE):
         text = document.read_text(encoding="utf-8")
         start = text.index("python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --conversational")
         lines = []
@@ -93,8 +94,8 @@ def test_a_stale_or_missing_cache_entry_runs_again(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr(compare_real, "worker", lambda spec: ran.append(spec["name"]))
     specs = [{"name": name, "cache": str(tmp_path / f"{name}.json"), "fingerprint": "abc"} for name in ("a", "b", "c")]
-    compare_real.write_json(tmp_path / "a.json", {"fingerprint": "abc"})
-    compare_real.write_json(tmp_path / "b.json", {"fingerprint": "made-with-other-settings"})
+    write_json_atomic(tmp_path / "a.json", {"fingerprint": "abc"})
+    write_json_atomic(tmp_path / "b.json", {"fingerprint": "made-with-other-settings"})
     assert compare_real.run_tasks(specs, jobs=0, log_dir=tmp_path) == ["b", "c"]
     assert ran == ["b", "c"]
 
@@ -130,7 +131,7 @@ def test_quick_run_measures_every_arm_and_resumes_without_rerunning(tmp_path, mo
     trapo = json.loads((results_dir / "arms" / "trapo.json").read_text())
     assert paired == compare_real.paired_difference(trapo["final"]["correct"], serial["final"]["correct"])
     assert (results_dir / "real_smollm2.png").stat().st_size > 1000
-    block = compare_real.render_readme_block(json.loads((results_dir / "results.json").read_text()))
+    block = compare_real.render_block(json.loads((results_dir / "results.json").read_text()))
     flat = " ".join(block.split())  # prose wrapped where the machine's own strings put the breaks
     assert "| `trapo` |" in flat and "| `serial` |" in flat and "95 % CI" in flat
 

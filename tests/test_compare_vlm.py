@@ -1,7 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """`scripts/experiments/compare_vlm.py`: the relay's step split and the `--quick` run of the whole harness (TRAPO,
 TRAPO per modality, TRL's SFTTrainer -> SFTTrainer -> GRPOTrainer on the tiny VLM), reused on a second call; the
-README block; and `scripts/benchmarks/benchmark_vlm.py --quick`."""
+docs block; and `scripts/benchmarks/benchmark_vlm.py --quick`."""
 
 import json
 import os
@@ -69,11 +69,11 @@ def test_quick_run_measures_every_arm_and_reuses_them(tmp_path, caplog):
     collected = compare_vlm.main(["--quick", "--work_dir", str(out), "--seeds", "0", "1", "--collect_only"])
     assert collected["table"] == payload["table"] and not (out / "runs" / "trapo-seed1").exists()
     assert collected["missing"] == ["trapo-seed1", "trapo_modality-seed1", "serial-seed1"]
-    # the README block renders from the results file, between its markers
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- vlm-table:start -->\nold\n<!-- vlm-table:end -->\nend\n", encoding="utf-8")
-    compare_vlm.main(["--write_readme", "--results", str(out / "results.json"), "--readme", str(readme)])
-    text = readme.read_text(encoding="utf-8")
+    # the docs block renders from the results file, between its markers
+    page = tmp_path / "vision.md"
+    page.write_text("intro\n<!-- vlm-table:start -->\nold\n<!-- vlm-table:end -->\nend\n", encoding="utf-8")
+    compare_vlm.main(["--write_docs", "--results", str(out / "results.json"), "--page", str(page)])
+    text = page.read_text(encoding="utf-8")
     assert payload["table"] in text and "old" not in text and text.endswith("end\n")
 
 

@@ -116,7 +116,7 @@ def test_activation_checkpointing_default_and_alias(tmp_path, kwargs, expected, 
     [
         ({"max_completion_length": 32}, 32),  # GRPO's name sets the budget
         ({"max_completion_length": 32, "response_length": 32}, 32),  # both, agreeing
-        ({"response_length": 40}, 40),  # PPO's name alone: the alias stays None
+        ({"response_length": 40}, 40),  # PPO's name alone: GRPO's reads it too
         ({}, 128),
     ],
 )
@@ -127,7 +127,8 @@ def test_max_completion_length_is_grpos_name_of_response_length(tmp_path, kwargs
 
     config = TRAPOConfig(output_dir=str(tmp_path), **kwargs)
     assert config.response_length == expected
-    assert config.max_completion_length == kwargs.get("max_completion_length")
+    assert config.max_completion_length == expected  # as a TRL rollout_func reads it
+    assert config.grpo_names_given == (["max_completion_length"] if "max_completion_length" in kwargs else [])
     assert comparable(dataclasses.replace(config, max_steps=3))["response_length"] == expected  # a copy keeps it
     assert config.to_dict()["response_length"] == expected
 
@@ -152,7 +153,8 @@ def test_max_completion_length_on_the_command_line_wins_over_the_builtin_respons
 
     _, builtin, _ = cli.parse_args([])
     _, grpo, _ = cli.parse_args(["--max_completion_length", "16"])
-    assert builtin.response_length == 8 and builtin.max_completion_length is None  # the built-in job's own budget
+    assert builtin.response_length == builtin.max_completion_length == 8  # the built-in job's own budget
+    assert builtin.grpo_names_given == [] and grpo.grpo_names_given == ["max_completion_length"]
     assert grpo.response_length == grpo.max_completion_length == 16
     with pytest.raises(ValueError, match="max_completion_length=16 and response_length=9"):
         cli.parse_args(["--max_completion_length", "16", "--response_length", "9"])

@@ -555,3 +555,103 @@ def test_disable_tqdm_also_governs_the_bars_of_evaluation(tmp_path, tokenizer, s
         assert datasets.is_progress_bar_enabled()
     finally:
         datasets.enable_progress_bars()
+
+
+@pytest.mark.parametrize("last", ["user", "tool", "assistant", "system", "developer", "ipython", "wizard"])
+def test_a_prompts_last_role_is_refused_exactly_when_trls_apply_chat_template_refuses_it(tokenizer, last):
+    """TRAPO renders conversational prompts with TRL's `apply_chat_template`, which raises `Invalid role in the last
+    message` from inside `datasets.map` (naming neither dataset nor row) for some last roles: `check_cells` refuses
+    exactly those rows first, by dataset, row and role, and accepts every other (a first fix refused roles TRL
+    takes)."""
+    from trl.data_utils import apply_chat_template
+
+    prompt = [user("a"), {"role": last, "content": "b"}]
+    try:
+        apply_chat_template({"prompt": prompt}, tokenizer)
+        trl_refuses = False
+    except ValueError as error:
+        assert f"Invalid role in the last message: {last}" in str(error)
+        trl_refuses = True
+    assert trl_refuses == (last not in ("user", "tool", "assistant"))  # TRL 1.16's rule, as the docs say
+    for role, kind, column, value in [
+        ("train_dataset", "prompts", "prompt", prompt),
+        ("sft_dataset", "sft", "messages", [*prompt, {"role": "assistant", "content": "c"}]),
+    ]:
+        dataset = Dataset.from_dict({column: [[user("a"), {"role": "assistant", "content": "c"}], value]})
+        if trl_refuses:
+            with pytest.raises(ValueError) as raised:
+                check_cells(dataset, role, kind)
+            message = str(raised.value)
+            for needle in [f"`{role}` column {column!r} row 1", f"role {last!r}", "'user', 'tool', 'assistant'"]:
+                assert needle in message, (needle, message)
+        else:
+            check_cells(dataset, role, kind)
+
+
+def test_roles_trl_does_not_check_pass_and_are_tokenized(tokenizer):
+    """A role before a prompt's last message is the chat template's to render (`developer`, `ipython`, ...): TRL
+    accepts it, and so does TRAPO, through the checks and the tokenization; with assistant_only_loss an SFT row is
+    rendered whole, not split, so its last prompt role is not TRL's `apply_chat_template`'s to check."""
+    developer = {"role": "developer", "content": "be brief"}
+    sft = Dataset.from_dict({"messages": [[developer, user("ab="), {"role": "assistant", "content": "ab"}]]})
+    check_cells(sft, "sft_dataset", "sft")
+    out = tokenize_sft_dataset(sft, tokenizer, 64)
+    assert "be brief" in tokenizer.decode(out[0]["input_ids"])
+    prompts = Dataset.from_dict({"prompt": [[user("x"), developer, user("ab=")]]})
+    check_cells(prompts, "train_dataset", "prompts")
+    assert "be brief" in tokenizer.decode(tokenize_prompt_dataset(prompts, tokenizer, 64)[0]["prompt_ids"])
+    whole = Dataset.from_dict({"messages": [[user("a"), developer, {"role": "assistant", "content": "c"}]]})
+    check_cells(whole, "sft_dataset", "sft", assistant_only_loss=True)
+    with pytest.raises(ValueError, match="role 'developer'"):
+        check_cells(whole, "sft_dataset", "sft")
+
+
+def test_the_distillation_prompts_last_role_is_checked_with_the_other_datasets(tmp_path):
+    from trl_trapo.data import check_datasets
+
+    config = TRAPOConfig(output_dir=str(tmp_path), distillation_weight=1.0, report_to="none")
+    prompts = Dataset.from_dict({"prompt": [[user("a")], [{"role": "system", "content": "s"}]]})
+    with pytest.raises(ValueError, match=r"`distillation_dataset` column 'prompt' row 1: .* role 'system'"):
+        check_datasets(config, None, None, None, None, distillation_dataset=prompts)
+
+
+def test_eval_messages_rendered_whole_under_assistant_only_loss_are_not_split_checked():
+    """Evaluation renders `messages` rows whole under assistant_only_loss (as the SFT objective does), so a role
+    before the last assistant turn is the template's: `check_eval_dataset` (also run by `evaluate(eval_dataset=...)`)
+    passes it then, and refuses it when the row is split into prompt and completion."""
+    from trl_trapo.data import check_eval_dataset
+
+    row = [user("a"), {"role": "wizard", "content": "w"}, {"role": "assistant", "content": "c"}]
+    dataset = Dataset.from_dict({"messages": [row]})
+    check_eval_dataset({"held": dataset}, assistant_only_loss=True)
+    with pytest.raises(ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: .* role 'wizard'"):
+        check_eval_dataset({"held": dataset})
+
+
+@pytest.mark.parametrize("middle", ["system", "tool", "developer", "wizard"])
+def test_a_vlm_rows_roles_are_refused_exactly_when_trls_prepare_multimodal_messages_refuses_them(middle):
+    """A dataset with an image column goes through TRL's `prepare_multimodal_messages` (which places the images), and
+    that refuses a role outside system / user / assistant / tool anywhere in the conversation: the processor's
+    `datasets.map` said "its messages and its 0 images do not match (Invalid role in message: developer ...)", a
+    wrong cause. `check_cells` refuses exactly those rows first, by dataset, row and role."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    messages = [user("a"), {"role": middle, "content": "b"}, user("c"), {"role": "assistant", "content": "d"}]
+    try:
+        prepare_multimodal_messages(messages, [])
+        trl_refuses = False
+    except ValueError as error:
+        assert f"Invalid role in message: {middle}" in str(error)
+        trl_refuses = True
+    assert trl_refuses == (middle not in ("system", "user", "assistant", "tool"))
+    for kind, columns in [
+        ("sft", {"messages": [messages]}),
+        ("prompts", {"prompt": [messages[:3]]}),
+        ("sft", {"prompt": [messages[:1]], "completion": [[{"role": middle, "content": "d"}]]}),
+    ]:
+        dataset = Dataset.from_dict({**columns, "images": [[]]})
+        if trl_refuses:
+            with pytest.raises(ValueError, match=rf"row 0: has a message of role '{middle}'.*prepare_multimodal"):
+                check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
+        else:
+            check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)

@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """`scripts/experiments/distill_real.py`: the cut student, the divergence measure, and a `--quick` run of both arms
-(TRAPO with the teacher, TRL's `DistillationTrainer`) through the cache and the README block."""
+(TRAPO with the teacher, TRL's `DistillationTrainer`) through the cache and the docs block."""
 
 import json
 import sys
@@ -72,7 +72,7 @@ def test_quick_run_trains_both_arms_and_renders_the_block(tmp_path):
     # the TRAPO arm trained the teacher's objective (not only the other three)
     assert any("loss/distill" in entry for entry in trapo["log_history"])
     assert trapo["config"]["distillation_temperature"] == 0.7
-    block = distill_real.render_readme_block(summary)
+    block = distill_real.render_block(summary)
     flat = " ".join(block.split())  # prose wrapped where the machine's own strings put the breaks
     assert "TRL `DistillationTrainer`" in flat and "TRAPO (joint + teacher)" in flat
     # cached: a second run trains nothing (the arms' files are not rewritten)

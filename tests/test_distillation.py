@@ -420,7 +420,7 @@ def test_distillation_prompts_split_between_ranks_without_duplicates():
     from trl_trapo.objectives import DistillationPrompts
 
     dataset = Dataset.from_dict({"prompt_ids": [[i + 1] for i in range(10)]})
-    prompts = [DistillationPrompts(dataset, sample=None, seed=3, rank=r, world_size=2) for r in range(2)]
+    prompts = [DistillationPrompts(dataset, sampler=None, seed=3, rank=r, world_size=2) for r in range(2)]
     per_rank = []
     for p in prompts:
         start = 0 + p.rank * 5

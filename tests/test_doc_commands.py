@@ -10,8 +10,9 @@ The documents are `README.md`, `docs/**/*.md` and `examples/**/*.md`. A *command
 - be preceded by an HTML comment `<!-- not-run: reason -->` (the Hub, a GPU, a multi-minute experiment, ...).
 
 Every Python block must also compile. The blocks that run offline on a CPU in seconds run here, from the text of the
-document itself: the README's main job (`--max_steps 3 --eval_strategy no`), its offline GSM8K path (the tiny model,
-`--max_steps 3`), its Python example (`max_steps=3`) and the loading code of `examples/data/README.md`. The install
+document itself: the README's main job (`--max_steps 3 --eval_strategy no`) and quickstart (`max_steps=3`), the main
+job page's offline GSM8K path (the tiny model, `--max_steps 3`), the Python guide's example (`max_steps=3`) and the
+loading code of `examples/data/README.md`. The install
 lines in front of the README's two commands run in `.ci/run`, which must hold the test command verbatim.
 """
 
@@ -51,18 +52,21 @@ REGISTRY = {
     # the test command: .ci/run runs it verbatim on a fresh clone
     'README.md: python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[dev,deepspeed]" && '
     "pytest": "tests/test_doc_commands.py::test_ci_runs_the_readme_test_command",
-    "README.md: python scripts/experiments/main_job_seeds.py": (
-        "tests/test_readme_results.py::test_main_job_seeds_runs_shortened_and_writes_the_readme_block"
+    "README.md: from trl_trapo import TRAPOConfig, TRAPOTrainer": "tests/test_doc_commands.py::test_readme_quickstart",
+    "docs/results/main_job.md: python scripts/experiments/main_job_seeds.py": (
+        "tests/test_result_pages.py::test_main_job_seeds_runs_shortened_and_writes_the_docs_block"
     ),
-    "README.md: python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --output_dir data/gsm8k": (
-        "tests/test_doc_commands.py::test_readme_offline_gsm8k_commands"
-    ),
-    "README.md: from datasets import load_dataset": "tests/test_doc_commands.py::test_readme_python_example",
+    "docs/main_job.md: python scripts/gsm8k_to_trl.py examples/data/gsm8k/train_first1500.jsonl --output_dir "
+    "data/gsm8k": "tests/test_doc_commands.py::test_offline_gsm8k_commands",
+    "docs/python.md: from datasets import load_dataset": "tests/test_doc_commands.py::test_python_guide_example",
     # `--quick`, shortened further
-    "README.md: python scripts/experiments/compare_pipelines.py # ~20 min on 2 CPU cores; --quick: < 1 min; "
-    "--ablations adds rows": "tests/test_compare_pipelines.py::test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots",
+    "docs/results/pipeline.md: python scripts/experiments/compare_pipelines.py # ~20 min on 2 CPU cores; --quick: < 1 "
+    "min; --ablations adds rows": (
+        "tests/test_compare_pipelines.py::test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots"
+    ),
     # `--quick` (the recipe on a tiny model with SmolLM2's tokenizer), run, resumed and rendered
-    "README.md: python scripts/experiments/compare_real.py # 3 arms + the shared initial evaluation; --quick: < 1 min": (
+    "docs/results/real_model.md: python scripts/experiments/compare_real.py # 3 arms + the shared initial evaluation; "
+    "--quick: < 1 min": (
         "tests/test_compare_real.py::test_quick_run_measures_every_arm_and_resumes_without_rerunning"
     ),
     # the same accelerate configs and flags, with tests/distributed_job.py (examples/trapo.py + per-rank records)
@@ -369,17 +373,17 @@ def test_readme_main_job_command(tmp_path):
 
 @pytest.fixture(scope="module")
 def offline_sandbox(tmp_path_factory) -> tuple[Path, str]:
-    """The README's offline GSM8K block, run as written with the main job shortened to `--max_steps 3` and its
+    """The main job page's offline GSM8K block, run as written with the main job shortened to `--max_steps 3` and its
     held-out evaluation (128 new tokens a prompt) to the first 8 of the 100 test questions; its working directory and
     output."""
     work = sandbox(tmp_path_factory.mktemp("offline"))
-    commands = logical_lines(block_of("test_readme_offline_gsm8k_commands").text)
+    commands = logical_lines(block_of("test_offline_gsm8k_commands").text)
     short = ["--max_steps", "3", "--max_eval_samples", "8"]
     output = run_shell(with_flags(commands, "accelerate launch examples/trapo.py", short), work)
     return work, output
 
 
-def test_readme_offline_gsm8k_commands(offline_sandbox):
+def test_offline_gsm8k_commands(offline_sandbox):
     work, _ = offline_sandbox
     for part in ("rl/train.jsonl", "rl/test.jsonl", "sft/train.jsonl", "pretrain/train.jsonl"):
         assert (work / "data" / "gsm8k" / part).is_file(), part
@@ -389,8 +393,8 @@ def test_readme_offline_gsm8k_commands(offline_sandbox):
     assert "eval_rewards/numeric_answer_reward_initial" in results
 
 
-def test_readme_offline_numbers_are_the_measured_ones(offline_sandbox):
-    """The numbers the README gives for the offline path: the longest GSM8K prompt in characters (= tokens of the
+def test_offline_numbers_are_the_measured_ones(offline_sandbox):
+    """The numbers the main job page gives for the offline path: the longest GSM8K prompt in characters (= tokens of the
     tiny model's tokenizer) and with SmolLM2's tokenizer, `TRAPOConfig`'s defaults, the tiny config's context."""
     from transformers import AutoTokenizer
 
@@ -409,8 +413,8 @@ def test_readme_offline_numbers_are_the_measured_ones(offline_sandbox):
     defaults = {f.name: f.default for f in dataclasses.fields(TRAPOConfig)}
     tiny_config = json.loads((ROOT / "trl_trapo" / "configs" / "tiny_causal_lm.json").read_text())
     context = tiny_config["max_position_embeddings"]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    paragraph = readme[readme.index("Two settings differ from the Qwen run") :].split("\n\n")[0]
+    page = (ROOT / "docs" / "main_job.md").read_text(encoding="utf-8")
+    paragraph = page[page.index("Two settings differ from the Qwen run") :].split("\n\n")[0]
     paragraph = " ".join(paragraph.split())
     needed = 1024 + defaults["response_length"]
     for claim in (
@@ -421,35 +425,52 @@ def test_readme_offline_numbers_are_the_measured_ones(offline_sandbox):
         f"`sft_max_length` = {defaults['sft_max_length']} tokens",
         f"at most {subword_tokens} tokens long",
     ):
-        assert claim in paragraph, f"README.md's offline paragraph should say {claim!r}"
+        assert claim in paragraph, f"docs/main_job.md's offline paragraph should say {claim!r}"
     assert char_tokens > defaults["max_prompt_length"] and char_tokens <= 1024 and needed <= 2048 and context < needed
-    python_block = block_of("test_readme_python_example").text
+    python_block = block_of("test_python_guide_example").text
     assert f"up to {char_tokens} tokens (default: {defaults['max_prompt_length']})" in python_block
 
 
-def test_readme_python_example(offline_sandbox, monkeypatch):
-    """The README's Python example as written, in the offline commands' folder, with `max_steps=3`: it trains, writes
+def test_python_guide_example(offline_sandbox, monkeypatch):
+    """The Python guide's GSM8K example as written, in the offline commands' folder, with `max_steps=3`: it trains, writes
     `checkpoint-N` folders into its `output_dir` (every `save_steps` and at the end) and saves a loadable model. It runs
-    in this process (`run_script`, as `python readme_example.py` would): its subject is the code, not the process."""
+    in this process (`run_script`, as `python python_example.py` would): its subject is the code, not the process."""
     from conftest import run_script
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_trapo import TRAPOConfig
 
     work, _ = offline_sandbox
-    code = block_of("test_readme_python_example").text
+    code = block_of("test_python_guide_example").text
     assert code.count("max_steps=2000") == 1
     save_steps = {f.name: f.default for f in dataclasses.fields(TRAPOConfig)}["save_steps"]
     assert f"checkpoint-{save_steps}" in code and "checkpoint-2000" in code  # what the comments promise
-    (work / "readme_example.py").write_text(code.replace("max_steps=2000", "max_steps=3"), encoding="utf-8")
+    (work / "python_example.py").write_text(code.replace("max_steps=2000", "max_steps=3"), encoding="utf-8")
     monkeypatch.chdir(work)
-    assert run_script(work / "readme_example.py", [], monkeypatch) == 0
+    assert run_script(work / "python_example.py", [], monkeypatch) == 0
     output_dir = work / re.search(r'output_dir="([^"]+)"', code).group(1)
     checkpoint = output_dir / "checkpoint-3"
     assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
     assert (checkpoint / "trapo").is_dir()  # TRAPO's state, to resume from
     AutoModelForCausalLM.from_pretrained(output_dir)
     AutoTokenizer.from_pretrained(output_dir)
+
+
+def test_readme_quickstart(tmp_path, monkeypatch, capsys):
+    """The README's quickstart as written, in an empty folder, with `max_steps=3`: it builds everything in-process,
+    trains the three objectives, saves a checkpoint in its `output_dir` and prints the held-out evaluation."""
+    from conftest import run_script
+
+    code = block_of("test_readme_quickstart").text
+    assert code.count("max_steps=300") == 1
+    assert len(code.strip().splitlines()) <= 22  # short enough to read at a glance
+    (tmp_path / "quickstart.py").write_text(code.replace("max_steps=300", "max_steps=3"), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert run_script(tmp_path / "quickstart.py", [], monkeypatch) == 0
+    output_dir = tmp_path / re.search(r'output_dir="([^"]+)"', code).group(1)
+    assert (output_dir / "checkpoint-3" / "trapo").is_dir()  # a checkpoint with TRAPO's state
+    printed = capsys.readouterr().out
+    assert "'eval_reward_rl_only'" in printed and "'eval_reward_sft_tasks'" in printed  # the held-out splits
 
 
 def test_example_data_loading_block(monkeypatch):

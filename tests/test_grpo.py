@@ -153,3 +153,53 @@ def test_the_notice_lists_each_default_that_differs_from_grpos_and_the_value_for
     assert "max_tool_calling_iterations" not in notice  # no tools in this run
     tools = grpo_notice(TRAPOConfig(output_dir=str(tmp_path), beta=0.0), False, True, "k2", "loss")
     assert "max_tool_calling_iterations=4" in tools and "GRPO: max_tool_calling_iterations=None" in tools
+
+
+def test_grpo_names_read_the_values_in_effect_and_the_notice_names_exactly_those_given(tmp_path):
+    """After construction each GRPO name reads TRAPO's value in effect (before: None unless given, so a TRL script
+    reading `args.max_completion_length` got None under `TRAPOConfig`). Which names were given is recorded at
+    construction (`grpo_names_given`), not read from None-ness, so the notice names exactly them, on the config and on
+    each copy the trainer or a script makes (`dataclasses.replace`, a `to_dict()` rebuild, a pickle, a YAML recipe)."""
+    import json
+    import pickle
+
+    from trl_trapo import cli
+
+    plain = TRAPOConfig(output_dir=str(tmp_path), response_length=40, report_to="none")
+    read = (plain.max_completion_length, plain.beta, plain.epsilon, plain.num_iterations)
+    assert read == (plain.response_length, plain.kl_coef, plain.cliprange, plain.num_ppo_epochs) == (40, 0.05, 0.2, 4)
+    given = TRAPOConfig(output_dir=str(tmp_path), beta=0.05, max_completion_length=16, report_to="none")
+    assert (given.response_length, given.max_completion_length, given.beta) == (16, 16, 0.05)
+    init = {f.name for f in dataclasses.fields(TRAPOConfig) if f.init}
+
+    def rebuilt(config):  # a to_dict() rebuild (transformers writes tokens as placeholders: not taken back)
+        values = json.loads(config.to_json_string())
+        return TRAPOConfig(**{k: v for k, v in values.items() if k in init and not str(v).startswith("<")})
+
+    def source(config):
+        notice = grpo_notice(config, False, tools=False, kl_estimator="k2", kl_penalty="loss")
+        return notice and notice.split(" differs from", 1)[0]
+
+    for config, names in [(plain, []), (given, ["max_completion_length", "beta"])]:
+        copies = [
+            config,
+            dataclasses.replace(config, max_steps=3),
+            rebuilt(config),
+            pickle.loads(pickle.dumps(config)),
+        ]
+        for copy in copies:
+            assert copy.grpo_names_given == names
+            assert copy.max_completion_length == copy.response_length == config.response_length
+            expected = f"GRPO-style run: TRAPOConfig with GRPO's names ({', '.join(names)})" if names else None
+            assert source(copy) == expected
+    # a copy that changes TRAPO's name: the GRPO name follows it; one that changes a GRPO name: it sets TRAPO's
+    assert dataclasses.replace(plain, response_length=64).max_completion_length == 64
+    changed = dataclasses.replace(plain, num_iterations=1)
+    assert (changed.num_ppo_epochs, changed.grpo_names_given) == (1, ["num_iterations"])
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("beta: 0.0\nnum_iterations: 1\nuse_cpu: true\nreport_to: none\n")
+    _, config, _ = cli.parse_args(["--config", str(recipe), "--output_dir", str(tmp_path)])
+    assert (config.beta, config.kl_coef, config.num_iterations, config.max_completion_length) == (0.0, 0.0, 1, 8)
+    assert config.grpo_names_given == ["beta", "num_iterations"]
+    with pytest.raises(ValueError, match=r"grpo_names_given=\['beta', 'top_k'\] is invalid: \['top_k'\]"):
+        TRAPOConfig(output_dir=str(tmp_path), grpo_names_given=["beta", "top_k"])

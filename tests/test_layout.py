@@ -1,6 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """The package's shape: no import cycles (imports inside functions included), the core never importing
-`experimental/`, every module importable on its own, no module reading another object's underscore attributes, no
+`experimental/`, optional capabilities imported only where they are used (a lazy `import trl_trapo`), every module
+importable on its own, no module reading another object's underscore attributes, no
 collaborator built from the trainer, one definition of the objective order."""
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ ALLOWED_PRIVATE_ACCESS = {
     # transformers' per-class constructor that honours `deepspeed.zero.Init`; the public `AutoModel*.from_config`
     # would require the policy's class to be registered with an Auto class
     ("distributed.py", "type(model)._from_config"),
+    # transformers' list of the dict fields whose JSON text `TrainingArguments.__post_init__` parses, which every TRL
+    # config extends the same way (`_BaseConfig._VALID_DICT_FIELDS + [...]`)
+    ("config.py", "_BaseConfig._VALID_DICT_FIELDS"),
 }
 
 
@@ -39,24 +43,19 @@ def module_path(name: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
-def intra_package_imports(name: str) -> set[str]:
+def intra_package_imports(name: str, module_level: bool = False) -> set[str]:
     """Modules of the package that `name` imports anywhere: at module level and inside functions or methods
     (relative or absolute). An import inside a function runs later, but it is still a dependency: one that closes a
     cycle only hides a layering mistake (the lower module reaching back up), so it counts. Imports under
-    `if TYPE_CHECKING:` never run (they name types for annotations only) and do not count."""
+    `if TYPE_CHECKING:` never run (they name types for annotations only) and do not count. With `module_level`, only
+    the imports that run when `name` is imported (none inside a function or method)."""
     tree = ast.parse(module_path(name).read_text())
     is_package = module_path(name).name == "__init__.py"
     base = name.split(".") if is_package else name.split(".")[:-1]
-    type_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-        for statement in node.body
-        for inner in ast.walk(statement)
-    }
+    skipped = not_run_at_import(tree) if module_level else type_only_nodes(tree)
     out = set()
     for node in ast.walk(tree):
-        if id(node) in type_only:
+        if id(node) in skipped:
             continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -72,6 +71,30 @@ def intra_package_imports(name: str) -> set[str]:
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("trl_trapo"))
     return {m for m in out if m != name}
+
+
+def type_only_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the nodes under `if TYPE_CHECKING:` (never run)."""
+    return {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+
+
+def not_run_at_import(tree: ast.AST) -> set[int]:
+    """The ids of the nodes that do not run when the module is imported: under `if TYPE_CHECKING:` or inside a
+    function, method or lambda body."""
+    inside = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for inner in ast.walk(node)
+        if inner is not node
+    }
+    return inside | type_only_nodes(tree)
 
 
 def test_no_import_cycle():
@@ -120,6 +143,92 @@ def test_the_core_never_imports_experimental():
         if experimental(target)
     ]
     assert not offenders, offenders
+
+
+# optional capabilities (issue 39): the core imports them only inside the function that builds or needs them, so a run
+# that does not use them never loads them; the package's `__init__` is lazy (PEP 562) and imports no submodule
+OPTIONAL_MODULES = (
+    "trl_trapo.agents",
+    "trl_trapo.agent_tasks",
+    "trl_trapo.agent_job",
+    "trl_trapo.async_rollouts",
+    "trl_trapo.vision_tasks",
+    "trl_trapo.vision_job",
+    "trl_trapo.cli",
+    "trl_trapo.experimental",
+)
+OPTIONAL_LIBRARIES = ("vllm", "deepspeed")
+
+
+def is_optional(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in OPTIONAL_MODULES + OPTIONAL_LIBRARIES)
+
+
+def library_imports_at_module_level(name: str) -> set[str]:
+    """The top-level names of the libraries outside the package that `name` imports when it is imported."""
+    tree = ast.parse(module_path(name).read_text())
+    skipped = not_run_at_import(tree)
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+    return out
+
+
+def test_the_core_imports_optional_capabilities_only_where_it_uses_them():
+    offenders = [
+        f"{name} imports {target} at module level"
+        for name in module_names()
+        if not is_optional(name)
+        for target in sorted(intra_package_imports(name, module_level=True) | library_imports_at_module_level(name))
+        if is_optional(target)
+    ]
+    assert not offenders, offenders
+    assert intra_package_imports("trl_trapo", module_level=True) == set(), "trl_trapo/__init__.py must stay lazy"
+
+
+@pytest.mark.parametrize("source", ["from .agents import AgentSpec", "import deepspeed", "from vllm import LLM"])
+def test_the_optional_import_check_catches_each_form(tmp_path, monkeypatch, source):
+    (tmp_path / "core.py").write_text(f"{source}\n\ndef build():\n    from .async_rollouts import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "module_path", lambda name: tmp_path / "core.py")
+    found = intra_package_imports("trl_trapo.core", module_level=True) | library_imports_at_module_level("core")
+    assert [m for m in found if is_optional(m)] == [source.split()[1].replace(".", "trl_trapo.", 1)]
+
+
+def test_import_trl_trapo_is_lazy_and_every_public_name_resolves():
+    """In a fresh interpreter: `import trl_trapo` loads no submodule; the core (`TRAPOTrainer`, `PPOTrainer`, ...)
+    loads no optional capability; every name of `__all__` resolves to its module's object and is listed by `dir`
+    and `from trl_trapo import *`; a submodule is reachable as an attribute; an unknown name raises AttributeError."""
+    script = (
+        "import sys\n"
+        "import trl_trapo\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('trl_trapo.'))\n"
+        "assert loaded == [], f'import trl_trapo loaded {loaded}'\n"
+        "from trl_trapo import GRPOConfig, PPOTrainer, TRAPOConfig, TRAPOTrainer\n"
+        f"optional = {OPTIONAL_MODULES + OPTIONAL_LIBRARIES!r}\n"
+        "loaded = sorted(m for m in sys.modules if any(m == o or m.startswith(o + '.') for o in optional))\n"
+        "assert loaded == [], f'the core loaded {loaded}'\n"
+        "for name in trl_trapo.__all__:\n"
+        "    value = getattr(trl_trapo, name)\n"
+        "    assert getattr(sys.modules[value.__module__], name) is value, name\n"
+        "assert set(trl_trapo.__all__) <= set(dir(trl_trapo)), set(trl_trapo.__all__) - set(dir(trl_trapo))\n"
+        "namespace = {}\n"
+        "exec('from trl_trapo import *', namespace)\n"
+        "assert set(trl_trapo.__all__) <= set(namespace)\n"
+        "assert callable(trl_trapo.tasks.build_tiny_model)\n"
+        "try:\n"
+        "    trl_trapo.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('trl_trapo.no_such_name resolved')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_every_module_imports_on_its_own():

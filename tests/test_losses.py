@@ -490,7 +490,7 @@ def test_policy_loss_logp_coef_is_minus_the_gradient_wrt_log_pi(rule):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# KL estimator x placement: which gradient each combination follows (the README's table, losses.KL_GRADIENT)
+# KL estimator x placement: which gradient each combination follows (the table of docs/sampling.md, losses.KL_GRADIENT)
 # ---------------------------------------------------------------------------------------------------------------------
 def expected_kl_gradients(estimator: str) -> dict[str, torch.Tensor]:
     """Exact on-policy expected gradients w.r.t. the logits theta of a categorical pi = softmax(theta), summing over

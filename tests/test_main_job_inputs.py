@@ -372,7 +372,7 @@ def test_every_recipe_parses_into_a_real_model_run(path):
 
 
 def test_the_documented_recipe_paths_exist():
-    for document in (ROOT / "README.md", ROOT / "examples" / "trapo.py"):
+    for document in (ROOT / "docs" / "main_job.md", ROOT / "examples" / "trapo.py"):
         named = set(re.findall(r"examples/recipes/[\w.\-]+\.yaml", document.read_text()))
         assert named, document
         for path in named:

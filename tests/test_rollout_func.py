@@ -211,6 +211,25 @@ def test_a_function_returning_num_generations_per_entry_is_refused_naming_both_r
     assert "Return one completion per entry received" in message
 
 
+def test_a_rollout_func_reads_grpos_names_of_the_settings_in_effect_under_trapo_config(tmp_path, tokenizer, suite):
+    """TRL's `rollout_func` scripts read `trainer.args.max_completion_length` (the completion budget, e.g. as
+    `max_new_tokens`). Under `TRAPOConfig`, set by TRAPO's name `response_length` or left at its default, it read None
+    (only `trl_trapo.GRPOConfig` mirrored it): the script generated to the model's own limit. Each GRPO name reads the
+    value in effect."""
+    seen = []
+    inner = agent([])
+
+    def rollout_func(prompts, trainer):
+        args = trainer.args
+        seen.append((args.max_completion_length, args.beta, args.epsilon, args.num_iterations))
+        return inner(prompts, trainer)
+
+    reward = lambda completions, **kw: [0.0] * len(completions)  # noqa: E731
+    trainer = trainer_for(tmp_path, tokenizer, suite.rl_train, rollout_func, reward, cliprange=0.1)
+    trainer.collect_rollouts(8, step=0)
+    assert seen == [(3, 0.05, 0.1, 4)]  # response_length, kl_coef and num_ppo_epochs (defaults), cliprange
+
+
 def test_each_entry_is_a_copy_and_what_the_function_does_to_it_never_reaches_the_rewards(tmp_path, tokenizer):
     """TRL deep-copies the prompts it passes. A function that appends its answer to each entry's messages (in place)
     leaves the rows the reward functions read as the dataset holds them, and no two entries are one object. Before,

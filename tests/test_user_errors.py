@@ -582,6 +582,50 @@ def test_the_type_check_accepts_what_the_fields_take(tmp_path):
     dataclasses.replace(PPOConfig(output_dir=str(tmp_path), report_to="none"), max_steps=4)
 
 
+def dict_fields() -> list[str]:
+    """Every field of `TRAPOConfig` (its own and transformers' / TRL's) that holds a dict."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(TRAPOConfig)
+    return [
+        f.name
+        for f in dataclasses.fields(TRAPOConfig)
+        if f.init
+        and any(a is dict or typing.get_origin(a) is dict for a in (hints[f.name], *typing.get_args(hints[f.name])))
+    ]
+
+
+def test_every_dict_field_takes_a_json_object_on_the_command_line_and_names_itself_when_malformed(tmp_path):
+    """A dict field of TRAPO's own annotated `dict | None` (TRL's: `dict | str | None`) got argparse's `type=dict`,
+    so the command line refused every value, a well-formed one too (`--generation_kwargs '{"min_p": 0.1}'`: "invalid
+    dict value", naming no form); transformers' `dict | str | None` fields parsed the text in `__post_init__` with a
+    bare `JSONDecodeError` (as TRL does). Every dict field, whoever declares it: a JSON object is parsed into a dict,
+    malformed text is one message naming the field, the value and the form."""
+    names = dict_fields()
+    assert {"generation_kwargs", "chat_template_kwargs", "model_init_kwargs", "lr_scheduler_kwargs"} <= set(names)
+    base = ["--use_cpu", "--report_to", "none", "--output_dir", str(tmp_path)]
+    for name in names:
+        if name not in ("deepspeed", "fsdp_config"):  # these start DeepSpeed / FSDP: their text is checked below
+            _, config, _ = cli.parse_args([f"--{name}", "{}", *base])
+            value = getattr(config, name)  # a dict (accelerator_config: transformers' object built from it)
+            assert value is not None and not isinstance(value, str), (name, value)
+        api_error(
+            lambda name=name: cli.parse_args([f"--{name}", "{min_p: 0.1", *base]),
+            f"TRAPOConfig.{name}='{{min_p: 0.1' is invalid: it is not valid JSON",
+            "It takes a JSON object, keys in double quotes, e.g. `--" + name + " '{",
+        )
+    _, config, _ = cli.parse_args(["--generation_kwargs", '{"min_p": 0.1}', *base])
+    assert config.generation_kwargs == {"min_p": 0.1}
+    api_error(lambda: cli.parse_args(["--generation_kwargs", "min_p=0.1", *base]), "it is not valid JSON")
+    api_error(lambda: cli.parse_args(["--chat_template_kwargs", "[1]", *base]), "it is a JSON list, not an object")
+    api_error(lambda: cli.parse_args(["--deepspeed", "{ds: 1}", *base]), "or the path of a JSON file")
+    # the Python API takes the same text, as TRL's configs do
+    assert TRAPOConfig(
+        output_dir=str(tmp_path), report_to="none", generation_kwargs='{"min_p": 0.1}'
+    ).generation_kwargs == {"min_p": 0.1}
+
+
 # ---- output dir, disk, saves ----
 def finished_run(folder: Path) -> dict[str, bytes]:
     """A folder as a finished run leaves it (a model's config and weights, eval_results.json); its snapshot."""
@@ -950,6 +994,54 @@ BAD_CELLS = [
         dict(pretrain_dataset=TEXT, eval_dataset={"sft": [{"prompt": "a=", "completion": ""}]}),
         "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
         "Fill it, or drop such rows",
+    ),
+    # TRL's `apply_chat_template` refuses a prompt whose last role is not user / tool / assistant, from inside
+    # `datasets.map` and naming nothing ("Invalid role in the last message: wizard"): the trial's case (c59) and its
+    # siblings, each named by dataset, row and role
+    (
+        dict(
+            sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}]}]
+            + [{"messages": conv("a=") + [{"role": "wizard", "content": "w"}, {"role": "assistant", "content": "a"}]}]
+        ),
+        "`sft_dataset` column 'messages' row 1: its prompt (every message before the last) ends with a message of "
+        "role 'wizard', but TRL's `apply_chat_template`, which renders it, takes only 'user', 'tool', 'assistant'",
+        "rename the role 'wizard' where it comes last",
+    ),
+    (
+        dict(sft_dataset=[{"prompt": [{"role": "system", "content": "s"}], "completion": conv("a")}]),
+        "`sft_dataset` column 'prompt' row 0: its prompt ends with a message of role 'system'",
+        "end each prompt with a 'user' (or 'tool', 'assistant') message",
+    ),
+    (
+        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")}]),
+        "`sft_dataset` column 'messages' row 0: ends with a message of role 'user', but a 'messages' row is split",
+        "or set assistant_only_loss=True",
+    ),
+    (
+        dict(sft_dataset=[{"messages": [{"role": "assistant", "content": "a"}]}]),
+        "`sft_dataset` column 'messages' row 0: holds only the assistant's message",
+        "give it a prompt",
+    ),
+    (
+        dict(train_dataset=[{"prompt": conv("a=") + [{"role": "wizard", "content": "w"}], "answer": "a"}] * 2),
+        "`train_dataset` column 'prompt' row 0 (and 1 more rows): its prompt ends with a message of role 'wizard'",
+        "or drop such rows",
+    ),
+    (
+        dict(pretrain_dataset=TEXT, eval_dataset={"held": [{"prompt": [{"role": "system", "content": "s"}]}]}),
+        "`eval_dataset['held']` column 'prompt' row 0: its prompt ends with a message of role 'system'",
+        "end each prompt with a 'user'",
+    ),
+    (
+        dict(
+            pretrain_dataset=TEXT,
+            eval_dataset=[
+                {"messages": conv("a") + [{"role": "wizard", "content": "w"}, {"role": "assistant", "content": "b"}]}
+            ],
+        ),
+        "`eval_dataset` column 'messages' row 0: its prompt (every message before the last) ends with a message of "
+        "role 'wizard'",
+        "or drop such rows",
     ),
 ]
 

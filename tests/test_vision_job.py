@@ -31,7 +31,7 @@ def run(args: list[str], cwd: Path = ROOT, timeout: int = 600) -> subprocess.Com
 
 @pytest.mark.parametrize("per_modality", [False, True], ids=["three-objectives", "per-modality"])
 def test_the_vlm_job_writes_results_and_a_model_that_reloads(tmp_path, per_modality):
-    """`examples/trapo_vlm.py` as the README runs it, shortened: it evaluates before and after, writes
+    """`examples/trapo_vlm.py` as docs/vision.md runs it, shortened: it evaluates before and after, writes
     `eval_results.json` with every documented metric, and saves a model and processor that `AutoModelForImageTextToText`
     / `AutoProcessor` reload offline and that answer an image prompt; `--per_modality` trains image rows as objectives
     of their own."""

@@ -787,6 +787,17 @@ class Rollout:
     truncated: bool = False  # its last turn was cut by the length limit with tool calls in it, which did not run
 
 
+@functools.cache
+def warn_no_tool_rounds() -> None:
+    """Say, once per process (the trainer and evaluation each build a source), what `max_tool_calling_iterations=0`
+    does: TRL's meaning (its loop runs no round, `trl.GRPOTrainer._tool_call_loop`), which nothing else shows."""
+    logger.warning(
+        "max_tool_calling_iterations=0: the tools are rendered in each prompt but no tool call is run, so each "
+        "rollout is one assistant turn (as under TRL's GRPOTrainer). Set it to 1 or more to run the model's tool "
+        "calls (None: no bound)."
+    )
+
+
 class ToolRolloutSource(RolloutSource):
     """A rollout source that runs TRL's multi-turn tool-calling loop with the live policy (module docstring).
 
@@ -865,6 +876,8 @@ class ToolRolloutSource(RolloutSource):
         self.group, self.num_mini_batches = int(group), int(num_mini_batches)
         self.temperature, self.response_length, self.context = float(temperature), int(response_length), context
         self.max_iterations = math.inf if max_iterations is None else int(max_iterations)
+        if self.max_iterations == 0:
+            warn_no_tool_rounds()
         self.log_metric = log_metric
         self.sum_over_ranks = sum_over_ranks
         self.generation_batch_size = generation_batch_size

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import numbers
 import os
@@ -85,7 +86,9 @@ GRPO_ALIASES = {
     "num_iterations": "num_ppo_epochs",
 }
 """TRL GRPOConfig's names of TRAPOConfig fields with the same meaning (GRPO name -> TRAPO field): each is a field of
-its own (None by default) that, when given, sets TRAPO's at construction; both given and different is refused."""
+its own (None by default) that, when given, sets TRAPO's at construction; both given and different is refused. After
+construction each reads the value in effect (`max_completion_length` reads `response_length`, as a TRL `rollout_func`
+reading `trainer.args.max_completion_length` expects); `grpo_names_given` records which were given."""
 
 GRPO_ONLY_FIXES = {
     "epsilon_high": "TRAPO clips the ratio symmetrically to [1 - cliprange, 1 + cliprange] (`epsilon`, GRPO's name, "
@@ -214,6 +217,62 @@ def check_field_types(config) -> None:
         )
 
 
+PATH_OR_DICT_FIELDS = ("deepspeed", "fsdp_config", "accelerator_config")
+"""transformers' dict fields that also take the path of a JSON file: a text value not starting with `{` is a path."""
+JSON_EXAMPLES = {
+    "generation_kwargs": '{"min_p": 0.1}',
+    "chat_template_kwargs": '{"enable_thinking": false}',
+    "model_init_kwargs": '{"dtype": "bfloat16"}',
+    "teacher_model_init_kwargs": '{"dtype": "bfloat16"}',
+    "lr_scheduler_kwargs": '{"num_cycles": 2}',
+}
+"""An example JSON object per dict field, for the message of `check_json_dicts` (others: a generic one)."""
+
+
+def _is_dict_field(kind) -> bool:
+    """Whether a field annotated `kind` holds a dict (`dict`, `dict[str, Any] | str | None`, ...)."""
+    return any(a is dict or typing.get_origin(a) is dict for a in (kind, *typing.get_args(kind)))
+
+
+def check_json_dicts(config) -> None:
+    """Refuse a dict field given as text that is not a JSON object. The command line gives every dict field as text
+    (`--generation_kwargs '{"min_p": 0.1}'`), as Python may; transformers' `__post_init__` parses the text of the
+    fields in `_VALID_DICT_FIELDS` (TRL's configs list theirs there), raising a bare `JSONDecodeError` that names
+    neither field nor value for malformed text, and leaving text that does not start with `{` as it is. Fields of
+    `PATH_OR_DICT_FIELDS` also take a file path (any text not starting with `{`).
+
+    Raises:
+        ValueError: naming the field, the value, what is wrong with it and the form expected.
+    """
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not f.init or not isinstance(value, str) or not _is_dict_field(hints[f.name]):
+            continue
+        path = f.name in PATH_OR_DICT_FIELDS
+        if path and not value.startswith("{"):
+            continue
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as error:
+            problem = f"it is not valid JSON ({error})"
+        else:
+            problem = (
+                f"it is a JSON {type(parsed).__name__}, not an object"
+                if not isinstance(parsed, dict)
+                else "it does not start with '{'"  # leading spaces: transformers would leave it as text
+                if not value.startswith("{")
+                else None
+            )
+        if problem is not None:
+            example = JSON_EXAMPLES.get(f.name, '{"key": "value"}')
+            raise ValueError(
+                f"{type(config).__name__}.{f.name}={value!r} is invalid: {problem}. It takes a JSON object, keys in "
+                f"double quotes, e.g. `--{f.name} '{example}'` on the command line (in Python or a YAML recipe: a "
+                f"dict{', or the path of a JSON file' if path else ''})."
+            )
+
+
 @dataclass
 class TRAPOConfig(_BaseConfig):
     r"""
@@ -223,7 +282,7 @@ class TRAPOConfig(_BaseConfig):
     Only the fields TRAPO adds are listed here; the rest are [`~transformers.TrainingArguments`]. Every field carries
     `metadata["help"]`, which `TrlParser` shows with `--help`.
 
-    How the objectives combine (see the README, "How the curriculum and DARE combine"):
+    How the objectives combine (see docs/how_it_works.md, "The curriculum and DARE"):
 
     - the **share** s_o of a step's examples (rows) given to objective o is the curriculum mixture, restricted to the
       objectives that have data and a non-zero weight, renormalised to sum to 1;
@@ -235,6 +294,15 @@ class TRAPOConfig(_BaseConfig):
     Raises:
         ValueError: from `__post_init__`, naming the field, the bad value and the fix, for any inconsistent setting.
     """
+
+    # dict fields whose JSON text (the command line's form) transformers' `__post_init__` parses, as in TRL's configs
+    _VALID_DICT_FIELDS = _BaseConfig._VALID_DICT_FIELDS + [
+        "liger_kernel_config",
+        "model_init_kwargs",
+        "teacher_model_init_kwargs",
+        "generation_kwargs",
+        "chat_template_kwargs",
+    ]
 
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
@@ -272,6 +340,14 @@ class TRAPOConfig(_BaseConfig):
         default=None,
         metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers 5); use that instead."},
     )
+    liger_kernel_config: dict[str, bool] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Configuration for Liger Kernel (`use_liger_kernel`), passed as kwargs to its patching function; "
+            "None: its default. A dict, or its JSON text (transformers' `dict[str, bool] | None` could not be given "
+            "on the command line)."
+        },
+    )
     activation_checkpointing: bool | None = field(
         default=None,
         metadata={
@@ -292,7 +368,7 @@ class TRAPOConfig(_BaseConfig):
     # ------------------------------------------------------------------------------------------------------------
     # Model loading
     # ------------------------------------------------------------------------------------------------------------
-    model_init_kwargs: dict | None = field(
+    model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={
             "help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` when `model` is a string (e.g. "
@@ -340,7 +416,7 @@ class TRAPOConfig(_BaseConfig):
     teacher_model_revision: str | None = field(
         default=None, metadata={"help": "The teacher's revision (branch, tag or commit) on the Hub."}
     )
-    teacher_model_init_kwargs: dict | None = field(
+    teacher_model_init_kwargs: dict | str | None = field(
         default=None,
         metadata={"help": "Keyword arguments of `AutoModelForCausalLM.from_pretrained` for the teacher."},
     )
@@ -557,7 +633,8 @@ class TRAPOConfig(_BaseConfig):
             "help": "TRL GRPOConfig's name of `response_length`, accepted so that a GRPO script runs with only the "
             "import and the config class changed. When given, it sets `response_length` at construction (both then "
             "hold the value); giving both with different values is an error. A `response_length` equal to its default "
-            "counts as not given. None: use `response_length`."
+            "counts as not given. None: use `response_length`. After construction it reads `response_length`, as "
+            "a TRL `rollout_func` reading `trainer.args.max_completion_length` expects."
         },
     )
 
@@ -610,7 +687,7 @@ class TRAPOConfig(_BaseConfig):
             "the full model) instead of gathering layer by layer."
         },
     )
-    generation_kwargs: dict | None = field(
+    generation_kwargs: dict | str | None = field(
         default=None,
         metadata={
             "help": "Extra settings of rollout generation, limited to those that leave the recorded log-probs exact: "
@@ -621,7 +698,7 @@ class TRAPOConfig(_BaseConfig):
             "are refused: the trained log-probs would not describe the sampled distribution."
         },
     )
-    chat_template_kwargs: dict | None = field(
+    chat_template_kwargs: dict | str | None = field(
         default=None, metadata={"help": "Extra keyword arguments of `apply_chat_template` for conversational data."}
     )
 
@@ -658,8 +735,9 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "TRL GRPOConfig's name of `cliprange` (the ratio is clipped to [1 - epsilon, 1 + epsilon]); when "
             "given it sets `cliprange` at construction, and giving both with different values is an error (a "
-            "`cliprange` equal to its default counts as not given). None: use `cliprange`. Both default to 0.2. "
-            "GRPO's `epsilon_high` (an asymmetric upper bound) has no TRAPO equivalent: the clip is symmetric."
+            "`cliprange` equal to its default counts as not given). None: use `cliprange`; after construction it "
+            "reads `cliprange`. Both default to 0.2. GRPO's `epsilon_high` (an asymmetric upper bound) has no TRAPO "
+            "equivalent: the clip is symmetric."
         },
     )
     kl_coef: float = field(default=0.05, metadata={"help": "KL coefficient of the penalty towards the reference."})
@@ -669,8 +747,9 @@ class TRAPOConfig(_BaseConfig):
             "help": "TRL GRPOConfig's name of `kl_coef`, accepted so that a GRPO script runs with only the import and "
             "the config class changed; when given it sets `kl_coef` at construction (both then hold the value), and "
             "giving both with different values is an error (a `kl_coef` equal to its default counts as not given). "
-            "None: use `kl_coef`. Note the defaults differ: GRPO's beta is 0.0 (no KL), TRAPO's kl_coef 0.05, so a "
-            "GRPO script that never set beta trains with a KL term here: pass beta=0.0 for GRPO's default."
+            "None: use `kl_coef`; after construction it reads `kl_coef`. Note the defaults differ: GRPO's beta is "
+            "0.0 (no KL), TRAPO's kl_coef 0.05, so a GRPO script that never set beta trains with a KL term here: "
+            "pass beta=0.0 for GRPO's default."
         },
     )
     kl_estimator: Literal["auto", "k1", "k2", "k3"] = field(
@@ -681,7 +760,7 @@ class TRAPOConfig(_BaseConfig):
             "one whose gradient is the gradient of KL(pi || pi_ref) where the KL is placed (on-policy): k2 in the "
             "loss, k1 in the reward. The other combinations are biased (k3 in the loss follows the reverse KL, k1 "
             "in the loss has a zero expected gradient, k2 / k3 in the reward miss the gradient through their own "
-            "dependence on pi) and are warned about; see the README's KL table."
+            "dependence on pi) and are warned about; see the KL table of docs/sampling.md."
         },
     )
     kl_penalty: Literal["auto", "reward", "loss"] = field(
@@ -744,8 +823,19 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "TRL GRPOConfig's name of `num_ppo_epochs` (GRPO's mu: updates per generated batch); when given it "
             "sets `num_ppo_epochs` at construction, and giving both with different values is an error (a "
-            "`num_ppo_epochs` equal to its default counts as not given). None: use `num_ppo_epochs`. Note the "
-            "defaults differ: GRPO's is 1, TRAPO's 4; pass num_iterations=1 for GRPO's."
+            "`num_ppo_epochs` equal to its default counts as not given). None: use `num_ppo_epochs`; after "
+            "construction it reads `num_ppo_epochs`. Note the defaults differ: GRPO's is 1, TRAPO's 4; pass "
+            "num_iterations=1 for GRPO's."
+        },
+    )
+    grpo_names_given: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Filled in at construction, not a setting: which of TRL GRPOConfig's names of TRAPO fields "
+            "(max_completion_length, beta, epsilon, num_iterations) were given. After construction those names read "
+            "the value in effect, so a copy of the config (`dataclasses.replace`, a `to_dict()` rebuild) could not "
+            "tell them from the user's otherwise; the start-up notice of a GRPO-style run names them. None: the GRPO "
+            "names that are not None were given."
         },
     )
     num_mini_batches: int = field(
@@ -1264,6 +1354,7 @@ class TRAPOConfig(_BaseConfig):
     )
 
     def __post_init__(self):
+        check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         check_field_types(self)  # first: every check below compares or computes with the values
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
@@ -1271,10 +1362,17 @@ class TRAPOConfig(_BaseConfig):
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
-        self._resolve_max_completion_length()
+        given = self._grpo_names_given()
         for alias, target in GRPO_ALIASES.items():
-            if alias != "max_completion_length":
+            if alias not in given:
+                continue
+            if alias == "max_completion_length":
+                self._resolve_max_completion_length()
+            else:
                 self._resolve_alias(alias, target)
+        for alias, target in GRPO_ALIASES.items():  # each GRPO name reads the value in effect, as in TRL's config
+            setattr(self, alias, getattr(self, target))
+        self.grpo_names_given = given
         if self.vllm_importance_sampling_cap is not None:  # TRL's own deprecated alias, with TRL's meaning
             warnings.warn(
                 f"{type(self).__name__}.vllm_importance_sampling_cap is deprecated (as in TRL since 1.6): use "
@@ -1343,6 +1441,36 @@ class TRAPOConfig(_BaseConfig):
                 "precision: it would ignore the setting and train in fp32. Drop fp16, or train on a GPU."
             )
 
+    def _grpo_names_given(self) -> list[str]:
+        """The GRPO names (`GRPO_ALIASES`) the config was given: those not None, for a config built from the user's
+        arguments; for a copy of a built one (`grpo_names_given` filled in, its GRPO names holding the values in
+        effect), the recorded ones, and any other the copy changed: one that differs from its target while the target
+        is at its default (the convention of `_resolve_alias`; a target changed by the copy wins over its GRPO name,
+        as transformers' new names win over their deprecated aliases).
+
+        Raises:
+            ValueError: naming the field, for a recorded name that is not a GRPO name.
+        """
+        if self.grpo_names_given is None:
+            return [alias for alias in GRPO_ALIASES if getattr(self, alias) is not None]
+        unknown = [name for name in self.grpo_names_given if name not in GRPO_ALIASES]
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}.grpo_names_given={self.grpo_names_given!r} is invalid: {unknown} are not TRL "
+                f"GRPOConfig names of TRAPO fields ({', '.join(GRPO_ALIASES)}). It is filled in at construction: "
+                "leave it unset."
+            )
+        fields = type(self).__dataclass_fields__
+        return [
+            alias
+            for alias, target in GRPO_ALIASES.items()
+            if alias in self.grpo_names_given
+            or (
+                getattr(self, alias) not in (None, getattr(self, target))
+                and getattr(self, target) == fields[target].default
+            )
+        ]
+
     def _resolve_max_completion_length(self) -> None:
         """GRPO's `max_completion_length`, when given, becomes `response_length` (set once, at construction).
 
@@ -1387,7 +1515,7 @@ class TRAPOConfig(_BaseConfig):
 
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
-        if self.max_completion_length is not None and self.max_completion_length < 1:
+        if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:
             bad(
                 "max_completion_length",
                 self.max_completion_length,

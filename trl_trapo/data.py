@@ -41,7 +41,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 
 from .collator import Row
 from .config import PRETRAIN, SFT
-from .vision import ImageRows, as_tensors, check_no_images, image_column
+from .vision import IMAGE_COLUMNS, ImageRows, as_tensors, check_no_images, image_column
 
 
 logger = logging.getLogger(__name__)
@@ -341,6 +341,100 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
             )
 
 
+PROMPT_LAST_ROLES = ("user", "tool", "assistant")
+"""The roles TRL's `apply_chat_template` (`trl.data_utils`, TRL 1.16), which renders TRAPO's conversational prompts,
+takes for a prompt's last message: `user` / `tool` get the generation prompt, `assistant` is continued; any other
+(`system` included) raises `Invalid role in the last message`. The roles before the last are the chat template's to
+render (`developer`, `ipython`, ...), unchecked by TRL."""
+IMAGE_ROLES = ("system", "user", "assistant", "tool")
+"""The roles TRL's `prepare_multimodal_messages` (`trl.data_utils`), which places a VLM row's images, takes for every
+message; any other raises `Invalid role in message`."""
+
+
+def check_prompt_roles(
+    dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False
+) -> None:
+    """Refuse, before anything slow, the conversational rows TRAPO's rendering would fail on from inside
+    `datasets.map`, with TRL's message that names neither the dataset nor the row: exactly the rows TRL's functions
+    refuse, every other role passing.
+
+    - Text rows, rendered by `trl.data_utils.apply_chat_template`: a prompt whose last message's role is not one of
+      `PROMPT_LAST_ROLES` (the `prompt` column's messages; for a `messages` row, every message before the last).
+    - Rows of a dataset with an image column, whose messages go through `trl.data_utils.prepare_multimodal_messages`
+      (see [`~trl_trapo.vision.ImageRows`]): a message, anywhere, whose role is not one of `IMAGE_ROLES`.
+    - A `messages` row split into prompt and completion that does not end with the assistant's message, or (text
+      rows) has nothing before it.
+
+    With `assistant_only_loss` SFT text rows are rendered whole by the chat template (see `tokenize_sft_dataset`),
+    neither split nor checked by TRL: only prompt-only rows are checked then.
+
+    Args:
+        dataset (`Dataset`): the rows, with the columns `read_columns(columns, kind)` names.
+        role (`str`): how errors name the dataset.
+        kind (`str`, *optional*): as in `read_columns`.
+        assistant_only_loss (`bool`): SFT rows are rendered whole (`TRAPOConfig.assistant_only_loss`).
+
+    Raises:
+        ValueError: naming the dataset, the column, the first bad row, the role, the roles allowed and the fix.
+    """
+    names = dataset_columns(dataset)
+    columns = read_columns(names, kind)
+    images = any(c in names for c in IMAGE_COLUMNS)
+    if ("completion" in columns or "messages" in columns) and assistant_only_loss and not images:
+        return
+    column = "messages" if "messages" in columns else "prompt" if "prompt" in columns else None
+    if column is None or str(dataset.with_format("arrow")[column].type) in ("string", "large_string"):
+        return  # no column of conversations (text rows are not rendered by a chat template)
+    completions = dataset["completion"] if images and "completion" in columns else None
+    bad: list[int] = []
+    first = None  # (what is wrong, fix) of the first bad row
+    for row, value in enumerate(dataset[column]):
+        if not is_messages(value):
+            continue  # text, or a cell `check_cell_types` refuses
+        problem = None
+        split = column == "messages"
+        if split and value[-1].get("role") != "assistant":
+            problem = (
+                f"ends with a message of role {value[-1].get('role')!r}, but a 'messages' row is split into a prompt "
+                "(every message before the last) and the completion to learn (the last, which must be the "
+                "assistant's)",
+                "drop the turns after the last assistant message, e.g. `dataset.map(lambda row: {'messages': "
+                "row['messages'][: max(i for i, m in enumerate(row['messages']) if m['role'] == 'assistant') + 1]})`"
+                + ("" if images else ", or set assistant_only_loss=True (every assistant turn is trained)"),
+            )
+        elif images:
+            rendered = list(value) + (completions[row] if completions and is_messages(completions[row]) else [])
+            unknown = next((m.get("role") for m in rendered if m.get("role") not in IMAGE_ROLES), None)
+            if unknown is not None:
+                problem = (
+                    f"has a message of role {unknown!r}, but TRL's `prepare_multimodal_messages`, which places the "
+                    f"row's images, takes only {', '.join(repr(r) for r in IMAGE_ROLES)} (it would raise `Invalid "
+                    f"role in message: {unknown}`)",
+                    f"rename the role {unknown!r} to one of those, or drop such rows",
+                )
+        elif split and len(value) == 1:
+            problem = (
+                "holds only the assistant's message, so its prompt (every message before the last) is empty",
+                "give it a prompt (e.g. a user turn before the reply), or drop such rows",
+            )
+        elif (prompt := value[:-1] if split else value)[-1].get("role") not in PROMPT_LAST_ROLES:
+            last = prompt[-1].get("role")
+            where = "its prompt (every message before the last) ends" if split else "its prompt ends"
+            problem = (
+                f"{where} with a message of role {last!r}, but TRL's `apply_chat_template`, which renders it, takes "
+                f"only {', '.join(repr(r) for r in PROMPT_LAST_ROLES)} as a prompt's last role (it would raise "
+                f"`Invalid role in the last message: {last}`); other roles are fine before it",
+                f"end each prompt with a 'user' (or 'tool', 'assistant') message, e.g. rename the role {last!r} where "
+                "it comes last, or drop such rows",
+            )
+        if problem is not None:
+            bad.append(row)
+            first = first or problem
+    if bad:
+        more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+        raise ValueError(f"`{role}` column {column!r} row {bad[0]}{more}: {first[0]}. Fix: {first[1]}.")
+
+
 def check_sft_completions(dataset: Dataset, role: str) -> None:
     """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
     text (blank) and no tool call, or `messages` without any assistant turn. Such a row would train only the
@@ -384,10 +478,11 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
         )
 
 
-def check_cells(dataset: Dataset, role: str, kind: str | None = None) -> None:
+def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
-    (`check_missing_values`), each of its column's form (`check_cell_types`) and, for SFT rows, a completion to learn
-    (`check_sft_completions`).
+    (`check_missing_values`), each of its column's form (`check_cell_types`), for SFT rows a completion to learn
+    (`check_sft_completions`), and conversations TRL's chat-template rendering takes (`check_prompt_roles`; SFT rows
+    rendered whole with `assistant_only_loss`).
 
     Raises:
         ValueError: naming the dataset, column, row and fix.
@@ -398,6 +493,7 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None) -> None:
     check_cell_types(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role)
+    check_prompt_roles(dataset, role, kind, assistant_only_loss)
 
 
 def check_conversations_renderable(
@@ -1433,12 +1529,13 @@ def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
     return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
 
 
-def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True) -> None:
+def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assistant_only_loss: bool = False) -> None:
     """Raise `ValueError` before training if an eval dataset is not a map-style `Dataset` (evaluation reads every row
     by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
     `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or a cell evaluation
     reads that it cannot (`check_cells`, and the tool calls of SFT-loss rows; skipped with `cells=False`, for sets
-    `check_datasets` has checked); with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
+    `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows);
+    with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
     if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
         check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
     for label, dataset in eval_datasets(eval_dataset):
@@ -1450,7 +1547,8 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True) -> None
                 "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
             )
         if cells:
-            check_cells(dataset, label)
+            # evaluation renders `messages` rows whole under assistant_only_loss (`evaluation.Evaluator.evaluate`)
+            check_cells(dataset, label, assistant_only_loss=assistant_only_loss and "messages" in columns)
             if columns & {"completion", "messages"}:  # SFT loss rows: their tool calls
                 check_tool_call_traces(dataset, label)
         if tokenizer is not None:
@@ -1478,6 +1576,7 @@ def check_datasets(
     Raises:
         ValueError: naming the argument, the column, the row and the fix.
     """
+    assistant_only_loss = getattr(args, "assistant_only_loss", False)
     for role, dataset, weight in (
         ("train_dataset", train_dataset, args.rl_weight),
         ("sft_dataset", sft_dataset, args.sft_weight),
@@ -1499,8 +1598,9 @@ def check_datasets(
             check_tool_call_traces(dataset, role)
         else:
             check_distillation_dataset(dataset)
-        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts")
-    check_eval_dataset(eval_dataset)
+        whole = role == "sft_dataset" and assistant_only_loss  # SFT rows rendered whole, unsplit
+        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts", assistant_only_loss=whole)
+    check_eval_dataset(eval_dataset, assistant_only_loss=assistant_only_loss)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
         check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
         check_pretrain_dataset(pretrain_dataset)

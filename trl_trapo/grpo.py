@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import GRPO_ALIASES, TRAPOConfig
+from .config import TRAPOConfig
 
 
 # TRAPOConfig field -> (TRL GRPOConfig's name of it, what a different value means for the run); the defaults compared
@@ -80,12 +80,6 @@ class GRPOConfig(TRAPOConfig):
         default=False, metadata={"help": "TRL's GRPO has no self-imitation: off (TRAPO: auto with SFT data)."}
     )
 
-    def __post_init__(self):
-        super().__post_init__()
-        for alias, target in GRPO_ALIASES.items():  # GRPO's names read as in TRL (`args.beta`), set once, here
-            if getattr(self, alias) is None:
-                setattr(self, alias, getattr(self, target))
-
 
 def grpo_notice(args: TRAPOConfig, exploration: bool, tools: bool, kl_estimator: str, kl_penalty: str) -> str | None:
     """The one-line notice of a GRPO-style run whose settings differ from TRL GRPOConfig's defaults, or None.
@@ -108,7 +102,7 @@ def grpo_notice(args: TRAPOConfig, exploration: bool, tools: bool, kl_estimator:
         `str` or None: the notice, None when the run is not GRPO-style or nothing differs.
     """
     grpo_config = isinstance(args, GRPOConfig)
-    grpo_names = [alias for alias in GRPO_ALIASES if getattr(args, alias) is not None]
+    grpo_names = list(args.grpo_names_given or [])  # recorded at construction (the names read values in effect)
     if not grpo_config and not grpo_names:
         return None
     from trl import GRPOConfig as TRLGRPOConfig
@@ -118,7 +112,7 @@ def grpo_notice(args: TRAPOConfig, exploration: bool, tools: bool, kl_estimator:
     items = []
     for name, (grpo_name, meaning) in DEFAULTS_COMPARED.items():
         value, grpo_default = getattr(args, name), theirs[grpo_name].default
-        given = grpo_name != name and getattr(args, grpo_name) is not None  # set through GRPO's name
+        given = grpo_name != name and grpo_name in grpo_names  # set through GRPO's name
         if given or value != ours[name].default or value == grpo_default:
             continue
         if name == "max_tool_calling_iterations" and not tools:

@@ -141,7 +141,7 @@ KL_GRADIENT = {
     ("k2", "reward"): "biased: REINFORCE misses the estimator's own dependence on pi",
     ("k3", "reward"): "biased, nearly no KL gradient: REINFORCE misses k3's own dependence on pi",
 }
-"""What the gradient of each (estimator, placement) is, on-policy, for the README's table and the warnings.
+"""What the gradient of each (estimator, placement) is, on-policy, for the table of docs/sampling.md and the warnings.
 Sources: Schulman, "Approximating KL divergence" (joschu.net/blog/kl-approx.html); "A Comedy of Estimators: On KL
 Regularization in RL Training of LLMs" (huggingface.co/papers/2512.21852); TRL issue #4967 (k1-in-reward unbiased,
 k3-in-loss biased) and PR #6503."""

@@ -35,7 +35,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from datasets import Dataset, IterableDataset
@@ -62,6 +62,11 @@ from .losses import (
     sft_term,
 )
 from .sampler_correction import sampler_importance_weights
+
+
+if TYPE_CHECKING:
+    from .rollout import RolloutEngine
+    from .teacher import Teacher
 
 
 logger = logging.getLogger(__name__)
@@ -567,9 +572,11 @@ class DistillationObjective(Objective):
     Args:
         take_rows (`Callable[[int, int], list[Row]]`): serves `n` rows (the student's samples) at a step; their
             `objective` is set to this objective's index here.
-        teacher_hidden (`Callable`): `(input_ids (B, L), attention_mask (B, L)) -> (B, L, H_t)` the teacher's final hidden
-            states (no grad).
-        teacher_head (`Callable`): the teacher's output layer, `(n, H_t) -> (n, V)`.
+        teacher ([`~trl_trapo.teacher.Teacher`]): the frozen teacher: its final hidden states `(B, L, H_t)` and output
+            layer `(n, H_t) -> (n, V)` form the full-vocabulary term; when it is partitioned across ranks (ZeRO-3) its
+            forward is a collective: the full-vocabulary term then runs it in every micro-batch on every rank, on a
+            one-token stand-in when the micro-batch has none of this objective's rows, so that every rank gathers the
+            same parameters the same number of times.
         beta (`float`), temperature (`float`): the divergence (`distillation_beta`, `distillation_temperature`).
         weight (`float`): the static multiplier c_distill.
         estimator (`str`): "full" (the divergence over the vocabulary) or "sampled_token" (the reverse KL from the
@@ -581,10 +588,6 @@ class DistillationObjective(Objective):
         prompts ([`DistillationPrompts`], *optional*): reward-free prompts (`distillation_dataset`); when given, the
             rows are its fresh samples instead of `take_rows`' (pass `take_rows=None`), and its prompt position is
             part of this objective's checkpointed state.
-        collective (`bool`): the teacher's forward is a collective (its parameters are partitioned across ranks by
-            ZeRO-3): the full-vocabulary term then runs the teacher in every micro-batch on every rank, on a one-token
-            stand-in when the micro-batch has none of this objective's rows, so that every rank gathers the same
-            parameters the same number of times.
 
     Raises:
         ValueError: if neither or both of `take_rows` and `prompts` are given.
@@ -593,8 +596,7 @@ class DistillationObjective(Objective):
     def __init__(
         self,
         take_rows: Callable[[int, int], list[Row]] | None,
-        teacher_hidden: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        teacher_head: Callable[[torch.Tensor], torch.Tensor],
+        teacher: Teacher,
         beta: float = 1.0,
         temperature: float = 1.0,
         weight: float = 1.0,
@@ -603,18 +605,63 @@ class DistillationObjective(Objective):
         sampling_temperature: float = 1.0,
         name: str = "distill",
         prompts: DistillationPrompts | None = None,
-        collective: bool = False,
     ):
         super().__init__(name, weight)
-        self.collective = collective
         if (take_rows is None) == (prompts is None):
             raise ValueError("DistillationObjective needs exactly one of `take_rows` and `prompts`.")
+        self.teacher = teacher
         self.prompts = prompts
-        take_rows = prompts.take if prompts is not None else take_rows
-        self.take_rows, self.teacher_hidden, self.teacher_head = take_rows, teacher_hidden, teacher_head
+        self.take_rows = prompts.take if prompts is not None else take_rows
         self.beta, self.temperature, self.chunk_size = beta, temperature, chunk_size
         self.estimator, self.sampling_temperature = estimator, sampling_temperature
         self.excluded_rows = 0  # sampled-token estimator: rows left out (sampled at another temperature), cumulative
+
+    @classmethod
+    def from_config(
+        cls,
+        args,
+        teacher: Teacher,
+        take_rows: Callable[[int, int], list[Row]],
+        prompts: Dataset | None = None,
+        sampler: RolloutEngine | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> DistillationObjective:
+        """The objective as [`~trl_trapo.TRAPOConfig`] sets it (`distillation_beta`, `distillation_temperature`,
+        `distillation_weight`, `distillation_estimator`, `temperature`, `seed`): on the reward-free `prompts`
+        (tokenized `distillation_dataset`, sampled by `sampler`; [`DistillationPrompts`]) when given, else on the
+        student's samples `take_rows` serves.
+
+        Args:
+            args ([`~trl_trapo.TRAPOConfig`]): the run's configuration.
+            teacher ([`~trl_trapo.teacher.Teacher`]): the teacher (also scores the prompts' samples for the
+                sampled-token estimator).
+            take_rows (`Callable[[int, int], list[Row]]`): the RL rollouts' rows (unused with `prompts`).
+            prompts (`Dataset`, *optional*): tokenized reward-free prompts.
+            sampler ([`~trl_trapo.rollout.RolloutEngine`], *optional*): samples the prompts' completions.
+            rank (`int`), world_size (`int`): this process and the number of processes.
+        """
+        if prompts is not None:
+            sampled_token = args.distillation_estimator == "sampled_token"
+            prompts = DistillationPrompts(
+                prompts,
+                sampler,
+                teacher if sampled_token else None,
+                seed=args.seed,
+                rank=rank,
+                world_size=world_size,
+                temperature=args.distillation_temperature,
+            )
+        return cls(
+            None if prompts is not None else take_rows,
+            teacher,
+            beta=args.distillation_beta,
+            temperature=args.distillation_temperature,
+            weight=args.distillation_weight,
+            estimator=args.distillation_estimator,
+            sampling_temperature=args.temperature,
+            prompts=prompts,
+        )
 
     def take(self, n: int, step: int) -> list[Row]:
         rows = self.take_rows(n, step)
@@ -655,9 +702,9 @@ class DistillationObjective(Objective):
     def loss(self, term: TermInputs) -> TermOutput:
         device = term.logits.device
         if not bool(term.rows.any()):
-            if self.collective and self.estimator == "full":  # the other ranks may run the teacher in this one
+            if self.teacher.partitioned and self.estimator == "full":  # the other ranks may run it in this one
                 stand_in = term.inputs["input_ids"][:1, :1]
-                self.teacher_hidden(stand_in, torch.ones_like(stand_in))
+                self.teacher.hidden(stand_in, torch.ones_like(stand_in))
             zero = torch.zeros((), device=device)
             return TermOutput(zero, zero)
         if self.estimator == "sampled_token":
@@ -669,12 +716,12 @@ class DistillationObjective(Objective):
             )
         index = term.rows.nonzero().squeeze(-1)
         with torch.no_grad():
-            hidden = self.teacher_hidden(term.inputs["input_ids"][index], term.inputs["attention_mask"][index])
+            hidden = self.teacher.hidden(term.inputs["input_ids"][index], term.inputs["attention_mask"][index])
         teacher_hidden = hidden[:, :-1][term.mask[index].bool()]  # (N_o, H_t), the counted positions' order
         return distillation_term(
             term.logits[term.tokens],
             teacher_hidden,
-            self.teacher_head,
+            self.teacher.head,
             term.context.counts[f"tokens_{self.name}"],
             self.beta,
             self.temperature,
@@ -696,11 +743,13 @@ class DistillationPrompts:
 
     Args:
         dataset (`Dataset`): tokenized prompts (`prompt_ids`, `(P_i,)` each), at least one.
-        sample (`Callable[[list[dict], int], SampledRound]`): samples one completion per example at the policy
-            version `step` (the trainer's rollout engine at `distillation_temperature`); collective under ZeRO-3, so
-            every rank calls `take` with the same `n` (the row allocator is identical on every rank).
-        teacher_logps (`Callable[[SampledRound], list[torch.Tensor]]`, *optional*): the teacher's log-probability
-            (nats) of each sampled token, `(C_i,)` per completion; given for the sampled-token estimator only.
+        sampler ([`~trl_trapo.rollout.RolloutEngine`]): samples with the live policy: `take` calls
+            `sampler.sample(examples, 1, step, temperature)` (one completion per example at the policy version
+            `step`, at the divergence's temperature); collective under ZeRO-3, so every rank calls `take` with the
+            same `n` (the row allocator is identical on every rank).
+        teacher ([`~trl_trapo.teacher.Teacher`], *optional*): given for the sampled-token estimator only: its
+            log-probability (nats) of each sampled token ([`~trl_trapo.teacher.Teacher.round_logps`]) becomes the
+            rows' `teacher_per_token_logps`.
         seed (`int`): the prompt order's seed.
         rank (`int`), world_size (`int`): this process and the number of processes.
         temperature (`float`): the divergence's temperature the rows were sampled at.
@@ -712,8 +761,8 @@ class DistillationPrompts:
     def __init__(
         self,
         dataset: Dataset,
-        sample: Callable[[list[dict], int], Any],
-        teacher_logps: Callable[[Any], list[torch.Tensor]] | None = None,
+        sampler: RolloutEngine,
+        teacher: Teacher | None = None,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -721,7 +770,7 @@ class DistillationPrompts:
     ):
         if len(dataset) == 0:
             raise ValueError("`distillation_dataset` is empty: pass at least one prompt, or drop the argument.")
-        self.dataset, self.sample, self.teacher_logps = dataset, sample, teacher_logps
+        self.dataset, self.sampler, self.teacher = dataset, sampler, teacher
         self.seed, self.rank, self.world_size, self.temperature = int(seed), int(rank), int(world_size), temperature
         self.position = 0  # prompts handed out so far, over every rank (checkpointed)
         self.sampled_tokens = 0  # completion tokens sampled on this rank (a metric)
@@ -745,8 +794,8 @@ class DistillationPrompts:
         start = self.position + self.rank * n
         self.position += n * self.world_size
         examples = [self.dataset[i] for i in self.indices(start, n)]
-        sampled = self.sample(examples, step)
-        teacher = self.teacher_logps(sampled) if self.teacher_logps is not None else None
+        sampled = self.sampler.sample(examples, 1, step, self.temperature)
+        teacher = self.teacher.round_logps(sampled) if self.teacher is not None else None
         rows = []
         for i, completion in enumerate(sampled.completion_ids):
             prompt = torch.as_tensor(examples[i]["prompt_ids"], dtype=torch.long)

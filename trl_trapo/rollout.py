@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -61,6 +61,9 @@ from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
 from .sources import SampledRound
 from .vision import examples_model_inputs
 
+
+if TYPE_CHECKING:
+    from .teacher import Teacher
 
 logger = logging.getLogger(__name__)
 
@@ -590,10 +593,9 @@ class RolloutEngine:
         guidance ([`~trl_trapo.guidance.DemonstrationGuidance`], *optional*): puts the prompt's demonstration into
             the groups it chooses (examples need `demonstration_ids`).
         vllm ([`VLLMGenerator`], *optional*): samples with vLLM instead of `generate`.
-        teacher ([`~trl_trapo.models.ReferencePolicy`], *optional*): the distillation teacher, when its sampled-token
+        teacher ([`~trl_trapo.teacher.Teacher`], *optional*): the distillation teacher, when its sampled-token
             estimator is on: each round's trajectories carry its log-probability of every sampled token
-            (`teacher_per_token_logps`, at `teacher_temperature`), computed next to the reference's.
-        teacher_temperature (`float`): the divergence's temperature (`distillation_temperature`).
+            (`teacher_per_token_logps`, at the divergence's temperature), computed next to the reference's.
 
     The sampling seed of every round comes from the engine's own `generator` (checkpointed), so a resumed run samples
     exactly what an uninterrupted one would, whatever the Trainer does with the global RNG.
@@ -616,8 +618,7 @@ class RolloutEngine:
         pad_token_id: int,
         guidance: DemonstrationGuidance | None = None,
         vllm: VLLMGenerator | None = None,
-        teacher: ReferencePolicy | None = None,
-        teacher_temperature: float = 1.0,
+        teacher: Teacher | None = None,
     ):
         self.args = args
         self.tokenizer = tokenizer
@@ -634,7 +635,7 @@ class RolloutEngine:
         self.pad_token_id = pad_token_id
         self.guidance = guidance
         self.vllm = vllm
-        self.teacher, self.teacher_temperature = teacher, teacher_temperature
+        self.teacher = teacher
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
 
     def progress_description(self, description: str) -> str | None:
@@ -759,33 +760,6 @@ class RolloutEngine:
             temperatures=temperatures,
             prompt_ids=prompt_ids,
         )
-
-    @torch.no_grad()
-    @torch.no_grad()
-    def teacher_logps(self, sampled: SampledRound) -> list[torch.Tensor]:
-        """The distillation teacher's log-probability (nats) of each sampled token of a round, `(C_i,)` per
-        completion, at the divergence's temperature (`teacher_temperature`), for the sampled-token estimator on rows
-        that bypass [`finish`] (reward-free distillation prompts).
-
-        Raises:
-            ValueError: if the engine has no teacher (only the sampled-token estimator gives it one).
-        """
-        if self.teacher is None:
-            raise ValueError(
-                "RolloutEngine.teacher_logps: this engine has no teacher (distillation_estimator='full')."
-            )
-        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in sampled.examples]
-        temperatures = torch.full((len(prompt_ids),), float(self.teacher_temperature))
-        with self.unwrapped_model() as unwrapped:
-            return self.teacher.logps(
-                self.policy_of(unwrapped),
-                prompt_ids,
-                sampled.completion_ids,
-                self.pad_token_id,
-                temperatures,
-                self.args.local_rollout_forward_batch_size,
-                prompt_model_inputs(sampled.examples),
-            )
 
     def finish(self, sampled: SampledRound, across_ranks: bool = True) -> RolloutBatch:
         """Finish a sampled round into a scored [`RolloutBatch`], in this process, at consumption time: prompt ids
@@ -951,15 +925,7 @@ class RolloutEngine:
             kl = torch.stack([k.sum() for k in per_token_kl])  # (B,) nats per sequence
         teacher_logps = None
         if self.teacher is not None:  # distillation's sampled-token estimator: the teacher's log-prob of each token
-            teacher_logps = self.teacher.logps(
-                policy,
-                prompt_ids,
-                completion_ids,
-                pad_id,
-                torch.full_like(temperatures, self.teacher_temperature),
-                batch_size,
-                model_inputs,
-            )
+            teacher_logps = self.teacher.logps(prompt_ids, completion_ids, model_inputs)
         values = None
         if self.has_critic:
             values = value_predictions(

@@ -26,7 +26,8 @@ their constructors: the RL objective's supply [`~trl_trapo.rl_supply.RLSupply`] 
 [`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
 [`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
 [`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`], the objectives
-([`~trl_trapo.objectives.Objective`]); the callbacks are in `callbacks.py`. Two construction hooks let a subclass
+([`~trl_trapo.objectives.Objective`]) and the distillation teacher they own ([`~trl_trapo.teacher.Teacher`]); the
+callbacks are in `callbacks.py`. Two construction hooks let a subclass
 change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
 (`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
 """
@@ -43,19 +44,17 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .agents import AgentSpec, ToolRolloutSource, check_agent_arguments, check_chat_template, placeholder_prompts
 from .arguments import check_config_type, check_trainer_arguments
-from .async_rollouts import AsyncRolloutSource, check_main_guard
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -131,7 +130,6 @@ from .models import (
 )
 from .objectives import (
     DistillationObjective,
-    DistillationPrompts,
     LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
@@ -169,6 +167,7 @@ from .sources import (
     as_rollout_source,
     check_rollout_source,
 )
+from .teacher import Teacher, load_teacher
 from .threads import choose_torch_threads
 from .vision import (
     ImageRows,
@@ -193,6 +192,9 @@ try:
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
     PeftConfig = get_peft_model = None
     NoMatchingPeftModuleError = ValueError
+
+if TYPE_CHECKING:  # built only when asked for (`async_rollouts=True`)
+    from .async_rollouts import AsyncRolloutSource
 
 logger = logging.getLogger(__name__)
 
@@ -362,11 +364,15 @@ class TRAPOTrainer(_BaseTrainer):
             tools=tools,
         )
         if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
+            from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
+
             check_main_guard()
         if rollout_source is not None or rollout_func is not None:
             check_rollout_source(rollout_source, args, rollout_func)
         agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
         if tools or environment_factory is not None:
+            from .agents import AgentSpec, check_agent_arguments, placeholder_prompts
+
             if rollout_func is not None:
                 raise ValueError(
                     "tools / environment_factory build the tool-calling rollout source, but a rollout_func was given "
@@ -402,7 +408,7 @@ class TRAPOTrainer(_BaseTrainer):
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
-        # ---- step 1. policy, tokenizer, reference and critic -----------------------------------------------------
+        # ---- step 1. policy, tokenizer, reference and critic --------------------------------------------------------
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             check_model_source(model, "model")
@@ -428,6 +434,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         check_tokenizer(tokenizer)
         if agent is not None:
+            from .agents import check_chat_template
+
             check_chat_template(tokenizer, args.chat_template_kwargs)
         suppressed: list[int] = []  # token ids the policy never samples (a VLM's image placeholders)
         if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
@@ -454,9 +462,9 @@ class TRAPOTrainer(_BaseTrainer):
         else:
             train_model = model
 
-        teacher = self._load_teacher(teacher_model, model, args, tokenizer)
+        teacher = load_teacher(teacher_model, model, args, tokenizer)  # frozen and checked (teacher.py)
 
-        # ---- step 2. rewards ------------------------------------------------------------------------------------
+        # ---- step 2. rewards ----------------------------------------------------------------------------------------
         funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
         # every id the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids
         # embeds them: refused now, not as "index out of range in self" at the first step
@@ -499,7 +507,7 @@ class TRAPOTrainer(_BaseTrainer):
         )
         self.metrics.reward_names = list(self.rewards.names)
 
-        # ---- step 3. datasets (checked and tokenized before anything is trained) -------------------------------
+        # ---- step 3. datasets (checked and tokenized before anything is trained) ------------------------------------
         with progress_bars(enabled=not args.disable_tqdm):
             data = prepare_datasets(
                 args,
@@ -562,7 +570,7 @@ class TRAPOTrainer(_BaseTrainer):
             rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
             self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
 
-        # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -------------------
+        # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -----------------------
         if args.total_episodes is not None and not self.active[RL]:  # it would be ignored: the run follows epochs
             raise ValueError(
                 f"{type(args).__name__}.total_episodes={args.total_episodes} counts RL prompts rolled out, but this run "
@@ -651,7 +659,7 @@ class TRAPOTrainer(_BaseTrainer):
         self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
         self._suppressed_token_ids = list(suppressed)
 
-        # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer -------------
+        # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer --------------
         pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
         with progress_bars(enabled=not args.disable_tqdm):  # an added objective tokenizes its dataset here
             for objective in (pretrain, *extra_objectives):
@@ -714,7 +722,7 @@ class TRAPOTrainer(_BaseTrainer):
             if notice:
                 logger.warning(notice)
 
-        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -------------------------
+        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -----------------------------
         self.allocator = RowAllocator(len(names))
         self.curriculum = CurriculumSchedule(
             *curriculum_args,
@@ -743,22 +751,27 @@ class TRAPOTrainer(_BaseTrainer):
         self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
 
-        # ---- step 7. frozen models, rollouts, the RL supply, the objectives' list, evaluation -------------------
+        # ---- step 7. frozen models and the rollout engine -----------------------------------------------------------
         # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
         reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
         restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
+        # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
+        # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
+        self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
         self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
-        self.teacher_model = self._prepare_frozen(teacher) if teacher is not None else None
-        self._teacher_head_copy = self._gathered_teacher_head()
+        # the distillation teacher prepares itself like the other frozen models; the distillation objective and (for
+        # the sampled-token estimator) the rollout engine run its forwards (trl_trapo/teacher.py)
+        distill_teacher = (
+            Teacher.from_config(teacher, args, self.accelerator, self._prepare_frozen, self.padding_id)
+            if teacher is not None
+            else None
+        )
         self.reference = None  # the KL term's reference (none when kl_coef = 0)
         if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
             self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
         for i, func in enumerate(self.rewards.funcs):
             if isinstance(func, nn.Module):
                 self.rewards.funcs[i] = self._prepare_frozen(func)
-        # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
-        # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
-        self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
         # the training forward's output layer runs only at counted positions
         self.counted_head = CountedPositionHead(self._unwrapped_policy())
         self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
@@ -784,13 +797,14 @@ class TRAPOTrainer(_BaseTrainer):
             if args.use_vllm and self.active[RL]
             else None,
             # distillation's sampled-token estimator scores each sampled token with the teacher in the round
-            teacher=ReferencePolicy(self.teacher_model, None, unwrap=self.accelerator.unwrap_model)
-            if self.teacher_model is not None and args.distillation_estimator == "sampled_token"
-            else None,
-            teacher_temperature=args.distillation_temperature,
+            teacher=distill_teacher if args.distillation_estimator == "sampled_token" else None,
         )
+
+        # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
         if agent is not None and self.active[RL]:
+            from .agents import ToolRolloutSource
+
             rollout_source = ToolRolloutSource(
                 self.rollouts,
                 self._rl_dataset,
@@ -860,6 +874,8 @@ class TRAPOTrainer(_BaseTrainer):
             task_families=self._task_families,
             on_episode=lambda episode: setattr(self.state, "episode", episode),  # current even between logs
         )
+
+        # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
         # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
         self.objectives: list[Objective] = [
             pretrain,
@@ -882,27 +898,8 @@ class TRAPOTrainer(_BaseTrainer):
                 weight=args.rl_weight,
             ),
             *(
-                DistillationObjective(
-                    None if data.distill is not None else self.rl_supply.take_rows,
-                    self._teacher_hidden,
-                    self._teacher_head,
-                    beta=args.distillation_beta,
-                    temperature=args.distillation_temperature,
-                    weight=args.distillation_weight,
-                    estimator=args.distillation_estimator,
-                    sampling_temperature=args.temperature,
-                    collective=self._teacher_partitioned(),
-                    prompts=DistillationPrompts(
-                        data.distill,
-                        self._sample_distillation,
-                        self._distillation_teacher_logps if args.distillation_estimator == "sampled_token" else None,
-                        seed=args.seed,
-                        rank=rank,
-                        world_size=world,
-                        temperature=args.distillation_temperature,
-                    )
-                    if data.distill is not None
-                    else None,
+                DistillationObjective.from_config(
+                    args, distill_teacher, self.rl_supply.take_rows, data.distill, self.rollouts, rank, world
                 )
                 for _ in distill
             ),
@@ -923,7 +920,7 @@ class TRAPOTrainer(_BaseTrainer):
             vocab_size=model.get_input_embeddings().num_embeddings,
         )
 
-        # ---- step 8. callbacks ------------------------------------------------------------------------------------
+        # ---- step 10. callbacks -------------------------------------------------------------------------------------
         if self.schedules.adaptive_kl:
             self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
         self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
@@ -1006,67 +1003,6 @@ class TRAPOTrainer(_BaseTrainer):
             if args.disable_dropout:
                 disable_dropout(ref_model, "reference model")
         return model, ref_model, ref_adapter
-
-    @staticmethod
-    def _load_teacher(teacher, policy, args: TRAPOConfig, tokenizer) -> nn.Module | None:
-        """The distillation teacher (`teacher_model`, or loaded from `teacher_model_name_or_path`), frozen; None
-        without one.
-
-        Raises:
-            ValueError: naming the fix, for a teacher that is the policy itself, a vocabulary of another size or
-                another token mapping than the policy's tokenizer, or another dtype than the policy's.
-        """
-        if teacher is None:
-            teacher = args.teacher_model_name_or_path
-        if teacher is None:
-            return None
-        teacher_tokenizer = None
-        if isinstance(teacher, str):
-            check_model_source(teacher, "teacher_model")
-            path = teacher
-            teacher = AutoModelForCausalLM.from_pretrained(
-                path, revision=args.teacher_model_revision, **(args.teacher_model_init_kwargs or {})
-            )
-            try:
-                teacher_tokenizer = AutoTokenizer.from_pretrained(path, revision=args.teacher_model_revision)
-            except (OSError, ValueError):  # a model folder without a tokenizer: the vocabulary size is still checked
-                teacher_tokenizer = None
-        elif args.teacher_model_init_kwargs:
-            raise ValueError(
-                "`teacher_model_init_kwargs` is only used when the teacher is given by name; drop it or pass "
-                "teacher_model_name_or_path."
-            )
-        policy_base = policy.get_base_model() if is_peft_model(policy) else policy
-        if teacher is policy or teacher is policy_base:
-            raise ValueError(
-                "`teacher_model` is the policy itself: distilling a model into itself trains nothing. Pass a separate "
-                "teacher (e.g. a larger model of the same family, or a frozen copy loaded from a checkpoint)."
-            )
-        student_vocab = policy.get_output_embeddings().weight.shape[0]
-        teacher_vocab = teacher.get_output_embeddings().weight.shape[0]
-        if student_vocab != teacher_vocab:
-            raise ValueError(
-                f"The teacher's vocabulary has {teacher_vocab} rows, the policy's {student_vocab}: the divergence "
-                "compares the two next-token distributions token by token, so they must share a tokenizer. "
-                "Cross-tokenizer distillation is TRL's GOLD (`trl.experimental.gold`), not supported here."
-            )
-        if teacher_tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
-            raise ValueError(
-                "The teacher's tokenizer maps tokens to other ids than the policy's (same vocabulary size, another "
-                "mapping): the divergence would compare unrelated tokens. Use a teacher trained with the policy's "
-                "tokenizer (cross-tokenizer distillation is TRL's GOLD, not supported here)."
-            )
-        teacher_dtype, student_dtype = next(teacher.parameters()).dtype, next(policy.parameters()).dtype
-        if teacher_dtype != student_dtype:
-            raise ValueError(
-                f"The teacher is {teacher_dtype}, the policy {student_dtype}: load the teacher in the policy's dtype "
-                f"(teacher_model_init_kwargs={{'dtype': '{str(student_dtype).replace('torch.', '')}'}}, or "
-                f"`teacher.to({student_dtype})`)."
-            )
-        teacher.eval().requires_grad_(False)
-        if args.disable_dropout:
-            disable_dropout(teacher, "teacher")
-        return teacher
 
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
         if self.is_deepspeed_enabled:
@@ -1164,6 +1100,8 @@ class TRAPOTrainer(_BaseTrainer):
                 "(synchronous vLLM rollouts gather every rank's prompts)."
             )
         self.metrics.track_async()
+        from .async_rollouts import AsyncRolloutSource
+
         return AsyncRolloutSource(
             self._unwrapped_policy,
             self._rl_dataset,
@@ -1232,6 +1170,13 @@ class TRAPOTrainer(_BaseTrainer):
     def _unwrapped_policy(self) -> nn.Module:
         model = self.accelerator.unwrap_model(self.model)
         return model.policy if isinstance(model, PolicyAndValueWrapper) else model
+
+    @property
+    def teacher_model(self) -> nn.Module | None:
+        """The distillation teacher as prepared for the run (read-only; None without one). The `distill` objective
+        owns it ([`~trl_trapo.teacher.Teacher`], `DistillationObjective.teacher`); the trainer keeps no handle."""
+        teachers = [o.teacher for o in self.objectives if isinstance(o, DistillationObjective)]
+        return teachers[0].model if teachers else None
 
     @property
     def reward_funcs(self) -> list:
@@ -1331,51 +1276,6 @@ class TRAPOTrainer(_BaseTrainer):
             num_micro=num_micro,
         )
         return batches, context
-
-    def _sample_distillation(self, examples: list[dict], step: int):
-        """One completion per reward-free distillation prompt, sampled now by the live policy at the divergence's
-        temperature (collective under ZeRO-3: every rank calls it)."""
-        return self.rollouts.sample(examples, 1, step, self.args.distillation_temperature)
-
-    def _distillation_teacher_logps(self, sampled) -> list[torch.Tensor]:
-        """The teacher's log-prob of each token of a distillation round (sampled-token estimator)."""
-        return self.rollouts.teacher_logps(sampled)
-
-    def _teacher_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """`(B, L, H_t)` the teacher's final hidden states (its decoder body, no output layer), no grad."""
-        teacher = self.accelerator.unwrap_model(self.teacher_model)
-        with torch.no_grad():
-            return model_forward(teacher.get_decoder(), input_ids, attention_mask, use_cache=False).last_hidden_state
-
-    def _teacher_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`(n, V)` the teacher's logits of `(n, H_t)` final hidden states. Under ZeRO-3 from a whole copy of its
-        output layer gathered once at construction ([`_gathered_teacher_head`]): a call of the partitioned module
-        would gather it once per chunk (a collective whose count differs between ranks) and again in the backward's
-        recomputation of each chunk, after the decoder's own forward has partitioned a tied weight again."""
-        if self._teacher_head_copy is not None:
-            weight, bias = self._teacher_head_copy
-            return torch.nn.functional.linear(hidden, weight, bias)
-        return self.accelerator.unwrap_model(self.teacher_model).get_output_embeddings()(hidden)
-
-    def _teacher_partitioned(self) -> bool:
-        """Whether the teacher's parameters are partitioned across ranks (DeepSpeed ZeRO-3), so that its forward is a
-        collective."""
-        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        return bool(self.is_deepspeed_enabled and plugin is not None and plugin.zero_stage == 3)
-
-    def _gathered_teacher_head(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Under ZeRO-3, a whole, frozen copy `(weight (V, H_t), bias (V,) or None)` of the teacher's output layer
-        (collective: every rank gathers it once; one V x H_t matrix per rank, e.g. 113 MB for a 49k x 576 fp32
-        head); None otherwise (the module is called as it is)."""
-        if self.teacher_model is None or not self._teacher_partitioned():
-            return None
-        import deepspeed
-
-        head = self.accelerator.unwrap_model(self.teacher_model).get_output_embeddings()
-        with deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None):
-            weight = head.weight.detach().clone()
-            bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
-        return weight, bias
 
     # =================================================================================================================
     # 1a. Rollouts: the RL objective's supply (trl_trapo/rl_supply.py); public entry points for scripts
@@ -1723,7 +1623,9 @@ class TRAPOTrainer(_BaseTrainer):
         if dataset is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         if eval_dataset is not None:  # the trainer's own was checked at construction
-            check_eval_dataset(eval_dataset, text_tokenizer(self.processing_class))
+            check_eval_dataset(
+                eval_dataset, text_tokenizer(self.processing_class), assistant_only_loss=self.args.assistant_only_loss
+            )
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
         with progress_bars(enabled=not self.args.disable_tqdm):  # the evaluator tokenizes its shards at each call

@@ -22,13 +22,17 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "experiments"))  # runlib
+
+from runlib import child_env, run_child  # noqa: E402
+
+
 SETUPS = {  # name -> (accelerate config or None for a plain process, processes, threads multiplier)
     "1proc": (None, 1, 1),
     "1proc-2threads": (None, 1, 2),
@@ -53,14 +57,7 @@ def free_port() -> int:
 
 def run(name: str, steps: int, threads: int, output_dir: str) -> dict:
     config, processes, multiplier = SETUPS[name]
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(threads * multiplier),
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = child_env(threads * multiplier, {"DS_ACCELERATOR": "cpu"})
     job = [str(ROOT / "tests" / "distributed_job.py"), "--max_steps", str(steps), "--eval_strategy", "no",
            "--save_strategy", "no", "--logging_steps", str(steps), "--output_dir", output_dir]  # fmt: skip
     if config is None:
@@ -70,9 +67,7 @@ def run(name: str, steps: int, threads: int, output_dir: str) -> dict:
                    "--config_file", str(ROOT / "examples" / "accelerate_configs" / config),
                    "--num_processes", str(processes), "--mixed_precision", "no",
                    "--main_process_port", str(free_port()), *job]  # fmt: skip
-    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    if completed.returncode != 0:
-        raise RuntimeError(f"{name} failed:\n{(completed.stdout + completed.stderr)[-4000:]}")
+    run_child(command, log_path=os.path.join(output_dir, "log.txt"), env=env, name=name, tail_chars=4000)
     with open(os.path.join(output_dir, "ranks", "rank0.json"), encoding="utf-8") as handle:
         record = json.load(handle)
     return {"processes": processes, "ends": record["step_end_times"]}

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,11 @@ from pathlib import Path
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "scripts" / "experiments"))  # runlib
+
+from runlib import child_env, peak_rss_mb, run_child  # noqa: E402
+
+
 DEFAULT_TRL_PATH = os.environ.get("TRL112_PATH", "/work/trl112")
 IMPLEMENTATIONS = {"trl-trapo": "trl_trapo", "TRL 1.12": "trl.experimental.ppo"}
 
@@ -126,7 +130,6 @@ def run_worker(implementation: str, folder: Path, ns: argparse.Namespace) -> dic
     import warnings
 
     warnings.filterwarnings("ignore")
-    import resource
 
     import torch
 
@@ -174,7 +177,7 @@ def run_worker(implementation: str, folder: Path, ns: argparse.Namespace) -> dic
         "updates": len(durations),
         "update_seconds": durations,
         "optimizer_steps_per_update": ns.epochs * (1 if implementation == "TRL 1.12" else ns.mini_batches),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "rss_after_imports_mb": rss_after_imports,
     }
 
@@ -205,16 +208,22 @@ def main() -> None:
         folder = Path(tmp)
         build_assets(folder, ns)
         passthrough = sys.argv[1:]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "OMP_NUM_THREADS": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-        for implementation in IMPLEMENTATIONS:
+        env = child_env(1)
+        for index, implementation in enumerate(IMPLEMENTATIONS):
             print(f"[benchmark_ppo] running {implementation} ...", flush=True)
-            command = [sys.executable, __file__, *passthrough, "--worker", implementation, "--assets", str(folder)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if done.returncode != 0 or line is None:
-                print(done.stdout[-2000:], done.stderr[-4000:], sep="\n")
-                raise SystemExit(f"{implementation} failed (exit code {done.returncode})")
+            command = [sys.executable, os.path.abspath(__file__), *passthrough, "--worker", implementation]
+            run = run_child(
+                [*command, "--assets", str(folder)],
+                log_path=folder / f"worker{index}.log",
+                env=env,
+                cwd=os.getcwd(),
+                check=False,
+            )
+            log = Path(run.log_path).read_text(encoding="utf-8", errors="replace")
+            line = next((x for x in log.splitlines() if x.startswith("RESULT ")), None)
+            if run.returncode != 0 or line is None:
+                print(log[-6000:])
+                raise SystemExit(f"{implementation} failed (exit code {run.returncode})")
             results.append(json.loads(line[len("RESULT ") :]))
 
     print(

@@ -57,15 +57,13 @@ from trl_trapo.rollout import generate as rollout_generate
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))  # scripts/
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
 from fetch_smollm2 import default_output_dir, is_complete  # noqa: E402
 from gsm8k_to_trl import clean_solution  # noqa: E402
+from runlib import peak_rss_mb, write_json_atomic  # noqa: E402
 
 
 DATA = __file__.rsplit("/scripts/", 1)[0] + "/examples/data"
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def gsm8k(n: int) -> list[dict]:
@@ -308,8 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(profile)
         results["trapo"]["profile_top10_by_self_time"] = profile
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=1)
+        write_json_atomic(args.output, results, sort_keys=False, newline=False)
     return results
 
 

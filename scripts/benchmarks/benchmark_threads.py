@@ -35,10 +35,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # runlib
+
+from runlib import child_env, run_child  # noqa: E402
+
+
 JOBS = {"main": "trl_trapo.cli", "vlm": "trl_trapo.vision_job", "tools": "trl_trapo.agent_job"}
 DEFAULT_STEPS = {"main": 30, "vlm": 20, "tools": 20}
 CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
@@ -87,31 +91,31 @@ def start_busy_loop() -> subprocess.Popen:
 
 def run_once(job: str, arm: str, steps: int, extra: list[str], workdir: str, index: int) -> dict:
     """One job run with one arm: wall seconds, training seconds, the trainer's threads, the exit status."""
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
     arm_env, arm_args = arm_environment(arm)
-    env.update(
-        arm_env,
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])),
-    )
+    env = child_env(None, arm_env, drop=CLEARED)  # the thread variables: only the arm's
     output_dir = os.path.join(workdir, f"{job}-{arm}-{index}")
     argv = ["--max_steps", str(steps), "--output_dir", output_dir, "--report_to", "none", *arm_args, *extra]
-    start = time.perf_counter()
-    process = subprocess.run(
+    threads = []
+
+    def thread_line(line: str) -> bool:
+        match = re.fullmatch(r"BENCHMARK_TORCH_THREADS (\d+)", line)
+        if match:
+            threads.append(int(match.group(1)))
+        return False  # every line stays in the log
+
+    run = run_child(
         [sys.executable, "-c", CHILD.format(module=JOBS[job]), *argv],
+        log_path=output_dir + ".log",
         env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+        on_line=thread_line,
+        check=False,
     )
-    wall = time.perf_counter() - start
-    record = {"job": job, "arm": arm, "steps": steps, "wall_s": wall, "returncode": process.returncode}
-    if process.returncode != 0:
-        record["error"] = (process.stderr or process.stdout)[-2000:]
+    record = {"job": job, "arm": arm, "steps": steps, "wall_s": run.wall_s, "returncode": run.returncode}
+    if run.returncode != 0:
+        with open(run.log_path, encoding="utf-8", errors="replace") as handle:
+            record["error"] = handle.read()[-2000:]
         return record
-    match = re.search(r"BENCHMARK_TORCH_THREADS (\d+)", process.stdout)
-    record["torch_threads"] = int(match.group(1)) if match else None
+    record["torch_threads"] = threads[0] if threads else None
     with open(os.path.join(output_dir, "eval_results.json")) as handle:
         record["train_s"] = float(json.load(handle)["train_runtime_s"])
     return record

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
+import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -238,8 +239,10 @@ def main() -> None:
     finally:
         source.close()
     if options.json:
-        with open(options.json, "w", encoding="utf-8") as handle:
-            json.dump(results, handle, indent=2)
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))
+        from runlib import write_json_atomic
+
+        write_json_atomic(options.json, results, indent=2, sort_keys=False, newline=False)
         print(f"wrote {options.json}")
 
 

@@ -81,7 +81,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -91,7 +90,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # the serial pipeline's stage configurations
 
-from compare_pipelines import peak_rss_mb, stage_configs  # noqa: E402
+from compare_pipelines import stage_configs  # noqa: E402
+from runlib import go_offline, launch_worker, peak_rss_mb, read_json, write_json_atomic  # noqa: E402
 
 
 RUNS = (
@@ -692,8 +692,7 @@ def worker(spec_path: str) -> None:
             generate_calls=sum(s["generate_calls"] for s in measured),
             rollout_tokens_per_s=record[f"rollout_tokens_per_{clock}_s"],
         )
-    with open(spec["result_path"], "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=1)
+    write_json_atomic(spec["result_path"], record)
 
 
 def write_profile(profiler, directory: str, name: str) -> None:
@@ -716,37 +715,19 @@ def write_profile(profiler, directory: str, name: str) -> None:
 # Orchestration (parent process)
 # =====================================================================================================================
 def launch(spec: dict) -> dict:
-    """Run one spec in a child process (this file with `--_worker`) and return its record; on failure raise with the
-    tail of the child's log."""
-    spec_path = os.path.join(spec["workdir"], "spec.json")
-    os.makedirs(spec["workdir"], exist_ok=True)
-    with open(spec_path, "w", encoding="utf-8") as handle:
-        json.dump(spec, handle, indent=1)
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS=str(spec["threads"]),
-        HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
-        HF_DATASETS_OFFLINE=env.get("HF_DATASETS_OFFLINE", "1"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TRANSFORMERS_VERBOSITY=env.get("TRANSFORMERS_VERBOSITY", "error"),
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONWARNINGS=env.get("PYTHONWARNINGS", "ignore"),
+    """Run one spec in a child process (this file with `--_worker`) and return its record; on failure raise
+    `runlib.ChildFailed` with the tail of the child's log."""
+    launch_worker(
+        __file__,
+        spec,
+        os.path.join(spec["workdir"], "spec.json"),
+        threads=spec["threads"],
+        extra_env={"PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore")},
+        log_path=os.path.join(spec["workdir"], "log.txt"),
+        name=f"Run {spec['name']}",
+        tail_chars=4000,
     )
-    log_path = os.path.join(spec["workdir"], "log.txt")
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-    if code != 0:
-        with open(log_path, encoding="utf-8") as handle:
-            tail = handle.read()[-4000:]
-        raise RuntimeError(f"Run {spec['name']} failed (exit code {code}); its log ends with:\n{tail}")
-    with open(spec["result_path"], encoding="utf-8") as handle:
-        return json.load(handle)
+    return read_json(spec["result_path"])
 
 
 def compute_ratios(records: dict[str, dict]) -> dict[str, float]:
@@ -882,7 +863,7 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     args = resolve_defaults(args)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    go_offline()
     started = time.perf_counter()
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="benchmark-trainers-")
     model_dir = os.path.join(work_dir, "model")
@@ -956,9 +937,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_table(records, ratios))
     print(f"\nTotal {result['total_s']:.0f} s.")
     if args.output_json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output_json)), exist_ok=True)
-        with open(args.output_json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=1)
+        write_json_atomic(args.output_json, result, sort_keys=False, newline=False)
     return result
 
 

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "benchmarks"))
 
 from benchmark_trainers import GenerationMeter, make_step_timer  # noqa: E402
-from compare_pipelines import peak_rss_mb, stage_configs  # noqa: E402
+from compare_pipelines import stage_configs  # noqa: E402
+from runlib import launch_worker, peak_rss_mb, read_json, versions, write_json_atomic  # noqa: E402
 
 
 TARGET = 1.10
@@ -167,38 +167,26 @@ def worker(spec_path: str) -> None:
         "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
     }
-    with open(spec["result_path"], "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=1)
+    write_json_atomic(spec["result_path"], record)
 
 
 def launch(spec: dict) -> dict:
     """Run one spec in a child process and return its record.
 
     Raises:
-        RuntimeError: if the child fails, with the end of its log.
+        runlib.ChildFailed: if the child fails, with the end of its log.
     """
-    spec_path = os.path.join(spec["workdir"], "spec.json")
-    os.makedirs(spec["workdir"], exist_ok=True)
-    with open(spec_path, "w", encoding="utf-8") as handle:
-        json.dump(spec, handle)
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.update(TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    log_path = os.path.join(spec["workdir"], "log.txt")
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-    if code != 0:
-        with open(log_path, encoding="utf-8") as handle:
-            tail = handle.read()[-4000:]
-        raise RuntimeError(f"{spec['trainer']} failed (exit {code}); its log ends with:\n{tail}")
-    with open(spec["result_path"], encoding="utf-8") as handle:
-        return json.load(handle)
+    launch_worker(
+        __file__,
+        spec,
+        os.path.join(spec["workdir"], "spec.json"),
+        threads=spec["threads"],
+        extra_env={"PYTHONWARNINGS": "ignore"},
+        log_path=os.path.join(spec["workdir"], "log.txt"),
+        name=spec["trainer"],
+        tail_chars=4000,
+    )
+    return read_json(spec["result_path"])
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -255,17 +243,13 @@ def main(argv: list[str] | None = None) -> dict:
         lines.append(
             f"| {label} | {runs['trl'][name]:.4g} | {runs['trapo'][name]:.4g} | {ratios.get(name, float('nan')):.3f} |"
         )
-    import torch
-    import transformers
-    import trl
-
     payload = {
         "settings": settings,
         "runs": runs,
         "ratios": ratios,
         "target": TARGET,
         "table": "\n".join(lines),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
+        "versions": versions(),
         "cpu_count": os.cpu_count(),
     }
     print(payload["table"])
@@ -273,10 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
     verdict = "within" if headline <= TARGET else "above"
     print(f"\nStep-time ratio (CPU, excl. generation): {headline:.3f} ({verdict} the {TARGET:.2f} target)")
     if output:
-        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-        with open(output, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=1, sort_keys=True)
-            handle.write("\n")
+        write_json_atomic(output, payload)
         print(f"Written to {output}")
     return payload
 

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The README's "speed on the real model" block, rendered from the committed benchmark results.
+"""The "speed on the real model" block of docs/results/real_model.md, rendered from the committed benchmark results.
 
 Reads `docs/results/benchmarks/`:
 
@@ -10,9 +10,9 @@ Reads `docs/results/benchmarks/`:
   before and after a change: step CPU time, peak RSS, time per phase and the top-10 functions by self time.
 
     python scripts/benchmarks/real_model_report.py                 # print the block
-    python scripts/benchmarks/real_model_report.py --write_readme  # and write it between the README's markers
+    python scripts/benchmarks/real_model_report.py --write_docs  # and write it between the page's markers
 
-`tests/test_readme_results.py` checks that the README holds exactly what these files render to.
+`tests/test_result_pages.py` checks that the page holds exactly what these files render to.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "benchmarks"
-README_BLOCK = "real-model-speed"
+BLOCK = "real-model-speed"
 STEP_TARGET, ROLLOUT_TARGET = 1.10, 0.95  # issue targets: step ratio <= 1.10, rollout ratio >= 0.95
 
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
-from readme_blocks import write_readme_block  # noqa: E402
+from result_blocks import page_of, write_block  # noqa: E402
 
 
 def load(name: str) -> dict:
@@ -52,8 +52,8 @@ def top_functions(profile_text: str, n: int = 5) -> list[str]:
     return rows[:n]
 
 
-def render_readme_block(step: dict, before: dict, after: dict) -> str:
-    """The README block (markdown) from the three results files."""
+def render_block(step: dict, before: dict, after: dict) -> str:
+    """The block (markdown) from the three results files."""
     machine = step["machine"]
     r = step["results"]
     b, a = before["results"]["trapo"], after["results"]["trapo"]
@@ -92,15 +92,20 @@ def render_readme_block(step: dict, before: dict, after: dict) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write_readme", action="store_true", help="write the block between the README's markers")
+    parser.add_argument(
+        "--write_docs", action="store_true", help="write the block between the markers of docs/results/real_model.md"
+    )
     args = parser.parse_args(argv)
-    block = render_readme_block(
+    block = render_block(
         load("smollm2_step.json"), load("smollm2_profile_before.json"), load("smollm2_profile_after.json")
     )
     print(block)
-    if args.write_readme:
-        changed = write_readme_block(README_BLOCK, block)
-        print(f"README.md {README_BLOCK}: {'updated' if changed else 'already up to date'}", file=sys.stderr)
+    if args.write_docs:
+        changed = write_block(BLOCK, block)
+        print(
+            f"{page_of(BLOCK).relative_to(ROOT)} {BLOCK}: {'updated' if changed else 'already up to date'}",
+            file=sys.stderr,
+        )
     return block
 
 

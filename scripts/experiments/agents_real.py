@@ -44,9 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
-import resource
 import statistics
 import sys
 import time
@@ -56,8 +54,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # compare_real
+sys.path.insert(0, str(HERE))  # compare_real, runlib
 sys.path.insert(0, str(HERE.parent))  # scripts/: gsm8k_to_trl, fetch_smollm2
+
+import runlib  # noqa: E402
+
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
 DATA = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"
@@ -208,11 +209,6 @@ def step_timer():
     return StepTimer()
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (MB; Linux reports `ru_maxrss` in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 # =====================================================================================================================
 # The run
 # =====================================================================================================================
@@ -353,7 +349,7 @@ def run(args) -> dict[str, Any]:
     return {
         "command": " ".join(["python scripts/experiments/agents_real.py", *args.argv]),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": compare_real.machine(),
+        "machine": runlib.machine_line(),
         "threads": args.threads,
         "model": "tiny random Llama over SmolLM2's tokenizer (--quick)"
         if args.quick and not args.model
@@ -389,7 +385,7 @@ def run(args) -> dict[str, Any]:
             "train_cpu_s": sum(s["cpu_s"] for s in steps),
             "wall_s": time.perf_counter() - started_wall,
             "cpu_s": time.process_time() - started_cpu,
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": runlib.peak_rss_mb(),
         },
         "samples": samples(records, args.samples),
     }
@@ -497,13 +493,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--num_generations {args.num_generations} RL rows + --sft_traces {args.sft_traces}): choose a divisor."
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(key, "1")
+    runlib.go_offline()
     results = run(args)
     output = Path(args.output) if args.output else (Path(args.work_dir) / "results.json" if args.quick else OUTPUT)
-    import compare_real
-
-    compare_real.write_json(output, results)
+    runlib.write_json_atomic(output, results)
     print(report(results))
     print(f"\nwritten: {output}")
     return results

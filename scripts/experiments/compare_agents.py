@@ -47,17 +47,17 @@ import hashlib
 import json
 import logging
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)  # compare_pipelines, pipeline_measure
+sys.path.insert(0, HERE)  # compare_pipelines, pipeline_measure, runlib
+
+import runlib  # noqa: E402
+
 
 logger = logging.getLogger("compare_agents")
 
@@ -316,23 +316,13 @@ def worker(spec: dict) -> dict:
         "loadavg_end": os.getloadavg(),
         "key": spec["key"],
     }
-    write_json(os.path.join(spec["run_dir"], "result.json"), result)
+    runlib.write_json_atomic(os.path.join(spec["run_dir"], "result.json"), result)
     return result
 
 
 # =====================================================================================================================
 # Orchestration
 # =====================================================================================================================
-def write_json(path: str, payload) -> None:
-    """JSON through a temporary file and a rename (an interrupted run never leaves half a file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
 def code_key(args, job_argv: list[str]) -> str:
     """What decides a run's numbers: the package, this script, its settings and the library versions."""
     import importlib.metadata
@@ -347,49 +337,19 @@ def code_key(args, job_argv: list[str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def launch(spec: dict, in_process: bool) -> dict:
-    """Run one spec (reusing a result of the same key), in this process or a child one."""
-    result_path = os.path.join(spec["run_dir"], "result.json")
-    if not spec["rerun"] and os.path.exists(result_path):
-        with open(result_path, encoding="utf-8") as handle:
-            cached = json.load(handle)
-        if cached.get("key") == spec["key"]:
-            logger.info("%s-seed%d: reused %s", spec["arm"], spec["seed"], result_path)
-            return cached
-    logger.info("%s-seed%d: running", spec["arm"], spec["seed"])
-    started = time.perf_counter()
-    if in_process:
-        result = worker(spec)
-        logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-        return result
-    os.makedirs(spec["run_dir"], exist_ok=True)
-    spec_path = os.path.join(spec["run_dir"], "spec.json")
-    write_json(spec_path, spec)
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.update(TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=ROOT)
-    with open(os.path.join(spec["run_dir"], "log.txt"), "w", encoding="utf-8") as log:
-        code = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path], stdout=log, stderr=log, env=env
-        ).returncode
-    if code != 0:
-        with open(os.path.join(spec["run_dir"], "log.txt"), encoding="utf-8") as handle:
-            tail = handle.read()[-3000:]
-        raise RuntimeError(f"{spec['arm']}-seed{spec['seed']} failed (exit {code}); its log ends with:\n{tail}")
-    logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-    with open(result_path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def run_all(specs: list[dict], jobs: int) -> list[dict]:
-    if jobs == 1:
-        return [launch(spec, in_process=True) for spec in specs]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda spec: launch(spec, in_process=False), specs))
+    """Launch every spec, `jobs` at a time (`jobs == 1`: in this process, in order); results in `specs`' order."""
+
+    def run(spec: dict) -> dict:
+        name = f"{spec['arm']}-seed{spec['seed']}"
+        return runlib.run_cached(spec, worker, __file__, in_process=jobs == 1, name=name, log=logger)
+
+    return runlib.map_jobs(run, specs, jobs)
 
 
 def summarize(results: list[dict]) -> dict:
-    """Per arm: mean, standard deviation, min and max over seeds of every headline metric, the forgetting (after
-    minus the seed's base) and the training wall time."""
+    """Per arm: mean, standard deviation, min, max and count over seeds (`runlib.describe`) of every headline
+    metric, the forgetting (after minus the seed's base) and the training wall time."""
     bases = {r["seed"]: r for r in results if r["arm"] == "base"}
     summary = {}
     for arm in ("base", *ARMS):
@@ -409,15 +369,7 @@ def summarize(results: list[dict]) -> dict:
                     r["metrics"]["heldout_loss"] - base["heldout_loss"]
                 )
             values.setdefault("train_s", []).append(r["train_s"])
-        summary[arm] = {
-            name: {
-                "mean": statistics.fmean(v),
-                "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                "min": min(v),
-                "max": max(v),
-            }
-            for name, v in values.items()
-        }
+        summary[arm] = {name: runlib.describe(v) for name, v in values.items()}
     return summary
 
 
@@ -449,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
             worker(json.load(handle))
         return {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
     from trl_trapo import agent_job
 
@@ -474,10 +426,6 @@ def main(argv: list[str] | None = None) -> dict:
     results = run_all([spec("base", seed) for seed in args.seeds], args.jobs)
     results += run_all([spec(arm, seed) for seed in args.seeds for arm in ARMS], args.jobs)
     sft_steps, rl_steps = relay_steps(config)
-    import torch
-    import transformers
-    import trl
-
     payload = {
         "command": " ".join(
             ["python", "scripts/experiments/compare_agents.py", *(argv if argv is not None else sys.argv[1:])]
@@ -495,17 +443,10 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": [{k: v for k, v in r.items() if k != "key"} for r in results],
         "summary": summarize(results),
         "table": table(results),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "loadavg_start": load_start,
-            "loadavg_end": os.getloadavg(),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        },
+        "machine": runlib.run_conditions(args.jobs, args.threads, load_start),
         "total_s": time.perf_counter() - started,
     }
-    write_json(args.results, payload)
+    runlib.write_json_atomic(args.results, payload)
     print(payload["table"])
     print(f"\nWritten to {args.results} ({payload['total_s']:.0f} s).")
     return payload

@@ -3,7 +3,7 @@
 arms, for seeds 0, 1 and 2 (`--seed S --task_suite_seed S`), with two reward settings.
 
     python scripts/experiments/compare_async.py                 # 18 runs, one at a time
-    python scripts/experiments/compare_async.py --write_readme  # README block from the results file (no run)
+    python scripts/experiments/compare_async.py --write_docs  # docs/results/async.md's block from the results file (no run)
     python scripts/experiments/compare_async.py --quick --results /tmp/async.json --work_dir /tmp/async  # a smoke run
 
 Arms: `sync` (no flags), `async1` (`--async_rollouts --max_staleness 1`), `async4` (`--async_rollouts
@@ -41,7 +41,7 @@ forgetting is the `sft_tasks` accuracy (families taught by SFT, which RL must no
 pretraining stream, `loss/pretrain`; each run records `eval_pretrain_loss` when the job reports it (never, in
 built-in mode) and `pretrain_loss_end`, the mean `loss/pretrain` of the last 5 logging windows.
 
-`--write_readme` renders the README block (`render_readme_block`) from the results file and puts it between the
+`--write_docs` renders the block of docs/results/async.md (`render_block`) from the results file and puts it between the
 `<!-- async-table:start -->` and `<!-- async-table:end -->` markers. Arguments this script does not know are passed to
 every run (`--max_steps 20`); such a run, or `--quick`, never overwrites the committed results unless `--results`
 says so. `--quick`: seed 0, arms `sync` and `async1` (unless `--arms` is given), both rewards, 4 steps and 8 held-out
@@ -52,12 +52,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -70,12 +68,13 @@ sys.path.insert(0, str(HERE))
 if str(ROOT) not in sys.path:  # `scripts.reward_server`, the module the `http` runs import the reward from
     sys.path.append(str(ROOT))
 
-from main_job_seeds import SPLITS, machine  # noqa: E402
-from readme_blocks import write_readme_block  # noqa: E402
+import runlib  # noqa: E402
+from main_job_seeds import SPLITS  # noqa: E402
+from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
 
 
 RESULTS = ROOT / "docs" / "results" / "async" / "results.json"
-README_BLOCK = "async-table"
+BLOCK = "async-table"
 ARMS = {
     "sync": [],
     "async1": ["--async_rollouts", "--max_staleness", "1"],
@@ -106,10 +105,7 @@ ASYNC_METRICS = (
 PRETRAIN_END_WINDOWS = 5  # logging windows averaged for `pretrain_loss_end`
 TARGET_SPEEDUP = 1.5
 TARGET_ACCURACY_LOW = -0.05
-# Student t quantiles t_{0.975, df} (two-sided 95 % intervals), df = 1..10 (standard tables)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-LINE_WIDTH = 119  # the README's
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+LINE_WIDTH = 119  # the docs'
 URL_VARIABLE = "TRAPO_REWARD_URL"  # scripts/reward_server.py's
 
 
@@ -148,7 +144,7 @@ def worker(spec_path: str) -> None:
 
     import torch
 
-    from trl_trapo.cli import main, parse_args, write_json_atomic
+    from trl_trapo.cli import main, parse_args
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -158,7 +154,7 @@ def worker(spec_path: str) -> None:
     results = main(script_args, training_args, model_args)
     state_path = Path(training_args.output_dir) / "trainer_state.json"
     history = json.loads(state_path.read_text(encoding="utf-8"))["log_history"] if state_path.exists() else []
-    write_json_atomic(
+    runlib.write_json_atomic(
         spec["result"],
         {
             "results": results,
@@ -166,8 +162,8 @@ def worker(spec_path: str) -> None:
             "max_steps": training_args.max_steps,
             "torch_threads": {"start": threads_start, "end": torch.get_num_threads()},
             "async_rollouts": bool(getattr(training_args, "async_rollouts", False)),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
-            "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+            "peak_rss_mb": runlib.peak_rss_mb(),
+            "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,  # the producer
         },
     )
 
@@ -222,29 +218,18 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
     job_argv = [*argv, "--output_dir", str(run_dir / "output"), "--overwrite_output_dir"]  # a re-run replaces it
     threads = ARM_THREADS[name.split("-")[1]] if name.count("-") >= 2 else TORCH_THREADS
     spec = {"argv": job_argv, "result": str(run_dir / "result.json"), "threads": threads}
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != URL_VARIABLE}
-    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}, **OFFLINE_ENV)
-    if reward_url:
-        env[URL_VARIABLE] = reward_url
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # this checkout's code
     calls_before = reward_calls(server)
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    with open(run_dir / "job.log", "w", encoding="utf-8") as log:
-        code = subprocess.call(
-            [sys.executable, str(Path(__file__).resolve()), "--_worker", str(spec_path)],
-            cwd=ROOT,  # `--reward_funcs scripts.reward_server.remote_exact_match` is imported from here
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    wall = time.perf_counter() - start
-    if code != 0:
-        tail = (run_dir / "job.log").read_text(encoding="utf-8")[-3000:]
-        raise RuntimeError(f"run {name} failed (exit code {code}); {run_dir / 'job.log'} ends with:\n{tail}")
-    out = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    # cwd: the repository (the default), where `--reward_funcs scripts.reward_server.remote_exact_match` is imported
+    run = runlib.launch_worker(
+        __file__,
+        spec,
+        run_dir / "spec.json",
+        threads=threads,
+        extra_env={URL_VARIABLE: reward_url or None},  # no address: the variable is removed
+        log_path=run_dir / "job.log",
+        name=f"run {name}",
+    )
+    out = runlib.read_json(run_dir / "result.json")
     results, history = out["results"], out["history"]
     prefix = [f"OMP_NUM_THREADS={threads}"] + ([f"{URL_VARIABLE}=..."] if reward_url else [])
     return {
@@ -274,8 +259,8 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
         "train_loss": results.get("train_loss"),
         "peak_rss_mb": out["peak_rss_mb"],
         "peak_rss_children_mb": out["peak_rss_children_mb"],
-        "loadavg_1min_start": load,
-        "wall_s": wall,
+        "loadavg_1min_start": run.loadavg_start[0],
+        "wall_s": run.wall_s,
     }
 
 
@@ -283,20 +268,12 @@ def launch(name: str, argv: list[str], work_dir: Path, reward_url: str | None, s
 # Summary
 # =====================================================================================================================
 def paired_interval(differences: list[float]) -> dict | None:
-    """Mean of paired differences and its two-sided 95 % Student t interval, `{"n", "mean", "low", "high"}`; None
-    with fewer than 2 pairs.
-
-    Raises:
-        ValueError: with more than 11 pairs (`T_975` covers df 1..10).
-    """
-    n = len(differences)
-    if n < 2:
+    """Mean of paired differences and its two-sided 95 % Student t interval (`runlib.paired_interval`),
+    `{"n", "mean", "low", "high"}`; None with fewer than 2 pairs."""
+    if len(differences) < 2:
         return None
-    if n - 1 not in T_975:
-        raise ValueError(f"paired_interval: {n} pairs; at most {max(T_975) + 1} are covered.")
-    mean = statistics.mean(differences)
-    half = T_975[n - 1] * statistics.stdev(differences) / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
+    interval = runlib.paired_interval(differences, confidence=0.95)
+    return {key: interval[key] for key in ("n", "mean", "low", "high")}
 
 
 def _mean(values: list) -> float | None:
@@ -373,7 +350,7 @@ def _max(summaries: list[dict]) -> float | None:
 
 
 # =====================================================================================================================
-# The README's block
+# The results page's block
 # =====================================================================================================================
 def _num(value: float | None, digits: int = 3, sign: bool = False) -> str:
     if value is None:
@@ -387,8 +364,8 @@ def _interval(interval: dict | None) -> str:
     return f"{interval['mean']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]"
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's asynchronous-rollouts block: how it was measured, one table row per reward setting and arm, and
+def render_block(data: dict) -> str:
+    """The asynchronous-rollouts block of docs/results/async.md: how it was measured, one table row per reward setting and arm, and
     the target's verdict for the `http` reward.
 
     Args:
@@ -404,7 +381,7 @@ def render_readme_block(data: dict) -> str:
     load = "/".join(f"{v:.1f}" for v in data["loadavg_start"]), "/".join(f"{v:.1f}" for v in data["loadavg_end"])
     intro = (
         f"Measured by `python scripts/experiments/compare_async.py` on {machine_info['date']} "
-        f"([`docs/results/async/results.json`](docs/results/async/results.json)): {machine_info['cpu_model']}, "
+        f"({file_link('docs/results/async/results.json', BLOCK)}): {machine_info['cpu_model']}, "
         f"{machine_info['cpu_count']} cores, one run at a time on {data['torch_threads']} cores (every trainer with 1 torch thread; an async "
         f"run's rollout producer with 1 more, on the second core, which a sync run leaves idle), load average (1/5/15 min) {load[0]} at the start and "
         f"{load[1]} at the end; torch {machine_info['torch']}, transformers {machine_info['transformers']}, trl "
@@ -499,14 +476,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--work_dir", default="compare-async-output", help="the runs' output folders and logs")
     parser.add_argument("--results", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --results")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="README to write with --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Make the runs and write the results file (or, with `--write_readme`, only the README block).
+    """Make the runs and write the results file (or, with `--write_docs`, only the docs block).
 
     Returns:
         The results file's contents.
@@ -521,11 +498,8 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
-    if args.write_readme:
-        data = json.loads(results_path.read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'block updated' if changed else 'already up to date'}")
-        return data
+    if args.write_docs:
+        return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if (job_argv or args.quick) and args.results is None:
         raise SystemExit(
             f"{'--quick' if args.quick else f'extra main-job arguments {job_argv}'} change the runs: pass --results "
@@ -537,7 +511,6 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     job_argv = [*(QUICK_ARGS if args.quick else []), *job_argv]  # the caller's arguments come last and win
     from scripts.reward_server import start_server
-    from trl_trapo.cli import write_json_atomic
 
     work_dir = Path(args.work_dir).resolve()
     # (reward, arm, seed) -> the main job's arguments; per reward setting, the seeds in order and, within a seed, the
@@ -589,13 +562,13 @@ def main(argv: list[str] | None = None) -> dict:
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
         "total_wall_s": time.perf_counter() - started,
-        "machine": machine(),
+        "machine": runlib.machine_info(),
         "runs": runs,
         "summary": summarize(runs),
     }
-    write_json_atomic(str(results_path), data)
-    print(render_readme_block(data))
-    print(f"Written to {results_path}; `--write_readme` puts the block into the README.")
+    runlib.write_json_atomic(results_path, data, indent=2, newline=False)
+    print(render_block(data))
+    print(f"Written to {results_path}; `--write_docs` puts the block into {page_of(BLOCK).relative_to(ROOT)}.")
     return data
 
 

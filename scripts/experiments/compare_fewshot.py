@@ -24,9 +24,9 @@ Prints one line per run and the mean over seeds per arm; `--output` writes every
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -88,8 +88,10 @@ def main() -> None:
     parser.add_argument("--num_sft_per_task", type=int, default=50)
     parser.add_argument("--output", default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from runlib import go_offline, write_json_atomic
+
+    go_offline()
     results = []
     for seed in args.seeds:
         for arm in args.arms:
@@ -112,8 +114,8 @@ def main() -> None:
         summary[arm] = {k: statistics.mean(r[k] for r in rows) for k in keys}
         print(f"  {arm:12s} " + "  ".join(f"{k}={v:.3f}" for k, v in summary[arm].items()))
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump({"args": vars(args), "runs": results, "summary": summary}, handle, indent=2)
+        payload = {"args": vars(args), "runs": results, "summary": summary}
+        write_json_atomic(args.output, payload, indent=2, sort_keys=False, newline=False)
 
 
 if __name__ == "__main__":

@@ -91,18 +91,19 @@ import logging
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report, runlib
+
+from runlib import go_offline, launch_worker, map_jobs, peak_rss_mb, write_json_atomic  # noqa: E402
+
 
 logger = logging.getLogger("compare_pipelines")
 
@@ -395,7 +396,6 @@ from pipeline_measure import (  # noqa: E402  (scripts/ is on sys.path)
     Recorder,
     make_evaluator,
     measured,
-    peak_rss_mb,
     recorder_callback,
 )
 
@@ -673,7 +673,7 @@ def worker(spec_path: str) -> None:
         "loadavg_end": os.getloadavg(),
         **info,
     }
-    write_json(os.path.join(spec["run_dir"], "result.json"), result)
+    write_json_atomic(os.path.join(spec["run_dir"], "result.json"), result)
 
 
 # =====================================================================================================================
@@ -702,7 +702,7 @@ class Progress:
 
 def code_fingerprint() -> str:
     """SHA-256 of everything that decides a run's numbers: the `trl_trapo` package (sources and configs), the main
-    job, this script and its measuring module, and the versions of torch / transformers / TRL / PEFT / datasets.
+    job, this script, its measuring module and its launcher (`runlib`: the child's environment), and the versions of torch / transformers / TRL / PEFT / datasets.
     Documentation and the report code are left out, so editing them keeps the cached runs."""
     import importlib.metadata
 
@@ -710,7 +710,9 @@ def code_fingerprint() -> str:
     paths = sorted(glob.glob(os.path.join(ROOT, "trl_trapo", "**", "*.py"), recursive=True))
     paths += sorted(glob.glob(os.path.join(ROOT, "trl_trapo", "configs", "*")))
     paths += [os.path.join(ROOT, "examples", "trapo.py"), os.path.abspath(__file__)]
-    paths += [os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_measure.py")]
+    paths += [
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("pipeline_measure.py", "runlib.py")
+    ]
     for path in paths:
         digest.update(os.path.relpath(path, ROOT).encode())
         with open(path, "rb") as handle:
@@ -718,14 +720,6 @@ def code_fingerprint() -> str:
     for package in ("torch", "transformers", "trl", "peft", "datasets"):
         digest.update(f"{package}=={importlib.metadata.version(package)}".encode())
     return digest.hexdigest()
-
-
-def write_json(path: str, payload: Any) -> None:
-    """Write `payload` as JSON atomically (temp file + rename): an interrupted run never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1)
-    os.replace(tmp, path)
 
 
 def cached_result(spec: dict) -> dict | None:
@@ -767,43 +761,31 @@ def launch(spec: dict, progress: Progress) -> dict:
     result_path = os.path.join(spec["run_dir"], "result.json")
     if os.path.exists(result_path):
         os.remove(result_path)  # a result of other settings or code must not survive next to this spec
-    spec_path = os.path.join(spec["run_dir"], "spec.json")
-    write_json(spec_path, spec)
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS=str(spec["threads"]),
-        HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
-        HF_DATASETS_OFFLINE=env.get("HF_DATASETS_OFFLINE", "1"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TRANSFORMERS_VERBOSITY=env.get("TRANSFORMERS_VERBOSITY", "error"),
-        TOKENIZERS_PARALLELISM="false",
-    )
-    log_path = os.path.join(spec["run_dir"], "log.txt")
     progress.note(os.path.basename(spec["run_dir"]))
     done = 0
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            cwd=ROOT,
+
+    def progress_line(line: str) -> bool:  # the worker's progress lines feed the bar; the others go to the log
+        nonlocal done
+        if not line.startswith(PROGRESS_PREFIX):
+            return False
+        percent = int(line[len(PROGRESS_PREFIX) :])
+        if percent > done:
+            progress.add(percent - done)
+            done = percent
+        return True
+
+    try:
+        launch_worker(
+            __file__,
+            spec,
+            os.path.join(spec["run_dir"], "spec.json"),
+            threads=spec["threads"],
+            log_path=os.path.join(spec["run_dir"], "log.txt"),
+            name=f"Run {spec['run_dir']}",
+            on_line=progress_line,
         )
-        for line in process.stdout:
-            if line.startswith(PROGRESS_PREFIX):
-                percent = int(line[len(PROGRESS_PREFIX) :])
-                if percent > done:
-                    progress.add(percent - done)
-                    done = percent
-            else:
-                log.write(line)
-        code = process.wait()
-    progress.add(100 - done)
-    if code != 0:
-        with open(log_path, encoding="utf-8") as handle:
-            tail = handle.read()[-3000:]
-        raise RuntimeError(f"Run {spec['run_dir']} failed (exit code {code}); its log ends with:\n{tail}")
+    finally:
+        progress.add(100 - done)
     with open(os.path.join(spec["run_dir"], "result.json"), encoding="utf-8") as handle:
         return json.load(handle)
 
@@ -811,8 +793,7 @@ def launch(spec: dict, progress: Progress) -> dict:
 def run_all(specs: list[dict], jobs: int, description: str) -> list[dict]:
     progress = Progress(len(specs), description)
     try:
-        with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-            return list(pool.map(lambda s: launch(s, progress), specs))
+        return map_jobs(lambda s: launch(s, progress), specs, jobs)
     finally:
         progress.close()
 
@@ -974,8 +955,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = resolve_defaults(args)
     args.code = code_fingerprint()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    go_offline()
     from pipeline_report import write_report
 
     methods = list(dict.fromkeys(args.methods))
@@ -1022,8 +1002,7 @@ def main(argv: list[str] | None = None) -> dict:
         "total_s": time.perf_counter() - started,
         "cpu_count": os.cpu_count(),
     }
-    with open(os.path.join(args.output_dir, "meta.json"), "w", encoding="utf-8") as handle:
-        json.dump(meta, handle, indent=1)
+    write_json_atomic(os.path.join(args.output_dir, "meta.json"), meta, sort_keys=False, newline=False)
     report = write_report(args.output_dir, results, meta)
     print(report["markdown"])
     print(f"\nWritten to {args.output_dir}/ ({meta['total_s']:.0f} s).")

@@ -5,7 +5,7 @@ SmolLM2-135M-Instruct and GSM8K, from the same initial weights, on the same data
     python scripts/experiments/compare_real.py                 # the three arms; hours on 2 CPU cores; resumes
     python scripts/experiments/compare_real.py --quick         # a tiny random model with SmolLM2's tokenizer (< 1 min)
     python scripts/experiments/compare_real.py --probe         # the recipe's choices: 4 short TRAPO runs
-    python scripts/experiments/compare_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/compare_real.py --write_docs  # the docs block from the committed results
 
 Arms (each in its own process, so its peak memory is its own; `--jobs 2` runs two at a time):
 
@@ -37,7 +37,7 @@ Measured (the evaluation clocks are stopped during training time):
 Caching: the initial evaluation is `<results_dir>/initial.json` and each finished arm `<results_dir>/arms/<arm>.json`
 (written atomically, with a fingerprint of everything that defines it); a rerun skips what is cached with the same
 fingerprint, so an interrupted comparison resumes at the first unfinished arm. `<results_dir>/results.json` (the
-summary), `real_smollm2.png` and the README block are rebuilt from the cache on every run, also from a partial one.
+summary), `real_smollm2.png` and the docs block are rebuilt from the cache on every run, also from a partial one.
 
 Every argument this script does not know goes to the main job's parser after `--config <recipe>` (e.g.
 `--max_steps 400 --per_device_train_batch_size 32 --bf16 true` on a GPU).
@@ -52,17 +52,13 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
-import platform
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -70,18 +66,23 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the repository
-sys.path.insert(0, str(HERE))  # compare_pipelines, pipeline_measure, readme_blocks
+sys.path.insert(0, str(HERE))  # compare_pipelines, pipeline_measure, result_blocks, runlib
 sys.path.insert(0, str(HERE.parent))  # scripts/: gsm8k_to_trl, fetch_smollm2
+
+import runlib  # noqa: E402  (after the path set-up)
+from result_blocks import file_link, write_block_from_results  # noqa: E402
+from runlib import read_json, write_json_atomic  # noqa: E402
+
 
 logger = logging.getLogger("compare_real")
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
 RESULTS_DIR = ROOT / "docs" / "results" / "real_smollm2"
-README_BLOCK = "real-smollm2-table"
+BLOCK = "real-smollm2-table"
 EVAL_FILE = ROOT / "examples" / "data" / "gsm8k" / "test_first500.jsonl"
 HELDOUT_FILE = ROOT / "examples" / "data" / "shakespeare" / "heldout.txt"
 TOKENIZER_FIXTURE = ROOT / "tests" / "fixtures" / "smollm2_tokenizer"
-# the README's conversion command (run from the repository root): what the recipe's data paths name
+# docs/real_models.md's conversion command (run from the repository root): what the recipe's data paths name
 CONVERT_ARGV = [
     "examples/data/gsm8k/train_first1500.jsonl",
     "--conversational",
@@ -125,7 +126,6 @@ QUICK_EVAL = {"eval_rows": 6, "curve_rows": 3, "heldout_rows": 4}
 QUICK_TRAIN_ROWS = 32  # GSM8K training rows of `--quick` (the trainers tokenise every row: 1,500 take seconds)
 # `#### N` at the very end: N a plain number (sign, thousands separators and decimals allowed)
 ANSWER_AT_END = re.compile(r"####\s*(-?\d[\d,]*(?:\.\d+)?)\s*$")
-Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile
 
 
 # =====================================================================================================================
@@ -151,16 +151,15 @@ def ends_with_answer(completion: str) -> bool:
     return True
 
 
-def paired_difference(a: list[int], b: list[int], z: float = Z_95) -> dict[str, Any]:
-    """Mean paired difference `a - b` of per-problem outcomes (1 = solved) on the same problems, with a confidence
-    interval from the normal approximation of the mean of the paired differences: d ± z · s_d / √n, s_d the sample
-    standard deviation of d_i = a_i − b_i (the paired-t interval with a normal quantile; for n = 200 the t quantile,
-    1.972, differs in the third digit).
+def paired_difference(a: list[int], b: list[int]) -> dict[str, Any]:
+    """Mean paired difference `a - b` of per-problem outcomes (1 = solved) on the same problems, with a 95 %
+    confidence interval from the normal approximation of the mean of the paired differences: d ± z · s_d / √n, s_d the
+    sample standard deviation of d_i = a_i − b_i (`runlib.paired_interval(..., distribution="normal")`: the paired-t
+    interval with a normal quantile; for n = 200 the t quantile, 1.972, differs in the third digit).
 
     Args:
         a: outcomes of arm A (0/1), one per problem.
         b: outcomes of arm B on the same problems, in the same order.
-        z: the normal quantile (default 1.96: a 95 % interval).
 
     Returns:
         `n`, `difference` (a fraction of the problems), `low`, `high`, `se`, `a_only` / `b_only` (problems only A /
@@ -176,17 +175,16 @@ def paired_difference(a: list[int], b: list[int], z: float = Z_95) -> dict[str, 
     if n < 2:
         raise ValueError(f"a paired interval needs at least 2 problems, got {n}")
     d = [float(x) - float(y) for x, y in zip(a, b)]
-    mean = sum(d) / n
-    se = statistics.stdev(d) / math.sqrt(n)
+    interval = runlib.paired_interval(d, confidence=0.95, distribution="normal")
     return {
         "n": n,
-        "difference": mean,
-        "low": mean - z * se,
-        "high": mean + z * se,
-        "se": se,
+        "difference": interval["mean"],
+        "low": interval["low"],
+        "high": interval["high"],
+        "se": interval["se"],
         "a_only": sum(1 for x in d if x > 0),
         "b_only": sum(1 for x in d if x < 0),
-        "excludes_harm": mean - z * se >= 0.0,
+        "excludes_harm": interval["low"] >= 0.0,
         "method": "normal approximation of the mean paired difference (d ± 1.96·s_d/√n)",
     }
 
@@ -373,7 +371,7 @@ class Evaluator:
 # Setup: the recipe, the data, the model
 # =====================================================================================================================
 def convert_argv(corpus_flags: list[str] | None = None) -> list[str]:
-    """`CONVERT_ARGV` (the README's conversion) with the pretraining corpus chosen by `corpus_flags` (`CORPORA`)
+    """`CONVERT_ARGV` (docs/real_models.md's conversion) with the pretraining corpus chosen by `corpus_flags` (`CORPORA`)
     instead, when given."""
     argv = list(CONVERT_ARGV)
     if corpus_flags is not None:
@@ -385,7 +383,7 @@ def convert_argv(corpus_flags: list[str] | None = None) -> list[str]:
 def prepare_data(
     work_dir: Path, corpus_flags: list[str] | None = None, name: str = "gsm8k-chat", train_rows: int | None = None
 ) -> Path:
-    """Run `gsm8k_to_trl.py` as the README does (`convert_argv`), writing to `work_dir/data/<name>` instead of
+    """Run `gsm8k_to_trl.py` as docs/real_models.md does (`convert_argv`), writing to `work_dir/data/<name>` instead of
     `data/gsm8k-chat`; `train_rows` keeps only the first rows of the training file (`--quick`). Deterministic;
     skipped when that folder already holds the same conversion.
 
@@ -407,7 +405,7 @@ def prepare_data(
         return out
     with contextlib.redirect_stdout(sys.stderr):
         gsm8k_to_trl.main(argv)
-    write_json(marker, argv)
+    write_json_atomic(marker, argv)
     return out
 
 
@@ -479,21 +477,6 @@ def job_argv(recipe_path: Path, overrides: dict[str, Any], passthrough: list[str
 def fingerprint(payload: dict) -> str:
     """A short stable hash of a JSON-serialisable mapping (what defines a cached result)."""
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def write_json(path: Path, payload: Any) -> None:
-    """Write JSON atomically (a temporary file in the same folder, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        temporary = handle.name
-    os.replace(temporary, path)
-
-
-def read_json(path: Path) -> Any:
-    """The JSON in `path`, or None when there is no such file."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 # =====================================================================================================================
@@ -650,8 +633,6 @@ def run_serial_arm(spec: dict) -> dict:
 
 def finish(spec, recorder, evaluator, times, setup_s, stages, trainer, config, trainable) -> dict:
     """The arm's result: checkpoints, the final evaluation, clocks, memory, the configuration in use."""
-    from pipeline_measure import peak_rss_mb
-
     step_wall = [round(b[1] - a[1], 2) for a, b in zip([(0, 0.0, 0.0)] + times, times)]
     step_cpu = [round(b[2] - a[2], 2) for a, b in zip([(0, 0.0, 0.0)] + times, times)]
     return {
@@ -672,7 +653,7 @@ def finish(spec, recorder, evaluator, times, setup_s, stages, trainer, config, t
         "eval_s": recorder.eval_s,
         "setup_s": setup_s,
         "process_cpu_s": time.process_time(),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": runlib.peak_rss_mb(),
         "log_history": log_history(trainer) if trainer is not None else None,
     }
 
@@ -688,7 +669,6 @@ SETTINGS_SHOWN = (
 def run_initial(spec: dict) -> dict:
     """Evaluate the initial model once (shared by the arms): the full GSM8K evaluation and the held-out loss."""
     import torch
-    from pipeline_measure import peak_rss_mb
     from transformers import AutoModelForCausalLM
 
     script_args, config, model_args, inputs = load_job(spec)
@@ -709,7 +689,7 @@ def run_initial(spec: dict) -> dict:
         "final": evaluator.final,
         "eval_wall_s": time.perf_counter() - start,
         "eval_cpu_s": time.process_time() - start_cpu,
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": runlib.peak_rss_mb(),
     }
 
 
@@ -736,7 +716,7 @@ def worker(spec: dict) -> dict:
         loadavg_end=os.getloadavg(),
         finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    write_json(Path(spec["cache"]), result)
+    write_json_atomic(spec["cache"], result)
     return result
 
 
@@ -765,8 +745,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a tiny random model, a few steps: a smoke run")
     parser.add_argument("--probe", action="store_true", help="the recipe's choices: LoRA / full x two corpora")
     parser.add_argument("--probe_steps", type=int, default=8, help="optimizer steps of each probe run")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from results")
-    parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
+    parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -856,33 +836,17 @@ def task_specs(args, passthrough: list[str], argv: list[str]) -> list[dict]:
 
 def launch(spec: dict, log_dir: Path, script: Path | None = None) -> dict:
     """Run one spec in a child process (its own peak memory): `script --_worker <spec file>` (default this script);
-    returns the spec's cache file; raises with the log's tail if it fails."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = log_dir / f"{spec['name']}.spec.json"
-    write_json(spec_path, spec)
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS=str(spec["threads"]),
-        HF_HUB_OFFLINE=env.get("HF_HUB_OFFLINE", "1"),
-        HF_DATASETS_OFFLINE=env.get("HF_DATASETS_OFFLINE", "1"),
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TRANSFORMERS_VERBOSITY=env.get("TRANSFORMERS_VERBOSITY", "error"),
-        TOKENIZERS_PARALLELISM="false",
-    )
+    returns the spec's cache file; raises `runlib.ChildFailed` with the log's tail if it fails."""
     log_path = log_dir / f"{spec['name']}.log"
     logger.info("%s: started (log %s)", spec["name"], log_path)
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.run(
-            [sys.executable, str(script or Path(__file__).resolve()), "--_worker", str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-            check=False,
-        ).returncode
-    if code != 0:
-        tail = log_path.read_text(encoding="utf-8")[-3000:]
-        raise RuntimeError(f"{spec['name']} failed (exit code {code}); {log_path} ends with:\n{tail}")
+    runlib.launch_worker(
+        script or __file__,
+        spec,
+        log_dir / f"{spec['name']}.spec.json",
+        threads=spec["threads"],
+        log_path=log_path,
+        name=spec["name"],
+    )
     logger.info("%s: done", spec["name"])
     return read_json(Path(spec["cache"]))
 
@@ -901,14 +865,13 @@ def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
     if jobs == 0:
         for spec in todo:
             worker({**spec, "in_process": True})
-    elif todo:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(lambda s: launch(s, log_dir), todo))
+    else:
+        runlib.map_jobs(lambda s: launch(s, log_dir), todo, jobs)
     return [spec["name"] for spec in todo]
 
 
 # =====================================================================================================================
-# Report: results.json, the plot, the README block
+# Report: results.json, the plot, the docs block
 # =====================================================================================================================
 def summarize(initial: dict | None, arms: dict[str, dict], meta: dict) -> dict:
     """The comparison from the cached initial evaluation and arms (any of them may be missing).
@@ -1047,12 +1010,12 @@ def minutes(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds / 60:.1f}"
 
 
-def render_readme_block(results: dict) -> str:
-    """The README's block for this comparison, from `results.json` (also from a partial run: pending arms listed)."""
+def render_block(results: dict) -> str:
+    """The docs block for this comparison, from `results.json` (also from a partial run: pending arms listed)."""
     meta, initial = results["meta"], results.get("initial")
     arms = {name: results["arms"][name] for name in ARMS if name in results["arms"]}
     lines = [
-        f"Measured by `{meta['command']}` ([`{meta['results_file']}`]({meta['results_file']})"
+        f"Measured by `{meta['command']}` ({file_link(meta['results_file'], BLOCK)}"
         + (
             f"; the tasks ran in {len(meta['invocations'])} invocations that differ only in `--arms` / `--jobs` / "
             "`--threads`, listed there"
@@ -1158,32 +1121,8 @@ def reproducing_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def git_commit() -> str | None:
-    """The repository's HEAD commit (short), or None outside a git checkout."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return done.stdout.strip() or None
-
-
-def machine() -> str:
-    """The processor and core count, in words."""
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{model}, {os.cpu_count()} cores"
-
-
 def write_results(args, argv: list[str], ran: list[str], started: float) -> dict:
     """Rebuild `results.json`, the plot and (for the default results folder) nothing else from the cache."""
-    import torch
-    import transformers
-    import trl
-
     results_dir = Path(args.results_dir)
     initial = read_json(results_dir / "initial.json")
     arms = {name: read_json(results_dir / "arms" / f"{name}.json") for name in ARMS}
@@ -1200,9 +1139,9 @@ def write_results(args, argv: list[str], ran: list[str], started: float) -> dict
         "command": " ".join(["python scripts/experiments/compare_real.py", *reproducing_argv(argv)]),
         "results_file": results_file,
         "date": max([a["finished"] for a in arms.values()] + ([initial["finished"]] if initial else []) + [""])[:10],
-        "machine": machine(),
-        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
-        "git_commit": git_commit(),
+        "machine": runlib.machine_line(),
+        "versions": runlib.versions_line(),
+        "git_commit": runlib.git("rev-parse", "--short", "HEAD"),
         "jobs": max([t.get("jobs") or 0 for t in tasks] + [0]) if any(t.get("jobs") for t in tasks) else args.jobs,
         "threads": max([t.get("threads") or 0 for t in tasks] + [args.threads]),
         "invocations": sorted({t["invocation"] for t in tasks if t.get("invocation")}),
@@ -1217,7 +1156,7 @@ def write_results(args, argv: list[str], ran: list[str], started: float) -> dict
         meta = previous["meta"]  # nothing new: keep the record of the runs that made the cache
     summary = summarize(initial, arms, meta)
     summary["examples"] = examples(initial, arms)
-    write_json(results_dir / "results.json", summary)
+    write_json_atomic(results_dir / "results.json", summary)
     plot(summary, results_dir / "real_smollm2.png")
     return summary
 
@@ -1244,7 +1183,7 @@ def write_probe_summary(results_dir: Path) -> dict:
             "peak_rss_mb": run["peak_rss_mb"],
             "loadavg_start": run["loadavg_start"],
         }
-    write_json(results_dir / "probe.json", rows)
+    write_json_atomic(results_dir / "probe.json", rows)
     return rows
 
 
@@ -1258,23 +1197,16 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     args = resolve(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.write_readme:
-        from readme_blocks import README, write_readme_block
-
-        results = read_json(Path(args.results_dir) / "results.json")
-        if results is None:
-            raise SystemExit(f"No {args.results_dir}/results.json: run the comparison first.")
-        write_readme_block(README_BLOCK, render_readme_block(results), Path(args.readme) if args.readme else README)
-        return results
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(key, "1")
+    if args.write_docs:
+        return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)
+    runlib.go_offline()
     started = time.perf_counter()
     specs = task_specs(args, passthrough, argv)
     ran = run_tasks(specs, args.jobs, Path(args.work_dir) / "logs")
     if args.probe:
         return write_probe_summary(Path(args.results_dir))
     summary = write_results(args, argv, ran, started)
-    print(render_readme_block(summary))
+    print(render_block(summary))
     return summary
 
 

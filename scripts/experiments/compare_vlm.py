@@ -3,7 +3,7 @@
 
     python scripts/experiments/compare_vlm.py                 # seeds 0 1 2; writes docs/results/vlm/results.json
     python scripts/experiments/compare_vlm.py --quick         # 1 seed, 4 steps, tiny data: the harness (< 1 min)
-    python scripts/experiments/compare_vlm.py --write_readme  # the README's vlm-table block from --results (no run)
+    python scripts/experiments/compare_vlm.py --write_docs  # docs/results/vision.md's vlm-table block from --results (no run)
 
 Every argument this script does not know is an argument of the VLM job (`examples/trapo_vlm.py`, its
 `VLM_JOB_DEFAULTS`): the TRAPO arms *are* that job's configuration and the relay's stages are derived from it.
@@ -53,26 +53,24 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)  # compare_pipelines, readme_blocks
+sys.path.insert(0, HERE)  # compare_pipelines, result_blocks, runlib
 
-from readme_blocks import write_readme_block  # noqa: E402
+import runlib  # noqa: E402
+from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
 
 
 logger = logging.getLogger("compare_vlm")
 
 ARMS = ("trapo", "trapo_modality", "serial")
 RESULTS = os.path.join(ROOT, "docs", "results", "vlm", "results.json")
-README_BLOCK = "vlm-table"
+BLOCK = "vlm-table"
 # what `--quick` lowers (explicit command-line values win): a smoke run of the whole harness
 QUICK_JOB = {
     "max_steps": 4,
@@ -120,8 +118,8 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run nothing: summarize the finished runs of the same code (the others are listed under `missing`)",
     )
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --results")
-    parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="README for --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -323,23 +321,13 @@ def worker(spec: dict) -> dict:
     }
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    write_json(os.path.join(spec["run_dir"], "result.json"), result)
+    runlib.write_json_atomic(os.path.join(spec["run_dir"], "result.json"), result)
     return result
 
 
 # =====================================================================================================================
 # Orchestration
 # =====================================================================================================================
-def write_json(path: str, payload) -> None:
-    """Write `payload` as JSON through a temporary file and a rename (an interrupted run never leaves half a file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
 def code_key(args, job_argv: list[str], arm: str) -> str:
     """A 16-hex-digit key of what decides the numbers of an `arm`'s runs: the package, the functions of this script
     the arm executes (`RUN_FUNCTIONS[arm]`: editing the table, the docs or another arm keeps the finished runs), its
@@ -368,59 +356,14 @@ RUN_FUNCTIONS = {
 }
 
 
-def launch(spec: dict, in_process: bool) -> dict:
-    """Run one spec (reusing a result of the same key), in this process or a child one.
-
-    Raises:
-        RuntimeError: if the child process fails, with the end of its log.
-    """
-    result_path = os.path.join(spec["run_dir"], "result.json")
-    if not spec["rerun"] and os.path.exists(result_path):
-        with open(result_path, encoding="utf-8") as handle:
-            cached = json.load(handle)
-        if cached.get("key") == spec["key"]:
-            logger.info("%s-seed%d: reused %s", spec["arm"], spec["seed"], result_path)
-            return cached
-    logger.info("%s-seed%d: running", spec["arm"], spec["seed"])
-    started = time.perf_counter()
-    if in_process:
-        result = worker(spec)
-        logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-        return result
-    os.makedirs(spec["run_dir"], exist_ok=True)
-    spec_path = os.path.join(spec["run_dir"], "spec.json")
-    write_json(spec_path, spec)
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec["threads"]), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.update(TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error", PYTHONPATH=ROOT)
-    log_path = os.path.join(spec["run_dir"], "log.txt")
-    with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--_worker", spec_path], stdout=log, stderr=log, env=env
-        ).returncode
-    if code != 0:
-        with open(log_path, encoding="utf-8") as handle:
-            tail = handle.read()[-3000:]
-        raise RuntimeError(f"{spec['arm']}-seed{spec['seed']} failed (exit {code}); its log ends with:\n{tail}")
-    logger.info("%s-seed%d: done in %.0f s", spec["arm"], spec["seed"], time.perf_counter() - started)
-    with open(result_path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def finished(spec: dict) -> bool:
-    """Whether `spec`'s run directory holds a result made by the same code and settings (its `key`)."""
-    path = os.path.join(spec["run_dir"], "result.json")
-    if not os.path.exists(path):
-        return False
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle).get("key") == spec["key"]
-
-
 def run_all(specs: list[dict], jobs: int) -> list[dict]:
     """Launch every spec, `jobs` at a time (`jobs == 1`: in this process, in order); results in `specs`' order."""
-    if jobs == 1:
-        return [launch(spec, in_process=True) for spec in specs]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda spec: launch(spec, in_process=False), specs))
+
+    def run(spec: dict) -> dict:
+        name = f"{spec['arm']}-seed{spec['seed']}"
+        return runlib.run_cached(spec, worker, __file__, in_process=jobs == 1, name=name, log=logger)
+
+    return runlib.map_jobs(run, specs, jobs)
 
 
 def summarize(results: list[dict]) -> dict:
@@ -437,16 +380,7 @@ def summarize(results: list[dict]) -> dict:
                 values.setdefault(name, []).append(r["metrics"][name])
                 values.setdefault(f"{name}_change", []).append(r["metrics"][name] - r["initial"][name])
             values.setdefault("train_s", []).append(r["train_s"])
-        summary[arm] = {
-            name: {
-                "mean": statistics.fmean(v),
-                "std": statistics.stdev(v) if len(v) > 1 else 0.0,
-                "min": min(v),
-                "max": max(v),
-                "n": len(v),
-            }
-            for name, v in values.items()
-        }
+        summary[arm] = {name: runlib.describe(v) for name, v in values.items()}
     return summary
 
 
@@ -481,8 +415,8 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's `vlm-table` block: how it was measured (budget, relay split, machine) and the table.
+def render_block(data: dict) -> str:
+    """The `vlm-table` block of docs/results/vision.md: how it was measured (budget, relay split, machine) and the table.
 
     Args:
         data: the contents of the results file (`budget`, `seeds`, `machine`, `table`).
@@ -495,7 +429,7 @@ def render_readme_block(data: dict) -> str:
     versions = machine["versions"]
     intro = (
         f"Measured by `python scripts/experiments/compare_vlm.py` "
-        f"([`docs/results/vlm/results.json`](docs/results/vlm/results.json)): seeds "
+        f"({file_link('docs/results/vlm/results.json', BLOCK)}): seeds "
         f"{', '.join(map(str, data['seeds']))}, every arm from a fresh tiny LLaVA (0.57 M parameters) for "
         f"{budget['max_steps']} optimizer steps of {budget['rows_per_step']} rows; the relay (TRL `SFTTrainer` on the "
         f"captions, `SFTTrainer` on the demonstrations, `GRPOTrainer`) split them "
@@ -511,8 +445,8 @@ def render_readme_block(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Run the arms for the seeds (reusing finished runs) and write the results file; with `--write_readme`, only
-    render the README block from the results file.
+    """Run the arms for the seeds (reusing finished runs) and write the results file; with `--write_docs`, only
+    render the docs block from the results file.
 
     Returns:
         The results file's contents (`{}` in a worker process).
@@ -526,14 +460,10 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args._worker, encoding="utf-8") as handle:
             worker(json.load(handle))
         return {}
-    if args.write_readme:
-        with open(args.results or RESULTS, encoding="utf-8") as handle:
-            data = json.load(handle)
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'block updated' if changed else 'already up to date'}")
-        return data
+    if args.write_docs:
+        return write_block_from_results(BLOCK, render_block, args.results or RESULTS, args.page)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
     from trl_trapo import vision_job
 
@@ -555,16 +485,13 @@ def main(argv: list[str] | None = None) -> dict:
     specs = [spec(arm, seed) for seed in args.seeds for arm in args.arms]
     missing = []
     if args.collect_only:
-        missing = [f"{s['arm']}-seed{s['seed']}" for s in specs if not finished(s)]
-        specs = [s for s in specs if finished(s)]
+        finished = [runlib.keyed_result(s["run_dir"], s["key"]) is not None for s in specs]
+        missing = [f"{s['arm']}-seed{s['seed']}" for s, done in zip(specs, finished) if not done]
+        specs = [s for s, done in zip(specs, finished) if done]
         if missing:
             logger.warning("--collect_only: no finished result for %s; left out.", ", ".join(missing))
     results = run_all(specs, args.jobs)
     pretrain_steps, sft_steps, rl_steps = relay_steps(config)
-    import torch
-    import transformers
-    import trl
-
     payload = {
         "command": " ".join(
             ["python", "scripts/experiments/compare_vlm.py", *(argv if argv is not None else sys.argv[1:])]
@@ -584,17 +511,10 @@ def main(argv: list[str] | None = None) -> dict:
         "missing": missing,
         "summary": summarize(results),
         "table": table(results),
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "jobs": args.jobs,
-            "threads": args.threads,
-            "loadavg_start": load_start,
-            "loadavg_end": os.getloadavg(),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
-        },
+        "machine": runlib.run_conditions(args.jobs, args.threads, load_start),
         "total_s": time.perf_counter() - started,
     }
-    write_json(args.results, payload)
+    runlib.write_json_atomic(args.results, payload)
     print(payload["table"])
     print(f"\nWritten to {args.results} ({payload['total_s']:.0f} s).")
     return payload

@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct as the teacher and a student cut from it.
 
     python scripts/experiments/distill_real.py                 # the two arms (~1 h on 2 CPU cores); resumes
     python scripts/experiments/distill_real.py --quick         # a tiny random teacher with SmolLM2's tokenizer
-    python scripts/experiments/distill_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/distill_real.py --write_docs  # the docs block from the committed results
 
 The student is the teacher's first `--student_layers` (8) of its 30 decoder layers with their weights, the teacher's
 embeddings, final norm and (tied) output layer: a student from random weights would write no usable text within a
@@ -41,8 +41,8 @@ Measured on held-out data at step 0 (the student; shared), `--points` evenly spa
 - training wall and CPU time (evaluations excluded), peak resident memory.
 
 Caching as in `compare_real.py`: `<results_dir>/initial.json` and `<results_dir>/arms/<arm>.json` are written
-atomically with a fingerprint of what defines them; a rerun skips what is cached. `results.json` and the README block
-(`--write_readme`) are rebuilt from the cache. Arguments this script does not know go to the main job's parser after
+atomically with a fingerprint of what defines them; a rerun skips what is cached. `results.json` and the docs block
+(`--write_docs`) are rebuilt from the cache. Arguments this script does not know go to the main job's parser after
 `--config <recipe>` (they reach the TRAPO arm; the TRL arm copies the settings it shares with it).
 """
 
@@ -54,27 +54,27 @@ import dataclasses
 import logging
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # compare_real, pipeline_measure, readme_blocks
+sys.path.insert(0, str(HERE))  # compare_real, pipeline_measure, result_blocks, runlib
 sys.path.insert(0, str(HERE.parent))  # scripts/: gsm8k_to_trl, fetch_smollm2
 
 import compare_real as real  # noqa: E402  (after the path set-up)
+import runlib  # noqa: E402
+from result_blocks import file_link, write_block_from_results  # noqa: E402
 
 
 logger = logging.getLogger("distill_real")
 
 RESULTS_DIR = ROOT / "docs" / "results" / "distill_real"
-README_BLOCK = "distill-real-table"
+BLOCK = "distill-real-table"
 ARMS = ("trapo", "distill_trl")
 # the comparison's settings on top of the recipe (explicit command-line flags still win)
 JOB = {
@@ -128,7 +128,7 @@ def make_student(teacher: str | Path, folder: Path, layers: int) -> Path:
     """
     marker = folder / "student.json"
     wanted = {"teacher": str(Path(teacher).resolve()), "layers": layers}
-    if real.read_json(marker) == wanted:
+    if runlib.read_json(marker) == wanted:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,7 +144,7 @@ def make_student(teacher: str | Path, folder: Path, layers: int) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".student-", dir=folder.parent))
     model.save_pretrained(staging)
     AutoTokenizer.from_pretrained(teacher).save_pretrained(staging)
-    real.write_json(staging / "student.json", wanted)
+    runlib.write_json_atomic(staging / "student.json", wanted)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(staging, folder)
@@ -356,7 +356,7 @@ def run_arm(spec: dict) -> dict:
     from trl_trapo import TRAPOTrainer
 
     _, config, _, inputs = real.load_job(spec)
-    initial = real.read_json(Path(spec["initial_cache"]))
+    initial = runlib.read_json(spec["initial_cache"])
     measure = measure_for(spec, config, inputs.tokenizer, initial["teacher"]["completion_ids"])
     steps = int(config.max_steps)
     points = sorted({max(1, round(steps * (k + 1) / spec["points"])) for k in range(spec["points"])})
@@ -400,8 +400,6 @@ def run_arm(spec: dict) -> dict:
             callbacks=[callback],
         )
     trainer.train()
-    from pipeline_measure import peak_rss_mb
-
     history = [{k: v for k, v in entry.items() if isinstance(v, (int, float))} for entry in trainer.state.log_history]
     return {
         "arm": spec["name"],
@@ -409,7 +407,7 @@ def run_arm(spec: dict) -> dict:
         "steps": trainer.state.global_step,
         "train_wall_s": clock.get("wall"),
         "train_cpu_s": clock.get("cpu"),
-        "peak_rss_mb": peak_rss_mb(),
+        "peak_rss_mb": runlib.peak_rss_mb(),
         "config": {k: getattr(config, k, None) for k in (*SHARED_FIELDS, *JOB)},
         "log_history": history,
     }
@@ -430,7 +428,7 @@ def worker(spec: dict) -> None:
         loadavg_end=os.getloadavg(),
         finished=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    real.write_json(Path(spec["cache"]), result)
+    runlib.write_json_atomic(spec["cache"], result)
 
 
 # =====================================================================================================================
@@ -450,8 +448,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2, help="tasks at a time, each its own process")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per task (default cores / jobs)")
     parser.add_argument("--quick", action="store_true", help="a tiny random teacher, a few steps: a smoke run")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from results")
-    parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
+    parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -506,7 +504,7 @@ def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
     completions from it), then the arms `jobs` at a time. Returns the names of the tasks that ran."""
 
     def stale(spec):
-        cached = real.read_json(Path(spec["cache"]))
+        cached = runlib.read_json(spec["cache"])
         return cached is None or cached.get("fingerprint") != spec["fingerprint"]
 
     todo = [s for s in specs if stale(s)]
@@ -514,8 +512,7 @@ def run_tasks(specs: list[dict], jobs: int, log_dir: Path) -> list[str]:
         if spec["name"] == "initial":
             real.launch(spec, log_dir, Path(__file__).resolve())
     arms = [s for s in todo if s["name"] != "initial"]
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        list(pool.map(lambda s: real.launch(s, log_dir, Path(__file__).resolve()), arms))
+    runlib.map_jobs(lambda s: real.launch(s, log_dir, Path(__file__).resolve()), arms, jobs)
     return [s["name"] for s in todo]
 
 
@@ -549,21 +546,20 @@ def summarize(initial: dict | None, arms: dict[str, dict], meta: dict) -> dict:
         b = arms["distill_trl"]["points"][-1]["per_problem_reverse_kl"]
         pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
         if len(pairs) >= 2:
-            d = [x - y for x, y in pairs]
-            mean, se = statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5
+            interval = runlib.paired_interval([x - y for x, y in pairs], confidence=0.95, distribution="normal")
             out["paired_reverse_kl"] = {
-                "n": len(d), "difference": mean, "low": mean - real.Z_95 * se, "high": mean + real.Z_95 * se,
+                "n": interval["n"], "difference": interval["mean"], "low": interval["low"], "high": interval["high"],
                 "method": "per-problem mean reverse KL on each arm's own greedy completion, TRAPO − TRL; "
                 "normal approximation of the mean paired difference",
             }  # fmt: skip
     return out
 
 
-def render_readme_block(results: dict) -> str:
-    """The README's block for this comparison, from `results.json`."""
+def render_block(results: dict) -> str:
+    """The docs block for this comparison, from `results.json`."""
     meta, teacher, initial = results["meta"], results.get("teacher"), results.get("initial")
     lines = [
-        f"Measured by `{meta['command']}` ([`{meta['results_file']}`]({meta['results_file']})), finished "
+        f"Measured by `{meta['command']}` ({file_link(meta['results_file'], BLOCK)}), finished "
         f"{meta['date']} on {meta['machine']}; {meta['versions']}, commit `{meta['git_commit']}`; the two arms ran "
         f"at the same time, {meta['threads']} torch thread(s) each, on a machine shared with other jobs.",
         "",
@@ -608,15 +604,11 @@ def render_readme_block(results: dict) -> str:
 
 def write_results(args, argv: list[str], ran: list[str]) -> dict:
     """Rebuild `results.json` from the cache."""
-    import torch
-    import transformers
-    import trl
-
     results_dir = Path(args.results_dir)
-    initial = real.read_json(results_dir / "initial.json")
-    arms = {n: real.read_json(results_dir / "arms" / f"{n}.json") for n in ARMS}
+    initial = runlib.read_json(results_dir / "initial.json")
+    arms = {n: runlib.read_json(results_dir / "arms" / f"{n}.json") for n in ARMS}
     arms = {n: a for n, a in arms.items() if a is not None}
-    previous = real.read_json(results_dir / "results.json") or {}
+    previous = runlib.read_json(results_dir / "results.json") or {}
     try:
         results_file = str((results_dir / "results.json").resolve().relative_to(ROOT))
     except ValueError:
@@ -626,9 +618,9 @@ def write_results(args, argv: list[str], ran: list[str]) -> dict:
         "command": " ".join(["python scripts/experiments/distill_real.py", *real.reproducing_argv(argv)]),
         "results_file": results_file,
         "date": max(finished + [""])[:10],
-        "machine": real.machine(),
-        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
-        "git_commit": real.git_commit(),
+        "machine": runlib.machine_line(),
+        "versions": runlib.versions_line(),
+        "git_commit": runlib.git("rev-parse", "--short", "HEAD"),
         "threads": args.threads,
         "teacher": "a tiny random model (--quick)" if args.quick else "SmolLM2-135M-Instruct",
         "student_layers": 1 if args.quick else args.student_layers,
@@ -637,7 +629,7 @@ def write_results(args, argv: list[str], ran: list[str]) -> dict:
     if not ran and previous.get("meta"):
         meta = previous["meta"]
     summary = summarize(initial, arms, meta)
-    real.write_json(results_dir / "results.json", summary)
+    runlib.write_json_atomic(results_dir / "results.json", summary)
     return summary
 
 
@@ -646,7 +638,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, passthrough = make_parser().parse_known_args(argv)
     if args._worker:
-        worker(real.read_json(Path(args._worker)))
+        worker(runlib.read_json(args._worker))
         return {}
     for key, value in (QUICK_EVAL if args.quick else {"eval_rows": 50, "heldout_rows": 50}).items():
         if getattr(args, key) is None:
@@ -658,21 +650,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.points < 1 or args.eval_rows < 2:
         raise SystemExit("--points >= 1 and --eval_rows >= 2 are required.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.write_readme:
-        from readme_blocks import README, write_readme_block
-
-        results = real.read_json(Path(args.results_dir) / "results.json")
-        if results is None:
-            raise SystemExit(f"No {args.results_dir}/results.json: run the comparison first.")
-        write_readme_block(README_BLOCK, render_readme_block(results), Path(args.readme) if args.readme else README)
-        return results
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
-        os.environ.setdefault(key, "1")
+    if args.write_docs:
+        return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)
+    runlib.go_offline()
     with contextlib.redirect_stdout(sys.stderr):
         specs = task_specs(args, passthrough, argv)
     ran = run_tasks(specs, args.jobs, Path(args.work_dir) / "logs")
     summary = write_results(args, argv, ran)
-    print(render_readme_block(summary))
+    print(render_block(summary))
     return summary
 
 

@@ -3,7 +3,7 @@
 
     python scripts/experiments/guidance_real.py            # two runs of 20 steps (~15 min each on one CPU core)
     python scripts/experiments/guidance_real.py --quick    # a tiny random model with SmolLM2's tokenizer (< 1 min)
-    python scripts/experiments/guidance_real.py --write_readme  # the README block from the committed results
+    python scripts/experiments/guidance_real.py --write_docs  # the docs block from the committed results
 
 Both arms are the CPU recipe (`examples/recipes/gsm8k_smollm2_135m_cpu.yaml`) with one change: a constant mixture of
 25 % pretraining, 25 % SFT and 50 % RL rows (`curriculum_mixtures`), because the recipe's early phase gives a 20-step
@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,10 +27,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # compare_real
+sys.path.insert(0, str(HERE))  # compare_real, runlib
 sys.path.insert(0, str(HERE.parent))  # gsm8k_to_trl, fetch_smollm2
 
-from compare_real import write_json  # noqa: E402  (atomic JSON writes)
+from runlib import launch_worker, machine_line, read_json, write_json_atomic  # noqa: E402
 
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
@@ -44,7 +41,7 @@ KEYS = ("objective/scores", "rl/zero_variance_groups", "rl/guided_groups", "loss
 
 
 def prepare_data(work: Path, quick: bool) -> Path:
-    """The recipe's data (the README's conversion command) plus an RL copy with a `solution` column."""
+    """The recipe's data (docs/real_models.md's conversion command) plus an RL copy with a `solution` column."""
     import compare_real
     from gsm8k_to_trl import clean_solution
     from gsm8k_to_trl import main as convert
@@ -103,7 +100,7 @@ def run_arm(argv: list[str], output: Path) -> None:
         for entry in trainer.state.log_history
         if "loss" in entry and "train_runtime" not in entry
     ]
-    write_json(output, {"argv": argv, "cpu_s": time.process_time() - started, "steps": steps})
+    write_json_atomic(output, {"argv": argv, "cpu_s": time.process_time() - started, "steps": steps})
 
 
 def summarise(steps: list[dict]) -> dict:
@@ -115,11 +112,11 @@ def summarise(steps: list[dict]) -> dict:
     return out
 
 
-README_BLOCK = "guidance-real"
+BLOCK = "guidance-real"
 
 
-def render_readme_block(results: dict) -> str:
-    """The README block: per arm, the means over the logged steps of the sampled completions' reward, the fraction
+def render_block(results: dict) -> str:
+    """The docs block: per arm, the means over the logged steps of the sampled completions' reward, the fraction
     of flat groups, the fraction of groups that got a demonstration and the RL loss, and the arm's CPU time."""
 
     def cell(summary: dict, key: str, digits: int = 3) -> str:
@@ -152,16 +149,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default=None, help=f"results JSON (default {OUTPUT}; --quick: in --work_dir)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each arm's process")
     parser.add_argument("--quick", action="store_true", help="a tiny random model with SmolLM2's tokenizer")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README block from --output")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --output")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.write_readme:
-        from readme_blocks import write_readme_block
+    if args.write_docs:
+        from result_blocks import write_block_from_results
 
-        results = json.loads(Path(args.output or OUTPUT).read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(results))
-        print(f"README.md {README_BLOCK}: {'updated' if changed else 'already up to date'}")
-        return results
+        return write_block_from_results(BLOCK, render_block, args.output or OUTPUT)
     if args._worker:
         spec = json.loads(Path(args._worker[0]).read_text(encoding="utf-8"))
         run_arm(spec, Path(args._worker[1]))
@@ -180,38 +174,31 @@ def main(argv: list[str] | None = None) -> dict:
     data = prepare_data(work, args.quick)
     results = {
         "command": " ".join(["python scripts/experiments/guidance_real.py", *(argv or sys.argv[1:])]),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine_line(),
         "date": time.strftime("%Y-%m-%d"),
         "max_steps": args.max_steps,
         "arms": {},
     }
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     for arm in ARMS:
         spec_path, arm_output = work / "logs" / f"{arm}.argv.json", work / "logs" / f"{arm}.json"
-        write_json(spec_path, job_argv(args, model, data, work, arm))
-        started = time.perf_counter()
-        with open(work / "logs" / f"{arm}.log", "w", encoding="utf-8") as log:
-            code = subprocess.run(
-                [sys.executable, __file__, "--_worker", str(spec_path), str(arm_output)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=ROOT,
-                check=False,
-            ).returncode
-        if code:
-            tail = (work / "logs" / f"{arm}.log").read_text(encoding="utf-8")[-3000:]
-            raise RuntimeError(f"{arm} failed (exit code {code}):\n{tail}")
-        history = json.loads(arm_output.read_text(encoding="utf-8"))
+        run = launch_worker(
+            __file__,
+            job_argv(args, model, data, work, arm),
+            spec_path,
+            threads=args.threads,
+            log_path=work / "logs" / f"{arm}.log",
+            name=arm,
+            worker_args=[str(arm_output)],
+        )
+        history = read_json(arm_output)
         results["arms"][arm] = {
-            "wall_s": time.perf_counter() - started,
+            "wall_s": run.wall_s,
             "cpu_s": history["cpu_s"],
             "summary": summarise(history["steps"]),
             "steps": history["steps"],
         }
         print(arm, json.dumps(results["arms"][arm]["summary"]), flush=True)
-    write_json(output, results)
+    write_json_atomic(output, results)
     return results
 
 

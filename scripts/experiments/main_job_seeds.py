@@ -1,9 +1,9 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The README's main-job table, measured: the main job (`accelerate launch examples/trapo.py`, built-in mode) for
+"""The main-job table of docs/results/main_job.md, measured: the main job (`accelerate launch examples/trapo.py`, built-in mode) for
 seeds 0, 1 and 2 (`--seed S --task_suite_seed S`) and with RL switched off (`--rl_weight 0`, seed 0).
 
     python scripts/experiments/main_job_seeds.py                 # 4 runs, 2 at a time: ~10 min on 2 CPU cores
-    python scripts/experiments/main_job_seeds.py --write_readme  # README table from the results file (no run)
+    python scripts/experiments/main_job_seeds.py --write_docs  # the docs table from the results file (no run)
 
 Each run is one process calling `trl_trapo.cli.parse_args` / `main` — what `examples/trapo.py` does — with one torch
 thread, as `accelerate launch` uses on CPU; at most one run per CPU core at a time (`--jobs`, default 2). A run is the
@@ -17,9 +17,9 @@ and evaluation; the 4 runs took 9 min there. Results go to `docs/results/main_jo
   transformers, trl and accelerate versions, the git commit (and whether `trl_trapo/` or `examples/` differed from
   it), the date.
 
-`--write_readme` renders the README's table (`render_readme_block`) from that file and puts it between the
-`<!-- main-job-table:start -->` and `<!-- main-job-table:end -->` markers; `tests/test_readme_results.py` checks that
-the README holds exactly that rendering. Arguments this script does not know are passed to every run (a smoke run:
+`--write_docs` renders the table of docs/results/main_job.md (`render_block`) from that file and puts it between the
+`<!-- main-job-table:start -->` and `<!-- main-job-table:end -->` markers; `tests/test_result_pages.py` checks that
+the page holds exactly that rendering. Arguments this script does not know are passed to every run (a smoke run:
 `--max_steps 3 --results /tmp/r.json`); such a run never overwrites the committed results unless `--results` says so.
 The numbers depend on the seed and on the processor (fp32 rounding changes the sampled tokens): regenerate them, do
 not edit them.
@@ -28,30 +28,26 @@ not edit them.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from readme_blocks import write_readme_block  # noqa: E402
+from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
+from runlib import launch_worker, machine_info, map_jobs, peak_rss_mb, read_json, usable_cores, write_json_atomic  # noqa: E402
 
 
 RESULTS = ROOT / "docs" / "results" / "main_job" / "results.json"
-README_BLOCK = "main-job-table"
-# name -> the main job's arguments (the README's rows, in this order)
+BLOCK = "main-job-table"
+# name -> the main job's arguments (the table's rows, in this order)
 RUNS = {
     "seed0": ["--seed", "0", "--task_suite_seed", "0"],
     "seed1": ["--seed", "1", "--task_suite_seed", "1"],
@@ -59,10 +55,8 @@ RUNS = {
     "rl_off": ["--seed", "0", "--task_suite_seed", "0", "--rl_weight", "0"],
 }
 SEED_RUNS = ("seed0", "seed1", "seed2")
-LINE_WIDTH = 119  # the README's
+LINE_WIDTH = 119  # the docs'
 SPLITS = ("eval_accuracy", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only")
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
 # =====================================================================================================================
@@ -79,7 +73,7 @@ def worker(spec_path: str) -> None:
 
     import torch
 
-    from trl_trapo.cli import main, parse_args, write_json_atomic
+    from trl_trapo.cli import main, parse_args
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -98,7 +92,7 @@ def worker(spec_path: str) -> None:
                 if "eval_reward" in h
             ],
             "max_steps": training_args.max_steps,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+            "peak_rss_mb": peak_rss_mb(),
         },
     )
 
@@ -113,24 +107,11 @@ def launch(name: str, argv: list[str], work_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     job_argv = [*argv, "--output_dir", str(run_dir / "output"), "--overwrite_output_dir"]  # a re-run replaces it
     spec = {"argv": job_argv, "result": str(run_dir / "result.json")}
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
-    env = {**os.environ, **THREAD_ENV, **OFFLINE_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # this checkout's code
-    start = time.perf_counter()
-    with open(run_dir / "job.log", "w", encoding="utf-8") as log:
-        code = subprocess.call(
-            [sys.executable, str(Path(__file__).resolve()), "--_worker", str(spec_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    wall = time.perf_counter() - start
-    if code != 0:
-        tail = (run_dir / "job.log").read_text(encoding="utf-8")[-3000:]
-        raise RuntimeError(f"run {name} failed (exit code {code}); {run_dir / 'job.log'} ends with:\n{tail}")
-    out = json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    # one torch thread, as `accelerate launch` uses on CPU
+    run = launch_worker(
+        __file__, spec, run_dir / "spec.json", threads=1, log_path=run_dir / "job.log", name=f"run {name}"
+    )
+    out = read_json(run_dir / "result.json")
     results = out["results"]
     return {
         "command": shlex.join(["accelerate", "launch", "examples/trapo.py", *argv]),
@@ -141,68 +122,12 @@ def launch(name: str, argv: list[str], work_dir: Path) -> dict:
         "train_runtime_s": results["train_runtime_s"],
         "train_loss": results.get("train_loss"),
         "peak_rss_mb": out["peak_rss_mb"],
-        "wall_s": wall,
+        "wall_s": run.wall_s,
     }
 
 
 # =====================================================================================================================
-# The machine
-# =====================================================================================================================
-def cpuinfo(field: str) -> str | None:
-    """The first `field` line of `/proc/cpuinfo` (None where there is no such file or line)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.split(":", 1)[0].strip() == field:
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name from `/proc/cpuinfo` (`platform.processor()` where there is none)."""
-    return cpuinfo("model name") or platform.processor() or "unknown"
-
-
-def simd_flags() -> list[str]:
-    """The vector instruction sets the CPU reports that change how fp32 sums are rounded (AVX2, AVX-512, AMX)."""
-    flags = set((cpuinfo("flags") or "").split())
-    return [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-
-
-def git(*args: str) -> str | None:
-    """Output of `git <args>` in this checkout (stripped), or None when git or the repository is missing."""
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def machine() -> dict:
-    """What the numbers depend on besides the seed: processor, cores, library versions, code version, date."""
-    import accelerate
-    import torch
-    import transformers
-    import trl
-
-    changed = git("status", "--porcelain", "--", "trl_trapo", "examples")
-    return {
-        "cpu_model": cpu_model(),
-        "cpu_simd": simd_flags(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-        "git_commit": git("rev-parse", "HEAD"),
-        "code_differs_from_commit": bool(changed) if changed is not None else None,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-    }
-
-
-# =====================================================================================================================
-# The README's table
+# The results page's table
 # =====================================================================================================================
 def _cell(values: list[float]) -> str:
     """One value, or 'min–max' when the runs disagree."""
@@ -224,8 +149,8 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def render_readme_block(data: dict) -> str:
-    """The README's main-job block (a sentence saying how it was measured, the table, the spread over seeds).
+def render_block(data: dict) -> str:
+    """The main-job block (a sentence saying how it was measured, the table, the spread over seeds).
 
     Args:
         data: the contents of the results file (`machine`, `runs`, `jobs`, `loadavg_start`, `loadavg_end`).
@@ -239,7 +164,7 @@ def render_readme_block(data: dict) -> str:
     load = "/".join(f"{v:.1f}" for v in data["loadavg_start"]), "/".join(f"{v:.1f}" for v in data["loadavg_end"])
     lines = [
         f"Measured by `python scripts/experiments/main_job_seeds.py` on {machine['date']} "
-        f"([`docs/results/main_job/results.json`](docs/results/main_job/results.json)): {machine['cpu_model']} "
+        f"({file_link('docs/results/main_job/results.json', BLOCK)}): {machine['cpu_model']} "
         f"({', '.join(machine.get('cpu_simd') or ['no SIMD flags read'])}), "
         f"{machine['cpu_count']} cores, {data['jobs']} runs at a time with one torch thread each (as `accelerate "
         f"launch` uses on CPU), load average (1/5/15 min) {load[0]} at the start and {load[1]} at the end; torch "
@@ -303,14 +228,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (at most the number of CPU cores)")
     parser.add_argument("--work_dir", default="main-job-seeds-output", help="the runs' output folders and logs")
     parser.add_argument("--results", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
-    parser.add_argument("--write_readme", action="store_true", help="only render the README table from --results")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"), help="README to write with --write_readme")
+    parser.add_argument("--write_docs", action="store_true", help="only render the docs table from --results")
+    parser.add_argument("--page", default=str(page_of(BLOCK)), help="the page to write with --write_docs")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Make the runs and write the results file (or, with `--write_readme`, only the README table).
+    """Make the runs and write the results file (or, with `--write_docs`, only the docs table).
 
     Returns:
         The results file's contents.
@@ -324,11 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
-    if args.write_readme:
-        data = json.loads(results_path.read_text(encoding="utf-8"))
-        changed = write_readme_block(README_BLOCK, render_readme_block(data), Path(args.readme))
-        print(f"{args.readme}: {'table updated' if changed else 'already up to date'}")
-        return data
+    if args.write_docs:
+        return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if job_argv and args.results is None:
         raise SystemExit(
             f"extra main-job arguments {job_argv} change the runs: pass --results PATH so that they do not "
@@ -336,14 +258,11 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}.")
-    jobs = min(args.jobs, os.cpu_count() or 1, len(args.runs))
-    from trl_trapo.cli import write_json_atomic
-
+    jobs = min(args.jobs, usable_cores(), len(args.runs))
     work_dir = Path(args.work_dir).resolve()
     load_start = os.getloadavg()
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        entries = list(pool.map(lambda name: launch(name, [*RUNS[name], *job_argv], work_dir), args.runs))
+    entries = map_jobs(lambda name: launch(name, [*RUNS[name], *job_argv], work_dir), args.runs, jobs)
     data = {
         "command": shlex.join(
             ["python", "scripts/experiments/main_job_seeds.py", *(sys.argv[1:] if argv is None else argv)]
@@ -353,12 +272,12 @@ def main(argv: list[str] | None = None) -> dict:
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
         "total_wall_s": time.perf_counter() - started,
-        "machine": machine(),
+        "machine": machine_info(),
         "runs": dict(zip(args.runs, entries)),
     }
-    write_json_atomic(str(results_path), data)
-    print(render_readme_block(data))
-    print(f"Written to {results_path}; `--write_readme` puts the table into the README.")
+    write_json_atomic(results_path, data, indent=2, newline=False)
+    print(render_block(data))
+    print(f"Written to {results_path}; `--write_docs` puts the table into {page_of(BLOCK).relative_to(ROOT)}.")
     return data
 
 

@@ -9,9 +9,9 @@ time instead of steps), `make_evaluator` gives the held-out metrics (accuracy pe
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
+
+from runlib import peak_rss_mb  # scripts/experiments is on sys.path
 
 
 PROGRESS_PREFIX = "@@progress "  # the line a worker prints for the orchestrator's progress bar
@@ -36,12 +36,6 @@ class Stopwatch:
 
     def read(self) -> float:
         return self.total + (self.clock() - self.since if self.since is not None else 0.0)
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process (Linux reports `ru_maxrss` in KiB, macOS in bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def count_tokens(inputs: dict) -> int:

@@ -3,13 +3,13 @@
 `result.json`.
 
     python scripts/experiments/pipeline_report.py compare-output          # rebuild the report of a finished comparison
-    python scripts/experiments/pipeline_report.py --write_readme          # README tables from docs/results/ (no run)
+    python scripts/experiments/pipeline_report.py --write_docs          # the results pages' tables from docs/results/ (no run)
 
-`--write_readme` renders the README's Results tables from the committed `docs/results/checkpoints.csv` (the
+`--write_docs` renders the results pages' tables from the committed `docs/results/checkpoints.csv` (the
 comparison), `docs/results/ablations/checkpoints.csv` (the ablations) and `docs/results/seed_grid/suite*_checkpoints.csv`
 (the 5 seeds x 2 task suites grid) and puts them between their `<!-- pipeline-table:... -->` / `<!-- ablation-table:... -->`
-/ `<!-- seed-grid-table:... -->` markers; `tests/test_readme_results.py` checks that the
-README holds exactly that rendering.
+/ `<!-- seed-grid-table:... -->` markers; `tests/test_result_pages.py` checks that the
+pages hold exactly that rendering.
 
 Definitions (also stated in `results.md`):
 
@@ -40,7 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from readme_blocks import ROOT, write_readme_block  # noqa: E402
+import runlib  # noqa: E402
+from result_blocks import ROOT, page_of, write_block  # noqa: E402
 
 
 SPLITS = ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
@@ -204,7 +205,7 @@ def markdown_table(summary: dict[str, dict]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
-# the README's names of the ablations, in the README's order (other methods follow, sorted)
+# the docs' names of the ablations, in the docs' order (other methods follow, sorted)
 ABLATION_LABELS = {
     "trapo": "full TRAPO (`trapo`)",
     "trapo_static": "static weights (`dare_mode=static`)",
@@ -226,7 +227,7 @@ ABLATION_LABELS = {
 
 
 def ablation_table(summary: dict[str, dict]) -> str:
-    """The README's ablation table: one row per TRAPO variant, accuracy, `rl_only` and final forgetting."""
+    """The ablation table of docs/results/pipeline.md: one row per TRAPO variant, accuracy, `rl_only` and final forgetting."""
     seeds = sorted({seed for entry in summary.values() for seed in entry["seeds"]})
     label = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
     order = [m for m in ABLATION_LABELS if m in summary] + sorted(m for m in summary if m not in ABLATION_LABELS)
@@ -246,24 +247,19 @@ def ablation_table(summary: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Student t quantiles t_{0.95, df} (two-sided 90 % intervals), df = 1..10 (standard tables)
-T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833, 10: 1.812}
 # (column, what "better" is) of the paired comparison; forgetting is better when lower
 PAIRED_METRICS = (("accuracy", 1), ("accuracy_rl_only", 1), ("forgetting", -1))
 
 
 def paired_interval(differences: list[float]) -> tuple[float, float, float]:
-    """Mean of paired differences and its two-sided 90 % Student t interval `(mean, low, high)`.
+    """Mean of paired differences and its two-sided 90 % Student t interval `(mean, low, high)`
+    (`runlib.paired_interval`).
 
     Raises:
-        ValueError: with fewer than 2 or more than 11 pairs (`T_95` covers df 1..10).
+        ValueError: with fewer than 2 pairs.
     """
-    n = len(differences)
-    if not 2 <= n <= len(T_95) + 1:
-        raise ValueError(f"paired_interval: {n} pairs; need 2..{len(T_95) + 1}.")
-    mean = statistics.mean(differences)
-    half = T_95[n - 1] * statistics.stdev(differences) / math.sqrt(n)
-    return mean, mean - half, mean + half
+    interval = runlib.paired_interval(differences, confidence=0.9)
+    return interval["mean"], interval["low"], interval["high"]
 
 
 def component_verdict(mean: float, low: float, high: float, better: int) -> str:
@@ -710,8 +706,8 @@ def distill_grid_from_csvs(teacher0: list[dict], teacher1: list[dict], plain0: l
     return table + "\n".join(lines) + "\n"
 
 
-# README block -> (the committed CSV files it is rendered from, the table function of their result lists)
-README_TABLES = {
+# docs block -> (the committed CSV files it is rendered from, the table function of their result lists)
+BLOCK_TABLES = {
     "pipeline-table": (("docs/results/checkpoints.csv",), lambda results: markdown_table(summarize(results))),
     "ablation-table": (("docs/results/ablations/checkpoints.csv",), common_seed_ablation_table),
     "seed-grid-table": (
@@ -730,11 +726,11 @@ README_TABLES = {
 }
 
 
-def readme_tables(root: str | Path = ROOT) -> dict[str, str]:
-    """The README's Results tables (block name -> Markdown), rendered from the CSV files under `root`."""
+def block_tables(root: str | Path = ROOT) -> dict[str, str]:
+    """The results pages' tables (block name -> Markdown), rendered from the CSV files under `root`."""
     return {
         name: render(*(results_from_csv(Path(root) / path) for path in paths))
-        for name, (paths, render) in README_TABLES.items()
+        for name, (paths, render) in BLOCK_TABLES.items()
     }
 
 
@@ -743,18 +739,18 @@ def _load(values) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the README's tables (`--write_readme`)."""
+    """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the results pages' tables (`--write_docs`)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("output_dir", nargs="?", help="A comparison's output directory (holds runs/*/result.json).")
-    parser.add_argument("--write_readme", action="store_true", help="Render the README's Results tables instead.")
+    parser.add_argument("--write_docs", action="store_true", help="Render the results pages' tables instead.")
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    if ns.write_readme:
-        for name, table in readme_tables().items():
-            changed = write_readme_block(name, table)
-            print(f"README.md {name}: {'updated' if changed else 'already up to date'}")
+    if ns.write_docs:
+        for name, table in block_tables().items():
+            changed = write_block(name, table)
+            print(f"{page_of(name).relative_to(ROOT)} {name}: {'updated' if changed else 'already up to date'}")
         return
     if ns.output_dir is None:
-        parser.error("give OUTPUT_DIR (a comparison's output directory) or --write_readme")
+        parser.error("give OUTPUT_DIR (a comparison's output directory) or --write_docs")
     output_dir = ns.output_dir
     results = []
     for path in sorted(glob.glob(os.path.join(output_dir, "runs", "*", "result.json"))):

@@ -1,21 +1,22 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The README's measured tables are what the committed results files render to, never numbers typed in by hand.
+"""The results pages' measured tables are what the committed results files render to, never numbers typed in by hand.
 
-- "What the main job does": `scripts/experiments/main_job_seeds.py` renders the block between the
+Each block lives in the page `scripts/experiments/result_blocks.py` (`PAGES`) names, under `docs/results/`:
+
+- `main_job.md`: `scripts/experiments/main_job_seeds.py` renders the block between the
   `<!-- main-job-table:... -->` markers from `docs/results/main_job/results.json`;
-- "Results": `scripts/experiments/pipeline_report.py` renders the comparison and ablation tables from
-  `docs/results/checkpoints.csv` and `docs/results/ablations/checkpoints.csv`;
-- "Results on a real model": `scripts/experiments/compare_real.py --write_readme` renders the block between the
-  `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`;
-- "A real model and real data, offline": `scripts/benchmarks/real_model_report.py` renders the speed block from
-  `docs/results/benchmarks/*.json`;
-- guidance on the real model: `scripts/experiments/guidance_real.py --write_readme` renders the `guidance-real` block
+- `pipeline.md` and `distillation.md`: `scripts/experiments/pipeline_report.py` renders the comparison, seed-grid,
+  ablation and teacher tables from `docs/results/checkpoints.csv`, `docs/results/ablations/checkpoints.csv`, ...;
+- `real_model.md`: `scripts/experiments/compare_real.py --write_docs` renders the block between the
+  `<!-- real-smollm2-table:... -->` markers from `docs/results/real_smollm2/results.json`, and
+  `scripts/benchmarks/real_model_report.py` the speed block from `docs/results/benchmarks/*.json`;
+- guidance on the real model: `scripts/experiments/guidance_real.py --write_docs` renders the `guidance-real` block
   from `docs/results/real_smollm2/guidance.json`;
-- asynchronous rollouts: `scripts/experiments/compare_async.py --write_readme` renders the `async-table` block from
+- asynchronous rollouts: `scripts/experiments/compare_async.py --write_docs` renders the `async-table` block from
   `docs/results/async/results.json`.
 
-A number edited in the README (or in a results file without regenerating the README) fails here; the fix is to run
-the script's `--write_readme`, or the experiment itself.
+A number edited in a page (or in a results file without regenerating the page) fails here; the fix is to run
+the script's `--write_docs`, or the experiment itself.
 """
 
 from __future__ import annotations
@@ -34,10 +35,23 @@ sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
 import compare_real  # noqa: E402
 import main_job_seeds  # noqa: E402
 import pipeline_report  # noqa: E402
-from readme_blocks import read_block, replace_block  # noqa: E402
+from result_blocks import PAGES, page_of, read_block, replace_block  # noqa: E402
 
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+def page_text(name: str) -> str:
+    """The text of the results page that holds the block `name`."""
+    return page_of(name).read_text(encoding="utf-8")
+
+
+def test_every_block_is_in_its_page_once_and_nowhere_else():
+    """Each generated block is in the page `PAGES` names (exactly one marker pair) and in no other document, so the
+    scripts' `--write_docs` and these tests read the one copy."""
+    documents = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for name, page in PAGES.items():
+        read_block(page.read_text(encoding="utf-8"), name)
+        for document in documents:
+            if document != page:
+                assert f"<!-- {name}:start -->" not in document.read_text(encoding="utf-8"), (name, document)
 
 
 def committed_main_job_results() -> dict:
@@ -45,10 +59,10 @@ def committed_main_job_results() -> dict:
 
 
 def test_main_job_table_is_rendered_from_the_committed_results():
-    expected = main_job_seeds.render_readme_block(committed_main_job_results())
-    assert read_block(README, main_job_seeds.README_BLOCK) == expected, (
-        "README.md's main-job table differs from docs/results/main_job/results.json: run "
-        "`python scripts/experiments/main_job_seeds.py --write_readme` (or the experiment itself), never edit it"
+    expected = main_job_seeds.render_block(committed_main_job_results())
+    assert read_block(page_text(main_job_seeds.BLOCK), main_job_seeds.BLOCK) == expected, (
+        "docs/results/main_job.md's main-job table differs from docs/results/main_job/results.json: run "
+        "`python scripts/experiments/main_job_seeds.py --write_docs` (or the experiment itself), never edit it"
     )
 
 
@@ -68,19 +82,19 @@ def test_main_job_results_have_every_run_and_the_machine():
 def test_a_changed_number_changes_the_rendering():
     """The check above can fail: any result the table shows moves the rendering."""
     data = committed_main_job_results()
-    before = main_job_seeds.render_readme_block(data)
+    before = main_job_seeds.render_block(data)
     for name in data["runs"]:
         changed = copy.deepcopy(data)
         changed["runs"][name]["final"]["eval_accuracy_rl_only"] += 0.01
-        assert main_job_seeds.render_readme_block(changed) != before, name
+        assert main_job_seeds.render_block(changed) != before, name
 
 
-@pytest.mark.parametrize("name", list(pipeline_report.README_TABLES))
+@pytest.mark.parametrize("name", list(pipeline_report.BLOCK_TABLES))
 def test_results_tables_are_rendered_from_the_committed_csv(name):
-    expected = pipeline_report.readme_tables()[name]
-    assert read_block(README, name) == expected, (
-        f"README.md's {name} differs from {pipeline_report.README_TABLES[name][0]}: run "
-        "`python scripts/experiments/pipeline_report.py --write_readme`, never edit it"
+    expected = pipeline_report.block_tables()[name]
+    assert read_block(page_text(name), name) == expected, (
+        f"{page_of(name).relative_to(ROOT)}'s {name} differs from {pipeline_report.BLOCK_TABLES[name][0]}: run "
+        "`python scripts/experiments/pipeline_report.py --write_docs`, never edit it"
     )
 
 
@@ -89,10 +103,10 @@ def committed_real_results() -> dict:
 
 
 def test_real_model_block_is_rendered_from_the_committed_results():
-    expected = compare_real.render_readme_block(committed_real_results())
-    assert read_block(README, compare_real.README_BLOCK) == expected, (
-        "README.md's real-model block differs from docs/results/real_smollm2/results.json: run "
-        "`python scripts/experiments/compare_real.py --write_readme` (or the comparison itself), never edit it"
+    expected = compare_real.render_block(committed_real_results())
+    assert read_block(page_text(compare_real.BLOCK), compare_real.BLOCK) == expected, (
+        "docs/results/real_model.md's real-model block differs from docs/results/real_smollm2/results.json: run "
+        "`python scripts/experiments/compare_real.py --write_docs` (or the comparison itself), never edit it"
     )
 
 
@@ -108,7 +122,7 @@ def test_real_model_results_agree_with_their_cached_arms():
         assert len(cached["final"]["correct"]) == results["initial"]["n"] == 200, name
         changed = copy.deepcopy(results)
         changed["arms"][name]["accuracy"] += 0.01
-        assert compare_real.render_readme_block(changed) != compare_real.render_readme_block(results), name
+        assert compare_real.render_block(changed) != compare_real.render_block(results), name
 
 
 def test_csv_rebuild_gives_the_same_summary_as_the_runs(tmp_path):
@@ -140,7 +154,7 @@ def test_csv_rebuild_gives_the_same_summary_as_the_runs(tmp_path):
     assert "(seed 0)" in table
 
 
-def test_readme_blocks_need_exactly_one_marker_pair():
+def test_result_blocks_need_exactly_one_marker_pair():
     text = "a\n<!-- t:start -->\nold\n<!-- t:end -->\nb\n"
     assert read_block(text, "t") == "old\n"
     assert replace_block(text, "t", "new") == "a\n<!-- t:start -->\nnew\n<!-- t:end -->\nb\n"
@@ -150,8 +164,8 @@ def test_readme_blocks_need_exactly_one_marker_pair():
         read_block(text + text, "t")
 
 
-def test_main_job_seeds_runs_shortened_and_writes_the_readme_block(tmp_path):
-    """The README's `main_job_seeds.py` commands, shortened: one run of 2 steps, results and README elsewhere."""
+def test_main_job_seeds_runs_shortened_and_writes_the_docs_block(tmp_path):
+    """The results page's `main_job_seeds.py` commands, shortened: one run of 2 steps, results and page elsewhere."""
     results = tmp_path / "results.json"
     data = main_job_seeds.main(
         ["--runs", "seed1", "--jobs", "1", "--work_dir", str(tmp_path / "runs"), "--results", str(results),
@@ -167,12 +181,12 @@ def test_main_job_seeds_runs_shortened_and_writes_the_readme_block(tmp_path):
     assert run["max_steps"] == 2 and set(run["final"]) == set(main_job_seeds.SPLITS)
     assert run["peak_rss_mb"] > 100  # a process that imported torch; RSS read in MB, not KiB
     assert saved["machine"]["git_commit"] is None or len(saved["machine"]["git_commit"]) == 40
-    # the README's second command, on a copy of the README
-    readme = tmp_path / "README.md"
-    readme.write_text(README, encoding="utf-8")
-    main_job_seeds.main(["--write_readme", "--results", str(results), "--readme", str(readme)])
-    block = read_block(readme.read_text(encoding="utf-8"), main_job_seeds.README_BLOCK)
-    assert block == main_job_seeds.render_readme_block(saved)
+    # the page's second command, on a copy of the page
+    page = tmp_path / "main_job.md"
+    page.write_text(page_text(main_job_seeds.BLOCK), encoding="utf-8")
+    main_job_seeds.main(["--write_docs", "--results", str(results), "--page", str(page)])
+    block = read_block(page.read_text(encoding="utf-8"), main_job_seeds.BLOCK)
+    assert block == main_job_seeds.render_block(saved)
     # the prose is wrapped at a width, and where a line breaks depends on the machine's name (a CPU name of another
     # length moved "2" to the end of the previous line): compare with the whitespace collapsed
     flat = " ".join(block.split())
@@ -189,9 +203,9 @@ def test_real_model_speed_block_is_rendered_from_the_committed_benchmarks():
     import real_model_report
 
     expected = real_model_report.main([])
-    assert read_block(README, real_model_report.README_BLOCK) == expected, (
-        "The README's real-model speed block differs from what docs/results/benchmarks/*.json render to: run "
-        "`python scripts/benchmarks/real_model_report.py --write_readme` (or the benchmarks), never edit it"
+    assert read_block(page_text(real_model_report.BLOCK), real_model_report.BLOCK) == expected, (
+        "docs/results/real_model.md's speed block differs from what docs/results/benchmarks/*.json render to: run "
+        "`python scripts/benchmarks/real_model_report.py --write_docs` (or the benchmarks), never edit it"
     )
 
 
@@ -200,14 +214,14 @@ def test_guidance_real_block_is_rendered_from_the_committed_results():
 
     results = json.loads((ROOT / "docs" / "results" / "real_smollm2" / "guidance.json").read_text(encoding="utf-8"))
     assert set(results["arms"]) == set(guidance_real.ARMS) and results["max_steps"] >= 10
-    assert read_block(README, guidance_real.README_BLOCK) == guidance_real.render_readme_block(results), (
-        "The README's guidance-real block differs from docs/results/real_smollm2/guidance.json: run "
-        "`python scripts/experiments/guidance_real.py --write_readme` (or the experiment), never edit it"
+    assert read_block(page_text(guidance_real.BLOCK), guidance_real.BLOCK) == guidance_real.render_block(results), (
+        "docs/results/real_model.md's guidance-real block differs from docs/results/real_smollm2/guidance.json: run "
+        "`python scripts/experiments/guidance_real.py --write_docs` (or the experiment), never edit it"
     )
 
 
 def test_distill_real_block_is_rendered_from_the_committed_results():
-    """The real-teacher distillation block (issue 22) is `distill_real.py --write_readme` of the committed results,
+    """The real-teacher distillation block (issue 22) is `distill_real.py --write_docs` of the committed results,
     and those are the summary of the committed arms (their final reverse KL is the cached final point's)."""
     import distill_real
 
@@ -217,14 +231,14 @@ def test_distill_real_block_is_rendered_from_the_committed_results():
         cached = json.loads((distill_real.RESULTS_DIR / "arms" / f"{name}.json").read_text(encoding="utf-8"))
         assert arm["points"][-1]["reverse_kl"] == cached["points"][-1]["reverse_kl"], name
         assert arm["steps"] == cached["steps"] == distill_real.JOB["max_steps"], name
-    assert read_block(README, distill_real.README_BLOCK) == distill_real.render_readme_block(results), (
-        "README.md's distill-real block differs from docs/results/distill_real/results.json: run "
-        "`python scripts/experiments/distill_real.py --write_readme` (or the comparison), never edit it"
+    assert read_block(page_text(distill_real.BLOCK), distill_real.BLOCK) == distill_real.render_block(results), (
+        "docs/results/distillation.md's distill-real block differs from docs/results/distill_real/results.json: run "
+        "`python scripts/experiments/distill_real.py --write_docs` (or the comparison), never edit it"
     )
 
 
 def test_async_block_is_rendered_from_the_committed_results():
-    """The asynchronous-rollout block (issue 24) is `compare_async.py --write_readme` of the committed results, which
+    """The asynchronous-rollout block (issue 24) is `compare_async.py --write_docs` of the committed results, which
     hold every arm and seed of both reward settings."""
     import compare_async
 
@@ -236,6 +250,6 @@ def test_async_block_is_rendered_from_the_committed_results():
         for seed in compare_async.SEEDS
     }
     assert expected_runs <= set(results["runs"])
-    assert read_block(README, compare_async.README_BLOCK) == compare_async.render_readme_block(results), (
-        "`python scripts/experiments/compare_async.py --write_readme` (or the experiment), never edit it"
+    assert read_block(page_text(compare_async.BLOCK), compare_async.BLOCK) == compare_async.render_block(results), (
+        "`python scripts/experiments/compare_async.py --write_docs` (or the experiment), never edit it"
     )

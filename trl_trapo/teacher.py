@@ -1,0 +1,232 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The distillation teacher: a frozen causal LM sharing the policy's tokenizer, and the forwards the distillation
+objective and the rollout engine run on it ([`Teacher`]); [`load_teacher`] loads and checks it.
+
+Shape letters: B rows, L tokens of a row, H_t the teacher's hidden size, V the shared vocabulary, n positions,
+C_i the tokens of completion i.
+
+Who uses it: [`~trl_trapo.objectives.DistillationObjective`] (the full-vocabulary term: hidden states and output layer
+in the training step), [`~trl_trapo.objectives.DistillationPrompts`] and [`~trl_trapo.rollout.RolloutEngine`] (the
+sampled-token estimator: the teacher's log-probability of each sampled token, for reward-free prompts and for RL
+rounds). The trainer loads it ([`load_teacher`]), builds one [`Teacher`] once its accelerator exists, and hands it to
+those three; it keeps no handle of its own (`trainer.teacher_model` is a read-only view of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from accelerate.utils import is_peft_model
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .models import completion_logps, disable_dropout, model_forward
+from .paths import check_model_source
+from .rollout import prompt_model_inputs
+
+
+if TYPE_CHECKING:
+    from .sources import SampledRound
+
+
+def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, tokenizer) -> nn.Module | None:
+    """The distillation teacher (`teacher_model`, or loaded from `args.teacher_model_name_or_path`), frozen (eval
+    mode, no gradients, dropout off with `args.disable_dropout`) and checked against the policy; None without one.
+
+    Args:
+        teacher (`str`, `nn.Module` or None): the trainer's `teacher_model` argument (a model, a path or Hub id).
+        policy (`nn.Module`): the policy (a `PeftModel` or not), whose vocabulary and dtype the teacher must share.
+        args ([`~trl_trapo.TRAPOConfig`]): `teacher_model_name_or_path`, `teacher_model_revision`,
+            `teacher_model_init_kwargs`, `disable_dropout`.
+        tokenizer (`PreTrainedTokenizerBase`): the policy's tokenizer (a teacher loaded by name whose folder has a
+            tokenizer must map tokens to the same ids).
+
+    Returns:
+        `nn.Module` or None: the frozen teacher, not yet prepared for the run's distribution ([`Teacher`] does that).
+
+    Raises:
+        ValueError: naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is the policy
+            itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or another
+            dtype than the policy's.
+    """
+    if teacher is None:
+        teacher = args.teacher_model_name_or_path
+    if teacher is None:
+        return None
+    teacher_tokenizer = None
+    if isinstance(teacher, str):
+        check_model_source(teacher, "teacher_model")
+        path = teacher
+        teacher = AutoModelForCausalLM.from_pretrained(
+            path, revision=args.teacher_model_revision, **(args.teacher_model_init_kwargs or {})
+        )
+        try:
+            teacher_tokenizer = AutoTokenizer.from_pretrained(path, revision=args.teacher_model_revision)
+        except (OSError, ValueError):  # a model folder without a tokenizer: the vocabulary size is still checked
+            teacher_tokenizer = None
+    elif args.teacher_model_init_kwargs:
+        raise ValueError(
+            "`teacher_model_init_kwargs` is only used when the teacher is given by name; drop it or pass "
+            "teacher_model_name_or_path."
+        )
+    policy_base = policy.get_base_model() if is_peft_model(policy) else policy
+    if teacher is policy or teacher is policy_base:
+        raise ValueError(
+            "`teacher_model` is the policy itself: distilling a model into itself trains nothing. Pass a separate "
+            "teacher (e.g. a larger model of the same family, or a frozen copy loaded from a checkpoint)."
+        )
+    student_vocab = policy.get_output_embeddings().weight.shape[0]
+    teacher_vocab = teacher.get_output_embeddings().weight.shape[0]
+    if student_vocab != teacher_vocab:
+        raise ValueError(
+            f"The teacher's vocabulary has {teacher_vocab} rows, the policy's {student_vocab}: the divergence "
+            "compares the two next-token distributions token by token, so they must share a tokenizer. "
+            "Cross-tokenizer distillation is TRL's GOLD (`trl.experimental.gold`), not supported here."
+        )
+    if teacher_tokenizer is not None and teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            "The teacher's tokenizer maps tokens to other ids than the policy's (same vocabulary size, another "
+            "mapping): the divergence would compare unrelated tokens. Use a teacher trained with the policy's "
+            "tokenizer (cross-tokenizer distillation is TRL's GOLD, not supported here)."
+        )
+    teacher_dtype, student_dtype = next(teacher.parameters()).dtype, next(policy.parameters()).dtype
+    if teacher_dtype != student_dtype:
+        raise ValueError(
+            f"The teacher is {teacher_dtype}, the policy {student_dtype}: load the teacher in the policy's dtype "
+            f"(teacher_model_init_kwargs={{'dtype': '{str(student_dtype).replace('torch.', '')}'}}, or "
+            f"`teacher.to({student_dtype})`)."
+        )
+    teacher.eval().requires_grad_(False)
+    if args.disable_dropout:
+        disable_dropout(teacher, "teacher")
+    return teacher
+
+
+class Teacher:
+    """A frozen distillation teacher prepared for the run, and its forwards (all without gradients).
+
+    Args:
+        model (`nn.Module`): the frozen teacher ([`load_teacher`]), a causal LM with the policy's vocabulary.
+        prepare (`Callable[[nn.Module], nn.Module]`, *optional*): prepares it for inference under the run's
+            distribution (the trainer's: a DeepSpeed engine, or the accelerator's evaluation-mode model); identity when
+            None. Called once, here.
+        unwrap (`Callable[[nn.Module], nn.Module]`, *optional*): maps the prepared model back to the plain module (the
+            accelerator's `unwrap_model`); identity when None.
+        partitioned (`bool`): its parameters are partitioned across ranks (DeepSpeed ZeRO-3), so each forward is a
+            collective; its output layer is then gathered once, here, into a whole frozen copy (collective: every rank
+            constructs its `Teacher` at the same point).
+        temperature (`float`): the divergence's temperature (`distillation_temperature`) at which [`logps`] scores.
+        pad_token_id (`int`): the id written in padding positions of [`logps`]' batches (one the teacher embeds).
+        batch_size (`int`): rows per forward of [`logps`] (`local_rollout_forward_batch_size`).
+
+    Attributes:
+        model (`nn.Module`): the prepared teacher (what `trainer.teacher_model` returns).
+        partitioned (`bool`): as given.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        prepare: Callable[[nn.Module], nn.Module] | None = None,
+        unwrap: Callable[[nn.Module], nn.Module] | None = None,
+        partitioned: bool = False,
+        temperature: float = 1.0,
+        pad_token_id: int = 0,
+        batch_size: int = 64,
+    ):
+        self.model = prepare(model) if prepare is not None else model
+        self.unwrap = unwrap or (lambda module: module)
+        self.partitioned = bool(partitioned)
+        self.temperature, self.pad_token_id, self.batch_size = float(temperature), int(pad_token_id), int(batch_size)
+        self.head_copy = self._gather_head() if self.partitioned else None
+
+    @classmethod
+    def from_config(
+        cls, model: nn.Module, args, accelerator, prepare: Callable[[nn.Module], nn.Module], pad_token_id: int
+    ) -> Teacher:
+        """The teacher of a run: prepared by `prepare`, unwrapped by `accelerator.unwrap_model`, partitioned when the
+        accelerator runs DeepSpeed ZeRO-3, scoring at `args.distillation_temperature` in batches of
+        `args.local_rollout_forward_batch_size` rows."""
+        plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+        return cls(
+            model,
+            prepare,
+            accelerator.unwrap_model,
+            partitioned=plugin is not None and plugin.zero_stage == 3,
+            temperature=args.distillation_temperature,
+            pad_token_id=pad_token_id,
+            batch_size=args.local_rollout_forward_batch_size,
+        )
+
+    def _gather_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A whole, frozen copy `(weight (V, H_t), bias (V,) or None)` of the partitioned teacher's output layer
+        (collective: every rank gathers it; one V x H_t matrix per rank, e.g. 113 MB for a 49k x 576 fp32 head).
+
+        A call of the partitioned module would gather it once per chunk of [`head`] (a collective whose count
+        differs between ranks) and again in the backward's recomputation of each chunk, after the decoder's own
+        forward has partitioned a tied weight again.
+        """
+        import deepspeed
+
+        head = self.unwrap(self.model).get_output_embeddings()
+        with deepspeed.zero.GatheredParameters(list(head.parameters()), modifier_rank=None):
+            weight = head.weight.detach().clone()
+            bias = head.bias.detach().clone() if getattr(head, "bias", None) is not None else None
+        return weight, bias
+
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The teacher's final hidden states (its decoder body, no output layer), no grad.
+
+        Args:
+            input_ids (`torch.Tensor`): `(B, L)` token ids, right-padded.
+            attention_mask (`torch.Tensor`): `(B, L)`, 1 on real tokens.
+
+        Returns:
+            `torch.Tensor`: `(B, L, H_t)`, the teacher's dtype, on its device.
+        """
+        teacher = self.unwrap(self.model)
+        with torch.no_grad():
+            return model_forward(teacher.get_decoder(), input_ids, attention_mask, use_cache=False).last_hidden_state
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The teacher's logits of final hidden states: `(n, H_t) -> (n, V)` (from the gathered copy when
+        partitioned)."""
+        if self.head_copy is not None:
+            weight, bias = self.head_copy
+            return torch.nn.functional.linear(hidden, weight, bias)
+        return self.unwrap(self.model).get_output_embeddings()(hidden)
+
+    def logps(
+        self,
+        prompt_ids: Sequence[torch.Tensor],
+        completion_ids: Sequence[torch.Tensor],
+        model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
+    ) -> list[torch.Tensor]:
+        """log p_teacher(y_t | prompt, y_<t) of each completion token at the divergence's temperature
+        (`temperature`): the sampled-token estimator's teacher term
+        ([`~trl_trapo.losses.sampled_token_distillation_term`]).
+
+        Args:
+            prompt_ids (`Sequence[torch.Tensor]`): `(P_i,)` each.
+            completion_ids (`Sequence[torch.Tensor]`): `(C_i,)` each.
+            model_inputs (`Sequence[Mapping]`, *optional*): each completion's prompt's extra model inputs.
+
+        Returns:
+            `list[torch.Tensor]`: `(C_i,)` each, nats, float32 on CPU.
+        """
+        temperatures = torch.full((len(prompt_ids),), self.temperature)
+        return completion_logps(
+            self.model, prompt_ids, completion_ids, self.pad_token_id, temperatures, self.batch_size, model_inputs
+        )
+
+    def round_logps(self, sampled: SampledRound) -> list[torch.Tensor]:
+        """[`logps`] of a sampled round's completions (its `prompt_ids`, or its examples' when it has none), for rows
+        that do not pass the rollout engine's `finish` (reward-free distillation prompts).
+
+        Returns:
+            `list[torch.Tensor]`: `(C_i,)` per completion, nats, float32 on CPU.
+        """
+        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in sampled.examples]
+        return self.logps(prompt_ids, sampled.completion_ids, prompt_model_inputs(sampled.examples))
