@@ -172,7 +172,7 @@ def test_search_samples_go_to_self_imitation_only(tmp_path, tokenizer, suite):
 
     trainer.rollouts.sample = recording_sample
     replay_before = len(trainer.replay)
-    trainer._search_stuck_families(finished_round(examples, torch.zeros(4), 2))
+    trainer.rl_supply.search_stuck_families(finished_round(examples, torch.zeros(4), 2), step=0)
     # lst (searched 2x) is sampled again twice, rev (not searched) not at all, in one call at lst's temperature
     assert calls == [(["lst"] * 4, 2, pytest.approx([1.2] * 4))]
     successes = trainer.memory_pool.successes
@@ -191,7 +191,7 @@ def test_a_rank_with_nothing_to_search_samples_as_many_rows_as_the_others(tmp_pa
     """Under data parallelism every rank samples and scores the same number of search rows (generation and reward
     models in lockstep): a rank whose round has no searched family, while another rank searches 4 rows (simulated
     through `max_over_ranks`), samples 4 rows of its own round's groups, at their families' temperatures."""
-    import trl_trapo.trainer as trainer_module
+    import trl_trapo.rl_supply as supply_module
 
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
@@ -211,12 +211,14 @@ def test_a_rank_with_nothing_to_search_samples_as_many_rows_as_the_others(tmp_pa
         return sample(examples, group, step, temperature, **kwargs)
 
     trainer.rollouts.sample = recording_sample
-    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: max(value, 4))
-    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))
+    monkeypatch.setattr(supply_module, "max_over_ranks", lambda accelerator, value: max(value, 4))
+    trainer.rl_supply.search_stuck_families(finished_round(examples, torch.zeros(6), 2), step=0)
     assert calls == [([rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2, pytest.approx([1.0] * 4))]
     assert trainer.memory_pool.successes.searched == 4
-    monkeypatch.setattr(trainer_module, "max_over_ranks", lambda accelerator, value: value)
-    trainer._search_stuck_families(finished_round(examples, torch.zeros(6), 2))  # no rank searches: no call
+    monkeypatch.setattr(supply_module, "max_over_ranks", lambda accelerator, value: value)
+    trainer.rl_supply.search_stuck_families(
+        finished_round(examples, torch.zeros(6), 2), step=0
+    )  # no rank searches: no call
     assert len(calls) == 1
 
 

@@ -8,6 +8,8 @@
   count in no loss and no KL).
 - The default source is the synchronous one; settings that configure it are refused with a source of your own, and a
   source that returns something else is named.
+- The contract is a base class whose optional hooks are neutral; a duck-typed source (no base class) is adapted, its
+  own hooks still called (prefetch, round_due, checkpoint state, close).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import torch
 from conftest import RecordingTRAPOTrainer, trained_rows
 from test_doc_commands import registered_block
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo import TRAPOConfig, TRAPOTrainer, sources
 from trl_trapo.config import RL
 from trl_trapo.data import tokenize_prompt
-from trl_trapo.sources import SampledRound, SyncRolloutSource
+from trl_trapo.sources import RolloutSource, SampledRound, SyncRolloutSource
 from trl_trapo.tasks import build_tiny_model
 
 
@@ -61,16 +63,18 @@ def rl_trainer(tmp_path, tokenizer, suite, source, reward=length_reward, **overr
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=reward,
         args=TRAPOConfig(
-            output_dir=str(tmp_path),
-            report_to="none",
-            save_strategy="no",
-            activation_checkpointing=False,
-            max_steps=2,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_prompt_length=16,
-            response_length=4,
-            **overrides,
+            **{
+                "output_dir": str(tmp_path),
+                "report_to": "none",
+                "save_strategy": "no",
+                "activation_checkpointing": False,
+                "max_steps": 2,
+                "per_device_train_batch_size": 8,
+                "num_generations": 4,
+                "max_prompt_length": 16,
+                "response_length": 4,
+                **overrides,
+            }
         ),
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
@@ -256,6 +260,106 @@ def test_a_source_without_sample_or_returning_something_else_is_named(tmp_path, 
     trainer = rl_trainer(tmp_path, tokenizer, suite, NoPrompts())
     with pytest.raises(ValueError, match="read each example's `prompt`"):
         trainer.collect_rollouts(8, step=0)
+
+
+class FixedSubclass(RolloutSource):
+    """`FixedRounds` as a subclass of the base class: only `sample`, every optional hook inherited."""
+
+    def __init__(self, dataset, completions):
+        self.rounds = FixedRounds(dataset, completions)
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        return self.rounds.sample(rows_needed, step)
+
+
+class HookedRounds(FixedRounds):
+    """A duck-typed source (no base class) with every optional hook: records the calls, checkpoints a counter."""
+
+    def __init__(self, *args, due_at=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls, self.due_at, self.restored = [], set(due_at), None
+
+    def prefetch(self, rows_needed, step, use_counts):
+        self.calls.append(("prefetch", step, len(use_counts)))
+
+    def round_due(self, step):  # once: until a round of that step was taken
+        return step in self.due_at and all(r.version != step for r in self.rounds)
+
+    def checkpoint_state(self):
+        return {"cursor": self.cursor}, {"marker": torch.arange(3)}
+
+    def restore_checkpoint_state(self, meta, tensors):
+        self.restored = (meta, tensors)
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def test_the_base_class_hooks_are_neutral():
+    """`RolloutSource` is a class (not a Protocol): its optional hooks do nothing, `sample` must be overridden."""
+    source = RolloutSource()
+    assert source.prefetch(8, 0, [0]) is None and source.round_due(0) is False
+    assert source.checkpoint_state() is None
+    assert source.restore_checkpoint_state(None, {}) is None and source.close(timeout=0.5) is None
+    with pytest.raises(NotImplementedError, match="RolloutSource does not implement `sample"):
+        source.sample(8, 0)
+
+
+def test_a_subclass_without_sample_is_refused_at_construction(tmp_path, tokenizer, suite):
+    class Forgot(RolloutSource):
+        pass
+
+    with pytest.raises(TypeError, match="Forgot subclasses trl_trapo.sources.RolloutSource but does not implement"):
+        rl_trainer(tmp_path, tokenizer, suite, Forgot())
+
+
+def test_a_subclass_trains_with_the_neutral_hooks(tmp_path, tokenizer, suite):
+    source = FixedSubclass(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source)
+    assert trainer.rollout_source is source
+    trainer.train()
+    assert trainer.state.global_step == 2 and source.rounds.rounds
+
+
+def test_a_duck_typed_source_is_adapted_and_its_hooks_called(tmp_path, tokenizer, suite):
+    """The user's object is `trainer.rollout_source`, unchanged; `prefetch` runs at every step that takes RL rows,
+    `round_due` forces a round although the buffer still has rows, `close` runs when `train()` returns, and its
+    checkpoint state is saved and handed back on resume."""
+    completions = answers(tokenizer, ["1", "22", "333", "4444"])
+    source = HookedRounds(suite.rl_train, completions, due_at={1})
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, save_strategy="steps", save_steps=1, num_mini_batches=2)
+    assert trainer.rollout_source is source
+    trainer.train()
+    uses = trainer.args.num_ppo_epochs  # `use_counts` has one entry per number of uses
+    assert [c for c in source.calls if c[0] == "prefetch"] == [("prefetch", 0, uses), ("prefetch", 1, uses)]
+    assert source.calls[-1] == ("close",)
+    # a round feeds num_mini_batches=2 steps: step 1 takes a second round only because it is due
+    assert [r.version for r in source.rounds] == [0, 1]
+    resumed_source = HookedRounds(suite.rl_train, completions)
+    resumed = rl_trainer(tmp_path, tokenizer, suite, resumed_source, max_steps=3, num_mini_batches=2)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    meta, tensors = resumed_source.restored
+    assert meta == {"cursor": 2} and torch.equal(tensors["marker"], torch.arange(3))
+
+
+def test_the_adapter_forwards_close_and_refuses_a_checkpoint_without_the_sources_state():
+    class Plain:
+        def sample(self, rows_needed, step): ...
+
+        def close(self):
+            self.closed = "plain"
+
+    class Timed(Plain):
+        def close(self, timeout=10.0):
+            self.closed = timeout
+
+    plain, timed = Plain(), Timed()
+    sources.RolloutSourceAdapter(plain).close(timeout=0.5)
+    sources.RolloutSourceAdapter(timed).close(timeout=0.5)
+    assert (plain.closed, timed.closed) == ("plain", 0.5)
+    sources.RolloutSourceAdapter(Plain()).restore_checkpoint_state(None, {})  # no state of its own: nothing to refuse
+    with pytest.raises(ValueError, match="written without HookedRounds's state"):
+        sources.RolloutSourceAdapter(HookedRounds(None, [[1]])).restore_checkpoint_state(None, {})
 
 
 def test_a_sampled_round_checks_its_shapes():

@@ -71,7 +71,7 @@ from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational
 
 from .data import INTERNAL_COLUMNS, tokenize_prompt
-from .sources import SampledRound
+from .sources import RolloutSource, SampledRound
 
 
 if TYPE_CHECKING:
@@ -798,7 +798,7 @@ def warn_no_tool_rounds() -> None:
     )
 
 
-class ToolRolloutSource:
+class ToolRolloutSource(RolloutSource):
     """A rollout source that runs TRL's multi-turn tool-calling loop with the live policy (module docstring).
 
     A round holds `ceil(rows_needed * num_mini_batches / group)` prompts from the memory pool, each `group` times in a
@@ -1189,8 +1189,8 @@ class ToolRolloutSource:
                 calls.append(ToolCall(name, arguments, rollout.tools[name]))
         return calls
 
-    def close(self) -> None:
-        """Stop the tool threads and event loop."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the tool threads and event loop (`timeout` is not used: the runner stops its threads at once)."""
         self.runner.close()
 
 

@@ -94,7 +94,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .memory.replay import steps_covered
-from .sources import SampledRound
+from .sources import RolloutSource, SampledRound
 from .threads import passive_waiting_for_children
 
 
@@ -648,7 +648,7 @@ def producer_exit(exitcode: int | None) -> str:
     )
 
 
-class AsyncRolloutSource:
+class AsyncRolloutSource(RolloutSource):
     """The asynchronous rollout source (module docstring): rounds asked for ahead and sampled by a producer process.
 
     Args:
@@ -1018,14 +1018,15 @@ class AsyncRolloutSource:
                 importance_weight=weight,
             )
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop the producer (rounds in flight are lost: `checkpoint_state` keeps them first). Idempotent.
 
         Args:
-            timeout (`float`): seconds the producer gets to finish what it is doing (a round, a reward call) and exit;
-                then it is killed (it ignores SIGTERM, so `terminate` would not stop it). A second Ctrl-C passes a short
-                one.
+            timeout (`float`, *optional*): seconds the producer gets to finish what it is doing (a round, a reward
+                call) and exit (None: 10); then it is killed (it ignores SIGTERM, so `terminate` would not stop it). A
+                second Ctrl-C passes a short one.
         """
+        timeout = 10.0 if timeout is None else timeout
         process, self._process = self._process, None
         if process is None:
             return
@@ -1085,8 +1086,18 @@ class AsyncRolloutSource:
         """Wait for a round without counting the wait as the trainer's (a checkpoint waits, not training)."""
         self.ready[index] = self._receive(index, training=False)
 
-    def restore_checkpoint_state(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what `checkpoint_state` returned (before the producer starts: it starts with the restored weights)."""
+    def restore_checkpoint_state(self, meta: dict | None, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `checkpoint_state` returned (before the producer starts: it starts with the restored weights).
+
+        Raises:
+            ValueError: if `meta` is None: the checkpoint was written without this source's state (a run with
+                `async_rollouts=False`).
+        """
+        if meta is None:
+            raise ValueError(
+                f"the checkpoint was written without {type(self).__name__}'s state (a run with another rollout source, "
+                "e.g. async_rollouts=False); resume with the same one."
+            )
         self.close()
         self.next_index = int(meta["next_index"])
         self.dropped_total = int(meta["dropped_total"])

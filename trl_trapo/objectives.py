@@ -436,8 +436,8 @@ class RLObjective(Objective):
     `micro_batches_rl`, `tokens_rl_sampled`).
 
     Args:
-        take_rows (`Callable[[int, int], list[Row]]`): serves `n` RL rows at a step (from the replay buffer, which a
-            rollout round refills).
+        take_rows (`Callable[[int, int], list[Row]]`): serves `n` RL rows at a step: the RL supply's
+            [`~trl_trapo.rl_supply.RLSupply.take_rows`] (from the replay buffer, which a rollout round refills).
         args ([`TRAPOConfig`]): the configuration (read only).
         kl_coef (`Callable[[], float]`): the KL coefficient in use (fixed or adaptive).
         entropy_coef (`Callable[[int], float]`): the entropy coefficient of a step.

@@ -51,10 +51,15 @@ What this contract leaves to the source, and what to the trainer, is chosen so t
 [`SyncRolloutSource`] is the default: today's synchronous sampling with the live policy, in the trainer's process.
 [`RolloutFuncSource`] is TRL's `rollout_func`.
 
-Limits: the trainer does not checkpoint a source's own state (the default source's prompt order and sampling seed
-live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing each enter the
-unwrapped model, so under ZeRO-3 with `ds3_gather_for_generation` a default round gathers the weights twice (one
-gather served both before the split).
+**The base class.** A source subclasses [`RolloutSource`] and overrides `sample`; its optional hooks (`prefetch`,
+`round_due`, `checkpoint_state` / `restore_checkpoint_state`, `close`) have neutral defaults, and the trainer calls
+them directly. An object that only has a `sample` method (a source written against the earlier, duck-typed contract)
+is wrapped in a [`RolloutSourceAdapter`], which forwards the hooks it defines.
+
+Limits: a source's own state is checkpointed only through its `checkpoint_state` (the default source's prompt order
+and sampling seed live in the memory pool and the engine, which are checkpointed as before). Sampling and finishing
+each enter the unwrapped model, so under ZeRO-3 with `ds3_gather_for_generation` a default round gathers the weights
+twice (one gather served both before the split).
 
 `docs/writing_a_rollout_source.md` has a worked example. Shapes: `B` completions, `group` consecutive ones per prompt,
 `P_i` prompt tokens and `C_i` completion tokens of row i.
@@ -63,10 +68,11 @@ gather served both before the split).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -255,12 +261,19 @@ def check_round(sampled: SampledRound, step: int, vocab_size: int, context: int 
             )
 
 
-@runtime_checkable
-class RolloutSource(Protocol):
-    """What the trainer asks for RL rows (the module docstring has the contract)."""
+class RolloutSource:
+    """Base class of rollout sources: what the RL objective asks for rounds (the module docstring has the contract).
+
+    A source subclasses it and overrides `sample`; the other hooks are optional, and their defaults are neutral (no
+    prefetch, no forced round, no state of its own, nothing to stop). The RL objective's supply
+    ([`~trl_trapo.rl_supply.RLSupply`]) calls every hook directly. An object that does not subclass it but has a
+    `sample` method (a source written before the base class) still works: the trainer wraps it in a
+    [`RolloutSourceAdapter`] ([`as_rollout_source`]), which forwards the hooks it defines.
+    """
 
     def sample(self, rows_needed: int, step: int) -> SampledRound:
-        """The next round.
+        """The next round. Called whenever the replay buffer has fewer servable trajectories than a step needs (up to
+        20 times per step), on every rank at the same time.
 
         Args:
             rows_needed (`int`): RL rows the current optimizer step still needs on this rank (a hint: a round of any
@@ -270,7 +283,137 @@ class RolloutSource(Protocol):
         Returns:
             [`SampledRound`]: the round, stamped with the version of the policy that sampled it.
         """
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not implement `sample(rows_needed, step)`.")
+
+    def prefetch(self, rows_needed: int, step: int, use_counts: list[int]) -> None:
+        """Ask for rounds ahead (a source that samples in the background). Called whenever a step takes RL rows,
+        before the replay buffer is checked; not a collective. Default: nothing.
+
+        Args:
+            rows_needed (`int`): the step's RL rows on this rank.
+            step (`int`): the current optimizer step.
+            use_counts (`list[int]`): `(max_uses,)` the replay buffer's servable trajectories by the number of times
+                they were served ([`~trl_trapo.memory.ReplayBuffer.use_counts`]).
+        """
+        return None
+
+    def round_due(self, step: int) -> bool:
+        """Whether a round must be taken at `step` although the replay buffer still has rows (e.g. a round asked for
+        ahead that would otherwise get too old). Called before each round decision; the ranks agree (any rank's True
+        takes a round on every rank). Default: False."""
+        return False
+
+    def checkpoint_state(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        """The source's own state for this rank's checkpoint: JSON metadata and flat tensors (stored under the
+        `rollout_source` key of `trapo/rank{r}.json` and `rollout_source/<name>` tensors), or None when it has none.
+        Called at every checkpoint save. Default: None."""
+        return None
+
+    def restore_checkpoint_state(self, meta: dict | None, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what `checkpoint_state` returned, when resuming (before the first step).
+
+        Args:
+            meta (`dict`, *optional*): the metadata, or None when the checkpoint holds none (written by a run whose
+                source had no state, e.g. another kind of source).
+            tensors (`dict[str, torch.Tensor]`): the tensors, their `rollout_source/` prefix removed.
+
+        Raises:
+            ValueError: a source with state should raise it for `meta=None` (resume with the same kind of source);
+                the trainer reports it as a `CheckpointError` naming the file. Default: accepts anything, restores
+                nothing.
+        """
+        return None
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop what the source runs (a process, a thread pool) when `train()` returns or raises; the source must work
+        again afterwards (a later `train()` or `collect_rollouts`). Default: nothing.
+
+        Args:
+            timeout (`float`, *optional*): seconds to give what is stopped before it is killed; None: the source's
+                own default. A second Ctrl-C passes a short one.
+        """
+        return None
+
+
+class RolloutSourceAdapter(RolloutSource):
+    """A rollout source that does not subclass [`RolloutSource`] (an object with a `sample` method, as the contract
+    allowed before the base class), as one: `sample` and each optional hook the object defines are forwarded to it;
+    the hooks it lacks keep the base's neutral defaults.
+
+    Args:
+        source: the object; it is used as it is, never changed (`source` is it).
+
+    Raises:
+        TypeError: if `source` has no `sample` method.
+    """
+
+    def __init__(self, source: Any):
+        if not callable(getattr(source, "sample", None)):
+            raise TypeError(
+                f"rollout_source={type(source).__name__} has no `sample(rows_needed, step)` method; pass an object "
+                "that returns a trl_trapo.sources.SampledRound from it (see docs/writing_a_rollout_source.md)."
+            )
+        self.source = source
+
+    def sample(self, rows_needed: int, step: int) -> SampledRound:
+        return self.source.sample(rows_needed, step)
+
+    def prefetch(self, rows_needed: int, step: int, use_counts: list[int]) -> None:
+        hook = getattr(self.source, "prefetch", None)
+        if hook is not None:
+            hook(rows_needed, step, use_counts)
+
+    def round_due(self, step: int) -> bool:
+        hook = getattr(self.source, "round_due", None)
+        return bool(hook(step)) if hook is not None else False
+
+    def checkpoint_state(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        hook = getattr(self.source, "checkpoint_state", None)
+        return hook() if hook is not None else None
+
+    def restore_checkpoint_state(self, meta: dict | None, tensors: dict[str, torch.Tensor]) -> None:
+        """Forwarded when the object defines it; a checkpoint without its state is then refused (ValueError)."""
+        hook = getattr(self.source, "restore_checkpoint_state", None)
+        if hook is None:
+            return
+        if meta is None:
+            raise ValueError(
+                f"the checkpoint was written without {type(self.source).__name__}'s state (a run with another rollout "
+                "source); resume with the same one."
+            )
+        hook(meta, tensors)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Forwarded when the object defines `close`; `timeout` only to a `close` that takes one."""
+        hook = getattr(self.source, "close", None)
+        if hook is None:
+            return
+        if timeout is not None and "timeout" in inspect.signature(hook).parameters:
+            hook(timeout=timeout)
+        else:
+            hook()
+
+
+def as_rollout_source(source: Any) -> RolloutSource:
+    """`source` as a [`RolloutSource`]: itself when it subclasses the base class, else wrapped in a
+    [`RolloutSourceAdapter`].
+
+    Raises:
+        TypeError: if it has no `sample` method, or subclasses [`RolloutSource`] without overriding `sample`.
+    """
+    if not isinstance(source, RolloutSource):
+        return RolloutSourceAdapter(source)
+    if type(source).sample is RolloutSource.sample:
+        raise TypeError(
+            f"{type(source).__name__} subclasses trl_trapo.sources.RolloutSource but does not implement "
+            "`sample(rows_needed, step) -> SampledRound`."
+        )
+    return source
+
+
+def source_name(source: RolloutSource) -> str:
+    """How errors name a source: its class name (the wrapped object's for a [`RolloutSourceAdapter`])."""
+    return type(source.source if isinstance(source, RolloutSourceAdapter) else source).__name__
 
 
 def check_rollout_source(source: Any, args, rollout_func: Callable | None = None) -> None:
@@ -282,7 +425,8 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         rollout_func (`Callable`, *optional*): what was passed as `rollout_func`.
 
     Raises:
-        TypeError: if `source` has no `sample(rows_needed, step)` method, or `rollout_func` is not callable.
+        TypeError: if `source` has no `sample(rows_needed, step)` method (or subclasses [`RolloutSource`] without
+            implementing it), or `rollout_func` is not callable.
         ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
             `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
             prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
@@ -299,11 +443,8 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             f"rollout_func={rollout_func!r} is not callable: pass a function `rollout_func(prompts, trainer) -> dict` "
             "(TRL's contract, see docs/writing_a_rollout_source.md)."
         )
-    if source is not None and not isinstance(source, RolloutSource):
-        raise TypeError(
-            f"rollout_source={type(source).__name__} has no `sample(rows_needed, step)` method; pass an object that "
-            "returns a trl_trapo.sources.SampledRound from it (see docs/writing_a_rollout_source.md)."
-        )
+    if source is not None:
+        as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
     for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
         if value:
             raise ValueError(
@@ -318,7 +459,7 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         )
 
 
-class SyncRolloutSource:
+class SyncRolloutSource(RolloutSource):
     """The default source: each round is sampled when the trainer asks, by the live policy, in the trainer's process.
 
     A round holds `ceil(rows_needed * num_mini_batches / group)` prompts (PPO's rollout batch: `num_mini_batches`
@@ -382,7 +523,7 @@ ROLLOUT_FUNC_KEYS = ("prompt_ids", "completion_ids", "logprobs")  # what TRL's `
 ENV_MASK = "env_mask"  # its optional key: 1 on tokens the policy sampled, 0 on tokens the environment wrote
 
 
-class RolloutFuncSource:
+class RolloutFuncSource(RolloutSource):
     """TRL's `rollout_func` as a rollout source: `TRAPOTrainer(..., rollout_func=f)` wraps `f` in this adapter.
 
     The contract is TRL 1.16 `GRPOTrainer`'s as its code runs it: `rollout_func(prompts, trainer) -> dict`. Each
@@ -592,8 +733,11 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
 __all__ = [
     "RolloutFuncSource",
     "RolloutSource",
+    "RolloutSourceAdapter",
     "SampledRound",
     "SyncRolloutSource",
+    "as_rollout_source",
     "check_rollout_source",
     "rollout_func_round",
+    "source_name",
 ]

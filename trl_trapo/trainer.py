@@ -6,8 +6,8 @@ How one optimizer step runs (the public `Trainer` hooks below, in the order they
 1. `get_batch_samples`: the curriculum gives the step's shares of rows per objective and DARE's factors turn them
    into loss weights; each objective serves its rows (`trl_trapo/objectives.py`) — packed pretraining chunks, SFT
    samples from the memory pool, RL trajectories from the replay buffer, which a round of the rollout source refills
-   when it runs dry (`collect_rollouts`: the source samples; the rollout engine scores and adds reference log-probs,
-   values, advantages); they are split into gradient-accumulation micro-batches of similar length, right-padded, and
+   when it runs dry (the RL objective's supply, `trl_trapo/rl_supply.py`: the source samples; the rollout engine
+   scores and adds reference log-probs, values, advantages); they are split into gradient-accumulation micro-batches of similar length, right-padded, and
    the per-objective counts of the whole step are summed over micro-batches and ranks into the step's
    [`StepContext`];
 2. `training_step` / `compute_loss`, per micro-batch: one forward of the policy over all its rows (whatever their
@@ -21,7 +21,8 @@ How one optimizer step runs (the public `Trainer` hooks below, in the order they
 
 Everything else — optimizer, accumulation, mixed precision, distribution, checkpoints — is the `transformers.Trainer`
 loop, reached only through its public hooks. The collaborators each own their state and take their dependencies in
-their constructors: [`~trl_trapo.sources.RolloutSource`], [`~trl_trapo.rollout.RolloutEngine`],
+their constructors: the RL objective's supply [`~trl_trapo.rl_supply.RLSupply`] (its rollout source
+[`~trl_trapo.sources.RolloutSource`], its replay buffer, targeted exploration), [`~trl_trapo.rollout.RolloutEngine`],
 [`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
 [`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
 [`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`], the objectives
@@ -34,7 +35,6 @@ change how samples are chosen and reused, `replay_max_uses` and `build_sample_se
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import logging
 import math
@@ -47,7 +47,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -95,10 +95,7 @@ from .data import (
     progress_bars,
 )
 from .distributed import (
-    any_rank,
     check_launch,
-    max_over_ranks,
-    reduce_replay_metrics,
     restore_kernel_functions,
     sum_over_ranks,
 )
@@ -113,7 +110,6 @@ from .memory import (
     MemoryPool,
     ReplayBuffer,
     SampleSelector,
-    SuccessReplay,
     Trajectory,
     build_sft_pool,
     memory_pool_state,
@@ -149,6 +145,7 @@ from .objectives import (
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
+from .rl_supply import RLSupply, build_exploration, build_replay_buffer, build_successes
 from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
@@ -166,17 +163,15 @@ from .schedules import RLSchedules, scale_scheduler
 from .sources import (
     RolloutFuncSource,
     RolloutSource,
-    SampledRound,
     SyncRolloutSource,
+    as_rollout_source,
     check_rollout_source,
-    check_round,
 )
 from .teacher import Teacher, load_teacher
 from .threads import choose_torch_threads
 from .vision import (
     ImageRows,
     check_vision_options,
-    examples_model_inputs,
     freeze_vision_tower,
     is_processor,
     is_vision_language_model,
@@ -277,9 +272,10 @@ class TRAPOTrainer(_BaseTrainer):
             scored and skip targeted exploration, self-imitation and the replay buffer
             ([`~trl_trapo.objectives.DistillationPrompts`]). When given, the teacher's objective trains on these
             only (not on the RL rollouts); with no other dataset the run is TRL's `DistillationTrainer`'s job.
-        rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: an object with
-            `sample(rows_needed, step) -> SampledRound` (see `trl_trapo/sources.py` and
-            `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
+        rollout_source ([`~trl_trapo.sources.RolloutSource`], *optional*): where RL rounds come from: a subclass that
+            implements `sample(rows_needed, step) -> SampledRound` and the optional hooks it needs (an object with
+            only a `sample` method is wrapped in a [`~trl_trapo.sources.RolloutSourceAdapter`]; see
+            `trl_trapo/sources.py` and `docs/writing_a_rollout_source.md`). The trainer finishes each round (scores unless the source did,
             reference log-probs, values, advantages) and ages its trajectories by the round's `version`. Default: a
             [`~trl_trapo.sources.SyncRolloutSource`], which samples `train_dataset`'s prompts with the live policy.
             With your own source, `train_dataset` still sizes the run and checks the rewards, and targeted exploration
@@ -696,15 +692,9 @@ class TRAPOTrainer(_BaseTrainer):
             if self.active[RL]
             else None
         )
-        self.replay = ReplayBuffer(
-            capacity=args.replay_capacity,
-            max_bytes=args.replay_max_bytes,
-            max_uses=self.replay_max_uses(),  # num_ppo_epochs (a construction hook: few-shot mode raises it)
-            max_age=args.replay_max_age,
-            seed=args.seed + 3 + rank,
-            compress=args.replay_compress,
-            compress_threshold=args.replay_compress_threshold,
-        )
+        # the RL objective's replay buffer: each trajectory served num_ppo_epochs times (a construction hook:
+        # few-shot mode raises it)
+        replay = build_replay_buffer(args, self.replay_max_uses(), rank)
         # the RL prompt sampler, the long-term SFT pool (uniform or prioritised), a sample selector (none unless a
         # subclass builds one: few-shot mode) and the adapter bank (trl_trapo/memory/pool.py)
         self.memory_pool = MemoryPool(
@@ -718,27 +708,17 @@ class TRAPOTrainer(_BaseTrainer):
                 self._unwrapped_policy(),
                 self._unwrapped_for_rollouts,
             ),
-            adapter_bank=self._build_adapter_bank(args),
+            adapter_bank=self._build_adapter_bank(args, replay),
             rank=rank,
-            successes=self._build_successes(args),
+            successes=build_successes(args, self.active[RL], self.active[SFT]),
         )
-        # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
-        self.exploration = (
-            TargetedExploration(
-                args.temperature,
-                args.exploration_ceiling,
-                args.exploration_temperature_step,
-                gather=gather_object if world > 1 else None,  # decides from the whole round, every rank's share
-                # the search feeds self-imitation only: without it there is nothing to search for
-                max_search=args.exploration_max_search if self.memory_pool.successes is not None else 0,
-            )
-            if not own_source and self._exploration_runs(args)  # it sets the default source's temperatures
-            else None
+        # targeted exploration: families whose groups carry no signal are sampled hotter (it sets the default
+        # source's temperatures; trl_trapo/exploration.py)
+        exploration = build_exploration(
+            args, self.active[RL], self._has_critic, own_source, world, self.memory_pool.successes is not None
         )
         if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
-            notice = grpo_notice(
-                args, self.exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty
-            )
+            notice = grpo_notice(args, exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty)
             if notice:
                 logger.warning(notice)
 
@@ -808,40 +788,7 @@ class TRAPOTrainer(_BaseTrainer):
             teacher=distill_teacher if args.distillation_estimator == "sampled_token" else None,
         )
 
-        # ---- step 8. the objectives ---------------------------------------------------------------------------------
-        # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
-        self.objectives: list[Objective] = [
-            pretrain,
-            SFTObjective(
-                self.memory_pool,
-                has_data=self.active[SFT],
-                sft_loss_type=args.sft_loss_type,
-                alpha=args.trust_region_alpha,
-                weight=args.sft_weight,
-            ),
-            RLObjective(
-                self._take_rl_rows,
-                args,
-                kl_coef=self.schedules.kl_coef,
-                entropy_coef=self.schedules.entropy_coef,
-                kl_penalty=self.kl_penalty,
-                kl_estimator=self.kl_estimator,
-                logging_step=self._is_logging_step,
-                has_data=self.active[RL],
-                weight=args.rl_weight,
-            ),
-            *(
-                DistillationObjective.from_config(
-                    args, distill_teacher, self._take_rl_rows, data.distill, self.rollouts, rank, world
-                )
-                for _ in distill
-            ),
-            *extra_objectives,
-        ]
-        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
-            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
-
-        # ---- step 9. the rollout source and evaluation --------------------------------------------------------------
+        # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
         # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
         if agent is not None and self.active[RL]:
             from .agents import ToolRolloutSource
@@ -884,7 +831,7 @@ class TRAPOTrainer(_BaseTrainer):
         if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
             self.metrics.track_env_tokens()
         if args.async_rollouts:  # a producer process samples and scores rounds ahead (async_rollouts.py)
-            rollout_source = self._build_async_source(args, own_source, stops)
+            rollout_source = self._build_async_source(args, own_source, stops, exploration)
         self.rollout_source = (
             rollout_source
             if rollout_source is not None
@@ -895,9 +842,59 @@ class TRAPOTrainer(_BaseTrainer):
                 group=1 if self._has_critic else args.num_generations,
                 num_mini_batches=args.num_mini_batches,
                 temperature=args.temperature,
-                exploration=self.exploration,
+                exploration=exploration,
             )
         )
+        # the RL objective's supply chain: the source (a duck-typed one of the user's adapted), the replay buffer and
+        # the orchestration between them (trl_trapo/rl_supply.py)
+        self.rl_supply = RLSupply(
+            as_rollout_source(self.rollout_source),
+            self.rollouts,
+            replay,
+            self.memory_pool,
+            self.metrics,
+            self.schedules,
+            self.accelerator,
+            args,
+            policy=self._unwrapped_policy,
+            has_critic=self._has_critic,
+            exploration=exploration,
+            task_families=self._task_families,
+            on_episode=lambda episode: setattr(self.state, "episode", episode),  # current even between logs
+        )
+
+        # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
+        # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
+        self.objectives: list[Objective] = [
+            pretrain,
+            SFTObjective(
+                self.memory_pool,
+                has_data=self.active[SFT],
+                sft_loss_type=args.sft_loss_type,
+                alpha=args.trust_region_alpha,
+                weight=args.sft_weight,
+            ),
+            RLObjective(
+                self.rl_supply.take_rows,
+                args,
+                kl_coef=self.schedules.kl_coef,
+                entropy_coef=self.schedules.entropy_coef,
+                kl_penalty=self.kl_penalty,
+                kl_estimator=self.kl_estimator,
+                logging_step=self._is_logging_step,
+                has_data=self.active[RL],
+                weight=args.rl_weight,
+            ),
+            *(
+                DistillationObjective.from_config(
+                    args, distill_teacher, self.rl_supply.take_rows, data.distill, self.rollouts, rank, world
+                )
+                for _ in distill
+            ),
+            *extra_objectives,
+        ]
+        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
+            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
         self.evaluator = Evaluator(
             args,
             tokenizer,
@@ -930,7 +927,6 @@ class TRAPOTrainer(_BaseTrainer):
         self._stop_on_signal = StopOnSignalCallback(self._signal_catcher, self.accelerator)
         self.add_callback(self._stop_on_signal)
 
-        self._episode = 0
         self._nonfinite_steps = 0
         self._step_nonfinite = torch.zeros((), dtype=torch.bool)
         self._train_start_time: float | None = None
@@ -1055,47 +1051,9 @@ class TRAPOTrainer(_BaseTrainer):
             )
         return None
 
-    def _exploration_runs(self, args: TRAPOConfig) -> bool:
-        """Whether targeted exploration is on: `exploration=True`, or None (auto) where it can run — RL prompts,
-        groups (no value model), HF generate, no few-shot mode (vLLM, few-shot mode and a value model are refused
-        with `exploration=True` by the config and the dataset checks). A round stays one `generate` call whatever
-        the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP included."""
-        if args.exploration is False or not self.active[RL]:
-            return False
-        if args.exploration is True:
-            return True
-        runs = not (self._has_critic or args.use_vllm or args.fewshot_mode)
-        if not runs:
-            logger.info("exploration=None: off in this run (it needs groups, HF generate, no few-shot mode).")
-        return runs
-
-    def _build_successes(self, args: TRAPOConfig) -> SuccessReplay | None:
-        """Self-imitation's buffer (`self_imitation` True, or None where the run has RL prompts and SFT data and no
-        few-shot mode; trl_trapo/memory/successes.py).
-
-        Raises:
-            ValueError: if `self_imitation=True` without RL prompts or without SFT data (its rows are SFT rows).
-        """
-        if args.self_imitation is False:
-            return None
-        if args.self_imitation is None:
-            if not (self.active[RL] and self.active[SFT]) or args.fewshot_mode:
-                return None
-        elif not (self.active[RL] and self.active[SFT]):
-            raise ValueError(
-                "self_imitation=True serves RL's successes as SFT rows, so it needs both RL prompts and SFT data with "
-                f"a positive weight (this run has RL {self.active[RL]}, SFT {self.active[SFT]}). Give an "
-                "sft_dataset (any demonstrations; the SFT weight makes room for the successes), or set "
-                "self_imitation=False."
-            )
-        return SuccessReplay(
-            args.self_imitation_min_reward,
-            args.self_imitation_fraction,
-            args.self_imitation_max_uses,
-            args.self_imitation_capacity,
-        )
-
-    def _build_async_source(self, args: TRAPOConfig, own_source: bool, stops: list[int]) -> AsyncRolloutSource:
+    def _build_async_source(
+        self, args: TRAPOConfig, own_source: bool, stops: list[int], exploration: TargetedExploration | None
+    ) -> AsyncRolloutSource:
         """The asynchronous rollout source (`async_rollouts=True`).
 
         Raises:
@@ -1147,14 +1105,15 @@ class TRAPOTrainer(_BaseTrainer):
             rank=self.accelerator.process_index,
             device=str(self.accelerator.device),
             metrics=self.metrics,
-            exploration=self.exploration,
+            exploration=exploration,
             vllm=self.rollouts.vllm,  # server mode: the trainer's connection, for the weight pushes
             suppress_token_ids=self._suppressed_token_ids,
             producer_threads=self.thread_choice.producer_threads,
         )
 
-    def _build_adapter_bank(self, args: TRAPOConfig) -> AdapterBankCallback | None:
-        """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3)."""
+    def _build_adapter_bank(self, args: TRAPOConfig, replay: ReplayBuffer) -> AdapterBankCallback | None:
+        """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
+        rollback empties `replay` (trajectories of the abandoned policy)."""
         if args.adapter_snapshot_steps <= 0 or not is_peft_model(self._unwrapped_policy()):
             return None
         if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
@@ -1164,7 +1123,7 @@ class TRAPOTrainer(_BaseTrainer):
             AdapterBank(os.path.join(args.output_dir, "adapter_bank"), args.max_adapter_snapshots),
             self._unwrapped_policy,
             self.accelerator,
-            on_rollback=self.replay.clear,
+            on_rollback=replay.clear,
             every=args.adapter_snapshot_steps,
             reward_drop=args.adapter_rollback_reward_drop,
             kl_max=args.adapter_rollback_kl_max,
@@ -1306,48 +1265,19 @@ class TRAPOTrainer(_BaseTrainer):
         )
         return batches, context
 
-    def _take_rl_rows(self, n: int, step: int) -> list:
-        """`n` rows of the student's own samples from the replay buffer (a rollout round refills it): the RL
-        objective's rows, and the distillation objective's (which relabels them with its index)."""
-        return [t.to_row() for t in self._take_trajectories(n, step)]
-
-    def _take_trajectories(self, n: int, step: int) -> list[Trajectory]:
-        prefetch = getattr(self.rollout_source, "prefetch", None)
-        if prefetch is not None:  # an asynchronous source asks for rounds ahead (not a collective)
-            prefetch(n, step, self.replay.use_counts(step))
-        round_due = getattr(self.rollout_source, "round_due", None)
-        for attempt in range(20):
-            # every rank collects when any rank needs to: a round gathers ZeRO-3 weights and takes its statistics over
-            # every rank (collectives), and replay buffers can differ across ranks (rewards of None drop rollouts);
-            # an asynchronous source's round is also taken before the buffer runs dry when waiting longer would make
-            # it later than `max_staleness` (its trajectories join what the buffer holds)
-            due = round_due is not None and round_due(step)
-            if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
-                break
-            batch = self.collect_rollouts(n, step)
-            unscored = batch.per_func.numel() > 0 and bool(torch.isnan(batch.per_func).all())
-            if attempt == 0 and unscored:  # said at once: the error below comes only after 19 more rounds
-                logger.warning(
-                    "Step %d: no completion of this rollout round got a reward: every reward function (%s) returned "
-                    "None or NaN ('no reward for this sample', as in TRL) for all %d completions, so none can be "
-                    "trained on. Rounds are retried (20 in a row without a usable trajectory stop the run); if your "
-                    "reward functions cannot score any completion, fix them now.",
-                    step,
-                    ", ".join(repr(name) for name in self.rewards.names),
-                    batch.per_func.shape[0],
-                )
-        else:
-            raise RuntimeError(
-                "20 rollout rounds in a row produced no usable trajectory: every reward function returned None or NaN "
-                "(both mean 'no reward for this sample', as in TRL) for every completion, or the rollout source's "
-                "rounds were more than replay_max_age steps old. Check the reward functions (`rewards/<function>/mean` "
-                "is logged only over the samples they scored) and the `version` your rollout source stamps."
-            )
-        return self.replay.sample(n, step)
-
     # =================================================================================================================
-    # 1a. Rollouts (a round of the rollout source refills the replay buffer)
+    # 1a. Rollouts: the RL objective's supply (trl_trapo/rl_supply.py); public entry points for scripts
     # =================================================================================================================
+    @property
+    def replay(self) -> ReplayBuffer:
+        """The RL objective's replay buffer (this rank's trajectories; `trainer.replay.add(...)` stores given ones)."""
+        return self.rl_supply.replay
+
+    @property
+    def exploration(self) -> TargetedExploration | None:
+        """Targeted exploration (per-family temperatures of the default source), or None when it is off."""
+        return self.rl_supply.exploration
+
     def collect_rollouts(self, rows_needed: int, step: int | None = None) -> RolloutBatch:
         """Run one round: the rollout source samples it, the rollout engine finishes it, every consumer takes it.
 
@@ -1358,8 +1288,9 @@ class TRAPOTrainer(_BaseTrainer):
            metrics, the adaptive KL window, the memory pool (few-shot, adapter bank, self-imitation) and the replay
            buffer (its trajectories aged from the round's `version`).
 
-        The trainer calls it whenever the replay buffer runs dry; call it yourself to run a round outside `train()`.
-        Collective under data parallelism: every rank calls it at the same time.
+        The RL objective's supply ([`~trl_trapo.rl_supply.RLSupply.collect`]) runs one whenever the replay buffer
+        runs dry; call this to run a round outside `train()`. Collective under data parallelism: every rank calls it
+        at the same time.
 
         Args:
             rows_needed (`int`): RL rows a step needs on this rank (the default source samples
@@ -1376,80 +1307,8 @@ class TRAPOTrainer(_BaseTrainer):
                 vocabulary, a prompt + completion longer than the context, or `group=1` with group-relative
                 advantages (see [`~trl_trapo.sources.check_round`]).
         """
-        step = self.state.global_step if step is None else step
-        sampled = self.rollout_source.sample(rows_needed, step)
-        if not isinstance(sampled, SampledRound):
-            raise TypeError(
-                f"{type(self.rollout_source).__name__}.sample returned {type(sampled).__name__}; a rollout source "
-                "returns a trl_trapo.sources.SampledRound."
-            )
-        policy = self._unwrapped_policy()
-        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
-        name = f"{type(self.rollout_source).__name__}.sample"
-        check_round(
-            sampled,
-            step,
-            policy.get_input_embeddings().num_embeddings,
-            getattr(config, "max_position_embeddings", None),
-            name,
-        )
-        if sampled.group == 1 and not self._has_critic:
-            raise ValueError(
-                f"{name} returned a round with group=1, but advantages are group-relative (no value_model): every "
-                f"completion would get advantage 0. Return `group` completions per prompt (num_generations="
-                f"{self.args.num_generations}) consecutively and set SampledRound.group, or train with a value_model."
-            )
-        batch = self.rollouts.finish(sampled, across_ranks=True)
-        if sampled.importance_weight != 1.0:  # e.g. a late asynchronous round, down-weighted
-            for trajectory in batch.trajectories:
-                trajectory.importance_weight = sampled.importance_weight
-        self._consume_round(batch)
-        return batch
+        return self.rl_supply.collect(rows_needed, self.state.global_step if step is None else step)
 
-    def _consume_round(self, batch: RolloutBatch) -> None:
-        """A finished round reaches every consumer, whole and in this order: targeted exploration (collective: the
-        whole round's groups decide each family's temperature), then `_observe_rollouts`, self-imitation, the replay
-        buffer; then exploration's search of the families stuck at the ceiling (`_search_stuck_families`)."""
-        if self.exploration is not None:
-            self.exploration.observe(batch)
-        self._observe_rollouts(batch)
-        self.memory_pool.observe_successes(batch)  # self-imitation keeps the rare successes
-        self.replay.add(batch.trajectories)
-        self._search_stuck_families(batch)
-
-    def _search_stuck_families(self, batch: RolloutBatch) -> None:
-        """Targeted exploration's search (trl_trapo/exploration.py): the round's groups of a family stuck at the
-        temperature ceiling are sampled again `exploration.search_repeats(family)` times (at the family's
-        temperature, in one batched `generate` call), scored by the reward functions, and their successes go to
-        self-imitation (a success is news there: its search group is stuck or mostly failing). Nothing else sees
-        these completions. Needs exploration (with `exploration_max_search` > 0), self-imitation, and prompts that
-        carry `prompt_ids` (the default rollout source's do). Collective under data parallelism: every rank samples
-        and scores as many rows (the most any rank has to search; a rank with fewer repeats its own searched groups,
-        or its round's first groups when it has none), so generation and reward models stay in lockstep."""
-        explore, successes = self.exploration, self.memory_pool.successes
-        if explore is None or successes is None or not explore.max_search or batch.group < 2:
-            return
-        group = batch.group
-        examples = []
-        for start in range(0, len(batch.examples), group):
-            rows = batch.examples[start : start + group]
-            examples += rows * explore.search_repeats(explore.families(rows[:1])[0])
-        needed = max_over_ranks(self.accelerator, len(examples))  # the same on every rank
-        if not needed or not all("prompt_ids" in e for e in batch.examples):
-            return
-        pool = examples or list(batch.examples)
-        examples = [pool[i % len(pool)] for i in range(needed)]  # whole groups: every count is a multiple of group
-        sampled = self.rollouts.sample(examples, group, self.state.global_step, explore.row_temperatures(examples))
-        prompt_ids = sampled.prompt_ids or [torch.as_tensor(e["prompt_ids"]) for e in examples]
-        scores, _ = self.rollouts.scorer.score(examples, prompt_ids, sampled.completion_ids)
-        stops = torch.tensor(self.rollouts.stop_token_ids, dtype=torch.long)  # none: completions never stop early
-        is_truncated = torch.tensor([not bool(torch.isin(c, stops).any()) for c in sampled.completion_ids])
-        model_inputs = examples_model_inputs(examples, MODEL_INPUTS)  # a VLM prompt's images ride along
-        successes.observe(
-            prompt_ids, sampled.completion_ids, scores, is_truncated, group, model_inputs=model_inputs, search=True
-        )
-
-    @torch.no_grad()
     def process_rollouts(
         self,
         examples: list[dict],
@@ -1483,23 +1342,8 @@ class TRAPOTrainer(_BaseTrainer):
             `list[Trajectory]`: trajectories (see `ReplayBuffer`), not yet added to the buffer; completions whose every
             reward is None are dropped.
         """
-        group = group or (1 if self._has_critic else self.args.num_generations)
-        temperature = self.args.temperature if temperature is None else temperature
         version = self.state.global_step if version is None else version
-        batch = self.rollouts.process(
-            examples, completion_ids, old_per_token_logps, group, temperature, version=version
-        )
-        self._observe_rollouts(batch)
-        return batch.trajectories
-
-    def _observe_rollouts(self, batch: RolloutBatch) -> None:
-        """A finished round reaches everything that learns from rollouts: episode count, metrics, the adaptive KL
-        controller's window, the memory pool (few-shot prototypes, adapter-bank window)."""
-        self._episode += len(batch.completion_ids) * self.accelerator.num_processes
-        self.state.episode = self._episode  # TRL 1.12's OnlineTrainerState.episode, current even between logs
-        self.metrics.add_rollouts(batch)
-        self.schedules.observe_rollouts(batch)  # the adaptive KL controller's input
-        self.memory_pool.observe_rollouts(batch)  # few-shot temperature stamps and prototypes; adapter-bank window
+        return self.rl_supply.process(examples, completion_ids, old_per_token_logps, group, temperature, version)
 
     # =================================================================================================================
     # 2. The loss (public Trainer hooks: training_step, compute_loss)
@@ -1733,13 +1577,12 @@ class TRAPOTrainer(_BaseTrainer):
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
         for objective in self.objectives:  # each objective's own (none for the built-in three)
             out.update(objective.metrics())
-        if self.exploration is not None:  # the family temperatures (the same on every rank)
-            out.update(self.exploration.metrics(self._task_families))
-        out.update(reduce_replay_metrics(self.accelerator, self.replay.metrics(self.state.global_step)))
-        out["episode"] = float(self._episode)
-        self.state.episode = self._episode  # TRL 1.12 PPOTrainer kept the counter on the state
+        out.update(self.rl_supply.metrics(self.state.global_step))  # exploration/*, replay/*
+        episode = self.rl_supply.episode
+        out["episode"] = float(episode)
+        self.state.episode = episode  # TRL 1.12 PPOTrainer kept the counter on the state
         elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
-        out["eps"] = float(int(self._episode / elapsed)) if elapsed > 0 else 0.0
+        out["eps"] = float(int(episode / elapsed)) if elapsed > 0 else 0.0
         out["train/nonfinite_steps"] = float(self._nonfinite_steps)
         return out
 
@@ -1844,21 +1687,21 @@ class TRAPOTrainer(_BaseTrainer):
                     **kwargs,
                 )
         except TrainingAborted:
-            self._close_rollout_source(abort=True)
+            self.rl_supply.close(abort=True)
             newest, _ = last_complete_checkpoint(self.args.output_dir, world)
             raise TrainingAborted(
                 f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
                 f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
             ) from None
         except Exception as error:
-            self._close_rollout_source()
+            self.rl_supply.close()
             # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
             # KeyboardInterrupt / SystemExit leaves it as a kill would: without markers, resuming skips it)
             replacement = self._checkpoint_guard.failed(error)
             if replacement is not None:
                 raise replacement from error
             raise
-        self._close_rollout_source()
+        self.rl_supply.close()
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
             self._restore_converted_weights(best)  # the Trainer loaded it as it resumes: the same blind spot
@@ -1879,18 +1722,6 @@ class TRAPOTrainer(_BaseTrainer):
         if restore_converted_weights(policy, checkpoint_dir):
             logger.info("Loaded the weights of %s through from_pretrained (key conversion).", checkpoint_dir)
 
-    def _close_rollout_source(self, abort: bool = False) -> None:
-        """Stop a rollout source's own process (the asynchronous producer) when `train()` ends; a later `train()`
-        starts it again. On a second Ctrl-C (`abort`) a `close` that takes a `timeout` gets a short one: the run stops
-        at once, even while a reward call hangs in the producer."""
-        close = getattr(self.rollout_source, "close", None)
-        if close is None:
-            return
-        if abort and "timeout" in inspect.signature(close).parameters:
-            close(timeout=0.5)
-        else:
-            close()
-
     @property
     def interruption(self) -> Interruption | None:
         """Where the last `train()` stopped after SIGINT / SIGTERM (step, signal, checkpoint), or None if it was not
@@ -1903,31 +1734,25 @@ class TRAPOTrainer(_BaseTrainer):
 
     def _save_trapo_state(self, checkpoint_dir: str) -> None:
         """Write TRAPO's own per-rank state into `checkpoint_dir/trapo/` (called by `StateCheckpointCallback`)."""
-        replay_meta, replay_tensors = self.replay.state_dict()
-        pool = self.memory_pool
+        # the RL supply's: episode, replay buffer, exploration, and the rollout source's own state (rounds in flight)
+        supply_meta, supply_tensors = self.rl_supply.state_dict()
         state = {
             "format": 1,
             "global_step": self.state.global_step,
             "world_size": self.accelerator.num_processes,
-            "episode": self._episode,
             "nonfinite_steps": self._nonfinite_steps,
             "allocator": self.allocator.state_dict(),
             "dare": self.dare.engine.state_dict(),
-            "replay": replay_meta,
             # each objective's own state (the pretraining stream's position, ...); keyed by name
             "objectives": {o.name: o.state_dict() for o in self.objectives},
             "schedules": self.schedules.state_dict(),
-            "exploration": self.exploration.state_dict() if self.exploration is not None else None,
+            **supply_meta,
         }
         # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
-        state["memory_pool"], memory_files = pool.state_dict(self.state.global_step)
-        tensors = {**replay_tensors, **rng_tensors(self._generators())}
+        state["memory_pool"], memory_files = self.memory_pool.state_dict(self.state.global_step)
+        tensors = {**supply_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
-        source_state = getattr(self.rollout_source, "checkpoint_state", None)
-        if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
-            state["rollout_source"], source_tensors = source_state()
-            tensors.update({f"rollout_source/{k}": v for k, v in source_tensors.items()})
         compress = self.replay.nbytes > 64 * 2**20
         self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
         write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
@@ -1969,29 +1794,15 @@ class TRAPOTrainer(_BaseTrainer):
             for objective in self.objectives:
                 if objective.name in objective_states:
                     objective.load_state_dict(objective_states[objective.name])
-            self._episode = int(state["episode"])
             self._nonfinite_steps = int(state["nonfinite_steps"])
             self.allocator.load_state_dict(state["allocator"])
             self.dare.engine.load_state_dict(state["dare"])
             self.schedules.load_state_dict(state.get("schedules"))
-            if self.exploration is not None:
-                self.exploration.load_state_dict(state.get("exploration"))
-            self.replay.load_state_dict(state["replay"], tensors)
+            self.rl_supply.load_state_dict(state, tensors)  # episode, exploration, replay, the source's own state
             restore_rng(self._generators(), tensors, source)
             if self.reference is not None:
                 self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
             pool.load_state_dict(pool_state, checkpoint_dir)
-            load_source = getattr(self.rollout_source, "restore_checkpoint_state", None)
-            if load_source is not None:
-                if state.get("rollout_source") is None:
-                    raise CheckpointError(
-                        f"{source}: the checkpoint was written without {type(self.rollout_source).__name__}'s state "
-                        "(a run with another rollout source, e.g. async_rollouts=False); resume with the same one."
-                    )
-                prefix = "rollout_source/"
-                load_source(
-                    state["rollout_source"], {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-                )
         except CheckpointError:
             raise
         except (KeyError, TypeError, ValueError) as error:

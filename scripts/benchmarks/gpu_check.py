@@ -125,7 +125,7 @@ class Probe:
         self.step_generation: list[float] = []
         self.step_ends: list[float] = []
         self._generation = 0.0
-        build, generate = trainer.get_batch_samples, trainer.collect_rollouts
+        build, generate = trainer.get_batch_samples, trainer.rl_supply.collect  # every round of the RL supply
 
         def get_batch_samples(*args, **kwargs):
             batches, info = build(*args, **kwargs)
@@ -141,7 +141,7 @@ class Probe:
             return result
 
         trainer.get_batch_samples = get_batch_samples
-        trainer.collect_rollouts = generate_round
+        trainer.rl_supply.collect = generate_round
         from transformers import TrainerCallback
 
         probe = self

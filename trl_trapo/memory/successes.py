@@ -172,7 +172,7 @@ class SuccessReplay:
         """`self_imitation/size` (rows in the buffer), `self_imitation/kept` and `self_imitation/served` (successes
         kept and success rows served so far, this rank); once exploration's search has offered completions,
         `self_imitation/searched` and `self_imitation/search_kept` (completions offered and successes kept from them so
-        far, this rank; every rank searches as many, see `TRAPOTrainer._search_stuck_families`)."""
+        far, this rank; every rank searches as many, see `RLSupply.search_stuck_families`)."""
         out = {
             "self_imitation/size": float(len(self.rows)),
             "self_imitation/kept": float(self.kept),
