@@ -3,6 +3,7 @@ the `accelerate launch` command it builds for launcher options."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -120,7 +121,7 @@ def test_launcher_options_are_accelerates_and_no_jobs(job):
 
     from trl_trapo.cli import known_fields
 
-    fields = known_fields(__import__(job.module, fromlist=["make_parser"]).make_parser().dataclass_types)
+    fields = known_fields(importlib.import_module(job.module).make_parser().dataclass_types)
     actions = {o: a for a in launch_command_parser()._actions for o in a.option_strings}
     for option, takes_value in commands.LAUNCH_OPTIONS.items():
         assert option == commands.ACCELERATE_CONFIG or (actions[option].nargs != 0) == takes_value, option

@@ -1539,9 +1539,9 @@ class TRAPOConfig(_BaseConfig):
             raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
 
         for name, kind in _field_annotations(type(self)).items():  # the choices argparse checks on the command line
-            choices = literal_choices(kind)
-            if choices and getattr(self, name) not in choices:
-                bad(name, getattr(self, name), "use one of " + ", ".join(repr(c) for c in choices if c is not None) + ".")
+            choices, value = literal_choices(kind), getattr(self, name)
+            if choices and value not in choices:
+                bad(name, value, "use one of " + ", ".join(repr(c) for c in choices if c is not None) + ".")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
         if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:
