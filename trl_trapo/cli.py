@@ -238,8 +238,11 @@ class TRAPOScriptArguments(ScriptArguments):
 SCRIPT_FIELDS = {f.name for f in dataclasses.fields(TRAPOScriptArguments)}
 
 
-def make_parser() -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     """The job's command-line parser.
+
+    Args:
+        prog: the command its usage line names (default `examples/trapo.py`; `trapo train` for the `trapo` command).
 
     Returns:
         `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
@@ -249,7 +252,7 @@ def make_parser() -> TrlParser:
     return TrlParser(
         (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
         allow_abbrev=False,
-        usage="examples/trapo.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        usage=f"{prog or MAIN_PROGRAM} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
         epilog=(
             "--config RECIPE.yaml reads arguments from a YAML file (keys are the argument names above); flags given on "
             "the command line override the file. The defaults shown are TRAPOConfig's, which apply to your model "
@@ -641,7 +644,7 @@ def check_lora_arguments(model_args: ModelConfig) -> None:
 
 
 def parse_args(
-    argv: list[str] | None = None, defaults: dict | None = None
+    argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
     """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
     `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
@@ -650,6 +653,7 @@ def parse_args(
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
         defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run); like the
             built-in defaults, they fill only what the user did not give.
+        prog: the command the usage line names (see `make_parser`).
 
     Returns:
         `(script_args, training_args, model_args)`.
@@ -660,7 +664,7 @@ def parse_args(
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv)
-    parser = make_parser()
+    parser = make_parser(prog)
     if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
         parser.set_defaults(**builtin_defaults(given))
     if defaults:
@@ -1600,7 +1604,7 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
     status, not a traceback.
 
@@ -1611,6 +1615,8 @@ def run(argv: list[str] | None = None) -> int:
 
     Args:
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
+        program: the command its usage line and its errors name (default: the script's file name; `trapo train`
+            for the `trapo` command).
 
     Returns:
         The exit status: 0 after a complete job, `USER_ERROR_EXIT_CODE` after a user error.
@@ -1620,7 +1626,7 @@ def run(argv: list[str] | None = None) -> int:
     """
     user_errors = SETUP_USER_ERRORS
     try:
-        script_args, training_args, model_args = parse_args(argv)
+        script_args, training_args, model_args = parse_args(argv, prog=program)
         job_start = time.perf_counter()
         trainer, inputs = build_trainer(script_args, training_args, model_args)
         user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
@@ -1628,7 +1634,7 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = os.path.basename(sys.argv[0]) or "trapo.py"
+        program = program or os.path.basename(sys.argv[0]) or "trapo.py"
         print(
             f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
             file=sys.stderr,

@@ -138,6 +138,17 @@ def _type_name(kind) -> str:
     return TYPE_NAMES.get(kind, getattr(kind, "__name__", str(kind)))
 
 
+def literal_choices(kind) -> tuple:
+    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows, None included; () for any other."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return args
+    if origin in (typing.Union, types.UnionType):
+        parts = [literal_choices(a) if a is not type(None) else (None,) for a in args]
+        return sum(parts, ()) if all(parts) else ()
+    return ()
+
+
 def _type_matches(value, kind) -> bool | None:
     """Whether `value` has the type a field annotated `kind` holds: True, False, or None where the annotation names a
     class this check leaves to the field's own validation (a dict of settings, an enum, a config object)."""
@@ -363,6 +374,20 @@ class TRAPOConfig(_BaseConfig):
     remove_unused_columns: bool = field(
         default=False,
         metadata={"help": "Kept False: extra dataset columns are passed to reward functions as keyword arguments."},
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Console (what the terminal shows; `trainer_state.json` and the trackers of `report_to` get every metric)
+    # ------------------------------------------------------------------------------------------------------------
+    console_metrics: Literal["short", "all"] = field(
+        default="short",
+        metadata={
+            "help": "What a training step's log line on the console shows. 'short': the Trainer's own (loss, "
+            "grad_norm, learning_rate, epoch), each objective's loss and weight and the rollouts' mean score and KL "
+            "(`trl_trapo.callbacks.CONSOLE_METRICS`, docs/metrics.md); 'all': every metric, and a progress bar per "
+            "rollout round beside the training bar. Evaluation lines and lines you log yourself are shown whole "
+            "either way."
+        },
     )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -1523,6 +1548,10 @@ class TRAPOConfig(_BaseConfig):
         def bad(name: str, value, fix: str):
             raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
 
+        for name, kind in _field_annotations(type(self)).items():  # the choices argparse checks on the command line
+            choices, value = literal_choices(kind), getattr(self, name)
+            if choices and value not in choices:
+                bad(name, value, "use one of " + ", ".join(repr(c) for c in choices if c is not None) + ".")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
         if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:

@@ -36,6 +36,9 @@ from .vision import ImageRows, as_tensors, image_column
 
 logger = logging.getLogger(__name__)
 
+# the flags only sampling reads: `GenerationConfig.validate` warns about each one set beside `do_sample=False`
+SAMPLING_ONLY_FLAGS = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
 
 def document_rows(texts: list[str], tokenizer, max_length: int) -> list[Row]:
     """Each document (+ EOS) cut into rows of at most `max_length` tokens; every target counts.
@@ -201,10 +204,14 @@ class Evaluator:
         self.pad_token_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
 
     def greedy_generation_config(self) -> GenerationConfig:
-        """The rollout config with sampling off (no temperature / top-k / top-p)."""
-        greedy = GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False})
-        greedy.temperature = greedy.top_p = greedy.top_k = None
-        return greedy
+        """The rollout config with sampling off: the sampler-only flags (`SAMPLING_ONLY_FLAGS`) are left unset.
+
+        They are unset in the constructor, not after it: `GenerationConfig` validates itself when it is built, and a
+        sampler flag beside `do_sample=False` (the rollouts' `top_k=0`) is its "generation flags are not valid"
+        warning, which fired on every run that evaluated. Greedy decoding ignores those flags, so no number changes.
+        """
+        unset = dict.fromkeys(SAMPLING_ONLY_FLAGS)
+        return GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False, **unset})
 
     # ---- TRL 1.12 PPOTrainer's sample table -------------------------------------------------------------------------
     @torch.no_grad()

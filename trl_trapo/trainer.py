@@ -56,6 +56,7 @@ from trl.trainer.base_trainer import _BaseTrainer
 
 from .arguments import check_config_type, check_trainer_arguments
 from .callbacks import (
+    SHORT_CONSOLE_CALLBACKS,
     AdapterBankCallback,
     AdaptiveKLCallback,
     DDPCommHookCallback,
@@ -734,7 +735,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         engine = build_weighting(args, has_data, self._probe_noise_floor(model, args), names)  # trl_trapo/weighting.py
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names)  # no probe for static weights
+        # no probe is built for static weights (DARE.begin_step); metrics only for the objectives in the run
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names, active=active)
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
         self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
@@ -909,6 +911,12 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 10. callbacks -------------------------------------------------------------------------------------
+        if args.console_metrics == "short":  # the console's step line: a short set (the logs keep every metric)
+            for callback in list(self.callback_handler.callbacks):
+                short = SHORT_CONSOLE_CALLBACKS.get(type(callback))
+                if short is not None:
+                    self.remove_callback(callback)
+                    self.add_callback(short)
         if self.schedules.adaptive_kl:
             self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
         self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
@@ -1617,7 +1625,8 @@ class TRAPOTrainer(_BaseTrainer):
             )
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
-        with progress_bars(enabled=not self.args.disable_tqdm):  # the evaluator tokenizes its shards at each call
+        # the evaluator tokenizes its shards at each call: their bars only with `console_metrics="all"`
+        with progress_bars(enabled=not self.args.disable_tqdm and self.args.console_metrics == "all"):
             for name, part in parts:
                 metrics.update(
                     self.evaluator.evaluate(part, metric_key_prefix if name is None else f"{metric_key_prefix}_{name}")
