@@ -216,15 +216,18 @@ def check_trainer_arguments(**arguments: Any) -> None:
     """Refuse a constructor argument of the wrong type (see the module docstring), before anything loads.
 
     Args:
-        **arguments: `TRAPOTrainer`'s arguments by name; those `CHECKS` knows are checked (None is always accepted:
-            it means "not given").
+        **arguments: `TRAPOTrainer`'s arguments by name; those `CHECKS` knows are checked (None is accepted, as "not
+            given", for all but `model`, which is required).
 
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
-            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict).
-        ValueError: for a reward or value model without a one-output score head ([`~trl_trapo.models.check_score_head`]:
-            a causal LM, or `num_labels` > 1), and for a prompt-learning `peft_config` (`PromptTuningConfig`,
-            `PrefixTuningConfig`, ...: `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
+            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
+        ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
+            `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
+            built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
+            one-output score head ([`~trl_trapo.models.check_score_head`]: a causal LM, or `num_labels` > 1), and
+            for a prompt-learning `peft_config` (`PromptTuningConfig`, `PrefixTuningConfig`, ...:
+            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
     """
     if "model" in arguments and arguments["model"] is None:
         raise TypeError(

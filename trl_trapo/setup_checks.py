@@ -10,6 +10,10 @@ that names no setting. [`check_training_setup`] builds the optimizer and schedul
 `Trainer.get_optimizer_cls_and_kwargs` and `get_scheduler`, on one dummy parameter (no model needed), and looks up
 each tracker with transformers' availability checks, before anything loads; each failure is one message naming the
 setting, its value and the fix.
+
+A policy loaded by id goes through [`check_model_loading`] once its config is read and before any weight loads
+(flash attention without its package or a GPU, 4/8-bit loading without bitsandbytes, a classification checkpoint as
+the policy), and a `model_init_kwargs` key the model's constructor refuses is named by [`unknown_model_keyword`].
 """
 
 from __future__ import annotations
@@ -146,7 +150,7 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
 def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> None:
     """Check, before any model loads, what `train()` and the Trainer's constructor would otherwise fail on late
     (see the module docstring): the `report_to` trackers, and the optimizer and scheduler `args` ask for (each only
-    when `optimizers` does not give it).
+    when neither `optimizers` nor the DeepSpeed config gives it).
 
     Args:
         args ([`~trl_trapo.TRAPOConfig`]): the configuration (read only).
@@ -157,6 +161,9 @@ def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> No
     """
     check_report_to(args)
     optimizer, scheduler = optimizers
+    deepspeed = getattr(getattr(args, "hf_deepspeed_config", None), "config", None) or {}
+    optimizer = optimizer if "optimizer" not in deepspeed else "deepspeed"  # DeepSpeed's own replaces the Trainer's
+    scheduler = scheduler if "scheduler" not in deepspeed else "deepspeed"
     dry_run = check_optimizer(args) if optimizer is None else None
     if scheduler is None:
         check_scheduler(args, dry_run)
