@@ -550,7 +550,7 @@ def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch
         ({"bf16": "true"}, ["bf16='true'", "must be True or False or None"]),
         ({"reward_weights": ["1", 2.0]}, ["reward_weights=['1', 2.0]", "numbers or None, not a list holding '1'"]),
         ({"curriculum_boundaries": 0.5}, ["curriculum_boundaries=0.5", "must be a list of numbers, not float"]),
-        ({"kl_estimator": 2}, ["kl_estimator=2", "must be one of 'auto', 'k1', 'k2', 'k3'"]),
+        ({"kl_estimator": 2}, ["kl_estimator=2", "use one of 'auto', 'k1', 'k2', 'k3'"]),
     ],
     ids=["str-number", "none", "float-for-int", "integral-float", "bool-for-int", "str-bool", "list-item",
          "scalar-list", "literal-type"],

@@ -1879,11 +1879,27 @@ def prepare_datasets(
 
 
 def check_tokenizer(tokenizer) -> None:
-    """Raise before training if the policy's tokenizer lacks an EOS or pad token; warn when pad equals EOS.
+    """Raise before training if the policy's tokenizer lacks an EOS or pad token, or has a chat template that does
+    not compile; warn when pad equals EOS.
 
     Raises:
-        ValueError: naming the fix, when `eos_token_id` or `pad_token_id` is None.
+        ValueError: naming the fix, when `eos_token_id` or `pad_token_id` is None, or when rendering one user message
+            with the chat template raises a Jinja syntax error (with its line): the template is compiled at its first
+            use, which would otherwise be the first conversational row, deep in dataset preparation.
     """
+    if getattr(tokenizer, "chat_template", None):
+        import jinja2
+
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "probe"}], tokenize=False)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"The chat template of `processing_class` does not compile (line {error.lineno}: {error.message}). "
+                "Fix the template, or set a working one before building the trainer (`tokenizer.chat_template = "
+                "...`, e.g. the template of the model's original tokenizer)."
+            ) from None
+        except Exception:  # noqa: BLE001 - the template's own checks of one user message (raise_exception) are its
+            pass  # business: only a template that cannot compile is refused here
     if getattr(tokenizer, "eos_token_id", None) is None:
         raise ValueError(
             "`processing_class` has no EOS token (eos_token_id is None); TRAPO needs one to end completions and "

@@ -83,7 +83,7 @@ from .collator import (
     split_micro_batches,
     ticket_collator,
 )
-from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig
+from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig, check_hub_repo_id
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
@@ -161,6 +161,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
+from .setup_checks import check_training_setup
 from .sources import (
     RolloutFuncSource,
     RolloutSource,
@@ -398,6 +399,8 @@ class TRAPOTrainer(_BaseTrainer):
         # datasets have the columns and cells their objectives read
         check_output_dir(args)
         check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
+        check_training_setup(args, optimizers)  # trackers, optimizer and scheduler: built by `train()`, checked now
+        check_best_model_metric(args, eval_dataset, callbacks)
         # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
         # does not hash it again
         self._verified_checkpoint = None
@@ -544,7 +547,6 @@ class TRAPOTrainer(_BaseTrainer):
                 self._task_families = sorted(families)
                 self.metrics.track_tasks(self._task_families)
         self.active = data.active
-        check_best_model_metric(args, eval_dataset)
         prompt_sets = [d for d in (data.rl, data.distill) if d is not None]
         if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
             longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
@@ -1896,7 +1898,10 @@ class TRAPOTrainer(_BaseTrainer):
             HubPushError: naming the Hugging Face Hub, the repo id and the fixes, if the upload fails (the local save
                 is complete by then).
             SaveError: if the local save fails.
+            ValueError: before anything is saved, if the repo id (`hub_model_id`, or output_dir's last part) is not
+                one the Hub accepts ([`~trl_trapo.config.check_hub_repo_id`]).
         """
+        check_hub_repo_id(self.args, self.hub_model_id)
         try:
             return super().push_to_hub(
                 commit_message=commit_message,
