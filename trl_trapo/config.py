@@ -1699,10 +1699,7 @@ class TRAPOConfig(_BaseConfig):
         def bad(name: str, value, fix: str):
             raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
 
-        for name, kind in _field_annotations(type(self)).items():  # the choices argparse checks on the command line
-            choices, value = literal_choices(kind), getattr(self, name)
-            if choices and value not in choices:
-                bad(name, value, "use one of " + ", ".join(repr(c) for c in choices if c is not None) + ".")
+        # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
         if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:
@@ -1746,9 +1743,6 @@ class TRAPOConfig(_BaseConfig):
             bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
         if not 0 < self.trust_region_alpha <= 1:
             bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
-        weightings = typing.get_args(typing.get_args(_field_annotations(TRAPOConfig)["weighting"])[0])
-        if self.weighting is not None and self.weighting not in weightings:
-            bad("weighting", self.weighting, f"use one of {list(weightings)}, or None to follow dare_mode.")
         if not 0 <= self.dare_momentum < 1:
             bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
         if self.dare_update_interval is not None and self.dare_update_interval < 1:
