@@ -311,6 +311,16 @@ def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, monkeypatch, c
             ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
             ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
             ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
+            # an empty file was TRL's "must contain a YAML mapping", without a fix
+            ("# nothing yet\n", ["--config", "holds no settings", "`key: value`", "drop --config"]),
+            # the last value won silently
+            ("max_steps: 10\nmax_steps: 2\n", ["--config", "'max_steps' is given twice (lines 1 and 2)"]),
+            # text for a list of names was read one character at a time ("--reward_funcs 'm': not a built-in ...")
+            (
+                "reward_funcs: my_rewards.length\n",
+                ["--config", "reward_funcs: 'my_rewards.length' is text", "`reward_funcs: [my_rewards.length]`"],
+            ),
+            ("max_steps: 2\n".encode("latin-1") + b"# caf\xe9\n", ["--config", "not UTF-8", "iconv"]),
         ],
         ids=[
             "not-yaml",
@@ -321,13 +331,17 @@ def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, monkeypatch, c
             "fraction-for-int",
             "text-for-int",
             "number-for-list",
+            "empty",
+            "duplicate-key",
+            "text-for-list",
+            "not-utf8",
         ],
         default_script_case="not-yaml",
     ),
 )
 def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, monkeypatch, capsys, content, needles, where):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(content)
+    recipe.write_bytes(content if isinstance(content, bytes) else content.encode())
     before = snapshot(users_folder), snapshot(recipe)
     returncode, output = run_case(
         where,

@@ -365,7 +365,14 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
         raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
     try:
         with open(path, encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
+            config = yaml.load(handle, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKeyError as error:
+        raise ValueError(f"--config={path!r}: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--config={path!r}: not UTF-8 text ({error.reason} at byte {error.start}). Fix: save it as UTF-8 (e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > recipe.yaml`)."
+        ) from error
     except yaml.YAMLError as error:  # the message says where: `line 3, column 7`
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -373,8 +380,11 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
             f"--config={path!r}: not valid YAML{where} ({getattr(error, 'problem', None) or error}). Fix: write one "
             "`key: value` per line (e.g. `learning_rate: 1.0e-5`), quoting values that hold `: ` or ` #`."
         ) from error
-    if config is None:
-        return {}
+    if config is None:  # TRL's parser, which reads the file again, refuses it with "must contain a YAML mapping"
+        raise ValueError(
+            f"--config={path!r}: the file holds no settings (it is empty, or only comments). Fix: write one "
+            "`key: value` per line (e.g. `max_steps: 100`), or drop --config."
+        )
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
     known = set(known_fields(classes)) | {"env"}
@@ -386,6 +396,12 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
                 f"{did_you_mean(str(key), classes)} Fix: correct or remove it (`python {program} --help` lists every "
                 "argument)."
             )
+        if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
+            # argparse keeps a YAML default as it is: the job would read the text one character at a time
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} is text, but {key} is a list (YAML does not split text into "
+                f"one). Fix: write `{key}: [{value}]` (or `{key}: [a, b]` for several)."
+            )
         problem = config_value_problem(value, kinds.get(key))
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
             raise ValueError(
@@ -393,6 +409,55 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
                 f"(`python {program} --help` shows the type of --{key})."
             )
     return config
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives one key twice (`yaml.safe_load` keeps the last value, silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping, naming the key and both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            mark = key_node.start_mark
+            where = (mark.line + 1, mark.column + 1)
+            if key in seen:
+                first = seen[key]
+                places = (
+                    f"lines {first[0]} and {where[0]}"
+                    if first[0] != where[0]
+                    else f"line {where[0]}, columns {first[1]} and {where[1]}"
+                )
+                raise DuplicateKeyError(
+                    f"the key {key!r} is given twice ({places}); YAML would keep the last value silently. Fix: keep "
+                    "one of them."
+                )
+            seen[key] = where
+        return super().construct_mapping(node, deep=deep)
+
+
+TEXT_FOR_LIST = {"lora_target_modules"}
+"""List arguments that also take one text value in the `--config` YAML, because what reads them takes text: PEFT's
+`target_modules` reads `all-linear` (or a regular expression) as a whole. Any other list argument given text would be
+read one character at a time (argparse keeps a YAML value as it is, as in `TrlParser`)."""
+
+
+def is_text_list(kind) -> bool:
+    """Whether the type `kind` (see `field_types`) is a list of text and nothing else that takes a string
+    (`list[str]`, `list[str] | None`; not `str | list[str]`)."""
+    options = (
+        [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind)
+        in (
+            typing.Union,
+            types.UnionType,
+        )
+        else [kind]
+    )
+    return len(options) == 1 and typing.get_origin(options[0]) is list and typing.get_args(options[0]) == (str,)
 
 
 def field_types(classes: tuple = JOB_CLASSES) -> dict[str, object]:
