@@ -420,6 +420,18 @@ def test_save_tiny_model_rejects_non_positive_context(tmp_path, capsys, value):
     assert not (tmp_path / "tiny").exists()
 
 
+def test_save_tiny_model_refuses_an_output_dir_that_is_a_file(tmp_path, capsys):
+    """transformers' `save_pretrained` only logs "should be a directory, not a file" and saves nothing: the script
+    exited 0 with no model written."""
+    save_tiny = load_script("scripts/save_tiny_model.py")
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        save_tiny.main(["--output_dir", str(tmp_path / "afile")])
+    assert exit_info.value.code == 2
+    assert "afile' is a file; give a folder" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_save_tiny_model_applies_a_positive_context(tmp_path):
     from transformers import AutoConfig
 
