@@ -851,7 +851,87 @@ class DatasetSplits:
                 raise ValueError(f"{where}: cannot read split {split!r} ({type(error).__name__}: {error}).") from error
         if empty:
             raise ValueError(f"{where}: split {split!r} is empty (no rows). Fix: point at data with rows.")
+        if hasattr(dataset, "__len__"):
+            check_utf8(dataset, where, os.path.expanduser(self.name))
         return dataset
+
+
+def check_utf8(dataset, where: str, path: str) -> None:
+    """Refuse a map-style dataset whose text is not UTF-8: `datasets` loads such a JSON / CSV file without a word
+    (Arrow keeps the bytes) and Python fails on the first row read, with only `'utf-8' codec can't decode byte ...`.
+    Arrow's full validation checks every string, nested ones included.
+
+    Args:
+        dataset: a `datasets.Dataset`.
+        where: `--arg='value'`, for the message.
+        path: the local file or directory it was read from (to name the file and line), or a Hub id.
+
+    Raises:
+        ValueError: naming `where`, the file and line (local JSON) or the column, and the fix.
+    """
+    import pyarrow as pa
+
+    table = dataset.data.table  # the Arrow table behind the rows (`Dataset.data`)
+    for column in table.column_names:
+        try:
+            table.column(column).validate(full=True)
+        except pa.ArrowInvalid as error:
+            if "utf8" not in str(error).lower():
+                raise
+            raise encoding_error(where, path, f"column {column!r} holds text that is not UTF-8") from error
+
+
+TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".txt")  # data files `datasets` decodes as UTF-8 text
+
+
+def data_files(path: str, suffixes: tuple[str, ...] = TEXT_DATA_SUFFIXES) -> list[str]:
+    """The data files of a local dataset `path` with one of `suffixes`: the file itself, or a directory's files (every
+    level, sorted; `save_to_disk` metadata excluded)."""
+    if not os.path.isdir(path):
+        return [path] if path.lower().endswith(suffixes) else []
+    return sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.lower().endswith(suffixes) and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+    )
+
+
+def encoding_problem(path: str) -> str | None:
+    """The first local text data file of `path` (see `data_files`) that is not UTF-8, with the line, or None."""
+    for file in data_files(path) if os.path.exists(path) else []:
+        with open(file, "rb") as handle:
+            data = handle.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+    return None
+
+
+def encoding_error(where: str, path: str, fallback: str) -> ValueError:
+    """The error for data that is not UTF-8 text: the file and line `encoding_problem` finds (else `fallback`), and
+    how to re-encode it."""
+    located = encoding_problem(path)
+    file = located.split(", line ")[0] if located else path
+    return ValueError(
+        f"{where}: {located or fallback}. Fix: re-encode the data as UTF-8, e.g. `iconv -f latin1 -t utf-8 {file} > "
+        f"fixed{os.path.splitext(file)[1] or '.jsonl'}` (if it was written as Latin-1)."
+    )
+
+
+def dataset_subfolders(path: str) -> dict[str, list[str]]:
+    """The sub-folders of a local directory `path` that hold data files, each with its files (relative to it)."""
+    if not os.path.isdir(path):
+        return {}
+    folders = {}
+    for entry in sorted(os.listdir(path)):
+        sub = os.path.join(path, entry)
+        files = data_files(sub, (*TEXT_DATA_SUFFIXES, ".parquet", ".arrow")) if os.path.isdir(sub) else []
+        if files:
+            folders[entry] = [os.path.relpath(f, sub) for f in files]
+    return folders
 
 
 def load_splits(
@@ -926,6 +1006,26 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
         if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
             raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
         local = kwargs.get("data_files") or path
+        causes, cause = [], error
+        while cause is not None and len(causes) < 20:  # datasets wraps the reader's error in DatasetGenerationError
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(local, str) and any(isinstance(c, UnicodeDecodeError) for c in causes):
+            raise encoding_error(where, local, "a data file is not UTF-8 text") from error
+        folders = dataset_subfolders(local) if isinstance(local, str) else {}
+        if folders:  # datasets reads the files of every sub-folder as one dataset
+            listed = "; ".join(
+                f"{name}/ ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+                for name, files in folders.items()
+            )
+            arg = where.split("=", 1)[0]
+            wanted = {"--sft_dataset_name": "sft", "--pretrain_dataset_name": "pretrain"}.get(arg, "rl")
+            pick = next((name for name in folders if wanted in name.lower()), next(iter(folders)))
+            raise ValueError(
+                f"{where}: cannot load the folder as one dataset ({type(error).__name__}: {message}): it holds the "
+                f"data folders {listed}, whose files `datasets` reads together (they must share their columns). Fix: "
+                f"name one of them, e.g. `{arg} {os.path.join(local, pick)}`."
+            ) from error
         problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
         if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
             raise ValueError(
