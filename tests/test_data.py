@@ -209,6 +209,38 @@ def test_text_in_input_ids_is_refused_with_the_prompt_column_as_the_fix():
     check_cells(Dataset.from_dict({"prompt": ["1+1="]}), "train_dataset", "prompts")  # text where text belongs
 
 
+@pytest.mark.parametrize(
+    "row, needles",
+    [
+        # TRL's apply_chat_template: "TypeError: can only concatenate list (not "str") to list" (D06)
+        (
+            {"prompt": [{"role": "user", "content": "ab="}], "completion": "ba"},
+            [
+                "`sft_dataset` row 0 (and 1 more rows): 'prompt' is a list of messages but 'completion' is text",
+                "'role': 'assistant'",
+            ],
+        ),
+        (
+            {"prompt": "ab=", "completion": [{"role": "assistant", "content": "ba"}]},
+            [
+                "`sft_dataset` row 0 (and 1 more rows): 'prompt' is text but 'completion' is a list of messages",
+                "'role': 'user'",
+            ],
+        ),
+    ],
+    ids=["messages-prompt-text-completion", "text-prompt-messages-completion"],
+)
+def test_a_prompt_and_completion_of_different_forms_are_refused_by_row(tmp_path, tokenizer, row, needles):
+    """Refused with the other cell checks, before the model loads (the model is a path that does not exist)."""
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            "no/such/model-folder", args=config, processing_class=tokenizer, sft_dataset=Dataset.from_list([row] * 2)
+        )
+    for needle in [*needles, "both must have the same form"]:
+        assert needle in str(error.value), error.value
+
+
 def user(text):
     return {"role": "user", "content": text}
 

@@ -339,6 +339,47 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
                 f"`{role}` column {column!r} holds a value of type {type(value).__name__} at row {row}{more}: "
                 f"{str(value)[:60]!r}; each cell must be {form}. Fix: {fix}, or drop such rows."
             )
+    if "prompt" in columns and "completion" in columns and "completion" in dataset_columns(dataset):
+        check_pair_forms(dataset, role)
+
+
+def check_pair_forms(dataset: Dataset, role: str) -> None:
+    """Refuse a prompt-completion row whose prompt and completion differ in form (one text, the other a list of
+    messages). TRL's `apply_chat_template` (`trl.data_utils`) renders a conversational row's `prompt + completion`
+    with the chat template and fails on a mixed row with a bare `TypeError: can only concatenate list (not "str") to
+    list` from inside `datasets.map`; a text prompt with message completions fails likewise.
+
+    Raises:
+        ValueError: naming the dataset, the first bad row, the two forms and the fix.
+    """
+    table = dataset.with_format("arrow")
+    if {str(table[c].type) for c in ("prompt", "completion")} <= {"string", "large_string"}:
+        return  # both columns text (Arrow holds one type per column)
+    bad = [
+        (i, prompt)
+        for i, (prompt, completion) in enumerate(zip(dataset["prompt"], dataset["completion"], strict=True))
+        if prompt is not None and completion is not None and is_messages(prompt) != is_messages(completion)
+    ]
+    if not bad:
+        return
+    row, prompt = bad[0]
+    more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+    if is_messages(prompt):
+        forms = "'prompt' is a list of messages but 'completion' is text"
+        fix = (
+            "make each completion the assistant's message, e.g. `dataset.map(lambda row: {'completion': [{'role': "
+            "'assistant', 'content': row['completion']}]})`, or give the prompts as text"
+        )
+    else:
+        forms = "'prompt' is text but 'completion' is a list of messages"
+        fix = (
+            "make each prompt a list of messages, e.g. `dataset.map(lambda row: {'prompt': [{'role': 'user', "
+            "'content': row['prompt']}]})`, or give the completions as text"
+        )
+    raise ValueError(
+        f"`{role}` row {row}{more}: {forms}; a row is rendered whole, by the chat template (both lists of messages, "
+        f"TRL's conversational format) or as plain text (both text), so both must have the same form. Fix: {fix}."
+    )
 
 
 PROMPT_LAST_ROLES = ("user", "tool", "assistant")
