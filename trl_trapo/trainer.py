@@ -41,6 +41,7 @@ import math
 import os
 import signal
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -1521,16 +1522,20 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        if optimizer is not self._guarded_optimizer:
+        inner = optimizer
+        while inner is not None and inner is not self._guarded_optimizer:
+            inner = getattr(inner, "optimizer", None)  # a second `train()` gets accelerate's wrapper of the guarded one
+        if inner is None:
             original_step = optimizer.step
 
-            def guarded_step(*step_args, **step_kwargs):
+            def guarded_step(opt, *step_args, **step_kwargs):
                 if self._consume_nonfinite_flag():
-                    optimizer.zero_grad(set_to_none=True)
+                    opt.zero_grad(set_to_none=True)
                     return None
                 return original_step(*step_args, **step_kwargs)
 
-            optimizer.step = guarded_step
+            # a bound method, as torch's LR schedulers require of `optimizer.step` (they wrap its `__func__`)
+            optimizer.step = types.MethodType(guarded_step, optimizer)
             self._guarded_optimizer = optimizer
         return optimizer
 
