@@ -80,6 +80,40 @@ def test_a_full_disk_at_the_final_save_leaves_the_previous_model_whole(tmp_path,
     AutoModelForCausalLM.from_pretrained(out)
 
 
+@pytest.mark.parametrize("target", ["afile", "afile/model"], ids=["a-file", "inside-a-file"])
+def test_save_model_to_a_file_path_names_the_file_and_the_fix(tmp_path, tokenizer, suite, tiny_trainer, target):
+    """`save_model(path)` where `path` (or a folder on its way) is a file: the SaveError named only
+    `NotADirectoryError: ... '.trapo-incomplete-save'` (T02); now the file, and the fix, and the file is kept."""
+    (tmp_path / "afile").write_text("mine")
+    trainer = tiny_trainer(tmp_path / "run", tokenizer, suite)
+    with pytest.raises(SaveError) as raised:
+        trainer.save_model(str(tmp_path / target))
+    assert str(raised.value) == (
+        f"Saving the model to {tmp_path / target} failed: {tmp_path / 'afile'} is a file, not a folder. Fix: pass a "
+        "folder path (created if missing), or move the file away. The file was left as it was."
+    )
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "error, needles",
+    [
+        (OSError(errno.ENOTDIR, "Not a directory"), ["is a file, where a folder is needed", "pass a folder path"]),
+        (PermissionError(errno.EACCES, "Permission denied"), ["no permission to write there", "choose a folder"]),
+    ],
+    ids=["not-a-directory", "permission"],
+)
+def test_every_save_error_says_what_to_do_about_its_cause(tmp_path, error, needles):
+    """`describe_os_error` words every SaveError (checkpoints, the final model, trainer_state.json, the CLI's
+    files): a file in the way and a folder without permission say the fix, not only the OSError."""
+    from trl_trapo.saving import describe_os_error
+
+    (tmp_path / "afile").write_text("")
+    text = describe_os_error(str(tmp_path / "afile" / "checkpoint-2"), error)
+    for needle in needles:
+        assert needle in text, text
+
+
 def test_the_guard_puts_back_a_same_numbered_checkpoint_a_failed_save_replaced(tmp_path):
     """An earlier run's `checkpoint-2` is moved aside while the new one is written, restored when that save fails,
     dropped when it completes; an error outside a save is left alone."""

@@ -89,7 +89,31 @@ def describe_os_error(path: str, error: OSError) -> str:
             f"the disk holding {path} is full ({error.strerror or error}; {free} free): free space on it or choose "
             "another output_dir"
         )
+    if error.errno in (errno.ENOTDIR, errno.EEXIST) or (os.path.exists(path) and not os.path.isdir(path)):
+        blocking = file_in_the_way(path)
+        if blocking is not None:
+            return (
+                f"{blocking} is a file, where a folder is needed ({type(error).__name__}: {error.strerror or error}): "
+                "pass a folder path (created if missing), or move the file away"
+            )
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"{type(error).__name__}: {error} (no permission to write there, or a read-only file system): choose a "
+            "folder you can write to"
+        )
     return f"{type(error).__name__}: {error}"
+
+
+def file_in_the_way(path: str) -> str | None:
+    """The first existing file (not a folder) among `path` and its parents, or None: what stops a folder `path`."""
+    path = os.path.abspath(path)
+    while True:
+        if os.path.exists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def check_output_dir(args) -> None:
@@ -341,6 +365,12 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
     """
     staging = os.path.join(output_dir, STAGING_DIR)
     try:
+        blocking = file_in_the_way(output_dir)
+        if blocking is not None:  # nothing written yet: the file stays as it is
+            raise SaveError(
+                f"Saving the model to {output_dir} failed: {blocking} is a file, not a folder. Fix: pass a folder path "
+                "(created if missing), or move the file away. The file was left as it was."
+            )
         if is_main_process:
             if os.path.isdir(staging):
                 shutil.rmtree(staging)
