@@ -228,6 +228,40 @@ def test_a_failed_push_names_the_hub_and_keeps_the_local_save(tmp_path, tokenize
     assert "nothing was trained or saved" in str(raised.value) and "is complete" not in str(raised.value)
 
 
+def test_a_push_by_hand_that_cannot_create_the_repo_says_what_is_true(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch
+):
+    """`trainer.push_to_hub()` called by the user's code (push_to_hub=False) after training, offline: the message said
+    "push_to_hub=True ... failed before any training; nothing was trained or saved ... drop --push_to_hub", none of it
+    true there (T03). Now: this call saved and uploaded nothing, the model in memory is kept, how to save and upload
+    it. A repo id the Hub refuses (an output_dir with a space, no hub_model_id) was huggingface_hub's raw
+    HFValidationError (T04): one message naming hub_model_id."""
+    import huggingface_hub.constants
+
+    from huggingface_hub.utils import validate_repo_id
+
+    def unreachable(self, repo_id, **kwargs):
+        validate_repo_id(repo_id)  # as huggingface_hub does before any request (offline too)
+        raise FakeHubApi().upload_folder()
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeHubApi())
+    monkeypatch.setattr(FakeHubApi, "create_repo", unreachable)
+    trainer = tiny_trainer(tmp_path / "run", tokenizer, suite, max_steps=1, hub_model_id="me/trapo-tiny")
+    trainer.train()
+    with pytest.raises(HubPushError) as raised:
+        trainer.push_to_hub()
+    message = str(raised.value)
+    assert message.startswith("push_to_hub(): creating the repo 'me/trapo-tiny' on the Hugging Face Hub failed")
+    for needle in ("nothing was saved or uploaded by this call", "trainer.save_model('<folder>')", "hf upload"):
+        assert needle in message, message
+    for wrong in ("push_to_hub=True", "before any training", "--push_to_hub"):
+        assert wrong not in message, message
+    spaced = tiny_trainer(tmp_path / "my run", tokenizer, suite, max_steps=1)
+    with pytest.raises(ValueError, match=r"the repo id 'my run', from the last part of output_dir .*set hub_model_id"):
+        spaced.push_to_hub()
+
+
 def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):
     """Full model: every parameter's bytes + 8 bytes per trainable parameter for AdamW; none for SGD or with
     `save_only_model`; frozen parameters count as weights, not as optimizer state."""

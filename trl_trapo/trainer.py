@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
+from huggingface_hub.errors import HFValidationError
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
@@ -158,6 +159,7 @@ from .saving import (
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
+    invalid_repo_id_error,
     is_hub_error,
     staged_save,
 )
@@ -1524,7 +1526,9 @@ class TRAPOTrainer(_BaseTrainer):
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
         inner = optimizer
         while inner is not None and inner is not self._guarded_optimizer:
-            inner = getattr(inner, "optimizer", None)  # a second `train()` gets accelerate's wrapper of the guarded one
+            inner = getattr(
+                inner, "optimizer", None
+            )  # a second `train()` gets accelerate's wrapper of the guarded one
         if inner is None:
             original_step = optimizer.step
 
@@ -1881,10 +1885,13 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             super().init_hf_repo(token=token, private=private)
         except Exception as error:
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+            if isinstance(error, HFValidationError):
+                raise invalid_repo_id_error(repo_id, self.args.hub_model_id, error) from error
             if not is_hub_error(error):
                 raise
-            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-            raise hub_error(repo_id, error, None) from error  # nothing saved yet: construction time
+            # nothing saved yet: at construction (push_to_hub=True), or first in a push_to_hub() the user called
+            raise hub_error(repo_id, error, None, by_hand=not self.args.push_to_hub) from error
 
     def push_to_hub(
         self,
@@ -1917,7 +1924,7 @@ class TRAPOTrainer(_BaseTrainer):
             repo_id = (
                 self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             )
-            raise hub_error(repo_id, error, self.args.output_dir) from error
+            raise hub_error(repo_id, error, self.args.output_dir, by_hand=not self.args.push_to_hub) from error
 
     def _save_model(self, output_dir: str, is_checkpoint: bool) -> None:
         reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy
