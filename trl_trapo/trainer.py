@@ -67,7 +67,10 @@ from .callbacks import (
     SyncReferenceCallback,
 )
 from .checkpoint import (
+    DATASETS_FILE,
     CheckpointError,
+    check_checkpoint_fits,
+    datasets_summary,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -404,8 +407,20 @@ class TRAPOTrainer(_BaseTrainer):
         # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
         # does not hash it again
         self._verified_checkpoint = None
+        # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
+        self._datasets_summary = datasets_summary(
+            {
+                "train_dataset": train_dataset,
+                "sft_dataset": sft_dataset,
+                "pretrain_dataset": pretrain_dataset,
+                "distillation_dataset": distillation_dataset,
+            }
+        )
         if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
             verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+            # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
+            adapter = peft_config is not None or is_peft_model(model)
+            check_checkpoint_fits(args.resume_from_checkpoint, adapter, self._datasets_summary)
             self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
         # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
         self.thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
@@ -449,6 +464,8 @@ class TRAPOTrainer(_BaseTrainer):
             frozen = freeze_vision_tower(model)
             logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
+        if self._verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
+            check_checkpoint_fits(self._verified_checkpoint, is_peft_model(model), model=model)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
         self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
@@ -1684,6 +1701,8 @@ class TRAPOTrainer(_BaseTrainer):
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
+                policy = self._unwrapped_policy()
+                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
             with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
                 resumed_step = int(json.load(handle).get("global_step", 0))
             if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
@@ -1768,6 +1787,8 @@ class TRAPOTrainer(_BaseTrainer):
         }
         # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
         state["memory_pool"], memory_files = self.memory_pool.state_dict(self.state.global_step)
+        if self.accelerator.process_index == 0:  # the datasets it was trained on (check_checkpoint_fits)
+            memory_files[DATASETS_FILE] = json.dumps(self._datasets_summary, indent=1).encode("utf-8")
         tensors = {**supply_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
