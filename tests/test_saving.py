@@ -237,7 +237,6 @@ def test_a_push_by_hand_that_cannot_create_the_repo_says_what_is_true(
     it. A repo id the Hub refuses (an output_dir with a space, no hub_model_id) was huggingface_hub's raw
     HFValidationError (T04): one message naming hub_model_id."""
     import huggingface_hub.constants
-
     from huggingface_hub.utils import validate_repo_id
 
     def unreachable(self, repo_id, **kwargs):
