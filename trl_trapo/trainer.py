@@ -1541,11 +1541,9 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        inner = optimizer
+        inner = optimizer  # a second `train()` gets accelerate's wrapper of the optimizer guarded at the first
         while inner is not None and inner is not self._guarded_optimizer:
-            inner = getattr(
-                inner, "optimizer", None
-            )  # a second `train()` gets accelerate's wrapper of the guarded one
+            inner = getattr(inner, "optimizer", None)
         if inner is None:
             original_step = optimizer.step
 
