@@ -41,6 +41,7 @@ import math
 import os
 import signal
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
+from huggingface_hub.errors import HFValidationError
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
@@ -65,7 +67,10 @@ from .callbacks import (
     SyncReferenceCallback,
 )
 from .checkpoint import (
+    DATASETS_FILE,
     CheckpointError,
+    check_checkpoint_fits,
+    datasets_summary,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -157,6 +162,7 @@ from .saving import (
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
+    invalid_repo_id_error,
     is_hub_error,
     staged_save,
 )
@@ -404,8 +410,20 @@ class TRAPOTrainer(_BaseTrainer):
         # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
         # does not hash it again
         self._verified_checkpoint = None
+        # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
+        self._datasets_summary = datasets_summary(
+            {
+                "train_dataset": train_dataset,
+                "sft_dataset": sft_dataset,
+                "pretrain_dataset": pretrain_dataset,
+                "distillation_dataset": distillation_dataset,
+            }
+        )
         if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
             verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+            # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
+            adapter = peft_config is not None or is_peft_model(model)
+            check_checkpoint_fits(args.resume_from_checkpoint, adapter, self._datasets_summary)
             self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
         # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
         self.thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
@@ -449,6 +467,8 @@ class TRAPOTrainer(_BaseTrainer):
             frozen = freeze_vision_tower(model)
             logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
+        if self._verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
+            check_checkpoint_fits(self._verified_checkpoint, is_peft_model(model), model=model)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
         self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
@@ -1523,16 +1543,20 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        if optimizer is not self._guarded_optimizer:
+        inner = optimizer  # a second `train()` gets accelerate's wrapper of the optimizer guarded at the first
+        while inner is not None and inner is not self._guarded_optimizer:
+            inner = getattr(inner, "optimizer", None)
+        if inner is None:
             original_step = optimizer.step
 
-            def guarded_step(*step_args, **step_kwargs):
+            def guarded_step(opt, *step_args, **step_kwargs):
                 if self._consume_nonfinite_flag():
-                    optimizer.zero_grad(set_to_none=True)
+                    opt.zero_grad(set_to_none=True)
                     return None
                 return original_step(*step_args, **step_kwargs)
 
-            optimizer.step = guarded_step
+            # a bound method, as torch's LR schedulers require of `optimizer.step` (they wrap its `__func__`)
+            optimizer.step = types.MethodType(guarded_step, optimizer)
             self._guarded_optimizer = optimizer
         return optimizer
 
@@ -1677,6 +1701,8 @@ class TRAPOTrainer(_BaseTrainer):
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
+                policy = self._unwrapped_policy()
+                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
             with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
                 resumed_step = int(json.load(handle).get("global_step", 0))
             if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
@@ -1761,6 +1787,8 @@ class TRAPOTrainer(_BaseTrainer):
         }
         # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
         state["memory_pool"], memory_files = self.memory_pool.state_dict(self.state.global_step)
+        if self.accelerator.process_index == 0:  # the datasets it was trained on (check_checkpoint_fits)
+            memory_files[DATASETS_FILE] = json.dumps(self._datasets_summary, indent=1).encode("utf-8")
         tensors = {**supply_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
@@ -1878,10 +1906,13 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             super().init_hf_repo(token=token, private=private)
         except Exception as error:
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+            if isinstance(error, HFValidationError):
+                raise invalid_repo_id_error(repo_id, self.args.hub_model_id, error) from error
             if not is_hub_error(error):
                 raise
-            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-            raise hub_error(repo_id, error, None) from error  # nothing saved yet: construction time
+            # nothing saved yet: at construction (push_to_hub=True), or first in a push_to_hub() the user called
+            raise hub_error(repo_id, error, None, by_hand=not self.args.push_to_hub) from error
 
     def push_to_hub(
         self,
@@ -1917,7 +1948,7 @@ class TRAPOTrainer(_BaseTrainer):
             repo_id = (
                 self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             )
-            raise hub_error(repo_id, error, self.args.output_dir) from error
+            raise hub_error(repo_id, error, self.args.output_dir, by_hand=not self.args.push_to_hub) from error
 
     def _save_model(self, output_dir: str, is_checkpoint: bool) -> None:
         reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy
