@@ -9,7 +9,9 @@ order and wires the results to the `Trainer` hooks (issue 39):
    resume from (hashed once, here), and torch's CPU threads;
 2. [`build_rollout_source`]: where the RL objective's rounds come from — the user's `rollout_source`, TRL's
    `rollout_func`, the tool-calling source of `tools` / `environment_factory`, the asynchronous producer
-   (`async_rollouts=True`) or the default [`~trl_trapo.sources.SyncRolloutSource`].
+   (`async_rollouts=True`) or the default [`~trl_trapo.sources.SyncRolloutSource`];
+3. [`build_objectives`]: the objectives in the order of their names, the built-in ones on their supply (the memory
+   pool, the RL supply's rows, the teacher).
 
 Optional capabilities (agents, asynchronous rollouts) are imported inside the function that builds them, so a run
 that does not use them never loads them.
@@ -24,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from .arguments import check_config_type, check_trainer_arguments
 from .checkpoint import verify_checkpoint
-from .config import TRAPOConfig
+from .config import RL, SFT, TRAPOConfig
 from .data import check_datasets
 from .distributed import sum_over_ranks
+from .objectives import DistillationObjective, Objective, ObjectiveSetup, RLObjective, SFTObjective
 from .saving import check_output_dir
 from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
 from .threads import ThreadChoice, choose_torch_threads
@@ -42,6 +45,8 @@ if TYPE_CHECKING:  # optional capabilities, imported where they are built
     from .metrics import MetricsAccumulator
     from .rewards import RewardScorer
     from .rollout import RolloutEngine
+    from .schedules import RLSchedules
+    from .teacher import Teacher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,3 +355,64 @@ def build_async_source(
         suppress_token_ids=parts.suppressed_token_ids,
         producer_threads=parts.producer_threads,
     )
+
+
+def build_objectives(
+    args: TRAPOConfig,
+    *,
+    pretrain: Objective,
+    memory_pool: MemoryPool,
+    take_rl_rows: Callable[[int, int], list],
+    schedules: RLSchedules,
+    kl_penalty: str,
+    kl_estimator: str,
+    logging_step: Callable[[], bool],
+    active: tuple[bool, ...],
+    teacher: Teacher | None,
+    distill_prompts: Dataset | None,
+    sampler: RolloutEngine,
+    extra: list[Objective],
+    tokenizer: PreTrainedTokenizerBase,
+    rank: int,
+    world_size: int,
+    planned_steps: int,
+) -> list[Objective]:
+    """The run's objectives in the order of their names (a row's `objective` is its objective's index here;
+    trl_trapo/objectives.py): `pretrain` (already set up), SFT on the memory pool, RL on the RL supply's rows
+    `take_rl_rows`, the teacher's distillation objective when there is a `teacher`, then the user's `extra` objectives
+    (already set up). The SFT, RL and distillation objectives are set up here.
+
+    Args:
+        active (`tuple[bool, ...]`): whether the pretraining, SFT and RL objectives have data (config.OBJECTIVES).
+        schedules ([`~trl_trapo.schedules.RLSchedules`]): the KL and entropy coefficients the RL term reads.
+        logging_step (`Callable[[], bool]`): whether the current step logs (the RL term's extra statistics).
+        sampler ([`~trl_trapo.rollout.RolloutEngine`]): samples the distillation prompts.
+    """
+    objectives: list[Objective] = [
+        pretrain,
+        SFTObjective(
+            memory_pool,
+            has_data=active[SFT],
+            sft_loss_type=args.sft_loss_type,
+            alpha=args.trust_region_alpha,
+            weight=args.sft_weight,
+        ),
+        RLObjective(
+            take_rl_rows,
+            args,
+            kl_coef=schedules.kl_coef,
+            entropy_coef=schedules.entropy_coef,
+            kl_penalty=kl_penalty,
+            kl_estimator=kl_estimator,
+            logging_step=logging_step,
+            has_data=active[RL],
+            weight=args.rl_weight,
+        ),
+    ]
+    if teacher is not None:
+        objectives.append(
+            DistillationObjective.from_config(args, teacher, take_rl_rows, distill_prompts, sampler, rank, world_size)
+        )
+    for index, objective in enumerate(objectives[1:], start=1):  # pretrain and `extra` were set up before
+        objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world_size, planned_steps=planned_steps))
+    return objectives + list(extra)

@@ -54,7 +54,7 @@ from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrain
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .assembly import SourceParts, build_rollout_source, check_run
+from .assembly import SourceParts, build_objectives, build_rollout_source, check_run
 from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
@@ -132,8 +132,6 @@ from .objectives import (
     LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
-    RLObjective,
-    SFTObjective,
     TermInputs,
     check_objectives,
     check_served_rows,
@@ -801,36 +799,25 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
         # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
-        self.objectives: list[Objective] = [
-            pretrain,
-            SFTObjective(
-                self.memory_pool,
-                has_data=self.active[SFT],
-                sft_loss_type=args.sft_loss_type,
-                alpha=args.trust_region_alpha,
-                weight=args.sft_weight,
-            ),
-            RLObjective(
-                self.rl_supply.take_rows,
-                args,
-                kl_coef=self.schedules.kl_coef,
-                entropy_coef=self.schedules.entropy_coef,
-                kl_penalty=self.kl_penalty,
-                kl_estimator=self.kl_estimator,
-                logging_step=self._is_logging_step,
-                has_data=self.active[RL],
-                weight=args.rl_weight,
-            ),
-            *(
-                DistillationObjective.from_config(
-                    args, distill_teacher, self.rl_supply.take_rows, data.distill, self.rollouts, rank, world
-                )
-                for _ in distill
-            ),
-            *extra_objectives,
-        ]
-        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
-            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
+        self.objectives: list[Objective] = build_objectives(
+            args,
+            pretrain=pretrain,
+            memory_pool=self.memory_pool,
+            take_rl_rows=self.rl_supply.take_rows,
+            schedules=self.schedules,
+            kl_penalty=self.kl_penalty,
+            kl_estimator=self.kl_estimator,
+            logging_step=self._is_logging_step,
+            active=self.active,
+            teacher=distill_teacher,
+            distill_prompts=data.distill,
+            sampler=self.rollouts,
+            extra=extra_objectives,
+            tokenizer=tokenizer,
+            rank=rank,
+            world_size=world,
+            planned_steps=self._planned_steps,
+        )
         self.evaluator = Evaluator(
             args,
             tokenizer,
