@@ -43,29 +43,88 @@ def clean_solution(answer: str) -> str:
     return CALCULATOR.sub("", answer).strip()
 
 
-def read_rows(source: str, config: str | None, split: str) -> list[dict]:
-    """Rows with `question` and `answer` from a local JSONL / JSON file or a Hub dataset id.
+FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".parquet")  # a source with one is a file, never a Hub id
+
+
+def read_json_rows(path: str, label: str) -> list:
+    """The rows of a local JSON array or JSON-lines file.
 
     Raises:
-        ValueError: if a row lacks `question` or `answer`, or an answer has no `####` line.
+        ValueError: naming `label`, the file and the fix, if it is missing, a folder, not UTF-8 or not JSON (with the
+            line).
     """
-    if os.path.isfile(source):
-        with open(source, encoding="utf-8") as handle:
-            text = handle.read()
-        rows = (
-            json.loads(text)
-            if text.lstrip().startswith("[")
-            else [json.loads(line) for line in text.splitlines() if line.strip()]
+    if os.path.isdir(path):
+        raise ValueError(f"{label} {path!r} is a folder; give the GSM8K-style JSONL file inside it.")
+    if not os.path.isfile(path):
+        raise ValueError(
+            f"{label} {path!r}: no such file (for a Hub dataset give its id, e.g. openai/gsm8k --config main)."
         )
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{label} {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > fixed.jsonl`."
+        ) from error
+    if text.lstrip().startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{label} {path!r} is not valid JSON (line {error.lineno}: {error.msg}).") from error
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{label} {path!r} line {number} is not a JSON object ({error.msg}); a JSONL file holds one "
+                    '`{"question": ..., "answer": ...}` per line.'
+                ) from error
+    return rows
+
+
+def read_rows(source: str, config: str | None, split: str, label: str = "source") -> list[dict]:
+    """Rows with `question` and `answer` from a local JSONL / JSON file or a Hub dataset id (a source that is not a
+    local path: no such file, no file suffix).
+
+    Raises:
+        ValueError: naming `label` and the source, if the file cannot be read (`read_json_rows`), the Hub dataset
+            cannot be loaded, a row is not an object or lacks a text `question` or `answer`, or an answer has no
+            `####` line.
+    """
+    if os.path.exists(source) or source.lower().endswith(FILE_SUFFIXES) or source.startswith((".", "/", "~")):
+        rows = read_json_rows(source, label)
     else:
         from datasets import load_dataset
 
-        rows = list(load_dataset(source, config, split=split))
+        try:
+            rows = list(load_dataset(source, config, split=split))
+        except Exception as error:  # offline, no such dataset / config / split: datasets' many exception types
+            raise ValueError(
+                f"{label} {source!r}: no such file, and the Hub dataset {source!r} (config {config!r}, split "
+                f"{split!r}) cannot be loaded ({type(error).__name__}: {str(error).splitlines()[0][:200]}). Give "
+                "the path of a local JSONL file, or a Hub id such as openai/gsm8k --config main (needs the network)."
+            ) from error
     for i, row in enumerate(rows):
-        if "question" not in row or "answer" not in row:
-            raise ValueError(f"Row {i} of {source} lacks 'question'/'answer' (it has {sorted(row)}).")
+        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+            has = sorted(row) if isinstance(row, dict) else f"a {type(row).__name__}"
+            raise ValueError(
+                f"row {i} of {source} lacks 'question'/'answer' (it has {has}); each row must be "
+                '`{"question": ..., "answer": "... #### N"}`.'
+            )
+        for key in ("question", "answer"):
+            if not isinstance(row[key], str):
+                raise ValueError(
+                    f"row {i} of {source}: {key!r} is a {type(row[key]).__name__} ({str(row[key])[:60]!r}); it must "
+                    "be text."
+                )
         if "####" not in row["answer"]:
-            raise ValueError(f"Row {i} of {source}: the answer has no '#### N' line: {row['answer'][-80:]!r}")
+            raise ValueError(
+                f"row {i} of {source}: the answer has no '#### N' line: {row['answer'][-80:]!r}; GSM8K answers end "
+                "with `#### <number>` (fix or drop the row)."
+            )
     return rows
 
 
@@ -101,8 +160,16 @@ def text_paragraphs(path: str) -> list[dict]:
     Raises:
         ValueError: if the file holds no non-blank paragraph.
     """
-    with open(path, encoding="utf-8") as handle:
-        paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read())]
+    if not os.path.isfile(path):
+        raise ValueError(f"--pretrain_text {path!r}: no such file; give a UTF-8 text file.")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read())]
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--pretrain_text {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > fixed.txt`."
+        ) from error
     documents = [{"text": p} for p in paragraphs if p.strip()]
     if not documents:
         raise ValueError(f"--pretrain_text {path!r}: no paragraph (the file is empty or blank).")
@@ -118,6 +185,46 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         temporary = handle.name
     os.replace(temporary, path)
+
+
+def convert_all(args: argparse.Namespace) -> dict[str, list[dict]]:
+    """The rows of every output file, from the parsed arguments.
+
+    Raises:
+        ValueError: naming the argument, for input that cannot be converted (see `read_rows`, `text_paragraphs`).
+    """
+    rows = read_rows(args.source, args.config, args.split)
+    if args.test_rows is not None and (args.test_file is None or args.test_rows < 1):
+        raise ValueError(
+            f"--test_rows {args.test_rows}: give a number >= 1, with --test_file (it counts that file's rows)."
+        )
+    test_size = 0 if args.test_file else args.test_size
+    if not 0 <= test_size < len(rows):
+        raise ValueError(f"--test_size must be in [0, {len(rows)}) for {len(rows)} rows, got {args.test_size}.")
+    converted = convert(rows, test_size, args.seed, args.conversational)
+    if args.test_file:
+        held_out = read_rows(args.test_file, args.config, "test", label="--test_file")[: args.test_rows]
+        converted["rl/test"] = convert(held_out, len(held_out), args.seed, args.conversational)["rl/test"]
+    if args.pretrain_text:
+        converted["pretrain/train"] = text_paragraphs(args.pretrain_text)
+    return converted
+
+
+def check_output_dir(output_dir: str, names: list[str]) -> None:
+    """Refuse an `output_dir` where the files `<name>.jsonl` cannot go: a folder on their way is a file.
+
+    Raises:
+        ValueError: naming `--output_dir`, the file in the way and the fix.
+    """
+    for name in names:
+        path = os.path.abspath(os.path.join(output_dir, os.path.dirname(name)))
+        while not os.path.isdir(path):
+            if os.path.exists(path):
+                raise ValueError(
+                    f"--output_dir {output_dir!r}: {path!r} is a file, where a folder is needed; give another "
+                    "--output_dir (a folder, created if missing)."
+                )
+            path = os.path.dirname(path)
 
 
 def main(argv: list[str] | None = None) -> dict[str, int]:
@@ -143,19 +250,16 @@ def main(argv: list[str] | None = None) -> dict[str, int]:
         "the GSM8K documents (e.g. examples/data/shakespeare/train.txt, general English)",
     )
     args = parser.parse_args(argv)
-    rows = read_rows(args.source, args.config, args.split)
-    test_size = 0 if args.test_file else args.test_size
-    if not 0 <= test_size < len(rows):
-        parser.error(f"--test_size must be in [0, {len(rows)}) for {len(rows)} rows, got {args.test_size}.")
-    converted = convert(rows, test_size, args.seed, args.conversational)
-    if args.test_file:
-        held_out = read_rows(args.test_file, args.config, "test")[: args.test_rows]
-        converted["rl/test"] = convert(held_out, len(held_out), args.seed, args.conversational)["rl/test"]
-    if args.pretrain_text:
-        converted["pretrain/train"] = text_paragraphs(args.pretrain_text)
-    for name, part in converted.items():
-        if part:
-            write_jsonl(os.path.join(args.output_dir, f"{name}.jsonl"), part)
+    try:
+        converted = convert_all(args)
+        check_output_dir(args.output_dir, [name for name, part in converted.items() if part])
+        for name, part in converted.items():
+            if part:
+                write_jsonl(os.path.join(args.output_dir, f"{name}.jsonl"), part)
+    except ValueError as error:  # the user's input: argparse's `prog: error: ...` and exit 2, no traceback
+        parser.error(str(error))
+    except OSError as error:  # e.g. a read-only or full disk
+        parser.error(f"--output_dir {args.output_dir!r}: cannot write ({error.strerror or error}: {error.filename}).")
     counts = {name: len(part) for name, part in converted.items()}
     print(json.dumps(counts))
     return counts

@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> str:
     args = parser.parse_args(argv)
     if not args.output_dir.strip():
         parser.error("--output_dir must not be empty.")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        # transformers' save_pretrained only logs "should be a directory, not a file" and saves nothing (exit 0)
+        parser.error(f"--output_dir {args.output_dir!r} is a file; give a folder (created if missing).")
     if args.config is not None and not os.path.isfile(args.config):
         parser.error(f"--config {args.config!r}: no such file.")
     tokenizer = build_char_tokenizer()

@@ -14,15 +14,17 @@ from trl_trapo.data import (
     PretrainStream,
     ShardedSampler,
     check_cells,
+    check_conversations_renderable,
     check_pretrain_dataset,
     check_prompt_dataset,
     check_sft_dataset,
     dataset_columns,
     sft_row,
+    tokenize_prompt,
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
 )
-from trl_trapo.tasks import build_tiny_model, exact_match_reward
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward
 
 
 def ids(tokenizer, text):
@@ -207,6 +209,71 @@ def test_text_in_input_ids_is_refused_with_the_prompt_column_as_the_fix():
     assert "`train_dataset` column 'input_ids' holds a value of type str at row 0 (and 7 more rows): '1+1='" in message
     assert "a list of token ids (ints)" in message and "dataset.rename_column('input_ids', 'prompt')" in message
     check_cells(Dataset.from_dict({"prompt": ["1+1="]}), "train_dataset", "prompts")  # text where text belongs
+
+
+@pytest.mark.parametrize(
+    "row, needles",
+    [
+        # TRL's apply_chat_template: "TypeError: can only concatenate list (not "str") to list" (D06)
+        (
+            {"prompt": [{"role": "user", "content": "ab="}], "completion": "ba"},
+            [
+                "`sft_dataset` row 0 (and 1 more rows): 'prompt' is a list of messages but 'completion' is text",
+                "'role': 'assistant'",
+            ],
+        ),
+        (
+            {"prompt": "ab=", "completion": [{"role": "assistant", "content": "ba"}]},
+            [
+                "`sft_dataset` row 0 (and 1 more rows): 'prompt' is text but 'completion' is a list of messages",
+                "'role': 'user'",
+            ],
+        ),
+    ],
+    ids=["messages-prompt-text-completion", "text-prompt-messages-completion"],
+)
+def test_a_prompt_and_completion_of_different_forms_are_refused_by_row(tmp_path, tokenizer, row, needles):
+    """Refused with the other cell checks, before the model loads (the model is a path that does not exist)."""
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            "no/such/model-folder", args=config, processing_class=tokenizer, sft_dataset=Dataset.from_list([row] * 2)
+        )
+    for needle in [*needles, "both must have the same form"]:
+        assert needle in str(error.value), error.value
+
+
+PARTS_TEMPLATE = (  # reads content parts, as Qwen3's template does
+    "{% for message in messages %}{{ message['role'] }}: {% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def test_content_parts_are_refused_only_where_the_template_would_render_the_list(tmp_path, tokenizer):
+    """Content given as `[{"type": "text", "text": ...}]` reaches a text-only model's chat template unchanged, as in
+    TRL: a template that renders content as a string put the list's Python text in the prompt and trained on it
+    (D02); it is refused, naming the row and the fix. A template that reads parts renders the text, and is taken."""
+    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=config,
+            processing_class=tokenizer,
+            reward_funcs=exact_match_reward,
+            train_dataset=Dataset.from_list(parts),
+        )
+    for needle in (
+        "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
+        "\"user: [{'type': 'text', 'text': 'ab='}]\\n\"",
+        "''.join(p['text'] for p in m['content'])",
+    ):
+        assert needle in str(error.value), error.value
+    reader = build_char_tokenizer()
+    reader.chat_template = PARTS_TEMPLATE
+    check_conversations_renderable(Dataset.from_list(parts), "train_dataset", reader)  # taken
+    assert tokenize_prompt(parts[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
 
 
 def user(text):

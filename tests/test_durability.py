@@ -403,3 +403,134 @@ def test_a_checkpoint_made_with_other_datasets_is_named(saved_run, tmp_path, cha
         ):
             trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 0, "training must not start"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# (d) a complete checkpoint that does not fit the run: refused when the trainer is built, before anything slow
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fitting_checkpoints(tmp_path_factory):
+    """One-step runs saved at step 1: `full` (full weights) and `lora` (a LoRA adapter, r=4 on q_proj / v_proj)."""
+    from conftest import make_tiny_config, make_tiny_trainer
+    from peft import LoraConfig
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+
+    tokenizer = build_char_tokenizer()
+    suite = make_task_suite(seed=0, num_pretrain_docs=60, num_sft_per_task=20, num_rl_per_task=20, num_eval_per_task=4)
+    root = tmp_path_factory.mktemp("fits")
+    with one_thread():
+        make_tiny_trainer(
+            str(root / "full"), tokenizer, suite, max_steps=1, save_strategy="steps", save_steps=1
+        ).train()
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(root / "lora"), max_steps=1, save_strategy="steps", save_steps=1),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        ).train()
+    return {"full": str(root / "full" / "checkpoint-1"), "lora": str(root / "lora" / "checkpoint-1"), "suite": suite}
+
+
+FIT_CASES = {
+    # R07: transformers' "Can't find a checkpoint index" in train(), after the CLI's initial evaluation
+    "lora-into-full": ("lora", {}, "holds a LoRA adapter (adapter_model.safetensors", "pass the same peft_config"),
+    # R08: "trapo/adapter_bank.json is missing", after the initial evaluation
+    "full-into-lora": ("full", {"peft": 4}, "holds full model weights (model.safetensors", "drop peft_config"),
+    # R05: "made with a different set of datasets", after the initial evaluation, or nothing when both had the same
+    "other-datasets": ("full", {"rows": 5}, "was trained on other datasets (train_dataset: ", "resume with the same"),
+    "other-model": (
+        "full",
+        {"hidden_size": 64},
+        "is of another model: hidden_size 128 in its config.json, 64",
+        "model",
+    ),
+    "other-lora-rank": (
+        "lora",
+        {"peft": 8},
+        "is of another model: r 4 in its adapter_config.json, 8",
+        "LoRA settings",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FIT_CASES))
+@pytest.mark.parametrize("when", ["construction", "train"])
+def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
+    fitting_checkpoints, tmp_path, case, when
+):
+    """Resuming a LoRA checkpoint without a peft_config (or a full one with it), a checkpoint of another model or of
+    other datasets failed only in `train()` (after the CLI's initial evaluation), raw for a LoRA checkpoint. Now one
+    CheckpointError naming the checkpoint, what it holds, what the run has and the fix: at construction with
+    `args.resume_from_checkpoint`, and in `train(resume_from_checkpoint=...)`, before any step."""
+    from conftest import make_tiny_config
+    from peft import LoraConfig
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    which, change, needle, fix = FIT_CASES[case]
+    checkpoint = fitting_checkpoints[which]
+    suite = fitting_checkpoints["suite"]
+    tokenizer = build_char_tokenizer()
+    config_path = None
+    if "hidden_size" in change:
+        with open(os.path.join(ROOT, "trl_trapo", "configs", "tiny_causal_lm.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+        config_path = tmp_path / "other.json"
+        config_path.write_text(json.dumps({**config, "hidden_size": change["hidden_size"]}))
+    peft = (
+        LoraConfig(r=change["peft"], lora_alpha=8, target_modules=["q_proj", "v_proj"]) if "peft" in change else None
+    )
+    resume = {"resume_from_checkpoint": checkpoint} if when == "construction" else {}
+
+    def build():
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, config_path=config_path, seed=0),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path / "out"), max_steps=2, **resume),
+            train_dataset=suite.rl_train.select(range(change["rows"])) if "rows" in change else suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+            peft_config=peft,
+        )
+
+    with one_thread(), pytest.raises(CheckpointError) as error:
+        trainer = build()
+        trainer.train(resume_from_checkpoint=checkpoint)
+        assert when == "train"  # the construction case raised before this line
+    message = str(error.value)
+    assert message.startswith(f"resume_from_checkpoint={checkpoint!r} "), message
+    assert needle in message and fix in message, message
+    assert not (tmp_path / "out" / "checkpoint-1").exists()  # no step was trained
+
+
+def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
+    """The same run resumes its own checkpoint (the checks refuse only what does not fit)."""
+    from conftest import make_tiny_config
+    from peft import LoraConfig
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    suite = fitting_checkpoints["suite"]
+    tokenizer = build_char_tokenizer()
+    with one_thread():
+        trainer = TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path), max_steps=2, resume_from_checkpoint=fitting_checkpoints["lora"]),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        )
+        trainer.train(resume_from_checkpoint=fitting_checkpoints["lora"])
+    assert trainer.state.global_step == 2

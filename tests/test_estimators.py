@@ -266,7 +266,7 @@ def test_config_selects_the_strategy(overrides, name, kind):
 
 
 def test_config_refuses_an_unknown_weighting():
-    with pytest.raises(ValueError, match=r"weighting='gradient_norm' is invalid: use one of \['dare'"):
+    with pytest.raises(ValueError, match=r"weighting='gradient_norm' is invalid.*use one of .*'dare'.*'gradnorm'"):
         make_args(weighting="gradient_norm")
 
 

@@ -194,3 +194,59 @@ def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
     (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
     with pytest.raises(ValueError, match="no paragraph"):
         convert.text_paragraphs(str(tmp_path / "blank.txt"))
+
+
+@pytest.mark.parametrize(
+    "make, extra, needles",
+    [
+        # tried as a Hub dataset: datasets' ConnectionError after ~25 s (S02)
+        (None, ["nope.jsonl"], ["source 'nope.jsonl': no such file", "openai/gsm8k --config main"]),
+        # its own messages were tracebacks, exit 1 (S03, S04)
+        ({"question": "q", "answer": "no hashes"}, [], ["row 0 of", "no '#### N' line", "fix or drop the row"]),
+        ({"q": "q"}, [], ["row 0 of", "lacks 'question'/'answer' (it has ['q'])"]),
+        ({"question": "q", "answer": 7}, [], ["row 0 of", "'answer' is a int", "must be text"]),
+        # an --output_dir that is a file: a raw NotADirectoryError (S05)
+        ({"question": "q", "answer": "#### 1"}, ["--output_dir", "{tmp}/afile"], ["--output_dir", "afile' is a file"]),
+        (b"\xe9\n", [], ["is not UTF-8 text", "iconv -f latin1"]),
+        (b"{oops\n", [], ["line 1 is not a JSON object"]),
+        (
+            {"question": "q", "answer": "#### 1"},
+            ["--pretrain_text", "{tmp}/none.txt"],
+            ["--pretrain_text", "none.txt': no such file"],
+        ),
+    ],
+    ids=[
+        "missing-file",
+        "no-hashes",
+        "no-keys",
+        "answer-not-text",
+        "output-dir-is-a-file",
+        "latin1",
+        "not-json",
+        "no-text",
+    ],
+)
+def test_gsm8k_conversion_refuses_bad_input_as_an_argparse_error(tmp_path, capsys, make, extra, needles):
+    """Every input error of scripts/gsm8k_to_trl.py is argparse's `error:` line and exit 2, before anything is
+    written: no traceback, no Hub attempt for a missing file."""
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    source = tmp_path / "in.jsonl"
+    if make is not None:
+        source.write_bytes(make if isinstance(make, bytes) else (json.dumps(make) + "\n").encode())
+    (tmp_path / "afile").write_text("")
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    positional = [] if extra and not extra[0].startswith("--") else [str(source)]
+    argv = positional + extra
+    if "--output_dir" not in argv:
+        argv += ["--output_dir", str(tmp_path / "out")]
+    if "--test_size" not in argv:
+        argv += ["--test_size", "0"]
+    with pytest.raises(SystemExit) as exit_:
+        convert.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "error:" in err and "Traceback" not in err, err
+    message = err.split("error:", 1)[1]  # not the usage lines above it, which name every argument
+    for needle in needles:
+        assert needle in message, err
+    assert not (tmp_path / "out").exists()

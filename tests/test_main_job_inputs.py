@@ -304,6 +304,47 @@ def test_a_malformed_json_lines_file_is_named_with_its_line(tmp_path, name, cont
 
 
 @pytest.mark.parametrize(
+    "name, content, where",
+    [
+        # datasets loads it (Arrow keeps the bytes); the first row read was `'utf-8' codec can't decode byte 0xe9`
+        ("rl.jsonl", b'{"prompt": "caf\xe9=", "answer": "1"}\n', "rl.jsonl, line 1: not UTF-8 text"),
+        ("dir/train.jsonl", b'{"prompt": "a=", "answer": "1"}\n{"prompt": "\xe9", "answer": "2"}\n', "line 2"),
+        # "cannot load the dataset (DatasetGenerationError: An error occurred ...)" without the file or a fix
+        ("rl.csv", b"prompt,answer\ncaf\xe9,1\n", "rl.csv, line 2: not UTF-8 text"),
+    ],
+    ids=["jsonl", "file-of-a-directory", "csv"],
+)
+def test_data_that_is_not_utf8_is_named_with_its_file_line_and_fix(tmp_path, name, content, where):
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(content)
+    given = str(path.parent if name.startswith("dir/") else path)
+    message = re.escape(f"--dataset_name={given!r}: ") + ".*" + re.escape(where) + ".*" + re.escape("iconv -f latin1")
+    with pytest.raises(ValueError, match=message):
+        build(tmp_path, dataset_name=given)
+
+
+def test_a_folder_of_dataset_folders_names_them_and_the_one_to_give(tmp_path):
+    """`--dataset_name data/gsm8k`, the parent of gsm8k_to_trl.py's rl/ sft/ pretrain/ folders, was "cannot load the
+    dataset (DatasetGenerationError: An error occurred while generating the dataset)" (D13)."""
+    rows = {
+        "rl": {"prompt": "a=", "answer": "1"},
+        "sft": {"prompt": "a=", "completion": "1"},
+        "pretrain": {"text": "a"},
+    }
+    for folder, row in rows.items():
+        (tmp_path / "gsm8k" / folder).mkdir(parents=True)
+        (tmp_path / "gsm8k" / folder / "train.jsonl").write_text(json.dumps(row) + "\n")
+    given = str(tmp_path / "gsm8k")
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=given)
+    message = str(error.value)
+    assert message.startswith(f"--dataset_name={given!r}: cannot load the folder as one dataset"), message
+    assert "pretrain/ (train.jsonl); rl/ (train.jsonl); sft/ (train.jsonl)" in message
+    assert f"`--dataset_name {given}/rl`" in message
+
+
+@pytest.mark.parametrize(
     "flags, message",
     [
         (["--lora_r", "-4"], "--lora_r=-4: the LoRA rank must be a whole number >= 1"),
@@ -418,6 +459,18 @@ def test_save_tiny_model_rejects_non_positive_context(tmp_path, capsys, value):
     assert exit_info.value.code == 2
     assert "--max_position_embeddings: must be a positive integer" in capsys.readouterr().err
     assert not (tmp_path / "tiny").exists()
+
+
+def test_save_tiny_model_refuses_an_output_dir_that_is_a_file(tmp_path, capsys):
+    """transformers' `save_pretrained` only logs "should be a directory, not a file" and saves nothing: the script
+    exited 0 with no model written."""
+    save_tiny = load_script("scripts/save_tiny_model.py")
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        save_tiny.main(["--output_dir", str(tmp_path / "afile")])
+    assert exit_info.value.code == 2
+    assert "afile' is a file; give a folder" in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_save_tiny_model_applies_a_positive_context(tmp_path):

@@ -80,6 +80,40 @@ def test_a_full_disk_at_the_final_save_leaves_the_previous_model_whole(tmp_path,
     AutoModelForCausalLM.from_pretrained(out)
 
 
+@pytest.mark.parametrize("target", ["afile", "afile/model"], ids=["a-file", "inside-a-file"])
+def test_save_model_to_a_file_path_names_the_file_and_the_fix(tmp_path, tokenizer, suite, tiny_trainer, target):
+    """`save_model(path)` where `path` (or a folder on its way) is a file: the SaveError named only
+    `NotADirectoryError: ... '.trapo-incomplete-save'` (T02); now the file, and the fix, and the file is kept."""
+    (tmp_path / "afile").write_text("mine")
+    trainer = tiny_trainer(tmp_path / "run", tokenizer, suite)
+    with pytest.raises(SaveError) as raised:
+        trainer.save_model(str(tmp_path / target))
+    assert str(raised.value) == (
+        f"Saving the model to {tmp_path / target} failed: {tmp_path / 'afile'} is a file, not a folder. Fix: pass a "
+        "folder path (created if missing), or move the file away. The file was left as it was."
+    )
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "error, needles",
+    [
+        (OSError(errno.ENOTDIR, "Not a directory"), ["is a file, where a folder is needed", "pass a folder path"]),
+        (PermissionError(errno.EACCES, "Permission denied"), ["no permission to write there", "choose a folder"]),
+    ],
+    ids=["not-a-directory", "permission"],
+)
+def test_every_save_error_says_what_to_do_about_its_cause(tmp_path, error, needles):
+    """`describe_os_error` words every SaveError (checkpoints, the final model, trainer_state.json, the CLI's
+    files): a file in the way and a folder without permission say the fix, not only the OSError."""
+    from trl_trapo.saving import describe_os_error
+
+    (tmp_path / "afile").write_text("")
+    text = describe_os_error(str(tmp_path / "afile" / "checkpoint-2"), error)
+    for needle in needles:
+        assert needle in text, text
+
+
 def test_the_guard_puts_back_a_same_numbered_checkpoint_a_failed_save_replaced(tmp_path):
     """An earlier run's `checkpoint-2` is moved aside while the new one is written, restored when that save fails,
     dropped when it completes; an error outside a save is left alone."""
@@ -192,6 +226,39 @@ def test_a_failed_push_names_the_hub_and_keeps_the_local_save(tmp_path, tokenize
     ) as raised:
         tiny_trainer(tmp_path / "b", tokenizer, suite, push_to_hub=True, hub_model_id="me/trapo-tiny")
     assert "nothing was trained or saved" in str(raised.value) and "is complete" not in str(raised.value)
+
+
+def test_a_push_by_hand_that_cannot_create_the_repo_says_what_is_true(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch
+):
+    """`trainer.push_to_hub()` called by the user's code (push_to_hub=False) after training, offline: the message said
+    "push_to_hub=True ... failed before any training; nothing was trained or saved ... drop --push_to_hub", none of it
+    true there (T03). Now: this call saved and uploaded nothing, the model in memory is kept, how to save and upload
+    it. A repo id the Hub refuses (an output_dir with a space, no hub_model_id) was huggingface_hub's raw
+    HFValidationError (T04): one message naming hub_model_id."""
+    import huggingface_hub.constants
+    from huggingface_hub.utils import validate_repo_id
+
+    def unreachable(self, repo_id, **kwargs):
+        validate_repo_id(repo_id)  # as huggingface_hub does before any request (offline too)
+        raise FakeHubApi().upload_folder()
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeHubApi())
+    monkeypatch.setattr(FakeHubApi, "create_repo", unreachable)
+    trainer = tiny_trainer(tmp_path / "run", tokenizer, suite, max_steps=1, hub_model_id="me/trapo-tiny")
+    trainer.train()
+    with pytest.raises(HubPushError) as raised:
+        trainer.push_to_hub()
+    message = str(raised.value)
+    assert message.startswith("push_to_hub(): creating the repo 'me/trapo-tiny' on the Hugging Face Hub failed")
+    for needle in ("nothing was saved or uploaded by this call", "trainer.save_model('<folder>')", "hf upload"):
+        assert needle in message, message
+    for wrong in ("push_to_hub=True", "before any training", "--push_to_hub"):
+        assert wrong not in message, message
+    spaced = tiny_trainer(tmp_path / "my run", tokenizer, suite, max_steps=1)
+    with pytest.raises(ValueError, match=r"the repo id 'my run', from the last part of output_dir .*set hub_model_id"):
+        spaced.push_to_hub()
 
 
 def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):

@@ -392,6 +392,26 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite, tiny_
         assert torch.equal(param.detach(), before[name]), name
 
 
+def test_a_second_train_trains_again_as_a_transformers_trainer_does(tmp_path, tokenizer, suite, tiny_trainer):
+    """A second `train()` was torch's `AttributeError: 'function' object has no attribute '__func__'`: the scheduler
+    transformers builds anew for it wraps `optimizer.step`, which the non-finite guard had made a plain function (T01).
+    As with a transformers `Trainer`: the same optimizer, a fresh scheduler and step count, `max_steps` more steps;
+    the guard still skips a non-finite step."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=2)
+    trainer.train()
+    after_first = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(p.detach(), after_first[n]) for n, p in trainer.model.named_parameters())
+    after_second = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    original = trainer.compute_loss
+    trainer.compute_loss = lambda *args, **kwargs: original(*args, **kwargs) * torch.tensor(float("nan"))
+    trainer.train()  # a third run, every loss poisoned: each step skipped (max_nonfinite_steps is 10)
+    assert trainer._nonfinite_steps == 2
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param.detach(), after_second[name]), name
+
+
 def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokenizer, suite, tiny_trainer):
     trainer = tiny_trainer(
         tmp_path,

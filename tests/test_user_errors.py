@@ -311,6 +311,16 @@ def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, monkeypatch, c
             ("max_steps: 1.5\n", ["--config", "max_steps", "1.5", "a whole number"]),
             ("max_steps: abc\n", ["--config", "max_steps", "'abc'", "a whole number"]),
             ("curriculum_mixtures: 0.5\n", ["--config", "curriculum_mixtures", "0.5", "not a list"]),
+            # an empty file was TRL's "must contain a YAML mapping", without a fix
+            ("# nothing yet\n", ["--config", "holds no settings", "`key: value`", "drop --config"]),
+            # the last value won silently
+            ("max_steps: 10\nmax_steps: 2\n", ["--config", "'max_steps' is given twice (lines 1 and 2)"]),
+            # text for a list of names was read one character at a time ("--reward_funcs 'm': not a built-in ...")
+            (
+                "reward_funcs: my_rewards.length\n",
+                ["--config", "reward_funcs: 'my_rewards.length' is text", "`reward_funcs: [my_rewards.length]`"],
+            ),
+            ("max_steps: 2\n".encode("latin-1") + b"# caf\xe9\n", ["--config", "not UTF-8", "iconv"]),
         ],
         ids=[
             "not-yaml",
@@ -321,13 +331,17 @@ def test_a_bad_value_is_one_clean_message(tmp_path, users_folder, monkeypatch, c
             "fraction-for-int",
             "text-for-int",
             "number-for-list",
+            "empty",
+            "duplicate-key",
+            "text-for-list",
+            "not-utf8",
         ],
         default_script_case="not-yaml",
     ),
 )
 def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, monkeypatch, capsys, content, needles, where):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(content)
+    recipe.write_bytes(content if isinstance(content, bytes) else content.encode())
     before = snapshot(users_folder), snapshot(recipe)
     returncode, output = run_case(
         where,
@@ -502,7 +516,7 @@ def test_run_turns_only_user_errors_into_a_message(monkeypatch, capsys, phase, e
     def run_job(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(cli, "parse_args", lambda argv=None: (None, None, None))
+    monkeypatch.setattr(cli, "parse_args", lambda argv=None, prog=None: (None, None, None))
     monkeypatch.setattr(cli, "build_trainer", build_trainer)
     monkeypatch.setattr(cli, "run_job", run_job)
     monkeypatch.delenv("TRAPO_DEBUG", raising=False)
@@ -550,7 +564,7 @@ def test_a_model_path_with_a_tilde_loads_as_it_was_checked(tmp_path, monkeypatch
         ({"bf16": "true"}, ["bf16='true'", "must be True or False or None"]),
         ({"reward_weights": ["1", 2.0]}, ["reward_weights=['1', 2.0]", "numbers or None, not a list holding '1'"]),
         ({"curriculum_boundaries": 0.5}, ["curriculum_boundaries=0.5", "must be a list of numbers, not float"]),
-        ({"kl_estimator": 2}, ["kl_estimator=2", "must be one of 'auto', 'k1', 'k2', 'k3'"]),
+        ({"kl_estimator": 2}, ["kl_estimator=2", "use one of 'auto', 'k1', 'k2', 'k3'"]),
     ],
     ids=["str-number", "none", "float-for-int", "integral-float", "bool-for-int", "str-bool", "list-item",
          "scalar-list", "literal-type"],
@@ -1463,6 +1477,25 @@ class FakeLauncher:
 LAUNCHER_ARGV = ["python", "accelerate", "launch", "--num_processes=4", "examples/trapo.py"]
 
 
+def test_processes_started_advice_drops_cpu(monkeypatch):
+    """`accelerate launch --num_processes 2 --cpu` starts one process; following the advice to add `--multi_gpu`
+    while keeping `--cpu` was accelerate's own "You can only use one of `--cpu`, `--multi_gpu`" traceback (ACC03)."""
+    import psutil
+
+    from trl_trapo.distributed import check_processes_started
+
+    for name in ("WORLD_SIZE", "RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    # what accelerate's simple launcher exports for `--cpu --num_processes 2` (`prepare_simple_launcher_cmd_env`)
+    env = {"ACCELERATE_DYNAMO_BACKEND": "NO", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in {**env, "ACCELERATE_USE_CPU": "True"}.items():
+        monkeypatch.setenv(name, value)
+    argv = ["python", "accelerate", "launch", "--num_processes", "2", "--cpu", "examples/trapo.py"]
+    monkeypatch.setattr(psutil, "Process", FakeLauncher({}, argv))
+    with pytest.raises(ValueError, match=r"Pass `--multi_gpu` instead of `--cpu` \(accelerate takes only one"):
+        check_processes_started()
+
+
 @pytest.mark.parametrize(
     ("launcher_env", "child_env", "outcome"),
     [
@@ -1474,6 +1507,7 @@ LAUNCHER_ARGV = ["python", "accelerate", "launch", "--num_processes=4", "example
     ids=["lost-processes", "inherited-master-addr", "torchrun", "unreadable"],
 )
 def test_processes_started_check(monkeypatch, caplog, launcher_env, child_env, outcome):
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     import psutil
 
     from trl_trapo.distributed import check_processes_started
@@ -1488,6 +1522,7 @@ def test_processes_started_check(monkeypatch, caplog, launcher_env, child_env, o
         with pytest.raises(ValueError, match=r"asked for --num_processes 4 but started this process alone") as error:
             check_processes_started()
         assert "accelerate launch --multi_gpu --num_processes 4 examples/trapo.py" in str(error.value)
+        assert "instead of `--cpu`" not in str(error.value)  # the launcher was not given --cpu
     else:
         check_processes_started()
         assert ("started this process alone" in caplog.text) == (outcome == "warning")

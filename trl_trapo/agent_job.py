@@ -111,7 +111,7 @@ class AgentJobArguments:
                 raise ValueError(f"--{name}={value!r}: must be a whole number >= {minimum}. Fix: give one.")
 
 
-def make_parser() -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     """The job's parser over `(AgentJobArguments, TRAPOConfig)`, with `AGENT_JOB_DEFAULTS` as defaults.
 
     Abbreviations are refused (`--learning_rat` is an error); `--config recipe.yaml` is read as in TRL's scripts.
@@ -119,13 +119,13 @@ def make_parser() -> TrlParser:
     parser = TrlParser(
         (AgentJobArguments, TRAPOConfig),
         allow_abbrev=False,
-        usage="examples/trapo_tools.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        usage=f"{prog or 'examples/trapo_tools.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**AGENT_JOB_DEFAULTS)
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[AgentJobArguments, TRAPOConfig]:
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[AgentJobArguments, TRAPOConfig]:
     """Parse the job's command line (`sys.argv[1:]` by default) over `AGENT_JOB_DEFAULTS`.
 
     Returns:
@@ -139,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[AgentJobArguments, TRAPOC
     from .cli import parse_job_args
 
     job_args, config = parse_job_args(
-        make_parser,
+        lambda: make_parser(prog),
         (AgentJobArguments, TRAPOConfig),
         sys.argv[1:] if argv is None else list(argv),
         "examples/trapo_tools.py",
@@ -339,7 +339,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`trl_trapo.cli.run`: the same errors count as the user's before and during training;
     `TRAPO_DEBUG=1` raises them with their traceback instead).
@@ -354,7 +354,7 @@ def run(argv: list[str] | None = None) -> int:
 
     user_errors = SETUP_USER_ERRORS
     try:
-        job_args, config = parse_args(argv)
+        job_args, config = parse_args(argv, prog=program)
         job_start = time.perf_counter()
         data = build_data(job_args)
         trainer = build_trainer(data, config)
@@ -363,7 +363,7 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = os.path.basename(sys.argv[0]) or "trapo_tools.py"
+        program = program or os.path.basename(sys.argv[0]) or "trapo_tools.py"
         print(f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     return 0

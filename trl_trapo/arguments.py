@@ -23,6 +23,8 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
 from .models import check_score_head
+from .rewards import REWARD_FUNCTIONS
+from .setup_checks import TASK_HEAD_CLASSES
 
 
 REWARD_FUNC = (
@@ -64,10 +66,28 @@ def _check_model(
         _refuse(name, value, f"{expected} or its id / local path (str)" if loadable else expected, _path_fix(value))
 
 
+def _check_policy(value: Any) -> None:
+    _check_model("model", value, loadable=True)
+    if isinstance(value, nn.Module) and type(value).__name__.endswith(TASK_HEAD_CLASSES):
+        raise ValueError(
+            f"`model` is a {type(value).__name__}: a policy generates text, so it needs a language-model head, which "
+            "this class replaces by a classification head. Did you swap the policy and the reward model? Pass a causal "
+            "LM (`AutoModelForCausalLM.from_pretrained(...)`) as `model`, and a sequence-classification model as "
+            "`reward_funcs` or `value_model`."
+        )
+
+
 def _check_peft_config(value: Any) -> None:
     from peft import PeftConfig
 
     if isinstance(value, PeftConfig):
+        task_type = getattr(getattr(value, "task_type", None), "value", getattr(value, "task_type", None))
+        if task_type not in (None, "CAUSAL_LM"):  # PEFT would wrap the policy in PeftModelFor<task_type>
+            raise ValueError(
+                f"`peft_config` has task_type={task_type!r}, but the adapter is put on the policy, a causal language "
+                f"model: PEFT would wrap it for another task (saved and reloaded as a {task_type} adapter). Use "
+                "task_type='CAUSAL_LM' (`peft.LoraConfig(task_type='CAUSAL_LM', ...)`, `--lora_task_type CAUSAL_LM`)."
+            )
         if value.is_prompt_learning:  # virtual tokens lengthen the logits past the completion mask: IndexError later
             raise ValueError(
                 f"`peft_config` is a prompt-learning config ({type(value).__name__}), which TRAPO does not support: "
@@ -94,6 +114,13 @@ def _check_reward_funcs(value: Any) -> None:
 def _check_reward(name: str, value: Any) -> None:
     if not _is_reward_func(value):
         _refuse(name, value, REWARD_FUNC, _path_fix(value))
+    if isinstance(value, str) and value in REWARD_FUNCTIONS and not os.path.exists(value):
+        function = REWARD_FUNCTIONS[value].__name__
+        raise ValueError(
+            f"{name}={value!r} is the command line's name of a built-in reward function; in Python a string is a "
+            f"reward model's Hub id or local path. Pass the function: `from trl_trapo.rewards import {function}`, "
+            f"then `reward_funcs=[{function}]`."
+        )
     if isinstance(value, nn.Module):
         check_score_head(value, name)
 
@@ -146,7 +173,7 @@ def _check_tools(value: Any) -> None:
 
 # argument -> its check (called with the value when it is not None)
 CHECKS: dict[str, Callable[[Any], None]] = {
-    "model": lambda v: _check_model("model", v, loadable=True),
+    "model": _check_policy,
     "reward_funcs": _check_reward_funcs,
     "processing_class": lambda v: None if _is_tokenizer(v) else _refuse("processing_class", v, TOKENIZER),
     "reward_processing_classes": _check_reward_processing_classes,
@@ -189,16 +216,24 @@ def check_trainer_arguments(**arguments: Any) -> None:
     """Refuse a constructor argument of the wrong type (see the module docstring), before anything loads.
 
     Args:
-        **arguments: `TRAPOTrainer`'s arguments by name; those `CHECKS` knows are checked (None is always accepted:
-            it means "not given").
+        **arguments: `TRAPOTrainer`'s arguments by name; those `CHECKS` knows are checked (None is accepted, as "not
+            given", for all but `model`, which is required).
 
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
-            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict).
-        ValueError: for a reward or value model without a one-output score head ([`~trl_trapo.models.check_score_head`]:
-            a causal LM, or `num_labels` > 1), and for a prompt-learning `peft_config` (`PromptTuningConfig`,
-            `PrefixTuningConfig`, ...: `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
+            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
+        ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
+            `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
+            built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
+            one-output score head ([`~trl_trapo.models.check_score_head`]: a causal LM, or `num_labels` > 1), and
+            for a prompt-learning `peft_config` (`PromptTuningConfig`, `PrefixTuningConfig`, ...:
+            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
     """
+    if "model" in arguments and arguments["model"] is None:
+        raise TypeError(
+            "`model` is required: a model id (e.g. 'Qwen/Qwen2.5-0.5B-Instruct'), the path of a model saved with "
+            "`save_pretrained`, or a loaded model (`AutoModelForCausalLM.from_pretrained(...)`); got None."
+        )
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)

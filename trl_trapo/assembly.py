@@ -24,13 +24,17 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from accelerate.utils import is_peft_model
+
 from .arguments import check_config_type, check_trainer_arguments
-from .checkpoint import verify_checkpoint
+from .checkpoint import check_checkpoint_fits, datasets_summary, verify_checkpoint
 from .config import RL, SFT, TRAPOConfig
 from .data import check_datasets
 from .distributed import sum_over_ranks
+from .evaluation import check_best_model_metric
 from .objectives import DistillationObjective, Objective, ObjectiveSetup, RLObjective, SFTObjective
 from .saving import check_output_dir
+from .setup_checks import check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
 from .threads import ThreadChoice, choose_torch_threads
 
@@ -61,7 +65,8 @@ class RunChecks:
         own_source (`bool`): the run samples with a source of the user's (`rollout_source`, `rollout_func`, `tools` /
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
-            SHA-256 was verified; None when the run does not resume from a path.
+            SHA-256 was verified and it fits the run; None when the run does not resume from a path.
+        datasets_summary (`dict`): what checkpoints record of the datasets (`checkpoint.datasets_summary`).
         thread_choice ([`~trl_trapo.threads.ThreadChoice`]): torch's CPU threads for this process and its producers.
     """
 
@@ -69,6 +74,7 @@ class RunChecks:
     train_dataset: Dataset | None
     own_source: bool
     verified_checkpoint: str | None
+    datasets_summary: dict
     thread_choice: ThreadChoice
 
 
@@ -91,7 +97,9 @@ def check_run(
     """The construction checks that run before anything slow loads, in this order: the config's type, every
     argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
-    datasets, the checkpoint to resume from (every file's SHA-256; `train` does not hash it again), torch's threads.
+    datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
+    from (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads.
+    `arguments` also gives `model`, `peft_config`, `callbacks` and `optimizers` to the checks that read them.
 
     Returns:
         [`RunChecks`].
@@ -119,14 +127,29 @@ def check_run(
     # datasets have the columns and cells their objectives read
     check_output_dir(args)
     check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
+    # trackers, optimizer and scheduler: built by `train()`, checked now
+    check_training_setup(args, arguments.get("optimizers", (None, None)))
+    check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
+    # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
+    summary = datasets_summary(
+        {
+            "train_dataset": train_dataset,
+            "sft_dataset": sft_dataset,
+            "pretrain_dataset": pretrain_dataset,
+            "distillation_dataset": distillation_dataset,
+        }
+    )
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation
     verified_checkpoint = None
     if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
         verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+        # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
+        adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
+        check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary)
         verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
-    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, thread_choice)
+    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, summary, thread_choice)
 
 
 def check_agent(

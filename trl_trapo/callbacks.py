@@ -9,6 +9,7 @@
 | [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
 | [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
+| [`ShortProgressCallback`], [`ShortPrinterCallback`] | `on_log` | `console_metrics="short"`: the console's line of a training step shows `CONSOLE_METRICS` only |
 
 What is not a callback — the curriculum, DARE, the KL / entropy / learning-rate schedules — is a plain object the
 trainer asks at the right point of a step.
@@ -16,6 +17,7 @@ trainer asks at the right point of a step.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import os
 import signal
@@ -24,6 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .checkpoint import CheckpointError
 from .distributed import max_over_ranks, register_ddp_comm_hook
@@ -337,3 +340,68 @@ __all__ = [
     "StopOnSignalCallback",
     "SyncReferenceCallback",
 ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The console
+# ---------------------------------------------------------------------------------------------------------------------
+CONSOLE_METRICS = (
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "epoch",
+    "loss/*",
+    "weight/*",
+    "objective/scores",
+    "objective/kl",
+)
+"""What the console's line of a training step shows with `console_metrics="short"` (shell patterns, in this order):
+the Trainer's own keys, each objective's loss `loss/<objective>` and weight `weight/<objective>`, and the rollouts'
+mean score and KL to the reference (TRL's `GRPOTrainer` prints its `reward` and `kl`). Every other metric is still in
+`trainer_state.json` and the trackers of `report_to` (docs/metrics.md lists them all)."""
+CONSOLE_EXCLUDED = ("loss/*_avg",)
+"""Matches of `CONSOLE_METRICS` left out too: the parts of the RL loss (`loss/policy_avg`, `loss/value_avg`)."""
+
+
+def console_view(logs: dict) -> dict:
+    """The part of a log entry the console shows with `console_metrics="short"`.
+
+    Args:
+        logs (`dict`): one entry, as the Trainer hands it to `on_log`.
+
+    Returns:
+        `dict`: for a training step's entry (one with `loss`), its keys that match `CONSOLE_METRICS` and not
+        `CONSOLE_EXCLUDED`, in the entry's order; any other entry (evaluation, the end of training, your own
+        `trainer.log(...)`) whole, as a new dict.
+    """
+    if "loss" not in logs:
+        return dict(logs)
+
+    def shown(key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, p) for p in CONSOLE_METRICS) and not any(
+            fnmatch.fnmatchcase(key, p) for p in CONSOLE_EXCLUDED
+        )
+
+    return {key: value for key, value in logs.items() if shown(key)}
+
+
+class ShortProgressCallback(ProgressCallback):
+    """transformers' `ProgressCallback` (the training bar, and each log entry written above it), whose log line of a
+    training step shows [`console_view`] of the entry: the logs themselves are not changed."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return super().on_log(args, state, control, logs=None if logs is None else console_view(logs), **kwargs)
+
+
+class ShortPrinterCallback(PrinterCallback):
+    """transformers' `PrinterCallback` (`disable_tqdm=True`: each log entry printed), printing [`console_view`] of
+    the entry. Like its parent it drops `total_flos` from the entry itself."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None:
+            logs.pop("total_flos", None)  # what `PrinterCallback` does to the logged entry, kept as it was
+        return super().on_log(args, state, control, logs=None if logs is None else console_view(logs), **kwargs)
+
+
+SHORT_CONSOLE_CALLBACKS = {ProgressCallback: ShortProgressCallback, PrinterCallback: ShortPrinterCallback}
+"""The Trainer's console callback -> the one `console_metrics="short"` puts in its place."""

@@ -191,6 +191,150 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
                 raise CheckpointError(f"{path} is corrupted or truncated: its SHA-256 differs from the one recorded.")
 
 
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # a PEFT policy's checkpoint: its adapter only
+FULL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+DATASETS_FILE = "datasets.json"  # in `trapo/`: the datasets the run trained on (see `datasets_summary`)
+# the model config fields that fix the shapes of the weights: a checkpoint whose config differs is another model
+SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+)
+
+
+def datasets_summary(datasets: dict[str, Any]) -> dict[str, dict]:
+    """What a checkpoint records of the datasets its run trained on, to refuse resuming with others: for each given
+    dataset (by role, e.g. `train_dataset`), its columns and its number of rows (`None` for a streaming one)."""
+    summary = {}
+    for role, dataset in datasets.items():
+        if dataset is None or not hasattr(dataset, "column_names"):
+            continue
+        rows = len(dataset) if hasattr(dataset, "__len__") else None
+        summary[role] = {"columns": sorted(dataset.column_names or []), "rows": rows}
+    return summary
+
+
+def checkpoint_holds_adapter(checkpoint_dir: str) -> bool | None:
+    """True when the checkpoint's weights are a PEFT adapter (`adapter_model.*`), False for full weights, None when it
+    has neither (e.g. a DeepSpeed checkpoint, whose weights are in its own folder)."""
+    names = set(os.listdir(checkpoint_dir))
+    if names & set(ADAPTER_FILES):
+        return True
+    return False if names & set(FULL_FILES) else None
+
+
+def check_checkpoint_fits(
+    checkpoint_dir: str,
+    adapter: bool,
+    datasets: dict[str, dict] | None = None,
+    model: Any = None,
+) -> None:
+    """Refuse, before anything slow, a complete checkpoint (see `verify_checkpoint`) that the run cannot resume: its
+    weights are a LoRA adapter and the run trains the full model, or the other way round; it is of another model
+    (the config fields of `SHAPE_FIELDS` differ, for full weights; the adapter's type, rank or target modules, for an
+    adapter); or it was trained on other datasets (columns or number of rows differ from those `datasets_summary`
+    recorded in it; a checkpoint written before that record is not compared). Without these checks each failed only
+    in `train()`, after the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's
+    state errors.
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder.
+        adapter (`bool`): the run's policy is a PEFT model (a `peft_config`, `--use_peft`, or a `PeftModel`).
+        datasets (`dict`, *optional*): this run's `datasets_summary`; None: not compared.
+        model (*optional*): the run's policy, once built, to compare with the checkpoint's config; None: not compared.
+
+    Raises:
+        CheckpointError: naming the checkpoint, what it holds, what the run has and the fix.
+    """
+    start_over = "or start without resume_from_checkpoint (--resume_from_checkpoint)"
+    held = checkpoint_holds_adapter(checkpoint_dir)
+    if held is True and not adapter:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} holds a LoRA adapter (adapter_model.safetensors: it was "
+            "trained with a peft_config / --use_peft), but this run trains the full model. Fix: pass the same "
+            f"peft_config (--use_peft with the same --lora_* settings), {start_over}."
+        )
+    if held is False and adapter:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} holds full model weights (model.safetensors: it was trained "
+            "without a peft_config / --use_peft), but this run trains a LoRA adapter. Fix: drop peft_config "
+            f"(--use_peft), {start_over}."
+        )
+    if model is not None:
+        problem = _model_mismatch(checkpoint_dir, held, model)
+        if problem:
+            raise CheckpointError(
+                f"resume_from_checkpoint={checkpoint_dir!r} is of another model: {problem}. Fix: resume with the model "
+                f"(--model_name_or_path) and LoRA settings that wrote it, {start_over}."
+            )
+    recorded = read_state_file(checkpoint_dir, DATASETS_FILE) if datasets is not None else None
+    if recorded is not None and recorded != datasets:
+        differences = []
+        for role in sorted(set(recorded) | set(datasets)):
+            before, now = recorded.get(role), datasets.get(role)
+            if before != now:
+                differences.append(f"{role}: {_described(before)} then, {_described(now)} now")
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} was trained on other datasets ({'; '.join(differences)}): "
+            "its data samplers and pools are positions in those. Fix: resume with the same datasets, "
+            f"{start_over}."
+        )
+
+
+def _described(entry: dict | None) -> str:
+    if entry is None:
+        return "none"
+    rows = "streaming" if entry["rows"] is None else f"{entry['rows']:,} rows"
+    return f"{rows} ({', '.join(entry['columns'])})"
+
+
+def _model_mismatch(checkpoint_dir: str, held: bool | None, model: Any) -> str | None:
+    """How the checkpoint's model differs from `model`, or None (also when the checkpoint says too little)."""
+    if held is False:
+        path = os.path.join(checkpoint_dir, "config.json")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                saved = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        config = getattr(model, "config", None)
+        config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+        saved = saved.get("text_config", saved) if "text_config" in saved and "hidden_size" not in saved else saved
+        differing = [
+            f"{name} {saved[name]!r} in its config.json, {getattr(config, name)!r} in this run's"
+            for name in SHAPE_FIELDS
+            if name in saved and config is not None and hasattr(config, name) and saved[name] != getattr(config, name)
+        ]
+        return "; ".join(differing) or None
+    if held is True and getattr(model, "peft_config", None):
+        path = os.path.join(checkpoint_dir, "adapter_config.json")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                saved = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        active = model.peft_config.get(getattr(model, "active_adapter", "default")) or next(
+            iter(model.peft_config.values())
+        )
+        differing = []
+        for name in ("peft_type", "r", "target_modules"):
+            if name not in saved or not hasattr(active, name):
+                continue
+            now = getattr(active, name)
+            now = getattr(now, "value", now)  # PeftType is an enum
+            before = saved[name]
+            if isinstance(now, (set, list, tuple)) and isinstance(before, (list, tuple)):
+                now, before = sorted(now), sorted(before)
+            if before != now:
+                differing.append(f"{name} {before!r} in its adapter_config.json, {now!r} in this run's")
+        return "; ".join(differing) or None
+    return None
+
+
 def read_rank_state(checkpoint_dir: str, rank: int) -> tuple[dict, dict[str, torch.Tensor]]:
     """This rank's JSON state and tensors (call `verify_checkpoint` first).
 
@@ -268,7 +412,10 @@ def restore_rng(generators: dict[str, torch.Generator], tensors: dict[str, torch
 
 __all__ = [
     "CheckpointError",
+    "DATASETS_FILE",
     "atomic_write_bytes",
+    "check_checkpoint_fits",
+    "datasets_summary",
     "atomic_write_json",
     "encode_tensors",
     "decode_tensors",

@@ -238,8 +238,11 @@ class TRAPOScriptArguments(ScriptArguments):
 SCRIPT_FIELDS = {f.name for f in dataclasses.fields(TRAPOScriptArguments)}
 
 
-def make_parser() -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     """The job's command-line parser.
+
+    Args:
+        prog: the command its usage line names (default `examples/trapo.py`; `trapo train` for the `trapo` command).
 
     Returns:
         `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
@@ -249,7 +252,7 @@ def make_parser() -> TrlParser:
     return TrlParser(
         (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
         allow_abbrev=False,
-        usage="examples/trapo.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        usage=f"{prog or MAIN_PROGRAM} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
         epilog=(
             "--config RECIPE.yaml reads arguments from a YAML file (keys are the argument names above); flags given on "
             "the command line override the file. The defaults shown are TRAPOConfig's, which apply to your model "
@@ -362,7 +365,14 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
         raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
     try:
         with open(path, encoding="utf-8") as handle:
-            config = yaml.safe_load(handle)
+            config = yaml.load(handle, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKeyError as error:
+        raise ValueError(f"--config={path!r}: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--config={path!r}: not UTF-8 text ({error.reason} at byte {error.start}). Fix: save it as UTF-8 (e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > recipe.yaml`)."
+        ) from error
     except yaml.YAMLError as error:  # the message says where: `line 3, column 7`
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -370,8 +380,11 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
             f"--config={path!r}: not valid YAML{where} ({getattr(error, 'problem', None) or error}). Fix: write one "
             "`key: value` per line (e.g. `learning_rate: 1.0e-5`), quoting values that hold `: ` or ` #`."
         ) from error
-    if config is None:
-        return {}
+    if config is None:  # TRL's parser, which reads the file again, refuses it with "must contain a YAML mapping"
+        raise ValueError(
+            f"--config={path!r}: the file holds no settings (it is empty, or only comments). Fix: write one "
+            "`key: value` per line (e.g. `max_steps: 100`), or drop --config."
+        )
     if not isinstance(config, dict):
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
     known = set(known_fields(classes)) | {"env"}
@@ -383,6 +396,12 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
                 f"{did_you_mean(str(key), classes)} Fix: correct or remove it (`python {program} --help` lists every "
                 "argument)."
             )
+        if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
+            # argparse keeps a YAML default as it is: the job would read the text one character at a time
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} is text, but {key} is a list (YAML does not split text into "
+                f"one). Fix: write `{key}: [{value}]` (or `{key}: [a, b]` for several)."
+            )
         problem = config_value_problem(value, kinds.get(key))
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
             raise ValueError(
@@ -390,6 +409,55 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
                 f"(`python {program} --help` shows the type of --{key})."
             )
     return config
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives one key twice (`yaml.safe_load` keeps the last value, silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping, naming the key and both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            mark = key_node.start_mark
+            where = (mark.line + 1, mark.column + 1)
+            if key in seen:
+                first = seen[key]
+                places = (
+                    f"lines {first[0]} and {where[0]}"
+                    if first[0] != where[0]
+                    else f"line {where[0]}, columns {first[1]} and {where[1]}"
+                )
+                raise DuplicateKeyError(
+                    f"the key {key!r} is given twice ({places}); YAML would keep the last value silently. Fix: keep "
+                    "one of them."
+                )
+            seen[key] = where
+        return super().construct_mapping(node, deep=deep)
+
+
+TEXT_FOR_LIST = {"lora_target_modules"}
+"""List arguments that also take one text value in the `--config` YAML, because what reads them takes text: PEFT's
+`target_modules` reads `all-linear` (or a regular expression) as a whole. Any other list argument given text would be
+read one character at a time (argparse keeps a YAML value as it is, as in `TrlParser`)."""
+
+
+def is_text_list(kind) -> bool:
+    """Whether the type `kind` (see `field_types`) is a list of text and nothing else that takes a string
+    (`list[str]`, `list[str] | None`; not `str | list[str]`)."""
+    options = (
+        [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind)
+        in (
+            typing.Union,
+            types.UnionType,
+        )
+        else [kind]
+    )
+    return len(options) == 1 and typing.get_origin(options[0]) is list and typing.get_args(options[0]) == (str,)
 
 
 def field_types(classes: tuple = JOB_CLASSES) -> dict[str, object]:
@@ -641,7 +709,7 @@ def check_lora_arguments(model_args: ModelConfig) -> None:
 
 
 def parse_args(
-    argv: list[str] | None = None, defaults: dict | None = None
+    argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
     """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
     `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
@@ -650,6 +718,7 @@ def parse_args(
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
         defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run); like the
             built-in defaults, they fill only what the user did not give.
+        prog: the command the usage line names (see `make_parser`).
 
     Returns:
         `(script_args, training_args, model_args)`.
@@ -660,7 +729,7 @@ def parse_args(
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv)
-    parser = make_parser()
+    parser = make_parser(prog)
     if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
         parser.set_defaults(**builtin_defaults(given))
     if defaults:
@@ -782,7 +851,87 @@ class DatasetSplits:
                 raise ValueError(f"{where}: cannot read split {split!r} ({type(error).__name__}: {error}).") from error
         if empty:
             raise ValueError(f"{where}: split {split!r} is empty (no rows). Fix: point at data with rows.")
+        if hasattr(dataset, "__len__"):
+            check_utf8(dataset, where, os.path.expanduser(self.name))
         return dataset
+
+
+def check_utf8(dataset, where: str, path: str) -> None:
+    """Refuse a map-style dataset whose text is not UTF-8: `datasets` loads such a JSON / CSV file without a word
+    (Arrow keeps the bytes) and Python fails on the first row read, with only `'utf-8' codec can't decode byte ...`.
+    Arrow's full validation checks every string, nested ones included.
+
+    Args:
+        dataset: a `datasets.Dataset`.
+        where: `--arg='value'`, for the message.
+        path: the local file or directory it was read from (to name the file and line), or a Hub id.
+
+    Raises:
+        ValueError: naming `where`, the file and line (local JSON) or the column, and the fix.
+    """
+    import pyarrow as pa
+
+    table = dataset.data.table  # the Arrow table behind the rows (`Dataset.data`)
+    for column in table.column_names:
+        try:
+            table.column(column).validate(full=True)
+        except pa.ArrowInvalid as error:
+            if "utf8" not in str(error).lower():
+                raise
+            raise encoding_error(where, path, f"column {column!r} holds text that is not UTF-8") from error
+
+
+TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".txt")  # data files `datasets` decodes as UTF-8 text
+
+
+def data_files(path: str, suffixes: tuple[str, ...] = TEXT_DATA_SUFFIXES) -> list[str]:
+    """The data files of a local dataset `path` with one of `suffixes`: the file itself, or a directory's files (every
+    level, sorted; `save_to_disk` metadata excluded)."""
+    if not os.path.isdir(path):
+        return [path] if path.lower().endswith(suffixes) else []
+    return sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.lower().endswith(suffixes) and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+    )
+
+
+def encoding_problem(path: str) -> str | None:
+    """The first local text data file of `path` (see `data_files`) that is not UTF-8, with the line, or None."""
+    for file in data_files(path) if os.path.exists(path) else []:
+        with open(file, "rb") as handle:
+            data = handle.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+    return None
+
+
+def encoding_error(where: str, path: str, fallback: str) -> ValueError:
+    """The error for data that is not UTF-8 text: the file and line `encoding_problem` finds (else `fallback`), and
+    how to re-encode it."""
+    located = encoding_problem(path)
+    file = located.split(", line ")[0] if located else path
+    return ValueError(
+        f"{where}: {located or fallback}. Fix: re-encode the data as UTF-8, e.g. `iconv -f latin1 -t utf-8 {file} > "
+        f"fixed{os.path.splitext(file)[1] or '.jsonl'}` (if it was written as Latin-1)."
+    )
+
+
+def dataset_subfolders(path: str) -> dict[str, list[str]]:
+    """The sub-folders of a local directory `path` that hold data files, each with its files (relative to it)."""
+    if not os.path.isdir(path):
+        return {}
+    folders = {}
+    for entry in sorted(os.listdir(path)):
+        sub = os.path.join(path, entry)
+        files = data_files(sub, (*TEXT_DATA_SUFFIXES, ".parquet", ".arrow")) if os.path.isdir(sub) else []
+        if files:
+            folders[entry] = [os.path.relpath(f, sub) for f in files]
+    return folders
 
 
 def load_splits(
@@ -857,6 +1006,26 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
         if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
             raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
         local = kwargs.get("data_files") or path
+        causes, cause = [], error
+        while cause is not None and len(causes) < 20:  # datasets wraps the reader's error in DatasetGenerationError
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(local, str) and any(isinstance(c, UnicodeDecodeError) for c in causes):
+            raise encoding_error(where, local, "a data file is not UTF-8 text") from error
+        folders = dataset_subfolders(local) if isinstance(local, str) else {}
+        if folders:  # datasets reads the files of every sub-folder as one dataset
+            listed = "; ".join(
+                f"{name}/ ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+                for name, files in folders.items()
+            )
+            arg = where.split("=", 1)[0]
+            wanted = {"--sft_dataset_name": "sft", "--pretrain_dataset_name": "pretrain"}.get(arg, "rl")
+            pick = next((name for name in folders if wanted in name.lower()), next(iter(folders)))
+            raise ValueError(
+                f"{where}: cannot load the folder as one dataset ({type(error).__name__}: {message}): it holds the "
+                f"data folders {listed}, whose files `datasets` reads together (they must share their columns). Fix: "
+                f"name one of them, e.g. `{arg} {os.path.join(local, pick)}`."
+            ) from error
         problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
         if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
             raise ValueError(
@@ -1600,7 +1769,7 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
     status, not a traceback.
 
@@ -1611,6 +1780,8 @@ def run(argv: list[str] | None = None) -> int:
 
     Args:
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
+        program: the command its usage line and its errors name (default: the script's file name; `trapo train`
+            for the `trapo` command).
 
     Returns:
         The exit status: 0 after a complete job, `USER_ERROR_EXIT_CODE` after a user error.
@@ -1620,7 +1791,7 @@ def run(argv: list[str] | None = None) -> int:
     """
     user_errors = SETUP_USER_ERRORS
     try:
-        script_args, training_args, model_args = parse_args(argv)
+        script_args, training_args, model_args = parse_args(argv, prog=program)
         job_start = time.perf_counter()
         trainer, inputs = build_trainer(script_args, training_args, model_args)
         user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
@@ -1628,7 +1799,7 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = os.path.basename(sys.argv[0]) or "trapo.py"
+        program = program or os.path.basename(sys.argv[0]) or "trapo.py"
         print(
             f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
             file=sys.stderr,

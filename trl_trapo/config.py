@@ -9,13 +9,16 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import difflib
 import enum
 import functools
 import json
 import math
 import numbers
 import os
+import re
 import types
 import typing
 import warnings
@@ -25,6 +28,7 @@ from typing import Literal
 
 import huggingface_hub.constants
 import torch
+import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from .sampler_correction import CorrectionMode, bounds_problem
@@ -40,6 +44,15 @@ SAFE_GENERATION_KWARGS = frozenset(
 )
 """`generation_kwargs` keys that leave the recorded behaviour log-probs exact (besides `eos_token_id`): truncation
 samplers only decide which token is drawn, like `top_k` / `top_p`; cache settings change no number."""
+GENERATION_KWARG_RANGES = {
+    "min_p": (0.0, 1.0, "[0, 1]", 0.1),
+    "typical_p": (0.0, 1.0, "(0, 1], 1 = off", 0.9),
+    "epsilon_cutoff": (0.0, 1.0, "[0, 1), 0 = off", 3e-4),
+    "eta_cutoff": (0.0, 1.0, "[0, 1), 0 = off", 3e-4),
+}
+"""The number each sampler key of `SAFE_GENERATION_KWARGS` takes (key -> (low, high, the interval in words, an example)), as
+transformers' logits warpers (`MinPLogitsWarper`, `TypicalLogitsWarper`, `EpsilonLogitsWarper`, `EtaLogitsWarper`)
+check it at the first `generate`, or skip the warper without a word (`epsilon_cutoff=2`): checked at construction."""
 OWN_GENERATION_FIELDS = {
     "temperature": "temperature",
     "top_k": "top_k",
@@ -138,6 +151,17 @@ def _type_name(kind) -> str:
     return TYPE_NAMES.get(kind, getattr(kind, "__name__", str(kind)))
 
 
+def literal_choices(kind) -> tuple:
+    """The values a `Literal[...]` annotation (or `Literal[...] | None`) allows, None included; () for any other."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin is Literal:
+        return args
+    if origin in (typing.Union, types.UnionType):
+        parts = [literal_choices(a) if a is not type(None) else (None,) for a in args]
+        return sum(parts, ()) if all(parts) else ()
+    return ()
+
+
 def _type_matches(value, kind) -> bool | None:
     """Whether `value` has the type a field annotated `kind` holds: True, False, or None where the annotation names a
     class this check leaves to the field's own validation (a dict of settings, an enum, a config object)."""
@@ -145,7 +169,7 @@ def _type_matches(value, kind) -> bool | None:
     if origin in (typing.Union, types.UnionType):
         results = [_type_matches(value, a) for a in args]
         return True if True in results else None if None in results else False
-    if origin is Literal:  # the type only: `_validate` names the accepted values
+    if origin is Literal:  # the type only: `check_field_types` checks the value against the choices first
         return value in args or any(type(value) is type(a) for a in args)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
@@ -166,10 +190,16 @@ def _type_matches(value, kind) -> bool | None:
 
 
 @functools.cache
+def _annotations(cls: type) -> dict[str, object]:
+    """Field -> its annotation, resolved (`typing.get_type_hints`, once per class)."""
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
 def _field_annotations(cls: type) -> dict[str, object]:
     """Field -> the type its values must have: the annotation (`ACCEPTED_TYPES` where wider), with None allowed in the
     fields of transformers' and TRL's classes, which do not always annotate a None they accept (`debug`)."""
-    hints = typing.get_type_hints(cls)
+    hints = _annotations(cls)
     own = {name for c in cls.__mro__ if issubclass(c, TRAPOConfig) for name in vars(c).get("__annotations__", {})}
     return {
         f.name: ACCEPTED_TYPES.get(f.name, hints[f.name] if f.name in own else hints[f.name] | None)
@@ -178,17 +208,76 @@ def _field_annotations(cls: type) -> dict[str, object]:
     }
 
 
-def check_field_types(config) -> None:
-    """Refuse a field whose value does not have its annotated type (`learning_rate="1e-3"`, `max_prompt_length=None`,
-    `num_generations=2.5`), before any other check compares or computes with it. A field at its default passes.
+TRL_ONLY_CHOICES = {
+    "loss_type": {
+        "cispo": "CISPO, MiniMax-M1's clipped importance-sampling weights",
+        "sapo": "SAPO, Soft Adaptive Policy Optimization's soft gate",
+        "luspo": "LUSPO, a length-unbiased sequence-level loss",
+        "vespo": "VESPO, a Gamma weighting of sequence-level ratios",
+    },
+}
+"""Values TRL 1.16's `GRPOConfig` accepts for a field TRAPO shares but has no equivalent of (field -> value -> what it
+is), named as such when refused: a GRPO script moved over gets "TRL's 'sapo' ... has no TRAPO equivalent"."""
+
+
+def _choices(kind) -> tuple | None:
+    """The values a field annotated `kind` must take one of, or None where it takes free values as well.
+
+    Fixed choices come from `Literal[...]` (TRAPO's `dare_mode`, `kl_estimator`, ...) and from an enum (transformers'
+    `lr_scheduler_type: SchedulerType | str`, `optim`, `eval_strategy`, ...: the enum's values; the `str` beside it is
+    the enum's text form), plus None where the annotation allows it. A field that also takes free text or numbers
+    (`trackio_static_space_id: str | None | Literal[False]`) has none.
+    """
+    parts = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    enums = [a for a in parts if isinstance(a, type) and issubclass(a, enum.Enum)]
+    choices: list = []
+    for a in parts:
+        if typing.get_origin(a) is Literal:
+            choices += typing.get_args(a)
+        elif a in enums:
+            choices += [member.value for member in a]
+        elif a is type(None):
+            choices.append(None)
+        elif not (a is str and enums):
+            return None
+    return tuple(choices) if len(choices) > (None in choices) else None
+
+
+def _check_choice(config, f: dataclasses.Field, value) -> None:
+    """Refuse `value` of the field `f` when the annotation offers fixed choices ([`_choices`]) it is not one of.
 
     Raises:
-        ValueError: naming the field, the value, the type expected and the fix.
+        ValueError: naming the field, the value, the choices, a close one ("did you mean") and, for a value of TRL's
+            only ([`TRL_ONLY_CHOICES`]), that it is TRL's and has no TRAPO equivalent.
+    """
+    choices = _choices(_annotations(type(config))[f.name])  # as annotated: transformers' enums take no None
+    if choices is None or isinstance(value, enum.Enum) or any(value == c and type(value) is type(c) for c in choices):
+        return
+    shown = ", ".join(repr(c) for c in choices)
+    trl_only = TRL_ONLY_CHOICES.get(f.name, {}).get(value, "") if isinstance(value, str) else None
+    close = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1) if trl_only == "" else []
+    if trl_only:
+        problem = f": TRL's {value!r} ({trl_only}) has no TRAPO equivalent;"
+    else:
+        problem = f" (did you mean {close[0]!r}?):" if close else ":"
+    default = "" if f.default is dataclasses.MISSING else f" (the default is {f.default!r})"
+    raise ValueError(f"{type(config).__name__}.{f.name}={value!r} is invalid{problem} use one of {shown}{default}.")
+
+
+def check_field_types(config) -> None:
+    """Refuse a field whose value does not have its annotated type (`learning_rate="1e-3"`, `max_prompt_length=None`,
+    `num_generations=2.5`), or is not one of its annotated choices (`dare_mode="dynamik"` of a
+    `Literal["dynamic", "static"]`, `lr_scheduler_type="cosin"` of transformers' `SchedulerType`), before any other
+    check compares or computes with it. A field at its default passes.
+
+    Raises:
+        ValueError: naming the field, the value, the type or the choices expected and the fix.
     """
     for f in dataclasses.fields(config):
         if not f.init or (value := getattr(config, f.name)) is f.default:
             continue
         kind = _field_annotations(type(config))[f.name]
+        _check_choice(config, f, value)
         if _type_matches(value, kind) is not False:
             continue
         expected, got = _type_name(kind), "None" if value is None else type(value).__name__
@@ -271,6 +360,31 @@ def check_json_dicts(config) -> None:
                 f"double quotes, e.g. `--{f.name} '{example}'` on the command line (in Python or a YAML recipe: a "
                 f"dict{', or the path of a JSON file' if path else ''})."
             )
+
+
+def check_hub_repo_id(args, hub_model_id: str | None = None) -> None:
+    """Refuse a Hub repo id that the Hub would refuse, before anything trains: `hub_model_id` (default
+    `args.hub_model_id`), or, when it is None, the last part of `output_dir`, as `Trainer.init_hf_repo` and
+    `Trainer.push_to_hub` derive it (`"my run"` from `output_dir="runs/my run"`).
+
+    Raises:
+        ValueError: naming the field the id comes from, the id, huggingface_hub's reason and the fix (`hub_model_id`).
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    repo_id = hub_model_id or args.hub_model_id
+    source = "hub_model_id" if repo_id else "output_dir"
+    repo_id = repo_id or os.path.basename(os.path.abspath(args.output_dir))
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        derived = f" (the last part of output_dir={args.output_dir!r})" if source == "output_dir" else ""
+        raise ValueError(
+            f"{type(args).__name__}.{source}: the Hub repo id {repo_id!r}{derived} is not a valid repo id: {error} "
+            "Set hub_model_id (`--hub_model_id`) to a valid one, e.g. 'your-name/"
+            f"{re.sub(r'[^A-Za-z0-9._-]+', '-', repo_id.split('/')[-1]).strip('-.') or 'my-model'}'."
+        ) from None
 
 
 @dataclass
@@ -363,6 +477,20 @@ class TRAPOConfig(_BaseConfig):
     remove_unused_columns: bool = field(
         default=False,
         metadata={"help": "Kept False: extra dataset columns are passed to reward functions as keyword arguments."},
+    )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Console (what the terminal shows; `trainer_state.json` and the trackers of `report_to` get every metric)
+    # ------------------------------------------------------------------------------------------------------------
+    console_metrics: Literal["short", "all"] = field(
+        default="short",
+        metadata={
+            "help": "What a training step's log line on the console shows. 'short': the Trainer's own (loss, "
+            "grad_norm, learning_rate, epoch), each objective's loss and weight and the rollouts' mean score and KL "
+            "(`trl_trapo.callbacks.CONSOLE_METRICS`, docs/metrics.md); 'all': every metric, and a progress bar per "
+            "rollout round beside the training bar. Evaluation lines and lines you log yourself are shown whole "
+            "either way."
+        },
     )
 
     # ------------------------------------------------------------------------------------------------------------
@@ -724,7 +852,8 @@ class TRAPOConfig(_BaseConfig):
         metadata={
             "help": "Critic-free mode: divide group-centred rewards by the group std ('group', GRPO), the std of the "
             "whole generation round, every process's share of it, as TRL's GRPO gathers it ('batch'), or nothing "
-            "('none', Dr. GRPO huggingface.co/papers/2503.20783)."
+            "('none', Dr. GRPO huggingface.co/papers/2503.20783). In Python, TRL's True / False mean 'group' / "
+            "'none' and are read as those at construction, as TRL's GRPOConfig reads them."
         },
     )
     loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo"] = field(
@@ -1365,7 +1494,11 @@ class TRAPOConfig(_BaseConfig):
 
     def __post_init__(self):
         check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
+        if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
+            self.scale_rewards = "group" if self.scale_rewards else "none"
         check_field_types(self)  # first: every check below compares or computes with the values
+        self._check_intervals()  # before transformers' own reading of them
+        self._check_deepspeed_path()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
         if self.bf16 is None:
@@ -1394,6 +1527,49 @@ class TRAPOConfig(_BaseConfig):
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         super().__post_init__()
         self._validate()
+
+    def _check_intervals(self) -> None:
+        """Refuse an interval field the Trainer reads under its strategy "steps" that is not > 0, before
+        transformers' `__post_init__` reads it: a value <= 0 there never fires or divides by zero, and transformers
+        silently turns `eval_steps=0` into `logging_steps`. Below 1 it is a fraction of the run's steps.
+
+        Raises:
+            ValueError: naming the field, the value and the fix.
+        """
+        for name, strategy in (
+            ("save_steps", self.save_strategy),
+            ("eval_steps", self.eval_strategy),
+            ("logging_steps", self.logging_strategy),
+        ):
+            value = getattr(self, name)
+            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and not value > 0:
+                fix = " (None: every logging_steps)" if name == "eval_steps" else ""
+                raise ValueError(
+                    f"{type(self).__name__}.{name}={value!r} is invalid: use a positive number of optimizer steps "
+                    f"(or a fraction < 1 of the run's steps){fix}."
+                )
+
+    def _check_deepspeed_path(self) -> None:
+        """Refuse a `deepspeed` path that names no file, before transformers' `__post_init__` reads it (its message
+        names neither the field nor the fix). A dict, JSON text and transformers' base64-encoded form pass.
+
+        Raises:
+            ValueError: naming the field, the value and the fix.
+        """
+        value = self.deepspeed
+        if not isinstance(value, (str, os.PathLike)) or str(value).lstrip().startswith("{") or os.path.isfile(value):
+            return
+        try:  # transformers also takes the config as base64-encoded JSON
+            json.loads(base64.urlsafe_b64decode(str(value)).decode("utf-8"))
+            return
+        except (ValueError, UnicodeDecodeError):
+            pass
+        where = "a directory, not a file" if os.path.isdir(value) else "no such file"
+        raise ValueError(
+            f"{type(self).__name__}.deepspeed={str(value)!r} is invalid: {where} (from {os.getcwd()}). Give the path of "
+            "a DeepSpeed JSON config (or a dict), or drop --deepspeed and choose DeepSpeed with `accelerate launch "
+            "--config_file examples/accelerate_configs/deepspeed_zero2.yaml`."
+        )
 
     def _cpu_distributed_defaults(self) -> None:
         """Make a multi-process launch on a machine without an accelerator really distributed.
@@ -1523,6 +1699,7 @@ class TRAPOConfig(_BaseConfig):
         def bad(name: str, value, fix: str):
             raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
 
+        # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
         if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:
@@ -1566,9 +1743,6 @@ class TRAPOConfig(_BaseConfig):
             bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
         if not 0 < self.trust_region_alpha <= 1:
             bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
-        weightings = typing.get_args(typing.get_args(_field_annotations(TRAPOConfig)["weighting"])[0])
-        if self.weighting is not None and self.weighting not in weightings:
-            bad("weighting", self.weighting, f"use one of {list(weightings)}, or None to follow dare_mode.")
         if not 0 <= self.dare_momentum < 1:
             bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
         if self.dare_update_interval is not None and self.dare_update_interval < 1:
@@ -1634,16 +1808,27 @@ class TRAPOConfig(_BaseConfig):
                 "use a positive number of optimizer steps, or -1 (the default) to train for num_train_epochs. To "
                 "evaluate without training, call trainer.evaluate() on a trainer you do not train.",
             )
-        # interval fields the Trainer reads only under their strategy "steps": a value <= 0 there never fires (or
-        # divides by zero); < 1 is a fraction of the run's steps
-        for name, strategy in (
-            ("save_steps", self.save_strategy),
-            ("eval_steps", self.eval_strategy),
-            ("logging_steps", self.logging_strategy),
-        ):
+        if self.per_device_eval_batch_size < 1:
+            bad(
+                "per_device_eval_batch_size",
+                self.per_device_eval_batch_size,
+                "use an integer >= 1 (prompts and rows per evaluation batch).",
+            )
+        for name in ("seed", "data_seed"):  # numpy's seeds, which `transformers.set_seed` sets too
             value = getattr(self, name)
-            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and not value > 0:
-                bad(name, value, "use a positive number of optimizer steps (or a fraction < 1 of the run's steps).")
+            if value is not None and not 0 <= value <= 2**32 - 1:
+                bad(name, value, "use an integer in [0, 2**32 - 1] (e.g. 42).")
+        if self.missing_eos_penalty is not None and not (
+            self.missing_eos_penalty >= 0 and math.isfinite(self.missing_eos_penalty)
+        ):
+            bad(
+                "missing_eos_penalty",
+                self.missing_eos_penalty,
+                "use a finite number >= 0, or None: it is subtracted from the score of a completion without the "
+                "stop token (a negative one would reward running to response_length; TRL documents it as positive).",
+            )
+        if self.push_to_hub:  # the repo id first: it is wrong whether or not the Hub can be reached
+            check_hub_repo_id(self)
         if self.push_to_hub and huggingface_hub.constants.is_offline_mode():
             bad(
                 "push_to_hub",
@@ -1906,6 +2091,25 @@ class TRAPOConfig(_BaseConfig):
                 if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
                     bad("generation_kwargs", {key: value}, "use a token id or a non-empty list of token ids.")
                 continue
+            if key in GENERATION_KWARG_RANGES:
+                low, high, interval, example = GENERATION_KWARG_RANGES[key]
+                number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+                inside = number and (
+                    low <= value <= high
+                    if key == "min_p"
+                    else low < value <= high
+                    if key == "typical_p"
+                    else low <= value < high
+                )
+                if not inside:
+                    bad("generation_kwargs", {key: value}, f"`{key}` takes a number in {interval}, e.g. {example}.")
+            if key == "use_cache" and not isinstance(value, bool):
+                bad("generation_kwargs", {key: value}, "`use_cache` takes True or False.")
+            if key == "cache_implementation":
+                try:  # transformers' own list of cache implementations
+                    transformers.GenerationConfig(cache_implementation=value).validate()
+                except ValueError as error:
+                    bad("generation_kwargs", {key: value}, f"{error}.")
             if key not in SAFE_GENERATION_KWARGS:
                 reason = (
                     "it changes the logits the completion is sampled from, so the behaviour log-probs TRAPO records "

@@ -207,12 +207,13 @@ class CurriculumSchedule:
         return tuple(x / total for x in restricted)
 
     def metrics(self, step: int, shares: Sequence[float] | None = None) -> dict[str, float]:
-        """`curriculum/<objective>` shares and `curriculum/phase` of optimizer step `step` (shares recomputed if None).
+        """`curriculum/<objective>` shares of the active objectives and `curriculum/phase` of optimizer step `step`
+        (shares recomputed if None). An inactive objective (no data, or weight 0) has no key: its share is always 0.
 
         The schedule is a pure function of the optimizer step, which the `Trainer` checkpoints, so a resumed run
         continues it exactly where it stopped.
         """
         mix = self.mixture(step) if shares is None else shares
-        out = {f"curriculum/{name}": value for name, value in zip(self.names, mix)}
+        out = {f"curriculum/{name}": value for name, value, on in zip(self.names, mix, self.active) if on}
         out["curriculum/phase"] = float(self.phase(step))
         return out

@@ -339,6 +339,47 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
                 f"`{role}` column {column!r} holds a value of type {type(value).__name__} at row {row}{more}: "
                 f"{str(value)[:60]!r}; each cell must be {form}. Fix: {fix}, or drop such rows."
             )
+    if "prompt" in columns and "completion" in columns and "completion" in dataset_columns(dataset):
+        check_pair_forms(dataset, role)
+
+
+def check_pair_forms(dataset: Dataset, role: str) -> None:
+    """Refuse a prompt-completion row whose prompt and completion differ in form (one text, the other a list of
+    messages). TRL's `apply_chat_template` (`trl.data_utils`) renders a conversational row's `prompt + completion`
+    with the chat template and fails on a mixed row with a bare `TypeError: can only concatenate list (not "str") to
+    list` from inside `datasets.map`; a text prompt with message completions fails likewise.
+
+    Raises:
+        ValueError: naming the dataset, the first bad row, the two forms and the fix.
+    """
+    table = dataset.with_format("arrow")
+    if {str(table[c].type) for c in ("prompt", "completion")} <= {"string", "large_string"}:
+        return  # both columns text (Arrow holds one type per column)
+    bad = [
+        (i, prompt)
+        for i, (prompt, completion) in enumerate(zip(dataset["prompt"], dataset["completion"], strict=True))
+        if prompt is not None and completion is not None and is_messages(prompt) != is_messages(completion)
+    ]
+    if not bad:
+        return
+    row, prompt = bad[0]
+    more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+    if is_messages(prompt):
+        forms = "'prompt' is a list of messages but 'completion' is text"
+        fix = (
+            "make each completion the assistant's message, e.g. `dataset.map(lambda row: {'completion': [{'role': "
+            "'assistant', 'content': row['completion']}]})`, or give the prompts as text"
+        )
+    else:
+        forms = "'prompt' is text but 'completion' is a list of messages"
+        fix = (
+            "make each prompt a list of messages, e.g. `dataset.map(lambda row: {'prompt': [{'role': 'user', "
+            "'content': row['prompt']}]})`, or give the completions as text"
+        )
+    raise ValueError(
+        f"`{role}` row {row}{more}: {forms}; a row is rendered whole, by the chat template (both lists of messages, "
+        f"TRL's conversational format) or as plain text (both text), so both must have the same form. Fix: {fix}."
+    )
 
 
 PROMPT_LAST_ROLES = ("user", "tool", "assistant")
@@ -506,6 +547,7 @@ def check_conversations_renderable(
         ValueError: naming the dataset, the column and the fixes.
     """
     if (template_kwargs or {}).get("chat_template") or getattr(processing_class, "chat_template", None):
+        check_content_parts_rendered(dataset, role, processing_class, template_kwargs)
         return
     names = dataset_columns(dataset)
     for column in ("messages", "prompt", "completion"):
@@ -516,6 +558,62 @@ def check_conversations_renderable(
                 "instruct version, e.g. with trl's `clone_chat_template`), pass "
                 "`chat_template_kwargs={'chat_template': ...}`, or give the rows as plain text."
             )
+
+
+def _text_of_parts(messages: list[dict]) -> list[dict]:
+    """`messages` with each list of `{"type": "text", "text": ...}` parts joined into one string."""
+    return [
+        {**m, "content": "".join(p.get("text") or "" for p in m["content"] if isinstance(p, dict))}
+        if isinstance(m.get("content"), list)
+        else m
+        for m in messages
+    ]
+
+
+def check_content_parts_rendered(dataset: Dataset, role: str, processing_class, template_kwargs: dict | None) -> None:
+    """Refuse messages whose content is a list of parts (`[{"type": "text", "text": ...}]`, TRL's multimodal form)
+    when a tokenizer's chat template renders content as a string: the prompt would hold the Python text of the list
+    (`user: [{'type': 'text', 'text': 'ab='}]`). TRL 1.16 passes such content to a text-only model's template as it is
+    (`GRPOTrainer._tokenize_prompts` converts parts only for a vision-language processor), so a template that reads
+    parts (e.g. Qwen3's) works, and one that does not trains on the list's text: the first row holding parts is rendered
+    with its parts and with them joined into text, and refused when only the former shows a part's `type` key.
+    A processor (vision-language model) renders parts itself: not checked.
+
+    Raises:
+        ValueError: naming the dataset, the column, the row, what the template made of it and the fix.
+    """
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        return
+    kwargs = dict(template_kwargs or {})
+    for column in ("prompt", "completion", "messages"):
+        if column not in dataset_columns(dataset) or "content: list" not in str(
+            dataset.with_format("arrow")[column].type
+        ):
+            continue  # text, or messages whose content is text (Arrow holds one type per column)
+        for row, value in enumerate(dataset[column]):
+            if not is_messages(value) or not any(isinstance(m.get("content"), list) for m in value):
+                continue
+            try:
+                shown = processing_class.apply_chat_template(value, tokenize=False, **kwargs)
+                joined = processing_class.apply_chat_template(_text_of_parts(value), tokenize=False, **kwargs)
+            except Exception:  # a template that refuses these messages: rendering reports it, with its own message
+                return
+            keys = ("'type'", '"type"')
+            if shown != joined and any(k in shown and k not in joined for k in keys):
+                start = max(0, min(shown.find(k) for k in keys if k in shown) - 30)
+                raise ValueError(
+                    f"`{role}` column {column!r} row {row}: a message's content is a list of parts "
+                    f"({str(value[0].get('content'))[:60]}), but the tokenizer's chat template renders content as a "
+                    f"string: the text would hold the list's Python text ({shown[start : start + 70]!r}). TRL passes "
+                    "such content to a text-only model's template unchanged (it converts parts only for "
+                    "vision-language processors). Fix: give each content as a string, e.g. `dataset.map(lambda row: "
+                    f"{{{column!r}: [{{**m, 'content': ''.join(p['text'] for p in m['content'])}} if "
+                    f"isinstance(m['content'], list) else m for m in row[{column!r}]]}})`, or use a chat template that "
+                    "reads content parts."
+                )
+            break  # one row shows what the template does with parts
 
 
 def check_rows(
@@ -1879,11 +1977,27 @@ def prepare_datasets(
 
 
 def check_tokenizer(tokenizer) -> None:
-    """Raise before training if the policy's tokenizer lacks an EOS or pad token; warn when pad equals EOS.
+    """Raise before training if the policy's tokenizer lacks an EOS or pad token, or has a chat template that does
+    not compile; warn when pad equals EOS.
 
     Raises:
-        ValueError: naming the fix, when `eos_token_id` or `pad_token_id` is None.
+        ValueError: naming the fix, when `eos_token_id` or `pad_token_id` is None, or when rendering one user message
+            with the chat template raises a Jinja syntax error (with its line): the template is compiled at its first
+            use, which would otherwise be the first conversational row, deep in dataset preparation.
     """
+    if getattr(tokenizer, "chat_template", None):
+        import jinja2
+
+        try:
+            tokenizer.apply_chat_template([{"role": "user", "content": "probe"}], tokenize=False)
+        except jinja2.TemplateSyntaxError as error:
+            raise ValueError(
+                f"The chat template of `processing_class` does not compile (line {error.lineno}: {error.message}). "
+                "Fix the template, or set a working one before building the trainer (`tokenizer.chat_template = "
+                "...`, e.g. the template of the model's original tokenizer)."
+            ) from None
+        except Exception:  # noqa: BLE001 - the template's own checks of one user message (raise_exception) are its
+            pass  # business: only a template that cannot compile is refused here
     if getattr(tokenizer, "eos_token_id", None) is None:
         raise ValueError(
             "`processing_class` has no EOS token (eos_token_id is None); TRAPO needs one to end completions and "

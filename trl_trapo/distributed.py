@@ -90,12 +90,15 @@ def check_processes_started() -> None:
     if inherited:
         return
     how_many = f"--num_processes {asked}" if asked else "several processes (or machines)"
+    # accelerate refuses `--cpu` together with `--multi_gpu` ("You can only use one of ..."); `--multi_gpu` alone runs
+    # its processes on the CPU when there is no GPU
+    cpu = env.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1", "yes")
     message = (
         f"`accelerate launch` was asked for {how_many} but started this process alone: without `--multi_gpu` (or a "
         "config file with `distributed_type: MULTI_GPU`) accelerate runs one process when it does not see several "
-        f"GPUs. Pass `--multi_gpu`, e.g. `accelerate launch --multi_gpu --num_processes {asked or 2} "
-        "examples/trapo.py ...` (on a machine without GPUs TRAPO then runs DDP over gloo), or `--num_processes 1` "
-        "for one process."
+        f"GPUs. Pass `--multi_gpu`{' instead of `--cpu` (accelerate takes only one of them)' if cpu else ''}, e.g. "
+        f"`accelerate launch --multi_gpu --num_processes {asked or 2} examples/trapo.py ...` (on a machine without "
+        "GPUs TRAPO then runs DDP over gloo, on the CPU), or `--num_processes 1` for one process."
     )
     if inherited is None:  # could not tell whether MASTER_ADDR came from the launcher or from the user's environment
         logger.warning("%s (MASTER_ADDR=%s is set but not WORLD_SIZE.)", message, env["MASTER_ADDR"])

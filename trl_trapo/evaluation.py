@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import GenerationConfig
+from transformers import EarlyStoppingCallback, GenerationConfig
 from trl.trainer.utils import print_prompt_completions_sample, selective_log_softmax
 
 from .collator import MODEL_INPUTS, Row, collate_rows
@@ -35,6 +35,9 @@ from .vision import ImageRows, as_tensors, image_column
 
 
 logger = logging.getLogger(__name__)
+
+# the flags only sampling reads: `GenerationConfig.validate` warns about each one set beside `do_sample=False`
+SAMPLING_ONLY_FLAGS = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
 def document_rows(texts: list[str], tokenizer, max_length: int) -> list[Row]:
@@ -129,30 +132,48 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
     return out
 
 
-def check_best_model_metric(args, eval_dataset) -> None:
-    """With `load_best_model_at_end`, `metric_for_best_model` must be a metric TRAPO logs for the eval data.
+def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
+    """With `load_best_model_at_end`, or a `transformers.EarlyStoppingCallback` among `callbacks`,
+    `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs evaluations
+    (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts.
 
     Raises:
         ValueError: naming the field, the value and the metrics to choose from (with `greater_is_better`), before
             training; TRAPO never logs the Trainer's default `eval_loss`.
     """
-    if not args.load_best_model_at_end:
+    early_stopping = any(
+        isinstance(c, EarlyStoppingCallback) or (isinstance(c, type) and issubclass(c, EarlyStoppingCallback))
+        for c in callbacks or []
+    )
+    if not (args.load_best_model_at_end or early_stopping):
         return
+    user = "EarlyStoppingCallback" if early_stopping else "load_best_model_at_end=True"
     available = evaluation_metrics(eval_dataset)
+    choices = ", ".join(
+        f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
+    )
+    fix = (
+        f"set {choices}."
+        if choices
+        else "pass an eval_dataset TRAPO can evaluate (it logs eval_reward for prompts, eval_pretrain_loss for text, "
+        "eval_sft_loss for demonstrations) and name its metric."
+    )
+    if early_stopping and args.metric_for_best_model is None:
+        raise ValueError(
+            f"{type(args).__name__}.metric_for_best_model=None: the EarlyStoppingCallback stops on a metric, and none "
+            f"is set: {fix}"
+        )
+    if early_stopping and getattr(args.eval_strategy, "value", args.eval_strategy) == "no":
+        raise ValueError(
+            f"{type(args).__name__}.eval_strategy='no': the EarlyStoppingCallback stops when {args.metric_for_best_model}"
+            " stops improving at evaluations, and none run: set eval_strategy='steps' (with eval_steps) or 'epoch'."
+        )
     metric = args.metric_for_best_model or "loss"
     name = metric if metric.startswith("eval_") else f"eval_{metric}"
     if name not in available:
-        choices = ", ".join(
-            f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
-        )
         raise ValueError(
-            f"{type(args).__name__}.metric_for_best_model={metric!r} is not a metric TRAPO logs (load_best_model_at_end"
-            f"=True compares it after every evaluation): "
-            + (
-                f"set {choices}."
-                if choices
-                else "pass an eval_dataset TRAPO can evaluate, or drop load_best_model_at_end."
-            )
+            f"{type(args).__name__}.metric_for_best_model={metric!r} is not a metric TRAPO logs ({user} compares it "
+            "after every evaluation): " + (fix if choices else f"{fix[:-1]}, or drop {user.split('=')[0]}.")
         )
 
 
@@ -201,10 +222,14 @@ class Evaluator:
         self.pad_token_id = tokenizer.pad_token_id if pad_token_id is None else pad_token_id
 
     def greedy_generation_config(self) -> GenerationConfig:
-        """The rollout config with sampling off (no temperature / top-k / top-p)."""
-        greedy = GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False})
-        greedy.temperature = greedy.top_p = greedy.top_k = None
-        return greedy
+        """The rollout config with sampling off: the sampler-only flags (`SAMPLING_ONLY_FLAGS`) are left unset.
+
+        They are unset in the constructor, not after it: `GenerationConfig` validates itself when it is built, and a
+        sampler flag beside `do_sample=False` (the rollouts' `top_k=0`) is its "generation flags are not valid"
+        warning, which fired on every run that evaluated. Greedy decoding ignores those flags, so no number changes.
+        """
+        unset = dict.fromkeys(SAMPLING_ONLY_FLAGS)
+        return GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False, **unset})
 
     # ---- TRL 1.12 PPOTrainer's sample table -------------------------------------------------------------------------
     @torch.no_grad()

@@ -50,8 +50,11 @@ class PPOConfig(TRAPOConfig):
         default="bnpo",
         metadata={"help": "Aggregation of the per-token losses; 'bnpo' is 1.12 PPO's masked mean per micro-batch."},
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = field(
-        default="k1", metadata={"help": "Per-token KL estimator (TRL 1.12 PPO default: k1)."}
+    kl_estimator: Literal["auto", "k1", "k2", "k3"] = field(
+        default="k1",
+        metadata={
+            "help": "Per-token KL estimator (TRL 1.12 PPO default: k1; 'auto': k1 in the reward, k2 in the loss)."
+        },
     )
     kl_penalty: Literal["auto", "reward", "loss"] = field(
         default="reward", metadata={"help": "PPO puts the KL penalty in the per-token rewards."}

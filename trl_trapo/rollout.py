@@ -639,8 +639,10 @@ class RolloutEngine:
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
 
     def progress_description(self, description: str) -> str | None:
-        """`description` when progress bars are on (`disable_tqdm=False`, main process), else None."""
-        return None if self.args.disable_tqdm or not self.accelerator.is_main_process else description
+        """`description` when per-round progress bars are on (`disable_tqdm=False`, `console_metrics="all"`, main
+        process), else None: by default the training bar is the only one during training."""
+        shown = not self.args.disable_tqdm and self.args.console_metrics == "all" and self.accelerator.is_main_process
+        return description if shown else None
 
     @staticmethod
     def policy_of(model: nn.Module) -> nn.Module:

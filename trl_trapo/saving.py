@@ -89,7 +89,31 @@ def describe_os_error(path: str, error: OSError) -> str:
             f"the disk holding {path} is full ({error.strerror or error}; {free} free): free space on it or choose "
             "another output_dir"
         )
+    if error.errno in (errno.ENOTDIR, errno.EEXIST) or (os.path.exists(path) and not os.path.isdir(path)):
+        blocking = file_in_the_way(path)
+        if blocking is not None:
+            return (
+                f"{blocking} is a file, where a folder is needed ({type(error).__name__}: {error.strerror or error}): "
+                "pass a folder path (created if missing), or move the file away"
+            )
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"{type(error).__name__}: {error} (no permission to write there, or a read-only file system): choose a "
+            "folder you can write to"
+        )
     return f"{type(error).__name__}: {error}"
+
+
+def file_in_the_way(path: str) -> str | None:
+    """The first existing file (not a folder) among `path` and its parents, or None: what stops a folder `path`."""
+    path = os.path.abspath(path)
+    while True:
+        if os.path.exists(path):
+            return None if os.path.isdir(path) else path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def check_output_dir(args) -> None:
@@ -341,6 +365,12 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
     """
     staging = os.path.join(output_dir, STAGING_DIR)
     try:
+        blocking = file_in_the_way(output_dir)
+        if blocking is not None:  # nothing written yet: the file stays as it is
+            raise SaveError(
+                f"Saving the model to {output_dir} failed: {blocking} is a file, not a folder. Fix: pass a folder path "
+                "(created if missing), or move the file away. The file was left as it was."
+            )
         if is_main_process:
             if os.path.isdir(staging):
                 shutil.rmtree(staging)
@@ -370,26 +400,50 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
         raise
 
 
-def hub_error(repo_id: str | None, error: BaseException, output_dir: str | None) -> HubPushError:
+def hub_error(
+    repo_id: str | None, error: BaseException, output_dir: str | None, by_hand: bool = False
+) -> HubPushError:
     """The error to raise when an upload to (or repo creation on) the Hugging Face Hub fails.
 
     Args:
         repo_id (`str`, *optional*): the repo (`hub_model_id`, or the one derived from `output_dir`).
         error: what the Hub client raised (a connection, HTTP or offline-mode error).
         output_dir (`str`, *optional*): the local folder, complete on disk, to upload later; None when nothing was
-            saved yet (the repo is created when the trainer is built, before any training).
+            saved yet (the repo is created first: when the trainer is built with `push_to_hub=True`, or at the start
+            of a `push_to_hub()` call).
+        by_hand (`bool`): `push_to_hub()` was called by the user's code, not by the trainer for `push_to_hub=True`
+            (the message then says nothing of `--push_to_hub` or of training).
     """
     cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    fix = "check the network and HF_TOKEN (`hf auth login`)"
+    if output_dir is None and by_hand:
+        return HubPushError(
+            f"push_to_hub(): creating the repo {repo_id!r} on the Hugging Face Hub failed ({type(error).__name__}: "
+            f"{cause}); nothing was saved or uploaded by this call, and the model in memory is as it was. Fix: {fix} "
+            f"and call push_to_hub() again, or save it locally with `trainer.save_model('<folder>')` and upload that "
+            f"folder later (`hf upload {repo_id} <folder>`)."
+        )
     if output_dir is None:
         return HubPushError(
             f"push_to_hub=True: creating the repo {repo_id!r} on the Hugging Face Hub failed before any training "
-            f"({type(error).__name__}: {cause}); nothing was trained or saved. Fix: check the network and HF_TOKEN "
-            "(`hf auth login`), or drop --push_to_hub and upload the output_dir after training (`hf upload`)."
+            f"({type(error).__name__}: {cause}); nothing was trained or saved. Fix: {fix}, or drop --push_to_hub and "
+            "upload the output_dir after training (`hf upload`)."
         )
     return HubPushError(
         f"Pushing to the Hugging Face Hub (repo {repo_id!r}) failed: {type(error).__name__}: {cause}. The local "
-        f"save in {output_dir} is complete. Fix: check the network and HF_TOKEN (`hf auth login`), then upload it "
-        f"with `hf upload {repo_id} {output_dir}`; or drop --push_to_hub."
+        f"save in {output_dir} is complete. Fix: {fix}, then upload it with `hf upload {repo_id} {output_dir}`"
+        + ("." if by_hand else "; or drop --push_to_hub.")
+    )
+
+
+def invalid_repo_id_error(repo_id: str, hub_model_id: str | None, error: BaseException) -> ValueError:
+    """The error for a Hub repo id `huggingface_hub` refuses (`HFValidationError`), e.g. the last part of an
+    `output_dir` with a space in it, which transformers takes as the repo name when `hub_model_id` is unset."""
+    source = "hub_model_id" if hub_model_id else "the last part of output_dir (hub_model_id is unset)"
+    cause = str(error).splitlines()[0]
+    return ValueError(
+        f"push_to_hub: the repo id {repo_id!r}, from {source}, is not a valid Hugging Face Hub repo id ({cause}). "
+        "Fix: set hub_model_id (`--hub_model_id`) to one, e.g. 'your-name/my-run' (letters, digits, '-', '_', '.')."
     )
 
 
@@ -404,5 +458,6 @@ __all__ = [
     "check_output_dir",
     "checkpoint_nbytes",
     "hub_error",
+    "invalid_repo_id_error",
     "staged_save",
 ]

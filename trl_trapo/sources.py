@@ -426,7 +426,8 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
 
     Raises:
         TypeError: if `source` has no `sample(rows_needed, step)` method (or subclasses [`RolloutSource`] without
-            implementing it), or `rollout_func` is not callable.
+            implementing it), or `rollout_func` is not callable or is an `async def` function (TRL calls it
+            synchronously: a coroutine would come back instead of the dict).
         ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
             `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
             prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
@@ -442,6 +443,15 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         raise TypeError(
             f"rollout_func={rollout_func!r} is not callable: pass a function `rollout_func(prompts, trainer) -> dict` "
             "(TRL's contract, see docs/writing_a_rollout_source.md)."
+        )
+    if rollout_func is not None and (
+        inspect.iscoroutinefunction(rollout_func) or inspect.iscoroutinefunction(type(rollout_func).__call__)
+    ):
+        name = getattr(rollout_func, "__name__", type(rollout_func).__name__)
+        raise TypeError(
+            f"rollout_func={name} is an async function, but it is called as a plain one, as TRL's GRPOTrainer calls it "
+            "(its result is used at once; TRL 1.16 has no await there either): define it with `def`, and run your "
+            "async code inside it with `asyncio.run(...)`."
         )
     if source is not None:
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now

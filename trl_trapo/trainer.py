@@ -41,6 +41,7 @@ import math
 import os
 import signal
 import time
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -49,6 +50,7 @@ from typing import Any
 import torch
 from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
+from huggingface_hub.errors import HFValidationError
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
@@ -56,6 +58,7 @@ from trl.trainer.base_trainer import _BaseTrainer
 
 from .assembly import SourceParts, build_objectives, build_rollout_source, check_run
 from .callbacks import (
+    SHORT_CONSOLE_CALLBACKS,
     AdapterBankCallback,
     AdaptiveKLCallback,
     DDPCommHookCallback,
@@ -64,7 +67,9 @@ from .callbacks import (
     SyncReferenceCallback,
 )
 from .checkpoint import (
+    DATASETS_FILE,
     CheckpointError,
+    check_checkpoint_fits,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -82,7 +87,7 @@ from .collator import (
     split_micro_batches,
     ticket_collator,
 )
-from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig
+from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig, check_hub_repo_id
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
@@ -98,7 +103,7 @@ from .distributed import (
     restore_kernel_functions,
     sum_over_ranks,
 )
-from .evaluation import Evaluator, check_best_model_metric
+from .evaluation import Evaluator
 from .exploration import TargetedExploration
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
@@ -152,6 +157,7 @@ from .saving import (
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
+    invalid_repo_id_error,
     is_hub_error,
     staged_save,
 )
@@ -365,6 +371,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         agent, train_dataset, own_source = checked.agent, checked.train_dataset, checked.own_source
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
+        # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
+        self._datasets_summary = checked.datasets_summary
         self.thread_choice = checked.thread_choice
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
@@ -406,6 +414,8 @@ class TRAPOTrainer(_BaseTrainer):
             frozen = freeze_vision_tower(model)
             logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
         model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
+        if self._verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
+            check_checkpoint_fits(self._verified_checkpoint, is_peft_model(model), model=model)
         self._has_critic = value_model is not None
         # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
         self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
@@ -504,7 +514,6 @@ class TRAPOTrainer(_BaseTrainer):
                 self._task_families = sorted(families)
                 self.metrics.track_tasks(self._task_families)
         self.active = data.active
-        check_best_model_metric(args, eval_dataset)
         prompt_sets = [d for d in (data.rl, data.distill) if d is not None]
         if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
             longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
@@ -695,7 +704,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         engine = build_weighting(args, has_data, self._probe_noise_floor(model, args), names)  # trl_trapo/weighting.py
         interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names)  # no probe for static weights
+        # no probe is built for static weights (DARE.begin_step); metrics only for the objectives in the run
+        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names, active=active)
         # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
         self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
@@ -832,6 +842,12 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 10. callbacks -------------------------------------------------------------------------------------
+        if args.console_metrics == "short":  # the console's step line: a short set (the logs keep every metric)
+            for callback in list(self.callback_handler.callbacks):
+                short = SHORT_CONSOLE_CALLBACKS.get(type(callback))
+                if short is not None:
+                    self.remove_callback(callback)
+                    self.add_callback(short)
         if self.schedules.adaptive_kl:
             self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
         self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
@@ -1376,16 +1392,20 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        if optimizer is not self._guarded_optimizer:
+        inner = optimizer  # a second `train()` gets accelerate's wrapper of the optimizer guarded at the first
+        while inner is not None and inner is not self._guarded_optimizer:
+            inner = getattr(inner, "optimizer", None)
+        if inner is None:
             original_step = optimizer.step
 
-            def guarded_step(*step_args, **step_kwargs):
+            def guarded_step(opt, *step_args, **step_kwargs):
                 if self._consume_nonfinite_flag():
-                    optimizer.zero_grad(set_to_none=True)
+                    opt.zero_grad(set_to_none=True)
                     return None
                 return original_step(*step_args, **step_kwargs)
 
-            optimizer.step = guarded_step
+            # a bound method, as torch's LR schedulers require of `optimizer.step` (they wrap its `__func__`)
+            optimizer.step = types.MethodType(guarded_step, optimizer)
             self._guarded_optimizer = optimizer
         return optimizer
 
@@ -1480,7 +1500,8 @@ class TRAPOTrainer(_BaseTrainer):
             )
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
-        with progress_bars(enabled=not self.args.disable_tqdm):  # the evaluator tokenizes its shards at each call
+        # the evaluator tokenizes its shards at each call: their bars only with `console_metrics="all"`
+        with progress_bars(enabled=not self.args.disable_tqdm and self.args.console_metrics == "all"):
             for name, part in parts:
                 metrics.update(
                     self.evaluator.evaluate(part, metric_key_prefix if name is None else f"{metric_key_prefix}_{name}")
@@ -1529,6 +1550,8 @@ class TRAPOTrainer(_BaseTrainer):
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
+                policy = self._unwrapped_policy()
+                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
             with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
                 resumed_step = int(json.load(handle).get("global_step", 0))
             if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
@@ -1613,6 +1636,8 @@ class TRAPOTrainer(_BaseTrainer):
         }
         # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
         state["memory_pool"], memory_files = self.memory_pool.state_dict(self.state.global_step)
+        if self.accelerator.process_index == 0:  # the datasets it was trained on (check_checkpoint_fits)
+            memory_files[DATASETS_FILE] = json.dumps(self._datasets_summary, indent=1).encode("utf-8")
         tensors = {**supply_tensors, **rng_tensors(self._generators())}
         if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
             tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
@@ -1730,10 +1755,13 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             super().init_hf_repo(token=token, private=private)
         except Exception as error:
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
+            if isinstance(error, HFValidationError):
+                raise invalid_repo_id_error(repo_id, self.args.hub_model_id, error) from error
             if not is_hub_error(error):
                 raise
-            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
-            raise hub_error(repo_id, error, None) from error  # nothing saved yet: construction time
+            # nothing saved yet: at construction (push_to_hub=True), or first in a push_to_hub() the user called
+            raise hub_error(repo_id, error, None, by_hand=not self.args.push_to_hub) from error
 
     def push_to_hub(
         self,
@@ -1750,7 +1778,10 @@ class TRAPOTrainer(_BaseTrainer):
             HubPushError: naming the Hugging Face Hub, the repo id and the fixes, if the upload fails (the local save
                 is complete by then).
             SaveError: if the local save fails.
+            ValueError: before anything is saved, if the repo id (`hub_model_id`, or output_dir's last part) is not
+                one the Hub accepts ([`~trl_trapo.config.check_hub_repo_id`]).
         """
+        check_hub_repo_id(self.args, self.hub_model_id)
         try:
             return super().push_to_hub(
                 commit_message=commit_message,
@@ -1766,7 +1797,7 @@ class TRAPOTrainer(_BaseTrainer):
             repo_id = (
                 self.hub_model_id or self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             )
-            raise hub_error(repo_id, error, self.args.output_dir) from error
+            raise hub_error(repo_id, error, self.args.output_dir, by_hand=not self.args.push_to_hub) from error
 
     def _save_model(self, output_dir: str, is_checkpoint: bool) -> None:
         reference_adapter = self.reference is not None and bool(self.reference.adapter)  # a frozen copy in the policy

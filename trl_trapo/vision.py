@@ -377,16 +377,33 @@ def load_policy(model_id: str, model_init_kwargs: Mapping | None = None):
     do), anything else with `AutoModelForCausalLM`.
 
     Raises:
+        ValueError: naming `model`, when transformers cannot read its config (an unknown `model_type`), as
+            [`~trl_trapo.setup_checks.check_model_loading`] (checked before any weight loads), and for a keyword of
+            `model_init_kwargs` the model's constructor refuses ([`~trl_trapo.setup_checks.unknown_model_keyword`]).
         OSError / ValueError: as `from_pretrained` raises them (no such model, no config).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from .setup_checks import check_model_loading, unknown_model_keyword
+
     kwargs = dict(model_init_kwargs or {})
-    config = AutoConfig.from_pretrained(
-        model_id, revision=kwargs.get("revision"), trust_remote_code=kwargs.get("trust_remote_code", False)
-    )
+    try:
+        config = AutoConfig.from_pretrained(
+            model_id, revision=kwargs.get("revision"), trust_remote_code=kwargs.get("trust_remote_code", False)
+        )
+    except (ValueError, KeyError) as error:  # e.g. a `model_type` this transformers does not know
+        raise ValueError(
+            f"model={model_id!r} (`--model_name_or_path`): transformers cannot read its config: {error}"
+        ) from error
+    check_model_loading(model_id, config, kwargs)
     auto = AutoModelForImageTextToText if is_vision_language_model(config) else AutoModelForCausalLM
-    return auto.from_pretrained(model_id, **kwargs)
+    try:
+        return auto.from_pretrained(model_id, **kwargs)
+    except TypeError as error:  # a keyword the model's constructor refused: named, with the closest accepted one
+        unknown = unknown_model_keyword(error, kwargs, config, model_id)
+        if unknown is None:
+            raise
+        raise unknown from None
 
 
 VISION_MODULES = ("vision_tower", "visual", "vision_model", "multi_modal_projector")  # how transformers names them

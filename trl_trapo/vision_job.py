@@ -130,18 +130,18 @@ class VisionJobArguments:
                 raise ValueError(f"--{name}={value!r}: must be a whole number >= 1. Fix: give one.")
 
 
-def make_parser() -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     """The job's parser over `(VisionJobArguments, TRAPOConfig)`, with `VLM_JOB_DEFAULTS` as defaults."""
     parser = TrlParser(
         (VisionJobArguments, TRAPOConfig),
         allow_abbrev=False,
-        usage="examples/trapo_vlm.py [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        usage=f"{prog or 'examples/trapo_vlm.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**VLM_JOB_DEFAULTS)
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[VisionJobArguments, TRAPOConfig]:
+def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[VisionJobArguments, TRAPOConfig]:
     """Parse the job's command line (`sys.argv[1:]` by default) over `VLM_JOB_DEFAULTS`.
 
     Raises:
@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[VisionJobArguments, TRAPO
     from .cli import parse_job_args
 
     job_args, config = parse_job_args(
-        make_parser,
+        lambda: make_parser(prog),
         (VisionJobArguments, TRAPOConfig),
         sys.argv[1:] if argv is None else list(argv),
         "examples/trapo_vlm.py",
@@ -303,7 +303,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`TRAPO_DEBUG=1` raises it with its traceback instead).
 
@@ -317,7 +317,7 @@ def run(argv: list[str] | None = None) -> int:
 
     user_errors = SETUP_USER_ERRORS
     try:
-        job_args, config = parse_args(argv)
+        job_args, config = parse_args(argv, prog=program)
         job_start = time.perf_counter()
         data = build_data(job_args)
         trainer = build_trainer(data, config)
@@ -326,7 +326,7 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = os.path.basename(sys.argv[0]) or "trapo_vlm.py"
+        program = program or os.path.basename(sys.argv[0]) or "trapo_vlm.py"
         print(f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     return 0

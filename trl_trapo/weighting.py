@@ -935,6 +935,8 @@ class DARE:
             sums take |S| x K floats per objective and half, so it is not allocated for static weighting).
         names (`Sequence[str]`, *optional*): the objectives' names, in order (the built-in three by default): the keys
             of the signals fed to the engine and of the metrics.
+        active (`Sequence[bool]`, *optional*): which objectives are in the run (data and weight > 0; default: all):
+            `dare/*` is logged for these only (`weight/*` for every objective).
     """
 
     def __init__(
@@ -943,10 +945,14 @@ class DARE:
         update_interval: int,
         probe_factory: Callable[[], GradientProbe] | None = None,
         names: Sequence[str] = OBJECTIVES,
+        active: Sequence[bool] | None = None,
     ):
         self.engine = engine
         self.update_interval = max(int(update_interval), 1)
         self.names = tuple(names)
+        self.active = tuple(True for _ in self.names) if active is None else tuple(bool(a) for a in active)
+        if len(self.active) != len(self.names):
+            raise ValueError(f"DARE has {len(self.names)} objectives {list(self.names)}: give one active flag each.")
         self.last_weights: tuple[float, ...] = tuple(0.0 for _ in self.names)
         self.probe_factory = probe_factory
         self.probe: GradientProbe | None = None
@@ -992,12 +998,16 @@ class DARE:
         logger.debug("DARE update at step %d: signals=%s factors=%s", step, signals, self.engine.value())
 
     def metrics(self) -> dict[str, float]:
-        """`weight/<objective>` (last combined weights), `dare/factor/<objective>`, `dare/signal/<objective>`."""
+        """`weight/<objective>` (last combined weights) of every objective; `dare/factor/<objective>` and
+        `dare/signal/<objective>` (once measured) of the active ones."""
         out = {f"weight/{name}": w for name, w in zip(self.names, self.last_weights)}
-        out.update({f"dare/factor/{name}": f for name, f in zip(self.names, self.engine.value())})
+        active = dict(zip(self.names, self.active))
+        out.update({f"dare/factor/{name}": f for name, f in zip(self.names, self.engine.value()) if active[name]})
         signals = getattr(self.engine, "signals", None)
         if signals is not None:
-            out.update({f"dare/signal/{name}": s for name, s in zip(self.names, signals) if s is not None})
+            out.update(
+                {f"dare/signal/{name}": s for name, s in zip(self.names, signals) if s is not None and active[name]}
+            )
         return out
 
 

@@ -1,0 +1,154 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The config refuses, when it is built, every value that would only fail (or silently do something else) once
+training runs: a value outside a field's fixed choices (every `Literal[...]` field of TRAPOConfig / PPOConfig /
+GRPOConfig and every enum field of transformers'), a `generation_kwargs` sampler value transformers would reject at
+the first `generate`, interval and size fields transformers rewrites or accepts, seeds numpy refuses, a negative
+`missing_eos_penalty`, a missing DeepSpeed file and a Hub repo id the Hub refuses. Each message names the field, the
+value and the fix (the trial-3 cases C01, C03-C08, C12/X14, C13, X04, X09-X11)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+
+import huggingface_hub.constants
+import pytest
+
+from trl_trapo import GRPOConfig, PPOConfig, TRAPOConfig
+from trl_trapo.config import TRL_ONLY_CHOICES, _choices
+
+
+def choice_fields(cls) -> list[tuple[type, str, tuple]]:
+    """(class, field, choices) of every field of `cls` whose annotation offers fixed choices."""
+    hints = typing.get_type_hints(cls)
+    return [
+        (cls, f.name, _choices(hints[f.name])) for f in dataclasses.fields(cls) if f.init and _choices(hints[f.name])
+    ]
+
+
+CHOICE_FIELDS = [entry for cls in (TRAPOConfig, PPOConfig, GRPOConfig) for entry in choice_fields(cls)]
+
+
+def test_the_choice_fields_include_every_literal_and_enum_field():
+    # the parametrisation below is built from the annotations: it must see TRAPO's Literal fields and transformers'
+    # enum fields, or it would test nothing
+    names = {name for _, name, _ in CHOICE_FIELDS}
+    assert {"dare_mode", "kl_estimator", "kl_penalty", "sft_loss_type", "scale_rewards", "loss_type"} <= names
+    assert {"lr_scheduler_type", "optim", "eval_strategy", "save_strategy"} <= names
+    literal = {
+        f.name
+        for f in dataclasses.fields(TRAPOConfig)
+        if typing.get_origin(typing.get_type_hints(TRAPOConfig)[f.name]) is typing.Literal
+    }
+    assert literal <= names
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "choices"), CHOICE_FIELDS, ids=[f"{c.__name__}.{n}" for c, n, _ in CHOICE_FIELDS]
+)
+def test_a_value_outside_the_choices_is_refused_at_construction(tmp_path, cls, name, choices):
+    with pytest.raises(ValueError, match=rf"{cls.__name__}\.{name}='nope' is invalid.*use one of"):
+        cls(output_dir=str(tmp_path), **{name: "nope"})
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "close"),
+    [
+        ("dare_mode", "dynamik", "dynamic"),  # C03: trained silently with static weights
+        ("kl_estimator", "k4", None),  # C04: KeyError in losses.py
+        ("kl_penalty", "both", None),  # C05
+        ("sft_loss_type", "trustregion", "trust_region"),  # C06: refused only at the first loss
+        ("scale_rewards", "maybe", None),  # C07
+        ("lr_scheduler_type", "cosin", "cosine"),
+    ],
+)
+def test_the_message_names_the_field_the_choices_and_a_close_one(tmp_path, field, value, close):
+    with pytest.raises(ValueError) as error:
+        TRAPOConfig(output_dir=str(tmp_path), **{field: value})
+    message = str(error.value)
+    assert f"TRAPOConfig.{field}={value!r} is invalid" in message
+    for choice in _choices(typing.get_type_hints(TRAPOConfig)[field]):
+        assert repr(choice) in message
+    assert (f"did you mean {close!r}" in message) == (close is not None)
+
+
+@pytest.mark.parametrize("loss_type", sorted(TRL_ONLY_CHOICES["loss_type"]))
+def test_trl_only_loss_types_are_named_as_trl_s(tmp_path, loss_type):
+    # C08: TRL 1.16's GRPOConfig accepts them; TRAPO has no equivalent and says so before anything runs
+    with pytest.raises(ValueError, match=rf"TRL's '{loss_type}' .* has no TRAPO equivalent; use one of 'dapo'"):
+        GRPOConfig(output_dir=str(tmp_path), loss_type=loss_type)
+
+
+def test_choices_accept_every_listed_value_enum_members_and_none_where_annotated(tmp_path):
+    from transformers.trainer_utils import SchedulerType
+
+    for value in ("k1", "k2", "k3", "auto"):
+        assert TRAPOConfig(output_dir=str(tmp_path), kl_estimator=value).kl_estimator == value
+    assert PPOConfig(output_dir=str(tmp_path), kl_estimator="auto").kl_estimator == "auto"
+    assert TRAPOConfig(output_dir=str(tmp_path), stop_token=None).stop_token is None
+    config = TRAPOConfig(output_dir=str(tmp_path), lr_scheduler_type=SchedulerType.COSINE)
+    assert config.lr_scheduler_type == SchedulerType.COSINE
+    assert isinstance(dataclasses.replace(config).lr_scheduler_type, enum.Enum)  # a rebuilt copy holds the enum
+
+
+@pytest.mark.parametrize(("cls", "given", "read"), [(TRAPOConfig, True, "group"), (GRPOConfig, False, "none")])
+def test_scale_rewards_takes_trl_s_booleans(tmp_path, cls, given, read):
+    # TRL's GRPOConfig reads True / False as "group" / "none"; a moved GRPO script keeps working
+    assert cls(output_dir=str(tmp_path), scale_rewards=given).scale_rewards == read
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_p": "abc"}, r"`min_p` takes a number in \[0, 1\]"),  # C01: transformers' TypeError at generate
+        ({"min_p": 1.5}, r"`min_p` takes a number in \[0, 1\]"),
+        ({"typical_p": 0}, r"`typical_p` takes a number in \(0, 1\]"),
+        ({"epsilon_cutoff": 2}, r"`epsilon_cutoff` takes a number in \[0, 1\)"),  # silently no warper
+        ({"eta_cutoff": True}, r"`eta_cutoff` takes a number"),
+        ({"use_cache": "yes"}, r"`use_cache` takes True or False"),
+        ({"cache_implementation": "nope"}, r"Invalid `cache_implementation`"),
+    ],
+)
+def test_generation_kwargs_values_are_checked_at_construction(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=rf"TRAPOConfig\.generation_kwargs=.* is invalid: {message}"):
+        TRAPOConfig(output_dir=str(tmp_path), generation_kwargs=kwargs)
+
+
+def test_valid_generation_kwargs_values_pass(tmp_path):
+    kwargs = {"min_p": 0.1, "typical_p": 1.0, "epsilon_cutoff": 0, "eta_cutoff": 3e-4, "use_cache": False}
+    assert TRAPOConfig(output_dir=str(tmp_path), generation_kwargs=kwargs).generation_kwargs == kwargs
+
+
+@pytest.mark.parametrize(
+    ("cls", "overrides", "message"),
+    [
+        (TRAPOConfig, {"eval_strategy": "steps", "eval_steps": 0}, r"eval_steps=0 is invalid"),  # C12 / X14
+        (TRAPOConfig, {"per_device_eval_batch_size": 0}, r"per_device_eval_batch_size=0 is invalid"),  # X10
+        (TRAPOConfig, {"seed": -1}, r"seed=-1 is invalid: use an integer in \[0, 2\*\*32 - 1\]"),  # X11
+        (TRAPOConfig, {"data_seed": 2**32}, r"data_seed=4294967296 is invalid"),
+        (PPOConfig, {"missing_eos_penalty": -1.0}, r"PPOConfig\.missing_eos_penalty=-1\.0 is invalid"),  # C13
+        (TRAPOConfig, {"deepspeed": "nope.json"}, r"deepspeed='nope.json' is invalid: no such file"),  # X04
+    ],
+)
+def test_settings_transformers_accepts_or_rewrites_are_refused(tmp_path, cls, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        cls(output_dir=str(tmp_path), **overrides)
+
+
+def test_eval_steps_none_still_follows_logging_steps(tmp_path):
+    config = TRAPOConfig(output_dir=str(tmp_path), eval_strategy="steps", logging_steps=3)
+    assert config.eval_steps == 3
+
+
+def test_push_to_hub_refuses_a_repo_id_the_hub_refuses(tmp_path, monkeypatch):
+    # X09: the repo id comes from output_dir's last part; "my run" was refused by huggingface_hub only at the push
+    with pytest.raises(
+        ValueError, match=r"TRAPOConfig\.output_dir: the Hub repo id 'my run' .*--hub_model_id.*my-run"
+    ):
+        TRAPOConfig(output_dir=str(tmp_path / "my run"), push_to_hub=True)
+    with pytest.raises(ValueError, match=r"TRAPOConfig\.hub_model_id: the Hub repo id 'a b/c'"):
+        TRAPOConfig(output_dir=str(tmp_path), push_to_hub=True, hub_model_id="a b/c")
+    # a valid hub_model_id passes (the tests run offline: the Hub is reported as reachable here)
+    monkeypatch.setattr(huggingface_hub.constants, "is_offline_mode", lambda: False)
+    assert TRAPOConfig(output_dir=str(tmp_path / "my run"), push_to_hub=True, hub_model_id="me/my-run").push_to_hub

@@ -1,0 +1,248 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""`TRAPOTrainer(...)` refuses, before any model loads, what `train()` (or a library deep inside construction) would
+otherwise fail on with a traceback naming no argument: the optimizer, the scheduler and the trackers `train()` builds
+(`trl_trapo.setup_checks`), a missing `model`, a classification model or adapter as the policy, the command line's
+name of a built-in reward, an `async def rollout_func`, early stopping without a metric, a chat template that does
+not compile, and `from_pretrained` arguments that cannot work (an unknown keyword, model type, attention kernel or
+quantization package). Each message names the argument, the value and the fix (the trial-3 cases X03, X06b-X08, T04,
+T15-T17, T26, RF02, M04-M07, P02, P07)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import EarlyStoppingCallback, LlamaConfig, LlamaForSequenceClassification
+from transformers.integrations import integration_utils
+
+import trl_trapo.trainer
+from trl_trapo import TRAPOTrainer
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+def build(tmp_path, tokenizer, suite, tiny_config, model=None, **overrides):
+    """A trainer on the tiny suite; `overrides` split into constructor arguments and config fields."""
+    arguments = {k: overrides.pop(k) for k in list(overrides) if k in ("callbacks", "optimizers", "peft_config")}
+    arguments.update({k: overrides.pop(k) for k in list(overrides) if k in ("reward_funcs", "rollout_func")})
+    arguments.setdefault("reward_funcs", exact_match_reward)
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0) if model is None else model,
+        args=tiny_config(tmp_path / "out", **overrides),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        **arguments,
+    )
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail the test if the trainer gets as far as loading the policy (the checks must come first)."""
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy was loaded before the setting was checked")
+
+    monkeypatch.setattr(trl_trapo.trainer, "load_policy", loaded)
+
+
+@pytest.fixture
+def saved_model(tmp_path, tokenizer):
+    """The tiny model saved with `save_pretrained` (a local model id)."""
+    folder = tmp_path / "tiny"
+    build_tiny_model(tokenizer, seed=0).save_pretrained(folder)
+    return folder
+
+
+# ---- the optimizer, the scheduler and the trackers `train()` builds ------------------------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (  # X06b: transformers' ValueError after the initial evaluation
+            {"lr_scheduler_type": "cosine_with_min_lr"},
+            r"lr_scheduler_type='cosine_with_min_lr' with lr_scheduler_kwargs=None cannot be built: .*"
+            r"--lr_scheduler_kwargs '\{\"min_lr_rate\": 0.1\}'",
+        ),
+        (  # X08: "could not convert string to float" after the initial evaluation
+            {"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": "x"}},
+            r"lr_scheduler_type='cosine' with lr_scheduler_kwargs=\{'num_cycles': 'x'\} cannot be built: "
+            r"ValueError: could not convert string to float",
+        ),
+        (
+            {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"num_cycles": 2}},
+            r"lr_scheduler_type='linear' .* cannot be built: TypeError: .*unexpected keyword argument 'num_cycles'",
+        ),
+        ({"adam_beta1": 1.5}, r"The optimizer cannot be built from optim='adamw_torch_fused'.*adam_beta1=1.5"),
+    ],
+)
+def test_optimizer_and_scheduler_settings_are_built_once_at_construction(
+    tmp_path, saved_model, tokenizer, suite, tiny_config, no_model_loading, overrides, message
+):
+    with pytest.raises(ValueError, match=message):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), **overrides)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
+def test_an_optimizer_whose_package_is_missing_names_it_and_the_fix(
+    tmp_path, saved_model, tokenizer, suite, tiny_config, no_model_loading
+):
+    # X07: an ImportError traceback after the initial evaluation
+    with pytest.raises(
+        ValueError, match=r"optim='adamw_bnb_8bit' cannot be used: .*bitsandbytes.*--optim adamw_torch"
+    ):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), optim="adamw_bnb_8bit")
+
+
+def test_an_optimizer_or_scheduler_given_by_the_user_is_not_rebuilt(tmp_path, tokenizer, suite, tiny_config):
+    model = build_tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    trainer = build(
+        tmp_path,
+        tokenizer,
+        suite,
+        tiny_config,
+        model=model,
+        optimizers=(optimizer, None),
+        optim="adamw_bnb_8bit",  # never built: the user's optimizer is used
+    )
+    assert trainer.optimizer is optimizer
+
+
+def test_a_tracker_whose_package_is_missing_names_it_and_report_to_none(
+    tmp_path, saved_model, tokenizer, suite, tiny_config, no_model_loading, monkeypatch
+):
+    # X03: transformers' "RuntimeError: WandbCallback requires wandb" traceback
+    monkeypatch.setattr(integration_utils, "is_wandb_available", lambda: False)
+    with pytest.raises(ValueError, match=r"report_to=\['wandb'\] is invalid: .*`pip install wandb`.*--report_to none"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), report_to="wandb")
+    with pytest.raises(ValueError, match=r"'nope' is not a tracker transformers knows; use some of .*wandb"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), report_to=["nope"])
+
+
+# ---- construction arguments ---------------------------------------------------------------------------------------
+def test_model_none_is_refused_by_name(tmp_path, tokenizer, suite, tiny_config):
+    # T16: "'NoneType' object has no attribute 'modules'" from TRL's utils
+    with pytest.raises(TypeError, match=r"`model` is required: a model id .*got None"):
+        TRAPOTrainer(None, reward_funcs=exact_match_reward, args=tiny_config(tmp_path), train_dataset=suite.rl_train)
+
+
+def test_a_classification_model_or_adapter_is_refused_as_the_policy(tmp_path, tokenizer, suite, tiny_config):
+    # M05 / P02: trained silently (a new LM head; a SEQ_CLS adapter saved as such)
+    config = LlamaConfig(**build_tiny_model(tokenizer).config.to_dict(), num_labels=1)
+    classifier = LlamaForSequenceClassification(config)
+    with pytest.raises(ValueError, match=r"`model` is a LlamaForSequenceClassification: .*swap"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=classifier)
+    folder = tmp_path / "seqcls"
+    classifier.save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"is a LlamaForSequenceClassification checkpoint .*`architectures`"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(folder))
+    peft_config = LoraConfig(r=4, task_type="SEQ_CLS", target_modules=["q_proj"])
+    with pytest.raises(ValueError, match=r"`peft_config` has task_type='SEQ_CLS'.*task_type='CAUSAL_LM'"):
+        build(tmp_path, tokenizer, suite, tiny_config, peft_config=peft_config)
+
+
+def test_the_command_line_name_of_a_builtin_reward_points_to_the_function(tmp_path, tokenizer, suite, tiny_config):
+    # T26: taken as a Hub id ("connect to the network")
+    with pytest.raises(
+        ValueError, match=r"reward_funcs='exact_match' .*from trl_trapo.rewards import exact_match_reward"
+    ):
+        build(tmp_path, tokenizer, suite, tiny_config, reward_funcs="exact_match")
+
+
+def test_an_async_rollout_func_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_config):
+    # RF02: "returned coroutine" after the first rollout; TRL 1.16 calls rollout_func synchronously too
+    async def rollout(prompts, trainer):
+        return {}
+
+    with pytest.raises(TypeError, match=r"rollout_func=rollout is an async function.*`def`.*asyncio.run"):
+        build(tmp_path, tokenizer, suite, tiny_config, rollout_func=rollout)
+
+
+def test_early_stopping_needs_a_metric_trapo_logs_and_evaluations(tmp_path, tokenizer, suite, tiny_config):
+    # T17: transformers' AssertionError at train()
+    stop = [EarlyStoppingCallback(early_stopping_patience=1)]
+    with pytest.raises(ValueError, match=r"metric_for_best_model=None: the EarlyStoppingCallback .*eval_reward"):
+        build(tmp_path, tokenizer, suite, tiny_config, callbacks=stop)
+    with pytest.raises(ValueError, match=r"eval_strategy='no': the EarlyStoppingCallback"):
+        build(tmp_path, tokenizer, suite, tiny_config, callbacks=stop, metric_for_best_model="eval_reward")
+    with pytest.raises(ValueError, match=r"metric_for_best_model='loss' is not a metric TRAPO logs"):
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            callbacks=[EarlyStoppingCallback],
+            metric_for_best_model="loss",
+            eval_strategy="steps",
+            eval_steps=2,
+        )
+
+
+def test_a_chat_template_that_does_not_compile_is_refused_with_its_line(tmp_path, tokenizer, suite, tiny_config):
+    # T15: jinja2's TemplateSyntaxError from deep inside dataset preparation
+    folder = tmp_path / "tok"  # a copy: the module-scoped tokenizer is shared
+    tokenizer.save_pretrained(folder)
+    copy = type(tokenizer).from_pretrained(folder)
+    copy.chat_template = "{% for m in messages %}{{ m['content'] }}}}{% endfor %}\n{{ }"
+    with pytest.raises(ValueError, match=r"chat template of `processing_class` does not compile \(line \d+: "):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path / "out"),
+            train_dataset=suite.rl_train,
+            processing_class=copy,
+        )
+
+
+# ---- from_pretrained arguments of a policy loaded by id -----------------------------------------------------------
+def test_an_unknown_model_init_kwarg_is_named_with_the_close_one(tmp_path, saved_model, tokenizer, suite, tiny_config):
+    # P07: "LlamaForCausalLM.__init__() got an unexpected keyword argument 'torch_dtipe'"
+    with pytest.raises(
+        ValueError, match=r"model_init_kwargs\['torch_dtipe'\] is not an argument .*Did you mean 'dtype'"
+    ):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs={"torch_dtipe": "x"})
+
+
+def test_an_unknown_model_type_names_the_model(tmp_path, saved_model, tokenizer, suite, tiny_config):
+    # M04: transformers' text alone
+    config = json.loads((saved_model / "config.json").read_text())
+    (saved_model / "config.json").write_text(json.dumps({**config, "model_type": "llamaa"}))
+    with pytest.raises(ValueError, match=r"model='.*tiny' \(`--model_name_or_path`\): transformers cannot read its"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="flash attention may work on a GPU")
+def test_flash_attention_without_a_gpu_names_the_flag_and_sdpa(tmp_path, saved_model, tokenizer, suite, tiny_config):
+    # M06: transformers' text without the flag
+    kwargs = {"attn_implementation": "flash_attention_2"}
+    with pytest.raises(
+        ValueError, match=r"\['attn_implementation'\]='flash_attention_2' \(`--attn_implementation`\).*'sdpa'"
+    ):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs=kwargs)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
+def test_4bit_loading_without_bitsandbytes_names_the_flag(tmp_path, saved_model, tokenizer, suite, tiny_config):
+    # M07: transformers' text without the flag
+    from transformers import BitsAndBytesConfig
+
+    kwargs = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True)}
+    with pytest.raises(
+        ValueError, match=r"loads the model in 4-bit \(`--load_in_4bit`\), which needs the bitsandbytes"
+    ):
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs=kwargs)
+
+
+def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, suite, tiny_config):
+    # T04: huggingface_hub's raw HFValidationError from trainer.push_to_hub()
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path / "my run"),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match=r"the Hub repo id 'my run' .* is not a valid repo id.*--hub_model_id"):
+        trainer.push_to_hub()
+    assert not (tmp_path / "my run" / "model.safetensors").exists()

@@ -1,0 +1,227 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The `trapo` console command, in the style of TRL's `trl sft ...` / `trl grpo ...`: one sub-command per job.
+
+    trapo train [--ARGUMENT VALUE ...]   # the main job, as `examples/trapo.py` (trl_trapo.cli)
+    trapo vlm [--ARGUMENT VALUE ...]     # the vision-language job, as `examples/trapo_vlm.py` (trl_trapo.vision_job)
+    trapo tools [--ARGUMENT VALUE ...]   # the agent (tool-calling) job, as `examples/trapo_tools.py` (trl_trapo.agent_job)
+    trapo train --help                   # every argument of that job
+
+Each sub-command takes exactly its example's arguments (the same parser: `--config recipe.yaml`, errors that suggest
+the closest name) and runs the same `run` function. Without a launcher option it runs in this process, as
+`python examples/trapo.py` does. With one it launches through `accelerate launch`, as `trl` does:
+`--accelerate_config NAME_OR_PATH` (a file, or the name of a config TRL ships: `multi_gpu`, `zero2`, `fsdp2`, ...;
+TRL's `resolve_accelerate_config_argument`), `--num_processes N`, or another option of `accelerate launch` that says
+where to run (`--config_file`, `--main_process_port`, `--mixed_precision`, ...: [`LAUNCH_OPTIONS`]). Each process
+then runs `python -m trl_trapo.commands <job> <the job's arguments>`.
+
+Differences from `trl`: `trl` launches every run through `accelerate launch` (a child process even for one process)
+and hands the launcher whatever its script's parser does not know, so a misspelt argument reaches accelerate's parser;
+here a run without launcher options stays in this process, and only the launcher options of [`LAUNCH_OPTIONS`] go to
+the launcher, so a misspelt job argument is the job's error, with its suggestion. Launcher options in a `--config`
+recipe are not read (give them on the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Job:
+    """One sub-command of `trapo`.
+
+    Args:
+        name (`str`): the sub-command.
+        module (`str`): the module whose `run(argv, program)` is the job and whose `make_parser` parses its arguments.
+        example (`str`): the example script that runs the same job.
+        help (`str`): one line for `trapo --help`.
+    """
+
+    name: str
+    module: str
+    example: str
+    help: str
+
+
+JOBS = (
+    Job(
+        "train",
+        "trl_trapo.cli",
+        "examples/trapo.py",
+        "the main job: pretraining + SFT + RL in one loop, on your model and data or the built-in tiny task suite",
+    ),
+    Job(
+        "vlm",
+        "trl_trapo.vision_job",
+        "examples/trapo_vlm.py",
+        "the built-in vision-language job: a tiny LLaVA learns shapes and colours (pretraining + SFT + RL)",
+    ),
+    Job(
+        "tools",
+        "trl_trapo.agent_job",
+        "examples/trapo_tools.py",
+        "the built-in agent job: the tiny model learns to call a tool (pretraining + SFT + RL with tools=)",
+    ),
+)
+"""The sub-commands, named as TRL users say it: `train` for the main job (`trapo train`, as `trl sft` trains), `vlm`
+and `tools` as TRL names the capabilities (its `*_vlm.py` example scripts; `GRPOTrainer(tools=...)`) and as the
+example scripts are named (`trapo_vlm.py`, `trapo_tools.py`)."""
+
+ACCELERATE_CONFIG = "--accelerate_config"  # TRL's name; resolved to accelerate's `--config_file`
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`trapo`'s parser: one sub-command per [`JOBS`] entry, each taking its job's arguments unparsed (the job parses
+    them, `--help` included)."""
+    parser = argparse.ArgumentParser(
+        prog="trapo",
+        allow_abbrev=False,
+        description="TRAPO: pretraining, SFT and RL objectives in one TRL training loop.",
+        epilog=(
+            "`trapo <command> --help` lists the arguments of a job. Launching: without launcher options a job runs "
+            "in this process; --num_processes N, --accelerate_config NAME_OR_PATH (a file, or a config TRL ships: "
+            "multi_gpu, zero2, fsdp2, ...), --config_file, --multi_gpu, --main_process_port, --mixed_precision, "
+            "--num_machines, --machine_rank, --main_process_ip or --gpu_ids start it through `accelerate launch`, as "
+            "`trl` does."
+        ),
+    )
+    commands = parser.add_subparsers(
+        title="commands", dest="command", metavar="{" + ",".join(j.name for j in JOBS) + "}"
+    )
+    for job in JOBS:
+        commands.add_parser(job.name, help=job.help, add_help=False)
+    return parser
+
+
+LAUNCH_OPTIONS = {
+    ACCELERATE_CONFIG: True,
+    "--num_processes": True,
+    "--config_file": True,
+    "--multi_gpu": False,
+    "--num_machines": True,
+    "--machine_rank": True,
+    "--main_process_ip": True,
+    "--main_process_port": True,
+    "--mixed_precision": True,
+    "--gpu_ids": True,
+}
+"""The options a `trapo` sub-command hands to `accelerate launch` -> whether each takes a value: TRL's
+`--accelerate_config` and the options of `accelerate launch` that say where and on how many processes to run; the rest
+of a launch (DeepSpeed, FSDP, ...) is what the config file says. No argument of the jobs is spelt like one of these.
+Without a GPU, accelerate starts several processes only for a multi-process config (`--multi_gpu`, or
+`--accelerate_config multi_gpu`), and then with `--mixed_precision no`."""
+
+
+def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate the launcher's options ([`LAUNCH_OPTIONS`]) from the job's arguments.
+
+    Args:
+        argv: the arguments after the sub-command.
+
+    Returns:
+        `(launch_args, job_args)`: the launcher's options with their values (`--flag=value` spelt `--flag value`), and
+        everything else in its order.
+
+    Raises:
+        ValueError: a launcher option that takes a value is last, without one.
+    """
+    launch, job = [], []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name, eq, value = token.partition("=")
+        if name in LAUNCH_OPTIONS:
+            launch.append(name)
+            if eq:
+                launch.append(value)
+            elif LAUNCH_OPTIONS[name]:
+                if i + 1 >= len(tokens):
+                    raise ValueError(f"{name} needs a value, e.g. `{name} 2`.")
+                launch.append(tokens[i + 1])
+                i += 1
+        else:
+            job.append(token)
+        i += 1
+    return launch, job
+
+
+def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[str]) -> argparse.Namespace:
+    """The `accelerate launch` arguments that start `job` in each process: the launcher's options (TRL's
+    `--accelerate_config` resolved to `--config_file`), then `--module trl_trapo.commands <job> <job_args>`.
+
+    Raises:
+        ValueError: from TRL's resolution, for an `--accelerate_config` that is neither a file nor a config TRL ships.
+    """
+    from accelerate.commands.launch import launch_command_parser
+    from trl.cli.accelerate_config import resolve_accelerate_config_argument
+
+    resolved = resolve_accelerate_config_argument(list(launch_args))
+    return launch_command_parser().parse_args([*resolved, "--module", __name__, job.name, *job_args])
+
+
+def run_here(job: Job, job_args: Sequence[str]) -> int:
+    """Run `job` in this process, as its example script does (logging at INFO, interrupts and the process group
+    handled by `trl_trapo.cli.exits_cleanly`).
+
+    Returns:
+        The job's exit status (0, or 2 after a user error).
+
+    Raises:
+        SystemExit: for `--help`, a malformed command line or an interrupt, as the example script exits.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from trl_trapo.cli import exits_cleanly
+
+    run = importlib.import_module(job.module).run
+    with exits_cleanly():
+        status = run(list(job_args), program=f"trapo {job.name}")
+    return status
+
+
+def main(argv: Sequence[str] | None = None, launch: Callable[[argparse.Namespace], object] | None = None) -> int:
+    """The `trapo` command.
+
+    Args:
+        argv: the arguments without the program name (default `sys.argv[1:]`).
+        launch: runs the `accelerate launch` arguments (default accelerate's `launch_command`); a test passes its own.
+
+    Returns:
+        The exit status: 0 after `trapo` alone (its help) or a complete job, 2 after a user error (a bad launcher
+        option, or the job's); after a launch, the exit status of a process that failed.
+    """
+    # before torch loads (OpenMP reads it then), as the example scripts do: waiting threads sleep (docs/threads.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, _ = parser.parse_known_args(argv[:1])
+    if args.command is None:
+        parser.print_help()
+        return 0
+    job = next(j for j in JOBS if j.name == args.command)
+    try:
+        launch_args, job_args = split_launch_args(argv[1:])
+        namespace = launch_namespace(job, launch_args, job_args) if launch_args else None
+    except ValueError as error:
+        print(f"trapo {job.name}: error: {error}", file=sys.stderr)
+        return 2
+    if namespace is None:
+        return run_here(job, job_args)
+    if launch is None:
+        from accelerate.commands.launch import launch_command as launch
+    try:
+        launch(namespace)
+    except subprocess.CalledProcessError as error:  # one process: accelerate's launcher raises its exit status
+        return error.returncode
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Training settings that only fail when `train()` builds them, checked when the trainer is built.
+
+transformers' `Trainer` builds the optimizer and the learning-rate scheduler inside `train()` — after TRAPO has loaded
+the models, tokenized the datasets and, in the command-line job, run the initial evaluation (minutes on a real model)
+— and its trackers' callbacks (`report_to`) when it is constructed, with a bare `RuntimeError`. A missing package
+(`--optim adamw_bnb_8bit` without bitsandbytes, `--report_to wandb` without wandb), a scheduler missing its argument
+(`cosine_with_min_lr` without `min_lr_rate`) or a malformed `lr_scheduler_kwargs` then surfaces as a library traceback
+that names no setting. [`check_training_setup`] builds the optimizer and scheduler once, with transformers' own
+`Trainer.get_optimizer_cls_and_kwargs` and `get_scheduler`, on one dummy parameter (no model needed), and looks up
+each tracker with transformers' availability checks, before anything loads; each failure is one message naming the
+setting, its value and the fix.
+
+A policy loaded by id goes through [`check_model_loading`] once its config is read and before any weight loads
+(flash attention without its package or a GPU, 4/8-bit loading without bitsandbytes, a classification checkpoint as
+the policy), and a `model_init_kwargs` key the model's constructor refuses is named by [`unknown_model_keyword`].
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import Trainer, get_scheduler
+from transformers.integrations import integration_utils
+
+
+TRACKER_PACKAGES = {
+    "azure_ml": ("is_azureml_available", "azureml-core"),
+    "comet_ml": ("is_comet_available", "comet_ml"),
+    "mlflow": ("is_mlflow_available", "mlflow"),
+    "neptune": ("is_neptune_available", "neptune"),
+    "tensorboard": ("is_tensorboard_available", "tensorboard"),
+    "trackio": ("is_trackio_available", "trackio"),
+    "wandb": ("is_wandb_available", "wandb"),
+    "codecarbon": ("is_codecarbon_available", "codecarbon"),
+    "clearml": ("is_clearml_available", "clearml"),
+    "dagshub": ("is_dagshub_available", "dagshub"),
+    "flyte": ("is_flytekit_available", "flytekit"),
+    "dvclive": ("is_dvclive_available", "dvclive"),
+    "swanlab": ("is_swanlab_available", "swanlab"),
+    "kubeflow": ("is_kubeflow_available", "kubeflow-training"),
+}
+"""`report_to` name -> (transformers' availability check in `transformers.integrations.integration_utils`, the pip
+package that provides it)."""
+MODEL_OPTIMIZERS = ("galore", "apollo", "lomo")
+"""`optim` families whose `Trainer.get_optimizer_cls_and_kwargs` needs the model: only their import is checked here."""
+CHECK_STEPS = 100
+"""Planned steps of the dry-run scheduler when `max_steps` is not set (the real count is only known in `train()`)."""
+
+
+def check_report_to(args) -> None:
+    """Refuse a `report_to` tracker transformers does not know or whose package is not installed.
+
+    Raises:
+        ValueError: naming `report_to`, the tracker, the package to install, and `--report_to none`.
+    """
+    for name in args.report_to or []:
+        if name not in integration_utils.INTEGRATION_TO_CALLBACK:
+            raise ValueError(
+                f"{type(args).__name__}.report_to={args.report_to!r} is invalid: {name!r} is not a tracker transformers "
+                f"knows; use some of {', '.join(sorted(integration_utils.INTEGRATION_TO_CALLBACK))}, or 'none'."
+            )
+        available, package = TRACKER_PACKAGES.get(name, (None, name))
+        if available is not None and not getattr(integration_utils, available, lambda: True)():
+            raise ValueError(
+                f"{type(args).__name__}.report_to={args.report_to!r} is invalid: the {name} tracker needs the "
+                f"`{package}` package, which is not installed: `pip install {package}`, or drop it (`--report_to none` "
+                "logs to the console only)."
+            )
+
+
+def _optimizer_settings(args) -> str:
+    optim = getattr(args.optim, "value", args.optim)
+    settings = f"optim={optim!r}, learning_rate={args.learning_rate}, weight_decay={args.weight_decay}"
+    if "adam" in optim:
+        settings += f", adam_beta1={args.adam_beta1}, adam_beta2={args.adam_beta2}, adam_epsilon={args.adam_epsilon}"
+    return settings + (f", optim_args={args.optim_args!r}" if args.optim_args else "")
+
+
+def check_optimizer(args) -> torch.optim.Optimizer | None:
+    """Build the optimizer `args` asks for on one dummy parameter, as `Trainer.create_optimizer` will.
+
+    Returns:
+        The dry-run optimizer (for [`check_scheduler`]), or None for an optimizer that needs the model
+        ([`MODEL_OPTIMIZERS`]: only its import is checked).
+
+    Raises:
+        ValueError: naming `optim` and the settings it was built with, the library's reason and the fix (the package
+            to install, or `--optim adamw_torch`).
+    """
+    optim = getattr(args.optim, "value", args.optim)
+    try:
+        optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+        return optimizer_class([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+    except ImportError as error:
+        raise ValueError(
+            f"{type(args).__name__}.optim={optim!r} cannot be used: {error}. Install it, or choose an optimizer of "
+            "torch's own (`--optim adamw_torch`)."
+        ) from None
+    except (ValueError, TypeError, RuntimeError) as error:
+        if any(family in optim for family in MODEL_OPTIMIZERS):
+            return None  # it is built from the model's parameters: checked by transformers in train()
+        raise ValueError(
+            f"The optimizer cannot be built from {_optimizer_settings(args)}: {type(error).__name__}: {error}. Fix the "
+            "setting it names (e.g. adam_beta1 and adam_beta2 in [0, 1), optim_args as 'key=value,key=value')."
+        ) from None
+
+
+def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
+    """Build the learning-rate scheduler `args` asks for on `optimizer` (or a plain SGD over one dummy parameter), as
+    `Trainer.create_scheduler` will, and take one step.
+
+    Raises:
+        ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the library's reason and the fix.
+    """
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if kind == "reduce_lr_on_plateau":  # it steps on an evaluation metric; transformers checks its strategy
+        return
+    optimizer = optimizer or torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
+    steps = args.max_steps if args.max_steps > 0 else CHECK_STEPS
+    try:
+        scheduler = get_scheduler(
+            kind,
+            optimizer=optimizer,
+            num_warmup_steps=args.get_warmup_steps(steps),
+            num_training_steps=steps,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        )
+        optimizer.step()
+        scheduler.step()
+    except (ValueError, TypeError) as error:
+        fix = (
+            "it needs a floor: `--lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}'` (10% of learning_rate) or "
+            "`min_lr` (an absolute rate)"
+            if "min_lr" in str(error)
+            else "give the keyword arguments of transformers' scheduler of that name, with numbers as numbers, or "
+            "drop lr_scheduler_kwargs"
+        )
+        raise ValueError(
+            f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
+            f"cannot be built: {type(error).__name__}: {error}. Fix: {fix}."
+        ) from None
+
+
+def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> None:
+    """Check, before any model loads, what `train()` and the Trainer's constructor would otherwise fail on late
+    (see the module docstring): the `report_to` trackers, and the optimizer and scheduler `args` ask for (each only
+    when neither `optimizers` nor the DeepSpeed config gives it).
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): the configuration (read only).
+        optimizers (`tuple`): the trainer's `optimizers=(optimizer, lr_scheduler)` argument.
+
+    Raises:
+        ValueError: as [`check_report_to`], [`check_optimizer`] and [`check_scheduler`].
+    """
+    check_report_to(args)
+    optimizer, scheduler = optimizers
+    deepspeed = getattr(getattr(args, "hf_deepspeed_config", None), "config", None) or {}
+    optimizer = optimizer if "optimizer" not in deepspeed else "deepspeed"  # DeepSpeed's own replaces the Trainer's
+    scheduler = scheduler if "scheduler" not in deepspeed else "deepspeed"
+    dry_run = check_optimizer(args) if optimizer is None else None
+    if scheduler is None:
+        check_scheduler(args, dry_run)
+
+
+# ---- from_pretrained of a policy loaded by id (`trl_trapo.vision.load_policy`) ---------------------------------------
+TASK_HEAD_CLASSES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")
+"""Endings of transformers' model classes whose task head replaces the language-model head a policy samples from."""
+
+
+FROM_PRETRAINED_KEYWORDS = (
+    "dtype",
+    "device_map",
+    "attn_implementation",
+    "quantization_config",
+    "trust_remote_code",
+    "max_memory",
+    "offload_folder",
+    "subfolder",
+    "variant",
+    "tp_plan",
+    "key_mapping",
+)
+"""`from_pretrained` keywords read from its `**kwargs` (not in its signature), offered as "did you mean" names."""
+
+
+def unknown_model_keyword(
+    error: TypeError,
+    kwargs: Mapping,
+    config,
+    model_id: str,
+    arg: str = "model",
+    kwargs_name: str = "model_init_kwargs",
+) -> ValueError | None:
+    """The error to raise for `from_pretrained(model_id, **kwargs)`'s `TypeError` about a key of `kwargs`.
+
+    transformers passes a keyword that is neither its own nor a setting of the config to the model's constructor,
+    which refuses it (`LlamaForCausalLM.__init__() got an unexpected keyword argument 'torch_dtipe'`). The keywords
+    `from_pretrained` takes vary by version (some only by name, in its body), so the refusal is read from that
+    error, before any weight is loaded, rather than guessed beforehand.
+
+    Returns:
+        A `ValueError` naming `kwargs_name[key]`, the model and the closest accepted name; None when `error` is
+        about something else.
+    """
+    from transformers import PreTrainedModel
+
+    match = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if match is None or match.group(1) not in kwargs:
+        return None
+    key = match.group(1)
+    names = set(inspect.signature(PreTrainedModel.from_pretrained).parameters) - {"kwargs", "model_args"}
+    names |= set(FROM_PRETRAINED_KEYWORDS) | set(config.to_dict())
+    close = difflib.get_close_matches(key, sorted(names | {"torch_dtype"}), n=1, cutoff=0.6)
+    close = ["dtype" if name == "torch_dtype" else name for name in close]  # transformers' new name of it
+    return ValueError(
+        f"{kwargs_name}[{key!r}] is not an argument of `from_pretrained` nor a setting of the config of "
+        f"{arg}={model_id!r} ({type(config).__name__}), so the model's constructor refused it."
+        + (f" Did you mean {close[0]!r}?" if close else " Drop it.")
+    )
+
+
+def check_model_loading(
+    model_id: str, config, kwargs: Mapping, arg: str = "model", kwargs_name: str = "model_init_kwargs"
+):
+    """Refuse, with the model's config read but no weights, what `from_pretrained(model_id, **kwargs)` of a policy
+    would fail on (or silently get wrong) with a message naming neither the argument nor the fix.
+
+    Checked: `attn_implementation="flash_attention_2"` / `"flash_attention_3"` without its package or a
+    CUDA device; a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes; and
+    a checkpoint whose `architectures` are all task heads (`*ForSequenceClassification`, ...), whose language-model
+    head would be newly initialised.
+
+    Args:
+        model_id (`str`): the model's id or path, as given.
+        config (`PretrainedConfig`): its config (`AutoConfig.from_pretrained(model_id)`).
+        kwargs (`Mapping`): the `from_pretrained` keyword arguments.
+        arg, kwargs_name (`str`): how the message names the model and its keyword arguments.
+
+    Raises:
+        ValueError: naming the argument, the value and the fix (with the command-line flag that sets it).
+    """
+    from transformers.utils import is_bitsandbytes_available, is_flash_attn_2_available, is_flash_attn_3_available
+
+    attention = kwargs.get("attn_implementation")
+    flash = {"flash_attention_2": is_flash_attn_2_available, "flash_attention_3": is_flash_attn_3_available}
+    if attention in flash and not (torch.cuda.is_available() and flash[attention]()):
+        problem = "no CUDA GPU is available" if not torch.cuda.is_available() else "the flash-attn package is missing"
+        raise ValueError(
+            f"{kwargs_name}['attn_implementation']={attention!r} (`--attn_implementation`) cannot be used: {problem}. "
+            "Use 'sdpa' (PyTorch's fused attention, any device) or 'eager', or install flash-attn on a CUDA machine."
+        )
+    quantization = kwargs.get("quantization_config")
+    bits = [
+        n
+        for n in (4, 8)
+        if getattr(quantization, f"load_in_{n}bit", None)
+        or (isinstance(quantization, Mapping) and quantization.get(f"load_in_{n}bit"))
+    ]
+    if bits and not is_bitsandbytes_available():
+        raise ValueError(
+            f"{kwargs_name}['quantization_config'] loads the model in {bits[0]}-bit (`--load_in_{bits[0]}bit`), which "
+            "needs the bitsandbytes package: `pip install bitsandbytes` (a CUDA GPU is needed for most of it), or "
+            f"drop --load_in_{bits[0]}bit."
+        )
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and all(name.endswith(TASK_HEAD_CLASSES) for name in architectures):
+        raise ValueError(
+            f"{arg}={model_id!r} is a {architectures[0]} checkpoint (config.json's `architectures`): loaded as a "
+            "policy, its task head is dropped and a language-model head newly initialised. Did you swap the policy "
+            "and the reward model (`--model_name_or_path` / `--reward_model_name_or_path`)? Give a causal LM as the "
+            "policy; to train this one anyway, load it yourself (`AutoModelForCausalLM.from_pretrained(...)`) and "
+            "pass the model."
+        )
