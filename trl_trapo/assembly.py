@@ -5,8 +5,9 @@ Each function takes what it needs as arguments and returns what it builds; `TRAP
 order and wires the results to the `Trainer` hooks (issue 39):
 
 1. [`check_run`]: the checks that run before anything slow loads — the arguments' types, the rollout source and the
-   agent arguments (TRL's `tools` / `environment_factory`), the output directory, the datasets, the checkpoint to
-   resume from (hashed once, here), and torch's CPU threads;
+   agent arguments (TRL's `tools` / `environment_factory`), the output directory, the datasets, the training setup,
+   the best-model metric, the checkpoint to resume from (hashed once, here, and checked to fit the run), and torch's
+   CPU threads;
 2. [`build_rollout_source`]: where the RL objective's rounds come from — the user's `rollout_source`, TRL's
    `rollout_func`, the tool-calling source of `tools` / `environment_factory`, the asynchronous producer
    (`async_rollouts=True`) or the default [`~trl_trapo.sources.SyncRolloutSource`];
