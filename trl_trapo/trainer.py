@@ -45,7 +45,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate.utils import is_peft_model
@@ -56,7 +56,7 @@ from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrain
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .arguments import check_config_type, check_trainer_arguments
+from .assembly import SourceParts, build_objectives, build_rollout_source, check_run
 from .callbacks import (
     SHORT_CONSOLE_CALLBACKS,
     AdapterBankCallback,
@@ -70,7 +70,6 @@ from .checkpoint import (
     DATASETS_FILE,
     CheckpointError,
     check_checkpoint_fits,
-    datasets_summary,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -92,7 +91,6 @@ from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig, check_hub_repo_i
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
-    check_datasets,
     check_eval_dataset,
     check_tokenizer,
     dataset_columns,
@@ -105,7 +103,7 @@ from .distributed import (
     restore_kernel_functions,
     sum_over_ranks,
 )
-from .evaluation import Evaluator, check_best_model_metric
+from .evaluation import Evaluator
 from .exploration import TargetedExploration
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
@@ -139,8 +137,6 @@ from .objectives import (
     LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
-    RLObjective,
-    SFTObjective,
     TermInputs,
     check_objectives,
     check_served_rows,
@@ -158,7 +154,6 @@ from .saving import (
     SaveError,
     check_disk_space,
     check_earlier_checkpoints,
-    check_output_dir,
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
@@ -167,16 +162,8 @@ from .saving import (
     staged_save,
 )
 from .schedules import RLSchedules, scale_scheduler
-from .setup_checks import check_training_setup
-from .sources import (
-    RolloutFuncSource,
-    RolloutSource,
-    SyncRolloutSource,
-    as_rollout_source,
-    check_rollout_source,
-)
+from .sources import RolloutSource, as_rollout_source
 from .teacher import Teacher, load_teacher
-from .threads import choose_torch_threads
 from .vision import (
     ImageRows,
     check_vision_options,
@@ -200,9 +187,6 @@ try:
 except ImportError:  # peft is a dependency; keep the import error readable if it is missing
     PeftConfig = get_peft_model = None
     NoMatchingPeftModuleError = ValueError
-
-if TYPE_CHECKING:  # built only when asked for (`async_rollouts=True`)
-    from .async_rollouts import AsyncRolloutSource
 
 logger = logging.getLogger(__name__)
 
@@ -355,78 +339,41 @@ class TRAPOTrainer(_BaseTrainer):
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
-        check_config_type(args, TRAPOConfig)
-        # every argument of the wrong type is refused by name now, not by the library that first touches it
-        check_trainer_arguments(
-            model=model,
-            reward_funcs=reward_funcs,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            ref_model=ref_model,
-            reward_model=reward_model,
-            value_model=value_model,
-            teacher_model=teacher_model,
-            peft_config=peft_config,
-            callbacks=callbacks,
-            optimizers=optimizers,
+        # before anything slow: the arguments' types, the rollout source and agent arguments, output_dir, the
+        # datasets, the checkpoint to resume from, torch's threads (trl_trapo/assembly.py)
+        checked = check_run(
+            args,
+            dict(
+                model=model,
+                reward_funcs=reward_funcs,
+                processing_class=processing_class,
+                reward_processing_classes=reward_processing_classes,
+                ref_model=ref_model,
+                reward_model=reward_model,
+                value_model=value_model,
+                teacher_model=teacher_model,
+                peft_config=peft_config,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                tools=tools,
+            ),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            pretrain_dataset=pretrain_dataset,
+            sft_dataset=sft_dataset,
+            distillation_dataset=distillation_dataset,
+            rollout_source=rollout_source,
+            rollout_func=rollout_func,
             tools=tools,
+            environment_factory=environment_factory,
+            reward_funcs=reward_funcs,
+            reward_model=reward_model,
         )
-        if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
-            from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
-
-            check_main_guard()
-        if rollout_source is not None or rollout_func is not None:
-            check_rollout_source(rollout_source, args, rollout_func)
-        agent = None  # TRL's tools / environment_factory: a multi-turn tool-calling source (trl_trapo/agents.py)
-        if tools or environment_factory is not None:
-            from .agents import AgentSpec, check_agent_arguments, placeholder_prompts
-
-            if rollout_func is not None:
-                raise ValueError(
-                    "tools / environment_factory build the tool-calling rollout source, but a rollout_func was given "
-                    "too: drop one of them (a rollout_func runs its own tool loop)."
-                )
-            check_agent_arguments(args, rollout_source)
-            agent = AgentSpec.build(tools, environment_factory)
-            agent.check_dataset(train_dataset, args.max_steps)
-            if not reward_funcs and reward_model is None and not agent.rewards and args.rl_weight > 0:
-                given = "a train_dataset" if train_dataset is not None else "no train_dataset"
-                raise ValueError(
-                    f"tools / environment_factory with {given} and no reward source: the rollouts could not be "
-                    "scored. Pass `reward_funcs` (and/or `reward_model`), or give the environment class of "
-                    "`environment_factory` a `get_reward(self) -> float` method (called after each rollout; it becomes "
-                    "a reward of weight 1, as in TRL's GRPOTrainer)."
-                )
-            if train_dataset is None and agent.factories:  # the environment's `reset` writes each prompt
-                train_dataset = placeholder_prompts(args)
-        # not the default SyncRolloutSource
-        own_source = rollout_source is not None or rollout_func is not None or agent is not None
-        # before anything slow: output_dir can be written and holds no finished run this one would replace; the
-        # datasets have the columns and cells their objectives read
-        check_output_dir(args)
-        check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
-        check_training_setup(args, optimizers)  # trackers, optimizer and scheduler: built by `train()`, checked now
-        check_best_model_metric(args, eval_dataset, callbacks)
-        # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation; `train`
-        # does not hash it again
-        self._verified_checkpoint = None
+        agent, train_dataset, own_source = checked.agent, checked.train_dataset, checked.own_source
+        self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
         # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
-        self._datasets_summary = datasets_summary(
-            {
-                "train_dataset": train_dataset,
-                "sft_dataset": sft_dataset,
-                "pretrain_dataset": pretrain_dataset,
-                "distillation_dataset": distillation_dataset,
-            }
-        )
-        if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
-            verify_checkpoint(args.resume_from_checkpoint, args.world_size)
-            # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
-            adapter = peft_config is not None or is_peft_model(model)
-            check_checkpoint_fits(args.resume_from_checkpoint, adapter, self._datasets_summary)
-            self._verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
-        # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
-        self.thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
+        self._datasets_summary = checked.datasets_summary
+        self.thread_choice = checked.thread_choice
 
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
@@ -813,61 +760,34 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
-        # where RL rounds come from: the user's source, or the default one sampling with the live policy (sources.py)
-        if agent is not None and self.active[RL]:
-            from .agents import ToolRolloutSource
-
-            rollout_source = ToolRolloutSource(
-                self.rollouts,
-                self._rl_dataset,
-                self.memory_pool,
-                agent,
-                tokenizer,
-                self.rewards,
-                group=1 if self._has_critic else args.num_generations,
-                num_mini_batches=args.num_mini_batches,
-                temperature=args.temperature,
-                response_length=args.response_length,
+        # where RL rounds come from: the user's source, or the default one sampling with the live policy (assembly.py)
+        self.rollout_source = build_rollout_source(
+            args,
+            SourceParts(
+                engine=self.rollouts,
+                rl_dataset=self._rl_dataset,
+                memory_pool=self.memory_pool,
+                rewards=self.rewards,
+                tokenizer=tokenizer,
+                metrics=self.metrics,
+                accelerator=self.accelerator,
+                generation_config=self.generation_config,
+                padding_id=self.padding_id,
+                stops=stops,
+                policy=self._unwrapped_policy,
                 context=model_context(model),
-                max_iterations=args.max_tool_calling_iterations,
-                log_metric=self.metrics.log_metric,
-                template_kwargs=args.chat_template_kwargs,
-                # turns in lockstep across ranks (a turn's generation can be a collective) and `tools/*` over the round
-                sum_over_ranks=(lambda tensor: sum_over_ranks(self.accelerator, tensor))
-                if self.accelerator.num_processes > 1
-                else None,
-                generation_batch_size=args.local_rollout_forward_batch_size,
-                stop_token_ids=stops,  # a turn without one at its end was cut by the length limit
-            )
-        if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
-            if not self.active[RL]:
-                raise ValueError(
-                    "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
-                    "what rollout_func receives), with rl_weight > 0."
-                )
-            rollout_source = RolloutFuncSource(
-                lambda prompts: rollout_func(prompts, self),  # TRL's contract: the function gets the trainer
-                self._rl_dataset,
-                self.memory_pool,
-                num_generations=args.num_generations,
-                num_mini_batches=args.num_mini_batches,
-            )
-        if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
-            self.metrics.track_env_tokens()
-        if args.async_rollouts:  # a producer process samples and scores rounds ahead (async_rollouts.py)
-            rollout_source = self._build_async_source(args, own_source, stops, exploration)
-        self.rollout_source = (
-            rollout_source
-            if rollout_source is not None
-            else SyncRolloutSource(
-                self.rollouts,
-                self._rl_dataset,
-                self.memory_pool,
-                group=1 if self._has_critic else args.num_generations,
-                num_mini_batches=args.num_mini_batches,
-                temperature=args.temperature,
-                exploration=exploration,
-            )
+                suppressed_token_ids=self._suppressed_token_ids,
+                producer_threads=self.thread_choice.producer_threads,
+                zero3=self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
+            ),
+            # TRL's contract: the function gets the trainer
+            rollout_source=rollout_source,
+            rollout_func=(lambda prompts: rollout_func(prompts, self)) if rollout_func is not None else None,
+            agent=agent,
+            own_source=own_source,
+            active_rl=self.active[RL],
+            has_critic=self._has_critic,
+            exploration=exploration,
         )
         # the RL objective's supply chain: the source (a duck-typed one of the user's adapted), the replay buffer and
         # the orchestration between them (trl_trapo/rl_supply.py)
@@ -889,36 +809,25 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
         # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
-        self.objectives: list[Objective] = [
-            pretrain,
-            SFTObjective(
-                self.memory_pool,
-                has_data=self.active[SFT],
-                sft_loss_type=args.sft_loss_type,
-                alpha=args.trust_region_alpha,
-                weight=args.sft_weight,
-            ),
-            RLObjective(
-                self.rl_supply.take_rows,
-                args,
-                kl_coef=self.schedules.kl_coef,
-                entropy_coef=self.schedules.entropy_coef,
-                kl_penalty=self.kl_penalty,
-                kl_estimator=self.kl_estimator,
-                logging_step=self._is_logging_step,
-                has_data=self.active[RL],
-                weight=args.rl_weight,
-            ),
-            *(
-                DistillationObjective.from_config(
-                    args, distill_teacher, self.rl_supply.take_rows, data.distill, self.rollouts, rank, world
-                )
-                for _ in distill
-            ),
-            *extra_objectives,
-        ]
-        for index, objective in enumerate(self.objectives[1 : len(OBJECTIVES) + len(distill)], start=1):
-            objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world, planned_steps=self._planned_steps))
+        self.objectives: list[Objective] = build_objectives(
+            args,
+            pretrain=pretrain,
+            memory_pool=self.memory_pool,
+            take_rl_rows=self.rl_supply.take_rows,
+            schedules=self.schedules,
+            kl_penalty=self.kl_penalty,
+            kl_estimator=self.kl_estimator,
+            logging_step=self._is_logging_step,
+            active=self.active,
+            teacher=distill_teacher,
+            distill_prompts=data.distill,
+            sampler=self.rollouts,
+            extra=extra_objectives,
+            tokenizer=tokenizer,
+            rank=rank,
+            world_size=world,
+            planned_steps=self._planned_steps,
+        )
         self.evaluator = Evaluator(
             args,
             tokenizer,
@@ -1080,66 +989,6 @@ class TRAPOTrainer(_BaseTrainer):
                 "`trl_trapo.experimental.fewshot.FewShotTRAPOTrainer` (same arguments), or set fewshot_mode=False."
             )
         return None
-
-    def _build_async_source(
-        self, args: TRAPOConfig, own_source: bool, stops: list[int], exploration: TargetedExploration | None
-    ) -> AsyncRolloutSource:
-        """The asynchronous rollout source (`async_rollouts=True`).
-
-        Raises:
-            ValueError: naming the argument, with a rollout source of the user's (`rollout_source`, `rollout_func`,
-                `tools` / `environment_factory`: they sample by themselves), without RL prompts, under DeepSpeed
-                ZeRO-3 (a weight sync would gather the partitioned weights, a collective the ranks would reach at
-                different steps), with the vLLM server on more than one process, or when a reward function cannot be
-                pickled.
-        """
-        if own_source:
-            raise ValueError(
-                "TRAPOConfig.async_rollouts=True replaces the default rollout source by a producer process, but a "
-                "rollout_source, rollout_func or tools / environment_factory was given (they sample by themselves): "
-                "set async_rollouts=False, or drop them."
-            )
-        if not self.active[RL]:
-            raise ValueError(
-                "TRAPOConfig.async_rollouts=True but the run has no RL prompts (train_dataset with rl_weight > 0): "
-                "set async_rollouts=False."
-            )
-        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-            raise ValueError(
-                "TRAPOConfig.async_rollouts=True is not available under DeepSpeed ZeRO-3: sending the weights to the "
-                "producer would gather the partitioned parameters, a collective that each rank reaches when its own "
-                "replay buffer runs low. Use ZeRO-2 or DDP, or async_rollouts=False."
-            )
-        if args.use_vllm and self.accelerator.num_processes > 1:
-            raise ValueError(
-                "TRAPOConfig.async_rollouts=True with the vLLM server runs on one training process: every rank's "
-                f"producer samples from the one server, and a weight push ({self.accelerator.num_processes} processes "
-                "here) would have to wait for all of them at once. Launch one process, or set async_rollouts=False "
-                "(synchronous vLLM rollouts gather every rank's prompts)."
-            )
-        self.metrics.track_async()
-        from .async_rollouts import AsyncRolloutSource
-
-        return AsyncRolloutSource(
-            self._unwrapped_policy,
-            self._rl_dataset,
-            self.memory_pool,
-            self.rewards,
-            text_tokenizer(self.processing_class),
-            self.generation_config,
-            self.padding_id,
-            stops,
-            args,
-            group=1 if self._has_critic else args.num_generations,
-            num_mini_batches=args.num_mini_batches,
-            rank=self.accelerator.process_index,
-            device=str(self.accelerator.device),
-            metrics=self.metrics,
-            exploration=exploration,
-            vllm=self.rollouts.vllm,  # server mode: the trainer's connection, for the weight pushes
-            suppress_token_ids=self._suppressed_token_ids,
-            producer_threads=self.thread_choice.producer_threads,
-        )
 
     def _build_adapter_bank(self, args: TRAPOConfig, replay: ReplayBuffer) -> AdapterBankCallback | None:
         """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
