@@ -776,6 +776,9 @@ def run_process(argv: list[str], log_path: Path, timeout_s: float) -> tuple[int,
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             return process.wait(), True
+        except BaseException:  # Ctrl-C: the cell's processes go with this one
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
 
 
 def combine(results: list[dict]) -> dict:
@@ -818,7 +821,7 @@ def launch_cell(features: tuple[str, ...], work_dir: Path, timeout_s: float) -> 
         result = combine(results)
     if result["status"] == "refused":
         result["status"] = BY_DESIGN_REFUSED if frozenset(features) in BY_DESIGN else TO_FIX_REFUSED
-    result.pop("traceback", None) if result["status"] != CRASH else None
+    result.pop("traceback", None)  # it stays in the cell's folder (result<rank>.json)
     record = {
         "features": list(features),
         **result,
@@ -827,7 +830,6 @@ def launch_cell(features: tuple[str, ...], work_dir: Path, timeout_s: float) -> 
         "vllm_stand_in": any(f in VLLM_FEATURES for f in features),
         **library_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "log": str(run_dir / "log.txt"),
     }
     logger.info("%-40s %-28s %5.0f s  %s", name, record["status"], wall, record.get("reason", ""))
     return record
