@@ -132,9 +132,9 @@ def test_the_page_is_what_the_committed_results_render_to():
         "`python scripts/experiments/feature_matrix.py --cells '' --render docs/feature_matrix.md` (or the matrix "
         "itself), never edit it"
     )
-    assert {fm.cell_name(tuple(c["features"])) for c in data["cells"]} >= {
-        fm.cell_name(c) for c in fm.all_cells()
-    }, "the committed results lack single-process cells: run the whole matrix"
+    assert {fm.cell_name(tuple(c["features"])) for c in data["cells"]} >= {fm.cell_name(c) for c in fm.all_cells()}, (
+        "the committed results lack single-process cells: run the whole matrix"
+    )
     for cell in data["cells"]:
         assert cell["status"] in fm.OUTCOMES and cell["commit"], cell
         if cell["status"] == fm.WORKS:
