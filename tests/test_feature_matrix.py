@@ -100,6 +100,15 @@ def test_cells_selected_by_the_command_line():
     assert fm.selected_cells(parse(["--only", "async,tools"])) == [("tools",), ("tools", "async"), ("async",)]
     assert fm.selected_cells(parse(["--cells", "async+tools, lora"])) == [("tools", "async"), ("lora",)]
     assert fm.selected_cells(parse(["--cells", ""])) == []
+    involving = fm.selected_cells(parse(["--involving", "lora"]))
+    assert len(involving) == sum(f.processes == 1 for f in fm.FEATURES.values()) and all(
+        "lora" in c for c in involving
+    )
+    assert fm.selected_cells(parse(["--only", "tools,async,lora", "--involving", "async"])) == [
+        ("tools", "async"),
+        ("async",),
+        ("async", "lora"),
+    ]
     single = fm.selected_cells(parse([]))
     n = sum(f.processes == 1 for f in fm.FEATURES.values())
     assert len(single) == n + n * (n - 1) // 2 - 1  # every pair but vLLM server x colocate

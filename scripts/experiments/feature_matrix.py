@@ -5,6 +5,7 @@
     python scripts/experiments/feature_matrix.py --two_process           # and the DDP / ZeRO-3 cells
     python scripts/experiments/feature_matrix.py --only tools,async      # tools, async and tools x async
     python scripts/experiments/feature_matrix.py --cells tools+async     # that one cell
+    python scripts/experiments/feature_matrix.py --involving fewshot     # every cell with few-shot mode
     python scripts/experiments/feature_matrix.py --render docs/feature_matrix.md   # the page, from --output_json
 
 A *cell* is one feature alone (the diagonal) or two together. Each cell builds a `TRAPOTrainer` on the tiny models
@@ -20,7 +21,7 @@ limit. Its outcome:
 - **refused**: the construction raised a `ValueError` or `NotImplementedError` from `trl_trapo`'s own code (a refusal
   it means to make: the error's first line is the reason), before anything trained. A refusal is *by design* when
   issue 40 lets it stay (`BY_DESIGN`), *to fix* otherwise;
-- **inactive**: it trained, but a feature showed no sign of running (silently ignored: a defect);
+- **inactive**: it trained, but a feature did not act as it should (ignored, or applied wrongly: a silent defect);
 - **crash**: any other exception (its type, first line and innermost `trl_trapo` frame), or a worker that died
   without a result;
 - **hang**: the cell ran past `--timeout` seconds (its process group is killed).
@@ -97,7 +98,7 @@ SYMBOLS = {WORKS: "✓", BY_DESIGN_REFUSED: "—", TO_FIX_REFUSED: "R", INACTIVE
 # =====================================================================================================================
 @dataclass
 class Recipe:
-    """What one cell builds, as the features set it (`Feature.apply`), then `build_trainer` reads it.
+    """What one cell builds, as the features set it (`Feature.apply`), then `run_cell` builds it.
 
     Attributes:
         vision: a VLM run (the tiny LLaVA and the visual task suite) instead of the character-level model.
@@ -110,6 +111,8 @@ class Recipe:
         by_path: the policy is passed as the path of its saved directory (`model="<run_dir>/model"`), as under ZeRO-3,
             where the reference is loaded from it (a partitioned policy cannot be deep-copied).
         vllm: `None`, `"generation"` (`FakeVLLMGeneration`) or `"server"` (`FakeVLLMServer`): the stand-in to install.
+        agent_prompts: the RL prompts are the agent task's (set once by tools or environment_factory).
+        record_sampling: record the temperature of every `RolloutEngine.sample` call (`probes["sample_calls"]`).
         run_dir: the cell's folder.
     """
 
@@ -123,6 +126,8 @@ class Recipe:
     saved: bool = False
     by_path: bool = False
     vllm: str | None = None
+    agent_prompts: bool = False
+    record_sampling: bool = False
 
     def at_least(self, **values: int) -> None:
         """Raise the config's `values` (lengths) to at least these."""
@@ -187,10 +192,10 @@ def use_agent_prompts(recipe: Recipe) -> None:
     from trl_trapo.agents import use_tool_chat_template
 
     use_tool_chat_template(recipe.tokenizer)
-    if not recipe.vision and "agent_prompts" not in recipe.kwargs:
+    if not recipe.vision and not recipe.agent_prompts:
         task = make_agent_task(seed=0, num_sft=8, num_rl=8, num_eval=2)
         recipe.kwargs.update(train_dataset=task.rl_train, reward_funcs=[*task.reward_funcs])
-        recipe.kwargs["agent_prompts"] = True  # removed before the trainer is built
+        recipe.agent_prompts = True
         recipe.at_least(max_prompt_length=48, response_length=8)
 
 
@@ -319,14 +324,31 @@ def check_exploration(evidence: Evidence) -> str:
 
 
 def apply_fewshot(recipe: Recipe) -> None:
+    """Few-shot mode, with a round at every step (each trajectory used once, RL-heavy phases), so that a round after
+    step 0 shows whether it was sampled at the annealed temperature T(step) (equal to `temperature` at step 0)."""
     from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 
     recipe.trainer_class = FewShotTRAPOTrainer
-    recipe.config["fewshot_mode"] = True
+    recipe.config.update(
+        fewshot_mode=True, fewshot_max_uses=1, num_ppo_epochs=1, curriculum_mixtures=[0.2, 0.2, 0.6] * 3
+    )
+    recipe.record_sampling = True
 
 
 def check_fewshot(evidence: Evidence) -> str:
-    return logged_once(evidence, "fewshot/temperature")
+    """Every round was sampled at the few-shot temperature of its step (`FewShotController.temperature_at`), one of
+    them after step 0 (where it differs from `temperature`)."""
+    selector = evidence.trainer.memory_pool.selector
+    calls = evidence.probes.get("sample_calls", [])
+    assert any(step > 0 for step, _ in calls), f"no round after step 0 (rounds at steps {[s for s, _ in calls]})"
+    for step, temperatures in calls:
+        expected = selector.temperature_at(step)
+        assert all(abs(t - expected) < 1e-6 for t in temperatures), (
+            f"the round of step {step} was sampled at temperature {temperatures[0]:.3g}, not the few-shot "
+            f"temperature {expected:.3g} (its trajectories are trained at the latter)"
+        )
+    step = max(s for s, _ in calls)
+    return f"rounds sampled at the few-shot temperature (step {step}: {selector.temperature_at(step):.3g})"
 
 
 # ---- models ---------------------------------------------------------------------------------------------------------
@@ -617,6 +639,27 @@ def install_vllm_stand_in(recipe: Recipe, monkeypatch, model_dir: Path, probes: 
     return (lambda: sum(1 for event in server.events if event[0] == "completions")), [server.close]
 
 
+def record_sampling(monkeypatch, probes: dict) -> None:
+    """Record `(step, temperatures)` of every `RolloutEngine.sample` call (in this process) in
+    `probes["sample_calls"]`."""
+    import torch
+
+    from trl_trapo.rollout import RolloutEngine
+
+    sample = RolloutEngine.sample
+    calls = probes.setdefault("sample_calls", [])
+
+    def recording(self, examples, group, step, temperature, *args, **kwargs):
+        rows = len(examples) * group
+        values = temperature.tolist() if isinstance(temperature, torch.Tensor) else temperature
+        calls.append(
+            (step, [float(t) for t in values] if isinstance(values, (list, tuple)) else [float(values)] * rows)
+        )
+        return sample(self, examples, group, step, temperature, *args, **kwargs)
+
+    monkeypatch.setattr(RolloutEngine, "sample", recording)
+
+
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return (text.splitlines()[0] if text else "")[:400]
@@ -662,13 +705,14 @@ def run_cell(spec: dict) -> dict:
             recipe = base_recipe(run_dir)
             for name in features:
                 FEATURES[name].apply(recipe)
-            recipe.kwargs.pop("agent_prompts", None)
             model, model_dir = recipe.model, None
             if recipe.saved or recipe.by_path:
                 model, model_dir = saved_and_reloaded(recipe)
             vllm_calls = None
             if recipe.vllm is not None:
                 vllm_calls, closers = install_vllm_stand_in(recipe, monkeypatch, model_dir, probes)
+            if recipe.record_sampling:
+                record_sampling(monkeypatch, probes)
             trainer = recipe.trainer_class(
                 str(model_dir) if recipe.by_path else model,
                 args=TRAPOConfig(**recipe.config),
@@ -950,7 +994,7 @@ def render_block(data: dict) -> str:
     lines.append(
         "Legend: ✓ works (trained "
         f"{data['steps']} steps, every feature of the cell seen active); — refused by design (a refusal issue 40 lets "
-        "stay); R refused, to fix (issue 40); I inactive (trained, but a feature showed no sign of running); C crash; "
+        "stay); R refused, to fix (issue 40); I inactive (trained, but a feature did not act as it should); C crash; "
         "H hang; · one axis, no cell; blank: not run. ˢ: run on the CPU stand-in for vLLM, not vLLM. The "
         "numbers are the notes below."
     )
@@ -991,6 +1035,9 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", default=None, help="comma-separated features: only their cells (alone and pairs)")
     parser.add_argument(
+        "--involving", default=None, help="comma-separated features: every cell that has one of them (after --only)"
+    )
+    parser.add_argument(
         "--cells", default=None, help="comma-separated cells to run, each 'a' or 'a+b' ('': none, render only)"
     )
     parser.add_argument("--two_process", action="store_true", help="run the DDP and ZeRO-3 cells too (slow)")
@@ -1004,7 +1051,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def selected_cells(args: argparse.Namespace) -> list[tuple[str, ...]]:
-    """The cells `--only` / `--cells` / `--two_process` select.
+    """The cells `--cells`, or `--only` / `--involving` / `--two_process`, select.
 
     Raises:
         ValueError: for an unknown feature, a cell of more than two features, or a pair on one axis.
@@ -1020,7 +1067,11 @@ def selected_cells(args: argparse.Namespace) -> list[tuple[str, ...]]:
             cells.append(features)
         return cells
     only = [f.strip() for f in args.only.split(",")] if args.only else None
-    return all_cells(only, args.two_process)
+    cells = all_cells(only, args.two_process)
+    if args.involving:
+        involving = set(ordered(f.strip() for f in args.involving.split(",")))
+        cells = [cell for cell in cells if involving & set(cell)]
+    return cells
 
 
 def main(argv: list[str] | None = None) -> dict | None:
