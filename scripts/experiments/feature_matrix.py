@@ -46,19 +46,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
-import platform
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +61,19 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # result_blocks
+sys.path.insert(0, str(HERE))  # result_blocks, runlib
 
 from result_blocks import write_block  # noqa: E402
+from runlib import (  # noqa: E402
+    child_env,
+    git,
+    go_offline,
+    machine_info,
+    map_jobs,
+    read_json,
+    run_child,
+    write_json_atomic,
+)
 
 
 logger = logging.getLogger("feature_matrix")
@@ -756,42 +761,22 @@ def worker(spec_path: str) -> int:
     """The `--_worker` mode: run the cell of `spec_path` and write `result<rank>.json` beside it (every rank of a
     two-process cell writes its own)."""
     logging.basicConfig(level=logging.WARNING)
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
+    spec = read_json(spec_path)
     rank = int(os.environ.get("RANK", "0"))
     started = time.perf_counter()
     result = run_cell(spec)
     result["wall_s"] = round(time.perf_counter() - started, 1)
-    path = Path(spec["run_dir"]) / f"result{rank}.json"
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    os.replace(partial, path)
+    write_json_atomic(Path(spec["run_dir"]) / f"result{rank}.json", result)
     return 0
 
 
 # =====================================================================================================================
-# The matrix: cells in child processes, the results file, the page
+# The matrix: cells in child processes (`runlib`), the results file, the page
 # =====================================================================================================================
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def child_env() -> dict[str, str]:
-    """A cell's environment: one torch thread, offline, this checkout first on `PYTHONPATH`, DeepSpeed on the CPU."""
-    env = dict(os.environ)
-    env.update(
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        TOKENIZERS_PARALLELISM="false",
-        TRANSFORMERS_VERBOSITY="error",
-        DS_ACCELERATOR="cpu",
-    )
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return env
 
 
 def cell_command(features: tuple[str, ...], spec_path: Path) -> list[str]:
@@ -808,23 +793,6 @@ def cell_command(features: tuple[str, ...], spec_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def run_process(argv: list[str], log_path: Path, timeout_s: float) -> tuple[int, bool]:
-    """Run `argv` in a session of its own, its output into `log_path`; after `timeout_s` seconds its whole process
-    group is killed (a two-process cell's ranks too). Returns (exit status, timed out)."""
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT, start_new_session=True
-        )
-        try:
-            return process.wait(timeout=timeout_s), False
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            return process.wait(), True
-        except BaseException:  # Ctrl-C: the cell's processes go with this one
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-
-
 def combine(results: list[dict]) -> dict:
     """One outcome from the ranks' results: the first crash, else the first refusal, else rank 0's."""
     for status in (CRASH, INACTIVE, "refused"):
@@ -835,21 +803,27 @@ def combine(results: list[dict]) -> dict:
 
 
 def launch_cell(features: tuple[str, ...], work_dir: Path, timeout_s: float) -> dict:
-    """Run one cell in its own process(es); its JSON record (`features`, `status`, `reason`, `where`, `evidence`,
-    `processes`, `wall_s`, `commit`, `date`)."""
+    """Run one cell in its own process(es) (`runlib.run_child`: its own session, one torch thread, offline,
+    `DS_ACCELERATOR=cpu`; killed with what it started after `timeout_s`); its JSON record (`features`, `status`,
+    `reason`, `where`, `evidence`, `processes`, `wall_s`, `commit`, `modified`, `date`)."""
     name = cell_name(features)
     run_dir = work_dir / name
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in run_dir.glob("result*.json"):
         old.unlink()
     spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps({"features": list(features), "run_dir": str(run_dir)}), encoding="utf-8")
+    write_json_atomic(spec_path, {"features": list(features), "run_dir": str(run_dir)})
     processes = processes_of(features)
-    started = time.perf_counter()
-    returncode, timed_out = run_process(cell_command(features, spec_path), run_dir / "log.txt", timeout_s)
-    wall = round(time.perf_counter() - started, 1)
-    results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(run_dir.glob("result*.json"))]
-    if timed_out:
+    run = run_child(
+        cell_command(features, spec_path),
+        log_path=run_dir / "log.txt",
+        env=child_env(1, {"DS_ACCELERATOR": "cpu"}),
+        name=name,
+        timeout_s=timeout_s,
+        check=False,
+    )
+    results = [read_json(p) for p in sorted(run_dir.glob("result*.json"))]
+    if run.timed_out:
         result = {"status": HANG, "reason": f"no result after {timeout_s:.0f} s (killed)"}
         if results:
             result["ranks_finished"] = [r["status"] for r in results]
@@ -858,7 +832,8 @@ def launch_cell(features: tuple[str, ...], work_dir: Path, timeout_s: float) -> 
         result = {
             "status": CRASH,
             "stage": "process",
-            "reason": f"exit code {returncode} with {len(results)} of {processes} results; the log ends: {tail[0][:300]}",
+            "reason": f"exit code {run.returncode} with {len(results)} of {processes} results; the log ends: "
+            f"{tail[0][:300]}",
             "where": "the worker process",
         }
     else:
@@ -870,21 +845,13 @@ def launch_cell(features: tuple[str, ...], work_dir: Path, timeout_s: float) -> 
         "features": list(features),
         **result,
         "processes": processes,
-        "wall_s": wall,
+        "wall_s": round(run.wall_s, 1),
         "vllm_stand_in": any(f in VLLM_FEATURES for f in features),
         **library_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
     }
-    logger.info("%-40s %-28s %5.0f s  %s", name, record["status"], wall, record.get("reason", ""))
+    logger.info("%-40s %-28s %5.0f s  %s", name, record["status"], run.wall_s, record.get("reason", ""))
     return record
-
-
-def git(*args: str) -> str | None:
-    """`git <args>` in this checkout (stripped), or None without git or a repository."""
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def library_version() -> dict:
@@ -897,48 +864,15 @@ def library_version() -> dict:
     }
 
 
-def machine() -> dict:
-    """The machine the cells ran on (processor, cores, library versions)."""
-    import accelerate
-    import torch
-    import transformers
-    import trl
-
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_model": model,
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-    }
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-
-
-def merge(old: dict | None, records: list[dict], machine_info: dict) -> dict:
-    """The results file with `records` replacing the cells of the same features."""
+def merge(old: dict | None, records: list[dict], machine: dict | None) -> dict:
+    """The results file with `records` replacing the cells of the same features (`machine`: `runlib.machine_info` of
+    this run, None to keep the file's)."""
     cells = {cell_name(tuple(c["features"])): c for c in (old or {}).get("cells", [])}
     for record in records:
         cells[cell_name(tuple(record["features"]))] = record
     order = {cell_name(c): i for i, c in enumerate(all_cells(two_process=True))}
     return {
-        "machine": machine_info if records or not old else old["machine"],
+        "machine": machine if machine is not None else old["machine"],
         "steps": STEPS,
         "cells": sorted(cells.values(), key=lambda c: order.get(cell_name(tuple(c["features"])), len(order))),
     }
@@ -959,7 +893,7 @@ def render_block(data: dict) -> str:
     names = [n for n in FEATURES if any(n in key for key in cells)]
     notes: dict[str, int] = {}  # reason text -> footnote number
     lines = []
-    machine_info = data["machine"]
+    machine = data["machine"]
     commits = sorted(
         {c["commit"][:7] + (" (modified)" if c.get("modified") else "") for c in data["cells"] if c.get("commit")}
     )
@@ -1009,9 +943,9 @@ def render_block(data: dict) -> str:
         lines.append(f"{number}. {text} — {', '.join(by_note[number])}")
     lines.append("")
     lines.append(
-        f"Measured on {machine_info['cpu_model']} ({machine_info['cpu_count']} cores), Python "
-        f"{machine_info['python']}, torch {machine_info['torch']}, transformers {machine_info['transformers']}, TRL "
-        f"{machine_info['trl']}, accelerate {machine_info['accelerate']}; `trl_trapo` at commit{'s' if len(commits) > 1 else ''} "
+        f"Measured on {machine['cpu_model']} ({machine['cpu_count']} cores), Python {machine['python']}, torch "
+        f"{machine['torch']}, transformers {machine['transformers']}, TRL {machine['trl']}, accelerate "
+        f"{machine['accelerate']}; `trl_trapo` at commit{'s' if len(commits) > 1 else ''} "
         f"{', '.join(commits)}; {' to '.join(sorted({dates[0], dates[-1]})) if dates else ''}."
     )
     return "\n".join(lines) + "\n"
@@ -1081,12 +1015,13 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args._worker:
         sys.exit(worker(args._worker))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    go_offline()
     try:
         cells = selected_cells(args)
     except ValueError as error:
         make_parser().error(str(error))
     output = Path(args.output_json)
-    old = json.loads(output.read_text(encoding="utf-8")) if output.exists() else None
+    old = read_json(output)
     records = []
     if cells:
         work_dir = Path(args.work_dir or tempfile.mkdtemp(prefix="feature_matrix-"))
@@ -1097,17 +1032,13 @@ def main(argv: list[str] | None = None) -> dict | None:
             timeout = args.timeout or (TIMEOUT_S if processes_of(features) == 1 else TWO_PROCESS_TIMEOUT_S)
             return launch_cell(features, work_dir, timeout)
 
-        if args.jobs <= 1:
-            records = [one(cell) for cell in cells]
-        else:
-            with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-                records = list(pool.map(one, cells))
+        records = map_jobs(one, cells, args.jobs)
         logger.info("%d cells in %.0f s", len(cells), time.perf_counter() - started)
     if not records and old is None:
         make_parser().error(f"no cell to run and no results in {output} to render.")
-    data = merge(old, records, machine() if records else None)
+    data = merge(old, records, machine_info(code_paths=("trl_trapo",)) if records else None)
     if records:
-        write_json(output, data)
+        write_json_atomic(output, data, sort_keys=False)
         for outcome, n in counts({**data, "cells": records}).items():
             logger.info("%-28s %d", outcome, n)
     if args.render:
