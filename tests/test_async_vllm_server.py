@@ -218,9 +218,10 @@ def model_dir(tmp_path):
     return tmp_path / "model"
 
 
-@pytest.fixture
-def stubs(monkeypatch):
-    """vLLM's absence and its NCCL weight transfer, stubbed (module docstring); returns where the pushed weights go."""
+def install_stubs(monkeypatch) -> SimpleNamespace:
+    """vLLM's absence and its NCCL weight transfer, stubbed through `monkeypatch` (a `pytest.MonkeyPatch`; module
+    docstring); returns where the pushed weights go: set its `server` to the `FakeVLLMServer` that receives them.
+    scripts/experiments/feature_matrix.py installs them too (its vLLM-server cells with async rollouts)."""
     import trl.generation.vllm_generation as vllm_generation
 
     import trl_trapo.async_rollouts as async_rollouts
@@ -258,6 +259,12 @@ def stubs(monkeypatch):
         raising=False,
     )
     return target
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """`install_stubs` for one test."""
+    return install_stubs(monkeypatch)
 
 
 @pytest.fixture

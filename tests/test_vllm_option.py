@@ -178,7 +178,8 @@ class FakeVLLMGeneration:
         self.model, self.kwargs, self.syncs, self.calls = model, kwargs, 0, []
         if kwargs["mode"] == "server":  # what `trl vllm-serve --logprobs-mode raw_logprobs` would report
             self.vllm_client = SimpleNamespace(
-                get_server_info=lambda: {"model_config": {"logprobs_mode": "raw_logprobs"}}
+                get_server_info=lambda: {"model_config": {"logprobs_mode": "raw_logprobs"}},
+                check_server=lambda total_timeout=0.0, retry_interval=2.0: None,  # TRL's: the server answers
             )
         FakeVLLMGeneration.instances.append(self)
 

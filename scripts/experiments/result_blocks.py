@@ -32,6 +32,7 @@ PAGES = {
     "guidance-real": RESULTS_PAGES / "real_model.md",
     "async-table": RESULTS_PAGES / "async.md",
     "vlm-table": RESULTS_PAGES / "vision.md",
+    "feature-matrix": ROOT / "docs" / "feature_matrix.md",
 }
 
 
