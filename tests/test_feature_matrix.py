@@ -6,10 +6,10 @@
   between its markers and the results merged by cell; which cells `--only` / `--cells` select and what they refuse;
   what counts as a refusal (TRAPO's own `ValueError`) and what as a crash; and the committed page is what the
   committed results render to.
-- `pytest -m slow` (~30 min on 2 cores): every single-process cell, run. Each works or is refused (by design, or to
-  fix: issue 40's list), except the crashes, hangs and inactive cells of today, listed by name in
-  `KNOWN_FAILURES`: a new one fails, and so does a listed one that no longer happens (remove it from the list, re-run
-  the script with `--render docs/feature_matrix.md`).
+- `pytest -m slow` (9 min on 2 quiet cores, 25 on busy ones): every single-process cell, run. Each works or is
+  refused (by design, or to fix: issue 40's list), except the crashes, hangs and inactive cells of today, listed by
+  name in `KNOWN_FAILURES`: a new one fails, and so does a listed one that no longer happens (remove it from the
+  list, re-run the script with `--render docs/feature_matrix.md`).
 """
 
 from __future__ import annotations

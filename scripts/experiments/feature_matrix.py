@@ -81,7 +81,7 @@ logger = logging.getLogger("feature_matrix")
 BLOCK = "feature-matrix"
 RESULTS = ROOT / "docs" / "results" / "feature_matrix" / "results.json"
 STEPS = 2  # optimizer steps per cell
-TIMEOUT_S = 300  # per single-process cell (a cell takes 10-40 s on an idle 2-core machine)
+TIMEOUT_S = 300  # per single-process cell (5-40 s each on 2 cores: 9-25 min for the 90)
 TWO_PROCESS_TIMEOUT_S = 600
 ACCELERATE_CONFIGS = ROOT / "examples" / "accelerate_configs"
 
