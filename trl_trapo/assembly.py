@@ -249,7 +249,7 @@ def build_rollout_source(
 ) -> RolloutSource:
     """Where the RL objective's rounds come from: the user's `rollout_source`; the tool-calling source of `tools` /
     `environment_factory` (`agent`, with RL prompts); TRL's `rollout_func` (here already bound to the trainer:
-    `prompts -> dict`, a [`~trl_trapo.executor.BoundRolloutFunc`] when the run is asynchronous); otherwise the default
+    `prompts -> dict`, by [`~trl_trapo.executor.bind_rollout_func`], which keeps the unbound function as `func`); otherwise the default
     [`~trl_trapo.sources.SyncRolloutSource`] sampling with the live policy. Each built-in source is described by a
     [`~trl_trapo.executor.SourceSpec`] and built from it: here, in the trainer's process, or with
     `async_rollouts=True` in the producer process, which runs the same source class ([`build_async_source`]). A
@@ -289,8 +289,8 @@ def build_rollout_source(
             )
         if spec.kind == "rollout_func" and spec.rollout_func is None:
             raise ValueError(
-                "async_rollouts=True needs the rollout_func unbound (a trl_trapo.executor.BoundRolloutFunc, as "
-                "TRAPOTrainer passes it) to bind it again in the producer process."
+                "async_rollouts=True needs the rollout_func unbound (as trl_trapo.executor.bind_rollout_func keeps it "
+                "in `func`, which TRAPOTrainer passes) to bind it again in the producer process."
             )
         return build_async_source(args, parts, spec, active_rl, exploration)
     if rollout_source is not None:

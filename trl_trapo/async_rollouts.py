@@ -576,7 +576,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             trainer_view = ProducerTrainer(model, spec.tokenizer, spec.args, accelerator, spec.generation_config,
                                            spec.pad_token_id)  # fmt: skip
             context = SourceContext(engine, requested, requested, requested, scorer, spec.tokenizer, log_metric,
-                                    trainer=trainer_view)  # fmt: skip
+                                    trainer_view=trainer_view)  # fmt: skip
             source = spec.source.build(context)
         while True:
             try:

@@ -53,7 +53,7 @@ class SourceContext:
         tokenizer: the policy's tokenizer.
         log_metric (`Callable[[str, float], None]`): where a source logs (`tools/*`).
         sum_over_ranks (`Callable`, *optional*): a collective sum over the trainer's ranks (None in the producer).
-        trainer: what a `rollout_func` gets as `trainer` (the trainer, or a [`ProducerTrainer`]).
+        trainer_view: what a `rollout_func` gets as `trainer` (in the producer, a [`ProducerTrainer`]).
     """
 
     engine: Any
@@ -64,7 +64,7 @@ class SourceContext:
     tokenizer: Any
     log_metric: Callable[[str, float], None]
     sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
-    trainer: Any = None
+    trainer_view: Any = None
 
 
 @dataclasses.dataclass
@@ -113,9 +113,8 @@ class SourceSpec:
                 **self.tool_settings,
             )
         if self.kind == "rollout_func":
-            func, trainer = self.rollout_func, context.trainer
             return RolloutFuncSource(
-                BoundRolloutFunc(func, trainer),
+                bind_rollout_func(self.rollout_func, context.trainer_view),
                 context.dataset,
                 context.prompts,
                 num_generations=self.group,
@@ -143,16 +142,16 @@ class SourceSpec:
         return parts
 
 
-class BoundRolloutFunc:
+def bind_rollout_func(func: Callable, trainer: Any) -> Callable[[list], dict]:
     """TRL's `rollout_func(prompts, trainer)` with its `trainer` bound: `prompts -> dict` (what
-    [`~trl_trapo.sources.RolloutFuncSource`] calls). `func` is the user's function, unbound (what a producer gets)."""
+    [`~trl_trapo.sources.RolloutFuncSource`] calls); its `func` attribute is the user's function, unbound (what a
+    producer gets, to bind its own [`ProducerTrainer`])."""
 
-    def __init__(self, func: Callable, trainer: Any):
-        self.func = func
-        self.trainer = trainer
+    def bound(prompts: list) -> dict:
+        return func(prompts, trainer)
 
-    def __call__(self, prompts: list) -> dict:
-        return self.func(prompts, self.trainer)
+    bound.func = func
+    return bound
 
 
 class RequestedPrompts:
@@ -275,11 +274,11 @@ def producer_engine(args, model, tokenizer, scorer, generation_config, stop_toke
 
 
 __all__ = [
-    "BoundRolloutFunc",
     "ProducerAccelerator",
     "ProducerTrainer",
     "RequestedPrompts",
     "SourceContext",
     "SourceSpec",
+    "bind_rollout_func",
     "producer_engine",
 ]

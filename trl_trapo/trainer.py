@@ -104,7 +104,7 @@ from .distributed import (
     sum_over_ranks,
 )
 from .evaluation import Evaluator
-from .executor import BoundRolloutFunc
+from .executor import bind_rollout_func
 from .exploration import TargetedExploration
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
@@ -783,7 +783,7 @@ class TRAPOTrainer(_BaseTrainer):
             ),
             # TRL's contract: the function gets the trainer
             rollout_source=rollout_source,
-            rollout_func=BoundRolloutFunc(rollout_func, self) if rollout_func is not None else None,
+            rollout_func=bind_rollout_func(rollout_func, self) if rollout_func is not None else None,
             agent=agent,
             own_source=own_source,
             active_rl=self.active[RL],
