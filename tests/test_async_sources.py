@@ -286,3 +286,11 @@ def test_tools_environment_factories_and_rollout_funcs_that_cannot_reach_the_pro
     ):
         with pytest.raises(ValueError, match=f"runs the .* in a producer process, but {message}.*module level"):
             RecordingTRAPOTrainer(tool_calling_model(), args=async_args(tmp_path), **agent, **common)
+
+
+def test_a_checkpoint_refuses_rows_json_cannot_hold_naming_the_column():
+    from trl_trapo.async_rollouts import check_json_rows
+
+    check_json_rows([{"prompt": [{"role": "user", "content": "x"}], "prompt_ids": [1, 2], "calls": 1.0}])
+    with pytest.raises(ValueError, match="column 'calls' holds a Tensor.*`.tolist\\(\\)`"):
+        check_json_rows([{"prompt": "x", "calls": torch.tensor([1.0])}])

@@ -1159,6 +1159,7 @@ class AsyncRolloutSource(RolloutSource):
         for request in self.pending:
             produced = self.ready[request.index]
             key = f"round{request.index}"
+            check_json_rows(produced.examples)
             meta["pending"].append(
                 {
                     "request": dataclasses.asdict(request),
@@ -1241,6 +1242,28 @@ class AsyncRolloutSource(RolloutSource):
         # older than the checkpoint, else the checkpoint's own
         self.sent_version = None if sent is None else int(sent)
         self._restored_weights = (int(sent), weights) if weights and sent is not None else None
+
+
+def check_json_rows(rows: list[dict] | None) -> None:
+    """Refuse, naming the column, rows a checkpoint's JSON metadata cannot hold (a round in flight is kept whole, with
+    the rows its source returned: an environment's observation, a `rollout_func`'s extra columns).
+
+    Raises:
+        ValueError: naming the column and its value's type, if a value is not JSON (lists, dicts, strings, numbers,
+            booleans, None).
+    """
+    import json
+
+    for row in rows or []:
+        for column, value in row.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"A checkpoint keeps the asynchronous rounds in flight with their rows, but column {column!r} "
+                    f"holds a {type(value).__name__}, which JSON cannot store ({error}). Return plain values from the "
+                    "rollout_func (`.tolist()` for tensors and arrays), or set async_rollouts=False."
+                ) from error
 
 
 def _flat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
