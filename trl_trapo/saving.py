@@ -436,17 +436,6 @@ def hub_error(
     )
 
 
-def invalid_repo_id_error(repo_id: str, hub_model_id: str | None, error: BaseException) -> ValueError:
-    """The error for a Hub repo id `huggingface_hub` refuses (`HFValidationError`), e.g. the last part of an
-    `output_dir` with a space in it, which transformers takes as the repo name when `hub_model_id` is unset."""
-    source = "hub_model_id" if hub_model_id else "the last part of output_dir (hub_model_id is unset)"
-    cause = str(error).splitlines()[0]
-    return ValueError(
-        f"push_to_hub: the repo id {repo_id!r}, from {source}, is not a valid Hugging Face Hub repo id ({cause}). "
-        "Fix: set hub_model_id (`--hub_model_id`) to one, e.g. 'your-name/my-run' (letters, digits, '-', '_', '.')."
-    )
-
-
 __all__ = [
     "FINISHED_RUN_FILES",
     "is_hub_error",
@@ -458,6 +447,5 @@ __all__ = [
     "check_output_dir",
     "checkpoint_nbytes",
     "hub_error",
-    "invalid_repo_id_error",
     "staged_save",
 ]

@@ -157,7 +157,6 @@ from .saving import (
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
-    invalid_repo_id_error,
     is_hub_error,
     staged_save,
 )
@@ -1755,9 +1754,10 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             super().init_hf_repo(token=token, private=private)
         except Exception as error:
-            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             if isinstance(error, HFValidationError):
-                raise invalid_repo_id_error(repo_id, self.args.hub_model_id, error) from error
+                check_hub_repo_id(self.args)  # one message for a bad repo id, the one the config check gives
+                raise
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             if not is_hub_error(error):
                 raise
             # nothing saved yet: at construction (push_to_hub=True), or first in a push_to_hub() the user called
