@@ -9,8 +9,8 @@
     python scripts/experiments/feature_matrix.py --render docs/feature_matrix.md   # the page, from --output_json
 
 A *cell* is one feature alone (the diagonal) or two together. Each cell builds a `TRAPOTrainer` on the tiny models
-(`trl_trapo.tasks.build_tiny_model`, the tiny LLaVA of `trl_trapo.vision_tasks`, the agent task of
-`trl_trapo.agent_tasks`; a teacher, critic or reward model is another tiny model) with pretraining, SFT and RL data,
+(`trl_trapo.tasks.build_tiny_model`, the tiny LLaVA of `trl_trapo.tasks.vision`, the agent task of
+`trl_trapo.tasks.agent`; a teacher, critic or reward model is another tiny model) with pretraining, SFT and RL data,
 switches its features on (`FEATURES`) and trains 2 steps, in a process of its own (`python feature_matrix.py --_worker
 spec.json`; the two-process cells under `accelerate launch --num_processes 2`), with `OMP_NUM_THREADS=1` and a time
 limit. Its outcome:
@@ -193,7 +193,7 @@ def use_agent_prompts(recipe: Recipe) -> None:
     """Tools and environments run on conversational prompts with a tool-calling chat template: the agent task's
     (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The text tokenizer
     gets `use_tool_chat_template` (a VLM's processor keeps its own template for its image prompts)."""
-    from trl_trapo.agent_tasks import make_agent_task
+    from trl_trapo.tasks.agent import make_agent_task
     from trl_trapo.agents import use_tool_chat_template
 
     use_tool_chat_template(recipe.tokenizer)
@@ -205,7 +205,7 @@ def use_agent_prompts(recipe: Recipe) -> None:
 
 
 def apply_tools(recipe: Recipe) -> None:
-    from trl_trapo.agent_tasks import multiply
+    from trl_trapo.tasks.agent import multiply
 
     use_agent_prompts(recipe)
     recipe.kwargs["tools"] = [multiply]
@@ -359,7 +359,7 @@ def check_fewshot(evidence: Evidence) -> str:
 # ---- models ---------------------------------------------------------------------------------------------------------
 def apply_images(recipe: Recipe) -> None:
     """The tiny LLaVA and the visual task suite (RL prompts, SFT rows and pretraining documents with images)."""
-    from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
     processor = build_vlm_processor()
     suite = make_visual_task_suite(
@@ -374,7 +374,7 @@ def apply_images(recipe: Recipe) -> None:
         pretrain_dataset=suite.pretrain,
         reward_funcs=[*suite.reward_funcs],
     )
-    recipe.config.update(num_generations=2)  # the lengths of the VLM job (`trl_trapo/vision_job.py`)
+    recipe.config.update(num_generations=2)  # the lengths of the VLM job (`trl_trapo/jobs/vision.py`)
     recipe.at_least(max_prompt_length=80, sft_max_length=96, pretrain_max_length=96)
 
 
@@ -424,7 +424,7 @@ def check_reward_model(evidence: Evidence) -> str:
 
 def apply_teacher(recipe: Recipe) -> None:
     from trl_trapo.tasks import build_tiny_model
-    from trl_trapo.vision_tasks import build_tiny_vlm
+    from trl_trapo.tasks.vision import build_tiny_vlm
 
     recipe.kwargs["teacher_model"] = (
         build_tiny_vlm(recipe.processing_class, seed=1)
