@@ -177,7 +177,7 @@ def test_every_single_process_cell_works_or_is_refused(tmp_path):
     assert not gone, f"{gone} no longer fail: remove them from KNOWN_FAILURES and re-render docs/feature_matrix.md"
 
 
-@pytest.mark.slow  # ~100 s on 2 quiet cores (270 s on busy ones): two DeepSpeed processes
+@pytest.mark.slow  # 60-270 s on 2 cores, quiet to busy: two DeepSpeed processes
 @pytest.mark.distributed
 def test_a_teacher_object_distills_into_a_policy_loaded_under_zero3(tmp_path):
     """teacher x ZeRO-3 (issue 40, note 6 of the page): the policy is loaded by path under ZeRO-3 (its output layer
