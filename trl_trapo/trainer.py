@@ -294,7 +294,9 @@ class TRAPOTrainer(_BaseTrainer):
             behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
             sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
             `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
-            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `rollout_source`, without `train_dataset`, and with `use_vllm` or `exploration=True`. In few-shot mode
+            (`FewShotTRAPOTrainer`) it gets the prompts few-shot mode chooses and its trajectories are reused as
+            few-shot mode says; it samples at its own temperature (few-shot's annealing is the default source's).
 
     Raises:
         TypeError: before anything loads, for an argument of the wrong type (`args` not a `TRAPOConfig`; `model`,

@@ -342,18 +342,41 @@ def apply_fewshot(recipe: Recipe) -> None:
 
 def check_fewshot(evidence: Evidence) -> str:
     """Every round was sampled at the few-shot temperature of its step (`FewShotController.temperature_at`), one of
-    them after step 0 (where it differs from `temperature`)."""
-    selector = evidence.trainer.memory_pool.selector
+    them after step 0 (where it differs from `temperature`); with targeted exploration each row at that temperature
+    times its family's boost factor (`temperature_of(f) / temperature`, one of the rule's levels). With a
+    `rollout_func`, which samples at its own temperature (its rows train at `temperature`), the rounds' prompts were
+    few-shot mode's choice: their scores reached its prototypes."""
+    from trl_trapo.sources import RolloutFuncSource
+
+    trainer = evidence.trainer
+    selector = trainer.memory_pool.selector
+    if isinstance(trainer.rollout_source, RolloutFuncSource):
+        scored = [label for label, r in zip(selector.prototypes.labels, selector.prototypes.reward.tolist()) if r == r]
+        assert scored, "no prototype got a score: the rollout_func's rounds did not go through few-shot mode"
+        return f"the rollout_func's prompts chosen by few-shot mode ({len(scored)} prototypes scored)"
+    explore = trainer.exploration
+    factors = [1.0]
+    if explore is not None:  # the rule's levels: temperature + min(k * step, max_boost), over temperature
+        levels = range(explore.max_level + 1)
+        factors = [
+            (explore.temperature + min(k * explore.step, explore.max_boost)) / explore.temperature for k in levels
+        ]
     calls = evidence.probes.get("sample_calls", [])
     assert any(step > 0 for step, _ in calls), f"no round after step 0 (rounds at steps {[s for s, _ in calls]})"
     for step, temperatures in calls:
         expected = selector.temperature_at(step)
-        assert all(abs(t - expected) < 1e-6 for t in temperatures), (
-            f"the round of step {step} was sampled at temperature {temperatures[0]:.3g}, not the few-shot "
-            f"temperature {expected:.3g} (its trajectories are trained at the latter)"
+        wrong = [t for t in temperatures if not any(abs(t - expected * f) < 1e-5 for f in factors)]
+        assert not wrong, (
+            f"the round of step {step} was sampled at temperature {wrong[0]:.3g}, not the few-shot temperature "
+            f"{expected:.3g}"
+            + (" times an exploration factor" if explore is not None else "")
+            + ": few-shot mode's annealing did not reach this round"
         )
     step = max(s for s, _ in calls)
-    return f"rounds sampled at the few-shot temperature (step {step}: {selector.temperature_at(step):.3g})"
+    boosted = sum(t > selector.temperature_at(s) + 1e-5 for s, temperatures in calls for t in temperatures)
+    return f"rounds sampled at the few-shot temperature (step {step}: {selector.temperature_at(step):.3g})" + (
+        f", {boosted} rows boosted by exploration" if explore is not None else ""
+    )
 
 
 # ---- models ---------------------------------------------------------------------------------------------------------
