@@ -16,7 +16,11 @@ import pytest
 import torch
 from transformers.utils import get_json_schema
 
+from trl_trapo.agents import Rollout, use_tool_chat_template
+from trl_trapo.data import tokenize_sft_dataset
 from trl_trapo.jobs.agent import AgentJobArguments
+from trl_trapo.sources import SampledRound
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 from trl_trapo.tasks.agent import (
     MAX_TRACE_CHARACTERS,
     GreedyEngine,
@@ -30,10 +34,6 @@ from trl_trapo.tasks.agent import (
     rendered_trace,
     score_rollouts,
 )
-from trl_trapo.agents import Rollout, use_tool_chat_template
-from trl_trapo.data import tokenize_sft_dataset
-from trl_trapo.sources import SampledRound
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
 
 PAIR = re.compile(r"^mul (\d+) (\d+)=$")

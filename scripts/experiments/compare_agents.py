@@ -148,10 +148,10 @@ def comparison_data(job_args):
     """The agent job's data as both arms use it: traces only as SFT data (no other family's demonstrations), the
     built-in suite's corpus without its held-out documents, and the other families' held-out prompts as plain text
     (as the base learned them). Returns `(data, suite)`."""
-    from trl_trapo.jobs.agent import AgentJobData
-    from trl_trapo.tasks.agent import make_agent_task
     from trl_trapo.agents import use_tool_chat_template
+    from trl_trapo.jobs.agent import AgentJobData
     from trl_trapo.tasks import build_char_tokenizer, make_task_suite
+    from trl_trapo.tasks.agent import make_agent_task
 
     task = make_agent_task(
         job_args.task_seed, num_sft=job_args.num_traces, num_rl=job_args.num_rl_prompts, num_eval=job_args.num_eval

@@ -193,8 +193,8 @@ def use_agent_prompts(recipe: Recipe) -> None:
     """Tools and environments run on conversational prompts with a tool-calling chat template: the agent task's
     (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The text tokenizer
     gets `use_tool_chat_template` (a VLM's processor keeps its own template for its image prompts)."""
-    from trl_trapo.tasks.agent import make_agent_task
     from trl_trapo.agents import use_tool_chat_template
+    from trl_trapo.tasks.agent import make_agent_task
 
     use_tool_chat_template(recipe.tokenizer)
     if not recipe.vision and not recipe.agent_prompts:
