@@ -24,6 +24,10 @@ would push the completion past `response_length`, or the sequence to the model's
 ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning
 naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
+Image prompts (a vision-language run, as TRL's `GRPOTrainer` runs them): the processor renders each image prompt with
+its tools ([`prompt_renderer`]) and the tool messages; each rollout keeps its row's model inputs (`pixel_values`, ...)
+and every turn's `generate` gets them, as does its trajectory (the reference and training forwards read them).
+
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
 tool results were rolled back, per rollout), `tools/truncated_frequency` (rollouts whose last turn was cut by the
