@@ -96,7 +96,8 @@ def script_turns(trainer, tokenizer, turns: list[dict]) -> None:
         before = len(tower)
         real(examples, group, step, temperature, max_new_tokens=max_new_tokens, **kwargs)
         images = [e["model_inputs"]["pixel_values"].shape[0] if e.get("model_inputs") else 0 for e in examples]
-        turns.append({"rows": len(examples), "images": sum(images), "tower": sum(tower[before:])})
+        texts = [tokenizer.decode(e["prompt_ids"]) for e in examples]
+        turns.append({"rows": len(examples), "images": sum(images), "tower": sum(tower[before:]), "texts": texts})
         completions = []
         for example in examples:
             text = tokenizer.decode(example["prompt_ids"])
@@ -162,6 +163,8 @@ def test_images_reach_every_turn_of_an_environment(tmp_path):
     trainer.train()
     check_every_turn_saw_its_images(trainer, model, turns)
     assert Lens.resets and all(set(row) == {"prompt", "images"} for row in Lens.resets), Lens.resets[0].keys()
+    # the reset text, a text part after the question: rendered right after it
+    assert all(text.endswith("q?!\na:") for text in turns[0]["texts"]), turns[0]["texts"]
     assert all(len(row["images"]) in (1, 2) for row in Lens.resets)
     rewards = [log["rewards/Lens/mean"] for log in trainer.state.log_history if "rewards/Lens/mean" in log]
     assert rewards and all(r == 1.0 for r in rewards)
@@ -219,3 +222,31 @@ def test_a_rollout_func_whose_prompts_lack_the_image_tokens_is_refused(tmp_path)
     trainer, _ = agent_trainer(tmp_path, processor, rollout_func=render_and_sample([], drop_images=True))
     with pytest.raises(ValueError, match=r"rollout_func's 'prompt_ids'\[0\] holds 0 image placeholder tokens"):
         trainer.train()
+
+
+def test_a_processor_renders_the_tool_messages_as_its_tokenizer_does():
+    """The tool messages' suffix through the processor (TRL's multimodal messages, every content a list of parts) is
+    the same ids as through its tokenizer (string contents) with `use_tool_chat_template(processor)`."""
+    from trl_trapo.agents import tool_suffix_ids
+
+    processor = tool_processor()
+    messages = [{"role": "tool", "name": "look", "content": "7"}]
+    suffix = tool_suffix_ids(processor, messages)
+    assert suffix == tool_suffix_ids(processor.tokenizer, messages)
+    assert processor.tokenizer.decode(suffix) == "t:7\na:"
+
+
+def test_a_rollout_func_with_text_image_prompts_is_refused_at_construction(tmp_path):
+    """TRL passes a rollout_func the images inside its messages ("Multimodal training requires conversational
+    prompts"): text prompts with images are refused when the trainer is built, naming the fix."""
+    processor = build_processor()
+    rows = [{"prompt": f"#{k}<image> q?", "images": [image(k)]} for k in (1, 2)]
+    with pytest.raises(ValueError, match=r"rollout_func with image prompts: .* give conversational prompts"):
+        TRAPOTrainer(
+            build_model(processor),
+            reward_funcs=odd_length_reward,
+            args=vlm_config(tmp_path, max_steps=1),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=processor,
+            rollout_func=render_and_sample([]),
+        )
