@@ -250,3 +250,52 @@ def test_a_rollout_func_with_text_image_prompts_is_refused_at_construction(tmp_p
             processing_class=processor,
             rollout_func=render_and_sample([]),
         )
+
+
+def test_a_processor_whose_template_cannot_express_tools_is_refused_naming_it(tmp_path):
+    """The processor renders image prompts and tool messages: its chat template is the one checked (its tokenizer's
+    may express tools while its own does not), and the message names it and the fix."""
+    processor = build_processor()
+    use_tool_chat_template(processor.tokenizer)  # the tokenizer can express tools; the processor's template cannot
+    with pytest.raises(ValueError, match=r"The processor's chat template \(LlavaProcessor.*use_tool_chat_template"):
+        agent_trainer(tmp_path, processor, tools=[look])
+
+
+def test_a_rank_without_rows_takes_part_in_a_turn_with_its_first_rows_images():
+    """Several processes generate in lockstep: a rank whose rollouts are done generates a throwaway token from its
+    first rollout's prompt meanwhile, and that prompt's image tokens need its images."""
+    from trl_trapo.agents import AgentSpec, ToolRolloutSource
+    from trl_trapo.vision import ImageRows
+
+    processor = tool_processor()
+    dataset = image_prompts(2)
+    sampled = []
+
+    class Recording:
+        def sample(self, examples, group, step, temperature, max_new_tokens=None, **kwargs):
+            sampled.append(examples)
+            return SampledRound(examples, [[0] for _ in examples], version=step, old_per_token_logps=[[-1.0]])
+
+    other_ranks = iter([1.0, 0.0])  # another rank has rows for one call, then none
+    source = ToolRolloutSource(
+        Recording(),
+        dataset,
+        prompts=None,
+        spec=AgentSpec.build([look], None),
+        tokenizer=processor.tokenizer,
+        scorer=None,
+        group=1,
+        num_mini_batches=1,
+        temperature=1.0,
+        response_length=8,
+        context=128,
+        max_iterations=1,
+        log_metric=lambda name, value: None,
+        sum_over_ranks=lambda tensor: tensor + next(other_ranks),
+        images=ImageRows(processor),
+    )
+    first = source.start([dataset[1]], [1])[0]
+    source.generate_turn([], step=0, first=first)
+    (throwaway,) = sampled[0]
+    assert throwaway["prompt_ids"] == first.prompt_ids
+    assert throwaway["model_inputs"]["pixel_values"].shape[0] == 2  # the row's two images

@@ -630,6 +630,14 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None, rende
         ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_chatml_tool_template`).
     """
     renderer = tokenizer if renderer is None else renderer
+    if not supports_tool_calling(renderer) and is_processor(renderer):
+        raise ValueError(
+            f"The processor's chat template ({type(renderer).__name__}: it renders the image prompts and, after each "
+            "tool call, the tool messages, as in TRL's GRPOTrainer) cannot express tool calls or image parts "
+            "(rendering TRL's multimodal messages with an assistant tool call and a `tool` message loses one of "
+            "them): give the processor a tool-calling template that reads image parts (for the tiny LLaVA of "
+            "trl_trapo.vision_tasks: trl_trapo.agents.use_tool_chat_template(processor))."
+        )
     if not supports_tool_calling(renderer):
         raise ValueError(
             "The tokenizer's chat template cannot express tool calls (rendering an assistant tool call and a `tool` "
