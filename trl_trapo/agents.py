@@ -155,7 +155,7 @@ def tool_chat_template_with_images(image_token: str) -> str:
 def use_tool_chat_template(tokenizer):
     """Give a tokenizer (the character-level one of `trl_trapo.tasks.build_char_tokenizer`) the compact tool-calling
     chat template [`TOOL_CHAT_TEMPLATE`] and its response parser [`TOOL_RESPONSE_TEMPLATE`]; given a processor (a
-    vision-language run, e.g. `trl_trapo.vision_tasks.build_vlm_processor()`), the processor and its tokenizer both
+    vision-language run, e.g. `trl_trapo.tasks.vision.build_vlm_processor()`), the processor and its tokenizer both
     get [`tool_chat_template_with_images`] (the processor renders the image prompts, as in TRL) and the tokenizer the
     parser.
 
@@ -636,7 +636,7 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None, rende
             "tool call, the tool messages, as in TRL's GRPOTrainer) cannot express tool calls or image parts "
             "(rendering TRL's multimodal messages with an assistant tool call and a `tool` message loses one of "
             "them): give the processor a tool-calling template that reads image parts (for the tiny LLaVA of "
-            "trl_trapo.vision_tasks: trl_trapo.agents.use_tool_chat_template(processor))."
+            "trl_trapo.tasks.vision: trl_trapo.agents.use_tool_chat_template(processor))."
         )
     if not supports_tool_calling(renderer):
         raise ValueError(

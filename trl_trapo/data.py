@@ -1964,11 +1964,6 @@ def prepare_datasets(
             "demonstration joins a group of completions of its prompt), but a value_model was given: drop the "
             "value_model or set demonstration_column=None."
         )
-    if data.rl is not None and args.exploration is True and has_critic:
-        raise ValueError(
-            f"{config_name}.exploration=True watches groups of completions of one prompt for equal scores, but a "
-            "value_model was given (one completion per prompt): drop the value_model or set exploration=False."
-        )
     if data.rl is not None and not has_critic and args.num_generations < 2:
         raise ValueError(
             f"{config_name}.num_generations={args.num_generations}: without a value_model, advantages are "

@@ -429,9 +429,11 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             implementing it), or `rollout_func` is not callable or is an `async def` function (TRL calls it
             synchronously: a coroutine would come back instead of the dict).
         ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
-            `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
-            prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
-            `rollout_func`) decides itself.
+            `fewshot_mode=True` (with a `rollout_source`) or `exploration=True`: they set how the default source
+            samples (vLLM, few-shot prompt choice and annealed temperature, per-family temperatures), which a source
+            of your own (or your `rollout_func`) decides itself. A `rollout_func` runs in few-shot mode: it is
+            handed the prompts few-shot mode chooses, its trajectories are reused as few-shot mode says, and it
+            samples at the temperature it chooses (its rows are trained at `temperature`, as always).
     """
     if source is not None and rollout_func is not None:
         raise ValueError(
@@ -455,7 +457,10 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         )
     if source is not None:
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
-    for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
+    # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool);
+    # a rollout_source chooses its own prompts
+    settings = (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode and rollout_func is None))
+    for name, value in settings:
         if value:
             raise ValueError(
                 f"{type(args).__name__}.{name}=True configures the default rollout source, but a {given} was "
@@ -522,9 +527,10 @@ class SyncRolloutSource(RolloutSource):
         indices = self.prompts.select_prompts(num_prompts, step)
         temperature = self.prompts.rollout_temperature(self.temperature)
         examples = [example for example in (self.dataset[i] for i in indices) for _ in range(self.group)]
-        # targeted exploration samples each family at its own temperature, all in the same batched call
+        # targeted exploration samples each family at its own temperature, all in the same batched call (a family's
+        # boost is a factor on the round's temperature when few-shot mode has annealed it)
         if self.exploration is not None:
-            temperature = self.exploration.row_temperatures(examples)
+            temperature = self.exploration.row_temperatures(examples, temperature)
         # step 2. generate (behaviour log-probs recorded while sampling)
         return self.engine.sample(examples, self.group, step, temperature)
 

@@ -157,7 +157,6 @@ from .saving import (
     checkpoint_nbytes,
     describe_os_error,
     hub_error,
-    invalid_repo_id_error,
     is_hub_error,
     staged_save,
 )
@@ -295,7 +294,9 @@ class TRAPOTrainer(_BaseTrainer):
             behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
             sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
             `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
-            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `rollout_source`, without `train_dataset`, and with `use_vllm` or `exploration=True`. In few-shot mode
+            (`FewShotTRAPOTrainer`) it gets the prompts few-shot mode chooses and its trajectories are reused as
+            few-shot mode says; it samples at its own temperature (few-shot's annealing is the default source's).
 
     Raises:
         TypeError: before anything loads, for an argument of the wrong type (`args` not a `TRAPOConfig`; `model`,
@@ -1757,9 +1758,10 @@ class TRAPOTrainer(_BaseTrainer):
         try:
             super().init_hf_repo(token=token, private=private)
         except Exception as error:
-            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             if isinstance(error, HFValidationError):
-                raise invalid_repo_id_error(repo_id, self.args.hub_model_id, error) from error
+                check_hub_repo_id(self.args)  # one message for a bad repo id, the one the config check gives
+                raise
+            repo_id = self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir))
             if not is_hub_error(error):
                 raise
             # nothing saved yet: at construction (push_to_hub=True), or first in a push_to_hub() the user called
