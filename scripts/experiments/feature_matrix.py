@@ -191,12 +191,13 @@ def logged_once(evidence: Evidence, key: str) -> str:
 # ---- rollout drivers ------------------------------------------------------------------------------------------------
 def use_agent_prompts(recipe: Recipe) -> None:
     """Tools and environments run on conversational prompts with a tool-calling chat template: the agent task's
-    (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The text tokenizer
-    gets `use_tool_chat_template` (a VLM's processor keeps its own template for its image prompts)."""
+    (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The tokenizer
+    gets `use_tool_chat_template`; a VLM's processor gets it too (it renders the image prompts and the tool messages,
+    as in TRL)."""
     from trl_trapo.agents import use_tool_chat_template
     from trl_trapo.tasks.agent import make_agent_task
 
-    use_tool_chat_template(recipe.tokenizer)
+    use_tool_chat_template(recipe.processing_class if recipe.vision else recipe.tokenizer)
     if not recipe.vision and not recipe.agent_prompts:
         task = make_agent_task(seed=0, num_sft=8, num_rl=8, num_eval=2)
         recipe.kwargs.update(train_dataset=task.rl_train, reward_funcs=[*task.reward_funcs])
@@ -249,14 +250,28 @@ def check_environment(evidence: Evidence) -> str:
 def sample_with_the_policy(prompts: list, trainer) -> dict:
     """The `rollout_func` of the matrix, as a TRL user writes one: one completion per prompt entry, sampled with the
     trainer's model (`trl.models.unwrap_model_for_generation`, transformers' `generate`), its log-probs recorded while
-    sampling, and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker` reads."""
+    sampling, and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker` reads. A VLM's processor
+    renders each prompt (TRL passes the images inside the messages) and its pixel values go to `generate`."""
     from trl.models import unwrap_model_for_generation
 
     from trl_trapo.data import tokenize_prompt
     from trl_trapo.rollout import generate
+    from trl_trapo.vision import is_processor
 
-    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-    prompt_ids = [tokenize_prompt(prompt, tokenizer) for prompt in prompts]
+    processing_class = trainer.processing_class
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    model_inputs = None
+    if is_processor(processing_class):
+        rendered = [
+            processing_class.apply_chat_template(
+                prompt, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="pt"
+            )
+            for prompt in prompts
+        ]
+        prompt_ids = [r["input_ids"][0].tolist() for r in rendered]
+        model_inputs = [{k: v for k, v in r.items() if k not in ("input_ids", "attention_mask")} for r in rendered]
+    else:
+        prompt_ids = [tokenize_prompt(prompt, tokenizer) for prompt in prompts]
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         policy = getattr(model, "policy", model)  # the policy of a policy-and-critic wrapper
         turns = generate(
@@ -266,6 +281,7 @@ def sample_with_the_policy(prompts: list, trainer) -> dict:
             trainer.padding_id,
             None,
             temperature=trainer.args.temperature,
+            model_inputs=model_inputs,
         )
     return {
         "prompt_ids": prompt_ids,
