@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # optional capabilities, imported where they are built
     from .rollout import RolloutEngine
     from .schedules import RLSchedules
     from .teacher import Teacher
+    from .vision import ImageRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +217,8 @@ class SourceParts:
         suppressed_token_ids (`list[int]`): ids the policy never samples (a VLM's image placeholders).
         producer_threads (`int`): torch's threads of an asynchronous producer process.
         zero3 (`bool`): the run is under DeepSpeed ZeRO-3.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a vision-language run's row builder (the tool-calling
+            source renders image prompts with it); None for a text run.
     """
 
     engine: RolloutEngine
@@ -233,6 +236,7 @@ class SourceParts:
     suppressed_token_ids: list[int]
     producer_threads: int
     zero3: bool
+    images: ImageRows | None = None
 
 
 def build_rollout_source(
@@ -276,6 +280,7 @@ def build_rollout_source(
             args.num_mini_batches,
             float(args.temperature),
             rollout_func=getattr(rollout_func, "func", None),  # unbound: a producer binds its own `trainer`
+            image_token_ids=list(parts.suppressed_token_ids or []),
         )
     if rollout_source is not None or spec.kind != "default":  # its rounds may carry environment tokens (mask 0)
         parts.metrics.track_env_tokens()
@@ -312,6 +317,7 @@ def build_rollout_source(
             parts.memory_pool,
             num_generations=args.num_generations,
             num_mini_batches=args.num_mini_batches,
+            image_token_ids=parts.suppressed_token_ids,  # a VLM's placeholders: returned prompts must hold its images'
         )
     return spec.build(context)
 
@@ -341,6 +347,7 @@ def tool_source_spec(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, gr
             template_kwargs=args.chat_template_kwargs,
             generation_batch_size=args.local_rollout_forward_batch_size,
             stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
+            images=parts.images,  # a VLM run: each turn generates with its row's images
         ),
         first_row=dict(parts.rl_dataset[0]),
     )

@@ -48,7 +48,7 @@ class SourceContext:
         engine ([`~trl_trapo.rollout.RolloutEngine`]): samples (`engine.sample`).
         dataset: the RL rows by index (a `Dataset`, or a [`RequestedPrompts`]).
         prompts: chooses a round's prompts (`select_prompts(n, step)`, `rollout_temperature(default)`).
-        exploration: per-row temperatures (`row_temperatures(examples)`), or None.
+        exploration: per-row temperatures (`row_temperatures(examples, base)`), or None.
         scorer ([`~trl_trapo.rewards.RewardScorer`]): the reward functions.
         tokenizer: the policy's tokenizer.
         log_metric (`Callable[[str, float], None]`): where a source logs (`tools/*`).
@@ -82,6 +82,8 @@ class SourceSpec:
         rollout_func (`Callable`, *optional*): TRL's `rollout_func(prompts, trainer)`, unbound ("rollout_func").
         first_row (`dict`, *optional*): the RL dataset's row 0 (the tool source checks the prompts' format with it
             when it is built in the producer, where only a round's rows are at hand).
+        image_token_ids (`list[int]`): a VLM's image placeholder ids ("rollout_func": returned prompts must hold
+            its images').
     """
 
     kind: Literal["default", "tools", "rollout_func"]
@@ -92,6 +94,7 @@ class SourceSpec:
     tool_settings: dict = dataclasses.field(default_factory=dict)
     rollout_func: Callable | None = None
     first_row: dict | None = None
+    image_token_ids: list[int] = dataclasses.field(default_factory=list)
 
     def build(self, context: SourceContext) -> RolloutSource:
         """The source of this kind on `context`."""
@@ -119,6 +122,7 @@ class SourceSpec:
                 context.prompts,
                 num_generations=self.group,
                 num_mini_batches=self.num_mini_batches,
+                image_token_ids=self.image_token_ids,
             )
         return SyncRolloutSource(
             context.engine,
@@ -199,7 +203,7 @@ class RequestedPrompts:
         return len(self.rows)
 
     # targeted exploration's interface: the temperatures chosen when the round was asked for
-    def row_temperatures(self, examples: list[dict]) -> list[float]:
+    def row_temperatures(self, examples: list[dict], base: float | None = None) -> list[float]:
         if len(examples) != len(self.temperatures):
             raise RuntimeError(
                 f"the producer's round has {len(examples)} rows, the trainer chose {len(self.temperatures)} "

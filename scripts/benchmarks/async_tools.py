@@ -37,8 +37,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads (docs/
 
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_trapo.agent_job import build_data, evaluate, parse_args  # noqa: E402
-from trl_trapo.agent_tasks import multiply as instant_multiply  # noqa: E402
+from trl_trapo.jobs.agent import build_data, evaluate, parse_args  # noqa: E402
+from trl_trapo.tasks.agent import multiply as instant_multiply  # noqa: E402
 
 
 DELAY = float(os.environ.get("TRAPO_TOOL_DELAY", "0.2"))  # read again by the producer (spawn re-imports this file)
