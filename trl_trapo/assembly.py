@@ -269,19 +269,7 @@ def build_rollout_source(
     if agent is not None and active_rl:
         spec = tool_source_spec(args, parts, agent, group)
     if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
-        if not active_rl:
-            raise ValueError(
-                "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
-                "what rollout_func receives), with rl_weight > 0."
-            )
-        spec = SourceSpec(
-            "rollout_func",
-            args.num_generations,
-            args.num_mini_batches,
-            float(args.temperature),
-            rollout_func=getattr(rollout_func, "func", None),  # unbound: a producer binds its own `trainer`
-            image_token_ids=list(parts.suppressed_token_ids or []),
-        )
+        spec = rollout_func_spec(args, parts, rollout_func, active_rl)
     if rollout_source is not None or spec.kind != "default":  # its rounds may carry environment tokens (mask 0)
         parts.metrics.track_env_tokens()
     if args.async_rollouts:  # a producer process runs the source and scores its rounds ahead (async_rollouts.py)
@@ -320,6 +308,31 @@ def build_rollout_source(
             image_token_ids=parts.suppressed_token_ids,  # a VLM's placeholders: returned prompts must hold its images'
         )
     return spec.build(context)
+
+
+def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:
+    """TRL's `rollout_func` source ([`~trl_trapo.sources.RolloutFuncSource`]) as settings, with the function unbound
+    (`rollout_func.func`, [`~trl_trapo.executor.bind_rollout_func`]: a producer binds its own `trainer`).
+
+    Raises:
+        ValueError: without RL prompts (`active_rl` False).
+    """
+    from .executor import SourceSpec
+
+    if not active_rl:
+        raise ValueError(
+            "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
+            "what rollout_func receives), with rl_weight > 0."
+        )
+    return SourceSpec(
+        "rollout_func",
+        args.num_generations,
+        args.num_mini_batches,
+        float(args.temperature),
+        rollout_func=getattr(rollout_func, "func", None),
+        first_row=dict(parts.rl_dataset[0]),  # the dataset's columns, in the producer
+        image_token_ids=list(parts.suppressed_token_ids or []),
+    )
 
 
 def source_sum_over_ranks(accelerator) -> Callable | None:

@@ -80,8 +80,9 @@ class SourceSpec:
         tool_settings (`dict`): the tool source's other keyword arguments (`response_length`, `context`,
             `max_iterations`, `template_kwargs`, `generation_batch_size`, `stop_token_ids`).
         rollout_func (`Callable`, *optional*): TRL's `rollout_func(prompts, trainer)`, unbound ("rollout_func").
-        first_row (`dict`, *optional*): the RL dataset's row 0 (the tool source checks the prompts' format with it
-            when it is built in the producer, where only a round's rows are at hand).
+        first_row (`dict`, *optional*): the RL dataset's row 0 (the tool source checks the prompts' format with it,
+            the `rollout_func` source reads the columns, when they are built in the producer, where only a round's
+            rows are at hand).
         image_token_ids (`list[int]`): a VLM's image placeholder ids ("rollout_func": returned prompts must hold
             its images').
     """
@@ -168,6 +169,7 @@ class RequestedPrompts:
 
     def __init__(self, first_row: dict | None = None):
         self.rows: dict[int, dict] = {} if first_row is None else {0: first_row}
+        self.first_columns = [] if first_row is None else list(first_row)
         self.indices: list[int] = []
         self.temperatures: list[float] = []
 
@@ -196,6 +198,11 @@ class RequestedPrompts:
         return float(default)
 
     # the dataset's interface
+    @property
+    def column_names(self) -> list[str]:
+        """The RL dataset's columns (those of its row 0, which every row has)."""
+        return list(self.first_columns)
+
     def __getitem__(self, index: int) -> dict:
         return dict(self.rows[int(index)])
 
