@@ -256,7 +256,7 @@ def build_rollout_source(
     """
     group = 1 if has_critic else args.num_generations
     if agent is not None and active_rl:
-        rollout_source = build_tool_source(args, parts, agent, group)
+        rollout_source = build_tool_source(args, parts, agent, group, exploration)
     if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
         if not active_rl:
             raise ValueError(
@@ -269,6 +269,8 @@ def build_rollout_source(
             parts.memory_pool,
             num_generations=args.num_generations,
             num_mini_batches=args.num_mini_batches,
+            # TRL syncs vLLM's weights before a rollout_func, which may sample through `trainer.vllm_generation`
+            sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
     if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
         parts.metrics.track_env_tokens()
@@ -287,8 +289,15 @@ def build_rollout_source(
     )
 
 
-def build_tool_source(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, group: int) -> RolloutSource:
-    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py)."""
+def build_tool_source(
+    args: TRAPOConfig,
+    parts: SourceParts,
+    agent: AgentSpec,
+    group: int,
+    exploration: TargetedExploration | None = None,
+) -> RolloutSource:
+    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py); with
+    `exploration`, every turn of a rollout is sampled at its task family's temperature."""
     from .agents import ToolRolloutSource
 
     accelerator = parts.accelerator
@@ -311,6 +320,7 @@ def build_tool_source(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, g
         sum_over_ranks=(lambda tensor: sum_over_ranks(accelerator, tensor)) if accelerator.num_processes > 1 else None,
         generation_batch_size=args.local_rollout_forward_batch_size,
         stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
+        exploration=exploration,
     )
 
 

@@ -349,23 +349,35 @@ def build_successes(args: Any, rl_active: bool, sft_active: bool) -> SuccessRepl
 
 
 def build_exploration(
-    args: Any, rl_active: bool, has_critic: bool, own_source: bool, world_size: int, with_successes: bool
+    args: Any,
+    rl_active: bool,
+    has_critic: bool,
+    own_source: bool,
+    world_size: int,
+    with_successes: bool,
+    tool_loop: bool = False,
 ) -> TargetedExploration | None:
     """Targeted exploration (trl_trapo/exploration.py): families whose groups carry no signal are sampled hotter.
 
     On with `exploration=True`, or None (auto) where it can run: RL prompts, groups (no value model), HF generate, no
-    few-shot mode, the default rollout source (vLLM, few-shot mode and a value model are refused with
-    `exploration=True` by the config and the dataset checks; a source of the user's by `check_rollout_source`). A
-    round stays one `generate` call whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 /
-    FSDP included.
+    few-shot mode, the default rollout source (few-shot mode and a value model are refused with `exploration=True` by
+    the config and the dataset checks; a source of the user's by `check_rollout_source`). With `exploration=True` it
+    also sets the per-row temperatures of vLLM rounds (one vLLM call per distinct temperature,
+    [`~trl_trapo.samplers.VLLMSampler`]) and of the tool-calling loop (every turn of a rollout at its family's); auto
+    leaves both off, as before they could take it. A round stays one `generate` call whatever the temperatures, so it
+    runs under every distribution strategy, ZeRO-3 / FSDP included.
 
     Args:
         own_source (`bool`): the rounds come from a source of the user's (`rollout_source`, `rollout_func`, tools),
-            which sets its own temperatures: off.
+            which sets its own temperatures: off, except for the tool loop with `exploration=True`.
         world_size (`int`): processes (above 1, the decisions take the whole round, every rank's share).
         with_successes (`bool`): self-imitation is on; the search of stuck families feeds it only.
+        tool_loop (`bool`): the rounds come from the tool-calling loop (`tools` / `environment_factory`). It samples
+            at exploration's temperatures with `exploration=True`; the search of stuck families, a single-turn round
+            of the default source, is off there (its completions would not be the tool loop's).
     """
-    if own_source or args.exploration is False or not rl_active:
+    explicit_tools = tool_loop and args.exploration is True
+    if (own_source and not explicit_tools) or args.exploration is False or not rl_active:
         return None
     if args.exploration is None and (has_critic or args.use_vllm or args.fewshot_mode):
         logger.info("exploration=None: off in this run (it needs groups, HF generate, no few-shot mode).")
@@ -376,7 +388,7 @@ def build_exploration(
         args.exploration_temperature_step,
         gather=gather_object if world_size > 1 else None,  # decides from the whole round, every rank's share
         # the search feeds self-imitation only: without it there is nothing to search for
-        max_search=args.exploration_max_search if with_successes else 0,
+        max_search=args.exploration_max_search if with_successes and not tool_loop else 0,
     )
 
 

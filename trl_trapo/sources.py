@@ -428,10 +428,11 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         TypeError: if `source` has no `sample(rows_needed, step)` method (or subclasses [`RolloutSource`] without
             implementing it), or `rollout_func` is not callable or is an `async def` function (TRL calls it
             synchronously: a coroutine would come back instead of the dict).
-        ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
-            `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
-            prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
-            `rollout_func`) decides itself.
+        ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for
+            `fewshot_mode=True` or `exploration=True`: they set how the default source samples (few-shot prompt
+            choice and annealed temperature, per-family temperatures), which a source of your own (or your
+            `rollout_func`) decides itself; `use_vllm=True` with a `rollout_source` (a `rollout_func` may sample
+            through the trainer's vLLM, `trainer.vllm_generation`, as in TRL).
     """
     if source is not None and rollout_func is not None:
         raise ValueError(
@@ -455,7 +456,12 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         )
     if source is not None:
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
-    for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
+    # a rollout_func may sample through the trainer's vLLM (`trainer.vllm_generation`, weights synced before each
+    # call, as TRL's GRPOTrainer does); a rollout_source has no trainer to reach it from
+    settings = [("fewshot_mode", args.fewshot_mode)]
+    if rollout_func is None:
+        settings.insert(0, ("use_vllm", args.use_vllm))
+    for name, value in settings:
         if value:
             raise ValueError(
                 f"{type(args).__name__}.{name}=True configures the default rollout source, but a {given} was "
@@ -556,7 +562,7 @@ class RolloutFuncSource(RolloutSource):
       PPO's first ratio is exactly 1 whatever engine sampled), and with `vllm_importance_sampling_correction` (the
       default) weights each token's policy loss by pi_trainer / pi_sampler, bounded per
       `vllm_importance_sampling_mode` (`sampling/*` metrics). TRL applies that correction only with
-      `use_vllm=True`; a `rollout_func` samples with an engine of its own (use_vllm is refused with it), so here it
+      `use_vllm=True`; a `rollout_func` may sample with an engine of its own, so here it
       applies whenever `logprobs` are given. `vllm_importance_sampling_correction=False` or `logprobs=None`: no
       correction (the log-probs are then unused, as in TRL without vLLM);
     - `env_mask` (optional): `B` lists of 0/1, 1 on tokens the policy sampled, 0 on tokens the environment wrote
@@ -575,6 +581,10 @@ class RolloutFuncSource(RolloutSource):
         prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`).
         num_generations (`int`): completions per prompt.
         num_mini_batches (`int`): optimizer steps a round feeds.
+        sync_weights (`Callable[[int], None]`, *optional*): called with the round's step before `rollout_func`
+            (with `use_vllm=True`: push the policy's weights to vLLM once per optimizer step, as TRL's `GRPOTrainer`
+            does before it calls a `rollout_func`, so a function that samples through `trainer.vllm_generation`
+            samples the current policy).
 
     Raises:
         ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
@@ -591,6 +601,7 @@ class RolloutFuncSource(RolloutSource):
         prompts: MemoryPool,
         num_generations: int,
         num_mini_batches: int,
+        sync_weights: Callable[[int], None] | None = None,
     ):
         if not callable(rollout_func):
             raise TypeError(
@@ -602,6 +613,7 @@ class RolloutFuncSource(RolloutSource):
         self.prompts = prompts
         self.group = int(num_generations)
         self.num_mini_batches = int(num_mini_batches)
+        self.sync_weights = sync_weights
 
     def sample(self, rows_needed: int, step: int) -> SampledRound:
         """Call `rollout_func` on the round's prompts and check its output (see the class).
@@ -615,6 +627,8 @@ class RolloutFuncSource(RolloutSource):
         rows = [self.dataset[i] for i in indices for _ in range(self.group)]
         # a copy each, as TRL passes them: what the function does to its prompts never reaches the reward functions'
         prompts = [copy.deepcopy(row["prompt"]) for row in rows]
+        if self.sync_weights is not None:  # vLLM samples the current policy (TRL syncs before a rollout_func)
+            self.sync_weights(step)
         output = self.rollout_func(prompts)
         return rollout_func_round(output, rows, self.group, step)
 
