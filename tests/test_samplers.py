@@ -336,3 +336,61 @@ def test_vllm_generation_is_none_without_vllm(tmp_path):
         processing_class=tok,
     )
     assert trainer.vllm_generation is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the vLLM server sampler on several processes
+# ---------------------------------------------------------------------------------------------------------------------
+class EchoVLLM:
+    """A `VLLMGenerator`: each completion is `[temperature x 10, max_new_tokens, its prompt's first id]`; records
+    each call."""
+
+    tensor_parallel_size = 1
+    mode = "server"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt_ids, group, step, temperature=None, max_new_tokens=None, images=None):
+        self.calls.append((len(prompt_ids), group, temperature, max_new_tokens))
+        limit = -1 if max_new_tokens is None else max_new_tokens
+        completions = [torch.tensor([round(temperature * 10), limit, p[0]]) for p in prompt_ids]
+        return completions, [torch.full((3,), -1.0) for _ in prompt_ids]
+
+
+def test_server_sampler_makes_every_ranks_calls_with_as_many_rows(monkeypatch):
+    """Server mode gathers every rank's prompts in one request per call: this rank (temperature 1.0 only) also makes
+    the other rank's call at 1.3, with throwaway copies of its first group, and the agreed (largest) max_tokens; it
+    keeps its own rows, in order."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+
+    other_rank = [[(2, [1.0, 1.3], 7)], [[1, 2]]]  # what the other rank contributes to each gather, in order
+    gathers = []
+
+    def gather_object(mine):
+        gathers.append(mine)
+        return mine + other_rank[len(gathers) - 1]
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", gather_object)
+    vllm = EchoVLLM()
+    sampler = samplers.VLLMServerSampler(vllm, SimpleNamespace(num_processes=2), [99], keep_sampler_logps=True)
+    out = sampler.sample([[5], [5], [6], [6]], torch.tensor([1.0, 1.0, 1.0, 1.0]), group=2, step=0, max_new_tokens=4)
+    assert vllm.calls == [(4, 2, 1.0, 7), (4, 2, 1.3, 7)]  # 2 prompts x n=2 each; the 1.3 call padded for the other
+    assert [c.tolist() for c in out.completion_ids] == [[10, 7, 5], [10, 7, 5], [10, 7, 6], [10, 7, 6]]
+    assert len(out.sampler_logps) == 4 and out.logps is None
+
+
+def test_colocate_sampler_groups_rows_by_temperature_alone():
+    """One colocated engine per rank: no gathering; one call per distinct temperature, a group split over
+    temperatures samples its rows one by one, and the rows come back in order."""
+    from types import SimpleNamespace
+
+    vllm = EchoVLLM()
+    vllm.tensor_parallel_size = 1
+    sampler = samplers.VLLMColocateSampler(vllm, SimpleNamespace(num_processes=2), [], keep_sampler_logps=False)
+    out = sampler.sample([[1], [1], [2], [2]], torch.tensor([0.5, 0.5, 0.5, 0.9]), group=2, step=0)
+    assert vllm.calls == [(3, 1, 0.5, None), (1, 1, 0.9, None)]  # group 2 broken (its temperatures differ): n=1
+    assert [c.tolist() for c in out.completion_ids] == [[5, -1, 1], [5, -1, 1], [5, -1, 2], [9, -1, 2]]
+    assert out.sampler_logps is None

@@ -34,6 +34,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -431,8 +432,11 @@ class VLLMSampler(Sampler):
         """The calls to make: `(group, [(temperature, its rows)], max_new_tokens)`. Consecutive groups of `group`
         rows keep vLLM's `n=group` when each group has one temperature (else every row is its own prompt); with
         `collective`, the temperatures and `max_new_tokens` are agreed over the ranks (a collective): the union of
-        the temperatures (a rank without rows at one still makes that call) and the least `max_new_tokens`."""
-        values = [float(t) for t in temperatures.tolist()]
+        the temperatures (a rank without rows at one still makes that call) and the largest `max_new_tokens` (a rank
+        whose rows have less room cuts their completions itself, as the tool loop does; a rank's throwaway call of 1
+        token must not cut the others'). A temperature is sent as the shortest decimal of its float32 (0.9, not
+        0.8999999761...): the value the run configured."""
+        values = [float(str(numpy.float32(t))) for t in temperatures.tolist()]
         rows = len(values)
         if group < 1 or rows % group or any(len(set(values[s : s + group])) > 1 for s in range(0, rows, group)):
             group = 1
@@ -447,7 +451,7 @@ class VLLMSampler(Sampler):
             group = min(g for g, _, _ in shared)  # a rank that cannot keep its groups: nobody does
             keys = sorted({k for _, ks, _ in shared for k in ks})
             limits = [m for _, _, m in shared if m is not None]
-            max_new_tokens = min(limits) if limits else None
+            max_new_tokens = max(limits) if limits else None
         return group, [(k, by_temperature.get(k, [])) for k in keys], max_new_tokens
 
     def sample(
