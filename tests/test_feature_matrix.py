@@ -29,13 +29,7 @@ from result_blocks import page_of, read_block  # noqa: E402
 
 
 # cell -> outcome, for every cell that today neither works nor is refused (crash, hang, inactive); empty: none
-KNOWN_FAILURES: dict[str, str] = {
-    # the tool loop samples every turn at `temperature`, while few-shot mode stamps the round's trajectories with its
-    # annealed temperature T(step), at which they are trained: after step 0, rows trained at a temperature they were
-    # not sampled at (trl_trapo/agents.py ToolRolloutSource.sample; memory/pool.py observe_rollouts)
-    "tools+fewshot": fm.INACTIVE,
-    "environment_factory+fewshot": fm.INACTIVE,
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def page_with_markers(tmp_path: Path) -> Path:
