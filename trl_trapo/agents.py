@@ -11,8 +11,11 @@ A GRPOTrainer agent script moves over by changing the import and the config clas
   The instance's public methods are its tools; an optional `get_reward()` becomes an extra reward (weight 1, named
   after the class). Reward functions get `environments=` (one instance per completion).
 
-The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running
-(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; a turn's
+The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running,
+each row continuing from its token ids at its rollout's temperature (the round's: few-shot mode anneals it; its task
+family's with `exploration=True`), through the run's sampler (transformers' `generate`, behaviour log-probs recorded
+while sampling; or vLLM with `use_vllm=True`, whose turns the trainer computes the behaviour log-probs of, vLLM's own
+going to the sampler/trainer mismatch correction); each turn is parsed with the tokenizer's `parse_response`; a turn's
 tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
 ([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
 tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by

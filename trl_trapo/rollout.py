@@ -503,8 +503,9 @@ class RolloutEngine:
         lockstep: bool = False,
     ) -> SampledRound:
         """Sample one round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row) with the
-        live policy, in one batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the
-        temperatures; nothing is scored here ([`finish`] does that).
+        live policy, through the run's sampler ([`~trl_trapo.samplers.Sampler`]): transformers' `generate` in one
+        batched call (per `local_rollout_forward_batch_size` prompts) whatever the temperatures, or vLLM in one call
+        per distinct temperature, with each row's images; nothing is scored here ([`finish`] does that).
 
         Args:
             examples (`list[dict]`): the round's rows, B of them.
@@ -525,6 +526,7 @@ class RolloutEngine:
 
         Raises:
             RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
+            ValueError: with vLLM, when the rows carry model inputs but no images (vLLM takes images only).
         """
         args = self.args
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
