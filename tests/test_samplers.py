@@ -394,3 +394,13 @@ def test_colocate_sampler_groups_rows_by_temperature_alone():
     assert vllm.calls == [(3, 1, 0.5, None), (1, 1, 0.9, None)]  # group 2 broken (its temperatures differ): n=1
     assert [c.tolist() for c in out.completion_ids] == [[5, -1, 1], [5, -1, 1], [5, -1, 2], [9, -1, 2]]
     assert out.sampler_logps is None
+
+
+def test_vllm_refuses_model_inputs_it_cannot_take():
+    """Rows with processed model inputs but no images: vLLM takes images only, so the round is refused naming the fix
+    rather than sampled without the inputs."""
+    from types import SimpleNamespace
+
+    sampler = samplers.VLLMColocateSampler(EchoVLLM(), SimpleNamespace(num_processes=1), [], keep_sampler_logps=False)
+    with pytest.raises(ValueError, match="without images .* set use_vllm=False"):
+        sampler.sample([[1]], torch.tensor([1.0]), 1, 0, model_inputs=[{"pixel_values": torch.zeros(1, 3)}])
