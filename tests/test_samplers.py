@@ -237,7 +237,7 @@ def test_images_reach_the_vllm_stand_in_forward(tmp_path, stand_in):
     forward ran the vision tower on exactly those images while sampling."""
     from transformers import AutoModelForImageTextToText
 
-    from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
     processor = build_vlm_processor()
     suite = make_visual_task_suite(

@@ -246,3 +246,17 @@ def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, sui
     with pytest.raises(ValueError, match=r"the Hub repo id 'my run' .* is not a valid repo id.*--hub_model_id"):
         trainer.push_to_hub()
     assert not (tmp_path / "my run" / "model.safetensors").exists()
+
+
+def test_init_hf_repo_by_hand_gives_the_config_checks_message(tmp_path, tokenizer, suite, tiny_config):
+    # one message for a bad repo id wherever it is met: `init_hf_repo` (here called by hand, push_to_hub=False, so
+    # the config did not check) says what `check_hub_repo_id` says, not a second wording
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path / "my run"),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match=r"TRAPOConfig.output_dir: the Hub repo id 'my run' .*`--hub_model_id`"):
+        trainer.init_hf_repo()

@@ -1045,9 +1045,11 @@ class TRAPOConfig(_BaseConfig):
             "`exploration_temperature_step` hotter in the next, up to `exploration_max_temperature`, and cools down "
             "again once its groups carry a signal (trl_trapo/exploration.py); a round stays one batched `generate` "
             "call, each row at its family's temperature (with vLLM, one call per distinct temperature; in the "
-            "tool-calling loop, every turn of a rollout at its family's). None (default): on wherever it can run - "
-            "groups (no value model), HF generate (not vLLM), the default rollout source, no few-shot mode - and off "
-            "elsewhere. True: on (vLLM and tools / environment_factory included), and an error where it cannot run. "
+            "tool-calling loop, every turn of a rollout at its family's). With a value model (one completion per "
+            "prompt) a family is stuck when all its completions of a round score the lowest score seen; in few-shot "
+            "mode a family's boost scales the round's annealed temperature. None (default): on with groups (no value "
+            "model), HF generate (not vLLM), the default rollout source and no few-shot mode, off elsewhere. True: on "
+            "(vLLM and tools / environment_factory included), and an error where it cannot run. "
             "False: off."
         },
     )
@@ -1918,12 +1920,6 @@ class TRAPOConfig(_BaseConfig):
             or self.exploration_max_search < 0
         ):
             bad("exploration_max_search", self.exploration_max_search, "use an integer >= 0 (0: no search).")
-        if self.exploration is True and self.fewshot_mode:
-            bad(
-                "exploration",
-                True,
-                "few-shot mode sets each round's temperature itself (annealed): use one of the two, not both.",
-            )
         if not math.isfinite(self.self_imitation_min_reward):
             bad("self_imitation_min_reward", self.self_imitation_min_reward, "use a finite score (e.g. 1.0).")
         if not 0.0 < self.self_imitation_fraction <= 1.0:

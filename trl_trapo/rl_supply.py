@@ -207,7 +207,7 @@ class RLSupply:
             self.on_episode(self.episode)
         self.accumulator.add_rollouts(batch)
         self.schedules.observe_rollouts(batch)  # the adaptive KL controller's input
-        self.memory_pool.observe_rollouts(batch)  # few-shot temperature stamps and prototypes; adapter-bank window
+        self.memory_pool.observe_rollouts(batch)  # few-shot prototypes; adapter-bank window
 
     def search_stuck_families(self, batch: RolloutBatch, step: int) -> None:
         """Targeted exploration's search (trl_trapo/exploration.py): the round's groups of a family stuck at the
@@ -359,13 +359,14 @@ def build_exploration(
 ) -> TargetedExploration | None:
     """Targeted exploration (trl_trapo/exploration.py): families whose groups carry no signal are sampled hotter.
 
-    On with `exploration=True`, or None (auto) where it can run: RL prompts, groups (no value model), HF generate, no
-    few-shot mode, the default rollout source (few-shot mode and a value model are refused with `exploration=True` by
-    the config and the dataset checks; a source of the user's by `check_rollout_source`). With `exploration=True` it
-    also sets the per-row temperatures of vLLM rounds (one vLLM call per distinct temperature,
-    [`~trl_trapo.samplers.VLLMSampler`]) and of the tool-calling loop (every turn of a rollout at its family's); auto
-    leaves both off, as before they could take it. A round stays one `generate` call whatever the temperatures, so it
-    runs under every distribution strategy, ZeRO-3 / FSDP included.
+    On with `exploration=True`, or None (auto) where it runs as it always has: RL prompts, groups (no value model), HF
+    generate, no few-shot mode, the default rollout source. `exploration=True` also runs with a value model (one
+    completion per prompt: a family is watched through all its completions of a round, and there is no search, which
+    needs groups), in few-shot mode (a family's boost scales the round's annealed temperature), with vLLM (one vLLM
+    call per distinct temperature, [`~trl_trapo.samplers.VLLMSampler`]) and in the tool-calling loop (every turn of a
+    rollout at its family's; no search there); a source of the user's is refused by `check_rollout_source`. A round
+    stays one `generate` call whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP
+    included.
 
     Args:
         own_source (`bool`): the rounds come from a source of the user's (`rollout_source`, `rollout_func`, tools),
@@ -387,8 +388,9 @@ def build_exploration(
         args.exploration_ceiling,
         args.exploration_temperature_step,
         gather=gather_object if world_size > 1 else None,  # decides from the whole round, every rank's share
-        # the search feeds self-imitation only: without it there is nothing to search for
-        max_search=args.exploration_max_search if with_successes and not tool_loop else 0,
+        # the search feeds self-imitation only: without it there is nothing to search for; it re-samples groups of the
+        # default source (not a critic's single completions, not the tool loop's multi-turn rollouts)
+        max_search=args.exploration_max_search if with_successes and not has_critic and not tool_loop else 0,
     )
 
 

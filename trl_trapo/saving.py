@@ -236,6 +236,9 @@ def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = Fals
     - optimizer (unless `save_only_model`): the AdamW family keeps two fp32 moments per trainable parameter
       (8 bytes each); other optimizers are counted as 0 (their state is smaller or unknown).
 
+    Parameters partitioned by DeepSpeed ZeRO-3 count whole (`ds_numel`): the ranks' shards of one checkpoint add up
+    to the whole model.
+
     The tokenizer, trainer state, RNG and TRAPO's own state (replay buffer, pools) are left out: the estimate is what
     certainly has to fit; `check_disk_space` adds `CHECKPOINT_MARGIN` for them.
 
@@ -249,8 +252,9 @@ def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = Fals
     """
     peft = any(is_peft_model(module) for module in model.modules())
     params = list(model.parameters())  # shared (tied) parameters once
-    weights = sum(p.numel() * p.element_size() for p in params if p.requires_grad or not peft)
-    trainable = sum(p.numel() for p in params if p.requires_grad)
+    # a parameter DeepSpeed ZeRO-3 has partitioned holds an empty local tensor; `ds_numel` is its whole size
+    weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params if p.requires_grad or not peft)
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad)
     adam = str(optim).lower().startswith("adam") and not save_only_model
     return weights + (8 * trainable if adam else 0)
 
@@ -436,17 +440,6 @@ def hub_error(
     )
 
 
-def invalid_repo_id_error(repo_id: str, hub_model_id: str | None, error: BaseException) -> ValueError:
-    """The error for a Hub repo id `huggingface_hub` refuses (`HFValidationError`), e.g. the last part of an
-    `output_dir` with a space in it, which transformers takes as the repo name when `hub_model_id` is unset."""
-    source = "hub_model_id" if hub_model_id else "the last part of output_dir (hub_model_id is unset)"
-    cause = str(error).splitlines()[0]
-    return ValueError(
-        f"push_to_hub: the repo id {repo_id!r}, from {source}, is not a valid Hugging Face Hub repo id ({cause}). "
-        "Fix: set hub_model_id (`--hub_model_id`) to one, e.g. 'your-name/my-run' (letters, digits, '-', '_', '.')."
-    )
-
-
 __all__ = [
     "FINISHED_RUN_FILES",
     "is_hub_error",
@@ -458,6 +451,5 @@ __all__ = [
     "check_output_dir",
     "checkpoint_nbytes",
     "hub_error",
-    "invalid_repo_id_error",
     "staged_save",
 ]

@@ -14,7 +14,7 @@ is importable — and prints, per run:
 
 After the vLLM run, two short runs of the pairs issue 40's sampler stage made possible, on vLLM's colocate mode:
 `vllm-tools` (every turn of the tool-calling loop sampled by vLLM, `tools/turns_mean` reported) and `vllm-images`
-(image prompts passed to vLLM as `multi_modal_data`; the tiny LLaVA of `trl_trapo.vision_tasks`, the vision tower's
+(image prompts passed to vLLM as `multi_modal_data`; the tiny LLaVA of `trl_trapo.tasks.vision`, the vision tower's
 forwards reported); `--pairs_only` runs them alone.
 
 The vLLM run also records the sampler/trainer mismatch its rounds logged last (`sampling/*`: vLLM's bf16 log-probs
@@ -267,7 +267,7 @@ def run_vllm_pair(case: str, args, device: torch.device) -> dict:
     """One pair of issue 40's sampler stage on the real vLLM (colocate mode), a few RL steps: `vllm-tools` (the
     tool-calling loop's turns sampled by vLLM: the agent task, `tools=[multiply]`, on the Qwen2.5-0.5B-sized random
     model with the tool template) or `vllm-images` (image prompts passed to vLLM as `multi_modal_data`: the tiny
-    LLaVA of `trl_trapo.vision_tasks` on the visual task suite). Reports the steps run, what shows the pair ran
+    LLaVA of `trl_trapo.tasks.vision` on the visual task suite). Reports the steps run, what shows the pair ran
     (`tools/turns_mean`; the vision tower's forwards) and the sampler/trainer mismatch logged last (`sampling/*`)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
@@ -279,8 +279,8 @@ def run_vllm_pair(case: str, args, device: torch.device) -> dict:
     kwargs: dict = {}
     settings = dict(max_prompt_length=96, response_length=32, num_generations=4)
     if case == "vllm-tools":
-        from trl_trapo.agent_tasks import make_agent_task, multiply
         from trl_trapo.agents import use_tool_chat_template
+        from trl_trapo.tasks.agent import make_agent_task, multiply
 
         arch = TINY if args.tiny else QWEN25_05B
         processing_class = use_tool_chat_template(build_tokenizer(arch["vocab_size"]))
@@ -290,7 +290,7 @@ def run_vllm_pair(case: str, args, device: torch.device) -> dict:
         kwargs.update(train_dataset=task.rl_train, reward_funcs=[*task.reward_funcs], tools=[multiply])
         settings.update(response_length=64, vllm_max_model_length=512)
     else:
-        from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+        from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
         processing_class = build_vlm_processor()
         build_tiny_vlm(processing_class, seed=0).to(dtype).save_pretrained(path)
