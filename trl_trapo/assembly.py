@@ -306,6 +306,8 @@ def build_rollout_source(
             num_generations=args.num_generations,
             num_mini_batches=args.num_mini_batches,
             image_token_ids=parts.suppressed_token_ids,  # a VLM's placeholders: returned prompts must hold its images'
+            # TRL syncs vLLM's weights before a rollout_func, which may sample through `trainer.vllm_generation`
+            sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
     return spec.build(context)
 

@@ -114,6 +114,7 @@ class SourceSpec:
                 temperature=self.temperature,
                 log_metric=context.log_metric,
                 sum_over_ranks=context.sum_over_ranks,
+                exploration=context.exploration,
                 **self.tool_settings,
             )
         if self.kind == "rollout_func":
