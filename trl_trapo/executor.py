@@ -247,6 +247,7 @@ class ProducerTrainer:
         accelerator ([`ProducerAccelerator`]): `unwrap_model`, `device`.
         generation_config (`GenerationConfig`), padding_id (`int`): the trainer's sampling settings.
         state: `global_step`, the step that asked for the round.
+        use_vllm (`bool`), vllm_generation: False and None, as on a TRL trainer without vLLM.
     """
 
     model: Any
@@ -256,6 +257,8 @@ class ProducerTrainer:
     generation_config: Any
     padding_id: int
     state: Any = dataclasses.field(default_factory=lambda: types.SimpleNamespace(global_step=0))
+    use_vllm: bool = False  # TRL's names: no vLLM in the producer (async with vLLM samples the default source only)
+    vllm_generation: Any = None
 
     @property
     def model_wrapped(self) -> Any:
