@@ -256,3 +256,28 @@ def test_sft_rows_with_assistant_only_loss_are_sfttrainers(tmp_path, chatml, col
     assert ours == sft_rows(tmp_path, chatml, dataset, assistant_only_loss=True)
     trained = chatml.decode([t for t, m in zip(*ours[0]) if m])
     assert trained == ("4<|im_end|>5<|im_end|>" if column == "messages" else "5<|im_end|>")
+
+
+@pytest.mark.parametrize("dataset", ["train_dataset", "sft_dataset"])
+def test_a_template_that_refuses_a_row_is_reported_before_any_model_loads(tmp_path, dataset):
+    """One row of each sequence of roles is rendered before anything loads: here the model is a path that does not
+    exist, and the template's refusal, named by dataset and row, is the error reported."""
+    from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.tasks import exact_match_reward
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+        "{{ raise_exception('a system message must come first') }}{% endif %}{% endfor %}" + tokenizer.chat_template
+    )
+    prompts = [[user("a=")], [user("b=")], [user("c="), system("late"), user("d=")]]
+    rows = {
+        "train_dataset": Dataset.from_dict({"prompt": prompts, "answer": ["a", "b", "c"]}),
+        "sft_dataset": Dataset.from_dict({"prompt": prompts, "completion": [[assistant("x")]] * 3}),
+    }
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    reward = {"reward_funcs": exact_match_reward} if dataset == "train_dataset" else {}
+    with pytest.raises(ValueError, match=rf"`{dataset}` row 2: the chat template refused .*must come first"):
+        TRAPOTrainer(
+            "no/such/model-folder", args=config, processing_class=tokenizer, **{dataset: rows[dataset]}, **reward
+        )

@@ -92,6 +92,7 @@ from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     ShardedSampler,
     check_eval_dataset,
+    check_templates_render,
     check_tokenizer,
     dataset_columns,
     eval_datasets,
@@ -377,6 +378,19 @@ class TRAPOTrainer(_BaseTrainer):
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
         # ---- step 1. policy, tokenizer, reference and critic --------------------------------------------------------
+        # a chat template that refuses a conversation (one row of each sequence of roles rendered) is found before
+        # any model loads when the tokenizer is given
+        named_datasets = [
+            ("train_dataset", train_dataset),
+            ("sft_dataset", sft_dataset),
+            ("distillation_dataset", distillation_dataset),
+            *eval_datasets(eval_dataset),
+        ]
+        templates_checked = processing_class is not None
+        if templates_checked:
+            check_templates_render(
+                named_datasets, processing_class, args.chat_template_kwargs, args.assistant_only_loss
+            )
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             check_model_source(model, "model")
@@ -401,6 +415,10 @@ class TRAPOTrainer(_BaseTrainer):
             else None
         )
         check_tokenizer(tokenizer)
+        if not templates_checked:  # the tokenizer came with the model: now, before the reference and teacher load
+            check_templates_render(
+                named_datasets, processing_class, args.chat_template_kwargs, args.assistant_only_loss
+            )
         if agent is not None:
             from .agents import check_chat_template
 
