@@ -281,3 +281,19 @@ def test_a_template_that_refuses_a_row_is_reported_before_any_model_loads(tmp_pa
         TRAPOTrainer(
             "no/such/model-folder", args=config, processing_class=tokenizer, **{dataset: rows[dataset]}, **reward
         )
+
+
+def test_chat_template_kwargs_holding_an_argument_trapo_sets_is_refused_by_name(tmp_path, chatml):
+    """GRPOTrainer passes `add_generation_prompt=True` and `**chat_template_kwargs` together: a key it sets itself
+    fails every prompt with `got multiple values for keyword argument`; TRAPOConfig refuses it when it is built."""
+    from trl_trapo import TRAPOConfig
+
+    with pytest.raises(TypeError, match="multiple values for keyword argument 'add_generation_prompt'"):
+        grpo_prompt_ids(
+            tmp_path, chatml, [PROMPTS["user-last"]], chat_template_kwargs={"add_generation_prompt": False}
+        )
+    with pytest.raises(ValueError, match=r"chat_template_kwargs=\{'add_generation_prompt': False\} is invalid: drop"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(ValueError, match="'continue_final_message'.*give text to continue"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"continue_final_message": True})
+    TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"enable_thinking": False})
