@@ -20,7 +20,7 @@ or with a recipe: `accelerate launch examples/trapo.py --config examples/recipes
 
 Without a model, data you name replaces the built-in data of that role (`--dataset_name`: the RL prompts *and* the
 built-in held-out evaluation; `--sft_dataset_name`, `--pretrain_dataset_name`) and `--reward_funcs` replaces the
-built-in `exact_match` reward. The arguments, the loaders and the job itself live in `trl_trapo.cli` (its docstring
+built-in `exact_match` reward. The arguments, the loaders and the job itself live in `trl_trapo.jobs.main` (its docstring
 says how modes, splits and errors work); `python examples/trapo.py --help` lists every argument.
 """
 
@@ -33,7 +33,7 @@ import sys
 # another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from trl_trapo.cli import exits_cleanly, run
+from trl_trapo.jobs.main import exits_cleanly, run
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ tool-calling traces + RL with the tool. It evaluates before and after and writes
 accuracy with the tool against without it (the same model, the tool withheld), tool-call validity, the other
 families' accuracy and the held-out pretraining loss. `--output_dir`, `--max_steps`, `--seed`, `--task_seed` and every
 `TRAPOConfig` field are arguments (`python examples/trapo_tools.py --help`); the job itself lives in
-`trl_trapo.agent_job` (its docstring lists the metrics), the task in `trl_trapo.agent_tasks`.
+`trl_trapo.jobs.agent` (its docstring lists the metrics), the task in `trl_trapo.tasks.agent`.
 """
 
 import logging
@@ -25,8 +25,8 @@ import sys
 # another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from trl_trapo.agent_job import run
-from trl_trapo.cli import exits_cleanly
+from trl_trapo.jobs.agent import run
+from trl_trapo.jobs.main import exits_cleanly
 
 
 if __name__ == "__main__":

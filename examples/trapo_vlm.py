@@ -14,7 +14,7 @@ two images and text-only questions, RL prompts of every family with "what shape 
 greedy accuracy on held-out images (per split and family) and the loss of held-out captions (forgetting).
 `--per_modality` weighs image rows and text rows as separate objectives. `--output_dir`, `--max_steps`, `--seed`,
 `--task_seed` and every `TRAPOConfig` field are arguments (`python examples/trapo_vlm.py --help`); the job lives in
-`trl_trapo.vision_job`, the task in `trl_trapo.vision_tasks`.
+`trl_trapo.jobs.vision`, the task in `trl_trapo.tasks.vision`.
 """
 
 import logging
@@ -26,8 +26,8 @@ import sys
 # another process does not stall every parallel region; set OMP_WAIT_POLICY yourself to choose (docs/threads.md)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from trl_trapo.cli import exits_cleanly
-from trl_trapo.vision_job import run
+from trl_trapo.jobs.main import exits_cleanly
+from trl_trapo.jobs.vision import run
 
 
 if __name__ == "__main__":

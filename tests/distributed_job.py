@@ -1,7 +1,7 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """`examples/trapo.py`, plus a per-rank record of the run — for the distributed tests and benchmarks.
 
-Takes exactly the arguments of `examples/trapo.py` and runs the same `trl_trapo.cli.main`; in addition every rank
+Takes exactly the arguments of `examples/trapo.py` and runs the same `trl_trapo.jobs.main.main`; in addition every rank
 writes `<output_dir>/ranks/rank<r>.json` with what that rank saw:
 
 - `log_history`: the Trainer's logs as this rank computed them (weights, curriculum mixture, losses, ...);

@@ -42,11 +42,11 @@ from distributed_job import RankRecorder  # tests/ is the script's directory: on
 
 from trl_trapo import TRAPOConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
 from trl_trapo import TRAPOTrainer as GRPOTrainer
-from trl_trapo.agent_tasks import final_answer, final_answer_reward, make_agent_task
 from trl_trapo.agents import use_tool_chat_template
 from trl_trapo.distributed import full_state_dict
 from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+from trl_trapo.tasks.agent import final_answer, final_answer_reward, make_agent_task
 
 
 # ---- the user's tools ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ while the other's have, the case where the vision encoder takes part on one rank
 
 The script is what a GRPO user writes for a VLM: a model and its processor, a dataset in TRL's format (a
 conversational `prompt` with image parts, an `images` column), a reward function, `GRPOConfig`. The tiny LLaVA and
-its processor are built in-process (`trl_trapo.vision_tasks`; no Hub). Every rank writes
+its processor are built in-process (`trl_trapo.tasks.vision`; no Hub). Every rank writes
 `<output_dir>/ranks/rank<r>.json` (`distributed_job.RankRecorder`: logs, final-weight digest) and
 `<output_dir>/ranks/vlm<r>.json`: `initial_digest` and `final_digest` (SHA-256 of the full weights before and after,
 ZeRO-3 partitions gathered) and `images_per_micro_batch` (the number of images of each micro-batch this rank trained).
@@ -30,7 +30,7 @@ from distributed_job import RankRecorder  # tests/ is the script's directory: on
 from trl_trapo import TRAPOConfig as GRPOConfig  # was: from trl import GRPOConfig, GRPOTrainer
 from trl_trapo import TRAPOTrainer as GRPOTrainer
 from trl_trapo.distributed import full_state_dict
-from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
 
 def colour_reward(completions, answer, **kwargs):

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The built-in agent task (trl_trapo/agent_tasks.py) and its job (trl_trapo/agent_job.py, examples/trapo_tools.py).
+"""The built-in agent task (trl_trapo/tasks/agent.py) and its job (trl_trapo/jobs/agent.py, examples/trapo_tools.py).
 
 The data's shapes and held-out split, every rendered trace within 128 characters, the tool and the reward on
 hand-made completions, the evaluation's counting (on hand-made rollouts, and end to end with a scripted greedy engine
@@ -16,8 +16,12 @@ import pytest
 import torch
 from transformers.utils import get_json_schema
 
-from trl_trapo.agent_job import AgentJobArguments
-from trl_trapo.agent_tasks import (
+from trl_trapo.agents import Rollout, use_tool_chat_template
+from trl_trapo.data import tokenize_sft_dataset
+from trl_trapo.jobs.agent import AgentJobArguments
+from trl_trapo.sources import SampledRound
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+from trl_trapo.tasks.agent import (
     MAX_TRACE_CHARACTERS,
     GreedyEngine,
     agent_trace,
@@ -30,10 +34,6 @@ from trl_trapo.agent_tasks import (
     rendered_trace,
     score_rollouts,
 )
-from trl_trapo.agents import Rollout, use_tool_chat_template
-from trl_trapo.data import tokenize_sft_dataset
-from trl_trapo.sources import SampledRound
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
 
 PAIR = re.compile(r"^mul (\d+) (\d+)=$")
@@ -327,7 +327,7 @@ def test_the_job_arguments_refuse_bad_values():
     ],
 )
 def test_a_user_error_is_one_message_and_exit_status_2(argv, message, capsys, tmp_path):
-    from trl_trapo.agent_job import run
+    from trl_trapo.jobs.agent import run
 
     assert run([*argv, "--output_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The `trapo` command (trl_trapo/commands.py): its sub-commands, that `trapo train` is `examples/trapo.py`'s job, and
+"""The `trapo` command (trl_trapo/jobs/commands.py): its sub-commands, that `trapo train` is `examples/trapo.py`'s job, and
 the `accelerate launch` command it builds for launcher options."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
-from trl_trapo import commands
+from trl_trapo.jobs import commands
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +88,8 @@ def launched(argv: list[str]):
 def test_num_processes_launches_the_job_module_through_accelerate():
     namespace = launched(["train", "--num_processes", "2", "--max_steps", "2", "--learning_rate=1e-3", "--seed", "3"])
     assert namespace.num_processes == 2
-    assert namespace.module is True and namespace.training_script == "trl_trapo.commands"
-    # every process runs `python -m trl_trapo.commands train <the job's arguments>`, in their order
+    assert namespace.module is True and namespace.training_script == "trl_trapo.jobs.commands"
+    # every process runs `python -m trl_trapo.jobs.commands train <the job's arguments>`, in their order
     assert namespace.training_script_args == ["train", "--max_steps", "2", "--learning_rate=1e-3", "--seed", "3"]
     assert namespace.config_file is None and namespace.multi_gpu is False
     flag = launched(["train", "--multi_gpu", "--num_processes=2", "--seed", "3"])
@@ -119,7 +119,7 @@ def test_bad_launcher_options_are_one_error(capsys):
 def test_launcher_options_are_accelerates_and_no_jobs(job):
     from accelerate.commands.launch import launch_command_parser
 
-    from trl_trapo.cli import known_fields
+    from trl_trapo.jobs.main import known_fields
 
     fields = known_fields(importlib.import_module(job.module).make_parser().dataclass_types)
     actions = {o: a for a in launch_command_parser()._actions for o in a.option_strings}

@@ -17,7 +17,7 @@ from compare_pipelines import time_averaged_mixture  # noqa: E402
 
 
 def test_the_relay_splits_the_steps_as_trapos_sft_and_rl_shares():
-    from trl_trapo import agent_job
+    from trl_trapo.jobs import agent as agent_job
 
     _, config = agent_job.parse_args(["--max_steps", "400"])
     sft, rl = compare_agents.relay_steps(config)

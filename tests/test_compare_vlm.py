@@ -21,7 +21,7 @@ METRICS = {"accuracy", "accuracy_sft_tasks", "accuracy_rl_only", "accuracy_shape
 
 
 def test_the_relay_splits_the_steps_as_trapos_three_row_shares():
-    from trl_trapo import vision_job
+    from trl_trapo.jobs import vision as vision_job
 
     _, config = vision_job.parse_args([])
     steps = compare_vlm.relay_steps(config)
@@ -29,7 +29,7 @@ def test_the_relay_splits_the_steps_as_trapos_three_row_shares():
 
 
 def test_the_relay_rl_stage_keeps_only_image_prompts():
-    from trl_trapo.vision_tasks import make_visual_task_suite
+    from trl_trapo.tasks.vision import make_visual_task_suite
 
     suite = make_visual_task_suite(0, num_pretrain_docs=4, num_sft_per_task=2, num_rl_per_task=4, num_eval_per_task=1)
     kept = compare_vlm.relay_rl_dataset(suite.rl_train)

@@ -7,7 +7,7 @@ of turns, and logs the same round-wide tool metrics on both.
 
 Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
 (`--num_processes 2 --mixed_precision no`), through `tests/distributed_job.py`, which runs the main job
-(`trl_trapo.cli.main`) and writes a per-rank record (logs, step times, a digest of the final weights).
+(`trl_trapo.jobs.main.main`) and writes a per-rank record (logs, step times, a digest of the final weights).
 """
 
 from __future__ import annotations

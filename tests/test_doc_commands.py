@@ -490,7 +490,7 @@ def test_gitignore_covers_what_the_documented_commands_write():
     sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
     import main_job_seeds
 
-    from trl_trapo.cli import BUILTIN_DEFAULTS
+    from trl_trapo.jobs.main import BUILTIN_DEFAULTS
 
     folders = {BUILTIN_DEFAULTS["output_dir"], main_job_seeds.make_parser().get_default("work_dir"), "compare-output"}
     for block in all_blocks():

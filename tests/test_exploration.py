@@ -86,6 +86,36 @@ def test_only_groups_flat_at_the_lowest_score_count_as_stuck():
     assert fresh.lowest_score is None and fresh.levels == {}
 
 
+def test_with_one_completion_per_prompt_a_family_is_stuck_when_all_its_completions_score_the_floor():
+    """A value_model's rounds have one completion per prompt (group 1): no groups to find flat, so the unit is the
+    family's completions in the round (issue 40, exploration x critic). Stuck: at least one scored completion, every
+    scored one at the lowest score seen; NaN (no reward) is no verdict; a family flat above the floor is solved."""
+    explore = TargetedExploration(temperature=1.0, max_temperature=1.5, step=0.1)
+    rows = [{"task": "a"}] * 3 + [{"task": "b"}] * 3
+    explore.observe(finished_round(rows, torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0]), 1))
+    assert (explore.temperature_of("a"), explore.temperature_of("b")) == pytest.approx((1.1, 1.0))
+    explore.observe(finished_round(rows, torch.tensor([NAN, 0.0, NAN, 1.0, 1.0, 1.0]), 1))
+    assert (explore.temperature_of("a"), explore.temperature_of("b")) == pytest.approx((1.2, 1.0))  # b: solved
+    explore.observe(finished_round(rows, torch.tensor([NAN, NAN, NAN, 0.0, 0.0, 0.0]), 1))
+    assert (explore.temperature_of("a"), explore.temperature_of("b")) == pytest.approx((1.1, 1.1))  # a: no verdict
+    # under data parallelism the other ranks' completions of the family count too (one gathered record per row)
+    other_rank = [("a", [1.0])]
+    gathered = TargetedExploration(1.0, 1.5, 0.1, gather=lambda records: records + other_rank)
+    gathered.observe(finished_round([{"task": "a"}] * 2, torch.tensor([0.0, 0.0]), 1))
+    assert gathered.levels == {} and gathered.lowest_score == 0.0
+
+
+def test_a_familys_boost_scales_the_rounds_own_temperature():
+    """Few-shot mode anneals the round's temperature T(step); exploration's per-family boost is a factor on it
+    (issue 40, exploration x few-shot): T(step) * temperature_of(f) / temperature. Without a round temperature of its
+    own (or at the configured one) the rows get `temperature_of(f)` exactly, as before."""
+    explore = TargetedExploration(temperature=0.8, max_temperature=1.2, step=0.2)
+    explore.load_state_dict({"levels": {"hot": 1}})
+    rows = [{"task": "cold"}, {"task": "hot"}]
+    assert explore.row_temperatures(rows) == explore.row_temperatures(rows, 0.8) == [0.8, 0.8 + 0.2]
+    assert explore.row_temperatures(rows, 0.4) == pytest.approx([0.4, 0.4 * 1.0 / 0.8])
+
+
 def test_the_rule_reads_the_whole_round_through_gather():
     """Under data parallelism `observe` sees every rank's share (`gather`, simulated here with the other rank's
     records): this rank's only group is flat at 0, but over the round one group in four is stuck and the lowest score
@@ -240,22 +270,8 @@ def test_bad_settings_fail_at_construction(tmp_path, tokenizer, suite):
         TRAPOConfig(output_dir=str(tmp_path), exploration_temperature_step=0.0)
     with pytest.raises(ValueError, match="exploration_max_search=-2.*integer >= 0"):
         TRAPOConfig(output_dir=str(tmp_path), exploration_max_search=-2)
-    with pytest.raises(ValueError, match="exploration.*few-shot mode"):
-        TRAPOConfig(output_dir=str(tmp_path), exploration=True, fewshot_mode=True)
     with pytest.raises(ValueError, match="max_temperature=1.0 must exceed temperature=1.0"):
         TargetedExploration(1.0, 1.0, 0.1)
-    config = build_tiny_model(tokenizer).config
-    config.num_labels = 1  # a critic: a sequence-classification model with one output
-    value_model = AutoModelForSequenceClassification.from_config(config)
-    with pytest.raises(ValueError, match="exploration=True watches groups.*value_model"):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-            args=TRAPOConfig(output_dir=str(tmp_path), exploration=True, report_to="none", response_length=4),
-            train_dataset=suite.rl_train,
-            value_model=value_model,
-            processing_class=tokenizer,
-        )
 
 
 def no_reward(completions, **kwargs):
@@ -263,7 +279,7 @@ def no_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def exploring_trainer(output_dir, tokenizer, suite, **overrides):
+def exploring_trainer(output_dir, tokenizer, suite, value_model=None, **overrides):
     """RL only (every step has a generation round), one family (no `task` column), a reward that never varies."""
     config = make_tiny_config(
         output_dir,
@@ -281,6 +297,7 @@ def exploring_trainer(output_dir, tokenizer, suite, **overrides):
         args=config,
         train_dataset=suite.rl_train.remove_columns("task"),
         processing_class=tokenizer,
+        value_model=value_model,
     )
 
 
@@ -305,6 +322,33 @@ def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tm
     assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl
     # ... because each trajectory carries its sampling temperature (None: the configured one, 0.8)
     assert stamped == [{None}, {0.9}, {1.0}]
+
+
+def test_with_a_critic_a_stuck_family_heats_and_each_row_trains_at_its_temperature(tmp_path, tokenizer, suite):
+    """Exploration with a value_model (PPO, one completion per prompt; refused before issue 40): with a reward that
+    never varies every round is stuck, so the temperature rises one step per round, each trajectory carries the
+    temperature it was sampled at and is scored at it in training (the first PPO ratio stays 1), and the critic
+    trains (`loss/value_avg`). There is no search: it re-samples groups."""
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1  # a critic: a sequence-classification model with one output
+    value_model = AutoModelForSequenceClassification.from_config(config)
+    trainer = exploring_trainer(tmp_path, tokenizer, suite, max_steps=3, value_model=value_model)
+    assert trainer.exploration is not None and trainer.exploration.max_search == 0
+    stamped = []
+    add = trainer.replay.add
+
+    def recording_add(trajectories):
+        stamped.append({None if t.temperature is None else round(t.temperature, 6) for t in trajectories})
+        return add(trajectories)
+
+    trainer.replay.add = recording_add
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "exploration/temperature" in entry]
+    assert [entry["exploration/temperature"] for entry in logs] == pytest.approx([0.9, 1.0, 1.1])
+    assert stamped == [{None}, {0.9}, {1.0}]
+    approx_kl = [entry["policy/approxkl_avg"] for entry in trainer.state.log_history if "val/ratio" in entry]
+    assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl
+    assert all("loss/value_avg" in entry for entry in trainer.state.log_history if "val/ratio" in entry)
 
 
 def test_exploration_state_survives_resume_exactly(tmp_path, tokenizer, suite):

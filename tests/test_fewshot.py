@@ -7,10 +7,14 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_CONFIG
 
-from trl_trapo import TRAPOTrainer, cli
+from trl_trapo import TRAPOConfig, TRAPOTrainer, cli
 from trl_trapo.collator import StepContext, collate_rows
+from trl_trapo.data import tokenize_prompt
 from trl_trapo.experimental.fewshot import FewShotController, FewShotTRAPOTrainer, PrototypeMemory, fewshot_sigma
+from trl_trapo.rollout import generate
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
 @pytest.fixture
@@ -187,3 +191,127 @@ def test_state_round_trip(tmp_path, tokenizer, suite, make_trainer):
     assert torch.equal(other.sft_assignment, controller.sft_assignment)
     other.prompt_sampler.load_state_dict(controller.prompt_sampler.state_dict())  # the trainer's own state
     assert other.select_prompts(3, 0) == controller.select_prompts(3, 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Few-shot mode with targeted exploration and with a rollout_func (issue 40: both were refused)
+# ---------------------------------------------------------------------------------------------------------------------
+def no_reward(completions, **kwargs):
+    """0 for everything: every group is flat at the lowest score, so every family stays stuck."""
+    return [0.0] * len(completions)
+
+
+def rl_only_fewshot(tmp_path, tokenizer, suite, **kwargs):
+    """Few-shot mode on RL prompts only, each trajectory used once: a round at every step, sampled at T(step)."""
+    config = TRAPOConfig(
+        output_dir=str(tmp_path),
+        **{
+            **TINY_CONFIG,
+            "max_steps": 3,
+            "temperature": 0.9,
+            "fewshot_mode": True,
+            "fewshot_max_uses": 1,
+            "num_ppo_epochs": 1,
+            "disable_tqdm": True,
+            **kwargs.pop("config", {}),
+        },
+    )
+    return FewShotTRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        args=config,
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+        **{"reward_funcs": no_reward, **kwargs},
+    )
+
+
+def recording(trainer) -> tuple[list, list]:
+    """`(sampled, stored)`: the per-row temperatures of every `sample` call of the rollout engine, and those every
+    round's trajectories carry into the replay buffer (the configured one where they carry None), rounded to 1e-6."""
+    sampled, stored = [], []
+    sample, add = trainer.rollouts.sample, trainer.replay.add
+
+    def recording_sample(examples, group, step, temperature, *args, **kwargs):
+        values = temperature if isinstance(temperature, list) else [temperature] * len(examples)
+        sampled.append((step, [round(float(t), 6) for t in values]))
+        return sample(examples, group, step, temperature, *args, **kwargs)
+
+    def recording_add(trajectories):
+        configured = trainer.args.temperature
+        stored.append([round(configured if t.temperature is None else t.temperature, 6) for t in trajectories])
+        return add(trajectories)
+
+    trainer.rollouts.sample, trainer.replay.add = recording_sample, recording_add
+    return sampled, stored
+
+
+def test_exploration_scales_the_annealed_temperature_and_rows_train_at_it(tmp_path, tokenizer, suite):
+    """Exploration's per-family boost is a factor on few-shot mode's annealed round temperature: the round of step k
+    samples family f at T(k) * temperature_of(f) / temperature, each trajectory carries that temperature, and the
+    training forward scores it there (the first PPO ratio stays 1)."""
+    trainer = rl_only_fewshot(
+        tmp_path,
+        tokenizer,
+        suite,
+        config={"exploration": True, "exploration_temperature_step": 0.1, "exploration_max_temperature": 1.35},
+    )
+    explore, controller = trainer.exploration, trainer.memory_pool.selector
+    assert explore is not None
+    sampled, stored = recording(trainer)
+    boosts = []  # each round's rows' exploration factor, temperature_of(f) / temperature, when it was sampled
+    sample = trainer.rollouts.sample
+
+    def with_boosts(examples, group, step, temperature, *args, **kwargs):
+        boosts.append([explore.temperature_of(f) / 0.9 for f in explore.families(examples)])
+        return sample(examples, group, step, temperature, *args, **kwargs)
+
+    trainer.rollouts.sample = with_boosts
+    trainer.train()
+    assert [step for step, _ in sampled] == [0, 1, 2]
+    for (step, temperatures), factors, kept in zip(sampled, boosts, stored):
+        expected = [round(controller.temperature_at(step) * factor, 6) for factor in factors]
+        assert temperatures == expected, (step, temperatures, expected)
+        assert kept == temperatures, (step, kept)  # trained at what it was sampled at
+    # the rule acted: a stuck family was boosted on top of T(step) (every family is stuck: no reward varies)
+    assert max(boosts[2]) > 1.0 and max(sampled[2][1]) > round(controller.temperature_at(2), 6)
+    approx_kl = [entry["policy/approxkl_avg"] for entry in trainer.state.log_history if "val/ratio" in entry]
+    assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl
+
+
+def test_a_rollout_func_gets_the_prompts_fewshot_mode_chooses_and_trains_at_its_temperature(
+    tmp_path, tokenizer, suite
+):
+    """A `rollout_func` in few-shot mode: it is handed the prompts few-shot mode chose (prototype-guided; each
+    `num_generations` times in a row, as TRL passes them), their scores reach the prototypes, and its rows are trained
+    at the temperature it sampled at (`temperature`, as every rollout_func's), not at few-shot mode's T(step): the
+    controller no longer stamps T(step) over the round."""
+    received, chosen = [], []
+
+    def rollout_func(prompts, trainer):
+        received.append(list(prompts))
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        prompt_ids = [tokenize_prompt(p, trainer.processing_class) for p in prompts]
+        turns = generate(
+            policy, prompt_ids, trainer.generation_config, trainer.padding_id, None, trainer.args.temperature
+        )
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": [c.tolist() for c in turns["completion_ids"]],
+            "logprobs": [lp.tolist() for lp in turns["old_per_token_logps"]],
+        }
+
+    trainer = rl_only_fewshot(tmp_path, tokenizer, suite, rollout_func=rollout_func, reward_funcs=exact_match_reward)
+    controller = trainer.memory_pool.selector
+    select = controller.select_prompts
+    controller.select_prompts = lambda n, step: chosen.append(select(n, step)) or chosen[-1]
+    _, stored = recording(trainer)
+    trainer.train()
+    group = trainer.args.num_generations
+    assert len(received) == len(chosen) == 3
+    for prompts, indices in zip(received, chosen):
+        assert prompts == [suite.rl_train[i]["prompt"] for i in indices for _ in range(group)]
+    assert controller.temperature_at(2) < 0.9  # few-shot mode's own temperature has annealed ...
+    assert len(stored) == 3 and all(set(kept) == {0.9} for kept in stored)  # ... the rows train at the function's
+    assert not bool(torch.isnan(controller.prototypes.reward).all())  # the rounds' scores reached the prototypes
+    approx_kl = [entry["policy/approxkl_avg"] for entry in trainer.state.log_history if "val/ratio" in entry]
+    assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl

@@ -13,8 +13,8 @@ import pytest
 
 
 JOBS = {
-    "vision": ("trl_trapo.vision_job", "examples/trapo_vlm.py", "num_sft_per_task"),
-    "agent": ("trl_trapo.agent_job", "examples/trapo_tools.py", "num_traces"),
+    "vision": ("trl_trapo.jobs.vision", "examples/trapo_vlm.py", "num_sft_per_task"),
+    "agent": ("trl_trapo.jobs.agent", "examples/trapo_tools.py", "num_traces"),
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 
 JOBS = {
     "agent": (
-        "trl_trapo.agent_job",
+        "trl_trapo.jobs.agent",
         [
             "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--num_generations", "4",
             "--response_length", "48", "--num_traces", "32", "--num_rl_prompts", "16", "--num_eval", "4",
@@ -25,7 +25,7 @@ JOBS = {
         ],
     ),
     "vision": (
-        "trl_trapo.vision_job",
+        "trl_trapo.jobs.vision",
         [
             "--num_pretrain_docs", "40", "--num_sft_per_task", "16", "--num_rl_per_task", "16",
             "--num_eval_per_task", "4", "--num_eval_captions", "4", "--per_device_train_batch_size", "8",

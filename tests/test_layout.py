@@ -124,7 +124,7 @@ def test_no_import_cycle():
 
 
 # entry points sit on top of everything, optional extensions included: the command line picks few-shot mode's trainer
-ENTRY_POINTS = {"trl_trapo.cli"}
+ENTRY_POINTS = {"trl_trapo.jobs.main", "trl_trapo.cli"}
 
 
 def test_the_core_never_imports_experimental():
@@ -149,12 +149,14 @@ def test_the_core_never_imports_experimental():
 # that does not use them never loads them; the package's `__init__` is lazy (PEP 562) and imports no submodule
 OPTIONAL_MODULES = (
     "trl_trapo.agents",
-    "trl_trapo.agent_tasks",
-    "trl_trapo.agent_job",
+    "trl_trapo.tasks.agent",
+    "trl_trapo.jobs.agent",
     "trl_trapo.async_rollouts",
-    "trl_trapo.vision_tasks",
-    "trl_trapo.vision_job",
+    "trl_trapo.tasks.vision",
+    "trl_trapo.jobs.vision",
+    "trl_trapo.jobs",
     "trl_trapo.cli",
+    "trl_trapo.tasks",
     "trl_trapo.experimental",
 )
 OPTIONAL_LIBRARIES = ("vllm", "deepspeed")
@@ -368,3 +370,25 @@ def test_only_the_objective_registry_knows_how_many_objectives_there_are():
 )
 def test_the_objective_count_check_catches_each_form(source):
     assert objective_count_assumptions(source), source
+
+
+# the jobs and the toy task suites (issue 41) sit on top of the library, as TRL keeps its jobs in `trl/scripts/`
+JOB_PACKAGES = ("trl_trapo.jobs", "trl_trapo.tasks", "trl_trapo.cli")
+
+
+def test_the_core_never_imports_the_jobs_or_the_toy_tasks():
+    """No module of the library's core imports `trl_trapo.jobs` (the jobs, the `trapo` command) or `trl_trapo.tasks`
+    (the toy task suites), at module level or inside a function: the core trains any model on any data; the jobs and
+    the toy tasks are one use of it."""
+
+    def on_top(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in JOB_PACKAGES + ("trl_trapo.experimental",))
+
+    offenders = [
+        f"{name} imports {target}"
+        for name in module_names()
+        if not on_top(name)
+        for target in sorted(intra_package_imports(name))
+        if on_top(target) and not target.startswith("trl_trapo.experimental")
+    ]
+    assert not offenders, offenders

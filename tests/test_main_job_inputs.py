@@ -1,4 +1,4 @@
-"""The main job's inputs (`trl_trapo.cli`, run by `examples/trapo.py`), checked in-process without training: which
+"""The main job's inputs (`trl_trapo.jobs.main`, run by `examples/trapo.py`), checked in-process without training: which
 mode a command line selects, which split of a dataset is read, which parts of the built-in suite the user's data
 replaces, the errors for bad data and models, the recipes, and `scripts/save_tiny_model.py`'s arguments."""
 
@@ -151,7 +151,7 @@ def build(tmp_path, model_args: ModelConfig | None = None, **script):
 def test_builtin_mode_alone_uses_the_whole_suite(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward
 
-    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+    with caplog.at_level(logging.INFO, logger="trl_trapo.jobs.main"):
         inputs = build(tmp_path)
     assert inputs.builtin and inputs.builtin_eval and inputs.reward_funcs == [exact_match_reward]
     assert set(inputs.eval_dataset["split"]) == {"sft_tasks", "rl_only"}
@@ -161,7 +161,7 @@ def test_builtin_mode_alone_uses_the_whole_suite(tmp_path, caplog):
 
 def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, caplog):
     rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
-    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+    with caplog.at_level(logging.INFO, logger="trl_trapo.jobs.main"):
         inputs = build(tmp_path, dataset_name=rl)
     assert inputs.builtin and inputs.train_dataset["prompt"] == [r["prompt"] for r in rl_rows()]
     assert inputs.eval_dataset is None and not inputs.builtin_eval  # the built-in held-out prompts are gone too
@@ -176,7 +176,7 @@ def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog
 
     sft = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": "rev ab=", "completion": "ba"}] * 3)
     pretrain = write_jsonl(tmp_path / "pt.jsonl", [{"text": "after a comes b."}] * 4)
-    with caplog.at_level(logging.INFO, logger="trl_trapo.cli"):
+    with caplog.at_level(logging.INFO, logger="trl_trapo.jobs.main"):
         inputs = build(tmp_path, sft_dataset_name=sft, pretrain_dataset_name=pretrain, reward_funcs=["exact_match"])
     assert len(inputs.sft_dataset) == 3 and len(inputs.pretrain_dataset) == 4
     assert inputs.reward_funcs == [exact_match_reward]  # not counted twice

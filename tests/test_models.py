@@ -28,7 +28,7 @@ from trl_trapo.models import (
     value_predictions,
 )
 from trl_trapo.tasks import DEFAULT_MODEL_CONFIG, build_char_tokenizer, build_tiny_model, make_task_suite
-from trl_trapo.vision_tasks import DEFAULT_VLM_CONFIG, build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+from trl_trapo.tasks.vision import DEFAULT_VLM_CONFIG, build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
 
 VOCAB = 11

@@ -150,7 +150,7 @@ def test_an_error_status_is_reported_with_the_servers_message(url, monkeypatch):
 def test_the_main_jobs_reward_flag_imports_the_client_from_the_repository_root(monkeypatch):
     """`--reward_funcs scripts.reward_server.remote_exact_match`: `scripts/` has no `__init__.py`; it imports as a
     namespace package from the launch directory."""
-    from trl_trapo.cli import resolve_reward_func
+    from trl_trapo.jobs.main import resolve_reward_func
 
     assert not (ROOT / "scripts" / "__init__.py").exists()
     monkeypatch.chdir(ROOT)

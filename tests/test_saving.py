@@ -273,6 +273,24 @@ def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):
     assert checkpoint_nbytes(model, "adamw_torch") == 4 * n + 8 * (n - frozen)
 
 
+def test_checkpoint_size_counts_partitioned_parameters_whole(tokenizer):
+    """Under DeepSpeed ZeRO-3 a parameter holds an empty local tensor and its whole size in `ds_numel`: the estimate
+    counts it whole (reading `numel()` counted 0 bytes, so the disk check could never fire; the sibling of the
+    teacher's vocabulary check reading a partitioned weight's shape, issue 40)."""
+    model = build_tiny_model(tokenizer, seed=0)
+    expected = checkpoint_nbytes(model, "adamw_torch")
+    replaced = {}  # tied weights stay one parameter
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in replaced:
+                empty = torch.nn.Parameter(torch.empty(0, dtype=param.dtype), requires_grad=param.requires_grad)
+                empty.ds_numel = param.numel()
+                replaced[id(param)] = empty
+            setattr(module, name, replaced[id(param)])
+    assert sum(p.numel() for p in model.parameters()) == 0
+    assert checkpoint_nbytes(model, "adamw_torch") == expected > 0
+
+
 def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
     """`tempfile.mkstemp` makes 0o600 files, so every atomically written file (`eval_results.json`, checkpoint
     state) was unreadable to the group on a shared machine (a fresh user's trial). A new file gets 0o666 less the

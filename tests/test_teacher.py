@@ -125,3 +125,30 @@ def test_a_partitioned_teacher_gathers_its_head_once_and_runs_the_stand_in(token
     teacher.partitioned = False
     objective.loss(no_rows)
     assert calls == [(1, 1)], "a teacher that is not partitioned ran for a micro-batch without its rows"
+
+
+def partitioned(model, rows: int | None = None):
+    """`model` with its output layer's weight as DeepSpeed ZeRO-3 leaves it on a rank: an empty local tensor, the
+    whole shape in `ds_shape` (`rows` rows there, default the real ones)."""
+    head = model.get_output_embeddings()
+    whole = tuple(head.weight.shape)
+    empty = torch.nn.Parameter(torch.empty(0, dtype=head.weight.dtype), requires_grad=head.weight.requires_grad)
+    empty.ds_shape = torch.Size((rows or whole[0], *whole[1:]))
+    head.weight = empty
+    return model
+
+
+def test_the_vocabulary_check_reads_the_whole_shape_of_a_partitioned_output_layer(tokenizer):
+    """Issue 40 (teacher x ZeRO-3): a policy loaded under ZeRO-3 has a partitioned output layer (0 local rows); the
+    check compares its whole vocabulary (`ds_shape`) with the teacher's, so a teacher object built outside ZeRO-3 is
+    accepted, and two partitioned models of different vocabularies are refused (0 == 0 matched them before)."""
+    from trl_trapo.teacher import load_teacher
+
+    args = types.SimpleNamespace(teacher_model_name_or_path=None, teacher_model_init_kwargs=None, disable_dropout=True)
+    policy = partitioned(build_tiny_model(tokenizer, seed=0))
+    assert policy.get_output_embeddings().weight.shape[0] == 0
+    teacher = build_tiny_model(tokenizer, seed=1)
+    assert load_teacher(teacher, policy, args, tokenizer) is teacher
+    other = partitioned(build_tiny_model(tokenizer, seed=1), rows=len(tokenizer) + 7)
+    with pytest.raises(ValueError, match=rf"vocabulary has {len(tokenizer) + 7} rows, the policy's {len(tokenizer)}"):
+        load_teacher(other, policy, args, tokenizer)

@@ -193,7 +193,7 @@ def snapshot(path: Path) -> dict[str, str]:
 
 
 # ---- command line ----
-# The job's own command line (`trl_trapo.cli.run`, behind `examples/trapo.py`): a user error is one message on stderr,
+# The job's own command line (`trl_trapo.jobs.main.run`, behind `examples/trapo.py`): a user error is one message on stderr,
 # `trapo.py: error: ...` and a line saying how to see the traceback (`TRAPO_DEBUG=1`), and exit status 2, as argparse
 # reports a malformed command line; a fault of the program keeps its traceback. Every case runs with `--output_dir` on a
 # folder the user already has, which must be left as it was.
@@ -666,7 +666,7 @@ def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
         "another output_dir",
     )
     assert snapshot(out) == before
-    from trl_trapo.cli import parse_args
+    from trl_trapo.jobs.main import parse_args
     from trl_trapo.saving import check_output_dir
 
     _, args, _ = parse_args(["--output_dir", str(out), "--overwrite_output_dir"])  # the fix parses and is accepted

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""The built-in VLM job (`examples/trapo_vlm.py`, `trl_trapo.vision_job`) and a TRL GRPO VLM script on TRAPO."""
+"""The built-in VLM job (`examples/trapo_vlm.py`, `trl_trapo.jobs.vision`) and a TRL GRPO VLM script on TRAPO."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_the_vlm_job_writes_results_and_a_model_that_reloads(tmp_path, per_modal
     assert results["eval_caption_loss"] < results["eval_caption_loss_initial"]
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)
-    from trl_trapo.vision_tasks import greedy_vlm_accuracy, make_visual_task_suite
+    from trl_trapo.tasks.vision import greedy_vlm_accuracy, make_visual_task_suite
 
     suite = make_visual_task_suite(0, num_pretrain_docs=8, num_sft_per_task=8, num_rl_per_task=8, num_eval_per_task=2)
     assert 0.0 <= greedy_vlm_accuracy(model, processor, suite.eval)["accuracy"] <= 1.0
@@ -71,7 +71,7 @@ def test_a_grpo_vlm_script_runs_with_only_the_import_changed(tmp_path):
 def test_a_size_of_zero_is_refused_naming_the_flag(name):
     """`--num_eval_captions 0` crashed in the caption loss after training with "`dataset` is empty" (a fresh user's
     trial); every size flag is checked when the arguments are parsed."""
-    from trl_trapo import vision_job
+    from trl_trapo.jobs import vision as vision_job
 
     with pytest.raises(ValueError, match=f"--{name}=0: must be a whole number >= 1"):
         vision_job.parse_args([f"--{name}", "0"])
@@ -81,7 +81,7 @@ def test_a_size_of_zero_is_refused_naming_the_flag(name):
 def test_per_modality_weight_zero_turns_off_the_image_twin_too(tmp_path, flag, objective):
     """`--per_modality --sft_weight 0` switched off the text demonstrations only: `sft_image` still trained at
     weight 1 (a fresh user's trial). An image objective has its text objective's static weight."""
-    from trl_trapo import vision_job
+    from trl_trapo.jobs import vision as vision_job
 
     job_args, config = vision_job.parse_args(
         [*SMALL, "--per_modality", flag, "0", "--output_dir", str(tmp_path), "--max_steps", "2"]

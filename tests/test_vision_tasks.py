@@ -14,7 +14,7 @@ from datasets import Dataset
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from trl_trapo.tasks import EOS_TOKEN, exact_match_reward
-from trl_trapo.vision_tasks import (
+from trl_trapo.tasks.vision import (
     BACKGROUND,
     COLOURS,
     FAMILIES,
@@ -355,7 +355,7 @@ def test_build_tiny_vlm_is_seeded_and_leaves_the_global_rng_alone(tmp_path, proc
 def test_build_tiny_vlm_rejects_a_vision_config_the_processor_does_not_match(tmp_path, processor):
     import json
 
-    from trl_trapo.vision_tasks import DEFAULT_VLM_CONFIG
+    from trl_trapo.tasks.vision import DEFAULT_VLM_CONFIG
 
     with open(DEFAULT_VLM_CONFIG, encoding="utf-8") as handle:
         config = json.load(handle)

@@ -24,6 +24,10 @@ would push the completion past `response_length`, or the sequence to the model's
 ends after the call the model wrote (counted in `tools/rollback_frequency`; the first one of a run logs a warning
 naming the limit to raise). At most `max_tool_calling_iterations` rounds of tool calls run per rollout.
 
+Image prompts (a vision-language run, as TRL's `GRPOTrainer` runs them): the processor renders each image prompt with
+its tools ([`prompt_renderer`]) and the tool messages; each rollout keeps its row's model inputs (`pixel_values`, ...)
+and every turn's `generate` gets them, as does its trajectory (the reference and training forwards read them).
+
 Metrics (per round, averaged over the logging window): `tools/call_frequency` (tool calls per rollout, TRL's),
 `tools/failure_frequency` (failed calls per call, 0 without calls, TRL's), `tools/rollback_frequency` (rollouts whose
 tool results were rolled back, per rollout), `tools/truncated_frequency` (rollouts whose last turn was cut by the
@@ -68,10 +72,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers.utils import get_json_schema
 from trl.chat_template_utils import add_response_schema, supports_tool_calling
-from trl.data_utils import is_conversational
+from trl.data_utils import is_conversational, prepare_multimodal_messages
 
 from .data import INTERNAL_COLUMNS, tokenize_prompt
 from .sources import RolloutSource, SampledRound
+from .vision import IMAGE_COLUMNS, as_tensors, image_column, is_processor, text_tokenizer
 
 
 if TYPE_CHECKING:
@@ -80,6 +85,7 @@ if TYPE_CHECKING:
     from .memory import MemoryPool
     from .rewards import RewardScorer
     from .rollout import RolloutEngine
+    from .vision import ImageRows
 
 
 logger = logging.getLogger(__name__)
@@ -126,22 +132,58 @@ TOOL_RESPONSE_TEMPLATE = {
 }
 
 
+def tool_chat_template_with_images(image_token: str) -> str:
+    """[`TOOL_CHAT_TEMPLATE`] for a vision-language processor: every message's content may also be a list of parts
+    (TRL's `prepare_multimodal_messages` format, which a VLM's messages are in), an image part rendered as
+    `image_token` and a text part as its text; a string content renders as in [`TOOL_CHAT_TEMPLATE`].
+
+    Args:
+        image_token (`str`): the processor's image placeholder (e.g. `"<image>"`), which it expands into the image's
+            tokens.
+
+    Returns:
+        `str`: the Jinja chat template.
+    """
+    parts = (
+        "{% if m.content is string %}{{ m.content }}{% else %}{% for p in m.content or [] %}"
+        "{% if p.type == 'image' %}" + image_token + "{% elif p.type == 'text' %}{{ p.text }}{% endif %}"
+        "{% endfor %}{% endif %}"
+    )
+    return TOOL_CHAT_TEMPLATE.replace("{{ m.content or '' }}", parts).replace("{{ m.content }}", parts)
+
+
 def use_tool_chat_template(tokenizer):
     """Give a tokenizer (the character-level one of `trl_trapo.tasks.build_char_tokenizer`) the compact tool-calling
-    chat template [`TOOL_CHAT_TEMPLATE`] and its response parser [`TOOL_RESPONSE_TEMPLATE`].
+    chat template [`TOOL_CHAT_TEMPLATE`] and its response parser [`TOOL_RESPONSE_TEMPLATE`]; given a processor (a
+    vision-language run, e.g. `trl_trapo.tasks.vision.build_vlm_processor()`), the processor and its tokenizer both
+    get [`tool_chat_template_with_images`] (the processor renders the image prompts, as in TRL) and the tokenizer the
+    parser.
 
     A rendered exchange, `T:add(a,b)\\nu:add 2 3=\\na:<c>{"name":"add","arguments":{"a":2,"b":3}}</c></s>t:5\\na:5</s>`,
     is 79 characters: the built-in format keeps prompt + every turn within 128 of the tiny model's 256 positions.
 
     Args:
-        tokenizer: a tokenizer whose EOS token is `</s>` (the template writes it as the end of an assistant turn).
+        tokenizer: a tokenizer whose EOS token is `</s>` (the template writes it as the end of an assistant turn), or
+            a processor whose tokenizer is one.
 
     Returns:
-        the same tokenizer, with `chat_template` and `response_template` set.
+        the same tokenizer (or processor), with `chat_template` and `response_template` set.
 
     Raises:
-        ValueError: if the tokenizer's EOS token is not `</s>`.
+        ValueError: if the tokenizer's EOS token is not `</s>`, or a processor has no `image_token`.
     """
+    if is_processor(tokenizer):
+        processor = tokenizer
+        image_token = getattr(processor, "image_token", None)
+        if not isinstance(image_token, str):
+            raise ValueError(
+                f"use_tool_chat_template writes each image part as the processor's image token, but "
+                f"{type(processor).__name__} has no `image_token`: give the processor a tool-calling chat template "
+                "of its own."
+            )
+        use_tool_chat_template(text_tokenizer(processor))
+        processor.chat_template = processor.tokenizer.chat_template = tool_chat_template_with_images(image_token)
+        return processor
     if tokenizer.eos_token != "</s>":
         raise ValueError(
             f"use_tool_chat_template writes `</s>` as the end of an assistant turn, but this tokenizer's EOS token is "
@@ -558,16 +600,45 @@ def placeholder_prompts(args) -> Dataset:
     return Dataset.from_dict({"prompt": [[{"role": "user", "content": ""}]] * rows})
 
 
-def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> None:
+def prompt_renderer(processing_class, columns: Sequence[str] | None):
+    """What renders the RL prompts' chat template, and so each turn's tool messages: the processor of a
+    vision-language run whose RL prompts have an image column (`images` / `image`; it renders and expands the image
+    prompts, as in TRL's `GRPOTrainer`), else the text tokenizer.
+
+    Args:
+        processing_class: the trainer's tokenizer or processor.
+        columns (`Sequence[str]`, *optional*): the RL dataset's columns (None: unknown, e.g. no dataset).
+    """
+    if is_processor(processing_class) and any(c in (columns or ()) for c in IMAGE_COLUMNS):
+        return processing_class
+    return text_tokenizer(processing_class)
+
+
+def check_chat_template(tokenizer, template_kwargs: Mapping | None = None, renderer=None) -> None:
     """Refuse a tokenizer that cannot express the loop, at construction: its chat template must render a tool call
     and a tool message (TRL's `supports_tool_calling`), the tool message's tokens must extend the conversation's
     (see [`tool_suffix_ids`]), and it must parse a response (`response_template` / `response_schema`; TRL's
     `add_response_schema` sets one for the templates it knows).
 
+    Args:
+        tokenizer: the policy's text tokenizer (it parses each turn).
+        template_kwargs (`Mapping`, *optional*): `chat_template_kwargs`.
+        renderer (*optional*): what renders the prompts and tool messages ([`prompt_renderer`]: a VLM run's
+            processor); None: the tokenizer. Its chat template is the one checked.
+
     Raises:
         ValueError: naming what is missing and the fix (e.g. `trl_trapo.agents.use_chatml_tool_template`).
     """
-    if not supports_tool_calling(tokenizer):
+    renderer = tokenizer if renderer is None else renderer
+    if not supports_tool_calling(renderer) and is_processor(renderer):
+        raise ValueError(
+            f"The processor's chat template ({type(renderer).__name__}: it renders the image prompts and, after each "
+            "tool call, the tool messages, as in TRL's GRPOTrainer) cannot express tool calls or image parts "
+            "(rendering TRL's multimodal messages with an assistant tool call and a `tool` message loses one of "
+            "them): give the processor a tool-calling template that reads image parts (for the tiny LLaVA of "
+            "trl_trapo.tasks.vision: trl_trapo.agents.use_tool_chat_template(processor))."
+        )
+    if not supports_tool_calling(renderer):
         raise ValueError(
             "The tokenizer's chat template cannot express tool calls (rendering an assistant tool call and a `tool` "
             "message loses one of them): give it a tool-calling template (for a ChatML model such as SmolLM2: "
@@ -583,7 +654,7 @@ def check_chat_template(tokenizer, template_kwargs: Mapping | None = None) -> No
                 "tool calls) and TRL knows none for its chat template: set `tokenizer.response_template` (see "
                 "trl_trapo.agents.CHATML_TOOL_RESPONSE_TEMPLATE for an example)."
             ) from error
-    tool_suffix_ids(tokenizer, [{"role": "tool", "name": "probe", "content": "probe"}], template_kwargs)
+    tool_suffix_ids(renderer, [{"role": "tool", "name": "probe", "content": "probe"}], template_kwargs)
 
 
 def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mapping | None = None) -> list[int]:
@@ -595,8 +666,12 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
     what the second adds, and only when the first is a prefix of it. The loop appends these ids to the sampled ids
     as they are: nothing sampled is ever decoded and re-tokenized (TRL issue #5224).
 
+    A processor (a vision-language run's, see [`prompt_renderer`]) renders the messages in TRL's multimodal format
+    (`prepare_multimodal_messages`: every content a list of parts, as TRL's `GRPOTrainer` passes them to a VLM's
+    processor) with its own chat template, and its tokenizer tokenizes the text (no special tokens added).
+
     Args:
-        tokenizer: the policy's tokenizer.
+        tokenizer: the policy's tokenizer, or a VLM run's processor.
         tool_messages (`list[dict]`): `{"role": "tool", "name": ..., "content": ...}` each.
         template_kwargs (`Mapping`, *optional*): extra `apply_chat_template` arguments (`chat_template_kwargs`).
 
@@ -609,10 +684,24 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
     calls = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
     head = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": calls}]
     kwargs = dict(template_kwargs or {})
-    before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **kwargs)
-    after = tokenizer.apply_chat_template(
-        head + list(tool_messages), tokenize=True, return_dict=False, add_generation_prompt=True, **kwargs
-    )
+    if is_processor(tokenizer):
+        processor, tokenizer = tokenizer, tokenizer.tokenizer
+
+        def render(messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
+            text = processor.apply_chat_template(
+                prepare_multimodal_messages(messages),
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        before, after = render(head), render(head + list(tool_messages), add_generation_prompt=True)
+    else:
+        before = tokenizer.apply_chat_template(head, tokenize=True, return_dict=False, **kwargs)
+        after = tokenizer.apply_chat_template(
+            head + list(tool_messages), tokenize=True, return_dict=False, add_generation_prompt=True, **kwargs
+        )
     ends = [i for i, t in enumerate(before) if t == tokenizer.eos_token_id]
     if ends:  # generation stops at the EOS; what the template writes after it belongs to the suffix
         before = before[: ends[-1] + 1]
@@ -769,11 +858,13 @@ class ToolRunner:
 class Rollout:
     """One rollout's state while a round runs (token lists grow turn by turn)."""
 
-    example: dict  # the dataset row (prompt with the reset text appended)
+    example: dict  # the dataset row (prompt with the reset text appended; `model_inputs`: the rendered prompt's)
     prompt_ids: list[int]
     tools: dict[str, Callable]  # name -> callable, what this rollout may call
     schemas: list[dict]
     environment: Any = None
+    model_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # the prompt's images as the processor gives
+    # them (`pixel_values`, ...; empty for a text row): every turn's `generate` reads them, and the trajectory keeps them
     completion_ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 sampled, 0 tool result / template glue
     logps: list[float] = field(default_factory=list)
@@ -833,6 +924,11 @@ class ToolRolloutSource(RolloutSource):
         stop_token_ids (`Sequence[int]`, *optional*): the ids the engine stops a turn at (and cuts it after); a turn
             that does not end with one was cut by the length limit, and its tool calls are not run. None: the
             tokenizer's EOS.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a vision-language run's row builder. With it and an
+            image column (`images` / `image`) in `dataset`, each prompt is rendered with its tools by the processor
+            and its images expanded ([`prompt_renderer`], as TRL's `GRPOTrainer` renders a VLM's prompts), and the
+            row's model inputs (`pixel_values`, ...) go to every turn's `generate` and into its trajectory (so the
+            reference and training forwards read them); a text row among image rows has none.
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
@@ -859,8 +955,13 @@ class ToolRolloutSource(RolloutSource):
         sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None,
         generation_batch_size: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        images: ImageRows | None = None,
     ):
-        check_chat_template(tokenizer, template_kwargs)
+        # a VLM run's image prompts are rendered (with their tools) by the processor, and so are the tool messages
+        self.image_column = image_column(dataset.column_names, "train_dataset") if images is not None else None
+        self.images = images if self.image_column is not None else None
+        self.renderer = self.images.processor if self.images is not None else tokenizer
+        check_chat_template(tokenizer, template_kwargs, renderer=self.renderer)
         if stop_token_ids is not None and not list(stop_token_ids):
             raise ValueError(
                 "stop_token_ids is empty: no assistant turn would end, so every tool call would be cut off by the "
@@ -890,12 +991,20 @@ class ToolRolloutSource(RolloutSource):
         self.warned_truncation = False  # and the first tool call cut off by the length limit
 
     # ---- one rollout's start ------------------------------------------------------------------------------------------
-    def start(self, rows: list[dict]) -> list[Rollout]:
+    def start(self, rows: list[dict], indices: Sequence[int] | None = None) -> list[Rollout]:
         """Each row's rollout: its environment instance (from the pool, created when the round needs more), `reset`
-        with the row, the reset text appended to the last message, the prompt rendered with its tools."""
+        with the row, the reset text appended to the last message, the prompt rendered with its tools (and, in a
+        VLM run, its images: the row's `model_inputs` become those of this rendering).
+
+        Args:
+            rows (`list[dict]`): the round's dataset rows.
+            indices (`Sequence[int]`, *optional*): each row's index in the dataset (for messages, and so that the
+                rows of one prompt whose rendering is the same share one processor call and one set of tensors).
+        """
         handed: dict[str | None, int] = {}
         rollouts = []
-        for row in rows:
+        rendered: dict[tuple, tuple[list[int], dict[str, torch.Tensor]]] = {}  # (index, prompt, tools) -> ids, inputs
+        for position, row in enumerate(rows):
             row = dict(row)
             environment = None
             tools = list(self.spec.tools)
@@ -910,13 +1019,38 @@ class ToolRolloutSource(RolloutSource):
                 tools += environment_methods(environment)
                 if observation is not None:
                     prompt = list(row["prompt"])
-                    prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
+                    content = prompt[-1]["content"]
+                    if isinstance(content, list):  # a multimodal message's parts (TRL's rule): the text is a part
+                        prompt[-1] = {**prompt[-1], "content": [*content, {"type": "text", "text": observation}]}
+                    else:
+                        prompt[-1] = {**prompt[-1], "content": content + observation}
                     row["prompt"] = prompt
             schemas = self.spec.schemas[self.spec.environment_name(row) if self.spec.factories else None]
-            prompt_ids = tokenize_prompt(
-                row["prompt"], self.tokenizer, {**self.template_kwargs, "tools": schemas or None}
+            model_inputs: dict[str, torch.Tensor] = {}
+            if self.images is None:
+                prompt_ids = tokenize_prompt(
+                    row["prompt"], self.tokenizer, {**self.template_kwargs, "tools": schemas or None}
+                )
+            else:
+                index = None if indices is None else indices[position]
+                key = (index, repr(row["prompt"]), json.dumps(schemas, sort_keys=True))
+                if index is None or key not in rendered:
+                    ids, inputs = self.images.prompt(
+                        row, self.image_column, "train_dataset", "?" if index is None else index, tools=schemas or None
+                    )
+                    rendered[key] = (ids, as_tensors(inputs))
+                prompt_ids, model_inputs = rendered[key]
+                row["model_inputs"] = model_inputs  # what the trajectory carries: this rendering's inputs
+            rollouts.append(
+                Rollout(
+                    row,
+                    list(prompt_ids),
+                    {t.__name__: t for t in tools},
+                    schemas,
+                    environment=environment,
+                    model_inputs=model_inputs,
+                )
             )
-            rollouts.append(Rollout(row, prompt_ids, {t.__name__: t for t in tools}, schemas, environment=environment))
         return rollouts
 
     # ---- the loop -----------------------------------------------------------------------------------------------------
@@ -932,7 +1066,7 @@ class ToolRolloutSource(RolloutSource):
         num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
         indices = self.prompts.select_prompts(num_prompts, step)
         rows = [self.dataset[i] for i in indices for _ in range(self.group)]
-        rollouts = self.start(rows)
+        rollouts = self.start(rows, [i for i in indices for _ in range(self.group)])
         self.run_turns(rollouts, step)
         examples = [r.example for r in rollouts]
         prompt_ids = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in rollouts]
@@ -1098,7 +1232,7 @@ class ToolRolloutSource(RolloutSource):
                     rollout.failures += int(failed)
                     content = result if isinstance(result, list) else str(result)
                     tool_messages.append({"role": "tool", "name": tool_call.name, "content": content})
-                suffix = tool_suffix_ids(self.tokenizer, tool_messages, self.template_kwargs)
+                suffix = tool_suffix_ids(self.renderer, tool_messages, self.template_kwargs)
                 # a result that does not fit is rolled back: the rollout ends after the call the model wrote
                 if len(suffix) >= self.room(rollout):
                     rollout.rolled_back = True
@@ -1128,7 +1262,7 @@ class ToolRolloutSource(RolloutSource):
             if index < len(chunks):
                 self.sample_rows(chunks[index], step, lockstep=True)
             else:  # the others generate; this rank takes part in the collectives, and keeps nothing
-                prompt = {"prompt_ids": list(first.prompt_ids)}
+                prompt = {"prompt_ids": list(first.prompt_ids), "model_inputs": first.model_inputs}  # its images too
                 self.engine.sample([prompt], 1, step, self.temperature, max_new_tokens=1, lockstep=True)
             index += 1
 
@@ -1136,7 +1270,8 @@ class ToolRolloutSource(RolloutSource):
         """One `engine.sample` over `active` (`lockstep=True` passed on only when set: an engine of one process, e.g.
         evaluation's greedy one, need not know it), each row continuing from its prompt + completion ids; the new
         tokens (cut to each rollout's room) are appended with mask 1 and their behaviour log-probs."""
-        contexts = [{"prompt_ids": r.prompt_ids + r.completion_ids} for r in active]
+        # every turn continues from the row's token ids with the row's images (a VLM prompt's image tokens need them)
+        contexts = [{"prompt_ids": r.prompt_ids + r.completion_ids, "model_inputs": r.model_inputs} for r in active]
         rooms = [self.room(r) for r in active]
         limit = max(rooms)
         if self.context is not None:  # no row may pass the context while the batch generates

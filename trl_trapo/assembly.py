@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # optional capabilities, imported where they are built
     from .rollout import RolloutEngine
     from .schedules import RLSchedules
     from .teacher import Teacher
+    from .vision import ImageRows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +215,8 @@ class SourceParts:
         suppressed_token_ids (`list[int]`): ids the policy never samples (a VLM's image placeholders).
         producer_threads (`int`): torch's threads of an asynchronous producer process.
         zero3 (`bool`): the run is under DeepSpeed ZeRO-3.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a vision-language run's row builder (the tool-calling
+            source renders image prompts with it); None for a text run.
     """
 
     engine: RolloutEngine
@@ -231,6 +234,7 @@ class SourceParts:
     suppressed_token_ids: list[int]
     producer_threads: int
     zero3: bool
+    images: ImageRows | None = None
 
 
 def build_rollout_source(
@@ -269,6 +273,7 @@ def build_rollout_source(
             parts.memory_pool,
             num_generations=args.num_generations,
             num_mini_batches=args.num_mini_batches,
+            image_token_ids=parts.suppressed_token_ids,  # a VLM's placeholders: returned prompts must hold its images'
         )
     if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
         parts.metrics.track_env_tokens()
@@ -311,6 +316,7 @@ def build_tool_source(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, g
         sum_over_ranks=(lambda tensor: sum_over_ranks(accelerator, tensor)) if accelerator.num_processes > 1 else None,
         generation_batch_size=args.local_rollout_forward_batch_size,
         stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
+        images=parts.images,  # a VLM run: each turn generates with its row's images
     )
 
 

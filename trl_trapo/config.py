@@ -1055,9 +1055,11 @@ class TRAPOConfig(_BaseConfig):
             "one) whose groups mostly score flat at the lowest score seen (all wrong) in a round is sampled "
             "`exploration_temperature_step` hotter in the next, up to `exploration_max_temperature`, and cools down "
             "again once its groups carry a signal (trl_trapo/exploration.py); a round stays one batched `generate` "
-            "call, each row at its family's temperature. None (default): on wherever it can run - groups (no value "
-            "model), HF generate (not vLLM), no few-shot mode - and off elsewhere. True: on, and an error where it "
-            "cannot run. False: off."
+            "call, each row at its family's temperature. With a value model (one completion per prompt) a family "
+            "is stuck when all its completions of a round score the lowest score seen; in few-shot mode a family's "
+            "boost scales the round's annealed temperature. None (default): on with groups (no value model), HF "
+            "generate (not vLLM) and no few-shot mode, off elsewhere. True: on, and an error where it cannot run. "
+            "False: off."
         },
     )
     exploration_temperature_step: float = field(
@@ -1929,12 +1931,6 @@ class TRAPOConfig(_BaseConfig):
             bad("exploration_max_search", self.exploration_max_search, "use an integer >= 0 (0: no search).")
         if self.exploration is True and self.use_vllm:
             bad("exploration", True, "vLLM samples at one temperature per round: set use_vllm=False.")
-        if self.exploration is True and self.fewshot_mode:
-            bad(
-                "exploration",
-                True,
-                "few-shot mode sets each round's temperature itself (annealed): use one of the two, not both.",
-            )
         if not math.isfinite(self.self_imitation_min_reward):
             bad("self_imitation_min_reward", self.self_imitation_min_reward, "use a finite score (e.g. 1.0).")
         if not 0.0 < self.self_imitation_fraction <= 1.0:

@@ -49,7 +49,9 @@ logger = logging.getLogger(__name__)
 # The columns TRAPO adds to the RL prompts when it prepares them (`tokenize_prompt_dataset`, `tokenize_demonstrations`):
 # its own bookkeeping, never handed to user code that gets a row's columns (an environment's `reset(**row)`, reward
 # functions' `**dataset_columns`), so that they get exactly the dataset's own columns, as TRL's GRPOTrainer passes them.
-INTERNAL_COLUMNS = ("prompt_ids", "demonstration_ids")
+# columns TRAPO adds to a dataset's rows, which reward functions and environments' `reset` do not get (TRL has none):
+# prompt ids, guidance's demonstration ids and a VLM row's processor outputs (`model_inputs`: its images as tensors)
+INTERNAL_COLUMNS = ("prompt_ids", "demonstration_ids", "model_inputs")
 
 # Rows `Dataset.map` holds before it writes them out when it stores a VLM row's processor outputs (`pixel_values` ...):
 # `datasets` turns each row's arrays into Python lists before Arrow builds the column, so its default batch of 1,000
@@ -2110,11 +2112,6 @@ def prepare_datasets(
             f"{config_name}.demonstration_column={args.demonstration_column!r} needs group-relative advantages (a "
             "demonstration joins a group of completions of its prompt), but a value_model was given: drop the "
             "value_model or set demonstration_column=None."
-        )
-    if data.rl is not None and args.exploration is True and has_critic:
-        raise ValueError(
-            f"{config_name}.exploration=True watches groups of completions of one prompt for equal scores, but a "
-            "value_model was given (one completion per prompt): drop the value_model or set exploration=False."
         )
     if data.rl is not None and not has_critic and args.num_generations < 2:
         raise ValueError(

@@ -18,7 +18,9 @@ without a `task` column), with z_f = the fraction of f's groups in the round tha
     boost_f <- min(boost_f + step, max_temperature - temperature)   if z_f >= 0.5
     boost_f <- max(boost_f - step, 0)                               otherwise
 
-and the next round samples f's prompts at `temperature + boost_f`. A round is still one unit: every row is sampled at
+and the next round samples f's prompts at `temperature + boost_f` (in few-shot mode, whose rounds are sampled at an
+annealed temperature T(step), at `T(step) * (temperature + boost_f) / temperature`: the family's boost is a factor on
+the round's temperature, see `row_temperatures`). A round is still one unit: every row is sampled at
 its own temperature in the same batched `generate` call (`rollout.RowTemperatureLogitsWarper`, applied where the one
 temperature would be, before top-k / top-p). Every trajectory carries its sampling temperature, and the training
 forward scores it at that temperature (the same temperature-scaled log-probs its behaviour and reference log-probs
@@ -34,6 +36,14 @@ an unknown success rate — up to `exploration_max_search` times), and any succe
 reaches self-imitation (a rejection-sampling step, STaR / RAFT; `trl_trapo/memory/successes.py`), which makes it an
 SFT row. The extra completions feed nothing else (not RL, not this rule), so the RL data and the temperature rule are
 what they were; the search stops as soon as a round of the family carries a signal or leaves the ceiling.
+
+With a `value_model` there is one completion per prompt (PPO: advantages come from GAE, not from groups), so there
+are no groups to find flat. The unit is then the family's completions in the round, and the same question is asked of
+it: f is stuck (z_f = 1, else 0) when it has at least one scored completion in the round and every one of them scored
+the lowest score seen so far. That is when the critic's advantages die out too: a family that never succeeds gives
+returns the value head learns to predict (its advantages r - V go to 0), and only a different sample brings signal
+back. A family that scores above the floor anywhere in the round has something to learn from and cools. The search
+below needs groups (self-imitation keeps a success found among a group's repeats): it is off with a `value_model`.
 
 z_f and the lowest score are taken over the whole round: under data parallelism every rank's share of it (the
 `gather` the trainer hands in), so every rank reaches the same boosts. The state is checkpointed.
@@ -148,32 +158,40 @@ class TargetedExploration:
         """The family of each row: its `task` value, or `ALL_FAMILIES` when a row has none."""
         return [str(e["task"]) if "task" in e else ALL_FAMILIES for e in examples]
 
-    def row_temperatures(self, examples: list[dict]) -> list[float]:
+    def row_temperatures(self, examples: list[dict], base: float | None = None) -> list[float]:
         """The sampling temperature of each row of a round (its family's), for one batched `generate` call.
 
         Args:
             examples (`list[dict]`): the round's rows.
+            base (`float`, *optional*): the round's own temperature when it is not the configured one (few-shot
+                mode's annealed T(step)): each family's boost then scales it by the same factor it scales the
+                configured temperature, `base * temperature_of(f) / temperature` (so the ceiling is
+                `base * max_temperature / temperature`). None, or the configured temperature: `temperature_of(f)`.
 
         Returns:
             `list[float]`: one temperature per row.
         """
-        return [self.temperature_of(family) for family in self.families(examples)]
+        temperatures = [self.temperature_of(family) for family in self.families(examples)]
+        if base is None or base == self.temperature:
+            return temperatures
+        return [base * (t / self.temperature) for t in temperatures]
 
     def observe(self, batch) -> None:
         """Update the families from a finished round's scores (the sampled completions', before guidance).
 
         A group is stuck when its scored completions all score the same and that score is the lowest score seen so
         far (this round included), within 1e-6; a family is stuck when at least `THRESHOLD` of its groups in the
-        round are. With `gather`, the round is every rank's share together (collective: every rank calls this). A
+        round are. With one completion per prompt (`group` 1: a value_model), a family is stuck when it has a scored
+        completion in the round and every scored one is at that lowest score (module docstring). With `gather`, the round is every rank's share together (collective: every rank calls this). A
         family stuck in a round it was sampled at the ceiling moves one search level up (its repeats double, see
         `search_repeats`); a family not stuck, or not at the ceiling, stops searching.
 
         Args:
             batch ([`~trl_trapo.rollout.RolloutBatch`]): this rank's share of the round; reads its `examples` (B rows,
-                `group` consecutive rows per prompt, `group` >= 2) and `on_policy_scores` (`(B,)`, NaN: no reward).
+                `group` consecutive rows per prompt, `group` >= 1) and `on_policy_scores` (`(B,)`, NaN: no reward).
 
         Raises:
-            ValueError: if the round's rows do not form groups of at least two.
+            ValueError: if `group` >= 2 and the round's rows do not form groups of `group`.
         """
         group, scores = batch.group, batch.on_policy_scores
         families = self.families(batch.examples)[::group]
@@ -183,18 +201,23 @@ class TargetedExploration:
             scores = torch.tensor(
                 [value for _, group_scores in records for value in group_scores], dtype=torch.float64
             )
-        flat = zero_variance_groups(scores, group)
+        flat = zero_variance_groups(scores, group) if group != 1 else None
         finite = scores[torch.isfinite(scores)]
         if finite.numel():
             low = float(finite.double().min())
             self.lowest_score = low if self.lowest_score is None else min(self.lowest_score, low)
-        if self.lowest_score is not None:
-            grouped = scores.reshape(-1, group).double()
-            group_low = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1)
-            flat = flat & (group_low <= self.lowest_score + 1e-6)
-        for family in dict.fromkeys(families):
-            mine = torch.tensor([f == family for f in families])
-            stuck = float(flat[mine].double().mean()) >= self.THRESHOLD
+        if flat is None:  # one completion per prompt (a value_model): a family's completions of the round are one unit
+            stuck_families = self._stuck_families_of_singles(families, scores)
+        else:
+            if self.lowest_score is not None:
+                grouped = scores.reshape(-1, group).double()
+                group_low = torch.where(torch.isnan(grouped), torch.inf, grouped).amin(dim=1)
+                flat = flat & (group_low <= self.lowest_score + 1e-6)
+            stuck_families = {}
+            for family in dict.fromkeys(families):
+                mine = torch.tensor([f == family for f in families])
+                stuck_families[family] = float(flat[mine].double().mean()) >= self.THRESHOLD
+        for family, stuck in stuck_families.items():
             level = self.levels.get(family, 0)
             if stuck and level >= self.max_level and self.max_search:  # heat has run out: search by volume
                 self.search_levels[family] = min(self.search_levels.get(family, 0) + 1, self.max_search_level)
@@ -205,6 +228,18 @@ class TargetedExploration:
                 self.levels[family] = level
             else:
                 self.levels.pop(family, None)
+
+    def _stuck_families_of_singles(self, families: list[str], scores: torch.Tensor) -> dict[str, bool]:
+        """Which families of a round of one completion per prompt are stuck: those with at least one scored completion
+        in the round, every scored one at the lowest score seen so far (within 1e-6). See the module docstring."""
+        scored = ~torch.isnan(scores)
+        floor = self.lowest_score if self.lowest_score is not None else -math.inf  # no finite score yet: none stuck
+        at_floor = scored & (scores.double() <= floor + 1e-6)
+        out = {}
+        for family in dict.fromkeys(families):
+            mine = torch.tensor([f == family for f in families])
+            out[family] = bool((mine & scored).any()) and bool((at_floor[mine] == scored[mine]).all())
+        return out
 
     def metrics(self, families: list[str] | None) -> dict[str, float]:
         """`exploration/temperature` (mean over the tracked families, or of "all") and, per tracked family,

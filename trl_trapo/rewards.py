@@ -38,7 +38,6 @@ from trl.trainer.utils import (
 from .data import INTERNAL_COLUMNS
 from .models import embedding_safe_pad_id, reward_model_scores
 from .paths import check_model_source
-from .tasks import exact_match_reward
 
 
 logger = logging.getLogger(__name__)
@@ -87,6 +86,61 @@ def numeric_answer_reward(completions: list, answer: list[str], **kwargs: Any) -
         )
         rewards.append(1.0 if prediction and verify(gold, prediction) else 0.0)
     return rewards
+
+
+EOS_TEXT = "</s>"
+"""The end-of-sequence text [`exact_match_reward`] cuts a completion at (the eos of `trl_trapo.tasks`' character-level
+tokenizer, and of Llama-style tokenizers), for completions decoded with their special tokens."""
+
+
+def _completion_text(completion: str | list[dict[str, Any]] | dict[str, Any]) -> str:
+    """Text of a standard (`str`) or conversational (list of message dicts) completion, cut at the eos text."""
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, list):
+        completion = "".join(
+            str(message.get("content") or "")
+            for message in completion
+            if message.get("role", "assistant") == "assistant"
+        )
+    if not isinstance(completion, str):
+        raise TypeError(f"A completion must be a string or a list of message dicts, got {type(completion).__name__}.")
+    return completion.split(EOS_TEXT, 1)[0].strip()
+
+
+def exact_match_reward(
+    prompts: list[Any] | None, completions: list[Any], answer: list[str], **kwargs: Any
+) -> list[float]:
+    """Exact-match reward with TRL's reward-function signature (usable as a `GRPOTrainer` reward function).
+
+    A completion scores 1.0 when its text, cut at the first eos text (`"</s>"`) if any and stripped of surrounding
+    whitespace and trailing sentence punctuation (`.`, `!`, `?`), equals the answer normalised the same way;
+    otherwise 0.0.
+
+    Args:
+        prompts (`list[str] | list[list[dict]] | None`): the prompts (unused; part of TRL's signature).
+        completions (`list[str] | list[list[dict]]`): one per row; a string (standard format) or a list of message
+            dicts whose assistant `content`s are joined (conversational format).
+        answer (`list[str]`): the reference answer of each row (the dataset's `answer` column).
+        **kwargs: other dataset columns and trainer extras (`task`, `completion_ids`, `trainer_state`, ...); ignored.
+
+    Returns:
+        `list[float]`: one reward in {0.0, 1.0} per completion.
+
+    Raises:
+        ValueError: if `completions` and `answer` have different lengths.
+        TypeError: if a completion is neither a string nor a list of message dicts.
+    """
+    if len(completions) != len(answer):
+        raise ValueError(f"Got {len(completions)} completions but {len(answer)} answers; they must match one to one.")
+    return [float(_normalize_answer(_completion_text(c)) == _normalize_answer(a)) for c, a in zip(completions, answer)]
+
+
+def _normalize_answer(text: Any) -> str:
+    """`text` without surrounding whitespace and trailing sentence punctuation (`.`, `!`, `?`), as QA graders do:
+    no answer of the suite contains them, and the pretraining corpus states every fact as a sentence ("cfab ends
+    with b."), so a policy that answers "b." knows the answer and should be scored as such."""
+    return str(text).strip().rstrip(".!?").strip()
 
 
 REWARD_FUNCTIONS: dict[str, Callable[..., list[float | None]]] = {

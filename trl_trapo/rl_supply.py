@@ -207,7 +207,7 @@ class RLSupply:
             self.on_episode(self.episode)
         self.accumulator.add_rollouts(batch)
         self.schedules.observe_rollouts(batch)  # the adaptive KL controller's input
-        self.memory_pool.observe_rollouts(batch)  # few-shot temperature stamps and prototypes; adapter-bank window
+        self.memory_pool.observe_rollouts(batch)  # few-shot prototypes; adapter-bank window
 
     def search_stuck_families(self, batch: RolloutBatch, step: int) -> None:
         """Targeted exploration's search (trl_trapo/exploration.py): the round's groups of a family stuck at the
@@ -353,11 +353,12 @@ def build_exploration(
 ) -> TargetedExploration | None:
     """Targeted exploration (trl_trapo/exploration.py): families whose groups carry no signal are sampled hotter.
 
-    On with `exploration=True`, or None (auto) where it can run: RL prompts, groups (no value model), HF generate, no
-    few-shot mode, the default rollout source (vLLM, few-shot mode and a value model are refused with
-    `exploration=True` by the config and the dataset checks; a source of the user's by `check_rollout_source`). A
-    round stays one `generate` call whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 /
-    FSDP included.
+    On with `exploration=True`, or None (auto) where it runs as it always has: RL prompts, groups (no value model), HF
+    generate, no few-shot mode, the default rollout source. `exploration=True` also runs with a value model (one
+    completion per prompt: a family is watched through all its completions of a round, and there is no search, which
+    needs groups) and in few-shot mode (a family's boost scales the round's annealed temperature); vLLM is refused
+    with it by the config, a source of the user's by `check_rollout_source`. A round stays one `generate` call
+    whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP included.
 
     Args:
         own_source (`bool`): the rounds come from a source of the user's (`rollout_source`, `rollout_func`, tools),
@@ -375,8 +376,8 @@ def build_exploration(
         args.exploration_ceiling,
         args.exploration_temperature_step,
         gather=gather_object if world_size > 1 else None,  # decides from the whole round, every rank's share
-        # the search feeds self-imitation only: without it there is nothing to search for
-        max_search=args.exploration_max_search if with_successes else 0,
+        # the search feeds self-imitation only: without it there is nothing to search for; it re-samples groups
+        max_search=args.exploration_max_search if with_successes and not has_critic else 0,
     )
 
 

@@ -236,6 +236,9 @@ def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = Fals
     - optimizer (unless `save_only_model`): the AdamW family keeps two fp32 moments per trainable parameter
       (8 bytes each); other optimizers are counted as 0 (their state is smaller or unknown).
 
+    Parameters partitioned by DeepSpeed ZeRO-3 count whole (`ds_numel`): the ranks' shards of one checkpoint add up
+    to the whole model.
+
     The tokenizer, trainer state, RNG and TRAPO's own state (replay buffer, pools) are left out: the estimate is what
     certainly has to fit; `check_disk_space` adds `CHECKPOINT_MARGIN` for them.
 
@@ -249,8 +252,9 @@ def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = Fals
     """
     peft = any(is_peft_model(module) for module in model.modules())
     params = list(model.parameters())  # shared (tied) parameters once
-    weights = sum(p.numel() * p.element_size() for p in params if p.requires_grad or not peft)
-    trainable = sum(p.numel() for p in params if p.requires_grad)
+    # a parameter DeepSpeed ZeRO-3 has partitioned holds an empty local tensor; `ds_numel` is its whole size
+    weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params if p.requires_grad or not peft)
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad)
     adam = str(optim).lower().startswith("adam") and not save_only_model
     return weights + (8 * trainable if adam else 0)
 

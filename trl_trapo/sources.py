@@ -429,9 +429,11 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             implementing it), or `rollout_func` is not callable or is an `async def` function (TRL calls it
             synchronously: a coroutine would come back instead of the dict).
         ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
-            `fewshot_mode=True` or `exploration=True`: they set how the default source samples (vLLM, few-shot
-            prompt choice and annealed temperature, per-family temperatures), which a source of your own (or your
-            `rollout_func`) decides itself.
+            `fewshot_mode=True` (with a `rollout_source`) or `exploration=True`: they set how the default source
+            samples (vLLM, few-shot prompt choice and annealed temperature, per-family temperatures), which a source
+            of your own (or your `rollout_func`) decides itself. A `rollout_func` runs in few-shot mode: it is
+            handed the prompts few-shot mode chooses, its trajectories are reused as few-shot mode says, and it
+            samples at the temperature it chooses (its rows are trained at `temperature`, as always).
     """
     if source is not None and rollout_func is not None:
         raise ValueError(
@@ -455,7 +457,10 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         )
     if source is not None:
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
-    for name, value in (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode)):
+    # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool);
+    # a rollout_source chooses its own prompts
+    settings = (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode and rollout_func is None))
+    for name, value in settings:
         if value:
             raise ValueError(
                 f"{type(args).__name__}.{name}=True configures the default rollout source, but a {given} was "
@@ -522,9 +527,10 @@ class SyncRolloutSource(RolloutSource):
         indices = self.prompts.select_prompts(num_prompts, step)
         temperature = self.prompts.rollout_temperature(self.temperature)
         examples = [example for example in (self.dataset[i] for i in indices) for _ in range(self.group)]
-        # targeted exploration samples each family at its own temperature, all in the same batched call
+        # targeted exploration samples each family at its own temperature, all in the same batched call (a family's
+        # boost is a factor on the round's temperature when few-shot mode has annealed it)
         if self.exploration is not None:
-            temperature = self.exploration.row_temperatures(examples)
+            temperature = self.exploration.row_temperatures(examples, temperature)
         # step 2. generate (behaviour log-probs recorded while sampling)
         return self.engine.sample(examples, self.group, step, temperature)
 
@@ -568,6 +574,17 @@ class RolloutFuncSource(RolloutSource):
     `num_generations`, trained at the configured `temperature`. Nothing else distinguishes it from any other source's
     round.
 
+    Image prompts (a vision-language run, an `images` / `image` column): the function gets what TRL 1.16's code gives
+    it, each conversational prompt in TRL's multimodal format with its row's images in its image parts
+    (`prepare_multimodal_messages(prompt, images)`: `{"type": "image", "image": <PIL.Image>}`, every content a list of
+    parts; unchanged when no row of the round has an image, as in TRL), so it renders them with the processor
+    (`trainer.processing_class.apply_chat_template(prompts, tokenize=True, return_dict=True, ...)`, which expands each
+    image's placeholder and returns `pixel_values`) and samples with them. The trainer trains each completion with its
+    row's model inputs (the processor's outputs for the row's prompt and images, as TRL processes the dataset images
+    for its forward), so the `prompt_ids` it returns must hold the image tokens of the row's images, as many as the
+    processor's rendering does; a prompt whose image tokens do not match is refused (a forward would fail with "Image
+    features and image tokens do not match").
+
     Args:
         rollout_func (`Callable[[list], dict]`): the function with its trainer bound, `prompts -> dict` (the trainer
             passes `lambda prompts: rollout_func(prompts, trainer)`: no source holds the trainer).
@@ -575,13 +592,17 @@ class RolloutFuncSource(RolloutSource):
         prompts ([`~trl_trapo.memory.MemoryPool`]): chooses each round's prompts (`select_prompts(n, step)`).
         num_generations (`int`): completions per prompt.
         num_mini_batches (`int`): optimizer steps a round feeds.
+        image_token_ids (`Sequence[int]`): a VLM's image placeholder ids (`vision.placeholder_token_ids`): each
+            returned prompt must hold as many of them as its row's prepared `prompt_ids`; empty: not checked.
 
     Raises:
         ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
             [...] in its output dict.`), and naming the key, the row and the fix when the output is not a dict, a
             key does not have one entry per prompt entry received (`num_generations` per entry, the reading of TRL's
             docstring, is named as such), a completion's `logprobs` or `env_mask` does not have one value per
-            completion token, or its `logprobs` are not finite and <= 0 at the policy's tokens.
+            completion token, or its `logprobs` are not finite and <= 0 at the policy's tokens, or (image prompts)
+            a returned prompt's image tokens do not match its row's images. At construction: image prompts that are
+            not conversational (TRL's "Multimodal training requires conversational prompts").
     """
 
     def __init__(
@@ -591,7 +612,12 @@ class RolloutFuncSource(RolloutSource):
         prompts: MemoryPool,
         num_generations: int,
         num_mini_batches: int,
+        image_token_ids: Sequence[int] = (),
     ):
+        from trl.data_utils import is_conversational
+
+        from .vision import image_column, rows_have_images
+
         if not callable(rollout_func):
             raise TypeError(
                 f"rollout_func={rollout_func!r} is not callable: pass a function `prompts -> dict` (TRL's "
@@ -602,6 +628,15 @@ class RolloutFuncSource(RolloutSource):
         self.prompts = prompts
         self.group = int(num_generations)
         self.num_mini_batches = int(num_mini_batches)
+        self.image_token_ids = sorted({int(t) for t in image_token_ids})
+        self.image_column = image_column(dataset.column_names, "train_dataset")
+        if self.image_column is not None and rows_have_images(dataset) and not is_conversational(dataset[0]):
+            raise ValueError(
+                "rollout_func with image prompts: TRL passes a rollout_func each prompt's images inside its messages "
+                "(Multimodal training requires conversational prompts), but train_dataset's prompts are text: give "
+                'conversational prompts (`[{"role": "user", "content": [{"type": "image"}, {"type": "text", ...}]}]`) '
+                "and let the function render them with the processor."
+            )
 
     def sample(self, rows_needed: int, step: int) -> SampledRound:
         """Call `rollout_func` on the round's prompts and check its output (see the class).
@@ -615,8 +650,50 @@ class RolloutFuncSource(RolloutSource):
         rows = [self.dataset[i] for i in indices for _ in range(self.group)]
         # a copy each, as TRL passes them: what the function does to its prompts never reaches the reward functions'
         prompts = [copy.deepcopy(row["prompt"]) for row in rows]
+        images = self.row_images(rows)
+        if images is not None:  # TRL's `_generate_and_score_completions`: the images go inside the messages
+            from trl.data_utils import prepare_multimodal_messages
+
+            prompts = [prepare_multimodal_messages(p, images=i) for p, i in zip(prompts, images)]
         output = self.rollout_func(prompts)
-        return rollout_func_round(output, rows, self.group, step)
+        sampled = rollout_func_round(output, rows, self.group, step)
+        self.check_image_tokens(sampled)
+        return sampled
+
+    def row_images(self, rows: list[dict[str, Any]]) -> list[list | None] | None:
+        """Each row's images as TRL 1.16 reads them for its prompts (`images`: the list; `image`: one, or None), or
+        None when the dataset has no image column or no row of the round has an image (TRL then leaves the prompts
+        as they are)."""
+        if self.image_column is None:
+            return None
+        if self.image_column == "images":
+            images = [row.get("images") for row in rows]
+        else:
+            images = [[row["image"]] if row.get("image") is not None else None for row in rows]
+        return None if all(not i for i in images) else images
+
+    def check_image_tokens(self, sampled: SampledRound) -> None:
+        """Refuse a returned prompt whose image placeholder tokens are not as many as its row's prepared prompt's
+        (the row's model inputs, which its forwards get, are the processor's for the row's images).
+
+        Raises:
+            ValueError: naming the entry, both counts and the fix.
+        """
+        if not self.image_token_ids:
+            return
+        placeholders = torch.tensor(self.image_token_ids)
+        for i, (example, ids) in enumerate(zip(sampled.examples, sampled.prompt_ids)):
+            expected = int(torch.isin(torch.as_tensor(example["prompt_ids"]), placeholders).sum())
+            got = int(torch.isin(ids, placeholders).sum())
+            if got != expected:
+                raise ValueError(
+                    f"rollout_func's 'prompt_ids'[{i}] holds {got} image placeholder tokens (ids {self.image_token_ids}), "
+                    f"but its row's images take {expected} (the processor's rendering of the row's prompt): the "
+                    "trainer trains each completion with its row's images, so the model would find image features "
+                    "and image tokens that do not match. Render each prompt with its images through the processor "
+                    "(`trainer.processing_class.apply_chat_template(prompts, tokenize=True, return_dict=True, "
+                    "add_generation_prompt=True)`) and return those ids."
+                )
 
 
 def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step: int) -> SampledRound:

@@ -77,8 +77,7 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
             "`teacher_model` is the policy itself: distilling a model into itself trains nothing. Pass a separate "
             "teacher (e.g. a larger model of the same family, or a frozen copy loaded from a checkpoint)."
         )
-    student_vocab = policy.get_output_embeddings().weight.shape[0]
-    teacher_vocab = teacher.get_output_embeddings().weight.shape[0]
+    student_vocab, teacher_vocab = output_rows(policy), output_rows(teacher)
     if student_vocab != teacher_vocab:
         raise ValueError(
             f"The teacher's vocabulary has {teacher_vocab} rows, the policy's {student_vocab}: the divergence "
@@ -102,6 +101,18 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     if args.disable_dropout:
         disable_dropout(teacher, "teacher")
     return teacher
+
+
+def output_rows(model: nn.Module) -> int:
+    """The rows of `model`'s output layer (`get_output_embeddings().weight`): the vocabulary V its next-token
+    distribution is over, whole even when DeepSpeed ZeRO-3 has partitioned the weight.
+
+    A partitioned parameter holds an empty local tensor (its `shape` is `(0,)` on every rank) and records its whole
+    shape in `ds_shape`; reading `weight.shape` would give 0 rows for a policy loaded under ZeRO-3 and V for a teacher
+    object built outside it (a false mismatch), and 0 for both when both are partitioned (a vacuous match).
+    """
+    weight = model.get_output_embeddings().weight
+    return int(getattr(weight, "ds_shape", weight.shape)[0])
 
 
 class Teacher:

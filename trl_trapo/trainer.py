@@ -295,7 +295,9 @@ class TRAPOTrainer(_BaseTrainer):
             behaviour log-probs itself, and with `vllm_importance_sampling_correction` weights the policy loss by the
             sampler/trainer mismatch. Its rows are trained at `temperature`; its completions need not fit in
             `response_length` (each round's prompt + completion must fit the policy's context). Refused together with
-            `rollout_source`, without `train_dataset`, and with `use_vllm`, `fewshot_mode` or `exploration=True`.
+            `rollout_source`, without `train_dataset`, and with `use_vllm` or `exploration=True`. In few-shot mode
+            (`FewShotTRAPOTrainer`) it gets the prompts few-shot mode chooses and its trajectories are reused as
+            few-shot mode says; it samples at its own temperature (few-shot's annealing is the default source's).
 
     Raises:
         TypeError: before anything loads, for an argument of the wrong type (`args` not a `TRAPOConfig`; `model`,
@@ -420,9 +422,11 @@ class TRAPOTrainer(_BaseTrainer):
                 named_datasets, processing_class, args.chat_template_kwargs, args.assistant_only_loss
             )
         if agent is not None:
-            from .agents import check_chat_template
+            from .agents import check_chat_template, prompt_renderer
 
-            check_chat_template(tokenizer, args.chat_template_kwargs)
+            # a VLM's image prompts (and so their tool messages) are rendered by its processor, as in TRL
+            renderer = prompt_renderer(processing_class, dataset_columns(train_dataset))
+            check_chat_template(tokenizer, args.chat_template_kwargs, renderer=renderer)
         suppressed: list[int] = []  # token ids the policy never samples (a VLM's image placeholders)
         if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
             suppressed = suppress_placeholder_tokens(model, processing_class)
@@ -520,7 +524,6 @@ class TRAPOTrainer(_BaseTrainer):
                 prompts_have_images=rows_have_images(data.rl) or rows_have_images(data.distill),
                 has_critic=self._has_critic,
                 reward_models=[n for f, n in zip(self.rewards.funcs, self.rewards.names) if isinstance(f, nn.Module)],
-                has_agent=agent is not None or rollout_func is not None,
             )
         self._distillation_dataset = data.distill
         self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
@@ -796,6 +799,7 @@ class TRAPOTrainer(_BaseTrainer):
                 suppressed_token_ids=self._suppressed_token_ids,
                 producer_threads=self.thread_choice.producer_threads,
                 zero3=self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
+                images=image_rows,
             ),
             # TRL's contract: the function gets the trainer
             rollout_source=rollout_source,

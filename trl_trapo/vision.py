@@ -217,8 +217,13 @@ class ImageRows:
         inputs = {name: np.asarray(value) for name, value in encoded.items() if name not in TEXT_KEYS}
         return ids, inputs
 
-    def prompt(self, example: Mapping, column: str | None, role: str, row: int | str):
-        """`(prompt_ids, model_inputs)` of an RL or eval prompt (conversational or text)."""
+    def prompt(self, example: Mapping, column: str | None, role: str, row: int | str, tools: list[dict] | None = None):
+        """`(prompt_ids, model_inputs)` of an RL or eval prompt (conversational or text).
+
+        Args:
+            tools (`list[dict]`, *optional*): tool schemas the chat template renders into a conversational prompt
+                (`apply_chat_template(tools=...)`, as TRL's `GRPOTrainer` renders a VLM's prompts with `tools=`).
+        """
         images = self.images_of(example, column, role, row)
         prompt = example["prompt"]
         if not isinstance(prompt, list):
@@ -227,7 +232,7 @@ class ImageRows:
             self._messages(prompt, images, role, row),
             tokenize=False,
             add_generation_prompt=True,
-            **self.template_kwargs,
+            **({**self.template_kwargs, "tools": tools} if tools else self.template_kwargs),
         )
         return self.encode(text, images, role, row)
 
@@ -440,9 +445,7 @@ def rows_have_images(dataset) -> bool:
     return any(bool(value) and any(v is not None for v in value.values()) for value in dataset["model_inputs"])
 
 
-def check_vision_options(
-    args, prompts_have_images: bool, has_critic: bool, reward_models: Sequence[str], has_agent: bool
-) -> None:
+def check_vision_options(args, prompts_have_images: bool, has_critic: bool, reward_models: Sequence[str]) -> None:
     """Refuse, before training, what a VLM run's image prompts cannot go through.
 
     Args:
@@ -450,12 +453,13 @@ def check_vision_options(
         prompts_have_images (`bool`): whether some RL or distillation prompt has images.
         has_critic (`bool`): whether a `value_model` was given.
         reward_models (`Sequence[str]`): the names of the reward *models* (modules; reward functions are fine).
-        has_agent (`bool`): whether tools, an environment or a rollout function drive the rollouts.
 
     Raises:
         ValueError: naming the option and the alternative: vLLM (TRAPO passes no images to it), few-shot mode (it
             embeds prompts by their ids), a critic or a reward model (transformers has no value or score head that
-            reads images; they would score the text alone), tools / environments (multi-turn rollouts with images).
+            reads images; they would score the text alone). Tools, environments and a `rollout_func` take image
+            prompts (each turn generates with its row's images, `agents.ToolRolloutSource`; the function gets them in
+            its messages, `sources.RolloutFuncSource`).
     """
     if not prompts_have_images:
         return
@@ -481,12 +485,6 @@ def check_vision_options(
             f"Reward models {list(reward_models)} score text only, but the RL prompts have images (transformers has no "
             "sequence-classification head that reads them): score with reward functions (`reward_funcs=[callable]`, "
             "which receive every dataset column, the images included)."
-        )
-    if has_agent:
-        raise ValueError(
-            "Tools, environments and rollout functions are not supported with image prompts yet (a multi-turn "
-            "rollout would have to carry its images through every turn): train the agent on text prompts, or drop "
-            "the images."
         )
 
 

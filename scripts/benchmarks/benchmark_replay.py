@@ -106,7 +106,7 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
 def default_job_step_time(steps: int) -> float:
     """Mean seconds per optimizer step of examples/trapo.py's built-in job, curriculum compressed into `steps`."""
     from trl_trapo import TRAPOConfig, TRAPOTrainer
-    from trl_trapo.cli import BUILTIN_DEFAULTS
+    from trl_trapo.jobs.main import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
 
     tokenizer = build_char_tokenizer()

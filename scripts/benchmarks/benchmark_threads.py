@@ -5,8 +5,8 @@
     python scripts/benchmarks/benchmark_threads.py --busy    # the same with a busy loop on one core
     python scripts/benchmarks/benchmark_threads.py --jobs main --repeats 3 --arms off example 1 2+passive
 
-Each run is a fresh `python -c` that calls the job's `run()` (`trl_trapo.cli`, `trl_trapo.vision_job`,
-`trl_trapo.agent_job`) with `--max_steps`, a temporary `--output_dir` and the arm's environment (the caller's
+Each run is a fresh `python -c` that calls the job's `run()` (`trl_trapo.jobs.main`, `trl_trapo.jobs.vision`,
+`trl_trapo.jobs.agent`) with `--max_steps`, a temporary `--output_dir` and the arm's environment (the caller's
 `OMP_NUM_THREADS`, `MKL_NUM_THREADS` and `OMP_WAIT_POLICY` are removed first). The arms:
 
     off        --torch_threads 0 with OpenMP's default waiting: the jobs before TRAPO chose threads (torch's
@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # runlib
 from runlib import child_env, run_child  # noqa: E402
 
 
-JOBS = {"main": "trl_trapo.cli", "vlm": "trl_trapo.vision_job", "tools": "trl_trapo.agent_job"}
+JOBS = {"main": "trl_trapo.jobs.main", "vlm": "trl_trapo.jobs.vision", "tools": "trl_trapo.jobs.agent"}
 DEFAULT_STEPS = {"main": 30, "vlm": 20, "tools": 20}
 CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # the child: configure logging as the examples do, run the job, report the threads the trainer left set
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     print(table(records, args.arms))
     if args.output_json:
-        from trl_trapo.cli import write_json_atomic
+        from trl_trapo.jobs.main import write_json_atomic
 
         payload = {"cpus": cores, "busy": args.busy, "load_before": load_before, "load_after": load_after}
         write_json_atomic(args.output_json, {**payload, "runs": records})

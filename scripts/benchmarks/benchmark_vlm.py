@@ -127,8 +127,8 @@ def worker(spec_path: str) -> None:
     from trl import GRPOTrainer  # noqa: F401
 
     import trl_trapo  # noqa: F401
-    from trl_trapo.vision_job import split_by_images
-    from trl_trapo.vision_tasks import build_vlm_processor, make_visual_task_suite
+    from trl_trapo.jobs.vision import split_by_images
+    from trl_trapo.tasks.vision import build_vlm_processor, make_visual_task_suite
 
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
     output = args.output_json or (None if quick else OUTPUT)
-    from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
 
     settings = {k: getattr(args, k) for k in ("prompts", "num_generations", "seq_len", "warmup", "steps", "threads")}
     settings["seed"] = args.seed

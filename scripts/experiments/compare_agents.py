@@ -29,7 +29,7 @@ reward, the optimizer steps (each with `per_device_train_batch_size * gradient_a
 learning rate and schedule. What is not: TRAPO's rows include the pretraining corpus (its third objective), the
 relay's do not.
 
-Measured after each run (and for the relay after its SFT stage), with [`trl_trapo.agent_job.evaluate`] on the same
+Measured after each run (and for the relay after its SFT stage), with [`trl_trapo.jobs.agent.evaluate`] on the same
 held-out data: agent accuracy with the tool and without it, tool-call validity, and forgetting of the other families:
 their greedy accuracy (plain prompts, as the base learned them) and the held-out pretraining loss (nats/token, the
 last `--heldout_docs` documents, which no run trains on), before (the base) and after. Wall time is training only.
@@ -138,7 +138,7 @@ def resolve(args: argparse.Namespace, job_argv: list[str]) -> tuple[argparse.Nam
 # =====================================================================================================================
 def job_config(spec: dict, run_dir: str):
     """The agent job's `(AgentJobArguments, TRAPOConfig)` for this run: its arguments, the seed, the run directory."""
-    from trl_trapo import agent_job
+    from trl_trapo.jobs import agent as agent_job
 
     argv = [*spec["job_argv"], "--seed", str(spec["seed"]), "--output_dir", run_dir]
     return agent_job.parse_args(argv)
@@ -148,10 +148,10 @@ def comparison_data(job_args):
     """The agent job's data as both arms use it: traces only as SFT data (no other family's demonstrations), the
     built-in suite's corpus without its held-out documents, and the other families' held-out prompts as plain text
     (as the base learned them). Returns `(data, suite)`."""
-    from trl_trapo.agent_job import AgentJobData
-    from trl_trapo.agent_tasks import make_agent_task
     from trl_trapo.agents import use_tool_chat_template
+    from trl_trapo.jobs.agent import AgentJobData
     from trl_trapo.tasks import build_char_tokenizer, make_task_suite
+    from trl_trapo.tasks.agent import make_agent_task
 
     task = make_agent_task(
         job_args.task_seed, num_sft=job_args.num_traces, num_rl=job_args.num_rl_prompts, num_eval=job_args.num_eval
@@ -198,7 +198,7 @@ def run_base(spec: dict, data, suite, config) -> dict:
 
 def run_trapo(spec: dict, data, model, config) -> dict:
     """TRAPOTrainer with the agent job's configuration, from the base weights."""
-    from trl_trapo.agent_job import build_trainer
+    from trl_trapo.jobs.agent import build_trainer
 
     trainer = build_trainer(data, config, model=model)
     start = time.perf_counter()
@@ -284,7 +284,7 @@ def worker(spec: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trl_trapo.agent_job import evaluate as evaluate_job
+    from trl_trapo.jobs.agent import evaluate as evaluate_job
 
     torch.set_num_threads(spec["threads"])
     os.makedirs(spec["run_dir"], exist_ok=True)
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
-    from trl_trapo import agent_job
+    from trl_trapo.jobs import agent as agent_job
 
     _, config = agent_job.parse_args([*job_argv, "--output_dir", args.output_dir])  # bad job arguments fail here
     key = code_key(args, job_argv)

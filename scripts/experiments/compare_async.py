@@ -14,7 +14,7 @@ Issue's target, reported and never forced: with the `http` reward an async arm i
 / async wall time) at equal accuracy, i.e. the lower end of the 95 % t interval of the paired accuracy difference
 async - sync over seeds is at least -0.05.
 
-The runs go one at a time, each in its own process calling `trl_trapo.cli.parse_args` / `main` (what
+The runs go one at a time, each in its own process calling `trl_trapo.jobs.main.parse_args` / `main` (what
 `examples/trapo.py` does) with the trainer on 1 torch thread in every arm (`torch.set_num_threads(1)`,
 `OMP_NUM_THREADS=1`, as `accelerate launch` runs it on CPU): a sync run leaves the second core idle, an async run puts
 its rollout producer there (`async_producer_threads=1`, its own process) — `ARM_THREADS`. So the speed-up is what
@@ -144,7 +144,7 @@ def worker(spec_path: str) -> None:
 
     import torch
 
-    from trl_trapo.cli import main, parse_args
+    from trl_trapo.jobs.main import main, parse_args
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -180,7 +180,7 @@ def check_arguments(argvs: dict[str, list[str]], work_dir: Path) -> None:
     Raises:
         SystemExit: naming the run and the main job's error.
     """
-    from trl_trapo.cli import parse_args
+    from trl_trapo.jobs.main import parse_args
 
     for name, argv in argvs.items():
         try:

@@ -45,8 +45,8 @@ ARMS = {
 
 def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
     from trl_trapo import TRAPOConfig, TRAPOTrainer
-    from trl_trapo.cli import BUILTIN_DEFAULTS
     from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
+    from trl_trapo.jobs.main import BUILTIN_DEFAULTS
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 
     tokenizer = build_char_tokenizer()

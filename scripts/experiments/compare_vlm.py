@@ -33,7 +33,7 @@ job's 900), each run in its own process (`--jobs 2` by default; `--jobs 1`, and 
      suite's reward and the same processor (TRL suppresses the image token in generation itself, as TRAPO does),
      from the SFT stage's weights saved to disk.
    TRL removes the columns its collators do not use (`remove_unused_columns=True`); GRPO still hands `answer` and
-   `task` to the reward (see `trl_trapo/vision_tasks.py`'s docstring).
+   `task` to the reward (see `trl_trapo/tasks/vision.py`'s docstring).
 
 Measured per run, with `vision_job.evaluate` on the suite's held-out data: greedy exact-match accuracy on
 `suite.eval` (overall, per split `sft_tasks` / `rl_only`, per family) and the caption loss (nats/token) of
@@ -155,7 +155,7 @@ def resolve(args: argparse.Namespace, job_argv: list[str]) -> tuple[argparse.Nam
 def job_config(spec: dict, run_dir: str):
     """The VLM job's `(VisionJobArguments, TRAPOConfig)` of this run: its arguments, the seed (model and task suite),
     the run directory, and `--per_modality` for the `trapo_modality` arm."""
-    from trl_trapo import vision_job
+    from trl_trapo.jobs import vision as vision_job
 
     argv = [*spec["job_argv"], "--seed", str(spec["seed"]), "--task_seed", str(spec["seed"]), "--output_dir", run_dir]
     if spec["arm"] == "trapo_modality":
@@ -177,7 +177,7 @@ def run_trapo(data, config) -> dict:
     Returns:
         `{"train_s": seconds of trainer.train(), "steps": optimizer steps, "model": the trained model}`.
     """
-    from trl_trapo.vision_job import build_trainer
+    from trl_trapo.jobs.vision import build_trainer
 
     trainer = build_trainer(data, config)
     start = time.perf_counter()
@@ -214,7 +214,7 @@ def relay_rl_dataset(rl_train):
     is supported but got type=<class 'NoneType'>". The relay's RL stage therefore leaves out the `text` family
     (text-only prompts; it keeps its SFT demonstrations), which TRAPO's RL objective trains on.
     """
-    from trl_trapo.vision_job import split_by_images
+    from trl_trapo.jobs.vision import split_by_images
 
     return split_by_images(rl_train)[0]
 
@@ -229,7 +229,7 @@ def run_serial(data, config, seed: int, workdir: str) -> dict:
     """
     from trl import GRPOTrainer, SFTTrainer
 
-    from trl_trapo.vision_tasks import build_tiny_vlm
+    from trl_trapo.tasks.vision import build_tiny_vlm
 
     steps = relay_steps(config)
     pretrain_config, sft_config, grpo_config = relay_configs(config, steps, workdir)
@@ -291,8 +291,8 @@ def worker(spec: dict) -> dict:
 
     import torch
 
-    from trl_trapo.vision_job import build_data, evaluate
-    from trl_trapo.vision_tasks import build_tiny_vlm
+    from trl_trapo.jobs.vision import build_data, evaluate
+    from trl_trapo.tasks.vision import build_tiny_vlm
 
     torch.set_num_threads(spec["threads"])
     os.makedirs(spec["run_dir"], exist_ok=True)
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
-    from trl_trapo import vision_job
+    from trl_trapo.jobs import vision as vision_job
 
     _, config = vision_job.parse_args([*job_argv, "--output_dir", args.work_dir])  # bad job arguments fail here
     started, load_start = time.perf_counter(), os.getloadavg()

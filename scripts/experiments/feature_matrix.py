@@ -9,8 +9,8 @@
     python scripts/experiments/feature_matrix.py --render docs/feature_matrix.md   # the page, from --output_json
 
 A *cell* is one feature alone (the diagonal) or two together. Each cell builds a `TRAPOTrainer` on the tiny models
-(`trl_trapo.tasks.build_tiny_model`, the tiny LLaVA of `trl_trapo.vision_tasks`, the agent task of
-`trl_trapo.agent_tasks`; a teacher, critic or reward model is another tiny model) with pretraining, SFT and RL data,
+(`trl_trapo.tasks.build_tiny_model`, the tiny LLaVA of `trl_trapo.tasks.vision`, the agent task of
+`trl_trapo.tasks.agent`; a teacher, critic or reward model is another tiny model) with pretraining, SFT and RL data,
 switches its features on (`FEATURES`) and trains 2 steps, in a process of its own (`python feature_matrix.py --_worker
 spec.json`; the two-process cells under `accelerate launch --num_processes 2`), with `OMP_NUM_THREADS=1` and a time
 limit. Its outcome:
@@ -191,12 +191,13 @@ def logged_once(evidence: Evidence, key: str) -> str:
 # ---- rollout drivers ------------------------------------------------------------------------------------------------
 def use_agent_prompts(recipe: Recipe) -> None:
     """Tools and environments run on conversational prompts with a tool-calling chat template: the agent task's
-    (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The text tokenizer
-    gets `use_tool_chat_template` (a VLM's processor keeps its own template for its image prompts)."""
-    from trl_trapo.agent_tasks import make_agent_task
+    (`make_agent_task`) for a text run; a VLM run keeps its image prompts (conversational already). The tokenizer
+    gets `use_tool_chat_template`; a VLM's processor gets it too (it renders the image prompts and the tool messages,
+    as in TRL)."""
     from trl_trapo.agents import use_tool_chat_template
+    from trl_trapo.tasks.agent import make_agent_task
 
-    use_tool_chat_template(recipe.tokenizer)
+    use_tool_chat_template(recipe.processing_class if recipe.vision else recipe.tokenizer)
     if not recipe.vision and not recipe.agent_prompts:
         task = make_agent_task(seed=0, num_sft=8, num_rl=8, num_eval=2)
         recipe.kwargs.update(train_dataset=task.rl_train, reward_funcs=[*task.reward_funcs])
@@ -205,7 +206,7 @@ def use_agent_prompts(recipe: Recipe) -> None:
 
 
 def apply_tools(recipe: Recipe) -> None:
-    from trl_trapo.agent_tasks import multiply
+    from trl_trapo.tasks.agent import multiply
 
     use_agent_prompts(recipe)
     recipe.kwargs["tools"] = [multiply]
@@ -249,14 +250,28 @@ def check_environment(evidence: Evidence) -> str:
 def sample_with_the_policy(prompts: list, trainer) -> dict:
     """The `rollout_func` of the matrix, as a TRL user writes one: one completion per prompt entry, sampled with the
     trainer's model (`trl.models.unwrap_model_for_generation`, transformers' `generate`), its log-probs recorded while
-    sampling, and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker` reads."""
+    sampling, and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker` reads. A VLM's processor
+    renders each prompt (TRL passes the images inside the messages) and its pixel values go to `generate`."""
     from trl.models import unwrap_model_for_generation
 
     from trl_trapo.data import tokenize_prompt
     from trl_trapo.rollout import generate
+    from trl_trapo.vision import is_processor
 
-    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-    prompt_ids = [tokenize_prompt(prompt, tokenizer) for prompt in prompts]
+    processing_class = trainer.processing_class
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    model_inputs = None
+    if is_processor(processing_class):
+        rendered = [
+            processing_class.apply_chat_template(
+                prompt, tokenize=True, return_dict=True, add_generation_prompt=True, return_tensors="pt"
+            )
+            for prompt in prompts
+        ]
+        prompt_ids = [r["input_ids"][0].tolist() for r in rendered]
+        model_inputs = [{k: v for k, v in r.items() if k not in ("input_ids", "attention_mask")} for r in rendered]
+    else:
+        prompt_ids = [tokenize_prompt(prompt, tokenizer) for prompt in prompts]
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         policy = getattr(model, "policy", model)  # the policy of a policy-and-critic wrapper
         turns = generate(
@@ -266,6 +281,7 @@ def sample_with_the_policy(prompts: list, trainer) -> dict:
             trainer.padding_id,
             None,
             temperature=trainer.args.temperature,
+            model_inputs=model_inputs,
         )
     return {
         "prompt_ids": prompt_ids,
@@ -342,24 +358,47 @@ def apply_fewshot(recipe: Recipe) -> None:
 
 def check_fewshot(evidence: Evidence) -> str:
     """Every round was sampled at the few-shot temperature of its step (`FewShotController.temperature_at`), one of
-    them after step 0 (where it differs from `temperature`)."""
-    selector = evidence.trainer.memory_pool.selector
+    them after step 0 (where it differs from `temperature`); with targeted exploration each row at that temperature
+    times its family's boost factor (`temperature_of(f) / temperature`, one of the rule's levels). With a
+    `rollout_func`, which samples at its own temperature (its rows train at `temperature`), the rounds' prompts were
+    few-shot mode's choice: their scores reached its prototypes."""
+    from trl_trapo.sources import RolloutFuncSource
+
+    trainer = evidence.trainer
+    selector = trainer.memory_pool.selector
+    if isinstance(trainer.rollout_source, RolloutFuncSource):
+        scored = [label for label, r in zip(selector.prototypes.labels, selector.prototypes.reward.tolist()) if r == r]
+        assert scored, "no prototype got a score: the rollout_func's rounds did not go through few-shot mode"
+        return f"the rollout_func's prompts chosen by few-shot mode ({len(scored)} prototypes scored)"
+    explore = trainer.exploration
+    factors = [1.0]
+    if explore is not None:  # the rule's levels: temperature + min(k * step, max_boost), over temperature
+        levels = range(explore.max_level + 1)
+        factors = [
+            (explore.temperature + min(k * explore.step, explore.max_boost)) / explore.temperature for k in levels
+        ]
     calls = evidence.probes.get("sample_calls", [])
     assert any(step > 0 for step, _ in calls), f"no round after step 0 (rounds at steps {[s for s, _ in calls]})"
     for step, temperatures in calls:
         expected = selector.temperature_at(step)
-        assert all(abs(t - expected) < 1e-6 for t in temperatures), (
-            f"the round of step {step} was sampled at temperature {temperatures[0]:.3g}, not the few-shot "
-            f"temperature {expected:.3g} (its trajectories are trained at the latter)"
+        wrong = [t for t in temperatures if not any(abs(t - expected * f) < 1e-5 for f in factors)]
+        assert not wrong, (
+            f"the round of step {step} was sampled at temperature {wrong[0]:.3g}, not the few-shot temperature "
+            f"{expected:.3g}"
+            + (" times an exploration factor" if explore is not None else "")
+            + ": few-shot mode's annealing did not reach this round"
         )
     step = max(s for s, _ in calls)
-    return f"rounds sampled at the few-shot temperature (step {step}: {selector.temperature_at(step):.3g})"
+    boosted = sum(t > selector.temperature_at(s) + 1e-5 for s, temperatures in calls for t in temperatures)
+    return f"rounds sampled at the few-shot temperature (step {step}: {selector.temperature_at(step):.3g})" + (
+        f", {boosted} rows boosted by exploration" if explore is not None else ""
+    )
 
 
 # ---- models ---------------------------------------------------------------------------------------------------------
 def apply_images(recipe: Recipe) -> None:
     """The tiny LLaVA and the visual task suite (RL prompts, SFT rows and pretraining documents with images)."""
-    from trl_trapo.vision_tasks import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
 
     processor = build_vlm_processor()
     suite = make_visual_task_suite(
@@ -374,7 +413,7 @@ def apply_images(recipe: Recipe) -> None:
         pretrain_dataset=suite.pretrain,
         reward_funcs=[*suite.reward_funcs],
     )
-    recipe.config.update(num_generations=2)  # the lengths of the VLM job (`trl_trapo/vision_job.py`)
+    recipe.config.update(num_generations=2)  # the lengths of the VLM job (`trl_trapo/jobs/vision.py`)
     recipe.at_least(max_prompt_length=80, sft_max_length=96, pretrain_max_length=96)
 
 
@@ -424,7 +463,7 @@ def check_reward_model(evidence: Evidence) -> str:
 
 def apply_teacher(recipe: Recipe) -> None:
     from trl_trapo.tasks import build_tiny_model
-    from trl_trapo.vision_tasks import build_tiny_vlm
+    from trl_trapo.tasks.vision import build_tiny_vlm
 
     recipe.kwargs["teacher_model"] = (
         build_tiny_vlm(recipe.processing_class, seed=1)

@@ -5,7 +5,7 @@ seeds 0, 1 and 2 (`--seed S --task_suite_seed S`) and with RL switched off (`--r
     python scripts/experiments/main_job_seeds.py                 # 4 runs, 2 at a time: ~10 min on 2 CPU cores
     python scripts/experiments/main_job_seeds.py --write_docs  # the docs table from the results file (no run)
 
-Each run is one process calling `trl_trapo.cli.parse_args` / `main` — what `examples/trapo.py` does — with one torch
+Each run is one process calling `trl_trapo.jobs.main.parse_args` / `main` — what `examples/trapo.py` does — with one torch
 thread, as `accelerate launch` uses on CPU; at most one run per CPU core at a time (`--jobs`, default 2). A run is the
 built-in job's 1,000 joint steps: 4-5 min of training on this project's (shared) 2-core machine, plus ~10 s of start-up
 and evaluation; the 4 runs took 9 min there. Results go to `docs/results/main_job/results.json`, written atomically:
@@ -73,7 +73,7 @@ def worker(spec_path: str) -> None:
 
     import torch
 
-    from trl_trapo.cli import main, parse_args
+    from trl_trapo.jobs.main import main, parse_args
 
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -348,15 +348,19 @@ class FewShotController:
         return [candidates[i] for i in keep.tolist()]
 
     def observe_rollouts(self, scores: torch.Tensor, trajectories: list) -> None:
-        """Stamp each trajectory with its sampling temperature; fold the round's scores into the prototypes.
+        """Fold the round's scores into the prototypes.
+
+        The trajectories are left as they are: each carries the temperature its source sampled it at and records its
+        log-probs at (the default source: T(step), scaled per task family when targeted exploration is on; a
+        `rollout_func` or the tool loop: the temperature they sample at), which is the temperature it is trained at.
+        Stamping T(step) over it (as this method once did) trained the rows of a source that does not sample at T(step)
+        at a temperature they were not sampled at.
 
         Args:
             scores (`torch.Tensor`): `(B,)` scores of the round's completions (NaN = no reward), prompts repeated in
                 consecutive groups as generated.
-            trajectories (`list[Trajectory]`): the round's trajectories (completions with a score), stamped in place.
+            trajectories (`list[Trajectory]`): the round's trajectories (completions with a score); not read.
         """
-        for trajectory in trajectories:
-            trajectory.temperature = self.temperature
         if self._round is None or scores.numel() % max(self._round.numel(), 1):
             self._round = None
             return

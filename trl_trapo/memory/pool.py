@@ -101,8 +101,8 @@ class SampleSelector(Protocol):
 
     def observe_rollouts(self, scores: torch.Tensor, trajectories: list[Trajectory]) -> None:
         """A scored generation round: `(B,)` scores (NaN = no reward), prompts repeated in consecutive groups as
-        generated, and the trajectories of the completions with a score (may be changed in place, e.g. stamped with
-        their sampling temperature, before they enter the replay buffer)."""
+        generated, and the trajectories of the completions with a score, before they enter the replay buffer (each
+        carries the temperature its source sampled it at, which it is trained at: a selector leaves it)."""
         ...
 
     def after_forward(self, objective: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
@@ -206,8 +206,8 @@ class MemoryPool:
     # ---- feedback ---------------------------------------------------------------------------------------------------
     def observe_rollouts(self, batch) -> None:
         """A finished round ([`~trl_trapo.rollout.RolloutBatch`]), before its trajectories enter the replay buffer:
-        the sample selector (few-shot mode) stamps them with the round's temperature and folds the `(B,)` scores into
-        its prototypes; the adapter bank adds the scores and the `(B,)` per-sequence KL to its window."""
+        the sample selector (few-shot mode) folds the `(B,)` scores into its prototypes; the adapter bank adds the
+        scores and the `(B,)` per-sequence KL to its window."""
         if self.selector is not None:
             self.selector.observe_rollouts(batch.scores, batch.trajectories)
         if self.adapter_bank is not None:

@@ -139,7 +139,7 @@ VLM_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
-DEFAULT_VLM_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "tiny_llava.json")
+DEFAULT_VLM_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "tiny_llava.json")
 
 BACKGROUND = (255, 255, 255)
 COLOURS: dict[str, tuple[int, int, int]] = {

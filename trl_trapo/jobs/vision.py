@@ -1,12 +1,12 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """The built-in vision-language job (`examples/trapo_vlm.py`): a tiny VLM learns the visual task in one loop.
 
-    from trl_trapo.vision_job import main, parse_args
+    from trl_trapo.jobs.vision import main, parse_args
 
     job_args, config = parse_args([])  # the defaults of VLM_JOB_DEFAULTS; `--config recipe.yaml` supported
     results = main(job_args, config)  # evaluate, train, evaluate again, save; results as in eval_results.json
 
-With no arguments and no network it builds the tiny LLaVA and its processor (`trl_trapo.vision_tasks`: a CLIP image
+With no arguments and no network it builds the tiny LLaVA and its processor (`trl_trapo.tasks.vision`: a CLIP image
 processor's PIL backend and the character tokenizer with an `<image>` token), the visual task suite (shapes and
 colours drawn at 56x56 pixels: captions for pretraining, demonstrations of the `colour`, `count`, `same` and `text`
 families, RL prompts of every family, `shape` RL-only), and trains one `TRAPOTrainer` on all three objectives at once.
@@ -19,8 +19,8 @@ Before and after training it measures ([`evaluate`]):
 
 each also with the suffix `_initial` (before training), plus `train_runtime_s` and `train_loss`, written to
 `<output_dir>/eval_results.json` (atomically) next to the model, its processor and `trainer_state.json`, as the main
-job writes them (`trl_trapo.cli.save_job`); `--resume_from_checkpoint` resumes training as there
-(`trl_trapo.cli.train_job`).
+job writes them (`trl_trapo.jobs.main.save_job`); `--resume_from_checkpoint` resumes training as there
+(`trl_trapo.jobs.main.train_job`).
 
 `--per_modality` trains image rows and text rows as separate objectives (`DemonstrationObjective("sft_image")`,
 `LanguageModelingObjective("pretrain_image")` next to the built-in `sft` and `pretrain` on the text rows; RL stays
@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 from trl import TrlParser
 
-from .config import OBJECTIVES, PRETRAIN, SFT, TRAPOConfig
+from ..config import OBJECTIVES, PRETRAIN, SFT, TRAPOConfig
 
 
 logger = logging.getLogger(__name__)
 
 # Hyper-parameters of the VLM job, for what the user does not set. The main job's `BUILTIN_DEFAULTS`
-# (trl_trapo/cli.py), except: 900 steps (the families with demonstrations are learnt; ~5-6 min of training on 2 CPU
+# (trl_trapo/jobs/main.py), except: 900 steps (the families with demonstrations are learnt; ~5-6 min of training on 2 CPU
 # cores), room for images in the lengths (16 tokens per image, up to 2 per prompt), each trajectory trained on once
 # (`num_ppo_epochs=1`, GRPO's on-policy default: the RL-only `shape` family needs ~4x the fresh rollouts that reuse x4
 # leaves it - with reuse it collapsed to one constant answer, 0.33), no evaluation during training, logging every 20
@@ -151,7 +151,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[
     """
     import dataclasses
 
-    from .cli import parse_job_args
+    from .main import parse_job_args
 
     job_args, config = parse_job_args(
         lambda: make_parser(prog),
@@ -184,7 +184,7 @@ class VisionJobData:
 
 def build_data(job_args: VisionJobArguments) -> VisionJobData:
     """Generate the visual task suite from `job_args.task_seed` and build the processor (no download)."""
-    from .vision_tasks import build_vlm_processor, make_visual_task_suite
+    from ..tasks.vision import build_vlm_processor, make_visual_task_suite
 
     suite = make_visual_task_suite(
         job_args.task_seed,
@@ -209,7 +209,7 @@ def split_by_images(dataset: Dataset) -> tuple[Dataset, Dataset]:
 def evaluate(model, data: VisionJobData) -> dict[str, float]:
     """The job's held-out metrics of `model` (module docstring), without the `eval_` prefix: `accuracy`,
     `accuracy_<split>`, `accuracy_<family>` (fractions in [0, 1]) and `caption_loss` (nats/token)."""
-    from .vision_tasks import caption_loss, greedy_vlm_accuracy
+    from ..tasks.vision import caption_loss, greedy_vlm_accuracy
 
     metrics = greedy_vlm_accuracy(model, data.processor, data.suite.eval)
     metrics["caption_loss"] = caption_loss(model, data.processor, data.suite.eval_captions)
@@ -225,11 +225,11 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
         ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
             does not resume (checked first, as the main job does), or for what the trainer refuses.
     """
-    from .cli import check_checkpoint
-    from .objectives import DemonstrationObjective, LanguageModelingObjective
-    from .saving import check_earlier_checkpoints
-    from .trainer import TRAPOTrainer
-    from .vision_tasks import build_tiny_vlm
+    from ..objectives import DemonstrationObjective, LanguageModelingObjective
+    from ..saving import check_earlier_checkpoints
+    from ..tasks.vision import build_tiny_vlm
+    from ..trainer import TRAPOTrainer
+    from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
     check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
@@ -258,14 +258,14 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
 
 def run_job(data: VisionJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
     """Evaluate, train jointly (resuming from `resume_from_checkpoint` when given), evaluate again, save the model,
-    its processor, `trainer_state.json` and `eval_results.json` (`trl_trapo.cli.train_job` and `save_job`, shared
+    its processor, `trainer_state.json` and `eval_results.json` (`trl_trapo.jobs.main.train_job` and `save_job`, shared
     with the main job).
 
     Raises:
         trl_trapo.checkpoint.CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
         trl_trapo.saving.SaveError: if a file of the output folder cannot be written.
     """
-    from .cli import save_job, train_job
+    from .main import save_job, train_job
 
     # evaluate, train (resuming from resume_from_checkpoint when given), evaluate; save as the main job does
     results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data).items()}
@@ -313,7 +313,7 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     Raises:
         SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
     """
-    from .cli import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
+    from .main import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
 
     user_errors = SETUP_USER_ERRORS
     try:

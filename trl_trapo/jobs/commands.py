@@ -1,9 +1,9 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """The `trapo` console command, in the style of TRL's `trl sft ...` / `trl grpo ...`: one sub-command per job.
 
-    trapo train [--ARGUMENT VALUE ...]   # the main job, as `examples/trapo.py` (trl_trapo.cli)
-    trapo vlm [--ARGUMENT VALUE ...]     # the vision-language job, as `examples/trapo_vlm.py` (trl_trapo.vision_job)
-    trapo tools [--ARGUMENT VALUE ...]   # the agent (tool-calling) job, as `examples/trapo_tools.py` (trl_trapo.agent_job)
+    trapo train [--ARGUMENT VALUE ...]   # the main job, as `examples/trapo.py` (trl_trapo.jobs.main)
+    trapo vlm [--ARGUMENT VALUE ...]     # the vision-language job, as `examples/trapo_vlm.py` (trl_trapo.jobs.vision)
+    trapo tools [--ARGUMENT VALUE ...]   # the agent (tool-calling) job, as `examples/trapo_tools.py` (trl_trapo.jobs.agent)
     trapo train --help                   # every argument of that job
 
 Each sub-command takes exactly its example's arguments (the same parser: `--config recipe.yaml`, errors that suggest
@@ -12,7 +12,7 @@ the closest name) and runs the same `run` function. Without a launcher option it
 `--accelerate_config NAME_OR_PATH` (a file, or the name of a config TRL ships: `multi_gpu`, `zero2`, `fsdp2`, ...;
 TRL's `resolve_accelerate_config_argument`), `--num_processes N`, or another option of `accelerate launch` that says
 where to run (`--config_file`, `--main_process_port`, `--mixed_precision`, ...: [`LAUNCH_OPTIONS`]). Each process
-then runs `python -m trl_trapo.commands <job> <the job's arguments>`.
+then runs `python -m trl_trapo.jobs.commands <job> <the job's arguments>`.
 
 Differences from `trl`: `trl` launches every run through `accelerate launch` (a child process even for one process)
 and hands the launcher whatever its script's parser does not know, so a misspelt argument reaches accelerate's parser;
@@ -53,19 +53,19 @@ class Job:
 JOBS = (
     Job(
         "train",
-        "trl_trapo.cli",
+        "trl_trapo.jobs.main",
         "examples/trapo.py",
         "the main job: pretraining + SFT + RL in one loop, on your model and data or the built-in tiny task suite",
     ),
     Job(
         "vlm",
-        "trl_trapo.vision_job",
+        "trl_trapo.jobs.vision",
         "examples/trapo_vlm.py",
         "the built-in vision-language job: a tiny LLaVA learns shapes and colours (pretraining + SFT + RL)",
     ),
     Job(
         "tools",
-        "trl_trapo.agent_job",
+        "trl_trapo.jobs.agent",
         "examples/trapo_tools.py",
         "the built-in agent job: the tiny model learns to call a tool (pretraining + SFT + RL with tools=)",
     ),
@@ -155,7 +155,7 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[str]) -> argparse.Namespace:
     """The `accelerate launch` arguments that start `job` in each process: the launcher's options (TRL's
-    `--accelerate_config` resolved to `--config_file`), then `--module trl_trapo.commands <job> <job_args>`.
+    `--accelerate_config` resolved to `--config_file`), then `--module trl_trapo.jobs.commands <job> <job_args>`.
 
     Raises:
         ValueError: from TRL's resolution, for an `--accelerate_config` that is neither a file nor a config TRL ships.
@@ -169,7 +169,7 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
 
 def run_here(job: Job, job_args: Sequence[str]) -> int:
     """Run `job` in this process, as its example script does (logging at INFO, interrupts and the process group
-    handled by `trl_trapo.cli.exits_cleanly`).
+    handled by `trl_trapo.jobs.main.exits_cleanly`).
 
     Returns:
         The job's exit status (0, or 2 after a user error).
@@ -178,7 +178,7 @@ def run_here(job: Job, job_args: Sequence[str]) -> int:
         SystemExit: for `--help`, a malformed command line or an interrupt, as the example script exits.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from trl_trapo.cli import exits_cleanly
+    from trl_trapo.jobs.main import exits_cleanly
 
     run = importlib.import_module(job.module).run
     with exits_cleanly():

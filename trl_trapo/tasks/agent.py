@@ -45,9 +45,9 @@ from datasets import Dataset
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import get_json_schema
 
-from .agents import AgentSpec, Rollout, ToolRolloutSource
-from .rollout import generate
-from .sources import SampledRound
+from ..agents import AgentSpec, Rollout, ToolRolloutSource
+from ..rollout import generate
+from ..sources import SampledRound
 
 
 AGENT_FAMILY = "mul"

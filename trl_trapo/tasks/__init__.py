@@ -47,6 +47,8 @@ from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
+from ..rewards import exact_match_reward
+
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
-DEFAULT_MODEL_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "tiny_causal_lm.json")
+DEFAULT_MODEL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "tiny_causal_lm.json")
 
 LETTERS = "abcdefghij"  # successor of the letters a–i stays inside the alphabet
 DIGITS = "0123456789"
@@ -432,56 +434,6 @@ def make_task_suite(
 # ----------------------------------------------------------------------------------------------------------------
 # Reward and evaluation
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _completion_text(completion: str | list[dict[str, Any]] | dict[str, Any]) -> str:
-    """Text of a standard (`str`) or conversational (list of message dicts) completion, cut at the eos text."""
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, list):
-        completion = "".join(
-            str(message.get("content") or "")
-            for message in completion
-            if message.get("role", "assistant") == "assistant"
-        )
-    if not isinstance(completion, str):
-        raise TypeError(f"A completion must be a string or a list of message dicts, got {type(completion).__name__}.")
-    return completion.split(EOS_TOKEN, 1)[0].strip()
-
-
-def exact_match_reward(
-    prompts: list[Any] | None, completions: list[Any], answer: list[str], **kwargs: Any
-) -> list[float]:
-    """Exact-match reward with TRL's reward-function signature (usable as a `GRPOTrainer` reward function).
-
-    A completion scores 1.0 when its text, cut at the first eos text (`"</s>"`) if any and stripped of surrounding
-    whitespace and trailing sentence punctuation (`.`, `!`, `?`), equals the answer normalised the same way;
-    otherwise 0.0.
-
-    Args:
-        prompts (`list[str] | list[list[dict]] | None`): the prompts (unused; part of TRL's signature).
-        completions (`list[str] | list[list[dict]]`): one per row; a string (standard format) or a list of message
-            dicts whose assistant `content`s are joined (conversational format).
-        answer (`list[str]`): the reference answer of each row (the dataset's `answer` column).
-        **kwargs: other dataset columns and trainer extras (`task`, `completion_ids`, `trainer_state`, ...); ignored.
-
-    Returns:
-        `list[float]`: one reward in {0.0, 1.0} per completion.
-
-    Raises:
-        ValueError: if `completions` and `answer` have different lengths.
-        TypeError: if a completion is neither a string nor a list of message dicts.
-    """
-    if len(completions) != len(answer):
-        raise ValueError(f"Got {len(completions)} completions but {len(answer)} answers; they must match one to one.")
-    return [float(_normalize_answer(_completion_text(c)) == _normalize_answer(a)) for c, a in zip(completions, answer)]
-
-
-def _normalize_answer(text: Any) -> str:
-    """`text` without surrounding whitespace and trailing sentence punctuation (`.`, `!`, `?`), as QA graders do:
-    no answer of the suite contains them, and the pretraining corpus states every fact as a sentence ("cfab ends
-    with b."), so a policy that answers "b." knows the answer and should be scored as such."""
-    return str(text).strip().rstrip(".!?").strip()
 
 
 @torch.no_grad()

@@ -1,15 +1,15 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """The built-in agent job (`examples/trapo_tools.py`): the tiny model learns to call a tool, jointly with the rest.
 
-    from trl_trapo.agent_job import main, parse_args
+    from trl_trapo.jobs.agent import main, parse_args
 
     job_args, config = parse_args([])  # the defaults of AGENT_JOB_DEFAULTS; `--config recipe.yaml` supported
     results = main(job_args, config)  # evaluate, train, evaluate again, save; results as in eval_results.json
 
 With no arguments and no network it builds the character-level tokenizer with the compact tool-calling chat template
-(`trl_trapo.agents.use_tool_chat_template`), the tiny model, the agent task (`trl_trapo.agent_tasks`: traces, RL
+(`trl_trapo.agents.use_tool_chat_template`), the tiny model, the agent task (`trl_trapo.tasks.agent`: traces, RL
 prompts, the `multiply` tool, the final-answer reward) and the built-in suite's pretraining corpus and other families
-(`trl_trapo.tasks`; their demonstrations as chat rows, [`~trl_trapo.agent_tasks.as_conversation`]), and trains one
+(`trl_trapo.tasks`; their demonstrations as chat rows, [`~trl_trapo.tasks.agent.as_conversation`]), and trains one
 `TRAPOTrainer` on all three objectives at once: pretraining on the corpus, SFT on the traces and the other families'
 demonstrations (`assistant_only_loss=True`: every assistant turn, tool calls included), RL on the agent prompts with
 the tool (`tools=[multiply]`). Before and after training it measures ([`evaluate`]):
@@ -25,7 +25,7 @@ the tool (`tools=[multiply]`). Before and after training it measures ([`evaluate
 
 each also with the suffix `_initial` (before training), plus `train_runtime_s` and `train_loss`, written to
 `<output_dir>/eval_results.json` (atomically) next to the model and `trainer_state.json`, as the main job writes them
-(`trl_trapo.cli.save_job`); `--resume_from_checkpoint` resumes training as there (`trl_trapo.cli.train_job`).
+(`trl_trapo.jobs.main.save_job`); `--resume_from_checkpoint` resumes training as there (`trl_trapo.jobs.main.train_job`).
 """
 
 from __future__ import annotations
@@ -39,16 +39,16 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 from trl import TrlParser
 
-from .agent_tasks import AgentTask, as_conversation, evaluate_agent, make_agent_task, mixed_sft_dataset
-from .agents import use_tool_chat_template
-from .config import TRAPOConfig
-from .tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
+from ..agents import use_tool_chat_template
+from ..config import TRAPOConfig
+from ..tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
+from ..tasks.agent import AgentTask, as_conversation, evaluate_agent, make_agent_task, mixed_sft_dataset
 
 
 logger = logging.getLogger(__name__)
 
 # Hyper-parameters of the agent job, for what the user does not set. Measured on 2 CPU cores (docs/agents.md). The
-# main job's `BUILTIN_DEFAULTS` (trl_trapo/cli.py), except: 600 steps, warm-up as a fraction, no evaluation during
+# main job's `BUILTIN_DEFAULTS` (trl_trapo/jobs/main.py), except: 600 steps, warm-up as a fraction, no evaluation during
 # training, logging every 20 steps, room for the agent's turns (prompt 40, response 80, SFT rows 128 tokens), every
 # assistant turn trained (`assistant_only_loss`), at most 2 rounds of tool calls, no progress bars.
 AGENT_JOB_DEFAULTS = dict(
@@ -136,7 +136,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[
         ValueError: for an unknown argument or `--config` key (with the closest known names), or a value
             `TRAPOConfig` or [`AgentJobArguments`] refuses, naming the field.
     """
-    from .cli import parse_job_args
+    from .main import parse_job_args
 
     job_args, config = parse_job_args(
         lambda: make_parser(prog),
@@ -153,7 +153,7 @@ class AgentJobData:
 
     Attributes:
         tokenizer: the character-level tokenizer with the tool-calling chat template.
-        task ([`~trl_trapo.agent_tasks.AgentTask`]): traces, RL prompts, held-out prompts, tools, reward.
+        task ([`~trl_trapo.tasks.agent.AgentTask`]): traces, RL prompts, held-out prompts, tools, reward.
         pretrain (`Dataset`): the built-in corpus without its held-out documents (`text`).
         heldout_texts (`list[str]`): the held-out documents.
         sft (`Dataset`): the traces and the other families' demonstrations (chat rows), shuffled.
@@ -204,7 +204,7 @@ def heldout_loss(model, tokenizer, texts: list[str], max_length: int, batch_size
     (`trl_trapo.evaluation.document_rows`); the model's train/eval mode is restored."""
     import torch
 
-    from .evaluation import document_rows, nll_sum
+    from ..evaluation import document_rows, nll_sum
 
     rows = document_rows(list(texts), tokenizer, max_length)
     was_training = model.training
@@ -259,9 +259,9 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
         ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
             does not resume (checked first, as the main job does), or for what the trainer refuses.
     """
-    from .cli import check_checkpoint
-    from .saving import check_earlier_checkpoints
-    from .trainer import TRAPOTrainer
+    from ..saving import check_earlier_checkpoints
+    from ..trainer import TRAPOTrainer
+    from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
     check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
@@ -279,7 +279,7 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
 
 def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) -> dict[str, float]:
     """Evaluate, train jointly (resuming from `resume_from_checkpoint` when given), evaluate again, save the model,
-    `trainer_state.json` and `eval_results.json` (steps 2-3 of [`main`]; `trl_trapo.cli.train_job` and `save_job`,
+    `trainer_state.json` and `eval_results.json` (steps 2-3 of [`main`]; `trl_trapo.jobs.main.train_job` and `save_job`,
     shared with the main job).
 
     Returns:
@@ -289,7 +289,7 @@ def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) 
         trl_trapo.checkpoint.CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
         trl_trapo.saving.SaveError: if a file of the output folder cannot be written.
     """
-    from .cli import save_job, train_job
+    from .main import save_job, train_job
 
     # step 2. evaluate, train (resuming from resume_from_checkpoint when given), evaluate
     results = {f"eval_{k}_initial": v for k, v in evaluate(trainer.model, data, config).items()}
@@ -341,7 +341,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
 
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
-    in the main job (`trl_trapo.cli.run`: the same errors count as the user's before and during training;
+    in the main job (`trl_trapo.jobs.main.run`: the same errors count as the user's before and during training;
     `TRAPO_DEBUG=1` raises them with their traceback instead).
 
     Returns:
@@ -350,7 +350,7 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     Raises:
         SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
     """
-    from .cli import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
+    from .main import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
 
     user_errors = SETUP_USER_ERRORS
     try:

@@ -1,0 +1,1933 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The command line of the main TRAPO job (`examples/trapo.py`): its arguments, the loading of the user's data and
+model (or of the built-in ones), and `main` — evaluate, train jointly, evaluate again, save.
+
+    from trl_trapo.jobs.main import main, parse_args, run
+
+    script_args, training_args, model_args = parse_args()  # sys.argv[1:]; `--config recipe.yaml` supported
+    results = main(script_args, training_args, model_args)
+    # or, as `examples/trapo.py` does: parse, run and turn a user error into a message and an exit status
+    sys.exit(run())
+
+**Built-in mode** is chosen by whether a model is given, in any form the parser accepts (`--model_name_or_path`,
+`--model-name-or-path`, `--flag=value`, or `model_name_or_path` in the `--config` YAML). Without a model the job builds
+a tiny causal LM from the config shipped in the package, a character-level tokenizer and the built-in verifiable task
+suite (`trl_trapo.tasks`), with the hyper-parameters in `BUILTIN_DEFAULTS` for whatever you do not set: a flag you give
+is never overridden, and defaults tied to one you changed follow it (`--save_steps` brings saving back, `--max_steps`
+rescales the evaluation, logging and warm-up steps; see `builtin_defaults`). Data you name replaces the built-in data
+of that role (`--dataset_name`: the RL prompts *and* the built-in held-out evaluation; `--sft_dataset_name`,
+`--pretrain_dataset_name`) and `--reward_funcs` (or `--reward_model_name_or_path`) replaces the built-in `exact_match`
+reward; one log line says which roles come from the built-in suite and which from you.
+
+**Datasets** are Hub ids, local files (.json/.jsonl/.csv/.parquet/.txt) or directories (data files named by split, or a
+`save_to_disk` directory); the Hub is contacted only for ids. A single local file has only a `train` split. The
+held-out RL evaluation uses `--dataset_test_split` if given (an error if that split does not exist, naming the
+available ones); by default it uses the `test` split of a directory or Hub dataset when there is one, and there is no
+held-out RL evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
+
+**Arguments** are spelt in full: an abbreviation (`--learning_rat`), a misspelt flag or an unknown key in the
+`--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?").
+
+Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
+training (the trainer's own checks of the data and models name the flag too, not the trainer's Python argument:
+`--distillation_dataset_name`, never `distillation_dataset`; see `flag_names`): every path (model, datasets,
+`--resume_from_checkpoint`, `--config`) is checked before anything is loaded, and bad data is reported before any
+model is loaded. On the command line (`run`) such an error is one message on
+stderr, `trapo.py: error: ...`, and exit status 2 (argparse's, for a malformed command line), without a traceback;
+`TRAPO_DEBUG=1` shows it. Which exceptions count as the user's, and when: `SETUP_USER_ERRORS`, `RUN_USER_ERRORS`.
+
+**Reward functions** (`--reward_funcs`) are built-in names or, as in TRL's scripts, dotted import paths of your own
+functions (`my_module.my_reward`, importable from the launch directory). **`--max_eval_samples N`** evaluates on the
+first N rows of every evaluation dataset the job builds. The job ends with a short summary: output folder, files written,
+headline metrics before -> after, wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import yaml
+from datasets import load_dataset, load_from_disk
+from transformers import AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
+from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
+from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
+from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
+from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
+from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
+
+
+TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
+
+
+logger = logging.getLogger(__name__)
+
+# Hyper-parameters of the built-in tiny job (used only when no model is given, and only for what the user does not
+# set: see `builtin_defaults`). Tested on 2 CPU cores.
+BUILTIN_DEFAULTS = dict(
+    output_dir="trapo-output",
+    max_steps=1000,
+    per_device_train_batch_size=32,
+    gradient_accumulation_steps=2,
+    learning_rate=2e-3,
+    lr_scheduler_type="cosine_with_min_lr",
+    lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    warmup_steps=30,
+    adam_beta2=0.99,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    logging_steps=10,
+    eval_strategy="steps",
+    eval_steps=250,
+    save_strategy="no",
+    report_to="none",
+    activation_checkpointing=False,
+    pretrain_max_length=64,
+    sft_max_length=32,
+    max_prompt_length=16,
+    response_length=8,
+    num_generations=8,
+    temperature=1.0,
+    kl_coef=0.01,
+    sync_ref_model=True,  # the tiny model starts from random weights: anchor the KL to a lagging copy, not to noise
+    ref_model_sync_steps=25,
+    ref_model_mixup_alpha=0.5,
+    seed=0,
+    per_device_eval_batch_size=200,
+    dataloader_num_workers=0,
+)
+# Built-in defaults that an argument the user sets (to a value other than the built-in one) makes wrong; they are
+# dropped then, so `TRAPOConfig`'s own default applies: a user who asks for checkpoints gets them, epochs are not
+# capped by the built-in `max_steps`, another scheduler does not receive cosine's `min_lr_rate`.
+BUILTIN_YIELDS = {
+    "save_strategy": (
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "load_best_model_at_end",
+        "metric_for_best_model",
+        "hub_strategy",
+    ),
+    "max_steps": ("num_train_epochs",),
+    "lr_scheduler_kwargs": ("lr_scheduler_type",),
+    "response_length": ("max_completion_length",),  # GRPO's name of the same setting: the user's value must win
+    "kl_coef": ("beta",),  # GRPO's name of kl_coef (config.GRPO_ALIASES; the other aliases' targets have no built-in)
+}
+# Built-in defaults proportional to the run's length (set for `max_steps=1000`): they follow the user's run length.
+BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------------
+@dataclass
+class TRAPOScriptArguments(ScriptArguments):
+    """Data and reward arguments of the main job (model arguments come from TRL's `ModelConfig`, training arguments
+    from `TRAPOConfig`).
+
+    Extends TRL's `ScriptArguments` (the same `dataset_name`, `dataset_config`, `dataset_train_split`,
+    `dataset_test_split` as TRL's scripts) with the pretraining and SFT datasets, the rewards and a critic. Differences
+    from TRL's fields: `dataset_name` may be a local file or directory as well as a Hub id, and `dataset_test_split`
+    defaults to None (the `test` split when the dataset has one, else no held-out RL evaluation) instead of `"test"`.
+    TRL's `dataset_streaming` and `ignore_bias_buffers` are not supported: setting either is an error that says so.
+    """
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "RL prompts: a Hub dataset id, a local file (.json/.jsonl/.csv/.parquet) or directory."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of `dataset_name`."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of `dataset_name` to train on."})
+    dataset_test_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "Split of `dataset_name` for the held-out RL evaluation (an error if it does not exist). Default: "
+            "`test` when the dataset (a directory or Hub id) has one, else no held-out RL evaluation; a single local "
+            "file has only `train`. `none` switches the evaluation off."
+        },
+    )
+    dataset_streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Not supported for the RL prompts (they are read into memory); an error if set. Stream the "
+            "pretraining text with `pretrain_streaming`."
+        },
+    )
+    ignore_bias_buffers: bool = field(
+        default=False, metadata={"help": "Not supported by this job (TRL's DDP workaround); an error if set."}
+    )
+    pretrain_dataset_name: str | None = field(
+        default=None, metadata={"help": "Pretraining text (`text` column): Hub id, local file or directory."}
+    )
+    pretrain_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    pretrain_dataset_split: str = field(default="train", metadata={"help": "Split of the pretraining dataset."})
+    pretrain_streaming: bool = field(default=False, metadata={"help": "Stream the pretraining dataset."})
+    sft_dataset_name: str | None = field(
+        default=None, metadata={"help": "SFT data (prompt-completion or messages): Hub id, local file or directory."}
+    )
+    sft_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    sft_dataset_split: str = field(default="train", metadata={"help": "Split of the SFT dataset."})
+    distillation_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reward-free prompts (`prompt` column) for on-policy distillation from --teacher_model_name_or_path "
+            "(needs it): Hub id, local file or directory."
+        },
+    )
+    distillation_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
+    distillation_dataset_split: str = field(default="train", metadata={"help": "Split of the distillation prompts."})
+    reward_funcs: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": f"Reward functions: built-in names ({', '.join(sorted(REWARD_FUNCTIONS))}) or dotted import paths "
+            "of your own functions (`my_module.my_reward`, importable from the current directory), as in TRL's "
+            "scripts."
+        },
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Sequence-classification reward model (Hub id or local directory)."}
+    )
+    value_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Critic (sequence classification, num_labels=1); enables GAE advantages."}
+    )
+    task_suite_seed: int = field(default=0, metadata={"help": "Seed of the built-in task suite."})
+    max_eval_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on at most this many rows of every evaluation dataset the job builds (the held-out RL "
+            "prompts, yours or the built-in ones; the first N rows, as in the Hugging Face example scripts), to "
+            "shorten the evaluations before, during and after training. None: every row."
+        },
+    )
+
+    def __post_init__(self):
+        if self.max_eval_samples is not None and not (
+            isinstance(self.max_eval_samples, int) and not isinstance(self.max_eval_samples, bool)
+        ):
+            raise ValueError(
+                f"--max_eval_samples={self.max_eval_samples!r}: not a whole number. Fix: give a number of rows >= 1, "
+                "or leave it unset to evaluate on every row."
+            )
+        if self.max_eval_samples is not None and self.max_eval_samples < 1:
+            raise ValueError(
+                f"--max_eval_samples={self.max_eval_samples}: must be >= 1 (rows of each evaluation dataset). Fix: give "
+                "a number of rows >= 1, or leave it unset to evaluate on every row."
+            )
+
+
+SCRIPT_FIELDS = {f.name for f in dataclasses.fields(TRAPOScriptArguments)}
+
+
+def make_parser(prog: str | None = None) -> TrlParser:
+    """The job's command-line parser.
+
+    Args:
+        prog: the command its usage line names (default `examples/trapo.py`; `trapo train` for the `trapo` command).
+
+    Returns:
+        `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
+        Abbreviations are refused (`allow_abbrev=False`): `--learning_rat` is an error, not `--learning_rate`.
+    """
+    builtin = ", ".join(f"{k}={v}" for k, v in BUILTIN_DEFAULTS.items() if k not in ("report_to", "output_dir"))
+    return TrlParser(
+        (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
+        allow_abbrev=False,
+        usage=f"{prog or MAIN_PROGRAM} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
+        epilog=(
+            "--config RECIPE.yaml reads arguments from a YAML file (keys are the argument names above); flags given on "
+            "the command line override the file. The defaults shown are TRAPOConfig's, which apply to your model "
+            "(--model_name_or_path, or model_name_or_path in the recipe). Without a model the job trains the "
+            "built-in tiny task suite and, for what you do not set, uses these instead: " + builtin + "."
+        ),
+    )
+
+
+JOB_CLASSES = (TRAPOScriptArguments, TRAPOConfig, ModelConfig)
+"""The argument dataclasses of the main job's parser. The helpers below take another tuple (and the program's name,
+for their messages) for a job whose parser has other dataclasses, e.g. `examples/trapo_vlm.py`'s: see
+[`parse_job_args`]."""
+MAIN_PROGRAM = "examples/trapo.py"
+
+
+def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
+    """Every argument name the parser accepts (the fields of `classes`, the parser's dataclasses), without `--`."""
+    return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
+
+
+def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
+    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
+
+    Args:
+        name: the unknown name, with or without leading dashes; hyphens count as underscores.
+        classes: the parser's argument dataclasses (default: the main job's).
+
+    Returns:
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
+    """
+    name = name.lstrip("-").replace("-", "_")
+    known = known_fields(classes)
+    matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
+    return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
+
+
+def optional_bool_fields(classes: tuple = JOB_CLASSES) -> set[str]:
+    """The arguments typed `bool | None` (default None: "decide for me", e.g. `bf16`, `exploration`).
+
+    `HfArgumentParser` gives a bare-flag form (`--fp16`) only to `bool` fields; these need a value (`--bf16 true`),
+    so `normalize_argv` supplies `true` when the flag stands alone.
+
+    Returns:
+        Their names (without `--`).
+    """
+    names = set()
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        names |= {f.name for f in dataclasses.fields(cls) if f.init and hints[f.name] == bool | None}
+    return names
+
+
+# a negative number argparse would read as an option: Python 3.11's argparse knows `-1` and `-0.5` as numbers but not
+# the exponent form (`-1e-3`), so `--learning_rate -1e-3` was "expected one argument"
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
+    """`argv` in the forms the parser reads as the user meant them.
+
+    1. `--config=PATH` is spelt `--config PATH`, the only form `TrlParser` reads.
+    2. A `bool | None` flag given alone (`--bf16`, followed by another flag or by nothing) gets the value `true`, as a
+       `bool` flag (`--fp16`) does (see `optional_bool_fields`).
+    3. A negative number after a flag is joined to it (`--learning_rate -1e-3` -> `--learning_rate=-1e-3`), so
+       argparse does not take the exponent form for an option.
+
+    Args:
+        argv: command-line arguments, without the program name.
+        classes: the parser's argument dataclasses (default: the main job's).
+
+    Returns:
+        A new list.
+    """
+    flags = {form for name in optional_bool_fields(classes) for form in (f"--{name}", f"--{name.replace('_', '-')}")}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if token.startswith("--config="):
+            out += ["--config", token.split("=", 1)[1]]
+        elif token in flags and (following is None or following.startswith("-")):
+            out.append(f"{token}=true")
+        elif token.startswith("--") and "=" not in token and following and NEGATIVE_NUMBER.match(following):
+            out.append(f"{token}={following}")
+            i += 1
+        else:
+            out.append(token)
+        i += 1
+    return out
+
+
+def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
+    """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
+
+    Args:
+        path: the value of `--config`.
+        classes: the parser's argument dataclasses (default: the main job's).
+        program: the script the messages name (`python <program> --help`).
+
+    Returns:
+        The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
+
+    Raises:
+        ValueError: naming `--config`, if the file does not exist, is not valid YAML (with the line and column), does
+            not hold a YAML mapping, or has a key that is no argument (with the closest known names).
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.load(handle, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKeyError as error:
+        raise ValueError(f"--config={path!r}: {error}") from error
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"--config={path!r}: not UTF-8 text ({error.reason} at byte {error.start}). Fix: save it as UTF-8 (e.g. "
+            f"`iconv -f latin1 -t utf-8 {path} > recipe.yaml`)."
+        ) from error
+    except yaml.YAMLError as error:  # the message says where: `line 3, column 7`
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ValueError(
+            f"--config={path!r}: not valid YAML{where} ({getattr(error, 'problem', None) or error}). Fix: write one "
+            "`key: value` per line (e.g. `learning_rate: 1.0e-5`), quoting values that hold `: ` or ` #`."
+        ) from error
+    if config is None:  # TRL's parser, which reads the file again, refuses it with "must contain a YAML mapping"
+        raise ValueError(
+            f"--config={path!r}: the file holds no settings (it is empty, or only comments). Fix: write one "
+            "`key: value` per line (e.g. `max_steps: 100`), or drop --config."
+        )
+    if not isinstance(config, dict):
+        raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
+    known = set(known_fields(classes)) | {"env"}
+    kinds = field_types(classes)
+    for key, value in config.items():
+        if key not in known:
+            raise ValueError(
+                f"--config={path!r}: unknown key {key!r}: no argument has this name."
+                f"{did_you_mean(str(key), classes)} Fix: correct or remove it (`python {program} --help` lists every "
+                "argument)."
+            )
+        if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
+            # argparse keeps a YAML default as it is: the job would read the text one character at a time
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} is text, but {key} is a list (YAML does not split text into "
+                f"one). Fix: write `{key}: [{value}]` (or `{key}: [a, b]` for several)."
+            )
+        problem = config_value_problem(value, kinds.get(key))
+        if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
+            raise ValueError(
+                f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
+                f"(`python {program} --help` shows the type of --{key})."
+            )
+    return config
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives one key twice (`yaml.safe_load` keeps the last value, silently)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping, naming the key and both lines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            mark = key_node.start_mark
+            where = (mark.line + 1, mark.column + 1)
+            if key in seen:
+                first = seen[key]
+                places = (
+                    f"lines {first[0]} and {where[0]}"
+                    if first[0] != where[0]
+                    else f"line {where[0]}, columns {first[1]} and {where[1]}"
+                )
+                raise DuplicateKeyError(
+                    f"the key {key!r} is given twice ({places}); YAML would keep the last value silently. Fix: keep "
+                    "one of them."
+                )
+            seen[key] = where
+        return super().construct_mapping(node, deep=deep)
+
+
+TEXT_FOR_LIST = {"lora_target_modules"}
+"""List arguments that also take one text value in the `--config` YAML, because what reads them takes text: PEFT's
+`target_modules` reads `all-linear` (or a regular expression) as a whole. Any other list argument given text would be
+read one character at a time (argparse keeps a YAML value as it is, as in `TrlParser`)."""
+
+
+def is_text_list(kind) -> bool:
+    """Whether the type `kind` (see `field_types`) is a list of text and nothing else that takes a string
+    (`list[str]`, `list[str] | None`; not `str | list[str]`)."""
+    options = (
+        [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind)
+        in (
+            typing.Union,
+            types.UnionType,
+        )
+        else [kind]
+    )
+    return len(options) == 1 and typing.get_origin(options[0]) is list and typing.get_args(options[0]) == (str,)
+
+
+def field_types(classes: tuple = JOB_CLASSES) -> dict[str, object]:
+    """Argument name -> its annotated type, for the fields of `classes` (default: the main job's dataclasses)."""
+    kinds: dict[str, object] = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        kinds.update({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
+    return kinds
+
+
+def config_value_problem(value, kind) -> str | None:
+    """What is wrong with a `--config` YAML value for an argument of type `kind`, or None if the parser takes it.
+
+    `TrlParser` hands YAML values to argparse as defaults, and argparse converts only strings: a list, a float or a
+    boolean given for a number reached the trainer as is. Checked: numbers, booleans, text, lists of those, `X | None`
+    and `Literal` choices; other types (unions of several types, dicts) are left to the parser.
+
+    Args:
+        value: the YAML value.
+        kind: the argument's type (see `field_types`), or None (unknown: not checked).
+
+    Returns:
+        E.g. `"is a list; a number is needed"`, or None.
+    """
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        others = [a for a in args if a is not type(None)]
+        if value is None:
+            return None if len(others) < len(args) else "is empty; a value is needed"
+        return config_value_problem(value, others[0]) if len(others) == 1 else None
+    if origin is typing.Literal:
+        return None if value in args else f"is not one of {list(args)}"
+    if origin is list:
+        if isinstance(value, str) and args and args[0] is str:  # one name, e.g. lora_target_modules: all-linear
+            return None
+        if not isinstance(value, list):
+            return "is not a list; write `[a, b]`"
+        problems = [(item, config_value_problem(item, args[0] if args else None)) for item in value]
+        return next((f"has the item {item!r}, which {problem}" for item, problem in problems if problem), None)
+    described = f"is {type(value).__name__ if value is not None else 'empty'}"
+    if kind is bool:
+        words = ("true", "false", "yes", "no", "1", "0")
+        return (
+            None if isinstance(value, bool) or str(value).lower() in words else f"{described}; true or false is needed"
+        )
+    if kind in (int, float):
+        need = "a whole number" if kind is int else "a number"
+        if isinstance(value, str):
+            try:
+                kind(value)  # what argparse will do with it (YAML reads `1e-5`, without a dot, as text)
+                return None
+            except ValueError:
+                return f"is not {need}"
+        numbers = (int,) if kind is int else (int, float)
+        return None if isinstance(value, numbers) and not isinstance(value, bool) else f"{described}; {need} is needed"
+    if kind is str:
+        return None if isinstance(value, str) else f"{described}; text is needed (quote it)"
+    return None
+
+
+def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> tuple[dict, list[str]]:
+    """The `--config` YAML mapping of `argv` and the other arguments.
+
+    Args:
+        argv: command-line arguments (`--config=PATH` already spelt `--config PATH`, see `normalize_argv`).
+        classes, program: as in [`read_config_file`].
+
+    Returns:
+        `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
+
+    Raises:
+        ValueError: if `--config` has no value, or as `read_config_file`.
+    """
+    if "--config" not in argv:
+        return {}, list(argv)
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        raise ValueError("--config needs a value: the path of a YAML recipe.")
+    return read_config_file(argv[i + 1], classes, program), argv[:i] + argv[i + 2 :]
+
+
+NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
+
+
+def given_arguments(
+    argv: list[str], classes: tuple = JOB_CLASSES, parser_factory=None, program: str = MAIN_PROGRAM
+) -> dict:
+    """The arguments the user gave, in the `--config` YAML or on the command line (which wins), with their values.
+
+    Args:
+        argv: command-line arguments, without the program name.
+        classes: the parser's argument dataclasses (default: the main job's).
+        parser_factory: builds a fresh parser over `classes` (default: the main job's `make_parser`); the one it
+            returns gets sentinel defaults, so it must not be the parser that parses the command line.
+        program: the script the messages name.
+
+    Returns:
+        Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
+
+    Raises:
+        ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
+            known names (abbreviations are unknown arguments).
+    """
+    config, rest = split_config(normalize_argv(list(argv), classes), classes, program)
+    parser = (parser_factory or make_parser)()
+    parser.set_defaults(**dict.fromkeys(known_fields(classes), NOT_GIVEN))  # non-string sentinel: argparse keeps it
+    namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
+    for token in unknown:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("-"):
+            raise ValueError(
+                f"{flag}: unknown argument.{did_you_mean(flag, classes)} Fix: spell the argument in full "
+                f"(`python {program} --help` lists every argument)."
+            )
+        raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
+    given = {key: value for key, value in config.items() if key != "env"}
+    given.update({key: value for key, value in vars(namespace).items() if value is not NOT_GIVEN})
+    return given
+
+
+def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str) -> tuple:
+    """Parse a job's command line with the main job's checks: `normalize_argv`'s forms (`--config=PATH`, a bare
+    `bool | None` flag, a negative number), `--config` YAML keys and value types, and unknown arguments refused with
+    the closest known names, before `TrlParser.parse_args_and_config` builds the dataclasses. The VLM and agent jobs
+    (`trl_trapo.jobs.vision`, `trl_trapo.jobs.agent`) parse with it.
+
+    Args:
+        parser_factory: builds the job's parser over `classes`, with the job's defaults (called twice: once for the
+            checks, once to parse).
+        classes: the parser's argument dataclasses, in its order.
+        argv: command-line arguments, without the program name.
+        program: the script the messages name (e.g. `"examples/trapo_vlm.py"`).
+
+    Returns:
+        One instance of each of `classes`, as `parse_args_and_config` returns them.
+
+    Raises:
+        ValueError: as [`given_arguments`], or for a value a dataclass refuses.
+        SystemExit: from argparse, for `--help`.
+    """
+    argv = normalize_argv(list(argv), classes)
+    given_arguments(argv, classes, parser_factory, program)
+    return parser_factory().parse_args_and_config(argv)
+
+
+def given_model(argv: list[str]) -> str | None:
+    """The `model_name_or_path` that `argv` gives the parser, or None.
+
+    Every form the parser accepts counts: `--model_name_or_path X`, `--model-name-or-path X`,
+    `--model_name_or_path=X`, and `model_name_or_path` in the YAML of `--config` (command-line flags override the
+    file, as in `TrlParser.parse_args_and_config`).
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        The model id / directory, or None when no model is given.
+
+    Raises:
+        ValueError: as `given_arguments`.
+    """
+    return given_arguments(argv).get("model_name_or_path")
+
+
+def builtin_mode(argv: list[str]) -> bool:
+    """Whether `argv` selects the tiny built-in job.
+
+    Args:
+        argv: command-line arguments, without the program name.
+
+    Returns:
+        True when neither the command line nor the `--config` YAML gives a model.
+
+    Raises:
+        ValueError: as `given_arguments`.
+    """
+    return given_model(argv) is None
+
+
+def builtin_defaults(given: dict) -> dict:
+    """The built-in defaults that apply when the user gave `given`: they fill only what the user did not give.
+
+    1. A name the user gave keeps the user's value.
+    2. A built-in default that another argument the user set makes wrong is dropped (`BUILTIN_YIELDS`): e.g.
+       `--save_steps 10` brings back `TRAPOConfig`'s `save_strategy="steps"` instead of the built-in `"no"`.
+    3. Defaults proportional to the run's length (`BUILTIN_SCALED`: evaluation, logging and warm-up steps, set for
+       `max_steps=1000`) follow the user's `max_steps`; with `num_train_epochs` (length unknown in advance) they
+       become fractions of the run, which `TrainingArguments` reads as ratios of the total steps.
+
+    Args:
+        given: argument name -> value the user gave (see `given_arguments`).
+
+    Returns:
+        Argument name -> default, for `parser.set_defaults`.
+    """
+    defaults = {name: value for name, value in BUILTIN_DEFAULTS.items() if name not in given}
+    for name, users in BUILTIN_YIELDS.items():
+        if any(
+            user in given and (user not in BUILTIN_DEFAULTS or given[user] != BUILTIN_DEFAULTS[user]) for user in users
+        ):
+            defaults.pop(name, None)
+    if "max_steps" not in defaults:  # the user chose the run's length (`max_steps`, or epochs)
+        max_steps = float(given.get("max_steps", -1))
+        for name in BUILTIN_SCALED:
+            if name in defaults:
+                fraction = BUILTIN_DEFAULTS[name] / BUILTIN_DEFAULTS["max_steps"]
+                if max_steps > 0:
+                    defaults[name] = max(round(fraction * max_steps), 0 if name == "warmup_steps" else 1)
+                else:
+                    defaults[name] = fraction
+    return defaults
+
+
+def check_lora_arguments(model_args: ModelConfig) -> None:
+    """Refuse, naming the flag, a LoRA setting of TRL's `ModelConfig` that PEFT would refuse (or silently misuse) only
+    once the trainer builds the adapter: checked at parse time, when `--use_peft` is set (without it they are unused).
+
+    Args:
+        model_args: the parsed model arguments.
+
+    Raises:
+        ValueError: naming the flag, the value and the fix, for `--lora_r` < 1 (PEFT: "`r` should be a positive
+            integer"), `--lora_alpha` <= 0 (a zero scale trains nothing, a negative one flips the update),
+            `--lora_dropout` outside [0, 1) (torch refuses > 1; 1 drops every input), or a `--lora_task_type` other
+            than `CAUSAL_LM` (the policy is a causal LM; another type builds the wrong PEFT model class).
+    """
+    if not model_args.use_peft:
+        return
+    r, alpha, dropout = model_args.lora_r, model_args.lora_alpha, model_args.lora_dropout
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"--lora_r={r!r}: the LoRA rank must be a whole number >= 1. Fix: e.g. --lora_r 16.")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+        raise ValueError(
+            f"--lora_alpha={alpha!r}: must be > 0 (the adapter's update is scaled by lora_alpha / lora_r: 0 trains "
+            "nothing, a negative value flips it). Fix: e.g. --lora_alpha 32 (twice --lora_r is common)."
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(
+            f"--lora_dropout={dropout!r}: must be a probability in [0, 1) (1 drops every input of the adapter). Fix: "
+            "e.g. --lora_dropout 0.05, or 0 for none."
+        )
+    if model_args.lora_task_type != "CAUSAL_LM":
+        raise ValueError(
+            f"--lora_task_type={model_args.lora_task_type!r}: the policy is a causal language model, whose adapter is "
+            "built for CAUSAL_LM (another task type wraps it in the wrong PEFT model class). Fix: leave it unset "
+            "(CAUSAL_LM)."
+        )
+
+
+def parse_args(
+    argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
+) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
+    """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
+    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
+
+    Args:
+        argv: command-line arguments without the program name (default `sys.argv[1:]`).
+        defaults: extra parser defaults of a calling script (e.g. a shorter `max_steps` for a smoke run); like the
+            built-in defaults, they fill only what the user did not give.
+        prog: the command the usage line names (see `make_parser`).
+
+    Returns:
+        `(script_args, training_args, model_args)`.
+
+    Raises:
+        ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), a value
+            `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
+    """
+    argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
+    given = given_arguments(argv)
+    parser = make_parser(prog)
+    if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
+        parser.set_defaults(**builtin_defaults(given))
+    if defaults:
+        parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
+    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    check_lora_arguments(model_args)
+    return script_args, training_args, model_args
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loading user data and models, with errors that name the argument
+# ---------------------------------------------------------------------------------------------------------------------
+SPLIT_PART = re.compile(r"^\s*([\w.-]+)\s*(\[[^\]]*\])?\s*$")  # `train`, `train[:90%]`, `test[10:20]`
+
+
+def split_bases(split: str) -> list[str]:
+    """The split names in a `datasets` split expression.
+
+    Args:
+        split: a split name or expression, e.g. `"train[:90%]+test"`.
+
+    Returns:
+        The names it reads, e.g. `["train", "test"]`; `[split]` when it is not a parsable expression.
+    """
+    parts = [SPLIT_PART.match(part) for part in split.split("+")]
+    return [part.group(1) for part in parts] if all(parts) else [split]
+
+
+def check_checkpoint(value: str | None, arg: str = "--resume_from_checkpoint") -> None:
+    """Fail early, naming `arg`, when `value` is not a checkpoint directory the Trainer can resume from.
+
+    Args:
+        value: the checkpoint directory (`<output_dir>/checkpoint-<step>`), or None (start from scratch).
+        arg: the argument that gave it.
+
+    Raises:
+        ValueError: for a folder of checkpoints (an `output_dir`; the message names the latest one), or a directory
+            that does not exist or holds no `trainer_state.json`.
+    """
+    if value is None:
+        return
+    path = os.path.expanduser(value)
+    latest = get_last_checkpoint(path) if os.path.isdir(path) else None
+    if latest is not None and not os.path.basename(os.path.normpath(path)).startswith("checkpoint-"):
+        raise ValueError(
+            f"{arg}={value!r}: a folder of checkpoints (an output_dir), not a checkpoint. Fix: give one of them, e.g. "
+            f"the latest: {latest!r}."
+        )
+    if os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+        return
+    problem = (
+        f"not a checkpoint (no {TRAINER_STATE_NAME})"
+        if os.path.isdir(path)
+        else f"no such directory ({os.path.abspath(path)})"
+    )
+    raise ValueError(
+        f"{arg}={value!r}: {problem}. Fix: give a checkpoint directory written by the Trainer "
+        "(`<output_dir>/checkpoint-<step>`), or leave it unset to start from scratch."
+    )
+
+
+@dataclass
+class DatasetSplits:
+    """The splits of one dataset argument (`--dataset_name` etc.), read once; `get` returns one of them, non-empty.
+
+    Attributes:
+        name: the argument's value (Hub id or local path).
+        arg: the argument, e.g. `"--dataset_name"`, for error messages.
+        splits: split name -> `Dataset` / `IterableDataset`.
+        single: a single local file or a single `save_to_disk` dataset: its one split is `train`.
+        reload: split expression -> dataset; None where expressions are unsupported (`save_to_disk`).
+    """
+
+    name: str
+    arg: str
+    splits: dict  # split name -> Dataset / IterableDataset
+    single: bool  # a single local file or a single `save_to_disk` dataset: its one split is `train`
+    reload: Callable | None = None  # split expression -> dataset (None: expressions unsupported, e.g. save_to_disk)
+
+    def get(self, split: str, split_arg: str | None = None):
+        """One split, non-empty.
+
+        Args:
+            split: a split name or an expression such as `train[:90%]`.
+            split_arg: the argument that chose the split (e.g. `"--dataset_test_split"`), for error messages.
+
+        Returns:
+            The `Dataset` (or `IterableDataset` when streaming).
+
+        Raises:
+            ValueError: naming `split_arg` and the dataset argument, if the split does not exist (with the available
+                splits) or is empty; a single file has only `train`.
+        """
+        which = f"{split_arg}={split!r}" if split_arg else f"split {split!r}"
+        where = f"{self.arg}={self.name!r}"
+        if split in self.splits:
+            dataset = self.splits[split]
+        else:
+            missing = [base for base in split_bases(split) if base not in self.splits]
+            if missing and self.single:
+                raise ValueError(
+                    f"{which}: {where} is a single file, which has only a 'train' split. Fix: put the splits in one "
+                    f"directory as train.jsonl / {missing[0]}.jsonl (or .json/.csv/.parquet) and pass the directory"
+                    + (f", or leave {split_arg} unset." if split_arg else ".")
+                )
+            if missing:
+                raise ValueError(f"{which}: {where} has no split {missing[0]!r}; available: {sorted(self.splits)}.")
+            if self.reload is None:
+                raise ValueError(
+                    f"{which}: split expressions are not supported for this dataset; available: {sorted(self.splits)}."
+                )
+            dataset = self.reload(split)
+        if hasattr(dataset, "__len__"):
+            empty = len(dataset) == 0
+        else:  # streaming: look at the first row
+            try:
+                empty = next(iter(dataset.take(1)), None) is None
+            except Exception as error:
+                raise ValueError(f"{where}: cannot read split {split!r} ({type(error).__name__}: {error}).") from error
+        if empty:
+            raise ValueError(f"{where}: split {split!r} is empty (no rows). Fix: point at data with rows.")
+        if hasattr(dataset, "__len__"):
+            check_utf8(dataset, where, os.path.expanduser(self.name))
+        return dataset
+
+
+def check_utf8(dataset, where: str, path: str) -> None:
+    """Refuse a map-style dataset whose text is not UTF-8: `datasets` loads such a JSON / CSV file without a word
+    (Arrow keeps the bytes) and Python fails on the first row read, with only `'utf-8' codec can't decode byte ...`.
+    Arrow's full validation checks every string, nested ones included.
+
+    Args:
+        dataset: a `datasets.Dataset`.
+        where: `--arg='value'`, for the message.
+        path: the local file or directory it was read from (to name the file and line), or a Hub id.
+
+    Raises:
+        ValueError: naming `where`, the file and line (local JSON) or the column, and the fix.
+    """
+    import pyarrow as pa
+
+    table = dataset.data.table  # the Arrow table behind the rows (`Dataset.data`)
+    for column in table.column_names:
+        try:
+            table.column(column).validate(full=True)
+        except pa.ArrowInvalid as error:
+            if "utf8" not in str(error).lower():
+                raise
+            raise encoding_error(where, path, f"column {column!r} holds text that is not UTF-8") from error
+
+
+TEXT_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".txt")  # data files `datasets` decodes as UTF-8 text
+
+
+def data_files(path: str, suffixes: tuple[str, ...] = TEXT_DATA_SUFFIXES) -> list[str]:
+    """The data files of a local dataset `path` with one of `suffixes`: the file itself, or a directory's files (every
+    level, sorted; `save_to_disk` metadata excluded)."""
+    if not os.path.isdir(path):
+        return [path] if path.lower().endswith(suffixes) else []
+    return sorted(
+        os.path.join(root, name)
+        for root, _, names in os.walk(path)
+        for name in names
+        if name.lower().endswith(suffixes) and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+    )
+
+
+def encoding_problem(path: str) -> str | None:
+    """The first local text data file of `path` (see `data_files`) that is not UTF-8, with the line, or None."""
+    for file in data_files(path) if os.path.exists(path) else []:
+        with open(file, "rb") as handle:
+            data = handle.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+    return None
+
+
+def encoding_error(where: str, path: str, fallback: str) -> ValueError:
+    """The error for data that is not UTF-8 text: the file and line `encoding_problem` finds (else `fallback`), and
+    how to re-encode it."""
+    located = encoding_problem(path)
+    file = located.split(", line ")[0] if located else path
+    return ValueError(
+        f"{where}: {located or fallback}. Fix: re-encode the data as UTF-8, e.g. `iconv -f latin1 -t utf-8 {file} > "
+        f"fixed{os.path.splitext(file)[1] or '.jsonl'}` (if it was written as Latin-1)."
+    )
+
+
+def dataset_subfolders(path: str) -> dict[str, list[str]]:
+    """The sub-folders of a local directory `path` that hold data files, each with its files (relative to it)."""
+    if not os.path.isdir(path):
+        return {}
+    folders = {}
+    for entry in sorted(os.listdir(path)):
+        sub = os.path.join(path, entry)
+        files = data_files(sub, (*TEXT_DATA_SUFFIXES, ".parquet", ".arrow")) if os.path.isdir(sub) else []
+        if files:
+            folders[entry] = [os.path.relpath(f, sub) for f in files]
+    return folders
+
+
+def load_splits(
+    name: str, config: str | None = None, streaming: bool = False, *, arg: str = "--dataset_name"
+) -> DatasetSplits:
+    """Every split of a local file (one split, `train`), a local directory (data files named by split, e.g.
+    `train.jsonl` + `test.jsonl`, or a `save_to_disk` directory) or a Hub dataset id.
+
+    Args:
+        name: Hub dataset id, local file or directory.
+        config: dataset configuration name (Hub / directory datasets).
+        streaming: load as `IterableDataset`s.
+        arg: the argument that gave `name`, for error messages.
+
+    Returns:
+        `DatasetSplits` holding every split.
+
+    Raises:
+        ValueError: naming `arg` and `name`, if the path does not exist, the file type is unknown, a file is empty or
+            cannot be read, or the Hub id cannot be loaded.
+    """
+    path = os.path.expanduser(name)
+    where = f"{arg}={name!r}"
+    if os.path.isfile(path):
+        extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
+        builder = FILE_BUILDERS.get(extension)
+        if builder is None:
+            raise ValueError(
+                f"{where}: cannot read a {extension or 'extension-less'!r} file. Fix: use a "
+                ".json/.jsonl/.csv/.parquet/.txt file or a directory."
+            )
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"{where}: the file is empty (0 bytes). Fix: point at a file with rows.")
+
+        def reload(split):
+            return _load(where, builder, None, streaming, data_files=path, split=split)
+
+        return DatasetSplits(name, arg, {"train": reload("train")}, single=True, reload=reload)
+    if os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "dataset_dict.json", "state.json")
+    ):  # `save_to_disk` output
+        try:
+            loaded = load_from_disk(path)
+        except Exception as error:
+            raise ValueError(f"{where}: cannot read this `save_to_disk` directory ({error}).") from error
+        if hasattr(loaded, "keys"):
+            return DatasetSplits(name, arg, dict(loaded), single=False)
+        return DatasetSplits(name, arg, {"train": loaded}, single=True)
+    check_data_source(name, arg)
+    hint = (
+        ""
+        if os.path.isdir(path)
+        else f"it is not a local file or directory ({os.path.abspath(path)} does not exist), and loading it as a Hub "
+        "dataset failed; correct the path or the dataset id"
+    )
+    source = path if os.path.isdir(path) else name
+
+    def reload(split):
+        return _load(where, source, config, streaming, hint=hint, split=split)
+
+    return DatasetSplits(name, arg, dict(_load(where, source, config, streaming, hint=hint)), False, reload)
+
+
+def _load(where: str, path: str, config: str | None, streaming: bool, hint: str = "", **kwargs):
+    """`datasets.load_dataset(path, config, ...)` with its errors turned into a `ValueError` that names `where`."""
+    try:
+        return load_dataset(path, config, streaming=streaming, **kwargs)
+    except StopIteration as error:  # datasets' JSON builder on an empty file
+        raise ValueError(f"{where}: a data file is empty (no rows). Fix: point at data with rows.") from error
+    except Exception as error:
+        message = str(error) or type(error).__name__
+        if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
+            raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
+        local = kwargs.get("data_files") or path
+        causes, cause = [], error
+        while cause is not None and len(causes) < 20:  # datasets wraps the reader's error in DatasetGenerationError
+            causes.append(cause)
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(local, str) and any(isinstance(c, UnicodeDecodeError) for c in causes):
+            raise encoding_error(where, local, "a data file is not UTF-8 text") from error
+        folders = dataset_subfolders(local) if isinstance(local, str) else {}
+        if folders:  # datasets reads the files of every sub-folder as one dataset
+            listed = "; ".join(
+                f"{name}/ ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''})"
+                for name, files in folders.items()
+            )
+            arg = where.split("=", 1)[0]
+            wanted = {"--sft_dataset_name": "sft", "--pretrain_dataset_name": "pretrain"}.get(arg, "rl")
+            pick = next((name for name in folders if wanted in name.lower()), next(iter(folders)))
+            raise ValueError(
+                f"{where}: cannot load the folder as one dataset ({type(error).__name__}: {message}): it holds the "
+                f"data folders {listed}, whose files `datasets` reads together (they must share their columns). Fix: "
+                f"name one of them, e.g. `{arg} {os.path.join(local, pick)}`."
+            ) from error
+        problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
+        if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
+            raise ValueError(
+                f"{where}: {problem}. Fix: repair or remove that line (each line of a .jsonl file is one JSON object, "
+                "e.g. a write that was cut short leaves a truncated last line)."
+            ) from error
+        fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
+        raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def json_syntax_problem(path: str) -> str | None:
+    """The first line that is not a JSON object in the local JSON / JSON Lines data at `path`, or None; read only
+    after `datasets` failed to load it, to say where (its own message names neither the file nor the line).
+
+    Args:
+        path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
+
+    Returns:
+        E.g. `"data/rl.jsonl, line 2: not valid JSON (Unterminated string ...): '{"prompt": "b=", "answ'"`; None
+        when every file reads (a `.json` file as one JSON document or as JSON Lines) or there is no such file.
+    """
+    if os.path.isdir(path):
+        files = sorted(
+            os.path.join(root, name)
+            for root, _, names in os.walk(path)
+            for name in names
+            if name.endswith((".json", ".jsonl"))
+            and name not in ("dataset_info.json", "dataset_dict.json", "state.json")
+        )
+    else:
+        files = [path] if path.endswith((".json", ".jsonl")) else []
+    for file in files:
+        try:
+            with open(file, encoding="utf-8") as handle:
+                text = handle.read()
+        except UnicodeDecodeError as error:
+            line = text_line_of_byte(file, error.start)
+            return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
+        if file.endswith(".json"):
+            try:
+                json.loads(text)
+                continue  # one JSON document
+            except json.JSONDecodeError:
+                pass  # JSON Lines in a .json file, as datasets reads it too
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                shown = line if len(line) <= 80 else line[:77] + "..."
+                return f"{file}, line {number}: not valid JSON ({error.msg}, column {error.colno}): {shown!r}"
+            if not isinstance(row, dict):
+                return f"{file}, line {number}: a JSON {type(row).__name__}, not an object (one row per line)"
+    return None
+
+
+def text_line_of_byte(file: str, offset: int) -> int:
+    """The 1-based line of `file` that holds byte `offset`."""
+    with open(file, "rb") as handle:
+        return handle.read(offset).count(b"\n") + 1
+
+
+def load_any(
+    name: str,
+    config: str | None,
+    split: str,
+    streaming: bool = False,
+    *,
+    arg: str = "--dataset_name",
+    split_arg: str | None = None,
+):
+    """One non-empty split of a Hub dataset or of a local file / directory (`save_to_disk` directories included).
+
+    A single local file has only a `train` split: asking it for another split is an error (never its training rows).
+
+    Args:
+        name: Hub dataset id, local file or directory.
+        config: dataset configuration name.
+        split: split name or expression.
+        streaming: load as an `IterableDataset`.
+        arg: the argument that gave `name`, for error messages.
+        split_arg: the argument that gave `split`, for error messages.
+
+    Returns:
+        The split.
+
+    Raises:
+        ValueError: naming `arg` / `split_arg`, for a missing path or split, an empty or unreadable dataset.
+    """
+    return load_splits(name, config, streaming, arg=arg).get(split, split_arg)
+
+
+def local_or_hub(value: str) -> str:
+    """A model argument as `from_pretrained` must receive it: `~` expanded when it names an existing local path.
+
+    The checks (`paths.check_model_source`) expand `~`, transformers does not (it takes `~/models/x` for a malformed Hub id),
+    so a `~` path from a recipe or from `--flag=~/...` (which the shell leaves alone) would pass the check and fail
+    to load.
+
+    Args:
+        value: a Hub model id or a local directory.
+
+    Returns:
+        The expanded path if it exists, else `value` unchanged.
+    """
+    path = os.path.expanduser(value)
+    return path if os.path.exists(path) else value
+
+
+# files a tokenizer is loaded from (any one of them): transformers' fast and slow tokenizer files
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def load_pretrained(loader, value: str, arg: str, **kwargs):
+    """`loader.from_pretrained(value, **kwargs)` with a model or tokenizer that cannot be loaded reported as a
+    `ValueError` naming `arg`.
+
+    Args:
+        loader: a class with `from_pretrained` (e.g. `AutoTokenizer`).
+        value: Hub id or local directory.
+        arg: the argument that gave `value`, for error messages.
+        **kwargs: passed to `from_pretrained`.
+
+    Returns:
+        What `from_pretrained` returns.
+
+    Raises:
+        ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id),
+            or, for a local directory, a `ValueError` (e.g. a tokenizer without tokenizer files: the message says which
+            files a tokenizer needs).
+    """
+    path = os.path.expanduser(value)
+    local = os.path.isdir(path)
+    try:
+        return loader.from_pretrained(local_or_hub(value), **kwargs)
+    except (OSError, ValueError) as error:  # OSError includes huggingface_hub's validation and connection errors
+        if isinstance(error, ValueError) and not local:
+            raise
+        if (
+            local
+            and loader is AutoTokenizer
+            and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+        ):
+            raise ValueError(
+                f"{arg}={value!r}: the directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
+                "the tokenizer cannot be loaded from it. Fix: save the tokenizer next to the model "
+                "(`tokenizer.save_pretrained(directory)`), or point at a directory that has one."
+            ) from error
+        where = (
+            "cannot load this local directory"
+            if local
+            else f"no local directory {os.path.abspath(path)}, and loading it from the Hub (or its cache) failed"
+        )
+        raise ValueError(
+            f"{arg}={value!r}: {where} ({type(error).__name__}: {error}). Fix: give an existing local model directory "
+            "or a Hub model id you can reach."
+        ) from error
+
+
+@dataclass
+class JobInputs:
+    """Everything the trainer is built from, and where each part came from.
+
+    Attributes:
+        builtin: built-in mode (no model given).
+        model: the built-in model, or the Hub id / directory the trainer loads.
+        tokenizer: the processing class.
+        train_dataset: RL prompts.
+        eval_dataset: held-out RL prompts (at most `--max_eval_samples` rows), or None (no held-out RL evaluation).
+        sft_dataset: SFT demonstrations, or None.
+        pretrain_dataset: pretraining text, or None.
+        distillation_dataset: reward-free prompts for on-policy distillation, or None.
+        reward_funcs: reward functions (the reward model, if any, is passed to the trainer by name).
+        value_model: the critic, or None.
+        builtin_eval: `eval_dataset` is the built-in held-out suite (exact-match accuracy is computed on it).
+        sources: role -> "built-in", "none" or the argument that gave it.
+        model_init_kwargs: in real-model mode, the `from_pretrained` keyword arguments from the model arguments.
+    """
+
+    builtin: bool
+    model: object  # a model, or a Hub id / directory the trainer loads
+    tokenizer: object
+    train_dataset: object = None
+    eval_dataset: object = None
+    sft_dataset: object = None
+    pretrain_dataset: object = None
+    distillation_dataset: object = None
+    reward_funcs: list = field(default_factory=list)
+    value_model: object = None
+    builtin_eval: bool = False  # eval_dataset is the built-in held-out suite (exact-match accuracy is computed on it)
+    sources: dict[str, str] = field(default_factory=dict)  # role -> "built-in" or the argument that gave it
+    model_init_kwargs: dict | None = None  # `from_pretrained` keyword arguments of a real model
+
+
+def load_rl_data(script_args: TRAPOScriptArguments):
+    """The RL training split and the held-out RL split of `--dataset_name`.
+
+    Args:
+        script_args: `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` are read.
+
+    Returns:
+        `(train, evaluation)`; `evaluation` is None when there is no held-out RL evaluation (no `test` split by
+        default, or `--dataset_test_split none`).
+
+    Raises:
+        ValueError: naming the argument, for a missing path or split, an empty or unreadable dataset.
+    """
+    name = script_args.dataset_name
+    data = load_splits(name, script_args.dataset_config, arg="--dataset_name")
+    train = data.get(script_args.dataset_train_split, "--dataset_train_split")
+    test_split = script_args.dataset_test_split
+    if test_split is None:  # the default: the `test` split of a directory / Hub dataset, if there is one
+        if data.single or "test" not in data.splits:
+            reason = (
+                "a single file has only a 'train' split" if data.single else f"its splits are {sorted(data.splits)}"
+            )
+            logger.info(
+                "No held-out RL evaluation: --dataset_name=%r has no 'test' split (%s); set --dataset_test_split to "
+                "choose one.",
+                name,
+                reason,
+            )
+            return train, None
+        test_split = "test"
+    elif test_split.strip().lower() in ("", "none"):
+        return train, None
+    if test_split == script_args.dataset_train_split:
+        logger.warning("--dataset_test_split=%r is the training split: the evaluation is not held out.", test_split)
+    evaluation = data.get(test_split, "--dataset_test_split")
+    return train, evaluation
+
+
+def cap_rows(dataset, max_rows: int, what: str):
+    """The first `max_rows` rows of an evaluation dataset (`--max_eval_samples`), logged when rows are dropped.
+
+    Args:
+        dataset: a `Dataset`.
+        max_rows: the cap (>= 1).
+        what: the dataset's role, for the log line.
+
+    Returns:
+        `dataset` itself when it has at most `max_rows` rows, else `dataset.select(range(max_rows))`.
+    """
+    if len(dataset) <= max_rows:
+        return dataset
+    logger.info("Evaluating on the first %d of the %d rows of %s (--max_eval_samples).", max_rows, len(dataset), what)
+    return dataset.select(range(max_rows))
+
+
+def resolve_reward_func(name: str) -> Callable:
+    """The reward function `--reward_funcs` names: a built-in one, or one of yours by its dotted import path.
+
+    As in TRL's scripts (`trl/scripts/grpo.py`), `my_module.my_reward` imports `my_module` (the current directory is
+    searched first, so a `my_module.py` next to where you launch works) and takes its attribute `my_reward`.
+
+    Args:
+        name: a key of `REWARD_FUNCTIONS` or `module.path.function`.
+
+    Returns:
+        The function (called as TRL calls reward functions: `func(prompts=..., completions=..., **columns)`).
+
+    Raises:
+        ValueError: naming `--reward_funcs`, the value, the built-in names and the dotted form, if the name is not
+            built in and has no dot, its module cannot be imported, the module has no such attribute, or the
+            attribute is not callable.
+    """
+    if name in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[name]
+    fix = (
+        f"Fix: use a built-in name ({', '.join(sorted(REWARD_FUNCTIONS))}) or the dotted import path of your function "
+        "(`my_module.my_reward` for `def my_reward(completions, **kwargs)` in my_module.py, importable from the "
+        "current directory)."
+    )
+    module_name, _, attribute = name.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"--reward_funcs {name!r}: not a built-in reward function nor a dotted import path. {fix}")
+    if os.getcwd() not in sys.path:  # TRL's scripts import reward functions from the launch directory too
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a missing module, or an error raised while importing the user's module
+        raise ValueError(
+            f"--reward_funcs {name!r}: cannot import module {module_name!r} ({type(error).__name__}: {error}). {fix}"
+        ) from error
+    func = getattr(module, attribute, None)
+    if func is None:
+        raise ValueError(f"--reward_funcs {name!r}: module {module_name!r} has no attribute {attribute!r}. {fix}")
+    if not callable(func):
+        raise ValueError(f"--reward_funcs {name!r}: {attribute!r} is a {type(func).__name__}, not a function. {fix}")
+    return func
+
+
+def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> JobInputs:
+    """Check the arguments, load the user's data and model (or build the built-in ones); no training.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: `seed` is read (never changed).
+        model_args: `model_name_or_path` (None: built-in mode), revision, dtype, attention, quantization.
+
+    Returns:
+        `JobInputs`.
+
+    Raises:
+        ValueError: naming the argument, for a reward function that is neither built in nor importable, an
+            unsupported TRL script argument, a
+            missing model, dataset or checkpoint path (all checked before anything is loaded), or bad data (raised
+            before any model is loaded).
+    """
+    # step 0. arguments that need no loading
+    for arg, value in (
+        ("--dataset_streaming", script_args.dataset_streaming),
+        ("--ignore_bias_buffers", script_args.ignore_bias_buffers),
+    ):
+        if value:
+            raise ValueError(
+                f"{arg}=True: not supported by this job (a field of TRL's `ScriptArguments`). Fix: leave it unset"
+                + (
+                    "; to stream the pretraining text, use --pretrain_streaming."
+                    if arg == "--dataset_streaming"
+                    else "."
+                )
+            )
+    check_lora_arguments(model_args)  # again for a caller of `main` who built the ModelConfig in Python
+    reward_funcs = [resolve_reward_func(name) for name in script_args.reward_funcs]  # imports user code, loads nothing
+    builtin = model_args.model_name_or_path is None
+    model_init_kwargs = None
+    if not builtin:
+        check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+    for arg, value in (
+        ("--reward_model_name_or_path", script_args.reward_model_name_or_path),
+        ("--value_model_name_or_path", script_args.value_model_name_or_path),
+        ("--teacher_model_name_or_path", training_args.teacher_model_name_or_path),
+    ):
+        if value is not None:
+            check_model_source(value, arg)
+    for arg, value in (
+        ("--dataset_name", script_args.dataset_name),
+        ("--sft_dataset_name", script_args.sft_dataset_name),
+        ("--pretrain_dataset_name", script_args.pretrain_dataset_name),
+        ("--distillation_dataset_name", script_args.distillation_dataset_name),
+    ):
+        if value:
+            check_data_source(value, arg)
+    if script_args.distillation_dataset_name and not training_args.teacher_model_name_or_path:
+        raise ValueError(
+            f"--distillation_dataset_name={script_args.distillation_dataset_name!r} gives prompts for on-policy "
+            "distillation, which needs a teacher: add --teacher_model_name_or_path, or drop --distillation_dataset_name."
+        )
+    check_checkpoint(training_args.resume_from_checkpoint)
+    sources: dict[str, str] = {}
+
+    # step 1. the user's data (Hub ids or local paths), loaded before any model so that bad data fails fast
+    train_dataset = eval_dataset = sft_dataset = pretrain_dataset = distillation_dataset = None
+    if script_args.dataset_name:
+        train_dataset, eval_dataset = load_rl_data(script_args)
+        sources["rl"] = f"--dataset_name={script_args.dataset_name!r}"
+        sources["eval"] = (
+            f"--dataset_name={script_args.dataset_name!r} ({script_args.dataset_test_split or 'test'} split)"
+            if eval_dataset is not None
+            else "none"
+        )
+    if script_args.sft_dataset_name:
+        sft_dataset = load_any(
+            script_args.sft_dataset_name,
+            script_args.sft_dataset_config,
+            script_args.sft_dataset_split,
+            arg="--sft_dataset_name",
+            split_arg="--sft_dataset_split",
+        )
+        sources["sft"] = f"--sft_dataset_name={script_args.sft_dataset_name!r}"
+    if script_args.pretrain_dataset_name:
+        pretrain_dataset = load_any(
+            script_args.pretrain_dataset_name,
+            script_args.pretrain_dataset_config,
+            script_args.pretrain_dataset_split,
+            streaming=script_args.pretrain_streaming,
+            arg="--pretrain_dataset_name",
+            split_arg="--pretrain_dataset_split",
+        )
+        sources["pretrain"] = f"--pretrain_dataset_name={script_args.pretrain_dataset_name!r}"
+    if script_args.distillation_dataset_name:
+        distillation_dataset = load_any(
+            script_args.distillation_dataset_name,
+            script_args.distillation_dataset_config,
+            script_args.distillation_dataset_split,
+            arg="--distillation_dataset_name",
+            split_arg="--distillation_dataset_split",
+        )
+        sources["distill"] = f"--distillation_dataset_name={script_args.distillation_dataset_name!r}"
+    given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
+    if script_args.reward_model_name_or_path:
+        given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
+    if given_rewards:
+        sources["reward"] = " + ".join(given_rewards)
+
+    # step 2. the model and tokenizer, and the built-in parts the user did not replace
+    builtin_eval = False
+    if builtin:
+        from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(tokenizer, seed=training_args.seed)
+        sources["model"] = "built-in"
+        suite = make_task_suite(seed=script_args.task_suite_seed)
+        if "rl" not in sources:  # the user's RL data replaces the built-in prompts and the built-in evaluation
+            train_dataset, eval_dataset, builtin_eval = suite.rl_train, suite.eval, True
+            sources["rl"] = sources["eval"] = "built-in"
+        if "sft" not in sources:
+            sft_dataset, sources["sft"] = suite.sft, "built-in"
+        if "pretrain" not in sources:
+            pretrain_dataset, sources["pretrain"] = suite.pretrain, "built-in"
+        if "reward" not in sources:  # the user's reward functions or reward model replace exact_match
+            reward_funcs = list(suite.reward_funcs)
+            sources["reward"] = "built-in"
+        built_in = [role for role, source in sources.items() if source == "built-in"]
+        user = [f"{role} ({source})" for role, source in sources.items() if source not in ("built-in", "none")]
+        logger.info(
+            "Built-in mode (no --model_name_or_path): from the built-in suite: %s; from you: %s%s.",
+            ", ".join(built_in) or "nothing",
+            ", ".join(user) or "nothing",
+            "; no held-out RL evaluation" if sources.get("eval") == "none" else "",
+        )
+    else:
+        # a real model: the trainer loads it from this id / directory with these keyword arguments
+        model = local_or_hub(model_args.model_name_or_path)
+        tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
+        init_kwargs = dict(
+            revision=model_args.model_revision,
+            attn_implementation=model_args.attn_implementation,
+            quantization_config=get_quantization_config(model_args),
+        )
+        if model_args.dtype not in (None, "auto"):
+            init_kwargs["dtype"] = model_args.dtype
+        model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+        sources["model"] = f"--model_name_or_path={model!r}"
+        logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
+    if eval_dataset is not None and script_args.max_eval_samples is not None:
+        eval_dataset = cap_rows(eval_dataset, script_args.max_eval_samples, "the held-out RL evaluation")
+    value_model = None
+    if script_args.value_model_name_or_path:
+        from transformers import AutoModelForSequenceClassification
+
+        value_model = load_pretrained(
+            AutoModelForSequenceClassification,
+            script_args.value_model_name_or_path,
+            "--value_model_name_or_path",
+            num_labels=1,
+        )
+    return JobInputs(
+        builtin=builtin,
+        model=model,
+        tokenizer=tokenizer,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        sft_dataset=sft_dataset,
+        pretrain_dataset=pretrain_dataset,
+        distillation_dataset=distillation_dataset,
+        reward_funcs=reward_funcs,
+        value_model=value_model,
+        builtin_eval=builtin_eval,
+        sources=sources,
+        model_init_kwargs=model_init_kwargs,
+    )
+
+
+# The trainer's arguments the job fills from flags, and how the command line spells each: the trainer's errors name its
+# Python arguments (`distillation_dataset`), the job's own errors name the flag (`arg=` above); `flag_names` turns the
+# first into the second for the errors the trainer raises while the job builds it.
+TRAINER_ARGUMENT_FLAGS = {
+    "train_dataset": "--dataset_name",
+    "eval_dataset": "--dataset_name",  # its held-out split (`--dataset_test_split`)
+    "sft_dataset": "--sft_dataset_name",
+    "pretrain_dataset": "--pretrain_dataset_name",
+    "distillation_dataset": "--distillation_dataset_name",
+    "reward_funcs": "--reward_funcs",
+    "reward_model": "--reward_model_name_or_path",
+    "value_model": "--value_model_name_or_path",
+    "teacher_model": "--teacher_model_name_or_path",
+}
+TRAINER_ARGUMENT = re.compile(
+    r"(`?)(?<![\w.-])(" + "|".join(sorted(TRAINER_ARGUMENT_FLAGS, key=len, reverse=True)) + r")(?![\w\[])(`?)"
+)
+
+
+def flag_names(message: str) -> str:
+    """An error message of the trainer as the command line's user should read it: each trainer argument the job fills
+    from a flag named by that flag (`TRAINER_ARGUMENT_FLAGS`), with its backticks if it had them.
+
+    `eval_dataset` becomes `--dataset_name` with "(held-out split)"; a config field spelt like the flag it duplicates
+    (`teacher_model` / teacher_model_name_or_path) is said once.
+
+    Args:
+        message: the trainer's message.
+
+    Returns:
+        The message with flags for arguments (unchanged if it names none).
+    """
+
+    def flag(match: re.Match) -> str:
+        opening, name, closing = match.groups()
+        quoted = opening and closing
+        text = f"`{TRAINER_ARGUMENT_FLAGS[name]}`" if quoted else TRAINER_ARGUMENT_FLAGS[name]
+        if name == "eval_dataset":
+            text += " (held-out split)"
+        return text if quoted else opening + text + closing
+
+    renamed = TRAINER_ARGUMENT.sub(flag, message)
+    for name in set(TRAINER_ARGUMENT_FLAGS.values()):  # `--x` / x, `--x` (or set x): the flag says it already
+        field_name = re.escape(name.removeprefix("--"))
+        renamed = re.sub(rf"({re.escape(name)}`?)(?: / {field_name}\b| \(or set {field_name}\))", r"\1", renamed)
+    return renamed
+
+
+def write_json_atomic(path: str, payload: dict) -> None:
+    """Write JSON to `path` through a temporary file and a rename, so readers never see half a file.
+
+    Args:
+        path: the file to write; its directory is created if missing.
+        payload: a JSON-serialisable mapping (written indented, keys sorted).
+
+    Raises:
+        SaveError: naming `path` and the cause (a full disk: how much is free), if it cannot be written.
+    """
+    try:  # a failed write leaves no temporary file and the previous `path` as it was
+        atomic_write_bytes(path, json.dumps(payload, indent=2, sort_keys=True).encode("utf-8"))
+    except OSError as error:
+        raise SaveError(f"Writing {path} failed: {describe_os_error(path, error)}.") from error
+
+
+def train_job(trainer: TRAPOTrainer) -> dict[str, float]:
+    """Train, resuming from `trainer.args.resume_from_checkpoint` when it is set: the training step of every job (the
+    main job here, `trl_trapo.jobs.agent`, `trl_trapo.jobs.vision`).
+
+    Args:
+        trainer: the job's trainer.
+
+    Returns:
+        `{"train_runtime_s": seconds of `train()`, "train_loss": the Trainer's mean training loss}`.
+
+    Raises:
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+    """
+    start = time.perf_counter()
+    output = trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+    return {"train_runtime_s": time.perf_counter() - start, "train_loss": output.training_loss}
+
+
+def save_job(trainer: TRAPOTrainer, results: dict, dataset_name: str | None = None) -> None:
+    """What every job leaves in `trainer.args.output_dir` after training (the main job here, `trl_trapo.jobs.agent`,
+    `trl_trapo.jobs.vision`): the model (or adapter) with its processing class, `trainer_state.json` (the log history,
+    the best checkpoint), `eval_results.json` written atomically by the main process, and, with `push_to_hub`, all of
+    it on the Hub.
+
+    Args:
+        trainer: the trained trainer.
+        results: the job's results (JSON-serialisable).
+        dataset_name: the training dataset's name for the Hub's model card (None: not named).
+
+    Raises:
+        SaveError: if a file cannot be written (naming it and the cause).
+        HubPushError: if the Hub cannot be reached with `push_to_hub`.
+    """
+    output_dir = trainer.args.output_dir
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(os.path.join(output_dir, "eval_results.json"), results)
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub(dataset_name=dataset_name)
+
+
+def build_trainer(
+    script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig
+) -> tuple[TRAPOTrainer, JobInputs]:
+    """The job's trainer, built from the user's (or the built-in) data, model and rewards; no training.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: the trainer's configuration, never changed: the trainer gets a copy with `eval_strategy="no"`
+            when there is no held-out data, and the model arguments' `model_init_kwargs` in real-model mode.
+        model_args: model arguments (`model_name_or_path` None: built-in mode).
+
+    Returns:
+        `(trainer, inputs)`.
+
+    Raises:
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
+            construction; also if `accelerate launch` was asked for several processes and started one
+            (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
+    """
+    check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
+    # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
+    # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
+    # (the trainer checks again)
+    check_checkpoint(training_args.resume_from_checkpoint)
+    check_output_dir(training_args)
+    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint)
+    # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
+    inputs = build_inputs(script_args, training_args, model_args)
+    derived = {}
+    if training_args.eval_strategy != "no" and inputs.eval_dataset is None:
+        derived["eval_strategy"] = "no"
+    if inputs.model_init_kwargs:
+        derived["model_init_kwargs"] = inputs.model_init_kwargs
+    if derived:
+        training_args = dataclasses.replace(training_args, **derived)
+
+    # step 3. the trainer (few-shot mode is an experimental extension: its own trainer subclass)
+    trainer_class = FewShotTRAPOTrainer if training_args.fewshot_mode else TRAPOTrainer
+    try:
+        trainer = trainer_class(
+            model=inputs.model,
+            reward_funcs=inputs.reward_funcs or None,
+            args=training_args,
+            train_dataset=inputs.train_dataset,
+            eval_dataset=inputs.eval_dataset,
+            pretrain_dataset=inputs.pretrain_dataset,
+            sft_dataset=inputs.sft_dataset,
+            distillation_dataset=inputs.distillation_dataset,
+            processing_class=inputs.tokenizer,
+            reward_model=script_args.reward_model_name_or_path and local_or_hub(script_args.reward_model_name_or_path),
+            value_model=inputs.value_model,
+            peft_config=get_peft_config(model_args),
+        )
+    except ValueError as error:  # the trainer names its arguments (`sft_dataset`); the user typed flags
+        renamed = flag_names(str(error))
+        if type(error) is not ValueError or renamed == str(error):  # a subclass keeps its type and message
+            raise
+        raise ValueError(renamed) from error
+    return trainer, inputs
+
+
+def run_job(
+    trainer: TRAPOTrainer,
+    inputs: JobInputs,
+    script_args: TRAPOScriptArguments,
+    training_args: TRAPOConfig,
+    job_start: float,
+) -> dict:
+    """Evaluate, train, evaluate again, save, print the summary (steps 4-6 of the job).
+
+    Args:
+        trainer: from `build_trainer`.
+        inputs: from `build_trainer` (the evaluation dataset and the tokenizer are read).
+        script_args: `dataset_name` is read (for the Hub's model card).
+        training_args: the user's configuration (`output_dir`, for the summary; the trainer's copy of it decides the
+            rest: `resume_from_checkpoint`, `push_to_hub`, see `train_job` and `save_job`).
+        job_start: `time.perf_counter()` when the job started (for the summary's wall time).
+
+    Returns:
+        The results, also written to `<output_dir>/eval_results.json` (see `main`).
+
+    Raises:
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted.
+    """
+    tokenizer, eval_dataset = inputs.tokenizer, inputs.eval_dataset
+    # step 4. evaluate, train, evaluate
+    results: dict[str, float] = {}
+    if eval_dataset is not None:
+        initial = trainer.evaluate(metric_key_prefix="eval")
+        results.update({f"{k}_initial": v for k, v in initial.items()})
+    if inputs.builtin_eval:  # exact-match accuracy, computed directly (the RL reward adds partial credit)
+        results.update({f"eval_{k}_initial": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
+    results.update(train_job(trainer))
+    if eval_dataset is not None:
+        results.update(trainer.evaluate(metric_key_prefix="eval"))
+    if inputs.builtin_eval:
+        results.update({f"eval_{k}": v for k, v in builtin_accuracy(trainer, tokenizer, eval_dataset).items()})
+
+    # step 5. save model (or adapter), trainer state and results
+    save_job(trainer, results, dataset_name=script_args.dataset_name)
+
+    # step 6. a short summary for the human who launched the job
+    if trainer.accelerator.is_main_process:
+        summary = job_summary(training_args.output_dir, results, time.perf_counter() - job_start)
+        print(summary, flush=True)  # once, on stdout (the log lines above go to stderr)
+    return results
+
+
+def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
+    """The job: build everything, evaluate, train, evaluate again, save.
+
+    Args:
+        script_args: data and reward arguments.
+        training_args: the trainer's configuration, never changed: the trainer gets a copy with `eval_strategy="no"`
+            when there is no held-out data, and the model arguments' `model_init_kwargs` in real-model mode.
+        model_args: model arguments (`model_name_or_path` None: built-in mode).
+
+    Returns:
+        The results also written to `<output_dir>/eval_results.json`: evaluation metrics before (`*_initial`) and
+        after training, `train_loss` and `train_runtime_s`.
+
+    The job ends with a short summary (`job_summary`), printed on the main process.
+
+    Raises:
+        ValueError: for bad arguments, paths, data or models (see `build_inputs`), before any training.
+        CheckpointError: if `resume_from_checkpoint` is incomplete or corrupted (at the start of training).
+        TrainingInterrupted: (a `KeyboardInterrupt`) when SIGINT / SIGTERM stopped training: the trainer saved a
+            complete checkpoint; nothing else is evaluated or saved (`exits_cleanly` turns it into one line and exit
+            status 130 / 143).
+    """
+    job_start = time.perf_counter()
+    trainer, inputs = build_trainer(script_args, training_args, model_args)  # steps 1-3
+    return run_job(trainer, inputs, script_args, training_args, job_start)  # steps 4-6
+
+
+# Errors that are the user's to fix, by phase of the job. Before training (parsing, loading, building the trainer) the
+# project refuses a bad value, path, dataset or model with a `ValueError` naming the argument, the value and the fix;
+# a missing or unreadable path the user gave surfaces as an `OSError` subclass; a missing optional package (`peft`,
+# `vllm`) as an `ImportError` that says what to install. Once training has started only the project's own types that
+# can mean nothing but a bad input or the machine count (a corrupted checkpoint to resume from, a full disk, a Hub that
+# cannot be reached, the user's reward function raising: each message names the path, repo or function and the fix);
+# anything else there is a fault of the program and keeps its traceback. A `TypeError` is never a user error (the parser converts every type).
+SETUP_USER_ERRORS = (
+    ValueError,
+    SaveError,
+    HubPushError,
+    RewardFunctionError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+    ImportError,
+)
+RUN_USER_ERRORS = (CheckpointError, SaveError, HubPushError, RewardFunctionError)
+DEBUG_VARIABLE = "TRAPO_DEBUG"  # set to 1 to see the traceback of a user error
+USER_ERROR_EXIT_CODE = 2  # as argparse exits for a malformed command line
+
+
+def debug_requested() -> bool:
+    """Whether the environment asks for tracebacks of user errors (`TRAPO_DEBUG=1`, `true`, `yes` or `on`)."""
+    return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def run(argv: list[str] | None = None, program: str | None = None) -> int:
+    """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
+    status, not a traceback.
+
+    A user error (see `SETUP_USER_ERRORS` / `RUN_USER_ERRORS`) prints `<program>: error: <message>` and a line saying
+    how to see the traceback, on stderr, and returns `USER_ERROR_EXIT_CODE` (2, as argparse does for a malformed
+    command line, which it reports the same way). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
+    other exception is raised as is: it is a fault of the program, whose traceback is needed to fix it.
+
+    Args:
+        argv: command-line arguments without the program name (default `sys.argv[1:]`).
+        program: the command its usage line and its errors name (default: the script's file name; `trapo train`
+            for the `trapo` command).
+
+    Returns:
+        The exit status: 0 after a complete job, `USER_ERROR_EXIT_CODE` after a user error.
+
+    Raises:
+        SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
+    """
+    user_errors = SETUP_USER_ERRORS
+    try:
+        script_args, training_args, model_args = parse_args(argv, prog=program)
+        job_start = time.perf_counter()
+        trainer, inputs = build_trainer(script_args, training_args, model_args)
+        user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
+        run_job(trainer, inputs, script_args, training_args, job_start)
+    except Exception as error:
+        if not isinstance(error, user_errors) or debug_requested():
+            raise
+        program = program or os.path.basename(sys.argv[0]) or "trapo.py"
+        print(
+            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return USER_ERROR_EXIT_CODE
+    return 0
+
+
+@contextmanager
+def exits_cleanly() -> Iterator[None]:
+    """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
+    process group in order.
+
+    - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
+      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too.
+    - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
+      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+    - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
+      interpreter exit.
+
+    Raises:
+        SystemExit: 130 / 143 on a `KeyboardInterrupt`.
+    """
+    main_process = os.environ.get("RANK", "0") == "0"
+    try:
+        yield
+    except TrainingInterrupted as error:
+        if main_process:
+            print(error, flush=True)
+        end_process_group()
+        raise SystemExit(error.interruption.exit_code) from None
+    except KeyboardInterrupt as error:
+        if main_process:
+            message = str(error) or (
+                "Interrupted by SIGINT outside the training steps (only those stop at a checkpoint): nothing more was "
+                "saved."
+            )
+            print(message, file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None
+    end_process_group()
+
+
+# evaluation metrics worth a line in the summary, when measured both before and after training
+HEADLINE_METRICS = re.compile(r"^eval_(accuracy\w*|reward|rewards/.+|loss)$")
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for humans.
+
+    Args:
+        seconds: the duration.
+
+    Returns:
+        `42.1 s`, `3 min 05 s` or `2 h 07 min`.
+    """
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def job_summary(output_dir: str, results: dict, seconds: float) -> str:
+    """A few lines that say what the job wrote and what it changed.
+
+    Args:
+        output_dir: the job's output folder (listed: weights, checkpoints, `eval_results.json`, `trainer_state.json`).
+        results: what `main` returns (`<metric>_initial` before training, `<metric>` after).
+        seconds: the job's wall time.
+
+    Returns:
+        The summary: output folder, files written, headline metrics before -> after (`HEADLINE_METRICS`), train
+        loss, wall time.
+    """
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    weights = [n for n in names if n.endswith((".safetensors", ".bin")) and n != "training_args.bin"]
+    checkpoints = sorted(
+        (n for n in names if n.startswith("checkpoint-") and os.path.isdir(os.path.join(output_dir, n))),
+        key=lambda n: int(n.rsplit("-", 1)[1]) if n.rsplit("-", 1)[1].isdigit() else -1,
+    )
+    written = []
+    if weights:
+        written.append(f"{'adapter' if 'adapter_config.json' in names else 'model'} ({', '.join(weights)})")
+    if checkpoints:
+        shown = checkpoints if len(checkpoints) <= 3 else [checkpoints[0], "...", checkpoints[-1]]
+        written.append(f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) > 1 else ''} ({', '.join(shown)})")
+    written += [n for n in ("eval_results.json", "trainer_state.json") if n in names]
+    training = f" (training {format_duration(results['train_runtime_s'])})" if "train_runtime_s" in results else ""
+    lines = [
+        f"Done in {format_duration(seconds)}{training}. Output folder: {os.path.abspath(output_dir)}",
+        f"  written: {'; '.join(written) or 'nothing'}",
+    ]
+    metrics = [k for k in results if HEADLINE_METRICS.match(k) and f"{k}_initial" in results]
+    if sum(k.startswith("eval_rewards/") for k in metrics) == 1:  # one reward function: the same as eval_reward
+        metrics = [k for k in metrics if not k.startswith("eval_rewards/")]
+    metrics = sorted(metrics, key=lambda k: (not k.startswith("eval_accuracy"), k != "eval_accuracy", k))[:8]
+    width = max((len(k) for k in metrics), default=0)
+    for key in metrics:
+        lines.append(f"  {key:<{width}}  {results[f'{key}_initial']:.2f} -> {results[key]:.2f}")
+    if "train_loss" in results:
+        lines.append(f"  {'train_loss':<{width}}  {results['train_loss']:.4g}")
+    return "\n".join(lines)
+
+
+def builtin_accuracy(trainer: TRAPOTrainer, tokenizer, dataset) -> dict[str, float]:
+    """Greedy exact-match accuracy of the policy on the built-in held-out prompts, overall and per split.
+
+    Collective under DeepSpeed ZeRO-3 (every rank must call it).
+
+    Args:
+        trainer: the job's trainer (its wrapped model and accelerator are used).
+        tokenizer: the processing class.
+        dataset: the built-in held-out suite (`make_task_suite(...).eval`).
+
+    Returns:
+        `{"accuracy": ..., "accuracy_<split>": ...}`, fractions in [0, 1].
+    """
+    from trl.models import unwrap_model_for_generation
+
+    from trl_trapo.tasks import greedy_accuracy
+    from trl_trapo.trainer import quiet_checkpointing_deprecation
+
+    # gathers DeepSpeed ZeRO-3 partitions (collectively: every rank evaluates); a no-op unwrap otherwise
+    with (
+        quiet_checkpointing_deprecation(),
+        unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model,
+    ):
+        return greedy_accuracy(model, tokenizer, dataset, max_new_tokens=trainer.args.response_length)
