@@ -128,10 +128,13 @@ class ScriptedEngine:
 
 
 class FirstPrompts:
-    """The memory pool's `select_prompts`: the first `n` rows."""
+    """The memory pool's `select_prompts`: the first `n` rows; `rollout_temperature`: the configured one."""
 
     def select_prompts(self, n, step):
         return list(range(n))
+
+    def rollout_temperature(self, default):
+        return default
 
 
 class Metrics(dict):
@@ -552,7 +555,6 @@ class NoReset:
         ("plain_template", "cannot express tool calls"),
         ("with_rollout_source", "a rollout_source was given too"),
         ("with_rollout_func", "a rollout_func was given too"),
-        ("exploration", "exploration=True"),
         ("no_stop_token", "stop_token=None without a stop_token_id"),
         ("no_dataset_no_max_steps", "needs max_steps > 0"),
     ],
@@ -575,8 +577,6 @@ def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, messag
         extra = {"rollout_source": FirstPromptsSource()}
     elif case == "with_rollout_func":
         extra = {"rollout_func": lambda prompts, trainer: {}}
-    elif case == "exploration":
-        overrides = {"exploration": True}
     elif case == "no_stop_token":  # no turn would end: every call cut off by the length limit
         overrides = {"stop_token": None}
     elif case == "no_dataset_no_max_steps":

@@ -29,13 +29,7 @@ from result_blocks import page_of, read_block  # noqa: E402
 
 
 # cell -> outcome, for every cell that today neither works nor is refused (crash, hang, inactive); empty: none
-KNOWN_FAILURES: dict[str, str] = {
-    # the tool loop samples every turn at `temperature`, not at few-shot mode's annealed temperature T(step) (its rows
-    # are trained at the temperature they were sampled at, since few-shot mode no longer stamps T(step) over them;
-    # the annealing does not reach the tool loop: trl_trapo/agents.py ToolRolloutSource.sample)
-    "tools+fewshot": fm.INACTIVE,
-    "environment_factory+fewshot": fm.INACTIVE,
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def page_with_markers(tmp_path: Path) -> Path:

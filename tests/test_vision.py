@@ -315,10 +315,14 @@ def test_a_pretraining_document_whose_image_tokens_would_be_cut_is_refused_at_co
 @pytest.mark.parametrize(
     "overrides, extra, message",
     [
-        (dict(use_vllm=True), {}, r"use_vllm=True, but the RL prompts have images"),
+        (
+            dict(use_vllm=True, vllm_mode="server", async_rollouts=True),
+            {},
+            r"use_vllm=True with async_rollouts=True, but the RL prompts have images",
+        ),
         ({}, {"value_model": True}, r"A `value_model` was given, but the RL prompts have images"),
     ],
-    ids=["vllm", "critic"],
+    ids=["async-vllm", "critic"],
 )
 def test_what_image_prompts_cannot_go_through_is_refused(tmp_path, processor, overrides, extra, message):
     from transformers import AutoModelForSequenceClassification, LlamaConfig

@@ -167,15 +167,21 @@ def test_use_vllm_without_rl_data_is_ignored(tmp_path, suite):
 
 class FakeVLLMGeneration:
     """Stands in for `trl.generation.vllm_generation.VLLMGeneration`: samples from the policy with transformers at the
-    given temperature / top-k / top-p and returns, like vLLM's `processed_logprobs`, the log-probs of the sampled tokens
-    under the truncated, renormalised distribution (minus `logprob_shift`: a sampler that finds every token
-    exp(shift) times less likely than the trainer does)."""
+    temperature / top-k / top-p / `max_completion_length` it holds at each call (the public attributes TRL's reads
+    there) and returns, like vLLM's `processed_logprobs`, the log-probs of the sampled tokens under the truncated,
+    renormalised distribution (minus `logprob_shift`: a sampler that finds every token exp(shift) times less likely
+    than the trainer does). A prompt's images (TRL's `images=`, PIL images per prompt) are processed by its
+    `processing_class`'s image processor and passed to the model's `generate` with the prompt, as vLLM's
+    `multi_modal_data` would reach its forward. `requests` records `(prompts, num_generations, temperature,
+    max_completion_length, images per prompt)` of every call."""
 
     instances: list = []
     logprob_shift = 0.0
 
     def __init__(self, model, accelerator, processing_class, **kwargs):
-        self.model, self.kwargs, self.syncs, self.calls = model, kwargs, 0, []
+        self.model, self.processing_class, self.kwargs, self.syncs, self.calls = model, processing_class, kwargs, 0, []
+        self.temperature, self.max_completion_length = kwargs["temperature"], kwargs["max_completion_length"]
+        self.requests: list[tuple] = []
         if kwargs["mode"] == "server":  # what `trl vllm-serve --logprobs-mode raw_logprobs` would report
             self.vllm_client = SimpleNamespace(
                 get_server_info=lambda: {"model_config": {"logprobs_mode": "raw_logprobs"}},
@@ -188,17 +194,31 @@ class FakeVLLMGeneration:
 
     def generate(self, prompts, images, num_generations):
         self.calls.append((len(prompts), num_generations))
+        self.requests.append(
+            (
+                [list(p) for p in prompts],
+                num_generations,
+                self.temperature,
+                self.max_completion_length,
+                [0 if i is None else len(i) for i in images] if images is not None else None,
+            )
+        )
         completions, logprobs = [], []
-        for ids in prompts:
+        for k, ids in enumerate(prompts):
+            extra = {}
+            if images is not None and images[k] is not None:
+                processed = self.processing_class.image_processor(images=images[k], return_tensors="pt")
+                extra["pixel_values"] = processed["pixel_values"].to(self.model.dtype)
             out = self.model.generate(
                 torch.tensor([ids]),
                 do_sample=True,
-                max_new_tokens=self.kwargs["max_completion_length"],
-                temperature=self.kwargs["temperature"],
+                max_new_tokens=self.max_completion_length,
+                temperature=self.temperature,
                 top_k=self.kwargs["top_k"],
                 top_p=self.kwargs["top_p"],
                 output_scores=True,  # the processed (temperature, top-k, top-p) scores
                 return_dict_in_generate=True,
+                **extra,
             )
             new = out.sequences[0, len(ids) :]
             scores = torch.stack(out.scores)[:, 0]  # (C, V), -inf outside the kept support

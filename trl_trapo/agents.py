@@ -11,8 +11,11 @@ A GRPOTrainer agent script moves over by changing the import and the config clas
   The instance's public methods are its tools; an optional `get_reward()` becomes an extra reward (weight 1, named
   after the class). Reward functions get `environments=` (one instance per completion).
 
-The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running
-(behaviour log-probs recorded while sampling); each turn is parsed with the tokenizer's `parse_response`; a turn's
+The loop ([`ToolRolloutSource`]): each turn is one batched `RolloutEngine.sample` over the rollouts still running,
+each row continuing from its token ids at its rollout's temperature (the round's: few-shot mode anneals it; its task
+family's with `exploration=True`), through the run's sampler (transformers' `generate`, behaviour log-probs recorded
+while sampling; or vLLM with `use_vllm=True`, whose turns the trainer computes the behaviour log-probs of, vLLM's own
+going to the sampler/trainer mismatch correction); each turn is parsed with the tokenizer's `parse_response`; a turn's
 tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
 ([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
 tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by
@@ -82,6 +85,7 @@ from .vision import IMAGE_COLUMNS, as_tensors, image_column, is_processor, text_
 if TYPE_CHECKING:
     from datasets import Dataset
 
+    from .exploration import TargetedExploration
     from .memory import MemoryPool
     from .rewards import RewardScorer
     from .rollout import RolloutEngine
@@ -561,26 +565,15 @@ def check_agent_arguments(args, rollout_source: Any) -> None:
     """Refuse settings that cannot go with `tools` / `environment_factory`.
 
     Raises:
-        ValueError: naming the setting and the fix, for a `rollout_source` (the tool loop is the source), or
-            `exploration=True` (per-family temperatures are the default source's; the tool loop samples every row at
-            `temperature`), `use_vllm=True` (the loop generates with transformers' `generate`), or no stop token
-            (`stop_token=None` without `stop_token_id`: no turn would end, every tool call would be cut off).
+        ValueError: naming the setting and the fix, for a `rollout_source` (the tool loop is the source), or no
+            stop token (`stop_token=None` without `stop_token_id`: no turn would end, every tool call would be cut
+            off).
     """
     config = type(args).__name__
     if rollout_source is not None:
         raise ValueError(
             "tools / environment_factory build the tool-calling rollout source, but a rollout_source was given too: "
             "drop one of them (a source of your own runs its own tool loop)."
-        )
-    if args.exploration is True:
-        raise ValueError(
-            f"{config}.exploration=True sets the default rollout source's per-family temperatures, which the "
-            "tool-calling source does not use (every turn is sampled at `temperature`): set exploration=None or False."
-        )
-    if args.use_vllm:
-        raise ValueError(
-            f"{config}.use_vllm=True: the tool-calling loop generates with transformers' generate (each turn "
-            "continues from token ids); set use_vllm=False."
         )
     extra_stops = (args.generation_kwargs or {}).get("eos_token_id")  # what `rollout.stop_token_ids` also stops at
     if args.stop_token is None and args.stop_token_id is None and extra_stops in (None, [], ()):
@@ -867,7 +860,10 @@ class Rollout:
     # them (`pixel_values`, ...; empty for a text row): every turn's `generate` reads them, and the trajectory keeps them
     completion_ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 sampled, 0 tool result / template glue
-    logps: list[float] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)  # behaviour log-probs recorded while sampling (NaN: unknown,
+    # the sampler recorded none: the trainer computes them), 0 on tool results
+    sampler_logps: list[float] = field(default_factory=list)  # a separate engine's (vLLM's) log-probs, NaN: none
+    temperature: float = 1.0  # every turn of the rollout is sampled at it (the round's; its family's with exploration)
     messages: list[dict] = field(default_factory=list)  # TRL's structured completion (assistant and tool messages)
     turns: int = 0
     calls: int = 0
@@ -906,7 +902,8 @@ class ToolRolloutSource(RolloutSource):
         tokenizer: the policy's tokenizer (checked with [`check_chat_template`]).
         scorer ([`~trl_trapo.rewards.RewardScorer`]): the trainer's reward functions (environment rewards included).
         group (`int`): completions per prompt. num_mini_batches (`int`): optimizer steps a round feeds.
-        temperature (`float`): the sampling temperature.
+        temperature (`float`): the configured sampling temperature (the memory pool's `rollout_temperature` may
+            change it per round: few-shot mode anneals it).
         response_length (`int`): the completion budget in tokens (tool results included).
         context (`int`, *optional*): the policy's positions; prompt + completion stays below it.
         max_iterations (`int`, *optional*): rounds of tool calls per rollout (`max_tool_calling_iterations`; None:
@@ -929,6 +926,8 @@ class ToolRolloutSource(RolloutSource):
             and its images expanded ([`prompt_renderer`], as TRL's `GRPOTrainer` renders a VLM's prompts), and the
             row's model inputs (`pixel_values`, ...) go to every turn's `generate` and into its trajectory (so the
             reference and training forwards read them); a text row among image rows has none.
+        exploration ([`~trl_trapo.exploration.TargetedExploration`], *optional*): per-row temperatures by task
+            family (`exploration=True`): every turn of a rollout is sampled at its family's.
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
@@ -956,6 +955,7 @@ class ToolRolloutSource(RolloutSource):
         generation_batch_size: int | None = None,
         stop_token_ids: Sequence[int] | None = None,
         images: ImageRows | None = None,
+        exploration: TargetedExploration | None = None,
     ):
         # a VLM run's image prompts are rendered (with their tools) by the processor, and so are the tool messages
         self.image_column = image_column(dataset.column_names, "train_dataset") if images is not None else None
@@ -982,6 +982,7 @@ class ToolRolloutSource(RolloutSource):
         self.log_metric = log_metric
         self.sum_over_ranks = sum_over_ranks
         self.generation_batch_size = generation_batch_size
+        self.exploration = exploration
         self.template_kwargs = dict(template_kwargs or {})
         self.runner = ToolRunner(max_workers)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
@@ -1049,6 +1050,7 @@ class ToolRolloutSource(RolloutSource):
                     schemas,
                     environment=environment,
                     model_inputs=model_inputs,
+                    temperature=self.temperature,
                 )
             )
         return rollouts
@@ -1066,7 +1068,13 @@ class ToolRolloutSource(RolloutSource):
         num_prompts = max(math.ceil(rows_needed * self.num_mini_batches / self.group), 1)
         indices = self.prompts.select_prompts(num_prompts, step)
         rows = [self.dataset[i] for i in indices for _ in range(self.group)]
+        # the round's temperature (few-shot mode anneals it), or each family's (targeted exploration, scaling the
+        # round's), as the default source's: every turn of a rollout is sampled, and its trajectory trained, at its row's
+        temperature = self.prompts.rollout_temperature(self.temperature)
+        temperatures = self.exploration.row_temperatures(rows, temperature) if self.exploration is not None else None
         rollouts = self.start(rows, [i for i in indices for _ in range(self.group)])
+        for k, rollout in enumerate(rollouts):
+            rollout.temperature = float(temperature if temperatures is None else temperatures[k])
         self.run_turns(rollouts, step)
         examples = [r.example for r in rollouts]
         prompt_ids = [torch.tensor(r.prompt_ids, dtype=torch.long) for r in rollouts]
@@ -1101,17 +1109,26 @@ class ToolRolloutSource(RolloutSource):
         self.log_metric("tools/truncated_frequency", truncated / total)
         self.log_metric("tools/turns_mean", turns / total)
         self.last_round_seconds = time.perf_counter() - start_time
+        behaviour = [torch.tensor(r.logps, dtype=torch.float32) for r in rollouts]
+        masks = [torch.tensor(r.mask, dtype=torch.long) for r in rollouts]
+        recorded = not any(bool(lp.isnan().any()) for lp in behaviour)  # vLLM records none: the trainer's
+        sampler = None  # a separate engine's log-probs (vLLM's), when it gave some for the policy's tokens
+        if not recorded:
+            sampler = [torch.tensor(r.sampler_logps, dtype=torch.float32) for r in rollouts]
+            if not any(bool((~lp.isnan() & m.bool()).any()) for lp, m in zip(sampler, masks)):
+                sampler = None
         return SampledRound(
             examples,
             completion_ids,
             version=step,
             group=self.group,
-            old_per_token_logps=[torch.tensor(r.logps, dtype=torch.float32) for r in rollouts],
-            temperatures=self.temperature,
+            old_per_token_logps=behaviour if recorded else None,
+            temperatures=torch.tensor([r.temperature for r in rollouts], dtype=torch.float32),
             prompt_ids=prompt_ids,
-            completion_mask=[torch.tensor(r.mask, dtype=torch.long) for r in rollouts],
+            completion_mask=masks,
             scores=scores,
             per_func=per_func,
+            sampler_per_token_logps=sampler,
         )
 
     def room(self, rollout: Rollout) -> int:
@@ -1243,6 +1260,7 @@ class ToolRolloutSource(RolloutSource):
                 rollout.completion_ids += suffix
                 rollout.mask += [0] * len(suffix)
                 rollout.logps += [0.0] * len(suffix)
+                rollout.sampler_logps += [0.0] * len(suffix)
                 rollout.messages += tool_messages
                 active.append(rollout)
             iteration += 1
@@ -1269,21 +1287,38 @@ class ToolRolloutSource(RolloutSource):
     def sample_rows(self, active: list[Rollout], step: int, lockstep: bool = False) -> None:
         """One `engine.sample` over `active` (`lockstep=True` passed on only when set: an engine of one process, e.g.
         evaluation's greedy one, need not know it), each row continuing from its prompt + completion ids; the new
-        tokens (cut to each rollout's room) are appended with mask 1 and their behaviour log-probs."""
-        # every turn continues from the row's token ids with the row's images (a VLM prompt's image tokens need them)
-        contexts = [{"prompt_ids": r.prompt_ids + r.completion_ids, "model_inputs": r.model_inputs} for r in active]
+        tokens (cut to each rollout's room) are appended with mask 1, their behaviour log-probs (NaN when the
+        sampler recorded none: vLLM's are recomputed by the trainer) and the sampler's own (vLLM's; NaN: none). Each row
+        is sampled at its rollout's temperature."""
+        # every turn continues from the row's token ids with the row's images (a VLM prompt's image tokens need them:
+        # its processed model inputs for transformers, its images column for vLLM, which processes them itself)
+        contexts = [
+            {
+                "prompt_ids": r.prompt_ids + r.completion_ids,
+                "model_inputs": r.model_inputs,
+                **{c: r.example[c] for c in IMAGE_COLUMNS if r.example.get(c) is not None},
+            }
+            for r in active
+        ]
         rooms = [self.room(r) for r in active]
         limit = max(rooms)
         if self.context is not None:  # no row may pass the context while the batch generates
             limit = min(limit, min(self.context - len(c["prompt_ids"]) for c in contexts))
         extra = {"lockstep": True} if lockstep else {}
-        sampled = self.engine.sample(contexts, 1, step, self.temperature, max_new_tokens=max(limit, 1), **extra)
-        for rollout, room, ids, logps in zip(active, rooms, sampled.completion_ids, sampled.old_per_token_logps):
-            ids, logps = ids[:room], logps[:room]
+        temperatures = [r.temperature for r in active]
+        temperature = temperatures[0] if len(set(temperatures)) == 1 else temperatures
+        sampled = self.engine.sample(contexts, 1, step, temperature, max_new_tokens=max(limit, 1), **extra)
+        unknown = [None] * len(active)
+        behaviour = sampled.old_per_token_logps or unknown
+        own = sampled.sampler_per_token_logps or unknown
+        for rollout, room, ids, logps, sampler_logps in zip(active, rooms, sampled.completion_ids, behaviour, own):
+            ids = ids[:room]
+            nan = [math.nan] * ids.numel()
             prefix = rollout.prompt_ids + rollout.completion_ids
             rollout.completion_ids += ids.tolist()
             rollout.mask += [1] * ids.numel()
-            rollout.logps += logps.tolist()
+            rollout.logps += nan if logps is None else logps[:room].tolist()
+            rollout.sampler_logps += nan if sampler_logps is None else sampler_logps[:room].tolist()
             rollout.turns += 1
             rollout.turn_ended = ids.numel() > 0 and int(ids[-1]) in self.stop_token_ids
             message, rollout.parse_error = self.parse(ids.tolist(), prefix, rollout.schemas)

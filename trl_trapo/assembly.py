@@ -260,7 +260,7 @@ def build_rollout_source(
     """
     group = 1 if has_critic else args.num_generations
     if agent is not None and active_rl:
-        rollout_source = build_tool_source(args, parts, agent, group)
+        rollout_source = build_tool_source(args, parts, agent, group, exploration)
     if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
         if not active_rl:
             raise ValueError(
@@ -274,6 +274,8 @@ def build_rollout_source(
             num_generations=args.num_generations,
             num_mini_batches=args.num_mini_batches,
             image_token_ids=parts.suppressed_token_ids,  # a VLM's placeholders: returned prompts must hold its images'
+            # TRL syncs vLLM's weights before a rollout_func, which may sample through `trainer.vllm_generation`
+            sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
     if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
         parts.metrics.track_env_tokens()
@@ -292,8 +294,15 @@ def build_rollout_source(
     )
 
 
-def build_tool_source(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, group: int) -> RolloutSource:
-    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py)."""
+def build_tool_source(
+    args: TRAPOConfig,
+    parts: SourceParts,
+    agent: AgentSpec,
+    group: int,
+    exploration: TargetedExploration | None = None,
+) -> RolloutSource:
+    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py); with
+    `exploration`, every turn of a rollout is sampled at its task family's temperature."""
     from .agents import ToolRolloutSource
 
     accelerator = parts.accelerator
@@ -317,6 +326,7 @@ def build_tool_source(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, g
         generation_batch_size=args.local_rollout_forward_batch_size,
         stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
         images=parts.images,  # a VLM run: each turn generates with its row's images
+        exploration=exploration,
     )
 
 

@@ -1055,10 +1055,12 @@ class TRAPOConfig(_BaseConfig):
             "one) whose groups mostly score flat at the lowest score seen (all wrong) in a round is sampled "
             "`exploration_temperature_step` hotter in the next, up to `exploration_max_temperature`, and cools down "
             "again once its groups carry a signal (trl_trapo/exploration.py); a round stays one batched `generate` "
-            "call, each row at its family's temperature. With a value model (one completion per prompt) a family "
-            "is stuck when all its completions of a round score the lowest score seen; in few-shot mode a family's "
-            "boost scales the round's annealed temperature. None (default): on with groups (no value model), HF "
-            "generate (not vLLM) and no few-shot mode, off elsewhere. True: on, and an error where it cannot run. "
+            "call, each row at its family's temperature (with vLLM, one call per distinct temperature; in the "
+            "tool-calling loop, every turn of a rollout at its family's). With a value model (one completion per "
+            "prompt) a family is stuck when all its completions of a round score the lowest score seen; in few-shot "
+            "mode a family's boost scales the round's annealed temperature. None (default): on with groups (no value "
+            "model), HF generate (not vLLM), the default rollout source and no few-shot mode, off elsewhere. True: on "
+            "(vLLM and tools / environment_factory included), and an error where it cannot run. "
             "False: off."
         },
     )
@@ -1458,8 +1460,8 @@ class TRAPOConfig(_BaseConfig):
             "`vllm_importance_sampling_mode`, as TRL's GRPO does (TRL's name and default). It applies whenever the "
             "sampler's log-probs exist: vLLM with use_vllm=True, a `rollout_func` that returns `logprobs`, or a "
             "rollout source that returns `SampledRound.sampler_per_token_logps`. TRL applies it only with "
-            "use_vllm=True; a `rollout_func` samples with an engine of its own (use_vllm is refused with it), so "
-            "TRAPO corrects its rounds too. The trainer's own log-probs, computed when the round is finished, are "
+            "use_vllm=True; a `rollout_func` may sample with an engine of its own, so TRAPO corrects its rounds "
+            "too. The trainer's own log-probs, computed when the round is finished, are "
             "PPO's behaviour log-probs in every case. It changes nothing where the trainer samples itself "
             "(transformers' generate, the default). False: the sampler's log-probs are ignored (no correction, as "
             "TRL without vLLM)."
@@ -1929,8 +1931,6 @@ class TRAPOConfig(_BaseConfig):
             or self.exploration_max_search < 0
         ):
             bad("exploration_max_search", self.exploration_max_search, "use an integer >= 0 (0: no search).")
-        if self.exploration is True and self.use_vllm:
-            bad("exploration", True, "vLLM samples at one temperature per round: set use_vllm=False.")
         if not math.isfinite(self.self_imitation_min_reward):
             bad("self_imitation_min_reward", self.self_imitation_min_reward, "use a finite score (e.g. 1.0).")
         if not 0.0 < self.self_imitation_fraction <= 1.0:

@@ -21,7 +21,7 @@ without a `task` column), with z_f = the fraction of f's groups in the round tha
 and the next round samples f's prompts at `temperature + boost_f` (in few-shot mode, whose rounds are sampled at an
 annealed temperature T(step), at `T(step) * (temperature + boost_f) / temperature`: the family's boost is a factor on
 the round's temperature, see `row_temperatures`). A round is still one unit: every row is sampled at
-its own temperature in the same batched `generate` call (`rollout.RowTemperatureLogitsWarper`, applied where the one
+its own temperature in the same batched `generate` call (`samplers.RowTemperatureLogitsWarper`, applied where the one
 temperature would be, before top-k / top-p). Every trajectory carries its sampling temperature, and the training
 forward scores it at that temperature (the same temperature-scaled log-probs its behaviour and reference log-probs
 were recorded with), so the PPO ratio of a fresh trajectory is 1 whatever its temperature.

@@ -349,24 +349,36 @@ def build_successes(args: Any, rl_active: bool, sft_active: bool) -> SuccessRepl
 
 
 def build_exploration(
-    args: Any, rl_active: bool, has_critic: bool, own_source: bool, world_size: int, with_successes: bool
+    args: Any,
+    rl_active: bool,
+    has_critic: bool,
+    own_source: bool,
+    world_size: int,
+    with_successes: bool,
+    tool_loop: bool = False,
 ) -> TargetedExploration | None:
     """Targeted exploration (trl_trapo/exploration.py): families whose groups carry no signal are sampled hotter.
 
     On with `exploration=True`, or None (auto) where it runs as it always has: RL prompts, groups (no value model), HF
     generate, no few-shot mode, the default rollout source. `exploration=True` also runs with a value model (one
     completion per prompt: a family is watched through all its completions of a round, and there is no search, which
-    needs groups) and in few-shot mode (a family's boost scales the round's annealed temperature); vLLM is refused
-    with it by the config, a source of the user's by `check_rollout_source`. A round stays one `generate` call
-    whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP included.
+    needs groups), in few-shot mode (a family's boost scales the round's annealed temperature), with vLLM (one vLLM
+    call per distinct temperature, [`~trl_trapo.samplers.VLLMSampler`]) and in the tool-calling loop (every turn of a
+    rollout at its family's; no search there); a source of the user's is refused by `check_rollout_source`. A round
+    stays one `generate` call whatever the temperatures, so it runs under every distribution strategy, ZeRO-3 / FSDP
+    included.
 
     Args:
         own_source (`bool`): the rounds come from a source of the user's (`rollout_source`, `rollout_func`, tools),
-            which sets its own temperatures: off.
+            which sets its own temperatures: off, except for the tool loop with `exploration=True`.
         world_size (`int`): processes (above 1, the decisions take the whole round, every rank's share).
         with_successes (`bool`): self-imitation is on; the search of stuck families feeds it only.
+        tool_loop (`bool`): the rounds come from the tool-calling loop (`tools` / `environment_factory`). It samples
+            at exploration's temperatures with `exploration=True`; the search of stuck families, a single-turn round
+            of the default source, is off there (its completions would not be the tool loop's).
     """
-    if own_source or args.exploration is False or not rl_active:
+    explicit_tools = tool_loop and args.exploration is True
+    if (own_source and not explicit_tools) or args.exploration is False or not rl_active:
         return None
     if args.exploration is None and (has_critic or args.use_vllm or args.fewshot_mode):
         logger.info("exploration=None: off in this run (it needs groups, HF generate, no few-shot mode).")
@@ -376,8 +388,9 @@ def build_exploration(
         args.exploration_ceiling,
         args.exploration_temperature_step,
         gather=gather_object if world_size > 1 else None,  # decides from the whole round, every rank's share
-        # the search feeds self-imitation only: without it there is nothing to search for; it re-samples groups
-        max_search=args.exploration_max_search if with_successes and not has_critic else 0,
+        # the search feeds self-imitation only: without it there is nothing to search for; it re-samples groups of the
+        # default source (not a critic's single completions, not the tool loop's multi-turn rollouts)
+        max_search=args.exploration_max_search if with_successes and not has_critic and not tool_loop else 0,
     )
 
 

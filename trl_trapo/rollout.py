@@ -15,8 +15,11 @@
 
 The trainer hands the finished batch whole to every consumer (exploration, metrics, KL window, memory pool, replay).
 
+`sample` draws through the run's sampler (`trl_trapo/samplers.py`: transformers' `generate`, a vLLM server or a
+colocated vLLM engine), which takes each row's temperature, `max_new_tokens` and model inputs.
+
 A prompt's extra model inputs (its example's `model_inputs`, e.g. a VLM processor's `pixel_values`; see
-[`prompt_model_inputs`]) go to `generate`, to the behaviour, reference and critic forwards, and into its trajectories.
+[`prompt_model_inputs`]; vLLM gets the row's images instead) go to `generate`, to the behaviour, reference and critic forwards, and into its trajectories.
 
 Shapes: `B` completions, `P` prompt tokens (left-padded for generation), `C` completion tokens, `V` vocabulary.
 All masks are built from lengths (where the stop token first appears), never by comparing ids with the pad id, so
@@ -25,41 +28,48 @@ tokenizers whose pad token equals their EOS token are handled correctly.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig
 from trl.import_utils import is_vllm_available
 
-from .collator import left_pad
 from .data import tokenize_prompt
-from .distributed import gather_across_ranks, generation_synced_gpus, sum_over_ranks
+from .distributed import gather_across_ranks, sum_over_ranks
 from .guidance import DemonstrationGuidance
 from .losses import gae_advantages, group_relative_advantages, kl_estimate, masked_whiten, per_token_rewards
 from .memory.replay import Trajectory
 from .models import (
     PolicyAndValueWrapper,
     ReferencePolicy,
-    batch_model_inputs,
     completion_logps,
     completion_logps_and_kept_support,
-    model_input_kwargs,
     value_predictions,
 )
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
+from .samplers import (
+    BehaviourLogprobRecorder,
+    GenerateSampler,
+    RowTemperatureLogitsWarper,
+    Sampler,
+    VLLMColocateSampler,
+    VLLMServerSampler,
+    cut_after_stop,
+    generate,
+    neutral_generation_defaults,
+    row_temperatures,
+    truncate_at_stop,
+)
 from .sources import SampledRound
-from .vision import examples_model_inputs
+from .vision import examples_model_inputs, row_images
 
 
 if TYPE_CHECKING:
@@ -68,230 +78,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SLOW_ROUND_SECONDS = 5.0  # generation rounds at least this long are logged at INFO level
-
-
-class RowTemperatureLogitsWarper(LogitsProcessor):
-    """Divides each row's next-token logits by that row's own sampling temperature.
-
-    transformers' `TemperatureLogitsWarper` takes one temperature for the whole batch; a generation round whose rows
-    are sampled at different temperatures (targeted exploration heats some task families) would need one `generate`
-    call per temperature. This warper runs where the single temperature would (custom processors run before
-    transformers' top-k / top-p warpers), so one batched call samples every row at its own temperature.
-
-    Args:
-        temperatures (`torch.Tensor`): `(B,)` positive temperatures, one per row of the `generate` batch.
-    """
-
-    def __init__(self, temperatures: torch.Tensor):
-        self.temperatures = temperatures.float().unsqueeze(1)  # (B, 1)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        return scores / self.temperatures.to(scores.device)
-
-
-class BehaviourLogprobRecorder(LogitsProcessor):
-    """Records log pi_old(y_t) of each sampled token during `generate`, at no extra forward pass.
-
-    `generate` calls a logits processor with the logits of step t before sampling; the token sampled at step t shows
-    up in `input_ids` at step t + 1. The recorder keeps one step of log-softmax(scores) (shape `(B, V)`, fp32) and
-    gathers it at the next call; `finish` handles the last token. It runs after [`RowTemperatureLogitsWarper`] and
-    before transformers' top-k / top-p warpers, so what it records is the untruncated, temperature-scaled
-    distribution — the same quantity the training forward computes — and the first PPO ratio is 1 up to
-    floating-point error (top-k / top-p only decide which token is sampled).
-    """
-
-    def __init__(self):
-        self.previous: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """Log-probs of every generated token, shape `(B, C)` (C = generated length)."""
-        if self.previous is not None:
-            self.steps.append(self.previous.gather(-1, sequences[:, -1:]).squeeze(-1))
-        self.previous = None
-        steps, self.steps = self.steps, []
-        return torch.stack(steps, dim=1)
-
-
-def row_temperatures(temperature: float | Sequence[float] | torch.Tensor, rows: int) -> torch.Tensor:
-    """`(rows,)` float32 sampling temperatures from one temperature or one per row.
-
-    Raises:
-        ValueError: if a per-row sequence does not have `rows` entries, or a temperature is not positive and finite.
-    """
-    temperatures = torch.as_tensor(temperature, dtype=torch.float32).flatten()
-    if temperatures.numel() == 1:
-        temperatures = temperatures.expand(rows)
-    if temperatures.numel() != rows:
-        raise ValueError(f"{temperatures.numel()} sampling temperatures for {rows} rows; give one, or one per row.")
-    if not bool(torch.isfinite(temperatures).all() and (temperatures > 0).all()):
-        raise ValueError(f"Sampling temperatures must be positive and finite, got {temperatures.unique().tolist()}.")
-    return temperatures.contiguous()
-
-
-def truncate_at_stop(
-    completion_ids: torch.Tensor, stop_token_ids: Sequence[int] | None, valid_length: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Completion mask up to and including the first stop token.
-
-    Args:
-        completion_ids (`torch.Tensor`): shape `(B, C)`.
-        stop_token_ids (`Sequence[int]`, *optional*): the ids that end a completion (any of them); None or empty
-            means completions never stop early.
-        valid_length (`torch.Tensor`, *optional*): shape `(B,)`, tokens actually generated per row (C if None).
-
-    Returns:
-        tuple `(completion_mask, is_truncated)`: `(B, C)` long mask (1 up to and including the first stop token, or
-        on all valid tokens when there is none), and `(B,)` bool, True where no stop token was produced.
-    """
-    batch, length = completion_ids.shape
-    positions = torch.arange(length, device=completion_ids.device).expand(batch, length)
-    limit = torch.full((batch,), length, device=completion_ids.device) if valid_length is None else valid_length
-    if not stop_token_ids:
-        is_stop = torch.zeros_like(completion_ids, dtype=torch.bool)
-    else:
-        stops = torch.tensor(list(stop_token_ids), device=completion_ids.device)
-        is_stop = torch.isin(completion_ids, stops) & (positions < limit.unsqueeze(1))
-    has_stop = is_stop.any(dim=1)
-    first_stop = torch.where(has_stop, is_stop.float().argmax(dim=1), limit - 1)
-    mask = (positions <= first_stop.unsqueeze(1)).long()
-    return mask, ~has_stop
-
-
-def cut_after_stop(completion: torch.Tensor, stop_token_ids: Sequence[int] | None) -> torch.Tensor:
-    """A `(C,)` completion up to and including its first stop token (unchanged when it has none)."""
-    if stop_token_ids:
-        hits = torch.isin(completion, torch.tensor(list(stop_token_ids))).nonzero()
-        if hits.numel():
-            return completion[: int(hits[0]) + 1]
-    return completion
-
-
-@contextmanager
-def neutral_generation_defaults(model: nn.Module) -> Iterator[None]:
-    """Generate with no defaults from the model's own `generation_config.json`.
-
-    transformers fills every field a `GenerationConfig` leaves at None from the model's `generation_config` (a
-    `repetition_penalty`, a `no_repeat_ngram_size`, its `eos_token_id` ...). Such a field would change the sampled
-    distribution, or stop generation, without TRAPO knowing: the recorded behaviour log-probs, the completion mask and
-    the PPO ratio would no longer describe what was sampled. For the duration, the generating model's
-    `generation_config` is a fresh `GenerationConfig()`, so only what TRAPO sets applies; it is put back afterwards.
-    """
-    target = model.get_base_model() if hasattr(model, "get_base_model") else model
-    saved = getattr(target, "generation_config", None)
-    target.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        target.generation_config = saved
-
-
-@torch.no_grad()
-def generate(
-    model: nn.Module,
-    prompt_ids: Sequence[Sequence[int]],
-    generation_config: GenerationConfig,
-    pad_token_id: int,
-    stop_token_ids: Sequence[int] | None,
-    temperature: float | Sequence[float] | torch.Tensor,
-    batch_size: int | None = None,
-    record_logps: bool = True,
-    synced_gpus: bool | None = None,
-    progress: str | None = None,
-    model_inputs: Sequence[Mapping[str, torch.Tensor]] | None = None,
-) -> dict[str, Any]:
-    """Sample one completion per prompt (repeat prompts for several generations) and record behaviour log-probs.
-
-    Every row is sampled at its own temperature in the same batched `generate` call (see
-    [`RowTemperatureLogitsWarper`]); `generation_config.temperature` must be 1 (or None): the temperature is applied
-    here, before transformers' top-k / top-p warpers, exactly where its own temperature warper would be.
-
-    Args:
-        model (`nn.Module`): the policy, unwrapped for generation.
-        prompt_ids (`Sequence[Sequence[int]]`): token ids of each prompt (unpadded).
-        generation_config (`GenerationConfig`): sampling settings (`max_new_tokens` = response length).
-        pad_token_id (`int`): id used for left padding.
-        stop_token_ids (`Sequence[int]`, *optional*): completions are cut after the first of them (the same ids
-            `generation_config.eos_token_id` stops generation at); None: they run to `max_new_tokens`.
-        temperature (`float`, or `(B,)` floats): the sampling temperature, one for every row or one per row.
-        batch_size (`int`, *optional*): prompts per `generate` call (all at once when None).
-        record_logps (`bool`): record behaviour log-probs (False for greedy evaluation).
-        synced_gpus (`bool`, *optional*): passed to `generate` when not None. False when the weights are local (e.g.
-            ZeRO-3 weights gathered), so ranks need not generate in lockstep; None lets transformers decide.
-        progress (`str`, *optional*): show a progress bar (tqdm, in prompts) with this description.
-        model_inputs (`Sequence[Mapping[str, torch.Tensor]]`, *optional*): each prompt's extra model inputs (e.g.
-            `pixel_values`), combined per `generate` call as in training (see
-            [`~trl_trapo.collator.combine_model_inputs`]) and passed to it.
-
-    Returns:
-        `dict` with `completion_ids` (list of `(C_i,)` tensors, cut after the stop token), `old_per_token_logps`
-        (list of `(C_i,)`), `is_truncated` (`(B,)` bool), `num_tokens` (int, generated tokens counted), `seconds`
-        (float, wall time).
-
-    Raises:
-        ValueError: if `generation_config` carries its own temperature (it would be applied a second time), or the
-            temperatures are not one or one per prompt, positive and finite.
-    """
-    if generation_config.do_sample and generation_config.temperature not in (None, 1.0):
-        raise ValueError(
-            f"generate() applies the sampling temperature per row; pass it as `temperature`, and leave "
-            f"generation_config.temperature at 1.0 (it is {generation_config.temperature})."
-        )
-    start_time = time.perf_counter()
-    temperatures = row_temperatures(temperature, len(prompt_ids))
-    scaled = bool((temperatures != 1.0).any())
-    device = next(model.parameters()).device
-    batch_size = batch_size or len(prompt_ids)
-    completions, logps, truncated = [], [], []
-    bar = tqdm(total=len(prompt_ids), desc=progress, unit="prompt", leave=False, disable=progress is None)
-    for start in range(0, len(prompt_ids), batch_size):
-        chunk = prompt_ids[start : start + batch_size]
-        input_ids, attention_mask = left_pad(chunk, pad_token_id)
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        processors = LogitsProcessorList()
-        if scaled:
-            processors.append(RowTemperatureLogitsWarper(temperatures[start : start + len(chunk)]))
-        recorder = BehaviourLogprobRecorder() if record_logps else None
-        if recorder is not None:
-            processors.append(recorder)
-        kwargs = {} if synced_gpus is None else {"synced_gpus": synced_gpus}
-        extra = model_input_kwargs(
-            batch_model_inputs(model_inputs, start, len(chunk)),
-            device,
-            ["generation_config", "logits_processor", *kwargs],
-        )
-        with neutral_generation_defaults(model):
-            sequences = model.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=generation_config,
-                logits_processor=processors,
-                **kwargs,
-                **extra,
-            )
-        completion_ids = sequences[:, input_ids.shape[1] :]
-        chunk_logps = recorder.finish(sequences) if recorder is not None else torch.zeros(completion_ids.shape)
-        mask, is_truncated = truncate_at_stop(completion_ids, stop_token_ids)
-        lengths = mask.sum(1).tolist()
-        for i, n in enumerate(lengths):
-            completions.append(completion_ids[i, :n].cpu())
-            logps.append(chunk_logps[i, :n].float().cpu())
-        truncated.append(is_truncated.cpu())
-        bar.update(len(chunk))
-    bar.close()
-    return {
-        "completion_ids": completions,
-        "old_per_token_logps": logps,
-        "is_truncated": torch.cat(truncated),
-        "num_tokens": sum(c.numel() for c in completions),
-        "seconds": time.perf_counter() - start_time,
-    }
 
 
 def prompt_model_inputs(examples: Sequence[Mapping]) -> list[dict[str, torch.Tensor]] | None:
@@ -464,6 +250,8 @@ class VLLMGenerator:
         policy (`nn.Module`): the unwrapped policy (vLLM loads the model from its `name_or_path`).
         accelerator: the Trainer's `Accelerator`.
         tokenizer: the policy's tokenizer.
+        processor (*optional*): a VLM's processor, given to `VLLMGeneration` as its `processing_class` (TRL's: the
+            server places a prompt's image features at the processor's `image_token_id`); None: the tokenizer.
 
     Raises:
         ImportError: if vLLM is not installed.
@@ -471,7 +259,7 @@ class VLLMGenerator:
         VLLMServerError: in server mode, if no server answers at `vllm_server_base_url` within `vllm_server_timeout`.
     """
 
-    def __init__(self, args, policy: nn.Module, accelerator, tokenizer):
+    def __init__(self, args, policy: nn.Module, accelerator, tokenizer, processor=None):
         if not is_vllm_available():
             raise ImportError(
                 "TRAPOConfig.use_vllm=True needs vLLM, which is not installed: `pip install vllm` on a GPU machine, "
@@ -491,7 +279,7 @@ class VLLMGenerator:
             self.generation = VLLMGeneration(
                 model=policy,
                 accelerator=accelerator,
-                processing_class=tokenizer,
+                processing_class=tokenizer if processor is None else processor,
                 mode=args.vllm_mode,
                 server_base_url=args.vllm_server_base_url,
                 server_timeout=self.server_timeout,
@@ -513,6 +301,7 @@ class VLLMGenerator:
                 vllm_server_unreachable(self.server_url, self.server_timeout, name, "from the trainer", error)
             ) from error
         self.synced_step: int | None = None
+        self.mode, self.tensor_parallel_size = args.vllm_mode, int(args.vllm_tensor_parallel_size)
         if args.vllm_mode == "server" and args.vllm_importance_sampling_correction and accelerator.is_main_process:
             # the correction compares the trainer's log-probs over the kept support with vLLM's processed ones
             mode = self.generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
@@ -546,24 +335,57 @@ class VLLMGenerator:
                 ) from error
         self.generation.sync_weights()
 
+    def sync_for_step(self, step: int) -> None:
+        """Push the weights ([`push_weights`]) unless they were pushed already for optimizer step `step` (TRL's
+        `GRPOTrainer` syncs once per `global_step`). Collective, like the push."""
+        if self.synced_step != step:
+            self.push_weights()
+            self.synced_step = step
+
     def generate(
-        self, prompt_ids: list[list[int]], group: int, step: int
+        self,
+        prompt_ids: list[list[int]],
+        group: int,
+        step: int,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+        images: list[list | None] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """Sample one completion per prompt (prompts come in consecutive groups of `group` copies).
+        """Sample one completion per prompt (prompts come in consecutive groups of `group` copies), all at one
+        temperature.
 
         Collective (weight sync gathers sharded parameters; server mode gathers prompts): every rank calls it.
+
+        Args:
+            prompt_ids (`list[list[int]]`): the prompts' token ids.
+            group (`int`): consecutive copies of one prompt (vLLM's `n`).
+            step (`int`): the optimizer step (the weights are pushed before its first call).
+            temperature (`float`, *optional*): the sampling temperature (default: `TRAPOConfig.temperature`).
+            max_new_tokens (`int`, *optional*): vLLM's `max_tokens` (default: `response_length`).
+            images (`list[list | None]`, *optional*): each prompt's PIL images, or None (TRL's `VLLMGeneration`
+                passes them to vLLM as `multi_modal_data`; a server processes them first).
+
+        `VLLMGeneration` reads its sampling settings from its public `temperature` and `max_completion_length`
+        attributes at each call: they are set for this call and put back afterwards.
 
         Returns:
             tuple `(completion_ids, logps)`: `(C_i,)` completion token ids, uncut (the caller cuts after the stop
             token), and vLLM's `(C_i,)` float32 log-probs of them (nats, after temperature and top-k / top-p: TRL's
             `processed_logprobs`; NaN where vLLM gave none), or None when vLLM returned none.
         """
-        if self.synced_step != step:
-            self.push_weights()
-            self.synced_step = step
-        _, completion_ids, logprobs, _ = self.generation.generate(
-            prompts=prompt_ids, images=None, num_generations=group
-        )
+        self.sync_for_step(step)
+        generation = self.generation
+        saved = generation.temperature, generation.max_completion_length
+        if temperature is not None:
+            generation.temperature = float(temperature)
+        if max_new_tokens is not None:
+            generation.max_completion_length = int(max_new_tokens)
+        try:
+            _, completion_ids, logprobs, _ = generation.generate(
+                prompts=prompt_ids, images=images, num_generations=group
+            )
+        finally:
+            generation.temperature, generation.max_completion_length = saved
         completions = [torch.tensor(list(c), dtype=torch.long) for c in completion_ids]
         if logprobs is None:
             return completions, None
@@ -637,6 +459,27 @@ class RolloutEngine:
         self.vllm = vllm
         self.teacher = teacher
         self.generator = torch.Generator().manual_seed(args.seed + 5 + accelerator.process_index)
+        self.sampler = self.build_sampler()
+
+    def build_sampler(self) -> Sampler:
+        """The sampler every round is drawn with ([`~trl_trapo.samplers`]): vLLM's (server or colocate) with `vllm`,
+        else transformers' `generate` seeded from the engine's `generator`."""
+        args = self.args
+        if self.vllm is not None:
+            kind = VLLMServerSampler if self.vllm.mode == "server" else VLLMColocateSampler
+            return kind(self.vllm, self.accelerator, self.stop_token_ids, args.vllm_importance_sampling_correction)
+        return GenerateSampler(
+            self.unwrapped_model,
+            self.policy_of,
+            self.accelerator,
+            self.generation_config,
+            self.stop_token_ids,
+            self.pad_token_id,
+            self.generator,
+            args.local_rollout_forward_batch_size,
+            args.ds3_gather_for_generation,
+            self.progress_description,
+        )
 
     def progress_description(self, description: str) -> str | None:
         """`description` when per-round progress bars are on (`disable_tqdm=False`, `console_metrics="all"`, main
@@ -660,8 +503,9 @@ class RolloutEngine:
         lockstep: bool = False,
     ) -> SampledRound:
         """Sample one round on `examples` (dataset rows with `prompt_ids`, repeated `group` times in a row) with the
-        live policy, in one batched `generate` call (per `local_rollout_forward_batch_size` prompts) whatever the
-        temperatures; nothing is scored here ([`finish`] does that).
+        live policy, through the run's sampler ([`~trl_trapo.samplers.Sampler`]): transformers' `generate` in one
+        batched call (per `local_rollout_forward_batch_size` prompts) whatever the temperatures, or vLLM in one call
+        per distinct temperature, with each row's images; nothing is scored here ([`finish`] does that).
 
         Args:
             examples (`list[dict]`): the round's rows, B of them.
@@ -682,85 +526,54 @@ class RolloutEngine:
 
         Raises:
             RuntimeError: naming the fix, when the policy's probabilities are not finite (training diverged).
+            ValueError: with vLLM, when the rows carry model inputs but no images (vLLM takes images only).
         """
         args = self.args
         prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         model_inputs = prompt_model_inputs(examples)
         temperatures = row_temperatures(temperature, len(examples))
-        if self.vllm is not None:  # vLLM samples; cutting here, behaviour log-probs and scoring in `finish`
-            if model_inputs is not None:
-                raise ValueError(
-                    "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
-                    "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
-                )
-            completion_ids, vllm_logps = self.vllm.generate([p.tolist() for p in prompt_ids], group, step)
-            cut = [cut_after_stop(torch.as_tensor(c, dtype=torch.long), self.stop_token_ids) for c in completion_ids]
-            sampler_logps = None
-            if vllm_logps is not None and args.vllm_importance_sampling_correction:
-                sampler_logps = [lp[: c.numel()] for lp, c in zip(vllm_logps, cut)]
-            return SampledRound(
-                examples,
-                cut,
-                version=step,
-                group=group,
-                temperatures=temperatures,
-                prompt_ids=prompt_ids,
-                sampler_per_token_logps=sampler_logps,
+        images = row_images(examples) if self.vllm is not None else None  # vLLM processes the images itself
+        try:
+            output = self.sampler.sample(
+                [p.tolist() for p in prompt_ids],
+                temperatures,
+                group,
+                step,
+                max_new_tokens=max_new_tokens,
+                model_inputs=model_inputs,
+                images=images,
+                lockstep=lockstep,
             )
-        generation_config = self.generation_config
-        if max_new_tokens is not None and max_new_tokens != generation_config.max_new_tokens:
-            generation_config = copy.deepcopy(generation_config)
-            generation_config.max_new_tokens = int(max_new_tokens)
-        with self.unwrapped_model() as unwrapped:
-            # generate (behaviour log-probs are recorded during sampling)
-            sampling_seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
-            device = self.accelerator.device
-            devices = [device.index or 0] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(sampling_seed)
-                try:
-                    generated = generate(
-                        self.policy_of(unwrapped),
-                        [p.tolist() for p in prompt_ids],
-                        generation_config,
-                        self.pad_token_id,
-                        self.stop_token_ids,
-                        temperatures,
-                        batch_size=args.local_rollout_forward_batch_size,
-                        synced_gpus=generation_synced_gpus(
-                            self.accelerator, args.ds3_gather_for_generation, lockstep=lockstep
-                        ),
-                        progress=self.progress_description(f"Rollouts, step {step}"),
-                        model_inputs=model_inputs,
-                    )
-                    logger.log(  # a sign of life for slow rounds (real models on CPU); quick ones stay quiet
-                        logging.INFO if generated["seconds"] >= SLOW_ROUND_SECONDS else logging.DEBUG,
-                        "Step %d: generated %d completions (%d prompts x %d) in %.1f s: %d tokens, %.0f tokens/s.",
-                        step,
-                        len(examples),
-                        len(examples) // max(group, 1),
-                        group,
-                        generated["seconds"],
-                        generated["num_tokens"],
-                        generated["num_tokens"] / max(generated["seconds"], 1e-9),
-                    )
-                except RuntimeError as error:
-                    if "probability tensor" not in str(error):
-                        raise
-                    raise RuntimeError(
-                        f"Training diverged before step {step}: the policy's next-token probabilities are not finite "
-                        f"(`{error}`), so no rollout can be sampled. Lower learning_rate (now {args.learning_rate}) "
-                        f"or max_grad_norm (now {args.max_grad_norm}) and resume from the last checkpoint of "
-                        f"{args.output_dir}; `train/nonfinite_steps` counts the steps already skipped."
-                    ) from error
+        except RuntimeError as error:
+            if "probability tensor" not in str(error):
+                raise
+            raise RuntimeError(
+                f"Training diverged before step {step}: the policy's next-token probabilities are not finite "
+                f"(`{error}`), so no rollout can be sampled. Lower learning_rate (now {args.learning_rate}) "
+                f"or max_grad_norm (now {args.max_grad_norm}) and resume from the last checkpoint of "
+                f"{args.output_dir}; `train/nonfinite_steps` counts the steps already skipped."
+            ) from error
+        if self.vllm is None:
+            logger.log(  # a sign of life for slow rounds (real models on CPU); quick ones stay quiet
+                logging.INFO if output.seconds >= SLOW_ROUND_SECONDS else logging.DEBUG,
+                "Step %d: generated %d completions (%d prompts x %d) in %.1f s: %d tokens, %.0f tokens/s.",
+                step,
+                len(examples),
+                len(examples) // max(group, 1),
+                group,
+                output.seconds,
+                output.num_tokens,
+                output.num_tokens / max(output.seconds, 1e-9),
+            )
         return SampledRound(
             examples,
-            generated["completion_ids"],
+            output.completion_ids,
             version=step,
             group=group,
-            old_per_token_logps=generated["old_per_token_logps"],
+            old_per_token_logps=output.logps,
             temperatures=temperatures,
             prompt_ids=prompt_ids,
+            sampler_per_token_logps=output.sampler_logps,
         )
 
     def finish(self, sampled: SampledRound, across_ranks: bool = True) -> RolloutBatch:
@@ -1143,3 +956,29 @@ class RolloutEngine:
     def state_dict(self) -> dict[str, torch.Generator]:
         """The generators to checkpoint (name -> generator)."""
         return {"generation": self.generator}
+
+
+__all__ = [
+    "DEFAULT_VLLM_SERVER_URL",
+    "SLOW_ROUND_SECONDS",
+    "RolloutBatch",
+    "RolloutEngine",
+    "VLLMGenerator",
+    "VLLMServerError",
+    "prompt_model_inputs",
+    "rollout_generation_config",
+    "sampled_token_logps",
+    "stop_token_ids",
+    "unreachable_errors",
+    "vllm_generation_kwargs",
+    "vllm_server_unreachable",
+    "vllm_server_url",
+    # the transformers sampler's primitives (trl_trapo/samplers.py), importable from here as before they moved
+    "BehaviourLogprobRecorder",
+    "RowTemperatureLogitsWarper",
+    "cut_after_stop",
+    "generate",
+    "neutral_generation_defaults",
+    "row_temperatures",
+    "truncate_at_stop",
+]

@@ -428,12 +428,13 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         TypeError: if `source` has no `sample(rows_needed, step)` method (or subclasses [`RolloutSource`] without
             implementing it), or `rollout_func` is not callable or is an `async def` function (TRL calls it
             synchronously: a coroutine would come back instead of the dict).
-        ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True`,
+        ValueError: naming the setting, for both a `rollout_source` and a `rollout_func`, and for `use_vllm=True` or
             `fewshot_mode=True` (with a `rollout_source`) or `exploration=True`: they set how the default source
             samples (vLLM, few-shot prompt choice and annealed temperature, per-family temperatures), which a source
             of your own (or your `rollout_func`) decides itself. A `rollout_func` runs in few-shot mode: it is
             handed the prompts few-shot mode chooses, its trajectories are reused as few-shot mode says, and it
-            samples at the temperature it chooses (its rows are trained at `temperature`, as always).
+            samples at the temperature it chooses (its rows are trained at `temperature`, as always); and with
+            `use_vllm=True`: it may sample through the trainer's vLLM (`trainer.vllm_generation`, as in TRL).
     """
     if source is not None and rollout_func is not None:
         raise ValueError(
@@ -457,9 +458,13 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
         )
     if source is not None:
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
-    # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool);
-    # a rollout_source chooses its own prompts
-    settings = (("use_vllm", args.use_vllm), ("fewshot_mode", args.fewshot_mode and rollout_func is None))
+    # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool),
+    # and so does vLLM: the function may sample through `trainer.vllm_generation` (weights pushed before each call, as
+    # TRL's GRPOTrainer does); a rollout_source chooses its own prompts and has no trainer to reach vLLM from
+    settings = (
+        ("use_vllm", args.use_vllm and rollout_func is None),
+        ("fewshot_mode", args.fewshot_mode and rollout_func is None),
+    )
     for name, value in settings:
         if value:
             raise ValueError(
@@ -562,7 +567,7 @@ class RolloutFuncSource(RolloutSource):
       PPO's first ratio is exactly 1 whatever engine sampled), and with `vllm_importance_sampling_correction` (the
       default) weights each token's policy loss by pi_trainer / pi_sampler, bounded per
       `vllm_importance_sampling_mode` (`sampling/*` metrics). TRL applies that correction only with
-      `use_vllm=True`; a `rollout_func` samples with an engine of its own (use_vllm is refused with it), so here it
+      `use_vllm=True`; a `rollout_func` may sample with an engine of its own, so here it
       applies whenever `logprobs` are given. `vllm_importance_sampling_correction=False` or `logprobs=None`: no
       correction (the log-probs are then unused, as in TRL without vLLM);
     - `env_mask` (optional): `B` lists of 0/1, 1 on tokens the policy sampled, 0 on tokens the environment wrote
@@ -594,6 +599,10 @@ class RolloutFuncSource(RolloutSource):
         num_mini_batches (`int`): optimizer steps a round feeds.
         image_token_ids (`Sequence[int]`): a VLM's image placeholder ids (`vision.placeholder_token_ids`): each
             returned prompt must hold as many of them as its row's prepared `prompt_ids`; empty: not checked.
+        sync_weights (`Callable[[int], None]`, *optional*): called with the round's step before `rollout_func`
+            (with `use_vllm=True`: push the policy's weights to vLLM once per optimizer step, as TRL's `GRPOTrainer`
+            does before it calls a `rollout_func`, so a function that samples through `trainer.vllm_generation`
+            samples the current policy).
 
     Raises:
         ValueError: from `sample`, with TRL's message when a required key is missing (`rollout_func must return keys
@@ -613,6 +622,7 @@ class RolloutFuncSource(RolloutSource):
         num_generations: int,
         num_mini_batches: int,
         image_token_ids: Sequence[int] = (),
+        sync_weights: Callable[[int], None] | None = None,
     ):
         from trl.data_utils import is_conversational
 
@@ -628,6 +638,7 @@ class RolloutFuncSource(RolloutSource):
         self.prompts = prompts
         self.group = int(num_generations)
         self.num_mini_batches = int(num_mini_batches)
+        self.sync_weights = sync_weights
         self.image_token_ids = sorted({int(t) for t in image_token_ids})
         self.image_column = image_column(dataset.column_names, "train_dataset")
         if self.image_column is not None and rows_have_images(dataset) and not is_conversational(dataset[0]):
@@ -655,6 +666,8 @@ class RolloutFuncSource(RolloutSource):
             from trl.data_utils import prepare_multimodal_messages
 
             prompts = [prepare_multimodal_messages(p, images=i) for p, i in zip(prompts, images)]
+        if self.sync_weights is not None:  # vLLM samples the current policy (TRL syncs before a rollout_func)
+            self.sync_weights(step)
         output = self.rollout_func(prompts)
         sampled = rollout_func_round(output, rows, self.group, step)
         self.check_image_tokens(sampled)

@@ -705,7 +705,13 @@ class TRAPOTrainer(_BaseTrainer):
         # targeted exploration: families whose groups carry no signal are sampled hotter (it sets the default
         # source's temperatures; trl_trapo/exploration.py)
         exploration = build_exploration(
-            args, self.active[RL], self._has_critic, own_source, world, self.memory_pool.successes is not None
+            args,
+            self.active[RL],
+            self._has_critic,
+            own_source,
+            world,
+            self.memory_pool.successes is not None,
+            tool_loop=agent is not None,
         )
         if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
             notice = grpo_notice(args, exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty)
@@ -772,7 +778,7 @@ class TRAPOTrainer(_BaseTrainer):
             guidance=DemonstrationGuidance(args.guidance, args.guidance_gamma)
             if args.demonstration_column is not None
             else None,
-            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, tokenizer)
+            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, tokenizer, processing_class)
             if args.use_vllm and self.active[RL]
             else None,
             # distillation's sampled-token estimator scores each sampled token with the teacher in the round
@@ -1065,6 +1071,13 @@ class TRAPOTrainer(_BaseTrainer):
         owns it ([`~trl_trapo.teacher.Teacher`], `DistillationObjective.teacher`); the trainer keeps no handle."""
         teachers = [o.teacher for o in self.objectives if isinstance(o, DistillationObjective)]
         return teachers[0].model if teachers else None
+
+    @property
+    def vllm_generation(self):
+        """TRL's `VLLMGeneration` the rollouts sample with (`use_vllm=True`; None otherwise), as TRL 1.16's
+        `GRPOTrainer.vllm_generation`: a `rollout_func` samples through it (`trainer.vllm_generation.generate(prompts=
+        prompt_ids, images=None, num_generations=n)`), its weights pushed before each call of the function."""
+        return self.rollouts.vllm.generation if self.rollouts.vllm is not None else None
 
     @property
     def reward_funcs(self) -> list:

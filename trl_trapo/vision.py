@@ -437,6 +437,17 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
+def row_images(examples: Sequence[Mapping]) -> list[list | None] | None:
+    """Each row's images as TRL's `VLLMGeneration.generate` takes them: a list of PIL images per row (its `images`
+    column, or `[image]`), None for a row without; None when no row has any."""
+    images: list[list | None] = []
+    for example in examples:
+        value = next((example[c] for c in IMAGE_COLUMNS if example.get(c) is not None), None)
+        listed = list(value) if isinstance(value, (list, tuple)) else ([value] if value is not None else [])
+        images.append(listed or None)
+    return images if any(i is not None for i in images) else None
+
+
 def rows_have_images(dataset) -> bool:
     """Whether a prepared dataset (see `tokenize_prompt_dataset` / `tokenize_sft_dataset`) has a row with model
     inputs (a VLM row's images)."""
@@ -455,7 +466,8 @@ def check_vision_options(args, prompts_have_images: bool, has_critic: bool, rewa
         reward_models (`Sequence[str]`): the names of the reward *models* (modules; reward functions are fine).
 
     Raises:
-        ValueError: naming the option and the alternative: vLLM (TRAPO passes no images to it), few-shot mode (it
+        ValueError: naming the option and the alternative: vLLM with `async_rollouts` (the producer passes no images
+            to the server; synchronous vLLM rounds get each prompt's images), few-shot mode (it
             embeds prompts by their ids), a critic or a reward model (transformers has no value or score head that
             reads images; they would score the text alone). Tools, environments and a `rollout_func` take image
             prompts (each turn generates with its row's images, `agents.ToolRolloutSource`; the function gets them in
@@ -464,10 +476,11 @@ def check_vision_options(args, prompts_have_images: bool, has_critic: bool, rewa
     if not prompts_have_images:
         return
     name = type(args).__name__
-    if args.use_vllm:
+    if args.use_vllm and args.async_rollouts:
         raise ValueError(
-            f"{name}.use_vllm=True, but the RL prompts have images and TRAPO passes no images to vLLM: set "
-            "use_vllm=False (transformers' `generate` samples image prompts)."
+            f"{name}.use_vllm=True with async_rollouts=True, but the RL prompts have images and the asynchronous "
+            "producer sends prompt token ids alone to the vLLM server: set async_rollouts=False (the trainer then "
+            "passes each prompt's images to vLLM), or use_vllm=False."
         )
     if getattr(args, "fewshot_mode", False):
         raise ValueError(

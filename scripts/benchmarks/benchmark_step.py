@@ -8,7 +8,7 @@ Prints, for a Llama of >= 20M parameters at sequence length 512 (every row of ev
    drawing and collating rows, reference log-probs, reward scoring, advantages, the joint loss, backward, optimizer —
    minus only the time spent inside token generation. Critic-free mode (the target, <= 1.15) and, separately,
    with a critic of the same size.
-2. **rollout ratio** = tokens/s of TRAPO's rollout generation (`trl_trapo.rollout.generate`: left padding, behaviour
+2. **rollout ratio** = tokens/s of TRAPO's rollout generation (`trl_trapo.samplers.generate`: left padding, behaviour
    log-probs recorded on the fly, truncation at the stop token) / tokens/s of plain `model.generate` on the same
    prompts with the same generation config. Target >= 0.9.
 
@@ -46,6 +46,7 @@ from transformers import (
 
 import trl_trapo.evaluation as evaluation
 import trl_trapo.rollout as rollout
+import trl_trapo.samplers as samplers
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 
 
@@ -163,8 +164,8 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
     pretrain, sft, rl = datasets(vocab_size)
     timer = StepTimer()
     original = rollout.generate
-    # the modules that call `generate`: rollout rounds, and sample completions / evaluation
-    callers = (rollout, evaluation)
+    # the modules that call `generate`: rollout rounds (the transformers sampler), and sample completions / evaluation
+    callers = (samplers, evaluation)
 
     def timed_generate(*args, **kwargs):
         start = clock()

@@ -12,6 +12,11 @@ is importable — and prints, per run:
 - peak GPU memory (`torch.cuda.max_memory_allocated`);
 - the share of step time spent in generation rounds (generate + reference / reward scoring), and the median step time.
 
+After the vLLM run, two short runs of the pairs issue 40's sampler stage made possible, on vLLM's colocate mode:
+`vllm-tools` (every turn of the tool-calling loop sampled by vLLM, `tools/turns_mean` reported) and `vllm-images`
+(image prompts passed to vLLM as `multi_modal_data`; the tiny LLaVA of `trl_trapo.tasks.vision`, the vision tower's
+forwards reported); `--pairs_only` runs them alone.
+
 The vLLM run also records the sampler/trainer mismatch its rounds logged last (`sampling/*`: vLLM's bf16 log-probs
 against the trainer's, TRL's `vllm_importance_sampling_correction` at its defaults) in the JSON output.
 
@@ -35,6 +40,7 @@ variant runs anywhere:
     python scripts/benchmarks/gpu_check.py --tiny --steps 4      # CPU smoke test (tests/test_gpu_check.py)
     python scripts/benchmarks/gpu_check.py --no_vllm             # transformers' generate only
     python scripts/benchmarks/gpu_check.py --async_only          # only the async vLLM server run (a few minutes)
+    python scripts/benchmarks/gpu_check.py --pairs_only          # only the vLLM x tools / images runs
 """
 
 from __future__ import annotations
@@ -255,6 +261,98 @@ def run(name: str, arch: dict, args, device: torch.device, use_vllm: bool) -> di
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def run_vllm_pair(case: str, args, device: torch.device) -> dict:
+    """One pair of issue 40's sampler stage on the real vLLM (colocate mode), a few RL steps: `vllm-tools` (the
+    tool-calling loop's turns sampled by vLLM: the agent task, `tools=[multiply]`, on the Qwen2.5-0.5B-sized random
+    model with the tool template) or `vllm-images` (image prompts passed to vLLM as `multi_modal_data`: the tiny
+    LLaVA of `trl_trapo.tasks.vision` on the visual task suite). Reports the steps run, what shows the pair ran
+    (`tools/turns_mean`; the vision tower's forwards) and the sampler/trainer mismatch logged last (`sampling/*`)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from trl_trapo import TRAPOConfig, TRAPOTrainer
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    workdir = tempfile.mkdtemp(prefix=f"trapo-gpu-check-{case}-")
+    path = os.path.join(workdir, "model")
+    kwargs: dict = {}
+    settings = dict(max_prompt_length=96, response_length=32, num_generations=4)
+    if case == "vllm-tools":
+        from trl_trapo.agents import use_tool_chat_template
+        from trl_trapo.tasks.agent import make_agent_task, multiply
+
+        arch = TINY if args.tiny else QWEN25_05B
+        processing_class = use_tool_chat_template(build_tokenizer(arch["vocab_size"]))
+        build_model(arch, processing_class, dtype).save_pretrained(path)
+        loader = AutoModelForCausalLM
+        task = make_agent_task(seed=0, num_sft=8, num_rl=64, num_eval=2)
+        kwargs.update(train_dataset=task.rl_train, reward_funcs=[*task.reward_funcs], tools=[multiply])
+        settings.update(response_length=64, vllm_max_model_length=512)
+    else:
+        from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor, make_visual_task_suite
+
+        processing_class = build_vlm_processor()
+        build_tiny_vlm(processing_class, seed=0).to(dtype).save_pretrained(path)
+        loader = AutoModelForImageTextToText
+        suite = make_visual_task_suite(seed=0, num_pretrain_docs=4, num_sft_per_task=2, num_rl_per_task=16,
+                                       num_eval_per_task=1, num_eval_captions=1)  # fmt: skip
+        kwargs.update(train_dataset=suite.rl_train, reward_funcs=[*suite.reward_funcs])
+        settings.update(response_length=8, num_generations=2)
+    processing_class.save_pretrained(path)
+    model = loader.from_pretrained(path, dtype=dtype)
+    forwards = []
+    towers = [m for name, m in model.named_modules() if name.split(".")[-1] == "vision_tower"]
+    if towers:
+        towers[0].register_forward_hook(lambda module, inputs, output: forwards.append(1))
+    config = TRAPOConfig(
+        output_dir=os.path.join(workdir, "out"),
+        max_steps=args.pair_steps,
+        per_device_train_batch_size=8,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        activation_checkpointing=False,
+        use_cpu=device.type == "cpu",
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.2,
+        seed=0,
+        **settings,
+    )
+    start = time.perf_counter()
+    trainer = TRAPOTrainer(model, args=config, processing_class=processing_class, **kwargs)
+    trainer.train()
+    result = {"run": case, "steps": trainer.state.global_step, "total_s": time.perf_counter() - start}
+    for entry in trainer.state.log_history:
+        result.update({k: v for k, v in entry.items() if k.startswith(("sampling/", "tools/"))})
+    if towers:
+        result["vision_tower_forwards"] = len(forwards)
+    del trainer, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def run_vllm_pairs(args, device: torch.device, missing: str | None) -> list[dict]:
+    """The `vllm-tools` and `vllm-images` runs ([`run_vllm_pair`]), each reported, never raising; none without
+    vLLM."""
+    if missing is not None or args.no_vllm:
+        print("vLLM x tools / images runs skipped: " + ("--no_vllm" if args.no_vllm else missing), flush=True)
+        return []
+    results = []
+    for case in ("vllm-tools", "vllm-images"):
+        try:
+            result = run_vllm_pair(case, args, device)
+        except Exception as error:  # report, do not hide the other runs' numbers
+            print(f"{case} run failed: {type(error).__name__}: {error}", flush=True)
+            continue
+        print(f"{case}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in result.items() if k != "run"), flush=True)  # fmt: skip
+        results.append(result)
+    return results
 
 
 def vllm_missing(device: torch.device) -> str | None:
@@ -513,6 +611,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--async_budget_s", type=float, default=600,
                         help="skip the async vLLM server run when the runs before it took longer")  # fmt: skip
     parser.add_argument("--async_only", action="store_true", help="only the async vLLM server run (a short check)")
+    parser.add_argument("--pairs_only", action="store_true",
+                        help="only the vLLM x tools and vLLM x images runs (issue 40's sampler stage)")  # fmt: skip
+    parser.add_argument("--pair_steps", type=int, default=3, help="optimizer steps of each vLLM x tools / images run")
     parser.add_argument("--async_try_push", action="store_true",
                         help="on one GPU, try the NCCL weight pushes to the server anyway")  # fmt: skip
     parser.add_argument("--async_server_child", default=None, help=argparse.SUPPRESS)  # internal: the child's JSON
@@ -532,8 +633,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     start = time.perf_counter()
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}", flush=True)
     missing = vllm_missing(device)
-    if args.async_only:
-        results = run_async_server_check(args, device)
+    if args.async_only or args.pairs_only:
+        results = run_async_server_check(args, device) if args.async_only else run_vllm_pairs(args, device, missing)
         print(f"total wall time: {time.perf_counter() - start:.0f} s", flush=True)
         if args.json:
             with open(args.json, "w", encoding="utf-8") as handle:
@@ -549,6 +650,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             results.append(run("vllm-colocate", arch, args, device, use_vllm=True))
         except Exception as error:  # report, do not hide the first run's numbers
             print(f"vLLM run failed: {type(error).__name__}: {error}", flush=True)
+        results += run_vllm_pairs(args, device, missing)
     header = ("run", "params (M)", "tokens/s", "MFU %", "MFU % w/o gen", "peak GiB", "gen share", "step s")
     print(" | ".join(header))
     for r in results:

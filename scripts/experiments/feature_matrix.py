@@ -250,8 +250,10 @@ def check_environment(evidence: Evidence) -> str:
 def sample_with_the_policy(prompts: list, trainer) -> dict:
     """The `rollout_func` of the matrix, as a TRL user writes one: one completion per prompt entry, sampled with the
     trainer's model (`trl.models.unwrap_model_for_generation`, transformers' `generate`), its log-probs recorded while
-    sampling, and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker` reads. A VLM's processor
-    renders each prompt (TRL passes the images inside the messages) and its pixel values go to `generate`."""
+    sampling, or with `use_vllm=True` through the trainer's vLLM (`trainer.vllm_generation`, as in TRL; the trainer
+    pushed the weights before the call), and an extra key `from_rollout_func` (1 per row) that `rollout_func_marker`
+    reads. A VLM's processor renders each prompt (TRL passes the images inside the messages) and its pixel values go
+    to `generate`."""
     from trl.models import unwrap_model_for_generation
 
     from trl_trapo.data import tokenize_prompt
@@ -272,6 +274,16 @@ def sample_with_the_policy(prompts: list, trainer) -> dict:
         model_inputs = [{k: v for k, v in r.items() if k not in ("input_ids", "attention_mask")} for r in rendered]
     else:
         prompt_ids = [tokenize_prompt(prompt, tokenizer) for prompt in prompts]
+    if trainer.vllm_generation is not None:
+        _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(
+            prompts=prompt_ids, images=None, num_generations=1
+        )
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": [list(c) for c in completion_ids],
+            "logprobs": [[lp[0] for lp in row] for row in logprobs],
+            "from_rollout_func": [1.0] * len(prompt_ids),
+        }
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         policy = getattr(model, "policy", model)  # the policy of a policy-and-critic wrapper
         turns = generate(
