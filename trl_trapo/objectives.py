@@ -42,7 +42,7 @@ from datasets import Dataset, IterableDataset
 from trl.trainer.utils import entropy_from_logits
 
 from .collator import Row, StepContext
-from .config import RL
+from .config import OBJECTIVES, RL
 from .data import (
     PretrainStream,
     check_cells,
@@ -593,6 +593,8 @@ class DistillationObjective(Objective):
         ValueError: if neither or both of `take_rows` and `prompts` are given.
     """
 
+    NAME = "distill"  # the teacher's objective, in the metrics, the curriculum and the checkpoint
+
     def __init__(
         self,
         take_rows: Callable[[int, int], list[Row]] | None,
@@ -842,6 +844,57 @@ def step_counts(batches: list[dict[str, torch.Tensor]], objectives: list[Objecti
                 local[position] += value
                 position += 1
     return local
+
+
+@dataclass(frozen=True)
+class ObjectiveSlots:
+    """The run's objectives before they are built, in the order of their indices: the built-in three
+    (`config.OBJECTIVES`), `distill` with a teacher, then the user's.
+
+    Attributes:
+        names (`tuple[str, ...]`): their names.
+        has_data (`tuple[bool, ...]`): whether each has rows to train on.
+        weights (`tuple[float, ...]`): their static weights c_o (the config's `*_weight` fields, the user's
+            `Objective.weight`).
+        halves (`dict[str, str]`): an objective that takes half of another's share when the curriculum's phases are
+            given as three numbers (the teacher's takes half of RL's).
+    """
+
+    names: tuple[str, ...]
+    has_data: tuple[bool, ...]
+    weights: tuple[float, ...]
+    halves: dict[str, str]
+
+
+def objective_slots(
+    args: Any, data_active: tuple[bool, ...], with_teacher: bool, extra: list[Objective]
+) -> ObjectiveSlots:
+    """The [`ObjectiveSlots`] of a run: `data_active` says which built-in objectives (pretrain, sft, rl) have data,
+    `with_teacher` adds `distill`, `extra` are the user's objectives.
+
+    Raises:
+        ValueError: an objective of `extra` reuses a built-in name (or `distill` with a teacher).
+    """
+    clash = [o.name for o in extra if o.name in OBJECTIVES]
+    if clash:
+        raise ValueError(
+            f"`objectives` may not reuse the built-in names {list(OBJECTIVES)} (got {clash}): name it differently."
+        )
+    distill = (DistillationObjective.NAME,) if with_teacher else ()
+    if with_teacher and DistillationObjective.NAME in {o.name for o in extra}:
+        raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
+    return ObjectiveSlots(
+        names=(*OBJECTIVES, *distill, *(o.name for o in extra)),
+        has_data=(*data_active, *(True for _ in distill), *(o.has_data for o in extra)),
+        weights=(
+            args.pretrain_weight,
+            args.sft_weight,
+            args.rl_weight,
+            *(args.distillation_weight for _ in distill),
+            *(o.weight for o in extra),
+        ),
+        halves={name: OBJECTIVES[RL] for name in distill},
+    )
 
 
 def check_objectives(objectives: list[Objective]) -> None:
