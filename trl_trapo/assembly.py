@@ -43,7 +43,7 @@ from .callbacks import (
 )
 from .checkpoint import check_checkpoint_fits, datasets_summary, verify_checkpoint
 from .collator import RowAllocator, plan_steps
-from .config import RL, SFT, TRAPOConfig
+from .config import TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     PreparedData,
@@ -79,6 +79,7 @@ from .objectives import (
     check_objectives,
     check_state_dict,
     objective_slots,
+    planning_rows,
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
@@ -465,9 +466,8 @@ def build_objectives(
     kl_penalty: str,
     kl_estimator: str,
     logging_step: Callable[[], bool],
-    active: tuple[bool, ...],
+    data: PreparedData,
     teacher: Teacher | None,
-    distill_prompts: Dataset | None,
     sampler: RolloutEngine,
     extra: list[Objective],
     tokenizer: PreTrainedTokenizerBase,
@@ -481,35 +481,29 @@ def build_objectives(
     (already set up). The SFT, RL and distillation objectives are set up here.
 
     Args:
-        active (`tuple[bool, ...]`): whether the pretraining, SFT and RL objectives have data (config.OBJECTIVES).
+        data ([`~trl_trapo.data.PreparedData`]): the run's datasets (the SFT and RL objectives have data when theirs
+            is set).
         schedules ([`~trl_trapo.schedules.RLSchedules`]): the KL and entropy coefficients the RL term reads.
         logging_step (`Callable[[], bool]`): whether the current step logs (the RL term's extra statistics).
         sampler ([`~trl_trapo.rollout.RolloutEngine`]): samples the distillation prompts.
     """
     objectives: list[Objective] = [
         pretrain,
-        SFTObjective(
-            memory_pool,
-            has_data=active[SFT],
-            sft_loss_type=args.sft_loss_type,
-            alpha=args.trust_region_alpha,
-            weight=args.sft_weight,
-        ),
-        RLObjective(
-            take_rl_rows,
+        SFTObjective.from_config(args, memory_pool, data),
+        RLObjective.from_config(
             args,
+            take_rl_rows,
+            data,
             kl_coef=schedules.kl_coef,
             entropy_coef=schedules.entropy_coef,
             kl_penalty=kl_penalty,
             kl_estimator=kl_estimator,
             logging_step=logging_step,
-            has_data=active[RL],
-            weight=args.rl_weight,
         ),
     ]
     if teacher is not None:
         objectives.append(
-            DistillationObjective.from_config(args, teacher, take_rl_rows, distill_prompts, sampler, rank, world_size)
+            DistillationObjective.from_config(args, teacher, take_rl_rows, data.distill, sampler, rank, world_size)
         )
     for index, objective in enumerate(objectives[1:], start=1):  # pretrain and `extra` were set up before
         objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world_size, planned_steps=planned_steps))
@@ -877,7 +871,7 @@ def plan_run(
         ValueError: `total_episodes` without RL prompts; a teacher without prompts to sample; objectives the trainer
             cannot run (`check_objectives`, `objective_slots`); the errors of `phase_mixtures` and `plan_steps`.
     """
-    if args.total_episodes is not None and not data.active[RL]:  # it would be ignored: the run follows epochs
+    if args.total_episodes is not None and data.rl is None:  # it would be ignored: the run follows epochs
         raise ValueError(
             f"{type(args).__name__}.total_episodes={args.total_episodes} counts RL prompts rolled out, but this run "
             "has no RL prompts (a `train_dataset` with rewards and rl_weight > 0): set max_steps or "
@@ -885,13 +879,13 @@ def plan_run(
         )
     check_objectives(objectives if objectives is not None else [])
     extra = list(objectives or [])
-    if with_teacher and not data.active[RL] and data.distill is None:
+    if with_teacher and data.rl is None and data.distill is None:
         raise ValueError(
             "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of "
             "prompts, but this run has none: pass a `distillation_dataset` of prompts (reward-free), or a "
             "`train_dataset` of RL prompts (with reward_funcs) and rl_weight > 0."
         )
-    slots = objective_slots(args, data.active, with_teacher, extra)
+    slots = objective_slots(args, data, with_teacher, extra)
     names = slots.names
     warn_without_sample_prompts(args, eval_dataset)
     # the teacher's objective takes half of RL's share when the phases are given as three numbers
@@ -902,17 +896,7 @@ def plan_run(
     average_shares = CurriculumSchedule(
         *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
     ).mixture(0)
-    planned_steps, tickets = plan_steps(
-        args,
-        data.active,
-        average_shares,
-        rl_prompts=len(data.rl) * (1 if has_critic else args.num_generations) if data.rl else 0,
-        sft_rows=len(data.sft) if data.sft else 0,
-        pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
-        distill_prompts=(len(data.distill), names.index(DistillationObjective.NAME))
-        if data.distill is not None
-        else None,
-    )
+    planned_steps, tickets = plan_steps(args, average_shares, planning_rows(args, data, names, has_critic))
     return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets)
 
 
@@ -966,26 +950,18 @@ def build_memory_pool(
     """This rank's [`~trl_trapo.memory.MemoryPool`]: the RL prompt sampler, the long-term SFT pool (uniform or
     prioritised), a sample selector (`selector(sft_pool, prompt_sampler)`: the trainer's `build_sample_selector`
     hook), the adapter bank ([`build_adapter_bank`]) and self-imitation's buffer."""
-    active_sft, active_rl = data.sft is not None, data.rl is not None
-    sft_pool = build_sft_pool(args, data.sft, planned_steps, rank, world_size) if active_sft else None
-    prompt_sampler = (
-        ShardedSampler(
-            len(data.rl),
-            seed=args.sampling_seed + 2,
-            rank=rank,
-            world_size=world_size,
-            shuffle=args.shuffle_rl_prompts,
-        )
-        if active_rl
-        else None
-    )
+    sft_pool = build_sft_pool(args, data.sft, planned_steps, rank, world_size) if data.sft is not None else None
+    prompt_sampler = None
+    if data.rl is not None:
+        seed = args.sampling_seed + 2
+        prompt_sampler = ShardedSampler(len(data.rl), seed, rank, world_size, shuffle=args.shuffle_rl_prompts)
     return MemoryPool(
         sft_pool,
         prompt_sampler,
         selector=selector(sft_pool, prompt_sampler),
         adapter_bank=adapter_bank,
         rank=rank,
-        successes=build_successes(args, active_rl, active_sft),
+        successes=build_successes(args, data.rl is not None, data.sft is not None),
     )
 
 

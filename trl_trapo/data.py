@@ -30,7 +30,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import datasets
@@ -1616,9 +1616,14 @@ class PreparedData:
     distill: Dataset | None = None  # reward-free distillation prompts with a `prompt_ids` column
 
     @property
-    def active(self) -> tuple[bool, bool, bool]:
-        """Which objectives (pretrain, sft, rl) have data."""
-        return (self.pretrain is not None, self.sft is not None, self.rl is not None)
+    def empty(self) -> bool:
+        """No objective has data."""
+        return all(getattr(self, field.name) is None for field in fields(self))
+
+    @property
+    def prompt_sets(self) -> list[Dataset]:
+        """The tokenized prompts the policy samples completions of (`prompt_ids`): the RL and distillation prompts."""
+        return [d for d in (self.rl, self.distill) if d is not None]
 
 
 def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
@@ -1952,7 +1957,7 @@ def prepare_datasets(
             if max_positions is not None and longest + args.response_length > max_positions:
                 raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
-    if not any(data.active) and distill is None:
+    if data.empty:
         raise ValueError(
             "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
             "`sft_dataset`, `pretrain_dataset` or (with a teacher) `distillation_dataset`, with a weight > 0 "

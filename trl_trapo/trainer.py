@@ -101,7 +101,7 @@ from .collator import (
     split_micro_batches,
     ticket_collator,
 )
-from .config import OBJECTIVES, PRETRAIN, RL, TRAPOConfig, check_hub_repo_id
+from .config import OBJECTIVES, TRAPOConfig, check_hub_repo_id
 from .data import (
     check_eval_dataset,
     progress_bars,
@@ -133,12 +133,13 @@ from .models import (
 )
 from .objectives import (
     DistillationObjective,
-    LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
+    PretrainingObjective,
     TermInputs,
     check_served_rows,
     check_term,
+    checkpointed_objective_states,
     count_keys,
     step_counts,
 )
@@ -393,16 +394,15 @@ class TRAPOTrainer(_BaseTrainer):
             has_teacher=teacher is not None,
             user_source=rollout_source is not None or rollout_func is not None,
         )
-        self._distillation_dataset = data.distill
-        self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
+        self._rl_dataset = data.rl  # the RL prompts (the default rollout source's)
+        self._sft_dataset = data.sft  # the tokenized demonstrations (the memory pool's)
         self._task_families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
         if self._task_families is not None:
             self.metrics.track_tasks(self._task_families)
-        self.active = data.active
         # models that read the policy's tokens must fit the longest prompt + completion
         check_reader_contexts(
             args,
-            [d for d in (data.rl, data.distill) if d is not None],
+            data.prompt_sets,
             tokenizer,
             [("value_model", value_model, tokenizer), ("teacher_model", teacher, tokenizer)]
             + [
@@ -413,7 +413,7 @@ class TRAPOTrainer(_BaseTrainer):
         )
         # every reward function is called once on two rows (what they log is discarded); not with a rollout_func,
         # whose extra keys (columns the reward functions may require) the dataset's rows do not have
-        if self.active[RL] and rollout_func is None:
+        if data.rl is not None and rollout_func is None:
             rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
             self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
 
@@ -453,7 +453,7 @@ class TRAPOTrainer(_BaseTrainer):
         self._suppressed_token_ids = list(policy.suppressed_token_ids)
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer --------------
-        pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
+        pretrain = PretrainingObjective(data.pretrain, args.pretrain_weight, check=False)  # checked
         setup_objectives(
             [pretrain],
             plan.extra,
@@ -497,9 +497,14 @@ class TRAPOTrainer(_BaseTrainer):
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
         exploration = build_exploration(
-            args, self.active[RL], self._has_critic, checked.own_source, world, self.memory_pool.successes is not None
+            args,
+            data.rl is not None,
+            self._has_critic,
+            checked.own_source,
+            world,
+            self.memory_pool.successes is not None,
         )
-        if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
+        if data.rl is not None and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
             notice = grpo_notice(args, exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty)
             if notice:
                 logger.warning(notice)
@@ -547,7 +552,7 @@ class TRAPOTrainer(_BaseTrainer):
             stops=stops,
             padding_id=self.padding_id,
             policy=self._unwrapped_policy(),
-            active_rl=self.active[RL],
+            active_rl=data.rl is not None,
             teacher=distill_teacher,
         )
 
@@ -578,7 +583,7 @@ class TRAPOTrainer(_BaseTrainer):
             rollout_func=(lambda prompts: rollout_func(prompts, self)) if rollout_func is not None else None,
             agent=agent,
             own_source=checked.own_source,
-            active_rl=self.active[RL],
+            active_rl=data.rl is not None,
             has_critic=self._has_critic,
             exploration=exploration,
         )
@@ -611,9 +616,8 @@ class TRAPOTrainer(_BaseTrainer):
             kl_penalty=self.kl_penalty,
             kl_estimator=self.kl_estimator,
             logging_step=self._is_logging_step,
-            active=self.active,
+            data=data,
             teacher=distill_teacher,
-            distill_prompts=data.distill,
             sampler=self.rollouts,
             extra=plan.extra,
             tokenizer=tokenizer,
@@ -986,7 +990,10 @@ class TRAPOTrainer(_BaseTrainer):
                     attention_mask,
                     model_inputs,
                     **forward_kwargs,
-                    value_rows=rows[RL].nonzero().squeeze(-1),
+                    value_rows=torch.stack([r for r, o in zip(rows, self.objectives) if o.reads_values])
+                    .any(0)
+                    .nonzero()
+                    .squeeze(-1),
                 )
             else:
                 outputs = model_forward(model, input_ids, attention_mask, model_inputs, **forward_kwargs)
@@ -1022,7 +1029,7 @@ class TRAPOTrainer(_BaseTrainer):
                 token_rows=token_rows,
                 targets=targets,
                 tokens=rows[index][token_rows],
-                values=values if index == RL else None,
+                values=values if term_objective.reads_values else None,
                 context=context,
             )
             term = term_objective.loss(view)
@@ -1370,16 +1377,7 @@ class TRAPOTrainer(_BaseTrainer):
                 raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
             pool_state = memory_pool_state(state)  # this layout, or the earlier one (samplers at the top level)
             pool.check_datasets(pool_state, checkpoint_dir)  # the clearest error first, before anything is restored
-            objective_states = state.get("objectives")
-            if objective_states is None:  # written before objectives were named: the pretraining stream's own key
-                objective_states = {"pretrain": state.get("pretrain_stream") or {}}
-            pretrain_stream = self.objectives[PRETRAIN].state_dict() or None  # {} when it has no stream
-            written = objective_states.get("pretrain") or None
-            if (written is None) != (pretrain_stream is None):
-                raise CheckpointError(
-                    f"{source}: the checkpoint was made with a different set of datasets ('pretrain_stream' "
-                    f"{'missing' if written is None else 'present'}); resume with the same datasets."
-                )
+            objective_states = checkpointed_objective_states(state)  # this layout, or the one before names
             missing = [o.name for o in self.objectives[len(OBJECTIVES) :] if o.name not in objective_states]
             unknown = sorted(set(objective_states) - {o.name for o in self.objectives})
             if missing or unknown:
@@ -1387,6 +1385,13 @@ class TRAPOTrainer(_BaseTrainer):
                     f"{source}: the checkpoint was written by a run with other objectives (this run adds "
                     f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
                 )
+            for objective in self.objectives:  # a pretraining stream missing or added, ...: datasets changed
+                problem = objective.check_resume(objective_states.get(objective.name))
+                if problem is not None:
+                    raise CheckpointError(
+                        f"{source}: the checkpoint was made with a different set of datasets ({problem}); resume "
+                        "with the same datasets."
+                    )
             for objective in self.objectives:
                 if objective.name in objective_states:
                     objective.load_state_dict(objective_states[objective.name])
