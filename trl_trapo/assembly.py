@@ -55,8 +55,9 @@ from .data import (
     prepare_datasets,
     progress_bars,
 )
-from .distributed import sum_over_ranks
+from .distributed import restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
+from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
 from .losses import kl_gradient_warning, resolve_kl_estimator
 from .memory import AdapterBank, MemoryPool, build_sft_pool
@@ -70,10 +71,12 @@ from .models import (
     quiet_checkpointing_deprecation,
 )
 from .objectives import (
+    BUILT_IN,
     DistillationObjective,
     Objective,
     ObjectiveSetup,
     ObjectiveSlots,
+    PretrainingObjective,
     RLObjective,
     SFTObjective,
     check_objectives,
@@ -83,12 +86,13 @@ from .objectives import (
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
-from .rl_supply import build_successes
+from .rl_supply import build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
 from .setup_checks import check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
+from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
     ImageRows,
@@ -118,8 +122,6 @@ if TYPE_CHECKING:  # optional capabilities, imported where they are built
     from .exploration import TargetedExploration
     from .memory import ReplayBuffer, SampleSelector
     from .metrics import MetricsAccumulator
-    from .teacher import Teacher
-    from .vision import ImageRows
 
 logger = logging.getLogger(__name__)
 
@@ -680,14 +682,11 @@ def trained_model(model: Any, value_model: Any, tokenizer: PreTrainedTokenizerBa
 # ---- rewards ------------------------------------------------------------------------------------------------------
 def build_rewards(
     args: TRAPOConfig,
+    models: Models,
     reward_funcs: Any,
     reward_model: Any,
     reward_processing_classes: Any,
-    tokenizer: PreTrainedTokenizerBase,
     *,
-    policy: Any,
-    ref_model: Any,
-    value_model: Any,
     agent: AgentSpec | None,
     metrics: MetricsAccumulator,
     trainer_state: Callable[[], Any],
@@ -695,19 +694,20 @@ def build_rewards(
     """The run's [`~trl_trapo.rewards.RewardScorer`]: the reward functions and models (`reward_funcs`, then
     `reward_model`), weighted by `reward_weights`, then each environment's `get_reward` (weight 1, as TRL). Every id
     the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids embeds them:
-    refused now, not as "index out of range in self" at the first step.
+    refused now, not as "index out of range in self" at the first step. They log through `metrics`.
 
     Raises:
         ValueError: `reward_weights` of the wrong length; ids outside a model's vocabulary (`check_vocabularies`).
     """
+    tokenizer = models.tokenizer
     funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
     extra_stops = (args.generation_kwargs or {}).get("eos_token_id", [])
     extra_stops = extra_stops if isinstance(extra_stops, (list, tuple)) else [extra_stops]
     check_vocabularies(
         tokenizer,
-        policy,
-        reference=ref_model,
-        readers=[("value_model", value_model)]
+        models.policy,
+        reference=models.ref_model,
+        readers=[("value_model", models.value_model)]
         + [
             (f"reward model '{reward_function_name(func)}'", func)
             for func, tok in zip(funcs, reward_tokenizers)
@@ -742,23 +742,20 @@ def build_rewards(
 # ---- the datasets -------------------------------------------------------------------------------------------------
 def prepare_run_data(
     args: TRAPOConfig,
-    model: Any,
-    tokenizer: PreTrainedTokenizerBase,
-    image_rows: ImageRows | None,
+    models: Models,
     datasets: dict[str, Any],
     *,
     rewards: RewardScorer,
-    has_critic: bool,
-    has_teacher: bool,
     user_source: bool,
 ) -> PreparedData:
     """The run's datasets checked and tokenized before anything is trained ([`~trl_trapo.data.prepare_datasets`];
-    `datasets`: its dataset keyword arguments, as the user gave them; `model`: the policy, its context and vocabulary
-    bound the rows), then — in a VLM run (`image_rows`) — the options image prompts cannot go through.
+    `datasets`: its dataset keyword arguments, as the user gave them; the policy's context and vocabulary bound the
+    rows), then — in a VLM run — the options image prompts cannot go through.
 
     Raises:
         ValueError: from [`~trl_trapo.data.prepare_datasets`] or [`~trl_trapo.vision.check_vision_options`].
     """
+    model, tokenizer, image_rows, has_critic = models.policy, models.tokenizer, models.image_rows, models.has_critic
     with progress_bars(enabled=not args.disable_tqdm):
         data = prepare_datasets(
             args,
@@ -768,7 +765,7 @@ def prepare_run_data(
             has_rewards=bool(rewards.funcs),
             has_critic=has_critic,
             stop_token_ids=stop_token_ids(args, tokenizer),
-            has_teacher=has_teacher,
+            has_teacher=models.teacher is not None,
             images=image_rows,
             user_source=user_source,
             vocab_size=model.get_input_embeddings().num_embeddings,
@@ -916,25 +913,31 @@ def warn_idle_objectives(plan: RunPlan, first_extra: int) -> None:
 
 # ---- after the Trainer started: the objectives' rows, what decides each step, the frozen models -------------------
 def setup_objectives(
-    built_in: list[Objective],
-    extra: list[Objective],
-    names: tuple[str, ...],
+    args: TRAPOConfig,
+    data: PreparedData,
+    plan: RunPlan,
     setup: Callable[[int], ObjectiveSetup],
-    disable_tqdm: bool,
-) -> None:
-    """Set up the objectives built before the `Trainer` (`built_in`: the pretraining stream; `extra`: the user's):
-    each gets its index in `names` (`setup(index)` builds its [`~trl_trapo.objectives.ObjectiveSetup`]); an added
-    objective tokenizes its dataset here. The user's state must go into the checkpoint's JSON: refused now if it
-    cannot.
+) -> PretrainingObjective:
+    """The pretraining objective on the checked `data.pretrain`, set up with the user's objectives (`plan.extra`)
+    before the others are built: each gets its index in the plan's names (`setup(index)` builds its
+    [`~trl_trapo.objectives.ObjectiveSetup`]); an added objective tokenizes its dataset here. The user's state must
+    go into the checkpoint's JSON: refused now if it cannot. Objectives with a curriculum share but nothing to train
+    are said once.
+
+    Returns:
+        [`~trl_trapo.objectives.PretrainingObjective`].
 
     Raises:
-        TypeError: an objective of `extra` whose `state_dict()` is not JSON (`check_state_dict`).
+        TypeError: an objective of `plan.extra` whose `state_dict()` is not JSON (`check_state_dict`).
     """
-    with progress_bars(enabled=not disable_tqdm):
-        for objective in (*built_in, *extra):
-            objective.setup(setup(names.index(objective.name)))
-    for objective in extra:  # its state goes into the checkpoint's JSON: refuse what cannot, now
+    pretrain = PretrainingObjective(data.pretrain, getattr(args, PretrainingObjective.WEIGHT_FIELD), check=False)
+    with progress_bars(enabled=not args.disable_tqdm):
+        for objective in (pretrain, *plan.extra):
+            objective.setup(setup(plan.slots.names.index(objective.name)))
+    for objective in plan.extra:  # its state goes into the checkpoint's JSON: refuse what cannot, now
         check_state_dict(objective)
+    warn_idle_objectives(plan, len(BUILT_IN))
+    return pretrain
 
 
 def build_memory_pool(
@@ -1029,12 +1032,10 @@ def build_reference(
 
 def build_rollout_engine(
     args: TRAPOConfig,
-    tokenizer: PreTrainedTokenizerBase,
+    models: Models,
     rewards: RewardScorer,
     reference: ReferencePolicy | None,
     *,
-    has_critic: bool,
-    kl: tuple[str, str],
     schedules: RLSchedules,
     unwrapped_for_rollouts: Callable,
     accelerator: Any,
@@ -1046,21 +1047,21 @@ def build_rollout_engine(
     teacher: Teacher | None,
 ) -> RolloutEngine:
     """The [`~trl_trapo.rollout.RolloutEngine`]: samples with the live policy (or vLLM with `use_vllm` and RL
-    prompts), scores, adds reference log-probs, values and advantages (`kl`: `(kl_penalty, kl_estimator)`), with
+    prompts), scores, adds reference log-probs, values and advantages (the KL as `models` resolved it), with
     demonstration guidance when `demonstration_column` is set and the teacher when distillation's estimator is
     `sampled_token` (it scores each sampled token in the round)."""
-    kl_penalty, kl_estimator = kl
     guidance = None
     if args.demonstration_column is not None:
         guidance = DemonstrationGuidance(args.guidance, args.guidance_gamma)
+    tokenizer = models.tokenizer
     return RolloutEngine(
         args,
         tokenizer,
         rewards,
         reference,
-        has_critic,
-        kl_penalty,
-        kl_estimator,
+        models.has_critic,
+        models.kl_penalty,
+        models.kl_estimator,
         schedules.kl_coef,
         unwrapped_for_rollouts,
         accelerator,
@@ -1112,3 +1113,167 @@ def short_console_callbacks(callbacks: list) -> list[tuple[Any, Any]]:
     replaces by its short step line (the logs keep every metric)."""
     pairs = [(callback, SHORT_CONSOLE_CALLBACKS.get(type(callback))) for callback in list(callbacks)]
     return [(callback, short) for callback, short in pairs if short is not None]
+
+
+# ---- the models of a run, loaded and checked together --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """The run's models as [`load_models`] built them (before the `Trainer` prepares any).
+
+    Attributes:
+        policy (`nn.Module`): the policy (in its adapter with `peft_config`).
+        trained (`nn.Module`): what the `Trainer` trains: the policy, or with a critic a
+            [`~trl_trapo.models.PolicyAndValueWrapper`].
+        processing_class: the tokenizer or processor the `Trainer` saves.
+        tokenizer (`PreTrainedTokenizerBase`): the policy's text tokenizer.
+        image_rows ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder.
+        suppressed_token_ids (`list[int]`): ids the policy never samples.
+        ref_model (`nn.Module`, *optional*): the frozen reference model (None with a reference adapter or no KL).
+        ref_adapter (`str`, *optional*): the reference adapter of a PEFT policy ("" = adapter disabled).
+        value_model (`nn.Module`, *optional*): the critic.
+        teacher (`nn.Module`, *optional*): the distillation teacher, frozen and checked.
+        kl_penalty (`str`), kl_estimator (`str`): resolved ([`resolve_kl`]).
+    """
+
+    policy: Any
+    trained: Any
+    processing_class: Any
+    tokenizer: PreTrainedTokenizerBase
+    image_rows: ImageRows | None
+    suppressed_token_ids: list[int]
+    ref_model: Any
+    ref_adapter: str | None
+    value_model: Any
+    teacher: Any
+    kl_penalty: str
+    kl_estimator: str
+
+    @property
+    def has_critic(self) -> bool:
+        return self.value_model is not None
+
+    def token_readers(self, rewards: RewardScorer) -> list[tuple[str, Any, Any]]:
+        """`(what, model or None, its tokenizer)` of every model that reads the policy's tokens: the critic, the
+        teacher and the reward models."""
+        return [("value_model", self.value_model, self.tokenizer), ("teacher_model", self.teacher, self.tokenizer)] + [
+            (f"reward model '{name}'", func, tok)
+            for func, tok, name in zip(rewards.funcs, rewards.processing_classes, rewards.names)
+            if isinstance(func, nn.Module)
+        ]
+
+
+def load_models(
+    args: TRAPOConfig,
+    model: Any,
+    *,
+    processing_class: Any,
+    ref_model: Any,
+    value_model: Any,
+    teacher_model: Any,
+    peft_config: Any,
+    agent: AgentSpec | None,
+    train_dataset: Any,
+    verified_checkpoint: str | None,
+) -> Models:
+    """Load the policy and its tokenizer ([`build_policy`]), its reference ([`policy_and_reference`]), the critic
+    and the teacher (`teacher.load_teacher`), and check that the checkpoint to resume from (`verified_checkpoint`) is
+    of this model.
+
+    Raises:
+        ValueError / CheckpointError: from the steps above, naming the argument and the fix.
+    """
+    built = build_policy(model, processing_class, args, agent, train_dataset)
+    policy, ref_model, ref_adapter = policy_and_reference(built.model, built.model_id, ref_model, args, peft_config)
+    if verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
+        check_checkpoint_fits(verified_checkpoint, is_peft_model(policy), model=policy)
+    kl_penalty, kl_estimator = resolve_kl(args, value_model is not None)
+    trained = trained_model(policy, value_model, built.tokenizer, args)
+    teacher = load_teacher(teacher_model, policy, args, built.tokenizer)  # frozen and checked (teacher.py)
+    return Models(
+        policy,
+        trained,
+        built.processing_class,
+        built.tokenizer,
+        built.image_rows,
+        built.suppressed_token_ids,
+        ref_model,
+        ref_adapter,
+        value_model,
+        teacher,
+        kl_penalty,
+        kl_estimator,
+    )
+
+
+def check_data_fits(
+    args: TRAPOConfig,
+    data: PreparedData,
+    models: Models,
+    rewards: RewardScorer,
+    agent: AgentSpec | None,
+    rollout_func: Callable | None,
+) -> None:
+    """What needs both the tokenized data and the models, before the `Trainer` starts: every model that reads the
+    policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
+    once on two RL rows (what they log is discarded; not with a `rollout_func`, whose extra keys — columns the reward
+    functions may require — the dataset's rows do not have).
+
+    Raises:
+        ValueError: naming the model or the reward function at fault.
+    """
+    check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
+    if data.rl is not None and rollout_func is None:
+        rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
+        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+
+
+def prepare_frozen_models(
+    args: TRAPOConfig,
+    models: Models,
+    rewards: RewardScorer,
+    prepare: Callable[[Any], Any],
+    accelerator: Any,
+    padding_id: int,
+) -> tuple[Any, Teacher | None, ReferencePolicy | None]:
+    """The frozen models prepared for the run (`prepare`: DeepSpeed or accelerate's evaluation-mode preparation):
+    the reference model, the distillation teacher ([`~trl_trapo.teacher.Teacher`]) and the reward models (replaced in
+    `rewards.funcs`). Models built after ZeRO-3 built the policy may miss the kernel functions their forward reads:
+    they are restored first (`distributed.restore_kernel_functions`).
+
+    Returns:
+        `(prepared ref_model or None, teacher or None, the KL term's reference or None)`.
+    """
+    reward_models = [func for func in rewards.funcs if isinstance(func, nn.Module)]
+    restore_kernel_functions(models.policy, models.ref_model, models.value_model, models.teacher, *reward_models)
+    ref_model = prepare(models.ref_model) if models.ref_model is not None else None
+    # the distillation objective and (for the sampled-token estimator) the rollout engine run its forwards
+    teacher = None
+    if models.teacher is not None:
+        teacher = Teacher.from_config(models.teacher, args, accelerator, prepare, padding_id)
+    reference = build_reference(args, ref_model, models.ref_adapter, accelerator.unwrap_model)
+    for i, func in enumerate(rewards.funcs):
+        if isinstance(func, nn.Module):
+            rewards.funcs[i] = prepare(func)
+    return ref_model, teacher, reference
+
+
+def build_run_exploration(
+    args: TRAPOConfig,
+    data: PreparedData,
+    models: Models,
+    *,
+    own_source: bool,
+    world_size: int,
+    with_successes: bool,
+    agent: AgentSpec | None,
+) -> TargetedExploration | None:
+    """Targeted exploration (`rl_supply.build_exploration`: families whose groups carry no signal are sampled
+    hotter), and — for a GRPO-style run (RL prompts, no critic) — the notice of the GRPO defaults this run lacks, said
+    once."""
+    has_rl = data.rl is not None
+    exploration = build_exploration(args, has_rl, models.has_critic, own_source, world_size, with_successes)
+    if has_rl and not models.has_critic:
+        notice = grpo_notice(args, exploration is not None, agent is not None, models.kl_estimator, models.kl_penalty)
+        if notice:
+            logger.warning(notice)
+    return exploration

@@ -60,24 +60,21 @@ from .assembly import (
     build_callbacks,
     build_memory_pool,
     build_objectives,
-    build_policy,
-    build_reference,
     build_rewards,
     build_rollout_engine,
     build_rollout_source,
+    build_run_exploration,
     build_step_controls,
-    check_reader_contexts,
+    check_data_fits,
     check_run,
+    load_models,
     plan_run,
-    policy_and_reference,
+    prepare_frozen_models,
     prepare_run_data,
     probe_noise_floor,
-    resolve_kl,
     setup_objectives,
     short_console_callbacks,
     task_families,
-    trained_model,
-    warn_idle_objectives,
 )
 from .callbacks import (
     StopOnSignalCallback,
@@ -108,12 +105,10 @@ from .data import (
 )
 from .distributed import (
     check_launch,
-    restore_kernel_functions,
     sum_over_ranks,
 )
 from .evaluation import Evaluator
 from .exploration import TargetedExploration
-from .grpo import grpo_notice
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .memory import (
     ReplayBuffer,
@@ -135,7 +130,6 @@ from .objectives import (
     DistillationObjective,
     Objective,
     ObjectiveSetup,
-    PretrainingObjective,
     TermInputs,
     check_served_rows,
     check_term,
@@ -143,7 +137,7 @@ from .objectives import (
     count_keys,
     step_counts,
 )
-from .rl_supply import RLSupply, build_exploration, build_replay_buffer
+from .rl_supply import RLSupply, build_replay_buffer
 from .rollout import RolloutBatch, RolloutEngine, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
@@ -158,7 +152,6 @@ from .saving import (
 )
 from .schedules import scale_scheduler
 from .sources import RolloutSource, as_rollout_source
-from .teacher import Teacher, load_teacher
 from .vision import (
     model_context,
     needs_every_parameter,
@@ -354,28 +347,32 @@ class TRAPOTrainer(_BaseTrainer):
         self.thread_choice = checked.thread_choice
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
-        # ---- step 1. policy, tokenizer, reference, critic and teacher -----------------------------------------------
-        policy = build_policy(model, processing_class, args, agent, datasets["train_dataset"])
-        model, tokenizer, image_rows = policy.model, policy.tokenizer, policy.image_rows
-        model, ref_model, ref_adapter = policy_and_reference(model, policy.model_id, ref_model, args, peft_config)
-        if self._verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
-            check_checkpoint_fits(self._verified_checkpoint, is_peft_model(model), model=model)
-        self._has_critic = value_model is not None
-        self.kl_penalty, self.kl_estimator = resolve_kl(args, self._has_critic)
-        train_model = trained_model(model, value_model, tokenizer, args)
-        teacher = load_teacher(teacher_model, model, args, tokenizer)  # frozen and checked (teacher.py)
-
-        # ---- step 2. rewards ----------------------------------------------------------------------------------------
+        # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards ---------------------------------
+        models = load_models(
+            args,
+            model,
+            processing_class=processing_class,
+            ref_model=ref_model,
+            value_model=value_model,
+            teacher_model=teacher_model,
+            peft_config=peft_config,
+            agent=agent,
+            train_dataset=datasets["train_dataset"],
+            verified_checkpoint=self._verified_checkpoint,
+        )
+        model, tokenizer, image_rows = models.policy, models.tokenizer, models.image_rows
+        self._has_critic, self.kl_penalty, self.kl_estimator = (
+            models.has_critic,
+            models.kl_penalty,
+            models.kl_estimator,
+        )
         self.metrics = MetricsAccumulator([])
         self.rewards = build_rewards(
             args,
+            models,
             reward_funcs,
             reward_model,
             reward_processing_classes,
-            tokenizer,
-            policy=model,
-            ref_model=ref_model,
-            value_model=value_model,
             agent=agent,
             metrics=self.metrics,
             trainer_state=lambda: getattr(self, "state", None),
@@ -383,65 +380,40 @@ class TRAPOTrainer(_BaseTrainer):
         self.metrics.reward_names = list(self.rewards.names)
 
         # ---- step 3. datasets (checked and tokenized before anything is trained) ------------------------------------
-        data = prepare_run_data(
-            args,
-            model,
-            tokenizer,
-            image_rows,
-            datasets,
-            rewards=self.rewards,
-            has_critic=self._has_critic,
-            has_teacher=teacher is not None,
-            user_source=rollout_source is not None or rollout_func is not None,
-        )
+        own_rounds = rollout_source is not None or rollout_func is not None
+        data = prepare_run_data(args, models, datasets, rewards=self.rewards, user_source=own_rounds)
         self._rl_dataset = data.rl  # the RL prompts (the default rollout source's)
         self._sft_dataset = data.sft  # the tokenized demonstrations (the memory pool's)
         self._task_families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
         if self._task_families is not None:
             self.metrics.track_tasks(self._task_families)
-        # models that read the policy's tokens must fit the longest prompt + completion
-        check_reader_contexts(
-            args,
-            data.prompt_sets,
-            tokenizer,
-            [("value_model", value_model, tokenizer), ("teacher_model", teacher, tokenizer)]
-            + [
-                (f"reward model '{name}'", func, tok)
-                for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
-                if isinstance(func, nn.Module)
-            ],
-        )
-        # every reward function is called once on two rows (what they log is discarded); not with a rollout_func,
-        # whose extra keys (columns the reward functions may require) the dataset's rows do not have
-        if data.rl is not None and rollout_func is None:
-            rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-            self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+        check_data_fits(args, data, models, self.rewards, agent, rollout_func)  # contexts, reward preflight
 
         # ---- step 4. the plan (objectives, curriculum phases, steps) and the Trainer, one ticket per row slot -------
         plan = plan_run(
             args,
             data,
             objectives,
-            with_teacher=teacher is not None,
+            with_teacher=models.teacher is not None,
             has_critic=self._has_critic,
             eval_dataset=eval_dataset,
         )
-        names, self._planned_steps = plan.slots.names, plan.planned_steps
+        self._planned_steps = plan.planned_steps
         check_disk_space(
             args.output_dir,
-            checkpoint_nbytes(train_model, args.optim, args.save_only_model),
+            checkpoint_nbytes(models.trained, args.optim, args.save_only_model),
             checkpoints=args.save_strategy != "no",
         )
         if args.max_steps <= 0:  # the run's length is the plan (the curriculum, schedules and pools are sized by it):
             # set it in the trainer's own copy, or the Trainer would round epochs of tickets up to its own length
             args = dataclasses.replace(args, max_steps=self._planned_steps)
         super().__init__(
-            model=train_model,
+            model=models.trained,
             args=args,
             data_collator=ticket_collator,
             train_dataset=StepTickets(plan.tickets),
             eval_dataset=eval_dataset,
-            processing_class=policy.processing_class,
+            processing_class=models.processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
         )
@@ -450,27 +422,17 @@ class TRAPOTrainer(_BaseTrainer):
         zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
         self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
-        self._suppressed_token_ids = list(policy.suppressed_token_ids)
+        self._suppressed_token_ids = list(models.suppressed_token_ids)
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer --------------
-        pretrain = PretrainingObjective(data.pretrain, args.pretrain_weight, check=False)  # checked
-        setup_objectives(
-            [pretrain],
-            plan.extra,
-            names,
+        pretrain = setup_objectives(  # the pretraining stream and the user's objectives, indexed by the plan
+            args,
+            data,
+            plan,
             lambda index: ObjectiveSetup(
-                index=index,
-                args=args,
-                tokenizer=tokenizer,
-                rank=rank,
-                world_size=world,
-                planned_steps=self._planned_steps,
-                max_positions=model_context(model),
-                images=image_rows,
+                index, args, tokenizer, rank, world, self._planned_steps, model_context(model), image_rows
             ),
-            args.disable_tqdm,
         )
-        warn_idle_objectives(plan, len(OBJECTIVES))
         # the RL objective's replay buffer: each trajectory served num_ppo_epochs times (a construction hook:
         # few-shot mode raises it)
         replay = build_replay_buffer(args, self.replay_max_uses(), rank)
@@ -496,18 +458,15 @@ class TRAPOTrainer(_BaseTrainer):
             adapter_bank=adapter_bank,
         )
         # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
-        exploration = build_exploration(
+        exploration = build_run_exploration(
             args,
-            data.rl is not None,
-            self._has_critic,
-            checked.own_source,
-            world,
-            self.memory_pool.successes is not None,
+            data,
+            models,
+            own_source=checked.own_source,
+            world_size=world,
+            with_successes=self.memory_pool.successes is not None,
+            agent=agent,
         )
-        if data.rl is not None and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
-            notice = grpo_notice(args, exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty)
-            if notice:
-                logger.warning(notice)
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -----------------------------
         self.allocator, self.curriculum, self.dare, self.schedules = build_step_controls(
@@ -516,35 +475,21 @@ class TRAPOTrainer(_BaseTrainer):
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
 
         # ---- step 7. frozen models and the rollout engine -----------------------------------------------------------
-        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
-        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
-        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
         # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
         self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
-        self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
-        # the distillation teacher prepares itself like the other frozen models; the distillation objective and (for
-        # the sampled-token estimator) the rollout engine run its forwards (trl_trapo/teacher.py)
-        distill_teacher = (
-            Teacher.from_config(teacher, args, self.accelerator, self._prepare_frozen, self.padding_id)
-            if teacher is not None
-            else None
+        self.ref_model, distill_teacher, self.reference = prepare_frozen_models(
+            args, models, self.rewards, self._prepare_frozen, self.accelerator, self.padding_id
         )
-        self.reference = build_reference(args, self.ref_model, ref_adapter, self.accelerator.unwrap_model)
-        for i, func in enumerate(self.rewards.funcs):
-            if isinstance(func, nn.Module):
-                self.rewards.funcs[i] = self._prepare_frozen(func)
         # the training forward's output layer runs only at counted positions
         self.counted_head = CountedPositionHead(self._unwrapped_policy())
         self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
         stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
         self.rollouts = build_rollout_engine(
             args,
-            tokenizer,
+            models,
             self.rewards,
             self.reference,
-            has_critic=self._has_critic,
-            kl=(self.kl_penalty, self.kl_estimator),
             schedules=self.schedules,
             unwrapped_for_rollouts=self._unwrapped_for_rollouts,
             accelerator=self.accelerator,
