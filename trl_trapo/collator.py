@@ -215,7 +215,7 @@ class StepContext:
 class StepTickets(torch.utils.data.Dataset):
     """The Trainer's train dataset: one placeholder item per row slot, so its epoch and step bookkeeping works.
 
-    The real rows are drawn by `TRAPOTrainer.get_batch_samples` from the three objectives' pools.
+    The real rows are drawn by `TRAPOTrainer.get_batch_samples` from the objectives (`Objective.take`).
     """
 
     def __init__(self, length: int):

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Datasets of the three objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
+"""Datasets of the built-in objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
 
 Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/trl/dataset_formats):
 

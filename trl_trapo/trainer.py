@@ -754,7 +754,8 @@ class TRAPOTrainer(_BaseTrainer):
     # 1. Building a step (public Trainer hook: get_batch_samples)
     # =================================================================================================================
     def get_batch_samples(self, epoch_iterator, num_batches: int, device) -> tuple[list, StepContext | None]:
-        """Draw this optimizer step's rows from the three pools and split them into `num_batches` micro-batches.
+        """Draw this optimizer step's rows from every objective (`objective.take`) and split them into `num_batches`
+        micro-batches.
 
         Returns `(micro_batches, context)`: the Trainer hands the [`StepContext`] (loss weights and the global
         per-objective counts of the whole step) to `training_step` / `compute_loss` as `num_items_in_batch`.
