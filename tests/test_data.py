@@ -99,16 +99,17 @@ def test_tokenize_sft_messages_learns_last_assistant_turn_only(tokenizer):
     ]
     out = tokenize_sft_dataset(Dataset.from_dict({"messages": [messages]}), tokenizer, max_length=200)
     row = out[0]
-    # independent rendering: completion = full conversation minus the prompt rendered with the generation prompt
+    # independent rendering: the conversation whole (TRL's SFTTrainer's ids); the completion = the full conversation
+    # minus the prompt rendered with the generation prompt; nothing appended (this template ends no turn with EOS)
     full = tokenizer.apply_chat_template(messages, tokenize=False)
     prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     assert full.startswith(prompt)
     completion = full[len(prompt) :]
-    assert row["input_ids"] == ids(tokenizer, prompt) + ids(tokenizer, completion) + [tokenizer.eos_token_id]
+    assert row["input_ids"] == ids(tokenizer, full)
     learned = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
-    assert tokenizer.decode(learned) == completion + tokenizer.eos_token
+    assert tokenizer.decode(learned) == completion
     assert completion.startswith("w")  # the first assistant turn ("y") is context, not a target
-    assert sum(row["completion_mask"]) == len(ids(tokenizer, completion)) + 1
+    assert sum(row["completion_mask"]) == len(ids(tokenizer, completion))
 
 
 def test_tokenize_sft_conversational_prompt_completion(tokenizer):
@@ -117,8 +118,7 @@ def test_tokenize_sft_conversational_prompt_completion(tokenizer):
     )
     row = tokenize_sft_dataset(dataset, tokenizer, max_length=200)[0]
     learned = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
-    assert tokenizer.decode(learned).startswith("ok")
-    assert learned[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(learned) == "ok\n"  # as the template renders the turn (TRL's SFTTrainer appends no EOS)
     assert tokenizer.decode(row["input_ids"][: len(row["input_ids"]) - len(learned)]).endswith("assistant: ")
 
 
@@ -533,9 +533,10 @@ def test_pretrain_many_fills_for_one_request_do_not_raise(tokenizer):
     assert len(rows) == 1001
 
 
-def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_turn(tokenizer):
+def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_turn(tokenizer, caplog):
     """A chat template that ends each turn with EOS + newline: the row trains on `ok</s>\\n`, not `ok</s>\\n</s>`;
-    a template without EOS still gets one EOS appended, so the model learns to stop."""
+    a template without EOS gets none appended either (TRL's SFTTrainer trains what the template renders), and a
+    warning says the model is not trained to stop."""
     import copy
 
     ending = copy.deepcopy(tokenizer)
@@ -547,9 +548,12 @@ def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_tu
     out = tokenize_sft_dataset(Dataset.from_list([row]), ending, max_length=64)[0]
     learned = [t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]
     assert ending.convert_ids_to_tokens(learned) == ["o", "k", "</s>", "\n"]
-    plain = tokenize_sft_dataset(Dataset.from_list([row]), tokenizer, max_length=64)[0]  # template without EOS
+    assert "train no EOS token" not in caplog.text
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        plain = tokenize_sft_dataset(Dataset.from_list([row]), tokenizer, max_length=64)[0]  # template without EOS
     learned = [t for t, m in zip(plain["input_ids"], plain["completion_mask"]) if m]
-    assert tokenizer.convert_ids_to_tokens(learned) == ["o", "k", "\n", "</s>"]
+    assert tokenizer.convert_ids_to_tokens(learned) == ["o", "k", "\n"]
+    assert "1 of 1 `sft_dataset` rows train no EOS token" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -625,40 +629,27 @@ def test_disable_tqdm_also_governs_the_bars_of_evaluation(tmp_path, tokenizer, s
 
 
 @pytest.mark.parametrize("last", ["user", "tool", "assistant", "system", "developer", "ipython", "wizard"])
-def test_a_prompts_last_role_is_refused_exactly_when_trls_apply_chat_template_refuses_it(tokenizer, last):
-    """TRAPO renders conversational prompts with TRL's `apply_chat_template`, which raises `Invalid role in the last
-    message` from inside `datasets.map` (naming neither dataset nor row) for some last roles: `check_cells` refuses
-    exactly those rows first, by dataset, row and role, and accepts every other (a first fix refused roles TRL
-    takes)."""
-    from trl.data_utils import apply_chat_template
-
+def test_a_prompt_may_end_with_any_role_and_gets_a_new_generation_prompt(tokenizer, last):
+    """TRL 1.16's GRPOTrainer renders every prompt with `add_generation_prompt=True` whatever its last role (the
+    roles are the chat template's to judge), and its SFTTrainer renders an SFT row's prompt so: `check_cells` accepts
+    every last role, and the prompt is the template's rendering with a new generation prompt (TRAPO used to refuse
+    a final `system` message and to continue a final assistant message; issue 37)."""
     prompt = [user("a"), {"role": last, "content": "b"}]
-    try:
-        apply_chat_template({"prompt": prompt}, tokenizer)
-        trl_refuses = False
-    except ValueError as error:
-        assert f"Invalid role in the last message: {last}" in str(error)
-        trl_refuses = True
-    assert trl_refuses == (last not in ("user", "tool", "assistant"))  # TRL 1.16's rule, as the docs say
-    for role, kind, column, value in [
-        ("train_dataset", "prompts", "prompt", prompt),
-        ("sft_dataset", "sft", "messages", [*prompt, {"role": "assistant", "content": "c"}]),
-    ]:
-        dataset = Dataset.from_dict({column: [[user("a"), {"role": "assistant", "content": "c"}], value]})
-        if trl_refuses:
-            with pytest.raises(ValueError) as raised:
-                check_cells(dataset, role, kind)
-            message = str(raised.value)
-            for needle in [f"`{role}` column {column!r} row 1", f"role {last!r}", "'user', 'tool', 'assistant'"]:
-                assert needle in message, (needle, message)
-        else:
-            check_cells(dataset, role, kind)
+    expected = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    assert expected.endswith(f"{last}: b\nassistant: ")
+    prompts = Dataset.from_dict({"prompt": [prompt]})
+    check_cells(prompts, "train_dataset", "prompts")
+    assert tokenize_prompt_dataset(prompts, tokenizer, 64)[0]["prompt_ids"] == ids(tokenizer, expected)
+    sft = Dataset.from_dict({"messages": [[*prompt, {"role": "assistant", "content": "c"}]]})
+    check_cells(sft, "sft_dataset", "sft")
+    row = tokenize_sft_dataset(sft, tokenizer, 64)[0]
+    assert tokenizer.decode(row["input_ids"]) == expected + "c\n"
+    assert tokenizer.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]) == "c\n"
 
 
-def test_roles_trl_does_not_check_pass_and_are_tokenized(tokenizer):
-    """A role before a prompt's last message is the chat template's to render (`developer`, `ipython`, ...): TRL
-    accepts it, and so does TRAPO, through the checks and the tokenization; with assistant_only_loss an SFT row is
-    rendered whole, not split, so its last prompt role is not TRL's `apply_chat_template`'s to check."""
+def test_roles_before_the_last_pass_and_are_tokenized(tokenizer):
+    """A role anywhere in a prompt is the chat template's to render (`developer`, `ipython`, ...): TRL accepts it,
+    and so does TRAPO, through the checks and the tokenization, split or (assistant_only_loss) whole."""
     developer = {"role": "developer", "content": "be brief"}
     sft = Dataset.from_dict({"messages": [[developer, user("ab="), {"role": "assistant", "content": "ab"}]]})
     check_cells(sft, "sft_dataset", "sft")
@@ -669,29 +660,32 @@ def test_roles_trl_does_not_check_pass_and_are_tokenized(tokenizer):
     assert "be brief" in tokenizer.decode(tokenize_prompt_dataset(prompts, tokenizer, 64)[0]["prompt_ids"])
     whole = Dataset.from_dict({"messages": [[user("a"), developer, {"role": "assistant", "content": "c"}]]})
     check_cells(whole, "sft_dataset", "sft", assistant_only_loss=True)
-    with pytest.raises(ValueError, match="role 'developer'"):
-        check_cells(whole, "sft_dataset", "sft")
+    check_cells(whole, "sft_dataset", "sft")
 
 
-def test_the_distillation_prompts_last_role_is_checked_with_the_other_datasets(tmp_path):
+def test_the_distillation_prompts_are_checked_with_the_other_datasets(tmp_path):
     from trl_trapo.data import check_datasets
 
     config = TRAPOConfig(output_dir=str(tmp_path), distillation_weight=1.0, report_to="none")
-    prompts = Dataset.from_dict({"prompt": [[user("a")], [{"role": "system", "content": "s"}]]})
-    with pytest.raises(ValueError, match=r"`distillation_dataset` column 'prompt' row 1: .* role 'system'"):
+    prompts = Dataset.from_dict({"prompt": [[user("a")], [{"role": "system", "content": "s"}], None]})
+    with pytest.raises(
+        ValueError, match=r"`distillation_dataset` column 'prompt' has a missing value \(None\) at row 2"
+    ):
         check_datasets(config, None, None, None, None, distillation_dataset=prompts)
 
 
 def test_eval_messages_rendered_whole_under_assistant_only_loss_are_not_split_checked():
-    """Evaluation renders `messages` rows whole under assistant_only_loss (as the SFT objective does), so a role
-    before the last assistant turn is the template's: `check_eval_dataset` (also run by `evaluate(eval_dataset=...)`)
-    passes it then, and refuses it when the row is split into prompt and completion."""
+    """Evaluation renders `messages` rows whole under assistant_only_loss (as the SFT objective does), so a row that
+    does not end with the assistant's turn is the template's: `check_eval_dataset` (also run by
+    `evaluate(eval_dataset=...)`) passes it then, and refuses it when the row is split into prompt and completion."""
     from trl_trapo.data import check_eval_dataset
 
-    row = [user("a"), {"role": "wizard", "content": "w"}, {"role": "assistant", "content": "c"}]
+    row = [user("a"), {"role": "assistant", "content": "c"}, user("d")]
     dataset = Dataset.from_dict({"messages": [row]})
     check_eval_dataset({"held": dataset}, assistant_only_loss=True)
-    with pytest.raises(ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: .* role 'wizard'"):
+    with pytest.raises(
+        ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: ends with .* role 'user'"
+    ):
         check_eval_dataset({"held": dataset})
 
 

@@ -1009,23 +1009,8 @@ BAD_CELLS = [
         "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
         "Fill it, or drop such rows",
     ),
-    # TRL's `apply_chat_template` refuses a prompt whose last role is not user / tool / assistant, from inside
-    # `datasets.map` and naming nothing ("Invalid role in the last message: wizard"): the trial's case (c59) and its
-    # siblings, each named by dataset, row and role
-    (
-        dict(
-            sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}]}]
-            + [{"messages": conv("a=") + [{"role": "wizard", "content": "w"}, {"role": "assistant", "content": "a"}]}]
-        ),
-        "`sft_dataset` column 'messages' row 1: its prompt (every message before the last) ends with a message of "
-        "role 'wizard', but TRL's `apply_chat_template`, which renders it, takes only 'user', 'tool', 'assistant'",
-        "rename the role 'wizard' where it comes last",
-    ),
-    (
-        dict(sft_dataset=[{"prompt": [{"role": "system", "content": "s"}], "completion": conv("a")}]),
-        "`sft_dataset` column 'prompt' row 0: its prompt ends with a message of role 'system'",
-        "end each prompt with a 'user' (or 'tool', 'assistant') message",
-    ),
+    # a `messages` row is split into a prompt and the assistant's last turn: one that cannot be, named by dataset, row
+    # and role (a prompt's roles are the chat template's to judge, as in TRL's trainers: any last role is rendered)
     (
         dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")}]),
         "`sft_dataset` column 'messages' row 0: ends with a message of role 'user', but a 'messages' row is split",
@@ -1035,27 +1020,6 @@ BAD_CELLS = [
         dict(sft_dataset=[{"messages": [{"role": "assistant", "content": "a"}]}]),
         "`sft_dataset` column 'messages' row 0: holds only the assistant's message",
         "give it a prompt",
-    ),
-    (
-        dict(train_dataset=[{"prompt": conv("a=") + [{"role": "wizard", "content": "w"}], "answer": "a"}] * 2),
-        "`train_dataset` column 'prompt' row 0 (and 1 more rows): its prompt ends with a message of role 'wizard'",
-        "or drop such rows",
-    ),
-    (
-        dict(pretrain_dataset=TEXT, eval_dataset={"held": [{"prompt": [{"role": "system", "content": "s"}]}]}),
-        "`eval_dataset['held']` column 'prompt' row 0: its prompt ends with a message of role 'system'",
-        "end each prompt with a 'user'",
-    ),
-    (
-        dict(
-            pretrain_dataset=TEXT,
-            eval_dataset=[
-                {"messages": conv("a") + [{"role": "wizard", "content": "w"}, {"role": "assistant", "content": "b"}]}
-            ],
-        ),
-        "`eval_dataset` column 'messages' row 0: its prompt (every message before the last) ends with a message of "
-        "role 'wizard'",
-        "or drop such rows",
     ),
 ]
 

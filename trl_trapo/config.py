@@ -62,6 +62,17 @@ OWN_GENERATION_FIELDS = {
     "pad_token_id": "processing_class.pad_token",
 }
 """`generation_kwargs` keys that duplicate a `TRAPOConfig` field (the field to set instead)."""
+
+OWN_CHAT_TEMPLATE_ARGUMENTS = {
+    "conversation": "the row's messages",
+    "add_generation_prompt": "True for a prompt, whatever its last role; False for an SFT row",
+    "continue_final_message": "never: a prompt ending with an assistant message gets a new turn; give text to continue",
+    "tokenize": "rows are tokenized by the template call",
+    "return_dict": "rows are tokenized by the template call",
+    "return_assistant_tokens_mask": "set by assistant_only_loss",
+}
+"""`apply_chat_template` arguments TRAPO passes itself when it renders a row (what each is set to), which
+`chat_template_kwargs` cannot hold (`TRAPOConfig.chat_template_kwargs`)."""
 LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
     {
         "repetition_penalty",
@@ -1996,6 +2007,7 @@ class TRAPOConfig(_BaseConfig):
         if self.stop_token_id is not None and (isinstance(self.stop_token_id, bool) or self.stop_token_id < 0):
             bad("stop_token_id", self.stop_token_id, "use a token id >= 0 of the policy's tokenizer, or None.")
         self._validate_generation_kwargs(bad)
+        self._validate_chat_template_kwargs(bad)
         self._validate_bypassed_trainer_fields(bad)
         self._validate_schedules_and_distribution(bad)
         self._validate_memory_pool(bad)
@@ -2063,6 +2075,21 @@ class TRAPOConfig(_BaseConfig):
     def sampling_seed(self) -> int:
         """The seed of the data samplers (`data_seed`, or `seed` when unset)."""
         return self.seed if self.data_seed is None else self.data_seed
+
+    def _validate_chat_template_kwargs(self, bad) -> None:
+        """`chat_template_kwargs` go to the chat template; the arguments TRAPO sets itself, as TRL's trainers do
+        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name."""
+        kwargs = self.chat_template_kwargs or {}
+        if not isinstance(kwargs, dict):
+            bad("chat_template_kwargs", kwargs, "use a dict of the chat template's variables, or None.")
+        own = sorted(set(kwargs) & set(OWN_CHAT_TEMPLATE_ARGUMENTS))
+        if own:
+            bad(
+                "chat_template_kwargs",
+                {key: kwargs[key] for key in own},
+                f"drop {', '.join(repr(k) for k in own)}: TRAPO sets {'it' if len(own) == 1 else 'them'} itself, as "
+                "TRL's trainers do (" + "; ".join(OWN_CHAT_TEMPLATE_ARGUMENTS[k] for k in own) + ").",
+            )
 
     def _validate_generation_kwargs(self, bad) -> None:
         kwargs = self.generation_kwargs or {}

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Datasets of the three objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
+"""Datasets of the built-in objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
 
 Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/trl/dataset_formats):
 
@@ -30,14 +30,14 @@ import logging
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import datasets
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained, supports_tool_calling
-from trl.data_utils import apply_chat_template, is_conversational
+from trl.data_utils import common_prefix_length, is_conversational
 
 from .collator import Row
 from .config import PRETRAIN, SFT
@@ -384,11 +384,6 @@ def check_pair_forms(dataset: Dataset, role: str) -> None:
     )
 
 
-PROMPT_LAST_ROLES = ("user", "tool", "assistant")
-"""The roles TRL's `apply_chat_template` (`trl.data_utils`, TRL 1.16), which renders TRAPO's conversational prompts,
-takes for a prompt's last message: `user` / `tool` get the generation prompt, `assistant` is continued; any other
-(`system` included) raises `Invalid role in the last message`. The roles before the last are the chat template's to
-render (`developer`, `ipython`, ...), unchecked by TRL."""
 IMAGE_ROLES = ("system", "user", "assistant", "tool")
 """The roles TRL's `prepare_multimodal_messages` (`trl.data_utils`), which places a VLM row's images, takes for every
 message; any other raises `Invalid role in message`."""
@@ -397,19 +392,20 @@ message; any other raises `Invalid role in message`."""
 def check_prompt_roles(
     dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False
 ) -> None:
-    """Refuse, before anything slow, the conversational rows TRAPO's rendering would fail on from inside
-    `datasets.map`, with TRL's message that names neither the dataset nor the row: exactly the rows TRL's functions
-    refuse, every other role passing.
+    """Refuse, before anything slow, the conversational rows TRAPO cannot split or place images in, naming the
+    dataset, the row and the fix (rather than an error from inside `datasets.map`). A prompt's roles are the chat
+    template's to render, as in TRL 1.16's trainers: a prompt may end with any role (it is rendered with
+    `add_generation_prompt=True`, a final assistant message included, see [`tokenize_prompt`]); a template that
+    refuses a conversation (e.g. roles that must alternate) is reported with the row when it is tokenized
+    ([`template_errors_named`]).
 
-    - Text rows, rendered by `trl.data_utils.apply_chat_template`: a prompt whose last message's role is not one of
-      `PROMPT_LAST_ROLES` (the `prompt` column's messages; for a `messages` row, every message before the last).
+    - A `messages` row split into prompt and completion (SFT without `assistant_only_loss`) that does not end with
+      the assistant's message, or (text rows) has nothing before it.
     - Rows of a dataset with an image column, whose messages go through `trl.data_utils.prepare_multimodal_messages`
       (see [`~trl_trapo.vision.ImageRows`]): a message, anywhere, whose role is not one of `IMAGE_ROLES`.
-    - A `messages` row split into prompt and completion that does not end with the assistant's message, or (text
-      rows) has nothing before it.
 
     With `assistant_only_loss` SFT text rows are rendered whole by the chat template (see `tokenize_sft_dataset`),
-    neither split nor checked by TRL: only prompt-only rows are checked then.
+    not split: nothing is checked then.
 
     Args:
         dataset (`Dataset`): the rows, with the columns `read_columns(columns, kind)` names.
@@ -418,7 +414,7 @@ def check_prompt_roles(
         assistant_only_loss (`bool`): SFT rows are rendered whole (`TRAPOConfig.assistant_only_loss`).
 
     Raises:
-        ValueError: naming the dataset, the column, the first bad row, the role, the roles allowed and the fix.
+        ValueError: naming the dataset, the column, the first bad row, the role and the fix.
     """
     names = dataset_columns(dataset)
     columns = read_columns(names, kind)
@@ -459,16 +455,6 @@ def check_prompt_roles(
             problem = (
                 "holds only the assistant's message, so its prompt (every message before the last) is empty",
                 "give it a prompt (e.g. a user turn before the reply), or drop such rows",
-            )
-        elif (prompt := value[:-1] if split else value)[-1].get("role") not in PROMPT_LAST_ROLES:
-            last = prompt[-1].get("role")
-            where = "its prompt (every message before the last) ends" if split else "its prompt ends"
-            problem = (
-                f"{where} with a message of role {last!r}, but TRL's `apply_chat_template`, which renders it, takes "
-                f"only {', '.join(repr(r) for r in PROMPT_LAST_ROLES)} as a prompt's last role (it would raise "
-                f"`Invalid role in the last message: {last}`); other roles are fine before it",
-                f"end each prompt with a 'user' (or 'tool', 'assistant') message, e.g. rename the role {last!r} where "
-                "it comes last, or drop such rows",
             )
         if problem is not None:
             bad.append(row)
@@ -524,8 +510,8 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
 def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
     (`check_missing_values`), each of its column's form (`check_cell_types`), for SFT rows a completion to learn
-    (`check_sft_completions`), and conversations TRL's chat-template rendering takes (`check_prompt_roles`; SFT rows
-    rendered whole with `assistant_only_loss`).
+    (`check_sft_completions`), and conversations TRAPO can split into prompt and completion or place images in
+    (`check_prompt_roles`; SFT rows rendered whole with `assistant_only_loss`).
 
     Raises:
         ValueError: naming the dataset, column, row and fix.
@@ -671,30 +657,53 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
         )
 
 
-def _prompt_text(prompt: Any, tokenizer, template_kwargs: dict) -> str:
-    if is_conversational({"prompt": prompt}):
-        return apply_chat_template({"prompt": prompt}, tokenizer, **template_kwargs)["prompt"]
-    return prompt
+def row_template_kwargs(example: dict, template_kwargs: dict | None) -> dict:
+    """The `apply_chat_template` arguments of one row: `template_kwargs` (`TRAPOConfig.chat_template_kwargs`), then
+    the row's `chat_template_kwargs` cell (a dict; TRL's `SFTTrainer` reads it per row) over them."""
+    own = example.get("chat_template_kwargs")
+    return {**(template_kwargs or {}), **(own if isinstance(own, dict) else {})}
+
+
+def render_ids(messages: list, tokenizer, template_kwargs: dict | None = None, **options) -> dict:
+    """`tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, ...)` as TRL 1.16's trainers call it:
+    `tools` (from `template_kwargs`, a list of schemas or a JSON string of one, as TRL's SFT reads a row's `tools`)
+    passed as `tools=... or None` (an empty list would make some templates write tool boilerplate), the other
+    `template_kwargs` to the template, `options` (`add_generation_prompt`, `return_assistant_tokens_mask`) as given.
+
+    Returns:
+        `dict`: `input_ids` (a list of ids) and, with `return_assistant_tokens_mask=True`, `assistant_masks`.
+    """
+    kwargs = dict(template_kwargs or {})
+    tools = _row_tools(kwargs.pop("tools", None))
+    rendered = tokenizer.apply_chat_template(
+        list(messages), tools=tools or None, tokenize=True, return_dict=True, **options, **kwargs
+    )
+    return {key: list(rendered[key]) for key in ("input_ids", "assistant_masks") if key in rendered}
 
 
 def tokenize_prompt(prompt: Any, tokenizer, template_kwargs: dict | None = None) -> list[int]:
-    """Token ids of one prompt, as used both for generation and as the prefix of SFT rows.
+    """Token ids of one prompt, as used both for generation and as the prefix of SFT rows; rendered as TRL 1.16's
+    `GRPOTrainer` renders its prompts (`_tokenize_prompts`), token for token.
 
-    Conversational prompts get the chat template (with the generation prompt) and no extra special tokens; standard
-    text prompts get the tokenizer's special tokens (e.g. BOS) as `tokenizer(text)` adds them.
+    Conversational prompts: `tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, ...)`
+    whatever the last message's role: after a final `user`, `tool`, `system` (or any) message, and after a final
+    `assistant` message too, the template opens a new assistant turn (the final assistant message is not continued).
+    Standard text prompts get the tokenizer's special tokens (e.g. BOS) as `tokenizer(text)` adds them.
 
     Args:
         prompt (`str` or `list[dict]`): a prompt in standard or conversational format.
         tokenizer: the policy's tokenizer.
-        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template` (`tools`: the tool schemas).
 
     Returns:
         `list[int]`: the prompt's token ids.
+
+    Raises:
+        Whatever the chat template raises for the conversation (e.g. Jinja's `TemplateError` of a template that
+        requires alternating roles); `tokenize_prompt_dataset` names the dataset and the row.
     """
-    template_kwargs = template_kwargs or {}
     if is_conversational({"prompt": prompt}):
-        text = _prompt_text(prompt, tokenizer, template_kwargs)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return render_ids(prompt, tokenizer, template_kwargs, add_generation_prompt=True)["input_ids"]
     return tokenizer(prompt)["input_ids"]
 
 
@@ -768,7 +777,7 @@ def check_assistant_only_loss(
             "trl_trapo.agents.use_tool_chat_template; for a ChatML model such as SmolLM2: "
             "trl_trapo.agents.use_chatml_tool_template), or set assistant_only_loss=False."
         )
-    cells = dataset["messages"] if "messages" in columns else dataset["prompt"] + dataset["completion"]
+    cells = dataset["messages"] if "messages" in columns else list(dataset["prompt"]) + list(dataset["completion"])
     traced = next((i for i, messages in enumerate(cells) if has_tool_calls(messages)), None)
     if traced is not None and not supports_tool_calling(tokenizer):
         raise ValueError(
@@ -940,37 +949,88 @@ def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:
                     )
 
 
-def _assistant_masked_row(example: dict, tokenizer, template_kwargs: dict) -> tuple[list[int], list[int]]:
-    """`(input_ids, assistant mask)` of one conversational row rendered whole: its `messages` (or `prompt` +
-    `completion`), with `tools=` from its `tools` column when present.
+def tokenize_sft_row(
+    example: dict, tokenizer, template_kwargs: dict | None = None, assistant_only_loss: bool = False
+) -> tuple[list[int], list[int], list[int]]:
+    """`(input_ids, completion_mask, left_out)` of one SFT row, tokenized as TRL 1.16's `SFTTrainer` tokenizes it
+    (`tokenize_fn` in `SFTTrainer._prepare_dataset`), token for token.
+
+    - Prompt-completion rows: the prompt alone (conversational: rendered with `add_generation_prompt=True`, whatever
+      its last role; text: `tokenizer(prompt)`) and prompt + completion (conversational: rendered whole; text:
+      `tokenizer(prompt + completion)`, the completion ending with the EOS text, appended unless it ends with it).
+      `input_ids` is the latter; the completion starts where the two diverge (TRL's `common_prefix_length`: usually
+      after the prompt; earlier when the template renders the prompt alone differently, e.g. Gemma's empty thought
+      block, or when tokens merge across the boundary) and `completion_mask` is 1 from there on. Nothing is
+      appended to a conversational row: its completion ends as the template ends an assistant turn.
+    - `messages` rows: the conversation rendered whole (TRL's `input_ids`); `completion_mask` is 1 on the last
+      message, which must be the assistant's (a prompt-completion row of `messages[:-1]` and `messages[-1:]`; TRL
+      trains every token of such a row, TRAPO the last assistant turn).
+    - With `assistant_only_loss`: the chat template's assistant mask (`return_assistant_tokens_mask=True`), for a
+      prompt-completion row further limited to the completion, as TRL combines both masks.
+
+    Conversational rows get the row's `tools` (a list of JSON schemas or a JSON string of one) and its
+    `chat_template_kwargs` (over `template_kwargs`), as TRL's SFT reads them per row.
+
+    Args:
+        example (`dict`): the row.
+        tokenizer: the policy's tokenizer.
+        template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template` (`chat_template_kwargs`).
+        assistant_only_loss (`bool`): train the assistant turns (`TRAPOConfig.assistant_only_loss`).
+
+    Returns:
+        `input_ids` (L ids), `completion_mask` (L values, 1 = trained) and the ids at the end of the tokenized
+        prompt that `input_ids` does not hold (empty when the prompt is a prefix of the row).
 
     Raises:
-        ValueError: if the row has no assistant message, or the template's mask of it is all zeros.
+        ValueError: for a `messages` row that does not end with the assistant's message (without
+            `assistant_only_loss`), or (with it) a row without an assistant message or whose assistant mask is all
+            zeros.
     """
-    if "messages" in example and "completion" not in example:
+    kwargs = dict(template_kwargs or {})
+    if example.get("tools") is not None:
+        kwargs["tools"] = example["tools"]  # the row's tools, as TRL's SFTTrainer renders them
+    kwargs = row_template_kwargs(example, kwargs)
+    masks = {"return_assistant_tokens_mask": True} if assistant_only_loss else {}
+    if "messages" in example and example.get("messages") is not None and "completion" not in example:
         messages = list(example["messages"])
+        if assistant_only_loss:
+            prompt, completion = None, messages
+        elif not messages or messages[-1].get("role") != "assistant":
+            raise ValueError(
+                "An `sft_dataset` 'messages' row must end with an assistant message (the completion to learn); "
+                f"got last role {messages[-1].get('role') if messages else None!r}."
+            )
+        else:
+            prompt, completion = messages[:-1], messages[-1:]
     else:
-        messages = list(example["prompt"]) + list(example["completion"])
-    if not any(m.get("role") == "assistant" for m in messages):
+        prompt, completion = example["prompt"], example["completion"]
+    if assistant_only_loss and not any(m.get("role") == "assistant" for m in list(prompt or []) + list(completion)):
         raise ValueError(
             "An `sft_dataset` row has no assistant message, so assistant_only_loss=True has nothing to train on it: "
             "give every row at least one assistant turn, or drop such rows."
         )
-    kwargs = dict(template_kwargs)
-    tools = _row_tools(example.get("tools"))
-    if tools is not None:
-        kwargs["tools"] = tools
-    rendered = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
-    )
-    input_ids, mask = list(rendered["input_ids"]), list(rendered["assistant_masks"])
-    if 1 not in mask:
-        raise ValueError(
-            "assistant_only_loss=True: the chat template's assistant mask of an `sft_dataset` row with assistant "
-            "turns is all zeros (its `{% generation %}` markers enclose no assistant token). Put "
-            "`{% generation %}...{% endgeneration %}` around the assistant's content, tool calls and end-of-turn token."
-        )
-    return input_ids, mask
+    if prompt is None or is_conversational({"prompt": prompt}):
+        whole = render_ids(list(prompt or []) + list(completion), tokenizer, kwargs, **masks)
+        input_ids = whole["input_ids"]
+        prompt_ids = render_ids(prompt, tokenizer, kwargs, add_generation_prompt=True)["input_ids"] if prompt else []
+    else:
+        eos_text = tokenizer.eos_token
+        completion = completion if completion.endswith(eos_text) else completion + eos_text
+        prompt_ids = list(tokenizer(prompt)["input_ids"])
+        input_ids = list(tokenizer(prompt + completion)["input_ids"])
+        whole = {}
+    start = common_prefix_length(prompt_ids, input_ids)
+    mask = [0] * start + [1] * (len(input_ids) - start)
+    if assistant_only_loss:
+        if 1 not in whole["assistant_masks"]:
+            raise ValueError(
+                "assistant_only_loss=True: the chat template's assistant mask of an `sft_dataset` row with assistant "
+                "turns is all zeros (its `{% generation %}` markers enclose no assistant token). Put "
+                "`{% generation %}...{% endgeneration %}` around the assistant's content, tool calls and end-of-turn "
+                "token."
+            )
+        mask = [int(m and a) for m, a in zip(mask, whole["assistant_masks"], strict=True)]
+    return input_ids, mask, prompt_ids[start:]
 
 
 def tokenize_sft_dataset(
@@ -983,26 +1043,22 @@ def tokenize_sft_dataset(
     images: ImageRows | None = None,
     role: str = "sft_dataset",
 ) -> Dataset:
-    """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on completion tokens and the final EOS).
+    """Tokenise an SFT dataset into `input_ids` and `completion_mask` (1 on the completion's tokens), each row as
+    TRL 1.16's `SFTTrainer` tokenizes it (see [`tokenize_sft_row`]): a text completion ends with EOS (appended
+    unless it ends with it), a conversational one as the chat template ends an assistant turn (nothing appended; a
+    warning counts the rows whose trained tokens hold no EOS, which do not teach the model to stop). A warning counts
+    the rows whose tokenized prompt is not a prefix of the row (the completion starts where they diverge, as in TRL).
 
     With `images` (a VLM run) and an `images` / `image` column, every row goes through the processor instead (see
     [`~trl_trapo.vision.ImageRows.sft`]) and the result also has a `model_inputs` column (the row's `pixel_values` ...,
     empty for a text row); `assistant_only_loss` does not apply to such rows (the last assistant turn is trained).
 
-    The completion ends with exactly one EOS: a standard completion gets one appended unless it ends with it; a
-    conversational completion keeps what the chat template renders when that already ends the turn with EOS (as
-    ChatML's `<|im_end|>\n` does; TRL's SFT appends nothing to such rows) and gets one appended otherwise.
-
-    `messages` rows are split into a prompt (every message before the last one) and a completion (the last message,
-    which must be the assistant's), so the loss is on the final assistant turn. With `assistant_only_loss`, a
-    conversational row is instead rendered whole (`messages`, or `prompt` + `completion`; `tools=` from its `tools`
-    column, a list of JSON schemas or a JSON string) and `completion_mask` is the template's assistant mask
-    (`return_assistant_tokens_mask=True`): 1 on every assistant turn as its `{% generation %}` markers enclose it
-    (tool calls and end-of-turn token included), 0 on system, user and tool tokens; nothing is appended. Rows longer
-    than `max_length` are truncated from the right; the number truncated is logged.
+    Rows longer than `max_length` are truncated from the right; the number truncated is logged; rows left with no
+    completion token are skipped.
 
     Args:
-        dataset (`Dataset`): prompt-completion or `messages` dataset.
+        dataset (`Dataset`): prompt-completion or `messages` dataset (optional `tools` and `chat_template_kwargs`
+            columns, per row).
         tokenizer: the policy's tokenizer (must have an EOS token).
         max_length (`int`): maximum row length in tokens.
         template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
@@ -1017,7 +1073,8 @@ def tokenize_sft_dataset(
 
     Raises:
         ValueError: if a `messages` row does not end with an assistant message (without `assistant_only_loss`), has
-            no assistant message or an all-zero assistant mask (with it), or no row keeps a completion token.
+            no assistant message or an all-zero assistant mask (with it), the chat template fails on a row (naming
+            it), or no row keeps a completion token.
     """
     template_kwargs = template_kwargs or {}
     eos = tokenizer.eos_token_id
@@ -1027,41 +1084,22 @@ def tokenize_sft_dataset(
     if assistant_only_loss:
         check_assistant_only_loss(dataset, tokenizer, template_kwargs)
 
-    def tokenize(example: dict) -> dict:
-        if assistant_only_loss:
-            input_ids, mask = _assistant_masked_row(example, tokenizer, template_kwargs)
-            truncated = len(input_ids) > max_length
-            return {"input_ids": input_ids[:max_length], "completion_mask": mask[:max_length], "truncated": truncated}
-        tools = _row_tools(example.get("tools"))  # rendered into the prompt, as TRL's SFTTrainer does
-        if "messages" in example and example.get("messages") is not None and "completion" not in example:
-            messages = example["messages"]
-            if not messages or messages[-1].get("role") != "assistant":
-                raise ValueError(
-                    "An `sft_dataset` 'messages' row must end with an assistant message (the completion to learn); "
-                    f"got last role {messages[-1].get('role') if messages else None!r}."
-                )
-            example = {"prompt": messages[:-1], "completion": messages[-1:]}
-        prompt, completion = example["prompt"], example["completion"]
-        if is_conversational({"prompt": prompt}):
-            rendered = apply_chat_template(
-                {"prompt": prompt, "completion": completion}, tokenizer, tools=tools, **template_kwargs
-            )
-            prompt_ids = tokenizer(rendered["prompt"], add_special_tokens=False)["input_ids"]
-            completion_ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
-            ends_turn = eos in completion_ids  # the template ends the turn itself (e.g. ChatML's "<|im_end|>\n")
-        else:
-            prompt_ids = tokenizer(prompt)["input_ids"]
-            completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-            ends_turn = bool(completion_ids) and completion_ids[-1] == eos
-        if not ends_turn:
-            completion_ids = completion_ids + [eos]
-        input_ids = prompt_ids + completion_ids
-        mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
-        truncated = len(input_ids) > max_length
-        return {"input_ids": input_ids[:max_length], "completion_mask": mask[:max_length], "truncated": truncated}
+    def tokenize(example: dict, index: int) -> dict:
+        with template_errors_named(role, index):
+            input_ids, mask, left_out = tokenize_sft_row(example, tokenizer, template_kwargs, assistant_only_loss)
+        stops = any(t == eos for t, m in zip(input_ids, mask) if m)
+        return {
+            "input_ids": input_ids[:max_length],
+            "completion_mask": mask[:max_length],
+            "truncated": len(input_ids) > max_length,
+            "left_out": left_out,
+            "stops": stops,
+        }
 
     columns = dataset_columns(dataset)
-    tokenized = dataset.map(tokenize, remove_columns=columns, num_proc=num_proc, desc="Tokenizing SFT dataset")
+    tokenized = dataset.map(
+        tokenize, with_indices=True, remove_columns=columns, num_proc=num_proc, desc="Tokenizing SFT dataset"
+    )
     num_truncated = sum(tokenized["truncated"])
     if num_truncated:
         logger.warning(
@@ -1070,7 +1108,33 @@ def tokenize_sft_dataset(
             len(tokenized),
             max_length,
         )
-    tokenized = tokenized.remove_columns("truncated")
+    left_out = [i for i, ids in enumerate(tokenized["left_out"]) if ids]
+    if left_out:
+        logger.warning(
+            "%d of %d `%s` rows: the tokenized prompt is not a prefix of the tokenized prompt+completion (first: row "
+            "%d, whose prompt ends with %r), usually because the chat template renders the prompt alone differently "
+            "or because tokens merge across the boundary. The completion starts where they diverge and this end of "
+            "the prompt is left out of the training sequence, as TRL's SFTTrainer does: the model is trained on a "
+            "context that differs from the one it sees at generation. Use a chat template that renders the prompt "
+            "the same way in both cases, or end each prompt on a token boundary.",
+            len(left_out),
+            len(tokenized),
+            role,
+            left_out[0],
+            tokenizer.decode(tokenized[left_out[0]]["left_out"]),
+        )
+    silent = len(tokenized) - sum(tokenized["stops"])
+    if silent and not assistant_only_loss:  # with it, `warn_stop_token_untrained` checks the template once
+        logger.warning(
+            "%d of %d `%s` rows train no EOS token (id %d): the chat template does not end an assistant turn with it, "
+            "so the model is not trained to stop. TRL's SFTTrainer trains the same tokens; end each completion "
+            "with the EOS token (e.g. a chat template that closes the assistant turn with it) to teach stopping.",
+            silent,
+            len(tokenized),
+            role,
+            eos,
+        )
+    tokenized = tokenized.remove_columns(["truncated", "left_out", "stops"])
     keep = tokenized.filter(lambda m: sum(m) > 0, input_columns="completion_mask")
     if len(keep) < len(tokenized):
         logger.warning(
@@ -1083,6 +1147,27 @@ def tokenize_sft_dataset(
             f"No `sft_dataset` row keeps a completion token within sft_max_length={max_length}: raise sft_max_length."
         )
     return keep
+
+
+@contextlib.contextmanager
+def template_errors_named(role: str, row: int | str) -> Iterator[None]:
+    """Re-raise an error of the chat template (Jinja's `TemplateError`, e.g. `raise_exception('Conversation roles
+    must alternate ...')` in Llama's and Mistral's templates) as a ValueError naming the dataset and the row: TRL's
+    trainers would fail on the row with the template's message alone, from inside `datasets.map`.
+
+    Raises:
+        ValueError: naming the dataset, the row, the template's message and the fix.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        yield
+    except TemplateError as error:
+        raise ValueError(
+            f"`{role}` row {row}: the chat template refused its conversation ({type(error).__name__}: {error}). Fix "
+            "the row (e.g. the order of its roles) to what the template takes, pass another template "
+            "(`chat_template_kwargs={'chat_template': ...}`), or drop such rows."
+        ) from error
 
 
 def _tokenize_image_sft_dataset(
@@ -1198,7 +1283,8 @@ def tokenize_prompt_dataset(
             ids, inputs = images.prompt(example, column, name, index)
             return {"prompt_ids": ids, "model_inputs": inputs}
         if has_prompt:
-            ids = tokenize_prompt(example["prompt"], tokenizer, template_kwargs)
+            with template_errors_named(name, index):
+                ids = tokenize_prompt(example["prompt"], tokenizer, template_kwargs)
             return {"prompt_ids": ids}
         ids = list(example["input_ids"])
         # PPO-style datasets may arrive left-padded; strip padding by the attention mask when there is one
@@ -1285,12 +1371,10 @@ def tokenize_demonstrations(
             return {"demonstration_ids": [], "demonstration_too_long": False}
         prompt = example.get("prompt")
         if prompt is not None and is_conversational({"prompt": prompt}):
-            rendered = apply_chat_template(
-                {"prompt": prompt, "completion": [{"role": "assistant", "content": str(value)}]},
-                tokenizer,
-                **template_kwargs,
-            )
-            ids = tokenizer(rendered["completion"], add_special_tokens=False)["input_ids"]
+            # what follows the prompt rendered as for generation (`prompt_ids`), as TRL's SFTTrainer splits a row
+            row = {"prompt": prompt, "completion": [{"role": "assistant", "content": str(value)}]}
+            ids, mask, _ = tokenize_sft_row(row, tokenizer, template_kwargs)
+            ids = [t for t, m in zip(ids, mask) if m]
         else:
             ids = tokenizer(str(value), add_special_tokens=False)["input_ids"]
         cut = next((i for i, t in enumerate(ids) if t in stops), None)
@@ -1616,9 +1700,14 @@ class PreparedData:
     distill: Dataset | None = None  # reward-free distillation prompts with a `prompt_ids` column
 
     @property
-    def active(self) -> tuple[bool, bool, bool]:
-        """Which objectives (pretrain, sft, rl) have data."""
-        return (self.pretrain is not None, self.sft is not None, self.rl is not None)
+    def empty(self) -> bool:
+        """No objective has data."""
+        return all(getattr(self, field.name) is None for field in fields(self))
+
+    @property
+    def prompt_sets(self) -> list[Dataset]:
+        """The tokenized prompts the policy samples completions of (`prompt_ids`): the RL and distillation prompts."""
+        return [d for d in (self.rl, self.distill) if d is not None]
 
 
 def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
@@ -1627,6 +1716,15 @@ def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
     if isinstance(eval_dataset, dict):
         return [(f"eval_dataset[{name!r}]", d) for name, d in eval_dataset.items() if d is not None]
     return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
+
+
+def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`(argument name, dataset)` pairs of the datasets whose rows a chat template renders: the trainer's
+    `train_dataset`, `sft_dataset`, `distillation_dataset` (those given) and each evaluation set
+    ([`eval_datasets`]); `datasets` maps the trainer's argument names to its dataset arguments."""
+    rendered = ("train_dataset", "sft_dataset", "distillation_dataset")
+    pairs = [(name, datasets[name]) for name in rendered if datasets.get(name) is not None]
+    return pairs + eval_datasets(datasets.get("eval_dataset"))
 
 
 def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assistant_only_loss: bool = False) -> None:
@@ -1760,6 +1858,71 @@ def context_overflow_message(label: str, longest: int, args, max_positions: int)
         f"`{label}` has a prompt of {longest} tokens; with response_length={args.response_length} new tokens it "
         f"exceeds the model's context of {max_positions} positions: {fix}."
     )
+
+
+def check_templates_render(
+    named: Sequence[tuple[str, Any]],
+    processing_class,
+    template_kwargs: dict | None = None,
+    assistant_only_loss: bool = False,
+) -> None:
+    """Render with the chat template, before any model is built or copied, one row of each distinct sequence of
+    roles (and tool calls, tools, per-row `chat_template_kwargs`) of each conversational dataset, as it will be
+    tokenized (prompts with the generation prompt; SFT rows whole and their prompt): a template that refuses a
+    conversation (Jinja's `raise_exception`, e.g. Llama's and Mistral's "roles must alternate") depends on its roles,
+    not its text, so one row of each kind finds it. TRL's trainers would fail on such a row from inside
+    `datasets.map`, naming neither dataset nor row. A processor's rows (a VLM run) and streaming datasets are not
+    checked here (they are tokenized by the processor, as they are read).
+
+    Args:
+        named (`Sequence[tuple[str, Dataset | None]]`): `(how errors name it, dataset)` pairs.
+        processing_class: the policy's tokenizer.
+        template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
+        assistant_only_loss (`bool`): `messages` rows are rendered whole only, not split.
+
+    Raises:
+        ValueError: naming the dataset, the row, the template's message and the fix ([`template_errors_named`]).
+    """
+    from transformers import PreTrainedTokenizerBase
+
+    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        return
+    if not (processing_class.chat_template or (template_kwargs or {}).get("chat_template")):
+        return  # no template: `check_conversations_renderable` says so
+    for role, dataset in named:
+        if not isinstance(dataset, Dataset) or any(c in dataset_columns(dataset) for c in IMAGE_COLUMNS):
+            continue
+        columns = dataset_columns(dataset)
+        column = "messages" if "messages" in columns and "completion" not in columns else "prompt"
+        if column not in columns or "content: list" in str(dataset.with_format("arrow")[column].type):
+            continue  # no conversations, or content parts (`check_content_parts_rendered` renders those)
+        seen = set()
+        for row, value in enumerate(dataset[column]):
+            if not is_messages(value):
+                continue
+            example = dataset[row]
+            key = (
+                tuple((m.get("role"), bool(m.get("tool_calls"))) for m in value),
+                repr(example.get("chat_template_kwargs")),
+                example.get("tools") is not None,
+            )
+            if key in seen:
+                continue
+            seen.add(key)
+            kwargs = dict(template_kwargs or {})
+            if example.get("tools") is not None:
+                kwargs["tools"] = example["tools"]
+            kwargs = row_template_kwargs(example, kwargs)
+            completion = example.get("completion")
+            conversations = [(value, True)]  # (messages, add_generation_prompt)
+            if column == "messages":
+                split = len(value) > 1 and not assistant_only_loss
+                conversations = [(value[:-1], True), (value, False)] if split else [(value, False)]
+            elif is_messages(completion):
+                conversations.append((list(value) + list(completion), False))
+            with template_errors_named(role, row):
+                for messages, opens in conversations:
+                    render_ids(messages, processing_class, kwargs, add_generation_prompt=opens)
 
 
 def check_eval_prompts(
@@ -1952,7 +2115,7 @@ def prepare_datasets(
             if max_positions is not None and longest + args.response_length > max_positions:
                 raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
-    if not any(data.active) and distill is None:
+    if data.empty:
         raise ValueError(
             "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
             "`sft_dataset`, `pretrain_dataset` or (with a teacher) `distillation_dataset`, with a weight > 0 "
