@@ -325,7 +325,7 @@ def build_rollout_source(
 ) -> RolloutSource:
     """Where the RL objective's rounds come from: the user's `rollout_source`; the tool-calling source of `tools` /
     `environment_factory` (`agent`, with RL prompts); TRL's `rollout_func` (here already bound to the trainer:
-    `prompts -> dict`, by [`~trl_trapo.executor.bind_rollout_func`], which keeps the unbound function as `func`); otherwise the default
+    `prompts -> dict`, by [`~trl_trapo.sources.bind_rollout_func`], which keeps the unbound function as `func`); otherwise the default
     [`~trl_trapo.sources.SyncRolloutSource`] sampling with the live policy. Each built-in source is described by a
     [`~trl_trapo.executor.SourceSpec`] and built from it: here, in the trainer's process, or with
     `async_rollouts=True` in the producer process, which runs the same source class ([`build_async_source`]). A
@@ -354,7 +354,7 @@ def build_rollout_source(
             )
         if spec.kind == "rollout_func" and spec.rollout_func is None:
             raise ValueError(
-                "async_rollouts=True needs the rollout_func unbound (as trl_trapo.executor.bind_rollout_func keeps it "
+                "async_rollouts=True needs the rollout_func unbound (as trl_trapo.sources.bind_rollout_func keeps it "
                 "in `func`, which TRAPOTrainer passes) to bind it again in the producer process."
             )
         return build_async_source(args, parts, spec, active_rl, exploration)
@@ -386,7 +386,7 @@ def build_rollout_source(
 
 def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:
     """TRL's `rollout_func` source ([`~trl_trapo.sources.RolloutFuncSource`]) as settings, with the function unbound
-    (`rollout_func.func`, [`~trl_trapo.executor.bind_rollout_func`]: a producer binds its own `trainer`).
+    (`rollout_func.func`, [`~trl_trapo.sources.bind_rollout_func`]: a producer binds its own `trainer`).
 
     Raises:
         ValueError: without RL prompts (`active_rl` False).

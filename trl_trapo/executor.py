@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource
+from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, bind_rollout_func
 
 
 if TYPE_CHECKING:
@@ -146,18 +146,6 @@ class SourceSpec:
         if self.rollout_func is not None:
             parts.append(("rollout_func", [self.rollout_func]))
         return parts
-
-
-def bind_rollout_func(func: Callable, trainer: Any) -> Callable[[list], dict]:
-    """TRL's `rollout_func(prompts, trainer)` with its `trainer` bound: `prompts -> dict` (what
-    [`~trl_trapo.sources.RolloutFuncSource`] calls); its `func` attribute is the user's function, unbound (what a
-    producer gets, to bind its own [`ProducerTrainer`])."""
-
-    def bound(prompts: list) -> dict:
-        return func(prompts, trainer)
-
-    bound.func = func
-    return bound
 
 
 class RequestedPrompts:
@@ -294,6 +282,5 @@ __all__ = [
     "RequestedPrompts",
     "SourceContext",
     "SourceSpec",
-    "bind_rollout_func",
     "producer_engine",
 ]

@@ -109,7 +109,6 @@ from .distributed import (
     sum_over_ranks,
 )
 from .evaluation import Evaluator
-from .executor import bind_rollout_func
 from .exploration import TargetedExploration
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
 from .memory import (
@@ -153,7 +152,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import scale_scheduler
-from .sources import RolloutSource, as_rollout_source
+from .sources import RolloutSource, as_rollout_source, bind_rollout_func
 from .vision import (
     model_context,
     needs_every_parameter,
