@@ -1634,12 +1634,13 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
     by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
     `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or a cell evaluation
     reads that it cannot (`check_cells`, and the tool calls of SFT-loss rows; skipped with `cells=False`, for sets
-    `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows);
-    with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
+    `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows),
+    or has no rows; with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
     if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
         check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
     for label, dataset in eval_datasets(eval_dataset):
         check_dataset_object(dataset, label)
+        _check_not_empty(dataset, label)  # 0 rows would score 0.0 (`evaluate`), or fail inside `datasets`
         columns = set(dataset_columns(dataset))
         if not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
             raise ValueError(
