@@ -142,6 +142,26 @@ def test_a_classification_model_or_adapter_is_refused_as_the_policy(tmp_path, to
         build(tmp_path, tokenizer, suite, tiny_config, peft_config=peft_config)
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(r=0), r"peft_config\.r=0 is invalid: the LoRA rank must be a whole number >= 1"),
+        (dict(lora_dropout=1.5), r"peft_config\.lora_dropout=1\.5 is invalid: it must be a probability in \[0, 1\)"),
+        (dict(lora_alpha=0), r"peft_config\.lora_alpha=0 is invalid: it must be > 0"),
+        (dict(rank_pattern={"q_proj": 0}), r"peft_config\.rank_pattern\['q_proj'\]=0 is invalid"),
+        (dict(alpha_pattern={"q_proj": -2}), r"peft_config\.alpha_pattern\['q_proj'\]=-2 is invalid"),
+    ],
+)
+def test_lora_numbers_peft_or_torch_refuse_late_are_refused_by_field(
+    tmp_path, tokenizer, suite, tiny_config, fields, message
+):
+    # N33 / N130: a peft (`r` should be a positive integer) or torch (dropout probability) traceback naming no field;
+    # lora_alpha=0 trained an adapter scaled to nothing
+    peft_config = LoraConfig(**{"target_modules": ["q_proj"], "task_type": "CAUSAL_LM", **fields})
+    with pytest.raises(ValueError, match=message):
+        build(tmp_path, tokenizer, suite, tiny_config, model="no/such/model-folder", peft_config=peft_config)
+
+
 def test_the_command_line_name_of_a_builtin_reward_points_to_the_function(tmp_path, tokenizer, suite, tiny_config):
     # T26: taken as a Hub id ("connect to the network")
     with pytest.raises(
