@@ -741,6 +741,13 @@ def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, ti
     with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=2: nothing would be trained.*above 2"):
         again.train(resume_from_checkpoint=str(checkpoint))
     assert again.state.global_step == 0
+    # refused where the checkpoint is verified, before the model is looked at (trial 4's N80: after the job's initial
+    # evaluation)
+    config = TRAPOConfig(
+        output_dir=str(tmp_path / "early"), report_to="none", max_steps=1, resume_from_checkpoint=str(checkpoint)
+    )
+    with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=1: nothing would be trained"):
+        TRAPOTrainer("no/such/model-folder", args=config)
     code, output = run_cli(
         "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--output_dir", str(tmp_path / "cli"),
         "--eval_strategy", "no", "--max_eval_samples", "8", cwd=tmp_path,  # only its checkpoint-6 is needed
@@ -792,6 +799,44 @@ def test_a_corrupted_checkpoint_is_refused_before_anything_slow(
     monkeypatch.setattr(trainer_module, "verify_checkpoint", lambda *args: verified.append(args))
     second.train(resume_from_checkpoint=str(intact))
     assert second.state.global_step == 4 and verified == []
+
+
+def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite, tiny_trainer):
+    """A damaged checkpoint was named without a fix (trial 4's N76-N79), and one without `trapo/` was called
+    "incomplete" (N142): the messages now say to resume from the earlier checkpoint (named), or to start over, and
+    that intact weights can start a new run as its model."""
+    import shutil
+
+    from trl_trapo.checkpoint import verify_checkpoint
+
+    run = tmp_path / "run"
+    tiny_trainer(run, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()
+
+    def damaged(name, change):
+        copy = tmp_path / name / "checkpoint-2"
+        shutil.copytree(run / "checkpoint-2", copy)
+        shutil.copytree(run / "checkpoint-1", copy.parent / "checkpoint-1")
+        change(copy)
+        return copy
+
+    no_optimizer = damaged("nooptim", lambda c: (c / "optimizer.pt").unlink())
+    earlier = f"resume from an earlier checkpoint (--resume_from_checkpoint {no_optimizer.parent / 'checkpoint-1'})"
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt is missing") as error:
+        verify_checkpoint(str(no_optimizer), 1)
+    assert earlier in str(error.value) and "or start without --resume_from_checkpoint" in str(error.value)
+    assert f"pass {no_optimizer} as --model_name_or_path" in str(error.value)
+    no_weights = damaged("noweights", lambda c: (c / "model.safetensors").unlink())
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is missing") as error:
+        verify_checkpoint(str(no_weights), 1)
+    assert "resume from an earlier checkpoint" in str(error.value) and "--model_name_or_path" not in str(error.value)
+    state = damaged("badstate", lambda c: (c / "trainer_state.json").write_text("{"))
+    with pytest.raises(CheckpointError, match=r"trainer_state\.json is corrupted or truncated.*Fix: resume from"):
+        verify_checkpoint(str(state), 1)
+    not_ours = damaged("notrapo", lambda c: shutil.rmtree(c / "trapo"))
+    with pytest.raises(
+        CheckpointError, match=r"has no trapo/ folder: it was not written by TRAPOTrainer.*--model_name"
+    ):
+        verify_checkpoint(str(not_ours), 1)
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])

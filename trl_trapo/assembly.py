@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from accelerate.utils import is_peft_model
 
 from .arguments import check_config_type, check_trainer_arguments
-from .checkpoint import check_checkpoint_fits, datasets_summary, verify_checkpoint
+from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
 from .config import RL, SFT, TRAPOConfig
 from .data import check_datasets
 from .distributed import sum_over_ranks
@@ -145,6 +145,7 @@ def check_run(
     verified_checkpoint = None
     if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
         verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+        check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
         # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
         adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
         check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary)

@@ -70,6 +70,7 @@ from .checkpoint import (
     DATASETS_FILE,
     CheckpointError,
     check_checkpoint_fits,
+    check_checkpoint_step,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -1555,14 +1556,7 @@ class TRAPOTrainer(_BaseTrainer):
                 verify_checkpoint(resume_from_checkpoint, world)
                 policy = self._unwrapped_policy()
                 check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
-            with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
-                resumed_step = int(json.load(handle).get("global_step", 0))
-            if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
-                raise CheckpointError(
-                    f"resume_from_checkpoint={resume_from_checkpoint} is at step {resumed_step} and max_steps="
-                    f"{self.args.max_steps}: nothing would be trained, and the checkpoint would be saved as the final "
-                    f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
-                )
+            check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
             self._load_trapo_state(resume_from_checkpoint)
             self._restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
