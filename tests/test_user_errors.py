@@ -1263,6 +1263,25 @@ def test_a_reward_that_is_not_a_number_is_refused_at_construction(tmp_path, tok,
         build(tmp_path, tok, reward=stringly_reward, train_dataset=RL)
 
 
+def test_a_reward_column_missing_from_an_eval_set_is_refused_at_construction(tmp_path, tok):
+    """The construction-time reward check ran on train rows only: an eval set whose answer column is named
+    differently failed at the first evaluation, after training steps, without saying which dataset (trial 4's N139).
+    A set of SFT rows is evaluated by loss, not by rewards, and needs no reward column."""
+
+    def needs_answer(completions, answer, **kwargs):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    other = [{"prompt": "ab=", "solution": "ab"}]
+    with pytest.raises(
+        RuntimeError, match=r"first 1 rows of `eval_dataset\['held'\]`.*'needs_answer' failed"
+    ) as error:
+        build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "held": other})
+    assert "`eval_dataset['held']` has columns ['prompt', 'solution'], the RL prompts (train_dataset) have" in str(
+        error.value
+    )
+    build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "sft": SFT})
+
+
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": "ab=", "answer": "ab"}, {"prompt": None, "answer": "x"}])
     code, out = run_cli("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path)

@@ -316,15 +316,24 @@ class RewardScorer:
         kwargs["log_extra"] = log_extra or self.log_extra
         return kwargs
 
-    def preflight(self, rows: list[dict], extra_kwargs: dict[str, Any] | None = None) -> None:
+    def preflight(
+        self,
+        rows: list[dict],
+        extra_kwargs: dict[str, Any] | None = None,
+        source: str = "dataset",
+        train_columns: list[str] | None = None,
+    ) -> None:
         """Call every reward function once on dataset rows with empty completions, before training. What they log
         (`log_metric` / `log_extra`) is discarded: it describes no completion the policy made. `extra_kwargs`: more
-        keywords, one list entry per row (the tool-calling source's `environments`).
+        keywords, one list entry per row (the tool-calling source's `environments`). `source`: which dataset the rows
+        are of, for the message (e.g. "`eval_dataset`"); `train_columns`: the RL prompts' columns, named next to the
+        rows' own when a reward function fails on rows of another dataset (e.g. an eval set whose answer column is
+        named differently).
 
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function, the same type, its message
-                prefixed with what this call is (the construction-time check, empty completions), the original
-                exception chained.
+                prefixed with what this call is (the construction-time check, empty completions, the dataset), the
+                original exception chained.
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
@@ -347,11 +356,19 @@ class RewardScorer:
                     self.loop,
                 )
             except (RewardFunctionError, ValueError) as error:
+                columns = sorted(rows[0])
+                hint = ""
+                if train_columns is not None and set(columns) != set(train_columns):
+                    hint = (
+                        f" {source} has columns {columns}, the RL prompts (train_dataset) have {sorted(train_columns)}:"
+                        f" reward functions get the same keywords on both, so give {source} the reward columns, "
+                        "e.g. `.rename_column('solution', 'answer')`."
+                    )
                 raise type(error)(
                     f"In TRAPOTrainer's construction-time check (each reward function is called once on the first "
-                    f"{len(rows)} dataset rows with empty completions, before anything slow), reward function "
-                    f"'{name}' failed. {error} A reward function must also accept an empty completion (return 0.0 or "
-                    "None for it)."
+                    f"{len(rows)} rows of {source} with empty completions, before anything slow), reward function "
+                    f"'{name}' failed. {error}{hint} A reward function must also accept an empty completion (return "
+                    "0.0 or None for it)."
                 ) from (error.__cause__ or error)
 
     def score(

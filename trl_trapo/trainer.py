@@ -541,7 +541,19 @@ class TRAPOTrainer(_BaseTrainer):
         # whose extra keys (columns the reward functions may require) the dataset's rows do not have
         if self.active[RL] and rollout_func is None:
             rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-            self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+            self.rewards.preflight(
+                rows, agent.preflight_kwargs(rows) if agent is not None else None, source="`train_dataset`"
+            )
+        # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards
+        # read, missing there, failed at the first evaluation, after training steps)
+        if rollout_func is None and agent is None and self.rewards.funcs:
+            train_columns = dataset_columns(train_dataset) if train_dataset is not None else None
+            for label, dataset in eval_datasets(eval_dataset):
+                columns = set(dataset_columns(dataset))
+                if "prompt" not in columns or columns & {"text", "completion", "messages"}:
+                    continue  # token-id prompts carry no text to score; the others are evaluated by loss
+                rows = [dataset[i] for i in range(min(2, len(dataset)))]
+                self.rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
 
         # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -----------------------
         if args.total_episodes is not None and not self.active[RL]:  # it would be ignored: the run follows epochs
