@@ -34,6 +34,7 @@ from .data import check_datasets
 from .distributed import sum_over_ranks
 from .evaluation import check_best_model_metric
 from .objectives import DistillationObjective, Objective, ObjectiveSetup, RLObjective, SFTObjective
+from .rewards import check_reward_checkpoint
 from .saving import check_output_dir
 from .setup_checks import check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
@@ -131,6 +132,11 @@ def check_run(
     check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
     # trackers, optimizer and scheduler: built by `train()`, checked now
     check_training_setup(args, arguments.get("optimizers", (None, None)))
+    # a reward model given by id / path is a sequence-classification checkpoint (its config only, no weights)
+    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
+        if isinstance(entry, str):
+            check_reward_checkpoint(entry, given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary(

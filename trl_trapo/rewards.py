@@ -455,6 +455,36 @@ class RewardScorer:
         return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
 
 
+def check_reward_checkpoint(model_id: str, given_as: str = "reward_funcs") -> None:
+    """Refuse a reward model id / path whose checkpoint is not a sequence-classification model: its config.json's
+    `architectures` name only other heads (e.g. `LlamaForCausalLM`). Loaded with `AutoModelForSequenceClassification`
+    (as TRL does), such a checkpoint gets a newly initialised `score` head, so its rewards would be random; transformers
+    only lists the weight as MISSING in its load report. A checkpoint that does not record its architectures is
+    accepted.
+
+    Args:
+        model_id (`str`): the id or path, as given.
+        given_as (`str`): the argument that gave it (`reward_funcs` or `reward_model`), for the message.
+
+    Raises:
+        ValueError: naming the argument, the checkpoint's class and the fix.
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_id)
+    except (OSError, ValueError):  # loading it reports the problem, with the argument (`check_model_source`)
+        return
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise ValueError(
+            f"{given_as}={model_id!r} is a {architectures[0]} checkpoint (config.json's `architectures`), not a "
+            "reward model: loaded as one, it gets a newly initialised score head, so its rewards would be random. "
+            "Give a sequence-classification reward model (num_labels=1, trained to score completions), or a reward "
+            "function (`reward_funcs`)."
+        )
+
+
 def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer) -> tuple[list, list]:
     """The reward functions and models of a run, with one tokenizer each (None for functions).
 
@@ -486,9 +516,13 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
             "reward functions/models; give one per reward (None reuses the policy's tokenizer)."
         )
     funcs, processing_classes = [], []
-    for func, reward_tokenizer in zip(reward_funcs, reward_processing_classes):
+    for index, (func, reward_tokenizer) in enumerate(zip(reward_funcs, reward_processing_classes)):
         if isinstance(func, str):
             check_model_source(func, "reward_funcs")
+            given_as = (
+                "reward_model" if reward_model is not None and index == len(reward_funcs) - 1 else "reward_funcs"
+            )
+            check_reward_checkpoint(func, given_as)
             reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
             func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
         if isinstance(func, nn.Module):
