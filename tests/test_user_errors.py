@@ -1282,6 +1282,20 @@ def test_a_reward_column_missing_from_an_eval_set_is_refused_at_construction(tmp
     build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "sft": SFT})
 
 
+def test_conversations_stored_as_json_text_are_refused_with_the_fix(tmp_path, tok):
+    """A CSV stores a conversation as the JSON text of its list of messages; it was trained on as a plain-text prompt,
+    brackets and quotes included (trial 4's N141). Text that merely starts with a bracket is still a prompt."""
+    as_text = [{"prompt": json.dumps([{"role": "user", "content": r["prompt"]}]), "answer": r["answer"]} for r in RL]
+    with pytest.raises(ValueError, match=r"`train_dataset` column 'prompt' row 0 is text that holds a JSON list of"):
+        build(tmp_path, tok, train_dataset=as_text)
+    sft = [{"prompt": "ab=", "completion": json.dumps([{"role": "assistant", "content": "ab"}])}]
+    with pytest.raises(
+        ValueError, match=r"`sft_dataset` column 'completion' row 0 .*json\.loads\(r\['completion'\]\)"
+    ):
+        build(tmp_path, tok, sft_dataset=sft)
+    build(tmp_path, tok, train_dataset=[{"prompt": "[ab]=", "answer": "ab"}, {"prompt": "[1, 2]=", "answer": "3"}])
+
+
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": "ab=", "answer": "ab"}, {"prompt": None, "answer": "x"}])
     code, out = run_cli("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path)

@@ -534,9 +534,41 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     columns = read_columns(names, kind)
     check_missing_values(dataset, role, columns)
     check_cell_types(dataset, role, columns)
+    check_no_conversation_text(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role)
     check_prompt_roles(dataset, role, kind, assistant_only_loss)
+
+
+CONVERSATION_TEXT_ROWS = 16  # rows `check_no_conversation_text` reads: a column stored so holds it in every row
+
+
+def check_no_conversation_text(dataset: Dataset, role: str, columns: list[str]) -> None:
+    """Refuse a text cell of `prompt` / `completion` / `messages` that holds a JSON list of messages
+    (`'[{"role": "user", "content": ...}]'`): how CSV files and spreadsheet exports store a conversation, since they
+    cannot store lists. It would be trained on as plain text, brackets and quotes included. Reads the first
+    [`CONVERSATION_TEXT_ROWS`] rows.
+
+    Raises:
+        ValueError: naming the dataset, the column, the row and the fix.
+    """
+    for column in [c for c in ("prompt", "completion", "messages") if c in columns]:
+        for row, cell in enumerate(
+            dataset.select_columns([column]).select(range(min(len(dataset), CONVERSATION_TEXT_ROWS)))[column]
+        ):
+            if not isinstance(cell, str) or not cell.lstrip().startswith("["):
+                continue
+            try:
+                parsed = json.loads(cell)
+            except ValueError:
+                continue
+            if parsed and isinstance(parsed, list) and is_messages(parsed):
+                raise ValueError(
+                    f"`{role}` column {column!r} row {row} is text that holds a JSON list of messages ({cell!r:.80}): "
+                    "a conversation stored as text (CSV and spreadsheet exports cannot store lists) would be trained "
+                    "on as plain text, brackets and quotes included. Fix: store the rows as JSONL or Parquet, or "
+                    f"parse the column: `dataset.map(lambda r: {{{column!r}: json.loads(r[{column!r}])}})`."
+                )
 
 
 def check_conversations_renderable(
