@@ -262,6 +262,8 @@ def run_case(where: str, *args: str, cwd: Path, monkeypatch, capsys) -> tuple[in
                 ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
             ),
             (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
+            # trial 4's N91: transformers reads <= 0 as "no limit", so 0 kept every checkpoint
+            (["--save_total_limit", "0"], ["save_total_limit", "0", "keeps every checkpoint", "save_strategy"]),
         ],
         ids=[
             "negative-learning-rate",
@@ -275,6 +277,7 @@ def run_case(where: str, *args: str, cwd: Path, monkeypatch, capsys) -> tuple[in
             "missing-dataset",
             "missing-checkpoint",
             "bad-config-value",
+            "save-total-limit-0",
         ],
         default_script_case="unknown-reward",
     ),
