@@ -61,3 +61,21 @@ def test_a_negative_number_reaches_the_config_check(name):
     module, _, _ = job(name)
     with pytest.raises(ValueError, match=r"learning_rate=-0\.001 is invalid"):
         module.parse_args(["--learning_rate", "-1e-3"])
+
+
+def test_lora_flags_without_use_peft_are_warned_and_ignored_as_trl_does(caplog):
+    """`--lora_r 8` without `--use_peft` trained the full model without a word (trial 4's N83). TRL's scripts ignore
+    it too (`get_peft_config` reads the flags only with `--use_peft`): kept, with a warning naming the flags."""
+    import logging
+
+    from trl_trapo.jobs.main import parse_args
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        _, _, model_args = parse_args(["--lora_r", "8", "--lora_dropout", "0.1", "--output_dir", "unused"])
+    assert model_args.use_peft is False
+    assert "--lora_r, --lora_dropout are set but --use_peft is not" in caplog.text and "Add --use_peft" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        parse_args(["--use_peft", "--lora_r", "8", "--output_dir", "unused"])
+        parse_args(["--output_dir", "unused"])
+    assert "--use_peft is not" not in caplog.text

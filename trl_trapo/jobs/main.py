@@ -736,7 +736,41 @@ def parse_args(
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
+    warn_unused_lora_arguments(model_args)
     return script_args, training_args, model_args
+
+
+LORA_FIELDS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_target_parameters",
+    "lora_modules_to_save",
+    "lora_task_type",
+    "use_rslora",
+    "use_dora",
+)
+"""TRL `ModelConfig`'s LoRA settings: read only with `--use_peft` (`trl.get_peft_config`)."""
+
+
+def warn_unused_lora_arguments(model_args: ModelConfig) -> None:
+    """Warn when a LoRA setting differs from TRL's default but `--use_peft` is not set: TRL's `get_peft_config`
+    (and so this job) then ignores it and trains the full model, as TRL's scripts do; the warning keeps that behaviour
+    and says so."""
+    if model_args.use_peft:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in LORA_FIELDS}
+    changed = [f"--{name}" for name, default in defaults.items() if getattr(model_args, name, default) != default]
+    if changed:
+        logger.warning(
+            "%s %s set but --use_peft is not: %s ignored and the full model is trained (as TRL's scripts do). Add "
+            "--use_peft to train a LoRA adapter with %s.",
+            ", ".join(changed),
+            "is" if len(changed) == 1 else "are",
+            "it is" if len(changed) == 1 else "they are",
+            "it" if len(changed) == 1 else "them",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
