@@ -79,3 +79,22 @@ def test_lora_flags_without_use_peft_are_warned_and_ignored_as_trl_does(caplog):
         parse_args(["--use_peft", "--lora_r", "8", "--output_dir", "unused"])
         parse_args(["--output_dir", "unused"])
     assert "--use_peft is not" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "flag, replacement",
+    [("--logging_dir", "TensorBoard logs go under --output_dir"), ("--no_cuda", "use --use_cpu")],
+)
+def test_an_argument_transformers_5_removed_gets_its_replacement(tmp_path, flag, replacement):
+    """`--logging_dir` (transformers 4 recipes and TRL scripts) was answered "Did you mean --logging_first_step?", an
+    unrelated flag (trial 4's N103): a removed `TrainingArguments` field is named as removed, with what replaces it,
+    on the command line and as a `--config` key."""
+    from trl_trapo.jobs.main import parse_args
+
+    expected = rf"{flag}: unknown argument\. {flag} was removed in transformers 5: drop it; {replacement}"
+    with pytest.raises(ValueError, match=expected):
+        parse_args([flag, "x", "--output_dir", "unused"])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{flag[2:]}: x\n")
+    with pytest.raises(ValueError, match=rf"{flag[2:]}.*was removed in transformers 5: drop it; {replacement}"):
+        parse_args(["--config", str(recipe), "--output_dir", "unused"])

@@ -274,18 +274,38 @@ def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
     return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
 
 
+REMOVED_ARGUMENTS = {
+    "logging_dir": "TensorBoard logs go under --output_dir (its `runs/` folder), or where the TENSORBOARD_LOGGING_DIR "
+    "environment variable says",
+    "evaluation_strategy": "use --eval_strategy",
+    "warmup_ratio": "use --warmup_steps, which reads a value below 1 as a fraction of the training steps",
+    "no_cuda": "use --use_cpu",
+    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "push_to_hub_token": "use --hub_token",
+    "push_to_hub_model_id": "use --hub_model_id",
+}
+"""`TrainingArguments` fields transformers 4 had and transformers 5 removed, which recipes and TRL scripts written for
+it still pass -> what replaces each. The closest surviving name can be unrelated (`--logging_dir` is closest to
+`--logging_first_step`), so these are said by name."""
+
+
 def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
-    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
+    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones;
+    for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement.
 
     Args:
         name: the unknown name, with or without leading dashes; hyphens count as underscores.
         classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
-        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
+        ..."`, or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
+    if name in REMOVED_ARGUMENTS and name not in known:
+        return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
     matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
