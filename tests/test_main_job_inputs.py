@@ -324,6 +324,24 @@ def test_data_that_is_not_utf8_is_named_with_its_file_line_and_fix(tmp_path, nam
         build(tmp_path, dataset_name=given)
 
 
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_split_files_with_different_columns_are_named_with_their_columns(tmp_path, ext):
+    """train.jsonl with `answer` and test.jsonl with `solution` was "cannot load the dataset (DatasetGenerationError:
+    An error occurred while generating the dataset). Fix: check the files' format and columns." (trial 4's N140)."""
+    folder = tmp_path / "splitcols"
+    folder.mkdir()
+    for split, column in (("train", "answer"), ("test", "solution")):
+        if ext == "jsonl":
+            (folder / f"{split}.{ext}").write_text(json.dumps({"prompt": "a=", column: "1"}) + "\n")
+        else:
+            (folder / f"{split}.{ext}").write_text(f"prompt,{column}\na=,1\n")
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=str(folder))
+    message = str(error.value)
+    assert f"test.{ext} has (prompt, solution); train.{ext} has (prompt, answer)" in message, message
+    assert "Every split of a dataset must have the same columns. Fix: rename" in message
+
+
 def test_a_folder_of_dataset_folders_names_them_and_the_one_to_give(tmp_path):
     """`--dataset_name data/gsm8k`, the parent of gsm8k_to_trl.py's rl/ sft/ pretrain/ folders, was "cannot load the
     dataset (DatasetGenerationError: An error occurred while generating the dataset)" (D13)."""

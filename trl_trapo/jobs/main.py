@@ -1080,6 +1080,14 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
                 f"data folders {listed}, whose files `datasets` reads together (they must share their columns). Fix: "
                 f"name one of them, e.g. `{arg} {os.path.join(local, pick)}`."
             ) from error
+        columns = split_file_columns(local) if isinstance(local, str) and os.path.isdir(local) else {}
+        if len({frozenset(c) for c in columns.values()}) > 1:  # datasets' CastError: "column names don't match"
+            listed = "; ".join(f"{name} has ({', '.join(c)})" for name, c in columns.items())
+            raise ValueError(
+                f"{where}: the folder's data files have different columns: {listed}. Every split of a dataset must "
+                "have the same columns. Fix: rename the columns so that they match (e.g. the answer column of every "
+                "file named alike), or point at one file."
+            ) from error
         problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
         if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
             raise ValueError(
@@ -1088,6 +1096,34 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
             ) from error
         fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
         raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def split_file_columns(folder: str) -> dict[str, list[str]]:
+    """The columns of each JSON Lines / CSV / Parquet file directly in `folder` (by file name, sorted), read from its
+    first row, header or schema; read only after `datasets` failed to load the folder, to say which files differ
+    (its `CastError` is wrapped in "An error occurred while generating the dataset")."""
+    import csv
+
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        try:
+            if name.endswith((".jsonl", ".json")):
+                with open(path, encoding="utf-8") as handle:
+                    first = next((line for line in handle if line.strip()), None)
+                row = json.loads(first) if first is not None else None
+                if isinstance(row, dict):
+                    found[name] = list(row)
+            elif name.endswith(".csv"):
+                with open(path, encoding="utf-8", newline="") as handle:
+                    found[name] = next(csv.reader(handle), [])
+            elif name.endswith(".parquet"):
+                import pyarrow.parquet
+
+                found[name] = list(pyarrow.parquet.read_schema(path).names)
+        except (OSError, ValueError, StopIteration):  # unreadable: datasets' own message stands
+            continue
+    return found
 
 
 def json_syntax_problem(path: str) -> str | None:
