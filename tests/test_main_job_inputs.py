@@ -643,3 +643,25 @@ def test_gitignore_covers_the_folders_the_readme_creates_at_the_root_only():
 
     assert ignored("data/gsm8k/rl/train.jsonl") and ignored("models/tiny/config.json")
     assert not ignored("examples/data/sample.jsonl") and not ignored("tests/models/x.json")
+
+
+def test_a_reward_that_cannot_score_the_builtin_prompts_is_warned_about(caplog):
+    """`--reward_funcs numeric_answer` without `--dataset_name` (the GSM8K command, copied without its data) trained
+    on the built-in prompts, most of which numeric_answer cannot score (their answers are letters): no RL signal,
+    no word (trial 4's N90)."""
+    import logging
+
+    from trl_trapo.jobs.main import warn_rewards_unfit_for_prompts
+    from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
+    from trl_trapo.tasks import make_task_suite
+
+    prompts = make_task_suite(seed=0).rl_train
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        warn_rewards_unfit_for_prompts([exact_match_reward], prompts)
+    assert "cannot score" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        warn_rewards_unfit_for_prompts([numeric_answer_reward], prompts)
+    assert re.search(
+        r"numeric_answer_reward returns None \('cannot score'\) for \d of the first 8 built-in", caplog.text
+    )
+    assert "did you forget --dataset_name" in caplog.text

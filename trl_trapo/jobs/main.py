@@ -1416,6 +1416,56 @@ def resolve_reward_func(name: str) -> Callable:
     return func
 
 
+UNFIT_REWARD_ROWS = 8  # built-in RL rows `warn_rewards_unfit_for_prompts` scores
+
+
+def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
+    """Warn when a reward function of the user's returns None ("cannot score") for most of the first
+    [`UNFIT_REWARD_ROWS`] built-in RL prompts even when the completion is the prompt's own answer: those prompts
+    would never be trained on by RL (e.g. `--reward_funcs numeric_answer` without `--dataset_name`: the built-in
+    answers are mostly letters). Called once, with the `answer` column as the completions; a function that raises is
+    left to the trainer's construction-time check, which names it."""
+    import inspect
+    import math
+
+    from torch import nn
+
+    from trl_trapo.rewards import discard_extra, discard_metric, reward_function_name, reward_value
+
+    rows = [dataset[i] for i in range(min(len(dataset), UNFIT_REWARD_ROWS))]
+    if not rows or "answer" not in rows[0]:
+        return
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    for func in reward_funcs:
+        if not callable(func) or isinstance(func, nn.Module) or inspect.iscoroutinefunction(func):
+            continue
+        try:
+            values = list(
+                func(
+                    prompts=[r["prompt"] for r in rows],
+                    completions=[r["answer"] for r in rows],
+                    completion_ids=[[] for _ in rows],
+                    **columns,
+                    trainer_state=None,
+                    log_metric=discard_metric,
+                    log_extra=discard_extra,
+                )
+            )
+        except Exception:  # the trainer's check reports it, by name
+            continue
+        scores = [reward_value(v) for v in values]
+        unscored = sum(1 for v in scores if v is None or math.isnan(v))
+        if unscored * 2 > len(rows):
+            logger.warning(
+                "--reward_funcs %s returns None ('cannot score') for %d of the first %d built-in RL prompts even when "
+                "the completion is the prompt's answer, so RL would not train on them. The built-in prompts' "
+                "answers are mostly not numbers: did you forget --dataset_name (your RL prompts)?",
+                reward_function_name(func),
+                unscored,
+                len(rows),
+            )
+
+
 def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> JobInputs:
     """Check the arguments, load the user's data and model (or build the built-in ones); no training.
 
@@ -1539,6 +1589,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         if "reward" not in sources:  # the user's reward functions or reward model replace exact_match
             reward_funcs = list(suite.reward_funcs)
             sources["reward"] = "built-in"
+        elif sources["rl"] == "built-in":  # the user's rewards on the built-in prompts: can they score them?
+            warn_rewards_unfit_for_prompts(reward_funcs, train_dataset)
         built_in = [role for role, source in sources.items() if source == "built-in"]
         user = [f"{role} ({source})" for role, source in sources.items() if source not in ("built-in", "none")]
         logger.info(
