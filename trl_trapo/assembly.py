@@ -132,11 +132,11 @@ def check_run(
     check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
     # trackers, optimizer and scheduler: built by `train()`, checked now
     check_training_setup(args, arguments.get("optimizers", (None, None)))
-    # a reward model given by id / path is a sequence-classification checkpoint (its config only, no weights)
+    # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
     entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
-        if isinstance(entry, str):
-            check_reward_checkpoint(entry, given_as)
+        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
+            check_reward_checkpoint(os.path.expanduser(entry), given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary(
