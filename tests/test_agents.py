@@ -843,3 +843,36 @@ def test_the_documented_tool_example_trains(tmp_path, monkeypatch):
     assert longest <= trainer.args.response_length, (longest, trainer.args.response_length)
     prose = " ".join((ROOT / block.document).read_text(encoding="utf-8").split())
     assert f"= {longest} of the {trainer.args.response_length} tokens" in prose  # the doc's count of the budget
+
+
+def test_an_environment_without_tool_methods_is_warned_about(caplog):
+    """An environment class with only `reset` trained as single-turn RL without a word (trial 4's K13b); TRL 1.16's
+    GRPOTrainer accepts it silently too. Kept, with a warning naming the class and the fix."""
+    from trl_trapo.agents import AgentSpec
+
+    class ResetOnly:
+        def reset(self, **row):
+            return None
+
+    class Counter:
+        def reset(self, **row):
+            self.n = 0
+
+        def increment(self, by: int) -> int:
+            """Add `by` to the counter.
+
+            Args:
+                by: how much to add.
+            """
+            self.n += by
+            return self.n
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
+        spec = AgentSpec.build(None, ResetOnly)
+    assert spec.schemas == {None: []}
+    assert "environment_factory: ResetOnly exposes no tool methods" in caplog.text and "type hints" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
+        AgentSpec.build(None, Counter)
+        AgentSpec.build(None, {"a": Counter, "b": Counter})
+    assert "exposes no tool methods" not in caplog.text

@@ -115,6 +115,22 @@ def test_bad_launcher_options_are_one_error(capsys):
     assert "--num_processes needs a value" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config_file", "nope.yaml"], "--config_file='nope.yaml': no such file. Fix: give an accelerate config"),
+        (["--config_file", "."], "--config_file='.': a directory. Fix:"),
+        (["--num_processes", "0"], "--num_processes=0: use an integer >= 1"),
+        (["--num_machines", "0"], "--num_machines=0: use an integer >= 1"),
+        (["--machine_rank", "-1"], "--machine_rank=-1: use an integer >= 0"),
+    ],
+)
+def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, message, capsys):
+    # `--config_file nope.yaml` was a traceback from inside `accelerate launch`; `--num_processes 0` ran one process
+    assert commands.main(["tools", "--max_steps", "2", *argv], launch=pytest.fail) == 2
+    assert f"trapo tools: error: {message}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("job", commands.JOBS, ids=lambda j: j.name)
 def test_launcher_options_are_accelerates_and_no_jobs(job):
     from accelerate.commands.launch import launch_command_parser

@@ -252,6 +252,22 @@ def test_evaluate_refuses_a_streaming_dataset_given_to_it_by_name(tmp_path, toke
         trainer.evaluate(streaming(suite.pretrain))
 
 
+def test_an_empty_eval_dataset_is_refused_by_name_at_construction_and_in_evaluate(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """0 eval rows (e.g. a filter removed them all) failed inside `datasets` ("Column 'prompt_ids' doesn't exist") at
+    construction, and `evaluate()` of them returned eval_reward=0.0, a score from no prompts (trial 4's N18, N131,
+    N18b)."""
+    empty = suite.eval.select([])
+    with pytest.raises(ValueError, match=r"`eval_dataset` is empty \(0 rows\)"):
+        build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=empty, eval_strategy="steps", eval_steps=1)
+    with pytest.raises(ValueError, match=r"`eval_dataset\['b'\]` is empty \(0 rows\)"):
+        build(tmp_path, tokenizer, suite, tiny_config, eval_dataset={"a": suite.eval, "b": empty})
+    trainer = build(tmp_path, tokenizer, suite, tiny_config)
+    with pytest.raises(ValueError, match=r"`eval_dataset` is empty \(0 rows\)"):
+        trainer.evaluate(empty)
+
+
 def test_a_streaming_pretraining_set_and_a_dataset_dict_of_eval_sets_work(tmp_path, tokenizer, suite, tiny_config):
     from datasets import DatasetDict
 

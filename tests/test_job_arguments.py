@@ -61,3 +61,40 @@ def test_a_negative_number_reaches_the_config_check(name):
     module, _, _ = job(name)
     with pytest.raises(ValueError, match=r"learning_rate=-0\.001 is invalid"):
         module.parse_args(["--learning_rate", "-1e-3"])
+
+
+def test_lora_flags_without_use_peft_are_warned_and_ignored_as_trl_does(caplog):
+    """`--lora_r 8` without `--use_peft` trained the full model without a word (trial 4's N83). TRL's scripts ignore
+    it too (`get_peft_config` reads the flags only with `--use_peft`): kept, with a warning naming the flags."""
+    import logging
+
+    from trl_trapo.jobs.main import parse_args
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        _, _, model_args = parse_args(["--lora_r", "8", "--lora_dropout", "0.1", "--output_dir", "unused"])
+    assert model_args.use_peft is False
+    assert "--lora_r, --lora_dropout are set but --use_peft is not" in caplog.text and "Add --use_peft" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        parse_args(["--use_peft", "--lora_r", "8", "--output_dir", "unused"])
+        parse_args(["--output_dir", "unused"])
+    assert "--use_peft is not" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "flag, replacement",
+    [("--logging_dir", "TensorBoard logs go under --output_dir"), ("--no_cuda", "use --use_cpu")],
+)
+def test_an_argument_transformers_5_removed_gets_its_replacement(tmp_path, flag, replacement):
+    """`--logging_dir` (transformers 4 recipes and TRL scripts) was answered "Did you mean --logging_first_step?", an
+    unrelated flag (trial 4's N103): a removed `TrainingArguments` field is named as removed, with what replaces it,
+    on the command line and as a `--config` key."""
+    from trl_trapo.jobs.main import parse_args
+
+    expected = rf"{flag}: unknown argument\. {flag} was removed in transformers 5: drop it; {replacement}"
+    with pytest.raises(ValueError, match=expected):
+        parse_args([flag, "x", "--output_dir", "unused"])
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{flag[2:]}: x\n")
+    with pytest.raises(ValueError, match=rf"{flag[2:]}.*was removed in transformers 5: drop it; {replacement}"):
+        parse_args(["--config", str(recipe), "--output_dir", "unused"])

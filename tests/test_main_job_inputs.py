@@ -324,6 +324,24 @@ def test_data_that_is_not_utf8_is_named_with_its_file_line_and_fix(tmp_path, nam
         build(tmp_path, dataset_name=given)
 
 
+@pytest.mark.parametrize("ext", ["jsonl", "csv"])
+def test_split_files_with_different_columns_are_named_with_their_columns(tmp_path, ext):
+    """train.jsonl with `answer` and test.jsonl with `solution` was "cannot load the dataset (DatasetGenerationError:
+    An error occurred while generating the dataset). Fix: check the files' format and columns." (trial 4's N140)."""
+    folder = tmp_path / "splitcols"
+    folder.mkdir()
+    for split, column in (("train", "answer"), ("test", "solution")):
+        if ext == "jsonl":
+            (folder / f"{split}.{ext}").write_text(json.dumps({"prompt": "a=", column: "1"}) + "\n")
+        else:
+            (folder / f"{split}.{ext}").write_text(f"prompt,{column}\na=,1\n")
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=str(folder))
+    message = str(error.value)
+    assert f"test.{ext} has (prompt, solution); train.{ext} has (prompt, answer)" in message, message
+    assert "Every split of a dataset must have the same columns. Fix: rename" in message
+
+
 def test_a_folder_of_dataset_folders_names_them_and_the_one_to_give(tmp_path):
     """`--dataset_name data/gsm8k`, the parent of gsm8k_to_trl.py's rl/ sft/ pretrain/ folders, was "cannot load the
     dataset (DatasetGenerationError: An error occurred while generating the dataset)" (D13)."""
@@ -625,3 +643,25 @@ def test_gitignore_covers_the_folders_the_readme_creates_at_the_root_only():
 
     assert ignored("data/gsm8k/rl/train.jsonl") and ignored("models/tiny/config.json")
     assert not ignored("examples/data/sample.jsonl") and not ignored("tests/models/x.json")
+
+
+def test_a_reward_that_cannot_score_the_builtin_prompts_is_warned_about(caplog):
+    """`--reward_funcs numeric_answer` without `--dataset_name` (the GSM8K command, copied without its data) trained
+    on the built-in prompts, most of which numeric_answer cannot score (their answers are letters): no RL signal,
+    no word (trial 4's N90)."""
+    import logging
+
+    from trl_trapo.jobs.main import warn_rewards_unfit_for_prompts
+    from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
+    from trl_trapo.tasks import make_task_suite
+
+    prompts = make_task_suite(seed=0).rl_train
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        warn_rewards_unfit_for_prompts([exact_match_reward], prompts)
+    assert "cannot score" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        warn_rewards_unfit_for_prompts([numeric_answer_reward], prompts)
+    assert re.search(
+        r"numeric_answer_reward returns None \('cannot score'\) for \d of the first 8 built-in", caplog.text
+    )
+    assert "did you forget --dataset_name" in caplog.text

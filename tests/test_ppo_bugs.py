@@ -403,3 +403,17 @@ def test_g_zero3_reference_of_a_model_without_id_is_a_clear_error(tmp_path, zero
     with pytest.raises(ValueError, match="cannot be deep-copied.*pass `ref_model` explicitly"):
         make_trainer(tmp_path, model=model, ref_model=None)
     assert zero3 == []
+
+
+def test_trl_0x_keyword_names_are_mapped_in_the_message(tmp_path):
+    """TRL 0.x's `PPOTrainer(config=, tokenizer=, policy=, ref_policy=, ...)` got Python's "missing 4 required
+    positional arguments: 'args', 'processing_class', 'model', and 'ref_model'", naming none of the old names
+    (trial 4's Q07)."""
+    config = PPOConfig(output_dir=str(tmp_path), report_to="none")
+    with pytest.raises(
+        TypeError, match=r"TRL 0\.x keyword names \['config', 'tokenizer', 'policy', 'ref_policy'\]"
+    ) as e:
+        PPOTrainer(config=config, tokenizer=None, policy=None, ref_policy=None, reward_model=None, train_dataset=None)
+    assert "args= (was config=), processing_class= (was tokenizer=), model= (was policy=), ref_model= (was " in str(
+        e.value
+    )

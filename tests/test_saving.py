@@ -100,8 +100,13 @@ def test_save_model_to_a_file_path_names_the_file_and_the_fix(tmp_path, tokenize
     [
         (OSError(errno.ENOTDIR, "Not a directory"), ["is a file, where a folder is needed", "pass a folder path"]),
         (PermissionError(errno.EACCES, "Permission denied"), ["no permission to write there", "choose a folder"]),
+        # trial 4's N25: save_model("/proc/trapo_model") said the cause only
+        (
+            FileNotFoundError(errno.ENOENT, "No such file or directory"),
+            ["No such file or directory: pass a folder you can create and write to"],
+        ),
     ],
-    ids=["not-a-directory", "permission"],
+    ids=["not-a-directory", "permission", "cannot-be-created"],
 )
 def test_every_save_error_says_what_to_do_about_its_cause(tmp_path, error, needles):
     """`describe_os_error` words every SaveError (checkpoints, the final model, trainer_state.json, the CLI's

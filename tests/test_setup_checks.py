@@ -26,7 +26,9 @@ from trl_trapo.tasks import build_tiny_model, exact_match_reward
 def build(tmp_path, tokenizer, suite, tiny_config, model=None, **overrides):
     """A trainer on the tiny suite; `overrides` split into constructor arguments and config fields."""
     arguments = {k: overrides.pop(k) for k in list(overrides) if k in ("callbacks", "optimizers", "peft_config")}
-    arguments.update({k: overrides.pop(k) for k in list(overrides) if k in ("reward_funcs", "rollout_func")})
+    arguments.update(
+        {k: overrides.pop(k) for k in list(overrides) if k in ("reward_funcs", "reward_model", "rollout_func")}
+    )
     arguments.setdefault("reward_funcs", exact_match_reward)
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0) if model is None else model,
@@ -140,6 +142,43 @@ def test_a_classification_model_or_adapter_is_refused_as_the_policy(tmp_path, to
     peft_config = LoraConfig(r=4, task_type="SEQ_CLS", target_modules=["q_proj"])
     with pytest.raises(ValueError, match=r"`peft_config` has task_type='SEQ_CLS'.*task_type='CAUSAL_LM'"):
         build(tmp_path, tokenizer, suite, tiny_config, peft_config=peft_config)
+
+
+def test_a_causal_lm_given_as_a_reward_model_is_refused(tmp_path, tokenizer, suite, tiny_config):
+    # N82: loaded as a sequence-classification model it got a random score head, and trained on random rewards
+    causal = tmp_path / "causal"
+    build_tiny_model(tokenizer).save_pretrained(causal)
+    for argument in ("reward_funcs", "reward_model"):
+        with pytest.raises(
+            ValueError, match=rf"{argument}='.*causal' is a LlamaForCausalLM checkpoint .*not a reward"
+        ):
+            build(tmp_path, tokenizer, suite, tiny_config, model="no/such/model-folder", **{argument: str(causal)})
+    config = LlamaConfig(**build_tiny_model(tokenizer).config.to_dict(), num_labels=1)
+    scorer = tmp_path / "scorer"
+    LlamaForSequenceClassification(config).save_pretrained(scorer)
+    tokenizer.save_pretrained(scorer)
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, reward_funcs=[exact_match_reward, str(scorer)])
+    assert isinstance(trainer.rewards.funcs[1], LlamaForSequenceClassification)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(r=0), r"peft_config\.r=0 is invalid: the LoRA rank must be a whole number >= 1"),
+        (dict(lora_dropout=1.5), r"peft_config\.lora_dropout=1\.5 is invalid: it must be a probability in \[0, 1\)"),
+        (dict(lora_alpha=0), r"peft_config\.lora_alpha=0 is invalid: it must be > 0"),
+        (dict(rank_pattern={"q_proj": 0}), r"peft_config\.rank_pattern\['q_proj'\]=0 is invalid"),
+        (dict(alpha_pattern={"q_proj": -2}), r"peft_config\.alpha_pattern\['q_proj'\]=-2 is invalid"),
+    ],
+)
+def test_lora_numbers_peft_or_torch_refuse_late_are_refused_by_field(
+    tmp_path, tokenizer, suite, tiny_config, fields, message
+):
+    # N33 / N130: a peft (`r` should be a positive integer) or torch (dropout probability) traceback naming no field;
+    # lora_alpha=0 trained an adapter scaled to nothing
+    peft_config = LoraConfig(**{"target_modules": ["q_proj"], "task_type": "CAUSAL_LM", **fields})
+    with pytest.raises(ValueError, match=message):
+        build(tmp_path, tokenizer, suite, tiny_config, model="no/such/model-folder", peft_config=peft_config)
 
 
 def test_the_command_line_name_of_a_builtin_reward_points_to_the_function(tmp_path, tokenizer, suite, tiny_config):

@@ -262,6 +262,8 @@ def run_case(where: str, *args: str, cwd: Path, monkeypatch, capsys) -> tuple[in
                 ["--resume_from_checkpoint", "'missing-checkpoint'", "Fix"],
             ),
             (["--num_generations", "-2"], ["num_generations", "-2", ">= 1"]),
+            # trial 4's N91: transformers reads <= 0 as "no limit", so 0 kept every checkpoint
+            (["--save_total_limit", "0"], ["save_total_limit", "0", "keeps every checkpoint", "save_strategy"]),
         ],
         ids=[
             "negative-learning-rate",
@@ -275,6 +277,7 @@ def run_case(where: str, *args: str, cwd: Path, monkeypatch, capsys) -> tuple[in
             "missing-dataset",
             "missing-checkpoint",
             "bad-config-value",
+            "save-total-limit-0",
         ],
         default_script_case="unknown-reward",
     ),
@@ -741,6 +744,13 @@ def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, ti
     with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=2: nothing would be trained.*above 2"):
         again.train(resume_from_checkpoint=str(checkpoint))
     assert again.state.global_step == 0
+    # refused where the checkpoint is verified, before the model is looked at (trial 4's N80: after the job's initial
+    # evaluation)
+    config = TRAPOConfig(
+        output_dir=str(tmp_path / "early"), report_to="none", max_steps=1, resume_from_checkpoint=str(checkpoint)
+    )
+    with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=1: nothing would be trained"):
+        TRAPOTrainer("no/such/model-folder", args=config)
     code, output = run_cli(
         "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--output_dir", str(tmp_path / "cli"),
         "--eval_strategy", "no", "--max_eval_samples", "8", cwd=tmp_path,  # only its checkpoint-6 is needed
@@ -792,6 +802,44 @@ def test_a_corrupted_checkpoint_is_refused_before_anything_slow(
     monkeypatch.setattr(trainer_module, "verify_checkpoint", lambda *args: verified.append(args))
     second.train(resume_from_checkpoint=str(intact))
     assert second.state.global_step == 4 and verified == []
+
+
+def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite, tiny_trainer):
+    """A damaged checkpoint was named without a fix (trial 4's N76-N79), and one without `trapo/` was called
+    "incomplete" (N142): the messages now say to resume from the earlier checkpoint (named), or to start over, and
+    that intact weights can start a new run as its model."""
+    import shutil
+
+    from trl_trapo.checkpoint import verify_checkpoint
+
+    run = tmp_path / "run"
+    tiny_trainer(run, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()
+
+    def damaged(name, change):
+        copy = tmp_path / name / "checkpoint-2"
+        shutil.copytree(run / "checkpoint-2", copy)
+        shutil.copytree(run / "checkpoint-1", copy.parent / "checkpoint-1")
+        change(copy)
+        return copy
+
+    no_optimizer = damaged("nooptim", lambda c: (c / "optimizer.pt").unlink())
+    earlier = f"resume from an earlier checkpoint (--resume_from_checkpoint {no_optimizer.parent / 'checkpoint-1'})"
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt is missing") as error:
+        verify_checkpoint(str(no_optimizer), 1)
+    assert earlier in str(error.value) and "or start without --resume_from_checkpoint" in str(error.value)
+    assert f"pass {no_optimizer} as --model_name_or_path" in str(error.value)
+    no_weights = damaged("noweights", lambda c: (c / "model.safetensors").unlink())
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is missing") as error:
+        verify_checkpoint(str(no_weights), 1)
+    assert "resume from an earlier checkpoint" in str(error.value) and "--model_name_or_path" not in str(error.value)
+    state = damaged("badstate", lambda c: (c / "trainer_state.json").write_text("{"))
+    with pytest.raises(CheckpointError, match=r"trainer_state\.json is corrupted or truncated.*Fix: resume from"):
+        verify_checkpoint(str(state), 1)
+    not_ours = damaged("notrapo", lambda c: shutil.rmtree(c / "trapo"))
+    with pytest.raises(
+        CheckpointError, match=r"has no trapo/ folder: it was not written by TRAPOTrainer.*--model_name"
+    ):
+        verify_checkpoint(str(not_ours), 1)
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
@@ -1180,6 +1228,39 @@ def test_a_reward_that_is_not_a_number_is_refused_at_construction(tmp_path, tok,
         ValueError, match=rf"Reward function 'stringly_reward' returned .* \({kind}\) for completion 0"
     ):
         build(tmp_path, tok, reward=stringly_reward, train_dataset=RL)
+
+
+def test_a_reward_column_missing_from_an_eval_set_is_refused_at_construction(tmp_path, tok):
+    """The construction-time reward check ran on train rows only: an eval set whose answer column is named
+    differently failed at the first evaluation, after training steps, without saying which dataset (trial 4's N139).
+    A set of SFT rows is evaluated by loss, not by rewards, and needs no reward column."""
+
+    def needs_answer(completions, answer, **kwargs):
+        return [float(c == a) for c, a in zip(completions, answer)]
+
+    other = [{"prompt": "ab=", "solution": "ab"}]
+    with pytest.raises(
+        RuntimeError, match=r"first 1 rows of `eval_dataset\['held'\]`.*'needs_answer' failed"
+    ) as error:
+        build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "held": other})
+    assert "`eval_dataset['held']` has columns ['prompt', 'solution'], the RL prompts (train_dataset) have" in str(
+        error.value
+    )
+    build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "sft": SFT})
+
+
+def test_conversations_stored_as_json_text_are_refused_with_the_fix(tmp_path, tok):
+    """A CSV stores a conversation as the JSON text of its list of messages; it was trained on as a plain-text prompt,
+    brackets and quotes included (trial 4's N141). Text that merely starts with a bracket is still a prompt."""
+    as_text = [{"prompt": json.dumps([{"role": "user", "content": r["prompt"]}]), "answer": r["answer"]} for r in RL]
+    with pytest.raises(ValueError, match=r"`train_dataset` column 'prompt' row 0 is text that holds a JSON list of"):
+        build(tmp_path, tok, train_dataset=as_text)
+    sft = [{"prompt": "ab=", "completion": json.dumps([{"role": "assistant", "content": "ab"}])}]
+    with pytest.raises(
+        ValueError, match=r"`sft_dataset` column 'completion' row 0 .*json\.loads\(r\['completion'\]\)"
+    ):
+        build(tmp_path, tok, sft_dataset=sft)
+    build(tmp_path, tok, train_dataset=[{"prompt": "[ab]=", "answer": "ab"}, {"prompt": "[1, 2]=", "answer": "3"}])
 
 
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path):

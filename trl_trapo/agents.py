@@ -460,6 +460,15 @@ class AgentSpec:
                 tool_schema(method, f"{where} ({type(instance).__name__})")
             check_tool_names(tools + methods, f"{where} ({type(instance).__name__}) with tools=")
             schemas[name] = [tool_schema(t) for t in tools + methods]
+            if not schemas[name]:  # TRL 1.16 trains such a run as single-turn RL too, without a word
+                logger.warning(
+                    "%s: %s exposes no tool methods (public methods other than reset and get_reward) and tools= "
+                    "is empty: the model has no tool to call, and each rollout is one completion (as in TRL's "
+                    "GRPOTrainer). To give it tools, add a public method with type hints and a docstring, e.g. "
+                    "`def add(self, a: int, b: int) -> int:`.",
+                    where,
+                    type(instance).__name__,
+                )
             if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in rewarded:
                 rewarded.add(type(instance))
                 rewards.append(environment_reward(type(instance)))

@@ -95,6 +95,7 @@ def _check_peft_config(value: Any) -> None:
                 "adapter instead (`peft.LoraConfig`, `AdaLoraConfig`, `IA3Config`, ...), e.g. "
                 "`peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`."
             )
+        _check_lora_numbers(value)
         return
     fix = (
         f"Build the config object: `peft.LoraConfig(**{value!r})` (TRL's trainers refuse a dict too)."
@@ -102,6 +103,40 @@ def _check_peft_config(value: Any) -> None:
         else "Pass a PEFT config, e.g. `peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`."
     )
     _refuse("peft_config", value, "a `peft.PeftConfig` (e.g. `peft.LoraConfig`)", fix)
+
+
+def _check_lora_numbers(value: Any) -> None:
+    """Refuse, naming the field, the LoRA numbers PEFT or torch refuse only when the adapter is built (PEFT:
+    "`r` should be a positive integer"; torch: "dropout probability has to be between 0 and 1") or silently misuse
+    (`lora_alpha` 0 scales the update to nothing, a negative one flips it): the same rules as the command line's
+    `--lora_r` / `--lora_alpha` / `--lora_dropout` (`trl_trapo.jobs.main.check_lora_arguments`)."""
+    from peft import AdaLoraConfig, LoraConfig
+
+    if not isinstance(value, LoraConfig):
+        return
+    ranks = {} if isinstance(value, AdaLoraConfig) else {"r": value.r}  # AdaLoRA sets its ranks from init_r
+    ranks.update({f"rank_pattern[{k!r}]": v for k, v in (value.rank_pattern or {}).items()})
+    for field, r in ranks.items():
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ValueError(
+                f"peft_config.{field}={r!r} is invalid: the LoRA rank must be a whole number >= 1. Fix: e.g. "
+                "`peft.LoraConfig(r=16, ...)`."
+            )
+    alphas = {"lora_alpha": value.lora_alpha}
+    alphas.update({f"alpha_pattern[{k!r}]": v for k, v in (value.alpha_pattern or {}).items()})
+    for field, alpha in alphas.items():
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ValueError(
+                f"peft_config.{field}={alpha!r} is invalid: it must be > 0 (the adapter's update is scaled by "
+                "lora_alpha / r: 0 trains nothing, a negative value flips it). Fix: e.g. `lora_alpha=32` (twice r is "
+                "common)."
+            )
+    dropout = value.lora_dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(
+            f"peft_config.lora_dropout={dropout!r} is invalid: it must be a probability in [0, 1) (1 drops every "
+            "input of the adapter). Fix: e.g. `lora_dropout=0.05`, or 0 for none."
+        )
 
 
 def _check_reward_funcs(value: Any) -> None:

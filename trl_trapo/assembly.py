@@ -41,7 +41,7 @@ from .callbacks import (
     StateCheckpointCallback,
     SyncReferenceCallback,
 )
-from .checkpoint import check_checkpoint_fits, datasets_summary, verify_checkpoint
+from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
 from .collator import RowAllocator, plan_steps
 from .config import TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
@@ -87,7 +87,7 @@ from .objectives import (
     planning_rows,
 )
 from .paths import check_model_source
-from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
+from .rewards import RewardScorer, check_reward_checkpoint, load_reward_funcs, reward_function_name, set_pad_token_id
 from .rl_supply import build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
@@ -205,6 +205,11 @@ def check_run(
     check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
     # trackers, optimizer and scheduler: built by `train()`, checked now
     check_training_setup(args, arguments.get("optimizers", (None, None)))
+    # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
+    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
+        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
+            check_reward_checkpoint(os.path.expanduser(entry), given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary(
@@ -219,6 +224,7 @@ def check_run(
     verified_checkpoint = None
     if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
         verify_checkpoint(args.resume_from_checkpoint, args.world_size)
+        check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
         # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
         adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
         check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary)
@@ -1278,11 +1284,13 @@ def check_data_fits(
     rewards: RewardScorer,
     agent: AgentSpec | None,
     rollout_func: Callable | None,
+    datasets: dict[str, Any],
 ) -> None:
     """What needs both the tokenized data and the models, before the `Trainer` starts: every model that reads the
     policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
     once on two RL rows (what they log is discarded; not with a `rollout_func`, whose extra keys — columns the reward
-    functions may require — the dataset's rows do not have).
+    functions may require — the dataset's rows do not have), and on two prompt rows of each eval set (`datasets`: the
+    trainer's dataset arguments by name).
 
     Raises:
         ValueError: naming the model or the reward function at fault.
@@ -1290,7 +1298,18 @@ def check_data_fits(
     check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
     if data.rl is not None and rollout_func is None:
         rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None, source="`train_dataset`")
+    # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards read,
+    # missing there, failed at the first evaluation, after training steps)
+    if rollout_func is None and agent is None and rewards.funcs:
+        train_dataset = datasets.get("train_dataset")
+        train_columns = dataset_columns(train_dataset) if train_dataset is not None else None
+        for label, dataset in eval_datasets(datasets.get("eval_dataset")):
+            columns = set(dataset_columns(dataset))
+            if "prompt" not in columns or columns & {"text", "completion", "messages"}:
+                continue  # token-id prompts carry no text to score; the others are evaluated by loss
+            rows = [dataset[i] for i in range(min(2, len(dataset)))]
+            rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
 
 
 def prepare_frozen_models(

@@ -155,7 +155,8 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
     """Check that every rank's marker exists and every file it lists is intact.
 
     Raises:
-        CheckpointError: naming the missing directory, missing marker, missing file or file whose content changed.
+        CheckpointError: naming the missing directory, missing marker, missing file or file whose content changed,
+            and the fix ([`damaged_checkpoint_fix`]).
     """
     if not os.path.isdir(checkpoint_dir):
         raise CheckpointError(
@@ -169,12 +170,20 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             f"resume_from_checkpoint={checkpoint_dir!r} is an output directory, not a checkpoint: pass one of its "
             "`checkpoint-N` folders, or resume_from_checkpoint=True with output_dir set to it."
         )
+    if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)):
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} has no {STATE_DIR}/ folder: it was not written by "
+            f"TRAPOTrainer (e.g. a plain transformers Trainer's checkpoint), or the folder was not copied with it. "
+            "TRAPO resumes only its own checkpoints. Fix: to start from its weights, pass it as the model "
+            "(--model_name_or_path / `model=`) and start without resume_from_checkpoint."
+        )
     for rank in range(world_size):
         marker = marker_path(checkpoint_dir, rank)
         if not os.path.isfile(marker):
             raise CheckpointError(
                 f"{checkpoint_dir} is incomplete: {os.path.relpath(marker, checkpoint_dir)} is missing (the run stopped "
-                f"while writing it, or it was saved with another number of processes than {world_size})."
+                f"while writing it, or it was saved with another number of processes than {world_size}). "
+                + damaged_checkpoint_fix(checkpoint_dir)
             )
         try:
             with open(marker, encoding="utf-8") as handle:
@@ -182,13 +191,78 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             if not isinstance(listed, dict):
                 raise TypeError("'files' is not a mapping")
         except (ValueError, KeyError, TypeError) as error:  # ValueError: bad JSON or bytes that are not UTF-8
-            raise CheckpointError(f"{marker} is corrupted ({error}).") from error
+            raise CheckpointError(
+                f"{marker} is corrupted ({error}). {damaged_checkpoint_fix(checkpoint_dir)}"
+            ) from error
         for name, digest in listed.items():
             path = os.path.join(checkpoint_dir, name)
             if not os.path.isfile(path):
-                raise CheckpointError(f"{path} is missing from the checkpoint.")
+                raise CheckpointError(
+                    f"{path} is missing from the checkpoint. {damaged_checkpoint_fix(checkpoint_dir, name)}"
+                )
             if sha256_file(path) != digest:
-                raise CheckpointError(f"{path} is corrupted or truncated: its SHA-256 differs from the one recorded.")
+                raise CheckpointError(
+                    f"{path} is corrupted or truncated: its SHA-256 differs from the one recorded. "
+                    + damaged_checkpoint_fix(checkpoint_dir, name)
+                )
+
+
+FIX_PREFIX = "Fix: "
+
+
+def check_checkpoint_step(checkpoint_dir: str, max_steps: int) -> int:
+    """Refuse a checkpoint at or past `max_steps`: the `Trainer` would train 0 steps and save the checkpoint as the
+    final model. Made where the checkpoint is verified, before anything slow (not after a first evaluation).
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder [`verify_checkpoint`] accepted.
+        max_steps (`int`): the run's `max_steps` (<= 0: set by epochs, not compared).
+
+    Returns:
+        The checkpoint's `global_step` (its `trainer_state.json`).
+
+    Raises:
+        CheckpointError: naming both numbers and the fix.
+    """
+    with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as handle:
+        step = int(json.load(handle).get("global_step", 0))
+    if 0 < max_steps <= step:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir} is at step {step} and max_steps={max_steps}: nothing would be "
+            f"trained, and the checkpoint would be saved as the final model. Raise max_steps above {step} to train "
+            "on, or use the checkpoint as it is."
+        )
+    return step
+
+
+def damaged_checkpoint_fix(checkpoint_dir: str, name: str | None = None) -> str:
+    """What to do about a checkpoint [`verify_checkpoint`] refuses: resume from an earlier `checkpoint-N` of the same
+    output_dir (named, when there is one), or start without resuming; when the damaged file (`name`, relative to the
+    checkpoint) is not a weight file of a full-weights checkpoint, its weights can start a new run as its model. There is no resuming with a fresh
+    optimizer: the `Trainer` loads `optimizer.pt` (and the rest) whenever it resumes."""
+    parent = os.path.dirname(os.path.normpath(checkpoint_dir))
+    match = CHECKPOINT_RE.match(os.path.basename(os.path.normpath(checkpoint_dir)))
+    earlier = []
+    if match and os.path.isdir(parent):
+        step = int(match.group(1))
+        earlier = sorted(
+            (int(m.group(1)), n)
+            for n in os.listdir(parent)
+            if (m := CHECKPOINT_RE.match(n)) and int(m.group(1)) < step
+        )
+    resume = (
+        f"resume from an earlier checkpoint (--resume_from_checkpoint {os.path.join(parent, earlier[-1][1])})"
+        if earlier
+        else "resume from an earlier checkpoint of the run if there is one"
+    )
+    fix = f"{FIX_PREFIX}{resume}, or start without --resume_from_checkpoint"
+    full = os.path.isfile(os.path.join(checkpoint_dir, "model.safetensors"))
+    if full and name is not None and not name.startswith((*FULL_FILES, *ADAPTER_FILES)):  # the weights are intact
+        fix += (
+            f"; its weights are intact, so a new run can start from them: pass {checkpoint_dir} as "
+            "--model_name_or_path (`model=`; the optimizer, scheduler and TRAPO's state then start fresh)"
+        )
+    return fix + "."
 
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin")  # a PEFT policy's checkpoint: its adapter only
@@ -392,8 +466,8 @@ def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | No
         try:
             verify_checkpoint(path, world_size)
             return path, skipped
-        except CheckpointError as error:
-            skipped.append(str(error))
+        except CheckpointError as error:  # the fix is this function's own search: the cause only
+            skipped.append(str(error).split(" " + FIX_PREFIX)[0])
     return None, skipped
 
 
@@ -415,6 +489,7 @@ __all__ = [
     "DATASETS_FILE",
     "atomic_write_bytes",
     "check_checkpoint_fits",
+    "check_checkpoint_step",
     "datasets_summary",
     "atomic_write_json",
     "encode_tensors",

@@ -1717,6 +1717,13 @@ class TRAPOConfig(_BaseConfig):
         # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        if self.save_total_limit is not None and self.save_total_limit < 1:  # transformers: <= 0 keeps every one
+            bad(
+                "save_total_limit",
+                self.save_total_limit,
+                "transformers reads a value <= 0 as 'no limit' and keeps every checkpoint. Use a number >= 1, leave "
+                "it unset (None) for no limit, or set save_strategy='no' to save no checkpoints.",
+            )
         if "max_completion_length" in self.grpo_names_given and self.max_completion_length < 1:
             bad(
                 "max_completion_length",

@@ -520,9 +520,41 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     columns = read_columns(names, kind)
     check_missing_values(dataset, role, columns)
     check_cell_types(dataset, role, columns)
+    check_no_conversation_text(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role)
     check_prompt_roles(dataset, role, kind, assistant_only_loss)
+
+
+CONVERSATION_TEXT_ROWS = 16  # rows `check_no_conversation_text` reads: a column stored so holds it in every row
+
+
+def check_no_conversation_text(dataset: Dataset, role: str, columns: list[str]) -> None:
+    """Refuse a text cell of `prompt` / `completion` / `messages` that holds a JSON list of messages
+    (`'[{"role": "user", "content": ...}]'`): how CSV files and spreadsheet exports store a conversation, since they
+    cannot store lists. It would be trained on as plain text, brackets and quotes included. Reads the first
+    [`CONVERSATION_TEXT_ROWS`] rows.
+
+    Raises:
+        ValueError: naming the dataset, the column, the row and the fix.
+    """
+    for column in [c for c in ("prompt", "completion", "messages") if c in columns]:
+        for row, cell in enumerate(
+            dataset.select_columns([column]).select(range(min(len(dataset), CONVERSATION_TEXT_ROWS)))[column]
+        ):
+            if not isinstance(cell, str) or not cell.lstrip().startswith("["):
+                continue
+            try:
+                parsed = json.loads(cell)
+            except ValueError:
+                continue
+            if parsed and isinstance(parsed, list) and is_messages(parsed):
+                raise ValueError(
+                    f"`{role}` column {column!r} row {row} is text that holds a JSON list of messages ({cell!r:.80}): "
+                    "a conversation stored as text (CSV and spreadsheet exports cannot store lists) would be trained "
+                    "on as plain text, brackets and quotes included. Fix: store the rows as JSONL or Parquet, or "
+                    f"parse the column: `dataset.map(lambda r: {{{column!r}: json.loads(r[{column!r}])}})`."
+                )
 
 
 def check_conversations_renderable(
@@ -1732,12 +1764,13 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
     by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
     `input_ids`: greedy rewards; `text`: pretraining loss; `completion` / `messages`: SFT loss), or a cell evaluation
     reads that it cannot (`check_cells`, and the tool calls of SFT-loss rows; skipped with `cells=False`, for sets
-    `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows);
-    with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
+    `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows),
+    or has no rows; with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
     if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
         check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
     for label, dataset in eval_datasets(eval_dataset):
         check_dataset_object(dataset, label)
+        _check_not_empty(dataset, label)  # 0 rows would score 0.0 (`evaluate`), or fail inside `datasets`
         columns = set(dataset_columns(dataset))
         if not columns & {"prompt", "input_ids", "text", "completion", "messages"}:
             raise ValueError(

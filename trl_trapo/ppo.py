@@ -152,6 +152,26 @@ class PPOTrainer(TRAPOTrainer):
         ),
     }
 
+    TRL0_NAMES = {
+        "config": "args",
+        "tokenizer": "processing_class",
+        "policy": "model",
+        "ref_policy": "ref_model",
+        "dataset": "train_dataset",
+    }
+    """TRL 0.x `PPOTrainer` / `PPOv2Trainer` keyword names -> TRL 1.x's (this class's)."""
+
+    def __new__(cls, *args, **kwargs):
+        # before Python binds the arguments: its "missing 4 required positional arguments" names no old name
+        old = [name for name in cls.TRL0_NAMES if name in kwargs]
+        if old:
+            renames = ", ".join(f"{cls.TRL0_NAMES[name]}= (was {name}=)" for name in old)
+            raise TypeError(
+                f"PPOTrainer got TRL 0.x keyword names {old}: TRL 1.x's PPOTrainer, which this one follows, takes "
+                f"{renames}. Rename them (docs/migrating_from_ppo.md)."
+            )
+        return super().__new__(cls)
+
     def __init__(
         self,
         args: PPOConfig,

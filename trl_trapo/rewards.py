@@ -316,15 +316,24 @@ class RewardScorer:
         kwargs["log_extra"] = log_extra or self.log_extra
         return kwargs
 
-    def preflight(self, rows: list[dict], extra_kwargs: dict[str, Any] | None = None) -> None:
+    def preflight(
+        self,
+        rows: list[dict],
+        extra_kwargs: dict[str, Any] | None = None,
+        source: str = "dataset",
+        train_columns: list[str] | None = None,
+    ) -> None:
         """Call every reward function once on dataset rows with empty completions, before training. What they log
         (`log_metric` / `log_extra`) is discarded: it describes no completion the policy made. `extra_kwargs`: more
-        keywords, one list entry per row (the tool-calling source's `environments`).
+        keywords, one list entry per row (the tool-calling source's `environments`). `source`: which dataset the rows
+        are of, for the message (e.g. "`eval_dataset`"); `train_columns`: the RL prompts' columns, named next to the
+        rows' own when a reward function fails on rows of another dataset (e.g. an eval set whose answer column is
+        named differently).
 
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function, the same type, its message
-                prefixed with what this call is (the construction-time check, empty completions), the original
-                exception chained.
+                prefixed with what this call is (the construction-time check, empty completions, the dataset), the
+                original exception chained.
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
@@ -347,11 +356,19 @@ class RewardScorer:
                     self.loop,
                 )
             except (RewardFunctionError, ValueError) as error:
+                columns = sorted(rows[0])
+                hint = ""
+                if train_columns is not None and set(columns) != set(train_columns):
+                    hint = (
+                        f" {source} has columns {columns}, the RL prompts (train_dataset) have {sorted(train_columns)}:"
+                        f" reward functions get the same keywords on both, so give {source} the reward columns, "
+                        "e.g. `.rename_column('solution', 'answer')`."
+                    )
                 raise type(error)(
                     f"In TRAPOTrainer's construction-time check (each reward function is called once on the first "
-                    f"{len(rows)} dataset rows with empty completions, before anything slow), reward function "
-                    f"'{name}' failed. {error} A reward function must also accept an empty completion (return 0.0 or "
-                    "None for it)."
+                    f"{len(rows)} rows of {source} with empty completions, before anything slow), reward function "
+                    f"'{name}' failed. {error}{hint} A reward function must also accept an empty completion (return "
+                    "0.0 or None for it)."
                 ) from (error.__cause__ or error)
 
     def score(
@@ -438,6 +455,36 @@ class RewardScorer:
         return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
 
 
+def check_reward_checkpoint(model_id: str, given_as: str = "reward_funcs") -> None:
+    """Refuse a reward model id / path whose checkpoint is not a sequence-classification model: its config.json's
+    `architectures` name only other heads (e.g. `LlamaForCausalLM`). Loaded with `AutoModelForSequenceClassification`
+    (as TRL does), such a checkpoint gets a newly initialised `score` head, so its rewards would be random; transformers
+    only lists the weight as MISSING in its load report. A checkpoint that does not record its architectures is
+    accepted.
+
+    Args:
+        model_id (`str`): the id or path, as given.
+        given_as (`str`): the argument that gave it (`reward_funcs` or `reward_model`), for the message.
+
+    Raises:
+        ValueError: naming the argument, the checkpoint's class and the fix.
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_id)
+    except (OSError, ValueError):  # loading it reports the problem, with the argument (`check_model_source`)
+        return
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(name.endswith("ForSequenceClassification") for name in architectures):
+        raise ValueError(
+            f"{given_as}={model_id!r} is a {architectures[0]} checkpoint (config.json's `architectures`), not a "
+            "reward model: loaded as one, it gets a newly initialised score head, so its rewards would be random. "
+            "Give a sequence-classification reward model (num_labels=1, trained to score completions), or a reward "
+            "function (`reward_funcs`)."
+        )
+
+
 def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer) -> tuple[list, list]:
     """The reward functions and models of a run, with one tokenizer each (None for functions).
 
@@ -469,9 +516,13 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
             "reward functions/models; give one per reward (None reuses the policy's tokenizer)."
         )
     funcs, processing_classes = [], []
-    for func, reward_tokenizer in zip(reward_funcs, reward_processing_classes):
+    for index, (func, reward_tokenizer) in enumerate(zip(reward_funcs, reward_processing_classes)):
         if isinstance(func, str):
             check_model_source(func, "reward_funcs")
+            given_as = (
+                "reward_model" if reward_model is not None and index == len(reward_funcs) - 1 else "reward_funcs"
+            )
+            check_reward_checkpoint(func, given_as)
             reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
             func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
         if isinstance(func, nn.Module):

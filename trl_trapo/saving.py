@@ -79,7 +79,8 @@ def is_hub_error(error: BaseException) -> bool:
 
 
 def describe_os_error(path: str, error: OSError) -> str:
-    """One sentence on why writing under `path` failed: a full disk (ENOSPC / EDQUOT) says how much is free."""
+    """One sentence on why writing under `path` failed, with the fix: a full disk (ENOSPC / EDQUOT) says how much is
+    free."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         try:
             free = f"{shutil.disk_usage(path if os.path.isdir(path) else os.path.dirname(path) or '.').free:,} bytes"
@@ -101,7 +102,8 @@ def describe_os_error(path: str, error: OSError) -> str:
             f"{type(error).__name__}: {error} (no permission to write there, or a read-only file system): choose a "
             "folder you can write to"
         )
-    return f"{type(error).__name__}: {error}"
+    # e.g. FileNotFoundError under /proc, or a path whose parent cannot be created
+    return f"{type(error).__name__}: {error}: pass a folder you can create and write to"
 
 
 def file_in_the_way(path: str) -> str | None:
@@ -152,10 +154,7 @@ def check_output_dir(args) -> None:
         os.close(handle)
         os.remove(probe)
     except OSError as error:
-        raise ValueError(
-            f"{name}={output_dir!r} cannot be written ({describe_os_error(output_dir, error)}): pass a folder you "
-            "can create and write to."
-        ) from None
+        raise ValueError(f"{name}={output_dir!r} cannot be written: {describe_os_error(output_dir, error)}.") from None
     if args.overwrite_output_dir:
         return
     checkpoints = checkpoint_names(output_dir)

@@ -83,6 +83,7 @@ from .checkpoint import (
     DATASETS_FILE,
     CheckpointError,
     check_checkpoint_fits,
+    check_checkpoint_step,
     last_complete_checkpoint,
     read_rank_state,
     restore_rng,
@@ -389,7 +390,7 @@ class TRAPOTrainer(_BaseTrainer):
         self._task_families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
         if self._task_families is not None:
             self.metrics.track_tasks(self._task_families)
-        check_data_fits(args, data, models, self.rewards, agent, rollout_func)  # contexts, reward preflight
+        check_data_fits(args, data, models, self.rewards, agent, rollout_func, datasets)  # contexts, reward checks
 
         # ---- step 4. the plan (objectives, curriculum phases, steps) and the Trainer, one ticket per row slot -------
         plan = plan_run(
@@ -1222,14 +1223,7 @@ class TRAPOTrainer(_BaseTrainer):
                 verify_checkpoint(resume_from_checkpoint, world)
                 policy = self._unwrapped_policy()
                 check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
-            with open(os.path.join(resume_from_checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
-                resumed_step = int(json.load(handle).get("global_step", 0))
-            if 0 < self.args.max_steps <= resumed_step:  # the Trainer would train 0 steps and save the checkpoint
-                raise CheckpointError(
-                    f"resume_from_checkpoint={resume_from_checkpoint} is at step {resumed_step} and max_steps="
-                    f"{self.args.max_steps}: nothing would be trained, and the checkpoint would be saved as the final "
-                    f"model. Raise max_steps above {resumed_step} to train on, or use the checkpoint as it is."
-                )
+            check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
             self._load_trapo_state(resume_from_checkpoint)
             self._restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)

@@ -158,13 +158,41 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
     `--accelerate_config` resolved to `--config_file`), then `--module trl_trapo.jobs.commands <job> <job_args>`.
 
     Raises:
-        ValueError: from TRL's resolution, for an `--accelerate_config` that is neither a file nor a config TRL ships.
+        ValueError: from TRL's resolution, for an `--accelerate_config` that is neither a file nor a config TRL ships;
+            from [`check_launch_namespace`].
     """
     from accelerate.commands.launch import launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     resolved = resolve_accelerate_config_argument(list(launch_args))
-    return launch_command_parser().parse_args([*resolved, "--module", __name__, job.name, *job_args])
+    namespace = launch_command_parser().parse_args([*resolved, "--module", __name__, job.name, *job_args])
+    check_launch_namespace(namespace)
+    return namespace
+
+
+LAUNCH_MINIMUMS = {"num_processes": 1, "num_machines": 1, "machine_rank": 0, "main_process_port": 1}
+"""The smallest value accelerate can use for each numeric launcher option; its parser takes any integer and, for
+`--num_processes 0`, starts one process anyway."""
+
+
+def check_launch_namespace(namespace: argparse.Namespace) -> None:
+    """Refuse launcher options `accelerate launch` would fail on late (a raw traceback) or silently replace.
+
+    Raises:
+        ValueError: `--config_file` names no file (accelerate raises `FileNotFoundError` inside the launch), or a
+            numeric option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process).
+    """
+    config_file = namespace.config_file
+    if config_file is not None and not os.path.isfile(config_file):
+        what = "a directory" if os.path.isdir(config_file) else "no such file"
+        raise ValueError(
+            f"--config_file={config_file!r}: {what}. Fix: give an accelerate config file (written by `accelerate "
+            f"config`), or use {ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, zero2, fsdp2, ...)."
+        )
+    for name, minimum in LAUNCH_MINIMUMS.items():
+        value = getattr(namespace, name, None)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name}={value}: use an integer >= {minimum}, or leave it out.")
 
 
 def run_here(job: Job, job_args: Sequence[str]) -> int:

@@ -274,18 +274,38 @@ def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
     return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
 
 
+REMOVED_ARGUMENTS = {
+    "logging_dir": "TensorBoard logs go under --output_dir (its `runs/` folder), or where the TENSORBOARD_LOGGING_DIR "
+    "environment variable says",
+    "evaluation_strategy": "use --eval_strategy",
+    "warmup_ratio": "use --warmup_steps, which reads a value below 1 as a fraction of the training steps",
+    "no_cuda": "use --use_cpu",
+    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "push_to_hub_token": "use --hub_token",
+    "push_to_hub_model_id": "use --hub_model_id",
+}
+"""`TrainingArguments` fields transformers 4 had and transformers 5 removed, which recipes and TRL scripts written for
+it still pass -> what replaces each. The closest surviving name can be unrelated (`--logging_dir` is closest to
+`--logging_first_step`), so these are said by name."""
+
+
 def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
-    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones.
+    """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones;
+    for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement.
 
     Args:
         name: the unknown name, with or without leading dashes; hyphens count as underscores.
         classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
-        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), or `""` when nothing is close.
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
+        ..."`, or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
+    if name in REMOVED_ARGUMENTS and name not in known:
+        return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
     matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
@@ -736,7 +756,41 @@ def parse_args(
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
+    warn_unused_lora_arguments(model_args)
     return script_args, training_args, model_args
+
+
+LORA_FIELDS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "lora_target_parameters",
+    "lora_modules_to_save",
+    "lora_task_type",
+    "use_rslora",
+    "use_dora",
+)
+"""TRL `ModelConfig`'s LoRA settings: read only with `--use_peft` (`trl.get_peft_config`)."""
+
+
+def warn_unused_lora_arguments(model_args: ModelConfig) -> None:
+    """Warn when a LoRA setting differs from TRL's default but `--use_peft` is not set: TRL's `get_peft_config`
+    (and so this job) then ignores it and trains the full model, as TRL's scripts do; the warning keeps that behaviour
+    and says so."""
+    if model_args.use_peft:
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in LORA_FIELDS}
+    changed = [f"--{name}" for name, default in defaults.items() if getattr(model_args, name, default) != default]
+    if changed:
+        logger.warning(
+            "%s %s set but --use_peft is not: %s ignored and the full model is trained (as TRL's scripts do). Add "
+            "--use_peft to train a LoRA adapter with %s.",
+            ", ".join(changed),
+            "is" if len(changed) == 1 else "are",
+            "it is" if len(changed) == 1 else "they are",
+            "it" if len(changed) == 1 else "them",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1026,6 +1080,14 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
                 f"data folders {listed}, whose files `datasets` reads together (they must share their columns). Fix: "
                 f"name one of them, e.g. `{arg} {os.path.join(local, pick)}`."
             ) from error
+        columns = split_file_columns(local) if isinstance(local, str) and os.path.isdir(local) else {}
+        if len({frozenset(c) for c in columns.values()}) > 1:  # datasets' CastError: "column names don't match"
+            listed = "; ".join(f"{name} has ({', '.join(c)})" for name, c in columns.items())
+            raise ValueError(
+                f"{where}: the folder's data files have different columns: {listed}. Every split of a dataset must "
+                "have the same columns. Fix: rename the columns so that they match (e.g. the answer column of every "
+                "file named alike), or point at one file."
+            ) from error
         problem = json_syntax_problem(local) if isinstance(local, str) and os.path.exists(local) else None
         if problem:  # datasets says "An error occurred while generating the dataset", naming neither file nor line
             raise ValueError(
@@ -1034,6 +1096,34 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
             ) from error
         fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
         raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def split_file_columns(folder: str) -> dict[str, list[str]]:
+    """The columns of each JSON Lines / CSV / Parquet file directly in `folder` (by file name, sorted), read from its
+    first row, header or schema; read only after `datasets` failed to load the folder, to say which files differ
+    (its `CastError` is wrapped in "An error occurred while generating the dataset")."""
+    import csv
+
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        try:
+            if name.endswith((".jsonl", ".json")):
+                with open(path, encoding="utf-8") as handle:
+                    first = next((line for line in handle if line.strip()), None)
+                row = json.loads(first) if first is not None else None
+                if isinstance(row, dict):
+                    found[name] = list(row)
+            elif name.endswith(".csv"):
+                with open(path, encoding="utf-8", newline="") as handle:
+                    found[name] = next(csv.reader(handle), [])
+            elif name.endswith(".parquet"):
+                import pyarrow.parquet
+
+                found[name] = list(pyarrow.parquet.read_schema(path).names)
+        except (OSError, ValueError, StopIteration):  # unreadable: datasets' own message stands
+            continue
+    return found
 
 
 def json_syntax_problem(path: str) -> str | None:
@@ -1326,6 +1416,56 @@ def resolve_reward_func(name: str) -> Callable:
     return func
 
 
+UNFIT_REWARD_ROWS = 8  # built-in RL rows `warn_rewards_unfit_for_prompts` scores
+
+
+def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
+    """Warn when a reward function of the user's returns None ("cannot score") for most of the first
+    [`UNFIT_REWARD_ROWS`] built-in RL prompts even when the completion is the prompt's own answer: those prompts
+    would never be trained on by RL (e.g. `--reward_funcs numeric_answer` without `--dataset_name`: the built-in
+    answers are mostly letters). Called once, with the `answer` column as the completions; a function that raises is
+    left to the trainer's construction-time check, which names it."""
+    import inspect
+    import math
+
+    from torch import nn
+
+    from trl_trapo.rewards import discard_extra, discard_metric, reward_function_name, reward_value
+
+    rows = [dataset[i] for i in range(min(len(dataset), UNFIT_REWARD_ROWS))]
+    if not rows or "answer" not in rows[0]:
+        return
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    for func in reward_funcs:
+        if not callable(func) or isinstance(func, nn.Module) or inspect.iscoroutinefunction(func):
+            continue
+        try:
+            values = list(
+                func(
+                    prompts=[r["prompt"] for r in rows],
+                    completions=[r["answer"] for r in rows],
+                    completion_ids=[[] for _ in rows],
+                    **columns,
+                    trainer_state=None,
+                    log_metric=discard_metric,
+                    log_extra=discard_extra,
+                )
+            )
+        except Exception:  # the trainer's check reports it, by name
+            continue
+        scores = [reward_value(v) for v in values]
+        unscored = sum(1 for v in scores if v is None or math.isnan(v))
+        if unscored * 2 > len(rows):
+            logger.warning(
+                "--reward_funcs %s returns None ('cannot score') for %d of the first %d built-in RL prompts even when "
+                "the completion is the prompt's answer, so RL would not train on them. The built-in prompts' "
+                "answers are mostly not numbers: did you forget --dataset_name (your RL prompts)?",
+                reward_function_name(func),
+                unscored,
+                len(rows),
+            )
+
+
 def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> JobInputs:
     """Check the arguments, load the user's data and model (or build the built-in ones); no training.
 
@@ -1449,6 +1589,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         if "reward" not in sources:  # the user's reward functions or reward model replace exact_match
             reward_funcs = list(suite.reward_funcs)
             sources["reward"] = "built-in"
+        elif sources["rl"] == "built-in":  # the user's rewards on the built-in prompts: can they score them?
+            warn_rewards_unfit_for_prompts(reward_funcs, train_dataset)
         built_in = [role for role, source in sources.items() if source == "built-in"]
         user = [f"{role} ({source})" for role, source in sources.items() if source not in ("built-in", "none")]
         logger.info(
