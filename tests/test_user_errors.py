@@ -1000,26 +1000,9 @@ BAD_CELLS = [
         "if m['role'] == 'assistant'",
     ),
     (
-        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": ""}]}]),
-        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
-        "would teach only to stop",
-    ),
-    (
         dict(pretrain_dataset=TEXT, eval_dataset={"sft": [{"prompt": "a=", "completion": ""}]}),
         "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
         "Fill it, or drop such rows",
-    ),
-    # a `messages` row is split into a prompt and the assistant's last turn: one that cannot be, named by dataset, row
-    # and role (a prompt's roles are the chat template's to judge, as in TRL's trainers: any last role is rendered)
-    (
-        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")}]),
-        "`sft_dataset` column 'messages' row 0: ends with a message of role 'user', but a 'messages' row is split",
-        "or set assistant_only_loss=True",
-    ),
-    (
-        dict(sft_dataset=[{"messages": [{"role": "assistant", "content": "a"}]}]),
-        "`sft_dataset` column 'messages' row 0: holds only the assistant's message",
-        "give it a prompt",
     ),
 ]
 
@@ -1068,6 +1051,31 @@ def test_an_added_demonstration_objective_checks_its_cells_as_the_sft_data(tmp_p
             objectives=[demos],
         ),  # fmt: skip
         f"`objective 'demos' dataset` {message}",
+    )
+
+
+def test_messages_rows_are_refused_only_where_trl_has_nothing_to_train(tmp_path, tok):
+    """A `messages` row trains every token of the conversation, as TRL's SFTTrainer trains it: rows ending with a user
+    turn, holding only the assistant's message, or with an empty assistant turn are accepted (they used to be
+    refused: the row was split at its last message). With assistant_only_loss=True only the assistant turns are
+    trained: a row whose assistant turns are empty would teach only to stop, and is refused before any model loads
+    (TRL fails on a row without assistant tokens)."""
+    rows = [
+        {"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")},
+        {"messages": [{"role": "assistant", "content": "a"}]},
+        {"messages": conv("a=") + [{"role": "assistant", "content": ""}]},
+    ]
+    config = TRAPOConfig(output_dir=str(tmp_path / "a"), max_steps=1, report_to="none", save_strategy="no")
+    TRAPOTrainer(build_tiny_model(tok, seed=0), args=config, processing_class=tok, sft_dataset=Dataset.from_list(rows))
+    masked = TRAPOConfig(
+        output_dir=str(tmp_path / "b"), max_steps=1, report_to="none", save_strategy="no", assistant_only_loss=True
+    )
+    api_error(
+        lambda: TRAPOTrainer(
+            "no/such/model-folder", args=masked, processing_class=tok, sft_dataset=Dataset.from_list(rows[2:])
+        ),
+        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
+        "would teach only to stop",
     )
 
 

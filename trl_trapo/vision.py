@@ -237,22 +237,26 @@ class ImageRows:
         return self.encode(text, images, role, row)
 
     def sft(self, example: Mapping, column: str | None, role: str, row: int | str):
-        """`(input_ids, completion_mask, model_inputs)` of an SFT row: the prompt with its images, then the
-        completion, which ends with EOS (appended unless the template ends the turn with it).
+        """`(input_ids, completion_mask, model_inputs)` of an SFT row.
+
+        - Prompt-completion rows: the prompt with its images, then the completion, which ends with EOS (appended
+          unless the template ends the turn with it); the completion is trained.
+        - `messages` rows (TRL's language-modeling form): the conversation rendered whole, whatever its last role,
+          and every token trained but the image tokens, as TRL's `DataCollatorForVisionLanguageModeling` labels such
+          a row (it trains the image tokens too; TRAPO never trains them, as in [`document_mask`]: they stand for the
+          image, which the model reads and never writes).
 
         Raises:
             ValueError: naming the row, when the completion holds images.
         """
         images = self.images_of(example, column, role, row)
         if "messages" in example and example.get("messages") is not None and "completion" not in example:
-            messages = list(example["messages"])
-            if not messages or messages[-1].get("role") != "assistant":
-                raise ValueError(
-                    f"`{role}` row {row}: a 'messages' row must end with an assistant message (the completion)."
-                )
-            prompt, completion = messages[:-1], messages[-1:]
-        else:
-            prompt, completion = example["prompt"], example["completion"]
+            messages = self._messages(list(example["messages"]), images, role, row)
+            text = self.processor.apply_chat_template(messages, tokenize=False, **self.template_kwargs)
+            ids, inputs = self.encode(text, images, role, row)
+            image_id = self.image_token_id()
+            return ids, [0 if t == image_id else 1 for t in ids], inputs
+        prompt, completion = example["prompt"], example["completion"]
         eos = self.tokenizer.eos_token_id
         if isinstance(prompt, list):
             full = self._messages(list(prompt) + list(completion), images, role, row)
