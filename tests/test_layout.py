@@ -7,6 +7,7 @@ collaborator built from the trainer, one definition of the objective order."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import trl_trapo
+from trl_trapo.data import PreparedData
 
 
 PACKAGE = Path(trl_trapo.__file__).parent
@@ -285,11 +287,11 @@ def test_no_constructor_takes_the_trainer():
 
 
 def test_the_objective_order_is_defined_once():
-    from trl_trapo import collator, config, memory
+    from trl_trapo import config, memory
 
     assert config.OBJECTIVES == ("pretrain", "sft", "rl")
     assert (config.PRETRAIN, config.SFT, config.RL) == (0, 1, 2)
-    assert collator.RL is memory.replay.RL is config.RL
+    assert memory.replay.RL is config.RL
     definitions = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
@@ -392,3 +394,97 @@ def test_the_core_never_imports_the_jobs_or_the_toy_tasks():
         if on_top(target) and not target.startswith("trl_trapo.experimental")
     ]
     assert not offenders, offenders
+
+
+# ---- no objective's identity outside its own class and the config (issue 39) --------------------------------------
+OBJECTIVE_INDEX_NAMES = {"PRETRAIN", "SFT", "RL"}  # config's indices of the built-in objectives
+OBJECTIVE_WEIGHT_FIELDS = {"pretrain_weight", "sft_weight", "rl_weight", "distillation_weight"}
+OBJECTIVE_DATA_FIELDS = {"pretrain", "sft", "rl", "distill"}  # `data.PreparedData`'s fields, one per objective
+OBJECTIVE_PREFIXES = ("pretrain_", "sft_", "rl_", "distill_")
+# What still spells out more than one objective outside objectives.py and config.py, by (module, function), and why
+# it may. A ratchet: each entry must still be found (remove it when its code moves into the objectives), and nothing
+# else may appear.
+ALLOWED_OBJECTIVE_IDENTITY = {
+    ("data.py", "check_datasets"): "the user's dataset arguments, each checked with its objective's weight",
+    ("data.py", "PreparedData.prompt_sets"): "the tokenized datasets of prompts the policy samples (RL, distillation)",
+    ("ppo.py", "PPOTrainer.__init__"): "TRL's PPOTrainer derives its batch sizes unless pretraining / SFT data share "
+    "the steps",
+    ("rl_supply.py", "build_successes"): "self-imitation serves RL's successes as SFT rows: it needs both",
+    ("jobs/vision.py", "build_trainer"): "the vision job splits the built-in pretraining and SFT data by modality",
+    ("weighting.py", "GACWeighting.__init__"): "GAC weighs SFT against RL by construction (a two-objective method)",
+    ("weighting.py", "GACWeighting.value"): "GAC weighs SFT against RL by construction (a two-objective method)",
+    ("weighting.py", "GACWeighting.update"): "GAC weighs SFT against RL by construction (a two-objective method)",
+}
+
+
+def objective_identity_leaks(source: str) -> list[tuple[str, str]]:
+    """`(enclosing function, code)` of each place in `source` that spells out the built-in objectives one by one: a
+    comparison with or an index by `PRETRAIN` / `SFT` / `RL` (`index == RL`, `objectives[PRETRAIN]`), a tuple / list
+    / set of two or more objectives' weight fields or datasets (`(args.sft_weight, args.rl_weight)`,
+    `(data.rl, data.sft)`), a function with parameters for two or more objectives (`rl_prompts, sft_rows`; the
+    user's `*_dataset` arguments aside)."""
+    found: list[tuple[str, str]] = []
+
+    def visit(node: ast.AST, scope: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = f"{scope}.{node.name}" if scope else node.name
+        text = None
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Name) and s.id in OBJECTIVE_INDEX_NAMES for s in sides):
+                text = ast.unparse(node)
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name):
+            if node.slice.id in OBJECTIVE_INDEX_NAMES:
+                text = ast.unparse(node)
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            attributes = {a.attr for e in node.elts for a in ast.walk(e) if isinstance(a, ast.Attribute)}
+            if len(attributes & OBJECTIVE_WEIGHT_FIELDS) >= 2 or len(attributes & OBJECTIVE_DATA_FIELDS) >= 2:
+                text = ast.unparse(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
+            prefixes = {p for n in names for p in OBJECTIVE_PREFIXES if n.startswith(p) and not n.endswith("_dataset")}
+            if len(prefixes) >= 2:
+                text = f"def {node.name}({', '.join(names)})"
+        if text is not None:
+            found.append((scope, text))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def test_no_objectives_identity_outside_its_class_and_the_config():
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent == PACKAGE and path.name in OBJECTIVE_REGISTRY:
+            continue
+        for scope, text in objective_identity_leaks(path.read_text()):
+            found.setdefault((str(path.relative_to(PACKAGE)), scope), []).append(text)
+    unexpected = {where: texts for where, texts in found.items() if where not in ALLOWED_OBJECTIVE_IDENTITY}
+    assert not unexpected, f"spell the objectives out in their classes (trl_trapo/objectives.py): {unexpected}"
+    fixed = set(ALLOWED_OBJECTIVE_IDENTITY) - set(found)
+    assert not fixed, f"no longer found, remove from ALLOWED_OBJECTIVE_IDENTITY: {fixed}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def f(objective):\n    return values if objective == RL else None",
+        "state = self.objectives[PRETRAIN].state_dict()",
+        "weights = (args.pretrain_weight, args.sft_weight, args.rl_weight)",
+        "sets = [d for d in (data.rl, data.distill) if d is not None]",
+        "def plan_steps(args, rl_prompts, sft_rows, pretrain_docs): ...",
+    ],
+)
+def test_the_objective_identity_check_catches_each_form(source):
+    assert objective_identity_leaks(source), source
+
+
+def test_the_built_in_objectives_say_their_own_names():
+    from trl_trapo import config, objectives
+
+    assert tuple(cls.NAME for cls in objectives.BUILT_IN) == config.OBJECTIVES
+    for cls in (*objectives.BUILT_IN, objectives.DistillationObjective):
+        assert hasattr(config.TRAPOConfig, cls.WEIGHT_FIELD), cls
+        assert cls.DATA_FIELD in {f.name for f in dataclasses.fields(PreparedData)}, cls

@@ -21,38 +21,110 @@ that does not use them never loads them.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from accelerate.utils import is_peft_model
+from datasets import Dataset
+from torch import nn
+from transformers import AutoProcessor, AutoTokenizer
 
 from .arguments import check_config_type, check_trainer_arguments
+from .callbacks import (
+    SHORT_CONSOLE_CALLBACKS,
+    AdapterBankCallback,
+    AdaptiveKLCallback,
+    DDPCommHookCallback,
+    StateCheckpointCallback,
+    SyncReferenceCallback,
+)
 from .checkpoint import check_checkpoint_fits, datasets_summary, verify_checkpoint
-from .config import RL, SFT, TRAPOConfig
-from .data import check_datasets
-from .distributed import sum_over_ranks
+from .collator import RowAllocator, plan_steps
+from .config import TRAPOConfig
+from .curriculum import CurriculumSchedule, phase_mixtures
+from .data import (
+    PreparedData,
+    ShardedSampler,
+    check_datasets,
+    check_templates_render,
+    check_tokenizer,
+    dataset_columns,
+    eval_datasets,
+    prepare_datasets,
+    progress_bars,
+)
+from .distributed import restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
-from .objectives import DistillationObjective, Objective, ObjectiveSetup, RLObjective, SFTObjective
+from .grpo import grpo_notice
+from .guidance import DemonstrationGuidance
+from .losses import kl_gradient_warning, resolve_kl_estimator
+from .memory import AdapterBank, MemoryPool, build_sft_pool
+from .models import (
+    PolicyAndValueWrapper,
+    ReferencePolicy,
+    add_frozen_adapter_copy,
+    check_vocabularies,
+    create_reference,
+    disable_dropout,
+    quiet_checkpointing_deprecation,
+)
+from .objectives import (
+    BUILT_IN,
+    DistillationObjective,
+    Objective,
+    ObjectiveSetup,
+    ObjectiveSlots,
+    PretrainingObjective,
+    RLObjective,
+    SFTObjective,
+    check_objectives,
+    check_state_dict,
+    objective_slots,
+    planning_rows,
+)
+from .paths import check_model_source
+from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
+from .rl_supply import build_exploration, build_successes
+from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
+from .schedules import RLSchedules
 from .setup_checks import check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
+from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
+from .vision import (
+    ImageRows,
+    check_vision_options,
+    freeze_vision_tower,
+    is_processor,
+    is_vision_language_model,
+    load_policy,
+    model_context,
+    rows_have_images,
+    suppress_placeholder_tokens,
+    text_tokenizer,
+)
+from .weighting import DARE, GradientProbe, build_weighting
 
+
+try:
+    from peft import NoMatchingPeftModuleError, get_peft_model
+except ImportError:  # peft is a dependency; keep the import error readable if it is missing
+    get_peft_model = None
+    NoMatchingPeftModuleError = ValueError
 
 if TYPE_CHECKING:  # optional capabilities, imported where they are built
-    from datasets import Dataset
     from transformers import GenerationConfig, PreTrainedTokenizerBase
 
     from .agents import AgentSpec
     from .exploration import TargetedExploration
-    from .memory import MemoryPool
+    from .memory import ReplayBuffer, SampleSelector
     from .metrics import MetricsAccumulator
-    from .rewards import RewardScorer
-    from .rollout import RolloutEngine
-    from .schedules import RLSchedules
-    from .teacher import Teacher
-    from .vision import ImageRows
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,9 +479,8 @@ def build_objectives(
     kl_penalty: str,
     kl_estimator: str,
     logging_step: Callable[[], bool],
-    active: tuple[bool, ...],
+    data: PreparedData,
     teacher: Teacher | None,
-    distill_prompts: Dataset | None,
     sampler: RolloutEngine,
     extra: list[Objective],
     tokenizer: PreTrainedTokenizerBase,
@@ -423,36 +494,815 @@ def build_objectives(
     (already set up). The SFT, RL and distillation objectives are set up here.
 
     Args:
-        active (`tuple[bool, ...]`): whether the pretraining, SFT and RL objectives have data (config.OBJECTIVES).
+        data ([`~trl_trapo.data.PreparedData`]): the run's datasets (the SFT and RL objectives have data when theirs
+            is set).
         schedules ([`~trl_trapo.schedules.RLSchedules`]): the KL and entropy coefficients the RL term reads.
         logging_step (`Callable[[], bool]`): whether the current step logs (the RL term's extra statistics).
         sampler ([`~trl_trapo.rollout.RolloutEngine`]): samples the distillation prompts.
     """
     objectives: list[Objective] = [
         pretrain,
-        SFTObjective(
-            memory_pool,
-            has_data=active[SFT],
-            sft_loss_type=args.sft_loss_type,
-            alpha=args.trust_region_alpha,
-            weight=args.sft_weight,
-        ),
-        RLObjective(
-            take_rl_rows,
+        SFTObjective.from_config(args, memory_pool, data),
+        RLObjective.from_config(
             args,
+            take_rl_rows,
+            data,
             kl_coef=schedules.kl_coef,
             entropy_coef=schedules.entropy_coef,
             kl_penalty=kl_penalty,
             kl_estimator=kl_estimator,
             logging_step=logging_step,
-            has_data=active[RL],
-            weight=args.rl_weight,
         ),
     ]
     if teacher is not None:
         objectives.append(
-            DistillationObjective.from_config(args, teacher, take_rl_rows, distill_prompts, sampler, rank, world_size)
+            DistillationObjective.from_config(args, teacher, take_rl_rows, data.distill, sampler, rank, world_size)
         )
     for index, objective in enumerate(objectives[1:], start=1):  # pretrain and `extra` were set up before
         objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world_size, planned_steps=planned_steps))
     return objectives + list(extra)
+
+
+# ---- the policy, its tokenizer, reference and critic ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PolicyParts:
+    """What [`build_policy`] loaded: the policy and how its inputs are written.
+
+    Attributes:
+        model (`nn.Module`): the policy as given or loaded (before any adapter; vision tower frozen if asked).
+        model_id (`str`, *optional*): the id or path it was loaded from (None for a model object without one).
+        processing_class: the user's `processing_class`, or the tokenizer / processor loaded from `model_id`.
+        tokenizer (`PreTrainedTokenizerBase`): its text tokenizer.
+        image_rows ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder (None for a tokenizer).
+        suppressed_token_ids (`list[int]`): ids the policy never samples (a VLM's image placeholders).
+    """
+
+    model: Any
+    model_id: str | None
+    processing_class: Any
+    tokenizer: PreTrainedTokenizerBase
+    image_rows: ImageRows | None
+    suppressed_token_ids: list[int]
+
+
+def build_policy(
+    model: Any,
+    processing_class: Any,
+    args: TRAPOConfig,
+    agent: AgentSpec | None,
+    train_dataset: Any,
+    named_datasets: list[tuple[str, Any]] = (),
+) -> PolicyParts:
+    """Load the policy (a model id / path through `load_policy`, TRL's convention for vision-language models) and its
+    tokenizer or processor, check the tokenizer (and the chat template a tool-calling run needs: a VLM's image prompts
+    of `train_dataset`, and so their tool messages, are rendered by its processor, as in TRL), keep the policy
+    from sampling image placeholders and freeze the vision tower when asked — before the reference is copied. A chat
+    template that refuses a conversation of `named_datasets` (`(argument name, dataset)` pairs; one row of each
+    sequence of roles rendered, `data.check_templates_render`) is found before the policy loads when
+    `processing_class` is given, else as soon as its tokenizer is loaded.
+
+    Raises:
+        ValueError: `model_init_kwargs` with a model object; no `processing_class` and none loadable; a tokenizer or
+            chat template that cannot work (`check_tokenizer`, `agents.check_chat_template`).
+    """
+    templates_checked = processing_class is not None
+    if templates_checked:
+        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
+    model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(model, str):
+        check_model_source(model, "model")
+        model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
+    elif args.model_init_kwargs:
+        raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
+    if processing_class is None:
+        if not model_id:
+            raise ValueError("Pass `processing_class` (the policy's tokenizer): it cannot be loaded from the model.")
+        processing_class = (
+            AutoProcessor.from_pretrained(model_id)
+            if is_vision_language_model(model)
+            else AutoTokenizer.from_pretrained(model_id)
+        )
+    # a VLM run's processor turns image rows into ids and model inputs; every text path uses its tokenizer
+    tokenizer = text_tokenizer(processing_class)
+    image_rows = (
+        ImageRows(processing_class, args.chat_template_kwargs, args.max_image_pixels)
+        if is_processor(processing_class)
+        else None
+    )
+    check_tokenizer(tokenizer)
+    if not templates_checked:  # the tokenizer came with the model: now, before the reference and teacher load
+        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
+    if agent is not None:
+        from .agents import check_chat_template, prompt_renderer
+
+        renderer = prompt_renderer(processing_class, dataset_columns(train_dataset))
+        check_chat_template(tokenizer, args.chat_template_kwargs, renderer=renderer)
+    suppressed: list[int] = []
+    if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
+        suppressed = suppress_placeholder_tokens(model, processing_class)
+        logger.info("Vision-language run: placeholder tokens %s are never sampled.", suppressed)
+    if args.freeze_vision_tower:  # before the reference is copied and any adapter wraps the policy
+        frozen = freeze_vision_tower(model)
+        logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
+    return PolicyParts(model, model_id, processing_class, tokenizer, image_rows, suppressed)
+
+
+def wrap_adapter(model: Any, peft_config: Any) -> Any:
+    """`model` in a fresh PEFT adapter of `peft_config`.
+
+    Raises:
+        ImportError: without `peft`.
+        ValueError: for a model that is already a PeftModel, or `target_modules` that match no module (naming the
+            model's linear modules).
+    """
+    if get_peft_model is None:
+        raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
+    if is_peft_model(model):
+        raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
+    linear_names = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    try:
+        with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
+            return get_peft_model(model, peft_config)
+    except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
+        shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
+        raise ValueError(
+            f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
+            f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
+            "target_modules='all-linear' (every linear layer but the output head)."
+        ) from error
+
+
+def policy_and_reference(
+    model: Any, model_id: str | None, ref_model: Any, args: TRAPOConfig, peft_config: Any
+) -> tuple[Any, Any, str | None]:
+    """The policy (wrapped in a fresh adapter with `peft_config`), and its reference: a frozen model, or — for a
+    PEFT policy — an adapter name ("" = adapter disabled).
+
+    Returns:
+        `(policy, reference model or None, reference adapter name or None)`.
+
+    Raises:
+        ValueError: adapter names without a PeftModel policy, or a `ref_adapter_name` the policy does not have.
+    """
+    created_adapter = peft_config is not None
+    if created_adapter:
+        model = wrap_adapter(model, peft_config)
+    if args.disable_dropout:
+        disable_dropout(model, "policy")
+    ref_adapter: str | None = None
+    if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
+        raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
+    if args.model_adapter_name:
+        model.set_adapter(args.model_adapter_name)
+    if args.ref_adapter_name:
+        if args.ref_adapter_name not in model.peft_config:
+            raise ValueError(
+                f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
+                f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
+            )
+        ref_adapter = args.ref_adapter_name
+    if ref_model is not None and is_peft_model(model):
+        logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
+    if args.kl_coef > 0 and ref_model is None and ref_adapter is None:
+        if is_peft_model(model):
+            if created_adapter and not args.sync_ref_model:
+                ref_adapter = ""  # a fresh adapter starts at the base model
+            else:
+                ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
+                if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
+                    disable_dropout(model, "policy")
+        else:
+            ref_model = create_reference(model, model_id, args.model_init_kwargs)
+    if ref_model is not None:
+        ref_model.eval().requires_grad_(False)
+        if args.disable_dropout:
+            disable_dropout(ref_model, "reference model")
+    return model, ref_model, ref_adapter
+
+
+def resolve_kl(args: TRAPOConfig, has_critic: bool) -> tuple[str, str]:
+    """`(kl_penalty, kl_estimator)` of the run: "auto" resolved — PPO's KL-in-reward with a critic, GRPO's KL-in-loss
+    for group-relative advantages; the estimator whose gradient is grad KL(pi || pi_ref) where the KL sits (k2 in the
+    loss, k1 in the reward). Other combinations are biased and warned about (`losses.KL_GRADIENT`)."""
+    kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if has_critic else "loss")
+    kl_estimator = resolve_kl_estimator(args.kl_estimator, kl_penalty)
+    warning = kl_gradient_warning(kl_estimator, kl_penalty) if args.kl_coef > 0 else None
+    if warning:
+        logger.warning(warning)
+    return kl_penalty, kl_estimator
+
+
+def trained_model(model: Any, value_model: Any, tokenizer: PreTrainedTokenizerBase, args: TRAPOConfig) -> Any:
+    """What the `Trainer` trains: the policy, or with a critic a [`~trl_trapo.models.PolicyAndValueWrapper`] of both
+    (the critic's dropout off with `disable_dropout`, its pad id the tokenizer's)."""
+    if value_model is None:
+        return model
+    if args.disable_dropout:
+        disable_dropout(value_model, "value model")
+    set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
+    return PolicyAndValueWrapper(model, value_model)
+
+
+# ---- rewards ------------------------------------------------------------------------------------------------------
+def build_rewards(
+    args: TRAPOConfig,
+    models: Models,
+    reward_funcs: Any,
+    reward_model: Any,
+    reward_processing_classes: Any,
+    *,
+    agent: AgentSpec | None,
+    metrics: MetricsAccumulator,
+    trainer_state: Callable[[], Any],
+) -> RewardScorer:
+    """The run's [`~trl_trapo.rewards.RewardScorer`]: the reward functions and models (`reward_funcs`, then
+    `reward_model`), weighted by `reward_weights`, then each environment's `get_reward` (weight 1, as TRL). Every id
+    the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids embeds them:
+    refused now, not as "index out of range in self" at the first step. They log through `metrics`.
+
+    Raises:
+        ValueError: `reward_weights` of the wrong length; ids outside a model's vocabulary (`check_vocabularies`).
+    """
+    tokenizer = models.tokenizer
+    funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
+    extra_stops = (args.generation_kwargs or {}).get("eos_token_id", [])
+    extra_stops = extra_stops if isinstance(extra_stops, (list, tuple)) else [extra_stops]
+    check_vocabularies(
+        tokenizer,
+        models.policy,
+        reference=models.ref_model,
+        readers=[("value_model", models.value_model)]
+        + [
+            (f"reward model '{reward_function_name(func)}'", func)
+            for func, tok in zip(funcs, reward_tokenizers)
+            if isinstance(func, nn.Module) and (tok is tokenizer or tok.get_vocab() == tokenizer.get_vocab())
+        ],
+        stop_ids=[
+            ("stop_token_id", [args.stop_token_id] if args.stop_token_id is not None else []),
+            ("generation_kwargs['eos_token_id']", extra_stops),
+        ],
+    )
+    if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
+        raise ValueError(
+            f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
+            "reward functions/models; give one weight per reward."
+        )
+    reward_weights = list(args.reward_weights or [1.0] * len(funcs))
+    if agent is not None and agent.rewards:  # each environment's `get_reward`, weight 1 (as TRL)
+        funcs, reward_tokenizers = funcs + agent.rewards, reward_tokenizers + [None] * len(agent.rewards)
+        reward_weights += [1.0] * len(agent.rewards)
+    return RewardScorer(
+        funcs,
+        reward_tokenizers,
+        reward_weights,
+        tokenizer,
+        args.local_rollout_forward_batch_size,
+        log_metric=metrics.log_metric,
+        log_extra=metrics.log_extra,
+        trainer_state=trainer_state,
+    )
+
+
+# ---- the datasets -------------------------------------------------------------------------------------------------
+def prepare_run_data(
+    args: TRAPOConfig,
+    models: Models,
+    datasets: dict[str, Any],
+    *,
+    rewards: RewardScorer,
+    user_source: bool,
+) -> PreparedData:
+    """The run's datasets checked and tokenized before anything is trained ([`~trl_trapo.data.prepare_datasets`];
+    `datasets`: its dataset keyword arguments, as the user gave them; the policy's context and vocabulary bound the
+    rows), then — in a VLM run — the options image prompts cannot go through.
+
+    Raises:
+        ValueError: from [`~trl_trapo.data.prepare_datasets`] or [`~trl_trapo.vision.check_vision_options`].
+    """
+    model, tokenizer, image_rows, has_critic = models.policy, models.tokenizer, models.image_rows, models.has_critic
+    with progress_bars(enabled=not args.disable_tqdm):
+        data = prepare_datasets(
+            args,
+            tokenizer,
+            **datasets,
+            max_positions=model_context(model),
+            has_rewards=bool(rewards.funcs),
+            has_critic=has_critic,
+            stop_token_ids=stop_token_ids(args, tokenizer),
+            has_teacher=models.teacher is not None,
+            images=image_rows,
+            user_source=user_source,
+            vocab_size=model.get_input_embeddings().num_embeddings,
+        )
+    if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
+        check_vision_options(
+            args,
+            prompts_have_images=rows_have_images(data.rl) or rows_have_images(data.distill),
+            has_critic=has_critic,
+            reward_models=[n for f, n in zip(rewards.funcs, rewards.names) if isinstance(f, nn.Module)],
+        )
+    return data
+
+
+def task_families(rl_dataset: Dataset | None, max_families: int) -> list[str] | None:
+    """The RL dataset's task families (its `task` column's distinct values, sorted) when there are at most
+    `max_families` of them (more are not a family label), else None: `rl/zero_variance_groups` is logged per family."""
+    if rl_dataset is None or "task" not in rl_dataset.column_names:
+        return None
+    families = set(map(str, rl_dataset["task"]))
+    return sorted(families) if len(families) <= max_families else None
+
+
+def check_reader_contexts(
+    args: TRAPOConfig,
+    prompt_sets: list[Dataset],
+    tokenizer: PreTrainedTokenizerBase,
+    readers: list[tuple[str, Any, Any]],
+) -> None:
+    """Every model that reads the policy's tokens (`readers`: `(what, model or None, its tokenizer)`) fits the
+    longest prompt of `prompt_sets` + `response_length` (checked only for readers with the policy's `tokenizer`).
+
+    Raises:
+        ValueError: naming the model, its context and the longest prompt + response.
+    """
+    if not prompt_sets:
+        return
+    longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
+    for what, reader, reader_tokenizer in readers:
+        context = model_context(reader)
+        same_tokens = reader_tokenizer is tokenizer
+        if reader is not None and context is not None and same_tokens and longest > context:
+            raise ValueError(
+                f"The {what} has a context of {context} positions, but the longest prompt + response_length "
+                f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
+                "longer context."
+            )
+
+
+def warn_without_sample_prompts(args: TRAPOConfig, eval_dataset: Any) -> None:
+    """`num_sample_generations` > 0 with no eval dataset of prompts: say that no table will be logged."""
+    if args.num_sample_generations > 0 and not any(
+        {"prompt", "input_ids"} & set(dataset_columns(d)) for _, d in eval_datasets(eval_dataset)
+    ):
+        logger.warning(
+            "num_sample_generations=%d: there is no eval_dataset of prompts to show sample completions of; no "
+            "table will be logged. Pass an eval_dataset with a 'prompt' column, or set num_sample_generations=0.",
+            args.num_sample_generations,
+        )
+
+
+# ---- the plan of the run: its objectives' slots, the curriculum's phases, the number of steps ---------------------
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What [`plan_run`] decided before the `Trainer` starts.
+
+    Attributes:
+        slots ([`~trl_trapo.objectives.ObjectiveSlots`]): the objectives' names, data and static weights.
+        extra (`list[Objective]`): the user's objectives (`TRAPOTrainer(objectives=...)`), checked.
+        active (`tuple[bool, ...]`): per objective, it has data and a weight > 0.
+        phase_shares (`list[bool]`): per objective, some curriculum phase gives it a share.
+        curriculum_args (`tuple`): `(boundaries, mixtures)` of the [`~trl_trapo.curriculum.CurriculumSchedule`].
+        planned_steps (`int`): optimizer steps of the run.
+        tickets (`int`): the length of the ticket dataset that makes the `Trainer` run `planned_steps`.
+    """
+
+    slots: ObjectiveSlots
+    extra: list[Objective]
+    active: tuple[bool, ...]
+    phase_shares: list[bool]
+    curriculum_args: tuple
+    planned_steps: int
+    tickets: int
+
+
+def plan_run(
+    args: TRAPOConfig,
+    data: PreparedData,
+    objectives: list[Objective] | None,
+    *,
+    with_teacher: bool,
+    has_critic: bool,
+    eval_dataset: Any,
+) -> RunPlan:
+    """The run's objectives (the built-in ones, `distill` with a teacher, the user's `extra`), the curriculum's
+    phases and the number of steps ([`~trl_trapo.collator.plan_steps`], at the curriculum's average shares).
+    `objectives`: the user's, as given.
+
+    Raises:
+        ValueError: `total_episodes` without RL prompts; a teacher without prompts to sample; objectives the trainer
+            cannot run (`check_objectives`, `objective_slots`); the errors of `phase_mixtures` and `plan_steps`.
+    """
+    if args.total_episodes is not None and data.rl is None:  # it would be ignored: the run follows epochs
+        raise ValueError(
+            f"{type(args).__name__}.total_episodes={args.total_episodes} counts RL prompts rolled out, but this run "
+            "has no RL prompts (a `train_dataset` with rewards and rl_weight > 0): set max_steps or "
+            "num_train_epochs to fix the run's length, or drop total_episodes."
+        )
+    check_objectives(objectives if objectives is not None else [])
+    extra = list(objectives or [])
+    if with_teacher and data.rl is None and data.distill is None:
+        raise ValueError(
+            "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of "
+            "prompts, but this run has none: pass a `distillation_dataset` of prompts (reward-free), or a "
+            "`train_dataset` of RL prompts (with reward_funcs) and rl_weight > 0."
+        )
+    slots = objective_slots(args, data, with_teacher, extra)
+    names = slots.names
+    warn_without_sample_prompts(args, eval_dataset)
+    # the teacher's objective takes half of RL's share when the phases are given as three numbers
+    mixtures = phase_mixtures(args.curriculum_mixtures, len(args.curriculum_boundaries) + 1, names, slots.halves)
+    curriculum_args = (args.curriculum_boundaries, mixtures)
+    active = tuple(a and c > 0 for a, c in zip(slots.has_data, slots.weights))
+    phase_shares = [any(m[i] > 0 for m in mixtures) for i in range(len(names))]
+    average_shares = CurriculumSchedule(
+        *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
+    ).mixture(0)
+    planned_steps, tickets = plan_steps(args, average_shares, planning_rows(args, data, names, has_critic))
+    return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets)
+
+
+def warn_idle_objectives(plan: RunPlan, first_extra: int) -> None:
+    """The objectives from index `first_extra` on that have a curriculum share but no data or a weight of 0."""
+    idle = [
+        name
+        for name, shared, on in list(zip(plan.slots.names, plan.phase_shares, plan.active))[first_extra:]
+        if shared and not on
+    ]
+    if idle:
+        logger.warning(
+            "The objectives %s have a curriculum share but no data or a weight of 0: their share goes to the others.",
+            idle,
+        )
+
+
+# ---- after the Trainer started: the objectives' rows, what decides each step, the frozen models -------------------
+def setup_objectives(
+    args: TRAPOConfig,
+    data: PreparedData,
+    plan: RunPlan,
+    setup: Callable[[int], ObjectiveSetup],
+) -> PretrainingObjective:
+    """The pretraining objective on the checked `data.pretrain`, set up with the user's objectives (`plan.extra`)
+    before the others are built: each gets its index in the plan's names (`setup(index)` builds its
+    [`~trl_trapo.objectives.ObjectiveSetup`]); an added objective tokenizes its dataset here. The user's state must
+    go into the checkpoint's JSON: refused now if it cannot. Objectives with a curriculum share but nothing to train
+    are said once.
+
+    Returns:
+        [`~trl_trapo.objectives.PretrainingObjective`].
+
+    Raises:
+        TypeError: an objective of `plan.extra` whose `state_dict()` is not JSON (`check_state_dict`).
+    """
+    pretrain = PretrainingObjective(data.pretrain, getattr(args, PretrainingObjective.WEIGHT_FIELD), check=False)
+    with progress_bars(enabled=not args.disable_tqdm):
+        for objective in (pretrain, *plan.extra):
+            objective.setup(setup(plan.slots.names.index(objective.name)))
+    for objective in plan.extra:  # its state goes into the checkpoint's JSON: refuse what cannot, now
+        check_state_dict(objective)
+    warn_idle_objectives(plan, len(BUILT_IN))
+    return pretrain
+
+
+def build_memory_pool(
+    args: TRAPOConfig,
+    data: PreparedData,
+    planned_steps: int,
+    rank: int,
+    world_size: int,
+    *,
+    selector: Callable[[Any, Any], SampleSelector | None],
+    adapter_bank: AdapterBankCallback | None,
+) -> MemoryPool:
+    """This rank's [`~trl_trapo.memory.MemoryPool`]: the RL prompt sampler, the long-term SFT pool (uniform or
+    prioritised), a sample selector (`selector(sft_pool, prompt_sampler)`: the trainer's `build_sample_selector`
+    hook), the adapter bank ([`build_adapter_bank`]) and self-imitation's buffer."""
+    sft_pool = build_sft_pool(args, data.sft, planned_steps, rank, world_size) if data.sft is not None else None
+    prompt_sampler = None
+    if data.rl is not None:
+        seed = args.sampling_seed + 2
+        prompt_sampler = ShardedSampler(len(data.rl), seed, rank, world_size, shuffle=args.shuffle_rl_prompts)
+    return MemoryPool(
+        sft_pool,
+        prompt_sampler,
+        selector=selector(sft_pool, prompt_sampler),
+        adapter_bank=adapter_bank,
+        rank=rank,
+        successes=build_successes(args, data.rl is not None, data.sft is not None),
+    )
+
+
+def build_adapter_bank(
+    args: TRAPOConfig, policy: Callable[[], Any], accelerator: Any, zero3: bool, replay: ReplayBuffer
+) -> AdapterBankCallback | None:
+    """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
+    rollback empties `replay` (trajectories of the abandoned policy). `policy()`: the policy, unwrapped."""
+    if args.adapter_snapshot_steps <= 0 or not is_peft_model(policy()):
+        return None
+    if zero3:
+        logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
+        return None
+    return AdapterBankCallback(
+        AdapterBank(os.path.join(args.output_dir, "adapter_bank"), args.max_adapter_snapshots),
+        policy,
+        accelerator,
+        on_rollback=replay.clear,
+        every=args.adapter_snapshot_steps,
+        reward_drop=args.adapter_rollback_reward_drop,
+        kl_max=args.adapter_rollback_kl_max,
+    )
+
+
+def probe_noise_floor(model: Any, args: TRAPOConfig) -> float:
+    """Three standard deviations of the cosine of two random vectors of DARE's probe's dimension, 3 / sqrt(D)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    rows = min(config.vocab_size, args.dare_probe_vocab)
+    dim = min(config.hidden_size, args.dare_probe_dim)
+    return 3.0 / math.sqrt(rows * dim)
+
+
+def build_step_controls(
+    args: TRAPOConfig, plan: RunPlan, noise_floor: float, probe_factory: Callable[[], GradientProbe]
+) -> tuple[RowAllocator, CurriculumSchedule, DARE, RLSchedules]:
+    """What decides each step: the row allocator, the curriculum (shares per objective), DARE (weights; its probe
+    from `probe_factory`, no probe for static weights) and the RL coefficient schedules (learning rate / entropy by
+    curriculum phase, adaptive KL)."""
+    names = plan.slots.names
+    allocator = RowAllocator(len(names))
+    curriculum = CurriculumSchedule(
+        *plan.curriculum_args,
+        plan.planned_steps,
+        args.curriculum_decay_steps,
+        active=plan.active,
+        mode=args.curriculum_mode,
+        names=names,
+    )
+    engine = build_weighting(args, plan.slots.has_data, noise_floor, names)  # trl_trapo/weighting.py
+    interval = args.dare_update_interval or math.ceil(math.sqrt(plan.planned_steps))
+    dare = DARE(engine, interval, probe_factory=probe_factory, names=names, active=plan.active)
+    schedules = RLSchedules(args, (curriculum.boundary_steps or [None])[-1])
+    return allocator, curriculum, dare, schedules
+
+
+def build_reference(
+    args: TRAPOConfig, ref_model: Any, ref_adapter: str | None, unwrap: Callable
+) -> ReferencePolicy | None:
+    """The KL term's reference ([`~trl_trapo.models.ReferencePolicy`]: the prepared `ref_model`, or an adapter of
+    the policy), None when `kl_coef` = 0 or there is none."""
+    if args.kl_coef > 0 and (ref_model is not None or ref_adapter is not None):
+        return ReferencePolicy(ref_model, ref_adapter, unwrap=unwrap)
+    return None
+
+
+def build_rollout_engine(
+    args: TRAPOConfig,
+    models: Models,
+    rewards: RewardScorer,
+    reference: ReferencePolicy | None,
+    *,
+    schedules: RLSchedules,
+    unwrapped_for_rollouts: Callable,
+    accelerator: Any,
+    generation_config: GenerationConfig,
+    stops: list[int],
+    padding_id: int,
+    policy: Any,
+    active_rl: bool,
+    teacher: Teacher | None,
+) -> RolloutEngine:
+    """The [`~trl_trapo.rollout.RolloutEngine`]: samples with the live policy (or vLLM with `use_vllm` and RL
+    prompts), scores, adds reference log-probs, values and advantages (the KL as `models` resolved it), with
+    demonstration guidance when `demonstration_column` is set and the teacher when distillation's estimator is
+    `sampled_token` (it scores each sampled token in the round)."""
+    guidance = None
+    if args.demonstration_column is not None:
+        guidance = DemonstrationGuidance(args.guidance, args.guidance_gamma)
+    tokenizer = models.tokenizer
+    return RolloutEngine(
+        args,
+        tokenizer,
+        rewards,
+        reference,
+        models.has_critic,
+        models.kl_penalty,
+        models.kl_estimator,
+        schedules.kl_coef,
+        unwrapped_for_rollouts,
+        accelerator,
+        generation_config,
+        stops,
+        padding_id,
+        guidance=guidance,
+        vllm=VLLMGenerator(args, policy, accelerator, tokenizer, models.processing_class)
+        if args.use_vllm and active_rl
+        else None,
+        teacher=teacher if args.distillation_estimator == "sampled_token" else None,
+    )
+
+
+def build_callbacks(
+    args: TRAPOConfig,
+    *,
+    schedules: RLSchedules,
+    reduce_sum: Callable,
+    model_wrapped: Callable[[], Any],
+    accelerator: Any,
+    save_state: Callable[[str], None],
+    pending: Callable[[], Any],
+    reference: ReferencePolicy | None,
+    policy: Callable[[], Any],
+) -> list:
+    """TRAPO's callbacks, in the order they are added: the adaptive KL window, DDP's communication hook, TRAPO's
+    state in every checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), and the
+    reference's sync (`sync_ref_model`).
+
+    Raises:
+        ValueError: `sync_ref_model=True` with no reference to update.
+    """
+    callbacks: list = []
+    if schedules.adaptive_kl:
+        callbacks.append(AdaptiveKLCallback(schedules, reduce_sum))
+    callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
+    callbacks.append(StateCheckpointCallback(save_state, pending))
+    if args.sync_ref_model and args.kl_coef > 0:
+        if reference is None or not reference.syncable:
+            raise ValueError(
+                "sync_ref_model=True needs a reference to update: a `ref_model`, or a PEFT policy (its reference "
+                "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
+            )
+        callbacks.append(SyncReferenceCallback(reference, policy))
+    return callbacks
+
+
+def short_console_callbacks(callbacks: list) -> list[tuple[Any, Any]]:
+    """`(callback, replacement)` for each of the `Trainer`'s console callbacks that `console_metrics="short"`
+    replaces by its short step line (the logs keep every metric)."""
+    pairs = [(callback, SHORT_CONSOLE_CALLBACKS.get(type(callback))) for callback in list(callbacks)]
+    return [(callback, short) for callback, short in pairs if short is not None]
+
+
+# ---- the models of a run, loaded and checked together --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Models:
+    """The run's models as [`load_models`] built them (before the `Trainer` prepares any).
+
+    Attributes:
+        policy (`nn.Module`): the policy (in its adapter with `peft_config`).
+        trained (`nn.Module`): what the `Trainer` trains: the policy, or with a critic a
+            [`~trl_trapo.models.PolicyAndValueWrapper`].
+        processing_class: the tokenizer or processor the `Trainer` saves.
+        tokenizer (`PreTrainedTokenizerBase`): the policy's text tokenizer.
+        image_rows ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder.
+        suppressed_token_ids (`list[int]`): ids the policy never samples.
+        ref_model (`nn.Module`, *optional*): the frozen reference model (None with a reference adapter or no KL).
+        ref_adapter (`str`, *optional*): the reference adapter of a PEFT policy ("" = adapter disabled).
+        value_model (`nn.Module`, *optional*): the critic.
+        teacher (`nn.Module`, *optional*): the distillation teacher, frozen and checked.
+        kl_penalty (`str`), kl_estimator (`str`): resolved ([`resolve_kl`]).
+    """
+
+    policy: Any
+    trained: Any
+    processing_class: Any
+    tokenizer: PreTrainedTokenizerBase
+    image_rows: ImageRows | None
+    suppressed_token_ids: list[int]
+    ref_model: Any
+    ref_adapter: str | None
+    value_model: Any
+    teacher: Any
+    kl_penalty: str
+    kl_estimator: str
+
+    @property
+    def has_critic(self) -> bool:
+        return self.value_model is not None
+
+    def token_readers(self, rewards: RewardScorer) -> list[tuple[str, Any, Any]]:
+        """`(what, model or None, its tokenizer)` of every model that reads the policy's tokens: the critic, the
+        teacher and the reward models."""
+        return [("value_model", self.value_model, self.tokenizer), ("teacher_model", self.teacher, self.tokenizer)] + [
+            (f"reward model '{name}'", func, tok)
+            for func, tok, name in zip(rewards.funcs, rewards.processing_classes, rewards.names)
+            if isinstance(func, nn.Module)
+        ]
+
+
+def load_models(
+    args: TRAPOConfig,
+    model: Any,
+    *,
+    processing_class: Any,
+    ref_model: Any,
+    value_model: Any,
+    teacher_model: Any,
+    peft_config: Any,
+    agent: AgentSpec | None,
+    train_dataset: Any,
+    named_datasets: list[tuple[str, Any]],
+    verified_checkpoint: str | None,
+) -> Models:
+    """Load the policy and its tokenizer ([`build_policy`]), its reference ([`policy_and_reference`]), the critic
+    and the teacher (`teacher.load_teacher`), and check that the checkpoint to resume from (`verified_checkpoint`) is
+    of this model.
+
+    Raises:
+        ValueError / CheckpointError: from the steps above, naming the argument and the fix.
+    """
+    built = build_policy(model, processing_class, args, agent, train_dataset, named_datasets)
+    policy, ref_model, ref_adapter = policy_and_reference(built.model, built.model_id, ref_model, args, peft_config)
+    if verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
+        check_checkpoint_fits(verified_checkpoint, is_peft_model(policy), model=policy)
+    kl_penalty, kl_estimator = resolve_kl(args, value_model is not None)
+    trained = trained_model(policy, value_model, built.tokenizer, args)
+    teacher = load_teacher(teacher_model, policy, args, built.tokenizer)  # frozen and checked (teacher.py)
+    return Models(
+        policy,
+        trained,
+        built.processing_class,
+        built.tokenizer,
+        built.image_rows,
+        built.suppressed_token_ids,
+        ref_model,
+        ref_adapter,
+        value_model,
+        teacher,
+        kl_penalty,
+        kl_estimator,
+    )
+
+
+def check_data_fits(
+    args: TRAPOConfig,
+    data: PreparedData,
+    models: Models,
+    rewards: RewardScorer,
+    agent: AgentSpec | None,
+    rollout_func: Callable | None,
+) -> None:
+    """What needs both the tokenized data and the models, before the `Trainer` starts: every model that reads the
+    policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
+    once on two RL rows (what they log is discarded; not with a `rollout_func`, whose extra keys — columns the reward
+    functions may require — the dataset's rows do not have).
+
+    Raises:
+        ValueError: naming the model or the reward function at fault.
+    """
+    check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
+    if data.rl is not None and rollout_func is None:
+        rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
+        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+
+
+def prepare_frozen_models(
+    args: TRAPOConfig,
+    models: Models,
+    rewards: RewardScorer,
+    prepare: Callable[[Any], Any],
+    accelerator: Any,
+    padding_id: int,
+) -> tuple[Any, Teacher | None, ReferencePolicy | None]:
+    """The frozen models prepared for the run (`prepare`: DeepSpeed or accelerate's evaluation-mode preparation):
+    the reference model, the distillation teacher ([`~trl_trapo.teacher.Teacher`]) and the reward models (replaced in
+    `rewards.funcs`). Models built after ZeRO-3 built the policy may miss the kernel functions their forward reads:
+    they are restored first (`distributed.restore_kernel_functions`).
+
+    Returns:
+        `(prepared ref_model or None, teacher or None, the KL term's reference or None)`.
+    """
+    reward_models = [func for func in rewards.funcs if isinstance(func, nn.Module)]
+    restore_kernel_functions(models.policy, models.ref_model, models.value_model, models.teacher, *reward_models)
+    ref_model = prepare(models.ref_model) if models.ref_model is not None else None
+    # the distillation objective and (for the sampled-token estimator) the rollout engine run its forwards
+    teacher = None
+    if models.teacher is not None:
+        teacher = Teacher.from_config(models.teacher, args, accelerator, prepare, padding_id)
+    reference = build_reference(args, ref_model, models.ref_adapter, accelerator.unwrap_model)
+    for i, func in enumerate(rewards.funcs):
+        if isinstance(func, nn.Module):
+            rewards.funcs[i] = prepare(func)
+    return ref_model, teacher, reference
+
+
+def build_run_exploration(
+    args: TRAPOConfig,
+    data: PreparedData,
+    models: Models,
+    *,
+    own_source: bool,
+    world_size: int,
+    with_successes: bool,
+    agent: AgentSpec | None,
+) -> TargetedExploration | None:
+    """Targeted exploration (`rl_supply.build_exploration`: families whose groups carry no signal are sampled
+    hotter), and — for a GRPO-style run (RL prompts, no critic) — the notice of the GRPO defaults this run lacks, said
+    once."""
+    has_rl = data.rl is not None
+    exploration = build_exploration(
+        args, has_rl, models.has_critic, own_source, world_size, with_successes, tool_loop=agent is not None
+    )
+    if has_rl and not models.has_critic:
+        notice = grpo_notice(args, exploration is not None, agent is not None, models.kl_estimator, models.kl_penalty)
+        if notice:
+            logger.warning(notice)
+    return exploration

@@ -52,8 +52,6 @@ from typing import Any, Literal
 import torch
 from trl.trainer.utils import pad
 
-from .config import PRETRAIN, RL, SFT
-
 
 @dataclass(frozen=True)
 class RowField:
@@ -217,7 +215,7 @@ class StepContext:
 class StepTickets(torch.utils.data.Dataset):
     """The Trainer's train dataset: one placeholder item per row slot, so its epoch and step bookkeeping works.
 
-    The real rows are drawn by `TRAPOTrainer.get_batch_samples` from the three objectives' pools.
+    The real rows are drawn by `TRAPOTrainer.get_batch_samples` from the objectives (`Objective.take`).
     """
 
     def __init__(self, length: int):
@@ -235,58 +233,38 @@ def ticket_collator(features: list[dict]) -> dict[str, torch.Tensor]:
     return {"ticket": torch.tensor([f["ticket"] for f in features])}
 
 
-def plan_steps(
-    args,
-    active: Sequence[bool],
-    shares: Sequence[float],
-    rl_prompts: int,
-    sft_rows: int,
-    pretrain_docs: int | None,
-    distill_prompts: tuple[int, int] | None = None,
-) -> tuple[int, int]:
+def plan_steps(args, shares: Sequence[float], primary: tuple[int, int | float] | None) -> tuple[int, int]:
     """Planned optimizer steps N, and the length of the ticket dataset that makes the Trainer run N steps.
 
-    `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the RL prompts
-    (each of `total_episodes` — or `num_train_epochs` x prompts x completions per prompt — completions used
-    `num_ppo_epochs` times), else the SFT rows, else the reward-free distillation prompts (one completion each per
-    epoch), else the map-style pretraining documents. Without `max_steps` the
-    trainer's copy of the config gets `max_steps = N`, so the Trainer runs exactly the plan (its own count, whole
-    epochs of tickets, could round up by a step or more).
+    `max_steps` wins. Otherwise N follows from the "primary" dataset at its mean curriculum share: the rows its
+    objective trains on over the whole run (`primary`, from [`~trl_trapo.objectives.planning_rows`]: the RL prompts'
+    completions x `num_ppo_epochs`, else the SFT rows, else the reward-free distillation prompts, else the map-style
+    pretraining documents, each x `num_train_epochs`). Without `max_steps` the trainer's copy of the config gets
+    `max_steps = N`, so the Trainer runs exactly the plan (its own count, whole epochs of tickets, could round up by a
+    step or more).
 
     Args:
         args ([`TRAPOConfig`]): the configuration.
-        active (`Sequence[bool]`): which objectives have data.
-        shares (`Sequence[float]`): the curriculum's time-averaged shares (pretrain, sft, rl).
-        rl_prompts (`int`): RL prompts x completions per prompt (1 with a critic, else `num_generations`).
-        sft_rows (`int`): SFT rows.
-        pretrain_docs (`int`, *optional*): map-style pretraining documents (None when streaming).
-        distill_prompts (`tuple[int, int]`, *optional*): `(prompts, objective index)` of a `distillation_dataset`.
+        shares (`Sequence[float]`): the curriculum's time-averaged shares, one per objective.
+        primary (`tuple[int, int | float]`, *optional*): `(objective index, rows of the whole run)` of the dataset
+            that sizes the run; None when no dataset has a length.
 
     Raises:
-        ValueError: with only a streaming pretraining dataset and no `max_steps`.
+        ValueError: with only a streaming pretraining dataset (`primary` None) and no `max_steps`.
     """
     world = max(args.world_size, 1)
     rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     if args.max_steps > 0:
         return args.max_steps, rows_per_step * args.max_steps
-    epochs = args.num_train_epochs
-    if active[RL]:
-        completions = args.total_episodes or rl_prompts * epochs
-        rows, share = completions * args.num_ppo_epochs, shares[RL]
-    elif active[SFT]:
-        rows, share = sft_rows * epochs, shares[SFT]
-    elif distill_prompts is not None:
-        rows, share = distill_prompts[0] * epochs, shares[distill_prompts[1]]
-    elif pretrain_docs is not None:
-        rows, share = pretrain_docs * epochs, shares[PRETRAIN]
-    else:
+    if primary is None:
         raise ValueError(
             "With only a streaming `pretrain_dataset`, the number of steps cannot be derived: set `max_steps`."
         )
-    total = max(math.ceil(rows / (rows_per_step * share)), 1)
+    index, rows = primary
+    total = max(math.ceil(rows / (rows_per_step * shares[index])), 1)
     if args.total_episodes is not None:
         return total, rows_per_step * total
-    steps_per_epoch = max(math.ceil(total / epochs), 1)
+    steps_per_epoch = max(math.ceil(total / args.num_train_epochs), 1)
     return total, steps_per_epoch * rows_per_step
 
 

@@ -1,5 +1,5 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Datasets of the three objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
+"""Datasets of the built-in objectives: format checks, tokenisation, per-rank sampling and pretraining packing.
 
 Accepted formats (TRL's standard dataset formats, https://huggingface.co/docs/trl/dataset_formats):
 
@@ -30,7 +30,7 @@ import logging
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import datasets
@@ -1660,9 +1660,14 @@ class PreparedData:
     distill: Dataset | None = None  # reward-free distillation prompts with a `prompt_ids` column
 
     @property
-    def active(self) -> tuple[bool, bool, bool]:
-        """Which objectives (pretrain, sft, rl) have data."""
-        return (self.pretrain is not None, self.sft is not None, self.rl is not None)
+    def empty(self) -> bool:
+        """No objective has data."""
+        return all(getattr(self, field.name) is None for field in fields(self))
+
+    @property
+    def prompt_sets(self) -> list[Dataset]:
+        """The tokenized prompts the policy samples completions of (`prompt_ids`): the RL and distillation prompts."""
+        return [d for d in (self.rl, self.distill) if d is not None]
 
 
 def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
@@ -1671,6 +1676,15 @@ def eval_datasets(eval_dataset) -> list[tuple[str, Any]]:
     if isinstance(eval_dataset, dict):
         return [(f"eval_dataset[{name!r}]", d) for name, d in eval_dataset.items() if d is not None]
     return [] if eval_dataset is None else [("eval_dataset", eval_dataset)]
+
+
+def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
+    """`(argument name, dataset)` pairs of the datasets whose rows a chat template renders: the trainer's
+    `train_dataset`, `sft_dataset`, `distillation_dataset` (those given) and each evaluation set
+    ([`eval_datasets`]); `datasets` maps the trainer's argument names to its dataset arguments."""
+    rendered = ("train_dataset", "sft_dataset", "distillation_dataset")
+    pairs = [(name, datasets[name]) for name in rendered if datasets.get(name) is not None]
+    return pairs + eval_datasets(datasets.get("eval_dataset"))
 
 
 def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assistant_only_loss: bool = False) -> None:
@@ -2057,7 +2071,7 @@ def prepare_datasets(
             if max_positions is not None and longest + args.response_length > max_positions:
                 raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
     data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
-    if not any(data.active) and distill is None:
+    if data.empty:
         raise ValueError(
             "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
             "`sft_dataset`, `pretrain_dataset` or (with a teacher) `distillation_dataset`, with a weight > 0 "

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -31,6 +32,20 @@ from .sampler_correction import kept_support_logps
 
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def quiet_checkpointing_deprecation() -> Iterator[None]:
+    """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` or PEFT's
+    `get_peft_model` reads the deprecated `is_gradient_checkpointing`, or TRL turns activation checkpointing off and on
+    around generation with `gradient_checkpointing_disable` / `_enable` (every generation round / LoRA run would warn,
+    and the user can do nothing about it)."""
+    with warnings.catch_warnings():
+        # `is_gradient_checkpointing`, `gradient_checkpointing_disable` / `_enable` (TRL toggles checkpointing off
+        # around generation through the deprecated names)
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
+        yield
+
 
 REF_ADAPTER = "trapo_ref"
 

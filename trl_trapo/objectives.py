@@ -130,9 +130,12 @@ class Objective:
 
     Attributes:
         count_keys (`tuple[str, ...]`): the names of the extra global counts `counts` returns, in order.
+        reads_values (`bool`): its loss reads the critic's values of its rows (`TermInputs.values`); with a
+            `value_model`, the critic's forward runs on the rows of such objectives.
     """
 
     count_keys: tuple[str, ...] = ()
+    reads_values: bool = False  # its loss reads the critic's values `(B, T)` of its rows (the critic runs on them)
 
     def __init__(self, name: str, weight: float = 1.0):
         if not isinstance(name, str) or not name or "/" in name:
@@ -185,6 +188,11 @@ class Objective:
     def state_dict(self) -> dict:
         """What resuming needs (JSON); nothing by default."""
         return {}
+
+    def check_resume(self, state: dict | None) -> str | None:
+        """What does not fit in a checkpoint's `state` of this objective (None when it was not written), said in a
+        few words for the checkpoint's error, or None when it can be restored. Called before anything is restored."""
+        return None
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what `state_dict` returned."""
@@ -284,9 +292,33 @@ class LanguageModelingObjective(Objective):
     def state_dict(self) -> dict:
         return self.stream.state_dict() if self.stream is not None else {}
 
+    def check_resume(self, state: dict | None) -> str | None:
+        """A checkpoint of a run with a stream when this one has none, or the other way round."""
+        written, mine = state or None, self.state_dict() or None  # {} when there is no stream
+        if (written is None) != (mine is None):
+            return f"'{self.name}_stream' {'missing' if written is None else 'present'}"
+        return None
+
     def load_state_dict(self, state: dict) -> None:
         if self.stream is not None:
             self.stream.load_state_dict(state)
+
+
+class PretrainingObjective(LanguageModelingObjective):
+    """The built-in pretraining objective: a [`LanguageModelingObjective`] named "pretrain" on `pretrain_dataset`,
+    weighted by `pretrain_weight`, with the config's `pretrain_max_length` / `pretrain_packing`."""
+
+    NAME = "pretrain"
+    WEIGHT_FIELD = "pretrain_weight"  # the config field of its static weight
+    DATA_FIELD = "pretrain"  # its dataset in `data.PreparedData`
+
+    def __init__(self, dataset: Dataset | IterableDataset | None, weight: float = 1.0, check: bool = True):
+        super().__init__(self.NAME, dataset, weight, check=check)
+
+    @classmethod
+    def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
+        """Rows of the whole run: the map-style documents x epochs (None when streaming: no length to plan by)."""
+        return len(dataset) * args.num_train_epochs if isinstance(dataset, Dataset) else None
 
 
 class SFTObjective(Objective):
@@ -295,13 +327,17 @@ class SFTObjective(Objective):
 
     Args:
         pool ([`~trl_trapo.memory.MemoryPool`], *optional*): serves the rows (`take_sft(n, step)`) and takes the
-            per-row feedback after the forward (`after_forward(inputs, per_token_logps, mask)`: the prioritised pool's
+            per-row feedback after the forward (`after_forward(inputs, per_token_logps, mask, rows)`: the prioritised pool's
             priorities, few-shot embeddings).
         has_data (`bool`): whether there are demonstrations to serve.
         sft_loss_type (`str`), alpha (`float`): "nll" or "trust_region" and its threshold.
         weight (`float`): the static multiplier c_sft.
         name (`str`): "sft".
     """
+
+    NAME = "sft"
+    WEIGHT_FIELD = "sft_weight"
+    DATA_FIELD = "sft"
 
     def __init__(
         self,
@@ -320,6 +356,24 @@ class SFTObjective(Objective):
     def has_data(self) -> bool:
         return self.with_data
 
+    @classmethod
+    def from_config(cls, args: Any, pool: Any, data: Any) -> SFTObjective:
+        """The built-in SFT objective on the memory pool `pool`, as the config sets it (`sft_loss_type`,
+        `trust_region_alpha`, `sft_weight`); it has data when `data` (a [`~trl_trapo.data.PreparedData`]) holds
+        demonstrations."""
+        return cls(
+            pool,
+            has_data=getattr(data, cls.DATA_FIELD) is not None,
+            sft_loss_type=args.sft_loss_type,
+            alpha=args.trust_region_alpha,
+            weight=getattr(args, cls.WEIGHT_FIELD),
+        )
+
+    @classmethod
+    def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
+        """Rows of the whole run: the demonstrations x epochs."""
+        return len(dataset) * args.num_train_epochs
+
     def take(self, n: int, step: int) -> list[Row]:
         return self.pool.take_sft(n, step)
 
@@ -334,7 +388,7 @@ class SFTObjective(Objective):
         )
 
     def after_forward(self, term: TermInputs) -> None:
-        self.pool.after_forward(term.inputs, term.per_token_logps, term.mask)
+        self.pool.after_forward(term.inputs, term.per_token_logps, term.mask, term.rows)
 
 
 class DemonstrationObjective(SFTObjective):
@@ -451,6 +505,10 @@ class RLObjective(Objective):
     """
 
     count_keys = ("sequences_rl", "micro_batches_rl", "tokens_rl_sampled")
+    reads_values = True  # the clipped value loss, with a critic
+    NAME = "rl"
+    WEIGHT_FIELD = "rl_weight"
+    DATA_FIELD = "rl"
 
     def __init__(
         self,
@@ -475,6 +533,42 @@ class RLObjective(Objective):
     @property
     def has_data(self) -> bool:
         return self.with_data
+
+    @classmethod
+    def from_config(
+        cls,
+        args: Any,
+        take_rows: Callable[[int, int], list[Row]],
+        data: Any,
+        *,
+        kl_coef: Callable[[], float],
+        entropy_coef: Callable[[int], float],
+        kl_penalty: str,
+        kl_estimator: str,
+        logging_step: Callable[[], bool],
+    ) -> RLObjective:
+        """The built-in RL objective on the RL supply's rows `take_rows`, weighted by `rl_weight`; it has data when
+        `data` (a [`~trl_trapo.data.PreparedData`]) holds RL prompts. The other arguments are the constructor's."""
+        return cls(
+            take_rows,
+            args,
+            kl_coef=kl_coef,
+            entropy_coef=entropy_coef,
+            kl_penalty=kl_penalty,
+            kl_estimator=kl_estimator,
+            logging_step=logging_step,
+            has_data=getattr(data, cls.DATA_FIELD) is not None,
+            weight=getattr(args, cls.WEIGHT_FIELD),
+        )
+
+    @classmethod
+    def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
+        """Rows of the whole run: each of `total_episodes` completions — or `num_train_epochs` x prompts x
+        completions per prompt (1 with a critic, else `num_generations`) — served `num_ppo_epochs` times."""
+        completions = args.total_episodes or len(dataset) * (1 if has_critic else args.num_generations) * (
+            args.num_train_epochs
+        )
+        return completions * args.num_ppo_epochs
 
     def take(self, n: int, step: int) -> list[Row]:
         return self.take_rows(n, step)
@@ -592,6 +686,16 @@ class DistillationObjective(Objective):
     Raises:
         ValueError: if neither or both of `take_rows` and `prompts` are given.
     """
+
+    NAME = "distill"  # the teacher's objective, in the metrics, the curriculum and the checkpoint
+    WEIGHT_FIELD = "distillation_weight"
+    DATA_FIELD = "distill"  # its reward-free prompts (`distillation_dataset`), when given
+    HALF_OF = RLObjective.NAME  # it takes half of RL's share when the curriculum's phases are given as three numbers
+
+    @classmethod
+    def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
+        """Rows of the whole run: one completion per reward-free prompt per epoch."""
+        return len(dataset) * args.num_train_epochs
 
     def __init__(
         self,
@@ -842,6 +946,83 @@ def step_counts(batches: list[dict[str, torch.Tensor]], objectives: list[Objecti
                 local[position] += value
                 position += 1
     return local
+
+
+@dataclass(frozen=True)
+class ObjectiveSlots:
+    """The run's objectives before they are built, in the order of their indices: the built-in three
+    (`config.OBJECTIVES`), `distill` with a teacher, then the user's.
+
+    Attributes:
+        names (`tuple[str, ...]`): their names.
+        has_data (`tuple[bool, ...]`): whether each has rows to train on.
+        weights (`tuple[float, ...]`): their static weights c_o (the config's `*_weight` fields, the user's
+            `Objective.weight`).
+        halves (`dict[str, str]`): an objective that takes half of another's share when the curriculum's phases are
+            given as three numbers (the teacher's takes half of RL's).
+    """
+
+    names: tuple[str, ...]
+    has_data: tuple[bool, ...]
+    weights: tuple[float, ...]
+    halves: dict[str, str]
+
+
+BUILT_IN: tuple[type[Objective], ...] = (PretrainingObjective, SFTObjective, RLObjective)
+"""The built-in objectives, in the order of `config.OBJECTIVES` (their rows' `objective` is their index)."""
+PLANNING_ORDER: tuple[type[Objective], ...] = (RLObjective, SFTObjective, DistillationObjective, PretrainingObjective)
+"""Whose data sizes the run when `max_steps` is not set: the first of these with data."""
+
+
+def objective_slots(args: Any, data: Any, with_teacher: bool, extra: list[Objective]) -> ObjectiveSlots:
+    """The [`ObjectiveSlots`] of a run: the [`BUILT_IN`] objectives (with data when their `DATA_FIELD` of
+    `data`, a [`~trl_trapo.data.PreparedData`], is set), the teacher's with `with_teacher`, then the user's `extra`.
+    Each built-in's static weight is its `WEIGHT_FIELD` of the config.
+
+    Raises:
+        ValueError: an objective of `extra` reuses a built-in name (or the teacher's with a teacher).
+    """
+    built_in = tuple(cls.NAME for cls in BUILT_IN)
+    clash = [o.name for o in extra if o.name in built_in]
+    if clash:
+        raise ValueError(
+            f"`objectives` may not reuse the built-in names {list(built_in)} (got {clash}): name it differently."
+        )
+    teacher = (DistillationObjective,) if with_teacher else ()
+    if with_teacher and DistillationObjective.NAME in {o.name for o in extra}:
+        raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
+    return ObjectiveSlots(
+        names=(*built_in, *(cls.NAME for cls in teacher), *(o.name for o in extra)),
+        has_data=(
+            *(getattr(data, cls.DATA_FIELD) is not None for cls in BUILT_IN),
+            *(True for _ in teacher),
+            *(o.has_data for o in extra),
+        ),
+        weights=(*(getattr(args, cls.WEIGHT_FIELD) for cls in (*BUILT_IN, *teacher)), *(o.weight for o in extra)),
+        halves={cls.NAME: cls.HALF_OF for cls in teacher},
+    )
+
+
+def planning_rows(args: Any, data: Any, names: tuple[str, ...], has_critic: bool) -> tuple[int, int | float] | None:
+    """`(objective index, rows of the whole run)` of the dataset that sizes the run (see
+    [`~trl_trapo.collator.plan_steps`]): the first objective of [`PLANNING_ORDER`] in the run whose dataset in `data`
+    (a [`~trl_trapo.data.PreparedData`]) has a length; None when none has (a streaming pretraining dataset only)."""
+    for cls in PLANNING_ORDER:
+        dataset = getattr(data, cls.DATA_FIELD)
+        if cls.NAME in names and dataset is not None:
+            rows = cls.run_rows(args, dataset, has_critic)
+            if rows is not None:
+                return names.index(cls.NAME), rows
+    return None
+
+
+def checkpointed_objective_states(state: dict) -> dict[str, dict]:
+    """The objectives' states of a checkpoint's `trapo/rank{r}.json`, keyed by name; a checkpoint written before
+    objectives were named kept only the pretraining stream's, under its own key."""
+    states = state.get("objectives")
+    if states is None:
+        return {PretrainingObjective.NAME: state.get("pretrain_stream") or {}}
+    return states
 
 
 def check_objectives(objectives: list[Objective]) -> None:

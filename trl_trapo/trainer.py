@@ -37,12 +37,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import time
 import types
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -52,19 +50,34 @@ from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from huggingface_hub.errors import HFValidationError
 from torch import nn
-from transformers import AutoProcessor, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .assembly import SourceParts, build_objectives, build_rollout_source, check_run
+from .assembly import (
+    SourceParts,
+    build_adapter_bank,
+    build_callbacks,
+    build_memory_pool,
+    build_objectives,
+    build_rewards,
+    build_rollout_engine,
+    build_rollout_source,
+    build_run_exploration,
+    build_step_controls,
+    check_data_fits,
+    check_run,
+    load_models,
+    plan_run,
+    prepare_frozen_models,
+    prepare_run_data,
+    probe_noise_floor,
+    setup_objectives,
+    short_console_callbacks,
+    task_families,
+)
 from .callbacks import (
-    SHORT_CONSOLE_CALLBACKS,
-    AdapterBankCallback,
-    AdaptiveKLCallback,
-    DDPCommHookCallback,
-    StateCheckpointCallback,
     StopOnSignalCallback,
-    SyncReferenceCallback,
 )
 from .checkpoint import (
     DATASETS_FILE,
@@ -79,77 +92,54 @@ from .checkpoint import (
 )
 from .collator import (
     MODEL_INPUTS,
-    RowAllocator,
     StepContext,
     StepTickets,
     collate_rows,
-    plan_steps,
     split_micro_batches,
     ticket_collator,
 )
-from .config import OBJECTIVES, PRETRAIN, RL, SFT, TRAPOConfig, check_hub_repo_id
-from .curriculum import CurriculumSchedule, phase_mixtures
+from .config import OBJECTIVES, TRAPOConfig, check_hub_repo_id
 from .data import (
-    ShardedSampler,
     check_eval_dataset,
-    check_templates_render,
-    check_tokenizer,
-    dataset_columns,
-    eval_datasets,
-    prepare_datasets,
+    named_datasets,
     progress_bars,
 )
 from .distributed import (
     check_launch,
-    restore_kernel_functions,
     sum_over_ranks,
 )
 from .evaluation import Evaluator
 from .exploration import TargetedExploration
-from .grpo import grpo_notice
-from .guidance import DemonstrationGuidance
 from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
-from .losses import kl_gradient_warning, resolve_kl_estimator
 from .memory import (
-    AdapterBank,
-    MemoryPool,
     ReplayBuffer,
     SampleSelector,
     Trajectory,
-    build_sft_pool,
     memory_pool_state,
 )
 from .metrics import MetricsAccumulator
 from .models import (
     CountedPositionHead,
     PolicyAndValueWrapper,
-    ReferencePolicy,
-    add_frozen_adapter_copy,
-    check_vocabularies,
     counted_log_probs,
-    create_reference,
-    disable_dropout,
     embeddable_saved_pad_ids,
     embedding_safe_pad_id,
     model_forward,
+    quiet_checkpointing_deprecation,
 )
 from .objectives import (
     DistillationObjective,
-    LanguageModelingObjective,
     Objective,
     ObjectiveSetup,
     TermInputs,
-    check_objectives,
     check_served_rows,
-    check_state_dict,
     check_term,
+    checkpointed_objective_states,
     count_keys,
     step_counts,
 )
-from .paths import check_model_source
-from .rewards import RewardScorer, load_reward_funcs, reward_function_name, set_pad_token_id
-from .rl_supply import RLSupply, build_exploration, build_replay_buffer, build_successes
-from .rollout import RolloutBatch, RolloutEngine, VLLMGenerator, rollout_generation_config, stop_token_ids
+from .rl_supply import RLSupply, build_replay_buffer
+from .rollout import RolloutBatch, RolloutEngine, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
     SaveError,
@@ -161,25 +151,16 @@ from .saving import (
     is_hub_error,
     staged_save,
 )
-from .schedules import RLSchedules, scale_scheduler
+from .schedules import scale_scheduler
 from .sources import RolloutSource, as_rollout_source
-from .teacher import Teacher, load_teacher
 from .vision import (
-    ImageRows,
-    check_vision_options,
-    freeze_vision_tower,
-    is_processor,
-    is_vision_language_model,
-    load_policy,
     model_context,
     needs_every_parameter,
     restore_converted_weights,
-    rows_have_images,
-    suppress_placeholder_tokens,
     text_tokenizer,
     vision_parameters,
 )
-from .weighting import DARE, GradientProbe, build_weighting
+from .weighting import GradientProbe
 
 
 try:
@@ -191,19 +172,6 @@ except ImportError:  # peft is a dependency; keep the import error readable if i
 logger = logging.getLogger(__name__)
 
 RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
-
-
-@contextmanager
-def quiet_checkpointing_deprecation() -> Iterator[None]:
-    """Silence the FutureWarning transformers 5.24 raises when TRL's `unwrap_model_for_generation` or PEFT's
-    `get_peft_model` reads the deprecated `is_gradient_checkpointing`, or TRL turns activation checkpointing off and on
-    around generation with `gradient_checkpointing_disable` / `_enable` (every generation round / LoRA run would warn,
-    and the user can do nothing about it)."""
-    with warnings.catch_warnings():
-        # `is_gradient_checkpointing`, `gradient_checkpointing_disable` / `_enable` (TRL toggles checkpointing off
-        # around generation through the deprecated names)
-        warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated", category=FutureWarning)
-        yield
 
 
 MAX_LOGGED_TASKS = 32  # a `task` column with more distinct values is not a family label: no per-task metrics
@@ -343,6 +311,13 @@ class TRAPOTrainer(_BaseTrainer):
             args = TRAPOConfig(output_dir="trapo-output")
         # before anything slow: the arguments' types, the rollout source and agent arguments, output_dir, the
         # datasets, the checkpoint to resume from, torch's threads (trl_trapo/assembly.py)
+        datasets = dict(
+            train_dataset=train_dataset,
+            sft_dataset=sft_dataset,
+            pretrain_dataset=pretrain_dataset,
+            eval_dataset=eval_dataset,
+            distillation_dataset=distillation_dataset,
+        )
         checked = check_run(
             args,
             dict(
@@ -359,11 +334,7 @@ class TRAPOTrainer(_BaseTrainer):
                 optimizers=optimizers,
                 tools=tools,
             ),
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            pretrain_dataset=pretrain_dataset,
-            sft_dataset=sft_dataset,
-            distillation_dataset=distillation_dataset,
+            **datasets,
             rollout_source=rollout_source,
             rollout_func=rollout_func,
             tools=tools,
@@ -371,322 +342,114 @@ class TRAPOTrainer(_BaseTrainer):
             reward_funcs=reward_funcs,
             reward_model=reward_model,
         )
-        agent, train_dataset, own_source = checked.agent, checked.train_dataset, checked.own_source
+        agent, datasets["train_dataset"] = checked.agent, checked.train_dataset
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
-        # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
-        self._datasets_summary = checked.datasets_summary
+        self._datasets_summary = checked.datasets_summary  # to refuse resuming with other datasets
         self.thread_choice = checked.thread_choice
-
         self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
 
-        # ---- step 1. policy, tokenizer, reference and critic --------------------------------------------------------
-        # a chat template that refuses a conversation (one row of each sequence of roles rendered) is found before
-        # any model loads when the tokenizer is given
-        named_datasets = [
-            ("train_dataset", train_dataset),
-            ("sft_dataset", sft_dataset),
-            ("distillation_dataset", distillation_dataset),
-            *eval_datasets(eval_dataset),
-        ]
-        templates_checked = processing_class is not None
-        if templates_checked:
-            check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
-        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        if isinstance(model, str):
-            check_model_source(model, "model")
-            model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
-        elif args.model_init_kwargs:
-            raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
-        if processing_class is None:
-            if not model_id:
-                raise ValueError(
-                    "Pass `processing_class` (the policy's tokenizer): it cannot be loaded from the model."
-                )
-            processing_class = (
-                AutoProcessor.from_pretrained(model_id)
-                if is_vision_language_model(model)
-                else AutoTokenizer.from_pretrained(model_id)
-            )
-        # a VLM run's processor turns image rows into ids and model inputs; every text path uses its tokenizer
-        tokenizer = text_tokenizer(processing_class)
-        image_rows = (
-            ImageRows(processing_class, args.chat_template_kwargs, args.max_image_pixels)
-            if is_processor(processing_class)
-            else None
-        )
-        check_tokenizer(tokenizer)
-        if not templates_checked:  # the tokenizer came with the model: now, before the reference and teacher load
-            check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
-        if agent is not None:
-            from .agents import check_chat_template, prompt_renderer
-
-            # a VLM's image prompts (and so their tool messages) are rendered by its processor, as in TRL
-            renderer = prompt_renderer(processing_class, dataset_columns(train_dataset))
-            check_chat_template(tokenizer, args.chat_template_kwargs, renderer=renderer)
-        suppressed: list[int] = []  # token ids the policy never samples (a VLM's image placeholders)
-        if image_rows is not None:  # the policy never samples an image placeholder (before the reference is copied)
-            suppressed = suppress_placeholder_tokens(model, processing_class)
-            logger.info("Vision-language run: placeholder tokens %s are never sampled.", suppressed)
-        if args.freeze_vision_tower:  # before the reference is copied and any adapter wraps the policy
-            frozen = freeze_vision_tower(model)
-            logger.info("freeze_vision_tower=True: %d parameters of the vision encoder frozen.", frozen)
-        model, ref_model, ref_adapter = self._policy_and_reference(model, model_id, ref_model, args, peft_config)
-        if self._verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
-            check_checkpoint_fits(self._verified_checkpoint, is_peft_model(model), model=model)
-        self._has_critic = value_model is not None
-        # "auto": PPO's KL-in-reward with a critic; GRPO's KL-in-loss for group-relative advantages
-        self.kl_penalty = args.kl_penalty if args.kl_penalty != "auto" else ("reward" if self._has_critic else "loss")
-        # "auto": the estimator whose gradient is grad KL(pi || pi_ref) where the KL sits (k2 in the loss, k1 in the
-        # reward); other combinations are biased and warned about (see losses.KL_GRADIENT and the README's table)
-        self.kl_estimator = resolve_kl_estimator(args.kl_estimator, self.kl_penalty)
-        warning = kl_gradient_warning(self.kl_estimator, self.kl_penalty) if args.kl_coef > 0 else None
-        if warning:
-            logger.warning(warning)
-        if self._has_critic:
-            if args.disable_dropout:
-                disable_dropout(value_model, "value model")
-            set_pad_token_id(value_model, tokenizer.pad_token_id, "value_model")
-            train_model = PolicyAndValueWrapper(model, value_model)
-        else:
-            train_model = model
-
-        teacher = load_teacher(teacher_model, model, args, tokenizer)  # frozen and checked (teacher.py)
-
-        # ---- step 2. rewards ----------------------------------------------------------------------------------------
-        funcs, reward_tokenizers = load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tokenizer)
-        # every id the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids
-        # embeds them: refused now, not as "index out of range in self" at the first step
-        extra_stops = (args.generation_kwargs or {}).get("eos_token_id", [])
-        extra_stops = extra_stops if isinstance(extra_stops, (list, tuple)) else [extra_stops]
-        check_vocabularies(
-            tokenizer,
+        # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards ---------------------------------
+        models = load_models(
+            args,
             model,
-            reference=ref_model,
-            readers=[("value_model", value_model)]
-            + [
-                (f"reward model '{reward_function_name(func)}'", func)
-                for func, tok in zip(funcs, reward_tokenizers)
-                if isinstance(func, nn.Module) and (tok is tokenizer or tok.get_vocab() == tokenizer.get_vocab())
-            ],
-            stop_ids=[
-                ("stop_token_id", [args.stop_token_id] if args.stop_token_id is not None else []),
-                ("generation_kwargs['eos_token_id']", extra_stops),
-            ],
+            processing_class=processing_class,
+            ref_model=ref_model,
+            value_model=value_model,
+            teacher_model=teacher_model,
+            peft_config=peft_config,
+            agent=agent,
+            train_dataset=datasets["train_dataset"],
+            named_datasets=named_datasets(datasets),
+            verified_checkpoint=self._verified_checkpoint,
         )
-        if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
-            raise ValueError(
-                f"{type(args).__name__}.reward_weights has {len(args.reward_weights)} entries for {len(funcs)} "
-                "reward functions/models; give one weight per reward."
-            )
-        reward_weights = list(args.reward_weights or [1.0] * len(funcs))
-        if agent is not None and agent.rewards:  # each environment's `get_reward`, weight 1 (as TRL)
-            funcs, reward_tokenizers = funcs + agent.rewards, reward_tokenizers + [None] * len(agent.rewards)
-            reward_weights += [1.0] * len(agent.rewards)
+        model, tokenizer, image_rows = models.policy, models.tokenizer, models.image_rows
+        self._has_critic, self.kl_penalty, self.kl_estimator = (
+            models.has_critic,
+            models.kl_penalty,
+            models.kl_estimator,
+        )
         self.metrics = MetricsAccumulator([])
-        self.rewards = RewardScorer(
-            funcs,
-            reward_tokenizers,
-            reward_weights,
-            tokenizer,
-            args.local_rollout_forward_batch_size,
-            log_metric=self.metrics.log_metric,
-            log_extra=self.metrics.log_extra,
+        self.rewards = build_rewards(
+            args,
+            models,
+            reward_funcs,
+            reward_model,
+            reward_processing_classes,
+            agent=agent,
+            metrics=self.metrics,
             trainer_state=lambda: getattr(self, "state", None),
         )
         self.metrics.reward_names = list(self.rewards.names)
 
         # ---- step 3. datasets (checked and tokenized before anything is trained) ------------------------------------
-        with progress_bars(enabled=not args.disable_tqdm):
-            data = prepare_datasets(
-                args,
-                tokenizer,
-                train_dataset,
-                sft_dataset,
-                pretrain_dataset,
-                eval_dataset,
-                max_positions=model_context(model),
-                has_rewards=bool(funcs),
-                has_critic=self._has_critic,
-                stop_token_ids=stop_token_ids(args, tokenizer),
-                distillation_dataset=distillation_dataset,
-                has_teacher=teacher is not None,
-                images=image_rows,
-                user_source=rollout_source is not None or rollout_func is not None,
-                vocab_size=model.get_input_embeddings().num_embeddings,
-            )
-        if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
-            check_vision_options(
-                args,
-                prompts_have_images=rows_have_images(data.rl) or rows_have_images(data.distill),
-                has_critic=self._has_critic,
-                reward_models=[n for f, n in zip(self.rewards.funcs, self.rewards.names) if isinstance(f, nn.Module)],
-            )
-        self._distillation_dataset = data.distill
-        self._rl_dataset, self._sft_dataset, self._pretrain_source = data.rl, data.sft, data.pretrain
-        self._task_families = None  # the RL dataset's task families, when few enough to log one metric each
-        if data.rl is not None and "task" in data.rl.column_names:  # rl/zero_variance_groups per task family
-            families = set(map(str, data.rl["task"]))
-            if len(families) <= MAX_LOGGED_TASKS:
-                self._task_families = sorted(families)
-                self.metrics.track_tasks(self._task_families)
-        self.active = data.active
-        prompt_sets = [d for d in (data.rl, data.distill) if d is not None]
-        if prompt_sets:  # models that read the policy's tokens must fit the longest prompt + completion
-            longest = max(len(ids) for d in prompt_sets for ids in d["prompt_ids"]) + args.response_length
-            readers = [
-                ("value_model", value_model, tokenizer),
-                ("teacher_model", teacher, tokenizer),
-            ] + [
-                (f"reward model '{name}'", func, tok)
-                for func, tok, name in zip(self.rewards.funcs, self.rewards.processing_classes, self.rewards.names)
-                if isinstance(func, nn.Module)
-            ]
-            for what, reader, reader_tokenizer in readers:
-                context = model_context(reader)
-                same_tokens = reader_tokenizer is tokenizer
-                if reader is not None and context is not None and same_tokens and longest > context:
-                    raise ValueError(
-                        f"The {what} has a context of {context} positions, but the longest prompt + response_length "
-                        f"is {longest} tokens: lower response_length or max_prompt_length, or use a model with a "
-                        "longer context."
-                    )
-        # every reward function is called once on two rows (what they log is discarded); not with a rollout_func,
-        # whose extra keys (columns the reward functions may require) the dataset's rows do not have
-        if self.active[RL] and rollout_func is None:
-            rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-            self.rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None)
+        own_rounds = rollout_source is not None or rollout_func is not None
+        data = prepare_run_data(args, models, datasets, rewards=self.rewards, user_source=own_rounds)
+        self._rl_dataset = data.rl  # the RL prompts (the default rollout source's)
+        self._sft_dataset = data.sft  # the tokenized demonstrations (the memory pool's)
+        self._task_families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
+        if self._task_families is not None:
+            self.metrics.track_tasks(self._task_families)
+        check_data_fits(args, data, models, self.rewards, agent, rollout_func)  # contexts, reward preflight
 
-        # ---- step 4. the Trainer, with one placeholder item per row slot of the planned steps -----------------------
-        if args.total_episodes is not None and not self.active[RL]:  # it would be ignored: the run follows epochs
-            raise ValueError(
-                f"{type(args).__name__}.total_episodes={args.total_episodes} counts RL prompts rolled out, but this run "
-                "has no RL prompts (a `train_dataset` with rewards and rl_weight > 0): set max_steps or "
-                "num_train_epochs to fix the run's length, or drop total_episodes."
-            )
-        # the objectives: the built-in three (pretrain, sft, rl), then the user's, each with its name and static weight
-        check_objectives(objectives if objectives is not None else [])
-        extra_objectives = list(objectives or [])
-        clash = [o.name for o in extra_objectives if o.name in OBJECTIVES]
-        if clash:
-            raise ValueError(
-                f"`objectives` may not reuse the built-in names {list(OBJECTIVES)} (got {clash}): name it differently."
-            )
-        if teacher is not None and not self.active[RL] and data.distill is None:
-            raise ValueError(
-                "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of "
-                "prompts, but this run has none: pass a `distillation_dataset` of prompts (reward-free), or a "
-                "`train_dataset` of RL prompts (with reward_funcs) and rl_weight > 0."
-            )
-        if teacher is not None and "distill" in {o.name for o in extra_objectives}:
-            raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
-        distill = ("distill",) if teacher is not None else ()
-        names = (*OBJECTIVES, *distill, *(o.name for o in extra_objectives))
-        has_data = (*self.active, *(True for _ in distill), *(o.has_data for o in extra_objectives))
-        static_weights = (
-            args.pretrain_weight,
-            args.sft_weight,
-            args.rl_weight,
-            *(args.distillation_weight for _ in distill),
-            *(o.weight for o in extra_objectives),
-        )
-        if args.num_sample_generations > 0 and not any(
-            {"prompt", "input_ids"} & set(dataset_columns(d)) for _, d in eval_datasets(eval_dataset)
-        ):
-            logger.warning(
-                "num_sample_generations=%d: there is no eval_dataset of prompts to show sample completions of; no "
-                "table will be logged. Pass an eval_dataset with a 'prompt' column, or set num_sample_generations=0.",
-                args.num_sample_generations,
-            )
-        curriculum_args = (
-            args.curriculum_boundaries,
-            # the teacher's objective takes half of RL's share when the phases are given as three numbers
-            phase_mixtures(
-                args.curriculum_mixtures,
-                len(args.curriculum_boundaries) + 1,
-                names,
-                halves={name: OBJECTIVES[RL] for name in distill},
-            ),
-        )
-        active = tuple(a and c > 0 for a, c in zip(has_data, static_weights))
-        phase_shares = [any(m[i] > 0 for m in curriculum_args[1]) for i in range(len(names))]
-        average_shares = CurriculumSchedule(
-            *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
-        ).mixture(0)
-        self._planned_steps, tickets = plan_steps(
+        # ---- step 4. the plan (objectives, curriculum phases, steps) and the Trainer, one ticket per row slot -------
+        plan = plan_run(
             args,
-            self.active,
-            average_shares,
-            rl_prompts=len(data.rl) * (1 if self._has_critic else args.num_generations) if data.rl else 0,
-            sft_rows=len(data.sft) if data.sft else 0,
-            pretrain_docs=len(data.pretrain) if isinstance(data.pretrain, Dataset) else None,
-            distill_prompts=(len(data.distill), names.index("distill")) if data.distill is not None else None,
+            data,
+            objectives,
+            with_teacher=models.teacher is not None,
+            has_critic=self._has_critic,
+            eval_dataset=eval_dataset,
         )
+        self._planned_steps = plan.planned_steps
         check_disk_space(
             args.output_dir,
-            checkpoint_nbytes(train_model, args.optim, args.save_only_model),
+            checkpoint_nbytes(models.trained, args.optim, args.save_only_model),
             checkpoints=args.save_strategy != "no",
         )
         if args.max_steps <= 0:  # the run's length is the plan (the curriculum, schedules and pools are sized by it):
             # set it in the trainer's own copy, or the Trainer would round epochs of tickets up to its own length
             args = dataclasses.replace(args, max_steps=self._planned_steps)
         super().__init__(
-            model=train_model,
+            model=models.trained,
             args=args,
             data_collator=ticket_collator,
-            train_dataset=StepTickets(tickets),
+            train_dataset=StepTickets(plan.tickets),
             eval_dataset=eval_dataset,
-            processing_class=processing_class,
+            processing_class=models.processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
         )
         check_launch(self.accelerator)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
         self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
-        self._suppressed_token_ids = list(suppressed)
+        self._suppressed_token_ids = list(models.suppressed_token_ids)
 
         # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer --------------
-        pretrain = LanguageModelingObjective("pretrain", data.pretrain, args.pretrain_weight, check=False)  # checked
-        with progress_bars(enabled=not args.disable_tqdm):  # an added objective tokenizes its dataset here
-            for objective in (pretrain, *extra_objectives):
-                objective.setup(
-                    ObjectiveSetup(
-                        index=names.index(objective.name),
-                        args=args,
-                        tokenizer=tokenizer,
-                        rank=rank,
-                        world_size=world,
-                        planned_steps=self._planned_steps,
-                        max_positions=model_context(model),
-                        images=image_rows,
-                    )
-                )
-        for objective in extra_objectives:  # its state goes into the checkpoint's JSON: refuse what cannot, now
-            check_state_dict(objective)
-        idle = [n for n, shared, on in list(zip(names, phase_shares, active))[len(OBJECTIVES) :] if shared and not on]
-        if idle:
-            logger.warning(
-                "The objectives %s have a curriculum share but no data or a weight of 0: their share goes to the "
-                "others.",
-                idle,
-            )
-        sft_pool = build_sft_pool(args, data.sft, self._planned_steps, rank, world) if self.active[SFT] else None
-        prompt_sampler = (
-            ShardedSampler(
-                len(data.rl), seed=args.sampling_seed + 2, rank=rank, world_size=world, shuffle=args.shuffle_rl_prompts
-            )
-            if self.active[RL]
-            else None
+        pretrain = setup_objectives(  # the pretraining stream and the user's objectives, indexed by the plan
+            args,
+            data,
+            plan,
+            lambda index: ObjectiveSetup(
+                index, args, tokenizer, rank, world, self._planned_steps, model_context(model), image_rows
+            ),
         )
         # the RL objective's replay buffer: each trajectory served num_ppo_epochs times (a construction hook:
         # few-shot mode raises it)
         replay = build_replay_buffer(args, self.replay_max_uses(), rank)
-        # the RL prompt sampler, the long-term SFT pool (uniform or prioritised), a sample selector (none unless a
-        # subclass builds one: few-shot mode) and the adapter bank (trl_trapo/memory/pool.py)
-        self.memory_pool = MemoryPool(
-            sft_pool,
-            prompt_sampler,
-            selector=self.build_sample_selector(
+        adapter_bank = build_adapter_bank(args, self._unwrapped_policy, self.accelerator, zero3, replay)
+        if adapter_bank is not None:
+            self.add_callback(adapter_bank)
+        # the RL prompt sampler, the long-term SFT pool, a sample selector (none unless a subclass builds one:
+        # few-shot mode) and the adapter bank (trl_trapo/memory/pool.py)
+        self.memory_pool = build_memory_pool(
+            args,
+            data,
+            self._planned_steps,
+            rank,
+            world,
+            selector=lambda sft_pool, prompt_sampler: self.build_sample_selector(
                 sft_pool,
                 prompt_sampler,
                 data.rl,
@@ -694,91 +457,50 @@ class TRAPOTrainer(_BaseTrainer):
                 self._unwrapped_policy(),
                 self._unwrapped_for_rollouts,
             ),
-            adapter_bank=self._build_adapter_bank(args, replay),
-            rank=rank,
-            successes=build_successes(args, self.active[RL], self.active[SFT]),
+            adapter_bank=adapter_bank,
         )
-        # targeted exploration: families whose groups carry no signal are sampled hotter (it sets the default
-        # source's temperatures; trl_trapo/exploration.py)
-        exploration = build_exploration(
+        # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
+        exploration = build_run_exploration(
             args,
-            self.active[RL],
-            self._has_critic,
-            own_source,
-            world,
-            self.memory_pool.successes is not None,
-            tool_loop=agent is not None,
+            data,
+            models,
+            own_source=checked.own_source,
+            world_size=world,
+            with_successes=self.memory_pool.successes is not None,
+            agent=agent,
         )
-        if self.active[RL] and not self._has_critic:  # a GRPO script: its defaults this run lacks, said once
-            notice = grpo_notice(args, exploration is not None, agent is not None, self.kl_estimator, self.kl_penalty)
-            if notice:
-                logger.warning(notice)
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -----------------------------
-        self.allocator = RowAllocator(len(names))
-        self.curriculum = CurriculumSchedule(
-            *curriculum_args,
-            self._planned_steps,
-            args.curriculum_decay_steps,
-            active=active,
-            mode=args.curriculum_mode,
-            names=names,
+        self.allocator, self.curriculum, self.dare, self.schedules = build_step_controls(
+            args, plan, probe_noise_floor(model, args), self._make_probe
         )
-        engine = build_weighting(args, has_data, self._probe_noise_floor(model, args), names)  # trl_trapo/weighting.py
-        interval = args.dare_update_interval or math.ceil(math.sqrt(self._planned_steps))
-        # no probe is built for static weights (DARE.begin_step); metrics only for the objectives in the run
-        self.dare = DARE(engine, interval, probe_factory=self._make_probe, names=names, active=active)
-        # learning rate / entropy by curriculum phase, adaptive KL (trl_trapo/schedules.py)
-        self.schedules = RLSchedules(args, (self.curriculum.boundary_steps or [None])[-1])
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
 
         # ---- step 7. frozen models and the rollout engine -----------------------------------------------------------
-        # models built after ZeRO-3 built the policy may miss the kernel functions their forward reads (see there)
-        reward_models = [func for func in self.rewards.funcs if isinstance(func, nn.Module)]
-        restore_kernel_functions(model, ref_model, value_model, teacher, *reward_models)
         # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
         # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
         self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
-        self.ref_model = self._prepare_frozen(ref_model) if ref_model is not None else None
-        # the distillation teacher prepares itself like the other frozen models; the distillation objective and (for
-        # the sampled-token estimator) the rollout engine run its forwards (trl_trapo/teacher.py)
-        distill_teacher = (
-            Teacher.from_config(teacher, args, self.accelerator, self._prepare_frozen, self.padding_id)
-            if teacher is not None
-            else None
+        self.ref_model, distill_teacher, self.reference = prepare_frozen_models(
+            args, models, self.rewards, self._prepare_frozen, self.accelerator, self.padding_id
         )
-        self.reference = None  # the KL term's reference (none when kl_coef = 0)
-        if args.kl_coef > 0 and (self.ref_model is not None or ref_adapter is not None):
-            self.reference = ReferencePolicy(self.ref_model, ref_adapter, unwrap=self.accelerator.unwrap_model)
-        for i, func in enumerate(self.rewards.funcs):
-            if isinstance(func, nn.Module):
-                self.rewards.funcs[i] = self._prepare_frozen(func)
         # the training forward's output layer runs only at counted positions
         self.counted_head = CountedPositionHead(self._unwrapped_policy())
         self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
         stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
-        self.rollouts = RolloutEngine(
+        self.rollouts = build_rollout_engine(
             args,
-            tokenizer,
+            models,
             self.rewards,
             self.reference,
-            self._has_critic,
-            self.kl_penalty,
-            self.kl_estimator,
-            self.schedules.kl_coef,
-            self._unwrapped_for_rollouts,
-            self.accelerator,
-            self.generation_config,
-            stops,
-            self.padding_id,
-            guidance=DemonstrationGuidance(args.guidance, args.guidance_gamma)
-            if args.demonstration_column is not None
-            else None,
-            vllm=VLLMGenerator(args, self._unwrapped_policy(), self.accelerator, tokenizer, processing_class)
-            if args.use_vllm and self.active[RL]
-            else None,
-            # distillation's sampled-token estimator scores each sampled token with the teacher in the round
-            teacher=distill_teacher if args.distillation_estimator == "sampled_token" else None,
+            schedules=self.schedules,
+            unwrapped_for_rollouts=self._unwrapped_for_rollouts,
+            accelerator=self.accelerator,
+            generation_config=self.generation_config,
+            stops=stops,
+            padding_id=self.padding_id,
+            policy=self._unwrapped_policy(),
+            active_rl=data.rl is not None,
+            teacher=distill_teacher,
         )
 
         # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
@@ -800,15 +522,15 @@ class TRAPOTrainer(_BaseTrainer):
                 context=model_context(model),
                 suppressed_token_ids=self._suppressed_token_ids,
                 producer_threads=self.thread_choice.producer_threads,
-                zero3=self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
+                zero3=zero3,
                 images=image_rows,
             ),
             # TRL's contract: the function gets the trainer
             rollout_source=rollout_source,
             rollout_func=(lambda prompts: rollout_func(prompts, self)) if rollout_func is not None else None,
             agent=agent,
-            own_source=own_source,
-            active_rl=self.active[RL],
+            own_source=checked.own_source,
+            active_rl=data.rl is not None,
             has_critic=self._has_critic,
             exploration=exploration,
         )
@@ -841,11 +563,10 @@ class TRAPOTrainer(_BaseTrainer):
             kl_penalty=self.kl_penalty,
             kl_estimator=self.kl_estimator,
             logging_step=self._is_logging_step,
-            active=self.active,
+            data=data,
             teacher=distill_teacher,
-            distill_prompts=data.distill,
             sampler=self.rollouts,
-            extra=extra_objectives,
+            extra=plan.extra,
             tokenizer=tokenizer,
             rank=rank,
             world_size=world,
@@ -866,24 +587,23 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 10. callbacks -------------------------------------------------------------------------------------
         if args.console_metrics == "short":  # the console's step line: a short set (the logs keep every metric)
-            for callback in list(self.callback_handler.callbacks):
-                short = SHORT_CONSOLE_CALLBACKS.get(type(callback))
-                if short is not None:
-                    self.remove_callback(callback)
-                    self.add_callback(short)
-        if self.schedules.adaptive_kl:
-            self.add_callback(AdaptiveKLCallback(self.schedules, self._reduce_sum))
-        self.add_callback(DDPCommHookCallback(lambda: self.model_wrapped, self.accelerator))
+            for callback, short in short_console_callbacks(self.callback_handler.callbacks):
+                self.remove_callback(callback)
+                self.add_callback(short)
         # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
         self._checkpoint_guard = CheckpointGuard(lambda: self.args.should_save)
-        self.add_callback(StateCheckpointCallback(self._save_trapo_state, lambda: self._checkpoint_guard.pending))
-        if args.sync_ref_model and args.kl_coef > 0:
-            if self.reference is None or not self.reference.syncable:
-                raise ValueError(
-                    "sync_ref_model=True needs a reference to update: a `ref_model`, or a PEFT policy (its reference "
-                    "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
-                )
-            self.add_callback(SyncReferenceCallback(self.reference, self._unwrapped_policy))
+        for callback in build_callbacks(
+            args,
+            schedules=self.schedules,
+            reduce_sum=self._reduce_sum,
+            model_wrapped=lambda: self.model_wrapped,
+            accelerator=self.accelerator,
+            save_state=self._save_trapo_state,
+            pending=lambda: self._checkpoint_guard.pending,
+            reference=self.reference,
+            policy=self._unwrapped_policy,
+        ):
+            self.add_callback(callback)
         # last, so that every other callback has seen the step: SIGINT / SIGTERM save a checkpoint and stop (train())
         self._signal_catcher = SignalCatcher(announce=self.accelerator.is_main_process)
         self._stop_on_signal = StopOnSignalCallback(self._signal_catcher, self.accelerator)
@@ -898,62 +618,6 @@ class TRAPOTrainer(_BaseTrainer):
     # =================================================================================================================
     # Construction helpers
     # =================================================================================================================
-    @staticmethod
-    def _policy_and_reference(model, model_id, ref_model, args: TRAPOConfig, peft_config):
-        """The policy (wrapped in a fresh adapter with `peft_config`), and its reference: a frozen model, or — for a
-        PEFT policy — an adapter name ("" = adapter disabled)."""
-        created_adapter = False
-        if peft_config is not None:
-            if get_peft_model is None:
-                raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
-            if is_peft_model(model):
-                raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
-            linear_names = sorted(
-                {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-            )
-            try:
-                with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
-                    model = get_peft_model(model, peft_config)
-            except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
-                shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
-                raise ValueError(
-                    f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
-                    f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
-                    "target_modules='all-linear' (every linear layer but the output head)."
-                ) from error
-            created_adapter = True
-        if args.disable_dropout:
-            disable_dropout(model, "policy")
-        ref_adapter: str | None = None
-        if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
-            raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
-        if args.model_adapter_name:
-            model.set_adapter(args.model_adapter_name)
-        if args.ref_adapter_name:
-            if args.ref_adapter_name not in model.peft_config:
-                raise ValueError(
-                    f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
-                    f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
-                )
-            ref_adapter = args.ref_adapter_name
-        if ref_model is not None and is_peft_model(model):
-            logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
-        if args.kl_coef > 0 and ref_model is None and ref_adapter is None:
-            if is_peft_model(model):
-                if created_adapter and not args.sync_ref_model:
-                    ref_adapter = ""  # a fresh adapter starts at the base model
-                else:
-                    ref_adapter = add_frozen_adapter_copy(model, model.active_adapter)
-                    if args.disable_dropout:  # the copy's LoRA dropout is a new `nn.Dropout`
-                        disable_dropout(model, "policy")
-            else:
-                ref_model = create_reference(model, model_id, args.model_init_kwargs)
-        if ref_model is not None:
-            ref_model.eval().requires_grad_(False)
-            if args.disable_dropout:
-                disable_dropout(ref_model, "reference model")
-        return model, ref_model, ref_adapter
-
     def _prepare_frozen(self, module: nn.Module) -> nn.Module:
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(module, self.accelerator)
@@ -1012,34 +676,6 @@ class TRAPOTrainer(_BaseTrainer):
                 "`trl_trapo.experimental.fewshot.FewShotTRAPOTrainer` (same arguments), or set fewshot_mode=False."
             )
         return None
-
-    def _build_adapter_bank(self, args: TRAPOConfig, replay: ReplayBuffer) -> AdapterBankCallback | None:
-        """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
-        rollback empties `replay` (trajectories of the abandoned policy)."""
-        if args.adapter_snapshot_steps <= 0 or not is_peft_model(self._unwrapped_policy()):
-            return None
-        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-            logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
-            return None
-        callback = AdapterBankCallback(
-            AdapterBank(os.path.join(args.output_dir, "adapter_bank"), args.max_adapter_snapshots),
-            self._unwrapped_policy,
-            self.accelerator,
-            on_rollback=replay.clear,
-            every=args.adapter_snapshot_steps,
-            reward_drop=args.adapter_rollback_reward_drop,
-            kl_max=args.adapter_rollback_kl_max,
-        )
-        self.add_callback(callback)
-        return callback
-
-    @staticmethod
-    def _probe_noise_floor(model, args: TRAPOConfig) -> float:
-        """Three standard deviations of the cosine of two random vectors of the probe's dimension, 3 / sqrt(D)."""
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        rows = min(config.vocab_size, args.dare_probe_vocab)
-        dim = min(config.hidden_size, args.dare_probe_dim)
-        return 3.0 / math.sqrt(rows * dim)
 
     def _make_probe(self) -> GradientProbe:
         policy = self._unwrapped_policy()
@@ -1127,7 +763,8 @@ class TRAPOTrainer(_BaseTrainer):
     # 1. Building a step (public Trainer hook: get_batch_samples)
     # =================================================================================================================
     def get_batch_samples(self, epoch_iterator, num_batches: int, device) -> tuple[list, StepContext | None]:
-        """Draw this optimizer step's rows from the three pools and split them into `num_batches` micro-batches.
+        """Draw this optimizer step's rows from every objective (`objective.take`) and split them into `num_batches`
+        micro-batches.
 
         Returns `(micro_batches, context)`: the Trainer hands the [`StepContext`] (loss weights and the global
         per-objective counts of the whole step) to `training_step` / `compute_loss` as `num_items_in_batch`.
@@ -1308,7 +945,10 @@ class TRAPOTrainer(_BaseTrainer):
                     attention_mask,
                     model_inputs,
                     **forward_kwargs,
-                    value_rows=rows[RL].nonzero().squeeze(-1),
+                    value_rows=torch.stack([r for r, o in zip(rows, self.objectives) if o.reads_values])
+                    .any(0)
+                    .nonzero()
+                    .squeeze(-1),
                 )
             else:
                 outputs = model_forward(model, input_ids, attention_mask, model_inputs, **forward_kwargs)
@@ -1344,7 +984,7 @@ class TRAPOTrainer(_BaseTrainer):
                 token_rows=token_rows,
                 targets=targets,
                 tokens=rows[index][token_rows],
-                values=values if index == RL else None,
+                values=values if term_objective.reads_values else None,
                 context=context,
             )
             term = term_objective.loss(view)
@@ -1692,16 +1332,7 @@ class TRAPOTrainer(_BaseTrainer):
                 raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
             pool_state = memory_pool_state(state)  # this layout, or the earlier one (samplers at the top level)
             pool.check_datasets(pool_state, checkpoint_dir)  # the clearest error first, before anything is restored
-            objective_states = state.get("objectives")
-            if objective_states is None:  # written before objectives were named: the pretraining stream's own key
-                objective_states = {"pretrain": state.get("pretrain_stream") or {}}
-            pretrain_stream = self.objectives[PRETRAIN].state_dict() or None  # {} when it has no stream
-            written = objective_states.get("pretrain") or None
-            if (written is None) != (pretrain_stream is None):
-                raise CheckpointError(
-                    f"{source}: the checkpoint was made with a different set of datasets ('pretrain_stream' "
-                    f"{'missing' if written is None else 'present'}); resume with the same datasets."
-                )
+            objective_states = checkpointed_objective_states(state)  # this layout, or the one before names
             missing = [o.name for o in self.objectives[len(OBJECTIVES) :] if o.name not in objective_states]
             unknown = sorted(set(objective_states) - {o.name for o in self.objectives})
             if missing or unknown:
@@ -1709,6 +1340,13 @@ class TRAPOTrainer(_BaseTrainer):
                     f"{source}: the checkpoint was written by a run with other objectives (this run adds "
                     f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
                 )
+            for objective in self.objectives:  # a pretraining stream missing or added, ...: datasets changed
+                problem = objective.check_resume(objective_states.get(objective.name))
+                if problem is not None:
+                    raise CheckpointError(
+                        f"{source}: the checkpoint was made with a different set of datasets ({problem}); resume "
+                        "with the same datasets."
+                    )
             for objective in self.objectives:
                 if objective.name in objective_states:
                     objective.load_state_dict(objective_states[objective.name])

@@ -62,7 +62,6 @@ import torch
 from torch import nn
 
 from ..collator import left_pad
-from ..config import SFT
 from ..models import batch_model_inputs, model_forward
 from ..rollout import RolloutEngine
 from ..trainer import TRAPOTrainer
@@ -372,11 +371,11 @@ class FewShotController:
     def _capture(self, module, inputs) -> None:
         self._captured = inputs[0]
 
-    def after_forward(self, objective: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
+    def after_forward(self, rows: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
         """Queue the prompt embeddings of this micro-batch's SFT rows (on the device; no host sync).
 
         Args:
-            objective (`torch.Tensor`): `(B,)` objective of each row.
+            rows (`torch.Tensor`): `(B,)` bool, the SFT objective's rows.
             pool_index (`torch.Tensor`): `(B,)` SFT pool slot of each row (-1 for other rows).
             mask (`torch.Tensor`): `(B, T)` target-aligned mask of the SFT completion tokens.
         """
@@ -387,7 +386,7 @@ class FewShotController:
             hidden = hidden[:, : mask.shape[1]].detach().float()  # (B, T, H)
             prompt = ((mask.cumsum(-1) - mask) == 0).to(hidden.dtype)  # prompt positions: up to the first target
             mean = (hidden * prompt.unsqueeze(-1)).sum(1) / prompt.sum(1, keepdim=True).clamp(min=1.0)
-            index = torch.where(objective == SFT, pool_index, torch.full_like(pool_index, -1))
+            index = torch.where(rows, pool_index, torch.full_like(pool_index, -1))
             self._pending_sft.append((index, nn.functional.normalize(mean, dim=-1)))
 
     def _flush_sft(self) -> None:

@@ -1922,8 +1922,8 @@ def builtin_accuracy(trainer: TRAPOTrainer, tokenizer, dataset) -> dict[str, flo
     """
     from trl.models import unwrap_model_for_generation
 
+    from trl_trapo.models import quiet_checkpointing_deprecation
     from trl_trapo.tasks import greedy_accuracy
-    from trl_trapo.trainer import quiet_checkpointing_deprecation
 
     # gathers DeepSpeed ZeRO-3 partitions (collectively: every rank evaluates); a no-op unwrap otherwise
     with (

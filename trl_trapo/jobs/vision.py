@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from datasets import Dataset
 from trl import TrlParser
 
-from ..config import OBJECTIVES, PRETRAIN, SFT, TRAPOConfig
+from ..config import OBJECTIVES, TRAPOConfig
+from ..objectives import DemonstrationObjective, LanguageModelingObjective, PretrainingObjective, SFTObjective
 
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def per_modality_curriculum(config: TRAPOConfig) -> tuple[list[float], list[dict
     each split half and half between the text objective and its image twin (RL's share unchanged)."""
     names = list(OBJECTIVES)
     flat = list(config.curriculum_mixtures)
-    split = {OBJECTIVES[PRETRAIN], OBJECTIVES[SFT]}
+    split = {PretrainingObjective.NAME, SFTObjective.NAME}
     mixtures = []
     for start in range(0, len(flat), len(names)):
         mixture: dict[str, float] = {}
@@ -225,7 +226,6 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
         ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
             does not resume (checked first, as the main job does), or for what the trainer refuses.
     """
-    from ..objectives import DemonstrationObjective, LanguageModelingObjective
     from ..saving import check_earlier_checkpoints
     from ..tasks.vision import build_tiny_vlm
     from ..trainer import TRAPOTrainer
@@ -239,9 +239,9 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
         sft_image, sft = split_by_images(suite.sft)
         pretrain_image, pretrain = split_by_images(suite.pretrain)
         objectives = [  # each image twin weighs as its text objective (`--sft_weight 0` turns both off)
-            DemonstrationObjective(OBJECTIVES[SFT] + IMAGE_SUFFIX, sft_image, weight=config.sft_weight),
+            DemonstrationObjective(SFTObjective.NAME + IMAGE_SUFFIX, sft_image, weight=config.sft_weight),
             LanguageModelingObjective(
-                OBJECTIVES[PRETRAIN] + IMAGE_SUFFIX, pretrain_image, weight=config.pretrain_weight
+                PretrainingObjective.NAME + IMAGE_SUFFIX, pretrain_image, weight=config.pretrain_weight
             ),
         ]
     return TRAPOTrainer(

@@ -21,7 +21,7 @@ What the trainer calls, and when:
   `select_prompts(n)` picks a generation round's RL prompts;
 - `observe_rollouts(batch)` once a round is finished (before its trajectories enter the replay buffer), and
   `observe_successes(batch)` with the same round for self-imitation;
-- `after_forward(inputs, per_token_logps, sft_mask)` in `compute_loss`: per-row SFT feedback (priority proxies,
+- `after_forward(inputs, per_token_logps, sft_mask, rows)` in `compute_loss`: per-row SFT feedback (priority proxies,
   the selector's prompt embeddings) stays on the device and is handed over when the next step is drawn — no host
   sync per micro-batch;
 - `state_dict()` / `load_state_dict()` with TRAPO's checkpoint: the state of every part the pool owns (the
@@ -39,7 +39,6 @@ import torch
 
 from ..checkpoint import CheckpointError, encode_tensors, read_state_file
 from ..collator import MODEL_INPUTS, Row
-from ..config import SFT
 from ..vision import examples_model_inputs
 from .replay import Trajectory
 from .sft_pool import PrioritizedSFTPool, SFTPool, free_disk_bytes, sft_priority_proxy
@@ -105,9 +104,10 @@ class SampleSelector(Protocol):
         carries the temperature its source sampled it at, which it is trained at: a selector leaves it)."""
         ...
 
-    def after_forward(self, objective: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
-        """A training micro-batch: `(B,)` objective and SFT-pool slot (-1 for rows not from the pool) of each row, and
-        the `(B, T)` target-aligned mask of the SFT completion tokens. Must not sync with the host."""
+    def after_forward(self, rows: torch.Tensor, pool_index: torch.Tensor, mask: torch.Tensor) -> None:
+        """A training micro-batch: `(B,)` bool, the SFT objective's rows, and `(B,)` SFT-pool slot (-1 for rows not
+        from the pool) of each row, and the `(B, T)` target-aligned mask of the SFT completion tokens. Must not sync
+        with the host."""
         ...
 
     def metrics(self) -> dict[str, float]:
@@ -230,17 +230,19 @@ class MemoryPool:
             examples_model_inputs(batch.examples, MODEL_INPUTS),  # a VLM prompt's images ride with its success
         )
 
-    def after_forward(self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor) -> None:
-        """Per-row SFT feedback of a micro-batch, left on the device until the next draw."""
+    def after_forward(
+        self, inputs: dict, per_token_logps: torch.Tensor, sft_mask: torch.Tensor, rows: torch.Tensor
+    ) -> None:
+        """Per-row SFT feedback of a micro-batch (`rows`: `(B,)` bool, the SFT objective's rows), left on the device
+        until the next draw."""
         pool_index = inputs.get("pool_index")
         if pool_index is None or self.sft_pool is None:
             return
-        objective = inputs["objective"]
         if self.sft_pool.wants_feedback:
-            index = torch.where(objective == SFT, pool_index, torch.full_like(pool_index, -1))
+            index = torch.where(rows, pool_index, torch.full_like(pool_index, -1))
             self.sft_pool.report(index, sft_priority_proxy(per_token_logps, sft_mask))
         if self.selector is not None:
-            self.selector.after_forward(objective, pool_index, sft_mask)
+            self.selector.after_forward(rows, pool_index, sft_mask)
 
     # ---- metrics and state --------------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:
