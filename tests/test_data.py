@@ -116,6 +116,17 @@ def test_tokenize_sft_conversational_prompt_completion(tokenizer):
     assert tokenizer.decode(row["input_ids"][: len(row["input_ids"]) - len(learned)]).endswith("assistant: ")
 
 
+def test_a_text_sft_dataset_is_pointed_to_pretrain_dataset():
+    """TRL's SFTTrainer takes a `text` column (language modeling, every token trained); TRAPO's `sft_dataset` does not,
+    and its message names the argument that trains such rows so."""
+    from trl_trapo.data import check_sft_dataset
+
+    with pytest.raises(
+        ValueError, match=r"it has \['text'\]\. A 'text' column .* pass such rows as `pretrain_dataset`"
+    ):
+        check_sft_dataset(Dataset.from_dict({"text": ["abc"]}))
+
+
 @pytest.mark.parametrize("last", ["user", "tool", "system"])
 def test_tokenize_sft_messages_may_end_with_any_role(tokenizer, last):
     """TRL's SFTTrainer trains a `messages` row ending with any role (and one without an assistant turn): so does

@@ -608,13 +608,21 @@ def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
 
 
 def check_sft_dataset(dataset: Dataset) -> None:
-    """Raise a ValueError unless `dataset` is a non-empty prompt-completion or `messages` dataset."""
+    """Raise a ValueError unless `dataset` is a non-empty prompt-completion or `messages` dataset (a `text` one is
+    pointed to `pretrain_dataset`, which trains every token of it as TRL's SFTTrainer trains a text row)."""
     _check_not_empty(dataset, "sft_dataset")
     columns = dataset_columns(dataset)
     if not ({"prompt", "completion"} <= set(columns) or "messages" in columns):
+        text = (
+            " A 'text' column (TRL SFTTrainer's language-modeling form, `dataset_text_field`) trains every token: "
+            "pass such rows as `pretrain_dataset` (each document with EOS appended, every token trained)."
+            if "text" in columns
+            else ""
+        )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}. See https://huggingface.co/docs/trl/dataset_formats."
+            f"column (conversational format); it has {columns}.{text} See "
+            "https://huggingface.co/docs/trl/dataset_formats."
         )
 
 
