@@ -1019,8 +1019,9 @@ def tokenize_sft_dataset(
 
     With `images` (a VLM run) and an `images` / `image` column, every row goes through the processor instead (see
     [`~trl_trapo.vision.ImageRows.sft`]) and the result also has a `model_inputs` column (the row's `pixel_values` ...,
-    empty for a text row); `assistant_only_loss` does not apply to such rows (a `messages` row trains every token but
-    its image tokens).
+    empty for a text row): a `messages` row trains every token but its image tokens (with `assistant_only_loss`, its
+    assistant turns, from the processor's assistant mask); `assistant_only_loss` does not apply to prompt-completion
+    image rows.
 
     Rows longer than `max_length` are truncated from the right; the number truncated is logged; rows left with no
     completion token are skipped.
@@ -1048,7 +1049,7 @@ def tokenize_sft_dataset(
     eos = tokenizer.eos_token_id
     column = image_column(dataset_columns(dataset), role)
     if column is not None and images is not None:
-        return _tokenize_image_sft_dataset(dataset, images, column, max_length, role, num_proc)
+        return _tokenize_image_sft_dataset(dataset, images, column, max_length, role, num_proc, assistant_only_loss)
     if assistant_only_loss:
         check_assistant_only_loss(dataset, tokenizer, template_kwargs)
 
@@ -1139,14 +1140,20 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
 
 
 def _tokenize_image_sft_dataset(
-    dataset: Dataset, images: ImageRows, column: str, max_length: int, role: str, num_proc: int | None
+    dataset: Dataset,
+    images: ImageRows,
+    column: str,
+    max_length: int,
+    role: str,
+    num_proc: int | None,
+    assistant_only_loss: bool = False,
 ) -> Dataset:
     """The SFT rows of a VLM run through the processor: `input_ids`, `completion_mask`, `model_inputs` (see
     `tokenize_sft_dataset`). A row longer than `max_length` keeps its first `max_length` tokens when its image tokens
     all fit (refused otherwise, naming the row)."""
 
     def tokenize(example: dict, index: int) -> dict:
-        ids, mask, inputs = images.sft(example, column, role, index)
+        ids, mask, inputs = images.sft(example, column, role, index, assistant_only_loss)
         keep = images.cut(ids, max_length, role, index)
         return {"input_ids": ids[:keep], "completion_mask": mask[:keep], "model_inputs": inputs}
 
