@@ -80,8 +80,10 @@ def test_build_rollout_source_refuses_before_building_anything(tmp_path, tiny_co
     with pytest.raises(ValueError, match="rollout_func was given but there are no RL prompts"):
         build_rollout_source(args, parts(), rollout_func=lambda p: {}, own_source=True, active_rl=False, **choice)
     async_args = tiny_config(tmp_path, async_rollouts=True)
-    with pytest.raises(ValueError, match="async_rollouts=True replaces the default rollout source"):
-        build_rollout_source(async_args, parts(), rollout_func=None, own_source=True, active_rl=True, **choice)
+    with pytest.raises(ValueError, match="a rollout_source object of your own cannot be rebuilt there"):
+        build_rollout_source(
+            async_args, parts(), rollout_func=None, own_source=True, active_rl=True, **{**choice, "rollout_source": 1}
+        )
     with pytest.raises(ValueError, match="not available under DeepSpeed ZeRO-3"):
         build_rollout_source(
             async_args, parts(zero3=True), rollout_func=None, own_source=False, active_rl=True, **choice

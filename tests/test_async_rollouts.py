@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import make_tiny_trainer
 
-from trl_trapo import TRAPOConfig
+from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.async_rollouts import ProducerError, round_seed, trainable_state
 from trl_trapo.rollout import completion_logps
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
@@ -184,19 +184,28 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path, overrides, match):
         TRAPOConfig(output_dir=str(tmp_path), async_rollouts=True, **overrides)
 
 
-def test_a_source_of_your_own_is_refused(tmp_path, tokenizer, suite):
+class OwnSource:
+    """A rollout source object of the user's: it samples with what it holds, which a producer cannot rebuild."""
+
+    def sample(self, rows_needed, step):
+        raise AssertionError("never called")
+
+
+def test_a_source_object_of_your_own_is_refused_and_an_unpicklable_rollout_func_is_named(tmp_path, tokenizer, suite):
     def rollout_func(prompts, trainer):
         raise AssertionError("never called")
 
-    with pytest.raises(ValueError, match="async_rollouts=True replaces the default rollout source"):
-        make_tiny_trainer(tmp_path, tokenizer, suite, async_rollouts=True).__class__(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=exact_match_reward,
-            args=TRAPOConfig(output_dir=str(tmp_path / "b"), report_to="none", async_rollouts=True, max_steps=2),
-            train_dataset=suite.rl_train,
-            processing_class=tokenizer,
-            rollout_func=rollout_func,
-        )
+    common = dict(
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path / "b"), report_to="none", async_rollouts=True, max_steps=2),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    with pytest.raises(ValueError, match="a rollout_source object of your own cannot be rebuilt there"):
+        TRAPOTrainer(build_tiny_model(tokenizer, seed=0), rollout_source=OwnSource(), **common)
+    # a rollout_func runs in the producer (tests/test_async_sources.py), but a local one cannot reach it: named
+    with pytest.raises(ValueError, match="rollout_func 'rollout_func' cannot be pickled.*Define it at module level"):
+        TRAPOTrainer(build_tiny_model(tokenizer, seed=0), rollout_func=rollout_func, **common)
 
 
 def test_a_lora_run_sends_only_the_adapter(tokenizer):

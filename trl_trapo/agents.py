@@ -370,19 +370,29 @@ def check_tool_names(tools: Sequence[Callable], where: str) -> None:
 
 def environment_reward(environment_type: type) -> Callable:
     """A reward function (TRL's contract) that scores each rollout whose environment is exactly `environment_type` by
-    its `get_reward()` (sync or async), and gives None (no reward) to the others; named after the class."""
+    its `get_reward()` (sync or async), and gives None (no reward) to the others; named after the class. An instance
+    of a module-level class, so it pickles (by reference to `environment_type`) into an asynchronous producer."""
     if inspect.iscoroutinefunction(environment_type.get_reward):
+        return AsyncEnvironmentReward(environment_type)
+    return EnvironmentReward(environment_type)
 
-        async def reward(environments, **kwargs):
-            return [await e.get_reward() if type(e) is environment_type else None for e in environments]
 
-    else:
+class EnvironmentReward:
+    """[`environment_reward`] of an environment class whose `get_reward` is sync: `__name__` is the class's name."""
 
-        def reward(environments, **kwargs):
-            return [e.get_reward() if type(e) is environment_type else None for e in environments]
+    def __init__(self, environment_type: type):
+        self.environment_type = environment_type
+        self.__name__ = self.__qualname__ = environment_type.__name__
 
-    reward.__name__ = reward.__qualname__ = environment_type.__name__
-    return reward
+    def __call__(self, environments, **kwargs):
+        return [e.get_reward() if type(e) is self.environment_type else None for e in environments]
+
+
+class AsyncEnvironmentReward(EnvironmentReward):
+    """[`environment_reward`] of an environment class whose `get_reward` is `async def` (awaited)."""
+
+    async def __call__(self, environments, **kwargs):
+        return [await e.get_reward() if type(e) is self.environment_type else None for e in environments]
 
 
 @dataclass

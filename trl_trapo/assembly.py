@@ -58,6 +58,7 @@ from .data import (
 )
 from .distributed import restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
+from .executor import SourceContext
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
 from .losses import kl_gradient_warning, resolve_kl_estimator
@@ -92,7 +93,7 @@ from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
 from .setup_checks import check_training_setup
-from .sources import RolloutFuncSource, RolloutSource, SyncRolloutSource, check_rollout_source
+from .sources import RolloutFuncSource, RolloutSource, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
@@ -120,6 +121,7 @@ if TYPE_CHECKING:  # optional capabilities, imported where they are built
     from transformers import GenerationConfig, PreTrainedTokenizerBase
 
     from .agents import AgentSpec
+    from .executor import SourceSpec
     from .exploration import TargetedExploration
     from .memory import ReplayBuffer, SampleSelector
     from .metrics import MetricsAccumulator
@@ -323,23 +325,53 @@ def build_rollout_source(
 ) -> RolloutSource:
     """Where the RL objective's rounds come from: the user's `rollout_source`; the tool-calling source of `tools` /
     `environment_factory` (`agent`, with RL prompts); TRL's `rollout_func` (here already bound to the trainer:
-    `prompts -> dict`); the asynchronous producer (`async_rollouts=True`); otherwise the default
-    [`~trl_trapo.sources.SyncRolloutSource`] sampling with the live policy. A source of the user's makes the metrics
-    track environment tokens (completion mask 0).
+    `prompts -> dict`, by [`~trl_trapo.sources.bind_rollout_func`], which keeps the unbound function as `func`); otherwise the default
+    [`~trl_trapo.sources.SyncRolloutSource`] sampling with the live policy. Each built-in source is described by a
+    [`~trl_trapo.executor.SourceSpec`] and built from it: here, in the trainer's process, or with
+    `async_rollouts=True` in the producer process, which runs the same source class ([`build_async_source`]). A
+    source of the user's makes the metrics track environment tokens (completion mask 0).
 
     Raises:
         ValueError: a `rollout_func` without RL prompts; the conditions of [`build_async_source`].
     """
+    from .executor import SourceSpec
+
     group = 1 if has_critic else args.num_generations
+    spec = SourceSpec("default", group, args.num_mini_batches, float(args.temperature))
     if agent is not None and active_rl:
-        rollout_source = build_tool_source(args, parts, agent, group, exploration)
+        spec = tool_source_spec(args, parts, agent, group)
     if rollout_func is not None:  # TRL's rollout_func is one more source (sources.RolloutFuncSource)
-        if not active_rl:
+        spec = rollout_func_spec(args, parts, rollout_func, active_rl)
+    if rollout_source is not None or spec.kind != "default":  # its rounds may carry environment tokens (mask 0)
+        parts.metrics.track_env_tokens()
+    if args.async_rollouts:  # a producer process runs the source and scores its rounds ahead (async_rollouts.py)
+        if own_source and rollout_source is not None:
             raise ValueError(
-                "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
-                "what rollout_func receives), with rl_weight > 0."
+                "TRAPOConfig.async_rollouts=True runs the rollout source in a producer process, which builds it from "
+                "its settings; a rollout_source object of your own cannot be rebuilt there (it samples with what it "
+                "holds): set async_rollouts=False, or drop rollout_source (tools / environment_factory and "
+                "rollout_func run in the producer)."
             )
-        rollout_source = RolloutFuncSource(
+        if spec.kind == "rollout_func" and spec.rollout_func is None:
+            raise ValueError(
+                "async_rollouts=True needs the rollout_func unbound (as trl_trapo.sources.bind_rollout_func keeps it "
+                "in `func`, which TRAPOTrainer passes) to bind it again in the producer process."
+            )
+        return build_async_source(args, parts, spec, active_rl, exploration)
+    if rollout_source is not None:
+        return rollout_source
+    context = SourceContext(
+        parts.engine,
+        parts.rl_dataset,
+        parts.memory_pool,
+        exploration,
+        parts.rewards,
+        parts.tokenizer,
+        parts.metrics.log_metric,
+        sum_over_ranks=source_sum_over_ranks(parts.accelerator) if spec.kind == "tools" else None,
+    )
+    if spec.kind == "rollout_func":  # bound to the trainer already
+        return RolloutFuncSource(
             rollout_func,
             parts.rl_dataset,
             parts.memory_pool,
@@ -349,82 +381,83 @@ def build_rollout_source(
             # TRL syncs vLLM's weights before a rollout_func, which may sample through `trainer.vllm_generation`
             sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
-    if rollout_source is not None:  # its rounds may carry environment tokens (completion mask 0)
-        parts.metrics.track_env_tokens()
-    if args.async_rollouts:  # a producer process samples and scores rounds ahead (async_rollouts.py)
-        rollout_source = build_async_source(args, parts, own_source, active_rl, group, exploration)
-    if rollout_source is not None:
-        return rollout_source
-    return SyncRolloutSource(
-        parts.engine,
-        parts.rl_dataset,
-        parts.memory_pool,
-        group=group,
-        num_mini_batches=args.num_mini_batches,
-        temperature=args.temperature,
-        exploration=exploration,
+    return spec.build(context)
+
+
+def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:
+    """TRL's `rollout_func` source ([`~trl_trapo.sources.RolloutFuncSource`]) as settings, with the function unbound
+    (`rollout_func.func`, [`~trl_trapo.sources.bind_rollout_func`]: a producer binds its own `trainer`).
+
+    Raises:
+        ValueError: without RL prompts (`active_rl` False).
+    """
+    from .executor import SourceSpec
+
+    if not active_rl:
+        raise ValueError(
+            "rollout_func was given but there are no RL prompts: pass train_dataset (its `prompt` column is "
+            "what rollout_func receives), with rl_weight > 0."
+        )
+    return SourceSpec(
+        "rollout_func",
+        args.num_generations,
+        args.num_mini_batches,
+        float(args.temperature),
+        rollout_func=getattr(rollout_func, "func", None),
+        first_row=dict(parts.rl_dataset[0]),  # the dataset's columns, in the producer
+        image_token_ids=list(parts.suppressed_token_ids or []),
     )
 
 
-def build_tool_source(
-    args: TRAPOConfig,
-    parts: SourceParts,
-    agent: AgentSpec,
-    group: int,
-    exploration: TargetedExploration | None = None,
-) -> RolloutSource:
-    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py); with
-    `exploration`, every turn of a rollout is sampled at its task family's temperature."""
-    from .agents import ToolRolloutSource
+def source_sum_over_ranks(accelerator) -> Callable | None:
+    """The tool-calling source's sum over the trainer's ranks (its turns run in lockstep across ranks: a turn's
+    generation can be a collective; `tools/*` cover the round), None on one process."""
+    if accelerator.num_processes > 1:
+        return lambda tensor: sum_over_ranks(accelerator, tensor)
+    return None
 
-    accelerator = parts.accelerator
-    return ToolRolloutSource(
-        parts.engine,
-        parts.rl_dataset,
-        parts.memory_pool,
-        agent,
-        parts.tokenizer,
-        parts.rewards,
-        group=group,
-        num_mini_batches=args.num_mini_batches,
-        temperature=args.temperature,
-        response_length=args.response_length,
-        context=parts.context,
-        max_iterations=args.max_tool_calling_iterations,
-        log_metric=parts.metrics.log_metric,
-        template_kwargs=args.chat_template_kwargs,
-        # turns in lockstep across ranks (a turn's generation can be a collective) and `tools/*` over the round
-        sum_over_ranks=(lambda tensor: sum_over_ranks(accelerator, tensor)) if accelerator.num_processes > 1 else None,
-        generation_batch_size=args.local_rollout_forward_batch_size,
-        stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
-        images=parts.images,  # a VLM run: each turn generates with its row's images
-        exploration=exploration,
+
+def tool_source_spec(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, group: int) -> SourceSpec:
+    """The multi-turn tool-calling source of TRL's `tools` / `environment_factory` (trl_trapo/agents.py), as settings."""
+    from .executor import SourceSpec
+
+    return SourceSpec(
+        "tools",
+        group,
+        args.num_mini_batches,
+        float(args.temperature),
+        agent=agent,
+        tool_settings=dict(
+            response_length=args.response_length,
+            context=parts.context,
+            max_iterations=args.max_tool_calling_iterations,
+            template_kwargs=args.chat_template_kwargs,
+            generation_batch_size=args.local_rollout_forward_batch_size,
+            stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit
+            images=parts.images,  # a VLM run: each turn generates with its row's images
+        ),
+        first_row=dict(parts.rl_dataset[0]),
     )
 
 
 def build_async_source(
     args: TRAPOConfig,
     parts: SourceParts,
-    own_source: bool,
+    spec: SourceSpec,
     active_rl: bool,
-    group: int,
     exploration: TargetedExploration | None,
 ) -> RolloutSource:
-    """The asynchronous rollout source (`async_rollouts=True`): a producer process samples and scores rounds ahead.
+    """The asynchronous rollout source (`async_rollouts=True`): a producer process builds the source `spec`
+    describes (the default, tool-calling or `rollout_func` source, trl_trapo/executor.py) and runs and scores its
+    rounds ahead. A tool-calling source is also built here once, so that its construction checks (the chat
+    template, conversational prompts) refuse bad input now.
 
     Raises:
-        ValueError: naming the argument, with a rollout source of the user's (`rollout_source`, `rollout_func`,
-            `tools` / `environment_factory`: they sample by themselves), without RL prompts, under DeepSpeed
-            ZeRO-3 (a weight sync would gather the partitioned weights, a collective the ranks would reach at
-            different steps), with the vLLM server on more than one process, or when a reward function cannot be
-            pickled.
+        ValueError: naming the argument, without RL prompts, under DeepSpeed ZeRO-3 (a weight sync would gather
+            the partitioned weights, a collective the ranks would reach at different steps), with the vLLM server
+            on more than one process, or when a reward function, tool, environment factory or `rollout_func` cannot
+            be pickled.
     """
-    if own_source:
-        raise ValueError(
-            "TRAPOConfig.async_rollouts=True replaces the default rollout source by a producer process, but a "
-            "rollout_source, rollout_func or tools / environment_factory was given (they sample by themselves): "
-            "set async_rollouts=False, or drop them."
-        )
     if not active_rl:
         raise ValueError(
             "TRAPOConfig.async_rollouts=True but the run has no RL prompts (train_dataset with rl_weight > 0): "
@@ -444,6 +477,11 @@ def build_async_source(
             "here) would have to wait for all of them at once. Launch one process, or set async_rollouts=False "
             "(synchronous vLLM rollouts gather every rank's prompts)."
         )
+    if spec.kind == "tools":  # its construction checks, in the trainer, before anything slow
+        context = SourceContext(
+            parts.engine, parts.rl_dataset, parts.memory_pool, None, parts.rewards, parts.tokenizer, lambda *a: None
+        )
+        spec.build(context).close()
     parts.metrics.track_async()
     from .async_rollouts import AsyncRolloutSource
 
@@ -457,7 +495,7 @@ def build_async_source(
         parts.padding_id,
         parts.stops,
         args,
-        group=group,
+        group=spec.group,
         num_mini_batches=args.num_mini_batches,
         rank=accelerator.process_index,
         device=str(accelerator.device),
@@ -466,6 +504,7 @@ def build_async_source(
         vllm=parts.engine.vllm,  # server mode: the trainer's connection, for the weight pushes
         suppress_token_ids=parts.suppressed_token_ids,
         producer_threads=parts.producer_threads,
+        source=spec,
     )
 
 

@@ -5,8 +5,11 @@
 default source's prompts (the memory pool's RL prompt sampler) and temperatures (targeted exploration), but a round is
 *asked for* before the replay buffer runs dry and sampled by a **producer**: a separate process (started with
 `spawn`, so it has its own interpreter and its own torch threads: by default its share of the cores, waiting
-passively, [`~trl_trapo.threads`]; `async_producer_threads` sets them) that holds a copy of the policy, runs
-transformers' `generate` with the behaviour log-probs recorded while sampling, and calls the reward functions. The trainer takes finished rounds in order from a queue and finishes each itself
+passively, [`~trl_trapo.threads`]; `async_producer_threads` sets them) that holds a copy of the policy and runs the
+run's rollout source on it: the class the synchronous path runs (the default source, the tool-calling loop of `tools` /
+`environment_factory`, TRL's `rollout_func`), built there from its picklable settings
+([`~trl_trapo.executor.SourceSpec`]) and fed the prompts and temperatures the trainer chose, with the behaviour
+log-probs recorded while sampling; it then calls the reward functions on rounds the source did not score. The trainer takes finished rounds in order from a queue and finishes each itself
 ([`~trl_trapo.rollout.RolloutEngine.finish`]): reference and teacher log-probs, critic values, the missing-stop
 penalty, guidance, advantages and every statistic over a round or across processes (collectives stay in the trainer).
 
@@ -93,6 +96,14 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from .executor import (
+    ProducerAccelerator,
+    ProducerTrainer,
+    RequestedPrompts,
+    SourceContext,
+    SourceSpec,
+    producer_engine,
+)
 from .memory.replay import steps_covered
 from .sources import RolloutSource, SampledRound
 from .threads import passive_waiting_for_children
@@ -117,6 +128,7 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
     """
     from .rewards import reward_function_name
 
+    whats = what[:-1] + "ies" if what.endswith("y") else what + "s"
     for func in funcs:
         if isinstance(func, nn.Module):
             continue
@@ -124,7 +136,7 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
             data = pickle.dumps(func)
         except Exception as error:  # pickle raises PicklingError, AttributeError, TypeError ...
             raise ValueError(
-                f"async_rollouts=True runs the {what}s in a producer process, but {what} "
+                f"async_rollouts=True runs the {whats} in a producer process, but {what} "
                 f"{reward_function_name(func)!r} cannot be pickled ({type(error).__name__}: {error}). Define it at "
                 "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
                 "async_rollouts=False."
@@ -133,7 +145,7 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
             # pickled by reference to `__main__`, which a spawned process rebuilds only by running the main script:
             # there is none, so the producer would die looking it up (and blame a missing `__main__` guard)
             raise ValueError(
-                f"async_rollouts=True runs the {what}s in a producer process, which imports them by name, but {what} "
+                f"async_rollouts=True runs the {whats} in a producer process, which imports them by name, but {what} "
                 f"{reward_function_name(func)!r} is defined in `__main__` of a session that has no script file "
                 "(`python -c`, a notebook, an interactive session), so that process cannot import it. Fix: define it "
                 "in a module (e.g. `my_rewards.py`, then `from my_rewards import ...`), or set async_rollouts=False."
@@ -258,6 +270,9 @@ class ProducerSpec:
     deterministic: bool
     server: VLLMServerSpec | None = None
     suppress_token_ids: list[int] = field(default_factory=list)
+    args: Any = None  # the run's TRAPOConfig (read only): the producer's engine and a rollout_func read it
+    rank: int = 0
+    source: SourceSpec | None = None  # the rollout source the producer builds and runs (trl_trapo/executor.py)
 
 
 @dataclass
@@ -368,21 +383,29 @@ class Request:
     seed: int
     step: int  # the optimizer step that asked for it
     version: int  # the weights version sent before it (the deterministic mode samples with exactly these)
+    rows_needed: int = 0  # the RL rows of the step that asked for it (what the source's `sample` is called with)
 
 
 @dataclass
 class Produced:
-    """A round as the producer returns it (CPU tensors)."""
+    """A round as the producer returns it (CPU tensors): what the rollout source's `sample` returned, scored."""
 
     index: int
     version: int  # the weights version that sampled it
     completion_ids: list[torch.Tensor]
-    logps: list[torch.Tensor]
+    logps: list[torch.Tensor] | None  # (C_i,) each: see `logps_kind`
     scores: torch.Tensor
     per_func: torch.Tensor
     generate_seconds: float
     reward_seconds: float
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
+    logps_kind: str = "behaviour"  # "behaviour": the producer's copy recorded them while sampling; "sampler": another
+    # engine's (a rollout_func's `logprobs`); ignored when `logps` is None
+    completion_mask: list[torch.Tensor] | None = None  # (C_i,) each, 0 on the environment's tokens; None: all 1
+    prompt_ids: list[torch.Tensor] | None = None  # (P_i,) each as the source rendered them (tools); None: the rows'
+    examples: list[dict] | None = None  # the rows as the source returned them, when it changed them (an
+    # environment's observation, a rollout_func's extra columns); None: the requested rows
+    temperatures: list[float] | None = None  # (B,) each row's; None: the request's
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -479,23 +502,30 @@ def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
-    """The producer process: build the model and the reward scorer, then serve requests until `None` arrives.
+    """The producer process: build the model, the reward scorer and the run's rollout source (`spec.source`, the
+    class the synchronous path runs, trl_trapo/executor.py), then serve requests until `None` arrives.
 
-    Messages in: `("weights", version, state)` and `("round", Request, examples, model_inputs)` on `requests` (in the free-running mode the
-    weights come on `weights_queue`; with a vLLM server `state` is None: the trainer pushed the weights to the server,
-    the message only says which version it holds). Messages out on `results`: `("round", Produced)` or `("error",
-    index, traceback, summary)` (`summary`: a complete message for the user, or None).
+    Messages in: `("weights", version, state)` and `("round", Request, rows)` on `requests` (`rows`: the dataset row of
+    each of the request's prompts; in the free-running mode the weights come on `weights_queue`; with a vLLM server
+    `state` is None: the trainer pushed the weights to the server, the message only says which version it holds).
+    Messages out on `results`: `("round", Produced)` or `("error", index, traceback, summary)` (`summary`: a complete
+    message for the user, or None).
+
+    A round is the source's `sample(request.rows_needed, request.step)` on the request's prompts and temperatures
+    ([`~trl_trapo.executor.RequestedPrompts`]), its engine's generator and torch's seeded with the round's seed, scored
+    here by the reward functions when the source did not score it. With a vLLM server, the default source's round is
+    sampled through the server ([`sample_from_server`]) instead.
     The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
     flight) and exits when the trainer's process is gone.
     """
     from .rewards import RewardScorer, discard_extra
-    from .rollout import VLLMServerError, generate, unreachable_errors, vllm_server_unreachable
+    from .rollout import VLLMServerError, unreachable_errors, vllm_server_unreachable
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
     index = -1
-    scorer = None
+    scorer = source = None
     try:
         if spec.num_threads is not None:
             torch.set_num_threads(spec.num_threads)
@@ -537,6 +567,17 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             discard_extra,
             lambda: _TrainerStateView(**state_snapshot),
         )
+        requested = RequestedPrompts(spec.source.first_row)
+        engine = trainer_view = None
+        if client is None:  # the run's rollout source, built on the producer's copy of the policy
+            accelerator = ProducerAccelerator(spec.device, spec.rank)
+            engine = producer_engine(spec.args, model, spec.tokenizer, scorer, spec.generation_config,
+                                     spec.stop_token_ids, spec.pad_token_id, accelerator)  # fmt: skip
+            trainer_view = ProducerTrainer(model, spec.tokenizer, spec.args, accelerator, spec.generation_config,
+                                           spec.pad_token_id)  # fmt: skip
+            context = SourceContext(engine, requested, requested, requested, scorer, spec.tokenizer, log_metric,
+                                    trainer_view=trainer_view)  # fmt: skip
+            source = spec.source.build(context)
         while True:
             try:
                 message = requests.get(timeout=POLL_SECONDS)
@@ -553,7 +594,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                 if state is not None:
                     _load_weights(model, state)
                 continue
-            _, request, examples, model_inputs = message
+            _, request, rows = message
             index = request.index
             if not spec.deterministic:  # free-running: the newest weights received so far
                 while True:
@@ -563,43 +604,68 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                         break
                     if state is not None:
                         _load_weights(model, state)
-            prompt_ids = [list(e["prompt_ids"]) for e in examples]
+            collected = {}
+            state_snapshot = {"global_step": request.step}
+            start = time.perf_counter()
             if client is not None:
+                examples = [row for row in rows for _ in range(request.group)]
+                prompt_ids = [list(e["prompt_ids"]) for e in examples]
                 generated = sample_from_server(
                     client, spec.server, prompt_ids, request.temperatures, request.group, request.seed,
                     spec.stop_token_ids,
                 )  # fmt: skip
-            else:
-                torch.manual_seed(request.seed)
-                generated = generate(
-                    model,
-                    prompt_ids,
-                    spec.generation_config,
-                    spec.pad_token_id,
-                    spec.stop_token_ids,
-                    torch.tensor(request.temperatures),
-                    batch_size=spec.batch_size,
-                    model_inputs=model_inputs,
+                sampled = SampledRound(
+                    examples,
+                    generated["completion_ids"],
+                    version=request.step,
+                    group=request.group,
+                    old_per_token_logps=generated["old_per_token_logps"],
+                    temperatures=request.temperatures,
+                    prompt_ids=[torch.tensor(p, dtype=torch.long) for p in prompt_ids],
                 )
+            else:
+                requested.serve(request.indices, rows, request.temperatures)
+                trainer_view.state.global_step = request.step
+                engine.generator.manual_seed(request.seed)  # the round's seed: the run does not depend on timing
+                torch.manual_seed(request.seed)  # (and what a rollout_func or a tool draws)
+                sampled = source.sample(request.rows_needed, request.step)
+            generate_seconds = time.perf_counter() - start
             start = time.perf_counter()
-            collected = {}
-            state_snapshot = {"global_step": request.step}
-            scores, per_func = scorer.score(
-                examples, [torch.tensor(p) for p in prompt_ids], generated["completion_ids"], log_metric
-            )
+            scores, per_func = sampled.scores, sampled.per_func
+            if scores is None:  # the reward functions, as the trainer's `finish` calls them
+                prompt_ids = sampled.prompt_ids
+                if prompt_ids is None:
+                    prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in sampled.examples]
+                scores, per_func = scorer.score(sampled.examples, prompt_ids, sampled.completion_ids, log_metric)
+            if per_func is None:
+                per_func = torch.full((len(sampled.examples), len(scorer.names)), math.nan)
+            logps, kind = sampled.old_per_token_logps, "behaviour"
+            if logps is None and sampled.sampler_per_token_logps is not None:
+                logps, kind = sampled.sampler_per_token_logps, "sampler"
+            temperatures = sampled.temperatures
+            if temperatures is not None:
+                temperatures = [float(t) for t in torch.as_tensor(temperatures, dtype=torch.float32).flatten()]
+                if len(temperatures) == 1:
+                    temperatures = temperatures * len(sampled.examples)
+            changed = client is None and spec.source.kind != "default"
             results.put(
                 (
                     "round",
                     Produced(
                         request.index,
                         version,
-                        generated["completion_ids"],
-                        generated["old_per_token_logps"],
-                        scores,
-                        per_func,
-                        generated["seconds"],
+                        sampled.completion_ids,
+                        logps,
+                        torch.as_tensor(scores, dtype=torch.float32),
+                        torch.as_tensor(per_func, dtype=torch.float32),
+                        generate_seconds,
                         time.perf_counter() - start,
                         collected,
+                        logps_kind=kind,
+                        completion_mask=sampled.completion_mask,
+                        prompt_ids=sampled.prompt_ids if changed else None,
+                        examples=sampled.examples if changed else None,
+                        temperatures=temperatures,
                     ),
                 )
             )
@@ -607,6 +673,8 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
         summary = str(error) if isinstance(error, VLLMServerError) else None
         results.put(("error", index, traceback.format_exc(), summary))
     finally:
+        if source is not None:
+            source.close()
         if scorer is not None:
             scorer.close()
 
@@ -679,9 +747,14 @@ class AsyncRolloutSource(RolloutSource):
             which has none of the policy's forward hooks.
         producer_threads (`int`, *optional*): the producer's torch threads when `async_producer_threads` is None
             (the trainer's [`~trl_trapo.threads.ThreadChoice.producer_threads`]); None: torch's default.
+        source ([`~trl_trapo.executor.SourceSpec`], *optional*): the rollout source the producer builds and runs
+            (the default source, the tool-calling source of `tools` / `environment_factory`, TRL's `rollout_func`);
+            None: the default source. With a vLLM server only the default source.
 
     Raises:
-        ValueError: naming the reward function, if one cannot be pickled (see [`check_picklable`]).
+        ValueError: naming the object, if a reward function, a tool, an environment factory or the `rollout_func`
+            cannot be pickled (see [`check_picklable`]), or a source other than the default one is given with a vLLM
+            server.
     """
 
     def __init__(
@@ -704,8 +777,20 @@ class AsyncRolloutSource(RolloutSource):
         vllm=None,
         suppress_token_ids: Sequence[int] = (),
         producer_threads: int | None = None,
+        source: SourceSpec | None = None,
     ):
         check_picklable(list(scorer.funcs))
+        if source is None:
+            source = SourceSpec("default", group, num_mini_batches, float(args.temperature))
+        for what, objects in source.picklable_parts():
+            check_picklable(objects, what)
+        if vllm is not None and source.kind != "default":
+            raise ValueError(
+                f"async_rollouts=True with the vLLM server samples the default rollout source's rounds through the "
+                f"server, not a {source.kind} source's: set use_vllm=False (the producer then runs it with "
+                "transformers' generate), or async_rollouts=False."
+            )
+        self.source = source
         self.producer_threads = (
             args.async_producer_threads if args.async_producer_threads is not None else producer_threads
         )
@@ -802,6 +887,9 @@ class AsyncRolloutSource(RolloutSource):
             deterministic=self.args.async_deterministic,
             server=server,
             suppress_token_ids=self.suppress_token_ids,
+            args=self.args,
+            rank=self.rank,
+            source=self.source,
         )
         self._requests, self._weights, self._results = context.Queue(), context.Queue(), context.Queue()
         self._process = context.Process(
@@ -837,7 +925,7 @@ class AsyncRolloutSource(RolloutSource):
             self.sent_state = trainable_state(policy)
         for request in self.pending:  # asked for before a `close` and not received: asked for again, in order
             if request.index not in self.ready:
-                self._send(request, self._examples(request.indices))
+                self._send(request)
 
     def _sync_weights(self, step: int, force: bool = False) -> None:
         """Send the trainable weights if `weight_sync_steps` steps have passed since the last send."""
@@ -888,24 +976,25 @@ class AsyncRolloutSource(RolloutSource):
         self.next_index += 1
         request = Request(
             index, indices, self.group, temperatures, round_seed(self.args.seed, self.rank, index), step,
-            self.sent_version,
+            self.sent_version, rows_needed,
         )  # fmt: skip
         self.pending.append(request)
-        self._send(request, examples)
+        self._send(request)
 
     def _examples(self, indices: list[int]) -> list[dict]:
         return [example for example in (self.dataset[i] for i in indices) for _ in range(self.group)]
 
-    def _send(self, request: Request, examples: list[dict]) -> None:
+    def _send(self, request: Request) -> None:
+        """Send the request with its prompts' rows (one per prompt: the producer repeats them `group` times)."""
         from .rollout import prompt_model_inputs
 
-        model_inputs = prompt_model_inputs(examples)
-        if self.vllm is not None and model_inputs is not None:
+        rows = [self.dataset[i] for i in request.indices]
+        if self.vllm is not None and prompt_model_inputs(rows) is not None:
             raise ValueError(
                 "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
                 "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
             )
-        self._requests.put(("round", request, examples, model_inputs))
+        self._requests.put(("round", request, rows))
 
     def _receive(self, index: int, training: bool = True) -> Produced:
         """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s` when
@@ -999,11 +1088,17 @@ class AsyncRolloutSource(RolloutSource):
             for name, values in produced.reward_metrics.items():
                 for value in values:
                     self.metrics.log_metric(name, value)
-            examples = self._examples(request.indices)
-            prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
-            logps = [lp.float() for lp in produced.logps]
-            # vLLM's log-probs are another engine's: always the sampler's (the config refuses "behaviour" with vLLM)
-            decoupled = self.args.async_correction == "decoupled" or self.vllm is not None
+            examples = produced.examples if produced.examples is not None else self._examples(request.indices)
+            prompt_ids = produced.prompt_ids
+            if prompt_ids is None:
+                prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+            logps = None if produced.logps is None else [lp.float() for lp in produced.logps]
+            # vLLM's and a rollout_func's log-probs are another engine's: always the sampler's (the config refuses
+            # "behaviour" with vLLM); the producer copy's go where async_correction says
+            decoupled = (
+                self.args.async_correction == "decoupled" or self.vllm is not None or produced.logps_kind == "sampler"
+            )
+            temperatures = request.temperatures if produced.temperatures is None else produced.temperatures
             return SampledRound(
                 examples,
                 produced.completion_ids,
@@ -1011,8 +1106,9 @@ class AsyncRolloutSource(RolloutSource):
                 group=request.group,
                 old_per_token_logps=None if decoupled else logps,
                 sampler_per_token_logps=logps if decoupled else None,
-                temperatures=torch.tensor(request.temperatures),
+                temperatures=torch.tensor(temperatures),
                 prompt_ids=prompt_ids,
+                completion_mask=produced.completion_mask,
                 scores=produced.scores,
                 per_func=produced.per_func,
                 importance_weight=weight,
@@ -1063,6 +1159,7 @@ class AsyncRolloutSource(RolloutSource):
         for request in self.pending:
             produced = self.ready[request.index]
             key = f"round{request.index}"
+            check_json_rows(produced.examples)
             meta["pending"].append(
                 {
                     "request": dataclasses.asdict(request),
@@ -1071,10 +1168,21 @@ class AsyncRolloutSource(RolloutSource):
                     "reward_seconds": produced.reward_seconds,
                     "reward_metrics": produced.reward_metrics,
                     "lengths": [int(c.numel()) for c in produced.completion_ids],
+                    "logps_kind": produced.logps_kind if produced.logps is not None else None,
+                    "temperatures": produced.temperatures,
+                    "examples": produced.examples,  # rows the source changed (JSON: text datasets' rows)
+                    "prompt_lengths": (
+                        None if produced.prompt_ids is None else [int(p.numel()) for p in produced.prompt_ids]
+                    ),
                 }
             )
             tensors[f"{key}/completion_ids"] = _flat(produced.completion_ids, torch.long)
-            tensors[f"{key}/logps"] = _flat(produced.logps, torch.float32)
+            if produced.logps is not None:
+                tensors[f"{key}/logps"] = _flat(produced.logps, torch.float32)
+            if produced.completion_mask is not None:
+                tensors[f"{key}/completion_mask"] = _flat(produced.completion_mask, torch.float32)
+            if produced.prompt_ids is not None:
+                tensors[f"{key}/prompt_ids"] = _flat(produced.prompt_ids, torch.long)
             tensors[f"{key}/scores"] = produced.scores.float().contiguous()
             tensors[f"{key}/per_func"] = produced.per_func.float().contiguous()
         if self.sent_state is not None and self.sent_version is not None and self.sent_state:
@@ -1109,16 +1217,24 @@ class AsyncRolloutSource(RolloutSource):
             key = f"round{request.index}"
             lengths = entry["lengths"]
             self.pending.append(request)
+            logps = tensors.get(f"{key}/logps")
+            mask = tensors.get(f"{key}/completion_mask")
+            prompt_ids = tensors.get(f"{key}/prompt_ids")
             self.ready[request.index] = Produced(
                 request.index,
                 int(entry["version"]),
                 list(torch.split(tensors[f"{key}/completion_ids"], lengths)),
-                list(torch.split(tensors[f"{key}/logps"], lengths)),
+                None if logps is None else list(torch.split(logps, lengths)),
                 tensors[f"{key}/scores"],
                 tensors[f"{key}/per_func"],
                 float(entry["generate_seconds"]),
                 float(entry["reward_seconds"]),
                 {k: list(v) for k, v in entry["reward_metrics"].items()},
+                logps_kind=entry.get("logps_kind") or "behaviour",
+                completion_mask=None if mask is None else list(torch.split(mask, lengths)),
+                prompt_ids=None if prompt_ids is None else list(torch.split(prompt_ids, entry["prompt_lengths"])),
+                examples=entry.get("examples"),
+                temperatures=entry.get("temperatures"),
             )
         weights = {k[len("producer_weights/") :]: v for k, v in tensors.items() if k.startswith("producer_weights/")}
         sent = meta.get("sent_version")
@@ -1126,6 +1242,28 @@ class AsyncRolloutSource(RolloutSource):
         # older than the checkpoint, else the checkpoint's own
         self.sent_version = None if sent is None else int(sent)
         self._restored_weights = (int(sent), weights) if weights and sent is not None else None
+
+
+def check_json_rows(rows: list[dict] | None) -> None:
+    """Refuse, naming the column, rows a checkpoint's JSON metadata cannot hold (a round in flight is kept whole, with
+    the rows its source returned: an environment's observation, a `rollout_func`'s extra columns).
+
+    Raises:
+        ValueError: naming the column and its value's type, if a value is not JSON (lists, dicts, strings, numbers,
+            booleans, None).
+    """
+    import json
+
+    for row in rows or []:
+        for column, value in row.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"A checkpoint keeps the asynchronous rounds in flight with their rows, but column {column!r} "
+                    f"holds a {type(value).__name__}, which JSON cannot store ({error}). Return plain values from the "
+                    "rollout_func (`.tolist()` for tensors and arrays), or set async_rollouts=False."
+                ) from error
 
 
 def _flat(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -709,6 +709,18 @@ class RolloutFuncSource(RolloutSource):
                 )
 
 
+def bind_rollout_func(func: Callable, trainer: Any) -> Callable[[list], dict]:
+    """TRL's `rollout_func(prompts, trainer)` with its `trainer` bound: `prompts -> dict` (what
+    [`~trl_trapo.sources.RolloutFuncSource`] calls); its `func` attribute is the user's function, unbound (what a
+    producer gets, to bind its own [`~trl_trapo.executor.ProducerTrainer`])."""
+
+    def bound(prompts: list) -> dict:
+        return func(prompts, trainer)
+
+    bound.func = func
+    return bound
+
+
 def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step: int) -> SampledRound:
     """The [`SampledRound`] of one `rollout_func` call (see [`RolloutFuncSource`]).
 
@@ -837,6 +849,7 @@ __all__ = [
     "SampledRound",
     "SyncRolloutSource",
     "as_rollout_source",
+    "bind_rollout_func",
     "check_rollout_source",
     "rollout_func_round",
     "source_name",

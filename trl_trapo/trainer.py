@@ -152,7 +152,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import scale_scheduler
-from .sources import RolloutSource, as_rollout_source
+from .sources import RolloutSource, as_rollout_source, bind_rollout_func
 from .vision import (
     model_context,
     needs_every_parameter,
@@ -527,7 +527,7 @@ class TRAPOTrainer(_BaseTrainer):
             ),
             # TRL's contract: the function gets the trainer
             rollout_source=rollout_source,
-            rollout_func=(lambda prompts: rollout_func(prompts, self)) if rollout_func is not None else None,
+            rollout_func=bind_rollout_func(rollout_func, self) if rollout_func is not None else None,
             agent=agent,
             own_source=checked.own_source,
             active_rl=data.rl is not None,
