@@ -194,15 +194,21 @@ def test_refused_when_the_template_cannot_render_tool_calls(tok, tmp_path):
     assert tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]) == "yo</s>yo</s>"
 
 
-def test_multi_turn_rows_without_the_flag_warn_and_train_the_last_turn(tok, tmp_path, caplog):
+def test_traces_without_the_flag_train_every_token_and_warn_about_tool_results(tok, tmp_path, caplog):
+    """Without assistant_only_loss a `messages` row trains every token, as TRL's SFTTrainer does: the user turns and
+    the tool results too (TRAPO used to train the last assistant turn only); rows with tool messages get one
+    warning naming the flag that trains the assistant turns only."""
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
         trainer = make_trainer(tok, tmp_path, traces(), assistant_only_loss=False, max_steps=1)
     warnings = [r.getMessage() for r in caplog.records if "assistant_only_loss=True" in r.getMessage()]
-    assert len(warnings) == 1 and "8 of 8 `sft_dataset` rows" in warnings[0]
-    assert "earlier assistant turns" in warnings[0]
-    trainer.train()  # today's behaviour: the last assistant turn is the completion
+    assert len(warnings) == 1 and "8 of 8 `sft_dataset` rows have tool messages" in warnings[0]
+    assert "learns to write tool results" in warnings[0]
+    trainer.train()
     out = tokenize_sft_dataset(traces(1), tok, 128)[0]
-    assert tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]) == "5</s>"
+    assert all(out["completion_mask"])
+    assert tok.decode(out["input_ids"]) == tok.apply_chat_template(
+        traces(1)[0]["messages"], tools=traces(1)[0]["tools"], tokenize=False
+    )
 
     caplog.clear()
     plain = Dataset.from_list(

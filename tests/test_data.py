@@ -90,7 +90,9 @@ def test_tokenize_sft_appends_eos_only_once(tokenizer):
     assert out[0]["completion_mask"] == [0, 0, 1, 1, 1]
 
 
-def test_tokenize_sft_messages_learns_last_assistant_turn_only(tokenizer):
+def test_tokenize_sft_messages_trains_every_token_as_trl(tokenizer):
+    """A `messages` row is TRL's language-modeling form: the conversation rendered whole, every token trained (TRL's
+    SFTTrainer sets labels = input_ids; TRAPO used to train the last assistant turn only, issue 37)."""
     messages = [
         {"role": "user", "content": "x"},
         {"role": "assistant", "content": "y"},
@@ -99,17 +101,9 @@ def test_tokenize_sft_messages_learns_last_assistant_turn_only(tokenizer):
     ]
     out = tokenize_sft_dataset(Dataset.from_dict({"messages": [messages]}), tokenizer, max_length=200)
     row = out[0]
-    # independent rendering: the conversation whole (TRL's SFTTrainer's ids); the completion = the full conversation
-    # minus the prompt rendered with the generation prompt; nothing appended (this template ends no turn with EOS)
-    full = tokenizer.apply_chat_template(messages, tokenize=False)
-    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-    assert full.startswith(prompt)
-    completion = full[len(prompt) :]
+    full = tokenizer.apply_chat_template(messages, tokenize=False)  # nothing appended, no generation prompt
     assert row["input_ids"] == ids(tokenizer, full)
-    learned = [t for t, m in zip(row["input_ids"], row["completion_mask"]) if m]
-    assert tokenizer.decode(learned) == completion
-    assert completion.startswith("w")  # the first assistant turn ("y") is context, not a target
-    assert sum(row["completion_mask"]) == len(ids(tokenizer, completion))
+    assert row["completion_mask"] == [1] * len(row["input_ids"])
 
 
 def test_tokenize_sft_conversational_prompt_completion(tokenizer):
@@ -122,10 +116,33 @@ def test_tokenize_sft_conversational_prompt_completion(tokenizer):
     assert tokenizer.decode(row["input_ids"][: len(row["input_ids"]) - len(learned)]).endswith("assistant: ")
 
 
-def test_tokenize_sft_messages_must_end_with_assistant(tokenizer):
-    dataset = Dataset.from_dict({"messages": [[{"role": "user", "content": "x"}]]})
-    with pytest.raises(ValueError, match="must end with an assistant message.*'user'"):
-        tokenize_sft_dataset(dataset, tokenizer, max_length=32)
+def test_a_text_sft_dataset_is_pointed_to_pretrain_dataset():
+    """TRL's SFTTrainer takes a `text` column (language modeling, every token trained); TRAPO's `sft_dataset` does not,
+    and its message names the argument that trains such rows so."""
+    from trl_trapo.data import check_sft_dataset
+
+    with pytest.raises(
+        ValueError, match=r"it has \['text'\]\. A 'text' column .* pass such rows as `pretrain_dataset`"
+    ):
+        check_sft_dataset(Dataset.from_dict({"text": ["abc"]}))
+
+
+@pytest.mark.parametrize("last", ["user", "tool", "system"])
+def test_tokenize_sft_messages_may_end_with_any_role(tokenizer, last):
+    """TRL's SFTTrainer trains a `messages` row ending with any role (and one without an assistant turn): so does
+    TRAPO (it used to refuse rows not ending with the assistant's message)."""
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y"},
+        {"role": last, "content": "z"},
+    ]
+    dataset = Dataset.from_dict({"messages": [messages, messages[:1]]})
+    check_cells(dataset, "sft_dataset", "sft")
+    out = tokenize_sft_dataset(dataset, tokenizer, max_length=64)
+    assert out[0]["input_ids"] == ids(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False))
+    assert all(out[0]["completion_mask"]) and all(out[1]["completion_mask"])
+    with pytest.raises(ValueError, match="no assistant turn at row 1"):  # TRL fails on it: nothing to mask in
+        check_cells(dataset, "sft_dataset", "sft", assistant_only_loss=True)
 
 
 def test_tokenize_sft_truncates_from_the_right(tokenizer):
@@ -320,8 +337,8 @@ def user(text):
 )
 def test_messages_and_missing_values_are_named_for_what_they_are(role, kind, column, rows, needles, kept):
     dataset = Dataset.from_dict({column: rows})
-    with pytest.raises(ValueError) as raised:
-        check_cells(dataset, role, kind)
+    with pytest.raises(ValueError) as raised:  # a `messages` row needs an assistant turn with assistant_only_loss
+        check_cells(dataset, role, kind, assistant_only_loss=column == "messages")
     message = str(raised.value)
     assert message.startswith(f"`{role}` column {column!r}")
     for needle in needles:
@@ -544,7 +561,7 @@ def test_conversational_sft_row_gets_no_second_eos_when_the_template_ends_the_tu
         "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}</s>\n{% endfor %}"
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
-    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
+    row = {"prompt": [{"role": "user", "content": "hi"}], "completion": [{"role": "assistant", "content": "ok"}]}
     out = tokenize_sft_dataset(Dataset.from_list([row]), ending, max_length=64)[0]
     learned = [t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]
     assert ending.convert_ids_to_tokens(learned) == ["o", "k", "</s>", "\n"]
@@ -640,7 +657,7 @@ def test_a_prompt_may_end_with_any_role_and_gets_a_new_generation_prompt(tokeniz
     prompts = Dataset.from_dict({"prompt": [prompt]})
     check_cells(prompts, "train_dataset", "prompts")
     assert tokenize_prompt_dataset(prompts, tokenizer, 64)[0]["prompt_ids"] == ids(tokenizer, expected)
-    sft = Dataset.from_dict({"messages": [[*prompt, {"role": "assistant", "content": "c"}]]})
+    sft = Dataset.from_dict({"prompt": [prompt], "completion": [[{"role": "assistant", "content": "c"}]]})
     check_cells(sft, "sft_dataset", "sft")
     row = tokenize_sft_dataset(sft, tokenizer, 64)[0]
     assert tokenizer.decode(row["input_ids"]) == expected + "c\n"
@@ -649,7 +666,7 @@ def test_a_prompt_may_end_with_any_role_and_gets_a_new_generation_prompt(tokeniz
 
 def test_roles_before_the_last_pass_and_are_tokenized(tokenizer):
     """A role anywhere in a prompt is the chat template's to render (`developer`, `ipython`, ...): TRL accepts it,
-    and so does TRAPO, through the checks and the tokenization, split or (assistant_only_loss) whole."""
+    and so does TRAPO, through the checks and the tokenization, with or without assistant_only_loss."""
     developer = {"role": "developer", "content": "be brief"}
     sft = Dataset.from_dict({"messages": [[developer, user("ab="), {"role": "assistant", "content": "ab"}]]})
     check_cells(sft, "sft_dataset", "sft")
@@ -674,19 +691,20 @@ def test_the_distillation_prompts_are_checked_with_the_other_datasets(tmp_path):
         check_datasets(config, None, None, None, None, distillation_dataset=prompts)
 
 
-def test_eval_messages_rendered_whole_under_assistant_only_loss_are_not_split_checked():
-    """Evaluation renders `messages` rows whole under assistant_only_loss (as the SFT objective does), so a row that
-    does not end with the assistant's turn is the template's: `check_eval_dataset` (also run by
-    `evaluate(eval_dataset=...)`) passes it then, and refuses it when the row is split into prompt and completion."""
+def test_eval_messages_rows_are_checked_as_training_reads_them():
+    """Evaluation tokenizes `messages` rows as the SFT objective does (rendered whole, as TRL): a row ending with a
+    user turn passes `check_eval_dataset` (also run by `evaluate(eval_dataset=...)`) with and without
+    assistant_only_loss (it used to be refused without); one without an assistant turn only without it."""
     from trl_trapo.data import check_eval_dataset
 
     row = [user("a"), {"role": "assistant", "content": "c"}, user("d")]
     dataset = Dataset.from_dict({"messages": [row]})
     check_eval_dataset({"held": dataset}, assistant_only_loss=True)
-    with pytest.raises(
-        ValueError, match=r"`eval_dataset\['held'\]` column 'messages' row 0: ends with .* role 'user'"
-    ):
-        check_eval_dataset({"held": dataset})
+    check_eval_dataset({"held": dataset})
+    no_reply = Dataset.from_dict({"messages": [row[:1]]})
+    check_eval_dataset({"held": no_reply})
+    with pytest.raises(ValueError, match=r"`eval_dataset\['held'\]` column 'messages' has no assistant turn at row 0"):
+        check_eval_dataset({"held": no_reply}, assistant_only_loss=True)
 
 
 @pytest.mark.parametrize("middle", ["system", "tool", "developer", "wizard"])

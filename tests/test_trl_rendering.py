@@ -231,31 +231,76 @@ def test_sft_text_rows_are_sfttrainers_when_tokens_merge_across_the_boundary(tmp
     assert all(ids[-1] == chatml.eos_token_id and mask[-1] == 1 for ids, mask in ours)
 
 
-def test_sft_messages_rows_have_sfttrainers_ids_and_their_last_turn_trained(tmp_path, chatml):
-    """A `messages` row's ids are SFTTrainer's; TRL trains every token of it, TRAPO its last assistant turn (the
-    documented difference, `docs/datasets.md`)."""
-    messages = [system("sys"), user("2+3?"), assistant("4"), user("again?"), assistant("5")]
-    dataset = Dataset.from_dict({"messages": [messages]})
-    [(ids, mask)] = trapo_rows(chatml, dataset)
-    [(expected_ids, expected_mask)] = sft_rows(tmp_path, chatml, dataset)
-    assert ids == expected_ids
-    assert all(expected_mask)
-    assert chatml.decode([t for t, m in zip(ids, mask) if m]) == "5<|im_end|>\n"
+TOOL_CALL_TURN = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+TOOL_RESULT = {"role": "tool", "name": "add", "content": "5"}
+CONVERSATIONS = {  # `messages` rows: TRL's SFTTrainer trains each whatever its last role
+    "assistant-last": [system("sys"), user("2+3?"), assistant("4"), user("again?"), assistant("5")],
+    "user-last": [user("2+3?"), assistant("5"), user("thanks")],
+    "tool-last": [user("2+3?"), TOOL_CALL_TURN, TOOL_RESULT],
+    "trace": [user("2+3?"), TOOL_CALL_TURN, TOOL_RESULT, assistant("5")],
+    "assistant-only": [assistant("5")],
+    "no-assistant": [system("sys"), user("2+3?")],
+}
+
+
+def test_sft_messages_rows_of_every_last_role_are_sfttrainers_every_token_trained(tmp_path, chatml):
+    """A `messages` row is TRL's language-modeling form: SFTTrainer trains every token of the rendered conversation
+    (labels = input_ids; `completion_only_loss` applies to prompt-completion rows only). TRAPO used to train the last
+    assistant turn only and to refuse a row not ending with one."""
+    schemas = [get_json_schema(add)]
+    dataset = Dataset.from_dict(
+        {"messages": list(CONVERSATIONS.values()), "tools": [json.dumps(schemas)] * len(CONVERSATIONS)}
+    )
+    expected = sft_rows(tmp_path, chatml, dataset)
+    ours = trapo_rows(chatml, dataset)
+    for name, mine, theirs in zip(CONVERSATIONS, ours, expected, strict=True):
+        assert mine == theirs, name
+        assert all(mine[1]), name
+    assert chatml.decode(ours[0][0]).startswith("<|im_start|>system\nsys")  # the system turn is trained too
+    assert '"name": "add"' in chatml.decode(ours[2][0])  # the row's tools
+
+
+def test_sft_messages_rows_are_sfttrainers_when_truncated(tmp_path, chatml):
+    """Truncated to `max_length` from the right (TRL's `truncation_mode="keep_start"`), still every token trained."""
+    dataset = Dataset.from_dict({"messages": [CONVERSATIONS["assistant-last"], CONVERSATIONS["user-last"]]})
+    expected = sft_rows(tmp_path, chatml, dataset, max_length=12)
+    ours = [(r["input_ids"], r["completion_mask"]) for r in tokenize_sft_dataset(dataset, chatml, 12)]
+    assert ours == expected and all(len(ids) == 12 for ids, _ in ours)
 
 
 @pytest.mark.parametrize("column", ["messages", "prompt"])
 def test_sft_rows_with_assistant_only_loss_are_sfttrainers(tmp_path, chatml, column):
-    """With assistant_only_loss, TRL trains the template's assistant mask, limited to the completion for a
-    prompt-completion row (an assistant turn inside the prompt is context)."""
+    """With assistant_only_loss, TRL trains the template's assistant mask (every assistant turn of a `messages` row,
+    whatever its last role), limited to the completion for a prompt-completion row (an assistant turn inside the
+    prompt is context)."""
     messages = [user("2+3?"), assistant("4"), user("again?"), assistant("5")]
     if column == "messages":
-        dataset = Dataset.from_dict({"messages": [messages]})
+        rows = [messages, messages + [user("thanks")], CONVERSATIONS["trace"], CONVERSATIONS["tool-last"]]
+        dataset = Dataset.from_dict({"messages": rows})
     else:
         dataset = Dataset.from_dict({"prompt": [messages[:-1]], "completion": [messages[-1:]]})
     ours = trapo_rows(chatml, dataset, assistant_only_loss=True)
     assert ours == sft_rows(tmp_path, chatml, dataset, assistant_only_loss=True)
-    trained = chatml.decode([t for t, m in zip(*ours[0]) if m])
-    assert trained == ("4<|im_end|>5<|im_end|>" if column == "messages" else "5<|im_end|>")
+    trained = [chatml.decode([t for t, m in zip(*row) if m]) for row in ours]
+    if column == "messages":
+        assert trained[0] == trained[1] == "4<|im_end|>5<|im_end|>"  # the user turn after them is not trained
+        assert (
+            "<tool_call>" in trained[2] and trained[2].endswith("5<|im_end|>") and "<tool_response>" not in trained[2]
+        )
+    else:
+        assert trained == ["5<|im_end|>"]
+
+
+def test_a_messages_row_without_an_assistant_turn_under_assistant_only_loss_fails_in_both(tmp_path, chatml):
+    """TRL's SFTTrainer fails on it (nothing in the assistant mask); TRAPO refuses it before anything loads, naming
+    the row and the fix."""
+    from trl_trapo.data import check_cells
+
+    dataset = Dataset.from_dict({"messages": [CONVERSATIONS["assistant-last"], CONVERSATIONS["no-assistant"]]})
+    with pytest.raises(RuntimeError, match="at least one example has no assistant tokens"):
+        sft_rows(tmp_path, chatml, dataset, assistant_only_loss=True)
+    with pytest.raises(ValueError, match="'messages' has no assistant turn at row 1"):
+        check_cells(dataset, "sft_dataset", "sft", assistant_only_loss=True)
 
 
 @pytest.mark.parametrize("dataset", ["train_dataset", "sft_dataset"])

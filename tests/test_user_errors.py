@@ -1048,26 +1048,9 @@ BAD_CELLS = [
         "if m['role'] == 'assistant'",
     ),
     (
-        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": ""}]}]),
-        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
-        "would teach only to stop",
-    ),
-    (
         dict(pretrain_dataset=TEXT, eval_dataset={"sft": [{"prompt": "a=", "completion": ""}]}),
         "`eval_dataset['sft']` column 'completion' has an empty completion at row 0",
         "Fill it, or drop such rows",
-    ),
-    # a `messages` row is split into a prompt and the assistant's last turn: one that cannot be, named by dataset, row
-    # and role (a prompt's roles are the chat template's to judge, as in TRL's trainers: any last role is rendered)
-    (
-        dict(sft_dataset=[{"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")}]),
-        "`sft_dataset` column 'messages' row 0: ends with a message of role 'user', but a 'messages' row is split",
-        "or set assistant_only_loss=True",
-    ),
-    (
-        dict(sft_dataset=[{"messages": [{"role": "assistant", "content": "a"}]}]),
-        "`sft_dataset` column 'messages' row 0: holds only the assistant's message",
-        "give it a prompt",
     ),
 ]
 
@@ -1116,6 +1099,59 @@ def test_an_added_demonstration_objective_checks_its_cells_as_the_sft_data(tmp_p
             objectives=[demos],
         ),  # fmt: skip
         f"`objective 'demos' dataset` {message}",
+    )
+
+
+@pytest.mark.parametrize("assistant_only_loss", [False, True])
+def test_an_added_demonstration_objective_trains_messages_rows_as_the_sft_data(tmp_path, assistant_only_loss):
+    """The sibling path: an added objective's `messages` rows are trained as the built-in SFT data's are (every
+    token; with assistant_only_loss, the assistant turns), not split at the last message (as it used to) nor
+    trained whole when the built-in data is masked."""
+    from trl_trapo.agents import use_tool_chat_template
+    from trl_trapo.objectives import DemonstrationObjective
+
+    marked = use_tool_chat_template(build_char_tokenizer())
+    chat = (
+        conv("ab=") + [{"role": "assistant", "content": "ab"}] + conv("ok?") + [{"role": "assistant", "content": "y"}]
+    )
+    demos = DemonstrationObjective("demos", Dataset.from_list([{"messages": chat}] * 2))
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no", pretrain_max_length=16,
+        curriculum_boundaries=[], curriculum_mixtures=[{"pretrain": 0.5, "demos": 0.5}],
+        assistant_only_loss=assistant_only_loss,
+    )  # fmt: skip
+    TRAPOTrainer(
+        build_tiny_model(marked, seed=0), args=config, processing_class=marked,
+        pretrain_dataset=Dataset.from_list(TEXT), objectives=[demos],
+    )  # fmt: skip
+    row = demos.pool.dataset[0]
+    trained = marked.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m])
+    assert trained == ("ab</s>y</s>" if assistant_only_loss else marked.decode(row["input_ids"]))
+    assert "ok?" in marked.decode(row["input_ids"])
+
+
+def test_messages_rows_are_refused_only_where_trl_has_nothing_to_train(tmp_path, tok):
+    """A `messages` row trains every token of the conversation, as TRL's SFTTrainer trains it: rows ending with a user
+    turn, holding only the assistant's message, or with an empty assistant turn are accepted (they used to be
+    refused: the row was split at its last message). With assistant_only_loss=True only the assistant turns are
+    trained: a row whose assistant turns are empty would teach only to stop, and is refused before any model loads
+    (TRL fails on a row without assistant tokens)."""
+    rows = [
+        {"messages": conv("a=") + [{"role": "assistant", "content": "a"}] + conv("b=")},
+        {"messages": [{"role": "assistant", "content": "a"}]},
+        {"messages": conv("a=") + [{"role": "assistant", "content": ""}]},
+    ]
+    config = TRAPOConfig(output_dir=str(tmp_path / "a"), max_steps=1, report_to="none", save_strategy="no")
+    TRAPOTrainer(build_tiny_model(tok, seed=0), args=config, processing_class=tok, sft_dataset=Dataset.from_list(rows))
+    masked = TRAPOConfig(
+        output_dir=str(tmp_path / "b"), max_steps=1, report_to="none", save_strategy="no", assistant_only_loss=True
+    )
+    api_error(
+        lambda: TRAPOTrainer(
+            "no/such/model-folder", args=masked, processing_class=tok, sft_dataset=Dataset.from_list(rows[2:])
+        ),
+        "`sft_dataset` column 'messages' has an empty assistant turn at row 0",
+        "would teach only to stop",
     )
 
 

@@ -616,3 +616,53 @@ def test_the_rows_of_one_prompt_share_its_model_input_tensors():
     assert inputs[0] is inputs[1] is inputs[2] and inputs[3] is inputs[4] and inputs[0] is not inputs[3]
     assert inputs[0]["pixel_values"].shape == (3, 4, 4) and float(inputs[3]["pixel_values"][0, 0, 0]) == 2.0
     assert inputs[5] == {}
+
+
+# TEMPLATE with `{% generation %}` markers around each assistant turn (for assistant_only_loss)
+MARKED_TEMPLATE = (
+    "{% macro body(message) %}{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ '\\n' }}{% endmacro %}"
+    "{% for message in messages %}{{ message['role'] }}: "
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ body(message) }}{% endgeneration %}"
+    "{% else %}{{ body(message) }}{% endif %}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@pytest.mark.parametrize("assistant_only_loss", [False, True])
+@pytest.mark.parametrize("last", ["assistant", "user"])
+def test_a_vlm_messages_row_is_trls_conversation_every_text_token_trained(last, assistant_only_loss):
+    """A `messages` row with images is TRL's language-modeling form, as `DataCollatorForVisionLanguageModeling` builds
+    it: the conversation rendered whole by the processor, whatever its last role, every token trained (with
+    assistant_only_loss, the processor's assistant mask); TRAPO leaves out the image tokens (the model reads them,
+    never writes them; their logit is suppressed). TRAPO used to train the last assistant turn only and to refuse a
+    row not ending with one (issue 37)."""
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from trl_trapo.data import tokenize_sft_dataset
+    from trl_trapo.vision import ImageRows
+
+    processor = build_processor()
+    processor.chat_template = processor.tokenizer.chat_template = MARKED_TEMPLATE
+    messages = [
+        {"role": "user", "content": content([1], "q?")},
+        {"role": "assistant", "content": [{"type": "text", "text": "ab"}]},
+        {"role": last, "content": [{"type": "text", "text": "cd"}]},
+    ]
+    row = {"messages": messages, "images": [image(1)]}
+    [ours] = tokenize_sft_dataset(
+        Dataset.from_list([row]), processor.tokenizer, 256, images=ImageRows(processor),
+        assistant_only_loss=assistant_only_loss,
+    )  # fmt: skip
+    collator = DataCollatorForVisionLanguageModeling(processor, assistant_only_loss=assistant_only_loss)
+    theirs = collator([{"messages": messages, "images": [image(1)]}])
+    assert ours["input_ids"] == theirs["input_ids"][0].tolist()
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    trained = [int(label != -100 and t != image_id) for t, label in zip(ours["input_ids"], theirs["labels"][0])]
+    assert ours["completion_mask"] == trained
+    learned = processor.tokenizer.decode([t for t, m in zip(ours["input_ids"], ours["completion_mask"]) if m])
+    if assistant_only_loss:
+        assert learned == ("ab\ncd\n" if last == "assistant" else "ab\n")
+    else:
+        assert sum(trained) == len(trained) - 4 and "q?" in learned  # all but the 4 image tokens
+    assert ours["model_inputs"]["pixel_values"] is not None

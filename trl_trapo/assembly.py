@@ -612,7 +612,7 @@ def build_policy(
     """
     templates_checked = processing_class is not None
     if templates_checked:
-        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs, args.assistant_only_loss)
+        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
     model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if isinstance(model, str):
         check_model_source(model, "model")
@@ -636,7 +636,7 @@ def build_policy(
     )
     check_tokenizer(tokenizer)
     if not templates_checked:  # the tokenizer came with the model: now, before the reference and teacher load
-        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs, args.assistant_only_loss)
+        check_templates_render(named_datasets, processing_class, args.chat_template_kwargs)
     if agent is not None:
         from .agents import check_chat_template, prompt_renderer
 

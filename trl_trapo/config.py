@@ -729,13 +729,13 @@ class TRAPOConfig(_BaseConfig):
     assistant_only_loss: bool = field(
         default=False,
         metadata={  # no percent sign in help texts: argparse formats them (`--help` fails on a lone one)
-            "help": "TRL SFTConfig's option, for `messages` rows of `sft_dataset` (agent traces with tool calls): "
-            "True renders each conversation whole with the chat template (`tools=` from a `tools` column) and trains "
-            "on every assistant turn, its tool calls and end-of-turn token included, and on no system, user or tool "
-            "token (transformers' assistant mask: the template needs `generation` ... `endgeneration` markers). "
-            "False: only the last message (the assistant's) is trained, the rest is its prompt. Prompt-completion "
-            "text rows are "
-            "refused with True (their loss is already on the completion only)."
+            "help": "TRL SFTConfig's option, for conversational rows of `sft_dataset` (e.g. agent traces with tool "
+            "calls): each conversation is rendered whole with the chat template (`tools=` from a `tools` column). "
+            "True trains every assistant turn, its tool calls and end-of-turn token included, and no system, user or "
+            "tool token (transformers' assistant mask: the template needs `generation` ... `endgeneration` markers; "
+            "for prompt-completion rows, the assistant turns of the completion). False, as TRL's SFTTrainer: every "
+            "token of a `messages` row is trained, the completion of a prompt-completion row. Prompt-completion "
+            "text rows are refused with True (their loss is already on the completion only)."
         },
     )
     shuffle_dataset: bool = field(

@@ -389,29 +389,20 @@ IMAGE_ROLES = ("system", "user", "assistant", "tool")
 message; any other raises `Invalid role in message`."""
 
 
-def check_prompt_roles(
-    dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False
-) -> None:
-    """Refuse, before anything slow, the conversational rows TRAPO cannot split or place images in, naming the
-    dataset, the row and the fix (rather than an error from inside `datasets.map`). A prompt's roles are the chat
-    template's to render, as in TRL 1.16's trainers: a prompt may end with any role (it is rendered with
-    `add_generation_prompt=True`, a final assistant message included, see [`tokenize_prompt`]); a template that
-    refuses a conversation (e.g. roles that must alternate) is reported with the row when it is tokenized
+def check_prompt_roles(dataset: Dataset, role: str, kind: str | None = None) -> None:
+    """Refuse, before anything slow, the conversational rows of a dataset with an image column whose messages TRL's
+    `trl.data_utils.prepare_multimodal_messages` cannot place images in (see [`~trl_trapo.vision.ImageRows`]): a
+    message, anywhere, whose role is not one of `IMAGE_ROLES`; naming the dataset, the row and the fix (rather than
+    an error from inside `datasets.map`). Other roles are the chat template's to render, as in TRL 1.16's trainers: a
+    prompt may end with any role (it is rendered with `add_generation_prompt=True`, a final assistant message
+    included, see [`tokenize_prompt`]), a `messages` row too (rendered whole, see [`tokenize_sft_row`]); a template
+    that refuses a conversation (e.g. roles that must alternate) is reported with the row when it is tokenized
     ([`template_errors_named`]).
-
-    - A `messages` row split into prompt and completion (SFT without `assistant_only_loss`) that does not end with
-      the assistant's message, or (text rows) has nothing before it.
-    - Rows of a dataset with an image column, whose messages go through `trl.data_utils.prepare_multimodal_messages`
-      (see [`~trl_trapo.vision.ImageRows`]): a message, anywhere, whose role is not one of `IMAGE_ROLES`.
-
-    With `assistant_only_loss` SFT text rows are rendered whole by the chat template (see `tokenize_sft_dataset`),
-    not split: nothing is checked then.
 
     Args:
         dataset (`Dataset`): the rows, with the columns `read_columns(columns, kind)` names.
         role (`str`): how errors name the dataset.
         kind (`str`, *optional*): as in `read_columns`.
-        assistant_only_loss (`bool`): SFT rows are rendered whole (`TRAPOConfig.assistant_only_loss`).
 
     Raises:
         ValueError: naming the dataset, the column, the first bad row, the role and the fix.
@@ -419,61 +410,42 @@ def check_prompt_roles(
     names = dataset_columns(dataset)
     columns = read_columns(names, kind)
     images = any(c in names for c in IMAGE_COLUMNS)
-    if ("completion" in columns or "messages" in columns) and assistant_only_loss and not images:
-        return
     column = "messages" if "messages" in columns else "prompt" if "prompt" in columns else None
-    if column is None or str(dataset.with_format("arrow")[column].type) in ("string", "large_string"):
-        return  # no column of conversations (text rows are not rendered by a chat template)
-    completions = dataset["completion"] if images and "completion" in columns else None
+    if not images or column is None or str(dataset.with_format("arrow")[column].type) in ("string", "large_string"):
+        return  # no image rows, or no column of conversations (text rows are not rendered by a chat template)
+    completions = dataset["completion"] if "completion" in columns else None
     bad: list[int] = []
-    first = None  # (what is wrong, fix) of the first bad row
+    first = None  # the first unknown role
     for row, value in enumerate(dataset[column]):
         if not is_messages(value):
             continue  # text, or a cell `check_cell_types` refuses
-        problem = None
-        split = column == "messages"
-        if split and value[-1].get("role") != "assistant":
-            problem = (
-                f"ends with a message of role {value[-1].get('role')!r}, but a 'messages' row is split into a prompt "
-                "(every message before the last) and the completion to learn (the last, which must be the "
-                "assistant's)",
-                "drop the turns after the last assistant message, e.g. `dataset.map(lambda row: {'messages': "
-                "row['messages'][: max(i for i, m in enumerate(row['messages']) if m['role'] == 'assistant') + 1]})`"
-                + ("" if images else ", or set assistant_only_loss=True (every assistant turn is trained)"),
-            )
-        elif images:
-            rendered = list(value) + (completions[row] if completions and is_messages(completions[row]) else [])
-            unknown = next((m.get("role") for m in rendered if m.get("role") not in IMAGE_ROLES), None)
-            if unknown is not None:
-                problem = (
-                    f"has a message of role {unknown!r}, but TRL's `prepare_multimodal_messages`, which places the "
-                    f"row's images, takes only {', '.join(repr(r) for r in IMAGE_ROLES)} (it would raise `Invalid "
-                    f"role in message: {unknown}`)",
-                    f"rename the role {unknown!r} to one of those, or drop such rows",
-                )
-        elif split and len(value) == 1:
-            problem = (
-                "holds only the assistant's message, so its prompt (every message before the last) is empty",
-                "give it a prompt (e.g. a user turn before the reply), or drop such rows",
-            )
-        if problem is not None:
+        rendered = list(value) + (completions[row] if completions and is_messages(completions[row]) else [])
+        unknown = next((m.get("role") for m in rendered if m.get("role") not in IMAGE_ROLES), None)
+        if unknown is not None:
             bad.append(row)
-            first = first or problem
+            first = unknown if first is None else first
     if bad:
         more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
-        raise ValueError(f"`{role}` column {column!r} row {bad[0]}{more}: {first[0]}. Fix: {first[1]}.")
+        raise ValueError(
+            f"`{role}` column {column!r} row {bad[0]}{more}: has a message of role {first!r}, but TRL's "
+            f"`prepare_multimodal_messages`, which places the row's images, takes only "
+            f"{', '.join(repr(r) for r in IMAGE_ROLES)} (it would raise `Invalid role in message: {first}`). Fix: "
+            f"rename the role {first!r} to one of those, or drop such rows."
+        )
 
 
-def check_sft_completions(dataset: Dataset, role: str) -> None:
-    """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows, every assistant turn) with no
-    text (blank) and no tool call, or `messages` without any assistant turn. Such a row would train only the
-    end-of-sequence token after its prompt.
+def check_sft_completions(dataset: Dataset, role: str, assistant_only_loss: bool = False) -> None:
+    """Refuse SFT rows with nothing to learn: a `completion` (or, for `messages` rows with `assistant_only_loss`,
+    every assistant turn) with no text (blank) and no tool call, which would train only the end-of-turn tokens, or
+    (with `assistant_only_loss`) `messages` without any assistant turn, which TRL's SFTTrainer fails on ("at least
+    one example has no assistant tokens"). Without `assistant_only_loss` a `messages` row trains every token of the
+    conversation (as in TRL): nothing is checked.
 
     Raises:
         ValueError: naming the dataset, the column, the first empty row, how many there are and the fix.
     """
     column = "completion" if "completion" in dataset_columns(dataset) else "messages"
-    if column not in dataset_columns(dataset):
+    if column not in dataset_columns(dataset) or (column == "messages" and not assistant_only_loss):
         return
 
     def empty(value: Any) -> bool:
@@ -510,8 +482,8 @@ def check_sft_completions(dataset: Dataset, role: str) -> None:
 def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
     (`check_missing_values`), each of its column's form (`check_cell_types`), for SFT rows a completion to learn
-    (`check_sft_completions`), and conversations TRAPO can split into prompt and completion or place images in
-    (`check_prompt_roles`; SFT rows rendered whole with `assistant_only_loss`).
+    (`check_sft_completions`; with `assistant_only_loss`, an assistant turn of each `messages` row), and
+    conversations TRAPO can place images in (`check_prompt_roles`).
 
     Raises:
         ValueError: naming the dataset, column, row and fix.
@@ -522,8 +494,8 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     check_cell_types(dataset, role, columns)
     check_no_conversation_text(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
-        check_sft_completions(dataset, role)
-    check_prompt_roles(dataset, role, kind, assistant_only_loss)
+        check_sft_completions(dataset, role, assistant_only_loss)
+    check_prompt_roles(dataset, role, kind)
 
 
 CONVERSATION_TEXT_ROWS = 16  # rows `check_no_conversation_text` reads: a column stored so holds it in every row
@@ -668,13 +640,21 @@ def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
 
 
 def check_sft_dataset(dataset: Dataset) -> None:
-    """Raise a ValueError unless `dataset` is a non-empty prompt-completion or `messages` dataset."""
+    """Raise a ValueError unless `dataset` is a non-empty prompt-completion or `messages` dataset (a `text` one is
+    pointed to `pretrain_dataset`, which trains every token of it as TRL's SFTTrainer trains a text row)."""
     _check_not_empty(dataset, "sft_dataset")
     columns = dataset_columns(dataset)
     if not ({"prompt", "completion"} <= set(columns) or "messages" in columns):
+        text = (
+            " A 'text' column (TRL SFTTrainer's language-modeling form, `dataset_text_field`) trains every token: "
+            "pass such rows as `pretrain_dataset` (each document with EOS appended, every token trained)."
+            if "text" in columns
+            else ""
+        )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}. See https://huggingface.co/docs/trl/dataset_formats."
+            f"column (conversational format); it has {columns}.{text} See "
+            "https://huggingface.co/docs/trl/dataset_formats."
         )
 
 
@@ -739,14 +719,6 @@ def tokenize_prompt(prompt: Any, tokenizer, template_kwargs: dict | None = None)
     return tokenizer(prompt)["input_ids"]
 
 
-def is_agent_trace(messages: Any) -> bool:
-    """Whether a `messages` cell holds more than one assistant turn or any `tool` message (an agent trace)."""
-    if not isinstance(messages, (list, tuple)):
-        return False
-    roles = [m.get("role") for m in messages if isinstance(m, dict)]
-    return roles.count("assistant") > 1 or "tool" in roles
-
-
 def has_tool_calls(messages: Any) -> bool:
     """Whether a `messages` cell holds an assistant tool call or a `tool` message."""
     return isinstance(messages, (list, tuple)) and any(
@@ -754,21 +726,26 @@ def has_tool_calls(messages: Any) -> bool:
     )
 
 
-def warn_untrained_turns(dataset: Dataset, role: str = "sft_dataset", config_name: str = "TRAPOConfig") -> int:
-    """With `assistant_only_loss=False`, log one warning when `messages` rows are agent traces (`is_agent_trace`):
-    only their last assistant turn is trained.
+def warn_trained_tool_results(dataset: Dataset, role: str = "sft_dataset", config_name: str = "TRAPOConfig") -> int:
+    """With `assistant_only_loss=False`, log one warning when `messages` rows hold `tool` messages: every token of
+    such a row is trained (as TRL's SFTTrainer trains a `messages` row), the tool results included, so the model
+    learns to write what its tools return.
 
     Returns:
         `int`: the number of such rows (0: nothing logged).
     """
     if "messages" not in dataset_columns(dataset) or "completion" in dataset_columns(dataset):
         return 0
-    count = sum(is_agent_trace(messages) for messages in dataset["messages"])
+    count = sum(
+        isinstance(messages, (list, tuple)) and any(isinstance(m, dict) and m.get("role") == "tool" for m in messages)
+        for messages in dataset["messages"]
+    )
     if count:
         logger.warning(
-            "%d of %d `%s` rows have several assistant turns or tool messages; with %s.assistant_only_loss=False only "
-            "the last assistant turn of each is trained and the earlier assistant turns (their tool calls included) "
-            "are only context. Set assistant_only_loss=True to train every assistant turn.",
+            "%d of %d `%s` rows have tool messages; with %s.assistant_only_loss=False every token of a 'messages' row "
+            "is trained, as TRL's SFTTrainer trains it: the tool results, user and system messages too, so the model "
+            "learns to write tool results. Set assistant_only_loss=True to train the assistant turns only (their tool "
+            "calls included).",
             count,
             len(dataset),
             role,
@@ -994,11 +971,12 @@ def tokenize_sft_row(
       after the prompt; earlier when the template renders the prompt alone differently, e.g. Gemma's empty thought
       block, or when tokens merge across the boundary) and `completion_mask` is 1 from there on. Nothing is
       appended to a conversational row: its completion ends as the template ends an assistant turn.
-    - `messages` rows: the conversation rendered whole (TRL's `input_ids`); `completion_mask` is 1 on the last
-      message, which must be the assistant's (a prompt-completion row of `messages[:-1]` and `messages[-1:]`; TRL
-      trains every token of such a row, TRAPO the last assistant turn).
-    - With `assistant_only_loss`: the chat template's assistant mask (`return_assistant_tokens_mask=True`), for a
-      prompt-completion row further limited to the completion, as TRL combines both masks.
+    - `messages` rows (TRL's language-modeling form): the conversation rendered whole, whatever its last role, and
+      `completion_mask` 1 on every token (TRL's labels are the ids: every message is trained, user, system and tool
+      messages included).
+    - With `assistant_only_loss`: the chat template's assistant mask (`return_assistant_tokens_mask=True`: every
+      assistant turn of a `messages` row), for a prompt-completion row further limited to the completion, as TRL
+      combines both masks. To train the assistant's replies only, use it or prompt-completion rows.
 
     Conversational rows get the row's `tools` (a list of JSON schemas or a JSON string of one) and its
     `chat_template_kwargs` (over `template_kwargs`), as TRL's SFT reads them per row.
@@ -1014,9 +992,8 @@ def tokenize_sft_row(
         prompt that `input_ids` does not hold (empty when the prompt is a prefix of the row).
 
     Raises:
-        ValueError: for a `messages` row that does not end with the assistant's message (without
-            `assistant_only_loss`), or (with it) a row without an assistant message or whose assistant mask is all
-            zeros.
+        ValueError: with `assistant_only_loss`, for a row without an assistant message or whose assistant mask is all
+            zeros (TRL's SFTTrainer raises a RuntimeError then).
     """
     kwargs = dict(template_kwargs or {})
     if example.get("tools") is not None:
@@ -1024,16 +1001,7 @@ def tokenize_sft_row(
     kwargs = row_template_kwargs(example, kwargs)
     masks = {"return_assistant_tokens_mask": True} if assistant_only_loss else {}
     if "messages" in example and example.get("messages") is not None and "completion" not in example:
-        messages = list(example["messages"])
-        if assistant_only_loss:
-            prompt, completion = None, messages
-        elif not messages or messages[-1].get("role") != "assistant":
-            raise ValueError(
-                "An `sft_dataset` 'messages' row must end with an assistant message (the completion to learn); "
-                f"got last role {messages[-1].get('role') if messages else None!r}."
-            )
-        else:
-            prompt, completion = messages[:-1], messages[-1:]
+        prompt, completion = None, list(example["messages"])  # rendered whole, every token trained (as TRL)
     else:
         prompt, completion = example["prompt"], example["completion"]
     if assistant_only_loss and not any(m.get("role") == "assistant" for m in list(prompt or []) + list(completion)):
@@ -1083,7 +1051,9 @@ def tokenize_sft_dataset(
 
     With `images` (a VLM run) and an `images` / `image` column, every row goes through the processor instead (see
     [`~trl_trapo.vision.ImageRows.sft`]) and the result also has a `model_inputs` column (the row's `pixel_values` ...,
-    empty for a text row); `assistant_only_loss` does not apply to such rows (the last assistant turn is trained).
+    empty for a text row): a `messages` row trains every token but its image tokens (with `assistant_only_loss`, its
+    assistant turns, from the processor's assistant mask); `assistant_only_loss` does not apply to prompt-completion
+    image rows.
 
     Rows longer than `max_length` are truncated from the right; the number truncated is logged; rows left with no
     completion token are skipped.
@@ -1104,15 +1074,14 @@ def tokenize_sft_dataset(
         `Dataset` with columns `input_ids` and `completion_mask` (lists of equal length, in tokens).
 
     Raises:
-        ValueError: if a `messages` row does not end with an assistant message (without `assistant_only_loss`), has
-            no assistant message or an all-zero assistant mask (with it), the chat template fails on a row (naming
-            it), or no row keeps a completion token.
+        ValueError: if a row has no assistant message or an all-zero assistant mask (with `assistant_only_loss`), the
+            chat template fails on a row (naming it), or no row keeps a completion token.
     """
     template_kwargs = template_kwargs or {}
     eos = tokenizer.eos_token_id
     column = image_column(dataset_columns(dataset), role)
     if column is not None and images is not None:
-        return _tokenize_image_sft_dataset(dataset, images, column, max_length, role, num_proc)
+        return _tokenize_image_sft_dataset(dataset, images, column, max_length, role, num_proc, assistant_only_loss)
     if assistant_only_loss:
         check_assistant_only_loss(dataset, tokenizer, template_kwargs)
 
@@ -1203,14 +1172,20 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
 
 
 def _tokenize_image_sft_dataset(
-    dataset: Dataset, images: ImageRows, column: str, max_length: int, role: str, num_proc: int | None
+    dataset: Dataset,
+    images: ImageRows,
+    column: str,
+    max_length: int,
+    role: str,
+    num_proc: int | None,
+    assistant_only_loss: bool = False,
 ) -> Dataset:
     """The SFT rows of a VLM run through the processor: `input_ids`, `completion_mask`, `model_inputs` (see
     `tokenize_sft_dataset`). A row longer than `max_length` keeps its first `max_length` tokens when its image tokens
     all fit (refused otherwise, naming the row)."""
 
     def tokenize(example: dict, index: int) -> dict:
-        ids, mask, inputs = images.sft(example, column, role, index)
+        ids, mask, inputs = images.sft(example, column, role, index, assistant_only_loss)
         keep = images.cut(ids, max_length, role, index)
         return {"input_ids": ids[:keep], "completion_mask": mask[:keep], "model_inputs": inputs}
 
@@ -1778,7 +1753,7 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
                 "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
             )
         if cells:
-            # evaluation renders `messages` rows whole under assistant_only_loss (`evaluation.Evaluator.evaluate`)
+            # evaluation masks `messages` rows to their assistant turns under assistant_only_loss (as training)
             check_cells(dataset, label, assistant_only_loss=assistant_only_loss and "messages" in columns)
             if columns & {"completion", "messages"}:  # SFT loss rows: their tool calls
                 check_tool_call_traces(dataset, label)
@@ -1829,8 +1804,8 @@ def check_datasets(
             check_tool_call_traces(dataset, role)
         else:
             check_distillation_dataset(dataset)
-        whole = role == "sft_dataset" and assistant_only_loss  # SFT rows rendered whole, unsplit
-        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts", assistant_only_loss=whole)
+        masked = role == "sft_dataset" and assistant_only_loss  # `messages` rows train their assistant turns
+        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts", assistant_only_loss=masked)
     check_eval_dataset(eval_dataset, assistant_only_loss=assistant_only_loss)
     if pretrain_dataset is not None and args.pretrain_weight > 0:
         check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
@@ -1897,11 +1872,11 @@ def check_templates_render(
     named: Sequence[tuple[str, Any]],
     processing_class,
     template_kwargs: dict | None = None,
-    assistant_only_loss: bool = False,
 ) -> None:
     """Render with the chat template, before any model is built or copied, one row of each distinct sequence of
     roles (and tool calls, tools, per-row `chat_template_kwargs`) of each conversational dataset, as it will be
-    tokenized (prompts with the generation prompt; SFT rows whole and their prompt): a template that refuses a
+    tokenized (prompts with the generation prompt; prompt-completion SFT rows whole and their prompt; `messages`
+    rows whole): a template that refuses a
     conversation (Jinja's `raise_exception`, e.g. Llama's and Mistral's "roles must alternate") depends on its roles,
     not its text, so one row of each kind finds it. TRL's trainers would fail on such a row from inside
     `datasets.map`, naming neither dataset nor row. A processor's rows (a VLM run) and streaming datasets are not
@@ -1911,7 +1886,6 @@ def check_templates_render(
         named (`Sequence[tuple[str, Dataset | None]]`): `(how errors name it, dataset)` pairs.
         processing_class: the policy's tokenizer.
         template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
-        assistant_only_loss (`bool`): `messages` rows are rendered whole only, not split.
 
     Raises:
         ValueError: naming the dataset, the row, the template's message and the fix ([`template_errors_named`]).
@@ -1947,11 +1921,8 @@ def check_templates_render(
                 kwargs["tools"] = example["tools"]
             kwargs = row_template_kwargs(example, kwargs)
             completion = example.get("completion")
-            conversations = [(value, True)]  # (messages, add_generation_prompt)
-            if column == "messages":
-                split = len(value) > 1 and not assistant_only_loss
-                conversations = [(value[:-1], True), (value, False)] if split else [(value, False)]
-            elif is_messages(completion):
+            conversations = [(value, column != "messages")]  # (messages, add_generation_prompt)
+            if is_messages(completion):  # a prompt-completion row: also whole
                 conversations.append((list(value) + list(completion), False))
             with template_errors_named(role, row):
                 for messages, opens in conversations:
@@ -2084,7 +2055,7 @@ def prepare_datasets(
         check_rows(sft_dataset, "sft_dataset", tokenizer, "sft", cells=False)
         assistant_only_loss = getattr(args, "assistant_only_loss", False)
         if not assistant_only_loss:
-            warn_untrained_turns(sft_dataset, "sft_dataset", config_name)
+            warn_trained_tool_results(sft_dataset, "sft_dataset", config_name)
             check_tool_rendering(sft_dataset, tokenizer, "sft_dataset")
         sft = tokenize_sft_dataset(
             sft_dataset,

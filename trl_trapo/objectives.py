@@ -396,8 +396,9 @@ class DemonstrationObjective(SFTObjective):
     built-in `sft` (e.g. image demonstrations next to text ones: the loss-level analogue of per-modality weights) —
     [`~trl_trapo.losses.sft_term`].
 
-    Rows are tokenised at setup as the built-in SFT data is (`tokenize_sft_dataset`: prompt-completion or `messages`;
-    a VLM run's image rows through the processor) and served in seeded per-rank epochs (uniform sampling, as
+    Rows are tokenised at setup as the built-in SFT data is (`tokenize_sft_dataset`: prompt-completion or `messages`,
+    the latter's assistant turns only under `assistant_only_loss`, as TRL; a VLM run's image rows through the
+    processor) and served in seeded per-rank epochs (uniform sampling, as
     `sft_sampling="uniform"`); the sampler's position is checkpointed. Self-imitation, prioritised replay and few-shot
     mode serve the built-in `sft` only.
 
@@ -446,7 +447,9 @@ class DemonstrationObjective(SFTObjective):
         if len(self.dataset) == 0:
             raise ValueError(f"The {role} is empty: give it demonstrations, or drop the objective.")
         args = setup.args
-        check_cells(self.dataset, role, "sft")  # as the built-in SFT data: values of the right form, a completion
+        # as the built-in SFT data: `messages` rows trained whole, or their assistant turns with assistant_only_loss
+        masked = bool(getattr(args, "assistant_only_loss", False)) and "messages" in columns
+        check_cells(self.dataset, role, "sft", assistant_only_loss=masked)  # values of the right form, a completion
         renderer = setup.images.processor if setup.images is not None else setup.tokenizer
         check_conversations_renderable(self.dataset, role, renderer, args.chat_template_kwargs)
         tokenized = tokenize_sft_dataset(
@@ -454,6 +457,7 @@ class DemonstrationObjective(SFTObjective):
             setup.tokenizer,
             self.max_length or args.sft_max_length,
             args.chat_template_kwargs,
+            assistant_only_loss=masked,
             images=setup.images,
             role=role,
         )

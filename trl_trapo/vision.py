@@ -236,23 +236,34 @@ class ImageRows:
         )
         return self.encode(text, images, role, row)
 
-    def sft(self, example: Mapping, column: str | None, role: str, row: int | str):
-        """`(input_ids, completion_mask, model_inputs)` of an SFT row: the prompt with its images, then the
-        completion, which ends with EOS (appended unless the template ends the turn with it).
+    def sft(self, example: Mapping, column: str | None, role: str, row: int | str, assistant_only_loss: bool = False):
+        """`(input_ids, completion_mask, model_inputs)` of an SFT row.
+
+        - Prompt-completion rows: the prompt with its images, then the completion, which ends with EOS (appended
+          unless the template ends the turn with it); the completion is trained (`assistant_only_loss` does not
+          apply: TRL's vision collator refuses it for such rows).
+        - `messages` rows (TRL's language-modeling form): the conversation rendered whole, whatever its last role,
+          and every token trained but the image tokens, as TRL's `DataCollatorForVisionLanguageModeling` labels such
+          a row (it trains the image tokens too; TRAPO never trains them, as in [`document_mask`]: they stand for the
+          image, which the model reads and never writes). With `assistant_only_loss`, the processor's assistant mask
+          (`return_assistant_tokens_mask=True`, as TRL's collator asks for it): every assistant turn.
 
         Raises:
-            ValueError: naming the row, when the completion holds images.
+            ValueError: naming the row, when the completion holds images, or (with `assistant_only_loss`) when the
+                assistant mask of a `messages` row is all zeros (the template has no `{% generation %}` markers).
         """
         images = self.images_of(example, column, role, row)
         if "messages" in example and example.get("messages") is not None and "completion" not in example:
-            messages = list(example["messages"])
-            if not messages or messages[-1].get("role") != "assistant":
-                raise ValueError(
-                    f"`{role}` row {row}: a 'messages' row must end with an assistant message (the completion)."
-                )
-            prompt, completion = messages[:-1], messages[-1:]
-        else:
-            prompt, completion = example["prompt"], example["completion"]
+            messages = self._messages(list(example["messages"]), images, role, row)
+            text = self.processor.apply_chat_template(messages, tokenize=False, **self.template_kwargs)
+            ids, inputs = self.encode(text, images, role, row)
+            image_id = self.image_token_id()
+            mask = [0 if t == image_id else 1 for t in ids]
+            if assistant_only_loss:
+                assistant = self._assistant_mask(messages, images, ids, role, row)
+                mask = [m * a for m, a in zip(mask, assistant, strict=True)]
+            return ids, mask, inputs
+        prompt, completion = example["prompt"], example["completion"]
         eos = self.tokenizer.eos_token_id
         if isinstance(prompt, list):
             full = self._messages(list(prompt) + list(completion), images, role, row)
@@ -279,6 +290,32 @@ class ImageRows:
         if eos not in completion_ids:
             completion_ids.append(eos)
         return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids), inputs
+
+    def _assistant_mask(self, messages: list, images: list, ids: list[int], role: str, row: int | str) -> list[int]:
+        """The processor's assistant mask of a conversation whose ids are `ids` (1 on the assistant's tokens).
+
+        Raises:
+            ValueError: naming the row, when the mask is all zeros.
+        """
+        rendered = self.processor.apply_chat_template(
+            messages,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            return_tensors="np",
+            **self.template_kwargs,
+        )
+        if [int(t) for t in rendered["input_ids"][0]] != ids:  # pragma: no cover - the processor renders one text
+            raise ValueError(f"`{role}` row {row}: the processor's assistant mask is not of the row's tokens.")
+        mask = [int(m) for m in rendered["assistant_masks"][0]]
+        if 1 not in mask:
+            raise ValueError(
+                f"assistant_only_loss=True: the chat template's assistant mask of `{role}` row {row} is all zeros "
+                "(the processor's template has no `{% generation %}` markers, or the row no assistant turn). Put "
+                "`{% generation %}...{% endgeneration %}` around the assistant's content and end-of-turn token, or set "
+                "assistant_only_loss=False."
+            )
+        return mask
 
     def check_document(
         self, example: Mapping, column: str, role: str, row: int | str, max_length: int | None = None
