@@ -88,12 +88,12 @@ from .objectives import (
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, check_reward_checkpoint, load_reward_funcs, reward_function_name, set_pad_token_id
-from .rl_supply import build_exploration, build_successes
+from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
 from .setup_checks import check_training_setup
-from .sources import RolloutFuncSource, RolloutSource, check_rollout_source
+from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
@@ -388,6 +388,73 @@ def build_rollout_source(
             sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
     return spec.build(context)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSupplyParts:
+    """The RL objective's supply chain, as the trainer stores it.
+
+    Attributes:
+        source ([`~trl_trapo.sources.RolloutSource`] or an object with a `sample` method): the rollout source as
+            built or given (`trainer.rollout_source`: the user's own object, not its adapter).
+        supply ([`~trl_trapo.rl_supply.RLSupply`]): the source (adapted), the replay buffer and the orchestration
+            between them.
+    """
+
+    source: Any
+    supply: RLSupply
+
+
+def build_rl_supply(
+    args: TRAPOConfig,
+    parts: SourceParts,
+    *,
+    replay: ReplayBuffer,
+    schedules: RLSchedules,
+    rollout_source: RolloutSource | None,
+    rollout_func: Callable[[list], dict] | None,
+    agent: AgentSpec | None,
+    own_source: bool,
+    active_rl: bool,
+    has_critic: bool,
+    exploration: TargetedExploration | None,
+    task_families: list[str] | None,
+    on_episode: Callable[[int], None] | None,
+) -> RLSupplyParts:
+    """The rollout source ([`build_rollout_source`]) and the RL objective's supply around it
+    ([`~trl_trapo.rl_supply.RLSupply`]: a duck-typed source of the user's is adapted by
+    [`~trl_trapo.sources.as_rollout_source`]).
+
+    Raises:
+        ValueError: the conditions of [`build_rollout_source`].
+    """
+    source = build_rollout_source(
+        args,
+        parts,
+        rollout_source=rollout_source,
+        rollout_func=rollout_func,
+        agent=agent,
+        own_source=own_source,
+        active_rl=active_rl,
+        has_critic=has_critic,
+        exploration=exploration,
+    )
+    supply = RLSupply(
+        as_rollout_source(source),
+        parts.engine,
+        replay,
+        parts.memory_pool,
+        parts.metrics,
+        schedules,
+        parts.accelerator,
+        args,
+        policy=parts.policy,
+        has_critic=has_critic,
+        exploration=exploration,
+        task_families=task_families,
+        on_episode=on_episode,
+    )
+    return RLSupplyParts(source, supply)
 
 
 def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:

@@ -61,8 +61,8 @@ from .assembly import (
     build_memory_pool,
     build_objectives,
     build_rewards,
+    build_rl_supply,
     build_rollout_engine,
-    build_rollout_source,
     build_run_exploration,
     build_step_controls,
     check_data_fits,
@@ -139,7 +139,7 @@ from .objectives import (
     count_keys,
     step_counts,
 )
-from .rl_supply import RLSupply, build_replay_buffer
+from .rl_supply import build_replay_buffer
 from .rollout import RolloutBatch, RolloutEngine, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
@@ -153,7 +153,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import scale_scheduler
-from .sources import RolloutSource, as_rollout_source, bind_rollout_func
+from .sources import RolloutSource, bind_rollout_func
 from .vision import (
     model_context,
     needs_every_parameter,
@@ -505,8 +505,9 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
-        # where RL rounds come from: the user's source, or the default one sampling with the live policy (assembly.py)
-        self.rollout_source = build_rollout_source(
+        # where RL rounds come from (the user's source, or the default one sampling with the live policy), the replay
+        # buffer and the orchestration between them (assembly.build_rl_supply, trl_trapo/rl_supply.py)
+        supply = build_rl_supply(
             args,
             SourceParts(
                 engine=self.rollouts,
@@ -526,32 +527,20 @@ class TRAPOTrainer(_BaseTrainer):
                 zero3=zero3,
                 images=image_rows,
             ),
-            # TRL's contract: the function gets the trainer
+            replay=replay,
+            schedules=self.schedules,
             rollout_source=rollout_source,
+            # TRL's contract: the function gets the trainer
             rollout_func=bind_rollout_func(rollout_func, self) if rollout_func is not None else None,
             agent=agent,
             own_source=checked.own_source,
             active_rl=data.rl is not None,
             has_critic=self._has_critic,
             exploration=exploration,
-        )
-        # the RL objective's supply chain: the source (a duck-typed one of the user's adapted), the replay buffer and
-        # the orchestration between them (trl_trapo/rl_supply.py)
-        self.rl_supply = RLSupply(
-            as_rollout_source(self.rollout_source),
-            self.rollouts,
-            replay,
-            self.memory_pool,
-            self.metrics,
-            self.schedules,
-            self.accelerator,
-            args,
-            policy=self._unwrapped_policy,
-            has_critic=self._has_critic,
-            exploration=exploration,
             task_families=self._task_families,
             on_episode=lambda episode: setattr(self.state, "episode", episode),  # current even between logs
         )
+        self.rollout_source, self.rl_supply = supply.source, supply.supply
 
         # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
         # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
