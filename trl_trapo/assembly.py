@@ -21,6 +21,7 @@ that does not use them never loads them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from .callbacks import (
     AdaptiveKLCallback,
     DDPCommHookCallback,
     StateCheckpointCallback,
+    StopOnSignalCallback,
     SyncReferenceCallback,
 )
 from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
@@ -61,6 +63,7 @@ from .evaluation import check_best_model_metric
 from .executor import SourceContext
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
+from .interrupts import SignalCatcher
 from .losses import kl_gradient_warning, resolve_kl_estimator
 from .memory import AdapterBank, MemoryPool, build_sft_pool
 from .models import (
@@ -1133,12 +1136,28 @@ def probe_noise_floor(model: Any, args: TRAPOConfig) -> float:
     return 3.0 / math.sqrt(rows * dim)
 
 
+def build_probe(args: TRAPOConfig, policy: Callable[[], Any], device: Any, num_objectives: int) -> GradientProbe:
+    """DARE's gradient probe of the policy's output layer (`dare_probe_vocab` x `dare_probe_dim`), sized by the
+    policy's text config; built the first time DARE measures, so `policy()` is the prepared policy."""
+    model = policy()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return GradientProbe(
+        config.vocab_size,
+        config.hidden_size,
+        args.dare_probe_vocab,
+        args.dare_probe_dim,
+        device=device,
+        seed=args.seed,
+        num_objectives=num_objectives,
+    )
+
+
 def build_step_controls(
-    args: TRAPOConfig, plan: RunPlan, noise_floor: float, probe_factory: Callable[[], GradientProbe]
+    args: TRAPOConfig, plan: RunPlan, noise_floor: float, policy: Callable[[], Any], device: Any
 ) -> tuple[RowAllocator, CurriculumSchedule, DARE, RLSchedules]:
     """What decides each step: the row allocator, the curriculum (shares per objective), DARE (weights; its probe
-    from `probe_factory`, no probe for static weights) and the RL coefficient schedules (learning rate / entropy by
-    curriculum phase, adaptive KL)."""
+    of `policy()` on `device` built when first needed by [`build_probe`], no probe for static weights) and the RL
+    coefficient schedules (learning rate / entropy by curriculum phase, adaptive KL)."""
     names = plan.slots.names
     allocator = RowAllocator(len(names))
     curriculum = CurriculumSchedule(
@@ -1151,6 +1170,7 @@ def build_step_controls(
     )
     engine = build_weighting(args, plan.slots.has_data, noise_floor, names)  # trl_trapo/weighting.py
     interval = args.dare_update_interval or math.ceil(math.sqrt(plan.planned_steps))
+    probe_factory = functools.partial(build_probe, args, policy, device, len(names))
     dare = DARE(engine, interval, probe_factory=probe_factory, names=names, active=plan.active)
     schedules = RLSchedules(args, (curriculum.boundary_steps or [None])[-1])
     return allocator, curriculum, dare, schedules
@@ -1212,9 +1232,27 @@ def build_rollout_engine(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class RunCallbacks:
+    """How [`build_callbacks`] changes the `Trainer`'s callbacks: remove `removed`, then add `added` in order.
+
+    Attributes:
+        removed (`list[TrainerCallback]`): the console callbacks `console_metrics="short"` replaces.
+        added (`list[TrainerCallback]`): their short replacements, TRAPO's callbacks, and `stop_on_signal` last (so
+            that every other callback has seen the step).
+        stop_on_signal ([`~trl_trapo.callbacks.StopOnSignalCallback`]): saves a checkpoint and stops after SIGINT /
+            SIGTERM (its `interruption` is `trainer.interruption`).
+    """
+
+    removed: list
+    added: list
+    stop_on_signal: StopOnSignalCallback
+
+
 def build_callbacks(
     args: TRAPOConfig,
     *,
+    existing: list,
     schedules: RLSchedules,
     reduce_sum: Callable,
     model_wrapped: Callable[[], Any],
@@ -1223,15 +1261,18 @@ def build_callbacks(
     pending: Callable[[], Any],
     reference: ReferencePolicy | None,
     policy: Callable[[], Any],
-) -> list:
-    """TRAPO's callbacks, in the order they are added: the adaptive KL window, DDP's communication hook, TRAPO's
-    state in every checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), and the
-    reference's sync (`sync_ref_model`).
+    signal_catcher: SignalCatcher,
+) -> RunCallbacks:
+    """TRAPO's callbacks, in the order they are added: the short console line's (`console_metrics="short"`, in
+    place of `existing` console callbacks), the adaptive KL window, DDP's communication hook, TRAPO's state in every
+    checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), the reference's sync
+    (`sync_ref_model`), and last the stop on SIGINT / SIGTERM (`signal_catcher`).
 
     Raises:
         ValueError: `sync_ref_model=True` with no reference to update.
     """
-    callbacks: list = []
+    replaced = short_console_callbacks(existing) if args.console_metrics == "short" else []
+    callbacks: list = [short for _, short in replaced]
     if schedules.adaptive_kl:
         callbacks.append(AdaptiveKLCallback(schedules, reduce_sum))
     callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
@@ -1243,7 +1284,8 @@ def build_callbacks(
                 "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
             )
         callbacks.append(SyncReferenceCallback(reference, policy))
-    return callbacks
+    stop_on_signal = StopOnSignalCallback(signal_catcher, accelerator)
+    return RunCallbacks([callback for callback, _ in replaced], [*callbacks, stop_on_signal], stop_on_signal)
 
 
 def short_console_callbacks(callbacks: list) -> list[tuple[Any, Any]]:
