@@ -160,25 +160,20 @@ class RunChecks:
 def check_run(
     args: TRAPOConfig,
     arguments: dict[str, Any],
+    datasets: dict[str, Any],
     *,
-    train_dataset: Dataset | None,
-    eval_dataset: Any,
-    pretrain_dataset: Any,
-    sft_dataset: Dataset | None,
-    distillation_dataset: Dataset | None,
     rollout_source: RolloutSource | None,
     rollout_func: Callable | None,
-    tools: list[Callable] | None,
     environment_factory: Callable | dict[str, Callable] | None,
-    reward_funcs: Any,
-    reward_model: Any,
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, every
     argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
     datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
     from (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads.
-    `arguments` also gives `model`, `peft_config`, `callbacks` and `optimizers` to the checks that read them.
+    `arguments` also gives `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `callbacks` and
+    `optimizers` to the checks that read them; `datasets` holds the trainer's dataset arguments by name
+    (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed).
 
     Returns:
         [`RunChecks`].
@@ -187,6 +182,9 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
+    names = ("train_dataset", "eval_dataset", "pretrain_dataset", "sft_dataset", "distillation_dataset")
+    train_dataset, eval_dataset, pretrain_dataset, sft_dataset, distillation_dataset = map(datasets.get, names)
+    tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
     if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads

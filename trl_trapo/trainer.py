@@ -330,13 +330,10 @@ class TRAPOTrainer(_BaseTrainer):
                 optimizers=optimizers,
                 tools=tools,
             ),
-            **datasets,
+            datasets,
             rollout_source=rollout_source,
             rollout_func=rollout_func,
-            tools=tools,
             environment_factory=environment_factory,
-            reward_funcs=reward_funcs,
-            reward_model=reward_model,
         )
         agent, datasets["train_dataset"] = checked.agent, checked.train_dataset
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
