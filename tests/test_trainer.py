@@ -387,7 +387,7 @@ def test_nonfinite_loss_skips_steps_then_stops(tmp_path, tokenizer, suite, tiny_
     trainer.compute_loss = poisoned
     with pytest.raises(RuntimeError, match="3 optimizer steps had a non-finite loss"):
         trainer.train()
-    assert trainer._nonfinite_steps == 3
+    assert trainer.nonfinite.steps == 3
     for name, param in trainer.model.named_parameters():  # every poisoned step was skipped
         assert torch.equal(param.detach(), before[name]), name
 
@@ -407,7 +407,7 @@ def test_a_second_train_trains_again_as_a_transformers_trainer_does(tmp_path, to
     original = trainer.compute_loss
     trainer.compute_loss = lambda *args, **kwargs: original(*args, **kwargs) * torch.tensor(float("nan"))
     trainer.train()  # a third run, every loss poisoned: each step skipped (max_nonfinite_steps is 10)
-    assert trainer._nonfinite_steps == 2
+    assert trainer.nonfinite.steps == 2
     for name, param in trainer.model.named_parameters():
         assert torch.equal(param.detach(), after_second[name]), name
 

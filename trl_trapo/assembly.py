@@ -21,6 +21,7 @@ that does not use them never loads them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from .callbacks import (
     AdaptiveKLCallback,
     DDPCommHookCallback,
     StateCheckpointCallback,
+    StopOnSignalCallback,
     SyncReferenceCallback,
 )
 from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
@@ -61,6 +63,7 @@ from .evaluation import check_best_model_metric
 from .executor import SourceContext
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
+from .interrupts import SignalCatcher
 from .losses import kl_gradient_warning, resolve_kl_estimator
 from .memory import AdapterBank, MemoryPool, build_sft_pool
 from .models import (
@@ -88,12 +91,12 @@ from .objectives import (
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, check_reward_checkpoint, load_reward_funcs, reward_function_name, set_pad_token_id
-from .rl_supply import build_exploration, build_successes
+from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
 from .setup_checks import check_training_setup
-from .sources import RolloutFuncSource, RolloutSource, check_rollout_source
+from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
@@ -157,25 +160,20 @@ class RunChecks:
 def check_run(
     args: TRAPOConfig,
     arguments: dict[str, Any],
+    datasets: dict[str, Any],
     *,
-    train_dataset: Dataset | None,
-    eval_dataset: Any,
-    pretrain_dataset: Any,
-    sft_dataset: Dataset | None,
-    distillation_dataset: Dataset | None,
     rollout_source: RolloutSource | None,
     rollout_func: Callable | None,
-    tools: list[Callable] | None,
     environment_factory: Callable | dict[str, Callable] | None,
-    reward_funcs: Any,
-    reward_model: Any,
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, every
     argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
     datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
     from (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads.
-    `arguments` also gives `model`, `peft_config`, `callbacks` and `optimizers` to the checks that read them.
+    `arguments` also gives `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `callbacks` and
+    `optimizers` to the checks that read them; `datasets` holds the trainer's dataset arguments by name
+    (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed).
 
     Returns:
         [`RunChecks`].
@@ -184,6 +182,9 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
+    names = ("train_dataset", "eval_dataset", "pretrain_dataset", "sft_dataset", "distillation_dataset")
+    train_dataset, eval_dataset, pretrain_dataset, sft_dataset, distillation_dataset = map(datasets.get, names)
+    tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
     if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
@@ -388,6 +389,73 @@ def build_rollout_source(
             sync_weights=parts.engine.vllm.sync_for_step if parts.engine.vllm is not None else None,
         )
     return spec.build(context)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSupplyParts:
+    """The RL objective's supply chain, as the trainer stores it.
+
+    Attributes:
+        source ([`~trl_trapo.sources.RolloutSource`] or an object with a `sample` method): the rollout source as
+            built or given (`trainer.rollout_source`: the user's own object, not its adapter).
+        supply ([`~trl_trapo.rl_supply.RLSupply`]): the source (adapted), the replay buffer and the orchestration
+            between them.
+    """
+
+    source: Any
+    supply: RLSupply
+
+
+def build_rl_supply(
+    args: TRAPOConfig,
+    parts: SourceParts,
+    *,
+    replay: ReplayBuffer,
+    schedules: RLSchedules,
+    rollout_source: RolloutSource | None,
+    rollout_func: Callable[[list], dict] | None,
+    agent: AgentSpec | None,
+    own_source: bool,
+    active_rl: bool,
+    has_critic: bool,
+    exploration: TargetedExploration | None,
+    task_families: list[str] | None,
+    on_episode: Callable[[int], None] | None,
+) -> RLSupplyParts:
+    """The rollout source ([`build_rollout_source`]) and the RL objective's supply around it
+    ([`~trl_trapo.rl_supply.RLSupply`]: a duck-typed source of the user's is adapted by
+    [`~trl_trapo.sources.as_rollout_source`]).
+
+    Raises:
+        ValueError: the conditions of [`build_rollout_source`].
+    """
+    source = build_rollout_source(
+        args,
+        parts,
+        rollout_source=rollout_source,
+        rollout_func=rollout_func,
+        agent=agent,
+        own_source=own_source,
+        active_rl=active_rl,
+        has_critic=has_critic,
+        exploration=exploration,
+    )
+    supply = RLSupply(
+        as_rollout_source(source),
+        parts.engine,
+        replay,
+        parts.memory_pool,
+        parts.metrics,
+        schedules,
+        parts.accelerator,
+        args,
+        policy=parts.policy,
+        has_critic=has_critic,
+        exploration=exploration,
+        task_families=task_families,
+        on_episode=on_episode,
+    )
+    return RLSupplyParts(source, supply)
 
 
 def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:
@@ -1066,12 +1134,28 @@ def probe_noise_floor(model: Any, args: TRAPOConfig) -> float:
     return 3.0 / math.sqrt(rows * dim)
 
 
+def build_probe(args: TRAPOConfig, policy: Callable[[], Any], device: Any, num_objectives: int) -> GradientProbe:
+    """DARE's gradient probe of the policy's output layer (`dare_probe_vocab` x `dare_probe_dim`), sized by the
+    policy's text config; built the first time DARE measures, so `policy()` is the prepared policy."""
+    model = policy()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return GradientProbe(
+        config.vocab_size,
+        config.hidden_size,
+        args.dare_probe_vocab,
+        args.dare_probe_dim,
+        device=device,
+        seed=args.seed,
+        num_objectives=num_objectives,
+    )
+
+
 def build_step_controls(
-    args: TRAPOConfig, plan: RunPlan, noise_floor: float, probe_factory: Callable[[], GradientProbe]
+    args: TRAPOConfig, plan: RunPlan, noise_floor: float, policy: Callable[[], Any], device: Any
 ) -> tuple[RowAllocator, CurriculumSchedule, DARE, RLSchedules]:
     """What decides each step: the row allocator, the curriculum (shares per objective), DARE (weights; its probe
-    from `probe_factory`, no probe for static weights) and the RL coefficient schedules (learning rate / entropy by
-    curriculum phase, adaptive KL)."""
+    of `policy()` on `device` built when first needed by [`build_probe`], no probe for static weights) and the RL
+    coefficient schedules (learning rate / entropy by curriculum phase, adaptive KL)."""
     names = plan.slots.names
     allocator = RowAllocator(len(names))
     curriculum = CurriculumSchedule(
@@ -1084,6 +1168,7 @@ def build_step_controls(
     )
     engine = build_weighting(args, plan.slots.has_data, noise_floor, names)  # trl_trapo/weighting.py
     interval = args.dare_update_interval or math.ceil(math.sqrt(plan.planned_steps))
+    probe_factory = functools.partial(build_probe, args, policy, device, len(names))
     dare = DARE(engine, interval, probe_factory=probe_factory, names=names, active=plan.active)
     schedules = RLSchedules(args, (curriculum.boundary_steps or [None])[-1])
     return allocator, curriculum, dare, schedules
@@ -1145,9 +1230,27 @@ def build_rollout_engine(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class RunCallbacks:
+    """How [`build_callbacks`] changes the `Trainer`'s callbacks: remove `removed`, then add `added` in order.
+
+    Attributes:
+        removed (`list[TrainerCallback]`): the console callbacks `console_metrics="short"` replaces.
+        added (`list[TrainerCallback]`): their short replacements, TRAPO's callbacks, and `stop_on_signal` last (so
+            that every other callback has seen the step).
+        stop_on_signal ([`~trl_trapo.callbacks.StopOnSignalCallback`]): saves a checkpoint and stops after SIGINT /
+            SIGTERM (its `interruption` is `trainer.interruption`).
+    """
+
+    removed: list
+    added: list
+    stop_on_signal: StopOnSignalCallback
+
+
 def build_callbacks(
     args: TRAPOConfig,
     *,
+    existing: list,
     schedules: RLSchedules,
     reduce_sum: Callable,
     model_wrapped: Callable[[], Any],
@@ -1156,15 +1259,18 @@ def build_callbacks(
     pending: Callable[[], Any],
     reference: ReferencePolicy | None,
     policy: Callable[[], Any],
-) -> list:
-    """TRAPO's callbacks, in the order they are added: the adaptive KL window, DDP's communication hook, TRAPO's
-    state in every checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), and the
-    reference's sync (`sync_ref_model`).
+    signal_catcher: SignalCatcher,
+) -> RunCallbacks:
+    """TRAPO's callbacks, in the order they are added: the short console line's (`console_metrics="short"`, in
+    place of `existing` console callbacks), the adaptive KL window, DDP's communication hook, TRAPO's state in every
+    checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), the reference's sync
+    (`sync_ref_model`), and last the stop on SIGINT / SIGTERM (`signal_catcher`).
 
     Raises:
         ValueError: `sync_ref_model=True` with no reference to update.
     """
-    callbacks: list = []
+    replaced = short_console_callbacks(existing) if args.console_metrics == "short" else []
+    callbacks: list = [short for _, short in replaced]
     if schedules.adaptive_kl:
         callbacks.append(AdaptiveKLCallback(schedules, reduce_sum))
     callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
@@ -1176,7 +1282,8 @@ def build_callbacks(
                 "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
             )
         callbacks.append(SyncReferenceCallback(reference, policy))
-    return callbacks
+    stop_on_signal = StopOnSignalCallback(signal_catcher, accelerator)
+    return RunCallbacks([callback for callback, _ in replaced], [*callbacks, stop_on_signal], stop_on_signal)
 
 
 def short_console_callbacks(callbacks: list) -> list[tuple[Any, Any]]:

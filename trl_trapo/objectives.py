@@ -41,8 +41,9 @@ import torch
 from datasets import Dataset, IterableDataset
 from trl.trainer.utils import entropy_from_logits
 
+from .checkpoint import CheckpointError
 from .collator import Row, StepContext
-from .config import RL
+from .config import OBJECTIVES, RL
 from .data import (
     PretrainStream,
     check_cells,
@@ -1027,6 +1028,34 @@ def checkpointed_objective_states(state: dict) -> dict[str, dict]:
     if states is None:
         return {PretrainingObjective.NAME: state.get("pretrain_stream") or {}}
     return states
+
+
+def load_objective_states(objectives: list[Objective], state: dict, source: str) -> None:
+    """Restore each objective's state from a checkpoint's `trapo/rank{r}.json` (`state`, read from the file
+    `source`), once every objective has checked that the checkpoint fits it: nothing is restored when one does not.
+
+    Raises:
+        CheckpointError: naming `source`, if the checkpoint was written by a run with other objectives (beyond the
+            built-in ones), or an objective's datasets changed ([`Objective.check_resume`]).
+    """
+    states = checkpointed_objective_states(state)  # this layout, or the one before names
+    missing = [o.name for o in objectives[len(OBJECTIVES) :] if o.name not in states]
+    unknown = sorted(set(states) - {o.name for o in objectives})
+    if missing or unknown:
+        raise CheckpointError(
+            f"{source}: the checkpoint was written by a run with other objectives (this run adds "
+            f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
+        )
+    for objective in objectives:  # a pretraining stream missing or added, ...: datasets changed
+        problem = objective.check_resume(states.get(objective.name))
+        if problem is not None:
+            raise CheckpointError(
+                f"{source}: the checkpoint was made with a different set of datasets ({problem}); resume "
+                "with the same datasets."
+            )
+    for objective in objectives:
+        if objective.name in states:
+            objective.load_state_dict(states[objective.name])
 
 
 def check_objectives(objectives: list[Objective]) -> None:

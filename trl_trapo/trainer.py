@@ -40,7 +40,6 @@ import logging
 import os
 import signal
 import time
-import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -61,8 +60,8 @@ from .assembly import (
     build_memory_pool,
     build_objectives,
     build_rewards,
+    build_rl_supply,
     build_rollout_engine,
-    build_rollout_source,
     build_run_exploration,
     build_step_controls,
     check_data_fits,
@@ -73,11 +72,7 @@ from .assembly import (
     prepare_run_data,
     probe_noise_floor,
     setup_objectives,
-    short_console_callbacks,
     task_families,
-)
-from .callbacks import (
-    StopOnSignalCallback,
 )
 from .checkpoint import (
     DATASETS_FILE,
@@ -99,7 +94,7 @@ from .collator import (
     split_micro_batches,
     ticket_collator,
 )
-from .config import OBJECTIVES, TRAPOConfig, check_hub_repo_id
+from .config import TRAPOConfig, check_hub_repo_id
 from .data import (
     check_eval_dataset,
     named_datasets,
@@ -128,6 +123,7 @@ from .models import (
     model_forward,
     quiet_checkpointing_deprecation,
 )
+from .nonfinite import NonFiniteGuard
 from .objectives import (
     DistillationObjective,
     Objective,
@@ -135,11 +131,11 @@ from .objectives import (
     TermInputs,
     check_served_rows,
     check_term,
-    checkpointed_objective_states,
     count_keys,
+    load_objective_states,
     step_counts,
 )
-from .rl_supply import RLSupply, build_replay_buffer
+from .rl_supply import build_replay_buffer
 from .rollout import RolloutBatch, RolloutEngine, rollout_generation_config, stop_token_ids
 from .saving import (
     CheckpointGuard,
@@ -153,7 +149,7 @@ from .saving import (
     staged_save,
 )
 from .schedules import scale_scheduler
-from .sources import RolloutSource, as_rollout_source, bind_rollout_func
+from .sources import RolloutSource, bind_rollout_func
 from .vision import (
     model_context,
     needs_every_parameter,
@@ -161,7 +157,6 @@ from .vision import (
     text_tokenizer,
     vision_parameters,
 )
-from .weighting import GradientProbe
 
 
 try:
@@ -335,19 +330,17 @@ class TRAPOTrainer(_BaseTrainer):
                 optimizers=optimizers,
                 tools=tools,
             ),
-            **datasets,
+            datasets,
             rollout_source=rollout_source,
             rollout_func=rollout_func,
-            tools=tools,
             environment_factory=environment_factory,
-            reward_funcs=reward_funcs,
-            reward_model=reward_model,
         )
         agent, datasets["train_dataset"] = checked.agent, checked.train_dataset
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
         self._datasets_summary = checked.datasets_summary  # to refuse resuming with other datasets
         self.thread_choice = checked.thread_choice
-        self._guarded_optimizer = None  # the optimizer whose step skips non-finite losses (see create_optimizer)
+        # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
+        self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
 
         # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards ---------------------------------
         models = load_models(
@@ -473,7 +466,7 @@ class TRAPOTrainer(_BaseTrainer):
 
         # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -----------------------------
         self.allocator, self.curriculum, self.dare, self.schedules = build_step_controls(
-            args, plan, probe_noise_floor(model, args), self._make_probe
+            args, plan, probe_noise_floor(model, args), self._unwrapped_policy, self.accelerator.device
         )
         self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
 
@@ -505,8 +498,9 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
-        # where RL rounds come from: the user's source, or the default one sampling with the live policy (assembly.py)
-        self.rollout_source = build_rollout_source(
+        # where RL rounds come from (the user's source, or the default one sampling with the live policy), the replay
+        # buffer and the orchestration between them (assembly.build_rl_supply, trl_trapo/rl_supply.py)
+        supply = build_rl_supply(
             args,
             SourceParts(
                 engine=self.rollouts,
@@ -526,32 +520,20 @@ class TRAPOTrainer(_BaseTrainer):
                 zero3=zero3,
                 images=image_rows,
             ),
-            # TRL's contract: the function gets the trainer
+            replay=replay,
+            schedules=self.schedules,
             rollout_source=rollout_source,
+            # TRL's contract: the function gets the trainer
             rollout_func=bind_rollout_func(rollout_func, self) if rollout_func is not None else None,
             agent=agent,
             own_source=checked.own_source,
             active_rl=data.rl is not None,
             has_critic=self._has_critic,
             exploration=exploration,
-        )
-        # the RL objective's supply chain: the source (a duck-typed one of the user's adapted), the replay buffer and
-        # the orchestration between them (trl_trapo/rl_supply.py)
-        self.rl_supply = RLSupply(
-            as_rollout_source(self.rollout_source),
-            self.rollouts,
-            replay,
-            self.memory_pool,
-            self.metrics,
-            self.schedules,
-            self.accelerator,
-            args,
-            policy=self._unwrapped_policy,
-            has_critic=self._has_critic,
-            exploration=exploration,
             task_families=self._task_families,
             on_episode=lambda episode: setattr(self.state, "episode", episode),  # current even between logs
         )
+        self.rollout_source, self.rl_supply = supply.source, supply.supply
 
         # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
         # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
@@ -587,14 +569,13 @@ class TRAPOTrainer(_BaseTrainer):
         )
 
         # ---- step 10. callbacks -------------------------------------------------------------------------------------
-        if args.console_metrics == "short":  # the console's step line: a short set (the logs keep every metric)
-            for callback, short in short_console_callbacks(self.callback_handler.callbacks):
-                self.remove_callback(callback)
-                self.add_callback(short)
         # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
         self._checkpoint_guard = CheckpointGuard(lambda: self.args.should_save)
-        for callback in build_callbacks(
+        # SIGINT / SIGTERM save a checkpoint and stop (train()), by the callback added last
+        self._signal_catcher = SignalCatcher(announce=self.accelerator.is_main_process)
+        wiring = build_callbacks(
             args,
+            existing=self.callback_handler.callbacks,
             schedules=self.schedules,
             reduce_sum=self._reduce_sum,
             model_wrapped=lambda: self.model_wrapped,
@@ -603,15 +584,14 @@ class TRAPOTrainer(_BaseTrainer):
             pending=lambda: self._checkpoint_guard.pending,
             reference=self.reference,
             policy=self._unwrapped_policy,
-        ):
+            signal_catcher=self._signal_catcher,
+        )
+        for callback in wiring.removed:
+            self.remove_callback(callback)
+        for callback in wiring.added:
             self.add_callback(callback)
-        # last, so that every other callback has seen the step: SIGINT / SIGTERM save a checkpoint and stop (train())
-        self._signal_catcher = SignalCatcher(announce=self.accelerator.is_main_process)
-        self._stop_on_signal = StopOnSignalCallback(self._signal_catcher, self.accelerator)
-        self.add_callback(self._stop_on_signal)
+        self._stop_on_signal = wiring.stop_on_signal
 
-        self._nonfinite_steps = 0
-        self._step_nonfinite = torch.zeros((), dtype=torch.bool)
         self._train_start_time: float | None = None
         self._last_shares = self.curriculum.mixture(0)
         self._last_step_built = 0
@@ -677,19 +657,6 @@ class TRAPOTrainer(_BaseTrainer):
                 "`trl_trapo.experimental.fewshot.FewShotTRAPOTrainer` (same arguments), or set fewshot_mode=False."
             )
         return None
-
-    def _make_probe(self) -> GradientProbe:
-        policy = self._unwrapped_policy()
-        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
-        return GradientProbe(
-            config.vocab_size,
-            config.hidden_size,
-            self.args.dare_probe_vocab,
-            self.args.dare_probe_dim,
-            device=self.accelerator.device,
-            seed=self.args.seed,
-            num_objectives=len(self.objectives),
-        )
 
     # =================================================================================================================
     # Handles the collaborators use
@@ -898,8 +865,7 @@ class TRAPOTrainer(_BaseTrainer):
     def training_step(self, model, inputs, num_items_in_batch: StepContext | None = None):
         """The Trainer's step, plus: at the last micro-batch of a step, metrics bookkeeping and the DARE update."""
         loss = super().training_step(model, inputs, num_items_in_batch)
-        # no host sync: the flag stays on the device until the optimizer step reads it
-        self._step_nonfinite = self._step_nonfinite.to(loss.device) | ~torch.isfinite(loss.detach())
+        self.nonfinite.record(loss)  # no host sync: read by the optimizer step
         context = num_items_in_batch
         if context.last_micro_batch:
             self.metrics.end_step()
@@ -1063,43 +1029,7 @@ class TRAPOTrainer(_BaseTrainer):
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, with a guard that skips a step whose loss was not finite on any rank."""
         optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-        inner = optimizer  # a second `train()` gets accelerate's wrapper of the optimizer guarded at the first
-        while inner is not None and inner is not self._guarded_optimizer:
-            inner = getattr(inner, "optimizer", None)
-        if inner is None:
-            original_step = optimizer.step
-
-            def guarded_step(opt, *step_args, **step_kwargs):
-                if self._consume_nonfinite_flag():
-                    opt.zero_grad(set_to_none=True)
-                    return None
-                return original_step(*step_args, **step_kwargs)
-
-            # a bound method, as torch's LR schedulers require of `optimizer.step` (they wrap its `__func__`)
-            optimizer.step = types.MethodType(guarded_step, optimizer)
-            self._guarded_optimizer = optimizer
-        return optimizer
-
-    def _consume_nonfinite_flag(self) -> bool:
-        flag = self._step_nonfinite.float().to(self.accelerator.device)
-        flag = self.accelerator.reduce(flag, reduction="sum")
-        self._step_nonfinite = torch.zeros((), dtype=torch.bool)
-        if float(flag) == 0:
-            return False
-        self._nonfinite_steps += 1
-        logger.warning(
-            "Step %d: the loss was not finite; the optimizer step is skipped (%d/%d allowed).",
-            self.state.global_step,
-            self._nonfinite_steps,
-            self.args.max_nonfinite_steps,
-        )
-        if self._nonfinite_steps >= self.args.max_nonfinite_steps:
-            raise RuntimeError(
-                f"{self._nonfinite_steps} optimizer steps had a non-finite loss (max_nonfinite_steps="
-                f"{self.args.max_nonfinite_steps}); stopping. Lower the learning rate, check the rewards for NaN/inf "
-                "and the data for empty rows, or raise `max_nonfinite_steps`."
-            )
-        return True
+        return self.nonfinite.guard(optimizer, lambda: self.state.global_step)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """The Trainer's scheduler, its factor multiplied by the curriculum phase's learning-rate scale
@@ -1137,7 +1067,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.state.episode = episode  # TRL 1.12 PPOTrainer kept the counter on the state
         elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
         out["eps"] = float(int(episode / elapsed)) if elapsed > 0 else 0.0
-        out["train/nonfinite_steps"] = float(self._nonfinite_steps)
+        out["train/nonfinite_steps"] = float(self.nonfinite.steps)
         return out
 
     @torch.no_grad()
@@ -1290,7 +1220,7 @@ class TRAPOTrainer(_BaseTrainer):
             "format": 1,
             "global_step": self.state.global_step,
             "world_size": self.accelerator.num_processes,
-            "nonfinite_steps": self._nonfinite_steps,
+            "nonfinite_steps": self.nonfinite.steps,
             "allocator": self.allocator.state_dict(),
             "dare": self.dare.engine.state_dict(),
             # each objective's own state (the pretraining stream's position, ...); keyed by name
@@ -1326,25 +1256,8 @@ class TRAPOTrainer(_BaseTrainer):
                 raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
             pool_state = memory_pool_state(state)  # this layout, or the earlier one (samplers at the top level)
             pool.check_datasets(pool_state, checkpoint_dir)  # the clearest error first, before anything is restored
-            objective_states = checkpointed_objective_states(state)  # this layout, or the one before names
-            missing = [o.name for o in self.objectives[len(OBJECTIVES) :] if o.name not in objective_states]
-            unknown = sorted(set(objective_states) - {o.name for o in self.objectives})
-            if missing or unknown:
-                raise CheckpointError(
-                    f"{source}: the checkpoint was written by a run with other objectives (this run adds "
-                    f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
-                )
-            for objective in self.objectives:  # a pretraining stream missing or added, ...: datasets changed
-                problem = objective.check_resume(objective_states.get(objective.name))
-                if problem is not None:
-                    raise CheckpointError(
-                        f"{source}: the checkpoint was made with a different set of datasets ({problem}); resume "
-                        "with the same datasets."
-                    )
-            for objective in self.objectives:
-                if objective.name in objective_states:
-                    objective.load_state_dict(objective_states[objective.name])
-            self._nonfinite_steps = int(state["nonfinite_steps"])
+            load_objective_states(self.objectives, state, source)  # checked first: same objectives, datasets
+            self.nonfinite.steps = int(state["nonfinite_steps"])
             self.allocator.load_state_dict(state["allocator"])
             self.dare.engine.load_state_dict(state["dare"])
             self.schedules.load_state_dict(state.get("schedules"))
