@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import runpy
 import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -94,6 +95,21 @@ def test_num_processes_launches_the_job_module_through_accelerate():
     assert namespace.config_file is None and namespace.multi_gpu is False
     flag = launched(["train", "--multi_gpu", "--num_processes=2", "--seed", "3"])
     assert flag.multi_gpu is True and flag.num_processes == 2 and flag.training_script_args == ["train", "--seed", "3"]
+
+
+def test_python_m_launches_the_module_by_its_import_name(monkeypatch):
+    """`python -m trl_trapo.jobs.commands train --num_processes 1` (the module run as `__main__`) launched
+    `--module __main__`, which the launched process cannot find (trial 5, c27)."""
+    import accelerate.commands.launch
+
+    calls = []
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", calls.append)
+    monkeypatch.setattr(sys, "argv", ["commands.py", "train", "--max_steps", "2", "--num_processes", "1"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("trl_trapo.jobs.commands", run_name="__main__")
+    assert exited.value.code == 0
+    (namespace,) = calls
+    assert namespace.module is True and namespace.training_script == "trl_trapo.jobs.commands"
 
 
 def test_accelerate_config_is_resolved_as_trl_does():

@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MODULE = "trl_trapo.jobs.commands"
+"""This module's import name, which each launched process runs (`--module`): not `__name__`, which is `"__main__"`
+under `python -m trl_trapo.jobs.commands`, a name `python -m` in the launched process cannot find."""
+
+
 LAUNCH_OPTIONS = {
     ACCELERATE_CONFIG: True,
     "--num_processes": True,
@@ -165,7 +170,7 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     resolved = resolve_accelerate_config_argument(list(launch_args))
-    namespace = launch_command_parser().parse_args([*resolved, "--module", __name__, job.name, *job_args])
+    namespace = launch_command_parser().parse_args([*resolved, "--module", MODULE, job.name, *job_args])
     check_launch_namespace(namespace)
     return namespace
 
