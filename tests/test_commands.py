@@ -139,6 +139,8 @@ def test_bad_launcher_options_are_one_error(capsys):
         (["--num_processes", "0"], "--num_processes=0: use an integer >= 1"),
         (["--num_machines", "0"], "--num_machines=0: use an integer >= 1"),
         (["--machine_rank", "-1"], "--machine_rank=-1: use an integer >= 0"),
+        (["--main_process_port", "99999"], "--main_process_port=99999: use an integer in 1-65535"),
+        (["--main_process_port", "0"], "--main_process_port=0: use an integer >= 1"),
     ],
 )
 def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, message, capsys):
