@@ -734,3 +734,27 @@ def test_a_vlm_rows_roles_are_refused_exactly_when_trls_prepare_multimodal_messa
                 check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
         else:
             check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
+
+
+@pytest.mark.parametrize(
+    "column, cell, message",
+    [
+        ("tools", "[{not json", r"`train_dataset` row 0, `tools`: the JSON string does not parse .*'\[\{not json'"),
+        ("tools", ["multiply"], r"`train_dataset` row 0, `tools`\[0\]: the str 'multiply', not a JSON schema"),
+        ("tools", {"name": "multiply"}, r"`train_dataset` row 0, `tools`: a dict where a list of tool schemas"),
+        ("chat_template_kwargs", "enable_thinking=False", r"row 0, `chat_template_kwargs`: a str .*'enable_thinking"),
+        ("chat_template_kwargs", [1, 2], r"`train_dataset` row 0, `chat_template_kwargs`: a list \('\[1, 2\]'\)"),
+    ],
+)
+def test_rl_prompts_per_row_template_cells_are_checked_by_row(tmp_path, column, cell, message):
+    """A per-row `tools` cell of RL prompts that is not JSON or not a list of schemas was json's or transformers'
+    error without a dataset or row; a `chat_template_kwargs` cell that is not a dict was dropped (trial 5: W09, W10,
+    c09b, W11b, W42). Evaluation sets are checked the same way (W46)."""
+    from trl_trapo.data import check_datasets, check_eval_dataset
+
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    dataset = Dataset.from_dict({"prompt": [[user("a")], [user("b")]], column: [cell, cell]})
+    with pytest.raises(ValueError, match=message):
+        check_datasets(config, dataset, None, None, None)
+    with pytest.raises(ValueError, match=message.replace("train_dataset", "eval_dataset")):
+        check_eval_dataset(dataset)
