@@ -758,3 +758,24 @@ def test_rl_prompts_per_row_template_cells_are_checked_by_row(tmp_path, column, 
         check_datasets(config, dataset, None, None, None)
     with pytest.raises(ValueError, match=message.replace("train_dataset", "eval_dataset")):
         check_eval_dataset(dataset)
+
+
+def test_a_template_that_writes_nothing_or_does_not_compile_is_blamed_not_the_rows():
+    """A template rendering conversations with content as "" was reported as empty prompts to remove (W14); one with
+    an unknown filter (Jinja's TemplateAssertionError, raised when it compiles) as a row the template refused (W16)."""
+    from trl_trapo.data import check_templates_render
+
+    prompts = Dataset.from_dict({"prompt": [[user("ab=")], [user("cd=")]]})
+    silent = build_char_tokenizer()
+    silent.chat_template = "{% for m in messages %}{% endfor %}"
+    with pytest.raises(
+        ValueError, match=r"The chat template renders 2 prompts of `train_dataset` as no tokens .*row 0"
+    ):
+        tokenize_prompt_dataset(prompts, silent, 64)
+    broken = build_char_tokenizer()
+    broken.chat_template = "{% for m in messages %}{{ m['content'] | nofilter }}{% endfor %}"
+    with pytest.raises(ValueError, match=r"chat template does not compile \(line 1: No filter named 'nofilter'"):
+        check_templates_render([("train_dataset", prompts)], broken)
+    empty = Dataset.from_dict({"prompt": [[user("")]]})  # a prompt that is empty is still one to remove
+    with pytest.raises(ValueError, match=r"1 prompts of `train_dataset` are empty \(first at row 0\); remove them"):
+        tokenize_prompt_dataset(empty, silent, 64)

@@ -1207,12 +1207,19 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
     trainers would fail on the row with the template's message alone, from inside `datasets.map`.
 
     Raises:
-        ValueError: naming the dataset, the row, the template's message and the fix.
+        ValueError: naming the dataset, the row, the template's message and the fix; for a template that does not
+            compile (Jinja's `TemplateSyntaxError`, also an unknown filter's `TemplateAssertionError`), the template.
     """
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, TemplateSyntaxError
 
     try:
         yield
+    except TemplateSyntaxError as error:  # also TemplateAssertionError (an unknown filter or test): no row renders
+        raise ValueError(
+            f"The chat template does not compile (line {error.lineno}: {error.message}), so no row can be rendered "
+            f"(found rendering `{role}` row {row}). Fix the template, or set a working one before building the "
+            "trainer (`tokenizer.chat_template = ...`, e.g. the template of the model's original tokenizer)."
+        ) from None
     except TemplateError as error:
         raise ValueError(
             f"`{role}` row {row}: the chat template refused its conversation ({type(error).__name__}: {error}). Fix "
@@ -1367,6 +1374,14 @@ def tokenize_prompt_dataset(
         )
     empty = [i for i, n in enumerate(lengths) if n == 0]
     if empty:
+        prompt = dataset[empty[0]]["prompt"] if has_prompt else None
+        written = sum(len(str(m.get("content") or "")) for m in prompt) if is_messages(prompt) else 0
+        if written:  # the conversation has text: the template wrote none of it
+            raise ValueError(
+                f"The chat template renders {len(empty)} prompts of `{name}` as no tokens (first at row {empty[0]}, "
+                f"{len(prompt)} messages with {written} characters of content): check that the template "
+                "(`tokenizer.chat_template`) writes each message's content."
+            )
         raise ValueError(f"{len(empty)} prompts of `{name}` are empty (first at row {empty[0]}); remove them.")
     return tokenized
 
