@@ -779,3 +779,20 @@ def test_a_template_that_writes_nothing_or_does_not_compile_is_blamed_not_the_ro
     empty = Dataset.from_dict({"prompt": [[user("")]]})  # a prompt that is empty is still one to remove
     with pytest.raises(ValueError, match=r"1 prompts of `train_dataset` are empty \(first at row 0\); remove them"):
         tokenize_prompt_dataset(empty, silent, 64)
+
+
+def test_an_unknown_role_in_sft_messages_is_warned_about(tmp_path, caplog):
+    """An SFT `messages` row with a role typo ('wizard') trained without a word, rendered as given by the template
+    (trial 5, c05); TRL accepts it too, so it is a warning, and known roles give none."""
+    from trl_trapo.data import check_datasets
+
+    config = TRAPOConfig(output_dir=str(tmp_path), sft_weight=1.0, report_to="none")
+    answer = {"role": "assistant", "content": "yo"}
+    rows = Dataset.from_dict({"messages": [[{"role": "wizard", "content": "hi"}, answer]] * 3 + [[user("a"), answer]]})
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        check_datasets(config, None, rows, None, None)
+    assert "3 rows of `sft_dataset` have role 'wizard' (first at row 0)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        check_datasets(config, None, rows.select([3]), None, None)
+    assert "have role" not in caplog.text

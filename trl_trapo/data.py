@@ -903,6 +903,34 @@ def row_tool_names(tools_cell: Any, bad: Callable[[str, str, str], ValueError]) 
     return names
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+"""The message roles chat templates know (OpenAI's, `function` the legacy tool role, `ipython` Llama 3's)."""
+
+
+def warn_unknown_roles(dataset: Dataset, role: str) -> None:
+    """Warn when conversations of `dataset` (`messages`, or conversational `prompt` / `completion`) hold a role
+    outside [`CHAT_ROLES`], e.g. a typo: most chat templates render any role as given, so the row would train
+    silently (as with TRL's `SFTTrainer`, which accepts it too)."""
+    columns = dataset_columns(dataset)
+    found: dict[str, list[int]] = {}
+    for column in ("messages", "prompt", "completion"):
+        if column not in columns:
+            continue
+        for row, value in enumerate(dataset[column]):
+            if not is_messages(value):
+                continue
+            for message in value:
+                name = message.get("role")
+                if isinstance(name, str) and name not in CHAT_ROLES:
+                    found.setdefault(name, []).append(row)
+    for name, rows in found.items():
+        logger.warning(
+            "%d rows of `%s` have role %r (first at row %d), which is none of %s: the chat template renders it as "
+            "given (or refuses it). Did you mean 'user' or 'assistant'?",
+            len(set(rows)), role, name, rows[0], ", ".join(CHAT_ROLES),
+        )  # fmt: skip
+
+
 def check_row_cells(dataset: Dataset, role: str) -> None:
     """Refuse per-row cells the chat template reads that would crash it with a raw JSON / transformers error, or be
     dropped without a word: a `tools` cell ([`row_tool_names`]) and a `chat_template_kwargs` cell that is not a dict
@@ -1870,6 +1898,7 @@ def check_datasets(
         elif role == "sft_dataset":
             check_sft_dataset(dataset)
             check_tool_call_traces(dataset, role)
+            warn_unknown_roles(dataset, role)
         else:
             check_distillation_dataset(dataset)
         masked = role == "sft_dataset" and assistant_only_loss  # `messages` rows train their assistant turns
