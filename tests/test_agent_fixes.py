@@ -511,3 +511,31 @@ def test_a_turn_ends_at_the_configured_stop_token_and_no_stop_token_is_refused(t
     assert metrics["tools/truncated_frequency"] == [0.0]  # ended at `#`: not cut (with the EOS as the stop: cut)
     with pytest.raises(ValueError, match="stop_token_ids is empty"):
         make_source(tok, lambda c: "x</s>", tools=[add], stop_token_ids=[])
+
+
+def test_a_row_offering_a_tool_no_function_implements_is_warned_about(caplog):
+    """A row's `tools` schema for `divide` with tools=[add] trained without a word; a call to it could only fail
+    (trial 5, W43). A schema that `tools=` implements gives no warning."""
+    from trl_trapo.agents import AgentSpec
+
+    def divide(a: int, b: int) -> int:
+        """Divide.
+
+        Args:
+            a: The dividend.
+            b: The divisor.
+        """
+        return a // b
+
+    spec = AgentSpec.build([add], None)
+    rows = Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": "x"}]] * 3, "tools": [json.dumps([get_json_schema(divide)])] * 3}
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        spec.check_dataset(rows, max_steps=-1)
+    assert "3 rows of `train_dataset` offer tool 'divide' in their `tools` column (first at row 0)" in caplog.text
+    assert "they have ['add']" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        spec.check_dataset(rows.map(lambda row: {"tools": json.dumps([get_json_schema(add)])}), max_steps=-1)
+    assert "offer tool" not in caplog.text

@@ -453,9 +453,58 @@ def test_only_what_pickles_by_reference_to_a_fileless_main_is_refused(monkeypatc
             check_picklable([func])
     check_picklable([exact_match_reward, functools.partial(exact_match_reward)])
     script = tmp_path / "train.py"
-    script.write_text("")
+    script.write_text("def my_reward(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     main.__file__ = str(script)  # `python train.py`: spawn runs it again, so its module-level functions exist
     check_picklable([my_reward])
+
+
+@pytest.mark.parametrize(
+    "source, hidden",
+    [
+        ('if __name__ == "__main__":\n    def local_tool(a): ...\n    class LocalEnv: ...\n', True),
+        ("def build():\n    def local_tool(a): ...\n", True),
+        ("def local_tool(a): ...\nclass LocalEnv: ...\n", False),
+        ("try:\n    from x import local_tool, LocalEnv\nexcept ImportError:\n    pass\n", False),
+        ('if True:\n    local_tool = LocalEnv = None\nif __name__ == "__main__":\n    pass\n', False),
+    ],
+    ids=["under-the-guard", "in-a-function", "module-level", "imported", "assigned-in-an-if"],
+)
+def test_a_tool_or_environment_defined_under_the_main_guard_is_refused_at_construction(
+    monkeypatch, tmp_path, source, hidden
+):
+    """`python train.py` with a tool or environment class defined under `if __name__ == "__main__":` pickled (by
+    reference to `__main__`) but the producer, which runs the script again as `__mp_main__` without that block, died
+    looking it up, and the ProducerError said to add the guard the script had (trial 5: W01, W03). Now refused at
+    construction by name; what the script defines at its module level passes."""
+    import types
+
+    from trl_trapo.async_rollouts import check_picklable
+
+    def local_tool(a: int) -> int:
+        return a
+
+    class LocalEnv:
+        pass
+
+    main = types.ModuleType("__main__")
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    main.__file__ = str(script)
+    for obj in (local_tool, LocalEnv):
+        obj.__module__, obj.__qualname__ = "__main__", obj.__name__
+        setattr(main, obj.__name__, obj)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    for what, obj in (("tool", local_tool), ("environment factory", LocalEnv)):
+        if hidden:
+            with pytest.raises(ValueError, match=rf"but {what} '{obj.__name__}' is defined in the main script \("):
+                check_picklable([obj], what)
+        else:
+            check_picklable([obj], what)
+    if hidden:  # an instance refers to its class by name too
+        with pytest.raises(
+            ValueError, match=r"define it at module level \(or in a module you import\), or set async_r"
+        ):
+            check_picklable([LocalEnv()], "environment factory")
 
 
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import runpy
 import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -96,6 +97,21 @@ def test_num_processes_launches_the_job_module_through_accelerate():
     assert flag.multi_gpu is True and flag.num_processes == 2 and flag.training_script_args == ["train", "--seed", "3"]
 
 
+def test_python_m_launches_the_module_by_its_import_name(monkeypatch):
+    """`python -m trl_trapo.jobs.commands train --num_processes 1` (the module run as `__main__`) launched
+    `--module __main__`, which the launched process cannot find (trial 5, c27)."""
+    import accelerate.commands.launch
+
+    calls = []
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", calls.append)
+    monkeypatch.setattr(sys, "argv", ["commands.py", "train", "--max_steps", "2", "--num_processes", "1"])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("trl_trapo.jobs.commands", run_name="__main__")
+    assert exited.value.code == 0
+    (namespace,) = calls
+    assert namespace.module is True and namespace.training_script == "trl_trapo.jobs.commands"
+
+
 def test_accelerate_config_is_resolved_as_trl_does():
     by_name = launched(["vlm", "--accelerate_config", "multi_gpu", "--max_steps", "1"])
     assert Path(by_name.config_file).parts[-2:] == ("accelerate_configs", "multi_gpu.yaml")
@@ -123,6 +139,8 @@ def test_bad_launcher_options_are_one_error(capsys):
         (["--num_processes", "0"], "--num_processes=0: use an integer >= 1"),
         (["--num_machines", "0"], "--num_machines=0: use an integer >= 1"),
         (["--machine_rank", "-1"], "--machine_rank=-1: use an integer >= 0"),
+        (["--main_process_port", "99999"], "--main_process_port=99999: use an integer in 1-65535"),
+        (["--main_process_port", "0"], "--main_process_port=0: use an integer >= 1"),
     ],
 )
 def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, message, capsys):

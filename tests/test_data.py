@@ -734,3 +734,65 @@ def test_a_vlm_rows_roles_are_refused_exactly_when_trls_prepare_multimodal_messa
                 check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
         else:
             check_cells(dataset, "sft_dataset" if kind == "sft" else "train_dataset", kind)
+
+
+@pytest.mark.parametrize(
+    "column, cell, message",
+    [
+        ("tools", "[{not json", r"`train_dataset` row 0, `tools`: the JSON string does not parse .*'\[\{not json'"),
+        ("tools", ["multiply"], r"`train_dataset` row 0, `tools`\[0\]: the str 'multiply', not a JSON schema"),
+        ("tools", {"name": "multiply"}, r"`train_dataset` row 0, `tools`: a dict where a list of tool schemas"),
+        ("chat_template_kwargs", "enable_thinking=False", r"row 0, `chat_template_kwargs`: a str .*'enable_thinking"),
+        ("chat_template_kwargs", [1, 2], r"`train_dataset` row 0, `chat_template_kwargs`: a list \('\[1, 2\]'\)"),
+    ],
+)
+def test_rl_prompts_per_row_template_cells_are_checked_by_row(tmp_path, column, cell, message):
+    """A per-row `tools` cell of RL prompts that is not JSON or not a list of schemas was json's or transformers'
+    error without a dataset or row; a `chat_template_kwargs` cell that is not a dict was dropped (trial 5: W09, W10,
+    c09b, W11b, W42). Evaluation sets are checked the same way (W46)."""
+    from trl_trapo.data import check_datasets, check_eval_dataset
+
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    dataset = Dataset.from_dict({"prompt": [[user("a")], [user("b")]], column: [cell, cell]})
+    with pytest.raises(ValueError, match=message):
+        check_datasets(config, dataset, None, None, None)
+    with pytest.raises(ValueError, match=message.replace("train_dataset", "eval_dataset")):
+        check_eval_dataset(dataset)
+
+
+def test_a_template_that_writes_nothing_or_does_not_compile_is_blamed_not_the_rows():
+    """A template rendering conversations with content as "" was reported as empty prompts to remove (W14); one with
+    an unknown filter (Jinja's TemplateAssertionError, raised when it compiles) as a row the template refused (W16)."""
+    from trl_trapo.data import check_templates_render
+
+    prompts = Dataset.from_dict({"prompt": [[user("ab=")], [user("cd=")]]})
+    silent = build_char_tokenizer()
+    silent.chat_template = "{% for m in messages %}{% endfor %}"
+    with pytest.raises(
+        ValueError, match=r"The chat template renders 2 prompts of `train_dataset` as no tokens .*row 0"
+    ):
+        tokenize_prompt_dataset(prompts, silent, 64)
+    broken = build_char_tokenizer()
+    broken.chat_template = "{% for m in messages %}{{ m['content'] | nofilter }}{% endfor %}"
+    with pytest.raises(ValueError, match=r"chat template does not compile \(line 1: No filter named 'nofilter'"):
+        check_templates_render([("train_dataset", prompts)], broken)
+    empty = Dataset.from_dict({"prompt": [[user("")]]})  # a prompt that is empty is still one to remove
+    with pytest.raises(ValueError, match=r"1 prompts of `train_dataset` are empty \(first at row 0\); remove them"):
+        tokenize_prompt_dataset(empty, silent, 64)
+
+
+def test_an_unknown_role_in_sft_messages_is_warned_about(tmp_path, caplog):
+    """An SFT `messages` row with a role typo ('wizard') trained without a word, rendered as given by the template
+    (trial 5, c05); TRL accepts it too, so it is a warning, and known roles give none."""
+    from trl_trapo.data import check_datasets
+
+    config = TRAPOConfig(output_dir=str(tmp_path), sft_weight=1.0, report_to="none")
+    answer = {"role": "assistant", "content": "yo"}
+    rows = Dataset.from_dict({"messages": [[{"role": "wizard", "content": "hi"}, answer]] * 3 + [[user("a"), answer]]})
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        check_datasets(config, None, rows, None, None)
+    assert "3 rows of `sft_dataset` have role 'wizard' (first at row 0)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_trapo.data"):
+        check_datasets(config, None, rows.select([3]), None, None)
+    assert "have role" not in caplog.text

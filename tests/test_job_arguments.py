@@ -98,3 +98,18 @@ def test_an_argument_transformers_5_removed_gets_its_replacement(tmp_path, flag,
     recipe.write_text(f"{flag[2:]}: x\n")
     with pytest.raises(ValueError, match=rf"{flag[2:]}.*was removed in transformers 5: drop it; {replacement}"):
         parse_args(["--config", str(recipe), "--output_dir", "unused"])
+
+
+def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):
+    """`reward_funcs: []` in a recipe trained with the built-in reward, the log saying "from you: nothing"; the
+    command line's `--reward_funcs ''` is refused (trial 5, c19)."""
+    from trl_trapo.jobs.main import read_config_file
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 2\nreward_funcs: []\n")
+    with pytest.raises(
+        ValueError, match=r"reward_funcs: \[\] names nothing, so the run would use the built-in reward"
+    ):
+        read_config_file(str(recipe))
+    recipe.write_text("max_steps: 2\nreward_funcs: [exact_match]\n")
+    assert read_config_file(str(recipe))["reward_funcs"] == ["exact_match"]

@@ -60,3 +60,21 @@ def test_a_synced_reference_adapter_survives_resume(tmp_path, tokenizer, suite, 
     restored = {n: p for n, p in resumed._unwrapped_policy().named_parameters() if ".trapo_ref." in n}
     for name, value in reference.items():
         torch.testing.assert_close(restored[name], value)
+
+
+def test_modules_to_save_naming_no_module_is_refused(tokenizer):
+    """PEFT skips a `modules_to_save` entry that matches no module, so the head the user meant to train fully was
+    trained frozen and not saved, without a word (trial 5, W34); one the model has (`lm_head`) is kept."""
+    import pytest
+
+    from trl_trapo.assembly import wrap_adapter
+
+    def config(modules):
+        return LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=modules, lora_dropout=0.0)
+
+    with pytest.raises(
+        ValueError, match=r"modules_to_save=\['lm_head', 'nope_head'\]: 'nope_head' names no module .*lm_head"
+    ):
+        wrap_adapter(build_tiny_model(tokenizer, seed=0), config(["lm_head", "nope_head"]))
+    wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), config(["lm_head"]))
+    assert any("modules_to_save" in name for name, _ in wrapped.named_parameters())

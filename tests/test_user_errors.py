@@ -1607,3 +1607,16 @@ def test_processes_started_check(monkeypatch, caplog, launcher_env, child_env, o
     else:
         check_processes_started()
         assert ("started this process alone" in caplog.text) == (outcome == "warning")
+
+
+def test_predict_and_a_non_path_resume_are_refused_by_name(tmp_path, tokenizer, suite, tiny_trainer):
+    """`trainer.predict(dataset)` was a `KeyError: 'ticket'` from the collator, and
+    `train(resume_from_checkpoint=42)` posixpath's TypeError (trial 5: W37, W33)."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(NotImplementedError, match=r"TRAPOTrainer has no `predict`: use `trainer.evaluate\(dataset\)`"):
+        trainer.predict(suite.rl_train)
+    with pytest.raises(
+        TypeError, match=r"resume_from_checkpoint=42 \(int\) is not a path: pass a checkpoint folder's path, True"
+    ):
+        trainer.train(resume_from_checkpoint=42)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))

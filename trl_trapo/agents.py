@@ -77,7 +77,7 @@ from transformers.utils import get_json_schema
 from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational, prepare_multimodal_messages
 
-from .data import INTERNAL_COLUMNS, tokenize_prompt
+from .data import INTERNAL_COLUMNS, row_tool_names, tokenize_prompt
 from .sources import RolloutSource, SampledRound
 from .vision import IMAGE_COLUMNS, as_tensors, image_column, is_processor, text_tokenizer
 
@@ -505,6 +505,37 @@ class AgentSpec:
                     f"train_dataset's `environment` column holds {unknown}, which environment_factory does not name "
                     f"(it has {sorted(self.factories)}): add a factory for each, or fix the column."
                 )
+        if "tools" in dataset.column_names:
+            self.warn_row_tools_unimplemented(dataset)
+
+    def warn_row_tools_unimplemented(self, dataset: Dataset) -> None:
+        """Warn when rows' `tools` cells offer the model a tool that no function of `tools=` or of the environments
+        implements: a call to it would only get an error message back."""
+        implemented = {
+            (schema.get("function") if isinstance(schema.get("function"), dict) else schema).get("name")
+            for schemas in self.schemas.values()
+            for schema in schemas
+        }
+
+        def bad(field: str, problem: str, fix: str) -> ValueError:  # malformed cells are refused by check_row_cells
+            return ValueError(f"train_dataset, {field}: {problem}. {fix}")
+
+        missing: dict[str, list[int]] = {}
+        for row, cell in enumerate(dataset["tools"]):
+            try:
+                names = row_tool_names(cell, bad) or []
+            except ValueError:
+                continue
+            for name in names:
+                if name not in implemented:
+                    missing.setdefault(name, []).append(row)
+        for name, rows in missing.items():
+            logger.warning(
+                "%d rows of `train_dataset` offer tool %r in their `tools` column (first at row %d), which no function "
+                "of tools= or of the environments implements (they have %s): a call to it would fail. Add the "
+                "function to tools=, or drop the schema.",
+                len(rows), name, rows[0], sorted(n for n in implemented if n) or "none",
+            )  # fmt: skip
 
     def environment_name(self, row: Mapping) -> str | None:
         """The factory a dataset row uses (its `environment` in dict mode, else the single one)."""

@@ -725,14 +725,26 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
 
     Raises:
         ImportError: without `peft`.
-        ValueError: for a model that is already a PeftModel, or `target_modules` that match no module (naming the
-            model's linear modules).
+        ValueError: for a model that is already a PeftModel, `target_modules` that match no module (naming the
+            model's linear modules), or `modules_to_save` naming a module the model lacks (PEFT ignores it).
     """
     if get_peft_model is None:
         raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
     if is_peft_model(model):
         raise ValueError("`model` is already a PeftModel; pass either a PeftModel or `peft_config`, not both.")
     linear_names = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    module_names = [name for name, _ in model.named_modules() if name]
+    to_save = getattr(peft_config, "modules_to_save", None) or []
+    missing = [key for key in to_save if not any(name.endswith(key) for name in module_names)]  # PEFT's own match
+    if missing:  # PEFT skips them without a word: those modules would train frozen, or not be saved
+        top = ", ".join(name for name in module_names if "." not in name)
+        last = sorted({name.rsplit(".", 1)[-1] for name in module_names if not name.rsplit(".", 1)[-1].isdigit()})
+        shown = ", ".join(n for n in last if "head" in n or "embed" in n or "score" in n) or ", ".join(last[:8])
+        raise ValueError(
+            f"peft_config.modules_to_save={list(to_save)!r}: {missing[0]!r} names no module of the model (its top "
+            f"modules: {top}; e.g. {shown}). Name modules the model has (trained fully and saved with the adapter), "
+            "or leave modules_to_save out."
+        )
     try:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)

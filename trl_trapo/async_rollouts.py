@@ -141,6 +141,16 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
                 "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
                 "async_rollouts=False."
             ) from error
+        hidden = main_names_hidden_from_spawn(data) if main_importable_by_spawn() else []
+        if hidden:
+            # `spawn` runs the main script again as `__mp_main__`, without its `if __name__ == "__main__":` block
+            raise ValueError(
+                f"async_rollouts=True runs the {whats} in a producer process, which imports them by name, but {what} "
+                f"{reward_function_name(func)!r} is defined in the main script ({sys.modules['__main__'].__file__}) "
+                f'only under `if __name__ == "__main__":` or inside a function ({hidden[0]!r} is not defined at its '
+                "module level), where the producer cannot import it. Fix: define it at module level (or in a module "
+                "you import), or set async_rollouts=False."
+            )
         if not main_importable_by_spawn() and pickle_references_main(data):
             # pickled by reference to `__main__`, which a spawned process rebuilds only by running the main script:
             # there is none, so the producer would die looking it up (and blame a missing `__main__` guard)
@@ -175,6 +185,53 @@ def pickle_references_main(data: bytes) -> bool:
         if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE") and arg == "__main__":  # STACK_GLOBAL's module
             return True
     return False
+
+
+def main_names_hidden_from_spawn(data: bytes) -> list[str]:
+    """The names of `__main__` the pickle `data` refers to that a process started with `spawn` will not find: `spawn`
+    runs the main script again as `__mp_main__`, without its `if __name__ == "__main__":` block, so a function or
+    class defined only there (W01, W03 of trial 5) is missing in the producer. Read from the main script's source:
+    the names bound at its module level (`def`, `class`, assignments, imports, also inside other `if` / `try` /
+    `with` blocks) outside a main guard. Empty when the script cannot be read or parsed (the producer still names
+    what it could not import)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    wanted, previous = [], None
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "GLOBAL" and isinstance(arg, str) and arg.split(" ", 1)[0] == "__main__":  # protocols 0-3
+            wanted.append(arg.split(" ", 1)[1])
+        elif opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            if previous == "__main__":  # STACK_GLOBAL: the module, then the qualified name
+                wanted.append(arg)
+            previous = arg
+        elif opcode.name != "MEMOIZE":  # the module's string is memoized before the name is pushed
+            previous = None
+    if not wanted or not path:
+        return []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    defined = set()
+
+    def bind(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If) and not _is_main_guard(node.test):
+                bind(node.body + node.orelse)
+            elif isinstance(node, (ast.Try, ast.With, ast.For, ast.While)):
+                handlers = [h for t in getattr(node, "handlers", []) for h in t.body]
+                bind(node.body + handlers + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+
+    bind(tree.body)
+    return [name for name in wanted if name.split(".", 1)[0] not in defined]
 
 
 def _is_main_guard(test: ast.expr) -> bool:
@@ -710,9 +767,9 @@ def producer_exit(exitcode: int | None) -> str:
         likely = " (out of memory, or killed by hand?)" if name == "SIGKILL" else ""
         return f"was killed by {name}{likely}"
     return (
-        f"exited with code {exitcode} after an error (its traceback is printed above; a script that starts training "
-        'when it is imported needs `if __name__ == "__main__":`, since the producer is started with `spawn`, which '
-        "imports it)"
+        f"exited with code {exitcode} after an error (its traceback is printed above; the producer is started with "
+        '`spawn`, which imports the main script again without its `if __name__ == "__main__":` block: a reward, '
+        "tool or environment it cannot find there must be defined at module level, or in a module)"
     )
 
 
@@ -1007,8 +1064,8 @@ class AsyncRolloutSource(RolloutSource):
                 if not self._process.is_alive():
                     raise ProducerError(
                         f"The rollout producer process (rank {self.rank}) {producer_exit(self._process.exitcode)} "
-                        f"while round {index} was being sampled. Resume from the last checkpoint; with "
-                        "async_rollouts=False rounds are sampled in the trainer."
+                        f"while round {index} was being sampled. Fix what it says, then rerun (or resume from the "
+                        "last checkpoint, if any); with async_rollouts=False rounds are sampled in the trainer."
                     ) from None
                 continue
             if message[0] == "error":
@@ -1020,9 +1077,9 @@ class AsyncRolloutSource(RolloutSource):
                     )
                 raise ProducerError(
                     f"The rollout producer process (rank {self.rank}) failed on round {message[1]}:\n{message[2]}"
-                    "A reward function that fails there fails as it would in the trainer; a function that cannot be "
-                    "imported by a fresh process (defined in `python -c`, or in a script without an `if __name__ == "
-                    "'__main__':` guard) fails here too: define it in an importable module."
+                    "A reward function that fails there fails as it would in the trainer; a function or class that "
+                    "cannot be imported by a fresh process (defined in `python -c`, or only under the main script's "
+                    "`if __name__ == '__main__':` block) fails here too: define it at module level, or in a module."
                 )
             produced: Produced = message[1]
             self.ready[produced.index] = produced

@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -853,6 +853,110 @@ def _schema_name(schema: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def row_tool_names(tools_cell: Any, bad: Callable[[str, str, str], ValueError]) -> list[str] | None:
+    """Check one row's `tools` cell (None, a list of JSON schemas, or a JSON string of one, as TRL's SFT reads it) and
+    return its tool names (None: the row lists no tools).
+
+    Args:
+        tools_cell: the cell.
+        bad: `bad(field, problem, fix)` -> the error naming the dataset and the row.
+
+    Raises:
+        ValueError: from `bad`: a string that does not parse as JSON, a cell that is not a list, an entry that is not
+            a schema with a string `name` (e.g. a tool's name alone).
+    """
+    if isinstance(tools_cell, str) and tools_cell.strip():
+        try:
+            tools_cell = json.loads(tools_cell)
+        except json.JSONDecodeError as error:
+            raise bad(
+                "`tools`",
+                f"the JSON string does not parse ({error}): {tools_cell[:80]!r}",
+                "Write the tool schemas as a JSON list (json.dumps of a list of schemas), or as the list itself.",
+            ) from error
+    elif isinstance(tools_cell, str):
+        return None
+    if not tools_cell:
+        return None
+    if not isinstance(tools_cell, list):
+        raise bad(
+            "`tools`",
+            f"a {type(tools_cell).__name__} where a list of tool schemas belongs",
+            'Give a list of JSON schemas ({"type": "function", "function": {"name": ..., "parameters": ...}}, '
+            "as transformers' get_json_schema writes them), or None.",
+        )
+    names = [_schema_name(schema) for schema in tools_cell]
+    for index, (schema, name) in enumerate(zip(tools_cell, names)):
+        if not isinstance(schema, dict):
+            raise bad(
+                f"`tools`[{index}]",
+                f"the {type(schema).__name__} {str(schema)[:80]!r}, not a JSON schema",
+                "Give each tool's schema (`transformers.utils.get_json_schema(function)` writes one), or pass the "
+                "functions themselves as the trainer's `tools=`.",
+            )
+        if name is None:
+            raise bad(
+                f"`tools`[{index}]",
+                "a tool schema without a string `name`",
+                "Give each schema a name (transformers' get_json_schema(function) writes one).",
+            )
+    return names
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+"""The message roles chat templates know (OpenAI's, `function` the legacy tool role, `ipython` Llama 3's)."""
+
+
+def warn_unknown_roles(dataset: Dataset, role: str) -> None:
+    """Warn when conversations of `dataset` (`messages`, or conversational `prompt` / `completion`) hold a role
+    outside [`CHAT_ROLES`], e.g. a typo: most chat templates render any role as given, so the row would train
+    silently (as with TRL's `SFTTrainer`, which accepts it too)."""
+    columns = dataset_columns(dataset)
+    found: dict[str, list[int]] = {}
+    for column in ("messages", "prompt", "completion"):
+        if column not in columns:
+            continue
+        for row, value in enumerate(dataset[column]):
+            if not is_messages(value):
+                continue
+            for message in value:
+                name = message.get("role")
+                if isinstance(name, str) and name not in CHAT_ROLES:
+                    found.setdefault(name, []).append(row)
+    for name, rows in found.items():
+        logger.warning(
+            "%d rows of `%s` have role %r (first at row %d), which is none of %s: the chat template renders it as "
+            "given (or refuses it). Did you mean 'user' or 'assistant'?",
+            len(set(rows)), role, name, rows[0], ", ".join(CHAT_ROLES),
+        )  # fmt: skip
+
+
+def check_row_cells(dataset: Dataset, role: str) -> None:
+    """Refuse per-row cells the chat template reads that would crash it with a raw JSON / transformers error, or be
+    dropped without a word: a `tools` cell ([`row_tool_names`]) and a `chat_template_kwargs` cell that is not a dict
+    (TRL's `SFTTrainer` passes it as `**cell`). Checked for every dataset a chat template renders (RL prompts, SFT
+    and distillation rows, evaluation sets).
+
+    Raises:
+        ValueError: naming the dataset, the row, the column, the value and the fix.
+    """
+    columns = dataset_columns(dataset)
+    if "tools" in columns:
+        for row, tools_cell in enumerate(dataset["tools"]):
+
+            def bad(field: str, problem: str, fix: str, row=row) -> ValueError:
+                return ValueError(f"`{role}` row {row}, {field}: {problem}. {fix}")
+
+            row_tool_names(tools_cell, bad)
+    if "chat_template_kwargs" in columns:
+        for row, cell in enumerate(dataset["chat_template_kwargs"]):
+            if cell is not None and not isinstance(cell, dict):
+                raise ValueError(
+                    f"`{role}` row {row}, `chat_template_kwargs`: a {type(cell).__name__} ({str(cell)[:80]!r}), not "
+                    'a dict of template arguments. Write it as an object, e.g. {"enable_thinking": false}, or None.'
+                )
+
+
 def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:
     """Refuse malformed tool-calling traces (TRL's conversational format: assistant messages with `tool_calls`, an
     optional `tools` column of JSON schemas) before anything is tokenized, where the chat template would crash with a
@@ -882,33 +986,7 @@ def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:
         def bad(field: str, problem: str, fix: str, row=row) -> ValueError:
             return ValueError(f"`{role}` row {row}, {field}: {problem}. {fix}")
 
-        names = None  # the row's tool names (None: the row lists no tools)
-        if isinstance(tools_cell, str) and tools_cell.strip():
-            try:
-                tools_cell = json.loads(tools_cell)
-            except json.JSONDecodeError as error:
-                raise bad(
-                    "`tools`",
-                    f"the JSON string does not parse ({error}): {tools_cell[:80]!r}",
-                    "Write the tool schemas as a JSON list (json.dumps of a list of schemas), or as the list itself.",
-                ) from error
-        elif isinstance(tools_cell, str):
-            tools_cell = None
-        if tools_cell:
-            if not isinstance(tools_cell, list):
-                raise bad(
-                    "`tools`",
-                    f"a {type(tools_cell).__name__} where a list of tool schemas belongs",
-                    'Give a list of JSON schemas ({"type": "function", "function": {"name": ..., "parameters": ...}}, '
-                    "as transformers' get_json_schema writes them), or None.",
-                )
-            names = [_schema_name(schema) for schema in tools_cell]
-            if None in names:
-                raise bad(
-                    f"`tools`[{names.index(None)}]",
-                    "a tool schema without a string `name`",
-                    "Give each schema a name (transformers' get_json_schema(function) writes one).",
-                )
+        names = row_tool_names(tools_cell, bad)
         if not isinstance(messages, (list, tuple)):
             continue
         for turn, message in enumerate(messages):
@@ -1157,12 +1235,19 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
     trainers would fail on the row with the template's message alone, from inside `datasets.map`.
 
     Raises:
-        ValueError: naming the dataset, the row, the template's message and the fix.
+        ValueError: naming the dataset, the row, the template's message and the fix; for a template that does not
+            compile (Jinja's `TemplateSyntaxError`, also an unknown filter's `TemplateAssertionError`), the template.
     """
-    from jinja2 import TemplateError
+    from jinja2 import TemplateError, TemplateSyntaxError
 
     try:
         yield
+    except TemplateSyntaxError as error:  # also TemplateAssertionError (an unknown filter or test): no row renders
+        raise ValueError(
+            f"The chat template does not compile (line {error.lineno}: {error.message}), so no row can be rendered "
+            f"(found rendering `{role}` row {row}). Fix the template, or set a working one before building the "
+            "trainer (`tokenizer.chat_template = ...`, e.g. the template of the model's original tokenizer)."
+        ) from None
     except TemplateError as error:
         raise ValueError(
             f"`{role}` row {row}: the chat template refused its conversation ({type(error).__name__}: {error}). Fix "
@@ -1317,6 +1402,14 @@ def tokenize_prompt_dataset(
         )
     empty = [i for i, n in enumerate(lengths) if n == 0]
     if empty:
+        prompt = dataset[empty[0]]["prompt"] if has_prompt else None
+        written = sum(len(str(m.get("content") or "")) for m in prompt) if is_messages(prompt) else 0
+        if written:  # the conversation has text: the template wrote none of it
+            raise ValueError(
+                f"The chat template renders {len(empty)} prompts of `{name}` as no tokens (first at row {empty[0]}, "
+                f"{len(prompt)} messages with {written} characters of content): check that the template "
+                "(`tokenizer.chat_template`) writes each message's content."
+            )
         raise ValueError(f"{len(empty)} prompts of `{name}` are empty (first at row {empty[0]}); remove them.")
     return tokenized
 
@@ -1757,6 +1850,8 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
             check_cells(dataset, label, assistant_only_loss=assistant_only_loss and "messages" in columns)
             if columns & {"completion", "messages"}:  # SFT loss rows: their tool calls
                 check_tool_call_traces(dataset, label)
+            if isinstance(dataset, Dataset):
+                check_row_cells(dataset, label)
         if tokenizer is not None:
             check_rows(dataset, label, tokenizer, cells=False)
 
@@ -1797,11 +1892,13 @@ def check_datasets(
                 "is supported for `pretrain_dataset`."
             )
         check_dataset_object(dataset, role)
+        check_row_cells(dataset, role)
         if role == "train_dataset":
             check_prompt_dataset(dataset)
         elif role == "sft_dataset":
             check_sft_dataset(dataset)
             check_tool_call_traces(dataset, role)
+            warn_unknown_roles(dataset, role)
         else:
             check_distillation_dataset(dataset)
         masked = role == "sft_dataset" and assistant_only_loss  # `messages` rows train their assistant turns

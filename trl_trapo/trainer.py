@@ -1111,6 +1111,18 @@ class TRAPOTrainer(_BaseTrainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
+    def predict(self, test_dataset=None, ignore_keys=None, metric_key_prefix: str = "test"):
+        """Not supported: `Trainer.predict` runs the loss collator's batches through the model for logits, which TRAPO's
+        batches (prompt tickets, not model inputs) are not; TRL's `GRPOTrainer` has no meaningful `predict` either.
+
+        Raises:
+            NotImplementedError: always, naming what to use instead.
+        """
+        raise NotImplementedError(
+            "TRAPOTrainer has no `predict`: use `trainer.evaluate(dataset)` for rewards and losses on held-out rows, or "
+            "`trainer.generate_completions()` for sampled completions."
+        )
+
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, resuming TRAPO's own state too.
 
@@ -1128,11 +1140,17 @@ class TRAPOTrainer(_BaseTrainer):
                 [`~trl_trapo.saving.check_earlier_checkpoints`]).
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
                 `resume_from_checkpoint=True` finds no complete checkpoint.
+            TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
+        if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, (str, bool, os.PathLike)):
+            raise TypeError(
+                f"resume_from_checkpoint={resume_from_checkpoint!r} ({type(resume_from_checkpoint).__name__}) is not a path: pass "
+                "a checkpoint folder's path, True (the newest complete checkpoint in output_dir) or None."
+            )
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint)
         world = self.accelerator.num_processes

@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MODULE = "trl_trapo.jobs.commands"
+"""This module's import name, which each launched process runs (`--module`): not `__name__`, which is `"__main__"`
+under `python -m trl_trapo.jobs.commands`, a name `python -m` in the launched process cannot find."""
+
+
 LAUNCH_OPTIONS = {
     ACCELERATE_CONFIG: True,
     "--num_processes": True,
@@ -165,7 +170,7 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
     resolved = resolve_accelerate_config_argument(list(launch_args))
-    namespace = launch_command_parser().parse_args([*resolved, "--module", __name__, job.name, *job_args])
+    namespace = launch_command_parser().parse_args([*resolved, "--module", MODULE, job.name, *job_args])
     check_launch_namespace(namespace)
     return namespace
 
@@ -174,13 +179,18 @@ LAUNCH_MINIMUMS = {"num_processes": 1, "num_machines": 1, "machine_rank": 0, "ma
 """The smallest value accelerate can use for each numeric launcher option; its parser takes any integer and, for
 `--num_processes 0`, starts one process anyway."""
 
+LAUNCH_MAXIMUMS = {"main_process_port": 65535}
+"""The largest value accelerate can use for each numeric launcher option: a TCP port above 65535 is accepted by its
+parser and fails inside torch.distributed on several processes."""
+
 
 def check_launch_namespace(namespace: argparse.Namespace) -> None:
     """Refuse launcher options `accelerate launch` would fail on late (a raw traceback) or silently replace.
 
     Raises:
         ValueError: `--config_file` names no file (accelerate raises `FileNotFoundError` inside the launch), or a
-            numeric option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process).
+            numeric option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process) or above
+            [`LAUNCH_MAXIMUMS`] (`--main_process_port 99999`).
     """
     config_file = namespace.config_file
     if config_file is not None and not os.path.isfile(config_file):
@@ -193,6 +203,12 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
         value = getattr(namespace, name, None)
         if value is not None and value < minimum:
             raise ValueError(f"--{name}={value}: use an integer >= {minimum}, or leave it out.")
+    for name, maximum in LAUNCH_MAXIMUMS.items():
+        value = getattr(namespace, name, None)
+        if value is not None and value > maximum:
+            raise ValueError(
+                f"--{name}={value}: use an integer in {LAUNCH_MINIMUMS[name]}-{maximum}, or leave it out."
+            )
 
 
 def run_here(job: Job, job_args: Sequence[str]) -> int:

@@ -366,6 +366,11 @@ def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
     return out
 
 
+EMPTY_MEANS_DEFAULT = {"reward_funcs": "the built-in reward (exact_match)"}
+"""Recipe keys whose empty list is their default, which stands for something else (`--reward_funcs ''` on the command
+line is refused as a name)."""
+
+
 def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
@@ -421,6 +426,11 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
             raise ValueError(
                 f"--config={path!r}: {key}: {value!r} is text, but {key} is a list (YAML does not split text into "
                 f"one). Fix: write `{key}: [{value}]` (or `{key}: [a, b]` for several)."
+            )
+        if value == [] and key in EMPTY_MEANS_DEFAULT:  # the default is empty too: the run would take the built-in
+            raise ValueError(
+                f"--config={path!r}: {key}: [] names nothing, so the run would use {EMPTY_MEANS_DEFAULT[key]} without "
+                f"a word. Fix: list at least one (`{key}: [a]`), or leave the key out for {EMPTY_MEANS_DEFAULT[key]}."
             )
         problem = config_value_problem(value, kinds.get(key))
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
