@@ -711,8 +711,8 @@ def tokenize_prompt(prompt: Any, tokenizer, template_kwargs: dict | None = None)
         `list[int]`: the prompt's token ids.
 
     Raises:
-        Whatever the chat template raises for the conversation (e.g. Jinja's `TemplateError` of a template that
-        requires alternating roles); `tokenize_prompt_dataset` names the dataset and the row.
+        jinja2.TemplateError: whatever the chat template raises for the conversation (e.g. a template that requires
+            alternating roles); `tokenize_prompt_dataset` names the dataset and the row.
     """
     if is_conversational({"prompt": prompt}):
         return render_ids(prompt, tokenizer, template_kwargs, add_generation_prompt=True)["input_ids"]

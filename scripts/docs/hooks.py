@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import importlib
+import inspect
 import logging
 import os
 import posixpath
@@ -76,6 +77,11 @@ def reference_page(module: str) -> str:
     if not (ROOT / module.replace(".", "/") / "__init__.py").is_file():
         return f"::: {module}\n"
     package = importlib.import_module(module)
+    if any(  # a package whose code is in its `__init__` (`trl_trapo.tasks`) is rendered as a module
+        (inspect.isfunction(value) or inspect.isclass(value)) and value.__module__ == module
+        for value in vars(package).values()
+    ):
+        return f"::: {module}\n"
     lines = [f"::: {module}", "    options:", "      members: false", "", "Exports:", ""]
     for name in getattr(package, "__all__", []):
         defined_in = getattr(getattr(package, name), "__module__", module)
