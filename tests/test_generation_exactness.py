@@ -234,7 +234,7 @@ def test_a_round_at_mixed_temperatures_is_one_generate_call_with_exact_first_use
     stamped = {None if t.temperature is None else round(t.temperature, 6) for t in trajectories}
     assert len(stamped) >= 2 and stamped <= {None, 1.0, 1.2}, stamped  # None: the configured 0.8
     captured = {}
-    trainer.memory_pool.after_forward = lambda inputs, per_token_logps, sft_mask: captured.update(
+    trainer.memory_pool.after_forward = lambda inputs, per_token_logps, sft_mask, rows: captured.update(
         logps=per_token_logps.detach()
     )
     batch = collate_rows([t.to_row() for t in trajectories], trainer.processing_class.pad_token_id)

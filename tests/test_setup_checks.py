@@ -18,7 +18,7 @@ from peft import LoraConfig
 from transformers import EarlyStoppingCallback, LlamaConfig, LlamaForSequenceClassification
 from transformers.integrations import integration_utils
 
-import trl_trapo.trainer
+import trl_trapo.assembly
 from trl_trapo import TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
@@ -46,7 +46,7 @@ def no_model_loading(monkeypatch):
     def loaded(*args, **kwargs):
         raise AssertionError("the policy was loaded before the setting was checked")
 
-    monkeypatch.setattr(trl_trapo.trainer, "load_policy", loaded)
+    monkeypatch.setattr(trl_trapo.assembly, "load_policy", loaded)  # where `build_policy` looks it up
 
 
 @pytest.fixture
