@@ -5,7 +5,6 @@ is probed exactly; checkpoints written before objectives were objects still resu
 
 from __future__ import annotations
 
-import itertools
 import shutil
 from pathlib import Path
 
