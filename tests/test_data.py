@@ -799,3 +799,26 @@ def test_an_unknown_role_in_sft_messages_is_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="trl_trapo.data"):
         check_datasets(config, {"sft": rows.select([3])}, None, WITH_DATA)
     assert "have role" not in caplog.text
+
+
+def test_prepare_datasets_takes_the_objectives_data_by_name_and_each_objective_prepares_its_own(tmp_path):
+    """`prepare_datasets` takes one mapping objective name -> dataset and the objective classes: each class's
+    `prepare_data` makes its field of `PreparedData` (the SFT rows tokenized, the others None without data); a
+    weight of 0 leaves a given dataset unprepared; a name no objective has is refused by name."""
+    from trl_trapo.data import DataSetup, prepare_datasets
+    from trl_trapo.objectives import WITH_DATA, SFTObjective
+
+    tokenizer = build_char_tokenizer()
+    rows = Dataset.from_dict({"prompt": ["ab=", "cd="], "completion": ["ba", "dc"]})
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    setup = DataSetup(args, tokenizer, max_positions=256, has_rewards=False, has_critic=False)
+    data = prepare_datasets(setup, {SFTObjective.NAME: rows}, None, WITH_DATA)
+    assert data.sft["input_ids"] == SFTObjective.prepare_data(rows, setup)["input_ids"]
+    assert len(data.sft) == 2 and (data.rl, data.pretrain, data.distill) == (None, None, None)
+    off = DataSetup(
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", sft_weight=0.0), tokenizer, 256, False, False
+    )
+    with pytest.raises(ValueError, match="No objective has data: pass at least one of `pretrain_dataset`"):
+        prepare_datasets(off, {SFTObjective.NAME: rows}, None, WITH_DATA)
+    with pytest.raises(ValueError, match=r"no objective is named \['demos'\]; the objectives are \['pretrain', 'sft'"):
+        prepare_datasets(setup, {"demos": rows}, None, WITH_DATA)
