@@ -676,6 +676,29 @@ def test_async_rollouts_under_zero3_take_the_weights_on_a_schedule_every_rank_re
     assert any(h.get("loss/rl", 0) != 0 for h in train_logs)
 
 
+@pytest.mark.slow  # two 2-process ZeRO-3 jobs, minutes on a loaded machine
+def test_async_rollouts_under_zero3_resume_exactly_from_between_two_snapshots(tmp_path):
+    """A checkpoint taken between two scheduled snapshots (step 4, `weight_sync_steps=3`: rounds are sampled with step
+    3's weights until step 6) keeps that snapshot; the resumed run samples its rounds with it (`max_staleness=0`: each
+    round is asked for when it is consumed, here at the last step), as the uninterrupted run did, and ends with the
+    same weights on both ranks. Sampling with the resumed step's weights instead gives other weights."""
+    pytest.importorskip("deepspeed")
+    args = ["--max_steps", "6", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP,
+            "--save_strategy", "steps", "--save_steps", "4", "--async_rollouts", "--max_staleness", "0",
+            "--stale_rollouts", "downweight", "--weight_sync_steps", "3"]  # fmt: skip
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, "--output_dir", str(full)]))
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
+    resume = ["--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-4")]
+    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, *resume]))
+    first, again = records(full), records(resumed)
+    logs = [h for h in first[0]["log_history"] if "loss" in h]
+    assert "sample/staleness_max" in logs[-1]  # a round consumed after the checkpoint, before the next snapshot
+    assert first[0]["param_digest"] == first[1]["param_digest"]
+    assert again[0]["param_digest"] == again[1]["param_digest"] == first[0]["param_digest"]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A TRL GRPO vision-language script on two processes (issue 25)
 # ---------------------------------------------------------------------------------------------------------------------
