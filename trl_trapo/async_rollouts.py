@@ -29,6 +29,10 @@ passed since the last send: the trainable parameters only (a LoRA run sends its 
 travel in one FIFO queue, so every round is sampled with exactly the weights sent before it was asked for, with an RNG
 seeded by `(seed, rank, round)`: a run does not depend on timing. In the free-running mode the weights travel on a
 queue of their own and the producer takes the newest it has when it starts a round (fresher, not reproducible).
+Under DeepSpeed ZeRO-3 (`weight_snapshots=True`) reading the weights is a gather every rank must enter together, so
+they are taken on a schedule every rank reaches ([`~trl_trapo.callbacks.WeightSnapshotCallback`]: at the start of
+training and every `weight_sync_steps` optimizer steps) and a round is sampled with the last snapshot, up to
+`weight_sync_steps - 1` steps old; `prefetch` and `sample` never read the policy.
 
 **vLLM server** (`use_vllm=True, vllm_mode="server"`). The producer holds no copy of the policy: it sends each
 round's prompts (token ids) to the server through TRL's `VLLMClient` ([`sample_from_server`]: one request per prompt
@@ -59,8 +63,8 @@ old log-probs (the clipped ratio against the sampling policy is the only correct
 
 **Checkpoints.** `checkpoint_state` first waits for the rounds in flight and keeps them, finished, in the checkpoint, with
 the round counter, the last weights version sent and, when that version is older than the checkpoint's step
-(`weight_sync_steps > 1`), those weights: a resumed run consumes exactly the rounds an uninterrupted one would, and in
-the deterministic mode trains to the same parameters.
+(`weight_sync_steps > 1`), those weights (under ZeRO-3: the last snapshot): a resumed run consumes exactly the rounds
+an uninterrupted one would, and in the deterministic mode trains to the same parameters.
 
 Metrics (TRL's names where TRL has them): `sample/staleness_mean`, `sample/staleness_max` (lag of the rounds that
 arrived, in optimizer steps), `sample/dropped_stale_total` (rounds dropped since the start of the run),
