@@ -1388,9 +1388,10 @@ class TRAPOConfig(_BaseConfig):
             "producer calls the reward functions; the trainer takes finished rounds from a bounded queue and "
             "computes reference log-probs, values, advantages and every round statistic itself when it consumes "
             "them. Reward functions must be picklable (module-level). The prompt choice and targeted exploration's "
-            "temperatures apply when a round is asked for, guidance when it is consumed; see docs/async.md. Not with "
-            "vLLM's colocate mode, fewshot_mode, tools / environment_factory, rollout_func, a rollout_source of your "
-            "own or ZeRO-3."
+            "temperatures apply when a round is asked for, guidance when it is consumed; see docs/async.md. Under "
+            "DeepSpeed ZeRO-3 the producer's weights are gathered on a schedule every rank reaches (the start of "
+            "training and every weight_sync_steps steps). Not with vLLM's colocate mode (its engine belongs to the "
+            "trainer's process group), fewshot_mode, or a rollout_source of your own."
         },
     )
     max_staleness: int | None = field(
@@ -1980,10 +1981,15 @@ class TRAPOConfig(_BaseConfig):
                 bad(
                     "vllm_mode",
                     self.vllm_mode,
-                    "async_rollouts samples in a producer process, but colocate mode's vLLM engine lives in the "
-                    "trainer's process (it would sample in the trainer's time and memory). Start a vLLM server "
-                    "(`trl vllm-serve --model <model>`) and set vllm_mode='server' with vllm_server_base_url, or "
-                    "set async_rollouts=False.",
+                    "async_rollouts samples in a producer process, and TRL's colocate engine cannot live there: "
+                    "it is one shard of a vLLM world built on the trainer's torch.distributed world (the trainer's "
+                    "rank and world size, distributed_executor_backend='external_launcher', tensor-parallel groups "
+                    "of the trainer's ranks, a barrier over every rank when it starts) and it loads its weights "
+                    "from the trainer's live, possibly ZeRO-3-partitioned, model; a spawned producer has neither. "
+                    "An engine of the producer's own beside the trainer would be a vLLM server without its HTTP, "
+                    "which is vllm_mode='server' (TRL's AsyncGRPOTrainer samples from a server only). Start a vLLM "
+                    "server (`trl vllm-serve --model <model>`, on other GPUs) and set vllm_mode='server' with "
+                    "vllm_server_base_url, or set async_rollouts=False (synchronous colocate rollouts).",
                 )
             if self.use_vllm and self.async_correction == "behaviour":
                 bad(

@@ -585,11 +585,9 @@ class TRAPOTrainer(_BaseTrainer):
             reference=self.reference,
             policy=self._unwrapped_policy,
             signal_catcher=self._signal_catcher,
+            supply_callbacks=supply.callbacks,
         )
-        for callback in wiring.removed:
-            self.remove_callback(callback)
-        for callback in wiring.added:
-            self.add_callback(callback)
+        wiring.apply(add=self.add_callback, remove=self.remove_callback)
         self._stop_on_signal = wiring.stop_on_signal
 
         self._train_start_time: float | None = None
