@@ -2085,10 +2085,22 @@ class TRAPOConfig(_BaseConfig):
 
     def _validate_chat_template_kwargs(self, bad) -> None:
         """`chat_template_kwargs` go to the chat template; the arguments TRAPO sets itself, as TRL's trainers do
-        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name."""
+        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name; `tools`, read
+        as every row's tool schemas (as a row's `tools` cell), is checked as that cell is (transformers' template
+        call failed on `{"tools": 5}` with `'int' object is not iterable`)."""
         kwargs = self.chat_template_kwargs or {}
         if not isinstance(kwargs, dict):
             bad("chat_template_kwargs", kwargs, "use a dict of the chat template's variables, or None.")
+        if "tools" in kwargs:
+            from .data import row_tool_names
+
+            def bad_tools(field: str, problem: str, fix: str) -> ValueError:
+                return ValueError(
+                    f"{type(self).__name__}.chat_template_kwargs['tools']={kwargs['tools']!r} is invalid: {problem}. "
+                    f"{fix} Tools to call are given as `tools=` (functions) or `environment_factory=`."
+                )
+
+            row_tool_names(kwargs["tools"], bad_tools)
         own = sorted(set(kwargs) & set(OWN_CHAT_TEMPLATE_ARGUMENTS))
         if own:
             bad(

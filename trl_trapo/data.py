@@ -955,6 +955,12 @@ def check_row_cells(dataset: Dataset, role: str) -> None:
                     f"`{role}` row {row}, `chat_template_kwargs`: a {type(cell).__name__} ({str(cell)[:80]!r}), not "
                     'a dict of template arguments. Write it as an object, e.g. {"enable_thinking": false}, or None.'
                 )
+            if isinstance(cell, dict) and "tools" in cell:  # read as the row's `tools` (see `row_template_kwargs`)
+
+                def bad(field: str, problem: str, fix: str, row=row) -> ValueError:
+                    return ValueError(f"`{role}` row {row}, `chat_template_kwargs`[{field}]: {problem}. {fix}")
+
+                row_tool_names(cell["tools"], bad)
 
 
 def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:
