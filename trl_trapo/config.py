@@ -62,6 +62,16 @@ OWN_GENERATION_FIELDS = {
     "pad_token_id": "processing_class.pad_token",
 }
 """`generation_kwargs` keys that duplicate a `TRAPOConfig` field (the field to set instead)."""
+OWN_GENERATION_FIX = {
+    "do_sample": "RL rollouts are always sampled: TRAPO learns from sampled completions and trains on the log-probs of "
+    "sampling at `temperature`, so greedy rollouts (do_sample=False) are not supported and do_sample=True is what it "
+    "does already. Drop the key; for less random rollouts lower `temperature` (e.g. 0.3; --temperature 0.3). "
+    "Evaluation (eval_* metrics) decodes greedily already.",
+    "pad_token_id": "the pad id is the tokenizer's: set `processing_class.pad_token` (from the command line: save the "
+    "tokenizer with its pad token next to the model and pass that folder as --model_name_or_path).",
+}
+"""The fix named for an [`OWN_GENERATION_FIELDS`] key whose reason is not "TRAPO trains on log-probs at that value"
+(the default message's, which fits the sampling settings)."""
 
 OWN_CHAT_TEMPLATE_ARGUMENTS = {
     "conversation": "the row's messages",
@@ -2119,7 +2129,9 @@ class TRAPOConfig(_BaseConfig):
                 bad(
                     "generation_kwargs",
                     {key: value},
-                    f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that value.",
+                    OWN_GENERATION_FIX.get(key)
+                    or f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that "
+                    "value.",
                 )
             if key == "stop_strings":
                 bad(
