@@ -32,6 +32,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from .sampler_correction import CorrectionMode, bounds_problem
+from .tool_schemas import row_tool_names
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -2102,7 +2103,6 @@ class TRAPOConfig(_BaseConfig):
         if not isinstance(kwargs, dict):
             bad("chat_template_kwargs", kwargs, "use a dict of the chat template's variables, or None.")
         if "tools" in kwargs:
-            from .data import row_tool_names
 
             def bad_tools(field: str, problem: str, fix: str) -> ValueError:
                 return ValueError(

@@ -188,10 +188,6 @@ LAUNCH_MAXIMUMS = {"main_process_port": 65535}
 parser and fails inside torch.distributed on several processes."""
 
 
-ACCELERATE_CONFIG_KEYS = frozenset({"compute_environment", "distributed_type"})
-"""Keys every accelerate config has (`accelerate config` writes both; accelerate refuses a file without
-`distributed_type`): a `--config_file` without them is no accelerate config, and a `--config` recipe with them is one."""
-
 HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[\w/-]+)$")  # what CUDA_VISIBLE_DEVICES takes: an index or a UUID
 
@@ -220,6 +216,8 @@ def accelerate_config_of(namespace: argparse.Namespace):
             cannot read.
     """
     from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+
+    from trl_trapo.jobs.main import ACCELERATE_CONFIG_KEYS
 
     path = namespace.config_file
     if path is None and (namespace.cpu or not os.path.isfile(default_config_file)):

@@ -447,11 +447,14 @@ EMPTY_MEANS_DEFAULT = {"reward_funcs": "the built-in reward (exact_match)"}
 line is refused as a name)."""
 
 
+ACCELERATE_CONFIG_KEYS = frozenset({"compute_environment", "distributed_type"})
+"""Keys every accelerate config has (`accelerate config` writes both; accelerate refuses a file without
+`distributed_type`): a `--config_file` without them is no accelerate config, and a `--config` recipe with them is one."""
+
+
 def accelerate_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM) -> str:
     """For a `--config` file that is an accelerate config (it has `compute_environment` or `distributed_type`,
-    [`~trl_trapo.jobs.commands.ACCELERATE_CONFIG_KEYS`]), what it is and where it goes; `""` for any other file."""
-    from trl_trapo.jobs.commands import ACCELERATE_CONFIG_KEYS
-
+    [`ACCELERATE_CONFIG_KEYS`]), what it is and where it goes; `""` for any other file."""
     keys = sorted(ACCELERATE_CONFIG_KEYS & set(config))
     if not keys:
         return ""
