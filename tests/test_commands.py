@@ -158,7 +158,7 @@ def test_bad_launcher_options_are_one_error(capsys):
             "--machine_rank=2: must be < --num_machines (2)",
         ),
         (["--main_process_ip", "999.1.1.1"], "--main_process_ip='999.1.1.1' is neither an IP address nor a host name"),
-        (["--main_process_ip", "node_0"], "--main_process_ip='node_0' is neither"),
+        (["--main_process_ip", "http://10.0.0.1"], "--main_process_ip='http://10.0.0.1' is neither"),
     ],
 )
 def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, message, capsys):

@@ -188,13 +188,14 @@ LAUNCH_MAXIMUMS = {"main_process_port": 65535}
 parser and fails inside torch.distributed on several processes."""
 
 
-HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # `_`: names in /etc/hosts (containers) resolve
 GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[\w/-]+)$")  # what CUDA_VISIBLE_DEVICES takes: an index or a UUID
 
 
 def is_host(value: str) -> bool:
     """Whether `value` is an IP address (v4 or v6) or a host name (RFC 1123: dot-separated labels of letters, digits
-    and hyphens; all-numeric labels only as an IPv4 address, so `999.1.1.1` is neither)."""
+    and hyphens, underscores allowed as the system resolver allows them in /etc/hosts; an all-numeric last label only
+    as an IPv4 address, so `999.1.1.1` is neither)."""
     try:
         ipaddress.ip_address(value)
         return True
