@@ -32,6 +32,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from .sampler_correction import CorrectionMode, bounds_problem
+from .tool_schemas import row_tool_names
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -62,6 +63,16 @@ OWN_GENERATION_FIELDS = {
     "pad_token_id": "processing_class.pad_token",
 }
 """`generation_kwargs` keys that duplicate a `TRAPOConfig` field (the field to set instead)."""
+OWN_GENERATION_FIX = {
+    "do_sample": "RL rollouts are always sampled: TRAPO learns from sampled completions and trains on the log-probs of "
+    "sampling at `temperature`, so greedy rollouts (do_sample=False) are not supported and do_sample=True is what it "
+    "does already. Drop the key; for less random rollouts lower `temperature` (e.g. 0.3; --temperature 0.3). "
+    "Evaluation (eval_* metrics) decodes greedily already.",
+    "pad_token_id": "the pad id is the tokenizer's: set `processing_class.pad_token` (from the command line: save the "
+    "tokenizer with its pad token next to the model and pass that folder as --model_name_or_path).",
+}
+"""The fix named for an [`OWN_GENERATION_FIELDS`] key whose reason is not "TRAPO trains on log-probs at that value"
+(the default message's, which fits the sampling settings)."""
 
 OWN_CHAT_TEMPLATE_ARGUMENTS = {
     "conversation": "the row's messages",
@@ -2091,10 +2102,21 @@ class TRAPOConfig(_BaseConfig):
 
     def _validate_chat_template_kwargs(self, bad) -> None:
         """`chat_template_kwargs` go to the chat template; the arguments TRAPO sets itself, as TRL's trainers do
-        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name."""
+        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name; `tools`, read
+        as every row's tool schemas (as a row's `tools` cell), is checked as that cell is (transformers' template
+        call failed on `{"tools": 5}` with `'int' object is not iterable`)."""
         kwargs = self.chat_template_kwargs or {}
         if not isinstance(kwargs, dict):
             bad("chat_template_kwargs", kwargs, "use a dict of the chat template's variables, or None.")
+        if "tools" in kwargs:
+
+            def bad_tools(field: str, problem: str, fix: str) -> ValueError:
+                return ValueError(
+                    f"{type(self).__name__}.chat_template_kwargs['tools']={kwargs['tools']!r} is invalid: {problem}. "
+                    f"{fix} Tools to call are given as `tools=` (functions) or `environment_factory=`."
+                )
+
+            row_tool_names(kwargs["tools"], bad_tools)
         own = sorted(set(kwargs) & set(OWN_CHAT_TEMPLATE_ARGUMENTS))
         if own:
             bad(
@@ -2113,7 +2135,9 @@ class TRAPOConfig(_BaseConfig):
                 bad(
                     "generation_kwargs",
                     {key: value},
-                    f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that value.",
+                    OWN_GENERATION_FIX.get(key)
+                    or f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that "
+                    "value.",
                 )
             if key == "stop_strings":
                 bad(
