@@ -25,11 +25,15 @@ their constructors: the RL objective's supply [`~trl_trapo.rl_supply.RLSupply`] 
 [`~trl_trapo.sources.RolloutSource`], its replay buffer, targeted exploration), [`~trl_trapo.rollout.RolloutEngine`],
 [`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
 [`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
-[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`], the objectives
-([`~trl_trapo.objectives.Objective`]) and the distillation teacher they own ([`~trl_trapo.teacher.Teacher`]); the
-callbacks are in `callbacks.py`. Two construction hooks let a subclass
-change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
-(`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
+[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`] and what each log adds
+([`~trl_trapo.metrics.RunMetrics`]), the builder of each step's rows ([`~trl_trapo.steps.StepBuilder`]), TRAPO's
+state in checkpoints ([`~trl_trapo.run_state.RunState`]), the model as they reach it
+([`~trl_trapo.handles.ModelHandles`]), the objectives ([`~trl_trapo.objectives.Objective`]) and the distillation
+teacher they own ([`~trl_trapo.teacher.Teacher`]); the callbacks are in `callbacks.py`. The constructor builds them
+with the four assembly functions of `trl_trapo/wiring.py` (docs/seams.md, "How a run is assembled") and stores what
+they return. Two construction hooks let a subclass change how samples are chosen and reused, `replay_max_uses` and
+`build_sample_selector`: few-shot mode (`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both;
+the trainer never imports it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -303,6 +306,7 @@ class TRAPOTrainer(_BaseTrainer):
             state=lambda: self.state,
             should_save=lambda: self.args.should_save,
             callbacks=self.callback_handler.callbacks,
+            nonfinite=self.nonfinite,
         )
 
         # ---- steps 5-6. the objectives' rows (per rank) and what decides each step ----------------------------------
@@ -322,16 +326,16 @@ class TRAPOTrainer(_BaseTrainer):
         self.rollouts, self.rollout_source, self.rl_supply = rollouts.engine, rollouts.source, rollouts.supply
 
         # ---- steps 9-10. the objectives, evaluation, the step builder, durable state, callbacks ---------------------
-        training = assemble_training(run, link, rows, rollouts, nonfinite=self.nonfinite)
+        training = assemble_training(run, link, rows, rollouts)
         self.objectives: list[Objective] = training.objectives
         self.evaluator, self.step_builder, self.run_state = training.evaluator, training.steps, training.state
+        self.run_metrics = training.metrics  # what `log` adds
         self._checkpoint_guard, self._signal_catcher = training.checkpoint_guard, training.signal_catcher
         for callback in training.callbacks.removed:
             self.remove_callback(callback)
         for callback in training.callbacks.added:
             self.add_callback(callback)
         self._stop_on_signal = training.callbacks.stop_on_signal
-        self._train_start_time: float | None = None
 
     # =================================================================================================================
     # Construction hooks: what a subclass may override to change how samples are chosen and reused
@@ -390,7 +394,7 @@ class TRAPOTrainer(_BaseTrainer):
         return None
 
     # =================================================================================================================
-    # Handles the collaborators use
+    # Read-only views of the collaborators
     # =================================================================================================================
     def _unwrapped_policy(self) -> nn.Module:
         return self.handles.policy()
@@ -680,29 +684,12 @@ class TRAPOTrainer(_BaseTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add TRAPO's metrics (losses per objective, weights, curriculum, rollouts, replay) to the Trainer's logs."""
         if "loss" in logs:
-            logs.update(self._collect_metrics())
+            logs.update(self.run_metrics.collect(self.state.global_step))
             if "learning_rate" in logs:
                 # TRL 1.12's `lr`: the rate the logged step used, which is what the Trainer logs as `learning_rate`
                 # (read before its scheduler steps); the scheduler's `get_last_lr()` would be the next step's
                 logs["lr"] = logs["learning_rate"]
         super().log(logs, start_time)
-
-    def _collect_metrics(self) -> dict[str, float]:
-        out = self.metrics.collect(self.accelerator, self.schedules.kl_coef())
-        out.update(self.step_builder.metrics())
-        out.update(self.dare.metrics())
-        out.update(self.schedules.metrics(self.step_builder.last_step))
-        out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
-        for objective in self.objectives:  # each objective's own (none for the built-in three)
-            out.update(objective.metrics())
-        out.update(self.rl_supply.metrics(self.state.global_step))  # exploration/*, replay/*
-        episode = self.rl_supply.episode
-        out["episode"] = float(episode)
-        self.state.episode = episode  # TRL 1.12 PPOTrainer kept the counter on the state
-        elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
-        out["eps"] = float(int(episode / elapsed)) if elapsed > 0 else 0.0
-        out["train/nonfinite_steps"] = float(self.nonfinite.steps)
-        return out
 
     @torch.no_grad()
     def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
@@ -799,7 +786,7 @@ class TRAPOTrainer(_BaseTrainer):
                     + ". Pass a path, or start without resuming."
                 )
             resume_from_checkpoint = path
-        self._train_start_time = time.perf_counter()
+        self.run_metrics.start()
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)

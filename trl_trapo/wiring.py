@@ -54,7 +54,7 @@ from .data import PreparedData, named_datasets
 from .evaluation import Evaluator
 from .handles import ModelHandles
 from .interrupts import SignalCatcher
-from .metrics import MetricsAccumulator
+from .metrics import MetricsAccumulator, RunMetrics
 from .models import CountedPositionHead, embedding_safe_pad_id
 from .objectives import Objective, ObjectiveSetup
 from .rewards import RewardScorer
@@ -180,6 +180,8 @@ class TrainerLink:
         state (`Callable[[], TrainerState]`): the `Trainer`'s state.
         should_save (`Callable[[], bool]`): whether this process writes shared files (`args.should_save`).
         callbacks (`list[TrainerCallback]`): the `Trainer`'s callbacks so far.
+        nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): the trainer's guard (its count is checkpointed and
+            logged).
     """
 
     accelerator: Any
@@ -190,6 +192,7 @@ class TrainerLink:
     state: Callable[[], Any]
     should_save: Callable[[], bool]
     callbacks: list
+    nonfinite: Any
 
 
 # ---- 2. the objectives' rows and what decides each step -------------------------------------------------------------
@@ -375,8 +378,9 @@ def build_evaluator(run: RunParts, link: TrainerLink, rollouts: RolloutParts) ->
 class TrainingParts:
     """What [`assemble_training`] built: the objectives in the order of their names, the evaluator, the builder of
     each step's rows ([`~trl_trapo.steps.StepBuilder`]), TRAPO's checkpointed state
-    ([`~trl_trapo.run_state.RunState`]), the guard that undoes a failed checkpoint save, the SIGINT / SIGTERM catcher
-    and the callbacks to remove and add ([`~trl_trapo.assembly.RunCallbacks`])."""
+    ([`~trl_trapo.run_state.RunState`]), the guard that undoes a failed checkpoint save, the SIGINT / SIGTERM catcher,
+    the callbacks to remove and add ([`~trl_trapo.assembly.RunCallbacks`]) and what each log adds
+    ([`~trl_trapo.metrics.RunMetrics`])."""
 
     objectives: list[Objective]
     evaluator: Evaluator
@@ -385,17 +389,12 @@ class TrainingParts:
     checkpoint_guard: CheckpointGuard
     signal_catcher: SignalCatcher
     callbacks: RunCallbacks
+    metrics: RunMetrics
 
 
-def assemble_training(
-    run: RunParts, link: TrainerLink, rows: RowParts, rollouts: RolloutParts, *, nonfinite: Any
-) -> TrainingParts:
+def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts: RolloutParts) -> TrainingParts:
     """Step 9-10 of `TRAPOTrainer.__init__`: the objectives and the evaluator, the step builder, TRAPO's state in
-    checkpoints, and the callbacks (`assembly.build_callbacks`).
-
-    Args:
-        nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): the trainer's guard (its count is checkpointed).
-    """
+    checkpoints, the callbacks (`assembly.build_callbacks`) and what each log adds."""
     args, models, accelerator = run.args, run.models, link.accelerator
     rank, world = accelerator.process_index, accelerator.num_processes
     # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
@@ -433,7 +432,7 @@ def assemble_training(
         accelerator,
         lambda: link.state().global_step,
         objectives,
-        nonfinite=nonfinite,
+        nonfinite=link.nonfinite,
         allocator=rows.allocator,
         dare=rows.dare,
         schedules=rows.schedules,
@@ -461,4 +460,31 @@ def assemble_training(
         policy=link.handles.policy,
         signal_catcher=catcher,
     )
-    return TrainingParts(objectives, evaluator, steps, state, guard, catcher, callbacks)
+    return TrainingParts(
+        objectives,
+        evaluator,
+        steps,
+        state,
+        guard,
+        catcher,
+        callbacks,
+        build_run_metrics(run, link, rows, rollouts, objectives, steps),
+    )
+
+
+def build_run_metrics(
+    run: RunParts, link: TrainerLink, rows: RowParts, rollouts: RolloutParts, objectives: list, steps: StepBuilder
+) -> RunMetrics:
+    """What each log adds: the run's accumulated metrics and every collaborator's own."""
+    return RunMetrics(
+        run.metrics,
+        link.accelerator,
+        step_builder=steps,
+        dare=rows.dare,
+        schedules=rows.schedules,
+        memory_pool=rows.memory_pool,
+        objectives=objectives,
+        rl_supply=rollouts.supply,
+        nonfinite=link.nonfinite,
+        on_episode=lambda episode: setattr(link.state(), "episode", episode),
+    )
