@@ -682,13 +682,14 @@ def test_roles_before_the_last_pass_and_are_tokenized(tokenizer):
 
 def test_the_distillation_prompts_are_checked_with_the_other_datasets(tmp_path):
     from trl_trapo.data import check_datasets
+    from trl_trapo.objectives import WITH_DATA
 
     config = TRAPOConfig(output_dir=str(tmp_path), distillation_weight=1.0, report_to="none")
     prompts = Dataset.from_dict({"prompt": [[user("a")], [{"role": "system", "content": "s"}], None]})
     with pytest.raises(
         ValueError, match=r"`distillation_dataset` column 'prompt' has a missing value \(None\) at row 2"
     ):
-        check_datasets(config, None, None, None, None, distillation_dataset=prompts)
+        check_datasets(config, {"distill": prompts}, None, WITH_DATA)
 
 
 def test_eval_messages_rows_are_checked_as_training_reads_them():
@@ -751,11 +752,12 @@ def test_rl_prompts_per_row_template_cells_are_checked_by_row(tmp_path, column, 
     error without a dataset or row; a `chat_template_kwargs` cell that is not a dict was dropped (trial 5: W09, W10,
     c09b, W11b, W42). Evaluation sets are checked the same way (W46)."""
     from trl_trapo.data import check_datasets, check_eval_dataset
+    from trl_trapo.objectives import WITH_DATA
 
     config = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
     dataset = Dataset.from_dict({"prompt": [[user("a")], [user("b")]], column: [cell, cell]})
     with pytest.raises(ValueError, match=message):
-        check_datasets(config, dataset, None, None, None)
+        check_datasets(config, {"rl": dataset}, None, WITH_DATA)
     with pytest.raises(ValueError, match=message.replace("train_dataset", "eval_dataset")):
         check_eval_dataset(dataset)
 
@@ -785,14 +787,38 @@ def test_an_unknown_role_in_sft_messages_is_warned_about(tmp_path, caplog):
     """An SFT `messages` row with a role typo ('wizard') trained without a word, rendered as given by the template
     (trial 5, c05); TRL accepts it too, so it is a warning, and known roles give none."""
     from trl_trapo.data import check_datasets
+    from trl_trapo.objectives import WITH_DATA
 
     config = TRAPOConfig(output_dir=str(tmp_path), sft_weight=1.0, report_to="none")
     answer = {"role": "assistant", "content": "yo"}
     rows = Dataset.from_dict({"messages": [[{"role": "wizard", "content": "hi"}, answer]] * 3 + [[user("a"), answer]]})
     with caplog.at_level("WARNING", logger="trl_trapo.data"):
-        check_datasets(config, None, rows, None, None)
+        check_datasets(config, {"sft": rows}, None, WITH_DATA)
     assert "3 rows of `sft_dataset` have role 'wizard' (first at row 0)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="trl_trapo.data"):
-        check_datasets(config, None, rows.select([3]), None, None)
+        check_datasets(config, {"sft": rows.select([3])}, None, WITH_DATA)
     assert "have role" not in caplog.text
+
+
+def test_prepare_datasets_takes_the_objectives_data_by_name_and_each_objective_prepares_its_own(tmp_path):
+    """`prepare_datasets` takes one mapping objective name -> dataset and the objective classes: each class's
+    `prepare_data` makes its field of `PreparedData` (the SFT rows tokenized, the others None without data); a
+    weight of 0 leaves a given dataset unprepared; a name no objective has is refused by name."""
+    from trl_trapo.data import DataSetup, prepare_datasets
+    from trl_trapo.objectives import WITH_DATA, SFTObjective
+
+    tokenizer = build_char_tokenizer()
+    rows = Dataset.from_dict({"prompt": ["ab=", "cd="], "completion": ["ba", "dc"]})
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    setup = DataSetup(args, tokenizer, max_positions=256, has_rewards=False, has_critic=False)
+    data = prepare_datasets(setup, {SFTObjective.NAME: rows}, None, WITH_DATA)
+    assert data.sft["input_ids"] == SFTObjective.prepare_data(rows, setup)["input_ids"]
+    assert len(data.sft) == 2 and (data.rl, data.pretrain, data.distill) == (None, None, None)
+    off = DataSetup(
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", sft_weight=0.0), tokenizer, 256, False, False
+    )
+    with pytest.raises(ValueError, match="No objective has data: pass at least one of `pretrain_dataset`"):
+        prepare_datasets(off, {SFTObjective.NAME: rows}, None, WITH_DATA)
+    with pytest.raises(ValueError, match=r"no objective is named \['demos'\]; the objectives are \['pretrain', 'sft'"):
+        prepare_datasets(setup, {"demos": rows}, None, WITH_DATA)

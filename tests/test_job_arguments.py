@@ -113,3 +113,54 @@ def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):
         read_config_file(str(recipe))
     recipe.write_text("max_steps: 2\nreward_funcs: [exact_match]\n")
     assert read_config_file(str(recipe))["reward_funcs"] == ["exact_match"]
+
+
+def test_the_dataset_flags_are_generated_from_the_objectives(monkeypatch):
+    """The main job's `--<objective>_dataset_name / _config / _split` flags (and `--pretrain_streaming`) are
+    generated from `objectives.WITH_DATA`, with each objective's help, after TRL's RL flags and in the objectives'
+    order; `TrlParser` reads them; an objective class added to `WITH_DATA` gets its three flags with nothing else to
+    write in the job."""
+    import dataclasses
+
+    from trl import TrlParser
+
+    from trl_trapo.jobs import main as job
+    from trl_trapo.objectives import WITH_DATA
+
+    fields = [f.name for f in dataclasses.fields(job.TRAPOScriptArguments)]
+    generated = [name for name, _, _ in job.objective_data_fields(job.RLDataArguments)]
+    expected = [
+        "pretrain_dataset_name",
+        "pretrain_dataset_config",
+        "pretrain_dataset_split",
+        "pretrain_streaming",
+        "sft_dataset_name",
+        "sft_dataset_config",
+        "sft_dataset_split",
+        "distillation_dataset_name",
+        "distillation_dataset_config",
+        "distillation_dataset_split",
+    ]
+    assert generated == expected
+    start = fields.index("ignore_bias_buffers") + 1  # right after TRL's RL prompts' flags, as they were written
+    assert fields[start : start + len(expected)] == expected
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(job.TRAPOScriptArguments)}
+    for cls in job.flagged_objectives(job.RLDataArguments):
+        assert helps[f"{cls.DATA_FLAGS}_name"] == cls.DATA_HELP and helps[f"{cls.DATA_FLAGS}_split"] == cls.SPLIT_HELP
+    (script_args,) = TrlParser((job.TRAPOScriptArguments,)).parse_args_and_config(
+        ["--sft_dataset_name", "demos.jsonl", "--pretrain_streaming", "--distillation_dataset_split", "dev"]
+    )
+    assert (script_args.sft_dataset_name, script_args.pretrain_streaming) == ("demos.jsonl", True)
+    assert (script_args.distillation_dataset_split, script_args.pretrain_dataset_split) == ("dev", "train")
+
+    class CodeObjective:  # what a new objective with data declares for the job
+        NAME, ARGUMENT, DATA_FLAGS, STREAMING_FLAG = "code", "code_dataset", "code_dataset", None
+        DATA_HELP, SPLIT_HELP = "Code (`text` column): Hub id, local file or directory.", "Split of the code."
+
+    monkeypatch.setattr(job, "WITH_DATA", (*WITH_DATA, CodeObjective))
+    added = job.objective_data_fields(job.RLDataArguments)[len(expected) :]
+    assert [(name, f.default, f.metadata["help"]) for name, _, f in added] == [
+        ("code_dataset_name", None, CodeObjective.DATA_HELP),
+        ("code_dataset_config", None, "Configuration name."),
+        ("code_dataset_split", "train", "Split of the code."),
+    ]

@@ -401,14 +401,19 @@ OBJECTIVE_INDEX_NAMES = {"PRETRAIN", "SFT", "RL"}  # config's indices of the bui
 OBJECTIVE_WEIGHT_FIELDS = {"pretrain_weight", "sft_weight", "rl_weight", "distillation_weight"}
 OBJECTIVE_DATA_FIELDS = {"pretrain", "sft", "rl", "distill"}  # `data.PreparedData`'s fields, one per objective
 OBJECTIVE_PREFIXES = ("pretrain_", "sft_", "rl_", "distill_")
+# the trainer's dataset arguments, one per objective with data (`train_dataset`, `sft_dataset`, ...): as parameters,
+# as a collection of names or compared with a name, they spell the objectives out one by one
+OBJECTIVE_ARGUMENTS = {"train_dataset", "sft_dataset", "pretrain_dataset", "distillation_dataset"}
 # What still spells out more than one objective outside objectives.py and config.py, by (module, function), and why
 # it may. A ratchet: each entry must still be found (remove it when its code moves into the objectives), and nothing
 # else may appear.
 ALLOWED_OBJECTIVE_IDENTITY = {
-    ("data.py", "check_datasets"): "the user's dataset arguments, each checked with its objective's weight",
     ("data.py", "PreparedData.prompt_sets"): "the tokenized datasets of prompts the policy samples (RL, distillation)",
     ("ppo.py", "PPOTrainer.__init__"): "TRL's PPOTrainer derives its batch sizes unless pretraining / SFT data share "
     "the steps",
+    ("trainer.py", "TRAPOTrainer.__init__"): "the public API: one dataset argument per objective, TRL's names",
+    ("data.py", "named_datasets"): "the trainer's arguments whose rows a chat template renders (all but pretraining's "
+    "`text`)",
     ("rl_supply.py", "build_successes"): "self-imitation serves RL's successes as SFT rows: it needs both",
     ("jobs/vision.py", "build_trainer"): "the vision job splits the built-in pretraining and SFT data by modality",
     ("weighting.py", "GACWeighting.__init__"): "GAC weighs SFT against RL by construction (a two-objective method)",
@@ -421,8 +426,9 @@ def objective_identity_leaks(source: str) -> list[tuple[str, str]]:
     """`(enclosing function, code)` of each place in `source` that spells out the built-in objectives one by one: a
     comparison with or an index by `PRETRAIN` / `SFT` / `RL` (`index == RL`, `objectives[PRETRAIN]`), a tuple / list
     / set of two or more objectives' weight fields or datasets (`(args.sft_weight, args.rl_weight)`,
-    `(data.rl, data.sft)`), a function with parameters for two or more objectives (`rl_prompts, sft_rows`; the
-    user's `*_dataset` arguments aside)."""
+    `(data.rl, data.sft)`), a function with parameters for two or more objectives (`rl_prompts, sft_rows`, or the
+    trainer's dataset arguments `train_dataset, sft_dataset`), a collection of two or more of the trainer's dataset
+    argument names (`("train_dataset", "sft_dataset")`) or a comparison with one (`role == "sft_dataset"`)."""
     found: list[tuple[str, str]] = []
 
     def visit(node: ast.AST, scope: str) -> None:
@@ -431,19 +437,27 @@ def objective_identity_leaks(source: str) -> list[tuple[str, str]]:
         text = None
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(isinstance(s, ast.Name) and s.id in OBJECTIVE_INDEX_NAMES for s in sides):
+            if any(isinstance(s, ast.Name) and s.id in OBJECTIVE_INDEX_NAMES for s in sides) or any(
+                isinstance(s, ast.Constant) and s.value in OBJECTIVE_ARGUMENTS for s in sides
+            ):
                 text = ast.unparse(node)
         elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name):
             if node.slice.id in OBJECTIVE_INDEX_NAMES:
                 text = ast.unparse(node)
-        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-            attributes = {a.attr for e in node.elts for a in ast.walk(e) if isinstance(a, ast.Attribute)}
-            if len(attributes & OBJECTIVE_WEIGHT_FIELDS) >= 2 or len(attributes & OBJECTIVE_DATA_FIELDS) >= 2:
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            items = [i for i in (node.keys if isinstance(node, ast.Dict) else node.elts) if i is not None]
+            attributes = {a.attr for e in items for a in ast.walk(e) if isinstance(a, ast.Attribute)}
+            arguments = {c.value for e in items for c in ast.walk(e) if isinstance(c, ast.Constant)}
+            if (
+                len(attributes & OBJECTIVE_WEIGHT_FIELDS) >= 2
+                or len(attributes & OBJECTIVE_DATA_FIELDS) >= 2
+                or len(arguments & OBJECTIVE_ARGUMENTS) >= 2
+            ):
                 text = ast.unparse(node)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)]
             prefixes = {p for n in names for p in OBJECTIVE_PREFIXES if n.startswith(p) and not n.endswith("_dataset")}
-            if len(prefixes) >= 2:
+            if len(prefixes) >= 2 or len(set(names) & OBJECTIVE_ARGUMENTS) >= 2:
                 text = f"def {node.name}({', '.join(names)})"
         if text is not None:
             found.append((scope, text))
@@ -475,6 +489,11 @@ def test_no_objectives_identity_outside_its_class_and_the_config():
         "weights = (args.pretrain_weight, args.sft_weight, args.rl_weight)",
         "sets = [d for d in (data.rl, data.distill) if d is not None]",
         "def plan_steps(args, rl_prompts, sft_rows, pretrain_docs): ...",
+        "def prepare_datasets(args, tokenizer, train_dataset, sft_dataset, pretrain_dataset): ...",
+        "names = ('train_dataset', 'eval_dataset', 'sft_dataset')",
+        "summary = {'train_dataset': a, 'distillation_dataset': b}",
+        "for role, d, w in (('train_dataset', a, 1.0), ('sft_dataset', b, 1.0)): pass",
+        "masked = role == 'sft_dataset'",
     ],
 )
 def test_the_objective_identity_check_catches_each_form(source):
@@ -482,9 +501,26 @@ def test_the_objective_identity_check_catches_each_form(source):
 
 
 def test_the_built_in_objectives_say_their_own_names():
-    from trl_trapo import config, objectives
+    from trl_trapo import TRAPOTrainer, config, objectives
 
     assert tuple(cls.NAME for cls in objectives.BUILT_IN) == config.OBJECTIVES
     for cls in (*objectives.BUILT_IN, objectives.DistillationObjective):
         assert hasattr(config.TRAPOConfig, cls.WEIGHT_FIELD), cls
         assert cls.DATA_FIELD in {f.name for f in dataclasses.fields(PreparedData)}, cls
+    # every objective with data is registered once, says its trainer argument, prepares and checks its own data
+    assert objectives.WITH_DATA == (*objectives.BUILT_IN, objectives.DistillationObjective)
+    assert {cls.ARGUMENT for cls in objectives.WITH_DATA} == OBJECTIVE_ARGUMENTS
+    assert {cls.ARGUMENT for cls in objectives.WITH_DATA} <= set(inspect.signature(TRAPOTrainer.__init__).parameters)
+    for cls in objectives.WITH_DATA:
+        assert "prepare_data" in vars(cls) and "check_data" in vars(cls), cls
+
+
+def test_the_data_functions_are_driven_by_the_objectives():
+    """`prepare_datasets` and `check_datasets` take the objectives' data as one mapping keyed by objective name, and
+    the objective classes that prepare it: no parameter per objective (the layout check above catches that too)."""
+    from trl_trapo.data import check_datasets, prepare_datasets
+
+    for function in (prepare_datasets, check_datasets):
+        parameters = set(inspect.signature(function).parameters)
+        assert {"datasets", "objectives"} <= parameters, function
+        assert not parameters & OBJECTIVE_ARGUMENTS, function

@@ -5,7 +5,6 @@ is probed exactly; checkpoints written before objectives were objects still resu
 
 from __future__ import annotations
 
-import itertools
 import shutil
 from pathlib import Path
 
@@ -296,36 +295,30 @@ def test_resuming_with_other_objectives_is_refused_by_name(tmp_path, tokenizer, 
         three.train(resume_from_checkpoint=str(tmp_path / "four" / "checkpoint-2"))
 
 
-def test_the_documented_objective_of_your_own_trains(tmp_path, tokenizer, suite):
-    """docs/seams.md's "Writing your own" block, run from the page: its objective gets rows, a loss and a DARE weight."""
+def test_the_documented_objective_of_your_own_trains(tmp_path, monkeypatch):
+    """docs/seams.md's "Writing your own" block, run from the page as written (its own class, its own dataset, one
+    `objectives=[...]` line): its objective is served rows, trains (`loss/short`), logs its own metric and state,
+    and its static weight 0.5 multiplies its share in the loss weights (w_o = c_o s_o f_o / sum: no DARE update in
+    two steps, so f_o = 1 and its weight over pretraining's is 0.5 s_short / (1 s_pretrain))."""
     from test_doc_commands import registered_block
 
+    monkeypatch.chdir(tmp_path)
+    block = registered_block("docs/seams.md: # run: an objective of your own")
     namespace: dict = {}
-    exec(registered_block("docs/seams.md: # run: an objective of your own").text, namespace)
-    served = []
-
-    def answers():
-        for text in itertools.cycle(digits_corpus()["text"]):
-            ids = torch.tensor(tokenizer(text[:11])["input_ids"])
-            served.append(ids)
-            yield ids
-
-    short = namespace["ShortAnswers"](answers(), weight=1.0)
-    mixtures = [{"pretrain": 0.4, "sft": 0.2, "rl": 0.2, "short": 0.2}] * 3
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
-        reward_funcs=exact_match_reward,
-        args=TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "max_steps": 2, "curriculum_mixtures": mixtures}),
-        train_dataset=suite.rl_train,
-        pretrain_dataset=suite.pretrain,
-        sft_dataset=suite.sft,
-        processing_class=tokenizer,
-        objectives=[short],
-    )
-    trainer.train()
-    assert served, "the objective got no rows"
+    exec(compile(block.text, block.where(), "exec"), namespace)
+    trainer = namespace["trainer"]
+    short = trainer.objectives[-1]
+    assert type(short).__name__ == "ShortAnswers" and short.name == "short" and short.weight == 0.5
+    assert trainer.state.global_step == 2 and short.served > 0
     logged = [entry for entry in trainer.state.log_history if "loss/short" in entry]
-    assert logged and all(entry["loss/short"] > 0 and 0 < entry["weight/short"] < 1 for entry in logged)
+    assert logged and all(entry["loss/short"] > 0 and entry["short/served"] > 0 for entry in logged)
+    mixture = trainer.args.curriculum_mixtures[0]  # every phase the same
+    weighted = [entry for entry in trainer.state.log_history if "weight/short" in entry]
+    assert len(weighted) == 2
+    for entry in weighted:
+        expected = (0.5 * mixture["short"]) / (1.0 * mixture["pretrain"])  # c_o s_o over pretraining's
+        assert entry["weight/short"] / entry["weight/pretrain"] == pytest.approx(expected, rel=1e-6)
+    assert short.state_dict() == {"served": short.served}
 
 
 class Scripted(Objective):

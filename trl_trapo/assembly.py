@@ -48,6 +48,7 @@ from .collator import RowAllocator, plan_steps
 from .config import TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
+    DataSetup,
     PreparedData,
     ShardedSampler,
     check_datasets,
@@ -77,6 +78,7 @@ from .models import (
 )
 from .objectives import (
     BUILT_IN,
+    WITH_DATA,
     DistillationObjective,
     Objective,
     ObjectiveSetup,
@@ -182,8 +184,7 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
-    names = ("train_dataset", "eval_dataset", "pretrain_dataset", "sft_dataset", "distillation_dataset")
-    train_dataset, eval_dataset, pretrain_dataset, sft_dataset, distillation_dataset = map(datasets.get, names)
+    train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
@@ -203,7 +204,9 @@ def check_run(
     # before anything slow: output_dir can be written and holds no finished run this one would replace; the
     # datasets have the columns and cells their objectives read
     check_output_dir(args)
-    check_datasets(args, train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset)
+    given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
+    given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
+    check_datasets(args, given, eval_dataset, WITH_DATA)
     # trackers, optimizer and scheduler: built by `train()`, checked now
     check_training_setup(args, arguments.get("optimizers", (None, None)))
     # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
@@ -213,14 +216,7 @@ def check_run(
             check_reward_checkpoint(os.path.expanduser(entry), given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
-    summary = datasets_summary(
-        {
-            "train_dataset": train_dataset,
-            "sft_dataset": sft_dataset,
-            "pretrain_dataset": pretrain_dataset,
-            "distillation_dataset": distillation_dataset,
-        }
-    )
+    summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation
     verified_checkpoint = None
     if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
@@ -905,20 +901,21 @@ def prepare_run_data(
         ValueError: from [`~trl_trapo.data.prepare_datasets`] or [`~trl_trapo.vision.check_vision_options`].
     """
     model, tokenizer, image_rows, has_critic = models.policy, models.tokenizer, models.image_rows, models.has_critic
+    setup = DataSetup(
+        args,
+        tokenizer,
+        max_positions=model_context(model),
+        has_rewards=bool(rewards.funcs),
+        has_critic=has_critic,
+        stop_token_ids=stop_token_ids(args, tokenizer),
+        has_teacher=models.teacher is not None,
+        images=image_rows,
+        user_source=user_source,
+        vocab_size=model.get_input_embeddings().num_embeddings,
+    )
+    given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # keyed by objective
     with progress_bars(enabled=not args.disable_tqdm):
-        data = prepare_datasets(
-            args,
-            tokenizer,
-            **datasets,
-            max_positions=model_context(model),
-            has_rewards=bool(rewards.funcs),
-            has_critic=has_critic,
-            stop_token_ids=stop_token_ids(args, tokenizer),
-            has_teacher=models.teacher is not None,
-            images=image_rows,
-            user_source=user_source,
-            vocab_size=model.get_input_embeddings().num_embeddings,
-        )
+        data = prepare_datasets(setup, given, datasets.get("eval_dataset"), WITH_DATA)
     if image_rows is not None:  # a VLM run: what image prompts cannot go through is refused now
         check_vision_options(
             args,

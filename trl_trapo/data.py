@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -1856,59 +1856,99 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
             check_rows(dataset, label, tokenizer, cells=False)
 
 
+def check_map_style(dataset: Any, role: str) -> None:
+    """`dataset` (the argument `role`) is one map-style split whose cells `check_row_cells` can read.
+
+    Raises:
+        ValueError: for a streaming dataset (its rows are drawn by index and checked before training), or from the
+            checks, naming the argument.
+    """
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(
+            f"`{role}` is an IterableDataset (streaming), but its rows are drawn by index and checked before "
+            "training: pass a map-style `Dataset` (e.g. `Dataset.from_list(list(iterable.take(n)))`). Streaming "
+            "is supported for `pretrain_dataset`."
+        )
+    check_dataset_object(dataset, role)
+    check_row_cells(dataset, role)
+
+
+def check_rl_prompts(dataset: Any, args) -> None:
+    """The RL objective's `train_dataset` before any model loads: a map-style prompt dataset whose cells can be read.
+
+    Raises:
+        ValueError: naming the column, the row and the fix.
+    """
+    check_map_style(dataset, "train_dataset")
+    check_prompt_dataset(dataset)
+    check_cells(dataset, "train_dataset", "prompts")
+
+
+def check_sft_rows(dataset: Any, args) -> None:
+    """The SFT objective's `sft_dataset` before any model loads: map-style demonstrations whose cells can be read
+    (`messages` rows train their assistant turns under the config's `assistant_only_loss`) and whose tool calls are
+    consistent; roles no chat template knows are warned about.
+
+    Raises:
+        ValueError: naming the column, the row and the fix.
+    """
+    check_map_style(dataset, "sft_dataset")
+    check_sft_dataset(dataset)
+    check_tool_call_traces(dataset, "sft_dataset")
+    warn_unknown_roles(dataset, "sft_dataset")
+    check_cells(dataset, "sft_dataset", "sft", assistant_only_loss=getattr(args, "assistant_only_loss", False))
+
+
+def check_distillation_prompts(dataset: Any, args) -> None:
+    """The distillation objective's `distillation_dataset` before any model loads: map-style reward-free prompts
+    whose cells can be read.
+
+    Raises:
+        ValueError: naming the column, the row and the fix.
+    """
+    check_map_style(dataset, "distillation_dataset")
+    check_distillation_dataset(dataset)
+    check_cells(dataset, "distillation_dataset", "prompts")
+
+
+def check_pretrain_text(dataset: Any, args) -> None:
+    """The pretraining objective's `pretrain_dataset` before any model loads: a `text` dataset (it may stream; the
+    cells of a map-style one are read now, streamed documents as they are read by `PretrainStream`).
+
+    Raises:
+        ValueError: naming the column, the row and the fix.
+    """
+    check_dataset_object(dataset, "pretrain_dataset", streaming_ok=True)
+    check_pretrain_dataset(dataset)
+    if isinstance(dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
+        check_cells(dataset, "pretrain_dataset", "pretrain")
+
+
 def check_datasets(
-    args,
-    train_dataset: Dataset | None,
-    sft_dataset: Dataset | None,
-    pretrain_dataset: Dataset | IterableDataset | None,
-    eval_dataset,
-    distillation_dataset: Dataset | None = None,
+    args, datasets: Mapping[str, Dataset | IterableDataset | None], eval_dataset, objectives: Sequence[Any]
 ) -> None:
     """The checks of a run's datasets that need neither tokenizer nor model, so that the trainer makes them before it
-    loads any (a column error after a model load took 51 s on a loaded machine): each dataset of an objective with
-    a weight > 0 is one map-style split (pretraining may stream) with the columns its objective reads, and every cell
-    those columns hold can be read (`check_cells`); SFT rows' tool calls are consistent. [`prepare_datasets`] then
-    tokenizes them, with the checks that need the tokenizer or the model.
+    loads any (a column error after a model load took 51 s on a loaded machine): each objective with a weight > 0
+    checks its dataset (its class's `check_data`: one map-style split, pretraining may stream, with the columns it
+    reads, every cell of which can be read), then the eval sets. [`prepare_datasets`] then tokenizes them, with the
+    checks that need the tokenizer or the model.
 
     Args:
-        args ([`TRAPOConfig`]): the objectives' weights.
-        train_dataset, sft_dataset, pretrain_dataset, eval_dataset, distillation_dataset: as given to the trainer.
+        args ([`TRAPOConfig`]): the objectives' weights (each class's `WEIGHT_FIELD`).
+        datasets (`Mapping[str, Dataset | IterableDataset | None]`): each objective's dataset as the user gave it,
+            keyed by the objective's `NAME` (a missing key: no data).
+        eval_dataset: as given to the trainer.
+        objectives (`Sequence[type[Objective]]`): the objective classes with data
+            ([`~trl_trapo.objectives.WITH_DATA`]).
 
     Raises:
         ValueError: naming the argument, the column, the row and the fix.
     """
-    assistant_only_loss = getattr(args, "assistant_only_loss", False)
-    for role, dataset, weight in (
-        ("train_dataset", train_dataset, args.rl_weight),
-        ("sft_dataset", sft_dataset, args.sft_weight),
-        ("distillation_dataset", distillation_dataset, args.distillation_weight),
-    ):
-        if dataset is None or not weight > 0:
-            continue
-        if isinstance(dataset, IterableDataset):
-            raise ValueError(
-                f"`{role}` is an IterableDataset (streaming), but its rows are drawn by index and checked before "
-                "training: pass a map-style `Dataset` (e.g. `Dataset.from_list(list(iterable.take(n)))`). Streaming "
-                "is supported for `pretrain_dataset`."
-            )
-        check_dataset_object(dataset, role)
-        check_row_cells(dataset, role)
-        if role == "train_dataset":
-            check_prompt_dataset(dataset)
-        elif role == "sft_dataset":
-            check_sft_dataset(dataset)
-            check_tool_call_traces(dataset, role)
-            warn_unknown_roles(dataset, role)
-        else:
-            check_distillation_dataset(dataset)
-        masked = role == "sft_dataset" and assistant_only_loss  # `messages` rows train their assistant turns
-        check_cells(dataset, role, "sft" if role == "sft_dataset" else "prompts", assistant_only_loss=masked)
-    check_eval_dataset(eval_dataset, assistant_only_loss=assistant_only_loss)
-    if pretrain_dataset is not None and args.pretrain_weight > 0:
-        check_dataset_object(pretrain_dataset, "pretrain_dataset", streaming_ok=True)
-        check_pretrain_dataset(pretrain_dataset)
-        if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
-            check_cells(pretrain_dataset, "pretrain_dataset", "pretrain")
+    for cls in objectives:
+        dataset = datasets.get(cls.NAME)
+        if dataset is not None and getattr(args, cls.WEIGHT_FIELD) > 0:
+            cls.check_data(dataset, args)
+    check_eval_dataset(eval_dataset, assistant_only_loss=getattr(args, "assistant_only_loss", False))
 
 
 def check_distillation_dataset(dataset: Dataset) -> None:
@@ -2069,35 +2109,17 @@ def progress_bars(enabled: bool) -> Iterator[None]:
         (datasets.enable_progress_bars if before else datasets.disable_progress_bars)()
 
 
-def prepare_datasets(
-    args,
-    tokenizer,
-    train_dataset: Dataset | None,
-    sft_dataset: Dataset | None,
-    pretrain_dataset: Dataset | IterableDataset | None,
-    eval_dataset,
-    max_positions: int | None,
-    has_rewards: bool,
-    has_critic: bool,
-    stop_token_ids: list[int] | None = None,
-    distillation_dataset: Dataset | None = None,
-    has_teacher: bool = False,
-    images: ImageRows | None = None,
-    user_source: bool = False,
-    vocab_size: int | None = None,
-) -> PreparedData:
-    """Check and tokenise the datasets of a run, before anything is trained: the checks that need the tokenizer or
-    the model (`check_datasets` has made the others, and must have passed).
+@dataclass(frozen=True)
+class DataSetup:
+    """What an objective's data preparation reads besides its dataset: the run's config, tokenizer and model facts.
 
-    Args:
+    Attributes:
         args ([`TRAPOConfig`]): lengths, weights and chat-template arguments.
         tokenizer: the policy's tokenizer.
-        train_dataset, sft_dataset, pretrain_dataset, eval_dataset: as given to the trainer.
         max_positions (`int`, *optional*): the model's context (`max_position_embeddings`).
         has_rewards (`bool`): whether any reward function or model was given.
         has_critic (`bool`): whether a value model was given.
         stop_token_ids (`list[int]`, *optional*): the ids that end a completion (for demonstrations).
-        distillation_dataset (`Dataset`, *optional*): reward-free prompts for the teacher's objective.
         has_teacher (`bool`): whether a distillation teacher was given (`distillation_dataset` needs one).
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder; without it (a tokenizer), a
             dataset with an `images` / `image` column is refused.
@@ -2106,133 +2128,222 @@ def prepare_datasets(
             each round arrives, `sources.check_round`), so RL prompts need not leave `response_length` positions.
         vocab_size (`int`, *optional*): the policy's embedding rows: tokenized prompts (`input_ids`) must hold ids in
             [0, vocab_size) (`check_token_ids`).
+    """
+
+    args: Any
+    tokenizer: Any
+    max_positions: int | None
+    has_rewards: bool
+    has_critic: bool
+    stop_token_ids: list[int] | None = None
+    has_teacher: bool = False
+    images: ImageRows | None = None
+    user_source: bool = False
+    vocab_size: int | None = None
+
+    @property
+    def config_name(self) -> str:
+        """The config's class name, for error messages (`TRAPOConfig`, `PPOConfig`, ...)."""
+        return type(self.args).__name__
+
+    @property
+    def template_kwargs(self) -> dict:
+        """The config's `chat_template_kwargs` ({} when unset)."""
+        return self.args.chat_template_kwargs or {}
+
+
+def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
+    """The RL objective's prompts (`train_dataset`, its weight > 0) checked and tokenized: a `prompt_ids` column (and
+    the demonstrations of `demonstration_column`).
 
     Raises:
-        ValueError: naming the argument and the fix, for a dataset that cannot work: images without a processor,
-            conversations without a chat template, RL prompts that exceed `max_prompt_length` / the context (with
-            `response_length` new tokens, for the default source and tools), RL prompts without a reward, SFT /
-            pretraining lengths beyond the context, a row of unknown tokens only, tokenized prompts with ids outside
-            the vocabulary, no objective with data, or group-relative advantages with fewer than 2 completions per
-            prompt.
+        ValueError: RL prompts without a reward; prompts beyond `max_prompt_length` or (with `response_length` new
+            tokens, for the default source and tools) the context; demonstrations with a value model; group-relative
+            advantages with fewer than 2 completions per prompt.
     """
-    config_name = type(args).__name__
-    template_kwargs = args.chat_template_kwargs or {}
-    rl = sft = pretrain = None
-    processing_class = images.processor if images is not None else tokenizer
-    for role, dataset in [
-        ("train_dataset", train_dataset),
-        ("sft_dataset", sft_dataset),
-        ("pretrain_dataset", pretrain_dataset),
-        ("distillation_dataset", distillation_dataset),
-        *eval_datasets(eval_dataset),
-    ]:
+    args, tokenizer = setup.args, setup.tokenizer
+    check_rows(dataset, "train_dataset", tokenizer, "prompts", cells=False)
+    if not setup.has_rewards:
+        raise ValueError(
+            "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
+            "`reward_model`, or set rl_weight=0 to train without RL."
+        )
+    rl = tokenize_prompt_dataset(
+        dataset,
+        tokenizer,
+        args.max_prompt_length,
+        setup.template_kwargs,
+        images=setup.images,
+        vocab_size=setup.vocab_size,
+    )
+    if args.demonstration_column is not None:
+        rl = tokenize_demonstrations(
+            rl,
+            args.demonstration_column,
+            tokenizer,
+            setup.stop_token_ids,
+            args.response_length,
+            setup.template_kwargs,
+        )
+    longest = max(len(ids) for ids in rl["prompt_ids"])
+    # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+    max_positions = setup.max_positions
+    if max_positions is not None and not setup.user_source and longest + args.response_length > max_positions:
+        raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
+    if args.demonstration_column is not None and setup.has_critic:
+        raise ValueError(
+            f"{setup.config_name}.demonstration_column={args.demonstration_column!r} needs group-relative advantages "
+            "(a demonstration joins a group of completions of its prompt), but a value_model was given: drop the "
+            "value_model or set demonstration_column=None."
+        )
+    if not setup.has_critic and args.num_generations < 2:
+        raise ValueError(
+            f"{setup.config_name}.num_generations={args.num_generations}: without a value_model, advantages are "
+            "group-relative and need at least 2 completions per prompt. Set num_generations >= 2 or pass a "
+            "value_model."
+        )
+    return rl
+
+
+def prepare_sft_rows(dataset: Dataset, setup: DataSetup) -> Dataset:
+    """The SFT objective's demonstrations (`sft_dataset`, its weight > 0) checked and tokenized: `input_ids` and
+    `completion_mask` columns.
+
+    Raises:
+        ValueError: rows beyond the model's context after `sft_max_length`, or from the tokenisation's checks.
+    """
+    args, tokenizer = setup.args, setup.tokenizer
+    check_rows(dataset, "sft_dataset", tokenizer, "sft", cells=False)
+    assistant_only_loss = getattr(args, "assistant_only_loss", False)
+    if not assistant_only_loss:
+        warn_trained_tool_results(dataset, "sft_dataset", setup.config_name)
+        check_tool_rendering(dataset, tokenizer, "sft_dataset")
+    sft = tokenize_sft_dataset(
+        dataset,
+        tokenizer,
+        args.sft_max_length,
+        setup.template_kwargs,
+        assistant_only_loss=assistant_only_loss,
+        images=setup.images,
+    )
+    if assistant_only_loss:  # the data and template passed `check_assistant_only_loss`
+        warn_stop_token_untrained(tokenizer, setup.template_kwargs)
+    longest = max((len(ids) for ids in sft["input_ids"]), default=0)
+    if setup.max_positions is not None and longest > setup.max_positions:
+        raise ValueError(
+            f"{setup.config_name}.sft_max_length={args.sft_max_length} lets SFT rows of {longest} tokens through, "
+            f"beyond the model's context of {setup.max_positions} positions: set sft_max_length <= "
+            f"{setup.max_positions}."
+        )
+    return sft
+
+
+def prepare_pretrain_text(dataset: Dataset | IterableDataset, setup: DataSetup) -> Dataset | IterableDataset:
+    """The pretraining objective's documents (`pretrain_dataset`, its weight > 0), checked and returned as they are
+    (they are tokenized as they are streamed, `PretrainStream`): the first `PRETRAIN_SCAN_ROWS` rows of a map-style
+    dataset are read now.
+
+    Raises:
+        ValueError: `pretrain_max_length` beyond the model's context, or a row (or its images) that cannot work.
+    """
+    args = setup.args
+    if setup.max_positions is not None and args.pretrain_max_length > setup.max_positions:
+        raise ValueError(
+            f"{setup.config_name}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
+            f"{setup.max_positions} positions: set pretrain_max_length <= {setup.max_positions}."
+        )
+    if isinstance(dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
+        check_rows(dataset, "pretrain_dataset", setup.tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS, cells=False)
+        images = setup.images
+        column = image_column(dataset_columns(dataset), "pretrain_dataset") if images else None
+        if column is not None:  # images, placeholders and lengths, as far as the text check reads
+            for index in range(min(len(dataset), PRETRAIN_SCAN_ROWS)):
+                images.check_document(dataset[index], column, "pretrain_dataset", index, args.pretrain_max_length)
+    return dataset
+
+
+def prepare_distillation_prompts(dataset: Dataset, setup: DataSetup, weight: float) -> Dataset | None:
+    """The distillation objective's reward-free prompts (`distillation_dataset`) checked and tokenized (a
+    `prompt_ids` column), or None when its `weight` is 0.
+
+    Raises:
+        ValueError: prompts without a teacher (whatever the weight), or prompts beyond `max_prompt_length` or (with
+            `response_length` new tokens) the context.
+    """
+    args = setup.args
+    if not setup.has_teacher:
+        raise ValueError(
+            "`distillation_dataset` (reward-free prompts for on-policy distillation) was given without a teacher: "
+            "pass `teacher_model` (or set teacher_model_name_or_path), or drop distillation_dataset."
+        )
+    if not weight > 0:
+        return None
+    check_rows(dataset, "distillation_dataset", setup.tokenizer, "prompts", cells=False)
+    distill = tokenize_prompt_dataset(
+        dataset,
+        setup.tokenizer,
+        args.max_prompt_length,
+        setup.template_kwargs,
+        name="distillation_dataset",
+        images=setup.images,
+        vocab_size=setup.vocab_size,
+    )
+    longest = max(len(ids) for ids in distill["prompt_ids"])
+    if setup.max_positions is not None and longest + args.response_length > setup.max_positions:
+        raise ValueError(context_overflow_message("distillation_dataset", longest, args, setup.max_positions))
+    return distill
+
+
+def prepare_datasets(
+    setup: DataSetup,
+    datasets: Mapping[str, Dataset | IterableDataset | None],
+    eval_dataset,
+    objectives: Sequence[Any],
+) -> PreparedData:
+    """Check and tokenise the datasets of a run, before anything is trained: the checks that need the tokenizer or
+    the model (`check_datasets` has made the others, and must have passed). Each objective prepares its own data
+    (its class's `prepare_data`); what is checked here is what every dataset shares (images, chat templates) and the
+    eval sets.
+
+    Args:
+        setup ([`DataSetup`]): the config, tokenizer and model facts the preparation reads.
+        datasets (`Mapping[str, Dataset | IterableDataset | None]`): each objective's dataset as the user gave it,
+            keyed by the objective's `NAME` (a missing key: no data).
+        eval_dataset: as given to the trainer.
+        objectives (`Sequence[type[Objective]]`): the objective classes with data
+            ([`~trl_trapo.objectives.WITH_DATA`]): each has `NAME`, `DATA_FIELD` (its field of [`PreparedData`]),
+            `ARGUMENT` (the trainer's argument, for messages) and `prepare_data(dataset, setup)`.
+
+    Returns:
+        [`PreparedData`], each objective's prepared dataset under its `DATA_FIELD` (None: no data, or weight 0).
+
+    Raises:
+        ValueError: naming the argument and the fix, for a dataset that cannot work (the objectives' own checks, see
+            their `prepare_data`; images without a processor, conversations without a chat template), a key of
+            `datasets` no objective has, or no objective with data.
+    """
+    unknown = sorted(set(datasets) - {cls.NAME for cls in objectives})
+    if unknown:
+        raise ValueError(
+            f"prepare_datasets: no objective is named {unknown}; the objectives are "
+            f"{[cls.NAME for cls in objectives]}."
+        )
+    processing_class = setup.images.processor if setup.images is not None else setup.tokenizer
+    given = [(cls.ARGUMENT, datasets.get(cls.NAME)) for cls in objectives]
+    for role, dataset in [*given, *eval_datasets(eval_dataset)]:
         if dataset is not None and not isinstance(dataset, dict):
             check_no_images(dataset_columns(dataset) or [], role, processing_class)
             if isinstance(dataset, Dataset):
-                check_conversations_renderable(dataset, role, processing_class, template_kwargs)
-    if train_dataset is not None and args.rl_weight > 0:
-        check_rows(train_dataset, "train_dataset", tokenizer, "prompts", cells=False)
-        if not has_rewards:
-            raise ValueError(
-                "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
-                "`reward_model`, or set rl_weight=0 to train without RL."
-            )
-        rl = tokenize_prompt_dataset(
-            train_dataset, tokenizer, args.max_prompt_length, template_kwargs, images=images, vocab_size=vocab_size
-        )
-        if args.demonstration_column is not None:
-            rl = tokenize_demonstrations(
-                rl, args.demonstration_column, tokenizer, stop_token_ids, args.response_length, template_kwargs
-            )
-        longest = max(len(ids) for ids in rl["prompt_ids"])
-        # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
-        if max_positions is not None and not user_source and longest + args.response_length > max_positions:
-            raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
-    if sft_dataset is not None and args.sft_weight > 0:
-        check_rows(sft_dataset, "sft_dataset", tokenizer, "sft", cells=False)
-        assistant_only_loss = getattr(args, "assistant_only_loss", False)
-        if not assistant_only_loss:
-            warn_trained_tool_results(sft_dataset, "sft_dataset", config_name)
-            check_tool_rendering(sft_dataset, tokenizer, "sft_dataset")
-        sft = tokenize_sft_dataset(
-            sft_dataset,
-            tokenizer,
-            args.sft_max_length,
-            template_kwargs,
-            assistant_only_loss=assistant_only_loss,
-            images=images,
-        )
-        if assistant_only_loss:  # the data and template passed `check_assistant_only_loss`
-            warn_stop_token_untrained(tokenizer, template_kwargs)
-        longest = max((len(ids) for ids in sft["input_ids"]), default=0)
-        if max_positions is not None and longest > max_positions:
-            raise ValueError(
-                f"{config_name}.sft_max_length={args.sft_max_length} lets SFT rows of {longest} tokens through, "
-                f"beyond the model's context of {max_positions} positions: set sft_max_length <= {max_positions}."
-            )
-    if (
-        pretrain_dataset is not None
-        and args.pretrain_weight > 0
-        and max_positions is not None
-        and args.pretrain_max_length > max_positions
-    ):
-        raise ValueError(
-            f"{config_name}.pretrain_max_length={args.pretrain_max_length} exceeds the model's context of "
-            f"{max_positions} positions: set pretrain_max_length <= {max_positions}."
-        )
-    check_eval_dataset(eval_dataset, tokenizer, cells=False)
-    check_eval_prompts(args, tokenizer, eval_dataset, max_positions, images, vocab_size)
-    if pretrain_dataset is not None and args.pretrain_weight > 0:
-        if isinstance(pretrain_dataset, Dataset):  # streaming documents are checked as they are read (PretrainStream)
-            check_rows(
-                pretrain_dataset, "pretrain_dataset", tokenizer, "pretrain", limit=PRETRAIN_SCAN_ROWS, cells=False
-            )
-            column = image_column(dataset_columns(pretrain_dataset), "pretrain_dataset") if images else None
-            if column is not None:  # images, placeholders and lengths, as far as the text check reads
-                for index in range(min(len(pretrain_dataset), PRETRAIN_SCAN_ROWS)):
-                    images.check_document(
-                        pretrain_dataset[index], column, "pretrain_dataset", index, args.pretrain_max_length
-                    )
-        pretrain = pretrain_dataset
-    distill = None
-    if distillation_dataset is not None:
-        if not has_teacher:
-            raise ValueError(
-                "`distillation_dataset` (reward-free prompts for on-policy distillation) was given without a teacher: "
-                "pass `teacher_model` (or set teacher_model_name_or_path), or drop distillation_dataset."
-            )
-        if args.distillation_weight > 0:
-            check_rows(distillation_dataset, "distillation_dataset", tokenizer, "prompts", cells=False)
-            distill = tokenize_prompt_dataset(
-                distillation_dataset,
-                tokenizer,
-                args.max_prompt_length,
-                template_kwargs,
-                name="distillation_dataset",
-                images=images,
-                vocab_size=vocab_size,
-            )
-            longest = max(len(ids) for ids in distill["prompt_ids"])
-            if max_positions is not None and longest + args.response_length > max_positions:
-                raise ValueError(context_overflow_message("distillation_dataset", longest, args, max_positions))
-    data = PreparedData(rl=rl, sft=sft, pretrain=pretrain, distill=distill)
+                check_conversations_renderable(dataset, role, processing_class, setup.template_kwargs)
+    prepared = {cls.DATA_FIELD: cls.prepare_data(datasets.get(cls.NAME), setup) for cls in objectives}
+    check_eval_dataset(eval_dataset, setup.tokenizer, cells=False)
+    check_eval_prompts(setup.args, setup.tokenizer, eval_dataset, setup.max_positions, setup.images, setup.vocab_size)
+    data = PreparedData(**prepared)
     if data.empty:
+        arguments = [f"`{cls.ARGUMENT}`{cls.ARGUMENT_NOTE}" for cls in objectives]
         raise ValueError(
-            "No objective has data: pass at least one of `train_dataset` (RL prompts, with rewards), "
-            "`sft_dataset`, `pretrain_dataset` or (with a teacher) `distillation_dataset`, with a weight > 0 "
-            "(pretrain_weight / sft_weight / rl_weight / distillation_weight)."
-        )
-    if data.rl is not None and args.demonstration_column is not None and has_critic:
-        raise ValueError(
-            f"{config_name}.demonstration_column={args.demonstration_column!r} needs group-relative advantages (a "
-            "demonstration joins a group of completions of its prompt), but a value_model was given: drop the "
-            "value_model or set demonstration_column=None."
-        )
-    if data.rl is not None and not has_critic and args.num_generations < 2:
-        raise ValueError(
-            f"{config_name}.num_generations={args.num_generations}: without a value_model, advantages are "
-            "group-relative and need at least 2 completions per prompt. Set num_generations >= 2 or pass a "
-            "value_model."
+            f"No objective has data: pass at least one of {', '.join(arguments[:-1])} or {arguments[-1]}, with a "
+            f"weight > 0 ({' / '.join(cls.WEIGHT_FIELD for cls in objectives)})."
         )
     return data
 

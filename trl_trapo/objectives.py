@@ -45,12 +45,21 @@ from .checkpoint import CheckpointError
 from .collator import Row, StepContext
 from .config import OBJECTIVES, RL
 from .data import (
+    DataSetup,
     PretrainStream,
     check_cells,
     check_conversations_renderable,
     check_dataset_object,
+    check_distillation_prompts,
+    check_pretrain_text,
+    check_rl_prompts,
     check_rows,
+    check_sft_rows,
     dataset_columns,
+    prepare_distillation_prompts,
+    prepare_pretrain_text,
+    prepare_rl_prompts,
+    prepare_sft_rows,
 )
 from .losses import (
     RLTermCounts,
@@ -312,6 +321,26 @@ class PretrainingObjective(LanguageModelingObjective):
     NAME = "pretrain"
     WEIGHT_FIELD = "pretrain_weight"  # the config field of its static weight
     DATA_FIELD = "pretrain"  # its dataset in `data.PreparedData`
+    ARGUMENT = "pretrain_dataset"  # the trainer's argument of its dataset
+    ARGUMENT_NOTE = ""  # what the "no objective has data" error adds to the argument's name
+    # the main job's flags of its dataset (`trl_trapo.jobs.main`): --<DATA_FLAGS>_name / _config / _split, with help
+    DATA_FLAGS = "pretrain_dataset"
+    DATA_HELP = "Pretraining text (`text` column): Hub id, local file or directory."
+    SPLIT_HELP = "Split of the pretraining dataset."
+    STREAMING_FLAG = "pretrain_streaming"  # the job's flag that streams its dataset (None: it cannot stream)
+    STREAMING_HELP = "Stream the pretraining dataset."
+
+    @classmethod
+    def check_data(cls, dataset: Any, args: Any) -> None:
+        """Its dataset's checks before any model loads ([`~trl_trapo.data.check_pretrain_text`]; its weight is > 0)."""
+        check_pretrain_text(dataset, args)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset | IterableDataset | None, setup: DataSetup) -> Any:
+        """Its documents checked ([`~trl_trapo.data.prepare_pretrain_text`]), or None without data or weight."""
+        if dataset is None or not getattr(setup.args, cls.WEIGHT_FIELD) > 0:
+            return None
+        return prepare_pretrain_text(dataset, setup)
 
     def __init__(self, dataset: Dataset | IterableDataset | None, weight: float = 1.0, check: bool = True):
         super().__init__(self.NAME, dataset, weight, check=check)
@@ -339,6 +368,24 @@ class SFTObjective(Objective):
     NAME = "sft"
     WEIGHT_FIELD = "sft_weight"
     DATA_FIELD = "sft"
+    ARGUMENT = "sft_dataset"
+    ARGUMENT_NOTE = ""
+    DATA_FLAGS = "sft_dataset"
+    DATA_HELP = "SFT data (prompt-completion or messages): Hub id, local file or directory."
+    SPLIT_HELP = "Split of the SFT dataset."
+    STREAMING_FLAG = None
+
+    @classmethod
+    def check_data(cls, dataset: Any, args: Any) -> None:
+        """Its dataset's checks before any model loads ([`~trl_trapo.data.check_sft_rows`]; its weight is > 0)."""
+        check_sft_rows(dataset, args)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset | None, setup: DataSetup) -> Dataset | None:
+        """Its demonstrations tokenized ([`~trl_trapo.data.prepare_sft_rows`]), or None without data or weight."""
+        if dataset is None or not getattr(setup.args, cls.WEIGHT_FIELD) > 0:
+            return None
+        return prepare_sft_rows(dataset, setup)
 
     def __init__(
         self,
@@ -514,6 +561,24 @@ class RLObjective(Objective):
     NAME = "rl"
     WEIGHT_FIELD = "rl_weight"
     DATA_FIELD = "rl"
+    ARGUMENT = "train_dataset"
+    ARGUMENT_NOTE = " (RL prompts, with rewards)"
+    # TRL's `ScriptArguments` declares its flags (--dataset_name, --dataset_config, --dataset_train_split and the
+    # held-out --dataset_test_split); the job reads them itself
+    DATA_FLAGS = "dataset"
+    DATA_HELP = SPLIT_HELP = STREAMING_FLAG = None
+
+    @classmethod
+    def check_data(cls, dataset: Any, args: Any) -> None:
+        """Its dataset's checks before any model loads ([`~trl_trapo.data.check_rl_prompts`]; its weight is > 0)."""
+        check_rl_prompts(dataset, args)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset | None, setup: DataSetup) -> Dataset | None:
+        """Its prompts tokenized ([`~trl_trapo.data.prepare_rl_prompts`]), or None without data or weight."""
+        if dataset is None or not getattr(setup.args, cls.WEIGHT_FIELD) > 0:
+            return None
+        return prepare_rl_prompts(dataset, setup)
 
     def __init__(
         self,
@@ -695,7 +760,29 @@ class DistillationObjective(Objective):
     NAME = "distill"  # the teacher's objective, in the metrics, the curriculum and the checkpoint
     WEIGHT_FIELD = "distillation_weight"
     DATA_FIELD = "distill"  # its reward-free prompts (`distillation_dataset`), when given
+    ARGUMENT = "distillation_dataset"
+    ARGUMENT_NOTE = " (with a teacher)"
+    DATA_FLAGS = "distillation_dataset"
+    DATA_HELP = (
+        "Reward-free prompts (`prompt` column) for on-policy distillation from --teacher_model_name_or_path (needs "
+        "it): Hub id, local file or directory."
+    )
+    SPLIT_HELP = "Split of the distillation prompts."
+    STREAMING_FLAG = None
     HALF_OF = RLObjective.NAME  # it takes half of RL's share when the curriculum's phases are given as three numbers
+
+    @classmethod
+    def check_data(cls, dataset: Any, args: Any) -> None:
+        """Its dataset's checks before any model loads ([`~trl_trapo.data.check_distillation_prompts`]; its weight is > 0)."""
+        check_distillation_prompts(dataset, args)
+
+    @classmethod
+    def prepare_data(cls, dataset: Dataset | None, setup: DataSetup) -> Dataset | None:
+        """Its prompts tokenized ([`~trl_trapo.data.prepare_distillation_prompts`]; refused without a teacher), or
+        None without data or weight."""
+        if dataset is None:
+            return None
+        return prepare_distillation_prompts(dataset, setup, getattr(setup.args, cls.WEIGHT_FIELD))
 
     @classmethod
     def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
@@ -975,6 +1062,10 @@ class ObjectiveSlots:
 
 BUILT_IN: tuple[type[Objective], ...] = (PretrainingObjective, SFTObjective, RLObjective)
 """The built-in objectives, in the order of `config.OBJECTIVES` (their rows' `objective` is their index)."""
+WITH_DATA: tuple[type[Objective], ...] = (*BUILT_IN, DistillationObjective)
+"""The objectives whose data the trainer's dataset arguments give (each class's `ARGUMENT`), prepared in this order
+by [`~trl_trapo.data.prepare_datasets`] (each class's `prepare_data`) into its `DATA_FIELD` of
+[`~trl_trapo.data.PreparedData`], and whose static weight is its `WEIGHT_FIELD` of the config."""
 PLANNING_ORDER: tuple[type[Objective], ...] = (RLObjective, SFTObjective, DistillationObjective, PretrainingObjective)
 """Whose data sizes the run when `max_steps` is not set: the first of these with data."""
 

@@ -56,7 +56,7 @@ from .handles import ModelHandles
 from .interrupts import SignalCatcher
 from .metrics import MetricsAccumulator, RunMetrics
 from .models import CountedPositionHead, embedding_safe_pad_id
-from .objectives import Objective, ObjectiveSetup
+from .objectives import Objective, ObjectiveSetup, RLObjective
 from .rewards import RewardScorer
 from .rl_supply import RLSupply, build_replay_buffer
 from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
@@ -126,14 +126,14 @@ def assemble_run(
     """
     kinds = dict(rollout_source=rollout_source, rollout_func=rollout_func, environment_factory=environment_factory)
     checked = check_run(args, arguments, datasets, **kinds)
-    datasets = {**datasets, "train_dataset": checked.train_dataset}
+    datasets = {**datasets, RLObjective.ARGUMENT: checked.train_dataset}  # the agent's prompts, when rewritten
     # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards
     models = load_models(
         args,
         arguments["model"],
         **{k: arguments[k] for k in ("processing_class", "ref_model", "value_model", "teacher_model", "peft_config")},
         agent=checked.agent,
-        train_dataset=datasets["train_dataset"],
+        train_dataset=checked.train_dataset,
         named_datasets=named_datasets(datasets),
         verified_checkpoint=checked.verified_checkpoint,
     )

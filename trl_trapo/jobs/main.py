@@ -71,6 +71,7 @@ from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
@@ -141,16 +142,9 @@ BUILTIN_SCALED = ("eval_steps", "logging_steps", "warmup_steps")
 # Arguments
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
-class TRAPOScriptArguments(ScriptArguments):
-    """Data and reward arguments of the main job (model arguments come from TRL's `ModelConfig`, training arguments
-    from `TRAPOConfig`).
-
-    Extends TRL's `ScriptArguments` (the same `dataset_name`, `dataset_config`, `dataset_train_split`,
-    `dataset_test_split` as TRL's scripts) with the pretraining and SFT datasets, the rewards and a critic. Differences
-    from TRL's fields: `dataset_name` may be a local file or directory as well as a Hub id, and `dataset_test_split`
-    defaults to None (the `test` split when the dataset has one, else no held-out RL evaluation) instead of `"test"`.
-    TRL's `dataset_streaming` and `ignore_bias_buffers` are not supported: setting either is an error that says so.
-    """
+class RLDataArguments(ScriptArguments):
+    """The RL prompts' flags, TRL's `ScriptArguments` with this job's defaults and help (see
+    [`TRAPOScriptArguments`]): the first fields of the job's data arguments."""
 
     dataset_name: str | None = field(
         default=None,
@@ -176,26 +170,58 @@ class TRAPOScriptArguments(ScriptArguments):
     ignore_bias_buffers: bool = field(
         default=False, metadata={"help": "Not supported by this job (TRL's DDP workaround); an error if set."}
     )
-    pretrain_dataset_name: str | None = field(
-        default=None, metadata={"help": "Pretraining text (`text` column): Hub id, local file or directory."}
-    )
-    pretrain_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
-    pretrain_dataset_split: str = field(default="train", metadata={"help": "Split of the pretraining dataset."})
-    pretrain_streaming: bool = field(default=False, metadata={"help": "Stream the pretraining dataset."})
-    sft_dataset_name: str | None = field(
-        default=None, metadata={"help": "SFT data (prompt-completion or messages): Hub id, local file or directory."}
-    )
-    sft_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
-    sft_dataset_split: str = field(default="train", metadata={"help": "Split of the SFT dataset."})
-    distillation_dataset_name: str | None = field(
-        default=None,
-        metadata={
-            "help": "Reward-free prompts (`prompt` column) for on-policy distillation from --teacher_model_name_or_path "
-            "(needs it): Hub id, local file or directory."
-        },
-    )
-    distillation_dataset_config: str | None = field(default=None, metadata={"help": "Configuration name."})
-    distillation_dataset_split: str = field(default="train", metadata={"help": "Split of the distillation prompts."})
+
+
+def flagged_objectives(base: type) -> list[type]:
+    """The objectives of `trl_trapo.objectives.WITH_DATA` whose dataset flags the dataclass `base` does not declare
+    (the job generates them: [`objective_data_fields`]), in their order."""
+    declared = {f.name for f in dataclasses.fields(base)}
+    return [cls for cls in WITH_DATA if f"{cls.DATA_FLAGS}_name" not in declared]
+
+
+def objective_data_fields(base: type) -> list[tuple[str, typing.Any, typing.Any]]:
+    """The dataset flags of each objective of `trl_trapo.objectives.WITH_DATA` that the dataclass `base` does not
+    declare (TRL's `ScriptArguments` declares the RL prompts'), in the objectives' order, as
+    `dataclasses.make_dataclass` takes them: `<DATA_FLAGS>_name` (help: the class's `DATA_HELP`), `<DATA_FLAGS>_config`,
+    `<DATA_FLAGS>_split` (default `train`; help: `SPLIT_HELP`) and, for an objective that can stream its data, its
+    `STREAMING_FLAG` (a bool)."""
+    out: list[tuple[str, typing.Any, typing.Any]] = []
+    for cls in flagged_objectives(base):
+        out += [
+            (f"{cls.DATA_FLAGS}_name", str | None, field(default=None, metadata={"help": cls.DATA_HELP})),
+            (f"{cls.DATA_FLAGS}_config", str | None, field(default=None, metadata={"help": "Configuration name."})),
+            (f"{cls.DATA_FLAGS}_split", str, field(default="train", metadata={"help": cls.SPLIT_HELP})),
+        ]
+        if cls.STREAMING_FLAG is not None:
+            out.append((cls.STREAMING_FLAG, bool, field(default=False, metadata={"help": cls.STREAMING_HELP})))
+    return out
+
+
+ObjectiveDataArguments = dataclasses.make_dataclass(
+    "ObjectiveDataArguments", objective_data_fields(RLDataArguments), bases=(RLDataArguments,)
+)
+ObjectiveDataArguments.__module__ = __name__
+ObjectiveDataArguments.__doc__ = """The RL prompts' flags ([`RLDataArguments`]), then each other objective's dataset
+flags ([`objective_data_fields`])."""
+
+
+@dataclass
+class TRAPOScriptArguments(ObjectiveDataArguments):
+    """Data and reward arguments of the main job (model arguments come from TRL's `ModelConfig`, training arguments
+    from `TRAPOConfig`).
+
+    Extends TRL's `ScriptArguments` (the same `dataset_name`, `dataset_config`, `dataset_train_split`,
+    `dataset_test_split` as TRL's scripts) with the pretraining and SFT datasets, the rewards and a critic. Differences
+    from TRL's fields: `dataset_name` may be a local file or directory as well as a Hub id, and `dataset_test_split`
+    defaults to None (the `test` split when the dataset has one, else no held-out RL evaluation) instead of `"test"`.
+    TRL's `dataset_streaming` and `ignore_bias_buffers` are not supported: setting either is an error that says so.
+
+    The flags of the other objectives' datasets (`--pretrain_dataset_name` / `_config` / `_split`,
+    `--pretrain_streaming`, `--sft_dataset_*`, `--distillation_dataset_*`) are generated from the objectives that have
+    data (`trl_trapo.objectives.WITH_DATA`: each class's `DATA_FLAGS`, `DATA_HELP`, `SPLIT_HELP`, `STREAMING_FLAG`),
+    in their order, by [`objective_data_fields`].
+    """
+
     reward_funcs: list[str] = field(
         default_factory=list,
         metadata={
@@ -1083,7 +1109,7 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
                 for name, files in folders.items()
             )
             arg = where.split("=", 1)[0]
-            wanted = {"--sft_dataset_name": "sft", "--pretrain_dataset_name": "pretrain"}.get(arg, "rl")
+            wanted = {f"--{cls.DATA_FLAGS}_name": cls.NAME for cls in WITH_DATA}.get(arg, RLObjective.NAME)
             pick = next((name for name in folders if wanted in name.lower()), next(iter(folders)))
             raise ValueError(
                 f"{where}: cannot load the folder as one dataset ({type(error).__name__}: {message}): it holds the "
@@ -1520,14 +1546,9 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     ):
         if value is not None:
             check_model_source(value, arg)
-    for arg, value in (
-        ("--dataset_name", script_args.dataset_name),
-        ("--sft_dataset_name", script_args.sft_dataset_name),
-        ("--pretrain_dataset_name", script_args.pretrain_dataset_name),
-        ("--distillation_dataset_name", script_args.distillation_dataset_name),
-    ):
-        if value:
-            check_data_source(value, arg)
+    for flags in [cls.DATA_FLAGS for cls in WITH_DATA]:  # every objective's dataset, RL's (TRL's flags) included
+        if getattr(script_args, f"{flags}_name"):
+            check_data_source(getattr(script_args, f"{flags}_name"), f"--{flags}_name")
     if script_args.distillation_dataset_name and not training_args.teacher_model_name_or_path:
         raise ValueError(
             f"--distillation_dataset_name={script_args.distillation_dataset_name!r} gives prompts for on-policy "
@@ -1537,7 +1558,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     sources: dict[str, str] = {}
 
     # step 1. the user's data (Hub ids or local paths), loaded before any model so that bad data fails fast
-    train_dataset = eval_dataset = sft_dataset = pretrain_dataset = distillation_dataset = None
+    train_dataset = eval_dataset = None
     if script_args.dataset_name:
         train_dataset, eval_dataset = load_rl_data(script_args)
         sources["rl"] = f"--dataset_name={script_args.dataset_name!r}"
@@ -1546,34 +1567,20 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             if eval_dataset is not None
             else "none"
         )
-    if script_args.sft_dataset_name:
-        sft_dataset = load_any(
-            script_args.sft_dataset_name,
-            script_args.sft_dataset_config,
-            script_args.sft_dataset_split,
-            arg="--sft_dataset_name",
-            split_arg="--sft_dataset_split",
-        )
-        sources["sft"] = f"--sft_dataset_name={script_args.sft_dataset_name!r}"
-    if script_args.pretrain_dataset_name:
-        pretrain_dataset = load_any(
-            script_args.pretrain_dataset_name,
-            script_args.pretrain_dataset_config,
-            script_args.pretrain_dataset_split,
-            streaming=script_args.pretrain_streaming,
-            arg="--pretrain_dataset_name",
-            split_arg="--pretrain_dataset_split",
-        )
-        sources["pretrain"] = f"--pretrain_dataset_name={script_args.pretrain_dataset_name!r}"
-    if script_args.distillation_dataset_name:
-        distillation_dataset = load_any(
-            script_args.distillation_dataset_name,
-            script_args.distillation_dataset_config,
-            script_args.distillation_dataset_split,
-            arg="--distillation_dataset_name",
-            split_arg="--distillation_dataset_split",
-        )
-        sources["distill"] = f"--distillation_dataset_name={script_args.distillation_dataset_name!r}"
+    loaded: dict[str, typing.Any] = {}  # the other objectives' datasets, by the trainer's argument
+    for cls in flagged_objectives(RLDataArguments):
+        flags = cls.DATA_FLAGS
+        name = getattr(script_args, f"{flags}_name")
+        if name:
+            loaded[cls.ARGUMENT] = load_any(
+                name,
+                getattr(script_args, f"{flags}_config"),
+                getattr(script_args, f"{flags}_split"),
+                streaming=cls.STREAMING_FLAG is not None and getattr(script_args, cls.STREAMING_FLAG),
+                arg=f"--{flags}_name",
+                split_arg=f"--{flags}_split",
+            )
+            sources[cls.NAME] = f"--{flags}_name={name!r}"
     given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
     if script_args.reward_model_name_or_path:
         given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
@@ -1593,9 +1600,9 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             train_dataset, eval_dataset, builtin_eval = suite.rl_train, suite.eval, True
             sources["rl"] = sources["eval"] = "built-in"
         if "sft" not in sources:
-            sft_dataset, sources["sft"] = suite.sft, "built-in"
+            loaded["sft_dataset"], sources["sft"] = suite.sft, "built-in"
         if "pretrain" not in sources:
-            pretrain_dataset, sources["pretrain"] = suite.pretrain, "built-in"
+            loaded["pretrain_dataset"], sources["pretrain"] = suite.pretrain, "built-in"
         if "reward" not in sources:  # the user's reward functions or reward model replace exact_match
             reward_funcs = list(suite.reward_funcs)
             sources["reward"] = "built-in"
@@ -1641,9 +1648,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         tokenizer=tokenizer,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        sft_dataset=sft_dataset,
-        pretrain_dataset=pretrain_dataset,
-        distillation_dataset=distillation_dataset,
+        **loaded,
         reward_funcs=reward_funcs,
         value_model=value_model,
         builtin_eval=builtin_eval,
@@ -1656,11 +1661,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
 # Python arguments (`distillation_dataset`), the job's own errors name the flag (`arg=` above); `flag_names` turns the
 # first into the second for the errors the trainer raises while the job builds it.
 TRAINER_ARGUMENT_FLAGS = {
-    "train_dataset": "--dataset_name",
+    **{cls.ARGUMENT: f"--{cls.DATA_FLAGS}_name" for cls in WITH_DATA},
     "eval_dataset": "--dataset_name",  # its held-out split (`--dataset_test_split`)
-    "sft_dataset": "--sft_dataset_name",
-    "pretrain_dataset": "--pretrain_dataset_name",
-    "distillation_dataset": "--distillation_dataset_name",
     "reward_funcs": "--reward_funcs",
     "reward_model": "--reward_model_name_or_path",
     "value_model": "--value_model_name_or_path",
