@@ -524,8 +524,7 @@ def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Done in" in completed.stdout
-    # the queued rounds are skipped, not sampled until the producer is killed; no thread is left inside torch
-    assert "did not stop within" not in completed.stderr, completed.stderr[-3000:]
+    # no queue thread is left inside torch at interpreter exit (trainer or producer: they share stderr)
     assert "terminate called" not in completed.stderr, completed.stderr[-3000:]
 
 
