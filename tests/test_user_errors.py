@@ -653,12 +653,12 @@ def finished_run(folder: Path) -> dict[str, bytes]:
     return snapshot(folder)
 
 
-def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
+def test_cli_refuses_to_train_over_a_finished_run(tmp_path, monkeypatch, capsys):
     """The second run into the same output_dir stops before loading anything, names output_dir, what it found and
     the three fixes, and leaves the first run's files as they were."""
     out = tmp_path / "trapo-output"
     before = finished_run(out)
-    code, output = run_cli("--output_dir", str(out), cwd=tmp_path)
+    code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     cli_error(
         code,
         output,
