@@ -1219,7 +1219,7 @@ class AsyncRolloutSource(RolloutSource):
             version, state = self._last_snapshot()
             if version > self.sent_version:
                 channel = self._requests if self.args.async_deterministic else self._weights
-                channel.put(("weights", version, state))
+                put_shared(channel, ("weights", version, state))
                 self.sent_version = version
             return
         if step <= self.sent_version or (not force and step - self.sent_version < self.args.weight_sync_steps):
