@@ -524,6 +524,8 @@ def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Done in" in completed.stdout
+    # no queue thread is left inside torch at interpreter exit (trainer or producer: they share stderr)
+    assert "terminate called" not in completed.stderr, completed.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -614,3 +616,45 @@ def test_rounds_are_sampled_with_the_last_scheduled_snapshot_and_never_read_the_
     assert resumed.snapshot[0] == 2
     assert all(torch.equal(resumed.snapshot[1][n], kept[n]) for n in kept)
     assert any(not torch.equal(p.detach(), kept[n]) for n, p in model.named_parameters() if n in kept)
+
+
+def test_a_script_that_fails_after_starting_the_producer_exits_with_its_error(tmp_path):
+    """A user's script that raises after the producer started (rounds queued, nothing closed it): the interpreter's
+    exit stops the producer (`atexit`), so the process ends with the error's status. It used to hang for ever in
+    multiprocessing's exit handler, whose `terminate` the producer ignores (SIGTERM) before a `join` without a
+    timeout."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    command = [sys.executable, "tests/async_exit_worker.py", str(tmp_path / "out"), "crash"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "producer started" in completed.stdout, completed.stderr[-3000:]
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    assert "RuntimeError: the user's script fails here" in completed.stderr
+    assert "terminate called" not in completed.stderr, completed.stderr[-3000:]
+
+
+def test_tensors_are_moved_to_shared_memory_by_the_sending_thread():
+    """A queue's feeder thread must not copy tensors into shared memory (torch releases the GIL there, and a thread
+    stopped inside it at interpreter exit aborts the process): `put_shared` shares every tensor of the message, at
+    any depth, before the feeder sees it."""
+    import queue as stdlib_queue
+    from dataclasses import dataclass
+
+    from trl_trapo.async_rollouts import put_shared
+
+    @dataclass
+    class Holder:
+        tensors: list
+
+    message = ("round", {"a": torch.zeros(3), "b": [torch.ones(2), Holder([torch.arange(4)])]}, 7)
+    channel = stdlib_queue.Queue()
+    put_shared(channel, message)
+    sent = channel.get_nowait()
+    assert sent is message
+    tensors = [message[1]["a"], message[1]["b"][0], message[1]["b"][1].tensors[0]]
+    assert all(t.is_shared() for t in tensors)
+    assert [t.tolist() for t in tensors] == [[0.0, 0.0, 0.0], [1.0, 1.0], [0, 1, 2, 3]]  # values kept

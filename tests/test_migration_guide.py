@@ -293,9 +293,7 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
     """With no arguments the example went on to load `None` from the Hub and ended, 52 s later, in a raw `OSError`
     traceback (a fresh user's trial). It now stops after parsing with one line naming the three model flags and the
     offline tiny model, before it loads anything or deletes `output_dir` (the script's `rmtree`, kept from TRL's
-    example). The offline command its docstring gives runs, on the tiny model `scripts/save_tiny_model.py` writes, from
-    a folder other than the repository root (its default `--dataset_name` was relative to the working directory: a raw
-    `FileNotFoundError` from datasets anywhere else)."""
+    example)."""
     out = tmp_path / "earlier-results"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
@@ -317,6 +315,19 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
         assert needle in lines[0], needle
     assert (out / "notes.txt").read_text() == "kept"
 
+
+@pytest.mark.slow  # ~12 CPU-s (two interpreters); default-run sibling: test_the_example_runs_on_tiny_models_with_pad_...
+def test_the_docstrings_offline_command_runs_from_another_folder(tmp_path):
+    """The offline command the example's docstring gives runs, on the tiny model `scripts/save_tiny_model.py`
+    writes, from a folder other than the repository root (its default `--dataset_name` was relative to the working
+    directory: a raw `FileNotFoundError` from datasets anywhere else)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
     docstring = AFTER.read_text(encoding="utf-8").split("Offline, on the built-in tiny model")[1].split('"""')[0]
     command = shlex.split(docstring[docstring.index("python examples") :].split("\n\n")[0].replace("\\\n", " "))
     assert command[:2] == ["python", "examples/ppo_trl112_style.py"] and command.count("models/tiny") == 3, command

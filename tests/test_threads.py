@@ -243,6 +243,7 @@ def test_benchmark_arms():
         bench.arm_environment("fast")
 
 
+@pytest.mark.ci  # > 10 CPU-s (14-15 measured: the script and its job, two interpreters); `.ci/run` runs it
 def test_benchmark_runs_a_job_with_the_choice(tmp_path):
     """One real run (the main job, 1 step) in a fresh process without thread variables: TRAPO's choice is made."""
     out = tmp_path / "runs.json"

@@ -653,12 +653,12 @@ def finished_run(folder: Path) -> dict[str, bytes]:
     return snapshot(folder)
 
 
-def test_cli_refuses_to_train_over_a_finished_run(tmp_path):
+def test_cli_refuses_to_train_over_a_finished_run(tmp_path, monkeypatch, capsys):
     """The second run into the same output_dir stops before loading anything, names output_dir, what it found and
     the three fixes, and leaves the first run's files as they were."""
     out = tmp_path / "trapo-output"
     before = finished_run(out)
-    code, output = run_cli("--output_dir", str(out), cwd=tmp_path)
+    code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     cli_error(
         code,
         output,
@@ -733,7 +733,7 @@ def test_an_unfinished_runs_checkpoints_are_resumed_or_replaced_only_when_told(
     tiny_trainer(out, tokenizer, suite, max_steps=1, overwrite_output_dir=True).train()  # told to replace them
 
 
-def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer):
+def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
     """A checkpoint at step 2 resumed with max_steps=2 trained 0 steps and saved the checkpoint as the final model
     (a new user's resume with a smaller --max_steps); refused naming both numbers and the fix, before any step.
     Through the command line: one clean message, and nothing written to the new output_dir."""
@@ -751,16 +751,12 @@ def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, ti
     )
     with pytest.raises(CheckpointError, match=r"is at step 2 and max_steps=1: nothing would be trained"):
         TRAPOTrainer("no/such/model-folder", args=config)
-    code, output = run_cli(
-        "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--output_dir", str(tmp_path / "cli"),
-        "--eval_strategy", "no", "--max_eval_samples", "8", cwd=tmp_path,  # only its checkpoint-6 is needed
+    code, output = run_cli_here(
+        "--max_steps", "1", "--output_dir", str(tmp_path / "cli2"),
+        "--resume_from_checkpoint", str(checkpoint), cwd=tmp_path,  # refused before anything compares the runs
+        monkeypatch=monkeypatch, capsys=capsys,
     )  # fmt: skip
-    assert code == 0, output[-3000:]
-    code, output = run_cli(
-        "--max_steps", "3", "--output_dir", str(tmp_path / "cli2"),
-        "--resume_from_checkpoint", str(tmp_path / "cli" / "checkpoint-6"), cwd=tmp_path,
-    )  # fmt: skip
-    cli_error(code, output, "is at step 6 and max_steps=3", "Raise max_steps above 6")
+    cli_error(code, output, "is at step 2 and max_steps=1", "Raise max_steps above 2")
     assert not (tmp_path / "cli2" / "model.safetensors").exists()
 
 
@@ -843,7 +839,7 @@ def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite
 
 
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
-def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, where):
+def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, monkeypatch, capsys, where):
     """A file, or a path under a file, fails at once with a ValueError naming output_dir (CLI: before any model
     loads; API: before the model argument is looked at), and the file is left alone."""
     blocker = tmp_path / "results.txt"
@@ -852,16 +848,18 @@ def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, where):
     problem = "is a file, not a folder" if where == "file" else f"cannot be created: it is under {blocker}, which is"
     with pytest.raises(ValueError, match=rf"TRAPOConfig\.output_dir={str(out)!r} {problem}"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(out), report_to="none"))
-    code, output = run_cli("--output_dir", str(out), cwd=tmp_path)
+    code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     cli_error(code, output, f"TRAPOConfig.output_dir={str(out)!r} {problem}")
     assert blocker.read_text() == "the user's notes"
 
 
-def test_max_steps_zero_is_refused(tmp_path):
+def test_max_steps_zero_is_refused(tmp_path, monkeypatch, capsys):
     """`max_steps=0` trained one step; it is refused with the fix (-1 = epochs, evaluate() to only evaluate)."""
     with pytest.raises(ValueError, match=r"TRAPOConfig\.max_steps=0 is invalid: .*-1.*num_train_epochs.*evaluate"):
         TRAPOConfig(output_dir=str(tmp_path), max_steps=0, report_to="none")
-    code, output = run_cli("--max_steps", "0", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    code, output = run_cli_here(
+        "--max_steps", "0", "--output_dir", str(tmp_path / "out"), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+    )  # fmt: skip
     cli_error(code, output, "max_steps=0 is invalid")
     assert not (tmp_path / "out").exists()
 
@@ -890,12 +888,13 @@ def test_negative_step_counts_are_refused(tmp_path, monkeypatch, capsys, setting
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_push_to_hub_offline_is_refused_at_construction(tmp_path):
+def test_push_to_hub_offline_is_refused_at_construction(tmp_path, monkeypatch, capsys):
     """With HF_HUB_OFFLINE=1 (set by the test suite and the helper), `push_to_hub` cannot succeed: refused in the
     config, naming push_to_hub, the variable and the fixes."""
     with pytest.raises(ValueError, match=r"push_to_hub=True is invalid: HF_HUB_OFFLINE=1 .*Hugging Face Hub"):
         TRAPOConfig(output_dir=str(tmp_path), push_to_hub=True, report_to="none")
-    code, output = run_cli("--push_to_hub", "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    args = ("--push_to_hub", "--output_dir", str(tmp_path / "out"))
+    code, output = run_cli_here(*args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
     cli_error(code, output, "push_to_hub=True is invalid: HF_HUB_OFFLINE=1")
 
 
@@ -1299,9 +1298,10 @@ def test_conversations_stored_as_json_text_are_refused_with_the_fix(tmp_path, to
     build(tmp_path, tok, train_dataset=[{"prompt": "[ab]=", "answer": "ab"}, {"prompt": "[1, 2]=", "answer": "3"}])
 
 
-def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
+def test_cli_refuses_missing_values_in_local_data_files(tmp_path, monkeypatch, capsys):
     rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": "ab=", "answer": "ab"}, {"prompt": None, "answer": "x"}])
-    code, out = run_cli("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path)
+    code, out = run_cli_here("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path, monkeypatch=monkeypatch,
+                             capsys=capsys)  # fmt: skip
     cli_error(
         code,
         out,
@@ -1311,7 +1311,8 @@ def test_cli_refuses_missing_values_in_local_data_files(tmp_path):
     sft = write_jsonl(
         tmp_path / "sft.jsonl", [{"prompt": "ab=", "completion": "ab"}, {"prompt": "c", "completion": None}]
     )
-    code, out = run_cli("--max_steps", "1", "--sft_dataset_name", str(sft), cwd=tmp_path)
+    code, out = run_cli_here("--max_steps", "1", "--sft_dataset_name", str(sft), cwd=tmp_path,
+                             monkeypatch=monkeypatch, capsys=capsys)  # fmt: skip
     cli_error(code, out, "`--sft_dataset_name` column 'completion' has a missing value (None) at row 1")
     # refused before anything was written (the output_dir check may have created the empty folder, as the Trainer would)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -76,6 +76,7 @@ and `perf/producer_reward_s` (the producer's seconds per round).
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import copy
 import dataclasses
@@ -582,7 +583,7 @@ def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
+def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=None) -> None:
     """The producer process: build the model, the reward scorer and the run's rollout source (`spec.source`, the
     class the synchronous path runs, trl_trapo/executor.py), then serve requests until `None` arrives.
 
@@ -598,6 +599,13 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
     sampled through the server ([`sample_from_server`]) instead.
     The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
     flight) and exits when the trainer's process is gone.
+
+    Stopping ([`ProducerProcess.shutdown`]): once `stop` (an event) is set, the rounds and weights still queued are
+    read and skipped, not sampled, up to `None`. The process then waits for its results queue's feeder thread to
+    hand over what it holds (the trainer reads it while it waits) before it exits: a thread left running while the
+    interpreter shuts down is stopped where it stands, and one inside torch's copy into shared memory (which runs
+    without the GIL) aborts the process with "terminate called without an active exception". Tensors are moved to
+    shared memory by the thread that sends them ([`share_in_this_thread`]) for the same reason.
     """
     from .rewards import RewardScorer, discard_extra
     from .rollout import VLLMServerError, unreachable_errors, vllm_server_unreachable
@@ -667,9 +675,10 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                     results.cancel_join_thread()  # (exit would wait for it forever: an orphan process)
                     return
                 continue
-            if message is None:  # the trainer stops reading: exit without flushing rounds it will not take
-                results.cancel_join_thread()
-                return
+            if message is None:  # the trainer stops: it reads what is still queued while this process exits
+                break
+            if stop is not None and stop.is_set():  # stopping: what is still queued is read, not acted on
+                continue
             if message[0] == "weights":
                 _, version, state = message
                 if state is not None:
@@ -729,7 +738,8 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                 if len(temperatures) == 1:
                     temperatures = temperatures * len(sampled.examples)
             changed = client is None and spec.source.kind != "default"
-            results.put(
+            put_shared(
+                results,
                 (
                     "round",
                     Produced(
@@ -748,7 +758,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
                         examples=sampled.examples if changed else None,
                         temperatures=temperatures,
                     ),
-                )
+                ),
             )
     except BaseException as error:  # noqa: BLE001 - everything reaches the trainer, which raises it there
         summary = str(error) if isinstance(error, VLLMServerError) else None
@@ -758,6 +768,39 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results) -> None:
             source.close()
         if scorer is not None:
             scorer.close()
+    # `None` arrived: hand over what the feeder thread still holds (the trainer reads until this process has exited)
+    # and wait for the thread, so that no thread runs while the interpreter shuts down
+    results.close()
+    results.join_thread()
+
+
+def share_in_this_thread(message: Any) -> Any:
+    """Move every CPU tensor of `message` (inside tuples, lists, dicts and dataclasses) to shared memory, in place, in
+    the calling thread; returns `message`.
+
+    A `torch.multiprocessing` queue pickles what it is given in its feeder thread, and pickling a tensor that is not
+    yet in shared memory copies it there with the GIL released: if the interpreter shuts down meanwhile, that thread
+    is stopped inside torch and the process aborts ("terminate called without an active exception"). Shared first,
+    a tensor is pickled as a handle (no copy, nothing released)."""
+    if isinstance(message, torch.Tensor):
+        if message.device.type == "cpu":
+            message.share_memory_()
+    elif isinstance(message, (list, tuple)):
+        for item in message:
+            share_in_this_thread(item)
+    elif isinstance(message, dict):
+        for item in message.values():
+            share_in_this_thread(item)
+    elif dataclasses.is_dataclass(message) and not isinstance(message, type):
+        for item in dataclasses.fields(message):
+            share_in_this_thread(getattr(message, item.name))
+    return message
+
+
+def put_shared(channel, message: Any) -> None:
+    """`channel.put(message)` (a `torch.multiprocessing` queue) with its tensors moved to shared memory by the caller's
+    thread first ([`share_in_this_thread`])."""
+    channel.put(share_in_this_thread(message))
 
 
 @dataclass
@@ -795,6 +838,98 @@ def producer_exit(exitcode: int | None) -> str:
         '`spawn`, which imports the main script again without its `if __name__ == "__main__":` block: a reward, '
         "tool or environment it cannot find there must be defined at module level, or in a module)"
     )
+
+
+class ProducerProcess:
+    """One producer process with its queues and stop event, and its shutdown, on `close` and at interpreter exit.
+
+    Whatever the run does, the process and the queue threads it started are gone when the interpreter shuts down:
+    `start` registers [`shutdown`] with `atexit` (after `multiprocessing`'s own exit handler, so it runs first: that
+    handler's `terminate` does not stop a producer, which ignores SIGTERM, and its `join` then waited forever, e.g.
+    after an exception that skipped `close`); `shutdown` unregisters it.
+
+    Args:
+        context: the `multiprocessing` context (`spawn`).
+        target (`Callable`): the process's function, called with `(*args, requests, weights, results, stop)`.
+        args (`tuple`): its first arguments.
+        name (`str`): the process's name.
+    """
+
+    def __init__(self, context, target: Callable, args: tuple, name: str):
+        self.requests, self.weights, self.results = context.Queue(), context.Queue(), context.Queue()
+        self.stop = context.Event()
+        self.process = context.Process(
+            target=target, args=(*args, self.requests, self.weights, self.results, self.stop), name=name, daemon=True
+        )
+        self.stopped = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def start(self) -> None:
+        """Start the process (pickles its arguments here).
+
+        Raises:
+            Exception: what `Process.start` raised (its queues are closed first).
+        """
+        try:
+            with passive_waiting_for_children():  # its OpenMP threads sleep while they wait (threads.py)
+                self.process.start()
+        except Exception:
+            self.stopped = True
+            for channel in (self.requests, self.weights, self.results):
+                channel.close()
+            raise
+        atexit.register(self.shutdown)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the process, then the queues' feeder threads of this process. Idempotent.
+
+        Sets `stop` and sends `None`: the producer skips the rounds still queued (a round it is sampling is finished)
+        and exits once its results are handed over; they are read here and dropped. After `timeout` seconds it is
+        killed (it ignores SIGTERM; a hung reward call would keep it forever), with a warning. Then what is left in
+        this process's own queues is read, so that their feeder threads can write their last messages, and the
+        threads are joined: none is left running at interpreter exit (see [`producer_main`]).
+        """
+        if self.stopped:
+            return
+        self.stopped = True
+        atexit.unregister(self.shutdown)
+        process = self.process
+        self.stop.set()
+        self.requests.put(None)
+        deadline = time.monotonic() + timeout
+        while process.is_alive() and time.monotonic() < deadline:
+            try:  # the rounds it still hands over: its feeder thread must finish before it exits
+                self.results.get(timeout=0.1)
+            except queue.Empty:
+                pass
+            except Exception as error:  # noqa: BLE001 - a dropped round that cannot be read is dropped all the same
+                logger.debug("Dropped a producer message that could not be read: %r", error)
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            logger.warning(
+                "The rollout producer process (pid %s) did not stop within %.0f s (a reward function, tool or round "
+                "still running?): killed.", process.pid, timeout
+            )  # fmt: skip
+            process.kill()
+            process.join(timeout=5)
+        clean = process.exitcode == 0  # it read every message up to `None`; else it may have died half-way through one
+        for channel in (self.requests, self.weights, self.results):
+            if clean:
+                while True:  # what it did not read (the free-running mode's last weights): the feeder can finish
+                    try:
+                        channel.get(timeout=0.05)
+                    except queue.Empty:
+                        break
+                    except Exception:  # noqa: BLE001 - it only has to leave the pipe
+                        continue
+            else:  # nobody will read the rest: a feeder blocked on a full pipe is not waited for (it blocks in a
+                channel.cancel_join_thread()  # write, outside torch: tensors were shared by `put_shared`)
+            channel.close()
+            if clean:
+                channel.join_thread()
 
 
 class AsyncRolloutSource(RolloutSource):
@@ -906,6 +1041,7 @@ class AsyncRolloutSource(RolloutSource):
         self.sent_state: dict[str, torch.Tensor] | None = None  # kept when weight_sync_steps > 1 (checkpoints)
         self.dropped_total = 0
         self._restored_weights: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._producer: ProducerProcess | None = None
         self._process = self._requests = self._weights = self._results = None
         self.weight_snapshots = bool(weight_snapshots)
         # with weight_snapshots: the last scheduled snapshot (version, trainable weights), what the next round asked
@@ -1038,20 +1174,10 @@ class AsyncRolloutSource(RolloutSource):
             rank=self.rank,
             source=self.source,
         )
-        self._requests, self._weights, self._results = context.Queue(), context.Queue(), context.Queue()
-        self._process = context.Process(
-            target=producer_main,
-            args=(spec, self._requests, self._weights, self._results),
-            name=f"trl-trapo-producer-rank{self.rank}",
-            daemon=True,
-        )
+        producer = ProducerProcess(context, producer_main, (spec,), name=f"trl-trapo-producer-rank{self.rank}")
         try:
-            with passive_waiting_for_children():  # its OpenMP threads sleep while they wait (threads.py)
-                self._process.start()  # `spawn` pickles the spec here
+            producer.start()  # `spawn` pickles the spec here
         except Exception as error:
-            self._process = None
-            for channel in (self._requests, self._weights, self._results):
-                channel.close()
             if isinstance(error, RuntimeError) and "bootstrapping phase" in str(error):
                 # multiprocessing's own check: we are a spawned producer importing a script that trains at import
                 raise ProducerError(
@@ -1064,6 +1190,13 @@ class AsyncRolloutSource(RolloutSource):
                 f"the policy, the tokenizer, the reward functions) cannot be pickled ({type(error).__name__}: "
                 f"{error}). Define reward functions at module level, or set async_rollouts=False."
             ) from error
+        self._producer = producer
+        self._process, self._requests, self._weights, self._results = (
+            producer.process,
+            producer.requests,
+            producer.weights,
+            producer.results,
+        )
         self.sent_version = version
         if self.weight_snapshots:
             pass  # a checkpoint keeps the last snapshot (`checkpoint_state`)
@@ -1086,7 +1219,7 @@ class AsyncRolloutSource(RolloutSource):
             version, state = self._last_snapshot()
             if version > self.sent_version:
                 channel = self._requests if self.args.async_deterministic else self._weights
-                channel.put(("weights", version, state))
+                put_shared(channel, ("weights", version, state))
                 self.sent_version = version
             return
         if step <= self.sent_version or (not force and step - self.sent_version < self.args.weight_sync_steps):
@@ -1105,7 +1238,7 @@ class AsyncRolloutSource(RolloutSource):
             return
         start = time.perf_counter()
         state = trainable_state(self.policy())
-        channel.put(("weights", step, state))
+        put_shared(channel, ("weights", step, state))
         self.sent_version = step
         if self.args.weight_sync_steps > 1:
             self.sent_state = state
@@ -1152,7 +1285,7 @@ class AsyncRolloutSource(RolloutSource):
                 "The RL prompts carry model inputs (a `model_inputs` column), which TRAPO does not pass to vLLM "
                 "yet: set use_vllm=False (rollouts then use transformers' generate, which gets them)."
             )
-        self._requests.put(("round", request, rows))
+        put_shared(self._requests, ("round", request, rows))
 
     def _receive(self, index: int, training: bool = True) -> Produced:
         """Wait for round `index` (rounds arrive in order); the seconds waited count as `perf/rollout_wait_s` when
@@ -1284,20 +1417,13 @@ class AsyncRolloutSource(RolloutSource):
                 call) and exit (None: 10); then it is killed (it ignores SIGTERM, so `terminate` would not stop it). A
                 second Ctrl-C passes a short one.
         """
-        timeout = 10.0 if timeout is None else timeout
-        process, self._process = self._process, None
-        if process is None:
+        producer, self._producer = self._producer, None
+        if producer is None:
             return
+        self._process = self._requests = self._weights = self._results = None
         try:
-            self._requests.put(None)
-            process.join(timeout=timeout)
+            producer.shutdown(10.0 if timeout is None else timeout)
         finally:
-            if process.is_alive():
-                process.kill()  # it ignores SIGTERM (see producer_main); a hung reward call would keep it forever
-                process.join(timeout=5)
-            for channel in (self._requests, self._weights, self._results):
-                channel.cancel_join_thread()
-                channel.close()
             self.sent_version = None  # the next producer starts with the weights of its step
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
