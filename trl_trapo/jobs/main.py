@@ -68,6 +68,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
+from trl_trapo.config import foreign_fields
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
@@ -325,13 +326,18 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
         classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
-        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), for a field of TRL's SFTConfig /
+        GRPOConfig / 0.x PPOConfig this job lacks what to use instead (`config.foreign_fields`), `" --x was removed in transformers 5:
         ..."`, or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
     if name in REMOVED_ARGUMENTS and name not in known:
         return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
+    for _, source, fix in foreign_fields([name] if name not in known else []):  # a TRL script's flag, said by name
+        return f" --{name} is a {source} field this job does not have: " + (
+            f"use --{fix}." if fix.isidentifier() else f"{fix}."
+        )
     matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
