@@ -50,9 +50,9 @@ def test_an_async_reward_with_loop_bound_state_works_across_calls(tmp_path, toke
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
     )
-    trainer.collect_rollouts(8, step=0)  # the check at construction was the first call; this is the second
+    trainer.collect_rollouts(8, step=0)  # the check at construction made the first two calls (2 rows, 1 row)
     trainer.collect_rollouts(8, step=1)
-    assert reward.calls == 3 and len(reward.loops) == 1
+    assert reward.calls == 4 and len(reward.loops) == 1
     assert trainer.reward_func_names == ["SemaphoreReward"]
 
 
@@ -199,3 +199,21 @@ def test_a_round_no_reward_function_scored_is_said_at_once(tmp_path, tokenizer, 
     assert len(warnings) == 1, warnings  # once, at the first round
     assert warnings[0].startswith("Step 0: no completion of this rollout round got a reward: every reward function")
     assert "('unscored') returned None or NaN" in warnings[0]
+
+
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_a_reward_of_fixed_length_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_config, length):
+    """A function that ignores `len(completions)` returns the right count for at most one batch size: one
+    construction-time call of 2 rows passed `[1.0, 0.0]`, refused only after the first generation (trial 6's R01)."""
+
+    def fixed(completions, **kwargs):
+        return [1.0] * length
+
+    with pytest.raises(ValueError, match=rf"construction-time check.*'fixed' failed.*returned {length} rewards for"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=fixed,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )

@@ -1404,17 +1404,21 @@ def check_data_fits(
 ) -> None:
     """What needs both the tokenized data and the models, before the `Trainer` starts: every model that reads the
     policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
-    once on two RL rows (what they log is discarded; not with a `rollout_func`, whose extra keys — columns the reward
-    functions may require — the dataset's rows do not have), and on two prompt rows of each eval set (`datasets`: the
-    trainer's dataset arguments by name).
+    on the first 2 RL rows and on the first one ([`preflight_sizes`]; what they log is discarded; not with a
+    `rollout_func`, whose extra keys — columns the reward functions may require — the dataset's rows do not have), and
+    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name).
 
     Raises:
         ValueError: naming the model or the reward function at fault.
     """
     check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
     if data.rl is not None and rollout_func is None:
-        rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None, source="`train_dataset`")
+        sizes = preflight_sizes(len(data.rl))
+        rows = [data.rl[i] for i in range(sizes[0])]
+        extra = agent.preflight_kwargs(rows) if agent is not None else None  # environments reset once per row
+        for size in sizes:
+            rows_kwargs = {key: values[:size] for key, values in extra.items()} if extra is not None else None
+            rewards.preflight(rows[:size], rows_kwargs, source="`train_dataset`")
     # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards read,
     # missing there, failed at the first evaluation, after training steps)
     if rollout_func is None and agent is None and rewards.funcs:
@@ -1424,8 +1428,22 @@ def check_data_fits(
             columns = set(dataset_columns(dataset))
             if "prompt" not in columns or columns & {"text", "completion", "messages"}:
                 continue  # token-id prompts carry no text to score; the others are evaluated by loss
-            rows = [dataset[i] for i in range(min(2, len(dataset)))]
-            rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+            for size in preflight_sizes(len(dataset)):
+                rows = [dataset[i] for i in range(size)]
+                rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+
+
+def preflight_sizes(num_rows: int) -> list[int]:
+    """How many rows each construction-time call of the reward functions gets: the first 2 rows, then the first one.
+
+    Two calls of different sizes: a function returning a list of fixed length (one that ignores `len(completions)`,
+    e.g. zips with a constant list) returns the right count for at most one of them, so it is refused before
+    generation; one call of 2 rows passed a function that always returns 2 values (trial 6's R01).
+
+    Returns:
+        `list[int]`: the row counts, `[2, 1]`, or `[num_rows]` when `num_rows` is 0 or 1.
+    """
+    return [2, 1] if num_rows >= 2 else [num_rows]
 
 
 def prepare_frozen_models(

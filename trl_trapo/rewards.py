@@ -238,7 +238,8 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
     if len(values) != expected:
         raise ValueError(
             f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must return "
-            "exactly one reward per completion."
+            "exactly one reward per completion (one per entry of `completions`: a function that ignores "
+            "len(completions), e.g. returns a list of fixed length, is wrong for other batch sizes)."
         )
     return values
 
@@ -365,8 +366,8 @@ class RewardScorer:
                         "e.g. `.rename_column('solution', 'answer')`."
                     )
                 raise type(error)(
-                    f"In TRAPOTrainer's construction-time check (each reward function is called once on the first "
-                    f"{len(rows)} rows of {source} with empty completions, before anything slow), reward function "
+                    f"In TRAPOTrainer's construction-time check (each reward function is called on the first "
+                    f"{len(rows)} row(s) of {source} with empty completions, before anything slow), reward function "
                     f"'{name}' failed. {error}{hint} A reward function must also accept an empty completion (return "
                     "0.0 or None for it)."
                 ) from (error.__cause__ or error)
