@@ -20,6 +20,7 @@ that does not use them never loads them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -741,16 +742,75 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             f"modules: {top}; e.g. {shown}). Name modules the model has (trained fully and saved with the adapter), "
             "or leave modules_to_save out."
         )
+    check_adapter_layers(peft_config, module_names)
     try:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
         shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
+        layers = getattr(peft_config, "layers_to_transform", None)
+        within = (
+            f" in the layers peft_config.layers_to_transform={layers!r} selects "
+            f"(layers_pattern={getattr(peft_config, 'layers_pattern', None)!r})"
+            if layers not in (None, [])
+            else ""
+        )
         raise ValueError(
             f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
-            f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
+            f"of the model{within}. Its linear modules are named {shown or '(none)'}; name some of them, or use "
             "target_modules='all-linear' (every linear layer but the output head)."
         ) from error
+
+
+def check_adapter_layers(peft_config: Any, module_names: list[str]) -> None:
+    """Refuse `peft_config.layers_to_transform` indices that no layer holding a `target_modules` module has.
+
+    PEFT (`check_target_module_exists`, which this uses for every match) adapts the modules of the listed layers and
+    ignores an index the model does not have without a word; when no index exists it raises "no target modules found"
+    (blamed on `target_modules`, whose names do match). Left to PEFT: configs without `layers_to_transform`, and
+    `target_modules` that match nothing in any layer (or a shorthand such as 'all-linear' PEFT expands itself).
+
+    Args:
+        peft_config: the PEFT config (`LoraConfig`, ...).
+        module_names (`list[str]`): the model's module names (`model.named_modules()`).
+
+    Raises:
+        ValueError: naming `layers_to_transform`, the indices the model lacks, and the layer indices it has.
+    """
+    wanted = getattr(peft_config, "layers_to_transform", None)
+    if wanted is None or wanted == [] or getattr(peft_config, "target_modules", None) is None:
+        return
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    wanted = [wanted] if isinstance(wanted, int) else list(wanted)
+    any_layer = copy.copy(peft_config)  # the same match, every layer (a copy: the user's config is not changed)
+    any_layer.layers_to_transform = None
+    matched = [name for name in module_names if check_target_module_exists(any_layer, name)]
+    if not matched:
+        return
+    one_layer = copy.copy(peft_config)
+    candidates = sorted({int(part) for name in matched for part in name.split(".") if part.isdigit()})
+    present = []
+    for index in candidates:
+        one_layer.layers_to_transform = [index]
+        if any(check_target_module_exists(one_layer, name) for name in matched):
+            present.append(index)
+    missing = [index for index in wanted if index not in present]
+    if not missing:
+        return
+    pattern = getattr(peft_config, "layers_pattern", None)
+    has = (
+        f"the layers holding target_modules={peft_config.target_modules!r} are numbered "
+        + (f"{present[0]}-{present[-1]}" if present == list(range(present[0], present[-1] + 1)) else str(present))
+        if present
+        else f"no module matching target_modules={peft_config.target_modules!r} sits in a numbered layer under "
+        f"layers_pattern={pattern!r}"
+    )
+    raise ValueError(
+        f"peft_config.layers_to_transform={peft_config.layers_to_transform!r} names layer(s) {missing} "
+        f"the model does not have (PEFT would skip them without a word): {has}. Give indices the model has, or "
+        "leave layers_to_transform out to adapt every layer."
+    )
 
 
 def policy_and_reference(
