@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
@@ -217,3 +219,33 @@ def test_a_reward_of_fixed_length_is_refused_at_construction(tmp_path, tokenizer
             train_dataset=suite.rl_train,
             processing_class=tokenizer,
         )
+
+
+def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_function(
+    tmp_path, tokenizer, suite, tiny_config, caplog
+):
+    """A JSON Lines file whose odd rows lack `answer` trained without a word: datasets fills the key with None and
+    the reward leaves those rows unscored (trial 6's M18). TRL passes the None on as well: a warning, not a refusal."""
+
+    def needs_answer(completions, answer, **kwargs):
+        return [None if a is None else float(c == a) for c, a in zip(completions, answer)]
+
+    rows = suite.rl_train.select(range(8)).to_list()
+    for row in rows[1::2]:
+        row["answer"] = None
+    for row in rows:
+        row["note"] = None  # None in every row and read by no function by name: not said
+    dataset = Dataset.from_list(rows)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=needs_answer,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
+    said = [r.getMessage() for r in caplog.records if "is missing (None)" in r.getMessage()]
+    assert len(said) == 1, said
+    assert (
+        "column 'answer' is missing (None) in 4 of 8 rows (first at row 1)" in said[0] and "'needs_answer'" in said[0]
+    )

@@ -59,6 +59,7 @@ from .data import (
     eval_datasets,
     prepare_datasets,
     progress_bars,
+    warn_missing_reward_cells,
 )
 from .distributed import restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
@@ -1472,6 +1473,8 @@ def check_data_fits(
         ValueError: naming the model or the reward function at fault.
     """
     check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
+    if data.rl is not None and rewards.funcs:
+        warn_missing_reward_cells(datasets.get("train_dataset"), "train_dataset", rewards.columns_read())
     if data.rl is not None and rollout_func is None:
         sizes = preflight_sizes(len(data.rl))
         rows = [data.rl[i] for i in range(sizes[0])]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import logging
 import math
 import numbers
@@ -299,6 +300,26 @@ class RewardScorer:
         if self.loop is not None:
             shutdown_event_loop_in_daemon(self._thread, self.loop)
             self.loop = self._thread = None
+
+    def columns_read(self) -> dict[str, list[str]]:
+        """Dataset column -> the names of the reward functions whose signature names it as a parameter (e.g.
+        `numeric_answer(completions, answer, **kwargs)` reads `answer`); the keywords every call gets (`prompts`,
+        `completions`, `trainer_state`, ...) and `**kwargs` are not columns. A function whose signature cannot be
+        read is left out."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
+        columns: dict[str, list[str]] = {}
+        for func, name in zip(self.funcs, self.names):
+            if isinstance(func, nn.Module):
+                continue
+            try:
+                parameters = inspect.signature(func).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            for parameter in parameters:
+                if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) or parameter.name in standard:
+                    continue
+                columns.setdefault(parameter.name, []).append(name)
+        return columns
 
     def reward_kwargs(
         self,
