@@ -80,3 +80,18 @@ def test_a_trl_0x_value_head_class_names_the_value_model_when_used():
     assert "AutoModelForCausalLMWithValueHead" not in dir(trl_trapo)
     with pytest.raises(AttributeError, match="has no attribute 'NotAName'"):
         trl_trapo.NotAName  # noqa: B018
+
+
+def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
+    """transformers' "liger-kernel >= 0.3.0 is not available" came when the trainer was built and said nothing of what
+    the flag does under TRAPO, whose losses do not use TRL's Liger GRPO loss (trial 6's G09)."""
+    from transformers.utils import is_liger_kernel_available
+
+    from trl_trapo import GRPOConfig
+
+    if is_liger_kernel_available():
+        pytest.skip("liger-kernel is installed")
+    with pytest.raises(
+        ImportError, match=r"GRPOConfig\.use_liger_kernel=True needs liger-kernel.*no TRAPO equivalent"
+    ):
+        GRPOConfig(output_dir=str(tmp_path), use_liger_kernel=True)

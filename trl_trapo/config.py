@@ -1632,6 +1632,26 @@ class TRAPOConfig(_BaseConfig):
         },
     )
 
+    def _check_liger(self) -> None:
+        """`use_liger_kernel=True` without liger-kernel, refused at construction and saying what the flag does here.
+
+        transformers patches the model's layers with Liger's kernels when the trainer is built, and raises there
+        without the package; a GRPO script sets the flag for TRL's fused Liger GRPO loss, which TRAPO's losses do not
+        use.
+
+        Raises:
+            ImportError: when `use_liger_kernel` is set and `liger-kernel` (>= 0.3.0) is not installed.
+        """
+        from transformers.utils import is_liger_kernel_available
+
+        if self.use_liger_kernel and not is_liger_kernel_available():
+            raise ImportError(
+                f"{type(self).__name__}.use_liger_kernel=True needs liger-kernel >= 0.3.0, which is not installed: "
+                "`pip install liger-kernel`, or drop use_liger_kernel. Here it patches the model's layers with Liger's "
+                "kernels (transformers' `_apply_liger_kernel_to_instance`, `liger_kernel_config`); TRL GRPOTrainer's "
+                "fused Liger GRPO loss has no TRAPO equivalent (TRAPO computes its own losses)."
+            )
+
     def __post_init__(self):
         check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
@@ -1641,6 +1661,7 @@ class TRAPOConfig(_BaseConfig):
         self._check_deepspeed_path()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
+        self._check_liger()
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
