@@ -95,6 +95,9 @@ def test_layers_to_transform_the_model_lacks_is_named_not_target_modules(tokeniz
         with pytest.raises(ValueError, match=r"layers_to_transform=\[.*99\] names layer\(s\) \[99\].*numbered 0-1"):
             wrap_adapter(build_tiny_model(tokenizer, seed=0), given)
         assert given.layers_to_transform == layers  # the user's config is not changed
+    wrong_pattern = LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=[0], layers_pattern="blocks")
+    with pytest.raises(ValueError, match=r"no module matching target_modules=.* numbered layer under layers_pattern"):
+        wrap_adapter(build_tiny_model(tokenizer, seed=0), wrong_pattern)
     wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), config([1]))
     adapted = [name for name, _ in wrapped.named_modules() if name.endswith("q_proj.lora_A")]
     assert len(adapted) == 1 and ".layers.1." in adapted[0]

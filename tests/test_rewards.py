@@ -236,16 +236,18 @@ def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_fun
     for row in rows:
         row["note"] = None  # None in every row and read by no function by name: not said
     dataset = Dataset.from_list(rows)
+    held_out = Dataset.from_list([{**row, "answer": None} if i == 2 else row for i, row in enumerate(rows[::2])])
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
         TRAPOTrainer(
             build_tiny_model(tokenizer, seed=0),
             reward_funcs=needs_answer,
             args=tiny_config(tmp_path, max_steps=1),
             train_dataset=dataset,
+            eval_dataset=held_out,
             processing_class=tokenizer,
         )
     said = [r.getMessage() for r in caplog.records if "is missing (None)" in r.getMessage()]
-    assert len(said) == 1, said
-    assert (
-        "column 'answer' is missing (None) in 4 of 8 rows (first at row 1)" in said[0] and "'needs_answer'" in said[0]
-    )
+    assert len(said) == 2, said
+    assert "column 'answer' is missing (None) in 4 of 8 rows (first at row 1)" in said[0]
+    assert "'needs_answer'" in said[0]
+    assert said[1].startswith("`eval_dataset` column 'answer' is missing (None) in 1 of 4 rows (first at row 2)")

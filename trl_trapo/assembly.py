@@ -1491,6 +1491,7 @@ def check_data_fits(
             columns = set(dataset_columns(dataset))
             if "prompt" not in columns or columns & {"text", "completion", "messages"}:
                 continue  # token-id prompts carry no text to score; the others are evaluated by loss
+            warn_missing_reward_cells(dataset, label, rewards.columns_read())
             for size in preflight_sizes(len(dataset)):
                 rows = [dataset[i] for i in range(size)]
                 rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
