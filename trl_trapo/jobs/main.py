@@ -334,11 +334,13 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
     known = known_fields(classes)
     if name in REMOVED_ARGUMENTS and name not in known:
         return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
-    for _, source, fix in foreign_fields([name] if name not in known else []):  # a TRL script's flag, said by name
-        return f" --{name} is a {source} field this job does not have: " + (
-            f"use --{fix}." if fix.isidentifier() else f"{fix}."
-        )
-    matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
+    matches = [k for k in known if k.startswith(name)][:3]  # an abbreviation of this job's flags first
+    if not matches:
+        for _, source, fix in foreign_fields([name]):  # a TRL script's flag, said by name
+            return f" --{name} is a {source} field this job does not have: " + (
+                f"use --{fix}." if fix.isidentifier() else f"{fix}."
+            )
+        matches = difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
