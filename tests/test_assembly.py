@@ -7,11 +7,13 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from types import SimpleNamespace
 
 import pytest
+from torch import nn
 
 from trl_trapo import TRAPOTrainer, assembly, trainer
-from trl_trapo.assembly import RunChecks, SourceParts, build_rollout_source, check_run
+from trl_trapo.assembly import RunChecks, SourceParts, async_weight_snapshots, build_rollout_source, check_run
 from trl_trapo.callbacks import SHORT_CONSOLE_CALLBACKS, StopOnSignalCallback
 from trl_trapo.metrics import MetricsAccumulator
 from trl_trapo.sources import SyncRolloutSource
@@ -77,10 +79,26 @@ def test_build_rollout_source_refuses_before_building_anything(tmp_path, tiny_co
         build_rollout_source(
             async_args, parts(), rollout_func=None, own_source=True, active_rl=True, **{**choice, "rollout_source": 1}
         )
-    with pytest.raises(ValueError, match="not available under DeepSpeed ZeRO-3"):
-        build_rollout_source(
-            async_args, parts(zero3=True), rollout_func=None, own_source=False, active_rl=True, **choice
-        )
+    # under ZeRO-3 the producer's weights are snapshots taken every weight_sync_steps: a round asked for with nothing
+    # in flight may be weight_sync_steps - 1 steps old, which `drop` with a smaller max_staleness would drop forever
+    zero3 = parts(zero3=True, engine=SimpleNamespace(vllm=None), policy=lambda: nn.Linear(2, 2))
+    stale = tiny_config(tmp_path, async_rollouts=True, max_staleness=0, weight_sync_steps=3)
+    with pytest.raises(ValueError, match=r"max_staleness=0 with weight_sync_steps=3 .* Set max_staleness >= 2"):
+        build_rollout_source(stale, zero3, rollout_func=None, own_source=False, active_rl=True, **choice)
+    # with `downweight` such a round trains (down-weighted); a policy the producer cannot rebuild is then refused
+    downweight = tiny_config(tmp_path, async_rollouts=True, max_staleness=0, weight_sync_steps=3,
+                             stale_rollouts="downweight")  # fmt: skip
+    with pytest.raises(ValueError, match="needs a transformers model .* not a Linear"):
+        build_rollout_source(downweight, zero3, rollout_func=None, own_source=False, active_rl=True, **choice)
+
+
+def test_async_weight_snapshots_only_under_zero3_without_the_vllm_server(tmp_path, tiny_config):
+    async_args = tiny_config(tmp_path, async_rollouts=True)
+    local, server = SimpleNamespace(vllm=None), SimpleNamespace(vllm=object())
+    assert async_weight_snapshots(async_args, parts(zero3=True, engine=local))
+    assert not async_weight_snapshots(async_args, parts(zero3=False, engine=local))  # DDP: as before
+    assert not async_weight_snapshots(async_args, parts(zero3=True, engine=server))  # the trainer pushes
+    assert not async_weight_snapshots(tiny_config(tmp_path), parts(zero3=True, engine=local))
 
 
 def test_build_rollout_source_defaults_to_the_sync_source(tmp_path, tiny_config):

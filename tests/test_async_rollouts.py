@@ -524,3 +524,93 @@ def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Done in" in completed.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Weight snapshots on a schedule (DeepSpeed ZeRO-3, issue 40): the producer's weights are read only by the snapshots
+# every rank takes together; a round is sampled with the last one. Two processes under ZeRO-3: tests/test_distributed.py
+# ---------------------------------------------------------------------------------------------------------------------
+def snapshot_source(trainer, reads: list):
+    """An `AsyncRolloutSource(weight_snapshots=True)` on the parts of `trainer`'s own source, whose policy handle
+    records every read of the policy (`reads`)."""
+    from trl_trapo.async_rollouts import AsyncRolloutSource
+
+    own = trainer.rollout_source
+
+    def policy():
+        reads.append(1)
+        return trainer.model
+
+    return AsyncRolloutSource(
+        policy, own.dataset, own.prompts, own.scorer, own.tokenizer, own.generation_config, own.pad_token_id,
+        own.stop_token_ids, own.args, group=own.group, num_mini_batches=own.num_mini_batches, rank=0, device="cpu",
+        metrics=trainer.metrics, weight_snapshots=True,
+    )  # fmt: skip
+
+
+def train_a_step(model) -> dict[str, torch.Tensor]:
+    """Move every weight a little (an optimizer step, as far as the producer can tell); the weights before it."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return before
+
+
+def test_the_weight_snapshot_callback_runs_at_train_begin_and_every_weight_sync_steps():
+    from types import SimpleNamespace
+
+    from trl_trapo.callbacks import WeightSnapshotCallback
+
+    calls = []
+    callback = WeightSnapshotCallback(lambda step, first: calls.append((step, first)), every=2)
+    callback.on_train_begin(None, SimpleNamespace(global_step=3), None)  # a resumed run starts at its step
+    for step in range(4, 9):
+        callback.on_step_end(None, SimpleNamespace(global_step=step), None)
+    assert calls == [(3, True), (4, False), (6, False), (8, False)]
+
+
+def test_rounds_are_sampled_with_the_last_scheduled_snapshot_and_never_read_the_policy(tmp_path, tokenizer, suite):
+    """With `weight_snapshots` (ZeRO-3) only `take_weight_snapshot` reads the policy (a gather, every rank together);
+    a round asked for with nothing in flight is sampled with the last snapshot, up to `weight_sync_steps - 1` steps
+    old, and the producer's log-probs are those of the snapshot's weights, not of the live policy."""
+    trainer = async_trainer(tmp_path, tokenizer, suite, weight_sync_steps=2, max_staleness=1)
+    reads: list = []
+    source = snapshot_source(trainer, reads)
+    model = trainer.model
+    try:
+        source.take_weight_snapshot(0, first=True)  # on_train_begin
+        assert len(reads) == 1
+        at_0 = train_a_step(model)  # step 1 trained: the live policy is no longer the snapshot's
+        sampled = source.sample(8, 1)  # nothing in flight: asked for now, with the snapshot of step 0
+        assert sampled.version == 0 and len(reads) == 1  # 1 step old (weight_sync_steps - 1); the policy not read
+        live = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with torch.no_grad():  # the producer sampled with step 0's weights
+            for n, p in model.named_parameters():
+                p.copy_(at_0[n])
+            own = completion_logps(model, sampled.prompt_ids, sampled.completion_ids, trainer.padding_id,
+                                   sampled.temperatures, 64)  # fmt: skip
+            for n, p in model.named_parameters():
+                p.copy_(live[n])
+        for a, b in zip(sampled.sampler_per_token_logps, own):
+            torch.testing.assert_close(a, b.float(), atol=1e-5, rtol=0)
+        train_a_step(model)  # step 2 trained
+        source.take_weight_snapshot(2)  # on_step_end of step 2 (2 % weight_sync_steps == 0)
+        assert len(reads) == 2 and source.snapshot[0] == 2
+        source.prefetch(8, 2, [0, 0, 0, 0])  # asks ahead (free of any read): the snapshot of step 2 goes first
+        assert [r.version for r in source.pending] == [2] and len(reads) == 2
+        train_a_step(model)  # step 3 trained, no snapshot (3 % 2 != 0)
+        assert source.sample(8, 3).version == 2 and len(reads) == 2  # 1 step late, within max_staleness
+        # a checkpoint keeps the last snapshot when it can be older than its step; a resumed run starts from it
+        meta, tensors = source.checkpoint_state()
+        assert meta["sent_version"] == 2
+        kept = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("producer_weights/")}
+        assert kept and all(torch.equal(kept[n], source.snapshot[1][n]) for n in kept)
+    finally:
+        source.close()
+    resumed = snapshot_source(trainer, reads)
+    resumed.restore_checkpoint_state(meta, tensors)
+    resumed.take_weight_snapshot(3, first=True)  # on_train_begin of the resumed run, at step 3
+    assert resumed.snapshot[0] == 2
+    assert all(torch.equal(resumed.snapshot[1][n], kept[n]) for n in kept)
+    assert any(not torch.equal(p.detach(), kept[n]) for n, p in model.named_parameters() if n in kept)

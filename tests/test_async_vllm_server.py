@@ -447,7 +447,8 @@ def test_rows_are_grouped_by_prompt_and_temperature_into_requests():
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (dict(vllm_mode="colocate"), "vllm_mode='colocate'.*lives in the trainer's process"),
+        # by design: TRL's colocate engine is a shard of the trainer's torch.distributed world (issue 40)
+        (dict(vllm_mode="colocate"), "vllm_mode='colocate'.*trainer's torch.distributed world.*vllm_mode='server'"),
         (dict(async_correction="behaviour"), "async_correction='behaviour'.*vLLM's"),
         (dict(vllm_server_timeout=-1.0), "vllm_server_timeout=-1.0"),
     ],

@@ -18,6 +18,7 @@ from trl_trapo.jobs import commands
 
 
 ROOT = Path(__file__).resolve().parent.parent
+RECIPE = str(ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml")  # a training recipe
 TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "eps", "eval_runtime")
 
 
@@ -141,12 +142,105 @@ def test_bad_launcher_options_are_one_error(capsys):
         (["--machine_rank", "-1"], "--machine_rank=-1: use an integer >= 0"),
         (["--main_process_port", "99999"], "--main_process_port=99999: use an integer in 1-65535"),
         (["--main_process_port", "0"], "--main_process_port=0: use an integer >= 1"),
+        # trial 6: accelerate's AssertionError / ValueError tracebacks (T03, T05), or accepted unread (T02, T09, T10)
+        (["--num_machines", "2"], "--num_machines=2 needs --main_process_ip (the address of machine 0)"),
+        (
+            ["--config_file", RECIPE],
+            f"--config_file={RECIPE!r} is not an accelerate config accelerate can read (ValueError: A "
+            "`distributed_type` must be specified in the config file.). It has no `distributed_type`: it looks like a "
+            "training recipe",
+        ),
+        (["--gpu_ids", "abc"], "--gpu_ids='abc': give GPU indices separated by commas (e.g. 0,1), or all."),
+        (["--gpu_ids", "0,x"], "--gpu_ids='0,x': give GPU indices"),
+        (["--machine_rank", "1"], "--machine_rank=1: must be < --num_machines (1)"),
+        (
+            ["--num_machines", "2", "--main_process_ip", "10.0.0.1", "--machine_rank", "2"],
+            "--machine_rank=2: must be < --num_machines (2)",
+        ),
+        (["--main_process_ip", "999.1.1.1"], "--main_process_ip='999.1.1.1' is neither an IP address nor a host name"),
+        (["--main_process_ip", "http://10.0.0.1"], "--main_process_ip='http://10.0.0.1' is neither"),
     ],
 )
 def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, message, capsys):
     # `--config_file nope.yaml` was a traceback from inside `accelerate launch`; `--num_processes 0` ran one process
     assert commands.main(["tools", "--max_steps", "2", *argv], launch=pytest.fail) == 2
     assert f"trapo tools: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "--num_machines",
+            "2",
+            "--main_process_ip",
+            "10.0.0.1",
+            "--main_process_port",
+            "29500",
+            "--machine_rank",
+            "1",
+        ],
+        ["--main_process_ip", "node0.cluster"],
+        ["--main_process_ip", "::1"],
+        ["--gpu_ids", "0,1"],
+        ["--gpu_ids", "all"],
+        ["--accelerate_config", "multi_gpu", "--machine_rank", "0"],
+    ],
+)
+def test_launcher_options_accelerate_takes_still_launch(argv):
+    assert launched(["train", *argv]).training_script_args == ["train"]
+
+
+def test_fp8_without_its_libraries_is_one_error(capsys):
+    from accelerate.utils import is_fp8_available
+
+    if is_fp8_available():
+        pytest.skip("Transformer Engine or torchao is installed: accelerate can run fp8 here")
+    assert commands.main(["train", "--mixed_precision", "fp8"], launch=pytest.fail) == 2  # T04: RuntimeError
+    assert "trapo train: error: --mixed_precision=fp8 needs Transformer Engine or torchao" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "error",
+    [AssertionError("When using multiple machines, ..."), RuntimeError("FP8 is not available"), ValueError("x")],
+)
+def test_what_accelerate_launch_refuses_is_one_error(error, capsys):
+    """A check of `accelerate launch` that `check_launch_namespace` does not repeat was a traceback through
+    `commands.main` (trial 6, T03-T05): it is the command's error, exit status 2."""
+
+    def launch(namespace):
+        raise error
+
+    assert commands.main(["train", "--num_processes", "1"], launch=launch) == 2
+    assert capsys.readouterr().err == f"trapo train: error: `accelerate launch` refused the launch: {error}\n"
+
+
+def test_a_failed_process_of_a_multi_process_launch_is_its_exit_status(capsys):
+    """torch's `ChildFailedError` (traceback and failure table under the job's own message, trial 6 T13) becomes the
+    failed process's exit status, as `CalledProcessError` does for one process."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def launch(namespace):
+        failure = ProcessFailure(local_rank=1, pid=123, exitcode=2, error_file="")
+        raise ChildFailedError("trl_trapo.jobs.commands", {1: failure})
+
+    assert commands.main(["train", "--multi_gpu", "--num_processes", "2"], launch=launch) == 2
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["--max_steps", "2", "train"], "Fix: write `trapo train --max_steps 2`."),
+        (["--num_processes", "2", "tools", "--seed", "1"], "Fix: write `trapo tools --num_processes 2 --seed 1`."),
+        (["--max_steps", "2"], "Fix: write the command first: `trapo {train,vlm,tools} --max_steps 2`."),
+    ],
+)
+def test_an_argument_before_the_command_is_an_error(argv, fix, capsys):
+    """`trapo --max_steps 2 train` printed the help and exited 0: nothing trained, and a script saw success (T07)."""
+    assert commands.main(argv, launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trapo: error: {argv[0]} comes before the command;") and fix in err, err
 
 
 @pytest.mark.parametrize("job", commands.JOBS, ids=lambda j: j.name)

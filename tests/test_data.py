@@ -745,6 +745,12 @@ def test_a_vlm_rows_roles_are_refused_exactly_when_trls_prepare_multimodal_messa
         ("tools", {"name": "multiply"}, r"`train_dataset` row 0, `tools`: a dict where a list of tool schemas"),
         ("chat_template_kwargs", "enable_thinking=False", r"row 0, `chat_template_kwargs`: a str .*'enable_thinking"),
         ("chat_template_kwargs", [1, 2], r"`train_dataset` row 0, `chat_template_kwargs`: a list \('\[1, 2\]'\)"),
+        # read as the row's tools: transformers' `'int' object is not iterable` inside the template check (trial 6, E07)
+        (
+            "chat_template_kwargs",
+            {"tools": 5},
+            r"row 0, `chat_template_kwargs`\[`tools`\]: a int where a list of tool",
+        ),
     ],
 )
 def test_rl_prompts_per_row_template_cells_are_checked_by_row(tmp_path, column, cell, message):

@@ -642,19 +642,61 @@ def test_async_rollouts_on_two_processes_resume_exactly(tmp_path):
     assert again[0]["param_digest"] == again[1]["param_digest"] == ranks[0]["param_digest"]
 
 
-def test_async_rollouts_under_zero3_are_refused_with_the_reason(tmp_path):
-    """Sending the weights to a producer would gather ZeRO-3's partitions, a collective each rank would reach at its
-    own step: refused at construction, before any training."""
+@pytest.mark.slow  # ~50 s on an idle 2-core machine (minutes beside other jobs: DeepSpeed's start on CPU)
+def test_async_rollouts_under_zero3_take_the_weights_on_a_schedule_every_rank_reaches(tmp_path):
+    """Under ZeRO-3 reading the weights gathers the partitioned parameters (a collective), while each rank asks for
+    rounds at its own steps: the producer's weights are snapshots every rank takes together, at the start of training
+    and every `weight_sync_steps` optimizer steps (`WeightSnapshotCallback`), and a round is sampled with the last
+    one. The run trains to the end on both ranks, with identical weights and logs, the snapshots exactly on the
+    schedule (`perf/weight_sync_s` in the logs of steps 1, 2, 4, 6, 8 and no other) and every round within
+    `max_staleness`. Refused at construction before this (issue 40)."""
     pytest.importorskip("deepspeed")
-    completed = launch(
-        "deepspeed_zero3.yaml",
-        "tests/distributed_job.py",
-        ["--max_steps", "2", "--eval_strategy", "no", "--async_rollouts", "--output_dir", str(tmp_path)],
-    )
-    output = completed.stdout + completed.stderr
-    assert completed.returncode != 0
-    assert "async_rollouts=True is not available under DeepSpeed ZeRO-3" in output, output[-3000:]
-    assert not (tmp_path / "ranks").exists() or not any((tmp_path / "ranks").iterdir())  # nothing trained
+    steps, every = 8, 2
+    args = ["--max_steps", str(steps), "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP,
+            "--async_rollouts", "--max_staleness", "2", "--weight_sync_steps", str(every),
+            "--output_dir", str(tmp_path)]  # fmt: skip
+    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", args))
+    ranks = records(tmp_path)
+    assert [r["global_step"] for r in ranks] == [steps, steps]
+    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+    for a, b in zip(*(r["log_history"] for r in ranks)):
+        timing = RUNTIME_KEYS | {k for k in a if k.startswith("perf/")}
+        local = {k for k in a if k.startswith(RANK_LOCAL_PREFIXES)}
+        assert {k: v for k, v in a.items() if k not in timing | local} == {
+            k: v for k, v in b.items() if k not in timing | local
+        }
+    train_logs = [h for h in ranks[0]["log_history"] if "loss" in h]
+    assert [h["step"] for h in train_logs] == list(range(1, steps + 1))
+    # the first log holds the snapshot of on_train_begin (and, if the first step trained RL rows, no other send)
+    synced = [h["step"] for h in train_logs if "perf/weight_sync_s" in h]
+    assert synced == [1, *range(every, steps + 1, every)], synced
+    lags = [h["sample/staleness_max"] for h in train_logs if "sample/staleness_max" in h]
+    assert len(lags) >= 2 and max(lags) <= 2, lags
+    assert train_logs[-1]["sample/dropped_stale_total"] == 0
+    assert any(h.get("loss/rl", 0) != 0 for h in train_logs)
+
+
+@pytest.mark.slow  # two 2-process ZeRO-3 jobs, minutes on a loaded machine
+def test_async_rollouts_under_zero3_resume_exactly_from_between_two_snapshots(tmp_path):
+    """A checkpoint taken between two scheduled snapshots (step 4, `weight_sync_steps=3`: rounds are sampled with step
+    3's weights until step 6) keeps that snapshot; the resumed run samples its rounds with it (`max_staleness=0`: each
+    round is asked for when it is consumed, here at the last step), as the uninterrupted run did, and ends with the
+    same weights on both ranks. Sampling with the resumed step's weights instead gives other weights."""
+    pytest.importorskip("deepspeed")
+    args = ["--max_steps", "6", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP,
+            "--save_strategy", "steps", "--save_steps", "4", "--async_rollouts", "--max_staleness", "0",
+            "--stale_rollouts", "downweight", "--weight_sync_steps", "3"]  # fmt: skip
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, "--output_dir", str(full)]))
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
+    resume = ["--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-4")]
+    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, *resume]))
+    first, again = records(full), records(resumed)
+    logs = [h for h in first[0]["log_history"] if "loss" in h]
+    assert "sample/staleness_max" in logs[-1]  # a round consumed after the checkpoint, before the next snapshot
+    assert first[0]["param_digest"] == first[1]["param_digest"]
+    assert again[0]["param_digest"] == again[1]["param_digest"] == first[0]["param_digest"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -534,3 +534,35 @@ def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
         )
         trainer.train(resume_from_checkpoint=fitting_checkpoints["lora"])
     assert trainer.state.global_step == 2
+
+
+def test_a_new_learning_rate_on_resume_is_warned_by_name(fitting_checkpoints, tmp_path, caplog):
+    """A new `--learning_rate` on resume was used nowhere and said nowhere (trial 6, M12): transformers' Trainer
+    restores the optimizer and scheduler, so the checkpoint's rate trains, and its own resume check compares only
+    batch size and step intervals. The behaviour stays transformers'; a warning names the field, both values and the
+    fix. The same learning rate is not warned."""
+    import logging
+
+    from conftest import make_tiny_trainer
+
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    tokenizer = build_char_tokenizer()
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        trainer = make_tiny_trainer(
+            str(tmp_path / "new"), tokenizer, suite, max_steps=2, learning_rate=1e-5, adam_beta2=0.9
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.lr_scheduler.base_lrs[0] == pytest.approx(1e-3)  # transformers' behaviour: the checkpoint's rate
+    warned = [r.getMessage() for r in caplog.records if "resume_from_checkpoint=" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "learning_rate=1e-05 (the checkpoint's: 0.001)" in warned[0]
+    assert "adam_beta2=0.9 (the checkpoint's: 0.999)" in warned[0]
+    assert f"--model_name_or_path {checkpoint}, without --resume_from_checkpoint" in warned[0]
+    caplog.clear()
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        make_tiny_trainer(str(tmp_path / "same"), tokenizer, suite, max_steps=2).train(
+            resume_from_checkpoint=checkpoint
+        )
+    assert not [r for r in caplog.records if "resume_from_checkpoint=" in r.getMessage()]

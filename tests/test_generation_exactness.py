@@ -98,6 +98,12 @@ def test_every_accepted_generation_setting_gives_exact_first_use_ratios(
         ({"max_new_tokens": 5}, "set `response_length` instead"),
         ({"eos_token_id": []}, "non-empty list of token ids"),
         ({"output_scores": True}, "not a setting TRAPO can account for"),
+        # the shared reason ("trains on log-probs at that value") fitted neither, nor said what to do (trial 6, M06, M08)
+        (
+            {"do_sample": False},
+            "RL rollouts are always sampled.*greedy rollouts .* not supported.*lower `temperature`",
+        ),
+        ({"pad_token_id": 0}, "the pad id is the tokenizer's: set `processing_class.pad_token` \\(from the command"),
     ],
 )
 def test_generation_kwargs_that_break_the_log_probs_are_refused(tmp_path, generation_kwargs, message):

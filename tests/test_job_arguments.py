@@ -164,3 +164,76 @@ def test_the_dataset_flags_are_generated_from_the_objectives(monkeypatch):
         ("code_dataset_config", None, "Configuration name."),
         ("code_dataset_split", "train", "Split of the code."),
     ]
+
+
+@pytest.mark.parametrize(
+    "name, flag, guide",
+    [
+        ("agent", "--dataset_name", "`TRAPOTrainer(tools=...)` in Python for tool calls (docs/agents.md)"),
+        (
+            "vision",
+            "--model_name_or_path",
+            "`TRAPOTrainer` with a processor in Python for image rows (docs/vision.md)",
+        ),
+        ("vision", "--use_peft", "`trapo train` (it takes --model_name_or_path, --dataset_name, --use_peft"),
+    ],
+)
+def test_a_main_job_argument_given_to_a_built_in_job_names_the_job_that_has_it(tmp_path, name, flag, guide):
+    """`trapo tools --dataset_name` was "Did you mean --data_seed?", `trapo vlm --model_name_or_path` "Did you mean
+    --teacher_model_name_or_path?", `--use_peft` "--use_cpu?" (trial 6, T11, T12, E04, E09): each does something
+    else. The argument is named as the main job's, with where the user's own model and data go; on the command line
+    and as a `--config` key."""
+    module, _, _ = job(name)
+    said = rf"{flag} is an argument of the main job \(`trapo train`, examples/trapo.py\), not of this one"
+    with pytest.raises(ValueError, match=rf"^{flag}: unknown argument\. {said}") as e:
+        module.parse_args([flag, "x"] if flag != "--use_peft" else [flag])
+    assert guide in str(e.value) and "Did you mean" not in str(e.value) and "spell the argument" not in str(e.value)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"{flag[2:]}: x\n")
+    with pytest.raises(ValueError, match=said) as e:
+        module.parse_args(["--config", str(recipe)])
+    assert guide in str(e.value) and "correct or remove it" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "flag, fix",
+    [
+        (
+            "--chat_template_path",
+            "TRL SFTConfig's argument, which this job does not have. Fix: the chat template is "
+            "the tokenizer's here: save the template with the tokenizer",
+        ),
+        (
+            "--max_length",
+            "TRL SFTConfig's argument, which this job does not have. Fix: the SFT row length is --sft_max_length",
+        ),
+        ("--epsilon_high", "TRL GRPOConfig's argument, which this job does not have. Fix: TRAPO clips the ratio"),
+        (
+            "--packing_strategy",
+            "TRL SFTConfig's argument, which this job does not have. Fix: drop it; TRAPO has no field of that name",
+        ),
+    ],
+)
+def test_a_trl_argument_this_project_lacks_is_named_as_trls_with_what_to_use(tmp_path, flag, fix):
+    """TRL's `--chat_template_path` was "Did you mean --chat_template_kwargs?", a different thing (trial 6, M01, M02);
+    a TRL `SFTConfig` / `GRPOConfig` field the job lacks is named as TRL's, with the fix where there is one."""
+    from trl_trapo.jobs.main import parse_args
+
+    with pytest.raises(ValueError, match=rf"^{flag}: unknown argument\. {flag} is ") as e:
+        parse_args([flag, "x", "--output_dir", "unused"])
+    assert fix in str(e.value) and "Did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_an_accelerate_config_given_as_the_recipe_says_where_it_goes(tmp_path, name):
+    """`--config multi_gpu.yaml` (an accelerate config) was "unknown key 'compute_environment' ... correct or remove
+    it", which would have the user strip it key by key (trial 6, T06)."""
+    from pathlib import Path
+
+    module, program, _ = job(name)
+    path = Path(__file__).resolve().parent.parent / "examples" / "accelerate_configs" / "multi_gpu.yaml"
+    with pytest.raises(ValueError, match="It is an accelerate config") as e:
+        module.parse_args(["--config", str(path)])
+    assert f"Fix: pass it as --config_file {path} (or --accelerate_config {path})" in str(e.value)
+    assert f"accelerate launch --config_file {path} {program}" in str(e.value)
+    assert "correct or remove it" not in str(e.value)

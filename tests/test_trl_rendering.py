@@ -342,3 +342,23 @@ def test_chat_template_kwargs_holding_an_argument_trapo_sets_is_refused_by_name(
     with pytest.raises(ValueError, match="'continue_final_message'.*give text to continue"):
         TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"continue_final_message": True})
     TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"enable_thinking": False})
+
+
+@pytest.mark.parametrize(
+    "tools, message",
+    [
+        (5, r"chat_template_kwargs\['tools'\]=5 is invalid: a int where a list of tool schemas belongs"),
+        ("[{x", r"chat_template_kwargs\['tools'\]='\[\{x' is invalid: the JSON string does not parse"),
+        (["multiply"], r"chat_template_kwargs\['tools'\]=\['multiply'\] is invalid: the str 'multiply', not a JSON"),
+    ],
+)
+def test_tools_in_chat_template_kwargs_are_checked_as_a_rows_tools(tmp_path, tools, message):
+    """`chat_template_kwargs={"tools": 5}` (the tools job's `--chat_template_kwargs '{"tools": 5}'`) reached
+    transformers' template call: `TypeError: 'int' object is not iterable` after the data was built (trial 6, E07).
+    `tools` there is every row's tool schemas, checked as a row's `tools` cell is, when the config is built."""
+    from trl_trapo import TRAPOConfig
+
+    with pytest.raises(ValueError, match=message):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"tools": tools})
+    schema = {"type": "function", "function": {"name": "multiply", "parameters": {"type": "object"}}}
+    TRAPOConfig(output_dir=str(tmp_path), report_to="none", chat_template_kwargs={"tools": [schema]})

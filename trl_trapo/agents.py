@@ -77,8 +77,9 @@ from transformers.utils import get_json_schema
 from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational, prepare_multimodal_messages
 
-from .data import INTERNAL_COLUMNS, row_tool_names, tokenize_prompt
+from .data import INTERNAL_COLUMNS, tokenize_prompt
 from .sources import RolloutSource, SampledRound
+from .tool_schemas import row_tool_names
 from .vision import IMAGE_COLUMNS, as_tensors, image_column, is_processor, text_tokenizer
 
 

@@ -43,6 +43,7 @@ from .callbacks import (
     StateCheckpointCallback,
     StopOnSignalCallback,
     SyncReferenceCallback,
+    WeightSnapshotCallback,
 )
 from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
 from .collator import RowAllocator, plan_steps
@@ -398,10 +399,21 @@ class RLSupplyParts:
             built or given (`trainer.rollout_source`: the user's own object, not its adapter).
         supply ([`~trl_trapo.rl_supply.RLSupply`]): the source (adapted), the replay buffer and the orchestration
             between them.
+        callbacks (`list[TrainerCallback]`): what the source needs run on the Trainer's schedule (the
+            asynchronous producer's weight snapshots under ZeRO-3, [`async_weight_snapshots`]).
     """
 
     source: Any
     supply: RLSupply
+    callbacks: list = dataclasses.field(default_factory=list)
+
+
+def async_weight_snapshots(args: TRAPOConfig, parts: SourceParts) -> bool:
+    """Whether the asynchronous producer's weights are taken on a schedule every rank reaches
+    ([`~trl_trapo.callbacks.WeightSnapshotCallback`]) rather than when a rank asks for a round: under DeepSpeed
+    ZeRO-3, where reading them gathers the partitioned parameters (a collective). Not with the vLLM server (the
+    trainer pushes the weights to it, TRL's `sync_weights`, on its one process)."""
+    return bool(args.async_rollouts and parts.zero3 and parts.engine.vllm is None)
 
 
 def build_rl_supply(
@@ -453,7 +465,10 @@ def build_rl_supply(
         task_families=task_families,
         on_episode=on_episode,
     )
-    return RLSupplyParts(source, supply)
+    callbacks = []
+    if async_weight_snapshots(args, parts):  # every rank gathers the weights at the same steps (callbacks.py)
+        callbacks.append(WeightSnapshotCallback(source.take_weight_snapshot, args.weight_sync_steps))
+    return RLSupplyParts(source, supply, callbacks)
 
 
 def rollout_func_spec(args: TRAPOConfig, parts: SourceParts, rollout_func: Callable, active_rl: bool) -> SourceSpec:
@@ -524,23 +539,25 @@ def build_async_source(
     rounds ahead. A tool-calling source is also built here once, so that its construction checks (the chat
     template, conversational prompts) refuse bad input now.
 
+    Under DeepSpeed ZeRO-3 the producer's weights are snapshots taken on a schedule every rank reaches
+    ([`async_weight_snapshots`], [`~trl_trapo.callbacks.WeightSnapshotCallback`]): a round asked for with nothing in
+    flight is then sampled with the last one, up to `weight_sync_steps - 1` steps old.
+
     Raises:
-        ValueError: naming the argument, without RL prompts, under DeepSpeed ZeRO-3 (a weight sync would gather
-            the partitioned weights, a collective the ranks would reach at different steps), with the vLLM server
-            on more than one process, or when a reward function, tool, environment factory or `rollout_func` cannot
-            be pickled.
+        ValueError: naming the argument, without RL prompts; under DeepSpeed ZeRO-3, what
+            [`check_async_weight_snapshots`] refuses; with the vLLM server on more than one process; or when a
+            reward function, tool, environment factory or `rollout_func` cannot be pickled.
     """
     if not active_rl:
         raise ValueError(
             "TRAPOConfig.async_rollouts=True but the run has no RL prompts (train_dataset with rl_weight > 0): "
             "set async_rollouts=False."
         )
-    if parts.zero3:
-        raise ValueError(
-            "TRAPOConfig.async_rollouts=True is not available under DeepSpeed ZeRO-3: sending the weights to the "
-            "producer would gather the partitioned parameters, a collective that each rank reaches when its own "
-            "replay buffer runs low. Use ZeRO-2 or DDP, or async_rollouts=False."
-        )
+    from .async_rollouts import AsyncRolloutSource
+
+    snapshots = async_weight_snapshots(args, parts)
+    if snapshots:
+        check_async_weight_snapshots(args, parts)
     accelerator = parts.accelerator
     if args.use_vllm and accelerator.num_processes > 1:
         raise ValueError(
@@ -555,8 +572,6 @@ def build_async_source(
         )
         spec.build(context).close()
     parts.metrics.track_async()
-    from .async_rollouts import AsyncRolloutSource
-
     return AsyncRolloutSource(
         parts.policy,
         parts.rl_dataset,
@@ -577,7 +592,40 @@ def build_async_source(
         suppress_token_ids=parts.suppressed_token_ids,
         producer_threads=parts.producer_threads,
         source=spec,
+        weight_snapshots=snapshots,
     )
+
+
+def check_async_weight_snapshots(args: TRAPOConfig, parts: SourceParts) -> None:
+    """Refuse what the asynchronous producer's scheduled weight snapshots (DeepSpeed ZeRO-3,
+    [`async_weight_snapshots`]) cannot do, before anything slow runs.
+
+    Raises:
+        ValueError: naming the fields and the fix, with `stale_rollouts="drop"` and `max_staleness <
+            weight_sync_steps - 1` (a round asked for when the last snapshot is older than `max_staleness` would be
+            dropped and asked for again with the same snapshot, forever), or with a policy the producer cannot
+            rebuild from gathered weights (not a transformers model, nor a PEFT model with one adapter over one).
+    """
+    from .async_rollouts import DEFAULT_MAX_STALENESS, PolicyBlueprint
+
+    max_staleness = DEFAULT_MAX_STALENESS if args.max_staleness is None else args.max_staleness
+    if args.stale_rollouts == "drop" and max_staleness < args.weight_sync_steps - 1:
+        raise ValueError(
+            f"TRAPOConfig.max_staleness={max_staleness} with weight_sync_steps={args.weight_sync_steps} under "
+            "DeepSpeed ZeRO-3 and async_rollouts=True: the producer's weights are gathered every weight_sync_steps "
+            "steps (a collective every rank reaches together), so a round asked for when none is in flight is "
+            f"sampled with weights up to {args.weight_sync_steps - 1} steps old; with stale_rollouts='drop' such a "
+            "round would be dropped and asked for again with the same weights, forever. Set max_staleness >= "
+            f"{args.weight_sync_steps - 1} (weight_sync_steps - 1), weight_sync_steps <= {max_staleness + 1}, or "
+            "stale_rollouts='downweight'."
+        )
+    policy = parts.policy()
+    if PolicyBlueprint.parts(policy) is None:
+        raise ValueError(
+            "TRAPOConfig.async_rollouts=True under DeepSpeed ZeRO-3 rebuilds the policy in the producer from its "
+            "gathered weights, which needs a transformers model (or a PEFT model with one adapter over one), not a "
+            f"{type(policy).__name__}. Use ZeRO-2 or DDP, or async_rollouts=False."
+        )
 
 
 def build_objectives(
@@ -1316,6 +1364,13 @@ class RunCallbacks:
     added: list
     stop_on_signal: StopOnSignalCallback
 
+    def apply(self, add: Callable[[Any], None], remove: Callable[[Any], None]) -> None:
+        """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`)."""
+        for callback in self.removed:
+            remove(callback)
+        for callback in self.added:
+            add(callback)
+
 
 def build_callbacks(
     args: TRAPOConfig,
@@ -1330,11 +1385,13 @@ def build_callbacks(
     reference: ReferencePolicy | None,
     policy: Callable[[], Any],
     signal_catcher: SignalCatcher,
+    supply_callbacks: list | None = None,
 ) -> RunCallbacks:
     """TRAPO's callbacks, in the order they are added: the short console line's (`console_metrics="short"`, in
     place of `existing` console callbacks), the adaptive KL window, DDP's communication hook, TRAPO's state in every
     checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), the reference's sync
-    (`sync_ref_model`), and last the stop on SIGINT / SIGTERM (`signal_catcher`).
+    (`sync_ref_model`), the RL supply's (`supply_callbacks`: [`RLSupplyParts.callbacks`]), and last the stop on
+    SIGINT / SIGTERM (`signal_catcher`).
 
     Raises:
         ValueError: `sync_ref_model=True` with no reference to update.
@@ -1352,6 +1409,7 @@ def build_callbacks(
                 "adapter is then a synced copy); not an explicit `ref_adapter_name` you manage yourself."
             )
         callbacks.append(SyncReferenceCallback(reference, policy))
+    callbacks.extend(supply_callbacks or [])
     stop_on_signal = StopOnSignalCallback(signal_catcher, accelerator)
     return RunCallbacks([callback for callback, _ in replaced], [*callbacks, stop_on_signal], stop_on_signal)
 

@@ -29,6 +29,10 @@ passed since the last send: the trainable parameters only (a LoRA run sends its 
 travel in one FIFO queue, so every round is sampled with exactly the weights sent before it was asked for, with an RNG
 seeded by `(seed, rank, round)`: a run does not depend on timing. In the free-running mode the weights travel on a
 queue of their own and the producer takes the newest it has when it starts a round (fresher, not reproducible).
+Under DeepSpeed ZeRO-3 (`weight_snapshots=True`) reading the weights is a gather every rank must enter together, so
+they are taken on a schedule every rank reaches ([`~trl_trapo.callbacks.WeightSnapshotCallback`]: at the start of
+training and every `weight_sync_steps` optimizer steps) and a round is sampled with the last snapshot, up to
+`weight_sync_steps - 1` steps old; `prefetch` and `sample` never read the policy.
 
 **vLLM server** (`use_vllm=True, vllm_mode="server"`). The producer holds no copy of the policy: it sends each
 round's prompts (token ids) to the server through TRL's `VLLMClient` ([`sample_from_server`]: one request per prompt
@@ -59,8 +63,8 @@ old log-probs (the clipped ratio against the sampling policy is the only correct
 
 **Checkpoints.** `checkpoint_state` first waits for the rounds in flight and keeps them, finished, in the checkpoint, with
 the round counter, the last weights version sent and, when that version is older than the checkpoint's step
-(`weight_sync_steps > 1`), those weights: a resumed run consumes exactly the rounds an uninterrupted one would, and in
-the deterministic mode trains to the same parameters.
+(`weight_sync_steps > 1`), those weights (under ZeRO-3: the last snapshot): a resumed run consumes exactly the rounds
+an uninterrupted one would, and in the deterministic mode trains to the same parameters.
 
 Metrics (TRL's names where TRL has them): `sample/staleness_mean`, `sample/staleness_max` (lag of the rounds that
 arrived, in optimizer steps), `sample/dropped_stale_total` (rounds dropped since the start of the run),
@@ -96,6 +100,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from .distributed import cpu_copy
 from .executor import (
     ProducerAccelerator,
     ProducerTrainer,
@@ -467,8 +472,10 @@ class Produced:
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The trainable parameters (`requires_grad`), detached CPU copies, by name: what a weight sync sends (a PEFT
-    model's adapter only)."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    model's adapter only). Under ZeRO-3 each partitioned parameter is gathered for its copy
+    ([`~trl_trapo.distributed.cpu_copy`]): a collective, so every rank calls it together (the weight snapshots'
+    schedule, [`AsyncRolloutSource.take_weight_snapshot`])."""
+    return {n: cpu_copy(p) for n, p in model.named_parameters() if p.requires_grad}
 
 
 @dataclass
@@ -492,10 +499,10 @@ class PolicyBlueprint:
     peft_config: Any = None
     adapter_name: str = "default"
 
-    @classmethod
-    def of(cls, policy: nn.Module) -> PolicyBlueprint | None:
-        """The blueprint of `policy` (a `PreTrainedModel`, or a `PeftModel` with one adapter over one), or None for
-        any other module (the producer then gets a pickled copy)."""
+    @staticmethod
+    def parts(policy: nn.Module) -> tuple[nn.Module, Any, str] | None:
+        """`(base model, peft_config, adapter_name)` of a policy a blueprint can describe (a `PreTrainedModel`, not
+        quantized, or a `PeftModel` with one adapter over one; `peft_config` None without PEFT), else None."""
         from transformers import PreTrainedModel
 
         peft_config, adapter_name, base = None, "default", policy
@@ -510,12 +517,29 @@ class PolicyBlueprint:
             base = policy.get_base_model()
         if not isinstance(base, PreTrainedModel) or getattr(base.config, "quantization_config", None) is not None:
             return None
-        copies: dict[int, torch.Tensor] = {}  # by storage: tied tensors stay one tensor
+        return base, peft_config, adapter_name
+
+    @classmethod
+    def of(cls, policy: nn.Module) -> PolicyBlueprint | None:
+        """The blueprint of `policy` (see [`parts`]), or None for any other module (the producer then gets a pickled
+        copy). Under ZeRO-3 each partitioned parameter is gathered for its copy, one at a time: a collective, so
+        every rank calls it together."""
+        described = cls.parts(policy)
+        if described is None:
+            return None
+        base, peft_config, adapter_name = described
+        copies: dict[tuple, torch.Tensor] = {}  # by storage: tied tensors stay one tensor
         state = {}
-        for name, tensor in policy.state_dict().items():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
-            if key not in copies or not tensor.numel():
-                copies[key] = tensor.detach().to("cpu", copy=True)
+        for name, tensor in policy.state_dict(keep_vars=True).items():
+            if hasattr(tensor, "ds_id"):  # a ZeRO-3 partition (a placeholder): tied names share the parameter
+                key = ("zero3", id(tensor))
+                if key not in copies:
+                    copies[key] = cpu_copy(tensor)
+            else:
+                key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                       tensor.stride())  # fmt: skip
+                if key not in copies or not tensor.numel():
+                    copies[key] = tensor.detach().to("cpu", copy=True)
             state[name] = copies[key]
         return cls(type(base), copy.deepcopy(base.config), state, copy.deepcopy(peft_config), adapter_name)
 
@@ -807,6 +831,11 @@ class AsyncRolloutSource(RolloutSource):
         source ([`~trl_trapo.executor.SourceSpec`], *optional*): the rollout source the producer builds and runs
             (the default source, the tool-calling source of `tools` / `environment_factory`, TRL's `rollout_func`);
             None: the default source. With a vLLM server only the default source.
+        weight_snapshots (`bool`): the producer's weights are read only by [`take_weight_snapshot`], which the
+            trainer calls on a schedule every rank reaches ([`~trl_trapo.callbacks.WeightSnapshotCallback`]: at
+            `on_train_begin` and every `weight_sync_steps` optimizer steps); `prefetch` and `sample` then send the
+            last snapshot and never read the policy. Under DeepSpeed ZeRO-3, where reading the weights gathers the
+            partitioned parameters (a collective), while each rank asks for rounds at its own steps.
 
     Raises:
         ValueError: naming the object, if a reward function, a tool, an environment factory or the `rollout_func`
@@ -835,6 +864,7 @@ class AsyncRolloutSource(RolloutSource):
         suppress_token_ids: Sequence[int] = (),
         producer_threads: int | None = None,
         source: SourceSpec | None = None,
+        weight_snapshots: bool = False,
     ):
         check_picklable(list(scorer.funcs))
         if source is None:
@@ -877,11 +907,61 @@ class AsyncRolloutSource(RolloutSource):
         self.dropped_total = 0
         self._restored_weights: tuple[int, dict[str, torch.Tensor]] | None = None
         self._process = self._requests = self._weights = self._results = None
+        self.weight_snapshots = bool(weight_snapshots)
+        # with weight_snapshots: the last scheduled snapshot (version, trainable weights), what the next round asked
+        # for is sampled with; and the producer's first copy (the whole policy, taken at the start of training)
+        self.snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._blueprint: PolicyBlueprint | None = None
 
     @property
     def producer_pid(self) -> int | None:
         """The producer process's id while it runs, else None."""
         return self._process.pid if self._process is not None else None
+
+    def take_weight_snapshot(self, step: int, first: bool = False) -> None:
+        """Take the weights the producer will sample with (`weight_snapshots=True`): the trainable parameters at
+        optimizer step `step` (version `step`) and, when `first` (the start of training), also the whole policy, the
+        producer's first copy ([`PolicyBlueprint`]). A round asked for afterwards is sampled with the last snapshot.
+
+        Collective under ZeRO-3 (each partitioned parameter is gathered for its copy, one at a time,
+        `deepspeed.zero.GatheredParameters`): every rank calls it at the same step, from
+        [`~trl_trapo.callbacks.WeightSnapshotCallback`]. On a resumed run whose checkpoint kept an older snapshot
+        (`weight_sync_steps > 1`), the first call keeps that one, as the uninterrupted run would have it.
+        `perf/weight_sync_s` counts the seconds.
+
+        Raises:
+            ValueError: if the policy is neither a transformers model nor a PEFT model with one adapter over one
+                (only those are rebuilt in the producer from gathered weights).
+        """
+        start = time.perf_counter()
+        live = self.policy()
+        if first:
+            blueprint = PolicyBlueprint.of(live)
+            if blueprint is None:
+                raise ValueError(
+                    f"async_rollouts=True under DeepSpeed ZeRO-3 rebuilds the policy in the producer from its gathered "
+                    f"weights, which needs a transformers model (or a PEFT model with one adapter over one), not a "
+                    f"{type(live).__name__}. Use ZeRO-2 or DDP, or async_rollouts=False."
+                )
+            self._blueprint = blueprint
+            if self._restored_weights is not None:  # the checkpoint's snapshot, older than its step
+                self.snapshot, self._restored_weights = self._restored_weights, None
+            else:
+                names = [n for n, p in live.named_parameters() if p.requires_grad]
+                self.snapshot = (int(step), {name: blueprint.state[name] for name in names})
+        else:
+            self.snapshot = (int(step), trainable_state(live))
+        self.metrics.add_weight_sync(time.perf_counter() - start)
+
+    def _last_snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """The last scheduled snapshot (`weight_snapshots=True`): `(version, trainable weights)`."""
+        if self.snapshot is None:
+            raise RuntimeError(
+                "AsyncRolloutSource(weight_snapshots=True) samples with the weights take_weight_snapshot takes at the "
+                "start of training and on its schedule (WeightSnapshotCallback), and none was taken: register the "
+                "callback (the trainer does), or build the source without weight_snapshots."
+            )
+        return self.snapshot
 
     # ---- the producer process -------------------------------------------------------------------------------------
     def _server_spec(self) -> VLLMServerSpec:
@@ -914,6 +994,16 @@ class AsyncRolloutSource(RolloutSource):
                 self._restored_weights = None
             self._push(step)
             server = self._server_spec()
+        elif self.weight_snapshots:  # the copy taken at the start of training, with the last scheduled weights
+            version, state = self._last_snapshot()
+            if self._blueprint is None:
+                raise RuntimeError(
+                    "AsyncRolloutSource(weight_snapshots=True) starts a producer from the copy of the policy taken "
+                    "by take_weight_snapshot(step, first=True) at the start of training, and it was used by an "
+                    "earlier producer: call it again (WeightSnapshotCallback.on_train_begin does)."
+                )
+            policy, self._blueprint = self._blueprint, None  # the producer keeps it; a later start takes a new one
+            _load_weights_into_state(policy.state, state)
         else:
             live = self.policy()
             policy = PolicyBlueprint.of(live)
@@ -975,7 +1065,9 @@ class AsyncRolloutSource(RolloutSource):
                 f"{error}). Define reward functions at module level, or set async_rollouts=False."
             ) from error
         self.sent_version = version
-        if self.args.weight_sync_steps > 1 and isinstance(policy, PolicyBlueprint):
+        if self.weight_snapshots:
+            pass  # a checkpoint keeps the last snapshot (`checkpoint_state`)
+        elif self.args.weight_sync_steps > 1 and isinstance(policy, PolicyBlueprint):
             names = [n for n, p in live.named_parameters() if p.requires_grad]  # as a weight sync sends them
             self.sent_state = {name: policy.state[name].clone() for name in names}
         elif self.args.weight_sync_steps > 1 and policy is not None:
@@ -985,9 +1077,18 @@ class AsyncRolloutSource(RolloutSource):
                 self._send(request)
 
     def _sync_weights(self, step: int, force: bool = False) -> None:
-        """Send the trainable weights if `weight_sync_steps` steps have passed since the last send."""
+        """Send the trainable weights if `weight_sync_steps` steps have passed since the last send (with
+        `weight_snapshots`: the last scheduled snapshot, if the producer does not have it yet; never reads the
+        policy)."""
         if self._process is None:
             self._start(step)
+        if self.weight_snapshots:
+            version, state = self._last_snapshot()
+            if version > self.sent_version:
+                channel = self._requests if self.args.async_deterministic else self._weights
+                channel.put(("weights", version, state))
+                self.sent_version = version
+            return
         if step <= self.sent_version or (not force and step - self.sent_version < self.args.weight_sync_steps):
             return
         channel = self._requests if self.args.async_deterministic else self._weights
@@ -1102,8 +1203,12 @@ class AsyncRolloutSource(RolloutSource):
             rounds = [len(r.indices) * r.group for r in self.pending]
             covered = steps_covered(use_counts, rows_needed, rounds, self.max_staleness)
             # the weights a round asked for now is sampled with: this step's if a sync is due, else the last sent
-            due = self.sent_version is None or step - self.sent_version >= self.args.weight_sync_steps
-            behind = 0 if due else step - self.sent_version
+            # (with weight_snapshots: the last scheduled snapshot)
+            if self.weight_snapshots:
+                behind = step - self._last_snapshot()[0]
+            else:
+                due = self.sent_version is None or step - self.sent_version >= self.args.weight_sync_steps
+                behind = 0 if due else step - self.sent_version
             if covered + behind > self.max_staleness:
                 return
             self._ask(rows_needed, step)
@@ -1242,7 +1347,14 @@ class AsyncRolloutSource(RolloutSource):
                 tensors[f"{key}/prompt_ids"] = _flat(produced.prompt_ids, torch.long)
             tensors[f"{key}/scores"] = produced.scores.float().contiguous()
             tensors[f"{key}/per_func"] = produced.per_func.float().contiguous()
-        if self.sent_state is not None and self.sent_version is not None and self.sent_state:
+        if self.weight_snapshots and self.snapshot is not None:
+            # the weights the next round asked for is sampled with: the last snapshot (kept when it can be older
+            # than the checkpoint's step; a resumed run's first snapshot takes it, `take_weight_snapshot`)
+            meta["sent_version"] = self.snapshot[0]
+            if self.args.weight_sync_steps > 1:
+                for name, value in self.snapshot[1].items():
+                    tensors[f"producer_weights/{name}"] = value.contiguous()
+        elif self.sent_state is not None and self.sent_version is not None and self.sent_state:
             for name, value in self.sent_state.items():
                 tensors[f"producer_weights/{name}"] = value.contiguous()
         return meta, tensors

@@ -8,6 +8,7 @@
 | [`StateCheckpointCallback`] | `on_save` | writes TRAPO's own state into each `checkpoint-N` after the Trainer's files |
 | [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
+| [`WeightSnapshotCallback`] | `on_train_begin`, `on_step_end` | the async producer's weights under ZeRO-3, every `weight_sync_steps` (all ranks) |
 | [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
 | [`ShortProgressCallback`], [`ShortPrinterCallback`] | `on_log` | `console_metrics="short"`: the console's line of a training step shows `CONSOLE_METRICS` only |
 
@@ -73,6 +74,35 @@ class AdaptiveKLCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.schedules.end_step(state.global_step - 1, self.reduce)
+        return control
+
+
+class WeightSnapshotCallback(TrainerCallback):
+    """Takes the asynchronous producer's weights on a schedule every rank reaches: once at `on_train_begin` (the
+    producer's first copy, the whole policy) and at the end of every `every`-th optimizer step (the trainable
+    parameters, version `state.global_step`), through
+    [`~trl_trapo.async_rollouts.AsyncRolloutSource.take_weight_snapshot`].
+
+    Under DeepSpeed ZeRO-3 reading the weights gathers the partitioned parameters, a collective: a rank's rollout
+    source asks for rounds at its own steps (its replay buffer runs low when it does), so it cannot gather there; it
+    sends the last snapshot instead (docs/async.md, "Several processes").
+
+    Args:
+        snapshot (`Callable[[int, bool], None]`): `take_weight_snapshot(step, first)` (collective).
+        every (`int`): `weight_sync_steps`.
+    """
+
+    def __init__(self, snapshot: Callable[[int, bool], None], every: int):
+        self.snapshot = snapshot
+        self.every = int(every)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.snapshot(state.global_step, True)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.every == 0:
+            self.snapshot(state.global_step, False)
         return control
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import re
 import stat
@@ -30,6 +32,9 @@ import torch
 import zstandard
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
+
+
+logger = logging.getLogger(__name__)
 
 
 STATE_DIR = "trapo"
@@ -359,6 +364,88 @@ def check_checkpoint_fits(
         )
 
 
+RESTORED_OPTIMIZER_SETTINGS = {
+    "learning_rate": "the scheduler's base learning rate (scheduler.pt `base_lrs`)",
+    "weight_decay": "the optimizer's parameter groups (optimizer.pt)",
+    "adam_beta1": "the optimizer's parameter groups (optimizer.pt)",
+    "adam_beta2": "the optimizer's parameter groups (optimizer.pt)",
+    "adam_epsilon": "the optimizer's parameter groups (optimizer.pt)",
+}
+"""The `TrainingArguments` fields whose value a resumed run takes from the checkpoint, not from its arguments:
+transformers' Trainer loads the optimizer's and the scheduler's state dicts, which hold them (-> where each is
+read). The schedule's shape (`lr_scheduler_type`, `warmup_steps`, `max_steps`) is rebuilt from the arguments."""
+
+
+def checkpoint_optimizer_settings(checkpoint_dir: str) -> dict[str, float]:
+    """The values of [`RESTORED_OPTIMIZER_SETTINGS`] a checkpoint's `scheduler.pt` and `optimizer.pt` hold, read with
+    `weights_only=True` (the optimizer's state tensors memory-mapped, not read).
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder.
+
+    Returns:
+        Field name -> the checkpoint's value, for those found: `learning_rate` is the first parameter group's base
+        rate, `weight_decay` the largest group's (the no-decay group has 0); empty for a checkpoint without those
+        files (DeepSpeed and FSDP keep their own) or an optimizer without such settings (`betas`, `eps`).
+    """
+    found: dict[str, float] = {}
+    try:
+        scheduler = torch.load(os.path.join(checkpoint_dir, "scheduler.pt"), weights_only=True, map_location="cpu")
+        found["learning_rate"] = float(scheduler["base_lrs"][0])
+    except (OSError, KeyError, IndexError, TypeError, ValueError, RuntimeError):
+        pass
+    try:
+        optimizer = torch.load(
+            os.path.join(checkpoint_dir, "optimizer.pt"), weights_only=True, map_location="cpu", mmap=True
+        )
+        groups = optimizer["param_groups"]
+        found.setdefault("learning_rate", float(groups[0]["initial_lr"]))
+        found["weight_decay"] = max(float(g["weight_decay"]) for g in groups)
+        found["adam_beta1"], found["adam_beta2"] = (float(b) for b in groups[0]["betas"])
+        found["adam_epsilon"] = float(groups[0]["eps"])
+    except (OSError, KeyError, IndexError, TypeError, ValueError, RuntimeError):
+        pass
+    return found
+
+
+def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
+    """Warn, naming each field, when this run's arguments give an optimizer setting that resuming from
+    `checkpoint_dir` replaces by the checkpoint's ([`RESTORED_OPTIMIZER_SETTINGS`]): transformers' Trainer restores
+    the optimizer and scheduler states, so a new `--learning_rate` on resume trains at the checkpoint's rate without a
+    word (its own check, `compare_trainer_and_checkpoint_args`, compares only batch size and step intervals). The
+    behaviour is transformers'; the warning is TRAPO's.
+
+    Args:
+        checkpoint_dir (`str`): the checkpoint being resumed.
+        args: the run's `TrainingArguments` (`TRAPOConfig`).
+
+    Returns:
+        The fields that differ (each warned once, in one message).
+    """
+    saved = checkpoint_optimizer_settings(checkpoint_dir)
+    differ = [
+        name
+        for name, value in saved.items()
+        if isinstance(getattr(args, name, None), (int, float))
+        and not math.isclose(float(getattr(args, name)), value, rel_tol=1e-6, abs_tol=0.0)
+    ]
+    if differ:
+        listed = "; ".join(f"{name}={getattr(args, name)!r} (the checkpoint's: {saved[name]!r})" for name in differ)
+        logger.warning(
+            "resume_from_checkpoint=%r: %s. Resuming restores the checkpoint's optimizer and scheduler, as "
+            "transformers' Trainer does, so the checkpoint's value%s used, not this run's. To train with the new "
+            "value%s, start a new run from the checkpoint's weights (--model_name_or_path %s, without "
+            "--resume_from_checkpoint); to resume as it was, drop %s.",
+            checkpoint_dir,
+            listed,
+            " is" if len(differ) == 1 else "s are",
+            "" if len(differ) == 1 else "s",
+            checkpoint_dir,
+            ", ".join(f"--{name}" for name in differ),
+        )
+    return differ
+
+
 def _described(entry: dict | None) -> str:
     if entry is None:
         return "none"
@@ -490,12 +577,14 @@ __all__ = [
     "atomic_write_bytes",
     "check_checkpoint_fits",
     "check_checkpoint_step",
+    "checkpoint_optimizer_settings",
     "datasets_summary",
     "atomic_write_json",
     "encode_tensors",
     "decode_tensors",
     "write_rank_state",
     "verify_checkpoint",
+    "warn_settings_restored",
     "read_rank_state",
     "read_state_file",
     "last_complete_checkpoint",

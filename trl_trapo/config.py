@@ -32,6 +32,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from .sampler_correction import CorrectionMode, bounds_problem
+from .tool_schemas import row_tool_names
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -62,6 +63,16 @@ OWN_GENERATION_FIELDS = {
     "pad_token_id": "processing_class.pad_token",
 }
 """`generation_kwargs` keys that duplicate a `TRAPOConfig` field (the field to set instead)."""
+OWN_GENERATION_FIX = {
+    "do_sample": "RL rollouts are always sampled: TRAPO learns from sampled completions and trains on the log-probs of "
+    "sampling at `temperature`, so greedy rollouts (do_sample=False) are not supported and do_sample=True is what it "
+    "does already. Drop the key; for less random rollouts lower `temperature` (e.g. 0.3; --temperature 0.3). "
+    "Evaluation (eval_* metrics) decodes greedily already.",
+    "pad_token_id": "the pad id is the tokenizer's: set `processing_class.pad_token` (from the command line: save the "
+    "tokenizer with its pad token next to the model and pass that folder as --model_name_or_path).",
+}
+"""The fix named for an [`OWN_GENERATION_FIELDS`] key whose reason is not "TRAPO trains on log-probs at that value"
+(the default message's, which fits the sampling settings)."""
 
 OWN_CHAT_TEMPLATE_ARGUMENTS = {
     "conversation": "the row's messages",
@@ -1513,9 +1524,10 @@ class TRAPOConfig(_BaseConfig):
             "producer calls the reward functions; the trainer takes finished rounds from a bounded queue and "
             "computes reference log-probs, values, advantages and every round statistic itself when it consumes "
             "them. Reward functions must be picklable (module-level). The prompt choice and targeted exploration's "
-            "temperatures apply when a round is asked for, guidance when it is consumed; see docs/async.md. Not with "
-            "vLLM's colocate mode, fewshot_mode, tools / environment_factory, rollout_func, a rollout_source of your "
-            "own or ZeRO-3."
+            "temperatures apply when a round is asked for, guidance when it is consumed; see docs/async.md. Under "
+            "DeepSpeed ZeRO-3 the producer's weights are gathered on a schedule every rank reaches (the start of "
+            "training and every weight_sync_steps steps). Not with vLLM's colocate mode (its engine belongs to the "
+            "trainer's process group), fewshot_mode, or a rollout_source of your own."
         },
     )
     max_staleness: int | None = field(
@@ -2126,10 +2138,15 @@ class TRAPOConfig(_BaseConfig):
                 bad(
                     "vllm_mode",
                     self.vllm_mode,
-                    "async_rollouts samples in a producer process, but colocate mode's vLLM engine lives in the "
-                    "trainer's process (it would sample in the trainer's time and memory). Start a vLLM server "
-                    "(`trl vllm-serve --model <model>`) and set vllm_mode='server' with vllm_server_base_url, or "
-                    "set async_rollouts=False.",
+                    "async_rollouts samples in a producer process, and TRL's colocate engine cannot live there: "
+                    "it is one shard of a vLLM world built on the trainer's torch.distributed world (the trainer's "
+                    "rank and world size, distributed_executor_backend='external_launcher', tensor-parallel groups "
+                    "of the trainer's ranks, a barrier over every rank when it starts) and it loads its weights "
+                    "from the trainer's live, possibly ZeRO-3-partitioned, model; a spawned producer has neither. "
+                    "An engine of the producer's own beside the trainer would be a vLLM server without its HTTP, "
+                    "which is vllm_mode='server' (TRL's AsyncGRPOTrainer samples from a server only). Start a vLLM "
+                    "server (`trl vllm-serve --model <model>`, on other GPUs) and set vllm_mode='server' with "
+                    "vllm_server_base_url, or set async_rollouts=False (synchronous colocate rollouts).",
                 )
             if self.use_vllm and self.async_correction == "behaviour":
                 bad(
@@ -2231,10 +2248,21 @@ class TRAPOConfig(_BaseConfig):
 
     def _validate_chat_template_kwargs(self, bad) -> None:
         """`chat_template_kwargs` go to the chat template; the arguments TRAPO sets itself, as TRL's trainers do
-        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name."""
+        (where GRPOTrainer fails with `got multiple values for keyword argument`), are refused by name; `tools`, read
+        as every row's tool schemas (as a row's `tools` cell), is checked as that cell is (transformers' template
+        call failed on `{"tools": 5}` with `'int' object is not iterable`)."""
         kwargs = self.chat_template_kwargs or {}
         if not isinstance(kwargs, dict):
             bad("chat_template_kwargs", kwargs, "use a dict of the chat template's variables, or None.")
+        if "tools" in kwargs:
+
+            def bad_tools(field: str, problem: str, fix: str) -> ValueError:
+                return ValueError(
+                    f"{type(self).__name__}.chat_template_kwargs['tools']={kwargs['tools']!r} is invalid: {problem}. "
+                    f"{fix} Tools to call are given as `tools=` (functions) or `environment_factory=`."
+                )
+
+            row_tool_names(kwargs["tools"], bad_tools)
         own = sorted(set(kwargs) & set(OWN_CHAT_TEMPLATE_ARGUMENTS))
         if own:
             bad(
@@ -2253,7 +2281,9 @@ class TRAPOConfig(_BaseConfig):
                 bad(
                     "generation_kwargs",
                     {key: value},
-                    f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that value.",
+                    OWN_GENERATION_FIX.get(key)
+                    or f"set `{OWN_GENERATION_FIELDS[key]}` instead: TRAPO records and trains on log-probs at that "
+                    "value.",
                 )
             if key == "stop_strings":
                 bad(

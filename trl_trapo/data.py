@@ -29,7 +29,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -41,6 +41,7 @@ from trl.data_utils import common_prefix_length, is_conversational
 
 from .collator import Row
 from .config import PRETRAIN, SFT
+from .tool_schemas import row_tool_names
 from .vision import IMAGE_COLUMNS, ImageRows, as_tensors, check_no_images, image_column
 
 
@@ -886,65 +887,6 @@ def _row_tools(value: Any) -> list | None:
     return value or None
 
 
-def _schema_name(schema: Any) -> str | None:
-    """A tool schema's name: `{"type": "function", "function": {"name": ...}}` or `{"name": ...}`."""
-    if not isinstance(schema, dict):
-        return None
-    function = schema.get("function") if isinstance(schema.get("function"), dict) else schema
-    name = function.get("name")
-    return name if isinstance(name, str) else None
-
-
-def row_tool_names(tools_cell: Any, bad: Callable[[str, str, str], ValueError]) -> list[str] | None:
-    """Check one row's `tools` cell (None, a list of JSON schemas, or a JSON string of one, as TRL's SFT reads it) and
-    return its tool names (None: the row lists no tools).
-
-    Args:
-        tools_cell: the cell.
-        bad: `bad(field, problem, fix)` -> the error naming the dataset and the row.
-
-    Raises:
-        ValueError: from `bad`: a string that does not parse as JSON, a cell that is not a list, an entry that is not
-            a schema with a string `name` (e.g. a tool's name alone).
-    """
-    if isinstance(tools_cell, str) and tools_cell.strip():
-        try:
-            tools_cell = json.loads(tools_cell)
-        except json.JSONDecodeError as error:
-            raise bad(
-                "`tools`",
-                f"the JSON string does not parse ({error}): {tools_cell[:80]!r}",
-                "Write the tool schemas as a JSON list (json.dumps of a list of schemas), or as the list itself.",
-            ) from error
-    elif isinstance(tools_cell, str):
-        return None
-    if not tools_cell:
-        return None
-    if not isinstance(tools_cell, list):
-        raise bad(
-            "`tools`",
-            f"a {type(tools_cell).__name__} where a list of tool schemas belongs",
-            'Give a list of JSON schemas ({"type": "function", "function": {"name": ..., "parameters": ...}}, '
-            "as transformers' get_json_schema writes them), or None.",
-        )
-    names = [_schema_name(schema) for schema in tools_cell]
-    for index, (schema, name) in enumerate(zip(tools_cell, names)):
-        if not isinstance(schema, dict):
-            raise bad(
-                f"`tools`[{index}]",
-                f"the {type(schema).__name__} {str(schema)[:80]!r}, not a JSON schema",
-                "Give each tool's schema (`transformers.utils.get_json_schema(function)` writes one), or pass the "
-                "functions themselves as the trainer's `tools=`.",
-            )
-        if name is None:
-            raise bad(
-                f"`tools`[{index}]",
-                "a tool schema without a string `name`",
-                "Give each schema a name (transformers' get_json_schema(function) writes one).",
-            )
-    return names
-
-
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
 """The message roles chat templates know (OpenAI's, `function` the legacy tool role, `ipython` Llama 3's)."""
 
@@ -997,6 +939,12 @@ def check_row_cells(dataset: Dataset, role: str) -> None:
                     f"`{role}` row {row}, `chat_template_kwargs`: a {type(cell).__name__} ({str(cell)[:80]!r}), not "
                     'a dict of template arguments. Write it as an object, e.g. {"enable_thinking": false}, or None.'
                 )
+            if isinstance(cell, dict) and "tools" in cell:  # read as the row's `tools` (see `row_template_kwargs`)
+
+                def bad(field: str, problem: str, fix: str, row=row) -> ValueError:
+                    return ValueError(f"`{role}` row {row}, `chat_template_kwargs`[{field}]: {problem}. {fix}")
+
+                row_tool_names(cell["tools"], bad)
 
 
 def check_tool_call_traces(dataset: Dataset, role: str = "sft_dataset") -> None:

@@ -9,7 +9,9 @@
   weights, a collective); `max_over_ranks` the same with a number (the signal that stops a run, see `interrupts.py`).
 - `end_process_group`: an orderly end of the process group before the interpreter exits.
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
-  policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model).
+  policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model);
+  `cpu_copy`: one tensor's full CPU copy, gathered first when ZeRO-3 partitioned it (the asynchronous producer's
+  weights).
 - `restore_kernel_functions`: gives models built after DeepSpeed's `zero.Init` undid a kernelized class's `__init__`
   (a VLM's language model imported while ZeRO-3 built it) the kernel functions their `forward` reads.
 - `register_ddp_comm_hook`: registers PyTorch's fp16 / bf16 / PowerSGD DDP communication hooks through accelerate's
@@ -263,6 +265,20 @@ def restore_kernel_functions(*models: nn.Module | None) -> int:
             ", ".join(wholes[cls]),
         )
     return sum(repaired.values())
+
+
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A detached CPU copy of `tensor`, whole: a ZeRO-3-partitioned parameter is gathered for the copy
+    (`deepspeed.zero.GatheredParameters`, one parameter at a time) and released after it.
+
+    Collective when `tensor` is partitioned: every rank must call it for the same parameter at the same point.
+    """
+    if not _is_partitioned(tensor):
+        return tensor.detach().to("cpu", copy=True)
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([tensor]):
+        return tensor.data.detach().to("cpu", copy=True)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

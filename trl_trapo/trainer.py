@@ -84,6 +84,7 @@ from .checkpoint import (
     restore_rng,
     rng_tensors,
     verify_checkpoint,
+    warn_settings_restored,
     write_rank_state,
 )
 from .collator import (
@@ -585,11 +586,9 @@ class TRAPOTrainer(_BaseTrainer):
             reference=self.reference,
             policy=self._unwrapped_policy,
             signal_catcher=self._signal_catcher,
+            supply_callbacks=supply.callbacks,
         )
-        for callback in wiring.removed:
-            self.remove_callback(callback)
-        for callback in wiring.added:
-            self.add_callback(callback)
+        wiring.apply(add=self.add_callback, remove=self.remove_callback)
         self._stop_on_signal = wiring.stop_on_signal
 
         self._train_start_time: float | None = None
@@ -1172,6 +1171,10 @@ class TRAPOTrainer(_BaseTrainer):
                 policy = self._unwrapped_policy()
                 check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
             check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
+            if (
+                self.accelerator.is_main_process
+            ):  # a new learning rate would not be used, without a word (trial 6, M12)
+                warn_settings_restored(resume_from_checkpoint, self.args)
             self._load_trapo_state(resume_from_checkpoint)
             self._restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)

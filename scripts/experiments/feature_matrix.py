@@ -565,6 +565,9 @@ BY_DESIGN = {
     frozenset({"fewshot", "vllm_server"}): "few-shot mode is experimental (no anchor has it)",
     frozenset({"fewshot", "vllm_colocate"}): "few-shot mode is experimental (no anchor has it)",
     frozenset({"fewshot", "images"}): "few-shot mode is experimental (no anchor has it)",
+    frozenset({"vllm_colocate", "async"}): (
+        "the colocate engine is a shard of the trainer's distributed world; in a producer it would be a server"
+    ),
 }
 VLLM_FEATURES = ("vllm_server", "vllm_colocate")
 

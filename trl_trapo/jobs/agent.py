@@ -35,6 +35,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from datasets import Dataset
 from trl import TrlParser
@@ -89,6 +90,13 @@ AGENT_JOB_DEFAULTS = dict(
 @dataclass
 class AgentJobArguments:
     """The data arguments of the agent job (the training arguments are `TRAPOConfig`'s)."""
+
+    own_data: ClassVar[str] = (
+        "For your own model and data: `trapo train` (it takes --model_name_or_path, --dataset_name, --use_peft, "
+        "...), or "
+        "`TRAPOTrainer(tools=...)` in Python for tool calls (docs/agents.md)."
+    )
+    """Where a user's own model and data go: said when a main-job argument is given to this job."""
 
     task_seed: int = field(
         default=0, metadata={"help": "Seed of the agent task and of the built-in suite (corpus, other families)."}

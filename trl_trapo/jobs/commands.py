@@ -25,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import ipaddress
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import yaml
 
 
 @dataclass(frozen=True)
@@ -184,13 +188,79 @@ LAUNCH_MAXIMUMS = {"main_process_port": 65535}
 parser and fails inside torch.distributed on several processes."""
 
 
-def check_launch_namespace(namespace: argparse.Namespace) -> None:
-    """Refuse launcher options `accelerate launch` would fail on late (a raw traceback) or silently replace.
+HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # `_`: names in /etc/hosts (containers) resolve
+GPU_ID = re.compile(r"^(\d+|GPU-[0-9A-Fa-f-]+|MIG-[\w/-]+)$")  # what CUDA_VISIBLE_DEVICES takes: an index or a UUID
+
+
+def is_host(value: str) -> bool:
+    """Whether `value` is an IP address (v4 or v6) or a host name (RFC 1123: dot-separated labels of letters, digits
+    and hyphens, underscores allowed as the system resolver allows them in /etc/hosts; an all-numeric last label only
+    as an IPv4 address, so `999.1.1.1` is neither)."""
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        labels = value.rstrip(".").split(".")
+        return 0 < len(value) <= 253 and all(HOST_LABEL.match(label) for label in labels) and not labels[-1].isdigit()
+
+
+def accelerate_config_of(namespace: argparse.Namespace):
+    """The accelerate config `accelerate launch` will read for `namespace`, loaded as it loads it: `--config_file`, or
+    accelerate's default config file when it exists (`accelerate config` writes it) and `--cpu` is not given.
+
+    Returns:
+        accelerate's `ClusterConfig` / `SageMakerConfig`, or None when no config file applies.
 
     Raises:
-        ValueError: `--config_file` names no file (accelerate raises `FileNotFoundError` inside the launch), or a
-            numeric option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process) or above
-            [`LAUNCH_MAXIMUMS`] (`--main_process_port 99999`).
+        ValueError: naming `--config_file` and the fix, for a file that is no accelerate config (a training recipe
+            given as `--config_file`: accelerate's "A `distributed_type` must be specified") or that accelerate
+            cannot read.
+    """
+    from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+
+    from trl_trapo.jobs.main import ACCELERATE_CONFIG_KEYS
+
+    path = namespace.config_file
+    if path is None and (namespace.cpu or not os.path.isfile(default_config_file)):
+        return None
+    shown = path if path is not None else default_config_file
+    try:
+        return load_config_from_file(path)
+    except Exception as error:  # accelerate's own: ValueError, TypeError (an unknown key), yaml's and json's errors
+        keys = set()
+        try:
+            with open(shown, encoding="utf-8") as handle:
+                data = yaml.safe_load(handle)
+            keys = set(data) if isinstance(data, dict) else set()
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            pass
+        recipe = ""
+        if keys and not keys & ACCELERATE_CONFIG_KEYS:
+            recipe = (
+                f" It has no `distributed_type`: it looks like a training recipe (its keys, e.g. "
+                f"{', '.join(sorted(map(str, keys))[:3])}, are the job's arguments), which the job reads with --config."
+            )
+        raise ValueError(
+            f"--config_file={shown!r} is not an accelerate config accelerate can read ({type(error).__name__}: "
+            f"{error}).{recipe} Fix: pass a training recipe as --config, and an accelerate config (written by "
+            f"`accelerate config`) as --config_file, or use {ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, "
+            "zero2, fsdp2, ...)."
+        ) from error
+
+
+def check_launch_namespace(namespace: argparse.Namespace) -> None:
+    """Refuse launcher options `accelerate launch` would fail on late (a raw traceback) or silently ignore, checked as
+    accelerate reads them: each option on the command line, else the accelerate config's value.
+
+    Raises:
+        ValueError: naming the option, the value and the fix, when `--config_file` names no file (accelerate raises
+            `FileNotFoundError` inside the launch) or no accelerate config (see [`accelerate_config_of`]); a numeric
+            option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process) or above
+            [`LAUNCH_MAXIMUMS`] (`--main_process_port 99999`); `--machine_rank` is not below `--num_machines` (a
+            rank no launch has); several machines without `--main_process_ip` (accelerate's `AssertionError`);
+            `--main_process_ip` is neither an IP address nor a host name; `--gpu_ids` is not `all` or a
+            comma-separated list of GPU indices (or UUIDs), which accelerate copies into `CUDA_VISIBLE_DEVICES`
+            unread; `--mixed_precision fp8` without Transformer Engine or torchao (accelerate's `RuntimeError`).
     """
     config_file = namespace.config_file
     if config_file is not None and not os.path.isfile(config_file):
@@ -209,6 +279,52 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
             raise ValueError(
                 f"--{name}={value}: use an integer in {LAUNCH_MINIMUMS[name]}-{maximum}, or leave it out."
             )
+    config = accelerate_config_of(namespace)
+
+    def value_of(name: str, default=None):
+        given = getattr(namespace, name, None)
+        return given if given is not None else getattr(config, name, None) if config is not None else default
+
+    num_machines, machine_rank = value_of("num_machines") or 1, value_of("machine_rank") or 0
+    if machine_rank >= num_machines:
+        raise ValueError(
+            f"--machine_rank={machine_rank}: must be < --num_machines ({num_machines}): machines are numbered 0 to "
+            f"{num_machines - 1}. Fix: leave --machine_rank out on one machine; on several, give each its own rank."
+        )
+    main_process_ip = value_of("main_process_ip")
+    if num_machines > 1 and not main_process_ip:
+        raise ValueError(
+            f"--num_machines={num_machines} needs --main_process_ip (the address of machine 0) and --main_process_port"
+            ", with --machine_rank on each machine (0 to num_machines - 1). Fix: give them, or leave --num_machines out "
+            "to run on this machine."
+        )
+    if main_process_ip is not None and not is_host(str(main_process_ip)):
+        raise ValueError(
+            f"--main_process_ip={main_process_ip!r} is neither an IP address nor a host name. Fix: give the address of "
+            "machine 0 (e.g. 10.0.0.1 or node0), or leave it out on one machine."
+        )
+    gpu_ids = value_of("gpu_ids")
+    if gpu_ids is not None and str(gpu_ids) != "all" and not all(GPU_ID.match(i) for i in str(gpu_ids).split(",")):
+        raise ValueError(
+            f"--gpu_ids={gpu_ids!r}: give GPU indices separated by commas (e.g. 0,1), or all. accelerate copies the "
+            "value into CUDA_VISIBLE_DEVICES without reading it."
+        )
+    mixed_precision = value_of("mixed_precision")
+    if str(mixed_precision).lower() == "fp8":
+        from accelerate.utils import is_fp8_available
+
+        if not is_fp8_available():
+            raise ValueError(
+                "--mixed_precision=fp8 needs Transformer Engine or torchao, and neither is installed here. Fix: use "
+                "bf16 (or no), or install one of them (`pip install torchao`)."
+            )
+
+
+LAUNCHER_ERRORS = (ValueError, AssertionError, RuntimeError, OSError, TypeError)
+"""What `accelerate launch` raises, before it starts a process, for options and config values it refuses (its own
+checks are `assert`s, `ValueError`s and `RuntimeError`s; `ConnectionError` for a port in use): the command prints the
+text as one error. Errors inside the launched processes come back as `CalledProcessError` (one process) or torch's
+`ChildFailedError` (several), with the process's exit status."""
 
 
 def run_here(job: Job, job_args: Sequence[str]) -> int:
@@ -238,13 +354,29 @@ def main(argv: Sequence[str] | None = None, launch: Callable[[argparse.Namespace
         launch: runs the `accelerate launch` arguments (default accelerate's `launch_command`); a test passes its own.
 
     Returns:
-        The exit status: 0 after `trapo` alone (its help) or a complete job, 2 after a user error (a bad launcher
-        option, or the job's); after a launch, the exit status of a process that failed.
+        The exit status: 0 after `trapo` alone (its help) or a complete job, 2 after a user error (an argument
+        before the command, a launcher option or accelerate config `accelerate launch` would refuse, or the job's);
+        after a launch, the exit status of a process that failed.
     """
     # before torch loads (OpenMP reads it then), as the example scripts do: waiting threads sleep (docs/threads.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):  # `trapo --max_steps 2 train`
+        names = [j.name for j in JOBS]
+        command = next((token for token in argv if token in names), None)
+        if command is None:
+            fix = f"write the command first: `trapo {{{','.join(names)}}} {' '.join(argv)}`"
+        else:
+            rest = list(argv)
+            rest.remove(command)
+            fix = f"write `trapo {command} {' '.join(rest)}`"
+        print(
+            f"trapo: error: {argv[0]} comes before the command; the job's arguments and the launcher's options follow "
+            f"it. Fix: {fix}.",
+            file=sys.stderr,
+        )
+        return 2
     args, _ = parser.parse_known_args(argv[:1])
     if args.command is None:
         parser.print_help()
@@ -260,10 +392,19 @@ def main(argv: Sequence[str] | None = None, launch: Callable[[argparse.Namespace
         return run_here(job, job_args)
     if launch is None:
         from accelerate.commands.launch import launch_command as launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         launch(namespace)
     except subprocess.CalledProcessError as error:  # one process: accelerate's launcher raises its exit status
         return error.returncode
+    except ChildFailedError as error:  # several: each process printed its own error; torch's table adds nothing
+        rank, failure = error.get_first_failure()
+        logging.getLogger(__name__).debug("process %d failed: %s", rank, failure)
+        return failure.exitcode if isinstance(failure.exitcode, int) and failure.exitcode > 0 else 1
+    except LAUNCHER_ERRORS as error:  # accelerate refused an option or config value before starting a process
+        print(f"trapo {job.name}: error: `accelerate launch` refused the launch: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

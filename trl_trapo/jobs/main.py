@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import json
 import logging
@@ -68,7 +69,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import foreign_fields
+from trl_trapo.config import GRPO_ONLY_FIXES, foreign_fields
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
@@ -317,30 +318,78 @@ it still pass -> what replaces each. The closest surviving name can be unrelated
 `--logging_first_step`), so these are said by name."""
 
 
+TRL_ARGUMENT_FIXES = {
+    "chat_template_path": "the chat template is the tokenizer's here: save the template with the tokenizer "
+    "(`tok.chat_template = open(path).read(); tok.save_pretrained(folder)`) and pass --model_name_or_path folder",
+    "max_length": "the SFT row length is --sft_max_length, the pretraining row length --pretrain_max_length",
+    "packing": "pretraining documents are packed (--pretrain_packing, on by default); SFT rows are not packed",
+    "dataset_text_field": "documents are read from a `text` column, and only as pretraining data "
+    "(--pretrain_dataset_name): rename your column to `text`",
+    **GRPO_ONLY_FIXES,
+}
+"""Arguments of TRL's `SFTConfig` / `GRPOConfig` scripts that this project has no field of -> what to do instead. The
+closest surviving name is often something else (`--chat_template_path` is closest to `--chat_template_kwargs`), so
+these are said by name; any other TRL field is named as TRL's, without a guess."""
+
+
+@functools.cache
+def trl_only_fields() -> dict[str, str]:
+    """Field name -> the TRL config class that has it, for the fields of TRL's `SFTConfig` and `GRPOConfig` that the
+    main job's parser does not have."""
+    from trl import GRPOConfig, SFTConfig
+
+    known = set(known_fields(JOB_CLASSES))
+    found: dict[str, str] = {}
+    for cls in (SFTConfig, GRPOConfig):
+        for f in dataclasses.fields(cls):
+            if f.init and f.name not in known:
+                found.setdefault(f.name, cls.__name__)
+    return found
+
+
 def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
     """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones;
-    for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement.
+    for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement; for an argument
+    of the main job given to another job (the built-in `vlm` and `tools` jobs), which job has it and where the user's
+    own model and data go (the job's arguments class's `own_data` text); for a field of TRL's `SFTConfig` /
+    `GRPOConfig` that the job lacks, that it is TRL's and what to use ([`TRL_ARGUMENT_FIXES`]).
 
     Args:
         name: the unknown name, with or without leading dashes; hyphens count as underscores.
         classes: the parser's argument dataclasses (default: the main job's).
 
     Returns:
-        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), for a field of TRL's SFTConfig /
-        GRPOConfig / 0.x PPOConfig this job lacks what to use instead (`config.foreign_fields`), `" --x was removed in transformers 5:
-        ..."`, or `""` when nothing is close.
+        `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
+        ..."`, `" --x is an argument of the main job ... Fix: ..."`, `" --x is TRL SFTConfig's argument ... Fix:
+        ..."`, `" --x is TRL 0.x PPOConfig's argument ... Fix: ..."` (`config.foreign_fields`; the last three say
+        their own fix), or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
     if name in REMOVED_ARGUMENTS and name not in known:
         return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
+    if name not in known and name in known_fields(JOB_CLASSES):
+        own_data = next((cls.own_data for cls in classes if getattr(cls, "own_data", None)), "")
+        return (
+            f" --{name} is an argument of the main job (`trapo train`, {MAIN_PROGRAM}), not of this one, which trains "
+            f"its built-in model and data only. Fix: drop it here.{' ' + own_data if own_data else ''}"
+        )
+    if name not in known and name in trl_only_fields():
+        owner = trl_only_fields()[name]
+        fix = TRL_ARGUMENT_FIXES.get(name) or (
+            "drop it; TRAPO has no field of that name (docs/agents.md, Moving a GRPOTrainer script over, compares "
+            "GRPOConfig's settings with TRAPO's)"
+            if owner == "GRPOConfig"
+            else "drop it; TRAPO has no field of that name (the SFT objective's settings are the sft_* arguments)"
+        )
+        return f" --{name} is TRL {owner}'s argument, which this job does not have. Fix: {fix}."
     matches = [k for k in known if k.startswith(name)][:3]  # an abbreviation of this job's flags first
-    if not matches:
-        for _, source, fix in foreign_fields([name]):  # a TRL script's flag, said by name
-            return f" --{name} is a {source} field this job does not have: " + (
+    if not matches and name not in known:
+        for _, source, fix in foreign_fields([name]):  # TRL 0.x PPOConfig's fields (and older SFTConfigs')
+            return f" --{name} is {source}'s argument, which this job does not have. Fix: " + (
                 f"use --{fix}." if fix.isidentifier() else f"{fix}."
             )
-        matches = difflib.get_close_matches(name, known, n=1)
+    matches = matches or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
@@ -405,6 +454,24 @@ EMPTY_MEANS_DEFAULT = {"reward_funcs": "the built-in reward (exact_match)"}
 line is refused as a name)."""
 
 
+ACCELERATE_CONFIG_KEYS = frozenset({"compute_environment", "distributed_type"})
+"""Keys every accelerate config has (`accelerate config` writes both; accelerate refuses a file without
+`distributed_type`): a `--config_file` without them is no accelerate config, and a `--config` recipe with them is one."""
+
+
+def accelerate_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM) -> str:
+    """For a `--config` file that is an accelerate config (it has `compute_environment` or `distributed_type`,
+    [`ACCELERATE_CONFIG_KEYS`]), what it is and where it goes; `""` for any other file."""
+    keys = sorted(ACCELERATE_CONFIG_KEYS & set(config))
+    if not keys:
+        return ""
+    return (
+        f" It is an accelerate config (it has {', '.join(keys)}), not a training recipe. Fix: pass it as "
+        f"--config_file {path} (or --accelerate_config {path}) to `trapo`, or `accelerate launch --config_file {path} "
+        f"{program}`; --config takes a training recipe (examples/recipes/)."
+    )
+
+
 def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
@@ -450,10 +517,14 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
     kinds = field_types(classes)
     for key, value in config.items():
         if key not in known:
+            hint = accelerate_config_hint(path, config, program) or did_you_mean(str(key), classes)
             raise ValueError(
-                f"--config={path!r}: unknown key {key!r}: no argument has this name."
-                f"{did_you_mean(str(key), classes)} Fix: correct or remove it (`python {program} --help` lists every "
-                "argument)."
+                f"--config={path!r}: unknown key {key!r}: no argument has this name.{hint}"
+                + (
+                    ""
+                    if " Fix: " in hint
+                    else f" Fix: correct or remove it (`python {program} --help` lists every argument)."
+                )
             )
         if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
             # argparse keeps a YAML default as it is: the job would read the text one character at a time
@@ -633,9 +704,14 @@ def given_arguments(
     for token in unknown:
         flag = token.split("=", 1)[0]
         if flag.startswith("-"):
+            hint = did_you_mean(flag, classes)
             raise ValueError(
-                f"{flag}: unknown argument.{did_you_mean(flag, classes)} Fix: spell the argument in full "
-                f"(`python {program} --help` lists every argument)."
+                f"{flag}: unknown argument.{hint}"
+                + (
+                    ""
+                    if " Fix: " in hint
+                    else f" Fix: spell the argument in full (`python {program} --help` lists every argument)."
+                )
             )
         raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
     given = {key: value for key, value in config.items() if key != "env"}

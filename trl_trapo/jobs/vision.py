@@ -34,6 +34,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from datasets import Dataset
 from trl import TrlParser
@@ -106,6 +107,13 @@ def per_modality_curriculum(config: TRAPOConfig) -> tuple[list[float], list[dict
 @dataclass
 class VisionJobArguments:
     """The data arguments of the VLM job (the training arguments are `TRAPOConfig`'s)."""
+
+    own_data: ClassVar[str] = (
+        "For your own model and data: `trapo train` (it takes --model_name_or_path, --dataset_name, --use_peft, "
+        "...), or "
+        "`TRAPOTrainer` with a processor in Python for image rows (docs/vision.md)."
+    )
+    """Where a user's own model and data go: said when a main-job argument is given to this job."""
 
     task_seed: int = field(default=0, metadata={"help": "Seed of the visual task suite (images, splits, rows)."})
     num_pretrain_docs: int = field(default=2000, metadata={"help": "Pretraining documents (captions, text)."})
