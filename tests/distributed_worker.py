@@ -1,7 +1,7 @@
 """Launched by `tests/test_distributed.py` under `accelerate launch`: one DDP backward over fixed rank-specific rows.
 
 Every rank builds its own rows (different objectives and token counts per rank: rank 0 has SFT rows and one RL row,
-rank 1 no SFT row and three RL rows), all-reduces the per-objective counts exactly as `TRAPOTrainer._build_step`
+rank 1 no SFT row and three RL rows), all-reduces the per-objective counts exactly as `StepBuilder.build` (trl_trapo/steps.py)
 does, and runs `compute_loss` + backward through the DDP-wrapped policy. Rank 0 writes the all-reduced gradient of
 each RL loss aggregation to `<output_dir>/grads_<loss_type>.safetensors`; the test compares it with a one-process
 gradient over the union of the rows.
@@ -123,7 +123,7 @@ def main(output_dir: str) -> None:
     model = accelerator.prepare_model(trainer.model)  # DDP: gradients averaged over ranks
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
     rows = rank_rows(accelerator.process_index)
-    counts = accelerator.reduce(local_counts(rows), reduction="sum")  # as TRAPOTrainer._build_step does
+    counts = accelerator.reduce(local_counts(rows), reduction="sum")  # as `steps.StepBuilder.build` does
     for loss_type in LOSS_TYPES:
         trainer.args.loss_type = loss_type
         grads = gradient(trainer, model, rows, counts)

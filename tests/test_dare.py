@@ -68,8 +68,8 @@ def test_constant_reward_loses_weight_within_three_updates(tmp_path, setup):
     engine = trainer.dare.engine
     assert engine.num_updates == UPDATES
     assert engine.signals[RL] == 0.0  # zero advantages: no RL signal at all, by construction
-    static = combine_weights([o.weight for o in trainer.objectives], trainer._last_shares, (1.0, 1.0, 1.0))
-    dynamic = combine_weights([o.weight for o in trainer.objectives], trainer._last_shares, engine.value())
+    static = combine_weights([o.weight for o in trainer.objectives], trainer.step_builder.last_shares, (1.0, 1.0, 1.0))
+    dynamic = combine_weights([o.weight for o in trainer.objectives], trainer.step_builder.last_shares, engine.value())
     assert dynamic[RL] < static[RL]
     assert engine.value()[RL] < 1.0 < max(engine.value()[:RL])
 

@@ -307,7 +307,7 @@ def test_damaged_live_bank_index_is_named(saved_run, tmp_path):
         AdapterBank.open(os.path.join(output_dir, "adapter_bank"))
     # resuming does not read the live index (the checkpoint's copy is authoritative) and repairs it
     resume_trainer = build_trainer(output_dir, "peft", max_steps=2)
-    resume_trainer._load_trapo_state(os.path.join(output_dir, "checkpoint-2"))
+    resume_trainer.run_state.load(os.path.join(output_dir, "checkpoint-2"))
     assert [s["step"] for s in AdapterBank.open(os.path.join(output_dir, "adapter_bank")).list()] == [2]
 
 

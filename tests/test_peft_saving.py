@@ -56,7 +56,7 @@ def test_a_synced_reference_adapter_survives_resume(tmp_path, tokenizer, suite, 
     resumed = lora_trainer(tmp_path, tokenizer, suite, tiny_config, save_steps=2, max_steps=2, **overrides)
     fresh = {n: p.detach().clone() for n, p in resumed._unwrapped_policy().named_parameters() if ".trapo_ref." in n}
     assert any(not torch.equal(fresh[n], reference[n]) for n in reference)  # the reference did move in training
-    resumed._load_trapo_state(os.path.join(tmp_path, "checkpoint-2"))
+    resumed.run_state.load(os.path.join(tmp_path, "checkpoint-2"))
     restored = {n: p for n, p in resumed._unwrapped_policy().named_parameters() if ".trapo_ref." in n}
     for name, value in reference.items():
         torch.testing.assert_close(restored[name], value)

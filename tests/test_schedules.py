@@ -205,7 +205,7 @@ def test_adaptive_kl_follows_the_controller_and_survives_a_checkpoint(tmp_path, 
     # a resumed trainer starts from the checkpointed coefficient, not from kl_coef
     at_5 = next(h["schedule/kl_coef"] for h in logs if h["step"] == 5)
     resumed = make_trainer(tmp_path, kl_target=1e6, kl_horizon=40, kl_coef_range=[0.1, 0.3])
-    resumed._load_trapo_state(str(tmp_path / "checkpoint-5"))
+    resumed.run_state.load(str(tmp_path / "checkpoint-5"))
     assert resumed.schedules.kl_coef() == pytest.approx(at_5)
     assert resumed.schedules.kl.value() == pytest.approx(at_5)
     assert resumed.args.kl_coef == trainer.args.kl_coef == 0.2  # the config is never changed

@@ -443,7 +443,7 @@ def test_sync_ref_model_moves_the_reference_and_survives_resume(tmp_path, tokeni
         save_strategy="steps",
         save_steps=2,
     )
-    resumed._load_trapo_state(str(tmp_path / "checkpoint-2"))
+    resumed.run_state.load(str(tmp_path / "checkpoint-2"))
     saved = __import__("safetensors.torch", fromlist=["load_file"]).load_file(
         str(tmp_path / "checkpoint-2" / "trapo" / "rank0-tensors.safetensors")
     )

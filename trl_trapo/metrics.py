@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -333,3 +335,65 @@ class MetricsAccumulator:
 
 
 __all__ = ["MetricsAccumulator"]
+
+
+class RunMetrics:
+    """What `TRAPOTrainer.log` adds to a logged step: the metrics accumulated since the last log
+    ([`MetricsAccumulator.collect`]), then each collaborator's own — the curriculum's shares at the last step built,
+    DARE's weights and factors, the RL schedules, the memory pool's, each objective's, the RL supply's (exploration,
+    replay) — and `episode` (completions sampled so far), `eps` (episodes per second of `train()`) and
+    `train/nonfinite_steps` (optimizer steps skipped for a non-finite loss).
+
+    Args:
+        metrics ([`MetricsAccumulator`]): the run's accumulated metrics.
+        accelerator (`accelerate.Accelerator`): reduces them over ranks.
+        step_builder ([`~trl_trapo.steps.StepBuilder`]): the last step built and its curriculum metrics.
+        dare ([`~trl_trapo.weighting.DARE`]), schedules ([`~trl_trapo.schedules.RLSchedules`]), memory_pool
+            ([`~trl_trapo.memory.MemoryPool`]), objectives (`list[Objective]`), rl_supply
+            ([`~trl_trapo.rl_supply.RLSupply`]), nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): the
+            collaborators whose metrics are logged.
+        on_episode (`Callable[[int], None]`): gets the episode count at each log (TRL 1.12's `PPOTrainer` kept it on
+            the `Trainer`'s state).
+    """
+
+    def __init__(
+        self,
+        metrics: MetricsAccumulator,
+        accelerator: Any,
+        *,
+        step_builder: Any,
+        dare: Any,
+        schedules: Any,
+        memory_pool: Any,
+        objectives: Sequence[Any],
+        rl_supply: Any,
+        nonfinite: Any,
+        on_episode: Callable[[int], None],
+    ):
+        self.metrics, self.accelerator = metrics, accelerator
+        self.step_builder, self.dare, self.schedules, self.memory_pool = step_builder, dare, schedules, memory_pool
+        self.objectives, self.rl_supply, self.nonfinite = list(objectives), rl_supply, nonfinite
+        self.on_episode = on_episode
+        self.start_time: float | None = None
+
+    def start(self) -> None:
+        """`train()` starts: `eps` counts from now."""
+        self.start_time = time.perf_counter()
+
+    def collect(self, global_step: int) -> dict[str, float]:
+        """Every metric of the log at optimizer step `global_step` (collective: every rank calls it)."""
+        out = self.metrics.collect(self.accelerator, self.schedules.kl_coef())
+        out.update(self.step_builder.metrics())
+        out.update(self.dare.metrics())
+        out.update(self.schedules.metrics(self.step_builder.last_step))
+        out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
+        for objective in self.objectives:  # each objective's own (none for the built-in three)
+            out.update(objective.metrics())
+        out.update(self.rl_supply.metrics(global_step))  # exploration/*, replay/*
+        episode = self.rl_supply.episode
+        out["episode"] = float(episode)
+        self.on_episode(episode)
+        elapsed = time.perf_counter() - self.start_time if self.start_time else 0.0
+        out["eps"] = float(int(episode / elapsed)) if elapsed > 0 else 0.0
+        out["train/nonfinite_steps"] = float(self.nonfinite.steps)
+        return out

@@ -25,23 +25,24 @@ their constructors: the RL objective's supply [`~trl_trapo.rl_supply.RLSupply`] 
 [`~trl_trapo.sources.RolloutSource`], its replay buffer, targeted exploration), [`~trl_trapo.rollout.RolloutEngine`],
 [`~trl_trapo.rewards.RewardScorer`], [`~trl_trapo.memory.MemoryPool`], [`~trl_trapo.memory.ReplayBuffer`],
 [`~trl_trapo.curriculum.CurriculumSchedule`], [`~trl_trapo.weighting.DARE`], [`~trl_trapo.schedules.RLSchedules`],
-[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`], the objectives
-([`~trl_trapo.objectives.Objective`]) and the distillation teacher they own ([`~trl_trapo.teacher.Teacher`]); the
-callbacks are in `callbacks.py`. Two construction hooks let a subclass
-change how samples are chosen and reused, `replay_max_uses` and `build_sample_selector`: few-shot mode
-(`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both; the trainer never imports it.
+[`~trl_trapo.evaluation.Evaluator`], [`~trl_trapo.metrics.MetricsAccumulator`] and what each log adds
+([`~trl_trapo.metrics.RunMetrics`]), the builder of each step's rows ([`~trl_trapo.steps.StepBuilder`]), TRAPO's
+state in checkpoints ([`~trl_trapo.run_state.RunState`]), the model as they reach it
+([`~trl_trapo.handles.ModelHandles`]), the objectives ([`~trl_trapo.objectives.Objective`]) and the distillation
+teacher they own ([`~trl_trapo.teacher.Teacher`]); the callbacks are in `callbacks.py`. The constructor builds them
+with the four assembly functions of `trl_trapo/wiring.py` (docs/seams.md, "How a run is assembled") and stores what
+they return. Two construction hooks let a subclass change how samples are chosen and reused, `replay_max_uses` and
+`build_sample_selector`: few-shot mode (`trl_trapo/experimental/fewshot.py`, `FewShotTRAPOTrainer`) overrides both;
+the trainer never imports it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -50,114 +51,39 @@ from datasets import Dataset, IterableDataset
 from huggingface_hub.errors import HFValidationError
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from trl.models import prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.base_trainer import _BaseTrainer
 
-from .assembly import (
-    SourceParts,
-    build_adapter_bank,
-    build_callbacks,
-    build_memory_pool,
-    build_objectives,
-    build_rewards,
-    build_rl_supply,
-    build_rollout_engine,
-    build_run_exploration,
-    build_step_controls,
-    check_data_fits,
-    check_run,
-    load_models,
-    plan_run,
-    prepare_frozen_models,
-    prepare_run_data,
-    probe_noise_floor,
-    setup_objectives,
-    task_families,
-)
 from .checkpoint import (
-    DATASETS_FILE,
     CheckpointError,
     check_checkpoint_fits,
     check_checkpoint_step,
     last_complete_checkpoint,
-    read_rank_state,
-    restore_rng,
-    rng_tensors,
     verify_checkpoint,
     warn_settings_restored,
-    write_rank_state,
 )
-from .collator import (
-    MODEL_INPUTS,
-    StepContext,
-    StepTickets,
-    collate_rows,
-    split_micro_batches,
-    ticket_collator,
-)
+from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
-from .data import (
-    check_eval_dataset,
-    named_datasets,
-    progress_bars,
-)
-from .distributed import (
-    check_launch,
-    sum_over_ranks,
-)
-from .evaluation import Evaluator
+from .data import check_eval_dataset, progress_bars
+from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
-from .interrupts import Interruption, SignalCatcher, TrainingAborted, TrainingInterrupted
-from .memory import (
-    ReplayBuffer,
-    SampleSelector,
-    Trajectory,
-    memory_pool_state,
-)
-from .metrics import MetricsAccumulator
+from .handles import ModelHandles
+from .interrupts import Interruption, TrainingAborted, TrainingInterrupted
+from .memory import ReplayBuffer, SampleSelector, Trajectory
 from .models import (
     CountedPositionHead,
     PolicyAndValueWrapper,
     counted_log_probs,
     embeddable_saved_pad_ids,
-    embedding_safe_pad_id,
     model_forward,
-    quiet_checkpointing_deprecation,
 )
 from .nonfinite import NonFiniteGuard
-from .objectives import (
-    DistillationObjective,
-    Objective,
-    ObjectiveSetup,
-    TermInputs,
-    check_served_rows,
-    check_term,
-    count_keys,
-    load_objective_states,
-    step_counts,
-)
-from .rl_supply import build_replay_buffer
-from .rollout import RolloutBatch, RolloutEngine, rollout_generation_config, stop_token_ids
-from .saving import (
-    CheckpointGuard,
-    SaveError,
-    check_disk_space,
-    check_earlier_checkpoints,
-    checkpoint_nbytes,
-    describe_os_error,
-    hub_error,
-    is_hub_error,
-    staged_save,
-)
+from .objectives import DistillationObjective, Objective, TermInputs, check_term
+from .rollout import RolloutBatch
+from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub_error, is_hub_error, staged_save
 from .schedules import scale_scheduler
 from .sources import RolloutSource, bind_rollout_func
-from .vision import (
-    model_context,
-    needs_every_parameter,
-    restore_converted_weights,
-    text_tokenizer,
-    vision_parameters,
-)
+from .vision import needs_every_parameter, text_tokenizer, vision_parameters
+from .wiring import TrainerLink, assemble_rollouts, assemble_rows, assemble_run, assemble_training
 
 
 try:
@@ -306,16 +232,9 @@ class TRAPOTrainer(_BaseTrainer):
     ):
         if args is None:
             args = TRAPOConfig(output_dir="trapo-output")
-        # before anything slow: the arguments' types, the rollout source and agent arguments, output_dir, the
-        # datasets, the checkpoint to resume from, torch's threads (trl_trapo/assembly.py)
-        datasets = dict(
-            train_dataset=train_dataset,
-            sft_dataset=sft_dataset,
-            pretrain_dataset=pretrain_dataset,
-            eval_dataset=eval_dataset,
-            distillation_dataset=distillation_dataset,
-        )
-        checked = check_run(
+        # ---- steps 1-4, before the Trainer exists (trl_trapo/wiring.py): the checks before anything slow loads, the
+        # policy, tokenizer, reference, critic and teacher, the rewards, the datasets (checked and tokenized), the plan
+        run = assemble_run(
             args,
             dict(
                 model=model,
@@ -331,279 +250,94 @@ class TRAPOTrainer(_BaseTrainer):
                 optimizers=optimizers,
                 tools=tools,
             ),
-            datasets,
+            dict(
+                train_dataset=train_dataset,
+                sft_dataset=sft_dataset,
+                pretrain_dataset=pretrain_dataset,
+                eval_dataset=eval_dataset,
+                distillation_dataset=distillation_dataset,
+            ),
+            objectives=objectives,
             rollout_source=rollout_source,
             rollout_func=rollout_func,
             environment_factory=environment_factory,
+            trainer_state=lambda: getattr(self, "state", None),
         )
-        agent, datasets["train_dataset"] = checked.agent, checked.train_dataset
+        models, checked = run.models, run.checked
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
         self._datasets_summary = checked.datasets_summary  # to refuse resuming with other datasets
         self.thread_choice = checked.thread_choice
         # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
-
-        # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards ---------------------------------
-        models = load_models(
-            args,
-            model,
-            processing_class=processing_class,
-            ref_model=ref_model,
-            value_model=value_model,
-            teacher_model=teacher_model,
-            peft_config=peft_config,
-            agent=agent,
-            train_dataset=datasets["train_dataset"],
-            named_datasets=named_datasets(datasets),
-            verified_checkpoint=self._verified_checkpoint,
-        )
-        model, tokenizer, image_rows = models.policy, models.tokenizer, models.image_rows
-        self._has_critic, self.kl_penalty, self.kl_estimator = (
-            models.has_critic,
-            models.kl_penalty,
-            models.kl_estimator,
-        )
-        self.metrics = MetricsAccumulator([])
-        self.rewards = build_rewards(
-            args,
-            models,
-            reward_funcs,
-            reward_model,
-            reward_processing_classes,
-            agent=agent,
-            metrics=self.metrics,
-            trainer_state=lambda: getattr(self, "state", None),
-        )
-        self.metrics.reward_names = list(self.rewards.names)
-
-        # ---- step 3. datasets (checked and tokenized before anything is trained) ------------------------------------
-        own_rounds = rollout_source is not None or rollout_func is not None
-        data = prepare_run_data(args, models, datasets, rewards=self.rewards, user_source=own_rounds)
-        self._rl_dataset = data.rl  # the RL prompts (the default rollout source's)
-        self._sft_dataset = data.sft  # the tokenized demonstrations (the memory pool's)
-        self._task_families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
-        if self._task_families is not None:
-            self.metrics.track_tasks(self._task_families)
-        check_data_fits(args, data, models, self.rewards, agent, rollout_func, datasets)  # contexts, reward checks
-
-        # ---- step 4. the plan (objectives, curriculum phases, steps) and the Trainer, one ticket per row slot -------
-        plan = plan_run(
-            args,
-            data,
-            objectives,
-            with_teacher=models.teacher is not None,
-            has_critic=self._has_critic,
-            eval_dataset=eval_dataset,
-        )
-        self._planned_steps = plan.planned_steps
-        check_disk_space(
-            args.output_dir,
-            checkpoint_nbytes(models.trained, args.optim, args.save_only_model),
-            checkpoints=args.save_strategy != "no",
-        )
-        if args.max_steps <= 0:  # the run's length is the plan (the curriculum, schedules and pools are sized by it):
-            # set it in the trainer's own copy, or the Trainer would round epochs of tickets up to its own length
-            args = dataclasses.replace(args, max_steps=self._planned_steps)
+        self._has_critic = models.has_critic
+        self.kl_penalty, self.kl_estimator = models.kl_penalty, models.kl_estimator
+        self.metrics, self.rewards = run.metrics, run.rewards
+        self._rl_dataset = run.data.rl  # the RL prompts (the default rollout source's)
+        self._sft_dataset = run.data.sft  # the tokenized demonstrations (the memory pool's)
+        self._planned_steps = run.plan.planned_steps
+        # the Trainer, on one ticket per row slot of the plan
         super().__init__(
             model=models.trained,
-            args=args,
+            args=run.args,
             data_collator=ticket_collator,
-            train_dataset=StepTickets(plan.tickets),
+            train_dataset=StepTickets(run.plan.tickets),
             eval_dataset=eval_dataset,
             processing_class=models.processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
         )
         check_launch(self.accelerator)
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
         # a VLM under DDP: text-only micro-batches take the vision encoder into the graph with a zero term
-        self._vision_parameters = vision_parameters(model) if image_rows is not None and world > 1 else []
-        self._suppressed_token_ids = list(models.suppressed_token_ids)
-
-        # ---- step 5. the objectives' rows (per rank): text streams, the memory pool, the replay buffer --------------
-        pretrain = setup_objectives(  # the pretraining stream and the user's objectives, indexed by the plan
-            args,
-            data,
-            plan,
-            lambda index: ObjectiveSetup(
-                index, args, tokenizer, rank, world, self._planned_steps, model_context(model), image_rows
-            ),
-        )
-        # the RL objective's replay buffer: each trajectory served num_ppo_epochs times (a construction hook:
-        # few-shot mode raises it)
-        replay = build_replay_buffer(args, self.replay_max_uses(), rank)
-        adapter_bank = build_adapter_bank(args, self._unwrapped_policy, self.accelerator, zero3, replay)
-        if adapter_bank is not None:
-            self.add_callback(adapter_bank)
-        # the RL prompt sampler, the long-term SFT pool, a sample selector (none unless a subclass builds one:
-        # few-shot mode) and the adapter bank (trl_trapo/memory/pool.py)
-        self.memory_pool = build_memory_pool(
-            args,
-            data,
-            self._planned_steps,
-            rank,
-            world,
-            selector=lambda sft_pool, prompt_sampler: self.build_sample_selector(
-                sft_pool,
-                prompt_sampler,
-                data.rl,
-                self._planned_steps,
-                self._unwrapped_policy(),
-                self._unwrapped_for_rollouts,
-            ),
-            adapter_bank=adapter_bank,
-        )
-        # targeted exploration: families whose groups carry no signal are sampled hotter (trl_trapo/exploration.py)
-        exploration = build_run_exploration(
-            args,
-            data,
-            models,
-            own_source=checked.own_source,
-            world_size=world,
-            with_successes=self.memory_pool.successes is not None,
-            agent=agent,
-        )
-
-        # ---- step 6. what decides each step: curriculum, DARE, RL coefficient schedules -----------------------------
-        self.allocator, self.curriculum, self.dare, self.schedules = build_step_controls(
-            args, plan, probe_noise_floor(model, args), self._unwrapped_policy, self.accelerator.device
-        )
-        self._row_generator = torch.Generator().manual_seed(args.seed + 4 + rank)
-
-        # ---- step 7. frozen models and the rollout engine -----------------------------------------------------------
-        # the id in padding positions: the tokenizer's pad id, unless the models cannot embed it (TRL 1.12's PPO
-        # example adds a [PAD] token without resizing the embeddings); padding is never read (masks come from lengths)
-        self.padding_id = embedding_safe_pad_id(tokenizer, self._unwrapped_policy(), value_model)
-        self.ref_model, distill_teacher, self.reference = prepare_frozen_models(
-            args, models, self.rewards, self._prepare_frozen, self.accelerator, self.padding_id
-        )
-        # the training forward's output layer runs only at counted positions
-        self.counted_head = CountedPositionHead(self._unwrapped_policy())
-        self.generation_config = rollout_generation_config(args, tokenizer, self.padding_id)
-        stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
-        self.rollouts = build_rollout_engine(
-            args,
-            models,
-            self.rewards,
-            self.reference,
-            schedules=self.schedules,
-            unwrapped_for_rollouts=self._unwrapped_for_rollouts,
-            accelerator=self.accelerator,
-            generation_config=self.generation_config,
-            stops=stops,
-            padding_id=self.padding_id,
-            policy=self._unwrapped_policy(),
-            active_rl=data.rl is not None,
-            teacher=distill_teacher,
-        )
-
-        # ---- step 8. the rollout source and the RL objective's supply -----------------------------------------------
-        # where RL rounds come from (the user's source, or the default one sampling with the live policy), the replay
-        # buffer and the orchestration between them (assembly.build_rl_supply, trl_trapo/rl_supply.py)
-        supply = build_rl_supply(
-            args,
-            SourceParts(
-                engine=self.rollouts,
-                rl_dataset=self._rl_dataset,
-                memory_pool=self.memory_pool,
-                rewards=self.rewards,
-                tokenizer=tokenizer,
-                metrics=self.metrics,
-                accelerator=self.accelerator,
-                generation_config=self.generation_config,
-                padding_id=self.padding_id,
-                stops=stops,
-                policy=self._unwrapped_policy,
-                context=model_context(model),
-                suppressed_token_ids=self._suppressed_token_ids,
-                producer_threads=self.thread_choice.producer_threads,
-                zero3=zero3,
-                images=image_rows,
-            ),
-            replay=replay,
-            schedules=self.schedules,
-            rollout_source=rollout_source,
-            # TRL's contract: the function gets the trainer
-            rollout_func=bind_rollout_func(rollout_func, self) if rollout_func is not None else None,
-            agent=agent,
-            own_source=checked.own_source,
-            active_rl=data.rl is not None,
-            has_critic=self._has_critic,
-            exploration=exploration,
-            task_families=self._task_families,
-            on_episode=lambda episode: setattr(self.state, "episode", episode),  # current even between logs
-        )
-        self.rollout_source, self.rl_supply = supply.source, supply.supply
-
-        # ---- step 9. the objectives and evaluation ------------------------------------------------------------------
-        # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
-        self.objectives: list[Objective] = build_objectives(
-            args,
-            pretrain=pretrain,
-            memory_pool=self.memory_pool,
-            take_rl_rows=self.rl_supply.take_rows,
-            schedules=self.schedules,
-            kl_penalty=self.kl_penalty,
-            kl_estimator=self.kl_estimator,
-            logging_step=self._is_logging_step,
-            data=data,
-            teacher=distill_teacher,
-            sampler=self.rollouts,
-            extra=plan.extra,
-            tokenizer=tokenizer,
-            rank=rank,
-            world_size=world,
-            planned_steps=self._planned_steps,
-        )
-        self.evaluator = Evaluator(
-            args,
-            tokenizer,
-            self.rewards,
+        with_images = models.image_rows is not None and self.accelerator.num_processes > 1
+        self._vision_parameters = vision_parameters(models.policy) if with_images else []
+        # how the collaborators reach the trained model, which the Trainer re-wraps as it runs (trl_trapo/handles.py)
+        self.handles = ModelHandles(
             self.accelerator,
-            self._unwrapped_policy_for_eval,
-            self.generation_config,
-            stops,
-            self.padding_id,
-            images=image_rows,
-            vocab_size=model.get_input_embeddings().num_embeddings,
+            lambda: self.model,
+            lambda: self.model_wrapped,
+            gather_for_generation=self.args.ds3_gather_for_generation,
+            deepspeed=self.is_deepspeed_enabled,
         )
-
-        # ---- step 10. callbacks -------------------------------------------------------------------------------------
-        # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
-        self._checkpoint_guard = CheckpointGuard(lambda: self.args.should_save)
-        # SIGINT / SIGTERM save a checkpoint and stop (train()), by the callback added last
-        self._signal_catcher = SignalCatcher(announce=self.accelerator.is_main_process)
-        wiring = build_callbacks(
-            args,
-            existing=self.callback_handler.callbacks,
-            schedules=self.schedules,
+        link = TrainerLink(
+            self.accelerator,
+            self.handles,
+            zero3=self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
             reduce_sum=self._reduce_sum,
-            model_wrapped=lambda: self.model_wrapped,
-            accelerator=self.accelerator,
-            save_state=self._save_trapo_state,
-            pending=lambda: self._checkpoint_guard.pending,
-            reference=self.reference,
-            policy=self._unwrapped_policy,
-            signal_catcher=self._signal_catcher,
-            supply_callbacks=supply.callbacks,
+            logging_step=self._is_logging_step,
+            state=lambda: self.state,
+            should_save=lambda: self.args.should_save,
+            callbacks=self.callback_handler.callbacks,
+            nonfinite=self.nonfinite,
         )
-        wiring.apply(add=self.add_callback, remove=self.remove_callback)
-        self._stop_on_signal = wiring.stop_on_signal
 
-        self._train_start_time: float | None = None
-        self._last_shares = self.curriculum.mixture(0)
-        self._last_step_built = 0
+        # ---- steps 5-6. the objectives' rows (per rank) and what decides each step ----------------------------------
+        rows = assemble_rows(
+            run, link, replay_max_uses=self.replay_max_uses(), build_sample_selector=self.build_sample_selector
+        )
+        if rows.adapter_bank is not None:
+            self.add_callback(rows.adapter_bank)
+        self.memory_pool, self.allocator, self.curriculum = rows.memory_pool, rows.allocator, rows.curriculum
+        self.dare, self.schedules = rows.dare, rows.schedules
+
+        # ---- steps 7-8. frozen models, the rollout engine, the rollout source and the RL objective's supply ---------
+        bound = bind_rollout_func(rollout_func, self) if rollout_func is not None else None  # TRL's: gets the trainer
+        rollouts = assemble_rollouts(run, link, rows, rollout_source=rollout_source, rollout_func=bound)
+        self.padding_id, self.ref_model, self.reference = rollouts.padding_id, rollouts.ref_model, rollouts.reference
+        self.counted_head, self.generation_config = rollouts.counted_head, rollouts.generation_config
+        self.rollouts, self.rollout_source, self.rl_supply = rollouts.engine, rollouts.source, rollouts.supply
+
+        # ---- steps 9-10. the objectives, evaluation, the step builder, durable state, callbacks ---------------------
+        training = assemble_training(run, link, rows, rollouts)
+        self.objectives: list[Objective] = training.objectives
+        self.evaluator, self.step_builder, self.run_state = training.evaluator, training.steps, training.state
+        self.run_metrics = training.metrics  # what `log` adds
+        self._checkpoint_guard, self._signal_catcher = training.checkpoint_guard, training.signal_catcher
+        training.callbacks.apply(add=self.add_callback, remove=self.remove_callback)
+        self._stop_on_signal = training.callbacks.stop_on_signal
 
     # =================================================================================================================
-    # Construction helpers
+    # Construction hooks: what a subclass may override to change how samples are chosen and reused
     # =================================================================================================================
-    def _prepare_frozen(self, module: nn.Module) -> nn.Module:
-        if self.is_deepspeed_enabled:
-            return prepare_deepspeed(module, self.accelerator)
-        return self.accelerator.prepare_model(module, evaluation_mode=True)
-
-    # ---- construction hooks: what a subclass may override to change how samples are chosen and reused ----------
     def replay_max_uses(self) -> int:
         """Construction hook: how many times the replay buffer serves each trajectory (`num_ppo_epochs`).
 
@@ -658,11 +392,10 @@ class TRAPOTrainer(_BaseTrainer):
         return None
 
     # =================================================================================================================
-    # Handles the collaborators use
+    # Read-only views of the collaborators
     # =================================================================================================================
     def _unwrapped_policy(self) -> nn.Module:
-        model = self.accelerator.unwrap_model(self.model)
-        return model.policy if isinstance(model, PolicyAndValueWrapper) else model
+        return self.handles.policy()
 
     @property
     def teacher_model(self) -> nn.Module | None:
@@ -688,40 +421,6 @@ class TRAPOTrainer(_BaseTrainer):
         """Their names, as in `rewards/<name>/mean`."""
         return self.rewards.names
 
-    @contextmanager
-    def _unwrapped_for_rollouts(self) -> Iterator[nn.Module]:
-        """The trained model unwrapped for generation (weights gathered under ZeRO-3 when
-        `ds3_gather_for_generation`), in eval mode for the duration."""
-        with (
-            quiet_checkpointing_deprecation(),
-            unwrap_model_for_generation(
-                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
-            ) as unwrapped,
-        ):
-            was_training = unwrapped.training
-            unwrapped.eval()
-            try:
-                yield unwrapped
-            finally:
-                unwrapped.train(was_training)
-
-    @contextmanager
-    def _unwrapped_policy_for_eval(self, gather: bool) -> Iterator[nn.Module]:
-        """The policy unwrapped for generation (ZeRO-3 weights gathered when `gather`), in eval mode."""
-        with (
-            quiet_checkpointing_deprecation(),
-            unwrap_model_for_generation(
-                self.model_wrapped, self.accelerator, gather_deepspeed3_params=gather
-            ) as unwrapped,
-        ):
-            policy = RolloutEngine.policy_of(unwrapped)
-            was_training = policy.training
-            policy.eval()
-            try:
-                yield policy
-            finally:
-                policy.train(was_training)
-
     def _reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """`tensor` summed over ranks, on the tensor's own device (the tensor itself on one process)."""
         return sum_over_ranks(self.accelerator, tensor)
@@ -744,39 +443,7 @@ class TRAPOTrainer(_BaseTrainer):
                 break
         if not tickets:
             return [], None
-        return self._build_step(len(tickets))
-
-    def _build_step(self, num_micro: int) -> tuple[list[dict], StepContext]:
-        args = self.args
-        step = self.state.global_step
-        self._last_step_built = step
-        # step 1. shares and weights
-        shares = self.curriculum.mixture(step)
-        weights = self.dare.step_weights([o.weight for o in self.objectives], shares)
-        self._last_shares = shares
-        # step 2. rows, from each objective's own source
-        counts = self.allocator.allocate(args.per_device_train_batch_size * num_micro, shares)
-        rows = []
-        for objective, count in zip(self.objectives, counts):
-            if count:
-                served = objective.take(count, step)
-                check_served_rows(objective, served, count)
-                rows += served
-        order = torch.randperm(len(rows), generator=self._row_generator).tolist()
-        for position, index in enumerate(order):
-            rows[index].half = position % 2
-        # step 3. micro-batches
-        batches = [collate_rows(group, self.padding_id) for group in split_micro_batches(rows, num_micro)]
-        # step 4. global counts
-        total = self._reduce_sum(step_counts(batches, self.objectives))
-        context = StepContext(
-            step=step,
-            weights=weights,
-            counts=dict(zip(count_keys(self.objectives), total.tolist())),
-            probe=self.dare.begin_step(step),
-            num_micro=num_micro,
-        )
-        return batches, context
+        return self.step_builder.build(self.state.global_step, len(tickets))
 
     # =================================================================================================================
     # 1a. Rollouts: the RL objective's supply (trl_trapo/rl_supply.py); public entry points for scripts
@@ -967,7 +634,8 @@ class TRAPOTrainer(_BaseTrainer):
         # step 3. DARE probe (update steps only): each objective's LM-head gradient, split in two halves of its rows —
         # in closed form from -d loss / d log p per token (`logp_coef`), or from the term's own logit gradient
         if context.probe:
-            self._accumulate_probe(outputs, logits, targets, objective, counted, inputs["half"], rows, terms, views)
+            hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
+            self.dare.accumulate(hidden, logits, targets, objective, counted, inputs["half"], rows, terms, views)
 
         # step 4. metrics (summed over micro-batches; every term already carries its global normaliser). An
         # objective's loss is measured only in steps that have its tokens: a step without them adds nothing (not 0)
@@ -983,37 +651,6 @@ class TRAPOTrainer(_BaseTrainer):
             term_objective.after_forward(view)
         context.micro_index += 1
         return (total, outputs) if return_outputs else total
-
-    def _accumulate_probe(self, outputs, logits, targets, objective, counted, half, rows, terms, views) -> None:
-        """Hand the DARE probe the counted tokens: LM-head inputs, `(N, V)` logits, `(N,)` targets and the
-        coefficient of each token; a term that gives its own logit gradient hands that instead."""
-        self.dare.probe.add_losses([term.value for term in terms])  # the loss-based strategies read them
-        if not bool(counted.any()):
-            return
-        hidden = outputs.hidden_states[-1][:, :-1]  # (B, T, H): the states the LM head reads
-        coefficients = torch.ones_like(counted, dtype=torch.float32)
-        closed_form = torch.ones_like(objective, dtype=torch.bool)  # (B,) rows whose gradient is c (p - e_y)
-        for index, term in enumerate(terms):
-            if term.logit_grad is not None:
-                closed_form &= ~rows[index]
-                tokens = views[index].tokens
-                self.dare.probe.accumulate_logit_grad(
-                    hidden[counted][tokens].detach(), term.logit_grad, index, half[views[index].token_rows[tokens]]
-                )
-            elif term.logp_coef is not None:
-                coefficients = torch.where(rows[index].unsqueeze(1), term.logp_coef, coefficients)
-        selected = closed_form.unsqueeze(1).expand_as(counted)[counted]  # (N,)
-        if not bool(selected.all()):
-            logits, targets = logits[selected], targets[selected]
-            counted = counted & closed_form.unsqueeze(1)
-        self.dare.probe.accumulate(
-            hidden[counted].detach(),
-            logits.detach(),
-            targets,
-            coefficients[counted],
-            objective.unsqueeze(1).expand_as(counted)[counted],
-            half.unsqueeze(1).expand_as(counted)[counted],
-        )
 
     def _is_logging_step(self) -> bool:
         steps = self.args.logging_steps
@@ -1045,29 +682,12 @@ class TRAPOTrainer(_BaseTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add TRAPO's metrics (losses per objective, weights, curriculum, rollouts, replay) to the Trainer's logs."""
         if "loss" in logs:
-            logs.update(self._collect_metrics())
+            logs.update(self.run_metrics.collect(self.state.global_step))
             if "learning_rate" in logs:
                 # TRL 1.12's `lr`: the rate the logged step used, which is what the Trainer logs as `learning_rate`
                 # (read before its scheduler steps); the scheduler's `get_last_lr()` would be the next step's
                 logs["lr"] = logs["learning_rate"]
         super().log(logs, start_time)
-
-    def _collect_metrics(self) -> dict[str, float]:
-        out = self.metrics.collect(self.accelerator, self.schedules.kl_coef())
-        out.update(self.curriculum.metrics(self._last_step_built, self._last_shares))
-        out.update(self.dare.metrics())
-        out.update(self.schedules.metrics(self._last_step_built))
-        out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
-        for objective in self.objectives:  # each objective's own (none for the built-in three)
-            out.update(objective.metrics())
-        out.update(self.rl_supply.metrics(self.state.global_step))  # exploration/*, replay/*
-        episode = self.rl_supply.episode
-        out["episode"] = float(episode)
-        self.state.episode = episode  # TRL 1.12 PPOTrainer kept the counter on the state
-        elapsed = time.perf_counter() - self._train_start_time if self._train_start_time else 0.0
-        out["eps"] = float(int(episode / elapsed)) if elapsed > 0 else 0.0
-        out["train/nonfinite_steps"] = float(self.nonfinite.steps)
-        return out
 
     @torch.no_grad()
     def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
@@ -1164,19 +784,17 @@ class TRAPOTrainer(_BaseTrainer):
                     + ". Pass a path, or start without resuming."
                 )
             resume_from_checkpoint = path
-        self._train_start_time = time.perf_counter()
+        self.run_metrics.start()
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
                 policy = self._unwrapped_policy()
                 check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
             check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
-            if (
-                self.accelerator.is_main_process
-            ):  # a new learning rate would not be used, without a word (trial 6, M12)
+            if self.accelerator.is_main_process:  # a new learning rate would not be used, without a word (trial 6)
                 warn_settings_restored(resume_from_checkpoint, self.args)
-            self._load_trapo_state(resume_from_checkpoint)
-            self._restore_converted_weights(resume_from_checkpoint)
+            self.run_state.load(resume_from_checkpoint)
+            self.handles.restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
         catcher = self._signal_catcher
         try:
@@ -1205,23 +823,12 @@ class TRAPOTrainer(_BaseTrainer):
         self.rl_supply.close()
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best is not None and os.path.isdir(best):
-            self._restore_converted_weights(best)  # the Trainer loaded it as it resumes: the same blind spot
+            self.handles.restore_converted_weights(best)  # the Trainer loaded it as it resumes: the same blind spot
         if self.interruption is not None:  # checkpoint saved, on_train_end run: stop the caller too (interrupts.py)
             raise TrainingInterrupted(self.interruption)
         if catcher.received is not None:  # arrived after the last step had ended: let it act as it would have
             signal.raise_signal(catcher.received)
         return output
-
-    def _restore_converted_weights(self, checkpoint_dir: str) -> None:
-        """Load a checkpoint's model weights through `from_pretrained` when the Trainer's plain `load_state_dict`
-        cannot (a file in the architecture's original key layout, as transformers saves LLaVA; see
-        [`~trl_trapo.vision.restore_converted_weights`]). PEFT adapters and a policy-and-critic pair are saved in the
-        Trainer's own layout and left to it."""
-        policy = self.accelerator.unwrap_model(self.model)
-        if is_peft_model(policy) or isinstance(policy, PolicyAndValueWrapper):
-            return
-        if restore_converted_weights(policy, checkpoint_dir):
-            logger.info("Loaded the weights of %s through from_pretrained (key conversion).", checkpoint_dir)
 
     @property
     def interruption(self) -> Interruption | None:
@@ -1229,68 +836,6 @@ class TRAPOTrainer(_BaseTrainer):
         interrupted (the `TrainingInterrupted` it raised carries the same). `interruption.exit_code` is what a command
         line exits with (130 / 143)."""
         return self._stop_on_signal.interruption
-
-    def _generators(self) -> dict[str, torch.Generator]:
-        return {"rows": self._row_generator, **self.rollouts.state_dict()}
-
-    def _save_trapo_state(self, checkpoint_dir: str) -> None:
-        """Write TRAPO's own per-rank state into `checkpoint_dir/trapo/` (called by `StateCheckpointCallback`)."""
-        # the RL supply's: episode, replay buffer, exploration, and the rollout source's own state (rounds in flight)
-        supply_meta, supply_tensors = self.rl_supply.state_dict()
-        state = {
-            "format": 1,
-            "global_step": self.state.global_step,
-            "world_size": self.accelerator.num_processes,
-            "nonfinite_steps": self.nonfinite.steps,
-            "allocator": self.allocator.state_dict(),
-            "dare": self.dare.engine.state_dict(),
-            # each objective's own state (the pretraining stream's position, ...); keyed by name
-            "objectives": {o.name: o.state_dict() for o in self.objectives},
-            "schedules": self.schedules.state_dict(),
-            **supply_meta,
-        }
-        # prompt sampler, SFT pool (priorities), sample selector (few-shot mode), self-imitation, adapter bank
-        state["memory_pool"], memory_files = self.memory_pool.state_dict(self.state.global_step)
-        if self.accelerator.process_index == 0:  # the datasets it was trained on (check_checkpoint_fits)
-            memory_files[DATASETS_FILE] = json.dumps(self._datasets_summary, indent=1).encode("utf-8")
-        tensors = {**supply_tensors, **rng_tensors(self._generators())}
-        if self.args.sync_ref_model and self.reference is not None:  # the reference has moved: keep it
-            tensors.update(self.reference.state_tensors(self._unwrapped_policy()))
-        compress = self.replay.nbytes > 64 * 2**20
-        self.accelerator.wait_for_everyone()  # rank 0 fingerprints the Trainer's files: they must be complete
-        write_rank_state(checkpoint_dir, self.accelerator.process_index, state, tensors, compress, memory_files)
-        self.accelerator.wait_for_everyone()  # every rank's marker is in: the checkpoint is complete
-        self._checkpoint_guard.end(checkpoint_dir)
-
-    def _load_trapo_state(self, checkpoint_dir: str) -> None:
-        """Restore what `_save_trapo_state` wrote (this rank's part).
-
-        Raises:
-            CheckpointError: naming the file, if the state is missing, damaged, or made with other datasets.
-        """
-        rank = self.accelerator.process_index
-        state, tensors = read_rank_state(checkpoint_dir, rank)
-        source = os.path.join(checkpoint_dir, "trapo", f"rank{rank}.json")
-        pool = self.memory_pool
-        try:
-            if state.get("format") != 1:
-                raise CheckpointError(f"{source} has an unknown format {state.get('format')!r}.")
-            pool_state = memory_pool_state(state)  # this layout, or the earlier one (samplers at the top level)
-            pool.check_datasets(pool_state, checkpoint_dir)  # the clearest error first, before anything is restored
-            load_objective_states(self.objectives, state, source)  # checked first: same objectives, datasets
-            self.nonfinite.steps = int(state["nonfinite_steps"])
-            self.allocator.load_state_dict(state["allocator"])
-            self.dare.engine.load_state_dict(state["dare"])
-            self.schedules.load_state_dict(state.get("schedules"))
-            self.rl_supply.load_state_dict(state, tensors)  # episode, exploration, replay, the source's own state
-            restore_rng(self._generators(), tensors, source)
-            if self.reference is not None:
-                self.reference.load_state_tensors(self._unwrapped_policy(), tensors)
-            pool.load_state_dict(pool_state, checkpoint_dir)
-        except CheckpointError:
-            raise
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"{source} cannot be restored: {type(error).__name__}: {error}") from error
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save what is trained so that `from_pretrained` reloads it: the policy, or only its adapter for a PEFT policy.

@@ -987,6 +987,47 @@ class DARE:
             tensor.copy_(reduce(tensor))
         self.update(probe.cosines(), step, probe.statistics().as_stats(self.names))
 
+    def accumulate(self, hidden, logits, targets, objective, counted, half, rows, terms, views) -> None:
+        """Hand the probe one micro-batch's counted tokens: LM-head inputs, logits, targets and the coefficient of
+        each token (-d loss / d log p, `term.logp_coef`); a term that gives its own logit gradient (`logit_grad`) hands
+        that instead. Called by the trainer's `compute_loss` at the steps `begin_step` said measure signals.
+
+        Args:
+            hidden (`torch.Tensor`): `(B, T, H)` the states the LM head reads.
+            logits (`torch.Tensor`): `(N, V)` the logits of the `N` counted positions, in the order of
+                `counted.nonzero()`; targets (`torch.Tensor`): `(N,)` their next tokens.
+            objective (`torch.Tensor`): `(B,)` each row's objective index; counted (`torch.Tensor`): `(B, T)` bool,
+                the counted positions; half (`torch.Tensor`): `(B,)` each row's half of the split.
+            rows (`list[torch.Tensor]`): per objective, `(B,)` bool: its rows.
+            terms (`list[TermOutput]`), views (`list[TermInputs]`): per objective, its term and what it saw.
+        """
+        self.probe.add_losses([term.value for term in terms])  # the loss-based strategies read them
+        if not bool(counted.any()):
+            return
+        coefficients = torch.ones_like(counted, dtype=torch.float32)
+        closed_form = torch.ones_like(objective, dtype=torch.bool)  # (B,) rows whose gradient is c (p - e_y)
+        for index, term in enumerate(terms):
+            if term.logit_grad is not None:
+                closed_form &= ~rows[index]
+                tokens = views[index].tokens
+                self.probe.accumulate_logit_grad(
+                    hidden[counted][tokens].detach(), term.logit_grad, index, half[views[index].token_rows[tokens]]
+                )
+            elif term.logp_coef is not None:
+                coefficients = torch.where(rows[index].unsqueeze(1), term.logp_coef, coefficients)
+        selected = closed_form.unsqueeze(1).expand_as(counted)[counted]  # (N,)
+        if not bool(selected.all()):
+            logits, targets = logits[selected], targets[selected]
+            counted = counted & closed_form.unsqueeze(1)
+        self.probe.accumulate(
+            hidden[counted].detach(),
+            logits.detach(),
+            targets,
+            coefficients[counted],
+            objective.unsqueeze(1).expand_as(counted)[counted],
+            half.unsqueeze(1).expand_as(counted)[counted],
+        )
+
     def update(
         self, signals: list[float | None], step: int, measurements: dict[str, float | None] | None = None
     ) -> None:
