@@ -289,8 +289,22 @@ def test_trl_script_arguments_the_job_does_not_support_are_refused(tmp_path, fla
         ("rl.jsonl", '{"prompt": "a=", "answer": "1"}\n\n[1, 2]\n', "rl.jsonl, line 3: a JSON list, not an object"),
         ("rl.json", '{"prompt": "a=", "answer": "1"}\n{"prompt": "b=" "answer": "2"}\n', "rl.json, line 2: not valid"),
         ("dir/train.jsonl", '{"prompt": "a=", "answer": "1"}\n{"prompt": \n', "train.jsonl, line 2: not valid JSON"),
+        # Python's json reads a lone surrogate escape, datasets' Arrow reader refuses it (trial 6's M28)
+        (
+            "rl.jsonl",
+            '{"prompt": "a=", "answer": "1"}\n{"prompt": "b\\ud800="}\n',
+            "rl.jsonl, line 2: a \\ud800 escape",
+        ),
+        ("rl.json", '[{"prompt": "a=", "answer": "1"}, {"\\udc00": "b="}]', "rl.json: a \\udc00 escape is half"),
     ],
-    ids=["truncated-line", "not-an-object", "json-lines-in-.json", "file-of-a-directory"],
+    ids=[
+        "truncated-line",
+        "not-an-object",
+        "json-lines-in-.json",
+        "file-of-a-directory",
+        "surrogate",
+        "surrogate-key",
+    ],
 )
 def test_a_malformed_json_lines_file_is_named_with_its_line(tmp_path, name, content, where):
     """A truncated second line was "cannot load the dataset (DatasetGenerationError: An error occurred while

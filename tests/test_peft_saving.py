@@ -78,3 +78,26 @@ def test_modules_to_save_naming_no_module_is_refused(tokenizer):
         wrap_adapter(build_tiny_model(tokenizer, seed=0), config(["lm_head", "nope_head"]))
     wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), config(["lm_head"]))
     assert any("modules_to_save" in name for name, _ in wrapped.named_parameters())
+
+
+def test_layers_to_transform_the_model_lacks_is_named_not_target_modules(tokenizer):
+    """`layers_to_transform=[99]` on a 2-layer model was blamed on `target_modules` ("matches no module", q_proj
+    listed among the names it has; trial 6's L07), and `[1, 99]` silently adapted layer 1 only."""
+    import pytest
+
+    from trl_trapo.assembly import wrap_adapter
+
+    def config(layers):
+        return LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=layers, task_type="CAUSAL_LM")
+
+    for layers in ([99], [1, 99]):
+        given = config(layers)
+        with pytest.raises(ValueError, match=r"layers_to_transform=\[.*99\] names layer\(s\) \[99\].*numbered 0-1"):
+            wrap_adapter(build_tiny_model(tokenizer, seed=0), given)
+        assert given.layers_to_transform == layers  # the user's config is not changed
+    wrong_pattern = LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=[0], layers_pattern="blocks")
+    with pytest.raises(ValueError, match=r"no module matching target_modules=.* numbered layer under layers_pattern"):
+        wrap_adapter(build_tiny_model(tokenizer, seed=0), wrong_pattern)
+    wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), config([1]))
+    adapted = [name for name, _ in wrapped.named_modules() if name.endswith("q_proj.lora_A")]
+    assert len(adapted) == 1 and ".layers.1." in adapted[0]

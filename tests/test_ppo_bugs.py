@@ -417,3 +417,22 @@ def test_trl_0x_keyword_names_are_mapped_in_the_message(tmp_path):
     assert "args= (was config=), processing_class= (was tokenizer=), model= (was policy=), ref_model= (was " in str(
         e.value
     )
+
+
+def test_trl_0x_positional_order_is_named(tmp_path):
+    """TRL 0.x's `PPOTrainer(config, model, ref_model, tokenizer, ...)` got "`processing_class` must be a tokenizer"
+    or "missing 1 required positional argument: 'reward_model'" (trial 6's Q02c / Q02b)."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    with pytest.raises(TypeError, match=r"second positional argument is a model.*TRL 0\.x's was \(config, model"):
+        PPOTrainer(config(tmp_path), load("policy"), None, tokenizer, train_dataset=Dataset.from_dict({"x": [1]}))
+
+
+@pytest.mark.parametrize(("method", "needle"), [("step", "trainer.train()"), ("generate", "generate_completions")])
+def test_trl_0x_training_loop_methods_name_their_replacement(tmp_path, method, needle):
+    """`ppo_trainer.step(queries, responses, rewards)` got "'PPOTrainer' object has no attribute 'step'" (Q03)."""
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(AttributeError, match=rf"PPOTrainer has no `{method}\(\)`: TRL 0\.x") as caught:
+        getattr(trainer, method)
+    assert needle in str(caught.value)
+    with pytest.raises(AttributeError, match="object has no attribute 'not_an_attribute'"):
+        trainer.not_an_attribute  # noqa: B018

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 
 import pytest
 import torch
+from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
@@ -50,9 +52,9 @@ def test_an_async_reward_with_loop_bound_state_works_across_calls(tmp_path, toke
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
     )
-    trainer.collect_rollouts(8, step=0)  # the check at construction was the first call; this is the second
+    trainer.collect_rollouts(8, step=0)  # the check at construction made the first two calls (2 rows, 1 row)
     trainer.collect_rollouts(8, step=1)
-    assert reward.calls == 3 and len(reward.loops) == 1
+    assert reward.calls == 4 and len(reward.loops) == 1
     assert trainer.reward_func_names == ["SemaphoreReward"]
 
 
@@ -199,3 +201,53 @@ def test_a_round_no_reward_function_scored_is_said_at_once(tmp_path, tokenizer, 
     assert len(warnings) == 1, warnings  # once, at the first round
     assert warnings[0].startswith("Step 0: no completion of this rollout round got a reward: every reward function")
     assert "('unscored') returned None or NaN" in warnings[0]
+
+
+@pytest.mark.parametrize("length", [1, 2, 3])
+def test_a_reward_of_fixed_length_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_config, length):
+    """A function that ignores `len(completions)` returns the right count for at most one batch size: one
+    construction-time call of 2 rows passed `[1.0, 0.0]`, refused only after the first generation (trial 6's R01)."""
+
+    def fixed(completions, **kwargs):
+        return [1.0] * length
+
+    with pytest.raises(ValueError, match=rf"construction-time check.*'fixed' failed.*returned {length} rewards for"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=fixed,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+
+
+def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_function(
+    tmp_path, tokenizer, suite, tiny_config, caplog
+):
+    """A JSON Lines file whose odd rows lack `answer` trained without a word: datasets fills the key with None and
+    the reward leaves those rows unscored (trial 6's M18). TRL passes the None on as well: a warning, not a refusal."""
+
+    def needs_answer(completions, answer, **kwargs):
+        return [None if a is None else float(c == a) for c, a in zip(completions, answer)]
+
+    rows = suite.rl_train.select(range(8)).to_list()
+    for row in rows[1::2]:
+        row["answer"] = None
+    for row in rows:
+        row["note"] = None  # None in every row and read by no function by name: not said
+    dataset = Dataset.from_list(rows)
+    held_out = Dataset.from_list([{**row, "answer": None} if i == 2 else row for i, row in enumerate(rows[::2])])
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=needs_answer,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=dataset,
+            eval_dataset=held_out,
+            processing_class=tokenizer,
+        )
+    said = [r.getMessage() for r in caplog.records if "is missing (None)" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "column 'answer' is missing (None) in 4 of 8 rows (first at row 1)" in said[0]
+    assert "'needs_answer'" in said[0]
+    assert said[1].startswith("`eval_dataset` column 'answer' is missing (None) in 1 of 4 rows (first at row 2)")

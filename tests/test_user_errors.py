@@ -1275,7 +1275,7 @@ def test_a_reward_column_missing_from_an_eval_set_is_refused_at_construction(tmp
 
     other = [{"prompt": "ab=", "solution": "ab"}]
     with pytest.raises(
-        RuntimeError, match=r"first 1 rows of `eval_dataset\['held'\]`.*'needs_answer' failed"
+        RuntimeError, match=r"first 1 row\(s\) of `eval_dataset\['held'\]`.*'needs_answer' failed"
     ) as error:
         build(tmp_path, tok, reward=needs_answer, train_dataset=RL, eval_dataset={"ok": RL, "held": other})
     assert "`eval_dataset['held']` has columns ['prompt', 'solution'], the RL prompts (train_dataset) have" in str(

@@ -78,13 +78,50 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never runs
     from .weighting import DARE, DAREWeighting, GACWeighting, GradNormWeighting, StaticWeighting, UncertaintyWeighting
 
 
+_VALUE_HEAD = (
+    "pass the policy as `model=` (an `AutoModelForCausalLM`) and the critic as `value_model=` "
+    "(`AutoModelForSequenceClassification.from_pretrained(..., num_labels=1)`) to PPOTrainer"
+)
+TRL0_NAMES = {
+    "AutoModelForCausalLMWithValueHead": _VALUE_HEAD,
+    "AutoModelForSeq2SeqLMWithValueHead": _VALUE_HEAD + " (decoder-only models only)",
+    "PPOv2Trainer": "use PPOTrainer (TRL 1.x's name of PPOv2Trainer, same arguments)",
+    "PPOv2Config": "use PPOConfig (TRL 1.x's name of PPOv2Config, same fields)",
+    "create_reference_model": "pass `ref_model=None`: PPOTrainer copies the policy as the frozen reference",
+}
+"""Names TRL 0.x scripts import next to `PPOTrainer` that TRL 1.x (and so trl_trapo) dropped -> what to use."""
+
+
+class _RemovedName(type):
+    """Metaclass of the placeholder a TRL 0.x name resolves to (as transformers' `DummyObject` stands for a class
+    whose backend is missing): `from trl_trapo import X` works, and any use of `X` raises the message naming the
+    replacement, which an `AttributeError` from `__getattr__` would lose to Python's "cannot import name"."""
+
+    def _refuse(cls):
+        raise ImportError(
+            f"trl_trapo has no {cls.__name__}: it is a TRL 0.x name that TRL 1.x's PPOTrainer, which trl_trapo "
+            f"follows, dropped; {TRL0_NAMES[cls.__name__]} (docs/migrating_from_ppo.md)."
+        )
+
+    def __call__(cls, *args, **kwargs):
+        cls._refuse()
+
+    def __getattr__(cls, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        cls._refuse()
+
+
 def __getattr__(name: str):
-    """A public name of `__all__` (its module imported now, the value cached here), or a submodule
-    (`trl_trapo.tasks`).
+    """A public name of `__all__` (its module imported now, the value cached here), a submodule
+    (`trl_trapo.tasks`), or for a TRL 0.x name of `TRL0_NAMES` a placeholder whose use raises an `ImportError` naming
+    the replacement.
 
     Raises:
         AttributeError: for any other name, as a module without it would.
     """
+    if name in TRL0_NAMES:
+        return _RemovedName(name, (), {"__module__": __name__})
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
         globals()[name] = value  # later lookups do not come back here

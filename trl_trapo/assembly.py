@@ -20,6 +20,7 @@ that does not use them never loads them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -59,6 +60,7 @@ from .data import (
     eval_datasets,
     prepare_datasets,
     progress_bars,
+    warn_missing_reward_cells,
 )
 from .distributed import restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
@@ -789,16 +791,75 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             f"modules: {top}; e.g. {shown}). Name modules the model has (trained fully and saved with the adapter), "
             "or leave modules_to_save out."
         )
+    check_adapter_layers(peft_config, module_names)
     try:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
         shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
+        layers = getattr(peft_config, "layers_to_transform", None)
+        within = (
+            f" in the layers peft_config.layers_to_transform={layers!r} selects "
+            f"(layers_pattern={getattr(peft_config, 'layers_pattern', None)!r})"
+            if layers not in (None, [])
+            else ""
+        )
         raise ValueError(
             f"peft_config.target_modules={getattr(peft_config, 'target_modules', None)!r} matches no module "
-            f"of the model. Its linear modules are named {shown or '(none)'}; name some of them, or use "
+            f"of the model{within}. Its linear modules are named {shown or '(none)'}; name some of them, or use "
             "target_modules='all-linear' (every linear layer but the output head)."
         ) from error
+
+
+def check_adapter_layers(peft_config: Any, module_names: list[str]) -> None:
+    """Refuse `peft_config.layers_to_transform` indices that no layer holding a `target_modules` module has.
+
+    PEFT (`check_target_module_exists`, which this uses for every match) adapts the modules of the listed layers and
+    ignores an index the model does not have without a word; when no index exists it raises "no target modules found"
+    (blamed on `target_modules`, whose names do match). Left to PEFT: configs without `layers_to_transform`, and
+    `target_modules` that match nothing in any layer (or a shorthand such as 'all-linear' PEFT expands itself).
+
+    Args:
+        peft_config: the PEFT config (`LoraConfig`, ...).
+        module_names (`list[str]`): the model's module names (`model.named_modules()`).
+
+    Raises:
+        ValueError: naming `layers_to_transform`, the indices the model lacks, and the layer indices it has.
+    """
+    wanted = getattr(peft_config, "layers_to_transform", None)
+    if wanted is None or wanted == [] or getattr(peft_config, "target_modules", None) is None:
+        return
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    wanted = [wanted] if isinstance(wanted, int) else list(wanted)
+    any_layer = copy.copy(peft_config)  # the same match, every layer (a copy: the user's config is not changed)
+    any_layer.layers_to_transform = None
+    matched = [name for name in module_names if check_target_module_exists(any_layer, name)]
+    if not matched:
+        return
+    one_layer = copy.copy(peft_config)
+    candidates = sorted({int(part) for name in matched for part in name.split(".") if part.isdigit()})
+    present = []
+    for index in candidates:
+        one_layer.layers_to_transform = [index]
+        if any(check_target_module_exists(one_layer, name) for name in matched):
+            present.append(index)
+    missing = [index for index in wanted if index not in present]
+    if not missing:
+        return
+    pattern = getattr(peft_config, "layers_pattern", None)
+    has = (
+        f"the layers holding target_modules={peft_config.target_modules!r} are numbered "
+        + (f"{present[0]}-{present[-1]}" if present == list(range(present[0], present[-1] + 1)) else str(present))
+        if present
+        else f"no module matching target_modules={peft_config.target_modules!r} sits in a numbered layer under "
+        f"layers_pattern={pattern!r}"
+    )
+    raise ValueError(
+        f"peft_config.layers_to_transform={peft_config.layers_to_transform!r} names layer(s) {missing} "
+        f"the model does not have (PEFT would skip them without a word): {has}. Give indices the model has, or "
+        "leave layers_to_transform out to adapt every layer."
+    )
 
 
 def policy_and_reference(
@@ -1462,17 +1523,23 @@ def check_data_fits(
 ) -> None:
     """What needs both the tokenized data and the models, before the `Trainer` starts: every model that reads the
     policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
-    once on two RL rows (what they log is discarded; not with a `rollout_func`, whose extra keys — columns the reward
-    functions may require — the dataset's rows do not have), and on two prompt rows of each eval set (`datasets`: the
-    trainer's dataset arguments by name).
+    on the first 2 RL rows and on the first one ([`preflight_sizes`]; what they log is discarded; not with a
+    `rollout_func`, whose extra keys — columns the reward functions may require — the dataset's rows do not have), and
+    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name).
 
     Raises:
         ValueError: naming the model or the reward function at fault.
     """
     check_reader_contexts(args, data.prompt_sets, models.tokenizer, models.token_readers(rewards))
+    if data.rl is not None and rewards.funcs:
+        warn_missing_reward_cells(datasets.get("train_dataset"), "train_dataset", rewards.columns_read())
     if data.rl is not None and rollout_func is None:
-        rows = [data.rl[i] for i in range(min(2, len(data.rl)))]
-        rewards.preflight(rows, agent.preflight_kwargs(rows) if agent is not None else None, source="`train_dataset`")
+        sizes = preflight_sizes(len(data.rl))
+        rows = [data.rl[i] for i in range(sizes[0])]
+        extra = agent.preflight_kwargs(rows) if agent is not None else None  # environments reset once per row
+        for size in sizes:
+            rows_kwargs = {key: values[:size] for key, values in extra.items()} if extra is not None else None
+            rewards.preflight(rows[:size], rows_kwargs, source="`train_dataset`")
     # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards read,
     # missing there, failed at the first evaluation, after training steps)
     if rollout_func is None and agent is None and rewards.funcs:
@@ -1482,8 +1549,23 @@ def check_data_fits(
             columns = set(dataset_columns(dataset))
             if "prompt" not in columns or columns & {"text", "completion", "messages"}:
                 continue  # token-id prompts carry no text to score; the others are evaluated by loss
-            rows = [dataset[i] for i in range(min(2, len(dataset)))]
-            rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+            warn_missing_reward_cells(dataset, label, rewards.columns_read())
+            for size in preflight_sizes(len(dataset)):
+                rows = [dataset[i] for i in range(size)]
+                rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+
+
+def preflight_sizes(num_rows: int) -> list[int]:
+    """How many rows each construction-time call of the reward functions gets: the first 2 rows, then the first one.
+
+    Two calls of different sizes: a function returning a list of fixed length (one that ignores `len(completions)`,
+    e.g. zips with a constant list) returns the right count for at most one of them, so it is refused before
+    generation; one call of 2 rows passed a function that always returns 2 values (trial 6's R01).
+
+    Returns:
+        `list[int]`: the row counts, `[2, 1]`, or `[num_rows]` when `num_rows` is 0 or 1.
+    """
+    return [2, 1] if num_rows >= 2 else [num_rows]
 
 
 def prepare_frozen_models(

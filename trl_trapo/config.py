@@ -142,6 +142,76 @@ GRPO_ONLY_FIXES = {
 """TRL GRPOConfig fields a GRPO script commonly sets that TRAPOConfig has no equivalent of, with the fix the refusal
 names (`TRAPOConfig.__new__`); any other GRPOConfig-only field is refused with a pointer to docs/agents.md's table."""
 
+SFT_ONLY_FIXES = {
+    "max_length": "the SFT row length is `sft_max_length` (prompt + completion + EOS), the pretraining row length "
+    "`pretrain_max_length`",
+    "max_seq_length": "the SFT row length is `sft_max_length` (prompt + completion + EOS), the pretraining row length "
+    "`pretrain_max_length`",
+    "packing": "pretraining rows are packed (`pretrain_packing`, on by default, into rows of `pretrain_max_length` "
+    "tokens); SFT rows are never packed: drop packing",
+    "packing_strategy": "pretraining rows are packed by concatenation (`pretrain_packing`); drop it",
+    "eval_packing": "drop it (pretraining rows are packed, `pretrain_packing`; SFT rows are not)",
+    "padding_free": "rows are padded per batch; drop it",
+    "dataset_text_field": "pretraining text is read from a `text` column: rename yours "
+    "(`dataset.rename_column(name, 'text')`) and pass the dataset as `pretrain_dataset=`",
+    "completion_only_loss": "SFT rows of `prompt` / `completion` train on the completion only; drop it",
+    "eos_token": "set the tokenizer's own (`processing_class.eos_token = ...`) and drop it",
+    "pad_token": "set the tokenizer's own (`processing_class.pad_token = ...`) and drop it",
+    "chat_template_path": "save the template with the tokenizer (`tok.chat_template = open(path).read()`) and pass "
+    "that tokenizer as `processing_class`",
+}
+"""TRL SFTConfig fields (1.16's, and `max_seq_length` of older SFTConfigs) an SFT script commonly sets that TRAPOConfig
+has no field of, with the fix the refusal names (`TRAPOConfig.__new__`); any other SFTConfig-only field is refused
+as having no TRAPO equivalent."""
+
+TRL0_PPO_FIXES = {
+    "ppo_epochs": "num_ppo_epochs",
+    "log_with": "report_to (e.g. report_to='wandb', or 'none')",
+    "model_name": "load the model yourself and pass it as PPOTrainer(model=...)",
+    "query_dataset": "pass the dataset as PPOTrainer(train_dataset=...)",
+    "reward_model": "pass a reward model (`AutoModelForSequenceClassification`, num_labels=1) as "
+    "PPOTrainer(reward_model=...), or reward functions as `reward_funcs=`",
+    "steps": "total_episodes (prompts rolled out in all) or max_steps",
+    "batch_size": "per_device_train_batch_size x gradient_accumulation_steps is the rollout batch per process "
+    "(PPOConfig fills in batch_size from them)",
+    "mini_batch_size": "num_mini_batches (optimizer steps per rollout batch; PPOConfig fills in mini_batch_size)",
+    "forward_batch_size": "local_rollout_forward_batch_size",
+    "backward_batch_size": "per_device_train_batch_size",
+    "global_batch_size": "filled in from per_device_train_batch_size x gradient_accumulation_steps x processes; drop it",
+    "global_backward_batch_size": "filled in; drop it",
+    "world_size": "the launcher sets it (`accelerate launch --num_processes`); drop it",
+    "init_kl_coef": "kl_coef",
+    "adap_kl_ctrl": "adaptive KL control is on when kl_target is set (None: fixed kl_coef)",
+    "target": "kl_target",
+    "horizon": "kl_horizon",
+    "tracker_project_name": "report_to picks the tracker; its project comes from its environment (WANDB_PROJECT); "
+    "drop it",
+    "tracker_kwargs": "drop it (report_to picks the tracker)",
+    "accelerator_kwargs": "drop it (the launcher configures accelerate)",
+    "project_kwargs": "drop it (logs go under output_dir)",
+    "push_to_hub_if_best_kwargs": "push_to_hub / hub_model_id",
+    "task_name": "run_name",
+    "exp_name": "run_name",
+    "dataset_num_proc": "drop it (PPOConfig takes it, for TRL 1.12 scripts)",
+}
+"""TRL 0.x `PPOConfig` fields (0.11, the last before PPOv2) that `PPOConfig` / `TRAPOConfig` have no field of -> what
+replaces each; any other is refused as having no TRAPO equivalent (`early_stopping`, `target_kl`, `score_clip`, ...)."""
+
+TRL0_PPO_FIELDS = frozenset(TRL0_PPO_FIXES) | {
+    "optimize_cuda_cache",
+    "optimize_device_cache",
+    "early_stopping",
+    "target_kl",
+    "compare_steps",
+    "ratio_threshold",
+    "use_score_scaling",
+    "use_score_norm",
+    "score_clip",
+    "is_encoder_decoder",
+    "is_peft_model",
+}
+"""Every field of TRL 0.11's `PPOConfig` that `TRAPOConfig` has no field of (0.x is not installed to read them)."""
+
 
 def _bf16_supported() -> bool:
     return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
@@ -154,6 +224,42 @@ def _grpo_config_fields() -> set[str]:
     from trl import GRPOConfig
 
     return set(GRPOConfig.__dataclass_fields__)
+
+
+def _sft_config_fields() -> set[str]:
+    """TRL SFTConfig's field names, and the older ones `SFT_ONLY_FIXES` maps (imported on an unknown keyword only)."""
+    from trl import SFTConfig
+
+    return set(SFTConfig.__dataclass_fields__) | set(SFT_ONLY_FIXES)
+
+
+def foreign_fields(names) -> list[tuple[str, str, str]]:
+    """The names among `names` that are fields of another trainer's config TRAPO's scripts come from, each with its
+    source and what to use instead: TRL 1.16's `GRPOConfig` (`GRPO_ONLY_FIXES`), its `SFTConfig` (`SFT_ONLY_FIXES`),
+    TRL 0.x's `PPOConfig` (`TRL0_PPO_FIXES`). A name several of them have is attributed to the first. Used by the
+    config's refusal of unknown keywords and by the command line's "did you mean".
+
+    Args:
+        names: candidate field names (those a config class does not have).
+
+    Returns:
+        `list[tuple[str, str, str]]`: (name, source, fix) in the order given; names of none of them are left out.
+    """
+    names = list(names)
+    if not names:
+        return []
+    sources = (
+        ("TRL GRPOConfig", _grpo_config_fields(), GRPO_ONLY_FIXES),
+        ("TRL SFTConfig", _sft_config_fields(), SFT_ONLY_FIXES),
+        ("TRL 0.x PPOConfig", TRL0_PPO_FIELDS, TRL0_PPO_FIXES),
+    )
+    found = []
+    for name in names:
+        for source, fields_, fixes in sources:
+            if name in fields_:
+                found.append((name, source, fixes.get(name, "no TRAPO equivalent, drop it")))
+                break
+    return found
 
 
 ACCEPTED_TYPES = {"curriculum_mixtures": list[float | Mapping]}
@@ -443,16 +549,35 @@ class TRAPOConfig(_BaseConfig):
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
         # here first, naming it and the fix (GRPO's names of TRAPO's own settings are fields: `GRPO_ALIASES`)
-        unknown = set(kwargs) - set(cls.__dataclass_fields__)
-        grpo_only = sorted(unknown & _grpo_config_fields()) if unknown else []
-        if grpo_only:
-            fixes = "; ".join(
-                f"{name}: {GRPO_ONLY_FIXES.get(name, 'no TRAPO equivalent, drop it')}" for name in grpo_only
-            )
+        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`)
+        unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
+        found = foreign_fields(unknown)
+        if any(source == "TRL 0.x PPOConfig" for _, source, _ in found):  # 0.x meanings of names PPOConfig fills in
+            found += [
+                (n, "TRL 0.x PPOConfig", TRL0_PPO_FIXES[n])
+                for n in ("batch_size", "mini_batch_size")
+                if n in kwargs and n not in unknown
+            ]
+        if found:
+            parts = []
+            for source in dict.fromkeys(source for _, source, _ in found):
+                fixes = "; ".join(
+                    f"{name}={kwargs[name]!r}: " + (f"rename it {fix}={kwargs[name]!r}" if fix.isidentifier() else fix)
+                    for name, where, fix in found
+                    if where == source
+                )
+                parts.append(f"{source} field(s) it does not have: {fixes}.")
+            guides = {
+                "TRL GRPOConfig": "GRPOConfig's names that TRAPOConfig accepts as aliases: "
+                f"{', '.join(f'{a} (= {t})' for a, t in GRPO_ALIASES.items())}; the full mapping is in "
+                "docs/agents.md, 'Moving a GRPOTrainer script over'.",
+                "TRL SFTConfig": "SFT rows are passed to the trainer as `sft_dataset=` (docs/python.md).",
+                "TRL 0.x PPOConfig": "TRL 1.x's PPOConfig, which this one follows, renamed or dropped them "
+                "(docs/migrating_from_ppo.md).",
+            }
+            sources = dict.fromkeys(source for _, source, _ in found)
             raise TypeError(
-                f"{cls.__name__} got TRL GRPOConfig field(s) it does not have: {fixes}. GRPOConfig's names that "
-                f"TRAPOConfig accepts as aliases: {', '.join(f'{a} (= {t})' for a, t in GRPO_ALIASES.items())}; the "
-                "full mapping is in docs/agents.md, 'Moving a GRPOTrainer script over'."
+                f"{cls.__name__} got " + " It got ".join(parts) + " " + " ".join(guides[s] for s in sources)
             )
         return super().__new__(cls)
 
@@ -1519,6 +1644,26 @@ class TRAPOConfig(_BaseConfig):
         },
     )
 
+    def _check_liger(self) -> None:
+        """`use_liger_kernel=True` without liger-kernel, refused at construction and saying what the flag does here.
+
+        transformers patches the model's layers with Liger's kernels when the trainer is built, and raises there
+        without the package; a GRPO script sets the flag for TRL's fused Liger GRPO loss, which TRAPO's losses do not
+        use.
+
+        Raises:
+            ImportError: when `use_liger_kernel` is set and `liger-kernel` (>= 0.3.0) is not installed.
+        """
+        from transformers.utils import is_liger_kernel_available
+
+        if self.use_liger_kernel and not is_liger_kernel_available():
+            raise ImportError(
+                f"{type(self).__name__}.use_liger_kernel=True needs liger-kernel >= 0.3.0, which is not installed: "
+                "`pip install liger-kernel`, or drop use_liger_kernel. Here it patches the model's layers with Liger's "
+                "kernels (transformers' `_apply_liger_kernel_to_instance`, `liger_kernel_config`); TRL GRPOTrainer's "
+                "fused Liger GRPO loss has no TRAPO equivalent (TRAPO computes its own losses)."
+            )
+
     def __post_init__(self):
         check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
@@ -1528,6 +1673,7 @@ class TRAPOConfig(_BaseConfig):
         self._check_deepspeed_path()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
+        self._check_liger()
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:

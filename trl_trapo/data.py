@@ -183,6 +183,48 @@ def check_missing_values(dataset: Dataset, role: str, columns: Sequence[str]) ->
             raise missing_value_error(role, column, bad[0][0], bad[0][1], len(bad))
 
 
+def warn_missing_reward_cells(dataset: Any, role: str, readers: Mapping[str, Sequence[str]]) -> list[str]:
+    """Warn, once per column, about the columns TRAPO does not read (reward columns, passed to reward functions as
+    they are) that hold None in some rows: the rows a JSON Lines file written from several sources lacks a key in.
+    TRL passes such a None on too, and a reward function may use it on purpose ("cannot score"), so it stays a
+    warning; what is said is which column, in how many rows (first at which), and which reward function takes the
+    column by name. A column no reward function names is warned about only when some rows have a value.
+
+    Args:
+        dataset: the RL dataset (map-style; a streamed one is not read ahead).
+        role (`str`): its argument's name, for the message.
+        readers (`Mapping[str, Sequence[str]]`): column -> names of the reward functions with a parameter of that
+            name (`RewardScorer.columns_read`).
+
+    Returns:
+        `list[str]`: the warnings logged.
+    """
+    if not isinstance(dataset, Dataset) or len(dataset) == 0:
+        return []
+    names = dataset_columns(dataset)
+    said = []
+    for column in [c for c in names if c not in read_columns(names) and c not in INTERNAL_COLUMNS]:
+        array = dataset.with_format("arrow")[column]
+        missing = array.null_count
+        if missing == 0 or (missing == len(dataset) and column not in readers):
+            continue
+        first = next(i for i, value in enumerate(array.is_null().to_pylist()) if value)
+        functions = list(readers.get(column, ()))
+        takes = (
+            f"reward function(s) {', '.join(repr(f) for f in functions)} take it by name and get None for those rows"
+            if functions
+            else "reward functions get None for those rows"
+        )
+        message = (
+            f"`{role}` column {column!r} is missing (None) in {missing} of {len(dataset)} rows (first at row "
+            f"{first}): {takes}, which usually means they go unscored. Fill the column, or drop such rows "
+            f"(`dataset.filter(lambda row: row[{column!r}] is not None)`)."
+        )
+        logger.warning(message)
+        said.append(message)
+    return said
+
+
 def row_text(value: Any) -> str:
     """The text a user wrote in one cell: a string, or the contents of a message list joined (no template; a
     multimodal message's text parts)."""

@@ -46,7 +46,8 @@ class GRPOConfig(TRAPOConfig):
     is said once when the trainer is built ([`grpo_notice`]) and in docs/agents.md, "Moving a GRPOTrainer script over".
 
     Raises:
-        TypeError: for a TRL GRPOConfig field TRAPO has no equivalent of, naming it and the fix (as `TRAPOConfig`).
+        TypeError: for a field of TRL GRPOConfig, SFTConfig or 0.x PPOConfig TRAPO has no equivalent of, naming it,
+            its value and the fix (as `TRAPOConfig`; `config.foreign_fields`).
         ValueError: as `TRAPOConfig`, e.g. when a GRPO name and TRAPO's name of one setting disagree.
     """
 

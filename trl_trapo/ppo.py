@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torch import nn
+
 from .arguments import check_config_type
 from .config import TRAPOConfig
 from .data import check_dataset_object
@@ -161,6 +163,18 @@ class PPOTrainer(TRAPOTrainer):
     }
     """TRL 0.x `PPOTrainer` / `PPOv2Trainer` keyword names -> TRL 1.x's (this class's)."""
 
+    TRL0_METHODS = {
+        "step": "PPO is driven by `trainer.train()`, which samples `train_dataset`'s prompts, scores them with "
+        "`reward_model` / `reward_funcs` and updates; for your own generation loop pass `rollout_func=` or "
+        "`rollout_source=` (docs/writing_a_rollout_source.md)",
+        "generate": "rollouts are generated inside `trainer.train()`; sample completions with "
+        "`trainer.model.generate(...)` or `trainer.generate_completions()` (the eval prompts)",
+        "log_stats": "metrics are logged by `trainer.train()` every `logging_steps` (report_to picks the tracker)",
+        "batched_forward_pass": "log-probs and values are computed inside `trainer.train()`",
+        "compute_rewards": "the per-token rewards (score - KL penalty) are computed inside `trainer.train()`",
+    }
+    """TRL 0.x `PPOTrainer` methods (the heart of a 0.x training loop) that TRL 1.x dropped -> what replaces each."""
+
     def __new__(cls, *args, **kwargs):
         # before Python binds the arguments: its "missing 4 required positional arguments" names no old name
         old = [name for name in cls.TRL0_NAMES if name in kwargs]
@@ -170,7 +184,27 @@ class PPOTrainer(TRAPOTrainer):
                 f"PPOTrainer got TRL 0.x keyword names {old}: TRL 1.x's PPOTrainer, which this one follows, takes "
                 f"{renames}. Rename them (docs/migrating_from_ppo.md)."
             )
+        # TRL 0.x's positional order (config, model, ref_model, tokenizer, dataset, ...) puts a model where 1.x
+        # has `processing_class`: said here, before a missing `reward_model` or the tokenizer check speaks
+        if len(args) > 1 and isinstance(args[1], nn.Module):
+            raise TypeError(
+                f"PPOTrainer's second positional argument is a model ({type(args[1]).__name__}) where TRL 1.x's "
+                "PPOTrainer, which this one follows, takes `processing_class`: the positional order is (args, "
+                "processing_class, model, ref_model, reward_model, train_dataset, value_model); TRL 0.x's was "
+                "(config, model, ref_model, tokenizer, dataset). Pass them by keyword: PPOTrainer(args=..., "
+                "processing_class=tokenizer, model=..., ref_model=..., reward_model=..., train_dataset=..., "
+                "value_model=...) (docs/migrating_from_ppo.md)."
+            )
         return super().__new__(cls)
+
+    def __getattr__(self, name: str):
+        # only reached for a missing attribute: a 0.x method gets its replacement, anything else Python's error
+        if name in type(self).TRL0_METHODS:
+            raise AttributeError(
+                f"PPOTrainer has no `{name}()`: TRL 0.x's training loop (`ppo_trainer.{name}(...)`) was dropped in "
+                f"TRL 1.x, which this PPOTrainer follows; {type(self).TRL0_METHODS[name]} (docs/migrating_from_ppo.md)."
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import inspect
 import logging
 import math
 import numbers
@@ -238,7 +239,8 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
     if len(values) != expected:
         raise ValueError(
             f"Reward function '{name}' returned {len(values)} rewards for {expected} completions; it must return "
-            "exactly one reward per completion."
+            "exactly one reward per completion (one per entry of `completions`: a function that ignores "
+            "len(completions), e.g. returns a list of fixed length, is wrong for other batch sizes)."
         )
     return values
 
@@ -298,6 +300,26 @@ class RewardScorer:
         if self.loop is not None:
             shutdown_event_loop_in_daemon(self._thread, self.loop)
             self.loop = self._thread = None
+
+    def columns_read(self) -> dict[str, list[str]]:
+        """Dataset column -> the names of the reward functions whose signature names it as a parameter (e.g.
+        `numeric_answer(completions, answer, **kwargs)` reads `answer`); the keywords every call gets (`prompts`,
+        `completions`, `trainer_state`, ...) and `**kwargs` are not columns. A function whose signature cannot be
+        read is left out."""
+        standard = {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
+        columns: dict[str, list[str]] = {}
+        for func, name in zip(self.funcs, self.names):
+            if isinstance(func, nn.Module):
+                continue
+            try:
+                parameters = inspect.signature(func).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            for parameter in parameters:
+                if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) or parameter.name in standard:
+                    continue
+                columns.setdefault(parameter.name, []).append(name)
+        return columns
 
     def reward_kwargs(
         self,
@@ -365,8 +387,8 @@ class RewardScorer:
                         "e.g. `.rename_column('solution', 'answer')`."
                     )
                 raise type(error)(
-                    f"In TRAPOTrainer's construction-time check (each reward function is called once on the first "
-                    f"{len(rows)} rows of {source} with empty completions, before anything slow), reward function "
+                    f"In TRAPOTrainer's construction-time check (each reward function is called on the first "
+                    f"{len(rows)} row(s) of {source} with empty completions, before anything slow), reward function "
                     f"'{name}' failed. {error}{hint} A reward function must also accept an empty completion (return "
                     "0.0 or None for it)."
                 ) from (error.__cause__ or error)

@@ -69,7 +69,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import GRPO_ONLY_FIXES
+from trl_trapo.config import GRPO_ONLY_FIXES, foreign_fields
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
@@ -361,7 +361,8 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
     Returns:
         `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
         ..."`, `" --x is an argument of the main job ... Fix: ..."`, `" --x is TRL SFTConfig's argument ... Fix:
-        ..."` (the last two say their own fix), or `""` when nothing is close.
+        ..."`, `" --x is TRL 0.x PPOConfig's argument ... Fix: ..."` (`config.foreign_fields`; the last three say
+        their own fix), or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
@@ -382,7 +383,13 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
             else "drop it; TRAPO has no field of that name (the SFT objective's settings are the sft_* arguments)"
         )
         return f" --{name} is TRL {owner}'s argument, which this job does not have. Fix: {fix}."
-    matches = [k for k in known if k.startswith(name)][:3] or difflib.get_close_matches(name, known, n=1)
+    matches = [k for k in known if k.startswith(name)][:3]  # an abbreviation of this job's flags first
+    if not matches and name not in known:
+        for _, source, fix in foreign_fields([name]):  # TRL 0.x PPOConfig's fields (and older SFTConfigs')
+            return f" --{name} is {source}'s argument, which this job does not have. Fix: " + (
+                f"use --{fix}." if fix.isidentifier() else f"{fix}."
+            )
+    matches = matches or difflib.get_close_matches(name, known, n=1)
     return f" Did you mean {' or '.join(f'--{m}' for m in matches)}?" if matches else ""
 
 
@@ -1247,7 +1254,8 @@ def json_syntax_problem(path: str) -> str | None:
         path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
 
     Returns:
-        E.g. `"data/rl.jsonl, line 2: not valid JSON (Unterminated string ...): '{"prompt": "b=", "answ'"`; None
+        E.g. `"data/rl.jsonl, line 2: not valid JSON (Unterminated string ...): '{"prompt": "b=", "answ'"`, or a
+        `\\ud800` escape without its pair (`lone_surrogate`: Python's `json` reads it, `datasets` does not); None
         when every file reads (a `.json` file as one JSON document or as JSON Lines) or there is no such file.
     """
     if os.path.isdir(path):
@@ -1269,10 +1277,14 @@ def json_syntax_problem(path: str) -> str | None:
             return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
         if file.endswith(".json"):
             try:
-                json.loads(text)
-                continue  # one JSON document
+                document = json.loads(text)
             except json.JSONDecodeError:
                 pass  # JSON Lines in a .json file, as datasets reads it too
+            else:
+                surrogate = lone_surrogate(document)
+                if surrogate is None:
+                    continue  # one JSON document
+                return f"{file}: {surrogate_problem(surrogate)}"
         for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
@@ -1283,7 +1295,34 @@ def json_syntax_problem(path: str) -> str | None:
                 return f"{file}, line {number}: not valid JSON ({error.msg}, column {error.colno}): {shown!r}"
             if not isinstance(row, dict):
                 return f"{file}, line {number}: a JSON {type(row).__name__}, not an object (one row per line)"
+            surrogate = lone_surrogate(row)
+            if surrogate is not None:
+                return f"{file}, line {number}: {surrogate_problem(surrogate)}"
     return None
+
+
+def lone_surrogate(value) -> str | None:
+    """The first lone UTF-16 surrogate (U+D800-U+DFFF) in the strings (keys included) of a parsed JSON value, or None.
+
+    Python's `json` decodes an escape such as `\\ud800` without its pair into such a character; `datasets`' JSON
+    reader (Arrow) refuses it ("The surrogate pair in string is invalid"), naming neither file nor line.
+    """
+    if isinstance(value, str):
+        return next((char for char in value if "\ud800" <= char <= "\udfff"), None)
+    items = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        found = lone_surrogate(item)
+        if found is not None:
+            return found
+    return None
+
+
+def surrogate_problem(char: str) -> str:
+    """What a lone surrogate found by [`lone_surrogate`] is, for [`json_syntax_problem`]'s message."""
+    return (
+        f"a \\u{ord(char):04x} escape is half of a UTF-16 surrogate pair (invalid Unicode, which datasets' JSON reader "
+        "refuses); fix the text or the program that wrote it"
+    )
 
 
 def text_line_of_byte(file: str, offset: int) -> int:

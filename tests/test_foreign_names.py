@@ -1,0 +1,100 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Another trainer's names given to TRAPO (a TRL SFTConfig / GRPOConfig / 0.x PPOConfig field, a TRL 0.x import) get
+one message naming the name, the value and what replaces it, not Python's "unexpected keyword argument" (trial 6:
+G13, G14, Q01, Q04)."""
+
+from __future__ import annotations
+
+import pytest
+
+import trl_trapo
+from trl_trapo import PPOConfig, TRAPOConfig
+from trl_trapo.jobs.main import did_you_mean
+
+
+@pytest.mark.parametrize(
+    ("cls", "given", "needles"),
+    [
+        (TRAPOConfig, {"max_length": 64}, ["TRL SFTConfig", "max_length=64", "sft_max_length", "pretrain_max_length"]),
+        (TRAPOConfig, {"packing": True, "dataset_text_field": "body"}, ["packing=True", "pretrain_packing", "'body'"]),
+        (TRAPOConfig, {"max_seq_length": 64}, ["sft_max_length"]),  # older SFTConfigs' name
+        (TRAPOConfig, {"padding_free": True}, ["TRL SFTConfig", "padding_free=True"]),
+        (
+            PPOConfig,
+            {"model_name": "gpt2", "batch_size": 8, "mini_batch_size": 2, "ppo_epochs": 4, "log_with": None},
+            [
+                "TRL 0.x PPOConfig",
+                "rename it num_ppo_epochs=4",
+                "log_with=None: report_to",
+                "model_name='gpt2'",
+                "mini_batch_size=2: num_mini_batches",
+                "batch_size=8: per_device_train_batch_size",
+                "docs/migrating_from_ppo.md",
+            ],
+        ),
+        (PPOConfig, {"init_kl_coef": 0.2, "adap_kl_ctrl": True, "target": 6}, ["kl_coef=0.2", "kl_target", "adap"]),
+        (TRAPOConfig, {"early_stopping": True}, ["TRL 0.x PPOConfig", "no TRAPO equivalent"]),
+    ],
+)
+def test_a_field_of_another_trl_config_is_refused_naming_it_and_its_replacement(tmp_path, cls, given, needles):
+    with pytest.raises(TypeError) as caught:
+        cls(output_dir=str(tmp_path), report_to="none", **given)
+    message = str(caught.value)
+    assert "unexpected keyword" not in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_a_grpo_and_an_sft_field_together_are_both_named(tmp_path):
+    with pytest.raises(TypeError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), epsilon_high=0.28, max_length=64)
+    message = str(caught.value)
+    assert "TRL GRPOConfig" in message and "epsilon_high" in message
+    assert "TRL SFTConfig" in message and "sft_max_length" in message
+
+
+def test_a_name_of_no_trl_config_keeps_pythons_error(tmp_path):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'not_a_field'"):
+        TRAPOConfig(output_dir=str(tmp_path), not_a_field=1)
+
+
+@pytest.mark.parametrize(
+    ("flag", "needle"),
+    [
+        ("--ppo_epochs", "TRL 0.x PPOConfig's argument, which this job does not have. Fix: use --num_ppo_epochs."),
+        ("--init_kl_coef", "TRL 0.x PPOConfig's argument, which this job does not have. Fix: use --kl_coef."),
+        ("--max_seq_length", "TRL SFTConfig's argument, which this job does not have. Fix: the SFT row length is"),
+        ("--model_name", "Did you mean --model_name_or_path?"),  # an abbreviation of the job's own flag wins
+    ],
+)
+def test_the_command_line_names_the_replacement_of_a_trl_0x_flag(flag, needle):
+    """SFTConfig's and GRPOConfig's flags are named by `TRL_ARGUMENT_FIXES` (tests/test_job_arguments.py); a 0.x
+    PPOConfig flag got a guess at the closest name."""
+    assert needle in did_you_mean(flag)
+
+
+def test_a_trl_0x_value_head_class_names_the_value_model_when_used():
+    from trl_trapo import AutoModelForCausalLMWithValueHead  # a 0.x script's import line runs
+
+    with pytest.raises(ImportError, match=r"AutoModelForCausalLMWithValueHead.*value_model=.*num_labels=1"):
+        AutoModelForCausalLMWithValueHead.from_pretrained("gpt2")
+    with pytest.raises(ImportError, match="use PPOTrainer"):
+        trl_trapo.PPOv2Trainer(None)
+    assert "AutoModelForCausalLMWithValueHead" not in dir(trl_trapo)
+    with pytest.raises(AttributeError, match="has no attribute 'NotAName'"):
+        trl_trapo.NotAName  # noqa: B018
+
+
+def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
+    """transformers' "liger-kernel >= 0.3.0 is not available" came when the trainer was built and said nothing of what
+    the flag does under TRAPO, whose losses do not use TRL's Liger GRPO loss (trial 6's G09)."""
+    from transformers.utils import is_liger_kernel_available
+
+    from trl_trapo import GRPOConfig
+
+    if is_liger_kernel_available():
+        pytest.skip("liger-kernel is installed")
+    with pytest.raises(
+        ImportError, match=r"GRPOConfig\.use_liger_kernel=True needs liger-kernel.*no TRAPO equivalent"
+    ):
+        GRPOConfig(output_dir=str(tmp_path), use_liger_kernel=True)
