@@ -454,12 +454,14 @@ def run_cells(
     max_cells: int | None,
     time_budget_s: float | None,
     jobs: int = 1,
+    seeds: tuple[int, ...] | None = None,
+    suites: tuple[int, ...] | None = None,
 ) -> list[str]:
     """Run the grid's cells that are not done, in `plan` order, within `max_cells` and `time_budget_s`.
 
     A `tuned_static` cell waits for its task's search (the plan is rebuilt after each batch of runs, so T2's search
     and the tuned mixture appear once the cells that decide them are done). `arms` filters the test cells (the search
-    runs with `tuned_static`). A failed cell is logged and left without a file (it runs again next time).
+    runs with `tuned_static`), `seeds` and `suites` (None: all) the test cells' pairs. A failed cell is logged and left without a file (it runs again next time).
 
     Returns:
         The ids of the cells run (files written) in this call.
@@ -475,7 +477,13 @@ def run_cells(
         return time.perf_counter() - started + expected <= time_budget_s
 
     def wanted(cell: Cell) -> bool:
-        return cell.arm in arms or (cell.arm == "search" and "tuned_static" in arms)
+        if cell.arm == "search":
+            return "tuned_static" in arms
+        return (
+            cell.arm in arms
+            and (seeds is None or cell.seed in seeds)
+            and (suites is None or cell.suite is None or cell.suite in suites)
+        )
 
     def one(cell: Cell) -> None:
         if not budget_left():
@@ -531,7 +539,7 @@ def missing_tests(cells: dict[str, dict]) -> list[str]:
     """The test cells the decision rule needs (every arm on every task's pairs) that have no file."""
     done = {(c["task"], c["arm"], c["suite"], c["seed"]) for c in cells.values()}
     return [
-        f"{name}-{arm}-{suite}-{seed}"
+        Cell(name, arm, suite, seed).id
         for name, task in TASKS.items()
         for suite, seed in task.pairs()
         for arm in ARMS
@@ -652,7 +660,7 @@ def plot_weights(cells: dict[str, dict], plots_dir: Path) -> dict[str, Path]:
 
     order = {cell.id: i for i, cell in enumerate(plan(cells))}
     out = {}
-    for arm in ARMS:
+    for arm in ARMS:  # a cell of the arm's own (the search's cells run static weights)
         mine = sorted((c for c in cells.values() if c["arm"] == arm and c.get("weights")), key=lambda c: order.get(
             c["cell"], len(order)))  # fmt: skip
         if not mine:
@@ -737,7 +745,7 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
                     for ref in ("dare", "static", "tuned_static")
                 ),
                 *(
-                    _mean_std([c["final"].get(k, math.nan) for c in mine])
+                    _mean_std([c["final"][k] for c in mine if k in c["final"]])
                     for k in ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
                 ),  # fmt: skip
                 steps,
@@ -791,12 +799,22 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
     return "\n".join(lines) + "\n"
 
 
+def plot_links(cells: dict[str, dict], plots_dir: Path, page: Path) -> dict[str, str]:
+    """arm -> the link from `page` to the arm's plot in `plots_dir` (`plot_weights` draws one for every arm with a
+    done cell that logged weights)."""
+    arms = {c["arm"] for c in cells.values() if c.get("weights")}
+    return {
+        arm: os.path.relpath(plots_dir / f"weights_{arm}.png", page.parent).replace(os.sep, "/")
+        for arm in ARMS
+        if arm in arms
+    }
+
+
 def write_report(results_dir: Path, page: Path, plots_dir: Path) -> str:
     """Render the block from `results_dir`'s cells into `page` and draw the plots into `plots_dir`."""
     cells = load_cells(results_dir)
-    paths = plot_weights(cells, plots_dir)
-    plots = {arm: os.path.relpath(path, page.parent).replace(os.sep, "/") for arm, path in paths.items()}
-    block = render_block(cells, plots)
+    plot_weights(cells, plots_dir)
+    block = render_block(cells, plot_links(cells, plots_dir, page))
     changed = write_block(BLOCK, block, page)
     logger.info("%s: the %s block %s", page, BLOCK, "updated" if changed else "is already up to date")
     return block
@@ -817,6 +835,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--time_budget_s", type=float, default=None, help="start no cell that would end after this")
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="only these seeds' test cells")
+    parser.add_argument("--suites", type=int, nargs="+", default=None, help="only these suites' test cells (T1, T2)")
     parser.add_argument("--jobs", type=int, default=1, help="cells at a time (one torch thread each)")
     parser.add_argument("--eval_every", type=float, default=EVAL_EVERY, help=argparse.SUPPRESS)
     parser.add_argument("--heldout_docs", type=int, default=HELDOUT_DOCS, help=argparse.SUPPRESS)
@@ -878,7 +898,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     bench.machine = {
         k: info[k] for k in ("cpu_model", "cpu_count", "torch", "trl", "git_commit", "code_differs_from_commit")
     }
-    return run_cells(bench, tuple(args.tasks), tuple(args.arms), args.max_cells, args.time_budget_s, args.jobs)
+    return run_cells(
+        bench,
+        tuple(args.tasks),
+        tuple(args.arms),
+        args.max_cells,
+        args.time_budget_s,
+        args.jobs,
+        tuple(args.seeds) if args.seeds else None,
+        tuple(args.suites) if args.suites else None,
+    )
 
 
 if __name__ == "__main__":
