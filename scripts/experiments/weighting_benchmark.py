@@ -690,6 +690,25 @@ def plot_weights(cells: dict[str, dict], plots_dir: Path) -> dict[str, Path]:
     return out
 
 
+SPLIT_KEYS = ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
+
+
+def family_lines(cells: dict[str, dict], task: str) -> list[str]:
+    """A sentence per arm with the final accuracy of each task family (mean over its done cells), for tasks whose
+    evaluation reports families besides the splits (T3's `shape`, ...); [] otherwise."""
+    lines = []
+    for arm in ARMS:
+        mine = list(test_cells(cells, task, arm).values())
+        families = sorted({k for c in mine for k in c["final"] if k not in SPLIT_KEYS})
+        if families:
+            parts = ", ".join(
+                f"`{k.removeprefix('accuracy_')}` {statistics.fmean(c['final'][k] for c in mine if k in c['final']):.3f}"
+                for k in families
+            )
+            lines.append(f"- final accuracy per family, `{arm}`: {parts}.")
+    return [*lines, ""] if lines else []
+
+
 def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) -> str:
     """The results block of docs/weighting_benchmark.md from the done cells (any subset of the grid).
 
@@ -726,13 +745,13 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
             f"### {name}: {task.title}",
             "",
             "| arm | cells | primary: accuracy area | vs `dare` | vs `static` | vs `tuned_static` | final accuracy | "
-            "`sft_tasks` | `rl_only` | `rl_only` ≥ 0.8 (first step) | forgetting | forgetting vs `dare` |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "`sft_tasks` | `rl_only` | `rl_only` ≥ 0.8 (first step) | forgetting | forgetting vs `dare` | CPU s/cell |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for arm in ARMS:
             mine = list(test_cells(cells, name, arm).values())
             if not mine:
-                lines.append(f"| `{arm}` | 0 of {n_pairs} |" + " – |" * 10)
+                lines.append(f"| `{arm}` | 0 of {n_pairs} |" + " – |" * 11)
                 continue
             learnt = [c["rl_learnt_step"] for c in mine if c["rl_learnt_step"] is not None]
             steps = f"{len(learnt)} of {len(mine)}" + (f" ({statistics.fmean(learnt):,.0f})" if learnt else "")
@@ -744,16 +763,14 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
                     "" if ref == arm else _interval(paired(cells, name, arm, ref))
                     for ref in ("dare", "static", "tuned_static")
                 ),
-                *(
-                    _mean_std([c["final"][k] for c in mine if k in c["final"]])
-                    for k in ("accuracy", "accuracy_sft_tasks", "accuracy_rl_only")
-                ),  # fmt: skip
+                *(_mean_std([c["final"][k] for c in mine if k in c["final"]]) for k in SPLIT_KEYS),
                 steps,
                 _mean_std([c["forgetting"] for c in mine]),
                 "" if arm == "dare" else _interval(paired(cells, name, arm, "dare", "forgetting")),
+                f"{statistics.fmean(c['cpu_s'] for c in mine):,.0f}",
             ]
             lines.append("| " + " | ".join(cols) + " |")
-        lines.append("")
+        lines += ["", *family_lines(cells, name)]
     won = winners(cells)
     lines += ["### The static-weight search (validation suite 2, seeds 0 and 1)", ""]
     for name in ("T1", "T2"):
