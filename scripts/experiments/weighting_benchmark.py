@@ -442,6 +442,8 @@ def run_cell(bench: Bench, cell: Cell) -> dict:
         "machine": bench.machine,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if task.teacher:  # which teacher (its settings and cost; the folder itself is not committed)
+        out["teacher"] = read_json(Path(bench.teacher) / "benchmark_teacher.json")
     write_json_atomic(bench.cell_path(cell), out)
     logger.info("%s: done in %.0f s (primary %.3f)", cell.id, run.wall_s, out["primary"])
     return out
