@@ -225,3 +225,12 @@ def test_the_report_states_the_decision_once_complete():
     block = wb.render_block(cells)
     assert "Rule 1 applies: the default becomes `gac`." in block
     assert "| `gac` | 10 of 10 | " in block and "+0.050 [" in block
+
+
+@pytest.mark.parametrize("logged", [10, 50, 51, 100, 1000])
+def test_the_weight_curves_are_compacted_to_at_most_50_points_keeping_both_ends(logged):
+    rows = [{"step": 10 * i, "weight/rl": 1 / 3} for i in range(logged)]
+    kept = wb.compact_weights(rows)
+    assert len(kept) == min(logged, 50) or 25 <= len(kept) <= 50
+    assert kept[0]["step"] == 0 and kept[-1]["step"] == 10 * (logged - 1)
+    assert kept[0]["weight/rl"] == 0.33333 and wb.compact_weights(kept) == kept

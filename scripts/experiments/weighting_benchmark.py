@@ -285,6 +285,18 @@ def vlm_worker(spec_path: str) -> None:
     )
 
 
+CURVE_POINTS = 50  # logged rows kept per cell: enough to draw the curves, ~10 KB a file for the 162 committed cells
+
+
+def compact_weights(rows: list[dict], points: int = CURVE_POINTS) -> list[dict]:
+    """At most `points` of the logged weight rows, evenly spaced (the first and the last kept), values rounded to 5
+    decimals (idempotent: compacting compacted rows changes nothing)."""
+    if len(rows) > points:
+        stride = math.ceil((len(rows) - 1) / (points - 1))
+        rows = [row for i, row in enumerate(rows) if i % stride == 0 or i == len(rows) - 1]
+    return [{k: v if k == "step" else round(v, 5) for k, v in row.items()} for row in rows]
+
+
 def summarize_run(result: dict, log_history: list[dict]) -> dict[str, Any]:
     """The cell's metrics from a run's `result.json` (its `checkpoints`) and its `trainer_state.json` log.
 
@@ -304,14 +316,16 @@ def summarize_run(result: dict, log_history: list[dict]) -> dict[str, Any]:
         curve.append(entry)
     after_start = [row for row in curve if row["fraction"] > 0]
     learnt = [row["step"] for row in after_start if row.get("accuracy_rl_only", 0.0) >= RL_LEARNT]
-    weights = [
-        {
-            "step": h["step"],
-            **{k: v for k, v in h.items() if k.startswith(("weight/", "dare/factor/", "dare/signal/"))},
-        }
-        for h in log_history
-        if any(k.startswith("weight/") for k in h)
-    ]
+    weights = compact_weights(
+        [
+            {
+                "step": h["step"],
+                **{k: v for k, v in h.items() if k.startswith(("weight/", "dare/factor/", "dare/signal/"))},
+            }
+            for h in log_history
+            if any(k.startswith("weight/") for k in h)
+        ]
+    )
     return {
         "curve": curve,
         "primary": statistics.fmean(row["accuracy"] for row in after_start),
