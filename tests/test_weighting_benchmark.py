@@ -234,3 +234,49 @@ def test_the_weight_curves_are_compacted_to_at_most_50_points_keeping_both_ends(
     assert len(kept) == min(logged, 50) or 25 <= len(kept) <= 50
     assert kept[0]["step"] == 0 and kept[-1]["step"] == 10 * (logged - 1)
     assert kept[0]["weight/rl"] == 0.33333 and wb.compact_weights(kept) == kept
+
+
+class FakeRuns:
+    """`run_cell` without a run: writes a cell whose primary metric favours the search mixture rl2-sft0.5 and advances
+    a fake clock by `wall_s` (so `--time_budget_s` can be tested without waiting)."""
+
+    def __init__(self, wall_s: float = 100.0):
+        self.now, self.wall_s, self.ran = 0.0, wall_s, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, bench, cell):
+        self.now += self.wall_s
+        self.ran.append(cell)
+        best = cell.mixture == (("rl_weight", 2.0), ("sft_weight", 0.5))
+        out = {"cell": cell.id, "task": cell.task, "arm": cell.arm, "suite": cell.suite, "seed": cell.seed,
+               "mixture": dict(cell.mixture), "settings": bench.settings(cell), "primary": 0.9 if best else 0.5,
+               "cpu_s": 1.0, "wall_s": self.wall_s}  # fmt: skip
+        wb.write_json_atomic(bench.cell_path(cell), out)
+        return out
+
+
+def test_run_cells_resumes_runs_slices_and_waits_for_the_search(tmp_path, monkeypatch):
+    fake = FakeRuns()
+    monkeypatch.setattr(wb, "run_cell", fake)
+    monkeypatch.setattr(wb.time, "perf_counter", fake.clock)
+    bench = wb.Bench(tmp_path / "cells", tmp_path / "work", [])
+    order = [c.id for c in wb.plan({}, ("T1",))]
+    assert wb.run_cells(bench, ("T1",), wb.ARMS, 3, None) == order[:3]
+    assert wb.run_cells(bench, ("T1",), wb.ARMS, 2, None) == order[3:5]  # the done cells are skipped
+    # a time budget starts no cell that would end after it (judged by the mean of this call's cells): 2 of 100 s
+    assert len(wb.run_cells(bench, ("T1",), wb.ARMS, None, 250.0)) == 2
+    # a cell with other settings runs again
+    cell = wb.load_cells(bench.results_dir)[order[0]]
+    wb.write_json_atomic(bench.results_dir / f"{order[0]}.json", {**cell, "settings": {"other": 1}})
+    assert wb.run_cells(bench, ("T1",), ("dare",), None, None, seeds=(0,), suites=(0,)) == [order[0]]
+    # tuned_static waits for the whole search, then runs with its winner
+    ran = wb.run_cells(bench, ("T1",), ("dare", "tuned_static"), None, None)
+    tuned = [c for c in fake.ran if c.arm == "tuned_static"]
+    assert len(tuned) == 10 and all(dict(c.mixture) == {"rl_weight": 2.0, "sft_weight": 0.5} for c in tuned)
+    assert [c.arm for c in fake.ran[-len(ran) :]].count("search") == 18 - 2  # 2 search cells ran in the slices above
+    cells = wb.load_cells(bench.results_dir)
+    assert all(
+        wb.is_done(bench, c, cells) for c in wb.plan(cells, ("T1",)) if c.arm in ("dare", "search", "tuned_static")
+    )
