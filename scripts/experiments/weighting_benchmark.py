@@ -745,6 +745,9 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
         ),
         "",
     ]
+    teacher = next((c["teacher"] for c in cells.values() if c.get("teacher")), None)
+    if teacher:
+        lines += [f"T2's teacher (not a cell, trained once): {teacher['cpu_s']:,.0f} CPU s.", ""]
     loads = [c["loadavg_start"][0] for c in cells.values()] + [c["loadavg_end"][0] for c in cells.values()]
     if loads:
         lines += [
