@@ -33,6 +33,7 @@ PAGES = {
     "async-table": RESULTS_PAGES / "async.md",
     "vlm-table": RESULTS_PAGES / "vision.md",
     "feature-matrix": ROOT / "docs" / "feature_matrix.md",
+    "weighting-results": ROOT / "docs" / "weighting_benchmark.md",
 }
 
 

@@ -1,0 +1,282 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""scripts/experiments/weighting_benchmark.py: the grid and its order, a tiny end-to-end run (cells written, a rerun
+skips them, a partial report), the committed page's block, and the pre-registered decision rule on hand-made cells
+(one case per branch)."""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "experiments"))
+
+import weighting_benchmark as wb  # noqa: E402
+from result_blocks import read_block  # noqa: E402
+
+
+# =====================================================================================================================
+# The grid
+# =====================================================================================================================
+def test_the_plan_follows_the_declared_order_and_holds_the_whole_grid():
+    cells = wb.plan({})
+    ids = [c.id for c in cells]
+    # the first pair's arms, then T1's search (9 mixtures x 2 seeds on the validation suite), then tuned_static
+    assert ids[:5] == [f"T1-{arm}-suite0-seed0" for arm in ("dare", "static", "uncertainty", "gradnorm", "gac")]
+    assert ids[5:23] == [
+        f"T1-search-rl{rl}-sft{sft}-suite2-seed{seed}" for rl in ("0.5", "1", "2") for sft in ("0.5", "1", "2")
+        for seed in (0, 1)
+    ]  # fmt: skip
+    assert ids[23] == "T1-tuned_static-suite0-seed0" and ids[24] == "T1-dare-suite1-seed0"
+    assert not cells[23].mixture  # it waits for the search
+    assert len(ids) == len(set(ids)) == 60 + 18 + 60 + 18  # T2's search needs T1's winner
+    assert wb.grid_size() == 60 + 18 + 60 + 6 + 18
+
+
+def _search_cell(cell, primary):
+    return {"cell": cell.id, "task": cell.task, "arm": cell.arm, "suite": cell.suite, "seed": cell.seed,
+            "primary": primary, "cpu_s": 10.0}  # fmt: skip
+
+
+def test_the_search_picks_the_best_mean_mixture_and_plans_t2s_search_and_the_tuned_cells():
+    t1 = wb.search_cells("T1", None)
+    scores = {"rl2-sft0.5": (0.9, 0.7), "rl1-sft1": (0.8, 0.8)}  # equal means: the first in grid order wins
+    cells = {}
+    for cell in t1:
+        pair = scores.get(wb.mixture_label(dict(cell.mixture)), (0.1, 0.1))
+        cells[cell.id] = _search_cell(cell, pair[cell.seed])
+    won = wb.search_winner("T1", cells, None)
+    assert won["mixture"] == {"rl_weight": 1.0, "sft_weight": 1.0} and won["primary"] == pytest.approx(0.8)
+    assert won["cpu_s"] == 180.0
+    planned = wb.plan(cells)
+    tuned = [c for c in planned if c.arm == "tuned_static"]
+    assert {dict(c.mixture)["rl_weight"] for c in tuned if c.task in ("T1", "T3")} == {1.0}
+    t2_search = [c for c in planned if c.task == "T2" and c.arm == "search"]
+    assert [dict(c.mixture)["distillation_weight"] for c in t2_search] == [0.5, 0.5, 1.0, 1.0, 2.0, 2.0]
+    assert all(dict(c.mixture)["sft_weight"] == 1.0 for c in t2_search)
+    assert all(not c.mixture for c in tuned if c.task == "T2")  # T2's own search is not done
+
+
+def test_summarize_run_computes_the_declared_metrics():
+    rows = [
+        {"budget_fraction": f / 10, "step": 100 * f, "accuracy": min(f / 5, 1.0), "accuracy_rl_only": f / 10,
+         "pretrain_loss": [5.0, 3.0, 2.0, 2.5, 2.2, 2.0, 2.1, 2.3, 2.4, 2.6, 2.45][f]}
+        for f in range(11)
+    ]  # fmt: skip
+    log = [{"step": 10, "weight/rl": 0.2, "dare/factor/rl": 1.1, "loss": 3.0}, {"step": 10, "loss/rl": 1.0}]
+    out = wb.summarize_run({"checkpoints": rows, "wall_s": 5.0, "cpu_s": 4.0}, log)
+    assert out["primary"] == pytest.approx(statistics.fmean(min(f / 5, 1.0) for f in range(1, 11)))
+    assert out["forgetting"] == pytest.approx(2.45 - 2.0)  # above the best so far, at the end
+    assert out["rl_learnt_step"] == 800
+    assert out["weights"] == [{"step": 10, "weight/rl": 0.2, "dare/factor/rl": 1.1}]
+    assert out["final"] == {"accuracy": 1.0, "accuracy_rl_only": 1.0}
+
+
+# =====================================================================================================================
+# A tiny end-to-end run
+# =====================================================================================================================
+PAGE = "# page\n\n<!-- weighting-results:start -->\n<!-- weighting-results:end -->\n"
+
+
+@pytest.mark.ci
+def test_a_tiny_run_writes_cells_skips_them_on_rerun_and_reports_them_as_partial(tmp_path):
+    results = tmp_path / "cells"
+    argv = ["--tasks", "T1", "--arms", "dare", "static", "--suites", "0", "--seeds", "0", "1",
+            "--results_dir", str(results), "--work_dir", str(tmp_path / "work"),
+            "--max_steps", "10", "--eval_per_split_family", "2", "--heldout_docs", "20"]  # fmt: skip
+    ran = wb.main(argv)
+    expected = [f"T1-{arm}-suite0-seed{seed}" for seed in (0, 1) for arm in ("dare", "static")]
+    assert ran == expected
+    assert sorted(p.stem for p in results.glob("*.json")) == sorted(expected)
+    cell = json.loads((results / "T1-static-suite0-seed1.json").read_text(encoding="utf-8"))
+    assert cell["settings"]["weighting"] == "static" and cell["settings"]["job_argv"] == ["--max_steps", "10"]
+    assert [row["fraction"] for row in cell["curve"]] == pytest.approx([i / 10 for i in range(11)])
+    assert cell["primary"] == pytest.approx(statistics.fmean(r["accuracy"] for r in cell["curve"][1:]))
+    assert cell["cpu_s"] > 0 and cell["weights"] and all("weight/rl" in row for row in cell["weights"])
+    dare = json.loads((results / "T1-dare-suite0-seed0.json").read_text(encoding="utf-8"))
+    assert any("dare/factor/rl" in row for row in dare["weights"])
+    # a rerun skips the done cells; --max_cells runs a slice
+    stamps = {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")}
+    assert wb.main(argv) == []
+    assert {p.name: p.stat().st_mtime_ns for p in results.glob("*.json")} == stamps
+    # the report: partial tables with paired intervals of the 2 pairs, no decision, the plots
+    page = tmp_path / "page.md"
+    page.write_text(PAGE, encoding="utf-8")
+    wb.main(["--report", "--results_dir", str(results), "--page", str(page), "--plots_dir", str(tmp_path / "plots")])
+    block = read_block(page.read_text(encoding="utf-8"), wb.BLOCK)
+    flat = " ".join(block.split())
+    assert "**partial: 4 of 162 cells**" in flat
+    assert "| `dare` | 2 of 10 |" in flat and "| `gac` | 0 of 10 |" in flat
+    static_row = next(line for line in block.splitlines() if line.startswith("| `static` | 2 of 10"))
+    assert static_row.count("(2)") == 2  # against dare: the primary metric and forgetting, 2 pairs each
+    assert "Not applied" in flat
+    assert (tmp_path / "plots" / "weights_dare.png").stat().st_size > 1000
+    assert "[`static`](plots/weights_static.png)" in flat
+
+
+def test_extra_job_arguments_need_another_results_dir():
+    with pytest.raises(SystemExit, match="--results_dir"):
+        wb.main(["--max_steps", "3"])
+
+
+def test_the_committed_page_holds_the_rendering_of_the_committed_cells():
+    cells = wb.load_cells(wb.RESULTS_DIR)
+    page = wb.page_of(wb.BLOCK)
+    expected = wb.render_block(cells, wb.plot_links(cells, wb.PLOTS_DIR, page))
+    assert read_block(page.read_text(encoding="utf-8"), wb.BLOCK) == expected, (
+        "docs/weighting_benchmark.md's results differ from its cells: run "
+        "`python scripts/experiments/weighting_benchmark.py --report`"
+    )
+    for link in wb.plot_links(cells, wb.PLOTS_DIR, page).values():
+        assert (page.parent / link).is_file()
+
+
+# =====================================================================================================================
+# The decision rule, on hand-made cells
+# =====================================================================================================================
+def synthetic(effects: dict[tuple[str, str], float], forgetting: dict[tuple[str, str], float] | None = None):
+    """Every test cell of the grid: the primary metric is a per-pair base plus `effects[(arm, task)]` and, for an arm
+    with an effect, a +-0.004 wobble that averages to 0 (so its interval is narrow but not a point); arms without an
+    effect equal `dare` exactly (their intervals are [0, 0])."""
+    forgetting = forgetting or {}
+    cells = {}
+    for name, task in wb.TASKS.items():
+        for index, (suite, seed) in enumerate(task.pairs()):
+            base = 0.5 + 0.03 * ((index * 7) % 5)
+            wobble = (0.004, -0.004, 0.0)[index % 3] if len(task.pairs()) == 3 else (0.004, -0.004)[index % 2]
+            for arm in wb.ARMS:
+                effect = effects.get((arm, name))
+                primary = base + (effect + wobble if effect is not None else 0.0)
+                extra = forgetting.get((arm, name))
+                cell = wb.Cell(name, arm, suite, seed)
+                cells[cell.id] = {
+                    "cell": cell.id, "task": name, "arm": arm, "suite": suite, "seed": seed, "primary": primary,
+                    "forgetting": 0.001 + (extra + wobble if extra is not None else 0.0),
+                }  # fmt: skip
+    return cells
+
+
+def test_rule_1_an_arm_that_beats_dare_becomes_the_default():
+    decision = wb.decide(synthetic({("gac", "T1"): 0.05}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (1, "gac", False)
+
+
+def test_rule_1_of_several_arms_the_larger_mean_gain_wins():
+    decision = wb.decide(synthetic({("uncertainty", "T1"): 0.03, ("gac", "T2"): 0.05}))
+    assert (decision["rule"], decision["default"]) == (1, "gac")
+    assert "also qualified: `uncertainty`" in decision["reasons"][-1]
+
+
+def test_rule_4_t3_vetoes_an_arm_that_wins_on_t1():
+    decision = wb.decide(synthetic({("gac", "T1"): 0.05, ("gac", "T3"): -0.05}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (3, "static", True)
+    assert any("`gac` beats `dare` on T1 but its interval lies below 0 on T3" in r for r in decision["reasons"])
+
+
+def test_rule_1_an_arm_that_forgets_more_does_not_become_the_default():
+    decision = wb.decide(synthetic({("gac", "T1"): 0.05}, forgetting={("gac", "T1"): 0.05}))
+    assert decision["rule"] == 3 and decision["default"] == "static"
+    assert any("forgetting interval lies above +0.01 on T1" in r for r in decision["reasons"])
+    # +0.005 nats/token more forgetting is within the declared margin
+    assert wb.decide(synthetic({("gac", "T1"): 0.05}, forgetting={("gac", "T1"): 0.005}))["default"] == "gac"
+
+
+def test_rule_2_dare_stays_when_it_beats_static_and_matches_the_tuned_mixture():
+    decision = wb.decide(synthetic({("static", "T2"): -0.05, ("tuned_static", "T1"): -0.01}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (2, "dare", False)
+
+
+def test_rule_2_fails_when_the_tuned_mixture_is_better_by_more_than_two_points():
+    # tuned_static beats dare by 0.05 on T1 but forgets more (so rule 1 does not make it the default)
+    cells = synthetic({("static", "T1"): -0.05, ("tuned_static", "T1"): 0.05}, {("tuned_static", "T1"): 0.05})
+    decision = wb.decide(cells)
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (3, "dare", True)
+    assert any("below -0.02 against `tuned_static` on T1" in r for r in decision["reasons"])
+
+
+def test_rule_3_static_becomes_the_default_when_nothing_is_better():
+    decision = wb.decide(synthetic({}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (3, "static", True)
+
+
+def test_rule_3_dare_stays_when_static_is_worse_somewhere():
+    # static is worse on T3 only: dare does not beat it on T1 or T2 (no rule 2), but static is not "not worse"
+    decision = wb.decide(synthetic({("static", "T3"): -0.05}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (3, "dare", True)
+
+
+def test_the_rule_waits_for_every_cell_it_needs():
+    cells = synthetic({("gac", "T1"): 0.05})
+    del cells["T3-gradnorm-vlm-seed2"]
+    decision = wb.decide(cells)
+    assert decision == {"applied": False, "missing": ["T3-gradnorm-vlm-seed2"]}
+    assert "Not applied" in wb.render_block({k: {**v, **FILLER} for k, v in cells.items()})
+
+
+FILLER = {"final": {"accuracy": 0.5}, "rl_learnt_step": None, "cpu_s": 1.0, "loadavg_start": [1.0, 1.0, 1.0],
+          "loadavg_end": [1.0, 1.0, 1.0], "machine": {"cpu_count": 2}}  # fmt: skip
+
+
+def test_the_report_states_the_decision_once_complete():
+    cells = {k: {**v, **FILLER} for k, v in synthetic({("gac", "T1"): 0.05}).items()}
+    block = wb.render_block(cells)
+    assert "Rule 1 applies: the default becomes `gac`." in block
+    assert "| `gac` | 10 of 10 | " in block and "+0.050 [" in block
+
+
+@pytest.mark.parametrize("logged", [10, 50, 51, 100, 1000])
+def test_the_weight_curves_are_compacted_to_at_most_50_points_keeping_both_ends(logged):
+    rows = [{"step": 10 * i, "weight/rl": 1 / 3} for i in range(logged)]
+    kept = wb.compact_weights(rows)
+    assert len(kept) == min(logged, 50) or 25 <= len(kept) <= 50
+    assert kept[0]["step"] == 0 and kept[-1]["step"] == 10 * (logged - 1)
+    assert kept[0]["weight/rl"] == 0.33333 and wb.compact_weights(kept) == kept
+
+
+class FakeRuns:
+    """`run_cell` without a run: writes a cell whose primary metric favours the search mixture rl2-sft0.5 and advances
+    a fake clock by `wall_s` (so `--time_budget_s` can be tested without waiting)."""
+
+    def __init__(self, wall_s: float = 100.0):
+        self.now, self.wall_s, self.ran = 0.0, wall_s, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, bench, cell):
+        self.now += self.wall_s
+        self.ran.append(cell)
+        best = cell.mixture == (("rl_weight", 2.0), ("sft_weight", 0.5))
+        out = {"cell": cell.id, "task": cell.task, "arm": cell.arm, "suite": cell.suite, "seed": cell.seed,
+               "mixture": dict(cell.mixture), "settings": bench.settings(cell), "primary": 0.9 if best else 0.5,
+               "cpu_s": 1.0, "wall_s": self.wall_s}  # fmt: skip
+        wb.write_json_atomic(bench.cell_path(cell), out)
+        return out
+
+
+def test_run_cells_resumes_runs_slices_and_waits_for_the_search(tmp_path, monkeypatch):
+    fake = FakeRuns()
+    monkeypatch.setattr(wb, "run_cell", fake)
+    monkeypatch.setattr(wb.time, "perf_counter", fake.clock)
+    bench = wb.Bench(tmp_path / "cells", tmp_path / "work", [])
+    order = [c.id for c in wb.plan({}, ("T1",))]
+    assert wb.run_cells(bench, ("T1",), wb.ARMS, 3, None) == order[:3]
+    assert wb.run_cells(bench, ("T1",), wb.ARMS, 2, None) == order[3:5]  # the done cells are skipped
+    # a time budget starts no cell that would end after it (judged by the mean of this call's cells): 2 of 100 s
+    assert len(wb.run_cells(bench, ("T1",), wb.ARMS, None, 250.0)) == 2
+    # a cell with other settings runs again
+    cell = wb.load_cells(bench.results_dir)[order[0]]
+    wb.write_json_atomic(bench.results_dir / f"{order[0]}.json", {**cell, "settings": {"other": 1}})
+    assert wb.run_cells(bench, ("T1",), ("dare",), None, None, seeds=(0,), suites=(0,)) == [order[0]]
+    # tuned_static waits for the whole search, then runs with its winner
+    ran = wb.run_cells(bench, ("T1",), ("dare", "tuned_static"), None, None)
+    tuned = [c for c in fake.ran if c.arm == "tuned_static"]
+    assert len(tuned) == 10 and all(dict(c.mixture) == {"rl_weight": 2.0, "sft_weight": 0.5} for c in tuned)
+    assert [c.arm for c in fake.ran[-len(ran) :]].count("search") == 18 - 2  # 2 search cells ran in the slices above
+    cells = wb.load_cells(bench.results_dir)
+    assert all(
+        wb.is_done(bench, c, cells) for c in wb.plan(cells, ("T1",)) if c.arm in ("dare", "search", "tuned_static")
+    )
