@@ -348,10 +348,12 @@ class RunMetrics:
         metrics ([`MetricsAccumulator`]): the run's accumulated metrics.
         accelerator (`accelerate.Accelerator`): reduces them over ranks.
         step_builder ([`~trl_trapo.steps.StepBuilder`]): the last step built and its curriculum metrics.
-        dare ([`~trl_trapo.weighting.DARE`]), schedules ([`~trl_trapo.schedules.RLSchedules`]), memory_pool
-            ([`~trl_trapo.memory.MemoryPool`]), objectives (`list[Objective]`), rl_supply
-            ([`~trl_trapo.rl_supply.RLSupply`]), nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): the
-            collaborators whose metrics are logged.
+        dare ([`~trl_trapo.weighting.DARE`]): its weights and factors are logged.
+        schedules ([`~trl_trapo.schedules.RLSchedules`]): the RL schedules' values are logged.
+        memory_pool ([`~trl_trapo.memory.MemoryPool`]): its metrics are logged.
+        objectives (`list[Objective]`): each one's metrics are logged.
+        rl_supply ([`~trl_trapo.rl_supply.RLSupply`]): exploration's and replay's metrics are logged.
+        nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): the count of skipped steps is logged.
         on_episode (`Callable[[int], None]`): gets the episode count at each log (TRL 1.12's `PPOTrainer` kept it on
             the `Trainer`'s state).
     """

@@ -31,8 +31,13 @@ class RunState:
         accelerator (`accelerate.Accelerator`): the `Trainer`'s (this rank, the barriers).
         global_step (`Callable[[], int]`): the `Trainer`'s current step.
         objectives (`list[Objective]`): each one's `state_dict()`, keyed by its name.
-        nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]), allocator, dare, schedules, rl_supply, memory_pool:
-            the collaborators with state, each checkpointed by its own `state_dict()`.
+        nonfinite ([`~trl_trapo.nonfinite.NonFiniteGuard`]): checkpointed by its own `state_dict()`, as are the
+            next five.
+        allocator ([`~trl_trapo.collator.RowAllocator`]): the rows' allocation state.
+        dare ([`~trl_trapo.weighting.DARE`]): the weighting's state.
+        schedules ([`~trl_trapo.schedules.RLSchedules`]): the RL schedules' state.
+        rl_supply ([`~trl_trapo.rl_supply.RLSupply`]): the replay buffer's and the source's state.
+        memory_pool ([`~trl_trapo.memory.MemoryPool`]): the memory pool's state.
         reference ([`~trl_trapo.models.ReferencePolicy`], *optional*): the KL's reference (its moving weights).
         generators (`Callable[[], dict[str, torch.Generator]]`): the random generators to checkpoint, by name.
         policy (`Callable[[], nn.Module]`): the unwrapped policy (a reference adapter's weights live in it).
