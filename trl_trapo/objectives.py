@@ -1283,7 +1283,7 @@ def check_served_rows(
                 f"{context} positions (ObjectiveSetup.max_positions): cut or drop longer rows in the objective."
             )
     if vocab_size is not None and rows:  # one reduction (one host sync) for all the rows
-        ids = torch.cat([row.input_ids.reshape(-1) for row in rows])
+        ids = torch.cat([row.input_ids.reshape(-1).cpu() for row in rows])  # rows may sit on different devices
         outside = (ids < 0) | (ids >= vocab_size)
         if ids.numel() and bool(outside.any()):
             at = int(outside.nonzero()[0, 0])
