@@ -334,7 +334,14 @@ class Scripted(Objective):
         count = {"fewer": n - 1, "more": n + 1}.get(self.case, n)
         if self.case == "dicts":
             return [{"input_ids": ids} for _ in range(n)]
-        return [Row(index, ids, torch.ones(ids.numel() - 1)) for _ in range(count)]
+        if self.case == "oov":  # the last row's last token is outside the vocabulary
+            rows = [Row(index, ids, torch.ones(ids.numel() - 1)) for _ in range(n)]
+            rows[-1] = Row(index, torch.cat([ids, torch.tensor([10**6])]), torch.ones(ids.numel()))
+            return rows
+        if self.case == "long":  # 100 tokens, the micro model has 64 positions
+            ids = torch.arange(4, 14).repeat(10)
+        mask = torch.ones(ids.numel() - (0 if self.case == "mask_len" else 1))  # mask_len: L entries, not L-1
+        return [Row(index, ids, mask) for _ in range(count)]
 
     def loss(self, term):
         loss = -(term.per_token_logps * term.mask).sum() / max(term.context.counts["tokens_scripted"], 1.0)
@@ -342,6 +349,8 @@ class Scripted(Objective):
             return 0.0
         if self.case == "nonscalar":
             return TermOutput(loss.expand(2), loss.detach())
+        if self.case == "nan":
+            loss = loss * float("nan")
         if self.case == "bad_logp_coef":
             return TermOutput(loss, loss.detach(), logp_coef=torch.ones(3))
         return TermOutput(loss, loss.detach(), logp_coef=torch.ones_like(term.mask))
@@ -380,6 +389,9 @@ def scripted_trainer(tmp_path, tokenizer, suite, objective, **overrides):
         ("float", TypeError, r"'scripted': loss\(\) must return a trl_trapo.losses.TermOutput.*got float"),
         ("nonscalar", TypeError, r"scalar tensor, got TermOutput with a loss of shape \(2,\)"),
         ("bad_logp_coef", TypeError, r"logp_coef has shape \(3,\)"),
+        ("mask_len", ValueError, r"'scripted': take\(\) row 0 has a mask of 10 entries for 10 tokens; Row.mask is "),
+        ("oov", ValueError, r"'scripted': take\(\) row \d+ holds token id 1000000, outside the policy's vocabulary"),
+        ("long", ValueError, r"'scripted': take\(\) row 0 is 100 tokens, more than the policy's context of 64"),
     ],
 )
 def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(
@@ -390,6 +402,45 @@ def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(
     trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted(case))
     with pytest.raises(error, match=message):
         trainer.train()
+
+
+def test_an_objectives_non_finite_loss_is_named(tmp_path, tokenizer, suite, caplog):
+    """A NaN loss skipped the step with a warning that did not say whose loss it was (trial 7, O18)."""
+    trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted("nan"), max_nonfinite_steps=1)
+    with pytest.raises(
+        RuntimeError, match=r"non-finite loss \(on this rank, the loss\(\) of objective\(s\) \['scripted'\]"
+    ):
+        trainer.train()
+
+
+class SkipsSuperInit(Scripted):
+    def __init__(self):  # no super().__init__: no name, weight, index
+        self.case = "ok"
+
+
+class SkipsSuperSetup(Scripted):
+    def setup(self, setup):  # no super().setup(setup): self.index stays None
+        self.prepared = True
+
+
+class RenamedState(Scripted):
+    def load_state_dict(self, state):
+        self.count = state["count"]  # state_dict wrote "case"
+
+
+def test_an_objective_skipping_the_base_class_or_failing_to_load_is_named(tmp_path, tokenizer, suite):
+    """Trial 7 (O12, O13, X06): skipping super().__init__ raised Python's AttributeError ('name'); skipping
+    super().setup crashed the collator at the first step (int(None)); a load_state_dict that raises gave a checkpoint
+    error naming neither the objective nor its load_state_dict."""
+    with pytest.raises(TypeError, match=r"SkipsSuperInit has no name, weight, index: .*call `super\(\).__init__"):
+        scripted_trainer(tmp_path, tokenizer, suite, SkipsSuperInit())
+    with pytest.raises(TypeError, match=r"'scripted' \(SkipsSuperSetup\): after setup\(\), self.index is None, not 3"):
+        scripted_trainer(tmp_path, tokenizer, suite, SkipsSuperSetup())
+    first = scripted_trainer(tmp_path / "first", tokenizer, suite, Scripted(), save_strategy="steps", save_steps=1)
+    first.train()
+    resumed = scripted_trainer(tmp_path / "resumed", tokenizer, suite, RenamedState(), max_steps=3)
+    with pytest.raises(Exception, match=r"objective 'scripted' \(RenamedState\).load_state_dict raised KeyError"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-1"))
 
 
 def test_an_objective_is_checked_at_construction(tmp_path, tokenizer, suite):

@@ -93,6 +93,7 @@ from .objectives import (
     check_state_dict,
     objective_slots,
     planning_rows,
+    setup_objective,
 )
 from .paths import check_model_source
 from .rewards import RewardScorer, check_reward_checkpoint, load_reward_funcs, reward_function_name, set_pad_token_id
@@ -678,7 +679,9 @@ def build_objectives(
             DistillationObjective.from_config(args, teacher, take_rl_rows, data.distill, sampler, rank, world_size)
         )
     for index, objective in enumerate(objectives[1:], start=1):  # pretrain and `extra` were set up before
-        objective.setup(ObjectiveSetup(index, args, tokenizer, rank, world_size, planned_steps=planned_steps))
+        setup_objective(
+            objective, ObjectiveSetup(index, args, tokenizer, rank, world_size, planned_steps=planned_steps)
+        )
     return objectives + list(extra)
 
 
@@ -1188,7 +1191,7 @@ def setup_objectives(
     pretrain = PretrainingObjective(data.pretrain, getattr(args, PretrainingObjective.WEIGHT_FIELD), check=False)
     with progress_bars(enabled=not args.disable_tqdm):
         for objective in (pretrain, *plan.extra):
-            objective.setup(setup(plan.slots.names.index(objective.name)))
+            setup_objective(objective, setup(plan.slots.names.index(objective.name)))
     for objective in plan.extra:  # its state goes into the checkpoint's JSON: refuse what cannot, now
         check_state_dict(objective)
     warn_idle_objectives(plan, len(BUILT_IN))

@@ -36,11 +36,18 @@ class NonFiniteGuard:
         self.max_steps, self.reduce_sum = max_steps, reduce_sum
         self.steps = 0
         self.flag = torch.zeros((), dtype=torch.bool)  # () a micro-batch of this step had a non-finite loss
+        self.terms: dict[str, torch.Tensor] = {}  # objective name -> () its term was not finite in this step
         self.guarded: Any = None  # the optimizer whose step is guarded
 
     def record(self, loss: torch.Tensor) -> None:
         """Note whether `loss` (a micro-batch's, `()`) is finite; no host sync."""
         self.flag = self.flag.to(loss.device) | ~torch.isfinite(loss.detach())
+
+    def record_term(self, name: str, loss: torch.Tensor) -> None:
+        """Note whether objective `name`'s term (`()`, one micro-batch) is finite, so a skipped step's warning names
+        the objective(s) at fault; no host sync."""
+        bad = ~torch.isfinite(loss.detach())
+        self.terms[name] = bad if name not in self.terms else self.terms[name].to(bad.device) | bad
 
     def guard(self, optimizer: Any, step: Callable[[], int]) -> Any:
         """`optimizer`, its `step` skipping (gradients zeroed) a step whose loss was not finite on any rank; an
@@ -71,19 +78,29 @@ class NonFiniteGuard:
         """
         flag = self.reduce_sum(self.flag.float())
         self.flag = torch.zeros((), dtype=torch.bool)
+        terms, self.terms = self.terms, {}
         if float(flag) == 0:
             return False
         self.steps += 1
+        culprits = [name for name, bad in terms.items() if bool(bad)]  # read only on a skipped step
+        where = (
+            f" (on this rank, the loss() of objective(s) {culprits} returned NaN or inf)"
+            if culprits
+            else " (on another rank)"
+            if terms
+            else ""
+        )
         logger.warning(
-            "Step %d: the loss was not finite; the optimizer step is skipped (%d/%d allowed).",
+            "Step %d: the loss was not finite%s; the optimizer step is skipped (%d/%d allowed).",
             step,
+            where,
             self.steps,
             self.max_steps,
         )
         if self.steps >= self.max_steps:
             raise RuntimeError(
-                f"{self.steps} optimizer steps had a non-finite loss (max_nonfinite_steps={self.max_steps}); "
-                "stopping. Lower the learning rate, check the rewards for NaN/inf and the data for empty rows, or "
-                "raise `max_nonfinite_steps`."
+                f"{self.steps} optimizer steps had a non-finite loss{where} (max_nonfinite_steps={self.max_steps}); "
+                "stopping. Lower the learning rate, check the rewards for NaN/inf, the data for empty rows and a "
+                "custom objective's loss() for a division by zero or log(0), or raise `max_nonfinite_steps`."
             )
         return True

@@ -29,6 +29,7 @@ Adding an objective is subclassing [`Objective`] (see `docs/seams.md`, "Adding a
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -1127,7 +1128,8 @@ def load_objective_states(objectives: list[Objective], state: dict, source: str)
 
     Raises:
         CheckpointError: naming `source`, if the checkpoint was written by a run with other objectives (beyond the
-            built-in ones), or an objective's datasets changed ([`Objective.check_resume`]).
+            built-in ones), an objective's datasets changed ([`Objective.check_resume`]), or naming the objective, if
+            its `load_state_dict` raises.
     """
     states = checkpointed_objective_states(state)  # this layout, or the one before names
     missing = [o.name for o in objectives[len(OBJECTIVES) :] if o.name not in states]
@@ -1146,7 +1148,17 @@ def load_objective_states(objectives: list[Objective], state: dict, source: str)
             )
     for objective in objectives:
         if objective.name in states:
-            objective.load_state_dict(states[objective.name])
+            try:
+                objective.load_state_dict(states[objective.name])
+            except CheckpointError:
+                raise
+            except Exception as error:  # the objective's own code: name it, whatever it raised
+                raise CheckpointError(
+                    f"{source}: objective '{objective.name}' ({type(objective).__name__}).load_state_dict raised "
+                    f"{type(error).__name__}: {error}, given the checkpoint's state for it: "
+                    f"{json.dumps(states[objective.name])[:200]}. Fix: make load_state_dict read what state_dict "
+                    "returns (keys it may lack: state.get(key, default))."
+                ) from error
 
 
 def check_objectives(objectives: list[Objective]) -> None:
@@ -1168,6 +1180,13 @@ def check_objectives(objectives: list[Objective]) -> None:
             raise TypeError(
                 f"`objectives` entries must be trl_trapo.objectives.Objective instances, got {type(objective).__name__}."
             )
+        unset = [field for field in ("name", "weight", "index") if not hasattr(objective, field)]
+        if unset:  # Objective.__init__ sets all three
+            raise TypeError(
+                f"{type(objective).__name__} has no {', '.join(unset)}: its __init__ did not call "
+                "Objective.__init__. Fix: call `super().__init__(name, weight)` first in "
+                f"{type(objective).__name__}.__init__."
+            )
         missing = [hook for hook in ("take", "loss") if getattr(type(objective), hook) is getattr(Objective, hook)]
         if missing:
             raise TypeError(f"Objective '{objective.name}' ({type(objective).__name__}) does not implement {missing}.")
@@ -1177,6 +1196,24 @@ def check_objectives(objectives: list[Objective]) -> None:
                 "checkpoint; give each a unique name."
             )
         seen.add(objective.name)
+
+
+def setup_objective(objective: Objective, setup: ObjectiveSetup) -> None:
+    """Run `objective.setup(setup)` and refuse an override that did not set the objective's index (its rows'
+    `objective`), at construction.
+
+    Raises:
+        TypeError: naming the objective, if `objective.index` is not `setup.index` afterwards (an overriding `setup`
+            that does not call `super().setup(setup)`).
+    """
+    objective.setup(setup)
+    if objective.index != setup.index:
+        raise TypeError(
+            f"Objective '{objective.name}' ({type(objective).__name__}): after setup(), self.index is "
+            f"{objective.index!r}, not {setup.index}: its setup() override did not call Objective.setup, which sets "
+            f"the index its rows carry (Row(self.index, ...)). Fix: call `super().setup(setup)` in "
+            f"{type(objective).__name__}.setup."
+        )
 
 
 def check_state_dict(objective: Objective) -> None:
@@ -1197,11 +1234,22 @@ def check_state_dict(objective: Objective) -> None:
         ) from error
 
 
-def check_served_rows(objective: Objective, rows: list, n: int) -> None:
-    """Refuse what an objective's `take` served when it is not `n` rows of its own.
+def check_served_rows(
+    objective: Objective, rows: list, n: int, vocab_size: int | None = None, context: int | None = None
+) -> None:
+    """Refuse what an objective's `take` served when it is not `n` rows of its own the policy can read.
+
+    Args:
+        objective ([`Objective`]): the objective that served `rows`.
+        rows (`list[Row]`): what its `take(n, step)` returned.
+        n (`int`): the rows asked for.
+        vocab_size (`int`, *optional*): the policy's embedding rows (token ids must be in [0, vocab_size)).
+        context (`int`, *optional*): the policy's positions (a row must not have more tokens).
 
     Raises:
-        ValueError: naming the objective, the count or the row at fault.
+        ValueError: naming the objective, the count or the row at fault: not `n` rows, not a `Row` with 1-D tensor
+            `input_ids`, another objective's index, a `mask` that is not target-aligned (L-1 entries for L tokens),
+            a token id outside the vocabulary, or more tokens than the context.
     """
     if not isinstance(rows, list) or len(rows) != n:
         raise ValueError(
@@ -1220,6 +1268,29 @@ def check_served_rows(objective: Objective, rows: list, n: int) -> None:
             raise ValueError(
                 f"Objective '{objective.name}': take() row {i} has objective={row.objective!r}, but this objective's "
                 f"index is {objective.index}: build rows with Row(self.index, ...) (set by setup())."
+            )
+        tokens = row.input_ids.numel()
+        mask = getattr(row.mask, "numel", lambda: None)()
+        if mask != tokens - 1:
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} has a mask of {mask} entries for {tokens} tokens; "
+                f"Row.mask is target-aligned: {tokens - 1} entries, entry t for predicting token t+1 (1 = counts). "
+                "Fix: build it from the tokens' mask as mask[1:]."
+            )
+        if context is not None and tokens > context:
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} is {tokens} tokens, more than the policy's context of "
+                f"{context} positions (ObjectiveSetup.max_positions): cut or drop longer rows in the objective."
+            )
+    if vocab_size is not None and rows:  # one reduction (one host sync) for all the rows
+        ids = torch.cat([row.input_ids.reshape(-1).cpu() for row in rows])  # rows may sit on different devices
+        outside = (ids < 0) | (ids >= vocab_size)
+        if ids.numel() and bool(outside.any()):
+            at = int(outside.nonzero()[0, 0])
+            i = next(i for i, end in enumerate(itertools.accumulate(r.input_ids.numel() for r in rows)) if at < end)
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} holds token id {int(ids[at])}, outside the policy's "
+                f"vocabulary [0, {vocab_size}): tokenize with the policy's tokenizer."
             )
 
 
@@ -1257,5 +1328,6 @@ __all__ = [
     "check_state_dict",
     "check_term",
     "count_keys",
+    "setup_objective",
     "step_counts",
 ]

@@ -32,6 +32,9 @@ class StepBuilder:
         padding_id (`int`): the id in padding positions.
         reduce_sum (`Callable[[torch.Tensor], torch.Tensor]`): a tensor summed over ranks.
         seed (`int`): seeds the shuffle of a step's rows (this rank's: `seed + 4 + rank`).
+        vocab_size (`int`, *optional*): the policy's embedding rows; an objective's rows holding an id outside
+            [0, vocab_size) are refused, naming the objective ([`~trl_trapo.objectives.check_served_rows`]).
+        context (`int`, *optional*): the policy's positions; an objective's row with more tokens is refused.
     """
 
     def __init__(
@@ -44,11 +47,14 @@ class StepBuilder:
         padding_id: int,
         reduce_sum: Callable[[torch.Tensor], torch.Tensor],
         seed: int,
+        vocab_size: int | None = None,
+        context: int | None = None,
     ):
         self.rows_per_micro_batch = rows_per_micro_batch
         self.objectives = list(objectives)
         self.allocator, self.curriculum, self.dare = allocator, curriculum, dare
         self.padding_id = padding_id
+        self.vocab_size, self.context = vocab_size, context
         self.reduce_sum = reduce_sum
         self.generator = torch.Generator().manual_seed(seed)  # checkpointed as "rows" (trl_trapo/run_state.py)
         self.last_step = 0
@@ -68,7 +74,7 @@ class StepBuilder:
         for objective, count in zip(self.objectives, counts):
             if count:
                 served = objective.take(count, step)
-                check_served_rows(objective, served, count)
+                check_served_rows(objective, served, count, self.vocab_size, self.context)
                 rows += served
         order = torch.randperm(len(rows), generator=self.generator).tolist()
         for position, index in enumerate(order):

@@ -622,6 +622,7 @@ class TRAPOTrainer(_BaseTrainer):
             )
             term = term_objective.loss(view)
             check_term(term_objective, term, tuple(mask.shape))
+            self.nonfinite.record_term(term_objective.name, term.loss)  # names it if the step is skipped
             total = total + weights[index] * term.loss if index else weights[index] * term.loss
             terms.append(term)
             views.append(view)

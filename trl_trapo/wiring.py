@@ -429,6 +429,8 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         rollouts.padding_id,
         link.reduce_sum,
         args.seed + 4 + rank,
+        vocab_size=models.policy.get_input_embeddings().num_embeddings,
+        context=model_context(models.policy),
     )
     # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
     guard = CheckpointGuard(link.should_save)
