@@ -397,8 +397,8 @@ class TrainingParts:
 
 
 def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts: RolloutParts) -> TrainingParts:
-    """Step 9-10 of `TRAPOTrainer.__init__`: the objectives and the evaluator, the step builder, TRAPO's state in
-    checkpoints, the callbacks (`assembly.build_callbacks`) and what each log adds."""
+    """Step 9-10 of `TRAPOTrainer.__init__`: the objectives, evaluator, step builder, checkpoint state, callbacks
+    (`assembly.build_callbacks`) and what each log adds."""
     args, models, accelerator = run.args, run.models, link.accelerator
     rank, world = accelerator.process_index, accelerator.num_processes
     # in the order of `names` (a row's `objective` is its objective's index here; trl_trapo/objectives.py)
@@ -421,11 +421,10 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         planned_steps=run.plan.planned_steps,
     )
     evaluator = build_evaluator(run, link, rollouts)
-    controls = (rows.allocator, rows.curriculum, rows.dare)
     steps = StepBuilder(
         args.per_device_train_batch_size,
         objectives,
-        *controls,
+        *(rows.allocator, rows.curriculum, rows.dare),
         rollouts.padding_id,
         link.reduce_sum,
         args.seed + 4 + rank,
