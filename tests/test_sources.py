@@ -445,3 +445,27 @@ def test_a_sampled_round_refuses_non_finite_or_malformed_values(suite, field, va
     }
     with pytest.raises(ValueError, match=message):
         SampledRound(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The seventh new-user trial (issue 37): each of these was a raw Python / torch / json error, or silent
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_source_class_or_a_sample_without_step_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """U13: the class was accepted, and `train()` failed in the cleanup's unbound `close()`; U15: `sample(self,
+    rows_needed)` failed at the first round with Python's "takes 2 positional arguments but 3 were given"."""
+    with pytest.raises(TypeError, match=r"rollout_source=FixedSubclass is a class: pass an instance"):
+        rl_trainer(tmp_path, tokenizer, suite, FixedSubclass)
+
+    class NoStep(RolloutSource):
+        def sample(self, rows_needed):
+            raise AssertionError("never called")
+
+    with pytest.raises(
+        TypeError, match=r"NoStep.sample\(rows_needed\) cannot be called as `sample\(rows_needed, step\)`"
+    ):
+        rl_trainer(tmp_path, tokenizer, suite, NoStep())
+
+    class Flexible:  # *args / defaults are fine
+        def sample(self, *args, extra=None): ...
+
+    rl_trainer(tmp_path, tokenizer, suite, Flexible())

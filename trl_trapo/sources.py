@@ -457,6 +457,7 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             "async code inside it with `asyncio.run(...)`."
         )
     if source is not None:
+        check_source_object(source)
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
     # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool),
     # and so does vLLM: the function may sample through `trainer.vllm_generation` (weights pushed before each call, as
@@ -477,6 +478,35 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             f"{given} was given (it chooses its own temperatures; its rows are trained at `temperature`): set "
             "exploration=None or False."
         )
+
+
+def check_source_object(source: Any) -> None:
+    """Refuse a `rollout_source` that cannot be called as the contract calls it, at construction: a class instead of
+    an instance, or a `sample` method that cannot be called as `sample(rows_needed, step)`.
+
+    Raises:
+        TypeError: naming the source's class, the bad value and the fix.
+    """
+    if isinstance(source, type):
+        raise TypeError(
+            f"rollout_source={source.__name__} is a class: pass an instance, e.g. `rollout_source="
+            f"{source.__name__}(...)` (docs/writing_a_rollout_source.md)."
+        )
+    sample = getattr(source, "sample", None)
+    if not callable(sample):
+        return  # refused by `as_rollout_source`, with its own message
+    try:
+        signature = inspect.signature(sample)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind(0, 0)
+    except TypeError as error:
+        raise TypeError(
+            f"{type(source).__name__}.sample{signature} cannot be called as `sample(rows_needed, step)` ({error}): "
+            "the trainer passes both, positionally; define it as `def sample(self, rows_needed, step)` "
+            "(docs/writing_a_rollout_source.md)."
+        ) from None
 
 
 class SyncRolloutSource(RolloutSource):
