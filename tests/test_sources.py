@@ -450,11 +450,15 @@ def test_a_sampled_round_refuses_non_finite_or_malformed_values(suite, field, va
 # ---------------------------------------------------------------------------------------------------------------------
 # The seventh new-user trial (issue 37): each of these was a raw Python / torch / json error, or silent
 # ---------------------------------------------------------------------------------------------------------------------
-def test_a_source_class_or_a_sample_without_step_is_refused_at_construction(tmp_path, tokenizer, suite):
-    """U13: the class was accepted, and `train()` failed in the cleanup's unbound `close()`; U15: `sample(self,
-    rows_needed)` failed at the first round with Python's "takes 2 positional arguments but 3 were given"."""
+def test_a_source_class_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """U13: the class was accepted, and `train()` failed in the cleanup's unbound `close()`."""
     with pytest.raises(TypeError, match=r"rollout_source=FixedSubclass is a class: pass an instance"):
         rl_trainer(tmp_path, tokenizer, suite, FixedSubclass)
+
+
+def test_a_sample_without_step_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """U15: `sample(self, rows_needed)` failed at the first round with Python's "takes 2 positional arguments but 3
+    were given"; a signature that takes both (here through *args) is accepted."""
 
     class NoStep(RolloutSource):
         def sample(self, rows_needed):
@@ -469,3 +473,35 @@ def test_a_source_class_or_a_sample_without_step_is_refused_at_construction(tmp_
         def sample(self, *args, extra=None): ...
 
     rl_trainer(tmp_path, tokenizer, suite, Flexible())
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [  # U17: torch's "Tensors must have same number of dimensions" deep in the forward
+        (
+            "completion_ids",
+            [torch.tensor([[5, 6]])] * 4,
+            r"completion_ids\[0\] has shape \(1, 2\): each entry is a 1-D",
+        ),
+        ("prompt_ids", [torch.tensor(5)] * 4, r"prompt_ids\[0\] has shape \(\): each entry is a 1-D"),
+        ("completion_mask", [torch.ones(1, 2)] * 4, r"completion_mask\[0\] has shape \(1, 2\)"),
+        # U16: float ids were cast to long without a word (5.5 -> 5)
+        (
+            "completion_ids",
+            [torch.tensor([5.0, 6.5])] * 4,
+            r"completion_ids\[0\] holds torch.float32 values that are not",
+        ),
+    ],
+)
+def test_a_sampled_round_refuses_ids_of_the_wrong_shape_or_kind(suite, field, value, message):
+    kwargs = {
+        **dict(examples=prompts(suite), completion_ids=[torch.tensor([5, 6])] * 4, version=0, group=4),
+        field: value,
+    }
+    with pytest.raises(ValueError, match=message):
+        SampledRound(**kwargs)
+
+
+def test_whole_float_ids_are_converted_without_loss(suite):
+    round_ = SampledRound(prompts(suite), [torch.tensor([5.0, 6.0])] * 4, version=0, group=4)
+    assert round_.completion_ids[0].dtype == torch.long and round_.completion_ids[0].tolist() == [5, 6]

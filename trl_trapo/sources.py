@@ -85,6 +85,40 @@ if TYPE_CHECKING:  # annotations only: rollout.py imports this module
     from .rollout import RolloutEngine
 
 
+def per_token(values: Any, field: str, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Entry `index` of the per-token field `field` of a [`SampledRound`] as a 1-D tensor (of `dtype` when given).
+
+    Raises:
+        ValueError: naming the field and entry, if it is not 1-D (e.g. a `(1, C)` row of a batch).
+    """
+    tensor = torch.as_tensor(values)
+    if tensor.dim() != 1:
+        raise ValueError(
+            f"SampledRound.{field}[{index}] has shape {tuple(tensor.shape)}: each entry is a 1-D tensor, one value "
+            "per token of its completion (a (1, C) row of a batch: `.squeeze(0)`, or `.view(-1)`)."
+        )
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+def token_ids(values: Any, field: str, index: int) -> torch.Tensor:
+    """Entry `index` of `completion_ids` / `prompt_ids` of a [`SampledRound`] as a 1-D long tensor. Whole numbers
+    stored as floats are converted (nothing is lost); anything else is refused.
+
+    Raises:
+        ValueError: naming the field and entry, if it is not 1-D, or holds numbers that are not whole (or not
+            real): token ids are the tokenizer's integers.
+    """
+    tensor = per_token(values, field, index)
+    if tensor.is_complex() or (tensor.is_floating_point() and not bool((tensor == tensor.round()).all())):
+        bad = tensor[tensor != tensor.round()] if not tensor.is_complex() else tensor
+        raise ValueError(
+            f"SampledRound.{field}[{index}] holds {tensor.dtype} values that are not token ids (e.g. "
+            f"{bad[:4].tolist()}): token ids are the tokenizer's whole numbers; give the ids themselves (a long "
+            "tensor or a list of ints), not log-probs, scores or ids shifted by arithmetic."
+        )
+    return tensor.to(torch.long)
+
+
 @dataclass
 class SampledRound:
     """One round as a source samples it: `B` completions, `group` consecutive ones per prompt.
@@ -125,16 +159,21 @@ class SampledRound:
     # source's late round, `stale_rollouts="downweight"`); stamped on its trajectories (`importance_weight`)
 
     def __post_init__(self):
-        self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
+        self.completion_ids = [token_ids(c, "completion_ids", i) for i, c in enumerate(self.completion_ids)]
         if self.prompt_ids is not None:
-            self.prompt_ids = [torch.as_tensor(p, dtype=torch.long) for p in self.prompt_ids]
+            self.prompt_ids = [token_ids(p, "prompt_ids", i) for i, p in enumerate(self.prompt_ids)]
         if self.completion_mask is not None:
-            self.completion_mask = [torch.as_tensor(m).float() for m in self.completion_mask]
+            self.completion_mask = [
+                per_token(m, "completion_mask", i).float() for i, m in enumerate(self.completion_mask)
+            ]
         if self.old_per_token_logps is not None:
-            self.old_per_token_logps = [torch.as_tensor(lp, dtype=torch.float32) for lp in self.old_per_token_logps]
+            self.old_per_token_logps = [
+                per_token(lp, "old_per_token_logps", i, torch.float32) for i, lp in enumerate(self.old_per_token_logps)
+            ]
         if self.sampler_per_token_logps is not None:
             self.sampler_per_token_logps = [
-                torch.as_tensor(lp, dtype=torch.float32) for lp in self.sampler_per_token_logps
+                per_token(lp, "sampler_per_token_logps", i, torch.float32)
+                for i, lp in enumerate(self.sampler_per_token_logps)
             ]
             if self.old_per_token_logps is not None:
                 raise ValueError(
