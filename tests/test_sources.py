@@ -505,3 +505,34 @@ def test_a_sampled_round_refuses_ids_of_the_wrong_shape_or_kind(suite, field, va
 def test_whole_float_ids_are_converted_without_loss(suite):
     round_ = SampledRound(prompts(suite), [torch.tensor([5.0, 6.0])] * 4, version=0, group=4)
     assert round_.completion_ids[0].dtype == torch.long and round_.completion_ids[0].tolist() == [5, 6]
+
+
+class TensorInMeta(HookedRounds):
+    def checkpoint_state(self):
+        return {"cursor": torch.tensor(self.cursor)}, {}
+
+
+def test_a_checkpoint_state_that_is_not_json_is_refused_naming_the_source_and_key(tmp_path, tokenizer, suite):
+    """U18: json's "Object of type Tensor is not JSON serializable" came from the first save, 21 frames deep, naming
+    neither the source nor its hook."""
+    source = TensorInMeta(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1, save_strategy="steps", save_steps=1)
+    with pytest.raises(TypeError, match=r"TensorInMeta.checkpoint_state\(\) meta\['cursor'\] is not JSON"):
+        trainer.train()
+    assert not (tmp_path / "checkpoint-1" / "trapo").exists()  # refused before its state was written
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ({"cursor": 1}, r"returned dict; return None \(no state\) or a pair"),
+        (([1], {}), r"meta is a list"),
+        (({"a": 1}, {"t": [1, 2]}), r"tensors must be a dict of torch.Tensor, got values of type \['list'\]"),
+    ],
+)
+def test_a_checkpoint_state_of_the_wrong_shape_is_refused(state, message):
+    with pytest.raises(TypeError, match="Mine.checkpoint_state\\(\\) " + message.split(" ", 1)[0]):
+        sources.check_checkpoint_state(state, "Mine")
+    with pytest.raises(TypeError, match=message):
+        sources.check_checkpoint_state(state, "Mine")
+    assert sources.check_checkpoint_state(({"a": [1.5]}, {"t": torch.ones(2)}), "Mine")[0] == {"a": [1.5]}

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -548,6 +549,50 @@ def check_source_object(source: Any) -> None:
         ) from None
 
 
+def check_checkpoint_state(state: Any, source: str) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """Refuse what a source's `checkpoint_state()` returned when a checkpoint cannot hold it, before anything is written.
+
+    Args:
+        state: what it returned: None, or `(meta, tensors)`.
+        source (`str`): how the error names the source (its class).
+
+    Returns:
+        `state`, unchanged.
+
+    Raises:
+        TypeError: naming the source, the hook and the key at fault, if `state` is not None or a pair of a
+            JSON-serialisable dict (it goes into `trapo/rank{r}.json`) and a dict of tensors.
+    """
+    hook = f"{source}.checkpoint_state()"
+    if state is None:
+        return None
+    if not isinstance(state, tuple | list) or len(state) != 2:
+        raise TypeError(
+            f"{hook} returned {type(state).__name__}; return None (no state) or a pair `(meta, tensors)`: a JSON "
+            "dict and a dict of tensors (docs/writing_a_rollout_source.md)."
+        )
+    meta, tensors = state
+    if not isinstance(meta, dict):
+        raise TypeError(f"{hook} meta is a {type(meta).__name__}; it must be a JSON-serialisable dict.")
+    for key, value in meta.items():
+        try:
+            json.dumps({key: value})
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{hook} meta[{key!r}] is not JSON ({error}): the meta goes into the checkpoint's rank{{r}}.json. Put "
+                "tensors in the second element (`tensors`), or store plain numbers and lists (`.tolist()`, "
+                "`.item()`)."
+            ) from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        kinds = sorted({type(v).__name__ for v in tensors.values()}) if isinstance(tensors, dict) else None
+        raise TypeError(
+            f"{hook} tensors must be a dict of torch.Tensor, got "
+            f"{type(tensors).__name__ if kinds is None else f'values of type {kinds}'}: put what is not a tensor "
+            "in the meta (JSON)."
+        )
+    return state
+
+
 class SyncRolloutSource(RolloutSource):
     """The default source: each round is sampled when the trainer asks, by the live policy, in the trainer's process.
 
@@ -919,6 +964,7 @@ __all__ = [
     "SyncRolloutSource",
     "as_rollout_source",
     "bind_rollout_func",
+    "check_checkpoint_state",
     "check_rollout_source",
     "rollout_func_round",
     "source_name",
