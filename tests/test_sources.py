@@ -399,6 +399,12 @@ def prompts(suite, n=4):
         ("negative_id", r"completion_ids\[0\] holds token id -1, outside"),
         ("longer_than_context", r"completion 0 is 300 tokens, more than the policy's context of 256"),
         ("group_of_one", r"group=1, but advantages are group-relative"),
+        # U09 / U11: samplers.py's "Sampling temperatures must be positive" named neither the field nor the source
+        (
+            "negative_temperature",
+            r"SampledRound.temperatures holds \[-1.0\]: a sampling temperature is finite and > 0",
+        ),
+        ("temperatures_too_few", r"SampledRound.temperatures has 3 values for 4 completions"),
     ],
 )
 def test_a_round_the_trainer_cannot_train_on_is_refused_naming_the_source(tmp_path, tokenizer, suite, case, message):
@@ -419,6 +425,10 @@ def test_a_round_the_trainer_cannot_train_on_is_refused_naming_the_source(tmp_pa
             completions = [torch.full((300,), 5)] + completions[1:]
         elif case == "group_of_one":
             kwargs["group"] = 1
+        elif case == "negative_temperature":
+            kwargs["temperatures"] = -1.0
+        elif case == "temperatures_too_few":
+            kwargs["temperatures"] = torch.ones(3)
         return SampledRound(rows, completions, **kwargs)
 
     trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make))

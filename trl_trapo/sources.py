@@ -275,14 +275,36 @@ def check_round(sampled: SampledRound, step: int, vocab_size: int, context: int 
         source (`str`): how the error names the source.
 
     Raises:
-        ValueError: for a `version` after `step`, a token id outside the vocabulary, or a prompt + completion longer
-            than the context.
+        ValueError: for a `version` after `step`, `temperatures` that are not one or one per completion, positive and
+            finite, a token id outside the vocabulary, or a prompt + completion longer than the context.
     """
     if sampled.version > step:
         raise ValueError(
             f"{source} returned a round of version {sampled.version} at step {step}: a round is sampled by the weights "
             "of a step already taken (version <= step); stamp it with the step whose weights sampled it."
         )
+    if sampled.temperatures is not None:
+        rows = len(sampled.examples)
+        try:
+            temperatures = torch.as_tensor(sampled.temperatures, dtype=torch.float32).flatten()
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"{source}: SampledRound.temperatures={sampled.temperatures!r} is not numbers ({error}): give the "
+                "sampling temperature as one float, or one per completion, or None for the configured temperature."
+            ) from None
+        if temperatures.numel() not in (1, rows):
+            raise ValueError(
+                f"{source}: SampledRound.temperatures has {temperatures.numel()} values for {rows} completions: give "
+                "one temperature for the whole round, or one per completion (B,), or None for the configured "
+                "temperature."
+            )
+        bad = temperatures[~(torch.isfinite(temperatures) & (temperatures > 0))]
+        if bad.numel():
+            raise ValueError(
+                f"{source}: SampledRound.temperatures holds {bad.unique().tolist()[:4]}: a sampling temperature is "
+                "finite and > 0 (the one your sampler divided the logits by; 1.0 for plain sampling), or None for "
+                "the configured temperature."
+            )
     prompts = sampled.prompt_ids
     if prompts is None:
         prompts = [torch.as_tensor(e["prompt_ids"]) if "prompt_ids" in e else None for e in sampled.examples]
