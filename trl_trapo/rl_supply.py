@@ -181,7 +181,7 @@ class RLSupply:
                 f"completion would get advantage 0. Return `group` completions per prompt (num_generations="
                 f"{self.args.num_generations}) consecutively and set SampledRound.group, or train with a value_model."
             )
-        batch = self.engine.finish(sampled, across_ranks=True)
+        batch = self.engine.finish(sampled, across_ranks=True, source=name)
         if sampled.importance_weight != 1.0:  # e.g. a late asynchronous round, down-weighted
             for trajectory in batch.trajectories:
                 trajectory.importance_weight = sampled.importance_weight
