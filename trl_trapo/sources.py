@@ -518,6 +518,8 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             "(its result is used at once; TRL 1.16 has no await there either): define it with `def`, and run your "
             "async code inside it with `asyncio.run(...)`."
         )
+    if rollout_func is not None:
+        check_rollout_func_signature(rollout_func)
     if source is not None:
         check_source_object(source)
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
@@ -613,6 +615,27 @@ def check_checkpoint_state(state: Any, source: str) -> tuple[dict, dict[str, tor
             "in the meta (JSON)."
         )
     return state
+
+
+def check_rollout_func_signature(rollout_func: Callable) -> None:
+    """Refuse a `rollout_func` that cannot be called as TRL calls it, `rollout_func(prompts, trainer)`, at construction
+    (TRL 1.16's GRPOTrainer finds out at the first round, with Python's own TypeError).
+
+    Raises:
+        TypeError: naming the function, its signature and the fix.
+    """
+    try:
+        signature = inspect.signature(rollout_func)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind([], None)
+    except TypeError as error:
+        name = getattr(rollout_func, "__name__", type(rollout_func).__name__)
+        raise TypeError(
+            f"rollout_func={name}{signature} cannot be called as `rollout_func(prompts, trainer)` ({error}), as TRL's "
+            "GRPOTrainer calls it: define it as `def rollout_func(prompts, trainer)` (docs/writing_a_rollout_source.md)."
+        ) from None
 
 
 class SyncRolloutSource(RolloutSource):
