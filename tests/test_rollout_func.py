@@ -602,3 +602,16 @@ def test_the_documented_rollout_func_trains(tmp_path, monkeypatch):
     rounds = [h for h in trainer.state.log_history if "completions/mean_env_length" in h]
     assert rounds and all(h["completions/mean_env_length"] == 3.0 for h in rounds)
     assert all(0.0 < h["rewards/agrees_with_the_tool/mean"] < 1.0 for h in rounds)
+
+
+def test_a_rollout_func_without_the_trainer_argument_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """The sibling of a source's `sample(self, rows_needed)` (issue 37, U15): TRL calls `rollout_func(prompts,
+    trainer)`; a function taking only `prompts` failed at the first round with Python's positional-argument error."""
+
+    def prompts_only(prompts):
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"rollout_func=prompts_only\(prompts\) cannot be called as `rollout_func"):
+        trainer_for(
+            tmp_path, tokenizer, suite.rl_train, prompts_only, lambda completions, **kw: [0.0] * len(completions)
+        )

@@ -399,6 +399,12 @@ def prompts(suite, n=4):
         ("negative_id", r"completion_ids\[0\] holds token id -1, outside"),
         ("longer_than_context", r"completion 0 is 300 tokens, more than the policy's context of 256"),
         ("group_of_one", r"group=1, but advantages are group-relative"),
+        # U09 / U11: samplers.py's "Sampling temperatures must be positive" named neither the field nor the source
+        (
+            "negative_temperature",
+            r"SampledRound.temperatures holds \[-1.0\]: a sampling temperature is finite and > 0",
+        ),
+        ("temperatures_too_few", r"SampledRound.temperatures has 3 values for 4 completions"),
     ],
 )
 def test_a_round_the_trainer_cannot_train_on_is_refused_naming_the_source(tmp_path, tokenizer, suite, case, message):
@@ -419,6 +425,10 @@ def test_a_round_the_trainer_cannot_train_on_is_refused_naming_the_source(tmp_pa
             completions = [torch.full((300,), 5)] + completions[1:]
         elif case == "group_of_one":
             kwargs["group"] = 1
+        elif case == "negative_temperature":
+            kwargs["temperatures"] = -1.0
+        elif case == "temperatures_too_few":
+            kwargs["temperatures"] = torch.ones(3)
         return SampledRound(rows, completions, **kwargs)
 
     trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make))
@@ -445,3 +455,114 @@ def test_a_sampled_round_refuses_non_finite_or_malformed_values(suite, field, va
     }
     with pytest.raises(ValueError, match=message):
         SampledRound(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The seventh new-user trial (issue 37): each of these was a raw Python / torch / json error, or silent
+# ---------------------------------------------------------------------------------------------------------------------
+def test_a_source_class_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """U13: the class was accepted, and `train()` failed in the cleanup's unbound `close()`."""
+    with pytest.raises(TypeError, match=r"rollout_source=FixedSubclass is a class: pass an instance"):
+        rl_trainer(tmp_path, tokenizer, suite, FixedSubclass)
+
+
+def test_a_sample_without_step_is_refused_at_construction(tmp_path, tokenizer, suite):
+    """U15: `sample(self, rows_needed)` failed at the first round with Python's "takes 2 positional arguments but 3
+    were given"; a signature that takes both (here through *args) is accepted."""
+
+    class NoStep(RolloutSource):
+        def sample(self, rows_needed):
+            raise AssertionError("never called")
+
+    with pytest.raises(
+        TypeError, match=r"NoStep.sample\(rows_needed\) cannot be called as `sample\(rows_needed, step\)`"
+    ):
+        rl_trainer(tmp_path, tokenizer, suite, NoStep())
+
+    class Flexible:  # *args / defaults are fine
+        def sample(self, *args, extra=None): ...
+
+    rl_trainer(tmp_path, tokenizer, suite, Flexible())
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [  # U17: torch's "Tensors must have same number of dimensions" deep in the forward
+        (
+            "completion_ids",
+            [torch.tensor([[5, 6]])] * 4,
+            r"completion_ids\[0\] has shape \(1, 2\): each entry is a 1-D",
+        ),
+        ("prompt_ids", [torch.tensor(5)] * 4, r"prompt_ids\[0\] has shape \(\): each entry is a 1-D"),
+        ("completion_mask", [torch.ones(1, 2)] * 4, r"completion_mask\[0\] has shape \(1, 2\)"),
+        # U16: float ids were cast to long without a word (5.5 -> 5)
+        (
+            "completion_ids",
+            [torch.tensor([5.0, 6.5])] * 4,
+            r"completion_ids\[0\] holds torch.float32 values that are not",
+        ),
+    ],
+)
+def test_a_sampled_round_refuses_ids_of_the_wrong_shape_or_kind(suite, field, value, message):
+    kwargs = {
+        **dict(examples=prompts(suite), completion_ids=[torch.tensor([5, 6])] * 4, version=0, group=4),
+        field: value,
+    }
+    with pytest.raises(ValueError, match=message):
+        SampledRound(**kwargs)
+
+
+def test_whole_float_ids_are_converted_without_loss(suite):
+    round_ = SampledRound(prompts(suite), [torch.tensor([5.0, 6.0])] * 4, version=0, group=4)
+    assert round_.completion_ids[0].dtype == torch.long and round_.completion_ids[0].tolist() == [5, 6]
+
+
+class TensorInMeta(HookedRounds):
+    def checkpoint_state(self):
+        return {"cursor": torch.tensor(self.cursor)}, {}
+
+
+def test_a_checkpoint_state_that_is_not_json_is_refused_naming_the_source_and_key(tmp_path, tokenizer, suite):
+    """U18: json's "Object of type Tensor is not JSON serializable" came from the first save, 21 frames deep, naming
+    neither the source nor its hook."""
+    source = TensorInMeta(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1, save_strategy="steps", save_steps=1)
+    with pytest.raises(TypeError, match=r"TensorInMeta.checkpoint_state\(\) meta\['cursor'\] is not JSON"):
+        trainer.train()
+    assert not (tmp_path / "checkpoint-1" / "trapo").exists()  # refused before its state was written
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ({"cursor": 1}, r"returned dict; return None \(no state\) or a pair"),
+        (([1], {}), r"meta is a list"),
+        (({"a": 1}, {"t": [1, 2]}), r"tensors must be a dict of torch.Tensor, got values of type \['list'\]"),
+    ],
+)
+def test_a_checkpoint_state_of_the_wrong_shape_is_refused(state, message):
+    with pytest.raises(TypeError, match="Mine.checkpoint_state\\(\\) " + message.split(" ", 1)[0]):
+        sources.check_checkpoint_state(state, "Mine")
+    with pytest.raises(TypeError, match=message):
+        sources.check_checkpoint_state(state, "Mine")
+    assert sources.check_checkpoint_state(({"a": [1.5]}, {"t": torch.ones(2)}), "Mine")[0] == {"a": [1.5]}
+
+
+def answer_reward(completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+def test_examples_lacking_a_reward_column_are_refused_naming_the_source_and_column(tmp_path, tokenizer, suite):
+    """U12: the reward function's own "missing 1 required positional argument: 'answer'" pointed at the reward; the
+    cause is the source's examples, which lack the dataset row's `answer`."""
+
+    def make(step):
+        rows = [{k: v for k, v in row.items() if k != "answer"} for row in prompts(suite)]
+        return SampledRound(rows, [torch.tensor([5, tokenizer.eos_token_id])] * 4, version=step, group=4)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make), reward=answer_reward)
+    with pytest.raises(
+        ValueError, match=r"OneRound.sample: SampledRound.examples\[0\] has no 'answer' \(4 of 4 examples lack it"
+    ) as error:
+        trainer.collect_rollouts(8, step=0)
+    assert "'answer_reward' take by name" in str(error.value)

@@ -321,6 +321,23 @@ class RewardScorer:
                 columns.setdefault(parameter.name, []).append(name)
         return columns
 
+    def columns_required(self) -> dict[str, list[str]]:
+        """The part of [`columns_read`] whose parameter has no default: column -> the reward functions that cannot be
+        called without it (Python's "missing 1 required positional argument")."""
+        read = self.columns_read()
+        required: dict[str, list[str]] = {}
+        for func, name in zip(self.funcs, self.names):
+            if isinstance(func, nn.Module):
+                continue
+            try:
+                parameters = inspect.signature(func).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            for parameter in parameters:
+                if parameter.name in read and parameter.default is parameter.empty and name in read[parameter.name]:
+                    required.setdefault(parameter.name, []).append(name)
+        return required
+
     def reward_kwargs(
         self,
         examples: list[dict],

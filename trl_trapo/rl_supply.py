@@ -34,7 +34,7 @@ from .collator import MODEL_INPUTS, Row
 from .distributed import any_rank, max_over_ranks, reduce_replay_metrics
 from .exploration import TargetedExploration
 from .memory import MemoryPool, ReplayBuffer, SuccessReplay, Trajectory
-from .sources import RolloutSource, SampledRound, check_round, source_name
+from .sources import RolloutSource, SampledRound, check_checkpoint_state, check_round, source_name
 from .vision import examples_model_inputs
 
 
@@ -181,7 +181,7 @@ class RLSupply:
                 f"completion would get advantage 0. Return `group` completions per prompt (num_generations="
                 f"{self.args.num_generations}) consecutively and set SampledRound.group, or train with a value_model."
             )
-        batch = self.engine.finish(sampled, across_ranks=True)
+        batch = self.engine.finish(sampled, across_ranks=True, source=name)
         if sampled.importance_weight != 1.0:  # e.g. a late asynchronous round, down-weighted
             for trajectory in batch.trajectories:
                 trajectory.importance_weight = sampled.importance_weight
@@ -279,7 +279,7 @@ class RLSupply:
             "replay": replay_meta,
             "exploration": self.exploration.state_dict() if self.exploration is not None else None,
         }
-        source_state = self.source.checkpoint_state()
+        source_state = check_checkpoint_state(self.source.checkpoint_state(), source_name(self.source))
         if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
             meta["rollout_source"], source_tensors = source_state
             tensors = {**tensors, **{f"rollout_source/{k}": v for k, v in source_tensors.items()}}

@@ -576,7 +576,7 @@ class RolloutEngine:
             sampler_per_token_logps=output.sampler_logps,
         )
 
-    def finish(self, sampled: SampledRound, across_ranks: bool = True) -> RolloutBatch:
+    def finish(self, sampled: SampledRound, across_ranks: bool = True, source: str = "SampledRound") -> RolloutBatch:
         """Finish a sampled round into a scored [`RolloutBatch`], in this process, at consumption time: prompt ids
         (tokenized from `prompt` when absent), behaviour log-probs when the round has none (the current policy's, at
         each row's temperature), scores when it has none (the reward functions), the missing-stop penalty, guidance's
@@ -595,14 +595,14 @@ class RolloutEngine:
         0 in the trajectories, GAE steps over them (see [`~trl_trapo.losses.gae_advantages`]), and a completion has
         stopped when the *policy* wrote a stop token.
 
+        `source` names what returned the round in errors (e.g. "MySource.sample").
+
         Raises:
-            ValueError: if the round is to be scored here and an example has no `prompt`.
+            ValueError: if the round is to be scored here and an example has no `prompt`, or lacks a column a reward
+                function takes by name without a default.
         """
-        if sampled.scores is None and not all("prompt" in e for e in sampled.examples):
-            raise ValueError(
-                "A round without `scores` is scored by the reward functions, which read each example's `prompt`: give "
-                "every example its dataset row's `prompt`, or return the round with `scores`."
-            )
+        if sampled.scores is None:
+            self.check_scorable(sampled, source)
         template = self.args.chat_template_kwargs or {}
         prompt_ids = sampled.prompt_ids
         if prompt_ids is None:
@@ -616,6 +616,29 @@ class RolloutEngine:
         temperatures = row_temperatures(temperature, len(sampled.examples))
         with self.unwrapped_model() as unwrapped:
             return self._score(unwrapped, sampled, prompt_ids, temperatures, across_ranks)
+
+    def check_scorable(self, sampled: SampledRound, source: str) -> None:
+        """Refuse a round without `scores` that the reward functions cannot be called on, naming `source` and the
+        column, before anything is computed: the reward functions read each example's `prompt` and take the other
+        columns by name (a parameter without a default must be in every example).
+
+        Raises:
+            ValueError: naming the source, the column, the first example that lacks it and the reward function(s).
+        """
+        if not all("prompt" in e for e in sampled.examples):
+            raise ValueError(
+                f"{source}: a round without `scores` is scored by the reward functions, which read each example's "
+                "`prompt`: give every example its dataset row's `prompt`, or return the round with `scores`."
+            )
+        for column, functions in self.scorer.columns_required().items():
+            lacking = [i for i, e in enumerate(sampled.examples) if column not in e]
+            if lacking:
+                raise ValueError(
+                    f"{source}: SampledRound.examples[{lacking[0]}] has no {column!r} ({len(lacking)} of "
+                    f"{len(sampled.examples)} examples lack it; it has {sorted(sampled.examples[lacking[0]])}), which "
+                    f"reward function(s) {', '.join(repr(f) for f in functions)} take by name: give each example its "
+                    "whole dataset row (the reward columns too), or return the round with `scores`."
+                )
 
     @torch.no_grad()
     def process(

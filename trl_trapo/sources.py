@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,40 @@ if TYPE_CHECKING:  # annotations only: rollout.py imports this module
     from .exploration import TargetedExploration
     from .memory import MemoryPool
     from .rollout import RolloutEngine
+
+
+def per_token(values: Any, field: str, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Entry `index` of the per-token field `field` of a [`SampledRound`] as a 1-D tensor (of `dtype` when given).
+
+    Raises:
+        ValueError: naming the field and entry, if it is not 1-D (e.g. a `(1, C)` row of a batch).
+    """
+    tensor = torch.as_tensor(values)
+    if tensor.dim() != 1:
+        raise ValueError(
+            f"SampledRound.{field}[{index}] has shape {tuple(tensor.shape)}: each entry is a 1-D tensor, one value "
+            "per token of its completion (a (1, C) row of a batch: `.squeeze(0)`, or `.view(-1)`)."
+        )
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+def token_ids(values: Any, field: str, index: int) -> torch.Tensor:
+    """Entry `index` of `completion_ids` / `prompt_ids` of a [`SampledRound`] as a 1-D long tensor. Whole numbers
+    stored as floats are converted (nothing is lost); anything else is refused.
+
+    Raises:
+        ValueError: naming the field and entry, if it is not 1-D, or holds numbers that are not whole (or not
+            real): token ids are the tokenizer's integers.
+    """
+    tensor = per_token(values, field, index)
+    if tensor.is_complex() or (tensor.is_floating_point() and not bool((tensor == tensor.round()).all())):
+        bad = tensor[tensor != tensor.round()] if not tensor.is_complex() else tensor
+        raise ValueError(
+            f"SampledRound.{field}[{index}] holds {tensor.dtype} values that are not token ids (e.g. "
+            f"{bad[:4].tolist()}): token ids are the tokenizer's whole numbers; give the ids themselves (a long "
+            "tensor or a list of ints), not log-probs, scores or ids shifted by arithmetic."
+        )
+    return tensor.to(torch.long)
 
 
 @dataclass
@@ -125,16 +160,21 @@ class SampledRound:
     # source's late round, `stale_rollouts="downweight"`); stamped on its trajectories (`importance_weight`)
 
     def __post_init__(self):
-        self.completion_ids = [torch.as_tensor(c, dtype=torch.long) for c in self.completion_ids]
+        self.completion_ids = [token_ids(c, "completion_ids", i) for i, c in enumerate(self.completion_ids)]
         if self.prompt_ids is not None:
-            self.prompt_ids = [torch.as_tensor(p, dtype=torch.long) for p in self.prompt_ids]
+            self.prompt_ids = [token_ids(p, "prompt_ids", i) for i, p in enumerate(self.prompt_ids)]
         if self.completion_mask is not None:
-            self.completion_mask = [torch.as_tensor(m).float() for m in self.completion_mask]
+            self.completion_mask = [
+                per_token(m, "completion_mask", i).float() for i, m in enumerate(self.completion_mask)
+            ]
         if self.old_per_token_logps is not None:
-            self.old_per_token_logps = [torch.as_tensor(lp, dtype=torch.float32) for lp in self.old_per_token_logps]
+            self.old_per_token_logps = [
+                per_token(lp, "old_per_token_logps", i, torch.float32) for i, lp in enumerate(self.old_per_token_logps)
+            ]
         if self.sampler_per_token_logps is not None:
             self.sampler_per_token_logps = [
-                torch.as_tensor(lp, dtype=torch.float32) for lp in self.sampler_per_token_logps
+                per_token(lp, "sampler_per_token_logps", i, torch.float32)
+                for i, lp in enumerate(self.sampler_per_token_logps)
             ]
             if self.old_per_token_logps is not None:
                 raise ValueError(
@@ -235,14 +275,36 @@ def check_round(sampled: SampledRound, step: int, vocab_size: int, context: int 
         source (`str`): how the error names the source.
 
     Raises:
-        ValueError: for a `version` after `step`, a token id outside the vocabulary, or a prompt + completion longer
-            than the context.
+        ValueError: for a `version` after `step`, `temperatures` that are not one or one per completion, positive and
+            finite, a token id outside the vocabulary, or a prompt + completion longer than the context.
     """
     if sampled.version > step:
         raise ValueError(
             f"{source} returned a round of version {sampled.version} at step {step}: a round is sampled by the weights "
             "of a step already taken (version <= step); stamp it with the step whose weights sampled it."
         )
+    if sampled.temperatures is not None:
+        rows = len(sampled.examples)
+        try:
+            temperatures = torch.as_tensor(sampled.temperatures, dtype=torch.float32).flatten()
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"{source}: SampledRound.temperatures={sampled.temperatures!r} is not numbers ({error}): give the "
+                "sampling temperature as one float, or one per completion, or None for the configured temperature."
+            ) from None
+        if temperatures.numel() not in (1, rows):
+            raise ValueError(
+                f"{source}: SampledRound.temperatures has {temperatures.numel()} values for {rows} completions: give "
+                "one temperature for the whole round, or one per completion (B,), or None for the configured "
+                "temperature."
+            )
+        bad = temperatures[~(torch.isfinite(temperatures) & (temperatures > 0))]
+        if bad.numel():
+            raise ValueError(
+                f"{source}: SampledRound.temperatures holds {bad.unique().tolist()[:4]}: a sampling temperature is "
+                "finite and > 0 (the one your sampler divided the logits by; 1.0 for plain sampling), or None for "
+                "the configured temperature."
+            )
     prompts = sampled.prompt_ids
     if prompts is None:
         prompts = [torch.as_tensor(e["prompt_ids"]) if "prompt_ids" in e else None for e in sampled.examples]
@@ -456,7 +518,10 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             "(its result is used at once; TRL 1.16 has no await there either): define it with `def`, and run your "
             "async code inside it with `asyncio.run(...)`."
         )
+    if rollout_func is not None:
+        check_rollout_func_signature(rollout_func)
     if source is not None:
+        check_source_object(source)
         as_rollout_source(source)  # no `sample`, or a subclass that does not implement it: refused now
     # few-shot mode runs with a rollout_func, which is handed the prompts few-shot mode chooses (from the memory pool),
     # and so does vLLM: the function may sample through `trainer.vllm_generation` (weights pushed before each call, as
@@ -477,6 +542,100 @@ def check_rollout_source(source: Any, args, rollout_func: Callable | None = None
             f"{given} was given (it chooses its own temperatures; its rows are trained at `temperature`): set "
             "exploration=None or False."
         )
+
+
+def check_source_object(source: Any) -> None:
+    """Refuse a `rollout_source` that cannot be called as the contract calls it, at construction: a class instead of
+    an instance, or a `sample` method that cannot be called as `sample(rows_needed, step)`.
+
+    Raises:
+        TypeError: naming the source's class, the bad value and the fix.
+    """
+    if isinstance(source, type):
+        raise TypeError(
+            f"rollout_source={source.__name__} is a class: pass an instance, e.g. `rollout_source="
+            f"{source.__name__}(...)` (docs/writing_a_rollout_source.md)."
+        )
+    sample = getattr(source, "sample", None)
+    if not callable(sample):
+        return  # refused by `as_rollout_source`, with its own message
+    try:
+        signature = inspect.signature(sample)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind(0, 0)
+    except TypeError as error:
+        raise TypeError(
+            f"{type(source).__name__}.sample{signature} cannot be called as `sample(rows_needed, step)` ({error}): "
+            "the trainer passes both, positionally; define it as `def sample(self, rows_needed, step)` "
+            "(docs/writing_a_rollout_source.md)."
+        ) from None
+
+
+def check_checkpoint_state(state: Any, source: str) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """Refuse what a source's `checkpoint_state()` returned when a checkpoint cannot hold it, before anything is written.
+
+    Args:
+        state: what it returned: None, or `(meta, tensors)`.
+        source (`str`): how the error names the source (its class).
+
+    Returns:
+        `state`, unchanged.
+
+    Raises:
+        TypeError: naming the source, the hook and the key at fault, if `state` is not None or a pair of a
+            JSON-serialisable dict (it goes into `trapo/rank{r}.json`) and a dict of tensors.
+    """
+    hook = f"{source}.checkpoint_state()"
+    if state is None:
+        return None
+    if not isinstance(state, tuple | list) or len(state) != 2:
+        raise TypeError(
+            f"{hook} returned {type(state).__name__}; return None (no state) or a pair `(meta, tensors)`: a JSON "
+            "dict and a dict of tensors (docs/writing_a_rollout_source.md)."
+        )
+    meta, tensors = state
+    if not isinstance(meta, dict):
+        raise TypeError(f"{hook} meta is a {type(meta).__name__}; it must be a JSON-serialisable dict.")
+    for key, value in meta.items():
+        try:
+            json.dumps({key: value})
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{hook} meta[{key!r}] is not JSON ({error}): the meta goes into the checkpoint's rank{{r}}.json. Put "
+                "tensors in the second element (`tensors`), or store plain numbers and lists (`.tolist()`, "
+                "`.item()`)."
+            ) from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        kinds = sorted({type(v).__name__ for v in tensors.values()}) if isinstance(tensors, dict) else None
+        raise TypeError(
+            f"{hook} tensors must be a dict of torch.Tensor, got "
+            f"{type(tensors).__name__ if kinds is None else f'values of type {kinds}'}: put what is not a tensor "
+            "in the meta (JSON)."
+        )
+    return state
+
+
+def check_rollout_func_signature(rollout_func: Callable) -> None:
+    """Refuse a `rollout_func` that cannot be called as TRL calls it, `rollout_func(prompts, trainer)`, at construction
+    (TRL 1.16's GRPOTrainer finds out at the first round, with Python's own TypeError).
+
+    Raises:
+        TypeError: naming the function, its signature and the fix.
+    """
+    try:
+        signature = inspect.signature(rollout_func)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    try:
+        signature.bind([], None)
+    except TypeError as error:
+        name = getattr(rollout_func, "__name__", type(rollout_func).__name__)
+        raise TypeError(
+            f"rollout_func={name}{signature} cannot be called as `rollout_func(prompts, trainer)` ({error}), as TRL's "
+            "GRPOTrainer calls it: define it as `def rollout_func(prompts, trainer)` (docs/writing_a_rollout_source.md)."
+        ) from None
 
 
 class SyncRolloutSource(RolloutSource):
@@ -850,6 +1009,7 @@ __all__ = [
     "SyncRolloutSource",
     "as_rollout_source",
     "bind_rollout_func",
+    "check_checkpoint_state",
     "check_rollout_source",
     "rollout_func_round",
     "source_name",
