@@ -301,13 +301,12 @@ class RewardScorer:
             shutdown_event_loop_in_daemon(self._thread, self.loop)
             self.loop = self._thread = None
 
-    def columns_read(self) -> dict[str, list[str]]:
-        """Dataset column -> the names of the reward functions whose signature names it as a parameter (e.g.
-        `numeric_answer(completions, answer, **kwargs)` reads `answer`); the keywords every call gets (`prompts`,
-        `completions`, `trainer_state`, ...) and `**kwargs` are not columns. A function whose signature cannot be
-        read is left out."""
+    def column_parameters(self) -> list[tuple[str, inspect.Parameter]]:
+        """(reward function name, parameter) for each parameter that names a dataset column: not the keywords every
+        call gets (`prompts`, `completions`, `trainer_state`, ...) nor `*args` / `**kwargs`. Reward models and
+        functions whose signature cannot be read are left out."""
         standard = {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
-        columns: dict[str, list[str]] = {}
+        found = []
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
@@ -316,26 +315,27 @@ class RewardScorer:
             except (TypeError, ValueError):
                 continue
             for parameter in parameters:
-                if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) or parameter.name in standard:
-                    continue
-                columns.setdefault(parameter.name, []).append(name)
+                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and (
+                    parameter.name not in standard
+                ):
+                    found.append((name, parameter))
+        return found
+
+    def columns_read(self) -> dict[str, list[str]]:
+        """Dataset column -> the names of the reward functions whose signature names it as a parameter (e.g.
+        `numeric_answer(completions, answer, **kwargs)` reads `answer`; [`column_parameters`])."""
+        columns: dict[str, list[str]] = {}
+        for name, parameter in self.column_parameters():
+            columns.setdefault(parameter.name, []).append(name)
         return columns
 
     def columns_required(self) -> dict[str, list[str]]:
         """The part of [`columns_read`] whose parameter has no default: column -> the reward functions that cannot be
         called without it (Python's "missing 1 required positional argument")."""
-        read = self.columns_read()
         required: dict[str, list[str]] = {}
-        for func, name in zip(self.funcs, self.names):
-            if isinstance(func, nn.Module):
-                continue
-            try:
-                parameters = inspect.signature(func).parameters.values()
-            except (TypeError, ValueError):
-                continue
-            for parameter in parameters:
-                if parameter.name in read and parameter.default is parameter.empty and name in read[parameter.name]:
-                    required.setdefault(parameter.name, []).append(name)
+        for name, parameter in self.column_parameters():
+            if parameter.default is parameter.empty:
+                required.setdefault(parameter.name, []).append(name)
         return required
 
     def reward_kwargs(
