@@ -319,3 +319,16 @@ def test_the_number_form_of_curriculum_mixtures_still_reads_numbers_and_says_bot
     assert "give 3 numbers (pretrain sft rl) per phase" in err and "one JSON object objective -> share" in err
     with pytest.raises(ValueError, match=r"curriculum_mixtures.*give one mapping per phase: 3 phases need 3"):
         parse_args(["--curriculum_mixtures", '[{"rl": 1.0}]', "--output_dir", "unused"])  # the trial's Y05 value
+
+
+def test_config_given_twice_says_one_recipe_per_run(tmp_path):
+    """The second `--config` was "--config: unknown argument. Did you mean --fsdp_config?" (a sibling of Y02)."""
+    from trl_trapo.jobs.main import parse_args
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("max_steps: 2\n")
+    second.write_text("seed: 3\n")
+    with pytest.raises(ValueError) as e:
+        parse_args(["--config", str(first), f"--config={second}", "--output_dir", "unused"])
+    assert str(e.value).startswith(f"--config is given 2 times ({str(first)!r}, {str(second)!r}): a run reads one")
+    assert "Did you mean" not in str(e.value)

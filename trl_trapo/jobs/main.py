@@ -749,10 +749,17 @@ def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = M
         `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
 
     Raises:
-        ValueError: if `--config` has no value, or as `read_config_file`.
+        ValueError: if `--config` has no value or is given more than once, or as `read_config_file`.
     """
     if "--config" not in argv:
         return {}, list(argv)
+    given = [argv[j + 1] for j, token in enumerate(argv[:-1]) if token == "--config"]
+    if len(given) > 1:  # the second was "--config: unknown argument. Did you mean --fsdp_config?"
+        raise ValueError(
+            f"--config is given {len(given)} times ({', '.join(map(repr, given))}): a run reads one recipe, and "
+            "recipes do not include other recipes. Fix: copy the keys of the others into one recipe, or give them as "
+            "flags after --config (flags override the recipe's keys)."
+        )
     i = argv.index("--config")
     if i + 1 >= len(argv):
         raise ValueError("--config needs a value: the path of a YAML recipe.")
