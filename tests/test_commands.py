@@ -266,6 +266,12 @@ def test_an_accelerate_launch_option_trapo_does_not_pass_is_named(launch, capsys
     assert "Did you mean" not in err
 
 
+def test_an_accelerate_launch_option_that_is_also_the_jobs_stays_the_jobs():
+    # accelerate's DeepSpeed `--gradient_accumulation_steps` and `--debug` are TrainingArguments fields too
+    argv = ["train", "--num_processes", "2", "--gradient_accumulation_steps", "2", "--debug", "underflow_overflow"]
+    assert launched(argv).training_script_args == ["train", *argv[3:]]
+
+
 def test_the_options_said_to_be_accelerates_are_read_from_its_parser():
     from trl_trapo.jobs.launcher import accelerate_launch_options, launcher_option_hint
 

@@ -173,12 +173,19 @@ def check_job_args(job: Job, job_args: Sequence[str]) -> None:
         ValueError: naming the option, that it is `accelerate launch`'s, and where it goes
             (`trl_trapo.jobs.launcher.launcher_option_hint`).
     """
+    options = accelerate_launch_options()
+    candidates = {
+        i: token.partition("=")
+        for i, token in enumerate(job_args)
+        if token.startswith("--") and token.partition("=")[0][2:].replace("-", "_") in options
+    }
+    if not candidates:  # the common case: the job's parser (a heavy import) is not needed
+        return
     from trl_trapo.jobs.main import known_fields
 
     fields = set(known_fields(importlib.import_module(job.module).make_parser().dataclass_types))
-    for i, token in enumerate(job_args):
-        name, eq, value = token.partition("=")
-        if not name.startswith("--") or name[2:].replace("-", "_") in fields:
+    for i, (name, eq, value) in candidates.items():
+        if name[2:].replace("-", "_") in fields:  # the job's own (`--gradient_accumulation_steps`, `--debug`)
             continue
         following = job_args[i + 1] if i + 1 < len(job_args) and not job_args[i + 1].startswith("--") else None
         hint = launcher_option_hint(name, value if eq else following, program=job.example)
