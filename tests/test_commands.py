@@ -140,8 +140,12 @@ def test_bad_launcher_options_are_one_error(capsys):
         (["--num_processes", "0"], "--num_processes=0: use an integer >= 1"),
         (["--num_machines", "0"], "--num_machines=0: use an integer >= 1"),
         (["--machine_rank", "-1"], "--machine_rank=-1: use an integer >= 0"),
-        (["--main_process_port", "99999"], "--main_process_port=99999: use an integer in 1-65535"),
-        (["--main_process_port", "0"], "--main_process_port=0: use an integer >= 1"),
+        (["--main_process_port", "99999"], "--main_process_port=99999: use an integer in 0-65535"),
+        (["--main_process_port", "-1"], "--main_process_port=-1: use an integer >= 0"),
+        (
+            ["--num_machines", "2", "--main_process_ip", "10.0.0.1", "--main_process_port", "0"],
+            "--main_process_port=0: 0 asks accelerate for a free port, which each of the 2 machines would pick",
+        ),
         # trial 6: accelerate's AssertionError / ValueError tracebacks (T03, T05), or accepted unread (T02, T09, T10)
         (["--num_machines", "2"], "--num_machines=2 needs --main_process_ip (the address of machine 0)"),
         (
@@ -170,6 +174,7 @@ def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, mess
 @pytest.mark.parametrize(
     "argv",
     [
+        ["--main_process_port", "0"],  # accelerate picks a free port (`get_free_port`); was refused (trial 7, P08)
         [
             "--num_machines",
             "2",
@@ -189,6 +194,93 @@ def test_launcher_options_accelerate_would_fail_on_late_are_one_error(argv, mess
 )
 def test_launcher_options_accelerate_takes_still_launch(argv):
     assert launched(["train", *argv]).training_script_args == ["train"]
+
+
+def test_launcher_options_take_accelerates_hyphenated_spelling():
+    """accelerate's parser takes `--num-processes` for `--num_processes`; `trapo` handed it to the job, which refused
+    it."""
+    namespace = launched(["train", "--num-processes", "2", "--main-process-port=29601", "--seed", "3"])
+    assert namespace.num_processes == 2 and namespace.main_process_port == 29601
+    assert namespace.training_script_args == ["train", "--seed", "3"]
+
+
+def write_config(tmp_path, text: str) -> str:
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nuse_cpu: true\n" + text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # trial 7, P06: "`accelerate launch` refused the launch: '>=' not supported between instances of 'str' and
+        # 'int'" -- no key, value or fix
+        (
+            "num_processes: two\n",
+            "num_processes: 'two' is not a whole number, and `accelerate launch` reads it as its --num_processes. "
+            "Fix: write a whole number in digits, without quotes (e.g. `num_processes: 2`)",
+        ),
+        ("main_process_port: '29500'\n", "main_process_port: '29500' is not a whole number, and `accelerate launch`"),
+        ("deepspeed_config:\n  zero_stage: three\n", "deepspeed_config.zero_stage: 'three' is not a whole number"),
+        # checked as the command line's value is: a config's 0 ran one process, a port above 65535 failed late
+        ("num_processes: 0\n", "num_processes: 0: use an integer >= 1, or leave it out."),
+        ("main_process_port: 99999\n", "main_process_port: 99999: use an integer in 0-65535"),
+    ],
+)
+def test_an_accelerate_configs_values_are_checked_as_the_options_are(tmp_path, text, message, capsys):
+    path = write_config(tmp_path, text)
+    assert commands.main(["train", "--config_file", path], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trapo train: error: --config_file={path!r}: {message}"), err
+
+
+def test_an_accelerate_configs_value_gives_way_to_the_option(tmp_path):
+    """accelerate reads the command line's option first, so a config value it overrides is not checked."""
+    path = write_config(tmp_path, "num_processes: 0\nmain_process_port: 29500\n")
+    namespace = launched(["train", "--config_file", path, "--num_processes", "2"])
+    assert namespace.num_processes == 2 and namespace.config_file == path
+
+
+def test_an_empty_accelerate_config_is_named_as_empty(tmp_path, capsys):
+    """An empty file got accelerate's "AttributeError: 'NoneType' object has no attribute 'get'" (trial 7, P02)."""
+    path = tmp_path / "accelerate.yaml"
+    path.write_text("# written later\n")
+    assert commands.main(["train", "--config_file", str(path)], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert f"--config_file={str(path)!r} is empty (or holds only comments)" in err
+    assert f"`accelerate config --config_file {path}`" in err and "NoneType" not in err
+
+
+@pytest.mark.parametrize("launch", [True, False], ids=["launched", "here"])
+def test_an_accelerate_launch_option_trapo_does_not_pass_is_named(launch, capsys):
+    """`--dynamo_backend` was "unknown argument. Did you mean --ddp_backend?", another thing (trial 7, P08). Before a
+    launch the command refuses it; run here, the job's parser does."""
+    argv = ["train", "--max_steps", "2", "--dynamo_backend", "inductor"] + (["--num_processes", "2"] if launch else [])
+    assert commands.main(argv, launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert (
+        "trapo train: error: --dynamo_backend: unknown argument. --dynamo_backend is an option of `accelerate " in err
+    )
+    assert "and `trapo` does not pass it on. Fix: set it in an accelerate config" in err
+    assert "`accelerate launch --dynamo_backend inductor examples/trapo.py ...`" in err
+    assert "Did you mean" not in err
+
+
+def test_an_accelerate_launch_option_that_is_also_the_jobs_stays_the_jobs():
+    # accelerate's DeepSpeed `--gradient_accumulation_steps` and `--debug` are TrainingArguments fields too
+    argv = ["train", "--num_processes", "2", "--gradient_accumulation_steps", "2", "--debug", "underflow_overflow"]
+    assert launched(argv).training_script_args == ["train", *argv[3:]]
+
+
+def test_the_options_said_to_be_accelerates_are_read_from_its_parser():
+    from trl_trapo.jobs.launcher import accelerate_launch_options, launcher_option_hint
+
+    options = accelerate_launch_options()
+    assert {"num_processes", "dynamo_backend", "zero_stage", "fsdp_version"} <= set(options)
+    assert options["num_processes"].type is int and options["multi_gpu"].nargs == 0
+    assert launcher_option_hint("--num-processes", 2).startswith(" --num_processes is an option of the launcher")
+    assert "`trapo` (--multi_gpu)" in launcher_option_hint("multi_gpu")  # takes no value
+    assert launcher_option_hint("learning_rate") == ""
 
 
 def test_fp8_without_its_libraries_is_one_error(capsys):

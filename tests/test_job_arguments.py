@@ -9,7 +9,10 @@ fixed each of these (tests/test_user_errors.py), its siblings had not.
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 
 
 JOBS = {
@@ -237,3 +240,95 @@ def test_an_accelerate_config_given_as_the_recipe_says_where_it_goes(tmp_path, n
     assert f"Fix: pass it as --config_file {path} (or --accelerate_config {path})" in str(e.value)
     assert f"accelerate launch --config_file {path} {program}" in str(e.value)
     assert "correct or remove it" not in str(e.value)
+
+
+# ---- trial 7: launcher keys and nesting in a recipe, the mapping form of --curriculum_mixtures (Y01, Y02, Y05) ----
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        # "unknown key 'num_processes': no argument has this name. Fix: correct or remove it" (Y01)
+        (
+            "num_processes: 2\n",
+            "--num_processes is an option of the launcher (`accelerate launch`), not of the job. Fix: give it to "
+            "`trapo` (--num_processes 2) or `accelerate launch --num_processes 2 examples/trapo.py ...`, or an "
+            "accelerate config",
+        ),
+        ("mixed_precision: 'no'\n", "--mixed_precision is an option of the launcher (`accelerate launch`)"),
+        (
+            "dynamo_backend: inductor\n",
+            "--dynamo_backend is an option of `accelerate launch` (the launcher), not of the job, and `trapo` does not "
+            "pass it on. Fix: set it in an accelerate config",
+        ),
+        # "unknown key 'config' ... Did you mean --fsdp_config?" (Y02)
+        ("config: other.yaml\n", "config: 'other.yaml': recipes do not include other recipes. Fix: copy the other"),
+    ],
+)
+def test_a_recipe_key_of_the_launcher_or_another_recipe_says_where_it_goes(tmp_path, text, said):
+    from trl_trapo.jobs.main import parse_args
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 2\n" + text)
+    with pytest.raises(ValueError) as e:
+        parse_args(["--config", str(recipe), "--output_dir", "unused"])
+    assert said in str(e.value), str(e.value)
+    assert "Did you mean" not in str(e.value) and "correct or remove it" not in str(e.value)
+
+
+PHASES = [{"pretrain": 0.7, "sft": 0.2, "rl": 0.1}, {"pretrain": 0.3, "sft": 0.5, "rl": 0.2}, {"rl": 1.0}]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--curriculum_mixtures", json.dumps(PHASES)],  # docs/seams.md's form, as JSON: argparse's "invalid float"
+        [f"--curriculum_mixtures={json.dumps(PHASES)}"],
+        ["--curriculum-mixtures", *map(json.dumps, PHASES)],  # one object per phase
+    ],
+    ids=["json-list", "equals", "objects"],
+)
+def test_the_mapping_form_of_curriculum_mixtures_is_taken_on_the_command_line(argv):
+    from trl_trapo.jobs.main import parse_args
+
+    _, config, _ = parse_args([*argv, "--output_dir", "unused"])
+    assert config.curriculum_mixtures == PHASES
+
+
+def test_the_mapping_form_of_curriculum_mixtures_is_taken_in_a_recipe(tmp_path):
+    """The recipe check refused a mapping ("has the item {...}, which is dict; a number is needed"), though the
+    config takes it."""
+    from trl_trapo.jobs.main import parse_args
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"curriculum_mixtures": PHASES}))
+    _, config, _ = parse_args(["--config", str(recipe), "--output_dir", "unused"])
+    assert config.curriculum_mixtures == PHASES
+
+
+def test_the_number_form_of_curriculum_mixtures_still_reads_numbers_and_says_both_forms(capsys):
+    from trl_trapo.jobs.main import parse_args
+
+    flat = [0.6, 0.2, 0.2, 0.3, 0.4, 0.3, 0.1, 0.3, 0.6]
+    assert parse_args(["--curriculum_mixtures", *map(str, flat), "--output_dir", "u"])[1].curriculum_mixtures == flat
+    assert parse_args(["--curriculum_mixtures", json.dumps(flat), "--output_dir", "u"])[1].curriculum_mixtures == flat
+    with pytest.raises(SystemExit):
+        parse_args(["--curriculum_mixtures", "[{rl: 1}]", "--output_dir", "unused"])
+    err = capsys.readouterr().err
+    assert "argument --curriculum_mixtures" in err and "'[{rl: 1}]' is not a number, and not JSON" in err
+    assert "give 3 numbers (pretrain sft rl) per phase" in err and "one JSON object objective -> share" in err
+    with pytest.raises(ValueError, match=r"curriculum_mixtures.*give one mapping per phase: 3 phases need 3"):
+        parse_args(["--curriculum_mixtures", '[{"rl": 1.0}]', "--output_dir", "unused"])  # the trial's Y05 value
+
+
+def test_config_given_twice_says_one_recipe_per_run(tmp_path):
+    """The second `--config` was "--config: unknown argument. Did you mean --fsdp_config?" (a sibling of Y02)."""
+    from trl_trapo.jobs.main import parse_args
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text("max_steps: 2\n")
+    second.write_text("seed: 3\n")
+    with pytest.raises(ValueError) as e:
+        parse_args(["--config", str(first), f"--config={second}", "--output_dir", "unused"])
+    assert str(e.value).startswith(f"--config is given 2 times ({str(first)!r}, {str(second)!r}): a run reads one")
+    assert "Did you mean" not in str(e.value)

@@ -29,6 +29,11 @@ ALLOWED_PRIVATE_ACCESS = {
     # transformers' list of the dict fields whose JSON text `TrainingArguments.__post_init__` parses, which every TRL
     # config extends the same way (`_BaseConfig._VALID_DICT_FIELDS + [...]`)
     ("config.py", "_BaseConfig._VALID_DICT_FIELDS"),
+    # argparse's list of a parser's actions, which it has no public accessor for: accelerate's launch parser, read for
+    # its options (their names and types), and the job's parser, whose `--curriculum_mixtures` values get a type that
+    # takes a JSON object too (HfArgumentParser sets a `list[float]` field's type to float)
+    ("launcher.py", "parser._actions"),
+    ("main.py", "parser._actions"),
 }
 
 

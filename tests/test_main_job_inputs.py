@@ -679,3 +679,25 @@ def test_a_reward_that_cannot_score_the_builtin_prompts_is_warned_about(caplog):
         r"numeric_answer_reward returns None \('cannot score'\) for \d of the first 8 built-in", caplog.text
     )
     assert "did you forget --dataset_name" in caplog.text
+
+
+@pytest.mark.parametrize("form", ["folder", "file", "save_to_disk"])
+def test_a_dataset_config_on_local_data_says_local_data_has_only_the_default(tmp_path, form):
+    """`--dataset_config main` (a Hub habit, openai/gsm8k main) on a local folder was "cannot load the dataset
+    (ValueError: BuilderConfig 'main' not found ...). Fix: check the files' format and columns", though the files were
+    fine (trial 7, Y21); on a file or a `save_to_disk` folder it was dropped without a word."""
+    from datasets import Dataset
+
+    folder = tmp_path / "rl"
+    folder.mkdir()
+    rl = write_jsonl(folder / "train.jsonl", rl_rows())
+    given = {"folder": str(folder), "file": rl, "save_to_disk": str(tmp_path / "saved")}[form]
+    if form == "save_to_disk":
+        Dataset.from_list(rl_rows()).save_to_disk(given)
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=given, dataset_config="main")
+    message = str(error.value)
+    assert message.startswith(f"--dataset_name={given!r}: --dataset_config='main'"), message
+    assert "only the 'default' configuration" in message and message.endswith("Fix: drop --dataset_config.")
+    assert "check the files' format" not in message
+    build(tmp_path, dataset_name=given, dataset_config="default")  # what local data has

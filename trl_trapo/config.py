@@ -831,9 +831,11 @@ class TRAPOConfig(_BaseConfig):
         default_factory=lambda: [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6],
         metadata={
             "help": "Target (pretrain, sft, rl) mixture of each phase, flattened: 3 numbers per phase, each triple "
-            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). In Python "
-            "(`TRAPOConfig(curriculum_mixtures=[...])`) it may instead be one mapping objective name -> share per "
-            "phase, which is how objectives added with `TRAPOTrainer(objectives=...)` get a share."
+            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). It may instead be one "
+            "mapping objective name -> share per phase, which is how the teacher's `distill` objective and objectives "
+            "added with `TRAPOTrainer(objectives=...)` get a share: in Python `TRAPOConfig(curriculum_mixtures=[{...}, "
+            "...])`, in a recipe a YAML list of mappings, on the command line a JSON list "
+            """`--curriculum_mixtures '[{"pretrain": 0.5, "sft": 0.3, "rl": 0.1, "distill": 0.1}, ...]'`."""
         },
     )
     curriculum_decay_steps: float = field(

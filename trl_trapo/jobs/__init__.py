@@ -7,4 +7,6 @@
 - `trl_trapo.jobs.vision`: the vision-language job (`trapo vlm`, `examples/trapo_vlm.py`).
 - `trl_trapo.jobs.agent`: the tool-calling agent job (`trapo tools`, `examples/trapo_tools.py`).
 - `trl_trapo.jobs.commands`: the `trapo` command.
+- `trl_trapo.jobs.launcher`: what the jobs and the `trapo` command know about `accelerate launch` (its options, read
+  from its own parser; which of them `trapo` passes on).
 """

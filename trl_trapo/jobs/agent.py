@@ -124,13 +124,15 @@ def make_parser(prog: str | None = None) -> TrlParser:
 
     Abbreviations are refused (`--learning_rat` is an error); `--config recipe.yaml` is read as in TRL's scripts.
     """
+    from .main import take_mixture_mappings
+
     parser = TrlParser(
         (AgentJobArguments, TRAPOConfig),
         allow_abbrev=False,
         usage=f"{prog or 'examples/trapo_tools.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**AGENT_JOB_DEFAULTS)
-    return parser
+    return take_mixture_mappings(parser)
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[AgentJobArguments, TRAPOConfig]:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from trl_trapo.jobs.launcher import ACCELERATE_CONFIG, LAUNCH_OPTIONS, accelerate_launch_options, launcher_option_hint
+
 
 @dataclass(frozen=True)
 class Job:
@@ -78,8 +80,6 @@ JOBS = (
 and `tools` as TRL names the capabilities (its `*_vlm.py` example scripts; `GRPOTrainer(tools=...)`) and as the
 example scripts are named (`trapo_vlm.py`, `trapo_tools.py`)."""
 
-ACCELERATE_CONFIG = "--accelerate_config"  # TRL's name; resolved to accelerate's `--config_file`
-
 
 def build_parser() -> argparse.ArgumentParser:
     """`trapo`'s parser: one sub-command per [`JOBS`] entry, each taking its job's arguments unparsed (the job parses
@@ -109,25 +109,6 @@ MODULE = "trl_trapo.jobs.commands"
 under `python -m trl_trapo.jobs.commands`, a name `python -m` in the launched process cannot find."""
 
 
-LAUNCH_OPTIONS = {
-    ACCELERATE_CONFIG: True,
-    "--num_processes": True,
-    "--config_file": True,
-    "--multi_gpu": False,
-    "--num_machines": True,
-    "--machine_rank": True,
-    "--main_process_ip": True,
-    "--main_process_port": True,
-    "--mixed_precision": True,
-    "--gpu_ids": True,
-}
-"""The options a `trapo` sub-command hands to `accelerate launch` -> whether each takes a value: TRL's
-`--accelerate_config` and the options of `accelerate launch` that say where and on how many processes to run; the rest
-of a launch (DeepSpeed, FSDP, ...) is what the config file says. No argument of the jobs is spelt like one of these.
-Without a GPU, accelerate starts several processes only for a multi-process config (`--multi_gpu`, or
-`--accelerate_config multi_gpu`), and then with `--mixed_precision no`."""
-
-
 def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Separate the launcher's options ([`LAUNCH_OPTIONS`]) from the job's arguments.
 
@@ -135,8 +116,9 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         argv: the arguments after the sub-command.
 
     Returns:
-        `(launch_args, job_args)`: the launcher's options with their values (`--flag=value` spelt `--flag value`), and
-        everything else in its order.
+        `(launch_args, job_args)`: the launcher's options with their values (`--flag=value` spelt `--flag value`,
+        `--num-processes` spelt `--num_processes`, as accelerate's parser takes both), and everything else in its
+        order.
 
     Raises:
         ValueError: a launcher option that takes a value is last, without one.
@@ -147,6 +129,8 @@ def split_launch_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     while i < len(tokens):
         token = tokens[i]
         name, eq, value = token.partition("=")
+        if name.startswith("--"):  # accelerate's parser takes `--num-processes` for `--num_processes` too
+            name = "--" + name[2:].replace("-", "_")
         if name in LAUNCH_OPTIONS:
             launch.append(name)
             if eq:
@@ -167,25 +151,61 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
     `--accelerate_config` resolved to `--config_file`), then `--module trl_trapo.jobs.commands <job> <job_args>`.
 
     Raises:
-        ValueError: from TRL's resolution, for an `--accelerate_config` that is neither a file nor a config TRL ships;
-            from [`check_launch_namespace`].
+        ValueError: from [`check_job_args`]; from TRL's resolution, for an `--accelerate_config` that is neither a
+            file nor a config TRL ships; from [`check_launch_namespace`].
     """
     from accelerate.commands.launch import launch_command_parser
     from trl.cli.accelerate_config import resolve_accelerate_config_argument
 
+    check_job_args(job, job_args)
     resolved = resolve_accelerate_config_argument(list(launch_args))
     namespace = launch_command_parser().parse_args([*resolved, "--module", MODULE, job.name, *job_args])
     check_launch_namespace(namespace)
     return namespace
 
 
-LAUNCH_MINIMUMS = {"num_processes": 1, "num_machines": 1, "machine_rank": 0, "main_process_port": 1}
+def check_job_args(job: Job, job_args: Sequence[str]) -> None:
+    """Refuse, before a launch, an option of `accelerate launch` among the job's arguments that the job does not have
+    and `trapo` does not pass on (`--dynamo_backend`): every launched process would refuse it, each with the message.
+    Run in this process, the job's parser says the same.
+
+    Raises:
+        ValueError: naming the option, that it is `accelerate launch`'s, and where it goes
+            (`trl_trapo.jobs.launcher.launcher_option_hint`).
+    """
+    options = accelerate_launch_options()
+    candidates = {
+        i: token.partition("=")
+        for i, token in enumerate(job_args)
+        if token.startswith("--") and token.partition("=")[0][2:].replace("-", "_") in options
+    }
+    if not candidates:  # the common case: the job's parser (a heavy import) is not needed
+        return
+    from trl_trapo.jobs.main import known_fields
+
+    fields = set(known_fields(importlib.import_module(job.module).make_parser().dataclass_types))
+    for i, (name, eq, value) in candidates.items():
+        if name[2:].replace("-", "_") in fields:  # the job's own (`--gradient_accumulation_steps`, `--debug`)
+            continue
+        following = job_args[i + 1] if i + 1 < len(job_args) and not job_args[i + 1].startswith("--") else None
+        hint = launcher_option_hint(name, value if eq else following, program=job.example)
+        if hint:
+            raise ValueError(f"{name}: unknown argument.{hint}")
+
+
+LAUNCH_MINIMUMS = {"num_processes": 1, "num_machines": 1, "machine_rank": 0, "main_process_port": 0}
 """The smallest value accelerate can use for each numeric launcher option; its parser takes any integer and, for
-`--num_processes 0`, starts one process anyway."""
+`--num_processes 0`, starts one process anyway. `--main_process_port 0` asks accelerate for a free port (its
+`get_free_port`), which only one machine can do: [`check_launch_namespace`] refuses it on several."""
 
 LAUNCH_MAXIMUMS = {"main_process_port": 65535}
 """The largest value accelerate can use for each numeric launcher option: a TCP port above 65535 is accepted by its
 parser and fails inside torch.distributed on several processes."""
+
+CONFIG_SECTIONS = {"fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_"}
+"""Sections of an accelerate config whose keys `accelerate launch` reads as its options with this prefix
+(`dynamo_config: {backend: ...}` is `--dynamo_backend`); the keys of its other sections are options as they are
+(`deepspeed_config: {zero_stage: 3}` is `--zero_stage 3`), as accelerate's `_validate_launch_command` copies them."""
 
 
 HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # `_`: names in /etc/hosts (containers) resolve
@@ -204,36 +224,59 @@ def is_host(value: str) -> bool:
         return 0 < len(value) <= 253 and all(HOST_LABEL.match(label) for label in labels) and not labels[-1].isdigit()
 
 
+def config_file_of(namespace: argparse.Namespace) -> str | None:
+    """The accelerate config file `accelerate launch` will read for `namespace`: `--config_file`, or accelerate's
+    default config file when it exists (`accelerate config` writes it) and `--cpu` is not given; None for neither."""
+    from accelerate.commands.config.config_args import default_config_file
+
+    if namespace.config_file is not None:
+        return namespace.config_file
+    return None if namespace.cpu or not os.path.isfile(default_config_file) else default_config_file
+
+
+def read_mapping(path: str) -> dict | None:
+    """The YAML (or JSON) mapping in the file `path` as written, before accelerate fills in its defaults; None when
+    the file is empty or holds only comments, `{}` when it cannot be read or holds no mapping."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return data if data is None or isinstance(data, dict) else {}
+
+
 def accelerate_config_of(namespace: argparse.Namespace):
-    """The accelerate config `accelerate launch` will read for `namespace`, loaded as it loads it: `--config_file`, or
-    accelerate's default config file when it exists (`accelerate config` writes it) and `--cpu` is not given.
+    """The accelerate config `accelerate launch` will read for `namespace` ([`config_file_of`]), loaded as it loads it.
 
     Returns:
         accelerate's `ClusterConfig` / `SageMakerConfig`, or None when no config file applies.
 
     Raises:
         ValueError: naming `--config_file` and the fix, for a file that is no accelerate config (a training recipe
-            given as `--config_file`: accelerate's "A `distributed_type` must be specified") or that accelerate
-            cannot read.
+            given as `--config_file`: accelerate's "A `distributed_type` must be specified"), that is empty, or that
+            accelerate cannot read.
     """
-    from accelerate.commands.config.config_args import default_config_file, load_config_from_file
+    from accelerate.commands.config.config_args import load_config_from_file
 
     from trl_trapo.jobs.main import ACCELERATE_CONFIG_KEYS
 
-    path = namespace.config_file
-    if path is None and (namespace.cpu or not os.path.isfile(default_config_file)):
+    shown = config_file_of(namespace)
+    if shown is None:
         return None
-    shown = path if path is not None else default_config_file
+    fix = (
+        "Fix: pass a training recipe as --config, and an accelerate config (written by `accelerate config`) as "
+        f"--config_file, or use {ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, zero2, fsdp2, ...)."
+    )
+    if read_mapping(shown) is None:  # accelerate's text would be "'NoneType' object has no attribute 'get'"
+        raise ValueError(
+            f"--config_file={shown!r} is empty (or holds only comments): an accelerate config says at least its "
+            f"`distributed_type`. Fix: write one with `accelerate config --config_file {shown}`, or use "
+            f"{ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, zero2, fsdp2, ...)."
+        )
     try:
-        return load_config_from_file(path)
+        return load_config_from_file(namespace.config_file)
     except Exception as error:  # accelerate's own: ValueError, TypeError (an unknown key), yaml's and json's errors
-        keys = set()
-        try:
-            with open(shown, encoding="utf-8") as handle:
-                data = yaml.safe_load(handle)
-            keys = set(data) if isinstance(data, dict) else set()
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            pass
+        keys = set(read_mapping(shown) or {})
         recipe = ""
         if keys and not keys & ACCELERATE_CONFIG_KEYS:
             recipe = (
@@ -242,10 +285,66 @@ def accelerate_config_of(namespace: argparse.Namespace):
             )
         raise ValueError(
             f"--config_file={shown!r} is not an accelerate config accelerate can read ({type(error).__name__}: "
-            f"{error}).{recipe} Fix: pass a training recipe as --config, and an accelerate config (written by "
-            f"`accelerate config`) as --config_file, or use {ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, "
-            "zero2, fsdp2, ...)."
+            f"{error}).{recipe} {fix}"
         ) from error
+
+
+def config_options(data: dict) -> dict[str, tuple[str, object]]:
+    """The values an accelerate config gives `accelerate launch`'s options, as its `_validate_launch_command` reads
+    them: each top-level key, and each key of a section ([`CONFIG_SECTIONS`] for the prefixed ones).
+
+    Args:
+        data: the config file's mapping, as written ([`read_mapping`]).
+
+    Returns:
+        Option name (`num_processes`, `zero_stage`, `dynamo_backend`, ...) -> `(key, value)`, the key as the file
+        spells it (`deepspeed_config.zero_stage`).
+    """
+    out: dict[str, tuple[str, object]] = {}
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            out[str(key)] = (str(key), value)
+            continue
+        prefix = CONFIG_SECTIONS.get(str(key), "")
+        for inner, item in value.items():
+            name = str(inner) if str(inner).startswith(prefix) else prefix + str(inner)
+            out[name] = (f"{key}.{inner}", item)
+    return out
+
+
+def check_config_values(path: str, data: dict) -> None:
+    """Refuse a value of the accelerate config `path` that `accelerate launch` would take as it is, where its parser
+    converts the command-line option (`num_processes: two` reached its `>=` as text: "'>=' not supported between
+    instances of 'str' and 'int'").
+
+    Args:
+        path: the config file, for the message.
+        data: its mapping, as written ([`read_mapping`]).
+
+    Raises:
+        ValueError: naming the file, the key, the value and the fix, for a value of a numeric option (`type=int` or
+            `type=float` in accelerate's launch parser) that is not a number.
+    """
+    actions = accelerate_launch_options()
+    for name, (key, value) in config_options(data).items():
+        kind = getattr(actions.get(name), "type", None)
+        if kind not in (int, float) or value is None:
+            continue
+        numbers = (int,) if kind is int else (int, float)
+        if isinstance(value, numbers) and not isinstance(value, bool):
+            continue
+        need = "a whole number" if kind is int else "a number"
+        example = {"main_process_port": 29500}.get(name, 2 if kind is int else 1.0)
+        try:
+            kind(value)
+            text = " It is text (quoted): accelerate does not convert a config's values."
+        except (TypeError, ValueError):
+            text = ""
+        raise ValueError(
+            f"--config_file={path!r}: {key}: {value!r} is not {need}, and `accelerate launch` reads it as its "
+            f"--{name}.{text} Fix: write {need} in digits, without quotes (e.g. `{key.rsplit('.', 1)[-1]}: "
+            f"{example}`), or give --{name} on the command line."
+        )
 
 
 def check_launch_namespace(namespace: argparse.Namespace) -> None:
@@ -253,11 +352,13 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
     accelerate reads them: each option on the command line, else the accelerate config's value.
 
     Raises:
-        ValueError: naming the option, the value and the fix, when `--config_file` names no file (accelerate raises
-            `FileNotFoundError` inside the launch) or no accelerate config (see [`accelerate_config_of`]); a numeric
-            option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process) or above
-            [`LAUNCH_MAXIMUMS`] (`--main_process_port 99999`); `--machine_rank` is not below `--num_machines` (a
-            rank no launch has); several machines without `--main_process_ip` (accelerate's `AssertionError`);
+        ValueError: naming the option (or the config file and its key), the value and the fix, when `--config_file`
+            names no file (accelerate raises `FileNotFoundError` inside the launch) or no accelerate config (see
+            [`accelerate_config_of`]); a config value of a numeric option is not a number ([`check_config_values`]);
+            a numeric option is below [`LAUNCH_MINIMUMS`] (`--num_processes 0` would run one process) or above
+            [`LAUNCH_MAXIMUMS`] (`--main_process_port 99999`); `--main_process_port 0` (a free port) on several
+            machines, where each would pick its own; `--machine_rank` is not below `--num_machines` (a rank no
+            launch has); several machines without `--main_process_ip` (accelerate's `AssertionError`);
             `--main_process_ip` is neither an IP address nor a host name; `--gpu_ids` is not `all` or a
             comma-separated list of GPU indices (or UUIDs), which accelerate copies into `CUDA_VISIBLE_DEVICES`
             unread; `--mixed_precision fp8` without Transformer Engine or torchao (accelerate's `RuntimeError`).
@@ -269,47 +370,62 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
             f"--config_file={config_file!r}: {what}. Fix: give an accelerate config file (written by `accelerate "
             f"config`), or use {ACCELERATE_CONFIG} with a config TRL ships (multi_gpu, zero2, fsdp2, ...)."
         )
-    for name, minimum in LAUNCH_MINIMUMS.items():
-        value = getattr(namespace, name, None)
-        if value is not None and value < minimum:
-            raise ValueError(f"--{name}={value}: use an integer >= {minimum}, or leave it out.")
-    for name, maximum in LAUNCH_MAXIMUMS.items():
-        value = getattr(namespace, name, None)
-        if value is not None and value > maximum:
-            raise ValueError(
-                f"--{name}={value}: use an integer in {LAUNCH_MINIMUMS[name]}-{maximum}, or leave it out."
-            )
     config = accelerate_config_of(namespace)
+    path = config_file_of(namespace)
+    written = config_options(read_mapping(path) or {}) if config is not None and path is not None else {}
+    if written:
+        check_config_values(path, read_mapping(path) or {})
 
-    def value_of(name: str, default=None):
+    def value_of(name: str):
+        """The value `accelerate launch` uses for the option `name` (the command line's, else the config file's as
+        written) and how the message names it."""
         given = getattr(namespace, name, None)
-        return given if given is not None else getattr(config, name, None) if config is not None else default
+        if given is not None:
+            return given, f"--{name}={given}"
+        if name in written:
+            key, value = written[name]
+            return value, f"--config_file={path!r}: {key}: {value}"
+        return None, f"--{name}"
 
-    num_machines, machine_rank = value_of("num_machines") or 1, value_of("machine_rank") or 0
+    for name, minimum in LAUNCH_MINIMUMS.items():
+        value, shown = value_of(name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{shown}: use an integer >= {minimum}, or leave it out.")
+    for name, maximum in LAUNCH_MAXIMUMS.items():
+        value, shown = value_of(name)
+        if value is not None and value > maximum:
+            raise ValueError(f"{shown}: use an integer in {LAUNCH_MINIMUMS[name]}-{maximum}, or leave it out.")
+    num_machines, machine_rank = value_of("num_machines")[0] or 1, value_of("machine_rank")[0] or 0
     if machine_rank >= num_machines:
         raise ValueError(
             f"--machine_rank={machine_rank}: must be < --num_machines ({num_machines}): machines are numbered 0 to "
             f"{num_machines - 1}. Fix: leave --machine_rank out on one machine; on several, give each its own rank."
         )
-    main_process_ip = value_of("main_process_ip")
+    main_process_ip = value_of("main_process_ip")[0]
     if num_machines > 1 and not main_process_ip:
         raise ValueError(
             f"--num_machines={num_machines} needs --main_process_ip (the address of machine 0) and --main_process_port"
             ", with --machine_rank on each machine (0 to num_machines - 1). Fix: give them, or leave --num_machines out "
             "to run on this machine."
         )
+    port, shown = value_of("main_process_port")
+    if num_machines > 1 and port == 0:
+        raise ValueError(
+            f"{shown}: 0 asks accelerate for a free port, which each of the {num_machines} machines would pick on its "
+            "own, so they would not meet. Fix: give every machine the same port (e.g. 29500)."
+        )
     if main_process_ip is not None and not is_host(str(main_process_ip)):
         raise ValueError(
             f"--main_process_ip={main_process_ip!r} is neither an IP address nor a host name. Fix: give the address of "
             "machine 0 (e.g. 10.0.0.1 or node0), or leave it out on one machine."
         )
-    gpu_ids = value_of("gpu_ids")
+    gpu_ids = value_of("gpu_ids")[0]
     if gpu_ids is not None and str(gpu_ids) != "all" and not all(GPU_ID.match(i) for i in str(gpu_ids).split(",")):
         raise ValueError(
             f"--gpu_ids={gpu_ids!r}: give GPU indices separated by commas (e.g. 0,1), or all. accelerate copies the "
             "value into CUDA_VISIBLE_DEVICES without reading it."
         )
-    mixed_precision = value_of("mixed_precision")
+    mixed_precision = value_of("mixed_precision")[0]
     if str(mixed_precision).lower() == "fp8":
         from accelerate.utils import is_fp8_available
 

@@ -44,6 +44,7 @@ headline metrics before -> after, wall time.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import functools
@@ -69,10 +70,11 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import GRPO_ONLY_FIXES, foreign_fields
+from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, foreign_fields
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
@@ -277,7 +279,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
         Abbreviations are refused (`allow_abbrev=False`): `--learning_rat` is an error, not `--learning_rate`.
     """
     builtin = ", ".join(f"{k}={v}" for k, v in BUILTIN_DEFAULTS.items() if k not in ("report_to", "output_dir"))
-    return TrlParser(
+    parser = TrlParser(
         (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
         allow_abbrev=False,
         usage=f"{prog or MAIN_PROGRAM} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
@@ -288,6 +290,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
             "built-in tiny task suite and, for what you do not set, uses these instead: " + builtin + "."
         ),
     )
+    return take_mixture_mappings(parser)
 
 
 JOB_CLASSES = (TRAPOScriptArguments, TRAPOConfig, ModelConfig)
@@ -347,22 +350,26 @@ def trl_only_fields() -> dict[str, str]:
     return found
 
 
-def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
+def did_you_mean(name: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM, value: object = None) -> str:
     """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones;
     for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement; for an argument
     of the main job given to another job (the built-in `vlm` and `tools` jobs), which job has it and where the user's
     own model and data go (the job's arguments class's `own_data` text); for a field of TRL's `SFTConfig` /
-    `GRPOConfig` that the job lacks, that it is TRL's and what to use ([`TRL_ARGUMENT_FIXES`]).
+    `GRPOConfig` that the job lacks, that it is TRL's and what to use ([`TRL_ARGUMENT_FIXES`]); for an option of
+    `accelerate launch` (`--num_processes`, `--dynamo_backend`, ...), that it is the launcher's and where it goes
+    (`trl_trapo.jobs.launcher.launcher_option_hint`; the closest job argument, e.g. `--ddp_backend`, is another thing).
 
     Args:
         name: the unknown name, with or without leading dashes; hyphens count as underscores.
         classes: the parser's argument dataclasses (default: the main job's).
+        program: the job's example script, which the launcher's fix names.
+        value: the value given with it, which the launcher's fix shows (None: unknown).
 
     Returns:
         `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
         ..."`, `" --x is an argument of the main job ... Fix: ..."`, `" --x is TRL SFTConfig's argument ... Fix:
-        ..."`, `" --x is TRL 0.x PPOConfig's argument ... Fix: ..."` (`config.foreign_fields`; the last three say
-        their own fix), or `""` when nothing is close.
+        ..."`, `" --x is an option of ... accelerate launch ... Fix: ..."`, `" --x is TRL 0.x PPOConfig's argument
+        ... Fix: ..."` (`config.foreign_fields`; the last four say their own fix), or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
@@ -383,6 +390,8 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES) -> str:
             else "drop it; TRAPO has no field of that name (the SFT objective's settings are the sft_* arguments)"
         )
         return f" --{name} is TRL {owner}'s argument, which this job does not have. Fix: {fix}."
+    if name not in known and launcher_option_hint(name, value, program):
+        return launcher_option_hint(name, value, program)
     matches = [k for k in known if k.startswith(name)][:3]  # an abbreviation of this job's flags first
     if not matches and name not in known:
         for _, source, fix in foreign_fields([name]):  # TRL 0.x PPOConfig's fields (and older SFTConfigs')
@@ -414,6 +423,61 @@ def optional_bool_fields(classes: tuple = JOB_CLASSES) -> set[str]:
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
+MIXTURE_FLAGS = ("--curriculum_mixtures", "--curriculum-mixtures")
+MIXTURE_FORMS = (
+    "give 3 numbers (pretrain sft rl) per phase, e.g. --curriculum_mixtures 0.7 0.2 0.1 0.3 0.5 0.2 0.1 0.3 0.6, or "
+    "one JSON object objective -> share per phase, e.g. --curriculum_mixtures "
+    '\'[{"pretrain": 0.7, "sft": 0.2, "rl": 0.1}, {"pretrain": 0.3, "sft": 0.5, "rl": 0.2}, '
+    '{"pretrain": 0.1, "sft": 0.3, "rl": 0.6}]\''
+)
+"""The two forms `--curriculum_mixtures` takes on the command line, for its messages."""
+
+
+def mixture_item(text: str) -> float | dict:
+    """One value of `--curriculum_mixtures` on the command line: a number (the three-number form) or a JSON object
+    objective name -> share (one phase of the mapping form `TRAPOConfig.curriculum_mixtures` takes, as in Python);
+    `normalize_argv` spells a JSON list of them as one value each. `TRAPOConfig` checks the shares.
+
+    Raises:
+        argparse.ArgumentTypeError: for text that is neither, naming both forms (argparse's "invalid float value").
+    """
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        value, problem = None, f"not a number, and not JSON ({error})"
+    else:
+        problem = "a JSON value that is neither a number nor an object"
+    if isinstance(value, dict):
+        return value
+    raise argparse.ArgumentTypeError(f"{text!r} is {problem}. Fix: {MIXTURE_FORMS}.")
+
+
+def take_mixture_mappings(parser: TrlParser) -> TrlParser:
+    """`parser` with `--curriculum_mixtures` taking the mapping form too ([`mixture_item`]): `HfArgumentParser`
+    types the `list[float]` field's values as floats, while `TRAPOConfig` also takes one mapping per phase (its
+    `ACCEPTED_TYPES`), the only way to give an added objective (e.g. `distill`) its own share."""
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+        if action.dest == "curriculum_mixtures":
+            action.type = mixture_item
+    return parser
+
+
+def json_list_items(text: str) -> list[str]:
+    """The items of the JSON list `text`, one command-line value each (objects as JSON, numbers as text); `[text]`
+    when it is no JSON list (then [`mixture_item`] says what is wrong)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return [text]
+    if not isinstance(value, list):
+        return [text]
+    return [json.dumps(item) if isinstance(item, (dict, list)) else str(item) for item in value]
+
+
 def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
     """`argv` in the forms the parser reads as the user meant them.
 
@@ -422,6 +486,8 @@ def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
        `bool` flag (`--fp16`) does (see `optional_bool_fields`).
     3. A negative number after a flag is joined to it (`--learning_rate -1e-3` -> `--learning_rate=-1e-3`), so
        argparse does not take the exponent form for an option.
+    4. A JSON list given to `--curriculum_mixtures` (`'[{"rl": 1.0}, ...]'`, the mapping form docs/seams.md shows)
+       is spelt as one value per item, as argparse reads a list ([`mixture_item`] reads each).
 
     Args:
         argv: command-line arguments, without the program name.
@@ -436,8 +502,14 @@ def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
     while i < len(argv):
         token = argv[i]
         following = argv[i + 1] if i + 1 < len(argv) else None
+        name, eq, value = token.partition("=")
         if token.startswith("--config="):
             out += ["--config", token.split("=", 1)[1]]
+        elif name in MIXTURE_FLAGS and eq and value.lstrip().startswith("["):
+            out += [name, *json_list_items(value)]
+        elif token in MIXTURE_FLAGS and following is not None and following.lstrip().startswith("["):
+            out += [token, *json_list_items(following)]
+            i += 1
         elif token in flags and (following is None or following.startswith("-")):
             out.append(f"{token}=true")
         elif token.startswith("--") and "=" not in token and following and NEGATIVE_NUMBER.match(following):
@@ -516,8 +588,18 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
     known = set(known_fields(classes)) | {"env"}
     kinds = field_types(classes)
     for key, value in config.items():
+        if key == "config":  # `config: other.yaml` was "Did you mean --fsdp_config?"
+            raise ValueError(
+                f"--config={path!r}: config: {value!r}: recipes do not include other recipes. Fix: copy the other "
+                "recipe's keys into this one (the command line's own --config takes one recipe; flags after it "
+                "override its keys)."
+            )
         if key not in known:
-            hint = accelerate_config_hint(path, config, program) or did_you_mean(str(key), classes)
+            hint = (
+                accelerate_config_hint(path, config, program)
+                or launcher_option_hint(str(key), value, program)
+                or did_you_mean(str(key), classes, program)
+            )
             raise ValueError(
                 f"--config={path!r}: unknown key {key!r}: no argument has this name.{hint}"
                 + (
@@ -596,12 +678,14 @@ def is_text_list(kind) -> bool:
 
 
 def field_types(classes: tuple = JOB_CLASSES) -> dict[str, object]:
-    """Argument name -> its annotated type, for the fields of `classes` (default: the main job's dataclasses)."""
+    """Argument name -> its type, for the fields of `classes` (default: the main job's dataclasses): the annotated
+    one, or what the field takes besides (`config.ACCEPTED_TYPES`: `curriculum_mixtures` takes one mapping per phase
+    too, in a `--config` recipe as on the command line)."""
     kinds: dict[str, object] = {}
     for cls in classes:
         hints = typing.get_type_hints(cls)
         kinds.update({f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init})
-    return kinds
+    return kinds | {name: kind for name, kind in ACCEPTED_TYPES.items() if name in kinds}
 
 
 def config_value_problem(value, kind) -> str | None:
@@ -665,10 +749,17 @@ def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = M
         `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
 
     Raises:
-        ValueError: if `--config` has no value, or as `read_config_file`.
+        ValueError: if `--config` has no value or is given more than once, or as `read_config_file`.
     """
     if "--config" not in argv:
         return {}, list(argv)
+    given = [argv[j + 1] for j, token in enumerate(argv[:-1]) if token == "--config"]
+    if len(given) > 1:  # the second was "--config: unknown argument. Did you mean --fsdp_config?"
+        raise ValueError(
+            f"--config is given {len(given)} times ({', '.join(map(repr, given))}): a run reads one recipe, and "
+            "recipes do not include other recipes. Fix: copy the keys of the others into one recipe, or give them as "
+            "flags after --config (flags override the recipe's keys)."
+        )
     i = argv.index("--config")
     if i + 1 >= len(argv):
         raise ValueError("--config needs a value: the path of a YAML recipe.")
@@ -701,10 +792,11 @@ def given_arguments(
     parser = (parser_factory or make_parser)()
     parser.set_defaults(**dict.fromkeys(known_fields(classes), NOT_GIVEN))  # non-string sentinel: argparse keeps it
     namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
-    for token in unknown:
-        flag = token.split("=", 1)[0]
+    for i, token in enumerate(unknown):
+        flag, eq, value = token.partition("=")
         if flag.startswith("-"):
-            hint = did_you_mean(flag, classes)
+            following = unknown[i + 1] if i + 1 < len(unknown) and not unknown[i + 1].startswith("-") else None
+            hint = did_you_mean(flag, classes, program, value if eq else following)
             raise ValueError(
                 f"{flag}: unknown argument.{hint}"
                 + (
@@ -1129,6 +1221,15 @@ def load_splits(
     """
     path = os.path.expanduser(name)
     where = f"{arg}={name!r}"
+    saved = os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "dataset_dict.json", "state.json")
+    )
+    if config not in (None, "default") and (os.path.isfile(path) or saved):  # read without it: it would be dropped
+        option, what = config_argument(arg), "a local file" if os.path.isfile(path) else "a `save_to_disk` directory"
+        raise ValueError(
+            f"{where}: {option}={config!r}, but {what} has only the 'default' configuration ({option} picks a Hub "
+            f"dataset's configuration, e.g. `--dataset_name openai/gsm8k --dataset_config main`). Fix: drop {option}."
+        )
     if os.path.isfile(path):
         extension = path.rsplit(".", 1)[-1].lower() if "." in os.path.basename(path) else ""
         builder = FILE_BUILDERS.get(extension)
@@ -1144,9 +1245,7 @@ def load_splits(
             return _load(where, builder, None, streaming, data_files=path, split=split)
 
         return DatasetSplits(name, arg, {"train": reload("train")}, single=True, reload=reload)
-    if os.path.isdir(path) and any(
-        os.path.isfile(os.path.join(path, f)) for f in ("dataset_info.json", "dataset_dict.json", "state.json")
-    ):  # `save_to_disk` output
+    if saved:  # `save_to_disk` output
         try:
             loaded = load_from_disk(path)
         except Exception as error:
@@ -1169,6 +1268,12 @@ def load_splits(
     return DatasetSplits(name, arg, dict(_load(where, source, config, streaming, hint=hint)), False, reload)
 
 
+def config_argument(arg: str) -> str:
+    """The argument that names the configuration of the dataset `arg` names (`--dataset_name` ->
+    `--dataset_config`)."""
+    return arg.removesuffix("_name") + "_config"
+
+
 def _load(where: str, path: str, config: str | None, streaming: bool, hint: str = "", **kwargs):
     """`datasets.load_dataset(path, config, ...)` with its errors turned into a `ValueError` that names `where`."""
     try:
@@ -1180,6 +1285,14 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
         if "corresponds to no data" in message:  # e.g. a CSV file with a header line only
             raise ValueError(f"{where}: a data file has no rows. Fix: point at data with rows.") from error
         local = kwargs.get("data_files") or path
+        if config is not None and os.path.isdir(path) and re.search(r"BuilderConfig .* not found", message):
+            option = config_argument(where.split("=", 1)[0])
+            raise ValueError(  # was "check the files' format and columns": the files are fine (trial 7, Y21)
+                f"{where}: {option}={config!r} is no configuration of this local folder ({message}): a folder has "
+                f"only the 'default' configuration, unless its README.md declares others; {option} picks a Hub "
+                f"dataset's configuration (e.g. `--dataset_name openai/gsm8k --dataset_config main`). Fix: drop "
+                f"{option}."
+            ) from error
         causes, cause = [], error
         while cause is not None and len(causes) < 20:  # datasets wraps the reader's error in DatasetGenerationError
             causes.append(cause)

@@ -141,13 +141,15 @@ class VisionJobArguments:
 
 def make_parser(prog: str | None = None) -> TrlParser:
     """The job's parser over `(VisionJobArguments, TRAPOConfig)`, with `VLM_JOB_DEFAULTS` as defaults."""
+    from .main import take_mixture_mappings
+
     parser = TrlParser(
         (VisionJobArguments, TRAPOConfig),
         allow_abbrev=False,
         usage=f"{prog or 'examples/trapo_vlm.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**VLM_JOB_DEFAULTS)
-    return parser
+    return take_mixture_mappings(parser)
 
 
 def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[VisionJobArguments, TRAPOConfig]:
