@@ -434,7 +434,24 @@ def fitting_checkpoints(tmp_path_factory):
             processing_class=tokenizer,
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         ).train()
-    return {"full": str(root / "full" / "checkpoint-1"), "lora": str(root / "lora" / "checkpoint-1"), "suite": suite}
+    # `async`: `full` as an async_rollouts run writes it: its rank0.json holds the producer's rounds in flight (the
+    # check reads only whether that entry is there; the marker's hash is renewed so the copy is complete)
+    held = root / "async" / "checkpoint-1"
+    shutil.copytree(root / "full" / "checkpoint-1", held)
+    state_path = held / "trapo" / "rank0.json"
+    state = json.loads(state_path.read_text())
+    state["rollout_source"] = {"next_index": 1, "dropped_total": 0, "pending": []}
+    state_path.write_text(json.dumps(state))
+    marker_path = held / "trapo" / "rank0.complete.json"
+    marker = json.loads(marker_path.read_text())
+    marker["files"]["trapo/rank0.json"] = checkpoint_module.sha256_file(str(state_path))
+    marker_path.write_text(json.dumps(marker))
+    return {
+        "full": str(root / "full" / "checkpoint-1"),
+        "lora": str(root / "lora" / "checkpoint-1"),
+        "async": str(held),
+        "suite": suite,
+    }
 
 
 FIT_CASES = {
@@ -455,6 +472,21 @@ FIT_CASES = {
         {"peft": 8},
         "is of another model: r 4 in its adapter_config.json, 8",
         "LoRA settings",
+    ),
+    # trial 7's Y06: refused by the source's restore in train(), after the CLI's initial evaluation
+    "sync-into-async": (
+        "full",
+        {"async_rollouts": True},
+        "was written by a run without asynchronous rollouts (its trapo/rank0.json holds no producer's rounds in "
+        "flight), but this run has async_rollouts=True",
+        "Fix: drop async_rollouts (--async_rollouts) to resume this checkpoint, or start a new run from its weights",
+    ),
+    # its converse: the rounds in flight were dropped without a word
+    "async-into-sync": (
+        "async",
+        {},
+        "holds a rollout source's state (the asynchronous producer's rounds in flight",
+        "Fix: set async_rollouts=True (--async_rollouts) to resume this checkpoint, or start a new run from its",
     ),
 }
 
@@ -488,6 +520,8 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
         LoraConfig(r=change["peft"], lora_alpha=8, target_modules=["q_proj", "v_proj"]) if "peft" in change else None
     )
     resume = {"resume_from_checkpoint": checkpoint} if when == "construction" else {}
+    if "async_rollouts" in change:
+        resume["async_rollouts"] = change["async_rollouts"]
 
     def build():
         return TRAPOTrainer(

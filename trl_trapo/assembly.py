@@ -151,6 +151,9 @@ class RunChecks:
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
             SHA-256 was verified and it fits the run; None when the run does not resume from a path.
+        rollout_state (`bool`, *optional*): whether the run's rollout source keeps state in checkpoints (True with
+            `async_rollouts`, False for the other built-in sources, None for a `rollout_source` of the user's, which
+            checks its own): what a checkpoint to resume must hold (`checkpoint.check_checkpoint_rollouts`).
         datasets_summary (`dict`): what checkpoints record of the datasets (`checkpoint.datasets_summary`).
         thread_choice ([`~trl_trapo.threads.ThreadChoice`]): torch's CPU threads for this process and its producers.
     """
@@ -159,6 +162,7 @@ class RunChecks:
     train_dataset: Dataset | None
     own_source: bool
     verified_checkpoint: str | None
+    rollout_state: bool | None
     datasets_summary: dict
     thread_choice: ThreadChoice
 
@@ -223,16 +227,18 @@ def check_run(
     summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation
     verified_checkpoint = None
+    rollout_state = True if args.async_rollouts else (None if rollout_source is not None else False)
     if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
         verify_checkpoint(args.resume_from_checkpoint, args.world_size)
         check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
-        # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
+        # and that it fits this run: LoRA adapter vs full weights, the datasets, the rollout source's state (the
+        # model: once it is built)
         adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
-        check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary)
+        check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary, rollout_state=rollout_state)
         verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
-    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, summary, thread_choice)
+    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
 
 
 def check_agent(

@@ -266,6 +266,7 @@ class TRAPOTrainer(_BaseTrainer):
         models, checked = run.models, run.checked
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
         self._datasets_summary = checked.datasets_summary  # to refuse resuming with other datasets
+        self._rollout_state = checked.rollout_state  # and a checkpoint whose rollout source's state does not fit
         self.thread_choice = checked.thread_choice
         # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
@@ -790,7 +791,13 @@ class TRAPOTrainer(_BaseTrainer):
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
                 policy = self._unwrapped_policy()
-                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
+                check_checkpoint_fits(
+                    resume_from_checkpoint,
+                    is_peft_model(policy),
+                    self._datasets_summary,
+                    policy,
+                    rollout_state=self._rollout_state,
+                )
             check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
             if self.accelerator.is_main_process:  # a new learning rate would not be used, without a word (trial 6)
                 warn_settings_restored(resume_from_checkpoint, self.args)
