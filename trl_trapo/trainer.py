@@ -759,8 +759,9 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
                 one neither resumes from one of them nor has `overwrite_output_dir=True` (see
                 [`~trl_trapo.saving.check_earlier_checkpoints`]).
-            CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
-                `resume_from_checkpoint=True` finds no complete checkpoint.
+            CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, does not
+                fit the run (`checkpoint.check_checkpoint_fits`: weights, model, datasets, `async_rollouts`), or if
+                `resume_from_checkpoint=True` finds no complete checkpoint; before any step.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
