@@ -545,6 +545,43 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
     assert not (tmp_path / "out" / "checkpoint-1").exists()  # no step was trained
 
 
+def test_a_checkpoint_of_other_objectives_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path):
+    """A checkpoint resumed with an objective its run did not have was refused only in `train()` (after the CLI's
+    initial evaluation; the sibling of trial 7's Y06): now when the trainer is built, before the model is loaded (a
+    model path that does not exist is not reached)."""
+    from conftest import make_tiny_config
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.collator import Row
+    from trl_trapo.objectives import Objective, TermOutput
+
+    class Extra(Objective):
+        def take(self, n, step):
+            ids = torch.arange(4, 14)
+            return [Row(self.index, ids, torch.ones(ids.numel() - 1)) for _ in range(n)]
+
+        def loss(self, term):
+            loss = -(term.per_token_logps * term.mask).sum()
+            return TermOutput(loss, loss.detach(), logp_coef=-term.mask)
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread(), pytest.raises(CheckpointError) as error:
+        TRAPOTrainer(
+            str(tmp_path / "no-such-model"),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path / "out"), max_steps=2, resume_from_checkpoint=checkpoint),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            objectives=[Extra("extra")],
+        )
+    message = str(error.value)
+    assert "the checkpoint was written by a run with other objectives (this run adds ['extra'] and lacks none)" in (
+        message
+    )
+    assert "start a new run from its weights" in message
+
+
 def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
     """The same run resumes its own checkpoint (the checks refuse only what does not fit)."""
     from conftest import make_tiny_config
@@ -567,6 +604,30 @@ def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         )
         trainer.train(resume_from_checkpoint=fitting_checkpoints["lora"])
+    assert trainer.state.global_step == 2
+
+
+def test_a_model_given_by_path_resumes(fitting_checkpoints, tmp_path):
+    """`model=` a path (the CLI's `--model_name_or_path` with a real model) with `resume_from_checkpoint` failed at
+    construction with accelerate's "'str' object has no attribute '_modules'": the LoRA check asked `is_peft_model`
+    of the path. A path is loaded later (as full weights, or a PEFT model with a peft_config)."""
+    from conftest import make_tiny_config
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread():
+        trainer = TRAPOTrainer(
+            checkpoint,
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path), max_steps=2, resume_from_checkpoint=checkpoint),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            processing_class=build_char_tokenizer(),
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
     assert trainer.state.global_step == 2
 
 

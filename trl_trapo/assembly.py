@@ -45,7 +45,14 @@ from .callbacks import (
     SyncReferenceCallback,
     WeightSnapshotCallback,
 )
-from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
+from .checkpoint import (
+    STATE_DIR,
+    check_checkpoint_fits,
+    check_checkpoint_step,
+    datasets_summary,
+    read_state_file,
+    verify_checkpoint,
+)
 from .collator import RowAllocator, plan_steps
 from .config import TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
@@ -89,8 +96,10 @@ from .objectives import (
     PretrainingObjective,
     RLObjective,
     SFTObjective,
+    check_checkpoint_objectives,
     check_objectives,
     check_state_dict,
+    objective_names,
     objective_slots,
     planning_rows,
     setup_objective,
@@ -175,15 +184,18 @@ def check_run(
     rollout_source: RolloutSource | None,
     rollout_func: Callable | None,
     environment_factory: Callable | dict[str, Callable] | None,
+    objectives: list[Objective] | None = None,
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, every
     argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
     datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
-    from (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads.
-    `arguments` also gives `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `callbacks` and
-    `optimizers` to the checks that read them; `datasets` holds the trainer's dataset arguments by name
-    (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed).
+    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
+    objectives; `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`,
+    `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read
+    them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`,
+    `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed); `objectives` is the trainer's
+    `objectives=` (their names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -233,8 +245,16 @@ def check_run(
         check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
         # and that it fits this run: LoRA adapter vs full weights, the datasets, the rollout source's state (the
         # model: once it is built)
-        adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
+        model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
+        adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
         check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary, rollout_state=rollout_state)
+        if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
+            with_teacher = arguments.get("teacher_model") is not None or bool(args.teacher_model_name_or_path)
+            extra = [getattr(o, "name", None) for o in objectives]
+            state = read_state_file(args.resume_from_checkpoint, "rank0.json")
+            if state is not None and all(isinstance(name, str) for name in extra):
+                source = os.path.join(args.resume_from_checkpoint, STATE_DIR, "rank0.json")
+                check_checkpoint_objectives(objective_names(with_teacher, extra), state, source)
         verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
