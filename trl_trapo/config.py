@@ -32,8 +32,8 @@ import torch
 import transformers
 from trl.trainer.base_config import _BaseConfig
 
-from .sampler_correction import CorrectionMode, bounds_problem
 from . import threads
+from .sampler_correction import CorrectionMode, bounds_problem
 from .tool_schemas import row_tool_names
 
 
