@@ -238,27 +238,47 @@ def check_run(
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation
-    verified_checkpoint = None
     rollout_state = True if args.async_rollouts else (None if rollout_source is not None else False)
-    if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
-        verify_checkpoint(args.resume_from_checkpoint, args.world_size)
-        check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
-        # and that it fits this run: LoRA adapter vs full weights, the datasets, the rollout source's state (the
-        # model: once it is built)
-        model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
-        adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
-        check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary, rollout_state=rollout_state)
-        if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
-            with_teacher = arguments.get("teacher_model") is not None or bool(args.teacher_model_name_or_path)
-            extra = [getattr(o, "name", None) for o in objectives]
-            state = read_state_file(args.resume_from_checkpoint, "rank0.json")
-            if state is not None and all(isinstance(name, str) for name in extra):
-                source = os.path.join(args.resume_from_checkpoint, STATE_DIR, "rank0.json")
-                check_checkpoint_objectives(objective_names(with_teacher, extra), state, source)
-        verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
+    verified_checkpoint = check_resume(args, arguments, summary, rollout_state, objectives)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
     return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
+
+
+def check_resume(
+    args: TRAPOConfig,
+    arguments: dict[str, Any],
+    summary: dict,
+    rollout_state: bool | None,
+    objectives: list[Objective] | None,
+) -> str | None:
+    """Verify `args.resume_from_checkpoint` (every file's SHA-256) and check that it fits the run, before anything
+    slow loads: a step below `max_steps`; LoRA adapter vs full weights, the datasets (`summary`), the rollout
+    source's state (`rollout_state`, see `checkpoint.check_checkpoint_rollouts`); the objectives' names (the model:
+    once it is built, `load_models`).
+
+    Returns:
+        The checkpoint's absolute path, or None when the run does not resume from a path.
+
+    Raises:
+        CheckpointError: from the check that failed, naming the checkpoint and the fix.
+    """
+    checkpoint = args.resume_from_checkpoint
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        return None
+    verify_checkpoint(checkpoint, args.world_size)
+    check_checkpoint_step(checkpoint, args.max_steps)  # past max_steps: nothing to train
+    model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
+    adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state)
+    if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
+        with_teacher = arguments.get("teacher_model") is not None or bool(args.teacher_model_name_or_path)
+        extra = [getattr(o, "name", None) for o in objectives]
+        state = read_state_file(checkpoint, "rank0.json")
+        if state is not None and all(isinstance(name, str) for name in extra):
+            source = os.path.join(checkpoint, STATE_DIR, "rank0.json")
+            check_checkpoint_objectives(objective_names(with_teacher, extra), state, source)
+    return os.path.abspath(checkpoint)
 
 
 def check_agent(
