@@ -545,10 +545,11 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
     assert not (tmp_path / "out" / "checkpoint-1").exists()  # no step was trained
 
 
-def test_a_checkpoint_of_other_objectives_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path):
-    """A checkpoint resumed with an objective its run did not have was refused only in `train()` (after the CLI's
-    initial evaluation; the sibling of trial 7's Y06): now when the trainer is built, before the model is loaded (a
-    model path that does not exist is not reached)."""
+@pytest.mark.parametrize("added", ["extra", "distill"])
+def test_a_checkpoint_of_other_objectives_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path, added):
+    """A checkpoint resumed with an objective its run did not have (one of the user's, or the teacher's `distill`)
+    was refused only in `train()` (after the CLI's initial evaluation; the sibling of trial 7's Y06): now when the
+    trainer is built, before the model is loaded (model and teacher paths that do not exist are not reached)."""
     from conftest import make_tiny_config
 
     from trl_trapo import TRAPOTrainer
@@ -573,10 +574,11 @@ def test_a_checkpoint_of_other_objectives_is_refused_before_any_model_loads(fitt
             train_dataset=suite.rl_train,
             sft_dataset=suite.sft,
             pretrain_dataset=suite.pretrain,
-            objectives=[Extra("extra")],
+            objectives=[Extra("extra")] if added == "extra" else None,
+            teacher_model=str(tmp_path / "no-such-teacher") if added == "distill" else None,
         )
     message = str(error.value)
-    assert "the checkpoint was written by a run with other objectives (this run adds ['extra'] and lacks none)" in (
+    assert f"the checkpoint was written by a run with other objectives (this run adds ['{added}'] and lacks none)" in (
         message
     )
     assert "start a new run from its weights" in message

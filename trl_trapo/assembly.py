@@ -271,8 +271,9 @@ def check_resume(
     model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
     adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
     check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state)
+    objectives = [] if objectives is None else objectives
     if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
-        with_teacher = arguments.get("teacher_model") is not None or bool(args.teacher_model_name_or_path)
+        with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
         extra = [getattr(o, "name", None) for o in objectives]
         state = read_state_file(checkpoint, "rank0.json")
         if state is not None and all(isinstance(name, str) for name in extra):
