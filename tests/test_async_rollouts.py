@@ -184,6 +184,33 @@ def test_bad_settings_are_refused_naming_the_field(tmp_path, overrides, match):
         TRAPOConfig(output_dir=str(tmp_path), async_rollouts=True, **overrides)
 
 
+def test_async_settings_without_async_rollouts_are_warned_once(tmp_path, caplog):
+    """`max_staleness=0, weight_sync_steps=3` without `async_rollouts` trained synchronously without a word (trial 7,
+    A08): one warning at construction naming the settings and the fix, as `--lora_r` without `--use_peft` gets; not
+    for the defaults, not with `async_rollouts=True`, not again for a copy of the config."""
+    import dataclasses
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        config = TRAPOConfig(output_dir=str(tmp_path), max_staleness=0, weight_sync_steps=3)
+        dataclasses.replace(config, max_steps=3)  # the trainer's and the job's copies
+    found = [r.getMessage() for r in caplog.records if "async_rollouts is not" in r.getMessage()]
+    assert found == [
+        "max_staleness=0, weight_sync_steps=3 are set but TRAPOConfig.async_rollouts is not: they are ignored (rounds "
+        "are sampled synchronously, in the training process). Set async_rollouts=True (--async_rollouts) to sample in "
+        "a producer process with them, or drop them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path))  # every async setting at its default
+        TRAPOConfig(output_dir=str(tmp_path), weight_sync_steps=1)  # an explicit default counts as not given
+        TRAPOConfig(output_dir=str(tmp_path), async_rollouts=True, max_staleness=0, weight_sync_steps=3)
+    assert "async_rollouts is not" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path), async_deterministic=False)
+    assert "async_deterministic=False is set but TRAPOConfig.async_rollouts is not: it is ignored" in caplog.text
+
+
 class OwnSource:
     """A rollout source object of the user's: it samples with what it holds, which a producer cannot rebuild."""
 

@@ -434,7 +434,24 @@ def fitting_checkpoints(tmp_path_factory):
             processing_class=tokenizer,
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         ).train()
-    return {"full": str(root / "full" / "checkpoint-1"), "lora": str(root / "lora" / "checkpoint-1"), "suite": suite}
+    # `async`: `full` as an async_rollouts run writes it: its rank0.json holds the producer's rounds in flight (the
+    # check reads only whether that entry is there; the marker's hash is renewed so the copy is complete)
+    held = root / "async" / "checkpoint-1"
+    shutil.copytree(root / "full" / "checkpoint-1", held)
+    state_path = held / "trapo" / "rank0.json"
+    state = json.loads(state_path.read_text())
+    state["rollout_source"] = {"next_index": 1, "dropped_total": 0, "pending": []}
+    state_path.write_text(json.dumps(state))
+    marker_path = held / "trapo" / "rank0.complete.json"
+    marker = json.loads(marker_path.read_text())
+    marker["files"]["trapo/rank0.json"] = checkpoint_module.sha256_file(str(state_path))
+    marker_path.write_text(json.dumps(marker))
+    return {
+        "full": str(root / "full" / "checkpoint-1"),
+        "lora": str(root / "lora" / "checkpoint-1"),
+        "async": str(held),
+        "suite": suite,
+    }
 
 
 FIT_CASES = {
@@ -455,6 +472,21 @@ FIT_CASES = {
         {"peft": 8},
         "is of another model: r 4 in its adapter_config.json, 8",
         "LoRA settings",
+    ),
+    # trial 7's Y06: refused by the source's restore in train(), after the CLI's initial evaluation
+    "sync-into-async": (
+        "full",
+        {"async_rollouts": True},
+        "was written by a run without asynchronous rollouts (its trapo/rank0.json holds no producer's rounds in "
+        "flight), but this run has async_rollouts=True",
+        "Fix: drop async_rollouts (--async_rollouts) to resume this checkpoint, or start a new run from its weights",
+    ),
+    # its converse: the rounds in flight were dropped without a word
+    "async-into-sync": (
+        "async",
+        {},
+        "holds a rollout source's state (the asynchronous producer's rounds in flight",
+        "Fix: set async_rollouts=True (--async_rollouts) to resume this checkpoint, or start a new run from its",
     ),
 }
 
@@ -488,6 +520,8 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
         LoraConfig(r=change["peft"], lora_alpha=8, target_modules=["q_proj", "v_proj"]) if "peft" in change else None
     )
     resume = {"resume_from_checkpoint": checkpoint} if when == "construction" else {}
+    if "async_rollouts" in change:
+        resume["async_rollouts"] = change["async_rollouts"]
 
     def build():
         return TRAPOTrainer(
@@ -509,6 +543,45 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
     assert message.startswith(f"resume_from_checkpoint={checkpoint!r} "), message
     assert needle in message and fix in message, message
     assert not (tmp_path / "out" / "checkpoint-1").exists()  # no step was trained
+
+
+@pytest.mark.parametrize("added", ["extra", "distill"])
+def test_a_checkpoint_of_other_objectives_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path, added):
+    """A checkpoint resumed with an objective its run did not have (one of the user's, or the teacher's `distill`)
+    was refused only in `train()` (after the CLI's initial evaluation; the sibling of trial 7's Y06): now when the
+    trainer is built, before the model is loaded (model and teacher paths that do not exist are not reached)."""
+    from conftest import make_tiny_config
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.collator import Row
+    from trl_trapo.objectives import Objective, TermOutput
+
+    class Extra(Objective):
+        def take(self, n, step):
+            ids = torch.arange(4, 14)
+            return [Row(self.index, ids, torch.ones(ids.numel() - 1)) for _ in range(n)]
+
+        def loss(self, term):
+            loss = -(term.per_token_logps * term.mask).sum()
+            return TermOutput(loss, loss.detach(), logp_coef=-term.mask)
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread(), pytest.raises(CheckpointError) as error:
+        TRAPOTrainer(
+            str(tmp_path / "no-such-model"),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path / "out"), max_steps=2, resume_from_checkpoint=checkpoint),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            objectives=[Extra("extra")] if added == "extra" else None,
+            teacher_model=str(tmp_path / "no-such-teacher") if added == "distill" else None,
+        )
+    message = str(error.value)
+    assert f"the checkpoint was written by a run with other objectives (this run adds ['{added}'] and lacks none)" in (
+        message
+    )
+    assert "start a new run from its weights" in message
 
 
 def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
@@ -533,6 +606,30 @@ def test_a_checkpoint_that_fits_resumes(fitting_checkpoints, tmp_path):
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         )
         trainer.train(resume_from_checkpoint=fitting_checkpoints["lora"])
+    assert trainer.state.global_step == 2
+
+
+def test_a_model_given_by_path_resumes(fitting_checkpoints, tmp_path):
+    """`model=` a path (the CLI's `--model_name_or_path` with a real model) with `resume_from_checkpoint` failed at
+    construction with accelerate's "'str' object has no attribute '_modules'": the LoRA check asked `is_peft_model`
+    of the path. A path is loaded later (as full weights, or a PEFT model with a peft_config)."""
+    from conftest import make_tiny_config
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread():
+        trainer = TRAPOTrainer(
+            checkpoint,
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(tmp_path), max_steps=2, resume_from_checkpoint=checkpoint),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+            processing_class=build_char_tokenizer(),
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
     assert trainer.state.global_step == 2
 
 

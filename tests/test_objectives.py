@@ -353,6 +353,8 @@ class Scripted(Objective):
             loss = loss * float("nan")
         if self.case == "bad_logp_coef":
             return TermOutput(loss, loss.detach(), logp_coef=torch.ones(3))
+        if self.case == "no_signal":  # neither logp_coef nor logit_grad: DARE's probe cannot see its gradient
+            return TermOutput(loss, loss.detach())
         return TermOutput(loss, loss.detach(), logp_coef=torch.ones_like(term.mask))
 
     def state_dict(self):
@@ -411,6 +413,29 @@ def test_an_objectives_non_finite_loss_is_named(tmp_path, tokenizer, suite, capl
         RuntimeError, match=r"non-finite loss \(on this rank, the loss\(\) of objective\(s\) \['scripted'\]"
     ):
         trainer.train()
+
+
+@pytest.mark.parametrize(
+    "case, weighting, warned", [("no_signal", "dare", 1), ("ok", "dare", 0), ("no_signal", "static", 0)]
+)
+def test_a_term_without_a_probe_signal_is_warned_once(tmp_path, tokenizer, suite, caplog, case, weighting, warned):
+    """A `TermOutput` with neither `logp_coef` nor `logit_grad` trained without a word (trial 7, O22), its DARE factor
+    following the probe's stand-in (coefficient 1 per token: plain cross-entropy), not its loss. One warning at the
+    first step that measures, naming the objective, the consequence and the fix; none with a signal or static
+    weights (nothing is measured)."""
+    import logging
+
+    trainer = scripted_trainer(
+        tmp_path, tokenizer, suite, Scripted(case), max_steps=3, dare_update_interval=1, weighting=weighting
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.weighting"):
+        trainer.train()
+    found = [r.getMessage() for r in caplog.records if "neither logp_coef nor logit_grad" in r.getMessage()]
+    assert len(found) == warned, found
+    if warned:
+        assert found[0].startswith("Objective 'scripted': loss() returned a TermOutput with neither"), found
+        assert "dare/factor/scripted follows that gradient, not its loss's" in found[0]
+        assert "Fix: return logp_coef=" in found[0] and "docs/seams.md" in found[0]
 
 
 class SkipsSuperInit(Scripted):

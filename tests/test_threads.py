@@ -130,6 +130,28 @@ def test_config_refuses_a_bad_value(tmp_path, field, value):
         TRAPOConfig(output_dir=str(tmp_path), **{field: value})
 
 
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        (dict(async_rollouts=True, async_producer_threads=1000), "TRAPOConfig.async_producer_threads=1000"),
+        (dict(torch_threads=64), "TRAPOConfig.torch_threads=64"),
+        (dict(async_rollouts=True, async_producer_threads=2, torch_threads=2), None),
+    ],
+)
+def test_more_threads_than_usable_cores_are_warned_at_construction(tmp_path, monkeypatch, caplog, overrides, warned):
+    """`async_producer_threads=1000` on a 2-core machine was accepted without a word (trial 7, A11), though
+    oversubscribed cores slow every process down (docs/threads.md); `torch_threads` is its sibling."""
+    cores(monkeypatch, 2)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path), **overrides)
+    found = [r.getMessage() for r in caplog.records if "usable core(s)" in r.getMessage()]
+    if warned is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(f"{warned} is more than the 2 usable core(s)"), found
+        assert "Use at most 2" in found[0] and "docs/threads.md" in found[0]
+
+
 def test_the_choice_is_logged_once(monkeypatch, caplog):
     cores(monkeypatch, 4)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")

@@ -45,7 +45,14 @@ from .callbacks import (
     SyncReferenceCallback,
     WeightSnapshotCallback,
 )
-from .checkpoint import check_checkpoint_fits, check_checkpoint_step, datasets_summary, verify_checkpoint
+from .checkpoint import (
+    STATE_DIR,
+    check_checkpoint_fits,
+    check_checkpoint_step,
+    datasets_summary,
+    read_state_file,
+    verify_checkpoint,
+)
 from .collator import RowAllocator, plan_steps
 from .config import TRAPOConfig
 from .curriculum import CurriculumSchedule, phase_mixtures
@@ -89,8 +96,10 @@ from .objectives import (
     PretrainingObjective,
     RLObjective,
     SFTObjective,
+    check_checkpoint_objectives,
     check_objectives,
     check_state_dict,
+    objective_names,
     objective_slots,
     planning_rows,
     setup_objective,
@@ -151,6 +160,9 @@ class RunChecks:
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
             SHA-256 was verified and it fits the run; None when the run does not resume from a path.
+        rollout_state (`bool`, *optional*): whether the run's rollout source keeps state in checkpoints (True with
+            `async_rollouts`, False for the other built-in sources, None for a `rollout_source` of the user's, which
+            checks its own): what a checkpoint to resume must hold (`checkpoint.check_checkpoint_rollouts`).
         datasets_summary (`dict`): what checkpoints record of the datasets (`checkpoint.datasets_summary`).
         thread_choice ([`~trl_trapo.threads.ThreadChoice`]): torch's CPU threads for this process and its producers.
     """
@@ -159,6 +171,7 @@ class RunChecks:
     train_dataset: Dataset | None
     own_source: bool
     verified_checkpoint: str | None
+    rollout_state: bool | None
     datasets_summary: dict
     thread_choice: ThreadChoice
 
@@ -171,15 +184,18 @@ def check_run(
     rollout_source: RolloutSource | None,
     rollout_func: Callable | None,
     environment_factory: Callable | dict[str, Callable] | None,
+    objectives: list[Objective] | None = None,
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, every
     argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
     datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
-    from (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads.
-    `arguments` also gives `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `callbacks` and
-    `optimizers` to the checks that read them; `datasets` holds the trainer's dataset arguments by name
-    (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed).
+    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
+    objectives; `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`,
+    `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read
+    them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`,
+    `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed); `objectives` is the trainer's
+    `objectives=` (their names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -222,17 +238,48 @@ def check_run(
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation
-    verified_checkpoint = None
-    if isinstance(args.resume_from_checkpoint, (str, os.PathLike)):
-        verify_checkpoint(args.resume_from_checkpoint, args.world_size)
-        check_checkpoint_step(args.resume_from_checkpoint, args.max_steps)  # past max_steps: nothing to train
-        # and that it fits this run: LoRA adapter vs full weights, the datasets (the model: once it is built)
-        adapter = arguments.get("peft_config") is not None or is_peft_model(arguments.get("model"))
-        check_checkpoint_fits(args.resume_from_checkpoint, adapter, summary)
-        verified_checkpoint = os.path.abspath(args.resume_from_checkpoint)
+    rollout_state = True if args.async_rollouts else (None if rollout_source is not None else False)
+    verified_checkpoint = check_resume(args, arguments, summary, rollout_state, objectives)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
-    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, summary, thread_choice)
+    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
+
+
+def check_resume(
+    args: TRAPOConfig,
+    arguments: dict[str, Any],
+    summary: dict,
+    rollout_state: bool | None,
+    objectives: list[Objective] | None,
+) -> str | None:
+    """Verify `args.resume_from_checkpoint` (every file's SHA-256) and check that it fits the run, before anything
+    slow loads: a step below `max_steps`; LoRA adapter vs full weights, the datasets (`summary`), the rollout
+    source's state (`rollout_state`, see `checkpoint.check_checkpoint_rollouts`); the objectives' names (the model:
+    once it is built, `load_models`).
+
+    Returns:
+        The checkpoint's absolute path, or None when the run does not resume from a path.
+
+    Raises:
+        CheckpointError: from the check that failed, naming the checkpoint and the fix.
+    """
+    checkpoint = args.resume_from_checkpoint
+    if not isinstance(checkpoint, (str, os.PathLike)):
+        return None
+    verify_checkpoint(checkpoint, args.world_size)
+    check_checkpoint_step(checkpoint, args.max_steps)  # past max_steps: nothing to train
+    model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
+    adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state)
+    objectives = [] if objectives is None else objectives
+    if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
+        with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
+        extra = [getattr(o, "name", None) for o in objectives]
+        state = read_state_file(checkpoint, "rank0.json")
+        if state is not None and all(isinstance(name, str) for name in extra):
+            source = os.path.join(checkpoint, STATE_DIR, "rank0.json")
+            check_checkpoint_objectives(objective_names(with_teacher, extra), state, source)
+    return os.path.abspath(checkpoint)
 
 
 def check_agent(

@@ -311,25 +311,29 @@ def check_checkpoint_fits(
     adapter: bool,
     datasets: dict[str, dict] | None = None,
     model: Any = None,
+    rollout_state: bool | None = None,
 ) -> None:
     """Refuse, before anything slow, a complete checkpoint (see `verify_checkpoint`) that the run cannot resume: its
     weights are a LoRA adapter and the run trains the full model, or the other way round; it is of another model
     (the config fields of `SHAPE_FIELDS` differ, for full weights; the adapter's type, rank or target modules, for an
-    adapter); or it was trained on other datasets (columns or number of rows differ from those `datasets_summary`
-    recorded in it; a checkpoint written before that record is not compared). Without these checks each failed only
-    in `train()`, after the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's
-    state errors.
+    adapter); it was trained on other datasets (columns or number of rows differ from those `datasets_summary`
+    recorded in it; a checkpoint written before that record is not compared); or its rollout source's state does not
+    fit the run's source ([`check_checkpoint_rollouts`]). Without these checks each failed only in `train()`, after
+    the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors.
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder.
         adapter (`bool`): the run's policy is a PEFT model (a `peft_config`, `--use_peft`, or a `PeftModel`).
         datasets (`dict`, *optional*): this run's `datasets_summary`; None: not compared.
         model (*optional*): the run's policy, once built, to compare with the checkpoint's config; None: not compared.
+        rollout_state (`bool`, *optional*): whether the run's rollout source keeps state in checkpoints (see
+            [`check_checkpoint_rollouts`]); None: not compared.
 
     Raises:
         CheckpointError: naming the checkpoint, what it holds, what the run has and the fix.
     """
     start_over = "or start without resume_from_checkpoint (--resume_from_checkpoint)"
+    check_checkpoint_rollouts(checkpoint_dir, rollout_state)
     held = checkpoint_holds_adapter(checkpoint_dir)
     if held is True and not adapter:
         raise CheckpointError(
@@ -361,6 +365,52 @@ def check_checkpoint_fits(
             f"resume_from_checkpoint={checkpoint_dir!r} was trained on other datasets ({'; '.join(differences)}): "
             "its data samplers and pools are positions in those. Fix: resume with the same datasets, "
             f"{start_over}."
+        )
+
+
+ROLLOUT_STATE_KEY = "rollout_source"  # in `trapo/rank{r}.json`: the rollout source's own state (rl_supply.RLSupply)
+
+
+def check_checkpoint_rollouts(checkpoint_dir: str, rollout_state: bool | None) -> None:
+    """Refuse a checkpoint whose rollout source's state does not fit the run's source, before anything slow (it was
+    refused only in `train()`, after the CLI's initial evaluation, or not at all).
+
+    A run with `async_rollouts=True` keeps its producer's rounds in flight in every checkpoint (the
+    `rollout_source` entry of `trapo/rank0.json`) and cannot resume without them; the other built-in sources (the
+    default one, a `rollout_func`, `tools` / `environment_factory`) keep no state, and resuming a checkpoint that
+    holds some would drop those rounds without a word. A `rollout_source` of the user's checks what it restores
+    itself (`RolloutSource.restore_checkpoint_state`).
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder [`verify_checkpoint`] accepted.
+        rollout_state (`bool`, *optional*): True: the run's source keeps state (`async_rollouts=True`); False: it
+            keeps none (a built-in synchronous source); None: a source of the user's, not compared.
+
+    Raises:
+        CheckpointError: naming the checkpoint, what it holds, `async_rollouts` and the fix.
+    """
+    if rollout_state is None:
+        return
+    state = read_state_file(checkpoint_dir, "rank0.json")
+    if state is None:  # not a TRAPO checkpoint: `verify_checkpoint` says so
+        return
+    held = state.get(ROLLOUT_STATE_KEY) is not None
+    new_run = (
+        f"or start a new run from its weights (pass {checkpoint_dir} as --model_name_or_path / `model=`, without "
+        "resume_from_checkpoint)"
+    )
+    if rollout_state and not held:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} was written by a run without asynchronous rollouts (its "
+            f"{STATE_DIR}/rank0.json holds no producer's rounds in flight), but this run has async_rollouts=True. "
+            f"Fix: drop async_rollouts (--async_rollouts) to resume this checkpoint, {new_run}."
+        )
+    if held and not rollout_state:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} holds a rollout source's state (the asynchronous producer's "
+            "rounds in flight: it was written by a run with async_rollouts=True, or with a rollout_source of its own "
+            "that keeps state), but this run samples synchronously with a source that keeps none: the rounds would "
+            f"be dropped. Fix: set async_rollouts=True (--async_rollouts) to resume this checkpoint, {new_run}."
         )
 
 

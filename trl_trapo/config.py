@@ -15,6 +15,7 @@ import difflib
 import enum
 import functools
 import json
+import logging
 import math
 import numbers
 import os
@@ -31,8 +32,12 @@ import torch
 import transformers
 from trl.trainer.base_config import _BaseConfig
 
+from . import threads
 from .sampler_correction import CorrectionMode, bounds_problem
 from .tool_schemas import row_tool_names
+
+
+logger = logging.getLogger(__name__)
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -488,6 +493,67 @@ def check_json_dicts(config) -> None:
                 f"double quotes, e.g. `--{f.name} '{example}'` on the command line (in Python or a YAML recipe: a "
                 f"dict{', or the path of a JSON file' if path else ''})."
             )
+
+
+def changed_settings(config, names) -> list[str]:
+    """The fields of `names` whose value differs from the dataclass field's default, in the order of the fields: the
+    settings the user gave (a dataclass cannot tell an explicit default apart, which counts as not given).
+
+    Args:
+        config: a dataclass instance (`TRAPOConfig`, TRL's `ModelConfig`).
+        names: field names.
+    """
+    changed = []
+    for f in dataclasses.fields(config):
+        if f.name not in names:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            continue
+        if getattr(config, f.name) != default:
+            changed.append(f.name)
+    return changed
+
+
+def warn_ignored_settings(log: logging.Logger, given: list[str], gate: str, consequence: str, fix: str) -> None:
+    """Warn, naming them, that settings the user gave are ignored because `gate` is not set (the run keeps that
+    behaviour; the warning says so): "--lora_r is set but --use_peft is not: it is ignored and ...".
+
+    Args:
+        log: the logger of the module that checks (the warning names it).
+        given: the settings as the user wrote them (`--lora_r`, `max_staleness=0`); nothing is logged when empty.
+        gate: the setting they need (`--use_peft`).
+        consequence: what happens instead, appended to "ignored" (e.g. " and the full model is trained").
+        fix: the fix; `{them}` reads "it" or "them".
+    """
+    if not given:
+        return
+    one = len(given) == 1
+    log.warning(
+        "%s %s set but %s is not: %s ignored%s. %s",
+        ", ".join(given),
+        "is" if one else "are",
+        gate,
+        "it is" if one else "they are",
+        consequence,
+        fix.format(them="it" if one else "them"),
+    )
+
+
+ASYNC_FIELDS = (
+    "max_staleness",
+    "stale_rollouts",
+    "weight_sync_steps",
+    "async_correction",
+    "async_deterministic",
+    "async_producer_threads",
+)
+"""`TRAPOConfig`'s settings that only `async_rollouts=True` reads (the producer, its rounds and their lag)."""
+THREAD_FIELDS = ("torch_threads", "async_producer_threads")
+"""`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
 
 def check_hub_repo_id(args, hub_model_id: str | None = None) -> None:
@@ -1667,6 +1733,7 @@ class TRAPOConfig(_BaseConfig):
             )
 
     def __post_init__(self):
+        built_by_user = self.grpo_names_given is None  # a copy of a built config (dataclasses.replace) records it
         check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
             self.scale_rewards = "group" if self.scale_rewards else "none"
@@ -1702,6 +1769,40 @@ class TRAPOConfig(_BaseConfig):
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         super().__post_init__()
         self._validate()
+        if built_by_user:  # once: not again for each copy the job and the trainer make
+            self._warn_unused_settings()
+
+    def _warn_unused_settings(self) -> None:
+        """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
+        ([`ASYNC_FIELDS`]) given without `async_rollouts` (ignored, as `--lora_r` without `--use_peft` is: the same
+        warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
+        (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
+        name = type(self).__name__
+        if not self.async_rollouts:
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, ASYNC_FIELDS)],
+                f"{name}.async_rollouts",
+                " (rounds are sampled synchronously, in the training process)",
+                "Set async_rollouts=True (--async_rollouts) to sample in a producer process with {them}, or drop "
+                "{them}.",
+            )
+        cores = threads.usable_cores()
+        for setting in THREAD_FIELDS:
+            count = getattr(self, setting)
+            unused = setting == "async_producer_threads" and not self.async_rollouts  # warned about above
+            if count is not None and count > cores and not unused:
+                logger.warning(
+                    "%s.%s=%d is more than the %d usable core(s) of this machine (its CPU affinity, "
+                    "os.sched_getaffinity, in physical cores): the threads oversubscribe them, and OpenMP threads "
+                    "that spin while they wait slow every process down (docs/threads.md measures it). Use at most %d, "
+                    "or leave it None (TRAPO gives each process its share of the cores).",
+                    name,
+                    setting,
+                    count,
+                    cores,
+                    cores,
+                )
 
     def _check_intervals(self) -> None:
         """Refuse an interval field the Trainer reads under its strategy "steps" that is not > 0, before

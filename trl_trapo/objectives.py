@@ -1071,6 +1071,12 @@ PLANNING_ORDER: tuple[type[Objective], ...] = (RLObjective, SFTObjective, Distil
 """Whose data sizes the run when `max_steps` is not set: the first of these with data."""
 
 
+def objective_names(with_teacher: bool, extra: list[str]) -> tuple[str, ...]:
+    """The names of a run's objectives, in the order of their indices: the [`BUILT_IN`] ones, `distill` with a
+    teacher, then the user's (`extra`, their names)."""
+    return (*(cls.NAME for cls in BUILT_IN), *((DistillationObjective.NAME,) if with_teacher else ()), *extra)
+
+
 def objective_slots(args: Any, data: Any, with_teacher: bool, extra: list[Objective]) -> ObjectiveSlots:
     """The [`ObjectiveSlots`] of a run: the [`BUILT_IN`] objectives (with data when their `DATA_FIELD` of
     `data`, a [`~trl_trapo.data.PreparedData`], is set), the teacher's with `with_teacher`, then the user's `extra`.
@@ -1089,7 +1095,7 @@ def objective_slots(args: Any, data: Any, with_teacher: bool, extra: list[Object
     if with_teacher and DistillationObjective.NAME in {o.name for o in extra}:
         raise ValueError("`objectives` may not use the name 'distill': the teacher's objective has it.")
     return ObjectiveSlots(
-        names=(*built_in, *(cls.NAME for cls in teacher), *(o.name for o in extra)),
+        names=objective_names(with_teacher, [o.name for o in extra]),
         has_data=(
             *(getattr(data, cls.DATA_FIELD) is not None for cls in BUILT_IN),
             *(True for _ in teacher),
@@ -1122,6 +1128,32 @@ def checkpointed_objective_states(state: dict) -> dict[str, dict]:
     return states
 
 
+def check_checkpoint_objectives(names: list[str] | tuple[str, ...], state: dict, source: str) -> None:
+    """Refuse a checkpoint written by a run with other objectives than `names` (the run's, as [`objective_names`]
+    orders them) beyond the built-in ones: an objective of the run it has no state for, or one it has state for that
+    the run lacks. Called before any model loads when the trainer is given the checkpoint (`check_run`), and again by
+    [`load_objective_states`].
+
+    Args:
+        names: the run's objective names, the built-in ones first.
+        state (`dict`): the checkpoint's `trapo/rank{r}.json`, read from the file `source`.
+        source (`str`): the file, as the error names it.
+
+    Raises:
+        CheckpointError: naming `source`, the objectives the run adds and those it lacks.
+    """
+    states = checkpointed_objective_states(state)  # this layout, or the one before names
+    missing = [name for name in names[len(OBJECTIVES) :] if name not in states]
+    unknown = sorted(set(states) - set(names))
+    if missing or unknown:
+        raise CheckpointError(
+            f"{source}: the checkpoint was written by a run with other objectives (this run adds "
+            f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives, or start a new "
+            "run from its weights (the checkpoint as --model_name_or_path / `model=`, without "
+            "resume_from_checkpoint)."
+        )
+
+
 def load_objective_states(objectives: list[Objective], state: dict, source: str) -> None:
     """Restore each objective's state from a checkpoint's `trapo/rank{r}.json` (`state`, read from the file
     `source`), once every objective has checked that the checkpoint fits it: nothing is restored when one does not.
@@ -1132,13 +1164,7 @@ def load_objective_states(objectives: list[Objective], state: dict, source: str)
             its `load_state_dict` raises.
     """
     states = checkpointed_objective_states(state)  # this layout, or the one before names
-    missing = [o.name for o in objectives[len(OBJECTIVES) :] if o.name not in states]
-    unknown = sorted(set(states) - {o.name for o in objectives})
-    if missing or unknown:
-        raise CheckpointError(
-            f"{source}: the checkpoint was written by a run with other objectives (this run adds "
-            f"{missing or 'none'} and lacks {unknown or 'none'}); resume with the same objectives."
-        )
+    check_checkpoint_objectives([o.name for o in objectives], state, source)
     for objective in objectives:  # a pretraining stream missing or added, ...: datasets changed
         problem = objective.check_resume(states.get(objective.name))
         if problem is not None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import gather_object
 
+from .checkpoint import ROLLOUT_STATE_KEY
 from .collator import MODEL_INPUTS, Row
 from .distributed import any_rank, max_over_ranks, reduce_replay_metrics
 from .exploration import TargetedExploration
@@ -281,7 +282,7 @@ class RLSupply:
         }
         source_state = check_checkpoint_state(self.source.checkpoint_state(), source_name(self.source))
         if source_state is not None:  # a source with state of its own (the asynchronous one: rounds in flight)
-            meta["rollout_source"], source_tensors = source_state
+            meta[ROLLOUT_STATE_KEY], source_tensors = source_state
             tensors = {**tensors, **{f"rollout_source/{k}": v for k, v in source_tensors.items()}}
         return meta, tensors
 
@@ -298,7 +299,7 @@ class RLSupply:
         self.replay.load_state_dict(meta["replay"], tensors)
         prefix = "rollout_source/"
         self.source.restore_checkpoint_state(
-            meta.get("rollout_source"), {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            meta.get(ROLLOUT_STATE_KEY), {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
         )
 
     def close(self, abort: bool = False) -> None:

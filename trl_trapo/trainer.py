@@ -265,7 +265,7 @@ class TRAPOTrainer(_BaseTrainer):
         )
         models, checked = run.models, run.checked
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
-        self._datasets_summary = checked.datasets_summary  # to refuse resuming with other datasets
+        self._resume_fit = dict(datasets=checked.datasets_summary, rollout_state=checked.rollout_state)  # for train()
         self.thread_choice = checked.thread_choice
         # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
@@ -758,8 +758,8 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
                 one neither resumes from one of them nor has `overwrite_output_dir=True` (see
                 [`~trl_trapo.saving.check_earlier_checkpoints`]).
-            CheckpointError: naming the file, if the checkpoint to resume from is incomplete or corrupted, or if
-                `resume_from_checkpoint=True` finds no complete checkpoint.
+            CheckpointError: naming the file, if the checkpoint to resume from is incomplete, corrupted or does not
+                fit the run (`check_checkpoint_fits`), or if `resume_from_checkpoint=True` finds no complete one.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
@@ -790,7 +790,7 @@ class TRAPOTrainer(_BaseTrainer):
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction
                 verify_checkpoint(resume_from_checkpoint, world)
                 policy = self._unwrapped_policy()
-                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), self._datasets_summary, policy)
+                check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), model=policy, **self._resume_fit)
             check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
             if self.accelerator.is_main_process:  # a new learning rate would not be used, without a word (trial 6)
                 warn_settings_restored(resume_from_checkpoint, self.args)

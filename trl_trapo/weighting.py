@@ -956,6 +956,7 @@ class DARE:
         self.last_weights: tuple[float, ...] = tuple(0.0 for _ in self.names)
         self.probe_factory = probe_factory
         self.probe: GradientProbe | None = None
+        self.warned_without_signal: set[str] = set()  # objectives whose term gave no probe signal (warned once)
 
     @property
     def dynamic(self) -> bool:
@@ -1015,6 +1016,8 @@ class DARE:
                 )
             elif term.logp_coef is not None:
                 coefficients = torch.where(rows[index].unsqueeze(1), term.logp_coef, coefficients)
+            elif self.names[index] not in self.warned_without_signal and bool(views[index].tokens.any()):
+                self.warn_without_signal(self.names[index])
         selected = closed_form.unsqueeze(1).expand_as(counted)[counted]  # (N,)
         if not bool(selected.all()):
             logits, targets = logits[selected], targets[selected]
@@ -1026,6 +1029,23 @@ class DARE:
             coefficients[counted],
             objective.unsqueeze(1).expand_as(counted)[counted],
             half.unsqueeze(1).expand_as(counted)[counted],
+        )
+
+    def warn_without_signal(self, name: str) -> None:
+        """Warn, once per objective, that its term gave neither `logp_coef` nor `logit_grad` at a step that measures
+        signals: the probe then takes its counted tokens with coefficient 1 (the closed form of plain next-token
+        cross-entropy, `losses.language_modeling_term`), so its factor follows the agreement of that gradient, not of
+        its loss's. Kept (a term may well be a plain NLL), and said, since nothing else would say it."""
+        self.warned_without_signal.add(name)
+        logger.warning(
+            "Objective '%s': loss() returned a TermOutput with neither logp_coef nor logit_grad at a step where the "
+            "weighting measures its gradient (DARE's probe), so the probe takes its tokens as plain next-token "
+            "cross-entropy (coefficient 1 per counted token): dare/factor/%s follows that gradient, not its loss's. "
+            "Fix: return logp_coef=-d loss / d log p per token (B, T), or logit_grad=d loss / d logits (N_o, V) for "
+            "a term whose gradient depends on the whole distribution (docs/seams.md, 'probe signal'); or "
+            "weighting='static' to measure nothing.",
+            name,
+            name,
         )
 
     def update(

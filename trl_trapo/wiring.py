@@ -125,7 +125,7 @@ def assemble_run(
             the fix.
     """
     kinds = dict(rollout_source=rollout_source, rollout_func=rollout_func, environment_factory=environment_factory)
-    checked = check_run(args, arguments, datasets, **kinds)
+    checked = check_run(args, arguments, datasets, **kinds, objectives=objectives)
     datasets = {**datasets, RLObjective.ARGUMENT: checked.train_dataset}  # the agent's prompts, when rewritten
     # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards
     models = load_models(

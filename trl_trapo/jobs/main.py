@@ -70,7 +70,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, foreign_fields
+from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
 from trl_trapo.distributed import check_processes_started, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
@@ -992,17 +992,13 @@ def warn_unused_lora_arguments(model_args: ModelConfig) -> None:
     and says so."""
     if model_args.use_peft:
         return
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in LORA_FIELDS}
-    changed = [f"--{name}" for name, default in defaults.items() if getattr(model_args, name, default) != default]
-    if changed:
-        logger.warning(
-            "%s %s set but --use_peft is not: %s ignored and the full model is trained (as TRL's scripts do). Add "
-            "--use_peft to train a LoRA adapter with %s.",
-            ", ".join(changed),
-            "is" if len(changed) == 1 else "are",
-            "it is" if len(changed) == 1 else "they are",
-            "it" if len(changed) == 1 else "them",
-        )
+    warn_ignored_settings(
+        logger,
+        [f"--{name}" for name in changed_settings(model_args, LORA_FIELDS)],
+        "--use_peft",
+        " and the full model is trained (as TRL's scripts do)",
+        "Add --use_peft to train a LoRA adapter with {them}.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
