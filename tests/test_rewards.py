@@ -253,7 +253,9 @@ def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_fun
     assert said[1].startswith("`eval_dataset` column 'answer' is missing (None) in 1 of 4 rows (first at row 2)")
 
 
-def test_a_reward_reading_trainer_state_is_called_with_a_state_at_construction(tmp_path, tokenizer, suite, tiny_config):
+def test_a_reward_reading_trainer_state_is_called_with_a_state_at_construction(
+    tmp_path, tokenizer, suite, tiny_config
+):
     """TRL always passes a `TrainerState` as `trainer_state`; the construction-time check passed None, so a valid TRL
     reward reading `trainer_state.global_step` was refused at construction, blamed on the function (trial 8's RS03).
     Now it gets a fresh state at step 0 there, and the Trainer's own state during training."""
