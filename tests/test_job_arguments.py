@@ -242,6 +242,20 @@ def test_an_accelerate_config_given_as_the_recipe_says_where_it_goes(tmp_path, n
     assert "correct or remove it" not in str(e.value)
 
 
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_deepspeed_config_given_as_the_recipe_says_it_is_one_for_deepspeed(tmp_path, name):
+    """`--config ds_stage2.json` (a DeepSpeed JSON) was "unknown key 'zero_optimization' ... Did you mean
+    --self_imitation?" (trial 8, JC30)."""
+    module, program, _ = job(name)
+    path = tmp_path / "ds_stage2.json"
+    path.write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.raises(ValueError, match="It is a DeepSpeed config") as e:
+        module.parse_args(["--config", str(path)])
+    assert f"Fix: pass it as --deepspeed {path}, under a launcher" in str(e.value)
+    assert f"--deepspeed_config_file {path} {program}" in str(e.value)
+    assert "Did you mean" not in str(e.value)
+
+
 # ---- trial 7: launcher keys and nesting in a recipe, the mapping form of --curriculum_mixtures (Y01, Y02, Y05) ----
 
 

@@ -544,6 +544,36 @@ def accelerate_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM)
     )
 
 
+DEEPSPEED_CONFIG_KEYS = frozenset(
+    {
+        "zero_optimization",
+        "train_micro_batch_size_per_gpu",
+        "train_batch_size",
+        "gradient_clipping",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+    }
+)
+"""Top-level keys of a DeepSpeed JSON config that no job argument has (`zero_optimization`, the batch sizes, ...):
+a `--config` recipe with one of them is a DeepSpeed config."""
+
+
+def deepspeed_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM) -> str:
+    """For a `--config` file that is a DeepSpeed config (it has a key of [`DEEPSPEED_CONFIG_KEYS`]), what it is and
+    where it goes; `""` for any other file."""
+    keys = sorted(DEEPSPEED_CONFIG_KEYS & set(config))
+    if not keys:
+        return ""
+    return (
+        f" It is a DeepSpeed config (it has {', '.join(keys)}), not a training recipe. Fix: pass it as --deepspeed "
+        f"{path}, under a launcher (`accelerate launch --use_deepspeed --deepspeed_config_file {path} {program} ...`"
+        ", docs/distributed.md), or launch with a DeepSpeed config TRL ships (`--accelerate_config zero2` to `trapo`); "
+        "--config takes a training recipe (examples/recipes/)."
+    )
+
+
 def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
@@ -597,6 +627,7 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
         if key not in known:
             hint = (
                 accelerate_config_hint(path, config, program)
+                or deepspeed_config_hint(path, config, program)
                 or launcher_option_hint(str(key), value, program)
                 or did_you_mean(str(key), classes, program)
             )
