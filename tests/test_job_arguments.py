@@ -103,6 +103,23 @@ def test_an_argument_transformers_5_removed_gets_its_replacement(tmp_path, flag,
         parse_args(["--config", str(recipe), "--output_dir", "unused"])
 
 
+def test_trl_model_configs_old_torch_dtype_names_dtype(tmp_path):
+    """`--torch_dtype bfloat16` (TRL ModelConfig's name before 1.0) was "Did you mean --torch_threads?", an unrelated
+    flag (trial 8's JC03); on the command line and as a recipe key it names --dtype."""
+    from trl_trapo.jobs.main import parse_args
+
+    expected = r"--torch_dtype: unknown argument\. --torch_dtype is TRL ModelConfig's old name of --dtype.*use --dtype"
+    with pytest.raises(ValueError, match=expected) as e:
+        parse_args(["--torch_dtype", "bfloat16", "--output_dir", "unused"])
+    assert "torch_threads" not in str(e.value)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("torch_dtype: bfloat16\n")
+    with pytest.raises(ValueError, match=r"torch_dtype.*TRL ModelConfig's old name of --dtype"):
+        parse_args(["--config", str(recipe), "--output_dir", "unused"])
+    _, _, model_args = parse_args(["--dtype", "bfloat16", "--output_dir", str(tmp_path)])
+    assert model_args.dtype == "bfloat16"
+
+
 def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):
     """`reward_funcs: []` in a recipe trained with the built-in reward, the log saying "from you: nothing"; the
     command line's `--reward_funcs ''` is refused (trial 5, c19)."""
