@@ -44,6 +44,11 @@ def failing_reward(completions, **kwargs):
     raise ValueError("the verifier is down")
 
 
+def state_reading_reward(completions, trainer_state, **kwargs):
+    """Reads `TrainerState` fields besides `global_step`, as a TRL reward may (module level, for the producer)."""
+    return [float(trainer_state.max_steps >= 0 and trainer_state.global_step >= 0)] * len(completions)
+
+
 def async_trainer(tmp_path, tokenizer, suite, **overrides):
     values = dict(async_rollouts=True, max_staleness=2, max_steps=8, gradient_accumulation_steps=2)
     values.update(overrides)
@@ -136,6 +141,18 @@ def test_a_failing_reward_in_the_producer_reaches_the_trainer(tmp_path, tokenize
     with pytest.raises(ProducerError, match="(?s)failing_reward.*the verifier is down"):
         trainer.rollout_source.sample(8, 0)
     assert trainer.rollout_source.producer_pid is None  # stopped
+
+
+def test_the_producer_passes_rewards_a_trainer_state(tmp_path, tokenizer, suite):
+    """The producer gave reward functions a stand-in with `global_step` only: a TRL reward reading another field of
+    `TrainerState` (`max_steps`, `epoch`, ...) failed in async runs only (found with trial 8's RS03)."""
+    trainer = async_trainer(tmp_path, tokenizer, suite)
+    trainer.rewards.funcs[0] = state_reading_reward
+    try:
+        sampled = trainer.rollout_source.sample(8, 0)
+    finally:
+        trainer.rollout_source.close()
+    assert sampled.scores is not None and bool((sampled.scores == 1.0).all())
 
 
 def test_a_dead_producer_is_reported(tmp_path, tokenizer, suite):

@@ -136,6 +136,55 @@ def test_settings_transformers_accepts_or_rewrites_are_refused(tmp_path, cls, ov
         cls(output_dir=str(tmp_path), **overrides)
 
 
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+
+
+def no_launcher(monkeypatch) -> None:
+    """This process as `python examples/trapo.py` starts it: no launcher's environment, no mpi4py."""
+    import importlib.util
+
+    for key in LAUNCHER_ENV:
+        monkeypatch.delenv(key, raising=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mpi4py" else find_spec(name, *a)
+    )
+
+
+def test_deepspeed_files_deepspeed_would_fail_on_are_refused_naming_the_field_and_file(tmp_path, monkeypatch):
+    """Trial 8's JC07 / JC08 / JC08b: a malformed `--deepspeed` JSON was a bare "Expecting property name enclosed in
+    double quotes" naming neither the flag nor the file; `"stage": 4` and any `--deepspeed` without a launcher ran
+    12 s and failed with "No module named 'mpi4py'" (DeepSpeed asks MPI for the rank no launcher gave)."""
+    no_launcher(monkeypatch)
+    malformed = tmp_path / "ds_bad.json"
+    malformed.write_text('{"zero_optimization": {"stage": 2,}, "train_micro_batch_size_per_gpu": "auto"')
+    with pytest.raises(
+        ValueError, match=rf"deepspeed='{malformed}' is invalid: the file {malformed} is not valid JSON"
+    ):
+        TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(malformed))
+    stage4 = tmp_path / "ds_stage4.json"
+    stage4.write_text('{"zero_optimization": {"stage": 4}, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.raises(ValueError, match=r"zero_optimization\.stage=4; DeepSpeed's ZeRO stages are 0, 1, 2 and 3"):
+        TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(stage4))
+    with pytest.raises(ValueError, match=r"zero_optimization\.stage=4"):  # a dict too
+        TRAPOConfig(output_dir=str(tmp_path), deepspeed={"zero_optimization": {"stage": 4}})
+    stage2 = tmp_path / "ds_stage2.json"
+    stage2.write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.raises(
+        ValueError, match=r"deepspeed='.*ds_stage2.json' needs a distributed launch.*accelerate launch"
+    ):
+        TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(stage2))
+
+
+def test_fsdp_without_a_launcher_is_refused_at_construction_with_the_launch_command(tmp_path, monkeypatch):
+    """Trial 8's JC18: `--fsdp full_shard` in one process was transformers' "Using fsdp only works in distributed
+    training." from the Trainer, after the data and models were loaded, naming no fix."""
+    no_launcher(monkeypatch)
+    with pytest.raises(ValueError, match=r"fsdp='full_shard' needs a distributed launch.*fsdp2\.yaml"):
+        TRAPOConfig(output_dir=str(tmp_path), fsdp="full_shard")
+    assert not TRAPOConfig(output_dir=str(tmp_path)).fsdp  # no fsdp: nothing to refuse
+
+
 def test_eval_steps_none_still_follows_logging_steps(tmp_path):
     config = TRAPOConfig(output_dir=str(tmp_path), eval_strategy="steps", logging_steps=3)
     assert config.eval_steps == 3

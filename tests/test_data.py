@@ -54,6 +54,19 @@ def test_check_sft_dataset():
         check_sft_dataset(Dataset.from_dict({"prompt": [], "completion": []}))
 
 
+def test_kto_rows_with_a_boolean_label_are_refused_as_sft_demonstrations():
+    """TRL's unpaired preference rows (KTO: prompt / completion / label) trained as SFT without a word, the
+    label=False (undesirable) completions imitated as demonstrations (trial 8's DF02)."""
+    kto = {"prompt": ["2+2="] * 4, "completion": ["4", "5", "4", "9"], "label": [True, False, True, False]}
+    with pytest.raises(ValueError, match=r"`sft_dataset` has a boolean 'label' column.*label=False.*\.filter\("):
+        check_sft_dataset(Dataset.from_dict(kto))
+    with pytest.raises(ValueError, match=r"boolean 'label' column"):  # an iterable dataset: by its features
+        check_sft_dataset(Dataset.from_dict(kto).to_iterable_dataset())
+    fixed = Dataset.from_dict(kto).filter(lambda row: row["label"]).remove_columns("label")
+    check_sft_dataset(fixed)  # the fix the message gives passes
+    check_sft_dataset(Dataset.from_dict({**kto, "label": ["math"] * 4}))  # a label that is no preference passes
+
+
 def test_check_prompt_dataset():
     check_prompt_dataset(Dataset.from_dict({"prompt": ["a"]}))
     check_prompt_dataset(Dataset.from_dict({"input_ids": [[1, 2]]}))

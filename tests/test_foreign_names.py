@@ -5,6 +5,8 @@ G13, G14, Q01, Q04)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 import trl_trapo
@@ -98,3 +100,34 @@ def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
         ImportError, match=r"GRPOConfig\.use_liger_kernel=True needs liger-kernel.*no TRAPO equivalent"
     ):
         GRPOConfig(output_dir=str(tmp_path), use_liger_kernel=True)
+
+
+@pytest.mark.parametrize(
+    ("given", "needles"),
+    [
+        ({"data_collator": object()}, ["TRAPOTrainer got TRL SFTTrainer", "data_collator=: drop it", "objectives="]),
+        ({"formatting_func": str}, ["formatting_func=: map your rows", "dataset.map(...)", "sft_dataset="]),
+        ({"compute_metrics": str, "model_init": str}, ["compute_metrics=: drop it", "model_init=: pass the model"]),
+    ],
+)
+def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, given, needles):
+    """`TRAPOTrainer(..., data_collator=...)` / `formatting_func=` (TRL SFTTrainer's arguments) were Python's
+    "unexpected keyword argument" naming no fix (trial 8's DC01 / DC02); refused before anything loads."""
+    from trl_trapo import TRAPOTrainer
+
+    with pytest.raises(TypeError) as raised:
+        TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), **given)
+    for needle in needles:
+        assert needle in str(raised.value), str(raised.value)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'not_an_argument'"):  # others: Python's error
+        TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), not_an_argument=1)
+
+
+def test_ppo_trainer_still_takes_trl_1x_data_collator(tmp_path):
+    """TRL 1.12's PPOTrainer took `data_collator` (accepted, unused): the refusal is only for classes without it."""
+    from trl_trapo import PPOTrainer, TRAPOTrainer
+
+    assert "data_collator" in inspect.signature(PPOTrainer.__init__).parameters
+    with pytest.raises(TypeError, match="formatting_func=: map your rows"):
+        PPOTrainer(args=PPOConfig(output_dir=str(tmp_path)), processing_class=None, model=None, formatting_func=str)
+    assert issubclass(PPOTrainer, TRAPOTrainer)

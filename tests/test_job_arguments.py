@@ -103,6 +103,23 @@ def test_an_argument_transformers_5_removed_gets_its_replacement(tmp_path, flag,
         parse_args(["--config", str(recipe), "--output_dir", "unused"])
 
 
+def test_trl_model_configs_old_torch_dtype_names_dtype(tmp_path):
+    """`--torch_dtype bfloat16` (TRL ModelConfig's name before 1.0) was "Did you mean --torch_threads?", an unrelated
+    flag (trial 8's JC03); on the command line and as a recipe key it names --dtype."""
+    from trl_trapo.jobs.main import parse_args
+
+    expected = r"--torch_dtype: unknown argument\. --torch_dtype is TRL ModelConfig's old name of --dtype.*use --dtype"
+    with pytest.raises(ValueError, match=expected) as e:
+        parse_args(["--torch_dtype", "bfloat16", "--output_dir", "unused"])
+    assert "torch_threads" not in str(e.value)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("torch_dtype: bfloat16\n")
+    with pytest.raises(ValueError, match=r"torch_dtype.*TRL ModelConfig's old name of --dtype"):
+        parse_args(["--config", str(recipe), "--output_dir", "unused"])
+    _, _, model_args = parse_args(["--dtype", "bfloat16", "--output_dir", str(tmp_path)])
+    assert model_args.dtype == "bfloat16"
+
+
 def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):
     """`reward_funcs: []` in a recipe trained with the built-in reward, the log saying "from you: nothing"; the
     command line's `--reward_funcs ''` is refused (trial 5, c19)."""
@@ -240,6 +257,20 @@ def test_an_accelerate_config_given_as_the_recipe_says_where_it_goes(tmp_path, n
     assert f"Fix: pass it as --config_file {path} (or --accelerate_config {path})" in str(e.value)
     assert f"accelerate launch --config_file {path} {program}" in str(e.value)
     assert "correct or remove it" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_deepspeed_config_given_as_the_recipe_says_it_is_one_for_deepspeed(tmp_path, name):
+    """`--config ds_stage2.json` (a DeepSpeed JSON) was "unknown key 'zero_optimization' ... Did you mean
+    --self_imitation?" (trial 8, JC30)."""
+    module, program, _ = job(name)
+    path = tmp_path / "ds_stage2.json"
+    path.write_text('{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.raises(ValueError, match="It is a DeepSpeed config") as e:
+        module.parse_args(["--config", str(path)])
+    assert f"Fix: pass it as --deepspeed {path}, under a launcher" in str(e.value)
+    assert f"--deepspeed_config_file {path} {program}" in str(e.value)
+    assert "Did you mean" not in str(e.value)
 
 
 # ---- trial 7: launcher keys and nesting in a recipe, the mapping form of --curriculum_mixtures (Y01, Y02, Y05) ----

@@ -340,6 +340,8 @@ class Scripted(Objective):
             return rows
         if self.case == "long":  # 100 tokens, the micro model has 64 positions
             ids = torch.arange(4, 14).repeat(10)
+        if self.case == "empty":  # 0 tokens, the mask as the user wrote it (trial 8's OB04)
+            return [Row(index, torch.tensor([], dtype=torch.long), torch.ones(0)) for _ in range(count)]
         mask = torch.ones(ids.numel() - (0 if self.case == "mask_len" else 1))  # mask_len: L entries, not L-1
         return [Row(index, ids, mask) for _ in range(count)]
 
@@ -394,6 +396,7 @@ def scripted_trainer(tmp_path, tokenizer, suite, objective, **overrides):
         ("mask_len", ValueError, r"'scripted': take\(\) row 0 has a mask of 10 entries for 10 tokens; Row.mask is "),
         ("oov", ValueError, r"'scripted': take\(\) row \d+ holds token id 1000000, outside the policy's vocabulary"),
         ("long", ValueError, r"'scripted': take\(\) row 0 is 100 tokens, more than the policy's context of 64"),
+        ("empty", ValueError, r"'scripted': take\(\) row 0 is empty \(input_ids has 0 tokens\).*skip empty"),
     ],
 )
 def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(

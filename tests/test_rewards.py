@@ -251,3 +251,27 @@ def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_fun
     assert "column 'answer' is missing (None) in 4 of 8 rows (first at row 1)" in said[0]
     assert "'needs_answer'" in said[0]
     assert said[1].startswith("`eval_dataset` column 'answer' is missing (None) in 1 of 4 rows (first at row 2)")
+
+
+def test_a_reward_reading_trainer_state_is_called_with_a_state_at_construction(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """TRL always passes a `TrainerState` as `trainer_state`; the construction-time check passed None, so a valid TRL
+    reward reading `trainer_state.global_step` was refused at construction, blamed on the function (trial 8's RS03).
+    Now it gets a fresh state at step 0 there, and the Trainer's own state during training."""
+    steps = []
+
+    def by_step(completions, trainer_state, **kwargs):
+        steps.append(trainer_state.global_step)
+        return [float(trainer_state.epoch or 0.0)] * len(completions)
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=by_step,
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    assert steps == [0, 0]  # the construction-time calls (2 rows, then 1)
+    trainer.collect_rollouts(8, step=0)
+    assert len(steps) == 3 and steps[-1] == trainer.state.global_step

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import RecordingTRAPOTrainer, trained_rows
+from datasets import Dataset
 from test_doc_commands import registered_block
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer, sources
@@ -375,6 +376,20 @@ def test_a_sampled_round_checks_its_shapes():
         SampledRound(rows, ids, version=0, per_func=torch.zeros(4, 1))
     round_ = SampledRound(rows, [[1, 2]] * 4, version=0, prompt_ids=[[5]] * 4)
     assert round_.completion_ids[0].dtype == torch.long and round_.prompt_ids[0].tolist() == [5]
+
+
+def test_a_sampled_rounds_examples_as_columns_are_refused_as_such():
+    """`examples=dataset[:8]` (a Dataset slice: a dict of 2 columns) was "2 completions do not form groups of
+    group=4", counting the columns as completions (trial 8's SR01); entries that are not row dicts are named too."""
+    dataset = Dataset.from_dict({"prompt": ["a", "b"] * 4, "answer": ["1", "2"] * 4})
+    ids = [torch.tensor([1, 2])] * 8
+    with pytest.raises(
+        ValueError, match=r"SampledRound\.examples is a dict of columns \['prompt', 'answer'\].*not a "
+    ):
+        SampledRound(dataset[:8], ids, version=0, group=4)
+    with pytest.raises(ValueError, match=r"SampledRound\.examples\[0\] is a str, not a row dict"):
+        SampledRound(["a"] * 8, ids, version=0, group=4)
+    assert len(SampledRound(dataset.select(range(8)).to_list(), ids, version=0, group=4).examples) == 8  # the fix
 
 
 class OneRound:

@@ -458,6 +458,26 @@ def test_a_dotted_reward_path_is_imported_from_the_launch_directory(tmp_path, mo
     api_error(lambda: cli.resolve_reward_func("my_rewards.missing"), "no attribute 'missing'", "exact_match")
 
 
+def test_a_reward_file_path_is_refused_with_the_dotted_form_of_its_functions(tmp_path, monkeypatch):
+    """`--reward_funcs ./my_rewards.py` was "cannot import module './my_rewards' (TypeError: the 'package' argument
+    is required to perform a relative import ...)" (trial 8's JC02): a file path is said not to be taken, with the
+    dotted form of the functions the file defines (and, from another folder, how to make it importable)."""
+    write_reward_module(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    message = api_error(
+        lambda: cli.resolve_reward_func("./my_rewards.py"),
+        "--reward_funcs './my_rewards.py': a file path is not taken",
+        "`--reward_funcs my_rewards.counted",
+    )
+    assert "relative import" not in message and "PYTHONPATH" not in message
+    monkeypatch.chdir(tmp_path.parent)
+    api_error(
+        lambda: cli.resolve_reward_func(f"{tmp_path.name}/my_rewards.py"),
+        "a file path is not taken",
+        f"(run from {tmp_path}, or add it to the path: `PYTHONPATH={tmp_path}`)",
+    )
+
+
 def test_max_eval_samples_caps_every_evaluation_dataset(tmp_path):
     from trl import ModelConfig
 

@@ -390,6 +390,34 @@ def test_freeze_vision_tower_trains_the_language_model_only(tmp_path, processor)
     assert any(not torch.equal(after[n], p) for n, p in text.items())
 
 
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"])
+def test_freeze_vision_tower_keeps_lora_adapters_out_of_the_frozen_tower(tmp_path, processor, targets, caplog):
+    """`freeze_vision_tower=True` with `LoraConfig(target_modules=["q_proj", "v_proj"])`, names the vision encoder's
+    attention has too: adapters were put inside the frozen tower and trained there without a word (trial 8's VL03).
+    They are now kept out (a copy of the config excludes the tower; the user's is unchanged), and the log says so."""
+    import logging
+
+    from peft import LoraConfig
+
+    rl, sft, docs = datasets(6)
+    peft_config = LoraConfig(r=4, target_modules=targets)
+    with caplog.at_level(logging.INFO, logger="trl_trapo.vision"):
+        trainer = TRAPOTrainer(
+            build_model(processor, LlavaForConditionalGeneration),
+            args=vlm_config(tmp_path, freeze_vision_tower=True, max_steps=1),
+            sft_dataset=sft,
+            pretrain_dataset=docs,
+            processing_class=processor,
+            peft_config=peft_config,
+        )
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not [n for n in trainable if "vision_tower" in n or "projector" in n], trainable
+    assert any("language_model" in n for n in trainable)
+    assert peft_config.exclude_modules is None  # the user's config is not altered
+    assert any("get no adapter" in r.getMessage() for r in caplog.records)
+
+
 def test_freeze_vision_tower_on_a_text_model_is_refused(tmp_path):
     from trl_trapo.tasks import build_tiny_model
 

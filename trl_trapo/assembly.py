@@ -116,6 +116,7 @@ from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
     ImageRows,
+    adapter_config_outside_frozen_tower,
     check_vision_options,
     freeze_vision_tower,
     is_processor,
@@ -926,6 +927,8 @@ def policy_and_reference(
     """
     created_adapter = peft_config is not None
     if created_adapter:
+        if args.freeze_vision_tower:  # adapters matched inside the frozen encoder would train there (trial 8's VL03)
+            peft_config = adapter_config_outside_frozen_tower(model, peft_config)
         model = wrap_adapter(model, peft_config)
     if args.disable_dropout:
         disable_dropout(model, "policy")

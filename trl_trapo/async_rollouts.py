@@ -100,6 +100,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from transformers import TrainerState
 
 from .distributed import cpu_copy
 from .executor import (
@@ -654,7 +655,9 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=Non
             spec.reward_batch_size,
             log_metric,
             discard_extra,
-            lambda: _TrainerStateView(**state_snapshot),
+            # what a reward function gets as `trainer_state` in the producer: a `TrainerState` (every field TRL's
+            # has, as in the training process) at the step that asked for the round
+            lambda: TrainerState(**state_snapshot),
         )
         requested = RequestedPrompts(spec.source.first_row)
         engine = trainer_view = None
@@ -801,13 +804,6 @@ def put_shared(channel, message: Any) -> None:
     """`channel.put(message)` (a `torch.multiprocessing` queue) with its tensors moved to shared memory by the caller's
     thread first ([`share_in_this_thread`])."""
     channel.put(share_in_this_thread(message))
-
-
-@dataclass
-class _TrainerStateView:
-    """What a reward function gets as `trainer_state` in the producer: the step that asked for the round."""
-
-    global_step: int = 0
 
 
 def without_training_hooks(model) -> None:

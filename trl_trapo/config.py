@@ -1739,7 +1739,7 @@ class TRAPOConfig(_BaseConfig):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         check_field_types(self)  # first: every check below compares or computes with the values
         self._check_intervals()  # before transformers' own reading of them
-        self._check_deepspeed_path()
+        self._check_deepspeed()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
         self._check_liger()
@@ -1767,7 +1767,9 @@ class TRAPOConfig(_BaseConfig):
                 stacklevel=3,
             )
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
+        fsdp_given = self.fsdp  # transformers' `__post_init__` turns it into True
         super().__post_init__()
+        self._check_fsdp_launch(fsdp_given)
         self._validate()
         if built_by_user:  # once: not again for each copy the job and the trainer make
             self._warn_unused_settings()
@@ -1825,26 +1827,119 @@ class TRAPOConfig(_BaseConfig):
                     f"(or a fraction < 1 of the run's steps){fix}."
                 )
 
-    def _check_deepspeed_path(self) -> None:
-        """Refuse a `deepspeed` path that names no file, before transformers' `__post_init__` reads it (its message
-        names neither the field nor the fix). A dict, JSON text and transformers' base64-encoded form pass.
+    def _check_deepspeed(self) -> None:
+        """Refuse a `deepspeed` config that DeepSpeed would fail on later with a message naming neither the field nor
+        the fix, before transformers' `__post_init__` reads it:
+
+        - a path that names no file (transformers' error names neither the field nor the fix);
+        - a file that is not a JSON object (transformers' bare `JSONDecodeError` names neither `--deepspeed` nor the
+          file);
+        - `zero_optimization.stage` other than 0-3 (DeepSpeed's ZeRO stages; stage 4 was never checked before the
+          launch failed);
+        - no distributed launch: DeepSpeed reads its rank from the launcher's environment (`RANK`, `WORLD_SIZE`,
+          `MASTER_ADDR`, `MASTER_PORT`, `LOCAL_RANK`) and, without it, asks MPI (`deepspeed.comm.init_distributed`'s
+          `mpi_discovery`): without mpi4py the run failed at the first model DeepSpeed wraps with "No module named
+          'mpi4py'". Refused only when DeepSpeed itself would fail so (no launcher's environment, no process group,
+          no mpi4py, not on AzureML / SageMaker, whose environments DeepSpeed reads).
+
+        A dict, JSON text and transformers' base64-encoded form pass the path check; their stage is checked.
 
         Raises:
             ValueError: naming the field, the value and the fix.
         """
         value = self.deepspeed
-        if not isinstance(value, (str, os.PathLike)) or str(value).lstrip().startswith("{") or os.path.isfile(value):
+        if value is None or value == "":
             return
-        try:  # transformers also takes the config as base64-encoded JSON
-            json.loads(base64.urlsafe_b64decode(str(value)).decode("utf-8"))
+        name = f"{type(self).__name__}.deepspeed={str(value)!r}"
+        loaded = value if isinstance(value, dict) else None
+        if isinstance(value, (str, os.PathLike)) and not str(value).lstrip().startswith("{"):
+            if os.path.isfile(value):
+                try:
+                    with open(value, encoding="utf-8") as handle:
+                        loaded = json.load(handle)
+                except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    raise ValueError(
+                        f"{name} is invalid: the file {os.path.abspath(value)} is not valid JSON ({error}). --deepspeed "
+                        'takes a DeepSpeed JSON config (keys in double quotes, no trailing commas), e.g. `{"'
+                        'zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}`; fix the file, '
+                        "or use a config TRL ships: `trapo train --accelerate_config zero2 ...`."
+                    ) from error
+                if not isinstance(loaded, dict):
+                    raise ValueError(
+                        f"{name} is invalid: the file {os.path.abspath(value)} holds a JSON "
+                        f"{type(loaded).__name__}, not an object. --deepspeed takes a DeepSpeed JSON config, e.g. "
+                        '`{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}`.'
+                    )
+            else:
+                try:  # transformers also takes the config as base64-encoded JSON
+                    json.loads(base64.urlsafe_b64decode(str(value)).decode("utf-8"))
+                except (ValueError, UnicodeDecodeError):
+                    where = "a directory, not a file" if os.path.isdir(value) else "no such file"
+                    raise ValueError(
+                        f"{name} is invalid: {where} (from {os.getcwd()}). Give the path of a DeepSpeed JSON config "
+                        "(or a dict), or drop --deepspeed and choose DeepSpeed with `accelerate launch --config_file "
+                        "examples/accelerate_configs/deepspeed_zero2.yaml`."
+                    ) from None
+        zero = loaded.get("zero_optimization") if isinstance(loaded, dict) else None
+        stage = zero.get("stage") if isinstance(zero, dict) else None
+        if stage is not None and (isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage <= 3):
+            raise ValueError(
+                f"{name} is invalid: zero_optimization.stage={stage!r}; DeepSpeed's ZeRO stages are 0, 1, 2 and 3 "
+                "(2 shards optimizer states and gradients, 3 also the parameters). Set it to one of them."
+            )
+        self._check_deepspeed_launch(name)
+
+    @staticmethod
+    def _check_deepspeed_launch(name: str) -> None:
+        """Refuse DeepSpeed in a process no launcher started, when DeepSpeed would fail on it (see [`_check_deepspeed`]).
+
+        Raises:
+            ValueError: naming the field and the launch commands.
+        """
+        import importlib.util
+
+        launcher_env = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")  # DeepSpeed's `required_env`
+        if (
+            all(key in os.environ for key in launcher_env)
+            or (torch.distributed.is_available() and torch.distributed.is_initialized())
+            or importlib.util.find_spec("mpi4py") is not None
+            or "AZUREML_EXPERIMENT_ID" in os.environ  # DeepSpeed's `in_aml`
+            or "SM_TRAINING_ENV" in os.environ  # DeepSpeed's `in_aws_sm`
+        ):
             return
-        except (ValueError, UnicodeDecodeError):
-            pass
-        where = "a directory, not a file" if os.path.isdir(value) else "no such file"
+        missing = [key for key in launcher_env if key not in os.environ]
         raise ValueError(
-            f"{type(self).__name__}.deepspeed={str(value)!r} is invalid: {where} (from {os.getcwd()}). Give the path of "
-            "a DeepSpeed JSON config (or a dict), or drop --deepspeed and choose DeepSpeed with `accelerate launch "
-            "--config_file examples/accelerate_configs/deepspeed_zero2.yaml`."
+            f"{name} needs a distributed launch: DeepSpeed reads its rank from the launcher's environment "
+            f"({', '.join(missing)} not set: this process was not started by a launcher) and otherwise asks MPI, and "
+            "mpi4py is not installed (it failed later with \"No module named 'mpi4py'\"). Launch the script with "
+            "`accelerate launch --config_file examples/accelerate_configs/deepspeed_zero2.yaml examples/trapo.py "
+            "...` (that config chooses DeepSpeed; drop --deepspeed), or `trapo train --accelerate_config zero2 ...`; "
+            "for your own JSON, `accelerate launch --use_deepspeed --deepspeed_config_file FILE --num_processes N "
+            "examples/trapo.py ...` (a plain `accelerate launch` of one process sets no rank either). On a machine "
+            "without a GPU prefix `DS_ACCELERATOR=cpu` (docs/distributed.md). Or drop --deepspeed to train in this "
+            "process."
+        )
+
+    def _check_fsdp_launch(self, given) -> None:
+        """Refuse `fsdp` in a process no launcher started, at construction: transformers' `Trainer` refuses it later
+        ("Using fsdp only works in distributed training.", after the data and models are loaded) naming no fix. The
+        condition is transformers' own (not XLA, `parallel_mode` not distributed), read only when no launcher set
+        `LOCAL_RANK`, so nothing transformers accepts is refused. `given`: `fsdp` as the user gave it (for the message).
+
+        Raises:
+            ValueError: naming the field, the value and the launch commands.
+        """
+        if not self.fsdp or self.fsdp_config.get("xla", False) or "LOCAL_RANK" in os.environ:
+            return
+        if self.parallel_mode == transformers.training_args.ParallelMode.DISTRIBUTED:
+            return
+        raise ValueError(
+            f"{type(self).__name__}.fsdp={given!r} needs a distributed launch (FSDP shards the model over processes "
+            "started by a launcher; this one was not). Launch with `accelerate launch --config_file "
+            "examples/accelerate_configs/fsdp2.yaml examples/trapo.py ...` or `trapo train --accelerate_config fsdp2 "
+            "...` (that config chooses FSDP; drop --fsdp). FSDP needs GPUs (accelerate has no FSDP on the CPU: there "
+            "use DDP, `--multi_gpu`, or DeepSpeed with `DS_ACCELERATOR=cpu`, docs/distributed.md). Or drop --fsdp to "
+            "train in this process."
         )
 
     def _cpu_distributed_defaults(self) -> None:

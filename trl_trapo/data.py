@@ -699,6 +699,25 @@ def check_sft_dataset(dataset: Dataset) -> None:
             f"column (conversational format); it has {columns}.{text} See "
             "https://huggingface.co/docs/trl/dataset_formats."
         )
+    if "label" in columns and has_bool_column(dataset, "label"):  # KTO's rows were imitated, label=False ones too
+        raise ValueError(
+            "`sft_dataset` has a boolean 'label' column: its rows are in TRL's unpaired preference format (KTO: "
+            "label=False marks an undesirable completion), and the SFT objective imitates every completion, the "
+            "label=False ones too. Fix: keep the desirable rows and drop the column, "
+            "`dataset.filter(lambda row: row['label']).remove_columns('label')`. See "
+            "https://huggingface.co/docs/trl/dataset_formats (unpaired preference)."
+        )
+
+
+def has_bool_column(dataset: Dataset | IterableDataset, column: str) -> bool:
+    """Whether `column` of `dataset` holds booleans: its feature is `Value("bool")`, or (a dataset without
+    features) the first row's cell is a bool."""
+    features = getattr(dataset, "features", None)
+    if features is not None and column in features:
+        return getattr(features[column], "dtype", None) == "bool"
+    if isinstance(dataset, Dataset) and len(dataset):
+        return isinstance(dataset[0][column], bool)
+    return False
 
 
 def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:

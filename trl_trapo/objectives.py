@@ -1274,7 +1274,7 @@ def check_served_rows(
 
     Raises:
         ValueError: naming the objective, the count or the row at fault: not `n` rows, not a `Row` with 1-D tensor
-            `input_ids`, another objective's index, a `mask` that is not target-aligned (L-1 entries for L tokens),
+            `input_ids`, another objective's index, an empty row (0 tokens), a `mask` that is not target-aligned (L-1 entries for L tokens),
             a token id outside the vocabulary, or more tokens than the context.
     """
     if not isinstance(rows, list) or len(rows) != n:
@@ -1296,6 +1296,12 @@ def check_served_rows(
                 f"index is {objective.index}: build rows with Row(self.index, ...) (set by setup())."
             )
         tokens = row.input_ids.numel()
+        if tokens == 0:  # was "a mask of 0 entries for 0 tokens; ... -1 entries", a fix that does not fit
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} is empty (input_ids has 0 tokens); a row needs at "
+                "least 2 tokens to train anything (entry t of its mask weights the prediction of token t+1). Fix: "
+                "skip empty documents in take() (e.g. filter the dataset for rows with text) rather than return them."
+            )
         mask = getattr(row.mask, "numel", lambda: None)()
         if mask != tokens - 1:
             raise ValueError(

@@ -195,7 +195,7 @@ class PPOTrainer(TRAPOTrainer):
                 "processing_class=tokenizer, model=..., ref_model=..., reward_model=..., train_dataset=..., "
                 "value_model=...) (docs/migrating_from_ppo.md)."
             )
-        return super().__new__(cls)
+        return super().__new__(cls, *args, **kwargs)  # TRAPOTrainer names foreign arguments
 
     def __getattr__(self, name: str):
         # only reached for a missing attribute: a 0.x method gets its replacement, anything else Python's error

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from torch import nn
+from transformers import TrainerState
 from trl.data_utils import is_conversational
 from trl.trainer.utils import (
     get_callable_name,
@@ -267,7 +268,8 @@ class RewardScorer:
         batch_size (`int`): rows per reward-model forward.
         log_metric (`Callable[[str, float], None]`), log_extra (`Callable[[str, list], None]`): what a reward
             function's `log_metric` / `log_extra` arguments call.
-        trainer_state (`Callable[[], Any]`): returns the Trainer's state, passed as `trainer_state`.
+        trainer_state (`Callable[[], Any]`): returns the Trainer's state, passed as `trainer_state` (a fresh
+            `transformers.TrainerState`, step 0, where it returns None: before the `Trainer` exists).
     """
 
     def __init__(
@@ -350,7 +352,10 @@ class RewardScorer:
         skipped = ("prompt", "completion", "completion_ids", *INTERNAL_COLUMNS)
         keys = [k for k in examples[0] if k not in skipped]
         kwargs = {k: [e[k] for e in examples] for k in keys}
-        kwargs["trainer_state"] = self.trainer_state()
+        # before the `Trainer` exists (the construction-time check) its state is what `Trainer.__init__` makes: a fresh
+        # `TrainerState` at step 0, never None (TRL always passes one; a reward reading `global_step` was refused)
+        state = self.trainer_state()
+        kwargs["trainer_state"] = state if state is not None else TrainerState()
         kwargs["log_metric"] = log_metric or self.log_metric
         kwargs["log_extra"] = log_extra or self.log_extra
         return kwargs

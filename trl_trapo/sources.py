@@ -182,6 +182,19 @@ class SampledRound:
                     "used as they are) or as `sampler_per_token_logps` (another engine's: the trainer computes its "
                     "own and corrects for the mismatch), not both."
                 )
+        if isinstance(self.examples, Mapping):  # its len() is the number of columns: "2 completions do not form ..."
+            columns = list(self.examples)
+            raise ValueError(
+                f"SampledRound.examples is a {type(self.examples).__name__} of columns {columns[:6]} (what a Dataset "
+                "slice `dataset[a:b]` returns), not a list of rows: give one row dict per completion, e.g. "
+                "`[dataset[i] for i in indices]` or `dataset.select(indices).to_list()`."
+            )
+        bad = next((i for i, e in enumerate(self.examples) if not isinstance(e, Mapping)), None)
+        if bad is not None:
+            raise ValueError(
+                f"SampledRound.examples[{bad}] is a {type(self.examples[bad]).__name__}, not a row dict: give one dict "
+                "per completion (the dataset row of its prompt: `prompt` or `prompt_ids` and the reward columns)."
+            )
         rows = len(self.examples)
         if rows == 0:
             raise ValueError("SampledRound: a round needs at least one completion (`examples` is empty).")

@@ -474,6 +474,50 @@ def freeze_vision_tower(model) -> int:
     return frozen
 
 
+def adapter_config_outside_frozen_tower(model, peft_config):
+    """`peft_config` for a policy whose vision encoder `freeze_vision_tower` froze: `target_modules` such as
+    `["q_proj", "v_proj"]` or `"all-linear"` also match the encoder's attention layers, whose adapters would train
+    inside the frozen tower. Returns a copy of `peft_config` whose `exclude_modules` (PEFT's, a regex matched in full
+    against module names) also excludes every module under a `VISION_MODULES` submodule, when the targets match one
+    there (logged); otherwise `peft_config` itself. The user's object is not changed.
+    """
+    import copy
+    import re
+
+    from peft.tuners.tuners_utils import check_target_module_exists
+    from peft.utils.constants import INCLUDE_LINEAR_LAYERS_SHORTHAND
+
+    if not hasattr(peft_config, "exclude_modules"):
+        return peft_config
+    all_linear = peft_config.target_modules == INCLUDE_LINEAR_LAYERS_SHORTHAND
+    inside = [
+        name
+        for name, module in model.named_modules()
+        if any(part in VISION_MODULES for part in name.split(".")[:-1])
+        and (isinstance(module, torch.nn.Linear) if all_linear else check_target_module_exists(peft_config, name))
+    ]
+    if not inside:
+        return peft_config
+    tower = r"(?:.*\.)?(?:" + "|".join(map(re.escape, VISION_MODULES)) + r")\..*"
+    existing = peft_config.exclude_modules
+    if isinstance(existing, str):  # PEFT: a string is a regex, a list names modules (or their last parts)
+        parts = [existing]
+    else:
+        parts = [r"(?:.*\.)?" + re.escape(key) for key in existing or ()]
+    config = copy.copy(peft_config)
+    config.exclude_modules = "|".join(f"(?:{part})" for part in [*parts, tower])
+    logger.info(
+        "freeze_vision_tower=True: peft_config.target_modules=%r also matches %d module(s) of the frozen vision "
+        "encoder (e.g. %s); they get no adapter (exclude_modules=%r on a copy of peft_config), so the encoder stays "
+        "frozen and only the language model's adapters train.",
+        peft_config.target_modules,
+        len(inside),
+        inside[0],
+        config.exclude_modules,
+    )
+    return config
+
+
 def row_images(examples: Sequence[Mapping]) -> list[list | None] | None:
     """Each row's images as TRL's `VLLMGeneration.generate` takes them: a list of PIL images per row (its `images`
     column, or `[image]`), None for a row without; None when no row has any."""

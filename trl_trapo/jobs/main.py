@@ -305,20 +305,24 @@ def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
     return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
 
 
+REMOVED = "was removed in transformers 5: drop it; "
 REMOVED_ARGUMENTS = {
-    "logging_dir": "TensorBoard logs go under --output_dir (its `runs/` folder), or where the TENSORBOARD_LOGGING_DIR "
-    "environment variable says",
-    "evaluation_strategy": "use --eval_strategy",
-    "warmup_ratio": "use --warmup_steps, which reads a value below 1 as a fraction of the training steps",
-    "no_cuda": "use --use_cpu",
-    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
-    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
-    "push_to_hub_token": "use --hub_token",
-    "push_to_hub_model_id": "use --hub_model_id",
+    "logging_dir": REMOVED + "TensorBoard logs go under --output_dir (its `runs/` folder), or where the "
+    "TENSORBOARD_LOGGING_DIR environment variable says",
+    "evaluation_strategy": REMOVED + "use --eval_strategy",
+    "warmup_ratio": REMOVED + "use --warmup_steps, which reads a value below 1 as a fraction of the training steps",
+    "no_cuda": REMOVED + "use --use_cpu",
+    "per_gpu_train_batch_size": REMOVED + "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": REMOVED + "use --per_device_eval_batch_size",
+    "push_to_hub_token": REMOVED + "use --hub_token",
+    "push_to_hub_model_id": REMOVED + "use --hub_model_id",
+    "torch_dtype": "is TRL ModelConfig's old name of --dtype (renamed before TRL 1.0, as transformers renamed "
+    "`from_pretrained(torch_dtype=)`). Fix: use --dtype (e.g. `--dtype bfloat16`)",
 }
-"""`TrainingArguments` fields transformers 4 had and transformers 5 removed, which recipes and TRL scripts written for
-it still pass -> what replaces each. The closest surviving name can be unrelated (`--logging_dir` is closest to
-`--logging_first_step`), so these are said by name."""
+"""Fields that transformers 4 (`TrainingArguments`) and older TRL (`ModelConfig.torch_dtype`) had and that are gone
+or renamed, which recipes and TRL scripts written for them still pass -> what happened to each and what replaces it
+(a sentence after `--name`). The closest surviving name can be unrelated (`--logging_dir` is closest to
+`--logging_first_step`, `--torch_dtype` to `--torch_threads`), so these are said by name."""
 
 
 TRL_ARGUMENT_FIXES = {
@@ -352,9 +356,9 @@ def trl_only_fields() -> dict[str, str]:
 
 def did_you_mean(name: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM, value: object = None) -> str:
     """A `did you mean --x?` hint for an unknown argument name: the known names it abbreviates, else the closest ones;
-    for a `TrainingArguments` field transformers 5 removed ([`REMOVED_ARGUMENTS`]), its replacement; for an argument
-    of the main job given to another job (the built-in `vlm` and `tools` jobs), which job has it and where the user's
-    own model and data go (the job's arguments class's `own_data` text); for a field of TRL's `SFTConfig` /
+    for a `TrainingArguments` field transformers 5 removed or a renamed TRL field ([`REMOVED_ARGUMENTS`]), its
+    replacement; for an argument of the main job given to another job (the built-in `vlm` and `tools` jobs), which
+    job has it and where the user's own model and data go (the job's arguments class's `own_data` text); for a field of TRL's `SFTConfig` /
     `GRPOConfig` that the job lacks, that it is TRL's and what to use ([`TRL_ARGUMENT_FIXES`]); for an option of
     `accelerate launch` (`--num_processes`, `--dynamo_backend`, ...), that it is the launcher's and where it goes
     (`trl_trapo.jobs.launcher.launcher_option_hint`; the closest job argument, e.g. `--ddp_backend`, is another thing).
@@ -367,14 +371,14 @@ def did_you_mean(name: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PR
 
     Returns:
         `" Did you mean --x?"` (`--x or --y` for an abbreviation of several), `" --x was removed in transformers 5:
-        ..."`, `" --x is an argument of the main job ... Fix: ..."`, `" --x is TRL SFTConfig's argument ... Fix:
+        ..."` (`" --torch_dtype is TRL ModelConfig's old name ..."`), `" --x is an argument of the main job ... Fix: ..."`, `" --x is TRL SFTConfig's argument ... Fix:
         ..."`, `" --x is an option of ... accelerate launch ... Fix: ..."`, `" --x is TRL 0.x PPOConfig's argument
         ... Fix: ..."` (`config.foreign_fields`; the last four say their own fix), or `""` when nothing is close.
     """
     name = name.lstrip("-").replace("-", "_")
     known = known_fields(classes)
     if name in REMOVED_ARGUMENTS and name not in known:
-        return f" --{name} was removed in transformers 5: drop it; {REMOVED_ARGUMENTS[name]}."
+        return f" --{name} {REMOVED_ARGUMENTS[name]}."
     if name not in known and name in known_fields(JOB_CLASSES):
         own_data = next((cls.own_data for cls in classes if getattr(cls, "own_data", None)), "")
         return (
@@ -544,6 +548,36 @@ def accelerate_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM)
     )
 
 
+DEEPSPEED_CONFIG_KEYS = frozenset(
+    {
+        "zero_optimization",
+        "train_micro_batch_size_per_gpu",
+        "train_batch_size",
+        "gradient_clipping",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+    }
+)
+"""Top-level keys of a DeepSpeed JSON config that no job argument has (`zero_optimization`, the batch sizes, ...):
+a `--config` recipe with one of them is a DeepSpeed config."""
+
+
+def deepspeed_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM) -> str:
+    """For a `--config` file that is a DeepSpeed config (it has a key of [`DEEPSPEED_CONFIG_KEYS`]), what it is and
+    where it goes; `""` for any other file."""
+    keys = sorted(DEEPSPEED_CONFIG_KEYS & set(config))
+    if not keys:
+        return ""
+    return (
+        f" It is a DeepSpeed config (it has {', '.join(keys)}), not a training recipe. Fix: pass it as --deepspeed "
+        f"{path}, under a launcher (`accelerate launch --use_deepspeed --deepspeed_config_file {path} {program} ...`"
+        ", docs/distributed.md), or launch with a DeepSpeed config TRL ships (`--accelerate_config zero2` to `trapo`); "
+        "--config takes a training recipe (examples/recipes/)."
+    )
+
+
 def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
@@ -597,6 +631,7 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
         if key not in known:
             hint = (
                 accelerate_config_hint(path, config, program)
+                or deepspeed_config_hint(path, config, program)
                 or launcher_option_hint(str(key), value, program)
                 or did_you_mean(str(key), classes, program)
             )
@@ -1634,6 +1669,30 @@ def cap_rows(dataset, max_rows: int, what: str):
     return dataset.select(range(max_rows))
 
 
+def reward_file_fix(path: str) -> str:
+    """The fix for `--reward_funcs path/to/my_rewards.py`: the dotted form `my_rewards.<function>`, with the file's
+    top-level functions (read with `ast`, without running the file) and, when the file is not in the current
+    directory, how to make it importable."""
+    import ast
+
+    stem = os.path.splitext(os.path.basename(path.rstrip("/" + os.sep)))[0] or "my_rewards"
+    functions = []
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            functions = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            pass
+    dotted = " ".join(f"{stem}.{f}" for f in functions[:4]) or f"{stem}.my_reward"
+    folder = os.path.dirname(os.path.abspath(path))
+    where = "" if folder == os.getcwd() else f" (run from {folder}, or add it to the path: `PYTHONPATH={folder}`)"
+    return (
+        f"Fix: name the function by its dotted import path, module then function: `--reward_funcs {dotted}`{where}; "
+        f"{'the file defines ' + ', '.join(functions) if functions else 'give the name of a function the file defines'}."
+    )
+
+
 def resolve_reward_func(name: str) -> Callable:
     """The reward function `--reward_funcs` names: a built-in one, or one of yours by its dotted import path.
 
@@ -1647,8 +1706,8 @@ def resolve_reward_func(name: str) -> Callable:
         The function (called as TRL calls reward functions: `func(prompts=..., completions=..., **columns)`).
 
     Raises:
-        ValueError: naming `--reward_funcs`, the value, the built-in names and the dotted form, if the name is not
-            built in and has no dot, its module cannot be imported, the module has no such attribute, or the
+        ValueError: naming `--reward_funcs`, the value, the built-in names and the dotted form, if the name is a
+            file path (`./my_rewards.py`: the dotted form with the file's functions), is not built in and has no dot, its module cannot be imported, the module has no such attribute, or the
             attribute is not callable.
     """
     if name in REWARD_FUNCTIONS:
@@ -1658,6 +1717,8 @@ def resolve_reward_func(name: str) -> Callable:
         "(`my_module.my_reward` for `def my_reward(completions, **kwargs)` in my_module.py, importable from the "
         "current directory)."
     )
+    if name.endswith(".py") or "/" in name or os.sep in name:  # `./my_rewards.py` was a relative-import TypeError
+        raise ValueError(f"--reward_funcs {name!r}: a file path is not taken. {reward_file_fix(name)}")
     module_name, _, attribute = name.rpartition(".")
     if not module_name or not attribute:
         raise ValueError(f"--reward_funcs {name!r}: not a built-in reward function nor a dotted import path. {fix}")
