@@ -14,6 +14,7 @@ fail at the first step or, worse, train on its first label. Arguments with check
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -272,3 +273,40 @@ def check_trainer_arguments(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)
+
+
+FOREIGN_TRAINER_ARGUMENTS = {
+    "formatting_func": "map your rows to prompt/completion (or messages) columns with `dataset.map(...)` and pass them "
+    "as `sft_dataset=` (TRL's SFTTrainer applies formatting_func to its rows; TRAPO reads the columns as they are)",
+    "data_collator": "drop it: TRAPO batches each objective's rows itself (padding, masks and the completion-only "
+    "loss of `sft_dataset` rows); a different way of building rows is an objective (`objectives=`, docs/seams.md)",
+    "compute_loss_func": "drop it: TRAPO computes its own losses; add a loss term as an objective (`objectives=`, "
+    "docs/seams.md)",
+    "compute_metrics": "drop it: evaluation logs TRAPO's own metrics (docs/metrics.md)",
+    "preprocess_logits_for_metrics": "drop it: evaluation logs TRAPO's own metrics (docs/metrics.md)",
+    "model_init": "pass the model (or its name or path) as `model=`",
+    "optimizer_cls_and_kwargs": "pass `optimizers=(optimizer, lr_scheduler)`, or choose it in the config "
+    "(`optim=`, `learning_rate=`)",
+}
+"""Arguments of TRL's `SFTTrainer` / transformers' `Trainer` that `TRAPOTrainer` has no parameter of -> what to do
+instead (`TRAPOTrainer.__new__`; Python's "unexpected keyword argument 'data_collator'" named no fix, as the config's
+fields of other TRL configs are mapped by `TRAPOConfig.__new__`)."""
+
+
+def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
+    """Refuse, naming the fix, an argument of TRL's `SFTTrainer` / transformers' `Trainer` that `cls` (a
+    `TRAPOTrainer` class) has no parameter of ([`FOREIGN_TRAINER_ARGUMENTS`]); called by `TRAPOTrainer.__new__`,
+    before Python binds the arguments. A subclass whose `__init__` takes one of them (TRL 1.12's `PPOTrainer` took
+    `data_collator`) keeps it.
+
+    Raises:
+        TypeError: naming each such argument and what to do instead.
+    """
+    accepted = set(inspect.signature(cls.__init__).parameters)
+    foreign = [name for name in FOREIGN_TRAINER_ARGUMENTS if name in kwargs and name not in accepted]
+    if foreign:
+        raise TypeError(
+            f"{cls.__name__} got TRL SFTTrainer / transformers Trainer argument(s) it does not take: "
+            + "; ".join(f"{name}=: {FOREIGN_TRAINER_ARGUMENTS[name]}" for name in foreign)
+            + "."
+        )

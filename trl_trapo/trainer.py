@@ -38,7 +38,6 @@ the trainer never imports it.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import signal
@@ -54,6 +53,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
 
+from .arguments import refuse_foreign_arguments
 from .checkpoint import (
     CheckpointError,
     check_checkpoint_fits,
@@ -99,24 +99,6 @@ RewardFunc = str | PreTrainedModel | Callable[..., list[float | None]]
 
 
 MAX_LOGGED_TASKS = 32  # a `task` column with more distinct values is not a family label: no per-task metrics
-
-
-FOREIGN_TRAINER_ARGUMENTS = {
-    "formatting_func": "map your rows to prompt/completion (or messages) columns with `dataset.map(...)` and pass them "
-    "as `sft_dataset=` (TRL's SFTTrainer applies formatting_func to its rows; TRAPO reads the columns as they are)",
-    "data_collator": "drop it: TRAPO batches each objective's rows itself (padding, masks and the completion-only "
-    "loss of `sft_dataset` rows); a different way of building rows is an objective (`objectives=`, docs/seams.md)",
-    "compute_loss_func": "drop it: TRAPO computes its own losses; add a loss term as an objective (`objectives=`, "
-    "docs/seams.md)",
-    "compute_metrics": "drop it: evaluation logs TRAPO's own metrics (docs/metrics.md)",
-    "preprocess_logits_for_metrics": "drop it: evaluation logs TRAPO's own metrics (docs/metrics.md)",
-    "model_init": "pass the model (or its name or path) as `model=`",
-    "optimizer_cls_and_kwargs": "pass `optimizers=(optimizer, lr_scheduler)`, or choose it in the config "
-    "(`optim=`, `learning_rate=`)",
-}
-"""Arguments of TRL's `SFTTrainer` / transformers' `Trainer` that `TRAPOTrainer` has no parameter of -> what to do
-instead (`TRAPOTrainer.__new__`; Python's "unexpected keyword argument 'data_collator'" named no fix, as the config's
-fields of other TRL configs are mapped by `TRAPOConfig.__new__`)."""
 
 
 class TRAPOTrainer(_BaseTrainer):
@@ -225,17 +207,7 @@ class TRAPOTrainer(_BaseTrainer):
     loss_is_scaled_for_ga = True
 
     def __new__(cls, *args, **kwargs):
-        # before Python binds the arguments: its "unexpected keyword argument 'data_collator'" names no fix
-        accepted = set(inspect.signature(cls.__init__).parameters) | set(
-            inspect.signature(TRAPOTrainer.__init__).parameters
-        )
-        foreign = [name for name in FOREIGN_TRAINER_ARGUMENTS if name in kwargs and name not in accepted]
-        if foreign:
-            raise TypeError(
-                f"{cls.__name__} got TRL SFTTrainer / transformers Trainer argument(s) it does not take: "
-                + "; ".join(f"{name}=: {FOREIGN_TRAINER_ARGUMENTS[name]}" for name in foreign)
-                + "."
-            )
+        refuse_foreign_arguments(cls, kwargs)  # before Python binds them: its "unexpected keyword" names no fix
         return super().__new__(cls)
 
     def __init__(
