@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
 from .models import check_score_head
 from .rewards import REWARD_FUNCTIONS
@@ -68,12 +68,30 @@ def _check_model(
 
 def _check_policy(value: Any) -> None:
     _check_model("model", value, loadable=True)
-    if isinstance(value, nn.Module) and type(value).__name__.endswith(TASK_HEAD_CLASSES):
+    if not isinstance(value, nn.Module):
+        return
+    if type(value).__name__.endswith(TASK_HEAD_CLASSES):
         raise ValueError(
             f"`model` is a {type(value).__name__}: a policy generates text, so it needs a language-model head, which "
             "this class replaces by a classification head. Did you swap the policy and the reward model? Pass a causal "
             "LM (`AutoModelForCausalLM.from_pretrained(...)`) as `model`, and a sequence-classification model as "
             "`reward_funcs` or `value_model`."
+        )
+    # TRAPO generates with `model.generate`, sizes its checks by `model.get_input_embeddings()`, reads `model.config`
+    # and saves with `save_pretrained`: a plain torch module has none of them and failed with torch's AttributeError
+    from peft import PeftModel  # optional capabilities are imported where they are used
+
+    base = value.get_base_model() if isinstance(value, PeftModel) else value
+    if not isinstance(base, PreTrainedModel) or not base.can_generate():
+        what = "a transformers model without a generation head" if isinstance(base, PreTrainedModel) else "not one"
+        raise TypeError(
+            "`model` must be a transformers language model that can generate (a `PreTrainedModel` with a "
+            "language-model head, e.g. `AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one) or "
+            f"its id / local path (str); got {_shown(value)}: {what}. TRAPO samples with `model.generate`, reads "
+            "`model.config` and `model.get_input_embeddings()`, and saves with `save_pretrained`. Fix: load the "
+            "model with its language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a "
+            "vision-language model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
+            "(https://huggingface.co/docs/transformers/custom_models)."
         )
 
 
@@ -257,6 +275,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
+        TypeError: for a `model` that is a loaded module but not a transformers model that can generate (a plain
+            `nn.Module`, or a body without its language-model head such as `AutoModel`'s).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
