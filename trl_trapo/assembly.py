@@ -253,7 +253,7 @@ def check_resume(
     objectives: list[Objective] | None,
 ) -> str | None:
     """Verify `args.resume_from_checkpoint` (every file's SHA-256) and check that it fits the run, before anything
-    slow loads: a step below `max_steps`; LoRA adapter vs full weights, the datasets (`summary`), the rollout
+    slow loads: a step below `max_steps`; LoRA adapter vs full weights, a PPO critic or none, the datasets (`summary`), the rollout
     source's state (`rollout_state`, see `checkpoint.check_checkpoint_rollouts`); the objectives' names (the model:
     once it is built, `load_models`).
 
@@ -270,7 +270,8 @@ def check_resume(
     check_checkpoint_step(checkpoint, args.max_steps)  # past max_steps: nothing to train
     model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
     adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
-    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state)
+    critic = arguments.get("value_model") is not None
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic)
     objectives = [] if objectives is None else objectives
     if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
         with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
