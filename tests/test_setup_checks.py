@@ -299,3 +299,54 @@ def test_init_hf_repo_by_hand_gives_the_config_checks_message(tmp_path, tokenize
     )
     with pytest.raises(ValueError, match=r"TRAPOConfig.output_dir: the Hub repo id 'my run' .*`--hub_model_id`"):
         trainer.init_hf_repo()
+
+
+@pytest.mark.parametrize("kind", ["reduce_lr_on_plateau", "greedy"])
+def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path, tokenizer, suite, tiny_config, kind):
+    # trial 8's JC28: transformers' KeyError "metric_for_best_model ... 'eval_loss', which is not found" at the first
+    # evaluation after training began (transformers sets metric_for_best_model='loss' for these schedulers)
+    def build_with(**fields):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path / "out", lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, **fields),
+            train_dataset=suite.rl_train,
+            eval_dataset=suite.eval,
+            processing_class=tokenizer,
+        )
+
+    with pytest.raises(
+        ValueError,
+        match=rf"metric_for_best_model='loss' \(transformers' default\) is not a metric "
+        rf"TRAPO logs \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'",
+    ):
+        build_with()
+    with pytest.raises(
+        ValueError, match=r"which is higher when better, but the scheduler's mode is 'min'.*'mode': 'max'"
+    ):
+        build_with(metric_for_best_model="eval_reward")
+
+
+def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suite, tiny_config):
+    """What the refusal above points to trains, and the scheduler gets the evaluation's metric (as under
+    transformers' Trainer): a patience of 0 and no reward gain lowers the learning rate."""
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(
+            tmp_path / "out",
+            max_steps=3,
+            lr_scheduler_type="reduce_lr_on_plateau",
+            lr_scheduler_kwargs={"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0},
+            metric_for_best_model="eval_reward",
+            eval_strategy="steps",
+            eval_steps=1,
+        ),
+        train_dataset=suite.rl_train,
+        eval_dataset=suite.eval,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert any("eval_reward" in entry for entry in trainer.state.log_history)
+    # threshold 10 (rel): no evaluation counts as an improvement, so each one after the first halves the rate
+    assert trainer.optimizer.param_groups[0]["lr"] < tiny_config(tmp_path / "x").learning_rate

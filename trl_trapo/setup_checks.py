@@ -111,6 +111,12 @@ def check_optimizer(args) -> torch.optim.Optimizer | None:
         ) from None
 
 
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
+"""transformers' `lr_scheduler_type`s that `Trainer` steps with the evaluation's `metric_for_best_model` (torch's
+`ReduceLROnPlateau`, transformers' `GreedyLR`; both default to `mode='min'`): checked by
+[`~trl_trapo.evaluation.check_best_model_metric`]."""
+
+
 def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
     """Build the learning-rate scheduler `args` asks for on `optimizer` (or a plain SGD over one dummy parameter), as
     `Trainer.create_scheduler` will, and take one step.
@@ -119,7 +125,7 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
         ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the library's reason and the fix.
     """
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    if kind == "reduce_lr_on_plateau":  # it steps on an evaluation metric; transformers checks its strategy
+    if kind in METRIC_SCHEDULERS:  # they step on an evaluation metric (a step without one is a TypeError)
         return
     optimizer = optimizer or torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
     steps = args.max_steps if args.max_steps > 0 else CHECK_STEPS
