@@ -318,7 +318,7 @@ def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path
     with pytest.raises(
         ValueError,
         match=rf"metric_for_best_model='loss' \(transformers' default\) is not a metric "
-        rf"TRAPO logs \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'",
+        rf"TRAPO logs \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'.*'mode': 'max'",
     ):
         build_with()
     with pytest.raises(

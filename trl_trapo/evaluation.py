@@ -183,10 +183,17 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
     name = metric if metric.startswith("eval_") else f"eval_{metric}"
     if name not in available:
         default = " (transformers' default)" if on_metric and metric == "loss" else ""
+        mode = (
+            " The scheduler's mode must match the metric: `lr_scheduler_kwargs={'mode': 'max'}` for one that is "
+            "higher when better (its default 'min' is for a loss)."
+            if on_metric
+            else ""
+        )
         raise ValueError(
             f"{type(args).__name__}.metric_for_best_model={metric!r}{default} is not a metric TRAPO logs ({user} "
             "compares it after every evaluation): "
             + (fix if choices else f"{fix[:-1]}, or drop {user.split('=')[0]}.")
+            + mode
         )
     if on_metric:  # transformers passes the metric as is; the scheduler's `mode` says which way is better
         mode = (args.lr_scheduler_kwargs or {}).get("mode", "min")
