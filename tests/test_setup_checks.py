@@ -350,3 +350,48 @@ def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suit
     assert any("eval_reward" in entry for entry in trainer.state.log_history)
     # threshold 10 (rel): no evaluation counts as an improvement, so each one after the first halves the rate
     assert trainer.optimizer.param_groups[0]["lr"] < tiny_config(tmp_path / "x").learning_rate
+
+
+def test_an_optimizer_over_another_models_parameters_is_refused(tmp_path, tokenizer, suite, tiny_config):
+    # trial 8's MD04: trained 2 steps, loss and grad_norm logged, and the policy never moved
+    other = build_tiny_model(tokenizer, seed=1)
+    optimizer = torch.optim.AdamW(other.parameters(), lr=1e-3)
+    with pytest.raises(ValueError, match=r"`optimizers\[0\]` \(AdamW\) holds none of the \d+ trainable parameter"):
+        build(tmp_path, tokenizer, suite, tiny_config, optimizers=(optimizer, None))
+
+
+def test_an_optimizer_built_before_the_adapter_is_refused_with_the_peft_fix(tmp_path, tokenizer, suite, tiny_config):
+    model = build_tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the base weights: frozen once the adapter is added
+    with pytest.raises(ValueError, match=r"holds none of .*LoRA adapter of `peft_config` is created inside"):
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            model=model,
+            optimizers=(optimizer, None),
+            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+        )
+
+
+def test_an_optimizer_over_some_trained_parameters_is_named_in_a_warning(
+    tmp_path, tokenizer, suite, tiny_config, caplog
+):
+    model = build_tiny_model(tokenizer, seed=0)
+    params = [p for name, p in model.named_parameters() if "embed" not in name]
+    with caplog.at_level("WARNING", logger="trl_trapo.setup_checks"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=model, optimizers=(torch.optim.AdamW(params), None))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("get gradients but are never updated" in m and "embed" in m for m in messages), messages
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_trapo.setup_checks"):  # all of them: nothing to say (trial 8's MD03)
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            model=model,
+            optimizers=(torch.optim.AdamW(model.parameters()), None),
+        )
+    assert not [r for r in caplog.records if "optimizers[0]" in r.getMessage()]

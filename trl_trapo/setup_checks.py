@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,9 @@ from typing import Any
 import torch
 from transformers import Trainer, get_scheduler
 from transformers.integrations import integration_utils
+
+
+logger = logging.getLogger(__name__)
 
 
 TRACKER_PACKAGES = {
@@ -151,6 +155,54 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
             f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
             f"cannot be built: {type(error).__name__}: {error}. Fix: {fix}."
         ) from None
+
+
+def check_optimizer_covers(optimizer: torch.optim.Optimizer | None, trained: torch.nn.Module, adapter: bool) -> None:
+    """Refuse a user's optimizer (`optimizers=(optimizer, ...)`) that holds none of the parameters the run trains,
+    and warn when it holds only some: the `Trainer` steps it as given, so the policy would never move while the
+    losses and gradient norms are logged as usual (trial 8's MD04). transformers does not check this.
+
+    Args:
+        optimizer (`torch.optim.Optimizer`, *optional*): the user's optimizer; None: nothing to check.
+        trained (`nn.Module`): what the `Trainer` trains (the policy, or the policy-and-critic wrapper), as built
+            (its adapter added, its frozen parts frozen).
+        adapter (`bool`): the policy got its adapter from `peft_config` inside the trainer.
+
+    Raises:
+        ValueError: naming `optimizers[0]`, how many trainable tensors it holds (0) and the fix.
+    """
+    if optimizer is None:
+        return
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trainable = [(name, p) for name, p in trained.named_parameters() if p.requires_grad]
+    missing = [name for name, p in trainable if id(p) not in held]
+    if trainable and len(missing) == len(trainable):
+        fix = (
+            "The LoRA adapter of `peft_config` is created inside the trainer, so an optimizer built before it holds "
+            "none of its parameters: wrap the model yourself (`model = peft.get_peft_model(model, peft_config)`), "
+            "build the optimizer over `model.parameters()` and pass both without peft_config, or drop `optimizers` "
+            "(the Trainer builds one from `optim` / `learning_rate`)."
+            if adapter
+            else "Build it over the parameters of the model you pass as `model` (`torch.optim.AdamW(model.parameters(), "
+            "lr=...)`; with a `value_model` also over its parameters), or drop `optimizers` (the Trainer builds one "
+            "from `optim` / `learning_rate`)."
+        )
+        raise ValueError(
+            f"`optimizers[0]` ({type(optimizer).__name__}) holds none of the {len(trainable)} trainable parameter "
+            f"tensors of the model this run trains (e.g. {trainable[0][0]!r}): the policy would never move while the "
+            f"losses were logged as usual. {fix}"
+        )
+    if missing:
+        logger.warning(
+            "`optimizers[0]` (%s) holds %d of the %d trainable parameter tensors of the model this run trains; the "
+            "other %d (e.g. %r) get gradients but are never updated. Build the optimizer over all of them, or set "
+            "requires_grad=False on those you mean to freeze.",
+            type(optimizer).__name__,
+            len(trainable) - len(missing),
+            len(trainable),
+            len(missing),
+            missing[0],
+        )
 
 
 def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> None:
