@@ -395,3 +395,17 @@ def test_an_optimizer_over_some_trained_parameters_is_named_in_a_warning(
             optimizers=(torch.optim.AdamW(model.parameters()), None),
         )
     assert not [r for r in caplog.records if "optimizers[0]" in r.getMessage()]
+
+
+def test_neftune_is_refused_in_a_run_with_rl_and_kept_without(tmp_path, tokenizer, suite, tiny_config):
+    # trial 8's CF08: NEFTune's noise on every training forward but not the sampler's: the first PPO ratio was 0.997
+    with pytest.raises(ValueError, match=r"neftune_noise_alpha=5 cannot be used in a run with RL.*Fix: drop"):
+        build(tmp_path, tokenizer, suite, tiny_config, neftune_noise_alpha=5)
+    trainer = TRAPOTrainer(  # SFT only: NEFTune's own use, kept
+        build_tiny_model(tokenizer, seed=0),
+        args=tiny_config(tmp_path / "sft", neftune_noise_alpha=5, max_steps=1),
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1

@@ -110,7 +110,7 @@ from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
-from .setup_checks import check_training_setup
+from .setup_checks import check_neftune, check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
@@ -227,8 +227,9 @@ def check_run(
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
     check_datasets(args, given, eval_dataset, WITH_DATA)
-    # trackers, optimizer and scheduler: built by `train()`, checked now
+    # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
     check_training_setup(args, arguments.get("optimizers", (None, None)))
+    check_neftune(args, (train_dataset is not None or own_source) and args.rl_weight > 0)
     # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
     entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:

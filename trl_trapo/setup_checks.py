@@ -205,6 +205,34 @@ def check_optimizer_covers(optimizer: torch.optim.Optimizer | None, trained: tor
         )
 
 
+def check_neftune(args, trains_on_samples: bool) -> None:
+    """Refuse `neftune_noise_alpha` (transformers' NEFTune, https://huggingface.co/papers/2310.05914) in a run that
+    trains on its own samples. `Trainer.train` adds the noise to the input embeddings of every training forward, of
+    every row of a mixed batch, but not to the sampler's: the RL log-probs then differ from the behaviour log-probs
+    the completions were sampled with (the first PPO ratio is no longer 1; trial 8's CF08: `val/ratio` 0.997,
+    `policy/approxkl_avg` 0.007 instead of 1 / 4e-14), without a word. A mixed batch's forward cannot give the
+    noise to its SFT rows alone, so it is refused rather than scoped; an SFT / pretraining run keeps it.
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): the configuration (read only).
+        trains_on_samples (`bool`): the run has an active RL objective (RL prompts or the user's rollouts, with
+            `rl_weight` > 0).
+
+    Raises:
+        ValueError: naming `neftune_noise_alpha`, its value and the fix.
+    """
+    alpha = getattr(args, "neftune_noise_alpha", None)
+    if alpha is None or not trains_on_samples:
+        return
+    raise ValueError(
+        f"{type(args).__name__}.neftune_noise_alpha={alpha!r} cannot be used in a run with RL: transformers' NEFTune "
+        "adds noise to the input embeddings of every training forward (every objective's rows of a batch), not to "
+        "the sampler's, so the RL log-probs no longer match those the completions were sampled with (the PPO ratio "
+        "starts away from 1). Fix: drop neftune_noise_alpha (--neftune_noise_alpha), or use it in an SFT-only run "
+        "(no train_dataset, or rl_weight=0)."
+    )
+
+
 def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> None:
     """Check, before any model loads, what `train()` and the Trainer's constructor would otherwise fail on late
     (see the module docstring): the `report_to` trackers, and the optimizer and scheduler `args` ask for (each only
