@@ -382,14 +382,14 @@ def check_checkpoint_fits(
         raise CheckpointError(
             f"resume_from_checkpoint={checkpoint_dir!r} holds a policy and a PPO critic (value_model.* weights: it "
             "was trained with a value_model, PPO with GAE), but this run has no value_model. Fix: pass the same "
-            "value_model (PPOTrainer(value_model=...), TRAPOTrainer(value_model=...)) to resume it, "
+            "value_model (`value_model=...`, --value_model_name_or_path) to resume it, "
             f"{start_over}."
         )
     if held_critic is False and critic:
         raise CheckpointError(
             f"resume_from_checkpoint={checkpoint_dir!r} holds a policy without a critic (it was trained without a "
-            "value_model: group-relative advantages), but this run trains a value_model. Fix: drop value_model to "
-            f"resume it, {start_over}."
+            "value_model: group-relative advantages), but this run trains a value_model. Fix: drop value_model "
+            f"(--value_model_name_or_path) to resume it, {start_over}."
         )
     if model is not None:
         problem = _model_mismatch(checkpoint_dir, held, model)
