@@ -86,20 +86,35 @@ def test_an_argument_of_the_wrong_type_is_one_message_before_anything_loads(
     assert raised.value.__cause__ is None  # raised by the check, not re-raised from a library's error
 
 
-@pytest.mark.parametrize("kind", ["torch-module", "headless-transformers-model"])
-def test_a_policy_that_cannot_generate_is_refused_naming_what_a_policy_must_be(tmp_path, tokenizer, tiny_config, kind):
+@pytest.mark.parametrize(
+    ("argument", "kind"),
+    [
+        ("model", "torch-module"),
+        ("model", "headless-transformers-model"),
+        ("ref_model", "torch-module"),  # torch's TypeError about `input_ids` at the first step
+        ("teacher_model", "torch-module"),  # torch's AttributeError about `get_output_embeddings`
+    ],
+)
+def test_a_module_without_a_language_model_head_is_refused_naming_what_it_must_be(
+    tmp_path, tokenizer, tiny_config, argument, kind
+):
     """A plain `nn.Module` (or a transformers body without its language-model head) as `model` used to reach
-    `prepare_run_data` and fail with torch's "'Sequential' object has no attribute 'get_input_embeddings'"."""
+    `prepare_run_data` and fail with torch's "'Sequential' object has no attribute 'get_input_embeddings'" (trial 8's
+    MD01); as `ref_model` or `teacher_model`, torch's errors too."""
     from transformers import AutoModel
 
     if kind == "torch-module":
-        model = torch.nn.Sequential(torch.nn.Embedding(101, 16), torch.nn.Linear(16, 101))
+        module = torch.nn.Sequential(torch.nn.Embedding(101, 16), torch.nn.Linear(16, 101))
     else:
-        model = AutoModel.from_config(build_tiny_model(tokenizer).config)  # LlamaModel: no lm_head
+        module = AutoModel.from_config(build_tiny_model(tokenizer).config)  # LlamaModel: no lm_head
     with pytest.raises(TypeError) as raised:
-        build(tmp_path, tokenizer, tiny_config, model=model, train_dataset=prompts())
+        build(tmp_path, tokenizer, tiny_config, **{argument: module}, train_dataset=prompts())
     message = str(raised.value)
-    for needle in ["`model` must be a transformers language model", type(model).__name__, "AutoModelForCausalLM"]:
+    for needle in [
+        f"`{argument}` must be a transformers language model",
+        type(module).__name__,
+        "AutoModelForCausalLM",
+    ]:
         assert needle in message, (needle, message)
     assert raised.value.__cause__ is None
 

@@ -77,20 +77,31 @@ def _check_policy(value: Any) -> None:
             "LM (`AutoModelForCausalLM.from_pretrained(...)`) as `model`, and a sequence-classification model as "
             "`reward_funcs` or `value_model`."
         )
-    # TRAPO generates with `model.generate`, sizes its checks by `model.get_input_embeddings()`, reads `model.config`
-    # and saves with `save_pretrained`: a plain torch module has none of them and failed with torch's AttributeError
+    _check_language_model("model", value)
+
+
+def _check_language_model(name: str, value: Any) -> None:
+    """`value` (an `nn.Module`) is a transformers model with a language-model head, or a PEFT model wrapping one.
+
+    TRAPO samples with the policy's `generate`, reads every causal LM's `config`, `get_input_embeddings()` /
+    `get_output_embeddings()` and calls it with `input_ids=`; a plain torch module failed with torch's AttributeError
+    (`model`, `teacher_model`, at construction) or TypeError (`ref_model`, at the first step)."""
     from peft import PeftModel  # optional capabilities are imported where they are used
 
+    if not isinstance(value, nn.Module):
+        return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
     if not isinstance(base, PreTrainedModel) or not base.can_generate():
-        what = "a transformers model without a generation head" if isinstance(base, PreTrainedModel) else "not one"
+        what = "a transformers model without a language-model head" if isinstance(base, PreTrainedModel) else "not one"
+        role = "TRAPO samples with `model.generate`, " if name == "model" else ""
         raise TypeError(
-            "`model` must be a transformers language model that can generate (a `PreTrainedModel` with a "
-            "language-model head, e.g. `AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one) or "
-            f"its id / local path (str); got {_shown(value)}: {what}. TRAPO samples with `model.generate`, reads "
-            "`model.config` and `model.get_input_embeddings()`, and saves with `save_pretrained`. Fix: load the "
-            "model with its language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a "
-            "vision-language model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
+            f"`{name}` must be a transformers language model (a `PreTrainedModel` with a language-model head, e.g. "
+            "`AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one)"
+            + (" or its id / local path (str)" if name != "ref_model" else "")
+            + f"; got {_shown(value)}: {what}. {role}TRAPO reads its `config` and `get_input_embeddings()`, calls it "
+            "with `input_ids=` and saves the policy with `save_pretrained`. Fix: load the model with its "
+            "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
+            "model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
             "(https://huggingface.co/docs/transformers/custom_models)."
         )
 
@@ -230,10 +241,13 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "reward_funcs": _check_reward_funcs,
     "processing_class": lambda v: None if _is_tokenizer(v) else _refuse("processing_class", v, TOKENIZER),
     "reward_processing_classes": _check_reward_processing_classes,
-    "ref_model": lambda v: _check_model("ref_model", v, loadable=False),
+    "ref_model": lambda v: (_check_model("ref_model", v, loadable=False), _check_language_model("ref_model", v)),
     "reward_model": lambda v: _check_reward("reward_model", v),
     "value_model": _check_value_model,
-    "teacher_model": lambda v: _check_model("teacher_model", v, loadable=True),
+    "teacher_model": lambda v: (
+        _check_model("teacher_model", v, loadable=True),
+        _check_language_model("teacher_model", v),
+    ),
     "peft_config": _check_peft_config,
     "callbacks": _check_callbacks,
     "optimizers": _check_optimizers,
@@ -275,8 +289,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
-        TypeError: for a `model` that is a loaded module but not a transformers model that can generate (a plain
-            `nn.Module`, or a body without its language-model head such as `AutoModel`'s).
+        TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
+            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
