@@ -35,8 +35,8 @@ TOKENIZER = "a tokenizer or processor (`AutoTokenizer.from_pretrained(...)` / `A
 
 
 def _shown(value: Any) -> str:
-    """`type (repr)`, the repr cut to 60 characters."""
-    text = repr(value)
+    """`type (repr)`, the repr on one line (a module's spans many) cut to 60 characters."""
+    text = " ".join(repr(value).split())
     return f"{type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
 
 
@@ -92,13 +92,17 @@ def _check_language_model(name: str, value: Any) -> None:
         return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
     if not isinstance(base, PreTrainedModel) or not base.can_generate():
-        what = "a transformers model without a language-model head" if isinstance(base, PreTrainedModel) else "not one"
-        role = "TRAPO samples with `model.generate`, " if name == "model" else ""
+        what = (
+            "a transformers model without a language-model head"
+            if isinstance(base, PreTrainedModel)
+            else ("not a transformers model")
+        )
+        uses = "samples with `model.generate`, " if name == "model" else ""
         raise TypeError(
             f"`{name}` must be a transformers language model (a `PreTrainedModel` with a language-model head, e.g. "
             "`AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one)"
             + (" or its id / local path (str)" if name != "ref_model" else "")
-            + f"; got {_shown(value)}: {what}. {role}TRAPO reads its `config` and `get_input_embeddings()`, calls it "
+            + f"; got {_shown(value)}: {what}. TRAPO {uses}reads its `config` and `get_input_embeddings()`, calls it "
             "with `input_ids=` and saves the policy with `save_pretrained`. Fix: load the model with its "
             "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
             "model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
