@@ -32,9 +32,11 @@ tokenizer and a context of 256 positions, so shorter prompts and responses; ~10 
         --per_device_train_batch_size 4 --num_ppo_epochs 1 --stop_token eos --output_dir ppo-tiny --report_to none
 
 Both run from any folder: the default `--dataset_name` is the GSM8K file shipped next to this script. Without
-`--model_name_or_path` it stops at once and says what to pass; a model folder or data file that does not exist, an
-unknown or abbreviated flag (`--total_episode`) and a value the configuration refuses stop it at once too, with one
-line naming the flag, before anything is loaded or deleted.
+`--model_name_or_path` it stops at once and says what to pass; a model folder or data file that does not exist, a
+data file without the `--dataset_text_field` column, `--load_in_4bit` without bitsandbytes (trl-trapo's main-job
+checks: `trl_trapo.setup_checks.check_model_loading`), an unknown or abbreviated flag (`--total_episode`) and a value
+the configuration refuses stop it at once too, with one line naming the flag, before any model is loaded or
+`output_dir` deleted.
 """
 
 import os
@@ -44,10 +46,18 @@ from dataclasses import dataclass, field
 import torch
 from accelerate import PartialState
 from datasets import load_dataset
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    HfArgumentParser,
+)
 from trl import ModelConfig, ScriptArguments, get_peft_config, get_quantization_config
 
 from trl_trapo import PPOConfig, PPOTrainer
+from trl_trapo.data import check_missing_values
+from trl_trapo.setup_checks import check_model_loading
 
 
 @dataclass
@@ -124,8 +134,20 @@ if __name__ == "__main__":
             f"({os.path.abspath(script_args.dataset_name)}). Fix: give a local JSON / JSON Lines file of prompts, or "
             "leave it unset for the GSM8K questions shipped next to this script."
         )
-    # remove output_dir if exists
-    shutil.rmtree(training_args.output_dir, ignore_errors=True)
+    # the prompt column is checked before anything is loaded or deleted (it was datasets' KeyError after the models
+    # had loaded), and its cells with the check trl-trapo's main job runs on its datasets
+    dataset = load_dataset("json", data_files=script_args.dataset_name, split=script_args.dataset_train_split)
+    if script_args.dataset_text_field not in dataset.column_names:
+        guess = "prompt" if "prompt" in dataset.column_names else dataset.column_names[0]
+        raise SystemExit(
+            f"{parser.prog}: error: --dataset_text_field={script_args.dataset_text_field!r}: "
+            f"{script_args.dataset_name!r} has no such column; its columns are {dataset.column_names}. Fix: name the "
+            f"column that holds the prompt text (e.g. `--dataset_text_field {guess}`), or rename it in the file."
+        )
+    try:
+        check_missing_values(dataset, "--dataset_name", [script_args.dataset_text_field])
+    except ValueError as error:
+        raise SystemExit(f"{parser.prog}: error: {error}") from None
 
     ################
     # Model & Tokenizer
@@ -141,6 +163,15 @@ if __name__ == "__main__":
         # passing device_map=None is not the same as leaving it out, so it is set only with quantization
         model_kwargs["device_map"] = {"": PartialState().local_process_index} if torch.cuda.is_available() else None
         model_kwargs["quantization_config"] = quantization_config
+    # what the first from_pretrained would fail on, checked on the policy's config as trl-trapo's main job does:
+    # --load_in_4bit / --load_in_8bit without bitsandbytes, flash attention without a GPU, a classification checkpoint
+    try:
+        sft_config = AutoConfig.from_pretrained(training_args.sft_model_path)
+        check_model_loading(training_args.sft_model_path, sft_config, model_kwargs, "--sft_model_path", "model_kwargs")
+    except ValueError as error:
+        raise SystemExit(f"{parser.prog}: error: {error}") from None
+    # remove output_dir if exists
+    shutil.rmtree(training_args.output_dir, ignore_errors=True)
 
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path, padding_side="left", trust_remote_code=False
@@ -174,7 +205,6 @@ if __name__ == "__main__":
     ################
     # Dataset
     ################
-    dataset = load_dataset("json", data_files=script_args.dataset_name, split=script_args.dataset_train_split)
     if script_args.max_prompts is not None:
         dataset = dataset.select(range(min(script_args.max_prompts, len(dataset))))
     eval_samples = script_args.eval_samples

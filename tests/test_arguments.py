@@ -86,6 +86,47 @@ def test_an_argument_of_the_wrong_type_is_one_message_before_anything_loads(
     assert raised.value.__cause__ is None  # raised by the check, not re-raised from a library's error
 
 
+@pytest.mark.parametrize(
+    ("argument", "kind"),
+    [
+        ("model", "torch-module"),
+        ("model", "headless-transformers-model"),
+        ("ref_model", "torch-module"),  # torch's TypeError about `input_ids` at the first step
+        ("teacher_model", "torch-module"),  # torch's AttributeError about `get_output_embeddings`
+    ],
+)
+def test_a_module_without_a_language_model_head_is_refused_naming_what_it_must_be(
+    tmp_path, tokenizer, tiny_config, argument, kind
+):
+    """A plain `nn.Module` (or a transformers body without its language-model head) as `model` used to reach
+    `prepare_run_data` and fail with torch's "'Sequential' object has no attribute 'get_input_embeddings'" (trial 8's
+    MD01); as `ref_model` or `teacher_model`, torch's errors too."""
+    from transformers import AutoModel
+
+    if kind == "torch-module":
+        module = torch.nn.Sequential(torch.nn.Embedding(101, 16), torch.nn.Linear(16, 101))
+    else:
+        module = AutoModel.from_config(build_tiny_model(tokenizer).config)  # LlamaModel: no lm_head
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **{argument: module}, train_dataset=prompts())
+    message = str(raised.value)
+    for needle in [
+        f"`{argument}` must be a transformers language model",
+        type(module).__name__,
+        "AutoModelForCausalLM",
+    ]:
+        assert needle in message, (needle, message)
+    assert raised.value.__cause__ is None
+
+
+def test_a_peft_wrapped_policy_passes_the_policy_check(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    check_trainer_arguments(
+        model=get_peft_model(build_tiny_model(tokenizer), LoraConfig(r=2, target_modules=["q_proj"]))
+    )
+
+
 def test_the_ppo_trainer_checks_its_arguments_as_well(tmp_path, tokenizer):
     dataset = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 4})
     args = PPOConfig(output_dir=str(tmp_path), report_to="none", total_episodes=4, per_device_train_batch_size=4)

@@ -408,6 +408,18 @@ def test_a_checkpoint_made_with_other_datasets_is_named(saved_run, tmp_path, cha
 # ---------------------------------------------------------------------------------------------------------------------
 # (d) a complete checkpoint that does not fit the run: refused when the trainer is built, before anything slow
 # ---------------------------------------------------------------------------------------------------------------------
+def tiny_critic(tokenizer):
+    """A one-output sequence-classification model of the tiny model's config (a PPO `value_model`)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from trl_trapo.tasks import build_tiny_model
+
+    config = build_tiny_model(tokenizer, seed=0).config
+    config.num_labels = 1
+    torch.manual_seed(1)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
 @pytest.fixture(scope="module")
 def fitting_checkpoints(tmp_path_factory):
     """One-step runs saved at step 1: `full` (full weights) and `lora` (a LoRA adapter, r=4 on q_proj / v_proj)."""
@@ -434,6 +446,14 @@ def fitting_checkpoints(tmp_path_factory):
             processing_class=tokenizer,
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
         ).train()
+        TRAPOTrainer(  # `ppo`: a policy and a critic (value_model.* weights, no config.json)
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(str(root / "ppo"), max_steps=1, save_strategy="steps", save_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            value_model=tiny_critic(tokenizer),
+        ).train()
     # `async`: `full` as an async_rollouts run writes it: its rank0.json holds the producer's rounds in flight (the
     # check reads only whether that entry is there; the marker's hash is renewed so the copy is complete)
     held = root / "async" / "checkpoint-1"
@@ -450,6 +470,7 @@ def fitting_checkpoints(tmp_path_factory):
         "full": str(root / "full" / "checkpoint-1"),
         "lora": str(root / "lora" / "checkpoint-1"),
         "async": str(held),
+        "ppo": str(root / "ppo" / "checkpoint-1"),
         "suite": suite,
     }
 
@@ -473,6 +494,15 @@ FIT_CASES = {
         "is of another model: r 4 in its adapter_config.json, 8",
         "LoRA settings",
     ),
+    # trial 8's RE01: train() built transformers' default Llama (32 x 4096, tens of GB) from the config-less folder
+    "critic-into-none": (
+        "ppo",
+        {},
+        "holds a policy and a PPO critic (value_model.* weights",
+        "Fix: pass the same value_model",
+    ),
+    # its converse: torch's missing-keys error in train()
+    "none-into-critic": ("full", {"critic": True}, "holds a policy without a critic", "Fix: drop value_model"),
     # trial 7's Y06: refused by the source's restore in train(), after the CLI's initial evaluation
     "sync-into-async": (
         "full",
@@ -533,6 +563,7 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_before_anything_slow(
             pretrain_dataset=suite.pretrain,
             processing_class=tokenizer,
             peft_config=peft,
+            value_model=tiny_critic(tokenizer) if "critic" in change else None,
         )
 
     with one_thread(), pytest.raises(CheckpointError) as error:

@@ -39,6 +39,7 @@ from transformers import (
     LlamaForCausalLM,
     LlamaForSequenceClassification,
 )
+from transformers.utils import is_bitsandbytes_available
 from trl import ModelConfig, ScriptArguments
 
 from trl_trapo import PPOConfig
@@ -359,14 +360,31 @@ def test_the_docstrings_offline_command_runs_from_another_folder(tmp_path):
         (["--total_episode", "8"], "['--total_episode', '8']"),
         # a value the configuration refuses: its message, without a traceback
         (["--total_episodes", "-3"], "total_episodes=-3 is invalid"),
+        # trial 8's JC24: datasets' KeyError: 'question' traceback, after the models had loaded
+        (["--dataset_name", "prompts.jsonl"], "--dataset_text_field='question': 'prompts.jsonl' has no such column"),
+        # trial 8's JC14: transformers' ImportError traceback from the first from_pretrained (the main job's check)
+        pytest.param(
+            ["--load_in_4bit"],
+            "loads the model in 4-bit (`--load_in_4bit`), which needs the bitsandbytes package",
+            marks=pytest.mark.skipif(is_bitsandbytes_available(), reason="bitsandbytes is installed"),
+        ),
     ],
-    ids=["missing-reward-model", "missing-sft-model", "missing-data", "abbreviation", "bad-value"],
+    ids=[
+        "missing-reward-model",
+        "missing-sft-model",
+        "missing-data",
+        "abbreviation",
+        "bad-value",
+        "no-column",
+        "4bit",
+    ],
 )
 def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, flags, needle):
     """A fresh user's trial: each bad input ended in a traceback (or was silently taken). Now one line, the flag and
     value named, a non-zero exit, before any model is loaded or `output_dir` deleted."""
     (tmp_path / "models" / "tiny").mkdir(parents=True)  # a local `models/` folder: `models/nope_rm` is a typo
     (tmp_path / "models" / "tiny" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "2+2=", "answer": "4"}\n')  # no `question` column
     out = tmp_path / "earlier-results"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
@@ -389,7 +407,10 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
         [sys.executable, str(AFTER), *models, *flags, "--output_dir", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "[WARNING]" not in line]
+    # datasets' progress bar while it reads the file (`Generating train split`) is not a message
+    noise = ("[WARNING]", "Generating train split")
+    output = (completed.stdout + completed.stderr).splitlines()
+    lines = [line for line in output if line.strip() and not any(word in line for word in noise)]
     assert completed.returncode != 0 and len(lines) == 1, lines
     assert lines[0].startswith("ppo_trl112_style.py: error: ") and needle in lines[0], lines
     assert (out / "notes.txt").read_text() == "kept"

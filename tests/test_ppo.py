@@ -227,6 +227,38 @@ def test_ppo_metrics_are_logged_once_per_rollout_batch_unless_logging_steps_is_g
     )
 
 
+@pytest.mark.parametrize("total_episodes", [None, 16])
+def test_max_steps_is_honoured_and_wins_over_total_episodes_with_a_warning(
+    tmp_path, saved_models, caplog, total_episodes
+):
+    """Trial 8's PP01: `PPOConfig(max_steps=2)` ran 8 optimizer steps, max_steps overwritten from total_episodes (or
+    epochs x prompts) without a word, as TRL 1.12's PPOTrainer ignored it. Now max_steps counts optimizer steps, as
+    in TRAPOTrainer; with total_episodes also set a warning says which wins."""
+    tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
+    config = ppo_config(tmp_path, max_steps=3, total_episodes=total_episodes)
+    with caplog.at_level("WARNING", logger="trl_trapo.ppo"):
+        trainer = PPOTrainer(
+            config,
+            tokenizer,
+            load(saved_models, "policy"),
+            load(saved_models, "ref"),
+            load(saved_models, "reward"),
+            tokenized_prompts(tokenizer),
+            load(saved_models, "value"),
+        )
+    warned = [r.getMessage() for r in caplog.records if "max_steps wins" in r.getMessage()]
+    if total_episodes is None:
+        assert not warned
+    else:
+        assert warned and "max_steps=3 and total_episodes=16" in warned[0], warned
+    assert config.max_steps == 3 and config.total_episodes == total_episodes  # the user's config is not changed
+    # 3 optimizer steps of 2 per rollout batch (2 PPO epochs x 1 mini-batch): 2 batches of 4 prompts
+    assert trainer.args.max_steps == 3 and trainer.args.num_total_batches == 2
+    assert trainer.args.total_episodes == (8 if total_episodes is None else 16)
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
 def test_mini_batches_must_divide_accumulation(tmp_path, saved_models):
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
     with pytest.raises(ValueError, match="divisible by num_mini_batches=3"):

@@ -299,3 +299,113 @@ def test_init_hf_repo_by_hand_gives_the_config_checks_message(tmp_path, tokenize
     )
     with pytest.raises(ValueError, match=r"TRAPOConfig.output_dir: the Hub repo id 'my run' .*`--hub_model_id`"):
         trainer.init_hf_repo()
+
+
+@pytest.mark.parametrize("kind", ["reduce_lr_on_plateau", "greedy"])
+def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path, tokenizer, suite, tiny_config, kind):
+    # trial 8's JC28: transformers' KeyError "metric_for_best_model ... 'eval_loss', which is not found" at the first
+    # evaluation after training began (transformers sets metric_for_best_model='loss' for these schedulers)
+    def build_with(**fields):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path / "out", lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, **fields),
+            train_dataset=suite.rl_train,
+            eval_dataset=suite.eval,
+            processing_class=tokenizer,
+        )
+
+    with pytest.raises(
+        ValueError,
+        match=rf"metric_for_best_model='loss' \(transformers' default\) is not a metric "
+        rf"TRAPO logs \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'.*'mode': 'max'",
+    ):
+        build_with()
+    with pytest.raises(
+        ValueError, match=r"which is higher when better, but the scheduler's mode is 'min'.*'mode': 'max'"
+    ):
+        build_with(metric_for_best_model="eval_reward")
+
+
+def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suite, tiny_config):
+    """What the refusal above points to trains, and the scheduler gets the evaluation's metric (as under
+    transformers' Trainer): a patience of 0 and no reward gain lowers the learning rate."""
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(
+            tmp_path / "out",
+            max_steps=3,
+            lr_scheduler_type="reduce_lr_on_plateau",
+            lr_scheduler_kwargs={"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0},
+            metric_for_best_model="eval_reward",
+            eval_strategy="steps",
+            eval_steps=1,
+        ),
+        train_dataset=suite.rl_train,
+        eval_dataset=suite.eval,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert any("eval_reward" in entry for entry in trainer.state.log_history)
+    # threshold 10 (rel): no evaluation counts as an improvement, so each one after the first halves the rate
+    assert trainer.optimizer.param_groups[0]["lr"] < tiny_config(tmp_path / "x").learning_rate
+
+
+def test_an_optimizer_over_another_models_parameters_is_refused(tmp_path, tokenizer, suite, tiny_config):
+    # trial 8's MD04: trained 2 steps, loss and grad_norm logged, and the policy never moved
+    other = build_tiny_model(tokenizer, seed=1)
+    optimizer = torch.optim.AdamW(other.parameters(), lr=1e-3)
+    with pytest.raises(ValueError, match=r"`optimizers\[0\]` \(AdamW\) holds none of the \d+ trainable parameter"):
+        build(tmp_path, tokenizer, suite, tiny_config, optimizers=(optimizer, None))
+
+
+def test_an_optimizer_built_before_the_adapter_is_refused_with_the_peft_fix(tmp_path, tokenizer, suite, tiny_config):
+    model = build_tiny_model(tokenizer, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the base weights: frozen once the adapter is added
+    with pytest.raises(ValueError, match=r"holds none of .*LoRA adapter of `peft_config` is created inside"):
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            model=model,
+            optimizers=(optimizer, None),
+            peft_config=LoraConfig(r=2, target_modules=["q_proj"]),
+        )
+
+
+def test_an_optimizer_over_some_trained_parameters_is_named_in_a_warning(
+    tmp_path, tokenizer, suite, tiny_config, caplog
+):
+    model = build_tiny_model(tokenizer, seed=0)
+    params = [p for name, p in model.named_parameters() if "embed" not in name]
+    with caplog.at_level("WARNING", logger="trl_trapo.setup_checks"):
+        build(tmp_path, tokenizer, suite, tiny_config, model=model, optimizers=(torch.optim.AdamW(params), None))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("get gradients but are never updated" in m and "embed" in m for m in messages), messages
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trl_trapo.setup_checks"):  # all of them: nothing to say (trial 8's MD03)
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            model=model,
+            optimizers=(torch.optim.AdamW(model.parameters()), None),
+        )
+    assert not [r for r in caplog.records if "optimizers[0]" in r.getMessage()]
+
+
+def test_neftune_is_refused_in_a_run_with_rl_and_kept_without(tmp_path, tokenizer, suite, tiny_config):
+    # trial 8's CF08: NEFTune's noise on every training forward but not the sampler's: the first PPO ratio was 0.997
+    with pytest.raises(ValueError, match=r"neftune_noise_alpha=5 cannot be used in a run with RL.*Fix: drop"):
+        build(tmp_path, tokenizer, suite, tiny_config, neftune_noise_alpha=5)
+    trainer = TRAPOTrainer(  # SFT only: NEFTune's own use, kept
+        build_tiny_model(tokenizer, seed=0),
+        args=tiny_config(tmp_path / "sft", neftune_noise_alpha=5, max_steps=1),
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1

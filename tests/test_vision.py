@@ -694,3 +694,20 @@ def test_a_vlm_messages_row_is_trls_conversation_every_text_token_trained(last, 
     else:
         assert sum(trained) == len(trained) - 4 and "q?" in learned  # all but the 4 image tokens
     assert ours["model_inputs"]["pixel_values"] is not None
+
+
+def test_restoring_a_file_without_config_json_is_refused_not_built_at_the_class_default(tmp_path):
+    """`restore_converted_weights` on a checkpoint whose keys do not match and that has no config.json (a
+    policy-and-critic file): `from_pretrained` built transformers' default Llama (32 x 4096, 19 GB RSS in a minute,
+    trial 8's RE01); now it is refused, naming keys the model does not have."""
+    from safetensors.torch import save_file
+
+    from trl_trapo.tasks import build_tiny_model
+    from trl_trapo.vision import restore_converted_weights
+
+    model = build_tiny_model(build_char_tokenizer(), seed=0)
+    state = {f"policy.{name}": value.detach().clone().contiguous() for name, value in model.state_dict().items()}
+    state.pop("policy.lm_head.weight", None)  # tied to the embeddings: saved once
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"holds weights the model does not have \(\['policy\..*no config\.json"):
+        restore_converted_weights(model, str(tmp_path))

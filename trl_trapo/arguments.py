@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
 from .models import check_score_head
 from .rewards import REWARD_FUNCTIONS
@@ -36,8 +36,8 @@ TOKENIZER = "a tokenizer or processor (`AutoTokenizer.from_pretrained(...)` / `A
 
 
 def _shown(value: Any) -> str:
-    """`type (repr)`, the repr cut to 60 characters."""
-    text = repr(value)
+    """`type (repr)`, the repr on one line (a module's spans many) cut to 60 characters."""
+    text = " ".join(repr(value).split())
     return f"{type(value).__name__} ({text[:57] + '...' if len(text) > 60 else text})"
 
 
@@ -69,12 +69,45 @@ def _check_model(
 
 def _check_policy(value: Any) -> None:
     _check_model("model", value, loadable=True)
-    if isinstance(value, nn.Module) and type(value).__name__.endswith(TASK_HEAD_CLASSES):
+    if not isinstance(value, nn.Module):
+        return
+    if type(value).__name__.endswith(TASK_HEAD_CLASSES):
         raise ValueError(
             f"`model` is a {type(value).__name__}: a policy generates text, so it needs a language-model head, which "
             "this class replaces by a classification head. Did you swap the policy and the reward model? Pass a causal "
             "LM (`AutoModelForCausalLM.from_pretrained(...)`) as `model`, and a sequence-classification model as "
             "`reward_funcs` or `value_model`."
+        )
+    _check_language_model("model", value)
+
+
+def _check_language_model(name: str, value: Any) -> None:
+    """`value` (an `nn.Module`) is a transformers model with a language-model head, or a PEFT model wrapping one.
+
+    TRAPO samples with the policy's `generate`, reads every causal LM's `config`, `get_input_embeddings()` /
+    `get_output_embeddings()` and calls it with `input_ids=`; a plain torch module failed with torch's AttributeError
+    (`model`, `teacher_model`, at construction) or TypeError (`ref_model`, at the first step)."""
+    from peft import PeftModel  # optional capabilities are imported where they are used
+
+    if not isinstance(value, nn.Module):
+        return
+    base = value.get_base_model() if isinstance(value, PeftModel) else value
+    if not isinstance(base, PreTrainedModel) or not base.can_generate():
+        what = (
+            "a transformers model without a language-model head"
+            if isinstance(base, PreTrainedModel)
+            else ("not a transformers model")
+        )
+        uses = "samples with `model.generate`, " if name == "model" else ""
+        raise TypeError(
+            f"`{name}` must be a transformers language model (a `PreTrainedModel` with a language-model head, e.g. "
+            "`AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one)"
+            + (" or its id / local path (str)" if name != "ref_model" else "")
+            + f"; got {_shown(value)}: {what}. TRAPO {uses}reads its `config` and `get_input_embeddings()`, calls it "
+            "with `input_ids=` and saves the policy with `save_pretrained`. Fix: load the model with its "
+            "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
+            "model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
+            "(https://huggingface.co/docs/transformers/custom_models)."
         )
 
 
@@ -213,10 +246,13 @@ CHECKS: dict[str, Callable[[Any], None]] = {
     "reward_funcs": _check_reward_funcs,
     "processing_class": lambda v: None if _is_tokenizer(v) else _refuse("processing_class", v, TOKENIZER),
     "reward_processing_classes": _check_reward_processing_classes,
-    "ref_model": lambda v: _check_model("ref_model", v, loadable=False),
+    "ref_model": lambda v: (_check_model("ref_model", v, loadable=False), _check_language_model("ref_model", v)),
     "reward_model": lambda v: _check_reward("reward_model", v),
     "value_model": _check_value_model,
-    "teacher_model": lambda v: _check_model("teacher_model", v, loadable=True),
+    "teacher_model": lambda v: (
+        _check_model("teacher_model", v, loadable=True),
+        _check_language_model("teacher_model", v),
+    ),
     "peft_config": _check_peft_config,
     "callbacks": _check_callbacks,
     "optimizers": _check_optimizers,
@@ -258,6 +294,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
+        TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
+            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a

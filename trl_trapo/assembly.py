@@ -110,7 +110,7 @@ from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
-from .setup_checks import check_training_setup
+from .setup_checks import check_neftune, check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
@@ -228,8 +228,9 @@ def check_run(
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
     check_datasets(args, given, eval_dataset, WITH_DATA)
-    # trackers, optimizer and scheduler: built by `train()`, checked now
+    # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
     check_training_setup(args, arguments.get("optimizers", (None, None)))
+    check_neftune(args, (train_dataset is not None or own_source) and args.rl_weight > 0)
     # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
     entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
@@ -254,7 +255,7 @@ def check_resume(
     objectives: list[Objective] | None,
 ) -> str | None:
     """Verify `args.resume_from_checkpoint` (every file's SHA-256) and check that it fits the run, before anything
-    slow loads: a step below `max_steps`; LoRA adapter vs full weights, the datasets (`summary`), the rollout
+    slow loads: a step below `max_steps`; LoRA adapter vs full weights, a PPO critic or none, the datasets (`summary`), the rollout
     source's state (`rollout_state`, see `checkpoint.check_checkpoint_rollouts`); the objectives' names (the model:
     once it is built, `load_models`).
 
@@ -271,7 +272,8 @@ def check_resume(
     check_checkpoint_step(checkpoint, args.max_steps)  # past max_steps: nothing to train
     model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
     adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
-    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state)
+    critic = arguments.get("value_model") is not None
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic)
     objectives = [] if objectives is None else objectives
     if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
         with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None

@@ -306,12 +306,38 @@ def checkpoint_holds_adapter(checkpoint_dir: str) -> bool | None:
     return False if names & set(FULL_FILES) else None
 
 
+CRITIC_PREFIX = "value_model."  # a `PolicyAndValueWrapper`'s critic weights, beside its `policy.` ones (models.py)
+
+
+def checkpoint_holds_critic(checkpoint_dir: str) -> bool | None:
+    """True when the checkpoint's weights hold a PPO critic (`value_model.*` tensors: a run with a `value_model`
+    saves its `PolicyAndValueWrapper`), False when they do not, None when no safetensors file or index says (a
+    `.bin` or DeepSpeed checkpoint). Reads the safetensors header or index only, not the tensors."""
+    from safetensors import safe_open
+
+    index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
+    single = os.path.join(checkpoint_dir, "model.safetensors")
+    try:
+        if os.path.isfile(index):
+            with open(index, encoding="utf-8") as handle:
+                names = list(json.load(handle).get("weight_map", {}))
+        elif os.path.isfile(single):
+            with safe_open(single, framework="pt") as handle:
+                names = list(handle.keys())
+        else:
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None  # a damaged file: verify_checkpoint names it
+    return any(name.startswith(CRITIC_PREFIX) for name in names)
+
+
 def check_checkpoint_fits(
     checkpoint_dir: str,
     adapter: bool,
     datasets: dict[str, dict] | None = None,
     model: Any = None,
     rollout_state: bool | None = None,
+    critic: bool | None = None,
 ) -> None:
     """Refuse, before anything slow, a complete checkpoint (see `verify_checkpoint`) that the run cannot resume: its
     weights are a LoRA adapter and the run trains the full model, or the other way round; it is of another model
@@ -319,7 +345,10 @@ def check_checkpoint_fits(
     adapter); it was trained on other datasets (columns or number of rows differ from those `datasets_summary`
     recorded in it; a checkpoint written before that record is not compared); or its rollout source's state does not
     fit the run's source ([`check_checkpoint_rollouts`]). Without these checks each failed only in `train()`, after
-    the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors.
+    the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors. Its weights
+    hold a PPO critic and the run has no `value_model`, or the other way round ([`checkpoint_holds_critic`]): without
+    this check the first failed in `train()` by building transformers' default-sized model from a folder without
+    `config.json` (tens of GB), the second with torch's missing-keys error.
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder.
@@ -328,6 +357,7 @@ def check_checkpoint_fits(
         model (*optional*): the run's policy, once built, to compare with the checkpoint's config; None: not compared.
         rollout_state (`bool`, *optional*): whether the run's rollout source keeps state in checkpoints (see
             [`check_checkpoint_rollouts`]); None: not compared.
+        critic (`bool`, *optional*): the run trains a PPO critic (a `value_model`); None: not compared.
 
     Raises:
         CheckpointError: naming the checkpoint, what it holds, what the run has and the fix.
@@ -346,6 +376,20 @@ def check_checkpoint_fits(
             f"resume_from_checkpoint={checkpoint_dir!r} holds full model weights (model.safetensors: it was trained "
             "without a peft_config / --use_peft), but this run trains a LoRA adapter. Fix: drop peft_config "
             f"(--use_peft), {start_over}."
+        )
+    held_critic = checkpoint_holds_critic(checkpoint_dir) if critic is not None else None
+    if held_critic is True and not critic:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} holds a policy and a PPO critic (value_model.* weights: it "
+            "was trained with a value_model, PPO with GAE), but this run has no value_model. Fix: pass the same "
+            "value_model (`value_model=...`, --value_model_name_or_path) to resume it, "
+            f"{start_over}."
+        )
+    if held_critic is False and critic:
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} holds a policy without a critic (it was trained without a "
+            "value_model: group-relative advantages), but this run trains a value_model. Fix: drop value_model "
+            f"(--value_model_name_or_path) to resume it, {start_over}."
         )
     if model is not None:
         problem = _model_mismatch(checkpoint_dir, held, model)

@@ -31,6 +31,7 @@ from .distributed import generation_synced_gpus, reduce_named_means
 from .models import model_forward
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .rollout import generate, prompt_model_inputs
+from .setup_checks import METRIC_SCHEDULERS
 from .vision import ImageRows, as_tensors, image_column
 
 
@@ -135,7 +136,10 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
 def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
     """With `load_best_model_at_end`, or a `transformers.EarlyStoppingCallback` among `callbacks`,
     `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs evaluations
-    (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts.
+    (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts. The same for an
+    `lr_scheduler_type` in `METRIC_SCHEDULERS` (transformers sets `metric_for_best_model='loss'` for it when unset,
+    and raised a `KeyError` at the first evaluation after training began), whose `lr_scheduler_kwargs['mode']`
+    (default 'min') must also match the metric's direction.
 
     Raises:
         ValueError: naming the field, the value and the metrics to choose from (with `greater_is_better`), before
@@ -145,9 +149,16 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
         isinstance(c, EarlyStoppingCallback) or (isinstance(c, type) and issubclass(c, EarlyStoppingCallback))
         for c in callbacks or []
     )
-    if not (args.load_best_model_at_end or early_stopping):
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    on_metric = kind in METRIC_SCHEDULERS  # steps on metric_for_best_model after every evaluation
+    if not (args.load_best_model_at_end or early_stopping or on_metric):
         return
-    user = "EarlyStoppingCallback" if early_stopping else "load_best_model_at_end=True"
+    if early_stopping:
+        user = "EarlyStoppingCallback"
+    elif args.load_best_model_at_end:
+        user = "load_best_model_at_end=True"
+    else:
+        user = f"lr_scheduler_type={kind!r}"
     available = evaluation_metrics(eval_dataset)
     choices = ", ".join(
         f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
@@ -171,10 +182,29 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
     metric = args.metric_for_best_model or "loss"
     name = metric if metric.startswith("eval_") else f"eval_{metric}"
     if name not in available:
-        raise ValueError(
-            f"{type(args).__name__}.metric_for_best_model={metric!r} is not a metric TRAPO logs ({user} compares it "
-            "after every evaluation): " + (fix if choices else f"{fix[:-1]}, or drop {user.split('=')[0]}.")
+        default = " (transformers' default)" if on_metric and metric == "loss" else ""
+        mode = (
+            " The scheduler's mode must match the metric: `lr_scheduler_kwargs={'mode': 'max'}` for one that is "
+            "higher when better (its default 'min' is for a loss)."
+            if on_metric
+            else ""
         )
+        raise ValueError(
+            f"{type(args).__name__}.metric_for_best_model={metric!r}{default} is not a metric TRAPO logs ({user} "
+            "compares it after every evaluation): "
+            + (fix if choices else f"{fix[:-1]}, or drop {user.split('=')[0]}.")
+            + mode
+        )
+    if on_metric:  # transformers passes the metric as is; the scheduler's `mode` says which way is better
+        mode = (args.lr_scheduler_kwargs or {}).get("mode", "min")
+        wanted = "max" if available[name] else "min"
+        if mode != wanted:
+            raise ValueError(
+                f"{type(args).__name__}.lr_scheduler_type={kind!r} steps on metric_for_best_model={metric!r}, which is "
+                f"{'higher' if available[name] else 'lower'} when better, but the scheduler's mode is {mode!r}: it "
+                f"would lower the learning rate while {name} improves. Fix: "
+                f"`lr_scheduler_kwargs={{'mode': '{wanted}'}}` (`--lr_scheduler_kwargs '{{\"mode\": \"{wanted}\"}}'`)."
+            )
 
 
 class Evaluator:

@@ -13,6 +13,7 @@ Pretraining and SFT objectives can be switched on later through `pretrain_datase
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from .arguments import check_config_type
 from .config import TRAPOConfig
 from .data import check_dataset_object
 from .trainer import TRAPOTrainer
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -261,6 +265,11 @@ class PPOTrainer(TRAPOTrainer):
         `plan_steps=False` (pretraining / SFT data share the steps' rows) `max_steps` is left to `TRAPOTrainer`,
         which plans it so that `total_episodes` RL episodes are still rolled out at the curriculum's RL share.
 
+        A `max_steps` > 0 is honoured, as by `TRAPOTrainer` (`total_episodes` plans the steps only when `max_steps`
+        is not set): `num_total_batches` then covers `max_steps` optimizer steps and an unset `total_episodes` is
+        filled with the prompts they roll out; with both set, a warning says that `max_steps` wins. TRL 1.12's
+        `PPOTrainer` ignored `max_steps` without a word (its `state.max_steps` came from `total_episodes`).
+
         TRL 1.12 wrote these back into the user's config; here they go into the trainer's own copy
         (`dataclasses.replace`), so the `PPOConfig` you pass in is never changed and can build a second trainer.
 
@@ -284,13 +293,30 @@ class PPOTrainer(TRAPOTrainer):
         derived["batch_size"] = derived["local_batch_size"] * world
         derived["local_mini_batch_size"] = derived["local_batch_size"] // args.num_mini_batches
         derived["mini_batch_size"] = derived["batch_size"] // args.num_mini_batches
+        derived["gradient_accumulation_steps"] = grad_accum // args.num_mini_batches
+        steps_per_batch = args.num_ppo_epochs * args.num_mini_batches  # optimizer steps of one rollout batch
+        if plan_steps and args.max_steps > 0:  # the user's max_steps wins, as in TRAPOTrainer (1.12 ignored it)
+            derived["num_total_batches"] = math.ceil(args.max_steps / steps_per_batch)
+            if args.total_episodes is None:
+                derived["total_episodes"] = derived["num_total_batches"] * derived["batch_size"]
+            else:
+                logger.warning(
+                    "PPOConfig sets both max_steps=%d and total_episodes=%d: max_steps wins (%d optimizer steps, "
+                    "%d rollout batches of %d prompts); TRL 1.12's PPOTrainer ignored max_steps and ran "
+                    "total_episodes. Set only one of them.",
+                    args.max_steps,
+                    args.total_episodes,
+                    args.max_steps,
+                    derived["num_total_batches"],
+                    derived["batch_size"],
+                )
+            return derived
         total_episodes = args.total_episodes
         if total_episodes is None:
             total_episodes = derived["total_episodes"] = int(args.num_train_epochs * dataset_size)
         derived["num_total_batches"] = math.ceil(total_episodes / derived["batch_size"])
-        derived["gradient_accumulation_steps"] = grad_accum // args.num_mini_batches
         if plan_steps:
-            derived["max_steps"] = derived["num_total_batches"] * args.num_ppo_epochs * args.num_mini_batches
+            derived["max_steps"] = derived["num_total_batches"] * steps_per_batch
         return derived
 
 

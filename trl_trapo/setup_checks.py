@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,9 @@ from typing import Any
 import torch
 from transformers import Trainer, get_scheduler
 from transformers.integrations import integration_utils
+
+
+logger = logging.getLogger(__name__)
 
 
 TRACKER_PACKAGES = {
@@ -111,6 +115,12 @@ def check_optimizer(args) -> torch.optim.Optimizer | None:
         ) from None
 
 
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
+"""transformers' `lr_scheduler_type`s that `Trainer` steps with the evaluation's `metric_for_best_model` (torch's
+`ReduceLROnPlateau`, transformers' `GreedyLR`; both default to `mode='min'`): checked by
+[`~trl_trapo.evaluation.check_best_model_metric`]."""
+
+
 def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
     """Build the learning-rate scheduler `args` asks for on `optimizer` (or a plain SGD over one dummy parameter), as
     `Trainer.create_scheduler` will, and take one step.
@@ -119,7 +129,7 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
         ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the library's reason and the fix.
     """
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    if kind == "reduce_lr_on_plateau":  # it steps on an evaluation metric; transformers checks its strategy
+    if kind in METRIC_SCHEDULERS:  # they step on an evaluation metric (a step without one is a TypeError)
         return
     optimizer = optimizer or torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
     steps = args.max_steps if args.max_steps > 0 else CHECK_STEPS
@@ -145,6 +155,82 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
             f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
             f"cannot be built: {type(error).__name__}: {error}. Fix: {fix}."
         ) from None
+
+
+def check_optimizer_covers(optimizer: torch.optim.Optimizer | None, trained: torch.nn.Module, adapter: bool) -> None:
+    """Refuse a user's optimizer (`optimizers=(optimizer, ...)`) that holds none of the parameters the run trains,
+    and warn when it holds only some: the `Trainer` steps it as given, so the policy would never move while the
+    losses and gradient norms are logged as usual (trial 8's MD04). transformers does not check this.
+
+    Args:
+        optimizer (`torch.optim.Optimizer`, *optional*): the user's optimizer; None: nothing to check.
+        trained (`nn.Module`): what the `Trainer` trains (the policy, or the policy-and-critic wrapper), as built
+            (its adapter added, its frozen parts frozen).
+        adapter (`bool`): the policy got its adapter from `peft_config` inside the trainer.
+
+    Raises:
+        ValueError: naming `optimizers[0]`, how many trainable tensors it holds (0) and the fix.
+    """
+    if optimizer is None:
+        return
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trainable = [(name, p) for name, p in trained.named_parameters() if p.requires_grad]
+    missing = [name for name, p in trainable if id(p) not in held]
+    if trainable and len(missing) == len(trainable):
+        fix = (
+            "The LoRA adapter of `peft_config` is created inside the trainer, so an optimizer built before it holds "
+            "none of its parameters: wrap the model yourself (`model = peft.get_peft_model(model, peft_config)`), "
+            "build the optimizer over `model.parameters()` and pass both without peft_config, or drop `optimizers` "
+            "(the Trainer builds one from `optim` / `learning_rate`)."
+            if adapter
+            else "Build it over the parameters of the model you pass as `model` (`torch.optim.AdamW(model.parameters(), "
+            "lr=...)`; with a `value_model` also over its parameters), or drop `optimizers` (the Trainer builds one "
+            "from `optim` / `learning_rate`)."
+        )
+        raise ValueError(
+            f"`optimizers[0]` ({type(optimizer).__name__}) holds none of the {len(trainable)} trainable parameter "
+            f"tensors of the model this run trains (e.g. {trainable[0][0]!r}): the policy would never move while the "
+            f"losses were logged as usual. {fix}"
+        )
+    if missing:
+        logger.warning(
+            "`optimizers[0]` (%s) holds %d of the %d trainable parameter tensors of the model this run trains; the "
+            "other %d (e.g. %r) get gradients but are never updated. Build the optimizer over all of them, or set "
+            "requires_grad=False on those you mean to freeze.",
+            type(optimizer).__name__,
+            len(trainable) - len(missing),
+            len(trainable),
+            len(missing),
+            missing[0],
+        )
+
+
+def check_neftune(args, trains_on_samples: bool) -> None:
+    """Refuse `neftune_noise_alpha` (transformers' NEFTune, https://huggingface.co/papers/2310.05914) in a run that
+    trains on its own samples. `Trainer.train` adds the noise to the input embeddings of every training forward, of
+    every row of a mixed batch, but not to the sampler's: the RL log-probs then differ from the behaviour log-probs
+    the completions were sampled with (the first PPO ratio is no longer 1; trial 8's CF08: `val/ratio` 0.997,
+    `policy/approxkl_avg` 0.007 instead of 1 / 4e-14), without a word. A mixed batch's forward cannot give the
+    noise to its SFT rows alone, so it is refused rather than scoped; an SFT / pretraining run keeps it.
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): the configuration (read only).
+        trains_on_samples (`bool`): the run has an active RL objective (RL prompts or the user's rollouts, with
+            `rl_weight` > 0).
+
+    Raises:
+        ValueError: naming `neftune_noise_alpha`, its value and the fix.
+    """
+    alpha = getattr(args, "neftune_noise_alpha", None)
+    if alpha is None or not trains_on_samples:
+        return
+    raise ValueError(
+        f"{type(args).__name__}.neftune_noise_alpha={alpha!r} cannot be used in a run with RL: transformers' NEFTune "
+        "adds noise to the input embeddings of every training forward (every objective's rows of a batch), not to "
+        "the sampler's, so the RL log-probs no longer match those the completions were sampled with (the PPO ratio "
+        "starts away from 1). Fix: drop neftune_noise_alpha (--neftune_noise_alpha), or use it in an SFT-only run "
+        "(no train_dataset, or rl_weight=0)."
+    )
 
 
 def check_training_setup(args, optimizers: tuple[Any, Any] = (None, None)) -> None:

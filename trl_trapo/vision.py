@@ -689,6 +689,14 @@ def restore_converted_weights(model, checkpoint_dir: str) -> bool:
     own = model.state_dict()
     if keys <= set(own):
         return False  # the Trainer's load matches every key
+    if not os.path.isfile(os.path.join(checkpoint_dir, "config.json")):
+        # not written by save_pretrained (a policy-and-critic file has none): from_pretrained would build the class's
+        # default configuration, transformers' default Llama of 32 layers x 4096, tens of GB (trial 8's RE01)
+        unknown = sorted(keys - set(own))
+        raise ValueError(
+            f"The checkpoint {checkpoint_dir} holds weights the model does not have ({unknown[:3]}, ...) and no "
+            "config.json to convert them with; it was not saved from this model."
+        )
     dtype = next(model.parameters()).dtype
     fresh = type(model).from_pretrained(checkpoint_dir, dtype=dtype)
     state = fresh.state_dict()

@@ -62,6 +62,7 @@ from .rl_supply import RLSupply, build_replay_buffer
 from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
 from .run_state import RunState
 from .saving import CheckpointGuard, check_disk_space, checkpoint_nbytes
+from .setup_checks import check_optimizer_covers
 from .steps import StepBuilder
 from .vision import model_context
 
@@ -137,6 +138,9 @@ def assemble_run(
         named_datasets=named_datasets(datasets),
         verified_checkpoint=checked.verified_checkpoint,
     )
+    # a user's optimizer over none of the trained parameters: the policy would never move (setup_checks.py)
+    adapter = arguments["peft_config"] is not None
+    check_optimizer_covers((arguments.get("optimizers") or (None, None))[0], models.trained, adapter)
     metrics = MetricsAccumulator([])
     reward_arguments = (arguments["reward_funcs"], arguments["reward_model"], arguments["reward_processing_classes"])
     rewards = build_rewards(
