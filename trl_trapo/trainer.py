@@ -270,9 +270,8 @@ class TRAPOTrainer(_BaseTrainer):
         )
         models, checked = run.models, run.checked
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
-        self._resume_fit = dict(  # for train()
-            datasets=checked.datasets_summary, rollout_state=checked.rollout_state, critic=models.has_critic
-        )
+        fit = dict(datasets=checked.datasets_summary, rollout_state=checked.rollout_state, critic=models.has_critic)
+        self._resume_fit = fit  # what train() compares with a checkpoint it resumes
         self.thread_choice = checked.thread_choice
         # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
