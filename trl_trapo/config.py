@@ -552,6 +552,26 @@ ASYNC_FIELDS = (
     "async_producer_threads",
 )
 """`TRAPOConfig`'s settings that only `async_rollouts=True` reads (the producer, its rounds and their lag)."""
+TEACHER_FIELDS = (
+    "teacher_model_revision",
+    "teacher_model_init_kwargs",
+    "distillation_beta",
+    "distillation_estimator",
+    "distillation_temperature",
+)
+"""`TRAPOConfig`'s settings that only a distillation teacher reads (`teacher_model` or `teacher_model_name_or_path`;
+warned about by `teacher.load_teacher` when given without one)."""
+VLLM_FIELDS = (
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size",
+    "vllm_max_model_length",
+    "vllm_enable_sleep_mode",
+    "vllm_server_base_url",
+    "vllm_server_timeout",
+)
+"""`TRAPOConfig`'s settings that only `use_vllm=True` reads (the `vllm_importance_sampling_*` ones are not among them:
+they also correct a `rollout_func`'s log-probs)."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -1774,8 +1794,8 @@ class TRAPOConfig(_BaseConfig):
 
     def _warn_unused_settings(self) -> None:
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
-        ([`ASYNC_FIELDS`]) given without `async_rollouts` (ignored, as `--lora_r` without `--use_peft` is: the same
-        warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
+        ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
+        (ignored, as `--lora_r` without `--use_peft` is: the same warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
         (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
         name = type(self).__name__
         if not self.async_rollouts:
@@ -1786,6 +1806,14 @@ class TRAPOConfig(_BaseConfig):
                 " (rounds are sampled synchronously, in the training process)",
                 "Set async_rollouts=True (--async_rollouts) to sample in a producer process with {them}, or drop "
                 "{them}.",
+            )
+        if not self.use_vllm:  # TRL checks none of them either way; TRAPO checks their ranges with use_vllm=True
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, VLLM_FIELDS)],
+                f"{name}.use_vllm",
+                " (completions are sampled with transformers' generate; their ranges are checked only with use_vllm)",
+                "Set use_vllm=True (--use_vllm) to sample with vLLM, or drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
