@@ -1763,6 +1763,7 @@ class TRAPOConfig(_BaseConfig):
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
         self._check_liger()
+        self._check_best_metric_given()  # before transformers' own check, whose text names no metric TRAPO logs
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -1831,6 +1832,20 @@ class TRAPOConfig(_BaseConfig):
                     cores,
                     cores,
                 )
+
+    def _check_best_metric_given(self) -> None:
+        """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
+        JC29): transformers refuses it too, in words that do not say which metrics exist (TRAPO never logs its
+        default `eval_loss`). Which of them the run logs depends on the eval data, checked by the trainer
+        (`evaluation.check_best_model_metric`)."""
+        if getattr(self.save_strategy, "value", self.save_strategy) == "best" and self.metric_for_best_model is None:
+            raise ValueError(
+                f"{type(self).__name__}.save_strategy='best' needs metric_for_best_model (None here): it keeps the "
+                "checkpoint whose metric is best. Set a metric TRAPO logs for the eval data: "
+                "metric_for_best_model='eval_reward' with greater_is_better=True for prompts, 'eval_pretrain_loss' "
+                "for text or 'eval_sft_loss' for demonstrations with greater_is_better=False (a dict of eval "
+                "datasets: eval_<name>_reward, ...); or use save_strategy='steps'."
+            )
 
     def _check_intervals(self) -> None:
         """Refuse an interval field the Trainer reads under its strategy "steps" that is not > 0, before

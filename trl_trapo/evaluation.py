@@ -133,8 +133,8 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
 
 
 def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
-    """With `load_best_model_at_end`, or a `transformers.EarlyStoppingCallback` among `callbacks`,
-    `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs evaluations
+    """With `load_best_model_at_end`, `save_strategy="best"`, or a `transformers.EarlyStoppingCallback` among
+    `callbacks`, `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs evaluations
     (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts.
 
     Raises:
@@ -145,9 +145,13 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
         isinstance(c, EarlyStoppingCallback) or (isinstance(c, type) and issubclass(c, EarlyStoppingCallback))
         for c in callbacks or []
     )
-    if not (args.load_best_model_at_end or early_stopping):
+    save_best = getattr(args.save_strategy, "value", args.save_strategy) == "best"
+    if not (args.load_best_model_at_end or early_stopping or save_best):
         return
-    user = "EarlyStoppingCallback" if early_stopping else "load_best_model_at_end=True"
+    if early_stopping:
+        user = "EarlyStoppingCallback"
+    else:
+        user = "load_best_model_at_end=True" if args.load_best_model_at_end else "save_strategy='best'"
     available = evaluation_metrics(eval_dataset)
     choices = ", ".join(
         f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
