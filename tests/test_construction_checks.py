@@ -99,6 +99,23 @@ def test_save_strategy_best_names_the_metrics_trapo_logs(tmp_path, tokenizer, su
         )
 
 
+def test_generate_completions_without_eval_prompts_is_refused_as_evaluate_is(tmp_path, tokenizer, suite, tiny_config):
+    """`trainer.generate_completions()` without an eval dataset returned `[]` without a word while `evaluate()`
+    refused the same case (trial 8's EV02): both refuse it, naming `eval_dataset`; eval data without prompts too."""
+    trainer = build(tmp_path, tokenizer, suite, tiny_config)
+    with pytest.raises(ValueError, match=r"No `eval_dataset`"):
+        trainer.evaluate()
+    with pytest.raises(
+        ValueError, match=r"generate_completions\(\) completes the eval prompts, and there is no `eval_"
+    ):
+        trainer.generate_completions()
+    assert trainer.generate_completions(sampling=True) == []  # during training: nothing to show, no error
+    texts = Dataset.from_dict({"text": ["abc abc", "cba cba"]})
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=texts)
+    with pytest.raises(ValueError, match=r"its columns are \['text'\], with no `prompt`"):
+        trainer.generate_completions()
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

@@ -63,7 +63,7 @@ from .checkpoint import (
 )
 from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
-from .data import check_eval_dataset, progress_bars
+from .data import check_eval_dataset, dataset_columns, progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
@@ -699,9 +699,29 @@ class TRAPOTrainer(_BaseTrainer):
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
 
         Returns:
-            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without an
-            eval dataset of prompts).
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (during training, with
+            `sampling=True`: empty without an eval dataset of prompts).
+
+        Raises:
+            ValueError: called with `sampling=False` (by the user) without an eval dataset, or with one without prompts
+                (a `prompt` or `input_ids` column), as `evaluate()` refuses a missing eval dataset (trial 8's EV02).
         """
+        if not sampling:
+            dataset = self.eval_dataset
+            if isinstance(dataset, dict):
+                dataset = next(iter(dataset.values()), None)
+            if dataset is None:
+                raise ValueError(
+                    "generate_completions() completes the eval prompts, and there is no `eval_dataset`: pass one of "
+                    "prompts (a `prompt` column) to the trainer (`eval_dataset=`)."
+                )
+            columns = sorted(dataset_columns(dataset))
+            if not {"prompt", "input_ids"} & set(columns):
+                raise ValueError(
+                    f"generate_completions() completes the eval prompts, and the (first) eval_dataset has no prompts: "
+                    f"its columns are {columns}, with no `prompt` (or tokenized `input_ids`). Pass an eval_dataset of "
+                    "prompts, or use evaluate() for text / demonstrations (their losses)."
+                )
         return self.evaluator.completions_table(self.eval_dataset, self.state.global_step, sampling)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
