@@ -234,8 +234,8 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             raise RewardFunctionError(
                 f"Reward function '{name}' needs the argument(s) {', '.join(repr(m) for m in missing)}, which "
                 f"reward functions get from the dataset's columns, and the dataset has no such column (its other "
-                f"columns: {columns}). Rename the column that holds it, "
-                f"`dataset.rename_column('<your column>', {missing[0]!r})`, or wrap the function to read the column "
+                f"columns: {columns}). Rename the column that holds it (in the data file, or "
+                f"`dataset.rename_column('<your column>', {missing[0]!r})`), or wrap the function to read the column "
                 f"you have. ({type(error).__name__}: {error})"
             ) from error
         raise RewardFunctionError(
