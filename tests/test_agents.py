@@ -544,6 +544,34 @@ class NoReset:
         return x
 
 
+class Adder:
+    def __call__(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a + b
+
+
+def test_a_partial_or_callable_object_tool_is_refused_naming_the_wrapper_fix():
+    """A tool `functools.partial(power, exponent=3)` whose function has hints and a docstring was told to add hints
+    and a docstring (trial 8's TL02): a partial has no signature or docstring of its own for transformers'
+    `get_json_schema`; the message says so and shows the `def` wrapper. A callable object gets the same fix."""
+    import functools
+
+    from trl_trapo.agents import tool_schema
+
+    assert tool_schema(add)["function"]["name"] == "add"  # the function itself has a schema
+    with pytest.raises(ValueError, match=r"functools.partial\(add, ...\) has no schema: .* `def add_tool\(x: float\)"):
+        tool_schema(functools.partial(add, b=3))
+    with pytest.raises(
+        ValueError, match=r"\(Adder\) has no usable schema .* reads plain functions and methods\. Wrap"
+    ):
+        tool_schema(Adder())
+
+
 @pytest.mark.parametrize(
     "case, message",
     [

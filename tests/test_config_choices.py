@@ -201,3 +201,29 @@ def test_push_to_hub_refuses_a_repo_id_the_hub_refuses(tmp_path, monkeypatch):
     # a valid hub_model_id passes (the tests run offline: the Hub is reported as reachable here)
     monkeypatch.setattr(huggingface_hub.constants, "is_offline_mode", lambda: False)
     assert TRAPOConfig(output_dir=str(tmp_path / "my run"), push_to_hub=True, hub_model_id="me/my-run").push_to_hub
+
+
+def test_vllm_settings_without_use_vllm_are_warned_once(tmp_path, caplog):
+    """`vllm_gpu_memory_utilization=1.5` (trial 8's CF04) or `--vllm_tensor_parallel_size 0` (JC25) without
+    `use_vllm` was accepted without a word. TRL's GRPOConfig checks none of them, on or off, so they are not refused
+    there: one warning names them and says they are ignored, as async-only settings get; the ranges are refused with
+    `use_vllm=True`; nothing for the defaults or a copy of the config."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        config = GRPOConfig(output_dir=str(tmp_path), vllm_gpu_memory_utilization=1.5, vllm_tensor_parallel_size=0)
+        dataclasses.replace(config, max_steps=3)  # the trainer's and the job's copies
+    found = [r.getMessage() for r in caplog.records if "use_vllm is not" in r.getMessage()]
+    assert found == [
+        "vllm_gpu_memory_utilization=1.5, vllm_tensor_parallel_size=0 are set but GRPOConfig.use_vllm is not: they "
+        "are ignored (completions are sampled with transformers' generate; their ranges are checked only with "
+        "use_vllm). Set use_vllm=True (--use_vllm) to sample with vLLM, or drop them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path))
+        TRAPOConfig(output_dir=str(tmp_path), vllm_gpu_memory_utilization=0.3)  # an explicit default: not given
+        TRAPOConfig(output_dir=str(tmp_path), vllm_importance_sampling_correction=False)  # also read without vLLM
+    assert "use_vllm is not" not in caplog.text
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
+        TRAPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=1.5)

@@ -78,6 +78,44 @@ def test_load_best_model_at_end_needs_a_metric_trapo_logs(tmp_path, tokenizer, s
     assert trainer.state.best_metric is not None and trainer.state.best_model_checkpoint is not None
 
 
+def test_save_strategy_best_names_the_metrics_trapo_logs(tmp_path, tokenizer, suite, tiny_config):
+    """`--save_strategy best` without `--metric_for_best_model` got transformers' text, which does not say which
+    metrics TRAPO logs (trial 8's JC29): the config refuses it naming them; with a metric TRAPO does not log for
+    the eval data, the trainer refuses it at construction (not a KeyError at the first evaluation), as it does for
+    `load_best_model_at_end`."""
+    with pytest.raises(ValueError, match=r"save_strategy='best' needs metric_for_best_model.*'eval_reward'"):
+        tiny_config(tmp_path, save_strategy="best", eval_strategy="steps", eval_steps=2)
+    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_accuracy' is not a metric TRAPO logs "):
+        build(
+            tmp_path,
+            tokenizer,
+            suite,
+            tiny_config,
+            eval_dataset=suite.eval,
+            save_strategy="best",
+            metric_for_best_model="eval_accuracy",
+            eval_strategy="steps",
+            eval_steps=2,
+        )
+
+
+def test_generate_completions_without_eval_prompts_is_refused_as_evaluate_is(tmp_path, tokenizer, suite, tiny_config):
+    """`trainer.generate_completions()` without an eval dataset returned `[]` without a word while `evaluate()`
+    refused the same case (trial 8's EV02): both refuse it, naming `eval_dataset`; eval data without prompts too."""
+    trainer = build(tmp_path, tokenizer, suite, tiny_config)
+    with pytest.raises(ValueError, match=r"No `eval_dataset`"):
+        trainer.evaluate()
+    with pytest.raises(
+        ValueError, match=r"generate_completions\(\) completes the eval prompts, and there is no `eval_"
+    ):
+        trainer.generate_completions()
+    assert trainer.generate_completions(sampling=True) == []  # during training: nothing to show, no error
+    texts = Dataset.from_dict({"text": ["abc abc", "cba cba"]})
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=texts)
+    with pytest.raises(ValueError, match=r"its columns are \['text'\], with no `prompt`"):
+        trainer.generate_completions()
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

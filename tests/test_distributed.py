@@ -272,6 +272,25 @@ def test_fsdp_on_cpu_fails_with_a_clear_message(tmp_path):
     assert "accelerate switches to FSDP only on GPU" in completed.stdout + completed.stderr
 
 
+def test_a_launch_mismatch_is_a_user_error_of_the_main_job(monkeypatch):
+    """An FSDP accelerate config on CPU reached the user as a `[rank0]` RuntimeError traceback with exit 1 (trial 8's
+    JC10), though docs/main_job.md promises one line and exit 2 for the user's mistakes: `check_launch` raises a
+    ValueError, which the main job prints as one line (`SETUP_USER_ERRORS`)."""
+    import types
+
+    from accelerate.utils import DistributedType
+
+    from trl_trapo.distributed import check_launch
+    from trl_trapo.jobs.main import SETUP_USER_ERRORS
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    accelerator = types.SimpleNamespace(distributed_type=DistributedType.NO, num_processes=1)
+    with pytest.raises(ValueError, match="The launcher asked for FSDP but the run uses") as info:
+        check_launch(accelerator)
+    assert isinstance(info.value, SETUP_USER_ERRORS)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Gradient of a 2-process step == gradient of the same global batch on 1 process
 # ---------------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -319,6 +320,21 @@ def test_resume_from_a_path_that_is_not_a_checkpoint_says_so(tmp_path):
     (tmp_path / "run" / "checkpoint-2").mkdir(parents=True)
     with pytest.raises(CheckpointError, match="is an output directory, not a checkpoint"):
         verify_checkpoint(str(tmp_path / "run"), 1)
+
+
+def test_a_tilde_checkpoint_path_says_tilde_is_not_expanded(tmp_path, monkeypatch):
+    """`resume_from_checkpoint="~/ck/checkpoint-1"` (the folder exists after `~` expansion) was refused as "not a
+    directory" without saying why (trial 8's RE02): transformers' Trainer does not expand `~` there (only in
+    output_dir), so neither does TRAPO; the message says so and gives the expanded path."""
+    from trl_trapo.checkpoint import verify_checkpoint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "ck" / "checkpoint-1").mkdir(parents=True)
+    expanded = str(tmp_path / "ck" / "checkpoint-1")
+    with pytest.raises(
+        CheckpointError, match=rf"`~` is not expanded in resume_from_checkpoint .*'{re.escape(expanded)}'"
+    ):
+        verify_checkpoint("~/ck/checkpoint-1", 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

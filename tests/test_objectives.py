@@ -327,6 +327,8 @@ class Scripted(Objective):
     def __init__(self, case: str = "ok"):
         super().__init__("scripted")
         self.case = case
+        if case.startswith("counts"):
+            self.count_keys = ("scripted_rows", "scripted_other")
 
     def take(self, n, step):
         ids = torch.arange(4, 14)
@@ -343,7 +345,14 @@ class Scripted(Objective):
         if self.case == "empty":  # 0 tokens, the mask as the user wrote it (trial 8's OB04)
             return [Row(index, torch.tensor([], dtype=torch.long), torch.ones(0)) for _ in range(count)]
         mask = torch.ones(ids.numel() - (0 if self.case == "mask_len" else 1))  # mask_len: L entries, not L-1
+        if self.case == "mask_values":  # trial 8's OB05: a mask of -5.0 trained as 1
+            mask[2:] = -5.0
         return [Row(index, ids, mask) for _ in range(count)]
+
+    def counts(self, batch, rows):
+        if self.case in ("counts_dict", "counts_fewer"):  # trial 8's OB06: count_keys declared, not given
+            return {} if self.case == "counts_dict" else [rows.sum()]
+        return [rows.sum(), 0.0] if self.count_keys else []
 
     def loss(self, term):
         loss = -(term.per_token_logps * term.mask).sum() / max(term.context.counts["tokens_scripted"], 1.0)
@@ -397,6 +406,14 @@ def scripted_trainer(tmp_path, tokenizer, suite, objective, **overrides):
         ("oov", ValueError, r"'scripted': take\(\) row \d+ holds token id 1000000, outside the policy's vocabulary"),
         ("long", ValueError, r"'scripted': take\(\) row 0 is 100 tokens, more than the policy's context of 64"),
         ("empty", ValueError, r"'scripted': take\(\) row 0 is empty \(input_ids has 0 tokens\).*skip empty"),
+        ("mask_values", ValueError, r"'scripted': take\(\) row 0 has a mask value of -5.0; Row.mask holds 1 "),
+        (
+            "counts_dict",
+            ValueError,
+            r"'scripted': count_keys=\('scripted_rows', 'scripted_other'\) declares 2 global "
+            r"count\(s\), but counts\(\) returned a dict: return a list of exactly 2",
+        ),
+        ("counts_fewer", ValueError, r"'scripted': count_keys=.* but counts\(\) returned 1 value\(s\)"),
     ],
 )
 def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(

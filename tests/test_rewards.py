@@ -221,6 +221,28 @@ def test_a_reward_of_fixed_length_is_refused_at_construction(tmp_path, tokenizer
         )
 
 
+def test_a_reward_needing_a_column_the_data_lacks_names_the_column_and_the_rename(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """TRL's `accuracy_reward(completions, solution, **kwargs)` on data whose column is `answer` failed with Python's
+    "missing 1 required positional argument: 'solution'" and the generic calling convention (trial 8's JC22): the
+    message names the missing column, the columns the data has and the rename."""
+    import trl.rewards
+
+    with pytest.raises(
+        RuntimeError, match=r"'accuracy_reward' needs the argument\(s\) 'solution', which reward "
+    ) as info:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=trl.rewards.accuracy_reward,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+    assert "its other columns: ['answer'" in str(info.value), info.value
+    assert "rename_column('<your column>', 'solution')" in str(info.value), info.value
+
+
 def test_rows_lacking_a_reward_column_are_warned_about_naming_the_column_and_function(
     tmp_path, tokenizer, suite, tiny_config, caplog
 ):

@@ -211,6 +211,34 @@ def test_a_completion_mask_keeps_tool_tokens_out_of_the_loss_and_the_kl(tmp_path
     torch.testing.assert_close(batch.kl, expected)
 
 
+def test_a_round_whose_completion_mask_counts_nothing_is_warned_once(tmp_path, tokenizer, suite, caplog):
+    """A source whose `completion_mask` is all zeros trained 2 steps on nothing (loss 0) without a word (trial 8's
+    SR03): one warning naming the source and the fix, not repeated for later rounds, none for a mask that counts."""
+    import logging
+
+    completions = answers(tokenizer, ["12345", "1234", "123", "12"])
+    zeros = FixedRounds(
+        suite.rl_train, completions, completion_mask=lambda n: [torch.zeros(len(completions[i % 4])) for i in range(n)]
+    )
+    trainer = rl_trainer(tmp_path, tokenizer, suite, zeros)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.rl_supply"):
+        trainer.collect_rollouts(8, step=0)
+        trainer.collect_rollouts(8, step=0)
+    found = [r.getMessage() for r in caplog.records if "completion_mask is 0 on every token" in r.getMessage()]
+    assert len(zeros.rounds) == 2 and len(found) == 1, found
+    assert found[0].startswith("FixedRounds.sample returned a round whose completion_mask is 0 on every token of")
+    assert "Put 1 on the tokens the policy sampled" in found[0]
+    caplog.clear()
+    some = FixedRounds(
+        suite.rl_train,
+        completions,
+        completion_mask=lambda n: [torch.tensor([0.0] * (len(completions[i % 4]) - 1) + [1.0]) for i in range(n)],
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.rl_supply"):
+        rl_trainer(tmp_path, tokenizer, suite, some).collect_rollouts(8, step=0)
+    assert "completion_mask is 0 on every token" not in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The default source, and what is refused
 # ---------------------------------------------------------------------------------------------------------------------

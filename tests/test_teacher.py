@@ -152,3 +152,26 @@ def test_the_vocabulary_check_reads_the_whole_shape_of_a_partitioned_output_laye
     other = partitioned(build_tiny_model(tokenizer, seed=1), rows=len(tokenizer) + 7)
     with pytest.raises(ValueError, match=rf"vocabulary has {len(tokenizer) + 7} rows, the policy's {len(tokenizer)}"):
         load_teacher(other, policy, args, tokenizer)
+
+
+def test_teacher_settings_without_a_teacher_are_warned(tmp_path, tokenizer, caplog):
+    """`teacher_model_init_kwargs` without any teacher was ignored without a word (trial 8's TD09): one warning
+    names the teacher-only settings given and the fix, as `--lora_r` without `--use_peft` gets; none for defaults."""
+    import logging
+
+    from trl_trapo.teacher import load_teacher
+
+    policy = build_tiny_model(tokenizer, seed=0)
+    args = TRAPOConfig(output_dir=str(tmp_path), teacher_model_init_kwargs={"dtype": "float32"}, distillation_beta=0.5)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.teacher"):
+        assert load_teacher(None, policy, args, tokenizer) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "teacher_model_init_kwargs={'dtype': 'float32'}, distillation_beta=0.5 are set but a teacher (`teacher_model` "
+        "/ teacher_model_name_or_path) is not: they are ignored (no distillation objective is built). Pass "
+        "teacher_model= to the trainer or set teacher_model_name_or_path (--teacher_model_name_or_path) to distill "
+        "with them, or drop them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.teacher"):
+        assert load_teacher(None, policy, TRAPOConfig(output_dir=str(tmp_path)), tokenizer) is None
+    assert caplog.text == ""

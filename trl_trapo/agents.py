@@ -335,6 +335,20 @@ def tool_schema(tool: Callable, where: str = "tools") -> dict:
     try:
         return get_json_schema(tool)
     except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
+        if isinstance(tool, functools.partial):  # trial 8's TL02: the hints and docstring are on tool.func
+            inner = getattr(tool.func, "__name__", "f")
+            raise ValueError(
+                f"{where}: the tool functools.partial({inner}, ...) has no schema: transformers' `get_json_schema` "
+                "reads a function's own signature and docstring, and a partial has neither (nor a name). Wrap it in "
+                f"a `def` of the arguments the model fills, with type hints and a Google-style docstring, e.g. "
+                f"`def {inner}_tool(x: float) -> float:` ... `return {inner}(x, <the fixed arguments>)`."
+            ) from error
+        if not (inspect.isfunction(tool) or inspect.ismethod(tool)):  # a callable instance, a builtin, ...
+            raise ValueError(
+                f"{where}: the tool {name} ({type(tool).__name__}) has no usable schema ({error}): transformers' "
+                "`get_json_schema` reads plain functions and methods. Wrap it in a `def` with type hints on every "
+                "argument and a Google-style docstring that calls it."
+            ) from error
         raise ValueError(
             f"{where}: the tool `{name}` has no usable schema ({error}). Give it type hints on every argument and a "
             "Google-style docstring with a description and an `Args:` entry per argument (transformers' "

@@ -164,9 +164,17 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             and the fix ([`damaged_checkpoint_fix`]).
     """
     if not os.path.isdir(checkpoint_dir):
+        expanded = os.path.expanduser(checkpoint_dir)
+        tilde = (
+            f" `~` is not expanded in resume_from_checkpoint (as in transformers' Trainer, which expands it only in "
+            f"output_dir): pass the full path, {expanded!r} (os.path.expanduser) in Python or $HOME/... on the "
+            "command line."
+            if expanded != checkpoint_dir
+            else ""
+        )
         raise CheckpointError(
-            f"resume_from_checkpoint={checkpoint_dir!r} is not a directory. Pass a `checkpoint-N` folder of a previous "
-            "run's output_dir, or resume_from_checkpoint=True to take the newest complete one of output_dir."
+            f"resume_from_checkpoint={checkpoint_dir!r} is not a directory.{tilde} Pass a `checkpoint-N` folder of a "
+            "previous run's output_dir, or resume_from_checkpoint=True to take the newest complete one of output_dir."
         )
     if not os.path.basename(os.path.normpath(checkpoint_dir)).startswith("checkpoint-") and any(
         name.startswith("checkpoint-") for name in os.listdir(checkpoint_dir)

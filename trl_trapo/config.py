@@ -552,6 +552,26 @@ ASYNC_FIELDS = (
     "async_producer_threads",
 )
 """`TRAPOConfig`'s settings that only `async_rollouts=True` reads (the producer, its rounds and their lag)."""
+TEACHER_FIELDS = (
+    "teacher_model_revision",
+    "teacher_model_init_kwargs",
+    "distillation_beta",
+    "distillation_estimator",
+    "distillation_temperature",
+)
+"""`TRAPOConfig`'s settings that only a distillation teacher reads (`teacher_model` or `teacher_model_name_or_path`;
+warned about by `teacher.load_teacher` when given without one)."""
+VLLM_FIELDS = (
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_tensor_parallel_size",
+    "vllm_max_model_length",
+    "vllm_enable_sleep_mode",
+    "vllm_server_base_url",
+    "vllm_server_timeout",
+)
+"""`TRAPOConfig`'s settings that only `use_vllm=True` reads (the `vllm_importance_sampling_*` ones are not among them:
+they also correct a `rollout_func`'s log-probs)."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -1743,6 +1763,7 @@ class TRAPOConfig(_BaseConfig):
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
         self._check_liger()
+        self._check_best_metric_given()  # before transformers' own check, whose text names no metric TRAPO logs
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -1776,8 +1797,8 @@ class TRAPOConfig(_BaseConfig):
 
     def _warn_unused_settings(self) -> None:
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
-        ([`ASYNC_FIELDS`]) given without `async_rollouts` (ignored, as `--lora_r` without `--use_peft` is: the same
-        warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
+        ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
+        (ignored, as `--lora_r` without `--use_peft` is: the same warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
         (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
         name = type(self).__name__
         if not self.async_rollouts:
@@ -1788,6 +1809,14 @@ class TRAPOConfig(_BaseConfig):
                 " (rounds are sampled synchronously, in the training process)",
                 "Set async_rollouts=True (--async_rollouts) to sample in a producer process with {them}, or drop "
                 "{them}.",
+            )
+        if not self.use_vllm:  # TRL checks none of them either way; TRAPO checks their ranges with use_vllm=True
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, VLLM_FIELDS)],
+                f"{name}.use_vllm",
+                " (completions are sampled with transformers' generate; their ranges are checked only with use_vllm)",
+                "Set use_vllm=True (--use_vllm) to sample with vLLM, or drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
@@ -1805,6 +1834,20 @@ class TRAPOConfig(_BaseConfig):
                     cores,
                     cores,
                 )
+
+    def _check_best_metric_given(self) -> None:
+        """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
+        JC29): transformers refuses it too, in words that do not say which metrics exist (TRAPO never logs its
+        default `eval_loss`). Which of them the run logs depends on the eval data, checked by the trainer
+        (`evaluation.check_best_model_metric`)."""
+        if getattr(self.save_strategy, "value", self.save_strategy) == "best" and self.metric_for_best_model is None:
+            raise ValueError(
+                f"{type(self).__name__}.save_strategy='best' needs metric_for_best_model (None here): it keeps the "
+                "checkpoint whose metric is best. Set a metric TRAPO logs for the eval data: "
+                "metric_for_best_model='eval_reward' with greater_is_better=True for prompts, 'eval_pretrain_loss' "
+                "for text or 'eval_sft_loss' for demonstrations with greater_is_better=False (a dict of eval "
+                "datasets: eval_<name>_reward, ...); or use save_strategy='steps'."
+            )
 
     def _check_intervals(self) -> None:
         """Refuse an interval field the Trainer reads under its strategy "steps" that is not > 0, before

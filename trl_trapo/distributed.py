@@ -112,22 +112,23 @@ def check_launch(accelerator) -> None:
     """Raise if the process group does not match the launch.
 
     Raises:
-        RuntimeError: if the launcher asked for FSDP or DeepSpeed and the run is not using it, if `WORLD_SIZE`
-            processes were launched but accelerate sees another number, or if several processes run without any data
-            parallelism (the runs would be independent copies writing the same files).
-        ValueError: if `accelerate launch` was asked for several processes and started one
-            (`check_processes_started`).
+        ValueError: if the launcher asked for FSDP or DeepSpeed and the run is not using it, if `WORLD_SIZE`
+            processes were launched but accelerate sees another number, if several processes run without any data
+            parallelism (the runs would be independent copies writing the same files), or if `accelerate launch` was
+            asked for several processes and started one (`check_processes_started`). A ValueError, as every launch
+            mistake of the user's: the main job prints it as one line and exits 2, without a traceback (trial 8's
+            JC10; it was a RuntimeError, a `[rank0]` traceback and exit 1).
     """
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     kind = accelerator.distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and kind != DistributedType.FSDP:
-        raise RuntimeError(
+        raise ValueError(
             f"The launcher asked for FSDP but the run uses {kind}: accelerate switches to FSDP only on GPU / XPU / "
             "NPU-like devices (its CPU multi-process mode has no FSDP). On CPU use DDP (`--multi_gpu`) or DeepSpeed "
             "(`DS_ACCELERATOR=cpu accelerate launch --use_deepspeed ...`)."
         )
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and kind != DistributedType.DEEPSPEED:
-        raise RuntimeError(
+        raise ValueError(
             "The launcher asked for DeepSpeed but the run is not using it (accelerate's `--cpu` / `use_cpu=True` "
             "switches DeepSpeed off). On CPU run `DS_ACCELERATOR=cpu accelerate launch --use_deepspeed ...` without "
             "`--cpu`."
@@ -135,7 +136,7 @@ def check_launch(accelerator) -> None:
     if (launched > 1 and accelerator.num_processes != launched) or (
         accelerator.num_processes > 1 and kind == DistributedType.NO
     ):
-        raise RuntimeError(
+        raise ValueError(
             f"{launched} processes were launched but accelerate sees {accelerator.num_processes} ({kind}): they would "
             "train independently and overwrite each other's files. On a machine without GPUs pass `--use_cpu` (DDP "
             "over gloo) or, under DeepSpeed, `--ddp_backend gloo` (TRAPOConfig sets these itself when it sees the "

@@ -134,12 +134,12 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
 
 
 def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
-    """With `load_best_model_at_end`, or a `transformers.EarlyStoppingCallback` among `callbacks`,
-    `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs evaluations
-    (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts. The same for an
-    `lr_scheduler_type` in `METRIC_SCHEDULERS` (transformers sets `metric_for_best_model='loss'` for it when unset,
-    and raised a `KeyError` at the first evaluation after training began), whose `lr_scheduler_kwargs['mode']`
-    (default 'min') must also match the metric's direction.
+    """With `load_best_model_at_end`, `save_strategy="best"`, or a `transformers.EarlyStoppingCallback` among
+    `callbacks`, `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs
+    evaluations (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts. The same
+    for an `lr_scheduler_type` in `METRIC_SCHEDULERS` (transformers sets `metric_for_best_model='loss'` for it when
+    unset, and raised a `KeyError` at the first evaluation after training began), whose
+    `lr_scheduler_kwargs['mode']` (default 'min') must also match the metric's direction.
 
     Raises:
         ValueError: naming the field, the value and the metrics to choose from (with `greater_is_better`), before
@@ -151,12 +151,15 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
     )
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
     on_metric = kind in METRIC_SCHEDULERS  # steps on metric_for_best_model after every evaluation
-    if not (args.load_best_model_at_end or early_stopping or on_metric):
+    save_best = getattr(args.save_strategy, "value", args.save_strategy) == "best"
+    if not (args.load_best_model_at_end or early_stopping or on_metric or save_best):
         return
     if early_stopping:
         user = "EarlyStoppingCallback"
     elif args.load_best_model_at_end:
         user = "load_best_model_at_end=True"
+    elif save_best:
+        user = "save_strategy='best'"
     else:
         user = f"lr_scheduler_type={kind!r}"
     available = evaluation_metrics(eval_dataset)
@@ -273,12 +276,29 @@ class Evaluator:
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
 
         Returns:
-            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without prompts).
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (with `sampling`: empty
+            without prompts).
+
+        Raises:
+            ValueError: without `sampling` (the user's call), when there is no dataset or it has no prompts (a
+                `prompt` or `input_ids` column), as `evaluate()` refuses a missing eval dataset.
         """
         if isinstance(dataset, dict):
             dataset = next(iter(dataset.values()), None)
-        if dataset is None or not ({"prompt", "input_ids"} & set(dataset_columns(dataset))):
-            return []
+        columns = sorted(dataset_columns(dataset)) if dataset is not None else []
+        if not {"prompt", "input_ids"} & set(columns):
+            if sampling:
+                return []
+            if dataset is None:
+                raise ValueError(
+                    "generate_completions() completes the eval prompts, and there is no `eval_dataset`: pass one of "
+                    "prompts (a `prompt` column) to the trainer (`eval_dataset=`)."
+                )
+            raise ValueError(
+                f"generate_completions() completes the eval prompts, and the (first) eval_dataset has no prompts: its "
+                f"columns are {columns}, with no `prompt` (or tokenized `input_ids`). Pass an eval_dataset of prompts, "
+                "or use evaluate() for text / demonstrations (their losses)."
+            )
         args = self.args
         if sampling:
             dataset = dataset.select(range(min(len(dataset), args.per_device_eval_batch_size)))

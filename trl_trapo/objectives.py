@@ -1035,10 +1035,31 @@ def step_counts(batches: list[dict[str, torch.Tensor]], objectives: list[Objecti
         for index in range(len(objectives)):
             local[index] += token_counts[batch["objective"] == index].sum()
         for index, objective in enumerate(objectives):
-            for value in objective.counts(batch, batch["objective"] == index):
+            values = objective.counts(batch, batch["objective"] == index)
+            check_counts(objective, values)
+            for value in values:
                 local[position] += value
                 position += 1
     return local
+
+
+def check_counts(objective: Objective, values: Any) -> None:
+    """Refuse what an objective's `counts` returned when it is not one value per declared `count_keys` (trial 8's
+    OB06: `count_keys=("short_rows",)` with `counts()` returning `{}` left the count at 0 without a word; fewer values
+    shift the next objectives' counts, a dict's keys were summed as values).
+
+    Raises:
+        ValueError: naming the objective, its `count_keys`, what `counts()` returned and the fix.
+    """
+    keys = tuple(objective.count_keys)
+    if isinstance(values, (list, tuple)) and len(values) == len(keys):
+        return
+    got = f"{len(values)} value(s)" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
+    raise ValueError(
+        f"Objective '{objective.name}': count_keys={keys} declares {len(keys)} global count(s), but counts() "
+        f"returned {got}: return a list of exactly {len(keys)} number(s) or scalar tensor(s), this micro-batch's "
+        "contribution to each key in order (0 when it has none), or drop the keys it does not count from count_keys."
+    )
 
 
 @dataclass(frozen=True)
@@ -1274,8 +1295,9 @@ def check_served_rows(
 
     Raises:
         ValueError: naming the objective, the count or the row at fault: not `n` rows, not a `Row` with 1-D tensor
-            `input_ids`, another objective's index, an empty row (0 tokens), a `mask` that is not target-aligned (L-1 entries for L tokens),
-            a token id outside the vocabulary, or more tokens than the context.
+            `input_ids`, another objective's index, an empty row (0 tokens), a `mask` that is not target-aligned (L-1
+            entries for L tokens), a token id outside the vocabulary, more tokens than the context, or a mask value
+            other than 0 / 1.
     """
     if not isinstance(rows, list) or len(rows) != n:
         raise ValueError(
@@ -1323,6 +1345,17 @@ def check_served_rows(
             raise ValueError(
                 f"Objective '{objective.name}': take() row {i} holds token id {int(ids[at])}, outside the policy's "
                 f"vocabulary [0, {vocab_size}): tokenize with the policy's tokenizer."
+            )
+    if rows:  # trial 8's OB05: a mask of -5.0 trained as 1 (the losses read mask.bool()) and counted as -5
+        masks = torch.cat([row.mask.reshape(-1).cpu() for row in rows])
+        other = (masks != 0) & (masks != 1)
+        if masks.numel() and bool(other.any()):
+            at = int(other.nonzero()[0, 0])
+            i = next(i for i, end in enumerate(itertools.accumulate(r.mask.numel() for r in rows)) if at < end)
+            raise ValueError(
+                f"Objective '{objective.name}': take() row {i} has a mask value of {float(masks[at])!r}; Row.mask "
+                "holds 1 (the position counts) or 0 (it does not): the losses read it as a bool and the step's counts "
+                "sum it. Fix: build it as 0/1 (e.g. `(mask != 0).float()`), and weight tokens inside your loss()."
             )
 
 

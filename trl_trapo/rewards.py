@@ -182,6 +182,23 @@ def reward_value(value: Any) -> float | None:
     return None
 
 
+STANDARD_REWARD_KWARGS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
+)
+"""The keyword arguments every reward function call carries besides the dataset's columns."""
+
+
+def missing_arguments(func: Callable, kwargs: dict) -> list[str]:
+    """The required parameters of `func` (no default, by name) that `kwargs` does not give; [] when its signature
+    cannot be read or it takes `**kwargs` only for the rest."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in kwargs]
+
+
 class RewardFunctionError(RuntimeError):
     """A reward function raised; the message names the function, what it raised and how it is called (the
     original exception is the `__cause__`)."""
@@ -212,6 +229,16 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
         else:
             output = func(**kwargs)
     except Exception as error:  # re-raised with the function's name and the fix
+        missing = missing_arguments(func, kwargs) if isinstance(error, TypeError) else []
+        if missing:  # trial 8's JC22: TRL's accuracy_reward needs a `solution` column the data names `answer`
+            columns = sorted(set(kwargs) - STANDARD_REWARD_KWARGS)
+            raise RewardFunctionError(
+                f"Reward function '{name}' needs the argument(s) {', '.join(repr(m) for m in missing)}, which "
+                f"reward functions get from the dataset's columns, and the dataset has no such column (its other "
+                f"columns: {columns}). Rename the column that holds it (in the data file, or "
+                f"`dataset.rename_column('<your column>', {missing[0]!r})`), or wrap the function to read the column "
+                f"you have. ({type(error).__name__}: {error})"
+            ) from error
         raise RewardFunctionError(
             f"Reward function '{name}' raised {type(error).__name__}: {error}. Reward functions are called as "
             "func(prompts=..., completions=..., completion_ids=..., **dataset_columns, trainer_state=..., "

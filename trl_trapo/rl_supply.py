@@ -97,6 +97,7 @@ class RLSupply:
         self.policy, self.has_critic = policy, has_critic
         self.exploration, self.task_families, self.on_episode = exploration, task_families, on_episode
         self.episode = 0  # completions rolled out over every rank (TRL's `episode`), checkpointed
+        self.warned_unmasked = False  # a round whose completion_mask counts no token: warned about once
 
     # ---- rows -------------------------------------------------------------------------------------------------------
     def take_rows(self, n: int, step: int) -> list[Row]:
@@ -176,6 +177,7 @@ class RLSupply:
             getattr(config, "max_position_embeddings", None),
             name,
         )
+        self.warn_unmasked(sampled, name)
         if sampled.group == 1 and not self.has_critic:
             raise ValueError(
                 f"{name} returned a round with group=1, but advantages are group-relative (no value_model): every "
@@ -188,6 +190,22 @@ class RLSupply:
                 trajectory.importance_weight = sampled.importance_weight
         self.consume(batch, step)
         return batch
+
+    def warn_unmasked(self, sampled: SampledRound, name: str) -> None:
+        """Warn once when a round's `completion_mask` is 0 on every token (trial 8's SR03): no sampled token counts,
+        so the round trains nothing (RL loss 0) though it looks like a round."""
+        masks = sampled.completion_mask
+        if self.warned_unmasked or masks is None or any(bool(m.any()) for m in masks):
+            return
+        self.warned_unmasked = True
+        logger.warning(
+            "%s returned a round whose completion_mask is 0 on every token of its %d completions: no token counts "
+            "(1 = the policy sampled it, 0 = the environment wrote it), so the round trains nothing. Put 1 on the "
+            "tokens the policy sampled (TRL's `env_mask`), or completion_mask=None when it sampled them all. "
+            "(Warned once.)",
+            name,
+            len(masks),
+        )
 
     def consume(self, batch: RolloutBatch, step: int) -> None:
         """A finished round reaches every consumer, whole and in this order: targeted exploration (collective: the

@@ -14,6 +14,7 @@ those three; it keeps no handle of its own (`trainer.teacher_model` is a read-on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -22,10 +23,13 @@ from accelerate.utils import is_peft_model
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .config import TEACHER_FIELDS, changed_settings, warn_ignored_settings
 from .models import completion_logps, disable_dropout, model_forward
 from .paths import check_model_source
 from .rollout import prompt_model_inputs
 
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .sources import SampledRound
@@ -46,6 +50,9 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     Returns:
         `nn.Module` or None: the frozen teacher, not yet prepared for the run's distribution ([`Teacher`] does that).
 
+    Logs a warning naming them when teacher-only settings ([`~trl_trapo.config.TEACHER_FIELDS`]) are given without
+    any teacher: they are ignored (trial 8's TD09), as `--lora_r` without `--use_peft` is.
+
     Raises:
         ValueError: naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is the policy
             itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or another
@@ -54,6 +61,14 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     if teacher is None:
         teacher = args.teacher_model_name_or_path
     if teacher is None:
+        warn_ignored_settings(
+            logger,
+            [f"{setting}={getattr(args, setting)!r}" for setting in changed_settings(args, TEACHER_FIELDS)],
+            "a teacher (`teacher_model` / teacher_model_name_or_path)",
+            " (no distillation objective is built)",
+            "Pass teacher_model= to the trainer or set teacher_model_name_or_path (--teacher_model_name_or_path) to "
+            "distill with {them}, or drop {them}.",
+        )
         return None
     teacher_tokenizer = None
     if isinstance(teacher, str):

@@ -705,8 +705,8 @@ class TRAPOTrainer(_BaseTrainer):
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
 
         Returns:
-            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (empty without an
-            eval dataset of prompts).
+            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank. Without eval prompts it
+            raises `ValueError` as `evaluate()` does, except with `sampling=True` (during training: empty).
         """
         return self.evaluator.completions_table(self.eval_dataset, self.state.global_step, sampling)
 
