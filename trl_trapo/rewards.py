@@ -188,15 +188,24 @@ STANDARD_REWARD_KWARGS = frozenset(
 """The keyword arguments every reward function call carries besides the dataset's columns."""
 
 
-def missing_arguments(func: Callable, kwargs: dict) -> list[str]:
-    """The required parameters of `func` (no default, by name) that `kwargs` does not give; [] when its signature
-    cannot be read or it takes `**kwargs` only for the rest."""
+def column_parameters_of(func: Callable) -> list[inspect.Parameter]:
+    """The parameters of `func` that name a dataset column: not the keywords every call gets
+    ([`STANDARD_REWARD_KWARGS`]) nor `*args` / `**kwargs`; [] when its signature cannot be read."""
     try:
         parameters = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
         return []
+    variadic = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    return [p for p in parameters if p.kind not in variadic and p.name not in STANDARD_REWARD_KWARGS]
+
+
+def missing_arguments(func: Callable, kwargs: dict) -> list[str]:
+    """The required column parameters of `func` ([`column_parameters_of`]: no default, passed by name) that `kwargs`
+    does not give."""
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return [p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in kwargs]
+    return [
+        p.name for p in column_parameters_of(func) if p.kind in named and p.default is p.empty and p.name not in kwargs
+    ]
 
 
 class RewardFunctionError(RuntimeError):
@@ -334,20 +343,10 @@ class RewardScorer:
         """(reward function name, parameter) for each parameter that names a dataset column: not the keywords every
         call gets (`prompts`, `completions`, `trainer_state`, ...) nor `*args` / `**kwargs`. Reward models and
         functions whose signature cannot be read are left out."""
-        standard = {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
         found = []
         for func, name in zip(self.funcs, self.names):
-            if isinstance(func, nn.Module):
-                continue
-            try:
-                parameters = inspect.signature(func).parameters.values()
-            except (TypeError, ValueError):
-                continue
-            for parameter in parameters:
-                if parameter.kind not in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL) and (
-                    parameter.name not in standard
-                ):
-                    found.append((name, parameter))
+            if not isinstance(func, nn.Module):
+                found.extend((name, parameter) for parameter in column_parameters_of(func))
         return found
 
     def columns_read(self) -> dict[str, list[str]]:
