@@ -71,7 +71,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
-from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.distributed import check_launch, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
@@ -2062,10 +2062,13 @@ def build_trainer(
 
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
-            construction; also if `accelerate launch` was asked for several processes and started one
-            (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
+            construction; also, before anything is loaded, if the launch does not match the run: FSDP or DeepSpeed
+            asked for and off, `accelerate launch` asked for several processes and started one
+            (`trl_trapo.distributed.check_launch`).
     """
-    check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
+    # before loading anything: a launch that does not match the run (FSDP on the CPU, a lost `--multi_gpu`) is said
+    # at once, not after the model and the datasets (the trainer checks again)
+    check_launch(training_args.distributed_state)
     # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
     # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
     # (the trainer checks again)
