@@ -1988,6 +1988,37 @@ def flag_names(message: str) -> str:
     return renamed
 
 
+class FlagNamedRecords(logging.Filter):
+    """A handler filter that gives the records of the project's loggers (`trl_trapo.*`) the names the command line's
+    user typed: the trainer's warnings name its Python arguments (`train_dataset`), which the job fills from flags
+    (`--dataset_name`), as its errors do (`flag_names`, applied to the message; the record keeps its level and logger).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("trl_trapo."):
+            message = record.getMessage()
+            renamed = flag_names(message)
+            if renamed != message:
+                record.msg, record.args = renamed, None
+        return True
+
+
+@contextmanager
+def flag_named_logs() -> Iterator[None]:
+    """While the command-line job runs, the log handlers in place (the root logger's and `trl_trapo`'s) say flags, not
+    the trainer's arguments ([`FlagNamedRecords`]); the Python API (`main`, `TRAPOTrainer`) keeps the arguments'
+    names. Removed afterwards."""
+    handlers = [*logging.getLogger().handlers, *logging.getLogger("trl_trapo").handlers]
+    flag_filter = FlagNamedRecords()
+    for handler in handlers:
+        handler.addFilter(flag_filter)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(flag_filter)
+
+
 def write_json_atomic(path: str, payload: dict) -> None:
     """Write JSON to `path` through a temporary file and a rename, so readers never see half a file.
 
@@ -2236,9 +2267,10 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     try:
         script_args, training_args, model_args = parse_args(argv, prog=program)
         job_start = time.perf_counter()
-        trainer, inputs = build_trainer(script_args, training_args, model_args)
-        user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
-        run_job(trainer, inputs, script_args, training_args, job_start)
+        with flag_named_logs():  # the trainer's warnings name the flags, as its errors do (`flag_names`)
+            trainer, inputs = build_trainer(script_args, training_args, model_args)
+            user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
+            run_job(trainer, inputs, script_args, training_args, job_start)
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
