@@ -190,6 +190,22 @@ def test_the_command_lines_warnings_name_the_flags_the_user_gave(tmp_path, monke
     assert not any(type(f) is job.FlagNamedRecords for h in logging.getLogger().handlers for f in h.filters)
 
 
+def test_a_reward_function_error_names_the_flag_too(tmp_path, monkeypatch, capsys):
+    """A sibling of M18: a reward function failing the construction-time call was printed as "... the first 2 row(s)
+    of `train_dataset` ...": the job renamed only plain ValueErrors (a RewardFunctionError keeps its type). `run`
+    names the flags in every user error it prints."""
+    from trl_trapo.jobs import main as job
+
+    (tmp_path / "failing_rewards.py").write_text("def bad(completions, **kwargs):\n    raise KeyError('x')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    argv = ["--max_steps", "2", "--reward_funcs", "failing_rewards.bad", "--dataset_name", rl]
+    assert job.run([*argv, "--output_dir", str(tmp_path / "out")], program="trapo train") == 2
+    err = capsys.readouterr().err
+    assert "trapo train: error: In TRAPOTrainer's construction-time check" in err
+    assert "of `--dataset_name` with empty completions" in err and "train_dataset" not in err, err
+
+
 def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
 

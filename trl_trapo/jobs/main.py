@@ -2249,7 +2249,8 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
 
     A user error (see `SETUP_USER_ERRORS` / `RUN_USER_ERRORS`) prints `<program>: error: <message>` and a line saying
     how to see the traceback, on stderr, and returns `USER_ERROR_EXIT_CODE` (2, as argparse does for a malformed
-    command line, which it reports the same way). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
+    command line, which it reports the same way). The message, and the warnings of the run (`flag_named_logs`), name
+    the flags the user typed, not the trainer's arguments (`flag_names`: `--dataset_name`, not `train_dataset`). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
     other exception is raised as is: it is a fault of the program, whose traceback is needed to fix it.
 
     Args:
@@ -2275,8 +2276,8 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
         if not isinstance(error, user_errors) or debug_requested():
             raise
         program = program or os.path.basename(sys.argv[0]) or "trapo.py"
-        print(
-            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
+        print(  # named as the user typed it, whatever raised it (a RewardFunctionError keeps `train_dataset`)
+            f"{program}: error: {flag_names(str(error))}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
             file=sys.stderr,
             flush=True,
         )
