@@ -192,8 +192,8 @@ def test_the_command_lines_warnings_name_the_flags_the_user_gave(tmp_path, monke
 
 def test_a_reward_function_error_names_the_flag_too(tmp_path, monkeypatch, capsys):
     """A sibling of M18: a reward function failing the construction-time call was printed as "... the first 2 row(s)
-    of `train_dataset` ...": the job renamed only plain ValueErrors (a RewardFunctionError keeps its type). `run`
-    names the flags in every user error it prints."""
+    of `train_dataset` ...": the job renamed only plain ValueErrors of the trainer's; a RewardFunctionError is renamed
+    too, keeping its type."""
     from trl_trapo.jobs import main as job
 
     (tmp_path / "failing_rewards.py").write_text("def bad(completions, **kwargs):\n    raise KeyError('x')\n")

@@ -1989,13 +1989,15 @@ def flag_names(message: str) -> str:
 
 
 class FlagNamedRecords(logging.Filter):
-    """A handler filter that gives the records of the project's loggers (`trl_trapo.*`) the names the command line's
-    user typed: the trainer's warnings name its Python arguments (`train_dataset`), which the job fills from flags
-    (`--dataset_name`), as its errors do (`flag_names`, applied to the message; the record keeps its level and logger).
+    """A handler filter that gives the records of the library's loggers (`trl_trapo.*`, not the jobs' own) the names
+    the command line's user typed: the trainer's warnings name its Python arguments (`train_dataset`), which the job
+    fills from flags (`--dataset_name`), as its errors do (`flag_names`, applied to the message; the record keeps its
+    level and logger).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("trl_trapo."):
+        if record.name.startswith("trl_trapo.") and not record.name.startswith("trl_trapo.jobs."):  # the jobs' own
+            # messages name flags already, and YAML keys (`reward_funcs: [...]`) that are not to be renamed
             message = record.getMessage()
             renamed = flag_names(message)
             if renamed != message:
@@ -2095,7 +2097,9 @@ def build_trainer(
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
             construction; also, before anything is loaded, if the launch does not match the run: FSDP or DeepSpeed
             asked for and off, `accelerate launch` asked for several processes and started one
-            (`trl_trapo.distributed.check_launch`).
+            (`trl_trapo.distributed.check_launch`). The trainer's ValueErrors name the flags, not its arguments
+            (`flag_names`).
+        RewardFunctionError: if a reward function fails the trainer's construction-time call (naming the flags too).
     """
     # before loading anything: a launch that does not match the run (FSDP on the CPU, a lost `--multi_gpu`) is said
     # at once, not after the model and the datasets (the trainer checks again)
@@ -2133,11 +2137,12 @@ def build_trainer(
             value_model=inputs.value_model,
             peft_config=get_peft_config(model_args),
         )
-    except ValueError as error:  # the trainer names its arguments (`sft_dataset`); the user typed flags
+    except (ValueError, RewardFunctionError) as error:  # the trainer names its arguments (`sft_dataset`); the user
+        # typed flags. A reward function failing the construction-time call names `train_dataset` too (M18's sibling)
         renamed = flag_names(str(error))
-        if type(error) is not ValueError or renamed == str(error):  # a subclass keeps its type and message
+        if type(error) not in (ValueError, RewardFunctionError) or renamed == str(error):  # other subclasses: as is
             raise
-        raise ValueError(renamed) from error
+        raise type(error)(renamed) from error
     return trainer, inputs
 
 
@@ -2249,8 +2254,9 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
 
     A user error (see `SETUP_USER_ERRORS` / `RUN_USER_ERRORS`) prints `<program>: error: <message>` and a line saying
     how to see the traceback, on stderr, and returns `USER_ERROR_EXIT_CODE` (2, as argparse does for a malformed
-    command line, which it reports the same way). The message, and the warnings of the run (`flag_named_logs`), name
-    the flags the user typed, not the trainer's arguments (`flag_names`: `--dataset_name`, not `train_dataset`). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
+    command line, which it reports the same way). The trainer's errors (`build_trainer`) and warnings
+    (`flag_named_logs`) name the flags the user typed, not its arguments (`flag_names`: `--dataset_name`, not
+    `train_dataset`). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
     other exception is raised as is: it is a fault of the program, whose traceback is needed to fix it.
 
     Args:
@@ -2276,8 +2282,8 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
         if not isinstance(error, user_errors) or debug_requested():
             raise
         program = program or os.path.basename(sys.argv[0]) or "trapo.py"
-        print(  # named as the user typed it, whatever raised it (a RewardFunctionError keeps `train_dataset`)
-            f"{program}: error: {flag_names(str(error))}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
+        print(
+            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
             file=sys.stderr,
             flush=True,
         )
