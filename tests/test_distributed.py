@@ -291,6 +291,120 @@ def test_a_launch_mismatch_is_a_user_error_of_the_main_job(monkeypatch):
     assert isinstance(info.value, SETUP_USER_ERRORS)
 
 
+FSDP_ON_CPU = "The launcher asked for FSDP but the run uses DistributedType.NO"
+
+
+def test_trapo_train_refuses_fsdp_on_cpu_before_it_loads_anything(tmp_path):
+    """Trial 8's JC10 as the user ran it: `trapo train --config_file <FSDP2 config>` on one CPU process printed the
+    refusal only after the built-in model was built and every dataset tokenized (the check read the `Accelerator`,
+    which exists once `Trainer.__init__` ran). It is now one `trapo train: error:` line, exit status 2, before the job
+    says which data it uses."""
+    config = tmp_path / "fsdp_cpu.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+        "machine_rank: 0\nmixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\nuse_cpu: true\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    command = [sys.executable, "-m", "trl_trapo.jobs.commands", "train", "--config_file", str(config)]
+    command += ["--main_process_port", str(free_port()), "--max_steps", "2", "--output_dir", str(tmp_path / "out")]
+    completed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("trapo train: error:")]
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert len(errors) == 1 and FSDP_ON_CPU in errors[0], completed.stderr[-3000:]
+    for slow in ("Built-in mode", "Tokenizing"):  # the job's data log line; the trainer's tokenizing progress bars
+        assert slow not in completed.stderr, completed.stderr[-3000:]
+
+
+def test_the_trainer_refuses_a_launch_mismatch_before_it_loads_a_model(tmp_path, monkeypatch):
+    """The Python API: the launch is checked first among `TRAPOTrainer`'s construction checks (on the process state
+    the config set up), not after the policy, reference and datasets are loaded and tokenized."""
+    from conftest import make_tiny_trainer
+
+    import trl_trapo.wiring
+    from trl_trapo.tasks import build_char_tokenizer, make_task_suite
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+    def load_models(*args, **kwargs):
+        pytest.fail("the models were loaded before the launch was checked")
+
+    monkeypatch.setattr(trl_trapo.wiring, "load_models", load_models)
+    suite = make_task_suite(seed=0, num_pretrain_docs=8, num_sft_per_task=2, num_rl_per_task=2, num_eval_per_task=1)
+    with pytest.raises(ValueError, match=FSDP_ON_CPU):
+        make_tiny_trainer(tmp_path, build_char_tokenizer(), suite)
+
+
+@pytest.mark.parametrize("job", ["main", "vision", "agent"])
+def test_the_jobs_refuse_a_launch_mismatch_before_they_build_data_or_models(job, tmp_path, monkeypatch):
+    """Each job checks the launch before it builds its data and model (the main job's `build_inputs`, the vision and
+    agent jobs' `build_data`): those come before the trainer, whose own check would come after them."""
+    import importlib
+
+    from trl import ModelConfig
+
+    from trl_trapo import TRAPOConfig
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    module = importlib.import_module(f"trl_trapo.jobs.{job}")
+
+    def build(*args, **kwargs):
+        pytest.fail("the job built its data or model before the launch was checked")
+
+    monkeypatch.setattr(module, "build_inputs" if job == "main" else "build_data", build)
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    with pytest.raises(ValueError, match=FSDP_ON_CPU):
+        if job == "main":
+            module.build_trainer(module.TRAPOScriptArguments(), config, ModelConfig())
+        else:
+            module.main(None, config)
+
+
+ACCELERATOR_TYPE_SCRIPT = """
+import json, os, sys
+from accelerate import Accelerator
+from trl_trapo import TRAPOConfig
+from trl_trapo.distributed import accelerator_distributed_type
+
+results = []
+for env, use_cpu in json.loads(sys.argv[1]):
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    config = TRAPOConfig(output_dir=sys.argv[2], report_to="none", use_cpu=use_cpu)  # resets accelerate's state
+    predicted = accelerator_distributed_type(config.distributed_state)
+    # what the Trainer builds (transformers' `Trainer.create_accelerator_and_postprocess`: no `cpu` argument)
+    accelerator = Accelerator(mixed_precision=config.mixed_precision, deepspeed_plugin=config.deepspeed_plugin)
+    results.append([str(predicted), str(accelerator.distributed_type)])
+print(json.dumps(results))
+"""
+
+
+def test_the_predicted_distributed_type_is_the_accelerators(tmp_path):
+    """`accelerator_distributed_type` reads, before the Trainer exists, the type accelerate's `AcceleratorState` gives
+    the Trainer's `Accelerator`: the early launch check refuses exactly what the Accelerator would show (never a run
+    that would work). The cases run in a subprocess (an `Accelerator` fixes accelerate's shared state)."""
+    cases = [
+        ({}, False),
+        ({"ACCELERATE_USE_FSDP": "true"}, False),
+        ({"ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_CPU": "true"}, False),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, False),
+        ({"ACCELERATE_USE_DEEPSPEED": "true"}, True),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_CPU": "true"}, False),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TRANSFORMERS_VERBOSITY": "error"}
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    command = [sys.executable, "-c", ACCELERATOR_TYPE_SCRIPT, json.dumps(cases), str(tmp_path)]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert [predicted for predicted, _ in results] == [actual for _, actual in results], results
+    # the cases differ: DeepSpeed where accelerate turns it on (`ACCELERATE_USE_CPU` off), and only there
+    assert [actual for _, actual in results].count("DistributedType.DEEPSPEED") == 2, results
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Gradient of a 2-process step == gradient of the same global batch on 1 process
 # ---------------------------------------------------------------------------------------------------------------------

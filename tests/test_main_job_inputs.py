@@ -171,6 +171,41 @@ def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, capl
     assert f"rl (--dataset_name={rl!r})" in line and "no held-out RL evaluation" in line
 
 
+def test_the_command_lines_warnings_name_the_flags_the_user_gave(tmp_path, monkeypatch, caplog):
+    """Trial 7's M18 on the command line: a JSON Lines file whose odd rows lack `answer` was warned about as
+    "`train_dataset` column 'answer' is missing ...", an argument the user never wrote (they wrote `--dataset_name`).
+    The trainer's warnings name the flag, as its errors do (`flag_names`); the Python API keeps `train_dataset`
+    (tests/test_rewards.py)."""
+    from trl_trapo.jobs import main as job
+
+    rows = [{"prompt": f"{i}+{i}=", **({"answer": str(2 * i)} if i % 2 == 0 else {})} for i in range(8)]
+    rl = write_jsonl(tmp_path / "rl.jsonl", rows)
+    monkeypatch.setattr(job, "run_job", lambda *args, **kwargs: {})  # the warning is said while the trainer is built
+    argv = ["--max_steps", "2", "--reward_funcs", "numeric_answer", "--dataset_name", rl]
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        assert job.run([*argv, "--output_dir", str(tmp_path / "out"), "--report_to", "none"]) == 0
+    said = [r.getMessage() for r in caplog.records if "is missing (None)" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("`--dataset_name` column 'answer' is missing (None) in 4 of 8 rows")
+    assert not any("train_dataset" in r.getMessage() for r in caplog.records if r.name.startswith("trl_trapo."))
+    assert not any(type(f) is job.FlagNamedRecords for h in logging.getLogger().handlers for f in h.filters)
+
+
+def test_a_reward_function_error_names_the_flag_too(tmp_path, monkeypatch, capsys):
+    """A sibling of M18: a reward function failing the construction-time call was printed as "... the first 2 row(s)
+    of `train_dataset` ...": the job renamed only plain ValueErrors of the trainer's; a RewardFunctionError is renamed
+    too, keeping its type."""
+    from trl_trapo.jobs import main as job
+
+    (tmp_path / "failing_rewards.py").write_text("def bad(completions, **kwargs):\n    raise KeyError('x')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    argv = ["--max_steps", "2", "--reward_funcs", "failing_rewards.bad", "--dataset_name", rl]
+    assert job.run([*argv, "--output_dir", str(tmp_path / "out")], program="trapo train") == 2
+    err = capsys.readouterr().err
+    assert "trapo train: error: In TRAPOTrainer's construction-time check" in err
+    assert "of `--dataset_name` with empty completions" in err and "train_dataset" not in err, err
+
+
 def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
 

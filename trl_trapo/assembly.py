@@ -4,10 +4,10 @@
 Each function takes what it needs as arguments and returns what it builds; `TRAPOTrainer.__init__` calls them in
 order and wires the results to the `Trainer` hooks (issue 39):
 
-1. [`check_run`]: the checks that run before anything slow loads — the arguments' types, the rollout source and the
-   agent arguments (TRL's `tools` / `environment_factory`), the output directory, the datasets, the training setup,
-   the best-model metric, the checkpoint to resume from (hashed once, here, and checked to fit the run), and torch's
-   CPU threads;
+1. [`check_run`]: the checks that run before anything slow loads — the launch, the arguments' types, the rollout
+   source and the agent arguments (TRL's `tools` / `environment_factory`), the output directory, the datasets, the
+   training setup, the best-model metric, the checkpoint to resume from (hashed once, here, and checked to fit the
+   run), and torch's CPU threads;
 2. [`build_rollout_source`]: where the RL objective's rounds come from — the user's `rollout_source`, TRL's
    `rollout_func`, the tool-calling source of `tools` / `environment_factory`, the asynchronous producer
    (`async_rollouts=True`) or the default [`~trl_trapo.sources.SyncRolloutSource`];
@@ -69,7 +69,7 @@ from .data import (
     progress_bars,
     warn_missing_reward_cells,
 )
-from .distributed import restore_kernel_functions, sum_over_ranks
+from .distributed import check_launch, restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric
 from .executor import SourceContext
 from .grpo import grpo_notice
@@ -187,8 +187,10 @@ def check_run(
     environment_factory: Callable | dict[str, Callable] | None,
     objectives: list[Objective] | None = None,
 ) -> RunChecks:
-    """The construction checks that run before anything slow loads, in this order: the config's type, every
-    argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the
+    """The construction checks that run before anything slow loads, in this order: the config's type, the launch
+    (FSDP or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the
+    config set up), every argument's type (`arguments`: the keyword arguments of
+    [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
     datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
     from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
@@ -205,6 +207,8 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
+    # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
+    check_launch(args.distributed_state)
     train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it

@@ -26,7 +26,13 @@ import logging
 import os
 
 import torch
-from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
+from accelerate.state import PartialState
+from accelerate.utils import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    parse_flag_from_env,
+)
 from torch import nn
 
 
@@ -108,8 +114,51 @@ def check_processes_started() -> None:
     raise ValueError(message)
 
 
-def check_launch(accelerator) -> None:
+# accelerate's multi-process types that its `AcceleratorState` turns into FSDP when the launcher asks for it: an
+# accelerator's (MULTI_GPU, MULTI_XPU, ...), never NO or MULTI_CPU (accelerate has no FSDP on the CPU)
+FSDP_CAPABLE = frozenset(t for t in DistributedType if t.name.startswith("MULTI_") and t != DistributedType.MULTI_CPU)
+
+
+def accelerator_distributed_type(state: PartialState) -> DistributedType:
+    """The `distributed_type` the Trainer's `Accelerator` will have, read before it exists from the process state that
+    `TrainingArguments` set up when the config was built (`TRAPOConfig.distributed_state`).
+
+    As accelerate's `AcceleratorState.__init__` decides it (accelerate/state.py; the Trainer passes it no `cpu`, so
+    only `ACCELERATE_USE_CPU` puts it on the CPU): DeepSpeed when the launcher asked for it (`ACCELERATE_USE_DEEPSPEED`)
+    and `ACCELERATE_USE_CPU` is off, else FSDP when the launcher asked for it (`ACCELERATE_USE_FSDP`) and the process
+    state is an accelerator's multi-process type (`FSDP_CAPABLE`), else the process state's own type. A state an
+    `Accelerator` already turned (DeepSpeed, FSDP, XLA, Megatron-LM) keeps its type.
+
+    Args:
+        state (`accelerate.PartialState`): the process state (`TrainingArguments.distributed_state`).
+
+    Returns:
+        `accelerate.utils.DistributedType`.
+    """
+    kind = state.distributed_type
+    if kind in (DistributedType.DEEPSPEED, DistributedType.FSDP, DistributedType.XLA, DistributedType.MEGATRON_LM):
+        return kind
+    on_cpu = parse_flag_from_env("ACCELERATE_USE_CPU")  # accelerate's `--cpu`
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and not on_cpu:
+        return DistributedType.DEEPSPEED
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and kind in FSDP_CAPABLE:
+        return DistributedType.FSDP
+    return kind
+
+
+def check_launch(state) -> None:
     """Raise if the process group does not match the launch.
+
+    Called twice by `TRAPOTrainer`: first with the process state the config set up (`args.distributed_state`), before
+    anything slow loads (`assembly.check_run`; the jobs call it before they build their data and models), then with
+    the `Accelerator` the Trainer built. Every mismatch below is known from the process state already (FSDP and
+    DeepSpeed as `accelerator_distributed_type` predicts them; the number of processes is the process group's).
+
+    Args:
+        state: an `accelerate.PartialState` (read as the `Accelerator` will turn it, `accelerator_distributed_type`),
+            the `Accelerator` itself, or anything with its `distributed_type` and `num_processes`; `None` (no process
+            state: SageMaker model parallelism) checks only that the launched processes started
+            (`check_processes_started`).
 
     Raises:
         ValueError: if the launcher asked for FSDP or DeepSpeed and the run is not using it, if `WORLD_SIZE`
@@ -119,8 +168,11 @@ def check_launch(accelerator) -> None:
             mistake of the user's: the main job prints it as one line and exits 2, without a traceback (trial 8's
             JC10; it was a RuntimeError, a `[rank0]` traceback and exit 1).
     """
+    if state is None:
+        check_processes_started()
+        return
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    kind = accelerator.distributed_type
+    kind = accelerator_distributed_type(state) if isinstance(state, PartialState) else state.distributed_type
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and kind != DistributedType.FSDP:
         raise ValueError(
             f"The launcher asked for FSDP but the run uses {kind}: accelerate switches to FSDP only on GPU / XPU / "
@@ -133,11 +185,9 @@ def check_launch(accelerator) -> None:
             "switches DeepSpeed off). On CPU run `DS_ACCELERATOR=cpu accelerate launch --use_deepspeed ...` without "
             "`--cpu`."
         )
-    if (launched > 1 and accelerator.num_processes != launched) or (
-        accelerator.num_processes > 1 and kind == DistributedType.NO
-    ):
+    if (launched > 1 and state.num_processes != launched) or (state.num_processes > 1 and kind == DistributedType.NO):
         raise ValueError(
-            f"{launched} processes were launched but accelerate sees {accelerator.num_processes} ({kind}): they would "
+            f"{launched} processes were launched but accelerate sees {state.num_processes} ({kind}): they would "
             "train independently and overwrite each other's files. On a machine without GPUs pass `--use_cpu` (DDP "
             "over gloo) or, under DeepSpeed, `--ddp_backend gloo` (TRAPOConfig sets these itself when it sees the "
             "launch)."

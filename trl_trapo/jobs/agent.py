@@ -42,6 +42,7 @@ from trl import TrlParser
 
 from ..agents import use_tool_chat_template
 from ..config import TRAPOConfig
+from ..distributed import check_launch
 from ..tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 from ..tasks.agent import AgentTask, as_conversation, evaluate_agent, make_agent_task, mixed_sft_dataset
 
@@ -326,6 +327,7 @@ def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
     """
     job_start = time.perf_counter()
     # step 1. data, tokenizer, model, trainer
+    check_launch(config.distributed_state)  # a launch that does not match the run: before data and model
     data = build_data(job_args)
     return run_job(data, build_trainer(data, config), config, job_start)
 

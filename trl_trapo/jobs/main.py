@@ -71,7 +71,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
-from trl_trapo.distributed import check_processes_started, end_process_group
+from trl_trapo.distributed import check_launch, end_process_group
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
@@ -1988,6 +1988,39 @@ def flag_names(message: str) -> str:
     return renamed
 
 
+class FlagNamedRecords(logging.Filter):
+    """A handler filter that gives the records of the library's loggers (`trl_trapo.*`, not the jobs' own) the names
+    the command line's user typed: the trainer's warnings name its Python arguments (`train_dataset`), which the job
+    fills from flags (`--dataset_name`), as its errors do (`flag_names`, applied to the message; the record keeps its
+    level and logger).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("trl_trapo.") and not record.name.startswith("trl_trapo.jobs."):  # the jobs' own
+            # messages name flags already, and YAML keys (`reward_funcs: [...]`) that are not to be renamed
+            message = record.getMessage()
+            renamed = flag_names(message)
+            if renamed != message:
+                record.msg, record.args = renamed, None
+        return True
+
+
+@contextmanager
+def flag_named_logs() -> Iterator[None]:
+    """While the command-line job runs, the log handlers in place (the root logger's and `trl_trapo`'s) say flags, not
+    the trainer's arguments ([`FlagNamedRecords`]); the Python API (`main`, `TRAPOTrainer`) keeps the arguments'
+    names. Removed afterwards."""
+    handlers = [*logging.getLogger().handlers, *logging.getLogger("trl_trapo").handlers]
+    flag_filter = FlagNamedRecords()
+    for handler in handlers:
+        handler.addFilter(flag_filter)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(flag_filter)
+
+
 def write_json_atomic(path: str, payload: dict) -> None:
     """Write JSON to `path` through a temporary file and a rename, so readers never see half a file.
 
@@ -2062,10 +2095,15 @@ def build_trainer(
 
     Raises:
         ValueError: for bad arguments, paths, data or models (see `build_inputs`), and for what the trainer refuses at
-            construction; also if `accelerate launch` was asked for several processes and started one
-            (`trl_trapo.distributed.check_processes_started`), before anything is loaded.
+            construction; also, before anything is loaded, if the launch does not match the run: FSDP or DeepSpeed
+            asked for and off, `accelerate launch` asked for several processes and started one
+            (`trl_trapo.distributed.check_launch`). The trainer's ValueErrors name the flags, not its arguments
+            (`flag_names`).
+        RewardFunctionError: if a reward function fails the trainer's construction-time call (naming the flags too).
     """
-    check_processes_started()  # before loading anything: a lost `--multi_gpu` is said at once
+    # before loading anything: a launch that does not match the run (FSDP on the CPU, a lost `--multi_gpu`) is said
+    # at once, not after the model and the datasets (the trainer checks again)
+    check_launch(training_args.distributed_state)
     # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
     # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
     # (the trainer checks again)
@@ -2099,11 +2137,12 @@ def build_trainer(
             value_model=inputs.value_model,
             peft_config=get_peft_config(model_args),
         )
-    except ValueError as error:  # the trainer names its arguments (`sft_dataset`); the user typed flags
+    except (ValueError, RewardFunctionError) as error:  # the trainer names its arguments (`sft_dataset`); the user
+        # typed flags. A reward function failing the construction-time call names `train_dataset` too (M18's sibling)
         renamed = flag_names(str(error))
-        if type(error) is not ValueError or renamed == str(error):  # a subclass keeps its type and message
+        if type(error) not in (ValueError, RewardFunctionError) or renamed == str(error):  # other subclasses: as is
             raise
-        raise ValueError(renamed) from error
+        raise type(error)(renamed) from error
     return trainer, inputs
 
 
@@ -2215,7 +2254,9 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
 
     A user error (see `SETUP_USER_ERRORS` / `RUN_USER_ERRORS`) prints `<program>: error: <message>` and a line saying
     how to see the traceback, on stderr, and returns `USER_ERROR_EXIT_CODE` (2, as argparse does for a malformed
-    command line, which it reports the same way). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
+    command line, which it reports the same way). The trainer's errors (`build_trainer`) and warnings
+    (`flag_named_logs`) name the flags the user typed, not its arguments (`flag_names`: `--dataset_name`, not
+    `train_dataset`). With `TRAPO_DEBUG=1` it is raised with its traceback instead. Any
     other exception is raised as is: it is a fault of the program, whose traceback is needed to fix it.
 
     Args:
@@ -2233,9 +2274,10 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     try:
         script_args, training_args, model_args = parse_args(argv, prog=program)
         job_start = time.perf_counter()
-        trainer, inputs = build_trainer(script_args, training_args, model_args)
-        user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
-        run_job(trainer, inputs, script_args, training_args, job_start)
+        with flag_named_logs():  # the trainer's warnings name the flags, as its errors do (`flag_names`)
+            trainer, inputs = build_trainer(script_args, training_args, model_args)
+            user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
+            run_job(trainer, inputs, script_args, training_args, job_start)
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise

@@ -40,6 +40,7 @@ from datasets import Dataset
 from trl import TrlParser
 
 from ..config import OBJECTIVES, TRAPOConfig
+from ..distributed import check_launch
 from ..objectives import DemonstrationObjective, LanguageModelingObjective, PretrainingObjective, SFTObjective
 
 
@@ -295,6 +296,7 @@ def main(job_args: VisionJobArguments, config: TRAPOConfig) -> dict[str, float]:
         every metric of [`evaluate`], `train_runtime_s` (seconds) and `train_loss`.
     """
     job_start = time.perf_counter()
+    check_launch(config.distributed_state)  # a launch that does not match the run: before data and model
     data = build_data(job_args)
     return run_job(data, build_trainer(data, config), config, job_start)
 
