@@ -436,6 +436,20 @@ def test_two_process_gradient_equals_one_process_gradient(tmp_path):
             torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=0, msg=f"{loss_type} {name}")
 
 
+def test_end_process_group_leaves_no_collective_holding_a_tensor(tmp_path):
+    """`end_process_group` returns only once every gloo group's collectives are finished and released: a tensor an
+    asynchronous all-reduce on a second group holds (as ZeRO-3's parameter gathers on DeepSpeed's clone of the world
+    group) is released, and gloo's worker threads are parked. Before, only the world group's barrier ran: the
+    all-reduce was still running at exit, and a gloo worker that drops such a tensor while the interpreter finalises
+    aborts the process (SIGABRT, "terminate called without an active exception"; the tests' ZeRO-3 jobs did under
+    load)."""
+    check(launch("multi_gpu.yaml", "tests/shutdown_worker.py", [str(tmp_path)], timeout=300))
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"shutdown{rank}.json").read_text())
+        assert record["released"], record
+        assert record["worker_states"] and set(record["worker_states"]) == {"S"}, record
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # DDP communication hooks
 # ---------------------------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
   --num_processes 2` started one process only (`check_processes_started`).
 - `any_rank`: a boolean OR over ranks, for decisions every rank must take together (a generation round gathers ZeRO-3
   weights, a collective); `max_over_ranks` the same with a number (the signal that stops a run, see `interrupts.py`).
-- `end_process_group`: an orderly end of the process group before the interpreter exits.
+- `end_process_group`: an orderly end of the process groups before the interpreter exits (every gloo group's
+  collectives finished, gloo's worker threads parked: no rank aborts at exit).
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
   policy without a deep copy, and its state saved / restored parameter by parameter (never a whole gathered model);
   `cpu_copy`: one tensor's full CPU copy, gathered first when ZeRO-3 partitioned it (the asynchronous producer's
@@ -407,18 +408,111 @@ def register_ddp_comm_hook(model: nn.Module, name: str, powersgd_rank: int, powe
 
 
 def end_process_group() -> None:
-    """Wait for every rank, then destroy the default process group, if there is one (a no-op otherwise).
+    """End the process groups in order before the interpreter exits (a no-op without a process group).
 
-    Call it once at the end of a multi-process script, after its last collective, on every rank. Without it gloo's
-    worker threads can still hold work (and tensors) when the interpreter finalises, and a rank can abort at exit
-    with SIGABRT, "terminate called without an active exception" (pytorch/pytorch#190489); see PyTorch's
-    "Shutdown" notes on `destroy_process_group`.
+    Call it once at the end of a multi-process script, after its last collective, on every rank. In this order:
+
+    1. a barrier on every other gloo group this rank is in, in the order they were created (the same on every rank,
+       so no two ranks wait on each other crosswise): DeepSpeed keeps its own clone of the world group
+       (`deepspeed.utils.groups`), on which ZeRO-3 gathers and prefetches parameters asynchronously; the world
+       group's barrier does not wait for those, and they could still be exchanging data when the process exits;
+    2. a barrier on the default group, then `torch.distributed.destroy_process_group()`;
+    3. a wait until gloo's worker threads are parked ([`wait_for_idle_gloo_workers`]).
+
+    Why: a gloo worker thread that releases the last reference to a tensor Python owned needs the GIL; during
+    interpreter finalisation it cannot take it, and the process aborts with SIGABRT, "terminate called without an
+    active exception" (pytorch/pytorch#190489; an `atexit` fix in PyTorch itself, pytorch/pytorch#179291, was
+    abandoned). Destroying a group joins its workers only once nothing references it, and groups other libraries
+    keep stay referenced until the interpreter exits: DeepSpeed holds every ZeRO-3 model in a module-level list
+    (`FWD_MODULE_STACK`), and its partitioned parameters hold the cloned group (`ds_process_group`). So the groups'
+    collectives are finished first (1, 2), then the workers are given the time to drop what they hold (3): under
+    load a worker can be descheduled between finishing a collective and releasing it, and the tests' ZeRO-3 jobs
+    aborted at exit about once a loaded CI run.
     """
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for group in gloo_subgroups():
+        dist.barrier(group=group)
+    dist.barrier()
+    dist.destroy_process_group()
+    if not wait_for_idle_gloo_workers():
+        logger.debug("gloo's worker threads were still busy %.0f s after the process group ended", IDLE_WAIT_S)
+
+
+def gloo_subgroups() -> list:
+    """The gloo process groups other than the default one that this rank is a member of, in creation order.
+
+    Read from torch's registry of groups (`torch.distributed.distributed_c10d._world.pg_map`, which
+    `destroy_process_group` clears); torch has no public list of the groups a process created. Empty when that
+    registry is not there (another torch), so [`end_process_group`] falls back to the default group's barrier.
+    """
+    import torch.distributed as dist
+
+    registry = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", None)
+    if not isinstance(registry, dict):
+        return []
+    world = dist.group.WORLD
+    return [group for group in registry if group is not world and dist.get_backend(group) == "gloo"]
+
+
+IDLE_WAIT_S = 10.0  # the most `wait_for_idle_gloo_workers` waits (s); parked workers are seen within ~40 ms
+GLOO_WORKER_NAME = "pt_gloo_runloop"  # the name torch gives gloo's worker threads (ProcessGroupGloo::runLoop)
+
+
+def gloo_worker_activity() -> dict[str, tuple[str, int]] | None:
+    """Each gloo worker thread of this process: its scheduler state (`R` running, `S` sleeping, ...) and how many
+    times it has been switched out, from `/proc/self/task` (Linux).
+
+    Returns:
+        `{thread id: (state, context switches)}`, or None where `/proc` is not there.
+    """
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    activity = {}
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/status", encoding="utf-8") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        except OSError:  # the thread ended meanwhile
+            continue
+        if fields.get("Name", "").strip() != GLOO_WORKER_NAME:
+            continue
+        switches = sum(int(fields.get(key, "0")) for key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"))
+        activity[thread] = (fields.get("State", "?").strip()[:1], switches)
+    return activity
+
+
+def wait_for_idle_gloo_workers(timeout_s: float = IDLE_WAIT_S, interval_s: float = 0.02) -> bool:
+    """Wait until every gloo worker thread of this process is parked: sleeping, and not switched in once during an
+    interval in which this thread released the GIL (`time.sleep`), so a worker waiting for the GIL would have run.
+    After [`end_process_group`]'s barriers no collective is left, so a parked worker waits for work that will not come
+    and holds none.
+
+    Args:
+        timeout_s: the most to wait (s).
+        interval_s: the interval between two looks at the threads (s).
+
+    Returns:
+        True once every worker is parked (at once without gloo workers, or without `/proc`), False on the timeout.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    previous = None
+    while True:
+        activity = gloo_worker_activity()
+        if not activity:  # no gloo worker (or no /proc to look at them)
+            return True
+        if activity == previous and all(state == "S" for state, _ in activity.values()):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        previous = activity
+        time.sleep(interval_s)
 
 
 def reduce_replay_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
