@@ -34,9 +34,11 @@ tokenizer and a context of 256 positions, so shorter prompts and responses; ~10 
 Both run from any folder: the default `--dataset_name` is the GSM8K file shipped next to this script. Without
 `--model_name_or_path` it stops at once and says what to pass; a model folder or data file that does not exist, a
 data file without the `--dataset_text_field` column, `--load_in_4bit` without bitsandbytes (trl-trapo's main-job
-checks: `trl_trapo.setup_checks.check_model_loading`), an unknown or abbreviated flag (`--total_episode`) and a value
-the configuration refuses stop it at once too, with one line naming the flag, before any model is loaded or
-`output_dir` deleted.
+checks: `trl_trapo.setup_checks.check_model_loading`), a model id the Hub cannot give (`trl_trapo.paths.
+check_model_source`), a `--max_prompts`, `--eval_samples` or `--max_prompt_tokens` below 1 or that leaves no prompt to
+train on, an unknown or abbreviated flag (`--total_episode`) and a value the configuration refuses stop it at once too,
+with one line naming the flag, before any model is loaded or `output_dir` deleted. A `--max_prompt_tokens` that keeps no
+prompt stops it with one line too, right after the length filter, naming the length that keeps one.
 """
 
 import os
@@ -57,6 +59,7 @@ from trl import ModelConfig, ScriptArguments, get_peft_config, get_quantization_
 
 from trl_trapo import PPOConfig, PPOTrainer
 from trl_trapo.data import check_missing_values
+from trl_trapo.paths import check_model_source
 from trl_trapo.setup_checks import check_model_loading
 
 
@@ -128,6 +131,13 @@ if __name__ == "__main__":
                 f"{parser.prog}: error: {flag}={path!r}: {problem}. Fix: give a model folder written by "
                 "`save_pretrained` (offline: `python scripts/save_tiny_model.py --output_dir models/tiny`) or a Hub id."
             )
+        if path is not None and not os.path.exists(os.path.expanduser(path)):
+            # a Hub id (`nope_dir`, `owner/name`): asked once, or found in the cache, as trl-trapo's main job does
+            # (from_pretrained retried the Hub for 30 s offline, then raised an OSError traceback)
+            try:
+                check_model_source(path, flag)
+            except ValueError as error:
+                raise SystemExit(f"{parser.prog}: error: {error}") from None
     if not os.path.isfile(script_args.dataset_name):
         raise SystemExit(
             f"{parser.prog}: error: --dataset_name={script_args.dataset_name!r}: no such file "
@@ -148,6 +158,25 @@ if __name__ == "__main__":
         check_missing_values(dataset, "--dataset_name", [script_args.dataset_text_field])
     except ValueError as error:
         raise SystemExit(f"{parser.prog}: error: {error}") from None
+    # the numbers that pick the prompts, checked before anything is loaded or deleted (each was datasets' IndexError
+    # after the models had loaded): at least one prompt to train on and one held out for evaluation
+    for flag, value, meaning in (
+        ("--max_prompts", script_args.max_prompts, f"the first N rows of the file to use; unset: all {len(dataset)}"),
+        ("--eval_samples", script_args.eval_samples, "the prompts held out for evaluation and generate_completions()"),
+        ("--max_prompt_tokens", script_args.max_prompt_tokens, "the longest prompt kept, in tokens"),
+    ):
+        if value is not None and value < 1:
+            raise SystemExit(
+                f"{parser.prog}: error: {flag}={value}: must be >= 1 ({meaning}). Fix: pass a positive {flag}."
+            )
+    rows = len(dataset) if script_args.max_prompts is None else min(script_args.max_prompts, len(dataset))
+    if script_args.eval_samples >= rows:
+        raise SystemExit(
+            f"{parser.prog}: error: --eval_samples={script_args.eval_samples} holds out all {rows} prompts "
+            f"(--max_prompts={script_args.max_prompts}, {len(dataset)} rows in {script_args.dataset_name!r}), "
+            "leaving none to train on. Fix: make --eval_samples smaller than the number of prompts, or raise "
+            "--max_prompts."
+        )
 
     ################
     # Model & Tokenizer
@@ -231,6 +260,7 @@ if __name__ == "__main__":
     with PartialState().local_main_process_first():
         train_dataset = prepare_dataset(train_dataset, tokenizer)
         eval_dataset = prepare_dataset(eval_dataset, tokenizer)
+        prepared = {"train": train_dataset, "eval": eval_dataset}
         # filter out prompts that are too long
         train_dataset = train_dataset.filter(
             lambda x: x["lengths"] <= script_args.max_prompt_tokens, num_proc=training_args.dataset_num_proc
@@ -238,6 +268,16 @@ if __name__ == "__main__":
         eval_dataset = eval_dataset.filter(
             lambda x: x["lengths"] <= script_args.max_prompt_tokens, num_proc=training_args.dataset_num_proc
         )
+
+    # a filter that keeps no prompt ended in datasets' IndexError: said here, with the length that keeps one
+    for split, kept in (("train", train_dataset), ("eval", eval_dataset)):
+        if len(kept) == 0:
+            shortest = min(prepared[split]["lengths"])
+            raise SystemExit(
+                f"{parser.prog}: error: --max_prompt_tokens={script_args.max_prompt_tokens} keeps 0 of the "
+                f"{len(prepared[split])} {split} prompts (the shortest has {shortest} tokens, chat template included). "
+                f"Fix: pass --max_prompt_tokens {shortest} or more, or shorter prompts."
+            )
 
     assert train_dataset[0]["input_ids"][-1] != tokenizer.eos_token_id, "The last token should not be an EOS token"
 

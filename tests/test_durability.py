@@ -710,3 +710,35 @@ def test_a_new_learning_rate_on_resume_is_warned_by_name(fitting_checkpoints, tm
             resume_from_checkpoint=checkpoint
         )
     assert not [r for r in caplog.records if "resume_from_checkpoint=" in r.getMessage()]
+
+
+def test_resuming_a_save_only_model_checkpoint_says_what_restarts(fitting_checkpoints, tmp_path, caplog):
+    """Trial 9's TR02 / CL07: a checkpoint written with `save_only_model=True` resumed without a word, with a fresh
+    optimizer and the learning-rate schedule restarted (lr at step 3 of 4: 5e-05, uninterrupted 2.5e-05). Resuming
+    stays transformers' behaviour (its Trainer loads the optimizer and scheduler only when their files exist); one
+    warning names `save_only_model`, what restarts and the fix. A full checkpoint gets no such warning."""
+    import logging
+
+    from conftest import make_tiny_trainer
+
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, tokenizer = fitting_checkpoints["suite"], build_char_tokenizer()
+    with one_thread():
+        make_tiny_trainer(
+            str(tmp_path / "src"), tokenizer, suite, max_steps=1, save_strategy="steps", save_steps=1,
+            save_only_model=True,
+        ).train()  # fmt: skip
+    checkpoint = str(tmp_path / "src" / "checkpoint-1")
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        trainer = make_tiny_trainer(str(tmp_path / "resumed"), tokenizer, suite, max_steps=2)
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.state.global_step == 2
+    warned = [r.getMessage() for r in caplog.records if "resume_from_checkpoint=" in r.getMessage()]
+    assert len(warned) == 1, warned
+    for needle in ("save_only_model=True", "optimizer starts fresh", "learning-rate schedule restarts", "at step 1"):
+        assert needle in warned[0], needle
+    assert f"--model_name_or_path {checkpoint} and without --resume_from_checkpoint" in warned[0]
+    from trl_trapo.checkpoint import holds_optimizer_state
+
+    assert not holds_optimizer_state(checkpoint) and holds_optimizer_state(fitting_checkpoints["full"])

@@ -4,6 +4,7 @@ replaces, the errors for bad data and models, the recipes, and `scripts/save_tin
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import logging
@@ -584,6 +585,34 @@ def test_the_builtin_defaults_never_override_a_users_save_flags(tmp_path):
 def test_builtin_defaults_derived_from_a_setting_the_user_changed_follow_the_user(tmp_path, flags, expected):
     _, args, _ = parse_like_main([*flags, "--output_dir", str(tmp_path / "out")])
     assert {key: getattr(args, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize("job", ["vision", "agent"])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ([], dict(save_strategy="no", max_steps="job's")),  # the job's own defaults when nothing yields
+        # trial 9's CV02 / CV03: `--save_steps 1` kept the job's save_strategy="no": no checkpoint, no word
+        (["--save_steps", "1"], dict(save_strategy="steps", save_steps=1)),
+        (["--save_steps", "1", "--save_strategy", "no"], dict(save_strategy="no")),  # the user's choice wins
+        (["--save_total_limit", "2"], dict(save_strategy="steps")),
+        # the same rule's other entries: epochs were capped by the job's max_steps, linear got cosine's min_lr_rate
+        (["--num_train_epochs", "2"], dict(max_steps=-1, num_train_epochs=2)),
+        (["--lr_scheduler_type", "linear"], dict(lr_scheduler_type="linear", lr_scheduler_kwargs=None)),
+    ],
+    ids=["none", "save_steps", "save_strategy-no", "save_total_limit", "epochs", "scheduler"],
+)
+def test_the_vlm_and_tools_jobs_yield_their_defaults_as_the_main_job_does(tmp_path, job, flags, expected):
+    """The main job's rule (`BUILTIN_YIELDS`, docs/main_job.md: "passing `--save_steps 10` brings saving back") holds
+    in `trapo vlm` and `trapo tools` too: a job default that a flag the user sets makes wrong gives way to
+    `TRAPOConfig`'s own."""
+    module = importlib.import_module(f"trl_trapo.jobs.{job}")
+    defaults = module.VLM_JOB_DEFAULTS if job == "vision" else module.AGENT_JOB_DEFAULTS
+    _, config = module.parse_args([*flags, "--output_dir", str(tmp_path / "out")])
+    expected = {key: defaults[key] if value == "job's" else value for key, value in expected.items()}
+    got = {key: getattr(config, key) for key in expected}
+    got = {key: getattr(value, "value", value) for key, value in got.items()}  # SaveStrategy / SchedulerType enums
+    assert got == expected
 
 
 def test_every_name_the_builtin_defaults_refer_to_is_an_argument():

@@ -363,6 +363,13 @@ def test_the_docstrings_offline_command_runs_from_another_folder(tmp_path):
         # trial 8's JC24: datasets' KeyError: 'question' traceback, after the models had loaded
         (["--dataset_name", "prompts.jsonl"], "--dataset_text_field='question': 'prompts.jsonl' has no such column"),
         # trial 8's JC14: transformers' ImportError traceback from the first from_pretrained (the main job's check)
+        # trial 9's CL40 / CN06: datasets' IndexError traceback, after the models had loaded
+        (["--max_prompts", "0"], "--max_prompts=0: must be >= 1"),
+        (["--eval_samples", "0"], "--eval_samples=0: must be >= 1"),
+        (["--max_prompts", "4", "--eval_samples", "4"], "--eval_samples=4 holds out all 4 prompts"),
+        (["--max_prompt_tokens", "-1"], "--max_prompt_tokens=-1: must be >= 1"),
+        # trial 9's CL41: a Hub-shaped name that is no folder here: 30 s of Hub retries, then an OSError traceback
+        (["--sft_model_path", "nope_dir"], "--sft_model_path='nope_dir': no local directory"),
         pytest.param(
             ["--load_in_4bit"],
             "loads the model in 4-bit (`--load_in_4bit`), which needs the bitsandbytes package",
@@ -376,6 +383,11 @@ def test_the_docstrings_offline_command_runs_from_another_folder(tmp_path):
         "abbreviation",
         "bad-value",
         "no-column",
+        "no-prompts",
+        "no-eval-prompts",
+        "eval-takes-all",
+        "negative-prompt-tokens",
+        "sft-hub-id",
         "4bit",
     ],
 )
@@ -414,3 +426,33 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     assert completed.returncode != 0 and len(lines) == 1, lines
     assert lines[0].startswith("ppo_trl112_style.py: error: ") and needle in lines[0], lines
     assert (out / "notes.txt").read_text() == "kept"
+
+
+def test_the_example_says_when_the_length_filter_keeps_no_prompt(tmp_path):
+    """Trial 9's CN01: a `--max_prompt_tokens` below every prompt's length emptied the training set, and the script
+    ended in datasets' `IndexError: Invalid key: 0 is out of bounds for size 0`. Now one line right after the filter,
+    naming the flag, how many prompts it kept and the shortest prompt's length (the value that keeps one)."""
+    paths = save_tiny_models(tmp_path)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    models = ["--model_name_or_path", "--sft_model_path", "--reward_model_path"]
+    completed = subprocess.run(
+        [sys.executable, str(AFTER), *(part for flag in models for part in (flag, str(paths["policy"]))),
+         "--max_prompts", "8", "--eval_samples", "2", "--max_prompt_tokens", "5", "--output_dir", str(tmp_path / "o")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0 and "Traceback" not in output, output[-3000:]
+    line = output.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"ppo_trl112_style\.py: error: --max_prompt_tokens=5 keeps 0 of the 6 train prompts \(the shortest has "
+        r"(\d+) tokens, chat template included\)\. Fix: pass --max_prompt_tokens \1 or more, or shorter prompts\.",
+        line,
+    )
+    assert match and int(match.group(1)) > 5, line

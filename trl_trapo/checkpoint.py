@@ -510,6 +510,14 @@ def checkpoint_optimizer_settings(checkpoint_dir: str) -> dict[str, float]:
     return found
 
 
+def holds_optimizer_state(checkpoint_dir: str) -> bool:
+    """Whether the `Trainer` wrote optimizer or scheduler state into `checkpoint_dir`: `optimizer.pt` / `scheduler.pt`
+    (or `optimizer.bin`), FSDP's `optimizer_*` folders, DeepSpeed's `global_step*` folders. A checkpoint written with
+    `save_only_model=True` has none (transformers' `Trainer._save_checkpoint` skips them, and the RNG and grad
+    scaler files)."""
+    return any(name.startswith(("optimizer", "scheduler", "global_step")) for name in os.listdir(checkpoint_dir))
+
+
 def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
     """Warn, naming each field, when this run's arguments give an optimizer setting that resuming from
     `checkpoint_dir` replaces by the checkpoint's ([`RESTORED_OPTIMIZER_SETTINGS`]): transformers' Trainer restores
@@ -517,13 +525,38 @@ def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
     word (its own check, `compare_trainer_and_checkpoint_args`, compares only batch size and step intervals). The
     behaviour is transformers'; the warning is TRAPO's.
 
+    A checkpoint with no optimizer or scheduler state ([`holds_optimizer_state`]: written with `save_only_model=True`)
+    restores nothing of them: transformers' Trainer resumes it without a word (its `_load_optimizer_and_scheduler`
+    loads what exists), with fresh optimizer moments and the learning-rate schedule restarted from its first step
+    (warmup included) at the checkpoint's global step. That is kept; one warning says so and names the fix.
+
     Args:
         checkpoint_dir (`str`): the checkpoint being resumed.
         args: the run's `TrainingArguments` (`TRAPOConfig`).
 
     Returns:
-        The fields that differ (each warned once, in one message).
+        The fields that differ (each warned once, in one message); empty when the checkpoint holds no optimizer state
+        (then that is warned instead).
     """
+    if not holds_optimizer_state(checkpoint_dir):
+        try:
+            with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as handle:
+                step = json.load(handle).get("global_step")
+        except (OSError, ValueError, AttributeError):
+            step = "?"
+        logger.warning(
+            "resume_from_checkpoint=%r holds no optimizer or scheduler state (optimizer.pt, scheduler.pt): it was "
+            "written with save_only_model=True. Resuming it, as transformers' Trainer does, restores the weights, the "
+            "step and TRAPO's state, but the optimizer starts fresh (no Adam moments) and the learning-rate schedule "
+            "restarts from its first step (warmup and decay from the beginning, at step %s), and the grad scaler is "
+            "new. To keep them, resume from a checkpoint written without --save_only_model; to train on from these "
+            "weights with a schedule of its own, start a new run with --model_name_or_path %s and without "
+            "--resume_from_checkpoint.",
+            checkpoint_dir,
+            step,
+            checkpoint_dir,
+        )
+        return []
     saved = checkpoint_optimizer_settings(checkpoint_dir)
     differ = [
         name
@@ -686,6 +719,7 @@ __all__ = [
     "decode_tensors",
     "write_rank_state",
     "verify_checkpoint",
+    "holds_optimizer_state",
     "warn_settings_restored",
     "read_rank_state",
     "read_state_file",

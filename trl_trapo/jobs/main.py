@@ -862,13 +862,45 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     Returns:
         One instance of each of `classes`, as `parse_args_and_config` returns them.
 
+    A job default that an argument the user sets makes wrong yields to the dataclass's own default, by the main
+    job's rule (`BUILTIN_YIELDS`, see `builtin_defaults`): `--save_steps 10` without `--save_strategy` saves every 10
+    steps instead of keeping the job's `save_strategy="no"` (which wrote no checkpoint without a word), and
+    `--num_train_epochs` is not capped by the job's `max_steps`.
+
     Raises:
         ValueError: as [`given_arguments`], or for a value a dataclass refuses.
         SystemExit: from argparse, for `--help`.
     """
     argv = normalize_argv(list(argv), classes)
-    given_arguments(argv, classes, parser_factory, program)
-    return parser_factory().parse_args_and_config(argv)
+    given = given_arguments(argv, classes, parser_factory, program)
+    parser = parser_factory()
+    parser.set_defaults(**yielded_defaults(parser, classes, given))
+    return parser.parse_args_and_config(argv)
+
+
+def yielded_defaults(parser, classes: tuple, given: dict) -> dict:
+    """The job defaults of `parser` that the arguments the user gave make wrong (`BUILTIN_YIELDS`: an argument of
+    the name's list given with a value other than the job's default), each mapped back to its dataclass default.
+
+    Args:
+        parser: the job's parser, with the job's defaults set.
+        classes: the parser's argument dataclasses.
+        given: argument name -> value the user gave (see [`given_arguments`]).
+
+    Returns:
+        Argument name -> the dataclass's default, for `parser.set_defaults`.
+    """
+    fields = {f.name: f for cls in classes for f in dataclasses.fields(cls)}
+    yielded = {}
+    for name, users in BUILTIN_YIELDS.items():
+        if name not in fields or name in given:
+            continue
+        if any(user in given and given[user] != parser.get_default(user) for user in users):
+            spec = fields[name]
+            default = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+            if parser.get_default(name) != default:
+                yielded[name] = default
+    return yielded
 
 
 def given_model(argv: list[str]) -> str | None:
