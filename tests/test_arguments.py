@@ -332,3 +332,11 @@ def test_a_policy_without_a_trainable_parameter_is_refused_unless_an_adapter_is_
     loaded = PeftModel.from_pretrained(build_tiny_model(tokenizer), tmp_path / "adapter")
     with pytest.raises(ValueError, match=r"`model` \(PeftModel\) has no trainable .*is_trainable=True"):
         check_trainer_arguments(model=loaded)
+
+
+def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(tmp_path, tokenizer, tiny_config):
+    # MO04's sibling: `AutoModelForCausalLM` raised transformers' "Unrecognized configuration class", listing every
+    # config it knows
+    tiny_t5(tokenizer).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ValueError, match=r"model='.*t5' is an encoder-decoder model \(T5Config, .*decoder-only"):
+        build(tmp_path / "run", tokenizer, tiny_config, model=str(tmp_path / "t5"))
