@@ -332,6 +332,10 @@ def test_a_policy_without_a_trainable_parameter_is_refused_unless_an_adapter_is_
     loaded = PeftModel.from_pretrained(build_tiny_model(tokenizer), tmp_path / "adapter")
     with pytest.raises(ValueError, match=r"`model` \(PeftModel\) has no trainable .*is_trainable=True"):
         check_trainer_arguments(model=loaded)
+    # the critic: `peft_config` wraps the policy only, so a frozen value model never learns whatever is passed
+    critic = sequence_classifier(tokenizer, 1).requires_grad_(False)
+    with pytest.raises(ValueError, match=r"`value_model` \(LlamaForSequenceClassification\) has no trainable"):
+        check_trainer_arguments(model=partly, value_model=critic, peft_config=LoraConfig(r=2))
 
 
 def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(tmp_path, tokenizer, tiny_config):

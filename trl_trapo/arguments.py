@@ -334,7 +334,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
         ValueError: for a loaded `model`, `ref_model`, `teacher_model`, `value_model`, `reward_model` or reward-model
             entry of `reward_funcs` with tensors on the meta device (no weights); an encoder-decoder `model`,
             `ref_model` or `teacher_model` (`config.is_encoder_decoder`, e.g. T5: TRAPO trains decoder-only causal
-            LMs); and a loaded `model` without a trainable parameter when no `peft_config` adds an adapter.
+            LMs); a loaded `model` without a trainable parameter when no `peft_config` adds an adapter, and a
+            `value_model` without one.
     """
     if "model" in arguments and arguments["model"] is None:
         raise TypeError(
@@ -345,27 +346,33 @@ def check_trainer_arguments(**arguments: Any) -> None:
         if value is not None and name in CHECKS:
             CHECKS[name](value)
     if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable
-        _check_trainable(arguments.get("model"))
+        _check_trainable("model", arguments.get("model"))
+    _check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
 
 
-def _check_trainable(model: Any) -> None:
-    """Refuse a loaded policy without one trainable parameter (`requires_grad=False` everywhere): it trained
-    silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01)."""
+def _check_trainable(name: str, model: Any) -> None:
+    """Refuse a loaded policy or critic without one trainable parameter (`requires_grad=False` everywhere): it
+    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01)."""
     from peft import PeftModel
 
     if not isinstance(model, nn.Module) or any(p.requires_grad for p in model.parameters()):
         return
+    what = "the policy" if name == "model" else "the critic's value estimates"
     fix = (
         "A PEFT model loaded with `PeftModel.from_pretrained(model, path)` is frozen: load it with "
         "`is_trainable=True` to train its adapter."
         if isinstance(model, PeftModel)
-        else "Unfreeze what should train (`model.requires_grad_(True)`, or `module.requires_grad_(True)` for a part), "
-        "or pass `peft_config` (e.g. `peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`) to train "
-        "an adapter on the frozen model."
+        else f"Unfreeze what should train (`{name}.requires_grad_(True)`, or `module.requires_grad_(True)` for a part)"
+        + (
+            ", or pass `peft_config` (e.g. `peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`) to "
+            "train an adapter on the frozen model."
+            if name == "model"
+            else "."
+        )
     )
     raise ValueError(
-        f"`model` ({type(model).__name__}) has no trainable parameters (requires_grad=False on every one): the run "
-        f"would log its losses while the policy never moved. {fix}"
+        f"`{name}` ({type(model).__name__}) has no trainable parameters (requires_grad=False on every one): the run "
+        f"would log its losses while {what} never moved. {fix}"
     )
 
 
