@@ -262,3 +262,85 @@ def test_trls_ppo_config_as_args_points_to_trapos_ppo_config():
         check_config_type(legacy, TRAPOConfig, "PPOConfig")
     with pytest.raises(TypeError, match=re.escape("Build one: `TRAPOConfig(output_dir=..., ...)`")):
         check_config_type({"output_dir": "x"}, TRAPOConfig)
+
+
+# ---- models that cannot train: no weights, encoder-decoder, all frozen (trial 9's MO02, MO04, MO01) ----
+@pytest.mark.parametrize(
+    "role", ["model", "ref_model", "teacher_model", "value_model", "reward_model", "reward_funcs"]
+)
+def test_a_model_on_the_meta_device_is_refused_naming_it(tmp_path, tokenizer, tiny_config, role):
+    # MO02: torch's "Cannot copy out of meta tensor; no data!" when the Trainer moved `model` to its device
+    with torch.device("meta"):
+        empty = sequence_classifier(tokenizer, 1) if role in ("value_model", "reward_model", "reward_funcs") else None
+        empty = empty if empty is not None else build_tiny_model(tokenizer)
+    arguments = {role: [exact_match_reward, empty] if role == "reward_funcs" else empty}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    name = "reward_funcs[1]" if role == "reward_funcs" else role
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    assert message.startswith(f"`{name}` (") and "has tensors on the meta device, e.g. 'model." in message, message
+    assert "to_empty(device='cpu')" in message and "from_pretrained" in message
+
+
+def tiny_t5(tokenizer):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    return T5ForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize("role", ["model", "ref_model", "teacher_model"])
+def test_an_encoder_decoder_model_is_refused_at_construction(tmp_path, tokenizer, tiny_config, role):
+    # MO04: accepted, then T5's "You must specify exactly one of input_ids or inputs_embeds" at train()
+    arguments = {role: tiny_t5(tokenizer)}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` is an encoder-decoder model (T5ForConditionalGeneration, "), message
+    assert "decoder-only" in message and "AutoModelForCausalLM" in message
+
+
+def test_a_vision_language_model_passes_the_model_checks():
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
+
+    check_trainer_arguments(model=build_tiny_vlm(build_vlm_processor()))
+
+
+def test_a_policy_without_a_trainable_parameter_is_refused_unless_an_adapter_is_added(
+    tmp_path, tokenizer, tiny_config
+):
+    # MO01: trained "2 steps", the losses logged, grad_norm 0 and the policy never moved
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    frozen = build_tiny_model(tokenizer).requires_grad_(False)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=frozen)
+    message = str(raised.value)
+    assert message.startswith("`model` (LlamaForCausalLM) has no trainable parameters"), message
+    assert "requires_grad_(True)" in message and "peft_config" in message
+    check_trainer_arguments(model=frozen, peft_config=LoraConfig(r=2, target_modules=["q_proj"]))  # trains LoRA
+    partly = build_tiny_model(tokenizer)
+    partly.get_input_embeddings().requires_grad_(False)
+    check_trainer_arguments(model=partly)
+    # a saved adapter loaded for inference (`is_trainable=False`, PEFT's default) is frozen too
+    adapter = get_peft_model(build_tiny_model(tokenizer), LoraConfig(r=2, target_modules=["q_proj"]))
+    adapter.save_pretrained(tmp_path / "adapter")
+    loaded = PeftModel.from_pretrained(build_tiny_model(tokenizer), tmp_path / "adapter")
+    with pytest.raises(ValueError, match=r"`model` \(PeftModel\) has no trainable .*is_trainable=True"):
+        check_trainer_arguments(model=loaded)
+    # the critic: `peft_config` wraps the policy only, so a frozen value model never learns whatever is passed
+    critic = sequence_classifier(tokenizer, 1).requires_grad_(False)
+    with pytest.raises(ValueError, match=r"`value_model` \(LlamaForSequenceClassification\) has no trainable"):
+        check_trainer_arguments(model=partly, value_model=critic, peft_config=LoraConfig(r=2))
+
+
+def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(tmp_path, tokenizer, tiny_config):
+    # MO04's sibling: `AutoModelForCausalLM` raised transformers' "Unrecognized configuration class", listing every
+    # config it knows
+    tiny_t5(tokenizer).save_pretrained(tmp_path / "t5")
+    with pytest.raises(ValueError, match=r"model='.*t5' is an encoder-decoder model \(T5Config, .*decoder-only"):
+        build(tmp_path / "run", tokenizer, tiny_config, model=str(tmp_path / "t5"))

@@ -10,8 +10,9 @@ import inspect
 import pytest
 
 import trl_trapo
-from trl_trapo import PPOConfig, TRAPOConfig
-from trl_trapo.jobs.main import did_you_mean
+from trl_trapo import GRPOConfig, PPOConfig, TRAPOConfig
+from trl_trapo.config import TRANSFORMERS4_FIXES
+from trl_trapo.jobs.main import REMOVED_ARGUMENTS, did_you_mean
 
 
 @pytest.mark.parametrize(
@@ -36,6 +37,13 @@ from trl_trapo.jobs.main import did_you_mean
         ),
         (PPOConfig, {"init_kl_coef": 0.2, "adap_kl_ctrl": True, "target": 6}, ["kl_coef=0.2", "kl_target", "adap"]),
         (TRAPOConfig, {"early_stopping": True}, ["TRL 0.x PPOConfig", "no TRAPO equivalent"]),
+        # trial 9's TR05: transformers 4 names (Python's "unexpected keyword argument 'no_cuda'" named no fix)
+        (TRAPOConfig, {"no_cuda": True}, ["transformers 4 TrainingArguments", "no_cuda=True: rename it use_cpu=True"]),
+        (
+            GRPOConfig,
+            {"evaluation_strategy": "steps", "warmup_ratio": 0.1},
+            ["rename it eval_strategy='steps'", "warmup_ratio=0.1: use warmup_steps with the same value"],
+        ),
     ],
 )
 def test_a_field_of_another_trl_config_is_refused_naming_it_and_its_replacement(tmp_path, cls, given, needles):
@@ -45,6 +53,17 @@ def test_a_field_of_another_trl_config_is_refused_naming_it_and_its_replacement(
     assert "unexpected keyword" not in message
     for needle in needles:
         assert needle in message, (needle, message)
+
+
+def test_the_python_table_of_transformers_4_names_matches_the_command_lines():
+    """Every `TrainingArguments` name the command line maps (`REMOVED_ARGUMENTS`) is mapped in Python too, each to a
+    field the config has (TR05: the command line named `--use_cpu`, Python nothing)."""
+    removed = {name for name, text in REMOVED_ARGUMENTS.items() if "transformers 5" in text}
+    assert removed == set(TRANSFORMERS4_FIXES)
+    for name, fix in TRANSFORMERS4_FIXES.items():
+        replacement = fix if fix.isidentifier() else None
+        assert replacement is None or replacement in TRAPOConfig.__dataclass_fields__, name
+        assert name not in TRAPOConfig.__dataclass_fields__, name
 
 
 def test_a_grpo_and_an_sft_field_together_are_both_named(tmp_path):

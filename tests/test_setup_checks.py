@@ -19,7 +19,7 @@ from transformers import EarlyStoppingCallback, LlamaConfig, LlamaForSequenceCla
 from transformers.integrations import integration_utils
 
 import trl_trapo.assembly
-from trl_trapo import TRAPOTrainer
+from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
@@ -325,6 +325,22 @@ def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path
         ValueError, match=r"which is higher when better, but the scheduler's mode is 'min'.*'mode': 'max'"
     ):
         build_with(metric_for_best_model="eval_reward")
+
+
+@pytest.mark.parametrize("kind", ["reduce_lr_on_plateau", "greedy"])
+def test_a_metric_scheduler_without_evaluations_is_refused_by_the_config_naming_the_fix(tmp_path, kind):
+    # trial 9's PX55 / CM30: transformers' "lr_scheduler_type greedy requires an eval strategy" named no fix (and the
+    # command line's tools job printed the same text)
+    with pytest.raises(ValueError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", lr_scheduler_type=kind)
+    message = str(caught.value)
+    assert message.startswith(f"TRAPOConfig.lr_scheduler_type='{kind}' needs an evaluation to step on")
+    for needle in ("eval_strategy='no'", "eval_strategy='steps'", "metric_for_best_model='eval_reward'", "'linear'"):
+        assert needle in message, (needle, message)
+    # what the message asks for builds
+    TRAPOConfig(
+        output_dir=str(tmp_path), report_to="none", lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1
+    )
 
 
 def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suite, tiny_config):

@@ -60,11 +60,32 @@ def _path_fix(value: Any) -> str:
 def _check_model(
     name: str, value: Any, loadable: bool, example: str = "AutoModelForCausalLM.from_pretrained(...)"
 ) -> None:
-    """`value` is an `nn.Module` (or, when `loadable`, a model id / local path as `str`)."""
+    """`value` is an `nn.Module` with weights (or, when `loadable`, a model id / local path as `str`)."""
     ok = isinstance(value, nn.Module) or (loadable and isinstance(value, str))
     if not ok:
         expected = f"a loaded model (`nn.Module`, e.g. `{example}`)"
         _refuse(name, value, f"{expected} or its id / local path (str)" if loadable else expected, _path_fix(value))
+    _check_weights(name, value)
+
+
+def _check_weights(name: str, value: Any) -> None:
+    """Refuse a module whose parameters or buffers are on the meta device (shapes, no data: built under
+    `torch.device("meta")` or accelerate's `init_empty_weights()`): the `Trainer` moving it to the device failed with
+    torch's "Cannot copy out of meta tensor; no data!" (trial 9's MO02), a reward model scored nothing. Left alone:
+    the processes other than each machine's first under FSDP's `cpu_ram_efficient_loading`, where transformers'
+    `from_pretrained` itself leaves the weights on the meta device and FSDP copies them from the first."""
+    from transformers.integrations import is_fsdp_enabled
+
+    if not isinstance(value, nn.Module) or (is_fsdp_enabled() and os.environ.get("LOCAL_RANK", "0") != "0"):
+        return
+    empty = next((n for n, t in [*value.named_parameters(), *value.named_buffers()] if t.is_meta), None)
+    if empty is not None:
+        raise ValueError(
+            f"`{name}` ({type(value).__name__}) has tensors on the meta device, e.g. {empty!r}: shapes without "
+            "weights, as a model built under `torch.device('meta')` or accelerate's `init_empty_weights()` is. Load "
+            "its weights first: `from_pretrained(...)`, or `model.to_empty(device='cpu')` then "
+            "`model.load_state_dict(state_dict)` (or `model.init_weights()` for a model trained from scratch)."
+        )
 
 
 def _check_policy(value: Any) -> None:
@@ -108,6 +129,13 @@ def _check_language_model(name: str, value: Any) -> None:
             "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
             "model), or write your architecture as a `PreTrainedModel` + `GenerationMixin` subclass "
             "(https://huggingface.co/docs/transformers/custom_models)."
+        )
+    if getattr(base.config, "is_encoder_decoder", False):  # T5's forward refused `input_ids=` alone at train()
+        raise ValueError(
+            f"`{name}` is an encoder-decoder model ({type(base).__name__}, `config.is_encoder_decoder=True`): TRAPO "
+            "trains decoder-only causal language models, whose forward reads the prompt and the completion as one "
+            "sequence (`input_ids=`). Use a decoder-only model (`AutoModelForCausalLM.from_pretrained(...)`, e.g. "
+            "Qwen, Llama, SmolLM; `AutoModelForImageTextToText` for a vision-language model)."
         )
 
 
@@ -191,6 +219,7 @@ def _check_reward(name: str, value: Any) -> None:
             f"then `reward_funcs=[{function}]`."
         )
     if isinstance(value, nn.Module):
+        _check_weights(name, value)
         check_score_head(value, name)
 
 
@@ -302,6 +331,11 @@ def check_trainer_arguments(**arguments: Any) -> None:
             one-output score head ([`~trl_trapo.models.check_score_head`]: a causal LM, or `num_labels` > 1), and
             for a prompt-learning `peft_config` (`PromptTuningConfig`, `PrefixTuningConfig`, ...:
             `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
+        ValueError: for a loaded `model`, `ref_model`, `teacher_model`, `value_model`, `reward_model` or reward-model
+            entry of `reward_funcs` with tensors on the meta device (no weights); an encoder-decoder `model`,
+            `ref_model` or `teacher_model` (`config.is_encoder_decoder`, e.g. T5: TRAPO trains decoder-only causal
+            LMs); a loaded `model` without a trainable parameter when no `peft_config` adds an adapter, and a
+            `value_model` without one.
     """
     if "model" in arguments and arguments["model"] is None:
         raise TypeError(
@@ -311,6 +345,35 @@ def check_trainer_arguments(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)
+    if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable
+        _check_trainable("model", arguments.get("model"))
+    _check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
+
+
+def _check_trainable(name: str, model: Any) -> None:
+    """Refuse a loaded policy or critic without one trainable parameter (`requires_grad=False` everywhere): it
+    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01)."""
+    from peft import PeftModel
+
+    if not isinstance(model, nn.Module) or any(p.requires_grad for p in model.parameters()):
+        return
+    what = "the policy" if name == "model" else "the critic's value estimates"
+    fix = (
+        "A PEFT model loaded with `PeftModel.from_pretrained(model, path)` is frozen: load it with "
+        "`is_trainable=True` to train its adapter."
+        if isinstance(model, PeftModel)
+        else f"Unfreeze what should train (`{name}.requires_grad_(True)`, or `module.requires_grad_(True)` for a part)"
+        + (
+            ", or pass `peft_config` (e.g. `peft.LoraConfig(r=16, lora_alpha=32, target_modules='all-linear')`) to "
+            "train an adapter on the frozen model."
+            if name == "model"
+            else "."
+        )
+    )
+    raise ValueError(
+        f"`{name}` ({type(model).__name__}) has no trainable parameters (requires_grad=False on every one): the run "
+        f"would log its losses while {what} never moved. {fix}"
+    )
 
 
 FOREIGN_TRAINER_ARGUMENTS = {

@@ -34,6 +34,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from . import threads
 from .sampler_correction import CorrectionMode, bounds_problem
+from .setup_checks import METRIC_SCHEDULERS
 from .tool_schemas import row_tool_names
 
 
@@ -218,6 +219,23 @@ TRL0_PPO_FIELDS = frozenset(TRL0_PPO_FIXES) | {
 """Every field of TRL 0.11's `PPOConfig` that `TRAPOConfig` has no field of (0.x is not installed to read them)."""
 
 
+TRANSFORMERS4_FIXES = {
+    "no_cuda": "use_cpu",
+    "evaluation_strategy": "eval_strategy",
+    "per_gpu_train_batch_size": "per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "per_device_eval_batch_size",
+    "push_to_hub_token": "hub_token",
+    "push_to_hub_model_id": "hub_model_id",
+    "warmup_ratio": "use warmup_steps with the same value (transformers 5 reads a value below 1 as a fraction of the "
+    "training steps)",
+    "logging_dir": "drop it: TensorBoard logs go under output_dir (its `runs/` folder), or where the "
+    "TENSORBOARD_LOGGING_DIR environment variable says",
+}
+"""`TrainingArguments` fields of transformers 4 that transformers 5 removed, which scripts written for it still pass
+-> the field that replaces each (a name: same value) or what to do. The command line says the same with its flags
+(`trl_trapo.jobs.main.REMOVED_ARGUMENTS`)."""
+
+
 def _bf16_supported() -> bool:
     return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
         hasattr(torch, "xpu") and torch.xpu.is_available()
@@ -240,8 +258,8 @@ def _sft_config_fields() -> set[str]:
 
 def foreign_fields(names) -> list[tuple[str, str, str]]:
     """The names among `names` that are fields of another trainer's config TRAPO's scripts come from, each with its
-    source and what to use instead: TRL 1.16's `GRPOConfig` (`GRPO_ONLY_FIXES`), its `SFTConfig` (`SFT_ONLY_FIXES`),
-    TRL 0.x's `PPOConfig` (`TRL0_PPO_FIXES`). A name several of them have is attributed to the first. Used by the
+    source and what to use instead: transformers 4's `TrainingArguments` (`TRANSFORMERS4_FIXES`), TRL 1.16's
+    `GRPOConfig` (`GRPO_ONLY_FIXES`), its `SFTConfig` (`SFT_ONLY_FIXES`), TRL 0.x's `PPOConfig` (`TRL0_PPO_FIXES`). A name several of them have is attributed to the first. Used by the
     config's refusal of unknown keywords and by the command line's "did you mean".
 
     Args:
@@ -254,6 +272,7 @@ def foreign_fields(names) -> list[tuple[str, str, str]]:
     if not names:
         return []
     sources = (
+        ("transformers 4 TrainingArguments", TRANSFORMERS4_FIXES, TRANSFORMERS4_FIXES),
         ("TRL GRPOConfig", _grpo_config_fields(), GRPO_ONLY_FIXES),
         ("TRL SFTConfig", _sft_config_fields(), SFT_ONLY_FIXES),
         ("TRL 0.x PPOConfig", TRL0_PPO_FIELDS, TRL0_PPO_FIXES),
@@ -654,6 +673,7 @@ class TRAPOConfig(_BaseConfig):
                 )
                 parts.append(f"{source} field(s) it does not have: {fixes}.")
             guides = {
+                "transformers 4 TrainingArguments": "transformers 5 removed or renamed them.",
                 "TRL GRPOConfig": "GRPOConfig's names that TRAPOConfig accepts as aliases: "
                 f"{', '.join(f'{a} (= {t})' for a, t in GRPO_ALIASES.items())}; the full mapping is in "
                 "docs/agents.md, 'Moving a GRPOTrainer script over'.",
@@ -1839,7 +1859,9 @@ class TRAPOConfig(_BaseConfig):
         """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
         JC29): transformers refuses it too, in words that do not say which metrics exist (TRAPO never logs its
         default `eval_loss`). Which of them the run logs depends on the eval data, checked by the trainer
-        (`evaluation.check_best_model_metric`)."""
+        (`evaluation.check_best_model_metric`). Likewise an `lr_scheduler_type` that steps on that metric
+        (`setup_checks.METRIC_SCHEDULERS`: reduce_lr_on_plateau, greedy) with `eval_strategy="no"` (trial 9's PX55,
+        CM30: transformers' "requires an eval strategy" named no fix)."""
         if getattr(self.save_strategy, "value", self.save_strategy) == "best" and self.metric_for_best_model is None:
             raise ValueError(
                 f"{type(self).__name__}.save_strategy='best' needs metric_for_best_model (None here): it keeps the "
@@ -1847,6 +1869,16 @@ class TRAPOConfig(_BaseConfig):
                 "metric_for_best_model='eval_reward' with greater_is_better=True for prompts, 'eval_pretrain_loss' "
                 "for text or 'eval_sft_loss' for demonstrations with greater_is_better=False (a dict of eval "
                 "datasets: eval_<name>_reward, ...); or use save_strategy='steps'."
+            )
+        kind = getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)
+        if kind in METRIC_SCHEDULERS and getattr(self.eval_strategy, "value", self.eval_strategy) == "no":
+            raise ValueError(  # transformers' "requires an eval strategy" named neither the metric nor the fix
+                f"{type(self).__name__}.lr_scheduler_type={kind!r} needs an evaluation to step on (it adapts the "
+                "learning rate to metric_for_best_model after each evaluation), and eval_strategy='no' runs none. Set "
+                "eval_strategy='steps' (with eval_steps) or 'epoch', pass an eval_dataset, and name a metric TRAPO logs "
+                "for it: metric_for_best_model='eval_reward' with greater_is_better=True and "
+                "lr_scheduler_kwargs={'mode': 'max'} for prompts ('eval_pretrain_loss' / 'eval_sft_loss' for text / "
+                "demonstrations, mode 'min'); or use another scheduler (e.g. lr_scheduler_type='linear' or 'cosine')."
             )
 
     def _check_intervals(self) -> None:

@@ -319,9 +319,9 @@ def check_model_loading(
     would fail on (or silently get wrong) with a message naming neither the argument nor the fix.
 
     Checked: `attn_implementation="flash_attention_2"` / `"flash_attention_3"` without its package or a
-    CUDA device; a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes; and
+    CUDA device; a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes;
     a checkpoint whose `architectures` are all task heads (`*ForSequenceClassification`, ...), whose language-model
-    head would be newly initialised.
+    head would be newly initialised; and an encoder-decoder checkpoint (T5) that `AutoModelForCausalLM` cannot load.
 
     Args:
         model_id (`str`): the model's id or path, as given.
@@ -363,4 +363,14 @@ def check_model_loading(
             "and the reward model (`--model_name_or_path` / `--reward_model_name_or_path`)? Give a causal LM as the "
             "policy; to train this one anyway, load it yourself (`AutoModelForCausalLM.from_pretrained(...)`) and "
             "pass the model."
+        )
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    # an encoder-decoder checkpoint with no causal-LM class: transformers' "Unrecognized configuration class" listed
+    # every config it knows (a loaded one is refused by `arguments.check_trainer_arguments`, trial 9's MO04)
+    if getattr(config, "is_encoder_decoder", False) and type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ValueError(
+            f"{arg}={model_id!r} is an encoder-decoder model ({type(config).__name__}, `is_encoder_decoder=True`): "
+            "TRAPO trains decoder-only causal language models (`AutoModelForCausalLM`), and this architecture has "
+            "none. Use a decoder-only model (e.g. Qwen, Llama, SmolLM)."
         )
