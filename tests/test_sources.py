@@ -609,3 +609,22 @@ def test_examples_lacking_a_reward_column_are_refused_naming_the_source_and_colu
     ) as error:
         trainer.collect_rollouts(8, step=0)
     assert "'answer_reward' take by name" in str(error.value)
+
+
+@pytest.mark.parametrize("key", ["completions", "trainer_state"])
+def test_examples_with_a_key_named_like_a_reward_keyword_are_refused_naming_the_source(
+    tmp_path, tokenizer, suite, key
+):
+    """Trial 9's RW03 / RW04 for a source's examples: `completions` made Python's "got multiple values for keyword
+    argument"; `trainer_state` was silently replaced by the trainer's state in the reward's arguments."""
+
+    def make(step):
+        rows = [{**row, key: "mine"} for row in prompts(suite)]
+        return SampledRound(rows, [torch.tensor([5, tokenizer.eos_token_id])] * 4, version=step, group=4)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make))
+    with pytest.raises(
+        ValueError, match=rf"OneRound.sample: SampledRound.examples\[0\] key '{key}' is named like an argument TRAPO "
+    ) as error:
+        trainer.collect_rollouts(8, step=0)
+    assert "my_" + key in str(error.value)

@@ -77,6 +77,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .rewards import check_reward_columns
+
 
 if TYPE_CHECKING:  # annotations only: rollout.py imports this module
     from datasets import Dataset
@@ -995,10 +997,15 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
                     f"tokens, got {logps.tolist()[:8]}...: return the sampler's log-prob of each sampled token (any "
                     "value at the environment's tokens, env_mask 0), or logprobs=None."
                 )
+    extra = [key for key in output if key not in ROLLOUT_FUNC_KEYS and key != ENV_MASK]
+    check_reward_columns(  # TRL's `rollout_func` returning `completions`: "got multiple values for keyword argument"
+        extra,
+        "rollout_func's output key",
+        "return it under another name, e.g. 'my_{column}' (other keys reach the reward functions as keyword "
+        "arguments: docs/writing_a_rollout_source.md)",
+    )
     columns = {}
-    for key in output:
-        if key in ROLLOUT_FUNC_KEYS or key == ENV_MASK:
-            continue
+    for key in extra:
         value = output[key]
         is_list = isinstance(value, list)
         columns[key] = per_completion(key) if is_list else [value] * rows_out
