@@ -75,6 +75,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from .rewards import check_reward_columns
@@ -442,7 +443,7 @@ class RolloutSourceAdapter(RolloutSource):
 
     def round_due(self, step: int) -> bool:
         hook = getattr(self.source, "round_due", None)
-        return bool(hook(step)) if hook is not None else False
+        return hook(step) if hook is not None else False  # checked by the caller (`check_round_due`)
 
     def checkpoint_state(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
         hook = getattr(self.source, "checkpoint_state", None)
@@ -486,6 +487,21 @@ def as_rollout_source(source: Any) -> RolloutSource:
             "`sample(rows_needed, step) -> SampledRound`."
         )
     return source
+
+
+def check_round_due(value: Any, name: str) -> bool:
+    """What a source's `round_due(step)` returned, as a bool: `True` / `False` (NumPy's too).
+
+    Raises:
+        TypeError: naming the source (`name`), the value and the fix, for anything else (a truthy `"yes"` was taken as
+            True without a word).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name}.round_due(step) returned {value!r:.60} ({type(value).__name__}); it must return True (take a round "
+        "now, although the replay buffer still has rows) or False."
+    )
 
 
 def source_name(source: RolloutSource) -> str:
@@ -1030,6 +1046,7 @@ __all__ = [
     "as_rollout_source",
     "bind_rollout_func",
     "check_checkpoint_state",
+    "check_round_due",
     "check_rollout_source",
     "rollout_func_round",
     "source_name",
