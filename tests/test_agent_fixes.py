@@ -539,3 +539,16 @@ def test_a_row_offering_a_tool_no_function_implements_is_warned_about(caplog):
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         spec.check_dataset(rows.map(lambda row: {"tools": json.dumps([get_json_schema(add)])}), max_steps=-1)
     assert "offer tool" not in caplog.text
+
+
+def test_an_environments_column_is_refused_in_an_environment_factory_run(tmp_path, tok):
+    """Trial 9's RW03 for the keyword an environment_factory run adds: reward functions (here the environment's
+    `get_reward`) get `environments`, so a dataset column of that name would be replaced (or collide)."""
+    with pytest.raises(ValueError, match=r"`train_dataset` column 'environments' is named like an argument .*"):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            args=tiny_args(tmp_path),
+            train_dataset=prompts_dataset(4, environments=["a", "b", "c", "d"]),
+            processing_class=tok,
+            environment_factory=Counter,
+        )

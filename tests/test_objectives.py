@@ -354,8 +354,21 @@ class Scripted(Objective):
             return {} if self.case == "counts_dict" else [rows.sum()]
         return [rows.sum(), 0.0] if self.count_keys else []
 
+    def logit_scale(self, inputs, rows):
+        if self.case == "scale_shape":  # trial 9's PX90: torch's "index 3 is out of bounds for dimension 0"
+            return torch.full((3,), 2.0)
+        if self.case == "scale_float":
+            return 2.0
+        if self.case == "scale_ok":  # (B,) on the CPU, 2 on its own rows
+            return torch.where(rows.cpu(), 2.0, 1.0)
+        return None
+
     def loss(self, term):
         loss = -(term.per_token_logps * term.mask).sum() / max(term.context.counts["tokens_scripted"], 1.0)
+        if self.case == "detached":  # trial 9's PX89: logged as loss/scripted, trained nothing
+            return TermOutput(loss.detach(), loss.detach())
+        if self.case == "skips":  # a zero loss without gradient: how an objective skips a micro-batch
+            return TermOutput(torch.zeros(()), torch.zeros(()))
         if self.case == "float":
             return 0.0
         if self.case == "nonscalar":
@@ -414,6 +427,18 @@ def scripted_trainer(tmp_path, tokenizer, suite, objective, **overrides):
             r"count\(s\), but counts\(\) returned a dict: return a list of exactly 2",
         ),
         ("counts_fewer", ValueError, r"'scripted': count_keys=.* but counts\(\) returned 1 value\(s\)"),
+        (
+            "scale_shape",
+            TypeError,
+            r"'scripted': logit_scale\(\) returned shape \(3,\); it must be a tensor of shape \(B,\) = \(\d+,\)",
+        ),
+        ("scale_float", TypeError, r"'scripted': logit_scale\(\) returned float; it must be a tensor of shape"),
+        (
+            "detached",
+            ValueError,
+            r"'scripted': loss\(\) returned -?[\d.]+ without gradient .* it would be logged as loss/scripted and "
+            r"train nothing",
+        ),
     ],
 )
 def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(
@@ -424,6 +449,15 @@ def test_an_objective_that_serves_or_computes_the_wrong_thing_is_named(
     trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted(case))
     with pytest.raises(error, match=message):
         trainer.train()
+
+
+@pytest.mark.parametrize("case", ["skips", "scale_ok"])
+def test_a_zero_loss_without_gradient_and_a_row_scale_made_on_the_cpu_train(tmp_path, tokenizer, suite, case):
+    """What the checks above must let through: an objective returning a zero loss without gradient (a micro-batch
+    it skips) and a `(B,)` logit scale built on the CPU (moved to the rows' device)."""
+    trainer = scripted_trainer(tmp_path, tokenizer, suite, Scripted(case))
+    trainer.train()
+    assert trainer.state.global_step == 2
 
 
 def test_an_objectives_non_finite_loss_is_named(tmp_path, tokenizer, suite, caplog):

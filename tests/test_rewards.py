@@ -16,7 +16,7 @@ from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
 from trl_trapo.rewards import reward_function_name
-from trl_trapo.tasks import build_tiny_model, exact_match_reward
+from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward
 
 
 class SemaphoreReward:
@@ -298,3 +298,71 @@ def test_a_reward_reading_trainer_state_is_called_with_a_state_at_construction(
     assert steps == [0, 0]  # the construction-time calls (2 rows, then 1)
     trainer.collect_rollouts(8, step=0)
     assert len(steps) == 3 and steps[-1] == trainer.state.global_step
+
+
+@pytest.mark.parametrize("column", ["completions", "prompts", "trainer_state", "log_metric", "log_extra"])
+@pytest.mark.parametrize("argument", ["train_dataset", "eval_dataset"])
+def test_a_column_named_like_a_reward_keyword_is_refused_before_anything_loads(
+    tmp_path, tokenizer, suite, tiny_config, column, argument, monkeypatch
+):
+    """Trial 9's RW03 / RW04: a `completions` (or `prompts`) column made Python's "dict() got multiple values for
+    keyword argument 'completions'" at construction; a `trainer_state` (`log_metric`, `log_extra`) column was silently
+    replaced in the reward's arguments by the trainer's own. TRL 1.16's GRPOTrainer does the same (`reward_func(
+    prompts=..., completions=..., **reward_kwargs)`, then `reward_kwargs["trainer_state"] = self.state`)."""
+    import trl_trapo.wiring
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("the models were loaded before the column was refused")
+
+    monkeypatch.setattr(trl_trapo.wiring, "load_models", must_not_load)
+    rows = suite.rl_train.select(range(4))
+    dataset = rows.add_column(column, ["mine"] * 4)
+    datasets = {"train_dataset": dataset} if argument == "train_dataset" else {"train_dataset": rows}
+    if argument == "eval_dataset":
+        datasets["eval_dataset"] = {"held_out": dataset}
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path, max_steps=1),
+            processing_class=tokenizer,
+            **datasets,
+        )
+    label = "train_dataset" if argument == "train_dataset" else "eval_dataset['held_out']"
+    assert str(error.value).startswith(
+        f"`{label}` column '{column}' is named like an argument TRAPO passes to every reward function (completions, "
+        "log_extra, log_metric, prompts, trainer_state)"
+    ), error.value
+    assert f"`dataset.rename_column('{column}', 'my_{column}')`" in str(error.value)
+
+
+def test_a_reward_keyword_column_is_kept_when_no_reward_function_reads_columns(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """Reward models get no columns (as in TRL), so a `completions` column harms nothing there and is not refused."""
+    TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_model=classifier(tokenizer, pad_token_id=tokenizer.pad_token_id),
+        args=tiny_config(tmp_path, max_steps=1),
+        train_dataset=suite.rl_train.add_column("completions", ["mine"] * len(suite.rl_train)),
+        processing_class=tokenizer,
+    )
+
+
+def test_the_scorer_refuses_a_row_key_named_like_a_reward_keyword():
+    """The last line for rows that reach the scorer another way than a checked dataset or source round: one message
+    naming the key, not Python's "got multiple values for keyword argument" or a silently replaced value."""
+    from trl_trapo.rewards import RewardScorer
+
+    tokenizer = build_char_tokenizer()
+    scorer = RewardScorer(
+        [exact_match_reward], [None], [1.0], tokenizer, 4, lambda *a: None, lambda *a: None, lambda: None
+    )
+    ids = [torch.tensor(tokenizer.encode("4", add_special_tokens=False))]
+    examples = [{"prompt": "2+2=", "answer": "4"}]
+    assert scorer.score(examples, ids, ids)[0].tolist() == [1.0]
+    for key in ("completions", "log_extra"):
+        with pytest.raises(ValueError, match=rf"rows' key '{key}' is named like an argument TRAPO passes"):
+            scorer.score([{**examples[0], key: "x"}], ids, ids)
+    with pytest.raises(ValueError, match=r"rows' key 'environments' is named like"):  # a tool run's extra keyword
+        scorer.score([{**examples[0], "environments": "x"}], ids, ids, extra_kwargs={"environments": [None]})

@@ -536,6 +536,9 @@ def test_a_missing_key_raises_trls_message(missing):
         ({"logprobs": [[-0.1, 0.0, -0.2]] + [[0.5, 0.0, -0.2]] * 3}, r"'logprobs'\[1\] must be finite .*<= 0"),
         ({"logprobs": [[-0.1, 0.0, None]] * 4}, r"'logprobs'\[0\] must be finite log-probabilities"),
         ({"logprobs": [[-0.1, 0.0, float("-inf")]] * 4}, r"'logprobs'\[0\] must be finite log-probabilities"),
+        # trial 9's PX92: an extra key named like a reward keyword ("got multiple values for keyword argument")
+        ({"completions": ["4"] * 4}, r"rollout_func's output key 'completions' is named like an argument TRAPO"),
+        ({"trainer_state": "x"}, r"output key 'trainer_state' is named like .*e.g. 'my_trainer_state'"),
     ],
 )
 def test_wrong_shapes_are_refused_naming_the_key_and_row(change, message):

@@ -21,6 +21,7 @@ from datasets import Dataset
 from test_doc_commands import registered_block
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer, sources
+from trl_trapo.checkpoint import CheckpointError
 from trl_trapo.config import RL
 from trl_trapo.data import tokenize_prompt
 from trl_trapo.sources import RolloutSource, SampledRound, SyncRolloutSource
@@ -609,3 +610,77 @@ def test_examples_lacking_a_reward_column_are_refused_naming_the_source_and_colu
     ) as error:
         trainer.collect_rollouts(8, step=0)
     assert "'answer_reward' take by name" in str(error.value)
+
+
+@pytest.mark.parametrize("key", ["completions", "trainer_state"])
+def test_examples_with_a_key_named_like_a_reward_keyword_are_refused_naming_the_source(
+    tmp_path, tokenizer, suite, key
+):
+    """Trial 9's RW03 / RW04 for a source's examples: `completions` made Python's "got multiple values for keyword
+    argument"; `trainer_state` was silently replaced by the trainer's state in the reward's arguments."""
+
+    def make(step):
+        rows = [{**row, key: "mine"} for row in prompts(suite)]
+        return SampledRound(rows, [torch.tensor([5, tokenizer.eos_token_id])] * 4, version=step, group=4)
+
+    trainer = rl_trainer(tmp_path, tokenizer, suite, OneRound(make))
+    with pytest.raises(
+        ValueError, match=rf"OneRound.sample: SampledRound.examples\[0\] key '{key}' is named like an argument TRAPO "
+    ) as error:
+        trainer.collect_rollouts(8, step=0)
+    assert "my_" + key in str(error.value)
+
+
+class DueRounds(FixedRounds):
+    """A duck-typed source whose `round_due` returns `due` at every call."""
+
+    def __init__(self, *args, due=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.due = due
+
+    def round_due(self, step):
+        return self.due
+
+
+def test_round_due_returning_something_else_than_a_bool_is_refused_naming_the_source(tmp_path, tokenizer, suite):
+    """Trial 9's PX82: a truthy "yes" was taken as True without a word."""
+    source = DueRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]), due="yes")
+    with pytest.raises(TypeError, match=r"DueRounds.round_due\(step\) returned 'yes' \(str\); it must return True"):
+        rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1).train()
+
+
+def test_a_source_always_due_is_named_not_blamed_on_the_rewards(tmp_path, tokenizer, suite):
+    """Trial 9's PX82c: `round_due` is asked again after every round it forces, so a source returning True at every
+    call took 20 rounds and stopped the run with "every reward function returned None or NaN ... or the rounds were
+    more than replay_max_age steps old", though its rewards and versions were fine."""
+    source = DueRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
+    with pytest.raises(RuntimeError) as error:
+        rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1).train()
+    assert str(error.value).startswith(
+        "DueRounds.round_due(0) returned True before each of the last 19 rounds at step"
+    )
+    assert "reward function" not in str(error.value) and "return True only until a round of that step" in str(
+        error.value
+    )
+    assert len(source.rounds) == 20
+
+
+class ReadsAnotherKey(HookedRounds):
+    def restore_checkpoint_state(self, meta, tensors):
+        self.cursor = meta["position"]  # a key checkpoint_state never wrote
+
+
+def test_a_source_failing_to_restore_its_state_is_named_with_the_state_and_the_fix(tmp_path, tokenizer, suite):
+    """Trial 9's PX87: "checkpoint-2/trapo/rank0.json cannot be restored: KeyError: 'position'" named neither the
+    source, nor its hook, nor the fix (as objectives' `load_state_dict` errors are named)."""
+    completions = answers(tokenizer, ["1", "22", "333", "4444"])
+    source = HookedRounds(suite.rl_train, completions)
+    rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1, save_strategy="steps", save_steps=1).train()
+    resumed = rl_trainer(tmp_path, tokenizer, suite, ReadsAnotherKey(suite.rl_train, completions), max_steps=2)
+    with pytest.raises(CheckpointError) as error:
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert str(error.value) == (
+        f"{tmp_path / 'checkpoint-1' / 'trapo' / 'rank0.json'}: rollout source ReadsAnotherKey.restore_checkpoint_state "
+        "raised KeyError: 'position', given the checkpoint's state for it: {\"cursor\": 2}. Fix: make "
+        "restore_checkpoint_state read what checkpoint_state returns (keys it may lack: meta.get(key, default))."
+    )

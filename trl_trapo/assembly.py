@@ -105,7 +105,14 @@ from .objectives import (
     setup_objective,
 )
 from .paths import check_model_source
-from .rewards import RewardScorer, check_reward_checkpoint, load_reward_funcs, reward_function_name, set_pad_token_id
+from .rewards import (
+    RewardScorer,
+    check_reward_checkpoint,
+    check_scored_columns,
+    load_reward_funcs,
+    reward_function_name,
+    set_pad_token_id,
+)
 from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
@@ -232,6 +239,8 @@ def check_run(
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
     check_datasets(args, given, eval_dataset, WITH_DATA)
+    rewarded, environments = agent is not None and bool(agent.rewards), agent is not None and bool(agent.factories)
+    check_scored_columns(reward_funcs, train_dataset, eval_dataset, rewarded, environments)  # e.g. `completions`
     # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
     check_training_setup(args, arguments.get("optimizers", (None, None)))
     check_neftune(args, (train_dataset is not None or own_source) and args.rl_weight > 0)

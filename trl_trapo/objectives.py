@@ -34,7 +34,7 @@ import json
 import logging
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -1359,12 +1359,52 @@ def check_served_rows(
             )
 
 
-def check_term(objective: Objective, term: Any, batch_shape: tuple[int, ...]) -> None:
-    """Refuse a loss term of the wrong form, naming the objective.
+def row_logit_scales(
+    objectives: Sequence[Objective], inputs: dict[str, torch.Tensor], rows: Sequence[torch.Tensor]
+) -> torch.Tensor | None:
+    """Each row's factor on its logits before the log-softmax: its objective's `logit_scale(inputs, rows)` at its rows
+    (1 for an objective returning None), or None when every objective returns None.
+
+    Args:
+        objectives (`Sequence[Objective]`): the trainer's objectives, in index order.
+        inputs (`dict`): the collated micro-batch.
+        rows (`Sequence[torch.Tensor]`): `(B,)` bool per objective, its rows of the micro-batch.
+
+    Returns:
+        `torch.Tensor | None`: `(B,)`, on the rows' device.
+
+    Raises:
+        TypeError: naming the objective, the value got and the shape expected, for a result that is not a `(B,)`
+            tensor (a `(3,)` tensor ended in torch's "index 3 is out of bounds for dimension 0 with size 3").
+    """
+    row_scale = None
+    for objective, own in zip(objectives, rows):
+        scale = objective.logit_scale(inputs, own)
+        if scale is None:
+            continue
+        if not isinstance(scale, torch.Tensor) or tuple(scale.shape) != tuple(own.shape):
+            got = f"shape {tuple(scale.shape)}" if isinstance(scale, torch.Tensor) else type(scale).__name__
+            raise TypeError(
+                f"Objective '{objective.name}': logit_scale() returned {got}; it must be a tensor of shape (B,) = "
+                f"{tuple(own.shape)}, one factor per row of the micro-batch (only its own rows are read: `rows`), or "
+                "None (factor 1)."
+            )
+        scale = scale.to(own.device)  # e.g. built with torch.full(...) on the CPU in a GPU run
+        row_scale = scale if row_scale is None else torch.where(own, scale, row_scale)
+    return row_scale
+
+
+def check_term(objective: Objective, term: Any, view: TermInputs) -> None:
+    """Refuse a loss term of the wrong form, naming the objective: `view` is what its `loss` was given.
 
     Raises:
         TypeError: if `term` is not a [`TermOutput`] with a scalar tensor `loss`, or `logp_coef` is not `(B, T)`.
+        ValueError: if, while the policy trains (`view.per_token_logps` requires grad), `loss` is nonzero and has no
+            gradient (no `grad_fn`: detached, or computed under `torch.no_grad()`) on a micro-batch holding the
+            objective's tokens: it would be logged as `loss/<name>` and train nothing (trial 9's PX89). A zero loss
+            without gradient is how an objective skips a micro-batch; it is accepted.
     """
+    batch_shape = tuple(view.mask.shape)
     if not isinstance(term, TermOutput) or not isinstance(term.loss, torch.Tensor) or term.loss.dim() != 0:
         shape = tuple(term.loss.shape) if isinstance(getattr(term, "loss", None), torch.Tensor) else None
         raise TypeError(
@@ -1378,6 +1418,17 @@ def check_term(objective: Objective, term: Any, batch_shape: tuple[int, ...]) ->
             f"Objective '{objective.name}': TermOutput.logp_coef has shape {tuple(term.logp_coef.shape)}, the "
             f"micro-batch's target positions are {batch_shape} (B, T)."
         )
+    # checked only on the rare path: a loss without gradient (the host syncs below never run for a trained term)
+    if not term.loss.requires_grad and view.per_token_logps.requires_grad and bool(term.loss.detach() != 0):
+        tokens = int(view.tokens.sum())
+        if tokens:
+            raise ValueError(
+                f"Objective '{objective.name}': loss() returned {float(term.loss):.4g} without gradient (no grad_fn: "
+                f"detached, computed under torch.no_grad(), or built from Python numbers) on a micro-batch with "
+                f"{tokens} of its tokens: it would be logged as loss/{objective.name} and train nothing. Build the "
+                "loss from term.per_token_logps or term.logits, keeping their graph (no .detach() / .item()); return "
+                "a zero loss for a micro-batch the objective skips."
+            )
 
 
 __all__ = [
@@ -1393,6 +1444,7 @@ __all__ = [
     "check_state_dict",
     "check_term",
     "count_keys",
+    "row_logit_scales",
     "setup_objective",
     "step_counts",
 ]

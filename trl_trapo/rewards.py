@@ -37,7 +37,7 @@ from trl.trainer.utils import (
     pad as pad_tensors,
 )
 
-from .data import INTERNAL_COLUMNS
+from .data import INTERNAL_COLUMNS, dataset_columns, eval_datasets
 from .models import embedding_safe_pad_id, reward_model_scores
 from .paths import check_model_source
 
@@ -186,6 +186,74 @@ STANDARD_REWARD_KWARGS = frozenset(
     {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
 )
 """The keyword arguments every reward function call carries besides the dataset's columns."""
+
+SKIPPED_COLUMNS = ("prompt", "completion", "completion_ids", *INTERNAL_COLUMNS)
+"""Row keys that are not passed to reward functions (as TRL skips `prompt`, `completion` and `completion_ids`, and the
+columns TRAPO adds)."""
+
+RESERVED_REWARD_COLUMNS = STANDARD_REWARD_KWARGS - set(SKIPPED_COLUMNS)
+"""Names no column given to the reward functions may have: the keywords every call carries itself (a `completions`
+column made Python's "got multiple values for keyword argument 'completions'"; a `trainer_state` column was silently
+replaced by the trainer's state). TRL 1.16's `GRPOTrainer` does the same: the first kind raise that `TypeError`,
+`trainer_state` / `log_metric` / `log_extra` columns are overwritten without a word."""
+
+
+def check_reward_columns(columns: Sequence[str], where: str, fix: str, keywords: Sequence[str] = ()) -> None:
+    """Refuse columns that would reach the reward functions under the name of a keyword every call carries
+    ([`RESERVED_REWARD_COLUMNS`], and `keywords`: more keywords this run's calls carry, e.g. `environments`).
+
+    Args:
+        columns (`Sequence[str]`): the names of the columns (or row keys) given to the reward functions.
+        where (`str`): what holds them, for the message (e.g. "`train_dataset` column").
+        fix (`str`): how to rename the first reserved one; `{column}` is replaced by its name.
+        keywords (`Sequence[str]`): more reserved names.
+
+    Raises:
+        ValueError: naming the column, the reserved names and the fix.
+    """
+    reserved = RESERVED_REWARD_COLUMNS | set(keywords)
+    clash = [c for c in columns if c in reserved]
+    if clash:
+        raise ValueError(
+            f"{where} {clash[0]!r} is named like an argument TRAPO passes to every reward function "
+            f"({', '.join(sorted(reserved))}): the reward functions would get TRAPO's value in place of yours (or "
+            f"Python's 'got multiple values for keyword argument'). Rename it: {fix.format(column=clash[0])}."
+        )
+
+
+def check_scored_columns(
+    reward_funcs: Any, train_dataset: Any, eval_dataset: Any, environment_rewards: bool, environments: bool
+) -> None:
+    """Refuse, at construction (before anything loads), a column that reaches the reward functions under the name of a
+    keyword every call carries ([`check_reward_columns`]): of `train_dataset` and of each evaluation set scored by the
+    reward functions (prompt rows; those evaluated by loss are not scored). Only reward *functions* get columns: with
+    reward models alone there is nothing to check.
+
+    Args:
+        reward_funcs: the trainer's `reward_funcs` argument (a function, a model, an id, or a list of them).
+        train_dataset, eval_dataset: as given to the trainer (`eval_dataset` may be a dict of datasets).
+        environment_rewards (`bool`): an environment's `get_reward` scores (a reward function too).
+        environments (`bool`): the calls carry `environments` (an `environment_factory` run).
+
+    Raises:
+        ValueError: naming the dataset, the column, the reserved names and the fix.
+    """
+    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    functions = any(callable(f) and not isinstance(f, (nn.Module, str)) for f in entries)
+    if not (functions or environment_rewards):
+        return
+    scored = [("train_dataset", train_dataset)] if train_dataset is not None else []
+    for label, dataset in eval_datasets(eval_dataset):
+        columns = set(dataset_columns(dataset))
+        if "prompt" in columns and not columns & {"text", "completion", "messages"}:  # as check_data_fits scores
+            scored.append((label, dataset))
+    for label, dataset in scored:
+        check_reward_columns(
+            dataset_columns(dataset),
+            f"`{label}` column",
+            "`dataset.rename_column('{column}', 'my_{column}')` (and read `my_{column}` in the reward function)",
+            keywords=("environments",) if environments else (),
+        )
 
 
 def column_parameters_of(func: Callable) -> list[inspect.Parameter]:
@@ -339,6 +407,11 @@ class RewardScorer:
             shutdown_event_loop_in_daemon(self._thread, self.loop)
             self.loop = self._thread = None
 
+    @property
+    def has_functions(self) -> bool:
+        """Whether a reward function (not a reward model) scores: only functions get the rows' columns."""
+        return any(not isinstance(f, nn.Module) for f in self.funcs)
+
     def column_parameters(self) -> list[tuple[str, inspect.Parameter]]:
         """(reward function name, parameter) for each parameter that names a dataset column: not the keywords every
         call gets (`prompts`, `completions`, `trainer_state`, ...) nor `*args` / `**kwargs`. Reward models and
@@ -371,12 +444,26 @@ class RewardScorer:
         examples: list[dict],
         log_metric: Callable[[str, float], None] | None = None,
         log_extra: Callable[[str, list], None] | None = None,
+        extra_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Dataset columns (all but prompt / completion / completion_ids, as TRL, and the columns TRAPO added,
-        `INTERNAL_COLUMNS`) and trainer extras, as reward-function keywords; `log_metric` / `log_extra` default to the
-        scorer's (the training metrics)."""
-        skipped = ("prompt", "completion", "completion_ids", *INTERNAL_COLUMNS)
-        keys = [k for k in examples[0] if k not in skipped]
+        `INTERNAL_COLUMNS`), trainer extras and `extra_kwargs` (the tool-calling source's `environments`), as
+        reward-function keywords; `log_metric` / `log_extra` default to the scorer's (the training metrics).
+
+        Raises:
+            ValueError: if a row has a key named like a keyword every call carries ([`check_reward_columns`]; the
+                datasets are checked at construction, a rollout source's rounds when they arrive: this is the last
+                line, for rows that reach the scorer another way).
+        """
+        keys = [k for k in examples[0] if k not in SKIPPED_COLUMNS]
+        if self.has_functions:
+            check_reward_columns(
+                keys,
+                "The reward functions' rows' key",
+                "the dataset column (`dataset.rename_column('{column}', 'my_{column}')`), or the key your rollout "
+                "source's examples or rollout_func's output have",
+                keywords=list(extra_kwargs or ()),
+            )
         kwargs = {k: [e[k] for e in examples] for k in keys}
         # before the `Trainer` exists (the construction-time check) its state is what `Trainer.__init__` makes: a fresh
         # `TrainerState` at step 0, never None (TRL always passes one; a reward reading `global_step` was refused)
@@ -384,7 +471,7 @@ class RewardScorer:
         kwargs["trainer_state"] = state if state is not None else TrainerState()
         kwargs["log_metric"] = log_metric or self.log_metric
         kwargs["log_extra"] = log_extra or self.log_extra
-        return kwargs
+        return {**kwargs, **(extra_kwargs or {})}
 
     def preflight(
         self,
@@ -408,6 +495,7 @@ class RewardScorer:
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
         completions = [[{"role": "assistant", "content": ""}] if conversational else "" for _ in rows]
+        kwargs = self.reward_kwargs(rows, discard_metric, discard_extra, extra_kwargs)
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
@@ -416,13 +504,7 @@ class RewardScorer:
                     func,
                     name,
                     len(rows),
-                    dict(
-                        prompts=prompts,
-                        completions=completions,
-                        completion_ids=[[] for _ in rows],
-                        **self.reward_kwargs(rows, discard_metric, discard_extra),
-                        **(extra_kwargs or {}),
-                    ),
+                    dict(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **kwargs),
                     self.loop,
                 )
             except (RewardFunctionError, ValueError) as error:
@@ -476,7 +558,7 @@ class RewardScorer:
         if completions is None:
             completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         per_func = torch.full((len(examples), len(self.funcs)), math.nan)
-        kwargs = {**self.reward_kwargs(examples, log_metric, log_extra), **(extra_kwargs or {})}
+        kwargs = self.reward_kwargs(examples, log_metric, log_extra, extra_kwargs)
         for i, (func, name, reward_tokenizer) in enumerate(zip(self.funcs, self.names, self.processing_classes)):
             if isinstance(func, nn.Module):
                 per_func[:, i] = self._model_scores(func, reward_tokenizer, prompts, texts, prompt_ids, completion_ids)

@@ -23,6 +23,7 @@ sees the trainer. The builders below make its parts from the configuration.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,12 +31,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import gather_object
 
-from .checkpoint import ROLLOUT_STATE_KEY
+from .checkpoint import ROLLOUT_STATE_KEY, CheckpointError
 from .collator import MODEL_INPUTS, Row
 from .distributed import any_rank, max_over_ranks, reduce_replay_metrics
 from .exploration import TargetedExploration
 from .memory import MemoryPool, ReplayBuffer, SuccessReplay, Trajectory
-from .sources import RolloutSource, SampledRound, check_checkpoint_state, check_round, source_name
+from .sources import (
+    RolloutSource,
+    SampledRound,
+    check_checkpoint_state,
+    check_round,
+    check_round_due,
+    source_name,
+)
 from .vision import examples_model_inputs
 
 
@@ -115,13 +123,19 @@ class RLSupply:
 
         Raises:
             RuntimeError: after 20 rounds in a row without enough usable trajectories (no reward for any completion,
-                or rounds older than `replay_max_age`).
+                or rounds older than `replay_max_age`), or when the source's `round_due(step)` forced the last rounds
+                although the buffer held enough rows (it is asked again after every round, so a source always due
+                never lets the step start: the message names the hook).
+            TypeError: if `round_due` returns something other than True or False.
         """
         self.source.prefetch(n, step, self.replay.use_counts(step))  # a source that samples ahead asks for rounds
+        name, forced = source_name(self.source), 0  # rounds in a row taken only because the source said one was due
         for attempt in range(MAX_ROUNDS_PER_STEP):
-            due = self.source.round_due(step)
-            if not any_rank(self.accelerator, due or self.replay.num_available(step) < n):
+            due = check_round_due(self.source.round_due(step), name)
+            short = self.replay.num_available(step) < n
+            if not any_rank(self.accelerator, due or short):
                 break
+            forced = forced + 1 if due and not short else 0
             batch = self.collect(n, step)
             unscored = batch.per_func.numel() > 0 and bool(torch.isnan(batch.per_func).all())
             if attempt == 0 and unscored:  # said at once: the error below comes only after 19 more rounds
@@ -135,6 +149,15 @@ class RLSupply:
                     batch.per_func.shape[0],
                 )
         else:
+            if forced:  # trial 9's PX82: a source always due was reported as rounds without rewards
+                raise RuntimeError(
+                    f"{name}.round_due({step}) returned True before each of the last {forced} rounds at step {step}, "
+                    f"although the replay buffer held the {n} rows the step needs, so the step never started "
+                    f"({MAX_ROUNDS_PER_STEP} rounds). round_due is asked again after every round it forces: return "
+                    "True only until a round of that step was taken (e.g. note the step in `sample` and return "
+                    "`step != self.last_round_step`), or leave round_due out (a round is then taken whenever the "
+                    "buffer runs short)."
+                )
             raise RuntimeError(
                 "20 rollout rounds in a row produced no usable trajectory: every reward function returned None or NaN "
                 "(both mean 'no reward for this sample', as in TRL) for every completion, or the rollout source's "
@@ -304,21 +327,40 @@ class RLSupply:
             tensors = {**tensors, **{f"rollout_source/{k}": v for k, v in source_tensors.items()}}
         return meta, tensors
 
-    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what [`state_dict`] wrote (`meta` may be the whole rank state: only its own keys are read).
+    def load_state_dict(self, meta: dict, tensors: dict[str, torch.Tensor], where: str = "the checkpoint") -> None:
+        """Restore what [`state_dict`] wrote (`meta` may be the whole rank state: only its own keys are read; `where`
+        names the file it was read from, for errors).
 
         Raises:
             KeyError: if `episode` or `replay` is missing.
-            ValueError: from the source, for a checkpoint without the state a source with state needs.
+            CheckpointError: naming the source, what its `restore_checkpoint_state` raised, the state it was given
+                and the fix (for a checkpoint without the state a source with state needs, too).
         """
         self.episode = int(meta["episode"])
         if self.exploration is not None:
             self.exploration.load_state_dict(meta.get("exploration"))
         self.replay.load_state_dict(meta["replay"], tensors)
         prefix = "rollout_source/"
-        self.source.restore_checkpoint_state(
-            meta.get(ROLLOUT_STATE_KEY), {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        )
+        source_meta = meta.get(ROLLOUT_STATE_KEY)
+        try:
+            self.source.restore_checkpoint_state(
+                source_meta, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+            )
+        except CheckpointError:
+            raise
+        except Exception as error:  # the source's own code (trial 9's PX87: a bare "KeyError: 'position'")
+            name = source_name(self.source)
+            fix = (
+                "the checkpoint holds no state of this source (written by a run with another rollout source, or "
+                "one without state): resume with the same rollout source"
+                if source_meta is None
+                else "make restore_checkpoint_state read what checkpoint_state returns (keys it may lack: "
+                "meta.get(key, default))"
+            )
+            raise CheckpointError(
+                f"{where}: rollout source {name}.restore_checkpoint_state raised {type(error).__name__}: {error}, given the "
+                f"checkpoint's state for it: {json.dumps(source_meta, default=str)[:200]}. Fix: {fix}."
+            ) from error
 
     def close(self, abort: bool = False) -> None:
         """Stop the source's own process or pool when `train()` ends (a later round starts it again); on a second

@@ -53,7 +53,7 @@ from .models import (
     completion_logps_and_kept_support,
     value_predictions,
 )
-from .rewards import RewardScorer, discard_extra, discard_metric
+from .rewards import SKIPPED_COLUMNS, RewardScorer, check_reward_columns, discard_extra, discard_metric
 from .sampler_correction import SamplerCorrection, correct_sampler_mismatch
 from .samplers import (
     BehaviourLogprobRecorder,
@@ -623,12 +623,21 @@ class RolloutEngine:
         columns by name (a parameter without a default must be in every example).
 
         Raises:
-            ValueError: naming the source, the column, the first example that lacks it and the reward function(s).
+            ValueError: naming the source, the column, the first example that lacks it and the reward function(s); or
+                naming the key, for an example with a key named like a keyword every reward call carries
+                ([`~trl_trapo.rewards.check_reward_columns`]: `completions`, `trainer_state`, ...).
         """
         if not all("prompt" in e for e in sampled.examples):
             raise ValueError(
                 f"{source}: a round without `scores` is scored by the reward functions, which read each example's "
                 "`prompt`: give every example its dataset row's `prompt`, or return the round with `scores`."
+            )
+        if self.scorer.has_functions:  # the first example's keys are the reward functions' keyword arguments
+            check_reward_columns(
+                [k for k in sampled.examples[0] if k not in SKIPPED_COLUMNS] if sampled.examples else [],
+                f"{source}: SampledRound.examples[0] key",
+                "give the examples their dataset rows (whose columns TRAPO checked at construction) and the extra "
+                "reward column under another name, e.g. 'my_{column}'",
             )
         for column, functions in self.scorer.columns_required().items():
             lacking = [i for i, e in enumerate(sampled.examples) if column not in e]

@@ -121,7 +121,7 @@ class RunState:
             self.allocator.load_state_dict(state["allocator"])
             self.dare.engine.load_state_dict(state["dare"])
             self.schedules.load_state_dict(state.get("schedules"))
-            self.rl_supply.load_state_dict(state, tensors)  # episode, exploration, replay, the source's own state
+            self.rl_supply.load_state_dict(state, tensors, source)  # episode, exploration, replay, the source's state
             restore_rng(self.generators(), tensors, source)
             if self.reference is not None:
                 self.reference.load_state_tensors(self.policy(), tensors)

@@ -75,7 +75,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
+
+from .rewards import check_reward_columns
 
 
 if TYPE_CHECKING:  # annotations only: rollout.py imports this module
@@ -440,7 +443,7 @@ class RolloutSourceAdapter(RolloutSource):
 
     def round_due(self, step: int) -> bool:
         hook = getattr(self.source, "round_due", None)
-        return bool(hook(step)) if hook is not None else False
+        return hook(step) if hook is not None else False  # checked by the caller (`check_round_due`)
 
     def checkpoint_state(self) -> tuple[dict, dict[str, torch.Tensor]] | None:
         hook = getattr(self.source, "checkpoint_state", None)
@@ -484,6 +487,21 @@ def as_rollout_source(source: Any) -> RolloutSource:
             "`sample(rows_needed, step) -> SampledRound`."
         )
     return source
+
+
+def check_round_due(value: Any, name: str) -> bool:
+    """What a source's `round_due(step)` returned, as a bool: `True` / `False` (NumPy's too).
+
+    Raises:
+        TypeError: naming the source (`name`), the value and the fix, for anything else (a truthy `"yes"` was taken as
+            True without a word).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name}.round_due(step) returned {value!r:.60} ({type(value).__name__}); it must return True (take a round "
+        "now, although the replay buffer still has rows) or False."
+    )
 
 
 def source_name(source: RolloutSource) -> str:
@@ -995,10 +1013,15 @@ def rollout_func_round(output: Any, rows: list[dict[str, Any]], group: int, step
                     f"tokens, got {logps.tolist()[:8]}...: return the sampler's log-prob of each sampled token (any "
                     "value at the environment's tokens, env_mask 0), or logprobs=None."
                 )
+    extra = [key for key in output if key not in ROLLOUT_FUNC_KEYS and key != ENV_MASK]
+    check_reward_columns(  # TRL's `rollout_func` returning `completions`: "got multiple values for keyword argument"
+        extra,
+        "rollout_func's output key",
+        "return it under another name, e.g. 'my_{column}' (other keys reach the reward functions as keyword "
+        "arguments: docs/writing_a_rollout_source.md)",
+    )
     columns = {}
-    for key in output:
-        if key in ROLLOUT_FUNC_KEYS or key == ENV_MASK:
-            continue
+    for key in extra:
         value = output[key]
         is_list = isinstance(value, list)
         columns[key] = per_completion(key) if is_list else [value] * rows_out
@@ -1023,6 +1046,7 @@ __all__ = [
     "as_rollout_source",
     "bind_rollout_func",
     "check_checkpoint_state",
+    "check_round_due",
     "check_rollout_source",
     "rollout_func_round",
     "source_name",

@@ -78,7 +78,7 @@ from .models import (
     model_forward,
 )
 from .nonfinite import NonFiniteGuard
-from .objectives import DistillationObjective, Objective, TermInputs, check_term
+from .objectives import DistillationObjective, Objective, TermInputs, check_term, row_logit_scales
 from .rollout import RolloutBatch
 from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub_error, is_hub_error, staged_save
 from .schedules import scale_scheduler
@@ -597,11 +597,7 @@ class TRAPOTrainer(_BaseTrainer):
         token_rows = counted.nonzero()[:, 0]  # (N,) the row of each counted token
         targets = input_ids[:, 1:][counted]  # (N,)
         # a row's logits scaled by its objective's factor (RL: 1 / the row's sampling temperature)
-        row_scale = None
-        for index, term_objective in enumerate(self.objectives):
-            scale = term_objective.logit_scale(inputs, rows[index])
-            if scale is not None:
-                row_scale = scale if row_scale is None else torch.where(rows[index], scale, row_scale)
+        row_scale = row_logit_scales(self.objectives, inputs, rows)
         if row_scale is not None:
             logits = logits * row_scale[token_rows].to(logits.dtype).unsqueeze(1)
         # (B, T) nats, 0 where not counted, in fp32 as the behaviour and reference log-probs are (a bf16 log-softmax
@@ -627,7 +623,7 @@ class TRAPOTrainer(_BaseTrainer):
                 context=context,
             )
             term = term_objective.loss(view)
-            check_term(term_objective, term, tuple(mask.shape))
+            check_term(term_objective, term, view)
             self.nonfinite.record_term(term_objective.name, term.loss)  # names it if the step is skipped
             total = total + weights[index] * term.loss if index else weights[index] * term.loss
             terms.append(term)
