@@ -56,6 +56,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -71,7 +72,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
-from trl_trapo.distributed import check_launch, end_process_group
+from trl_trapo.distributed import check_launch, end_process_group, exit_failed_rank, in_process_group_of_several
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
@@ -2281,14 +2282,29 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = program or os.path.basename(sys.argv[0]) or "trapo.py"
-        print(
-            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return USER_ERROR_EXIT_CODE
+        return report_user_error(error, program or os.path.basename(sys.argv[0]) or "trapo.py")
     return 0
+
+
+def report_user_error(error: BaseException, program: str) -> int:
+    """A user error on the command line: `<program>: error: <message>` and how to see the traceback, on stderr.
+
+    On one rank of a multi-process run the rank then exits at once with `USER_ERROR_EXIT_CODE`
+    (`distributed.exit_failed_rank`): the other ranks may be waiting for it in a collective (a reward function that
+    failed on this rank only), and the launcher ends them once it sees the failure.
+
+    Args:
+        error: the user error (its text is the message).
+        program: the command the message names (`trapo train`, `trapo.py`).
+
+    Returns:
+        `USER_ERROR_EXIT_CODE` (on one process; on several this rank has exited).
+    """
+    print(
+        f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr, flush=True
+    )
+    exit_failed_rank(USER_ERROR_EXIT_CODE)
+    return USER_ERROR_EXIT_CODE
 
 
 @contextmanager
@@ -2302,6 +2318,10 @@ def exits_cleanly() -> Iterator[None]:
       line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
       interpreter exit.
+    - Any other exception on one rank of a multi-process run: its traceback, then the rank exits at once with status 1
+      (`distributed.exit_failed_rank`), without waiting for the other ranks, which the launcher then ends (a rank
+      that reported a user error exits the same way, from `run`). Waiting for them would hang the run: they wait for
+      the failed rank in a collective.
 
     Raises:
         SystemExit: 130 / 143 on a `KeyboardInterrupt`.
@@ -2322,6 +2342,11 @@ def exits_cleanly() -> Iterator[None]:
             )
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except Exception:
+        if in_process_group_of_several():
+            traceback.print_exc()  # as the interpreter would, before this rank exits without it
+            exit_failed_rank(1)
+        raise
     end_process_group()
 
 
