@@ -1641,3 +1641,35 @@ def test_predict_and_a_non_path_resume_are_refused_by_name(tmp_path, tokenizer, 
     ):
         trainer.train(resume_from_checkpoint=42)
     assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
+
+
+@pytest.mark.parametrize("disabled", ["no_grad", "inference_mode", "set_grad_enabled"])
+def test_train_with_gradients_disabled_is_refused_before_anything_runs(
+    tmp_path, tokenizer, suite, tiny_trainer, disabled
+):
+    """Trial 9's PX68 / PX69: `trainer.train()` inside `torch.no_grad()` or `torch.inference_mode()` (a notebook cell
+    after evaluation code) ran a rollout and then failed at the first backward with torch's "element 0 of tensors
+    does not require grad and does not have a grad_fn". It is refused at the start of `train()`, naming the cause
+    and the fix, before a step runs or anything is written; outside the context the same trainer trains."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1)
+    context = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "set_grad_enabled": lambda: torch.set_grad_enabled(False),
+    }[disabled]
+    with context(), pytest.raises(RuntimeError, match=r"train\(\) was called with gradients disabled") as error:
+        trainer.train()
+    assert "torch.no_grad()" in str(error.value) and "torch.set_grad_enabled(True)" in str(error.value)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_hyperparameter_search_is_refused_by_name(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 9's TR07: `trainer.hyperparameter_search()` ended in transformers' "No hyperparameter search backend
+    available" (install optuna, ...), and with a backend in "pass your model through a model_init function", which
+    TRAPOTrainer refuses: advice that led nowhere. It now says TRAPOTrainer does not support it and what to do."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(NotImplementedError, match=r"TRAPOTrainer does not support hyperparameter_search\(\)") as error:
+        trainer.hyperparameter_search(n_trials=1, backend="optuna")
+    assert "one trainer per setting" in str(error.value)
