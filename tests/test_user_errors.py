@@ -1673,3 +1673,13 @@ def test_hyperparameter_search_is_refused_by_name(tmp_path, tokenizer, suite, ti
     with pytest.raises(NotImplementedError, match=r"TRAPOTrainer does not support hyperparameter_search\(\)") as error:
         trainer.hyperparameter_search(n_trials=1, backend="optuna")
     assert "one trainer per setting" in str(error.value)
+
+
+def test_eval_on_start_without_an_eval_dataset_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 9's CM21 through the Python API: `eval_on_start=True` without an `eval_dataset` was accepted at
+    construction and failed in `train()` with "No `eval_dataset`", after the models were wrapped. It is now refused
+    when the trainer is built, naming `eval_on_start` and the fixes."""
+    with pytest.raises(
+        ValueError, match=r"TRAPOConfig.eval_on_start=True evaluates before the first step, and there "
+    ):
+        tiny_trainer(tmp_path, tokenizer, suite, eval_on_start=True)

@@ -1854,6 +1854,22 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             if eval_dataset is not None
             else "none"
         )
+    if training_args.eval_on_start and eval_dataset is None and (script_args.dataset_name or not builtin):
+        # before any model: the trainer would refuse it once the model is loaded (`check_eval_on_start`)
+        split = (script_args.dataset_test_split or "").strip().lower()
+        if not script_args.dataset_name:
+            which = "no --dataset_name"
+        elif split in ("", "none") and script_args.dataset_test_split is not None:
+            which = f"--dataset_test_split={script_args.dataset_test_split!r} switches it off"
+        elif os.path.isfile(script_args.dataset_name):
+            which = f"--dataset_name={script_args.dataset_name!r} is a single file: it has only a 'train' split"
+        else:
+            which = f"--dataset_name={script_args.dataset_name!r} has no 'test' split"
+        raise ValueError(
+            f"--eval_on_start=True evaluates before the first step, and this run has no evaluation data ({which})."
+            " Fix: set --dataset_test_split to a split of --dataset_name held out for evaluation, or drop "
+            "--eval_on_start."
+        )
     loaded: dict[str, typing.Any] = {}  # the other objectives' datasets, by the trainer's argument
     for cls in flagged_objectives(RLDataArguments):
         flags = cls.DATA_FLAGS
