@@ -1683,3 +1683,33 @@ def test_eval_on_start_without_an_eval_dataset_is_refused_at_construction(tmp_pa
         ValueError, match=r"TRAPOConfig.eval_on_start=True evaluates before the first step, and there "
     ):
         tiny_trainer(tmp_path, tokenizer, suite, eval_on_start=True)
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        (
+            RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1956."),
+            "another process of this run",
+        ),
+        (RuntimeError("a fault of the program"), "RuntimeError: a fault of the program"),
+    ],
+)
+def test_a_rank_that_fails_on_several_processes_exits_at_once(monkeypatch, capsys, error, said):
+    """Trial 9's CD01: on a multi-process run a failed rank must not reach `end_process_group`'s barrier (the others
+    wait for it in a collective: the run hung). `exits_cleanly` now exits such a rank at once with status 1 (here the
+    exit is recorded instead), with its traceback, or, for a collective that failed because another rank's process
+    ended (gloo's "Connection closed by peer"), one line saying so: that rank printed the cause."""
+    from trl_trapo.jobs import main as job
+
+    exits = []
+    monkeypatch.setattr(job, "in_process_group_of_several", lambda: True)
+    monkeypatch.setattr(job, "exit_failed_rank", exits.append)
+    monkeypatch.setattr(job, "end_process_group", lambda: pytest.fail("a failed rank waited for the others"))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError):
+        with job.exits_cleanly():
+            raise error
+    err = capsys.readouterr().err
+    assert exits == [1] and said in err, err
+    assert ("Traceback" in err) == ("closed by peer" not in str(error)), err

@@ -448,6 +448,17 @@ def in_process_group_of_several() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+"""Texts of gloo's error when another rank's process ended during a collective this rank waits in (torch raises it
+as a `RuntimeError`, or its `DistError` subclasses)."""
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another rank's process ended (see [`PEER_LOST`]): that rank
+    printed the cause; this rank's traceback only shows where it waited."""
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in PEER_LOST)
+
+
 def exit_failed_rank(status: int) -> None:
     """End this process now, with exit status `status`, when it is one rank of a multi-process run; return otherwise
     (one process, or no process group yet: every rank fails alike there and exits normally).

@@ -72,7 +72,13 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
-from trl_trapo.distributed import check_launch, end_process_group, exit_failed_rank, in_process_group_of_several
+from trl_trapo.distributed import (
+    check_launch,
+    end_process_group,
+    exit_failed_rank,
+    in_process_group_of_several,
+    lost_peer,
+)
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
@@ -2337,7 +2343,8 @@ def exits_cleanly() -> Iterator[None]:
     - Any other exception on one rank of a multi-process run: its traceback, then the rank exits at once with status 1
       (`distributed.exit_failed_rank`), without waiting for the other ranks, which the launcher then ends (a rank
       that reported a user error exits the same way, from `run`). Waiting for them would hang the run: they wait for
-      the failed rank in a collective.
+      the failed rank in a collective. A rank whose collective failed because another rank's process ended
+      (`distributed.lost_peer`) prints one line saying so instead of its traceback (`TRAPO_DEBUG=1` shows it).
 
     Raises:
         SystemExit: 130 / 143 on a `KeyboardInterrupt`.
@@ -2358,9 +2365,18 @@ def exits_cleanly() -> Iterator[None]:
             )
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
-    except Exception:
+    except Exception as error:
         if in_process_group_of_several():
-            traceback.print_exc()  # as the interpreter would, before this rank exits without it
+            if lost_peer(error) and not debug_requested():  # the rank that ended printed the cause
+                rank = os.environ.get("RANK", "?")
+                print(
+                    f"rank {rank}: stopped, another process of this run ended during a collective (its error is "
+                    f"above; {DEBUG_VARIABLE}=1 shows this rank's traceback).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                traceback.print_exc()  # as the interpreter would, before this rank exits without it
             exit_failed_rank(1)
         raise
     end_process_group()
