@@ -315,6 +315,72 @@ def test_trapo_train_refuses_fsdp_on_cpu_before_it_loads_anything(tmp_path):
         assert slow not in completed.stderr, completed.stderr[-3000:]
 
 
+RANK1_REWARDS = """import os
+
+
+def flaky(completions, **kwargs):
+    if os.environ.get("RANK") == "1" and any(completions):  # not in the construction probe (empty completions)
+        raise RuntimeError("reward server unreachable on rank 1")
+    return [len(c) / 100 for c in completions]
+
+
+def probe_fails_on_rank1(completions, **kwargs):
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("reward server unreachable on rank 1")
+    return [len(c) / 100 for c in completions]
+"""
+
+
+@pytest.mark.parametrize(
+    "reward", ["probe_fails_on_rank1", pytest.param("flaky", marks=pytest.mark.slow)]
+)  # ~50 s, ~100 s
+def test_a_reward_that_fails_on_one_rank_ends_the_run(tmp_path, reward):
+    """Trial 9's CD01 / CD03: `trapo train` on two DDP processes with a reward function that raises on rank 1 only,
+    during training (`flaky`) or in the construction probe. Rank 1 printed its one-line error and then waited in
+    `end_process_group`'s barrier while rank 0 waited for it in a collective (the step's gather, DDP's parameter
+    check): the run hung until gloo's 30-minute timeout. The failed rank now exits at once with status 2
+    (`distributed.exit_failed_rank`), the launcher ends rank 0, and the run ends with rank 1's line."""
+    (tmp_path / "rank_rewards.py").write_text(RANK1_REWARDS)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    command = [sys.executable, "-m", "trl_trapo.jobs.commands", "train", "--multi_gpu", "--num_processes", "2"]
+    command += ["--mixed_precision", "no", "--main_process_port", str(free_port()), "--max_steps", "2"]
+    command += ["--reward_funcs", f"rank_rewards.{reward}", "--output_dir", str(tmp_path / "out")]
+    command += ["--per_device_train_batch_size", "8", "--eval_strategy", "no", "--dataset_test_split", "none"]
+    # a session of its own, so that the old code's hang is killed with every worker (as `launch` does)
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = process.communicate(timeout=240)  # runs take 50-100 s on 2 busy cores; the old code never ended
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        import psutil  # accelerate's dependency: torchrun's workers run in sessions of their own
+
+        for worker in psutil.process_iter():  # the workers of this test's run only (its output folder)
+            try:
+                if str(tmp_path / "out") in worker.cmdline():
+                    worker.kill()
+            except psutil.Error:
+                pass
+        _, stderr = process.communicate()
+        raise AssertionError(f"the run hung after rank 1's error:\n{stderr[-3000:]}") from None
+    errors = [line for line in stderr.splitlines() if line.startswith("trapo train: error:")]
+    assert process.returncode == 2, stderr[-3000:]
+    assert errors and all("reward server unreachable on rank 1" in line for line in errors), stderr[-3000:]
+
+
 def test_the_trainer_refuses_a_launch_mismatch_before_it_loads_a_model(tmp_path, monkeypatch):
     """The Python API: the launch is checked first among `TRAPOTrainer`'s construction checks (on the process state
     the config set up), not after the policy, reference and datasets are loaded and tokenized."""

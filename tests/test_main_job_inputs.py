@@ -765,3 +765,40 @@ def test_a_dataset_config_on_local_data_says_local_data_has_only_the_default(tmp
     assert "only the 'default' configuration" in message and message.endswith("Fix: drop --dataset_config.")
     assert "check the files' format" not in message
     build(tmp_path, dataset_name=given, dataset_config="default")  # what local data has
+
+
+@pytest.mark.parametrize(
+    "layout, extra, said",
+    [
+        ("file", [], r"--dataset_name='[^']*rl.jsonl' is a single file: it has only a 'train' split"),
+        ("directory", [], r"--dataset_name='[^']*rl' has no 'test' split"),
+        ("directory_with_test", ["--dataset_test_split", "none"], r"--dataset_test_split='none' switches it off"),
+    ],
+)
+def test_eval_on_start_without_evaluation_data_is_refused_before_any_model(
+    tmp_path, capsys, monkeypatch, layout, extra, said
+):
+    """Trial 9's CM21: `--eval_on_start true` with a dataset that gives no held-out split failed only at `train()`,
+    after the model loaded, with a traceback ending in the Python API's "No `eval_dataset`: pass one to the trainer".
+    It is one `error:` line naming --eval_on_start, why there is no evaluation data and the fixes, before any model
+    is built."""
+    import trl_trapo.tasks
+    from trl_trapo.jobs import main as job
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was built before the refusal")
+
+    monkeypatch.setattr(trl_trapo.tasks, "build_tiny_model", no_model)
+
+    if layout == "file":
+        rl = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    else:
+        rl = str(Path(write_jsonl(tmp_path / "rl" / "train.jsonl", rl_rows())).parent)
+        if layout == "directory_with_test":
+            write_jsonl(tmp_path / "rl" / "test.jsonl", rl_rows(2))
+    argv = ["--max_steps", "2", "--dataset_name", rl, "--eval_on_start", "true", *extra]
+    assert job.run([*argv, "--output_dir", str(tmp_path / "out")], program="trapo train") == 2
+    err = capsys.readouterr().err
+    assert re.search(r"trapo train: error: --eval_on_start=True evaluates before the first step, and this run has no "
+                     r"evaluation data \(" + said, err), err  # fmt: skip
+    assert "drop --eval_on_start" in err, err

@@ -1641,3 +1641,75 @@ def test_predict_and_a_non_path_resume_are_refused_by_name(tmp_path, tokenizer, 
     ):
         trainer.train(resume_from_checkpoint=42)
     assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
+
+
+@pytest.mark.parametrize("disabled", ["no_grad", "inference_mode", "set_grad_enabled"])
+def test_train_with_gradients_disabled_is_refused_before_anything_runs(
+    tmp_path, tokenizer, suite, tiny_trainer, disabled
+):
+    """Trial 9's PX68 / PX69: `trainer.train()` inside `torch.no_grad()` or `torch.inference_mode()` (a notebook cell
+    after evaluation code) ran a rollout and then failed at the first backward with torch's "element 0 of tensors
+    does not require grad and does not have a grad_fn". It is refused at the start of `train()`, naming the cause
+    and the fix, before a step runs or anything is written; outside the context the same trainer trains."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1)
+    context = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+        "set_grad_enabled": lambda: torch.set_grad_enabled(False),
+    }[disabled]
+    with context(), pytest.raises(RuntimeError, match=r"train\(\) was called with gradients disabled") as error:
+        trainer.train()
+    assert "torch.no_grad()" in str(error.value) and "torch.set_grad_enabled(True)" in str(error.value)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_hyperparameter_search_is_refused_by_name(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 9's TR07: `trainer.hyperparameter_search()` ended in transformers' "No hyperparameter search backend
+    available" (install optuna, ...), and with a backend in "pass your model through a model_init function", which
+    TRAPOTrainer refuses: advice that led nowhere. It now says TRAPOTrainer does not support it and what to do."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(NotImplementedError, match=r"TRAPOTrainer does not support hyperparameter_search\(\)") as error:
+        trainer.hyperparameter_search(n_trials=1, backend="optuna")
+    assert "one trainer per setting" in str(error.value)
+
+
+def test_eval_on_start_without_an_eval_dataset_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 9's CM21 through the Python API: `eval_on_start=True` without an `eval_dataset` was accepted at
+    construction and failed in `train()` with "No `eval_dataset`", after the models were wrapped. It is now refused
+    when the trainer is built, naming `eval_on_start` and the fixes."""
+    with pytest.raises(
+        ValueError, match=r"TRAPOConfig.eval_on_start=True evaluates before the first step, and there "
+    ):
+        tiny_trainer(tmp_path, tokenizer, suite, eval_on_start=True)
+
+
+@pytest.mark.parametrize(
+    "error, said",
+    [
+        (
+            RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1956."),
+            "another process of this run",
+        ),
+        (RuntimeError("a fault of the program"), "RuntimeError: a fault of the program"),
+    ],
+)
+def test_a_rank_that_fails_on_several_processes_exits_at_once(monkeypatch, capsys, error, said):
+    """Trial 9's CD01: on a multi-process run a failed rank must not reach `end_process_group`'s barrier (the others
+    wait for it in a collective: the run hung). `exits_cleanly` now exits such a rank at once with status 1 (here the
+    exit is recorded instead), with its traceback, or, for a collective that failed because another rank's process
+    ended (gloo's "Connection closed by peer"), one line saying so: that rank printed the cause."""
+    from trl_trapo.jobs import main as job
+
+    exits = []
+    monkeypatch.setattr(job, "in_process_group_of_several", lambda: True)
+    monkeypatch.setattr(job, "exit_failed_rank", exits.append)
+    monkeypatch.setattr(job, "end_process_group", lambda: pytest.fail("a failed rank waited for the others"))
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError):
+        with job.exits_cleanly():
+            raise error
+    err = capsys.readouterr().err
+    assert exits == [1] and said in err, err
+    assert ("Traceback" in err) == ("closed by peer" not in str(error)), err

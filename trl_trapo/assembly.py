@@ -70,7 +70,7 @@ from .data import (
     warn_missing_reward_cells,
 )
 from .distributed import check_launch, restore_kernel_functions, sum_over_ranks
-from .evaluation import check_best_model_metric
+from .evaluation import check_best_model_metric, check_eval_on_start
 from .executor import SourceContext
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
@@ -250,6 +250,7 @@ def check_run(
         if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
             check_reward_checkpoint(os.path.expanduser(entry), given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
+    check_eval_on_start(args, eval_dataset)
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
     # the checkpoint to resume from is verified now (every file's SHA-256), not after a first evaluation

@@ -441,6 +441,55 @@ def end_process_group() -> None:
         logger.debug("gloo's worker threads were still busy %.0f s after the process group ended", IDLE_WAIT_S)
 
 
+def in_process_group_of_several() -> bool:
+    """Whether this process is one rank of an initialised `torch.distributed` process group of two or more."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+"""Texts of gloo's error when another rank's process ended during a collective this rank waits in (torch raises it
+as a `RuntimeError`, or its `DistError` subclasses)."""
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether `error` is a collective failing because another rank's process ended (see [`PEER_LOST`]): that rank
+    printed the cause; this rank's traceback only shows where it waited."""
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in PEER_LOST)
+
+
+def exit_failed_rank(status: int) -> None:
+    """End this process now, with exit status `status`, when it is one rank of a multi-process run; return otherwise
+    (one process, or no process group yet: every rank fails alike there and exits normally).
+
+    Call it on a rank that failed (a user error it reported, an exception), instead of [`end_process_group`]. The other
+    ranks are waiting for it in a collective (the step's all-gather of rewards, DDP's parameter check at construction),
+    or soon will be, and `end_process_group`'s barriers would make this rank wait for them in turn: the run hung until
+    gloo's 30-minute timeout, or forever. Exiting at once lets the launcher (torchrun, under `accelerate launch`) see
+    the failure and end the other ranks. stdout, stderr and the log handlers are flushed first; the interpreter's
+    finalisation is skipped (`os._exit`), since a process group still alive at exit can abort it (SIGABRT, see
+    [`end_process_group`]), which would replace `status`.
+
+    Args:
+        status: the exit status (nonzero: the launcher takes the first failed rank's as the run's).
+    """
+    import sys
+
+    if not in_process_group_of_several():
+        return
+    logger.debug(
+        "rank %d failed: exiting with status %d without waiting for the others", torch.distributed.get_rank(), status
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said on it
+            pass
+    os._exit(status)
+
+
 def gloo_subgroups() -> list:
     """The gloo process groups other than the default one that this rank is a member of, in creation order.
 

@@ -133,6 +133,21 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
     return out
 
 
+def check_eval_on_start(args, eval_dataset) -> None:
+    """`eval_on_start=True` needs evaluation data: transformers' `train()` evaluates before the first step, and
+    without an `eval_dataset` that failed there, after the models were loaded and wrapped ("No `eval_dataset`").
+    (`eval_strategy` other than "no" without one is refused by `Trainer.__init__` itself.)
+
+    Raises:
+        ValueError: naming `eval_on_start` and the two fixes, when `args.eval_on_start` and `eval_dataset` is None.
+    """
+    if args.eval_on_start and eval_dataset is None:
+        raise ValueError(
+            f"{type(args).__name__}.eval_on_start=True evaluates before the first step, and there is no eval_dataset."
+            " Fix: pass eval_dataset to the trainer, or set eval_on_start=False."
+        )
+
+
 def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
     """With `load_best_model_at_end`, `save_strategy="best"`, or a `transformers.EarlyStoppingCallback` among
     `callbacks`, `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs

@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -374,3 +375,47 @@ def check_model_loading(
             "TRAPO trains decoder-only causal language models (`AutoModelForCausalLM`), and this architecture has "
             "none. Use a decoder-only model (e.g. Qwen, Llama, SmolLM)."
         )
+
+
+def check_train_call(resume_from_checkpoint) -> None:
+    """Refuse a `train()` call that cannot train, before anything of the run is read or written (`TRAPOTrainer.train`
+    calls it first).
+
+    Args:
+        resume_from_checkpoint: `train()`'s argument (a path, a bool or None).
+
+    Raises:
+        TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
+        RuntimeError: gradients are disabled in this thread (`torch.is_grad_enabled()` is False: inside
+            `torch.no_grad()`, `torch.inference_mode()` or after `torch.set_grad_enabled(False)`), where the first
+            backward would fail with torch's "element 0 of tensors does not require grad" after the first rollout.
+    """
+    if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, (str, bool, os.PathLike)):
+        raise TypeError(
+            f"resume_from_checkpoint={resume_from_checkpoint!r} ({type(resume_from_checkpoint).__name__}) is not a "
+            "path: pass a checkpoint folder's path, True (the newest complete checkpoint in output_dir) or None."
+        )
+    if not torch.is_grad_enabled():
+        mode = " (torch.inference_mode() is active)" if torch.is_inference_mode_enabled() else ""
+        raise RuntimeError(
+            f"train() was called with gradients disabled: torch.is_grad_enabled() is False{mode}, so no loss could be "
+            "backpropagated. Fix: call trainer.train() outside `with torch.no_grad():` / `with "
+            "torch.inference_mode():`, or call torch.set_grad_enabled(True) first."
+        )
+
+
+def refuse_hyperparameter_search(trainer, *args, **kwargs):
+    """`TRAPOTrainer.hyperparameter_search`: not supported. transformers' search builds a fresh model for every trial
+    from `model_init`, which `TRAPOTrainer` does not take (it builds its policy, reference and value models once, from
+    `model=`); without this refusal the call ended in transformers' "No hyperparameter search backend available" (or,
+    with optuna installed, "you need to pass your model through a model_init function").
+
+    Raises:
+        NotImplementedError: always, saying what to do instead.
+    """
+    raise NotImplementedError(
+        f"{type(trainer).__name__} does not support hyperparameter_search(): transformers' search rebuilds the model "
+        "for every trial from `model_init`, and TRAPOTrainer builds its models once, from `model=`. Fix: run one "
+        "trainer per setting (a new TRAPOConfig and TRAPOTrainer each, e.g. in a loop or an optuna objective that "
+        "builds them) and compare their trainer.evaluate() results."
+    )

@@ -82,6 +82,7 @@ from .objectives import DistillationObjective, Objective, TermInputs, check_term
 from .rollout import RolloutBatch
 from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub_error, is_hub_error, staged_save
 from .schedules import scale_scheduler
+from .setup_checks import check_train_call, refuse_hyperparameter_search
 from .sources import RolloutSource, bind_rollout_func
 from .vision import needs_every_parameter, text_tokenizer, vision_parameters
 from .wiring import TrainerLink, assemble_rollouts, assemble_rows, assemble_run, assemble_training
@@ -745,6 +746,8 @@ class TRAPOTrainer(_BaseTrainer):
             "`trainer.generate_completions()` for sampled completions."
         )
 
+    hyperparameter_search = refuse_hyperparameter_search  # no `model_init`: one trainer per setting
+
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, resuming TRAPO's own state too.
 
@@ -763,16 +766,13 @@ class TRAPOTrainer(_BaseTrainer):
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete, corrupted or does not
                 fit the run (`check_checkpoint_fits`), or if `resume_from_checkpoint=True` finds no complete one.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
+            RuntimeError: gradients are disabled (inside `torch.no_grad()` / `torch.inference_mode()`).
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
-        if resume_from_checkpoint is not None and not isinstance(resume_from_checkpoint, (str, bool, os.PathLike)):
-            raise TypeError(
-                f"resume_from_checkpoint={resume_from_checkpoint!r} ({type(resume_from_checkpoint).__name__}) is not a path: pass "
-                "a checkpoint folder's path, True (the newest complete checkpoint in output_dir) or None."
-            )
+        check_train_call(resume_from_checkpoint)  # a path, gradients enabled
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint)
         world = self.accelerator.num_processes

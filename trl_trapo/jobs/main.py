@@ -56,6 +56,7 @@ import re
 import signal
 import sys
 import time
+import traceback
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -71,7 +72,13 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
 from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
-from trl_trapo.distributed import check_launch, end_process_group
+from trl_trapo.distributed import (
+    check_launch,
+    end_process_group,
+    exit_failed_rank,
+    in_process_group_of_several,
+    lost_peer,
+)
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
@@ -1885,6 +1892,22 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
             if eval_dataset is not None
             else "none"
         )
+    if training_args.eval_on_start and eval_dataset is None and (script_args.dataset_name or not builtin):
+        # before any model: the trainer would refuse it once the model is loaded (`check_eval_on_start`)
+        split = (script_args.dataset_test_split or "").strip().lower()
+        if not script_args.dataset_name:
+            which = "no --dataset_name"
+        elif split in ("", "none") and script_args.dataset_test_split is not None:
+            which = f"--dataset_test_split={script_args.dataset_test_split!r} switches it off"
+        elif os.path.isfile(script_args.dataset_name):
+            which = f"--dataset_name={script_args.dataset_name!r} is a single file: it has only a 'train' split"
+        else:
+            which = f"--dataset_name={script_args.dataset_name!r} has no 'test' split"
+        raise ValueError(
+            f"--eval_on_start=True evaluates before the first step, and this run has no evaluation data ({which})."
+            " Fix: set --dataset_test_split to a split of --dataset_name held out for evaluation, or drop "
+            "--eval_on_start."
+        )
     loaded: dict[str, typing.Any] = {}  # the other objectives' datasets, by the trainer's argument
     for cls in flagged_objectives(RLDataArguments):
         flags = cls.DATA_FLAGS
@@ -2313,14 +2336,29 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = program or os.path.basename(sys.argv[0]) or "trapo.py"
-        print(
-            f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return USER_ERROR_EXIT_CODE
+        return report_user_error(error, program or os.path.basename(sys.argv[0]) or "trapo.py")
     return 0
+
+
+def report_user_error(error: BaseException, program: str) -> int:
+    """A user error on the command line: `<program>: error: <message>` and how to see the traceback, on stderr.
+
+    On one rank of a multi-process run the rank then exits at once with `USER_ERROR_EXIT_CODE`
+    (`distributed.exit_failed_rank`): the other ranks may be waiting for it in a collective (a reward function that
+    failed on this rank only), and the launcher ends them once it sees the failure.
+
+    Args:
+        error: the user error (its text is the message).
+        program: the command the message names (`trapo train`, `trapo.py`).
+
+    Returns:
+        `USER_ERROR_EXIT_CODE` (on one process; on several this rank has exited).
+    """
+    print(
+        f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr, flush=True
+    )
+    exit_failed_rank(USER_ERROR_EXIT_CODE)
+    return USER_ERROR_EXIT_CODE
 
 
 @contextmanager
@@ -2334,6 +2372,11 @@ def exits_cleanly() -> Iterator[None]:
       line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
       interpreter exit.
+    - Any other exception on one rank of a multi-process run: its traceback, then the rank exits at once with status 1
+      (`distributed.exit_failed_rank`), without waiting for the other ranks, which the launcher then ends (a rank
+      that reported a user error exits the same way, from `run`). Waiting for them would hang the run: they wait for
+      the failed rank in a collective. A rank whose collective failed because another rank's process ended
+      (`distributed.lost_peer`) prints one line saying so instead of its traceback (`TRAPO_DEBUG=1` shows it).
 
     Raises:
         SystemExit: 130 / 143 on a `KeyboardInterrupt`.
@@ -2354,6 +2397,20 @@ def exits_cleanly() -> Iterator[None]:
             )
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
+    except Exception as error:
+        if in_process_group_of_several():
+            if lost_peer(error) and not debug_requested():  # the rank that ended printed the cause
+                rank = os.environ.get("RANK", "?")
+                print(
+                    f"rank {rank}: stopped, another process of this run ended during a collective (its error is "
+                    f"above; {DEBUG_VARIABLE}=1 shows this rank's traceback).",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                traceback.print_exc()  # as the interpreter would, before this rank exits without it
+            exit_failed_rank(1)
+        raise
     end_process_group()
 
 

@@ -325,7 +325,7 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     Raises:
         SystemExit: from argparse, for `--help` (status 0) or a malformed command line (status 2).
     """
-    from .main import DEBUG_VARIABLE, RUN_USER_ERRORS, SETUP_USER_ERRORS, USER_ERROR_EXIT_CODE, debug_requested
+    from .main import RUN_USER_ERRORS, SETUP_USER_ERRORS, debug_requested, report_user_error
 
     user_errors = SETUP_USER_ERRORS
     try:
@@ -338,9 +338,7 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     except Exception as error:
         if not isinstance(error, user_errors) or debug_requested():
             raise
-        program = program or os.path.basename(sys.argv[0]) or "trapo_vlm.py"
-        print(f"{program}: error: {error}\n(Run with {DEBUG_VARIABLE}=1 to see the traceback.)", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
+        return report_user_error(error, program or os.path.basename(sys.argv[0]) or "trapo_vlm.py")
     return 0
 
 
