@@ -260,6 +260,10 @@ def splits(dataset):
         ("pretrain_dataset", "splits", r"`pretrain_dataset` is a DatasetDict with splits \['train'\]"),
         ("pretrain_dataset", "streaming_splits", r"`pretrain_dataset` is a IterableDatasetDict with splits"),
         ("sft_dataset", "list", r"`sft_dataset` is a list, not a `datasets.Dataset`"),
+        # PX67: a dict of columns was read as splits, and the fix (`dataset['text']`) was a list of strings
+        ("pretrain_dataset", "columns", r"`pretrain_dataset` is a dict of columns \['text'\].*Dataset\.from_dict"),
+        ("eval_dataset", "columns", r"`eval_dataset` is a dict of columns \['text'\].*Dataset\.from_dict"),
+        ("sft_dataset", "columns", r"`sft_dataset` is a dict of columns \['prompt', .*Dataset\.from_dict"),
     ],
 )
 def test_dataset_objects_that_cannot_work_are_refused_at_construction(
@@ -271,6 +275,7 @@ def test_dataset_objects_that_cannot_work_are_refused_at_construction(
         "streaming_text": lambda: streaming(suite.pretrain),
         "streaming_dict": lambda: {"prompts": suite.eval, "held": streaming(suite.pretrain)},
         "list": lambda: source.to_list(),
+        "columns": lambda: source.to_dict(),
         "splits": lambda: splits(source),
         "streaming_splits": lambda: IterableDatasetDict({"train": streaming(source)}),
     }[wrap]()
