@@ -108,6 +108,10 @@ def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
         ({"data_collator": object()}, ["TRAPOTrainer got TRL SFTTrainer", "data_collator=: drop it", "objectives="]),
         ({"formatting_func": str}, ["formatting_func=: map your rows", "dataset.map(...)", "sft_dataset="]),
         ({"compute_metrics": str, "model_init": str}, ["compute_metrics=: drop it", "model_init=: pass the model"]),
+        (  # PX63: a config field given to the trainer was Python's "unexpected keyword argument"
+            {"reward_weights": [2.0]},
+            ["got config field(s)", "reward_weights", "args=TRAPOConfig(..., reward_weights=[2.0])"],
+        ),
     ],
 )
 def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, given, needles):
