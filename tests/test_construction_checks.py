@@ -295,6 +295,20 @@ def test_evaluate_refuses_a_streaming_dataset_given_to_it_by_name(tmp_path, toke
         trainer.evaluate(streaming(suite.pretrain))
 
 
+def test_evaluate_takes_a_key_of_the_trainers_eval_dict_as_transformers_does(tmp_path, tokenizer, suite, tiny_config):
+    """PX30: `evaluate(eval_dataset="hard")` (transformers' Trainer API for a dict of eval sets) was refused as "a str,
+    not a `datasets.Dataset`", and an unknown key got the same text instead of the keys."""
+    hard = suite.eval.select([0, 1])
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset={"easy": suite.eval, "hard": hard})
+    by_name = trainer.evaluate(eval_dataset="hard")
+    assert by_name == trainer.evaluate(eval_dataset=hard) and "eval_reward" in by_name, by_name
+    with pytest.raises(ValueError, match=r"eval_dataset='hardd'.*no such key; its keys are \['easy', 'hard'\]"):
+        trainer.evaluate(eval_dataset="hardd")
+    single = build(tmp_path / "single", tokenizer, suite, tiny_config, eval_dataset=suite.eval)
+    with pytest.raises(ValueError, match=r"when its `eval_dataset` is a dict, and this trainer's is Dataset"):
+        single.evaluate(eval_dataset="hard")
+
+
 def test_an_empty_eval_dataset_is_refused_by_name_at_construction_and_in_evaluate(
     tmp_path, tokenizer, suite, tiny_config
 ):
