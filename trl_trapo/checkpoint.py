@@ -180,10 +180,9 @@ def process_count_message(checkpoint_dir: str, written: int, world_size: int) ->
             f"launch it with {written} processes (`accelerate launch --num_processes {written} ...` or "
             f"`trapo train --num_processes {written} ...`)"
         )
-    if written < world_size:
-        loss = f"ranks {written} to {world_size - 1} would have no state"
-    else:
-        loss = f"the state of ranks {world_size} to {written - 1} would be dropped"
+    low, high = sorted((written, world_size))
+    ranks = f"rank {low}" if high - low == 1 else f"ranks {low} to {high - 1}"
+    loss = f"{ranks} would have no state" if written < world_size else f"the state of {ranks} would be dropped"
     return (
         f"{checkpoint_dir} was written by {written} process{'es' if written > 1 else ''} ({held}: each process's "
         f"replay buffer, random generators and data-shard position) and this run has {world_size}: a resumed run "
