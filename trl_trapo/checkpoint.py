@@ -177,8 +177,9 @@ def process_count_message(checkpoint_dir: str, written: int, world_size: int) ->
         launch = "launch it as one process (`python script.py ...`, or `trapo train` without --num_processes)"
     else:
         launch = (
-            f"launch it with {written} processes (`accelerate launch --num_processes {written} ...` or "
-            f"`trapo train --num_processes {written} ...`)"
+            f"launch it as the run that saved it was launched, with {written} processes (e.g. `accelerate launch "
+            f"--multi_gpu --num_processes {written} ...` or `trapo train --multi_gpu --num_processes {written} ...` "
+            "for DDP; docs/distributed.md)"
         )
     low, high = sorted((written, world_size))
     ranks = f"rank {low}" if high - low == 1 else f"ranks {low} to {high - 1}"
