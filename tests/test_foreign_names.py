@@ -127,6 +127,14 @@ def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, give
         TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), not_an_argument=1)
 
 
+def test_a_config_field_given_to_ppo_trainer_names_its_config(tmp_path):
+    """PX63's sibling: PPOTrainer hands unknown keywords to TRAPOTrainer, whose bare TypeError came after the setup."""
+    from trl_trapo import PPOConfig, PPOTrainer
+
+    with pytest.raises(TypeError, match=r"got config field\(s\).*args=PPOConfig\(\.\.\., reward_weights=\[2\.0\]\)"):
+        PPOTrainer(args=PPOConfig(output_dir=str(tmp_path)), model="no/such-model", reward_weights=[2.0])
+
+
 def test_ppo_trainer_still_takes_trl_1x_data_collator(tmp_path):
     """TRL 1.12's PPOTrainer took `data_collator` (accepted, unused): the refusal is only for classes without it."""
     from trl_trapo import PPOTrainer, TRAPOTrainer

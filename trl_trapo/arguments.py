@@ -338,11 +338,21 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
     before Python binds the arguments. A subclass whose `__init__` takes one of them (TRL 1.12's `PPOTrainer` took
     `data_collator`) keeps it.
 
+    Also refuses a field of the config given as a trainer argument (`TRAPOTrainer(..., reward_weights=[2.0])`),
+    naming the config to put it in; a class taking `**kwargs` (PPOTrainer) is checked with its base's parameters,
+    to which it hands them.
+
     Raises:
         TypeError: naming each such argument and what to do instead.
     """
     parameters = inspect.signature(cls.__init__).parameters
-    accepted = set(parameters)
+    accepted = set()
+    for klass in cls.__mro__:  # a class taking **kwargs (PPOTrainer) hands them to its base's __init__
+        accepted |= set(inspect.signature(klass.__init__).parameters)
+        if not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(klass.__init__).parameters.values()
+        ):
+            break
     foreign = [name for name in FOREIGN_TRAINER_ARGUMENTS if name in kwargs and name not in accepted]
     if foreign:
         raise TypeError(
@@ -350,8 +360,6 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
             + "; ".join(f"{name}=: {FOREIGN_TRAINER_ARGUMENTS[name]}" for name in foreign)
             + "."
         )
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return  # it takes any keyword (PPOTrainer's legacy ones): its own check names them
     from .config import TRAPOConfig  # here: config imports much, and this module is imported by the trainer only
 
     fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
