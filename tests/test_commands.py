@@ -335,6 +335,17 @@ def test_an_argument_before_the_command_is_an_error(argv, fix, capsys):
     assert err.startswith(f"trapo: error: {argv[0]} comes before the command;") and fix in err, err
 
 
+def test_trapo_version_prints_the_version(capsys):
+    """CL10: `trapo --version` was "an argument before the command" whose fix (`trapo train --version`) was refused."""
+    import trl_trapo
+
+    with pytest.raises(SystemExit) as exited:
+        commands.main(["--version"], launch=pytest.fail)
+    assert exited.value.code == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == f"trapo {trl_trapo.__version__}" and captured.err == "", captured
+
+
 @pytest.mark.parametrize("job", commands.JOBS, ids=lambda j: j.name)
 def test_launcher_options_are_accelerates_and_no_jobs(job):
     from accelerate.commands.launch import launch_command_parser

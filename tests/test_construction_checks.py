@@ -260,6 +260,10 @@ def splits(dataset):
         ("pretrain_dataset", "splits", r"`pretrain_dataset` is a DatasetDict with splits \['train'\]"),
         ("pretrain_dataset", "streaming_splits", r"`pretrain_dataset` is a IterableDatasetDict with splits"),
         ("sft_dataset", "list", r"`sft_dataset` is a list, not a `datasets.Dataset`"),
+        # PX67: a dict of columns was read as splits, and the fix (`dataset['text']`) was a list of strings
+        ("pretrain_dataset", "columns", r"`pretrain_dataset` is a dict of columns \['text'\].*Dataset\.from_dict"),
+        ("eval_dataset", "columns", r"`eval_dataset` is a dict of columns \['text'\].*Dataset\.from_dict"),
+        ("sft_dataset", "columns", r"`sft_dataset` is a dict of columns \['prompt', .*Dataset\.from_dict"),
     ],
 )
 def test_dataset_objects_that_cannot_work_are_refused_at_construction(
@@ -271,6 +275,7 @@ def test_dataset_objects_that_cannot_work_are_refused_at_construction(
         "streaming_text": lambda: streaming(suite.pretrain),
         "streaming_dict": lambda: {"prompts": suite.eval, "held": streaming(suite.pretrain)},
         "list": lambda: source.to_list(),
+        "columns": lambda: source.to_dict(),
         "splits": lambda: splits(source),
         "streaming_splits": lambda: IterableDatasetDict({"train": streaming(source)}),
     }[wrap]()
@@ -288,6 +293,20 @@ def test_evaluate_refuses_a_streaming_dataset_given_to_it_by_name(tmp_path, toke
     trainer = build(tmp_path, tokenizer, suite, tiny_config)
     with pytest.raises(ValueError, match=r"`eval_dataset` is an IterableDataset"):
         trainer.evaluate(streaming(suite.pretrain))
+
+
+def test_evaluate_takes_a_key_of_the_trainers_eval_dict_as_transformers_does(tmp_path, tokenizer, suite, tiny_config):
+    """PX30: `evaluate(eval_dataset="hard")` (transformers' Trainer API for a dict of eval sets) was refused as "a str,
+    not a `datasets.Dataset`", and an unknown key got the same text instead of the keys."""
+    hard = suite.eval.select([0, 1])
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset={"easy": suite.eval, "hard": hard})
+    by_name = trainer.evaluate(eval_dataset="hard")
+    assert by_name == trainer.evaluate(eval_dataset=hard) and "eval_reward" in by_name, by_name
+    with pytest.raises(ValueError, match=r"eval_dataset='hardd'.*no such key; its keys are \['easy', 'hard'\]"):
+        trainer.evaluate(eval_dataset="hardd")
+    single = build(tmp_path / "single", tokenizer, suite, tiny_config, eval_dataset=suite.eval)
+    with pytest.raises(ValueError, match=r"when its `eval_dataset` is a dict, and this trainer's is Dataset"):
+        single.evaluate(eval_dataset="hard")
 
 
 def test_an_empty_eval_dataset_is_refused_by_name_at_construction_and_in_evaluate(

@@ -127,6 +127,10 @@ def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
         ({"data_collator": object()}, ["TRAPOTrainer got TRL SFTTrainer", "data_collator=: drop it", "objectives="]),
         ({"formatting_func": str}, ["formatting_func=: map your rows", "dataset.map(...)", "sft_dataset="]),
         ({"compute_metrics": str, "model_init": str}, ["compute_metrics=: drop it", "model_init=: pass the model"]),
+        (  # PX63: a config field given to the trainer was Python's "unexpected keyword argument"
+            {"reward_weights": [2.0]},
+            ["got config field(s)", "reward_weights", "args=TRAPOConfig(..., reward_weights=[2.0])"],
+        ),
     ],
 )
 def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, given, needles):
@@ -140,6 +144,14 @@ def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, give
         assert needle in str(raised.value), str(raised.value)
     with pytest.raises(TypeError, match="unexpected keyword argument 'not_an_argument'"):  # others: Python's error
         TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), not_an_argument=1)
+
+
+def test_a_config_field_given_to_ppo_trainer_names_its_config(tmp_path):
+    """PX63's sibling: PPOTrainer hands unknown keywords to TRAPOTrainer, whose bare TypeError came after the setup."""
+    from trl_trapo import PPOConfig, PPOTrainer
+
+    with pytest.raises(TypeError, match=r"got config field\(s\).*args=PPOConfig\(\.\.\., reward_weights=\[2\.0\]\)"):
+        PPOTrainer(args=PPOConfig(output_dir=str(tmp_path)), model="no/such-model", reward_weights=[2.0])
 
 
 def test_ppo_trainer_still_takes_trl_1x_data_collator(tmp_path):

@@ -188,6 +188,26 @@ def test_a_checkpoint_save_waits_for_every_rank_after_an_earlier_folder_is_moved
         verify_checkpoint(str(checkpoint), 2)
 
 
+@pytest.mark.parametrize(("written", "resumed"), [(2, 1), (1, 2)])
+def test_a_checkpoint_resumed_with_another_number_of_processes_names_both_and_the_fix(tmp_path, written, resumed):
+    """CD02 (2 processes resumed in 1: rank 1's state silently dropped) and CD06 (1 resumed in 2: 'incomplete, resume
+    from an earlier checkpoint', which fails the same way): refused up front, naming both counts and how to resume."""
+    checkpoint = tmp_path / "checkpoint-2"
+    for rank in range(written):
+        if written > 1:  # transformers' per-process RNG file, as a multi-process Trainer writes it
+            (checkpoint / f"rng_state_{rank}.pth").parent.mkdir(parents=True, exist_ok=True)
+            (checkpoint / f"rng_state_{rank}.pth").write_bytes(b"rng")
+        trapo_checkpoint.write_rank_state(str(checkpoint), rank, {}, {}, False)
+    verify_checkpoint(str(checkpoint), written)
+    with pytest.raises(CheckpointError) as raised:
+        verify_checkpoint(str(checkpoint), resumed)
+    message = str(raised.value)
+    assert f"written by {written} process" in message and f"this run has {resumed}" in message, message
+    assert "same number of processes" in message and "earlier checkpoint" not in message, message
+    assert ("--num_processes 2" if written == 2 else "as one process") in message, message
+    assert last_complete_checkpoint(str(tmp_path), resumed)[0] is None
+
+
 class FakeHubApi:
     """The Hub client as seen offline: the repo exists, the upload fails to resolve the Hub's name."""
 

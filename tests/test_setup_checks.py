@@ -75,6 +75,15 @@ def saved_model(tmp_path, tokenizer):
             {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"num_cycles": 2}},
             r"lr_scheduler_type='linear' .* cannot be built: TypeError: .*unexpected keyword argument 'num_cycles'",
         ),
+        (  # CM27: the fix was cosine_with_min_lr's floor, which linear does not take
+            {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
+            r"Fix: 'linear' \(transformers' get_linear_schedule_with_warmup\) takes no lr_scheduler_kwargs: drop them "
+            r"\(for a floor, `--lr_scheduler_type cosine_with_min_lr`\)\.$",
+        ),
+        (
+            {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
+            r"Fix: 'polynomial' .* takes only lr_end, power in lr_scheduler_kwargs",
+        ),
         ({"adam_beta1": 1.5}, r"The optimizer cannot be built from optim='adamw_torch_fused'.*adam_beta1=1.5"),
     ],
 )

@@ -14,6 +14,7 @@ fail at the first step or, worse, train on its first label. Arguments with check
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Callable
@@ -400,14 +401,38 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
     before Python binds the arguments. A subclass whose `__init__` takes one of them (TRL 1.12's `PPOTrainer` took
     `data_collator`) keeps it.
 
+    Also refuses a field of the config given as a trainer argument (`TRAPOTrainer(..., reward_weights=[2.0])`),
+    naming the config to put it in; a class taking `**kwargs` (PPOTrainer) is checked with its base's parameters,
+    to which it hands them.
+
     Raises:
         TypeError: naming each such argument and what to do instead.
     """
-    accepted = set(inspect.signature(cls.__init__).parameters)
+    parameters = inspect.signature(cls.__init__).parameters
+    accepted = set()
+    for klass in cls.__mro__:  # a class taking **kwargs (PPOTrainer) hands them to its base's __init__
+        accepted |= set(inspect.signature(klass.__init__).parameters)
+        if not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(klass.__init__).parameters.values()
+        ):
+            break
     foreign = [name for name in FOREIGN_TRAINER_ARGUMENTS if name in kwargs and name not in accepted]
     if foreign:
         raise TypeError(
             f"{cls.__name__} got TRL SFTTrainer / transformers Trainer argument(s) it does not take: "
             + "; ".join(f"{name}=: {FOREIGN_TRAINER_ARGUMENTS[name]}" for name in foreign)
             + "."
+        )
+    from .config import TRAPOConfig  # here: config imports much, and this module is imported by the trainer only
+
+    fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
+    misplaced = [name for name in kwargs if name not in accepted and name in fields]
+    if misplaced:
+        annotation = parameters["args"].annotation if "args" in parameters else None
+        config = str(annotation).split(" ")[0] if isinstance(annotation, str) else "TRAPOConfig"
+        given = ", ".join(f"{name}={kwargs[name]!r}" for name in misplaced)
+        raise TypeError(
+            f"{cls.__name__} got config field(s) as its own argument(s): {', '.join(misplaced)}. They are {config} "
+            "fields, not trainer arguments: pass them in the config, "
+            f"`{cls.__name__}(..., args={config}(..., {given}))`."
         )

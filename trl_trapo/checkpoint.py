@@ -156,11 +156,48 @@ def write_rank_state(
     atomic_write_json(marker_path(checkpoint_dir, rank), {"files": files, "tensors": os.path.basename(tensor_path)})
 
 
+RANK_FILE_RE = re.compile(r"^rank(\d+)[.-]")  # trapo/rank{r}.json, rank{r}-tensors..., rank{r}.complete.json
+TRAINER_RNG_RE = re.compile(r"^rng_state_(\d+)\.pth$")  # transformers' per-process RNG file (several processes)
+
+
+def checkpoint_processes(checkpoint_dir: str) -> int | None:
+    """How many processes wrote `checkpoint_dir`: one more than the highest rank with a file of its own
+    (`trapo/rank{r}.*`, or transformers' `rng_state_{r}.pth`, written before TRAPO's state). None when no rank
+    wrote anything (nothing to tell from)."""
+    ranks = [int(m.group(1)) for name in os.listdir(checkpoint_dir) if (m := TRAINER_RNG_RE.match(name))]
+    state_dir = os.path.join(checkpoint_dir, STATE_DIR)
+    ranks += [int(m.group(1)) for name in os.listdir(state_dir) if (m := RANK_FILE_RE.match(name))]
+    return max(ranks) + 1 if ranks else None
+
+
+def process_count_message(checkpoint_dir: str, written: int, world_size: int) -> str:
+    """Why a checkpoint written by `written` processes cannot resume in a run of `world_size`, and the fix."""
+    held = "trapo/rank0.*" if written == 1 else f"trapo/rank0.* ... rank{written - 1}.*"
+    if written == 1:
+        launch = "launch it as one process (`python script.py ...`, or `trapo train` without --num_processes)"
+    else:
+        launch = (
+            f"launch it as the run that saved it was launched, with {written} processes (e.g. `accelerate launch "
+            f"--multi_gpu --num_processes {written} ...` or `trapo train --multi_gpu --num_processes {written} ...` "
+            "for DDP; docs/distributed.md)"
+        )
+    low, high = sorted((written, world_size))
+    ranks = f"rank {low}" if high - low == 1 else f"ranks {low} to {high - 1}"
+    loss = f"{ranks} would have no state" if written < world_size else f"the state of {ranks} would be dropped"
+    return (
+        f"{checkpoint_dir} was written by {written} process{'es' if written > 1 else ''} ({held}: each process's "
+        f"replay buffer, random generators and data-shard position) and this run has {world_size}: a resumed run "
+        f"needs the same number of processes ({loss}). Fix: {launch} to resume; or start a new run from its weights "
+        f"(pass {checkpoint_dir} as the model, --model_name_or_path / `model=`, without resume_from_checkpoint)."
+    )
+
+
 def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
     """Check that every rank's marker exists and every file it lists is intact.
 
     Raises:
-        CheckpointError: naming the missing directory, missing marker, missing file or file whose content changed,
+        CheckpointError: naming the missing directory, a number of processes other than the one that wrote it
+            (both numbers, [`process_count_message`]), missing marker, missing file or file whose content changed,
             and the fix ([`damaged_checkpoint_fix`]).
     """
     if not os.path.isdir(checkpoint_dir):
@@ -190,6 +227,9 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             "TRAPO resumes only its own checkpoints. Fix: to start from its weights, pass it as the model "
             "(--model_name_or_path / `model=`) and start without resume_from_checkpoint."
         )
+    written = checkpoint_processes(checkpoint_dir)
+    if written is not None and written != world_size:
+        raise CheckpointError(process_count_message(checkpoint_dir, written, world_size))
     for rank in range(world_size):
         marker = marker_path(checkpoint_dir, rank)
         if not os.path.isfile(marker):

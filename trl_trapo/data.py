@@ -75,6 +75,13 @@ def _check_not_empty(dataset: Dataset | IterableDataset, name: str) -> None:
         raise ValueError(f"`{name}` is empty (0 rows). Pass a dataset with at least one row, or None to drop it.")
 
 
+def is_column_dict(value: Any) -> bool:
+    """Whether `value` is a plain dict of columns (`{'text': [...]}`, what `Dataset.from_dict` takes), not a dict of
+    splits or named datasets: no value is a dataset."""
+    split_types = (Dataset, IterableDataset, DatasetDict, IterableDatasetDict)
+    return type(value) is dict and bool(value) and not any(isinstance(v, split_types) for v in value.values())
+
+
 def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) -> None:
     """Raise a ValueError unless `dataset` is one `datasets.Dataset` (or, with `streaming_ok`, an `IterableDataset`).
 
@@ -86,6 +93,13 @@ def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) ->
         role (`str`): the argument's name, for the message (e.g. "sft_dataset", "eval_dataset['gsm8k']").
         streaming_ok (`bool`): whether an `IterableDataset` is accepted (pretraining text).
     """
+    if is_column_dict(dataset):
+        name = role.split("[")[0]
+        raise ValueError(  # a dict of columns ({'text': [...]}), not of splits
+            f"`{role}` is a dict of columns {list(dataset)[:5]}, not a `datasets.Dataset`: build one, "
+            f"`{name}=Dataset.from_dict(columns)` (a dict of column name to list of values; `Dataset.from_list(rows)` "
+            "for a list of row dicts)."
+        )
     if isinstance(dataset, (DatasetDict, IterableDatasetDict, dict)):
         raise ValueError(
             f"`{role}` is a {type(dataset).__name__} with splits {list(dataset)}: pass one split, e.g. "
@@ -1836,6 +1850,35 @@ def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
     return pairs + eval_datasets(datasets.get("eval_dataset"))
 
 
+def dataset_to_evaluate(eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False):
+    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`]),
+    the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
+    name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it.
+
+    Raises:
+        ValueError: with neither; for a string, when `own` is not a dict or has no such key (naming the keys).
+    """
+    if isinstance(eval_dataset, str):  # transformers: `self.eval_dataset[eval_dataset]`, a bare KeyError if absent
+        if not isinstance(own, dict):
+            raise ValueError(
+                f"evaluate(eval_dataset={eval_dataset!r}): a name selects one of the trainer's eval datasets when its "
+                f"`eval_dataset` is a dict, and this trainer's is {type(own).__name__}. Pass the dataset itself, "
+                "`evaluate(eval_dataset=dataset)`, or give the trainer `eval_dataset={name: dataset, ...}`."
+            )
+        if eval_dataset not in own:
+            raise ValueError(
+                f"evaluate(eval_dataset={eval_dataset!r}): the trainer's `eval_dataset` has no such key; its keys are "
+                f"{list(own)}. Pass one of them, or the dataset itself."
+            )
+        return own[eval_dataset]
+    if eval_dataset is None:
+        if own is None:
+            raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
+        return own
+    check_eval_dataset(eval_dataset, tokenizer, assistant_only_loss=assistant_only_loss)
+    return eval_dataset
+
+
 def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assistant_only_loss: bool = False) -> None:
     """Raise `ValueError` before training if an eval dataset is not a map-style `Dataset` (evaluation reads every row
     by index: a streaming one would fail at the first evaluation), has no column TRAPO can evaluate (`prompt` /
@@ -1843,7 +1886,9 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
     reads that it cannot (`check_cells`, and the tool calls of SFT-loss rows; skipped with `cells=False`, for sets
     `check_datasets` has checked; `assistant_only_loss`: the config's, which evaluation applies to `messages` rows),
     or has no rows; with `tokenizer`, also count characters it cannot represent (`check_rows`)."""
-    if eval_dataset is not None and not isinstance(eval_dataset, (Dataset, IterableDataset, dict)):
+    if eval_dataset is not None and (
+        not isinstance(eval_dataset, (Dataset, IterableDataset, dict)) or is_column_dict(eval_dataset)
+    ):
         check_dataset_object(eval_dataset, "eval_dataset")  # a dict (a `DatasetDict` too) is several eval sets
     for label, dataset in eval_datasets(eval_dataset):
         check_dataset_object(dataset, label)

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers import Trainer, get_scheduler
+from transformers import SchedulerType, Trainer, get_scheduler
 from transformers.integrations import integration_utils
+from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
 
 
 logger = logging.getLogger(__name__)
@@ -145,17 +146,41 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
         optimizer.step()
         scheduler.step()
     except (ValueError, TypeError) as error:
-        fix = (
-            "it needs a floor: `--lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}'` (10% of learning_rate) or "
-            "`min_lr` (an absolute rate)"
-            if "min_lr" in str(error)
-            else "give the keyword arguments of transformers' scheduler of that name, with numbers as numbers, or "
-            "drop lr_scheduler_kwargs"
-        )
         raise ValueError(
             f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
-            f"cannot be built: {type(error).__name__}: {error}. Fix: {fix}."
+            f"cannot be built: {type(error).__name__}: {error}. Fix: {_scheduler_fix(kind, error)}."
         ) from None
+
+
+SCHEDULER_SET_BY_TRAINER = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
+"""Parameters of transformers' scheduler functions that `Trainer.create_scheduler` passes itself (`last_epoch`: the
+default); the others are what `lr_scheduler_kwargs` may set."""
+
+
+def _scheduler_fix(kind: str, error: Exception) -> str:
+    """The fix for a scheduler `get_scheduler` refused: the floor of `cosine_with_min_lr` and its kin, or the
+    keyword arguments transformers' function for `kind` takes (read from its signature)."""
+    function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(kind))
+    if function is None:  # a type this transformers has no function for: get_scheduler's error says it
+        return "choose one of transformers' SchedulerType values"
+    parameters = inspect.signature(function).parameters
+    if "min_lr" in parameters and "min_lr" in str(error):  # cosine_with_min_lr without a floor
+        return (
+            "it needs a floor: `--lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}'` (10% of learning_rate) or "
+            "`min_lr` (an absolute rate)"
+        )
+    own = [
+        name
+        for name, parameter in parameters.items()
+        if name not in SCHEDULER_SET_BY_TRAINER and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    floor = " (for a floor, `--lr_scheduler_type cosine_with_min_lr`)" if "min_lr" in str(error) else ""
+    if not own:
+        return f"{kind!r} (transformers' {function.__name__}) takes no lr_scheduler_kwargs: drop them{floor}"
+    return (
+        f"{kind!r} (transformers' {function.__name__}) takes only {', '.join(own)} in lr_scheduler_kwargs, with "
+        f"numbers as numbers{floor}"
+    )
 
 
 def check_optimizer_covers(optimizer: torch.optim.Optimizer | None, trained: torch.nn.Module, adapter: bool) -> None:

@@ -64,7 +64,7 @@ from .checkpoint import (
 )
 from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
-from .data import check_eval_dataset, progress_bars
+from .data import dataset_to_evaluate, progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
@@ -711,17 +711,16 @@ class TRAPOTrainer(_BaseTrainer):
         """Evaluate held-out data by its format (see [`~trl_trapo.evaluation.Evaluator.evaluate`]); a dict of datasets
         is evaluated one by one with prefix `<prefix>_<name>`.
 
+        Args:
+            eval_dataset: a dataset or dict of datasets; a key of the trainer's eval dict (transformers' Trainer API);
+                None: the trainer's own (`data.dataset_to_evaluate`).
+
         Raises:
-            ValueError: if there is no eval dataset, or one given here is not one TRAPO evaluates (checked as at
-                construction: format, map-style, missing values).
+            ValueError: if there is no eval dataset, a key the trainer's eval dict lacks, or a dataset given here is
+                not one TRAPO evaluates (checked as at construction: format, map-style, missing values).
         """
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
-        if eval_dataset is not None:  # the trainer's own was checked at construction
-            check_eval_dataset(
-                eval_dataset, text_tokenizer(self.processing_class), assistant_only_loss=self.args.assistant_only_loss
-            )
+        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
+        dataset = dataset_to_evaluate(eval_dataset, self.eval_dataset, tokenizer, assistant_only_loss)
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
         # the evaluator tokenizes its shards at each call: their bars only with `console_metrics="all"`

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import yaml
 
+import trl_trapo
 from trl_trapo.jobs.launcher import ACCELERATE_CONFIG, LAUNCH_OPTIONS, accelerate_launch_options, launcher_option_hint
 
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
             "`trl` does."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {trl_trapo.__version__}")
     commands = parser.add_subparsers(
         title="commands", dest="command", metavar="{" + ",".join(j.name for j in JOBS) + "}"
     )
@@ -478,7 +480,8 @@ def main(argv: Sequence[str] | None = None, launch: Callable[[argparse.Namespace
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):  # `trapo --max_steps 2 train`
+    # `trapo --max_steps 2 train`; `trapo --version` prints the version (argparse's version action)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         names = [j.name for j in JOBS]
         command = next((token for token in argv if token in names), None)
         if command is None:
