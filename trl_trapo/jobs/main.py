@@ -2295,6 +2295,9 @@ SETUP_USER_ERRORS = (
 )
 RUN_USER_ERRORS = (CheckpointError, SaveError, HubPushError, RewardFunctionError)
 DEBUG_VARIABLE = "TRAPO_DEBUG"  # set to 1 to see the traceback of a user error
+# how long a rank whose collective failed because another rank's process ended waits before it exits, so that the
+# launcher sees the failed rank's exit status first (`exits_cleanly`); seconds
+LOST_PEER_GRACE_S = 10.0
 USER_ERROR_EXIT_CODE = 2  # as argparse exits for a malformed command line
 
 
@@ -2376,7 +2379,9 @@ def exits_cleanly() -> Iterator[None]:
       (`distributed.exit_failed_rank`), without waiting for the other ranks, which the launcher then ends (a rank
       that reported a user error exits the same way, from `run`). Waiting for them would hang the run: they wait for
       the failed rank in a collective. A rank whose collective failed because another rank's process ended
-      (`distributed.lost_peer`) prints one line saying so instead of its traceback (`TRAPO_DEBUG=1` shows it).
+      (`distributed.lost_peer`) prints one line saying so instead of its traceback (`TRAPO_DEBUG=1` shows it), and
+      waits `LOST_PEER_GRACE_S` before it exits, so that the launcher takes the failed rank's status as the run's
+      (torchrun ends the waiting rank as soon as it sees that exit).
 
     Raises:
         SystemExit: 130 / 143 on a `KeyboardInterrupt`.
@@ -2407,6 +2412,10 @@ def exits_cleanly() -> Iterator[None]:
                     file=sys.stderr,
                     flush=True,
                 )
+                # the launcher takes the first failure it sees as the run's exit status: exiting at once here raced
+                # the rank that failed (its status 2 for a user error became this rank's 1); torchrun ends this
+                # process as soon as it sees that rank's exit (it polls every 0.1 s), so waiting costs nothing there
+                time.sleep(LOST_PEER_GRACE_S)
             else:
                 traceback.print_exc()  # as the interpreter would, before this rank exits without it
             exit_failed_rank(1)
