@@ -331,9 +331,9 @@ def probe_fails_on_rank1(completions, **kwargs):
 """
 
 
-@pytest.mark.parametrize(
-    "reward", ["probe_fails_on_rank1", pytest.param("flaky", marks=pytest.mark.slow)]
-)  # ~50 s, ~100 s
+@pytest.mark.slow  # ~50 s and ~100 s on 2 busy cores; the default run covers the mechanism in one process
+# (tests/test_user_errors.py::test_a_rank_that_fails_on_several_processes_exits_at_once)
+@pytest.mark.parametrize("reward", ["probe_fails_on_rank1", "flaky"])
 def test_a_reward_that_fails_on_one_rank_ends_the_run(tmp_path, reward):
     """Trial 9's CD01 / CD03: `trapo train` on two DDP processes with a reward function that raises on rank 1 only,
     during training (`flaky`) or in the construction probe. Rank 1 printed its one-line error and then waited in
