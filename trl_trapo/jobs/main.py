@@ -899,15 +899,35 @@ def yielded_defaults(parser, classes: tuple, given: dict) -> dict:
     """
     fields = {f.name: f for cls in classes for f in dataclasses.fields(cls)}
     yielded = {}
-    for name, users in BUILTIN_YIELDS.items():
-        if name not in fields or name in given:
+    for name in yielding_defaults(given, parser.get_default):
+        if name not in fields:
             continue
-        if any(user in given and given[user] != parser.get_default(user) for user in users):
-            spec = fields[name]
-            default = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
-            if parser.get_default(name) != default:
-                yielded[name] = default
+        spec = fields[name]
+        default = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default
+        if parser.get_default(name) != default:
+            yielded[name] = default
     return yielded
+
+
+def yielding_defaults(given: dict, job_default) -> list[str]:
+    """The job defaults that the arguments the user gave make wrong: the one rule of every job (`BUILTIN_YIELDS`).
+
+    A default yields when the user did not give it and gave one of its arguments (`BUILTIN_YIELDS[name]`) with a value
+    other than the job's default of that argument.
+
+    Args:
+        given: argument name -> value the user gave (see [`given_arguments`]).
+        job_default: argument name -> the job's default of it; `dataclasses.MISSING` for an argument the job has no
+            default of (any value the user gives it counts).
+
+    Returns:
+        The names of `BUILTIN_YIELDS` whose job default yields, in its order.
+    """
+    return [
+        name
+        for name, users in BUILTIN_YIELDS.items()
+        if name not in given and any(user in given and given[user] != job_default(user) for user in users)
+    ]
 
 
 def given_model(argv: list[str]) -> str | None:
@@ -961,11 +981,8 @@ def builtin_defaults(given: dict) -> dict:
         Argument name -> default, for `parser.set_defaults`.
     """
     defaults = {name: value for name, value in BUILTIN_DEFAULTS.items() if name not in given}
-    for name, users in BUILTIN_YIELDS.items():
-        if any(
-            user in given and (user not in BUILTIN_DEFAULTS or given[user] != BUILTIN_DEFAULTS[user]) for user in users
-        ):
-            defaults.pop(name, None)
+    for name in yielding_defaults(given, lambda user: BUILTIN_DEFAULTS.get(user, dataclasses.MISSING)):
+        defaults.pop(name, None)
     if "max_steps" not in defaults:  # the user chose the run's length (`max_steps`, or epochs)
         max_steps = float(given.get("max_steps", -1))
         for name in BUILTIN_SCALED:
