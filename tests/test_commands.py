@@ -234,6 +234,48 @@ def test_an_accelerate_configs_values_are_checked_as_the_options_are(tmp_path, t
     assert err.startswith(f"trapo train: error: --config_file={path!r}: {message}"), err
 
 
+DEEPSPEED = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 1\n"
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        # trial 9's CL08: accelerate's "Expected a string path to an existing deepspeed config" after a 20 s launch
+        (
+            DEEPSPEED + "deepspeed_config:\n  deepspeed_config_file: {missing}\n",
+            "deepspeed_config.deepspeed_config_file",
+        ),
+        (
+            DEEPSPEED + "deepspeed_config:\n  deepspeed_config_file: nope_ds.json\n",
+            "deepspeed_config.deepspeed_config_file",
+        ),
+        (
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmpirun_config:\n  mpirun_hostfile: {missing}\n",
+            "mpirun_config.mpirun_hostfile",
+        ),
+    ],
+    ids=["deepspeed_config_file", "relative", "mpirun_hostfile"],
+)
+def test_a_file_an_accelerate_config_names_is_checked_before_the_launch(tmp_path, monkeypatch, text, key, capsys):
+    monkeypatch.chdir(tmp_path)  # a relative path is read from the current directory, as the processes read it
+    missing = str(tmp_path / "nope.json")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text.format(missing=missing))
+    assert commands.main(["train", "--config_file", str(path)], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert f"error: --config_file={str(path)!r}: {key}: " in err and ": no such file" in err, err
+    assert "Fix: give the path of an existing file" in err
+    assert ("relative path is read from the current directory" in err) == ("nope_ds" in text), err
+
+
+def test_an_existing_or_inline_deepspeed_config_file_launches(tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": "auto"}')
+    for value in [str(tmp_path / "ds.json"), "'{\"train_micro_batch_size_per_gpu\": 1}'"]:
+        path = tmp_path / "accelerate.yaml"
+        path.write_text(DEEPSPEED + f"deepspeed_config:\n  deepspeed_config_file: {value}\n")
+        assert launched(["train", "--config_file", str(path)]).config_file == str(path)
+
+
 def test_an_accelerate_configs_value_gives_way_to_the_option(tmp_path):
     """accelerate reads the command line's option first, so a config value it overrides is not checked."""
     path = write_config(tmp_path, "num_processes: 0\nmain_process_port: 29500\n")
