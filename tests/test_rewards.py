@@ -406,3 +406,29 @@ def test_a_reward_failing_on_both_completion_forms_keeps_the_empty_completion_me
     scorer = RewardScorer([always_fails], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
     with pytest.raises(RewardFunctionError, match="must also accept an empty completion"):
         scorer.preflight([{"prompt": "2+2="}])
+
+
+@pytest.mark.parametrize("prompts", [None, "train_dataset", "eval_dataset"])
+def test_rewards_no_prompts_read_are_warned_about_once(tmp_path, tokenizer, suite, tiny_config, caplog, prompts):
+    """`reward_funcs` with only an `sft_dataset` trained SFT and never scored anything, without a word (trial 9's
+    PX53); RL prompts or evaluation prompts read them, so nothing is said then."""
+    datasets = {"sft_dataset": suite.sft}
+    if prompts is not None:
+        datasets[prompts] = suite.rl_train.select(range(8))
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.assembly"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path, max_steps=1),
+            processing_class=tokenizer,
+            **datasets,
+        )
+    said = [r.getMessage() for r in caplog.records if "reward_funcs" in r.getMessage()]
+    if prompts is not None:
+        assert said == []
+        return
+    assert said == [
+        "reward_funcs (exact_match_reward) is set but a `train_dataset` of RL prompts (or an `eval_dataset` to "
+        "score) is not: it is ignored (no RL objective is built; the run trains on its other data). Pass a "
+        "`train_dataset` of prompts to train with it (RL), or drop it."
+    ], said
