@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 import runpy
 import sys
@@ -274,6 +275,39 @@ def test_an_existing_or_inline_deepspeed_config_file_launches(tmp_path):
         path = tmp_path / "accelerate.yaml"
         path.write_text(DEEPSPEED + f"deepspeed_config:\n  deepspeed_config_file: {value}\n")
         assert launched(["train", "--config_file", str(path)]).config_file == str(path)
+
+
+@pytest.mark.parametrize(
+    "argv, gpus, said",
+    [
+        # trial 9's CM16: launched and trained on the CPU without a word
+        (["--gpu_ids", "0"], 0, "--gpu_ids=0 is set, but no GPU is visible here (torch.cuda.device_count() is 0), so"),
+        (["--gpu_ids", "0"], 1, None),
+        # trial 9's CD07: TRL's multi_gpu config (num_processes: 8) started 8 gloo processes on 2 cores
+        (
+            ["--accelerate_config", "multi_gpu"],
+            0,
+            "num_processes: 8 starts 8 processes, and this machine has no GPU visible and 2 CPU core(s): the 8 "
+            "processes share the cores, each far slower than one (a config written for 8 GPUs?). Fix: --num_processes "
+            "2 (or fewer).",
+        ),
+        (["--accelerate_config", "multi_gpu"], 4, "has 4 GPU(s) visible: processes would share a GPU or find none. "),
+        (["--accelerate_config", "multi_gpu", "--num_processes", "2"], 0, None),
+        (["--num_processes", "2"], 2, None),
+    ],
+)
+def test_a_launch_asking_for_hardware_this_machine_lacks_is_warned_about(argv, gpus, said, monkeypatch, caplog):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(commands.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with caplog.at_level(logging.WARNING, logger=commands.__name__):
+        launched(["train", *argv])  # it runs: a warning, not a refusal
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if said is None:
+        assert warnings == [], warnings
+    else:
+        assert len(warnings) == 1 and said in warnings[0], warnings
 
 
 def test_an_accelerate_configs_value_gives_way_to_the_option(tmp_path):

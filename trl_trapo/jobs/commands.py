@@ -431,6 +431,7 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
         )
     uses_deepspeed = bool(namespace.use_deepspeed) or getattr(config, "distributed_type", None) == "DEEPSPEED"
     check_named_files(value_of, uses_deepspeed, num_machines)
+    warn_launch_resources(value_of)
     mixed_precision = value_of("mixed_precision")[0]
     if str(mixed_precision).lower() == "fp8":
         from accelerate.utils import is_fp8_available
@@ -492,6 +493,51 @@ def check_named_files(value_of: Callable[[str], tuple[object, str]], uses_deepsp
         raise ValueError(
             f"{shown}: {what}{where}; accelerate would read it only after the launch. Fix: give the path of an "
             f"existing file as {name}, or leave {name} out."
+        )
+
+
+def warn_launch_resources(value_of: Callable[[str], tuple[object, str]]) -> None:
+    """Warn, before the launch, when the launch asks for hardware this machine does not have (it still runs, so it is
+    not refused): `--gpu_ids` without a visible GPU (the run uses the CPU; trial 9's CM16), and more processes than
+    GPUs, or on a machine without GPUs more processes than CPU cores (TRL's `multi_gpu` config, `num_processes: 8`,
+    started 8 gloo processes on 2 cores; trial 9's CD07).
+
+    Args:
+        value_of: the option's value as `accelerate launch` takes it (the command line's, else the config's) and how
+            the message names it ([`check_launch_namespace`]).
+    """
+    import torch
+
+    log = logging.getLogger(__name__)
+    gpus = torch.cuda.device_count()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpu_ids, shown = value_of("gpu_ids")
+    if gpu_ids is not None and str(gpu_ids) != "all" and gpus == 0:  # `all`: whatever there is (TRL's configs)
+        log.warning(
+            "%s is set, but no GPU is visible here (torch.cuda.device_count() is 0), so the run uses the CPU.", shown
+        )
+    processes, shown = value_of("num_processes")
+    if not isinstance(processes, int) or processes <= 1:
+        return
+    if gpus and processes > gpus:
+        log.warning(
+            "%s starts %d processes, and this machine has %d GPU(s) visible: processes would share a GPU or find "
+            "none. Fix: --num_processes %d (one per GPU).",
+            shown,
+            processes,
+            gpus,
+            gpus,
+        )
+    elif not gpus and processes > cores:
+        log.warning(
+            "%s starts %d processes, and this machine has no GPU visible and %d CPU core(s): the %d processes share "
+            "the cores, each far slower than one (a config written for %d GPUs?). Fix: --num_processes %d (or fewer).",
+            shown,
+            processes,
+            cores,
+            processes,
+            processes,
+            cores,
         )
 
 
