@@ -251,7 +251,8 @@ DEEPSPEED = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nus
             "deepspeed_config.deepspeed_config_file",
         ),
         (
-            "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmpirun_config:\n  mpirun_hostfile: {missing}\n",
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+            "mpirun_config:\n  mpirun_hostfile: {missing}\n",
             "mpirun_config.mpirun_hostfile",
         ),
     ],

@@ -154,11 +154,11 @@ def warn_unread_optim_args(args, kwargs: dict) -> None:
     if unread:
         optim = getattr(args.optim, "value", args.optim)
         logger.warning(
-            "%s.optim_args=%r: optim=%r does not read %s (transformers ignores %s), so the optimizer is built without "
-            "%s. Fix: drop %s, or choose an optim that reads %s (transformers reads optim_args only in the set-up of some: "
-            "sgd, adagrad, rmsprop, adamw_anyprecision, the bitsandbytes, torchao, GaLore, APOLLO, GrokAdamW, "
-            "schedule-free and StableAdamW ones); the adamw_* optimizers' settings are adam_beta1, adam_beta2, adam_epsilon and "
-            "weight_decay.",
+            "%s.optim_args=%r: optim=%r does not read %s (transformers ignores %s), so the optimizer is built "
+            "without %s. Fix: drop %s, or choose an optim that reads %s (transformers reads optim_args only in the "
+            "set-up of some: sgd, adagrad, rmsprop, adamw_anyprecision, the bitsandbytes, torchao, GaLore, APOLLO, "
+            "GrokAdamW, schedule-free and StableAdamW ones); the adamw_* optimizers' settings are adam_beta1, "
+            "adam_beta2, adam_epsilon and weight_decay.",
             type(args).__name__,
             args.optim_args,
             optim,

@@ -57,9 +57,9 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     Raises:
         ValueError: as [`~trl_trapo.setup_checks.check_model_loading`] for a teacher given by name (an
             encoder-decoder checkpoint, a task-head checkpoint, flash attention or bitsandbytes unavailable), before
-            any weight loads; naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is the policy
-            itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or another
-            dtype than the policy's.
+            any weight loads; naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is
+            the policy itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or
+            another dtype than the policy's.
     """
     arg = "teacher_model"
     if teacher is None:
