@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import re
 import runpy
 import sys
@@ -232,6 +233,82 @@ def test_an_accelerate_configs_values_are_checked_as_the_options_are(tmp_path, t
     assert commands.main(["train", "--config_file", path], launch=pytest.fail) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"trapo train: error: --config_file={path!r}: {message}"), err
+
+
+DEEPSPEED = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 1\n"
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        # trial 9's CL08: accelerate's "Expected a string path to an existing deepspeed config" after a 20 s launch
+        (
+            DEEPSPEED + "deepspeed_config:\n  deepspeed_config_file: {missing}\n",
+            "deepspeed_config.deepspeed_config_file",
+        ),
+        (
+            DEEPSPEED + "deepspeed_config:\n  deepspeed_config_file: nope_ds.json\n",
+            "deepspeed_config.deepspeed_config_file",
+        ),
+        (
+            "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+            "mpirun_config:\n  mpirun_hostfile: {missing}\n",
+            "mpirun_config.mpirun_hostfile",
+        ),
+    ],
+    ids=["deepspeed_config_file", "relative", "mpirun_hostfile"],
+)
+def test_a_file_an_accelerate_config_names_is_checked_before_the_launch(tmp_path, monkeypatch, text, key, capsys):
+    monkeypatch.chdir(tmp_path)  # a relative path is read from the current directory, as the processes read it
+    missing = str(tmp_path / "nope.json")
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text.format(missing=missing))
+    assert commands.main(["train", "--config_file", str(path)], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert f"error: --config_file={str(path)!r}: {key}: " in err and ": no such file" in err, err
+    assert "Fix: give the path of an existing file" in err
+    assert ("relative path is read from the current directory" in err) == ("nope_ds" in text), err
+
+
+def test_an_existing_or_inline_deepspeed_config_file_launches(tmp_path):
+    (tmp_path / "ds.json").write_text('{"train_micro_batch_size_per_gpu": "auto"}')
+    for value in [str(tmp_path / "ds.json"), "'{\"train_micro_batch_size_per_gpu\": 1}'"]:
+        path = tmp_path / "accelerate.yaml"
+        path.write_text(DEEPSPEED + f"deepspeed_config:\n  deepspeed_config_file: {value}\n")
+        assert launched(["train", "--config_file", str(path)]).config_file == str(path)
+
+
+@pytest.mark.parametrize(
+    "argv, gpus, said",
+    [
+        # trial 9's CM16: launched and trained on the CPU without a word
+        (["--gpu_ids", "0"], 0, "--gpu_ids=0 is set, but no GPU is visible here (torch.cuda.device_count() is 0), so"),
+        (["--gpu_ids", "0"], 1, None),
+        # trial 9's CD07: TRL's multi_gpu config (num_processes: 8) started 8 gloo processes on 2 cores
+        (
+            ["--accelerate_config", "multi_gpu"],
+            0,
+            "num_processes: 8 starts 8 processes, and this machine has no GPU visible and 2 CPU core(s): the 8 "
+            "processes share the cores, each far slower than one (a config written for 8 GPUs?). Fix: --num_processes "
+            "2 (or fewer).",
+        ),
+        (["--accelerate_config", "multi_gpu"], 4, "has 4 GPU(s) visible: processes would share a GPU or find none. "),
+        (["--accelerate_config", "multi_gpu", "--num_processes", "2"], 0, None),
+        (["--num_processes", "2"], 2, None),
+    ],
+)
+def test_a_launch_asking_for_hardware_this_machine_lacks_is_warned_about(argv, gpus, said, monkeypatch, caplog):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(commands.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    with caplog.at_level(logging.WARNING, logger=commands.__name__):
+        launched(["train", *argv])  # it runs: a warning, not a refusal
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if said is None:
+        assert warnings == [], warnings
+    else:
+        assert len(warnings) == 1 and said in warnings[0], warnings
 
 
 def test_an_accelerate_configs_value_gives_way_to_the_option(tmp_path):

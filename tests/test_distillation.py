@@ -198,6 +198,23 @@ def test_a_teacher_that_cannot_work_is_refused_at_construction(tmp_path, tokeniz
         )
 
 
+@pytest.mark.parametrize("given", ["teacher_model", "teacher_model_name_or_path"])
+def test_an_encoder_decoder_teacher_given_by_path_is_refused_before_loading(tmp_path, tokenizer, given):
+    """A T5 teacher by path failed raw inside `AutoModelForCausalLM` ("Unrecognized configuration class ..."); it gets
+    the policy's check of a model loaded by id, with its config read and no weights."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from trl_trapo.teacher import load_teacher
+
+    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    T5ForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
+    path = str(tmp_path / "t5")
+    teacher = path if given == "teacher_model" else None
+    args = TRAPOConfig(output_dir=str(tmp_path), teacher_model_name_or_path=None if teacher else path)
+    with pytest.raises(ValueError, match=rf"^{given}='{path}' is an encoder-decoder model \(T5Config, .*decoder-only"):
+        load_teacher(teacher, build_tiny_model(tokenizer, seed=0), args, tokenizer)
+
+
 @pytest.mark.parametrize(
     "field, value", [("distillation_beta", 1.5), ("distillation_temperature", 0.0), ("distillation_weight", -1.0)]
 )

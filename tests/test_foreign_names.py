@@ -74,6 +74,14 @@ def test_a_grpo_and_an_sft_field_together_are_both_named(tmp_path):
     assert "TRL SFTConfig" in message and "sft_max_length" in message
 
 
+def test_trust_remote_code_names_model_init_kwargs(tmp_path):
+    """TRL GRPOConfig's `trust_remote_code` was "no TRAPO equivalent, drop it" (trial 9's CM04)."""
+    with pytest.raises(
+        TypeError, match=r'trust_remote_code=True: .*`model_init_kwargs=\{"trust_remote_code": True\}`'
+    ):
+        TRAPOConfig(output_dir=str(tmp_path), trust_remote_code=True)
+
+
 def test_a_name_of_no_trl_config_keeps_pythons_error(tmp_path):
     with pytest.raises(TypeError, match="unexpected keyword argument 'not_a_field'"):
         TRAPOConfig(output_dir=str(tmp_path), not_a_field=1)

@@ -228,6 +228,12 @@ def test_a_main_job_argument_given_to_a_built_in_job_names_the_job_that_has_it(t
             "TRL SFTConfig's argument, which this job does not have. Fix: the SFT row length is --sft_max_length",
         ),
         ("--epsilon_high", "TRL GRPOConfig's argument, which this job does not have. Fix: TRAPO clips the ratio"),
+        # trial 9's CM04: "drop it", though a remote-code model loads with model_init_kwargs
+        (
+            "--trust_remote_code",
+            "which this job does not have. Fix: the model loads with the keywords of --model_init_kwargs: "
+            "`--model_init_kwargs '{\"trust_remote_code\": true}'`",
+        ),
         (
             "--packing_strategy",
             "TRL SFTConfig's argument, which this job does not have. Fix: drop it; TRAPO has no field of that name",

@@ -366,3 +366,69 @@ def test_the_scorer_refuses_a_row_key_named_like_a_reward_keyword():
             scorer.score([{**examples[0], key: "x"}], ids, ids)
     with pytest.raises(ValueError, match=r"rows' key 'environments' is named like"):  # a tool run's extra keyword
         scorer.score([{**examples[0], "environments": "x"}], ids, ids, extra_kwargs={"environments": [None]})
+
+
+def startswith_think(completions, **kwargs):
+    return [float(c.startswith("<think>")) for c in completions]  # strings only
+
+
+def always_fails(completions, **kwargs):
+    raise IndexError("not about the form")
+
+
+@pytest.mark.parametrize(
+    ("func", "prompt", "expected"),
+    [
+        # trial 9's RW05: TRL's think_format_reward reads completion[0]["content"]; text prompts give strings
+        ("think_format_reward", "2+2=", ["expects conversational completions", '[{"role": "user", "content": ...}]']),
+        (startswith_think, [{"role": "user", "content": "2+2="}], ["are conversational", "expects strings"]),
+    ],
+)
+def test_a_reward_expecting_the_other_completion_form_is_named_at_construction(func, prompt, expected):
+    """A reward function that fails on the completions' form (set by the prompts') and works on the other one is told
+    so, with the fix; before, the message blamed the empty completion of the construction-time check."""
+    from trl_trapo.rewards import RewardFunctionError, RewardScorer
+
+    if func == "think_format_reward":
+        from trl.rewards import think_format_reward as func
+    scorer = RewardScorer([func], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
+    with pytest.raises(RewardFunctionError) as caught:
+        scorer.preflight([{"prompt": prompt}], source="`train_dataset`")
+    message = str(caught.value)
+    assert all(part in message for part in expected), message
+    assert "must also accept an empty completion" not in message
+    assert isinstance(caught.value.__cause__, (IndexError, TypeError, AttributeError))
+
+
+def test_a_reward_failing_on_both_completion_forms_keeps_the_empty_completion_message():
+    from trl_trapo.rewards import RewardFunctionError, RewardScorer
+
+    scorer = RewardScorer([always_fails], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
+    with pytest.raises(RewardFunctionError, match="must also accept an empty completion"):
+        scorer.preflight([{"prompt": "2+2="}])
+
+
+@pytest.mark.parametrize("prompts", [None, "train_dataset", "eval_dataset"])
+def test_rewards_no_prompts_read_are_warned_about_once(tmp_path, tokenizer, suite, tiny_config, caplog, prompts):
+    """`reward_funcs` with only an `sft_dataset` trained SFT and never scored anything, without a word (trial 9's
+    PX53); RL prompts or evaluation prompts read them, so nothing is said then."""
+    datasets = {"sft_dataset": suite.sft}
+    if prompts is not None:
+        datasets[prompts] = suite.rl_train.select(range(8))
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.assembly"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path, max_steps=1),
+            processing_class=tokenizer,
+            **datasets,
+        )
+    said = [r.getMessage() for r in caplog.records if "reward_funcs" in r.getMessage()]
+    if prompts is not None:
+        assert said == []
+        return
+    assert said == [
+        "reward_funcs (exact_match_reward) is set but a `train_dataset` of RL prompts (or an `eval_dataset` to "
+        "score) is not: it is ignored (no RL objective is built; the run trains on its other data). Pass a "
+        "`train_dataset` of prompts to train with it (RL), or drop it."
+    ], said

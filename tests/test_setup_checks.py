@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 
 import pytest
 import torch
@@ -95,6 +96,30 @@ def test_optimizer_and_scheduler_settings_are_built_once_at_construction(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
+@pytest.mark.parametrize(
+    "optim, optim_args, unread",
+    [
+        ("adamw_torch", "foo=bar", "'foo'"),  # trial 9's CM28: ignored without a word, as transformers does
+        ("adamw_torch", "eps=1e-6", "'eps'"),  # adamw_torch's epsilon is adam_epsilon
+        ("sgd", "momentum=0.9,foo=bar", "'foo'"),  # sgd reads momentum, not foo
+        ("sgd", "momentum=0.9", None),
+        ("adamw_torch", None, None),
+    ],
+)
+def test_optim_args_the_optimizer_does_not_read_are_warned_about(tmp_path, caplog, optim, optim_args, unread):
+    from trl_trapo.setup_checks import check_optimizer
+
+    args = TRAPOConfig(output_dir=str(tmp_path), optim=optim, optim_args=optim_args, report_to="none")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.setup_checks"):
+        check_optimizer(args)
+    said = [r.getMessage() for r in caplog.records if "optim_args" in r.getMessage()]
+    if unread is None:
+        assert said == [], said
+    else:
+        assert len(said) == 1 and f"optim={optim!r} does not read {unread} (transformers ignores it)" in said[0], said
+    assert args.optim_args == optim_args  # the config is not changed by the check
+
+
 def test_an_optimizer_whose_package_is_missing_names_it_and_the_fix(
     tmp_path, saved_model, tokenizer, suite, tiny_config, no_model_loading
 ):

@@ -54,7 +54,7 @@ from .checkpoint import (
     verify_checkpoint,
 )
 from .collator import RowAllocator, plan_steps
-from .config import TRAPOConfig
+from .config import TRAPOConfig, warn_ignored_settings
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     DataSetup,
@@ -1059,6 +1059,26 @@ def build_rewards(
         log_metric=metrics.log_metric,
         log_extra=metrics.log_extra,
         trainer_state=trainer_state,
+    )
+
+
+def warn_unused_rewards(rewards: RewardScorer, reward_funcs: Any, reward_model: Any, datasets: dict[str, Any]) -> None:
+    """Warn, naming them, when reward functions or models are given but nothing the run does reads them: no RL prompts
+    (`train_dataset`), no evaluation prompts (`eval_dataset`, scored with them) and no rollout source of the user's
+    (which the caller checks). An SFT-only run with `reward_funcs` trained without a word (trial 9's PX53), as
+    `teacher_model_init_kwargs` without a teacher is warned about ([`~trl_trapo.config.warn_ignored_settings`])."""
+    if not rewards.funcs or any(datasets.get(name) is not None for name in ("train_dataset", "eval_dataset")):
+        return
+    kinds = [
+        name for name, value in (("reward_funcs", reward_funcs), ("reward_model", reward_model)) if value is not None
+    ]
+    given = [f"{' and '.join(kinds)} ({', '.join(rewards.names)})"]
+    warn_ignored_settings(
+        logger,
+        given,
+        "a `train_dataset` of RL prompts (or an `eval_dataset` to score)",
+        " (no RL objective is built; the run trains on its other data)",
+        "Pass a `train_dataset` of prompts to train with {them} (RL), or drop {them}.",
     )
 
 

@@ -144,6 +144,8 @@ GRPO_ONLY_FIXES = {
     "generation_batch_size": "a round's size follows per_device_train_batch_size x gradient_accumulation_steps x "
     "num_mini_batches (num_mini_batches: optimizer steps a generation round feeds); drop it",
     "steps_per_generation": "set num_mini_batches (optimizer steps a generation round feeds) instead",
+    "trust_remote_code": 'a model loaded by id takes it in `model_init_kwargs={"trust_remote_code": True}` '
+    "(`teacher_model_init_kwargs` for a teacher), only for a model whose code you have read",
 }
 """TRL GRPOConfig fields a GRPO script commonly sets that TRAPOConfig has no equivalent of, with the fix the refusal
 names (`TRAPOConfig.__new__`); any other GRPOConfig-only field is refused with a pointer to docs/agents.md's table."""

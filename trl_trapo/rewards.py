@@ -281,6 +281,32 @@ class RewardFunctionError(RuntimeError):
     original exception is the `__cause__`)."""
 
 
+def completion_form_message(name: str, source: str, conversational: bool, cause: BaseException) -> str:
+    """The message for a reward function that fails on the completions' form (strings for text prompts, lists of
+    messages for conversational ones) and succeeds on the other form: the prompts' form decides the completions' form,
+    as in TRL's `GRPOTrainer`."""
+    if conversational:
+        given, wanted = "conversational (lists of messages), so completions are lists of messages", "strings"
+        fix = (
+            "give text prompts (strings), or a reward function that reads lists of messages "
+            '(`completion[-1]["content"]`)'
+        )
+    else:
+        given, wanted = (
+            "text (strings), so completions are strings",
+            'conversational completions (`completion[0]["content"]`)',
+        )
+        fix = (
+            'give conversational prompts (`[{"role": "user", "content": ...}]`: trl.rewards\' think_format_reward, '
+            "accuracy_reward and reasoning_accuracy_reward read only these), or a reward function that takes strings"
+        )
+    return (
+        f"In TRAPOTrainer's construction-time check (each reward function is called on rows of {source} with empty "
+        f"completions, before anything slow), reward function '{name}' raised {type(cause).__name__}: {cause}. The "
+        f"prompts of {source} are {given}; '{name}' expects {wanted} (it succeeds on those). Fix: {fix}."
+    )
+
+
 def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
     """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
 
@@ -494,20 +520,38 @@ class RewardScorer:
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
-        completions = [[{"role": "assistant", "content": ""}] if conversational else "" for _ in rows]
         kwargs = self.reward_kwargs(rows, discard_metric, discard_extra, extra_kwargs)
+
+        def probe(func, name, as_messages: bool) -> None:
+            completions = [[{"role": "assistant", "content": ""}] if as_messages else "" for _ in rows]
+            call_reward_function(
+                func,
+                name,
+                len(rows),
+                dict(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **kwargs),
+                self.loop,
+            )
+
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
             try:
-                call_reward_function(
-                    func,
-                    name,
-                    len(rows),
-                    dict(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **kwargs),
-                    self.loop,
-                )
+                probe(func, name, conversational)
             except (RewardFunctionError, ValueError) as error:
+                cause = error.__cause__
+                if isinstance(error, RewardFunctionError) and isinstance(
+                    cause, (IndexError, KeyError, TypeError, AttributeError)
+                ):
+                    # trial 9's RW05: TRL's think_format_reward reads `completion[0]["content"]`; on text prompts the
+                    # completions are strings and it fails at the index, which is no fault of the empty completion
+                    try:
+                        probe(func, name, not conversational)
+                    except (RewardFunctionError, ValueError):
+                        pass  # fails either way: the generic message below
+                    else:
+                        raise RewardFunctionError(
+                            completion_form_message(name, source, conversational, cause)
+                        ) from cause
                 columns = sorted(rows[0])
                 hint = ""
                 if train_columns is not None and set(columns) != set(train_columns):

@@ -102,7 +102,9 @@ def check_optimizer(args) -> torch.optim.Optimizer | None:
     optim = getattr(args.optim, "value", args.optim)
     try:
         optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
-        return optimizer_class([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+        optimizer = optimizer_class([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+        warn_unread_optim_args(args, kwargs)
+        return optimizer
     except ImportError as error:
         raise ValueError(
             f"{type(args).__name__}.optim={optim!r} cannot be used: {error}. Install it, or choose an optimizer of "
@@ -115,6 +117,57 @@ def check_optimizer(args) -> torch.optim.Optimizer | None:
             f"The optimizer cannot be built from {_optimizer_settings(args)}: {type(error).__name__}: {error}. Fix the "
             "setting it names (e.g. adam_beta1 and adam_beta2 in [0, 1), optim_args as 'key=value,key=value')."
         ) from None
+
+
+class _OptimArgsView:
+    """`args` with another `optim_args`, for `Trainer.get_optimizer_cls_and_kwargs` (the config is not changed)."""
+
+    def __init__(self, args, optim_args: str | None):
+        self.args, self.optim_args = args, optim_args
+
+    def __getattr__(self, name: str):
+        return getattr(self.args, name)
+
+
+def warn_unread_optim_args(args, kwargs: dict) -> None:
+    """Warn, naming them, about the keys of `optim_args` that the chosen `optim` does not read: transformers reads
+    `optim_args` only in some optimizers' set-up (`transformers.trainer_optimizer`) and drops the rest without a word
+    (trial 9's CM28: `--optim_args foo=bar` with adamw_torch). A key is unread when the optimizer's keyword arguments
+    `Trainer.get_optimizer_cls_and_kwargs` builds are the same without it: the set comes from transformers' own code,
+    as it runs, not from a list.
+
+    Args:
+        args: the training arguments (`optim`, `optim_args`, ...).
+        kwargs: the optimizer's keyword arguments built from `args`.
+    """
+    if not args.optim_args:
+        return
+    pairs = [p for p in args.optim_args.replace(" ", "").split(",") if p]
+    unread = []
+    for pair in pairs:
+        rest = ",".join(p for p in pairs if p != pair) or None
+        try:
+            if Trainer.get_optimizer_cls_and_kwargs(_OptimArgsView(args, rest))[1] == kwargs:
+                unread.append(pair.split("=")[0])
+        except (ImportError, ValueError, TypeError, RuntimeError):  # another key is needed: read, then
+            continue
+    if unread:
+        optim = getattr(args.optim, "value", args.optim)
+        logger.warning(
+            "%s.optim_args=%r: optim=%r does not read %s (transformers ignores %s), so the optimizer is built "
+            "without %s. Fix: drop %s, or choose an optim that reads %s (transformers reads optim_args only in the "
+            "set-up of some: sgd, adagrad, rmsprop, adamw_anyprecision, the bitsandbytes, torchao, GaLore, APOLLO, "
+            "GrokAdamW, schedule-free and StableAdamW ones); the adamw_* optimizers' settings are adam_beta1, "
+            "adam_beta2, adam_epsilon and weight_decay.",
+            type(args).__name__,
+            args.optim_args,
+            optim,
+            ", ".join(repr(k) for k in unread),
+            "them" if len(unread) > 1 else "it",
+            "them" if len(unread) > 1 else "it",
+            "them" if len(unread) > 1 else "it",
+            "them" if len(unread) > 1 else "it",
+        )
 
 
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")

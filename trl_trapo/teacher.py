@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from .config import TEACHER_FIELDS, changed_settings, warn_ignored_settings
 from .models import completion_logps, disable_dropout, model_forward
 from .paths import check_model_source
 from .rollout import prompt_model_inputs
+from .setup_checks import check_model_loading
 
 
 logger = logging.getLogger(__name__)
@@ -54,12 +55,15 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     any teacher: they are ignored (trial 8's TD09), as `--lora_r` without `--use_peft` is.
 
     Raises:
-        ValueError: naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is the policy
-            itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or another
-            dtype than the policy's.
+        ValueError: as [`~trl_trapo.setup_checks.check_model_loading`] for a teacher given by name (an
+            encoder-decoder checkpoint, a task-head checkpoint, flash attention or bitsandbytes unavailable), before
+            any weight loads; naming the fix, for `teacher_model_init_kwargs` with a teacher object, a teacher that is
+            the policy itself, a vocabulary of another size or another token mapping than the policy's tokenizer, or
+            another dtype than the policy's.
     """
+    arg = "teacher_model"
     if teacher is None:
-        teacher = args.teacher_model_name_or_path
+        teacher, arg = args.teacher_model_name_or_path, "teacher_model_name_or_path"
     if teacher is None:
         warn_ignored_settings(
             logger,
@@ -73,10 +77,14 @@ def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, token
     teacher_tokenizer = None
     if isinstance(teacher, str):
         check_model_source(teacher, "teacher_model")
-        path = teacher
-        teacher = AutoModelForCausalLM.from_pretrained(
-            path, revision=args.teacher_model_revision, **(args.teacher_model_init_kwargs or {})
+        path, kwargs = teacher, dict(args.teacher_model_init_kwargs or {})
+        # the policy's checks of a model loaded by id, with its config read and no weights: an encoder-decoder (T5)
+        # teacher failed raw inside `AutoModelForCausalLM` ("Unrecognized configuration class")
+        config = AutoConfig.from_pretrained(
+            path, revision=args.teacher_model_revision, trust_remote_code=kwargs.get("trust_remote_code", False)
         )
+        check_model_loading(path, config, kwargs, arg=arg, kwargs_name="teacher_model_init_kwargs")
+        teacher = AutoModelForCausalLM.from_pretrained(path, revision=args.teacher_model_revision, **kwargs)
         try:
             teacher_tokenizer = AutoTokenizer.from_pretrained(path, revision=args.teacher_model_revision)
         except (OSError, ValueError):  # a model folder without a tokenizer: the vocabulary size is still checked

@@ -48,6 +48,7 @@ from .assembly import (
     probe_noise_floor,
     setup_objectives,
     task_families,
+    warn_unused_rewards,
 )
 from .config import TRAPOConfig
 from .data import PreparedData, named_datasets
@@ -149,6 +150,8 @@ def assemble_run(
     metrics.reward_names = list(rewards.names)
     # ---- step 3. datasets (checked and tokenized before anything is trained)
     own_rounds = rollout_source is not None or rollout_func is not None
+    if not own_rounds:
+        warn_unused_rewards(rewards, *reward_arguments[:2], datasets)
     data = prepare_run_data(args, models, datasets, rewards=rewards, user_source=own_rounds)
     families = task_families(data.rl, MAX_LOGGED_TASKS)  # rl/zero_variance_groups per task family
     if families is not None:

@@ -24,8 +24,10 @@ recipe are not read (give them on the command line).
 from __future__ import annotations
 
 import argparse
+import base64
 import importlib
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -427,6 +429,9 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
             f"--gpu_ids={gpu_ids!r}: give GPU indices separated by commas (e.g. 0,1), or all. accelerate copies the "
             "value into CUDA_VISIBLE_DEVICES without reading it."
         )
+    uses_deepspeed = bool(namespace.use_deepspeed) or getattr(config, "distributed_type", None) == "DEEPSPEED"
+    check_named_files(value_of, uses_deepspeed, num_machines)
+    warn_launch_resources(value_of)
     mixed_precision = value_of("mixed_precision")[0]
     if str(mixed_precision).lower() == "fp8":
         from accelerate.utils import is_fp8_available
@@ -436,6 +441,104 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
                 "--mixed_precision=fp8 needs Transformer Engine or torchao, and neither is installed here. Fix: use "
                 "bf16 (or no), or install one of them (`pip install torchao`)."
             )
+
+
+def is_inline_deepspeed_config(value: str) -> bool:
+    """Whether `value` is a DeepSpeed config written inline, as accelerate's `HfDeepSpeedConfig` also reads its
+    `deepspeed_config_file`: JSON text, or base64-encoded JSON."""
+    try:
+        json.loads(value)
+    except ValueError:
+        try:
+            json.loads(base64.urlsafe_b64decode(value).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return False
+    return True
+
+
+def check_named_files(value_of: Callable[[str], tuple[object, str]], uses_deepspeed: bool, num_machines: int) -> None:
+    """Refuse a launcher option (or accelerate config key) that names a file which does not exist, where accelerate
+    reads it only after the launch: `deepspeed_config_file` (read in each process, by `HfDeepSpeedConfig`: "Expected a
+    string path to an existing deepspeed config ..." after DeepSpeed's start, trial 9's CL08), `deepspeed_hostfile`
+    (DeepSpeed's multi-machine launcher) and `mpirun_hostfile` (mpirun). Relative paths are read from the current
+    directory, as the launched processes and launchers read them.
+
+    Args:
+        value_of: the option's value as `accelerate launch` takes it (the command line's, else the config's) and how
+            the message names it ([`check_launch_namespace`]).
+        uses_deepspeed: whether the launch runs DeepSpeed (`distributed_type: DEEPSPEED` or `--use_deepspeed`): the
+            DeepSpeed keys are read only then.
+        num_machines: the launch's machines (`deepspeed_hostfile` is read only for more than one).
+
+    Raises:
+        ValueError: naming the option (or the config file and its key), the missing path and the fix.
+    """
+    read = {
+        "deepspeed_config_file": uses_deepspeed,
+        "deepspeed_hostfile": uses_deepspeed and num_machines > 1,
+        "mpirun_hostfile": True,
+    }
+    for name, used in read.items():
+        value, shown = value_of(name)
+        if not used or value is None or os.path.isfile(str(value)):
+            continue
+        if name == "deepspeed_config_file" and is_inline_deepspeed_config(str(value)):
+            continue
+        where = (
+            ""
+            if os.path.isabs(str(value))
+            else f" (a relative path is read from the current directory, {os.getcwd()})"
+        )
+        what = "a directory" if os.path.isdir(str(value)) else "no such file"
+        raise ValueError(
+            f"{shown}: {what}{where}; accelerate would read it only after the launch. Fix: give the path of an "
+            f"existing file as {name}, or leave {name} out."
+        )
+
+
+def warn_launch_resources(value_of: Callable[[str], tuple[object, str]]) -> None:
+    """Warn, before the launch, when the launch asks for hardware this machine does not have (it still runs, so it is
+    not refused): `--gpu_ids` without a visible GPU (the run uses the CPU; trial 9's CM16), and more processes than
+    GPUs, or on a machine without GPUs more processes than CPU cores (TRL's `multi_gpu` config, `num_processes: 8`,
+    started 8 gloo processes on 2 cores; trial 9's CD07).
+
+    Args:
+        value_of: the option's value as `accelerate launch` takes it (the command line's, else the config's) and how
+            the message names it ([`check_launch_namespace`]).
+    """
+    import torch
+
+    log = logging.getLogger(__name__)
+    gpus = torch.cuda.device_count()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    gpu_ids, shown = value_of("gpu_ids")
+    if gpu_ids is not None and str(gpu_ids) != "all" and gpus == 0:  # `all`: whatever there is (TRL's configs)
+        log.warning(
+            "%s is set, but no GPU is visible here (torch.cuda.device_count() is 0), so the run uses the CPU.", shown
+        )
+    processes, shown = value_of("num_processes")
+    if not isinstance(processes, int) or processes <= 1:
+        return
+    if gpus and processes > gpus:
+        log.warning(
+            "%s starts %d processes, and this machine has %d GPU(s) visible: processes would share a GPU or find "
+            "none. Fix: --num_processes %d (one per GPU).",
+            shown,
+            processes,
+            gpus,
+            gpus,
+        )
+    elif not gpus and processes > cores:
+        log.warning(
+            "%s starts %d processes, and this machine has no GPU visible and %d CPU core(s): the %d processes share "
+            "the cores, each far slower than one (a config written for %d GPUs?). Fix: --num_processes %d (or fewer).",
+            shown,
+            processes,
+            cores,
+            processes,
+            processes,
+            cores,
+        )
 
 
 LAUNCHER_ERRORS = (ValueError, AssertionError, RuntimeError, OSError, TypeError)

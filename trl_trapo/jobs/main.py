@@ -340,6 +340,9 @@ TRL_ARGUMENT_FIXES = {
     "dataset_text_field": "documents are read from a `text` column, and only as pretraining data "
     "(--pretrain_dataset_name): rename your column to `text`",
     **GRPO_ONLY_FIXES,
+    "trust_remote_code": "the model loads with the keywords of --model_init_kwargs: "
+    "`--model_init_kwargs '{\"trust_remote_code\": true}'` (--teacher_model_init_kwargs for a teacher), only for a "
+    "model whose code you have read",
 }
 """Arguments of TRL's `SFTConfig` / `GRPOConfig` scripts that this project has no field of -> what to do instead. The
 closest surviving name is often something else (`--chat_template_path` is closest to `--chat_template_kwargs`), so
