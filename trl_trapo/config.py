@@ -460,6 +460,57 @@ def check_field_types(config) -> None:
         )
 
 
+INFINITE_ALLOWED = {
+    "max_grad_norm": "inf clips nothing and still computes and logs the gradient norm (torch's clip_grad_norm_ "
+    "scales by min(1, inf / norm) = 1); 0 or None computes no norm",
+}
+"""The float fields where +inf is a setting (field -> what it means); every other float field takes finite numbers
+only, and none takes NaN or -inf ([`check_finite_numbers`])."""
+
+
+def _holds_float(kind) -> bool:
+    """Whether a field annotated `kind` holds floats: `float`, `float | None`, `list[float]`, `list[float | Mapping]`."""
+    return kind is float or any(_holds_float(a) for a in typing.get_args(kind))
+
+
+def _real_numbers(value) -> list:
+    """The real numbers (bools aside) in a field's value: itself, a list's items, a mapping item's values (the form of
+    `curriculum_mixtures`)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    items += [v for item in items if isinstance(item, Mapping) for v in item.values()]
+    return [x for x in items if isinstance(x, numbers.Real) and not isinstance(x, bool)]
+
+
+def check_finite_numbers(config) -> None:
+    """Refuse NaN, -inf, and +inf where it is not a setting ([`INFINITE_ALLOWED`]), in every field annotated with
+    `float` (lists of them included), before any range check runs. NaN fails every comparison, so a range check
+    written `if value < 0: refuse` let it through and the term the field weighs was silently switched off (trial 10's
+    PY41, PY42: `entropy_coef=nan`, `kl_coef=nan`); +inf passed `>= 0` and made the loss NaN steps later (PY43,
+    `late_entropy_coef=inf`). One check over the fields' annotations, so a new float field is covered without a range
+    check of its own.
+
+    Raises:
+        ValueError: naming the field, the value and the fix.
+    """
+    for f in dataclasses.fields(config):
+        if not f.init or not _holds_float(_field_annotations(type(config))[f.name]):
+            continue
+        value = getattr(config, f.name)
+        allowed = INFINITE_ALLOWED.get(f.name)
+        wrong = [x for x in _real_numbers(value) if not math.isfinite(x) and not (x == math.inf and allowed)]
+        if not wrong:
+            continue
+        default = "" if f.default is dataclasses.MISSING else f" (the default is {f.default!r})"
+        what = (
+            "NaN fails every range check, so it would silently switch off what the field controls"
+            if math.isnan(wrong[0])
+            else "an infinite value is no setting here: it passes a range check meant for finite numbers, then "
+            "overflows what it enters (the loss becomes NaN)"
+        )
+        takes = f"a finite number{default}, or inf: {allowed}" if allowed else f"a finite number{default}"
+        raise ValueError(f"{type(config).__name__}.{f.name}={value!r} is invalid: {what}. Give {takes}.")
+
+
 PATH_OR_DICT_FIELDS = ("deepspeed", "fsdp_config", "accelerator_config")
 """transformers' dict fields that also take the path of a JSON file: a text value not starting with `{` is a path."""
 JSON_EXAMPLES = {
@@ -1780,6 +1831,7 @@ class TRAPOConfig(_BaseConfig):
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
             self.scale_rewards = "group" if self.scale_rewards else "none"
         check_field_types(self)  # first: every check below compares or computes with the values
+        check_finite_numbers(self)  # before the range checks, which NaN passes
         self._check_intervals()  # before transformers' own reading of them
         self._check_deepspeed()
         self._cpu_distributed_defaults()
