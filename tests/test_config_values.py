@@ -72,3 +72,12 @@ def test_max_grad_norm_inf_trains_and_logs_a_finite_gradient_norm(tmp_path, toke
     trainer.train()
     logged = [h for h in trainer.state.log_history if "grad_norm" in h]
     assert logged and all(math.isfinite(h["grad_norm"]) and h["grad_norm"] > 0 for h in logged)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_a_negative_weight_decay_is_refused_by_name(tmp_path, cls):
+    """TA03: torch's optimizers refuse a negative decay in their constructor, but transformers puts `weight_decay` in
+    the parameter groups, where torch does not check it: it trained, pushing the weights away from zero."""
+    with pytest.raises(ValueError, match=rf"^{cls.__name__}\.weight_decay=-0\.1 is invalid: use a decay >= 0"):
+        cls(output_dir=str(tmp_path), report_to="none", weight_decay=-0.1)
+    assert cls(output_dir=str(tmp_path), report_to="none", weight_decay=0.01).weight_decay == 0.01

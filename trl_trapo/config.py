@@ -2202,6 +2202,14 @@ class TRAPOConfig(_BaseConfig):
         # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        if self.weight_decay is not None and self.weight_decay < 0:  # torch refuses it; transformers bypasses that
+            bad(
+                "weight_decay",
+                self.weight_decay,
+                "use a decay >= 0 (0, the default: none; e.g. 0.01, AdamW's own default). A negative one pushes the "
+                "weights away from zero: torch's optimizers refuse it ('Invalid weight_decay value'), but transformers "
+                "passes it in the parameter groups, where torch does not check it, so it trained without a word.",
+            )
         if self.save_total_limit is not None and self.save_total_limit < 1:  # transformers: <= 0 keeps every one
             bad(
                 "save_total_limit",
