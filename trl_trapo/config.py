@@ -1967,7 +1967,7 @@ class TRAPOConfig(_BaseConfig):
                 "improves the metric); or drop load_best_model_at_end."
             )
         eval_steps = self.eval_steps or self.logging_steps  # transformers' value when eval_steps is unset
-        if evaluation == "steps" and self.save_steps % eval_steps != 0:
+        if evaluation == "steps" and self.save_steps and eval_steps and self.save_steps % eval_steps != 0:
             fractions = self.save_steps < 1 and eval_steps < 1  # transformers' test, in integer arithmetic for them
             if not fractions or (self.save_steps * 1_000_000) % (eval_steps * 1_000_000) != 0:
                 unset = " (eval_steps unset: logging_steps)" if not self.eval_steps else ""
