@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """A TRL `GRPOTrainer` agent script on TRAPO (only the import changed), with a per-rank record — for
-tests/test_distributed.py's tool-calling tests.
+tests/test_distributed_jobs.py's tool-calling tests.
 
     accelerate launch --num_processes 2 tests/distributed_tools_job.py --mode tools --output_dir out
 

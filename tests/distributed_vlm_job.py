@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
 """A TRL `GRPOTrainer` vision-language script on TRAPO (only the import changed), with a per-rank record — for the
-VLM tests of tests/test_distributed.py and tests/test_vision_job.py.
+VLM tests of tests/test_distributed_jobs.py and tests/test_vision_job.py.
 
     accelerate launch --num_processes 2 tests/distributed_vlm_job.py --output_dir out
     python tests/distributed_vlm_job.py --output_dir out        # one process

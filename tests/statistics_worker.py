@@ -1,4 +1,4 @@
-"""Launched by `tests/test_distributed.py` under `accelerate launch` on 2 processes: the statistics a generation round
+"""Launched by `tests/test_distributed_jobs.py` under `accelerate launch` on 2 processes: the statistics a generation round
 defines over the whole round, computed by each rank from its own share.
 
 Each rank holds its share of one round (fixed, rank-specific scores; rank 1's share is larger and more spread out, so a

@@ -640,7 +640,7 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Several processes (tests/test_distributed.py runs the trainer on two)
+# Several processes (tests/test_distributed_jobs.py runs the trainer on two)
 # ---------------------------------------------------------------------------------------------------------------------
 class ThreadRanks:
     """Ranks as threads: `collective(rank, op, tensor)` is a collective between them (every rank deposits its op and

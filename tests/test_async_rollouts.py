@@ -10,7 +10,7 @@ rounds while the trainer trains.
 - Failures reach the trainer: a reward function that raises in the producer, a producer that dies, a reward function
   that cannot be pickled (refused at construction), settings that do not combine.
 - A LoRA run sends only the adapter.
-Resuming after kill -9 is in tests/test_durability.py; two processes in tests/test_distributed.py.
+Resuming after kill -9 is in tests/test_durability.py; two processes in tests/test_distributed_jobs.py.
 """
 
 from __future__ import annotations
@@ -574,7 +574,7 @@ def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Weight snapshots on a schedule (DeepSpeed ZeRO-3, issue 40): the producer's weights are read only by the snapshots
-# every rank takes together; a round is sampled with the last one. Two processes under ZeRO-3: tests/test_distributed.py
+# every rank takes together; a round is sampled with the last one. Two processes under ZeRO-3: tests/test_distributed_jobs.py
 # ---------------------------------------------------------------------------------------------------------------------
 def snapshot_source(trainer, reads: list):
     """An `AsyncRolloutSource(weight_snapshots=True)` on the parts of `trainer`'s own source, whose policy handle

@@ -1,9 +1,9 @@
 """Scale-out on 2 CPU processes: DDP (gloo) and DeepSpeed ZeRO-2 / ZeRO-3 (`DS_ACCELERATOR=cpu`) run the built-in job,
 save, resume exactly and give a model that reloads, with identical logs and weights on both ranks; the 2-process
 gradient equals the 1-process gradient of the same global batch; the DDP communication hooks run; every accelerate
-config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates. A TRL GRPO agent
-script (`tools=` / `environment_factory=`, tests/distributed_tools_job.py) trains with ranks that run different numbers
-of turns, and logs the same round-wide tool metrics on both.
+config loads (DeepSpeed's pass DeepSpeed's own validation) and every recipe parses and validates; a launch that does
+not match the run is refused before anything loads. The composed features on 2 processes (distillation, agents, async
+rollouts, VLMs) are in tests/test_distributed_jobs.py.
 
 Each job is launched with the shipped accelerate config it tests, overridden to 2 processes and fp32
 (`--num_processes 2 --mixed_precision no`), through `tests/distributed_job.py`, which runs the main job
@@ -13,150 +13,42 @@ Each job is launched with the shipped accelerate config it tests, overridden to 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from two_processes import (
+    BACKENDS,
+    CONFIGS,
+    EVAL_CAP,
+    JOB_ARGS,
+    RECIPES,
+    ROOT,
+    RUNTIME_KEYS,
+    assert_ranks_agree,
+    check,
+    digest_of,
+    free_port,
+    launch,
+    records,
+)
 
 
 pytestmark = pytest.mark.distributed
-
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "examples" / "accelerate_configs"
-RECIPES = ROOT / "examples" / "recipes"
-# differ between ranks by nature (wall-clock)
-RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "eps"}
-# per-rank state, logged as "this rank" (docs/metrics.md's table): each rank keeps successes from its own rollouts, so
-# these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
-# whole round, every rank's share: its temperatures agree)
-RANK_LOCAL_PREFIXES = ("self_imitation/", "distill/sampled_tokens")
-# the job with every schedule of the recipes switched on (scaled to the tiny model and 12 steps); the evaluations
-# before and after training on the first 16 held-out prompts (`--max_eval_samples`), 8 a rank: the full 400 cost a
-# few seconds a launch and test nothing more here (tests/test_examples.py evaluates on all of them)
-EVAL_CAP = ["--max_eval_samples", "16"]
-JOB_ARGS = [
-    "--max_steps", "12", "--logging_steps", "2", "--eval_strategy", "no", "--per_device_eval_batch_size", "100",
-    *EVAL_CAP,
-    "--save_strategy", "steps", "--save_steps", "6",
-    "--kl_target", "0.5", "--kl_horizon", "200", "--kl_coef_range", "0.005", "0.05",
-    "--rl_phase_learning_rate", "1e-3", "--entropy_coef", "0.01", "--late_entropy_coef", "0.001",
-]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(
-    config: str, script: str, args: list[str], timeout: int = 900, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """`accelerate launch --config_file <config> --num_processes 2 --mixed_precision no <script> <args>` on CPU.
-
-    The timeout only guards against a hang: a job takes ~45 s on an idle 2-core machine; in a new user's run of the
-    suite beside a real-model job the ZeRO-3 job failed once (error not captured) and passed alone, most likely the
-    former 240 s limit (two ranks sharing two busy cores, plus DeepSpeed's one-time build of its CPU op). Half a minute
-    before it, `tests/distributed_job.py` prints every rank's stacks and exits (`TRAPO_TEST_WATCHDOG_S`): a hang fails
-    saying which collective each rank waits in."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "TRAPO_TEST_WATCHDOG_S": str(max(timeout - 30, 1)),
-        **(env or {}),
-    }
-    command = [
-        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch",
-        "--config_file", str(CONFIGS / config), "--num_processes", "2", "--mixed_precision", "no",
-        "--main_process_port", str(free_port()), str(ROOT / script), *args,
-    ]  # fmt: skip
-    # a session of its own for the launcher; torchrun starts each worker in a session of its own too, so after a hang
-    # the workers are killed one by one (a worker stuck in a collective would otherwise outlive the test, for gloo's
-    # 30-minute timeout), then the launcher's group
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        import psutil  # accelerate's dependency
-
-        try:
-            workers = psutil.Process(process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            workers = []
-        for worker in workers:
-            try:
-                worker.kill()
-            except psutil.NoSuchProcess:
-                pass
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{(stdout + stderr)[-4000:]}") from None
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-def check(completed: subprocess.CompletedProcess) -> str:
-    output = completed.stdout + completed.stderr
-    hung = output.find("Timeout (0:")  # faulthandler's header: the ranks' stacks when the watchdog fired (launch)
-    assert completed.returncode == 0, output[-6000:] if hung < 0 else f"the job hung:\n{output[hung:][:12000]}"
-    return output
-
-
-def records(output_dir: Path) -> list[dict]:
-    return [json.loads((output_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
-
-
-def assert_ranks_agree(ranks: list[dict], distributed_type: str) -> None:
-    for record in ranks:
-        assert record["world_size"] == 2 and record["distributed_type"] == distributed_type, record
-    first, second = (r["log_history"] for r in ranks)
-    assert len(first) == len(second)
-    train_logs = [h for h in first if "loss" in h]
-    assert train_logs, first
-    for key in ("weight/rl", "curriculum/rl", "dare/factor/rl", "schedule/kl_coef", "schedule/lr_scale"):
-        assert all(key in h for h in train_logs), key
-    for a, b in zip(first, second):
-        assert set(a) == set(b)
-        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)} == {
-            k: v for k, v in b.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)
-        }
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
-
-
-def digest_of(model) -> str:
-    state = model.state_dict()
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        digest.update(name.encode())
-        digest.update(state[name].float().numpy().tobytes())
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The built-in job on 2 processes: identical ranks, exact resume, a model that reloads
 # ---------------------------------------------------------------------------------------------------------------------
-BACKENDS = {
-    "ddp": ("multi_gpu.yaml", "DistributedType.MULTI_CPU"),
-    "zero2": ("deepspeed_zero2.yaml", "DistributedType.DEEPSPEED"),
-    "zero3": ("deepspeed_zero3.yaml", "DistributedType.DEEPSPEED"),
-}
-
-
 @pytest.mark.parametrize(
     "backend, resume",
     [
@@ -640,359 +532,37 @@ def test_recipes_parse_and_validate(path):
     assert script.reward_funcs == ["numeric_answer"]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Statistics a generation round defines cover the whole round, every rank's share
-# ---------------------------------------------------------------------------------------------------------------------
-def test_round_statistics_cover_every_ranks_share(tmp_path):
-    """`scale_rewards="batch"`, `whiten_rewards` / `whiten_advantages`, exploration's stuck fractions, the rollout
-    metrics (`objective/scores`, `completions/clipped_ratio`, ...) and the adaptive KL window, computed on 2 processes
-    from each rank's share, equal the one-process computation over the whole round (fp32 rounding of a different
-    summation order: 1e-5 for advantages, 1e-6 for metrics); `whiten_per_process` (PPOConfig's) equals each rank's
-    share whitened alone."""
-    check(launch("multi_gpu.yaml", "tests/statistics_worker.py", [str(tmp_path)], timeout=600))
-    for rank in (0, 1):
-        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        for name in ("batch_std", "whiten", "whiten_per_process"):
-            got, expected = record[name], record[f"{name}/reference"]
-            assert len(got) == len(expected)
-            for row, reference in zip(got, expected):
-                assert row == pytest.approx(reference, abs=1e-5), (rank, name, got, expected)
-        assert record["exploration"] == record["exploration/reference"]
-        # float32 per-row sums added in another order: 1e-6
-        assert record["metrics"] == pytest.approx(record["metrics/reference"], abs=1e-6), record["metrics"]
-        assert record["kl_coef"] == pytest.approx(record["kl_coef/reference"], abs=1e-12)
-        assert {"objective/scores", "completions/clipped_ratio", "rl/zero_variance_groups"} <= set(record["metrics"])
-    # the per-rank computation would differ: rank 1's batch std alone is not the round's, and rank 0 alone would
-    # heat family "a" where the round does not (what the old code did)
-    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    for name in ("batch_std", "whiten"):
-        alone = [value for row in rank1[f"{name}/alone"] for value in row]
-        reference = [value for row in rank1[f"{name}/reference"] for value in row]
-        assert max(abs(a - b) for a, b in zip(alone, reference)) > 0.1, name
-    assert rank0["exploration/alone"]["levels"] == {"a": 1} and rank0["exploration"]["levels"] == {}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# On-policy distillation on two processes (issue 22)
-# ---------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend, prompts", [("ddp", False), ("zero3", True)])
-def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backend, prompts):
-    """The main job with a teacher under DDP (distilling on the RL rollouts), and under DeepSpeed ZeRO-3 with the
-    teacher prepared like the reference policy (partitioned, frozen) and reward-free distillation prompts (each rank
-    samples its own prompts in a collective generate): both ranks log the same `distill` weight, loss and DARE state
-    (the probe's logit-gradient sums are all-reduced like the others') and end with the same weights."""
-    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
-
-    if backend != "ddp":
-        pytest.importorskip("deepspeed")
-    tokenizer = build_char_tokenizer()
-    teacher = tmp_path / "teacher"
-    build_tiny_model(tokenizer, seed=1).save_pretrained(teacher)
-    tokenizer.save_pretrained(teacher)
-    output = tmp_path / "out"
-    args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP, "--report_to", "none"]
-    args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
-    if prompts:
-        path = tmp_path / "prompts.jsonl"
-        rows = make_task_suite(seed=0).rl_train["prompt"][:40]
-        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in rows))
-        args += ["--distillation_dataset_name", str(path)]
-    check(launch(BACKENDS[backend][0], "tests/distributed_job.py", args))
-    ranks = records(output)
-    first, second = (r["log_history"] for r in ranks)
-    assert len(first) == len(second) and ranks[0]["world_size"] == 2
-    for a, b in zip(first, second):
-        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)} == {
-            k: v for k, v in b.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)
-        }
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
-    train_logs = [h for h in first if "loss" in h]
-    assert all("weight/distill" in h and "dare/factor/distill" in h for h in train_logs)
-    assert any("loss/distill" in h for h in train_logs)
-    if prompts:  # the rows came from the reward-free prompts, sampled on both ranks
-        assert train_logs[-1]["distill/sampled_tokens"] > 0
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# A TRL GRPO agent script (tools= / environment_factory=) on two processes
-# ---------------------------------------------------------------------------------------------------------------------
-TOOL_METRICS = ("tools/call_frequency", "tools/failure_frequency", "tools/rollback_frequency", "tools/turns_mean")
-
-
-def round_wide(rounds: list[dict]) -> dict[str, float]:
-    """TRL's tool metrics of one round from every rank's sums (`rounds`: one rank's record of the round each)."""
-    total = {k: sum(r[k] for r in rounds) for k in ("rollouts", "calls", "failures", "rolled_back", "turns")}
-    return {
-        "tools/call_frequency": total["calls"] / total["rollouts"],
-        "tools/failure_frequency": total["failures"] / total["calls"] if total["calls"] else 0.0,
-        "tools/rollback_frequency": total["rolled_back"] / total["rollouts"],
-        "tools/turns_mean": total["turns"] / total["rollouts"],
-    }
-
-
-@pytest.mark.parametrize(
-    "backend, mode",
-    [
-        ("ddp", "tools"),
-        # default-run sibling: test_a_grpo_agent_script_trains_on_two_processes[ddp-tools]
-        pytest.param("ddp", "environment", marks=pytest.mark.slow),
-        pytest.param("zero3", "tools", marks=pytest.mark.slow),  # ~50 s
-    ],
-)
-def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
-    """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an
-    async and a failing tool, or the same three as an environment with one instance per rollout) trains 4 steps on
-    2 processes. The calls are forced and rank 1's rollouts make one more than rank 0's, so the ranks run different
-    numbers of turns in every round (the model generates every turn): the job ends on both ranks (under ZeRO-3 it
-    hung in the extra turn's weight gather before the turns were run in lockstep), with identical weights, changed by
-    training; the tools ran (async results, failures counted as error results, not crashes); and the `tools/*`
-    metrics are TRL's definitions over the whole round, every rank's rollouts, the same on both ranks
-    (`tools/failure_frequency` was the mean of the ranks' own ratios), as is every other logged value."""
-    if backend != "ddp":
-        pytest.importorskip("deepspeed")
-    config, distributed_type = BACKENDS[backend]
-    check(launch(config, "tests/distributed_tools_job.py", ["--mode", mode, "--output_dir", str(tmp_path)], 300))
-    ranks = records(tmp_path)
-    tools = [json.loads((tmp_path / "ranks" / f"tools{r}.json").read_text()) for r in (0, 1)]
-    for record in ranks:
-        assert (record["world_size"], record["distributed_type"], record["global_step"]) == (2, distributed_type, 4)
-    assert tools[0]["initial_digest"] == tools[1]["initial_digest"]
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"] != tools[0]["initial_digest"]
-
-    # every step drew a round on both ranks; rank 1 ran more turns and calls than rank 0 in every round
-    rounds = [t["rounds"] for t in tools]
-    assert [r["step"] for r in rounds[0]] == [r["step"] for r in rounds[1]] == [0, 1, 2, 3]
-    for mine, theirs in zip(*rounds):
-        assert mine["rollouts"] == theirs["rollouts"] == 8
-        assert mine["turns"] < theirs["turns"] and mine["calls"] < theirs["calls"], (mine, theirs)
-    results: dict[str, list[str]] = {}
-    for rank_rounds in rounds:
-        for round_ in rank_rounds:
-            for name, contents in round_["tool_messages"].items():
-                results.setdefault(name, []).extend(contents)
-    assert set(results) == {"multiply", "divide", "add"}
-    assert results["multiply"] and all(c.isdigit() for c in results["multiply"])  # sync
-    assert results["add"] and all(c.isdigit() for c in results["add"])  # async, rank 1's second call
-    assert not any(round_["tool_messages"].get("add") for round_ in rounds[0])
-    assert results["divide"] and set(results["divide"]) == {"error"}  # b=0: raised, returned as an error result
-    assert sum(r["failures"] for rank_rounds in rounds for r in rank_rounds) >= len(results["divide"])
-
-    # the logs agree on both ranks, key by key, value by value (the tool metrics included)
-    first, second = (r["log_history"] for r in ranks)
-    assert len(first) == len(second)
-    for a, b in zip(first, second):
-        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS} == {
-            k: v for k, v in b.items() if k not in RUNTIME_KEYS
-        }
-    # each log (every 2 steps) averages its rounds' values, each over every rank's rollouts of the round
-    logs = [h for h in first if "loss" in h]
-    assert [h["step"] for h in logs] == [2, 4]
-    distinguishes = False
-    for log in logs:
-        window = [(mine, theirs) for mine, theirs in zip(*rounds) if log["step"] - 2 <= mine["step"] < log["step"]]
-        assert len(window) == 2
-        for key in TOOL_METRICS:
-            expected = sum(round_wide(pair)[key] for pair in window) / len(window)
-            assert log[key] == pytest.approx(expected, abs=1e-12), (key, log[key], expected)
-        per_rank_mean = sum(round_wide([r])["tools/failure_frequency"] for pair in window for r in pair) / 4
-        distinguishes |= abs(per_rank_mean - log["tools/failure_frequency"]) > 1e-3
-        assert log["tools/call_frequency"] > 0 and log["tools/failure_frequency"] > 0
-        assert "rewards/answer_length/mean" in log
-        if mode == "environment":  # the environment's get_reward, one instance per rollout
-            assert log["rewards/Calculator/mean"] > 0
-    assert distinguishes  # the mean of the ranks' own failure ratios would have differed
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Asynchronous rollouts on two processes (issue 24): a producer per rank, identical ranks, exact resume
-# ---------------------------------------------------------------------------------------------------------------------
-ASYNC_ARGS = [*JOB_ARGS, "--async_rollouts", "--max_staleness", "2"]
-
-
-def async_job_on_two_processes(output_dir: Path) -> list[dict]:
-    """The built-in job with `--async_rollouts` on 2 processes; both ranks' records, checked to agree."""
-    check(launch("multi_gpu.yaml", "tests/distributed_job.py", [*ASYNC_ARGS, "--output_dir", str(output_dir)]))
-    ranks = records(output_dir)
-    for a, b in zip(*(r["log_history"] for r in ranks)):
-        timing = RUNTIME_KEYS | {k for k in a if k.startswith("perf/")}
-        local = {k for k in a if k.startswith(RANK_LOCAL_PREFIXES)}
-        assert {k: v for k, v in a.items() if k not in timing | local} == {
-            k: v for k, v in b.items() if k not in timing | local
-        }
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
-    return ranks
-
-
-def test_async_rollouts_on_two_processes_keep_the_ranks_identical(tmp_path):
-    """The built-in job with `--async_rollouts` (a producer process per rank, rounds asked for ahead): both ranks end
-    with the same weights and logs (timing metrics apart), and every round arrived within `max_staleness`."""
-    ranks = async_job_on_two_processes(tmp_path)
-    train_logs = [h for h in ranks[0]["log_history"] if "loss" in h]
-    lags = [h["sample/staleness_max"] for h in train_logs if "sample/staleness_max" in h]  # logs with an arrival
-    assert lags and max(lags) <= 2
-    assert max(lags) >= 1  # rounds were asked for ahead
-    for r in (0, 1):
-        assert (tmp_path / "checkpoint-6" / "trapo" / f"rank{r}.complete.json").exists()
-
-
-@pytest.mark.slow  # two 2-process jobs, ~90 s; the kill -9 resume of an async run is in tests/test_durability.py
-def test_async_rollouts_on_two_processes_resume_exactly(tmp_path):
-    """Resuming a 2-process async run from the middle (the rounds in flight kept in each rank's checkpoint) gives the
-    uninterrupted run's weights on both ranks."""
-    args = ASYNC_ARGS
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    ranks = async_job_on_two_processes(full)
-    resumed.mkdir()
-    shutil.copytree(full / "checkpoint-6", resumed / "checkpoint-6")
-    check(
-        launch(
-            "multi_gpu.yaml",
-            "tests/distributed_job.py",
-            [*args, "--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-6")],
-        )
+def test_a_lone_process_waiting_for_a_world_named_by_the_environment_says_so(tmp_path):
+    """Trial 10's CX03: `WORLD_SIZE=2 RANK=0 MASTER_PORT=...` left over in the shell, and the job started with plain
+    `python`: torch's rendezvous waited (30 minutes) for a rank 1 that never came, printing nothing. Now, once the
+    wait is long (`RENDEZVOUS_NOTICE_S`, 1 s here), one warning names the world size, this rank, the meeting point,
+    that they came from the environment, and the fix."""
+    code = (
+        "import trl_trapo.distributed as d; d.RENDEZVOUS_NOTICE_S = 1.0\n"
+        "from trl_trapo import TRAPOConfig\n"
+        f"TRAPOConfig(output_dir={str(tmp_path)!r}, report_to='none')\n"
     )
-    again = records(resumed)
-    assert again[0]["param_digest"] == again[1]["param_digest"] == ranks[0]["param_digest"]
-
-
-@pytest.mark.slow  # ~50 s on an idle 2-core machine (minutes beside other jobs: DeepSpeed's start on CPU)
-def test_async_rollouts_under_zero3_take_the_weights_on_a_schedule_every_rank_reaches(tmp_path):
-    """Under ZeRO-3 reading the weights gathers the partitioned parameters (a collective), while each rank asks for
-    rounds at its own steps: the producer's weights are snapshots every rank takes together, at the start of training
-    and every `weight_sync_steps` optimizer steps (`WeightSnapshotCallback`), and a round is sampled with the last
-    one. The run trains to the end on both ranks, with identical weights and logs, the snapshots exactly on the
-    schedule (`perf/weight_sync_s` in the logs of steps 1, 2, 4, 6, 8 and no other) and every round within
-    `max_staleness`. Refused at construction before this (issue 40)."""
-    pytest.importorskip("deepspeed")
-    steps, every = 8, 2
-    args = ["--max_steps", str(steps), "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP,
-            "--async_rollouts", "--max_staleness", "2", "--weight_sync_steps", str(every),
-            "--output_dir", str(tmp_path)]  # fmt: skip
-    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", args))
-    ranks = records(tmp_path)
-    assert [r["global_step"] for r in ranks] == [steps, steps]
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
-    for a, b in zip(*(r["log_history"] for r in ranks)):
-        timing = RUNTIME_KEYS | {k for k in a if k.startswith("perf/")}
-        local = {k for k in a if k.startswith(RANK_LOCAL_PREFIXES)}
-        assert {k: v for k, v in a.items() if k not in timing | local} == {
-            k: v for k, v in b.items() if k not in timing | local
-        }
-    train_logs = [h for h in ranks[0]["log_history"] if "loss" in h]
-    assert [h["step"] for h in train_logs] == list(range(1, steps + 1))
-    # the first log holds the snapshot of on_train_begin (and, if the first step trained RL rows, no other send)
-    synced = [h["step"] for h in train_logs if "perf/weight_sync_s" in h]
-    assert synced == [1, *range(every, steps + 1, every)], synced
-    lags = [h["sample/staleness_max"] for h in train_logs if "sample/staleness_max" in h]
-    assert len(lags) >= 2 and max(lags) <= 2, lags
-    assert train_logs[-1]["sample/dropped_stale_total"] == 0
-    assert any(h.get("loss/rl", 0) != 0 for h in train_logs)
-
-
-@pytest.mark.slow  # two 2-process ZeRO-3 jobs, minutes on a loaded machine
-def test_async_rollouts_under_zero3_resume_exactly_from_between_two_snapshots(tmp_path):
-    """A checkpoint taken between two scheduled snapshots (step 4, `weight_sync_steps=3`: rounds are sampled with step
-    3's weights until step 6) keeps that snapshot; the resumed run samples its rounds with it (`max_staleness=0`: each
-    round is asked for when it is consumed, here at the last step), as the uninterrupted run did, and ends with the
-    same weights on both ranks. Sampling with the resumed step's weights instead gives other weights."""
-    pytest.importorskip("deepspeed")
-    args = ["--max_steps", "6", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP,
-            "--save_strategy", "steps", "--save_steps", "4", "--async_rollouts", "--max_staleness", "0",
-            "--stale_rollouts", "downweight", "--weight_sync_steps", "3"]  # fmt: skip
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, "--output_dir", str(full)]))
-    resumed.mkdir()
-    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
-    resume = ["--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-4")]
-    check(launch("deepspeed_zero3.yaml", "tests/distributed_job.py", [*args, *resume]))
-    first, again = records(full), records(resumed)
-    logs = [h for h in first[0]["log_history"] if "loss" in h]
-    assert "sample/staleness_max" in logs[-1]  # a round consumed after the checkpoint, before the next snapshot
-    assert first[0]["param_digest"] == first[1]["param_digest"]
-    assert again[0]["param_digest"] == again[1]["param_digest"] == first[0]["param_digest"]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# A TRL GRPO vision-language script on two processes (issue 25)
-# ---------------------------------------------------------------------------------------------------------------------
-def check_vlm_job(output_dir: Path, distributed_type: str, steps: int) -> list[dict]:
-    """The ranks of a tests/distributed_vlm_job.py run trained `steps` steps together: identical logs (with the RL
-    loss) and weights, changed by training. Returns the ranks' `vlm<r>.json` records."""
-    ranks = records(output_dir)
-    vlm = [json.loads((output_dir / "ranks" / f"vlm{r}.json").read_text()) for r in (0, 1)]
-    for record in ranks:
-        assert (record["world_size"], record["distributed_type"]) == (2, distributed_type)
-    first, second = (r["log_history"] for r in ranks)
-    assert len(first) == len(second) and any("loss/rl" in h for h in first)
-    for a, b in zip(first, second):
-        assert {k: v for k, v in a.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)} == {
-            k: v for k, v in b.items() if k not in RUNTIME_KEYS and not k.startswith(RANK_LOCAL_PREFIXES)
-        }
-    assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
-    assert vlm[0]["initial_digest"] == vlm[1]["initial_digest"] != vlm[0]["final_digest"] == vlm[1]["final_digest"]
-    assert ranks[0]["global_step"] == steps
-    return vlm
-
-
-def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
-    """A `GRPOTrainer` VLM script with only the import changed (tests/distributed_vlm_job.py: the tiny LLaVA, prompts
-    with 0, 1 and 2 images) trains 3 steps under DDP on 2 processes: each rank's share of the round carries its own
-    images into every forward, and the ranks end with identical weights, changed by training, and identical logs."""
-    check(launch("multi_gpu.yaml", "tests/distributed_vlm_job.py", ["--output_dir", str(tmp_path)], 300))
-    check_vlm_job(tmp_path, "DistributedType.MULTI_CPU", 3)
-
-
-@pytest.mark.parametrize(
-    "config, options",
-    [
-        # transformers turns DDP's own unused-parameter search on when activation checkpointing is off: the zero term
-        # over the vision encoder would mark its parameters ready twice ("post_layernorm.bias has been marked as
-        # ready twice"); a rank with text-only micro-batches relies on DDP's search
-        ("multi_gpu.yaml", ["--gradient_checkpointing", "false", "--dataset", "mixed"]),
-        # ZeRO-1/2 reduce gradient buckets together: the zero term keeps a rank with text-only micro-batches in step
-        ("deepspeed_zero2.yaml", ["--dataset", "mixed"]),
-        # ZeRO-3 builds the LLaVA partitioned: its language model's class, first imported then, lost the kernels
-        # `__init__` ("'LlamaAttention' object has no attribute '_kernel_funcs'" at the reference's first forward),
-        # and the zero term cannot index partitioned parameters
-        ("deepspeed_zero3.yaml", []),
-    ],
-    ids=["ddp-no-checkpointing", "zero2", "zero3"],
-)
-def test_a_grpo_vlm_script_trains_on_each_backend(tmp_path, config, options):
-    """The VLM script trains 2 steps on 2 processes under DDP without activation checkpointing, ZeRO-2 and ZeRO-3 (each
-    ~15-25 s), the ranks agreeing on logs and weights; with `--dataset mixed` one rank's micro-batches have no image
-    while the other rank's have."""
-    args = ["--output_dir", str(tmp_path), "--max_steps", "2", *options]
-    check(launch(config, "tests/distributed_vlm_job.py", args, 300))
-    distributed_type = "DistributedType.MULTI_CPU" if config == "multi_gpu.yaml" else "DistributedType.DEEPSPEED"
-    vlm = check_vlm_job(tmp_path, distributed_type, 2)
-    images = [record["images_per_micro_batch"] for record in vlm]
-    if "mixed" in options:
-        assert any((a == 0) != (b == 0) for a, b in zip(*images)), images
-    else:  # ZeRO-3 gathers a module's parameters when it runs: every rank must run the vision encoder (docs/vision.md)
-        assert all(n > 0 for rank in images for n in rank), images
-
-
-def test_restore_kernel_functions_gives_a_module_its_own_kernel_functions_back():
-    """What ZeRO-3 leaves a model built after it undid a kernelized class's `__init__` (attention modules without
-    `_kernel_funcs`, simulated here on one process) fails at its forward; restored from a whole model of the same
-    classes it computes what the whole one computes, each module with wrappers of its own; a second call changes
-    nothing."""
-    pytest.importorskip("kernels")
-    from trl_trapo.distributed import KERNEL_FUNCS, restore_kernel_functions
-    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
-
-    tokenizer = build_char_tokenizer()
-    whole, damaged = build_tiny_model(tokenizer, seed=0), build_tiny_model(tokenizer, seed=0)
-    attention = [module for module in damaged.modules() if KERNEL_FUNCS in vars(module)]
-    assert attention  # transformers' Llama attention is kernelized when `kernels` is installed
-    for module in attention:
-        del vars(module)[KERNEL_FUNCS]
-    ids = torch.tensor([[1, 2, 3, 4]])
-    with pytest.raises(AttributeError, match="_kernel_funcs"):
-        damaged(ids)
-    assert restore_kernel_functions(whole, None, damaged) == len(attention)
-    torch.testing.assert_close(damaged(ids).logits, whole(ids).logits, rtol=0, atol=0)
-    wrappers = [f for m in [*whole.modules(), *damaged.modules()] for f in vars(m).get(KERNEL_FUNCS, {}).values()]
-    assert len({id(f) for f in wrappers}) == len(wrappers) == 2 * len(attention)
-    assert restore_kernel_functions(whole, damaged) == 0
+    port = str(free_port())
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and not any("WORLD_SIZE=2" in line for line in lines):
+            assert process.poll() is None, "".join(lines)[-3000:]  # it waits: it must not have ended
+            time.sleep(0.2)
+    finally:
+        process.kill()
+        process.wait()
+    notice = [line for line in lines if "WORLD_SIZE=2" in line]
+    assert notice, "".join(lines)[-3000:]
+    assert "RANK=0" in notice[0] and f"127.0.0.1:{port}" in notice[0] and "from the environment" in notice[0]
+    assert "unset WORLD_SIZE RANK LOCAL_RANK MASTER_ADDR MASTER_PORT" in notice[0]

@@ -57,7 +57,7 @@ def test_the_vlm_job_writes_results_and_a_model_that_reloads(tmp_path, per_modal
 def test_a_grpo_vlm_script_runs_with_only_the_import_changed(tmp_path):
     """tests/distributed_vlm_job.py — a TRL GRPOTrainer VLM script (model, processor, TRL-format image prompts, reward
     functions) with `from trl_trapo import TRAPOConfig as GRPOConfig, TRAPOTrainer as GRPOTrainer` — trains on one
-    process; its two-process run is in tests/test_distributed.py."""
+    process; its two-process run is in tests/test_distributed_jobs.py."""
     run(["tests/distributed_vlm_job.py", "--output_dir", str(tmp_path)])
     record = json.loads((tmp_path / "ranks" / "vlm0.json").read_text())
     assert record["initial_digest"] != record["final_digest"]

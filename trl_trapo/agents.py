@@ -46,7 +46,7 @@ rollout, a turn is generated in calls of at most `generation_batch_size` rows wh
 all-reduce per call), a rank with none left generates a throwaway token meanwhile, and each call asks the engine for
 `lockstep=True` generation (transformers' `synced_gpus` under ZeRO-3 / FSDP: the forwards go on until every rank is
 done). Without it, a rank with more turns waited in its extra turn's gather for a rank that had moved on (a hang under
-ZeRO-3, tests/test_distributed.py).
+ZeRO-3, tests/test_distributed_jobs.py).
 
 [`use_tool_chat_template`] gives the character-level tokenizer of `trl_trapo.tasks` a compact template that can
 express tool calls (`<c>{"name":..,"arguments":..}</c>`), with a `response_template` that transformers'

@@ -33,6 +33,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from . import threads
+from .distributed import rendezvous_notice
 from .sampler_correction import CorrectionMode, bounds_problem
 from .setup_checks import METRIC_SCHEDULERS
 from .tool_schemas import row_tool_names
@@ -1867,7 +1868,8 @@ class TRAPOConfig(_BaseConfig):
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         fsdp_given = self.fsdp  # transformers' `__post_init__` turns it into True
         try:
-            super().__post_init__()
+            with rendezvous_notice():  # transformers joins the process group here (its `device`): a hang says why
+                super().__post_init__()
         except ValueError as error:  # what no check above foresaw: one message naming this class, not a traceback
             raise ValueError(
                 f"{type(self).__name__} is invalid: transformers' TrainingArguments refused its settings: «{error}». "

@@ -7,6 +7,9 @@
   --num_processes 2` started one process only (`check_processes_started`).
 - `any_rank`: a boolean OR over ranks, for decisions every rank must take together (a generation round gathers ZeRO-3
   weights, a collective); `max_over_ranks` the same with a number (the signal that stops a run, see `interrupts.py`).
+- `rendezvous_notice`: says once, when joining the process group has waited long, which processes it waits for and
+  where those numbers came from (variables left over from a torchrun shell made a lone `python` wait 30 min in
+  silence).
 - `end_process_group`: an orderly end of the process groups before the interpreter exits (every gloo group's
   collectives finished, gloo's worker threads parked: no rank aborts at exit).
 - `zero3_reference_copy`, `full_state_dict`, `load_full_state_dict`: a frozen reference made from a ZeRO-3-partitioned
@@ -23,8 +26,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 
 import torch
 from accelerate.state import PartialState
@@ -47,6 +52,59 @@ COMM_HOOKS = {
 
 
 MULTI_PROCESS_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")  # torchrun / MPI
+
+
+RENDEZVOUS_NOTICE_S = 30.0  # how long joining the process group waits before `rendezvous_notice` speaks (s)
+
+
+@contextlib.contextmanager
+def rendezvous_notice(after_s: float | None = None):
+    """Around code that may join the process group (accelerate's `PartialState`, built by `TrainingArguments`):
+    when the environment names a world of several processes and the join has not finished after `after_s` seconds,
+    log once which processes it waits for, where those numbers came from, and the fix.
+
+    torch's env:// rendezvous waits up to 30 minutes without a word for ranks that never come, e.g. when `WORLD_SIZE`,
+    `RANK` and `MASTER_PORT` are left over from a torchrun or job-script shell and the script was started with plain
+    `python` (trial 10's CX03). A launch where the other processes come late (another node still starting) sees
+    the notice and goes on; nothing is stopped.
+
+    Args:
+        after_s: seconds before the notice (default `RENDEZVOUS_NOTICE_S`).
+    """
+    after_s = RENDEZVOUS_NOTICE_S if after_s is None else after_s
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        world = 1
+    if world <= 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        yield
+        return
+    joined = threading.Event()
+
+    def notice() -> None:
+        if joined.wait(after_s):
+            return
+        env = {name: os.environ.get(name, "unset") for name in ("RANK", "MASTER_ADDR", "MASTER_PORT")}
+        logger.warning(
+            "Waiting %.0f s so far for the other processes of a run of WORLD_SIZE=%d (this one is RANK=%s; meeting at "
+            "%s:%s), all from the environment; torch waits up to 30 minutes. If you did not start those processes "
+            "(variables left over from a torchrun or job-script shell), stop this run and `unset WORLD_SIZE RANK "
+            "LOCAL_RANK MASTER_ADDR MASTER_PORT`, or start every process with `accelerate launch --num_processes %d "
+            "...`.",
+            after_s,
+            world,
+            env["RANK"],
+            env["MASTER_ADDR"],
+            env["MASTER_PORT"],
+            world,
+        )
+
+    watcher = threading.Thread(target=notice, name="trapo-rendezvous-notice", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        joined.set()
 
 
 def _launcher_num_processes(parent) -> str | None:
