@@ -939,7 +939,8 @@ def policy_and_reference(
         `(policy, reference model or None, reference adapter name or None)`.
 
     Raises:
-        ValueError: adapter names without a PeftModel policy, or a `ref_adapter_name` the policy does not have.
+        ValueError: adapter names without a PeftModel policy, or a `model_adapter_name` / `ref_adapter_name` the
+            policy does not have (naming the field, the value and the adapters it has).
     """
     created_adapter = peft_config is not None
     if created_adapter:
@@ -951,14 +952,22 @@ def policy_and_reference(
     ref_adapter: str | None = None
     if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
         raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
+    for setting in ("model_adapter_name", "ref_adapter_name"):  # PEFT's own error names neither (trial 10's PY30)
+        name = getattr(args, setting)
+        if name and name not in model.peft_config:
+            created = (
+                f" (`peft_config` creates one adapter, named {next(iter(model.peft_config))!r})"
+                if created_adapter
+                else ""
+            )
+            raise ValueError(
+                f"{type(args).__name__}.{setting}={name!r} is not an adapter of the policy: it has "
+                f"{list(model.peft_config)}{created}. Name one of those, or load it first with "
+                "`model.load_adapter(path, adapter_name=...)` and pass that PeftModel as the model."
+            )
     if args.model_adapter_name:
         model.set_adapter(args.model_adapter_name)
     if args.ref_adapter_name:
-        if args.ref_adapter_name not in model.peft_config:
-            raise ValueError(
-                f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
-                f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
-            )
         ref_adapter = args.ref_adapter_name
     if ref_model is not None and is_peft_model(model):
         logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
