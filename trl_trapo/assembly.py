@@ -54,7 +54,7 @@ from .checkpoint import (
     verify_checkpoint,
 )
 from .collator import RowAllocator, plan_steps
-from .config import TRAPOConfig, warn_ignored_settings
+from .config import ADAPTER_BANK_FIELDS, TRAPOConfig, changed_settings, warn_ignored_settings
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     DataSetup,
@@ -1325,8 +1325,30 @@ def build_adapter_bank(
     args: TRAPOConfig, policy: Callable[[], Any], accelerator: Any, zero3: bool, replay: ReplayBuffer
 ) -> AdapterBankCallback | None:
     """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
-    rollback empties `replay` (trajectories of the abandoned policy). `policy()`: the policy, unwrapped."""
-    if args.adapter_snapshot_steps <= 0 or not is_peft_model(policy()):
+    rollback empties `replay` (trajectories of the abandoned policy). `policy()`: the policy, unwrapped. The bank's
+    settings ([`~trl_trapo.config.ADAPTER_BANK_FIELDS`]) given where it is off are warned about (trial 10's PY10)."""
+    given = [
+        f"{setting}={getattr(args, setting)!r}"
+        for setting in changed_settings(args, ADAPTER_BANK_FIELDS)
+        if setting != "adapter_snapshot_steps" or args.adapter_snapshot_steps > 0  # 0 turns the bank off: as meant
+    ]
+    if not is_peft_model(policy()):
+        warn_ignored_settings(
+            logger,
+            given,
+            "a PEFT policy (`peft_config`, --use_peft, or a PeftModel)",
+            " (the adapter bank snapshots and rolls back adapters; this run trains the full model)",
+            "Pass a peft_config (--use_peft) to snapshot and roll back an adapter with {them}, or drop {them}.",
+        )
+        return None
+    if args.adapter_snapshot_steps <= 0:
+        warn_ignored_settings(
+            logger,
+            given,
+            f"adapter_snapshot_steps > 0 (it is {args.adapter_snapshot_steps})",
+            " (the adapter bank is off)",
+            "Set adapter_snapshot_steps to a number of steps (e.g. 100) to keep snapshots with {them}, or drop {them}.",
+        )
         return None
     if zero3:
         logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
@@ -1498,6 +1520,15 @@ def build_callbacks(
     callbacks: list = [short for _, short in replaced]
     if schedules.adaptive_kl:
         callbacks.append(AdaptiveKLCallback(schedules, reduce_sum))
+    if accelerator.num_processes == 1:  # warned now, not at train() (trial 10's PY16, as A08 / CF04 / TD09 are)
+        warn_ignored_settings(
+            logger,
+            [f"ddp_comm_hook={args.ddp_comm_hook!r}"] if args.ddp_comm_hook != "none" else [],
+            "a launch of several DDP processes",
+            " (one process has no gradients to all-reduce)",
+            "Launch with `accelerate launch --multi_gpu --num_processes N ...` (`trapo train --multi_gpu "
+            "--num_processes N`) to compress DDP's gradient all-reduce with {them}, or drop {them}.",
+        )
     callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
     callbacks.append(StateCheckpointCallback(save_state, pending))
     if args.sync_ref_model and args.kl_coef > 0:

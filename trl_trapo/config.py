@@ -593,6 +593,16 @@ VLLM_FIELDS = (
 )
 """`TRAPOConfig`'s settings that only `use_vllm=True` reads (the `vllm_importance_sampling_*` ones are not among them:
 they also correct a `rollout_func`'s log-probs)."""
+ADAPTER_BANK_FIELDS = (
+    "adapter_snapshot_steps",
+    "max_adapter_snapshots",
+    "adapter_rollback_reward_drop",
+    "adapter_rollback_kl_max",
+)
+"""`TRAPOConfig`'s settings that only the adapter bank reads: a PEFT policy with `adapter_snapshot_steps > 0`
+(warned about by `assembly.build_adapter_bank` otherwise)."""
+POWERSGD_FIELDS = ("powersgd_rank", "powersgd_start_iter")
+"""`TRAPOConfig`'s settings that only `ddp_comm_hook="powersgd"` reads."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -1820,8 +1830,9 @@ class TRAPOConfig(_BaseConfig):
     def _warn_unused_settings(self) -> None:
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
-        (ignored, as `--lora_r` without `--use_peft` is: the same warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
-        (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
+        (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
+        without `ddp_comm_hook="powersgd"`, and a number of torch threads ([`THREAD_FIELDS`]) above the cores this
+        process may use (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
         name = type(self).__name__
         if not self.async_rollouts:
             warn_ignored_settings(
@@ -1839,6 +1850,15 @@ class TRAPOConfig(_BaseConfig):
                 f"{name}.use_vllm",
                 " (completions are sampled with transformers' generate; their ranges are checked only with use_vllm)",
                 "Set use_vllm=True (--use_vllm) to sample with vLLM, or drop {them}.",
+            )
+        if self.ddp_comm_hook != "powersgd":
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, POWERSGD_FIELDS)],
+                f"{name}.ddp_comm_hook='powersgd'",
+                f" (ddp_comm_hook={self.ddp_comm_hook!r})",
+                "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
+                "drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
