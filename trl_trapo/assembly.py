@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from accelerate.utils import is_peft_model
+from accelerate.utils import DistributedType, is_peft_model
 from datasets import Dataset
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer
@@ -69,7 +69,7 @@ from .data import (
     progress_bars,
     warn_missing_reward_cells,
 )
-from .distributed import check_launch, restore_kernel_functions, sum_over_ranks
+from .distributed import accelerator_distributed_type, check_launch, restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric, check_eval_on_start
 from .executor import SourceContext
 from .grpo import grpo_notice
@@ -134,7 +134,7 @@ from .vision import (
     suppress_placeholder_tokens,
     text_tokenizer,
 )
-from .weighting import DARE, GradientProbe, build_weighting
+from .weighting import DARE, GradientProbe, build_weighting, weighting_name
 
 
 try:
@@ -261,6 +261,18 @@ def check_run(
     return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
 
 
+def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:
+    """The run's values of the settings that shape TRAPO's state in a checkpoint
+    ([`~trl_trapo.checkpoint.STATE_SETTINGS`]), as [`~trl_trapo.checkpoint.checkpoint_state_settings`] reads a
+    checkpoint's: `sft_sampling`, the weighting strategy's name ([`~trl_trapo.weighting.weighting_name`]: `weighting`,
+    or `dare_mode`'s), and `adapter_bank` (whether the run keeps an adapter bank; None: not known yet)."""
+    return {
+        "sft_sampling": args.sft_sampling,
+        "weighting": weighting_name(args),
+        "adapter_snapshot_steps": adapter_bank,
+    }
+
+
 def check_resume(
     args: TRAPOConfig,
     arguments: dict[str, Any],
@@ -287,7 +299,11 @@ def check_resume(
     model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
     adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
     critic = arguments.get("value_model") is not None
-    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic)
+    # the adapter bank is off under ZeRO-3, which is known once the Trainer exists: under DeepSpeed, checked then
+    deepspeed = accelerator_distributed_type(args.distributed_state) == DistributedType.DEEPSPEED
+    bank = None if deepspeed else adapter and args.adapter_snapshot_steps > 0
+    settings = state_settings(args, bank)
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic, settings=settings)
     objectives = [] if objectives is None else objectives
     if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
         with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
