@@ -564,6 +564,11 @@ def warn_ignored_settings(log: logging.Logger, given: list[str], gate: str, cons
     )
 
 
+MIN_TRAJECTORY_BYTES = 28
+"""Host bytes of the smallest trajectory the replay buffer can hold: one prompt and one completion token, int64 ids
+(8 + 8) and the float32 completion mask, behaviour log-prob and advantage (4 + 4 + 4) that every trajectory carries
+(`rollout.py` builds them; `memory.Trajectory`'s required fields), uncompressed (the buffer keeps a trajectory
+compressed only when that is smaller, never at this size). A `replay_max_bytes` below it can hold no trajectory."""
 ASYNC_FIELDS = (
     "max_staleness",
     "stale_rollouts",
@@ -1255,7 +1260,11 @@ class TRAPOConfig(_BaseConfig):
         default=50_000, metadata={"help": "Short-term replay capacity in trajectories (FIFO, oldest evicted first)."}
     )
     replay_max_bytes: int | None = field(
-        default=None, metadata={"help": "Short-term replay capacity in bytes of host memory. None: no byte limit."}
+        default=None,
+        metadata={
+            "help": "Short-term replay capacity in bytes of host memory, at least 28 (the smallest trajectory: about 8 "
+            "bytes per prompt token and 20 per completion token). None: no byte limit."
+        },
     )
     replay_compress: bool = field(
         default=False,
@@ -2347,8 +2356,15 @@ class TRAPOConfig(_BaseConfig):
             bad("num_mini_batches", self.num_mini_batches, "use an integer >= 1.")
         if self.replay_capacity < 1:
             bad("replay_capacity", self.replay_capacity, "use a positive number of trajectories.")
-        if self.replay_max_bytes is not None and self.replay_max_bytes < 1:
-            bad("replay_max_bytes", self.replay_max_bytes, "use a positive number of bytes, or None.")
+        if self.replay_max_bytes is not None and self.replay_max_bytes < MIN_TRAJECTORY_BYTES:  # trial 10's PY02
+            bad(
+                "replay_max_bytes",
+                self.replay_max_bytes,
+                f"the smallest trajectory takes {MIN_TRAJECTORY_BYTES} bytes (one prompt and one completion token), "
+                "so the buffer could hold none and the first rollout round would fail. A trajectory takes about 8 "
+                "bytes per prompt token and 20 per completion token (more with a KL reference or a critic; zstd "
+                "shrinks long ones): use a budget of many of them (e.g. 2**30 for 1 GiB), or None (no byte limit).",
+            )
         if not 0 < self.replay_compress_threshold <= 1:
             bad("replay_compress_threshold", self.replay_compress_threshold, "use a fraction in (0, 1].")
         if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:
