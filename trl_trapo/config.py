@@ -1830,6 +1830,7 @@ class TRAPOConfig(_BaseConfig):
             )
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         fsdp_given = self.fsdp  # transformers' `__post_init__` turns it into True
+        self._check_ddp_backend_launch()  # before transformers' device setup, which fails on it with torch's text
         super().__post_init__()
         self._check_fsdp_launch(fsdp_given)
         self._validate()
@@ -2024,6 +2025,30 @@ class TRAPOConfig(_BaseConfig):
             "examples/trapo.py ...` (a plain `accelerate launch` of one process sets no rank either). On a machine "
             "without a GPU prefix `DS_ACCELERATOR=cpu` (docs/distributed.md). Or drop --deepspeed to train in this "
             "process."
+        )
+
+    def _check_ddp_backend_launch(self) -> None:
+        """Refuse `ddp_backend` in a process no launcher started, at construction: transformers' device setup hands it
+        to accelerate's `PartialState`, which then asks torch for the size of a process group nobody formed (torch's
+        "Default process group has not been initialized", trial 10's TA19 / CX29; TRL's `GRPOConfig` fails the same
+        way). A launcher sets `LOCAL_RANK` (or an MPI / `WORLD_SIZE` count above 1, accelerate's own test); a process
+        group the script formed itself, and XLA, are left to accelerate.
+
+        Raises:
+            ValueError: naming the field, the value, and the fixes (drop it, or launch several processes).
+        """
+        if self.ddp_backend is None or "LOCAL_RANK" in os.environ or torch.distributed.is_initialized():
+            return
+        sizes = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
+        if any(os.environ.get(name, "1").strip() not in ("", "0", "1") for name in sizes):
+            return
+        if transformers.utils.is_torch_xla_available():
+            return
+        raise ValueError(
+            f"{type(self).__name__}.ddp_backend={self.ddp_backend!r} is for a run of several processes (their DDP "
+            "process group), but no launcher started this one, so there is no group to form. Fix: drop ddp_backend "
+            "(--ddp_backend) to train in this process; or launch several, e.g. `accelerate launch --multi_gpu "
+            "--num_processes 2 script.py ...` or `trapo train --multi_gpu --num_processes 2 ...` (docs/distributed.md)."
         )
 
     def _check_fsdp_launch(self, given) -> None:
