@@ -232,6 +232,39 @@ TRANSFORMERS4_FIXES = {
     "training steps)",
     "logging_dir": "drop it: TensorBoard logs go under output_dir (its `runs/` folder), or where the "
     "TENSORBOARD_LOGGING_DIR environment variable says",
+    # trial 10's TA16: each was Python's bare "unexpected keyword argument"
+    "save_safetensors": "drop it: transformers 5 always saves weights as safetensors",
+    "include_tokens_per_second": "include_num_input_tokens_seen",  # it logs train_tokens_per_second too
+    "split_batches": "give it inside accelerator_config: {'split_batches': True} (a dict, or a JSON object on the "
+    "command line)",
+    "dispatch_batches": "give it inside accelerator_config: {'dispatch_batches': True} (a dict, or a JSON object on "
+    "the command line)",
+    "use_mps_device": "drop it: transformers 5 uses an Apple GPU (MPS) whenever there is one (use_cpu=True keeps "
+    "the run on the CPU)",
+    "include_inputs_for_metrics": "drop it: TRAPO's evaluate computes its own metrics (transformers 5's name, "
+    "include_for_metrics=['inputs'], is refused here for the same reason)",
+    "fp16_backend": "drop it: transformers 5 has only torch's mixed precision (fp16=True or bf16=True)",
+    "half_precision_backend": "drop it: transformers 5 has only torch's mixed precision (fp16=True or bf16=True)",
+    "fp16_opt_level": "drop it: it was apex's optimisation level, and transformers 5 has no apex (fp16=True or "
+    "bf16=True use torch's mixed precision)",
+    "tpu_num_cores": "drop it: the TPU launcher (accelerate launch, torch_xla) sets the number of cores",
+    "tpu_metrics_debug": "use debug='tpu_metrics_debug'",
+    "use_legacy_prediction_loop": "drop it: transformers 5 has one evaluation loop (and TRAPO's evaluate computes "
+    "its own metrics)",
+    "ray_scope": "drop it: it served Ray Tune's hyperparameter_search, which TRAPOTrainer does not run (transformers "
+    "5 reads the RAY_SCOPE environment variable)",
+    "torchdynamo": "torch_compile_backend",
+    "sharded_ddp": "drop it: FairScale's sharded DDP is gone; shard with DeepSpeed ZeRO or FSDP (docs/distributed.md)",
+    "jit_mode_eval": "drop it: transformers 5 no longer traces the model with TorchScript for evaluation",
+    "use_ipex": "drop it: transformers 5 no longer applies Intel Extension for PyTorch",
+    "mp_parameters": "drop it: it passed SageMaker model-parallel settings, which transformers 5 no longer reads",
+    "fsdp_min_num_params": "give it inside fsdp_config: {'min_num_params': N} (a dict, or a JSON object on the "
+    "command line)",
+    "fsdp_transformer_layer_cls_to_wrap": "give it inside fsdp_config: {'transformer_layer_cls_to_wrap': "
+    "['LlamaDecoderLayer']} (a dict, or a JSON object on the command line)",
+    "past_index": "drop it: transformers 5 no longer feeds a model's past (mems) back between steps",
+    "group_by_length": "drop it: TRAPO groups each step's rows by length itself (transformers 5's name, "
+    "train_sampling_strategy='group_by_length', is refused here for the same reason)",
 }
 """`TrainingArguments` fields of transformers 4 that transformers 5 removed, which scripts written for it still pass
 -> the field that replaces each (a name: same value) or what to do. The command line says the same with its flags

@@ -71,7 +71,14 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
+from trl_trapo.config import (
+    ACCEPTED_TYPES,
+    GRPO_ONLY_FIXES,
+    TRANSFORMERS4_FIXES,
+    changed_settings,
+    foreign_fields,
+    warn_ignored_settings,
+)
 from trl_trapo.distributed import (
     check_launch,
     end_process_group,
@@ -314,6 +321,10 @@ def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
 
 REMOVED = "was removed in transformers 5: drop it; "
 REMOVED_ARGUMENTS = {
+    **{  # the Python table's, with flags (its replacement field, or its sentence)
+        name: "was removed in transformers 5: " + (f"use --{fix}" if fix.isidentifier() else fix)
+        for name, fix in TRANSFORMERS4_FIXES.items()
+    },
     "logging_dir": REMOVED + "TensorBoard logs go under --output_dir (its `runs/` folder), or where the "
     "TENSORBOARD_LOGGING_DIR environment variable says",
     "evaluation_strategy": REMOVED + "use --eval_strategy",
@@ -328,8 +339,9 @@ REMOVED_ARGUMENTS = {
 }
 """Fields that transformers 4 (`TrainingArguments`) and older TRL (`ModelConfig.torch_dtype`) had and that are gone
 or renamed, which recipes and TRL scripts written for them still pass -> what happened to each and what replaces it
-(a sentence after `--name`). The closest surviving name can be unrelated (`--logging_dir` is closest to
-`--logging_first_step`, `--torch_dtype` to `--torch_threads`), so these are said by name."""
+(a sentence after `--name`): `config.TRANSFORMERS4_FIXES`' entries with flags, the first ones in words of their own.
+The closest surviving name can be unrelated (`--logging_dir` is closest to `--logging_first_step`, `--torch_dtype`
+to `--torch_threads`), so these are said by name."""
 
 
 TRL_ARGUMENT_FIXES = {
