@@ -374,6 +374,26 @@ def test_data_that_is_not_utf8_is_named_with_its_file_line_and_fix(tmp_path, nam
         build(tmp_path, dataset_name=given)
 
 
+def test_an_unwritable_datasets_cache_is_named_not_the_files(tmp_path, monkeypatch):
+    """`HF_DATASETS_CACHE=/proc/hfcache` (a cache folder that cannot be created) was "cannot load the dataset
+    (FileNotFoundError: ... '/proc/hfcache'). Fix: check the files' format and columns.": the files were fine (trial
+    10's CX04). The message names the variable, its folder and the fix."""
+    import datasets
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cache = str(blocker / "hfcache")  # under a file: it cannot be created, on any machine
+    monkeypatch.setenv("HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", Path(cache))  # as `datasets` reads it at import
+    given = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=given)
+    message = str(error.value)
+    for needle in [f"--dataset_name={given!r}: the datasets cache cannot be used", f"HF_DATASETS_CACHE={cache!r}"]:
+        assert needle in message, (needle, message)
+    assert "point HF_DATASETS_CACHE at a folder you can write" in message and "format and columns" not in message
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "csv"])
 def test_split_files_with_different_columns_are_named_with_their_columns(tmp_path, ext):
     """train.jsonl with `answer` and test.jsonl with `solution` was "cannot load the dataset (DatasetGenerationError:
