@@ -36,8 +36,9 @@ Both run from any folder: the default `--dataset_name` is the GSM8K file shipped
 data file without the `--dataset_text_field` column, `--load_in_4bit` without bitsandbytes (trl-trapo's main-job
 checks: `trl_trapo.setup_checks.check_model_loading`), a model id the Hub cannot give (`trl_trapo.paths.
 check_model_source`), a `--max_prompts`, `--eval_samples` or `--max_prompt_tokens` below 1 or that leaves no prompt to
-train on, an unknown or abbreviated flag (`--total_episode`) and a value the configuration refuses stop it at once too,
-with one line naming the flag, before any model is loaded or `output_dir` deleted. A `--max_prompt_tokens` that keeps no
+train on, an unknown or abbreviated flag (`--total_episode`), a value the configuration refuses and an `--output_dir`
+(which the script deletes, as TRL's does) that holds a model, the data file, the current folder or the home folder stop
+it at once too, with one line naming the flag, before any model is loaded or `output_dir` deleted. A `--max_prompt_tokens` that keeps no
 prompt stops it with one line too, right after the length filter, naming the length that keeps one.
 """
 
@@ -199,6 +200,27 @@ if __name__ == "__main__":
         check_model_loading(training_args.sft_model_path, sft_config, model_kwargs, "--sft_model_path", "model_kwargs")
     except ValueError as error:
         raise SystemExit(f"{parser.prog}: error: {error}") from None
+    # `output_dir` is deleted next (as TRL's example does): refuse one that holds this run's inputs or the folder the
+    # script runs in (`--output_dir models/tiny` deleted the model it was asked to train)
+    output = os.path.realpath(os.path.expanduser(training_args.output_dir))
+    for flag, path in (
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--sft_model_path", training_args.sft_model_path),
+        ("--reward_model_path", training_args.reward_model_path),
+        ("--value_model_path", script_args.value_model_path),
+        ("--dataset_name", script_args.dataset_name),
+        ("the current folder", os.getcwd()),
+        ("your home folder", os.path.expanduser("~")),
+    ):
+        if path is None or not os.path.exists(os.path.expanduser(path)):
+            continue
+        held = os.path.realpath(os.path.expanduser(path))
+        if os.path.commonpath([output, held]) == output:
+            what = flag if flag.startswith("the ") or flag.startswith("your ") else f"{flag}={path!r}"
+            raise SystemExit(
+                f"{parser.prog}: error: --output_dir={training_args.output_dir!r} holds {what}, and this script "
+                "deletes --output_dir before it trains. Fix: give a new folder, e.g. --output_dir ppo-out."
+            )
     # remove output_dir if exists
     shutil.rmtree(training_args.output_dir, ignore_errors=True)
 

@@ -428,6 +428,51 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     assert (out / "notes.txt").read_text() == "kept"
 
 
+@pytest.mark.parametrize(
+    "output_dir, needle",
+    [
+        ("models/tiny", "holds --model_name_or_path='models/tiny'"),  # trial 10's CX11: the model folder was deleted
+        ("models", "holds --model_name_or_path='models/tiny'"),  # a folder above the model
+        ("data", "holds --dataset_name='data/prompts.jsonl'"),
+        (".", "holds the current folder"),
+    ],
+    ids=["model-folder", "above-the-model", "data-folder", "current-folder"],
+)
+def test_the_example_never_deletes_an_output_dir_that_holds_its_inputs(tmp_path, output_dir, needle):
+    """Trial 10's CX11: the script deletes `--output_dir` before it trains (as TRL's PPO example does); given the model
+    folder as `--output_dir`, it deleted the user's model, then failed to load it. Now such an `--output_dir` is refused
+    in one line before anything is deleted, and every file is still there."""
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    (tmp_path / "models" / "tiny" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "prompts.jsonl").write_text(
+        '{"question": "2+2="}\n{"question": "3+3="}\n{"question": "1+1="}\n'
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "HF_HUB_OFFLINE": "1",
+    }
+    # "." runs from an empty folder beside the inputs: the current folder is the only thing `--output_dir` holds
+    cwd, up = (tmp_path / "run", "../") if output_dir == "." else (tmp_path, "")
+    cwd.mkdir(exist_ok=True)
+    model = f"{up}models/tiny"
+    models = ["--model_name_or_path", model, "--sft_model_path", model, "--reward_model_path", model]
+    completed = subprocess.run(
+        [sys.executable, str(AFTER), *models, "--dataset_name", f"{up}data/prompts.jsonl", "--eval_samples", "1",
+         "--output_dir", output_dir],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    noise = ("[WARNING]", "Generating train split")
+    output = (completed.stdout + completed.stderr).splitlines()
+    lines = [line for line in output if line.strip() and not any(word in line for word in noise)]
+    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert lines[0].startswith("ppo_trl112_style.py: error: --output_dir=") and needle in lines[0], lines
+    assert (tmp_path / "models" / "tiny" / "config.json").is_file() and (tmp_path / "data" / "prompts.jsonl").is_file()
+
+
 def test_the_example_says_when_the_length_filter_keeps_no_prompt(tmp_path):
     """Trial 9's CN01: a `--max_prompt_tokens` below every prompt's length emptied the training set, and the script
     ended in datasets' `IndexError: Invalid key: 0 is out of bounds for size 0`. Now one line right after the filter,

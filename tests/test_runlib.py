@@ -197,13 +197,22 @@ def test_ctrl_c_kills_the_children_of_every_job(tmp_path, monkeypatch):
     Ctrl-C in the parent must kill the children of every job, or they would train on, orphaned."""
     monkeypatch.setattr(runlib, "usable_cores", lambda: 2)
     sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))  # Ctrl-C while both children sleep
-    started = time.perf_counter()
+
+    def ctrl_c_once_both_children_sleep():  # not after a fixed delay: on a loaded machine a child may start late
+        deadline = time.perf_counter() + 30
+        while len(runlib._live_groups) < 2 and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sent = []
+    timer = threading.Thread(target=ctrl_c_once_both_children_sleep)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         runlib.map_jobs(lambda i: runlib.run_child(sleeper, log_path=tmp_path / f"{i}.log"), [0, 1], jobs=2)
     timer.join()
-    assert time.perf_counter() - started < 20  # both sleeping children were killed, not waited for
+    assert time.perf_counter() - sent[0] < 20  # both sleeping children were killed, not waited for (60 s)
     assert not runlib._live_groups  # nothing left to kill
 
 

@@ -493,6 +493,57 @@ def check_field_types(config) -> None:
         )
 
 
+INFINITE_ALLOWED = {
+    "max_grad_norm": "inf clips nothing and still computes and logs the gradient norm (torch's clip_grad_norm_ "
+    "scales by min(1, inf / norm) = 1); 0 or None computes no norm",
+}
+"""The float fields where +inf is a setting (field -> what it means); every other float field takes finite numbers
+only, and none takes NaN or -inf ([`check_finite_numbers`])."""
+
+
+def _holds_float(kind) -> bool:
+    """Whether a field annotated `kind` holds floats: `float`, `float | None`, `list[float]`, `list[float | Mapping]`."""
+    return kind is float or any(_holds_float(a) for a in typing.get_args(kind))
+
+
+def _real_numbers(value) -> list:
+    """The real numbers (bools aside) in a field's value: itself, a list's items, a mapping item's values (the form of
+    `curriculum_mixtures`)."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    items += [v for item in items if isinstance(item, Mapping) for v in item.values()]
+    return [x for x in items if isinstance(x, numbers.Real) and not isinstance(x, bool)]
+
+
+def check_finite_numbers(config) -> None:
+    """Refuse NaN, -inf, and +inf where it is not a setting ([`INFINITE_ALLOWED`]), in every field annotated with
+    `float` (lists of them included), before any range check runs. NaN fails every comparison, so a range check
+    written `if value < 0: refuse` let it through and the term the field weighs was silently switched off (trial 10's
+    PY41, PY42: `entropy_coef=nan`, `kl_coef=nan`); +inf passed `>= 0` and made the loss NaN steps later (PY43,
+    `late_entropy_coef=inf`). One check over the fields' annotations, so a new float field is covered without a range
+    check of its own.
+
+    Raises:
+        ValueError: naming the field, the value and the fix.
+    """
+    for f in dataclasses.fields(config):
+        if not f.init or not _holds_float(_field_annotations(type(config))[f.name]):
+            continue
+        value = getattr(config, f.name)
+        allowed = INFINITE_ALLOWED.get(f.name)
+        wrong = [x for x in _real_numbers(value) if not math.isfinite(x) and not (x == math.inf and allowed)]
+        if not wrong:
+            continue
+        default = "" if f.default is dataclasses.MISSING else f" (the default is {f.default!r})"
+        what = (
+            "NaN fails every range check, so it would silently switch off what the field controls"
+            if math.isnan(wrong[0])
+            else "an infinite value is no setting here: it passes a range check meant for finite numbers, then "
+            "overflows what it enters (the loss becomes NaN)"
+        )
+        takes = f"a finite number{default}, or inf: {allowed}" if allowed else f"a finite number{default}"
+        raise ValueError(f"{type(config).__name__}.{f.name}={value!r} is invalid: {what}. Give {takes}.")
+
+
 PATH_OR_DICT_FIELDS = ("deepspeed", "fsdp_config", "accelerator_config")
 """transformers' dict fields that also take the path of a JSON file: a text value not starting with `{` is a path."""
 JSON_EXAMPLES = {
@@ -1832,12 +1883,16 @@ class TRAPOConfig(_BaseConfig):
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
             self.scale_rewards = "group" if self.scale_rewards else "none"
         check_field_types(self)  # first: every check below compares or computes with the values
+        check_finite_numbers(self)  # before the range checks, which NaN passes
         self._check_intervals()  # before transformers' own reading of them
         self._check_deepspeed()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
+        self._check_torch_compile()  # accelerate's TorchDynamoPlugin refused it at the trainer, naming no field
+        self._check_accelerator_config()  # transformers' and accelerate's refusals named no field
         self._check_liger()
-        self._check_best_metric_given()  # before transformers' own check, whose text names no metric TRAPO logs
+        self._check_best_model_settings()  # before transformers' own checks, whose text names no metric TRAPO logs
+        self._validate_bypassed_trainer_fields(self._refuse)  # before transformers' dataloader_prefetch_factor check
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -1864,7 +1919,14 @@ class TRAPOConfig(_BaseConfig):
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         fsdp_given = self.fsdp  # transformers' `__post_init__` turns it into True
         self._check_ddp_backend_launch()  # before transformers' device setup, which fails on it with torch's text
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as error:  # what no check above foresaw: one message naming this class, not a traceback
+            raise ValueError(
+                f"{type(self).__name__} is invalid: transformers' TrainingArguments refused its settings: «{error}». "
+                f"Change the field it names (its `--name` is the {type(self).__name__} field `name`), or leave it at "
+                "its default."
+            ) from None
         self._check_fsdp_launch(fsdp_given)
         self._validate()
         if built_by_user:  # once: not again for each copy the job and the trainer make
@@ -1920,13 +1982,19 @@ class TRAPOConfig(_BaseConfig):
                     cores,
                 )
 
-    def _check_best_metric_given(self) -> None:
+    def _check_best_model_settings(self) -> None:
         """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
         JC29): transformers refuses it too, in words that do not say which metrics exist (TRAPO never logs its
         default `eval_loss`). Which of them the run logs depends on the eval data, checked by the trainer
         (`evaluation.check_best_model_metric`). Likewise an `lr_scheduler_type` that steps on that metric
         (`setup_checks.METRIC_SCHEDULERS`: reduce_lr_on_plateau, greedy) with `eval_strategy="no"` (trial 9's PX55,
-        CM30: transformers' "requires an eval strategy" named no fix)."""
+        CM30: transformers' "requires an eval strategy" named no fix), and `load_best_model_at_end` without an
+        evaluation at every checkpoint (trial 10's TA08), on transformers' own conditions (`_validate_args`).
+
+        Raises:
+            ValueError: naming the field, the value, the metrics TRAPO logs and the fix.
+        """
+        name = type(self).__name__
         if getattr(self.save_strategy, "value", self.save_strategy) == "best" and self.metric_for_best_model is None:
             raise ValueError(
                 f"{type(self).__name__}.save_strategy='best' needs metric_for_best_model (None here): it keeps the "
@@ -1945,11 +2013,41 @@ class TRAPOConfig(_BaseConfig):
                 "lr_scheduler_kwargs={'mode': 'max'} for prompts ('eval_pretrain_loss' / 'eval_sft_loss' for text / "
                 "demonstrations, mode 'min'); or use another scheduler (e.g. lr_scheduler_type='linear' or 'cosine')."
             )
+        save = str(getattr(self.save_strategy, "value", self.save_strategy))
+        evaluation = str(getattr(self.eval_strategy, "value", self.eval_strategy))
+        if not self.load_best_model_at_end or save == "best":
+            return
+        metric = (
+            "pass an eval_dataset and name a metric TRAPO logs for it: metric_for_best_model='eval_reward' with "
+            "greater_is_better=True for prompts ('eval_pretrain_loss' / 'eval_sft_loss' for text / demonstrations)"
+        )
+        if evaluation != save:
+            steps = " (with eval_steps; save_steps a multiple of it)" if save == "steps" else ""
+            raise ValueError(
+                f"{name}.load_best_model_at_end=True needs an evaluation at every checkpoint, to know which one is "
+                f"best, but eval_strategy={evaluation!r} and save_strategy={save!r} differ. Set eval_strategy="
+                f"{save!r}{steps}, {metric}; or use save_strategy='best' (a checkpoint at each evaluation that "
+                "improves the metric); or drop load_best_model_at_end."
+            )
+        eval_steps = self.eval_steps or self.logging_steps  # transformers' value when eval_steps is unset
+        if evaluation == "steps" and self.save_steps and eval_steps and self.save_steps % eval_steps != 0:
+            fractions = self.save_steps < 1 and eval_steps < 1  # transformers' test, in integer arithmetic for them
+            if not fractions or (self.save_steps * 1_000_000) % (eval_steps * 1_000_000) != 0:
+                unset = " (eval_steps unset: logging_steps)" if not self.eval_steps else ""
+                raise ValueError(
+                    f"{name}.load_best_model_at_end=True needs an evaluation at every checkpoint, but save_steps="
+                    f"{self.save_steps!r} is not a multiple of eval_steps={eval_steps!r}{unset}. Give save_steps a "
+                    "multiple of eval_steps (both numbers of steps, or both fractions of the run), or use "
+                    "save_strategy='best'."
+                )
 
     def _check_intervals(self) -> None:
         """Refuse an interval field the Trainer reads under its strategy "steps" that is not > 0, before
         transformers' `__post_init__` reads it: a value <= 0 there never fires or divides by zero, and transformers
-        silently turns `eval_steps=0` into `logging_steps`. Below 1 it is a fraction of the run's steps.
+        silently turns `eval_steps=0` into `logging_steps`. Below 1 it is a fraction of the run's steps; above 1 a
+        whole number of steps. Also transformers' other refusals of step counts (`_validate_args`), in words that
+        name the field and the fix: `eval_steps` unset with no `logging_steps` to take, a negative `warmup_steps`,
+        `torch_empty_cache_steps` <= 0.
 
         Raises:
             ValueError: naming the field, the value and the fix.
@@ -1966,6 +2064,28 @@ class TRAPOConfig(_BaseConfig):
                     f"{type(self).__name__}.{name}={value!r} is invalid: use a positive number of optimizer steps "
                     f"(or a fraction < 1 of the run's steps){fix}."
                 )
+            if str(getattr(strategy, "value", strategy)) == "steps" and value is not None and value > 1:
+                if value != int(value):  # transformers: "must be an integer if bigger than 1"
+                    raise ValueError(
+                        f"{type(self).__name__}.{name}={value!r} is invalid: above 1 it is a number of optimizer "
+                        f"steps, a whole one (e.g. {name}={round(value)}); below 1 it is a fraction of the run's steps."
+                    )
+        evaluation = str(getattr(self.eval_strategy, "value", self.eval_strategy))
+        if evaluation == "steps" and self.eval_steps is None and not (self.logging_steps or 0) > 0:
+            raise ValueError(  # transformers evaluates every logging_steps when eval_steps is unset
+                f"{type(self).__name__}.eval_steps=None is invalid here: with eval_strategy='steps' it takes "
+                f"logging_steps, which is {self.logging_steps!r}. Set eval_steps to a positive number of steps."
+            )
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(
+                f"{type(self).__name__}.warmup_steps={self.warmup_steps!r} is invalid: use a number of warm-up steps "
+                ">= 0 (below 1: a fraction of the run's steps; 0, the default: no warm-up)."
+            )
+        if self.torch_empty_cache_steps is not None and not self.torch_empty_cache_steps > 0:
+            raise ValueError(
+                f"{type(self).__name__}.torch_empty_cache_steps={self.torch_empty_cache_steps!r} is invalid: use a "
+                "positive number of steps between emptying the accelerator's cache, or None (never)."
+            )
 
     def _check_deepspeed(self) -> None:
         """Refuse a `deepspeed` config that DeepSpeed would fail on later with a message naming neither the field nor
@@ -2138,11 +2258,14 @@ class TRAPOConfig(_BaseConfig):
         - `fp16=True` when training runs on the CPU (`use_cpu=True`, or no accelerator): accelerate turns fp16 autocast
           on only off the CPU and silently ignores it there (the run is fp32). DeepSpeed runs are left to DeepSpeed,
           which handles precision itself (its CPU accelerator has fp16 on some CPUs).
+        - `fp16=True` with `bf16=True` (or the `_full_eval` pair): transformers refuses "at most one" of them.
+        - `tf32=True` without a GPU with TF32 (trial 10's TA01): transformers' "--tf32 requires Ampere or a newer GPU
+          arch" named no fix (`tf32=None`, the default, leaves torch's setting).
 
         Raises:
-            ValueError: naming `bf16` / `bf16_full_eval` / `fp16`, its value and the fix.
+            ValueError: naming `bf16` / `bf16_full_eval` / `fp16` / `tf32`, its value and the fix.
         """
-        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_tf32_available, is_torch_xla_available
 
         name = type(self).__name__
         for field_name in ("bf16", "bf16_full_eval"):
@@ -2160,6 +2283,92 @@ class TRAPOConfig(_BaseConfig):
             raise ValueError(
                 f"{name}.fp16=True, but training runs on the CPU ({why}), where accelerate has no fp16 mixed "
                 "precision: it would ignore the setting and train in fp32. Drop fp16, or train on a GPU."
+            )
+        for half, brain in (("fp16", "bf16"), ("fp16_full_eval", "bf16_full_eval")):
+            if getattr(self, half) and getattr(self, brain) is True:
+                raise ValueError(
+                    f"{name}.{half}=True and {brain}=True: choose one (transformers runs one mixed precision). bf16 "
+                    "has fp32's range and needs no loss scaling; fp16 is for GPUs without bf16."
+                )
+        if self.tf32 is True and not is_torch_tf32_available():
+            raise ValueError(
+                f"{name}.tf32=True, but this machine has no GPU with TF32 (an NVIDIA Ampere or newer GPU, CUDA >= 11): "
+                "transformers refuses it here. Drop it (tf32=None, the default, leaves torch's matmul precision as "
+                "it is), or train on such a GPU."
+            )
+
+    def _check_torch_compile(self) -> None:
+        """Refuse a `torch_compile_backend` accelerate does not know and a `torch_compile_mode` torch's inductor does
+        not know, at construction: accelerate's `TorchDynamoPlugin` refused the backend only when the trainer was
+        built, with Python's "'NOPE' is not a valid DynamoBackend" naming neither the field nor the choices (trial
+        10's TA10), and torch refused the mode only when the model was compiled. The choices are accelerate's
+        `DynamoBackend` and torch's `torch._inductor.list_mode_options()` (the mode of the default backend).
+
+        Raises:
+            ValueError: naming the field, the value and the choices.
+        """
+        from accelerate.utils import DynamoBackend
+
+        name = type(self).__name__
+        backend = self.torch_compile_backend
+        backends = [member.value.lower() for member in DynamoBackend]
+        if backend is not None and backend.lower() not in backends:
+            raise ValueError(
+                f"{name}.torch_compile_backend={backend!r} is invalid: use one of {', '.join(map(repr, backends))} "
+                "(accelerate's DynamoBackend; 'inductor', torch.compile's default, fits most), or leave it None."
+            )
+        if self.torch_compile_mode is not None and (backend is None or backend.lower() == "inductor"):
+            from torch._inductor import list_mode_options
+
+            modes = list(list_mode_options())
+            if self.torch_compile_mode not in modes:
+                raise ValueError(
+                    f"{name}.torch_compile_mode={self.torch_compile_mode!r} is invalid: use one of "
+                    f"{', '.join(map(repr, modes))} (torch.compile's modes of the inductor backend), or leave it None."
+                )
+
+    def _check_accelerator_config(self) -> None:
+        """Refuse an `accelerator_config` (a dict, or the path of a JSON file) that transformers or accelerate would
+        refuse naming no field, at construction: a key `AcceleratorConfig` does not have (Python's "unexpected keyword
+        argument"), a file that does not exist, and in `gradient_accumulation_kwargs` a key accelerate's
+        `GradientAccumulationPlugin` does not have (refused only when the trainer was built) or `num_steps`, which
+        transformers' trainer copies over `gradient_accumulation_steps` when it is built (or refuses, when that is > 1).
+
+        Raises:
+            ValueError: naming the field, the key or path and the fix.
+        """
+        from accelerate.utils import GradientAccumulationPlugin
+        from transformers.trainer_pt_utils import AcceleratorConfig
+
+        value, name = self.accelerator_config, f"{type(self).__name__}.accelerator_config"
+        if isinstance(value, (str, os.PathLike)) and not str(value).startswith("{"):  # JSON text: check_json_dicts
+            if not os.path.isfile(value):
+                raise ValueError(
+                    f"{name}={str(value)!r} is invalid: no such file (from {os.getcwd()}). Give the path of a JSON "
+                    "file of AcceleratorConfig's settings, or a dict."
+                )
+            return  # transformers reads it and names the file and its unknown keys
+        settings = value if isinstance(value, dict) else vars(value) if isinstance(value, AcceleratorConfig) else {}
+        known = [f.name for f in dataclasses.fields(AcceleratorConfig)]
+        unknown = sorted(str(key) for key in settings if key not in known)
+        if unknown:
+            raise ValueError(
+                f"{name}={value!r} is invalid: transformers' AcceleratorConfig has no {', '.join(unknown)}. Its keys "
+                f"are {', '.join(known)}."
+            )
+        accumulation = settings.get("gradient_accumulation_kwargs") or {}
+        plugin = [f.name for f in dataclasses.fields(GradientAccumulationPlugin) if f.name != "num_steps"]
+        if "num_steps" in accumulation:
+            raise ValueError(
+                f"{name}['gradient_accumulation_kwargs']={accumulation!r} is invalid: set gradient_accumulation_steps="
+                f"{accumulation['num_steps']!r} instead of num_steps (transformers' trainer copies num_steps over "
+                "gradient_accumulation_steps when it is built, changing the config TRAPO planned its steps on)."
+            )
+        unknown = sorted(str(key) for key in accumulation if key not in plugin)
+        if unknown:
+            raise ValueError(
+                f"{name}['gradient_accumulation_kwargs']={accumulation!r} is invalid: accelerate's "
+                f"GradientAccumulationPlugin has no {', '.join(unknown)}. Its keys are {', '.join(plugin)}."
             )
 
     def _grpo_names_given(self) -> list[str]:
@@ -2229,14 +2438,24 @@ class TRAPOConfig(_BaseConfig):
             )
         setattr(self, target, value)
 
+    def _refuse(self, name: str, value, fix: str) -> None:
+        """Raise the ValueError of an invalid field: `<Config>.<name>=<value> is invalid: <fix>`."""
+        raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
+
     # A separate method so subclasses (e.g. PPOConfig) can extend the checks.
     def _validate(self) -> None:
-        def bad(name: str, value, fix: str):
-            raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: {fix}")
-
+        bad = self._refuse
         # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        if self.weight_decay is not None and self.weight_decay < 0:  # torch refuses it; transformers bypasses that
+            bad(
+                "weight_decay",
+                self.weight_decay,
+                "use a decay >= 0 (0, the default: none; e.g. 0.01, AdamW's own default). A negative one pushes the "
+                "weights away from zero: torch's optimizers refuse it ('Invalid weight_decay value'), but transformers "
+                "passes it in the parameter groups, where torch does not check it, so it trained without a word.",
+            )
         if self.save_total_limit is not None and self.save_total_limit < 1:  # transformers: <= 0 keeps every one
             bad(
                 "save_total_limit",
@@ -2547,13 +2766,13 @@ class TRAPOConfig(_BaseConfig):
             bad("stop_token_id", self.stop_token_id, "use a token id >= 0 of the policy's tokenizer, or None.")
         self._validate_generation_kwargs(bad)
         self._validate_chat_template_kwargs(bad)
-        self._validate_bypassed_trainer_fields(bad)
         self._validate_schedules_and_distribution(bad)
         self._validate_memory_pool(bad)
 
     def _validate_bypassed_trainer_fields(self, bad) -> None:
         """`TrainingArguments` fields whose hooks TRAPO replaces (sampler, dataloader, loss, evaluation loop): each
-        works here or is refused, never silently ignored."""
+        works here or is refused, never silently ignored. Run before transformers' `__post_init__`, whose own
+        refusal of `dataloader_prefetch_factor` without workers named no fix."""
         own_data = (
             "TRAPO draws each step's rows from its own pools in the training process (get_batch_samples); the "
             "Trainer's dataloader only serves step placeholders"
@@ -2569,6 +2788,7 @@ class TRAPOConfig(_BaseConfig):
             ("length_column_name", self.length_column_name != "length", "it only serves group_by_length; drop it."),
             ("dataloader_drop_last", self.dataloader_drop_last, f"{own_data}, so nothing is dropped; drop it."),
             ("dataloader_num_workers", self.dataloader_num_workers != 0, f"{own_data}; use 0."),
+            ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None, f"{own_data}; drop it."),
             ("label_smoothing_factor", self.label_smoothing_factor != 0, "TRAPO's losses have no label smoothing."),
             (
                 "average_tokens_across_devices",
