@@ -260,3 +260,32 @@ def test_rollback_rule(tmp_path, tokenizer, suite):
     assert callback.should_roll_back(-3.5, 1.0)["step"] == 1  # reward dropped by more than half of |best|
     assert callback.should_roll_back(10.0, 2.5)["step"] == 1  # KL beyond the bound
     assert callback.should_roll_back(None, None) is None  # no scored rollout in the window
+
+
+@pytest.mark.parametrize("peft", [False, True])
+def test_adapter_bank_settings_where_the_bank_is_off_are_warned(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog, peft
+):
+    """`adapter_snapshot_steps=1, adapter_rollback_reward_drop=0.1` on a full-model run trained with no bank and no
+    word (trial 10's PY10); the rollback settings with `adapter_snapshot_steps=0` on a PEFT run, the same. One warning
+    at construction naming the settings, the gate and the fix."""
+    import logging
+
+    if peft:
+        model, settings = peft_model(tokenizer), dict(adapter_snapshot_steps=0, adapter_rollback_kl_max=5.0)
+        expected = (
+            "adapter_rollback_kl_max=5.0 is set but adapter_snapshot_steps > 0 (it is 0) is not: it is ignored (the "
+            "adapter bank is off). Set adapter_snapshot_steps"
+        )
+    else:
+        model, settings = None, dict(adapter_snapshot_steps=1, adapter_rollback_reward_drop=0.1)
+        expected = (
+            "adapter_snapshot_steps=1, adapter_rollback_reward_drop=0.1 are set but a PEFT policy (`peft_config`, "
+            "--use_peft, or a PeftModel) is not: they are ignored (the adapter bank snapshots and rolls back adapters; "
+            "this run trains the full model). Pass a peft_config (--use_peft) to snapshot and roll back an adapter "
+            "with them, or drop them."
+        )
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        tiny_trainer(tmp_path, tokenizer, suite, model=model, **settings)
+    found = [r.getMessage() for r in caplog.records if "adapter_" in r.getMessage()]
+    assert len(found) == 1 and found[0].startswith(expected), found

@@ -185,6 +185,22 @@ def test_fsdp_without_a_launcher_is_refused_at_construction_with_the_launch_comm
     assert not TRAPOConfig(output_dir=str(tmp_path)).fsdp  # no fsdp: nothing to refuse
 
 
+def test_a_ddp_backend_without_a_launcher_is_refused_by_name(tmp_path, monkeypatch):
+    """Trial 10's TA19 / CX29: `ddp_backend="gloo"` in one process failed in transformers' device setup with torch's
+    "Default process group has not been initialized" (TRL's GRPOConfig too), naming neither the field nor a fix."""
+    no_launcher(monkeypatch)
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), ddp_backend="gloo")
+    message = str(raised.value)
+    for needle in [
+        "TRAPOConfig.ddp_backend='gloo'",
+        "no launcher started this one",
+        "drop ddp_backend",
+        "--multi_gpu",
+    ]:
+        assert needle in message, (needle, message)
+
+
 def test_eval_steps_none_still_follows_logging_steps(tmp_path):
     config = TRAPOConfig(output_dir=str(tmp_path), eval_strategy="steps", logging_steps=3)
     assert config.eval_steps == 3

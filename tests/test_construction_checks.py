@@ -528,3 +528,23 @@ def test_the_dtypes_from_pretrained_takes_are_accepted(tmp_path):
         TRAPOConfig(
             output_dir=str(tmp_path), report_to="none", model_init_kwargs={"dtype": dtype, "torch_dtype": dtype}
         )
+
+
+@pytest.mark.parametrize("field", ["model_adapter_name", "ref_adapter_name"])
+def test_an_adapter_name_the_policy_lacks_is_refused_by_field(tmp_path, tokenizer, suite, tiny_config, field):
+    """`model_adapter_name="nope"` with a `peft_config` (whose one adapter is `default`) ended in PEFT's raw `Adapter
+    nope not found.` from `set_adapter` (trial 10's PY30); its twin `ref_adapter_name` already named itself."""
+    from peft import LoraConfig
+
+    with pytest.raises(ValueError) as raised:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path, kl_coef=0.05, **{field: "nope"}),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        )
+    message = str(raised.value)
+    for needle in [f"TRAPOConfig.{field}='nope'", "['default']", "named 'default'", "model.load_adapter("]:
+        assert needle in message, (needle, message)

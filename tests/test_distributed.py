@@ -457,6 +457,31 @@ def test_ddp_comm_hook_is_rejected_without_ddp():
     assert DDPCommHookCallback(lambda: model, accelerator).on_train_begin(args, None, "control") == "control"
 
 
+def test_a_ddp_comm_hook_in_one_process_is_warned_at_construction(tmp_path, tokenizer, suite, tiny_trainer, caplog):
+    """`ddp_comm_hook="powersgd"` in a one-process run trained without a word that the hook is not used (trial 10's
+    PY16); now one warning when the trainer is built, as async settings without `async_rollouts` get (A08). PowerSGD's
+    own settings without the PowerSGD hook are warned about by the config, the same way."""
+    import logging
+
+    from trl_trapo import TRAPOConfig
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        tiny_trainer(tmp_path, tokenizer, suite, ddp_comm_hook="powersgd", powersgd_start_iter=10)
+    found = [r.getMessage() for r in caplog.records if "ddp_comm_hook" in r.getMessage()]
+    assert found == [
+        "ddp_comm_hook='powersgd' is set but a launch of several DDP processes is not: it is ignored (one process has "
+        "no gradients to all-reduce). Launch with `accelerate launch --multi_gpu --num_processes N ...` (`trapo train "
+        "--multi_gpu --num_processes N`) to compress DDP's gradient all-reduce with it, or drop it."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", ddp_comm_hook="fp16", powersgd_rank=4)
+    assert (
+        "powersgd_rank=4 is set but TRAPOConfig.ddp_comm_hook='powersgd' is not: it is ignored (ddp_comm_hook='fp16')"
+        in caplog.text
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Configs and recipes
 # ---------------------------------------------------------------------------------------------------------------------

@@ -66,6 +66,29 @@ def test_the_python_table_of_transformers_4_names_matches_the_command_lines():
         assert name not in TRAPOConfig.__dataclass_fields__, name
 
 
+TRIAL10_TA16 = (
+    "save_safetensors include_tokens_per_second split_batches dispatch_batches use_mps_device "
+    "include_inputs_for_metrics fp16_backend tpu_num_cores use_legacy_prediction_loop ray_scope torchdynamo "
+    "sharded_ddp jit_mode_eval use_ipex mp_parameters fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap "
+    "past_index"
+).split()
+
+
+@pytest.mark.parametrize("name", TRIAL10_TA16)
+def test_every_removed_transformers_4_field_names_its_replacement(tmp_path, name):
+    """Trial 10's TA16: these transformers 4 fields, common in older scripts, were Python's bare "unexpected keyword
+    argument"; each now gets its replacement or "drop it", in Python and on the command line."""
+    from transformers import TrainingArguments
+
+    assert name not in TrainingArguments.__dataclass_fields__  # transformers 5 removed it
+    with pytest.raises(TypeError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", **{name: 1})
+    message = str(caught.value)
+    assert "unexpected keyword" not in message and "transformers 4 TrainingArguments" in message, message
+    assert f"{name}=1: " in message and ("rename it" in message or "drop it" in message or "inside" in message)
+    assert "transformers 5" in did_you_mean(f"--{name}")
+
+
 def test_a_grpo_and_an_sft_field_together_are_both_named(tmp_path):
     with pytest.raises(TypeError) as caught:
         TRAPOConfig(output_dir=str(tmp_path), epsilon_high=0.28, max_length=64)

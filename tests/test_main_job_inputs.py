@@ -374,6 +374,51 @@ def test_data_that_is_not_utf8_is_named_with_its_file_line_and_fix(tmp_path, nam
         build(tmp_path, dataset_name=given)
 
 
+def test_an_unwritable_datasets_cache_is_named_not_the_files(tmp_path, monkeypatch):
+    """`HF_DATASETS_CACHE=/proc/hfcache` (a cache folder that cannot be created) was "cannot load the dataset
+    (FileNotFoundError: ... '/proc/hfcache'). Fix: check the files' format and columns.": the files were fine (trial
+    10's CX04). The message names the variable, its folder and the fix."""
+    import datasets
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cache = str(blocker / "hfcache")  # under a file: it cannot be created, on any machine
+    monkeypatch.setenv("HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", Path(cache))  # as `datasets` reads it at import
+    given = write_jsonl(tmp_path / "rl.jsonl", rl_rows())
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=given)
+    message = str(error.value)
+    for needle in [f"--dataset_name={given!r}: the datasets cache cannot be used", f"HF_DATASETS_CACHE={cache!r}"]:
+        assert needle in message, (needle, message)
+    assert "point HF_DATASETS_CACHE at a folder you can write" in message and "format and columns" not in message
+
+
+def test_rows_nested_under_a_key_are_pointed_out_with_the_ways_to_load_them(tmp_path):
+    """A `.json` file `{"data": [rows], "version": 1}` was "must have a 'prompt' column ...; it has ['data',
+    'version']", true but without the fix (trial 10's CX05); the SFT and pretraining checks say the same."""
+    from datasets import load_dataset
+
+    from trl_trapo.data import check_pretrain_dataset, check_prompt_dataset, check_sft_dataset
+
+    path = tmp_path / "rl_obj.json"
+    path.write_text(json.dumps({"data": rl_rows(), "version": 1}))
+    inputs = build(tmp_path, dataset_name=str(path))  # loads; the trainer checks the columns
+    with pytest.raises(ValueError) as error:
+        check_prompt_dataset(inputs.train_dataset)
+    message = str(error.value)
+    for needle in ["it has ['data', 'version']", "nested under the key 'data'", "field='data'", "JSON Lines"]:
+        assert needle in message, (needle, message)
+    sft = tmp_path / "sft_obj.json"
+    sft.write_text(json.dumps({"rows": [{"prompt": "a=", "completion": "1"}]}))
+    with pytest.raises(ValueError, match="nested under the key 'rows'"):
+        check_sft_dataset(load_dataset("json", data_files=str(sft), split="train"))
+    text = tmp_path / "text_obj.json"
+    text.write_text(json.dumps({"docs": [{"text": "a b c"}]}))
+    with pytest.raises(ValueError, match="nested under the key 'docs'"):
+        check_pretrain_dataset(load_dataset("json", data_files=str(text), split="train"))
+
+
 @pytest.mark.parametrize("ext", ["jsonl", "csv"])
 def test_split_files_with_different_columns_are_named_with_their_columns(tmp_path, ext):
     """train.jsonl with `answer` and test.jsonl with `solution` was "cannot load the dataset (DatasetGenerationError:

@@ -94,6 +94,33 @@ def test_trajectory_larger_than_max_bytes_raises():
         buffer.add([trajectory(0)])
 
 
+def test_a_byte_budget_below_the_smallest_trajectory_is_refused_by_the_config(tmp_path):
+    """`replay_max_bytes=10` was refused only by the first rollout round's `add` (trial 10's PY02); the config now
+    refuses a budget below the smallest trajectory, whose size `MIN_TRAJECTORY_BYTES` is: one prompt and one
+    completion token with the fields `rollout.py` gives every trajectory (stored raw: compressed it is larger)."""
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.config import MIN_TRAJECTORY_BYTES
+    from trl_trapo.memory.replay import compress_tensors
+
+    smallest = Trajectory(
+        prompt_ids=torch.tensor([5]),
+        completion_ids=torch.tensor([7]),
+        completion_mask=torch.zeros(1),  # rollout.py's masks, log-probs and advantages: torch.zeros (float32)
+        old_per_token_logps=torch.zeros(1),
+        advantages=torch.zeros(1),
+    )
+    assert smallest.nbytes() == MIN_TRAJECTORY_BYTES < len(compress_tensors(smallest.tensors()))
+    buffer = ReplayBuffer(max_bytes=MIN_TRAJECTORY_BYTES)
+    buffer.add([smallest])
+    assert len(buffer) == 1
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", replay_max_bytes=10)
+    message = str(raised.value)
+    for needle in ["TRAPOConfig.replay_max_bytes=10 is invalid", f"takes {MIN_TRAJECTORY_BYTES} bytes", "or None"]:
+        assert needle in message, (needle, message)
+    TRAPOConfig(output_dir=str(tmp_path), report_to="none", replay_max_bytes=MIN_TRAJECTORY_BYTES)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Serving
 # ---------------------------------------------------------------------------------------------------------------------

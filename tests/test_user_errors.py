@@ -858,6 +858,56 @@ def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite
         verify_checkpoint(str(not_ours), 1)
 
 
+@pytest.mark.parametrize(
+    ("saved", "resumed", "needles"),
+    [
+        (
+            dict(sft_sampling="prioritized"),
+            dict(sft_sampling="uniform"),
+            ["sft_sampling='prioritized' when it was written, 'uniform' now", "sft_sampling='prioritized'"],
+        ),
+        (
+            dict(weighting="uncertainty"),
+            dict(dare_mode="static"),
+            ["weighting='uncertainty' when it was written, 'static' now", "weighting='uncertainty' (--weighting"],
+        ),
+        (
+            dict(adapter_snapshot_steps=0, peft=True),
+            dict(peft=True),
+            ["holds no adapter bank", "adapter_snapshot_steps=0 (--adapter_snapshot_steps 0)"],
+        ),
+    ],
+    ids=["sft_sampling", "weighting", "adapter_bank"],
+)
+@pytest.mark.parametrize("when", ["train", "construction"])
+def test_a_checkpoint_of_other_state_settings_is_refused_by_setting(
+    tmp_path, tokenizer, suite, tiny_trainer, saved, resumed, needles, when
+):
+    """A checkpoint written with `sft_sampling="prioritized"` and resumed with "uniform" failed at `train()` with
+    "rank0.json cannot be restored: KeyError: 'sampler'" (trial 10's PY38); another weighting strategy with "Cannot
+    load a 'dare' weighting state into StaticWeighting", an adapter bank turned on with "adapter_bank.json is
+    missing". Each is refused before anything loads, naming the setting, its value then and now, and the fix."""
+    from peft import LoraConfig, get_peft_model
+
+    def build(settings, **overrides):
+        settings = dict(settings)
+        model = None
+        if settings.pop("peft", False):
+            model = get_peft_model(build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj"]))
+        return tiny_trainer(tmp_path / "run", tokenizer, suite, model=model, **settings, **overrides)
+
+    build(saved, max_steps=1, save_strategy="steps", save_steps=1).train()
+    checkpoint = str(tmp_path / "run" / "checkpoint-1")
+    with pytest.raises(CheckpointError) as raised:
+        if when == "train":
+            build(resumed, max_steps=2).train(resume_from_checkpoint=checkpoint)
+        else:
+            build(resumed, max_steps=2, resume_from_checkpoint=checkpoint)
+    message = str(raised.value)
+    for needle in [f"resume_from_checkpoint={checkpoint!r}", *needles, f"pass {checkpoint} as --model_name_or_path"]:
+        assert needle in message, (needle, message)
+
+
 @pytest.mark.parametrize("where", ["file", "under_a_file"])
 def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, monkeypatch, capsys, where):
     """A file, or a path under a file, fails at once with a ValueError naming output_dir (CLI: before any model

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from accelerate.utils import is_peft_model
+from accelerate.utils import DistributedType, is_peft_model
 from datasets import Dataset
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer
@@ -54,7 +54,7 @@ from .checkpoint import (
     verify_checkpoint,
 )
 from .collator import RowAllocator, plan_steps
-from .config import TRAPOConfig, warn_ignored_settings
+from .config import ADAPTER_BANK_FIELDS, TRAPOConfig, changed_settings, warn_ignored_settings
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     DataSetup,
@@ -69,7 +69,7 @@ from .data import (
     progress_bars,
     warn_missing_reward_cells,
 )
-from .distributed import check_launch, restore_kernel_functions, sum_over_ranks
+from .distributed import accelerator_distributed_type, check_launch, restore_kernel_functions, sum_over_ranks
 from .evaluation import check_best_model_metric, check_eval_on_start
 from .executor import SourceContext
 from .grpo import grpo_notice
@@ -134,7 +134,7 @@ from .vision import (
     suppress_placeholder_tokens,
     text_tokenizer,
 )
-from .weighting import DARE, GradientProbe, build_weighting
+from .weighting import DARE, GradientProbe, build_weighting, weighting_name
 
 
 try:
@@ -261,6 +261,18 @@ def check_run(
     return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
 
 
+def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:
+    """The run's values of the settings that shape TRAPO's state in a checkpoint
+    ([`~trl_trapo.checkpoint.STATE_SETTINGS`]), as [`~trl_trapo.checkpoint.checkpoint_state_settings`] reads a
+    checkpoint's: `sft_sampling`, the weighting strategy's name ([`~trl_trapo.weighting.weighting_name`]: `weighting`,
+    or `dare_mode`'s), and `adapter_bank` (whether the run keeps an adapter bank; None: not known yet)."""
+    return {
+        "sft_sampling": args.sft_sampling,
+        "weighting": weighting_name(args),
+        "adapter_snapshot_steps": adapter_bank,
+    }
+
+
 def check_resume(
     args: TRAPOConfig,
     arguments: dict[str, Any],
@@ -287,7 +299,11 @@ def check_resume(
     model = arguments.get("model")  # a path or Hub id is loaded later: a PeftModel only when given as one
     adapter = arguments.get("peft_config") is not None or (isinstance(model, nn.Module) and is_peft_model(model))
     critic = arguments.get("value_model") is not None
-    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic)
+    # the adapter bank is off under ZeRO-3, which is known once the Trainer exists: under DeepSpeed, checked then
+    deepspeed = accelerator_distributed_type(args.distributed_state) == DistributedType.DEEPSPEED
+    bank = None if deepspeed else adapter and args.adapter_snapshot_steps > 0
+    settings = state_settings(args, bank)
+    check_checkpoint_fits(checkpoint, adapter, summary, rollout_state=rollout_state, critic=critic, settings=settings)
     objectives = [] if objectives is None else objectives
     if isinstance(objectives, (list, tuple)):  # another type: refused by name when the objectives are checked
         with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
@@ -939,7 +955,8 @@ def policy_and_reference(
         `(policy, reference model or None, reference adapter name or None)`.
 
     Raises:
-        ValueError: adapter names without a PeftModel policy, or a `ref_adapter_name` the policy does not have.
+        ValueError: adapter names without a PeftModel policy, or a `model_adapter_name` / `ref_adapter_name` the
+            policy does not have (naming the field, the value and the adapters it has).
     """
     created_adapter = peft_config is not None
     if created_adapter:
@@ -951,14 +968,22 @@ def policy_and_reference(
     ref_adapter: str | None = None
     if (args.model_adapter_name or args.ref_adapter_name) and not is_peft_model(model):
         raise ValueError("`model_adapter_name` / `ref_adapter_name` need a PeftModel policy (or `peft_config`).")
+    for setting in ("model_adapter_name", "ref_adapter_name"):  # PEFT's own error names neither (trial 10's PY30)
+        name = getattr(args, setting)
+        if name and name not in model.peft_config:
+            created = (
+                f" (`peft_config` creates one adapter, named {next(iter(model.peft_config))!r})"
+                if created_adapter
+                else ""
+            )
+            raise ValueError(
+                f"{type(args).__name__}.{setting}={name!r} is not an adapter of the policy: it has "
+                f"{list(model.peft_config)}{created}. Name one of those, or load it first with "
+                "`model.load_adapter(path, adapter_name=...)` and pass that PeftModel as the model."
+            )
     if args.model_adapter_name:
         model.set_adapter(args.model_adapter_name)
     if args.ref_adapter_name:
-        if args.ref_adapter_name not in model.peft_config:
-            raise ValueError(
-                f"{type(args).__name__}.ref_adapter_name={args.ref_adapter_name!r} is not an adapter of the policy "
-                f"({list(model.peft_config)}); load it first with `model.load_adapter(path, adapter_name=...)`."
-            )
         ref_adapter = args.ref_adapter_name
     if ref_model is not None and is_peft_model(model):
         logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
@@ -1316,8 +1341,30 @@ def build_adapter_bank(
     args: TRAPOConfig, policy: Callable[[], Any], accelerator: Any, zero3: bool, replay: ReplayBuffer
 ) -> AdapterBankCallback | None:
     """Snapshots of a PEFT policy's adapter (off without PEFT, with `adapter_snapshot_steps=0`, under ZeRO-3); a
-    rollback empties `replay` (trajectories of the abandoned policy). `policy()`: the policy, unwrapped."""
-    if args.adapter_snapshot_steps <= 0 or not is_peft_model(policy()):
+    rollback empties `replay` (trajectories of the abandoned policy). `policy()`: the policy, unwrapped. The bank's
+    settings ([`~trl_trapo.config.ADAPTER_BANK_FIELDS`]) given where it is off are warned about (trial 10's PY10)."""
+    given = [
+        f"{setting}={getattr(args, setting)!r}"
+        for setting in changed_settings(args, ADAPTER_BANK_FIELDS)
+        if setting != "adapter_snapshot_steps" or args.adapter_snapshot_steps > 0  # 0 turns the bank off: as meant
+    ]
+    if not is_peft_model(policy()):
+        warn_ignored_settings(
+            logger,
+            given,
+            "a PEFT policy (`peft_config`, --use_peft, or a PeftModel)",
+            " (the adapter bank snapshots and rolls back adapters; this run trains the full model)",
+            "Pass a peft_config (--use_peft) to snapshot and roll back an adapter with {them}, or drop {them}.",
+        )
+        return None
+    if args.adapter_snapshot_steps <= 0:
+        warn_ignored_settings(
+            logger,
+            given,
+            f"adapter_snapshot_steps > 0 (it is {args.adapter_snapshot_steps})",
+            " (the adapter bank is off)",
+            "Set adapter_snapshot_steps to a number of steps (e.g. 100) to keep snapshots with {them}, or drop {them}.",
+        )
         return None
     if zero3:
         logger.warning("The adapter bank does not gather ZeRO-3 partitioned adapters: it is off.")
@@ -1489,6 +1536,15 @@ def build_callbacks(
     callbacks: list = [short for _, short in replaced]
     if schedules.adaptive_kl:
         callbacks.append(AdaptiveKLCallback(schedules, reduce_sum))
+    if accelerator.num_processes == 1:  # warned now, not at train() (trial 10's PY16, as A08 / CF04 / TD09 are)
+        warn_ignored_settings(
+            logger,
+            [f"ddp_comm_hook={args.ddp_comm_hook!r}"] if args.ddp_comm_hook != "none" else [],
+            "a launch of several DDP processes",
+            " (one process has no gradients to all-reduce)",
+            "Launch with `accelerate launch --multi_gpu --num_processes N ...` (`trapo train --multi_gpu "
+            "--num_processes N`) to compress DDP's gradient all-reduce with {them}, or drop {them}.",
+        )
     callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
     callbacks.append(StateCheckpointCallback(save_state, pending))
     if args.sync_ref_model and args.kl_coef > 0:

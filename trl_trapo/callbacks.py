@@ -308,8 +308,7 @@ class DDPCommHookCallback(TrainerCallback):
             return control
         model = self.wrapped_model()
         if not isinstance(model, nn.parallel.DistributedDataParallel):
-            if self.accelerator.num_processes == 1:
-                logger.info("ddp_comm_hook=%r has no effect on a single process.", name)
+            if self.accelerator.num_processes == 1:  # warned about at construction (`assembly.build_callbacks`)
                 return control
             raise ValueError(
                 f"TRAPOConfig.ddp_comm_hook={name!r} needs DDP, but this run uses "

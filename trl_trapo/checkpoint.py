@@ -386,6 +386,7 @@ def check_checkpoint_fits(
     model: Any = None,
     rollout_state: bool | None = None,
     critic: bool | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> None:
     """Refuse, before anything slow, a complete checkpoint (see `verify_checkpoint`) that the run cannot resume: its
     weights are a LoRA adapter and the run trains the full model, or the other way round; it is of another model
@@ -396,7 +397,8 @@ def check_checkpoint_fits(
     the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors. Its weights
     hold a PPO critic and the run has no `value_model`, or the other way round ([`checkpoint_holds_critic`]): without
     this check the first failed in `train()` by building transformers' default-sized model from a folder without
-    `config.json` (tens of GB), the second with torch's missing-keys error.
+    `config.json` (tens of GB), the second with torch's missing-keys error. It was written with another value of a
+    setting that shapes TRAPO's state ([`check_checkpoint_settings`]).
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder.
@@ -406,6 +408,8 @@ def check_checkpoint_fits(
         rollout_state (`bool`, *optional*): whether the run's rollout source keeps state in checkpoints (see
             [`check_checkpoint_rollouts`]); None: not compared.
         critic (`bool`, *optional*): the run trains a PPO critic (a `value_model`); None: not compared.
+        settings (`dict`, *optional*): the run's settings that shape TRAPO's state ([`check_checkpoint_settings`]);
+            None: not compared.
 
     Raises:
         CheckpointError: naming the checkpoint, what it holds, what the run has and the fix.
@@ -458,6 +462,7 @@ def check_checkpoint_fits(
             "its data samplers and pools are positions in those. Fix: resume with the same datasets, "
             f"{start_over}."
         )
+    check_checkpoint_settings(checkpoint_dir, settings)
 
 
 ROLLOUT_STATE_KEY = "rollout_source"  # in `trapo/rank{r}.json`: the rollout source's own state (rl_supply.RLSupply)
@@ -504,6 +509,91 @@ def check_checkpoint_rollouts(checkpoint_dir: str, rollout_state: bool | None) -
             "that keeps state), but this run samples synchronously with a source that keeps none: the rounds would "
             f"be dropped. Fix: set async_rollouts=True (--async_rollouts) to resume this checkpoint, {new_run}."
         )
+
+
+STATE_SETTINGS = {
+    "sft_sampling": "the SFT pool's state is that sampling's: a uniform sampler's position, or a prioritised pool's "
+    "rows and priorities",
+    "weighting": "the weighting strategy's state is its own: DARE's factors, uncertainty's log-variances, ...; "
+    "`weighting`, or `dare_mode` where it is None",
+    "adapter_snapshot_steps": "the adapter bank's index (trapo/adapter_bank.json) is there only with "
+    "adapter_snapshot_steps > 0 on a PEFT policy",
+}
+"""The settings that change the shape of TRAPO's state in a checkpoint (-> what it holds because of them), compared
+by [`check_checkpoint_settings`]. The others that do are checked on their own: the number of processes
+([`verify_checkpoint`]), `async_rollouts` ([`check_checkpoint_rollouts`]), the datasets, PEFT and a critic
+([`check_checkpoint_fits`]). Those a resumed run may change are not here: a curriculum, replay buffer, KL controller,
+exploration or self-imitation setting changes what the run does next, not what the checkpoint holds (self-imitation
+turned off drops its successes, as asked)."""
+
+
+def checkpoint_state_settings(checkpoint_dir: str) -> dict[str, Any]:
+    """The values of [`STATE_SETTINGS`] that wrote `checkpoint_dir`, read off what it holds (any checkpoint of this
+    format, also one written before this check): `sft_sampling` "uniform" or "prioritized" (absent without SFT data),
+    `weighting` the strategy's name (`weighting_name`: "dare", "static", ...), `adapter_snapshot_steps` whether it
+    holds an adapter bank (a bool: the number itself is not kept). Empty for a checkpoint without `rank0.json`."""
+    state = read_state_file(checkpoint_dir, "rank0.json")
+    if not isinstance(state, dict):
+        return {}
+    found: dict[str, Any] = {}
+    pool = (state.get("memory_pool") or {}).get("sft_pool", state.get("sft_pool"))  # the earlier layout: top level
+    if isinstance(pool, dict):
+        found["sft_sampling"] = "uniform" if "sampler" in pool else "prioritized"
+    weighting = state.get("dare")  # the weighting strategy's state, whichever it is (`RunState.save`)
+    strategy = weighting.get("strategy") if isinstance(weighting, dict) else None
+    if isinstance(strategy, str):
+        found["weighting"] = strategy
+    found["adapter_snapshot_steps"] = os.path.isfile(os.path.join(checkpoint_dir, STATE_DIR, "adapter_bank.json"))
+    return found
+
+
+def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | None) -> None:
+    """Refuse, before anything slow, a checkpoint written with another value of a setting that shapes TRAPO's state
+    ([`STATE_SETTINGS`]): restoring it failed at `train()` with the state's own error, naming a file and a key
+    (`rank0.json cannot be restored: KeyError: 'sampler'` for `sft_sampling="prioritized"` resumed with "uniform",
+    trial 10's PY38; "Cannot load a 'dare' weighting state into StaticWeighting").
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder [`verify_checkpoint`] accepted.
+        settings (`dict`, *optional*): the run's values, as [`checkpoint_state_settings`] reads the checkpoint's
+            (`adapter_snapshot_steps`: True when the run keeps an adapter bank, None when not known before the
+            `Trainer` exists, e.g. under DeepSpeed); a setting that is None, or that the checkpoint does not show, is
+            not compared. None: nothing compared.
+
+    Raises:
+        CheckpointError: naming the checkpoint, each setting that differs with its value then and now, and the fix
+            (resume with the checkpoint's values, or start a new run from its weights).
+    """
+    if settings is None:
+        return
+    then = checkpoint_state_settings(checkpoint_dir)
+    differ = [
+        name
+        for name in STATE_SETTINGS
+        if then.get(name) is not None
+        and settings.get(name) is not None
+        and then[name] != settings[name]
+        and not (name == "adapter_snapshot_steps" and then[name])  # a bank the run no longer keeps: left on disk
+    ]
+    if not differ:
+        return
+    described, fixes = [], []
+    for name in differ:
+        if name == "adapter_snapshot_steps":
+            described.append(
+                "the checkpoint holds no adapter bank (it was written with adapter_snapshot_steps=0 or without PEFT) "
+                "and this run keeps one (adapter_snapshot_steps > 0 on a PEFT policy)"
+            )
+            fixes.append("adapter_snapshot_steps=0 (--adapter_snapshot_steps 0)")
+            continue
+        described.append(f"{name}={then[name]!r} when it was written, {settings[name]!r} now ({STATE_SETTINGS[name]})")
+        fixes.append(f"{name}={then[name]!r} (--{name} {then[name]})")
+    raise CheckpointError(
+        f"resume_from_checkpoint={checkpoint_dir!r} was written with other settings of what TRAPO's state holds: "
+        f"{'; '.join(described)}. Its state cannot be restored into this run's. Fix: resume with the checkpoint's "
+        f"value{'s' if len(fixes) > 1 else ''}, {' and '.join(fixes)}; or start a new run from its weights (pass "
+        f"{checkpoint_dir} as --model_name_or_path / `model=`, without resume_from_checkpoint)."
+    )
 
 
 RESTORED_OPTIMIZER_SETTINGS = {
@@ -751,6 +841,8 @@ __all__ = [
     "DATASETS_FILE",
     "atomic_write_bytes",
     "check_checkpoint_fits",
+    "check_checkpoint_settings",
+    "checkpoint_state_settings",
     "check_checkpoint_step",
     "checkpoint_optimizer_settings",
     "datasets_summary",

@@ -233,6 +233,39 @@ TRANSFORMERS4_FIXES = {
     "training steps)",
     "logging_dir": "drop it: TensorBoard logs go under output_dir (its `runs/` folder), or where the "
     "TENSORBOARD_LOGGING_DIR environment variable says",
+    # trial 10's TA16: each was Python's bare "unexpected keyword argument"
+    "save_safetensors": "drop it: transformers 5 always saves weights as safetensors",
+    "include_tokens_per_second": "include_num_input_tokens_seen",  # it logs train_tokens_per_second too
+    "split_batches": "give it inside accelerator_config: {'split_batches': True} (a dict, or a JSON object on the "
+    "command line)",
+    "dispatch_batches": "give it inside accelerator_config: {'dispatch_batches': True} (a dict, or a JSON object on "
+    "the command line)",
+    "use_mps_device": "drop it: transformers 5 uses an Apple GPU (MPS) whenever there is one (use_cpu=True keeps "
+    "the run on the CPU)",
+    "include_inputs_for_metrics": "drop it: TRAPO's evaluate computes its own metrics (transformers 5's name, "
+    "include_for_metrics=['inputs'], is refused here for the same reason)",
+    "fp16_backend": "drop it: transformers 5 has only torch's mixed precision (fp16=True or bf16=True)",
+    "half_precision_backend": "drop it: transformers 5 has only torch's mixed precision (fp16=True or bf16=True)",
+    "fp16_opt_level": "drop it: it was apex's optimisation level, and transformers 5 has no apex (fp16=True or "
+    "bf16=True use torch's mixed precision)",
+    "tpu_num_cores": "drop it: the TPU launcher (accelerate launch, torch_xla) sets the number of cores",
+    "tpu_metrics_debug": "use debug='tpu_metrics_debug'",
+    "use_legacy_prediction_loop": "drop it: transformers 5 has one evaluation loop (and TRAPO's evaluate computes "
+    "its own metrics)",
+    "ray_scope": "drop it: it served Ray Tune's hyperparameter_search, which TRAPOTrainer does not run (transformers "
+    "5 reads the RAY_SCOPE environment variable)",
+    "torchdynamo": "torch_compile_backend",
+    "sharded_ddp": "drop it: FairScale's sharded DDP is gone; shard with DeepSpeed ZeRO or FSDP (docs/distributed.md)",
+    "jit_mode_eval": "drop it: transformers 5 no longer traces the model with TorchScript for evaluation",
+    "use_ipex": "drop it: transformers 5 no longer applies Intel Extension for PyTorch",
+    "mp_parameters": "drop it: it passed SageMaker model-parallel settings, which transformers 5 no longer reads",
+    "fsdp_min_num_params": "give it inside fsdp_config: {'min_num_params': N} (a dict, or a JSON object on the "
+    "command line)",
+    "fsdp_transformer_layer_cls_to_wrap": "give it inside fsdp_config: {'transformer_layer_cls_to_wrap': "
+    "['LlamaDecoderLayer']} (a dict, or a JSON object on the command line)",
+    "past_index": "drop it: transformers 5 no longer feeds a model's past (mems) back between steps",
+    "group_by_length": "drop it: TRAPO groups each step's rows by length itself (transformers 5's name, "
+    "train_sampling_strategy='group_by_length', is refused here for the same reason)",
 }
 """`TrainingArguments` fields of transformers 4 that transformers 5 removed, which scripts written for it still pass
 -> the field that replaces each (a name: same value) or what to do. The command line says the same with its flags
@@ -616,6 +649,11 @@ def warn_ignored_settings(log: logging.Logger, given: list[str], gate: str, cons
     )
 
 
+MIN_TRAJECTORY_BYTES = 28
+"""Host bytes of the smallest trajectory the replay buffer can hold: one prompt and one completion token, int64 ids
+(8 + 8) and the float32 completion mask, behaviour log-prob and advantage (4 + 4 + 4) that every trajectory carries
+(`rollout.py` builds them; `memory.Trajectory`'s required fields), uncompressed (the buffer keeps a trajectory
+compressed only when that is smaller, never at this size). A `replay_max_bytes` below it can hold no trajectory."""
 ASYNC_FIELDS = (
     "max_staleness",
     "stale_rollouts",
@@ -645,6 +683,16 @@ VLLM_FIELDS = (
 )
 """`TRAPOConfig`'s settings that only `use_vllm=True` reads (the `vllm_importance_sampling_*` ones are not among them:
 they also correct a `rollout_func`'s log-probs)."""
+ADAPTER_BANK_FIELDS = (
+    "adapter_snapshot_steps",
+    "max_adapter_snapshots",
+    "adapter_rollback_reward_drop",
+    "adapter_rollback_kl_max",
+)
+"""`TRAPOConfig`'s settings that only the adapter bank reads: a PEFT policy with `adapter_snapshot_steps > 0`
+(warned about by `assembly.build_adapter_bank` otherwise)."""
+POWERSGD_FIELDS = ("powersgd_rank", "powersgd_start_iter")
+"""`TRAPOConfig`'s settings that only `ddp_comm_hook="powersgd"` reads."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -1297,7 +1345,11 @@ class TRAPOConfig(_BaseConfig):
         default=50_000, metadata={"help": "Short-term replay capacity in trajectories (FIFO, oldest evicted first)."}
     )
     replay_max_bytes: int | None = field(
-        default=None, metadata={"help": "Short-term replay capacity in bytes of host memory. None: no byte limit."}
+        default=None,
+        metadata={
+            "help": "Short-term replay capacity in bytes of host memory, at least 28 (the smallest trajectory: about 8 "
+            "bytes per prompt token and 20 per completion token). None: no byte limit."
+        },
     )
     replay_compress: bool = field(
         default=False,
@@ -1867,6 +1919,7 @@ class TRAPOConfig(_BaseConfig):
             )
             self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         fsdp_given = self.fsdp  # transformers' `__post_init__` turns it into True
+        self._check_ddp_backend_launch()  # before transformers' device setup, which fails on it with torch's text
         try:
             with rendezvous_notice():  # transformers joins the process group here (its `device`): a hang says why
                 super().__post_init__()
@@ -1884,8 +1937,9 @@ class TRAPOConfig(_BaseConfig):
     def _warn_unused_settings(self) -> None:
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
-        (ignored, as `--lora_r` without `--use_peft` is: the same warning), and a number of torch threads ([`THREAD_FIELDS`]) above the cores this process may use
-        (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
+        (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
+        without `ddp_comm_hook="powersgd"`, and a number of torch threads ([`THREAD_FIELDS`]) above the cores this
+        process may use (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
         name = type(self).__name__
         if not self.async_rollouts:
             warn_ignored_settings(
@@ -1903,6 +1957,15 @@ class TRAPOConfig(_BaseConfig):
                 f"{name}.use_vllm",
                 " (completions are sampled with transformers' generate; their ranges are checked only with use_vllm)",
                 "Set use_vllm=True (--use_vllm) to sample with vLLM, or drop {them}.",
+            )
+        if self.ddp_comm_hook != "powersgd":
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, POWERSGD_FIELDS)],
+                f"{name}.ddp_comm_hook='powersgd'",
+                f" (ddp_comm_hook={self.ddp_comm_hook!r})",
+                "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
+                "drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
@@ -2117,6 +2180,30 @@ class TRAPOConfig(_BaseConfig):
             "examples/trapo.py ...` (a plain `accelerate launch` of one process sets no rank either). On a machine "
             "without a GPU prefix `DS_ACCELERATOR=cpu` (docs/distributed.md). Or drop --deepspeed to train in this "
             "process."
+        )
+
+    def _check_ddp_backend_launch(self) -> None:
+        """Refuse `ddp_backend` in a process no launcher started, at construction: transformers' device setup hands it
+        to accelerate's `PartialState`, which then asks torch for the size of a process group nobody formed (torch's
+        "Default process group has not been initialized", trial 10's TA19 / CX29; TRL's `GRPOConfig` fails the same
+        way). A launcher sets `LOCAL_RANK` (or an MPI / `WORLD_SIZE` count above 1, accelerate's own test); a process
+        group the script formed itself, and XLA, are left to accelerate.
+
+        Raises:
+            ValueError: naming the field, the value, and the fixes (drop it, or launch several processes).
+        """
+        if self.ddp_backend is None or "LOCAL_RANK" in os.environ or torch.distributed.is_initialized():
+            return
+        sizes = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE")
+        if any(os.environ.get(name, "1").strip() not in ("", "0", "1") for name in sizes):
+            return
+        if transformers.utils.is_torch_xla_available():
+            return
+        raise ValueError(
+            f"{type(self).__name__}.ddp_backend={self.ddp_backend!r} is for a run of several processes (their DDP "
+            "process group), but no launcher started this one, so there is no group to form. Fix: drop ddp_backend "
+            "(--ddp_backend) to train in this process; or launch several, e.g. `accelerate launch --multi_gpu "
+            "--num_processes 2 script.py ...` or `trapo train --multi_gpu --num_processes 2 ...` (docs/distributed.md)."
         )
 
     def _check_fsdp_launch(self, given) -> None:
@@ -2548,8 +2635,15 @@ class TRAPOConfig(_BaseConfig):
             bad("num_mini_batches", self.num_mini_batches, "use an integer >= 1.")
         if self.replay_capacity < 1:
             bad("replay_capacity", self.replay_capacity, "use a positive number of trajectories.")
-        if self.replay_max_bytes is not None and self.replay_max_bytes < 1:
-            bad("replay_max_bytes", self.replay_max_bytes, "use a positive number of bytes, or None.")
+        if self.replay_max_bytes is not None and self.replay_max_bytes < MIN_TRAJECTORY_BYTES:  # trial 10's PY02
+            bad(
+                "replay_max_bytes",
+                self.replay_max_bytes,
+                f"the smallest trajectory takes {MIN_TRAJECTORY_BYTES} bytes (one prompt and one completion token), "
+                "so the buffer could hold none and the first rollout round would fail. A trajectory takes about 8 "
+                "bytes per prompt token and 20 per completion token (more with a KL reference or a critic; zstd "
+                "shrinks long ones): use a budget of many of them (e.g. 2**30 for 1 GiB), or None (no byte limit).",
+            )
         if not 0 < self.replay_compress_threshold <= 1:
             bad("replay_compress_threshold", self.replay_compress_threshold, "use a fraction in (0, 1].")
         if self.importance_sampling_cap is not None and not self.importance_sampling_cap > 0:

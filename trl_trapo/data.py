@@ -685,6 +685,24 @@ def check_rows(
             check_unknown_tokens([row_text(v) for v in scanned[column]], tokenizer, role, column, scope)
 
 
+def nested_rows_hint(dataset: Dataset | IterableDataset, wanted: set[str]) -> str:
+    """A sentence for a dataset whose rows sit under one key of a JSON document (`{"data": [{...}, ...]}`, a common
+    export shape: `datasets` reads it as one row whose `data` cell is the list of rows), when a cell of its first row
+    is a list of objects with one of the `wanted` columns; "" otherwise (trial 10's CX05)."""
+    if not isinstance(dataset, Dataset) or not len(dataset):
+        return ""
+    first = dataset[0]
+    for column, cell in first.items():
+        if isinstance(cell, list) and cell and isinstance(cell[0], dict) and wanted & set(cell[0]):
+            return (
+                f" Its rows seem to be nested under the key {column!r} ({len(cell)} object(s) with "
+                f"{sorted(cell[0])} in the first row's {column!r}): write them as JSON Lines (one object per line) or "
+                f"a top-level JSON list, or in Python load them with `load_dataset('json', data_files=path, "
+                f"field={column!r})`."
+            )
+    return ""
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
@@ -693,6 +711,7 @@ def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
         raise ValueError(
             f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}. "
             "Rename your text column to 'text', e.g. `dataset.rename_column('content', 'text')`."
+            + nested_rows_hint(dataset, {"text"})
         )
 
 
@@ -712,6 +731,7 @@ def check_sft_dataset(dataset: Dataset) -> None:
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
             f"column (conversational format); it has {columns}.{text} See "
             "https://huggingface.co/docs/trl/dataset_formats."
+            + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
     if "label" in columns and has_bool_column(dataset, "label"):  # KTO's rows were imitated, label=False ones too
         raise ValueError(
@@ -742,6 +762,7 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
         raise ValueError(
             f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
+            + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 
 

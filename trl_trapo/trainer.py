@@ -54,6 +54,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
 
 from .arguments import refuse_foreign_arguments
+from .assembly import state_settings
 from .checkpoint import (
     CheckpointError,
     check_checkpoint_fits,
@@ -323,6 +324,7 @@ class TRAPOTrainer(_BaseTrainer):
         )
         if rows.adapter_bank is not None:
             self.add_callback(rows.adapter_bank)
+        self._resume_fit["settings"] = state_settings(args, rows.adapter_bank is not None)  # the bank: now known
         self.memory_pool, self.allocator, self.curriculum = rows.memory_pool, rows.allocator, rows.curriculum
         self.dare, self.schedules = rows.dare, rows.schedules
 

@@ -71,7 +71,14 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.checkpoint import CheckpointError, atomic_write_bytes
-from trl_trapo.config import ACCEPTED_TYPES, GRPO_ONLY_FIXES, changed_settings, foreign_fields, warn_ignored_settings
+from trl_trapo.config import (
+    ACCEPTED_TYPES,
+    GRPO_ONLY_FIXES,
+    TRANSFORMERS4_FIXES,
+    changed_settings,
+    foreign_fields,
+    warn_ignored_settings,
+)
 from trl_trapo.distributed import (
     check_launch,
     end_process_group,
@@ -314,6 +321,10 @@ def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
 
 REMOVED = "was removed in transformers 5: drop it; "
 REMOVED_ARGUMENTS = {
+    **{  # the Python table's, with flags (its replacement field, or its sentence)
+        name: "was removed in transformers 5: " + (f"use --{fix}" if fix.isidentifier() else fix)
+        for name, fix in TRANSFORMERS4_FIXES.items()
+    },
     "logging_dir": REMOVED + "TensorBoard logs go under --output_dir (its `runs/` folder), or where the "
     "TENSORBOARD_LOGGING_DIR environment variable says",
     "evaluation_strategy": REMOVED + "use --eval_strategy",
@@ -328,8 +339,9 @@ REMOVED_ARGUMENTS = {
 }
 """Fields that transformers 4 (`TrainingArguments`) and older TRL (`ModelConfig.torch_dtype`) had and that are gone
 or renamed, which recipes and TRL scripts written for them still pass -> what happened to each and what replaces it
-(a sentence after `--name`). The closest surviving name can be unrelated (`--logging_dir` is closest to
-`--logging_first_step`, `--torch_dtype` to `--torch_threads`), so these are said by name."""
+(a sentence after `--name`): `config.TRANSFORMERS4_FIXES`' entries with flags, the first ones in words of their own.
+The closest surviving name can be unrelated (`--logging_dir` is closest to `--logging_first_step`, `--torch_dtype`
+to `--torch_threads`), so these are said by name."""
 
 
 TRL_ARGUMENT_FIXES = {
@@ -1389,6 +1401,9 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
             cause = cause.__cause__ or cause.__context__
         if isinstance(local, str) and any(isinstance(c, UnicodeDecodeError) for c in causes):
             raise encoding_error(where, local, "a data file is not UTF-8 text") from error
+        cache_problem = dataset_cache_problem(causes, kwargs.get("cache_dir"))
+        if cache_problem:  # was "check the files' format and columns": the files are fine (trial 10's CX04)
+            raise ValueError(f"{where}: {cache_problem}") from error
         folders = dataset_subfolders(local) if isinstance(local, str) else {}
         if folders:  # datasets reads the files of every sub-folder as one dataset
             listed = "; ".join(
@@ -1419,6 +1434,36 @@ def _load(where: str, path: str, config: str | None, streaming: bool, hint: str 
             ) from error
         fix = f"Fix: {hint}." if hint else "Fix: check the files' format and columns."
         raise ValueError(f"{where}: cannot load the dataset ({type(error).__name__}: {message}). {fix}") from error
+
+
+def dataset_cache_problem(causes: list[BaseException], cache_dir: str | None = None) -> str | None:
+    """What is wrong when `datasets` failed on its cache folder, not on the data: an `OSError` among `causes` (the
+    error and its causes) about a path inside the cache (`cache_dir`, else `datasets.config.HF_DATASETS_CACHE`, which
+    `HF_DATASETS_CACHE` or `HF_HOME` set when `datasets` was imported). None when no cause is about the cache."""
+    import datasets
+
+    cache = os.path.abspath(os.path.expanduser(str(cache_dir or datasets.config.HF_DATASETS_CACHE)))
+    for cause in causes:
+        path = getattr(cause, "filename", None) if isinstance(cause, OSError) else None
+        if not isinstance(path, (str, os.PathLike)):
+            continue
+        path = os.path.abspath(os.fspath(path))
+        if path == cache or path.startswith(cache + os.sep) or cache.startswith(path + os.sep):
+            if cache_dir:
+                setting = f"the cache_dir {cache}"
+            elif "HF_DATASETS_CACHE" in os.environ:
+                setting = f"HF_DATASETS_CACHE={os.environ['HF_DATASETS_CACHE']!r}"
+            elif "HF_HOME" in os.environ:
+                setting = f"HF_HOME={os.environ['HF_HOME']!r} (its datasets/ folder)"
+            else:
+                setting = f"the default cache folder {cache}"
+            return (
+                f"the datasets cache cannot be used ({type(cause).__name__}: {cause}): `datasets` writes a prepared "
+                f"copy of every dataset it loads into its cache folder, {setting}, and cannot create or write it. "
+                "The data files are not the problem. Fix: point HF_DATASETS_CACHE at a folder you can write (e.g. "
+                "`HF_DATASETS_CACHE=$TMPDIR/hf_datasets`), or unset it."
+            )
+    return None
 
 
 def split_file_columns(folder: str) -> dict[str, list[str]]:
