@@ -84,6 +84,7 @@ from .models import (
     check_vocabularies,
     create_reference,
     disable_dropout,
+    embedding_rows,
     quiet_checkpointing_deprecation,
 )
 from .objectives import (
@@ -1109,7 +1110,7 @@ def prepare_run_data(
         has_teacher=models.teacher is not None,
         images=image_rows,
         user_source=user_source,
-        vocab_size=model.get_input_embeddings().num_embeddings,
+        vocab_size=embedding_rows(model),
     )
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # keyed by objective
     with progress_bars(enabled=not args.disable_tqdm):

@@ -1,0 +1,104 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""Adapters on modules other than linear layers (trial 10's PE12 / CX41 / PE16): LoRA on the input
+embeddings (`target_modules=["embed_tokens"]`) and PEFT's `trainable_token_indices` train, are saved, copied into the
+reference adapter and its sync, and rolled back with their optimizer state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from trl_trapo import TRAPOTrainer
+from trl_trapo.memory import AdapterBank
+from trl_trapo.models import ReferencePolicy, add_frozen_adapter_copy, embedding_rows
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+EMBEDDING_ADAPTERS = {
+    "lora_on_embed_tokens": dict(target_modules=["embed_tokens", "q_proj"]),
+    "trainable_token_indices": dict(target_modules=["q_proj"], trainable_token_indices=[5, 6]),
+}
+
+
+def embedding_parameters(model) -> dict[str, torch.nn.Parameter]:
+    """The trainable parameters of the adapter on `embed_tokens` (LoRA A/B, or the trainable tokens' delta)."""
+    return {n: p for n, p in model.named_parameters() if "embed_tokens" in n and p.requires_grad}
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_ADAPTERS))
+def test_embedding_rows_reads_through_peft_wrappers(tokenizer, name):
+    """PEFT's LoRA `Embedding` and `TrainableTokensWrapper` have no `num_embeddings`: the trainer read it and failed
+    with torch's AttributeError at construction."""
+    model = get_peft_model(build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, **EMBEDDING_ADAPTERS[name]))
+    assert embedding_rows(model) == len(tokenizer)
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_ADAPTERS))
+def test_an_adapter_on_the_input_embeddings_trains_and_saves(tmp_path, tokenizer, suite, tiny_config, name):
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=2, learning_rate=1e-2),
+        train_dataset=suite.rl_train,
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=4, lora_dropout=0.0, task_type="CAUSAL_LM", **EMBEDDING_ADAPTERS[name]),
+    )
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    before = {n: p.detach().clone() for n, p in embedding_parameters(policy).items()}
+    assert before
+    trainer.train()
+    after = embedding_parameters(policy)
+    for parameter, value in before.items():
+        assert not torch.equal(after[parameter], value), parameter
+    trainer.save_model(str(tmp_path / "final"))
+    reloaded = PeftModel.from_pretrained(build_tiny_model(tokenizer, seed=0), str(tmp_path / "final")).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, policy.eval()(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_ADAPTERS))
+def test_the_reference_adapter_copies_and_follows_the_embedding_adapter(tokenizer, name):
+    """The reference copy (`sync_ref_model`, a given trained PeftModel) and its sync selected adapter parameters by
+    ".default.", which a LoRA embedding's `lora_embedding_A.default` and `trainable_tokens_delta.default` lack: the
+    copy kept its fresh initialisation and the sync never moved it."""
+    config = LoraConfig(r=4, init_lora_weights=False, **EMBEDDING_ADAPTERS[name])
+    model = get_peft_model(build_tiny_model(tokenizer, seed=0), config)
+    with torch.no_grad():  # a trained adapter: every parameter away from its initial value
+        for parameter in embedding_parameters(model).values():
+            parameter.add_(torch.randn_like(parameter))
+    add_frozen_adapter_copy(model, "default", "ref")
+    params = dict(model.named_parameters())
+    trained = embedding_parameters(model)
+    copies = {n: params[n.replace(".default", ".ref")] for n in trained}
+    for parameter, value in trained.items():
+        torch.testing.assert_close(copies[parameter], value, msg=parameter)
+        assert not copies[parameter].requires_grad
+    reference = ReferencePolicy(adapter="ref")
+    assert {f"ref_adapter/{n.replace('.default', '.ref')}" for n in trained} <= set(reference.state_tensors(model))
+    old = {n: p.detach().clone() for n, p in copies.items()}
+    with torch.no_grad():
+        for parameter in trained.values():
+            parameter.add_(1.0)
+    reference.sync(model, alpha=0.5)
+    for parameter, copy in copies.items():
+        torch.testing.assert_close(copy, old[parameter] + 0.5, msg=parameter)
+
+
+def test_a_rollback_resets_the_embedding_adapters_adam_moments(tmp_path, tokenizer):
+    model = get_peft_model(build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["embed_tokens"]))
+    trained = embedding_parameters(model)
+    bank = AdapterBank(str(tmp_path / "bank"))
+    bank.snapshot(model, 1)
+    saved = {n: p.detach().clone() for n, p in trained.items()}
+    optimizer = torch.optim.AdamW(list(trained.values()), lr=1e-2)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert all(p in optimizer.state for p in trained.values())
+    reset = bank.rollback(model, 1, optimizer)
+    assert len(reset) == len(trained)
+    for parameter, value in trained.items():
+        assert torch.equal(value, saved[parameter]) and value not in optimizer.state, parameter
