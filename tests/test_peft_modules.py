@@ -1,7 +1,8 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""Adapters on modules other than linear layers (trial 10's PE12 / CX41 / PE16): LoRA on the input
+"""Adapters on modules other than linear layers (trial 10's PE12 / CX41 / PE16 / PE11): LoRA on the input
 embeddings (`target_modules=["embed_tokens"]`) and PEFT's `trainable_token_indices` train, are saved, copied into the
-reference adapter and its sync, and rolled back with their optimizer state."""
+reference adapter and its sync, and rolled back with their optimizer state; an `exclude_modules` that removes every
+target is named as the cause."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from trl_trapo import TRAPOTrainer
+from trl_trapo.assembly import wrap_adapter
 from trl_trapo.memory import AdapterBank
 from trl_trapo.models import ReferencePolicy, add_frozen_adapter_copy, embedding_rows
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
@@ -102,3 +104,17 @@ def test_a_rollback_resets_the_embedding_adapters_adam_moments(tmp_path, tokeniz
     assert len(reset) == len(trained)
     for parameter, value in trained.items():
         assert torch.equal(value, saved[parameter]) and value not in optimizer.state, parameter
+
+
+def test_exclude_modules_removing_every_target_is_named(tokenizer):
+    """The message blamed target_modules ("matches no module", q_proj listed among the names the model has; trial
+    10's PE11)."""
+    given = LoraConfig(r=4, target_modules=["q_proj"], exclude_modules=["q_proj"], task_type="CAUSAL_LM")
+    with pytest.raises(
+        ValueError, match=r"exclude_modules=\{'q_proj'\} excludes every module target_modules=\{'q_proj'\} matches"
+    ):
+        wrap_adapter(build_tiny_model(tokenizer, seed=0), given)
+    assert given.exclude_modules == {"q_proj"}  # the user's config is not changed
+    partly = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], exclude_modules=["q_proj"], task_type="CAUSAL_LM")
+    wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), partly)
+    assert {n.split(".")[-2] for n, _ in wrapped.named_modules() if n.endswith(".lora_A")} == {"v_proj"}

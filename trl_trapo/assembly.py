@@ -840,7 +840,8 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
     Raises:
         ImportError: without `peft`.
         ValueError: for a model that is already a PeftModel, `target_modules` that match no module (naming the
-            model's linear modules), or `modules_to_save` naming a module the model lacks (PEFT ignores it).
+            model's linear modules) or only modules `exclude_modules` removes (naming both fields), or
+            `modules_to_save` naming a module the model lacks (PEFT ignores it).
     """
     if get_peft_model is None:
         raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
@@ -864,6 +865,14 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
+        excluded = excluded_targets(peft_config, module_names)
+        if excluded:
+            raise ValueError(
+                f"peft_config.exclude_modules={peft_config.exclude_modules!r} excludes every module "
+                f"target_modules={getattr(peft_config, 'target_modules', None)!r} matches ({', '.join(excluded[:4])}"
+                f"{', ...' if len(excluded) > 4 else ''}): the adapter would have nothing to train. Remove those "
+                "names from exclude_modules, or target other modules."
+            ) from error
         shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
         layers = getattr(peft_config, "layers_to_transform", None)
         within = (
@@ -877,6 +886,20 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             f"of the model{within}. Its linear modules are named {shown or '(none)'}; name some of them, or use "
             "target_modules='all-linear' (every linear layer but the output head)."
         ) from error
+
+
+def excluded_targets(peft_config: Any, module_names: list[str]) -> list[str]:
+    """The modules `peft_config.target_modules` matches that `peft_config.exclude_modules` removes, when it removes
+    all of them (PEFT then raises "No modules were targeted for adaptation", naming neither field); empty otherwise.
+    Uses PEFT's own match (`check_target_module_exists`) on a copy without `exclude_modules`."""
+    if not getattr(peft_config, "exclude_modules", None) or getattr(peft_config, "target_modules", None) is None:
+        return []
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    unexcluded = copy.copy(peft_config)  # a copy: the user's config is not changed
+    unexcluded.exclude_modules = None
+    matched = [name for name in module_names if check_target_module_exists(unexcluded, name)]
+    return [] if any(check_target_module_exists(peft_config, name) for name in matched) else matched
 
 
 def check_adapter_layers(peft_config: Any, module_names: list[str]) -> None:
