@@ -118,3 +118,21 @@ def test_exclude_modules_removing_every_target_is_named(tokenizer):
     partly = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], exclude_modules=["q_proj"], task_type="CAUSAL_LM")
     wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), partly)
     assert {n.split(".")[-2] for n, _ in wrapped.named_modules() if n.endswith(".lora_A")} == {"v_proj"}
+
+
+def test_a_target_outside_the_selected_layers_is_named(tokenizer, caplog):
+    """PEFT adapts only modules inside numbered layers when `layers_to_transform` is set: `embed_tokens` in
+    `target_modules` was dropped without a word."""
+    import logging
+
+    given = LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"], layers_to_transform=[1], task_type="CAUSAL_LM")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.assembly"):
+        wrapped = wrap_adapter(build_tiny_model(tokenizer, seed=0), given)
+    assert not embedding_parameters(wrapped)  # PEFT's behaviour, kept
+    assert "target_modules names 'embed_tokens', which no layer of layers_to_transform=[1] holds" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.assembly"):
+        wrap_adapter(
+            build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=[1])
+        )
+    assert "layers_to_transform" not in caplog.text

@@ -861,6 +861,16 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             "or leave modules_to_save out."
         )
     check_adapter_layers(peft_config, module_names)
+    skipped = targets_outside_layers(peft_config, module_names)
+    if skipped:  # PEFT's behaviour is kept; only the silence is not
+        logger.warning(
+            "peft_config.target_modules names %s, which no layer of layers_to_transform=%r holds: with "
+            "layers_to_transform set, PEFT adapts only modules inside those layers and skips the others without a "
+            "word, so these stay as they are. Leave layers_to_transform out to adapt them, or list them in "
+            "modules_to_save to train them fully.",
+            ", ".join(map(repr, skipped)),
+            peft_config.layers_to_transform,
+        )
     try:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)
@@ -900,6 +910,23 @@ def excluded_targets(peft_config: Any, module_names: list[str]) -> list[str]:
     unexcluded.exclude_modules = None
     matched = [name for name in module_names if check_target_module_exists(unexcluded, name)]
     return [] if any(check_target_module_exists(peft_config, name) for name in matched) else matched
+
+
+def targets_outside_layers(peft_config: Any, module_names: list[str]) -> list[str]:
+    """The names in a list `peft_config.target_modules` that match modules of the model, none of them inside a layer
+    `peft_config.layers_to_transform` selects (e.g. `embed_tokens`, `lm_head`): PEFT skips them without a word.
+    Empty without `layers_to_transform`, or with `target_modules` given as one string (a regex or 'all-linear')."""
+    targets = getattr(peft_config, "target_modules", None)
+    if getattr(peft_config, "layers_to_transform", None) in (None, []) or targets is None or isinstance(targets, str):
+        return []
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    skipped = []
+    for key in sorted(targets):
+        named = [name for name in module_names if name == key or name.endswith(f".{key}")]
+        if named and not any(check_target_module_exists(peft_config, name) for name in named):
+            skipped.append(key)
+    return skipped
 
 
 def check_adapter_layers(peft_config: Any, module_names: list[str]) -> None:
