@@ -136,3 +136,17 @@ def test_a_target_outside_the_selected_layers_is_named(tokenizer, caplog):
             build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, target_modules=["q_proj"], layers_to_transform=[1])
         )
     assert "layers_to_transform" not in caplog.text
+
+
+@pytest.mark.parametrize("name", list(EMBEDDING_ADAPTERS))
+def test_a_pad_id_outside_a_wrapped_embedding_is_replaced(name):
+    """A pad token added without resizing (TRL 1.12's PPO example) is replaced by an id the embeddings hold; the
+    guard read `num_embeddings` and skipped a PEFT-wrapped embedding, so the pad id stayed out of range."""
+    from trl_trapo.models import embedding_safe_pad_id
+    from trl_trapo.tasks import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    model = get_peft_model(build_tiny_model(tokenizer, seed=0), LoraConfig(r=4, **EMBEDDING_ADAPTERS[name]))
+    tokenizer.add_special_tokens({"pad_token": "<new_pad>"})
+    assert tokenizer.pad_token_id == len(tokenizer) - 1 == embedding_rows(model)
+    assert embedding_safe_pad_id(tokenizer, model) == tokenizer.eos_token_id
