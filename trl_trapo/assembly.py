@@ -84,6 +84,7 @@ from .models import (
     check_vocabularies,
     create_reference,
     disable_dropout,
+    embedding_rows,
     quiet_checkpointing_deprecation,
 )
 from .objectives import (
@@ -855,7 +856,8 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
     Raises:
         ImportError: without `peft`.
         ValueError: for a model that is already a PeftModel, `target_modules` that match no module (naming the
-            model's linear modules), or `modules_to_save` naming a module the model lacks (PEFT ignores it).
+            model's linear modules) or only modules `exclude_modules` removes (naming both fields), or
+            `modules_to_save` naming a module the model lacks (PEFT ignores it).
     """
     if get_peft_model is None:
         raise ImportError("`peft_config` needs the `peft` package: pip install peft.")
@@ -875,10 +877,28 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             "or leave modules_to_save out."
         )
     check_adapter_layers(peft_config, module_names)
+    skipped = targets_outside_layers(peft_config, module_names)
+    if skipped:  # PEFT's behaviour is kept; only the silence is not
+        logger.warning(
+            "peft_config.target_modules names %s, which no layer of layers_to_transform=%r holds: with "
+            "layers_to_transform set, PEFT adapts only modules inside those layers and skips the others without a "
+            "word, so these stay as they are. Leave layers_to_transform out to adapt them, or list them in "
+            "modules_to_save to train them fully.",
+            ", ".join(map(repr, skipped)),
+            peft_config.layers_to_transform,
+        )
     try:
         with quiet_checkpointing_deprecation():  # PEFT reads the deprecated property too
             return get_peft_model(model, peft_config)
     except NoMatchingPeftModuleError as error:  # PEFT's message names neither the field nor the choices
+        excluded = excluded_targets(peft_config, module_names)
+        if excluded:
+            raise ValueError(
+                f"peft_config.exclude_modules={peft_config.exclude_modules!r} excludes every module "
+                f"target_modules={getattr(peft_config, 'target_modules', None)!r} matches ({', '.join(excluded[:4])}"
+                f"{', ...' if len(excluded) > 4 else ''}): the adapter would have nothing to train. Remove those "
+                "names from exclude_modules, or target other modules."
+            ) from error
         shown = ", ".join(linear_names[:8]) + (", ..." if len(linear_names) > 8 else "")
         layers = getattr(peft_config, "layers_to_transform", None)
         within = (
@@ -892,6 +912,37 @@ def wrap_adapter(model: Any, peft_config: Any) -> Any:
             f"of the model{within}. Its linear modules are named {shown or '(none)'}; name some of them, or use "
             "target_modules='all-linear' (every linear layer but the output head)."
         ) from error
+
+
+def excluded_targets(peft_config: Any, module_names: list[str]) -> list[str]:
+    """The modules `peft_config.target_modules` matches that `peft_config.exclude_modules` removes, when it removes
+    all of them (PEFT then raises "No modules were targeted for adaptation", naming neither field); empty otherwise.
+    Uses PEFT's own match (`check_target_module_exists`) on a copy without `exclude_modules`."""
+    if not getattr(peft_config, "exclude_modules", None) or getattr(peft_config, "target_modules", None) is None:
+        return []
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    unexcluded = copy.copy(peft_config)  # a copy: the user's config is not changed
+    unexcluded.exclude_modules = None
+    matched = [name for name in module_names if check_target_module_exists(unexcluded, name)]
+    return [] if any(check_target_module_exists(peft_config, name) for name in matched) else matched
+
+
+def targets_outside_layers(peft_config: Any, module_names: list[str]) -> list[str]:
+    """The names in a list `peft_config.target_modules` that match modules of the model, none of them inside a layer
+    `peft_config.layers_to_transform` selects (e.g. `embed_tokens`, `lm_head`): PEFT skips them without a word.
+    Empty without `layers_to_transform`, or with `target_modules` given as one string (a regex or 'all-linear')."""
+    targets = getattr(peft_config, "target_modules", None)
+    if getattr(peft_config, "layers_to_transform", None) in (None, []) or targets is None or isinstance(targets, str):
+        return []
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    skipped = []
+    for key in sorted(targets):
+        named = [name for name in module_names if name == key or name.endswith(f".{key}")]
+        if named and not any(check_target_module_exists(peft_config, name) for name in named):
+            skipped.append(key)
+    return skipped
 
 
 def check_adapter_layers(peft_config: Any, module_names: list[str]) -> None:
@@ -1134,7 +1185,7 @@ def prepare_run_data(
         has_teacher=models.teacher is not None,
         images=image_rows,
         user_source=user_source,
-        vocab_size=model.get_input_embeddings().num_embeddings,
+        vocab_size=embedding_rows(model),
     )
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # keyed by objective
     with progress_bars(enabled=not args.disable_tqdm):

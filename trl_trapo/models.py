@@ -275,6 +275,20 @@ def counted_log_probs(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens:
     return torch.cat(parts)
 
 
+def in_adapter(parameter_name: str, adapter: str) -> bool:
+    """Whether `parameter_name` (a `named_parameters()` / `state_dict()` key of a `PeftModel`) belongs to adapter
+    `adapter`: the name is one of its dotted parts. A LoRA linear layer's weight is `...q_proj.lora_A.<adapter>.weight`
+    (a `ModuleDict` entry), but a LoRA embedding's is `...embed_tokens.lora_embedding_A.<adapter>` and
+    `trainable_token_indices`' is `...token_adapter.trainable_tokens_delta.<adapter>` (`ParameterDict` entries, the
+    adapter name last): a test for `".<adapter>."` misses them."""
+    return adapter in parameter_name.split(".")
+
+
+def adapter_renamed(parameter_name: str, source: str, target: str) -> str:
+    """`parameter_name` of adapter `source` as the same parameter of adapter `target` (see [`in_adapter`])."""
+    return ".".join(target if part == source else part for part in parameter_name.split("."))
+
+
 class ReferencePolicy:
     """The reference policy of the KL term: a frozen model, or a frozen adapter of a PEFT policy.
 
@@ -331,8 +345,11 @@ class ReferencePolicy:
 
         if self.model is not None:
             return {f"ref_model/{k}": v for k, v in full_state_dict(self.unwrap(self.model)).items()}
-        marker = f".{self.adapter}."
-        return {f"ref_adapter/{n}": p.detach().cpu().clone() for n, p in policy.named_parameters() if marker in n}
+        return {
+            f"ref_adapter/{n}": p.detach().cpu().clone()
+            for n, p in policy.named_parameters()
+            if in_adapter(n, self.adapter)
+        }
 
     def load_state_tensors(self, policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` wrote (entries of other prefixes are ignored; collective under ZeRO-3)."""
@@ -355,20 +372,32 @@ class ReferencePolicy:
         if self.model is not None:
             SyncRefModelCallback.sync_target_model(policy, self.unwrap(self.model), alpha)
             return
-        source, target = f".{policy.active_adapter}.", f".{self.adapter}."
+        source, target = policy.active_adapter, self.adapter
         params = dict(policy.named_parameters())
         with torch.no_grad():
             for name, param in params.items():
-                if source in name:
-                    params[name.replace(source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
+                if in_adapter(name, source):
+                    params[adapter_renamed(name, source, target)].mul_(1.0 - alpha).add_(param, alpha=alpha)
 
 
-def embedding_rows(model: nn.Module) -> int | None:
+def embedding_rows(model: nn.Module | None) -> int | None:
     """The rows of `model`'s input embedding matrix (`get_input_embeddings().num_embeddings`): the token ids it can
-    read are [0, rows). None for a model without one."""
+    read are [0, rows). None for a model without one.
+
+    An adapted embedding is read through its PEFT wrapper: a LoRA `Embedding` (`target_modules=["embed_tokens"]`)
+    keeps the table in its `base_layer`, a `TrainableTokensWrapper` (`trainable_token_indices`) in its
+    `original_module`; neither has `num_embeddings` itself.
+    """
     getter = getattr(model, "get_input_embeddings", None)
-    embeddings = getter() if getter is not None else None
-    return getattr(embeddings, "num_embeddings", None)
+    module = getter() if getter is not None else None
+    for _ in range(8):  # a wrapper of a wrapper at most a few levels deep
+        if module is None:
+            return None
+        rows = getattr(module, "num_embeddings", None)
+        if isinstance(rows, int):
+            return rows
+        module = getattr(module, "base_layer", None) or getattr(module, "original_module", None)
+    return None
 
 
 def check_vocabularies(
@@ -442,13 +471,7 @@ def embedding_safe_pad_id(tokenizer, *models: nn.Module | None) -> int:
     forward. TRAPO never reads padding positions (every mask comes from lengths), so any in-range id will do.
     """
     pad = tokenizer.pad_token_id
-    sizes = []
-    for model in models:
-        embeddings = (
-            model.get_input_embeddings() if model is not None and hasattr(model, "get_input_embeddings") else None
-        )
-        if embeddings is not None and hasattr(embeddings, "num_embeddings"):
-            sizes.append(embeddings.num_embeddings)
+    sizes = [rows for rows in map(embedding_rows, models) if rows is not None]
     limit = min(sizes) if sizes else None
     if limit is None or pad < limit:
         return pad
@@ -480,10 +503,7 @@ def embeddable_saved_pad_ids(pad_id: int, *models: nn.Module | None) -> Iterator
     """
     changed: list[tuple[object, int]] = []
     for model in models:
-        if model is None or not hasattr(model, "get_input_embeddings"):
-            continue
-        embeddings = model.get_input_embeddings()
-        size = getattr(embeddings, "num_embeddings", None)
+        size = embedding_rows(model)
         if size is None:
             continue
         config = getattr(model, "config", None)
@@ -618,19 +638,19 @@ def add_frozen_adapter_copy(peft_model, source: str, name: str = REF_ADAPTER) ->
     config = copy.deepcopy(peft_model.peft_config[source])
     config.inference_mode = True
     peft_model.add_adapter(name, config)
-    source_state = {k: v for k, v in peft_model.state_dict().items() if f".{source}." in k}
-    copied = {k.replace(f".{source}.", f".{name}."): v.detach().clone() for k, v in source_state.items()}
+    source_state = {k: v for k, v in peft_model.state_dict().items() if in_adapter(k, source)}
+    copied = {adapter_renamed(k, source, name): v.detach().clone() for k, v in source_state.items()}
     missing = [k for k in copied if k not in dict(peft_model.named_parameters()) and k not in peft_model.state_dict()]
     if missing:
         raise RuntimeError(f"Could not map adapter '{source}' to its reference copy; unmatched keys: {missing[:3]}")
     peft_model.load_state_dict(copied, strict=False)
     for param_name, param in peft_model.named_parameters():
-        if f".{name}." in param_name:
+        if in_adapter(param_name, name):
             param.requires_grad_(False)
     peft_model.set_adapter(source)
     # `set_adapter` may mark only the active adapter trainable; make sure the copy stays frozen.
     for param_name, param in peft_model.named_parameters():
-        if f".{name}." in param_name:
+        if in_adapter(param_name, name):
             param.requires_grad_(False)
     logger.info("Reference policy: frozen copy '%s' of the trained adapter '%s'.", name, source)
     return name

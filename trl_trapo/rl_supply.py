@@ -36,6 +36,7 @@ from .collator import MODEL_INPUTS, Row
 from .distributed import any_rank, max_over_ranks, reduce_replay_metrics
 from .exploration import TargetedExploration
 from .memory import MemoryPool, ReplayBuffer, SuccessReplay, Trajectory
+from .models import embedding_rows
 from .sources import (
     RolloutSource,
     SampledRound,
@@ -196,7 +197,7 @@ class RLSupply:
         check_round(
             sampled,
             step,
-            policy.get_input_embeddings().num_embeddings,
+            embedding_rows(policy),
             getattr(config, "max_position_embeddings", None),
             name,
         )

@@ -56,7 +56,7 @@ from .evaluation import Evaluator
 from .handles import ModelHandles
 from .interrupts import SignalCatcher
 from .metrics import MetricsAccumulator, RunMetrics
-from .models import CountedPositionHead, embedding_safe_pad_id
+from .models import CountedPositionHead, embedding_rows, embedding_safe_pad_id
 from .objectives import Objective, ObjectiveSetup, RLObjective
 from .rewards import RewardScorer
 from .rl_supply import RLSupply, build_replay_buffer
@@ -380,7 +380,7 @@ def build_evaluator(run: RunParts, link: TrainerLink, rollouts: RolloutParts) ->
         rollouts.stops,
         rollouts.padding_id,
         images=models.image_rows,
-        vocab_size=models.policy.get_input_embeddings().num_embeddings,
+        vocab_size=embedding_rows(models.policy),
     )
 
 
@@ -435,7 +435,7 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         rollouts.padding_id,
         link.reduce_sum,
         args.seed + 4 + rank,
-        vocab_size=models.policy.get_input_embeddings().num_embeddings,
+        vocab_size=embedding_rows(models.policy),
         context=model_context(models.policy),
     )
     # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)

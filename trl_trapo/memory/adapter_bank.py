@@ -42,6 +42,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from ..checkpoint import CheckpointError, atomic_write_json, sha256_file
+from ..models import in_adapter
 from ..saving import hub_error, is_hub_error
 
 
@@ -260,7 +261,7 @@ class AdapterBank:
         adapter_name = adapter_name or model.active_adapter
         weights = self.read_weights(step, verify=verify)
         params = dict(model.named_parameters())
-        expected = {k for k in params if f".{adapter_name}." in k}
+        expected = {k for k in params if in_adapter(k, adapter_name)}
         result = set_peft_model_state_dict(model, weights, adapter_name=adapter_name)
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
         missing = [k for k in getattr(result, "missing_keys", []) or [] if k in expected]
@@ -279,7 +280,7 @@ class AdapterBank:
         """
         adapter_name = adapter_name or model.active_adapter
         self.load(model, step, adapter_name)
-        params = [p for n, p in model.named_parameters() if f".{adapter_name}." in n and p.requires_grad]
+        params = [p for n, p in model.named_parameters() if in_adapter(n, adapter_name) and p.requires_grad]
         inner = optimizer
         while (
             inner is not None and not isinstance(getattr(inner, "state", None), dict) and hasattr(inner, "optimizer")
