@@ -2697,6 +2697,11 @@ class TRAPOConfig(_BaseConfig):
             ("dataloader_drop_last", self.dataloader_drop_last, f"{own_data}, so nothing is dropped; drop it."),
             ("dataloader_num_workers", self.dataloader_num_workers != 0, f"{own_data}; use 0."),
             ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None, f"{own_data}; drop it."),
+            (
+                "dataloader_persistent_workers",
+                self.dataloader_persistent_workers,
+                f"{own_data}, without worker processes to keep; drop it.",
+            ),
             ("label_smoothing_factor", self.label_smoothing_factor != 0, "TRAPO's losses have no label smoothing."),
             (
                 "average_tokens_across_devices",
