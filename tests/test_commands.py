@@ -235,6 +235,22 @@ def test_an_accelerate_configs_values_are_checked_as_the_options_are(tmp_path, t
     assert err.startswith(f"trapo train: error: --config_file={path!r}: {message}"), err
 
 
+def test_a_tpu_config_without_torch_xla_is_refused_before_the_launch(tmp_path, monkeypatch, capsys):
+    """Trial 10's CX02: an accelerate config with `distributed_type: XLA` (copied from a TPU setup) reached
+    accelerate's `tpu_launcher`, whose `import torch_xla` failed as a traceback."""
+    monkeypatch.setattr("accelerate.utils.is_torch_xla_available", lambda *a, **k: False)
+    path = tmp_path / "xla.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: XLA\nmixed_precision: 'no'\nnum_processes: 1\n"
+    )
+    assert commands.main(["train", "--config_file", str(path)], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"trapo train: error: --config_file={str(path)!r}: distributed_type: XLA launches through torch_xla, which is "
+        "not installed here. Fix:"
+    ), err
+
+
 DEEPSPEED = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\nuse_cpu: true\nnum_processes: 1\n"
 
 

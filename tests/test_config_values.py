@@ -125,6 +125,11 @@ REFUSED_BEFORE_TRANSFORMERS = [
         id="prefetch",
     ),
     pytest.param(
+        dict(dataloader_persistent_workers=True),
+        r"^TRAPOConfig\.dataloader_persistent_workers=True is invalid: TRAPO does not use it.* drop it",
+        id="TA22-persistent-workers",
+    ),
+    pytest.param(
         dict(use_cpu=True, bf16=True, fp16_full_eval=True, bf16_full_eval=True),
         r"^TRAPOConfig\.fp16_full_eval=True and bf16_full_eval=True: choose one",
         id="fp16-and-bf16",

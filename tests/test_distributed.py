@@ -435,11 +435,46 @@ def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
 
 @pytest.mark.slow
 def test_bf16_comm_hook_needs_nccl(tmp_path):
-    """PyTorch's bf16 hook needs CUDA 11+ with NCCL 2.10+ (or XPU); on gloo it refuses at registration."""
+    """PyTorch's bf16 hook needs CUDA 11+ with NCCL 2.10+ (or XPU); without them the config refuses it, before the
+    model loads (trial 10's CX15: torch refused it at registration, a traceback on each rank after the model and
+    data had loaded)."""
+    from trl_trapo.distributed import bf16_comm_hook_problem
+
+    if bf16_comm_hook_problem() is None:
+        pytest.skip("this torch can register the bf16 hook")
     args = ["--max_steps", "2", "--eval_strategy", "no", "--output_dir", str(tmp_path), "--ddp_comm_hook", "bf16"]
     completed = launch("multi_gpu.yaml", "tests/distributed_job.py", args)
     assert completed.returncode != 0
-    assert "BF16 all reduce communication hook required CUDA" in completed.stdout + completed.stderr
+    output = completed.stdout + completed.stderr
+    assert "TRAPOConfig.ddp_comm_hook='bf16' is invalid" in output
+    assert "BF16 all reduce communication hook required CUDA" not in output
+
+
+def test_bf16_comm_hook_is_refused_at_construction_where_torch_would_refuse_it(monkeypatch):
+    """Trial 10's CX15: `--ddp_comm_hook bf16` on a torch without NCCL >= 2.10 (or XPU) was refused by torch only
+    at the start of training, on every rank; the config refuses it, naming the field, the reason and the fix. The
+    reason follows torch's own condition: a CUDA build with NCCL 2.10+ passes, NCCL 2.9 or a CPU build does not."""
+    import torch.distributed as dist
+
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.distributed import bf16_comm_hook_problem
+
+    monkeypatch.setattr(dist, "is_xccl_available", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    assert "is a CPU build" in bf16_comm_hook_problem()
+    with pytest.raises(ValueError, match=r"^TRAPOConfig\.ddp_comm_hook='bf16' is invalid: PyTorch's bf16 hook needs "):
+        TRAPOConfig(output_dir="unused", report_to="none", ddp_comm_hook="bf16")
+    TRAPOConfig(output_dir="unused", report_to="none", ddp_comm_hook="fp16")  # fp16 runs on gloo: accepted
+
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 9, 6))
+    assert "NCCL is 2.9.6 (< 2.10)" in bf16_comm_hook_problem()
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    assert bf16_comm_hook_problem() is None
+    assert TRAPOConfig(output_dir="unused", report_to="none", ddp_comm_hook="bf16").ddp_comm_hook == "bf16"
 
 
 def test_ddp_comm_hook_is_rejected_without_ddp():

@@ -1693,6 +1693,56 @@ def test_predict_and_a_non_path_resume_are_refused_by_name(tmp_path, tokenizer, 
     assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
 
 
+def eval_trainer(tmp_path, tokenizer, suite) -> TRAPOTrainer:
+    """A one-step trainer with two named eval sets and 3 rows per eval batch."""
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=TRAPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=1, per_device_eval_batch_size=3),
+        train_dataset=suite.rl_train,
+        eval_dataset={"rl": suite.eval, "more": suite.eval.select(range(2))},
+        processing_class=tokenizer,
+    )
+
+
+def test_eval_and_test_dataloaders_serve_the_rows_as_grpo_does(tmp_path, tokenizer, suite):
+    """Trial 10's TM04: `next(iter(trainer.get_eval_dataloader(ds)))` (to look at eval batches) was `KeyError:
+    'ticket'` from the step-ticket collator. The eval and test dataloaders serve the rows as TRL's GRPOTrainer does
+    (its collator is `identity`): lists of row dicts, `per_device_eval_batch_size` each; `prediction_step`, which
+    would need the loss collator's batches, says what to use instead."""
+    trainer = eval_trainer(tmp_path, tokenizer, suite)
+    batch = next(iter(trainer.get_eval_dataloader("rl")))
+    assert batch == [suite.eval[i] for i in range(3)]
+    assert [len(b) for b in trainer.get_eval_dataloader(suite.eval.select(range(4)))] == [3, 1]
+    assert next(iter(trainer.get_test_dataloader(suite.eval))) == batch
+    with pytest.raises(ValueError, match=r"eval_dataset is a dict; name one of its keys \['rl', 'more'\]"):
+        trainer.get_eval_dataloader()
+    with pytest.raises(NotImplementedError, match=r"no `prediction_step`: use `trainer.evaluate\(dataset\)`"):
+        trainer.prediction_step(trainer.model, batch, prediction_loss_only=True)
+
+
+def test_train_with_a_search_trial_is_refused_before_anything_runs(tmp_path, tokenizer, suite):
+    """Trial 10's TM07: `train(trial={"learning_rate": 1e-3})` ended in transformers' "Unknown type for trial" after
+    the model was prepared (transformers applies a trial only inside hyperparameter_search, which TRAPO refuses). It
+    is refused first, naming the config field to set instead."""
+    trainer = eval_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(
+        ValueError, match=r"train\(trial=\{'learning_rate': 0.001\}\): `trial` is the hyperparameter"
+    ) as error:
+        trainer.train(ignore_keys_for_eval=["x"], trial={"learning_rate": 1e-3})
+    assert "TRAPOConfig(learning_rate=0.001, ...)" in str(error.value)
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
+
+
+def test_compute_loss_on_a_batch_of_ones_own_says_what_to_use(tmp_path, tokenizer, suite):
+    """Trial 10's TM10: `trainer.compute_loss(model, {"input_ids": ...})` (a Trainer-subclass habit) said only why it
+    could not; it now names evaluate() and the objective seam."""
+    trainer = eval_trainer(tmp_path, tokenizer, suite)
+    with pytest.raises(TypeError, match=r"compute_loss needs the step's StepContext") as error:
+        trainer.compute_loss(trainer.model, {"input_ids": torch.tensor([[1, 2, 3]])})
+    assert "call trainer.evaluate(dataset)" in str(error.value) and "docs/seams.md" in str(error.value)
+
+
 @pytest.mark.parametrize("disabled", ["no_grad", "inference_mode", "set_grad_enabled"])
 def test_train_with_gradients_disabled_is_refused_before_anything_runs(
     tmp_path, tokenizer, suite, tiny_trainer, disabled

@@ -33,7 +33,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from . import threads
-from .distributed import rendezvous_notice
+from .distributed import bf16_comm_hook_problem, rendezvous_notice
 from .sampler_correction import CorrectionMode, bounds_problem
 from .setup_checks import METRIC_SCHEDULERS
 from .tool_schemas import row_tool_names
@@ -2791,6 +2791,11 @@ class TRAPOConfig(_BaseConfig):
             ("dataloader_drop_last", self.dataloader_drop_last, f"{own_data}, so nothing is dropped; drop it."),
             ("dataloader_num_workers", self.dataloader_num_workers != 0, f"{own_data}; use 0."),
             ("dataloader_prefetch_factor", self.dataloader_prefetch_factor is not None, f"{own_data}; drop it."),
+            (
+                "dataloader_persistent_workers",
+                self.dataloader_persistent_workers,
+                f"{own_data}, without worker processes to keep; drop it.",
+            ),
             ("label_smoothing_factor", self.label_smoothing_factor != 0, "TRAPO's losses have no label smoothing."),
             (
                 "average_tokens_across_devices",
@@ -2945,6 +2950,14 @@ class TRAPOConfig(_BaseConfig):
                 bad("kl_coef_range", bounds, "give [min, max] with 0 < min <= max, e.g. [0.1, 0.3].")
             if not bounds[0] <= self.kl_coef <= bounds[1]:
                 bad("kl_coef", self.kl_coef, f"the adaptive KL starts from kl_coef: choose it within {bounds}.")
+        if self.ddp_comm_hook == "bf16" and (problem := bf16_comm_hook_problem()) is not None:
+            bad(
+                "ddp_comm_hook",
+                self.ddp_comm_hook,
+                "PyTorch's bf16 hook needs a CUDA build of torch with NCCL >= 2.10 (or XPU with XCCL), and "
+                f"{problem}: torch would refuse it at the start of training on every rank. Use 'fp16' (also half the "
+                "bytes) or 'none'.",
+            )
         if self.powersgd_rank < 1:
             bad("powersgd_rank", self.powersgd_rank, "use a matrix approximation rank >= 1.")
         if self.powersgd_start_iter < 2:

@@ -444,6 +444,30 @@ def generation_synced_gpus(accelerator, gathered: bool, lockstep: bool = False) 
     return False
 
 
+def bf16_comm_hook_problem() -> str | None:
+    """Why PyTorch's bf16 DDP communication hook cannot be registered with this torch, or None when it can.
+
+    The condition is PyTorch's own (`DistributedDataParallel._check_comm_hook`, read at registration, i.e. at the start
+    of training on every rank): a CUDA / ROCm build of torch with NCCL >= 2.10, or XPU with XCCL. It depends on the
+    installed torch only, so a config can be refused at construction.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return "this torch has no torch.distributed"
+    gpu_build = torch.version.cuda is not None or torch.version.hip is not None
+    if gpu_build and dist.is_nccl_available() and torch.cuda.nccl.version() >= (2, 10):
+        return None
+    if dist.is_xccl_available() and torch.xpu.is_available():
+        return None
+    if not gpu_build:
+        return f"this torch ({torch.__version__}) is a CPU build, without NCCL, and no XPU with XCCL is available"
+    if not dist.is_nccl_available():
+        return f"this torch ({torch.__version__}) has no NCCL, and no XPU with XCCL is available"
+    nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return f"this torch's NCCL is {nccl} (< 2.10), and no XPU with XCCL is available"
+
+
 def register_ddp_comm_hook(model: nn.Module, name: str, powersgd_rank: int, powersgd_start_iter: int) -> None:
     """Register the DDP communication hook `name` ("fp16", "bf16" or "powersgd") on a DDP-wrapped `model`.
 

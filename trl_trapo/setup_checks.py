@@ -455,15 +455,20 @@ def check_model_loading(
         )
 
 
-def check_train_call(resume_from_checkpoint) -> None:
+def check_train_call(resume_from_checkpoint, trial=None) -> None:
     """Refuse a `train()` call that cannot train, before anything of the run is read or written (`TRAPOTrainer.train`
     calls it first).
 
     Args:
         resume_from_checkpoint: `train()`'s argument (a path, a bool or None).
+        trial: `train()`'s `trial` (transformers' hyperparameter-search handle: an optuna trial or a dict of values).
 
     Raises:
         TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
+        ValueError: `trial` is not None. transformers applies a trial's values only inside `hyperparameter_search`,
+            which TRAPOTrainer does not support ([`refuse_hyperparameter_search`]); outside it, transformers records
+            a dict only with ray or wandb installed (its values unused) and otherwise fails in the first step's
+            setup, after the model is prepared, with "Unknown type for trial" (trial 10's TM07).
         RuntimeError: gradients are disabled in this thread (`torch.is_grad_enabled()` is False: inside
             `torch.no_grad()`, `torch.inference_mode()` or after `torch.set_grad_enabled(False)`), where the first
             backward would fail with torch's "element 0 of tensors does not require grad" after the first rollout.
@@ -472,6 +477,18 @@ def check_train_call(resume_from_checkpoint) -> None:
         raise TypeError(
             f"resume_from_checkpoint={resume_from_checkpoint!r} ({type(resume_from_checkpoint).__name__}) is not a "
             "path: pass a checkpoint folder's path, True (the newest complete checkpoint in output_dir) or None."
+        )
+    if trial is not None:
+        example = (
+            ", ".join(f"{key}={value!r}" for key, value in trial.items())
+            if isinstance(trial, dict) and trial
+            else "learning_rate=..."
+        )
+        raise ValueError(
+            f"train(trial={trial!r}): `trial` is the hyperparameter search's handle, and TRAPOTrainer has no "
+            "hyperparameter_search (transformers applies a trial's values only inside one). Fix: drop `trial` and "
+            f"set the values on the config (TRAPOConfig({example}, ...)); to compare settings, run one trainer "
+            "per setting."
         )
     if not torch.is_grad_enabled():
         mode = " (torch.inference_mode() is active)" if torch.is_inference_mode_enabled() else ""

@@ -50,8 +50,10 @@ from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from huggingface_hub.errors import HFValidationError
 from torch import nn
+from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
+from trl.trainer.utils import identity
 
 from .arguments import refuse_foreign_arguments
 from .assembly import state_settings
@@ -558,13 +560,18 @@ class TRAPOTrainer(_BaseTrainer):
         ranks; summed over micro-batches and averaged over ranks it is the step's loss.
 
         Raises:
-            TypeError: without the step's [`StepContext`] (TRAPOTrainer builds it in `get_batch_samples`).
+            TypeError: without the step's [`StepContext`] (TRAPOTrainer builds it in `get_batch_samples`), e.g.
+                `trainer.compute_loss(model, {"input_ids": ...})`: the message says what to use instead.
         """
         context = num_items_in_batch
         if not isinstance(context, StepContext):
             raise TypeError(
-                "compute_loss needs the step's StepContext as `num_items_in_batch`; TRAPOTrainer builds batches and "
-                f"their context in get_batch_samples (got {type(context).__name__})."
+                "compute_loss needs the step's StepContext as `num_items_in_batch` (got "
+                f"{type(context).__name__}): TRAPOTrainer builds each step's micro-batches, rows of every objective "
+                "with their masks and weights, and their context in get_batch_samples, so it has no loss for a batch "
+                "of your own. Fix: for the losses and rewards of held-out rows call trainer.evaluate(dataset); to add "
+                "a loss term, write an objective (docs/seams.md, 'Adding an objective'); a subclass that overrides "
+                "compute_loss passes on the `num_items_in_batch` it was given."
             )
         weights, counts = context.weights, context.counts
         objective, mask = inputs["objective"], inputs["mask"]
@@ -747,6 +754,57 @@ class TRAPOTrainer(_BaseTrainer):
             "`trainer.generate_completions()` for sampled completions."
         )
 
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> DataLoader:
+        """The eval rows, `per_device_eval_batch_size` at a time, each batch a list of the rows as dicts (the dataset's
+        columns, untokenized), as TRL's `GRPOTrainer` serves them (its collator is `identity`), sharded over processes
+        by accelerate. For looking at the data: TRAPO's `evaluate` does not use it (it tokenizes and batches each
+        format itself, [`~trl_trapo.evaluation.Evaluator`]).
+
+        Args:
+            eval_dataset: a dataset; a key of the trainer's eval dict; None: the trainer's own.
+
+        Raises:
+            ValueError: as `evaluate` does (no eval dataset, an unknown key, a dataset TRAPO does not evaluate); when
+                the trainer's own eval set is a dict and no key is given, naming the keys.
+        """
+        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
+        dataset = dataset_to_evaluate(eval_dataset, self.eval_dataset, tokenizer, assistant_only_loss)
+        if isinstance(dataset, dict):
+            raise ValueError(
+                f"get_eval_dataloader(): the trainer's eval_dataset is a dict; name one of its keys {list(dataset)}, "
+                f"e.g. get_eval_dataloader({next(iter(dataset))!r})."
+            )
+        return self.rows_dataloader(dataset)
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
+        """`test_dataset`'s rows, batched as [`get_eval_dataloader`] batches them (lists of row dicts).
+
+        Raises:
+            ValueError: `test_dataset` is not a dataset TRAPO evaluates (checked as `evaluate` checks it).
+        """
+        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
+        return self.rows_dataloader(dataset_to_evaluate(test_dataset, None, tokenizer, assistant_only_loss))
+
+    def rows_dataloader(self, dataset: Dataset) -> DataLoader:
+        """`dataset`'s rows in order, `per_device_eval_batch_size` per batch, each batch a list of row dicts (TRL's
+        `identity` collator), prepared by accelerate (sharded over processes)."""
+        loader = DataLoader(
+            dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False, collate_fn=identity
+        )
+        return self.accelerator.prepare(loader)
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys: list[str] | None = None):
+        """Not supported: transformers' evaluation loop calls it with the loss collator's batches, which TRAPO does not
+        have (see [`predict`]); TRAPO's `evaluate` computes its metrics without it.
+
+        Raises:
+            NotImplementedError: always, naming what to use instead.
+        """
+        raise NotImplementedError(
+            "TRAPOTrainer has no `prediction_step`: use `trainer.evaluate(dataset)` for rewards and losses on held-out "
+            "rows, or `trainer.generate_completions()` for sampled completions."
+        )
+
     hyperparameter_search = refuse_hyperparameter_search  # no `model_init`: one trainer per setting
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
@@ -767,13 +825,15 @@ class TRAPOTrainer(_BaseTrainer):
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete, corrupted or does not
                 fit the run (`check_checkpoint_fits`), or if `resume_from_checkpoint=True` finds no complete one.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
+            ValueError: `trial` is given: it is the hyperparameter search's handle, and TRAPOTrainer has no search
+                (see [`~trl_trapo.setup_checks.check_train_call`]).
             RuntimeError: gradients are disabled (inside `torch.no_grad()` / `torch.inference_mode()`).
             TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
-        check_train_call(resume_from_checkpoint)  # a path, gradients enabled
+        check_train_call(resume_from_checkpoint, trial)  # a path, gradients enabled, no search trial
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint)
         world = self.accelerator.num_processes

@@ -365,7 +365,9 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
             launch has); several machines without `--main_process_ip` (accelerate's `AssertionError`);
             `--main_process_ip` is neither an IP address nor a host name; `--gpu_ids` is not `all` or a
             comma-separated list of GPU indices (or UUIDs), which accelerate copies into `CUDA_VISIBLE_DEVICES`
-            unread; `--mixed_precision fp8` without Transformer Engine or torchao (accelerate's `RuntimeError`).
+            unread; `--mixed_precision fp8` without Transformer Engine or torchao (accelerate's `RuntimeError`);
+            a launcher whose package is missing ([`check_launcher_package`]: `distributed_type: XLA` without
+            torch_xla).
     """
     config_file = namespace.config_file
     if config_file is not None and not os.path.isfile(config_file):
@@ -429,7 +431,9 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
             f"--gpu_ids={gpu_ids!r}: give GPU indices separated by commas (e.g. 0,1), or all. accelerate copies the "
             "value into CUDA_VISIBLE_DEVICES without reading it."
         )
-    uses_deepspeed = bool(namespace.use_deepspeed) or getattr(config, "distributed_type", None) == "DEEPSPEED"
+    distributed_type = getattr(config, "distributed_type", None)
+    uses_deepspeed = bool(namespace.use_deepspeed) or distributed_type == "DEEPSPEED"
+    check_launcher_package(namespace, distributed_type, path, bool(getattr(config, "use_cpu", False)))
     check_named_files(value_of, uses_deepspeed, num_machines)
     warn_launch_resources(value_of)
     mixed_precision = value_of("mixed_precision")[0]
@@ -441,6 +445,44 @@ def check_launch_namespace(namespace: argparse.Namespace) -> None:
                 "--mixed_precision=fp8 needs Transformer Engine or torchao, and neither is installed here. Fix: use "
                 "bf16 (or no), or install one of them (`pip install torchao`)."
             )
+
+
+def check_launcher_package(
+    namespace: argparse.Namespace, distributed_type: object, path: str | None, config_cpu: bool = False
+) -> None:
+    """Refuse a launch whose accelerate launcher imports a package that is not installed, as accelerate's
+    `launch_command` picks the launcher (DeepSpeed first, then TPU; neither with `--cpu`): `distributed_type: XLA` or
+    `--tpu` runs `tpu_launcher`, which imports `torch_xla` (trial 10's CX02, a TPU config copied to a GPU machine:
+    "No module named 'torch_xla'" as a traceback); `distributed_type: DEEPSPEED` or `--use_deepspeed` runs
+    `deepspeed_launcher`, which needs `deepspeed`.
+
+    Args:
+        namespace: the `accelerate launch` arguments.
+        distributed_type: the accelerate config's `distributed_type` (None without a config).
+        path: the accelerate config file, for the message.
+        config_cpu: the accelerate config's `use_cpu` (accelerate's `--cpu`).
+
+    Raises:
+        ValueError: naming the option (or the config file and its key), the missing package and the fix.
+    """
+    from accelerate.utils import is_deepspeed_available, is_torch_xla_available
+
+    if namespace.cpu or config_cpu:
+        return
+    if namespace.use_deepspeed or distributed_type == "DEEPSPEED":
+        kind, flag, package, available = "DEEPSPEED", "--use_deepspeed", "deepspeed", is_deepspeed_available()
+    elif namespace.tpu or distributed_type == "XLA":
+        kind, flag, package, available = "XLA", "--tpu", "torch_xla", is_torch_xla_available()
+    else:
+        return
+    if available:
+        return
+    shown = f"--config_file={path!r}: distributed_type: {kind}" if distributed_type == kind else flag
+    raise ValueError(
+        f"{shown} launches through {package}, which is not installed here. Fix: install it (`pip install "
+        f"{package}`) on a machine that runs it, or launch with a config written on this machine by `accelerate "
+        "config` (e.g. distributed_type: MULTI_GPU or MULTI_CPU), or without --config_file."
+    )
 
 
 def is_inline_deepspeed_config(value: str) -> bool:
