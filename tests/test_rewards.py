@@ -432,3 +432,35 @@ def test_rewards_no_prompts_read_are_warned_about_once(tmp_path, tokenizer, suit
         "score) is not: it is ignored (no RL objective is built; the run trains on its other data). Pass a "
         "`train_dataset` of prompts to train with it (RL), or drop it."
     ], said
+
+
+def test_a_reward_that_changes_its_lists_in_place_cannot_change_the_next_functions(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """Trial 10's DA06: one list object went to every reward function, so a function that emptied `completions`
+    after scoring made the next, innocent function fail ("returned 0 rewards for 2 completions") at construction; a
+    function that sorted it would have misaligned the next one's rewards silently. Each function gets its own copies."""
+    seen, given = [], []
+
+    def mutating(completions, prompts, **kwargs):
+        n = len(completions)
+        given.append(list(prompts))
+        completions.clear()
+        prompts.reverse()
+        return [0.5] * n
+
+    def recording(completions, prompts, completion_ids, **kwargs):
+        seen.append((len(completions), len(completion_ids), list(prompts)))
+        return [1.0] * len(completions)
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=[mutating, recording],
+        args=tiny_config(tmp_path),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    trainer.collect_rollouts(8, step=0)
+    assert seen and all(n == m and n > 0 for n, m, _ in seen), seen
+    # the second function saw the prompts in the rows' order, not reversed by the first
+    assert [prompts for _, _, prompts in seen] == given

@@ -314,7 +314,10 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
         func (`Callable`): the reward function (sync or async).
         name (`str`): its name, for errors.
         expected (`int`): the number of completions.
-        kwargs (`dict`): the call's keyword arguments.
+        kwargs (`dict`): the call's keyword arguments. Each list among them is passed as a copy of its own, so a
+            function that changes a list in place (`completions.clear()`, a sort) cannot change what the next
+            function receives (TRL hands every function the same list objects; trial 10's DA06 blamed the next,
+            innocent function).
         loop (`asyncio.AbstractEventLoop`, *optional*): the running loop async functions are scheduled on (required
             for an async function).
 
@@ -324,6 +327,7 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             (see `reward_value`: the string "1" is refused, not read as 1.0; named with its type and row) or is
             infinite.
     """
+    kwargs = {key: list(value) if isinstance(value, list) else value for key, value in kwargs.items()}
     try:
         if is_async_callable(func):
             if loop is None:
