@@ -1106,6 +1106,12 @@ BAD_CELLS = [
         "a list of token ids (ints)",
     ),
     (dict(pretrain_dataset=[{"text": 3.5}]), "`pretrain_dataset` column 'text' holds a value of type float", "str("),
+    # trial 10's PY64: files read in binary mode; `str(b"abc")` is "b'abc'", so the fix is to decode
+    (
+        dict(pretrain_dataset=[{"text": b"some text"}]),
+        "`pretrain_dataset` column 'text' holds a value of type bytes",
+        "row['text'].decode('utf-8')",
+    ),
     (
         dict(sft_dataset=[SFT[0], {"prompt": "x=", "completion": "  "}]),
         "`sft_dataset` column 'completion' has an empty completion at row 1",

@@ -385,7 +385,13 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
             row, value = bad[0]
             more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
             scalar = not isinstance(value, (list, tuple, dict))
-            if scalar and column in ("text", "prompt", "completion"):
+            if isinstance(value, (bytes, bytearray)) and column in ("text", "prompt", "completion"):
+                # `str(b"abc")` is "b'abc'": the run would train on Python's repr of the bytes (trial 10's PY64)
+                fix = (
+                    f"decode the bytes, e.g. `dataset.map(lambda row: {{{column!r}: row[{column!r}].decode('utf-8')}})`"
+                    " (with the files' encoding)"
+                )
+            elif scalar and column in ("text", "prompt", "completion"):
                 fix = f"convert the column, e.g. `dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}})`"
             elif isinstance(value, str) and column == "input_ids":  # text where token ids belong
                 fix = (
