@@ -315,3 +315,10 @@ def test_a_rollout_func_gets_the_prompts_fewshot_mode_chooses_and_trains_at_its_
     assert not bool(torch.isnan(controller.prototypes.reward).all())  # the rounds' scores reached the prototypes
     approx_kl = [entry["policy/approxkl_avg"] for entry in trainer.state.log_history if "val/ratio" in entry]
     assert len(approx_kl) == 3 and max(approx_kl) < 1e-8, approx_kl
+
+
+def test_a_task_column_the_user_named_that_the_data_lacks_is_refused(tmp_path, tokenizer, suite, make_trainer):
+    """Trial 10's CX12: `fewshot_task_column="family"` (no such column) silently clustered the prompts instead; the
+    default column's absence is the documented switch to clustering (test above), a named one is refused."""
+    with pytest.raises(ValueError, match=r"fewshot_task_column='family' is not a column of the RL dataset"):
+        make_trainer(tmp_path, tokenizer, suite, fewshot_task_column="family")

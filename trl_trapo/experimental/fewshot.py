@@ -299,6 +299,15 @@ class FewShotController:
         self.rl_dataset = rl_dataset
         self.embed_prompts = embed_prompts
         column = args.fewshot_task_column
+        default_column = type(args).__dataclass_fields__["fewshot_task_column"].default
+        if rl_dataset is not None and column and column != default_column and column not in rl_dataset.column_names:
+            # a column the user named: clustering in its place would ignore the setting without a word (trial 10's
+            # CX12); the default's absence is the documented switch to clustering
+            raise ValueError(
+                f"fewshot_task_column={column!r} is not a column of the RL dataset (its columns: "
+                f"{rl_dataset.column_names}). Fix: name the column that holds each prompt's task, or set "
+                "fewshot_task_column=None to find prototypes by clustering the prompts."
+            )
         self.task_labels = (
             list(rl_dataset[column])
             if rl_dataset is not None and column and column in rl_dataset.column_names
