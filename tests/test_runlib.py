@@ -208,10 +208,16 @@ def test_ctrl_c_kills_the_children_of_every_job(tmp_path, monkeypatch):
 
     sent = []
     timer = threading.Thread(target=ctrl_c_once_both_children_sleep)
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        runlib.map_jobs(lambda i: runlib.run_child(sleeper, log_path=tmp_path / f"{i}.log"), [0, 1], jobs=2)
-    timer.join()
+    # Ctrl-C as a fresh interpreter handles it: in the default run an earlier test on the same xdist worker can leave
+    # another SIGINT handler, and the signal then interrupted nothing (the children slept their 60 s)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            runlib.map_jobs(lambda i: runlib.run_child(sleeper, log_path=tmp_path / f"{i}.log"), [0, 1], jobs=2)
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.perf_counter() - sent[0] < 20  # both sleeping children were killed, not waited for (60 s)
     assert not runlib._live_groups  # nothing left to kill
 

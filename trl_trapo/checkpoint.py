@@ -574,6 +574,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
         and settings.get(name) is not None
         and then[name] != settings[name]
         and not (name == "adapter_snapshot_steps" and then[name])  # a bank the run no longer keeps: left on disk
+        # a "static" state is also what every strategy keeps with at most one objective that has data
+        # (`weighting.build_weighting`): an RL-only run with weighting="dare" writes it, and resumes it
+        and not (name == "weighting" and then[name] == "static")
     ]
     if not differ:
         return

@@ -50,11 +50,10 @@ from accelerate.utils import is_peft_model
 from datasets import Dataset, IterableDataset
 from huggingface_hub.errors import HFValidationError
 from torch import nn
-from torch.utils.data import DataLoader
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
-from trl.trainer.utils import identity
 
+from . import direct_calls
 from .arguments import refuse_foreign_arguments
 from .assembly import state_settings
 from .checkpoint import (
@@ -319,7 +318,6 @@ class TRAPOTrainer(_BaseTrainer):
             callbacks=self.callback_handler.callbacks,
             nonfinite=self.nonfinite,
         )
-
         # ---- steps 5-6. the objectives' rows (per rank) and what decides each step ----------------------------------
         rows = assemble_rows(
             run, link, replay_max_uses=self.replay_max_uses(), build_sample_selector=self.build_sample_selector
@@ -565,14 +563,7 @@ class TRAPOTrainer(_BaseTrainer):
         """
         context = num_items_in_batch
         if not isinstance(context, StepContext):
-            raise TypeError(
-                "compute_loss needs the step's StepContext as `num_items_in_batch` (got "
-                f"{type(context).__name__}): TRAPOTrainer builds each step's micro-batches, rows of every objective "
-                "with their masks and weights, and their context in get_batch_samples, so it has no loss for a batch "
-                "of your own. Fix: for the losses and rewards of held-out rows call trainer.evaluate(dataset); to add "
-                "a loss term, write an objective (docs/seams.md, 'Adding an objective'); a subclass that overrides "
-                "compute_loss passes on the `num_items_in_batch` it was given."
-            )
+            raise TypeError(direct_calls.compute_loss_without_context(context))
         weights, counts = context.weights, context.counts
         objective, mask = inputs["objective"], inputs["mask"]
         input_ids, attention_mask = inputs["input_ids"], inputs["attention_mask"]
@@ -754,57 +745,9 @@ class TRAPOTrainer(_BaseTrainer):
             "`trainer.generate_completions()` for sampled completions."
         )
 
-    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> DataLoader:
-        """The eval rows, `per_device_eval_batch_size` at a time, each batch a list of the rows as dicts (the dataset's
-        columns, untokenized), as TRL's `GRPOTrainer` serves them (its collator is `identity`), sharded over processes
-        by accelerate. For looking at the data: TRAPO's `evaluate` does not use it (it tokenizes and batches each
-        format itself, [`~trl_trapo.evaluation.Evaluator`]).
-
-        Args:
-            eval_dataset: a dataset; a key of the trainer's eval dict; None: the trainer's own.
-
-        Raises:
-            ValueError: as `evaluate` does (no eval dataset, an unknown key, a dataset TRAPO does not evaluate); when
-                the trainer's own eval set is a dict and no key is given, naming the keys.
-        """
-        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
-        dataset = dataset_to_evaluate(eval_dataset, self.eval_dataset, tokenizer, assistant_only_loss)
-        if isinstance(dataset, dict):
-            raise ValueError(
-                f"get_eval_dataloader(): the trainer's eval_dataset is a dict; name one of its keys {list(dataset)}, "
-                f"e.g. get_eval_dataloader({next(iter(dataset))!r})."
-            )
-        return self.rows_dataloader(dataset)
-
-    def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
-        """`test_dataset`'s rows, batched as [`get_eval_dataloader`] batches them (lists of row dicts).
-
-        Raises:
-            ValueError: `test_dataset` is not a dataset TRAPO evaluates (checked as `evaluate` checks it).
-        """
-        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
-        return self.rows_dataloader(dataset_to_evaluate(test_dataset, None, tokenizer, assistant_only_loss))
-
-    def rows_dataloader(self, dataset: Dataset) -> DataLoader:
-        """`dataset`'s rows in order, `per_device_eval_batch_size` per batch, each batch a list of row dicts (TRL's
-        `identity` collator), prepared by accelerate (sharded over processes)."""
-        loader = DataLoader(
-            dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False, collate_fn=identity
-        )
-        return self.accelerator.prepare(loader)
-
-    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys: list[str] | None = None):
-        """Not supported: transformers' evaluation loop calls it with the loss collator's batches, which TRAPO does not
-        have (see [`predict`]); TRAPO's `evaluate` computes its metrics without it.
-
-        Raises:
-            NotImplementedError: always, naming what to use instead.
-        """
-        raise NotImplementedError(
-            "TRAPOTrainer has no `prediction_step`: use `trainer.evaluate(dataset)` for rewards and losses on held-out "
-            "rows, or `trainer.generate_completions()` for sampled completions."
-        )
-
+    # Trainer methods a user calls directly to look at the data (trl_trapo/direct_calls.py)
+    get_eval_dataloader, get_test_dataloader = direct_calls.get_eval_dataloader, direct_calls.get_test_dataloader
+    rows_dataloader, prediction_step = direct_calls.rows_dataloader, direct_calls.prediction_step
     hyperparameter_search = refuse_hyperparameter_search  # no `model_init`: one trainer per setting
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
