@@ -20,10 +20,12 @@ ZeRO-3 partitions gathered) and `images_per_micro_batch` (the number of images o
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
 
+import torch
 from datasets import concatenate_datasets
 from distributed_job import RankRecorder  # tests/ is the script's directory: on sys.path
 
@@ -75,6 +77,9 @@ def mixed_prompts(rl_train):
 
 
 def main() -> None:
+    # registered before the trainer, so it runs after TRAPO's exit handler (last in, first out): the script never
+    # ends the process group itself, as a TRL script does not
+    atexit.register(lambda: print(f"process group at exit: {torch.distributed.is_initialized()}", flush=True))
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--max_steps", type=int, default=3)

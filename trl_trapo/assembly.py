@@ -40,6 +40,7 @@ from .callbacks import (
     AdapterBankCallback,
     AdaptiveKLCallback,
     DDPCommHookCallback,
+    EndProcessGroupAtExitCallback,
     StateCheckpointCallback,
     StopOnSignalCallback,
     SyncReferenceCallback,
@@ -1597,6 +1598,7 @@ def build_callbacks(
             "--num_processes N`) to compress DDP's gradient all-reduce with {them}, or drop {them}.",
         )
     callbacks.append(DDPCommHookCallback(model_wrapped, accelerator))
+    callbacks.append(EndProcessGroupAtExitCallback())
     callbacks.append(StateCheckpointCallback(save_state, pending))
     if args.sync_ref_model and args.kl_coef > 0:
         if reference is None or not reference.syncable:

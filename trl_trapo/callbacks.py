@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .checkpoint import CheckpointError
-from .distributed import max_over_ranks, register_ddp_comm_hook
+from .distributed import end_process_group_at_exit, max_over_ranks, register_ddp_comm_hook
 from .interrupts import Interruption, SignalCatcher
 from .memory.adapter_bank import AdapterBank
 from .models import ReferencePolicy
@@ -316,6 +316,16 @@ class DDPCommHookCallback(TrainerCallback):
                 "own communication settings) or launch with plain DDP."
             )
         register_ddp_comm_hook(model, name, args.powersgd_rank, args.powersgd_start_iter)
+        return control
+
+
+class EndProcessGroupAtExitCallback(TrainerCallback):
+    """Once training has finished on every rank, have the process group ended in order when the interpreter exits
+    ([`~trl_trapo.distributed.end_process_group_at_exit`]): a multi-process script that does not end it itself (a TRL
+    script) no longer risks gloo's abort at exit. A no-op in one process."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        end_process_group_at_exit()
         return control
 
 
