@@ -531,8 +531,9 @@ _unhandled_exception = False
 
 def end_process_group_at_exit() -> None:
     """Run [`end_process_group`] when the interpreter exits normally, for scripts that do not call it themselves
-    (a TRL script: `trainer.train()`, then the script's end). Called by `TRAPOTrainer.train` once training has
-    finished on every rank; registered once per process, a no-op without a process group of several.
+    (a TRL script: `trainer.train()`, then the script's end). Called at the end of `TRAPOTrainer.train`, once
+    training has finished on every rank ([`~trl_trapo.callbacks.EndProcessGroupAtExitCallback`]); registered once per
+    process, a no-op without a process group of several.
 
     At exit it does nothing after an exception nobody caught (`sys.excepthook` ran): that rank's peers may wait for
     it in another collective, and a barrier would pair with it. Otherwise every rank reaches its exit handlers after
