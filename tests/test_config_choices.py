@@ -176,6 +176,21 @@ def test_deepspeed_files_deepspeed_would_fail_on_are_refused_naming_the_field_an
         TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(stage2))
 
 
+def test_a_leftover_accelerate_use_deepspeed_variable_is_named(tmp_path, monkeypatch):
+    """Trial 10's CX10: `ACCELERATE_USE_DEEPSPEED=true` left exported in the shell made `python examples/trapo.py` fail
+    after 22 s with "No module named 'mpi4py'" (DeepSpeed's MPI discovery), naming no variable; now refused at
+    construction, naming the variable and `unset`. Under a launcher's environment it is DeepSpeed's run, not refused."""
+    no_launcher(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path))
+    message = str(raised.value)
+    for needle in ["ACCELERATE_USE_DEEPSPEED=true", "unset ACCELERATE_USE_DEEPSPEED", "mpi4py", "accelerate launch"]:
+        assert needle in message, (needle, message)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
+    TRAPOConfig(output_dir=str(tmp_path))  # off: nothing to refuse
+
+
 def test_fsdp_without_a_launcher_is_refused_at_construction_with_the_launch_command(tmp_path, monkeypatch):
     """Trial 8's JC18: `--fsdp full_shard` in one process was transformers' "Using fsdp only works in distributed
     training." from the Trainer, after the data and models were loaded, naming no fix."""

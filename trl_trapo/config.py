@@ -2111,6 +2111,10 @@ class TRAPOConfig(_BaseConfig):
         """
         value = self.deepspeed
         if value is None or value == "":
+            if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+                self._check_deepspeed_launch(
+                    "the environment variable ACCELERATE_USE_DEEPSPEED=true", environment=True
+                )
             return
         name = f"{type(self).__name__}.deepspeed={str(value)!r}"
         loaded = value if isinstance(value, dict) else None
@@ -2152,8 +2156,12 @@ class TRAPOConfig(_BaseConfig):
         self._check_deepspeed_launch(name)
 
     @staticmethod
-    def _check_deepspeed_launch(name: str) -> None:
+    def _check_deepspeed_launch(name: str, environment: bool = False) -> None:
         """Refuse DeepSpeed in a process no launcher started, when DeepSpeed would fail on it (see [`_check_deepspeed`]).
+
+        `environment=True` when DeepSpeed was chosen not by `--deepspeed` but by `ACCELERATE_USE_DEEPSPEED=true` left in
+        the environment (accelerate's launcher sets it for its children; exported in a shell, a later `python
+        script.py` ran into MPI discovery and "No module named 'mpi4py'", naming no variable: trial 10's CX10).
 
         Raises:
             ValueError: naming the field and the launch commands.
@@ -2170,6 +2178,15 @@ class TRAPOConfig(_BaseConfig):
         ):
             return
         missing = [key for key in launcher_env if key not in os.environ]
+        if environment:
+            raise ValueError(
+                f"{name} asks for DeepSpeed (accelerate reads it; its launcher sets it for the processes it starts), "
+                f"but this process was not started by a launcher ({', '.join(missing)} not set), so DeepSpeed would "
+                'ask MPI for its rank, and mpi4py is not installed (it failed later with "No module named '
+                "'mpi4py'\"). If it is left over in your shell, `unset ACCELERATE_USE_DEEPSPEED` to train in this "
+                "process; to train with DeepSpeed, launch the script with `accelerate launch --config_file "
+                "examples/accelerate_configs/deepspeed_zero2.yaml ...` or `trapo train --accelerate_config zero2 ...`."
+            )
         raise ValueError(
             f"{name} needs a distributed launch: DeepSpeed reads its rank from the launcher's environment "
             f"({', '.join(missing)} not set: this process was not started by a launcher) and otherwise asks MPI, and "
