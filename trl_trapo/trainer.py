@@ -55,7 +55,6 @@ from trl.trainer.base_trainer import _BaseTrainer
 
 from . import direct_calls
 from .arguments import refuse_foreign_arguments
-from .assembly import state_settings
 from .checkpoint import (
     CheckpointError,
     check_checkpoint_fits,
@@ -273,8 +272,6 @@ class TRAPOTrainer(_BaseTrainer):
         )
         models, checked = run.models, run.checked
         self._verified_checkpoint = checked.verified_checkpoint  # `train` does not hash it again
-        fit = dict(datasets=checked.datasets_summary, rollout_state=checked.rollout_state, critic=models.has_critic)
-        self._resume_fit = fit  # what train() compares with a checkpoint it resumes
         self.thread_choice = checked.thread_choice
         # skips an optimizer step whose loss was not finite on any rank (see create_optimizer)
         self.nonfinite = NonFiniteGuard(args.max_nonfinite_steps, self._reduce_sum)
@@ -324,7 +321,9 @@ class TRAPOTrainer(_BaseTrainer):
         )
         if rows.adapter_bank is not None:
             self.add_callback(rows.adapter_bank)
-        self._resume_fit["settings"] = state_settings(args, rows.adapter_bank is not None)  # the bank: now known
+        # what train() compares with a checkpoint it resumes
+        fit = dict(datasets=checked.datasets_summary, rollout_state=checked.rollout_state, critic=models.has_critic)
+        self._resume_fit = dict(fit, settings=rows.state_settings)
         self.memory_pool, self.allocator, self.curriculum = rows.memory_pool, rows.allocator, rows.curriculum
         self.dare, self.schedules = rows.dare, rows.schedules
 

@@ -47,6 +47,7 @@ from .assembly import (
     prepare_run_data,
     probe_noise_floor,
     setup_objectives,
+    state_settings,
     task_families,
     warn_unused_rewards,
 )
@@ -208,7 +209,9 @@ class RowParts:
     """What [`assemble_rows`] built: the pretraining objective (its stream, set up with the user's objectives), the
     RL objective's replay buffer, the adapter bank (a callback to add; None unless `adapter_bank=True`), the memory
     pool, targeted exploration (None when off), and the step controls: the row allocator, the curriculum, DARE and
-    the RL coefficient schedules."""
+    the RL coefficient schedules; `state_settings`, the run's values of the settings a checkpoint's state must share
+    ([`~trl_trapo.assembly.state_settings`], the adapter bank's now known), which `train()` compares with a checkpoint
+    it resumes."""
 
     pretrain: Objective
     replay: Any
@@ -219,6 +222,7 @@ class RowParts:
     curriculum: Any
     dare: Any
     schedules: Any
+    state_settings: dict = dataclasses.field(default_factory=dict)
 
 
 def assemble_rows(
@@ -271,7 +275,8 @@ def assemble_rows(
     controls = build_step_controls(
         args, plan, probe_noise_floor(policy, args), link.handles.policy, link.accelerator.device
     )
-    return RowParts(pretrain, replay, adapter_bank, memory_pool, exploration, *controls)
+    settings = state_settings(args, adapter_bank is not None)
+    return RowParts(pretrain, replay, adapter_bank, memory_pool, exploration, *controls, state_settings=settings)
 
 
 # ---- 3. the frozen models, the rollout engine and the RL objective's supply ------------------------------------------
