@@ -289,6 +289,17 @@ def test_dataset_objects_that_cannot_work_are_refused_at_construction(
         )
 
 
+def test_a_dataframe_is_told_the_constructor_datasets_has_for_it():
+    """Trial 11's N02: a pandas DataFrame as `train_dataset` was told `Dataset.from_list(rows)`; `datasets` has
+    `Dataset.from_pandas` for it."""
+    import pandas
+
+    from trl_trapo.data import check_dataset_object
+
+    with pytest.raises(ValueError, match=r"`train_dataset` is a DataFrame, .*`Dataset\.from_pandas\(frame\)`"):
+        check_dataset_object(pandas.DataFrame({"prompt": ["1+1="]}), "train_dataset")
+
+
 def test_evaluate_refuses_a_streaming_dataset_given_to_it_by_name(tmp_path, tokenizer, suite, tiny_config):
     trainer = build(tmp_path, tokenizer, suite, tiny_config)
     with pytest.raises(ValueError, match=r"`eval_dataset` is an IterableDataset"):

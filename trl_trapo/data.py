@@ -113,9 +113,14 @@ def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) ->
             "Streaming is supported for `pretrain_dataset`."
         )
     if not isinstance(dataset, (Dataset, IterableDataset)):
+        kind = type(dataset).__name__
+        how = {  # the constructor `datasets` has for the object given
+            "DataFrame": "`Dataset.from_pandas(frame)`",
+            "list": "`Dataset.from_list(rows)`",
+        }.get(kind, "`Dataset.from_list(rows)`, `Dataset.from_generator(...)`")
         raise ValueError(
-            f"`{role}` is a {type(dataset).__name__}, not a `datasets.Dataset`: build one, e.g. "
-            "`Dataset.from_list(rows)` or `load_dataset('json', data_files=..., split='train')`."
+            f"`{role}` is a {kind}, not a `datasets.Dataset`: build one, e.g. {how} or "
+            "`load_dataset('json', data_files=..., split='train')`."
         )
 
 
