@@ -234,6 +234,9 @@ def summarise(runs: dict[str, list[dict]], warmup: int) -> dict[str, dict]:
                 "updates_per_100": 100.0 * sum(1 for k in run["update_steps"] if k >= warmup) / len(steps),
             }
             figures["own_job_interval_ms"] = figures["own_update_ms"] / JOB_INTERVAL + figures["own_other_ms"]
+            for call in (*OWN_CALLS, "update"):  # where the own work at an update step goes (`update`: in finish_step)
+                parts = run["own_parts_s"]
+                figures[f"own_update_ms/{call}"] = 1e3 * median([parts.get(k, {}).get(call, 0.0) for k in schedule])
             if baseline is not None and index < len(baseline):
                 base = baseline[index]
                 figures["delta_cpu_ms"] = figures["cpu_ms"] - 1e3 * median([base["cpu_s"][k] for k in steps])
@@ -274,8 +277,8 @@ def measure(
     Returns:
         `dict`: `settings`, `summary` (strategy -> milliseconds: `cpu_ms`, `wall_ms` per step, `delta_cpu_ms` and
         `delta_wall_ms` against `static` with `*_range` [min, max] over rounds, `delta_update_cpu_ms` at update steps,
-        `own_update_ms`, `own_other_ms`, `updates_per_100`, `own_amortised_ms`, `own_job_interval_ms`, and the
-        figures of each round in `rounds`), `runs` (per strategy, per round, the raw seconds per step).
+        `own_update_ms` (split by call in `own_update_ms/<call>`), `own_other_ms`, `updates_per_100`,
+        `own_amortised_ms`, `own_job_interval_ms`, and the figures of each round in `rounds`), `runs` (per strategy, per round, the raw seconds per step).
 
     Raises:
         ValueError: for an unknown strategy or settings out of range, before anything runs.
