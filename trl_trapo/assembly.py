@@ -106,7 +106,7 @@ from .objectives import (
     planning_rows,
     setup_objective,
 )
-from .paths import check_model_source
+from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
     RewardScorer,
     check_reward_checkpoint,
@@ -815,6 +815,13 @@ def build_policy(
     model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if isinstance(model, str):
         check_model_source(model, "model")
+    if processing_class is None and model_id:  # before the model loads: the tokenizer comes from its folder
+        check_tokenizer_source(
+            model_id,
+            "model" if isinstance(model, str) else "model.config.name_or_path",
+            "Fix: pass `processing_class=` (the policy's tokenizer, e.g. `AutoTokenizer.from_pretrained(...)`)",
+        )
+    if isinstance(model, str):
         model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
     elif args.model_init_kwargs:
         raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")
