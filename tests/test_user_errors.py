@@ -1791,6 +1791,27 @@ def test_eval_on_start_without_an_eval_dataset_is_refused_at_construction(tmp_pa
         tiny_trainer(tmp_path, tokenizer, suite, eval_on_start=True)
 
 
+@pytest.mark.parametrize("strategy", ["steps", "epoch"])
+def test_eval_strategy_without_an_eval_dataset_is_refused_before_the_models_load(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, strategy
+):
+    """Trial 11's N25: `eval_strategy="steps"` without an `eval_dataset` was transformers' traceback from
+    `Trainer.__init__`, after the policy was built and the datasets tokenized. It is now one message of the
+    construction's checks, naming the field, its value and both fixes."""
+    from trl_trapo import assembly
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy was built before the check that refuses the run")
+
+    monkeypatch.setattr(assembly, "build_policy", loaded)
+    with pytest.raises(ValueError) as raised:
+        tiny_trainer(tmp_path, tokenizer, suite, eval_strategy=strategy, eval_steps=1)
+    assert str(raised.value) == (
+        f"TRAPOConfig.eval_strategy='{strategy}' evaluates during training, and there is no eval_dataset. Fix: pass "
+        'eval_dataset= to the trainer, or set eval_strategy="no".'
+    )
+
+
 @pytest.mark.parametrize(
     "error, said",
     [
