@@ -2215,7 +2215,7 @@ def build_trainer(
     # (the trainer checks again)
     check_checkpoint(training_args.resume_from_checkpoint)
     check_output_dir(training_args)
-    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint)
+    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     derived = {}
