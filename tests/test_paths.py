@@ -121,15 +121,90 @@ def test_the_command_line_says_it_in_one_line(broken, tmp_path, monkeypatch, cap
     assert f"trapo.py: error: --model_name_or_path={str(folder)!r}: " in output.err and needle in output.err
 
 
-def test_a_model_folder_without_tokenizer_files_says_so(saved_model, tmp_path):
+def loaded(*args, **kwargs):
+    raise AssertionError("loaded before the check that refuses it")
+
+
+def test_a_model_folder_without_tokenizer_files_says_so(saved_model, tmp_path, monkeypatch):
     """It was transformers' "Couldn't instantiate the backend tokenizer ... install sentencepiece", naming neither the
-    flag nor the folder. (The critic and the reward model need no tokenizer of their own.)"""
+    flag nor the folder; now it is said with the model flags' checks, before any data or model loads. The reward
+    model's tokenizer is loaded from its folder too (the critic needs none of its own)."""
     folder = tmp_path / "no_tokenizer"
     shutil.copytree(saved_model, folder, ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
+    monkeypatch.setattr(cli, "load_rl_data", loaded)  # the data would load after the checks
     with pytest.raises(
-        ValueError, match=re.escape(f"--model_name_or_path={str(folder)!r}: ") + ".*no tokenizer files"
+        ValueError, match=re.escape(f"--model_name_or_path={str(folder)!r}: ") + ".*no tokenizer files.*tokenizer.json"
     ):
-        build(tmp_path, model_args=ModelConfig(model_name_or_path=str(folder)))
+        build(tmp_path, model_args=ModelConfig(model_name_or_path=str(folder)), dataset_name=str(tmp_path))
+    reward = tmp_path / "no_tokenizer_reward"
+    shutil.copytree(folder, reward)
+    config = json.loads((reward / "config.json").read_text())
+    (reward / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(
+        ValueError, match=re.escape(f"--reward_model_name_or_path={str(reward)!r}: ") + ".*no tokenizer files"
+    ):
+        build(tmp_path, reward_model_name_or_path=str(reward))
+
+
+def test_the_trainer_names_a_model_folder_without_tokenizer_files_before_loading_it(
+    saved_model, tmp_path, monkeypatch
+):
+    """Trial 11's N15: `TRAPOTrainer(model="<folder without tokenizer files>")` and no `processing_class` was
+    transformers' raw "Couldn't instantiate the backend tokenizer ... install sentencepiece" after the model loaded; a
+    reward model folder without them the same, from `load_reward_funcs`."""
+    from trl_trapo import TRAPOConfig, TRAPOTrainer, assembly
+    from trl_trapo.rewards import exact_match_reward, load_reward_funcs
+    from trl_trapo.tasks import make_task_suite
+
+    folder = tmp_path / "no_tokenizer"
+    shutil.copytree(saved_model, folder, ignore=shutil.ignore_patterns("tokenizer*", "chat_template*"))
+    monkeypatch.setattr(assembly, "load_policy", loaded)  # refused before the model loads
+    suite = make_task_suite(seed=0)
+    args = TRAPOConfig(output_dir=str(tmp_path / "out"), max_steps=1, report_to="none")
+    with pytest.raises(ValueError) as raised:
+        TRAPOTrainer(model=str(folder), reward_funcs=exact_match_reward, args=args, train_dataset=suite.rl_train)
+    message = str(raised.value)
+    assert message.startswith(f"model={str(folder)!r}: the directory {folder} has no tokenizer files"), message
+    assert "tokenizer.json" in message and "processing_class=" in message and "save_pretrained(" in message
+    reward = tmp_path / "no_tokenizer_reward"
+    shutil.copytree(folder, reward)
+    config = json.loads((reward / "config.json").read_text())
+    (reward / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(ValueError, match=re.escape(f"reward_funcs={str(reward)!r}: ") + ".*reward_processing_classes"):
+        load_reward_funcs([str(reward)], None, None, build_char_tokenizer())
+
+
+def test_a_tokenizer_folder_is_judged_by_what_transformers_reads(saved_model, tmp_path):
+    """What transformers can load passes (a lone `tokenizer.json`, a GPT-2 `vocab.json` + `merges.txt`, a sentencepiece
+    `tokenizer.model`, a byte-level class with no files); a folder with none of the files its tokenizer class reads is
+    named with those files."""
+    from transformers import AutoTokenizer
+
+    def folder(name: str, files: dict[str, str], model_type: str = "llama") -> str:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+        for file, text in files.items():
+            (path / file).write_text(text)
+        return str(path)
+
+    only_fast = tmp_path / "only_tokenizer_json"
+    only_fast.mkdir()
+    shutil.copy(saved_model / "tokenizer.json", only_fast / "tokenizer.json")
+    shutil.copy(saved_model / "config.json", only_fast / "config.json")
+    assert paths.tokenizer_directory_problem(str(only_fast)) is None
+    assert AutoTokenizer.from_pretrained(str(only_fast)).vocab_size == build_char_tokenizer().vocab_size
+    assert paths.tokenizer_directory_problem(folder("gpt2", {"vocab.json": "{}", "merges.txt": ""}, "gpt2")) is None
+    assert paths.tokenizer_directory_problem(folder("spm", {"tokenizer.model": ""})) is None
+    byte_level = {"tokenizer_config.json": json.dumps({"tokenizer_class": "ByT5Tokenizer"})}
+    assert paths.tokenizer_directory_problem(folder("byt5", byte_level, "t5")) is None
+    gpt2 = folder("gpt2_config_only", {"tokenizer_config.json": "{}"}, "gpt2")
+    problem = paths.tokenizer_directory_problem(gpt2)
+    assert problem and "GPT2Tokenizer reads tokenizer.json or merges.txt + vocab.json" in problem, problem
+    assert "tokenizer_config.json is missing" not in problem
+    with pytest.raises(ValueError, match=re.escape(f"--x={gpt2!r}: the directory {gpt2} has no tokenizer files")):
+        paths.check_tokenizer_source(gpt2, "--x", "Fix: something")
+    paths.check_tokenizer_source(str(tmp_path / "missing"), "--x", "Fix: something")  # check_model_source's to say
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -733,24 +734,89 @@ def test_an_unfinished_runs_checkpoints_are_resumed_or_replaced_only_when_told(
     resumes from one of them (True, or a path inside output_dir) or `overwrite_output_dir=True`; a run resuming
     another folder's checkpoint into it is refused too. The command line refuses before loading anything."""
     out = tmp_path / "run"
-    tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()  # interrupted at 2
+    tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1).train()
+    shutil.rmtree(out / "checkpoint-2")  # interrupted after step 1 of 2 (a run at its max_steps finished: next test)
     before = snapshot(out)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2"]
-    fixes = [f"--resume_from_checkpoint {out / 'checkpoint-2'}", "resume_from_checkpoint=True", "another output_dir",
-             "--overwrite_output_dir"]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1"]
+    fixes = [f"--resume_from_checkpoint {out / 'checkpoint-1'}", "another output_dir", "--overwrite_output_dir"]
     code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
-    cli_error(code, output, "holds checkpoints of an unfinished run", *fixes)
+    said = cli_error(code, output, "holds checkpoints of an unfinished run", *fixes)
+    assert "trainer.train(" not in said and "TRAPOConfig(" not in said  # the command line's user is told flags
     assert snapshot(out) == before
 
     again = tiny_trainer(out, tokenizer, suite, max_steps=3, save_strategy="steps", save_steps=1)  # train() decides
-    api_error(again.train, f"output_dir={str(out)!r} holds checkpoints of an unfinished run (checkpoint-1, "
-              "checkpoint-2) and this run starts from scratch", *fixes)  # fmt: skip
+    said = api_error(again.train, f"output_dir={str(out)!r} holds checkpoints of an unfinished run (checkpoint-1) "
+                     "and this run starts from scratch", "trainer.train(resume_from_checkpoint=True)",
+                     "another output_dir", "TRAPOConfig(overwrite_output_dir=True)")  # fmt: skip
+    assert " --" not in said  # the Python user is told Python
     elsewhere = str(tmp_path / "other" / "checkpoint-1")
     api_error(lambda: again.train(resume_from_checkpoint=elsewhere), f"this run resumes from {elsewhere}")
     assert again.state.global_step == 0 and snapshot(out) == before  # nothing written
     again.train(resume_from_checkpoint=True)  # continues the run: its checkpoints stay as they were
     assert again.state.global_step == 3 and {k: v for k, v in snapshot(out).items() if k in before} == before
     tiny_trainer(out, tokenizer, suite, max_steps=1, overwrite_output_dir=True).train()  # told to replace them
+
+
+def test_a_finished_runs_checkpoints_are_refused_with_the_fixes_that_work(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys
+):
+    """Trial 11's N11: a finished script run again with the same output_dir was told its checkpoint-2 (at step 2 =
+    max_steps 2) was "an unfinished run" and to resume it, which `train()` then refused ("nothing would be trained").
+    A checkpoint at its run's max_steps is now a finished run, still refused (its checkpoints would be replaced), with
+    the fixes that work: another output_dir, overwrite_output_dir, or a larger max_steps to continue it, which then
+    trains on."""
+    out = tmp_path / "run"
+    tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=2).train()
+    before = snapshot(out)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2"]
+    same = tiny_trainer(out, tokenizer, suite, max_steps=2)
+    said = api_error(
+        same.train,
+        f"output_dir={str(out)!r} holds the checkpoints of a finished run (checkpoint-2; checkpoint-2 is at step 2, "
+        "its max_steps) and this run starts from scratch",
+        "Fix: choose another output_dir, pass TRAPOConfig(overwrite_output_dir=True) to replace them, or raise "
+        "max_steps above 2 to continue it (trainer.train(resume_from_checkpoint=True)).",
+    )
+    assert "unfinished" not in said and " --" not in said
+    code, output = run_cli_here(
+        "--output_dir", str(out), "--max_steps", "2", cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
+    )
+    said = cli_error(code, output, "finished run", "--overwrite_output_dir", "raise max_steps above 2",
+                     f"(--resume_from_checkpoint {out / 'checkpoint-2'})")  # fmt: skip
+    assert "unfinished" not in said and "TRAPOConfig(" not in said and "trainer.train(" not in said
+    assert snapshot(out) == before and same.state.global_step == 0
+    longer = tiny_trainer(out, tokenizer, suite, max_steps=3, save_strategy="steps", save_steps=3)
+    api_error(
+        longer.train,
+        "finished run",
+        "or continue it to this run's max_steps=3 (trainer.train(resume_from_checkpoint=True))",
+    )
+    longer.train(resume_from_checkpoint=True)  # the fix it names works
+    assert longer.state.global_step == 3
+
+
+def test_a_checkpoint_at_this_runs_max_steps_is_not_offered_for_resuming(tmp_path):
+    """An unfinished run's checkpoint at or past this run's max_steps cannot be resumed by it (`check_checkpoint_step`
+    would refuse: nothing would be trained): the fix is a larger max_steps; where the reader is not known, both
+    spellings."""
+    from transformers import TrainerState
+
+    from trl_trapo.saving import check_earlier_checkpoints
+
+    (tmp_path / "checkpoint-3").mkdir()
+    TrainerState(global_step=3, max_steps=10).save_to_json(str(tmp_path / "checkpoint-3" / "trainer_state.json"))
+    args = TRAPOConfig(output_dir=str(tmp_path), max_steps=3, report_to="none")
+    said = api_error(
+        lambda: check_earlier_checkpoints(args, None),
+        "holds checkpoints of an earlier run (checkpoint-3; checkpoint-3 is at step 3, and this run's max_steps=3: "
+        "resuming it would train nothing)",
+        "pass --overwrite_output_dir (TRAPOConfig(overwrite_output_dir=True))",
+        f"raise max_steps above 3 to continue it (--resume_from_checkpoint {tmp_path / 'checkpoint-3'} "
+        "(trainer.train(resume_from_checkpoint=True)))",
+    )
+    assert "unfinished" not in said
+    longer = TRAPOConfig(output_dir=str(tmp_path), max_steps=5, report_to="none")
+    api_error(lambda: check_earlier_checkpoints(longer, None, cli=False), "holds checkpoints of an unfinished run")
 
 
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
@@ -1789,6 +1855,27 @@ def test_eval_on_start_without_an_eval_dataset_is_refused_at_construction(tmp_pa
         ValueError, match=r"TRAPOConfig.eval_on_start=True evaluates before the first step, and there "
     ):
         tiny_trainer(tmp_path, tokenizer, suite, eval_on_start=True)
+
+
+@pytest.mark.parametrize("strategy", ["steps", "epoch"])
+def test_eval_strategy_without_an_eval_dataset_is_refused_before_the_models_load(
+    tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, strategy
+):
+    """Trial 11's N25: `eval_strategy="steps"` without an `eval_dataset` was transformers' traceback from
+    `Trainer.__init__`, after the policy was built and the datasets tokenized. It is now one message of the
+    construction's checks, naming the field, its value and both fixes."""
+    from trl_trapo import assembly
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy was built before the check that refuses the run")
+
+    monkeypatch.setattr(assembly, "build_policy", loaded)
+    with pytest.raises(ValueError) as raised:
+        tiny_trainer(tmp_path, tokenizer, suite, eval_strategy=strategy, eval_steps=1)
+    assert str(raised.value) == (
+        f"TRAPOConfig.eval_strategy='{strategy}' evaluates during training, and there is no eval_dataset. Fix: pass "
+        'eval_dataset= to the trainer, or set eval_strategy="no".'
+    )
 
 
 @pytest.mark.parametrize(

@@ -71,7 +71,7 @@ from .data import (
     warn_missing_reward_cells,
 )
 from .distributed import accelerator_distributed_type, check_launch, restore_kernel_functions, sum_over_ranks
-from .evaluation import check_best_model_metric, check_eval_on_start
+from .evaluation import check_best_model_metric, check_eval_on_start, check_eval_strategy
 from .executor import SourceContext
 from .grpo import grpo_notice
 from .guidance import DemonstrationGuidance
@@ -106,7 +106,7 @@ from .objectives import (
     planning_rows,
     setup_objective,
 )
-from .paths import check_model_source
+from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
     RewardScorer,
     check_reward_checkpoint,
@@ -201,8 +201,8 @@ def check_run(
     config set up), every argument's type (`arguments`: the keyword arguments of
     [`~trl_trapo.arguments.check_trainer_arguments`]), the
     `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
-    datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, the checkpoint to resume
-    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
+    datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, evaluation asked for without
+    an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
     objectives; `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`,
     `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read
     them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`,
@@ -252,6 +252,8 @@ def check_run(
         if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
             check_reward_checkpoint(os.path.expanduser(entry), given_as)
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
+    # evaluation during training needs held-out data (transformers' `Trainer.__init__` said so only after tokenizing)
+    check_eval_strategy(args, eval_dataset)
     check_eval_on_start(args, eval_dataset)
     # what checkpoints record of the datasets, to refuse resuming one of them with others (check_checkpoint_fits)
     summary = datasets_summary({cls.ARGUMENT: given[cls.NAME] for cls in WITH_DATA})
@@ -815,6 +817,13 @@ def build_policy(
     model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if isinstance(model, str):
         check_model_source(model, "model")
+    if processing_class is None and model_id:  # before the model loads: the tokenizer comes from its folder
+        check_tokenizer_source(
+            model_id,
+            "model" if isinstance(model, str) else "model.config.name_or_path",
+            "Fix: pass `processing_class=` (the policy's tokenizer, e.g. `AutoTokenizer.from_pretrained(...)`)",
+        )
+    if isinstance(model, str):
         model = load_policy(model, args.model_init_kwargs)  # a vision-language model as one (TRL's convention)
     elif args.model_init_kwargs:
         raise ValueError("`model_init_kwargs` is only used when `model` is a string; drop it or pass a model id.")

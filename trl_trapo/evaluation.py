@@ -133,10 +133,32 @@ def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
     return out
 
 
+def check_eval_strategy(args, eval_dataset) -> None:
+    """`eval_strategy` other than "no" needs evaluation data: transformers' `Trainer.__init__` (`_validate_args`)
+    refuses it without an `eval_dataset`, after the models were loaded and the datasets tokenized, as a traceback from
+    inside transformers. Said here, with the construction's argument checks. (Its other refusals that depend on the
+    datasets cannot happen here: the `Trainer`'s train dataset is TRAPO's plan, which has a length.)
+
+    Args:
+        args ([`TRAPOConfig`]): reads `eval_strategy`.
+        eval_dataset: the trainer's `eval_dataset` argument.
+
+    Raises:
+        ValueError: naming `eval_strategy`, its value and the two fixes, when it is not "no" and `eval_dataset` is
+            None.
+    """
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)  # an IntervalStrategy after __post_init__
+    if strategy not in (None, "no") and eval_dataset is None:
+        raise ValueError(
+            f"{type(args).__name__}.eval_strategy={strategy!r} evaluates during training, and there is no "
+            'eval_dataset. Fix: pass eval_dataset= to the trainer, or set eval_strategy="no".'
+        )
+
+
 def check_eval_on_start(args, eval_dataset) -> None:
     """`eval_on_start=True` needs evaluation data: transformers' `train()` evaluates before the first step, and
     without an `eval_dataset` that failed there, after the models were loaded and wrapped ("No `eval_dataset`").
-    (`eval_strategy` other than "no" without one is refused by `Trainer.__init__` itself.)
+    (`eval_strategy` other than "no" without one: `check_eval_strategy`.)
 
     Raises:
         ValueError: naming `eval_on_start` and the two fixes, when `args.eval_on_start` and `eval_dataset` is None.

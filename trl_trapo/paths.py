@@ -11,6 +11,8 @@ What is checked, cheaply (nothing is loaded: a few small JSON files and the head
 - a local model directory: `config.json` is a JSON object with a `model_type` (or `adapter_config.json` is a JSON
   object), there is a weights file, and every `.safetensors` file has a readable header (a corrupted or truncated
   file is named here, not as a `SafetensorError` from inside transformers);
+- a local directory the tokenizer is to be loaded from (`check_tokenizer_source`): it holds a file transformers'
+  tokenizer class for it reads (`tokenizer.json`, or the class's vocabulary files);
 - a value that is not a local path (`owner/name`, `name`): the Hub is asked only when the Hugging Face cache has no
   copy of it. With `HF_HUB_OFFLINE=1`, or when the Hub cannot be reached (one request, `HUB_PROBE_TIMEOUT_S`) or has no
   such repository, the error comes at once and names both readings (the local folder that does not exist and the Hub
@@ -178,6 +180,81 @@ def model_directory_problem(path: str) -> str | None:
     return None
 
 
+def tokenizer_directory_problem(path: str) -> str | None:
+    """What keeps `AutoTokenizer.from_pretrained(path)` from finding a tokenizer in the local directory `path`, or None;
+    cheap (the file names and `tokenizer_config.json` / `config.json` are read, no tokenizer is built).
+
+    transformers is asked which files it would read: the tokenizer class is the one `tokenizer_config.json` names, else
+    the one transformers registers for `config.json`'s `model_type` (`TOKENIZER_MAPPING_NAMES`), else its default
+    (`TokenizersBackend`); that class's `vocab_files_names` (e.g. `tokenizer.model`, `vocab.json` + `merges.txt`) and
+    `tokenizer.json` are what it can load from. A directory holding any of them passes (transformers decides the
+    rest: a sentencepiece `tokenizer.model` without sentencepiece installed is its own error); so does one whose
+    class needs no file (a byte-level tokenizer) or is custom code (`auto_map`), or whose named class transformers
+    does not know.
+
+    Args:
+        path: an existing directory.
+
+    Returns:
+        The problem, as a clause naming the directory and the files missing (no fix: the caller knows which applies);
+        None when transformers can try to load a tokenizer from it.
+    """
+    names = set(os.listdir(path))
+    if "tokenizer.json" in names:
+        return None
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    tokenizer_config, _ = (
+        read_json_object(os.path.join(path, "tokenizer_config.json"))
+        if "tokenizer_config.json" in names
+        else (None, None)
+    )
+    if tokenizer_config is not None and tokenizer_config.get("auto_map"):
+        return None  # the repository's own tokenizer code decides what it reads
+    class_name = (tokenizer_config or {}).get("tokenizer_class")
+    if not class_name and "config.json" in names:
+        config, _ = read_json_object(os.path.join(path, "config.json"))
+        class_name = TOKENIZER_MAPPING_NAMES.get((config or {}).get("model_type"))
+    tokenizer_class = tokenizer_class_from_name(class_name or "TokenizersBackend")
+    if tokenizer_class is None:
+        return None  # a class this transformers does not know: its own error names it
+    files = sorted(set(tokenizer_class.vocab_files_names.values()) - {"tokenizer.json"})
+    if not tokenizer_class.vocab_files_names or any(name in names for name in files):
+        return None
+    wanted = " or ".join(["tokenizer.json", " + ".join(files)] if files else ["tokenizer.json"])
+    return (
+        f"the directory {path} has no tokenizer files, so the tokenizer cannot be loaded from it (transformers' "
+        f"{tokenizer_class.__name__} reads {wanted}"
+        + ("" if "tokenizer_config.json" in names else "; tokenizer_config.json is missing too")
+        + ")"
+    )
+
+
+def check_tokenizer_source(value: str, arg: str, fix: str) -> None:
+    """Fail early, naming `arg`, when the tokenizer is to be loaded from `value` and `value` is a local directory
+    without tokenizer files (see `tokenizer_directory_problem`; a Hub id or a missing path is left to
+    `check_model_source`).
+
+    Args:
+        value: a Hub model id or a local model directory the tokenizer would be loaded from.
+        arg: the argument that gave it, e.g. `"model"` or `"--model_name_or_path"`.
+        fix: what the caller's user can do instead, as a sentence starting with "Fix: " (e.g. pass
+            `processing_class=`); "save the tokenizer into the directory" is always added.
+
+    Raises:
+        ValueError: naming `arg`, `value`, the files missing and the fixes.
+    """
+    path = os.path.expanduser(value)
+    if not os.path.isdir(path):
+        return
+    problem = tokenizer_directory_problem(path)
+    if problem:
+        raise ValueError(
+            f"{arg}={value!r}: {problem}. {fix.rstrip('.')}, or save the tokenizer into the directory "
+            f"(`tokenizer.save_pretrained({value!r})`)."
+        )
+
+
 def safetensors_problem(file: str) -> str | None:
     """Why the `.safetensors` file `file` cannot be loaded (its header is unreadable, or the file is shorter than the
     header says), or None. Reads the header only."""
@@ -301,6 +378,8 @@ __all__ = [
     "check_data_source",
     "check_hub_source",
     "check_model_source",
+    "check_tokenizer_source",
     "looks_like_path",
     "model_directory_problem",
+    "tokenizer_directory_problem",
 ]

@@ -39,7 +39,7 @@ from trl.trainer.utils import (
 
 from .data import INTERNAL_COLUMNS, dataset_columns, eval_datasets
 from .models import embedding_safe_pad_id, reward_model_scores
-from .paths import check_model_source
+from .paths import check_model_source, check_tokenizer_source
 
 
 logger = logging.getLogger(__name__)
@@ -699,7 +699,8 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
         tuple `(funcs, processing_classes)`: models loaded (from ids) and frozen in eval mode.
 
     Raises:
-        ValueError: if `reward_processing_classes` is a list of the wrong length.
+        ValueError: if `reward_processing_classes` is a list of the wrong length; if a reward model given as a
+            local folder has no tokenizer files and no tokenizer of its own is given (`paths.check_tokenizer_source`).
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -723,6 +724,10 @@ def load_reward_funcs(reward_funcs, reward_model, reward_processing_classes, tok
                 "reward_model" if reward_model is not None and index == len(reward_funcs) - 1 else "reward_funcs"
             )
             check_reward_checkpoint(func, given_as)
+            if reward_tokenizer is None:  # loaded from the reward model's folder: one without tokenizer files is named
+                check_tokenizer_source(
+                    func, given_as, "Fix: pass its tokenizer as `reward_processing_classes` (one per reward)"
+                )
             reward_tokenizer = reward_tokenizer or AutoTokenizer.from_pretrained(func)
             func = AutoModelForSequenceClassification.from_pretrained(func, num_labels=1)
         if isinstance(func, nn.Module):

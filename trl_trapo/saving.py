@@ -5,9 +5,11 @@
   that can be written, and must not hold a *finished* run (a saved model or `eval_results.json`, see
   `FINISHED_RUN_FILES`) unless `overwrite_output_dir=True`.
 - [`check_earlier_checkpoints`] (`train()`, and the command line before it loads a model): a folder holding an
-  unfinished run's checkpoints is refused unless this run resumes from one of them or `overwrite_output_dir=True`:
+  earlier run's checkpoints is refused unless this run resumes from one of them or `overwrite_output_dir=True`:
   a run from scratch would write its own `checkpoint-1`, `checkpoint-2` ... over them, destroying what a resume
-  needs. (transformers' `Trainer` writes over them silently; transformers 5 has no `overwrite_output_dir`.)
+  needs. A run whose newest checkpoint is at its `max_steps` (finished) is told the fixes that work for it: another
+  output_dir, `overwrite_output_dir`, or a larger `max_steps` to continue it. (transformers' `Trainer` writes over
+  them silently; transformers 5 has no `overwrite_output_dir`.)
 - [`check_disk_space`] (construction): `checkpoint_nbytes` estimates one checkpoint, and a disk that cannot hold it is
   refused (checkpoints on) or warned about (checkpoints off: only a final `save_model` would need the weights).
 - [`CheckpointGuard`] (every save): a `checkpoint-N` is complete once TRAPO's completion markers are written (see
@@ -195,35 +197,81 @@ def resumes_in(output_dir: str, resume_from_checkpoint: str | os.PathLike | bool
     )
 
 
-def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None) -> None:
-    """Refuse to start a run whose checkpoints would replace an unfinished run's, before anything is written.
+def checkpoint_steps(checkpoint_dir: str) -> tuple[int, int] | None:
+    """The `(global_step, max_steps)` a checkpoint's `trainer_state.json` records (read with transformers'
+    `TrainerState.load_from_json`), or None when it has none or it cannot be read (a checkpoint cut short)."""
+    from transformers import TrainerState
+
+    try:
+        state = TrainerState.load_from_json(os.path.join(checkpoint_dir, "trainer_state.json"))
+        return int(state.global_step), int(state.max_steps or 0)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None, cli: bool | None = None) -> None:
+    """Refuse to start a run whose checkpoints would replace an earlier run's, before anything is written.
 
     A run into an `output_dir` that holds `checkpoint-N` folders must resume from one of them (`resume_from_checkpoint`
     True, or a path inside `output_dir`) or be told to replace them (`overwrite_output_dir=True`): started from
     scratch, or from another folder's checkpoint, it would write its own `checkpoint-N` over theirs, destroying what a
     resume of the earlier run needs, and mixing two runs' checkpoints in one folder.
 
+    The newest checkpoint says which fixes work: one at its run's `max_steps` (its `trainer_state.json`: that run
+    finished), or at or past this run's `max_steps` (resuming it would train nothing, `check_checkpoint_step`), is
+    refused with another output_dir, `overwrite_output_dir`, or a larger `max_steps` to continue it; an unfinished
+    run's with resuming it, another output_dir or `overwrite_output_dir`.
+
     Args:
-        args ([`TRAPOConfig`]): reads `output_dir` and `overwrite_output_dir`.
+        args ([`TRAPOConfig`]): reads `output_dir`, `overwrite_output_dir` and `max_steps`.
         resume_from_checkpoint: what the run resumes from (`train()`'s argument; the command line's
             `--resume_from_checkpoint`): None / False (from scratch), True, or a checkpoint path.
+        cli: who reads the message: True, a command line's user (flags: `--overwrite_output_dir`); False, a Python
+            user (`TRAPOConfig(overwrite_output_dir=True)`, `trainer.train(resume_from_checkpoint=True)`); None, not
+            known (both).
 
     Raises:
-        ValueError: naming `output_dir`, its checkpoints and the three fixes (resume the earlier run, another
-            output_dir, `overwrite_output_dir`).
+        ValueError: naming `output_dir`, its checkpoints, whether their run finished, and the fixes that work.
     """
     output_dir = args.output_dir
     checkpoints = checkpoint_names(output_dir)
     if args.overwrite_output_dir or not checkpoints or resumes_in(output_dir, resume_from_checkpoint):
         return
+    config = type(args).__name__
+
+    def spelt(flag: str, python: str) -> str:
+        return flag if cli else python if cli is False else f"{flag} ({python})"
+
     listed = ", ".join(checkpoints[-3:]) if len(checkpoints) <= 3 else f"{checkpoints[0]} ... {checkpoints[-1]}"
     how = f"resumes from {resume_from_checkpoint}" if resume_from_checkpoint else "starts from scratch"
+    newest = os.path.join(output_dir, checkpoints[-1])
+    other_dir = "choose another output_dir"
+    overwrite = spelt("--overwrite_output_dir", f"{config}(overwrite_output_dir=True)")
+    resume = spelt(f"--resume_from_checkpoint {newest}", "trainer.train(resume_from_checkpoint=True)")
+    steps = checkpoint_steps(newest)
+    step, its_max = steps if steps is not None else (None, 0)
+    ended = step is not None and 0 < its_max <= step  # that run reached its own max_steps
+    nothing_left = step is not None and 0 < args.max_steps <= step  # resuming it would train 0 steps
+    if ended or nothing_left:
+        more = (
+            f"continue it to this run's max_steps={args.max_steps} ({resume})"
+            if args.max_steps > step
+            else f"raise max_steps above {step} to continue it ({resume})"
+        )
+        held = (
+            f"the checkpoints of a finished run ({listed}; {checkpoints[-1]} is at step {step}, its max_steps)"
+            if ended
+            else f"checkpoints of an earlier run ({listed}; {checkpoints[-1]} is at step {step}, and this run's "
+            f"max_steps={args.max_steps}: resuming it would train nothing)"
+        )
+        raise ValueError(
+            f"{config}.output_dir={output_dir!r} holds {held} and this run {how}: its own checkpoints would replace "
+            f"them. Fix: {other_dir}, pass {overwrite} to replace them, or {more}."
+        )
     raise ValueError(
-        f"{type(args).__name__}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this "
+        f"{config}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this "
         f"run {how}: its own checkpoints would replace them, and the earlier run could no longer be resumed. Fix: "
-        f"continue that run (--resume_from_checkpoint {os.path.join(output_dir, checkpoints[-1])}; API: "
-        "trainer.train(resume_from_checkpoint=True)), choose another output_dir, or pass --overwrite_output_dir "
-        "(TRAPOConfig(overwrite_output_dir=True)) to replace them."
+        f"continue that run ({resume}), {other_dir}, or pass {overwrite} to replace them."
     )
 
 

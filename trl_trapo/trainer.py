@@ -777,7 +777,7 @@ class TRAPOTrainer(_BaseTrainer):
         """
         check_train_call(resume_from_checkpoint, trial)  # a path, gradients enabled, no search trial
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
-        check_earlier_checkpoints(self.args, resume_from_checkpoint)
+        check_earlier_checkpoints(self.args, resume_from_checkpoint, cli=False)
         world = self.accelerator.num_processes
         if resume_from_checkpoint is True:
             path, skipped = last_complete_checkpoint(self.args.output_dir, world)

@@ -275,7 +275,7 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
-    check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
+    check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     return TRAPOTrainer(
         model if model is not None else build_tiny_model(data.tokenizer, seed=config.seed),
         reward_funcs=data.task.reward_funcs,

@@ -90,7 +90,7 @@ from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
-from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source
+from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source, check_tokenizer_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
 
@@ -1626,15 +1626,8 @@ def local_or_hub(value: str) -> str:
     return path if os.path.exists(path) else value
 
 
-# files a tokenizer is loaded from (any one of them): transformers' fast and slow tokenizer files
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-)
+# a model folder without tokenizer files, on the command line (no flag gives a tokenizer of its own)
+NO_TOKENIZER_FIX = "Fix: point at the folder the model was saved to with its tokenizer"
 
 
 def load_pretrained(loader, value: str, arg: str, **kwargs):
@@ -1652,8 +1645,8 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
 
     Raises:
         ValueError: naming `arg`, when `from_pretrained` raises an `OSError` (missing directory, unreachable Hub id),
-            or, for a local directory, a `ValueError` (e.g. a tokenizer without tokenizer files: the message says which
-            files a tokenizer needs).
+            or, for a local directory, a `ValueError` (a folder without tokenizer files is refused before this, by
+            `paths.check_tokenizer_source`).
     """
     path = os.path.expanduser(value)
     local = os.path.isdir(path)
@@ -1662,16 +1655,6 @@ def load_pretrained(loader, value: str, arg: str, **kwargs):
     except (OSError, ValueError) as error:  # OSError includes huggingface_hub's validation and connection errors
         if isinstance(error, ValueError) and not local:
             raise
-        if (
-            local
-            and loader is AutoTokenizer
-            and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
-        ):
-            raise ValueError(
-                f"{arg}={value!r}: the directory has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...), so "
-                "the tokenizer cannot be loaded from it. Fix: save the tokenizer next to the model "
-                "(`tokenizer.save_pretrained(directory)`), or point at a directory that has one."
-            ) from error
         where = (
             "cannot load this local directory"
             if local
@@ -1929,6 +1912,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     model_init_kwargs = None
     if not builtin:
         check_model_source(model_args.model_name_or_path, "--model_name_or_path")
+        check_tokenizer_source(model_args.model_name_or_path, "--model_name_or_path", NO_TOKENIZER_FIX)
     for arg, value in (
         ("--reward_model_name_or_path", script_args.reward_model_name_or_path),
         ("--value_model_name_or_path", script_args.value_model_name_or_path),
@@ -1936,6 +1920,8 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     ):
         if value is not None:
             check_model_source(value, arg)
+    if script_args.reward_model_name_or_path is not None:  # its tokenizer is loaded from it (`load_reward_funcs`)
+        check_tokenizer_source(script_args.reward_model_name_or_path, "--reward_model_name_or_path", NO_TOKENIZER_FIX)
     for flags in [cls.DATA_FLAGS for cls in WITH_DATA]:  # every objective's dataset, RL's (TRL's flags) included
         if getattr(script_args, f"{flags}_name"):
             check_data_source(getattr(script_args, f"{flags}_name"), f"--{flags}_name")
@@ -2229,7 +2215,7 @@ def build_trainer(
     # (the trainer checks again)
     check_checkpoint(training_args.resume_from_checkpoint)
     check_output_dir(training_args)
-    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint)
+    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     derived = {}

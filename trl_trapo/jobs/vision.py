@@ -243,7 +243,7 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
-    check_earlier_checkpoints(config, config.resume_from_checkpoint)  # an unfinished run there is resumed
+    check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     suite = data.suite
     sft, pretrain, objectives = suite.sft, suite.pretrain, []
     if data.per_modality:
