@@ -471,6 +471,13 @@ def test_a_reward_file_path_is_refused_with_the_dotted_form_of_its_functions(tmp
         "`--reward_funcs my_rewards.counted",
     )
     assert "relative import" not in message and "PYTHONPATH" not in message
+    # trial 11's C09: the file:function form of other tools was told the placeholder `my_rewards.my_reward`
+    for value in ("./my_rewards.py:broken", "my_rewards.py:broken"):
+        api_error(
+            lambda value=value: cli.resolve_reward_func(value),
+            "a file path is not taken",
+            "`--reward_funcs my_rewards.broken`",
+        )
     monkeypatch.chdir(tmp_path.parent)
     api_error(
         lambda: cli.resolve_reward_func(f"{tmp_path.name}/my_rewards.py"),

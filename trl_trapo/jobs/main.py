@@ -1758,10 +1758,12 @@ def cap_rows(dataset, max_rows: int, what: str):
 
 def reward_file_fix(path: str) -> str:
     """The fix for `--reward_funcs path/to/my_rewards.py`: the dotted form `my_rewards.<function>`, with the file's
-    top-level functions (read with `ast`, without running the file) and, when the file is not in the current
-    directory, how to make it importable."""
+    top-level functions (read with `ast`, without running the file) — the one named after a colon first
+    (`my_rewards.py:good`) — and, when the file is not in the current directory, how to make it importable."""
     import ast
 
+    path, colon, named = path.partition(".py:")  # `my_rewards.py:good`, the file:function form of other tools
+    path += ".py" if colon else ""
     stem = os.path.splitext(os.path.basename(path.rstrip("/" + os.sep)))[0] or "my_rewards"
     functions = []
     if os.path.isfile(path):
@@ -1771,7 +1773,11 @@ def reward_file_fix(path: str) -> str:
             functions = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
             pass
-    dotted = " ".join(f"{stem}.{f}" for f in functions[:4]) or f"{stem}.my_reward"
+    if named and (named in functions or not functions):
+        functions = [named] + [f for f in functions if f != named]
+        dotted = f"{stem}.{named}"
+    else:
+        dotted = " ".join(f"{stem}.{f}" for f in functions[:4]) or f"{stem}.my_reward"
     folder = os.path.dirname(os.path.abspath(path))
     where = "" if folder == os.getcwd() else f" (run from {folder}, or add it to the path: `PYTHONPATH={folder}`)"
     return (
@@ -1804,7 +1810,7 @@ def resolve_reward_func(name: str) -> Callable:
         "(`my_module.my_reward` for `def my_reward(completions, **kwargs)` in my_module.py, importable from the "
         "current directory)."
     )
-    if name.endswith(".py") or "/" in name or os.sep in name:  # `./my_rewards.py` was a relative-import TypeError
+    if name.endswith(".py") or ".py:" in name or "/" in name or os.sep in name:  # a relative-import TypeError
         raise ValueError(f"--reward_funcs {name!r}: a file path is not taken. {reward_file_fix(name)}")
     module_name, _, attribute = name.rpartition(".")
     if not module_name or not attribute:
