@@ -116,8 +116,27 @@ def test_trl_model_configs_old_torch_dtype_names_dtype(tmp_path):
     recipe.write_text("torch_dtype: bfloat16\n")
     with pytest.raises(ValueError, match=r"torch_dtype.*TRL ModelConfig's old name of --dtype"):
         parse_args(["--config", str(recipe), "--output_dir", "unused"])
-    _, _, model_args = parse_args(["--dtype", "bfloat16", "--output_dir", str(tmp_path)])
+    _, _, model_args = parse_args(["--dtype", "bfloat16", "--model_name_or_path", "m", "--output_dir", str(tmp_path)])
     assert model_args.dtype == "bfloat16"
+
+
+def test_model_loading_flags_without_a_model_are_refused_by_flag(tmp_path):
+    """Trial 11's C12: `--model_init_kwargs '{"dtype": "bfloat16"}'` in built-in mode was refused in the trainer's
+    words ("only used when `model` is a string"), naming no flag; `--dtype`, `--attn_implementation` and
+    `--model_revision` were ignored without a word (nothing loads: the tiny model is built in-process)."""
+    from trl_trapo.jobs.main import parse_args
+
+    for argv, named in [
+        (["--model_init_kwargs", '{"dtype": "bfloat16"}'], '--model_init_kwargs \'{"dtype": "bfloat16"}\''),
+        (["--dtype", "bfloat16"], "--dtype bfloat16"),
+        (["--attn_implementation", "sdpa", "--model_revision", "v2"], "--model_revision v2, --attn_implementation"),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            parse_args([*argv, "--output_dir", str(tmp_path)])
+        message = str(raised.value)
+        for needle in [named, "no model is given", "built-in mode", "Fix: pass --model_name_or_path"]:
+            assert needle in message, (needle, message)
+        assert "`model`" not in message
 
 
 def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):

@@ -1075,7 +1075,35 @@ def parse_args(
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
+    check_model_flags_have_a_model(model_args, training_args)
     return script_args, training_args, model_args
+
+
+MODEL_LOADING_FIELDS = ("model_revision", "dtype", "attn_implementation")
+"""TRL `ModelConfig`'s settings of how `--model_name_or_path` loads (with `--model_init_kwargs`, a `TRAPOConfig` field)."""
+
+
+def check_model_flags_have_a_model(model_args: ModelConfig, training_args: TRAPOConfig) -> None:
+    """Refuse the settings of how a model loads in built-in mode (no `--model_name_or_path`), where the job builds its
+    tiny model in-process and nothing loads: `--dtype bfloat16`, `--attn_implementation`, `--model_revision` were
+    ignored without a word, and `--model_init_kwargs` was refused in the trainer's words ("only used when `model` is a
+    string"), naming no flag (trial 11's C12).
+
+    Raises:
+        ValueError: naming the flags given and the fix.
+    """
+    if model_args.model_name_or_path is not None:
+        return
+    given = [f"--{name} {getattr(model_args, name)}" for name in changed_settings(model_args, MODEL_LOADING_FIELDS)]
+    if training_args.model_init_kwargs:
+        given.append(f"--model_init_kwargs '{json.dumps(training_args.model_init_kwargs)}'")
+    if given:
+        raise ValueError(
+            f"{', '.join(given)}: {'these set' if len(given) > 1 else 'this sets'} how --model_name_or_path loads, and "
+            "no model is given: built-in mode builds its tiny model in-process (float32), so nothing would use "
+            f"{'them' if len(given) > 1 else 'it'}. Fix: pass --model_name_or_path (a Hub id or a local folder), or "
+            f"drop {'them' if len(given) > 1 else 'it'}."
+        )
 
 
 LORA_FIELDS = (
