@@ -258,3 +258,78 @@ def test_vllm_settings_without_use_vllm_are_warned_once(tmp_path, caplog):
     assert "use_vllm is not" not in caplog.text
     with pytest.raises(ValueError, match="vllm_gpu_memory_utilization"):
         TRAPOConfig(output_dir=str(tmp_path), use_vllm=True, vllm_gpu_memory_utilization=1.5)
+
+
+@pytest.mark.parametrize(
+    ("leftover", "unset"),
+    [
+        ({"WORLD_SIZE": "2"}, "unset WORLD_SIZE`"),
+        ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}, "unset WORLD_SIZE RANK LOCAL_RANK`"),
+    ],
+    ids=["world-size", "world-size-rank-local-rank"],
+)
+def test_a_leftover_world_size_without_a_launcher_is_refused_naming_the_variables(
+    tmp_path, monkeypatch, leftover, unset
+):
+    """Trial 11's C05: `WORLD_SIZE=2` (with or without `RANK=0 LOCAL_RANK=0`) left in the shell, no launcher: the job
+    failed with accelerate's "Tried to launch on distributed with multinode, but `MASTER_ADDR` env was not set, please
+    try exporting ..." wrapped in "Change the field it names": no field was named, and exporting `MASTER_ADDR` makes
+    the lone process wait for a rank that never comes. Refused at construction, naming the variables and both fixes."""
+    no_launcher(monkeypatch)
+    for name, value in leftover.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    message = str(raised.value)
+    shown = ", ".join(f"{name}={value!r}" for name, value in leftover.items())
+    for needle in [f"set here: {shown})", "MASTER_ADDR", unset, "accelerate launch --num_processes 2", "trapo train"]:
+        assert needle in message, (needle, message)
+    assert "Change the field" not in message
+
+
+def test_a_world_size_a_launcher_or_the_script_set_up_is_not_refused(monkeypatch):
+    """What a launcher sets (torchrun and `accelerate launch` set `MASTER_ADDR` with `WORLD_SIZE`), a process group the
+    script formed itself, and a world of one pass [`check_world_environment`]; a `WORLD_SIZE` that is not a number is
+    refused naming it."""
+    import torch
+
+    from trl_trapo.distributed import check_world_environment
+
+    no_launcher(monkeypatch)
+    check_world_environment()  # nothing set
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    check_world_environment()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    check_world_environment()  # a launcher's environment
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    check_world_environment()  # the script formed its own group
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    with pytest.raises(ValueError, match=r"one of 2 processes .*`unset WORLD_SIZE RANK LOCAL_RANK MASTER_PORT`"):
+        check_world_environment()
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='two' is not a whole number"):
+        check_world_environment()
+
+
+def test_transformers_refusal_names_the_fields_it_names_and_no_other(tmp_path, monkeypatch):
+    """The catch-all around transformers' `TrainingArguments.__post_init__` said "Change the field it names" even when
+    transformers' text named none (trial 11's C05: an environment variable was the cause); now it lists the fields the
+    text names, or says that it names none and points at the environment."""
+    import transformers
+
+    def refuse(text):
+        def post_init(self):
+            raise ValueError(text)
+
+        monkeypatch.setattr(transformers.TrainingArguments, "__post_init__", post_init)
+        with pytest.raises(ValueError, match="transformers' TrainingArguments refused its settings") as raised:
+            TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+        return str(raised.value)
+
+    named = refuse("--eval_steps must be a whole number when save_steps is")
+    assert "Change the TRAPOConfig field it names (--eval_steps, --save_steps)" in named
+    unnamed = refuse("Tried to launch on distributed with multinode")
+    assert "Change the" not in unnamed and "It names no TRAPOConfig field" in unnamed and "WORLD_SIZE" in unnamed

@@ -33,7 +33,7 @@ import transformers
 from trl.trainer.base_config import _BaseConfig
 
 from . import threads
-from .distributed import bf16_comm_hook_problem, rendezvous_notice
+from .distributed import bf16_comm_hook_problem, check_world_environment, rendezvous_notice
 from .sampler_correction import CorrectionMode, bounds_problem
 from .setup_checks import METRIC_SCHEDULERS
 from .tool_schemas import row_tool_names
@@ -1886,6 +1886,7 @@ class TRAPOConfig(_BaseConfig):
         check_field_types(self)  # first: every check below compares or computes with the values
         check_finite_numbers(self)  # before the range checks, which NaN passes
         self._check_intervals()  # before transformers' own reading of them
+        check_world_environment()  # before anything reads WORLD_SIZE: a leftover one failed with a misleading fix
         self._check_deepspeed()
         self._cpu_distributed_defaults()
         self._check_precision()  # before transformers' own check, whose bf16 message names neither field nor fix
@@ -1924,15 +1925,36 @@ class TRAPOConfig(_BaseConfig):
             with rendezvous_notice():  # transformers joins the process group here (its `device`): a hang says why
                 super().__post_init__()
         except ValueError as error:  # what no check above foresaw: one message naming this class, not a traceback
-            raise ValueError(
-                f"{type(self).__name__} is invalid: transformers' TrainingArguments refused its settings: «{error}». "
-                f"Change the field it names (its `--name` is the {type(self).__name__} field `name`), or leave it at "
-                "its default."
-            ) from None
+            raise ValueError(self._refused_by_transformers(str(error))) from None
         self._check_fsdp_launch(fsdp_given)
         self._validate()
         if built_by_user:  # once: not again for each copy the job and the trainer make
             self._warn_unused_settings()
+
+    def _refused_by_transformers(self, text: str) -> str:
+        """The message for a `ValueError` of transformers' `TrainingArguments.__post_init__` that no check here
+        foresaw: its text, and the fields it names (whole words, as `--name` or `name`) to change. When it names none,
+        the message says so and points at the environment (accelerate reads `WORLD_SIZE`, `ACCELERATE_*`, ... there),
+        instead of a field that is not named (trial 11's C05).
+
+        Args:
+            text: transformers' error text.
+
+        Returns:
+            The message, naming this class.
+        """
+        name = type(self).__name__
+        named = [f.name for f in dataclasses.fields(self) if f.init and re.search(rf"(?<![\w.]){f.name}(?!\w)", text)]
+        head = f"{name} is invalid: transformers' TrainingArguments refused its settings: «{text}». "
+        if named:
+            flags = ", ".join(f"--{field_name}" for field_name in named)
+            return f"{head}Change the {name} field it names ({flags}), or leave it at its default."
+        return (
+            f"{head}It names no {name} field: the cause may be a variable of the environment (accelerate and "
+            "transformers read e.g. WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and ACCELERATE_* there; a launcher sets "
+            "them for the processes it starts; one left over in your shell is removed with `unset NAME`) or a "
+            "combination of settings."
+        )
 
     def _warn_unused_settings(self) -> None:
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings

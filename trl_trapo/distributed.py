@@ -7,6 +7,8 @@
   --num_processes 2` started one process only (`check_processes_started`).
 - `any_rank`: a boolean OR over ranks, for decisions every rank must take together (a generation round gathers ZeRO-3
   weights, a collective); `max_over_ranks` the same with a number (the signal that stops a run, see `interrupts.py`).
+- `check_world_environment`: refuses a `WORLD_SIZE` above 1 that no launcher set (no `MASTER_ADDR`): left over in a
+  shell, it failed in accelerate with a fix (export `MASTER_ADDR`) that makes a lone process wait.
 - `rendezvous_notice`: says once, when joining the process group has waited long, which processes it waits for and
   where those numbers came from (variables left over from a torchrun shell made a lone `python` wait 30 min in
   silence).
@@ -107,6 +109,66 @@ def rendezvous_notice(after_s: float | None = None):
         yield
     finally:
         joined.set()
+
+
+LEFTOVER_LAUNCH_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+"""The variables a launcher (torchrun, `accelerate launch`) sets for each process it starts, besides `MASTER_ADDR`:
+the ones [`check_world_environment`] names when they are left over in a shell."""
+
+
+def check_world_environment() -> None:
+    """Refuse, before anything slow, a `WORLD_SIZE` above 1 that no launcher set: no process group already formed and
+    no `MASTER_ADDR` (torchrun and `accelerate launch` set it, with `MASTER_PORT`, whenever they set `WORLD_SIZE`; a
+    job script that sets `WORLD_SIZE` for `srun` must set it too, or torch's env:// rendezvous cannot start).
+
+    Such a `WORLD_SIZE` is left over in the shell (trial 11's C05): on the CPU accelerate refused it with "Tried to
+    launch on distributed with multinode, but `MASTER_ADDR` env was not set, please try exporting ...", and exporting
+    `MASTER_ADDR` would make this lone process wait for ranks that never come (see [`rendezvous_notice`]); on a GPU
+    the run failed in torch's rendezvous or at `check_launch` with a fix for another mistake. A process group the
+    script formed itself, XLA, MPI (torch's MPI backend needs no `MASTER_ADDR`) and AzureML / SageMaker (whose
+    environments DeepSpeed and accelerate read) are left alone. A `WORLD_SIZE` that is not a whole number is refused
+    too (accelerate and this package read it with `int`).
+
+    Raises:
+        ValueError: naming the variables that are set and their values, and the fixes (`unset ...` to train in this
+            process; a launcher for several).
+    """
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return
+    set_here = [name for name in LEFTOVER_LAUNCH_ENV if name in os.environ]
+    shown = ", ".join(f"{name}={os.environ[name]!r}" for name in set_here)
+    try:
+        world = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"The environment variable WORLD_SIZE={raw!r} is not a whole number (set here: {shown}). It is the number "
+            "of processes a launcher started (torchrun and `accelerate launch` set it). Fix: `unset "
+            f"{' '.join(set_here)}` to train in this process, or launch several, e.g. `accelerate launch "
+            "--num_processes 2 ...` / `trapo train --num_processes 2 ...`."
+        ) from None
+    if world <= 1 or os.environ.get("MASTER_ADDR"):
+        return
+    if torch.distributed.is_available() and (
+        torch.distributed.is_initialized() or torch.distributed.is_mpi_available()
+    ):
+        return
+    if "AZUREML_EXPERIMENT_ID" in os.environ or "SM_TRAINING_ENV" in os.environ:
+        return
+    from transformers.utils import is_torch_xla_available
+
+    if is_torch_xla_available():
+        return
+    raise ValueError(
+        f"The environment says this process is one of {world} processes (set here: {shown}), but MASTER_ADDR, "
+        "where they meet, is not set: no launcher started this process (torchrun and `accelerate launch` set "
+        f"MASTER_ADDR and MASTER_PORT with WORLD_SIZE), so the {world - 1} other{'s' if world > 2 else ''} will never "
+        "come (exporting MASTER_ADDR would make this one wait for them). Fix: if these variables are left over in your "
+        f"shell, `unset {' '.join(set_here)}` to train in this process; to train on {world} processes, start them "
+        f"with a launcher: `accelerate launch --num_processes {world} script.py ...` or `trapo train --num_processes "
+        f"{world} ...` "
+        "(on a machine without GPUs add `--multi_gpu`, docs/distributed.md)."
+    )
 
 
 def _launcher_num_processes(parent) -> str | None:
