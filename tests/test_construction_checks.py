@@ -433,6 +433,57 @@ def test_fp16_with_use_cpu_is_refused_even_with_a_gpu(tmp_path, monkeypatch):
         TRAPOConfig(output_dir=str(tmp_path), report_to="none", fp16=True, use_cpu=True)
 
 
+@pytest.mark.parametrize("use_cpu", [False, True])
+def test_fp16_from_the_environment_on_the_cpu_is_refused_naming_the_variable(tmp_path, monkeypatch, use_cpu):
+    """Trial 11's C05 / N41: `ACCELERATE_MIXED_PRECISION=fp16` left in the shell on a CPU machine: transformers hands it
+    to accelerate, which reports fp16 and trains in fp32 (no autocast on the CPU), without a word. Refused as
+    `fp16=True` is, naming the variable and `unset`; a field that chooses the precision wins over it, as in
+    transformers."""
+    without_gpu(monkeypatch)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    why = "use_cpu=True" if use_cpu else "this machine has no GPU"
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=use_cpu)
+    message = str(raised.value)
+    for needle in [
+        f"The environment variable ACCELERATE_MIXED_PRECISION='fp16' asks for fp16 mixed precision, but training runs "
+        f"on the CPU ({why})",
+        "unset ACCELERATE_MIXED_PRECISION",
+        "--mixed_precision no",
+    ]:
+        assert needle in message, (needle, message)
+    if use_cpu:  # bf16=True chooses the precision: transformers and accelerate ignore the variable
+        assert (
+            TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=True).mixed_precision == "bf16"
+        )
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp32")
+    with pytest.raises(ValueError, match=r"ACCELERATE_MIXED_PRECISION='fp32' is no mixed precision accelerate knows"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=use_cpu)
+
+
+def test_bf16_from_the_environment_is_said_once_not_refused(tmp_path, monkeypatch, caplog):
+    """Trial 11's N41: `ACCELERATE_MIXED_PRECISION=bf16` on a CPU machine trained under bf16 autocast while the config
+    (and what it saves) said `bf16=False`, without a word. accelerate's launcher sets the variable from
+    `--mixed_precision bf16`, so it is not refused: one warning names the precision in effect and the variable."""
+    without_gpu(monkeypatch)
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    with caplog.at_level("WARNING", logger="trl_trapo.config"):
+        config = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    notes = [r.getMessage() for r in caplog.records if "ACCELERATE_MIXED_PRECISION=bf16" in r.getMessage()]
+    assert len(notes) == 1, caplog.text
+    assert "bf16 autocast" in notes[0] and "bf16=False" in notes[0] and "unset ACCELERATE_MIXED_PRECISION" in notes[0]
+    assert (
+        config.mixed_precision == "bf16" and config.bf16 is False
+    )  # what accelerate will run, as transformers reads it
+    caplog.clear()
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    with caplog.at_level("WARNING", logger="trl_trapo.config"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    assert "ACCELERATE_MIXED_PRECISION" not in caplog.text
+
+
 @pytest.mark.parametrize("field", ["bf16", "bf16_full_eval"])
 def test_bf16_without_a_bf16_gpu_names_the_field_and_the_fix(tmp_path, monkeypatch, field):
     """transformers' own refusal ("Your setup doesn't support bf16/gpu ...") named neither."""

@@ -40,6 +40,9 @@ from .tool_schemas import row_tool_names
 
 
 logger = logging.getLogger(__name__)
+PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"
+"""The environment variable accelerate reads its mixed precision from (its launcher sets it from `--mixed_precision`;
+transformers' `TrainingArguments` reads it when neither `fp16` nor `bf16` is True)."""
 
 
 OBJECTIVES = ("pretrain", "sft", "rl")
@@ -1897,6 +1900,7 @@ class TRAPOConfig(_BaseConfig):
         self._validate_bypassed_trainer_fields(self._refuse)  # before transformers' dataloader_prefetch_factor check
         if self.bf16 is None:
             self.bf16 = (not self.fp16) and (not self.use_cpu) and _bf16_supported()
+        self._check_environment_precision()  # transformers hands the variable to accelerate when no field chooses
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
         given = self._grpo_names_given()
@@ -1930,6 +1934,7 @@ class TRAPOConfig(_BaseConfig):
         self._validate()
         if built_by_user:  # once: not again for each copy the job and the trainer make
             self._warn_unused_settings()
+            self._warn_environment_precision()
 
     def _refused_by_transformers(self, text: str) -> str:
         """The message for a `ValueError` of transformers' `TrainingArguments.__post_init__` that no check here
@@ -2337,6 +2342,83 @@ class TRAPOConfig(_BaseConfig):
                 "transformers refuses it here. Drop it (tf32=None, the default, leaves torch's matmul precision as "
                 "it is), or train on such a GPU."
             )
+
+    def _environment_precision(self) -> str | None:
+        """The mixed precision `ACCELERATE_MIXED_PRECISION` chooses for this run: its value when no field chooses one
+        (transformers' `TrainingArguments` reads the variable and lets `fp16=True` / `bf16=True` override it, then
+        hands it to accelerate's `Accelerator`) and DeepSpeed is off (DeepSpeed sets its precision from its own
+        config); else None."""
+        value = os.environ.get(PRECISION_VARIABLE)
+        deepspeed = bool(self.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+        if value is None or self.fp16 or self.bf16 is True or deepspeed:
+            return None
+        return value
+
+    def _check_environment_precision(self) -> None:
+        """Refuse, at construction, a mixed precision from the environment (`ACCELERATE_MIXED_PRECISION`, which
+        accelerate's launcher sets for its processes from `--mixed_precision`, and which a shell may keep) that this
+        machine would ignore or refuse, as [`_check_precision`] refuses the same from the fields (trial 11's C05 /
+        N41):
+
+        - `fp16` when training runs on the CPU: accelerate turns fp16 autocast on only off the CPU (its
+          `native_amp` stays False) and the run was fp32 without a word;
+        - `bf16` on a GPU without bf16: accelerate's "bf16 mixed precision requires a supported device", once the
+          trainer was built;
+        - a value accelerate does not know (its `PrecisionType`, case-sensitive): its "Unknown mixed_precision mode",
+          once the trainer was built.
+
+        `bf16` on the CPU runs (bf16 autocast): [`_warn_environment_precision`] says so.
+
+        Raises:
+            ValueError: naming the variable, its value and the fixes (`unset`, or the field).
+        """
+        from accelerate.utils import PrecisionType
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+        value = self._environment_precision()
+        if value is None:
+            return
+        where = f"The environment variable {PRECISION_VARIABLE}={value!r}"
+        unset = (
+            f"If it is left over in your shell, `unset {PRECISION_VARIABLE}` (then the config's fp16 / bf16 choose); "
+            "under `accelerate launch` it comes from --mixed_precision"
+        )
+        choices = [member.value for member in PrecisionType]
+        if value not in choices:
+            raise ValueError(
+                f"{where} is no mixed precision accelerate knows ({', '.join(map(repr, choices))}): accelerate refused "
+                f"it when the trainer was built. {unset}; or set it to one of them."
+            )
+        on_cpu = self.use_cpu or not torch.accelerator.is_available()
+        if value == "fp16" and on_cpu:
+            why = "use_cpu=True" if self.use_cpu else "this machine has no GPU"
+            raise ValueError(
+                f"{where} asks for fp16 mixed precision, but training runs on the CPU ({why}), where accelerate has "
+                f"no fp16: it would ignore it and train in fp32. {unset}: drop it, or pass `--mixed_precision no` "
+                "(or `bf16`, with bf16 autocast on the CPU); or train on a GPU."
+            )
+        if value == "bf16" and not (on_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available()):
+            raise ValueError(
+                f"{where} asks for bf16 mixed precision, but this machine's GPU has no bf16 support (accelerate "
+                f"refused it when the trainer was built). {unset}: drop it, or pass `--mixed_precision fp16`."
+            )
+
+    def _warn_environment_precision(self) -> None:
+        """Say, once when the config is built, that the run trains under bf16 autocast because
+        `ACCELERATE_MIXED_PRECISION=bf16` says so while the config's `bf16` is False (trial 11's N41: the saved config
+        said `bf16=False` of a bf16 run, without a word). Not refused: accelerate's launcher sets the variable from
+        `--mixed_precision bf16`, a choice of the user's."""
+        if self._environment_precision() != "bf16":
+            return
+        logger.warning(
+            "Mixed precision: bf16 autocast, from the environment variable %s=bf16 (accelerate's launcher sets it from "
+            "--mixed_precision), while %s.bf16=False: the config saved with the run says bf16=False. To train in "
+            "fp32, `unset %s` (or launch with --mixed_precision no); to record it, set bf16=True (with use_cpu=True "
+            "on a machine without a bf16 GPU).",
+            PRECISION_VARIABLE,
+            type(self).__name__,
+            PRECISION_VARIABLE,
+        )
 
     def _check_torch_compile(self) -> None:
         """Refuse a `torch_compile_backend` accelerate does not know and a `torch_compile_mode` torch's inductor does
