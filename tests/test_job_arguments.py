@@ -84,6 +84,37 @@ def test_lora_flags_without_use_peft_are_warned_and_ignored_as_trl_does(caplog):
     assert "--use_peft is not" not in caplog.text
 
 
+def test_dataset_flags_without_their_dataset_are_warned_and_ignored(caplog):
+    """Trial 11's C04: in built-in mode `--dataset_train_split nosuch`, `--dataset_test_split nosuch` and
+    `--dataset_config main` were dropped without a word (with `--dataset_name` a missing split is an error). Every
+    flag that qualifies a dataset (its config, split(s), streaming) given without that dataset's `--..._name` is now
+    warned about, as `--lora_*` without `--use_peft` is; with the name, nothing is said."""
+    import logging
+
+    from trl_trapo.jobs.main import parse_args
+
+    argv = [
+        *("--dataset_train_split", "nosuch", "--dataset_test_split", "nosuch", "--dataset_config", "main"),
+        *("--sft_dataset_split", "other", "--pretrain_streaming", "--output_dir", "unused"),
+    ]
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        script_args, _, _ = parse_args(argv)
+    assert script_args.dataset_train_split == "nosuch"  # kept as given: ignored, not rewritten
+    for needle in [
+        "--dataset_config, --dataset_train_split, --dataset_test_split are set but --dataset_name is not: they are "
+        "ignored",
+        "Add --dataset_name to load a dataset with them",
+        "--sft_dataset_split is set but --sft_dataset_name is not: it is ignored",
+        "--pretrain_streaming is set but --pretrain_dataset_name is not",
+    ]:
+        assert needle in caplog.text, (needle, caplog.text)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        parse_args(["--sft_dataset_name", "rows.jsonl", "--sft_dataset_split", "other", "--output_dir", "unused"])
+        parse_args(["--dataset_train_split", "train", "--output_dir", "unused"])  # the default: nothing given
+    assert "is not: " not in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize(
     "flag, replacement",
     [("--logging_dir", "TensorBoard logs go under --output_dir"), ("--no_cuda", "use --use_cpu")],

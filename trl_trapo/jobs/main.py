@@ -1076,6 +1076,7 @@ def parse_args(
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
     check_model_flags_have_a_model(model_args, training_args)
+    warn_unused_dataset_arguments(script_args)
     return script_args, training_args, model_args
 
 
@@ -1133,6 +1134,42 @@ def warn_unused_lora_arguments(model_args: ModelConfig) -> None:
         " and the full model is trained (as TRL's scripts do)",
         "Add --use_peft to train a LoRA adapter with {them}.",
     )
+
+
+def dataset_qualifier_fields(cls) -> tuple[str, ...]:
+    """The flags that qualify the dataset of the objective `cls` (of `trl_trapo.objectives.WITH_DATA`) and are read only
+    with its `--<DATA_FLAGS>_name`: its configuration and split(s) and, for one that can stream, its streaming flag.
+    TRL's `--dataset_streaming` is left out: set, it is an error of its own."""
+    flags = cls.DATA_FLAGS
+    if f"{flags}_split" not in SCRIPT_FIELDS:  # the RL prompts: TRL's `ScriptArguments` names
+        return (f"{flags}_config", f"{flags}_train_split", f"{flags}_test_split")
+    streaming = (cls.STREAMING_FLAG,) if cls.STREAMING_FLAG is not None else ()
+    return (f"{flags}_config", f"{flags}_split", *streaming)
+
+
+def warn_unused_dataset_arguments(script_args) -> None:
+    """Warn, for each objective's dataset (`trl_trapo.objectives.WITH_DATA`), when a flag that qualifies it
+    ([`dataset_qualifier_fields`]: `--dataset_config`, `--dataset_train_split`, `--dataset_test_split`,
+    `--sft_dataset_split`, `--pretrain_streaming`, ...) differs from its default but the dataset's `--<...>_name` is not
+    given: the job never reads it (in built-in mode the built-in data is used; trial 11's C04 was silent about
+    `--dataset_train_split nosuch`). The rule of `--lora_*` without `--use_peft` ([`warn_unused_lora_arguments`]):
+    ignored, as before, with the same warning.
+
+    Args:
+        script_args: the job's [`TRAPOScriptArguments`].
+    """
+    for cls in WITH_DATA:
+        name = f"{cls.DATA_FLAGS}_name"
+        if getattr(script_args, name, None):
+            continue
+        given = [f"--{flag}" for flag in changed_settings(script_args, dataset_qualifier_fields(cls))]
+        warn_ignored_settings(
+            logger,
+            given,
+            f"--{name}",
+            f" ({'it qualifies' if len(given) == 1 else 'they qualify'} the dataset --{name} names)",
+            f"Add --{name} to load a dataset with {{them}}, or drop {{them}}.",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
