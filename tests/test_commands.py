@@ -56,6 +56,30 @@ def test_a_job_error_names_the_sub_command(capsys):
     assert err.startswith("trapo tools: error: --learning_rat: unknown argument. Did you mean --learning_rate?"), err
 
 
+@pytest.mark.parametrize("job", commands.JOBS, ids=lambda j: j.name)
+def test_argparse_errors_and_fixes_name_the_command_typed(job, capsys, tmp_path):
+    """Trial 11's C03: under `trapo train` argparse's usage line said `usage: examples/trapo.py`, its error prefix was
+    the file name of whatever started Python (`trapo:`, `commands.py:`), and the unknown-argument fix said `python
+    examples/trapo.py --help`: each now names the command the user typed, for every sub-command."""
+    command = f"trapo {job.name}"
+    with pytest.raises(SystemExit) as exit_:
+        commands.main([job.name, "--max_steps="])  # argparse's own error: an int option with an empty value
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: {command} [--config RECIPE.yaml]" in err and f"\n{command}: error: argument --max_steps" in err, (
+        err
+    )
+    assert commands.main([job.name, "--max_stepz", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{command}: error: --max_stepz: unknown argument." in err and f"(`{command} --help` lists" in err, err
+    assert "python " not in err, err
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_stepz: 2\n")
+    assert commands.main([job.name, "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'max_stepz'" in err and f"(`{command} --help` lists" in err, err
+
+
 def test_trapo_train_runs_the_same_job_as_the_example(tmp_path, monkeypatch):
     """Two steps of the built-in job, once as `python examples/trapo.py` and once as `trapo train`, in this process:
     the same `trainer_state.json` log, key for key and value for value (wall-clock keys aside)."""

@@ -130,6 +130,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
     parser = TrlParser(
         (AgentJobArguments, TRAPOConfig),
         allow_abbrev=False,
+        **({"prog": prog} if prog else {}),  # argparse's error prefix; its default is the script's file name
         usage=f"{prog or 'examples/trapo_tools.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**AGENT_JOB_DEFAULTS)
@@ -154,6 +155,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[
         (AgentJobArguments, TRAPOConfig),
         sys.argv[1:] if argv is None else list(argv),
         "examples/trapo_tools.py",
+        command=prog,
     )
     return job_args, config
 

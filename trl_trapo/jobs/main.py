@@ -286,7 +286,8 @@ def make_parser(prog: str | None = None) -> TrlParser:
     """The job's command-line parser.
 
     Args:
-        prog: the command its usage line names (default `examples/trapo.py`; `trapo train` for the `trapo` command).
+        prog: the command its usage line and its errors name (default `examples/trapo.py` in the usage line and the
+            script's file name in the errors, argparse's; `trapo train` for the `trapo` command).
 
     Returns:
         `TrlParser` over `(TRAPOScriptArguments, TRAPOConfig, ModelConfig)`; `--config recipe.yaml` supported.
@@ -296,6 +297,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
     parser = TrlParser(
         (TRAPOScriptArguments, TRAPOConfig, ModelConfig),
         allow_abbrev=False,
+        **({"prog": prog} if prog else {}),  # argparse's error prefix; its default is the script's file name
         usage=f"{prog or MAIN_PROGRAM} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
         epilog=(
             "--config RECIPE.yaml reads arguments from a YAML file (keys are the argument names above); flags given on "
@@ -312,6 +314,12 @@ JOB_CLASSES = (TRAPOScriptArguments, TRAPOConfig, ModelConfig)
 for their messages) for a job whose parser has other dataclasses, e.g. `examples/trapo_vlm.py`'s: see
 [`parse_job_args`]."""
 MAIN_PROGRAM = "examples/trapo.py"
+
+
+def help_command(program: str, command: str | None = None) -> str:
+    """The command that lists a job's arguments, as the user runs the job: `trapo train --help` under the `trapo`
+    command (`command`, the command the user typed), else `python <program> --help` (the example script)."""
+    return f"{command} --help" if command else f"python {program} --help"
 
 
 def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
@@ -600,13 +608,17 @@ def deepspeed_config_hint(path: str, config: dict, program: str = MAIN_PROGRAM) 
     )
 
 
-def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> dict:
+def read_config_file(
+    path: str, classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM, command: str | None = None
+) -> dict:
     """The mapping in the `--config` YAML file `path`, every key checked against the known argument names.
 
     Args:
         path: the value of `--config`.
         classes: the parser's argument dataclasses (default: the main job's).
         program: the script the messages name (`python <program> --help`).
+        command: the command the user typed, when it is not `python <program>` (`trapo train`): the messages name
+            `<command> --help` instead ([`help_command`]).
 
     Returns:
         The file's mapping (`{}` for an empty file); `env` (environment variables, as in `TrlParser`) is allowed.
@@ -662,7 +674,7 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
                 + (
                     ""
                     if " Fix: " in hint
-                    else f" Fix: correct or remove it (`python {program} --help` lists every argument)."
+                    else f" Fix: correct or remove it (`{help_command(program, command)}` lists every argument)."
                 )
             )
         if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
@@ -680,7 +692,7 @@ def read_config_file(path: str, classes: tuple = JOB_CLASSES, program: str = MAI
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
             raise ValueError(
                 f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
-                f"(`python {program} --help` shows the type of --{key})."
+                f"(`{help_command(program, command)}` shows the type of --{key})."
             )
     return config
 
@@ -795,12 +807,14 @@ def config_value_problem(value, kind) -> str | None:
     return None
 
 
-def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM) -> tuple[dict, list[str]]:
+def split_config(
+    argv: list[str], classes: tuple = JOB_CLASSES, program: str = MAIN_PROGRAM, command: str | None = None
+) -> tuple[dict, list[str]]:
     """The `--config` YAML mapping of `argv` and the other arguments.
 
     Args:
         argv: command-line arguments (`--config=PATH` already spelt `--config PATH`, see `normalize_argv`).
-        classes, program: as in [`read_config_file`].
+        classes, program, command: as in [`read_config_file`].
 
     Returns:
         `(config, rest)`: the checked YAML mapping (`{}` without `--config`) and `argv` without `--config PATH`.
@@ -820,14 +834,18 @@ def split_config(argv: list[str], classes: tuple = JOB_CLASSES, program: str = M
     i = argv.index("--config")
     if i + 1 >= len(argv):
         raise ValueError("--config needs a value: the path of a YAML recipe.")
-    return read_config_file(argv[i + 1], classes, program), argv[:i] + argv[i + 2 :]
+    return read_config_file(argv[i + 1], classes, program, command), argv[:i] + argv[i + 2 :]
 
 
 NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
 
 
 def given_arguments(
-    argv: list[str], classes: tuple = JOB_CLASSES, parser_factory=None, program: str = MAIN_PROGRAM
+    argv: list[str],
+    classes: tuple = JOB_CLASSES,
+    parser_factory=None,
+    program: str = MAIN_PROGRAM,
+    command: str | None = None,
 ) -> dict:
     """The arguments the user gave, in the `--config` YAML or on the command line (which wins), with their values.
 
@@ -837,6 +855,7 @@ def given_arguments(
         parser_factory: builds a fresh parser over `classes` (default: the main job's `make_parser`); the one it
             returns gets sentinel defaults, so it must not be the parser that parses the command line.
         program: the script the messages name.
+        command: as in [`read_config_file`] (`trapo train`).
 
     Returns:
         Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
@@ -845,7 +864,7 @@ def given_arguments(
         ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
             known names (abbreviations are unknown arguments).
     """
-    config, rest = split_config(normalize_argv(list(argv), classes), classes, program)
+    config, rest = split_config(normalize_argv(list(argv), classes), classes, program, command)
     parser = (parser_factory or make_parser)()
     parser.set_defaults(**dict.fromkeys(known_fields(classes), NOT_GIVEN))  # non-string sentinel: argparse keeps it
     namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
@@ -859,7 +878,7 @@ def given_arguments(
                 + (
                     ""
                     if " Fix: " in hint
-                    else f" Fix: spell the argument in full (`python {program} --help` lists every argument)."
+                    else f" Fix: spell the argument in full (`{help_command(program, command)}` lists every argument)."
                 )
             )
         raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
@@ -868,7 +887,7 @@ def given_arguments(
     return given
 
 
-def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str) -> tuple:
+def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str, command: str | None = None) -> tuple:
     """Parse a job's command line with the main job's checks: `normalize_argv`'s forms (`--config=PATH`, a bare
     `bool | None` flag, a negative number), `--config` YAML keys and value types, and unknown arguments refused with
     the closest known names, before `TrlParser.parse_args_and_config` builds the dataclasses. The VLM and agent jobs
@@ -880,6 +899,7 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
         classes: the parser's argument dataclasses, in its order.
         argv: command-line arguments, without the program name.
         program: the script the messages name (e.g. `"examples/trapo_vlm.py"`).
+        command: the command the user typed, when it is not `python <program>` (`trapo vlm`), for the messages.
 
     Returns:
         One instance of each of `classes`, as `parse_args_and_config` returns them.
@@ -894,7 +914,7 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
         SystemExit: from argparse, for `--help`.
     """
     argv = normalize_argv(list(argv), classes)
-    given = given_arguments(argv, classes, parser_factory, program)
+    given = given_arguments(argv, classes, parser_factory, program, command)
     parser = parser_factory()
     parser.set_defaults(**yielded_defaults(parser, classes, given))
     return parser.parse_args_and_config(argv)
@@ -1066,7 +1086,7 @@ def parse_args(
             `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
     """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
-    given = given_arguments(argv)
+    given = given_arguments(argv, parser_factory=lambda: make_parser(prog), command=prog)
     parser = make_parser(prog)
     if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
         parser.set_defaults(**builtin_defaults(given))

@@ -147,6 +147,7 @@ def make_parser(prog: str | None = None) -> TrlParser:
     parser = TrlParser(
         (VisionJobArguments, TRAPOConfig),
         allow_abbrev=False,
+        **({"prog": prog} if prog else {}),  # argparse's error prefix; its default is the script's file name
         usage=f"{prog or 'examples/trapo_vlm.py'} [--config RECIPE.yaml] [--ARGUMENT VALUE ...]",
     )
     parser.set_defaults(**VLM_JOB_DEFAULTS)
@@ -170,6 +171,7 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None) -> tuple[
         (VisionJobArguments, TRAPOConfig),
         sys.argv[1:] if argv is None else list(argv),
         "examples/trapo_vlm.py",
+        command=prog,
     )
     given = config.curriculum_mixtures
     if job_args.per_modality and all(isinstance(share, (int, float)) for share in given):
