@@ -159,15 +159,15 @@ def check_world_environment() -> None:
 
     if is_torch_xla_available():
         return
+    others = "the other process" if world == 2 else f"the {world - 1} others"
     raise ValueError(
         f"The environment says this process is one of {world} processes (set here: {shown}), but MASTER_ADDR, "
         "where they meet, is not set: no launcher started this process (torchrun and `accelerate launch` set "
-        f"MASTER_ADDR and MASTER_PORT with WORLD_SIZE), so the {world - 1} other{'s' if world > 2 else ''} will never "
-        "come (exporting MASTER_ADDR would make this one wait for them). Fix: if these variables are left over in your "
-        f"shell, `unset {' '.join(set_here)}` to train in this process; to train on {world} processes, start them "
-        f"with a launcher: `accelerate launch --num_processes {world} script.py ...` or `trapo train --num_processes "
-        f"{world} ...` "
-        "(on a machine without GPUs add `--multi_gpu`, docs/distributed.md)."
+        f"MASTER_ADDR and MASTER_PORT with WORLD_SIZE), so {others} will never come (exporting MASTER_ADDR would "
+        "make this one wait for them). Fix: if these variables are left over in your shell, `unset "
+        f"{' '.join(set_here)}` to train in this process; to train on {world} processes, start them with a launcher: "
+        f"`accelerate launch --num_processes {world} script.py ...` or `trapo train --num_processes {world} ...` (on "
+        "a machine without GPUs add `--multi_gpu`, docs/distributed.md)."
     )
 
 
