@@ -20,6 +20,7 @@ from trl_trapo.data import (
     check_sft_dataset,
     dataset_columns,
     sft_row,
+    strip_pad_runs,
     tokenize_prompt,
     tokenize_prompt_dataset,
     tokenize_sft_dataset,
@@ -212,6 +213,36 @@ def test_tokenize_prompt_dataset_strips_left_padding(tokenizer):
     # without an attention mask the ids are taken as they are
     out = tokenize_prompt_dataset(Dataset.from_dict({"input_ids": [[a, b]]}), tokenizer, 4)
     assert out[0]["prompt_ids"] == [a, b] and out[0]["prompt"] == "ab"
+
+
+def test_padded_input_ids_without_an_attention_mask_lose_their_padding(tokenizer, caplog):
+    """TRL-PPO-style prompts padded to a fixed length and given without an `attention_mask`: the runs of the pad id
+    at either end are padding, not prompt (trial 11's N59: every completion was sampled after them)."""
+    pad = tokenizer.pad_token_id
+    a, b, c = ids(tokenizer, "abc")
+    dataset = Dataset.from_dict(
+        # right-padded, left-padded, unpadded, and a pad id inside the prompt (kept)
+        {"input_ids": [[a, b, pad, pad, pad], [pad, pad, a, b, c], [a, b, c, a, b], [pad, a, pad, b, pad]]}
+    )
+    with caplog.at_level("INFO", logger="trl_trapo.data"):
+        out = tokenize_prompt_dataset(dataset, tokenizer, 5)
+    assert out["prompt_ids"] == [[a, b], [a, b, c], [a, b, c, a, b], [a, pad, b]]
+    assert out["prompt"] == ["ab", "abc", "abcab", "ab"]
+    logged = [r.getMessage() for r in caplog.records if "pad id" in r.getMessage()]
+    assert len(logged) == 1 and "3 of 4 rows" in logged[0] and "'attention_mask' column" in logged[0]
+    # an all-padding row is an empty prompt, refused as one
+    with pytest.raises(ValueError, match="empty"):
+        tokenize_prompt_dataset(Dataset.from_dict({"input_ids": [[a], [pad, pad]]}), tokenizer, 4)
+
+
+def test_strip_pad_runs_with_pad_as_eos_or_bos():
+    # pad == EOS: a trailing EOS is padding (a prompt ending in end-of-text is not one a completion follows)
+    assert strip_pad_runs([7, 8, 1, 1], pad_token_id=1) == [7, 8]
+    # pad == BOS: the prompt's own BOS stays
+    assert strip_pad_runs([2, 2, 2, 7, 8], pad_token_id=2, bos_token_id=2) == [2, 7, 8]
+    assert strip_pad_runs([2, 7, 8, 2, 2], pad_token_id=2, bos_token_id=2) == [2, 7, 8]
+    assert strip_pad_runs([2, 2], pad_token_id=2, bos_token_id=2) == []
+    assert strip_pad_runs([0, 7, 0], pad_token_id=None) == [0, 7, 0]
 
 
 def test_tokenize_prompt_dataset_never_truncates(tokenizer):

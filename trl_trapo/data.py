@@ -1377,6 +1377,34 @@ def check_token_ids(dataset: Dataset, role: str, vocab_size: int) -> None:
             )
 
 
+def strip_pad_runs(ids: Sequence[int], pad_token_id: int | None, bos_token_id: int | None = None) -> list[int]:
+    """A pre-tokenized prompt without an attention mask, its padding removed: the leading and trailing runs of
+    `pad_token_id` (TRL's PPOTrainer masked pad ids in its queries the same way). Only the runs at the ends go; a pad
+    id inside the prompt stays. When the pad token is the EOS token, a trailing EOS is removed too: a prompt ending in
+    end-of-text is not one a completion can follow, so it is read as padding. When the pad token is the BOS token,
+    one leading BOS is kept (the prompt's own) unless the row is all padding.
+
+    Args:
+        ids (`Sequence[int]`): the row's `input_ids`, length L.
+        pad_token_id (`int`, *optional*): the tokenizer's pad id; None leaves the ids as they are.
+        bos_token_id (`int`, *optional*): the tokenizer's BOS id.
+
+    Returns:
+        `list[int]`: the ids without the padding, length <= L (empty when the row is all padding).
+    """
+    ids = list(ids)
+    if pad_token_id is None:
+        return ids
+    start, end = 0, len(ids)
+    while start < end and ids[start] == pad_token_id:
+        start += 1
+    while end > start and ids[end - 1] == pad_token_id:
+        end -= 1
+    if 0 < start < end and pad_token_id == bos_token_id:
+        start -= 1
+    return ids[start:end]
+
+
 def tokenize_prompt_dataset(
     dataset: Dataset,
     tokenizer,
@@ -1395,7 +1423,9 @@ def tokenize_prompt_dataset(
     `pixel_values` ..., empty for a text row), which rollouts and evaluation pass to the model.
 
     Args:
-        dataset (`Dataset`): prompt-only dataset (`prompt` column, standard or conversational, or `input_ids`).
+        dataset (`Dataset`): prompt-only dataset (`prompt` column, standard or conversational, or `input_ids`;
+            padded `input_ids` lose their padding by the `attention_mask` column, or without one by the pad id's
+            leading and trailing runs, see `strip_pad_runs`, logged once at info level).
         tokenizer: the policy's tokenizer.
         max_prompt_length (`int`): maximum prompt length in tokens.
         template_kwargs (`dict`, *optional*): extra arguments of `apply_chat_template`.
@@ -1434,9 +1464,11 @@ def tokenize_prompt_dataset(
                 ids = tokenize_prompt(example["prompt"], tokenizer, template_kwargs)
             return {"prompt_ids": ids}
         ids = list(example["input_ids"])
-        # PPO-style datasets may arrive left-padded; strip padding by the attention mask when there is one
+        # PPO-style datasets may arrive padded: the attention mask decides when there is one, else the pad id's runs
         if "attention_mask" in example and example["attention_mask"] is not None:
             ids = [t for t, m in zip(ids, example["attention_mask"]) if m]
+        else:
+            ids = strip_pad_runs(ids, tokenizer.pad_token_id, getattr(tokenizer, "bos_token_id", None))
         return {"prompt_ids": ids, "prompt": tokenizer.decode(ids, skip_special_tokens=True)}
 
     tokenized = dataset.map(
@@ -1447,6 +1479,18 @@ def tokenize_prompt_dataset(
         desc=f"Tokenizing {name}",
     )
     lengths = [len(ids) for ids in tokenized["prompt_ids"]]
+    if column is None and not has_prompt and "attention_mask" not in columns:
+        stripped = sum(n != len(ids) for n, ids in zip(lengths, dataset["input_ids"]))
+        if stripped:
+            logger.info(
+                "`%s` has no 'attention_mask' column: removed the leading and trailing runs of the pad id (%s) from "
+                "%d of %d rows' `input_ids` (padding, as TRL's PPOTrainer masked it). An 'attention_mask' column "
+                "makes the padding explicit.",
+                name,
+                tokenizer.pad_token_id,
+                stripped,
+                len(lengths),
+            )
     too_long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
     if too_long:
         raise ValueError(
