@@ -324,6 +324,46 @@ def test_rl_without_reward(tmp_path, tokenizer, suite, tiny_config):
         )
 
 
+def test_sft_or_pretraining_rows_as_train_dataset_are_pointed_to_their_argument(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """TRL's SFTTrainer takes its data as `train_dataset`, TRAPO's RL prompts slot (trial 11's N60): SFT rows were
+    told to "set rl_weight=0" (dropping the only data) or "must have a 'prompt' column", never `sft_dataset=`."""
+    messages = Dataset.from_dict(
+        {"messages": [[{"role": "user", "content": "ab"}, {"role": "assistant", "content": "b"}]]}
+    )
+    for data, rewards, wanted in [
+        (suite.sft, {}, "`sft_dataset=`"),
+        (messages, {}, "`sft_dataset=`"),
+        (messages, {"reward_funcs": exact_match_reward}, "`sft_dataset=`"),
+        (suite.pretrain, {}, "`pretrain_dataset=`"),
+    ]:
+        with pytest.raises(ValueError) as raised:
+            TRAPOTrainer(
+                build_tiny_model(tokenizer),
+                args=tiny_config(tmp_path),
+                train_dataset=data,
+                processing_class=tokenizer,
+                **rewards,
+            )
+        message = str(raised.value)
+        assert message.startswith("`train_dataset` is the RL prompts, and these rows have a"), message
+        assert wanted in message, message
+        assert "rl_weight=0" not in message, message
+    # with a reward, a prompt-completion train_dataset stays RL prompts (its 'completion' unused, as in TRL's GRPO);
+    # a reward's missing column then names the SFT slot too
+    with pytest.raises(RuntimeError, match="needs the argument") as raised:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer),
+            reward_funcs=exact_match_reward,
+            args=tiny_config(tmp_path),
+            train_dataset=suite.sft,
+            processing_class=tokenizer,
+        )
+    assert "Its 'completion' column is not passed to reward functions" in str(raised.value)
+    assert "pass them as `sft_dataset=`: `train_dataset` is the RL prompts." in str(raised.value)
+
+
 @pytest.mark.parametrize(
     "reward, message",
     [

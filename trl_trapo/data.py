@@ -765,13 +765,35 @@ def has_bool_column(dataset: Dataset | IterableDataset, column: str) -> bool:
     return False
 
 
+def misplaced_rows_hint(columns: Sequence[str], name: str = "train_dataset") -> str:
+    """A sentence for RL prompts whose columns are another objective's (TRL's SFTTrainer takes its data as
+    `train_dataset`, the first thing a migrating user writes; trial 11's N60): a 'completion' or 'messages' column is
+    SFT's (`sft_dataset=`), a 'text' column without prompts is pretraining's (`pretrain_dataset=`); "" otherwise."""
+    columns = set(columns)
+    if "messages" in columns or "completion" in columns:
+        column = "messages" if "messages" in columns else "completion"
+        return (
+            f"`{name}` is the RL prompts, and these rows have a {column!r} column: they are SFT demonstrations (TRL's "
+            f"SFTTrainer takes them as its train_dataset): pass them as `sft_dataset=`."
+        )
+    if "text" in columns and not columns & {"prompt", "input_ids"}:
+        return (
+            f"`{name}` is the RL prompts, and these rows have a 'text' column: plain documents (every token trained, "
+            "as TRL's SFTTrainer trains a 'text' row) go in `pretrain_dataset=`."
+        )
+    return ""
+
+
 def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
-    """Raise a ValueError unless `dataset` is a non-empty prompt-only dataset (`prompt` or tokenized `input_ids`)."""
+    """Raise a ValueError unless `dataset` is a non-empty prompt-only dataset (`prompt` or tokenized `input_ids`);
+    SFT or pretraining rows are pointed to their argument first (`misplaced_rows_hint`)."""
     _check_not_empty(dataset, name)
     columns = dataset_columns(dataset)
     if "prompt" not in columns and "input_ids" not in columns:
+        misplaced = misplaced_rows_hint(columns, name)
         raise ValueError(
-            f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
+            (misplaced + " " if misplaced else "")
+            + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
@@ -2294,6 +2316,12 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
     args, tokenizer = setup.args, setup.tokenizer
     check_rows(dataset, "train_dataset", tokenizer, "prompts", cells=False)
     if not setup.has_rewards:
+        misplaced = misplaced_rows_hint(dataset_columns(dataset))
+        if misplaced:  # SFT data in the RL slot: rl_weight=0 would drop the only data there is
+            raise ValueError(
+                f"{misplaced} Without a `train_dataset` RL is off; RL prompts need a reward to score their "
+                "completions (`reward_funcs` and/or `reward_model`)."
+            )
         raise ValueError(
             "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
             "`reward_model`, or set rl_weight=0 to train without RL."

@@ -564,6 +564,12 @@ class RewardScorer:
                         f" reward functions get the same keywords on both, so give {source} the reward columns, "
                         "e.g. `.rename_column('solution', 'answer')`."
                     )
+                if source == "`train_dataset`" and "completion" in columns:  # trial 11's N60: SFT data in the RL slot
+                    hint += (
+                        " Its 'completion' column is not passed to reward functions (TRL's GRPOTrainer skips it too);"
+                        " if these rows are SFT demonstrations (TRL's SFTTrainer takes them as its train_dataset), "
+                        "pass them as `sft_dataset=`: `train_dataset` is the RL prompts."
+                    )
                 raise type(error)(
                     f"In TRAPOTrainer's construction-time check (each reward function is called on the first "
                     f"{len(rows)} row(s) of {source} with empty completions, before anything slow), reward function "
