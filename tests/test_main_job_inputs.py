@@ -296,6 +296,27 @@ def test_an_empty_dataset_names_the_argument(tmp_path):
         splits.get("train", "--sft_dataset_split")
 
 
+def test_a_csv_column_of_digits_is_read_as_text_by_the_job(tmp_path, caplog):
+    """`datasets` types a CSV column of digits as int64, and the job refused it with a `dataset.map(...)` fix a
+    command-line user cannot apply (trial 11's C16): the job's own loading reads such text columns as strings, with
+    one warning naming them; other columns keep their type."""
+    path = tmp_path / "sft.csv"
+    path.write_text("prompt,completion,answer\nmin 3 5=,3,3\nmin 9 4=,4,4\nmin 2.5 7=,2.5,2\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        dataset = cli.load_any(str(path), None, "train", arg="--sft_dataset_name")
+    assert dataset["completion"] == ["3", "4", "2.5"] and dataset["answer"] == [3, 4, 2]
+    warned = [r.getMessage() for r in caplog.records if "hold numbers" in r.getMessage()]
+    assert len(warned) == 1 and "--sft_dataset_name=" in warned[0] and "'completion'" in warned[0], warned
+    assert "JSON lines with string values" in warned[0]
+    # the trainer's own check (the Python API) still refuses numbers in a text column
+    from datasets import Dataset
+
+    from trl_trapo.data import check_cells
+
+    with pytest.raises(ValueError, match="column 'completion' holds a value of type int at row 0"):
+        check_cells(Dataset.from_dict({"prompt": ["a"], "completion": [3]}), "sft_dataset", "sft")
+
+
 def test_main_fails_before_training_on_bad_data(tmp_path, monkeypatch):
     def no_trainer(*args, **kwargs):
         raise AssertionError("the trainer was built")

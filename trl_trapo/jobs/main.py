@@ -1306,7 +1306,50 @@ class DatasetSplits:
             raise ValueError(f"{where}: split {split!r} is empty (no rows). Fix: point at data with rows.")
         if hasattr(dataset, "__len__"):
             check_utf8(dataset, where, os.path.expanduser(self.name))
+        return numbers_as_text(dataset, where)
+
+
+NUMERIC_TEXT_COLUMNS = ("prompt", "completion", "text")
+"""The columns the job reads as text that a file's reader may type as numbers (a CSV column of digits is int64)."""
+
+
+def numbers_as_text(dataset, where: str):
+    """`dataset` with its `NUMERIC_TEXT_COLUMNS` that the reader typed as numbers (int or float) cast to strings,
+    with one warning naming them (trial 11's C16). A command-line user cannot `dataset.map(str)` the job's own
+    loading, and quoting the numbers in a CSV does not help (the reader still infers int64); a digit completion is
+    text to the tokenizer anyway. Arrow's cast writes each number as read (`3`, `3.5`; a file's `007` was already
+    read as 7): for the exact text, write JSON lines with string values. The Python API keeps refusing such cells
+    (`trl_trapo.data.check_cell_types`): there the user owns the dataset.
+
+    Args:
+        dataset: a `Dataset` or `IterableDataset` (one without known features is returned as it is).
+        where: `--arg='value'`, for the warning.
+
+    Returns:
+        The dataset, those columns as `Value("string")` (missing cells stay missing).
+    """
+    from datasets import Value
+
+    features = getattr(dataset, "features", None) or {}
+    numeric = [
+        column
+        for column in NUMERIC_TEXT_COLUMNS
+        if isinstance(features.get(column), Value)
+        and any(features[column].dtype.startswith(kind) for kind in ("int", "uint", "float"))
+    ]
+    if not numeric:
         return dataset
+    logger.warning(
+        "%s: column(s) %s hold numbers (e.g. a CSV column of digits, typed %s); they are read as text (`3` -> '3'), "
+        "as the tokenizer reads them anyway. For exact text (leading zeros, `1.50`), write the file as JSON lines "
+        'with string values (`"completion": "007"`).',
+        where,
+        ", ".join(repr(c) for c in numeric),
+        "/".join(sorted({features[c].dtype for c in numeric})),
+    )
+    for column in numeric:
+        dataset = dataset.cast_column(column, Value("string"))
+    return dataset
 
 
 def check_utf8(dataset, where: str, path: str) -> None:
