@@ -112,7 +112,16 @@ def launched(argv: list[str]):
     return namespace
 
 
-def test_num_processes_launches_the_job_module_through_accelerate():
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine with 2 GPUs visible, where accelerate starts `--num_processes 2` without `--multi_gpu` (it turns it on
+    itself); on a machine without one `trapo` refuses that launch (`test_several_processes_without_a_gpu_...`)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_num_processes_launches_the_job_module_through_accelerate(two_gpus):
     namespace = launched(["train", "--num_processes", "2", "--max_steps", "2", "--learning_rate=1e-3", "--seed", "3"])
     assert namespace.num_processes == 2
     assert namespace.module is True and namespace.training_script == "trl_trapo.jobs.commands"
@@ -221,7 +230,7 @@ def test_launcher_options_accelerate_takes_still_launch(argv):
     assert launched(["train", *argv]).training_script_args == ["train"]
 
 
-def test_launcher_options_take_accelerates_hyphenated_spelling():
+def test_launcher_options_take_accelerates_hyphenated_spelling(two_gpus):
     """accelerate's parser takes `--num-processes` for `--num_processes`; `trapo` handed it to the job, which refused
     it."""
     namespace = launched(["train", "--num-processes", "2", "--main-process-port=29601", "--seed", "3"])
@@ -351,6 +360,39 @@ def test_a_launch_asking_for_hardware_this_machine_lacks_is_warned_about(argv, g
         assert len(warnings) == 1 and said in warnings[0], warnings
 
 
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (
+            ["--num_processes", "2"],
+            "Fix: `trapo train --multi_gpu --num_processes 2 ...`, or leave --num_processes out",
+        ),
+        # the >cores warning used to suggest `--num_processes 2`, which then failed the same way (trial 11's C17)
+        (["--num-processes", "3"], "`trapo train --multi_gpu --num_processes 2 ...` (this machine has 2 CPU core(s)"),
+    ],
+)
+def test_several_processes_without_a_gpu_or_multi_gpu_are_refused_before_the_launch(
+    argv, said, monkeypatch, capsys, caplog
+):
+    """Without a GPU and without `--multi_gpu` (or an accelerate config), accelerate starts one process for
+    `--num_processes 2`, and the job refused to run alone ~21 s later, naming `accelerate launch ... examples/trapo.py`
+    rather than the command typed (trial 11's C17): `trapo` refuses it before the launch, in the command typed."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(commands.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(commands, "config_file_of", lambda namespace: namespace.config_file)  # no default config
+    with caplog.at_level(logging.WARNING, logger=commands.__name__):
+        assert commands.main(["train", *argv, "--max_steps", "2"], launch=pytest.fail) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trapo train: error: --num_processes=") and "this machine has no GPU visible" in err, err
+    assert said in err, err
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # one message, not the warning as well
+    # with --multi_gpu it launches (DDP over gloo on the CPU), and so it does with a config that decides
+    assert launched(["train", "--multi_gpu", "--num_processes", "2"]).multi_gpu is True
+    assert launched(["train", "--accelerate_config", "multi_gpu", "--num_processes", "2"]).num_processes == 2
+
+
 def test_an_accelerate_configs_value_gives_way_to_the_option(tmp_path):
     """accelerate reads the command line's option first, so a config value it overrides is not checked."""
     path = write_config(tmp_path, "num_processes: 0\nmain_process_port: 29500\n")
@@ -383,7 +425,7 @@ def test_an_accelerate_launch_option_trapo_does_not_pass_is_named(launch, capsys
     assert "Did you mean" not in err
 
 
-def test_an_accelerate_launch_option_that_is_also_the_jobs_stays_the_jobs():
+def test_an_accelerate_launch_option_that_is_also_the_jobs_stays_the_jobs(two_gpus):
     # accelerate's DeepSpeed `--gradient_accumulation_steps` and `--debug` are TrainingArguments fields too
     argv = ["train", "--num_processes", "2", "--gradient_accumulation_steps", "2", "--debug", "underflow_overflow"]
     assert launched(argv).training_script_args == ["train", *argv[3:]]
@@ -487,4 +529,5 @@ def test_trapo_train_on_two_processes(tmp_path, monkeypatch):
     job = ["--max_steps", "2", "--max_eval_samples", "8", "--torch_threads", "1", "--output_dir", str(tmp_path)]
     assert commands.main(["train", *launch, *job]) == 0
     assert (tmp_path / "trainer_state.json").exists() and (tmp_path / "eval_results.json").exists()
-    assert commands.main(["train", "--num_processes", "2", *job]) == 2  # one process started: the job refuses it
+    # without --multi_gpu accelerate would start one process: refused before the launch
+    assert commands.main(["train", "--num_processes", "2", *job]) == 2

@@ -164,8 +164,56 @@ def launch_namespace(job: Job, launch_args: Sequence[str], job_args: Sequence[st
     check_job_args(job, job_args)
     resolved = resolve_accelerate_config_argument(list(launch_args))
     namespace = launch_command_parser().parse_args([*resolved, "--module", MODULE, job.name, *job_args])
+    check_processes_start(job, namespace)
     check_launch_namespace(namespace)
     return namespace
+
+
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_processes_start(job: Job, namespace: argparse.Namespace) -> None:
+    """Refuse, before the launch, `--num_processes N` (N > 1) that `accelerate launch` would run as one process: on a
+    machine without a GPU, with neither `--multi_gpu` nor an accelerate config, accelerate's simple launcher starts
+    one process (it turns on multi-process only when it sees several GPUs), which the job then refused ~20 s later,
+    naming `accelerate launch` rather than the command typed (trial 11's C17). `--multi_gpu` is not added for the
+    user: on the CPU it means DDP over gloo, each process slower than one alone, which the user should choose.
+
+    Args:
+        job: the sub-command, named in the fix.
+        namespace: the `accelerate launch` arguments.
+
+    Raises:
+        ValueError: naming `--num_processes`, why one process would start, and the command with `--multi_gpu` (at
+            most one process per CPU core, at least 2), or the command without `--num_processes`.
+    """
+    import torch
+
+    processes = namespace.num_processes
+    if (
+        not isinstance(processes, int)
+        or processes <= 1
+        or namespace.multi_gpu
+        or config_file_of(namespace) is not None  # the config's distributed_type decides
+        or (namespace.num_machines or 1) > 1
+        or torch.cuda.device_count() > 0
+    ):
+        return
+    cores = cpu_cores()
+    fewer = max(2, min(processes, cores))
+    crowded = (
+        f" (this machine has {cores} CPU core(s): more processes than cores share them, each far slower than one)"
+        if fewer < processes
+        else ""
+    )
+    raise ValueError(
+        f"--num_processes={processes}: this machine has no GPU visible, and without --multi_gpu `accelerate launch` "
+        "starts one process when it does not see several GPUs (the job would then refuse to run alone). On the CPU, "
+        f"several processes need --multi_gpu (TRAPO then runs DDP over gloo). Fix: `trapo {job.name} "
+        f"--multi_gpu --num_processes {fewer} ...`{crowded}, or leave --num_processes out to run one process."
+    )
 
 
 def check_job_args(job: Job, job_args: Sequence[str]) -> None:
@@ -552,7 +600,7 @@ def warn_launch_resources(value_of: Callable[[str], tuple[object, str]]) -> None
 
     log = logging.getLogger(__name__)
     gpus = torch.cuda.device_count()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = cpu_cores()
     gpu_ids, shown = value_of("gpu_ids")
     if gpu_ids is not None and str(gpu_ids) != "all" and gpus == 0:  # `all`: whatever there is (TRL's configs)
         log.warning(
