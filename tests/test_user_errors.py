@@ -810,8 +810,9 @@ def test_a_checkpoint_at_this_runs_max_steps_is_not_offered_for_resuming(tmp_pat
 
     from trl_trapo.saving import check_earlier_checkpoints
 
-    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / "trapo").mkdir(parents=True)
     TrainerState(global_step=3, max_steps=10).save_to_json(str(tmp_path / "checkpoint-3" / "trainer_state.json"))
+    (tmp_path / "checkpoint-3" / "trapo" / "rank0.complete.json").write_text("{}")  # complete, as far as names go
     args = TRAPOConfig(output_dir=str(tmp_path), max_steps=3, report_to="none")
     said = api_error(
         lambda: check_earlier_checkpoints(args, None),
@@ -824,6 +825,64 @@ def test_a_checkpoint_at_this_runs_max_steps_is_not_offered_for_resuming(tmp_pat
     assert "unfinished" not in said
     longer = TRAPOConfig(output_dir=str(tmp_path), max_steps=5, report_to="none")
     api_error(lambda: check_earlier_checkpoints(longer, None, cli=False), "holds checkpoints of an unfinished run")
+
+
+def test_incomplete_checkpoints_are_told_apart_and_only_the_fixes_that_work_are_offered(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog
+):
+    """Trial 11's N48: an output_dir holding an empty checkpoint-1 (a save killed mid-way), or a file of that name,
+    was refused as "checkpoints of an unfinished run" whose fix (resume) was refused in turn ("holds no complete
+    checkpoint ... start without resuming"): a loop. Incomplete entries are now told apart: empty folders alone are
+    written over with a warning; partly written ones alone are refused naming each and why, without resuming; a file
+    is refused even with overwrite_output_dir (the save would fail on it mid-run); next to complete checkpoints,
+    the newest *complete* one is offered."""
+    from trl_trapo.checkpoint import CheckpointError
+    from trl_trapo.saving import check_earlier_checkpoints
+
+    out = tmp_path / "run"
+    (out / "checkpoint-1").mkdir(parents=True)
+    trainer = tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1)
+    said = api_error(lambda: trainer.train(resume_from_checkpoint=True), "holds no complete checkpoint",
+                     "checkpoint-1' is an empty folder: a save stopped before writing anything",
+                     "Fix: pass a checkpoint path, or start without resuming.", error=CheckpointError)  # fmt: skip
+    assert "not written by TRAPOTrainer" not in said and "after deleting" not in said
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.saving"):
+        trainer.train()  # the fix it names works: nothing was there to lose
+    assert trainer.state.global_step == 2 and "checkpoint-1 (an empty folder" in caplog.text
+    from trl_trapo.checkpoint import incomplete_reason, newest_complete_checkpoint  # noqa: E402 (after the old text)
+
+    assert incomplete_reason(str(out / "checkpoint-1")) is None  # written over with a complete one
+
+    (out / "checkpoint-3").mkdir()  # next to complete ones: the newest complete one is named, the empty one listed
+    args = TRAPOConfig(output_dir=str(out), max_steps=4, report_to="none")
+    said = api_error(lambda: check_earlier_checkpoints(args, None, cli=True),
+                     "finished run (checkpoint-1, checkpoint-2; incomplete, not resumable: checkpoint-3 (an empty "
+                     "folder: a save stopped before writing anything); checkpoint-2 is at step 2, its max_steps)",
+                     f"(--resume_from_checkpoint {out / 'checkpoint-2'})")  # fmt: skip
+
+    other = tmp_path / "partial"  # partly written only: nothing to resume; deleting is offered, resuming is not
+    (other / "checkpoint-1").mkdir(parents=True)
+    (other / "checkpoint-2").mkdir()
+    (other / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
+    args = TRAPOConfig(output_dir=str(other), max_steps=4, report_to="none")
+    said = api_error(lambda: check_earlier_checkpoints(args, None, cli=False),
+                     "holds incomplete checkpoints and no complete one (checkpoint-1: an empty folder: a save stopped "
+                     "before writing anything; checkpoint-2: no trainer_state.json: a save stopped part-way)",
+                     "checkpoint-2 holds model weights, perhaps their only copy",
+                     "Fix: delete them, choose another output_dir, or pass TRAPOConfig(overwrite_output_dir=True)")  # fmt: skip
+    assert "resum" not in said.split("Fix:")[1]
+    said = api_error(lambda: newest_complete_checkpoint(str(other), 1), "start without resuming after deleting or "
+                     "moving away checkpoint-2", error=CheckpointError)  # fmt: skip
+    assert "checkpoint-1," not in said  # the empty one is written over
+    check_earlier_checkpoints(TRAPOConfig(output_dir=str(other), overwrite_output_dir=True, report_to="none"), None)
+
+    (other / "checkpoint-5").write_text("not a checkpoint")  # a file: the save would fail on it, overwrite or not
+    for overwrite in (False, True):
+        args = TRAPOConfig(output_dir=str(other), overwrite_output_dir=overwrite, report_to="none")
+        api_error(lambda args=args: check_earlier_checkpoints(args, True), "holds a file named checkpoint-5, where "
+                  "this run saves its checkpoint folders", f"Fix: move or delete {other / 'checkpoint-5'}")  # fmt: skip
+    unsaved = TRAPOConfig(output_dir=str(other), overwrite_output_dir=True, save_strategy="no", report_to="none")
+    check_earlier_checkpoints(unsaved, None)  # no checkpoint saved: the file is in nobody's way
 
 
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
