@@ -65,6 +65,7 @@ from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
 from .run_state import RunState
 from .saving import CheckpointGuard, check_disk_space, checkpoint_nbytes
 from .setup_checks import check_optimizer_covers
+from .sources import warn_split_rounds
 from .steps import StepBuilder
 from .vision import model_context
 
@@ -366,6 +367,15 @@ def assemble_rollouts(
         task_families=run.task_families,
         on_episode=lambda episode: setattr(link.state(), "episode", episode),  # current even between logs
     )
+    plan = run.plan
+    default_source = rollout_source is None and rollout_func is None and run.checked.agent is None
+    if default_source and [n for n, on in zip(plan.slots.names, plan.active) if on] == [
+        "rl"
+    ]:  # fixed RL rows per step
+        group = 1 if models.has_critic else args.num_generations
+        warn_split_rounds(
+            args.per_device_train_batch_size, args.gradient_accumulation_steps, group, args.num_mini_batches
+        )
     frozen = (padding_id, ref_model, reference, teacher, counted_head)
     return RolloutParts(
         *frozen, generation_config, stops, engine, supply.source, supply.supply, supply_callbacks=supply.callbacks
