@@ -885,6 +885,37 @@ def test_incomplete_checkpoints_are_told_apart_and_only_the_fixes_that_work_are_
     check_earlier_checkpoints(unsaved, None)  # no checkpoint saved: the file is in nobody's way
 
 
+def test_what_an_epoch_of_a_mixed_run_is_is_said_once_at_construction(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog
+):
+    """Trial 11's N50: max_steps=-1, num_train_epochs=1 with pretraining, SFT and RL data planned 545 steps from the
+    RL prompts alone, and the 64 SFT rows were served ~20 times, without a word. A run planned from epochs with
+    several datasets now says once which dataset the epochs are measured on, the steps, and how many times each other
+    dataset is passed over; a run whose length max_steps sets, or with one dataset, says nothing."""
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        mixed = tiny_trainer(tmp_path / "mixed", tokenizer, suite, max_steps=-1, num_train_epochs=1)
+    notes = [r.getMessage() for r in caplog.records if "num_train_epochs=1 is measured on" in r.getMessage()]
+    assert len(notes) == 1, caplog.text
+    prompts, planned = len(suite.rl_train), mixed.args.max_steps
+    assert notes[0].startswith(
+        f"num_train_epochs=1 is measured on train_dataset ({prompts} prompts x 4 completions x num_ppo_epochs=4)"
+    )
+    assert f": {planned:,} optimizer steps." in notes[0] and "set max_steps" in notes[0]
+    passes = dict(re.findall(r"(sft_dataset|pretrain_dataset) \([\d,]+ rows\) ~([\d.]+) times", notes[0]))
+    assert set(passes) == {"sft_dataset", "pretrain_dataset"} and all(float(p) > 1 for p in passes.values())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        tiny_trainer(tmp_path / "fixed", tokenizer, suite, max_steps=4)  # the length is the user's
+        TRAPOTrainer(  # one dataset: an epoch is one pass over it
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path / "rl"), max_steps=-1, num_train_epochs=1, report_to="none"),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+    assert "is measured on" not in caplog.text
+
+
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
     """A checkpoint at step 2 resumed with max_steps=2 trained 0 steps and saved the checkpoint as the final model
     (a new user's resume with a smaller --max_steps); refused naming both numbers and the fix, before any step.

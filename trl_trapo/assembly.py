@@ -105,6 +105,7 @@ from .objectives import (
     objective_slots,
     planning_rows,
     setup_objective,
+    warn_epoch_passes,
 )
 from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
@@ -1323,7 +1324,9 @@ def plan_run(
     average_shares = CurriculumSchedule(
         *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
     ).mixture(0)
-    planned_steps, tickets = plan_steps(args, average_shares, planning_rows(args, data, names, has_critic))
+    primary = planning_rows(args, data, names, has_critic)
+    planned_steps, tickets = plan_steps(args, average_shares, primary)
+    warn_epoch_passes(args, data, names, average_shares, planned_steps, primary, has_critic)  # what an epoch is
     return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets)
 
 
