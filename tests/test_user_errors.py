@@ -836,7 +836,7 @@ def test_incomplete_checkpoints_are_told_apart_and_only_the_fixes_that_work_are_
     written over with a warning; partly written ones alone are refused naming each and why, without resuming; a file
     is refused even with overwrite_output_dir (the save would fail on it mid-run); next to complete checkpoints,
     the newest *complete* one is offered."""
-    from trl_trapo.checkpoint import CheckpointError
+    from trl_trapo.checkpoint import CheckpointError, verify_checkpoint
     from trl_trapo.saving import check_earlier_checkpoints
 
     out = tmp_path / "run"
@@ -874,6 +874,10 @@ def test_incomplete_checkpoints_are_told_apart_and_only_the_fixes_that_work_are_
     said = api_error(lambda: newest_complete_checkpoint(str(other), 1), "start without resuming after deleting or "
                      "moving away checkpoint-2", error=CheckpointError)  # fmt: skip
     assert "checkpoint-1," not in said  # the empty one is written over
+    assert "checkpoint-2' is incomplete: it has neither trainer_state.json nor a trapo/ folder" in said
+    assert "not written by TRAPOTrainer" not in said  # nor told to start from its (partial) weights
+    said = api_error(lambda: verify_checkpoint(str(other / "checkpoint-2"), 1), "is incomplete", error=CheckpointError)
+    assert "--model_name_or_path" not in said and "start without --resume_from_checkpoint" in said
     check_earlier_checkpoints(TRAPOConfig(output_dir=str(other), overwrite_output_dir=True, report_to="none"), None)
 
     (other / "checkpoint-5").write_text("not a checkpoint")  # a file: the save would fail on it, overwrite or not

@@ -227,6 +227,14 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             f"(the run was killed, or the disk was full), so there is nothing to resume. "
             + damaged_checkpoint_fix(checkpoint_dir)
         )
+    if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)) and not os.path.isfile(
+        os.path.join(checkpoint_dir, "trainer_state.json")
+    ):  # the Trainer writes trainer_state.json, then TRAPO its state: neither is a save killed part-way
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} is incomplete: it has neither trainer_state.json nor a "
+            f"{STATE_DIR}/ folder (a save stopped part-way, or it is not a checkpoint). "
+            + damaged_checkpoint_fix(checkpoint_dir)
+        )
     if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)):
         raise CheckpointError(
             f"resume_from_checkpoint={checkpoint_dir!r} has no {STATE_DIR}/ folder: it was not written by "
