@@ -920,6 +920,27 @@ def test_what_an_epoch_of_a_mixed_run_is_is_said_once_at_construction(
     assert "is measured on" not in caplog.text
 
 
+@pytest.mark.parametrize(("weights", "warned"), [([0.0], True), ([-1.0], False), ([0.0, 2.0], False)])
+def test_reward_weights_that_are_all_zero_are_warned_about(tmp_path, tokenizer, suite, caplog, weights, warned):
+    """Trial 11's N65: reward_weights=[0.0] (the only reward weighted 0) trained without a word, although every
+    completion then scores 0: RL rounds carry no signal and exploration takes every family for stuck. Said once at
+    construction, with the fixes; a negative weight (minimising a reward) or one zero among others is taken as given."""
+    funcs = [exact_match_reward, lambda completions, **kwargs: [0.0] * len(completions)][: len(weights)]
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=funcs,
+            args=TRAPOConfig(output_dir=str(tmp_path), max_steps=1, reward_weights=weights, report_to="none"),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "weighs every reward by 0" in r.getMessage()]
+    assert len(notes) == int(warned), caplog.text
+    if warned:
+        assert notes[0].startswith("TRAPOConfig.reward_weights=[0.0] weighs every reward by 0")
+        assert "give at least one reward a non-zero weight, or set rl_weight=0" in notes[0]
+
+
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
     """A checkpoint at step 2 resumed with max_steps=2 trained 0 steps and saved the checkpoint as the final model
     (a new user's resume with a smaller --max_steps); refused naming both numbers and the fix, before any step.
