@@ -236,3 +236,20 @@ def test_rounds_that_do_not_fit_whole_steps_are_said_once_at_construction(tmp_pa
         return
     assert len(notes) == 1 and notes[0].startswith(said), notes
     assert "make the RL rows per step a multiple of num_generations: e.g. per_device_train_batch_size=8" in notes[0]
+
+
+def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
+    """TRL's rollout_func source sizes its rounds as the default source does (whole groups of num_generations): the
+    same warning (trial 11's N46, sibling)."""
+    tokenizer = build_char_tokenizer()
+    config = dict(SCRIPT_CONFIG, per_device_train_batch_size=6, num_generations=4, max_steps=1)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), **config),
+            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
+            processing_class=tokenizer,
+            rollout_func=lambda prompts, trainer: {},
+        )
+    assert "A generation round is 8 completions (2 prompts x num_generations=4)" in caplog.text

@@ -367,15 +367,13 @@ def assemble_rollouts(
         task_families=run.task_families,
         on_episode=lambda episode: setattr(link.state(), "episode", episode),  # current even between logs
     )
-    plan = run.plan
-    default_source = rollout_source is None and rollout_func is None and run.checked.agent is None
-    if default_source and [n for n, on in zip(plan.slots.names, plan.active) if on] == [
-        "rl"
-    ]:  # fixed RL rows per step
-        group = 1 if models.has_critic else args.num_generations
-        warn_split_rounds(
-            args.per_device_train_batch_size, args.gradient_accumulation_steps, group, args.num_mini_batches
-        )
+    # a built-in source (the default, tools, TRL's rollout_func: rounds of whole groups) in a run whose one objective
+    # is RL (fixed RL rows per step): a round that does not fit whole steps is said
+    only_rl = [name for name, on in zip(run.plan.slots.names, run.plan.active) if on] == ["rl"]
+    if rollout_source is None and only_rl:
+        group = 1 if models.has_critic and rollout_func is None else args.num_generations
+        batch, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        warn_split_rounds(batch, accumulation, group, args.num_mini_batches)
     frozen = (padding_id, ref_model, reference, teacher, counted_head)
     return RolloutParts(
         *frozen, generation_config, stops, engine, supply.source, supply.supply, supply_callbacks=supply.callbacks
