@@ -941,6 +941,27 @@ def test_reward_weights_that_are_all_zero_are_warned_about(tmp_path, tokenizer, 
         assert "give at least one reward a non-zero weight, or set rl_weight=0" in notes[0]
 
 
+def test_rewards_of_one_name_are_logged_apart(tmp_path, tokenizer, suite, caplog):
+    """Trial 11's N73: the same reward function listed twice (`[f, f]`, weights 1 and 0.5) logged one
+    `rewards/exact_match_reward/mean`: two rewards, one metric key, one series lost without a word. The repeat is now
+    `exact_match_reward_2` in the metrics and `reward_func_names`, said once at construction."""
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=[exact_match_reward, exact_match_reward],
+            args=TRAPOConfig(output_dir=str(tmp_path), max_steps=1, logging_steps=1, reward_weights=[1.0, 0.5],
+                             save_strategy="no", report_to="none", num_generations=4, per_device_train_batch_size=8,
+                             max_prompt_length=16, response_length=4, activation_checkpointing=False),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )  # fmt: skip
+    assert trainer.reward_func_names == ["exact_match_reward", "exact_match_reward_2"]
+    assert "logged apart as 1: 'exact_match_reward' as 'exact_match_reward_2'" in caplog.text
+    trainer.train()
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    assert {"rewards/exact_match_reward/mean", "rewards/exact_match_reward_2/mean"} <= logged, sorted(logged)
+
+
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):
     """A checkpoint at step 2 resumed with max_steps=2 trained 0 steps and saved the checkpoint as the final model
     (a new user's resume with a smaller --max_steps); refused naming both numbers and the fix, before any step.
