@@ -253,3 +253,15 @@ def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
             rollout_func=lambda prompts, trainer: {},
         )
     assert "A generation round is 8 completions (2 prompts x num_generations=4)" in caplog.text
+
+
+def test_a_mixed_run_says_how_its_rounds_map_to_steps(tmp_path, tokenizer, suite, tiny_trainer, caplog):
+    """Trial 11's C22 (N46 from the command line, built-in mode: three objectives): a step's RL rows follow the
+    objectives' shares there, so no batch size makes rounds end at steps; one info line says how they map (the
+    RL-only warning, whose fix is a batch size, would mislead)."""
+    with caplog.at_level(logging.INFO, logger="trl_trapo"):
+        tiny_trainer(tmp_path, tokenizer, suite, num_generations=3)
+    notes = [r for r in caplog.records if r.getMessage().startswith("Generation rounds: each is")]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    assert "whole groups of num_generations=3" in notes[0].getMessage() and "curriculum/*" in notes[0].getMessage()
+    assert "generation round is" not in caplog.text  # the RL-only warning

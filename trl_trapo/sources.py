@@ -719,6 +719,26 @@ def warn_split_rounds(batch_size: int, accumulation: int, group: int, num_mini_b
     return message
 
 
+def note_rounds_follow_shares(group: int, num_mini_batches: int) -> str | None:
+    """Say once (info), at construction of a run with RL and other objectives, how generation rounds map to steps:
+    a step's RL rows follow the objectives' shares, so a round (that step's RL rows x `num_mini_batches`, rounded up
+    to whole groups) seldom ends at a step whatever the batch size ([`warn_split_rounds`] covers RL-only runs).
+
+    Returns:
+        The text logged, or None (`group` 1: rounds are exactly the rows asked for).
+    """
+    if group <= 1:
+        return None
+    message = (
+        f"Generation rounds: each is an optimizer step's RL rows x num_mini_batches={num_mini_batches}, rounded up to "
+        f"whole groups of num_generations={group}. A step's RL rows follow the objectives' shares (curriculum/* in the "
+        "logs), so rounds seldom end at a step: the completions over are trained at later steps, sampled by an older "
+        "policy (advantages are computed over whole groups first; the policy-ratio clip weighs them)."
+    )
+    logger.info(message)
+    return message
+
+
 class SyncRolloutSource(RolloutSource):
     """The default source: each round is sampled when the trainer asks, by the live policy, in the trainer's process.
 
