@@ -715,7 +715,13 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     with pytest.raises(ValueError, match=r"output_dir=.*holds a finished run \(config\.json.*overwrite_output_dir"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"))
     assert snapshot(tmp_path) == before
-    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2").mkdir()  # empty (a save killed mid-way): not offered for continuing (trial 11's N48)
+    said = api_error(lambda: tiny_trainer(tmp_path, tokenizer, suite), "holds a finished run")
+    assert "to continue from one of its checkpoints" not in said
+    (tmp_path / "checkpoint-2" / "trapo").mkdir()  # complete, as far as names go
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-2" / "trapo" / "rank0.complete.json").write_text("{}")
+    before = snapshot(tmp_path)
     with pytest.raises(
         ValueError, match=r"another output_dir \(to continue from one of its checkpoints: --output_dir"
     ):
