@@ -203,3 +203,65 @@ def test_grpo_names_read_the_values_in_effect_and_the_notice_names_exactly_those
     assert config.grpo_names_given == ["beta", "num_iterations"]
     with pytest.raises(ValueError, match=r"grpo_names_given=\['beta', 'top_k'\] is invalid: \['top_k'\]"):
         TRAPOConfig(output_dir=str(tmp_path), grpo_names_given=["beta", "top_k"])
+
+
+@pytest.mark.parametrize(
+    ("batch", "group", "said"),
+    [
+        (6, 4, "A generation round is 8 completions (2 prompts x num_generations=4), but an optimizer step takes 6 RL "
+         "rows (per_device_train_batch_size=6): the other 2 of each round are trained at later steps"),
+        (2, 8, "A generation round is 8 completions (1 prompt x num_generations=8), but an optimizer step takes 2 RL "
+         "rows (per_device_train_batch_size=2): the other 6 of each round are trained at later steps"),
+        (8, 4, None),
+    ],
+)  # fmt: skip
+def test_rounds_that_do_not_fit_whole_steps_are_said_once_at_construction(tmp_path, caplog, batch, group, said):
+    """Trial 11's N46: per_device_train_batch_size not a multiple of num_generations (6 with 4; 2 with 8) trained
+    without a word, although a round then feeds later steps too (samples of an older policy), which TRL's GRPOConfig
+    refuses. The split is TRAPO's replay design (advantages over whole groups first), so it is warned about once at
+    construction, naming the fields and the settings that make rounds fit; a fitting batch says nothing."""
+    tokenizer = build_char_tokenizer()
+    config = dict(SCRIPT_CONFIG, per_device_train_batch_size=batch, num_generations=group, max_steps=1)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), **config),
+            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "generation round is" in r.getMessage()]
+    if said is None:
+        assert notes == []
+        return
+    assert len(notes) == 1 and notes[0].startswith(said), notes
+    assert "make the RL rows per step a multiple of num_generations: e.g. per_device_train_batch_size=8" in notes[0]
+
+
+def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
+    """TRL's rollout_func source sizes its rounds as the default source does (whole groups of num_generations): the
+    same warning (trial 11's N46, sibling)."""
+    tokenizer = build_char_tokenizer()
+    config = dict(SCRIPT_CONFIG, per_device_train_batch_size=6, num_generations=4, max_steps=1)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), **config),
+            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
+            processing_class=tokenizer,
+            rollout_func=lambda prompts, trainer: {},
+        )
+    assert "A generation round is 8 completions (2 prompts x num_generations=4)" in caplog.text
+
+
+def test_a_mixed_run_says_how_its_rounds_map_to_steps(tmp_path, tokenizer, suite, tiny_trainer, caplog):
+    """Trial 11's C22 (N46 from the command line, built-in mode: three objectives): a step's RL rows follow the
+    objectives' shares there, so no batch size makes rounds end at steps; one info line says how they map (the
+    RL-only warning, whose fix is a batch size, would mislead)."""
+    with caplog.at_level(logging.INFO, logger="trl_trapo"):
+        tiny_trainer(tmp_path, tokenizer, suite, num_generations=3)
+    notes = [r for r in caplog.records if r.getMessage().startswith("Generation rounds: each is")]
+    assert len(notes) == 1 and notes[0].levelno == logging.INFO
+    assert "whole groups of num_generations=3" in notes[0].getMessage() and "curriculum/*" in notes[0].getMessage()
+    assert "generation round is" not in caplog.text  # the RL-only warning

@@ -185,6 +185,21 @@ def test_an_empty_reward_funcs_list_in_a_recipe_is_refused(tmp_path):
     assert read_config_file(str(recipe))["reward_funcs"] == ["exact_match"]
 
 
+def test_an_empty_output_dir_in_a_recipe_is_refused(tmp_path):
+    """Trial 11's C20: `output_dir:` left empty (YAML null) in a recipe was taken as given, and the run wrote to
+    transformers' fallback ./trainer_output, not the job's trapo-output, without a word (every other empty key is
+    refused). Refused now, naming the key and the fixes."""
+    from trl_trapo.jobs.main import read_config_file
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 2\noutput_dir:\n")
+    with pytest.raises(ValueError, match=r"output_dir: is empty \(YAML null\), so the run would use transformers' "
+                       r"fallback folder, \./trainer_output.*Fix: give a value"):  # fmt: skip
+        read_config_file(str(recipe))
+    recipe.write_text(f"max_steps: 2\noutput_dir: {tmp_path / 'run'}\n")
+    assert read_config_file(str(recipe))["output_dir"] == str(tmp_path / "run")
+
+
 def test_the_dataset_flags_are_generated_from_the_objectives(monkeypatch):
     """The main job's `--<objective>_dataset_name / _config / _split` flags (and `--pretrain_streaming`) are
     generated from `objectives.WITH_DATA`, with each objective's help, after TRL's RL flags and in the objectives'

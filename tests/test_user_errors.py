@@ -715,7 +715,13 @@ def test_api_refuses_a_finished_run_unless_overwritten(tmp_path, tokenizer, suit
     with pytest.raises(ValueError, match=r"output_dir=.*holds a finished run \(config\.json.*overwrite_output_dir"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(tmp_path), report_to="none"))
     assert snapshot(tmp_path) == before
-    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2").mkdir()  # empty (a save killed mid-way): not offered for continuing (trial 11's N48)
+    said = api_error(lambda: tiny_trainer(tmp_path, tokenizer, suite), "holds a finished run")
+    assert "to continue from one of its checkpoints" not in said
+    (tmp_path / "checkpoint-2" / "trapo").mkdir()  # complete, as far as names go
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-2" / "trapo" / "rank0.complete.json").write_text("{}")
+    before = snapshot(tmp_path)
     with pytest.raises(
         ValueError, match=r"another output_dir \(to continue from one of its checkpoints: --output_dir"
     ):
@@ -810,8 +816,9 @@ def test_a_checkpoint_at_this_runs_max_steps_is_not_offered_for_resuming(tmp_pat
 
     from trl_trapo.saving import check_earlier_checkpoints
 
-    (tmp_path / "checkpoint-3").mkdir()
+    (tmp_path / "checkpoint-3" / "trapo").mkdir(parents=True)
     TrainerState(global_step=3, max_steps=10).save_to_json(str(tmp_path / "checkpoint-3" / "trainer_state.json"))
+    (tmp_path / "checkpoint-3" / "trapo" / "rank0.complete.json").write_text("{}")  # complete, as far as names go
     args = TRAPOConfig(output_dir=str(tmp_path), max_steps=3, report_to="none")
     said = api_error(
         lambda: check_earlier_checkpoints(args, None),
@@ -824,6 +831,141 @@ def test_a_checkpoint_at_this_runs_max_steps_is_not_offered_for_resuming(tmp_pat
     assert "unfinished" not in said
     longer = TRAPOConfig(output_dir=str(tmp_path), max_steps=5, report_to="none")
     api_error(lambda: check_earlier_checkpoints(longer, None, cli=False), "holds checkpoints of an unfinished run")
+
+
+def test_incomplete_checkpoints_are_told_apart_and_only_the_fixes_that_work_are_offered(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog
+):
+    """Trial 11's N48: an output_dir holding an empty checkpoint-1 (a save killed mid-way), or a file of that name,
+    was refused as "checkpoints of an unfinished run" whose fix (resume) was refused in turn ("holds no complete
+    checkpoint ... start without resuming"): a loop. Incomplete entries are now told apart: empty folders alone are
+    written over with a warning; partly written ones alone are refused naming each and why, without resuming; a file
+    is refused even with overwrite_output_dir (the save would fail on it mid-run); next to complete checkpoints,
+    the newest *complete* one is offered."""
+    from trl_trapo.checkpoint import CheckpointError, verify_checkpoint
+    from trl_trapo.saving import check_earlier_checkpoints
+
+    out = tmp_path / "run"
+    (out / "checkpoint-1").mkdir(parents=True)
+    trainer = tiny_trainer(out, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1)
+    said = api_error(lambda: trainer.train(resume_from_checkpoint=True), "holds no complete checkpoint",
+                     "checkpoint-1' is an empty folder: a save stopped before writing anything",
+                     "Fix: pass a checkpoint path, or start without resuming.", error=CheckpointError)  # fmt: skip
+    assert "not written by TRAPOTrainer" not in said and "after deleting" not in said
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.saving"):
+        trainer.train()  # the fix it names works: nothing was there to lose
+    assert trainer.state.global_step == 2 and "checkpoint-1 (an empty folder" in caplog.text
+    from trl_trapo.checkpoint import incomplete_reason, newest_complete_checkpoint  # noqa: E402 (after the old text)
+
+    assert incomplete_reason(str(out / "checkpoint-1")) is None  # written over with a complete one
+
+    (out / "checkpoint-3").mkdir()  # next to complete ones: the newest complete one is named, the empty one listed
+    args = TRAPOConfig(output_dir=str(out), max_steps=4, report_to="none")
+    said = api_error(lambda: check_earlier_checkpoints(args, None, cli=True),
+                     "finished run (checkpoint-1, checkpoint-2; incomplete, not resumable: checkpoint-3 (an empty "
+                     "folder: a save stopped before writing anything); checkpoint-2 is at step 2, its max_steps)",
+                     f"(--resume_from_checkpoint {out / 'checkpoint-2'})")  # fmt: skip
+
+    other = tmp_path / "partial"  # partly written only: nothing to resume; deleting is offered, resuming is not
+    (other / "checkpoint-1").mkdir(parents=True)
+    (other / "checkpoint-2").mkdir()
+    (other / "checkpoint-2" / "model.safetensors").write_bytes(b"weights")
+    args = TRAPOConfig(output_dir=str(other), max_steps=4, report_to="none")
+    said = api_error(lambda: check_earlier_checkpoints(args, None, cli=False),
+                     "holds incomplete checkpoints and no complete one (checkpoint-1: an empty folder: a save stopped "
+                     "before writing anything; checkpoint-2: no trainer_state.json: a save stopped part-way)",
+                     "checkpoint-2 holds model weights, perhaps their only copy",
+                     "Fix: delete them, choose another output_dir, or pass TRAPOConfig(overwrite_output_dir=True)")  # fmt: skip
+    assert "resum" not in said.split("Fix:")[1]
+    said = api_error(lambda: newest_complete_checkpoint(str(other), 1), "start without resuming after deleting or "
+                     "moving away checkpoint-2", error=CheckpointError)  # fmt: skip
+    assert "checkpoint-1," not in said  # the empty one is written over
+    assert "checkpoint-2' is incomplete: it has neither trainer_state.json nor a trapo/ folder" in said
+    assert "not written by TRAPOTrainer" not in said  # nor told to start from its (partial) weights
+    said = api_error(lambda: verify_checkpoint(str(other / "checkpoint-2"), 1), "is incomplete", error=CheckpointError)
+    assert "--model_name_or_path" not in said and "start without --resume_from_checkpoint" in said
+    check_earlier_checkpoints(TRAPOConfig(output_dir=str(other), overwrite_output_dir=True, report_to="none"), None)
+
+    (other / "checkpoint-5").write_text("not a checkpoint")  # a file: the save would fail on it, overwrite or not
+    for overwrite in (False, True):
+        args = TRAPOConfig(output_dir=str(other), overwrite_output_dir=overwrite, report_to="none")
+        api_error(lambda args=args: check_earlier_checkpoints(args, True), "holds a file named checkpoint-5, where "
+                  "this run saves its checkpoint folders", f"Fix: move or delete {other / 'checkpoint-5'}")  # fmt: skip
+    unsaved = TRAPOConfig(output_dir=str(other), overwrite_output_dir=True, save_strategy="no", report_to="none")
+    check_earlier_checkpoints(unsaved, None)  # no checkpoint saved: the file is in nobody's way
+
+
+def test_what_an_epoch_of_a_mixed_run_is_is_said_once_at_construction(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog
+):
+    """Trial 11's N50: max_steps=-1, num_train_epochs=1 with pretraining, SFT and RL data planned 545 steps from the
+    RL prompts alone, and the 64 SFT rows were served ~20 times, without a word. A run planned from epochs with
+    several datasets now says once which dataset the epochs are measured on, the steps, and how many times each other
+    dataset is passed over; a run whose length max_steps sets, or with one dataset, says nothing."""
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        mixed = tiny_trainer(tmp_path / "mixed", tokenizer, suite, max_steps=-1, num_train_epochs=1)
+    notes = [r.getMessage() for r in caplog.records if "num_train_epochs=1 is measured on" in r.getMessage()]
+    assert len(notes) == 1, caplog.text
+    prompts, planned = len(suite.rl_train), mixed.args.max_steps
+    assert notes[0].startswith(
+        f"num_train_epochs=1 is measured on train_dataset ({prompts} prompts x 4 completions x num_ppo_epochs=4)"
+    )
+    assert f": {planned:,} optimizer steps." in notes[0] and "set max_steps" in notes[0]
+    passes = dict(re.findall(r"(sft_dataset|pretrain_dataset) \([\d,]+ rows\) ~([\d.]+) times", notes[0]))
+    assert set(passes) == {"sft_dataset", "pretrain_dataset"} and all(float(p) > 1 for p in passes.values())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        tiny_trainer(tmp_path / "fixed", tokenizer, suite, max_steps=4)  # the length is the user's
+        TRAPOTrainer(  # one dataset: an epoch is one pass over it
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=TRAPOConfig(output_dir=str(tmp_path / "rl"), max_steps=-1, num_train_epochs=1, report_to="none"),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+    assert "is measured on" not in caplog.text
+
+
+@pytest.mark.parametrize(("weights", "warned"), [([0.0], True), ([-1.0], False), ([0.0, 2.0], False)])
+def test_reward_weights_that_are_all_zero_are_warned_about(tmp_path, tokenizer, suite, caplog, weights, warned):
+    """Trial 11's N65: reward_weights=[0.0] (the only reward weighted 0) trained without a word, although every
+    completion then scores 0: RL rounds carry no signal and exploration takes every family for stuck. Said once at
+    construction, with the fixes; a negative weight (minimising a reward) or one zero among others is taken as given."""
+    funcs = [exact_match_reward, lambda completions, **kwargs: [0.0] * len(completions)][: len(weights)]
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=funcs,
+            args=TRAPOConfig(output_dir=str(tmp_path), max_steps=1, reward_weights=weights, report_to="none"),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "weighs every reward by 0" in r.getMessage()]
+    assert len(notes) == int(warned), caplog.text
+    if warned:
+        assert notes[0].startswith("TRAPOConfig.reward_weights=[0.0] weighs every reward by 0")
+        assert "give at least one reward a non-zero weight, or set rl_weight=0" in notes[0]
+
+
+def test_rewards_of_one_name_are_logged_apart(tmp_path, tokenizer, suite, caplog):
+    """Trial 11's N73: the same reward function listed twice (`[f, f]`, weights 1 and 0.5) logged one
+    `rewards/exact_match_reward/mean`: two rewards, one metric key, one series lost without a word. The repeat is now
+    `exact_match_reward_2` in the metrics and `reward_func_names`, said once at construction."""
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=[exact_match_reward, exact_match_reward],
+            args=TRAPOConfig(output_dir=str(tmp_path), max_steps=1, logging_steps=1, reward_weights=[1.0, 0.5],
+                             save_strategy="no", report_to="none", num_generations=4, per_device_train_batch_size=8,
+                             max_prompt_length=16, response_length=4, activation_checkpointing=False),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+        )  # fmt: skip
+    assert trainer.reward_func_names == ["exact_match_reward", "exact_match_reward_2"]
+    assert "logged apart as 1: 'exact_match_reward' as 'exact_match_reward_2'" in caplog.text
+    trainer.train()
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    assert {"rewards/exact_match_reward/mean", "rewards/exact_match_reward_2/mean"} <= logged, sorted(logged)
 
 
 def test_resuming_at_or_past_max_steps_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, capsys):

@@ -105,6 +105,7 @@ from .objectives import (
     objective_slots,
     planning_rows,
     setup_objective,
+    warn_epoch_passes,
 )
 from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
@@ -1103,7 +1104,8 @@ def build_rewards(
     """The run's [`~trl_trapo.rewards.RewardScorer`]: the reward functions and models (`reward_funcs`, then
     `reward_model`), weighted by `reward_weights`, then each environment's `get_reward` (weight 1, as TRL). Every id
     the run looks up or samples fits the policy's vocabulary, and every model reading the policy's ids embeds them:
-    refused now, not as "index out of range in self" at the first step. They log through `metrics`.
+    refused now, not as "index out of range in self" at the first step. They log through `metrics`. Weights that are
+    all 0 are warned about (nothing could be learnt from the rewards; trial 11's N65).
 
     Raises:
         ValueError: `reward_weights` of the wrong length; ids outside a model's vocabulary (`check_vocabularies`).
@@ -1136,6 +1138,15 @@ def build_rewards(
     if agent is not None and agent.rewards:  # each environment's `get_reward`, weight 1 (as TRL)
         funcs, reward_tokenizers = funcs + agent.rewards, reward_tokenizers + [None] * len(agent.rewards)
         reward_weights += [1.0] * len(agent.rewards)
+    if funcs and not any(reward_weights):  # TRL accepts it too, but nothing could be learnt from the rewards
+        logger.warning(
+            "%s.reward_weights=%r weighs every reward by 0: every completion's reward is 0, so RL rounds (the slow "
+            "part of a step) carry no signal (every group's advantages are 0, and exploration takes every task "
+            "family for stuck), and eval_reward is 0. Fix: give at least one reward a non-zero weight, or set "
+            "rl_weight=0 to train without RL (a negative weight, to minimise a reward, is taken as given).",
+            type(args).__name__,
+            args.reward_weights,
+        )
     return RewardScorer(
         funcs,
         reward_tokenizers,
@@ -1323,7 +1334,9 @@ def plan_run(
     average_shares = CurriculumSchedule(
         *curriculum_args, 1000, args.curriculum_decay_steps, active=active, mode="constant", names=names
     ).mixture(0)
-    planned_steps, tickets = plan_steps(args, average_shares, planning_rows(args, data, names, has_critic))
+    primary = planning_rows(args, data, names, has_critic)
+    planned_steps, tickets = plan_steps(args, average_shares, primary)
+    warn_epoch_passes(args, data, names, average_shares, planned_steps, primary, has_critic)  # what an epoch is
     return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets)
 
 

@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 STATE_DIR = "trapo"
 ZSTD_MAGIC = b"TRAPOZST1"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+EMPTY_CHECKPOINT = "an empty folder: a save stopped before writing anything"  # see `incomplete_reason`
 # Files of the Trainer's checkpoint we also fingerprint, so a truncated one is named before resuming.
 TRAINER_FILES = (
     "trainer_state.json",
@@ -220,6 +221,20 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             f"resume_from_checkpoint={checkpoint_dir!r} is an output directory, not a checkpoint: pass one of its "
             "`checkpoint-N` folders, or resume_from_checkpoint=True with output_dir set to it."
         )
+    if not os.listdir(checkpoint_dir):  # not "not written by TRAPOTrainer ... pass it as the model": it has nothing
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} is an empty folder: a save stopped before writing anything "
+            f"(the run was killed, or the disk was full), so there is nothing to resume. "
+            + damaged_checkpoint_fix(checkpoint_dir)
+        )
+    if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)) and not os.path.isfile(
+        os.path.join(checkpoint_dir, "trainer_state.json")
+    ):  # the Trainer writes trainer_state.json, then TRAPO its state: neither is a save killed part-way
+        raise CheckpointError(
+            f"resume_from_checkpoint={checkpoint_dir!r} is incomplete: it has neither trainer_state.json nor a "
+            f"{STATE_DIR}/ folder (a save stopped part-way, or it is not a checkpoint). "
+            + damaged_checkpoint_fix(checkpoint_dir)
+        )
     if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)):
         raise CheckpointError(
             f"resume_from_checkpoint={checkpoint_dir!r} has no {STATE_DIR}/ folder: it was not written by "
@@ -301,7 +316,9 @@ def damaged_checkpoint_fix(checkpoint_dir: str, name: str | None = None) -> str:
         earlier = sorted(
             (int(m.group(1)), n)
             for n in os.listdir(parent)
-            if (m := CHECKPOINT_RE.match(n)) and int(m.group(1)) < step
+            if (m := CHECKPOINT_RE.match(n))
+            and int(m.group(1)) < step
+            and incomplete_reason(os.path.join(parent, n)) is None  # not one a save left half-written
         )
     resume = (
         f"resume from an earlier checkpoint (--resume_from_checkpoint {os.path.join(parent, earlier[-1][1])})"
@@ -805,6 +822,13 @@ def read_state_file(checkpoint_dir: str, name: str) -> dict | dict[str, torch.Te
     return decode_tensors(data, path)
 
 
+def checkpoint_entries(output_dir: str) -> list[tuple[int, str]]:
+    """`(step, name)` of every `checkpoint-N` entry of `output_dir` (folder or not), by step; [] if it is missing."""
+    if not os.path.isdir(output_dir):
+        return []
+    return sorted((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := CHECKPOINT_RE.match(name)))
+
+
 def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | None, list[str]]:
     """The highest-numbered `checkpoint-N` of `output_dir` that `verify_checkpoint` accepts, and why newer ones were not.
 
@@ -814,9 +838,8 @@ def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | No
     """
     if not os.path.isdir(output_dir):
         return None, []
-    candidates = sorted((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := CHECKPOINT_RE.match(name)))
     skipped = []
-    for _, name in reversed(candidates):
+    for _, name in reversed(checkpoint_entries(output_dir)):
         path = os.path.join(output_dir, name)
         try:
             verify_checkpoint(path, world_size)
@@ -824,6 +847,61 @@ def last_complete_checkpoint(output_dir: str, world_size: int) -> tuple[str | No
         except CheckpointError as error:  # the fix is this function's own search: the cause only
             skipped.append(str(error).split(" " + FIX_PREFIX)[0])
     return None, skipped
+
+
+def incomplete_reason(path: str) -> str | None:
+    """Why the entry `path` (a `checkpoint-N` of an output_dir) is not a complete TRAPO checkpoint, told from the
+    names it holds, or None when it looks complete (`trainer_state.json` and `trapo/rank0.complete.json` are there).
+
+    Cheap: no file is read or hashed (unlike [`verify_checkpoint`], which a resume runs on the one it resumes), so it
+    can sort every entry of an output_dir before anything slow.
+
+    Returns:
+        `str` or None: one phrase, e.g. "a file, not a folder", "an empty folder: a save stopped before writing
+        anything", "no trainer_state.json: a save stopped part-way".
+    """
+    if not os.path.isdir(path):
+        return "a file, not a folder"
+    names = os.listdir(path)
+    if not names:
+        return EMPTY_CHECKPOINT
+    if "trainer_state.json" not in names:
+        return "no trainer_state.json: a save stopped part-way"
+    if STATE_DIR not in names:
+        return f"no {STATE_DIR}/ state: a save stopped part-way, or not written by TRAPOTrainer"
+    if not os.path.isfile(marker_path(path, 0)):
+        return f"no {os.path.relpath(marker_path(path, 0), path)}: a save stopped part-way"
+    return None
+
+
+def newest_complete_checkpoint(output_dir: str, world_size: int) -> str:
+    """The checkpoint `resume_from_checkpoint=True` resumes: the newest one of `output_dir` that
+    [`verify_checkpoint`] accepts; each newer one skipped is warned about with its reason.
+
+    Raises:
+        CheckpointError: when there is none, with the first reason and the fixes that work: a checkpoint path, or
+            starting without resuming (after deleting the partly written entries, which
+            [`~trl_trapo.saving.check_earlier_checkpoints`] refuses to write over, or with overwrite_output_dir).
+    """
+    path, skipped = last_complete_checkpoint(output_dir, world_size)
+    for reason in skipped:
+        logger.warning("Not resuming from an incomplete checkpoint: %s", reason)
+    if path is not None:
+        return path
+    names = [n for _, n in checkpoint_entries(output_dir)]
+    kept = [n for n in names if incomplete_reason(os.path.join(output_dir, n)) != EMPTY_CHECKPOINT]  # hold something
+    raise CheckpointError(
+        f"resume_from_checkpoint=True, but {output_dir} holds no complete checkpoint"
+        + (f" ({skipped[0]})" if skipped else "")
+        + f". {FIX_PREFIX}pass a checkpoint path, or start without resuming"
+        + (
+            f" after deleting or moving away {', '.join(kept)} (a partly written checkpoint is not written over "
+            "unless overwrite_output_dir=True)"
+            if kept
+            else ""
+        )
+        + "."
+    )
 
 
 def rng_tensors(generators: dict[str, torch.Generator]) -> dict[str, torch.Tensor]:
@@ -859,4 +937,6 @@ __all__ = [
     "read_rank_state",
     "read_state_file",
     "last_complete_checkpoint",
+    "incomplete_reason",
+    "newest_complete_checkpoint",
 ]

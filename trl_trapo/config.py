@@ -1205,7 +1205,10 @@ class TRAPOConfig(_BaseConfig):
     # ------------------------------------------------------------------------------------------------------------
     reward_weights: list[float] | None = field(
         default=None,
-        metadata={"help": "Weight of each reward function / reward model (in the order given). None: all 1."},
+        metadata={
+            "help": "Weight of each reward function / reward model (in the order given). None: all 1. All 0 is "
+            "warned about (every completion would score 0: RL has no signal)."
+        },
     )
     scale_rewards: Literal["group", "batch", "none"] = field(
         default="group",

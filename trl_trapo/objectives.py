@@ -1140,6 +1140,71 @@ def planning_rows(args: Any, data: Any, names: tuple[str, ...], has_critic: bool
     return None
 
 
+def warn_epoch_passes(
+    args: Any,
+    data: Any,
+    names: tuple[str, ...],
+    shares: Sequence[float],
+    planned_steps: int,
+    primary: tuple[int, int | float] | None,
+    has_critic: bool,
+) -> str | None:
+    """Say once, at construction, what `num_train_epochs` means in a run planned from it with several datasets.
+
+    The run's length follows one dataset ([`planning_rows`]: RL prompts, else SFT rows, ...); the others are served at
+    their curriculum shares for as many steps, so they are passed over more or fewer times than `num_train_epochs`.
+    Nothing is said when `max_steps` or `total_episodes` sets the length, or when one built-in objective's dataset
+    has a length.
+
+    Args:
+        args ([`TRAPOConfig`]): `num_train_epochs`, `max_steps`, `total_episodes`, the batch settings.
+        data ([`~trl_trapo.data.PreparedData`]): the prepared datasets.
+        names (`tuple[str, ...]`): the run's objective names, as `shares` is ordered.
+        shares (`Sequence[float]`): the curriculum's time-averaged shares (what [`plan_steps`] planned with).
+        planned_steps (`int`): optimizer steps of the run.
+        primary: `(objective index, rows of the whole run)` that sized the run ([`planning_rows`]).
+        has_critic (`bool`): a value model (an RL prompt gives 1 completion, not `num_generations`).
+
+    Returns:
+        The warning's text, or None.
+    """
+    if args.max_steps > 0 or args.total_episodes is not None or primary is None:
+        return None
+    rows_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
+    epochs = args.num_train_epochs
+    index = primary[0]
+    passes = []
+    for cls in PLANNING_ORDER:
+        dataset = getattr(data, cls.DATA_FIELD)
+        if cls.NAME not in names or dataset is None or cls.NAME == names[index]:
+            continue
+        whole = cls.run_rows(args, dataset, has_critic)  # num_train_epochs passes
+        share = shares[names.index(cls.NAME)]
+        if not whole or share <= 0:  # streaming (no length), or no share
+            continue
+        served = planned_steps * rows_per_step * share
+        passes.append(f"{cls.ARGUMENT} ({len(dataset):,} rows) ~{served * epochs / whole:.1f} times")
+    if not passes:
+        return None
+    sizing = next(cls for cls in PLANNING_ORDER if cls.NAME == names[index])
+    dataset = getattr(data, sizing.DATA_FIELD)
+    unit = (
+        f"{len(dataset):,} prompts x {1 if has_critic else args.num_generations} completions x num_ppo_epochs="
+        f"{args.num_ppo_epochs}"
+        if sizing is RLObjective
+        else f"{len(dataset):,} rows"
+    )
+    message = (
+        f"num_train_epochs={epochs:g} is measured on {sizing.ARGUMENT} ({unit}) at its mean share of each step's "
+        f"{rows_per_step} rows ({shares[index]:.2f}): {planned_steps:,} optimizer steps. The other datasets are served "
+        f"at their shares for as many steps, so they are passed over a different number of times: "
+        + "; ".join(passes)
+        + ". To fix the length yourself, set max_steps."
+    )
+    logger.warning(message)
+    return message
+
+
 def checkpointed_objective_states(state: dict) -> dict[str, dict]:
     """The objectives' states of a checkpoint's `trapo/rank{r}.json`, keyed by name; a checkpoint written before
     objectives were named kept only the pretraining stream's, under its own key."""

@@ -161,6 +161,37 @@ def reward_function_name(func: Callable | nn.Module) -> str:
     return get_callable_name(func)
 
 
+def distinct_names(names: list[str]) -> list[str]:
+    """`names` with each repeat made distinct by a suffix (`f`, `f` -> `f`, `f_2`), so that every reward has its own
+    `rewards/<name>/...` metrics: two entries of one name logged into the same keys, one series lost without a word
+    (trial 11's N73; TRL's GRPOTrainer collides the same way). The first of a name keeps it (a single use logs as in
+    TRL). A repeat is warned about once, naming the keys.
+
+    Returns:
+        `list[str]`: as long as `names`, all different.
+    """
+    out: list[str] = []
+    for name in names:
+        unique, k = name, 1
+        while unique in out or (unique != name and unique in names):
+            k += 1
+            unique = f"{name}_{k}"
+        out.append(unique)
+    renamed = [
+        f"{position}: {name!r} as {unique!r}"
+        for position, (name, unique) in enumerate(zip(names, out))
+        if name != unique
+    ]
+    if renamed:
+        logger.warning(
+            "Several rewards share a name, and each reward's metrics are keyed by its name (rewards/<name>/mean): "
+            "logged apart as %s (by position in reward_funcs, then reward_model). To choose the names, give each "
+            "function its own __name__ (e.g. `def exact_match_strict(...)`).",
+            "; ".join(renamed),
+        )
+    return out
+
+
 def reward_value(value: Any) -> float | None:
     """A reward as a float (NaN for None: "cannot score this completion"), or None when `value` is not a reward.
 
@@ -418,7 +449,7 @@ class RewardScorer:
         trainer_state: Callable[[], Any],
     ):
         self.funcs = list(funcs)
-        self.names = [reward_function_name(f) for f in self.funcs]
+        self.names = distinct_names([reward_function_name(f) for f in self.funcs])  # one metric key each
         self.processing_classes = list(processing_classes)
         self.weights = torch.tensor(list(weights), dtype=torch.float32)
         self.tokenizer = tokenizer

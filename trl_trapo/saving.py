@@ -8,8 +8,11 @@
   earlier run's checkpoints is refused unless this run resumes from one of them or `overwrite_output_dir=True`:
   a run from scratch would write its own `checkpoint-1`, `checkpoint-2` ... over them, destroying what a resume
   needs. A run whose newest checkpoint is at its `max_steps` (finished) is told the fixes that work for it: another
-  output_dir, `overwrite_output_dir`, or a larger `max_steps` to continue it. (transformers' `Trainer` writes over
-  them silently; transformers 5 has no `overwrite_output_dir`.)
+  output_dir, `overwrite_output_dir`, or a larger `max_steps` to continue it. Incomplete entries (a save killed
+  mid-way) are told apart and never offered for resuming: empty folders alone are written over, partly written ones
+  alone are refused with deleting them among the fixes, a file named `checkpoint-N` is refused even with
+  `overwrite_output_dir`. (transformers' `Trainer` writes over them silently; transformers 5 has no
+  `overwrite_output_dir`.)
 - [`check_disk_space`] (construction): `checkpoint_nbytes` estimates one checkpoint, and a disk that cannot hold it is
   refused (checkpoints on) or warned about (checkpoints off: only a final `save_model` would need the weights).
 - [`CheckpointGuard`] (every save): a `checkpoint-N` is complete once TRAPO's completion markers are written (see
@@ -35,7 +38,7 @@ from accelerate.utils import is_peft_model
 from huggingface_hub.errors import HfHubHTTPError
 from torch import nn
 
-from .checkpoint import CHECKPOINT_RE
+from .checkpoint import ADAPTER_FILES, EMPTY_CHECKPOINT, FULL_FILES, checkpoint_entries, incomplete_reason
 
 
 logger = logging.getLogger(__name__)
@@ -159,7 +162,7 @@ def check_output_dir(args) -> None:
         raise ValueError(f"{name}={output_dir!r} cannot be written: {describe_os_error(output_dir, error)}.") from None
     if args.overwrite_output_dir:
         return
-    checkpoints = checkpoint_names(output_dir)
+    checkpoints = [n for n in checkpoint_names(output_dir) if incomplete_reason(os.path.join(output_dir, n)) is None]
     latest = os.path.join(output_dir, checkpoints[-1]) if checkpoints else "<a checkpoint-N of it>"
     found = [f for f in FINISHED_RUN_FILES if os.path.isfile(os.path.join(output_dir, f))]
     if found:  # resuming here would replace the finished model too (its final save goes to output_dir)
@@ -181,10 +184,9 @@ def check_output_dir(args) -> None:
 
 
 def checkpoint_names(output_dir: str) -> list[str]:
-    """The `checkpoint-N` folders of `output_dir`, by step (complete or not); [] if it does not exist."""
-    if not os.path.isdir(output_dir):
-        return []
-    return sorted((n for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)), key=lambda n: int(n[11:]))
+    """The `checkpoint-N` entries of `output_dir`, by step (complete or not, folders or not); [] if it does not
+    exist."""
+    return [name for _, name in checkpoint_entries(output_dir)]
 
 
 def resumes_in(output_dir: str, resume_from_checkpoint: str | os.PathLike | bool | None) -> bool:
@@ -212,18 +214,26 @@ def checkpoint_steps(checkpoint_dir: str) -> tuple[int, int] | None:
 def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None, cli: bool | None = None) -> None:
     """Refuse to start a run whose checkpoints would replace an earlier run's, before anything is written.
 
-    A run into an `output_dir` that holds `checkpoint-N` folders must resume from one of them (`resume_from_checkpoint`
-    True, or a path inside `output_dir`) or be told to replace them (`overwrite_output_dir=True`): started from
-    scratch, or from another folder's checkpoint, it would write its own `checkpoint-N` over theirs, destroying what a
-    resume of the earlier run needs, and mixing two runs' checkpoints in one folder.
+    A run into an `output_dir` that holds complete `checkpoint-N` folders must resume from one of them
+    (`resume_from_checkpoint` True, or a path inside `output_dir`) or be told to replace them
+    (`overwrite_output_dir=True`): started from scratch, or from another folder's checkpoint, it would write its own
+    `checkpoint-N` over theirs, destroying what a resume of the earlier run needs, and mixing two runs' checkpoints in
+    one folder.
 
-    The newest checkpoint says which fixes work: one at its run's `max_steps` (its `trainer_state.json`: that run
-    finished), or at or past this run's `max_steps` (resuming it would train nothing, `check_checkpoint_step`), is
-    refused with another output_dir, `overwrite_output_dir`, or a larger `max_steps` to continue it; an unfinished
-    run's with resuming it, another output_dir or `overwrite_output_dir`.
+    The newest *complete* checkpoint says which fixes work: one at its run's `max_steps` (its `trainer_state.json`:
+    that run finished), or at or past this run's `max_steps` (resuming it would train nothing,
+    `check_checkpoint_step`), is refused with another output_dir, `overwrite_output_dir`, or a larger `max_steps` to
+    continue it; an unfinished run's with resuming it, another output_dir or `overwrite_output_dir`.
+
+    Incomplete entries ([`~trl_trapo.checkpoint.incomplete_reason`], a save killed mid-way) cannot be resumed, so
+    resuming is never offered for them: empty `checkpoint-N` folders alone are written over (a warning names them:
+    they hold nothing); partly written ones alone are refused, naming each and why, with deleting them, another
+    output_dir or `overwrite_output_dir` (one may hold the only copy of a model's weights); a *file* named
+    `checkpoint-N` is refused even with `overwrite_output_dir`, when the run saves checkpoints (its save would fail on
+    it mid-run).
 
     Args:
-        args ([`TRAPOConfig`]): reads `output_dir`, `overwrite_output_dir` and `max_steps`.
+        args ([`TRAPOConfig`]): reads `output_dir`, `overwrite_output_dir`, `save_strategy` and `max_steps`.
         resume_from_checkpoint: what the run resumes from (`train()`'s argument; the command line's
             `--resume_from_checkpoint`): None / False (from scratch), True, or a checkpoint path.
         cli: who reads the message: True, a command line's user (flags: `--overwrite_output_dir`); False, a Python
@@ -231,22 +241,69 @@ def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None, c
             known (both).
 
     Raises:
-        ValueError: naming `output_dir`, its checkpoints, whether their run finished, and the fixes that work.
+        ValueError: naming `output_dir`, its checkpoints, whether their run finished or which are incomplete and why,
+            and the fixes that work.
     """
     output_dir = args.output_dir
     checkpoints = checkpoint_names(output_dir)
-    if args.overwrite_output_dir or not checkpoints or resumes_in(output_dir, resume_from_checkpoint):
+    if not checkpoints:
         return
     config = type(args).__name__
 
     def spelt(flag: str, python: str) -> str:
         return flag if cli else python if cli is False else f"{flag} ({python})"
 
-    listed = ", ".join(checkpoints[-3:]) if len(checkpoints) <= 3 else f"{checkpoints[0]} ... {checkpoints[-1]}"
+    def listing(names: list[str]) -> str:
+        return ", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]}"
+
+    gaps = {name: incomplete_reason(os.path.join(output_dir, name)) for name in checkpoints}
+    files = [name for name in checkpoints if not os.path.isdir(os.path.join(output_dir, name))]
+    if files and str(getattr(args.save_strategy, "value", args.save_strategy)) != "no":
+        raise ValueError(
+            f"{config}.output_dir={output_dir!r} holds {'a file' if len(files) == 1 else 'files'} named "
+            f"{listing(files)}, where this run saves its checkpoint folders: its save would fail on it mid-run "
+            f"(overwrite_output_dir replaces checkpoints, not files). Fix: move or delete "
+            f"{os.path.join(output_dir, files[0]) if len(files) == 1 else 'them'}, or choose another output_dir."
+        )
+    if args.overwrite_output_dir or resumes_in(output_dir, resume_from_checkpoint):
+        return
+    complete = [name for name in checkpoints if gaps[name] is None]
+    partial = [name for name in checkpoints if gaps[name] is not None and name not in files]
     how = f"resumes from {resume_from_checkpoint}" if resume_from_checkpoint else "starts from scratch"
-    newest = os.path.join(output_dir, checkpoints[-1])
     other_dir = "choose another output_dir"
     overwrite = spelt("--overwrite_output_dir", f"{config}(overwrite_output_dir=True)")
+    if not complete:
+        held = [name for name in partial if gaps[name] != EMPTY_CHECKPOINT]
+        if not held:  # empty folders only: nothing a resume needs, nothing to lose (as transformers, write over them)
+            if partial:
+                logger.warning(
+                    "output_dir=%r holds %s (%s): nothing to resume from; this run's checkpoints are written over it.",
+                    output_dir,
+                    listing(partial),
+                    EMPTY_CHECKPOINT,
+                )
+            return
+        weights = [
+            name
+            for name in held
+            if any(os.path.exists(os.path.join(output_dir, name, f)) for f in (*FULL_FILES, *ADAPTER_FILES))
+        ]
+        raise ValueError(
+            f"{config}.output_dir={output_dir!r} holds incomplete checkpoints and no complete one ("
+            + "; ".join(f"{name}: {gaps[name]}" for name in partial[-3:])
+            + f"), so there is nothing to resume, and this run {how}: its own checkpoints would replace them"
+            + (
+                f" ({listing(weights)} holds model weights, perhaps their only copy: copy them out first if you need "
+                "them)"
+                if weights
+                else ""
+            )
+            + f". Fix: delete them, {other_dir}, or pass {overwrite} to replace them."
+        )
+    listed = listing(complete)
+    if partial:
+        listed += "; incomplete, not resumable: " + "; ".join(f"{name} ({gaps[name]})" for name in partial[-3:])
+    newest = os.path.join(output_dir, complete[-1])
     resume = spelt(f"--resume_from_checkpoint {newest}", "trainer.train(resume_from_checkpoint=True)")
     steps = checkpoint_steps(newest)
     step, its_max = steps if steps is not None else (None, 0)
@@ -259,9 +316,9 @@ def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None, c
             else f"raise max_steps above {step} to continue it ({resume})"
         )
         held = (
-            f"the checkpoints of a finished run ({listed}; {checkpoints[-1]} is at step {step}, its max_steps)"
+            f"the checkpoints of a finished run ({listed}; {complete[-1]} is at step {step}, its max_steps)"
             if ended
-            else f"checkpoints of an earlier run ({listed}; {checkpoints[-1]} is at step {step}, and this run's "
+            else f"checkpoints of an earlier run ({listed}; {complete[-1]} is at step {step}, and this run's "
             f"max_steps={args.max_steps}: resuming it would train nothing)"
         )
         raise ValueError(
@@ -271,7 +328,7 @@ def check_earlier_checkpoints(args, resume_from_checkpoint: str | bool | None, c
     raise ValueError(
         f"{config}.output_dir={output_dir!r} holds checkpoints of an unfinished run ({listed}) and this "
         f"run {how}: its own checkpoints would replace them, and the earlier run could no longer be resumed. Fix: "
-        f"continue that run ({resume}), {other_dir}, or pass {overwrite} to replace them."
+        f"continue that run from {complete[-1]} ({resume}), {other_dir}, or pass {overwrite} to replace them."
     )
 
 

@@ -70,6 +70,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,9 @@ if TYPE_CHECKING:  # annotations only: rollout.py imports this module
     from .exploration import TargetedExploration
     from .memory import MemoryPool
     from .rollout import RolloutEngine
+
+
+logger = logging.getLogger(__name__)
 
 
 def per_token(values: Any, field: str, index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -667,6 +671,72 @@ def check_rollout_func_signature(rollout_func: Callable) -> None:
             f"rollout_func={name}{signature} cannot be called as `rollout_func(prompts, trainer)` ({error}), as TRL's "
             "GRPOTrainer calls it: define it as `def rollout_func(prompts, trainer)` (docs/writing_a_rollout_source.md)."
         ) from None
+
+
+def warn_split_rounds(batch_size: int, accumulation: int, group: int, num_mini_batches: int) -> str | None:
+    """Warn once, at construction, when the default source's rounds do not fit whole optimizer steps.
+
+    A round of [`SyncRolloutSource`] is `ceil(rows * num_mini_batches / group)` prompts x `group` completions for a
+    step of `rows` RL rows; its advantages are computed over whole groups, then the replay buffer serves each step's
+    rows. When `rows * num_mini_batches` is not a multiple of `group`, the round holds more than its steps take: the
+    rest are trained at later steps, sampled by an older policy (the policy-ratio clip weighs them), and a step mixes
+    rounds, which TRL's `GRPOConfig` refuses ("generation_batch_size must be divisible by num_generations"). Called
+    for a run whose one objective is RL (its rows per step are then fixed: with other objectives a step's RL rows
+    follow the objectives' shares).
+
+    Args:
+        batch_size (`int`): `per_device_train_batch_size`.
+        accumulation (`int`): `gradient_accumulation_steps` (a step's rows on this rank: `batch_size * accumulation`).
+        group (`int`): completions per prompt, `num_generations` (1 with a critic: nothing to warn about).
+        num_mini_batches (`int`): optimizer steps a round feeds.
+
+    Returns:
+        The warning's text, or None when the rounds fit.
+    """
+    wanted = batch_size * accumulation * num_mini_batches
+    if group <= 1 or wanted % group == 0:
+        return None
+    prompts = math.ceil(wanted / group)
+    made = prompts * group
+    rows = f"per_device_train_batch_size={batch_size}" + (
+        f" x gradient_accumulation_steps={accumulation}" if accumulation > 1 else ""
+    )
+    steps = "an optimizer step takes" if num_mini_batches == 1 else f"num_mini_batches={num_mini_batches} steps take"
+    fits = next(
+        b for b in range(batch_size + 1, batch_size + group + 1) if b * accumulation * num_mini_batches % group == 0
+    )
+    divisor = math.gcd(wanted, group)
+    message = (
+        f"A generation round is {made} completions ({prompts} prompt{'s' if prompts > 1 else ''} x "
+        f"num_generations={group}), but {steps} {wanted} RL rows ({rows}"
+        + (f" x num_mini_batches={num_mini_batches}" if num_mini_batches > 1 else "")
+        + f"): the other {made - wanted} of each round are trained at later steps, sampled by an older policy "
+        "(advantages are computed over whole groups first; the policy-ratio clip weighs the older samples). TRL's GRPO refuses this (generation_batch_size must be divisible by num_generations). For whole "
+        f"rounds per step, make the RL rows per step a multiple of num_generations: e.g. "
+        f"per_device_train_batch_size={fits}" + (f", or num_generations={divisor}" if divisor > 1 else "") + "."
+    )
+    logger.warning(message)
+    return message
+
+
+def note_rounds_follow_shares(group: int, num_mini_batches: int) -> str | None:
+    """Say once (info), at construction of a run with RL and other objectives, how generation rounds map to steps:
+    a step's RL rows follow the objectives' shares, so a round (that step's RL rows x `num_mini_batches`, rounded up
+    to whole groups) seldom ends at a step whatever the batch size ([`warn_split_rounds`] covers RL-only runs).
+
+    Returns:
+        The text logged, or None (`group` 1: rounds are exactly the rows asked for).
+    """
+    if group <= 1:
+        return None
+    message = (
+        f"Generation rounds: each is an optimizer step's RL rows x num_mini_batches={num_mini_batches}, rounded up to "
+        f"whole groups of num_generations={group}. A step's RL rows follow the objectives' shares (curriculum/* in the "
+        "logs), so rounds seldom end at a step: the completions over are trained at later steps, sampled by an older "
+        "policy (advantages are computed over whole groups first; the policy-ratio clip weighs them)."
+    )
+    logger.info(message)
+    return message
 
 
 class SyncRolloutSource(RolloutSource):

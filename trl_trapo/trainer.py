@@ -56,10 +56,10 @@ from trl.trainer.base_trainer import _BaseTrainer
 from . import direct_calls
 from .arguments import refuse_foreign_arguments
 from .checkpoint import (
-    CheckpointError,
     check_checkpoint_fits,
     check_checkpoint_step,
     last_complete_checkpoint,
+    newest_complete_checkpoint,
     verify_checkpoint,
     warn_settings_restored,
 )
@@ -779,17 +779,8 @@ class TRAPOTrainer(_BaseTrainer):
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint, cli=False)
         world = self.accelerator.num_processes
-        if resume_from_checkpoint is True:
-            path, skipped = last_complete_checkpoint(self.args.output_dir, world)
-            for reason in skipped:
-                logger.warning("Not resuming from an incomplete checkpoint: %s", reason)
-            if path is None:
-                raise CheckpointError(
-                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint"
-                    + (f" ({skipped[0]})" if skipped else "")
-                    + ". Pass a path, or start without resuming."
-                )
-            resume_from_checkpoint = path
+        if resume_from_checkpoint is True:  # the newest complete one (newer incomplete ones are warned about)
+            resume_from_checkpoint = newest_complete_checkpoint(self.args.output_dir, world)
         self.run_metrics.start()
         if resume_from_checkpoint:
             if os.path.abspath(resume_from_checkpoint) != self._verified_checkpoint:  # verified at construction

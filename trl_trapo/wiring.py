@@ -65,6 +65,7 @@ from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
 from .run_state import RunState
 from .saving import CheckpointGuard, check_disk_space, checkpoint_nbytes
 from .setup_checks import check_optimizer_covers
+from .sources import note_rounds_follow_shares, warn_split_rounds
 from .steps import StepBuilder
 from .vision import model_context
 
@@ -366,6 +367,15 @@ def assemble_rollouts(
         task_families=run.task_families,
         on_episode=lambda episode: setattr(link.state(), "episode", episode),  # current even between logs
     )
+    # a built-in source (the default, tools, TRL's rollout_func: rounds of whole groups) in a run whose one objective
+    # is RL (fixed RL rows per step): a round that does not fit whole steps is said
+    active = [name for name, on in zip(run.plan.slots.names, run.plan.active) if on]
+    group = 1 if models.has_critic and rollout_func is None else args.num_generations
+    if rollout_source is None and active == ["rl"]:
+        batch, accumulation = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        warn_split_rounds(batch, accumulation, group, args.num_mini_batches)
+    elif rollout_source is None and "rl" in active:  # a step's RL rows follow the shares: said, not warned
+        note_rounds_follow_shares(group, args.num_mini_batches)
     frozen = (padding_id, ref_model, reference, teacher, counted_head)
     return RolloutParts(
         *frozen, generation_config, stops, engine, supply.source, supply.supply, supply_callbacks=supply.callbacks

@@ -560,6 +560,11 @@ EMPTY_MEANS_DEFAULT = {"reward_funcs": "the built-in reward (exact_match)"}
 line is refused as a name)."""
 
 
+NULL_MEANS_FALLBACK = {"output_dir": "transformers' fallback folder, ./trainer_output"}
+"""Recipe keys whose empty value (YAML null) the parser takes as given: the run then uses a fallback the job's
+documentation never names, without a word (trial 11's C20: an empty `output_dir:` wrote to ./trainer_output)."""
+
+
 ACCELERATE_CONFIG_KEYS = frozenset({"compute_environment", "distributed_type"})
 """Keys every accelerate config has (`accelerate config` writes both; accelerate refuses a file without
 `distributed_type`): a `--config_file` without them is no accelerate config, and a `--config` recipe with them is one."""
@@ -687,6 +692,12 @@ def read_config_file(
             raise ValueError(
                 f"--config={path!r}: {key}: [] names nothing, so the run would use {EMPTY_MEANS_DEFAULT[key]} without "
                 f"a word. Fix: list at least one (`{key}: [a]`), or leave the key out for {EMPTY_MEANS_DEFAULT[key]}."
+            )
+        if value is None and key in NULL_MEANS_FALLBACK:  # `str | None`: the type check takes it
+            raise ValueError(
+                f"--config={path!r}: {key}: is empty (YAML null), so the run would use {NULL_MEANS_FALLBACK[key]}, "
+                f"without a word. Fix: give a value (e.g. `{key}: runs/my-run`), or leave the key out for the job's "
+                "default (built-in mode: trapo-output)."
             )
         problem = config_value_problem(value, kinds.get(key))
         if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
