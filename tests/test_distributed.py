@@ -320,7 +320,7 @@ def test_the_jobs_refuse_a_launch_mismatch_before_they_build_data_or_models(job,
 
 
 ACCELERATOR_TYPE_SCRIPT = """
-import json, os, sys
+import importlib.machinery, importlib.util, json, os, sys
 from accelerate import Accelerator
 from trl_trapo import TRAPOConfig
 from trl_trapo.distributed import accelerator_distributed_type
@@ -330,7 +330,13 @@ for env, use_cpu in json.loads(sys.argv[1]):
     for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_CPU"):
         os.environ.pop(name, None)
     os.environ.update(env)
+    # as where mpi4py is installed: TRAPOConfig then leaves DeepSpeed in one process to DeepSpeed (without it, and
+    # without a launcher's environment, it refuses: the run would fail at DeepSpeed's MPI discovery)
+    find_spec, importlib.util.find_spec = importlib.util.find_spec, lambda name, *a: (
+        importlib.machinery.ModuleSpec(name, None) if name == "mpi4py" else find_spec(name, *a)
+    )
     config = TRAPOConfig(output_dir=sys.argv[2], report_to="none", use_cpu=use_cpu)  # resets accelerate's state
+    importlib.util.find_spec = find_spec
     predicted = accelerator_distributed_type(config.distributed_state)
     # what the Trainer builds (transformers' `Trainer.create_accelerator_and_postprocess`: no `cpu` argument)
     accelerator = Accelerator(mixed_precision=config.mixed_precision, deepspeed_plugin=config.deepspeed_plugin)

@@ -2141,7 +2141,8 @@ class TRAPOConfig(_BaseConfig):
         """
         value = self.deepspeed
         if value is None or value == "":
-            if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+            on_cpu = self.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1", "yes")
+            if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and not on_cpu:  # CPU: DeepSpeed off
                 self._check_deepspeed_launch(
                     "the environment variable ACCELERATE_USE_DEEPSPEED=true", environment=True
                 )
