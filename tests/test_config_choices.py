@@ -187,7 +187,8 @@ def test_a_leftover_accelerate_use_deepspeed_variable_is_named(tmp_path, monkeyp
     message = str(raised.value)
     for needle in ["ACCELERATE_USE_DEEPSPEED=true", "unset ACCELERATE_USE_DEEPSPEED", "mpi4py", "accelerate launch"]:
         assert needle in message, (needle, message)
-    TRAPOConfig(output_dir=str(tmp_path), use_cpu=True)  # on the CPU accelerate leaves DeepSpeed off: nothing to refuse
+    # on the CPU accelerate leaves DeepSpeed off: nothing to refuse
+    TRAPOConfig(output_dir=str(tmp_path), use_cpu=True)
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "false")
     TRAPOConfig(output_dir=str(tmp_path))  # off: nothing to refuse
 
