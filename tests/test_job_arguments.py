@@ -408,6 +408,23 @@ def test_the_mapping_form_of_curriculum_mixtures_is_taken_in_a_recipe(tmp_path):
     assert config.curriculum_mixtures == PHASES
 
 
+def test_curriculum_mixtures_as_one_triple_per_phase_is_taken(tmp_path):
+    """Trial 12's N13: `[(0.7, 0.2, 0.1), (0.3, 0.5, 0.2), (0.1, 0.3, 0.6)]` — "one (pretrain, sft, rl) triple per
+    phase", as the docs word it — was refused as "3 phases need 9 numbers"; it is taken as the flat form (a new list:
+    the user's is not altered). A recipe's and the command line's JSON list of lists too."""
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.jobs.main import parse_args
+
+    triples = [(0.7, 0.2, 0.1), (0.3, 0.5, 0.2), (0.1, 0.3, 0.6)]
+    flat = [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6]
+    assert TRAPOConfig(output_dir=str(tmp_path), curriculum_mixtures=triples).curriculum_mixtures == flat
+    assert triples == [(0.7, 0.2, 0.1), (0.3, 0.5, 0.2), (0.1, 0.3, 0.6)]
+    nested = json.dumps([list(t) for t in triples])
+    assert parse_args(["--curriculum_mixtures", nested, "--output_dir", "u"])[1].curriculum_mixtures == flat
+    with pytest.raises(ValueError, match=r"phase 1 \[0\.3, 0\.5, 0\.5\] must be finite, >= 0 and sum to 1"):
+        TRAPOConfig(output_dir=str(tmp_path), curriculum_mixtures=[(0.7, 0.2, 0.1), (0.3, 0.5, 0.5), (0, 0, 1)])
+
+
 def test_the_number_form_of_curriculum_mixtures_still_reads_numbers_and_says_both_forms(capsys):
     from trl_trapo.jobs.main import parse_args
 

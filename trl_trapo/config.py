@@ -1042,7 +1042,7 @@ class TRAPOConfig(_BaseConfig):
         default_factory=lambda: [0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6],
         metadata={
             "help": "Target (pretrain, sft, rl) mixture of each phase, flattened: 3 numbers per phase, each triple "
-            "summing to 1. Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). It may instead be one "
+            "summing to 1 (a list of triples, one per phase, is flattened to this form). Default 70/20/10 -> 30/50/20 -> 10/30/60 (the source document). It may instead be one "
             "mapping objective name -> share per phase, which is how the teacher's `distill` objective and objectives "
             "added with `TRAPOTrainer(objectives=...)` get a share: in Python `TRAPOConfig(curriculum_mixtures=[{...}, "
             "...])`, in a recipe a YAML list of mappings, on the command line a JSON list "
@@ -2650,6 +2650,10 @@ class TRAPOConfig(_BaseConfig):
             bad("curriculum_boundaries", boundaries, "use strictly increasing fractions in (0, 1), e.g. [0.2, 0.8].")
         mixtures = list(self.curriculum_mixtures)
         phases = len(boundaries) + 1
+        if mixtures and all(isinstance(m, (list, tuple)) and len(m) == 3 for m in mixtures):
+            # one (pretrain, sft, rl) triple per phase, as the docs word it (trial 12's N13): the flat form, a new list
+            mixtures = [x for triple in mixtures for x in triple]
+            self.curriculum_mixtures = mixtures
         if mixtures and all(isinstance(m, Mapping) for m in mixtures):  # one mapping objective -> share per phase
             if len(mixtures) != phases:
                 bad("curriculum_mixtures", mixtures, f"give one mapping per phase: {phases} phases need {phases}.")

@@ -467,9 +467,9 @@ MIXTURE_FORMS = (
 """The two forms `--curriculum_mixtures` takes on the command line, for its messages."""
 
 
-def mixture_item(text: str) -> float | dict:
-    """One value of `--curriculum_mixtures` on the command line: a number (the three-number form) or a JSON object
-    objective name -> share (one phase of the mapping form `TRAPOConfig.curriculum_mixtures` takes, as in Python);
+def mixture_item(text: str) -> float | dict | list:
+    """One value of `--curriculum_mixtures` on the command line: a number (the three-number form), a JSON list of three
+    numbers (one phase's triple: `TRAPOConfig` flattens a list of them) or a JSON object objective name -> share (one phase of the mapping form `TRAPOConfig.curriculum_mixtures` takes, as in Python);
     `normalize_argv` spells a JSON list of them as one value each. `TRAPOConfig` checks the shares.
 
     Raises:
@@ -487,6 +487,12 @@ def mixture_item(text: str) -> float | dict:
         problem = "a JSON value that is neither a number nor an object"
     if isinstance(value, dict):
         return value
+    if (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+    ):
+        return value  # one (pretrain, sft, rl) triple per phase (a JSON list of them): TRAPOConfig flattens it
     raise argparse.ArgumentTypeError(f"{text!r} is {problem}. Fix: {MIXTURE_FORMS}.")
 
 
