@@ -834,15 +834,14 @@ class ToolRunner:
         max_workers (`int`): sync tool calls running at once (calls beyond it wait for a free slot).
         timeout (`float`, *optional*): seconds a call may run before it is abandoned (`tool_timeout`); None: no limit
             (TRL's behaviour).
-        slow_after (`float`): seconds after which a call still running is warned about (SLOW_TOOL_CALL_SECONDS).
+        slow_after (`float`, *optional*): seconds after which a call still running is warned about; None: the module's
+            SLOW_TOOL_CALL_SECONDS (60), read when the runner is built.
     """
 
-    def __init__(
-        self, max_workers: int = 16, timeout: float | None = None, slow_after: float = SLOW_TOOL_CALL_SECONDS
-    ):
+    def __init__(self, max_workers: int = 16, timeout: float | None = None, slow_after: float | None = None):
         self.max_workers = max_workers
         self.timeout = timeout
-        self.slow_after = slow_after
+        self.slow_after = SLOW_TOOL_CALL_SECONDS if slow_after is None else slow_after
         self.slots: asyncio.Semaphore | None = None  # made with the loop (a semaphore binds to one loop)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
@@ -1505,6 +1504,7 @@ __all__ = [
     "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",
+    "ToolTimeout",
     "check_agent_arguments",
     "chatml_tool_chat_template",
     "check_chat_template",
