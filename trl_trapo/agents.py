@@ -68,7 +68,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -777,6 +776,19 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
 # ---------------------------------------------------------------------------------------------------------------------
 
 MAX_ARGUMENTS_CHARS = 500  # of a failed call's arguments in its warning
+SLOW_TOOL_CALL_SECONDS = 60.0  # a call running longer is warned about, once per call, naming the tool and arguments
+
+
+class ToolTimeout(TimeoutError):
+    """A tool call that did not return within `tool_timeout` seconds and was abandoned (its error result's message)."""
+
+
+def short_arguments(arguments: dict) -> str:
+    """`repr(arguments)`, cut to MAX_ARGUMENTS_CHARS characters (the full length said) for a warning."""
+    text = repr(arguments)
+    if len(text) > MAX_ARGUMENTS_CHARS:
+        text = f"{text[:MAX_ARGUMENTS_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 @dataclass
@@ -801,8 +813,8 @@ class ToolRunner:
     """Runs a round's tool calls: each turn's calls **in the order written**, each finishing before the next starts
     (an environment's methods are stateful: `store(7)` then `fetch()` must fetch 7), and the turns of different
     rollouts concurrently. Each turn is one coroutine on one long-lived event loop owned by a background thread
-    (started at the first call, again after `close`): an async tool is awaited there, a sync one runs in a bounded
-    thread pool.
+    (started at the first call, again after `close`): an async tool is awaited there, a sync one runs in a daemon
+    thread of its own, at most `max_workers` of them at once.
 
     TRL 1.16's `GRPOTrainer` runs a turn's sync calls in order but gathers its async ones (`asyncio.gather`): two async
     calls of one turn run together there, one after the other here.
@@ -812,28 +824,35 @@ class ToolRunner:
     `tools/failure_frequency`. A call that cannot run (`ToolCall.tool` None: the model's error, not the tool's) is not
     warned about.
 
+    A call still running after `slow_after` seconds is warned about (once per call: the tool, its arguments, how long
+    it has run). With `timeout`, a call that has not returned after `timeout` seconds is abandoned and fails with a
+    timeout error result (a [`ToolTimeout`]): an async tool is cancelled (`asyncio.wait_for`); a sync tool cannot be
+    stopped from outside, so its thread is left to finish on its own (a daemon thread: it does not hold up the
+    process's exit) and no longer counts against `max_workers`; what it returns or does later is ignored.
+
     Args:
-        max_workers (`int`): threads for sync tools (calls beyond it wait for a free thread).
+        max_workers (`int`): sync tool calls running at once (calls beyond it wait for a free slot).
+        timeout (`float`, *optional*): seconds a call may run before it is abandoned (`tool_timeout`); None: no limit
+            (TRL's behaviour).
+        slow_after (`float`, *optional*): seconds after which a call still running is warned about; None: the module's
+            SLOW_TOOL_CALL_SECONDS (60), read when the runner is built.
     """
 
-    def __init__(self, max_workers: int = 16):
+    def __init__(self, max_workers: int = 16, timeout: float | None = None, slow_after: float | None = None):
         self.max_workers = max_workers
-        self.pool: ThreadPoolExecutor | None = None  # started at the first round, again after `close`
+        self.timeout = timeout
+        self.slow_after = SLOW_TOOL_CALL_SECONDS if slow_after is None else slow_after
+        self.slots: asyncio.Semaphore | None = None  # made with the loop (a semaphore binds to one loop)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.warned: set[str] = set()  # tools whose first failure was warned about
 
-    def thread_pool(self) -> ThreadPoolExecutor:
-        """The runner's thread pool for sync tools, started on first use (and after `close`: the trainer closes its
-        rollout source when `train()` ends, and a later `train()` or round must still run tools)."""
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="trl-trapo-tools")
-        return self.pool
-
     def event_loop(self) -> asyncio.AbstractEventLoop:
-        """The runner's event loop, started in a daemon thread on first use."""
+        """The runner's event loop, started in a daemon thread on first use (and after `close`: the trainer closes
+        its rollout source when `train()` ends, and a later `train()` or round must still run tools)."""
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
+            self.slots = asyncio.Semaphore(self.max_workers)
             self.thread = threading.Thread(target=self.loop.run_forever, name="trl-trapo-tools-loop", daemon=True)
             self.thread.start()
         return self.loop
@@ -847,13 +866,13 @@ class ToolRunner:
 
         Returns:
             `list[list[tuple[Any, bool]]]`: per turn, per call, `(result, failed)`: the tool's return value, or
-            `{"error": message}` with `failed=True` when the call could not run or the tool raised (its arguments
-            not fitting included). Never raises for a tool's error.
+            `{"error": message}` with `failed=True` when the call could not run, the tool raised (its arguments
+            not fitting included) or it ran past `timeout`. Never raises for a tool's error.
         """
         if not any(turns):
             return [[] for _ in turns]
-        pool, loop = self.thread_pool(), self.event_loop()
-        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls, pool), loop) for calls in turns]
+        loop = self.event_loop()
+        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls), loop) for calls in turns]
         outcomes = [future.result() for future in futures]
         # warned here, in the caller's thread and in call order: the first failure of each tool, deterministically
         for calls, turn_outcomes in zip(turns, outcomes):
@@ -863,48 +882,91 @@ class ToolRunner:
                     logger.warning(self.failure_message(tool_call, error), exc_info=error)
         return [[(result, failed) for result, failed, _ in turn_outcomes] for turn_outcomes in outcomes]
 
-    async def run_turn(
-        self, calls: Sequence[ToolCall], pool: ThreadPoolExecutor
-    ) -> list[tuple[Any, bool, Exception | None]]:
+    async def run_turn(self, calls: Sequence[ToolCall]) -> list[tuple[Any, bool, Exception | None]]:
         """One turn's calls, each awaited before the next starts: per call `(result, failed, exception)`, the
-        exception the tool raised (None when it returned, or when the call could not run)."""
+        exception the tool raised (a [`ToolTimeout`] for one abandoned; None when it returned, or when the call could
+        not run)."""
         loop = asyncio.get_running_loop()
         outcomes: list[tuple[Any, bool, Exception | None]] = []
         for tool_call in calls:
             if tool_call.tool is None:
                 outcomes.append(({"error": tool_call.error}, True, None))
                 continue
+            started = time.monotonic()
+            slow = loop.call_later(self.slow_after, self.warn_slow, tool_call, started)
             try:
                 if inspect.iscoroutinefunction(tool_call.tool):
-                    result = await tool_call.tool(**tool_call.arguments)
+                    result = await asyncio.wait_for(tool_call.tool(**tool_call.arguments), self.timeout)
                 else:
-                    result = await loop.run_in_executor(pool, functools.partial(tool_call.tool, **tool_call.arguments))
+                    async with self.slots:
+                        result = await asyncio.wait_for(self.call_in_thread(tool_call), self.timeout)
                 outcomes.append((result, False, None))
+            except asyncio.TimeoutError:  # the call ran past `timeout`: abandoned
+                error = ToolTimeout(f"timed out: no result within tool_timeout={self.timeout:g} s, abandoned")
+                outcomes.append(({"error": str(error)}, True, error))
             except Exception as error:  # the tool's error (or its arguments not fitting): an error result
                 outcomes.append(({"error": str(error)}, True, error))
+            finally:
+                slow.cancel()
         return outcomes
+
+    @staticmethod
+    def call_in_thread(tool_call: ToolCall) -> asyncio.Future:
+        """Run a sync tool call in a daemon thread of its own; the returned future (of the running loop) gets its
+        result or exception. Cancelling the future abandons the call: the thread runs on, its outcome ignored."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.done():  # abandoned (timed out)
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def target() -> None:
+            result, error = None, None
+            try:
+                result = tool_call.tool(**tool_call.arguments)
+            except Exception as raised:
+                error = raised
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the loop was closed meanwhile (`close` after an abandoned call): nobody waits
+                pass
+
+        threading.Thread(target=target, name=f"trl-trapo-tool-{tool_call.name}", daemon=True).start()
+        return future
+
+    def warn_slow(self, tool_call: ToolCall, started: float) -> None:
+        """Warn that a call is still running (once per call, from the event loop's thread)."""
+        limit = (
+            f"it is abandoned after tool_timeout={self.timeout:g} s"
+            if self.timeout is not None
+            else "set tool_timeout (seconds) in TRAPOConfig to abandon calls that run longer (TRL has no limit)"
+        )
+        logger.warning(
+            f"The tool `{tool_call.name}` has been running for {time.monotonic() - started:.0f} s, called with the "
+            f"arguments {short_arguments(tool_call.arguments)}; the round waits for it: {limit}."
+        )
 
     @staticmethod
     def failure_message(tool_call: ToolCall, error: BaseException) -> str:
         """The warning for a tool's first failure: its name, the exception and the call's arguments."""
-        arguments = repr(tool_call.arguments)
-        if len(arguments) > MAX_ARGUMENTS_CHARS:
-            arguments = f"{arguments[:MAX_ARGUMENTS_CHARS]}... ({len(arguments)} characters)"
+        arguments = short_arguments(tool_call.arguments)
+        what = str(error) if isinstance(error, ToolTimeout) else f"raised {type(error).__name__}: {error}"
         return (
-            f"The tool `{tool_call.name}` raised {type(error).__name__}: {error}, called with the arguments "
-            f"{arguments}. The model reads {{'error': {str(error)!r}}} as the result and the call counts in "
+            f"The tool `{tool_call.name}` {what}, called with the arguments {arguments}. The model reads {{'error': {str(error)!r}}} as the result and the call counts in "
             "tools/failure_frequency; only the first failure of each tool is shown."
         )
 
     def close(self) -> None:
-        """Stop the thread pool and the event loop (both start again at the next call)."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=False)
-            self.pool = None
+        """Stop the event loop (it starts again at the next call); abandoned sync calls' threads run on."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=5)
-            self.loop = self.thread = None
+            self.loop = self.thread = self.slots = None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -975,7 +1037,7 @@ class ToolRolloutSource(RolloutSource):
             unbounded, the budget still ends the rollout).
         log_metric (`Callable[[str, float], None]`): where the `tools/*` metrics go.
         template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
-        max_workers (`int`): threads for sync tools.
+        max_workers (`int`): sync tool calls running at once.
         sum_over_ranks (`Callable[[torch.Tensor], torch.Tensor]`, *optional*): sums a tensor over the data-parallel
             ranks (a collective; `trl_trapo.distributed.sum_over_ranks` bound to the trainer's accelerator). Given,
             the ranks generate in lockstep (`engine.sample(..., lockstep=True)`) and the `tools/*` metrics cover the
@@ -993,6 +1055,8 @@ class ToolRolloutSource(RolloutSource):
             reference and training forwards read them); a text row among image rows has none.
         exploration ([`~trl_trapo.exploration.TargetedExploration`], *optional*): per-row temperatures by task
             family (`exploration=True`): every turn of a rollout is sampled at its family's.
+        tool_timeout (`float`, *optional*): seconds a tool call may run before it is abandoned and fails
+            (`tool_timeout`; [`ToolRunner`]); None: no limit.
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
@@ -1021,6 +1085,7 @@ class ToolRolloutSource(RolloutSource):
         stop_token_ids: Sequence[int] | None = None,
         images: ImageRows | None = None,
         exploration: TargetedExploration | None = None,
+        tool_timeout: float | None = None,
     ):
         # a VLM run's image prompts are rendered (with their tools) by the processor, and so are the tool messages
         self.image_column = image_column(dataset.column_names, "train_dataset") if images is not None else None
@@ -1049,7 +1114,7 @@ class ToolRolloutSource(RolloutSource):
         self.generation_batch_size = generation_batch_size
         self.exploration = exploration
         self.template_kwargs = dict(template_kwargs or {})
-        self.runner = ToolRunner(max_workers)
+        self.runner = ToolRunner(max_workers, timeout=tool_timeout)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
         self.last_round_seconds: float | None = None
         self.stop_token_ids = set([tokenizer.eos_token_id] if stop_token_ids is None else stop_token_ids)
@@ -1439,6 +1504,7 @@ __all__ = [
     "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",
+    "ToolTimeout",
     "check_agent_arguments",
     "chatml_tool_chat_template",
     "check_chat_template",

@@ -604,6 +604,7 @@ def tool_source_spec(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, gr
             response_length=args.response_length,
             context=parts.context,
             max_iterations=args.max_tool_calling_iterations,
+            tool_timeout=args.tool_timeout,
             template_kwargs=args.chat_template_kwargs,
             generation_batch_size=args.local_rollout_forward_batch_size,
             stop_token_ids=parts.stops,  # a turn without one at its end was cut by the length limit

@@ -1178,6 +1178,17 @@ class TRAPOConfig(_BaseConfig):
             "tools would stall RL steps (the `response_length` budget alone allows one round per few tokens)."
         },
     )
+    tool_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "With `tools` or `environment_factory`: seconds one tool call may run. A call still running then "
+            "is abandoned and fails: the model reads a timeout error result, the call counts in "
+            "`tools/failure_frequency`, and the first failure of each tool is warned about, naming the timeout. An "
+            "async tool is cancelled; a sync tool's thread cannot be stopped and is left to finish on its own (its "
+            "result is ignored; it does not hold up the process's exit). None (the default, TRL's behaviour): no "
+            "limit. Either way a call running longer than 60 s is warned about, once per call."
+        },
+    )
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
@@ -2605,6 +2616,18 @@ class TRAPOConfig(_BaseConfig):
                 "max_tool_calling_iterations",
                 self.max_tool_calling_iterations,
                 "use an int >= 0 (rounds of tool calls per rollout; 0: tools shown, none run), or None for no bound.",
+            )
+        if self.tool_timeout is not None and not (
+            isinstance(self.tool_timeout, (int, float))
+            and not isinstance(self.tool_timeout, bool)
+            and math.isfinite(self.tool_timeout)
+            and self.tool_timeout > 0
+        ):
+            bad(
+                "tool_timeout",
+                self.tool_timeout,
+                "use a finite number of seconds > 0 (a tool call running longer is abandoned and fails), or None for "
+                "no limit (TRL's behaviour).",
             )
 
         for name in ("model_init_kwargs", "teacher_model_init_kwargs"):
