@@ -1160,7 +1160,7 @@ def warn_epoch_passes(
         args ([`TRAPOConfig`]): `num_train_epochs`, `max_steps`, `total_episodes`, the batch settings.
         data ([`~trl_trapo.data.PreparedData`]): the prepared datasets.
         names (`tuple[str, ...]`): the run's objective names, as `shares` is ordered.
-        shares (`Sequence[float]`): the curriculum's time-averaged shares (what [`plan_steps`] planned with).
+        shares (`Sequence[float]`): the curriculum's time-averaged shares (what [`~trl_trapo.collator.plan_steps`] planned with).
         planned_steps (`int`): optimizer steps of the run.
         primary: `(objective index, rows of the whole run)` that sized the run ([`planning_rows`]).
         has_critic (`bool`): a value model (an RL prompt gives 1 completion, not `num_generations`).
