@@ -329,3 +329,39 @@ def test_what_a_reward_function_logs_during_evaluation_never_reaches_a_training_
     assert all(log["eval_on_eval_prompts"] == 1.0 for log in evaluations)
     # the last evaluation ran after the last training log: nothing of it waits in the training accumulator
     assert not trainer.metrics.reward_metrics and not trainer.metrics.extra_columns
+
+
+def test_an_objectives_metrics_are_logged_as_floats_or_refused_by_name():
+    """Trial 12's N33: a custom objective whose `metrics()` returned `torch.tensor(n)` put a tensor into the log; the
+    first checkpoint's save then failed inside transformers ("Object of type Tensor is not JSON serializable") after
+    the model shards were written, naming neither the objective nor `metrics()`. One-element numbers are converted;
+    anything else is refused naming the objective and the key."""
+    import json
+
+    import numpy
+    import torch
+
+    from trl_trapo.metrics import objective_metrics
+
+    class Scripted:
+        name = "short"
+
+        def __init__(self, values):
+            self.values = values
+
+        def metrics(self):
+            return self.values
+
+    got = objective_metrics(Scripted({"short/served": torch.tensor(3), "short/a": numpy.float32(0.5), "short/b": 2}))
+    assert got == {"short/served": 3.0, "short/a": 0.5, "short/b": 2.0}
+    assert all(type(v) is float for v in got.values()) and json.dumps(got)
+    for bad, needle in [
+        (torch.ones(2), "metrics()['short/x'] is a Tensor of shape (2,)"),
+        ("many", "metrics()['short/x'] is a str"),
+        (None, "metrics()['short/x'] is a NoneType"),
+    ]:
+        with pytest.raises(TypeError) as raised:
+            objective_metrics(Scripted({"short/x": bad}))
+        assert "Objective 'short'" in str(raised.value) and needle in str(raised.value), str(raised.value)
+    with pytest.raises(TypeError, match=r"Objective 'short': metrics\(\) returned a list"):
+        objective_metrics(Scripted([1.0]))

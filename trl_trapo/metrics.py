@@ -53,6 +53,39 @@ from .distributed import reduce_named_means
 from .exploration import zero_variance_groups
 
 
+def objective_metrics(objective: Any) -> dict[str, float]:
+    """An objective's own metrics (`Objective.metrics()`) as the log takes them: each value a Python float. A number of
+    another type — a one-element tensor (`torch.tensor(n)`), a numpy scalar, an int — is converted with `float()`;
+    logged as it was, a tensor reached `trainer_state.json` and the first checkpoint's save failed inside transformers
+    with "Object of type Tensor is not JSON serializable", naming neither the objective nor `metrics()`, after the
+    model shards were written (trial 12's N33).
+
+    Raises:
+        TypeError: naming the objective, the key and the value's type, when `metrics()` does not return a mapping of
+            names to numbers (a tensor of several elements, a string, None).
+    """
+    name = getattr(objective, "name", type(objective).__name__)
+    given = objective.metrics()
+    if not isinstance(given, dict):
+        raise TypeError(
+            f"Objective {name!r}: metrics() returned a {type(given).__name__}; return a dict of metric name -> float."
+        )
+    out = {}
+    for key, value in given.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        elif hasattr(value, "item") and getattr(value, "size", None) == 1:  # a numpy scalar or one-element array
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            shape = f" of shape {tuple(value.shape)}" if hasattr(value, "shape") else ""
+            raise TypeError(
+                f"Objective {name!r}: metrics()[{key!r}] is a {type(value).__name__}{shape} ({str(value)[:80]}); each "
+                "value is logged and saved in trainer_state.json: return a float (e.g. `float(x)` / `x.item()`)."
+            )
+        out[key] = float(value)
+    return out
+
+
 class MetricsAccumulator:
     """Collects training metrics between two logs (see the module docstring).
 
@@ -390,7 +423,7 @@ class RunMetrics:
         out.update(self.schedules.metrics(self.step_builder.last_step))
         out.update(self.memory_pool.metrics())  # sft_pool/*, fewshot/*, adapter_bank/*
         for objective in self.objectives:  # each objective's own (none for the built-in three)
-            out.update(objective.metrics())
+            out.update(objective_metrics(objective))
         out.update(self.rl_supply.metrics(global_step))  # exploration/*, replay/*
         episode = self.rl_supply.episode
         out["episode"] = float(episode)
