@@ -132,3 +132,39 @@ def test_tool_timeout_is_validated(tmp_path, value):
 def test_tool_timeout_defaults_to_no_limit_and_takes_seconds(tmp_path):
     assert TRAPOConfig(output_dir=str(tmp_path)).tool_timeout is None
     assert TRAPOConfig(output_dir=str(tmp_path), tool_timeout=2.5).tool_timeout == 2.5
+
+
+def exits(code: int) -> str:
+    """A command-line helper wrapped as a tool.
+
+    Args:
+        code: The exit status.
+    """
+    import sys
+
+    sys.exit(code)
+
+
+async def async_exits(code: int) -> str:
+    """A command-line helper wrapped as an async tool.
+
+    Args:
+        code: The exit status.
+    """
+    import sys
+
+    sys.exit(code)
+
+
+@pytest.mark.parametrize("tool", [exits, async_exits], ids=["sync", "async"])
+def test_a_tool_that_calls_sys_exit_is_a_failed_call_not_a_hang(tool):
+    """Trial 12's N46: `sys.exit(1)` in a sync tool ended its thread without a word (threads swallow SystemExit) and
+    the round waited forever; SIGTERM could not stop the run. It is a failed call whose error names sys.exit."""
+    runner = ToolRunner(2, timeout=30.0)
+    started = time.monotonic()
+    outcomes = runner.run([[ToolCall(tool.__name__, {"code": 1}, tool), ToolCall("next", {}, lambda: 2)]])
+    runner.close()
+    assert time.monotonic() - started < 10  # not the timeout: the exit is seen at once
+    (result, failed), after = outcomes[0]
+    assert failed and "sys.exit(1)" in result["error"], result
+    assert after == (2, False)  # the turn goes on

@@ -783,6 +783,14 @@ class ToolTimeout(TimeoutError):
     """A tool call that did not return within `tool_timeout` seconds and was abandoned (its error result's message)."""
 
 
+def exit_error(raised: SystemExit) -> RuntimeError:
+    """A tool's `sys.exit(code)` (a command-line helper wrapped as a tool) as the error it is to the rollout: a
+    failed call whose error result the model reads, as for any exception (docs/agents.md). Left as `SystemExit`, it
+    ended the tool's thread without a word (or stopped the tools' event loop) and the round waited forever (trial 12's
+    N46); TRL, which calls sync tools in the trainer's thread, ends the run instead."""
+    return RuntimeError(f"the tool called sys.exit({raised.code!r}) (SystemExit); the call failed, the run goes on")
+
+
 def short_arguments(arguments: dict) -> str:
     """`repr(arguments)`, cut to MAX_ARGUMENTS_CHARS characters (the full length said) for a warning."""
     text = repr(arguments)
@@ -906,6 +914,9 @@ class ToolRunner:
                 outcomes.append(({"error": str(error)}, True, error))
             except Exception as error:  # the tool's error (or its arguments not fitting): an error result
                 outcomes.append(({"error": str(error)}, True, error))
+            except SystemExit as raised:  # an async tool's `sys.exit()`: it would stop the tools' event loop
+                error = exit_error(raised)
+                outcomes.append(({"error": str(error)}, True, error))
             finally:
                 slow.cancel()
         return outcomes
@@ -931,6 +942,8 @@ class ToolRunner:
                 result = tool_call.tool(**tool_call.arguments)
             except Exception as raised:
                 error = raised
+            except SystemExit as raised:  # a thread ends silently on SystemExit: the round would wait forever
+                error = exit_error(raised)
             try:
                 loop.call_soon_threadsafe(settle, result, error)
             except RuntimeError:  # the loop was closed meanwhile (`close` after an abandoned call): nobody waits
