@@ -783,6 +783,15 @@ class ToolTimeout(TimeoutError):
     """A tool call that did not return within `tool_timeout` seconds and was abandoned (its error result's message)."""
 
 
+async def without_exit(coroutine: Any) -> Any:
+    """Await an async tool's call with its `sys.exit()` turned into [`exit_error`] inside the task: a task re-raises
+    `SystemExit` out of the event loop, which stopped the tools' loop thread and left the round waiting forever."""
+    try:
+        return await coroutine
+    except SystemExit as raised:
+        raise exit_error(raised) from None
+
+
 def exit_error(raised: SystemExit) -> RuntimeError:
     """A tool's `sys.exit(code)` (a command-line helper wrapped as a tool) as the error it is to the rollout: a
     failed call whose error result the model reads, as for any exception (docs/agents.md). Left as `SystemExit`, it
@@ -904,7 +913,7 @@ class ToolRunner:
             slow = loop.call_later(self.slow_after, self.warn_slow, tool_call, started)
             try:
                 if inspect.iscoroutinefunction(tool_call.tool):
-                    result = await asyncio.wait_for(tool_call.tool(**tool_call.arguments), self.timeout)
+                    result = await asyncio.wait_for(without_exit(tool_call.tool(**tool_call.arguments)), self.timeout)
                 else:
                     async with self.slots:
                         result = await asyncio.wait_for(self.call_in_thread(tool_call), self.timeout)
@@ -913,9 +922,6 @@ class ToolRunner:
                 error = ToolTimeout(f"timed out: no result within tool_timeout={self.timeout:g} s, abandoned")
                 outcomes.append(({"error": str(error)}, True, error))
             except Exception as error:  # the tool's error (or its arguments not fitting): an error result
-                outcomes.append(({"error": str(error)}, True, error))
-            except SystemExit as raised:  # an async tool's `sys.exit()`: it would stop the tools' event loop
-                error = exit_error(raised)
                 outcomes.append(({"error": str(error)}, True, error))
             finally:
                 slow.cancel()
