@@ -229,3 +229,33 @@ def test_the_accepted_forms_of_those_settings_still_construct(tmp_path):
         accelerator_config={"split_batches": True, "gradient_accumulation_kwargs": {"sync_each_batch": True}},
     )
     TRAPOConfig(output_dir=str(tmp_path), report_to="none", torch_compile_mode="max-autotune", tf32=False)
+
+
+def test_max_staleness_says_what_none_stands_for(tmp_path):
+    """Trial 12's N10: `max_staleness=-1` was refused with "..., or None (4).", a bare number nobody could read. The
+    message now says what None resolves to (the producer's own default, by its value) and when."""
+    from trl_trapo.async_rollouts import DEFAULT_MAX_STALENESS
+
+    with pytest.raises(ValueError) as info:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", async_rollouts=True, max_staleness=-1)
+    message = str(info.value)
+    assert message.startswith("TRAPOConfig.max_staleness=-1 is invalid: use a number of optimizer steps >= 0"), message
+    assert f"or None: {DEFAULT_MAX_STALENESS} steps with async_rollouts=True" in message, message
+    assert "(TRL's AsyncGRPOConfig default)" in message and "(4)" not in message, message
+
+
+def test_no_config_message_ends_in_a_bare_parenthesised_number():
+    """N10's pattern anywhere in the config module: a fix that says "or None (4)" names a number without saying what
+    it is. Every string of trl_trapo/config.py is read (the messages are built from them)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    source = Path(config.__file__).read_text(encoding="utf-8")
+    bare = re.compile(r"\(\s*-?\d+(?:\.\d+)?\s*\)")
+    found = [
+        (node.lineno, node.value)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and bare.search(node.value)
+    ]
+    assert found == [], found

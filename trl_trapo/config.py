@@ -2851,7 +2851,14 @@ class TRAPOConfig(_BaseConfig):
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.max_staleness is not None and not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
-            bad("max_staleness", self.max_staleness, "use a number of optimizer steps >= 0, or None (4).")
+            from .async_rollouts import DEFAULT_MAX_STALENESS  # here: the message names the value None stands for
+
+            bad(
+                "max_staleness",
+                self.max_staleness,
+                f"use a number of optimizer steps >= 0 (0: strictly on-policy), or None: {DEFAULT_MAX_STALENESS} "
+                "steps with async_rollouts=True (TRL's AsyncGRPOConfig default), unused without them.",
+            )
         if not (isinstance(self.weight_sync_steps, int) and self.weight_sync_steps >= 1):
             bad("weight_sync_steps", self.weight_sync_steps, "use an integer >= 1 (optimizer steps).")
         if self.stale_rollouts not in ("drop", "downweight"):
@@ -2865,7 +2872,11 @@ class TRAPOConfig(_BaseConfig):
         if self.async_producer_threads is not None and not (
             isinstance(self.async_producer_threads, int) and self.async_producer_threads >= 1
         ):
-            bad("async_producer_threads", self.async_producer_threads, "use an integer >= 1, or None (its share).")
+            bad(
+                "async_producer_threads",
+                self.async_producer_threads,
+                "use an integer >= 1, or None (the producer's share of the cores, as `torch_threads` decides).",
+            )
         if self.torch_threads is not None and not (isinstance(self.torch_threads, int) and self.torch_threads >= 0):
             bad("torch_threads", self.torch_threads, "use None (TRAPO chooses), 0 (torch's default) or N >= 1.")
         if self.async_rollouts:
@@ -3137,7 +3148,11 @@ class TRAPOConfig(_BaseConfig):
         if not 0 <= self.sft_priority_beta <= 1:
             bad("sft_priority_beta", self.sft_priority_beta, "use a value in [0, 1] (paper: 0.4, annealed to 1).")
         if self.sft_pool_max_bytes is not None and self.sft_pool_max_bytes < 1:
-            bad("sft_pool_max_bytes", self.sft_pool_max_bytes, "use a positive number of bytes, or None (5% of free).")
+            bad(
+                "sft_pool_max_bytes",
+                self.sft_pool_max_bytes,
+                "use a positive number of bytes, or None (5% of the free space of output_dir's filesystem at start).",
+            )
         if self.adapter_snapshot_steps < 0:
             bad("adapter_snapshot_steps", self.adapter_snapshot_steps, "use a positive number of steps, or 0 (off).")
         if self.max_adapter_snapshots < 1:
