@@ -636,7 +636,9 @@ def read_config_file(
 
     Raises:
         ValueError: naming `--config`, if the file does not exist, is not valid YAML (with the line and column), does
-            not hold a YAML mapping, or has a key that is no argument (with the closest known names).
+            not hold a YAML mapping; for keys that are no argument (with the closest known names) or whose value the
+            argument cannot take: every such key in one message, one line and fix each (a file that is an accelerate
+            or DeepSpeed config: one message saying where it goes).
     """
     if not os.path.isfile(path):
         raise ValueError(f"--config={path!r}: no such file. Fix: give the path of a YAML recipe.")
@@ -666,51 +668,57 @@ def read_config_file(
         raise ValueError(f"--config={path!r}: the file must hold a YAML mapping (`key: value` lines).")
     known = set(known_fields(classes)) | {"env"}
     kinds = field_types(classes)
+    # an accelerate or DeepSpeed config: every key is unknown, and the one fix is to pass the file where it belongs
+    file_hint = accelerate_config_hint(path, config, program) or deepspeed_config_hint(path, config, program)
+    problems = []  # every key's problem, each with its fix: one run names them all (trial 12's C08)
     for key, value in config.items():
         if key == "config":  # `config: other.yaml` was "Did you mean --fsdp_config?"
-            raise ValueError(
-                f"--config={path!r}: config: {value!r}: recipes do not include other recipes. Fix: copy the other "
-                "recipe's keys into this one (the command line's own --config takes one recipe; flags after it "
-                "override its keys)."
+            problems.append(
+                f"config: {value!r}: recipes do not include other recipes. Fix: copy the other recipe's keys into "
+                "this one (the command line's own --config takes one recipe; flags after it override its keys)."
             )
-        if key not in known:
-            hint = (
-                accelerate_config_hint(path, config, program)
-                or deepspeed_config_hint(path, config, program)
-                or launcher_option_hint(str(key), value, program)
-                or did_you_mean(str(key), classes, program)
-            )
-            raise ValueError(
-                f"--config={path!r}: unknown key {key!r}: no argument has this name.{hint}"
+        elif key not in known:
+            if file_hint:
+                raise ValueError(f"--config={path!r}: unknown key {key!r}: no argument has this name.{file_hint}")
+            hint = launcher_option_hint(str(key), value, program) or did_you_mean(str(key), classes, program)
+            problems.append(
+                f"unknown key {key!r}: no argument has this name.{hint}"
                 + (
                     ""
                     if " Fix: " in hint
                     else f" Fix: correct or remove it (`{help_command(program, command)}` lists every argument)."
                 )
             )
-        if isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
+        elif isinstance(value, str) and is_text_list(kinds.get(key)) and key not in TEXT_FOR_LIST:
             # argparse keeps a YAML default as it is: the job would read the text one character at a time
-            raise ValueError(
-                f"--config={path!r}: {key}: {value!r} is text, but {key} is a list (YAML does not split text into "
-                f"one). Fix: write `{key}: [{value}]` (or `{key}: [a, b]` for several)."
+            problems.append(
+                f"{key}: {value!r} is text, but {key} is a list (YAML does not split text into one). Fix: write "
+                f"`{key}: [{value}]` (or `{key}: [a, b]` for several)."
             )
-        if value == [] and key in EMPTY_MEANS_DEFAULT:  # the default is empty too: the run would take the built-in
-            raise ValueError(
-                f"--config={path!r}: {key}: [] names nothing, so the run would use {EMPTY_MEANS_DEFAULT[key]} without "
-                f"a word. Fix: list at least one (`{key}: [a]`), or leave the key out for {EMPTY_MEANS_DEFAULT[key]}."
+        elif value == [] and key in EMPTY_MEANS_DEFAULT:  # the default is empty too: the run would take the built-in
+            problems.append(
+                f"{key}: [] names nothing, so the run would use {EMPTY_MEANS_DEFAULT[key]} without a word. Fix: list "
+                f"at least one (`{key}: [a]`), or leave the key out for {EMPTY_MEANS_DEFAULT[key]}."
             )
-        if value is None and key in NULL_MEANS_FALLBACK:  # `str | None`: the type check takes it
-            raise ValueError(
-                f"--config={path!r}: {key}: is empty (YAML null), so the run would use {NULL_MEANS_FALLBACK[key]}, "
-                f"without a word. Fix: give a value (e.g. `{key}: runs/my-run`), or leave the key out for the job's "
-                "default (built-in mode: trapo-output)."
+        elif value is None and key in NULL_MEANS_FALLBACK:  # `str | None`: the type check takes it
+            problems.append(
+                f"{key}: is empty (YAML null), so the run would use {NULL_MEANS_FALLBACK[key]}, without a word. Fix: "
+                f"give a value (e.g. `{key}: runs/my-run`), or leave the key out for the job's default (built-in "
+                "mode: trapo-output)."
             )
-        problem = config_value_problem(value, kinds.get(key))
-        if problem:  # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
-            raise ValueError(
-                f"--config={path!r}: {key}: {value!r} {problem}. Fix: write it as the command line would take it "
+        elif problem := config_value_problem(value, kinds.get(key)):
+            # the parser passes YAML values on unconverted: a list for a number failed deep in the trainer
+            problems.append(
+                f"{key}: {value!r} {problem}. Fix: write it as the command line would take it "
                 f"(`{help_command(program, command)}` shows the type of --{key})."
             )
+    if len(problems) == 1:
+        raise ValueError(f"--config={path!r}: {problems[0]}")
+    if problems:
+        raise ValueError(
+            f"--config={path!r}: {len(problems)} keys are refused, each with its fix:"
+            + "".join(f"\n- {problem}" for problem in problems)
+        )
     return config
 
 
@@ -878,27 +886,40 @@ def given_arguments(
         Argument name -> value, only for the names the user gave (defaults are not included); `env` excluded.
 
     Raises:
-        ValueError: for a bad `--config` (see `split_config`), or an unknown command-line argument, with the closest
-            known names (abbreviations are unknown arguments).
+        ValueError: for a bad `--config` (see `split_config`), or for unknown command-line arguments, with the
+            closest known names (abbreviations are unknown arguments): all of them in one message, a fix each.
     """
     config, rest = split_config(normalize_argv(list(argv), classes), classes, program, command)
     parser = (parser_factory or make_parser)()
     parser.set_defaults(**dict.fromkeys(known_fields(classes), NOT_GIVEN))  # non-string sentinel: argparse keeps it
     namespace, unknown = parser.parse_known_args([a for a in rest if a not in ("-h", "--help")])
-    for i, token in enumerate(unknown):
-        flag, eq, value = token.partition("=")
-        if flag.startswith("-"):
-            following = unknown[i + 1] if i + 1 < len(unknown) and not unknown[i + 1].startswith("-") else None
-            hint = did_you_mean(flag, classes, program, value if eq else following)
-            raise ValueError(
-                f"{flag}: unknown argument.{hint}"
-                + (
-                    ""
-                    if " Fix: " in hint
-                    else f" Fix: spell the argument in full (`{help_command(program, command)}` lists every argument)."
-                )
+    problems = []  # every unknown argument, each with its fix: one run names them all
+    i = 0
+    while i < len(unknown):
+        flag, eq, value = unknown[i].partition("=")
+        if not flag.startswith("-"):
+            problems.append(f"{unknown[i]!r}: a value without an argument name. Fix: put `--<name>` before it.")
+            i += 1
+            continue
+        values = []  # the tokens up to the next flag are this one's value(s), not arguments of their own
+        while not eq and i + 1 + len(values) < len(unknown) and not unknown[i + 1 + len(values)].startswith("-"):
+            values.append(unknown[i + 1 + len(values)])
+        hint = did_you_mean(flag, classes, program, value if eq else (values[0] if values else None))
+        problems.append(
+            f"{flag}: unknown argument.{hint}"
+            + (
+                ""
+                if " Fix: " in hint
+                else f" Fix: spell the argument in full (`{help_command(program, command)}` lists every argument)."
             )
-        raise ValueError(f"{token!r}: a value without an argument name. Fix: put `--<name>` before it.")
+        )
+        i += 1 + len(values)
+    if len(problems) == 1:
+        raise ValueError(problems[0])
+    if problems:
+        raise ValueError(
+            f"{len(problems)} arguments are refused, each with its fix:" + "".join(f"\n- {p}" for p in problems)
+        )
     given = {key: value for key, value in config.items() if key != "env"}
     given.update({key: value for key, value in vars(namespace).items() if value is not NOT_GIVEN})
     return given
