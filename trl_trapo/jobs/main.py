@@ -26,7 +26,8 @@ available ones); by default it uses the `test` split of a directory or Hub datas
 held-out RL evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
 
 **Arguments** are spelt in full: an abbreviation (`--learning_rat`), a misspelt flag or an unknown key in the
-`--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?").
+`--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?"); several are named
+together, in one message with a fix each (as are several bad keys of one recipe).
 
 Every error about an input is a `ValueError` that names the argument, the bad value and the fix, raised before any
 training (the trainer's own checks of the data and models name the flag too, not the trainer's Python argument:
