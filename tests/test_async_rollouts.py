@@ -252,6 +252,37 @@ def test_a_source_object_of_your_own_is_refused_and_an_unpicklable_rollout_func_
         TRAPOTrainer(build_tiny_model(tokenizer, seed=0), rollout_func=rollout_func, **common)
 
 
+def test_every_object_that_cannot_reach_the_producer_is_named_in_one_message(tmp_path, tokenizer, suite):
+    """Trial 12's N49: `async_rollouts=True` with a lambda reward and a local `rollout_func` refused the reward, and
+    after that fix the rollout_func: two runs to learn two problems. Now one message names both, each with its fix,
+    refused at construction as before; a picklable reward beside them is not named."""
+
+    def rollout_func(prompts, trainer):
+        raise AssertionError("never called")
+
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none", async_rollouts=True, max_steps=2)
+    with pytest.raises(ValueError) as info:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=[exact_match_reward, lambda completions, **kwargs: [0.0] * len(completions)],
+            args=args,
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            rollout_func=rollout_func,
+        )
+    message = str(info.value)
+    head, *items = message.split("\n- ")
+    assert head.startswith("async_rollouts=True runs the reward functions and the rollout_func in a producer "), (
+        message
+    )
+    assert "but 2 of them cannot reach it; fix each, or set async_rollouts=False:" in head, message
+    assert len(items) == 2, message
+    assert items[0].startswith("reward function '<lambda>' cannot be pickled (") and "Define it at module" in items[0]
+    assert items[1].startswith("rollout_func 'rollout_func' cannot be pickled (") and "Define it at module" in items[1]
+    assert "exact_match_reward" not in message
+    assert isinstance(info.value.__cause__, Exception)  # the first pickling error, for TRAPO_DEBUG=1
+
+
 def test_a_lora_run_sends_only_the_adapter(tokenizer):
     from peft import LoraConfig, get_peft_model
 

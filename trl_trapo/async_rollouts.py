@@ -131,42 +131,109 @@ def check_picklable(funcs: list, what: str = "reward function") -> None:
 
     Raises:
         ValueError: naming the object and the fix, if `pickle.dumps` fails on it (a lambda, a local function, an
-            object holding a lock or an open connection).
+            object holding a lock or an open connection); naming each, with its fix, when several cannot
+            ([`refuse_unpicklable`]).
     """
+    refuse_unpicklable([(what, funcs)])
+
+
+@dataclass
+class Unpicklable:
+    """Why one object cannot reach the producer ([`unpicklable`]): `problem` names it and says why (a sentence), `fix`
+    says what to do, `imported` whether the producer would import it by name (an object of `__main__`), `error` is
+    `pickle`'s exception (None when pickling worked but the producer could not look the object up)."""
+
+    what: str
+    problem: str
+    fix: str
+    imported: bool
+    error: BaseException | None = None
+
+
+def unpicklable(funcs: list, what: str = "reward function") -> list[Unpicklable]:
+    """The objects of `funcs` (one kind, `what`: "reward function", "tool", "environment factory", "rollout_func")
+    that cannot reach a producer process started with `spawn`, each with why and its fix; [] when all can. Modules
+    (reward models) are rebuilt from their weights, not pickled: never listed."""
     from .rewards import reward_function_name
 
-    whats = what[:-1] + "ies" if what.endswith("y") else what + "s"
+    found = []
     for func in funcs:
         if isinstance(func, nn.Module):
             continue
+        name = reward_function_name(func)
         try:
             data = pickle.dumps(func)
         except Exception as error:  # pickle raises PicklingError, AttributeError, TypeError ...
-            raise ValueError(
-                f"async_rollouts=True runs the {whats} in a producer process, but {what} "
-                f"{reward_function_name(func)!r} cannot be pickled ({type(error).__name__}: {error}). Define it at "
-                "module level (a `def` or an instance of a module-level class, importable by the producer), or set "
-                "async_rollouts=False."
-            ) from error
+            found.append(
+                Unpicklable(
+                    what,
+                    f"{what} {name!r} cannot be pickled ({type(error).__name__}: {error}).",
+                    "Define it at module level (a `def` or an instance of a module-level class, importable by the "
+                    "producer)",
+                    imported=False,
+                    error=error,
+                )
+            )
+            continue
         hidden = main_names_hidden_from_spawn(data) if main_importable_by_spawn() else []
         if hidden:
             # `spawn` runs the main script again as `__mp_main__`, without its `if __name__ == "__main__":` block
-            raise ValueError(
-                f"async_rollouts=True runs the {whats} in a producer process, which imports them by name, but {what} "
-                f"{reward_function_name(func)!r} is defined in the main script ({sys.modules['__main__'].__file__}) "
-                f'only under `if __name__ == "__main__":` or inside a function ({hidden[0]!r} is not defined at its '
-                "module level), where the producer cannot import it. Fix: define it at module level (or in a module "
-                "you import), or set async_rollouts=False."
+            found.append(
+                Unpicklable(
+                    what,
+                    f"{what} {name!r} is defined in the main script ({sys.modules['__main__'].__file__}) only under "
+                    f'`if __name__ == "__main__":` or inside a function ({hidden[0]!r} is not defined at its module '
+                    "level), where the producer cannot import it.",
+                    "Fix: define it at module level (or in a module you import)",
+                    imported=True,
+                )
             )
-        if not main_importable_by_spawn() and pickle_references_main(data):
+        elif not main_importable_by_spawn() and pickle_references_main(data):
             # pickled by reference to `__main__`, which a spawned process rebuilds only by running the main script:
             # there is none, so the producer would die looking it up (and blame a missing `__main__` guard)
-            raise ValueError(
-                f"async_rollouts=True runs the {whats} in a producer process, which imports them by name, but {what} "
-                f"{reward_function_name(func)!r} is defined in `__main__` of a session that has no script file "
-                "(`python -c`, a notebook, an interactive session), so that process cannot import it. Fix: define it "
-                "in a module (e.g. `my_rewards.py`, then `from my_rewards import ...`), or set async_rollouts=False."
+            found.append(
+                Unpicklable(
+                    what,
+                    f"{what} {name!r} is defined in `__main__` of a session that has no script file (`python -c`, a "
+                    "notebook, an interactive session), so that process cannot import it.",
+                    "Fix: define it in a module (e.g. `my_rewards.py`, then `from my_rewards import ...`)",
+                    imported=True,
+                )
             )
+    return found
+
+
+def refuse_unpicklable(groups: Sequence[tuple[str, list]]) -> None:
+    """Refuse, in one message, every object of `groups` (`(what, objects)` pairs: the reward functions, then the
+    source's parts, [`~trl_trapo.executor.SourceSpec.picklable_parts`]) that cannot reach the producer process: a run
+    with a lambda reward and a local `rollout_func` learns of both at once (trial 12's N49), not one per run.
+
+    Raises:
+        ValueError: for one such object, naming it, why and the fix; for several, one line and fix each. Chained
+            from the first one's pickling error, if it had one.
+    """
+    found = [problem for what, objects in groups for problem in unpicklable(list(objects), what)]
+    if not found:
+        return
+    first_error = next((problem.error for problem in found if problem.error is not None), None)
+
+    def plural(what: str) -> str:  # "the rollout_func": a run has one
+        return what if what == "rollout_func" else what[:-1] + "ies" if what.endswith("y") else what + "s"
+
+    if len(found) == 1:
+        (one,) = found
+        how = ", which imports them by name," if one.imported else ","
+        raise ValueError(
+            f"async_rollouts=True runs the {plural(one.what)} in a producer process{how} but {one.problem} {one.fix}, "
+            "or set async_rollouts=False."
+        ) from first_error
+    kinds = [f"the {kind}" for kind in dict.fromkeys(plural(problem.what) for problem in found)]
+    kinds_text = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + f" and {kinds[-1]}"
+    raise ValueError(
+        f"async_rollouts=True runs {kinds_text} in a producer process, which gets pickled copies of them (a "
+        f"function is imported there by name), but {len(found)} of them cannot reach it; fix each, or set "
+        "async_rollouts=False:" + "".join(f"\n- {problem.problem} {problem.fix}." for problem in found)
+    ) from first_error
 
 
 def main_importable_by_spawn() -> bool:
@@ -969,9 +1036,9 @@ class AsyncRolloutSource(RolloutSource):
             partitioned parameters (a collective), while each rank asks for rounds at its own steps.
 
     Raises:
-        ValueError: naming the object, if a reward function, a tool, an environment factory or the `rollout_func`
-            cannot be pickled (see [`check_picklable`]), or a source other than the default one is given with a vLLM
-            server.
+        ValueError: naming each object, if reward functions, tools, environment factories or the `rollout_func`
+            cannot be pickled (all of them in one message, see [`refuse_unpicklable`]), or a source other than the
+            default one is given with a vLLM server.
     """
 
     def __init__(
@@ -997,11 +1064,10 @@ class AsyncRolloutSource(RolloutSource):
         source: SourceSpec | None = None,
         weight_snapshots: bool = False,
     ):
-        check_picklable(list(scorer.funcs))
         if source is None:
             source = SourceSpec("default", group, num_mini_batches, float(args.temperature))
-        for what, objects in source.picklable_parts():
-            check_picklable(objects, what)
+        # every object that cannot reach the producer, named in one message
+        refuse_unpicklable([("reward function", list(scorer.funcs)), *source.picklable_parts()])
         if vllm is not None and source.kind != "default":
             raise ValueError(
                 f"async_rollouts=True with the vLLM server samples the default rollout source's rounds through the "
@@ -1569,6 +1635,7 @@ __all__ = [
     "check_picklable",
     "main_importable_by_spawn",
     "open_vllm_client",
+    "refuse_unpicklable",
     "round_seed",
     "sample_from_server",
     "trainable_state",
