@@ -86,6 +86,41 @@ def test_an_argument_of_the_wrong_type_is_one_message_before_anything_loads(
     assert raised.value.__cause__ is None  # raised by the check, not re-raised from a library's error
 
 
+def test_every_bad_entry_of_a_list_argument_is_named_in_one_message(tmp_path, tokenizer, tiny_config):
+    """Trial 12's N49 sibling: `reward_funcs=[42, f, "exact_match", 3.5]` was refused at `reward_funcs[0]`, then at
+    `[2]` once that was fixed, then at `[3]`. Now one message names each bad entry with its own fix (a good one is
+    not named); the same for `callbacks` and `reward_processing_classes`."""
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, reward_funcs=[42, exact_match_reward, "exact_match", 3.5])
+    head, *items = str(raised.value).split("\n- ")
+    assert head == "`reward_funcs` has 3 entries that cannot be used, each with its fix:", head
+    assert [item.split(" ")[0] for item in items] == [
+        "`reward_funcs[0]`",
+        "reward_funcs[2]='exact_match'",
+        "`reward_funcs[3]`",
+    ]
+    assert "int (42)" in items[0] and "`from trl_trapo.rewards import exact_match_reward`" in items[1]
+    assert "float (3.5)" in items[2]
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, callbacks=[42, Recorder, "x"])
+    head, *items = str(raised.value).split("\n- ")
+    assert head.startswith("`callbacks` has 2 entries") and [i.split(" ")[0] for i in items] == [
+        "`callbacks[0]`",
+        "`callbacks[2]`",
+    ], str(raised.value)
+    with pytest.raises(TypeError) as raised:
+        build(
+            tmp_path,
+            tokenizer,
+            tiny_config,
+            reward_funcs=[exact_match_reward] * 3,
+            reward_processing_classes=[1, None, 2],
+        )
+    assert "`reward_processing_classes[0]`" in str(raised.value) and "`reward_processing_classes[2]`" in str(
+        raised.value
+    )
+
+
 @pytest.mark.parametrize(
     ("argument", "kind"),
     [

@@ -15,6 +15,7 @@ fail at the first step or, worse, train on its first label. Arguments with check
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 from collections.abc import Callable
@@ -202,11 +203,38 @@ def _check_lora_numbers(value: Any) -> None:
         )
 
 
+def _check_entries(name: str, checks: list[Callable[[], None]]) -> None:
+    """Run the checks of the entries of the list argument `name`, each independent of the others, and refuse every
+    entry that fails in one message: `reward_funcs=[lambda, 42, "exact_match"]` was refused one entry per run.
+
+    Raises:
+        TypeError / ValueError: one entry's error as it is; for several, the first one's type with each entry's
+            message on a line of its own.
+    """
+    errors = []
+    for check in checks:
+        try:
+            check()
+        except (TypeError, ValueError) as error:
+            errors.append(error)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise type(errors[0])(
+            f"`{name}` has {len(errors)} entries that cannot be used, each with its fix:"
+            + "".join(f"\n- {error}" for error in errors)
+        )
+
+
 def _check_reward_funcs(value: Any) -> None:
     entries = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
-    for index, entry in entries:
-        name = "reward_funcs" if index is None else f"reward_funcs[{index}]"
-        _check_reward(name, entry)
+    _check_entries(
+        "reward_funcs",
+        [
+            functools.partial(_check_reward, "reward_funcs" if index is None else f"reward_funcs[{index}]", entry)
+            for index, entry in entries
+        ],
+    )
 
 
 def _check_reward(name: str, value: Any) -> None:
@@ -232,10 +260,19 @@ def _check_value_model(value: Any) -> None:
 
 def _check_reward_processing_classes(value: Any) -> None:
     entries = list(enumerate(value)) if isinstance(value, (list, tuple)) else [(None, value)]
-    for index, entry in entries:
-        if entry is not None and not _is_tokenizer(entry):
-            name = "reward_processing_classes" if index is None else f"reward_processing_classes[{index}]"
-            _refuse(name, entry, f"{TOKENIZER}, None, or a list of them (one per reward)")
+    _check_entries(
+        "reward_processing_classes",
+        [
+            functools.partial(
+                _refuse,
+                "reward_processing_classes" if index is None else f"reward_processing_classes[{index}]",
+                entry,
+                f"{TOKENIZER}, None, or a list of them (one per reward)",
+            )
+            for index, entry in entries
+            if entry is not None and not _is_tokenizer(entry)
+        ],
+    )
 
 
 def _check_callbacks(value: Any) -> None:
@@ -243,9 +280,16 @@ def _check_callbacks(value: Any) -> None:
     if not isinstance(value, (list, tuple)):
         fix = "Wrap it in a list: `callbacks=[...]`." if _is_callback(value) else ""
         _refuse("callbacks", value, expected, fix)
-    for index, entry in enumerate(value):
-        if not _is_callback(entry):
-            _refuse(f"callbacks[{index}]", entry, "a `transformers.TrainerCallback` instance or class")
+    _check_entries(
+        "callbacks",
+        [
+            functools.partial(
+                _refuse, f"callbacks[{index}]", entry, "a `transformers.TrainerCallback` instance or class"
+            )
+            for index, entry in enumerate(value)
+            if not _is_callback(entry)
+        ],
+    )
 
 
 def _is_callback(value: Any) -> bool:
@@ -323,7 +367,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
 
     Raises:
         TypeError: naming the argument (with the index of a bad list entry), the type and value given, what it must
-            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`.
+            be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`. Every
+            bad entry of a list (`reward_funcs`, `reward_processing_classes`, `callbacks`) is named in one message.
         TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
             model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
