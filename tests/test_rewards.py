@@ -408,6 +408,40 @@ def test_a_reward_failing_on_both_completion_forms_keeps_the_empty_completion_me
         scorer.preflight([{"prompt": "2+2="}])
 
 
+def test_every_reward_function_failing_the_construction_time_check_is_named_in_one_message():
+    """Trial 12's N49 sibling: with several reward functions that fail on the data (a typo in each, the form one
+    expects), the check named the first, then the next after each fix. Now one message names each with its error and
+    fix; a function that passes is not named, and the first one's exception is chained."""
+    from trl_trapo.rewards import RewardFunctionError, RewardScorer
+
+    def fixed(completions, **kwargs):
+        return [1.0]
+
+    def needs_solution(completions, solution, **kwargs):
+        return [0.0] * len(completions)
+
+    funcs = [always_fails, exact_match_reward, fixed, startswith_think]
+    scorer = RewardScorer(funcs, [None] * 4, [1.0] * 4, build_char_tokenizer(), 8, print, print, lambda: None)
+    rows = [{"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"}] * 2
+    with pytest.raises(RewardFunctionError) as caught:
+        scorer.preflight(rows, source="`train_dataset`")
+    head, *items = str(caught.value).split("\n- ")
+    assert head.startswith("In TRAPOTrainer's construction-time check (each reward function is called on the first 2")
+    assert head.endswith(", 3 reward functions failed, each with its error:"), head
+    assert [item.split(" failed. ")[0].split(" raised ")[0] for item in items] == [
+        "reward function 'always_fails'",
+        "reward function 'fixed'",
+        "reward function 'startswith_think'",
+    ], items
+    assert "returned 1 rewards for 2" in items[1] and "expects strings" in items[2], items
+    assert items[-1].endswith("A reward function must also accept an empty completion (return 0.0 or None for it).")
+    assert isinstance(caught.value.__cause__, IndexError)  # always_fails's own error
+    scorer = RewardScorer([needs_solution], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
+    with pytest.raises(RewardFunctionError) as caught:  # one function: the message as before
+        scorer.preflight(rows, source="`train_dataset`")
+    assert "\n" not in str(caught.value) and "reward function 'needs_solution' failed." in str(caught.value)
+
+
 @pytest.mark.parametrize("prompts", [None, "train_dataset", "eval_dataset"])
 def test_rewards_no_prompts_read_are_warned_about_once(tmp_path, tokenizer, suite, tiny_config, caplog, prompts):
     """`reward_funcs` with only an `sft_dataset` trained SFT and never scored anything, without a word (trial 9's

@@ -315,7 +315,8 @@ class RewardFunctionError(RuntimeError):
 def completion_form_message(name: str, source: str, conversational: bool, cause: BaseException) -> str:
     """The message for a reward function that fails on the completions' form (strings for text prompts, lists of
     messages for conversational ones) and succeeds on the other form: the prompts' form decides the completions' form,
-    as in TRL's `GRPOTrainer`."""
+    as in TRL's `GRPOTrainer`. It starts with `reward function '<name>' raised`; the construction-time check says
+    what called it ([`RewardScorer.preflight`])."""
     if conversational:
         given, wanted = "conversational (lists of messages), so completions are lists of messages", "strings"
         fix = (
@@ -332,9 +333,8 @@ def completion_form_message(name: str, source: str, conversational: bool, cause:
             "accuracy_reward and reasoning_accuracy_reward read only these), or a reward function that takes strings"
         )
     return (
-        f"In TRAPOTrainer's construction-time check (each reward function is called on rows of {source} with empty "
-        f"completions, before anything slow), reward function '{name}' raised {type(cause).__name__}: {cause}. The "
-        f"prompts of {source} are {given}; '{name}' expects {wanted} (it succeeds on those). Fix: {fix}."
+        f"reward function '{name}' raised {type(cause).__name__}: {cause}. The prompts of {source} are {given}; "
+        f"'{name}' expects {wanted} (it succeeds on those). Fix: {fix}."
     )
 
 
@@ -551,7 +551,8 @@ class RewardScorer:
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function, the same type, its message
                 prefixed with what this call is (the construction-time check, empty completions, the dataset), the
-                original exception chained.
+                original exception chained. When several functions fail, every one is named in one message (the
+                first one's type and exception).
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
@@ -567,6 +568,7 @@ class RewardScorer:
                 self.loop,
             )
 
+        failures = []  # (type, the function's part of the message, the exception to chain, a form message), each
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
@@ -584,29 +586,41 @@ class RewardScorer:
                     except (RewardFunctionError, ValueError):
                         pass  # fails either way: the generic message below
                     else:
-                        raise RewardFunctionError(
-                            completion_form_message(name, source, conversational, cause)
-                        ) from cause
-                columns = sorted(rows[0])
-                hint = ""
-                if train_columns is not None and set(columns) != set(train_columns):
-                    hint = (
-                        f" {source} has columns {columns}, the RL prompts (train_dataset) have {sorted(train_columns)}:"
-                        f" reward functions get the same keywords on both, so give {source} the reward columns, "
-                        "e.g. `.rename_column('solution', 'answer')`."
-                    )
-                if source == "`train_dataset`" and "completion" in columns:  # trial 11's N60: SFT data in the RL slot
-                    hint += (
-                        " Its 'completion' column is not passed to reward functions (TRL's GRPOTrainer skips it too);"
-                        " if these rows are SFT demonstrations (TRL's SFTTrainer takes them as its train_dataset), "
-                        "pass them as `sft_dataset=`: `train_dataset` is the RL prompts."
-                    )
-                raise type(error)(
-                    f"In TRAPOTrainer's construction-time check (each reward function is called on the first "
-                    f"{len(rows)} row(s) of {source} with empty completions, before anything slow), reward function "
-                    f"'{name}' failed. {error}{hint} A reward function must also accept an empty completion (return "
-                    "0.0 or None for it)."
-                ) from (error.__cause__ or error)
+                        text = completion_form_message(name, source, conversational, cause)
+                        failures.append((RewardFunctionError, text, cause, True))
+                        continue
+                failures.append((type(error), f"reward function '{name}' failed. {error}", cause or error, False))
+        if not failures:
+            return
+        columns = sorted(rows[0])
+        hint = ""
+        if train_columns is not None and set(columns) != set(train_columns):
+            hint = (
+                f" {source} has columns {columns}, the RL prompts (train_dataset) have {sorted(train_columns)}:"
+                f" reward functions get the same keywords on both, so give {source} the reward columns, "
+                "e.g. `.rename_column('solution', 'answer')`."
+            )
+        if source == "`train_dataset`" and "completion" in columns:  # trial 11's N60: SFT data in the RL slot
+            hint += (
+                " Its 'completion' column is not passed to reward functions (TRL's GRPOTrainer skips it too);"
+                " if these rows are SFT demonstrations (TRL's SFTTrainer takes them as its train_dataset), "
+                "pass them as `sft_dataset=`: `train_dataset` is the RL prompts."
+            )
+        empty = " A reward function must also accept an empty completion (return 0.0 or None for it)."
+        check = "In TRAPOTrainer's construction-time check (each reward function is called on"
+        rest = f"of {source} with empty completions, before anything slow)"
+        kind, text, cause, form = failures[0]
+        if len(failures) == 1:
+            if form:  # the completions' form: its own fix
+                raise kind(f"{check} rows {rest}, {text}") from cause
+            raise kind(f"{check} the first {len(rows)} row(s) {rest}, {text}{hint}{empty}") from cause
+        # every function that fails, in one message (trial 12's N49 sibling: one function was named per run)
+        items = "".join(f"\n- {text}" for _, text, _, _ in failures)
+        tail = "" if all(form for *_, form in failures) else "\n" + f"{hint}{empty}".strip()
+        raise kind(
+            f"{check} the first {len(rows)} row(s) {rest}, {len(failures)} reward functions failed, each with its "
+            f"error:{items}{tail}"
+        ) from cause
 
     def score(
         self,
