@@ -39,12 +39,14 @@ check_model_source`), a `--max_prompts`, `--eval_samples` or `--max_prompt_token
 train on, an unknown or abbreviated flag (`--total_episode`), a value the configuration refuses and an `--output_dir`
 (which the script deletes, as TRL's does) that holds a model, the data file, the current folder or the home folder stop
 it at once too, with one line naming the flag, before any model is loaded or `output_dir` deleted. A `--max_prompt_tokens` that keeps no
-prompt stops it with one line too, right after the length filter, naming the length that keeps one.
+prompt stops it with one line too, right after the length filter, naming the length that keeps one. Each of these
+lines is `ppo_trl112_style.py: error: ...` with exit status 2, as argparse's own errors (`--kl_estimator k4`) are.
 """
 
 import os
 import shutil
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 from accelerate import PartialState
@@ -91,6 +93,13 @@ class PPOScriptArguments(ScriptArguments):
     )
 
 
+def usage_error(parser: HfArgumentParser, message: str) -> NoReturn:
+    """Stop with one line, `<script>: error: <message>`, on stderr and exit status 2, as argparse does for a malformed
+    command line (`--kl_estimator k4`): a flag, path, data file or value this script refuses is the same kind of error,
+    said the same way (a shell or CI step tells it from a run that failed by its status)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def local_path_problem(path: str) -> str | None:
     """Why `path` (a model folder or Hub id) cannot be loaded, when that is clear without loading it: it does not
     exist here and cannot be a Hub id (a `./`, `/` or `~` path, or more than one `/`), or its parent folder exists
@@ -111,13 +120,14 @@ if __name__ == "__main__":
     except ValueError as error:  # an unknown flag, or a value a configuration refuses: one line, no traceback
         unknown = "not used by the HfArgumentParser" in str(error)
         fix = ". Fix: spell each flag in full (`--help` lists them)." if unknown else ""
-        raise SystemExit(f"{parser.prog}: error: {error}{fix}") from None
+        usage_error(parser, f"{error}{fix}")
     if model_args.model_name_or_path is None:  # say what to pass before anything is loaded or deleted
-        raise SystemExit(
-            f"{parser.prog}: error: no model given: pass --model_name_or_path (its tokenizer), --sft_model_path "
+        usage_error(
+            parser,
+            "no model given: pass --model_name_or_path (its tokenizer), --sft_model_path "
             "(policy and reference) and --reward_model_path (reward model and critic), local folders or Hub ids. "
             "Offline, on the built-in tiny model: `python scripts/save_tiny_model.py --output_dir models/tiny`, then "
-            "models/tiny for all three (the docstring has a full command)."
+            "models/tiny for all three (the docstring has a full command).",
         )
     # every path is checked before anything is loaded or deleted (a missing `models/x` would be tried as a Hub id)
     for flag, path in (
@@ -128,9 +138,10 @@ if __name__ == "__main__":
     ):
         problem = path is not None and local_path_problem(path)
         if problem:
-            raise SystemExit(
-                f"{parser.prog}: error: {flag}={path!r}: {problem}. Fix: give a model folder written by "
-                "`save_pretrained` (offline: `python scripts/save_tiny_model.py --output_dir models/tiny`) or a Hub id."
+            usage_error(
+                parser,
+                f"{flag}={path!r}: {problem}. Fix: give a model folder written by "
+                "`save_pretrained` (offline: `python scripts/save_tiny_model.py --output_dir models/tiny`) or a Hub id.",
             )
         if path is not None and not os.path.exists(os.path.expanduser(path)):
             # a Hub id (`nope_dir`, `owner/name`): asked once, or found in the cache, as trl-trapo's main job does
@@ -138,27 +149,29 @@ if __name__ == "__main__":
             try:
                 check_model_source(path, flag)
             except ValueError as error:
-                raise SystemExit(f"{parser.prog}: error: {error}") from None
+                usage_error(parser, str(error))
     if not os.path.isfile(script_args.dataset_name):
-        raise SystemExit(
-            f"{parser.prog}: error: --dataset_name={script_args.dataset_name!r}: no such file "
+        usage_error(
+            parser,
+            f"--dataset_name={script_args.dataset_name!r}: no such file "
             f"({os.path.abspath(script_args.dataset_name)}). Fix: give a local JSON / JSON Lines file of prompts, or "
-            "leave it unset for the GSM8K questions shipped next to this script."
+            "leave it unset for the GSM8K questions shipped next to this script.",
         )
     # the prompt column is checked before anything is loaded or deleted (it was datasets' KeyError after the models
     # had loaded), and its cells with the check trl-trapo's main job runs on its datasets
     dataset = load_dataset("json", data_files=script_args.dataset_name, split=script_args.dataset_train_split)
     if script_args.dataset_text_field not in dataset.column_names:
         guess = "prompt" if "prompt" in dataset.column_names else dataset.column_names[0]
-        raise SystemExit(
-            f"{parser.prog}: error: --dataset_text_field={script_args.dataset_text_field!r}: "
+        usage_error(
+            parser,
+            f"--dataset_text_field={script_args.dataset_text_field!r}: "
             f"{script_args.dataset_name!r} has no such column; its columns are {dataset.column_names}. Fix: name the "
-            f"column that holds the prompt text (e.g. `--dataset_text_field {guess}`), or rename it in the file."
+            f"column that holds the prompt text (e.g. `--dataset_text_field {guess}`), or rename it in the file.",
         )
     try:
         check_missing_values(dataset, "--dataset_name", [script_args.dataset_text_field])
     except ValueError as error:
-        raise SystemExit(f"{parser.prog}: error: {error}") from None
+        usage_error(parser, str(error))
     # the numbers that pick the prompts, checked before anything is loaded or deleted (each was datasets' IndexError
     # after the models had loaded): at least one prompt to train on and one held out for evaluation
     for flag, value, meaning in (
@@ -167,16 +180,15 @@ if __name__ == "__main__":
         ("--max_prompt_tokens", script_args.max_prompt_tokens, "the longest prompt kept, in tokens"),
     ):
         if value is not None and value < 1:
-            raise SystemExit(
-                f"{parser.prog}: error: {flag}={value}: must be >= 1 ({meaning}). Fix: pass a positive {flag}."
-            )
+            usage_error(parser, f"{flag}={value}: must be >= 1 ({meaning}). Fix: pass a positive {flag}.")
     rows = len(dataset) if script_args.max_prompts is None else min(script_args.max_prompts, len(dataset))
     if script_args.eval_samples >= rows:
-        raise SystemExit(
-            f"{parser.prog}: error: --eval_samples={script_args.eval_samples} holds out all {rows} prompts "
+        usage_error(
+            parser,
+            f"--eval_samples={script_args.eval_samples} holds out all {rows} prompts "
             f"(--max_prompts={script_args.max_prompts}, {len(dataset)} rows in {script_args.dataset_name!r}), "
             "leaving none to train on. Fix: make --eval_samples smaller than the number of prompts, or raise "
-            "--max_prompts."
+            "--max_prompts.",
         )
 
     ################
@@ -199,7 +211,7 @@ if __name__ == "__main__":
         sft_config = AutoConfig.from_pretrained(training_args.sft_model_path)
         check_model_loading(training_args.sft_model_path, sft_config, model_kwargs, "--sft_model_path", "model_kwargs")
     except ValueError as error:
-        raise SystemExit(f"{parser.prog}: error: {error}") from None
+        usage_error(parser, str(error))
     # `output_dir` is deleted next (as TRL's example does): refuse one that holds this run's inputs or the folder the
     # script runs in (`--output_dir models/tiny` deleted the model it was asked to train)
     output = os.path.realpath(os.path.expanduser(training_args.output_dir))
@@ -217,9 +229,10 @@ if __name__ == "__main__":
         held = os.path.realpath(os.path.expanduser(path))
         if os.path.commonpath([output, held]) == output:
             what = flag if flag.startswith("the ") or flag.startswith("your ") else f"{flag}={path!r}"
-            raise SystemExit(
-                f"{parser.prog}: error: --output_dir={training_args.output_dir!r} holds {what}, and this script "
-                "deletes --output_dir before it trains. Fix: give a new folder, e.g. --output_dir ppo-out."
+            usage_error(
+                parser,
+                f"--output_dir={training_args.output_dir!r} holds {what}, and this script "
+                "deletes --output_dir before it trains. Fix: give a new folder, e.g. --output_dir ppo-out.",
             )
     # remove output_dir if exists
     shutil.rmtree(training_args.output_dir, ignore_errors=True)
@@ -295,10 +308,11 @@ if __name__ == "__main__":
     for split, kept in (("train", train_dataset), ("eval", eval_dataset)):
         if len(kept) == 0:
             shortest = min(prepared[split]["lengths"])
-            raise SystemExit(
-                f"{parser.prog}: error: --max_prompt_tokens={script_args.max_prompt_tokens} keeps 0 of the "
+            usage_error(
+                parser,
+                f"--max_prompt_tokens={script_args.max_prompt_tokens} keeps 0 of the "
                 f"{len(prepared[split])} {split} prompts (the shortest has {shortest} tokens, chat template included). "
-                f"Fix: pass --max_prompt_tokens {shortest} or more, or shorter prompts."
+                f"Fix: pass --max_prompt_tokens {shortest} or more, or shorter prompts.",
             )
 
     assert train_dataset[0]["input_ids"][-1] != tokenizer.eos_token_id, "The last token should not be an EOS token"

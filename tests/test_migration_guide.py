@@ -310,7 +310,7 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     lines = [line for line in (completed.stdout + completed.stderr).splitlines() if "[WARNING]" not in line]
-    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert completed.returncode == 2 and len(lines) == 1, (completed.returncode, lines)
     assert lines[0].startswith("ppo_trl112_style.py: error: no model given: pass --model_name_or_path"), lines
     for needle in ("--sft_model_path", "--reward_model_path", "scripts/save_tiny_model.py --output_dir models/tiny"):
         assert needle in lines[0], needle
@@ -423,9 +423,34 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     noise = ("[WARNING]", "Generating train split")
     output = (completed.stdout + completed.stderr).splitlines()
     lines = [line for line in output if line.strip() and not any(word in line for word in noise)]
-    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert completed.returncode == 2 and len(lines) == 1, (completed.returncode, lines)
     assert lines[0].startswith("ppo_trl112_style.py: error: ") and needle in lines[0], lines
     assert (out / "notes.txt").read_text() == "kept"
+
+
+def test_a_value_the_configuration_refuses_exits_2_as_argparse_does(tmp_path):
+    """Trial 12's C06: `--kl_estimator k4` (argparse's choices) exited 2, `--missing_eos_penalty -1.0` (PPOConfig's
+    check) printed the same `ppo_trl112_style.py: error:` line but exited 1. Both are usage errors found before
+    anything loads: both exit 2 now, as the `trapo` commands and the other examples do."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+    }
+    models = ["--model_name_or_path", "m", "--sft_model_path", "m", "--reward_model_path", "m"]  # never read
+    for flag, value, needle in (
+        ("--kl_estimator", "k4", "argument --kl_estimator/--kl-estimator: invalid choice: 'k4'"),
+        ("--missing_eos_penalty", "-1.0", "PPOConfig.missing_eos_penalty=-1.0 is invalid"),
+    ):
+        completed = subprocess.run(
+            [sys.executable, str(AFTER), *models, flag, value, "--output_dir", str(tmp_path / "out")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        last = completed.stderr.strip().splitlines()[-1]
+        assert completed.returncode == 2, (flag, completed.returncode, completed.stderr[-2000:])
+        assert last.startswith("ppo_trl112_style.py: error: ") and needle in last, last
 
 
 @pytest.mark.parametrize(
@@ -468,7 +493,7 @@ def test_the_example_never_deletes_an_output_dir_that_holds_its_inputs(tmp_path,
     noise = ("[WARNING]", "Generating train split")
     output = (completed.stdout + completed.stderr).splitlines()
     lines = [line for line in output if line.strip() and not any(word in line for word in noise)]
-    assert completed.returncode != 0 and len(lines) == 1, lines
+    assert completed.returncode == 2 and len(lines) == 1, (completed.returncode, lines)
     assert lines[0].startswith("ppo_trl112_style.py: error: --output_dir=") and needle in lines[0], lines
     assert (tmp_path / "models" / "tiny" / "config.json").is_file() and (tmp_path / "data" / "prompts.jsonl").is_file()
 
@@ -493,7 +518,7 @@ def test_the_example_says_when_the_length_filter_keeps_no_prompt(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     output = completed.stdout + completed.stderr
-    assert completed.returncode != 0 and "Traceback" not in output, output[-3000:]
+    assert completed.returncode == 2 and "Traceback" not in output, output[-3000:]
     line = output.strip().splitlines()[-1]
     match = re.fullmatch(
         r"ppo_trl112_style\.py: error: --max_prompt_tokens=5 keeps 0 of the 6 train prompts \(the shortest has "
