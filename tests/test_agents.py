@@ -572,6 +572,23 @@ def test_a_partial_or_callable_object_tool_is_refused_naming_the_wrapper_fix():
         tool_schema(Adder())
 
 
+def test_every_tool_without_a_schema_is_named_in_one_message():
+    """Trial 12's N49 sibling: `tools=[no_hints, add, partial, no_docstring]` was refused at `no_hints`, then at the
+    partial after that fix, then at `no_docstring`. Now one message names each, with its own fix; `add` is not."""
+    import functools
+
+    from trl_trapo.agents import AgentSpec
+
+    with pytest.raises(ValueError) as caught:
+        AgentSpec.build([no_hints, add, functools.partial(add, b=3), no_docstring], None)
+    head, *items = str(caught.value).split("\n- ")
+    assert head == "tools: 3 tools have no schema the model could be shown, each with its fix:", head
+    assert items[0].startswith("the tool `no_hints` has no usable schema") and "type hints" in items[0], items
+    assert items[1].startswith("the tool functools.partial(add, ...) has no schema") and "def add_tool" in items[1]
+    assert items[2].startswith("the tool `no_docstring` has no usable schema"), items
+    assert caught.value.__cause__ is not None  # transformers' own error for the first, for TRAPO_DEBUG=1
+
+
 @pytest.mark.parametrize(
     "case, message",
     [

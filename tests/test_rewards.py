@@ -336,6 +336,22 @@ def test_a_column_named_like_a_reward_keyword_is_refused_before_anything_loads(
     assert f"`dataset.rename_column('{column}', 'my_{column}')`" in str(error.value)
 
 
+def test_every_column_named_like_a_reward_keyword_is_named_at_once():
+    """Trial 12's N49 sibling: a dataset with `completions` and `trainer_state` columns was refused at the first, then
+    at the second once renamed. Now both are named, a rename each."""
+    from trl_trapo.rewards import check_reward_columns
+
+    with pytest.raises(ValueError) as caught:
+        check_reward_columns(
+            ["prompt", "completions", "answer", "trainer_state"], "`train_dataset` column", "rn {column}"
+        )
+    head, *items = str(caught.value).split("\n- ")
+    assert head.startswith("`train_dataset` columns 'completions', 'trainer_state' are named like arguments TRAPO"), (
+        head
+    )
+    assert items == ["rn completions", "rn trainer_state"], items
+
+
 def test_a_reward_keyword_column_is_kept_when_no_reward_function_reads_columns(
     tmp_path, tokenizer, suite, tiny_config
 ):

@@ -434,12 +434,24 @@ class AgentSpec:
         """Check the tools and probe one instance of each environment.
 
         Raises:
-            ValueError: naming the culprit and the fix, for a tool without type hints or docstring, two tools of one
-                name, an environment factory that is not callable, or an instance without `reset`.
+            ValueError: naming the culprit and the fix, for a tool without type hints or docstring (every such tool
+                in one message), two tools of one name, an environment factory that is not callable, or an instance
+                without `reset`.
         """
         tools = list(tools or [])
+        refused = []  # every tool without a schema, in one message: a list of helpers was refused one per run
         for tool in tools:
-            tool_schema(tool, "tools")
+            try:
+                tool_schema(tool, "tools")
+            except ValueError as error:
+                refused.append(error)
+        if len(refused) == 1:
+            raise refused[0]
+        if refused:
+            raise ValueError(
+                f"tools: {len(refused)} tools have no schema the model could be shown, each with its fix:"
+                + "".join(f"\n- {str(error).removeprefix('tools: ')}" for error in refused)
+            ) from refused[0].__cause__
         check_tool_names(tools, "tools")
         multi = isinstance(environment_factory, Mapping)
         if environment_factory is None:

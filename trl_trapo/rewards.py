@@ -236,19 +236,27 @@ def check_reward_columns(columns: Sequence[str], where: str, fix: str, keywords:
     Args:
         columns (`Sequence[str]`): the names of the columns (or row keys) given to the reward functions.
         where (`str`): what holds them, for the message (e.g. "`train_dataset` column").
-        fix (`str`): how to rename the first reserved one; `{column}` is replaced by its name.
+        fix (`str`): how to rename a reserved one; `{column}` is replaced by its name.
         keywords (`Sequence[str]`): more reserved names.
 
     Raises:
-        ValueError: naming the column, the reserved names and the fix.
+        ValueError: naming the column (every one, with a rename each, when several clash), the reserved names and
+            the fix.
     """
     reserved = RESERVED_REWARD_COLUMNS | set(keywords)
     clash = [c for c in columns if c in reserved]
-    if clash:
+    if len(clash) == 1:
         raise ValueError(
             f"{where} {clash[0]!r} is named like an argument TRAPO passes to every reward function "
             f"({', '.join(sorted(reserved))}): the reward functions would get TRAPO's value in place of yours (or "
             f"Python's 'got multiple values for keyword argument'). Rename it: {fix.format(column=clash[0])}."
+        )
+    if clash:  # every one named at once, a rename each
+        raise ValueError(
+            f"{where}s {', '.join(map(repr, clash))} are named like arguments TRAPO passes to every reward function "
+            f"({', '.join(sorted(reserved))}): the reward functions would get TRAPO's values in place of yours (or "
+            "Python's 'got multiple values for keyword argument'). Rename them:"
+            + "".join(f"\n- {fix.format(column=column)}" for column in clash)
         )
 
 
