@@ -234,7 +234,7 @@ def test_the_accepted_forms_of_those_settings_still_construct(tmp_path):
 def test_max_staleness_says_what_none_stands_for(tmp_path):
     """Trial 12's N10: `max_staleness=-1` was refused with "..., or None (4).", a bare number nobody could read. The
     message now says what None resolves to (the producer's own default, by its value) and when."""
-    from trl_trapo.async_rollouts import DEFAULT_MAX_STALENESS
+    from trl_trapo.config import DEFAULT_MAX_STALENESS
 
     with pytest.raises(ValueError) as info:
         TRAPOConfig(output_dir=str(tmp_path), report_to="none", async_rollouts=True, max_staleness=-1)

@@ -55,7 +55,7 @@ from .checkpoint import (
     verify_checkpoint,
 )
 from .collator import RowAllocator, plan_steps
-from .config import ADAPTER_BANK_FIELDS, TRAPOConfig, changed_settings, warn_ignored_settings
+from .config import ADAPTER_BANK_FIELDS, DEFAULT_MAX_STALENESS, TRAPOConfig, changed_settings, warn_ignored_settings
 from .curriculum import CurriculumSchedule, phase_mixtures
 from .data import (
     DataSetup,
@@ -693,7 +693,7 @@ def check_async_weight_snapshots(args: TRAPOConfig, parts: SourceParts) -> None:
             dropped and asked for again with the same snapshot, forever), or with a policy the producer cannot
             rebuild from gathered weights (not a transformers model, nor a PEFT model with one adapter over one).
     """
-    from .async_rollouts import DEFAULT_MAX_STALENESS, PolicyBlueprint
+    from .async_rollouts import PolicyBlueprint
 
     max_staleness = DEFAULT_MAX_STALENESS if args.max_staleness is None else args.max_staleness
     if args.stale_rollouts == "drop" and max_staleness < args.weight_sync_steps - 1:

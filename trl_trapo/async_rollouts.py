@@ -102,6 +102,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from transformers import TrainerState
 
+from .config import DEFAULT_MAX_STALENESS
 from .distributed import cpu_copy
 from .executor import (
     ProducerAccelerator,
@@ -118,7 +119,6 @@ from .threads import passive_waiting_for_children
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_STALENESS = 4  # TRL AsyncGRPOConfig's default
 POLL_SECONDS = 1.0  # how often a waiting side checks that the other is alive
 
 

@@ -657,6 +657,8 @@ MIN_TRAJECTORY_BYTES = 28
 (8 + 8) and the float32 completion mask, behaviour log-prob and advantage (4 + 4 + 4) that every trajectory carries
 (`rollout.py` builds them; `memory.Trajectory`'s required fields), uncompressed (the buffer keeps a trajectory
 compressed only when that is smaller, never at this size). A `replay_max_bytes` below it can hold no trajectory."""
+DEFAULT_MAX_STALENESS = 4
+"""The `max_staleness` that None stands for with `async_rollouts=True`: TRL's `AsyncGRPOConfig` default."""
 ASYNC_FIELDS = (
     "max_staleness",
     "stale_rollouts",
@@ -2851,8 +2853,6 @@ class TRAPOConfig(_BaseConfig):
         if self.replay_max_age is not None and self.replay_max_age < 1:
             bad("replay_max_age", self.replay_max_age, "use a positive number of optimizer steps, or None.")
         if self.max_staleness is not None and not (isinstance(self.max_staleness, int) and self.max_staleness >= 0):
-            from .async_rollouts import DEFAULT_MAX_STALENESS  # here: the message names the value None stands for
-
             bad(
                 "max_staleness",
                 self.max_staleness,
