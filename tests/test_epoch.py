@@ -68,6 +68,14 @@ def test_logged_epoch_is_the_prompts_served_over_the_dataset(tmp_path, tokenizer
     assert trainer.state.epoch == pytest.approx(sampler["epoch"] + sampler["position"] / sampler["size"]) == 0.2
 
 
+def test_with_async_rollouts_epoch_counts_the_rows_trained_not_the_prompts_sampled_ahead(tmp_path, tokenizer, suite):
+    """The producer samples rounds ahead of the steps (`max_staleness=2`); `epoch` counts what the steps trained on,
+    so it reads as without async rollouts: 2 prompts a step."""
+    trainer = rl_trainer(tmp_path, tokenizer, suite.rl_train.select(range(40)), async_rollouts=True, max_staleness=2)
+    trainer.train()
+    assert training_epochs(trainer) == [pytest.approx(step * 2 / 40) for step in (1, 2, 3, 4)]
+
+
 def test_epoch_of_an_sft_run_is_the_demonstrations_served(tmp_path, tokenizer, suite):
     """Without RL prompts the SFT rows size the run and an epoch is a pass over them (here beside pretraining, at the
     curriculum's shares): the logged epoch is the SFT pool's own count of rows served over the dataset's length."""
@@ -175,3 +183,21 @@ def test_a_resumed_run_logs_the_uninterrupted_runs_epochs(tmp_path, tokenizer, s
     assert training_epochs(full) == [pytest.approx(s / 4) for s in range(1, 7)]
     assert training_epochs(resumed) == training_epochs(full)
     assert resumed.state.epoch == full.state.epoch == 1.5
+
+
+@pytest.mark.distributed
+def test_an_epoch_is_a_pass_over_the_whole_dataset_by_all_ranks_together(tmp_path):
+    """2 processes, 8 prompts, one prompt a rank a step (each rank's shard is 4 prompts): the ranks log the same
+    epochs, 2 prompts a step over the 8 (0.25, 0.5, ..., 1.5), each rank's stream has served 1.5 passes of its
+    shard, and `save_strategy="epoch"` saved at the pass's end (step 4) and at the run's end (6)."""
+    from two_processes import check, launch
+
+    check(launch("multi_gpu.yaml", "tests/epoch_worker.py", [str(tmp_path)], timeout=600))
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for record in ranks:
+        assert record["world_size"] == 2
+        assert record["epochs"] == [pytest.approx(step / 4) for step in range(1, 7)]
+        assert record["state_epoch"] == 1.5
+        sampler = record["prompt_sampler"]
+        assert record["shard"] == 4 and sampler["epoch"] + sampler["position"] / record["shard"] == 1.5
+    assert checkpoints(tmp_path) == [4, 6]
