@@ -141,6 +141,33 @@ def test_the_run_is_sized_by_the_first_objective_with_a_length():
     assert planning_rows(episodes, PreparedData(rl=rl, sft=sft, pretrain=None), names, has_critic=False) == (2, 300)
 
 
+def test_an_epoch_is_one_pass_over_the_dataset_that_sizes_the_run():
+    """`objectives.epoch_rows`: the same dataset as `planning_rows`, its rows of one pass (what `state.epoch` divides
+    the rows served by): RL prompts x completions per prompt x PPO epochs, whatever `num_train_epochs` or
+    `total_episodes` say; the SFT rows; the distillation prompts; the map-style pretraining documents; nothing for a
+    streaming corpus alone."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset, IterableDataset
+
+    from trl_trapo.data import PreparedData
+    from trl_trapo.objectives import epoch_rows
+
+    args = SimpleNamespace(num_train_epochs=2, total_episodes=None, num_generations=4, num_ppo_epochs=3)
+    rl, sft = Dataset.from_dict({"x": [1, 2, 3]}), Dataset.from_dict({"x": [1, 2, 3, 4, 5]})
+    names = ("pretrain", "sft", "rl")
+    assert epoch_rows(args, PreparedData(rl=rl, sft=sft, pretrain=None), names, has_critic=False) == (2, 36)
+    assert epoch_rows(args, PreparedData(rl=rl, sft=None, pretrain=None), names, has_critic=True) == (2, 9)
+    episodes = SimpleNamespace(**{**vars(args), "total_episodes": 100})
+    assert epoch_rows(episodes, PreparedData(rl=rl, sft=sft, pretrain=None), names, has_critic=False) == (2, 36)
+    assert epoch_rows(args, PreparedData(rl=None, sft=sft, pretrain=rl), names, has_critic=False) == (1, 5)
+    with_teacher = (*names, "distill")
+    assert epoch_rows(args, PreparedData(None, None, rl, distill=sft), with_teacher, has_critic=False) == (3, 5)
+    assert epoch_rows(args, PreparedData(None, None, rl), names, has_critic=False) == (0, 3)
+    stream = IterableDataset.from_generator(lambda: iter([{"text": "a"}]))
+    assert epoch_rows(args, PreparedData(None, None, stream), names, has_critic=False) is None
+
+
 def test_a_pretraining_stream_says_when_a_checkpoint_does_not_fit():
     from trl_trapo.objectives import PretrainingObjective
 

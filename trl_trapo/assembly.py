@@ -33,6 +33,7 @@ from accelerate.utils import DistributedType, is_peft_model
 from datasets import Dataset
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer
+from transformers.trainer_callback import DefaultFlowCallback
 
 from .arguments import check_config_type, check_trainer_arguments
 from .callbacks import (
@@ -41,6 +42,7 @@ from .callbacks import (
     AdaptiveKLCallback,
     DDPCommHookCallback,
     EndProcessGroupAtExitCallback,
+    EpochCallback,
     StateCheckpointCallback,
     StopOnSignalCallback,
     SyncReferenceCallback,
@@ -101,6 +103,7 @@ from .objectives import (
     check_checkpoint_objectives,
     check_objectives,
     check_state_dict,
+    epoch_rows,
     objective_names,
     objective_slots,
     planning_rows,
@@ -1282,6 +1285,8 @@ class RunPlan:
         curriculum_args (`tuple`): `(boundaries, mixtures)` of the [`~trl_trapo.curriculum.CurriculumSchedule`].
         planned_steps (`int`): optimizer steps of the run.
         tickets (`int`): the length of the ticket dataset that makes the `Trainer` run `planned_steps`.
+        epoch_rows (`tuple[int, int]`, *optional*): `(objective index, rows of one pass)` of the dataset whose passes
+            are the run's epochs ([`~trl_trapo.objectives.epoch_rows`]); None when no dataset has a length.
     """
 
     slots: ObjectiveSlots
@@ -1291,6 +1296,7 @@ class RunPlan:
     curriculum_args: tuple
     planned_steps: int
     tickets: int
+    epoch_rows: tuple[int, int] | None = None
 
 
 def plan_run(
@@ -1338,7 +1344,8 @@ def plan_run(
     primary = planning_rows(args, data, names, has_critic)
     planned_steps, tickets = plan_steps(args, average_shares, primary)
     warn_epoch_passes(args, data, names, average_shares, planned_steps, primary, has_critic)  # what an epoch is
-    return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets)
+    epochs = epoch_rows(args, data, names, has_critic)  # what `state.epoch` counts passes of
+    return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets, epochs)
 
 
 def warn_idle_objectives(plan: RunPlan, first_extra: int) -> None:
@@ -1561,7 +1568,8 @@ def build_rollout_engine(
 
 @dataclasses.dataclass(frozen=True)
 class RunCallbacks:
-    """How [`build_callbacks`] changes the `Trainer`'s callbacks: remove `removed`, then add `added` in order.
+    """How [`build_callbacks`] changes the `Trainer`'s callbacks: remove `removed`, then add `added` in order, and
+    put `leading` right after the Trainer's `DefaultFlowCallback` in `existing`.
 
     Attributes:
         removed (`list[TrainerCallback]`): the console callbacks `console_metrics="short"` replaces.
@@ -1569,18 +1577,29 @@ class RunCallbacks:
             that every other callback has seen the step).
         stop_on_signal ([`~trl_trapo.callbacks.StopOnSignalCallback`]): saves a checkpoint and stops after SIGINT /
             SIGTERM (its `interruption` is `trainer.interruption`).
+        leading (`list[TrainerCallback]`): callbacks that set what every other one reads at the same event (the
+            [`~trl_trapo.callbacks.EpochCallback`]'s `state.epoch`), after the Trainer's flow (whose epoch-end flags it
+            may undo).
+        existing (`list`, *optional*): the Trainer's callback list (`Trainer.callback_handler.callbacks`) that
+            `leading` goes into.
     """
 
     removed: list
     added: list
     stop_on_signal: StopOnSignalCallback
+    leading: list = dataclasses.field(default_factory=list)
+    existing: list | None = None
 
     def apply(self, add: Callable[[Any], None], remove: Callable[[Any], None]) -> None:
-        """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`)."""
+        """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`), then insert
+        `leading` right after the `DefaultFlowCallback` of `existing` (first when there is none)."""
         for callback in self.removed:
             remove(callback)
         for callback in self.added:
             add(callback)
+        for offset, callback in enumerate(self.leading):
+            flow = [i for i, c in enumerate(self.existing) if isinstance(c, DefaultFlowCallback)]
+            self.existing.insert((flow[0] + 1 if flow else 0) + offset, callback)
 
 
 def build_callbacks(
@@ -1597,12 +1616,16 @@ def build_callbacks(
     policy: Callable[[], Any],
     signal_catcher: SignalCatcher,
     supply_callbacks: list | None = None,
+    allocator: RowAllocator | None = None,
+    epoch_rows: tuple[int, int] | None = None,
 ) -> RunCallbacks:
     """TRAPO's callbacks, in the order they are added: the short console line's (`console_metrics="short"`, in
     place of `existing` console callbacks), the adaptive KL window, DDP's communication hook, TRAPO's state in every
     checkpoint (`save_state(checkpoint_dir)`; `pending()`: the checkpoint being written), the reference's sync
     (`sync_ref_model`), the RL supply's (`supply_callbacks`: [`RLSupplyParts.callbacks`]), and last the stop on
-    SIGINT / SIGTERM (`signal_catcher`).
+    SIGINT / SIGTERM (`signal_catcher`). With `epoch_rows` (`(objective index, rows of one pass)`, see
+    [`RunPlan`]), an [`~trl_trapo.callbacks.EpochCallback`] leads the others: `state.epoch` is that objective's rows
+    the row `allocator` gave so far (the same on every rank) x the processes, over a pass's rows.
 
     Raises:
         ValueError: `sync_ref_model=True` with no reference to update.
@@ -1632,7 +1655,14 @@ def build_callbacks(
         callbacks.append(SyncReferenceCallback(reference, policy))
     callbacks.extend(supply_callbacks or [])
     stop_on_signal = StopOnSignalCallback(signal_catcher, accelerator)
-    return RunCallbacks([callback for callback, _ in replaced], [*callbacks, stop_on_signal], stop_on_signal)
+    leading = []
+    if epoch_rows is not None and allocator is not None:
+        index, rows_per_pass = epoch_rows
+        world = accelerator.num_processes
+        leading.append(EpochCallback(lambda: allocator.given[index] * world, rows_per_pass))
+    return RunCallbacks(
+        [callback for callback, _ in replaced], [*callbacks, stop_on_signal], stop_on_signal, leading, existing
+    )
 
 
 def short_console_callbacks(callbacks: list) -> list[tuple[Any, Any]]:

@@ -10,6 +10,7 @@
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
 | [`WeightSnapshotCallback`] | `on_train_begin`, `on_step_end` | the async producer's weights under ZeRO-3, every `weight_sync_steps` (all ranks) |
 | [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
+| [`EpochCallback`] | `on_step_end`, `on_epoch_end` | `state.epoch` = passes over the dataset that sizes the run; epoch-end log / eval / save at each pass's end |
 | [`ShortProgressCallback`], [`ShortPrinterCallback`] | `on_log` | `console_metrics="short"`: the console's line of a training step shows `CONSOLE_METRICS` only |
 
 What is not a callback — the curriculum, DARE, the KL / entropy / learning-rate schedules — is a plain object the
@@ -27,7 +28,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers import TrainerCallback
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from .checkpoint import CheckpointError
 from .distributed import end_process_group_at_exit, max_over_ranks, register_ddp_comm_hook
@@ -371,10 +373,74 @@ class StopOnSignalCallback(TrainerCallback):
         return control
 
 
+class EpochCallback(TrainerCallback):
+    """`state.epoch` as passes over the dataset whose passes are the run's epochs, and the Trainer's end-of-epoch log,
+    evaluation and save (`logging_strategy` / `eval_strategy` / `save_strategy="epoch"`) at the end of each pass.
+
+    transformers counts epochs over the train dataloader, which in TRAPO is a stream of step tickets (one epoch of them
+    is the planned steps split in `num_train_epochs`, the whole run with `max_steps`): that count said nothing about
+    the data. Here an epoch is one pass over the dataset that sizes the run
+    ([`~trl_trapo.objectives.epoch_rows`]: the RL prompts, else the SFT rows, ...), measured by the rows its objective
+    was served so far, all ranks together (the row allocator's, identical on every rank and restored on resume):
+    `epoch = rows served / rows of one pass`, fractional. It is set at every step's end, before any other callback
+    reads it (the trainer places this callback right after the Trainer's `DefaultFlowCallback`), so the logs,
+    `TrainOutput.metrics["epoch"]` and each checkpoint's `trainer_state.json` carry it.
+
+    When a step ends a pass, the step gets what the Trainer does at an epoch's end (`DefaultFlowCallback.on_epoch_end`:
+    log, evaluate past `eval_delay`, save, as the strategies say). At the Trainer's own epoch ends of its tickets that
+    flow is undone (they are not passes over the data), except at the run's last, where the Trainer (as TRL does)
+    logs, evaluates and saves unless this step's pass end already did. Callbacks' own `on_epoch_end` still run at the
+    Trainer's epoch ends.
+
+    Args:
+        rows_served (`Callable[[], int]`): rows the dataset's objective was served so far by all ranks together, the
+            same value on every rank.
+        rows_per_pass (`int`): rows one pass over the dataset gives its objective (> 0).
+    """
+
+    def __init__(self, rows_served: Callable[[], int], rows_per_pass: int):
+        if rows_per_pass < 1:
+            raise ValueError(f"EpochCallback needs rows_per_pass >= 1, got {rows_per_pass}.")
+        self.rows_served, self.rows_per_pass = rows_served, int(rows_per_pass)
+        self.flow = DefaultFlowCallback()  # what the Trainer does at an epoch's end
+        self.passes = 0  # whole passes done at the last step's end
+        self.pass_end_step: int | None = None  # the last step that ended a pass
+
+    def epoch(self) -> float:
+        """Passes over the dataset so far (fractional)."""
+        return self.rows_served() / self.rows_per_pass
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.passes = self.rows_served() // self.rows_per_pass  # a resumed run's allocator is restored by now
+        self.pass_end_step = None
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        served = self.rows_served()
+        state.epoch = served / self.rows_per_pass
+        if served // self.rows_per_pass > self.passes:
+            self.passes = served // self.rows_per_pass
+            self.pass_end_step = state.global_step
+            control = self.flow.on_epoch_end(args, state, control)
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_training_stop and state.global_step != self.pass_end_step:
+            return control  # the run's end: the Trainer's epoch-end flow stands
+        if args.logging_strategy == IntervalStrategy.EPOCH:
+            control.should_log = False
+        if args.eval_strategy == IntervalStrategy.EPOCH:
+            control.should_evaluate = False
+        if args.save_strategy == SaveStrategy.EPOCH:
+            control.should_save = False
+        return control
+
+
 __all__ = [
     "AdaptiveKLCallback",
     "AdapterBankCallback",
     "DDPCommHookCallback",
+    "EpochCallback",
     "StateCheckpointCallback",
     "StopOnSignalCallback",
     "SyncReferenceCallback",

@@ -347,9 +347,16 @@ class PretrainingObjective(LanguageModelingObjective):
         super().__init__(self.NAME, dataset, weight, check=check)
 
     @classmethod
+    def pass_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | None:
+        """Rows of one pass over `dataset`: its map-style documents, one row each as the plan counts them (None when
+        streaming: no length)."""
+        return len(dataset) if isinstance(dataset, Dataset) else None
+
+    @classmethod
     def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
         """Rows of the whole run: the map-style documents x epochs (None when streaming: no length to plan by)."""
-        return len(dataset) * args.num_train_epochs if isinstance(dataset, Dataset) else None
+        rows = cls.pass_rows(args, dataset, has_critic)
+        return rows * args.num_train_epochs if rows is not None else None
 
 
 class SFTObjective(Objective):
@@ -419,9 +426,14 @@ class SFTObjective(Objective):
         )
 
     @classmethod
+    def pass_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | None:
+        """Rows of one pass over `dataset`: its demonstrations."""
+        return len(dataset)
+
+    @classmethod
     def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
         """Rows of the whole run: the demonstrations x epochs."""
-        return len(dataset) * args.num_train_epochs
+        return cls.pass_rows(args, dataset, has_critic) * args.num_train_epochs
 
     def take(self, n: int, step: int) -> list[Row]:
         return self.pool.take_sft(n, step)
@@ -633,13 +645,18 @@ class RLObjective(Objective):
         )
 
     @classmethod
+    def pass_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | None:
+        """Rows of one pass over the prompts of `dataset`: each prompt's completions (1 with a critic, else
+        `num_generations`), each served `num_ppo_epochs` times."""
+        return len(dataset) * (1 if has_critic else args.num_generations) * args.num_ppo_epochs
+
+    @classmethod
     def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
         """Rows of the whole run: each of `total_episodes` completions — or `num_train_epochs` x prompts x
         completions per prompt (1 with a critic, else `num_generations`) — served `num_ppo_epochs` times."""
-        completions = args.total_episodes or len(dataset) * (1 if has_critic else args.num_generations) * (
-            args.num_train_epochs
-        )
-        return completions * args.num_ppo_epochs
+        if args.total_episodes:
+            return args.total_episodes * args.num_ppo_epochs
+        return cls.pass_rows(args, dataset, has_critic) * args.num_train_epochs
 
     def take(self, n: int, step: int) -> list[Row]:
         return self.take_rows(n, step)
@@ -786,9 +803,14 @@ class DistillationObjective(Objective):
         return prepare_distillation_prompts(dataset, setup, getattr(setup.args, cls.WEIGHT_FIELD))
 
     @classmethod
+    def pass_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | None:
+        """Rows of one pass over `dataset`: one completion per reward-free prompt."""
+        return len(dataset)
+
+    @classmethod
     def run_rows(cls, args: Any, dataset: Any, has_critic: bool) -> int | float | None:
         """Rows of the whole run: one completion per reward-free prompt per epoch."""
-        return len(dataset) * args.num_train_epochs
+        return cls.pass_rows(args, dataset, has_critic) * args.num_train_epochs
 
     def __init__(
         self,
@@ -1138,6 +1160,19 @@ def planning_rows(args: Any, data: Any, names: tuple[str, ...], has_critic: bool
             if rows is not None:
                 return names.index(cls.NAME), rows
     return None
+
+
+def epoch_rows(args: Any, data: Any, names: tuple[str, ...], has_critic: bool) -> tuple[int, int] | None:
+    """`(objective index, rows of one pass)` of the dataset whose passes are the run's epochs: the one that sizes the
+    run ([`planning_rows`]: the first objective of [`PLANNING_ORDER`] in the run whose dataset in `data` has a length),
+    whether `max_steps` is set or not. `trainer.state.epoch` is the rows its objective was served so far, all ranks
+    together, over these ([`~trl_trapo.callbacks.EpochCallback`]). None when no dataset has a length."""
+    primary = planning_rows(args, data, names, has_critic)
+    if primary is None:
+        return None
+    index = primary[0]
+    sizing = next(cls for cls in PLANNING_ORDER if cls.NAME == names[index])
+    return index, sizing.pass_rows(args, getattr(data, sizing.DATA_FIELD), has_critic)
 
 
 def warn_epoch_passes(

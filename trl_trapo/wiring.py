@@ -487,17 +487,11 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         policy=link.handles.policy,
         signal_catcher=catcher,
         supply_callbacks=rollouts.supply_callbacks,
+        allocator=rows.allocator,
+        epoch_rows=run.plan.epoch_rows,
     )
-    return TrainingParts(
-        objectives,
-        evaluator,
-        steps,
-        state,
-        guard,
-        catcher,
-        callbacks,
-        build_run_metrics(run, link, rows, rollouts, objectives, steps),
-    )
+    metrics = build_run_metrics(run, link, rows, rollouts, objectives, steps)
+    return TrainingParts(objectives, evaluator, steps, state, guard, catcher, callbacks, metrics)
 
 
 def build_run_metrics(
