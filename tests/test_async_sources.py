@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -294,3 +297,59 @@ def test_a_checkpoint_refuses_rows_json_cannot_hold_naming_the_column():
     check_json_rows([{"prompt": [{"role": "user", "content": "x"}], "prompt_ids": [1, 2], "calls": 1.0}])
     with pytest.raises(ValueError, match="column 'calls' holds a Tensor.*`.tolist\\(\\)`"):
         check_json_rows([{"prompt": "x", "calls": torch.tensor([1.0])}])
+
+
+class HangingAdder(Adder):
+    """An environment whose tool hangs (a network call without a timeout) after, on the run's first call, the cluster
+    sends the trainer SIGTERM (once: `TRAPO_TEST_SIGTERM_MARKER` names the file that says it was sent)."""
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        marker = os.environ.get("TRAPO_TEST_SIGTERM_MARKER")
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except (FileExistsError, TypeError):
+            pass
+        else:
+            os.kill(os.getppid(), signal.SIGTERM)  # the producer's parent: the trainer's process
+        time.sleep(60)
+        return a + b
+
+
+def test_sigterm_while_a_producers_tool_hangs_saves_the_checkpoint_and_stops(tmp_path, monkeypatch):
+    """Trial 12's N07 with async_rollouts=True: the producer ignores SIGTERM and runs the tools, and the trainer's
+    step (and its checkpoint's wait for the rounds in flight) waited on the hung calls. The trainer passes its stop on
+    to the producer, whose tool calls are then abandoned: the step finishes, `checkpoint-1` is saved."""
+    from trl_trapo.interrupts import TrainingInterrupted
+
+    monkeypatch.setenv("TRAPO_TEST_SIGTERM_MARKER", str(tmp_path / "sigterm-sent"))  # the spawned producer's too
+
+    def outside(signum, frame):
+        raise AssertionError("SIGTERM reached the handler from before train()")
+
+    previous = signal.signal(signal.SIGTERM, outside)
+    try:
+        trainer = RecordingTRAPOTrainer(
+            tool_calling_model(),
+            reward_funcs=answered,
+            args=async_args(tmp_path / "run", max_steps=3),
+            train_dataset=prompts(),
+            processing_class=tool_tokenizer(),
+            environment_factory=HangingAdder,
+        )
+        start = time.perf_counter()
+        with pytest.raises(TrainingInterrupted) as stopped:
+            trainer.train()
+        seconds = time.perf_counter() - start
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seconds < 50, seconds  # not the tool's 60 s
+    assert (tmp_path / "sigterm-sent").exists()
+    assert stopped.value.interruption.step == 1 and os.path.isdir(stopped.value.interruption.checkpoint)
+    logged = [h for h in trainer.state.log_history if "tools/failure_frequency" in h]
+    assert logged and logged[0]["tools/failure_frequency"] == 1.0  # every call abandoned (or not run)

@@ -17,9 +17,11 @@ family's with `exploration=True`), through the run's sampler (transformers' `gen
 while sampling; or vLLM with `use_vllm=True`, whose turns the trainer computes the behaviour log-probs of, vLLM's own
 going to the sampler/trainer mismatch correction); each turn is parsed with the tokenizer's `parse_response`; a turn's
 tool calls run in the order written, each finishing before the next starts, and the rollouts' turns concurrently
-([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments); the tool messages'
-tokens and the next generation prompt are appended **as token ids** (completion so far + tool suffix), never by
-re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob 0 on them. A turn cut by
+([`ToolRunner`]; the first failure of each tool is logged once, with its exception and arguments; after SIGINT /
+SIGTERM the calls still running are abandoned as failed calls, so that the graceful stop never waits on a hung
+tool); the tool messages' tokens and the next generation prompt are appended **as token ids** (completion so far
++ tool suffix), never by re-tokenising decoded text (TRL issue #5224), with `completion_mask` 0 and behaviour log-prob
+0 on them. A turn cut by
 the length limit (no stop token at its end) runs none of its tool calls: transformers' parser reads a call whose
 closing tag never came as complete, and no tool result can follow a turn that never ended; the rollout ends there
 (counted in `tools/truncated_frequency`; the first one of a run logs a warning naming the limit). A tool result that
@@ -59,6 +61,7 @@ Shapes: `B` rollouts in a round, `group` consecutive ones per prompt, `P_i` prom
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import functools
 import inspect
@@ -788,11 +791,26 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], template_kwargs: Mappi
 # ---------------------------------------------------------------------------------------------------------------------
 
 MAX_ARGUMENTS_CHARS = 500  # of a failed call's arguments in its warning
-SLOW_TOOL_CALL_SECONDS = 60.0  # a call running longer is warned about, once per call, naming the tool and arguments
+SLOW_TOOL_CALL_SECONDS = 60.0  # calls running longer are warned about, once per tool and round of calls
+WAIT_POLL_SECONDS = 0.2  # how often a round of calls checks for a stop (SIGINT / SIGTERM) and for slow calls
 
 
 class ToolTimeout(TimeoutError):
     """A tool call that did not return within `tool_timeout` seconds and was abandoned (its error result's message)."""
+
+
+class ToolAbandoned(ToolTimeout):
+    """A tool call abandoned, or never started, because the run is stopping (SIGINT / SIGTERM received): its error
+    result's message. A [`ToolTimeout`]: the call failed for want of time, not by its own error."""
+
+
+@dataclass
+class RoundStop:
+    """Whether the run stopped while a round of calls ran ([`ToolRunner.run`]): `reason` is set by the waiting
+    thread, then `event` (an `asyncio.Event` of the tools' loop) is set in the loop, which wakes the calls' waits."""
+
+    event: asyncio.Event
+    reason: str | None = None
 
 
 async def without_exit(coroutine: Any) -> Any:
@@ -853,28 +871,47 @@ class ToolRunner:
     `tools/failure_frequency`. A call that cannot run (`ToolCall.tool` None: the model's error, not the tool's) is not
     warned about.
 
-    A call still running after `slow_after` seconds is warned about (once per call: the tool, its arguments, how long
-    it has run). With `timeout`, a call that has not returned after `timeout` seconds is abandoned and fails with a
-    timeout error result (a [`ToolTimeout`]): an async tool is cancelled (`asyncio.wait_for`); a sync tool cannot be
-    stopped from outside, so its thread is left to finish on its own (a daemon thread: it does not hold up the
-    process's exit) and no longer counts against `max_workers`; what it returns or does later is ignored.
+    Calls still running after `slow_after` seconds are warned about once per tool and round (how many calls of the
+    tool are running, the longest for how long, the first one's arguments). With `timeout`, a call that has not
+    returned after `timeout` seconds is abandoned and fails with a timeout error result (a [`ToolTimeout`]): an async
+    tool is cancelled; a sync tool cannot be stopped from outside, so its thread is left to finish on its own (a
+    daemon thread: it does not hold up the process's exit) and no longer counts against `max_workers`; what it returns
+    or does later is ignored.
+
+    With `stopping`, a round's wait asks it every `WAIT_POLL_SECONDS`: once it gives a reason (the run received
+    SIGINT / SIGTERM and stops after the optimizer step in progress), the calls still running are abandoned as above,
+    and the calls not yet started are not run, each failing with an error result that says so (a [`ToolAbandoned`]);
+    one warning counts them. So a graceful stop never waits on a hung tool: the round, the step and the checkpoint
+    finish.
 
     Args:
         max_workers (`int`): sync tool calls running at once (calls beyond it wait for a free slot).
         timeout (`float`, *optional*): seconds a call may run before it is abandoned (`tool_timeout`); None: no limit
             (TRL's behaviour).
-        slow_after (`float`, *optional*): seconds after which a call still running is warned about; None: the module's
+        slow_after (`float`, *optional*): seconds after which calls still running are warned about; None: the module's
             SLOW_TOOL_CALL_SECONDS (60), read when the runner is built.
+        stopping (`Callable[[], str | None]`, *optional*): why the run is stopping (e.g. "the run is stopping (SIGTERM
+            received)"), or None while it is not; called from the thread that runs a round
+            ([`~trl_trapo.interrupts.SignalCatcher.stopping`] in a trainer). None: calls are always waited for.
     """
 
-    def __init__(self, max_workers: int = 16, timeout: float | None = None, slow_after: float | None = None):
+    def __init__(
+        self,
+        max_workers: int = 16,
+        timeout: float | None = None,
+        slow_after: float | None = None,
+        stopping: Callable[[], str | None] | None = None,
+    ):
         self.max_workers = max_workers
         self.timeout = timeout
         self.slow_after = SLOW_TOOL_CALL_SECONDS if slow_after is None else slow_after
+        self.stopping = stopping
         self.slots: asyncio.Semaphore | None = None  # made with the loop (a semaphore binds to one loop)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
         self.warned: set[str] = set()  # tools whose first failure was warned about
+        self.running: dict[int, tuple[ToolCall, float]] = {}  # calls in progress (the loop's thread writes it)
+        self.running_lock = threading.Lock()
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The runner's event loop, started in a daemon thread on first use (and after `close`: the trainer closes
@@ -887,7 +924,8 @@ class ToolRunner:
         return self.loop
 
     def run(self, turns: Sequence[Sequence[ToolCall]]) -> list[list[tuple[Any, bool]]]:
-        """Run every turn's calls, in order within a turn, the turns concurrently, and wait for all of them.
+        """Run every turn's calls, in order within a turn, the turns concurrently, and wait for all of them (or, once
+        `stopping` gives a reason, abandon those still running).
 
         Args:
             turns (`Sequence[Sequence[ToolCall]]`): per assistant turn (one per rollout that called tools), its calls
@@ -896,48 +934,94 @@ class ToolRunner:
         Returns:
             `list[list[tuple[Any, bool]]]`: per turn, per call, `(result, failed)`: the tool's return value, or
             `{"error": message}` with `failed=True` when the call could not run, the tool raised (its arguments
-            not fitting included) or it ran past `timeout`. Never raises for a tool's error.
+            not fitting included), it ran past `timeout`, or it was abandoned (or not started) because the run is
+            stopping. Never raises for a tool's error.
         """
         if not any(turns):
             return [[] for _ in turns]
         loop = self.event_loop()
-        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls), loop) for calls in turns]
+        stop = RoundStop(asyncio.Event())
+        stop.reason = self.stopping() if self.stopping is not None else None  # already stopping: nothing starts
+        futures = [asyncio.run_coroutine_threadsafe(self.run_turn(calls, stop), loop) for calls in turns]
+        self.wait(futures, stop, loop)
         outcomes = [future.result() for future in futures]
         # warned here, in the caller's thread and in call order: the first failure of each tool, deterministically
+        abandoned: dict[str, int] = {}
         for calls, turn_outcomes in zip(turns, outcomes):
             for tool_call, (_, _, error) in zip(calls, turn_outcomes):
-                if error is not None and tool_call.name not in self.warned:
+                if isinstance(error, ToolAbandoned):  # one warning for them all, below
+                    abandoned[tool_call.name] = abandoned.get(tool_call.name, 0) + 1
+                elif error is not None and tool_call.name not in self.warned:
                     self.warned.add(tool_call.name)
                     logger.warning(self.failure_message(tool_call, error), exc_info=error)
+        if abandoned:
+            logger.warning(self.abandoned_message(stop.reason, abandoned))
         return [[(result, failed) for result, failed, _ in turn_outcomes] for turn_outcomes in outcomes]
 
-    async def run_turn(self, calls: Sequence[ToolCall]) -> list[tuple[Any, bool, Exception | None]]:
+    def wait(self, futures: list, stop: RoundStop, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for the turns' futures; every `WAIT_POLL_SECONDS` meanwhile, warn about slow calls (once per tool in
+        this round) and ask `stopping`: a reason stops the round (`stop.event` is set in the loop)."""
+        warned_slow: set[str] = set()
+        if stop.reason is not None:
+            loop.call_soon_threadsafe(stop.event.set)
+        pending = set(futures)
+        while pending:
+            _, pending = concurrent.futures.wait(pending, timeout=WAIT_POLL_SECONDS)
+            if not pending:
+                break
+            if stop.reason is None and self.stopping is not None:
+                reason = self.stopping()
+                if reason is not None:
+                    stop.reason = reason
+                    loop.call_soon_threadsafe(stop.event.set)
+            self.warn_slow(warned_slow)
+
+    async def run_turn(self, calls: Sequence[ToolCall], stop: RoundStop) -> list[tuple[Any, bool, Exception | None]]:
         """One turn's calls, each awaited before the next starts: per call `(result, failed, exception)`, the
-        exception the tool raised (a [`ToolTimeout`] for one abandoned; None when it returned, or when the call could
-        not run)."""
-        loop = asyncio.get_running_loop()
+        exception the tool raised (a [`ToolTimeout`] for one abandoned, a [`ToolAbandoned`] for one abandoned or not
+        started because the run is stopping; None when it returned, or when the call could not run)."""
         outcomes: list[tuple[Any, bool, Exception | None]] = []
         for tool_call in calls:
             if tool_call.tool is None:
                 outcomes.append(({"error": tool_call.error}, True, None))
                 continue
-            started = time.monotonic()
-            slow = loop.call_later(self.slow_after, self.warn_slow, tool_call, started)
+            key, started = id(tool_call), time.monotonic()
             try:
+                if stop.reason is not None:
+                    raise ToolAbandoned(f"not run: {stop.reason}")
+                with self.running_lock:
+                    self.running[key] = (tool_call, started)
                 if inspect.iscoroutinefunction(tool_call.tool):
-                    result = await asyncio.wait_for(without_exit(tool_call.tool(**tool_call.arguments)), self.timeout)
+                    result = await self.settle(without_exit(tool_call.tool(**tool_call.arguments)), stop, started)
                 else:
                     async with self.slots:
-                        result = await asyncio.wait_for(self.call_in_thread(tool_call), self.timeout)
+                        if stop.reason is not None:  # it waited for a slot meanwhile
+                            raise ToolAbandoned(f"not run: {stop.reason}")
+                        result = await self.settle(self.call_in_thread(tool_call), stop, started)
                 outcomes.append((result, False, None))
-            except asyncio.TimeoutError:  # the call ran past `timeout`: abandoned
-                error = ToolTimeout(f"timed out: no result within tool_timeout={self.timeout:g} s, abandoned")
-                outcomes.append(({"error": str(error)}, True, error))
-            except Exception as error:  # the tool's error (or its arguments not fitting): an error result
+            except Exception as error:  # the tool's error (or its arguments not fitting), a timeout: an error result
                 outcomes.append(({"error": str(error)}, True, error))
             finally:
-                slow.cancel()
+                with self.running_lock:
+                    self.running.pop(key, None)
         return outcomes
+
+    async def settle(self, awaitable: Any, stop: RoundStop, started: float) -> Any:
+        """The call's result, or its exception; a [`ToolTimeout`] once it has run `timeout` seconds, a
+        [`ToolAbandoned`] once the round stops (`stop.event`). Either way the call is abandoned: an async tool's task
+        is cancelled (not waited for), a sync call's thread runs on, its outcome ignored."""
+        call = asyncio.ensure_future(awaitable)
+        stopped = asyncio.ensure_future(stop.event.wait())
+        try:
+            done, _ = await asyncio.wait({call, stopped}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if call in done:
+            return call.result()
+        call.cancel()
+        if stopped in done:
+            raise ToolAbandoned(f"abandoned after {time.monotonic() - started:.0f} s: {stop.reason}")
+        raise ToolTimeout(f"timed out: no result within tool_timeout={self.timeout:g} s, abandoned")
 
     @staticmethod
     def call_in_thread(tool_call: ToolCall) -> asyncio.Future:
@@ -947,7 +1031,7 @@ class ToolRunner:
         future = loop.create_future()
 
         def settle(result: Any, error: BaseException | None) -> None:
-            if future.done():  # abandoned (timed out)
+            if future.done():  # abandoned (timed out, or the run is stopping)
                 return
             if error is not None:
                 future.set_exception(error)
@@ -970,16 +1054,46 @@ class ToolRunner:
         threading.Thread(target=target, name=f"trl-trapo-tool-{tool_call.name}", daemon=True).start()
         return future
 
-    def warn_slow(self, tool_call: ToolCall, started: float) -> None:
-        """Warn that a call is still running (once per call, from the event loop's thread)."""
-        limit = (
-            f"it is abandoned after tool_timeout={self.timeout:g} s"
-            if self.timeout is not None
-            else "set tool_timeout (seconds) in TRAPOConfig to abandon calls that run longer (TRL has no limit)"
+    def warn_slow(self, warned: set[str]) -> None:
+        """Warn about the tools with a call running for `slow_after` seconds or more, once per tool in a round
+        (`warned`: the round's tools warned about so far): one warning per tool, however many of its calls run."""
+        now = time.monotonic()
+        with self.running_lock:
+            running = list(self.running.values())
+        slow = {c.name for c, started in running if now - started >= self.slow_after and c.name not in warned}
+        for name in sorted(slow):
+            warned.add(name)
+            calls = sorted(((c, started) for c, started in running if c.name == name), key=lambda pair: pair[1])
+            logger.warning(self.slow_message(name, [c for c, _ in calls], now - calls[0][1]))
+
+    def slow_message(self, name: str, calls: list[ToolCall], seconds: float) -> str:
+        """The warning for a tool whose calls are still running: how many, the longest for how long, the first one's
+        arguments, and what bounds them (`tool_timeout`)."""
+        if self.timeout is not None:
+            limit = f"abandoned after tool_timeout={self.timeout:g} s"
+        else:
+            limit = "set tool_timeout (seconds) in TRAPOConfig to abandon calls that run longer (TRL has no limit)"
+        arguments = short_arguments(calls[0].arguments)
+        if len(calls) == 1:
+            return (
+                f"The tool `{name}` has been running for {seconds:.0f} s, called with the arguments {arguments}; the "
+                f"round waits for it: {'it is ' + limit if self.timeout is not None else limit}."
+            )
+        return (
+            f"{len(calls)} calls of `{name}` are still running, the longest for {seconds:.0f} s (the first was called "
+            f"with the arguments {arguments}); the round waits for them: "
+            f"{'they are ' + limit if self.timeout is not None else limit}."
         )
-        logger.warning(
-            f"The tool `{tool_call.name}` has been running for {time.monotonic() - started:.0f} s, called with the "
-            f"arguments {short_arguments(tool_call.arguments)}; the round waits for it: {limit}."
+
+    @staticmethod
+    def abandoned_message(reason: str | None, abandoned: dict[str, int]) -> str:
+        """The one warning for a round stopped by a signal: the calls abandoned or not started, per tool."""
+        counts = ", ".join(f"`{name}` x{count}" for name, count in sorted(abandoned.items()))
+        return (
+            f"{sum(abandoned.values())} tool call(s) were abandoned ({counts}): {reason}. Calls still running were "
+            "not waited for (a sync tool's thread runs on, its result ignored) and calls not yet started were not "
+            "run; each is a failed call (the model reads its error, counted in tools/failure_frequency), so that the "
+            "round, the step and its checkpoint can finish."
         )
 
     @staticmethod
@@ -1088,6 +1202,9 @@ class ToolRolloutSource(RolloutSource):
             family (`exploration=True`): every turn of a rollout is sampled at its family's.
         tool_timeout (`float`, *optional*): seconds a tool call may run before it is abandoned and fails
             (`tool_timeout`; [`ToolRunner`]); None: no limit.
+        stopping (`Callable[[], str | None]`, *optional*): why the run is stopping (SIGINT / SIGTERM received), or
+            None while it is not: once it gives a reason, the tool calls still running are abandoned and those not
+            started are not run, as failed calls ([`ToolRunner`]). None: calls are always waited for.
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
@@ -1117,6 +1234,7 @@ class ToolRolloutSource(RolloutSource):
         images: ImageRows | None = None,
         exploration: TargetedExploration | None = None,
         tool_timeout: float | None = None,
+        stopping: Callable[[], str | None] | None = None,
     ):
         # a VLM run's image prompts are rendered (with their tools) by the processor, and so are the tool messages
         self.image_column = image_column(dataset.column_names, "train_dataset") if images is not None else None
@@ -1145,7 +1263,7 @@ class ToolRolloutSource(RolloutSource):
         self.generation_batch_size = generation_batch_size
         self.exploration = exploration
         self.template_kwargs = dict(template_kwargs or {})
-        self.runner = ToolRunner(max_workers, timeout=tool_timeout)
+        self.runner = ToolRunner(max_workers, timeout=tool_timeout, stopping=stopping)
         self.pool: dict[str | None, list[Any]] = {name: [] for name in spec.factories}
         self.last_round_seconds: float | None = None
         self.stop_token_ids = set([tokenizer.eos_token_id] if stop_token_ids is None else stop_token_ids)
@@ -1532,6 +1650,7 @@ __all__ = [
     "TOOL_CHAT_TEMPLATE",
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
+    "ToolAbandoned",
     "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",

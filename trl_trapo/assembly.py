@@ -386,6 +386,9 @@ class SourceParts:
         zero3 (`bool`): the run is under DeepSpeed ZeRO-3.
         images ([`~trl_trapo.vision.ImageRows`], *optional*): a vision-language run's row builder (the tool-calling
             source renders image prompts with it); None for a text run.
+        stopping (`Callable[[], str | None]`, *optional*): why the run is stopping (the trainer's SIGINT / SIGTERM
+            catcher, [`~trl_trapo.interrupts.SignalCatcher.stopping`]), or None while it is not: the tool-calling
+            source, here or in the asynchronous producer, then abandons the tool calls still running.
     """
 
     engine: RolloutEngine
@@ -404,6 +407,7 @@ class SourceParts:
     producer_threads: int
     zero3: bool
     images: ImageRows | None = None
+    stopping: Callable[[], str | None] | None = None
 
 
 def build_rollout_source(
@@ -464,6 +468,7 @@ def build_rollout_source(
         parts.tokenizer,
         parts.metrics.log_metric,
         sum_over_ranks=source_sum_over_ranks(parts.accelerator) if spec.kind == "tools" else None,
+        stopping=parts.stopping,  # a tool call that hangs must not hold up a graceful stop
     )
     if spec.kind == "rollout_func":  # bound to the trainer already
         return RolloutFuncSource(
@@ -683,6 +688,7 @@ def build_async_source(
         producer_threads=parts.producer_threads,
         source=spec,
         weight_snapshots=snapshots,
+        stopping=parts.stopping,  # passed on to the producer: its hung tool calls must not hold up a graceful stop
     )
 
 

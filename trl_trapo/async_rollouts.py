@@ -651,7 +651,15 @@ def _load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=None) -> None:
+def abandoned_by_trainer(abandon) -> Callable[[], str | None] | None:
+    """The producer's `stopping` (a tool-calling source's, [`~trl_trapo.agents.ToolRunner`]): a reason once the
+    trainer has set `abandon` (a `multiprocessing` event; None: never)."""
+    if abandon is None:
+        return None
+    return lambda: "the trainer is stopping (SIGINT / SIGTERM received)" if abandon.is_set() else None
+
+
+def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=None, abandon=None) -> None:
     """The producer process: build the model, the reward scorer and the run's rollout source (`spec.source`, the
     class the synchronous path runs, trl_trapo/executor.py), then serve requests until `None` arrives.
 
@@ -666,7 +674,9 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=Non
     here by the reward functions when the source did not score it. With a vLLM server, the default source's round is
     sampled through the server ([`sample_from_server`]) instead.
     The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
-    flight) and exits when the trainer's process is gone.
+    flight) and exits when the trainer's process is gone. Once `abandon` (an event) is set, the trainer is stopping
+    on SIGINT / SIGTERM: the tool-calling source abandons its tool calls still running (and runs none not started),
+    so that the rounds the trainer's last step and checkpoint wait for arrive.
 
     Stopping ([`ProducerProcess.shutdown`]): once `stop` (an event) is set, the rounds and weights still queued are
     read and skipped, not sampled, up to `None`. The process then waits for its results queue's feeder thread to
@@ -735,7 +745,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=Non
             trainer_view = ProducerTrainer(model, spec.tokenizer, spec.args, accelerator, spec.generation_config,
                                            spec.pad_token_id)  # fmt: skip
             context = SourceContext(engine, requested, requested, requested, scorer, spec.tokenizer, log_metric,
-                                    trainer_view=trainer_view)  # fmt: skip
+                                    trainer_view=trainer_view, stopping=abandoned_by_trainer(abandon))  # fmt: skip
             source = spec.source.build(context)
         while True:
             try:
@@ -913,16 +923,21 @@ class ProducerProcess:
 
     Args:
         context: the `multiprocessing` context (`spawn`).
-        target (`Callable`): the process's function, called with `(*args, requests, weights, results, stop)`.
+        target (`Callable`): the process's function, called with `(*args, requests, weights, results, stop,
+            abandon)`; `abandon` (an event) is set when the trainer stops on SIGINT / SIGTERM: the tool calls the
+            producer runs are then abandoned (`AsyncRolloutSource.stopping`).
         args (`tuple`): its first arguments.
         name (`str`): the process's name.
     """
 
     def __init__(self, context, target: Callable, args: tuple, name: str):
         self.requests, self.weights, self.results = context.Queue(), context.Queue(), context.Queue()
-        self.stop = context.Event()
+        self.stop, self.abandon = context.Event(), context.Event()
         self.process = context.Process(
-            target=target, args=(*args, self.requests, self.weights, self.results, self.stop), name=name, daemon=True
+            target=target,
+            args=(*args, self.requests, self.weights, self.results, self.stop, self.abandon),
+            name=name,
+            daemon=True,
         )
         self.stopped = False
 
@@ -1034,6 +1049,10 @@ class AsyncRolloutSource(RolloutSource):
             `on_train_begin` and every `weight_sync_steps` optimizer steps); `prefetch` and `sample` then send the
             last snapshot and never read the policy. Under DeepSpeed ZeRO-3, where reading the weights gathers the
             partitioned parameters (a collective), while each rank asks for rounds at its own steps.
+        stopping (`Callable[[], str | None]`, *optional*): why the run is stopping (the trainer's SIGINT / SIGTERM
+            catcher), or None while it is not. While this process waits for a round (a step's, or a checkpoint's wait
+            for the rounds in flight), a reason is passed on to the producer (its `abandon` event): its tool-calling
+            source abandons the tool calls still running, so that a hung tool does not hold up the stop. None: never.
 
     Raises:
         ValueError: naming each object, if reward functions, tools, environment factories or the `rollout_func`
@@ -1063,6 +1082,7 @@ class AsyncRolloutSource(RolloutSource):
         producer_threads: int | None = None,
         source: SourceSpec | None = None,
         weight_snapshots: bool = False,
+        stopping: Callable[[], str | None] | None = None,
     ):
         if source is None:
             source = SourceSpec("default", group, num_mini_batches, float(args.temperature))
@@ -1106,6 +1126,7 @@ class AsyncRolloutSource(RolloutSource):
         self._producer: ProducerProcess | None = None
         self._process = self._requests = self._weights = self._results = None
         self.weight_snapshots = bool(weight_snapshots)
+        self.stopping = stopping
         # with weight_snapshots: the last scheduled snapshot (version, trainable weights), what the next round asked
         # for is sampled with; and the producer's first copy (the whole policy, taken at the start of training)
         self.snapshot: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -1354,6 +1375,7 @@ class AsyncRolloutSource(RolloutSource):
         `training` (a checkpoint's wait does not)."""
         start = time.perf_counter()
         while index not in self.ready:
+            self._pass_on_stop()
             try:
                 message = self._results.get(timeout=POLL_SECONDS)
             except queue.Empty:
@@ -1546,6 +1568,14 @@ class AsyncRolloutSource(RolloutSource):
             for name, value in self.sent_state.items():
                 tensors[f"producer_weights/{name}"] = value.contiguous()
         return meta, tensors
+
+    def _pass_on_stop(self) -> None:
+        """Once `stopping` gives a reason, tell the producer (its `abandon` event): its tool calls still running are
+        abandoned, and those not started are not run, so the rounds waited for arrive (trial 12's N07)."""
+        producer = self._producer
+        if producer is not None and self.stopping is not None and not producer.abandon.is_set():
+            if self.stopping() is not None:
+                producer.abandon.set()
 
     def _receive_silently(self, index: int) -> None:
         """Wait for a round without counting the wait as the trainer's (a checkpoint waits, not training)."""

@@ -1188,7 +1188,9 @@ class TRAPOConfig(_BaseConfig):
             "`tools/failure_frequency`, and the first failure of each tool is warned about, naming the timeout. An "
             "async tool is cancelled; a sync tool's thread cannot be stopped and is left to finish on its own (its "
             "result is ignored; it does not hold up the process's exit). None (the default, TRL's behaviour): no "
-            "limit. Either way a call running longer than 60 s is warned about, once per call."
+            "limit. Either way calls running longer than 60 s are warned about (once per tool and round of calls), "
+            "and after SIGINT / SIGTERM the calls still running are abandoned the same way, so that the graceful stop "
+            "(finish the step, save a checkpoint) never waits on a hung tool."
         },
     )
     ds3_gather_for_generation: bool = field(

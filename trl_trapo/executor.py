@@ -54,6 +54,9 @@ class SourceContext:
         log_metric (`Callable[[str, float], None]`): where a source logs (`tools/*`).
         sum_over_ranks (`Callable`, *optional*): a collective sum over the trainer's ranks (None in the producer).
         trainer_view: what a `rollout_func` gets as `trainer` (in the producer, a [`ProducerTrainer`]).
+        stopping (`Callable[[], str | None]`, *optional*): why the run is stopping, or None (the tool-calling source
+            abandons the tool calls still running once it gives a reason: the trainer's SIGINT / SIGTERM catcher, or
+            in the producer the trainer's word that it stops); None: never.
     """
 
     engine: Any
@@ -65,6 +68,7 @@ class SourceContext:
     log_metric: Callable[[str, float], None]
     sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
     trainer_view: Any = None
+    stopping: Callable[[], str | None] | None = None
 
 
 @dataclasses.dataclass
@@ -115,6 +119,7 @@ class SourceSpec:
                 log_metric=context.log_metric,
                 sum_over_ranks=context.sum_over_ranks,
                 exploration=context.exploration,
+                stopping=context.stopping,
                 **self.tool_settings,
             )
         if self.kind == "rollout_func":

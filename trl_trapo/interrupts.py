@@ -3,7 +3,9 @@
 
 While `TRAPOTrainer.train()` runs, and only then, a `SignalCatcher` replaces the handlers of SIGINT and SIGTERM (in
 the main thread; the previous handlers are put back when `train()` returns or raises; a signal the process ignores
-stays ignored). A signal only sets a flag: the optimizer step in progress finishes, then
+stays ignored). A signal only sets a flag: the optimizer step in progress finishes (tool calls still running are
+abandoned as failed calls, [`~trl_trapo.agents.ToolRunner`] asks [`SignalCatcher.stopping`], so that the step never
+waits on a hung tool), then
 [`~trl_trapo.callbacks.StopOnSignalCallback`] — at the end of every optimizer step, on every rank — agrees over the
 ranks whether any of them received one (one all-gather of one number per step, `distributed.max_over_ranks`), and if
 so asks the Trainer to save the normal `checkpoint-N` (TRAPO's state included, by `StateCheckpointCallback`) and stop.
@@ -117,6 +119,16 @@ class SignalCatcher:
             self.previous[sig] = current
             signal.signal(sig, self.handle)
         return self
+
+    def stopping(self) -> str | None:
+        """Why the run is stopping, for what must not hold up the stop (a tool call that hangs: the tool-calling
+        source abandons the calls still running, `agents.ToolRunner`), or None while no signal has been received.
+
+        Returns:
+            `str` or None: e.g. "the run is stopping (SIGTERM received)".
+        """
+        received = self.received
+        return None if received is None else f"the run is stopping ({received.name} received)"
 
     def __exit__(self, *exc_info) -> None:
         for sig, handler in self.previous.items():

@@ -287,7 +287,9 @@ class RolloutParts:
     KL's reference ([`~trl_trapo.models.ReferencePolicy`] or None), the distillation teacher (or None), the training
     forward's output layer restricted to counted positions, the rollouts' generation config and stop tokens, the
     rollout engine, the rollout source as given or built (`trainer.rollout_source`), the RL objective's supply and what the supply
-    needs run on the Trainer's schedule (`assembly.RLSupplyParts.callbacks`)."""
+    needs run on the Trainer's schedule (`assembly.RLSupplyParts.callbacks`), and the run's SIGINT / SIGTERM catcher
+    (made here: the tool-calling source asks it whether the run is stopping, so that a hung tool call does not hold
+    up the stop; [`assemble_training`] gives it to the callback that stops the run)."""
 
     padding_id: int
     ref_model: Any
@@ -300,6 +302,7 @@ class RolloutParts:
     source: Any
     supply: RLSupply
     supply_callbacks: list = dataclasses.field(default_factory=list)
+    signal_catcher: SignalCatcher = dataclasses.field(default_factory=SignalCatcher)
 
 
 def assemble_rollouts(
@@ -323,6 +326,8 @@ def assemble_rollouts(
     generation_config = rollout_generation_config(args, tokenizer, padding_id)
     stops = stop_token_ids(args, tokenizer)  # what stops generation is exactly what cuts the mask
     active_rl = run.data.rl is not None
+    # SIGINT / SIGTERM: the step finishes without waiting on tool calls (agents.ToolRunner), then a checkpoint, stop
+    catcher = SignalCatcher(announce=link.accelerator.is_main_process)
     common = dict(schedules=rows.schedules, padding_id=padding_id, stops=stops, generation_config=generation_config)
     engine = build_rollout_engine(
         args,
@@ -350,6 +355,7 @@ def assemble_rollouts(
         producer_threads=run.checked.thread_choice.producer_threads,
         zero3=link.zero3,
         images=models.image_rows,
+        stopping=catcher.stopping,
         **{k: v for k, v in common.items() if k != "schedules"},
     )
     supply = build_rl_supply(
@@ -377,9 +383,8 @@ def assemble_rollouts(
     elif rollout_source is None and "rl" in active:  # a step's RL rows follow the shares: said, not warned
         note_rounds_follow_shares(group, args.num_mini_batches)
     frozen = (padding_id, ref_model, reference, teacher, counted_head)
-    return RolloutParts(
-        *frozen, generation_config, stops, engine, supply.source, supply.supply, supply_callbacks=supply.callbacks
-    )
+    built = (generation_config, stops, engine, supply.source, supply.supply, supply.callbacks, catcher)
+    return RolloutParts(*frozen, *built)
 
 
 def build_evaluator(run: RunParts, link: TrainerLink, rollouts: RolloutParts) -> Evaluator:
@@ -473,7 +478,7 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         on_complete=guard.end,
     )
     # SIGINT / SIGTERM save a checkpoint and stop (train()), by the callback added last
-    catcher = SignalCatcher(announce=accelerator.is_main_process)
+    catcher = rollouts.signal_catcher
     callbacks = build_callbacks(
         args,
         existing=link.callbacks,
