@@ -552,3 +552,93 @@ def test_an_environments_column_is_refused_in_an_environment_factory_run(tmp_pat
             processing_class=tok,
             environment_factory=Counter,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# An environment's get_reward() failing is the environment's method, not a reward function (trial 12's N41)
+# ---------------------------------------------------------------------------------------------------------------------
+class JudgedEnvironment:
+    """An environment scored by an LLM judge in `get_reward()`; `value` / `error` say what the judge gives."""
+
+    value: object = 1.0
+    error: Exception | None = None
+
+    def reset(self, **row) -> None:
+        return None
+
+    def get_reward(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class AsyncJudgedEnvironment(JudgedEnvironment):
+    async def get_reward(self):
+        return JudgedEnvironment.get_reward(self)
+
+
+@pytest.mark.parametrize("environment", [JudgedEnvironment, AsyncJudgedEnvironment], ids=["sync", "async"])
+def test_a_get_reward_that_raises_is_reported_as_the_environments_method(tok, monkeypatch, environment):
+    """Was: "Reward function 'JudgedEnvironment' raised RuntimeError ... Reward functions are called as
+    func(prompts=..., ...)": a lecture about a reward function the user never wrote."""
+    judge = RuntimeError("judge timed out")
+    monkeypatch.setattr(JudgedEnvironment, "error", judge)
+    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=environment, rewards=[zero])
+    with pytest.raises(RuntimeError) as raised:
+        source.sample(2, step=0)
+    source.close()
+    name = environment.__name__
+    assert type(raised.value).__name__ == "EnvironmentRewardError"
+    assert str(raised.value).startswith(
+        f"environment {name}: get_reward() raised RuntimeError: judge timed out (rollout 0 of 2, after its last turn)"
+    )
+    assert "return None from get_reward()" in str(raised.value)
+    assert "Reward function" not in str(raised.value) and "func(prompts=" not in str(raised.value)
+    assert raised.value.__cause__ is judge  # the user's exception, chained
+
+
+@pytest.mark.parametrize(
+    "value, shown", [("1.0", "'1.0' (str)"), ([1.0], "[1.0] (list)"), (float("inf"), "inf (float)")]
+)
+def test_a_get_reward_returning_no_number_is_named_with_its_value(tok, monkeypatch, value, shown):
+    monkeypatch.setattr(JudgedEnvironment, "value", value)
+    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero])
+    with pytest.raises(RuntimeError) as raised:
+        source.sample(2, step=0)
+    source.close()
+    assert str(raised.value).startswith(
+        f"environment JudgedEnvironment: get_reward() returned {shown} for rollout 0 of 2: it must return one finite "
+        "number (int, float or bool, as TRL's GRPOTrainer accepts) for its rollout, or None for no reward."
+    )
+    assert "Reward function" not in str(raised.value)
+
+
+def test_none_from_get_reward_is_no_reward_and_numbers_pass(tok, monkeypatch):
+    monkeypatch.setattr(JudgedEnvironment, "value", None)
+    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero])
+    none = source.sample(2, step=0)
+    monkeypatch.setattr(JudgedEnvironment, "value", True)
+    true = source.sample(2, step=0)
+    source.close()
+    assert none.per_func[:, 1].isnan().all() and true.per_func[:, 1].tolist() == [1.0, 1.0]
+
+
+def test_a_get_reward_failing_in_the_construction_check_says_so(tmp_path, tok, monkeypatch):
+    monkeypatch.setattr(JudgedEnvironment, "error", KeyError("score"))
+    with pytest.raises(RuntimeError) as raised:
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            reward_funcs=zero,
+            args=tiny_args(tmp_path),
+            train_dataset=prompts_dataset(),
+            processing_class=tok,
+            environment_factory=JudgedEnvironment,
+        )
+    message = str(raised.value)
+    assert message.startswith(
+        "In TRAPOTrainer's construction-time check (each environment's get_reward() is called once on fresh "
+        "instances reset with the first 2 row(s) of `train_dataset`, before any tool call and before anything slow), "
+        "environment JudgedEnvironment: get_reward() raised KeyError: 'score'"
+    )
+    assert "no tool was called on" in message and "reward function" not in message.lower()
+    assert isinstance(raised.value.__cause__, KeyError)

@@ -80,6 +80,7 @@ from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational, prepare_multimodal_messages
 
 from .data import INTERNAL_COLUMNS, tokenize_prompt
+from .rewards import EnvironmentRewardError, reward_value
 from .sources import RolloutSource, SampledRound
 from .tool_schemas import row_tool_names
 from .vision import IMAGE_COLUMNS, as_tensors, image_column, is_processor, text_tokenizer
@@ -395,21 +396,76 @@ def environment_reward(environment_type: type) -> Callable:
 
 
 class EnvironmentReward:
-    """[`environment_reward`] of an environment class whose `get_reward` is sync: `__name__` is the class's name."""
+    """[`environment_reward`] of an environment class whose `get_reward` is sync: `__name__` is the class's name.
+
+    Called as a reward function (`environments=`: one instance per rollout), it returns one value per rollout: its
+    environment's `get_reward()` (a number, or None: no reward) for an instance of the class, None for the others.
+
+    Raises:
+        EnvironmentRewardError: naming the class and `get_reward()` (the user wrote no reward function), with the
+            user's exception as the cause, if `get_reward()` raises; or naming the value, if it returns something that
+            is not a finite number or None (a string, a list, ...).
+    """
 
     def __init__(self, environment_type: type):
         self.environment_type = environment_type
         self.__name__ = self.__qualname__ = environment_type.__name__
 
     def __call__(self, environments, **kwargs):
-        return [e.get_reward() if type(e) is self.environment_type else None for e in environments]
+        rewards = []
+        for row, environment in enumerate(environments):
+            if type(environment) is not self.environment_type:
+                rewards.append(None)
+                continue
+            try:
+                value = environment.get_reward()
+            except Exception as error:
+                raise self.raised(error, row, len(environments)) from error
+            rewards.append(self.checked(value, row, len(environments)))
+        return rewards
+
+    def raised(self, error: Exception, row: int, rows: int) -> EnvironmentRewardError:
+        """The error for a `get_reward()` that raised `error` on rollout `row` of `rows`."""
+        return EnvironmentRewardError(
+            f"environment {self.__name__}: get_reward() raised {type(error).__name__}: {error} (rollout {row} of "
+            f"{rows}, after its last turn). Each rollout is scored by its environment's get_reward(), weight 1, as "
+            "in TRL's GRPOTrainer, and an exception there stops training: return None from get_reward() for a "
+            "rollout it cannot score (no reward for it), e.g. when the judge times out."
+        )
+
+    def checked(self, value: Any, row: int, rows: int) -> Any:
+        """`value`, if it is a reward (a finite number, or None for no reward; [`~trl_trapo.rewards.reward_value`]).
+
+        Raises:
+            EnvironmentRewardError: naming the class, the value, its type and the rollout, otherwise.
+        """
+        number = reward_value(value)
+        if number is not None and not math.isinf(number):
+            return value
+        return_value = repr(value)
+        raise EnvironmentRewardError(
+            f"environment {self.__name__}: get_reward() returned {return_value[:80]} ({type(value).__name__}) for "
+            f"rollout {row} of {rows}: it must return one finite number (int, float or bool, as TRL's GRPOTrainer "
+            "accepts) for its rollout, or None for no reward. Return e.g. `float(...)` of what it computes."
+        )
 
 
 class AsyncEnvironmentReward(EnvironmentReward):
-    """[`environment_reward`] of an environment class whose `get_reward` is `async def` (awaited)."""
+    """[`environment_reward`] of an environment class whose `get_reward` is `async def` (awaited); raises as
+    [`EnvironmentReward`]."""
 
     async def __call__(self, environments, **kwargs):
-        return [await e.get_reward() if type(e) is self.environment_type else None for e in environments]
+        rewards = []
+        for row, environment in enumerate(environments):
+            if type(environment) is not self.environment_type:
+                rewards.append(None)
+                continue
+            try:
+                value = await environment.get_reward()
+            except Exception as error:
+                raise self.raised(error, row, len(environments)) from error
+            rewards.append(self.checked(value, row, len(environments)))
+        return rewards
 
 
 @dataclass

@@ -320,6 +320,12 @@ class RewardFunctionError(RuntimeError):
     original exception is the `__cause__`)."""
 
 
+class EnvironmentRewardError(RewardFunctionError):
+    """An environment's `get_reward()` raised (the user's exception is the `__cause__`) or returned something that is
+    not a reward; the message names the environment class and its method, not a reward function: the user wrote
+    none (`trl_trapo.agents.EnvironmentReward` raises it, and [`call_reward_function`] passes it on unchanged)."""
+
+
 def completion_form_message(name: str, source: str, conversational: bool, cause: BaseException) -> str:
     """The message for a reward function that fails on the completions' form (strings for text prompts, lists of
     messages for conversational ones) and succeeds on the other form: the prompts' form decides the completions' form,
@@ -374,6 +380,8 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             output = asyncio.run_coroutine_threadsafe(func(**kwargs), loop).result()
         else:
             output = func(**kwargs)
+    except EnvironmentRewardError:  # an environment's get_reward(): its message names the method already
+        raise
     except Exception as error:  # re-raised with the function's name and the fix
         missing = missing_arguments(func, kwargs) if isinstance(error, TypeError) else []
         if missing:  # trial 8's JC22: TRL's accuracy_reward needs a `solution` column the data names `answer`
@@ -582,6 +590,13 @@ class RewardScorer:
                 continue
             try:
                 probe(func, name, conversational)
+            except EnvironmentRewardError as error:  # no completion is involved: said without the functions' advice
+                raise EnvironmentRewardError(
+                    f"In TRAPOTrainer's construction-time check (each environment's get_reward() is called once on "
+                    f"fresh instances reset with the first {len(rows)} row(s) of {source}, before any tool call and "
+                    f"before anything slow), {error} get_reward() must also work on an environment no tool was "
+                    "called on (return 0.0 or None there)."
+                ) from (error.__cause__ or error)
             except (RewardFunctionError, ValueError) as error:
                 cause = error.__cause__
                 if isinstance(error, RewardFunctionError) and isinstance(
