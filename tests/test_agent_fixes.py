@@ -642,3 +642,152 @@ def test_a_get_reward_failing_in_the_construction_check_says_so(tmp_path, tok, m
     )
     assert "no tool was called on" in message and "reward function" not in message.lower()
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# An environment's public helper method (trial 12's N50)
+# ---------------------------------------------------------------------------------------------------------------------
+class WithHelper:
+    def reset(self, **row) -> None:
+        self.state = self.normalize(" x ")
+
+    def normalize(self, s):
+        return s.strip()
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a * b
+
+
+class WithPrivateHelper(WithHelper):
+    normalize = None  # the helper under its private name only
+
+    def reset(self, **row) -> None:
+        self.state = self._normalize(" x ")
+
+    def _normalize(self, s):
+        return s.strip()
+
+
+def test_a_public_helper_method_is_told_trls_rule_and_how_to_keep_it_private():
+    """Was: "the tool normalize has no usable schema ... Give it type hints ... and a docstring": the only fix
+    offered exposed the helper to the model."""
+    from trl_trapo.agents import AgentSpec
+
+    with pytest.raises(ValueError) as raised:
+        AgentSpec.build(None, WithHelper)
+    message = str(raised.value)
+    assert message.startswith(
+        "environment_factory (WithHelper): `normalize` is a public method of the environment WithHelper, so it is a "
+        "tool the model may call (TRL's rule: every public method other than `reset` and `get_reward` is one)"
+    )
+    assert "rename it `_normalize` (and its uses)" in message and "give it type hints" in message
+    spec = AgentSpec.build(None, WithPrivateHelper)  # the fix: only `multiply` is a tool
+    assert [s["function"]["name"] for s in spec.schemas[None]] == ["multiply"]
+
+
+def test_a_standalone_tool_without_a_schema_keeps_the_tools_message():
+    from trl_trapo.agents import AgentSpec
+
+    def loose(s):
+        return s
+
+    with pytest.raises(ValueError, match=r"^tools: the tool `loose` has no usable schema .* Give it type hints"):
+        AgentSpec.build([loose], None)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tool signatures a call by keyword can or cannot fill (trial 12's N01)
+# ---------------------------------------------------------------------------------------------------------------------
+def add_all(*args: int) -> int:
+    """Add integers.
+
+    Args:
+        args: The integers.
+    """
+    return sum(args)
+
+
+def first_of(a: int, /) -> int:
+    """Return a.
+
+    Args:
+        a: Returned.
+    """
+    return a
+
+
+def scaled(a: int, *, factor: int = 2) -> int:
+    """Scale a.
+
+    Args:
+        a: The integer.
+        factor: The factor.
+    """
+    return a * factor
+
+
+def tagged(a: int, **kwargs: str) -> str:
+    """Tag a.
+
+    Args:
+        a: The integer.
+        kwargs: The tags.
+    """
+    return f"{a}{sorted(kwargs.items())}"
+
+
+@pytest.mark.parametrize(
+    "tool, message",
+    [
+        (add_all, "tools: the tool `add_all` takes `*args`, which a tool call can never fill"),
+        (first_of, "tools: the tool `first_of` takes `a` as a positional-only parameter (before `/`)"),
+    ],
+)
+def test_a_tool_whose_parameters_no_call_can_fill_is_refused_naming_it(tool, message):
+    """Was: `*args` was accepted (transformers' schema made `args` a required integer) and every call failed with
+    "got an unexpected keyword argument 'args'"."""
+    from trl_trapo.agents import AgentSpec
+
+    with pytest.raises(ValueError) as raised:
+        AgentSpec.build([tool], None)
+    assert str(raised.value).startswith(message)
+    if tool is add_all:
+        assert "`numbers: list[int]`" in str(raised.value)
+
+
+def test_keyword_only_and_kwargs_tools_are_called_by_keyword(tok, caplog):
+    """A call passes its JSON arguments by keyword: keyword-only parameters and `**kwargs` receive them."""
+    calls = [call("scaled", '{"a":3,"factor":5}'), call("tagged", '{"a":1,"kwargs":"x"}')]
+
+    def script(context):
+        return "done</s>" if "t:" in context else calls[int(context.split("add ")[1][0])] + "</s>"
+
+    seen = {}
+
+    def reads(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        source, _, metrics = make_source(
+            tok,
+            script,
+            tools=[scaled, tagged],
+            rewards=[reads],
+            dataset=prompts_dataset(2),
+            group=1,
+            response_length=120,
+        )
+    source.sample(2, step=0)
+    source.close()
+    assert metrics["tools/failure_frequency"] == [0.0]
+    results = [[m["content"] for m in c if m["role"] == "tool"] for c in seen["completions"]]
+    assert results == [["15"], ["1[('kwargs', 'x')]"]]
+    warned = [r.getMessage() for r in caplog.records if "`**kwargs`" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("tools: the tool `tagged` takes `**kwargs`")

@@ -325,16 +325,24 @@ def use_chatml_tool_template(tokenizer, default_system: str | None = SMOLLM2_DEF
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def tool_schema(tool: Callable, where: str = "tools") -> dict:
+def tool_schema(tool: Callable, where: str = "tools", environment: str | None = None) -> dict:
     """The JSON schema of one tool, from its type hints and Google-style docstring (transformers' `get_json_schema`).
 
+    Args:
+        tool (`Callable`): the function, or an environment instance's bound method.
+        where (`str`): where it was given, for messages (`"tools"`, `"environment_factory (Env)"`).
+        environment (`str`, *optional*): the environment class's name when `tool` is one of its public methods
+            (TRL makes every one other than `reset` and `get_reward` a tool): a method without a schema is then told
+            how to stay a private helper.
+
     Raises:
-        ValueError: naming the tool and the fix, if it is not callable or has no docstring / type hints that
-            `get_json_schema` can read.
+        ValueError: naming the tool and the fix, if it is not callable, has a parameter a call can never fill
+            ([`check_tool_parameters`]), or has no docstring / type hints that `get_json_schema` can read.
     """
     name = getattr(tool, "__name__", repr(tool))
     if not callable(tool):
         raise ValueError(f"{where}: {name} is not callable; pass plain functions (sync or async) as tools.")
+    check_tool_parameters(tool, name, where)
     try:
         return get_json_schema(tool)
     except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
@@ -352,11 +360,59 @@ def tool_schema(tool: Callable, where: str = "tools") -> dict:
                 "`get_json_schema` reads plain functions and methods. Wrap it in a `def` with type hints on every "
                 "argument and a Google-style docstring that calls it."
             ) from error
+        if environment is not None:  # trial 12's N50: a helper method, never meant as a tool
+            raise ValueError(
+                f"{where}: `{name}` is a public method of the environment {environment}, so it is a tool the model "
+                "may call (TRL's rule: every public method other than `reset` and `get_reward` is one), and as a "
+                f"tool it has no usable schema ({error}). If it is a helper, not a tool, make it private: rename it "
+                f"`_{name}` (and its uses). If it is a tool, give it type hints on every argument and a Google-style "
+                "docstring with a description and an `Args:` entry per argument (transformers' `get_json_schema` "
+                "reads them)."
+            ) from error
         raise ValueError(
             f"{where}: the tool `{name}` has no usable schema ({error}). Give it type hints on every argument and a "
             "Google-style docstring with a description and an `Args:` entry per argument (transformers' "
             "`get_json_schema` reads them)."
         ) from error
+
+
+def check_tool_parameters(tool: Callable, name: str, where: str) -> None:
+    """Refuse a tool with a parameter no call can fill: a call passes the model's JSON arguments by name
+    (`tool(**arguments)`, as in TRL), so `*args` and positional-only parameters (before `/`) never receive one, yet
+    transformers' `get_json_schema` lists them (`*args` as one required argument `args`: every call failed with
+    "got an unexpected keyword argument 'args'", trial 12's N01). Keyword-only parameters (after `*`) are filled by
+    name and work. `**kwargs` works too (the call's arguments reach it by name), but `get_json_schema` lists it as
+    one required argument named `kwargs`, which the model is then asked for: warned about, not refused.
+
+    Raises:
+        ValueError: naming the tool, the parameter and the fix.
+    """
+    try:
+        parameters = list(inspect.signature(tool).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): `get_json_schema` refuses it next
+        return
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise ValueError(
+                f"{where}: the tool `{name}` takes `*{parameter.name}`, which a tool call can never fill: a call "
+                f"passes its JSON arguments by name (`{name}(**arguments)`), while transformers' `get_json_schema` "
+                f"describes `{parameter.name}` to the model as one required argument, so every call would fail. Use "
+                "named parameters; for a number of values, one list parameter, e.g. `numbers: list[int]` (with an "
+                "`Args:` entry for it in the docstring)."
+            )
+        if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise ValueError(
+                f"{where}: the tool `{name}` takes `{parameter.name}` as a positional-only parameter (before `/`), "
+                f"which a tool call can never fill: a call passes its JSON arguments by name (`{name}(**arguments)`)."
+                " Remove the `/` from its signature."
+            )
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            logger.warning(
+                "%s: the tool `%s` takes `**%s`: a call's arguments reach it by name, but transformers' "
+                "`get_json_schema` describes `%s` to the model as one required argument, so a call that follows "
+                "the schema passes `%s={'%s': ...}`. Name the parameters the model should fill.",
+                where, name, parameter.name, parameter.name, parameter.name, parameter.name,
+            )  # fmt: skip
 
 
 def environment_methods(instance: Any) -> list[Callable]:
@@ -493,15 +549,17 @@ class AgentSpec:
         """Check the tools and probe one instance of each environment.
 
         Raises:
-            ValueError: naming the culprit and the fix, for a tool without type hints or docstring (every such tool
-                in one message), two tools of one name, an environment factory that is not callable, or an instance
-                without `reset`.
+            ValueError: naming the culprit and the fix, for a tool without type hints or docstring or with a
+                parameter no call can fill (`*args`, positional-only; every such tool in one message), an
+                environment's public method without hints or docstring (saying how to keep a helper private), two
+                tools of one name, an environment factory that is not callable, or an instance without `reset`.
         """
         tools = list(tools or [])
-        refused = []  # every tool without a schema, in one message: a list of helpers was refused one per run
+        # every tool without a schema, in one message: a list of helpers was refused one per run
+        tool_schemas, refused = [], []
         for tool in tools:
             try:
-                tool_schema(tool, "tools")
+                tool_schemas.append(tool_schema(tool, "tools"))
             except ValueError as error:
                 refused.append(error)
         if len(refused) == 1:
@@ -521,7 +579,7 @@ class AgentSpec:
             factories = dict(environment_factory)
         else:
             factories = {None: environment_factory}
-        schemas: dict[str | None, list[dict]] = {} if factories else {None: [tool_schema(t) for t in tools]}
+        schemas: dict[str | None, list[dict]] = {} if factories else {None: tool_schemas}
         rewards, rewarded = [], set()
         for name, factory in factories.items():
             where = "environment_factory" if name is None else f"environment_factory[{name!r}]"
@@ -541,10 +599,10 @@ class AgentSpec:
                     "None` (called with the dataset row before each rollout; returned text is appended to the prompt)."
                 )
             methods = environment_methods(instance)
-            for method in methods:
-                tool_schema(method, f"{where} ({type(instance).__name__})")
-            check_tool_names(tools + methods, f"{where} ({type(instance).__name__}) with tools=")
-            schemas[name] = [tool_schema(t) for t in tools + methods]
+            kind = type(instance).__name__
+            method_schemas = [tool_schema(method, f"{where} ({kind})", environment=kind) for method in methods]
+            check_tool_names(tools + methods, f"{where} ({kind}) with tools=")
+            schemas[name] = tool_schemas + method_schemas
             if not schemas[name]:  # TRL 1.16 trains such a run as single-turn RL too, without a word
                 logger.warning(
                     "%s: %s exposes no tool methods (public methods other than reset and get_reward) and tools= "
