@@ -374,3 +374,13 @@ def test_sigterm_while_a_tool_hangs_saves_the_checkpoint_and_stops(tmp_path, tok
     assert stopped.value.interruption.signal == signal.SIGTERM and trainer.state.global_step == 1
     logged = [h for h in trainer.state.log_history if "tools/failure_frequency" in h]
     assert logged and logged[0]["tools/call_frequency"] == 1.0 and logged[0]["tools/failure_frequency"] == 1.0
+
+
+def test_a_timeouts_warning_carries_no_traceback_of_the_runner(caplog):
+    """The timeout is raised inside the runner: its traceback would point at the runner, not at the tool."""
+    runner = ToolRunner(2, timeout=0.2)
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        runner.run([[ToolCall("sleeper", {"seconds": 2}, sleeper)]])
+    runner.close()
+    (record,) = caplog.records
+    assert "timed out" in record.getMessage() and not record.exc_info

@@ -1067,7 +1067,9 @@ class ToolRunner:
                     abandoned[tool_call.name] = abandoned.get(tool_call.name, 0) + 1
                 elif error is not None and tool_call.name not in self.warned:
                     self.warned.add(tool_call.name)
-                    logger.warning(self.failure_message(tool_call, error), exc_info=error)
+                    # a timeout's traceback is the runner's, no help in finding the tool's line: the message says it
+                    traceback = None if isinstance(error, ToolTimeout) else error
+                    logger.warning(self.failure_message(tool_call, error), exc_info=traceback)
         if abandoned:
             logger.warning(self.abandoned_message(stop.reason, abandoned))
         return [[(result, failed) for result, failed, _ in turn_outcomes] for turn_outcomes in outcomes]
