@@ -70,7 +70,13 @@ from .data import (
     progress_bars,
     warn_missing_reward_cells,
 )
-from .distributed import accelerator_distributed_type, check_launch, restore_kernel_functions, sum_over_ranks
+from .distributed import (
+    accelerator_distributed_type,
+    check_launch,
+    generation_synced_gpus,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import check_best_model_metric, check_eval_on_start, check_eval_strategy
 from .executor import SourceContext
 from .grpo import grpo_notice
@@ -234,6 +240,7 @@ def check_run(
         agent, train_dataset = check_agent(
             args, tools, environment_factory, train_dataset, rollout_source, rollout_func, reward_funcs, reward_model
         )
+        agent.check_eval_prompts(eval_dataset)  # evaluation rolls them out through the tool loop too
     # not the default SyncRolloutSource
     own_source = rollout_source is not None or rollout_func is not None or agent is not None
     # before anything slow: output_dir can be written and holds no finished run this one would replace; the
@@ -611,6 +618,42 @@ def tool_source_spec(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, gr
             images=parts.images,  # a VLM run: each turn generates with its row's images
         ),
         first_row=dict(parts.rl_dataset[0]),
+    )
+
+
+def build_eval_tool_rollouts(
+    args: TRAPOConfig,
+    agent: AgentSpec | None,
+    tokenizer,
+    padding_id: int,
+    stops: list[int],
+    context: int | None,
+    images: ImageRows | None,
+    accelerator,
+) -> Any:
+    """Evaluation's rollouts in a run with `tools` / `environment_factory` (None without them): each eval prompt rolled
+    out greedily through the same loop as training ([`~trl_trapo.agents.GreedyToolRollouts`]), with the run's tools and
+    environments, budget (`response_length`), rounds of calls (`max_tool_calling_iterations`), `tool_timeout`, chat
+    template arguments, stop tokens, context and images (a VLM run), `per_device_eval_batch_size` rows per `generate`,
+    and, on several processes, the ranks' turns in lockstep as in training (`source_sum_over_ranks`)."""
+    if agent is None:
+        return None
+    from .agents import GreedyToolRollouts
+
+    return GreedyToolRollouts(
+        agent,
+        tokenizer,
+        padding_id,
+        list(stops),
+        response_length=args.response_length,
+        context=context,
+        max_iterations=args.max_tool_calling_iterations,
+        template_kwargs=args.chat_template_kwargs,
+        images=images,
+        tool_timeout=args.tool_timeout,
+        batch_size=args.per_device_eval_batch_size,
+        sum_over_ranks=source_sum_over_ranks(accelerator),
+        synced_gpus=functools.partial(generation_synced_gpus, accelerator),
     )
 
 
