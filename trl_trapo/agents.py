@@ -38,6 +38,10 @@ length limit with a tool call in it, which did not run, per rollout), `tools/tur
 rollout). On several processes each is over the whole round, every rank's rollouts (the counts are summed over ranks
 before dividing, as TRL gathers them), so every rank logs the same value.
 
+Evaluation ([`GreedyToolRollouts`], which the trainer's `Evaluator` is given in a run with tools): each prompt-only
+eval prompt is rolled out once, greedily, through this same loop ([`greedy_tool_rollouts`]), with fresh environment
+instances, and scored as training scores a round; the `tools/*` metrics are reported as `eval_tools/*`.
+
 Several processes: the ranks generate in lockstep. Their rollouts call tools a different number of times, but a
 turn's generation is a collective under ZeRO-3 (the weights are gathered for it, and DeepSpeed's forward pre-hook
 broadcasts while it re-records its parameter trace, which TRL invalidates after every generation) and FSDP (every
@@ -535,7 +539,11 @@ class AgentSpec:
         Raises:
             ValueError: naming the eval set, the bad value and the fix.
         """
+        from datasets import Dataset
+
         for label, dataset in eval_datasets(eval_dataset):
+            if not isinstance(dataset, Dataset):  # not one TRAPO evaluates: refused by `check_eval_dataset`
+                continue
             columns = set(dataset_columns(dataset) or [])
             if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
                 continue  # evaluated by its loss
@@ -1661,6 +1669,10 @@ def greedy_tool_rollouts(
 
     Returns:
         `list[Rollout]`: one finished rollout per row, in order (`example`, `messages`, the token ids, the counts).
+
+    Raises:
+        ValueError: [`ToolRolloutSource`]'s construction checks (a chat template that cannot express the loop,
+            prompts that are not chat messages).
     """
     source = ToolRolloutSource(
         engine,
@@ -1747,6 +1759,9 @@ class GreedyToolRollouts:
 
         Returns:
             `list[Rollout]`: one per row, in order.
+
+        Raises:
+            ValueError: as [`greedy_tool_rollouts`].
         """
         synced = None if self.synced_gpus is None else functools.partial(self.synced_gpus, gathered)
         engine = GreedyTurnEngine(

@@ -240,7 +240,6 @@ def check_run(
         agent, train_dataset = check_agent(
             args, tools, environment_factory, train_dataset, rollout_source, rollout_func, reward_funcs, reward_model
         )
-        agent.check_eval_prompts(eval_dataset)  # evaluation rolls them out through the tool loop too
     # not the default SyncRolloutSource
     own_source = rollout_source is not None or rollout_func is not None or agent is not None
     # before anything slow: output_dir can be written and holds no finished run this one would replace; the
@@ -249,6 +248,8 @@ def check_run(
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
     check_datasets(args, given, eval_dataset, WITH_DATA)
+    if agent is not None:  # evaluation rolls the eval prompts out through the tool loop too
+        agent.check_eval_prompts(eval_dataset)
     rewarded, environments = agent is not None and bool(agent.rewards), agent is not None and bool(agent.factories)
     check_scored_columns(reward_funcs, train_dataset, eval_dataset, rewarded, environments)  # e.g. `completions`
     # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
