@@ -330,3 +330,24 @@ def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tok):
     assert [r.messages[-1]["content"] for r in results[1]] == ["14", "21"]
     assert len(engines[0].calls) == len(engines[1].calls) == 2  # the call turn, the answer turn
     assert engines[0].calls == [["</s>"], ["</s>"]]  # throwaway contexts: the EOS alone
+
+
+def test_a_tools_runs_reward_functions_are_tried_on_its_eval_prompts_at_construction(tmp_path, tok):
+    """Evaluation scores a tools run's eval rollouts with the reward functions (and the environments): they are
+    called on the eval set's first rows at construction, as for any run, so a column they read that the eval set
+    lacks is refused now, not at the first evaluation after training steps (tools runs used to skip this check)."""
+    from trl_trapo.rewards import RewardFunctionError
+
+    no_answers = products(2).remove_columns("answer")
+    with pytest.raises(
+        RewardFunctionError, match=r"(?s)first 2 row\(s\) of `eval_dataset`.*needs the argument\(s\) 'answer'"
+    ):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            reward_funcs=correct,
+            args=config(tmp_path),
+            train_dataset=products(),
+            eval_dataset=no_answers,
+            processing_class=tok,
+            environment_factory=Abacus,
+        )

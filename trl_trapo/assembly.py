@@ -1790,7 +1790,8 @@ def check_data_fits(
     policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
     on the first 2 RL rows and on the first one ([`preflight_sizes`]; what they log is discarded; not with a
     `rollout_func`, whose extra keys — columns the reward functions may require — the dataset's rows do not have), and
-    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name).
+    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name; with tools /
+    an `environment_factory`, with fresh environments `reset` with those rows, as evaluation's rollouts get them).
 
     Raises:
         ValueError: naming the model or the reward function at fault.
@@ -1807,7 +1808,7 @@ def check_data_fits(
             rewards.preflight(rows[:size], rows_kwargs, source="`train_dataset`")
     # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards read,
     # missing there, failed at the first evaluation, after training steps)
-    if rollout_func is None and agent is None and rewards.funcs:
+    if rollout_func is None and rewards.funcs:
         train_dataset = datasets.get("train_dataset")
         train_columns = dataset_columns(train_dataset) if train_dataset is not None else None
         for label, dataset in eval_datasets(datasets.get("eval_dataset")):
@@ -1817,7 +1818,8 @@ def check_data_fits(
             warn_missing_reward_cells(dataset, label, rewards.columns_read())
             for size in preflight_sizes(len(dataset)):
                 rows = [dataset[i] for i in range(size)]
-                rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+                extra = agent.preflight_kwargs(rows) if agent is not None else None  # evaluation's `environments`
+                rewards.preflight(rows, extra, source=f"`{label}`", train_columns=train_columns)
 
 
 def preflight_sizes(num_rows: int) -> list[int]:
