@@ -20,10 +20,15 @@ replaces the turns of the script with a call:
   run different numbers of turns (and `generate` calls) in every round;
 - every other turn is the model's own sample.
 
+After training, `trainer.evaluate()` rolls held-out prompts out through the same loop (greedy, the ranks' turns in
+lockstep), its turns forced the same way ([`force_eval_calls`]): `one` (1 row: rank 1's shard is empty, it takes part
+in rank 0's turns) and `three` (3 rows: rank 0 rolls out 2, rank 1 one with an extra call).
+
 Every rank writes `<output_dir>/ranks/rank<r>.json` (`distributed_job.RankRecorder`: logs, final-weight digest) and
-`<output_dir>/ranks/tools<r>.json`: `initial_digest` (the weights before training) and `rounds`, per generation
+`<output_dir>/ranks/tools<r>.json`: `initial_digest` (the weights before training), `rounds`, per generation
 round this rank ran: `step`, `rollouts`, `calls`, `failures`, `turns`, `rolled_back` (this rank's sums, from its
-rollouts) and `tool_messages` (tool name -> results; failed ones as `error`).
+rollouts) and `tool_messages` (tool name -> results; failed ones as `error`), and `eval` (the metrics `evaluate()`
+returned on this rank, per eval set).
 """
 
 from __future__ import annotations
@@ -170,6 +175,27 @@ class ForcedCalls:
         return sampled
 
 
+def force_eval_calls(tokenizer, rank: int) -> None:
+    """Evaluation's greedy turns ([`~trl_trapo.agents.GreedyTurnEngine`], built per evaluation) with the script's calls
+    in place of the model's turns, as [`ForcedCalls`] does for training's."""
+    from trl_trapo.agents import GreedyTurnEngine
+
+    greedy = GreedyTurnEngine.sample
+
+    def sample(self, examples, group, step, temperature, max_new_tokens=None, **kwargs):
+        sampled = greedy(self, examples, group, step, temperature, max_new_tokens=max_new_tokens, **kwargs)
+        completions = list(sampled.completion_ids)
+        for i, example in enumerate(examples):
+            context = tokenizer.decode(example["prompt_ids"])
+            call = forced_call(context, rank) if PROMPT.search(context) else None  # not a throwaway context
+            if call is not None:
+                completions[i] = torch.tensor(tokenizer(call, add_special_tokens=False)["input_ids"][:max_new_tokens])
+        sampled.completion_ids, sampled.old_per_token_logps = completions, [torch.zeros(len(c)) for c in completions]
+        return sampled
+
+    GreedyTurnEngine.sample = sample
+
+
 def record_rounds(source, rounds: list[dict]) -> None:
     """Append this rank's sums of every round the tool-calling source runs to `rounds`."""
     run_turns = source.run_turns
@@ -246,9 +272,12 @@ def main() -> None:
     record_rounds(source, rounds)
     initial = digest(full_state_dict(trainer._unwrapped_policy()))  # collective under ZeRO-3: every rank calls it
     trainer.train()
+    force_eval_calls(tokenizer, rank)
+    held_out = Dataset.from_dict({k: dataset[:3][k] for k in ("prompt", "answer")})
+    evaluations = {name: trainer.evaluate(held_out.select(range(n))) for name, n in (("one", 1), ("three", 3))}
     path = os.path.join(options.output_dir, "ranks", f"tools{rank}.json")
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"initial_digest": initial, "rounds": rounds}, handle)
+        json.dump({"initial_digest": initial, "rounds": rounds, "eval": evaluations}, handle)
 
 
 if __name__ == "__main__":

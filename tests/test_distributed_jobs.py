@@ -190,6 +190,15 @@ def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
             assert log["rewards/Calculator/mean"] > 0
     assert distinguishes  # the mean of the ranks' own failure ratios would have differed
 
+    # evaluation rolls the held-out prompts out through the tool loop on both ranks, in lockstep (it ended, also
+    # with rank 1's shard empty), and reports the tool metrics over both ranks' rollouts, the same on each
+    assert tools[0]["eval"] == tools[1]["eval"]
+    evaluations = tools[0]["eval"]
+    assert evaluations["one"]["eval_tools/call_frequency"] == 1.0  # rank 0's one rollout, its forced call
+    # rank 0's two rollouts call once each, rank 1's one twice (its extra `add`): 4 calls over 3 rollouts
+    assert evaluations["three"]["eval_tools/call_frequency"] == pytest.approx(4 / 3)
+    assert evaluations["three"]["eval_tools/turns_mean"] > evaluations["one"]["eval_tools/turns_mean"]
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Asynchronous rollouts on two processes (issue 24): a producer per rank, identical ranks, exact resume

@@ -299,3 +299,37 @@ def test_a_rank_without_rows_takes_part_in_a_turn_with_its_first_rows_images():
     (throwaway,) = sampled[0]
     assert throwaway["prompt_ids"] == first.prompt_ids
     assert throwaway["model_inputs"]["pixel_values"].shape[0] == 2  # the row's two images
+
+
+def test_evaluating_a_tools_run_rolls_the_image_prompts_out_with_their_images_in_every_turn(tmp_path, monkeypatch):
+    """images x tools at evaluation (trial 12's N42): `evaluate()` renders each image prompt with its tools through
+    the processor and rolls it out through the tool loop; every turn's greedy `generate` reads the row's images
+    (AlignedLlava asserts they are the row's, the vision tower runs on exactly the running rows' images), the call
+    runs and the `eval_tools/*` metrics count it."""
+    from trl_trapo.agents import GreedyTurnEngine
+
+    processor = tool_processor()
+    trainer, model = agent_trainer(tmp_path, processor, tools=[look])
+    tokenizer, tower, turns = processor.tokenizer, vision_calls(model), []
+    real = GreedyTurnEngine.sample
+
+    def sample(self, examples, group, step, temperature, max_new_tokens=None, **kwargs):
+        before = len(tower)
+        real(self, examples, group, step, temperature, max_new_tokens=max_new_tokens, **kwargs)
+        images = [e["model_inputs"]["pixel_values"].shape[0] if e.get("model_inputs") else 0 for e in examples]
+        texts = [tokenizer.decode(e["prompt_ids"]) for e in examples]
+        turns.append({"images": sum(images), "tower": sum(tower[before:]), "texts": texts})
+        completions = [
+            tokenizer(ANSWER if "t:" in text else CALL, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            for text in texts
+        ]
+        return SampledRound(examples, completions, version=step, prompt_ids=[e["prompt_ids"] for e in examples])
+
+    monkeypatch.setattr(GreedyTurnEngine, "sample", sample)
+    metrics = trainer.evaluate(image_prompts())
+    assert len(turns) == 2, turns  # the call, then the answer after its result
+    for turn in turns:
+        assert turn["images"] == 6 and turn["tower"] == 6, turns  # 1 + 2 + 1 + 2 images, every turn
+    assert all(text.startswith("T:look(x)\n") for text in turns[0]["texts"]), turns[0]["texts"]
+    assert all("t:7\na:" in text for text in turns[1]["texts"]), turns[1]["texts"]
+    assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/turns_mean"] == 2.0

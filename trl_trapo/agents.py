@@ -40,6 +40,10 @@ length limit with a tool call in it, which did not run, per rollout), `tools/tur
 rollout). On several processes each is over the whole round, every rank's rollouts (the counts are summed over ranks
 before dividing, as TRL gathers them), so every rank logs the same value.
 
+Evaluation ([`GreedyToolRollouts`], which the trainer's `Evaluator` is given in a run with tools): each prompt-only
+eval prompt is rolled out once, greedily, through this same loop ([`greedy_tool_rollouts`]), with fresh environment
+instances, and scored as training scores a round; the `tools/*` metrics are reported as `eval_tools/*`.
+
 Several processes: the ranks generate in lockstep. Their rollouts call tools a different number of times, but a
 turn's generation is a collective under ZeRO-3 (the weights are gathered for it, and DeepSpeed's forward pre-hook
 broadcasts while it re-records its parameter trace, which TRL invalidates after every generation) and FSDP (every
@@ -79,7 +83,7 @@ from transformers.utils import get_json_schema
 from trl.chat_template_utils import add_response_schema, supports_tool_calling
 from trl.data_utils import is_conversational, prepare_multimodal_messages
 
-from .data import INTERNAL_COLUMNS, tokenize_prompt
+from .data import INTERNAL_COLUMNS, dataset_columns, eval_datasets, tokenize_prompt
 from .rewards import EnvironmentRewardError, reward_value
 from .sources import RolloutSource, SampledRound
 from .tool_schemas import row_tool_names
@@ -650,6 +654,50 @@ class AgentSpec:
                 )
         if "tools" in dataset.column_names:
             self.warn_row_tools_unimplemented(dataset)
+
+    def check_eval_prompts(self, eval_dataset: Any) -> None:
+        """Refuse held-out prompts the tool loop cannot roll out: evaluation renders each prompt-only eval set's
+        prompts with the tools and runs their calls as training does ([`GreedyToolRollouts`]), which needs chat
+        messages (a `prompt` column of them; plain text or tokenized `input_ids` cannot be rendered with tool schemas),
+        and in dict mode an `environment` column naming a factory per row. Eval sets of `text` or demonstrations
+        (losses) are not rolled out.
+
+        Args:
+            eval_dataset: a `Dataset`, a dict of them (each checked, named by its key), or None.
+
+        Raises:
+            ValueError: naming the eval set, the bad value and the fix.
+        """
+        from datasets import Dataset
+
+        for label, dataset in eval_datasets(eval_dataset):
+            if not isinstance(dataset, Dataset):  # not one TRAPO evaluates: refused by `check_eval_dataset`
+                continue
+            columns = set(dataset_columns(dataset) or [])
+            if not columns & {"prompt", "input_ids"} or columns & {"text", "completion", "messages"}:
+                continue  # evaluated by its loss
+            if "prompt" not in columns or (len(dataset) and not is_conversational({"prompt": dataset[0]["prompt"]})):
+                shown = "tokenized `input_ids`" if "prompt" not in columns else f"{dataset[0]['prompt']!r:.60}"
+                raise ValueError(
+                    f"`{label}` holds prompts the tool loop cannot render ({shown}, row 0): a run with tools / "
+                    "environment_factory evaluates its prompts through the same multi-turn loop as training, with the "
+                    "tool schemas rendered by the chat template, which needs chat messages. Give the eval set a "
+                    "`prompt` column of messages, e.g. `[{'role': 'user', 'content': text}]` "
+                    "(`trl_trapo.tasks.agent.as_conversation` converts a dataset of text prompts)."
+                )
+            if self.multi:
+                if "environment" not in columns:
+                    raise ValueError(
+                        f"environment_factory is a dict ({sorted(self.factories)}), but `{label}` has no `environment` "
+                        f"column (it has {sorted(columns)}): its prompts are rolled out with their environment, as "
+                        "training's are. Add one naming each row's environment."
+                    )
+                unknown = sorted(set(map(str, dataset["environment"])) - set(self.factories))
+                if unknown:
+                    raise ValueError(
+                        f"`{label}`'s `environment` column holds {unknown}, which environment_factory does not name "
+                        f"(it has {sorted(self.factories)}): add a factory for each, or fix the column."
+                    )
 
     def warn_row_tools_unimplemented(self, dataset: Dataset) -> None:
         """Warn when rows' `tools` cells offer the model a tool that no function of `tools=` or of the environments
@@ -1321,6 +1369,7 @@ class ToolRolloutSource(RolloutSource):
         stopping (`Callable[[], str | None]`, *optional*): why the run is stopping (SIGINT / SIGTERM received), or
             None while it is not: once it gives a reason, the tool calls still running are abandoned and those not
             started are not run, as failed calls ([`ToolRunner`]). None: calls are always waited for.
+        role (`str`): the dataset's argument name, for messages (`"train_dataset"`; evaluation's is its eval set's).
 
     Raises:
         ValueError: at construction, for a chat template that cannot express the loop ([`check_chat_template`]),
@@ -1351,9 +1400,11 @@ class ToolRolloutSource(RolloutSource):
         exploration: TargetedExploration | None = None,
         tool_timeout: float | None = None,
         stopping: Callable[[], str | None] | None = None,
+        role: str = "train_dataset",
     ):
+        self.role = role
         # a VLM run's image prompts are rendered (with their tools) by the processor, and so are the tool messages
-        self.image_column = image_column(dataset.column_names, "train_dataset") if images is not None else None
+        self.image_column = image_column(dataset.column_names, role) if images is not None else None
         self.images = images if self.image_column is not None else None
         self.renderer = self.images.processor if self.images is not None else tokenizer
         check_chat_template(tokenizer, template_kwargs, renderer=self.renderer)
@@ -1362,7 +1413,8 @@ class ToolRolloutSource(RolloutSource):
                 "stop_token_ids is empty: no assistant turn would end, so every tool call would be cut off by the "
                 "length limit; give the ids generation stops at (None: the tokenizer's EOS)."
             )
-        if not is_conversational({"prompt": dataset[0]["prompt"]}):
+        # (no rows: an evaluation shard of a rank that only takes part in the other ranks' turns)
+        if len(dataset) and not is_conversational({"prompt": dataset[0]["prompt"]}):
             raise ValueError(
                 "tools / environment_factory need conversational prompts (a `prompt` column of chat messages), so "
                 "that the chat template can render the tool schemas and the tool messages; got a plain-text prompt."
@@ -1432,7 +1484,7 @@ class ToolRolloutSource(RolloutSource):
                 key = (index, repr(row["prompt"]), json.dumps(schemas, sort_keys=True))
                 if index is None or key not in rendered:
                     ids, inputs = self.images.prompt(
-                        row, self.image_column, "train_dataset", "?" if index is None else index, tools=schemas or None
+                        row, self.image_column, self.role, "?" if index is None else index, tools=schemas or None
                     )
                     rendered[key] = (ids, as_tensors(inputs))
                 prompt_ids, model_inputs = rendered[key]
@@ -1622,7 +1674,7 @@ class ToolRolloutSource(RolloutSource):
         active = [r for r in rollouts if self.room(r) > 0]
         iteration = 0
         while self.any_rank_has(active):
-            self.generate_turn(active, step, rollouts[0])
+            self.generate_turn(active, step, rollouts[0] if rollouts else None)
             pending = []  # (rollout, its turn's calls) of the rollouts whose finished turn called tools
             for rollout in active:
                 calls = self.parse_calls(rollout)
@@ -1660,11 +1712,11 @@ class ToolRolloutSource(RolloutSource):
                 active.append(rollout)
             iteration += 1
 
-    def generate_turn(self, active: list[Rollout], step: int, first: Rollout) -> None:
+    def generate_turn(self, active: list[Rollout], step: int, first: Rollout | None) -> None:
         """One turn of the running rollouts: one batched `engine.sample` on one process; with `sum_over_ranks`, calls
         of at most `generation_batch_size` rows while any rank has rows left, and a throwaway token (from `first`'s
-        prompt, this rank's first rollout) in the calls this rank has no rows for, every call with `lockstep=True`
-        (module docstring)."""
+        prompt, this rank's first rollout; with none, an evaluation shard without rows, from the EOS token alone) in
+        the calls this rank has no rows for, every call with `lockstep=True` (module docstring)."""
         if self.sum_over_ranks is None:
             self.sample_rows(active, step)
             return
@@ -1675,7 +1727,11 @@ class ToolRolloutSource(RolloutSource):
             if index < len(chunks):
                 self.sample_rows(chunks[index], step, lockstep=True)
             else:  # the others generate; this rank takes part in the collectives, and keeps nothing
-                prompt = {"prompt_ids": list(first.prompt_ids), "model_inputs": first.model_inputs}  # its images too
+                prompt = (  # its images too
+                    {"prompt_ids": list(first.prompt_ids), "model_inputs": first.model_inputs}
+                    if first is not None
+                    else {"prompt_ids": [self.tokenizer.eos_token_id]}
+                )
                 self.engine.sample([prompt], 1, step, self.temperature, max_new_tokens=1, lockstep=True)
             index += 1
 
@@ -1759,6 +1815,222 @@ class ToolRolloutSource(RolloutSource):
         self.runner.close()
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Evaluation: greedy multi-turn rollouts through the same loop
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class GreedyTurnEngine:
+    """The `sample` of [`~trl_trapo.rollout.RolloutEngine`] for evaluation's turns: greedy decoding with the model as
+    it is (no weight sync, no vLLM), no behaviour log-probs (zeros), completions cut after a stop token, each row with
+    its `model_inputs` (a VLM prompt's images).
+
+    Args:
+        model (`nn.Module`): the policy, unwrapped for generation and in eval mode (the caller's).
+        generation_config (`GenerationConfig`): greedy settings (`do_sample=False`); each call sets `max_new_tokens`.
+        pad_token_id (`int`): the id in padding positions.
+        stop_token_ids (`Sequence[int]`): a turn is cut after the first of them.
+        batch_size (`int`, *optional*): rows per `generate` call (all at once when None).
+        synced_gpus (`Callable[[bool], bool | None]`, *optional*): `generate`'s `synced_gpus` given the call's
+            `lockstep` ([`~trl_trapo.distributed.generation_synced_gpus`]); None: transformers decides.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        generation_config: Any,
+        pad_token_id: int,
+        stop_token_ids: Sequence[int],
+        batch_size: int | None = None,
+        synced_gpus: Callable[[bool], bool | None] | None = None,
+    ):
+        self.model, self.generation_config, self.pad_token_id = model, generation_config, pad_token_id
+        self.stop_token_ids, self.batch_size, self.synced_gpus = list(stop_token_ids), batch_size, synced_gpus
+
+    def sample(self, examples, group, step, temperature, max_new_tokens=None, lockstep=False) -> SampledRound:
+        """Continue every `examples[i]["prompt_ids"]` greedily for at most `max_new_tokens` tokens (`group` is 1,
+        `temperature` is not read: greedy decoding has none).
+
+        Returns:
+            [`~trl_trapo.sources.SampledRound`]: `(C_i,)` completion ids cut after the stop token, zero log-probs.
+        """
+        from .samplers import generate
+        from .vision import examples_model_inputs
+
+        config = copy.deepcopy(self.generation_config)
+        if max_new_tokens is not None:
+            config.max_new_tokens = int(max_new_tokens)
+        contexts = [list(e["prompt_ids"]) for e in examples]
+        inputs = examples_model_inputs(examples)
+        out = generate(
+            self.model,
+            contexts,
+            config,
+            self.pad_token_id,
+            self.stop_token_ids,
+            1.0,
+            batch_size=self.batch_size,
+            record_logps=False,
+            synced_gpus=None if self.synced_gpus is None else self.synced_gpus(lockstep),
+            model_inputs=inputs if any(inputs) else None,
+        )
+        return SampledRound(
+            examples,
+            out["completion_ids"],
+            version=step,
+            old_per_token_logps=out["old_per_token_logps"],
+            prompt_ids=contexts,
+        )
+
+
+def greedy_tool_rollouts(
+    engine: Any,
+    dataset: Dataset,
+    spec: AgentSpec,
+    tokenizer,
+    *,
+    response_length: int,
+    context: int | None,
+    max_iterations: int | None,
+    **settings: Any,
+) -> list[Rollout]:
+    """Roll every row of `dataset` out once through the training loop ([`ToolRolloutSource`]: its `start`, then
+    `run_turns`): the prompt rendered with its tools (after the environment's `reset`, with a fresh instance per
+    rollout), a turn of `engine`, the calls run, their results appended as token ids, the next turn. Nothing is
+    scored. What evaluation runs ([`GreedyToolRollouts`], `trl_trapo.tasks.agent.evaluate_agent`) with a greedy
+    engine ([`GreedyTurnEngine`]).
+
+    Collective with `sum_over_ranks` in `settings`: every rank calls it, with or without rows.
+
+    Args:
+        engine: what samples each turn (`sample(examples, 1, 0, 1.0, max_new_tokens=..., [lockstep=True])`).
+        dataset (`Dataset`): conversational `prompt` rows (may be empty).
+        spec ([`AgentSpec`]): the tools and environments.
+        tokenizer: the policy's tokenizer.
+        response_length (`int`): the completion budget per rollout in tokens (tool results included).
+        context (`int`, *optional*): the policy's positions.
+        max_iterations (`int`, *optional*): rounds of tool calls per rollout (None: unbounded).
+        **settings: [`ToolRolloutSource`]'s other keyword arguments (`template_kwargs`, `stop_token_ids`, `images`,
+            `sum_over_ranks`, `generation_batch_size`, `tool_timeout`, `role`).
+
+    Returns:
+        `list[Rollout]`: one finished rollout per row, in order (`example`, `messages`, the token ids, the counts).
+
+    Raises:
+        ValueError: [`ToolRolloutSource`]'s construction checks (a chat template that cannot express the loop,
+            prompts that are not chat messages).
+    """
+    source = ToolRolloutSource(
+        engine,
+        dataset,
+        None,  # no prompt pool: the rows are given
+        spec,
+        tokenizer,
+        None,  # not scored here
+        group=1,
+        num_mini_batches=1,
+        temperature=1.0,
+        response_length=response_length,
+        context=context,
+        max_iterations=max_iterations,
+        log_metric=lambda name, value: None,  # the caller reports the rollouts' counts
+        **settings,
+    )
+    try:
+        rollouts = source.start([dataset[i] for i in range(len(dataset))], list(range(len(dataset))))
+        source.run_turns(rollouts, step=0)
+    finally:
+        source.close()
+    return rollouts
+
+
+@dataclass
+class GreedyToolRollouts:
+    """Evaluation's rollouts in a run with `tools` / `environment_factory`: each eval prompt rolled out greedily
+    through the training loop ([`greedy_tool_rollouts`] with a [`GreedyTurnEngine`]), with the run's tools,
+    environments (fresh instances each call, `reset` with the row), budget, context, stop tokens and chat template
+    arguments, as TRL's `GRPOTrainer` evaluates through its training generation path. Built by the trainer's assembly
+    and given to the [`~trl_trapo.evaluation.Evaluator`].
+
+    Attributes:
+        spec ([`AgentSpec`]): the tools and environments.
+        tokenizer: the policy's tokenizer (parses each turn).
+        pad_token_id (`int`): the id in padding positions.
+        stop_token_ids (`list[int]`): the ids a turn ends at.
+        response_length (`int`): the completion budget per rollout, in tokens (tool results included).
+        context (`int`, *optional*): the policy's positions.
+        max_iterations (`int`, *optional*): `max_tool_calling_iterations`.
+        template_kwargs (`dict`, *optional*): `chat_template_kwargs`.
+        images ([`~trl_trapo.vision.ImageRows`], *optional*): a VLM run's row builder (image prompts rendered by the
+            processor with their tools, every turn generating with the row's images).
+        tool_timeout (`float`, *optional*): `tool_timeout`.
+        batch_size (`int`, *optional*): rows per `generate` call (`per_device_eval_batch_size`).
+        sum_over_ranks (`Callable`, *optional*): a sum over the ranks (several processes: the ranks' turns in lockstep,
+            as in training; None on one).
+        synced_gpus (`Callable[[bool, bool], bool | None]`, *optional*): `(gathered, lockstep) -> synced_gpus` of
+            `generate` ([`~trl_trapo.distributed.generation_synced_gpus`] bound to the accelerator).
+    """
+
+    spec: AgentSpec
+    tokenizer: Any
+    pad_token_id: int
+    stop_token_ids: list[int]
+    response_length: int
+    context: int | None
+    max_iterations: int | None
+    template_kwargs: dict | None = None
+    images: ImageRows | None = None
+    tool_timeout: float | None = None
+    batch_size: int | None = None
+    sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] | None = None
+    synced_gpus: Callable[[bool, bool], bool | None] | None = None
+
+    def check_dataset(self, eval_dataset: Any) -> None:
+        """[`AgentSpec.check_eval_prompts`]: refuse prompt-only eval sets the loop cannot roll out."""
+        self.spec.check_eval_prompts(eval_dataset)
+
+    def __call__(
+        self, policy: Any, dataset: Dataset, generation_config: Any, gathered: bool = True, role: str = "eval_dataset"
+    ) -> list[Rollout]:
+        """Roll out every row of `dataset` greedily (collective on several processes: every rank calls, with or
+        without rows).
+
+        Args:
+            policy (`nn.Module`): the policy unwrapped for generation, in eval mode.
+            dataset (`Dataset`): this rank's conversational `prompt` rows (tokenized ones may carry `prompt_ids` and
+                `model_inputs`; the prompts are rendered again with their tools).
+            generation_config (`GenerationConfig`): greedy settings.
+            gathered (`bool`): whether the policy's ZeRO-3 weights are gathered (for `synced_gpus`).
+            role (`str`): the eval set's name, for messages.
+
+        Returns:
+            `list[Rollout]`: one per row, in order.
+
+        Raises:
+            ValueError: as [`greedy_tool_rollouts`].
+        """
+        synced = None if self.synced_gpus is None else functools.partial(self.synced_gpus, gathered)
+        engine = GreedyTurnEngine(
+            policy, generation_config, self.pad_token_id, self.stop_token_ids, self.batch_size, synced
+        )
+        return greedy_tool_rollouts(
+            engine,
+            dataset,
+            self.spec,
+            self.tokenizer,
+            response_length=self.response_length,
+            context=self.context,
+            max_iterations=self.max_iterations,
+            template_kwargs=self.template_kwargs,
+            stop_token_ids=self.stop_token_ids,
+            images=self.images,
+            sum_over_ranks=self.sum_over_ranks,
+            generation_batch_size=self.batch_size,
+            tool_timeout=self.tool_timeout,
+            role=role,
+        )
+
+
 __all__ = [
     "CHATML_TOOL_CHAT_TEMPLATE",
     "CHATML_TOOL_RESPONSE_TEMPLATE",
@@ -1767,6 +2039,8 @@ __all__ = [
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
     "ToolAbandoned",
+    "GreedyToolRollouts",
+    "GreedyTurnEngine",
     "ToolCall",
     "ToolRolloutSource",
     "ToolRunner",
@@ -1774,6 +2048,7 @@ __all__ = [
     "check_agent_arguments",
     "chatml_tool_chat_template",
     "check_chat_template",
+    "greedy_tool_rollouts",
     "placeholder_prompts",
     "tool_suffix_ids",
     "use_chatml_tool_template",

@@ -72,7 +72,13 @@ from .data import (
     progress_bars,
     warn_missing_reward_cells,
 )
-from .distributed import accelerator_distributed_type, check_launch, restore_kernel_functions, sum_over_ranks
+from .distributed import (
+    accelerator_distributed_type,
+    check_launch,
+    generation_synced_gpus,
+    restore_kernel_functions,
+    sum_over_ranks,
+)
 from .evaluation import check_best_model_metric, check_eval_on_start, check_eval_strategy
 from .executor import SourceContext
 from .grpo import grpo_notice
@@ -245,6 +251,8 @@ def check_run(
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
     check_datasets(args, given, eval_dataset, WITH_DATA)
+    if agent is not None:  # evaluation rolls the eval prompts out through the tool loop too
+        agent.check_eval_prompts(eval_dataset)
     rewarded, environments = agent is not None and bool(agent.rewards), agent is not None and bool(agent.factories)
     check_scored_columns(reward_funcs, train_dataset, eval_dataset, rewarded, environments)  # e.g. `completions`
     # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
@@ -619,6 +627,42 @@ def tool_source_spec(args: TRAPOConfig, parts: SourceParts, agent: AgentSpec, gr
             images=parts.images,  # a VLM run: each turn generates with its row's images
         ),
         first_row=dict(parts.rl_dataset[0]),
+    )
+
+
+def build_eval_tool_rollouts(
+    args: TRAPOConfig,
+    agent: AgentSpec | None,
+    tokenizer,
+    padding_id: int,
+    stops: list[int],
+    context: int | None,
+    images: ImageRows | None,
+    accelerator,
+) -> Any:
+    """Evaluation's rollouts in a run with `tools` / `environment_factory` (None without them): each eval prompt rolled
+    out greedily through the same loop as training ([`~trl_trapo.agents.GreedyToolRollouts`]), with the run's tools and
+    environments, budget (`response_length`), rounds of calls (`max_tool_calling_iterations`), `tool_timeout`, chat
+    template arguments, stop tokens, context and images (a VLM run), `per_device_eval_batch_size` rows per `generate`,
+    and, on several processes, the ranks' turns in lockstep as in training (`source_sum_over_ranks`)."""
+    if agent is None:
+        return None
+    from .agents import GreedyToolRollouts
+
+    return GreedyToolRollouts(
+        agent,
+        tokenizer,
+        padding_id,
+        list(stops),
+        response_length=args.response_length,
+        context=context,
+        max_iterations=args.max_tool_calling_iterations,
+        template_kwargs=args.chat_template_kwargs,
+        images=images,
+        tool_timeout=args.tool_timeout,
+        batch_size=args.per_device_eval_batch_size,
+        sum_over_ranks=source_sum_over_ranks(accelerator),
+        synced_gpus=functools.partial(generation_synced_gpus, accelerator),
     )
 
 
@@ -1782,7 +1826,8 @@ def check_data_fits(
     policy's tokens fits the longest prompt + completion ([`check_reader_contexts`]); every reward function is called
     on the first 2 RL rows and on the first one ([`preflight_sizes`]; what they log is discarded; not with a
     `rollout_func`, whose extra keys — columns the reward functions may require — the dataset's rows do not have), and
-    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name).
+    likewise on the prompt rows of each eval set (`datasets`: the trainer's dataset arguments by name; with tools /
+    an `environment_factory`, with fresh environments `reset` with those rows, as evaluation's rollouts get them).
 
     Raises:
         ValueError: naming the model or the reward function at fault.
@@ -1799,7 +1844,7 @@ def check_data_fits(
             rewards.preflight(rows[:size], rows_kwargs, source="`train_dataset`")
     # and on the prompts of each eval set, which evaluation scores with the same functions (a column the rewards read,
     # missing there, failed at the first evaluation, after training steps)
-    if rollout_func is None and agent is None and rewards.funcs:
+    if rollout_func is None and rewards.funcs:
         train_dataset = datasets.get("train_dataset")
         train_columns = dataset_columns(train_dataset) if train_dataset is not None else None
         for label, dataset in eval_datasets(datasets.get("eval_dataset")):
@@ -1809,7 +1854,8 @@ def check_data_fits(
             warn_missing_reward_cells(dataset, label, rewards.columns_read())
             for size in preflight_sizes(len(dataset)):
                 rows = [dataset[i] for i in range(size)]
-                rewards.preflight(rows, source=f"`{label}`", train_columns=train_columns)
+                extra = agent.preflight_kwargs(rows) if agent is not None else None  # evaluation's `environments`
+                rewards.preflight(rows, extra, source=f"`{label}`", train_columns=train_columns)
 
 
 def preflight_sizes(num_rows: int) -> list[int]:

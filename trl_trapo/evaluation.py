@@ -3,7 +3,9 @@
 offline), by the format of the held-out data ([`Evaluator`]):
 
 - prompt-only (`prompt` / `input_ids`): greedy completions scored by the reward functions (for an exact-match reward
-  the mean reward is the exact-match accuracy);
+  the mean reward is the exact-match accuracy); in a run with `tools` / `environment_factory`, greedy multi-turn
+  rollouts through the training loop (the prompt rendered with its tools, the calls run, their results appended;
+  `trl_trapo.agents.GreedyToolRollouts`), scored as training scores them, with the `tools/*` metrics;
 - `text`: language-modelling loss (documents chunked on their own, EOS appended) — the pretraining-corpus loss whose
   rise measures forgetting;
 - prompt-completion / `messages`: SFT loss (completion tokens only).
@@ -15,8 +17,10 @@ All losses are natural-log NLL per counted token (nats/token). Also TRL 1.12 `PP
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -247,6 +251,51 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
             )
 
 
+@dataclass
+class Completed:
+    """The greedy completions of one rank's eval prompts (`B` of them), as [`Evaluator`] scores them.
+
+    Attributes:
+        examples (`list[dict]`): the rows (a tools run's: with the environment's `reset` text in the prompt).
+        prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt ids (a tools run's: rendered with the tools).
+        completion_ids (`list[torch.Tensor]`): `(C_i,)` completion ids (a tools run's: every turn and tool result).
+        score_kwargs (`dict`): the reward scorer's `completions=` / `extra_kwargs=` (a tools run's: TRL's structured
+            completions and the `environments`, as training passes them); empty otherwise.
+        tool_counts (`dict[str, float]`): a tools run's counts over these rollouts (`calls`, `failures`,
+            `rolled_back`, `truncated`, `turns`); empty otherwise.
+        num_tokens (`int`): tokens in the completions. seconds (`float`): wall time.
+    """
+
+    examples: list[dict]
+    prompt_ids: list[torch.Tensor]
+    completion_ids: list[torch.Tensor]
+    score_kwargs: dict = field(default_factory=dict)
+    tool_counts: dict[str, float] = field(default_factory=dict)
+    num_tokens: int = 0
+    seconds: float = 0.0
+
+
+TOOL_COUNTS = ("calls", "failures", "rolled_back", "truncated", "turns")  # a tools run's per-rollout counts
+
+
+def completed_rollouts(rollouts: list, seconds: float) -> Completed:
+    """[`Completed`] of finished tool-loop rollouts (`trl_trapo.agents.Rollout`: `example`, `prompt_ids`,
+    `completion_ids`, `messages`, `environment` and the counts of [`TOOL_COUNTS`]), scored as training scores them."""
+    completion_ids = [torch.tensor(r.completion_ids, dtype=torch.long) for r in rollouts]
+    score_kwargs: dict[str, Any] = {"completions": [r.messages for r in rollouts]}
+    if any(r.environment is not None for r in rollouts):
+        score_kwargs["extra_kwargs"] = {"environments": [r.environment for r in rollouts]}
+    return Completed(
+        [r.example for r in rollouts],
+        [torch.tensor(r.prompt_ids, dtype=torch.long) for r in rollouts],
+        completion_ids,
+        score_kwargs,
+        {name: float(sum(getattr(r, name) for r in rollouts)) for name in TOOL_COUNTS},
+        sum(c.numel() for c in completion_ids),
+        seconds,
+    )
+
+
 class Evaluator:
     """Evaluates held-out data by its format (see the module docstring), on every rank's shard, reduced over ranks.
 
@@ -265,6 +314,11 @@ class Evaluator:
             `image` column go through the processor, as training rows do.
         vocab_size (`int`, *optional*): the policy's embedding rows: tokenized eval prompts (`input_ids`) with an id
             outside [0, vocab_size) are refused before generation (`data.check_token_ids`).
+        tool_rollouts ([`~trl_trapo.agents.GreedyToolRollouts`], *optional*): a run with `tools` /
+            `environment_factory`: prompts are rolled out greedily through the training loop by it
+            (`tool_rollouts(policy, rows, generation_config, gathered, role) -> list[Rollout]`, collective on several
+            processes; `tool_rollouts.check_dataset(eval_dataset)` refuses prompts it cannot roll out), not completed
+            in one `generate`. None: one greedy completion per prompt.
     """
 
     def __init__(
@@ -279,8 +333,10 @@ class Evaluator:
         pad_token_id: int | None = None,
         images: ImageRows | None = None,
         vocab_size: int | None = None,
+        tool_rollouts: Any = None,
     ):
         self.args = args
+        self.tool_rollouts = tool_rollouts
         self.tokenizer = tokenizer
         self.images = images
         self.vocab_size = vocab_size
@@ -312,13 +368,17 @@ class Evaluator:
             step (`int`): the optimizer step, for the table's title.
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
 
+        In a run with tools, each prompt is rolled out greedily through the tool loop (see `evaluate`): the
+        completion is the whole rollout (every turn and tool result), scored as training scores it.
+
         Returns:
             `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank (with `sampling`: empty
             without prompts).
 
         Raises:
             ValueError: without `sampling` (the user's call), when there is no dataset or it has no prompts (a
-                `prompt` or `input_ids` column), as `evaluate()` refuses a missing eval dataset.
+                `prompt` or `input_ids` column), as `evaluate()` refuses a missing eval dataset; in a run with tools,
+                when its prompts are not chat messages (`AgentSpec.check_eval_prompts`).
         """
         if isinstance(dataset, dict):
             dataset = next(iter(dataset.values()), None)
@@ -337,6 +397,8 @@ class Evaluator:
                 "or use evaluate() for text / demonstrations (their losses)."
             )
         args = self.args
+        if self.tool_rollouts is not None:
+            self.tool_rollouts.check_dataset(dataset)
         if sampling:
             dataset = dataset.select(range(min(len(dataset), args.per_device_eval_batch_size)))
         tokenized = tokenize_prompt_dataset(
@@ -348,26 +410,17 @@ class Evaluator:
             images=self.images,
             vocab_size=self.vocab_size,
         )
-        examples = [tokenized[i] for i in range(len(tokenized))]
-        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
         with self.unwrapped_policy(args.ds3_gather_for_generation) as policy:
-            generated = generate(
-                policy,
-                [p.tolist() for p in prompt_ids],
-                self.greedy_generation_config(),
-                self.pad_token_id,
-                self.stop_token_ids,
-                1.0,
-                batch_size=args.per_device_eval_batch_size,
-                record_logps=False,
-                model_inputs=prompt_model_inputs(examples),
-            )
+            # every rank completes every prompt: the same rows, so a tools run's turns are in step across ranks
+            done = self._complete(policy, tokenized, args.ds3_gather_for_generation, None, None, "eval_dataset")
         # what reward functions log here describes no training rollout: dropped, never in a training log
-        scores, _ = self.scorer.score(examples, prompt_ids, generated["completion_ids"], discard_metric, discard_extra)
-        completions = self.tokenizer.batch_decode(generated["completion_ids"], skip_special_tokens=True)
+        scores, _ = self.scorer.score(
+            done.examples, done.prompt_ids, done.completion_ids, discard_metric, discard_extra, **done.score_kwargs
+        )
+        completions = self.tokenizer.batch_decode(done.completion_ids, skip_special_tokens=True)
         table = [
             {"prompt": e["prompt"], "completion": c, "score": float(s)}
-            for e, c, s in zip(examples, completions, scores.tolist())
+            for e, c, s in zip(done.examples, completions, scores.tolist())
         ]
         if self.accelerator.is_main_process:
             self._report_table(table, completions, scores, step)
@@ -399,7 +452,12 @@ class Evaluator:
         - prompt-only: `<prefix>_reward` (weighted, mean over completions with a reward), `<prefix>_rewards/<name>`,
           `<prefix>_completion_length`; with a `split` column, also `<prefix>_reward_<split>` per split; what reward
           functions report with `log_metric(name, value)` while scoring these completions, as `<prefix>_<name>` (mean
-          over the calls, all ranks) — never in a training log; their `log_extra` columns are dropped;
+          over the calls, all ranks) — never in a training log; their `log_extra` columns are dropped. In a run with
+          tools (`tool_rollouts`), each prompt is a greedy multi-turn rollout through the training loop, scored with
+          TRL's structured completions and the `environments`, and training's `tools/*` metrics are reported over
+          every rank's rollouts as `<prefix>_tools/call_frequency`, `<prefix>_tools/failure_frequency`,
+          `<prefix>_tools/rollback_frequency`, `<prefix>_tools/truncated_frequency`, `<prefix>_tools/turns_mean`
+          (the completion length counts every turn and tool result);
         - `text`: `<prefix>_pretrain_loss` (nats/token, documents chunked to `pretrain_max_length`);
         - prompt-completion / `messages`: `<prefix>_sft_loss` (nats per completion token).
 
@@ -407,9 +465,11 @@ class Evaluator:
 
         Raises:
             ValueError: if the dataset's format is none of the above, it is not a map-style `Dataset` (a streaming
-                one cannot be sharded by index).
+                one cannot be sharded by index), or, in a run with tools, its prompts are not chat messages.
         """
         check_dataset_object(dataset, f"eval_dataset ({prefix})")
+        if self.tool_rollouts is not None:  # before anything slow: prompts the tool loop cannot render
+            self.tool_rollouts.check_dataset(dataset)
         columns = dataset_columns(dataset)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
@@ -472,6 +532,7 @@ class Evaluator:
         def log_metric(name: str, value: float) -> None:
             logged.setdefault(name, []).append(float(value))
 
+        tokenized = None
         if len(shard):
             tokenized = tokenize_prompt_dataset(
                 shard,
@@ -482,45 +543,44 @@ class Evaluator:
                 images=self.images,
                 vocab_size=self.vocab_size,
             )
-            examples = [tokenized[i] for i in range(len(tokenized))]
-            prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
-            generated = generate(
+        done = None
+        if tokenized is not None or self.tool_rollouts is not None:  # a tools run's turns: every rank, rows or none
+            done = self._complete(
                 policy,
-                [p.tolist() for p in prompt_ids],
-                self.greedy_generation_config(),
-                self.pad_token_id,
-                self.stop_token_ids,
-                1.0,
-                batch_size=args.per_device_eval_batch_size,
-                record_logps=False,
-                model_inputs=prompt_model_inputs(examples),
-                synced_gpus=generation_synced_gpus(self.accelerator, gathered=True),
-                progress=None if args.disable_tqdm or not self.accelerator.is_main_process else f"Evaluating {prefix}",
+                shard if tokenized is None else tokenized,
+                True,
+                generation_synced_gpus(self.accelerator, gathered=True),
+                None if args.disable_tqdm or not self.accelerator.is_main_process else f"Evaluating {prefix}",
+                f"eval_dataset ({prefix})",
             )
+        if done is not None and done.examples:
             logger.info(
-                "Evaluation %s: %d prompts, %d tokens generated (greedy) in %.1f s.",
+                "Evaluation %s: %d prompts, %d tokens in their completions (greedy) in %.1f s.",
                 prefix,
-                len(examples),
-                generated["num_tokens"],
-                generated["seconds"],
+                len(done.examples),
+                done.num_tokens,
+                done.seconds,
             )
             scores, per_func = self.scorer.score(
-                examples, prompt_ids, generated["completion_ids"], log_metric, discard_extra
+                done.examples, done.prompt_ids, done.completion_ids, log_metric, discard_extra, **done.score_kwargs
             )
             valid = ~torch.isnan(scores)
-            sums["n"] = float(len(examples))
+            sums["n"] = float(len(done.examples))
             sums["scored"] = float(valid.sum())
             sums["reward"] = float(torch.nan_to_num(scores, nan=0.0).sum())
-            sums["length"] = float(sum(c.numel() for c in generated["completion_ids"]))
+            sums["length"] = float(sum(c.numel() for c in done.completion_ids))
             for i, name in enumerate(names):
                 column = per_func[:, i]
                 sums[f"r/{name}"] = float(torch.nan_to_num(column, nan=0.0).sum())
                 sums[f"c/{name}"] = float((~torch.isnan(column)).sum())
             if splits:
-                for split, score in zip(tokenized["split"], scores.tolist()):
+                for example, score in zip(done.examples, scores.tolist()):
                     if score == score:  # not NaN
-                        sums[f"s/{split}"] += score
-                        sums[f"sc/{split}"] += 1.0
+                        sums[f"s/{example['split']}"] += score
+                        sums[f"sc/{example['split']}"] += 1.0
+        if self.tool_rollouts is not None:  # the same keys on every rank (the reduction below is collective)
+            for name in TOOL_COUNTS:
+                sums[f"t/{name}"] = done.tool_counts[name] if done is not None else 0.0
         keys = sorted(sums)
         reduced = dict(zip(keys, self._reduce_floats([sums[k] for k in keys])))
         metrics = {
@@ -532,9 +592,47 @@ class Evaluator:
                 metrics[f"{prefix}_rewards/{name}"] = reduced[f"r/{name}"] / reduced[f"c/{name}"]
         for split in all_splits:
             metrics[f"{prefix}_reward_{split}"] = reduced[f"s/{split}"] / max(reduced[f"sc/{split}"], 1.0)
+        if self.tool_rollouts is not None:  # training's `tools/*` (trl_trapo/agents.py), over every rank's rollouts
+            total, calls = max(reduced["n"], 1.0), reduced["t/calls"]
+            metrics[f"{prefix}_tools/call_frequency"] = calls / total
+            metrics[f"{prefix}_tools/failure_frequency"] = reduced["t/failures"] / calls if calls else 0.0
+            metrics[f"{prefix}_tools/rollback_frequency"] = reduced["t/rolled_back"] / total
+            metrics[f"{prefix}_tools/truncated_frequency"] = reduced["t/truncated"] / total
+            metrics[f"{prefix}_tools/turns_mean"] = reduced["t/turns"] / total
         for name, value in reduce_named_means(self.accelerator, logged).items():  # collective, as `_reduce_floats`
             metrics.setdefault(f"{prefix}_{name}", value)  # TRAPO's own metrics win a name clash
         return metrics
+
+    def _complete(
+        self, policy: nn.Module, rows, gathered: bool, synced_gpus: bool | None, progress: str | None, role: str
+    ) -> Completed:
+        """The greedy completions of `rows` (tokenized prompts, with `prompt_ids`): one `generate`, or in a run with
+        tools the tool loop's rollouts (`tool_rollouts`; collective on several processes, so every rank calls this
+        then, with or without rows). `gathered`: whether the policy's ZeRO-3 weights are gathered; `synced_gpus` and
+        `progress`: the single `generate`'s."""
+        if self.tool_rollouts is not None:
+            start = time.perf_counter()
+            rollouts = self.tool_rollouts(policy, rows, self.greedy_generation_config(), gathered=gathered, role=role)
+            return completed_rollouts(rollouts, time.perf_counter() - start)
+        examples = [rows[i] for i in range(len(rows))]
+        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+        generated = generate(
+            policy,
+            [p.tolist() for p in prompt_ids],
+            self.greedy_generation_config(),
+            self.pad_token_id,
+            self.stop_token_ids,
+            1.0,
+            batch_size=self.args.per_device_eval_batch_size,
+            record_logps=False,
+            model_inputs=prompt_model_inputs(examples),
+            synced_gpus=synced_gpus,
+            progress=progress,
+        )
+        completion_ids = generated["completion_ids"]
+        return Completed(
+            examples, prompt_ids, completion_ids, num_tokens=generated["num_tokens"], seconds=generated["seconds"]
+        )
 
     def _gather_strings(self, values: list[str]) -> list[str]:
         if self.accelerator.num_processes == 1:

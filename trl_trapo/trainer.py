@@ -694,8 +694,8 @@ class TRAPOTrainer(_BaseTrainer):
 
     @torch.no_grad()
     def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
-        """Greedy completions of the eval prompts with their scores, printed as a table (and logged to W&B /
-        Trackio when they are in `report_to`), as TRL 1.12's `PPOTrainer.generate_completions` did.
+        """Greedy completions of the eval prompts (a tools run's: whole rollouts through the tool loop) with their
+        scores, printed as a table (and logged to W&B / Trackio when in `report_to`), as TRL 1.12's PPOTrainer did.
 
         Args:
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).

@@ -32,6 +32,7 @@ from .assembly import (
     SourceParts,
     build_adapter_bank,
     build_callbacks,
+    build_eval_tool_rollouts,
     build_memory_pool,
     build_objectives,
     build_rewards,
@@ -388,8 +389,19 @@ def assemble_rollouts(
 
 
 def build_evaluator(run: RunParts, link: TrainerLink, rollouts: RolloutParts) -> Evaluator:
-    """The evaluator of held-out data: the rollouts' generation config, stops and padding, the policy for eval."""
+    """The evaluator of held-out data: the rollouts' generation config, stops and padding, the policy for eval; in a
+    run with tools, the greedy multi-turn rollouts that evaluate its prompts through the training loop."""
     models = run.models
+    tool_rollouts = build_eval_tool_rollouts(
+        run.args,
+        run.checked.agent,
+        models.tokenizer,
+        rollouts.padding_id,
+        rollouts.stops,
+        model_context(models.policy),
+        models.image_rows,
+        link.accelerator,
+    )
     return Evaluator(
         run.args,
         models.tokenizer,
@@ -401,6 +413,7 @@ def build_evaluator(run: RunParts, link: TrainerLink, rollouts: RolloutParts) ->
         rollouts.padding_id,
         images=models.image_rows,
         vocab_size=embedding_rows(models.policy),
+        tool_rollouts=tool_rollouts,
     )
 
 

@@ -45,9 +45,7 @@ from datasets import Dataset
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import get_json_schema
 
-from ..agents import AgentSpec, Rollout, ToolRolloutSource
-from ..rollout import generate
-from ..sources import SampledRound
+from ..agents import AgentSpec, GreedyTurnEngine, Rollout, greedy_tool_rollouts
 
 
 AGENT_FAMILY = "mul"
@@ -304,9 +302,11 @@ def mixed_sft_dataset(datasets: Sequence[Dataset], seed: int = 0) -> Dataset:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class GreedyEngine:
+class GreedyEngine(GreedyTurnEngine):
     """The `sample` of [`~trl_trapo.rollout.RolloutEngine`] for evaluation: greedy decoding (`do_sample=False`) with
-    the model as it is, no behaviour log-probs (zeros), completions cut after the EOS.
+    the model as it is, no behaviour log-probs (zeros), completions cut after the EOS
+    ([`~trl_trapo.agents.GreedyTurnEngine`] with the tokenizer's EOS and pad ids; the trainer's evaluation builds one
+    from the run's generation settings).
 
     Args:
         model (`PreTrainedModel`): the policy (put in eval mode by the caller).
@@ -315,34 +315,11 @@ class GreedyEngine:
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer, batch_size: int | None = None):
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
-
-    def sample(self, examples, group, step, temperature, max_new_tokens=None) -> SampledRound:
-        """Continue every `examples[i]["prompt_ids"]` greedily for at most `max_new_tokens` tokens (`group` is 1)."""
         config = GenerationConfig(
-            do_sample=False,
-            max_new_tokens=int(max_new_tokens),
-            eos_token_id=self.tokenizer.eos_token_id,
-            pad_token_id=self.tokenizer.pad_token_id,
+            do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
         )
-        contexts = [list(e["prompt_ids"]) for e in examples]
-        out = generate(
-            self.model,
-            contexts,
-            config,
-            self.tokenizer.pad_token_id,
-            [self.tokenizer.eos_token_id],
-            1.0,
-            batch_size=self.batch_size,
-            record_logps=False,
-        )
-        return SampledRound(
-            examples,
-            out["completion_ids"],
-            version=step,
-            old_per_token_logps=out["old_per_token_logps"],
-            prompt_ids=contexts,
-        )
+        super().__init__(model, config, tokenizer.pad_token_id, [tokenizer.eos_token_id], batch_size)
+        self.tokenizer = tokenizer
 
 
 @torch.no_grad()
@@ -360,7 +337,8 @@ def evaluate_agent(
 
     Each prompt is rendered with the schemas of `tools` (none when `tools` is empty: the tools are withheld, and a
     call the model still writes fails as an unknown tool) and rolled out greedily through the training loop,
-    [`~trl_trapo.agents.ToolRolloutSource`]: a turn, its tool calls run, their results appended as token ids, the
+    [`~trl_trapo.agents.ToolRolloutSource`] ([`~trl_trapo.agents.greedy_tool_rollouts`], which the trainer's
+    evaluation of a tools run also uses): a turn, its tool calls run, their results appended as token ids, the
     next turn, at most `max_iterations` rounds of calls, `response_length` tokens in all (tool results included).
     The model's train/eval mode is restored.
 
@@ -389,30 +367,19 @@ def evaluate_agent(
             raise ValueError(f"evaluate_agent: `dataset` needs a `{column}` column; it has {dataset.column_names}.")
     if len(dataset) == 0:
         raise ValueError("evaluate_agent: `dataset` is empty.")
-    spec = AgentSpec.build(list(tools), None)
-    # the source's prompt pool and scorer are read by `sample` only; evaluation runs its `start` and `run_turns`
-    source = ToolRolloutSource(
-        GreedyEngine(model, tokenizer, batch_size),
-        dataset,
-        prompts=None,
-        spec=spec,
-        tokenizer=tokenizer,
-        scorer=None,
-        group=1,
-        num_mini_batches=1,
-        temperature=1.0,
-        response_length=response_length,
-        context=getattr(model.config, "max_position_embeddings", None),
-        max_iterations=max_iterations,
-        log_metric=lambda name, value: None,
-    )
     was_training = model.training
     model.eval()
     try:
-        rollouts = source.start([dataset[i] for i in range(len(dataset))])
-        source.run_turns(rollouts, step=0)
+        rollouts = greedy_tool_rollouts(
+            GreedyEngine(model, tokenizer, batch_size),
+            dataset,
+            AgentSpec.build(list(tools), None),
+            tokenizer,
+            response_length=response_length,
+            context=getattr(model.config, "max_position_embeddings", None),
+            max_iterations=max_iterations,
+        )
     finally:
-        source.close()
         model.train(was_training)
     return score_rollouts(rollouts)
 
