@@ -75,6 +75,63 @@ def test_max_grad_norm_inf_trains_and_logs_a_finite_gradient_norm(tmp_path, toke
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_max_grad_norm_none_is_refused_naming_zero_for_no_clipping(tmp_path, cls):
+    """N07 (trial 13): `max_grad_norm=None`, a script's "no clipping", was accepted and `train()` died at its first
+    optimizer step in transformers (`if self.args.max_grad_norm > 0: TypeError`, naming no field). The command line
+    refuses `--max_grad_norm None` (argparse's "invalid float value"); Python now does too, naming the fix."""
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cls.__name__}\.max_grad_norm=None is invalid: it must be a number, not None .*"
+        r"write max_grad_norm=0 for no clipping \(the gradient norm is still logged\)",
+    ):
+        cls(output_dir=str(tmp_path), report_to="none", max_grad_norm=None)
+
+
+def transformers_number_fields() -> list[str]:
+    """transformers' `TrainingArguments` fields annotated a plain int or float (found here from transformers' own
+    annotations, not by the code under test): transformers compares or computes with each."""
+    from transformers import TrainingArguments
+
+    hints = typing.get_type_hints(TrainingArguments)
+    return [f.name for f in dataclasses.fields(TrainingArguments) if f.init and hints[f.name] in (int, float)]
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_no_number_field_of_transformers_takes_none(tmp_path, cls):
+    """N07's siblings: transformers' number fields took None without a word and failed later with a bare TypeError:
+    in training (`weight_decay` in torch's AdamW step, `adam_beta1/2` and `adam_epsilon` in the optimizer, `seed` in
+    `torch.manual_seed`, `eval_delay` at the first evaluation) or in `TrainingArguments.__post_init__` (`max_steps`,
+    `num_train_epochs`, `gradient_accumulation_steps`, `logging_steps`, `save_steps`, `warmup_steps`, ...). Each is
+    now refused by name, except `local_rank` (only parsed, for the old launcher; None there does no harm) and a field
+    TRAPO's config redefines to take None (`PPOConfig.logging_steps`: once per PPO update)."""
+    names = transformers_number_fields()
+    assert {"max_grad_norm", "weight_decay", "adam_beta1", "seed", "eval_delay", "learning_rate"} <= set(names)
+    takes_none = {"local_rank"} | ({"logging_steps"} if cls is PPOConfig else set())
+    problems = {}  # field -> "accepted" or the message that does not name it
+    for name in names:
+        try:
+            cls(output_dir=str(tmp_path), report_to="none", **{name: None})
+        except Exception as error:  # noqa: BLE001 - anything but our ValueError naming the field is a problem
+            if name in takes_none or not (
+                isinstance(error, ValueError) and str(error).startswith(f"{cls.__name__}.{name}=None is invalid: ")
+            ):
+                problems[name] = f"{type(error).__name__}: {error}"
+        else:
+            if name not in takes_none:
+                problems[name] = "accepted"
+    assert problems == {}
+
+
+def test_max_grad_norm_zero_trains_and_logs_the_gradient_norm(tmp_path, tokenizer, suite, tiny_trainer):
+    """The fix the refusal of None names: 0 trains unclipped, the gradient norm still logged (as the message says)."""
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=1, max_grad_norm=0)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "grad_norm" in h]
+    assert trainer.state.global_step == 1
+    assert logged and all(math.isfinite(h["grad_norm"]) and h["grad_norm"] > 0 for h in logged)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
 def test_a_negative_weight_decay_is_refused_by_name(tmp_path, cls):
     """TA03: torch's optimizers refuse a negative decay in their constructor, but transformers puts `weight_decay` in
     the parameter groups, where torch does not check it: it trained, pushing the weights away from zero."""

@@ -238,6 +238,69 @@ def test_rounds_that_do_not_fit_whole_steps_are_said_once_at_construction(tmp_pa
     assert "make the RL rows per step a multiple of num_generations: e.g. per_device_train_batch_size=8" in notes[0]
 
 
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (dict(gradient_accumulation_steps=50, max_steps=1),
+         "One optimizer step takes 400 rows (per_device_train_batch_size=8 x gradient_accumulation_steps=50 x world "
+         "size 1), more than train_dataset holds (16 prompts x num_generations=4 completions = 64 rows): each prompt "
+         "is rolled out ~6.2 times within one update (~25 completions of it), where TRL's GRPOTrainer would train no "
+         "step at all. The run trains 1 optimizer step, each ~6.25 epochs as the logged epoch counts them. For each "
+         "prompt at most once per update, use e.g. gradient_accumulation_steps=8, or give train_dataset more "
+         "prompts."),
+        (dict(gradient_accumulation_steps=10, max_steps=-1, num_train_epochs=1),
+         "One optimizer step takes 80 rows (per_device_train_batch_size=8 x gradient_accumulation_steps=10 x world "
+         "size 1), more than train_dataset holds (16 prompts x num_generations=4 completions = 64 rows): each prompt "
+         "is rolled out ~1.2 times within one update (~5 completions of it), where TRL's GRPOTrainer would train no "
+         "step at all. The run trains 1 optimizer step,"),
+        (dict(gradient_accumulation_steps=8, max_steps=1), None),  # 64 rows: each prompt once per update
+    ],
+    ids=["N08", "planned-from-epochs", "one-pass"],
+)  # fmt: skip
+def test_a_step_over_more_rows_than_the_prompts_is_said_once_at_construction(tmp_path, caplog, settings, said):
+    """Trial 13's N08: 16 RL prompts with per_device_train_batch_size=8 and gradient_accumulation_steps=50 (400 RL
+    rows per optimizer step: each prompt rolled out ~6 times within one update) trained one step without a word, where
+    TRL's GRPOTrainer trains none ("There seems not to be a single sample in your epoch_iterator"). Said once at
+    construction, naming the batch settings, the world size, the dataset's size and a fit; one pass says nothing."""
+    tokenizer = build_char_tokenizer()
+    config = dict(SCRIPT_CONFIG, **settings)
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), **config),
+            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(16)]}),
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "One optimizer step takes" in r.getMessage()]
+    if said is None:
+        assert notes == []
+        return
+    assert len(notes) == 1 and notes[0].startswith(said), notes
+
+
+def test_a_step_over_more_sft_rows_than_the_data_is_said_too(tmp_path, caplog):
+    """N08 in a run sized by its demonstrations (no RL prompts): each row is trained several times in one update."""
+    tokenizer = build_char_tokenizer()
+    rows = Dataset.from_dict(
+        {"prompt": [f"{i}+{i}=" for i in range(10)], "completion": [f"{2 * i}" for i in range(10)]}
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            args=TRAPOConfig(output_dir=str(tmp_path), **dict(SCRIPT_CONFIG, gradient_accumulation_steps=5)),
+            sft_dataset=rows,
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "One optimizer step takes" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].startswith(
+        "One optimizer step takes 40 rows (per_device_train_batch_size=8 x gradient_accumulation_steps=5 x world size "
+        "1), more than sft_dataset holds (10 rows): each row is trained ~4.0 times within one update. The run trains "
+        "6 optimizer steps, each ~4.00 epochs as the logged epoch counts them. For each row at most once per update, "
+        "use e.g. gradient_accumulation_steps=1, or give sft_dataset more rows."
+    ), notes
+
+
 def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
     """TRL's rollout_func source sizes its rounds as the default source does (whole groups of num_generations): the
     same warning (trial 11's N46, sibling)."""

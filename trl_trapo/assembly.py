@@ -115,6 +115,7 @@ from .objectives import (
     planning_rows,
     setup_objective,
     warn_epoch_passes,
+    warn_step_over_pass,
 )
 from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
@@ -1394,6 +1395,7 @@ def plan_run(
     primary = planning_rows(args, data, names, has_critic)
     planned_steps, tickets = plan_steps(args, average_shares, primary)
     warn_epoch_passes(args, data, names, average_shares, planned_steps, primary, has_critic)  # what an epoch is
+    warn_step_over_pass(args, data, names, average_shares, planned_steps, primary, has_critic)  # a step > a pass
     epochs = epoch_rows(args, data, names, has_critic)  # what `state.epoch` counts passes of
     return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets, epochs)
 

@@ -386,14 +386,35 @@ def _annotations(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
+NONE_FIXES = {
+    "max_grad_norm": "write max_grad_norm=0 for no clipping (the gradient norm is still logged)",
+    "weight_decay": "write weight_decay=0.0 for no weight decay",
+    "warmup_steps": "write warmup_steps=0 for no warm-up",
+    "max_steps": "write max_steps=-1 to train num_train_epochs epochs",
+    "eval_delay": "write eval_delay=0 to evaluate from the first step",
+}
+"""What to write instead of None (a script's "off" or "unset") in a number field of transformers' `TrainingArguments`
+that refuses it ([`_field_annotations`]), where a number means what the None was meant to; others get their default."""
+NONE_ACCEPTED_NUMBERS = {"local_rank"}
+"""Number fields of transformers' `TrainingArguments` that take None although annotated without it: `local_rank`
+(only parsed, for `torch.distributed.launch`'s `--local_rank`; transformers 5 reads the rank from the environment)."""
+
+
 @functools.cache
 def _field_annotations(cls: type) -> dict[str, object]:
     """Field -> the type its values must have: the annotation (`ACCEPTED_TYPES` where wider), with None allowed in the
-    fields of transformers' and TRL's classes, which do not always annotate a None they accept (`debug`)."""
+    fields of transformers' and TRL's classes, which do not always annotate a None they accept (`debug`), except their
+    plain `int` and `float` fields (`max_grad_norm`, `seed`, `warmup_steps`, ...; `NONE_ACCEPTED_NUMBERS` aside):
+    transformers compares or computes with them, so None passed `TrainingArguments` and failed later, in training, with
+    a `TypeError` naming no field (trial 13's N07: `max_grad_norm=None` at the first optimizer step), or in its
+    `__post_init__` with the same bare `TypeError`. The command line refuses `--max_grad_norm None` as argparse's
+    "invalid float value"; Python gets [`check_field_types`]' message naming the field and the fix (`NONE_FIXES`)."""
     hints = _annotations(cls)
     own = {name for c in cls.__mro__ if issubclass(c, TRAPOConfig) for name in vars(c).get("__annotations__", {})}
+    plain_numbers = {f.name for f in dataclasses.fields(cls) if hints[f.name] in (int, float)} - NONE_ACCEPTED_NUMBERS
+    exact = own | plain_numbers
     return {
-        f.name: ACCEPTED_TYPES.get(f.name, hints[f.name] if f.name in own else hints[f.name] | None)
+        f.name: ACCEPTED_TYPES.get(f.name, hints[f.name] if f.name in exact else hints[f.name] | None)
         for f in dataclasses.fields(cls)
         if f.init
     }
@@ -485,6 +506,9 @@ def check_field_types(config) -> None:
                         " (a number, not a string)" if isinstance(value, str) else ""
                     )
                     break
+        elif value is None and _annotations(transformers.TrainingArguments).get(f.name) in (int, float):
+            got = "None (transformers compares or computes with it: None would fail later, in a TypeError naming no field)"
+            fix = f"{NONE_FIXES[f.name]}{default}" if f.name in NONE_FIXES else fix
         elif value is None:  # e.g. GRPOConfig's max_prompt_length=None of older TRL versions
             got = "None (a no-limit None of some TRL configs has no equivalent here)"
         elif isinstance(value, (list, tuple)) and (
@@ -499,7 +523,7 @@ def check_field_types(config) -> None:
 
 INFINITE_ALLOWED = {
     "max_grad_norm": "inf clips nothing and still computes and logs the gradient norm (torch's clip_grad_norm_ "
-    "scales by min(1, inf / norm) = 1); 0 or None computes no norm",
+    "scales by min(1, inf / norm) = 1), as 0 does (transformers then computes the norm with inf)",
 }
 """The float fields where +inf is a setting (field -> what it means); every other float field takes finite numbers
 only, and none takes NaN or -inf ([`check_finite_numbers`])."""

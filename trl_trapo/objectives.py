@@ -1240,6 +1240,87 @@ def warn_epoch_passes(
     return message
 
 
+def warn_step_over_pass(
+    args: Any,
+    data: Any,
+    names: tuple[str, ...],
+    shares: Sequence[float],
+    planned_steps: int,
+    primary: tuple[int, int | float] | None,
+    has_critic: bool,
+) -> str | None:
+    """Say once, at construction, when one optimizer step takes more rows of the dataset that sizes the run
+    ([`planning_rows`]: the RL prompts, else the SFT rows, ...) than the dataset holds (RL: prompts x completions).
+
+    Each prompt (row) is then drawn several times within one update: trial 13's N08 (16 prompts,
+    `per_device_train_batch_size=8`, `gradient_accumulation_steps=50`: 400 RL rows per update, each prompt rolled out
+    ~6 times) trained one step without a word, where TRL's GRPOTrainer trains none (transformers: "There seems not to
+    be a single sample in your epoch_iterator"). Said whatever sets the run's length. A step's RL rows are distinct
+    trajectories (the replay buffer serves the least used first; `num_ppo_epochs` replays a round at later steps), so
+    the bound is prompts x completions, not the `num_ppo_epochs`-fold pass the logged epoch counts ([`epoch_rows`]).
+
+    Args:
+        args ([`TRAPOConfig`]): the batch settings, `world_size`, `num_generations`, `num_ppo_epochs`.
+        data ([`~trl_trapo.data.PreparedData`]): the prepared datasets.
+        names (`tuple[str, ...]`): the run's objective names, as `shares` is ordered.
+        shares (`Sequence[float]`): the curriculum's time-averaged shares of a step's rows.
+        planned_steps (`int`): optimizer steps of the run.
+        primary: `(objective index, rows of the whole run)` of the dataset that sizes the run ([`planning_rows`]).
+        has_critic (`bool`): a value model (an RL prompt gives 1 completion, not `num_generations`).
+
+    Returns:
+        The warning's text, or None when a step takes at most the rows the dataset holds.
+    """
+    if primary is None:
+        return None
+    index = primary[0]
+    sizing = next(cls for cls in PLANNING_ORDER if cls.NAME == names[index])
+    dataset = getattr(data, sizing.DATA_FIELD)
+    world = max(args.world_size, 1)
+    batch, accumulation, share = args.per_device_train_batch_size, args.gradient_accumulation_steps, shares[index]
+    rows_per_step = batch * accumulation * world
+    taken = rows_per_step * share  # the sizing dataset's rows in one step, at its mean share
+    rl = sizing is RLObjective
+    group = (1 if has_critic else args.num_generations) if rl else 1
+    held = len(dataset) * group
+    if taken <= held:
+        return None
+    draws = taken / held
+    steps = (
+        f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accumulation} x world size {world}"
+        + (f", {taken:,.0f} of them for {sizing.ARGUMENT} at its mean share {share:.2f}" if share < 1 else "")
+    )
+    if rl:
+        completions = "1 completion (a critic)" if has_critic else f"num_generations={group} completions"
+        holds = f"{len(dataset):,} prompts x {completions} = {held:,} rows"
+        what = (
+            f"each prompt is rolled out ~{draws:.1f} times within one update (~{draws * group:.0f} completions of it)"
+        )
+        what += "" if has_critic else ", where TRL's GRPOTrainer would train no step at all"
+        more = "prompts"
+    else:
+        holds = f"{len(dataset):,} rows"
+        what = f"each row is trained ~{draws:.1f} times within one update"
+        more = "rows"
+    epoch = taken / sizing.pass_rows(args, dataset, has_critic)  # what the logged epoch counts ([`epoch_rows`])
+    fits = math.floor(held / (batch * world * share))
+    fix = (
+        f"gradient_accumulation_steps={fits}"
+        if fits >= 1
+        else f"per_device_train_batch_size={max(math.floor(held / (world * share)), 1)} with "
+        "gradient_accumulation_steps=1"
+    )
+    plural = "s" if planned_steps != 1 else ""
+    message = (
+        f"One optimizer step takes {rows_per_step:,} rows ({steps}), more than {sizing.ARGUMENT} holds ({holds}): "
+        f"{what}. The run trains {planned_steps:,} optimizer step{plural}, each ~{epoch:.2f} epochs as the logged epoch "
+        f"counts them. For each {'prompt' if rl else 'row'} at most once per update, use e.g. {fix}, or give "
+        f"{sizing.ARGUMENT} more {more}."
+    )
+    logger.warning(message)
+    return message
+
+
 def checkpointed_objective_states(state: dict) -> dict[str, dict]:
     """The objectives' states of a checkpoint's `trapo/rank{r}.json`, keyed by name; a checkpoint written before
     objectives were named kept only the pretraining stream's, under its own key."""
