@@ -499,6 +499,107 @@ def test_bf16_without_a_bf16_gpu_names_the_field_and_the_fix(tmp_path, monkeypat
     TRAPOConfig(output_dir=str(tmp_path), report_to="none")  # left unset, bf16 is decided for the machine
 
 
+# ---- trainable float16 weights (trial 13's N28) ---------------------------------------------------------------------
+def critic(tokenizer):
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "case, warned",
+    [
+        ("float16 policy", "`model` (LlamaForCausalLM) has 20 trainable float16 parameter tensors"),
+        ("float16 critic", "`value_model` (LlamaForSequenceClassification) has 21 trainable float16 parameter"),
+        ("float32 policy", None),
+        ("LoRA on a float16 base", None),  # PEFT's adapter weights are float32: only trainable parameters count
+        ("frozen float16 reward model", None),  # never updated
+    ],
+)
+def test_trainable_float16_weights_without_fp16_mixed_precision_are_warned_about(
+    tmp_path, tokenizer, suite, tiny_config, caplog, case, warned
+):
+    """Trial 13's N28: a policy loaded with `from_pretrained(dtype=torch.float16)` and trained with fp32 arguments (no
+    autocast, float16 AdamW states: eps=1e-8 is 0 there) diverged at step 3 (loss 4.06 -> 13.1, grad norm 363)
+    without a word. A warning at construction names the model, the dtype, what goes wrong and the fixes."""
+    from peft import LoraConfig
+
+    model, arguments = build_tiny_model(tokenizer, seed=0), {}
+    if case == "float16 policy":
+        model = model.half()
+    elif case == "float16 critic":
+        arguments["value_model"] = critic(tokenizer).half()
+    elif case == "LoRA on a float16 base":
+        model = model.half()
+        arguments["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    elif case == "frozen float16 reward model":
+        arguments["reward_funcs"] = [exact_match_reward, critic(tokenizer).half()]
+        arguments["reward_processing_classes"] = [None, tokenizer]
+    reward_funcs = arguments.pop("reward_funcs", exact_match_reward)
+    with caplog.at_level("WARNING", logger="trl_trapo"):
+        trainer = TRAPOTrainer(
+            model,
+            reward_funcs=reward_funcs,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            **arguments,
+        )
+    notes = [r.getMessage() for r in caplog.records if "trainable float16" in r.getMessage()]
+    if warned is None:
+        assert notes == [], notes
+        if case == "LoRA on a float16 base":  # what makes it fine: the trained weights are float32
+            trained = [p.dtype for p in trainer.model.parameters() if p.requires_grad]
+            assert trained and set(trained) == {torch.float32}, set(trained)
+        return
+    assert len(notes) == 1, notes
+    for needle in [
+        warned,
+        "no fp16 mixed precision (mixed_precision='no')",
+        "AdamW's default eps=1e-8 is 0",
+        "from_pretrained(..., dtype=torch.float32)",
+        "`fp16=True` then trains under fp16 autocast with float32 weights",
+        "dtype=torch.bfloat16",
+    ]:
+        assert needle in notes[0], (needle, notes[0])
+
+
+def test_trainable_float16_weights_under_fp16_mixed_precision_are_refused():
+    """With `fp16=True` (a GPU) accelerate scales the loss with torch's GradScaler, which refuses float16 gradients at
+    the first optimizer step: refused at construction, naming the fix (float32 weights with fp16=True, or bfloat16).
+    DeepSpeed, and FSDP under mixed precision, keep float32 master weights: nothing to say."""
+    from trl_trapo.models import check_trained_precision
+    from trl_trapo.tasks import build_char_tokenizer
+
+    half = build_tiny_model(build_char_tokenizer(), seed=0).half()
+    with pytest.raises(ValueError) as raised:
+        check_trained_precision([("model", half), ("value_model", None)], "fp16", float32_master_weights=False)
+    message = str(raised.value)
+    for needle in [
+        "`model` (LlamaForCausalLM) has 20 trainable float16 parameter tensors",
+        "mixed_precision='fp16'",
+        "Attempting to unscale FP16 gradients.",
+        "from_pretrained(..., dtype=torch.float32)",
+        "keep fp16=True",
+        "bf16=True",
+    ]:
+        assert needle in message, (needle, message)
+    check_trained_precision([("model", half)], "fp16", float32_master_weights=True)
+    check_trained_precision([("model", half.requires_grad_(False))], "fp16", float32_master_weights=False)
+
+
+def test_torch_grad_scaler_refuses_float16_gradients():
+    """The library behaviour the refusal above rests on (torch 2.x): fp16 mixed precision's GradScaler will not
+    unscale float16 gradients. If torch ever accepts them, that refusal is stale."""
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    optimizer = torch.optim.AdamW([weight])
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(weight.float().sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.step(optimizer)
+
+
 # ---- token ids and vocabularies (every id looked up or sampled fits the matrix that reads it) -------------------------
 
 
