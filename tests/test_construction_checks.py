@@ -16,12 +16,14 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
-def build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=None, sft_dataset=None, **overrides):
+def build(
+    tmp_path, tokenizer, suite, tiny_config, eval_dataset=None, sft_dataset=None, train_dataset=None, **overrides
+):
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=exact_match_reward,
         args=tiny_config(tmp_path, **overrides),
-        train_dataset=suite.rl_train,
+        train_dataset=suite.rl_train if train_dataset is None else train_dataset,
         sft_dataset=suite.sft if sft_dataset is None else sft_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
@@ -41,6 +43,30 @@ def test_eval_prompts_that_overflow_the_context_name_the_fix(tmp_path, tokenizer
     eval_dataset = Dataset.from_dict({"prompt": ["y" * (context - 2)], "answer": ["z"]})  # + 4 new tokens > context
     with pytest.raises(ValueError, match=r"lower response_length to at most 2, or remove prompts longer than 252"):
         build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=eval_dataset, max_prompt_length=context)
+
+
+def test_prompts_no_max_prompt_length_could_fit_are_said_at_the_first_refusal(tmp_path, tokenizer, suite, tiny_config):
+    """Trial 13's C10: the first refusal said to raise max_prompt_length; doing so met a second refusal that the
+    model's context cannot hold the prompts at all. The first one says it at once, with the numbers."""
+    context = build_tiny_model(tokenizer).config.max_position_embeddings  # 256; response_length=4: room for 252
+    prompts = ["rev ab=", "x" * 100 + "=", "y" * (context + 20) + "="]
+    rl = Dataset.from_dict({"prompt": prompts, "answer": ["ba", "1", "2"]})
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, suite, tiny_config, train_dataset=rl)
+    message = str(raised.value)
+    for needle in [
+        "2 prompts of `train_dataset` are longer than max_prompt_length=16 tokens (longest: ",
+        "raising max_prompt_length cannot fit them all: the model's context of 256 positions leaves at most 252 "
+        "tokens for a prompt beside response_length=4 new tokens, and 1 prompt is longer than that",
+        "filter out the prompts longer than 252 tokens and set max_prompt_length to at most 252",
+        "a model with a longer context",
+    ]:
+        assert needle in message, (needle, message)
+    # prompts the context can hold: raising max_prompt_length is the fix, as before
+    fits = Dataset.from_dict({"prompt": prompts[:2], "answer": ["ba", "1"]})
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, suite, tiny_config, train_dataset=fits)
+    assert "Raise `max_prompt_length`" in str(raised.value) and "cannot" not in str(raised.value)
 
 
 def test_a_streaming_sft_dataset_is_refused_by_name(tmp_path, tokenizer, suite, tiny_config):

@@ -1436,6 +1436,7 @@ def tokenize_prompt_dataset(
     num_proc: int | None = None,
     images: ImageRows | None = None,
     vocab_size: int | None = None,
+    context: tuple[int, int] | None = None,
 ) -> Dataset:
     """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths and,
     with `vocab_size`, that tokenized prompts' ids exist in the policy's vocabulary (`check_token_ids`).
@@ -1455,6 +1456,9 @@ def tokenize_prompt_dataset(
         num_proc (`int`, *optional*): processes for `Dataset.map`.
         images ([`~trl_trapo.vision.ImageRows`], *optional*): the processor's row builder of a VLM run.
         vocab_size (`int`, *optional*): the policy's embedding rows; `input_ids` must lie in [0, vocab_size).
+        context (`tuple[int, int]`, *optional*): `(max_positions, response_length)`: the model's context and the new
+            tokens each prompt needs room for. With it, prompts beyond `max_prompt_length` that no `max_prompt_length`
+            could let through (longer than the context leaves) are said at once ([`prompt_length_message`]).
 
     Returns:
         `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent, and
@@ -1515,12 +1519,7 @@ def tokenize_prompt_dataset(
             )
     too_long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
     if too_long:
-        raise ValueError(
-            f"{len(too_long)} prompts of `{name}` are longer than max_prompt_length={max_prompt_length} tokens "
-            f"(longest: {max(lengths)} tokens, first at row {too_long[0]}). Raise `max_prompt_length` (the model must "
-            f"fit max_prompt_length + response_length positions) or filter those prompts out; they are never "
-            "truncated silently."
-        )
+        raise ValueError(prompt_length_message(name, lengths, too_long, max_prompt_length, context))
     empty = [i for i, n in enumerate(lengths) if n == 0]
     if empty:
         prompt = dataset[empty[0]]["prompt"] if has_prompt else None
@@ -1533,6 +1532,47 @@ def tokenize_prompt_dataset(
             )
         raise ValueError(f"{len(empty)} prompts of `{name}` are empty (first at row {empty[0]}); remove them.")
     return tokenized
+
+
+def prompt_length_message(
+    name: str, lengths: list[int], too_long: list[int], max_prompt_length: int, context: tuple[int, int] | None
+) -> str:
+    """The error for prompts of `name` longer than `max_prompt_length` (`lengths`: every prompt's tokens; `too_long`:
+    the rows beyond it). When `context` (`(max_positions, response_length)`) says that some of them cannot fit the
+    model's context beside `response_length` new tokens, it says so at once, with the numbers and the fixes that can
+    work (trial 13's C10: the built-in model's 256 positions against 877-token GSM8K prompts were said only after the
+    user had raised `max_prompt_length` as told); else raising `max_prompt_length` is the fix.
+
+    Returns:
+        `str`: naming `name`, the count, the longest prompt, its first row and the fix.
+    """
+    longest = max(lengths)
+    said = (
+        f"{len(too_long)} prompts of `{name}` are longer than max_prompt_length={max_prompt_length} tokens (longest: "
+        f"{longest} tokens, first at row {too_long[0]})"
+    )
+    max_positions, response_length = context if context is not None else (None, 0)
+    if max_positions is None or longest + response_length <= max_positions:
+        return (
+            f"{said}. Raise `max_prompt_length` (the model must fit max_prompt_length + response_length positions) or "
+            "filter those prompts out; they are never truncated silently."
+        )
+    said += "; they are never truncated silently, and"
+    room = max_positions - response_length  # the longest prompt the context holds beside response_length tokens
+    if room < 1:
+        return (
+            f"{said} raising max_prompt_length cannot help: response_length={response_length} new tokens alone fill "
+            f"the model's context of {max_positions} positions. Lower response_length below {max_positions}, then "
+            "keep prompts within what it leaves (or use a model with a longer context)."
+        )
+    beyond = sum(n > room for n in lengths)
+    lower = f", lower response_length to at most {max_positions - longest}" if longest < max_positions else ""
+    return (
+        f"{said} raising max_prompt_length cannot fit them all: the model's context of {max_positions} positions "
+        f"leaves at most {room} tokens for a prompt beside response_length={response_length} new tokens, and "
+        f"{beyond} prompt{'s are' if beyond != 1 else ' is'} longer than that. Fix: filter out the prompts longer than {room} tokens and set "
+        f"max_prompt_length to at most {room}{lower}, or use a model with a longer context."
+    )
 
 
 def tokenize_demonstrations(
@@ -2240,6 +2280,7 @@ def check_eval_prompts(
             name=label,
             images=images,
             vocab_size=vocab_size,
+            context=None if max_positions is None else (max_positions, args.response_length),
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
@@ -2326,6 +2367,9 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
             "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
             "`reward_model`, or set rl_weight=0 to train without RL."
         )
+    # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+    max_positions = setup.max_positions
+    context = None if max_positions is None or setup.user_source else (max_positions, args.response_length)
     rl = tokenize_prompt_dataset(
         dataset,
         tokenizer,
@@ -2333,6 +2377,7 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
         setup.template_kwargs,
         images=setup.images,
         vocab_size=setup.vocab_size,
+        context=context,
     )
     if args.demonstration_column is not None:
         rl = tokenize_demonstrations(
@@ -2344,9 +2389,7 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
             setup.template_kwargs,
         )
     longest = max(len(ids) for ids in rl["prompt_ids"])
-    # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
-    max_positions = setup.max_positions
-    if max_positions is not None and not setup.user_source and longest + args.response_length > max_positions:
+    if context is not None and longest + args.response_length > max_positions:
         raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
     if args.demonstration_column is not None and setup.has_critic:
         raise ValueError(
@@ -2445,6 +2488,7 @@ def prepare_distillation_prompts(dataset: Dataset, setup: DataSetup, weight: flo
         name="distillation_dataset",
         images=setup.images,
         vocab_size=setup.vocab_size,
+        context=None if setup.max_positions is None else (setup.max_positions, args.response_length),
     )
     longest = max(len(ids) for ids in distill["prompt_ids"])
     if setup.max_positions is not None and longest + args.response_length > setup.max_positions:
