@@ -714,14 +714,71 @@ def nested_rows_hint(dataset: Dataset | IterableDataset, wanted: set[str]) -> st
     return ""
 
 
+PROMPT_COLUMNS = ("question", "query", "instruction", "problem", "input", "prompt_text", "source")
+"""Column names that likely hold a prompt (raw datasets: GSM8K's `question`, Alpaca's `instruction`, ...), in the
+order [`column_mapping_example`] prefers them."""
+COMPLETION_COLUMNS = ("answer", "response", "output", "solution", "completion_text", "target", "reply")
+"""Column names that likely hold a demonstration's completion (GSM8K's `answer`, Alpaca's `output`, ...)."""
+TEXT_COLUMNS = ("content", "document", "body", "article", "passage", "story", "code")
+"""Column names that likely hold a pretraining document."""
+
+
+def likely_column(columns: Sequence[str], candidates: Sequence[str]) -> str | None:
+    """The first of `candidates` (compared in lower case) that `columns` has, as `columns` spells it; None if none."""
+    by_lower = {str(column).lower(): column for column in columns}
+    return next((by_lower[name] for name in candidates if name in by_lower), None)
+
+
+def column_mapping_example(columns: Sequence[str], slot: str) -> str:
+    """A one-line fix for a dataset without the columns of `slot` ('rl', 'sft' or 'pretrain'): the `datasets` call that
+    maps its own columns to TRL's format (trial 13's N26: a raw GSM8K file, `question` / `answer`, was refused in each
+    slot, with an example only in the pretraining one). Built from the columns it has when a likely one is there
+    ([`PROMPT_COLUMNS`], [`COMPLETION_COLUMNS`], [`TEXT_COLUMNS`]), else with placeholders.
+
+    Returns:
+        `str`: a sentence starting with a space, e.g. " Fix: `dataset.rename_column('question', 'prompt')` (...)."
+    """
+    columns = list(columns)
+    question, answer = likely_column(columns, PROMPT_COLUMNS), likely_column(columns, COMPLETION_COLUMNS)
+    if slot == "rl":
+        others = [c for c in columns if c != question]
+        shown = ", ".join(map(repr, others[:3])) + (", ..." if len(others) > 3 else "")
+        kept = (
+            f" (the other column{'s' if len(others) > 1 else ''}, {shown}, reach{'' if len(others) > 1 else 'es'} the "
+            "reward functions as keyword arguments)"
+            if question and others
+            else ""
+        )
+        column = question or "<prompt column>"
+        return f" Fix: name the prompt column 'prompt', e.g. `dataset.rename_column({column!r}, 'prompt')`{kept}."
+    if slot == "sft":
+        mapping = {}
+        if "prompt" not in columns:
+            mapping[question or "<prompt column>"] = "prompt"
+        if "completion" not in columns:
+            mapping[answer or "<completion column>"] = "completion"
+        call = (
+            f"dataset.rename_columns({mapping!r})"
+            if len(mapping) > 1
+            else "dataset.rename_column({!r}, {!r})".format(*next(iter(mapping.items())))
+        )
+        return f" Fix: map its columns to prompt-completion, e.g. `{call}`."
+    text = likely_column(columns, TEXT_COLUMNS) or (columns[0] if len(columns) == 1 else None)
+    if text is None and question and answer:  # a question-answer pair: one document per row
+        call = f"dataset.map(lambda row: {{'text': row[{question!r}] + '\\n' + row[{answer!r}]}})"
+    else:
+        call = f"dataset.rename_column({text or 'content'!r}, 'text')"
+    return f" Fix: name the text column 'text', e.g. `{call}`."
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
     columns = dataset_columns(dataset)
     if columns and "text" not in columns:
         raise ValueError(
-            f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}. "
-            "Rename your text column to 'text', e.g. `dataset.rename_column('content', 'text')`."
+            f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
+            + column_mapping_example(columns, "pretrain")
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -740,7 +797,7 @@ def check_sft_dataset(dataset: Dataset) -> None:
         )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}.{text} See "
+            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft')} See "
             "https://huggingface.co/docs/trl/dataset_formats."
             + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
@@ -795,6 +852,7 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
             (misplaced + " " if misplaced else "")
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
+            + ("" if misplaced else column_mapping_example(columns, "rl"))
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 
@@ -1570,8 +1628,8 @@ def prompt_length_message(
     return (
         f"{said} raising max_prompt_length cannot fit them all: the model's context of {max_positions} positions "
         f"leaves at most {room} tokens for a prompt beside response_length={response_length} new tokens, and "
-        f"{beyond} prompt{'s are' if beyond != 1 else ' is'} longer than that. Fix: filter out the prompts longer than {room} tokens and set "
-        f"max_prompt_length to at most {room}{lower}, or use a model with a longer context."
+        f"{beyond} prompt{'s are' if beyond != 1 else ' is'} longer than that. Fix: filter out the prompts longer "
+        f"than {room} tokens and set max_prompt_length to at most {room}{lower}, or use a model with a longer context."
     )
 
 

@@ -658,8 +658,8 @@ def check_trained_precision(
                 "ACCELERATE_MIXED_PRECISION=fp16): torch's GradScaler refuses float16 gradients at the first "
                 'optimizer step ("Attempting to unscale FP16 gradients."), after the first rollouts. fp16 mixed '
                 "precision computes in float16 under autocast but needs float32 trainable weights. Fix: "
-                f"{_float32_fix(name)} and keep fp16=True; or load it in bfloat16 (`dtype=torch.bfloat16`) and train with "
-                "bf16=True instead of fp16 on a GPU with bf16."
+                f"{_float32_fix(name)} and keep fp16=True; or load it in bfloat16 (`dtype=torch.bfloat16`) and train "
+                "with bf16=True instead of fp16 on a GPU with bf16."
             )
         logger.warning(
             "%s and the run has no fp16 mixed precision (mixed_precision=%r): the optimizer updates float16 weights "
