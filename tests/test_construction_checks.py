@@ -16,12 +16,14 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
-def build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=None, sft_dataset=None, **overrides):
+def build(
+    tmp_path, tokenizer, suite, tiny_config, eval_dataset=None, sft_dataset=None, train_dataset=None, **overrides
+):
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=exact_match_reward,
         args=tiny_config(tmp_path, **overrides),
-        train_dataset=suite.rl_train,
+        train_dataset=suite.rl_train if train_dataset is None else train_dataset,
         sft_dataset=suite.sft if sft_dataset is None else sft_dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
@@ -41,6 +43,30 @@ def test_eval_prompts_that_overflow_the_context_name_the_fix(tmp_path, tokenizer
     eval_dataset = Dataset.from_dict({"prompt": ["y" * (context - 2)], "answer": ["z"]})  # + 4 new tokens > context
     with pytest.raises(ValueError, match=r"lower response_length to at most 2, or remove prompts longer than 252"):
         build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=eval_dataset, max_prompt_length=context)
+
+
+def test_prompts_no_max_prompt_length_could_fit_are_said_at_the_first_refusal(tmp_path, tokenizer, suite, tiny_config):
+    """Trial 13's C10: the first refusal said to raise max_prompt_length; doing so met a second refusal that the
+    model's context cannot hold the prompts at all. The first one says it at once, with the numbers."""
+    context = build_tiny_model(tokenizer).config.max_position_embeddings  # 256; response_length=4: room for 252
+    prompts = ["rev ab=", "x" * 100 + "=", "y" * (context + 20) + "="]
+    rl = Dataset.from_dict({"prompt": prompts, "answer": ["ba", "1", "2"]})
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, suite, tiny_config, train_dataset=rl)
+    message = str(raised.value)
+    for needle in [
+        "2 prompts of `train_dataset` are longer than max_prompt_length=16 tokens (longest: ",
+        "raising max_prompt_length cannot fit them all: the model's context of 256 positions leaves at most 252 "
+        "tokens for a prompt beside response_length=4 new tokens, and 1 prompt is longer than that",
+        "filter out the prompts longer than 252 tokens and set max_prompt_length to at most 252",
+        "a model with a longer context",
+    ]:
+        assert needle in message, (needle, message)
+    # prompts the context can hold: raising max_prompt_length is the fix, as before
+    fits = Dataset.from_dict({"prompt": prompts[:2], "answer": ["ba", "1"]})
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, suite, tiny_config, train_dataset=fits)
+    assert "Raise `max_prompt_length`" in str(raised.value) and "cannot" not in str(raised.value)
 
 
 def test_a_streaming_sft_dataset_is_refused_by_name(tmp_path, tokenizer, suite, tiny_config):
@@ -497,6 +523,107 @@ def test_bf16_without_a_bf16_gpu_names_the_field_and_the_fix(tmp_path, monkeypat
     config = TRAPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, **{field: True})
     assert getattr(config, field) is True
     TRAPOConfig(output_dir=str(tmp_path), report_to="none")  # left unset, bf16 is decided for the machine
+
+
+# ---- trainable float16 weights (trial 13's N28) ---------------------------------------------------------------------
+def critic(tokenizer):
+    config = build_tiny_model(tokenizer).config
+    config.num_labels = 1
+    torch.manual_seed(0)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "case, warned",
+    [
+        ("float16 policy", "`model` (LlamaForCausalLM) has 20 trainable float16 parameter tensors"),
+        ("float16 critic", "`value_model` (LlamaForSequenceClassification) has 21 trainable float16 parameter"),
+        ("float32 policy", None),
+        ("LoRA on a float16 base", None),  # PEFT's adapter weights are float32: only trainable parameters count
+        ("frozen float16 reward model", None),  # never updated
+    ],
+)
+def test_trainable_float16_weights_without_fp16_mixed_precision_are_warned_about(
+    tmp_path, tokenizer, suite, tiny_config, caplog, case, warned
+):
+    """Trial 13's N28: a policy loaded with `from_pretrained(dtype=torch.float16)` and trained with fp32 arguments (no
+    autocast, float16 AdamW states: eps=1e-8 is 0 there) diverged at step 3 (loss 4.06 -> 13.1, grad norm 363)
+    without a word. A warning at construction names the model, the dtype, what goes wrong and the fixes."""
+    from peft import LoraConfig
+
+    model, arguments = build_tiny_model(tokenizer, seed=0), {}
+    if case == "float16 policy":
+        model = model.half()
+    elif case == "float16 critic":
+        arguments["value_model"] = critic(tokenizer).half()
+    elif case == "LoRA on a float16 base":
+        model = model.half()
+        arguments["peft_config"] = LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    elif case == "frozen float16 reward model":
+        arguments["reward_funcs"] = [exact_match_reward, critic(tokenizer).half()]
+        arguments["reward_processing_classes"] = [None, tokenizer]
+    reward_funcs = arguments.pop("reward_funcs", exact_match_reward)
+    with caplog.at_level("WARNING", logger="trl_trapo"):
+        trainer = TRAPOTrainer(
+            model,
+            reward_funcs=reward_funcs,
+            args=tiny_config(tmp_path, max_steps=1),
+            train_dataset=suite.rl_train,
+            processing_class=tokenizer,
+            **arguments,
+        )
+    notes = [r.getMessage() for r in caplog.records if "trainable float16" in r.getMessage()]
+    if warned is None:
+        assert notes == [], notes
+        if case == "LoRA on a float16 base":  # what makes it fine: the trained weights are float32
+            trained = [p.dtype for p in trainer.model.parameters() if p.requires_grad]
+            assert trained and set(trained) == {torch.float32}, set(trained)
+        return
+    assert len(notes) == 1, notes
+    for needle in [
+        warned,
+        "no fp16 mixed precision (mixed_precision='no')",
+        "AdamW's default eps=1e-8 is 0",
+        "from_pretrained(..., dtype=torch.float32)",
+        "`fp16=True` then trains under fp16 autocast with float32 weights",
+        "dtype=torch.bfloat16",
+    ]:
+        assert needle in notes[0], (needle, notes[0])
+
+
+def test_trainable_float16_weights_under_fp16_mixed_precision_are_refused():
+    """With `fp16=True` (a GPU) accelerate scales the loss with torch's GradScaler, which refuses float16 gradients at
+    the first optimizer step: refused at construction, naming the fix (float32 weights with fp16=True, or bfloat16).
+    DeepSpeed, and FSDP under mixed precision, keep float32 master weights: nothing to say."""
+    from trl_trapo.models import check_trained_precision
+    from trl_trapo.tasks import build_char_tokenizer
+
+    half = build_tiny_model(build_char_tokenizer(), seed=0).half()
+    with pytest.raises(ValueError) as raised:
+        check_trained_precision([("model", half), ("value_model", None)], "fp16", float32_master_weights=False)
+    message = str(raised.value)
+    for needle in [
+        "`model` (LlamaForCausalLM) has 20 trainable float16 parameter tensors",
+        "mixed_precision='fp16'",
+        "Attempting to unscale FP16 gradients.",
+        "from_pretrained(..., dtype=torch.float32)",
+        "keep fp16=True",
+        "bf16=True",
+    ]:
+        assert needle in message, (needle, message)
+    check_trained_precision([("model", half)], "fp16", float32_master_weights=True)
+    check_trained_precision([("model", half.requires_grad_(False))], "fp16", float32_master_weights=False)
+
+
+def test_torch_grad_scaler_refuses_float16_gradients():
+    """The library behaviour the refusal above rests on (torch 2.x): fp16 mixed precision's GradScaler will not
+    unscale float16 gradients. If torch ever accepts them, that refusal is stale."""
+    weight = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    optimizer = torch.optim.AdamW([weight])
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(weight.float().sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.step(optimizer)
 
 
 # ---- token ids and vocabularies (every id looked up or sampled fits the matrix that reads it) -------------------------

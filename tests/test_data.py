@@ -77,6 +77,54 @@ def test_check_prompt_dataset():
         check_prompt_dataset(Dataset.from_dict({"prompt": []}))
 
 
+GSM8K_RAW = {"question": ["Tom has 3 apples and buys 4. How many?"], "answer": ["3 + 4 = 7\n#### 7"]}
+
+
+@pytest.mark.parametrize(
+    "check, columns, example",
+    [
+        (check_prompt_dataset, GSM8K_RAW, "`dataset.rename_column('question', 'prompt')`"),
+        (check_sft_dataset, GSM8K_RAW, "`dataset.rename_columns({'question': 'prompt', 'answer': 'completion'})`"),
+        (
+            check_pretrain_dataset,
+            GSM8K_RAW,
+            "`dataset.map(lambda row: {'text': row['question'] + '\\n' + row['answer']})`",
+        ),
+        (
+            check_prompt_dataset,
+            {"Instruction": ["a"], "output": ["b"]},
+            "dataset.rename_column('Instruction', 'prompt')",
+        ),
+        (check_sft_dataset, {"prompt": ["a"], "response": ["b"]}, "`dataset.rename_column('response', 'completion')`"),
+        (check_pretrain_dataset, {"document": ["a"], "id": [1]}, "`dataset.rename_column('document', 'text')`"),
+    ],
+)
+def test_each_slot_refusal_gives_the_mapping_that_fixes_the_dataset(check, columns, example):
+    """Trial 13's N26: a raw GSM8K file (`question` / `answer`) was refused in each slot, with a mapping example only in
+    the pretraining one (and a made-up column there). Each refusal gives the one-line call built from the dataset's own
+    columns, and that call, run, makes the dataset pass."""
+    dataset = Dataset.from_dict(columns)
+    with pytest.raises(ValueError) as raised:
+        check(dataset)
+    message = str(raised.value)
+    assert example in message, message
+    call = re.search(r"`(dataset\.[^`]+)`", message).group(1)
+    check(eval(call, {"dataset": dataset}))  # the fix it gives works
+
+
+def test_a_slot_refusal_without_a_likely_column_names_placeholders():
+    with pytest.raises(ValueError, match=re.escape("`dataset.rename_column('<prompt column>', 'prompt')`")):
+        check_prompt_dataset(Dataset.from_dict({"a": ["x"], "b": ["y"]}))
+    with pytest.raises(ValueError) as raised:
+        check_sft_dataset(Dataset.from_dict({"a": ["x"], "b": ["y"]}))
+    assert "`dataset.rename_columns({'<prompt column>': 'prompt', '<completion column>': 'completion'})`" in str(
+        raised.value
+    )
+    with pytest.raises(ValueError) as raised:  # SFT rows in the RL slot: pointed to sft_dataset, no mapping
+        check_prompt_dataset(Dataset.from_dict({"question": ["x"], "completion": ["y"]}))
+    assert "pass them as `sft_dataset=`" in str(raised.value) and "rename_column" not in str(raised.value)
+
+
 def test_dataset_columns():
     assert dataset_columns(Dataset.from_dict({"text": ["a"], "id": [1]})) == ["text", "id"]
     assert dataset_columns(Dataset.from_dict({"text": ["a"]}).to_iterable_dataset()) == ["text"]

@@ -207,6 +207,45 @@ def test_a_reward_function_error_names_the_flag_too(tmp_path, monkeypatch, capsy
     assert "of `--dataset_name` with empty completions" in err and "train_dataset" not in err, err
 
 
+@pytest.mark.parametrize("given", [[], ["--max_prompt_length", "16"]], ids=["defaults", "max_prompt_length given"])
+def test_prompts_the_builtin_model_cannot_hold_are_said_with_the_builtin_defaults(tmp_path, capsys, given):
+    """Trial 13's C10: GSM8K prompts in built-in mode were refused for `max_prompt_length=16` (the built-in mode's
+    default, which the message did not say), then, after `--max_prompt_length 1024`, for the built-in model's 256
+    positions. The first refusal says both: raising it cannot fit them, the defaults are the built-in mode's (only
+    those the user did not set), and the model is the built-in tiny one."""
+    from trl_trapo.jobs import main as job
+
+    rows = [{"prompt": "x" * 300 + "=", "answer": "1"}, *rl_rows(3)]
+    rl = write_jsonl(tmp_path / "rl.jsonl", rows)
+    argv = ["--max_steps", "2", "--reward_funcs", "exact_match", "--dataset_name", rl, *given]
+    assert job.run([*argv, "--output_dir", str(tmp_path / "out")], program="trapo train") == 2
+    err = capsys.readouterr().err
+    assert "prompts of `--dataset_name` are longer than max_prompt_length=16 tokens" in err, err
+    assert "raising max_prompt_length cannot fit them all: the model's context of 256 positions" in err, err
+    assert "the model is the built-in mode's tiny model (no --model_name_or_path)" in err, err
+    if given:  # the user's own value is not called a default
+        assert "Note: response_length=8 is the built-in mode's default" in err, err
+        assert "max_prompt_length=16 and" not in err, err
+    else:
+        assert "Note: max_prompt_length=16 and response_length=8 are the built-in mode's defaults" in err, err
+        assert "set --max_prompt_length / --response_length for your data" in err, err
+
+
+def test_builtin_defaults_are_named_only_where_a_message_quotes_them():
+    from trl_trapo.jobs.main import name_builtin_defaults
+
+    taken = {"max_prompt_length": 16, "response_length": 8, "max_steps": 1000}
+    assert name_builtin_defaults("max_steps=10000 is too many.", taken, builtin=True) == "max_steps=10000 is too many."
+    said = name_builtin_defaults("prompts are longer than max_prompt_length=16 tokens.", taken, builtin=True)
+    assert said.endswith(
+        "Note: max_prompt_length=16 is the built-in mode's default (sized for its own tasks), not a value you set: "
+        "set --max_prompt_length for your data."
+    ), said
+    assert name_builtin_defaults("it exceeds the model's context of 256 positions.", {}, builtin=False).endswith(
+        "256 positions."
+    )
+
+
 def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog):
     from trl_trapo.rewards import exact_match_reward, numeric_answer_reward
 

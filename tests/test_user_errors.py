@@ -547,7 +547,7 @@ def test_run_turns_only_user_errors_into_a_message(monkeypatch, capsys, phase, e
     def run_job(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(cli, "parse_args", lambda argv=None, prog=None: (None, None, None))
+    monkeypatch.setattr(cli, "parse_args_and_builtin_defaults", lambda argv=None, prog=None: (None, None, None, {}))
     monkeypatch.setattr(cli, "build_trainer", build_trainer)
     monkeypatch.setattr(cli, "run_job", run_job)
     monkeypatch.delenv("TRAPO_DEBUG", raising=False)

@@ -90,6 +90,7 @@ from .models import (
     PolicyAndValueWrapper,
     ReferencePolicy,
     add_frozen_adapter_copy,
+    check_trained_precision,
     check_vocabularies,
     create_reference,
     disable_dropout,
@@ -1787,13 +1788,16 @@ def load_models(
 ) -> Models:
     """Load the policy and its tokenizer ([`build_policy`]), its reference ([`policy_and_reference`]), the critic
     and the teacher (`teacher.load_teacher`), and check that the checkpoint to resume from (`verified_checkpoint`) is
-    of this model.
+    of this model. Trainable float16 weights of the policy or critic are warned about without fp16 mixed precision and
+    refused with it ([`~trl_trapo.models.check_trained_precision`]).
 
     Raises:
         ValueError / CheckpointError: from the steps above, naming the argument and the fix.
     """
     built = build_policy(model, processing_class, args, agent, train_dataset, named_datasets)
     policy, ref_model, ref_adapter = policy_and_reference(built.model, built.model_id, ref_model, args, peft_config)
+    # trainable float16 weights without fp16 mixed precision (trial 13's N28), or with it (GradScaler refuses them)
+    check_trained_precision([("model", policy), ("value_model", value_model)], *trained_precision(args))
     if verified_checkpoint is not None:  # the checkpoint is of this model (config, LoRA settings)
         check_checkpoint_fits(verified_checkpoint, is_peft_model(policy), model=policy)
     kl_penalty, kl_estimator = resolve_kl(args, value_model is not None)
@@ -1813,6 +1817,19 @@ def load_models(
         kl_penalty,
         kl_estimator,
     )
+
+
+def trained_precision(args: TRAPOConfig) -> tuple[str, bool]:
+    """`(mixed precision, float32 master weights)` of the run, read before the `Accelerator` exists, for
+    [`~trl_trapo.models.check_trained_precision`]: transformers' `TrainingArguments.mixed_precision` ('no', 'fp16',
+    'bf16'; from `fp16` / `bf16` or `ACCELERATE_MIXED_PRECISION`), and whether DeepSpeed (always: its config casts the
+    model and keeps float32 master weights) or FSDP under mixed precision (accelerate upcasts the trainable
+    parameters) holds the trained weights in float32 whatever their loaded dtype."""
+    state = args.distributed_state
+    kind = accelerator_distributed_type(state) if state is not None else None
+    deepspeed = args.deepspeed_plugin is not None or kind == DistributedType.DEEPSPEED
+    fsdp = bool(args.fsdp) or kind == DistributedType.FSDP
+    return args.mixed_precision, deepspeed or (fsdp and args.mixed_precision != "no")
 
 
 def check_data_fits(

@@ -714,14 +714,71 @@ def nested_rows_hint(dataset: Dataset | IterableDataset, wanted: set[str]) -> st
     return ""
 
 
+PROMPT_COLUMNS = ("question", "query", "instruction", "problem", "input", "prompt_text", "source")
+"""Column names that likely hold a prompt (raw datasets: GSM8K's `question`, Alpaca's `instruction`, ...), in the
+order [`column_mapping_example`] prefers them."""
+COMPLETION_COLUMNS = ("answer", "response", "output", "solution", "completion_text", "target", "reply")
+"""Column names that likely hold a demonstration's completion (GSM8K's `answer`, Alpaca's `output`, ...)."""
+TEXT_COLUMNS = ("content", "document", "body", "article", "passage", "story", "code")
+"""Column names that likely hold a pretraining document."""
+
+
+def likely_column(columns: Sequence[str], candidates: Sequence[str]) -> str | None:
+    """The first of `candidates` (compared in lower case) that `columns` has, as `columns` spells it; None if none."""
+    by_lower = {str(column).lower(): column for column in columns}
+    return next((by_lower[name] for name in candidates if name in by_lower), None)
+
+
+def column_mapping_example(columns: Sequence[str], slot: str) -> str:
+    """A one-line fix for a dataset without the columns of `slot` ('rl', 'sft' or 'pretrain'): the `datasets` call that
+    maps its own columns to TRL's format (trial 13's N26: a raw GSM8K file, `question` / `answer`, was refused in each
+    slot, with an example only in the pretraining one). Built from the columns it has when a likely one is there
+    ([`PROMPT_COLUMNS`], [`COMPLETION_COLUMNS`], [`TEXT_COLUMNS`]), else with placeholders.
+
+    Returns:
+        `str`: a sentence starting with a space, e.g. " Fix: `dataset.rename_column('question', 'prompt')` (...)."
+    """
+    columns = list(columns)
+    question, answer = likely_column(columns, PROMPT_COLUMNS), likely_column(columns, COMPLETION_COLUMNS)
+    if slot == "rl":
+        others = [c for c in columns if c != question]
+        shown = ", ".join(map(repr, others[:3])) + (", ..." if len(others) > 3 else "")
+        kept = (
+            f" (the other column{'s' if len(others) > 1 else ''}, {shown}, reach{'' if len(others) > 1 else 'es'} the "
+            "reward functions as keyword arguments)"
+            if question and others
+            else ""
+        )
+        column = question or "<prompt column>"
+        return f" Fix: name the prompt column 'prompt', e.g. `dataset.rename_column({column!r}, 'prompt')`{kept}."
+    if slot == "sft":
+        mapping = {}
+        if "prompt" not in columns:
+            mapping[question or "<prompt column>"] = "prompt"
+        if "completion" not in columns:
+            mapping[answer or "<completion column>"] = "completion"
+        call = (
+            f"dataset.rename_columns({mapping!r})"
+            if len(mapping) > 1
+            else "dataset.rename_column({!r}, {!r})".format(*next(iter(mapping.items())))
+        )
+        return f" Fix: map its columns to prompt-completion, e.g. `{call}`."
+    text = likely_column(columns, TEXT_COLUMNS) or (columns[0] if len(columns) == 1 else None)
+    if text is None and question and answer:  # a question-answer pair: one document per row
+        call = f"dataset.map(lambda row: {{'text': row[{question!r}] + '\\n' + row[{answer!r}]}})"
+    else:
+        call = f"dataset.rename_column({text or 'content'!r}, 'text')"
+    return f" Fix: name the text column 'text', e.g. `{call}`."
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
     columns = dataset_columns(dataset)
     if columns and "text" not in columns:
         raise ValueError(
-            f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}. "
-            "Rename your text column to 'text', e.g. `dataset.rename_column('content', 'text')`."
+            f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
+            + column_mapping_example(columns, "pretrain")
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -740,7 +797,7 @@ def check_sft_dataset(dataset: Dataset) -> None:
         )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}.{text} See "
+            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft')} See "
             "https://huggingface.co/docs/trl/dataset_formats."
             + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
@@ -795,6 +852,7 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
             (misplaced + " " if misplaced else "")
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
+            + ("" if misplaced else column_mapping_example(columns, "rl"))
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 
@@ -1436,6 +1494,7 @@ def tokenize_prompt_dataset(
     num_proc: int | None = None,
     images: ImageRows | None = None,
     vocab_size: int | None = None,
+    context: tuple[int, int] | None = None,
 ) -> Dataset:
     """Add a `prompt_ids` column (and a text `prompt` for PPO-style tokenized datasets); check prompt lengths and,
     with `vocab_size`, that tokenized prompts' ids exist in the policy's vocabulary (`check_token_ids`).
@@ -1455,6 +1514,9 @@ def tokenize_prompt_dataset(
         num_proc (`int`, *optional*): processes for `Dataset.map`.
         images ([`~trl_trapo.vision.ImageRows`], *optional*): the processor's row builder of a VLM run.
         vocab_size (`int`, *optional*): the policy's embedding rows; `input_ids` must lie in [0, vocab_size).
+        context (`tuple[int, int]`, *optional*): `(max_positions, response_length)`: the model's context and the new
+            tokens each prompt needs room for. With it, prompts beyond `max_prompt_length` that no `max_prompt_length`
+            could let through (longer than the context leaves) are said at once ([`prompt_length_message`]).
 
     Returns:
         `Dataset`: the original columns plus `prompt_ids` (and `prompt` decoded from `input_ids` when absent, and
@@ -1515,12 +1577,7 @@ def tokenize_prompt_dataset(
             )
     too_long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
     if too_long:
-        raise ValueError(
-            f"{len(too_long)} prompts of `{name}` are longer than max_prompt_length={max_prompt_length} tokens "
-            f"(longest: {max(lengths)} tokens, first at row {too_long[0]}). Raise `max_prompt_length` (the model must "
-            f"fit max_prompt_length + response_length positions) or filter those prompts out; they are never "
-            "truncated silently."
-        )
+        raise ValueError(prompt_length_message(name, lengths, too_long, max_prompt_length, context))
     empty = [i for i, n in enumerate(lengths) if n == 0]
     if empty:
         prompt = dataset[empty[0]]["prompt"] if has_prompt else None
@@ -1533,6 +1590,47 @@ def tokenize_prompt_dataset(
             )
         raise ValueError(f"{len(empty)} prompts of `{name}` are empty (first at row {empty[0]}); remove them.")
     return tokenized
+
+
+def prompt_length_message(
+    name: str, lengths: list[int], too_long: list[int], max_prompt_length: int, context: tuple[int, int] | None
+) -> str:
+    """The error for prompts of `name` longer than `max_prompt_length` (`lengths`: every prompt's tokens; `too_long`:
+    the rows beyond it). When `context` (`(max_positions, response_length)`) says that some of them cannot fit the
+    model's context beside `response_length` new tokens, it says so at once, with the numbers and the fixes that can
+    work (trial 13's C10: the built-in model's 256 positions against 877-token GSM8K prompts were said only after the
+    user had raised `max_prompt_length` as told); else raising `max_prompt_length` is the fix.
+
+    Returns:
+        `str`: naming `name`, the count, the longest prompt, its first row and the fix.
+    """
+    longest = max(lengths)
+    said = (
+        f"{len(too_long)} prompts of `{name}` are longer than max_prompt_length={max_prompt_length} tokens (longest: "
+        f"{longest} tokens, first at row {too_long[0]})"
+    )
+    max_positions, response_length = context if context is not None else (None, 0)
+    if max_positions is None or longest + response_length <= max_positions:
+        return (
+            f"{said}. Raise `max_prompt_length` (the model must fit max_prompt_length + response_length positions) or "
+            "filter those prompts out; they are never truncated silently."
+        )
+    said += "; they are never truncated silently, and"
+    room = max_positions - response_length  # the longest prompt the context holds beside response_length tokens
+    if room < 1:
+        return (
+            f"{said} raising max_prompt_length cannot help: response_length={response_length} new tokens alone fill "
+            f"the model's context of {max_positions} positions. Lower response_length below {max_positions}, then "
+            "keep prompts within what it leaves (or use a model with a longer context)."
+        )
+    beyond = sum(n > room for n in lengths)
+    lower = f", lower response_length to at most {max_positions - longest}" if longest < max_positions else ""
+    return (
+        f"{said} raising max_prompt_length cannot fit them all: the model's context of {max_positions} positions "
+        f"leaves at most {room} tokens for a prompt beside response_length={response_length} new tokens, and "
+        f"{beyond} prompt{'s are' if beyond != 1 else ' is'} longer than that. Fix: filter out the prompts longer "
+        f"than {room} tokens and set max_prompt_length to at most {room}{lower}, or use a model with a longer context."
+    )
 
 
 def tokenize_demonstrations(
@@ -2240,6 +2338,7 @@ def check_eval_prompts(
             name=label,
             images=images,
             vocab_size=vocab_size,
+            context=None if max_positions is None else (max_positions, args.response_length),
         )
         longest = max((len(ids) for ids in tokenized["prompt_ids"]), default=0)
         if max_positions is not None and longest + args.response_length > max_positions:
@@ -2326,6 +2425,9 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
             "`train_dataset` (RL prompts) was given without any reward: pass `reward_funcs` and/or "
             "`reward_model`, or set rl_weight=0 to train without RL."
         )
+    # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
+    max_positions = setup.max_positions
+    context = None if max_positions is None or setup.user_source else (max_positions, args.response_length)
     rl = tokenize_prompt_dataset(
         dataset,
         tokenizer,
@@ -2333,6 +2435,7 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
         setup.template_kwargs,
         images=setup.images,
         vocab_size=setup.vocab_size,
+        context=context,
     )
     if args.demonstration_column is not None:
         rl = tokenize_demonstrations(
@@ -2344,9 +2447,7 @@ def prepare_rl_prompts(dataset: Dataset, setup: DataSetup) -> Dataset:
             setup.template_kwargs,
         )
     longest = max(len(ids) for ids in rl["prompt_ids"])
-    # `response_length` bounds the default source's (and the tools') completions, not those of a user's source
-    max_positions = setup.max_positions
-    if max_positions is not None and not setup.user_source and longest + args.response_length > max_positions:
+    if context is not None and longest + args.response_length > max_positions:
         raise ValueError(context_overflow_message("train_dataset", longest, args, max_positions))
     if args.demonstration_column is not None and setup.has_critic:
         raise ValueError(
@@ -2445,6 +2546,7 @@ def prepare_distillation_prompts(dataset: Dataset, setup: DataSetup, weight: flo
         name="distillation_dataset",
         images=setup.images,
         vocab_size=setup.vocab_size,
+        context=None if setup.max_positions is None else (setup.max_positions, args.response_length),
     )
     longest = max(len(ids) for ids in distill["prompt_ids"])
     if setup.max_positions is not None and longest + args.response_length > setup.max_positions:

@@ -602,6 +602,77 @@ def disable_dropout(model: nn.Module, role: str) -> list[str]:
     return changed
 
 
+def _float32_fix(name: str) -> str:
+    """How to give `name` (a trained model's argument) float32 weights; the policy may be loaded by TRAPO by name."""
+    by_name = "; `model_init_kwargs={'dtype': 'float32'}` / `--dtype float32` when TRAPO loads it by name"
+    return f"load it in float32 (`from_pretrained(..., dtype=torch.float32)` or `{name}.float()`" + (
+        f"{by_name})" if name == "model" else ")"
+    )
+
+
+def check_trained_precision(
+    trained: Sequence[tuple[str, nn.Module | None]], mixed_precision: str, float32_master_weights: bool
+) -> None:
+    """Say when a model the optimizer trains has trainable float16 parameters that no mixed precision covers (trial
+    13's N28: a policy loaded with `from_pretrained(dtype=torch.float16)` and trained with fp32 arguments diverged at
+    step 3, loss 4.06 -> 13.1 and grad norm 363, without a word; TRL's trainers say nothing either). Only *trainable*
+    parameters count: a LoRA adapter on a float16 base is float32 (PEFT's `autocast_adapter_dtype=True`), so that
+    run is fine; frozen models (reference, reward models, teacher) are never updated.
+
+    - no fp16 mixed precision (`mixed_precision` 'no' or 'bf16'): a warning. The optimizer keeps float16 weights,
+      gradients and states: AdamW's default eps=1e-8 is 0 in float16 and small gradients and updates underflow, so
+      training can diverge or stall. Not refused: a user may train pure float16 on purpose (e.g. with a larger eps).
+    - fp16 mixed precision (`fp16=True`, or `ACCELERATE_MIXED_PRECISION=fp16`, on a GPU): refused. accelerate scales
+      the loss with torch's `GradScaler`, whose `unscale_` raises "Attempting to unscale FP16 gradients." for float16
+      gradients at the first optimizer step (torch 2.x, accelerate 1.x, transformers 5: none of them upcasts the
+      weights outside FSDP), after the first rollouts; fp16 mixed precision needs float32 weights.
+
+    Nothing is said when `float32_master_weights`: DeepSpeed casts the model to its config's precision and keeps
+    float32 master weights, and accelerate upcasts FSDP's trainable parameters to float32 under mixed precision.
+
+    Args:
+        trained: `(argument name, model or None)` of each model the optimizer trains: the policy (`"model"`, a
+            `PeftModel` counts its trainable adapter weights) and the critic (`"value_model"`, None without one).
+        mixed_precision (`str`): the run's mixed precision, `TrainingArguments.mixed_precision` ('no', 'fp16',
+            'bf16', ...).
+        float32_master_weights (`bool`): DeepSpeed, or FSDP under mixed precision, holds the trained weights.
+
+    Raises:
+        ValueError: under fp16 mixed precision, naming the model, its float16 parameters and the fix.
+    """
+    if float32_master_weights:
+        return
+    for name, model in trained:
+        if model is None:
+            continue
+        half = [(key, p) for key, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+        if not half:
+            continue
+        what = (
+            f"`{name}` ({type(model).__name__}) has {len(half)} trainable float16 parameter tensor"
+            f"{'s' if len(half) > 1 else ''} ({sum(p.numel() for _, p in half):,} values, e.g. {half[0][0]!r})"
+        )
+        if mixed_precision == "fp16":
+            raise ValueError(
+                f"{what} and fp16 mixed precision is on (mixed_precision='fp16': `fp16=True`, or "
+                "ACCELERATE_MIXED_PRECISION=fp16): torch's GradScaler refuses float16 gradients at the first "
+                'optimizer step ("Attempting to unscale FP16 gradients."), after the first rollouts. fp16 mixed '
+                "precision computes in float16 under autocast but needs float32 trainable weights. Fix: "
+                f"{_float32_fix(name)} and keep fp16=True; or load it in bfloat16 (`dtype=torch.bfloat16`) and train "
+                "with bf16=True instead of fp16 on a GPU with bf16."
+            )
+        logger.warning(
+            "%s and the run has no fp16 mixed precision (mixed_precision=%r): the optimizer updates float16 weights "
+            "with float16 gradients and states, where AdamW's default eps=1e-8 is 0 and small gradients and updates "
+            "underflow, so the loss can diverge or stall without an error (no loss scaling covers it). Fix: %s; on a "
+            "GPU, `fp16=True` then trains under fp16 autocast with float32 weights. Or load it in bfloat16 "
+            "(`dtype=torch.bfloat16`: float32's range, no loss scaling needed).",
+            what,
+            mixed_precision,
+            _float32_fix(name),
+        )
+
+
 def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:
     """A frozen reference policy, without deep-copying a model that ZeRO-3 may already have partitioned.
 

@@ -1124,19 +1124,69 @@ def parse_args(
         ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), a value
             `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
     """
+    return parse_args_and_builtin_defaults(argv, defaults, prog)[:3]
+
+
+def parse_args_and_builtin_defaults(
+    argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
+) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig, dict]:
+    """[`parse_args`], and the built-in defaults the run took (argument name -> value, as `builtin_defaults` gave
+    them and no calling script's `defaults` replaced; {} when a model is given), which `build_trainer` names in the
+    trainer's errors ([`name_builtin_defaults`]).
+
+    Raises:
+        ValueError: as [`parse_args`].
+    """
     argv = normalize_argv(sys.argv[1:] if argv is None else list(argv))
     given = given_arguments(argv, parser_factory=lambda: make_parser(prog), command=prog)
     parser = make_parser(prog)
+    taken = {}
     if given.get("model_name_or_path") is None and not {"-h", "--help"} & set(argv):  # help shows the real defaults
-        parser.set_defaults(**builtin_defaults(given))
+        taken = builtin_defaults(given)
+        parser.set_defaults(**taken)
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
+        taken = {name: value for name, value in taken.items() if name not in defaults}
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
     check_model_flags_have_a_model(model_args, training_args)
     warn_unused_dataset_arguments(script_args)
-    return script_args, training_args, model_args
+    return script_args, training_args, model_args, taken
+
+
+def name_builtin_defaults(message: str, taken: dict, builtin: bool) -> str:
+    """A trainer error as the built-in mode's user should read it: the built-in defaults it quotes (`name=value`, e.g.
+    max_prompt_length=16, taken from `taken`: the built-in defaults the run took) are said to be the built-in mode's,
+    not the user's, with the flags that set them; and, when it blames the model's context (`builtin`: no
+    `--model_name_or_path`), that the model is the built-in tiny one (trial 13's C10: GSM8K prompts against the
+    built-in defaults and model).
+
+    Returns:
+        The message with one note added, or unchanged when it quotes no built-in default and blames no context.
+    """
+    quoted = [
+        f"{name}={value}"
+        for name, value in taken.items()
+        if isinstance(value, (int, float))
+        and re.search(rf"(?<![\w.]){name}={re.escape(str(value))}(?![\w.])", message)
+    ]
+    notes = []
+    if quoted:
+        plural = len(quoted) > 1
+        flags = " / ".join(f"--{text.split('=')[0]}" for text in quoted)
+        notes.append(
+            f"{' and '.join(quoted)} {'are' if plural else 'is'} the built-in mode's default{'s' if plural else ''} "
+            f"(sized for its own tasks), not {'values' if plural else 'a value'} you set: set {flags} for your data"
+        )
+    if builtin and "the model's context" in message:
+        notes.append(
+            "the model is the built-in mode's tiny model (no --model_name_or_path): pass --model_name_or_path for a "
+            "model whose context holds your prompts"
+        )
+    if not notes:
+        return message
+    return f"{message} Note: {'; '.join(notes)}."
 
 
 MODEL_LOADING_FIELDS = ("model_revision", "dtype", "attn_implementation")
@@ -2359,7 +2409,10 @@ def save_job(trainer: TRAPOTrainer, results: dict, dataset_name: str | None = No
 
 
 def build_trainer(
-    script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig
+    script_args: TRAPOScriptArguments,
+    training_args: TRAPOConfig,
+    model_args: ModelConfig,
+    builtin_defaults: dict | None = None,
 ) -> tuple[TRAPOTrainer, JobInputs]:
     """The job's trainer, built from the user's (or the built-in) data, model and rewards; no training.
 
@@ -2368,6 +2421,8 @@ def build_trainer(
         training_args: the trainer's configuration, never changed: the trainer gets a copy with `eval_strategy="no"`
             when there is no held-out data, and the model arguments' `model_init_kwargs` in real-model mode.
         model_args: model arguments (`model_name_or_path` None: built-in mode).
+        builtin_defaults: the built-in defaults the run took ([`parse_args_and_builtin_defaults`]): the trainer's
+            errors that quote one say it is the built-in mode's ([`name_builtin_defaults`]).
 
     Returns:
         `(trainer, inputs)`.
@@ -2418,7 +2473,7 @@ def build_trainer(
         )
     except (ValueError, RewardFunctionError) as error:  # the trainer names its arguments (`sft_dataset`); the user
         # typed flags. A reward function failing the construction-time call names `train_dataset` too (M18's sibling)
-        renamed = flag_names(str(error))
+        renamed = name_builtin_defaults(flag_names(str(error)), builtin_defaults or {}, inputs.builtin)
         if type(error) not in (ValueError, RewardFunctionError) or renamed == str(error):  # other subclasses: as is
             raise
         raise type(error)(renamed) from error
@@ -2554,10 +2609,10 @@ def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """
     user_errors = SETUP_USER_ERRORS
     try:
-        script_args, training_args, model_args = parse_args(argv, prog=program)
+        script_args, training_args, model_args, taken = parse_args_and_builtin_defaults(argv, prog=program)
         job_start = time.perf_counter()
         with flag_named_logs():  # the trainer's warnings name the flags, as its errors do (`flag_names`)
-            trainer, inputs = build_trainer(script_args, training_args, model_args)
+            trainer, inputs = build_trainer(script_args, training_args, model_args, taken)
             user_errors = RUN_USER_ERRORS  # from here on, only errors that cannot be a fault of the program
             run_job(trainer, inputs, script_args, training_args, job_start)
     except Exception as error:
