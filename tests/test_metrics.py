@@ -566,3 +566,38 @@ def test_policy_loss_and_entropy_coef_are_logged_with_an_entropy_bonus_only():
     config = dict(output_dir="unused", report_to="none")
     assert RLSchedules(TRAPOConfig(**config, entropy_coef=0.01), None).metrics(0)["entropy_coef"] == 0.01
     assert "entropy_coef" not in RLSchedules(TRAPOConfig(**config), None).metrics(0)
+
+
+def test_step_time_is_a_steps_host_time_averaged_over_ranks():
+    """TRL GRPOTrainer's `step_time`: host seconds of one optimizer step's work (from building its rows to its last
+    backward), averaged over the steps of a log and over ranks (their sum would grow with the number of ranks); a
+    step's extremes are taken over every rank's."""
+    import time
+
+    import torch
+
+    from trl_trapo.metrics import MetricsAccumulator
+
+    class TwoEqualRanks(OneRank):
+        """Two processes whose ranks hold the same values: `reduce` sums them, `gather` stacks them."""
+
+        num_processes = 2
+
+        @staticmethod
+        def reduce(tensor, reduction="sum"):
+            return tensor * 2
+
+        @staticmethod
+        def gather(tensor):
+            return torch.cat([tensor, tensor])
+
+    metrics = MetricsAccumulator([])
+    for pause in (0.2, 0.4):
+        metrics.start_step()
+        time.sleep(pause)
+        metrics.add("clip_ratio/high_max", torch.tensor(pause))
+        metrics.end_step()
+    metrics.end_step()  # a step nothing started (a hand-driven accumulator): no time, nor any extreme
+    out = metrics.collect(TwoEqualRanks(), 0.0)
+    assert 0.3 <= out["step_time"] < 0.55  # the mean of 0.2 s and 0.4 s (and scheduling), not twice it (0.6 s)
+    assert out["clip_ratio/high_max"] == pytest.approx(0.3)

@@ -391,6 +391,8 @@ class MetricsAccumulator:
             values = dict(zip(keys, reduced.tolist()))
             if "val/ratio_sq" in values:
                 values["val/ratio_var"] = max(values.pop("val/ratio_sq") - values.get("val/ratio", 0.0) ** 2, 0.0)
+            if "step_time" in values:  # seconds each rank spent: their mean, not their sum
+                values["step_time"] /= max(accelerator.num_processes, 1)
             out.update(values)
             for trl_key, ours in (("entropy", "policy/entropy_avg"), ("kl", "policy/kl_avg")):  # TRL GRPO's names
                 if ours in values:
