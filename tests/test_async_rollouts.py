@@ -31,7 +31,7 @@ from trl_trapo.rollout import completion_logps
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
-TIMING_KEYS = ("perf/", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eps")
+TIMING_KEYS = ("perf/", "train_runtime", "train_samples_per_second", "train_steps_per_second", "eps", "step_time")
 
 
 def slow_exact_match(**kwargs):

@@ -33,10 +33,10 @@ pytestmark = pytest.mark.distributed
 # ---------------------------------------------------------------------------------------------------------------------
 def test_round_statistics_cover_every_ranks_share(tmp_path):
     """`scale_rewards="batch"`, `whiten_rewards` / `whiten_advantages`, exploration's stuck fractions, the rollout
-    metrics (`objective/scores`, `completions/clipped_ratio`, ...) and the adaptive KL window, computed on 2 processes
-    from each rank's share, equal the one-process computation over the whole round (fp32 rounding of a different
-    summation order: 1e-5 for advantages, 1e-6 for metrics); `whiten_per_process` (PPOConfig's) equals each rank's
-    share whitened alone."""
+    metrics (`objective/scores`, `completions/clipped_ratio`, TRL GRPO's `reward_std`, ...) and the adaptive KL
+    window, computed on 2 processes from each rank's share, equal the one-process computation over the whole round
+    (fp32 rounding of a different summation order: 1e-5 for advantages, 1e-6 for metrics); `whiten_per_process`
+    (PPOConfig's) equals each rank's share whitened alone."""
     check(launch("multi_gpu.yaml", "tests/statistics_worker.py", [str(tmp_path)], timeout=600))
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -50,6 +50,10 @@ def test_round_statistics_cover_every_ranks_share(tmp_path):
         assert record["metrics"] == pytest.approx(record["metrics/reference"], abs=1e-6), record["metrics"]
         assert record["kl_coef"] == pytest.approx(record["kl_coef/reference"], abs=1e-12)
         assert {"objective/scores", "completions/clipped_ratio", "rl/zero_variance_groups"} <= set(record["metrics"])
+        # TRL GRPO's per-round keys: each round's shares merged over ranks (rank 1's std alone is not the round's)
+        trl_keys = {"reward", "reward_std", "frac_reward_zero_std", "rewards/r/std", "num_tokens"}
+        trl_keys |= {f"completions/{s}_length" for s in ("min", "max", "mean_terminated", "max_terminated")}
+        assert trl_keys <= set(record["metrics"]), record["metrics"]
     # the per-rank computation would differ: rank 1's batch std alone is not the round's, and rank 0 alone would
     # heat family "a" where the round does not (what the old code did)
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))

@@ -31,7 +31,7 @@ from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_tiny_model
 
 
-TIMING = ("eps", "*runtime", "*per_second", "total_flos", "epoch")
+TIMING = ("eps", "step_time", "*runtime", "*per_second", "total_flos", "epoch")
 
 
 def plain_gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> list[float]:

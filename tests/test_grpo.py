@@ -98,6 +98,89 @@ def test_a_grpo_script_generates_every_step_without_a_reference_as_under_trl(tmp
     assert notice[0].startswith(f"GRPO-style run: {documented}")  # docs/agents.md quotes it as the trainer says it
 
 
+TRL_PER_ROUND = (
+    "completions/min_length",
+    "completions/max_length",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+
+
+def test_a_grpo_scripts_logs_have_trls_keys_with_trls_values(tmp_path):
+    """Trial 13's N01: the same GRPO script under TRL's GRPOTrainer and ours, with a reward that depends only on a
+    completion's place in its round (a flat group, then a group of 0 1 0 1): at every step both log each of TRL's
+    keys, and the same values — `reward`, `reward_std`, `frac_reward_zero_std`, `rewards/<name>/std` equal (and
+    the hand values), the length statistics are each trainer's own completions' (the ids its reward function got)
+    by one hand computation, `num_tokens` grows by the round's prompt and completion tokens, the clip ratios are 0
+    (one update per round: the ratio is 1), `entropy` is nats per token (ours: `policy/entropy_avg`). Before: 17 of
+    these keys were never logged (a callback reading `logs["reward"]` raised KeyError)."""
+    from transformers import TrainerCallback
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOTrainer
+
+    tokenizer = build_char_tokenizer()
+    prompts = [f"{i:02d}+{i:02d}=" for i in range(32)]  # one length: each prompt is 6 tokens under both trainers
+    prompt_tokens = len(tokenizer(prompts[0])["input_ids"])
+
+    class Keys(TrainerCallback):
+        def __init__(self):
+            self.seen = set()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.seen |= set(logs or {})
+
+    def run(config_class, trainer_class, where):
+        rounds = []
+
+        def positional_reward(completions, completion_ids, **kwargs):
+            rounds.append([list(ids) for ids in completion_ids])
+            return [1.0 if (j // 4) % 2 == 0 else float(j % 2) for j in range(len(completions))]
+
+        callback = Keys()
+        trainer = trainer_class(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=positional_reward,
+            args=config_class(output_dir=str(where), logging_steps=1, **{**SCRIPT_CONFIG, "max_completion_length": 6}),
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=tokenizer,
+            callbacks=[callback],
+        )
+        rounds.clear()  # construction-time checks of the reward function
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+        return logs, rounds, callback.seen
+
+    theirs, their_rounds, their_keys = run(TRLGRPOConfig, GRPOTrainer, tmp_path / "trl")
+    ours, our_rounds, our_keys = run(GRPOConfig, TRAPOTrainer, tmp_path / "ours")
+    assert len(theirs) == len(ours) == len(their_rounds) == len(our_rounds) == 6  # one round of 8 per step
+    assert their_keys - our_keys == set()  # every key a callback finds under TRL, it finds under ours
+    rewards = [1.0] * 4 + [0.0, 1.0, 0.0, 1.0]
+    std = (sum((r - 0.75) ** 2 for r in rewards) / 7) ** 0.5
+    by_hand = {"reward": 0.75, "reward_std": std, "frac_reward_zero_std": 0.5, "rewards/positional_reward/std": std}
+
+    def lengths_by_hand(completions: list[list[int]]) -> dict[str, float]:
+        lengths = [len(ids) for ids in completions]
+        ended = [len(ids) for ids in completions if ids and ids[-1] == tokenizer.eos_token_id] or [0]
+        return dict(zip(TRL_PER_ROUND, (min(lengths), max(lengths), sum(ended) / len(ended), min(ended), max(ended))))
+
+    for logs, rounds in ((theirs, their_rounds), (ours, our_rounds)):
+        tokens = 0
+        for log, completions in zip(logs, rounds):
+            assert {key: log[key] for key in by_hand} == pytest.approx(by_hand, abs=1e-6)
+            assert {key: log[key] for key in TRL_PER_ROUND} == pytest.approx(lengths_by_hand(completions))
+            tokens += len(completions) * prompt_tokens + sum(len(ids) for ids in completions)
+            assert log["num_tokens"] == tokens
+            for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+                assert log[key] == 0.0, key
+            assert log["clip_ratio/low_min"] == log["clip_ratio/high_max"] == 0.0
+            assert 0.0 < log["step_time"] < 60.0
+    assert any(lengths_by_hand(c)["completions/min_terminated_length"] > 0 for c in our_rounds)  # some stopped
+    for mine, trls in zip(ours, theirs):
+        assert mine["entropy"] == mine["policy/entropy_avg"]
+        assert mine["entropy"] == pytest.approx(trls["entropy"], rel=0.05)  # per token, one model: near log(V)
+
+
 @pytest.mark.parametrize(
     ("config_class", "values", "expected"),
     [

@@ -36,8 +36,9 @@ def documented_keys() -> list[str]:
     return keys
 
 
-STEP_MEAN = ("loss/", "policy/", "val/ratio", "val/clipfrac_avg", "distill/divergence_avg")  # by a step's forward
-ROLLOUT_MEAN = ("objective/", "completions/", "rewards/", "reward_calls", "rl/")  # measured by generation rounds
+STEP_MEAN = ("loss/", "policy/", "val/ratio", "val/clipfrac_avg", "distill/divergence_avg", "clip_ratio/")  # forward
+STEP_KEYS = ("entropy", "kl", "policy_loss")  # TRL GRPO's names of step metrics (whole keys, not prefixes)
+ROLLOUT_MEAN = ("objective/", "completions/", "rewards/", "reward_calls", "rl/", "reward", "frac_reward_zero_std")
 ROLLOUT_SUM = ("val/num_eos_tokens",)
 STATE = (
     "weight/",
@@ -55,8 +56,9 @@ STATE = (
     "train/nonfinite_steps",
     "lr",
     "learning_rate",
+    "entropy_coef",
 )
-NOT_TRAINING = ("eval_", "eps", "grad_norm", "loss")  # evaluation keys; wall-clock rate; the Trainer's own
+NOT_TRAINING = ("eval_", "eps", "grad_norm", "loss", "step_time")  # evaluation keys; wall-clock; the Trainer's own
 # keys of features these scenarios do not run, with the test that checks what each logs
 COVERED_ELSEWHERE = {
     "tools/call_frequency": "tests/test_agents.py (per-round values of scripted tool calls)",
@@ -99,6 +101,8 @@ COVERED_ELSEWHERE |= {
 def kind(key: str) -> str:
     if key in ("val/ratio_var",):
         return "derived"
+    if key in STEP_KEYS:
+        return "step"
     for name, prefixes in (
         ("sum", ROLLOUT_SUM),
         ("step", STEP_MEAN),
@@ -365,3 +369,235 @@ def test_an_objectives_metrics_are_logged_as_floats_or_refused_by_name():
         assert "Objective 'short'" in str(raised.value) and needle in str(raised.value), str(raised.value)
     with pytest.raises(TypeError, match=r"Objective 'short': metrics\(\) returned a list"):
         objective_metrics(Scripted([1.0]))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL 1.16 GRPOTrainer's keys, with its definitions (trial 13's N01; the same script under TRL: tests/test_grpo.py)
+# ---------------------------------------------------------------------------------------------------------------------
+class OneRank(SumAccelerator):
+    """One process, with `gather` (the step extremes gather each step's value of every rank)."""
+
+    @staticmethod
+    def gather(tensor):
+        return tensor
+
+
+def trl_round(rewards, group, lengths, truncated, per_func):
+    """TRL 1.16 `GRPOTrainer`'s per-round metrics, as its `_generate_and_score_completions` and
+    `_generate_single_turn` compute them (`scale_rewards="group"`), on one process."""
+    import torch
+    from trl.trainer.utils import nanstd
+
+    std_rewards = nanstd(rewards.view(-1, group), dim=1).repeat_interleave(group, dim=0)
+    is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))
+    terminated = lengths[~truncated]
+    if len(terminated) == 0:
+        terminated = torch.zeros(1)
+    out = {
+        "reward": torch.nanmean(rewards).item(),
+        "reward_std": nanstd(rewards).item(),
+        "frac_reward_zero_std": is_std_zero.float().mean().item(),
+        "completions/min_length": lengths.float().min().item(),
+        "completions/max_length": lengths.float().max().item(),
+        "completions/mean_terminated_length": terminated.float().mean().item(),
+        "completions/min_terminated_length": terminated.float().min().item(),
+        "completions/max_terminated_length": terminated.float().max().item(),
+    }
+    for i, name in enumerate(("f", "g")):
+        out[f"rewards/{name}/std"] = nanstd(per_func[:, i]).item()
+    return out
+
+
+def test_a_round_logs_trl_grpos_keys_with_trls_definitions():
+    """Two rounds with known rewards and lengths, one log: each of TRL GRPOTrainer's per-round keys is the value its
+    code computes for each round (`trl_round`), averaged over the rounds as its `log` averages (NaN left out), and
+    `num_tokens` counts every prompt and policy token since the start. Before: none of these keys was logged."""
+    import dataclasses
+
+    import torch
+
+    from trl_trapo.metrics import MetricsAccumulator
+
+    nan = float("nan")
+
+    def make_round(rewards, lengths, truncated, per_func, penalty=0.0):
+        n = len(rewards)
+        rewards, truncated = torch.tensor(rewards), torch.tensor(truncated)
+        batch = finished_round(
+            [{}] * n,
+            rewards - penalty * truncated.float(),  # the scores TRAPO trains on carry the missing-stop penalty
+            2,
+            [torch.arange(4, 4 + k) for k in lengths],
+            per_func=torch.tensor(per_func),
+            is_truncated=truncated,
+        )
+        return dataclasses.replace(batch, rewards=rewards, prompt_ids=[torch.tensor([5, 6, 7, 8])] * n)
+
+    # groups of 2: (1, 1) flat, (0, 1), (0.5, unscored): one score, its std is NaN, not 0; no stop in rows 1 and 3
+    first = make_round(
+        [1.0, 1.0, 0.0, 1.0, 0.5, nan],
+        [3, 5, 2, 7, 4, 4],
+        [False, True, False, True, False, False],
+        [[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.5, 0.0], [nan, nan]],
+        penalty=0.5,
+    )
+    # both groups flat; nothing stopped (TRL logs 0 for the terminated lengths); `g` scored nothing (its std: NaN)
+    second = make_round(
+        [2.0, 2.0, 3.0, 3.0], [6, 6, 1, 2], [True] * 4, [[2.0, nan], [2.0, nan], [3.0, nan], [3.0, nan]]
+    )
+    metrics = MetricsAccumulator(["f", "g"])
+    metrics.add_rollouts(first)
+    metrics.add_rollouts(second)
+    out = metrics.collect(OneRank(), 0.0)
+    by_hand = {
+        "reward": (0.7 + 2.5) / 2,  # before the penalty: TRL has none
+        "reward_std": (math.sqrt(0.8 / 4) + math.sqrt(1.0 / 3)) / 2,
+        "frac_reward_zero_std": (2 / 6 + 1.0) / 2,
+        "completions/min_length": (2 + 1) / 2,
+        "completions/max_length": (7 + 6) / 2,
+        "completions/mean_terminated_length": (3.25 + 0.0) / 2,
+        "completions/min_terminated_length": (2 + 0.0) / 2,
+        "completions/max_terminated_length": (4 + 0.0) / 2,
+        "rewards/f/std": (math.sqrt(0.8 / 4) + math.sqrt(1.0 / 3)) / 2,
+        "rewards/g/std": 0.0,  # the second round's NaN is left out, as TRL's `log` leaves it out
+        "num_tokens": 6 * 4 + 25 + 4 * 4 + 15,
+    }
+    assert {key: out.get(key) for key in by_hand} == pytest.approx(by_hand, abs=1e-9)
+    # the same definitions as TRL's code, round by round
+    for batch in (first, second):
+        alone = MetricsAccumulator(["f", "g"])
+        alone.add_rollouts(batch)
+        got = alone.collect(OneRank(), 0.0)
+        lengths = torch.tensor([float(c.numel()) for c in batch.completion_ids])
+        expected = trl_round(batch.rewards, 2, lengths, batch.is_truncated, batch.per_func)
+        assert {k: got.get(k, nan) for k in expected} == pytest.approx(expected, abs=1e-6, nan_ok=True)
+    # `num_tokens` is cumulative: the next log adds its round to the run's count
+    metrics.add_rollouts(second)
+    assert metrics.collect(OneRank(), 0.0)["num_tokens"] == 80 + 31
+    # scale_rewards="batch": TRL asks whether the whole round's std is 0 (the same flag for each completion)
+    batch_scaled = MetricsAccumulator(["f", "g"], scale_rewards="batch")
+    batch_scaled.add_rollouts(second)  # its groups are flat, the round is not
+    flat = make_round([1.0] * 4, [1] * 4, [False] * 4, [[1.0, 1.0]] * 4)
+    batch_scaled.add_rollouts(flat)
+    assert batch_scaled.collect(OneRank(), 0.0)["frac_reward_zero_std"] == pytest.approx((0.0 + 1.0) / 2)
+    # groups of one (a critic): no group-relative advantage, no `frac_reward_zero_std`
+    critic = MetricsAccumulator(["f", "g"])
+    critic.add_rollouts(dataclasses.replace(second, group=1))
+    assert "frac_reward_zero_std" not in critic.collect(OneRank(), 0.0)
+
+
+def test_clip_ratios_are_trls_regions_and_their_extremes_are_averaged_over_steps():
+    """`clip_ratio/*` (TRL GRPOTrainer's): low = ratio < 1 - eps with a negative advantage, high = ratio > 1 + eps with a
+    positive one, region = either (the tokens PPO's clip cuts: `policy/clipfrac_avg`'s); the per-row least low /
+    most high fraction is each step's extreme over its micro-batches, averaged over the steps. Rows without a counted
+    token take no part; under truncated importance sampling (no clip) none is logged."""
+    import torch
+
+    from trl_trapo.losses import RLTermCounts, clip_ratio_stats, clipped_policy_loss, rl_term
+    from trl_trapo.metrics import MetricsAccumulator
+
+    # row 0: negative advantage, one ratio below 0.8 of 3 counted tokens (1.3 is above 1.2 but its advantage is
+    # negative); row 1: positive advantage, two of 3 above 1.2; row 2 has no counted token (its 0.1 must not count)
+    ratio = torch.tensor([[0.7, 1.0, 1.3, 5.0], [0.7, 1.25, 1.3, 5.0], [0.1, 0.1, 0.1, 0.1]])
+    advantages = torch.tensor([[-1.0], [1.0], [-1.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 1, 0], [0, 0, 0, 0]])
+    stats = clip_ratio_stats(ratio, advantages, mask, 6.0, 0.2)
+    assert {k: float(v) for k, v in stats.items()} == pytest.approx(
+        {
+            "clip_ratio/low_mean": 1 / 6,
+            "clip_ratio/high_mean": 2 / 6,
+            "clip_ratio/region_mean": 3 / 6,
+            "clip_ratio/low_min": 0.0,  # row 1 has no low-clipped token
+            "clip_ratio/high_max": 2 / 3,
+        }
+    )
+    logps = torch.log(ratio)
+    clipped = clipped_policy_loss(logps, torch.zeros_like(logps), advantages, 0.2).is_clipped
+    assert float((clipped.float() * mask).sum() / 6) == pytest.approx(float(stats["clip_ratio/region_mean"]))
+    # an empty row does not pull the least fraction to 0; no counted row at all: +inf / -inf (nothing measured)
+    alone = clip_ratio_stats(ratio[[0, 2]], advantages[[0, 2]], mask[[0, 2]], 3.0, 0.2)
+    assert float(alone["clip_ratio/low_min"]) == pytest.approx(1 / 3)
+    empty = clip_ratio_stats(ratio[[2]], advantages[[2]], mask[[2]], 1.0, 0.2)
+    assert (float(empty["clip_ratio/low_min"]), float(empty["clip_ratio/high_max"])) == (math.inf, -math.inf)
+    # the loss reports them with the clipped surrogate only
+    counts = RLTermCounts(6.0, 2.0, 1.0, 6.0)
+    common = dict(loss_type="grpo", response_length=4, cliprange=0.2, importance_weights=torch.ones(3))
+    term = rl_term(logps, torch.zeros_like(logps), advantages.expand(3, 4), mask, counts, **common)
+    assert float(term.stats["clip_ratio/high_max"]) == pytest.approx(2 / 3)
+    capped = rl_term(logps, torch.zeros_like(logps), advantages.expand(3, 4), mask, counts, **common,
+                     importance_sampling_cap=2.0)  # fmt: skip
+    assert not any(key.startswith("clip_ratio/") for key in capped.stats)
+    # the accumulator: each step's extreme over its micro-batches, averaged over the steps that measured one
+    metrics = MetricsAccumulator([])
+    for step in ([(0.5, 0.25), (0.25, 0.75)], [(0.0, 0.5)], [(math.inf, -math.inf)]):  # the last: nothing counted
+        for low_min, high_max in step:
+            metrics.add("clip_ratio/low_min", torch.tensor(low_min))
+            metrics.add("clip_ratio/high_max", torch.tensor(high_max))
+        metrics.add("clip_ratio/low_mean", torch.tensor(0.1))
+        metrics.end_step()
+    out = metrics.collect(OneRank(), 0.0)
+    assert out["clip_ratio/low_min"] == pytest.approx((0.25 + 0.0) / 2)
+    assert out["clip_ratio/high_max"] == pytest.approx((0.75 + 0.5) / 2)
+    assert out["clip_ratio/low_mean"] == pytest.approx(0.1)
+    assert "clip_ratio/low_min" not in metrics.collect(OneRank(), 0.0)  # nothing since the last log
+
+
+def test_policy_loss_and_entropy_coef_are_logged_with_an_entropy_bonus_only():
+    """TRL GRPOTrainer logs `policy_loss` (its loss before the entropy bonus, the KL term included) and `entropy_coef`
+    only when it has an entropy bonus; so do we: `policy_loss` - coef * mean entropy is the term as optimised."""
+    import torch
+
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.losses import RLTermCounts, aggregate_rl_loss, rl_term
+    from trl_trapo.schedules import RLSchedules
+
+    generator = torch.Generator().manual_seed(0)
+    logps, old = -torch.rand(2, 3, generator=generator), -torch.rand(2, 3, generator=generator)
+    advantages, kl = torch.tensor([[1.0] * 3, [-1.0] * 3]), torch.rand(2, 3, generator=generator)
+    entropy, mask = torch.rand(2, 3, generator=generator), torch.tensor([[1.0, 1, 0], [1, 1, 1]])
+    common = dict(loss_type="grpo", response_length=3, cliprange=0.2, importance_weights=torch.ones(2))
+    common |= dict(kl=kl, kl_coef_in_loss=0.1, entropy=entropy)
+    counts = RLTermCounts(5.0, 2.0, 1.0, 5.0)
+    bonus = rl_term(logps, old, advantages, mask, counts, **common, entropy_coef=0.05)
+    entropy_term = aggregate_rl_loss(entropy, mask, "grpo", 5.0, 2.0, 3, 1.0)
+    assert float(bonus.stats["policy_loss"] - 0.05 * entropy_term) == pytest.approx(float(bonus.value), abs=1e-6)
+    assert float(bonus.stats["policy_loss"]) != pytest.approx(float(bonus.stats["loss/policy_avg"]))  # KL included
+    assert "policy_loss" not in rl_term(logps, old, advantages, mask, counts, **common, entropy_coef=0.0).stats
+    config = dict(output_dir="unused", report_to="none")
+    assert RLSchedules(TRAPOConfig(**config, entropy_coef=0.01), None).metrics(0)["entropy_coef"] == 0.01
+    assert "entropy_coef" not in RLSchedules(TRAPOConfig(**config), None).metrics(0)
+
+
+def test_step_time_is_a_steps_host_time_averaged_over_ranks():
+    """TRL GRPOTrainer's `step_time`: host seconds of one optimizer step's work (from building its rows to its last
+    backward), averaged over the steps of a log and over ranks (their sum would grow with the number of ranks); a
+    step's extremes are taken over every rank's."""
+    import time
+
+    import torch
+
+    from trl_trapo.metrics import MetricsAccumulator
+
+    class TwoEqualRanks(OneRank):
+        """Two processes whose ranks hold the same values: `reduce` sums them, `gather` stacks them."""
+
+        num_processes = 2
+
+        @staticmethod
+        def reduce(tensor, reduction="sum"):
+            return tensor * 2
+
+        @staticmethod
+        def gather(tensor):
+            return torch.cat([tensor, tensor])
+
+    metrics = MetricsAccumulator([])
+    for pause in (0.2, 0.4):
+        metrics.start_step()
+        time.sleep(pause)
+        metrics.add("clip_ratio/high_max", torch.tensor(pause))
+        metrics.end_step()
+    metrics.end_step()  # a step nothing started (a hand-driven accumulator): no time, nor any extreme
+    out = metrics.collect(TwoEqualRanks(), 0.0)
+    assert 0.3 <= out["step_time"] < 0.55  # the mean of 0.2 s and 0.4 s (and scheduling), not twice it (0.6 s)
+    assert out["clip_ratio/high_max"] == pytest.approx(0.3)

@@ -35,12 +35,17 @@ def test_the_supply_checkpoints_under_the_old_keys_and_restores(tmp_path, tokeni
     trainer = make_tiny_trainer(tmp_path / "a", tokenizer, suite, exploration=True)
     trainer.rl_supply.take_rows(4, 0)
     meta, tensors = trainer.rl_supply.state_dict()
-    # the keys `trapo/rank{r}.json` has had since before the supply existed (no source state: no `rollout_source`)
-    assert set(meta) == {"episode", "replay", "exploration"}
+    # the keys `trapo/rank{r}.json` has had since before the supply existed (no source state: no `rollout_source`),
+    # and `num_tokens` (TRL GRPO's cumulative token count, this rank's)
+    assert set(meta) == {"episode", "num_tokens", "replay", "exploration"}
+    assert meta["num_tokens"] == trainer.metrics.tokens_seen > 0
     assert not any(key.startswith("rollout_source/") for key in tensors)
     fresh = make_tiny_trainer(tmp_path / "b", tokenizer, suite, exploration=True)
+    fresh.rl_supply.load_state_dict({k: v for k, v in meta.items() if k != "num_tokens"}, tensors)
+    assert fresh.metrics.tokens_seen == 0  # a checkpoint from before `num_tokens` was logged: counted from here
     fresh.rl_supply.load_state_dict(meta, tensors)
     assert fresh.rl_supply.episode == trainer.rl_supply.episode
+    assert fresh.metrics.tokens_seen == trainer.metrics.tokens_seen
     assert len(fresh.replay) == len(trainer.replay)
     assert fresh.exploration.state_dict() == trainer.exploration.state_dict()
 

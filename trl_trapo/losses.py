@@ -221,6 +221,43 @@ def clipped_policy_loss(
     return PolicyLossOutput(per_token_loss, ratio.detach(), is_clipped, approx_kl, logp_coef)
 
 
+def clip_ratio_stats(
+    ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, num_tokens: float, cliprange: float
+) -> dict[str, torch.Tensor]:
+    """TRL 1.16 GRPOTrainer's `clip_ratio/*` metrics of one micro-batch: which tokens the clipped surrogate cuts.
+
+    A token is low-clipped when rho < 1 - eps and its advantage is negative, high-clipped when rho > 1 + eps and its
+    advantage is positive, region-clipped when either (the same tokens as `policy/clipfrac_avg`).
+
+    Args:
+        ratio (`torch.Tensor`): `(B, T)` rho = pi / pi_old, detached.
+        advantages (`torch.Tensor`): `(B, T)` or `(B, 1)`.
+        mask (`torch.Tensor`): `(B, T)` 1 on the counted tokens.
+        num_tokens (`float`): the step's global count of those tokens (the fractions' normaliser).
+        cliprange (`float`): eps.
+
+    Returns:
+        `dict[str, torch.Tensor]`: 0-dim tensors: `clip_ratio/low_mean`, `clip_ratio/high_mean`,
+        `clip_ratio/region_mean` (this micro-batch's share of the step's token fractions: they sum over micro-batches
+        and ranks), `clip_ratio/low_min` / `clip_ratio/high_max` (the least low-clipped / most high-clipped fraction
+        of a row's counted tokens, +inf / -inf when no row has one; reduced by their extreme, `metrics.STEP_EXTREMA`).
+    """
+    with torch.no_grad():
+        low = ((ratio < 1.0 - cliprange) & (advantages < 0)).float()
+        high = ((ratio > 1.0 + cliprange) & (advantages > 0)).float()
+        tokens = mask.float().sum(-1)
+        rows = tokens > 0  # rows without a counted token take no part in the extremes (no host sync to drop them)
+        per_row = tokens.clamp(min=1.0)
+        inf = torch.tensor(math.inf, device=ratio.device)
+        return {
+            "clip_ratio/low_mean": masked_sum(low, mask) / num_tokens,
+            "clip_ratio/high_mean": masked_sum(high, mask) / num_tokens,
+            "clip_ratio/region_mean": masked_sum(torch.maximum(low, high), mask) / num_tokens,
+            "clip_ratio/low_min": torch.where(rows, masked_sum(low, mask, dim=-1) / per_row, inf).amin(),
+            "clip_ratio/high_max": torch.where(rows, masked_sum(high, mask, dim=-1) / per_row, -inf).amax(),
+        }
+
+
 def truncated_is_policy_loss(
     per_token_logps: torch.Tensor,
     old_per_token_logps: torch.Tensor,
@@ -523,8 +560,10 @@ def rl_term(
 
     Returns:
         [`TermOutput`]: `logp_coef` = -d policy loss / d log pi per token (0 off the mask); `stats`
-        `loss/policy_avg`, `policy/clipfrac_avg`, `policy/approxkl_avg`, `val/ratio`, `val/ratio_sq`, and when given
-        `policy/kl_avg`, `policy/entropy_avg`, `loss/value_avg`, `val/clipfrac_avg`.
+        `loss/policy_avg`, `policy/clipfrac_avg`, `policy/approxkl_avg`, `val/ratio`, `val/ratio_sq`, TRL GRPO's
+        `clip_ratio/*` with the clipped surrogate ([`clip_ratio_stats`]), and when given `policy/kl_avg`,
+        `policy/entropy_avg` (with `entropy_coef` > 0 also TRL's `policy_loss`, the term before the entropy bonus),
+        `loss/value_avg`, `val/clipfrac_avg`.
     """
     n_tokens = max(counts.tokens, 1.0)
     aggregate = dict(
@@ -560,6 +599,8 @@ def rl_term(
         stats["policy/kl_avg"] = masked_sum(kl.detach(), sampled) / n_sampled
     if entropy is not None:
         if entropy_coef > 0:
+            # TRL GRPO's `policy_loss`, logged with its entropy bonus only: the term before the bonus (KL included)
+            stats["policy_loss"] = aggregate_rl_loss(per_token.detach(), mask, **aggregate)
             per_token = per_token - entropy_coef * entropy
         stats["policy/entropy_avg"] = masked_sum(entropy.detach(), mask) / n_tokens
     loss = aggregate_rl_loss(per_token, mask, **aggregate)
@@ -567,6 +608,8 @@ def rl_term(
     stats["policy/clipfrac_avg"] = masked_sum(policy.is_clipped.float(), sampled) / n_sampled
     stats["policy/approxkl_avg"] = masked_sum(policy.approx_kl, sampled) / n_sampled
     stats["val/ratio"] = masked_sum(policy.ratio, sampled) / n_sampled
+    if importance_sampling_cap is None:  # the clipped surrogate: TRL GRPO's clip_ratio/* of the same tokens
+        stats.update(clip_ratio_stats(policy.ratio, advantages, sampled, n_sampled, cliprange))
     stats["val/ratio_sq"] = masked_sum(policy.ratio**2, sampled) / n_sampled
     if values is not None:
         value_out = clipped_value_loss(values, old_values, returns, cliprange_value)

@@ -36,21 +36,70 @@
   With an asynchronous source (`track_async`): `sample/dropped_stale_total` at every log, the round metrics when a
   round arrived since the last log, `perf/weight_sync_s` when weights were sent.
 
+- TRL 1.16 `GRPOTrainer`'s keys, with its definitions, beside ours (docs/metrics.md, "TRL GRPOTrainer's keys"):
+  from each round, over every rank's share of it — `reward` and `reward_std` (mean and standard deviation, Bessel's,
+  of the weighted reward before `missing_eos_penalty`, over the round's completions as sampled),
+  `frac_reward_zero_std` (the completions whose group's reward std is 0, `torch.isclose`; the whole round's under
+  `scale_rewards="batch"`), `rewards/<name>/std`, `completions/min_length|max_length` and
+  `completions/mean|min|max_terminated_length` (completions that wrote a stop token; 0 when none did, as TRL logs
+  it); each averaged over the rounds since the last log, as TRL averages its per-round values. `num_tokens`: prompt
+  and policy tokens of every round since the start of the run, all ranks (checkpointed). From the loss:
+  `clip_ratio/low_mean|high_mean|region_mean` (token fractions whose ratio fell below 1 - epsilon with a negative
+  advantage, above 1 + epsilon with a positive one, either), `clip_ratio/low_min|high_max` (per optimizer step, the
+  least / most of those fractions per sequence over every rank, averaged over the steps), `entropy` and `kl` (our
+  `policy/entropy_avg` and `policy/kl_avg`), `step_time` (host seconds from building a step's rows, rollouts
+  included, to the end of its last backward; mean over ranks and steps).
+
 A metric nothing measured since the last log is absent from that log, never 0.
 - `log_metric(name, value)` / `log_extra(column, values)`: what reward functions report through TRL's contract.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from trl.trainer.utils import nanstd
 
 from .distributed import reduce_named_means
 from .exploration import zero_variance_groups
+
+
+# step metrics reduced by their extreme, not summed: the loss adds one value per micro-batch (TRL GRPO's names)
+STEP_EXTREMA = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
+
+
+def moments(values: torch.Tensor) -> tuple[float, float, float]:
+    """`(count, mean, sum of squared deviations from the mean)` of the non-NaN entries of `values` (float64), the
+    parts [`merge_moments`] combines exactly (a constant sample keeps a deviation sum of exactly 0)."""
+    valid = values[~torch.isnan(values)].double()
+    if not valid.numel():
+        return 0.0, 0.0, 0.0
+    mean = valid.mean()
+    return float(valid.numel()), float(mean), float(((valid - mean) ** 2).sum())
+
+
+def merge_moments(parts: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """The [`moments`] of the union of samples from theirs (Chan, Golub and LeVeque's pairwise update)."""
+    count, mean, m2 = 0.0, 0.0, 0.0
+    for n, part_mean, part_m2 in parts:
+        if not n:
+            continue
+        total = count + n
+        delta = part_mean - mean
+        mean += delta * n / total
+        m2 += part_m2 + delta**2 * count * n / total
+        count = total
+    return count, mean, m2
+
+
+def sample_std(count: float, m2: float) -> float:
+    """Standard deviation with Bessel's correction (TRL's `nanstd`); NaN under two values."""
+    return math.sqrt(max(m2, 0.0) / (count - 1)) if count > 1 else math.nan
 
 
 def objective_metrics(objective: Any) -> dict[str, float]:
@@ -91,10 +140,15 @@ class MetricsAccumulator:
 
     Args:
         reward_names (`list[str]`): names of the reward functions / models (for `rewards/<name>/mean`).
+        scale_rewards (`str`): the run's `scale_rewards`; under "batch" `frac_reward_zero_std` asks whether the whole
+            round's reward std is 0, as TRL's GRPO does (per group otherwise).
     """
 
-    def __init__(self, reward_names: list[str]):
+    def __init__(self, reward_names: list[str], scale_rewards: str = "group"):
         self.reward_names = list(reward_names)
+        self.scale_rewards = scale_rewards
+        self.tokens_seen = 0  # prompt and policy tokens of every round on this rank since the start (`num_tokens`)
+        self.step_started: float | None = None  # when the current optimizer step began to be built (`step_time`)
         self.task_names: list[str] = []
         self.env_tokens = False
         self.async_rollouts = False
@@ -150,19 +204,38 @@ class MetricsAccumulator:
         self.async_sums: dict[str, float] = defaultdict(float)
         self.async_extrema: dict[str, float] = {"sample/staleness_max": 0.0}
         self.window_start = time.perf_counter()
+        self.trl_rounds: list[dict] = []  # TRL GRPO's statistics of each round (this rank's share), in order
+        self.step_extrema: dict[str, torch.Tensor] = {}  # STEP_EXTREMA of the current step (a minimum negated)
+        self.step_extrema_steps: list[dict[str, torch.Tensor]] = []  # one per optimizer step since the last log
 
     # ---- what the loss adds -----------------------------------------------------------------------------------------
     def add(self, key: str, value: torch.Tensor) -> None:
-        """Add a micro-batch's contribution to a step metric (averaged at log time over the steps that had it)."""
+        """Add a micro-batch's contribution to a step metric (averaged at log time over the steps that had it); a
+        key of `STEP_EXTREMA` keeps the step's least or largest value instead (over every rank at log time)."""
+        if key in STEP_EXTREMA:
+            signed = value.detach().double() * (-1.0 if STEP_EXTREMA[key] == "min" else 1.0)
+            held = self.step_extrema.get(key)
+            self.step_extrema[key] = signed if held is None else torch.maximum(held, signed.to(held.device))
+            return
         value = torch.nan_to_num(value.detach().double(), nan=0.0, posinf=0.0, neginf=0.0)
         self.step_sums[key] = self.step_sums[key] + value if key in self.step_sums else value
         self._keys_this_step.add(key)
 
+    def start_step(self) -> None:
+        """An optimizer step starts being built (its rows drawn, a generation round run when one is due)."""
+        self.step_started = time.perf_counter()
+
     def end_step(self) -> None:
-        """Count the optimizer step that just ended for every key it added."""
+        """Count the optimizer step that just ended (after its last backward) for every key it added; its
+        `step_time` is the host time since [`start_step`] (TRL GRPO's: the step's work without the optimizer's)."""
+        if self.step_started is not None:
+            self.add("step_time", torch.tensor(time.perf_counter() - self.step_started, dtype=torch.float64))
+            self.step_started = None
         for key in self._keys_this_step:
             self.step_counts[key] = self.step_counts.get(key, 0) + 1
         self._keys_this_step = set()
+        self.step_extrema_steps.append(self.step_extrema)  # every step, on every rank: the same count to gather
+        self.step_extrema = {}
 
     # ---- what rollouts and reward functions add --------------------------------------------------------------------
     def add_rollouts(self, batch) -> None:
@@ -191,6 +264,7 @@ class MetricsAccumulator:
         if batch.sampler_correction is not None:  # over every completion the sampler returned, guided ones too
             self._add_sampler_correction(batch.sampler_correction)
         self._add_sampled(completion_ids, old_logps, kl, scores, per_func, is_truncated, masks)
+        self._add_trl_round(batch, completion_ids, masks, per_func, is_truncated)
         if group > 1 and group_scores.numel() % group == 0:
             self._add_groups(group_scores.view(-1, group), batch.tasks[::group] if batch.tasks is not None else None)
 
@@ -216,6 +290,45 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
+
+    def _add_trl_round(self, batch, completion_ids, masks, per_func, is_truncated) -> None:
+        """TRL GRPO's statistics of a round (this rank's share; merged over ranks per round at log time): lengths of
+        the sampled completions (`completion_ids`, `masks`, `per_func`, `is_truncated`: guided rows left out), the
+        weighted reward of every completion as sampled (`batch.rewards`), its groups' zero-std flags, and the
+        round's prompt and policy tokens (`num_tokens`)."""
+        lengths = torch.tensor(
+            [float(c.numel()) for c in completion_ids] if masks is None else [float(m.sum()) for m in masks],
+            dtype=torch.float64,
+        )
+        ended = lengths[~is_truncated.bool()]
+        rewards = (batch.rewards if batch.rewards is not None else batch.scores).double()
+        group = batch.group
+        zero, grouped = 0.0, 0.0
+        if group > 1 and rewards.numel() % group == 0:
+            grouped = float(rewards.numel())
+            std = nanstd(rewards.view(-1, group), dim=1)  # NaN under two scores: not zero, as in TRL
+            zero = float(torch.isclose(std, torch.zeros_like(std)).sum()) * group
+        policy_tokens = (
+            sum(c.numel() for c in batch.completion_ids)
+            if batch.completion_mask is None
+            else int(sum(float(m.sum()) for m in batch.completion_mask))
+        )
+        self.tokens_seen += sum(p.numel() for p in batch.prompt_ids) + policy_tokens
+        self.trl_rounds.append(
+            {
+                "n": float(lengths.numel()),
+                "len_min": float(lengths.min()) if lengths.numel() else math.inf,
+                "len_max": float(lengths.max()) if lengths.numel() else -math.inf,
+                "term_n": float(ended.numel()),
+                "term_sum": float(ended.sum()),
+                "term_min": float(ended.min()) if ended.numel() else math.inf,
+                "term_max": float(ended.max()) if ended.numel() else -math.inf,
+                "reward": moments(rewards),
+                "zero": zero,
+                "grouped": grouped,
+                "funcs": [moments(per_func[:, i]) for i in range(len(self.reward_names))],
+            }
+        )
 
     def _add_sampler_correction(self, correction) -> None:
         """Sums and extremes of a round's [`~trl_trapo.sampler_correction.SamplerCorrection`] (every key on every rank,
@@ -278,7 +391,14 @@ class MetricsAccumulator:
             values = dict(zip(keys, reduced.tolist()))
             if "val/ratio_sq" in values:
                 values["val/ratio_var"] = max(values.pop("val/ratio_sq") - values.get("val/ratio", 0.0) ** 2, 0.0)
+            if "step_time" in values:  # seconds each rank spent: their mean, not their sum
+                values["step_time"] /= max(accelerator.num_processes, 1)
             out.update(values)
+            for trl_key, ours in (("entropy", "policy/entropy_avg"), ("kl", "policy/kl_avg")):  # TRL GRPO's names
+                if ours in values:
+                    out[trl_key] = values[ours]
+        if self.step_extrema_steps:
+            out.update(self._step_extrema_metrics(accelerator))
         rollout_keys = sorted(self.rollout_sums)
         if rollout_keys:
             stacked = torch.tensor([self.rollout_sums[k] for k in rollout_keys], dtype=torch.float64)
@@ -307,10 +427,77 @@ class MetricsAccumulator:
                     out[f"rl/zero_variance_groups{suffix}"] = reduced[f"rl/zero_variance_groups{suffix}"] / groups
             if "sampling/units" in reduced:
                 out.update(self._sampler_correction_metrics(accelerator, reduced))
+            out.update(self._trl_round_metrics(accelerator))
         if self.async_rollouts:
             out.update(self._async_metrics(accelerator))
         out.update(reduce_named_means(accelerator, self.reward_metrics))  # `log_metric` of reward functions
         self.reset()
+        return out
+
+    def _step_extrema_metrics(self, accelerator) -> dict[str, float]:
+        """`STEP_EXTREMA`: each optimizer step's extreme over every rank, averaged over the steps that measured it
+        (collective: every rank has as many steps since the last log)."""
+        keys = sorted(STEP_EXTREMA)
+        none = torch.full((), -math.inf, dtype=torch.float64, device=accelerator.device)
+        steps = self.step_extrema_steps
+        rows = torch.stack(
+            [torch.stack([s[k].to(accelerator.device) if k in s else none for k in keys]) for s in steps]
+        )
+        best = accelerator.gather(rows).view(-1, *rows.shape).amax(0).cpu()  # (S, K): the largest over ranks
+        out = {}
+        for j, key in enumerate(keys):
+            measured = best[:, j][torch.isfinite(best[:, j])]
+            if measured.numel():
+                value = float(measured.mean())
+                out[key] = 0.0 - value if STEP_EXTREMA[key] == "min" else value  # 0.0 - 0.0 is 0.0, not -0.0
+        return out
+
+    def _trl_round_metrics(self, accelerator) -> dict[str, float]:
+        """TRL GRPOTrainer's per-round metrics: each round's shares merged over ranks, each value averaged over the
+        rounds that define it (NaN ones left out, as TRL's `log` does), and `num_tokens` (collective on several
+        processes: every rank consumes every round)."""
+        ranks = [(self.tokens_seen, self.trl_rounds)]
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            ranks = gather_object(ranks)
+        values: dict[str, list[float]] = defaultdict(list)
+        for index in range(max(len(rounds) for _, rounds in ranks)):
+            parts = [rounds[index] for _, rounds in ranks if index < len(rounds)]
+            for key, value in self._trl_round_values(parts).items():
+                if not math.isnan(value):
+                    values[key].append(value)
+        out = {key: sum(v) / len(v) for key, v in values.items() if v}
+        out["num_tokens"] = float(sum(tokens for tokens, _ in ranks))
+        return out
+
+    def _trl_round_values(self, parts: list[dict]) -> dict[str, float]:
+        """One round's TRL GRPO metrics from every rank's share of it (NaN where the round defines none)."""
+        n = sum(p["n"] for p in parts)
+        term_n = sum(p["term_n"] for p in parts)
+        count, mean, m2 = merge_moments([p["reward"] for p in parts])
+        std = sample_std(count, m2)
+        grouped = sum(p["grouped"] for p in parts)
+        if not grouped:  # groups of one (a critic): no group-relative advantage to vanish
+            zero_std = math.nan
+        elif self.scale_rewards == "batch":  # TRL: the whole batch's std, the same flag for every completion
+            zero_std = float(not math.isnan(std) and abs(std) <= 1e-8)  # torch.isclose(std, 0)'s tolerance
+        else:
+            zero_std = sum(p["zero"] for p in parts) / grouped
+        out = {
+            "reward": mean if count else math.nan,
+            "reward_std": std,
+            "frac_reward_zero_std": zero_std,
+            "completions/min_length": min(p["len_min"] for p in parts) if n else math.nan,
+            "completions/max_length": max(p["len_max"] for p in parts) if n else math.nan,
+            # no completion stopped: 0, as TRL logs it
+            "completions/mean_terminated_length": sum(p["term_sum"] for p in parts) / term_n if term_n else 0.0,
+            "completions/min_terminated_length": min(p["term_min"] for p in parts) if term_n else 0.0,
+            "completions/max_terminated_length": max(p["term_max"] for p in parts) if term_n else 0.0,
+        }
+        for i, name in enumerate(self.reward_names):
+            func_count, _, func_m2 = merge_moments([p["funcs"][i] for p in parts])
+            out[f"rewards/{name}/std"] = sample_std(func_count, func_m2)
         return out
 
     def _async_metrics(self, accelerator) -> dict[str, float]:

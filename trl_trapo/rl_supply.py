@@ -313,12 +313,13 @@ class RLSupply:
         return out
 
     def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """`(meta, tensors)` for this rank's checkpoint: JSON entries `episode`, `replay`, `exploration` (None
-        without it) and `rollout_source` (only for a source with state), and the replay buffer's tensors and the
+        """`(meta, tensors)` for this rank's checkpoint: JSON entries `episode`, `num_tokens`, `replay`, `exploration`
+        (None without it) and `rollout_source` (only for a source with state), and the replay buffer's tensors and the
         source's (prefixed `rollout_source/`). Waits for an asynchronous source's rounds in flight."""
         replay_meta, tensors = self.replay.state_dict()
         meta = {
             "episode": self.episode,
+            "num_tokens": self.accumulator.tokens_seen,  # this rank's prompt and policy tokens (TRL's `num_tokens`)
             "replay": replay_meta,
             "exploration": self.exploration.state_dict() if self.exploration is not None else None,
         }
@@ -338,6 +339,7 @@ class RLSupply:
                 and the fix (for a checkpoint without the state a source with state needs, too).
         """
         self.episode = int(meta["episode"])
+        self.accumulator.tokens_seen = int(meta.get("num_tokens", 0))  # absent from checkpoints before it was logged
         if self.exploration is not None:
             self.exploration.load_state_dict(meta.get("exploration"))
         self.replay.load_state_dict(meta["replay"], tensors)

@@ -161,6 +161,8 @@ class RolloutBatch:
     # policy, e.g. tool results); None: every token was sampled
     sampler_correction: SamplerCorrection | None = None  # the sampler/trainer mismatch correction of a round another
     # engine sampled (statistics over every completion it returned); None: the trainer sampled, or no correction
+    rewards: torch.Tensor | None = None  # (B,) weighted reward of each completion as sampled: before guidance put a
+    # demonstration in and before `missing_eos_penalty` (TRL GRPO's `reward`); None: `scores`
 
 
 # where TRL's VLLMGeneration looks for the server without server_base_url (host 0.0.0.0, port 8000)
@@ -732,6 +734,7 @@ class RolloutEngine:
                 hits = [h & m.bool() for h, m in zip(hits, token_masks)]
             return torch.tensor([bool(h.any()) for h in hits], dtype=torch.bool)
 
+        rewards = scores.clone()  # as sampled, no penalty: TRL GRPO's `reward` (metrics.py)
         on_policy_scores = scores.clone()
         if args.missing_eos_penalty is not None:
             on_policy_scores = on_policy_scores - args.missing_eos_penalty * (~stopped(completion_ids, masks)).float()
@@ -820,6 +823,7 @@ class RolloutEngine:
             kl=kl,
             completion_mask=masks,
             sampler_correction=correction,
+            rewards=rewards,
         )
 
     def sampler_correction(

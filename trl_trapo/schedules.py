@@ -167,8 +167,10 @@ class RLSchedules:
 
     def metrics(self, step: int) -> dict[str, float]:
         """`schedule/kl_coef`, `schedule/entropy_coef`, `schedule/lr_scale` of optimizer step `step` (each only when
-        that schedule is on)."""
+        that schedule is on), and TRL GRPO's `entropy_coef` (the coefficient in use) when there is an entropy bonus."""
         out = {}
+        if self.phases.entropy_coef > 0 or self.phases.late_entropy_coef > 0:
+            out["entropy_coef"] = self.phases.entropy(step)
         if self.adaptive_kl:
             out["schedule/kl_coef"] = self.kl.value()
         if self.phases.late_entropy_coef != self.phases.entropy_coef:

@@ -35,6 +35,7 @@ class StepBuilder:
         vocab_size (`int`, *optional*): the policy's embedding rows; an objective's rows holding an id outside
             [0, vocab_size) are refused, naming the objective ([`~trl_trapo.objectives.check_served_rows`]).
         context (`int`, *optional*): the policy's positions; an objective's row with more tokens is refused.
+        on_start (`Callable[[], None]`, *optional*): called as a step starts being built (the metrics' `step_time`).
     """
 
     def __init__(
@@ -49,7 +50,9 @@ class StepBuilder:
         seed: int,
         vocab_size: int | None = None,
         context: int | None = None,
+        on_start: Callable[[], None] | None = None,
     ):
+        self.on_start = on_start
         self.rows_per_micro_batch = rows_per_micro_batch
         self.objectives = list(objectives)
         self.allocator, self.curriculum, self.dare = allocator, curriculum, dare
@@ -63,6 +66,8 @@ class StepBuilder:
     def build(self, step: int, num_micro: int) -> tuple[list[dict], StepContext]:
         """This rank's `num_micro` micro-batches of step `step` and the step's context (collective: every rank calls
         it at the same step)."""
+        if self.on_start is not None:
+            self.on_start()
         self.last_step = step
         # step 1. shares and weights
         shares = self.curriculum.mixture(step)

@@ -145,7 +145,7 @@ def assemble_run(
     # a user's optimizer over none of the trained parameters: the policy would never move (setup_checks.py)
     adapter = arguments["peft_config"] is not None
     check_optimizer_covers((arguments.get("optimizers") or (None, None))[0], models.trained, adapter)
-    metrics = MetricsAccumulator([])
+    metrics = MetricsAccumulator([], scale_rewards=args.scale_rewards)
     reward_arguments = (arguments["reward_funcs"], arguments["reward_model"], arguments["reward_processing_classes"])
     rewards = build_rewards(
         args, models, *reward_arguments, agent=checked.agent, metrics=metrics, trainer_state=trainer_state
@@ -465,11 +465,11 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         args.per_device_train_batch_size,
         objectives,
         *(rows.allocator, rows.curriculum, rows.dare),
-        rollouts.padding_id,
-        link.reduce_sum,
+        *(rollouts.padding_id, link.reduce_sum),
         args.seed + 4 + rank,
         vocab_size=embedding_rows(models.policy),
         context=model_context(models.policy),
+        on_start=run.metrics.start_step,
     )
     # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
     guard = CheckpointGuard(link.should_save)
