@@ -52,8 +52,18 @@ class Recorder(TrainerCallback):
 
 BAD_TYPES = [
     # (arguments, needles: the argument, the value given, what to pass)
-    (dict(model=12345), ["`model`", "int (12345)", "AutoModelForCausalLM.from_pretrained", "id / local path (str)"]),
-    (dict(model=Path("/tmp/my-model")), ["`model`", "PosixPath", "str(PosixPath('/tmp/my-model'))"]),
+    (
+        dict(model=12345),
+        ["`model`", "int (12345)", "AutoModelForCausalLM.from_pretrained", "id / local path (str or pathlib.Path)"],
+    ),
+    (  # a path where a loaded model is needed: load it (was "Pass it as a string", which is refused too)
+        dict(value_model=Path("/tmp/my-critic")),
+        [
+            "`value_model`",
+            "PosixPath",
+            "Load it first: `AutoModelForSequenceClassification.from_pretrained('/tmp/my-critic', num_labels=1)`",
+        ],
+    ),
     (dict(reward_funcs=42), ["`reward_funcs`", "int (42)", "reward function", "num_labels=1"]),
     (dict(reward_funcs=[exact_match_reward, 42]), ["`reward_funcs[1]`", "int (42)"]),
     (dict(reward_model=42), ["`reward_model`", "int (42)"]),
@@ -379,3 +389,36 @@ def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(
     tiny_t5(tokenizer).save_pretrained(tmp_path / "t5")
     with pytest.raises(ValueError, match=r"model='.*t5' is an encoder-decoder model \(T5Config, .*decoder-only"):
         build(tmp_path / "run", tokenizer, tiny_config, model=str(tmp_path / "t5"))
+
+
+# ---- trial 13's N31: a `pathlib.Path` wherever a model's path is taken ----
+@pytest.mark.parametrize("role", ["model", "teacher_model", "reward_model", "reward_funcs"])
+def test_a_path_object_is_read_as_its_text_where_a_model_path_is_taken(tmp_path, tokenizer, tiny_config, role):
+    """`model=Path(folder)` was refused ("Pass it as a string") though `from_pretrained` takes a Path: now each
+    argument that takes a model's path takes an `os.PathLike` as its `os.fspath`, so a missing folder gets the same
+    message as the same path as a string."""
+    missing = tmp_path / "no-such-model"
+    arguments = {role: [exact_match_reward, missing] if role == "reward_funcs" else missing}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(ValueError, match=rf"='{re.escape(str(missing))}': no such directory"):
+        build(tmp_path / "run", tokenizer, tiny_config, **arguments)
+
+
+def test_a_policy_folder_given_as_a_path_object_loads_and_trains_to_a_clear_resume_error(
+    tmp_path, tokenizer, tiny_config
+):
+    """Trial 13's N31: `model=Path(folder)` builds the trainer as `model=str(folder)` does, and
+    `train(resume_from_checkpoint=Path(missing))` says the folder is missing, without advice about a `~` the path
+    does not hold (the `~` test compared the Path with a str)."""
+    from trl_trapo.checkpoint import CheckpointError
+
+    folder = tmp_path / "policy"
+    build_tiny_model(tokenizer).save_pretrained(folder)
+    trainer = build(tmp_path / "run", tokenizer, tiny_config, model=folder)
+    assert trainer.model.config.name_or_path == str(folder)
+    missing = tmp_path / "run" / "checkpoint-7"
+    with pytest.raises(CheckpointError) as raised:
+        trainer.train(resume_from_checkpoint=missing)
+    assert f"resume_from_checkpoint={str(missing)!r} is not a directory" in str(raised.value)
+    assert "~" not in str(raised.value)

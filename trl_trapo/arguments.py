@@ -32,7 +32,7 @@ from .setup_checks import TASK_HEAD_CLASSES
 
 REWARD_FUNC = (
     "a reward function `f(completions, **kwargs) -> list[float]` (sync or async), a sequence-classification model "
-    "(`AutoModelForSequenceClassification`, num_labels=1), or the id / local path of one (str)"
+    "(`AutoModelForSequenceClassification`, num_labels=1), or the id / local path of one (str or pathlib.Path)"
 )
 TOKENIZER = "a tokenizer or processor (`AutoTokenizer.from_pretrained(...)` / `AutoProcessor.from_pretrained(...)`)"
 
@@ -48,25 +48,51 @@ def _refuse(name: str, value: Any, expected: str, fix: str = "") -> None:
 
 
 def _is_reward_func(value: Any) -> bool:
-    return isinstance(value, (str, nn.Module)) or callable(value)
+    return _is_path(value) or isinstance(value, nn.Module) or callable(value)
 
 
 def _is_tokenizer(value: Any) -> bool:
     return isinstance(value, (PreTrainedTokenizerBase, ProcessorMixin))
 
 
-def _path_fix(value: Any) -> str:
-    return f"Pass it as a string: `str({value!r})`." if isinstance(value, os.PathLike) else ""
+PATH_ARGUMENTS = ("model", "reward_funcs", "reward_model", "teacher_model")
+"""The trainer arguments that take a model's id or local path (`reward_funcs` in each entry)."""
+
+
+def _is_path(value: Any) -> bool:
+    """A path as text or as an `os.PathLike` whose `os.fspath` is text (`pathlib.Path`)."""
+    return isinstance(value, str) or (isinstance(value, os.PathLike) and isinstance(os.fspath(value), str))
+
+
+def paths_as_strings(arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` (the trainer's, by name) with an `os.PathLike` (`pathlib.Path`) in a [`PATH_ARGUMENTS`] argument,
+    or in an entry of `reward_funcs`, replaced by its `os.fspath`, as `from_pretrained` reads it: `model=Path(folder)`
+    was refused ("Pass it as a string", trial 13's N31) and the checks after this one compare and show text.
+
+    Returns:
+        A new dict; `arguments` is not changed.
+    """
+
+    def text(value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) and _is_path(value) else value
+
+    converted = {name: text(arguments[name]) for name in PATH_ARGUMENTS if name in arguments}
+    if isinstance(arguments.get("reward_funcs"), (list, tuple)):
+        converted["reward_funcs"] = type(arguments["reward_funcs"])(text(e) for e in arguments["reward_funcs"])
+    return {**arguments, **converted}
 
 
 def _check_model(
     name: str, value: Any, loadable: bool, example: str = "AutoModelForCausalLM.from_pretrained(...)"
 ) -> None:
-    """`value` is an `nn.Module` with weights (or, when `loadable`, a model id / local path as `str`)."""
-    ok = isinstance(value, nn.Module) or (loadable and isinstance(value, str))
+    """`value` is an `nn.Module` with weights (or, when `loadable`, a model id / local path: a `str` or `os.PathLike`)."""
+    ok = isinstance(value, nn.Module) or (loadable and _is_path(value))
     if not ok:
         expected = f"a loaded model (`nn.Module`, e.g. `{example}`)"
-        _refuse(name, value, f"{expected} or its id / local path (str)" if loadable else expected, _path_fix(value))
+        fix = ""
+        if _is_path(value):  # a path where a loaded model is needed: load it
+            fix = f"Load it first: `{example.replace('...', repr(os.fspath(value)), 1)}`."
+        _refuse(name, value, f"{expected} or its id / local path (str or pathlib.Path)" if loadable else expected, fix)
     _check_weights(name, value)
 
 
@@ -125,7 +151,7 @@ def _check_language_model(name: str, value: Any) -> None:
         raise TypeError(
             f"`{name}` must be a transformers language model (a `PreTrainedModel` with a language-model head, e.g. "
             "`AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one)"
-            + (" or its id / local path (str)" if name != "ref_model" else "")
+            + (" or its id / local path (str or pathlib.Path)" if name != "ref_model" else "")
             + f"; got {_shown(value)}: {what}. TRAPO {uses}reads its `config` and `get_input_embeddings()`, calls it "
             "with `input_ids=` and saves the policy with `save_pretrained`. Fix: load the model with its "
             "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
@@ -239,7 +265,7 @@ def _check_reward_funcs(value: Any) -> None:
 
 def _check_reward(name: str, value: Any) -> None:
     if not _is_reward_func(value):
-        _refuse(name, value, REWARD_FUNC, _path_fix(value))
+        _refuse(name, value, REWARD_FUNC)
     if isinstance(value, str) and value in REWARD_FUNCTIONS and not os.path.exists(value):
         function = REWARD_FUNCTIONS[value].__name__
         raise ValueError(
