@@ -209,7 +209,7 @@ class TRAPOTrainer(_BaseTrainer):
     loss_is_scaled_for_ga = True
 
     def __new__(cls, *args, **kwargs):
-        refuse_foreign_arguments(cls, kwargs)  # before Python binds them: its "unexpected keyword" names no fix
+        refuse_foreign_arguments(cls, kwargs, args)  # before Python binds them: its errors name no fix
         return super().__new__(cls)
 
     def __init__(
