@@ -6,6 +6,7 @@ transformers about an attribute the user never named — and a reward or value m
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -52,8 +53,18 @@ class Recorder(TrainerCallback):
 
 BAD_TYPES = [
     # (arguments, needles: the argument, the value given, what to pass)
-    (dict(model=12345), ["`model`", "int (12345)", "AutoModelForCausalLM.from_pretrained", "id / local path (str)"]),
-    (dict(model=Path("/tmp/my-model")), ["`model`", "PosixPath", "str(PosixPath('/tmp/my-model'))"]),
+    (
+        dict(model=12345),
+        ["`model`", "int (12345)", "AutoModelForCausalLM.from_pretrained", "id / local path (str or pathlib.Path)"],
+    ),
+    (  # a path where a loaded model is needed: load it (was "Pass it as a string", which is refused too)
+        dict(value_model=Path("/tmp/my-critic")),
+        [
+            "`value_model`",
+            "PosixPath",
+            "Load it first: `AutoModelForSequenceClassification.from_pretrained('/tmp/my-critic', num_labels=1)`",
+        ],
+    ),
     (dict(reward_funcs=42), ["`reward_funcs`", "int (42)", "reward function", "num_labels=1"]),
     (dict(reward_funcs=[exact_match_reward, 42]), ["`reward_funcs[1]`", "int (42)"]),
     (dict(reward_model=42), ["`reward_model`", "int (42)"]),
@@ -379,3 +390,141 @@ def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(
     tiny_t5(tokenizer).save_pretrained(tmp_path / "t5")
     with pytest.raises(ValueError, match=r"model='.*t5' is an encoder-decoder model \(T5Config, .*decoder-only"):
         build(tmp_path / "run", tokenizer, tiny_config, model=str(tmp_path / "t5"))
+
+
+# ---- trial 13's N31: a `pathlib.Path` wherever a model's path is taken ----
+@pytest.mark.parametrize("role", ["model", "teacher_model", "reward_model", "reward_funcs"])
+def test_a_path_object_is_read_as_its_text_where_a_model_path_is_taken(tmp_path, tokenizer, tiny_config, role):
+    """`model=Path(folder)` was refused ("Pass it as a string") though `from_pretrained` takes a Path: now each
+    argument that takes a model's path takes an `os.PathLike` as its `os.fspath`, so a missing folder gets the same
+    message as the same path as a string."""
+    missing = tmp_path / "no-such-model"
+    arguments = {role: [exact_match_reward, missing] if role == "reward_funcs" else missing}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(ValueError, match=rf"='{re.escape(str(missing))}': no such directory"):
+        build(tmp_path / "run", tokenizer, tiny_config, **arguments)
+
+
+def test_a_policy_folder_given_as_a_path_object_loads_and_trains_to_a_clear_resume_error(
+    tmp_path, tokenizer, tiny_config
+):
+    """Trial 13's N31: `model=Path(folder)` builds the trainer as `model=str(folder)` does, and
+    `train(resume_from_checkpoint=Path(missing))` says the folder is missing, without advice about a `~` the path
+    does not hold (the `~` test compared the Path with a str)."""
+    from trl_trapo.checkpoint import CheckpointError
+
+    folder = tmp_path / "policy"
+    build_tiny_model(tokenizer).save_pretrained(folder)
+    trainer = build(tmp_path / "run", tokenizer, tiny_config, model=folder)
+    assert trainer.model.config.name_or_path == str(folder)
+    missing = tmp_path / "run" / "checkpoint-7"
+    with pytest.raises(CheckpointError) as raised:
+        trainer.train(resume_from_checkpoint=missing)
+    assert f"resume_from_checkpoint={str(missing)!r} is not a directory" in str(raised.value)
+    assert "~" not in str(raised.value)
+
+
+# ---- trial 13's N30: positional arguments in TRL's GRPOTrainer / SFTTrainer order ----
+def test_trl_positional_orders_are_the_installed_trls():
+    """`TRL_POSITIONAL_ORDERS` is written out (importing TRL's trainers takes seconds): it must match TRL's."""
+    from trl import GRPOTrainer, SFTTrainer
+
+    from trl_trapo.arguments import TRL_POSITIONAL_ORDERS
+
+    for trainer in (GRPOTrainer, SFTTrainer):
+        parameters = list(inspect.signature(trainer.__init__).parameters)[1:]
+        assert TRL_POSITIONAL_ORDERS[trainer.__name__] == tuple(parameters)
+
+
+def test_a_tokenizer_passed_in_trl_grpo_positional_order_names_processing_class(tmp_path, tokenizer, tiny_config):
+    """`GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)` with TRAPOTrainer as
+    GRPOTrainer put the tokenizer in `pretrain_dataset` and was told to build a dataset from it (trial 13's N30)."""
+    args = tiny_config(tmp_path, max_steps=1)
+    with pytest.raises(TypeError) as raised:
+        TRAPOTrainer(MISSING_MODEL, exact_match_reward, args, prompts(), None, tokenizer)
+    message = str(raised.value)
+    for needle in (
+        "TRAPOTrainer's 6th positional argument is `pretrain_dataset`",
+        "TRL's GRPOTrainer and SFTTrainer take `processing_class`",
+        "a tokenizer or processor",
+        "pass processing_class=... by keyword",
+        "pass the arguments after eval_dataset by keyword",
+    ):
+        assert needle in message, (needle, message)
+    assert "Dataset.from_list" not in message
+
+
+def _trl_values(tokenizer) -> dict:
+    """A value of each TRL GRPOTrainer / SFTTrainer parameter's kind, by name."""
+    from peft import LoraConfig
+    from transformers import BitsAndBytesConfig, TrainingArguments
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return dict(
+        args=TrainingArguments(output_dir="unused", report_to="none"),
+        data_collator=lambda rows: rows,
+        processing_class=tokenizer,
+        reward_processing_classes=[tokenizer],
+        compute_loss_func=lambda outputs, labels, num_items_in_batch=None: 0.0,
+        compute_metrics=lambda prediction: {},
+        callbacks=[Recorder()],
+        optimizers=(optimizer, None),
+        optimizer_cls_and_kwargs=(torch.optim.SGD, {"lr": 0.1}),
+        preprocess_logits_for_metrics=lambda logits, labels: logits,
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True),
+        peft_config=LoraConfig(r=4),
+        tools=[exact_match_reward],
+        rollout_func=lambda prompts, trainer: {},
+        environment_factory=type("Environment", (), {}),  # a class, as TRL's environments are
+        formatting_func=lambda row: row["text"],
+    )
+
+
+def _differing_slots() -> list[tuple[str, int, str, str]]:
+    """(TRL trainer, position, its parameter there, TRAPOTrainer's) wherever the two differ."""
+    from trl_trapo.arguments import TRL_POSITIONAL_ORDERS
+
+    trapo = list(inspect.signature(TRAPOTrainer.__init__).parameters)[1:]
+    return [
+        (trainer, index, name, trapo[index])
+        for trainer, order in TRL_POSITIONAL_ORDERS.items()
+        for index, name in enumerate(order)
+        if name != trapo[index]
+    ]
+
+
+@pytest.mark.parametrize(("trainer", "index", "trl_name", "trapo_name"), _differing_slots())
+def test_every_trl_positional_slot_that_differs_names_itself(tokenizer, trainer, index, trl_name, trapo_name):
+    """Each position where TRL 1.16's GRPOTrainer or SFTTrainer takes another parameter than TRAPOTrainer: a value
+    of TRL's kind there is refused naming the position, TRAPO's parameter, TRL's and the fix, before anything loads."""
+    positional = [MISSING_MODEL] + [None] * (index - 1) + [_trl_values(tokenizer)[trl_name]]
+    with pytest.raises(TypeError) as raised:
+        TRAPOTrainer(*positional)
+    message = str(raised.value)
+    ordinal = {1: "2nd", 2: "3rd"}.get(index, f"{index + 1}th")
+    takes = inspect.signature(TRAPOTrainer.__init__).parameters
+    fix = f"pass {trl_name}=... by keyword" if trl_name in takes else f"TRAPOTrainer takes no `{trl_name}`: "
+    for needle in (f"{ordinal} positional argument is `{trapo_name}`", trainer, f"`{trl_name}`", fix):
+        assert needle in message, (needle, message)
+
+
+def test_trapos_own_positional_order_still_passes_the_order_check(tokenizer):
+    """Existing positional calls keep working: a value of the kind each TRAPOTrainer parameter takes, in its own
+    order, is not refused; nor is PPOTrainer's (TRL 1.12 PPOTrainer's order, which it checks itself)."""
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+
+    from trl_trapo.arguments import refuse_trl_positional_order
+
+    model = build_tiny_model(tokenizer)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data, config = prompts(), TrainingArguments(output_dir="unused", report_to="none")
+    own_order = (
+        model, [exact_match_reward, "a/reward-model"], config, data, {"held-out": data}, data, data, tokenizer,
+        [None, tokenizer], model, "a/reward-model", sequence_classifier(tokenizer, 1), [Recorder], (optimizer, None),
+        LoraConfig(r=4),
+    )  # fmt: skip
+    refuse_trl_positional_order(TRAPOTrainer, own_order)
+    refuse_trl_positional_order(TRAPOTrainer, (model, exact_match_reward, None, [{"prompt": "1+1="}], None, None))
+    refuse_trl_positional_order(PPOTrainer, (config, tokenizer, model, None, model, data))

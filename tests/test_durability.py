@@ -337,6 +337,25 @@ def test_a_tilde_checkpoint_path_says_tilde_is_not_expanded(tmp_path, monkeypatc
         verify_checkpoint("~/ck/checkpoint-1", 1)
 
 
+def test_a_path_object_checkpoint_is_read_as_its_text_without_tilde_advice(tmp_path):
+    """Trial 13's N31: `resume_from_checkpoint=Path(missing)` got advice about a `~` the path did not hold (the `~`
+    test compared the Path with its expanded text, always "different"); the same path as a str got the right
+    message. A Path is now read as its text in `train()`, in the config field and in `verify_checkpoint`."""
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.setup_checks import check_train_call
+
+    missing = tmp_path / "run" / "checkpoint-2"
+    for given in (missing, str(missing)):
+        with pytest.raises(CheckpointError) as raised:
+            verify_checkpoint(given, 1)
+        assert str(raised.value).startswith(f"resume_from_checkpoint={str(missing)!r} is not a directory. Pass a")
+        assert "~" not in str(raised.value)
+    assert check_train_call(missing) == str(missing)
+    assert check_train_call(True) is True and check_train_call(None) is None
+    config = TRAPOConfig(output_dir=str(tmp_path / "out"), resume_from_checkpoint=missing, report_to="none")
+    assert config.resume_from_checkpoint == str(missing)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # (d) checkpoints written by earlier versions resume; one made with other datasets says so
 # ---------------------------------------------------------------------------------------------------------------------

@@ -158,6 +158,10 @@ def test_use_liger_kernel_without_the_package_says_what_it_does_here(tmp_path):
         ({"data_collator": object()}, ["TRAPOTrainer got TRL SFTTrainer", "data_collator=: drop it", "objectives="]),
         ({"formatting_func": str}, ["formatting_func=: map your rows", "dataset.map(...)", "sft_dataset="]),
         ({"compute_metrics": str, "model_init": str}, ["compute_metrics=: drop it", "model_init=: pass the model"]),
+        (  # TRL GRPOTrainer's / SFTTrainer's `quantization_config=` (trial 13's N30 sibling)
+            {"quantization_config": object()},
+            ["quantization_config=: put it in the config", "model_init_kwargs={'quantization_config': ...}"],
+        ),
         (  # PX63: a config field given to the trainer was Python's "unexpected keyword argument"
             {"reward_weights": [2.0]},
             ["got config field(s)", "reward_weights", "args=TRAPOConfig(..., reward_weights=[2.0])"],

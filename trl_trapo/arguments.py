@@ -10,6 +10,10 @@ refuses it first, naming the argument, the value and what to pass. The accepted 
 reads its score from, with one output ([`~trl_trapo.models.check_score_head`]): a causal LM, or `num_labels=2`, would
 fail at the first step or, worse, train on its first label. Arguments with checks of their own (the datasets,
 `tools`' entries, `environment_factory`, `rollout_func`, `rollout_source`, `objectives`) are left to them.
+
+Positional arguments in TRL `GRPOTrainer`'s or `SFTTrainer`'s order, which `TRAPOTrainer`'s leaves after
+`eval_dataset` (a tokenizer landing in `pretrain_dataset`), are refused before Python binds them, naming the keyword
+to pass each by ([`refuse_trl_positional_order`]).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from .setup_checks import TASK_HEAD_CLASSES
 
 REWARD_FUNC = (
     "a reward function `f(completions, **kwargs) -> list[float]` (sync or async), a sequence-classification model "
-    "(`AutoModelForSequenceClassification`, num_labels=1), or the id / local path of one (str)"
+    "(`AutoModelForSequenceClassification`, num_labels=1), or the id / local path of one (str or pathlib.Path)"
 )
 TOKENIZER = "a tokenizer or processor (`AutoTokenizer.from_pretrained(...)` / `AutoProcessor.from_pretrained(...)`)"
 
@@ -48,25 +52,51 @@ def _refuse(name: str, value: Any, expected: str, fix: str = "") -> None:
 
 
 def _is_reward_func(value: Any) -> bool:
-    return isinstance(value, (str, nn.Module)) or callable(value)
+    return _is_path(value) or isinstance(value, nn.Module) or callable(value)
 
 
 def _is_tokenizer(value: Any) -> bool:
     return isinstance(value, (PreTrainedTokenizerBase, ProcessorMixin))
 
 
-def _path_fix(value: Any) -> str:
-    return f"Pass it as a string: `str({value!r})`." if isinstance(value, os.PathLike) else ""
+PATH_ARGUMENTS = ("model", "reward_funcs", "reward_model", "teacher_model")
+"""The trainer arguments that take a model's id or local path (`reward_funcs` in each entry)."""
+
+
+def _is_path(value: Any) -> bool:
+    """A path as text or as an `os.PathLike` whose `os.fspath` is text (`pathlib.Path`)."""
+    return isinstance(value, str) or (isinstance(value, os.PathLike) and isinstance(os.fspath(value), str))
+
+
+def paths_as_strings(arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` (the trainer's, by name) with an `os.PathLike` (`pathlib.Path`) in a [`PATH_ARGUMENTS`] argument,
+    or in an entry of `reward_funcs`, replaced by its `os.fspath`, as `from_pretrained` reads it: `model=Path(folder)`
+    was refused ("Pass it as a string", trial 13's N31) and the checks after this one compare and show text.
+
+    Returns:
+        A new dict; `arguments` is not changed.
+    """
+
+    def text(value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) and _is_path(value) else value
+
+    converted = {name: text(arguments[name]) for name in PATH_ARGUMENTS if name in arguments}
+    if isinstance(arguments.get("reward_funcs"), (list, tuple)):
+        converted["reward_funcs"] = type(arguments["reward_funcs"])(text(e) for e in arguments["reward_funcs"])
+    return {**arguments, **converted}
 
 
 def _check_model(
     name: str, value: Any, loadable: bool, example: str = "AutoModelForCausalLM.from_pretrained(...)"
 ) -> None:
-    """`value` is an `nn.Module` with weights (or, when `loadable`, a model id / local path as `str`)."""
-    ok = isinstance(value, nn.Module) or (loadable and isinstance(value, str))
+    """`value` is an `nn.Module` with weights (or, when `loadable`, a model id / local path: a `str` or `os.PathLike`)."""
+    ok = isinstance(value, nn.Module) or (loadable and _is_path(value))
     if not ok:
         expected = f"a loaded model (`nn.Module`, e.g. `{example}`)"
-        _refuse(name, value, f"{expected} or its id / local path (str)" if loadable else expected, _path_fix(value))
+        fix = ""
+        if _is_path(value):  # a path where a loaded model is needed: load it
+            fix = f"Load it first: `{example.replace('...', repr(os.fspath(value)), 1)}`."
+        _refuse(name, value, f"{expected} or its id / local path (str or pathlib.Path)" if loadable else expected, fix)
     _check_weights(name, value)
 
 
@@ -125,7 +155,7 @@ def _check_language_model(name: str, value: Any) -> None:
         raise TypeError(
             f"`{name}` must be a transformers language model (a `PreTrainedModel` with a language-model head, e.g. "
             "`AutoModelForCausalLM.from_pretrained(...)`, or a PEFT model wrapping one)"
-            + (" or its id / local path (str)" if name != "ref_model" else "")
+            + (" or its id / local path (str or pathlib.Path)" if name != "ref_model" else "")
             + f"; got {_shown(value)}: {what}. TRAPO {uses}reads its `config` and `get_input_embeddings()`, calls it "
             "with `input_ids=` and saves the policy with `save_pretrained`. Fix: load the model with its "
             "language-model head (`AutoModelForCausalLM`, or `AutoModelForImageTextToText` for a vision-language "
@@ -239,7 +269,7 @@ def _check_reward_funcs(value: Any) -> None:
 
 def _check_reward(name: str, value: Any) -> None:
     if not _is_reward_func(value):
-        _refuse(name, value, REWARD_FUNC, _path_fix(value))
+        _refuse(name, value, REWARD_FUNC)
     if isinstance(value, str) and value in REWARD_FUNCTIONS and not os.path.exists(value):
         function = REWARD_FUNCTIONS[value].__name__
         raise ValueError(
@@ -434,15 +464,18 @@ FOREIGN_TRAINER_ARGUMENTS = {
     "model_init": "pass the model (or its name or path) as `model=`",
     "optimizer_cls_and_kwargs": "pass `optimizers=(optimizer, lr_scheduler)`, or choose it in the config "
     "(`optim=`, `learning_rate=`)",
+    "quantization_config": "put it in the config, `TRAPOConfig(model_init_kwargs={'quantization_config': ...})`, "
+    "which loads `model` (an id or path) with it, or pass a model loaded with it",
 }
-"""Arguments of TRL's `SFTTrainer` / transformers' `Trainer` that `TRAPOTrainer` has no parameter of -> what to do
+"""Arguments of TRL's `SFTTrainer` / `GRPOTrainer` / transformers' `Trainer` that `TRAPOTrainer` has no parameter of -> what to do
 instead (`TRAPOTrainer.__new__`; Python's "unexpected keyword argument 'data_collator'" named no fix, as the config's
 fields of other TRL configs are mapped by `TRAPOConfig.__new__`)."""
 
 
-def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
+def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any], positional: tuple = ()) -> None:
     """Refuse, naming the fix, an argument of TRL's `SFTTrainer` / transformers' `Trainer` that `cls` (a
-    `TRAPOTrainer` class) has no parameter of ([`FOREIGN_TRAINER_ARGUMENTS`]); called by `TRAPOTrainer.__new__`,
+    `TRAPOTrainer` class) has no parameter of ([`FOREIGN_TRAINER_ARGUMENTS`]), and `positional` arguments in TRL's
+    `GRPOTrainer` / `SFTTrainer` order ([`refuse_trl_positional_order`]); called by `TRAPOTrainer.__new__`,
     before Python binds the arguments. A subclass whose `__init__` takes one of them (TRL 1.12's `PPOTrainer` took
     `data_collator`) keeps it.
 
@@ -453,6 +486,7 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
     Raises:
         TypeError: naming each such argument and what to do instead.
     """
+    refuse_trl_positional_order(cls, positional)
     parameters = inspect.signature(cls.__init__).parameters
     accepted = set()
     for klass in cls.__mro__:  # a class taking **kwargs (PPOTrainer) hands them to its base's __init__
@@ -481,3 +515,181 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any]) -> None:
             "fields, not trainer arguments: pass them in the config, "
             f"`{cls.__name__}(..., args={config}(..., {given}))`."
         )
+
+
+TRL_POSITIONAL_ORDERS: dict[str, tuple[str, ...]] = {
+    "GRPOTrainer": (
+        "model", "reward_funcs", "args", "train_dataset", "eval_dataset", "processing_class",
+        "reward_processing_classes", "callbacks", "optimizers", "quantization_config", "peft_config", "tools",
+        "rollout_func", "environment_factory",
+    ),
+    "SFTTrainer": (
+        "model", "args", "data_collator", "train_dataset", "eval_dataset", "processing_class", "compute_loss_func",
+        "compute_metrics", "callbacks", "optimizers", "optimizer_cls_and_kwargs", "preprocess_logits_for_metrics",
+        "quantization_config", "peft_config", "formatting_func",
+    ),
+}  # fmt: skip
+"""TRL 1.16's `GRPOTrainer.__init__` / `SFTTrainer.__init__` parameters in their positional order (written out, not
+read from TRL: importing its trainers takes seconds; tests/test_arguments.py compares them with the installed TRL's).
+`TRAPOTrainer`'s order is `GRPOTrainer`'s up to `eval_dataset`, then its own."""
+
+ARGUMENT_KINDS: dict[str, frozenset[str]] = {
+    "model": frozenset({"model"}),
+    "reward_funcs": frozenset({"model", "function", "functions"}),
+    "args": frozenset({"config"}),
+    "processing_class": frozenset({"tokenizer"}),
+    "reward_processing_classes": frozenset({"tokenizer", "tokenizers"}),
+    **{name: frozenset({"model"}) for name in ("ref_model", "value_model", "teacher_model")},
+    "reward_model": frozenset({"model", "function"}),
+    "callbacks": frozenset({"callbacks"}),
+    "optimizers": frozenset({"optimizers"}),
+    "quantization_config": frozenset({"quantization_config"}),
+    "peft_config": frozenset({"peft_config"}),
+    "tools": frozenset({"functions"}),
+    "optimizer_cls_and_kwargs": frozenset({"optimizer_cls_and_kwargs"}),
+    **dict.fromkeys(
+        (
+            "data_collator",
+            "compute_loss_func",
+            "compute_metrics",
+            "preprocess_logits_for_metrics",
+            "formatting_func",
+            "rollout_func",
+            "environment_factory",
+        ),
+        frozenset({"function"}),
+    ),
+}
+"""Trainer parameter (TRAPO's or TRL's) -> the kinds of value ([`positional_kind`]) it takes; a dataset parameter
+(`*_dataset`) takes none of them."""
+
+KIND_TEXT = {
+    "tokenizer": "a tokenizer or processor",
+    "tokenizers": "a list of tokenizers",
+    "config": "a training config",
+    "model": "a model",
+    "peft_config": "a PEFT config",
+    "quantization_config": "a quantization config",
+    "callbacks": "trainer callbacks",
+    "optimizers": "an (optimizer, lr_scheduler) pair",
+    "optimizer_cls_and_kwargs": "an (optimizer class, keyword arguments) pair",
+    "functions": "a list of functions",
+    "function": "a callable",
+}
+
+
+def positional_kind(value: Any) -> str | None:
+    """What `value` is, as a key of [`KIND_TEXT`] (`"tokenizer"`, `"model"`, `"callbacks"`, ...), or None when it is
+    none of them or could be several things (None, a string, a dataset, a list of rows, an empty list)."""
+    from peft import PeftConfig
+    from transformers import TrainingArguments
+    from transformers.utils.quantization_config import QuantizationConfigMixin
+
+    scheduler = torch.optim.lr_scheduler.LRScheduler
+    if _is_tokenizer(value):  # before "function": a tokenizer is callable
+        return "tokenizer"
+    for kind, cls in (
+        ("config", TrainingArguments),
+        ("model", nn.Module),
+        ("peft_config", PeftConfig),
+        ("quantization_config", QuantizationConfigMixin),
+    ):
+        if isinstance(value, cls):
+            return kind
+    if _is_callback(value):
+        return "callbacks"
+    if not isinstance(value, (list, tuple)):
+        return "function" if callable(value) else None
+    if not value:
+        return None
+    if all(_is_callback(v) for v in value):
+        return "callbacks"
+    if all(v is None or _is_tokenizer(v) for v in value) and any(v is not None for v in value):
+        return "tokenizers"
+    if len(value) == 2 and any(v is not None for v in value):
+        if all(v is None or isinstance(v, (torch.optim.Optimizer, scheduler)) for v in value):
+            return "optimizers"
+        if isinstance(value[0], type) and issubclass(value[0], torch.optim.Optimizer) and isinstance(value[1], dict):
+            return "optimizer_cls_and_kwargs"
+    return "functions" if all(positional_kind(v) == "function" for v in value) else None
+
+
+def _ordinal(number: int) -> str:
+    suffix = "th" if number % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def refuse_trl_positional_order(cls: type, positional: tuple) -> None:
+    """Refuse positional arguments given in TRL's `GRPOTrainer` or `SFTTrainer` order ([`TRL_POSITIONAL_ORDERS`])
+    where `cls`'s differs: `TRAPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, tokenizer)`, TRL
+    GRPOTrainer's order, put the tokenizer in `pretrain_dataset`, whose dataset check then proposed building a dataset
+    from it (trial 13's N30). A value is refused when it is clearly of a kind ([`positional_kind`]: a tokenizer, a
+    model, a config, callbacks, ...) that its slot does not take and either a TRL trainer takes at that position, or
+    the slot is a dataset; every call `cls` accepts passes. Only for classes whose positional order starts as
+    GRPOTrainer's (`PPOTrainer` follows TRL 1.12 PPOTrainer's order and checks its own).
+
+    Args:
+        cls: the trainer class being built (`TRAPOTrainer` or a subclass).
+        positional: the positional arguments of the call, `self` excluded.
+
+    Raises:
+        TypeError: naming each such position, `cls`'s parameter there, the TRL trainer(s) and parameter its value
+            fits, the value's type, and the fix (pass it by that keyword, or what replaces a parameter `cls` lacks).
+    """
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    names = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    shared = TRL_POSITIONAL_ORDERS["GRPOTrainer"][:5]
+    if tuple(names[:5]) != shared:
+        return
+    problems, sft_order = [], False
+    for index, (name, value) in enumerate(zip(names, positional)):
+        kind = None if value is None else positional_kind(value)
+        taken = ARGUMENT_KINDS.get(name, frozenset() if name.endswith("_dataset") else None)
+        if kind is None or taken is None or kind in taken:
+            continue
+        meant: dict[str, list[str]] = {}  # TRL's parameter at this position -> the TRL trainers that have it
+        for trainer, order in TRL_POSITIONAL_ORDERS.items():
+            if index < len(order) and kind in ARGUMENT_KINDS.get(order[index], ()):
+                meant.setdefault(order[index], []).append(trainer)
+        if not meant and (not name.endswith("_dataset") or kind in ("function", "functions")):
+            continue  # no other order explains it: the argument's own check names it (a generator: from_generator)
+        sft_order |= bool(meant) and "GRPOTrainer" not in sum(meant.values(), [])
+        shown = f"{KIND_TEXT[kind]} ({type(value).__name__})"
+        problem = f"{cls.__name__}'s {_ordinal(index + 1)} positional argument is `{name}`"
+        if meant:
+            where = "; ".join(
+                f"TRL's {' and '.join(trainers)} take{'s' if len(trainers) == 1 else ''} `{trl}`"
+                for trl, trainers in meant.items()
+            )
+            fixes = []
+            for trl in meant:
+                if trl in names:
+                    fixes.append(f"pass {trl}=... by keyword")
+                else:
+                    fix = FOREIGN_TRAINER_ARGUMENTS.get(trl, "drop it")
+                    fixes.append(f"{cls.__name__} takes no `{trl}`: {fix}")
+            problems.append(f"{problem}, where {where}, and it got {shown}: {'; '.join(fixes)}")
+        else:
+            takers = [n for n in names if kind in ARGUMENT_KINDS.get(n, ()) and n != "model"]
+            keywords = " or ".join(f"`{n}=`" for n in takers)
+            fix = f"pass it by keyword ({keywords})" if takers else "pass a `datasets.Dataset` there"
+            problems.append(f"{problem}, a dataset, and it got {shown}: {fix}")
+    if not problems:
+        return
+    note = (
+        f"{cls.__name__}'s positional order is TRL GRPOTrainer's up to `eval_dataset` ({', '.join(shared)}), then its "
+        f"own ({', '.join(names[5:9])}, ...): pass the arguments after eval_dataset by keyword."
+    )
+    if sft_order:  # an SFTTrainer call
+        note += (
+            f" It is not TRL SFTTrainer's ({', '.join(TRL_POSITIONAL_ORDERS['SFTTrainer'][:4])}, ...), and SFTTrainer's"
+            f" `train_dataset`, the demonstrations, is {cls.__name__}'s `sft_dataset=` (its `train_dataset` holds the RL"
+            " prompts)."
+        )
+    if len(problems) == 1:
+        raise TypeError(f"{problems[0]}. {note}")
+    raise TypeError(
+        f"{cls.__name__} got positional arguments in another trainer's order:"
+        + "".join(f"\n- {p}" for p in problems)
+        + f"\n{note}"
+    )

@@ -193,7 +193,7 @@ def process_count_message(checkpoint_dir: str, written: int, world_size: int) ->
     )
 
 
-def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
+def verify_checkpoint(checkpoint_dir: str | os.PathLike, world_size: int) -> None:
     """Check that every rank's marker exists and every file it lists is intact.
 
     Raises:
@@ -201,6 +201,7 @@ def verify_checkpoint(checkpoint_dir: str, world_size: int) -> None:
             (both numbers, [`process_count_message`]), missing marker, missing file or file whose content changed,
             and the fix ([`damaged_checkpoint_fix`]).
     """
+    checkpoint_dir = os.fspath(checkpoint_dir)  # a `pathlib.Path`: compared and shown as its text (trial 13's N31)
     if not os.path.isdir(checkpoint_dir):
         expanded = os.path.expanduser(checkpoint_dir)
         tilde = (

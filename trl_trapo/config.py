@@ -521,6 +521,17 @@ def check_field_types(config) -> None:
         )
 
 
+def paths_as_text(config) -> None:
+    """Replace an `os.PathLike` (`pathlib.Path`) in a field by its `os.fspath`: [`check_field_types`] lets one through
+    where a field takes a path as text (`resume_from_checkpoint`, `teacher_model_name_or_path`, `deepspeed`, ...), and
+    the checks and messages that read the field compare and show text, as transformers converts `output_dir`
+    (`resume_from_checkpoint=Path(...)` got advice about a `~` it did not hold, trial 13's N31)."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.init and isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+            setattr(config, f.name, os.fspath(value))
+
+
 INFINITE_ALLOWED = {
     "max_grad_norm": "inf clips nothing and still computes and logs the gradient norm (torch's clip_grad_norm_ "
     "scales by min(1, inf / norm) = 1), as 0 does (transformers then computes the norm with inf)",
@@ -1929,6 +1940,7 @@ class TRAPOConfig(_BaseConfig):
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
             self.scale_rewards = "group" if self.scale_rewards else "none"
         check_field_types(self)  # first: every check below compares or computes with the values
+        paths_as_text(self)  # a `pathlib.Path` where a field takes a path: its text
         check_finite_numbers(self)  # before the range checks, which NaN passes
         self._check_intervals()  # before transformers' own reading of them
         check_world_environment()  # before anything reads WORLD_SIZE: a leftover one failed with a misleading fix

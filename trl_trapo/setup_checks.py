@@ -455,13 +455,17 @@ def check_model_loading(
         )
 
 
-def check_train_call(resume_from_checkpoint, trial=None) -> None:
+def check_train_call(resume_from_checkpoint, trial=None) -> str | bool | None:
     """Refuse a `train()` call that cannot train, before anything of the run is read or written (`TRAPOTrainer.train`
     calls it first).
 
     Args:
         resume_from_checkpoint: `train()`'s argument (a path, a bool or None).
         trial: `train()`'s `trial` (transformers' hyperparameter-search handle: an optuna trial or a dict of values).
+
+    Returns:
+        `resume_from_checkpoint`, a `pathlib.Path` (any `os.PathLike`) as its `os.fspath`: the checks and messages
+        after this one compare and show text (trial 13's N31).
 
     Raises:
         TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
@@ -497,6 +501,8 @@ def check_train_call(resume_from_checkpoint, trial=None) -> None:
             "backpropagated. Fix: call trainer.train() outside `with torch.no_grad():` / `with "
             "torch.inference_mode():`, or call torch.set_grad_enabled(True) first."
         )
+    path = isinstance(resume_from_checkpoint, os.PathLike)
+    return os.fspath(resume_from_checkpoint) if path else resume_from_checkpoint
 
 
 def refuse_hyperparameter_search(trainer, *args, **kwargs):

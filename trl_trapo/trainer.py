@@ -209,7 +209,7 @@ class TRAPOTrainer(_BaseTrainer):
     loss_is_scaled_for_ga = True
 
     def __new__(cls, *args, **kwargs):
-        refuse_foreign_arguments(cls, kwargs)  # before Python binds them: its "unexpected keyword" names no fix
+        refuse_foreign_arguments(cls, kwargs, args)  # before Python binds them: its errors name no fix
         return super().__new__(cls)
 
     def __init__(
@@ -775,7 +775,7 @@ class TRAPOTrainer(_BaseTrainer):
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
-        check_train_call(resume_from_checkpoint, trial)  # a path, gradients enabled, no search trial
+        resume_from_checkpoint = check_train_call(resume_from_checkpoint, trial)  # path as text, grads on, no trial
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint, cli=False)
         world = self.accelerator.num_processes

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .arguments import paths_as_strings
 from .assembly import (
     Models,
     RunCallbacks,
@@ -130,6 +131,7 @@ def assemble_run(
             the fix.
     """
     kinds = dict(rollout_source=rollout_source, rollout_func=rollout_func, environment_factory=environment_factory)
+    arguments = paths_as_strings(arguments)  # `model=Path(folder)`: its text, as `from_pretrained` reads it
     checked = check_run(args, arguments, datasets, **kinds, objectives=objectives)
     datasets = {**datasets, RLObjective.ARGUMENT: checked.train_dataset}  # the agent's prompts, when rewritten
     # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards
