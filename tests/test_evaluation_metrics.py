@@ -21,7 +21,7 @@ import trl
 from datasets import Dataset
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.evaluation import TRL_EVAL_METRICS_NOT_RETURNED, eval_metric_names
+from trl_trapo.evaluation import TRL_EVAL_METRICS_NOT_RETURNED, check_best_model_metric, eval_metric_names
 from trl_trapo.tasks import build_tiny_model
 
 
@@ -202,6 +202,106 @@ def test_trls_grpo_trainer_returns_the_same_keys_on_the_same_script(tmp_path, to
     assert theirs["eval_rewards/never/mean"] is None and ours["eval_rewards/never/mean"] is None
 
 
+def early(prompts, trainer_state, **kwargs):
+    return [1.0 if trainer_state.global_step == 1 else 0.0] * len(prompts)
+
+
+def late(prompts, trainer_state, **kwargs):
+    return [float(trainer_state.global_step)] * len(prompts)
+
+
+@pytest.mark.parametrize(
+    "metric, best_step, best",
+    [
+        ("eval_rewards/early/mean", 1, 1.0),  # TRL's spelling
+        ("rewards/early/mean", 1, 1.0),  # without the prefix, which transformers adds
+        ("eval_rewards/early", 1, 1.0),  # TRAPO's own
+        ("eval_rewards/late/mean", 2, 2.0),
+    ],
+)
+def test_metric_for_best_model_selects_the_checkpoint_by_each_spelling(tmp_path, tok, metric, best_step, best):
+    """N21: each spelling evaluate() returns is accepted and selects the checkpoint whose evaluation was best on it
+    (`early` is best at step 1, `late` at step 2)."""
+    dataset = eval_set()
+    trainer = TRAPOTrainer(
+        build_tiny_model(tok, seed=0),
+        reward_funcs=[early, late],
+        args=config(
+            tmp_path,
+            reward_weights=None,
+            response_length=4,
+            eval_strategy="steps",
+            eval_steps=1,
+            save_strategy="steps",
+            save_steps=1,
+            load_best_model_at_end=True,
+            metric_for_best_model=metric,
+            greater_is_better=True,
+        ),
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        processing_class=tok,
+    )
+    trainer.train()
+    assert trainer.state.best_metric == best
+    assert trainer.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{best_step}")
+
+
+def test_metric_for_best_model_accepts_every_key_evaluate_returns_and_names_the_closest_otherwise(tmp_path, tok):
+    """Every key of the evaluator's table is accepted (one source of truth: the check reads the table `evaluate()`
+    builds its result from); a key it does not return is refused naming the closest spellings, and a key of TRL's
+    that TRAPO does not return says why."""
+    dataset = eval_set()
+    args = config(
+        tmp_path,
+        reward_weights=None,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_steps=1,
+        save_strategy="steps",
+        load_best_model_at_end=True,
+    )
+    names = ["graded", "constant"]
+    eval_sets = {"prompts": dataset, "text": Dataset.from_dict({"text": ["abc"]})}
+    keys = eval_metric_names(eval_sets, names, tools=False)
+    assert {"eval_prompts_rewards/graded/mean", "eval_text_pretrain_loss", "eval_text_runtime"} <= set(keys)
+    for key in keys:
+        args.metric_for_best_model = key
+        check_best_model_metric(args, eval_sets, None, names)
+    for key in ("reward", "rewards/graded/mean", "eval_rewards/graded", "eval_reward_hard", "eval_runtime"):
+        args.metric_for_best_model = key
+        check_best_model_metric(args, dataset, None, names)
+    args.metric_for_best_model = "eval_rewards/grade/mean"
+    with pytest.raises(ValueError, match=r"Closest that it returns: 'eval_rewards/graded/mean'"):
+        check_best_model_metric(args, dataset, None, names)
+    args.metric_for_best_model = "eval_entropy"
+    with pytest.raises(ValueError, match=r"TRL's GRPOTrainer returns eval_entropy: the policy's token entropy"):
+        check_best_model_metric(args, dataset, None, names)
+    # through the trainer: the run's reward names reach the check
+    with pytest.raises(
+        ValueError,
+        match=r"'eval_rewards/graded_x' is not a metric evaluate\(\) returns.*"
+        r"Closest that it returns: 'eval_rewards/graded'",
+    ):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0),
+            reward_funcs=[graded, constant],
+            args=config(
+                tmp_path,
+                reward_weights=None,
+                eval_strategy="steps",
+                eval_steps=1,
+                save_steps=1,
+                save_strategy="steps",
+                load_best_model_at_end=True,
+                metric_for_best_model="eval_rewards/graded_x",
+            ),
+            train_dataset=dataset,
+            eval_dataset=dataset,
+            processing_class=tok,
+        )
+
+
 def test_the_job_summary_keeps_its_lines_beside_trls_eval_keys(tmp_path):
     """The main job's summary compares headline metrics before and after training: TRL's `eval_rewards/<f>/mean` and
     `/std` are not lines of their own (the one reward function's `eval_rewards/<f>` is `eval_reward` already), and a
@@ -221,3 +321,20 @@ def test_the_job_summary_keeps_its_lines_beside_trls_eval_keys(tmp_path):
     lines = job_summary(str(tmp_path), results, 1.0).splitlines()[2:]
     assert [line.split()[0] for line in lines] == ["eval_reward"], lines
     assert "0.25 -> 0.75" in lines[0]
+
+
+def test_the_checks_reward_names_are_the_scorers_before_any_model_loads(tok):
+    """`metric_for_best_model` is checked before the reward models load: a model id is named as its loaded model
+    will be (`from_pretrained` records the id as `name_or_path`), a repeated name gets the scorer's suffix, and each
+    environment's `get_reward` comes last."""
+    from trl_trapo.rewards import distinct_names, reward_function_name, reward_names
+
+    model = build_tiny_model(tok, seed=0)
+    model.config._name_or_path = "org/tiny-rm"
+    assert reward_function_name("org/tiny-rm") == reward_function_name(model) == "tiny-rm"
+    given = reward_names([graded, "org/tiny-rm", graded], "./judge", [constant])
+    assert given == ["graded", "tiny-rm", "graded_2", "judge", "constant"]
+    judge = build_tiny_model(tok, seed=0)
+    judge.config._name_or_path = "./judge"
+    loaded = [graded, model, graded, judge, constant]  # as the scorer holds them, its names computed as it does
+    assert given == distinct_names([reward_function_name(f) for f in loaded])
