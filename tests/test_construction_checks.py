@@ -13,6 +13,7 @@ from datasets import Dataset, IterableDatasetDict
 from transformers import AutoModelForSequenceClassification
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.evaluation import eval_metric_names
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
@@ -111,7 +112,9 @@ def test_save_strategy_best_names_the_metrics_trapo_logs(tmp_path, tokenizer, su
     `load_best_model_at_end`."""
     with pytest.raises(ValueError, match=r"save_strategy='best' needs metric_for_best_model.*'eval_reward'"):
         tiny_config(tmp_path, save_strategy="best", eval_strategy="steps", eval_steps=2)
-    with pytest.raises(ValueError, match=r"metric_for_best_model='eval_accuracy' is not a metric TRAPO logs "):
+    with pytest.raises(
+        ValueError, match=r"metric_for_best_model='eval_accuracy' is not a metric evaluate\(\) returns "
+    ):
         build(
             tmp_path,
             tokenizer,
@@ -338,7 +341,11 @@ def test_evaluate_takes_a_key_of_the_trainers_eval_dict_as_transformers_does(tmp
     hard = suite.eval.select([0, 1])
     trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset={"easy": suite.eval, "hard": hard})
     by_name = trainer.evaluate(eval_dataset="hard")
-    assert by_name == trainer.evaluate(eval_dataset=hard) and "eval_reward" in by_name, by_name
+
+    def measured(metrics):  # without transformers' speed metrics (wall time)
+        return {k: v for k, v in metrics.items() if not k.endswith(("_runtime", "_per_second"))}
+
+    assert measured(by_name) == measured(trainer.evaluate(eval_dataset=hard)) and "eval_reward" in by_name, by_name
     with pytest.raises(ValueError, match=r"eval_dataset='hardd'.*no such key; its keys are \['easy', 'hard'\]"):
         trainer.evaluate(eval_dataset="hardd")
     single = build(tmp_path / "single", tokenizer, suite, tiny_config, eval_dataset=suite.eval)
@@ -377,6 +384,9 @@ def test_a_streaming_pretraining_set_and_a_dataset_dict_of_eval_sets_work(tmp_pa
     trainer.train()
     metrics = trainer.evaluate()
     assert "eval_prompts_reward" in metrics and "eval_text_pretrain_loss" in metrics
+    # each dataset's keys under its name, speed metrics included: those of the evaluator's table
+    assert set(metrics) - {"epoch"} == set(eval_metric_names(trainer.eval_dataset, ["exact_match_reward"], False))
+    assert {"eval_prompts_runtime", "eval_text_runtime", "eval_text_samples_per_second"} <= set(metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

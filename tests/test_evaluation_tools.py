@@ -22,6 +22,7 @@ from test_agents import ThreadRanks, call, ids
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.agents import AgentSpec, use_tool_chat_template
+from trl_trapo.evaluation import eval_metric_names
 from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
@@ -146,6 +147,21 @@ def test_evaluating_a_tools_run_renders_the_schemas_runs_the_calls_and_scores_th
         len(ids(tok, call("multiply", f'{{"a":{i},"b":7}}') + f"</s>t:{7 * i}\na:{7 * i}</s>")) for i in range(2, 8)
     ]
     assert metrics["eval_completion_length"] == pytest.approx(sum(lengths) / len(lengths))
+    # TRL's `completions/*` count the policy's tokens only (its tool mask): the call and the answer, not the result
+    policy = [
+        len(ids(tok, call("multiply", f'{{"a":{i},"b":7}}') + "</s>")) + len(ids(tok, f"{7 * i}</s>"))
+        for i in range(2, 8)
+    ]
+    assert metrics["eval_completions/mean_length"] == pytest.approx(sum(policy) / len(policy))
+    assert (metrics["eval_completions/min_length"], metrics["eval_completions/max_length"]) == (
+        min(policy),
+        max(policy),
+    )
+    assert metrics["eval_completions/clipped_ratio"] == 0.0  # every last turn ended with the stop token
+    assert metrics["eval_completions/mean_terminated_length"] == pytest.approx(sum(policy) / len(policy))
+    assert metrics["eval_rewards/correct/mean"] == 1.0 and metrics["eval_rewards/correct/std"] == 0.0
+    # every key the evaluator's table lists for a tools run (the one `metric_for_best_model` is checked against)
+    assert set(metrics) - {"epoch"} == set(eval_metric_names(dataset, ["correct"], tools=True))
     # the sample table goes through the same loop
     table = trainer.generate_completions()
     assert [row["score"] for row in table] == [1.0] * len(dataset)
@@ -222,7 +238,7 @@ def test_a_run_without_tools_evaluates_as_before(tmp_path, tok):
         processing_class=tokenizer,
     )
     metrics = trainer.evaluate()
-    assert set(metrics) <= {"eval_reward", "eval_completion_length", "eval_rewards/correct", "epoch"}, metrics
+    assert not any(key.startswith("eval_tools/") for key in metrics), metrics
     table = trainer.generate_completions()
     model, eos = trainer.model.eval(), tokenizer.eos_token_id
     lengths, rewards, texts = [], [], []

@@ -239,7 +239,7 @@ def test_early_stopping_needs_a_metric_trapo_logs_and_evaluations(tmp_path, toke
         build(tmp_path, tokenizer, suite, tiny_config, callbacks=stop)
     with pytest.raises(ValueError, match=r"eval_strategy='no': the EarlyStoppingCallback"):
         build(tmp_path, tokenizer, suite, tiny_config, callbacks=stop, metric_for_best_model="eval_reward")
-    with pytest.raises(ValueError, match=r"metric_for_best_model='loss' is not a metric TRAPO logs"):
+    with pytest.raises(ValueError, match=r"metric_for_best_model='loss' is not a metric evaluate\(\) returns"):
         build(
             tmp_path,
             tokenizer,
@@ -352,7 +352,7 @@ def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path
     with pytest.raises(
         ValueError,
         match=rf"metric_for_best_model='loss' \(transformers' default\) is not a metric "
-        rf"TRAPO logs \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'.*'mode': 'max'",
+        rf"evaluate\(\) returns for this run's eval_dataset \(lr_scheduler_type='{kind}' .*metric_for_best_model='eval_reward'.*'mode': 'max'",
     ):
         build_with()
     with pytest.raises(

@@ -125,6 +125,7 @@ from .rewards import (
     check_scored_columns,
     load_reward_funcs,
     reward_function_name,
+    reward_names,
     set_pad_token_id,
 )
 from .rl_supply import RLSupply, build_exploration, build_successes
@@ -265,7 +266,8 @@ def check_run(
     for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
         if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
             check_reward_checkpoint(os.path.expanduser(entry), given_as)
-    check_best_model_metric(args, eval_dataset, arguments.get("callbacks"))
+    names = reward_names(reward_funcs, reward_model, agent.rewards if agent is not None else ())  # as the scorer's
+    check_best_model_metric(args, eval_dataset, arguments.get("callbacks"), names, tools=agent is not None)
     # evaluation during training needs held-out data (transformers' `Trainer.__init__` said so only after tokenizing)
     check_eval_strategy(args, eval_dataset)
     check_eval_on_start(args, eval_dataset)

@@ -16,7 +16,9 @@ All losses are natural-log NLL per counted token (nats/token). Also TRL 1.12 `PP
 
 from __future__ import annotations
 
+import difflib
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -26,12 +28,13 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import EarlyStoppingCallback, GenerationConfig
-from trl.trainer.utils import print_prompt_completions_sample, selective_log_softmax
+from transformers.trainer_utils import speed_metrics
+from trl.trainer.utils import nanstd, print_prompt_completions_sample, selective_log_softmax
 
 from .collator import MODEL_INPUTS, Row, collate_rows
 from .config import PRETRAIN
 from .data import check_dataset_object, dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
-from .distributed import generation_synced_gpus, reduce_named_means
+from .distributed import gather_across_ranks, generation_synced_gpus, reduce_named_means
 from .models import model_forward
 from .rewards import RewardScorer, discard_extra, discard_metric
 from .rollout import generate, prompt_model_inputs
@@ -117,23 +120,146 @@ def nll_sum(model: nn.Module, rows: list[Row], pad_token_id: int, batch_size: in
     return total, count
 
 
+# ---- what `Evaluator.evaluate` returns: one table, read by the evaluator and by `check_best_model_metric` ------------
+# Each key follows "<prefix>_" ("{}": a reward function's name, or a split), with whether greater is better (None:
+# neither). TRL's `GRPOTrainer` names: `reward`, `reward_std`, `rewards/{}/mean|std`, `completions/*` (its eval log's
+# keys, with the same meaning over the greedy completions) and transformers' speed metrics (`speed_metric_names`);
+# TRAPO's own: `completion_length`, `rewards/{}`, `reward_{}`.
+PROMPT_METRICS: dict[str, bool | None] = {
+    "reward": True,
+    "reward_std": None,
+    "completion_length": None,
+    "completions/mean_length": None,
+    "completions/min_length": None,
+    "completions/max_length": None,
+    "completions/clipped_ratio": False,
+    "completions/mean_terminated_length": None,
+    "completions/min_terminated_length": None,
+    "completions/max_terminated_length": None,
+}
+FUNCTION_METRICS: dict[str, bool | None] = {"rewards/{}": True, "rewards/{}/mean": True, "rewards/{}/std": None}
+SPLIT_METRICS: dict[str, bool | None] = {"reward_{}": True}
+TOOL_METRICS: dict[str, bool | None] = {
+    "tools/call_frequency": None,
+    "tools/failure_frequency": False,
+    "tools/rollback_frequency": False,
+    "tools/truncated_frequency": False,
+    "tools/turns_mean": None,
+}
+LOSS_METRICS: dict[str, dict[str, bool | None]] = {"text": {"pretrain_loss": False}, "sft": {"sft_loss": False}}
+TRL_EVAL_METRICS_NOT_RETURNED: dict[str, str] = {
+    "loss": "TRL's GRPO loss on its eval rollouts; TRAPO's evaluation of prompts computes no training loss",
+    "entropy": "the policy's token entropy from TRL's eval loss forward, which TRAPO's greedy evaluation does not run",
+    "clip_ratio/low_mean": "PPO clipping in TRL's eval loss forward (always 0 there: on-policy)",
+    "clip_ratio/low_min": "PPO clipping in TRL's eval loss forward (always 0 there: on-policy)",
+    "clip_ratio/high_mean": "PPO clipping in TRL's eval loss forward (always 0 there: on-policy)",
+    "clip_ratio/high_max": "PPO clipping in TRL's eval loss forward (always 0 there: on-policy)",
+    "clip_ratio/region_mean": "PPO clipping in TRL's eval loss forward (always 0 there: on-policy)",
+    "frac_reward_zero_std": "groups of sampled completions per prompt; a greedy evaluation has one completion per "
+    "prompt, so every group would count (TRL reports 1.0 with num_generations_eval=1)",
+    "kl": "the KL to the reference model in TRL's eval loss forward (with beta != 0), which TRAPO's greedy "
+    "evaluation does not run",
+    "num_tokens": "the tokens trained on so far (the training counter, not a property of the eval data)",
+    "model_preparation_time": "transformers' time to wrap a model not yet prepared when evaluate() is called first; "
+    "TRAPO's trainer prepares the model when it is built",
+}
+"""The keys TRL 1.16's `GRPOTrainer.evaluate()` returns (after "eval_", with its default loss) that TRAPO's evaluation
+does not, and why: named by `check_best_model_metric` when one is chosen as `metric_for_best_model`."""
+
+
+def eval_format(columns) -> str | None:
+    """How a held-out dataset with these columns is evaluated: "text" (language-modelling loss), "sft"
+    (prompt-completion / `messages`: SFT loss), "prompts" (`prompt` / `input_ids`: greedy rewards), or None."""
+    columns = set(columns)
+    if "text" in columns:
+        return "text"
+    if "completion" in columns or "messages" in columns:
+        return "sft"
+    if "prompt" in columns or "input_ids" in columns:
+        return "prompts"
+    return None
+
+
+def speed_metric_names(prefix: str) -> dict[str, bool]:
+    """The keys of transformers' `speed_metrics` as `evaluate` returns them (`<prefix>_runtime`, seconds, lower is
+    better; `<prefix>_samples_per_second`, `<prefix>_steps_per_second`, higher is better), named by the helper itself."""
+    keys = speed_metrics(prefix, time.time() - 1.0, num_samples=1, num_steps=1)
+    return {key: key != f"{prefix}_runtime" for key in keys}
+
+
+def dataset_metric_names(
+    kind: str, prefix: str, reward_names: list[str], splits: list[str], tools: bool
+) -> dict[str, bool | None]:
+    """The keys `Evaluator.evaluate` computes for one dataset of format `kind` ([`eval_format`]), before the speed
+    metrics: each key `<prefix>_<name>` and whether greater is better (None: neither).
+
+    Args:
+        kind (`str`): "text", "sft" or "prompts".
+        prefix (`str`): e.g. "eval", or "eval_<name>" for a dataset of a dict.
+        reward_names (`list[str]`): the reward functions' metric names ([`~trl_trapo.rewards.RewardScorer`]'s).
+        splits (`list[str]`): the values of the dataset's `split` column (none: no such column).
+        tools (`bool`): a run with `tools` / `environment_factory` (its `tools/*` metrics).
+    """
+    if kind in LOSS_METRICS:
+        table = dict(LOSS_METRICS[kind])
+    else:
+        table = dict(PROMPT_METRICS)
+        for name in reward_names:
+            table.update({key.format(name): better for key, better in FUNCTION_METRICS.items()})
+        for split in splits:
+            table.update({key.format(split): better for key, better in SPLIT_METRICS.items()})
+        if tools:
+            table.update(TOOL_METRICS)
+    return {f"{prefix}_{key}": better for key, better in table.items()}
+
+
+def eval_metric_names(
+    eval_dataset, reward_names: list[str], tools: bool, prefix: str = "eval"
+) -> dict[str, bool | None]:
+    """Every key `trainer.evaluate()` returns for `eval_dataset` in a run with these rewards (besides `epoch` and what
+    reward functions report with `log_metric`, known only once logged), and whether greater is better (None:
+    neither): [`dataset_metric_names`] and transformers' speed metrics of each dataset (a dict of datasets:
+    `<prefix>_<name>_...`). Datasets of no format TRAPO evaluates add nothing (refused elsewhere).
+
+    Args:
+        eval_dataset: a `Dataset`, a dict of them, or None.
+        reward_names (`list[str]`): the run's reward names ([`~trl_trapo.rewards.reward_names`]).
+        tools (`bool`): a run with `tools` / `environment_factory`.
+        prefix (`str`): `evaluate()`'s `metric_key_prefix`.
+    """
+    datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    out: dict[str, bool | None] = {}
+    for name, dataset in datasets:
+        kind = eval_format(dataset_columns(dataset)) if dataset is not None else None
+        if kind is None:
+            continue
+        base = prefix if name is None else f"{prefix}_{name}"
+        splits = dataset_splits(dataset) if kind == "prompts" else []
+        out.update(dataset_metric_names(kind, base, reward_names, splits, tools))
+        out.update(speed_metric_names(base))
+    return out
+
+
+def dataset_splits(dataset) -> list[str]:
+    """The sorted values of a dataset's `split` column, as strings (none without one)."""
+    if "split" not in dataset_columns(dataset):
+        return []
+    values = dataset.unique("split") if hasattr(dataset, "unique") else set(dataset["split"])
+    return sorted({str(v) for v in values})
+
+
 def evaluation_metrics(eval_dataset, prefix: str = "eval") -> dict[str, bool]:
     """The headline metric `Evaluator.evaluate` logs for each held-out dataset, and whether greater is better:
     `<prefix>_reward` for prompts, `<prefix>_pretrain_loss` for text, `<prefix>_sft_loss` for demonstrations (a dict
     of datasets gets `<prefix>_<name>_...`)."""
+    headline = {"prompts": ("reward", True), "text": ("pretrain_loss", False), "sft": ("sft_loss", False)}
     datasets = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
     out: dict[str, bool] = {}
     for name, dataset in datasets:
-        if dataset is None:
-            continue
-        columns = set(dataset_columns(dataset))
-        base = prefix if name is None else f"{prefix}_{name}"
-        if "text" in columns:
-            out[f"{base}_pretrain_loss"] = False
-        elif "completion" in columns or "messages" in columns:
-            out[f"{base}_sft_loss"] = False
-        elif "prompt" in columns or "input_ids" in columns:
-            out[f"{base}_reward"] = True
+        kind = eval_format(dataset_columns(dataset)) if dataset is not None else None
+        if kind is not None:
+            key, better = headline[kind]
+            out[f"{prefix if name is None else f'{prefix}_{name}'}_{key}"] = better
     return out
 
 
@@ -174,17 +300,28 @@ def check_eval_on_start(args, eval_dataset) -> None:
         )
 
 
-def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -> None:
+def check_best_model_metric(
+    args, eval_dataset, callbacks: list | None = None, reward_names: list[str] | None = None, tools: bool = False
+) -> None:
     """With `load_best_model_at_end`, `save_strategy="best"`, or a `transformers.EarlyStoppingCallback` among
-    `callbacks`, `metric_for_best_model` must be a metric TRAPO logs for the eval data; early stopping also needs
-    evaluations (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts. The same
-    for an `lr_scheduler_type` in `METRIC_SCHEDULERS` (transformers sets `metric_for_best_model='loss'` for it when
-    unset, and raised a `KeyError` at the first evaluation after training began), whose
-    `lr_scheduler_kwargs['mode']` (default 'min') must also match the metric's direction.
+    `callbacks`, `metric_for_best_model` must be a key `evaluate()` returns for the eval data ([`eval_metric_names`]:
+    the evaluator's own table, with the run's reward names and tools); early stopping also needs evaluations
+    (`eval_strategy` not "no"). transformers' callback asserts both only when `train()` starts. The same for an
+    `lr_scheduler_type` in `METRIC_SCHEDULERS` (transformers sets `metric_for_best_model='loss'` for it when unset,
+    and raised a `KeyError` at the first evaluation after training began), whose `lr_scheduler_kwargs['mode']`
+    (default 'min') must also match the metric's direction (when it has one: not for lengths or counts).
+
+    Args:
+        args ([`TRAPOConfig`]): reads `metric_for_best_model` and the settings that compare it.
+        eval_dataset: the trainer's `eval_dataset` (a dataset, a dict of them, or None).
+        callbacks (`list`, *optional*): the trainer's `callbacks` argument.
+        reward_names (`list[str]`, *optional*): the run's reward names ([`~trl_trapo.rewards.reward_names`]).
+        tools (`bool`): a run with `tools` / `environment_factory`.
 
     Raises:
-        ValueError: naming the field, the value and the metrics to choose from (with `greater_is_better`), before
-            training; TRAPO never logs the Trainer's default `eval_loss`.
+        ValueError: naming the field, the value, the closest keys `evaluate()` returns (or, for a key of TRL's
+            `GRPOTrainer` that TRAPO does not return, why) and the headline metrics to choose from (with
+            `greater_is_better`), before training; TRAPO never returns the Trainer's default `eval_loss`.
     """
     early_stopping = any(
         isinstance(c, EarlyStoppingCallback) or (isinstance(c, type) and issubclass(c, EarlyStoppingCallback))
@@ -203,9 +340,9 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
         user = "save_strategy='best'"
     else:
         user = f"lr_scheduler_type={kind!r}"
-    available = evaluation_metrics(eval_dataset)
+    headline = evaluation_metrics(eval_dataset)
     choices = ", ".join(
-        f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in available.items()
+        f"metric_for_best_model={m!r} with greater_is_better={better}" for m, better in headline.items()
     )
     fix = (
         f"set {choices}."
@@ -223,8 +360,9 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
             f"{type(args).__name__}.eval_strategy='no': the EarlyStoppingCallback stops when {args.metric_for_best_model}"
             " stops improving at evaluations, and none run: set eval_strategy='steps' (with eval_steps) or 'epoch'."
         )
+    available = eval_metric_names(eval_dataset, list(reward_names or []), tools)
     metric = args.metric_for_best_model or "loss"
-    name = metric if metric.startswith("eval_") else f"eval_{metric}"
+    name = metric if metric.startswith("eval_") else f"eval_{metric}"  # transformers' own prefixing
     if name not in available:
         default = " (transformers' default)" if on_metric and metric == "loss" else ""
         mode = (
@@ -233,19 +371,26 @@ def check_best_model_metric(args, eval_dataset, callbacks: list | None = None) -
             if on_metric
             else ""
         )
+        trl_only = TRL_EVAL_METRICS_NOT_RETURNED.get(name[len("eval_") :])
+        why = f" TRL's GRPOTrainer returns {name}: {trl_only}." if trl_only else ""
+        close = difflib.get_close_matches(name, list(available), n=3, cutoff=0.6)
+        closest = f" Closest that it returns: {', '.join(repr(c) for c in close)}." if close else ""
         raise ValueError(
-            f"{type(args).__name__}.metric_for_best_model={metric!r}{default} is not a metric TRAPO logs ({user} "
-            "compares it after every evaluation): "
+            f"{type(args).__name__}.metric_for_best_model={metric!r}{default} is not a metric evaluate() returns for "
+            f"this run's eval_dataset ({user} compares it after every evaluation).{why}{closest} Fix: "
+            + ("name one of those, or " if close else "")
             + (fix if choices else f"{fix[:-1]}, or drop {user.split('=')[0]}.")
+            + " (Every key it returns: docs/metrics.md, Evaluation.)"
             + mode
         )
-    if on_metric:  # transformers passes the metric as is; the scheduler's `mode` says which way is better
+    better = available[name]
+    if on_metric and better is not None:  # transformers passes the metric as is; the scheduler's `mode` says which way
         mode = (args.lr_scheduler_kwargs or {}).get("mode", "min")
-        wanted = "max" if available[name] else "min"
+        wanted = "max" if better else "min"
         if mode != wanted:
             raise ValueError(
                 f"{type(args).__name__}.lr_scheduler_type={kind!r} steps on metric_for_best_model={metric!r}, which is "
-                f"{'higher' if available[name] else 'lower'} when better, but the scheduler's mode is {mode!r}: it "
+                f"{'higher' if better else 'lower'} when better, but the scheduler's mode is {mode!r}: it "
                 f"would lower the learning rate while {name} improves. Fix: "
                 f"`lr_scheduler_kwargs={{'mode': '{wanted}'}}` (`--lr_scheduler_kwargs '{{\"mode\": \"{wanted}\"}}'`)."
             )
@@ -259,18 +404,23 @@ class Completed:
         examples (`list[dict]`): the rows (a tools run's: with the environment's `reset` text in the prompt).
         prompt_ids (`list[torch.Tensor]`): `(P_i,)` prompt ids (a tools run's: rendered with the tools).
         completion_ids (`list[torch.Tensor]`): `(C_i,)` completion ids (a tools run's: every turn and tool result).
+        policy_lengths (`list[int]`): `B` counts of the tokens the policy generated (a tools run's: not the tool
+            results or template glue, as TRL counts with its tool mask; otherwise `C_i`).
+        clipped (`list[bool]`): `B` flags: the (last) turn ended without a stop token (the length limit cut it).
         score_kwargs (`dict`): the reward scorer's `completions=` / `extra_kwargs=` (a tools run's: TRL's structured
             completions and the `environments`, as training passes them); empty otherwise.
-        tool_counts (`dict[str, float]`): a tools run's counts over these rollouts (`calls`, `failures`,
-            `rolled_back`, `truncated`, `turns`); empty otherwise.
+        tool_counts (`dict[str, list[float]]`): a tools run's per-rollout counts ([`TOOL_COUNTS`]: `calls`,
+            `failures`, `rolled_back`, `truncated`, `turns`); empty otherwise.
         num_tokens (`int`): tokens in the completions. seconds (`float`): wall time.
     """
 
     examples: list[dict]
     prompt_ids: list[torch.Tensor]
     completion_ids: list[torch.Tensor]
+    policy_lengths: list[int]
+    clipped: list[bool]
     score_kwargs: dict = field(default_factory=dict)
-    tool_counts: dict[str, float] = field(default_factory=dict)
+    tool_counts: dict[str, list[float]] = field(default_factory=dict)
     num_tokens: int = 0
     seconds: float = 0.0
 
@@ -280,7 +430,8 @@ TOOL_COUNTS = ("calls", "failures", "rolled_back", "truncated", "turns")  # a to
 
 def completed_rollouts(rollouts: list, seconds: float) -> Completed:
     """[`Completed`] of finished tool-loop rollouts (`trl_trapo.agents.Rollout`: `example`, `prompt_ids`,
-    `completion_ids`, `messages`, `environment` and the counts of [`TOOL_COUNTS`]), scored as training scores them."""
+    `completion_ids`, `mask`, `turn_ended`, `messages`, `environment` and the counts of [`TOOL_COUNTS`]), scored as
+    training scores them."""
     completion_ids = [torch.tensor(r.completion_ids, dtype=torch.long) for r in rollouts]
     score_kwargs: dict[str, Any] = {"completions": [r.messages for r in rollouts]}
     if any(r.environment is not None for r in rollouts):
@@ -289,11 +440,76 @@ def completed_rollouts(rollouts: list, seconds: float) -> Completed:
         [r.example for r in rollouts],
         [torch.tensor(r.prompt_ids, dtype=torch.long) for r in rollouts],
         completion_ids,
+        [int(sum(r.mask)) for r in rollouts],
+        [not r.turn_ended for r in rollouts],
         score_kwargs,
-        {name: float(sum(getattr(r, name) for r in rollouts)) for name in TOOL_COUNTS},
+        {name: [float(getattr(r, name)) for r in rollouts] for name in TOOL_COUNTS},
         sum(c.numel() for c in completion_ids),
         seconds,
     )
+
+
+def prompt_metric_values(
+    table: torch.Tensor, reward_names: list[str], splits: list[str], tools: bool
+) -> dict[str, float | None]:
+    """The values of [`dataset_metric_names`]'s prompt keys (without the prefix) from every rank's completions.
+
+    Args:
+        table (`torch.Tensor`): `(N, K)` float64, one row per completion of all ranks, columns as
+            [`Evaluator`] gathers them: score (weighted reward, NaN: none), `F` rewards per function (NaN: none),
+            the policy's tokens, all tokens, clipped (0/1), the index of its split in `splits` (-1: none), then with
+            `tools` the counts of [`TOOL_COUNTS`].
+        reward_names (`list[str]`): the `F` reward functions' names.
+        splits (`list[str]`): every rank's split names.
+        tools (`bool`): the table has the tool counts.
+
+    Returns:
+        `dict`: TRAPO's keys as before (`reward` and `reward_<split>`: 0.0 when nothing was scored); TRL's with its
+        statistics (`torch.nanmean`, TRL's `nanstd`: Bessel-corrected), None where TRL's `log` has None (a mean of
+        nothing, a std of fewer than two values) — `rewards/<f>` too; lengths over the policy's tokens, the
+        terminated ones' 0 when every completion was clipped (as TRL), every length 0 without completions.
+    """
+    count = len(reward_names)
+    scores, per_func = table[:, 0], table[:, 1 : 1 + count]
+    policy, total, clipped, split = (table[:, 1 + count + i] for i in range(4))
+    n = table.shape[0]
+
+    def number(value: torch.Tensor) -> float | None:  # NaN as TRL's `log` writes it: None
+        value = float(value)
+        return None if value != value else value
+
+    def stats(lengths: torch.Tensor, name: str) -> dict[str, float]:
+        lengths = lengths if lengths.numel() else torch.zeros(1, dtype=table.dtype)
+        return {
+            f"completions/mean_{name}": float(lengths.mean()),
+            f"completions/min_{name}": float(lengths.min()),
+            f"completions/max_{name}": float(lengths.max()),
+        }
+
+    values: dict[str, float | None] = {
+        "reward": float(torch.nan_to_num(scores, nan=0.0).sum()) / max(float((~torch.isnan(scores)).sum()), 1.0),
+        "reward_std": number(nanstd(scores)) if n else None,
+        "completion_length": float(total.sum()) / max(n, 1),
+        **stats(policy, "length"),
+        "completions/clipped_ratio": float(clipped.mean()) if n else 0.0,
+        **stats(policy[clipped == 0] if n else policy, "terminated_length"),
+    }
+    for i, name in enumerate(reward_names):
+        mean = number(torch.nanmean(per_func[:, i])) if n else None
+        values[f"rewards/{name}"] = values[f"rewards/{name}/mean"] = mean
+        values[f"rewards/{name}/std"] = number(nanstd(per_func[:, i])) if n else None
+    for index, name in enumerate(splits):
+        of_split = scores[(split == index) & ~torch.isnan(scores)]
+        values[f"reward_{name}"] = float(of_split.sum()) / max(of_split.numel(), 1)
+    if tools:  # training's `tools/*` (trl_trapo/agents.py), over every rank's rollouts
+        calls, failures, rolled_back, truncated, turns = (table[:, 5 + count + i].sum() for i in range(5))
+        per = max(n, 1)
+        values["tools/call_frequency"] = float(calls) / per
+        values["tools/failure_frequency"] = float(failures / calls) if calls else 0.0
+        values["tools/rollback_frequency"] = float(rolled_back) / per
+        values["tools/truncated_frequency"] = float(truncated) / per
+        values["tools/turns_mean"] = float(turns) / per
+    return values
 
 
 class Evaluator:
@@ -446,20 +662,33 @@ class Evaluator:
             trackio.log({"completions": trackio.Table(columns=list(table[0]), data=[list(r.values()) for r in table])})
 
     # ---- held-out metrics -------------------------------------------------------------------------------------------
-    def evaluate(self, dataset, prefix: str) -> dict[str, float]:
-        """Metrics of one held-out dataset, by its format (see the module docstring).
+    def evaluate(self, dataset, prefix: str) -> dict[str, float | None]:
+        """Metrics of one held-out dataset, by its format (see the module docstring); every key is listed by
+        [`dataset_metric_names`] (the table `check_best_model_metric` reads), then transformers' speed metrics.
 
-        - prompt-only: `<prefix>_reward` (weighted, mean over completions with a reward), `<prefix>_rewards/<name>`,
-          `<prefix>_completion_length`; with a `split` column, also `<prefix>_reward_<split>` per split; what reward
-          functions report with `log_metric(name, value)` while scoring these completions, as `<prefix>_<name>` (mean
-          over the calls, all ranks) — never in a training log; their `log_extra` columns are dropped. In a run with
-          tools (`tool_rollouts`), each prompt is a greedy multi-turn rollout through the training loop, scored with
-          TRL's structured completions and the `environments`, and training's `tools/*` metrics are reported over
-          every rank's rollouts as `<prefix>_tools/call_frequency`, `<prefix>_tools/failure_frequency`,
+        - prompt-only: TRAPO's `<prefix>_reward` (weighted, mean over completions with a reward; 0.0 when none has
+          one), `<prefix>_rewards/<name>` (None when the function scored none), `<prefix>_completion_length` (every
+          token of the completion); with a `split` column, also `<prefix>_reward_<split>` per split; TRL
+          `GRPOTrainer`'s eval keys over the greedy completions: `<prefix>_reward_std`, `<prefix>_rewards/<name>/mean`
+          and `/std`, `<prefix>_completions/mean_length`, `min_length`, `max_length` (the policy's tokens),
+          `clipped_ratio` (no stop token), `mean_terminated_length`, `min_terminated_length`,
+          `max_terminated_length` (see [`prompt_metric_values`]; over the whole set's greedy completions, one per
+          prompt, where TRL averages each eval batch's statistics over its `num_generations_eval` sampled
+          completions per prompt: the same numbers when the set is one batch and TRL decodes greedily); what reward
+          functions report with `log_metric(name, value)` while scoring these completions, as `<prefix>_<name>`
+          (mean over the calls, all ranks) — never in a training log; their `log_extra` columns are dropped. A
+          `metric_for_best_model` whose value is None is warned about. In a run with tools
+          (`tool_rollouts`), each prompt is a greedy multi-turn rollout through the training loop, scored with TRL's
+          structured completions and the `environments`, and training's `tools/*` metrics are reported over every
+          rank's rollouts as `<prefix>_tools/call_frequency`, `<prefix>_tools/failure_frequency`,
           `<prefix>_tools/rollback_frequency`, `<prefix>_tools/truncated_frequency`, `<prefix>_tools/turns_mean`
-          (the completion length counts every turn and tool result);
+          (`completion_length` counts every turn and tool result, `completions/*` the policy's turns only; clipped:
+          the last turn ended without a stop token);
         - `text`: `<prefix>_pretrain_loss` (nats/token, documents chunked to `pretrain_max_length`);
-        - prompt-completion / `messages`: `<prefix>_sft_loss` (nats per completion token).
+        - prompt-completion / `messages`: `<prefix>_sft_loss` (nats per completion token);
+        - every format: `<prefix>_runtime` (seconds), `<prefix>_samples_per_second` (rows of the whole dataset),
+          `<prefix>_steps_per_second` (batches of `per_device_eval_batch_size` x processes), from transformers'
+          `speed_metrics`, as `Trainer.evaluate` computes them.
 
         Collective: every rank must call it (its shard may be empty).
 
@@ -467,23 +696,30 @@ class Evaluator:
             ValueError: if the dataset's format is none of the above, it is not a map-style `Dataset` (a streaming
                 one cannot be sharded by index), or, in a run with tools, its prompts are not chat messages.
         """
+        start = time.time()
         check_dataset_object(dataset, f"eval_dataset ({prefix})")
+        columns = dataset_columns(dataset)
+        kind = eval_format(columns)
+        if kind is None:
+            raise ValueError(
+                f"Cannot evaluate a dataset with columns {columns}: expected 'prompt' (greedy rewards), 'text' "
+                "(pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+            )
         if self.tool_rollouts is not None:  # before anything slow: prompts the tool loop cannot render
             self.tool_rollouts.check_dataset(dataset)
-        columns = dataset_columns(dataset)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         shard = dataset.select(range(rank, len(dataset), world)) if len(dataset) > rank else dataset.select([])
         args, pad_id = self.args, self.pad_token_id
         # every rank enters (gathering ZeRO-3 weights is collective), so shards may hold different numbers of rows
         with self.unwrapped_policy(True) as policy:
-            if "text" in columns:
+            if kind == "text":
                 rows = document_rows(shard["text"], self.tokenizer, args.pretrain_max_length)
                 column = image_column(columns, prefix) if self.images is not None else None
                 if column is not None:  # documents with images are rows of their own (see PretrainStream)
                     rows = image_document_rows(shard, column, self.images, args.pretrain_max_length, prefix)
                 sums = self._reduce_floats(nll_sum(policy, rows, pad_id, args.per_device_eval_batch_size))
-                return {f"{prefix}_pretrain_loss": sums[0] / max(sums[1], 1.0)}
-            if "completion" in columns or "messages" in columns:
+                metrics = {f"{prefix}_pretrain_loss": sums[0] / max(sums[1], 1.0)}
+            elif kind == "sft":
                 tokenized = (
                     tokenize_sft_dataset(
                         shard,
@@ -504,29 +740,35 @@ class Evaluator:
                     else (0.0, 0.0)
                 )
                 sums = self._reduce_floats(total)
-                return {f"{prefix}_sft_loss": sums[0] / max(sums[1], 1.0)}
-            if "prompt" in columns or "input_ids" in columns:
-                return self._evaluate_prompts(shard, prefix, policy)
-        raise ValueError(
-            f"Cannot evaluate a dataset with columns {columns}: expected 'prompt' (greedy rewards), 'text' "
-            "(pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
-        )
+                metrics = {f"{prefix}_sft_loss": sums[0] / max(sums[1], 1.0)}
+            else:
+                metrics = self._evaluate_prompts(shard, prefix, policy)
+        batches = math.ceil(len(dataset) / (args.per_device_eval_batch_size * world))  # `Trainer.evaluate`'s steps
+        metrics.update(speed_metrics(prefix, start, num_samples=len(dataset), num_steps=batches))
+        best = args.metric_for_best_model or ""
+        best = best if best.startswith("eval_") else f"eval_{best}"  # transformers' own prefixing
+        if best in metrics and metrics[best] is None:  # transformers compares it with `np.greater`: a TypeError
+            logger.warning(
+                "metric_for_best_model=%r has no value at this evaluation of %s (None: the reward function returned "
+                "None for every completion, or a standard deviation had fewer than two scores), and a best-model "
+                "comparison (load_best_model_at_end, save_strategy='best', a metric scheduler) cannot compare None. "
+                "Fix: name a reward function that scores these prompts, or metric_for_best_model='%s_reward'.",
+                args.metric_for_best_model,
+                prefix,
+                prefix,
+            )
+        return metrics
 
     def _reduce_floats(self, values) -> list[float]:
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.accelerator.device)
         return self.accelerator.reduce(tensor, reduction="sum").cpu().tolist()
 
     @torch.no_grad()
-    def _evaluate_prompts(self, shard, prefix: str, policy: nn.Module) -> dict[str, float]:
+    def _evaluate_prompts(self, shard, prefix: str, policy: nn.Module) -> dict[str, float | None]:
         args = self.args
         names = self.scorer.names
-        splits = sorted(set(shard["split"])) if "split" in dataset_columns(shard) and len(shard) else []
-        all_splits = self._gather_strings(splits)
-        sums: dict[str, float] = {"n": 0.0, "scored": 0.0, "reward": 0.0, "length": 0.0}
-        for name in names:
-            sums[f"r/{name}"] = sums[f"c/{name}"] = 0.0
-        for split in all_splits:
-            sums[f"s/{split}"] = sums[f"sc/{split}"] = 0.0
+        tools = self.tool_rollouts is not None
+        all_splits = self._gather_strings(dataset_splits(shard) if len(shard) else [])
         logged: dict[str, list[float]] = {}  # what reward functions `log_metric` while scoring these completions
 
         def log_metric(name: str, value: float) -> None:
@@ -544,7 +786,7 @@ class Evaluator:
                 vocab_size=self.vocab_size,
             )
         done = None
-        if tokenized is not None or self.tool_rollouts is not None:  # a tools run's turns: every rank, rows or none
+        if tokenized is not None or tools:  # a tools run's turns: every rank, rows or none
             done = self._complete(
                 policy,
                 shard if tokenized is None else tokenized,
@@ -553,6 +795,9 @@ class Evaluator:
                 None if args.disable_tqdm or not self.accelerator.is_main_process else f"Evaluating {prefix}",
                 f"eval_dataset ({prefix})",
             )
+        # one row per completion (columns: see `prompt_metric_values`), gathered from every rank (collective)
+        width = 5 + len(names) + (len(TOOL_COUNTS) if tools else 0)
+        rows = torch.zeros((0, width), dtype=torch.float64)
         if done is not None and done.examples:
             logger.info(
                 "Evaluation %s: %d prompts, %d tokens in their completions (greedy) in %.1f s.",
@@ -564,43 +809,31 @@ class Evaluator:
             scores, per_func = self.scorer.score(
                 done.examples, done.prompt_ids, done.completion_ids, log_metric, discard_extra, **done.score_kwargs
             )
-            valid = ~torch.isnan(scores)
-            sums["n"] = float(len(done.examples))
-            sums["scored"] = float(valid.sum())
-            sums["reward"] = float(torch.nan_to_num(scores, nan=0.0).sum())
-            sums["length"] = float(sum(c.numel() for c in done.completion_ids))
-            for i, name in enumerate(names):
-                column = per_func[:, i]
-                sums[f"r/{name}"] = float(torch.nan_to_num(column, nan=0.0).sum())
-                sums[f"c/{name}"] = float((~torch.isnan(column)).sum())
-            if splits:
-                for example, score in zip(done.examples, scores.tolist()):
-                    if score == score:  # not NaN
-                        sums[f"s/{example['split']}"] += score
-                        sums[f"sc/{example['split']}"] += 1.0
-        if self.tool_rollouts is not None:  # the same keys on every rank (the reduction below is collective)
-            for name in TOOL_COUNTS:
-                sums[f"t/{name}"] = done.tool_counts[name] if done is not None else 0.0
-        keys = sorted(sums)
-        reduced = dict(zip(keys, self._reduce_floats([sums[k] for k in keys])))
+            split_index = {name: index for index, name in enumerate(all_splits)}
+            columns = [
+                scores.double().unsqueeze(1),
+                per_func.double().reshape(len(done.examples), len(names)),
+                torch.tensor(done.policy_lengths, dtype=torch.float64).unsqueeze(1),
+                torch.tensor([float(c.numel()) for c in done.completion_ids], dtype=torch.float64).unsqueeze(1),
+                torch.tensor(done.clipped, dtype=torch.float64).unsqueeze(1),
+                torch.tensor(
+                    [float(split_index.get(str(e.get("split")), -1)) for e in done.examples], dtype=torch.float64
+                ).unsqueeze(1),
+            ]
+            if tools:
+                columns.append(torch.tensor([done.tool_counts[k] for k in TOOL_COUNTS], dtype=torch.float64).T)
+            rows = torch.cat(columns, dim=1)
+        table = gather_across_ranks(self.accelerator, rows).cpu()
+        values = prompt_metric_values(table, names, all_splits, tools)
+        # the evaluator's table of keys (`dataset_metric_names`, which `check_best_model_metric` reads) says what
+        # this returns: a key it lists and nothing computed is a KeyError here, not a best-model metric gone missing
         metrics = {
-            f"{prefix}_reward": reduced["reward"] / max(reduced["scored"], 1.0),
-            f"{prefix}_completion_length": reduced["length"] / max(reduced["n"], 1.0),
+            key: values[key[len(prefix) + 1 :]]
+            for key in dataset_metric_names("prompts", prefix, names, all_splits, tools)
         }
-        for name in names:
-            if reduced[f"c/{name}"]:
-                metrics[f"{prefix}_rewards/{name}"] = reduced[f"r/{name}"] / reduced[f"c/{name}"]
-        for split in all_splits:
-            metrics[f"{prefix}_reward_{split}"] = reduced[f"s/{split}"] / max(reduced[f"sc/{split}"], 1.0)
-        if self.tool_rollouts is not None:  # training's `tools/*` (trl_trapo/agents.py), over every rank's rollouts
-            total, calls = max(reduced["n"], 1.0), reduced["t/calls"]
-            metrics[f"{prefix}_tools/call_frequency"] = calls / total
-            metrics[f"{prefix}_tools/failure_frequency"] = reduced["t/failures"] / calls if calls else 0.0
-            metrics[f"{prefix}_tools/rollback_frequency"] = reduced["t/rolled_back"] / total
-            metrics[f"{prefix}_tools/truncated_frequency"] = reduced["t/truncated"] / total
-            metrics[f"{prefix}_tools/turns_mean"] = reduced["t/turns"] / total
-        for name, value in reduce_named_means(self.accelerator, logged).items():  # collective, as `_reduce_floats`
-            metrics.setdefault(f"{prefix}_{name}", value)  # TRAPO's own metrics win a name clash
+        # what the reward functions logged (collective, as `gather_across_ranks`); TRAPO's own metrics win a clash
+        for name, value in reduce_named_means(self.accelerator, logged).items():
+            metrics.setdefault(f"{prefix}_{name}", value)
         return metrics
 
     def _complete(
@@ -630,8 +863,16 @@ class Evaluator:
             progress=progress,
         )
         completion_ids = generated["completion_ids"]
+        stops = torch.tensor(self.stop_token_ids or [self.tokenizer.eos_token_id])  # training's missing-stop test
+        clipped = [not bool(torch.isin(c, stops).any()) for c in completion_ids]
         return Completed(
-            examples, prompt_ids, completion_ids, num_tokens=generated["num_tokens"], seconds=generated["seconds"]
+            examples,
+            prompt_ids,
+            completion_ids,
+            [c.numel() for c in completion_ids],
+            clipped,
+            num_tokens=generated["num_tokens"],
+            seconds=generated["seconds"],
         )
 
     def _gather_strings(self, values: list[str]) -> list[str]:

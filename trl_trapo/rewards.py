@@ -152,20 +152,48 @@ REWARD_FUNCTIONS: dict[str, Callable[..., list[float | None]]] = {
 """Reward functions selectable by name from the main job's `--reward_funcs`."""
 
 
-def reward_function_name(func: Callable | nn.Module) -> str:
+def reward_function_name(func: Callable | nn.Module | str) -> str:
     """A readable name of a reward function (TRL's `get_callable_name`: `functools.partial` unwrapped, a callable
-    object's class name) or reward model (the last part of its `name_or_path`), for metrics and errors."""
+    object's class name) or reward model (the last part of its `name_or_path`), for metrics and errors. A model id or
+    path (a `reward_funcs` entry not loaded yet) gets the name its model will have once `load_reward_funcs` loads it
+    (`from_pretrained` records the id as the model's `name_or_path`)."""
+    if isinstance(func, str):
+        return func.split("/")[-1] or "reward_model"
     if isinstance(func, nn.Module):
         config = getattr(func, "config", None)
-        return str(getattr(config, "_name_or_path", "") or type(func).__name__).split("/")[-1] or "reward_model"
+        return reward_function_name(str(getattr(config, "_name_or_path", "") or type(func).__name__))
     return get_callable_name(func)
 
 
-def distinct_names(names: list[str]) -> list[str]:
+def reward_names(reward_funcs: Any, reward_model: Any = None, more: Sequence = ()) -> list[str]:
+    """The metric names of a run's rewards before any model loads, as [`RewardScorer`] names them once they are
+    loaded (a repeated name made distinct, not warned about here: the scorer warns). For the checks made at
+    construction, e.g. `metric_for_best_model`'s `eval_rewards/<name>/mean`.
+
+    Args:
+        reward_funcs: the trainer's `reward_funcs`: None, one entry or a list / tuple (functions, models, model ids
+            or paths: named as their model will be).
+        reward_model: the trainer's `reward_model` (None, a model or a model id), after them.
+        more (`Sequence`): further rewards the scorer gets last, e.g. each environment's `get_reward`.
+
+    Returns:
+        `list[str]`: one name per reward, in [`RewardScorer.names`]'s order.
+    """
+    if reward_funcs is None:
+        entries = []
+    elif isinstance(reward_funcs, (list, tuple)):
+        entries = list(reward_funcs)
+    else:
+        entries = [reward_funcs]
+    entries += ([reward_model] if reward_model is not None else []) + list(more)
+    return distinct_names([reward_function_name(f) for f in entries], warn=False)
+
+
+def distinct_names(names: list[str], warn: bool = True) -> list[str]:
     """`names` with each repeat made distinct by a suffix (`f`, `f` -> `f`, `f_2`), so that every reward has its own
     `rewards/<name>/...` metrics: two entries of one name logged into the same keys, one series lost without a word
     (trial 11's N73; TRL's GRPOTrainer collides the same way). The first of a name keeps it (a single use logs as in
-    TRL). A repeat is warned about once, naming the keys.
+    TRL). A repeat is warned about once, naming the keys (with `warn`).
 
     Returns:
         `list[str]`: as long as `names`, all different.
@@ -182,7 +210,7 @@ def distinct_names(names: list[str]) -> list[str]:
         for position, (name, unique) in enumerate(zip(names, out))
         if name != unique
     ]
-    if renamed:
+    if renamed and warn:
         logger.warning(
             "Several rewards share a name, and each reward's metrics are keyed by its name (rewards/<name>/mean): "
             "logged apart as %s (by position in reward_funcs, then reward_model). To choose the names, give each "

@@ -2703,7 +2703,7 @@ def exits_cleanly() -> Iterator[None]:
 
 
 # evaluation metrics worth a line in the summary, when measured both before and after training
-HEADLINE_METRICS = re.compile(r"^eval_(accuracy\w*|reward|rewards/.+|loss)$")
+HEADLINE_METRICS = re.compile(r"^eval_(accuracy\w*|reward|rewards/[^/]+|loss)$")  # not TRL's `rewards/<f>/mean`
 
 
 def format_duration(seconds: float) -> str:
@@ -2754,7 +2754,9 @@ def job_summary(output_dir: str, results: dict, seconds: float) -> str:
         f"Done in {format_duration(seconds)}{training}. Output folder: {os.path.abspath(output_dir)}",
         f"  written: {'; '.join(written) or 'nothing'}",
     ]
-    metrics = [k for k in results if HEADLINE_METRICS.match(k) and f"{k}_initial" in results]
+    metrics = [  # a reward function that scored no eval prompt has None (no mean)
+        k for k in results if HEADLINE_METRICS.match(k) and None not in (results[k], results.get(f"{k}_initial"))
+    ]
     if sum(k.startswith("eval_rewards/") for k in metrics) == 1:  # one reward function: the same as eval_reward
         metrics = [k for k in metrics if not k.startswith("eval_rewards/")]
     metrics = sorted(metrics, key=lambda k: (not k.startswith("eval_accuracy"), k != "eval_accuracy", k))[:8]
