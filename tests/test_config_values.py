@@ -316,3 +316,65 @@ def test_no_config_message_ends_in_a_bare_parenthesised_number():
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and bare.search(node.value)
     ]
     assert found == [], found
+
+
+NON_DEFAULT = {  # one non-default config per class: a `*_token` setting, an alias pair, a dict, an enum, a bool
+    TRAPOConfig: dict(
+        stop_token=None,
+        max_completion_length=32,
+        beta=0.1,
+        learning_rate=3e-4,
+        lr_scheduler_type="cosine_with_restarts",
+        lr_scheduler_kwargs={"num_cycles": 2},
+        activation_checkpointing=False,
+    ),
+    GRPOConfig: dict(stop_token=None, max_completion_length=32, beta=0.1, num_iterations=2, save_strategy="no"),
+    PPOConfig: dict(
+        stop_token="eos", response_length=20, kl_coef=0.2, logging_steps=3, eval_strategy="steps", eval_steps=5
+    ),
+}
+
+
+def test_every_token_field_is_a_setting_or_a_credential():
+    """transformers' `to_dict()` masks every field whose name ends in `_token` as a secret: each such field of the
+    configs is either a setting `to_dict()` shows (`SETTING_TOKEN_FIELDS`) or a credential of transformers'."""
+    from transformers import TrainingArguments
+
+    credentials = {f.name for f in dataclasses.fields(TrainingArguments) if f.name.endswith("_token")}
+    assert credentials == {"hub_token"}
+    for cls in CONFIGS:
+        tokens = {f.name for f in dataclasses.fields(cls) if f.name.endswith("_token")}
+        assert tokens == credentials | set(config.SETTING_TOKEN_FIELDS), cls
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+@pytest.mark.parametrize("default", [True, False], ids=["default", "non_default"])
+def test_to_dict_shows_the_token_settings_and_rebuilds_the_config(tmp_path, cls, default):
+    """Trial 13's N23: transformers' `to_dict()` masked `stop_token` as if it were a secret (`'<STOP_TOKEN>'`), so a
+    tracker logged no setting and the rebuild `cls(**args.to_dict())`, which docs/agents.md says works, failed for
+    every config ("stop_token='<STOP_TOKEN>' is invalid"). Now the rebuild, from the dict and from the JSON a tracker
+    keeps, equals the original, for each config class, with its defaults and without."""
+    import json
+
+    args = cls(output_dir=str(tmp_path), report_to="none", **({} if default else NON_DEFAULT[cls]))
+    values = args.to_dict()
+    assert values["stop_token"] == args.stop_token and values["hub_token"] is None
+    assert json.loads(args.to_json_string())["stop_token"] == args.stop_token
+    assert cls(**values) == args
+    assert cls(**json.loads(args.to_json_string())) == args
+
+
+def test_a_set_hub_token_stays_masked_and_its_placeholder_is_refused_by_name(tmp_path):
+    """A real credential stays masked in `to_dict()`; the rebuild gets the placeholder back and refuses it, naming
+    the field and the fix, instead of keeping `'<HUB_TOKEN>'` as a token that fails at the Hub. A log written before
+    `stop_token` was shown gives `'<STOP_TOKEN>'`: refused the same way, not as an invalid choice."""
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none", hub_token="hf_secret")
+    values = args.to_dict()
+    assert values["hub_token"] == "<HUB_TOKEN>" and "hf_secret" not in args.to_json_string()
+    with pytest.raises(ValueError) as info:
+        TRAPOConfig(**values)
+    message = str(info.value)
+    assert message.startswith("TRAPOConfig.hub_token='<HUB_TOKEN>' is the placeholder `to_dict()` writes"), message
+    assert "pass the real token (hub_token=...)" in message, message
+    with pytest.raises(ValueError, match=r"stop_token='<STOP_TOKEN>' is the placeholder .* stop_token='eos'"):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", stop_token="<STOP_TOKEN>")

@@ -275,6 +275,40 @@ TRANSFORMERS4_FIXES = {
 (`trl_trapo.jobs.main.REMOVED_ARGUMENTS`)."""
 
 
+SETTING_TOKEN_FIELDS = ("stop_token",)
+"""The config fields whose names end in `_token` that are settings, not credentials. transformers'
+`TrainingArguments.to_dict()` masks every field so named as a secret (`'<STOP_TOKEN>'`, a rule meant for
+`hub_token`): `TRAPOConfig.to_dict()` shows these as they are; every other `*_token` field (transformers' `hub_token`)
+stays masked. A new `*_token` field must be listed here or be a credential (tests/test_config_values.py checks)."""
+
+
+def masked_token(name: str) -> str:
+    """The text transformers' `TrainingArguments.to_dict()` writes in place of the `*_token` field `name`."""
+    return f"<{name.upper()}>"
+
+
+def check_masked_tokens(config) -> None:
+    """Refuse a `*_token` field holding the placeholder `to_dict()` writes in place of its value (`'<HUB_TOKEN>'`),
+    which a rebuild `type(args)(**args.to_dict())` passes back: a token that would fail at the Hub, or a setting the
+    user never wrote.
+
+    Raises:
+        ValueError: naming the field, the placeholder and the fix.
+    """
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.init and f.name.endswith("_token") and value == masked_token(f.name):
+            fix = (
+                f"give its value (e.g. {f.name}={f.default!r}, the default)"
+                if f.name in SETTING_TOKEN_FIELDS
+                else f"pass the real token ({f.name}=...), or leave {f.name} unset to use the token of `hf auth login`"
+            )
+            raise ValueError(
+                f"{type(config).__name__}.{f.name}={value!r} is the placeholder `to_dict()` writes in place of a "
+                f"secret, not a value: a config rebuilt from `to_dict()` does not carry it. Fix: {fix}."
+            )
+
+
 def _bf16_supported() -> bool:
     return (torch.cuda.is_available() and torch.cuda.is_bf16_supported()) or (
         hasattr(torch, "xpu") and torch.xpu.is_available()
@@ -1936,6 +1970,7 @@ class TRAPOConfig(_BaseConfig):
 
     def __post_init__(self):
         built_by_user = self.grpo_names_given is None  # a copy of a built config (dataclasses.replace) records it
+        check_masked_tokens(self)  # before the type checks: '<STOP_TOKEN>' is to_dict()'s, not the user's
         check_json_dicts(self)  # before transformers' parse of the text, whose error names no field
         if isinstance(self.scale_rewards, bool):  # TRL GRPOConfig's older spelling, read as TRL reads it
             self.scale_rewards = "group" if self.scale_rewards else "none"
@@ -1989,6 +2024,24 @@ class TRAPOConfig(_BaseConfig):
         if built_by_user:  # once: not again for each copy the job and the trainer make
             self._warn_unused_settings()
             self._warn_environment_precision()
+
+    def to_dict(self) -> dict[str, typing.Any]:
+        """The config as a JSON-ready dict (transformers' `TrainingArguments.to_dict()`: every field of `__init__`, enums
+        as their values), which trackers log and `type(args)(**args.to_dict())` rebuilds.
+
+        transformers masks every field whose name ends in `_token` as a secret (`'<HUB_TOKEN>'`); here the settings so
+        named ([`SETTING_TOKEN_FIELDS`]: `stop_token`) show their values, and a credential left unset shows None
+        (there is nothing to hide), so the rebuild of a config without a token equals it. A `hub_token` that is set
+        stays masked: the rebuild then refuses the placeholder, naming it ([`check_masked_tokens`]).
+
+        Returns:
+            `dict[str, Any]`: field name -> value.
+        """
+        values = super().to_dict()
+        for name in values:
+            if name in SETTING_TOKEN_FIELDS or (name.endswith("_token") and getattr(self, name) is None):
+                values[name] = getattr(self, name)
+        return values
 
     def _refused_by_transformers(self, text: str) -> str:
         """The message for a `ValueError` of transformers' `TrainingArguments.__post_init__` that no check here
