@@ -12,6 +12,7 @@ import pytest
 from datasets import Dataset
 
 from trl_trapo import GRPOConfig, TRAPOConfig, TRAPOTrainer
+from trl_trapo.config import GRPO_ALIASES
 from trl_trapo.grpo import grpo_notice
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
@@ -284,6 +285,39 @@ def test_grpo_names_read_the_values_in_effect_and_the_notice_names_exactly_those
     assert config.grpo_names_given == ["beta", "num_iterations"]
     with pytest.raises(ValueError, match=r"grpo_names_given=\['beta', 'top_k'\] is invalid: \['top_k'\]"):
         TRAPOConfig(output_dir=str(tmp_path), grpo_names_given=["beta", "top_k"])
+
+
+NEW_VALUES = {"max_completion_length": 32, "beta": 0.1, "epsilon": 0.3, "num_iterations": 2}
+
+
+@pytest.mark.parametrize(("alias", "target"), list(GRPO_ALIASES.items()))
+@pytest.mark.parametrize("cls", [GRPOConfig, TRAPOConfig])
+def test_a_copy_that_changes_one_name_of_a_setting_takes_it(tmp_path, cls, alias, target):
+    """Trial 13's N24: `dataclasses.replace(args, max_completion_length=32)` on a config built with GRPO's names was
+    refused ("max_completion_length=32 and response_length=64 disagree ... Give only one of them"): the user gave one;
+    `replace()` copied the other, which held the old value. The value both held is recorded at construction
+    (`grpo_values_built`), so a copy that changes either name takes it, whichever name built the config; one that
+    changes both, to different values, is refused with the call that works."""
+    import json
+
+    built_with = {"max_completion_length": 64, "beta": 0.04, "epsilon": 0.25, "num_iterations": 3}
+    by_alias = cls(output_dir=str(tmp_path), report_to="none", **built_with)
+    by_target = cls(output_dir=str(tmp_path), report_to="none", **{GRPO_ALIASES[a]: v for a, v in built_with.items()})
+    new = NEW_VALUES[alias]
+    for args in (by_alias, by_target):
+        for name in (alias, target):
+            copy = dataclasses.replace(args, **{name: new})
+            assert getattr(copy, alias) == getattr(copy, target) == new, (name, args.grpo_names_given)
+            assert set(args.grpo_names_given) <= set(copy.grpo_names_given)
+            assert (alias in copy.grpo_names_given) == (alias in args.grpo_names_given or name == alias)
+            values = json.loads(args.to_json_string())  # a rebuild from the logged config with one key edited
+            assert getattr(cls(**{**values, name: new}), target) == new
+        with pytest.raises(ValueError) as info:
+            dataclasses.replace(args, **{alias: new, target: built_with[alias] + 1})
+        message = str(info.value)
+        assert f"{alias}={new!r} and {target}={built_with[alias] + 1!r} disagree" in message, message
+        assert f"a copy of one built with {target}={built_with[alias]!r}" in message, message
+        assert f"`dataclasses.replace(args, {alias}={new!r}, {target}={new!r})`" in message, message
 
 
 @pytest.mark.parametrize(

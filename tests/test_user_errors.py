@@ -651,7 +651,12 @@ def test_every_dict_field_takes_a_json_object_on_the_command_line_and_names_itse
     assert {"generation_kwargs", "chat_template_kwargs", "model_init_kwargs", "lr_scheduler_kwargs"} <= set(names)
     base = ["--use_cpu", "--report_to", "none", "--output_dir", str(tmp_path)]
     for name in names:
-        if name not in ("deepspeed", "fsdp_config"):  # these start DeepSpeed / FSDP: their text is checked below
+        if name == "grpo_values_built":  # filled in at construction, with grpo_names_given: refused alone
+            api_error(
+                lambda: cli.parse_args(["--grpo_values_built", "{}", *base]),
+                "grpo_values_built='{}' is invalid: it is filled",
+            )
+        elif name not in ("deepspeed", "fsdp_config"):  # these start DeepSpeed / FSDP: their text is checked below
             _, config, _ = cli.parse_args([f"--{name}", "{}", *base])
             value = getattr(config, name)  # a dict (accelerator_config: transformers' object built from it)
             assert value is not None and not isinstance(value, str), (name, value)

@@ -825,6 +825,7 @@ class TRAPOConfig(_BaseConfig):
         "teacher_model_init_kwargs",
         "generation_kwargs",
         "chat_template_kwargs",
+        "grpo_values_built",
     ]
 
     def __new__(cls, *args, **kwargs):
@@ -1424,6 +1425,17 @@ class TRAPOConfig(_BaseConfig):
             "names that are not None were given."
         },
     )
+    grpo_values_built: dict[str, float] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Filled in at construction, not a setting: the value in effect of each setting that has a TRL "
+            "GRPOConfig name (response_length, kl_coef, cliprange, num_ppo_epochs) when the config was built. A copy "
+            "(`dataclasses.replace`, a `to_dict()` rebuild) carries both names of each setting; the one it changed "
+            "differs from this value and sets the setting, so `replace(args, max_completion_length=32)` and "
+            "`replace(args, response_length=32)` both work; both names changed to different values is an error. "
+            "None: the config is not a copy."
+        },
+    )
     num_mini_batches: int = field(
         default=1,
         metadata={
@@ -1992,7 +2004,7 @@ class TRAPOConfig(_BaseConfig):
         self._check_environment_precision()  # transformers hands the variable to accelerate when no field chooses
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default; an explicit value of either name is kept
-        given = self._grpo_names_given()
+        given = self._grpo_names_given() if built_by_user else self._resolve_copied_names()
         for alias, target in GRPO_ALIASES.items():
             if alias not in given:
                 continue
@@ -2003,6 +2015,7 @@ class TRAPOConfig(_BaseConfig):
         for alias, target in GRPO_ALIASES.items():  # each GRPO name reads the value in effect, as in TRL's config
             setattr(self, alias, getattr(self, target))
         self.grpo_names_given = given
+        self.grpo_values_built = {target: getattr(self, target) for target in GRPO_ALIASES.values()}  # for copies
         if self.vllm_importance_sampling_cap is not None:  # TRL's own deprecated alias, with TRL's meaning
             warnings.warn(
                 f"{type(self).__name__}.vllm_importance_sampling_cap is deprecated (as in TRL since 1.6): use "
@@ -2603,17 +2616,37 @@ class TRAPOConfig(_BaseConfig):
             )
 
     def _grpo_names_given(self) -> list[str]:
-        """The GRPO names (`GRPO_ALIASES`) the config was given: those not None, for a config built from the user's
-        arguments; for a copy of a built one (`grpo_names_given` filled in, its GRPO names holding the values in
-        effect), the recorded ones, and any other the copy changed: one that differs from its target while the target
-        is at its default (the convention of `_resolve_alias`; a target changed by the copy wins over its GRPO name,
-        as transformers' new names win over their deprecated aliases).
+        """The GRPO names (`GRPO_ALIASES`) a config built from the user's arguments was given: those not None.
 
         Raises:
-            ValueError: naming the field, for a recorded name that is not a GRPO name.
+            ValueError: naming the field, for `grpo_values_built` given without `grpo_names_given` (both are filled in
+                at construction, and a copy carries both).
         """
-        if self.grpo_names_given is None:
-            return [alias for alias in GRPO_ALIASES if getattr(self, alias) is not None]
+        if self.grpo_values_built is not None:
+            self._refuse(
+                "grpo_values_built",
+                self.grpo_values_built,
+                "it is filled in at construction (with grpo_names_given, which is None here): leave it unset.",
+            )
+        return [alias for alias in GRPO_ALIASES if getattr(self, alias) is not None]
+
+    def _resolve_copied_names(self) -> list[str]:
+        """For a copy of a built config (`dataclasses.replace`, a `to_dict()` rebuild: `grpo_names_given` filled in),
+        whose GRPO names held the values in effect: the GRPO names given, the recorded ones and any the copy changed.
+
+        The copy passes both names of each setting, so which one the user changed is read from `grpo_values_built`
+        (the value both held): a GRPO name that differs from it sets TRAPO's field (and counts as given); a TRAPO
+        field that differs from it is read by its GRPO name. Never one of two values the user gave: both names
+        changed to different values, or a copy without `grpo_values_built` whose two names differ, is refused.
+
+        Returns:
+            The GRPO names given, in `GRPO_ALIASES`' order (the resolution loop of `__post_init__` then finds each
+            pair agreeing).
+
+        Raises:
+            ValueError: naming the field(s), for a recorded name that is not a GRPO name, a malformed
+                `grpo_values_built`, or two names of one setting that disagree, with the call that works.
+        """
         unknown = [name for name in self.grpo_names_given if name not in GRPO_ALIASES]
         if unknown:
             raise ValueError(
@@ -2621,16 +2654,56 @@ class TRAPOConfig(_BaseConfig):
                 f"GRPOConfig names of TRAPO fields ({', '.join(GRPO_ALIASES)}). It is filled in at construction: "
                 "leave it unset."
             )
-        fields = type(self).__dataclass_fields__
-        return [
-            alias
-            for alias, target in GRPO_ALIASES.items()
-            if alias in self.grpo_names_given
-            or (
-                getattr(self, alias) not in (None, getattr(self, target))
-                and getattr(self, target) == fields[target].default
+        built = self.grpo_values_built
+        if isinstance(built, str):  # the command line's JSON text (`check_json_dicts` found it a JSON object)
+            built = json.loads(built)
+        if built is not None and (not isinstance(built, Mapping) or set(built) != set(GRPO_ALIASES.values())):
+            self._refuse(
+                "grpo_values_built",
+                built,
+                f"it is filled in at construction, a dict with the keys {', '.join(GRPO_ALIASES.values())}: leave it "
+                "unset.",
             )
-        ]
+        given = []
+        for alias, target in GRPO_ALIASES.items():
+            value, in_effect = getattr(self, alias), getattr(self, target)
+            if value is None or value == in_effect or (built is not None and value == built[target]):
+                # unchanged, or the copy changed TRAPO's name only: the GRPO name reads it
+                setattr(self, alias, None if value is None else in_effect)
+                given += [alias] if alias in self.grpo_names_given else []
+            elif built is not None and in_effect == built[target]:  # the copy changed the GRPO name: it sets TRAPO's
+                setattr(self, target, value)
+                given.append(alias)
+            else:
+                self._refuse_copied_pair(alias, target, None if built is None else built[target])
+        return given
+
+    def _refuse_copied_pair(self, alias: str, target: str, built) -> None:
+        """Raise the ValueError of a copy whose two names of one setting disagree (see `_resolve_copied_names`).
+
+        Args:
+            alias: the GRPO name (`GRPO_ALIASES`).
+            target: TRAPO's name.
+            built: the value both held in the config copied (`grpo_values_built`), None when not recorded.
+        """
+        value, in_effect = getattr(self, alias), getattr(self, target)
+        name = type(self).__name__
+        if built is not None:
+            why = (
+                f"this config is a copy of one built with {target}={built!r} (`dataclasses.replace`, a `to_dict()` "
+                "rebuild), which carries both names, and both were changed, to different values"
+            )
+        else:
+            why = (
+                "this config is a copy of a built one (grpo_names_given is filled in) that does not record the value "
+                "both names held (grpo_values_built), so which of them was changed cannot be told"
+            )
+        raise ValueError(
+            f"{name}.{alias}={value!r} and {target}={in_effect!r} disagree: they are one setting (TRL GRPOConfig's "
+            f"name and TRAPO's); {why}. Fix: give one of them, or both the value you mean, e.g. "
+            f"`dataclasses.replace(args, {alias}={value!r}, {target}={value!r})` (or "
+            f"`{alias}={in_effect!r}, {target}={in_effect!r}`; in a `to_dict()` rebuild, set both keys)."
+        )
 
     def _resolve_max_completion_length(self) -> None:
         """GRPO's `max_completion_length`, when given, becomes `response_length` (set once, at construction).
