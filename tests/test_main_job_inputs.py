@@ -907,3 +907,38 @@ def test_eval_on_start_without_evaluation_data_is_refused_before_any_model(
     assert re.search(r"trapo train: error: --eval_on_start=True evaluates before the first step, and this run has no "
                      r"evaluation data \(" + said, err), err  # fmt: skip
     assert "drop --eval_on_start" in err, err
+
+
+@pytest.mark.parametrize("mode", ["real_data", "builtin"])
+def test_eval_strategy_no_says_the_job_still_evaluates_around_training_and_how_to_switch_it_off(
+    tmp_path, caplog, mode
+):
+    """Trial 13's C08: `--eval_strategy no` on the documented GSM8K path (a directory with a `test` split) still ran
+    the job's evaluations before and after training (~28 min on the real model), without a word, where TRL's scripts
+    evaluate only when `eval_strategy != "no"`. The job keeps them (its report is the metrics before -> after; the
+    result pages' commands rely on it) and, when the flag is given, one line says so and names the switch,
+    `--dataset_test_split none`, which now works in built-in mode too (it was ignored there, with a warning)."""
+    data = []
+    if mode == "real_data":
+        write_jsonl(tmp_path / "rl" / "train.jsonl", rl_rows(6))
+        write_jsonl(tmp_path / "rl" / "test.jsonl", rl_rows(2))
+        data = ["--dataset_name", str(tmp_path / "rl")]
+    base = [*data, "--use_cpu", "--output_dir", str(tmp_path / "out")]
+
+    def inputs(*flags):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trl_trapo.jobs.main"):
+            script, config, model = cli.parse_args([*flags, *base])
+            built = cli.build_inputs(script, config, model)
+        return built, [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+
+    kept, logged = inputs("--eval_strategy", "no")
+    assert kept.eval_dataset is not None and kept.builtin_eval == (mode == "builtin")
+    (line,) = [m for m in logged if m.startswith("--eval_strategy no")]
+    assert "still evaluates its held-out split (if it has one) before and after training" in line, line
+    assert "--dataset_test_split none switches those off" in line and "--max_eval_samples N" in line, line
+    off, logged = inputs("--eval_strategy", "no", "--dataset_test_split", "none")
+    assert off.eval_dataset is None and not off.builtin_eval and off.sources["eval"] == "none"
+    assert not [m for m in logged if m.startswith("--eval_strategy no") or "is set but --dataset_name is not" in m]
+    _, logged = inputs()
+    assert not [m for m in logged if m.startswith("--eval_strategy no")]  # only when the flag is given

@@ -24,6 +24,8 @@ reward; one log line says which roles come from the built-in suite and which fro
 held-out RL evaluation uses `--dataset_test_split` if given (an error if that split does not exist, naming the
 available ones); by default it uses the `test` split of a directory or Hub dataset when there is one, and there is no
 held-out RL evaluation otherwise (never the training rows, unless you ask for them with `--dataset_test_split train`).
+`--dataset_test_split none` switches it off (in built-in mode, the built-in evaluation too); `--eval_strategy no`
+switches off only the evaluations during training, and a line says so ([`eval_strategy_note`]).
 
 **Arguments** are spelt in full: an abbreviation (`--learning_rat`), a misspelt flag or an unknown key in the
 `--config` YAML is an error that suggests the closest argument ("Did you mean --learning_rate?"); several are named
@@ -176,7 +178,9 @@ class RLDataArguments(ScriptArguments):
         metadata={
             "help": "Split of `dataset_name` for the held-out RL evaluation (an error if it does not exist). Default: "
             "`test` when the dataset (a directory or Hub id) has one, else no held-out RL evaluation; a single local "
-            "file has only `train`. `none` switches the evaluation off."
+            "file has only `train`. `none` switches the evaluation off, before, during and after training (in "
+            "built-in mode the built-in one too; `--eval_strategy no` switches off only the evaluations during "
+            "training)."
         },
     )
     dataset_streaming: bool = field(
@@ -1105,6 +1109,34 @@ def check_lora_arguments(model_args: ModelConfig) -> None:
         )
 
 
+def evaluation_switched_off(split: str | None) -> bool:
+    """Whether `--dataset_test_split` (`split`) switches the held-out evaluation off, before, during and after
+    training (in built-in mode the built-in one): `none` (any case) or empty."""
+    return split is not None and split.strip().lower() in ("", "none")
+
+
+def eval_strategy_note(given: dict) -> str | None:
+    """The line the job logs when the user gives `--eval_strategy no` (on the command line or in `--config`) and does
+    not switch the held-out evaluation off (`--dataset_test_split none`): TRL's scripts evaluate only when
+    `eval_strategy != "no"`, but here the flag sets the evaluations *during* training only (transformers' meaning);
+    the job still evaluates before and after training, because its report is the metrics before -> after (the
+    summary, `eval_results.json`, the result pages' tables). None otherwise.
+
+    Args:
+        given: the arguments the user gave ([`given_arguments`]).
+    """
+    strategy = given.get("eval_strategy")
+    if str(getattr(strategy, "value", strategy)).strip().lower() != "no":
+        return None
+    if "dataset_test_split" in given and evaluation_switched_off(given["dataset_test_split"]):
+        return None
+    return (
+        "--eval_strategy no sets the evaluations during training only: the job still evaluates its held-out split (if "
+        "it has one) before and after training, for its report of the metrics before -> after. --dataset_test_split "
+        "none switches those off too; --max_eval_samples N shortens them."
+    )
+
+
 def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
@@ -1147,6 +1179,8 @@ def parse_args_and_builtin_defaults(
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
         taken = {name: value for name, value in taken.items() if name not in defaults}
+    if note := eval_strategy_note(given):
+        logger.info(note)
     script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
@@ -1262,7 +1296,8 @@ def warn_unused_dataset_arguments(script_args) -> None:
     `--sft_dataset_split`, `--pretrain_streaming`, ...) differs from its default but the dataset's `--<...>_name` is not
     given: the job never reads it (in built-in mode the built-in data is used; trial 11's C04 was silent about
     `--dataset_train_split nosuch`). The rule of `--lora_*` without `--use_peft` ([`warn_unused_lora_arguments`]):
-    ignored, as before, with the same warning.
+    ignored, as before, with the same warning. `--dataset_test_split none` is read without `--dataset_name` too: it
+    switches the built-in held-out evaluation off.
 
     Args:
         script_args: the job's [`TRAPOScriptArguments`].
@@ -1271,7 +1306,12 @@ def warn_unused_dataset_arguments(script_args) -> None:
         name = f"{cls.DATA_FLAGS}_name"
         if getattr(script_args, name, None):
             continue
-        given = [f"--{flag}" for flag in changed_settings(script_args, dataset_qualifier_fields(cls))]
+        given = [
+            f"--{flag}"
+            for flag in changed_settings(script_args, dataset_qualifier_fields(cls))
+            # `none` is read without a dataset too: it switches the built-in evaluation off (`--eval_strategy no`)
+            if not (flag == "dataset_test_split" and evaluation_switched_off(script_args.dataset_test_split))
+        ]
         warn_ignored_settings(
             logger,
             given,
@@ -1948,7 +1988,7 @@ def load_rl_data(script_args: TRAPOScriptArguments):
             )
             return train, None
         test_split = "test"
-    elif test_split.strip().lower() in ("", "none"):
+    elif evaluation_switched_off(test_split):
         return train, None
     if test_split == script_args.dataset_train_split:
         logger.warning("--dataset_test_split=%r is the training split: the evaluation is not held out.", test_split)
@@ -2212,8 +2252,11 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         sources["model"] = "built-in"
         suite = make_task_suite(seed=script_args.task_suite_seed)
         if "rl" not in sources:  # the user's RL data replaces the built-in prompts and the built-in evaluation
-            train_dataset, eval_dataset, builtin_eval = suite.rl_train, suite.eval, True
-            sources["rl"] = sources["eval"] = "built-in"
+            train_dataset, sources["rl"] = suite.rl_train, "built-in"
+            if evaluation_switched_off(script_args.dataset_test_split):  # `--dataset_test_split none`
+                sources["eval"] = "none"
+            else:
+                eval_dataset, builtin_eval, sources["eval"] = suite.eval, True, "built-in"
         if "sft" not in sources:
             loaded["sft_dataset"], sources["sft"] = suite.sft, "built-in"
         if "pretrain" not in sources:
