@@ -344,6 +344,34 @@ def test_a_deepspeed_config_given_as_the_recipe_says_it_is_one_for_deepspeed(tmp
     assert "Did you mean" not in str(e.value)
 
 
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_recipe_file_given_without_config_asks_did_you_mean_config(tmp_path, suffix):
+    """Trial 13's C06: `trapo train recipe.json` (transformers' example scripts read a lone `.json` of arguments) was
+    "a value without an argument name. Fix: put `--<name>` before it.", naming no name although the value is an
+    existing recipe. It is "did you mean `--config recipe.json`?" (not read as one: TRL's scripts take a recipe only
+    with --config); a DeepSpeed JSON says where it goes instead; any other bare value keeps the general fix, in the
+    main job and in the jobs that share its parsing."""
+    from trl_trapo import cli
+
+    recipe = tmp_path / f"recipe{suffix}"
+    recipe.write_text('{"max_steps": 2, "learning_rate": 0.001}')
+    for parse in (cli.parse_args, job("vision")[0].parse_args, job("agent")[0].parse_args):
+        with pytest.raises(ValueError) as e:
+            parse([str(recipe)])
+        message = str(e.value)
+        assert message.startswith(f"{str(recipe)!r}: a value without an argument name. Did you mean `--config "), (
+            message
+        )
+        assert f"--config {recipe}`?" in message and "Fix: put --config before it." in message, message
+    deepspeed = tmp_path / "ds.json"
+    deepspeed.write_text('{"zero_optimization": {"stage": 2}}')
+    with pytest.raises(ValueError, match=f"It is a DeepSpeed config .* Fix: pass it as --deepspeed {deepspeed}"):
+        cli.parse_args([str(deepspeed)])
+    for value in ("stray", str(tmp_path / "missing.json")):  # not an existing recipe file: the general fix
+        with pytest.raises(ValueError, match=r"a value without an argument name\. Fix: put `--<name>` before it\.$"):
+            cli.parse_args([value])
+
+
 # ---- trial 7: launcher keys and nesting in a recipe, the mapping form of --curriculum_mixtures (Y01, Y02, Y05) ----
 
 

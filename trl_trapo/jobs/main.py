@@ -868,6 +868,41 @@ def split_config(
 
 
 NOT_GIVEN = object()  # the parser's default for every argument in `given_arguments`
+RECIPE_SUFFIXES = (".json", ".yaml", ".yml")
+"""The endings of a file a bare command-line value may be meant as a `--config` recipe ([`bare_value_fix`])."""
+
+
+def bare_value_fix(value: str, program: str = MAIN_PROGRAM) -> str:
+    """The fix for a command-line value with no argument name before it: for an existing `.json` / `.yaml` file, the
+    habit of transformers' example scripts (`python run_clm.py args.json` reads a lone JSON file of arguments),
+    `--config <file>` (what the file is and where it goes, for an accelerate or DeepSpeed config); else "put
+    `--<name>` before it".
+
+    A bare recipe is not read as one: TRL's scripts (`TrlParser`) take a recipe only as `--config`, as this job does,
+    and the file may be a DeepSpeed or accelerate config, which goes elsewhere.
+
+    Args:
+        value: the value as typed.
+        program: the script the messages name.
+
+    Returns:
+        The text after "a value without an argument name.", starting with a space.
+    """
+    if not (value.lower().endswith(RECIPE_SUFFIXES) and os.path.isfile(value)):
+        return " Fix: put `--<name>` before it."
+    try:
+        with open(value, encoding="utf-8") as handle:
+            mapping = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        mapping = None
+    if isinstance(mapping, dict):
+        hint = accelerate_config_hint(value, mapping, program) or deepspeed_config_hint(value, mapping, program)
+        if hint:
+            return hint
+    return (
+        f" Did you mean `--config {value}`? A recipe file is given with --config, as in TRL's scripts (transformers' "
+        f"example scripts read a lone .json file; this job does not). Fix: put --config before it."
+    )
 
 
 def given_arguments(
@@ -903,7 +938,7 @@ def given_arguments(
     while i < len(unknown):
         flag, eq, value = unknown[i].partition("=")
         if not flag.startswith("-"):
-            problems.append(f"{unknown[i]!r}: a value without an argument name. Fix: put `--<name>` before it.")
+            problems.append(f"{unknown[i]!r}: a value without an argument name.{bare_value_fix(unknown[i], program)}")
             i += 1
             continue
         values = []  # the tokens up to the next flag are this one's value(s), not arguments of their own
