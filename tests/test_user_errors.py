@@ -662,7 +662,7 @@ def test_every_dict_field_takes_a_json_object_on_the_command_line_and_names_itse
             assert value is not None and not isinstance(value, str), (name, value)
         api_error(
             lambda name=name: cli.parse_args([f"--{name}", "{min_p: 0.1", *base]),
-            f"TRAPOConfig.{name}='{{min_p: 0.1' is invalid: it is not valid JSON",
+            f"--{name}='{{min_p: 0.1' is invalid: it is not valid JSON",  # the config's refusal, in flags
             "It takes a JSON object, keys in double quotes, e.g. `--" + name + " '{",
         )
     _, config, _ = cli.parse_args(["--generation_kwargs", '{"min_p": 0.1}', *base])
@@ -695,7 +695,7 @@ def test_cli_refuses_to_train_over_a_finished_run(tmp_path, monkeypatch, capsys)
     cli_error(
         code,
         output,
-        f"output_dir={str(out)!r}",
+        f"--output_dir {out} holds a finished run",  # the config's field, as its flag
         "eval_results.json",
         "model.safetensors",
         "--overwrite_output_dir",
@@ -1139,7 +1139,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_first(tmp_path, monkeyp
     with pytest.raises(ValueError, match=rf"TRAPOConfig\.output_dir={str(out)!r} {problem}"):
         TRAPOTrainer("no/such/model-folder", args=TRAPOConfig(output_dir=str(out), report_to="none"))
     code, output = run_cli_here("--output_dir", str(out), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
-    cli_error(code, output, f"TRAPOConfig.output_dir={str(out)!r} {problem}")
+    cli_error(code, output, f"--output_dir {out} {problem}")  # the config's field, as its flag
     assert blocker.read_text() == "the user's notes"
 
 
@@ -1150,7 +1150,7 @@ def test_max_steps_zero_is_refused(tmp_path, monkeypatch, capsys):
     code, output = run_cli_here(
         "--max_steps", "0", "--output_dir", str(tmp_path / "out"), cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys
     )  # fmt: skip
-    cli_error(code, output, "max_steps=0 is invalid")
+    cli_error(code, output, "--max_steps 0 is invalid")  # the config's refusal, in flags
     assert not (tmp_path / "out").exists()
 
 
@@ -1174,7 +1174,8 @@ def test_negative_step_counts_are_refused(tmp_path, monkeypatch, capsys, setting
     api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), report_to="none", **settings), f"TRAPOConfig.{field} is")
     args = [part for key, value in settings.items() for part in (f"--{key}", str(value))]
     code, output = run_case(where, *args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
-    cli_error(code, output, f"TRAPOConfig.{field}", "is invalid", "positive number")  # the CLI parses -3 as -3.0
+    flag = "--" + field.replace("=", " ")  # the config's refusal, in flags; the CLI parses -3 as -3.0
+    cli_error(code, output, flag, "is invalid", "positive number")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
@@ -1185,7 +1186,35 @@ def test_push_to_hub_offline_is_refused_at_construction(tmp_path, monkeypatch, c
         TRAPOConfig(output_dir=str(tmp_path), push_to_hub=True, report_to="none")
     args = ("--push_to_hub", "--output_dir", str(tmp_path / "out"))
     code, output = run_cli_here(*args, cwd=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
-    cli_error(code, output, "push_to_hub=True is invalid: HF_HUB_OFFLINE=1")
+    cli_error(code, output, "--push_to_hub true is invalid: HF_HUB_OFFLINE=1")
+
+
+def test_the_configs_refusals_name_flags_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """Trial 13's C05: on the command line the bf16 refusal spoke Python ("TRAPOConfig.bf16=True ... set
+    use_cpu=True") where docs/main_job.md says errors name the flags typed. Every refusal of the config the command
+    line builds names flags (`config_flag_names`): its subject and the `field=value` fixes, in the main job and in the
+    jobs that share its parsing; Python code in a message stays Python; the Python API keeps the field names."""
+    import transformers.utils
+
+    from trl_trapo.jobs import agent, vision
+
+    monkeypatch.setattr(transformers.utils, "is_torch_bf16_gpu_available", lambda: False)  # a machine without bf16
+    python = api_error(lambda: TRAPOConfig(output_dir=str(tmp_path), bf16=True), "TRAPOConfig.bf16=True, but")
+    assert "or set use_cpu=True to train with bf16 autocast" in python
+    code, output = run_cli_here("--bf16", "true", "--output_dir", str(tmp_path / "out"), cwd=tmp_path,
+                                monkeypatch=monkeypatch, capsys=capsys)  # fmt: skip
+    message = cli_error(code, output, "error: --bf16 true, but this machine has no GPU with bf16 support",
+                        "Drop it (--bf16 left unset turns bf16 on", "or set --use_cpu true to train with bf16 autocast")  # fmt: skip
+    assert "TRAPOConfig" not in message and "=True" not in message, message
+    for parse in (vision.parse_args, agent.parse_args):
+        api_error(lambda parse=parse: parse(["--bf16", "true"]), "--bf16 true, but", "set --use_cpu true")
+    flags = cli.config_flag_names
+    assert flags("TRAPOConfig.max_staleness=-1 is invalid: use 0, or set async_rollouts=False.") == (
+        "--max_staleness -1 is invalid: use 0, or set --async_rollouts false."
+    )
+    kept = "e.g. `dataclasses.replace(args, beta=0.1, kl_coef=0.1)`, generation_kwargs={'top_k': 5}, not_a_field=1"
+    assert flags(f"TRAPOConfig.kl_coef_range=[0.1] is bad: {kept}") == f"--kl_coef_range=[0.1] is bad: {kept}"
+    assert flags("TRAPOConfig.report_to='a b' and output_dir='runs/x'") == "--report_to='a b' and --output_dir runs/x"
 
 
 def test_a_disk_too_small_for_one_checkpoint_is_refused(tmp_path, tokenizer, suite, tiny_trainer, monkeypatch, caplog):

@@ -995,7 +995,8 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     given = given_arguments(argv, classes, parser_factory, program, command)
     parser = parser_factory()
     parser.set_defaults(**yielded_defaults(parser, classes, given))
-    return parser.parse_args_and_config(argv)
+    with config_errors_in_flags(classes):
+        return parser.parse_args_and_config(argv)
 
 
 def yielded_defaults(parser, classes: tuple, given: dict) -> dict:
@@ -1189,7 +1190,8 @@ def parse_args(
 
     Raises:
         ValueError: for a bad `--config`, an unknown argument or key (with the closest known names), a value
-            `TRAPOConfig` refuses, or a bad LoRA setting with `--use_peft` (see `check_lora_arguments`).
+            `TRAPOConfig` refuses (its message naming flags: `config_errors_in_flags`), or a bad LoRA setting with
+            `--use_peft` (see `check_lora_arguments`).
     """
     return parse_args_and_builtin_defaults(argv, defaults, prog)[:3]
 
@@ -1216,7 +1218,8 @@ def parse_args_and_builtin_defaults(
         taken = {name: value for name, value in taken.items() if name not in defaults}
     if note := eval_strategy_note(given):
         logger.info(note)
-    script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    with config_errors_in_flags(JOB_CLASSES):
+        script_args, training_args, model_args = parser.parse_args_and_config(argv)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
     check_model_flags_have_a_model(model_args, training_args)
@@ -2395,6 +2398,87 @@ def flag_names(message: str) -> str:
     return renamed
 
 
+PYTHON_LITERAL = r"(?:True|False|None|-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|'[^'\n]*'|\"[^\"\n]*\")"
+"""A Python literal a config message writes after `field=`: a bool, None, a number or a quoted string."""
+PYTHON_CODE = re.compile(r"`[^`\n]*[(,][^`\n]*`|\w\([^()]*(?:\([^()]*\)[^()]*)*\)|\{[^{}]*\}|\[[^\[\]]*\]")
+"""A code span with a call or a list of arguments (`` `a=1, b=2` ``), a call (`replace(args, a=1)`, one level of
+nested parentheses), a dict or a list in a message: Python, left as it is by [`config_flag_names`]."""
+
+
+def flag_value(literal: str) -> str | None:
+    """A Python literal of a config message (`True`, `0.3`, `'eos'`) as the command line spells it (`true`, `0.3`,
+    `eos`); None for `None` (the command line cannot give it to most fields) and for a string the shell would split."""
+    if literal in ("True", "False"):
+        return literal.lower()
+    if literal == "None":
+        return None
+    if literal[0] in "'\"":
+        text = literal[1:-1]
+        return text if text and re.fullmatch(r"[\w.:/@+-]+", text) else None
+    return literal
+
+
+def config_flag_names(message: str, classes: tuple = JOB_CLASSES) -> str:
+    """A message of the config (or of the trainer about the config) as the command line's user should read it: the
+    fields it names as the flags that set them (docs/main_job.md, "Errors").
+
+    - `TRAPOConfig.bf16=True` (the subject of every config refusal: `<Class>.<field>=<value>`) becomes `--bf16 true`,
+      `TRAPOConfig.bf16` becomes `--bf16`; a value that is not a bool, a number or a plain string stays in Python's
+      form after `=` (`--curriculum_mixtures=[...]`).
+    - `use_cpu=True` elsewhere in the text (the fix: "set use_cpu=True") becomes `--use_cpu true`, for every field of
+      `classes` given a bool, a number or a plain string, outside Python code (a call such as
+      `dataclasses.replace(args, beta=0.1)`, a dict, a list), which stays Python.
+
+    Args:
+        message: the message.
+        classes: the parser's dataclasses (their names are the `<Class>.` prefixes, their fields the flags).
+
+    Returns:
+        The message with flags (unchanged if it names no field).
+    """
+    fields = set(known_fields(classes))
+    names = "|".join(re.escape(cls.__name__) for cls in classes)
+    literal = re.compile(rf"(?<![\w.-])(\w+)=({PYTHON_LITERAL})(?![\w(\[{{])")
+
+    def as_flag(match: re.Match) -> str:  # `name=value` (value None: `name` alone, any `=...` after it kept)
+        name, value = match.group(1), match.group(2)
+        if name not in fields:
+            return match.group(0)
+        if value is None:
+            return f"--{name}"
+        spelt = flag_value(value)
+        return f"--{name} {spelt}" if spelt is not None else f"--{name}={value}"
+
+    subject = re.compile(rf"(?<![\w.])(?:{names})\.(\w+)(?:=({PYTHON_LITERAL})(?![\w(\[{{]))?")
+    renamed = subject.sub(as_flag, message)
+    parts, start = [], 0  # the text outside Python code gets the flags
+    for code in PYTHON_CODE.finditer(renamed):
+        parts += [literal.sub(as_flag, renamed[start : code.start()]), code.group(0)]
+        start = code.end()
+    return "".join(parts) + literal.sub(as_flag, renamed[start:])
+
+
+@contextmanager
+def config_errors_in_flags(classes: tuple = JOB_CLASSES) -> Iterator[None]:
+    """While a job's command line is parsed into its dataclasses: a `ValueError` they raise (the config's refusals,
+    `TRAPOConfig.bf16=True ... set use_cpu=True`) is raised again in the command line's words ([`config_flag_names`]:
+    `--bf16 true ... set --use_cpu true`). Other exceptions, and a subclass of ValueError, pass as they are.
+
+    Args:
+        classes: the parser's dataclasses.
+
+    Raises:
+        ValueError: the same message, with flags.
+    """
+    try:
+        yield
+    except ValueError as error:
+        renamed = config_flag_names(str(error), classes)
+        if type(error) is not ValueError or renamed == str(error):
+            raise
+        raise ValueError(renamed) from error
+
+
 class FlagNamedRecords(logging.Filter):
     """A handler filter that gives the records of the library's loggers (`trl_trapo.*`, not the jobs' own) the names
     the command line's user typed: the trainer's warnings name its Python arguments (`train_dataset`), which the job
@@ -2510,18 +2594,20 @@ def build_trainer(
             construction; also, before anything is loaded, if the launch does not match the run: FSDP or DeepSpeed
             asked for and off, `accelerate launch` asked for several processes and started one
             (`trl_trapo.distributed.check_launch`). The trainer's ValueErrors name the flags, not its arguments
-            (`flag_names`).
+            (`flag_names`), and so do those of these checks and of the trainer about the config's fields
+            (`config_flag_names`: `--output_dir ...`, not `TRAPOConfig.output_dir=...`).
         RewardFunctionError: if a reward function fails the trainer's construction-time call (naming the flags too).
     """
     # before loading anything: a launch that does not match the run (FSDP on the CPU, a lost `--multi_gpu`) is said
     # at once, not after the model and the datasets (the trainer checks again)
-    check_launch(training_args.distributed_state)
-    # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
-    # written, holds no finished run and no unfinished one this run would not resume, checked before any model loads
-    # (the trainer checks again)
-    check_checkpoint(training_args.resume_from_checkpoint)
-    check_output_dir(training_args)
-    check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
+    with config_errors_in_flags():  # their messages name the config's fields (`TRAPOConfig.output_dir=...`)
+        check_launch(training_args.distributed_state)
+        # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
+        # written, holds no finished run and no unfinished one this run would not resume, checked before any model
+        # loads (the trainer checks again)
+        check_checkpoint(training_args.resume_from_checkpoint)
+        check_output_dir(training_args)
+        check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
     inputs = build_inputs(script_args, training_args, model_args)
     derived = {}
@@ -2552,6 +2638,7 @@ def build_trainer(
     except (ValueError, RewardFunctionError) as error:  # the trainer names its arguments (`sft_dataset`); the user
         # typed flags. A reward function failing the construction-time call names `train_dataset` too (M18's sibling)
         renamed = name_builtin_defaults(flag_names(str(error)), builtin_defaults or {}, inputs.builtin)
+        renamed = config_flag_names(renamed)  # then the config fields it names (`--bf16 true`), notes included
         if type(error) not in (ValueError, RewardFunctionError) or renamed == str(error):  # other subclasses: as is
             raise
         raise type(error)(renamed) from error
