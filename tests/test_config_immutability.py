@@ -156,5 +156,5 @@ def test_max_completion_length_on_the_command_line_wins_over_the_builtin_respons
     assert builtin.response_length == builtin.max_completion_length == 8  # the built-in job's own budget
     assert builtin.grpo_names_given == [] and grpo.grpo_names_given == ["max_completion_length"]
     assert grpo.response_length == grpo.max_completion_length == 16
-    with pytest.raises(ValueError, match="max_completion_length=16 and response_length=9"):
+    with pytest.raises(ValueError, match="--max_completion_length 16 and --response_length 9 disagree"):  # in flags
         cli.parse_args(["--max_completion_length", "16", "--response_length", "9"])
