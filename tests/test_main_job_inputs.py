@@ -219,15 +219,15 @@ def test_prompts_the_builtin_model_cannot_hold_are_said_with_the_builtin_default
     rl = write_jsonl(tmp_path / "rl.jsonl", rows)
     argv = ["--max_steps", "2", "--reward_funcs", "exact_match", "--dataset_name", rl, *given]
     assert job.run([*argv, "--output_dir", str(tmp_path / "out")], program="trapo train") == 2
-    err = capsys.readouterr().err
-    assert "prompts of `--dataset_name` are longer than max_prompt_length=16 tokens" in err, err
+    err = capsys.readouterr().err  # the config's fields named as flags (trial 13's C05)
+    assert "prompts of `--dataset_name` are longer than --max_prompt_length 16 tokens" in err, err
     assert "raising max_prompt_length cannot fit them all: the model's context of 256 positions" in err, err
     assert "the model is the built-in mode's tiny model (no --model_name_or_path)" in err, err
     if given:  # the user's own value is not called a default
-        assert "Note: response_length=8 is the built-in mode's default" in err, err
-        assert "max_prompt_length=16 and" not in err, err
+        assert "Note: --response_length 8 is the built-in mode's default" in err, err
+        assert "--max_prompt_length 16 and" not in err, err
     else:
-        assert "Note: max_prompt_length=16 and response_length=8 are the built-in mode's defaults" in err, err
+        assert "Note: --max_prompt_length 16 and --response_length 8 are the built-in mode's defaults" in err, err
         assert "set --max_prompt_length / --response_length for your data" in err, err
 
 
