@@ -20,7 +20,16 @@ from trl_trapo.jobs import commands
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = str(ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml")  # a training recipe
-TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "eps", "eval_runtime", "step_time")
+TIMING = (
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "eps",
+    "eval_runtime",
+    "eval_samples_per_second",
+    "eval_steps_per_second",
+    "step_time",
+)
 
 
 def test_the_entry_point_is_the_command():

@@ -19,7 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "accelerate_configs"
 RECIPES = ROOT / "examples" / "recipes"
 # differ between ranks by nature (wall-clock)
-RUNTIME_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "eps", "step_time"}
+RUNTIME_KEYS = {
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "eps",
+    "step_time",
+    "eval_runtime",
+    "eval_samples_per_second",
+    "eval_steps_per_second",
+}
 # per-rank state, logged as "this rank" (docs/metrics.md's table): each rank keeps successes from its own rollouts, so
 # these may differ between ranks while everything the ranks train on together agrees (exploration decides from the
 # whole round, every rank's share: its temperatures agree)
