@@ -60,7 +60,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from trl.trainer.utils import nanstd
@@ -73,17 +73,25 @@ from .exploration import zero_variance_groups
 STEP_EXTREMA = {"clip_ratio/low_min": "min", "clip_ratio/high_max": "max"}
 
 
-def moments(values: torch.Tensor) -> tuple[float, float, float]:
+class Moments(NamedTuple):
+    """A sample's count, mean and sum of squared deviations from the mean (what [`merge_moments`] combines)."""
+
+    count: float
+    mean: float
+    m2: float
+
+
+def moments(values: torch.Tensor) -> Moments:
     """`(count, mean, sum of squared deviations from the mean)` of the non-NaN entries of `values` (float64), the
     parts [`merge_moments`] combines exactly (a constant sample keeps a deviation sum of exactly 0)."""
     valid = values[~torch.isnan(values)].double()
     if not valid.numel():
-        return 0.0, 0.0, 0.0
+        return Moments(0.0, 0.0, 0.0)
     mean = valid.mean()
-    return float(valid.numel()), float(mean), float(((valid - mean) ** 2).sum())
+    return Moments(float(valid.numel()), float(mean), float(((valid - mean) ** 2).sum()))
 
 
-def merge_moments(parts: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+def merge_moments(parts: Sequence[Sequence[float]]) -> Moments:
     """The [`moments`] of the union of samples from theirs (Chan, Golub and LeVeque's pairwise update)."""
     count, mean, m2 = 0.0, 0.0, 0.0
     for n, part_mean, part_m2 in parts:
@@ -94,7 +102,7 @@ def merge_moments(parts: Sequence[Sequence[float]]) -> tuple[float, float, float
         mean += delta * n / total
         m2 += part_m2 + delta**2 * count * n / total
         count = total
-    return count, mean, m2
+    return Moments(count, mean, m2)
 
 
 def sample_std(count: float, m2: float) -> float:
