@@ -2020,6 +2020,23 @@ def test_train_with_gradients_disabled_is_refused_before_anything_runs(
     assert trainer.state.global_step == 1
 
 
+def test_a_model_built_in_inference_mode_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 14's N53: a model loaded inside `torch.inference_mode()` (an evaluation cell) has inference-tensor
+    parameters; the trainer took it and the first training forward failed with torch's "Inference tensors cannot be
+    saved for backward". It is refused at construction, naming the argument and the fix; a critic likewise."""
+    with torch.inference_mode():
+        model = build_tiny_model(tokenizer, seed=0)
+    with pytest.raises(ValueError, match=r"`model` \(\w+\) was created inside `torch.inference_mode\(\)`") as error:
+        tiny_trainer(tmp_path, tokenizer, suite, model=model)
+    assert "are inference tensors (e.g. 'model.embed_tokens.weight'" in str(error.value)
+    assert "build or load the model outside `with torch.inference_mode():`" in str(error.value)
+    from trl_trapo.models import check_not_inference_tensors
+
+    with pytest.raises(ValueError, match=r"`value_model` \(\w+\) was created inside"):
+        check_not_inference_tensors("value_model", model)
+    check_not_inference_tensors("model", build_tiny_model(tokenizer, seed=0))  # built outside: taken
+
+
 def test_hyperparameter_search_is_refused_by_name(tmp_path, tokenizer, suite, tiny_trainer):
     """Trial 9's TR07: `trainer.hyperparameter_search()` ended in transformers' "No hyperparameter search backend
     available" (install optuna, ...), and with a backend in "pass your model through a model_init function", which
