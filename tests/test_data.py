@@ -385,6 +385,53 @@ def test_content_parts_are_refused_only_where_the_template_would_render_the_list
     assert tokenize_prompt(parts[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
 
 
+CONCAT_TEMPLATE = (  # joins content with `+`, as SmolLM2's template does: a list of parts is jinja's TypeError
+    "{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def test_content_parts_a_template_cannot_concatenate_are_refused_by_row(tmp_path):
+    """Content parts on a template that concatenates content (SmolLM2's) were jinja's bare `TypeError: can only
+    concatenate str (not "list") to str` at init, naming no dataset or row (trial 14, N37); TRL does not join text
+    parts for a text-only model either. Refused at init, naming the row and the fix."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = CONCAT_TEMPLATE
+    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=config,
+            processing_class=tokenizer,
+            reward_funcs=exact_match_reward,
+            train_dataset=Dataset.from_list(parts),
+        )
+    for needle in (
+        "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
+        "cannot render (TypeError: can only concatenate str",
+        "''.join(p['text'] for p in m['content'])",
+    ):
+        assert needle in str(error.value), error.value
+    joined = [{"prompt": [user("ab=")], "answer": "ba"}] * 2
+    check_conversations_renderable(Dataset.from_list(joined), "train_dataset", tokenizer)  # the fix is taken
+
+
+def test_any_error_of_rendering_a_row_names_the_dataset_and_the_row():
+    """Only Jinja's `TemplateError` was named by dataset and row; a Python error raised inside the template (here
+    `str + int`) or by `apply_chat_template` itself came bare (trial 14, N37)."""
+    from trl_trapo.data import check_templates_render
+
+    prompts = Dataset.from_dict({"prompt": [[user("ab=")], [user("cd=")]]})
+    typed = build_char_tokenizer()
+    typed.chat_template = "{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}"
+    message = r"`train_dataset` row 0 could not be rendered \(TypeError: .*Fix the row to what the chat template takes"
+    with pytest.raises(ValueError, match=message):
+        check_templates_render([("train_dataset", prompts)], typed)
+    with pytest.raises(ValueError, match=message):
+        tokenize_prompt_dataset(prompts, typed, 64)
+
+
 def user(text):
     return {"role": "user", "content": text}
 

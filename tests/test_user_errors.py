@@ -2012,12 +2012,54 @@ def test_train_with_gradients_disabled_is_refused_before_anything_runs(
         "inference_mode": torch.inference_mode,
         "set_grad_enabled": lambda: torch.set_grad_enabled(False),
     }[disabled]
-    with context(), pytest.raises(RuntimeError, match=r"train\(\) was called with gradients disabled") as error:
+    with context(), pytest.raises(RuntimeError) as error:
         trainer.train()
-    assert "torch.no_grad()" in str(error.value) and "torch.set_grad_enabled(True)" in str(error.value)
+    if disabled == "inference_mode":  # trial 14's N52: set_grad_enabled(True) was offered, and does not lift it
+        assert "train() was called inside `torch.inference_mode()`" in str(error.value), error.value
+        assert "torch.set_grad_enabled(True) does not change that" in str(error.value)
+    else:
+        assert "train() was called with gradients disabled" in str(error.value), error.value
+        assert "torch.no_grad()" in str(error.value) and "torch.set_grad_enabled(True) first" in str(error.value)
     assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+def test_a_trainer_built_in_inference_mode_trains_outside_it(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 14's N52: a trainer built inside `torch.inference_mode()` (a notebook cell wrapped in it) made its state
+    tensors there, as inference tensors, and `train()` outside the block, as the refusal inside it says, failed with
+    torch's "Inplace update to inference tensor outside InferenceMode" (trl_trapo/schedules.py). Construction now
+    runs with inference mode off, so that trainer trains; the inference mode of the caller is restored after."""
+    model = build_tiny_model(tokenizer, seed=0)
+    with torch.inference_mode():
+        trainer = tiny_trainer(tmp_path, tokenizer, suite, model=model, max_steps=1)
+        assert torch.is_inference_mode_enabled() and not torch.is_grad_enabled()
+    assert not trainer.schedules.window.is_inference()
+    trainer.train()
+    assert trainer.state.global_step == 1
+    with torch.no_grad():  # outside inference mode the call is unchanged: grad mode stays off inside
+        from trl_trapo.setup_checks import built_outside_inference_mode
+
+        assert built_outside_inference_mode(torch.is_grad_enabled)() is False
+    with torch.inference_mode():
+        assert built_outside_inference_mode(lambda: torch.ones(1).is_inference())() is False
+
+
+def test_a_model_built_in_inference_mode_is_refused_at_construction(tmp_path, tokenizer, suite, tiny_trainer):
+    """Trial 14's N53: a model loaded inside `torch.inference_mode()` (an evaluation cell) has inference-tensor
+    parameters; the trainer took it and the first training forward failed with torch's "Inference tensors cannot be
+    saved for backward". It is refused at construction, naming the argument and the fix; a critic likewise."""
+    with torch.inference_mode():
+        model = build_tiny_model(tokenizer, seed=0)
+    with pytest.raises(ValueError, match=r"`model` \(\w+\) was created inside `torch.inference_mode\(\)`") as error:
+        tiny_trainer(tmp_path, tokenizer, suite, model=model)
+    assert "are inference tensors (e.g. 'model.embed_tokens.weight'" in str(error.value)
+    assert "build or load the model outside `with torch.inference_mode():`" in str(error.value)
+    from trl_trapo.models import check_not_inference_tensors
+
+    with pytest.raises(ValueError, match=r"`value_model` \(\w+\) was created inside"):
+        check_not_inference_tensors("value_model", model)
+    check_not_inference_tensors("model", build_tiny_model(tokenizer, seed=0))  # built outside: taken
 
 
 def test_hyperparameter_search_is_refused_by_name(tmp_path, tokenizer, suite, tiny_trainer):

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
-from .models import check_score_head
+from .models import check_not_inference_tensors, check_score_head
 from .rewards import REWARD_FUNCTIONS
 from .setup_checks import TASK_HEAD_CLASSES
 
@@ -411,7 +411,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
             entry of `reward_funcs` with tensors on the meta device (no weights); an encoder-decoder `model`,
             `ref_model` or `teacher_model` (`config.is_encoder_decoder`, e.g. T5: TRAPO trains decoder-only causal
             LMs); a loaded `model` without a trainable parameter when no `peft_config` adds an adapter, and a
-            `value_model` without one.
+            `value_model` without one; a loaded `model` or `value_model` with parameters created inside
+            `torch.inference_mode()` ([`~trl_trapo.models.check_not_inference_tensors`]).
     """
     if "model" in arguments and arguments["model"] is None:
         raise TypeError(
@@ -424,6 +425,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
     if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable
         _check_trainable("model", arguments.get("model"))
     _check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
+    for name in ("model", "value_model"):  # parameters made in `torch.inference_mode()` can never train
+        check_not_inference_tensors(name, arguments.get(name))
 
 
 def _check_trainable(name: str, model: Any) -> None:

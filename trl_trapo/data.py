@@ -636,11 +636,12 @@ def check_content_parts_rendered(dataset: Dataset, role: str, processing_class, 
     (`user: [{'type': 'text', 'text': 'ab='}]`). TRL 1.16 passes such content to a text-only model's template as it is
     (`GRPOTrainer._tokenize_prompts` converts parts only for a vision-language processor), so a template that reads
     parts (e.g. Qwen3's) works, and one that does not trains on the list's text: the first row holding parts is rendered
-    with its parts and with them joined into text, and refused when only the former shows a part's `type` key.
-    A processor (vision-language model) renders parts itself: not checked.
+    with its parts and with them joined into text, and refused when only the former shows a part's `type` key, or
+    when only the former fails (a template that concatenates content as a string, e.g. SmolLM2's: jinja's
+    `TypeError: can only concatenate str (not "list") to str`). A processor (vision-language model) renders parts itself: not checked.
 
     Raises:
-        ValueError: naming the dataset, the column, the row, what the template made of it and the fix.
+        ValueError: naming the dataset, the column, the row, what the template made of it (or its error) and the fix.
     """
     from transformers import PreTrainedTokenizerBase
 
@@ -656,10 +657,25 @@ def check_content_parts_rendered(dataset: Dataset, role: str, processing_class, 
             if not is_messages(value) or not any(isinstance(m.get("content"), list) for m in value):
                 continue
             try:
-                shown = processing_class.apply_chat_template(value, tokenize=False, **kwargs)
                 joined = processing_class.apply_chat_template(_text_of_parts(value), tokenize=False, **kwargs)
-            except Exception:  # a template that refuses these messages: rendering reports it, with its own message
+            except Exception:  # a template that refuses these messages as text too: rendering names the row
                 return
+            fix = (
+                "Fix: give each content as a string, e.g. `dataset.map(lambda row: "
+                f"{{{column!r}: [{{**m, 'content': ''.join(p['text'] for p in m['content'])}} if "
+                f"isinstance(m['content'], list) else m for m in row[{column!r}]]}})`, or use a chat template that "
+                "reads content parts."
+            )
+            try:
+                shown = processing_class.apply_chat_template(value, tokenize=False, **kwargs)
+            except Exception as error:  # e.g. jinja's `can only concatenate str (not "list") to str` (SmolLM2)
+                raise ValueError(
+                    f"`{role}` column {column!r} row {row}: a message's content is a list of parts "
+                    f"({str(value[0].get('content'))[:60]}), which the tokenizer's chat template cannot render "
+                    f"({type(error).__name__}: {error}); it renders the same messages with the text parts joined "
+                    "into a string. TRL passes such content to a text-only model's template unchanged (it converts "
+                    f"parts only for vision-language processors). {fix}"
+                ) from error
             keys = ("'type'", '"type"')
             if shown != joined and any(k in shown and k not in joined for k in keys):
                 start = max(0, min(shown.find(k) for k in keys if k in shown) - 30)
@@ -668,10 +684,7 @@ def check_content_parts_rendered(dataset: Dataset, role: str, processing_class, 
                     f"({str(value[0].get('content'))[:60]}), but the tokenizer's chat template renders content as a "
                     f"string: the text would hold the list's Python text ({shown[start : start + 70]!r}). TRL passes "
                     "such content to a text-only model's template unchanged (it converts parts only for "
-                    "vision-language processors). Fix: give each content as a string, e.g. `dataset.map(lambda row: "
-                    f"{{{column!r}: [{{**m, 'content': ''.join(p['text'] for p in m['content'])}} if "
-                    f"isinstance(m['content'], list) else m for m in row[{column!r}]]}})`, or use a chat template that "
-                    "reads content parts."
+                    f"vision-language processors). {fix}"
                 )
             break  # one row shows what the template does with parts
 
@@ -1369,6 +1382,8 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
     must alternate ...')` in Llama's and Mistral's templates) as a ValueError naming the dataset and the row: TRL's
     trainers would fail on the row with the template's message alone, from inside `datasets.map`.
 
+    Any other exception of rendering (e.g. a Python `TypeError` inside the template) is re-raised the same way.
+
     Raises:
         ValueError: naming the dataset, the row, the template's message and the fix; for a template that does not
             compile (Jinja's `TemplateSyntaxError`, also an unknown filter's `TemplateAssertionError`), the template.
@@ -1388,6 +1403,14 @@ def template_errors_named(role: str, row: int | str) -> Iterator[None]:
             f"`{role}` row {row}: the chat template refused its conversation ({type(error).__name__}: {error}). Fix "
             "the row (e.g. the order of its roles) to what the template takes, pass another template "
             "(`chat_template_kwargs={'chat_template': ...}`), or drop such rows."
+        ) from error
+    except (
+        Exception
+    ) as error:  # e.g. a Python error inside the template (`str + list`), or `apply_chat_template`'s own
+        raise ValueError(
+            f"`{role}` row {row} could not be rendered ({type(error).__name__}: {error}). Fix the row to what the "
+            "chat template takes (e.g. each message's `content` a string for a text-only template, the keys its "
+            "messages need), pass another template (`chat_template_kwargs={'chat_template': ...}`), or drop such rows."
         ) from error
 
 

@@ -673,6 +673,36 @@ def check_trained_precision(
         )
 
 
+def check_not_inference_tensors(name: str, model: object) -> None:
+    """Refuse a model the optimizer trains (the policy, `model`, or the critic, `value_model`) whose parameters were
+    created inside `torch.inference_mode()` (inference tensors, `param.is_inference()`; e.g. a model loaded in an
+    evaluation cell wrapped in it): autograd can never save them for backward, so the first training forward failed
+    with torch's "Inference tensors cannot be saved for backward" (trial 14's N53; TRL's trainers fail the same way).
+    A LoRA adapter on such a base fails the same way (its frozen base weights are saved for the adapter's gradient).
+    Frozen models (reference, reward model, teacher) only run under `torch.no_grad()`: not checked.
+
+    Args:
+        name (`str`): the argument's name, for the message.
+        model: the loaded model (anything else, e.g. a name TRAPO loads, is not checked).
+
+    Raises:
+        ValueError: naming the argument, the model's class, how many parameter tensors are inference tensors (with
+            the first's name) and the fix.
+    """
+    if not isinstance(model, nn.Module):
+        return
+    inference = [key for key, parameter in model.named_parameters() if parameter.is_inference()]
+    if inference:
+        raise ValueError(
+            f"`{name}` ({type(model).__name__}) was created inside `torch.inference_mode()`: {len(inference)} of its "
+            f"parameter tensors are inference tensors (e.g. {inference[0]!r}, `.is_inference()` is True), which "
+            'autograd can never train (the first forward would fail with "Inference tensors cannot be saved for '
+            'backward"). Fix: build or load the model outside `with torch.inference_mode():` (for evaluation '
+            "without gradients use `torch.no_grad()`, whose tensors can train), or pass its name or path as "
+            f"`{name}=` for TRAPO to load."
+        )
+
+
 def create_reference(model: nn.Module, model_id: str | None, model_init_kwargs: dict | None) -> nn.Module:
     """A frozen reference policy, without deep-copying a model that ZeRO-3 may already have partitioned.
 

@@ -19,11 +19,12 @@ the policy), and a `model_init_kwargs` key the model's constructor refuses is na
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -494,15 +495,41 @@ def check_train_call(resume_from_checkpoint, trial=None) -> str | bool | None:
             f"set the values on the config (TRAPOConfig({example}, ...)); to compare settings, run one trainer "
             "per setting."
         )
-    if not torch.is_grad_enabled():
-        mode = " (torch.inference_mode() is active)" if torch.is_inference_mode_enabled() else ""
+    if torch.is_inference_mode_enabled():  # `set_grad_enabled(True)` does not lift it: tensors are still inference
         raise RuntimeError(
-            f"train() was called with gradients disabled: torch.is_grad_enabled() is False{mode}, so no loss could be "
-            "backpropagated. Fix: call trainer.train() outside `with torch.no_grad():` / `with "
-            "torch.inference_mode():`, or call torch.set_grad_enabled(True) first."
+            "train() was called inside `torch.inference_mode()`: every tensor it creates is an inference tensor, "
+            "which autograd cannot train (torch.set_grad_enabled(True) does not change that). Fix: call "
+            "trainer.train() outside the `with torch.inference_mode():` block (the trainer itself may stay as built: "
+            "it builds its tensors outside inference mode); to evaluate without gradients, use `torch.no_grad()`."
+        )
+    if not torch.is_grad_enabled():
+        raise RuntimeError(
+            "train() was called with gradients disabled: torch.is_grad_enabled() is False, so no loss could be "
+            "backpropagated. Fix: call trainer.train() outside `with torch.no_grad():`, or call "
+            "torch.set_grad_enabled(True) first."
         )
     path = isinstance(resume_from_checkpoint, os.PathLike)
     return os.fspath(resume_from_checkpoint) if path else resume_from_checkpoint
+
+
+def built_outside_inference_mode(init: Callable) -> Callable:
+    """Wrap a trainer's `__init__` so that, called inside `torch.inference_mode()` (e.g. a notebook cell wrapped in
+    it), it runs with inference mode off, as if called outside the block: the tensors it creates (the schedules' KL
+    window, optimizer and objective state, a reference copy of the policy) are then ordinary tensors that training,
+    outside the block, may update in place. Otherwise they were inference tensors, and the first optimizer step failed
+    with torch's "Inplace update to inference tensor outside InferenceMode" (trial 14's N52). Outside inference mode
+    (grad mode on or off, e.g. `torch.no_grad()`) the call is unchanged. A model the user built inside the block has
+    inference-tensor parameters all the same: it is refused by name ([`~trl_trapo.models.check_not_inference_tensors`]).
+    """
+
+    @functools.wraps(init)
+    def init_outside_inference_mode(*args, **kwargs):
+        if not torch.is_inference_mode_enabled():
+            return init(*args, **kwargs)
+        with torch.inference_mode(False):
+            return init(*args, **kwargs)
+
+    return init_outside_inference_mode
 
 
 def refuse_hyperparameter_search(trainer, *args, **kwargs):

@@ -83,7 +83,7 @@ from .objectives import DistillationObjective, Objective, TermInputs, check_term
 from .rollout import RolloutBatch
 from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub_error, is_hub_error, staged_save
 from .schedules import scale_scheduler
-from .setup_checks import check_train_call, refuse_hyperparameter_search
+from .setup_checks import built_outside_inference_mode, check_train_call, refuse_hyperparameter_search
 from .sources import RolloutSource, bind_rollout_func
 from .vision import needs_every_parameter, text_tokenizer, vision_parameters
 from .wiring import TrainerLink, assemble_rollouts, assemble_rows, assemble_run, assemble_training
@@ -212,6 +212,7 @@ class TRAPOTrainer(_BaseTrainer):
         refuse_foreign_arguments(cls, kwargs, args)  # before Python binds them: its errors name no fix
         return super().__new__(cls)
 
+    @built_outside_inference_mode  # its tensors must train even when it is built in `torch.inference_mode()`
     def __init__(
         self,
         model: str | PreTrainedModel | nn.Module,
@@ -237,8 +238,7 @@ class TRAPOTrainer(_BaseTrainer):
         environment_factory: Callable | dict[str, Callable] | None = None,
         rollout_func: Callable[[list, Any], dict] | None = None,
     ):
-        if args is None:
-            args = TRAPOConfig(output_dir="trapo-output")
+        args = TRAPOConfig(output_dir="trapo-output") if args is None else args
         # ---- steps 1-4, before the Trainer exists (trl_trapo/wiring.py): the checks before anything slow loads, the
         # policy, tokenizer, reference, critic and teacher, the rewards, the datasets (checked and tokenized), the plan
         run = assemble_run(
