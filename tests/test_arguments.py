@@ -528,3 +528,28 @@ def test_trapos_own_positional_order_still_passes_the_order_check(tokenizer):
     refuse_trl_positional_order(TRAPOTrainer, own_order)
     refuse_trl_positional_order(TRAPOTrainer, (model, exact_match_reward, None, [{"prompt": "1+1="}], None, None))
     refuse_trl_positional_order(PPOTrainer, (config, tokenizer, model, None, model, data))
+
+
+def test_a_torch_scorer_module_as_a_reward_is_told_to_wrap_it_in_a_reward_function(tmp_path, tokenizer, tiny_config):
+    """Trial 14's N40: a custom `nn.Module` whose forward scores completions, passed in reward_funcs, was told to pass
+    an `AutoModelForSequenceClassification`, which does not fit a scorer; the first fix now is a reward function
+    around it (and that fix, run, trains)."""
+
+    class LengthScorer(torch.nn.Module):
+        def forward(self, completions, **kwargs):
+            return torch.tensor([len(c) / 10 for c in completions])
+
+    scorer = LengthScorer()
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), reward_funcs=scorer)
+    message = str(raised.value)
+    assert "reward_funcs is a torch module (LengthScorer)" in message, message
+    fix = message.split("Fix: ", 1)[1]
+    assert fix.startswith("to score completions with your own module, wrap it in a reward function")
+    assert "`def my_reward(completions, **kwargs): return scorer(completions).tolist()`" in fix
+
+    def my_reward(completions, **kwargs):
+        return scorer(completions).tolist()
+
+    trainer = build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), reward_funcs=my_reward)
+    assert trainer.train().global_step >= 1

@@ -112,6 +112,51 @@ def test_each_slot_refusal_gives_the_mapping_that_fixes_the_dataset(check, colum
     check(eval(call, {"dataset": dataset}))  # the fix it gives works
 
 
+CHAT = [{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba"}]
+
+
+def test_a_conversation_column_as_pretraining_text_gets_a_fix_the_next_check_accepts():
+    """Trial 14's N46: a `messages` column in the pretraining slot was told `rename_column('messages', 'text')`, and
+    the renamed column was refused next for holding lists. The fix given now renders the conversations with the chat
+    template (run here, it passes the column and the cell checks) or passes them as `sft_dataset`; a conversation
+    renamed 'text' anyway is told the same."""
+    tokenizer = build_char_tokenizer()
+    dataset = Dataset.from_dict({"messages": [CHAT] * 3})
+    with pytest.raises(ValueError) as raised:
+        check_pretrain_dataset(dataset)
+    message = str(raised.value)
+    assert "rename_column" not in message and "pass the dataset as `sft_dataset=`" in message, message
+    call = re.search(r"`(dataset\.map\([^`]+)`", message).group(1)
+    assert "tokenizer.apply_chat_template(row['messages'], tokenize=False)" in call
+    rendered = eval(call, {"dataset": dataset, "tokenizer": tokenizer})
+    check_pretrain_dataset(rendered)
+    check_cells(rendered, "pretrain_dataset", "pretrain")  # the check that refused the rename
+    check_sft_dataset(dataset)  # the other fix
+    check_cells(dataset, "sft_dataset", "sft")
+    with pytest.raises(
+        ValueError, match=r"column 'text' holds .*Fix: render each conversation with the chat template"
+    ):
+        check_cells(dataset.rename_column("messages", "text"), "pretrain_dataset", "pretrain")
+
+
+@pytest.mark.parametrize(
+    "check, columns, column",
+    [
+        (check_pretrain_dataset, {"content": [{"title": "a", "body": "b"}]}, "content"),
+        (check_pretrain_dataset, {"document": [["a", "b"]], "id": [1]}, "document"),
+        (check_prompt_dataset, {"question": [{"text": "a"}]}, "question"),
+        (check_sft_dataset, {"prompt": ["a"], "answer": [{"value": 7}]}, "answer"),
+    ],
+)
+def test_a_slot_refusal_suggests_no_rename_the_cell_check_would_refuse(check, columns, column):
+    """The same trap in each slot: a likely column whose cells are neither text nor (for prompts and completions) a
+    conversation is not offered as a rename; the fix says to build the column from it."""
+    with pytest.raises(ValueError) as raised:
+        check(Dataset.from_dict(columns))
+    message = str(raised.value)
+    assert "rename_column" not in message and f"its {column!r} column holds values of type" in message, message
+
+
 def test_a_slot_refusal_without_a_likely_column_names_placeholders():
     with pytest.raises(ValueError, match=re.escape("`dataset.rename_column('<prompt column>', 'prompt')`")):
         check_prompt_dataset(Dataset.from_dict({"a": ["x"], "b": ["y"]}))

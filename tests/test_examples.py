@@ -250,3 +250,20 @@ def test_gsm8k_conversion_refuses_bad_input_as_an_argparse_error(tmp_path, capsy
     for needle in needles:
         assert needle in message, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "examples" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)
+def test_a_shipped_recipe_sets_no_setting_the_job_warns_it_ignores(recipe, caplog):
+    """Trial 14's C16: the CPU recipe carried `lora_*` keys with `use_peft: false`, so its first run warned
+    "--lora_target_modules is set but --use_peft is not" about a setting the user never wrote."""
+    import dataclasses
+    import logging
+
+    from trl_trapo.jobs.main import read_config_file, warn_unused_lora_arguments
+
+    settings = read_config_file(str(recipe))
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    model_args = ModelConfig(**{k: v for k, v in settings.items() if k in names})
+    with caplog.at_level(logging.WARNING):
+        warn_unused_lora_arguments(model_args)
+    assert not [r.getMessage() for r in caplog.records if "--use_peft" in r.getMessage()]

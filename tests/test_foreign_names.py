@@ -177,8 +177,33 @@ def test_an_sft_trainer_argument_is_refused_naming_it_and_the_fix(tmp_path, give
         TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), **given)
     for needle in needles:
         assert needle in str(raised.value), str(raised.value)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'not_an_argument'"):  # others: Python's error
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument\(s\): not_an_argument= \(no parameter is close\)"
+    ):
         TRAPOTrainer("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), not_an_argument=1)
+
+
+@pytest.mark.parametrize(
+    ("cls", "given", "needles"),
+    [
+        ("TRAPOTrainer", {"tokenizer": None}, ["tokenizer=: pass it as `processing_class=`", "transformers 4.46"]),
+        (
+            "TRAPOTrainer",
+            {"eval_datasets": None},
+            ["eval_datasets= (did you mean eval_dataset", "Its keyword arguments"],
+        ),
+        ("PPOTrainer", {"value_models": None}, ["value_models= (did you mean value_model"]),
+    ],
+)
+def test_a_removed_or_misspelt_trainer_keyword_names_the_parameter_meant(tmp_path, cls, given, needles):
+    """Trial 14's N49: `TRAPOTrainer(..., tokenizer=tok)` (transformers 4's name, the commonest leftover in old TRL
+    scripts) and a typo `eval_datasets=` got Python's bare "unexpected keyword argument", naming no parameter."""
+    import trl_trapo
+
+    with pytest.raises(TypeError) as raised:
+        getattr(trl_trapo, cls)("no/such-model", args=TRAPOConfig(output_dir=str(tmp_path)), **given)
+    for needle in needles:
+        assert needle in str(raised.value), str(raised.value)
 
 
 def test_a_config_field_given_to_ppo_trainer_names_its_config(tmp_path):

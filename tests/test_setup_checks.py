@@ -459,3 +459,35 @@ def test_neftune_is_refused_in_a_run_with_rl_and_kept_without(tmp_path, tokenize
     )
     trainer.train()
     assert trainer.state.global_step == 1
+
+
+# ---- a warm-up as long as the run (trial 14's C16 / N38: the one step trained at learning rate 0, no word) ---------
+WARMUP_WARNING = "the whole run is warm-up"
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_about_with_the_rates(tmp_path, tokenizer, suite, tiny_config, caplog):
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.setup_checks"):
+        build(tmp_path, tokenizer, suite, tiny_config, warmup_steps=5, max_steps=2, lr_scheduler_type="linear")
+    said = [r.getMessage() for r in caplog.records if WARMUP_WARNING in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("warmup_steps=5 is at least the run's 2 optimizer steps (max_steps=2)")
+    lr = tiny_config(tmp_path / "x").learning_rate
+    assert f"step 1 at 0, step 2 at {lr * 1 / 5:.3g}" in said[0]  # what transformers' linear warm-up gives them
+    assert said[0].endswith(
+        "Fix: set warmup_steps=0, or at most 1 (below 1 it is a fraction of the steps), or raise max_steps."
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"warmup_steps": 1, "max_steps": 2, "lr_scheduler_type": "linear"},  # step 2 trains at learning_rate
+        {"warmup_steps": 5, "max_steps": 2, "lr_scheduler_type": "constant"},  # no warm-up in this schedule
+    ],
+)
+def test_a_warmup_that_ends_within_the_run_is_not_warned_about(
+    tmp_path, tokenizer, suite, tiny_config, caplog, overrides
+):
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.setup_checks"):
+        build(tmp_path, tokenizer, suite, tiny_config, **overrides)
+    assert not [r for r in caplog.records if WARMUP_WARNING in r.getMessage()]

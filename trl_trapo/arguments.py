@@ -19,6 +19,7 @@ to pass each by ([`refuse_trl_positional_order`]).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import os
@@ -456,6 +457,8 @@ def _check_trainable(name: str, model: Any) -> None:
 
 
 FOREIGN_TRAINER_ARGUMENTS = {
+    "tokenizer": "pass it as `processing_class=` (transformers 4.46 renamed the Trainer's `tokenizer` argument "
+    "`processing_class`; TRL's trainers take `processing_class` too)",
     "formatting_func": "map your rows to prompt/completion (or messages) columns with `dataset.map(...)` and pass them "
     "as `sft_dataset=` (TRL's SFTTrainer applies formatting_func to its rows; TRAPO reads the columns as they are)",
     "data_collator": "drop it: TRAPO batches each objective's rows itself (padding, masks and the completion-only "
@@ -491,12 +494,13 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any], positional: tupl
     """
     refuse_trl_positional_order(cls, positional)
     parameters = inspect.signature(cls.__init__).parameters
-    accepted = set()
+    accepted, closed = set(), False
     for klass in cls.__mro__:  # a class taking **kwargs (PPOTrainer) hands them to its base's __init__
         accepted |= set(inspect.signature(klass.__init__).parameters)
         if not any(
             p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(klass.__init__).parameters.values()
         ):
+            closed = True  # no **kwargs left to take an unknown name
             break
     foreign = [name for name in FOREIGN_TRAINER_ARGUMENTS if name in kwargs and name not in accepted]
     if foreign:
@@ -517,6 +521,17 @@ def refuse_foreign_arguments(cls: type, kwargs: dict[str, Any], positional: tupl
             f"{cls.__name__} got config field(s) as its own argument(s): {', '.join(misplaced)}. They are {config} "
             "fields, not trainer arguments: pass them in the config, "
             f"`{cls.__name__}(..., args={config}(..., {given}))`."
+        )
+    unknown = [name for name in kwargs if name not in accepted]
+    if closed and unknown:  # Python's own TypeError names no parameter it meant (trial 14's N49: `eval_datasets=`)
+        names = sorted(accepted - {"self", "args", "kwargs"}) + ["args"]
+        raise TypeError(
+            f"{cls.__name__} got unexpected keyword argument(s): "
+            + "; ".join(
+                f"{name}= (did you mean {' or '.join(close)}?)" if close else f"{name}= (no parameter is close)"
+                for name, close in ((n, difflib.get_close_matches(n, names, n=2, cutoff=0.6)) for n in unknown)
+            )
+            + f". Its keyword arguments: {', '.join(names)}."
         )
 
 

@@ -396,6 +396,12 @@ def check_cell_types(dataset: Dataset, role: str, columns: Sequence[str]) -> Non
                     f"decode the bytes, e.g. `dataset.map(lambda row: {{{column!r}: row[{column!r}].decode('utf-8')}})`"
                     " (with the files' encoding)"
                 )
+            elif column == "text" and holds_messages(value):  # a conversation (trial 14's N46, renamed 'text')
+                fix = (
+                    "render each conversation with the chat template, e.g. `dataset.map(lambda row: {'text': "
+                    "tokenizer.apply_chat_template(row['text'], tokenize=False)})`, or pass the conversations as "
+                    "`sft_dataset=` in a 'messages' column"
+                )
             elif scalar and column in ("text", "prompt", "completion"):
                 fix = f"convert the column, e.g. `dataset.map(lambda row: {{{column!r}: str(row[{column!r}])}})`"
             elif isinstance(value, str) and column == "input_ids":  # text where token ids belong
@@ -742,11 +748,52 @@ def likely_column(columns: Sequence[str], candidates: Sequence[str]) -> str | No
     return next((by_lower[name] for name in candidates if name in by_lower), None)
 
 
-def column_mapping_example(columns: Sequence[str], slot: str) -> str:
+def first_row(dataset: Dataset | IterableDataset) -> Mapping | None:
+    """The first row of a `Dataset` that has one; None for an empty or streaming one (not read here)."""
+    return dataset[0] if isinstance(dataset, Dataset) and len(dataset) else None
+
+
+def holds_messages(cell: Any) -> bool:
+    """Whether a cell is a conversation: a non-empty list of messages (TRL's `is_conversational`)."""
+    return isinstance(cell, list) and bool(cell) and is_conversational({"messages": cell})
+
+
+def not_renamable_hint(row: Mapping | None, column: str | None, target: str) -> str | None:
+    """The fix for a column whose cells no rename to `target` ('text', 'prompt' or 'completion') makes what TRL's
+    format reads there: pretraining text must be a string, a prompt or completion a string or a list of messages
+    (trial 14's N46: `rename_column('messages', 'text')` was suggested, then refused for holding lists). A column of
+    conversations as pretraining text is rendered with the chat template or passed as `sft_dataset`.
+
+    Returns:
+        A sentence starting with " Fix:", or None when the rename would do (or the row is not known).
+    """
+    if row is None or column is None or column not in row:
+        return None
+    cell = row[column]
+    conversation = holds_messages(cell)
+    if isinstance(cell, str) or (conversation and target != "text"):
+        return None
+    if conversation:
+        return (
+            f" Fix: its {column!r} column holds conversations (lists of messages), which a rename does not make text: "
+            f"pass the dataset as `sft_dataset=` (TRL's conversational format: the assistant turns are trained), or "
+            f"render each conversation into a 'text' column with the chat template, e.g. `dataset.map(lambda row: "
+            f"{{'text': tokenizer.apply_chat_template(row[{column!r}], tokenize=False)}})`."
+        )
+    wanted = "text (a string)" if target == "text" else "text (a string) or a list of messages"
+    return (
+        f" Fix: its {column!r} column holds values of type {type(cell).__name__}, not {wanted}, so renaming it "
+        f"{target!r} would be refused: build a {target!r} column of such values from it, e.g. "
+        f"`dataset.map(lambda row: {{{target!r}: <text made from row[{column!r}]>}})`."
+    )
+
+
+def column_mapping_example(columns: Sequence[str], slot: str, row: Mapping | None = None) -> str:
     """A one-line fix for a dataset without the columns of `slot` ('rl', 'sft' or 'pretrain'): the `datasets` call that
     maps its own columns to TRL's format (trial 13's N26: a raw GSM8K file, `question` / `answer`, was refused in each
     slot, with an example only in the pretraining one). Built from the columns it has when a likely one is there
-    ([`PROMPT_COLUMNS`], [`COMPLETION_COLUMNS`], [`TEXT_COLUMNS`]), else with placeholders.
+    ([`PROMPT_COLUMNS`], [`COMPLETION_COLUMNS`], [`TEXT_COLUMNS`]), else with placeholders. With the dataset's first
+    `row`, a column whose cells a rename would not make valid gets [`not_renamable_hint`]'s fix instead.
 
     Returns:
         `str`: a sentence starting with a space, e.g. " Fix: `dataset.rename_column('question', 'prompt')` (...)."
@@ -763,6 +810,9 @@ def column_mapping_example(columns: Sequence[str], slot: str) -> str:
             else ""
         )
         column = question or "<prompt column>"
+        hint = not_renamable_hint(row, question, "prompt")
+        if hint:
+            return hint
         return f" Fix: name the prompt column 'prompt', e.g. `dataset.rename_column({column!r}, 'prompt')`{kept}."
     if slot == "sft":
         mapping = {}
@@ -770,6 +820,9 @@ def column_mapping_example(columns: Sequence[str], slot: str) -> str:
             mapping[question or "<prompt column>"] = "prompt"
         if "completion" not in columns:
             mapping[answer or "<completion column>"] = "completion"
+        hint = next(filter(None, (not_renamable_hint(row, k, v) for k, v in mapping.items())), None)
+        if hint:
+            return hint
         call = (
             f"dataset.rename_columns({mapping!r})"
             if len(mapping) > 1
@@ -777,6 +830,10 @@ def column_mapping_example(columns: Sequence[str], slot: str) -> str:
         )
         return f" Fix: map its columns to prompt-completion, e.g. `{call}`."
     text = likely_column(columns, TEXT_COLUMNS) or (columns[0] if len(columns) == 1 else None)
+    conversations = [c for c in columns if row is not None and holds_messages(row.get(c))]
+    hint = not_renamable_hint(row, conversations[0] if conversations else text, "text")
+    if hint:
+        return hint
     if text is None and question and answer:  # a question-answer pair: one document per row
         call = f"dataset.map(lambda row: {{'text': row[{question!r}] + '\\n' + row[{answer!r}]}})"
     else:
@@ -791,7 +848,7 @@ def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     if columns and "text" not in columns:
         raise ValueError(
             f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
-            + column_mapping_example(columns, "pretrain")
+            + column_mapping_example(columns, "pretrain", first_row(dataset))
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -810,7 +867,7 @@ def check_sft_dataset(dataset: Dataset) -> None:
         )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft')} See "
+            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft', first_row(dataset))} See "
             "https://huggingface.co/docs/trl/dataset_formats."
             + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
@@ -865,7 +922,7 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
             (misplaced + " " if misplaced else "")
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
-            + ("" if misplaced else column_mapping_example(columns, "rl"))
+            + ("" if misplaced else column_mapping_example(columns, "rl", first_row(dataset)))
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import disable_dropout_in_model, selective_log_softmax, use_adapter
 
@@ -903,6 +904,14 @@ def find_score_head(model: nn.Module, what: str = "reward_model / value_model") 
             head = getattr(module, name, None)
             if isinstance(head, nn.Module):
                 return head
+    if what.startswith("reward_funcs") and not isinstance(model, PreTrainedModel):  # trial 14's N40: a scorer
+        raise ValueError(
+            f"{what} is a torch module ({type(model).__name__}) without a `score`/`classifier` head: a module among "
+            "reward_funcs is taken as a reward model that reads the tokenized completions (as TRL does), never called "
+            "with the completions. Fix: to score completions with your own module, wrap it in a reward function, "
+            "e.g. `def my_reward(completions, **kwargs): return scorer(completions).tolist()`, and pass "
+            "`reward_funcs=[my_reward]`; or pass an `AutoModelForSequenceClassification` (num_labels=1)."
+        )
     raise ValueError(
         f"{type(model).__name__} has no `score`/`classifier` head; pass an `AutoModelForSequenceClassification` "
         f"(num_labels=1) as {what}."

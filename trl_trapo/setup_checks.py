@@ -206,6 +206,65 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
         ) from None
 
 
+def warn_warmup_covers_run(args, planned_steps: int, optimizers: tuple[Any, Any] = (None, None)) -> str | None:
+    """Say once, at construction, when the learning-rate warm-up lasts the whole run, so that the rate never reaches
+    `learning_rate` (trial 14's C16 / N38: the CPU recipe's `warmup_steps: 4` with `--max_steps 1` trained its one
+    step at rate 0). transformers' `Trainer` does the same without a word; the run is kept as asked.
+
+    The rates are those of transformers' `get_scheduler` for `lr_scheduler_type` over `planned_steps` (the rate
+    optimizer step k trains at is the schedule's value after k - 1 steps). Nothing is said when `optimizers` or the
+    DeepSpeed config gives the scheduler, for a scheduler stepped on a metric, or when some step reaches
+    `learning_rate` (e.g. `constant`, which has no warm-up).
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): `warmup_steps` (a count, or below 1 a fraction of the steps),
+            `lr_scheduler_type`, `lr_scheduler_kwargs`, `learning_rate`, `max_steps`.
+        planned_steps (`int`): the run's optimizer steps (the run plan's).
+        optimizers (`tuple`): the trainer's `optimizers=(optimizer, lr_scheduler)` argument.
+
+    Returns:
+        The warning's text, or None.
+    """
+    deepspeed = getattr(getattr(args, "hf_deepspeed_config", None), "config", None) or {}
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if optimizers[1] is not None or "scheduler" in deepspeed or kind in METRIC_SCHEDULERS or planned_steps < 1:
+        return None
+    warmup = args.get_warmup_steps(planned_steps)
+    if warmup < planned_steps or args.learning_rate <= 0:
+        return None
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+    scheduler = get_scheduler(
+        kind,
+        optimizer=optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=planned_steps,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if not lambdas:  # not a LambdaLR: its rates cannot be read without stepping it
+        return None
+    rates = [args.learning_rate * lambdas[0](step) for step in range(planned_steps)]
+    if max(rates) >= args.learning_rate:  # the schedule reaches the rate (it has no warm-up)
+        return None
+    shown = [f"step {k + 1} at {rates[k]:.3g}" for k in range(min(planned_steps, 3))]
+    if planned_steps > 3:
+        shown[-1:] = ["...", f"step {planned_steps} (the last) at {rates[-1]:.3g}"]
+    length = f"max_steps={args.max_steps}" if args.max_steps > 0 else "planned from num_train_epochs"
+    given = f"warmup_steps={args.warmup_steps:g}" + (f" ({warmup} steps)" if args.warmup_steps < 1 else "")
+    message = (
+        f"{given} is at least the run's {planned_steps} optimizer step{'s' if planned_steps > 1 else ''} ({length}): "
+        f"the whole run is warm-up under "
+        f"lr_scheduler_type={kind!r}, so the learning rate never reaches learning_rate={args.learning_rate:g}: "
+        + ", ".join(shown)
+        + (" (a step at rate 0 does not change the model)" if rates[0] == 0 else "")
+        + ". Fix: set warmup_steps=0"
+        + (f", or at most {planned_steps - 1} (below 1 it is a fraction of the steps)" if planned_steps > 1 else "")
+        + ", or raise max_steps."
+    )
+    logger.warning(message)
+    return message
+
+
 SCHEDULER_SET_BY_TRAINER = ("optimizer", "num_warmup_steps", "num_training_steps", "last_epoch")
 """Parameters of transformers' scheduler functions that `Trainer.create_scheduler` passes itself (`last_epoch`: the
 default); the others are what `lr_scheduler_kwargs` may set."""

@@ -66,7 +66,7 @@ from .rl_supply import RLSupply, build_replay_buffer
 from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
 from .run_state import RunState
 from .saving import CheckpointGuard, check_disk_space, checkpoint_nbytes
-from .setup_checks import check_optimizer_covers
+from .setup_checks import check_optimizer_covers, warn_warmup_covers_run
 from .sources import note_rounds_follow_shares, warn_split_rounds
 from .steps import StepBuilder
 from .vision import model_context
@@ -167,6 +167,7 @@ def assemble_run(
     plan = plan_run(
         args, data, objectives, with_teacher=with_teacher, has_critic=models.has_critic, eval_dataset=eval_dataset
     )
+    warn_warmup_covers_run(args, plan.planned_steps, arguments.get("optimizers") or (None, None))  # lr never peaks
     check_disk_space(
         args.output_dir,
         checkpoint_nbytes(models.trained, args.optim, args.save_only_model),

@@ -101,8 +101,8 @@ ARMS: dict[str, dict | None] = {"trapo": {}, "serial": None, "trapo_no_pretrain"
 PROBES: dict[str, tuple[dict, str]] = {
     "full_shakespeare": ({"use_peft": False}, "shakespeare"),
     "full_gsm8k_text": ({"use_peft": False}, "gsm8k_text"),
-    "lora_shakespeare": ({"use_peft": True}, "shakespeare"),
-    "lora_gsm8k_text": ({"use_peft": True}, "gsm8k_text"),
+    "lora_shakespeare": ({"use_peft": True, "lora_target_modules": "all-linear"}, "shakespeare"),
+    "lora_gsm8k_text": ({"use_peft": True, "lora_target_modules": "all-linear"}, "gsm8k_text"),
 }
 # LoRA's learning rate in the probe: 10x the full fine-tuning rate (the usual ratio; LoRA's updates are low-rank)
 LORA_LR_FACTOR = 10.0
