@@ -298,6 +298,22 @@ def test_checkpoint_size_counts_weights_and_adamw_moments(tokenizer):
     assert checkpoint_nbytes(model, "adamw_torch") == 4 * n + 8 * (n - frozen)
 
 
+def test_checkpoint_size_counts_adamw_named_by_the_config(tmp_path, tokenizer):
+    """`TrainingArguments.optim` is transformers' `OptimizerNames`, a str enum whose `str()` is
+    "OptimizerNames.ADAMW_TORCH_FUSED": the estimate read that as "not AdamW" and left out the two fp32 moments, 2/3
+    of a real checkpoint (trial 14's N30: 2,151,424 bytes estimated for a 6.5 MB checkpoint)."""
+    from transformers.training_args import OptimizerNames
+
+    from trl_trapo import TRAPOConfig
+
+    model = build_tiny_model(tokenizer, seed=0)
+    n = sum(p.numel() for p in model.parameters())
+    default = TRAPOConfig(output_dir=str(tmp_path), report_to="none").optim
+    assert isinstance(default, OptimizerNames) and str(default).startswith("OptimizerNames.")
+    assert checkpoint_nbytes(model, default) == checkpoint_nbytes(model, OptimizerNames.ADAMW_TORCH) == 12 * n
+    assert checkpoint_nbytes(model, OptimizerNames.SGD) == 4 * n
+
+
 def test_checkpoint_size_counts_partitioned_parameters_whole(tokenizer):
     """Under DeepSpeed ZeRO-3 a parameter holds an empty local tensor and its whole size in `ds_numel`: the estimate
     counts it whole (reading `numel()` counted 0 bytes, so the disk check could never fire; the sibling of the

@@ -359,7 +359,8 @@ def checkpoint_nbytes(model: nn.Module, optim: str, save_only_model: bool = Fals
     # a parameter DeepSpeed ZeRO-3 has partitioned holds an empty local tensor; `ds_numel` is its whole size
     weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in params if p.requires_grad or not peft)
     trainable = sum(getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad)
-    adam = str(optim).lower().startswith("adam") and not save_only_model
+    # `optim` is usually transformers' `OptimizerNames`, a str enum whose `str()` is "OptimizerNames.ADAMW_TORCH"
+    adam = str(getattr(optim, "value", optim)).lower().startswith("adam") and not save_only_model
     return weights + (8 * trainable if adam else 0)
 
 
@@ -380,7 +381,8 @@ def check_disk_space(output_dir: str, needed: int, checkpoints: bool) -> None:
     comfortable = int(needed * CHECKPOINT_MARGIN) + CHECKPOINT_MARGIN_BYTES
     what = (
         f"output_dir={output_dir!r} has {free:,} bytes free, and one checkpoint needs at least {needed:,} bytes "
-        f"(weights + AdamW state; ~{comfortable:,} with tokenizer and trainer state)"
+        f"(weights + AdamW state; ~{comfortable:,} with {CHECKPOINT_MARGIN_BYTES // 2**20} MiB + 5% allowed for "
+        "the tokenizer files, trainer, RNG and TRAPO state)"
     )
     if checkpoints and free < needed:
         raise ValueError(
