@@ -19,7 +19,8 @@
   `checkpoint.py`). The guard notes the folder when the Trainer starts writing it and when the markers are in; a save
   that fails in between has its partial folder removed (a same-numbered checkpoint it replaced is put back), so the
   previous complete checkpoint is the newest one left, and the error names the folder and the cause
-  ([`SaveError`]). Final saves go through [`staged_save`]: written into a temporary folder inside `output_dir`, then
+  ([`SaveError`]); a full disk is told as such with the bytes free and needed (`out_of_space`: ENOSPC, and torch's
+  short-write `RuntimeError` when the disk is all but full at the failure, which names neither). Final saves go through [`staged_save`]: written into a temporary folder inside `output_dir`, then
   moved over the old files one by one, so a save that fails leaves the previous model whole.
 - [`hub_error`]: a failed upload to the Hugging Face Hub, said in one sentence with the repo id and the fixes.
 """
@@ -31,6 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -65,6 +67,15 @@ CHECKPOINT_MARGIN_BYTES = 16 * 2**20
 # connection, timeouts), recognised by their module since huggingface_hub's HTTP library changes between versions
 HUB_ERRORS = (HfHubHTTPError, ConnectionError, TimeoutError)
 HTTP_LIBRARIES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+
+
+# what a write that ran out of space says when it is not an OSError: safetensors' SafetensorError ("No space left on
+# device (os error 28)"), and torch's zip writer, whose short write surfaces as a RuntimeError naming neither the
+# disk nor the errno ("[enforce fail at inline_container.cc:...] . unexpected pos N vs M", "PytorchStreamWriter
+# failed writing file ...: file write failed"); the latter counts as a full disk only when the disk is (nearly) full
+NO_SPACE_WORDS = ("no space left", "storagefull", "os error 28", "disk quota exceeded", "os error 122")
+SHORT_WRITE_WORDS = ("inline_container.cc", "pytorchstreamwriter failed", "file write failed")
+NEARLY_FULL_BYTES = 2**20  # free bytes left when a write failed that point to a full disk
 
 
 class SaveError(OSError):
@@ -109,6 +120,64 @@ def describe_os_error(path: str, error: OSError) -> str:
         )
     # e.g. FileNotFoundError under /proc, or a path whose parent cannot be created
     return f"{type(error).__name__}: {error}: pass a folder you can create and write to"
+
+
+def free_bytes(path: str) -> int | None:
+    """Free bytes (for this user) on the disk holding `path`, or of its nearest existing parent; None if unknown."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def out_of_space(error: BaseException, free_at_failure: int | None, needed: int | None = None) -> bool:
+    """Whether the write that raised `error` failed for want of disk space.
+
+    Args:
+        error: what the save raised.
+        free_at_failure (`int`, *optional*): free bytes on that disk measured right after the failure (before any
+            partial file is removed).
+        needed (`int`, *optional*): bytes the save needs at least (`checkpoint_nbytes`).
+
+    Returns:
+        `bool`: True for `ENOSPC` / `EDQUOT`, for an error whose text says so (safetensors), and for torch's short-write
+        `RuntimeError` when fewer than `NEARLY_FULL_BYTES` (or fewer than `needed`) bytes were free at the failure.
+    """
+    if isinstance(error, OSError) and error.errno is not None:
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(error).lower()
+    if any(word in text for word in NO_SPACE_WORDS):
+        return True
+    if not any(word in text for word in SHORT_WRITE_WORDS) or free_at_failure is None:
+        return False
+    return free_at_failure < max(NEARLY_FULL_BYTES, needed or 0)
+
+
+def release_failed_writes(error: BaseException) -> None:
+    """Drop the local variables of the finished frames in `error`'s tracebacks (and those of the errors it chains):
+    a write that failed half-way (torch's zip writer) holds its file open from them, so its space would come back
+    only at the next garbage collection, after the partial folder is removed and the free bytes are said. The
+    tracebacks still print in full."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)  # skips the frames still running
+        error = error.__cause__ or error.__context__
+
+
+def no_space_message(what: str, error: BaseException, free: int | None, needed: int | None) -> str:
+    """`what` (e.g. "Saving the checkpoint <path>") failed on a full disk: the sentence naming the folder, the cause
+    with the bytes free (`free`, measured once the partial files are gone) and needed, and the original error."""
+    quota = isinstance(error, OSError) and error.errno == errno.EDQUOT or "quota" in str(error).lower()
+    cause = "the disk quota is exceeded on the disk holding it" if quota else "the disk holding it is full"
+    counts = ["no space left", f"{free:,} bytes free" if free is not None else "free space unknown"]
+    if needed:
+        counts.append(f"one checkpoint needs at least {needed:,} bytes (weights + optimizer state)")
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{what} failed: {cause} ({'; '.join(counts)}; {type(error).__name__}: {first_line})"
 
 
 def file_in_the_way(path: str) -> str | None:
@@ -408,13 +477,16 @@ class CheckpointGuard:
 
     Args:
         is_main_process (`Callable[[], bool]`): whether this process writes shared files.
+        checkpoint_nbytes (`int`, *optional*): bytes one checkpoint needs at least (`checkpoint_nbytes`), said when a
+            save fails on a full disk.
 
     Attributes:
         pending (`str` or None): the checkpoint folder being written, the same on every rank; None outside a save.
     """
 
-    def __init__(self, is_main_process: Callable[[], bool]):
+    def __init__(self, is_main_process: Callable[[], bool], checkpoint_nbytes: int | None = None):
         self.is_main_process = is_main_process
+        self.checkpoint_nbytes = checkpoint_nbytes
         self.pending: str | None = None
 
     def begin(self, path: str) -> None:
@@ -437,23 +509,37 @@ class CheckpointGuard:
         """A save was interrupted by `error`: remove the partial folder, put back the one it replaced.
 
         Returns:
-            A [`SaveError`] naming the folder and the cause when `error` is an `OSError` (raise it from `error`),
-            else None (re-raise `error` itself). None too when no save was in progress.
+            A [`SaveError`] naming the folder and the cause when `error` is an `OSError`, or any error of a write that
+            ran out of disk space (`out_of_space`: torch's short-write `RuntimeError` included), with the bytes free
+            and needed (raise it from `error`); else None (re-raise `error` itself). None too when no save was in
+            progress.
         """
         path, self.pending = self.pending, None
         if path is None:
             return None
+        full = not isinstance(error, SaveError) and out_of_space(error, free_bytes(path), self.checkpoint_nbytes)
+        if full:
+            release_failed_writes(error)
         if self.is_main_process():
             shutil.rmtree(path, ignore_errors=True)
             if os.path.isdir(path + REPLACED_SUFFIX):
                 os.replace(path + REPLACED_SUFFIX, path)
-        if not isinstance(error, OSError) or isinstance(error, SaveError):
+        if not (full or isinstance(error, OSError)) or isinstance(error, SaveError):
             return None
         kept = "; the complete checkpoints before it are untouched" if self.is_main_process() else ""
+        resume = (
+            "then resume from the newest complete checkpoint-N of that folder (--resume_from_checkpoint <it>; API: "
+            "train(resume_from_checkpoint=True))"
+        )
+        if full:
+            told = no_space_message(f"Saving the checkpoint {path}", error, free_bytes(path), self.checkpoint_nbytes)
+            return SaveError(
+                f"{told}. The partial folder was removed{kept}. Fix: free space on that disk or choose an output_dir "
+                f"on another disk (save_total_limit caps how many checkpoints are kept), {resume}."
+            )
         return SaveError(
             f"Saving the checkpoint {path} failed: {describe_os_error(path, error)}. The partial folder was removed"
-            f"{kept}: free space, then resume from the newest complete checkpoint-N of that folder "
-            "(--resume_from_checkpoint <it>; API: train(resume_from_checkpoint=True))."
+            f"{kept}. Once that is fixed, {resume}."
         )
 
 
@@ -471,7 +557,8 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
         wait_for_everyone (`Callable[[], None]`): a barrier over processes.
 
     Raises:
-        SaveError: naming `output_dir` and the cause, for an `OSError` while writing or moving.
+        SaveError: naming `output_dir` and the cause, for an `OSError` while writing or moving, or a write that ran
+            out of disk space (`out_of_space`).
     """
     staging = os.path.join(output_dir, STAGING_DIR)
     try:
@@ -495,19 +582,23 @@ def staged_save(output_dir: str, is_main_process: bool, wait_for_everyone: Calla
                     shutil.rmtree(target)
                 os.replace(os.path.join(staging, name), target)
             os.rmdir(staging)
-    except OSError as error:
+    except BaseException as error:
+        # torch's short write on a full disk is a RuntimeError: measured before the partial files are removed
+        full = not isinstance(error, OSError) and out_of_space(error, free_bytes(output_dir))
+        if full:
+            release_failed_writes(error)
         if is_main_process:
             shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, SaveError):
+        if isinstance(error, SaveError) or not (full or isinstance(error, OSError)):
             raise
-        raise SaveError(
-            f"Saving the model to {output_dir} failed: {describe_os_error(output_dir, error)}. The files already "
-            "there were left as they were."
-        ) from error
-    except BaseException:
-        if is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
+        what = f"Saving the model to {output_dir}"
+        told = (
+            f"{no_space_message(what, error, free_bytes(output_dir), None)}. Fix: free space on that disk "
+            "or choose another folder"
+            if full
+            else f"{what} failed: {describe_os_error(output_dir, error)}"
+        )
+        raise SaveError(f"{told}. The files already there were left as they were.") from error
 
 
 def hub_error(

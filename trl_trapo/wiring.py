@@ -475,7 +475,7 @@ def assemble_training(run: RunParts, link: TrainerLink, rows: RowParts, rollouts
         on_start=run.metrics.start_step,
     )
     # a checkpoint is complete once TRAPO's markers are in; a save failing before that is undone (saving.py)
-    guard = CheckpointGuard(link.should_save)
+    guard = CheckpointGuard(link.should_save, checkpoint_nbytes(models.trained, args.optim, args.save_only_model))
     state = RunState(
         accelerator,
         lambda: link.state().global_step,
