@@ -145,6 +145,31 @@ def test_generate_completions_without_eval_prompts_is_refused_as_evaluate_is(tmp
         trainer.generate_completions()
 
 
+def test_generate_completions_completes_the_dataset_passed_and_refuses_one_taken_as_sampling(
+    tmp_path, tokenizer, suite, tiny_config
+):
+    """Trial 14's N25: `generate_completions(my_dataset)` took the dataset as `sampling` (truthy): `[]` without a word
+    on a trainer without an eval set, the eval set's completions on one with it. A non-bool `sampling` is a TypeError
+    naming `dataset=`; `dataset=` completes exactly its rows (as `evaluate(ds)` takes rows), checked as evaluate
+    checks them; rows without prompts are refused even with `sampling=True`."""
+    mine = Dataset.from_dict({"prompt": ["rev ab=", "nxt ab="], "answer": ["ba", "bc"]})
+    for eval_dataset in (None, suite.eval):
+        trainer = build(tmp_path, tokenizer, suite, tiny_config, eval_dataset=eval_dataset)
+        with pytest.raises(
+            TypeError, match=r"takes a bool .* got a Dataset.*generate_completions\(dataset=my_dataset\)"
+        ):
+            trainer.generate_completions(mine)
+        table = trainer.generate_completions(dataset=mine)
+        assert [row["prompt"] for row in table] == ["rev ab=", "nxt ab="]
+        assert set(table[0]) == {"prompt", "completion", "score"}
+        assert [row["prompt"] for row in trainer.generate_completions(True, mine)] == ["rev ab=", "nxt ab="]
+    texts = Dataset.from_dict({"text": ["abc abc", "cba cba"]})
+    with pytest.raises(ValueError, match=r"and `dataset` has no prompts: its columns are \['text'\]"):
+        trainer.generate_completions(sampling=True, dataset=texts)
+    with pytest.raises(ValueError, match=r"generate_completions\(dataset='held'\): a name selects one of the trainer"):
+        trainer.generate_completions(dataset="held")
+
+
 @pytest.mark.parametrize(
     "field, value",
     [

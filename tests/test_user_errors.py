@@ -1941,6 +1941,10 @@ def test_predict_and_a_non_path_resume_are_refused_by_name(tmp_path, tokenizer, 
     trainer = tiny_trainer(tmp_path, tokenizer, suite)
     with pytest.raises(NotImplementedError, match=r"TRAPOTrainer has no `predict`: use `trainer.evaluate\(dataset\)`"):
         trainer.predict(suite.rl_train)
+    # trial 14's N25: it sent users to generate_completions() "for sampled completions", which are greedy, of the
+    # eval set; the pointer now passes the rows by name and says what comes back
+    with pytest.raises(NotImplementedError, match=r"generate_completions\(dataset=dataset\)` for the policy's greedy"):
+        trainer.predict(suite.rl_train)
     with pytest.raises(
         TypeError, match=r"resume_from_checkpoint=42 \(int\) is not a path: pass a checkpoint folder's path, True"
     ):

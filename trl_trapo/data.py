@@ -2126,10 +2126,13 @@ def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
     return pairs + eval_datasets(datasets.get("eval_dataset"))
 
 
-def dataset_to_evaluate(eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False):
+def dataset_to_evaluate(
+    eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False, call: str = "evaluate(eval_dataset"
+):
     """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`]),
     the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
-    name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it.
+    name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it. `call` is
+    how the messages write the call and its argument (`generate_completions(dataset` for that method).
 
     Raises:
         ValueError: with neither; for a string, when `own` is not a dict or has no such key (naming the keys).
@@ -2137,13 +2140,13 @@ def dataset_to_evaluate(eval_dataset, own, tokenizer=None, assistant_only_loss: 
     if isinstance(eval_dataset, str):  # transformers: `self.eval_dataset[eval_dataset]`, a bare KeyError if absent
         if not isinstance(own, dict):
             raise ValueError(
-                f"evaluate(eval_dataset={eval_dataset!r}): a name selects one of the trainer's eval datasets when its "
+                f"{call}={eval_dataset!r}): a name selects one of the trainer's eval datasets when its "
                 f"`eval_dataset` is a dict, and this trainer's is {type(own).__name__}. Pass the dataset itself, "
-                "`evaluate(eval_dataset=dataset)`, or give the trainer `eval_dataset={name: dataset, ...}`."
+                f"`{call}=dataset)`, or give the trainer `eval_dataset={{name: dataset, ...}}`."
             )
         if eval_dataset not in own:
             raise ValueError(
-                f"evaluate(eval_dataset={eval_dataset!r}): the trainer's `eval_dataset` has no such key; its keys are "
+                f"{call}={eval_dataset!r}): the trainer's `eval_dataset` has no such key; its keys are "
                 f"{list(own)}. Pass one of them, or the dataset itself."
             )
         return own[eval_dataset]

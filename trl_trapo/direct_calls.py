@@ -65,7 +65,7 @@ def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys
     """
     raise NotImplementedError(
         "TRAPOTrainer has no `prediction_step`: use `trainer.evaluate(dataset)` for rewards and losses on held-out "
-        "rows, or `trainer.generate_completions()` for sampled completions."
+        "rows, or `trainer.generate_completions(dataset=dataset)` for the policy's greedy completions and their scores."
     )
 
 

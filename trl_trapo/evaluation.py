@@ -33,7 +33,14 @@ from trl.trainer.utils import nanstd, print_prompt_completions_sample, selective
 
 from .collator import MODEL_INPUTS, Row, collate_rows
 from .config import PRETRAIN
-from .data import check_dataset_object, dataset_columns, sft_row, tokenize_prompt_dataset, tokenize_sft_dataset
+from .data import (
+    check_dataset_object,
+    dataset_columns,
+    dataset_to_evaluate,
+    sft_row,
+    tokenize_prompt_dataset,
+    tokenize_sft_dataset,
+)
 from .distributed import gather_across_ranks, generation_synced_gpus, reduce_named_means
 from .models import model_forward
 from .rewards import RewardScorer, discard_extra, discard_metric
@@ -46,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 # the flags only sampling reads: `GenerationConfig.validate` warns about each one set beside `do_sample=False`
 SAMPLING_ONLY_FLAGS = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+OWN_EVAL_SET = "the (first) eval_dataset"  # what `completions_table` calls the trainer's own eval set
 
 
 def document_rows(texts: list[str], tokenizer, max_length: int) -> list[Row]:
@@ -574,8 +582,39 @@ class Evaluator:
         return GenerationConfig(**{**self.generation_config.to_dict(), "do_sample": False, **unset})
 
     # ---- TRL 1.12 PPOTrainer's sample table -------------------------------------------------------------------------
+    def generate_completions(self, own, step: int, sampling: bool = False, dataset=None) -> list[dict[str, Any]]:
+        """`TRAPOTrainer.generate_completions(sampling, dataset)`: the [`completions_table`] of `dataset`, or of the
+        trainer's eval set(s) `own` when it is None.
+
+        Args:
+            own (`Dataset`, `dict[str, Dataset]` or None): the trainer's `eval_dataset`.
+            step (`int`): the optimizer step, for the table's title.
+            sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training). TRL 1.12's
+                `PPOTrainer.generate_completions(sampling=False)` had only this argument.
+            dataset (`Dataset`, `dict[str, Dataset]` or `str`, *optional*): prompts to complete instead, as
+                `evaluate(eval_dataset)` takes them (a string: a key of the trainer's eval dict); checked as it checks.
+
+        Raises:
+            TypeError: if `sampling` is not a bool, e.g. a dataset passed positionally (it was taken as
+                `sampling=True`: `[]` without an eval set, else the eval set's completions), naming `dataset=`.
+            ValueError: as `evaluate()` for a `dataset` it cannot use, and as [`completions_table`] without prompts.
+        """
+        if not isinstance(sampling, bool):
+            raise TypeError(
+                f"generate_completions(sampling=...) takes a bool (True: only the first per_device_eval_batch_size "
+                f"prompts, as during training), and got a {type(sampling).__name__}. To complete the prompts of a "
+                "dataset of your own, pass it by name: `trainer.generate_completions(dataset=my_dataset)`."
+            )
+        if dataset is None:
+            return self.completions_table(own, step, sampling)
+        tokenizer, assistant_only_loss = self.tokenizer, self.args.assistant_only_loss
+        dataset = dataset_to_evaluate(dataset, own, tokenizer, assistant_only_loss, "generate_completions(dataset")
+        return self.completions_table(dataset, step, sampling, source="`dataset`")
+
     @torch.no_grad()
-    def completions_table(self, dataset, step: int, sampling: bool = False) -> list[dict[str, Any]]:
+    def completions_table(
+        self, dataset, step: int, sampling: bool = False, source: str = OWN_EVAL_SET
+    ) -> list[dict[str, Any]]:
         """Greedy completions of the prompts of `dataset` with their scores, printed as a table (and logged to W&B /
         Trackio when they are in `report_to`), as TRL 1.12's `PPOTrainer.generate_completions` did.
 
@@ -583,6 +622,8 @@ class Evaluator:
             dataset (`Dataset` or `dict[str, Dataset]`): eval prompts (the first dataset of a dict).
             step (`int`): the optimizer step, for the table's title.
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
+            source (`str`): what the messages call `dataset`; not `OWN_EVAL_SET` (a dataset the user passed):
+                refused without prompts even with `sampling`.
 
         In a run with tools, each prompt is rolled out greedily through the tool loop (see `evaluate`): the
         completion is the whole rollout (every turn and tool result), scored as training scores it.
@@ -600,7 +641,7 @@ class Evaluator:
             dataset = next(iter(dataset.values()), None)
         columns = sorted(dataset_columns(dataset)) if dataset is not None else []
         if not {"prompt", "input_ids"} & set(columns):
-            if sampling:
+            if sampling and source == OWN_EVAL_SET:  # during training: nothing to show
                 return []
             if dataset is None:
                 raise ValueError(
@@ -608,9 +649,9 @@ class Evaluator:
                     "prompts (a `prompt` column) to the trainer (`eval_dataset=`)."
                 )
             raise ValueError(
-                f"generate_completions() completes the eval prompts, and the (first) eval_dataset has no prompts: its "
-                f"columns are {columns}, with no `prompt` (or tokenized `input_ids`). Pass an eval_dataset of prompts, "
-                "or use evaluate() for text / demonstrations (their losses)."
+                f"generate_completions() completes prompts, and {source} has no prompts: its columns are {columns}, "
+                "with no `prompt` (or tokenized `input_ids`). Pass a dataset of prompts, or use evaluate() for text / "
+                "demonstrations (their losses)."
             )
         args = self.args
         if self.tool_rollouts is not None:

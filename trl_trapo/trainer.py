@@ -693,18 +693,18 @@ class TRAPOTrainer(_BaseTrainer):
         super().log(logs, start_time)
 
     @torch.no_grad()
-    def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]]:
-        """Greedy completions of the eval prompts (a tools run's: whole rollouts through the tool loop) with their
-        scores, printed as a table (and logged to W&B / Trackio when in `report_to`), as TRL 1.12's PPOTrainer did.
+    def generate_completions(self, sampling: bool = False, dataset=None) -> list[dict[str, Any]]:
+        """Greedy completions of the prompts of `dataset` (default: the eval set) with their scores, printed as a table
+        and logged to W&B / Trackio when in `report_to`, as TRL 1.12's PPOTrainer did (see `Evaluator`'s method).
 
         Args:
             sampling (`bool`): only the first `per_device_eval_batch_size` prompts (used during training).
+            dataset (`Dataset`, *optional*): prompts to complete instead of the eval set, taken as `evaluate()` takes.
 
-        Returns:
-            `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank. Without eval prompts it
-            raises `ValueError` as `evaluate()` does, except with `sampling=True` (during training: empty).
+        Returns `list[dict]`: one `{"prompt", "completion", "score"}` per prompt on this rank. Raises `TypeError` if
+        `sampling` is not a bool (a dataset passed as it); `ValueError` without prompts (`sampling=True`: `[]`).
         """
-        return self.evaluator.completions_table(self.eval_dataset, self.state.global_step, sampling)
+        return self.evaluator.generate_completions(self.eval_dataset, self.state.global_step, sampling, dataset)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate held-out data by its format (see [`~trl_trapo.evaluation.Evaluator.evaluate`]); a dict of datasets
@@ -741,7 +741,7 @@ class TRAPOTrainer(_BaseTrainer):
         """
         raise NotImplementedError(
             "TRAPOTrainer has no `predict`: use `trainer.evaluate(dataset)` for rewards and losses on held-out rows, or "
-            "`trainer.generate_completions()` for sampled completions."
+            "`trainer.generate_completions(dataset=dataset)` for the policy's greedy completions and their scores."
         )
 
     # Trainer methods a user calls directly to look at the data (trl_trapo/direct_calls.py)
