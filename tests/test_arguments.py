@@ -51,6 +51,11 @@ class Recorder(TrainerCallback):
     pass
 
 
+class LengthReward:
+    def __call__(self, completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+
 BAD_TYPES = [
     # (arguments, needles: the argument, the value given, what to pass)
     (
@@ -67,6 +72,15 @@ BAD_TYPES = [
     ),
     (dict(reward_funcs=42), ["`reward_funcs`", "int (42)", "reward function", "num_labels=1"]),
     (dict(reward_funcs=[exact_match_reward, 42]), ["`reward_funcs[1]`", "int (42)"]),
+    (  # trial 14's C13: a class is callable; its constructor failed on `prompts=` in the construction-time check
+        dict(reward_funcs=[exact_match_reward, LengthReward]),
+        [
+            "`reward_funcs[1]` is the class",
+            "LengthReward, not a reward function",
+            "Pass an instance",
+            "LengthReward(...)",
+        ],
+    ),
     (dict(reward_model=42), ["`reward_model`", "int (42)"]),
     (dict(peft_config={"r": 8}), ["`peft_config`", "dict ({'r': 8})", "peft.LoraConfig(**{'r': 8})"]),
     (dict(peft_config="lora"), ["`peft_config`", "str ('lora')", "peft.LoraConfig(r=16"]),
@@ -130,6 +144,32 @@ def test_every_bad_entry_of_a_list_argument_is_named_in_one_message(tmp_path, to
     assert "`reward_processing_classes[0]`" in str(raised.value) and "`reward_processing_classes[2]`" in str(
         raised.value
     )
+
+
+def test_a_dotted_import_path_in_python_says_to_pass_the_object(tmp_path, tokenizer, tiny_config):
+    """Trial 14's N23: `reward_funcs="trl.rewards.accuracy_reward"` (the command line's form) was read as a Hub id and
+    told to download that model. TRL's GRPOTrainer reads every string as a reward model too, so it stays refused,
+    saying to import the function (a class: an instance of it); a string that imports as nothing is left to the Hub
+    id / local path checks."""
+    message = api_value_error(
+        lambda: build(tmp_path, tokenizer, tiny_config, reward_funcs="trl.rewards.accuracy_reward")
+    )
+    assert message.startswith("reward_funcs='trl.rewards.accuracy_reward' is the dotted import path of a function")
+    assert "`from trl.rewards import accuracy_reward`, then `reward_funcs=[accuracy_reward]`" in message
+    assert "HF_HUB_OFFLINE" not in message and "Hub id or local path, as in TRL's GRPOTrainer" in message
+    message = api_value_error(
+        lambda: build(tmp_path, tokenizer, tiny_config, reward_funcs=[exact_match_reward, f"{__name__}.LengthReward"])
+    )
+    assert f"reward_funcs[1]='{__name__}.LengthReward' is the dotted import path of a class" in message
+    assert f"`from {__name__} import LengthReward`, then `reward_funcs=[LengthReward(...)]`" in message
+    message = api_value_error(lambda: build(tmp_path, tokenizer, tiny_config, reward_funcs="no_such_module_x.f"))
+    assert "dotted import path" not in message
+
+
+def api_value_error(call) -> str:
+    with pytest.raises(ValueError) as raised:
+        call()
+    return str(raised.value)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,8 @@ import difflib
 import functools
 import inspect
 import os
+import pkgutil
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -268,7 +270,27 @@ def _check_reward_funcs(value: Any) -> None:
     )
 
 
+DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # `module.function`, as the command line's --reward_funcs
+
+
+def _imported(value: str) -> Any:
+    """What the dotted import path `value` names (`pkgutil.resolve_name`, importing its module), or None when it is
+    not one or does not import: then it is left to be read as a Hub id / local path."""
+    if not DOTTED_NAME.fullmatch(value):
+        return None
+    try:
+        return pkgutil.resolve_name(value)
+    except Exception:  # not a module, no such attribute, or an error raised while importing it
+        return None
+
+
 def _check_reward(name: str, value: Any) -> None:
+    if isinstance(value, type):  # callable, but calling it builds an instance (trial 14's C13)
+        raise TypeError(
+            f"`{name}` is the class {value.__module__}.{value.__qualname__}, not a reward function: each batch would "
+            f"call the class itself, building an instance with the reward keywords. Pass an instance whose "
+            f"`__call__(completions, **kwargs)` returns the rewards (`{value.__name__}(...)`), or a function."
+        )
     if not _is_reward_func(value):
         _refuse(name, value, REWARD_FUNC)
     if isinstance(value, str) and value in REWARD_FUNCTIONS and not os.path.exists(value):
@@ -277,6 +299,16 @@ def _check_reward(name: str, value: Any) -> None:
             f"{name}={value!r} is the command line's name of a built-in reward function; in Python a string is a "
             f"reward model's Hub id or local path. Pass the function: `from trl_trapo.rewards import {function}`, "
             f"then `reward_funcs=[{function}]`."
+        )
+    if isinstance(value, str) and not os.path.exists(value) and callable(target := _imported(value)):
+        # trial 14's N23: TRL's GRPOTrainer, too, reads every string as a reward model (`from_pretrained`)
+        module, _, attribute = value.rpartition(".")
+        instance = f"{attribute}(...)" if isinstance(target, type) else attribute
+        raise ValueError(
+            f"{name}={value!r} is the dotted import path of a {'class' if isinstance(target, type) else 'function'} "
+            "(the command line's --reward_funcs takes that form); in Python a string is a reward model's Hub id or "
+            f"local path, as in TRL's GRPOTrainer. Pass the {'instance' if isinstance(target, type) else 'function'}"
+            f": `from {module} import {attribute}`, then `reward_funcs=[{instance}]`."
         )
     if isinstance(value, nn.Module):
         _check_weights(name, value)
