@@ -416,12 +416,36 @@ def test_a_reward_expecting_the_other_completion_form_is_named_at_construction(f
     assert isinstance(caught.value.__cause__, (IndexError, TypeError, AttributeError))
 
 
-def test_a_reward_failing_on_both_completion_forms_keeps_the_empty_completion_message():
+def numeric_match(completions, answer, **kwargs):
+    return [float(float(c) == float(a)) for c, a in zip(completions, answer)]  # ValueError on an empty completion
+
+
+def test_the_empty_completion_advice_goes_to_a_function_that_fails_on_empty_completions_only():
+    """Trial 14's C13 / C14: "A reward function must also accept an empty completion" was added to every failure of
+    the construction-time check, a class's constructor or an unreachable server included. Now only to a function
+    that scores filled completions (the rows' answers) and fails on the empty ones; a function failing on both, or
+    with an OSError in its error (called once: a second call could wait for the same timeout), is told its error
+    alone."""
     from trl_trapo.rewards import RewardFunctionError, RewardScorer
 
-    scorer = RewardScorer([always_fails], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
-    with pytest.raises(RewardFunctionError, match="must also accept an empty completion"):
-        scorer.preflight([{"prompt": "2+2="}])
+    calls = []
+
+    def unreachable(completions, **kwargs):
+        calls.append(len(completions))
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as error:
+            raise RuntimeError("cannot reach the reward server") from error
+
+    rows = [{"prompt": "2+2=", "answer": "4"}]
+    for func, advised in ((numeric_match, True), (always_fails, False), (unreachable, False)):
+        scorer = RewardScorer([func], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
+        with pytest.raises(RewardFunctionError) as caught:
+            scorer.preflight(rows)
+        message = str(caught.value)
+        assert ("must also accept an empty completion" in message) == advised, message
+        assert f"reward function '{func.__name__}' failed." in message
+    assert calls == [1]
 
 
 def test_every_reward_function_failing_the_construction_time_check_is_named_in_one_message():
@@ -436,21 +460,30 @@ def test_every_reward_function_failing_the_construction_time_check_is_named_in_o
     def needs_solution(completions, solution, **kwargs):
         return [0.0] * len(completions)
 
-    funcs = [always_fails, exact_match_reward, fixed, startswith_think]
-    scorer = RewardScorer(funcs, [None] * 4, [1.0] * 4, build_char_tokenizer(), 8, print, print, lambda: None)
+    def first_turn_is_the_answer(completions, answer, **kwargs):  # IndexError on an empty completion
+        return [float(c[0]["content"][0] == a[0]) for c, a in zip(completions, answer)]
+
+    funcs = [always_fails, exact_match_reward, fixed, startswith_think, first_turn_is_the_answer]
+    scorer = RewardScorer(funcs, [None] * 5, [1.0] * 5, build_char_tokenizer(), 8, print, print, lambda: None)
     rows = [{"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"}] * 2
     with pytest.raises(RewardFunctionError) as caught:
         scorer.preflight(rows, source="`train_dataset`")
     head, *items = str(caught.value).split("\n- ")
     assert head.startswith("In TRAPOTrainer's construction-time check (each reward function is called on the first 2")
-    assert head.endswith(", 3 reward functions failed, each with its error:"), head
+    assert head.endswith(", 4 reward functions failed, each with its error:"), head
     assert [item.split(" failed. ")[0].split(" raised ")[0] for item in items] == [
         "reward function 'always_fails'",
         "reward function 'fixed'",
         "reward function 'startswith_think'",
+        "reward function 'first_turn_is_the_answer'",
     ], items
     assert "returned 1 rewards for 2" in items[1] and "expects strings" in items[2], items
-    assert items[-1].endswith("A reward function must also accept an empty completion (return 0.0 or None for it).")
+    # the advice on empty completions names the one function it is about (trial 14's C13 / C14)
+    assert items[-1].endswith(
+        "A reward function must also accept an empty completion (return 0.0 or None for it) "
+        "('first_turn_is_the_answer' scored filled ones)."
+    ), items[-1]
+    assert "empty completion" not in "".join(items[:-1])
     assert isinstance(caught.value.__cause__, IndexError)  # always_fails's own error
     scorer = RewardScorer([needs_solution], [None], [1.0], build_char_tokenizer(), 8, print, print, lambda: None)
     with pytest.raises(RewardFunctionError) as caught:  # one function: the message as before

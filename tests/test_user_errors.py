@@ -435,6 +435,9 @@ def write_reward_module(folder: Path) -> None:
         "NOT_A_FUNCTION = 3\n"
         "def broken(completions, **kwargs):\n"
         "    return [1.0 / 0 for c in completions]\n"
+        "class LengthReward:\n"
+        "    def __call__(self, completions, **kwargs):\n"
+        "        return [float(len(c)) for c in completions]\n"
     )
 
 
@@ -457,6 +460,13 @@ def test_a_dotted_reward_path_is_imported_from_the_launch_directory(tmp_path, mo
     assert cli.resolve_reward_func("exact_match") is cli.REWARD_FUNCTIONS["exact_match"]
     api_error(lambda: cli.resolve_reward_func("my_rewards.NOT_A_FUNCTION"), "'my_rewards.NOT_A_FUNCTION'", "int")
     api_error(lambda: cli.resolve_reward_func("my_rewards.missing"), "no attribute 'missing'", "exact_match")
+    # trial 14's C13: a class was taken, then its constructor failed on `prompts=` in the construction-time check
+    # ("LengthReward.__init__() got an unexpected keyword argument") with advice about empty completions
+    api_error(
+        lambda: cli.resolve_reward_func("my_rewards.LengthReward"),
+        "--reward_funcs 'my_rewards.LengthReward': 'LengthReward' is a class, not a function",
+        "`length_reward = LengthReward()` in module my_rewards, then `--reward_funcs my_rewards.length_reward`",
+    )
 
 
 def test_a_reward_file_path_is_refused_with_the_dotted_form_of_its_functions(tmp_path, monkeypatch):

@@ -37,7 +37,7 @@ from trl.trainer.utils import (
     pad as pad_tensors,
 )
 
-from .data import INTERNAL_COLUMNS, dataset_columns, eval_datasets
+from .data import COMPLETION_COLUMNS, INTERNAL_COLUMNS, dataset_columns, eval_datasets
 from .models import embedding_safe_pad_id, reward_model_scores
 from .paths import check_model_source, check_tokenizer_source
 
@@ -595,15 +595,17 @@ class RewardScorer:
         Raises:
             RuntimeError, ValueError: as `call_reward_function`, naming the function, the same type, its message
                 prefixed with what this call is (the construction-time check, empty completions, the dataset), the
-                original exception chained. When several functions fail, every one is named in one message (the
+                original exception chained; the advice to accept an empty completion only when the function scores
+                filled ones (each row's answer column, else "0": called again, unless the failure was an OSError). When several functions fail, every one is named in one message (the
                 first one's type and exception).
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
         kwargs = self.reward_kwargs(rows, discard_metric, discard_extra, extra_kwargs)
 
-        def probe(func, name, as_messages: bool) -> None:
-            completions = [[{"role": "assistant", "content": ""}] if as_messages else "" for _ in rows]
+        def probe(func, name, as_messages: bool, texts: list[str] | None = None) -> None:
+            texts = texts or ["" for _ in rows]
+            completions = [[{"role": "assistant", "content": t}] if as_messages else t for t in texts]
             call_reward_function(
                 func,
                 name,
@@ -612,7 +614,28 @@ class RewardScorer:
                 self.loop,
             )
 
+        # trial 14's C13 / C14: the advice on empty completions was added to every failure (a class's constructor, an
+        # unreachable server); it belongs to a function that fails on the empty completion and scores a filled one
+        filled = [str(next((r[c] for c in COMPLETION_COLUMNS if r.get(c) not in (None, "")), "0")) for r in rows]
+
+        def fails_only_when_empty(func, name, error: BaseException | None) -> bool:
+            """Whether `func` scores filled completions (each row's answer column, else "0"): its failure on the
+            empty ones is theirs. Not tried after an OSError (the network, a file): a second call could wait for
+            the same timeout, and the completion is not at fault."""
+            for _ in range(20):
+                if error is None or isinstance(error, OSError):
+                    break
+                error = error.__cause__ or error.__context__
+            if error is not None:
+                return False
+            try:
+                probe(func, name, conversational, filled)
+            except Exception:
+                return False
+            return True
+
         failures = []  # (type, the function's part of the message, the exception to chain, a form message), each
+        empties = []  # the functions that fail on empty completions only
         for func, name in zip(self.funcs, self.names):
             if isinstance(func, nn.Module):
                 continue
@@ -641,6 +664,8 @@ class RewardScorer:
                         failures.append((RewardFunctionError, text, cause, True))
                         continue
                 failures.append((type(error), f"reward function '{name}' failed. {error}", cause or error, False))
+                if fails_only_when_empty(func, name, error):
+                    empties.append(name)
         if not failures:
             return
         columns = sorted(rows[0])
@@ -657,7 +682,12 @@ class RewardScorer:
                 " if these rows are SFT demonstrations (TRL's SFTTrainer takes them as its train_dataset), "
                 "pass them as `sft_dataset=`: `train_dataset` is the RL prompts."
             )
-        empty = " A reward function must also accept an empty completion (return 0.0 or None for it)."
+        empty = ""
+        if empties:  # the functions' names only when some of several failures are about something else
+            which = (
+                "" if len(empties) == len(failures) else f" ({', '.join(repr(n) for n in empties)} scored filled ones)"
+            )
+            empty = f" A reward function must also accept an empty completion (return 0.0 or None for it){which}."
         check = "In TRAPOTrainer's construction-time check (each reward function is called on"
         rest = f"of {source} with empty completions, before anything slow)"
         kind, text, cause, form = failures[0]
@@ -667,7 +697,8 @@ class RewardScorer:
             raise kind(f"{check} the first {len(rows)} row(s) {rest}, {text}{hint}{empty}") from cause
         # every function that fails, in one message (trial 12's N49 sibling: one function was named per run)
         items = "".join(f"\n- {text}" for _, text, _, _ in failures)
-        tail = "" if all(form for *_, form in failures) else "\n" + f"{hint}{empty}".strip()
+        tail = "" if all(form for *_, form in failures) else f"{hint}{empty}".strip()
+        tail = "\n" + tail if tail else ""
         raise kind(
             f"{check} the first {len(rows)} row(s) {rest}, {len(failures)} reward functions failed, each with its "
             f"error:{items}{tail}"

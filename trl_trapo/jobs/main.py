@@ -2096,7 +2096,7 @@ def resolve_reward_func(name: str) -> Callable:
     Raises:
         ValueError: naming `--reward_funcs`, the value, the built-in names and the dotted form, if the name is a
             file path (`./my_rewards.py`: the dotted form with the file's functions), is not built in and has no dot, its module cannot be imported, the module has no such attribute, or the
-            attribute is not callable.
+            attribute is not callable or is a class (a module-level instance of it is named as the fix).
     """
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
@@ -2123,6 +2123,15 @@ def resolve_reward_func(name: str) -> Callable:
         raise ValueError(f"--reward_funcs {name!r}: module {module_name!r} has no attribute {attribute!r}. {fix}")
     if not callable(func):
         raise ValueError(f"--reward_funcs {name!r}: {attribute!r} is a {type(func).__name__}, not a function. {fix}")
+    if isinstance(func, type):  # callable, but calling it builds an instance (trial 14's C13)
+        instance = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", attribute).lower()
+        instance = instance if instance != attribute else f"{attribute}_instance"
+        raise ValueError(
+            f"--reward_funcs {name!r}: {attribute!r} is a class, not a function: the trainer would call the class "
+            f"itself, building an instance with the reward keywords. Fix: name a function, or a module-level instance "
+            f"of the class: `{instance} = {attribute}()` in module {module_name}, then `--reward_funcs "
+            f"{module_name}.{instance}`."
+        )
     return func
 
 
