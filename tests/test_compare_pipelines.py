@@ -82,9 +82,11 @@ def test_serial_budget_split_follows_trapo_curriculum():
     assert compare_pipelines.split_budget(10, (0.0, 0.05, 0.95)) == [0, 1, 9]
 
 
-def test_bad_arguments_fail_before_any_run(tmp_path):
-    with pytest.raises(ValueError, match="eval_every"):
+def test_bad_arguments_fail_before_any_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         compare_pipelines.main(["--output_dir", str(tmp_path), "--eval_every", "2"])
+    assert exit_.value.code == 2
+    assert "argument --eval_every: 2 is invalid: use a number in (0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
@@ -127,7 +129,7 @@ def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     assert again["summary"] == summary
 
 
-def test_lr_from_reuses_an_earlier_search_and_checks_it(tmp_path):
+def test_lr_from_reuses_an_earlier_search_and_checks_it(tmp_path, capsys):
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps({"lr_search": {"trapo": {"learning_rate": 6e-4, "rl_phase_learning_rate": None}}}))
     rates = compare_pipelines.searched_rates(str(meta), ["trapo", "trapo_static"])
@@ -136,8 +138,9 @@ def test_lr_from_reuses_an_earlier_search_and_checks_it(tmp_path):
         compare_pipelines.searched_rates(str(meta), ["serial", "trapo"])
     with pytest.raises(ValueError, match="cannot read it"):
         compare_pipelines.searched_rates(str(tmp_path / "missing.json"), ["trapo"])
-    with pytest.raises(ValueError, match="drop --lr_search"):
+    with pytest.raises(SystemExit) as exit_:  # parser.error: usage and the fix, status 2
         compare_pipelines.main(["--output_dir", str(tmp_path), "--lr_from", str(meta), "--lr_search"])
+    assert exit_.value.code == 2 and "drop --lr_search" in capsys.readouterr().err
 
 
 def test_a_cached_run_is_reused_only_for_the_same_settings_and_code(tmp_path):
@@ -236,7 +239,7 @@ def test_paired_component_table_pairs_by_seed():
 
 
 @pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
-def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_path):
+def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_path, capsys):
     """`--methods distill_trl`: TRL's DistillationTrainer on the RL prompts from the main job's teacher, evaluated at
     the same checkpoints as TRAPO; the teacher is required, and so is a fixed learning rate."""
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
@@ -248,8 +251,9 @@ def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_p
     out = tmp_path / "cmp"
     common = ["--quick", "--output_dir", str(out), "--max_steps", "6", "--eval_every", "0.5", "--heldout_docs", "40"]
     common += ["--eval_per_split_family", "4", "--methods", "distill_trl", "trapo"]
-    with pytest.raises(ValueError, match="--no-lr_search"):
+    with pytest.raises(SystemExit) as exit_:  # parser.error: usage and the fix, status 2
         compare_pipelines.main([*common, "--lr_search"])
+    assert exit_.value.code == 2 and "--no-lr_search" in capsys.readouterr().err
     report = compare_pipelines.main([*common, "--teacher_model_name_or_path", str(teacher)])
     assert set(report["summary"]) == {"distill_trl", "trapo"}
     run = json.loads((out / "runs" / "distill_trl-seed0" / "result.json").read_text())

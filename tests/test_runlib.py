@@ -243,6 +243,60 @@ def test_run_cached_reuses_only_a_result_of_the_same_key(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# command lines: range types, configuration refusals as usage errors
+# ---------------------------------------------------------------------------------------------------------------------
+def test_range_types_parse_inside_and_refuse_outside_with_argparses_error(capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="bench.py")
+    parser.add_argument("--steps", type=runlib.positive_int, default=20)
+    parser.add_argument("--seed", type=runlib.seed_int, default=0)
+    parser.add_argument("--share", type=runlib.fraction, nargs="+", default=[1.0])
+    parser.add_argument("--delay", type=runlib.non_negative_float, default=0.2)
+    args = parser.parse_args(["--steps", "1", "--seed", str(2**32 - 1), "--share", "0.5", "1", "--delay", "0"])
+    assert (args.steps, args.seed, args.share, args.delay) == (1, 2**32 - 1, [0.5, 1.0], 0.0)
+    for argv, message in (
+        (["--steps", "0"], "argument --steps: 0 is invalid: use an integer >= 1."),
+        (["--steps", "-3"], "argument --steps: -3 is invalid: use an integer >= 1."),
+        (["--steps", "1.5"], "argument --steps: '1.5' is not an integer >= 1."),
+        (["--seed", str(2**32)], f"argument --seed: {2**32} is invalid: use an integer in [0, {2**32 - 1}]."),
+        (["--share", "0.5", "0"], "argument --share: 0 is invalid: use a number in (0, 1]."),
+        (["--delay", "nan"], "argument --delay: nan is invalid: use a number >= 0."),
+        (["--delay", "inf"], "argument --delay: inf is invalid: use a number >= 0."),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: bench.py") and f"bench.py: error: {message}" in err, (argv, err)
+    assert runlib.float_range().describe() == "a finite number" and not runlib.float_range().contains(math.inf)
+    assert runlib.int_range(2, 5).describe() == "an integer in [2, 5]" and runlib.int_range(2, 5).contains(5)
+    with pytest.raises(ValueError, match="kind=<class 'str'>"):
+        runlib.NumberRange(str)
+
+
+def test_a_config_refusal_is_a_usage_error_naming_the_scripts_flag(tmp_path, capsys):
+    import argparse
+
+    from trl_trapo import TRAPOConfig
+
+    parser = argparse.ArgumentParser(prog="bench.py")
+    with pytest.raises(SystemExit) as exit_, runlib.config_refusals_as_usage(parser, {"max_steps": "--steps"}):
+        TRAPOConfig(output_dir=str(tmp_path), max_steps=0)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "bench.py: error: argument --steps: TRAPOConfig.max_steps=0 is invalid: " in err and "Traceback" not in err
+    with pytest.raises(SystemExit), runlib.config_refusals_as_usage(parser):  # no flag for the field: the message
+        TRAPOConfig(output_dir=str(tmp_path), max_steps=0)
+    assert "bench.py: error: TRAPOConfig.max_steps=0 is invalid: " in capsys.readouterr().err
+    with (
+        pytest.raises(ValueError, match="not a refusal"),
+        runlib.config_refusals_as_usage(parser, {"max_steps": "-s"}),
+    ):
+        raise ValueError("not a refusal: a bug keeps its traceback")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # the machine, the files
 # ---------------------------------------------------------------------------------------------------------------------
 def test_machine_info_names_what_the_numbers_depend_on():

@@ -41,6 +41,10 @@ from trl_trapo.jobs.agent import build_data, evaluate, parse_args  # noqa: E402
 from trl_trapo.tasks.agent import multiply as instant_multiply  # noqa: E402
 
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import non_negative_float, non_negative_int, positive_int, seed_int  # noqa: E402
+
+
 DELAY = float(os.environ.get("TRAPO_TOOL_DELAY", "0.2"))  # read again by the producer (spawn re-imports this file)
 
 
@@ -114,16 +118,21 @@ def run(seed: int, asynchronous: bool, options, work_dir: str) -> dict:
     return result
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max_steps", type=positive_int, default=60)
+    parser.add_argument("--max_staleness", type=non_negative_int, default=2)
+    parser.add_argument("--num_traces", type=positive_int, default=2000, help="SFT traces (the job's default is 8000)")
+    parser.add_argument("--delay", type=non_negative_float, default=DELAY, help="seconds per tool call")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     global DELAY
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--max_steps", type=int, default=60)
-    parser.add_argument("--max_staleness", type=int, default=2)
-    parser.add_argument("--num_traces", type=int, default=2000, help="SFT traces (the job's default is 8000)")
-    parser.add_argument("--delay", type=float, default=DELAY, help="seconds per tool call")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    options = parser.parse_args(argv)
+    options = make_parser().parse_args(argv)
     os.environ["TRAPO_TOOL_DELAY"] = str(options.delay)  # the producer's copy of `multiply` reads it at import
     DELAY = options.delay
     print(f"torch threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, tool delay {DELAY} s")

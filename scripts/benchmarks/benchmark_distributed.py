@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "experiments"))  # runlib
 
-from runlib import child_env, run_child  # noqa: E402
+from runlib import child_env, int_range, positive_int, run_child  # noqa: E402
 
 
 SETUPS = {  # name -> (accelerate config or None for a plain process, processes, threads multiplier)
@@ -73,11 +73,16 @@ def run(name: str, steps: int, threads: int, output_dir: str) -> dict:
     return {"processes": processes, "ends": record["step_end_times"]}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (counts refused below 1: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the median")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    parser.add_argument(
+        "--steps", type=int_range(2), default=24, help="optimizer steps per run (>= 2: warm-up, then timed)"
+    )
+    parser.add_argument(
+        "--warmup", type=positive_int, default=4, help="first steps left out of the median (1 to --steps - 1)"
+    )
+    parser.add_argument("--threads", type=positive_int, default=1, help="intra-op threads per process")
     parser.add_argument(
         "--only",
         nargs="*",
@@ -85,8 +90,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         default=[name for name in SETUPS if name != "1proc-2threads"],
         help="setups to run (1proc-2threads is opt-in: two OpenMP threads collapse when other jobs share the cores)",
     )
-    parser.add_argument("--rows_per_device", type=int, default=64, help="per-device rows per step (32 x 2 default)")
+    parser.add_argument(
+        "--rows_per_device", type=positive_int, default=64, help="per-device rows per step (32 x 2 default)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = make_parser()
     args = parser.parse_args(argv)
+    if args.warmup >= args.steps:  # the median needs a step time after the warm-up
+        parser.error(
+            f"argument --warmup: {args.warmup} is invalid: use 1 to --steps - 1 = {args.steps - 1} (a timed step "
+            "must remain after the warm-up)."
+        )
     rows = []
     for name in args.only:
         with tempfile.TemporaryDirectory(prefix=f"trapo-bench-{name}-") as output_dir:

@@ -34,6 +34,9 @@ import torch
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))  # runlib
+
+from runlib import float_range, fraction, non_negative_float, positive_int, seed_int  # noqa: E402
 
 from trl_trapo.sampler_correction import MODES, kept_support_logps, sampler_importance_weights  # noqa: E402
 
@@ -78,20 +81,42 @@ def measure(log_ratio: torch.Tensor, mode: str, clip_max: float | None, clip_min
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048], help="completion lengths")
-    parser.add_argument("--rows", type=int, default=64, help="completions per length")
-    parser.add_argument("--vocab", type=int, default=1024, help="vocabulary size of the synthetic logits")
-    parser.add_argument("--scale", type=float, default=4.0, help="standard deviation of the synthetic logits")
-    parser.add_argument("--noise", type=float, default=0.0, help="extra Gaussian noise on the sampler's logits")
-    parser.add_argument("--top_p", type=float, default=1.0, help="the sampler's top-p (1: none)")
     parser.add_argument(
-        "--clip_max", type=float, default=3.0, help="C_max (TRL's default 3.0); a negative value: None"
+        "--lengths", type=positive_int, nargs="+", default=[512, 1024, 2048], help="completion lengths"
     )
-    parser.add_argument("--clip_min", type=float, default=None, help="C_min (default None, TRL's)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=positive_int, default=64, help="completions per length")
+    parser.add_argument("--vocab", type=positive_int, default=1024, help="vocabulary size of the synthetic logits")
+    parser.add_argument(
+        "--scale", type=non_negative_float, default=4.0, help="standard deviation of the synthetic logits"
+    )
+    parser.add_argument(
+        "--noise", type=non_negative_float, default=0.0, help="extra Gaussian noise on the sampler's logits"
+    )
+    parser.add_argument("--top_p", type=fraction, default=1.0, help="the sampler's top-p in (0, 1] (1: none)")
+    parser.add_argument(
+        "--clip_max", type=float_range(), default=3.0, help="C_max >= 1 (TRL's default 3.0); a negative value: None"
+    )
+    parser.add_argument(
+        "--clip_min", type=float_range(0, 1), default=None, help="C_min in [0, 1] (default None, TRL's)"
+    )
+    parser.add_argument("--seed", type=seed_int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
     args = parser.parse_args(argv)
+    if 0 <= args.clip_max < 1:  # a ratio of 1 (sampler and trainer agree) would be clipped or masked
+        parser.error(
+            f"argument --clip_max: {args.clip_max} is invalid: use a bound >= 1, or a negative value for none."
+        )
+    if args.clip_min is not None and args.clip_max >= 0 and args.clip_min >= args.clip_max:
+        parser.error(f"argument --clip_min: {args.clip_min} is invalid: use a bound below --clip_max={args.clip_max}.")
+    if args.clip_max < 0 and args.clip_min is None:  # TRL's rule: a truncate mode needs a bound
+        parser.error("argument --clip_max: the *_truncate modes need a bound: give --clip_max >= 1 or --clip_min.")
     clip_max = None if args.clip_max < 0 else args.clip_max
     generator = torch.Generator().manual_seed(args.seed)
     print(

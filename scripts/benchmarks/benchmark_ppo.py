@@ -35,7 +35,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "experiments"))  # runlib
 
-from runlib import child_env, peak_rss_mb, run_child  # noqa: E402
+from runlib import child_env, config_refusals_as_usage, int_range, peak_rss_mb, positive_int, run_child  # noqa: E402
 
 
 DEFAULT_TRL_PATH = os.environ.get("TRL112_PATH", "/work/trl112")
@@ -182,21 +182,41 @@ def run_worker(implementation: str, folder: Path, ns: argparse.Namespace) -> dic
     }
 
 
-def main() -> None:
+MAX_PROMPT = 12  # prompt tokens at most (build_assets), within the models' 128 positions
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trl-path", default=DEFAULT_TRL_PATH, help="folder holding TRL 1.12.0 (pip --target)")
-    parser.add_argument("--updates", type=int, default=6, help="rollout batches (the first is warm-up)")
-    parser.add_argument("--batch", type=int, default=8, help="per_device_train_batch_size")
-    parser.add_argument("--accumulation", type=int, default=2, help="gradient_accumulation_steps")
-    parser.add_argument("--mini-batches", type=int, default=1, help="num_mini_batches")
-    parser.add_argument("--epochs", type=int, default=4, help="num_ppo_epochs")
-    parser.add_argument("--response-length", type=int, default=32)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--updates", type=positive_int, default=6, help="rollout batches (the first is warm-up)")
+    parser.add_argument("--batch", type=positive_int, default=8, help="per_device_train_batch_size")
+    parser.add_argument("--accumulation", type=positive_int, default=2, help="gradient_accumulation_steps")
+    parser.add_argument(
+        "--mini-batches", type=positive_int, default=1, help="num_mini_batches (must divide --accumulation)"
+    )
+    parser.add_argument("--epochs", type=positive_int, default=4, help="num_ppo_epochs")
+    parser.add_argument(
+        "--response-length", type=int_range(1, 128 - MAX_PROMPT), default=32, help=f"at most {128 - MAX_PROMPT}"
+    )
+    parser.add_argument("--hidden", type=positive_int, default=128, help="hidden size (a multiple of 4 heads)")
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--vocab", type=int_range(3), default=256, help="vocabulary (>= 3: pad, EOS, a word)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--assets", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main() -> None:
+    parser = make_parser()
     ns = parser.parse_args()
+    if ns.accumulation % ns.mini_batches:
+        parser.error(
+            f"argument --mini-batches: {ns.mini_batches} is invalid: use a divisor of --accumulation="
+            f"{ns.accumulation} (each mini-batch is whole micro-batches)."
+        )
+    if ns.hidden % 4:
+        parser.error(f"argument --hidden: {ns.hidden} is invalid: use a multiple of 4 (the models' attention heads).")
 
     if ns.worker:
         result = run_worker(ns.worker, Path(ns.assets), ns)
@@ -206,6 +226,13 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        from trl_trapo import PPOConfig
+
+        flags = {"per_device_train_batch_size": "--batch", "gradient_accumulation_steps": "--accumulation",
+                 "num_mini_batches": "--mini-batches", "num_ppo_epochs": "--epochs",
+                 "response_length": "--response-length"}  # fmt: skip
+        with config_refusals_as_usage(parser, flags):  # the workers' settings, checked before anything runs
+            PPOConfig(**ppo_kwargs(ns, str(folder / "check")))
         build_assets(folder, ns)
         passthrough = sys.argv[1:]
         env = child_env(1)

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -38,6 +40,10 @@ import torch
 
 from trl_trapo.memory import ReplayBuffer, SumMinTree, Trajectory
 from trl_trapo.memory.replay import compress_tensors
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import config_refusals_as_usage, non_negative_int, positive_float, positive_int  # noqa: E402
 
 
 VOCAB = 151_936
@@ -103,14 +109,15 @@ def time_buffer(make, capacity: int, rl_rows: int, group: int, max_uses: int, st
     }
 
 
-def default_job_step_time(steps: int) -> float:
-    """Mean seconds per optimizer step of examples/trapo.py's built-in job, curriculum compressed into `steps`."""
-    from trl_trapo import TRAPOConfig, TRAPOTrainer
-    from trl_trapo.jobs.main import BUILTIN_DEFAULTS
-    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+def default_job_config(steps: int):
+    """The `TRAPOConfig` of examples/trapo.py's built-in job, curriculum compressed into `steps`.
 
-    tokenizer = build_char_tokenizer()
-    suite = make_task_suite(seed=0)
+    Raises:
+        ValueError: TRAPOConfig's refusal of a setting (`main` checks it before anything is timed).
+    """
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.jobs.main import BUILTIN_DEFAULTS
+
     values = dict(BUILTIN_DEFAULTS)
     values.update(
         output_dir=tempfile.mkdtemp(),
@@ -120,10 +127,20 @@ def default_job_step_time(steps: int) -> float:
         warmup_steps=0,
         disable_tqdm=True,
     )
+    return TRAPOConfig(**values)
+
+
+def default_job_step_time(config) -> float:
+    """Mean seconds per optimizer step of examples/trapo.py's built-in job with `config` (`default_job_config`)."""
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+
+    tokenizer = build_char_tokenizer()
+    suite = make_task_suite(seed=0)
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=suite.reward_funcs,
-        args=TRAPOConfig(**values),
+        args=config,
         train_dataset=suite.rl_train,
         pretrain_dataset=suite.pretrain,
         sft_dataset=suite.sft,
@@ -131,24 +148,44 @@ def default_job_step_time(steps: int) -> float:
     )
     start = time.perf_counter()
     trainer.train()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / config.max_steps
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--capacity", type=positive_int, default=50_000)
+    parser.add_argument(
+        "--job_steps", type=non_negative_int, default=100, help="steps of the default job to time (0: skip)"
+    )
+    parser.add_argument(
+        "--step_time", type=positive_float, default=None, help="use this step time (s) instead of timing"
+    )
+    parser.add_argument(
+        "--rl_rows", type=positive_int, default=38, help="RL rows per step: 64 rows x 0.6 (last phase)"
+    )
+    parser.add_argument("--group", type=positive_int, default=8, help="completions per prompt (num_generations)")
+    parser.add_argument("--max_uses", type=positive_int, default=4, help="num_ppo_epochs")
+    parser.add_argument("--steps", type=positive_int, default=400, help="buffer steps timed per configuration")
+    return parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--capacity", type=int, default=50_000)
-    parser.add_argument("--job_steps", type=int, default=100, help="steps of the default job to time (0: skip)")
-    parser.add_argument("--step_time", type=float, default=None, help="use this step time (s) instead of timing")
-    parser.add_argument("--rl_rows", type=int, default=38, help="RL rows per step: 64 rows x 0.6 (last phase)")
-    parser.add_argument("--group", type=int, default=8, help="completions per prompt (num_generations)")
-    parser.add_argument("--max_uses", type=int, default=4, help="num_ppo_epochs")
-    parser.add_argument("--steps", type=int, default=400, help="buffer steps timed per configuration")
+    parser = make_parser()
     args = parser.parse_args()
+    round_size = math.ceil(args.rl_rows / args.group) * args.group
+    if round_size > args.capacity:  # a step could never find --rl_rows servable trajectories
+        parser.error(
+            f"argument --capacity: {args.capacity} is invalid: it must hold a generation round of {round_size} "
+            f"trajectories (--rl_rows {args.rl_rows} rounded up to whole groups of --group {args.group})."
+        )
     torch.set_num_threads(1)
 
     step_time = args.step_time
     if step_time is None and args.job_steps > 0:
-        step_time = default_job_step_time(args.job_steps)
+        with config_refusals_as_usage(parser, {"max_steps": "--job_steps"}):
+            config = default_job_config(args.job_steps)
+        step_time = default_job_step_time(config)
     print(f"default job: {step_time * 1e3:.1f} ms per optimizer step" if step_time else "default job: not timed")
 
     rng = np.random.default_rng(1)

@@ -60,10 +60,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
 from fetch_smollm2 import default_output_dir, is_complete  # noqa: E402
 from gsm8k_to_trl import clean_solution  # noqa: E402
-from runlib import peak_rss_mb, write_json_atomic  # noqa: E402
+from runlib import (  # noqa: E402
+    config_refusals_as_usage,
+    int_range,
+    non_negative_int,
+    peak_rss_mb,
+    positive_int,
+    write_json_atomic,
+)
 
 
 DATA = __file__.rsplit("/scripts/", 1)[0] + "/examples/data"
+GSM8K_ROWS = 1500  # examples/data/gsm8k/train_first1500.jsonl
 
 
 def gsm8k(n: int) -> list[dict]:
@@ -130,6 +138,45 @@ def benchmark_generate(model, tokenizer, new_tokens: int, num_prompts: int) -> d
     }
 
 
+def trapo_config(args: argparse.Namespace, output_dir: str) -> TRAPOConfig:
+    """The timed TRAPO run's configuration (`--steps`, one more with `--profile`).
+
+    Raises:
+        ValueError: TRAPOConfig's refusal of a setting (`main` checks it before anything is timed).
+    """
+    return TRAPOConfig(
+        output_dir=output_dir,
+        max_steps=args.steps + (1 if args.profile else 0),
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=1e-5,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        activation_checkpointing=False,
+        curriculum_mixtures=[0.25, 0.25, 0.5] * 3,
+        pretrain_max_length=args.pretrain_length,
+        sft_max_length=512,
+        max_prompt_length=256,
+        response_length=args.response_length,
+        num_generations=args.num_generations,
+        num_ppo_epochs=1,
+        seed=0,
+        async_rollouts=args.async_rollouts,
+        max_staleness=args.max_staleness if args.async_rollouts else None,  # used only there (else a warning)
+    )
+
+
+CONFIG_FLAGS = {
+    "max_steps": "--steps",
+    "per_device_train_batch_size": "--batch_size",
+    "pretrain_max_length": "--pretrain_length",
+    "response_length": "--response_length",
+    "num_generations": "--num_generations",
+    "max_staleness": "--max_staleness",
+}
+"""TRAPOConfig field -> the flag that sets it, for a refusal's message."""
+
+
 def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -154,26 +201,7 @@ def benchmark_trapo(model_dir: str, args: argparse.Namespace) -> dict:
     steps = args.steps + (1 if args.profile else 0)
     timer = StepTimer({steps} if args.profile else set())
     with tempfile.TemporaryDirectory() as output_dir:
-        config = TRAPOConfig(
-            output_dir=output_dir,
-            max_steps=steps,
-            per_device_train_batch_size=args.batch_size,
-            learning_rate=1e-5,
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            activation_checkpointing=False,
-            curriculum_mixtures=[0.25, 0.25, 0.5] * 3,
-            pretrain_max_length=args.pretrain_length,
-            sft_max_length=512,
-            max_prompt_length=256,
-            response_length=args.response_length,
-            num_generations=args.num_generations,
-            num_ppo_epochs=1,
-            seed=0,
-            async_rollouts=args.async_rollouts,
-            max_staleness=args.max_staleness,
-        )
+        config = trapo_config(args, output_dir)
         trainer = TRAPOTrainer(
             model,
             reward_funcs=numeric_answer_reward,
@@ -251,22 +279,27 @@ def profile_phases(stats: pstats.Stats) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model_dir", default=None, help="Model folder (default: where fetch_smollm2.py puts it).")
-    parser.add_argument("--new_tokens", type=int, default=160)
-    parser.add_argument("--num_prompts", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--num_generations", type=int, default=4)
-    parser.add_argument("--response_length", type=int, default=64)
-    parser.add_argument("--pretrain_length", type=int, default=256)
+    parser.add_argument("--new_tokens", type=positive_int, default=160)
+    parser.add_argument(
+        "--num_prompts", type=int_range(1, GSM8K_ROWS), default=8, help=f"GSM8K prompts (1 to {GSM8K_ROWS})"
+    )
+    parser.add_argument("--steps", type=positive_int, default=2)
+    parser.add_argument("--batch_size", type=positive_int, default=8)
+    parser.add_argument(
+        "--num_generations", type=int_range(2), default=4, help="completions per prompt (>= 2: no value model)"
+    )
+    parser.add_argument("--response_length", type=positive_int, default=64)
+    parser.add_argument("--pretrain_length", type=int_range(2), default=256)
     parser.add_argument("--profile", action="store_true", help="Profile one extra TRAPO step with cProfile.")
     parser.add_argument("--profile_output", default=None, help="Also write the raw cProfile stats here.")
     parser.add_argument("--skip_generate", action="store_true")
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="torch threads (default 1, as `accelerate launch` uses on CPU; on a machine shared with other jobs more "
         "threads than free cores make every operator wait at OpenMP barriers, and times balloon).",
@@ -277,11 +310,18 @@ def main(argv: list[str] | None = None) -> dict:
         help="Sample in a producer process (its own torch thread) while the trainer trains: the step time then "
         "overlaps generation and rewards; the results add the producer's times and the sampler/trainer log-prob gap.",
     )
-    parser.add_argument("--max_staleness", type=int, default=1, help="With --async_rollouts (default 1).")
+    parser.add_argument("--max_staleness", type=non_negative_int, default=1, help="With --async_rollouts (default 1).")
     parser.add_argument("--output", default=None, help="Write the results as JSON here.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
     args = parser.parse_args(argv)
     if args.async_rollouts and args.profile:
         parser.error("--profile measures one process; with --async_rollouts the rollouts run in another: drop one.")
+    with tempfile.TemporaryDirectory() as output_dir, config_refusals_as_usage(parser, CONFIG_FLAGS):
+        trapo_config(args, output_dir)  # the TRAPO run's settings, checked before anything is timed
     torch.set_num_threads(args.threads)
     model_dir = str(args.model_dir or default_output_dir())
     if not is_complete(model_dir):

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -48,6 +49,10 @@ import trl_trapo.evaluation as evaluation
 import trl_trapo.rollout as rollout
 import trl_trapo.samplers as samplers
 from trl_trapo import TRAPOConfig, TRAPOTrainer
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import config_refusals_as_usage, int_range, non_negative_int, positive_int  # noqa: E402
 
 
 SEQ = 512
@@ -159,23 +164,13 @@ class StepTimer(TrainerCallback):
         self.last = now
 
 
-def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, vocab_size: int) -> list[float]:
-    tokenizer = build_tokenizer(vocab_size)
-    pretrain, sft, rl = datasets(vocab_size)
-    timer = StepTimer()
-    original = rollout.generate
-    # the modules that call `generate`: rollout rounds (the transformers sampler), and sample completions / evaluation
-    callers = (samplers, evaluation)
+def trapo_config(rows: int, steps: int, warmup: int, device: str) -> TRAPOConfig:
+    """The timed TRAPO run's configuration: `warmup + steps` optimizer steps of `rows` rows, every row `SEQ` tokens.
 
-    def timed_generate(*args, **kwargs):
-        start = clock()
-        out = original(*args, **kwargs)
-        timer.generation += clock() - start
-        return out
-
-    for module in callers:
-        module.generate = timed_generate
-    args = TRAPOConfig(
+    Raises:
+        ValueError: TRAPOConfig's refusal of a setting (`main` checks it before anything is timed).
+    """
+    return TRAPOConfig(
         output_dir="/tmp/trapo-benchmark",
         max_steps=warmup + steps,
         per_device_train_batch_size=rows,
@@ -197,6 +192,25 @@ def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, v
         disable_tqdm=True,
         seed=0,
     )
+
+
+def trapo_steps(rows: int, steps: int, warmup: int, critic: bool, device: str, vocab_size: int) -> list[float]:
+    tokenizer = build_tokenizer(vocab_size)
+    pretrain, sft, rl = datasets(vocab_size)
+    timer = StepTimer()
+    original = rollout.generate
+    # the modules that call `generate`: rollout rounds (the transformers sampler), and sample completions / evaluation
+    callers = (samplers, evaluation)
+
+    def timed_generate(*args, **kwargs):
+        start = clock()
+        out = original(*args, **kwargs)
+        timer.generation += clock() - start
+        return out
+
+    for module in callers:
+        module.generate = timed_generate
+    args = trapo_config(rows, steps, warmup, device)
     trainer = TRAPOTrainer(
         build_model(vocab_size),
         reward_funcs=length_reward,
@@ -249,12 +263,15 @@ def rollout_ratio(prompts: int, new_tokens: int, device: str, vocab_size: int, r
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (counts refused below their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=4, help="rows (sequences of 512 tokens) per optimizer step")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument(
+        "--rows", type=positive_int, default=4, help="rows (sequences of 512 tokens) per optimizer step"
+    )
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per run (>= 1)")
+    parser.add_argument("--warmup", type=non_negative_int, default=5, help="untimed first steps per run (>= 0)")
+    parser.add_argument("--vocab_size", type=int_range(4), default=8000, help="synthetic vocabulary (>= 4)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip_critic", action="store_true")
     parser.add_argument(
@@ -270,9 +287,17 @@ def main(argv: list[str] | None = None) -> dict:
         help="process CPU time (default on CPU: other jobs on a shared machine barely change it) or wall time "
         "(default on CUDA)",
     )
-    parser.add_argument("--rollout_prompts", type=int, default=8)
-    parser.add_argument("--rollout_tokens", type=int, default=64)
+    parser.add_argument("--rollout_prompts", type=positive_int, default=8)
+    parser.add_argument("--rollout_tokens", type=positive_int, default=64)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
     args = parser.parse_args(argv)
+    # the TRAPO run's settings, checked before the baseline runs (TRAPOConfig's refusal as a usage error)
+    with config_refusals_as_usage(parser, {"per_device_train_batch_size": "--rows"}):
+        trapo_config(args.rows, args.steps, args.warmup, args.device)
     global MODEL_DIR, CLOCK
     MODEL_DIR = args.model_dir
     clock_name = args.clock or ("cpu" if args.device == "cpu" else "wall")

@@ -40,7 +40,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # runlib
 
-from runlib import child_env, run_child  # noqa: E402
+from runlib import child_env, positive_int, run_child  # noqa: E402
 
 
 JOBS = {"main": "trl_trapo.jobs.main", "vlm": "trl_trapo.jobs.vision", "tools": "trl_trapo.jobs.agent"}
@@ -148,32 +148,38 @@ def table(records: list[dict], arms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring); counts are refused below 1 (`runlib.NumberRange`)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["main", "vlm"])
+    parser.add_argument(
+        "--arms", nargs="+", default=["off", "api", "example", "1"], help="off, api, example, N, N+passive"
+    )
+    parser.add_argument("--max_steps", type=positive_int, default=None, help="steps of the main job (default 30)")
+    parser.add_argument("--vlm_max_steps", type=positive_int, default=None, help="steps of the VLM job (default 20)")
+    parser.add_argument(
+        "--tools_max_steps", type=positive_int, default=None, help="steps of the tools job (default 20)"
+    )
+    parser.add_argument("--job_args", default="", help="extra arguments for every job run, one shell-quoted string")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=1, help="runs per job and arm (the table shows medians)"
+    )
+    parser.add_argument("--busy", action="store_true", help="a busy loop on one core during every run")
+    parser.add_argument("--output_json", default=None, help="write every run, the load and the machine here")
+    return parser
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module docstring).
 
     Raises:
         SystemExit: from argparse, for an unknown job or arm, or a count below 1.
     """
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), default=["main", "vlm"])
-    parser.add_argument(
-        "--arms", nargs="+", default=["off", "api", "example", "1"], help="off, api, example, N, N+passive"
-    )
-    parser.add_argument("--max_steps", type=int, default=None, help="steps of the main job (default 30)")
-    parser.add_argument("--vlm_max_steps", type=int, default=None, help="steps of the VLM job (default 20)")
-    parser.add_argument("--tools_max_steps", type=int, default=None, help="steps of the tools job (default 20)")
-    parser.add_argument("--job_args", default="", help="extra arguments for every job run, one shell-quoted string")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per job and arm (the table shows medians)")
-    parser.add_argument("--busy", action="store_true", help="a busy loop on one core during every run")
-    parser.add_argument("--output_json", default=None, help="write every run, the load and the machine here")
+    parser = make_parser()
     args = parser.parse_args(argv)
     for arm in args.arms:
         if not ARM_PATTERN.match(arm):
             parser.error(f"--arms: unknown arm {arm!r}; use off, api, example, N or N+passive (N >= 1 threads).")
-    for name in ("max_steps", "vlm_max_steps", "tools_max_steps", "repeats"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name}={value}: use a number >= 1.")
     return args
 
 

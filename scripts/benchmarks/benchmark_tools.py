@@ -45,6 +45,10 @@ from trl_trapo.sources import SampledRound
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import int_range, non_negative_float, positive_int, seed_int, write_json_atomic  # noqa: E402
+
+
 GROUP = 2  # completions per prompt
 MAX_CALLS = (
     3  # the prompt (61 tokens) + 3 x (call + result, 58 tokens) + the answer fit the tiny model's 256 positions
@@ -191,21 +195,35 @@ def time_pair(source, scripted: ScriptedTurns, pair: dict, rollouts: int, repeat
     return statistics.median(times["instant"]), statistics.median(times["slow"])
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=8, help="rollouts per round (an even number)")
-    parser.add_argument("--calls", type=int, default=2, help="rounds of tool calls per rollout (turns: calls + 1)")
-    parser.add_argument("--delay", type=float, default=0.2, help="seconds the slow tool takes")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per setting (median), after 1 warm-up")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rollouts", type=int_range(GROUP), default=8, help=f"rollouts per round (a multiple of {GROUP})"
+    )
+    parser.add_argument(
+        "--calls",
+        type=int_range(1, MAX_CALLS),
+        default=2,
+        help=f"rounds of tool calls per rollout, 1 to {MAX_CALLS} (turns: calls + 1; the prompt, {MAX_CALLS} calls "
+        "with their results and the answer fill the tiny model's 256 positions)",
+    )
+    parser.add_argument("--delay", type=non_negative_float, default=0.2, help="seconds the slow tool takes")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed rounds per setting (median), after 1 warm-up"
+    )
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    return parser
+
+
+def main() -> None:
+    parser = make_parser()
     options = parser.parse_args()
-    if options.rollouts < GROUP or options.rollouts % GROUP:
-        parser.error(f"--rollouts={options.rollouts}: use an even number >= {GROUP} ({GROUP} completions per prompt).")
-    if not 1 <= options.calls <= MAX_CALLS:
+    if options.rollouts % GROUP:
         parser.error(
-            f"--calls={options.calls}: use 1 to {MAX_CALLS} rounds of tool calls (the prompt, {MAX_CALLS} calls with "
-            "their results and the answer fill the tiny model's 256 positions)."
+            f"argument --rollouts: {options.rollouts} is invalid: use a multiple of {GROUP} ({GROUP} completions per "
+            "prompt)."
         )
     logging.getLogger("trl_trapo").setLevel(logging.ERROR)
     datasets.disable_progress_bars()
@@ -239,9 +257,6 @@ def main() -> None:
     finally:
         source.close()
     if options.json:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))
-        from runlib import write_json_atomic
-
         write_json_atomic(options.json, results, indent=2, sort_keys=False, newline=False)
         print(f"wrote {options.json}")
 

@@ -91,7 +91,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts", "experiments"))  # the serial pipeline's stage configurations
 
 from compare_pipelines import stage_configs  # noqa: E402
-from runlib import go_offline, launch_worker, peak_rss_mb, read_json, write_json_atomic  # noqa: E402
+from runlib import (  # noqa: E402
+    go_offline,
+    int_range,
+    launch_worker,
+    non_negative_float,
+    peak_rss_mb,
+    positive_int,
+    read_json,
+    seed_int,
+    write_json_atomic,
+)
 
 
 RUNS = (
@@ -778,18 +788,19 @@ def make_parser() -> argparse.ArgumentParser:
     """The command line (sizes in units, lengths in tokens)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model and batch, 1 + 2 steps: a smoke run")
-    for name, help_text in (
-        ("hidden_size", "model hidden size"),
-        ("intermediate_size", "MLP size"),
-        ("num_layers", "decoder layers"),
-        ("num_heads", "attention heads (= key/value heads)"),
-        ("batch_size", "rows (completions for RL) per optimizer step"),
-        ("num_generations", "RL completions per prompt (must divide --batch_size)"),
-        ("seq_len", "RL: completion length (response_length = max_completion_length); SFT: tokens per row"),
-        ("steps", "measured optimizer steps per run"),
-        ("warmup", "warm-up optimizer steps per run, excluded from the medians"),
-    ):
-        parser.add_argument(f"--{name}", type=int, default=None, help=f"{help_text} (default {DEFAULTS[name]}; "
+    for name, kind, help_text in (
+        ("hidden_size", positive_int, "model hidden size"),
+        ("intermediate_size", positive_int, "MLP size"),
+        ("num_layers", positive_int, "decoder layers"),
+        ("num_heads", positive_int, "attention heads (= key/value heads; must divide --hidden_size)"),
+        ("batch_size", positive_int, "rows (completions for RL) per optimizer step"),
+        ("num_generations", int_range(2), "RL completions per prompt, >= 2 (must divide --batch_size)"),
+        ("seq_len", int_range(8), "RL: completion length (response_length = max_completion_length); SFT: tokens per "
+         "row; >= 8"),
+        ("steps", positive_int, "measured optimizer steps per run"),
+        ("warmup", positive_int, "warm-up optimizer steps per run, excluded from the medians"),
+    ):  # fmt: skip
+        parser.add_argument(f"--{name}", type=kind, default=None, help=f"{help_text} (default {DEFAULTS[name]}; "
                             f"--quick {QUICK_DEFAULTS[name]})")  # fmt: skip
     parser.add_argument(
         "--natural_lengths",
@@ -797,12 +808,14 @@ def make_parser() -> argparse.ArgumentParser:
         help="let RL completions stop at EOS (default: min_new_tokens = --seq_len, so both trainers generate and "
         "train on exactly --seq_len completion tokens per row)",
     )
-    parser.add_argument("--kl_coef", type=float, default=0.05, help="TRAPO kl_coef = GRPO beta")
-    parser.add_argument("--logging_steps", type=int, default=10, help="Trainer logging interval (both trainers)")
-    parser.add_argument("--seed", type=int, default=0, help="model initialisation, data and trainer seed")
+    parser.add_argument("--kl_coef", type=non_negative_float, default=0.05, help="TRAPO kl_coef = GRPO beta")
+    parser.add_argument(
+        "--logging_steps", type=positive_int, default=10, help="Trainer logging interval (both trainers)"
+    )
+    parser.add_argument("--seed", type=seed_int, default=0, help="model initialisation, data and trainer seed")
     parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help="default: cuda when available")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads per run (default 1: stable on a shared machine)"
+        "--threads", type=positive_int, default=1, help="torch threads per run (default 1: stable on a shared machine)"
     )
     parser.add_argument(
         "--clock",
@@ -823,8 +836,13 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill unset options from `QUICK_DEFAULTS` (`--quick`) or `DEFAULTS`, and check them."""
+def resolve_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill unset options from `QUICK_DEFAULTS` (`--quick`) or `DEFAULTS`, and check the values valid only together
+    (each alone is `make_parser`'s range type).
+
+    Raises:
+        SystemExit: `parser.error` (status 2) for settings that do not fit together, or unknown `--comparisons`.
+    """
     defaults = QUICK_DEFAULTS if args.quick else DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -835,22 +853,22 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.clock is None:
         args.clock = "wall" if args.device == "cuda" else "cpu"
-    if args.threads < 1:
-        raise ValueError(f"--threads={args.threads} must be >= 1.")
-    if args.warmup < 1 or args.steps < 1:
-        raise ValueError(f"--warmup={args.warmup} and --steps={args.steps} must be >= 1.")
-    if args.num_generations < 2 or args.batch_size % args.num_generations:
-        raise ValueError(
-            f"--num_generations={args.num_generations} must be >= 2 and divide --batch_size={args.batch_size}."
+    if args.batch_size % args.num_generations:
+        parser.error(
+            f"argument --num_generations: {args.num_generations} is invalid: use a divisor of --batch_size="
+            f"{args.batch_size}."
         )
     if args.hidden_size % args.num_heads:
-        raise ValueError(f"--num_heads={args.num_heads} must divide --hidden_size={args.hidden_size}.")
-    if args.seq_len < 8:
-        raise ValueError(f"--seq_len={args.seq_len} must be >= 8.")
+        parser.error(
+            f"argument --num_heads: {args.num_heads} is invalid: use a divisor of --hidden_size={args.hidden_size}."
+        )
     comparisons = [c for c in args.comparisons.split(",") if c]
     unknown = sorted(set(comparisons) - set(TRL_TRAINER))
     if unknown or not comparisons:
-        raise ValueError(f"--comparisons={args.comparisons!r}: choose among {sorted(TRL_TRAINER)}, comma-separated.")
+        parser.error(
+            f"argument --comparisons: {args.comparisons!r} is invalid: choose among {sorted(TRL_TRAINER)}, "
+            "comma-separated."
+        )
     args.comparisons = ",".join(c for c in TRL_TRAINER if c in comparisons)
     return args
 
@@ -858,11 +876,12 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """Run the four runs, print the table and return (and with `--output_json`, write) the results: `records`
     (one per run, named `<objective>_<trainer>`), `ratios` (TRAPO / TRL), `targets`, `settings` and `total_s`."""
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if args._worker:
         worker(args._worker)
         return {}
-    args = resolve_defaults(args)
+    args = resolve_defaults(args, parser)
     go_offline()
     started = time.perf_counter()
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="benchmark-trainers-")

@@ -41,7 +41,18 @@ sys.path.insert(0, os.path.join(ROOT, "scripts", "benchmarks"))
 
 from benchmark_trainers import GenerationMeter, make_step_timer  # noqa: E402
 from compare_pipelines import stage_configs  # noqa: E402
-from runlib import launch_worker, peak_rss_mb, read_json, versions, write_json_atomic  # noqa: E402
+from runlib import (  # noqa: E402
+    config_refusals_as_usage,
+    int_range,
+    launch_worker,
+    non_negative_int,
+    peak_rss_mb,
+    positive_int,
+    read_json,
+    seed_int,
+    versions,
+    write_json_atomic,
+)
 
 
 TARGET = 1.10
@@ -192,13 +203,19 @@ def launch(spec: dict) -> dict:
 def make_parser() -> argparse.ArgumentParser:
     """The benchmark's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default 8; --quick: 4)")
-    parser.add_argument("--num_generations", type=int, default=None, help="completions per prompt (4; --quick: 2)")
-    parser.add_argument("--seq_len", type=int, default=12, help="completion tokens (the VLM job's response_length)")
-    parser.add_argument("--warmup", type=int, default=None, help="warm-up steps, not measured (2; --quick: 1)")
-    parser.add_argument("--steps", type=int, default=None, help="measured steps (10; --quick: 2)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--seed", type=int, default=0, help="model and task seed")
+    parser.add_argument("--prompts", type=positive_int, default=None, help="prompts per step (default 8; --quick: 4)")
+    parser.add_argument(
+        "--num_generations", type=int_range(2), default=None, help="completions per prompt, >= 2 (4; --quick: 2)"
+    )
+    parser.add_argument(
+        "--seq_len", type=positive_int, default=12, help="completion tokens (the VLM job's response_length)"
+    )
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=None, help="warm-up steps, not measured (2; --quick: 1)"
+    )
+    parser.add_argument("--steps", type=positive_int, default=None, help="measured steps (10; --quick: 2)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per run")
+    parser.add_argument("--seed", type=seed_int, default=0, help="model and task seed")
     parser.add_argument("--quick", action="store_true", help="a few steps, a small batch: the harness")
     parser.add_argument("--output_json", default=None, help="results (default docs/results/vlm/cost.json)")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
@@ -214,7 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     Raises:
         RuntimeError: if a run fails.
     """
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if args._worker:
         worker(args._worker)
         return {}
@@ -223,10 +241,13 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, small if quick else full)
     output = args.output_json or (None if quick else OUTPUT)
-    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
-
     settings = {k: getattr(args, k) for k in ("prompts", "num_generations", "seq_len", "warmup", "steps", "threads")}
     settings["seed"] = args.seed
+    flags = {"num_generations": "--num_generations", "response_length": "--seq_len", "seed": "--seed"}
+    with tempfile.TemporaryDirectory(prefix="bench-vlm-") as workdir, config_refusals_as_usage(parser, flags):
+        trapo_config(settings, workdir)  # both runs' settings, checked before the model is built
+    from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
+
     runs = {}
     with tempfile.TemporaryDirectory(prefix="bench-vlm-") as workdir:
         model_dir = os.path.join(workdir, "model")

@@ -65,6 +65,10 @@ from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from trl_trapo.weighting import WEIGHTINGS  # noqa: E402
 
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import int_range, non_negative_int, positive_int  # noqa: E402
+
+
 JOB_STEPS = 1000  # the main job's max_steps (BUILTIN_DEFAULTS): its DARE update interval is ceil(sqrt(1000))
 JOB_INTERVAL = math.ceil(math.sqrt(JOB_STEPS))
 OWN_CALLS = ("step_weights", "begin_step", "accumulate", "finish_step")  # the trainer's calls to `trainer.dare`
@@ -364,16 +368,28 @@ def load_average() -> str:
         return "unknown"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command line (counts refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", nargs="+", default=list(WEIGHTINGS), choices=WEIGHTINGS)
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run (default 30)")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--warmup", type=int, default=5, help="first steps of a run left out (default 5)")
-    parser.add_argument("--update_interval", type=int, default=5, help="dare_update_interval of the runs (default 5)")
+    parser.add_argument("--steps", type=int_range(2), default=30, help="optimizer steps per run, >= 2 (default 30)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument(
+        "--warmup", type=non_negative_int, default=5, help="first steps of a run left out, < --steps - 1 (default 5)"
+    )
+    parser.add_argument(
+        "--update_interval", type=positive_int, default=5, help="dare_update_interval of the runs (default 5)"
+    )
     parser.add_argument("--model_name_or_path", default=None, help="a model folder (default: the built-in tiny model)")
     parser.add_argument("--json", default=None, help="also write the result here (atomically)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
     args = parser.parse_args(argv)
+    if args.warmup >= args.steps - 1:  # a run needs timed steps after its warm-up
+        parser.error(f"argument --warmup: {args.warmup} is invalid: use 0 to --steps - 2 = {args.steps - 2}.")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     log(f"load average before: {load_average()}; torch threads 1; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     try:

@@ -60,6 +60,17 @@ import urllib.request
 import torch
 
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments"))  # runlib
+from runlib import (  # noqa: E402
+    config_refusals_as_usage,
+    int_range,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+
+
 QWEN25_05B = dict(  # Qwen/Qwen2.5-0.5B-Instruct's config.json (architecture fields)
     model_type="qwen2",
     vocab_size=151936,
@@ -594,31 +605,66 @@ def run_async_server_check(args, device: torch.device) -> list[dict]:
         return []
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+CONFIG_FLAGS = {
+    "per_device_train_batch_size": "--rows",
+    "pretrain_max_length": "--seq_len",
+    "sft_max_length": "--seq_len",
+    "response_length": "--response_length",
+}
+"""TRAPOConfig field -> the flag that sets it, for a refusal's message."""
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The check's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model with a 512-token vocabulary (CPU test)")
-    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed first steps")
-    parser.add_argument("--rows", type=int, default=16, help="rows per optimizer step")
-    parser.add_argument("--seq_len", type=int, default=512, help="pretraining / SFT row length (tokens)")
-    parser.add_argument("--response_length", type=int, default=128, help="generated tokens per completion")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="dense peak TFLOP/s (default: from GPU name)")
-    parser.add_argument("--time_budget_s", type=float, default=420, help="skip the vLLM run after this many seconds")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed first steps")
+    parser.add_argument("--rows", type=positive_int, default=16, help="rows per optimizer step")
+    parser.add_argument(
+        "--seq_len", type=int_range(2), default=512, help="pretraining / SFT row length (tokens, >= 2)"
+    )
+    parser.add_argument("--response_length", type=positive_int, default=128, help="generated tokens per completion")
+    parser.add_argument(
+        "--peak_tflops", type=positive_float, default=None, help="dense peak TFLOP/s (default: from GPU name)"
+    )
+    parser.add_argument(
+        "--time_budget_s", type=non_negative_float, default=420, help="skip the vLLM run after this many seconds"
+    )
     parser.add_argument("--no_vllm", action="store_true", help="skip the vLLM runs even if vLLM is importable")
-    parser.add_argument("--async_steps", type=int, default=8, help="optimizer steps of the async vLLM server run")
-    parser.add_argument("--async_server_start_s", type=float, default=300, help="wait this long for the server")
-    parser.add_argument("--async_timeout_s", type=float, default=420, help="stop the async vLLM server run after")
-    parser.add_argument("--async_budget_s", type=float, default=600,
+    parser.add_argument(
+        "--async_steps", type=positive_int, default=8, help="optimizer steps of the async vLLM server run"
+    )
+    parser.add_argument(
+        "--async_server_start_s", type=positive_float, default=300, help="wait this long for the server"
+    )
+    parser.add_argument(
+        "--async_timeout_s", type=positive_float, default=420, help="stop the async vLLM server run after"
+    )
+    parser.add_argument("--async_budget_s", type=non_negative_float, default=600,
                         help="skip the async vLLM server run when the runs before it took longer")  # fmt: skip
     parser.add_argument("--async_only", action="store_true", help="only the async vLLM server run (a short check)")
     parser.add_argument("--pairs_only", action="store_true",
                         help="only the vLLM x tools and vLLM x images runs (issue 40's sampler stage)")  # fmt: skip
-    parser.add_argument("--pair_steps", type=int, default=3, help="optimizer steps of each vLLM x tools / images run")
+    parser.add_argument(
+        "--pair_steps", type=positive_int, default=3, help="optimizer steps of each vLLM x tools / images run"
+    )
     parser.add_argument("--async_try_push", action="store_true",
                         help="on one GPU, try the NCCL weight pushes to the server anyway")  # fmt: skip
     parser.add_argument("--async_server_child", default=None, help=argparse.SUPPRESS)  # internal: the child's JSON
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = make_parser()
     args = parser.parse_args(argv)
+    with config_refusals_as_usage(parser, CONFIG_FLAGS):  # a TRAPOConfig refusal: a usage error, no traceback
+        return run_all(args)
+
+
+def run_all(args: argparse.Namespace) -> list[dict]:
+    """The runs `args` selects (see the module docstring); their records."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -90,12 +90,17 @@ def render_block(step: dict, before: dict, after: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> str:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (no numeric argument)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--write_docs", action="store_true", help="write the block between the markers of docs/results/real_model.md"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = make_parser().parse_args(argv)
     block = render_block(
         load("smollm2_step.json"), load("smollm2_profile_before.json"), load("smollm2_profile_after.json")
     )

@@ -433,37 +433,58 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny random model with SmolLM2's tokenizer")
     parser.add_argument("--model", default=None, help="model folder (default: the recipe's SmolLM2, or --quick's)")
-    parser.add_argument("--max_steps", type=int, default=None, help="optimizer steps (default 20; --quick 2)")
-    parser.add_argument("--prompts", type=int, default=None, help="prompts per step (default 16; --quick 4)")
-    parser.add_argument("--num_generations", type=int, default=2, help="completions per prompt")
-    parser.add_argument("--max_tool_calling_iterations", type=int, default=2, help="rounds of calls per rollout")
     parser.add_argument(
-        "--response_length", type=int, default=None, help="token budget of a whole rollout (default 256; --quick 96)"
+        "--max_steps", type=runlib.positive_int, default=None, help="optimizer steps (default 20; --quick 2)"
+    )
+    parser.add_argument(
+        "--prompts", type=runlib.positive_int, default=None, help="prompts per step (default 16; --quick 4)"
+    )
+    parser.add_argument(
+        "--num_generations", type=runlib.int_range(2), default=2, help="completions per prompt (>= 2: a group)"
+    )
+    parser.add_argument(
+        "--max_tool_calling_iterations", type=runlib.positive_int, default=2, help="rounds of calls per rollout"
+    )
+    parser.add_argument(
+        "--response_length",
+        type=runlib.positive_int,
+        default=None,
+        help="token budget of a whole rollout (default 256; --quick 96)",
     )
     parser.add_argument(
         "--micro_batch",
-        type=int,
+        type=runlib.positive_int,
         default=None,
         help="rows per forward/backward (default 8; --quick 4); it must "
         "divide --prompts x --num_generations, the step's rows, which gradient accumulation gathers",
     )
     parser.add_argument(
         "--sft_traces",
-        type=int,
+        type=runlib.non_negative_int,
         default=0,
         help="SFT rows per step of GSM8K tool-calling traces (gsm8k_tool_trace) "
         "next to the RL rows, from the problems after --train_rows (default 0: RL only)",
     )
-    parser.add_argument("--sft_max_length", type=int, default=768, help="tokens of a trace (system turn with tools "
-                        "~260, question, solution; the longest of rows 1,000-1,160 is 748)")  # fmt: skip
     parser.add_argument(
-        "--train_rows", type=int, default=None, help="the first GSM8K rows, the RL prompts (default 1,000; --quick 32)"
+        "--sft_max_length",
+        type=runlib.positive_int,
+        default=768,
+        help="tokens of a trace (system turn with tools ~260, question, solution; the longest of rows 1,000-1,160 is "
+        "748)",
     )
-    parser.add_argument("--learning_rate", type=float, default=None, help="default: the recipe's")
-    parser.add_argument("--temperature", type=float, default=None, help="default: the recipe's")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples", type=int, default=4, help="completions kept per step (and as many with calls)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--train_rows",
+        type=runlib.positive_int,
+        default=None,
+        help="the first GSM8K rows, the RL prompts (default 1,000; --quick 32)",
+    )
+    parser.add_argument("--learning_rate", type=runlib.positive_float, default=None, help="default: the recipe's")
+    parser.add_argument("--temperature", type=runlib.positive_float, default=None, help="default: the recipe's")
+    parser.add_argument("--seed", type=runlib.seed_int, default=0)
+    parser.add_argument(
+        "--samples", type=runlib.non_negative_int, default=4, help="completions kept per step (and as many with calls)"
+    )
+    parser.add_argument("--threads", type=runlib.positive_int, default=1, help="torch threads")
     parser.add_argument("--work_dir", default="agents-real-output", help="the stand-in model and the trainer's folder")
     parser.add_argument("--output", default=None, help=f"results JSON (default {OUTPUT.relative_to(ROOT)}; --quick: "
                         "<work_dir>/results.json)")  # fmt: skip
@@ -473,24 +494,19 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the measurement, write the results JSON atomically, print the report; returns the results."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
     args.argv = argv
     defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.max_steps < 1 or args.prompts < 1 or args.num_generations < 2:
-        raise SystemExit(
-            f"--max_steps and --prompts must be >= 1 and --num_generations >= 2 (a group needs two completions), got "
-            f"{args.max_steps}, {args.prompts}, {args.num_generations}."
-        )
-    if args.sft_traces < 0:
-        raise SystemExit(f"--sft_traces must be >= 0 (SFT rows per step), got {args.sft_traces}.")
     rows = step_rows(args)
-    if args.micro_batch < 1 or rows % args.micro_batch:
-        raise SystemExit(
-            f"--micro_batch {args.micro_batch} must divide the step's {rows} rows (--prompts {args.prompts} x "
-            f"--num_generations {args.num_generations} RL rows + --sft_traces {args.sft_traces}): choose a divisor."
+    if rows % args.micro_batch:
+        parser.error(
+            f"argument --micro_batch: {args.micro_batch} is invalid: use a divisor of the step's {rows} rows "
+            f"(--prompts {args.prompts} x --num_generations {args.num_generations} RL rows + --sft_traces "
+            f"{args.sft_traces})."
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runlib.go_offline()

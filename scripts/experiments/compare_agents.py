@@ -99,18 +99,25 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output_dir", default="compare-agents-output", help="runs and base models go here")
     parser.add_argument("--results", default=None, help="summary JSON (default docs/results/agents/results.json)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
-    parser.add_argument("--base_steps", type=int, default=None, help="steps of the base run (default 200)")
+    parser.add_argument(
+        "--seeds", type=runlib.seed_int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)"
+    )
+    parser.add_argument(
+        "--base_steps", type=runlib.positive_int, default=None, help="steps of the base run (default 200)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 seed, a few steps, small data: a smoke run")
-    parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument(
+        "--jobs", type=runlib.positive_int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)"
+    )
+    parser.add_argument("--threads", type=runlib.positive_int, default=1, help="torch threads per run")
     parser.add_argument("--rerun", action="store_true", help="run again even where a result of the same code exists")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
 def resolve(args: argparse.Namespace, job_argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Fill the `--quick`-dependent defaults; the job arguments `--quick` lowers, unless given."""
+    """Fill the `--quick`-dependent defaults; the job arguments `--quick` lowers, unless given (each value's range is
+    `make_parser`'s type)."""
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2]
     if args.base_steps is None:
@@ -123,9 +130,6 @@ def resolve(args: argparse.Namespace, job_argv: list[str]) -> tuple[argparse.Nam
             if args.quick
             else os.path.join(ROOT, "docs", "results", "agents", "results.json")
         )
-    for name, value in (("--jobs", args.jobs), ("--threads", args.threads), ("--base_steps", args.base_steps)):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1.")
     given = {a.split("=", 1)[0].lstrip("-") for a in job_argv if a.startswith("--")}
     for name, value in (QUICK_JOB if args.quick else FULL_JOB).items():
         if name not in given:

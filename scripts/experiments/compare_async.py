@@ -439,7 +439,10 @@ def render_block(data: dict) -> str:
 # =====================================================================================================================
 # Command line
 # =====================================================================================================================
-def _csv(kind: type, choices: list | None = None):
+def _csv(kind, choices: list | None = None):
+    """An argparse type for a comma-separated list of `kind` values (`str`, or a `runlib.NumberRange`, whose own
+    refusal names the bad value and the range), each one of `choices` when given."""
+
     def parse(text: str) -> list:
         values = [kind(v) for v in text.split(",") if v.strip()]
         bad = [v for v in values if choices is not None and v not in choices]
@@ -461,7 +464,7 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"arms, of {','.join(ARMS)} (default {','.join(DEFAULT_ARMS)})",
     )
-    parser.add_argument("--seeds", type=_csv(int), default=None, help="seeds, e.g. 0,1 (default 0,1,2)")
+    parser.add_argument("--seeds", type=_csv(runlib.seed_int), default=None, help="seeds, e.g. 0,1 (default 0,1,2)")
     parser.add_argument(
         "--rewards",
         type=_csv(str, list(REWARDS)),
@@ -469,7 +472,10 @@ def make_parser() -> argparse.ArgumentParser:
         help="reward settings: instant,http (default both)",
     )
     parser.add_argument(
-        "--delay", type=float, default=HTTP_DELAY_S, help=f"seconds per reward-server call (default {HTTP_DELAY_S})"
+        "--delay",
+        type=runlib.non_negative_float,
+        default=HTTP_DELAY_S,
+        help=f"seconds per reward-server call (default {HTTP_DELAY_S})",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: seed 0, arms sync and async1, 4 steps, 8 eval prompts"
@@ -490,7 +496,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     Raises:
         SystemExit: for a shortened run (`--quick` or extra job arguments) that would overwrite the committed
-            results, or a negative `--delay`.
+            results; argparse's (status 2) for a value out of its range (`runlib.NumberRange`).
         RuntimeError: if a run fails (with the end of its log); the server is stopped first.
     """
     args, job_argv = make_parser().parse_known_args(argv)
@@ -505,8 +511,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"{'--quick' if args.quick else f'extra main-job arguments {job_argv}'} change the runs: pass --results "
             f"PATH so that they do not overwrite {RESULTS.relative_to(ROOT)}."
         )
-    if args.delay < 0:
-        raise SystemExit(f"--delay must be >= 0 seconds, got {args.delay}.")
     arms = args.arms or list(QUICK_ARMS if args.quick else DEFAULT_ARMS)
     seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     job_argv = [*(QUICK_ARGS if args.quick else []), *job_argv]  # the caller's arguments come last and win

@@ -31,6 +31,16 @@ import tempfile
 import time
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # runlib
+from runlib import (  # noqa: E402
+    config_refusals_as_usage,
+    go_offline,
+    positive_int,
+    seed_int,
+    write_json_atomic,
+)
+
+
 ARMS = {
     "baseline": {},
     "fewshot": {"fewshot_mode": True},
@@ -43,23 +53,35 @@ ARMS = {
 }
 
 
-def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
-    from trl_trapo import TRAPOConfig, TRAPOTrainer
-    from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
+def arm_config(arm: str, seed: int, max_steps: int, output_dir: str):
+    """The arm's `TRAPOConfig`: the built-in job's settings, `max_steps`, `seed` and the arm's own.
+
+    Raises:
+        ValueError: TRAPOConfig's refusal of a setting (`main` checks every arm's before the first run).
+    """
+    from trl_trapo import TRAPOConfig
     from trl_trapo.jobs.main import BUILTIN_DEFAULTS
+
+    values = dict(BUILTIN_DEFAULTS)
+    values.update(output_dir=output_dir, max_steps=max_steps, eval_strategy="no")
+    values.update(seed=seed, logging_steps=max(max_steps // 10, 1), disable_tqdm=True)
+    values.update(ARMS[arm])
+    return TRAPOConfig(**values)
+
+
+def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
     from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 
     tokenizer = build_char_tokenizer()
     suite = make_task_suite(seed=0, num_sft_per_task=num_sft_per_task)
-    values = dict(BUILTIN_DEFAULTS)
-    values.update(output_dir=tempfile.mkdtemp(prefix=f"fewshot-{arm}-"), max_steps=max_steps, eval_strategy="no")
-    values.update(seed=seed, logging_steps=max(max_steps // 10, 1), disable_tqdm=True)
-    values.update(ARMS[arm])
-    trainer_class = FewShotTRAPOTrainer if values.get("fewshot_mode") else TRAPOTrainer  # the extension's trainer
+    config = arm_config(arm, seed, max_steps, tempfile.mkdtemp(prefix=f"fewshot-{arm}-"))
+    trainer_class = FewShotTRAPOTrainer if config.fewshot_mode else TRAPOTrainer  # the extension's trainer
     trainer = trainer_class(
         build_tiny_model(tokenizer, seed=seed),
         reward_funcs=suite.reward_funcs,
-        args=TRAPOConfig(**values),
+        args=config,
         train_dataset=suite.rl_train,
         pretrain_dataset=suite.pretrain,
         sft_dataset=suite.sft,
@@ -80,17 +102,23 @@ def run(arm: str, seed: int, max_steps: int, num_sft_per_task: int) -> dict:
     }
 
 
-def main() -> None:
+def make_parser() -> argparse.ArgumentParser:
+    """The script's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", default=["baseline", "fewshot"], choices=sorted(ARMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--max_steps", type=int, default=400)
-    parser.add_argument("--num_sft_per_task", type=int, default=50)
+    parser.add_argument("--seeds", nargs="+", type=seed_int, default=[0])
+    parser.add_argument("--max_steps", type=positive_int, default=400)
+    parser.add_argument("--num_sft_per_task", type=positive_int, default=50, help="SFT demonstrations per task family")
     parser.add_argument("--output", default=None, help="write the results as JSON here")
-    args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from runlib import go_offline, write_json_atomic
+    return parser
 
+
+def main() -> None:
+    parser = make_parser()
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as output_dir, config_refusals_as_usage(parser, {"max_steps": "--max_steps"}):
+        for arm in args.arms:  # every arm's settings, checked before the first run
+            arm_config(arm, args.seeds[0], args.max_steps, output_dir)
     go_offline()
     results = []
     for seed in args.seeds:

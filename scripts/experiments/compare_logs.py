@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # runlib
+from runlib import non_negative_float  # noqa: E402
+
+
 TIMING = ("eps", "*runtime", "*per_second", "total_flos")
 
 
@@ -41,13 +45,20 @@ def load(path: str) -> dict[tuple[int, str], float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (`--tolerance` refused below 0: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("before")
     parser.add_argument("after")
     parser.add_argument("--keys", nargs="+", default=["loss", "weight/*", "train_loss"])
-    parser.add_argument("--tolerance", type=float, default=0.0)
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--tolerance", type=non_negative_float, default=0.0, help="largest |difference| allowed (default 0)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     before, after = load(args.before), load(args.after)
     keys = sorted({k for _, k in before} | {k for _, k in after})
     failed = False

@@ -102,7 +102,17 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report, runlib
 
-from runlib import go_offline, launch_worker, map_jobs, peak_rss_mb, write_json_atomic  # noqa: E402
+from runlib import (  # noqa: E402
+    fraction,
+    go_offline,
+    launch_worker,
+    map_jobs,
+    peak_rss_mb,
+    positive_float,
+    positive_int,
+    seed_int,
+    write_json_atomic,
+)
 
 
 logger = logging.getLogger("compare_pipelines")
@@ -154,7 +164,7 @@ def make_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # `--seed` (a main-job argument) must not be read as `--seeds`
     )
     parser.add_argument("--output_dir", default="compare-output", help="where the report and the runs go")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
     parser.add_argument("--budget", choices=("steps", "time"), default="steps", help="same steps or same wall time")
     parser.add_argument(
         "--ablations",
@@ -175,30 +185,47 @@ def make_parser() -> argparse.ArgumentParser:
         help="reuse the learning rates an earlier comparison's search chose: the path of its meta.json (e.g. "
         "docs/results/meta.json); every TRAPO variant gets TRAPO's, the serial arm its own (instead of --lr_search)",
     )
-    parser.add_argument("--lr_factors", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0])
+    parser.add_argument(
+        "--lr_factors",
+        type=positive_float,
+        nargs="+",
+        default=[0.1, 0.3, 1.0, 3.0],
+        help="round 1: factors of the main job's learning rate tried (each > 0)",
+    )
     parser.add_argument(
         "--rl_lr_factors",
-        type=float,
+        type=positive_float,
         nargs="+",
         default=[0.1, 0.3, 1.0],
         help="round 2: factors of the round-1 rate tried as the RL rate (TRAPO's RL phase, the serial GRPO stage)",
     )
-    parser.add_argument("--lr_search_fraction", type=float, default=0.3, help="budget of a search run (fraction)")
-    parser.add_argument("--lr_search_seed", type=int, default=100)
-    parser.add_argument("--eval_every", type=float, default=None, help="checkpoint spacing (default 0.05; quick 0.2)")
     parser.add_argument(
-        "--eval_per_split_family", type=int, default=None, help="held-out prompts per task family (default all)"
+        "--lr_search_fraction", type=fraction, default=0.3, help="budget of a search run (a fraction in (0, 1])"
     )
-    parser.add_argument("--heldout_docs", type=int, default=None, help="held-out documents (default 300; quick 100)")
+    parser.add_argument("--lr_search_seed", type=seed_int, default=100)
+    parser.add_argument(
+        "--eval_every", type=fraction, default=None, help="checkpoint spacing, in (0, 1] (default 0.05; quick 0.2)"
+    )
+    parser.add_argument(
+        "--eval_per_split_family",
+        type=positive_int,
+        default=None,
+        help="held-out prompts per task family (default all)",
+    )
+    parser.add_argument(
+        "--heldout_docs", type=positive_int, default=None, help="held-out documents (default 300; quick 100)"
+    )
     parser.add_argument("--quick", action="store_true", help="120 steps, 1 seed, small eval: a smoke run")
     parser.add_argument(
         "--jobs",
-        type=int,
+        type=positive_int,
         default=None,
         help="runs in parallel, each its own process (default: one per CPU core, at most 2 — the tiny built-in model "
         "gains nothing from a second torch thread, so two single-thread runs halve the total time)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / jobs)")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help="torch threads per run (default cores / jobs)"
+    )
     parser.add_argument(
         "--methods",
         nargs="+",
@@ -216,8 +243,13 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the `--quick`-dependent defaults."""
+def resolve_defaults(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill the `--quick`-dependent defaults, and check the flags valid only together (each value's range is
+    `make_parser`'s type).
+
+    Raises:
+        SystemExit: `parser.error` (status 2) for flags that do not go together.
+    """
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2]
     if args.eval_every is None:
@@ -227,24 +259,18 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.eval_per_split_family is None and args.quick:
         args.eval_per_split_family = 25
     if args.lr_from is not None and args.lr_search:
-        raise ValueError("--lr_from reuses an earlier search: drop --lr_search (or --lr_from to search anew).")
+        parser.error("--lr_from reuses an earlier search: drop --lr_search (or --lr_from to search anew).")
     if args.lr_search is None:
         args.lr_search = not args.quick and args.lr_from is None
     if "distill_trl" in args.methods and (args.lr_search or args.lr_from is not None or args.budget == "time"):
-        raise ValueError(
+        parser.error(
             "--methods distill_trl runs at the main job's learning rate and a step budget: add --no-lr_search (and "
             "drop --lr_from / --budget time)."
         )
     if args.jobs is None:
         args.jobs = max(min(os.cpu_count() or 1, 2), 1)
-    if args.jobs < 1:
-        raise ValueError(f"--jobs={args.jobs} must be >= 1.")
     if args.threads is None:
         args.threads = max((os.cpu_count() or 1) // args.jobs, 1)
-    if not 0 < args.eval_every <= 1:
-        raise ValueError(f"--eval_every={args.eval_every} must be a fraction of the budget in (0, 1].")
-    if not 0 < args.lr_search_fraction <= 1:
-        raise ValueError(f"--lr_search_fraction={args.lr_search_fraction} must be in (0, 1].")
     return args
 
 
@@ -952,7 +978,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args._worker:
         worker(args._worker)
         return {}
-    args = resolve_defaults(args)
+    args = resolve_defaults(args, parser)
     args.code = code_fingerprint()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     go_offline()

@@ -736,23 +736,43 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--arms", nargs="*", default=list(ARMS), choices=list(ARMS), help="arms to run (none: the initial evaluation)"
     )
-    parser.add_argument("--eval_rows", type=int, default=None, help="GSM8K test problems evaluated (default 200)")
-    parser.add_argument("--curve_rows", type=int, default=None, help="problems at the intermediate points (50)")
-    parser.add_argument("--heldout_rows", type=int, default=None, help="held-out paragraphs (default 50)")
-    parser.add_argument("--points", type=int, default=3, help="evaluation points during training (the last: the end)")
-    parser.add_argument("--jobs", type=int, default=2, help="tasks at a time, each its own process; 0: in this one")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per task (default cores / jobs)")
+    parser.add_argument(
+        "--eval_rows", type=runlib.int_range(2), default=None, help="GSM8K test problems evaluated, >= 2 (default 200)"
+    )
+    parser.add_argument(
+        "--curve_rows",
+        type=runlib.non_negative_int,
+        default=None,
+        help="problems at the intermediate points, at most --eval_rows (50)",
+    )
+    parser.add_argument(
+        "--heldout_rows", type=runlib.positive_int, default=None, help="held-out paragraphs (default 50)"
+    )
+    parser.add_argument(
+        "--points", type=runlib.positive_int, default=3, help="evaluation points during training (the last: the end)"
+    )
+    parser.add_argument(
+        "--jobs", type=runlib.non_negative_int, default=2, help="tasks at a time, each its own process; 0: in this one"
+    )
+    parser.add_argument(
+        "--threads", type=runlib.positive_int, default=None, help="torch threads per task (default cores / jobs)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny random model, a few steps: a smoke run")
     parser.add_argument("--probe", action="store_true", help="the recipe's choices: LoRA / full x two corpora")
-    parser.add_argument("--probe_steps", type=int, default=8, help="optimizer steps of each probe run")
+    parser.add_argument("--probe_steps", type=runlib.positive_int, default=8, help="optimizer steps of each probe run")
     parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
     parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return parser
 
 
-def resolve(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the defaults that depend on `--quick`."""
+def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill the defaults that depend on `--quick`, and check the values valid only together (each value's range is
+    `make_parser`'s type).
+
+    Raises:
+        SystemExit: `parser.error` (status 2) for `--curve_rows` above `--eval_rows`.
+    """
     defaults = QUICK_EVAL if args.quick else {"eval_rows": 200, "curve_rows": 50, "heldout_rows": 50}
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -761,8 +781,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         args.results_dir = str(Path(args.work_dir) / "quick-results") if args.quick else str(RESULTS_DIR)
     if args.threads is None:
         args.threads = max((os.cpu_count() or 1) // max(args.jobs, 1), 1)
-    if args.points < 1 or args.eval_rows < 2 or not 0 <= args.curve_rows <= args.eval_rows:
-        raise SystemExit("--points >= 1, --eval_rows >= 2 and 0 <= --curve_rows <= --eval_rows are required.")
+    if args.curve_rows > args.eval_rows:  # the intermediate points evaluate the first --curve_rows problems
+        parser.error(
+            f"argument --curve_rows: {args.curve_rows} is invalid: use 0 to --eval_rows={args.eval_rows} (the "
+            "intermediate points evaluate the first --curve_rows of the --eval_rows problems)."
+        )
     return args
 
 
@@ -1195,7 +1218,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args._worker:
         worker(read_json(Path(args._worker)))
         return {}
-    args = resolve(args)
+    args = resolve(args, parser)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)

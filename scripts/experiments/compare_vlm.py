@@ -105,13 +105,20 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--work_dir", default="compare-vlm-output", help="runs go here (runs/<arm>-seed<k>/)")
     parser.add_argument("--results", default=None, help="summary JSON (default docs/results/vlm/results.json)")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to run (default all)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)")
     parser.add_argument(
-        "--max_steps", type=int, default=None, help="optimizer steps of every arm (default: the job's, 900)"
+        "--seeds", type=runlib.seed_int, nargs="+", default=None, help="seeds (default 0 1 2; --quick: 0)"
+    )
+    parser.add_argument(
+        "--max_steps",
+        type=runlib.positive_int,
+        default=None,
+        help="optimizer steps of every arm (default: the job's, 900)",
     )
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, tiny data: a smoke run")
-    parser.add_argument("--jobs", type=int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument(
+        "--jobs", type=runlib.positive_int, default=None, help="runs in parallel (default 2; --quick: 1, in-process)"
+    )
+    parser.add_argument("--threads", type=runlib.positive_int, default=1, help="torch threads per run")
     parser.add_argument("--rerun", action="store_true", help="run again even where a result of the same code exists")
     parser.add_argument(
         "--collect_only",
@@ -125,20 +132,14 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def resolve(args: argparse.Namespace, job_argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Fill the `--quick`-dependent defaults and add the job arguments `--quick` lowers, unless given.
-
-    Raises:
-        ValueError: if `--jobs`, `--threads` or `--max_steps` is below 1.
-    """
+    """Fill the `--quick`-dependent defaults and add the job arguments `--quick` lowers, unless given (each value's
+    range is `make_parser`'s type)."""
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2]
     if args.jobs is None:
         args.jobs = 1 if args.quick else 2
     if args.results is None:
         args.results = os.path.join(args.work_dir, "results.json") if args.quick else RESULTS
-    for name, value in (("--jobs", args.jobs), ("--threads", args.threads), ("--max_steps", args.max_steps or 1)):
-        if value < 1:
-            raise ValueError(f"{name}={value} must be >= 1.")
     given = {a.split("=", 1)[0].lstrip("-") for a in job_argv if a.startswith("--")}
     lowered = dict(QUICK_JOB) if args.quick else {}
     if args.max_steps is not None:

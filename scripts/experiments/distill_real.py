@@ -441,12 +441,25 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--results_dir", default=None, help=f"cache and results (default {RESULTS_DIR})")
     parser.add_argument("--work_dir", default="distill-real-output", help="data, student, trainer outputs and logs")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS, help="the arms to run")
-    parser.add_argument("--student_layers", type=int, default=8, help="decoder layers of the teacher kept")
-    parser.add_argument("--eval_rows", type=int, default=None, help="GSM8K test problems measured (default 50)")
-    parser.add_argument("--heldout_rows", type=int, default=None, help="held-out paragraphs (default 50)")
-    parser.add_argument("--points", type=int, default=2, help="measurements during training (the last: the end)")
-    parser.add_argument("--jobs", type=int, default=2, help="tasks at a time, each its own process")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per task (default cores / jobs)")
+    parser.add_argument(
+        "--student_layers",
+        type=runlib.positive_int,
+        default=8,
+        help="decoder layers of the teacher kept (at most the teacher's)",
+    )
+    parser.add_argument(
+        "--eval_rows", type=runlib.int_range(2), default=None, help="GSM8K test problems measured, >= 2 (default 50)"
+    )
+    parser.add_argument(
+        "--heldout_rows", type=runlib.positive_int, default=None, help="held-out paragraphs (default 50)"
+    )
+    parser.add_argument(
+        "--points", type=runlib.positive_int, default=2, help="measurements during training (the last: the end)"
+    )
+    parser.add_argument("--jobs", type=runlib.positive_int, default=2, help="tasks at a time, each its own process")
+    parser.add_argument(
+        "--threads", type=runlib.positive_int, default=None, help="torch threads per task (default cores / jobs)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny random teacher, a few steps: a smoke run")
     parser.add_argument("--write_docs", action="store_true", help="only render the docs block from results")
     parser.add_argument("--page", default=None, help=argparse.SUPPRESS)
@@ -647,8 +660,6 @@ def main(argv: list[str] | None = None) -> dict:
         args.results_dir = str(Path(args.work_dir) / "quick-results") if args.quick else str(RESULTS_DIR)
     if args.threads is None:
         args.threads = max((os.cpu_count() or 1) // max(args.jobs, 1), 1)
-    if args.points < 1 or args.eval_rows < 2:
-        raise SystemExit("--points >= 1 and --eval_rows >= 2 are required.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)

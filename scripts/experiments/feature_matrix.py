@@ -70,6 +70,8 @@ from runlib import (  # noqa: E402
     go_offline,
     machine_info,
     map_jobs,
+    positive_float,
+    positive_int,
     read_json,
     run_child,
     write_json_atomic,
@@ -1029,8 +1031,10 @@ def make_parser() -> argparse.ArgumentParser:
         "--cells", default=None, help="comma-separated cells to run, each 'a' or 'a+b' ('': none, render only)"
     )
     parser.add_argument("--two_process", action="store_true", help="run the DDP and ZeRO-3 cells too (slow)")
-    parser.add_argument("--jobs", type=int, default=1, help="cells run at a time (default 1)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per cell before it counts as a hang")
+    parser.add_argument("--jobs", type=positive_int, default=1, help="cells run at a time (default 1)")
+    parser.add_argument(
+        "--timeout", type=positive_float, default=None, help="seconds per cell before it counts as a hang"
+    )
     parser.add_argument("--output_json", default=str(RESULTS), help="the results file (cells merged into it)")
     parser.add_argument("--work_dir", default=None, help="where the cells run (default: a temporary folder)")
     parser.add_argument("--render", default=None, help="write the matrix into this page (its feature-matrix block)")

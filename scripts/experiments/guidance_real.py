@@ -30,7 +30,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # compare_real, runlib
 sys.path.insert(0, str(HERE.parent))  # gsm8k_to_trl, fetch_smollm2
 
-from runlib import launch_worker, machine_line, read_json, write_json_atomic  # noqa: E402
+from runlib import launch_worker, machine_line, positive_int, read_json, seed_int, write_json_atomic  # noqa: E402
 
 
 RECIPE = ROOT / "examples" / "recipes" / "gsm8k_smollm2_135m_cpu.yaml"
@@ -140,18 +140,23 @@ def render_block(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def make_parser() -> argparse.ArgumentParser:
+    """The script's command line (numbers refused outside their range: `runlib.NumberRange`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", default=str(RECIPE))
-    parser.add_argument("--max_steps", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_steps", type=positive_int, default=20)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--work_dir", default="guidance-real-output", help="data, trainer outputs, per-arm logs")
     parser.add_argument("--output", default=None, help=f"results JSON (default {OUTPUT}; --quick: in --work_dir)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each arm's process")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads of each arm's process")
     parser.add_argument("--quick", action="store_true", help="a tiny random model with SmolLM2's tokenizer")
     parser.add_argument("--write_docs", action="store_true", help="only render the docs block from --output")
     parser.add_argument("--_worker", nargs=2, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = make_parser().parse_args(argv)
     if args.write_docs:
         from result_blocks import write_block_from_results
 

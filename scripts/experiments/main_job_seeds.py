@@ -42,7 +42,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
-from runlib import launch_worker, machine_info, map_jobs, peak_rss_mb, read_json, usable_cores, write_json_atomic  # noqa: E402
+from runlib import (  # noqa: E402
+    launch_worker,
+    machine_info,
+    map_jobs,
+    peak_rss_mb,
+    positive_int,
+    read_json,
+    usable_cores,
+    write_json_atomic,
+)
 
 
 RESULTS = ROOT / "docs" / "results" / "main_job" / "results.json"
@@ -225,7 +234,9 @@ def make_parser() -> argparse.ArgumentParser:
     """This script's arguments (anything else goes to every run of the main job)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS), help="runs to make (default all)")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (at most the number of CPU cores)")
+    parser.add_argument(
+        "--jobs", type=positive_int, default=2, help="runs at a time (at most the number of CPU cores)"
+    )
     parser.add_argument("--work_dir", default="main-job-seeds-output", help="the runs' output folders and logs")
     parser.add_argument("--results", default=None, help=f"results file (default {RESULTS.relative_to(ROOT)})")
     parser.add_argument("--write_docs", action="store_true", help="only render the docs table from --results")
@@ -241,8 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
         The results file's contents.
 
     Raises:
-        SystemExit: for a shortened run (extra job arguments) that would overwrite the committed results, or
-            `--jobs` < 1.
+        SystemExit: for a shortened run (extra job arguments) that would overwrite the committed results;
+            argparse's (status 2) for a `--jobs` below 1.
     """
     args, job_argv = make_parser().parse_known_args(argv)
     if args._worker:
@@ -256,8 +267,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"extra main-job arguments {job_argv} change the runs: pass --results PATH so that they do not "
             f"overwrite {RESULTS.relative_to(ROOT)}."
         )
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}.")
     jobs = min(args.jobs, usable_cores(), len(args.runs))
     work_dir = Path(args.work_dir).resolve()
     load_start = os.getloadavg()

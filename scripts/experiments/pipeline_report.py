@@ -738,11 +738,17 @@ def _load(values) -> str:
     return "/".join(f"{v:.2f}" for v in values) if values else "?"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the results pages' tables (`--write_docs`)."""
+def make_parser() -> argparse.ArgumentParser:
+    """The command line (no numeric argument)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("output_dir", nargs="?", help="A comparison's output directory (holds runs/*/result.json).")
     parser.add_argument("--write_docs", action="store_true", help="Render the results pages' tables instead.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Rebuild a comparison's report from its runs (`OUTPUT_DIR`), or the results pages' tables (`--write_docs`)."""
+    parser = make_parser()
     ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if ns.write_docs:
         for name, table in block_tables().items():

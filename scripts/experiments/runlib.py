@@ -1,6 +1,6 @@
 # Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
-"""What every experiment and benchmark script shares: child processes, the machine's record, atomic results files
-and paired statistics.
+"""What every experiment and benchmark script shares: child processes, the machine's record, command-line range types,
+atomic results files and paired statistics.
 
 Scripts import it as they import `result_blocks` (`scripts/experiments` on `sys.path`; the benchmarks add it):
 
@@ -13,6 +13,10 @@ Scripts import it as they import `result_blocks` (`scripts/experiments` on `sys.
 - **the machine**: `machine_info` (CPU model and vector units, cores, Python and library versions, git commit and
   whether the code differs from it, date), `machine_line`, `versions`, `versions_line`, `run_conditions` (jobs,
   threads, load before and after), `cpu_model`, `git`;
+- **command lines**: the argparse types every numeric argument takes (`NumberRange`: `positive_int`,
+  `non_negative_int`, `seed_int`, `positive_float`, `non_negative_float`, `fraction`, `int_range`, `float_range`), so
+  a value out of range is argparse's usage error (exit 2) before anything slow, and `config_refusals_as_usage` (a
+  `TRAPOConfig` refusal as a usage error naming the script's flag, no traceback);
 - **files**: `write_json_atomic` (through the library's `atomic_write_bytes`: a reader never sees half a file),
   `read_json`;
 - **statistics**: `t_quantile`, `paired_interval` (the mean of paired differences with a Student t or a normal
@@ -23,12 +27,15 @@ It imports nothing heavy at module level: rendering a results page's block from 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime
 import json
 import logging
 import math
 import os
 import platform
+import re
 import resource
 import signal
 import statistics
@@ -483,6 +490,135 @@ def run_conditions(jobs: int, threads: int, loadavg_start: Sequence[float]) -> d
 def versions_line() -> str:
     """The torch, transformers and trl versions in words: `'torch X, transformers Y, trl Z'`."""
     return ", ".join(f"{name} {version}" for name, version in versions().items())
+
+
+# =====================================================================================================================
+# Command lines
+# =====================================================================================================================
+class NumberRange:
+    """An argparse `type=` for a number in a range: the text parsed as `kind`, refused outside the range with
+    argparse's own error (`prog: error: argument --steps: 0 is invalid: use an integer >= 1`, exit status 2), before
+    the script does anything slow. A float must also be finite (`nan`, `inf` are refused).
+
+    Every numeric argument of the scripts under `scripts/benchmarks/` and `scripts/experiments/` takes one of these
+    (`tests/test_scripts_run.py` checks it): `positive_int` for counts, sizes, lengths, steps, jobs and threads,
+    `non_negative_int` where 0 means none, `seed_int`, `positive_float` / `non_negative_float` for seconds, rates and
+    scales, `fraction` for a share in (0, 1], or `int_range` / `float_range` for any other range. A value valid only
+    with another (`--warmup` < `--steps`) is the script's `parser.error` after parsing.
+
+    Attributes:
+        kind: `int` or `float`.
+        minimum, maximum: the bounds (None: none on that side).
+        minimum_open, maximum_open: whether the bound itself is refused.
+    """
+
+    def __init__(
+        self,
+        kind: type,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        *,
+        minimum_open: bool = False,
+        maximum_open: bool = False,
+    ):
+        if kind not in (int, float):
+            raise ValueError(f"NumberRange: kind={kind!r}; use int or float.")
+        self.kind, self.minimum, self.maximum = kind, minimum, maximum
+        self.minimum_open, self.maximum_open = minimum_open, maximum_open
+        self.__name__ = self.describe()  # argparse names a type by its __name__ in its own messages
+
+    def describe(self) -> str:
+        """The range in words: `'an integer >= 1'`, `'a number in (0, 1]'`, `'a finite number'`."""
+        low, high = self.minimum, self.maximum
+        what = "an integer" if self.kind is int else "a finite number" if low is None and high is None else "a number"
+        if low is not None and high is not None:
+            return f"{what} in {'(' if self.minimum_open else '['}{low}, {high}{')' if self.maximum_open else ']'}"
+        if low is not None:
+            return f"{what} {'>' if self.minimum_open else '>='} {low}"
+        if high is not None:
+            return f"{what} {'<' if self.maximum_open else '<='} {high}"
+        return what
+
+    def __repr__(self) -> str:
+        return f"NumberRange({self.describe()})"
+
+    def contains(self, value: float) -> bool:
+        """Whether `value` lies in the range (a float also finite)."""
+        if self.kind is float and not math.isfinite(value):
+            return False
+        if self.minimum is not None and (value <= self.minimum if self.minimum_open else value < self.minimum):
+            return False
+        return self.maximum is None or (value < self.maximum if self.maximum_open else value <= self.maximum)
+
+    def __call__(self, text: str) -> int | float:
+        """`text` as a number of the range.
+
+        Raises:
+            argparse.ArgumentTypeError: for text that is no such number, or one outside the range, naming the
+                value and the range (argparse prefixes the argument: `argument --steps: ...`).
+        """
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {self.describe()}.") from None
+        if not self.contains(value):
+            raise argparse.ArgumentTypeError(f"{text} is invalid: use {self.describe()}.")
+        return value
+
+
+def int_range(minimum: int | None = None, maximum: int | None = None) -> NumberRange:
+    """An argparse type for an integer in [minimum, maximum] (None: unbounded on that side)."""
+    return NumberRange(int, minimum, maximum)
+
+
+def float_range(
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    minimum_open: bool = False,
+    maximum_open: bool = False,
+) -> NumberRange:
+    """An argparse type for a finite float between `minimum` and `maximum` (None: unbounded on that side; `*_open`:
+    the bound itself refused)."""
+    return NumberRange(float, minimum, maximum, minimum_open=minimum_open, maximum_open=maximum_open)
+
+
+positive_int = int_range(1)
+"""Counts, sizes, lengths, steps, jobs, threads: an integer >= 1."""
+non_negative_int = int_range(0)
+"""A count where 0 means none (or skip): an integer >= 0."""
+seed_int = int_range(0, 2**32 - 1)
+"""A seed: `transformers.set_seed` seeds NumPy too, which takes [0, 2**32 - 1]."""
+positive_float = float_range(0, minimum_open=True)
+"""Seconds, rates, scales: a finite number > 0."""
+non_negative_float = float_range(0)
+"""Seconds or tolerances where 0 means none: a finite number >= 0."""
+fraction = float_range(0, 1, minimum_open=True)
+"""A share of a budget: a number in (0, 1]."""
+
+CONFIG_REFUSAL = re.compile(r"^(?P<config>\w*Config)\.(?P<field>\w+)=")
+"""The start of a configuration class's refusal (`TRAPOConfig.max_steps=0 is invalid: ...`, `PPOConfig....`)."""
+
+
+@contextlib.contextmanager
+def config_refusals_as_usage(parser: argparse.ArgumentParser, flags: Mapping[str, str] | None = None):
+    """Inside it, a configuration class's refusal (a `ValueError` reading `<Name>Config.<field>=<value> ...`, as
+    `TRAPOConfig.max_steps=0 is invalid: ...`) ends the script as a usage error (`parser.error`, exit status 2, no
+    traceback): `argument --flag: <the message>` where `flags` maps the field to the script's flag that sets it
+    directly, else the message alone. Any other exception goes through unchanged.
+
+    Args:
+        parser: the script's `argparse.ArgumentParser`.
+        flags: configuration field -> the script's flag (`{"per_device_train_batch_size": "--rows"}`).
+    """
+    try:
+        yield
+    except ValueError as error:
+        match = CONFIG_REFUSAL.match(str(error))
+        if match is None:
+            raise
+        flag = (flags or {}).get(match["field"])
+        parser.error(f"argument {flag}: {error}" if flag else str(error))
 
 
 # =====================================================================================================================

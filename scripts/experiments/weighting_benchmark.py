@@ -62,11 +62,15 @@ from result_blocks import page_of, write_block  # noqa: E402
 from runlib import (  # noqa: E402
     ChildFailed,
     child_env,
+    fraction,
     launch_worker,
     map_jobs,
+    non_negative_float,
     paired_interval,
+    positive_int,
     read_json,
     run_child,
+    seed_int,
     write_json_atomic,
 )
 
@@ -867,16 +871,20 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--results_dir", default=None, help=f"cell files (default {RESULTS_DIR.relative_to(ROOT)})")
     parser.add_argument("--work_dir", default="weighting-benchmark-output", help="the runs' folders, logs, teacher")
-    parser.add_argument("--max_cells", type=int, default=None, help="run at most this many cells")
-    parser.add_argument("--time_budget_s", type=float, default=None, help="start no cell that would end after this")
+    parser.add_argument("--max_cells", type=positive_int, default=None, help="run at most this many cells")
+    parser.add_argument(
+        "--time_budget_s", type=non_negative_float, default=None, help="start no cell that would end after this"
+    )
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="only these seeds' test cells")
-    parser.add_argument("--suites", type=int, nargs="+", default=None, help="only these suites' test cells (T1, T2)")
-    parser.add_argument("--jobs", type=int, default=1, help="cells at a time (one torch thread each)")
-    parser.add_argument("--eval_every", type=float, default=EVAL_EVERY, help=argparse.SUPPRESS)
-    parser.add_argument("--heldout_docs", type=int, default=HELDOUT_DOCS, help=argparse.SUPPRESS)
-    parser.add_argument("--eval_per_split_family", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=None, help="only these seeds' test cells")
+    parser.add_argument(
+        "--suites", type=seed_int, nargs="+", default=None, help="only these suites' test cells (T1, T2)"
+    )
+    parser.add_argument("--jobs", type=positive_int, default=1, help="cells at a time (one torch thread each)")
+    parser.add_argument("--eval_every", type=fraction, default=EVAL_EVERY, help=argparse.SUPPRESS)
+    parser.add_argument("--heldout_docs", type=positive_int, default=HELDOUT_DOCS, help=argparse.SUPPRESS)
+    parser.add_argument("--eval_per_split_family", type=positive_int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="print the grid in run order with each cell's state")
     parser.add_argument("--report", action="store_true", help="only render the page and the plots from the cells")
     parser.add_argument("--page", default=None, help="the page --report writes (default docs/weighting_benchmark.md)")
@@ -893,8 +901,8 @@ def main(argv: list[str] | None = None) -> list[str]:
         The ids of the cells run.
 
     Raises:
-        SystemExit: for extra job arguments or changed evaluation settings without `--results_dir`, `--jobs` < 1,
-            or `--max_cells` < 1.
+        SystemExit: for extra job arguments or changed evaluation settings without `--results_dir`; argparse's
+            (status 2) for a value out of its range (`runlib.NumberRange`).
     """
     args, job_argv = make_parser().parse_known_args(argv)
     if args._worker:
@@ -914,8 +922,6 @@ def main(argv: list[str] | None = None) -> list[str]:
             f"extra job arguments {job_argv} or changed evaluation settings change the cells: pass --results_dir "
             f"PATH so that they do not go to {RESULTS_DIR.relative_to(ROOT)}."
         )
-    if args.jobs < 1 or (args.max_cells is not None and args.max_cells < 1):
-        raise SystemExit(f"--jobs ({args.jobs}) and --max_cells ({args.max_cells}) must be >= 1.")
     bench = Bench(
         results_dir, Path(args.work_dir).resolve(), job_argv, args.eval_every, args.heldout_docs,
         args.eval_per_split_family,
