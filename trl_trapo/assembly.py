@@ -47,6 +47,7 @@ from .callbacks import (
     StopOnSignalCallback,
     SyncReferenceCallback,
     WeightSnapshotCallback,
+    warn_removed_callbacks,
 )
 from .checkpoint import (
     STATE_DIR,
@@ -1651,6 +1652,11 @@ class RunCallbacks:
     stop_on_signal: StopOnSignalCallback
     leading: list = dataclasses.field(default_factory=list)
     existing: list | None = None
+
+    def warn_removed(self, present: list) -> str | None:
+        """Warn when a callback of `added` that TRAPO needs is no longer among `present` (the trainer's callbacks at
+        `train()`): [`~trl_trapo.callbacks.warn_removed_callbacks`]."""
+        return warn_removed_callbacks(self.added, present)
 
     def apply(self, add: Callable[[Any], None], remove: Callable[[Any], None]) -> None:
         """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`), then insert
