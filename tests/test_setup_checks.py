@@ -92,6 +92,18 @@ def saved_model(tmp_path, tokenizer):
             {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
             r"Fix: 'polynomial' .* takes only lr_end, power in lr_scheduler_kwargs",
         ),
+        (  # a scheduler stepped on a metric: built (not stepped); torch's TypeError came in train() (N17's sibling)
+            {
+                "lr_scheduler_type": "reduce_lr_on_plateau",
+                "lr_scheduler_kwargs": {"mode": "max", "patiense": 2},
+                "eval_strategy": "steps",
+                "eval_steps": 1,
+                "metric_for_best_model": "eval_reward",
+            },
+            r"cannot be built: TypeError: .*'patiense'\. Fix: 'reduce_lr_on_plateau' \(transformers' "
+            r"get_reduce_on_plateau_schedule: torch\.optim\.lr_scheduler\.ReduceLROnPlateau\) takes only mode, factor, "
+            r"patience,",
+        ),
         ({"adam_beta1": 1.5}, r"The optimizer cannot be built from optim='adamw_torch_fused'.*adam_beta1=1.5"),
     ],
 )

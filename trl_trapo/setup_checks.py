@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import SchedulerType, Trainer, get_scheduler
 from transformers.integrations import integration_utils
-from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, GreedyLR
 
 
 logger = logging.getLogger(__name__)
@@ -179,14 +179,13 @@ METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
     """Build the learning-rate scheduler `args` asks for on `optimizer` (or a plain SGD over one dummy parameter), as
-    `Trainer.create_scheduler` will, and take one step.
+    `Trainer.create_scheduler` will, and take one step (none for [`METRIC_SCHEDULERS`], which step on an evaluation
+    metric: building them checks their `lr_scheduler_kwargs`, which `train()` refused with torch's TypeError).
 
     Raises:
         ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the library's reason and the fix.
     """
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    if kind in METRIC_SCHEDULERS:  # they step on an evaluation metric (a step without one is a TypeError)
-        return
     optimizer = optimizer or torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
     steps = args.max_steps if args.max_steps > 0 else CHECK_STEPS
     try:
@@ -197,8 +196,9 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
             num_training_steps=steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
-        optimizer.step()
-        scheduler.step()
+        if kind not in METRIC_SCHEDULERS:  # they step on an evaluation metric: built only (their keys are torch's)
+            optimizer.step()
+            scheduler.step()
     except (ValueError, TypeError) as error:
         raise ValueError(
             f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
@@ -297,6 +297,13 @@ def _scheduler_fix(kind: str, error: Exception) -> str:
             "(an absolute rate)"
         )
     own = scheduler_keywords(function)
+    if kind in METRIC_SCHEDULERS:  # `**kwargs`, passed to the scheduler class (torch's ReduceLROnPlateau, GreedyLR)
+        cls = {"reduce_lr_on_plateau": torch.optim.lr_scheduler.ReduceLROnPlateau, "greedy": GreedyLR}[kind]
+        own = [name for name in scheduler_keywords(cls) if name not in ("self", "verbose")]
+        return (
+            f"{kind!r} (transformers' {function.__name__}: {cls.__module__}.{cls.__name__}) takes only "
+            f"{', '.join(own)} in lr_scheduler_kwargs"
+        )
     floor = f" (for a floor, {FLOOR})" if "min_lr" in str(error) else ""
     if not own:
         return f"{kind!r} (transformers' {function.__name__}) takes no lr_scheduler_kwargs: drop them{floor}"
