@@ -334,6 +334,7 @@ def test_a_user_error_is_one_message_and_exit_status_2(argv, message, capsys, tm
     assert message in err and "TRAPO_DEBUG=1" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_documented_example_runs_two_steps_and_writes_its_results(tmp_path):
     """docs/agents.md's command, as written, shortened to two steps on small data; it writes
     `trapo-tools-output/eval_results.json` with every metric before and after, the model and a summary."""

@@ -185,6 +185,7 @@ def assert_masked_tool_output(trainer, output: str, policy_text: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["tools", "environment_factory"])
+@pytest.mark.slow
 def test_async_tool_calling_trains_with_staleness_the_decoupled_correction_and_the_tool_mask(tmp_path, mode):
     tok = tool_tokenizer()
     agent = dict(tools=[add]) if mode == "tools" else dict(environment_factory=RewardedAdder)
@@ -241,6 +242,7 @@ def test_async_tool_calling_trains_with_staleness_the_decoupled_correction_and_t
     assert_masked_tool_output(trainer, "t:3", CALL)
 
 
+@pytest.mark.slow
 def test_async_rollout_func_trains_with_staleness_the_correction_and_env_mask(tmp_path):
     tok = tool_tokenizer()
     trainer = RecordingTRAPOTrainer(

@@ -25,6 +25,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow
 def test_a_tiny_measurement_reports_every_figure_and_sees_dares_own_work(bench):
     # 2 strategies x 1 round x 4 steps: steps 1-3 measured, step 2 an update step (interval 2)
     result = bench.measure(["dare", "static"], steps=4, repeats=1, warmup=1, update_interval=2, log=lambda line: None)

@@ -428,6 +428,7 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     assert (out / "notes.txt").read_text() == "kept"
 
 
+@pytest.mark.slow
 def test_a_value_the_configuration_refuses_exits_2_as_argparse_does(tmp_path):
     """Trial 12's C06: `--kl_estimator k4` (argparse's choices) exited 2, `--missing_eos_penalty -1.0` (PPOConfig's
     check) printed the same `ppo_trl112_style.py: error:` line but exited 1. Both are usage errors found before

@@ -361,6 +361,7 @@ def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, monkeypa
     assert (snapshot(users_folder), snapshot(recipe)) == before
 
 
+@pytest.mark.slow
 def test_trapo_debug_shows_the_traceback_the_clean_message_hides(tmp_path):
     args = ("--reward_funcs", "not_a_reward")
     returncode, output = run_cli(*args, cwd=tmp_path)
@@ -441,6 +442,7 @@ def write_reward_module(folder: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_reward_function_that_raises_is_one_clean_message(tmp_path):
     """The user's reward raising (found by the construction-time check) was a RuntimeError with a traceback and exit
     1 (a new user's report); now one message naming the function and what it raised, exit 2."""
@@ -517,6 +519,7 @@ def test_max_eval_samples_caps_every_evaluation_dataset(tmp_path):
     assert len(more.eval_dataset) == 8
 
 
+@pytest.mark.slow
 def test_a_users_reward_function_and_the_eval_cap_run_end_to_end(tmp_path):
     """One short real job: `--reward_funcs my_rewards.counted` is called, and every evaluation sees 4 prompts."""
     write_reward_module(tmp_path)
@@ -1809,6 +1812,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_path, sig):
     """Ctrl-C / a preemption mid-run: a complete checkpoint, one line naming it and the resume flag, exit 130 / 143,
     no traceback, no final model or results (the run is not finished)."""
