@@ -35,7 +35,7 @@ from torch import nn
 from transformers import AutoProcessor, AutoTokenizer
 from transformers.trainer_callback import DefaultFlowCallback
 
-from .arguments import check_config_type, check_trainer_arguments
+from .arguments import check_config_type, check_trainable, check_trainer_arguments
 from .callbacks import (
     SHORT_CONSOLE_CALLBACKS,
     AdapterBankCallback,
@@ -1076,7 +1076,8 @@ def policy_and_reference(
 
     Raises:
         ValueError: adapter names without a PeftModel policy, or a `model_adapter_name` / `ref_adapter_name` the
-            policy does not have (naming the field, the value and the adapters it has).
+            policy does not have (naming the field, the value and the adapters it has); a policy without a trainable
+            parameter once its adapter is added ([`~trl_trapo.arguments.check_trainable`]).
     """
     created_adapter = peft_config is not None
     if created_adapter:
@@ -1103,6 +1104,8 @@ def policy_and_reference(
             )
     if args.model_adapter_name:
         model.set_adapter(args.model_adapter_name)
+    # the policy as it will train: an adapter added frozen trains nothing (trial 15's N27)
+    check_trainable("model", model, peft_config if created_adapter else None)
     if args.ref_adapter_name:
         ref_adapter = args.ref_adapter_name
     if ref_model is not None and is_peft_model(model):
