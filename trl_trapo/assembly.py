@@ -63,6 +63,7 @@ from .data import (
     DataSetup,
     PreparedData,
     ShardedSampler,
+    apply_transforms,
     check_datasets,
     check_templates_render,
     check_tokenizer,
@@ -179,6 +180,8 @@ class RunChecks:
             `environment_factory`, None without them.
         train_dataset (`Dataset`, *optional*): the user's `train_dataset`, or — with an `environment_factory` and no
             dataset — placeholder prompts the environment's `reset` writes.
+        datasets (`dict`): the trainer's dataset arguments by name, as the run reads them: a dataset's transform
+            applied ([`~trl_trapo.data.apply_transforms`]), `train_dataset` as above.
         own_source (`bool`): the run samples with a source of the user's (`rollout_source`, `rollout_func`, `tools` /
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
@@ -192,6 +195,7 @@ class RunChecks:
 
     agent: AgentSpec | None
     train_dataset: Dataset | None
+    datasets: dict[str, Any]
     own_source: bool
     verified_checkpoint: str | None
     rollout_state: bool | None
@@ -209,18 +213,19 @@ def check_run(
     environment_factory: Callable | dict[str, Callable] | None,
     objectives: list[Objective] | None = None,
 ) -> RunChecks:
-    """The construction checks that run before anything slow loads, in this order: the config's type, the launch
-    (FSDP or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the
-    config set up), every argument's type (`arguments`: the keyword arguments of
-    [`~trl_trapo.arguments.check_trainer_arguments`]), the
-    `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
-    datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, evaluation asked for without
-    an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
-    objectives; `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`,
-    `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read
-    them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`,
-    `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed); `objectives` is the trainer's
-    `objectives=` (their names are compared with the checkpoint's).
+    """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
+    or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
+    set up), every argument's type (`arguments`: the keyword arguments of
+    [`~trl_trapo.arguments.check_trainer_arguments`]), then each dataset's transform is applied
+    ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous run, the rollout source, the agent
+    arguments, the output directory, the datasets, the training setup (trackers, optimizer, scheduler), the best-model
+    metric, evaluation asked for without an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume
+    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the objectives;
+    `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`, `reward_model`,
+    `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read them; `datasets` holds
+    the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`,
+    `distillation_dataset`; not changed: `RunChecks.datasets` holds them as the run reads them); `objectives` is the
+    trainer's `objectives=` (their names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -231,10 +236,13 @@ def check_run(
     check_config_type(args, TRAPOConfig)
     # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
     check_launch(args.distributed_state)
-    train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
+    # a dataset's `set_transform` builds its rows' columns as they are read: applied once, the rows TRAPO checks and
+    # tokenizes are the ones the transform gives (trial 15's N23)
+    datasets = apply_transforms(datasets)
+    train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
         from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
 
@@ -278,7 +286,10 @@ def check_run(
     verified_checkpoint = check_resume(args, arguments, summary, rollout_state, objectives)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
-    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
+    datasets = {**datasets, RLObjective.ARGUMENT: train_dataset}  # the agent's prompts, if `check_agent` wrote them
+    return RunChecks(
+        agent, train_dataset, datasets, own_source, verified_checkpoint, rollout_state, summary, thread_choice
+    )
 
 
 def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:
