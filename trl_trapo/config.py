@@ -124,6 +124,31 @@ LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
 """`generation_kwargs` keys that change the sampled distribution away from softmax(logits / temperature)."""
 
 
+def job_arguments(names: list[str]) -> str:
+    """A sentence naming those of `names` that are arguments of the `trapo train` job and not TRAPOConfig fields (a
+    recipe's `model_name_or_path`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...: the fields of the job's
+    argument dataclasses, `trl_trapo.jobs.main.job_only_arguments`), each with where the Python API takes it, and the
+    other names when there are some; "" when none is (trial 15's N25: `TRAPOConfig(**yaml.safe_load(recipe))` got
+    Python's bare "unexpected keyword argument 'model_name_or_path'")."""
+    from .jobs.main import job_only_arguments  # the job's parser: imported only when a config is refused
+
+    job = job_only_arguments(names)
+    if not job:
+        return ""
+    where: dict[str, list[str]] = {}
+    for name, destination in job.items():
+        where.setdefault(destination, []).append(name)
+    others = [name for name in names if name not in job]
+    return (
+        f"arguments of the `trapo train` job, which are not TRAPOConfig fields: {', '.join(job)} (a recipe, e.g. "
+        "examples/recipes/*.yaml, holds the job's arguments and TRAPOConfig's together; the job's parser splits them). "
+        "In Python: "
+        + "; ".join(f"{', '.join(group)} -> {destination}" for destination, group in where.items())
+        + ". Or run the recipe as it is: `trapo train --config FILE`."
+        + (f" Neither TRAPOConfig nor the job takes {', '.join(others)}." if others else "")
+    )
+
+
 GRPO_ALIASES = {
     "max_completion_length": "response_length",
     "beta": "kl_coef",
@@ -831,7 +856,8 @@ class TRAPOConfig(_BaseConfig):
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
         # here first, naming it and the fix (GRPO's names of TRAPO's own settings are fields: `GRPO_ALIASES`)
-        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`)
+        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`), and an argument of the
+        # `trapo train` job a recipe holds (`job_arguments`)
         unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
         found = foreign_fields(unknown)
         if any(source == "TRL 0.x PPOConfig" for _, source, _ in found):  # 0.x meanings of names PPOConfig fills in
@@ -840,6 +866,10 @@ class TRAPOConfig(_BaseConfig):
                 for n in ("batch_size", "mini_batch_size")
                 if n in kwargs and n not in unknown
             ]
+        named = {name for name, _, _ in found}
+        job = job_arguments([name for name in unknown if name not in named]) if len(unknown) > len(named) else ""
+        if job and not found:
+            raise TypeError(f"{cls.__name__} got {job}")
         if found:
             parts = []
             for source in dict.fromkeys(source for _, source, _ in found):
@@ -860,7 +890,11 @@ class TRAPOConfig(_BaseConfig):
             }
             sources = dict.fromkeys(source for _, source, _ in found)
             raise TypeError(
-                f"{cls.__name__} got " + " It got ".join(parts) + " " + " ".join(guides[s] for s in sources)
+                f"{cls.__name__} got "
+                + " It got ".join(parts)
+                + " "
+                + " ".join(guides[s] for s in sources)
+                + (f" It also got {job}" if job else "")
             )
         return super().__new__(cls)
 
