@@ -390,6 +390,23 @@ def test_an_encoder_decoder_model_is_refused_at_construction(tmp_path, tokenizer
     assert "decoder-only" in message and "AutoModelForCausalLM" in message
 
 
+@pytest.mark.parametrize("role", ["model", "ref_model", "teacher_model"])
+def test_a_compiled_model_is_named_as_a_torch_compile_wrapper(tmp_path, tokenizer, tiny_config, role):
+    """Trial 15's N28: `torch.compile(model)` was "not a transformers model", with a fix (load it with its LM head,
+    or write a `PreTrainedModel` subclass) that did not apply: it is one, wrapped."""
+    arguments = {role: torch.compile(build_tiny_model(tokenizer))}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` is a `torch.compile` wrapper (OptimizedModule) of a LlamaForCausalLM"), (
+        message
+    )
+    assert f"pass the model itself (`{role}._orig_mod`" in message and "not a transformers model" not in message
+    assert ("set `torch_compile=True`" in message) == (role == "model"), message
+
+
 def test_a_vision_language_model_passes_the_model_checks():
     from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import is_compiled_module
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
@@ -148,6 +149,21 @@ def _check_language_model(name: str, value: Any) -> None:
     if not isinstance(value, nn.Module):
         return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
+    if is_compiled_module(value):  # `torch.compile(model)`: a wrapper, not "not a transformers model" (trial 15's N28)
+        inner = type(value._orig_mod).__name__  # torch's documented attribute of an OptimizedModule: the model
+        uses = "samples with its `generate`, saves it with `save_pretrained`, " if name == "model" else ""
+        fix = (
+            " and set `torch_compile=True` in the config for the trainer to compile the model it trains (as "
+            "transformers' Trainer does: it compiles the model after wrapping it, and saves the model itself)."
+            if name == "model"
+            else f"; TRAPO runs the {'reference' if name == 'ref_model' else 'teacher'} as given (`torch_compile=True`"
+            " compiles the trained policy only)."
+        )
+        raise TypeError(
+            f"`{name}` is a `torch.compile` wrapper (OptimizedModule) of a {inner}: TRAPO reads the model's `config`, "
+            f"{uses}and calls it with `input_ids=`, on the model itself, not a wrapper. Fix: pass the model itself "
+            f"(`{name}._orig_mod`, or the model before `torch.compile`){fix}"
+        )
     if not isinstance(base, PreTrainedModel) or not base.can_generate():
         what = (
             "a transformers model without a language-model head"
@@ -440,7 +456,8 @@ def check_trainer_arguments(**arguments: Any) -> None:
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`. Every
             bad entry of a list (`reward_funcs`, `reward_processing_classes`, `callbacks`) is named in one message.
         TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
-            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
+            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s),
+            or a `torch.compile` wrapper of one (the fix: the model itself, with `torch_compile=True` for the policy).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
