@@ -133,7 +133,7 @@ from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
-from .setup_checks import check_neftune, check_training_setup
+from .setup_checks import apply_log_level, check_neftune, check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
@@ -215,17 +215,18 @@ def check_run(
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
     or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
-    set up), every argument's type (`arguments`: the keyword arguments of
-    [`~trl_trapo.arguments.check_trainer_arguments`]), then each dataset's transform is applied
-    ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous run, the rollout source, the agent
-    arguments, the output directory, the datasets, the training setup (trackers, optimizer, scheduler), the best-model
-    metric, evaluation asked for without an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume
-    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the objectives;
-    `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`, `reward_model`,
-    `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read them; `datasets` holds
-    the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`,
-    `distillation_dataset`; not changed: `RunChecks.datasets` holds them as the run reads them); `objectives` is the
-    trainer's `objectives=` (their names are compared with the checkpoint's).
+    set up), the `trl_trapo` logger's level from an explicit `log_level` ([`~trl_trapo.setup_checks.apply_log_level`]),
+    every argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), then
+    each dataset's transform is applied ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous
+    run, the rollout source, the agent arguments, the output directory, the datasets, the training setup (trackers,
+    optimizer, scheduler), the best-model metric, evaluation asked for without an `eval_dataset` (`eval_strategy`,
+    `eval_on_start`), the checkpoint to resume from (every file's SHA-256, and that it fits the run: weights, datasets,
+    the rollout source's state, the objectives; `train` does not hash it again), torch's threads. `arguments` also gives
+    `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to
+    the checks that read them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`,
+    `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed: `RunChecks.datasets` holds
+    them as the run reads them); `objectives` is the trainer's `objectives=` (their names are compared with the
+    checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -236,6 +237,7 @@ def check_run(
     check_config_type(args, TRAPOConfig)
     # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
     check_launch(args.distributed_state)
+    apply_log_level(args)  # an explicit `log_level` sets TRAPO's own logger too, as the Trainer sets transformers'
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
