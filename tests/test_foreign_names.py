@@ -142,6 +142,30 @@ def test_a_recipe_given_to_trapo_config_names_the_jobs_arguments_and_where_each_
         assert needle in message, (needle, message)
 
 
+def test_the_configs_table_of_job_arguments_is_the_jobs_parser():
+    """The core never imports the jobs, so `TRAPOConfig` reads TRL's `ModelConfig` / `ScriptArguments` fields and
+    its own table of the job's other arguments: together they must be exactly the main job's arguments that are not
+    config fields (a new job argument fails here until it is placed), each placed at a `TRAPOTrainer` parameter."""
+    import dataclasses
+
+    from trl import ModelConfig, ScriptArguments
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.config import JOB_ARGUMENT_PLACES, JOB_ARGUMENTS, job_argument_place
+    from trl_trapo.jobs.main import JOB_CLASSES, known_fields
+    from trl_trapo.objectives import WITH_DATA
+
+    config_fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
+    job_only = set(known_fields(JOB_CLASSES)) - config_fields
+    trl_fields = {f.name for cls in (ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
+    placed = {name for name in job_only | set(JOB_ARGUMENTS) | trl_fields if job_argument_place(name) is not None}
+    assert placed - config_fields == job_only
+    parameters = inspect.signature(TRAPOTrainer.__init__).parameters
+    assert all(job_argument_place(n) in JOB_ARGUMENT_PLACES or job_argument_place(n) in parameters for n in job_only)
+    for objective in WITH_DATA:  # each objective's dataset flags go to its dataset argument
+        assert job_argument_place(f"{objective.DATA_FLAGS}_name") == objective.ARGUMENT, objective
+
+
 def test_a_job_argument_beside_a_trl_field_and_an_unknown_name_are_all_named(tmp_path):
     with pytest.raises(TypeError) as caught:
         TRAPOConfig(output_dir=str(tmp_path), max_length=64, value_model_name_or_path="critic", not_a_field=1)

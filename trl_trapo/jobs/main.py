@@ -52,7 +52,6 @@ import dataclasses
 import difflib
 import functools
 import importlib
-import inspect
 import json
 import logging
 import os
@@ -331,40 +330,6 @@ def help_command(program: str, command: str | None = None) -> str:
 def known_fields(classes: tuple = JOB_CLASSES) -> list[str]:
     """Every argument name the parser accepts (the fields of `classes`, the parser's dataclasses), without `--`."""
     return [f.name for cls in classes for f in dataclasses.fields(cls) if f.init]
-
-
-def python_destination(name: str, cls: type) -> str:
-    """Where the Python API takes what the main job's argument `name` (a field of the parser's dataclass `cls`, not
-    of TRAPOConfig) sets: a `TRAPOTrainer` argument, the model's loading, or nothing (the job's own setting)."""
-    trainer_parameters = inspect.signature(TRAPOTrainer.__init__).parameters
-    if name == "model_name_or_path":
-        return "`TRAPOTrainer(model=...)` (the id or path, which TRAPO loads, or a loaded model)"
-    if issubclass(cls, ModelConfig):  # TRL's model arguments: the adapter's, or how the model loads
-        if name in ("use_peft", "use_rslora", "use_dora") or name.startswith("lora_"):
-            return "`TRAPOTrainer(peft_config=peft.LoraConfig(...))` (TRL's `get_peft_config(model_args)` builds it)"
-        return (
-            "how the model loads: `TRAPOConfig(model_init_kwargs={...})`, e.g. `{'dtype': 'bfloat16'}`, when "
-            "`model=` is an id or path, or your own `from_pretrained(...)`"
-        )
-    if name in ("dataset_test_split", "max_eval_samples"):
-        return "`TRAPOTrainer(eval_dataset=...)` (the held-out split you load; `.select(range(n))` for n rows)"
-    for objective in WITH_DATA:
-        if name.startswith(f"{objective.DATA_FLAGS}_") or name == objective.STREAMING_FLAG:
-            return f"`TRAPOTrainer({objective.ARGUMENT}=...)`, a dataset you load (`datasets.load_dataset(...)`)"
-    argument = name.removesuffix("_name_or_path")
-    if argument in trainer_parameters:
-        return f"`TRAPOTrainer({argument}=...)`"
-    return "the job's own setting (`trapo train --help`), which the Python API has no argument of"
-
-
-def job_only_arguments(names, classes: tuple = JOB_CLASSES) -> dict[str, str]:
-    """The names among `names` that are arguments of the main job (fields of its parser's dataclasses `classes`)
-    and not fields of TRAPOConfig (a recipe's `model_name_or_path`, `use_peft`, `dataset_name`, `reward_funcs`, ...),
-    each with where the Python API takes it ([`python_destination`]), in the order of `names`. `TRAPOConfig.__new__`
-    names them when a recipe's keys are passed to it (trial 15's N25)."""
-    config_fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
-    owner = {f.name: cls for cls in classes for f in dataclasses.fields(cls) if f.init and f.name not in config_fields}
-    return {name: python_destination(name, owner[name]) for name in names if name in owner}
 
 
 REMOVED = "was removed in transformers 5: drop it; "
