@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from accelerate.utils import is_compiled_module
+from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
@@ -150,7 +150,7 @@ def _check_language_model(name: str, value: Any) -> None:
         return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
     if is_compiled_module(value):  # `torch.compile(model)`: a wrapper, not "not a transformers model" (trial 15's N28)
-        inner = type(value._orig_mod).__name__  # torch's documented attribute of an OptimizedModule: the model
+        inner = type(extract_model_from_parallel(value, keep_torch_compile=False)).__name__  # the compiled model
         uses = "samples with its `generate`, saves it with `save_pretrained`, " if name == "model" else ""
         fix = (
             " and set `torch_compile=True` in the config for the trainer to compile the model it trains (as "
