@@ -122,7 +122,7 @@ from .objectives import (
 from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
     RewardScorer,
-    check_reward_checkpoint,
+    check_reward_paths,
     check_scored_columns,
     load_reward_funcs,
     reward_function_name,
@@ -178,10 +178,9 @@ class RunChecks:
     Attributes:
         agent ([`~trl_trapo.agents.AgentSpec`], *optional*): the tool-calling spec of `tools` /
             `environment_factory`, None without them.
-        train_dataset (`Dataset`, *optional*): the user's `train_dataset`, or — with an `environment_factory` and no
-            dataset — placeholder prompts the environment's `reset` writes.
-        datasets (`dict`): the trainer's dataset arguments by name, as the run reads them: a dataset's transform
-            applied ([`~trl_trapo.data.apply_transforms`]), `train_dataset` as above.
+        datasets (`dict`): the trainer's dataset arguments by name, as the run reads them: each dataset's transform
+            applied ([`~trl_trapo.data.apply_transforms`]); `train_dataset` — also the attribute of that name — is
+            the user's, or, with an `environment_factory` and no dataset, placeholder prompts its `reset` writes.
         own_source (`bool`): the run samples with a source of the user's (`rollout_source`, `rollout_func`, `tools` /
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
@@ -194,13 +193,17 @@ class RunChecks:
     """
 
     agent: AgentSpec | None
-    train_dataset: Dataset | None
     datasets: dict[str, Any]
     own_source: bool
     verified_checkpoint: str | None
     rollout_state: bool | None
     datasets_summary: dict
     thread_choice: ThreadChoice
+
+    @property
+    def train_dataset(self) -> Dataset | None:
+        """The RL prompts the run reads (see `datasets`)."""
+        return self.datasets.get(RLObjective.ARGUMENT)
 
 
 def check_run(
@@ -215,18 +218,17 @@ def check_run(
 ) -> RunChecks:
     """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
     or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
-    set up), the `trl_trapo` logger's level from an explicit `log_level` ([`~trl_trapo.setup_checks.apply_log_level`]),
-    every argument's type (`arguments`: the keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), then
-    each dataset's transform is applied ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous
-    run, the rollout source, the agent arguments, the output directory, the datasets, the training setup (trackers,
-    optimizer, scheduler), the best-model metric, evaluation asked for without an `eval_dataset` (`eval_strategy`,
-    `eval_on_start`), the checkpoint to resume from (every file's SHA-256, and that it fits the run: weights, datasets,
-    the rollout source's state, the objectives; `train` does not hash it again), torch's threads. `arguments` also gives
-    `model`, `reward_funcs`, `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to
-    the checks that read them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`,
-    `eval_dataset`, `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed: `RunChecks.datasets` holds
-    them as the run reads them); `objectives` is the trainer's `objectives=` (their names are compared with the
-    checkpoint's).
+    set up), TRAPO's log level ([`~trl_trapo.setup_checks.apply_log_level`]), every argument's type (`arguments`: the
+    keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the datasets' transforms applied
+    ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous run, the rollout source, the agent
+    arguments, the output directory, the datasets, the training setup (trackers, optimizer, scheduler), the best-model
+    metric, evaluation asked for without an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume
+    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the objectives;
+    `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`, `reward_model`,
+    `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read them; `datasets` holds
+    the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`,
+    `distillation_dataset`; not changed: see `RunChecks.datasets`); `objectives` is the trainer's `objectives=` (their
+    names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -241,9 +243,7 @@ def check_run(
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
-    # a dataset's `set_transform` builds its rows' columns as they are read: applied once, the rows TRAPO checks and
-    # tokenizes are the ones the transform gives (trial 15's N23)
-    datasets = apply_transforms(datasets)
+    datasets = apply_transforms(datasets)  # rows as a `set_transform` gives them (trial 15's N23)
     train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
         from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
@@ -271,11 +271,7 @@ def check_run(
     # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
     check_training_setup(args, arguments.get("optimizers", (None, None)))
     check_neftune(args, (train_dataset is not None or own_source) and args.rl_weight > 0)
-    # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
-    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
-        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
-            check_reward_checkpoint(os.path.expanduser(entry), given_as)
+    check_reward_paths(reward_funcs, reward_model)  # a reward model by local path is a classifier (its config only)
     names = reward_names(reward_funcs, reward_model, agent.rewards if agent is not None else ())  # as the scorer's
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"), names, tools=agent is not None)
     # evaluation during training needs held-out data (transformers' `Trainer.__init__` said so only after tokenizing)
@@ -289,9 +285,7 @@ def check_run(
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
     datasets = {**datasets, RLObjective.ARGUMENT: train_dataset}  # the agent's prompts, if `check_agent` wrote them
-    return RunChecks(
-        agent, train_dataset, datasets, own_source, verified_checkpoint, rollout_state, summary, thread_choice
-    )
+    return RunChecks(agent, datasets, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
 
 
 def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:
