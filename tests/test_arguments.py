@@ -646,3 +646,83 @@ def test_a_torch_scorer_module_as_a_reward_is_told_to_wrap_it_in_a_reward_functi
 
     trainer = build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), reward_funcs=my_reward)
     assert trainer.train().global_step >= 1
+
+
+# ---- one model in two roles where a term would vanish (trial 15's N14) ----
+def policy_and_same_reference(tokenizer, kind: str):
+    """`(model, ref_model)` where the reference is (or holds) the policy's trainable weights."""
+    from peft import LoraConfig, get_peft_model
+
+    model = build_tiny_model(tokenizer, seed=0)
+    if kind == "same object":
+        return model, model
+    if kind == "peft base model":  # the base model of a PeftModel carries the adapter's layers
+        peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+        return peft_model, peft_model.get_base_model()
+    reference = build_tiny_model(tokenizer, seed=1)  # "shared layers": a separate head on the policy's body
+    reference.model = model.model
+    return model, reference
+
+
+@pytest.mark.parametrize("kind", ["same object", "peft base model", "shared layers"])
+def test_a_reference_that_is_the_policy_is_refused(tmp_path, tokenizer, tiny_config, kind):
+    """The old code accepted `ref_model=model`: the reference moved with the policy, so `objective/kl` stayed ~1e-13
+    while the policy moved (kl_coef=0.1 did nothing). TRL's PPOTrainer and DPOTrainer refuse the same object."""
+    model, reference = policy_and_same_reference(tokenizer, kind)
+    with pytest.raises(ValueError) as raised:
+        build(
+            tmp_path, tokenizer, tiny_config, model=model, ref_model=reference, args=tiny_config(tmp_path, kl_coef=0.1)
+        )
+    message = str(raised.value)
+    what = {
+        "same object": "is the same object as `model`",
+        "peft base model": "is the base model of the PeftModel `model`",
+        "shared layers": f"shares {len(list(reference.model.parameters()))} trainable parameter tensor(s) with `model`",
+    }[kind]
+    for needle in (f"`ref_model` {what}", "the KL penalty towards it would always be 0", "Fix: ref_model=None",
+                   "`ref_model=copy.deepcopy(model)`"):  # fmt: skip
+        assert needle in message, (needle, message)
+
+
+def test_a_separate_copy_of_the_policy_is_a_reference(tokenizer):
+    import copy
+
+    model = build_tiny_model(tokenizer, seed=0)
+    check_trainer_arguments(model=model, ref_model=copy.deepcopy(model))
+
+
+def test_the_ppo_trainer_refuses_the_policy_as_its_reference(tmp_path, tokenizer):
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 4})
+    args = PPOConfig(output_dir=str(tmp_path), report_to="none", total_episodes=4, per_device_train_batch_size=4)
+    model = build_tiny_model(tokenizer, seed=0)
+    with pytest.raises(ValueError, match=re.escape("`ref_model` is the same object as `model`")):
+        PPOTrainer(args, tokenizer, model, model, sequence_classifier(tokenizer, 1), dataset)
+
+
+@pytest.mark.parametrize("role", ["reward_model", "reward_funcs"])
+def test_a_critic_that_is_a_reward_model_is_refused(tmp_path, tokenizer, tiny_config, role):
+    """Reward models are frozen: the same object as `value_model` left the critic with no trainable weight, its
+    value loss logged while it never moved (the old code built the trainer without a word)."""
+    critic = sequence_classifier(tokenizer, 1)
+    arguments = {role: [exact_match_reward, critic] if role == "reward_funcs" else critic}
+    name = "reward_funcs[1]" if role == "reward_funcs" else role
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), value_model=critic, **arguments)
+    message = str(raised.value)
+    assert f"`value_model` is the same object as `{name}`: reward models are frozen" in message, message
+    assert "value_model=copy.deepcopy(reward_model)" in message
+
+
+def test_a_reference_given_with_kl_coef_zero_is_said_unused_and_not_kept(tmp_path, tokenizer, tiny_config, caplog):
+    """kl_coef=0 turns the KL term off: the reference the user gave is never run. The old code said nothing and
+    kept it (prepared on the device); as TRL's GRPOTrainer with beta=0, the trainer keeps none."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="trl_trapo"):
+        trainer = build(
+            tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), ref_model=build_tiny_model(tokenizer),
+            args=tiny_config(tmp_path, max_steps=1, kl_coef=0.0),
+        )  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "`ref_model` is given, but kl_coef=0" in r.getMessage()]
+    assert len(said) == 1 and "the reference is not used" in said[0], said
+    assert trainer.ref_model is None and trainer.reference is None

@@ -68,6 +68,54 @@ def test_kto_rows_with_a_boolean_label_are_refused_as_sft_demonstrations():
     check_sft_dataset(Dataset.from_dict({**kto, "label": ["math"] * 4}))  # a label that is no preference passes
 
 
+PREFERENCE_FORMS = {  # TRL's preference formats (huggingface.co/docs/trl/dataset_formats)
+    "explicit prompt": {"prompt": ["rev ab="] * 4, "chosen": ["ba"] * 4, "rejected": ["ab"] * 4},
+    "implicit prompt, conversational": {  # as trl-lib/ultrafeedback_binarized
+        "chosen": [[{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba"}]] * 4,
+        "rejected": [[{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ab"}]] * 4,
+    },
+    "implicit prompt, text": {"chosen": ["rev ab= ba"] * 4, "rejected": ["rev ab= ab"] * 4},
+}
+
+
+def code_spans(message: str) -> list[str]:
+    return re.findall(r"`(dataset[^`]*)`", message)
+
+
+@pytest.mark.parametrize("form", PREFERENCE_FORMS)
+def test_preference_rows_are_named_as_such_with_a_fix_that_works(form):
+    """Trial 15's N12: preference rows as `sft_dataset` were told to rename a '<prompt column>' that does not exist.
+    In each slot they are named as preference data (TRAPO trains no preference loss), and the `dataset...` code the
+    message gives, run as written (with TRL's `extract_prompt`), makes demonstrations `sft_dataset` accepts and, for
+    `train_dataset`, prompts."""
+    from trl.data_utils import extract_prompt
+
+    dataset = Dataset.from_dict(PREFERENCE_FORMS[form])
+    checks = {"sft_dataset": check_sft_dataset, "pretrain_dataset": check_pretrain_dataset}
+    if form != "explicit prompt":  # with a 'prompt' column they are valid RL prompts (chosen/rejected: reward kwargs)
+        checks["train_dataset"] = check_prompt_dataset
+    for name, check in checks.items():
+        with pytest.raises(ValueError) as raised:
+            check(dataset)
+        message = str(raised.value)
+        for needle in (f"`{name}` holds preference data", "'chosen' / 'rejected' columns", "no preference loss"):
+            assert needle in message, (needle, message)
+        assert "<prompt column>" not in message and "<completion column>" not in message, message
+        spans = code_spans(message)
+        assert spans, message
+        fixed = [eval(span, {"dataset": dataset, "extract_prompt": extract_prompt}) for span in spans]  # noqa: S307
+        check_sft_dataset(fixed[0])  # the demonstrations
+        answer = fixed[0][0]["completion" if "completion" in fixed[0].column_names else "messages"]
+        answer = answer if isinstance(answer, str) else answer[-1]["content"]
+        assert answer.strip() == "ba", answer  # the chosen answer, not the rejected one
+        if name == "train_dataset":
+            check_prompt_dataset(fixed[1])
+            assert fixed[1].column_names == ["prompt"], fixed[1].column_names
+    streamed = Dataset.from_dict(PREFERENCE_FORMS[form]).to_iterable_dataset()  # its rows are not read: every form
+    with pytest.raises(ValueError, match="`sft_dataset` holds preference data"):
+        check_sft_dataset(streamed)
+
+
 def test_check_prompt_dataset():
     check_prompt_dataset(Dataset.from_dict({"prompt": ["a"]}))
     check_prompt_dataset(Dataset.from_dict({"input_ids": [[1, 2]]}))

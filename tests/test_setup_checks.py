@@ -65,25 +65,44 @@ def saved_model(tmp_path, tokenizer):
         (  # X06b: transformers' ValueError after the initial evaluation
             {"lr_scheduler_type": "cosine_with_min_lr"},
             r"lr_scheduler_type='cosine_with_min_lr' with lr_scheduler_kwargs=None cannot be built: .*"
-            r"--lr_scheduler_kwargs '\{\"min_lr_rate\": 0.1\}'",
+            r"it needs a floor: lr_scheduler_kwargs=\{\"min_lr_rate\": 0.1\}",  # field language (CLI: flags)
         ),
         (  # X08: "could not convert string to float" after the initial evaluation
             {"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": "x"}},
             r"lr_scheduler_type='cosine' with lr_scheduler_kwargs=\{'num_cycles': 'x'\} cannot be built: "
             r"ValueError: could not convert string to float",
         ),
-        (
+        (  # refused by the config since trial 15's N17 (a scheduler that takes no lr_scheduler_kwargs)
             {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"num_cycles": 2}},
-            r"lr_scheduler_type='linear' .* cannot be built: TypeError: .*unexpected keyword argument 'num_cycles'",
+            r"lr_scheduler_type='linear' .* is invalid: 'linear' .* takes no lr_scheduler_kwargs \(transformers would "
+            r"refuse them when training starts\)",
         ),
         (  # CM27: the fix was cosine_with_min_lr's floor, which linear does not take
             {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
-            r"Fix: 'linear' \(transformers' get_linear_schedule_with_warmup\) takes no lr_scheduler_kwargs: drop them "
-            r"\(for a floor, `--lr_scheduler_type cosine_with_min_lr`\)\.$",
+            r"'linear' \(transformers' get_linear_schedule_with_warmup\) takes no lr_scheduler_kwargs .* Fix: drop "
+            r"lr_scheduler_kwargs, or choose a scheduler that reads them \(for a floor, "
+            r"lr_scheduler_type='cosine_with_min_lr'\)\.$",
+        ),
+        (  # a key the scheduler does not take: the trainer builds it once; the floor in field language (N17)
+            {"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
+            r"cannot be built: TypeError: .*'min_lr'\. Fix: 'cosine' .* takes only num_cycles in lr_scheduler_kwargs, "
+            r"with numbers as numbers \(for a floor, lr_scheduler_type='cosine_with_min_lr'\)\.$",
         ),
         (
             {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
             r"Fix: 'polynomial' .* takes only lr_end, power in lr_scheduler_kwargs",
+        ),
+        (  # a scheduler stepped on a metric: built (not stepped); torch's TypeError came in train() (N17's sibling)
+            {
+                "lr_scheduler_type": "reduce_lr_on_plateau",
+                "lr_scheduler_kwargs": {"mode": "max", "patiense": 2},
+                "eval_strategy": "steps",
+                "eval_steps": 1,
+                "metric_for_best_model": "eval_reward",
+            },
+            r"cannot be built: TypeError: .*'patiense'\. Fix: 'reduce_lr_on_plateau' \(transformers' "
+            r"get_reduce_on_plateau_schedule: torch\.optim\.lr_scheduler\.ReduceLROnPlateau\) takes only mode, factor, "
+            r"patience,",
         ),
         ({"adam_beta1": 1.5}, r"The optimizer cannot be built from optim='adamw_torch_fused'.*adam_beta1=1.5"),
     ],
@@ -93,6 +112,79 @@ def test_optimizer_and_scheduler_settings_are_built_once_at_construction(
 ):
     with pytest.raises(ValueError, match=message):
         build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), **overrides)
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "kwargs", "needles"),
+    [
+        (  # trial 15's N17: trained with the rate rising to 0.0025, 0.0035 above learning_rate=0.002
+            "cosine_with_min_lr",
+            {"min_lr_rate": 2.0},
+            ["min_lr_rate must be in [0, 1], got 2.0", "the rate would rise above learning_rate", "min_lr_rate=0.1"],
+        ),
+        ("cosine_with_min_lr", {"min_lr": 0.01}, ["min_lr must be in [0, learning_rate=0.002], got 0.01"]),
+        ("cosine_with_min_lr", {"min_lr": -1e-4}, ["min_lr must be in [0, learning_rate=0.002]", "turn negative"]),
+        (
+            "cosine_warmup_with_min_lr",
+            {"min_lr_rate": 0.1, "warmup_lr_rate": 1.5},
+            ["warmup_lr_rate must be in [0, 1]"],
+        ),
+        ("warmup_stable_decay", {"num_decay_steps": 1, "min_lr_ratio": -0.5}, ["min_lr_ratio must be in [0, 1]"]),
+        ("polynomial", {"lr_end": -1e-7}, ["lr_end must be in [0, learning_rate=0.002]", "turn negative"]),
+        (  # N17: transformers' get_scheduler drops the kwargs of these two, where linear refuses the same key
+            "constant",
+            {"foo": 1},
+            [
+                "'constant' (transformers' get_constant_schedule) takes no lr_scheduler_kwargs (transformers would "
+                "ignore them without a word). Fix: drop lr_scheduler_kwargs"
+            ],
+        ),  # fmt: skip
+        ("constant_with_warmup", {"num_cycles": 2}, ["'constant_with_warmup'", "takes no lr_scheduler_kwargs"]),
+    ],
+)
+def test_scheduler_kwargs_transformers_would_train_wrongly_with_are_refused_by_the_config(
+    tmp_path, scheduler, kwargs, needles
+):
+    """transformers takes a floor above the peak (the rate rises) and drops the kwargs of `constant` without a word;
+    the config refuses both when it is built, naming the scheduler, the kwargs and the fix."""
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(
+            output_dir=str(tmp_path), learning_rate=2e-3, lr_scheduler_type=scheduler, lr_scheduler_kwargs=kwargs,
+            report_to="none",
+        )  # fmt: skip
+    message = str(raised.value)
+    assert message.startswith(f"TRAPOConfig.lr_scheduler_type={scheduler!r} with lr_scheduler_kwargs={kwargs!r}")
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_scheduler_kwargs_in_range_pass_and_the_floor_fix_is_in_each_language(tmp_path):
+    """The limits themselves are accepted; the fixes name fields in Python and flags on the command line (trial 15's
+    N17: the Python message named `--lr_scheduler_type cosine_with_min_lr`)."""
+    from trl_trapo.jobs.main import config_flag_names
+
+    for scheduler, kwargs in [
+        ("cosine_with_min_lr", {"min_lr_rate": 1.0}),
+        ("cosine_with_min_lr", {"min_lr": 2e-3}),
+        ("cosine_with_min_lr", {"min_lr": 0}),
+        ("warmup_stable_decay", {"num_decay_steps": 1, "min_lr_ratio": 0.0}),
+        ("constant", None),
+        ("constant", {}),
+    ]:
+        TRAPOConfig(
+            output_dir=str(tmp_path), learning_rate=2e-3, lr_scheduler_type=scheduler, lr_scheduler_kwargs=kwargs,
+            report_to="none",
+        )  # fmt: skip
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(
+            output_dir=str(tmp_path),
+            lr_scheduler_type="linear",
+            lr_scheduler_kwargs={"min_lr": 1e-6},
+            report_to="none",
+        )
+    python = str(raised.value)
+    assert "(for a floor, lr_scheduler_type='cosine_with_min_lr')" in python and "--" not in python, python
+    assert "(for a floor, --lr_scheduler_type cosine_with_min_lr)" in config_flag_names(python)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")

@@ -1088,6 +1088,41 @@ def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite
         verify_checkpoint(str(not_ours), 1)
 
 
+@pytest.mark.parametrize("popped", ["StateCheckpointCallback", "StopOnSignalCallback", None])
+def test_a_removed_callback_trapo_needs_is_warned_about_at_train_and_named_at_resume(
+    tmp_path, tokenizer, suite, tiny_config, caplog, popped
+):
+    """Trial 15's N31: `pop_callback(StateCheckpointCallback)` trained and saved checkpoints without `trapo/` without a
+    word, and resuming one said it "was not written by TRAPOTrainer". `train()` now warns once naming the callback and
+    what is lost, and the resume message names the removed callback as a possible cause."""
+    from trl_trapo import callbacks
+
+    def trainer(output_dir, max_steps):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0), processing_class=tokenizer, sft_dataset=suite.sft,
+            args=tiny_config(output_dir, max_steps=max_steps, save_strategy="steps", save_steps=1),
+        )  # fmt: skip
+
+    first = trainer(tmp_path / "out", 1)
+    if popped is not None:
+        assert isinstance(first.pop_callback(getattr(callbacks, popped)), getattr(callbacks, popped))
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        first.train()
+    said = [r.getMessage() for r in caplog.records if "A callback TRAPO needs was removed" in r.getMessage()]
+    if popped is None:
+        assert said == [], said
+        return
+    assert len(said) == 1 and f"{popped}: it " in said[0] and f"Fix: keep {popped}" in said[0], said
+    what = {"StateCheckpointCallback": "cannot be resumed", "StopOnSignalCallback": "a signal is held"}[popped]
+    assert what in said[0], said
+    if popped == "StateCheckpointCallback":
+        with pytest.raises(CheckpointError) as raised:
+            trainer(tmp_path / "again", 2).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+        message = str(raised.value)
+        assert "has no trapo/ folder" in message, message
+        assert "StateCheckpointCallback, which writes that folder) was removed" in message, message
+
+
 @pytest.mark.parametrize(
     ("saved", "resumed", "needles"),
     [

@@ -8,7 +8,9 @@ the user never named, often after the policy has loaded and the datasets are tok
 refuses it first, naming the argument, the value and what to pass. The accepted types are TRL 1.16's (`GRPOTrainer`,
 `transformers.Trainer`), plus tuples wherever a list is taken. A reward or value model must also have the head TRAPO
 reads its score from, with one output ([`~trl_trapo.models.check_score_head`]): a causal LM, or `num_labels=2`, would
-fail at the first step or, worse, train on its first label. Arguments with checks of their own (the datasets,
+fail at the first step or, worse, train on its first label. One model passed in two roles where a loss term would
+then vanish (`ref_model=model`, a critic that is a frozen reward model) is refused ([`check_distinct_models`]).
+Arguments with checks of their own (the datasets,
 `tools`' entries, `environment_factory`, `rollout_func`, `rollout_source`, `objectives`) are left to them.
 
 Positional arguments in TRL `GRPOTrainer`'s or `SFTTrainer`'s order, which `TRAPOTrainer`'s leaves after
@@ -480,11 +482,73 @@ def check_trainer_arguments(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)
+    check_distinct_models(arguments)  # before `check_trainable`: a reward model given as the critic is frozen later
     if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable (checked once added)
         check_trainable("model", arguments.get("model"))
     check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
     for name in ("model", "value_model"):  # parameters made in `torch.inference_mode()` can never train
         check_not_inference_tensors(name, arguments.get(name))
+
+
+def _shared_trainable(model: nn.Module, other: nn.Module) -> int:
+    """How many of `other`'s parameter tensors are trainable tensors of `model` (the same objects)."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    return sum(id(p) in trainable for p in other.parameters())
+
+
+def check_distinct_models(arguments: dict[str, Any]) -> None:
+    """Refuse a model passed in two roles where that makes a term of the loss vanish without a word (trial 15's N14):
+
+    - `ref_model` that is `model` itself (or, for a `PeftModel` policy, its base model, which carries the adapter),
+      or that holds trainable tensors of `model`: the reference moves with the policy, so the KL penalty is always 0
+      while the policy moves. TRL's PPOTrainer and DPOTrainer refuse the same object too.
+    - `value_model` that is also a reward model (`reward_model`, or an entry of `reward_funcs`): reward models are
+      frozen, so the critic would never learn (and a trained one would move the rewards).
+
+    `teacher_model` that is the policy is refused where the teacher is loaded (`teacher.load_teacher`); a reward or
+    value model that is the policy lacks the score head its own check asks for.
+
+    Args:
+        arguments: `TRAPOTrainer`'s arguments by name (`model`, `ref_model`, `value_model`, `reward_model`,
+            `reward_funcs`, `peft_config`; missing ones count as not given).
+
+    Raises:
+        ValueError: naming both arguments, what vanishes and the fix.
+    """
+    model, ref_model = arguments.get("model"), arguments.get("ref_model")
+    if isinstance(model, nn.Module) and isinstance(ref_model, nn.Module):
+        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+        shared = 0 if arguments.get("peft_config") is not None else _shared_trainable(model, ref_model)
+        if ref_model is model or ref_model is base or shared:
+            what = (
+                "is the same object as `model`"
+                if ref_model is model
+                else "is the base model of the PeftModel `model`, which carries its adapter"
+                if ref_model is base
+                else f"shares {shared} trainable parameter tensor(s) with `model`"
+            )
+            raise ValueError(
+                f"`ref_model` {what}: the reference would move with the policy, so the KL penalty towards it would "
+                "always be 0 (kl_coef would do nothing). Fix: ref_model=None (TRAPO makes a frozen copy of the policy; "
+                "with PEFT, the adapter's starting point: the base model with the adapter disabled, or a frozen copy "
+                "of an adapter already trained), or pass a separate copy, `ref_model=copy.deepcopy(model)`."
+            )
+    value_model = arguments.get("value_model")
+    if not isinstance(value_model, nn.Module):
+        return
+    funcs = arguments.get("reward_funcs")
+    rewards = [("reward_model", arguments.get("reward_model"))] + [
+        (f"reward_funcs[{i}]" if isinstance(funcs, (list, tuple)) else "reward_funcs", func)
+        for i, func in enumerate(funcs if isinstance(funcs, (list, tuple)) else [funcs])
+    ]
+    for name, reward in rewards:
+        if reward is value_model:
+            raise ValueError(
+                f"`value_model` is the same object as `{name}`: reward models are frozen, so the critic would never "
+                "learn its value estimates (and if it did, the rewards would move with it). Fix: pass a separate "
+                "critic, e.g. `value_model=copy.deepcopy(reward_model)` (TRL's PPO starts the critic from the reward "
+                "model's weights), or value_model=None for group-relative advantages."
+            )
 
 
 def check_trainable(name: str, model: Any, peft_config: Any = None) -> None:

@@ -47,6 +47,7 @@ from .callbacks import (
     StopOnSignalCallback,
     SyncReferenceCallback,
     WeightSnapshotCallback,
+    warn_removed_callbacks,
 )
 from .checkpoint import (
     STATE_DIR,
@@ -1076,7 +1077,8 @@ def policy_and_reference(
     model: Any, model_id: str | None, ref_model: Any, args: TRAPOConfig, peft_config: Any
 ) -> tuple[Any, Any, str | None]:
     """The policy (wrapped in a fresh adapter with `peft_config`), and its reference: a frozen model, or — for a
-    PEFT policy — an adapter name ("" = adapter disabled).
+    PEFT policy — an adapter name ("" = adapter disabled). With `kl_coef=0` there is none: a `ref_model` given is
+    dropped, with an info line (the KL term is off, so it would only take device memory).
 
     Returns:
         `(policy, reference model or None, reference adapter name or None)`.
@@ -1115,6 +1117,12 @@ def policy_and_reference(
     check_trainable("model", model, peft_config if created_adapter else None)
     if args.ref_adapter_name:
         ref_adapter = args.ref_adapter_name
+    if ref_model is not None and args.kl_coef == 0:  # as TRL's GRPOTrainer, which keeps no reference with beta=0
+        logger.info(
+            "`ref_model` is given, but kl_coef=0: the KL penalty is off, so the reference is not used (not prepared "
+            "or run, and `trainer.ref_model` is None). Set kl_coef > 0 to penalise the KL towards it, or drop it."
+        )
+        ref_model = None
     if ref_model is not None and is_peft_model(model):
         logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
     if args.kl_coef > 0 and ref_model is None and ref_adapter is None:
@@ -1654,6 +1662,11 @@ class RunCallbacks:
     stop_on_signal: StopOnSignalCallback
     leading: list = dataclasses.field(default_factory=list)
     existing: list | None = None
+
+    def warn_removed(self, present: list) -> str | None:
+        """Warn when a callback of `added` that TRAPO needs is no longer among `present` (the trainer's callbacks at
+        `train()`): [`~trl_trapo.callbacks.warn_removed_callbacks`]."""
+        return warn_removed_callbacks(self.added, present)
 
     def apply(self, add: Callable[[Any], None], remove: Callable[[Any], None]) -> None:
         """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`), then insert

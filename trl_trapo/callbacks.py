@@ -436,6 +436,51 @@ class EpochCallback(TrainerCallback):
         return control
 
 
+NEEDED_CALLBACKS = {
+    StateCheckpointCallback: (
+        "it writes TRAPO's state (trapo/: the data positions, DARE's weights, the random generators, ...) into each "
+        "checkpoint-N, so the checkpoints this run saves cannot be resumed (resume_from_checkpoint refuses them)"
+    ),
+    StopOnSignalCallback: (
+        "it saves a checkpoint and stops at the end of the step when Ctrl-C / SIGTERM arrives, so a signal is held "
+        "until training ends (a second Ctrl-C aborts without a checkpoint)"
+    ),
+}
+"""TRAPO's callbacks a resumable run needs -> what is lost without them (`trainer.pop_callback` /
+`remove_callback` take them out as any other; trial 15's N31)."""
+
+
+def warn_removed_callbacks(added: list, present: list) -> str | None:
+    """Warn when a callback TRAPO added at construction and needs ([`NEEDED_CALLBACKS`]) is no longer among the
+    trainer's callbacks (`trainer.callback_handler.callbacks`), and no other instance of its class replaces it: the run
+    trains as usual, and what it does is lost without a word (trial 15's N31: checkpoints without `trapo/`, which
+    resuming then refused as "not written by TRAPOTrainer"). Called at the start of every `train()`.
+
+    Args:
+        added (`list`): the callbacks TRAPO added ([`~trl_trapo.assembly.RunCallbacks`]).
+        present (`list`): the trainer's callbacks now.
+
+    Returns:
+        The warning's text, or None.
+    """
+    missing = [
+        callback
+        for callback in added
+        if type(callback) in NEEDED_CALLBACKS and not any(isinstance(c, type(callback)) for c in present)
+    ]
+    if not missing:
+        return None
+    lost = "; ".join(f"{type(c).__name__}: {NEEDED_CALLBACKS[type(c)]}" for c in missing)
+    names = " / ".join(type(c).__name__ for c in missing)
+    message = (
+        f"A callback TRAPO needs was removed from the trainer (pop_callback / remove_callback): {lost}. Fix: keep "
+        f"{names}, or add it back before train(): `trainer.add_callback(callback)` with the instance pop_callback "
+        "returned."
+    )
+    logger.warning(message)
+    return message
+
+
 __all__ = [
     "AdaptiveKLCallback",
     "AdapterBankCallback",

@@ -35,7 +35,7 @@ from trl.trainer.base_config import _BaseConfig
 from . import threads
 from .distributed import bf16_comm_hook_problem, check_world_environment, rendezvous_notice
 from .sampler_correction import CorrectionMode, bounds_problem
-from .setup_checks import METRIC_SCHEDULERS
+from .setup_checks import METRIC_SCHEDULERS, check_scheduler_kwargs
 from .tool_schemas import row_tool_names
 
 
@@ -2842,6 +2842,8 @@ class TRAPOConfig(_BaseConfig):
         # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        # lr_scheduler_kwargs transformers would train wrongly with; other mistakes: when the trainer builds it
+        check_scheduler_kwargs(self)
         if self.weight_decay is not None and self.weight_decay < 0:  # torch refuses it; transformers bypasses that
             bad(
                 "weight_decay",

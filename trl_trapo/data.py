@@ -914,14 +914,69 @@ def column_mapping_example(columns: Sequence[str], slot: str, row: Mapping | Non
     return f" Fix: name the text column 'text', e.g. `{call}`."
 
 
+def preference_rows_hint(dataset: Dataset | IterableDataset, name: str) -> str:
+    """What to do with preference rows (TRL's preference format: `chosen` / `rejected`, with a `prompt` column or the
+    prompt inside both) given as `name` (trial 15's N12: as `sft_dataset` they were told to rename a "<prompt
+    column>" that does not exist). TRAPO trains no preference loss; the chosen answers can be demonstrations:
+
+    - explicit prompt: `dataset.remove_columns('rejected').rename_column('chosen', 'completion')`;
+    - implicit prompt, conversational (e.g. trl-lib/ultrafeedback_binarized): `rename_column('chosen', 'messages')`
+      after removing `rejected` (the whole conversation, its assistant turns trained);
+    - implicit prompt, text: TRL's `extract_prompt` first (the common start of chosen and rejected is the prompt).
+
+    As RL prompts (`train_dataset`), rows without a `prompt` column get their prompts with `extract_prompt`.
+
+    Args:
+        dataset: the rows (the first one, when there is one, tells conversations from text: TRL's
+            `is_conversational`).
+        name: the argument they were given as (`sft_dataset`, `pretrain_dataset`, `train_dataset`, ...).
+
+    Returns:
+        `str`: sentences naming the format and the fix, "" for rows that are not preference data.
+    """
+    columns = set(dataset_columns(dataset))
+    if not {"chosen", "rejected"} <= columns:
+        return ""
+    row = first_row(dataset)
+    explicit = "prompt" in columns
+    conversational = None if row is None else is_conversational({"chosen": row["chosen"]})
+    keep_chosen = ".remove_columns('rejected').rename_column('chosen', {!r})"
+    if explicit:
+        demonstrations = "`dataset" + keep_chosen.format("completion") + "`"
+    elif conversational:
+        demonstrations = "`dataset" + keep_chosen.format("messages") + "`"
+    elif conversational is False:
+        demonstrations = "`dataset.map(extract_prompt)" + keep_chosen.format("completion") + "`"
+    else:  # a streaming dataset: its rows are not read here
+        demonstrations = (
+            f"`dataset{keep_chosen.format('messages')}` for conversations, "
+            f"`dataset.map(extract_prompt){keep_chosen.format('completion')}` for text"
+        )
+    prompt = "a 'prompt' column" if explicit else "the prompt inside both"
+    hint = (
+        f"`{name}` holds preference data (TRL's preference format: 'chosen' / 'rejected' columns, {prompt}), and "
+        "TRAPO trains no preference loss (DPO is TRL's DPOTrainer). To use the chosen answers as demonstrations, pass "
+        f"them as `sft_dataset`: {demonstrations}."
+    )
+    if name in ("train_dataset", "eval_dataset") and not explicit:
+        hint += " To use its prompts for RL: `dataset.map(extract_prompt).remove_columns(['chosen', 'rejected'])`."
+    if "extract_prompt" in hint:
+        hint += (
+            " (`from trl.data_utils import extract_prompt`: the start that chosen and rejected share becomes the "
+            "'prompt'.)"
+        )
+    return hint
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
     columns = dataset_columns(dataset)
     if columns and "text" not in columns:
+        preference = preference_rows_hint(dataset, "pretrain_dataset")
         raise ValueError(
             f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
-            + column_mapping_example(columns, "pretrain", first_row(dataset))
+            + (" " + preference if preference else column_mapping_example(columns, "pretrain", first_row(dataset)))
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -938,10 +993,11 @@ def check_sft_dataset(dataset: Dataset) -> None:
             if "text" in columns
             else ""
         )
+        preference = preference_rows_hint(dataset, "sft_dataset")
+        fix = text or (" " + preference if preference else column_mapping_example(columns, "sft", first_row(dataset)))
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft', first_row(dataset))} See "
-            "https://huggingface.co/docs/trl/dataset_formats."
+            f"column (conversational format); it has {columns}.{fix} See https://huggingface.co/docs/trl/dataset_formats."
             + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
     if "label" in columns and has_bool_column(dataset, "label"):  # KTO's rows were imitated, label=False ones too
@@ -991,11 +1047,18 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
     columns = dataset_columns(dataset)
     if "prompt" not in columns and "input_ids" not in columns:
         misplaced = misplaced_rows_hint(columns, name)
+        preference = preference_rows_hint(dataset, name)
         raise ValueError(
             (misplaced + " " if misplaced else "")
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
-            + ("" if misplaced else column_mapping_example(columns, "rl", first_row(dataset)))
+            + (
+                ""
+                if misplaced
+                else " " + preference
+                if preference
+                else column_mapping_example(columns, "rl", first_row(dataset))
+            )
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 

@@ -341,7 +341,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.run_metrics = training.metrics  # what `log` adds
         self._checkpoint_guard, self._signal_catcher = training.checkpoint_guard, training.signal_catcher
         training.callbacks.apply(add=self.add_callback, remove=self.remove_callback)
-        self._stop_on_signal = training.callbacks.stop_on_signal
+        self._run_callbacks = training.callbacks  # TRAPO's own; train() warns when one it needs was removed since
 
     # =================================================================================================================
     # Construction hooks: what a subclass may override to change how samples are chosen and reused
@@ -776,6 +776,7 @@ class TRAPOTrainer(_BaseTrainer):
                 the message names the newest complete checkpoint.
         """
         resume_from_checkpoint = check_train_call(resume_from_checkpoint, trial)  # path as text, grads on, no trial
+        self._run_callbacks.warn_removed(self.callback_handler.callbacks)  # one TRAPO needs, popped by the user
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint, cli=False)
         world = self.accelerator.num_processes
@@ -793,9 +794,8 @@ class TRAPOTrainer(_BaseTrainer):
             self.run_state.load(resume_from_checkpoint)
             self.handles.restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
-        catcher = self._signal_catcher
         try:
-            with catcher:  # SIGINT / SIGTERM handlers only while training (see interrupts.py)
+            with (catcher := self._signal_catcher):  # SIGINT / SIGTERM handlers only while training (interrupts.py)
                 output = super().train(
                     resume_from_checkpoint=resume_from_checkpoint,
                     trial=trial,
@@ -832,7 +832,7 @@ class TRAPOTrainer(_BaseTrainer):
         """Where the last `train()` stopped after SIGINT / SIGTERM (step, signal, checkpoint), or None if it was not
         interrupted (the `TrainingInterrupted` it raised carries the same). `interruption.exit_code` is what a command
         line exits with (130 / 143)."""
-        return self._stop_on_signal.interruption
+        return self._run_callbacks.stop_on_signal.interruption
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save what is trained so that `from_pretrained` reloads it: the policy, or only its adapter for a PEFT policy.
