@@ -390,6 +390,23 @@ def test_an_encoder_decoder_model_is_refused_at_construction(tmp_path, tokenizer
     assert "decoder-only" in message and "AutoModelForCausalLM" in message
 
 
+@pytest.mark.parametrize("role", ["model", "ref_model", "teacher_model"])
+def test_a_compiled_model_is_named_as_a_torch_compile_wrapper(tmp_path, tokenizer, tiny_config, role):
+    """Trial 15's N28: `torch.compile(model)` was "not a transformers model", with a fix (load it with its LM head,
+    or write a `PreTrainedModel` subclass) that did not apply: it is one, wrapped."""
+    arguments = {role: torch.compile(build_tiny_model(tokenizer))}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` is a `torch.compile` wrapper (OptimizedModule) of a LlamaForCausalLM"), (
+        message
+    )
+    assert f"pass the model itself (`{role}._orig_mod`" in message and "not a transformers model" not in message
+    assert ("set `torch_compile=True`" in message) == (role == "model"), message
+
+
 def test_a_vision_language_model_passes_the_model_checks():
     from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
 
@@ -422,6 +439,42 @@ def test_a_policy_without_a_trainable_parameter_is_refused_unless_an_adapter_is_
     critic = sequence_classifier(tokenizer, 1).requires_grad_(False)
     with pytest.raises(ValueError, match=r"`value_model` \(LlamaForSequenceClassification\) has no trainable"):
         check_trainer_arguments(model=partly, value_model=critic, peft_config=LoraConfig(r=2))
+
+
+def test_a_peft_config_in_inference_mode_is_refused_before_the_model_loads(tmp_path, tokenizer, tiny_config):
+    # trial 15's N27: `LoraConfig(inference_mode=True)` (copied from an inference snippet) was accepted and trained two
+    # steps with 0 trainable parameters, the losses logged as usual; the model here is a path that does not exist
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], inference_mode=True)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, peft_config=config)
+    message = str(raised.value)
+    for needle in ["peft_config.inference_mode=True", "frozen", "inference_mode=False (the default"]:
+        assert needle in message, (needle, message)
+    check_trainer_arguments(model=build_tiny_model(tokenizer), peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+
+
+def test_the_policy_is_checked_for_a_trainable_parameter_once_its_adapter_is_added(tmp_path, tokenizer, tiny_config):
+    """The trainable-parameter check ran on the arguments only, where an adapter still to be added counts as
+    trainable: the policy as it will train (after `peft_config`'s adapter wraps it) is checked too, so any route to a
+    frozen adapter is refused, not only the `inference_mode=True` the argument check names."""
+    from peft import LoraConfig
+
+    from trl_trapo.assembly import policy_and_reference
+
+    frozen = LoraConfig(r=4, target_modules=["q_proj"], inference_mode=True)  # past the argument check
+    with pytest.raises(ValueError) as raised:
+        policy_and_reference(build_tiny_model(tokenizer), None, None, tiny_config(tmp_path), frozen)
+    message = str(raised.value)
+    assert message.startswith("`model` (PeftModel, the policy with the LoraConfig adapter of `peft_config` added"), (
+        message
+    )
+    for needle in ["has no trainable parameters", "inference_mode=False", "print_trainable_parameters()"]:
+        assert needle in message, (needle, message)
+    trainable = LoraConfig(r=4, target_modules=["q_proj"])
+    policy, _, _ = policy_and_reference(build_tiny_model(tokenizer), None, None, tiny_config(tmp_path), trainable)
+    assert any(p.requires_grad for p in policy.parameters())
 
 
 def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(tmp_path, tokenizer, tiny_config):

@@ -1060,3 +1060,88 @@ def test_prepare_datasets_takes_the_objectives_data_by_name_and_each_objective_p
         prepare_datasets(off, {SFTObjective.NAME: rows}, None, WITH_DATA)
     with pytest.raises(ValueError, match=r"no objective is named \['demos'\]; the objectives are \['pretrain', 'sft'"):
         prepare_datasets(setup, {"demos": rows}, None, WITH_DATA)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Datasets with a transform or a format (trial 15's N23)
+# ---------------------------------------------------------------------------------------------------------------------
+def questions() -> Dataset:
+    return Dataset.from_dict({"question": ["ab", "cd", "ef", "gh"] * 4, "answer": ["ba", "dc", "fe", "hg"] * 4})
+
+
+def as_prompts(batch: dict) -> dict:
+    """A `with_transform` function: the `prompt` column built from `question` as rows are read."""
+    return {"prompt": [f"rev {q}=" for q in batch["question"]], "answer": batch["answer"]}
+
+
+def test_a_transform_that_builds_the_prompt_column_is_honoured(tmp_path, tokenizer, tiny_config):
+    """The column check read `column_names`, which a transform leaves as stored: the rows had a `prompt`, and the
+    trainer refused them for lacking one (its fix, a rename, would break the transform). The transform is applied
+    as a read row goes through it, for the training prompts and the evaluation prompts alike."""
+    seen = []
+
+    def reversed_text(completions, prompts, answer, **kwargs):
+        seen.extend(prompts)
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer),
+        reward_funcs=reversed_text,
+        args=tiny_config(tmp_path, max_steps=1, per_device_eval_batch_size=4),
+        train_dataset=questions().with_transform(as_prompts),
+        eval_dataset={"held_out": questions().select(range(4)).with_transform(as_prompts)},
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert seen and all(re.fullmatch(r"rev [a-h]{2}=", p) for p in seen), seen[:4]
+    seen.clear()
+    metrics = trainer.evaluate(questions().select(range(4)).with_transform(as_prompts))
+    assert "eval_reward" in metrics and sorted(set(seen)) == ["rev ab=", "rev cd=", "rev ef=", "rev gh="]
+
+
+def test_a_transform_is_applied_as_datasets_formats_a_row_read():
+    """`columns=` restricts what the transform gets; `output_all_columns=True` adds the other columns as they are;
+    rows that a transform cannot read are refused naming the argument and the transform's error."""
+    from trl_trapo.data import apply_transform, apply_transforms
+
+    stored = questions().add_column("level", list(range(16)))
+    for transformed in [
+        stored.with_transform(as_prompts),
+        stored.with_transform(as_prompts, columns=["question", "answer"]),
+        stored.with_transform(lambda b: {"prompt": b["question"]}, columns=["question"], output_all_columns=True),
+        stored.select([3, 1]).with_transform(as_prompts),
+    ]:
+        applied = apply_transform(transformed, "train_dataset")
+        assert applied.format["type"] is None and applied.to_list() == [
+            transformed[i] for i in range(len(transformed))
+        ]
+    assert apply_transform(stored, "train_dataset") is stored
+    several = apply_transforms({"eval_dataset": {"a": stored.with_transform(as_prompts)}, "sft_dataset": None})
+    assert sorted(several["eval_dataset"]["a"].column_names) == ["answer", "prompt"] and several["sft_dataset"] is None
+    with pytest.raises(ValueError) as raised:
+        apply_transform(stored.with_transform(lambda b: {"prompt": b["questoin"]}), "train_dataset")
+    message = str(raised.value)
+    for needle in ["`train_dataset` has a transform (", "KeyError: 'questoin'", "dataset.map(fn, batched=True)"]:
+        assert needle in message, (needle, message)
+
+
+def test_torch_formatted_datasets_train_and_evaluate_without_a_torch_warning(tmp_path, tokenizer, suite, tiny_config):
+    """Rows of a `with_format("torch")` dataset hold tensors: `torch.tensor(tensor)` warned "To copy construct from
+    a tensor, it is recommended to use sourceTensor.detach().clone()" for every RL round, SFT row and evaluation."""
+    import warnings
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=1, per_device_eval_batch_size=4),
+        train_dataset=suite.rl_train.with_format("torch"),
+        sft_dataset=suite.sft.with_format("torch"),
+        processing_class=tokenizer,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+        metrics = trainer.evaluate(suite.eval.select(range(4)).with_format("torch"))
+    assert "eval_reward" in metrics
+    copied = [f"{w.filename}:{w.lineno}" for w in caught if "To copy construct from a tensor" in str(w.message)]
+    assert not copied, copied

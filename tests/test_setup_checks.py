@@ -583,3 +583,60 @@ def test_a_warmup_that_ends_within_the_run_is_not_warned_about(
     with caplog.at_level(logging.WARNING, logger="trl_trapo.setup_checks"):
         build(tmp_path, tokenizer, suite, tiny_config, **overrides)
     assert not [r for r in caplog.records if WARMUP_WARNING in r.getMessage()]
+
+
+# ---- an explicit `log_level` sets TRAPO's own logger too (trial 15's N20) -------------------------------------------
+@pytest.fixture
+def trapo_logger():
+    """The `trl_trapo` logger, its level and handlers restored after the test."""
+    library = logging.getLogger("trl_trapo")
+    level, handlers = library.level, list(library.handlers)
+    yield library
+    library.setLevel(level)
+    library.handlers[:] = handlers
+
+
+def test_an_explicit_log_level_sets_trapos_logger_as_the_trainer_sets_transformers(
+    tmp_path, tokenizer, suite, tiny_config, trapo_logger
+):
+    """`log_level="info"` set transformers' verbosity only: TRAPO's own logger stayed at WARNING, so its info lines
+    (the generation rounds' note, evaluation timings) never appeared in a Python run."""
+    trapo_logger.setLevel(logging.NOTSET)
+    build(tmp_path, tokenizer, suite, tiny_config, log_level="info")
+    assert trapo_logger.level == logging.INFO and logging.getLogger("trl_trapo.sources").isEnabledFor(logging.INFO)
+    from types import SimpleNamespace
+
+    from trl_trapo.setup_checks import apply_log_level
+
+    # the process that logs takes `log_level`, the others `log_level_replica`; "passive" leaves the level as it is
+    for log_level, replica, should_log, expected in [
+        ("debug", "error", True, logging.DEBUG),
+        ("debug", "error", False, logging.ERROR),
+        ("info", "passive", False, logging.CRITICAL),
+        ("passive", "debug", False, logging.CRITICAL),
+        ("passive", "debug", True, logging.CRITICAL),
+    ]:
+        trapo_logger.setLevel(logging.CRITICAL)
+        apply_log_level(SimpleNamespace(log_level=log_level, log_level_replica=replica, should_log=should_log))
+        assert trapo_logger.level == expected, (log_level, replica, should_log)
+
+
+def test_trapos_info_lines_are_printed_in_a_plain_script_and_once_with_the_users_logging(tmp_path):
+    """Python's last-resort handler prints warnings only: with no handler configured, an info level alone would still
+    show nothing, so a handler is added, which stays silent once the user configures logging."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, types\n"
+        "from trl_trapo.setup_checks import apply_log_level\n"
+        "apply_log_level(types.SimpleNamespace(log_level='info', log_level_replica='warning', should_log=True))\n"
+        "logging.getLogger('trl_trapo.sources').info('first line')\n"
+        "logging.basicConfig(format='user: %(message)s')\n"
+        "logging.getLogger('trl_trapo.sources').info('second line')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "line" in line]
+    assert len(lines) == 2 and lines[0].endswith("INFO trl_trapo.sources: first line"), lines
+    assert lines[1] == "user: second line", lines

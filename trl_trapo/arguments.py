@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
@@ -150,6 +151,21 @@ def _check_language_model(name: str, value: Any) -> None:
     if not isinstance(value, nn.Module):
         return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
+    if is_compiled_module(value):  # `torch.compile(model)`: a wrapper, not "not a transformers model" (trial 15's N28)
+        inner = type(extract_model_from_parallel(value, keep_torch_compile=False)).__name__  # the compiled model
+        uses = "samples with its `generate`, saves it with `save_pretrained`, " if name == "model" else ""
+        fix = (
+            " and set `torch_compile=True` in the config for the trainer to compile the model it trains (as "
+            "transformers' Trainer does: it compiles the model after wrapping it, and saves the model itself)."
+            if name == "model"
+            else f"; TRAPO runs the {'reference' if name == 'ref_model' else 'teacher'} as given (`torch_compile=True`"
+            " compiles the trained policy only)."
+        )
+        raise TypeError(
+            f"`{name}` is a `torch.compile` wrapper (OptimizedModule) of a {inner}: TRAPO reads the model's `config`, "
+            f"{uses}and calls it with `input_ids=`, on the model itself, not a wrapper. Fix: pass the model itself "
+            f"(`{name}._orig_mod`, or the model before `torch.compile`){fix}"
+        )
     if not isinstance(base, PreTrainedModel) or not base.can_generate():
         what = (
             "a transformers model without a language-model head"
@@ -186,6 +202,13 @@ def _check_peft_config(value: Any) -> None:
                 f"`peft_config` has task_type={task_type!r}, but the adapter is put on the policy, a causal language "
                 f"model: PEFT would wrap it for another task (saved and reloaded as a {task_type} adapter). Use "
                 "task_type='CAUSAL_LM' (`peft.LoraConfig(task_type='CAUSAL_LM', ...)`, `--lora_task_type CAUSAL_LM`)."
+            )
+        if getattr(value, "inference_mode", False):  # PEFT adds the adapter frozen: nothing trains (trial 15's N27)
+            raise ValueError(
+                f"`peft_config` ({type(value).__name__}) has peft_config.inference_mode=True, which adds the adapter "
+                "frozen (requires_grad=False on its weights, as for serving it): the run would log its losses while "
+                "the policy never moved. Fix: set inference_mode=False (the default; inference snippets set it True), "
+                f"e.g. `peft.{type(value).__name__}(..., inference_mode=False)`."
             )
         if value.is_prompt_learning:  # virtual tokens lengthen the logits past the completion mask: IndexError later
             raise ValueError(
@@ -435,13 +458,15 @@ def check_trainer_arguments(**arguments: Any) -> None:
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`. Every
             bad entry of a list (`reward_funcs`, `reward_processing_classes`, `callbacks`) is named in one message.
         TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
-            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
+            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s),
+            or a `torch.compile` wrapper of one (the fix: the model itself, with `torch_compile=True` for the policy).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
             one-output score head ([`~trl_trapo.models.check_score_head`]: a causal LM, or `num_labels` > 1), and
             for a prompt-learning `peft_config` (`PromptTuningConfig`, `PrefixTuningConfig`, ...:
-            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
+            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits, and for a `peft_config`
+            with `inference_mode=True` (its adapter added frozen: nothing would train).
         ValueError: for a loaded `model`, `ref_model`, `teacher_model`, `value_model`, `reward_model` or reward-model
             entry of `reward_funcs` with tensors on the meta device (no weights); an encoder-decoder `model`,
             `ref_model` or `teacher_model` (`config.is_encoder_decoder`, e.g. T5: TRAPO trains decoder-only causal
@@ -457,10 +482,10 @@ def check_trainer_arguments(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)
-    check_distinct_models(arguments)  # before `_check_trainable`: a reward model given as the critic is frozen later
-    if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable
-        _check_trainable("model", arguments.get("model"))
-    _check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
+    check_distinct_models(arguments)  # before `check_trainable`: a reward model given as the critic is frozen later
+    if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable (checked once added)
+        check_trainable("model", arguments.get("model"))
+    check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
     for name in ("model", "value_model"):  # parameters made in `torch.inference_mode()` can never train
         check_not_inference_tensors(name, arguments.get(name))
 
@@ -526,14 +551,35 @@ def check_distinct_models(arguments: dict[str, Any]) -> None:
             )
 
 
-def _check_trainable(name: str, model: Any) -> None:
+def check_trainable(name: str, model: Any, peft_config: Any = None) -> None:
     """Refuse a loaded policy or critic without one trainable parameter (`requires_grad=False` everywhere): it
-    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01)."""
+    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01).
+    Called on the arguments before anything loads, and on the policy as it will train, once `peft_config`'s adapter
+    wraps it (`assembly.policy_and_reference`): an adapter added frozen trained nothing too (trial 15's N27).
+
+    Args:
+        name: the argument, `"model"` or `"value_model"`.
+        model: its value (anything but an `nn.Module` is left alone).
+        peft_config: the config whose adapter was just added to `model`, named in the message; None otherwise.
+
+    Raises:
+        ValueError: naming the argument, the model's class and the fix.
+    """
     from peft import PeftModel
 
     if not isinstance(model, nn.Module) or any(p.requires_grad for p in model.parameters()):
         return
     what = "the policy" if name == "model" else "the critic's value estimates"
+    if peft_config is not None:
+        shown = f"the policy with the {type(peft_config).__name__} adapter of `peft_config` added"
+        raise ValueError(
+            f"`{name}` ({type(model).__name__}, {shown}) has no trainable parameters (requires_grad=False on every "
+            f"one, the adapter's included): the run would log its losses while {what} never moved. PEFT adds an "
+            "adapter frozen when peft_config.inference_mode=True (set inference_mode=False, the default) or when "
+            "something froze it afterwards. Fix: give a `peft_config` whose adapter trains, or wrap the model "
+            "yourself (`peft.get_peft_model(model, peft_config)`), check `model.print_trainable_parameters()`, and "
+            "pass that PeftModel as `model`."
+        )
     fix = (
         "A PEFT model loaded with `PeftModel.from_pretrained(model, path)` is frozen: load it with "
         "`is_trainable=True` to train its adapter."

@@ -124,6 +124,87 @@ LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
 """`generation_kwargs` keys that change the sampled distribution away from softmax(logits / temperature)."""
 
 
+JOB_ARGUMENTS = {
+    **{
+        f"{dataset}_{part}": dataset
+        for dataset in ("pretrain_dataset", "sft_dataset", "distillation_dataset")
+        for part in ("name", "config", "split")
+    },
+    "pretrain_streaming": "pretrain_dataset",
+    "reward_funcs": "reward_funcs",
+    "reward_model_name_or_path": "reward_model",
+    "value_model_name_or_path": "value_model",
+    "max_eval_samples": "eval_dataset",
+    "task_suite_seed": "",
+}
+"""The `trapo train` job's own arguments that are not TRAPOConfig fields, beyond TRL's `ModelConfig` and
+`ScriptArguments` fields ([`job_arguments`] reads those from TRL's classes): the other objectives' dataset flags and
+the job's data and reward arguments (`trl_trapo.jobs.main.TRAPOScriptArguments`) -> the `TRAPOTrainer` argument that
+takes what each sets ("": the job's own setting). The core never imports the jobs (tests/test_layout.py), so
+tests/test_foreign_names.py checks that these and TRL's fields are exactly the job's arguments."""
+
+
+def job_argument_place(name: str) -> str | None:
+    """The `TRAPOTrainer` argument that takes what the `trapo train` job's argument `name` sets ("model",
+    "peft_config", "train_dataset", ...; "model_init_kwargs" for how the model loads; "" for the job's own setting), or
+    None when `name` is no argument of the job (or is a TRAPOConfig field)."""
+    from trl import ModelConfig, ScriptArguments
+
+    if name in JOB_ARGUMENTS:
+        return JOB_ARGUMENTS[name]
+    if name in {f.name for f in dataclasses.fields(ScriptArguments)}:  # the RL prompts' flags
+        return {"dataset_test_split": "eval_dataset", "ignore_bias_buffers": ""}.get(name, "train_dataset")
+    if name in {f.name for f in dataclasses.fields(ModelConfig)}:
+        if name == "model_name_or_path":
+            return "model"
+        adapter = name in ("use_peft", "use_rslora", "use_dora") or name.startswith("lora_")
+        return "peft_config" if adapter else "model_init_kwargs"
+    return None
+
+
+JOB_ARGUMENT_PLACES = {
+    "model": "`TRAPOTrainer(model=...)` (the id or path, which TRAPO loads, or a loaded model)",
+    "peft_config": "`TRAPOTrainer(peft_config=peft.LoraConfig(...))` (TRL's `get_peft_config(model_args)` builds it)",
+    "model_init_kwargs": "how the model loads: `TRAPOConfig(model_init_kwargs={...})`, e.g. `{'dtype': 'bfloat16'}`, "
+    "when `model=` is an id or path, or your own `from_pretrained(...)`",
+    "eval_dataset": "`TRAPOTrainer(eval_dataset=...)` (the held-out split you load; `.select(range(n))` for n rows)",
+    "": "the job's own setting (`trapo train --help`), which the Python API has no argument of",
+}
+"""How [`job_arguments`] writes where the Python API takes a job argument, by [`job_argument_place`]; another
+place `p` is written `TRAPOTrainer(p=...)` (a dataset argument: one you load)."""
+
+
+def job_arguments(names: list[str]) -> str:
+    """A sentence naming those of `names` that are arguments of the `trapo train` job and not TRAPOConfig fields (a
+    recipe's `model_name_or_path`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...:
+    [`job_argument_place`]), each with where the Python API takes it, and the other names when there are some; ""
+    when none is (trial 15's N25: `TRAPOConfig(**yaml.safe_load(recipe))` got Python's bare "unexpected keyword
+    argument 'model_name_or_path'")."""
+    where: dict[str, list[str]] = {}
+    job = []
+    for name in names:
+        place = job_argument_place(name)
+        if place is None:
+            continue
+        job.append(name)
+        destination = JOB_ARGUMENT_PLACES.get(place) or (
+            f"`TRAPOTrainer({place}=...)`"
+            + (", a dataset you load (`datasets.load_dataset(...)`)" if place.endswith("_dataset") else "")
+        )
+        where.setdefault(destination, []).append(name)
+    if not job:
+        return ""
+    others = [name for name in names if name not in job]
+    return (
+        f"arguments of the `trapo train` job, which are not TRAPOConfig fields: {', '.join(job)} (a recipe, e.g. "
+        "examples/recipes/*.yaml, holds the job's arguments and TRAPOConfig's together; the job's parser splits them). "
+        "In Python: "
+        + "; ".join(f"{', '.join(group)} -> {destination}" for destination, group in where.items())
+        + ". Or run the recipe as it is: `trapo train --config FILE`."
+        + (f" Neither TRAPOConfig nor the job takes {', '.join(others)}." if others else "")
+    )
+
+
 GRPO_ALIASES = {
     "max_completion_length": "response_length",
     "beta": "kl_coef",
@@ -831,7 +912,8 @@ class TRAPOConfig(_BaseConfig):
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
         # here first, naming it and the fix (GRPO's names of TRAPO's own settings are fields: `GRPO_ALIASES`)
-        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`)
+        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`), and an argument of the
+        # `trapo train` job a recipe holds (`job_arguments`)
         unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
         found = foreign_fields(unknown)
         if any(source == "TRL 0.x PPOConfig" for _, source, _ in found):  # 0.x meanings of names PPOConfig fills in
@@ -840,6 +922,10 @@ class TRAPOConfig(_BaseConfig):
                 for n in ("batch_size", "mini_batch_size")
                 if n in kwargs and n not in unknown
             ]
+        named = {name for name, _, _ in found}
+        job = job_arguments([name for name in unknown if name not in named]) if len(unknown) > len(named) else ""
+        if job and not found:
+            raise TypeError(f"{cls.__name__} got {job}")
         if found:
             parts = []
             for source in dict.fromkeys(source for _, source, _ in found):
@@ -860,7 +946,11 @@ class TRAPOConfig(_BaseConfig):
             }
             sources = dict.fromkeys(source for _, source, _ in found)
             raise TypeError(
-                f"{cls.__name__} got " + " It got ".join(parts) + " " + " ".join(guides[s] for s in sources)
+                f"{cls.__name__} got "
+                + " It got ".join(parts)
+                + " "
+                + " ".join(guides[s] for s in sources)
+                + (f" It also got {job}" if job else "")
             )
         return super().__new__(cls)
 

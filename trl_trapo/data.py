@@ -82,6 +82,79 @@ def is_column_dict(value: Any) -> bool:
     return type(value) is dict and bool(value) and not any(isinstance(v, split_types) for v in value.values())
 
 
+def apply_transform(dataset: Any, role: str) -> Any:
+    """`dataset` with the transform of its `set_transform` / `with_transform` applied to every row: a plain `Dataset`
+    of the columns its rows have (trial 15's N23); any other value as it is.
+
+    A transform builds a row's columns as the row is read (`dataset[i]`, what TRL's dataloader reads), while
+    `column_names` still lists the stored ones, so a transform building `prompt` was refused for lacking it. TRAPO
+    checks and tokenizes its datasets' columns before training (with `Dataset.map`, whose output would go through
+    the same transform at every read, dropping the columns TRAPO adds), so the transform is applied once, up front,
+    as `datasets` formats a row it reads: the format's `columns` go through the transform and, with
+    `output_all_columns=True`, the other columns are added as they are. A transform that draws at random draws once
+    per row, not at every read.
+
+    Args:
+        dataset: any value; only a `datasets.Dataset` whose format type is `"custom"` (a transform) is changed.
+        role: the argument, for the messages (`"train_dataset"`, `"eval_dataset['math']"`).
+
+    Returns:
+        A new `Dataset` (no format set: rows are Python values), or `dataset` itself.
+
+    Raises:
+        ValueError: naming the argument and the transform, with the error it raised on the rows.
+    """
+    if not isinstance(dataset, Dataset) or dataset.format["type"] != "custom":
+        return dataset
+    transform = dataset.format["format_kwargs"]["transform"]
+    columns, keep_all = dataset.format["columns"], dataset.format["output_all_columns"]
+    plain = dataset.with_format(None)
+
+    def transformed(batch: dict) -> dict:
+        rows = transform({k: v for k, v in batch.items() if k in columns} if columns is not None else batch)
+        if keep_all and columns is not None:  # `datasets.formatting.format_table`: the other columns as they are
+            rows = {**rows, **{k: v for k, v in batch.items() if k not in columns}}
+        return rows
+
+    name = getattr(transform, "__qualname__", type(transform).__name__)
+    try:
+        applied = plain.map(
+            transformed, batched=True, remove_columns=plain.column_names, desc=f"Applying {role}'s transform"
+        )
+    except Exception as error:  # the user's transform, on the stored rows
+        raise ValueError(
+            f"`{role}` has a transform ({name}, set with `set_transform` / `with_transform`), which TRAPO applies to "
+            f"every row before training, and it failed on the dataset's stored columns {plain.column_names}: "
+            f"{type(error).__name__}: {error}. Fix the transform, or give the rows as they should be read "
+            "(`dataset.map(fn, batched=True)` in place of `with_transform(fn)`)."
+        ) from error
+    logger.info(
+        "`%s` has a transform (%s): applied once to each of its %d rows before training (columns %s -> %s); a "
+        "transform that draws at random drew once per row.",
+        role,
+        name,
+        len(applied),
+        plain.column_names,
+        applied.column_names,
+    )
+    return applied
+
+
+def apply_transforms(datasets: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's dataset arguments by name (`train_dataset`, `eval_dataset` (one dataset or a dict of them),
+    ...) with each dataset's transform applied ([`apply_transform`]); a new dict, `datasets` is not changed.
+
+    Raises:
+        ValueError: from [`apply_transform`], naming the argument.
+    """
+    applied = {}
+    for role, value in datasets.items():
+        if isinstance(value, dict) and not is_column_dict(value):  # several eval sets (a `DatasetDict` too)
+            value = type(value)({key: apply_transform(d, f"{role}[{key!r}]") for key, d in value.items()})
+        applied[role] = apply_transform(value, role)
+    return applied
+
+
 def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) -> None:
     """Raise a ValueError unless `dataset` is one `datasets.Dataset` (or, with `streaming_ok`, an `IterableDataset`).
 
@@ -2140,8 +2213,8 @@ def sft_row(
 ) -> Row:
     """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS); its stored
     `model_inputs` (a VLM row's `pixel_values` ..., see [`~trl_trapo.vision.as_tensors`]) ride with it."""
-    ids = torch.tensor(input_ids, dtype=torch.long)
-    mask = torch.tensor(completion_mask[1:], dtype=torch.float32)
+    ids = torch.as_tensor(input_ids, dtype=torch.long)  # rows of a torch-formatted dataset hold tensors already
+    mask = torch.as_tensor(completion_mask[1:], dtype=torch.float32)
     return Row(
         SFT,
         ids,
@@ -2192,7 +2265,8 @@ def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
 def dataset_to_evaluate(
     eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False, call: str = "evaluate(eval_dataset"
 ):
-    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`]),
+    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (a transform applied and checked as at construction,
+    [`apply_transforms`], [`check_eval_dataset`]),
     the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
     name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it. `call` is
     how the messages write the call and its argument (`generate_completions(dataset` for that method).
@@ -2217,6 +2291,8 @@ def dataset_to_evaluate(
         if own is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         return own
+    role = call.rsplit("(", 1)[-1]  # `eval_dataset`, or `generate_completions`' `dataset`
+    eval_dataset = apply_transforms({role: eval_dataset})[role]  # a transform applied, as at construction
     check_eval_dataset(eval_dataset, tokenizer, assistant_only_loss=assistant_only_loss)
     return eval_dataset
 

@@ -889,7 +889,8 @@ class Evaluator:
             rollouts = self.tool_rollouts(policy, rows, self.greedy_generation_config(), gathered=gathered, role=role)
             return completed_rollouts(rollouts, time.perf_counter() - start)
         examples = [rows[i] for i in range(len(rows))]
-        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+        # `as_tensor`: a torch-formatted eval set's rows hold tensors, which `torch.tensor` copies with a warning
+        prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         generated = generate(
             policy,
             [p.tolist() for p in prompt_ids],

@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -786,6 +787,19 @@ class RewardScorer:
             attention_mask = encoded["attention_mask"]
             input_ids = encoded["input_ids"].masked_fill(attention_mask == 0, pad)
         return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
+
+
+def check_reward_paths(reward_funcs: Any, reward_model: Any) -> None:
+    """[`check_reward_checkpoint`] before anything loads, on each reward model given by local path (an entry of
+    `reward_funcs`, or `reward_model`): its config only, no weights. A Hub id is checked when it loads.
+
+    Raises:
+        ValueError: from [`check_reward_checkpoint`], naming the argument.
+    """
+    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
+        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):
+            check_reward_checkpoint(os.path.expanduser(entry), given_as)
 
 
 def check_reward_checkpoint(model_id: str, given_as: str = "reward_funcs") -> None:

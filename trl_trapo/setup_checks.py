@@ -11,6 +11,9 @@ that names no setting. [`check_training_setup`] builds the optimizer and schedul
 each tracker with transformers' availability checks, before anything loads; each failure is one message naming the
 setting, its value and the fix.
 
+An explicit `log_level` also sets the level of TRAPO's own `trl_trapo` logger ([`apply_log_level`]), as the
+`Trainer` sets transformers' verbosity from it.
+
 A policy loaded by id goes through [`check_model_loading`] once its config is read and before any weight loads
 (flash attention without its package or a GPU, 4/8-bit loading without bitsandbytes, a classification checkpoint as
 the policy), and a `model_init_kwargs` key the model's constructor refuses is named by [`unknown_model_keyword`].
@@ -34,6 +37,46 @@ from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, GreedyLR
 
 
 logger = logging.getLogger(__name__)
+
+
+LIBRARY_LOGGER = "trl_trapo"
+"""The logger of TRAPO's own messages (every module's `logging.getLogger(__name__)` is under it)."""
+
+
+class UnlessRootHandles(logging.Filter):
+    """Let a record through [`apply_log_level`]'s handler only while the root logger has no handler: once the user
+    configures logging (`logging.basicConfig(...)`), the record reaches theirs and is not printed twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def apply_log_level(args: Any) -> None:
+    """Set the `trl_trapo` logger's level from an explicit `args.log_level`, as transformers' `Trainer` sets its own
+    verbosity (`TrainingArguments.get_process_log_level`): `log_level` on the process that logs (`args.should_log`),
+    `log_level_replica` on the others (trial 15's N20: `log_level="info"` showed transformers' info lines, never
+    TRAPO's, which stayed at Python's default WARNING). With `log_level="passive"` (the default) logging is left as
+    the user set it; on a process whose level is "passive", too. When the level is below WARNING and no handler would
+    print the records (Python's last-resort handler prints warnings only), a stderr handler is added to the
+    `trl_trapo` logger, as transformers adds one to its own; it stays silent while the root logger has a handler.
+
+    Args:
+        args: the config (`log_level`, `log_level_replica`: transformers' names, e.g. "info"; `should_log`).
+    """
+    from transformers.training_args import trainer_log_levels
+
+    if args.log_level == "passive":
+        return
+    level = trainer_log_levels[args.log_level if args.should_log else args.log_level_replica]
+    if level < 0:  # "passive" on this process
+        return
+    library = logging.getLogger(LIBRARY_LOGGER)
+    library.setLevel(level)
+    if level < logging.WARNING and not library.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(UnlessRootHandles())
+        library.addHandler(handler)
 
 
 TRACKER_PACKAGES = {

@@ -287,7 +287,7 @@ class TRAPOTrainer(_BaseTrainer):
             args=run.args,
             data_collator=ticket_collator,
             train_dataset=StepTickets(run.plan.tickets),
-            eval_dataset=eval_dataset,
+            eval_dataset=run.checked.datasets["eval_dataset"],  # a transform applied (data.apply_transforms)
             processing_class=models.processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
