@@ -718,11 +718,116 @@ def test_pretrain_state_round_trip_continues_identically(tokenizer, packing):
     stream = PretrainStream(dataset, tokenizer, max_length=4, packing=packing, seed=1)
     stream.take(3)
     state = json.loads(json.dumps(stream.state_dict()))
-    assert state["buffer"] or state["pending"]  # mid-stream: leftover tokens are part of the state
+    assert state["offset"] > 0  # mid-document: its position, not its leftover tokens, is the state
+    assert state["buffer"] == [] and state["pending"] == []
     restored = PretrainStream(dataset, tokenizer, max_length=4, packing=packing, seed=1)
     restored.load_state_dict(state)
     expected = [r.input_ids.tolist() for r in stream.take(40)]
     assert [r.input_ids.tolist() for r in restored.take(40)] == expected
+
+
+class CountingTokenizer:
+    """`tokenizer`, counting its calls and the characters it was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls, self.characters = tokenizer, 0, 0
+
+    def __call__(self, texts, **kwargs):
+        self.calls += 1
+        self.characters += sum(map(len, texts))
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_long_document_is_tokenized_once_per_pass_not_per_fill(tokenizer, streaming):
+    """Trial 16's N15: a fill read 64 documents — from a 1-row dataset, 64 copies of one 30,000-character document —
+    and tokenized them all for one step's 8 rows of 64 tokens. Now the document is tokenized once and its windows are
+    served in order until it is used up (30,001 tokens: 468 rows of 64, the 469th runs into the next pass)."""
+    document = ("after c comes d. " * 2000)[:30_000]
+    dataset = Dataset.from_dict({"text": [document]})
+    counting = CountingTokenizer(tokenizer)
+    stream = PretrainStream(dataset.to_iterable_dataset() if streaming else dataset, counting, max_length=64)
+    first = stream.take(8)
+    assert (counting.calls, counting.characters) == (1, 30_000)
+    assert decoded_rows(tokenizer, first)[0] == list(document[:64])
+    for _ in range(57):  # up to row 464: nothing more to read
+        stream.take(8)
+    assert (counting.calls, counting.characters) == (1, 30_000)
+    stream.take(8)  # rows 465-472 run into the second pass: the document once more
+    assert (counting.calls, counting.characters) == (2, 60_000)
+
+
+def test_short_documents_are_read_as_the_rows_need_them(tokenizer):
+    """Documents of 10 characters (11 tokens), rows of 64: a step of 8 rows tokenizes the 512 tokens it needs plus
+    at most one document's rest, not 64 documents; reads stay batched (a few tokenizer calls, not one per document)."""
+    dataset = Dataset.from_dict({"text": [f"{i:03d}abcdefg" for i in range(300)]})
+    counting = CountingTokenizer(tokenizer)
+    stream = PretrainStream(dataset, counting, max_length=64)
+    for step in range(1, 6):
+        stream.take(8)
+        tokens = counting.characters // 10 * 11  # with the EOS of each
+        assert 8 * 64 * step <= tokens < 8 * 64 * step + 11
+    assert counting.calls <= 15  # 5 steps, 233 documents
+
+
+def test_the_checkpointed_state_does_not_grow_with_the_document(tokenizer):
+    """Trial 16's N15c: the state held the packing buffer — 15 MB for a 30,000-character document. It holds the
+    position now (the document's place in the sampler's order and the tokens of it served): the same few numbers
+    for a document of 3,000 or 120,000 characters."""
+    sizes = []
+    for length in (3_000, 120_000):
+        stream = PretrainStream(Dataset.from_dict({"text": [("after c comes d. " * 8000)[:length]]}), tokenizer, 64)
+        stream.take(8)
+        state = stream.state_dict()
+        assert (state["offset"], state["buffer"], state["pending"]) == (512, [], [])
+        sizes.append(len(json.dumps(state)))
+    assert sizes[0] == sizes[1] < 200
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("packing", [True, False])
+def test_resuming_anywhere_in_long_and_short_documents_continues_identically(tokenizer, packing, streaming):
+    """A stream restored from its state after any number of rows serves what the uninterrupted stream serves, across
+    long documents (resumed inside them: read again, their served tokens skipped), short ones and epoch ends."""
+    texts = ["x" * 700, "ab", "", "cde" * 50, "q", "long document " * 30]
+    dataset = Dataset.from_dict({"text": texts})
+
+    def make():
+        return PretrainStream(dataset.to_iterable_dataset() if streaming else dataset, tokenizer, 16, packing, seed=3)
+
+    reference = [r.input_ids.tolist() for r in make().take(200)]
+    stream, served = make(), []
+    for size in [1, 2, 3, 5, 8] * 10 + [2] * 5:  # 200 rows
+        state = json.loads(json.dumps(stream.state_dict()))
+        assert state["buffer"] == [] and state["pending"] == []
+        stream = make()
+        stream.load_state_dict(state)
+        served += [r.input_ids.tolist() for r in stream.take(size)]
+    assert served == reference
+
+
+def test_a_resumed_position_past_its_document_is_refused(tokenizer):
+    stream = PretrainStream(Dataset.from_dict({"text": ["abcdefghij"]}), tokenizer, 4)
+    state = {"sampler": stream.sampler.state_dict(), "offset": 11, "buffer": [], "pending": []}
+    stream.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"position lies 11 tokens into row 0, which has 11 tokens .* same"):
+        stream.take(1)
+
+
+def test_a_checkpoint_of_the_earlier_stream_with_its_buffer_resumes(tokenizer):
+    """An earlier version's state (the buffered tokens after the sampler's position, no `offset`) serves its tokens
+    first, then reads on from that position."""
+    dataset = Dataset.from_dict({"text": ["abc", "de"]})
+    stream = PretrainStream(dataset, tokenizer, 3, seed=0)
+    order = ShardedSampler(2, seed=0).take(4)
+    earlier = {"buffer": tokenizer.convert_tokens_to_ids(["x", "y", "z", "w"]), "sampler": stream.sampler.state_dict()}
+    stream.load_state_dict(earlier)
+    packed = [t for r in decoded_rows(tokenizer, stream.take(4)) for t in r]
+    expected = ["x", "y", "z", "w"] + [t for i in order for t in list(["abc", "de"][i]) + ["</s>"]]
+    assert packed == expected[:12]
 
 
 def test_pretrain_streaming_dataset_by_hand(tokenizer):
@@ -775,8 +880,8 @@ def test_pretrain_all_empty_texts_raise(tokenizer):
 
 
 def test_pretrain_many_fills_for_one_request_do_not_raise(tokenizer):
-    # every document is 1 character + EOS = 2 tokens; one fill reads 64 documents = 128 tokens, exactly one row of 128.
-    # 1001 rows need 1001 productive fills.
+    # every document is 1 character + EOS = 2 tokens; one read tokenizes at most 64 documents = 128 tokens, at most one
+    # row of 128: 1001 rows need over 1000 productive reads.
     stream = PretrainStream(Dataset.from_dict({"text": ["a"]}), tokenizer, max_length=128)
     rows = stream.take(1001)
     assert len(rows) == 1001

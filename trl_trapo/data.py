@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import re
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -1996,14 +1997,35 @@ class ShardedSampler:
         self._order = self.epoch_order(self.epoch)
 
 
+PRETRAIN_READ_LIMIT = 64  # most documents one read of a `PretrainStream` tokenizes together
+
+
+@dataclass
+class StreamDocument:
+    """A document in a [`PretrainStream`]'s buffer: its tokens are `buffer[first:end]` (`first` lies before the buffer's
+    start when a resumed position had served its first tokens already), read at `position` of the stream."""
+
+    first: int
+    end: int
+    position: dict
+
+
 class PretrainStream:
     """Rows of pretraining tokens from a `text` dataset: packed (EOS between documents) or chunked per document.
 
     Map-style datasets are read in a seeded per-rank permutation (see [`ShardedSampler`]); streaming datasets are split
-    by rank with `datasets.distributed.split_dataset_by_node` and restarted (`set_epoch`) when exhausted. The stream
-    position (epoch, documents consumed, leftover tokens) is checkpointable. Every document is checked as it is read
-    (a streamed one cannot be checked before training): a missing `text` (None / NaN) and a document that is nothing
-    but unknown tokens are refused with the row and the fix, as at construction; unknown tokens are warned once.
+    by rank with `datasets.distributed.split_dataset_by_node` and restarted (`set_epoch`) when exhausted. Every document
+    is checked as it is read (a streamed one cannot be checked before training): a missing `text` (None / NaN) and a
+    document that is nothing but unknown tokens are refused with the row and the fix, as at construction; unknown
+    tokens are warned once.
+
+    Documents are read as the rows need them, each tokenized once per pass: a read tokenizes the documents that the
+    requested rows still need at the mean document length so far (1 to `PRETRAIN_READ_LIMIT`), so the buffer holds at
+    most the rows' tokens plus the rest of that read, and a long document is cut into windows in order, row by row
+    (cost per row proportional to `max_length`). The checkpointed position is where the next token lies — the stream
+    position before its document and the tokens of it already served (`offset`); a resume reads that document again
+    (tokenization is deterministic) — so the state holds no tokens, but fewer than `max_length` when a VLM document with
+    images was read after them, and those a checkpoint of an earlier version held.
 
     Args:
         dataset (`Dataset` or `IterableDataset`): with a `text` column.
@@ -2045,8 +2067,12 @@ class PretrainStream:
         self.packing = packing
         self.streaming = isinstance(dataset, IterableDataset)
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.buffer: list[int] = []
-        self.pending: list[list[int]] = []  # chunks ready to serve (chunked mode)
+        self.buffer: list[int] = []  # tokens read; `start` is the next one to serve (no copy of the tail per row)
+        self.start = 0
+        self.documents: deque[StreamDocument] = deque()  # the documents of the buffer from the one holding `start` on
+        self.pending: deque[list[int]] = deque()  # chunks a checkpoint of an earlier version held (chunked mode)
+        self.skip = 0  # tokens of the next document read that the resumed position had served already
+        self.read_documents = self.read_tokens = 0  # documents read and their tokens: the mean sizes a read
         self._warned_unknown = False
         if self.streaming:
             from datasets.distributed import split_dataset_by_node
@@ -2060,29 +2086,46 @@ class PretrainStream:
         else:
             self.sampler = ShardedSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
 
-    def _next_documents(self, n: int) -> list[tuple[int | str, str]]:
-        """The next `n` documents of this rank, each with its row (index, or position in this rank's stream)."""
-        return [(row, text) for row, text, _ in self._next_examples(n)]
+    def position(self) -> dict:
+        """Where the stream reads its next document: `{"sampler": ...}` (map-style) or `{"epoch", "consumed"}`."""
+        if self.streaming:
+            return {"epoch": self.epoch, "consumed": self.consumed}
+        return {"sampler": self.sampler.state_dict()}
 
-    def _next_examples(self, n: int) -> list[tuple[int | str, str, Any]]:
-        """The next `n` documents of this rank as `(row, text, images)` (`images`: the image column's value, None
-        without one)."""
+    def _seek(self, position: dict) -> None:
+        if self.streaming:
+            self.epoch, self.consumed = int(position["epoch"]), int(position["consumed"])
+            self._iterator = None
+        else:
+            self.sampler.load_state_dict(position["sampler"])
+
+    def _next_examples(self, n: int) -> list[tuple[dict, int | str, str, Any]]:
+        """The next `n` documents of this rank as `(position before it, row, text, images)` (`row`: its index, or its
+        place in this rank's stream; `images`: the image column's value, None without one)."""
         column = self.image_column
         if not self.streaming:
-            indices = list(self.sampler.take(n))
+            positions, indices = [], []
+            for _ in range(n):
+                positions.append({"sampler": self.sampler.state_dict()})
+                indices.extend(self.sampler.take(1))
             batch = self.dataset[indices]
             images = batch[column] if column is not None else [None] * len(indices)
-            return [(*self._checked(i, text), value) for i, text, value in zip(indices, batch["text"], images)]
-        docs: list[tuple[int | str, str, Any]] = []
+            return [
+                (position, *self._checked(i, text), value)
+                for position, i, text, value in zip(positions, indices, batch["text"], images)
+            ]
+        docs: list[tuple[dict, int | str, str, Any]] = []
         empty_epochs = 0
         while len(docs) < n:
             if self._iterator is None:
                 self._shard.set_epoch(self.epoch)
                 self._iterator = iter(self._shard.skip(self.consumed) if self.consumed else self._shard)
             try:
+                position = self.position()
                 example = next(self._iterator)
                 row = f"{self.consumed} of this process's stream" + (f" (pass {self.epoch})" if self.epoch else "")
-                docs.append((*self._checked(row, example["text"]), example.get(column) if column else None))
+                checked = self._checked(row, example["text"])
+                docs.append((position, *checked, example.get(column) if column else None))
                 self.consumed += 1
                 empty_epochs = 0
             except StopIteration:
@@ -2106,23 +2149,42 @@ class PretrainStream:
             raise missing_value_error(self.role, "text", row, what)
         return row, text
 
-    def _fill(self) -> int:
-        """Read up to 64 documents into the buffer; return the number of tokens added.
+    def _read(self, need: int) -> tuple[Row | None, int]:
+        """Drop the served tokens, then read documents for `need` more tokens: `(a VLM document's row, tokens added)`.
+
+        One read tokenizes `need` tokens' worth of documents at the mean document length so far, 1 to
+        `PRETRAIN_READ_LIMIT` (1 with images, see `_read_one`).
 
         Raises:
             ValueError: for a document that is nothing but unknown tokens (warned once for unknown tokens).
         """
-        return self._add_documents(self._next_documents(64))
+        if self.start:  # amortised: each token is dropped once
+            del self.buffer[: self.start]
+            for document in self.documents:
+                document.first -= self.start
+                document.end -= self.start
+            self.start = 0
+        if self.image_column is not None:
+            return self._read_one()
+        if not self.read_documents:
+            count = 1
+        elif not self.read_tokens:
+            count = PRETRAIN_READ_LIMIT
+        else:
+            count = min(max(need * self.read_documents // self.read_tokens, 1), PRETRAIN_READ_LIMIT)
+        return None, self._add_documents([(p, row, text) for p, row, text, _ in self._next_examples(count)])
 
-    def _add_documents(self, docs: list[tuple[int | str, str]]) -> int:
-        """Tokenize text documents into the packing buffer (or the pending chunks); return the tokens added."""
+    def _add_documents(self, docs: list[tuple[dict, int | str, str]]) -> int:
+        """Tokenize text documents (one tokenizer call) into the buffer; return the tokens added."""
         eos = self.tokenizer.eos_token_id
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        docs = [(row, text) for row, text in docs if text]
+        self.read_documents += len(docs)
+        docs = [(position, row, text) for position, row, text in docs if text]
         if not docs:
             return 0
         added = 0
-        for (row, text), ids in zip(docs, self.tokenizer([d for _, d in docs], add_special_tokens=False)["input_ids"]):
+        texts = [text for _, _, text in docs]
+        for (position, row, text), ids in zip(docs, self.tokenizer(texts, add_special_tokens=False)["input_ids"]):
             if unk is not None and unk in ids:
                 if only_unknown_tokens(text, self.tokenizer):
                     raise unknown_row_error(self.role, "text", row, text, self.tokenizer)
@@ -2138,48 +2200,79 @@ class PretrainStream:
                         text[:40],
                     )
             ids = ids + [eos]
-            added += len(ids)
-            if self.packing:
-                self.buffer.extend(ids)
-            else:
-                for start in range(0, len(ids), self.max_length):
-                    chunk = ids[start : start + self.max_length]
-                    if len(chunk) >= 2:
-                        self.pending.append(chunk)
+            self.read_tokens += len(ids)
+            served, self.skip = self.skip, 0
+            self._check_resumed(row, len(ids), served)
+            end = len(self.buffer) + len(ids) - served
+            self.documents.append(StreamDocument(len(self.buffer) - served, end, position))
+            self.buffer.extend(ids[served:])
+            added += len(ids) - served
         return added
 
+    def _check_resumed(self, row: int | str, length: int, served: int) -> None:
+        """Raises ValueError when the document a resumed position lies in is shorter than the tokens it had served."""
+        if served and served >= length:
+            raise ValueError(
+                f"The checkpoint's `{self.role}` position lies {served} tokens into row {row}, which has {length} "
+                "tokens (with the EOS) now: it was written with another dataset or tokenizer. Resume with the same "
+                f"`{self.role}` and tokenizer, or start the run afresh."
+            )
+
     def _read_one(self) -> tuple[Row | None, int]:
-        """Read one document: `(its row, tokens)` when it has images (a row of its own, see the class docstring),
-        else `(None, tokens added)` after adding it to the stream as `_fill` does."""
-        ((row, text, value),) = self._next_examples(1)
+        """Read one document: `(its row, tokens)` when it has images (a row of its own, see the class docstring; the
+        tokens still waiting before it, fewer than a row, are then checkpointed as they are), else `(None, tokens
+        added)` after adding it to the stream as `_read` does."""
+        ((position, row, text, value),) = self._next_examples(1)
         images = self.images.images_of({"images": value}, "images", self.role, row)
         if not images:
-            return None, self._add_documents([(row, text)])
+            return None, self._add_documents([(position, row, text)])
+        self._check_resumed(row, 0, self.skip)
+        self.read_documents += 1
+        self.documents.clear()  # re-reading their documents would serve this row again
         ids, inputs = self.images.document(text, images, self.role, row)
         ids = ids[: self.images.cut(ids, self.max_length, self.role, row)]
         mask = self.images.document_mask(ids)  # the image tokens are read, not predicted
         row = Row(self.objective, torch.tensor(ids, dtype=torch.long), mask, model_inputs=as_tensors(inputs))
         return row, len(ids)
 
+    def _next_chunk(self) -> list[int] | None:
+        """The next row's tokens from what was read (None: read more): `max_length` tokens packed, or the next chunk
+        of the current document (a 1-token tail, nothing to predict, is dropped)."""
+        if self.pending:
+            return self.pending.popleft()
+        while True:
+            available = len(self.buffer) - self.start
+            if available < (self.max_length if self.packing else 1):
+                return None
+            if self.packing:
+                end = self.start + self.max_length
+            elif self.documents and self.documents[0].first <= self.start:  # the rest of this document, at most
+                end = min(self.start + self.max_length, self.documents[0].end)
+            else:  # tokens before the first document read here
+                end = min(
+                    self.start + self.max_length, self.documents[0].first if self.documents else len(self.buffer)
+                )
+            chunk = self.buffer[self.start : end]
+            self.start = end
+            while self.documents and self.documents[0].end <= self.start:
+                self.documents.popleft()
+            if len(chunk) >= 2:
+                return chunk
+
     def take(self, n: int) -> list[Row]:
         """The next `n` pretraining rows (`input_ids` (L,), every one of the L - 1 targets counted, but a VLM
         document's image tokens; its `model_inputs`)."""
         rows = []
-        empty_fills = 0  # consecutive fills that added nothing
+        empty_reads = 0  # consecutive reads that added nothing
         while len(rows) < n:
-            if self.packing and len(self.buffer) >= self.max_length:
-                chunk, self.buffer = self.buffer[: self.max_length], self.buffer[self.max_length :]
-            elif not self.packing and self.pending:
-                chunk = self.pending.pop(0)
-            else:
-                if self.image_column is not None:
-                    image_row, added = self._read_one()
-                    if image_row is not None:
-                        rows.append(image_row)
-                else:
-                    added = self._fill()
-                empty_fills = 0 if added else empty_fills + 1
-                if empty_fills > 1000:
+            chunk = self._next_chunk()
+            if chunk is None:
+                need = (n - len(rows)) * self.max_length - (len(self.buffer) - self.start)
+                image_row, added = self._read(need)
+                if image_row is not None:
+                    rows.append(image_row)
+                empty_reads = 0 if added else empty_reads + 1
+                if empty_reads > 1000:
                     raise ValueError(f"`{self.role}` produced no tokens: are all its 'text' values empty?")
                 continue
             ids = torch.tensor(chunk, dtype=torch.long)
@@ -2187,21 +2280,26 @@ class PretrainStream:
         return rows
 
     def state_dict(self) -> dict:
-        state = {"buffer": list(self.buffer), "pending": [list(c) for c in self.pending]}
-        if self.streaming:
-            state.update({"epoch": self.epoch, "consumed": self.consumed})
-        else:
-            state["sampler"] = self.sampler.state_dict()
-        return state
+        """The stream's position: `sampler` (or `epoch` / `consumed` streaming) before the document of the next token
+        and `offset`, its tokens already served; `buffer`, tokens before that document still to serve (fewer than
+        `max_length`, see the class docstring), and `pending`, chunks of an earlier version's checkpoint."""
+        pending = [list(c) for c in self.pending]
+        if self.documents and self.documents[0].first <= self.start:  # the next token lies in a document read here
+            document = self.documents[0]
+            return {**document.position, "offset": self.start - document.first, "buffer": [], "pending": pending}
+        position = self.documents[0].position if self.documents else self.position()
+        stop = self.documents[0].first if self.documents else len(self.buffer)
+        offset = 0 if self.documents else self.skip
+        return {**position, "offset": offset, "buffer": self.buffer[self.start : stop], "pending": pending}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`'s position (or an earlier version's: tokens in `buffer` / `pending`, no `offset`)."""
         self.buffer = [int(t) for t in state["buffer"]]
-        self.pending = [[int(t) for t in c] for c in state.get("pending", [])]
-        if self.streaming:
-            self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
-            self._iterator = None
-        else:
-            self.sampler.load_state_dict(state["sampler"])
+        self.start = 0
+        self.documents.clear()
+        self.pending = deque([int(t) for t in c] for c in state.get("pending", []))
+        self.skip = int(state.get("offset", 0))
+        self._seek(state)
 
 
 def sft_row(
