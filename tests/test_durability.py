@@ -357,6 +357,60 @@ def test_a_path_object_checkpoint_is_read_as_its_text_without_tilde_advice(tmp_p
     assert config.resume_from_checkpoint == str(missing)
 
 
+def one_document_run(output_dir, tokenizer, document):
+    """Pretraining only, on one long document: 4 steps of 8 rows of 64 tokens, saved every 2."""
+    from datasets import Dataset
+
+    from trl_trapo import TRAPOConfig, TRAPOTrainer
+    from trl_trapo.tasks import build_tiny_model
+
+    torch.manual_seed(0)
+    args = TRAPOConfig(
+        output_dir=str(output_dir),
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        per_device_train_batch_size=8,
+        pretrain_max_length=64,
+        learning_rate=3e-3,
+        logging_steps=1,
+        report_to="none",
+        seed=0,
+    )
+    text = Dataset.from_dict({"text": [document]})
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0), args=args, pretrain_dataset=text, processing_class=tokenizer
+    )
+
+
+def test_a_run_on_one_long_document_checkpoints_its_position_and_resumes_exactly(tmp_path):
+    """Trial 16's N15c: the checkpoint of a run on one 30,000-character document held the stream's buffer of 64
+    tokenized copies of it (15 MB). It holds the position in the document now, and a resume from it (the document
+    read again, its first 1,024 tokens skipped) ends where the uninterrupted run ends."""
+    from trl_trapo.tasks import build_char_tokenizer
+
+    tokenizer, document = build_char_tokenizer(), ("after c comes d. " * 2000)[:30_000]
+    with one_thread():
+        reference = one_document_run(tmp_path / "reference", tokenizer, document)
+        reference.train()
+    saved = os.path.join(tmp_path, "reference", "checkpoint-2")
+    with open(os.path.join(saved, "trapo", "rank0.json"), encoding="utf-8") as handle:
+        stream = json.load(handle)["objectives"]["pretrain"]
+    assert (stream["offset"], stream["buffer"], stream["pending"]) == (2 * 8 * 64, [], [])
+    assert os.path.getsize(os.path.join(saved, "trapo", "rank0.json")) < 20_000
+    shutil.copytree(saved, tmp_path / "run" / "checkpoint-2")
+    with one_thread():
+        resumed = one_document_run(tmp_path / "run", tokenizer, document)
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 4
+    expected = dict(reference.model.named_parameters())
+    for name, parameter in resumed.model.named_parameters():
+        torch.testing.assert_close(parameter, expected[name], atol=1e-6, rtol=0, msg=name)
+    losses = {entry["step"]: entry["loss"] for entry in resumed.state.log_history if "loss" in entry}
+    assert losses.keys() >= {3, 4}
+    assert losses == {entry["step"]: entry["loss"] for entry in reference.state.log_history if "loss" in entry}
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # (d) checkpoints written by earlier versions resume; one made with other datasets says so
 # ---------------------------------------------------------------------------------------------------------------------
