@@ -416,6 +416,49 @@ def test_a_step_over_more_sft_rows_than_the_data_is_said_too(tmp_path, caplog):
     ), notes
 
 
+@pytest.mark.parametrize(
+    ("texts", "settings", "said"),
+    [
+        ([("after c comes d. " * 2000)[:30_000]], {}, None),  # 469 rows of 64 tokens: none twice in an update
+        (["a" * 31, "b" * 31], {},
+         "One optimizer step takes 8 rows (per_device_train_batch_size=8 x gradient_accumulation_steps=1 x world size "
+         "1), more than pretrain_dataset makes (2 documents of 64 tokens with their EOS: ~1.0 rows of "
+         "pretrain_max_length=64 tokens, packed): each token is trained ~8.0 times within one update. The run trains 6 "
+         "optimizer steps, each ~4.00 epochs as the logged epoch counts them. For each token at most once per update, "
+         "use e.g. per_device_train_batch_size=1 with gradient_accumulation_steps=1, or give pretrain_dataset more "
+         "text."),
+        (["a" * 100], {"pretrain_packing": False},  # 101 tokens: chunks of 64 and 37
+         "more than pretrain_dataset makes (1 document of 101 tokens with their EOS: ~2.0 rows of "
+         "pretrain_max_length=64 tokens, each document cut on its own): each token is trained ~4.0 times"),
+        (["ab" * 75_000], {"gradient_accumulation_steps": 100, "pretrain_max_length": 256},  # over the tokenized sample
+         "One optimizer step takes 800 rows (per_device_train_batch_size=8 x gradient_accumulation_steps=100 x world "
+         "size 1), more than pretrain_dataset makes (1 document of ~150,001 tokens with their EOS: ~585.9 rows of "
+         "pretrain_max_length=256 tokens, packed): each token is trained ~1.4 times within one update. The run trains "
+         "6 optimizer steps, each ~800.00 epochs as the logged epoch counts them. For each token at most once per "
+         "update, use e.g. gradient_accumulation_steps=73, or give pretrain_dataset more text."),
+    ],
+    ids=["N15-long-document", "too-little-text", "chunked", "estimated"],
+)  # fmt: skip
+def test_a_step_over_more_rows_than_the_pretraining_text_makes(tmp_path, caplog, texts, settings, said):
+    """Trial 16's N15: a run sized by one 30,000-character document (pretrain_max_length=64, batch 8) was told each
+    of its "1 rows" is trained ~8 times per update and to use per_device_train_batch_size=1, where the document makes
+    ~469 rows of 64 tokens, none trained twice. Pretraining documents count by the rows their tokens make."""
+    tokenizer = build_char_tokenizer()
+    config = {**SCRIPT_CONFIG, "pretrain_max_length": 64, **settings}
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            args=TRAPOConfig(output_dir=str(tmp_path), **config),
+            pretrain_dataset=Dataset.from_dict({"text": texts}),
+            processing_class=tokenizer,
+        )
+    notes = [r.getMessage() for r in caplog.records if "One optimizer step takes" in r.getMessage()]
+    if said is None:
+        assert notes == []
+        return
+    assert len(notes) == 1 and said in notes[0], notes
+
+
 def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
     """TRL's rollout_func source sizes its rounds as the default source does (whole groups of num_generations): the
     same warning (trial 11's N46, sibling)."""

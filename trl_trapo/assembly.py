@@ -1379,10 +1379,12 @@ def plan_run(
     with_teacher: bool,
     has_critic: bool,
     eval_dataset: Any,
+    tokenizer: Any,
 ) -> RunPlan:
     """The run's objectives (the built-in ones, `distill` with a teacher, the user's `extra`), the curriculum's
     phases and the number of steps ([`~trl_trapo.collator.plan_steps`], at the curriculum's average shares).
-    `objectives`: the user's, as given.
+    `objectives`: the user's, as given; `tokenizer`: the policy's (what pretraining documents make in rows of
+    `pretrain_max_length` tokens, for [`~trl_trapo.objectives.warn_step_over_pass`]).
 
     Raises:
         ValueError: `total_episodes` without RL prompts; a teacher without prompts to sample; objectives the trainer
@@ -1416,7 +1418,9 @@ def plan_run(
     primary = planning_rows(args, data, names, has_critic)
     planned_steps, tickets = plan_steps(args, average_shares, primary)
     warn_epoch_passes(args, data, names, average_shares, planned_steps, primary, has_critic)  # what an epoch is
-    warn_step_over_pass(args, data, names, average_shares, planned_steps, primary, has_critic)  # a step > a pass
+    warn_step_over_pass(
+        args, data, names, average_shares, planned_steps, primary, has_critic, tokenizer
+    )  # step > pass
     epochs = epoch_rows(args, data, names, has_critic)  # what `state.epoch` counts passes of
     return RunPlan(slots, extra, active, phase_shares, curriculum_args, planned_steps, tickets, epochs)
 

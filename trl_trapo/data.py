@@ -2302,6 +2302,51 @@ class PretrainStream:
         self._seek(state)
 
 
+PRETRAIN_SAMPLE_CHARACTERS = 100_000  # characters of pretraining text tokenized to estimate a pass's rows
+
+
+def pretrain_pass_rows(dataset: Dataset, tokenizer, max_length: int, packing: bool = True) -> tuple[float, int, bool]:
+    """The rows one pass over a map-style pretraining dataset makes, as [`PretrainStream`] cuts them: windows of
+    `max_length` tokens over its documents (each with its EOS) packed, or each document's chunks of `max_length`.
+
+    Cheap at any document length: the documents' characters are counted in Arrow, and tokens per character come from
+    tokenizing the documents' first `PRETRAIN_SAMPLE_CHARACTERS` characters in all; exact when that covers them all.
+
+    Args:
+        dataset (`Dataset`): documents in a `text` column.
+        tokenizer: the policy's tokenizer.
+        max_length (`int`): tokens per row (`pretrain_max_length`).
+        packing (`bool`): packed windows (True) or chunks per document (False).
+
+    Returns:
+        `(rows, tokens, exact)`: rows of one pass (a float: the last window of a pass runs into the next), its tokens
+        with the EOS of each document, and whether they were counted rather than estimated.
+    """
+    import pyarrow.compute as pc
+
+    lengths = pc.utf8_length(
+        dataset.with_format("arrow")["text"]
+    ).to_pylist()  # None: a missing text (refused earlier)
+    sample, budget = [], PRETRAIN_SAMPLE_CHARACTERS
+    for start in range(0, len(dataset), PRETRAIN_READ_LIMIT):
+        if budget <= 0:
+            break
+        for text in dataset[start : start + PRETRAIN_READ_LIMIT]["text"]:
+            if text and budget > 0:
+                sample.append(text[:budget])
+                budget -= len(sample[-1])
+    counted = [len(ids) for ids in tokenizer(sample, add_special_tokens=False)["input_ids"]] if sample else []
+    characters = [n for n in lengths if n]
+    exact = sum(len(t) for t in sample) == sum(characters)  # the sample is every document, whole
+    per_character = sum(counted) / max(sum(len(t) for t in sample), 1)
+    documents = counted if exact else [round(n * per_character) for n in characters]
+    tokens = sum(documents) + len(documents)  # and the EOS of each
+    if packing:
+        return tokens / max_length, tokens, exact
+    chunks = sum(n // max_length + (n % max_length >= 2) for n in (d + 1 for d in documents))  # 1-token tails dropped
+    return float(chunks), tokens, exact
+
+
 def sft_row(
     input_ids: list[int],
     completion_mask: list[int],

@@ -61,6 +61,7 @@ from .data import (
     prepare_pretrain_text,
     prepare_rl_prompts,
     prepare_sft_rows,
+    pretrain_pass_rows,
 )
 from .losses import (
     RLTermCounts,
@@ -1248,9 +1249,11 @@ def warn_step_over_pass(
     planned_steps: int,
     primary: tuple[int, int | float] | None,
     has_critic: bool,
+    tokenizer: Any,
 ) -> str | None:
     """Say once, at construction, when one optimizer step takes more rows of the dataset that sizes the run
-    ([`planning_rows`]: the RL prompts, else the SFT rows, ...) than the dataset holds (RL: prompts x completions).
+    ([`planning_rows`]: the RL prompts, else the SFT rows, ...) than the dataset holds (RL: prompts x completions;
+    pretraining documents: the rows of `pretrain_max_length` tokens they make, [`~trl_trapo.data.pretrain_pass_rows`]).
 
     Each prompt (row) is then drawn several times within one update: trial 13's N08 (16 prompts,
     `per_device_train_batch_size=8`, `gradient_accumulation_steps=50`: 400 RL rows per update, each prompt rolled out
@@ -1267,9 +1270,10 @@ def warn_step_over_pass(
         planned_steps (`int`): optimizer steps of the run.
         primary: `(objective index, rows of the whole run)` of the dataset that sizes the run ([`planning_rows`]).
         has_critic (`bool`): a value model (an RL prompt gives 1 completion, not `num_generations`).
+        tokenizer: the policy's tokenizer (counts the pretraining documents' tokens).
 
     Returns:
-        The warning's text, or None when a step takes at most the rows the dataset holds.
+        The warning's text, or None when a step takes at most the rows the dataset holds (makes).
     """
     if primary is None:
         return None
@@ -1280,11 +1284,15 @@ def warn_step_over_pass(
     batch, accumulation, share = args.per_device_train_batch_size, args.gradient_accumulation_steps, shares[index]
     rows_per_step = batch * accumulation * world
     taken = rows_per_step * share  # the sizing dataset's rows in one step, at its mean share
-    rl = sizing is RLObjective
+    rl, text = sizing is RLObjective, sizing is PretrainingObjective
     group = (1 if has_critic else args.num_generations) if rl else 1
     held = len(dataset) * group
     if taken <= held:
         return None
+    if text:  # documents make as many rows as their tokens fill: one long document makes many (trial 16's N15)
+        held, tokens, exact = pretrain_pass_rows(dataset, tokenizer, args.pretrain_max_length, args.pretrain_packing)
+        if taken <= held:
+            return None
     draws = taken / held
     steps = (
         f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accumulation} x world size {world}"
@@ -1292,16 +1300,25 @@ def warn_step_over_pass(
     )
     if rl:
         completions = "1 completion (a critic)" if has_critic else f"num_generations={group} completions"
-        holds = f"{len(dataset):,} prompts x {completions} = {held:,} rows"
+        holds = f"holds ({len(dataset):,} prompts x {completions} = {held:,} rows)"
         what = (
             f"each prompt is rolled out ~{draws:.1f} times within one update (~{draws * group:.0f} completions of it)"
         )
         what += "" if has_critic else ", where TRL's GRPOTrainer would train no step at all"
-        more = "prompts"
+        unit, more = "prompt", "prompts"
+    elif text:
+        cut = "packed" if args.pretrain_packing else "each document cut on its own"
+        documents = f"{len(dataset):,} document{'s' if len(dataset) != 1 else ''}"
+        holds = (
+            f"makes ({documents} of {'' if exact else '~'}{tokens:,} tokens with their EOS: ~{held:,.1f} rows of "
+            f"pretrain_max_length={args.pretrain_max_length} tokens, {cut})"
+        )
+        what = f"each token is trained ~{draws:.1f} times within one update"
+        unit, more = "token", "text"
     else:
-        holds = f"{len(dataset):,} rows"
+        holds = f"holds ({len(dataset):,} rows)"
         what = f"each row is trained ~{draws:.1f} times within one update"
-        more = "rows"
+        unit, more = "row", "rows"
     epoch = taken / sizing.pass_rows(args, dataset, has_critic)  # what the logged epoch counts ([`epoch_rows`])
     fits = math.floor(held / (batch * world * share))
     fix = (
@@ -1312,10 +1329,9 @@ def warn_step_over_pass(
     )
     plural = "s" if planned_steps != 1 else ""
     message = (
-        f"One optimizer step takes {rows_per_step:,} rows ({steps}), more than {sizing.ARGUMENT} holds ({holds}): "
+        f"One optimizer step takes {rows_per_step:,} rows ({steps}), more than {sizing.ARGUMENT} {holds}: "
         f"{what}. The run trains {planned_steps:,} optimizer step{plural}, each ~{epoch:.2f} epochs as the logged epoch "
-        f"counts them. For each {'prompt' if rl else 'row'} at most once per update, use e.g. {fix}, or give "
-        f"{sizing.ARGUMENT} more {more}."
+        f"counts them. For each {unit} at most once per update, use e.g. {fix}, or give {sizing.ARGUMENT} more {more}."
     )
     logger.warning(message)
     return message

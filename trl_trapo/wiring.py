@@ -165,7 +165,13 @@ def assemble_run(
     # ---- step 4. the plan (objectives, curriculum phases, steps)
     with_teacher, eval_dataset = models.teacher is not None, datasets["eval_dataset"]
     plan = plan_run(
-        args, data, objectives, with_teacher=with_teacher, has_critic=models.has_critic, eval_dataset=eval_dataset
+        args,
+        data,
+        objectives,
+        with_teacher=with_teacher,
+        has_critic=models.has_critic,
+        eval_dataset=eval_dataset,
+        tokenizer=models.tokenizer,
     )
     warn_warmup_covers_run(args, plan.planned_steps, arguments.get("optimizers") or (None, None))  # lr never peaks
     check_disk_space(
