@@ -809,6 +809,27 @@ def test_resuming_anywhere_in_long_and_short_documents_continues_identically(tok
     assert served == reference
 
 
+def test_a_streamed_rank_resumes_on_its_own_documents(tokenizer):
+    """A streaming dataset of fewer shards than ranks is split example by example (rank 1: documents 1, 3, 5, ...).
+    Restored from its state, rank 1 reads on from its own next document: `IterableDataset.skip` after
+    `split_dataset_by_node` skipped the whole stream's documents, so a resume served the other rank's."""
+    texts = [f"document {i} " * (1 + i % 3) for i in range(10)]
+
+    def make():
+        dataset = Dataset.from_dict({"text": texts}).to_iterable_dataset()
+        return PretrainStream(dataset, tokenizer, 8, rank=1, world_size=2)
+
+    reference = [r.input_ids.tolist() for r in make().take(480)]  # ~37 passes over the rank's 5 documents
+    stream, served = make(), []
+    for size in [3, 7, 30] * 12:
+        state = json.loads(json.dumps(stream.state_dict()))
+        stream = make()
+        stream.load_state_dict(state)
+        served += [r.input_ids.tolist() for r in stream.take(size)]
+    assert served == reference
+    assert all("document 0" not in "".join(tokenizer.convert_ids_to_tokens(r)) for r in served)
+
+
 def test_a_resumed_position_past_its_document_is_refused(tokenizer):
     stream = PretrainStream(Dataset.from_dict({"text": ["abcdefghij"]}), tokenizer, 4)
     state = {"sampler": stream.sampler.state_dict(), "offset": 11, "buffer": [], "pending": []}

@@ -25,6 +25,7 @@ a tokenizer whose pad token is its EOS token is handled correctly.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -2119,7 +2120,9 @@ class PretrainStream:
         while len(docs) < n:
             if self._iterator is None:
                 self._shard.set_epoch(self.epoch)
-                self._iterator = iter(self._shard.skip(self.consumed) if self.consumed else self._shard)
+                # this rank's examples read past, not `skip` (datasets 5.2 skips before an example-level
+                # `split_dataset_by_node` takes every world_size-th example: another rank's documents on resume)
+                self._iterator = itertools.islice(iter(self._shard), self.consumed, None)
             try:
                 position = self.position()
                 example = next(self._iterator)
