@@ -18,6 +18,9 @@ subject is not the process boundary; a fresh interpreter costs ~5 CPU-seconds of
 `finished_round(examples, scores, group, ...)` builds a finished round (`RolloutBatch`) by hand, for the unit tests of
 the round's consumers (exploration, metrics, KL schedules).
 
+Tool calling (the agent and tool tests): `tool_tokenizer()` (the character tokenizer with the tool-calling chat
+template), the fixture `tool_tok` (one per test module) and the documented tool `add(a, b)`.
+
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
 """
@@ -42,6 +45,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer  # noqa: E402
+from trl_trapo.agents import use_tool_chat_template  # noqa: E402
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite  # noqa: E402
 
 
@@ -239,3 +243,28 @@ def finished_round(
         on_policy_scores=scores if on_policy_scores is None else on_policy_scores,
         kl=kl,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tool calling (the agent and tool tests: tests/test_agents.py, tests/test_agent_traces.py, ...)
+# ---------------------------------------------------------------------------------------------------------------------
+def tool_tokenizer():
+    """A new character-level tokenizer of the built-in tasks with the tool-calling chat template
+    (`use_tool_chat_template`)."""
+    return use_tool_chat_template(build_char_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def tool_tok():
+    """`tool_tokenizer()`, one per test module."""
+    return tool_tokenizer()
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
