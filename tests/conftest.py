@@ -21,6 +21,8 @@ the round's consumers (exploration, metrics, KL schedules).
 Tool calling (the agent and tool tests): `tool_tokenizer()` (the character tokenizer with the tool-calling chat
 template), the fixture `tool_tok` (one per test module) and the documented tool `add(a, b)`.
 
+`tiny_critic(tokenizer, **config)`: a one-layer Llama sequence classifier with one output (a critic or reward model).
+
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
 """
@@ -43,6 +45,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForSequenceClassification, LlamaConfig  # noqa: E402
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer  # noqa: E402
 from trl_trapo.agents import use_tool_chat_template  # noqa: E402
@@ -268,3 +271,23 @@ def add(a: int, b: int) -> int:
         b: The second integer.
     """
     return a + b
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Small models and scripts
+# ---------------------------------------------------------------------------------------------------------------------
+def tiny_critic(tokenizer, **config) -> AutoModelForSequenceClassification:
+    """A randomly initialised (from torch's global seed) one-layer Llama sequence classifier with one output over
+    `tokenizer`'s vocabulary, padding with its pad id: a critic (`value_model`) or a reward model. `config` replaces
+    `LlamaConfig` fields (e.g. `pad_token_id=None`, `max_position_embeddings=64`)."""
+    settings = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoModelForSequenceClassification.from_config(LlamaConfig(**{**settings, **config}))
