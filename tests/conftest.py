@@ -22,6 +22,9 @@ Tool calling (the agent and tool tests): `tool_tokenizer()` (the character token
 template), the fixture `tool_tok` (one per test module) and the documented tool `add(a, b)`.
 
 `tiny_critic(tokenizer, **config)`: a one-layer Llama sequence classifier with one output (a critic or reward model).
+`load_script(name)`: a repository file (`scripts/...py`) imported as a module.
+`one_thread`: module fixture that runs a module's tests on one intra-op thread
+(`pytestmark = pytest.mark.usefixtures("one_thread")`).
 
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
@@ -29,6 +32,7 @@ template), the fixture `tool_tok` (one per test module) and the documented tool 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -108,6 +112,16 @@ def tokenizer():
 def suite():
     """The built-in task suite at `TINY_SUITE` sizes, seed 0."""
     return make_task_suite(seed=0, **TINY_SUITE)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Runs a module's tests on one intra-op thread (restored after): its models are tiny, and a second thread only
+    adds contention on a shared 2-core machine. Opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -291,3 +305,14 @@ def tiny_critic(tokenizer, **config) -> AutoModelForSequenceClassification:
         pad_token_id=tokenizer.pad_token_id,
     )
     return AutoModelForSequenceClassification.from_config(LlamaConfig(**{**settings, **config}))
+
+
+def load_script(name: str):
+    """The repository's Python file `name` (a path relative to the repository root, e.g. `scripts/gsm8k_to_trl.py`)
+    imported as the module `name` with `/` as `_`, registered in `sys.modules` first: dataclasses look their module
+    up while the file executes."""
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
