@@ -11,8 +11,8 @@ import logging
 
 import pytest
 import torch
+from conftest import tiny_critic
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
 from trl_trapo.rewards import reward_function_name
@@ -81,18 +81,7 @@ def test_reward_names_unwrap_partials():
 
 def classifier(tokenizer, pad_token_id=None):
     torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        num_labels=1,
-        pad_token_id=pad_token_id,
-    )
-    return AutoModelForSequenceClassification.from_config(config)
+    return tiny_critic(tokenizer, max_position_embeddings=64, pad_token_id=pad_token_id)
 
 
 @pytest.mark.parametrize("role", ["reward_model", "value_model"])
