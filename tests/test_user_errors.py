@@ -1633,6 +1633,78 @@ def test_conversations_stored_as_json_text_are_refused_with_the_fix(tmp_path, to
     build(tmp_path, tok, train_dataset=[{"prompt": "[ab]=", "answer": "ab"}, {"prompt": "[1, 2]=", "answer": "3"}])
 
 
+NO_TEXT = [
+    # (datasets, the message's dataset, column(s), row count and what they hold)
+    (
+        dict(pretrain_dataset=[{"text": ""}] * 5),
+        r"`pretrain_dataset` column 'text' is empty in all 5 rows \(every value ''\)",
+    ),
+    (
+        dict(train_dataset=[{"prompt": conv(""), "answer": "a"}] * 3),
+        r"`train_dataset` column 'prompt' is empty in all 3 rows \(no message with content\)",
+    ),
+    (
+        dict(train_dataset=[{"prompt": "", "answer": "a"}] * 3),
+        r"`train_dataset` column 'prompt' is empty in all 3 rows \(every value ''\)",
+    ),
+    (
+        dict(sft_dataset=[{"messages": conv("") + [{"role": "assistant", "content": ""}]}] * 4),
+        r"`sft_dataset` column 'messages' is empty in all 4 rows",
+    ),
+    (
+        dict(sft_dataset=[{"prompt": "", "completion": ""}] * 2),
+        r"`sft_dataset` columns 'prompt' and 'completion' are empty in all 2 rows",
+    ),
+    (
+        dict(pretrain_dataset=TEXT, eval_dataset=[{"text": ""}] * 2),
+        r"`eval_dataset` column 'text' is empty in all 2 rows",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "datasets, message", NO_TEXT, ids=["text", "conv-prompts", "prompts", "messages", "pairs", "eval"]
+)
+def test_a_dataset_with_no_text_in_any_row_is_refused_at_construction(tmp_path, tok, datasets, message):
+    """Trial 15's N49 / C21: a pretraining dataset whose `text` values were all "" passed construction, then failed at
+    the first step ("produced no tokens"), after the model load and the initial evaluation; all-empty conversational
+    prompts or `messages` trained on the template's boilerplate. Each is refused with the dataset, the column and the
+    row count, by the checks made before any model loads (`check_datasets`, no tokenizer)."""
+    from trl_trapo.data import check_datasets
+    from trl_trapo.objectives import WITH_DATA
+
+    with pytest.raises(ValueError, match=message) as error:
+        build(tmp_path, tok, **datasets)
+    assert "Fix: fill" in str(error.value) and "drop the dataset" in str(error.value)
+    given = {k: Dataset.from_list(v) for k, v in datasets.items()}
+    names = {"pretrain_dataset": "pretrain", "train_dataset": "rl", "sft_dataset": "sft"}
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=1)
+    with pytest.raises(ValueError, match=message):  # no tokenizer, no model: the checks before any model loads
+        check_datasets(
+            config, {names[k]: v for k, v in given.items() if k in names}, given.get("eval_dataset"), WITH_DATA
+        )
+
+
+def test_a_few_rows_without_text_among_others_are_still_accepted(tmp_path, tok):
+    """Only a dataset with no text at all is refused: an empty pretraining document among others is skipped (it adds
+    no token) and whitespace is text."""
+    trainer = build(tmp_path, tok, pretrain_dataset=TEXT + [{"text": ""}, {"text": "  \n"}])
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_cli_refuses_a_data_file_without_text_before_the_first_evaluation(tmp_path, monkeypatch, capsys):
+    """Trial 15's C21: `--pretrain_dataset_name` a JSONL whose `text` values are all "" ran the initial evaluation
+    (minutes on a real model), then died at the first step with a traceback naming `pretrain_dataset`, exit 1. Now:
+    one `error:` line naming the flag, the column and the row count, exit 2, before the evaluation."""
+    empty = write_jsonl(tmp_path / "pre_empty.jsonl", [{"text": ""}] * 32)
+    code, out = run_cli_here("--max_steps", "1", "--pretrain_dataset_name", str(empty), cwd=tmp_path,
+                             monkeypatch=monkeypatch, capsys=capsys)  # fmt: skip
+    cli_error(code, out, "`--pretrain_dataset_name` column 'text' is empty in all 32 rows")
+    assert code == 2
+    assert "Evaluation" not in out and "pretrain_dataset`" not in out, out[-2000:]
+
+
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path, monkeypatch, capsys):
     rl = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": "ab=", "answer": "ab"}, {"prompt": None, "answer": "x"}])
     code, out = run_cli_here("--max_steps", "1", "--dataset_name", str(rl), cwd=tmp_path, monkeypatch=monkeypatch,

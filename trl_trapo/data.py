@@ -555,7 +555,8 @@ def check_sft_completions(dataset: Dataset, role: str, assistant_only_loss: bool
 
 def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
-    (`check_missing_values`), each of its column's form (`check_cell_types`), for SFT rows a completion to learn
+    (`check_missing_values`), each of its column's form (`check_cell_types`), some text in some row
+    (`check_not_all_empty`), for SFT rows a completion to learn
     (`check_sft_completions`; with `assistant_only_loss`, an assistant turn of each `messages` row), and
     conversations TRAPO can place images in (`check_prompt_roles`).
 
@@ -567,9 +568,61 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     check_missing_values(dataset, role, columns)
     check_cell_types(dataset, role, columns)
     check_no_conversation_text(dataset, role, columns)
+    check_not_all_empty(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role, assistant_only_loss)
     check_prompt_roles(dataset, role, kind)
+
+
+def has_text(value: Any) -> bool:
+    """Whether one cell holds anything a tokenizer or template writes: a non-empty string, or a message with content
+    or a tool call (whitespace is text; an image part alone is not)."""
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(m, dict) and (m.get("tool_calls") or row_text(m.get("content"))) for m in value)
+    return bool(row_text(value))
+
+
+def check_not_all_empty(dataset: Dataset, role: str, columns: Sequence[str]) -> None:
+    """Refuse a dataset whose text columns among `columns` ('text', 'prompt', 'completion', 'messages') hold no text
+    in any row: every value `''`, or conversations whose messages are all empty (a failed extraction; trial 15's
+    C21, where an all-empty `text` column passed every check, then failed at the first step, after the model load and
+    the initial evaluation). A column Arrow stores as strings is scanned by Arrow (no tokenizing, no Python per row);
+    conversations row by row, stopping at the first with text. Rows without text among rows with text are not this
+    check's (see docs/robustness.md for what happens to them), nor are datasets with an image column (an image alone
+    is a row's content).
+
+    Args:
+        dataset (`Dataset`): a map-style dataset whose cells `check_missing_values` and `check_cell_types` passed.
+        role (`str`): its argument's name, for the message.
+        columns (`Sequence[str]`): the columns TRAPO reads from it (`read_columns`).
+
+    Raises:
+        ValueError: naming the dataset, the column(s), the row count and the fix.
+    """
+    import pyarrow.compute as pc
+
+    names = dataset_columns(dataset)
+    text_columns = [c for c in ("text", "prompt", "completion", "messages") if c in columns and c in names]
+    if not text_columns or not len(dataset) or any(c in names for c in IMAGE_COLUMNS):
+        return
+    for column in text_columns:
+        array = dataset.with_format("arrow")[column]
+        if str(array.type) in ("string", "large_string"):
+            if pc.max(pc.utf8_length(array)).as_py():
+                return  # a row with text
+        elif any(
+            has_text(v) for batch in dataset.select_columns([column]).iter(batch_size=1000) for v in batch[column]
+        ):
+            return
+    shown = " and ".join(repr(c) for c in text_columns)
+    strings = [str(dataset.with_format("arrow")[c].type) in ("string", "large_string") for c in text_columns]
+    values = "every value ''" if all(strings) else "no message with content" if not any(strings) else "no text"
+    raise ValueError(
+        f"`{role}` column{'s' if len(text_columns) > 1 else ''} {shown} {'are' if len(text_columns) > 1 else 'is'} "
+        f"empty in all {len(dataset)} rows ({values}): no row has any text to train on or evaluate, which usually "
+        "means it was lost upstream (a failed text extraction, the wrong column renamed). Fix: fill "
+        f"{'them' if len(text_columns) > 1 else 'it'} from the source (look at `dataset[0]`), or drop the dataset."
+    )
 
 
 CONVERSATION_TEXT_ROWS = 16  # rows `check_no_conversation_text` reads: a column stored so holds it in every row
