@@ -1533,6 +1533,35 @@ def test_conversations_without_a_chat_template_are_one_message(tmp_path, role):
     build_with(chat_template_kwargs={"chat_template": CHAT_TEMPLATE})
 
 
+def test_a_dataset_given_after_construction_is_checked_against_the_tokenizer_as_at_construction(tmp_path):
+    """Trial 15's N45: conversations passed to `evaluate(ds)` with a tokenizer without a chat template got "row 0
+    could not be rendered ... Fix the row", though the rows were fine; the same data at construction got "the
+    tokenizer has no chat template". Every late entry point now says what construction says; an image column with a
+    tokenizer too."""
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none", save_strategy="no",
+        activation_checkpointing=False, max_prompt_length=32, response_length=4, num_generations=2,
+    )  # fmt: skip
+    suite_rows = Dataset.from_list(RL)
+    trainer = TRAPOTrainer(
+        build_tiny_model(bare, seed=0), reward_funcs=exact_match_reward, args=config, processing_class=bare,
+        train_dataset=suite_rows,
+    )  # fmt: skip
+    chats = Dataset.from_list([{"prompt": conv("ab="), "answer": "ab"}] * 2)
+    for call, role in [
+        (lambda: trainer.evaluate(chats), "eval_dataset"),
+        (lambda: trainer.evaluate({"chat": chats}), "eval_dataset['chat']"),
+        (lambda: trainer.generate_completions(dataset=chats), "eval_dataset"),
+    ]:
+        message = api_error(call, f"`{role}` column 'prompt' holds conversations", "no chat template")
+        assert "could not be rendered" not in message and "Fix the row" not in message, message
+    with_images = Dataset.from_list([{"prompt": "ab=", "answer": "ab", "images": None}] * 2)
+    api_error(lambda: trainer.evaluate(with_images), "`eval_dataset` has an 'images' column", "cannot read images")
+    assert trainer.evaluate(suite_rows)["eval_reward"] >= 0.0  # text rows need no template
+
+
 def test_missing_values_in_reward_columns_reach_the_reward_function(tmp_path, tok):
     """Reward columns are the user's: a None there is passed as it is (a reward function may return None for "cannot
     score", as `numeric_answer_reward` does for a reference without a number)."""

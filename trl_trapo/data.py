@@ -2180,10 +2180,18 @@ def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def dataset_to_evaluate(
-    eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False, call: str = "evaluate(eval_dataset"
+    eval_dataset,
+    own,
+    tokenizer=None,
+    assistant_only_loss: bool = False,
+    call: str = "evaluate(eval_dataset",
+    processing_class=None,
+    template_kwargs: dict | None = None,
 ):
-    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`]),
-    the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
+    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`],
+    and, with `processing_class` (the run's tokenizer or processor, with the config's `template_kwargs`), against it
+    as construction checks it, [`check_readable_by`]: no chat template for its conversations is said as such), the
+    trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
     name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it. `call` is
     how the messages write the call and its argument (`generate_completions(dataset` for that method).
 
@@ -2208,6 +2216,9 @@ def dataset_to_evaluate(
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         return own
     check_eval_dataset(eval_dataset, tokenizer, assistant_only_loss=assistant_only_loss)
+    if processing_class is not None:
+        for label, dataset in eval_datasets(eval_dataset):
+            check_readable_by(dataset, label, processing_class, template_kwargs)
     return eval_dataset
 
 
@@ -2690,6 +2701,29 @@ def prepare_distillation_prompts(dataset: Dataset, setup: DataSetup, weight: flo
     return distill
 
 
+def check_readable_by(dataset: Any, role: str, processing_class, template_kwargs: dict | None = None) -> None:
+    """The checks of a dataset against the run's processing class that every dataset passes, at construction
+    ([`prepare_datasets`]) and when one is given later (`evaluate(dataset)`, `generate_completions(dataset=...)`:
+    trial 15's N45, where conversations without a chat template got "row 0 could not be rendered ... fix the row"
+    there): no image column without a processor ([`~trl_trapo.vision.check_no_images`]), no conversations without
+    a chat template and content parts the template can render ([`check_conversations_renderable`]).
+
+    Args:
+        dataset: a `Dataset` or streaming dataset (None and dicts of datasets are skipped: pass each entry).
+        role (`str`): how errors name it (e.g. "eval_dataset['gsm8k']").
+        processing_class: the policy's tokenizer, or a VLM run's processor.
+        template_kwargs (`dict`, *optional*): the config's `chat_template_kwargs`.
+
+    Raises:
+        ValueError: naming the dataset, the column and the fixes.
+    """
+    if dataset is None or isinstance(dataset, dict):
+        return
+    check_no_images(dataset_columns(dataset) or [], role, processing_class)
+    if isinstance(dataset, Dataset):
+        check_conversations_renderable(dataset, role, processing_class, template_kwargs)
+
+
 def prepare_datasets(
     setup: DataSetup,
     datasets: Mapping[str, Dataset | IterableDataset | None],
@@ -2727,10 +2761,7 @@ def prepare_datasets(
     processing_class = setup.images.processor if setup.images is not None else setup.tokenizer
     given = [(cls.ARGUMENT, datasets.get(cls.NAME)) for cls in objectives]
     for role, dataset in [*given, *eval_datasets(eval_dataset)]:
-        if dataset is not None and not isinstance(dataset, dict):
-            check_no_images(dataset_columns(dataset) or [], role, processing_class)
-            if isinstance(dataset, Dataset):
-                check_conversations_renderable(dataset, role, processing_class, setup.template_kwargs)
+        check_readable_by(dataset, role, processing_class, setup.template_kwargs)
     prepared = {cls.DATA_FIELD: cls.prepare_data(datasets.get(cls.NAME), setup) for cls in objectives}
     check_eval_dataset(eval_dataset, setup.tokenizer, cells=False)
     check_eval_prompts(setup.args, setup.tokenizer, eval_dataset, setup.max_positions, setup.images, setup.vocab_size)
