@@ -1918,6 +1918,75 @@ def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_
     assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+@pytest.mark.parametrize("terminal", ["pipes", "closed"])
+def test_cli_saves_and_stops_when_its_terminal_closes(tmp_path, terminal):
+    """Trial 15's C20: SIGHUP (an ssh session dropped, a terminal window closed) killed the run at once, exit 129,
+    nothing saved. Now it stops as on SIGTERM: the step finishes, a complete checkpoint is saved, exit 129 without a
+    traceback, the resume line on stderr ("pipes"). With "closed", the run's stdout / stderr are a terminal that is
+    closed before the SIGHUP arrives, as when ssh drops: every write to it fails (EIO), and the run still saves."""
+    import pty
+    import select
+    import threading
+
+    out = tmp_path / "out"
+    args = ("--max_steps", "300", "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(out))
+    args = cli_args((*args, "--max_eval_samples", "8"), tmp_path)
+    if terminal == "closed":
+        master, slave = pty.openpty()
+        streams = dict(stdout=slave, stderr=slave)
+    else:
+        streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True, **streams,
+    )  # fmt: skip
+    if terminal == "closed":
+        os.close(slave)
+        reading = threading.Event()
+        reading.set()
+
+        def drain():  # read what the run writes until the terminal closes (a full terminal would block the run)
+            while reading.is_set():
+                if select.select([master], [], [], 0.1)[0]:
+                    try:
+                        os.read(master, 65536)
+                    except OSError:
+                        return
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+    first = out / "checkpoint-2" / "trapo" / "rank0.complete.json"
+    deadline = time.monotonic() + 240
+    try:
+        while not first.exists():  # training has started
+            assert process.poll() is None, "the run ended early"
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.02)
+        if terminal == "closed":
+            reading.clear()
+            reader.join()
+            os.close(master)  # the terminal hangs up: from now on every write to it fails
+        process.send_signal(signal.SIGHUP)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGHUP, (process.returncode, stdout, stderr and stderr[-3000:])
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    step = checkpoints[-1]
+    assert 2 < step < 300
+    verify_checkpoint(str(out / f"checkpoint-{step}"), 1)
+    assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
+    if terminal == "pipes":
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert "Interrupted by" not in stdout
+        assert f"Interrupted by SIGHUP at step {step}: saved the complete checkpoint {out / f'checkpoint-{step}'}" in (
+            stderr
+        )
+        assert "SIGHUP received: finishing the current optimizer step" in stderr
+
+
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys):
     with pytest.raises(SystemExit) as exit_:
         with cli.exits_cleanly():
@@ -1931,6 +2000,32 @@ def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys):
             raise TrainingInterrupted(Interruption(signal.SIGTERM, 5, "/runs/out/checkpoint-5"))
     assert exit_.value.code == 143
     assert capsys.readouterr().out.strip().startswith("Interrupted by SIGTERM at step 5")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_the_line_of_a_run_stopped_by_sighup_goes_to_stderr_and_a_gone_terminal_is_no_error(capsys, monkeypatch):
+    """After SIGHUP the terminal may be gone: the resume line goes to stderr, and a write that fails there (EIO,
+    EPIPE) changes nothing: the exit status stays 129 (the checkpoint is saved)."""
+    stopped = TrainingInterrupted(Interruption(signal.SIGHUP, 4, "/runs/out/checkpoint-4"))
+    with pytest.raises(SystemExit) as exit_:
+        with cli.exits_cleanly():
+            raise stopped
+    assert exit_.value.code == 129
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.strip().startswith("Interrupted by SIGHUP at step 4")
+
+    class Gone:
+        def write(self, text):
+            raise OSError(5, "Input/output error")
+
+        def flush(self):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    with pytest.raises(SystemExit) as exit_:
+        with cli.exits_cleanly():
+            raise stopped
+    assert exit_.value.code == 129
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 1, reason="with several GPUs accelerate launches several processes")

@@ -755,7 +755,7 @@ class TRAPOTrainer(_BaseTrainer):
         `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
         while writing is skipped, with a warning saying why); an explicit path must be complete.
 
-        SIGINT (Ctrl-C) or SIGTERM during training finishes the optimizer step in progress, saves the normal
+        SIGINT (Ctrl-C), SIGTERM or SIGHUP during training finishes the optimizer step in progress, saves the normal
         `checkpoint-N` (TRAPO's state included) and stops on every rank at the same step; `train()` then raises
         `TrainingInterrupted` (see `trl_trapo.interrupts`). The previous signal handlers are restored when `train()`
         returns or raises.
@@ -770,7 +770,7 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: `trial` is given: it is the hyperparameter search's handle, and TRAPOTrainer has no search
                 (see [`~trl_trapo.setup_checks.check_train_call`]).
             RuntimeError: gradients are disabled (inside `torch.no_grad()` / `torch.inference_mode()`).
-            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
+            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM / SIGHUP, the checkpoint saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
