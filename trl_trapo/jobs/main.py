@@ -2817,13 +2817,28 @@ def report_user_error(error: BaseException, program: str) -> int:
     return USER_ERROR_EXIT_CODE
 
 
+def say_interrupted(error: TrainingInterrupted) -> None:
+    """The line of a run stopped at a checkpoint by a signal (where it is, how to resume): on stdout after SIGINT /
+    SIGTERM; after SIGHUP (the terminal closed) on stderr, where a log redirected with `2>` or `&>` keeps it, and a
+    write that fails there (a terminal or pipe already gone) is dropped: the checkpoint is saved, and the exit status
+    must stay 129."""
+    if error.interruption.signal != getattr(signal, "SIGHUP", None):
+        print(error, flush=True)
+        return
+    try:
+        print(error, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
 @contextmanager
 def exits_cleanly() -> Iterator[None]:
     """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
     process group in order.
 
-    - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
-      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too.
+    - SIGINT / SIGTERM / SIGHUP during training (`TrainingInterrupted`, after the checkpoint): its one line (main
+      process; [`say_interrupted`]) and exit status 130 / 143 / 129; every rank stopped at the same step, so the
+      process group is ended too.
     - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
       line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
@@ -2844,7 +2859,7 @@ def exits_cleanly() -> Iterator[None]:
         yield
     except TrainingInterrupted as error:
         if main_process:
-            print(error, flush=True)
+            say_interrupted(error)
         end_process_group()
         raise SystemExit(error.interruption.exit_code) from None
     except KeyboardInterrupt as error:
