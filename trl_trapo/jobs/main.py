@@ -96,6 +96,7 @@ from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source, check_tokenizer_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
+from trl_trapo.setup_checks import apply_log_level
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -969,7 +970,9 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     """Parse a job's command line with the main job's checks: `normalize_argv`'s forms (`--config=PATH`, a bare
     `bool | None` flag, a negative number), `--config` YAML keys and value types, and unknown arguments refused with
     the closest known names, before `TrlParser.parse_args_and_config` builds the dataclasses. The VLM and agent jobs
-    (`trl_trapo.jobs.vision`, `trl_trapo.jobs.agent`) parse with it.
+    (`trl_trapo.jobs.vision`, `trl_trapo.jobs.agent`) parse with it. An explicit `--log_level` (`--log_level_replica`
+    on the other processes) then sets the `trl_trapo` logger's level ([`~trl_trapo.setup_checks.apply_log_level`]),
+    before the job logs its first line; with "passive" (the default) the job logs at the level its script set (INFO).
 
     Args:
         parser_factory: builds the job's parser over `classes`, with the job's defaults (called twice: once for the
@@ -996,7 +999,9 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     parser = parser_factory()
     parser.set_defaults(**yielded_defaults(parser, classes, given))
     with config_errors_in_flags(classes):
-        return parser.parse_args_and_config(argv)
+        parsed = parser.parse_args_and_config(argv)
+    apply_log_level(next(args for args in parsed if isinstance(args, TRAPOConfig)))  # before the job's first line
+    return parsed
 
 
 def yielded_defaults(parser, classes: tuple, given: dict) -> dict:
@@ -1177,7 +1182,10 @@ def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
     """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
-    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
+    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins). An explicit
+    `--log_level` (`--log_level_replica` on the other processes) sets the `trl_trapo` logger's level
+    ([`~trl_trapo.setup_checks.apply_log_level`]) before the job's first line; "passive" (the default) leaves the
+    level the job's script set (INFO).
 
     Args:
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
@@ -1216,10 +1224,12 @@ def parse_args_and_builtin_defaults(
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
         taken = {name: value for name, value in taken.items() if name not in defaults}
-    if note := eval_strategy_note(given):
-        logger.info(note)
     with config_errors_in_flags(JOB_CLASSES):
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    # `--log_level` / `--log_level_replica` set the `trl_trapo` logger before the job's first line (trial 15's C11)
+    apply_log_level(training_args)
+    if note := eval_strategy_note(given):
+        logger.info(note)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
     check_model_flags_have_a_model(model_args, training_args)
