@@ -2486,9 +2486,8 @@ def config_flag_names(message: str, classes: tuple = JOB_CLASSES) -> str:
     for code in PYTHON_CODE.finditer(renamed):
         text, span = literal.sub(as_flag, renamed[start : code.start()]), code.group(0)
         fix = list_fix.search(text) if re.fullmatch(r"\[[\w.,\s-]*\]", span) else None
-        if (
-            fix
-        ):  # `curriculum_boundaries=[0.5]` (numbers, or letters standing for them) -> `--curriculum_boundaries 0.5`
+        # `curriculum_boundaries=[0.5]` (numbers, or letters standing for them) -> `--curriculum_boundaries 0.5`
+        if fix:
             items = span[1:-1].replace(",", " ").split()
             text, span = text[: fix.start()], f"--{fix.group(1)} {' '.join(items) if items else repr('[]')}"
         parts += [text, span]
