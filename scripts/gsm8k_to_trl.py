@@ -62,8 +62,8 @@ def read_json_rows(path: str, label: str) -> list[tuple[str, object]]:
             f"{label} {path!r}: no such file (for a Hub dataset give its id, e.g. openai/gsm8k --config main)."
         )
     try:
-        with open(path, encoding="utf-8-sig") as handle:  # utf-8-sig: drops a leading byte-order mark (Windows)
-            text = handle.read()
+        with open(path, encoding="utf-8") as handle:  # not utf-8-sig, whose error offsets skip the mark's 3 bytes
+            text = handle.read().removeprefix("\ufeff")  # a byte-order mark (Windows editors write one)
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{label} {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "
@@ -167,8 +167,8 @@ def text_paragraphs(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise ValueError(f"--pretrain_text {path!r}: no such file; give a UTF-8 text file.")
     try:
-        with open(path, encoding="utf-8-sig") as handle:  # a leading byte-order mark is no text
-            paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read())]
+        with open(path, encoding="utf-8") as handle:  # a leading byte-order mark is no text
+            paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read().removeprefix("\ufeff"))]
     except UnicodeDecodeError as error:
         raise ValueError(
             f"--pretrain_text {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "

@@ -208,6 +208,7 @@ def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
         # an --output_dir that is a file: a raw NotADirectoryError (S05)
         ({"question": "q", "answer": "#### 1"}, ["--output_dir", "{tmp}/afile"], ["--output_dir", "afile' is a file"]),
         (b"\xe9\n", [], ["is not UTF-8 text", "iconv -f latin1"]),
+        (b"\xef\xbb\xbf\xe9\n", [], ["is not UTF-8 text (invalid continuation byte at byte 3)"]),  # the file's byte
         (b"{oops\n", [], ["line 1 is not a JSON object"]),
         (
             {"question": "q", "answer": "#### 1"},
@@ -222,6 +223,7 @@ def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
         "answer-not-text",
         "output-dir-is-a-file",
         "latin1",
+        "latin1-after-a-byte-order-mark",
         "not-json",
         "no-text",
     ],
