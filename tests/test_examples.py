@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import load_script, run_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig
 
@@ -18,14 +16,6 @@ from trl_trapo import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"  # committed: never skipped
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_args(output_dir, **overrides):

@@ -9,12 +9,12 @@ import importlib.util
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import load_script
 from trl import ModelConfig
 
 from trl_trapo import cli
@@ -23,15 +23,6 @@ from trl_trapo import cli
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "examples" / "recipes"
 GSM8K_RECIPE = RECIPES / "gsm8k_qwen2.5_0.5b.yaml"
-
-
-def load_script(name: str):
-    """A script of the repository as a module (as tests/test_examples.py loads them)."""
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
