@@ -1502,6 +1502,92 @@ def test_an_added_demonstration_objective_trains_messages_rows_as_the_sft_data(t
     assert "ok?" in marked.decode(row["input_ids"])
 
 
+MIXED = "has both `messages` and `prompt`/`completion` columns"  # a dataset holding two formats (trial 16's N16)
+
+
+def mixed_format_notices(caplog) -> list[str]:
+    """The warnings about datasets whose columns hold two formats, as logged."""
+    notices = ("has both `messages` and", "has both `text` and", "has both `prompt` and `messages`")
+    return [r.getMessage() for r in caplog.records if any(n in r.getMessage() for n in notices)]
+
+
+def test_sft_rows_with_messages_and_prompt_completion_say_once_which_is_trained(tmp_path, tok, caplog):
+    """Trial 16's N16: an SFT dataset with both a `messages` column and `prompt`/`completion` (a half-converted one)
+    trained on prompt/completion and dropped the conversations without a word (TRL's SFTTrainer makes the same choice,
+    silently). The choice stays; it is said once, at construction. RL prompts with an extra `messages` column (it
+    reaches the reward functions) and pretraining documents beside other columns are not warned about."""
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    sft = [{"messages": chat, "prompt": "cd=", "completion": "dc"}] * 2
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = build(
+            tmp_path,
+            tok,
+            sft_dataset=sft,
+            train_dataset=[{**row, "messages": chat} for row in RL],
+            pretrain_dataset=[{**row, "messages": chat} for row in TEXT],
+        )
+    assert mixed_format_notices(caplog) == [
+        f"`sft_dataset` {MIXED}: training on prompt/completion; `messages` is ignored (remove one of them to "
+        "silence this)"
+    ]
+    sft_objective = next(o for o in trainer.objectives if o.name == "sft")
+    assert tok.decode(sft_objective.take(1, 0)[0].input_ids) == "cd=dc</s>"  # the pair the message names
+
+
+def test_an_added_demonstration_objective_with_two_formats_says_which_is_trained(tmp_path, tok, caplog):
+    """The sibling path of N16: `objectives=[DemonstrationObjective(...)]` reads its rows as `sft_dataset`'s."""
+    from trl_trapo.objectives import DemonstrationObjective
+
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    demos = DemonstrationObjective("demos", Dataset.from_list([{**SFT[0], "messages": chat}] * 2))
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no", pretrain_max_length=16,
+        curriculum_boundaries=[], curriculum_mixtures=[{"pretrain": 0.5, "demos": 0.5}],
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0), args=config, processing_class=tok,
+            pretrain_dataset=Dataset.from_list(TEXT), objectives=[demos],
+        )  # fmt: skip
+    assert mixed_format_notices(caplog) == [
+        f"`objective 'demos' dataset` {MIXED}: training on prompt/completion; `messages` is ignored (remove one of "
+        "them to silence this)"
+    ]
+
+
+def test_eval_sets_with_two_formats_say_which_is_evaluated(tmp_path, tok, caplog):
+    """The eval sets of N16: evaluation reads `text` first (language-modelling loss), then SFT rows (prompt-completion
+    before `messages`), then prompts (greedy rewards); a set holding a second format says which one is evaluated, at
+    construction, and for a set passed to `evaluate()`. An RL or SFT set of one format says nothing."""
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    sets = {
+        "docs": [{**TEXT[0], "prompt": "ab="}],
+        "demos": [{**SFT[0], "messages": chat}],
+        "prompts": [{**RL[0], "messages": chat}],
+        "rl": RL,
+        "sft": SFT,
+        "chat": [{"messages": chat}],
+    }
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = build(tmp_path, tok, train_dataset=RL, eval_dataset=sets)
+    assert mixed_format_notices(caplog) == [
+        "`eval_dataset['docs']` has both `text` and `prompt` columns: evaluating the language-modelling loss of "
+        "`text`; `prompt` is ignored (remove one of them to silence this)",
+        f"`eval_dataset['demos']` {MIXED}: evaluating the SFT loss of prompt/completion; `messages` is ignored "
+        "(remove one of them to silence this)",
+        "`eval_dataset['prompts']` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; "
+        "the prompts are not scored with rewards (remove one of them to silence this)",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        metrics = trainer.evaluate(Dataset.from_list([{**RL[0], "messages": chat}]))
+    assert "eval_sft_loss" in metrics and "eval_reward" not in metrics  # what the message says
+    assert mixed_format_notices(caplog) == [
+        "`eval_dataset` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; the prompts "
+        "are not scored with rewards (remove one of them to silence this)"
+    ]
+
+
 def test_messages_rows_are_refused_only_where_trl_has_nothing_to_train(tmp_path, tok):
     """A `messages` row trains every token of the conversation, as TRL's SFTTrainer trains it: rows ending with a user
     turn, holding only the assistant's message, or with an empty assistant turn are accepted (they used to be

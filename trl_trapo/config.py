@@ -34,6 +34,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from . import threads
 from .distributed import bf16_comm_hook_problem, check_world_environment, rendezvous_notice
+from .paths import byte_order_mark_problem
 from .sampler_correction import CorrectionMode, bounds_problem
 from .setup_checks import METRIC_SCHEDULERS, check_scheduler_kwargs
 from .tool_schemas import row_tool_names
@@ -2426,6 +2427,9 @@ class TRAPOConfig(_BaseConfig):
                     with open(value, encoding="utf-8") as handle:
                         loaded = json.load(handle)
                 except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    bom = isinstance(error, json.JSONDecodeError) and byte_order_mark_problem(error, "accelerate")
+                    if bom:  # accelerate's DeepSpeed config reader refuses it too
+                        raise ValueError(f"{name} is invalid: the file {os.path.abspath(value)} {bom}.") from error
                     raise ValueError(
                         f"{name} is invalid: the file {os.path.abspath(value)} is not valid JSON ({error}). --deepspeed "
                         'takes a DeepSpeed JSON config (keys in double quotes, no trailing commas), e.g. `{"'

@@ -1063,6 +1063,58 @@ def check_sft_dataset(dataset: Dataset) -> None:
         )
 
 
+def mixed_formats_notice(columns: Sequence[str], role: str, kind: str | None = None) -> str | None:
+    """The warning for a dataset whose columns hold two of TRL's formats, of which `role` reads one and ignores the
+    other without a word (a half-converted dataset would be trained or evaluated on half of its data), or None.
+
+    Said: an SFT dataset (`kind="sft"`: `sft_dataset`, a `DemonstrationObjective`'s) or an eval set with both
+    `messages` and `prompt` + `completion` (prompt-completion is read, TRL's `SFTTrainer` precedence); an eval set
+    (`kind=None`, the format [`read_columns`] reads) with `text` and any of `prompt` / `completion` / `messages` (the
+    language-modelling loss of `text` is evaluated), or with `prompt` and `messages` but no `completion` (the SFT loss
+    of `messages` is evaluated, the prompts are not scored with rewards). Not said: RL prompts with a `messages`
+    column (it reaches the reward functions) and `pretrain_dataset` with other columns (its one format is `text`;
+    other columns are the user's, as for every dataset).
+
+    Args:
+        columns (`Sequence[str]`): the dataset's columns.
+        role (`str`): how the message names the dataset (e.g. "sft_dataset", "eval_dataset['a']").
+        kind (`str`, *optional*): "sft" for an SFT objective's dataset; None for an eval set.
+    """
+    columns = set(columns)
+    if kind is None and "text" in columns:
+        others = [c for c in ("prompt", "completion", "messages") if c in columns]
+        if not others:
+            return None
+        listed = "/".join(f"`{c}`" for c in others)
+        return (
+            f"`{role}` has both `text` and {listed} columns: evaluating the language-modelling loss of `text`; "
+            f"{listed} {'is' if len(others) == 1 else 'are'} ignored (remove one of them to silence this)"
+        )
+    if kind not in ("sft", None):
+        return None
+    if {"prompt", "completion"} <= columns and "messages" in columns:
+        doing = "training on" if kind == "sft" else "evaluating the SFT loss of"
+        return (
+            f"`{role}` has both `messages` and `prompt`/`completion` columns: {doing} prompt/completion; `messages` is "
+            "ignored (remove one of them to silence this)"
+        )
+    if kind is None and {"prompt", "messages"} <= columns and "completion" not in columns:
+        return (
+            f"`{role}` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; the prompts "
+            "are not scored with rewards (remove one of them to silence this)"
+        )
+    return None
+
+
+def warn_mixed_formats(named: Sequence[tuple[str, Any]], kind: str | None = None) -> None:
+    """Log [`mixed_formats_notice`] for each `(role, dataset)` of `named` whose columns hold two formats; called once
+    per dataset at construction (and for a dataset passed to `evaluate()`)."""
+    for role, dataset in named:
+        notice = mixed_formats_notice(dataset_columns(dataset), role, kind)
+        if notice:
+            logger.warning(notice)
+
+
 def has_bool_column(dataset: Dataset | IterableDataset, column: str) -> bool:
     """Whether `column` of `dataset` holds booleans: its feature is `Value("bool")`, or (a dataset without
     features) the first row's cell is a bool."""
@@ -2327,10 +2379,11 @@ def dataset_to_evaluate(
     """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (a transform applied and checked as at construction,
     [`apply_transforms`], [`check_eval_dataset`], and, with `processing_class` (the run's tokenizer or processor, with
     the config's `template_kwargs`), against it as construction checks it, [`check_readable_by`]: no chat template for
-    its conversations is said as such), the trainer's own eval set(s) `own` (checked at construction) when it is None,
-    or, for a string, the entry of that
-    name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it. `call` is
-    how the messages write the call and its argument (`generate_completions(dataset` for that method).
+    its conversations is said as such; for `evaluate`, two formats in its columns are warned about,
+    [`warn_mixed_formats`]), the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a
+    string, the entry of that name of the trainer's eval dict, as transformers' `Trainer.evaluate` /
+    `get_eval_dataloader` take it. `call` is how the messages write the call and its argument
+    (`generate_completions(dataset` for that method).
 
     Raises:
         ValueError: with neither; for a string, when `own` is not a dict or has no such key (naming the keys).
@@ -2358,6 +2411,8 @@ def dataset_to_evaluate(
     if processing_class is not None:
         for label, dataset in eval_datasets(eval_dataset):
             check_readable_by(dataset, label, processing_class, template_kwargs)
+    if call.startswith("evaluate("):  # generate_completions reads the prompts whatever else the rows hold
+        warn_mixed_formats(eval_datasets(eval_dataset))
     return eval_dataset
 
 
@@ -2423,7 +2478,8 @@ def check_rl_prompts(dataset: Any, args) -> None:
 def check_sft_rows(dataset: Any, args) -> None:
     """The SFT objective's `sft_dataset` before any model loads: map-style demonstrations whose cells can be read
     (`messages` rows train their assistant turns under the config's `assistant_only_loss`) and whose tool calls are
-    consistent; roles no chat template knows are warned about.
+    consistent; roles no chat template knows, and `messages` beside `prompt`/`completion` (the latter trained), are
+    warned about.
 
     Raises:
         ValueError: naming the column, the row and the fix.
@@ -2432,6 +2488,7 @@ def check_sft_rows(dataset: Any, args) -> None:
     check_sft_dataset(dataset)
     check_tool_call_traces(dataset, "sft_dataset")
     warn_unknown_roles(dataset, "sft_dataset")
+    warn_mixed_formats([("sft_dataset", dataset)], "sft")
     check_cells(dataset, "sft_dataset", "sft", assistant_only_loss=getattr(args, "assistant_only_loss", False))
 
 
@@ -2466,8 +2523,9 @@ def check_datasets(
     """The checks of a run's datasets that need neither tokenizer nor model, so that the trainer makes them before it
     loads any (a column error after a model load took 51 s on a loaded machine): each objective with a weight > 0
     checks its dataset (its class's `check_data`: one map-style split, pretraining may stream, with the columns it
-    reads, every cell of which can be read), then the eval sets. [`prepare_datasets`] then tokenizes them, with the
-    checks that need the tokenizer or the model.
+    reads, every cell of which can be read), then the eval sets (one whose columns hold two formats is warned about,
+    [`warn_mixed_formats`]). [`prepare_datasets`] then tokenizes them, with the checks that need the tokenizer or the
+    model.
 
     Args:
         args ([`TRAPOConfig`]): the objectives' weights (each class's `WEIGHT_FIELD`).
@@ -2485,6 +2543,7 @@ def check_datasets(
         if dataset is not None and getattr(args, cls.WEIGHT_FIELD) > 0:
             cls.check_data(dataset, args)
     check_eval_dataset(eval_dataset, assistant_only_loss=getattr(args, "assistant_only_loss", False))
+    warn_mixed_formats(eval_datasets(eval_dataset))
 
 
 def check_distillation_dataset(dataset: Dataset) -> None:

@@ -1781,8 +1781,9 @@ def dataset_cache_problem(causes: list[BaseException], cache_dir: str | None = N
 
 def split_file_columns(folder: str) -> dict[str, list[str]]:
     """The columns of each JSON Lines / CSV / Parquet file directly in `folder` (by file name, sorted), read from its
-    first row, header or schema; read only after `datasets` failed to load the folder, to say which files differ
-    (its `CastError` is wrapped in "An error occurred while generating the dataset")."""
+    first row, header or schema (past a UTF-8 byte-order mark, as `datasets` reads them); read only after `datasets`
+    failed to load the folder, to say which files differ (its `CastError` is wrapped in "An error occurred while
+    generating the dataset")."""
     import csv
 
     found = {}
@@ -1790,13 +1791,13 @@ def split_file_columns(folder: str) -> dict[str, list[str]]:
         path = os.path.join(folder, name)
         try:
             if name.endswith((".jsonl", ".json")):
-                with open(path, encoding="utf-8") as handle:
+                with open(path, encoding="utf-8-sig") as handle:  # a byte-order mark, as datasets reads it
                     first = next((line for line in handle if line.strip()), None)
                 row = json.loads(first) if first is not None else None
                 if isinstance(row, dict):
                     found[name] = list(row)
             elif name.endswith(".csv"):
-                with open(path, encoding="utf-8", newline="") as handle:
+                with open(path, encoding="utf-8-sig", newline="") as handle:
                     found[name] = next(csv.reader(handle), [])
             elif name.endswith(".parquet"):
                 import pyarrow.parquet
@@ -1809,7 +1810,8 @@ def split_file_columns(folder: str) -> dict[str, list[str]]:
 
 def json_syntax_problem(path: str) -> str | None:
     """The first line that is not a JSON object in the local JSON / JSON Lines data at `path`, or None; read only
-    after `datasets` failed to load it, to say where (its own message names neither the file nor the line).
+    after `datasets` failed to load it, to say where (its own message names neither the file nor the line). A UTF-8
+    byte-order mark at the start of a file is read past, as `datasets` reads it.
 
     Args:
         path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
@@ -1831,8 +1833,8 @@ def json_syntax_problem(path: str) -> str | None:
         files = [path] if path.endswith((".json", ".jsonl")) else []
     for file in files:
         try:
-            with open(file, encoding="utf-8") as handle:
-                text = handle.read()
+            with open(file, encoding="utf-8") as handle:  # not utf-8-sig, whose error offsets skip the mark
+                text = handle.read().removeprefix("\ufeff")  # a byte-order mark: datasets reads past it
         except UnicodeDecodeError as error:
             line = text_line_of_byte(file, error.start)
             return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
