@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_weighting", ROOT / "scripts" / "benchmarks" / "benchmark_weighting.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/benchmark_weighting.py")
 
 
 @pytest.mark.slow

@@ -445,6 +445,24 @@ def test_a_prompt_and_completion_of_different_forms_are_refused_by_row(tmp_path,
         assert needle in str(error.value), error.value
 
 
+# RL rows whose prompt's content is a list of text parts
+CONTENT_PARTS = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
+
+
+def content_parts_refusal(tmp_path, tokenizer) -> str:
+    """The message of the `ValueError` that building a trainer on `CONTENT_PARTS` under `tokenizer` raises."""
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=config,
+            processing_class=tokenizer,
+            reward_funcs=exact_match_reward,
+            train_dataset=Dataset.from_list(CONTENT_PARTS),
+        )
+    return str(error.value)
+
+
 PARTS_TEMPLATE = (  # reads content parts, as Qwen3's template does
     "{% for message in messages %}{{ message['role'] }}: {% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}\n{% endfor %}"
@@ -456,26 +474,17 @@ def test_content_parts_are_refused_only_where_the_template_would_render_the_list
     """Content given as `[{"type": "text", "text": ...}]` reaches a text-only model's chat template unchanged, as in
     TRL: a template that renders content as a string put the list's Python text in the prompt and trained on it
     (D02); it is refused, naming the row and the fix. A template that reads parts renders the text, and is taken."""
-    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
-    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
-    with pytest.raises(ValueError) as error:
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            args=config,
-            processing_class=tokenizer,
-            reward_funcs=exact_match_reward,
-            train_dataset=Dataset.from_list(parts),
-        )
+    message = content_parts_refusal(tmp_path, tokenizer)
     for needle in (
         "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
         "\"user: [{'type': 'text', 'text': 'ab='}]\\n\"",
         "''.join(p['text'] for p in m['content'])",
     ):
-        assert needle in str(error.value), error.value
+        assert needle in message, message
     reader = build_char_tokenizer()
     reader.chat_template = PARTS_TEMPLATE
-    check_conversations_renderable(Dataset.from_list(parts), "train_dataset", reader)  # taken
-    assert tokenize_prompt(parts[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
+    check_conversations_renderable(Dataset.from_list(CONTENT_PARTS), "train_dataset", reader)  # taken
+    assert tokenize_prompt(CONTENT_PARTS[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
 
 
 CONCAT_TEMPLATE = (  # joins content with `+`, as SmolLM2's template does: a list of parts is jinja's TypeError
@@ -490,22 +499,13 @@ def test_content_parts_a_template_cannot_concatenate_are_refused_by_row(tmp_path
     parts for a text-only model either. Refused at init, naming the row and the fix."""
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = CONCAT_TEMPLATE
-    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
-    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
-    with pytest.raises(ValueError) as error:
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            args=config,
-            processing_class=tokenizer,
-            reward_funcs=exact_match_reward,
-            train_dataset=Dataset.from_list(parts),
-        )
+    message = content_parts_refusal(tmp_path, tokenizer)
     for needle in (
         "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
         "cannot render (TypeError: can only concatenate str",
         "''.join(p['text'] for p in m['content'])",
     ):
-        assert needle in str(error.value), error.value
+        assert needle in message, message
     joined = [{"prompt": [user("ab=")], "answer": "ba"}] * 2
     check_conversations_renderable(Dataset.from_list(joined), "train_dataset", tokenizer)  # the fix is taken
 

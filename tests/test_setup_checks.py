@@ -24,18 +24,23 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
-def build(tmp_path, tokenizer, suite, tiny_config, model=None, **overrides):
-    """A trainer on the tiny suite; `overrides` split into constructor arguments and config fields."""
+def build(tmp_path, tokenizer, suite, tiny_config, model=None, out="out", **overrides):
+    """A trainer on the tiny suite's RL prompts writing to `tmp_path / out`; `overrides` split into constructor
+    arguments and config fields."""
     arguments = {k: overrides.pop(k) for k in list(overrides) if k in ("callbacks", "optimizers", "peft_config")}
     arguments.update(
-        {k: overrides.pop(k) for k in list(overrides) if k in ("reward_funcs", "reward_model", "rollout_func")}
+        {
+            k: overrides.pop(k)
+            for k in list(overrides)
+            if k in ("reward_funcs", "reward_model", "rollout_func", "eval_dataset", "processing_class")
+        }
     )
     arguments.setdefault("reward_funcs", exact_match_reward)
+    arguments.setdefault("processing_class", tokenizer)
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0) if model is None else model,
-        args=tiny_config(tmp_path / "out", **overrides),
+        args=tiny_config(tmp_path / out, **overrides),
         train_dataset=suite.rl_train,
-        processing_class=tokenizer,
         **arguments,
     )
 
@@ -351,13 +356,7 @@ def test_a_chat_template_that_does_not_compile_is_refused_with_its_line(tmp_path
     copy = type(tokenizer).from_pretrained(folder)
     copy.chat_template = "{% for m in messages %}{{ m['content'] }}}}{% endfor %}\n{{ }"
     with pytest.raises(ValueError, match=r"chat template of `processing_class` does not compile \(line \d+: "):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=exact_match_reward,
-            args=tiny_config(tmp_path / "out"),
-            train_dataset=suite.rl_train,
-            processing_class=copy,
-        )
+        build(tmp_path, tokenizer, suite, tiny_config, processing_class=copy)
 
 
 # ---- from_pretrained arguments of a policy loaded by id -----------------------------------------------------------
@@ -401,13 +400,7 @@ def test_4bit_loading_without_bitsandbytes_names_the_flag(tmp_path, saved_model,
 
 def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, suite, tiny_config):
     # T04: huggingface_hub's raw HFValidationError from trainer.push_to_hub()
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(tmp_path / "my run"),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-    )
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, out="my run")
     with pytest.raises(ValueError, match=r"the Hub repo id 'my run' .* is not a valid repo id.*--hub_model_id"):
         trainer.push_to_hub()
     assert not (tmp_path / "my run" / "model.safetensors").exists()
@@ -416,13 +409,7 @@ def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, sui
 def test_init_hf_repo_by_hand_gives_the_config_checks_message(tmp_path, tokenizer, suite, tiny_config):
     # one message for a bad repo id wherever it is met: `init_hf_repo` (here called by hand, push_to_hub=False, so
     # the config did not check) says what `check_hub_repo_id` says, not a second wording
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(tmp_path / "my run"),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-    )
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, out="my run")
     with pytest.raises(ValueError, match=r"TRAPOConfig.output_dir: the Hub repo id 'my run' .*`--hub_model_id`"):
         trainer.init_hf_repo()
 
@@ -432,14 +419,8 @@ def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path
     # trial 8's JC28: transformers' KeyError "metric_for_best_model ... 'eval_loss', which is not found" at the first
     # evaluation after training began (transformers sets metric_for_best_model='loss' for these schedulers)
     def build_with(**fields):
-        return TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=exact_match_reward,
-            args=tiny_config(tmp_path / "out", lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, **fields),
-            train_dataset=suite.rl_train,
-            eval_dataset=suite.eval,
-            processing_class=tokenizer,
-        )
+        settings = dict(lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, eval_dataset=suite.eval)
+        return build(tmp_path, tokenizer, suite, tiny_config, **settings, **fields)
 
     with pytest.raises(
         ValueError,
@@ -472,22 +453,10 @@ def test_a_metric_scheduler_without_evaluations_is_refused_by_the_config_naming_
 def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suite, tiny_config):
     """What the refusal above points to trains, and the scheduler gets the evaluation's metric (as under
     transformers' Trainer): a patience of 0 and no reward gain lowers the learning rate."""
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(
-            tmp_path / "out",
-            max_steps=3,
-            lr_scheduler_type="reduce_lr_on_plateau",
-            lr_scheduler_kwargs={"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0},
-            metric_for_best_model="eval_reward",
-            eval_strategy="steps",
-            eval_steps=1,
-        ),
-        train_dataset=suite.rl_train,
-        eval_dataset=suite.eval,
-        processing_class=tokenizer,
-    )
+    plateau = {"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0}
+    scheduler = dict(lr_scheduler_type="reduce_lr_on_plateau", lr_scheduler_kwargs=plateau)
+    evaluated = dict(eval_dataset=suite.eval, metric_for_best_model="eval_reward", eval_strategy="steps", eval_steps=1)
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, max_steps=3, **scheduler, **evaluated)
     trainer.train()
     assert any("eval_reward" in entry for entry in trainer.state.log_history)
     # threshold 10 (rel): no evaluation counts as an improvement, so each one after the first halves the rate

@@ -9,7 +9,7 @@
 | [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
 | [`WeightSnapshotCallback`] | `on_train_begin`, `on_step_end` | the async producer's weights under ZeRO-3, every `weight_sync_steps` (all ranks) |
-| [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
+| [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM / SIGHUP on any rank: save `checkpoint-N` and stop (all ranks) |
 | [`EpochCallback`] | `on_step_end`, `on_epoch_end` | `state.epoch` = passes over the dataset that sizes the run; epoch-end log / eval / save at each pass's end |
 | [`ShortProgressCallback`], [`ShortPrinterCallback`] | `on_log` | `console_metrics="short"`: the console's line of a training step shows `CONSOLE_METRICS` only |
 
@@ -332,10 +332,11 @@ class EndProcessGroupAtExitCallback(TrainerCallback):
 
 
 class StopOnSignalCallback(TrainerCallback):
-    """Stops training cleanly after SIGINT / SIGTERM: at the end of the optimizer step during which a rank received one
-    (see [`~trl_trapo.interrupts.SignalCatcher`]), every rank agrees to stop (one all-gather per step, at the same
-    point on every rank), the Trainer saves the normal `checkpoint-N` (with TRAPO's state, `StateCheckpointCallback`)
-    whatever `save_strategy` says, skips any evaluation due at that step, and stops. `interruption` then says where.
+    """Stops training cleanly after SIGINT / SIGTERM / SIGHUP: at the end of the optimizer step during which a rank
+    received one (see [`~trl_trapo.interrupts.SignalCatcher`]), every rank agrees to stop (one all-gather per step, at
+    the same point on every rank), the Trainer saves the normal `checkpoint-N` (with TRAPO's state,
+    `StateCheckpointCallback`) whatever `save_strategy` says, skips any evaluation due at that step, and stops.
+    `interruption` then says where.
 
     Args:
         catcher ([`~trl_trapo.interrupts.SignalCatcher`]): the flag the signal handlers set.

@@ -34,6 +34,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from . import threads
 from .distributed import bf16_comm_hook_problem, check_world_environment, rendezvous_notice
+from .paths import byte_order_mark_problem
 from .sampler_correction import CorrectionMode, bounds_problem
 from .setup_checks import METRIC_SCHEDULERS, check_scheduler_kwargs
 from .tool_schemas import row_tool_names
@@ -777,6 +778,68 @@ def changed_settings(config, names) -> list[str]:
     return changed
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`1 phase`, `3 phases` (`nouns`: the plural when it is not `noun` + s)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def curriculum_phases_refusal(config, mixtures: list) -> tuple[str, object, str]:
+    """Why `curriculum_mixtures` and `curriculum_boundaries` disagree on the number of phases, blaming the one the
+    user set (trial 16's N04: `curriculum_boundaries=[]` alone was refused as an invalid `curriculum_mixtures`, a field
+    left at its default, without saying that the boundaries made one phase).
+
+    Args:
+        config: the config (its `curriculum_boundaries`, and which of the two fields differ from their defaults).
+        mixtures: `curriculum_mixtures`, flattened (numbers, or one mapping per phase).
+
+    Returns:
+        `(field, value, text)` for the config's refusal: the field the user set (`curriculum_mixtures` when both
+        or neither), its value, and the text naming both fields, the phases each makes and the fix.
+    """
+    boundaries = list(config.curriculum_boundaries)
+    phases = len(boundaries) + 1
+    given = changed_settings(config, ("curriculum_boundaries", "curriculum_mixtures"))
+    name = "curriculum_boundaries" if given == ["curriculum_boundaries"] else "curriculum_mixtures"
+    left = {  # a field left at its default is shown with its value: the user may not know it
+        "curriculum_boundaries": "" if "curriculum_boundaries" in given else ", left at its default,",
+        "curriculum_mixtures": "" if "curriculum_mixtures" in given else f"={mixtures!r}, left at its default,",
+    }
+    mappings = bool(mixtures) and all(isinstance(m, Mapping) for m in mixtures)
+    if mappings:
+        has = len(mixtures)
+        held = f"has {plural(has, 'phase')} ({plural(has, 'mapping')}, one per phase)"
+    elif any(isinstance(m, Mapping) for m in mixtures):
+        has, held = None, "mixes numbers and mappings (give one form: 3 numbers per phase, or one mapping per phase)"
+    elif len(mixtures) % 3 == 0:
+        has = len(mixtures) // 3
+        held = f"has {plural(has, 'phase')} ({plural(len(mixtures), 'number')}, 3 (pretrain, sft, rl) per phase)"
+    else:
+        has, held = None, f"has {plural(len(mixtures), 'number')}, not a whole number of (pretrain, sft, rl) triples"
+    cause = (
+        f"curriculum_boundaries={boundaries!r}{left['curriculum_boundaries']} makes {plural(phases, 'phase')} (one "
+        f"more than its boundaries), but curriculum_mixtures{left['curriculum_mixtures']} {held}"
+    )
+    if mappings:
+        to_boundaries = f"give one mapping per phase: {phases} phases need {phases}"
+    else:
+        numbers = "p, s, r" if phases == 1 else ", ".join(f"p{i}, s{i}, r{i}" for i in range(1, phases + 1))
+        if phases > 3:
+            numbers = f"p1, s1, r1, ..., p{phases}, s{phases}, r{phases}"
+        to_boundaries = (
+            f"give 3 numbers (pretrain, sft, rl) per phase: {plural(phases, 'phase needs', 'phases need')} "
+            f"{3 * phases}, curriculum_mixtures=[{numbers}] (each phase's three shares sum to 1), or one mapping "
+            f"objective -> share per phase ({'one' if phases == 1 else f'{phases} of them, each'} like "
+            '{"pretrain": p, "sft": s, "rl": r})'
+        )
+    fixes = [to_boundaries]
+    if has:
+        fit = [0.2, 0.8] if has == 3 else [round(i / has, 2) for i in range(1, has)]
+        count = "no boundary" if has == 1 else plural(has - 1, "boundary", "boundaries")
+        to_mixtures = f"give curriculum_boundaries={fit!r} ({count}: {plural(has, 'phase')})"
+        fixes.insert(0 if name == "curriculum_mixtures" else 1, to_mixtures)
+    return name, getattr(config, name), f"{cause}. Fix: {'; or '.join(fixes)}."
+
+
 def warn_ignored_settings(log: logging.Logger, given: list[str], gate: str, consequence: str, fix: str) -> None:
     """Warn, naming them, that settings the user gave are ignored because `gate` is not set (the run keeps that
     behaviour; the warning says so): "--lora_r is set but --use_peft is not: it is ignored and ...".
@@ -1197,7 +1260,9 @@ class TRAPOConfig(_BaseConfig):
     curriculum_boundaries: list[float] = field(
         default_factory=lambda: [0.2, 0.8],
         metadata={
-            "help": "Phase boundaries as fractions of the planned optimizer steps (default: 20%% / 60%% / 20%%)."
+            "help": "Phase boundaries as fractions of the planned optimizer steps (default: 20%% / 60%% / 20%%); "
+            "one phase more than boundaries, each with its mixture in `curriculum_mixtures`. [] (on the command line "
+            "`--curriculum_boundaries '[]'`): one phase, one constant mixture."
         },
     )
     curriculum_mixtures: list[float] = field(
@@ -2362,6 +2427,9 @@ class TRAPOConfig(_BaseConfig):
                     with open(value, encoding="utf-8") as handle:
                         loaded = json.load(handle)
                 except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    bom = isinstance(error, json.JSONDecodeError) and byte_order_mark_problem(error, "accelerate")
+                    if bom:  # accelerate's DeepSpeed config reader refuses it too
+                        raise ValueError(f"{name} is invalid: the file {os.path.abspath(value)} {bom}.") from error
                     raise ValueError(
                         f"{name} is invalid: the file {os.path.abspath(value)} is not valid JSON ({error}). --deepspeed "
                         'takes a DeepSpeed JSON config (keys in double quotes, no trailing commas), e.g. `{"'
@@ -2937,7 +3005,7 @@ class TRAPOConfig(_BaseConfig):
             self.curriculum_mixtures = mixtures
         if mixtures and all(isinstance(m, Mapping) for m in mixtures):  # one mapping objective -> share per phase
             if len(mixtures) != phases:
-                bad("curriculum_mixtures", mixtures, f"give one mapping per phase: {phases} phases need {phases}.")
+                bad(*curriculum_phases_refusal(self, mixtures))
             for i, mapping in enumerate(mixtures):
                 shares = list(mapping.values())
                 if not all(isinstance(k, str) for k in mapping) or any(
@@ -2949,12 +3017,7 @@ class TRAPOConfig(_BaseConfig):
                     bad("curriculum_mixtures", mixtures, f"phase {i} {dict(mapping)} must sum to 1.")
         else:
             if any(isinstance(m, Mapping) for m in mixtures) or len(mixtures) != 3 * phases:
-                bad(
-                    "curriculum_mixtures",
-                    mixtures,
-                    f"give 3 numbers (pretrain, sft, rl) per phase: {phases} phases need {3 * phases} numbers (or one "
-                    "mapping objective -> share per phase).",
-                )
+                bad(*curriculum_phases_refusal(self, mixtures))
             for i in range(0, len(mixtures), 3):
                 triple = mixtures[i : i + 3]
                 if any(not (x >= 0 and math.isfinite(x)) for x in triple) or not abs(sum(triple) - 1) <= 1e-6:

@@ -65,7 +65,7 @@ from .checkpoint import (
 )
 from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
-from .data import dataset_to_evaluate, progress_bars
+from .data import progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
@@ -85,7 +85,7 @@ from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub
 from .schedules import scale_scheduler
 from .setup_checks import built_outside_inference_mode, check_train_call, refuse_hyperparameter_search
 from .sources import RolloutSource, bind_rollout_func
-from .vision import needs_every_parameter, text_tokenizer, vision_parameters
+from .vision import needs_every_parameter, vision_parameters
 from .wiring import TrainerLink, assemble_rollouts, assemble_rows, assemble_run, assemble_training
 
 
@@ -712,14 +712,14 @@ class TRAPOTrainer(_BaseTrainer):
 
         Args:
             eval_dataset: a dataset or dict of datasets; a key of the trainer's eval dict (transformers' Trainer API);
-                None: the trainer's own (`data.dataset_to_evaluate`).
+                None: the trainer's own (`Evaluator.dataset_given`).
 
         Raises:
             ValueError: if there is no eval dataset, a key the trainer's eval dict lacks, or a dataset given here is
-                not one TRAPO evaluates (checked as at construction: format, map-style, missing values).
+                not one TRAPO evaluates (checked as at construction: format, map-style, missing values, conversations
+                without a chat template).
         """
-        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
-        dataset = dataset_to_evaluate(eval_dataset, self.eval_dataset, tokenizer, assistant_only_loss)
+        dataset = self.evaluator.dataset_given(eval_dataset, self.eval_dataset)  # checked as at construction
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
         # the evaluator tokenizes its shards at each call: their bars only with `console_metrics="all"`
@@ -755,7 +755,7 @@ class TRAPOTrainer(_BaseTrainer):
         `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
         while writing is skipped, with a warning saying why); an explicit path must be complete.
 
-        SIGINT (Ctrl-C) or SIGTERM during training finishes the optimizer step in progress, saves the normal
+        SIGINT (Ctrl-C), SIGTERM or SIGHUP during training finishes the optimizer step in progress, saves the normal
         `checkpoint-N` (TRAPO's state included) and stops on every rank at the same step; `train()` then raises
         `TrainingInterrupted` (see `trl_trapo.interrupts`). The previous signal handlers are restored when `train()`
         returns or raises.
@@ -770,7 +770,7 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: `trial` is given: it is the hyperparameter search's handle, and TRAPOTrainer has no search
                 (see [`~trl_trapo.setup_checks.check_train_call`]).
             RuntimeError: gradients are disabled (inside `torch.no_grad()` / `torch.inference_mode()`).
-            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
+            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM / SIGHUP, the checkpoint saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
