@@ -378,3 +378,197 @@ def test_a_timeouts_warning_carries_no_traceback_of_the_runner(caplog):
     runner.close()
     (record,) = caplog.records
     assert "timed out" in record.getMessage() and not record.exc_info
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A tool raising what is not an `Exception` (trial 16's N22): a failed call naming it, never a round that waits forever
+# ---------------------------------------------------------------------------------------------------------------------
+class Halt(BaseException):
+    """A library's own `BaseException` subclass (as `SystemExit` and `KeyboardInterrupt` are)."""
+
+
+# what the tool raises (made fresh for each call), and what its error result and first-failure warning name
+NOT_EXCEPTIONS = {
+    "KeyboardInterrupt": (lambda: KeyboardInterrupt("the subprocess was interrupted"), "raised KeyboardInterrupt"),
+    "GeneratorExit": (GeneratorExit, "raised GeneratorExit"),
+    "SystemExit": (lambda: SystemExit(3), "called sys.exit(3) (SystemExit)"),
+    "Halt": (lambda: Halt("stop here"), "raised Halt: stop here"),
+    "CancelledError": (asyncio.CancelledError, "raised CancelledError"),  # the tool's own, not a cancellation
+    "StopIteration": (StopIteration, "StopIteration"),  # an Exception an asyncio future refuses (`set_exception`)
+}
+
+
+def raising_tool(make, kind: str):
+    """A tool `lookup(key)` (sync or async) that raises `make()`."""
+
+    def lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        raise make()
+
+    async def async_lookup(key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        raise make()
+
+    tool = lookup if kind == "sync" else async_lookup
+    tool.__name__ = "lookup"
+    return tool
+
+
+def within(seconds: float, function):
+    """`function()`'s value, run in a daemon thread joined for `seconds`: a hang fails the test instead of holding
+    up the suite (the round's wait polls, so the runner's own thread would never return)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = function()
+        except BaseException as raised:  # reported below, in the test's thread
+            outcome["raised"] = raised
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s: the call never got an outcome"
+    if "raised" in outcome:
+        raise AssertionError(f"the round raised {outcome['raised']!r} instead of failing the call")
+    return outcome["value"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("exception", list(NOT_EXCEPTIONS))
+def test_a_tool_raising_a_base_exception_is_a_failed_call_naming_it(exception, kind, caplog):
+    """Trial 16's N22: a sync tool's `KeyboardInterrupt` / `GeneratorExit` (any `BaseException` but `SystemExit`, and
+    `StopIteration`, which an asyncio future refuses) ended its thread without an outcome and the round waited
+    forever, warned about as calls "still running"; an async tool's `KeyboardInterrupt` stopped the tools' event loop
+    (every later round hung too), its `GeneratorExit` escaped the round into the trainer. Each is a failed call now,
+    named in the result the model reads and in the first-failure warning; the turn and the runner go on."""
+    make, named = NOT_EXCEPTIONS[exception]
+    tool = raising_tool(make, kind)
+    runner = ToolRunner(2)
+    try:
+        with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+            outcomes = within(
+                20, lambda: runner.run([[ToolCall("lookup", {"key": "k"}, tool), ToolCall("next", {}, lambda: 2)]])
+            )
+        (result, failed), after = outcomes[0]
+        assert failed and exception in result["error"], result
+        assert after == (2, False)  # the turn goes on
+        assert within(20, lambda: runner.run([[ToolCall("again", {}, lambda: 3)]])) == [[(3, False)]]  # and the runner
+    finally:
+        runner.close()
+    warnings = [r for r in caplog.records if r.getMessage().startswith("The tool `lookup`")]
+    assert len(warnings) == 1 and named in warnings[0].getMessage(), [r.getMessage() for r in caplog.records]
+    assert not any("still running" in r.getMessage() for r in caplog.records)
+    if exception == "KeyboardInterrupt":  # says why the run did not stop
+        assert (
+            "the subprocess was interrupted" in warnings[0].getMessage() and "not a stop" in warnings[0].getMessage()
+        )
+
+
+@pytest.mark.timeout(60)
+def test_a_base_exception_is_named_not_reported_as_a_timeout():
+    """Trial 16's N22 addendum: with `tool_timeout` the round went on, but a KeyboardInterrupt was reported as a
+    time-out after `tool_timeout` seconds, the exception never named."""
+    runner = ToolRunner(2, timeout=5.0)
+    tool = raising_tool(NOT_EXCEPTIONS["KeyboardInterrupt"][0], "sync")
+    started = time.monotonic()
+    try:
+        outcomes = within(20, lambda: runner.run([[ToolCall("lookup", {"key": "k"}, tool)]]))
+    finally:
+        runner.close()
+    assert time.monotonic() - started < 4  # at once, not after tool_timeout
+    ((result, failed),) = outcomes[0]
+    assert failed and "KeyboardInterrupt" in result["error"] and "timed out" not in result["error"], result
+
+
+class Interrupted:
+    """An environment whose async tool re-raises a wrapped subprocess's `KeyboardInterrupt`."""
+
+    def reset(self, **row):
+        return None
+
+    async def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: The key.
+        """
+        raise KeyboardInterrupt("the subprocess was interrupted")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exception", ["KeyboardInterrupt", "GeneratorExit", "SystemExit", "Halt", "environment"])
+def test_a_base_exception_through_the_tool_loop_is_read_by_the_model_and_counted(tool_tok, exception):
+    """End to end through the source (training's and evaluation's loop; the async producer builds the same source):
+    the model reads the error naming the exception, `tools/failure_frequency` counts it, the round finishes."""
+
+    def script(context):
+        return "done</s>" if "t:" in context else call("lookup", '{"key":"k"}') + "</s>"
+
+    seen = {}
+
+    def reads(completions, **kwargs):
+        seen["completions"] = completions
+        return [0.0] * len(completions)
+
+    if exception == "environment":
+        tools, factory, named = (), Interrupted, "KeyboardInterrupt"
+    else:
+        tools, factory, named = [raising_tool(NOT_EXCEPTIONS[exception][0], "sync")], None, exception
+    source, _, metrics = make_source(
+        tool_tok,
+        script,
+        tools=tools,
+        environment_factory=factory,
+        rewards=[reads],
+        dataset=prompts_dataset(1),
+        group=2,
+        response_length=200,
+    )
+    try:
+        within(30, lambda: source.sample(2, step=0))
+    finally:
+        source.close()
+    assert metrics["tools/failure_frequency"] == [1.0]
+    results = [[m["content"] for m in c if m["role"] == "tool"] for c in seen["completions"]]
+    assert all(len(r) == 1 and named in r[0] for r in results), results
+
+
+@pytest.mark.timeout(120)
+def test_a_tool_raising_keyboard_interrupt_fails_its_calls_and_the_run_finishes(
+    tmp_path, tool_tok, monkeypatch, caplog
+):
+    """Trial 16's N22 end to end: `train()` hung forever (only a signal ended it, as an interruption); it finishes
+    its steps now, the calls failed and counted, the first-failure warning naming the KeyboardInterrupt."""
+    from datasets import Dataset
+    from test_agents import tiny_args
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.tasks import build_tiny_model
+
+    ForceFirstCall(tool_tok, '<c>{"name":"lookup","arguments":{"key":"k"}}</c>').install(monkeypatch)
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}*7="}] for i in range(8)]})
+    trainer = TRAPOTrainer(
+        build_tiny_model(tool_tok, seed=0),
+        reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+        args=tiny_args(tmp_path, max_steps=1, response_length=96),
+        train_dataset=dataset,
+        processing_class=tool_tok,
+        tools=[raising_tool(NOT_EXCEPTIONS["KeyboardInterrupt"][0], "sync")],
+    )
+    with caplog.at_level("WARNING", logger="trl_trapo.agents"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    logged = [h for h in trainer.state.log_history if "tools/failure_frequency" in h]
+    assert logged and logged[0]["tools/call_frequency"] == 1.0 and logged[0]["tools/failure_frequency"] == 1.0
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("The tool `lookup`")]
+    assert len(warnings) == 1 and "raised KeyboardInterrupt: the subprocess was interrupted" in warnings[0]

@@ -975,21 +975,64 @@ class RoundStop:
     reason: str | None = None
 
 
-async def without_exit(coroutine: Any) -> Any:
-    """Await an async tool's call with its `sys.exit()` turned into [`exit_error`] inside the task: a task re-raises
-    `SystemExit` out of the event loop, which stopped the tools' loop thread and left the round waiting forever."""
+class ToolBaseException(RuntimeError):
+    """A tool's exception that is not an `Exception` (`SystemExit` from `sys.exit()`, `KeyboardInterrupt`,
+    `GeneratorExit`, an `asyncio.CancelledError` it raised itself, any other `BaseException` subclass), as what it is
+    to the rollout: a failed call whose error result the model reads, counted in `tools/failure_frequency`, the run
+    going on (docs/agents.md). Left as it was, it ended the tool's thread without an outcome (or stopped the tools'
+    event loop, or escaped the round into the trainer) and the round waited forever (trial 12's N46, trial 16's N22).
+
+    A `KeyboardInterrupt` raised by a tool is the tool's own (e.g. re-raised from a wrapped subprocess that was
+    interrupted), not the user's Ctrl-C: Python delivers SIGINT to the main thread only, where the trainer's handler
+    stops the run after the step; a tool runs in a thread of its own (sync) or on the tools' loop thread (async).
+
+    Attributes:
+        raised (`BaseException`): what the tool raised (also the error's `__cause__`, so that a warning's traceback
+            shows the tool's line).
+    """
+
+    def __init__(self, raised: BaseException):
+        self.raised = raised
+        super().__init__(f"the tool {self.what}; the call failed, the run goes on")
+        self.__cause__ = raised
+
+    @property
+    def what(self) -> str:
+        """What the tool did, e.g. `called sys.exit(3) (SystemExit)` or `raised KeyboardInterrupt: interrupted (not an
+        Exception)`."""
+        if isinstance(self.raised, SystemExit):
+            return f"called sys.exit({self.raised.code!r}) (SystemExit)"
+        try:
+            text = str(self.raised)
+        except Exception:  # a broken __str__ must not cost the call its outcome
+            text = ""
+        return f"raised {type(self.raised).__name__}{': ' + text if text else ''} (not an Exception)"
+
+
+def tool_error(raised: BaseException) -> Exception:
+    """The exception a tool raised as the `Exception` its failed call carries: itself for an `Exception`, except
+    `StopIteration` (which an asyncio future refuses: `set_exception` raised `TypeError` in the tools' loop and the
+    call never got its outcome); a [`ToolBaseException`] wrapping anything else (`SystemExit`, `KeyboardInterrupt`,
+    `GeneratorExit`, `asyncio.CancelledError`, ...)."""
+    if isinstance(raised, StopIteration):  # as Python words it for a coroutine (PEP 479)
+        error = RuntimeError(f"the tool raised {type(raised).__name__}; the call failed, the run goes on")
+        error.__cause__ = raised
+        return error
+    return raised if isinstance(raised, Exception) else ToolBaseException(raised)
+
+
+async def as_tool_outcome(coroutine: Any) -> Any:
+    """Await an async tool's call with whatever it raises turned into an `Exception` ([`tool_error`]) inside the
+    task: a task re-raises `SystemExit` and `KeyboardInterrupt` out of the event loop, which stopped the tools' loop
+    thread and left the round waiting forever, and passes other `BaseException`s (`GeneratorExit`) up through the
+    round into the trainer. `asyncio.CancelledError` goes through: it is the call's cancellation (a timeout, a stop);
+    one the tool raised itself is told apart where the call is awaited ([`ToolRunner.settle`])."""
     try:
         return await coroutine
-    except SystemExit as raised:
-        raise exit_error(raised) from None
-
-
-def exit_error(raised: SystemExit) -> RuntimeError:
-    """A tool's `sys.exit(code)` (a command-line helper wrapped as a tool) as the error it is to the rollout: a
-    failed call whose error result the model reads, as for any exception (docs/agents.md). Left as `SystemExit`, it
-    ended the tool's thread without a word (or stopped the tools' event loop) and the round waited forever (trial 12's
-    N46); TRL, which calls sync tools in the trainer's thread, ends the run instead."""
-    return RuntimeError(f"the tool called sys.exit({raised.code!r}) (SystemExit); the call failed, the run goes on")
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as raised:
+        raise tool_error(raised) from raised
 
 
 def short_arguments(arguments: dict) -> str:
@@ -1031,7 +1074,9 @@ class ToolRunner:
     The first failure of each tool (by name) is logged once as a warning with the exception, the call's arguments and
     the traceback; every failure is still an error result (`{"error": message}`) the model reads, counted in
     `tools/failure_frequency`. A call that cannot run (`ToolCall.tool` None: the model's error, not the tool's) is not
-    warned about.
+    warned about. A tool raising something that is not an `Exception` (`sys.exit()`, `KeyboardInterrupt`,
+    `GeneratorExit`, ...) fails its call the same way, as a [`ToolBaseException`] naming it: every call gets an
+    outcome, so a round never waits on a call that no longer runs.
 
     Calls still running after `slow_after` seconds are warned about once per tool and round (how many calls of the
     tool are running, the longest for how long, the first one's arguments). With `timeout`, a call that has not
@@ -1156,7 +1201,7 @@ class ToolRunner:
                 with self.running_lock:
                     self.running[key] = (tool_call, started)
                 if inspect.iscoroutinefunction(tool_call.tool):
-                    result = await self.settle(without_exit(tool_call.tool(**tool_call.arguments)), stop, started)
+                    result = await self.settle(as_tool_outcome(tool_call.tool(**tool_call.arguments)), stop, started)
                 else:
                     async with self.slots:
                         if stop.reason is not None:  # it waited for a slot meanwhile
@@ -1181,6 +1226,8 @@ class ToolRunner:
         finally:
             stopped.cancel()
         if call in done:
+            if call.cancelled():  # not cancelled here: the async tool raised asyncio.CancelledError itself
+                raise ToolBaseException(asyncio.CancelledError())
             return call.result()
         call.cancel()
         if stopped in done:
@@ -1194,7 +1241,7 @@ class ToolRunner:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
-        def settle(result: Any, error: BaseException | None) -> None:
+        def settle(result: Any, error: Exception | None) -> None:
             if future.done():  # abandoned (timed out, or the run is stopping)
                 return
             if error is not None:
@@ -1203,17 +1250,18 @@ class ToolRunner:
                 future.set_result(result)
 
         def target() -> None:
-            result, error = None, None
+            # every path delivers an outcome (trial 16's N22: a KeyboardInterrupt ended the thread without one and
+            # the round waited forever); the default is replaced below unless converting the exception itself fails
+            result, error = None, RuntimeError(f"the tool's thread ended without an outcome ({tool_call.name})")
             try:
-                result = tool_call.tool(**tool_call.arguments)
-            except Exception as raised:
-                error = raised
-            except SystemExit as raised:  # a thread ends silently on SystemExit: the round would wait forever
-                error = exit_error(raised)
-            try:
-                loop.call_soon_threadsafe(settle, result, error)
-            except RuntimeError:  # the loop was closed meanwhile (`close` after an abandoned call): nobody waits
-                pass
+                result, error = tool_call.tool(**tool_call.arguments), None
+            except BaseException as raised:  # SystemExit, KeyboardInterrupt, ... too: a failed call, never a hang
+                error = tool_error(raised)
+            finally:
+                try:
+                    loop.call_soon_threadsafe(settle, result, error)
+                except RuntimeError:  # the loop was closed meanwhile (`close` after an abandoned call): nobody waits
+                    pass
 
         threading.Thread(target=target, name=f"trl-trapo-tool-{tool_call.name}", daemon=True).start()
         return future
@@ -1264,10 +1312,21 @@ class ToolRunner:
     def failure_message(tool_call: ToolCall, error: BaseException) -> str:
         """The warning for a tool's first failure: its name, the exception and the call's arguments."""
         arguments = short_arguments(tool_call.arguments)
-        what = str(error) if isinstance(error, ToolTimeout) else f"raised {type(error).__name__}: {error}"
+        if isinstance(error, ToolTimeout):
+            what = str(error)
+        elif isinstance(error, ToolBaseException):  # named as raised: KeyboardInterrupt, sys.exit(3), ...
+            what = error.what
+        else:
+            what = f"raised {type(error).__name__}: {error}"
+        stop = ""
+        if isinstance(error, ToolBaseException) and isinstance(error.raised, KeyboardInterrupt):
+            stop = (
+                " A KeyboardInterrupt raised by a tool (e.g. from a subprocess it wraps) is that call's failure, not "
+                "a stop: Ctrl-C reaches the trainer's main thread, which finishes the step, saves and stops."
+            )
         return (
             f"The tool `{tool_call.name}` {what}, called with the arguments {arguments}. The model reads {{'error': {str(error)!r}}} as the result and the call counts in "
-            "tools/failure_frequency; only the first failure of each tool is shown."
+            f"tools/failure_frequency; only the first failure of each tool is shown.{stop}"
         )
 
     def close(self) -> None:
@@ -2039,6 +2098,7 @@ __all__ = [
     "TOOL_RESPONSE_TEMPLATE",
     "AgentSpec",
     "ToolAbandoned",
+    "ToolBaseException",
     "GreedyToolRollouts",
     "GreedyTurnEngine",
     "ToolCall",
