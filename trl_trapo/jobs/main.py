@@ -2148,8 +2148,15 @@ def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
     import math
 
     from torch import nn
+    from transformers import TrainerState
 
-    from trl_trapo.rewards import discard_extra, discard_metric, reward_function_name, reward_value
+    from trl_trapo.rewards import (
+        discard_extra,
+        discard_metric,
+        reward_call_kwargs,
+        reward_function_name,
+        reward_value,
+    )
 
     rows = [dataset[i] for i in range(min(len(dataset), UNFIT_REWARD_ROWS))]
     if not rows or "answer" not in rows[0]:
@@ -2161,13 +2168,15 @@ def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
         try:
             values = list(
                 func(
-                    prompts=[r["prompt"] for r in rows],
-                    completions=[r["answer"] for r in rows],
-                    completion_ids=[[] for _ in rows],
-                    **columns,
-                    trainer_state=None,
-                    log_metric=discard_metric,
-                    log_extra=discard_extra,
+                    **reward_call_kwargs(
+                        columns,
+                        prompts=[r["prompt"] for r in rows],
+                        completions=[r["answer"] for r in rows],
+                        completion_ids=[[] for _ in rows],
+                        trainer_state=TrainerState(),
+                        log_metric=discard_metric,
+                        log_extra=discard_extra,
+                    )
                 )
             )
         except Exception:  # the trainer's check reports it, by name
