@@ -160,6 +160,83 @@ def test_each_slot_refusal_gives_the_mapping_that_fixes_the_dataset(check, colum
     check(eval(call, {"dataset": dataset}))  # the fix it gives works
 
 
+COMMUNITY_FORMS = {  # the two most common community SFT layouts, as their files have them
+    "ShareGPT": {
+        "conversations": [
+            [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": "rev abc="},
+                {"from": "gpt", "value": "cba"},
+            ]
+        ]
+        * 2
+    },
+    "Alpaca": {"instruction": ["reverse the letters"] * 2, "input": ["abc", ""], "output": ["cba", "?"]},
+}
+
+
+@pytest.mark.parametrize("slot", ["sft_dataset", "eval_dataset", "pretrain_dataset", "train_dataset"])
+@pytest.mark.parametrize("form", COMMUNITY_FORMS)
+def test_community_sft_formats_get_the_conversion_that_fits(form, slot):
+    """Trial 16's N23: ShareGPT rows (`conversations` of from/value turns) were told to rename one column into two,
+    and Alpaca rows (instruction / input / output) to rename `instruction` -> prompt, which dropped `input` (the
+    instruction's argument) without a word. Each slot now names the format, converts nothing, and gives the one
+    `dataset.map(...)` call that fits; run as written, it keeps every turn with TRL's roles (ShareGPT) or joins the
+    input into the prompt (Alpaca), and the slot's check accepts the result."""
+    from trl_trapo.data import check_eval_dataset, check_sft_rows
+
+    dataset = Dataset.from_dict(COMMUNITY_FORMS[form])
+    check = {
+        "sft_dataset": check_sft_dataset,
+        "eval_dataset": lambda d: check_eval_dataset({"held_out": d}),
+        "pretrain_dataset": check_pretrain_dataset,
+        "train_dataset": check_prompt_dataset,
+    }[slot]
+    with pytest.raises(ValueError) as raised:
+        check(dataset)
+    message = str(raised.value)
+    assert f"{form} format" in message, message
+    assert "rename_column" not in message and "<prompt column>" not in message, message
+    fixed = eval(code_spans(message)[0], {"dataset": dataset})  # noqa: S307
+    if form == "ShareGPT":  # every turn, TRL's roles; conversations are demonstrations in any slot
+        assert fixed[0]["messages"] == [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "rev abc="},
+            {"role": "assistant", "content": "cba"},
+        ]
+        check_sft_rows(fixed, None)  # the column and the cells (roles, contents) as training reads them
+        return
+    column = {"pretrain_dataset": "text", "train_dataset": "prompt"}.get(slot, "prompt")
+    assert fixed[column] == (
+        ["reverse the letters\n\nabc\n\ncba", "reverse the letters\n\n?"]
+        if slot == "pretrain_dataset"
+        else ["reverse the letters\n\nabc", "reverse the letters"]
+    )
+    check(fixed)
+    if slot in ("sft_dataset", "eval_dataset"):
+        assert fixed["completion"] == ["cba", "?"]
+    if slot == "train_dataset":
+        assert fixed["output"] == ["cba", "?"]  # kept for the reward functions
+
+
+def test_a_messages_column_of_sharegpt_turns_gets_the_sharegpt_conversion():
+    """Trial 16's N23, third case: a `messages` column written with ShareGPT's from/value keys was told to rename the
+    key (with an example for 'text'), which would keep the roles 'human' / 'gpt'. It is named as ShareGPT turns, and
+    the conversion given, run as written, gives TRL's roles and passes the checks training makes."""
+    from trl_trapo.data import check_sft_rows
+
+    turns = COMMUNITY_FORMS["ShareGPT"]["conversations"]
+    dataset = Dataset.from_dict({"messages": turns})
+    with pytest.raises(ValueError) as raised:
+        check_sft_rows(dataset, None)
+    message = str(raised.value)
+    assert "ShareGPT turns" in message and "human -> user" in message, message
+    fixed = eval(code_spans(message)[0], {"dataset": dataset})  # noqa: S307
+    assert fixed.column_names == ["messages"]
+    assert [m["role"] for m in fixed[0]["messages"]] == ["system", "user", "assistant"]
+    check_sft_rows(fixed, None)
+
+
 CHAT = [{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba"}]
 
 

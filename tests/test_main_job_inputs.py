@@ -160,7 +160,7 @@ def test_user_rl_data_replaces_the_builtin_prompts_and_evaluation(tmp_path, capl
     assert inputs.sources["sft"] == inputs.sources["pretrain"] == inputs.sources["reward"] == "built-in"
     (line,) = [r.message for r in caplog.records if r.message.startswith("Built-in mode")]
     assert "from the built-in suite: model, sft, pretrain, reward" in line
-    assert f"rl (--dataset_name={rl!r})" in line and "no held-out RL evaluation" in line
+    assert f"rl (--dataset_name={rl!r}, 6 rows)" in line and "no held-out RL evaluation" in line
 
 
 def test_the_command_lines_warnings_name_the_flags_the_user_gave(tmp_path, monkeypatch, caplog):
@@ -250,6 +250,11 @@ def test_user_sft_pretrain_and_rewards_replace_the_builtin_ones(tmp_path, caplog
     (line,) = [r.message for r in caplog.records if r.message.startswith("Built-in mode")]
     assert "from the built-in suite: model, rl, eval;" in line
     assert "reward (--reward_funcs=['exact_match'])" in line
+    # the rows read, after each flag (trial 16's C16: a folder's left-out file shows as a smaller count)
+    assert (
+        f"sft (--sft_dataset_name={sft!r}, 3 rows)" in line
+        and f"pretrain (--pretrain_dataset_name={pretrain!r}, 4 rows)" in line
+    ), line
     inputs = build(tmp_path, reward_funcs=["numeric_answer"])
     assert inputs.reward_funcs == [numeric_answer_reward]
 
@@ -514,6 +519,83 @@ def test_split_files_with_different_columns_are_named_with_their_columns(tmp_pat
     message = str(error.value)
     assert f"test.{ext} has (prompt, solution); train.{ext} has (prompt, answer)" in message, message
     assert "Every split of a dataset must have the same columns. Fix: rename" in message
+
+
+@pytest.mark.parametrize(
+    "files, read, left_out, why, renamed",
+    [
+        # trial 16's C16: the CSV's rows were dropped without a word (and its name is no split's)
+        (
+            {"train.jsonl": 8, "extra.csv": 2},
+            8,
+            "extra.csv",
+            "is another format (CSV, while the folder is read as JSON / JSON Lines) and is not named after a split",
+            "extra.csv -> train-extra.jsonl",
+        ),
+        # named after the split, but the two CSV files outnumber it: the JSON Lines file is the one left out
+        (
+            {"train.jsonl": 8, "train-2.csv": 1, "train-3.csv": 1},
+            2,
+            "train.jsonl",
+            "is another format (JSON / JSON Lines, while the folder is read as CSV).",
+            "train.jsonl -> train.csv",
+        ),
+        # one format, but only the files named after a split are read when some are
+        ({"train.jsonl": 8, "extra.jsonl": 2}, 8, "extra.jsonl", "is not named after a split", "-> train-extra.jsonl"),
+        # no split names: every file of the most common format
+        ({"a.jsonl": 3, "b.jsonl": 3, "c.csv": 2}, 6, "c.csv", "is another format (CSV", "c.csv -> c.jsonl"),
+    ],
+)
+def test_a_folders_data_files_datasets_leaves_out_are_named_with_why(
+    tmp_path, caplog, files, read, left_out, why, renamed
+):
+    """Trial 16's C16: `--dataset_name FOLDER` with `train.jsonl` (8 rows) and `extra.csv` (2 rows) trained on the 8
+    JSON rows, `datasets` dropping the CSV file without a word. One warning now names each data file it leaves out and
+    why, before loading; the log line of the job's inputs gives the rows read. Jupyter's `.ipynb_checkpoints` copies
+    are ignored as `datasets` ignores them (no warning)."""
+    folder = tmp_path / "data"
+    for name, count in files.items():
+        rows = rl_rows(count)
+        if name.endswith(".csv"):
+            folder.mkdir(exist_ok=True)
+            (folder / name).write_text("prompt,answer\n" + "".join(f"{r['prompt']},{r['answer']}\n" for r in rows))
+        else:
+            write_jsonl(folder / name, rows)
+    write_jsonl(folder / ".ipynb_checkpoints" / "train-checkpoint.jsonl", rl_rows(1))
+    with caplog.at_level(logging.INFO, logger="trl_trapo.jobs.main"):
+        inputs = build(tmp_path, dataset_name=str(folder))
+    assert len(inputs.train_dataset) == read
+    warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING and "leaves out" in r.message]
+    assert len(warnings) == 1, warnings
+    (warning,) = warnings
+    assert warning.startswith(f"--dataset_name={str(folder)!r}: `datasets` reads "), warning
+    assert f"{left_out} {why}" in warning and renamed in warning, warning
+    assert ".ipynb_checkpoints" not in warning and "Fix:" in warning
+    (line,) = [r.message for r in caplog.records if r.message.startswith("Built-in mode")]
+    assert f"rl (--dataset_name={str(folder)!r}, {read} rows)" in line, line
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):  # every objective's folder flag
+        cli.load_any(str(folder), None, "train", arg="--sft_dataset_name")
+    assert [r.message for r in caplog.records if "leaves out" in r.message][0].startswith("--sft_dataset_name=")
+
+
+def test_a_folder_whose_data_files_are_all_in_hidden_folders_is_refused_naming_them(tmp_path, caplog):
+    """A folder holding only Jupyter's `.ipynb_checkpoints/train-checkpoint.jsonl` was "cannot load the folder as one
+    dataset" with the fix `--dataset_name <folder>/.ipynb_checkpoints` (the checkpoint copy). It is refused before
+    loading, naming the hidden file and why `datasets` skips it; a folder with a file of its own next to the copy
+    loads that file, without a warning."""
+    folder = tmp_path / "notebook"
+    write_jsonl(folder / ".ipynb_checkpoints" / "train-checkpoint.jsonl", rl_rows(2))
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, dataset_name=str(folder))
+    message = str(error.value)
+    assert message.startswith(f"--dataset_name={str(folder)!r}: the folder has no data file `datasets` reads"), message
+    assert ".ipynb_checkpoints/train-checkpoint.jsonl" in message and "are hidden" in message, message
+    assert "--dataset_name " not in message  # no hidden folder is suggested as the data
+    write_jsonl(folder / "train.jsonl", rl_rows(5))
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.jobs.main"):
+        assert len(build(tmp_path, dataset_name=str(folder)).train_dataset) == 5
+    assert not [r for r in caplog.records if "leaves out" in r.message]
 
 
 def test_a_folder_of_dataset_folders_names_them_and_the_one_to_give(tmp_path):

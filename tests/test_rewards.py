@@ -342,7 +342,9 @@ def test_a_reward_reading_trainer_state_is_called_with_a_state_at_construction(
     assert len(steps) == 3 and steps[-1] == trainer.state.global_step
 
 
-@pytest.mark.parametrize("column", ["completions", "prompts", "trainer_state", "log_metric", "log_extra"])
+@pytest.mark.parametrize(
+    "column", ["completions", "prompts", "completion_ids", "trainer_state", "log_metric", "log_extra"]
+)
 @pytest.mark.parametrize("argument", ["train_dataset", "eval_dataset"])
 def test_a_column_named_like_a_reward_keyword_is_refused_before_anything_loads(
     tmp_path, tokenizer, suite, tiny_config, column, argument, monkeypatch
@@ -350,7 +352,9 @@ def test_a_column_named_like_a_reward_keyword_is_refused_before_anything_loads(
     """Trial 9's RW03 / RW04: a `completions` (or `prompts`) column made Python's "dict() got multiple values for
     keyword argument 'completions'" at construction; a `trainer_state` (`log_metric`, `log_extra`) column was silently
     replaced in the reward's arguments by the trainer's own. TRL 1.16's GRPOTrainer does the same (`reward_func(
-    prompts=..., completions=..., **reward_kwargs)`, then `reward_kwargs["trainer_state"] = self.state`)."""
+    prompts=..., completions=..., **reward_kwargs)`, then `reward_kwargs["trainer_state"] = self.state`). Trial 16's
+    N27: a `completion_ids` column was replaced by TRAPO's token ids without a word (as TRL does: it skips the column
+    and passes its own)."""
     import trl_trapo.wiring
 
     def must_not_load(*args, **kwargs):
@@ -372,10 +376,40 @@ def test_a_column_named_like_a_reward_keyword_is_refused_before_anything_loads(
         )
     label = "train_dataset" if argument == "train_dataset" else "eval_dataset['held_out']"
     assert str(error.value).startswith(
-        f"`{label}` column '{column}' is named like an argument TRAPO passes to every reward function (completions, "
-        "log_extra, log_metric, prompts, trainer_state)"
+        f"`{label}` column '{column}' is named like an argument TRAPO passes to every reward function (completion_ids, "
+        "completions, log_extra, log_metric, prompts, trainer_state)"
     ), error.value
     assert f"`dataset.rename_column('{column}', 'my_{column}')`" in str(error.value)
+
+
+def test_every_keyword_a_reward_call_passes_is_refused_as_a_column(tokenizer):
+    """Trial 16's N27: the names refused as columns were a list of their own, which missed `completion_ids`, so such a
+    column reached the reward functions as TRAPO's token ids. Every keyword of every reward call TRAPO makes (the
+    construction-time check, scoring, a tool run's `environments`, the job's check of the built-in prompts) that is
+    not a column of the row must be one `check_reward_columns` refuses."""
+    from trl_trapo.jobs.main import warn_rewards_unfit_for_prompts
+    from trl_trapo.rewards import RESERVED_REWARD_COLUMNS, RewardScorer, check_reward_columns
+
+    calls = []
+
+    def spy(**kwargs):
+        calls.append(set(kwargs))
+        return [0.0] * len(kwargs["completions"])
+
+    scorer = RewardScorer([spy], [None], [1.0], tokenizer, 4, lambda *a: None, lambda *a: None, lambda: None)
+    row = {"prompt": "2+2=", "answer": "4"}
+    ids = [torch.tensor(tokenizer.encode("4", add_special_tokens=False))]
+    scorer.preflight([row])
+    scorer.score([row], ids, ids)
+    scorer.score([row], ids, ids, extra_kwargs={"environments": [None]})
+    warn_rewards_unfit_for_prompts([spy], Dataset.from_list([row]))
+    assert len(calls) == 4, calls
+    for keys in calls:
+        passed = keys - {"answer", "environments"}  # the row's column; the tool run's keyword (refused there)
+        assert passed <= RESERVED_REWARD_COLUMNS, sorted(passed - RESERVED_REWARD_COLUMNS)
+        for keyword in passed:
+            with pytest.raises(ValueError, match=rf"'{keyword}' is named like an argument"):
+                check_reward_columns(["answer", keyword], "`train_dataset` column", "rename {column}")
 
 
 def test_every_column_named_like_a_reward_keyword_is_named_at_once():

@@ -39,7 +39,7 @@ import datasets
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
 from trl.chat_template_utils import has_generation_markers, is_chat_template_stop_token_trained, supports_tool_calling
-from trl.data_utils import common_prefix_length, is_conversational
+from trl.data_utils import common_prefix_length, is_conversational, is_conversational_from_value
 
 from .collator import Row
 from .config import PRETRAIN, SFT
@@ -235,6 +235,13 @@ def missing_value_error(role: str, column: str, row: int | str, what: str, count
     fix, with a filter that drops exactly such rows (a message's missing role / content, a token list's None)."""
     more = f" (and {count - 1} more rows)" if count > 1 else ""
     key = re.match(r"no '(\w+)' key in message", what)
+    if key and "'from'" in what and "'value'" in what:  # ShareGPT's turns (trial 16's N23): its roles differ too
+        return ValueError(
+            f"`{role}` column {column!r} has a message without a {key[1]!r} key at row {row}{more}: {what}. Its "
+            "messages are ShareGPT turns ({'from', 'value'}); TRL's conversational format is {'role', 'content'} "
+            "messages (human -> user, gpt -> assistant, system -> system). Fix: "
+            f"{sharegpt_conversion(column, [], target=column)}."
+        )
     if key:  # the messages are in another format: converting them is the fix, dropping rows would drop them all
         return ValueError(
             f"`{role}` column {column!r} has a message without a {key[1]!r} key at row {row}{more}: {what}. Each "
@@ -1023,15 +1030,112 @@ def preference_rows_hint(dataset: Dataset | IterableDataset, name: str) -> str:
     return hint
 
 
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+"""ShareGPT's `from` values -> TRL's (OpenAI's) roles. TRL's `maybe_convert_to_chatml` renames the keys but keeps
+the values, so a chat template gets the roles 'human' / 'gpt', which most templates do not know."""
+
+ALPACA_COLUMNS = ("instruction", "input", "output")
+"""The Alpaca format's columns (tatsu-lab/alpaca and its many copies): the prompt is the instruction followed by its
+input (empty for many rows), the completion is the output."""
+
+
+def sharegpt_column(dataset: Dataset | IterableDataset) -> str | None:
+    """The column of the first row that holds a ShareGPT conversation (a non-empty list of `{"from", "value"}` turns:
+    TRL's `is_conversational_from_value`, which reads the cell under `conversations`, the usual name); None if none
+    (or the rows are not read here: an empty or streaming dataset)."""
+    row = first_row(dataset)
+    for column, cell in (row or {}).items():
+        if isinstance(cell, list) and cell and is_conversational_from_value({"conversations": cell}):
+            return column
+    return None
+
+
+def sharegpt_conversion(column: str, turns: list, target: str = "messages") -> str:
+    """The `dataset.map(...)` call that turns the ShareGPT turns of column `column` into TRL's messages (role /
+    content, with [`SHAREGPT_ROLES`]) in column `target`, with a note naming the `from` values of `turns` (a first
+    row's) that the map lacks."""
+    roles = dict(SHAREGPT_ROLES)
+    unknown = sorted({str(t.get("from")) for t in turns if isinstance(t, dict)} - set(roles))
+    removed = "" if column == target else f", remove_columns=[{column!r}]"
+    call = (
+        f"`dataset.map(lambda row: {{{target!r}: [{{'role': {roles!r}[turn['from']], 'content': turn['value']}} "
+        f"for turn in row[{column!r}]]}}{removed})`"
+    )
+    note = f" (add the other 'from' values your rows use to the map: the first row has {unknown})" if unknown else ""
+    return call + note
+
+
+def community_format_hint(dataset: Dataset | IterableDataset, name: str, slot: str) -> str:
+    """The fix for rows in one of the two most common community SFT layouts, given to `name` (trial 16's N23): the
+    ShareGPT format (a `conversations` column of `{"from", "value"}` turns: one column, which no rename makes
+    prompt-completion) and the Alpaca format (`instruction` / `input` / `output`: renaming `instruction` to
+    `prompt` would drop `input`, the instruction's argument). Nothing is converted here: the message shows the
+    one `dataset.map(...)` call that converts them.
+
+    Args:
+        dataset: the rows (a ShareGPT column is recognised from the first row: not for an empty or streaming one).
+        name (`str`): the argument they were given as (`sft_dataset`, `eval_dataset['x']`, ...).
+        slot (`str`): what the argument trains on: "sft" (demonstrations; an eval set's SFT loss too), "pretrain"
+            (text) or "rl" (prompts).
+
+    Returns:
+        `str`: sentences starting with a space, naming the format and the fix; "" for rows in neither format.
+    """
+    columns = dataset_columns(dataset)
+    column = sharegpt_column(dataset)
+    if column is not None:
+        convert = sharegpt_conversion(column, first_row(dataset)[column])
+        said = (
+            f" Its {column!r} column is in the ShareGPT format (turns of {{'from', 'value'}}); TRL's conversational "
+            "format is a 'messages' column of {'role', 'content'} messages (human -> user, gpt -> assistant, "
+            "system -> system)."
+        )
+        if slot == "sft":
+            return f"{said} Fix: {convert}."
+        if slot == "pretrain":
+            return (
+                f"{said} Conversations are SFT demonstrations: pass them as `sft_dataset=` after {convert}; or, to "
+                "train every token as text, render each with the chat template after that: `.map(lambda row: "
+                "{'text': tokenizer.apply_chat_template(row['messages'], tokenize=False)})`."
+            )
+        return f"{said} Conversations are SFT demonstrations: pass them as `sft_dataset=` after {convert}."
+    if not set(ALPACA_COLUMNS) <= set(columns):
+        return ""
+    prompt = "row['instruction'] + ('\\n\\n' + row['input'] if row['input'] else '')"
+    said = (
+        f" `{name}` is in the Alpaca format (instruction / input / output): the prompt is the instruction followed "
+        "by its input (as the Alpaca template joins them; an empty input adds nothing), so renaming 'instruction' "
+        "alone would drop 'input'."
+    )
+    if slot == "sft":
+        call = f"{{'prompt': {prompt}, 'completion': row['output']}}, remove_columns={list(ALPACA_COLUMNS)!r}"
+        return f"{said} Fix: `dataset.map(lambda row: {call})`."
+    if slot == "pretrain":
+        call = f"{{'text': {prompt} + '\\n\\n' + row['output']}}, remove_columns={list(ALPACA_COLUMNS)!r}"
+        return (
+            f"{said} Fix: `dataset.map(lambda row: {call})` (or, to train on the outputs only, pass the rows as "
+            "`sft_dataset=` with 'prompt' / 'completion' columns built the same way)."
+        )
+    call = f"{{'prompt': {prompt}}}, remove_columns=['instruction', 'input']"
+    kept = "the 'output' column reaches the reward functions as `output`"
+    return f"{said} Fix: `dataset.map(lambda row: {call})` ({kept})."
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
     columns = dataset_columns(dataset)
     if columns and "text" not in columns:
         preference = preference_rows_hint(dataset, "pretrain_dataset")
+        community = community_format_hint(dataset, "pretrain_dataset", "pretrain")
         raise ValueError(
             f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
-            + (" " + preference if preference else column_mapping_example(columns, "pretrain", first_row(dataset)))
+            + (
+                community
+                or (
+                    " " + preference if preference else column_mapping_example(columns, "pretrain", first_row(dataset))
+                )
+            )
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -1049,7 +1153,11 @@ def check_sft_dataset(dataset: Dataset) -> None:
             else ""
         )
         preference = preference_rows_hint(dataset, "sft_dataset")
-        fix = text or (" " + preference if preference else column_mapping_example(columns, "sft", first_row(dataset)))
+        fix = (
+            community_format_hint(dataset, "sft_dataset", "sft")
+            or text
+            or (" " + preference if preference else column_mapping_example(columns, "sft", first_row(dataset)))
+        )
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
             f"column (conversational format); it has {columns}.{fix} See https://huggingface.co/docs/trl/dataset_formats."
@@ -1160,11 +1268,14 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
             + (
-                ""
-                if misplaced
-                else " " + preference
-                if preference
-                else column_mapping_example(columns, "rl", first_row(dataset))
+                community_format_hint(dataset, name, "rl")
+                or (
+                    ""
+                    if misplaced
+                    else " " + preference
+                    if preference
+                    else column_mapping_example(columns, "rl", first_row(dataset))
+                )
             )
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
@@ -2581,6 +2692,7 @@ def check_eval_dataset(eval_dataset, tokenizer=None, cells: bool = True, assista
             raise ValueError(
                 f"`{label}` has columns {sorted(columns)}, none of which TRAPO can evaluate: give 'prompt' "
                 "(greedy rewards), 'text' (pretraining loss) or 'prompt'+'completion' / 'messages' (SFT loss)."
+                + community_format_hint(dataset, label, "sft")
             )
         if cells:
             # evaluation masks `messages` rows to their assistant turns under assistant_only_loss (as training)

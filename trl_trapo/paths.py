@@ -74,6 +74,115 @@ def check_data_source(name: str, arg: str) -> None:
     check_hub_source(name, arg, "dataset")
 
 
+COMPRESSION_SUFFIXES = ("gz", "bz2", "xz", "zst", "lz4")  # `datasets` reads `train.jsonl.gz` as JSON
+FORMAT_NAMES = {"json": "JSON / JSON Lines", "csv": "CSV", "parquet": "Parquet", "text": "text"}
+
+
+def data_file_format(name: str) -> str | None:
+    """The `datasets` builder that reads the data file `name`, by its extension ([`FILE_BUILDERS`]; after a compression
+    suffix: `train.jsonl.gz` is "json"); None for a file of another kind (a README, a notebook)."""
+    parts = os.path.basename(name).lower().split(".")[1:]
+    if parts and parts[-1] in COMPRESSION_SUFFIXES:
+        parts = parts[:-1]
+    return FILE_BUILDERS.get(parts[-1]) if parts else None
+
+
+def folder_files_problem(path: str, where: str, config: str | None = None) -> str | None:
+    """What `datasets.load_dataset(folder)` leaves out of a local data folder, said before loading (trial 16's C16): it
+    reads the files named after a split (`train.jsonl`, `test.csv`, ...) when there are some, else every file, and of
+    those only the ones in one format (the most common): a `train.jsonl` next to an `extra.csv` loads the JSON rows
+    alone, without a word. Files and folders whose name starts with '.' or '__' (Jupyter's `.ipynb_checkpoints`) are
+    ignored, as `datasets` ignores them. What is read is asked of `datasets` itself (`LocalDatasetModuleFactory`, the
+    module `load_dataset` uses: the folder's file names only, no data is read).
+
+    Args:
+        path (`str`): a local directory (not a `save_to_disk` one).
+        where (`str`): the argument and its value, for the messages (e.g. "--dataset_name='data'").
+        config (`str`, *optional*): the configuration asked for (a README.md may declare several).
+
+    Returns:
+        `str | None`: a warning naming each data file that will not be read, why (another format, not named after a
+            split) and the fix; None when every data file is read, or when `datasets` cannot resolve the folder
+            (its own error comes at loading).
+
+    Raises:
+        ValueError: naming the files, when the folder's only data files are inside hidden folders (nothing would be
+            read: `datasets` says "doesn't contain any data files").
+    """
+    from datasets.data_files import DataFilesDict, get_data_patterns, resolve_pattern
+    from datasets.load import LocalDatasetModuleFactory
+
+    base = os.path.abspath(os.path.expanduser(path))
+
+    def relative(files) -> list[str]:
+        return sorted(os.path.relpath(f, base) for f in files)
+
+    try:  # every file `datasets` sees (hidden and '__' ones left out, as it leaves them out)
+        visible = [f for f in relative(resolve_pattern("**", base_path=base)) if data_file_format(f)]
+    except FileNotFoundError:
+        visible = []
+    if not visible:
+        hidden = sorted(
+            file
+            for root, _, names in os.walk(base)
+            for file in (os.path.relpath(os.path.join(root, name), base) for name in names)
+            if data_file_format(file) and any(part.startswith((".", "__")) for part in file.split(os.sep))
+        )
+        if hidden:
+            shown = ", ".join(hidden[:3]) + (", ..." if len(hidden) > 3 else "")
+            raise ValueError(
+                f"{where}: the folder has no data file `datasets` reads: its data file(s) {shown} are hidden (inside "
+                "a folder, or named, with a name that starts with '.' or '__', such as Jupyter's .ipynb_checkpoints "
+                "copies), which `datasets` ignores. Fix: put the data files in the folder itself under names of "
+                "their own (e.g. train.jsonl), or point at one file."
+            )
+        return None
+    try:
+        module = LocalDatasetModuleFactory(base).get_module()
+        parameters = module.builder_configs_parameters
+        configs = parameters.builder_configs or []
+        wanted = config if config not in (None, "default") else parameters.default_config_name
+        chosen = next((c for c in configs if c.name == wanted), configs[0] if configs else None)
+        read = relative(f for files in chosen.data_files.values() for f in files)
+        named = set(
+            relative(f for files in DataFilesDict.from_patterns(get_data_patterns(base), base).values() for f in files)
+        )
+    except Exception:  # `load_dataset` raises it next, and the job names it (`_load`)
+        return None
+    unread = [f for f in visible if f not in read]
+    if not unread or not read:
+        return None
+    formats = sorted({data_file_format(f) for f in read})
+    used = " / ".join(FORMAT_NAMES.get(f, f) for f in formats)
+    splits = sorted(str(s) for s in chosen.data_files)
+    by_split = len(named & set(visible)) < len(visible)  # it took the files named after a split, not every file
+    reasons = []
+    for file in unread:
+        why = []
+        if data_file_format(file) not in formats:
+            why.append(
+                f"is another format ({FORMAT_NAMES.get(data_file_format(file))}, while the folder is read as {used})"
+            )
+        if parameters.metadata_configs:
+            why.append("is not among the data files its README.md declares")
+        elif by_split and file not in named:
+            why.append(
+                f"is not named after a split (the folder's files named after one, {', '.join(read[:3])}, are read)"
+            )
+        reasons.append(f"{file} {' and '.join(why) or 'is not read'}")
+    extension = next(e for e in reversed(read[0].lower().split(".")) if e not in COMPRESSION_SUFFIXES)
+    stem = os.path.basename(unread[0]).split(".")[0]
+    renamed = f"{splits[0]}-{stem}.{extension}" if by_split and unread[0] not in named else f"{stem}.{extension}"
+    shown = ", ".join(read[:3]) + (", ..." if len(read) > 3 else "")
+    more = f"; and {len(reasons) - 5} more" if len(reasons) > 5 else ""
+    return (
+        f"{where}: `datasets` reads {len(read)} data file(s) of this folder ({shown}) and leaves out {len(unread)}, "
+        f"whose rows will not be used: {'; '.join(reasons[:5])}{more}. (`datasets` reads a folder in one format, "
+        "the most common among its files, and only the files named after a split when some are.) Fix: to use them, "
+        f"convert each to the folder's format and name it so (e.g. {unread[0]} -> {renamed}); or point at one file."
+    )
+
+
 def check_model_source(value: str, arg: str) -> None:
     """Fail early, naming `arg`, when `value` is meant as a local model directory but is not one, or as a Hub id that
     cannot be fetched (nothing is loaded: see the module docstring for what is read).

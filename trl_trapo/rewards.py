@@ -242,20 +242,68 @@ def reward_value(value: Any) -> float | None:
     return None
 
 
+def reward_call_kwargs(
+    columns: dict[str, Any],
+    *,
+    prompts: list,
+    completions: list,
+    completion_ids: list[list[int]],
+    trainer_state: TrainerState | None,
+    log_metric: Callable[[str, float], None],
+    log_extra: Callable[[str, list], None],
+) -> dict[str, Any]:
+    """The keyword arguments of one reward-function call, as TRL's `GRPOTrainer` passes them: `columns` (the rows'
+    columns, one list entry per completion, and the run's extra keywords such as `environments`) and the keywords
+    every call carries. Every call TRAPO makes is built here, and [`STANDARD_REWARD_KWARGS`] (the column names
+    [`check_reward_columns`] refuses) is read off this signature, so a keyword added here is refused as a column name
+    too (trial 16's N27: a `completion_ids` column was silently replaced by TRAPO's token ids).
+
+    Args:
+        columns (`dict[str, Any]`): column or extra keyword -> its values; none may be named like a keyword below
+            ([`check_reward_columns`] refuses that first).
+        prompts (`list`): `B` prompts (strings, or lists of messages).
+        completions (`list`): `B` completions (strings, or lists of messages).
+        completion_ids (`list[list[int]]`): `B` completions' token ids.
+        trainer_state (`TrainerState`, *optional*): the trainer's state.
+        log_metric, log_extra (`Callable`): where the function's own metrics and table columns go.
+
+    Returns:
+        `dict[str, Any]`: the call's keyword arguments.
+
+    Raises:
+        ValueError: if a key of `columns` is named like a keyword every call carries ([`check_reward_columns`]).
+    """
+    check_reward_columns(list(columns), "The reward function call's column", "rename it, e.g. to 'my_{column}'")
+    standard = dict(
+        prompts=prompts,
+        completions=completions,
+        completion_ids=completion_ids,
+        trainer_state=trainer_state,
+        log_metric=log_metric,
+        log_extra=log_extra,
+    )
+    return {**columns, **standard}
+
+
 STANDARD_REWARD_KWARGS = frozenset(
-    {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"}
+    name
+    for name, parameter in inspect.signature(reward_call_kwargs).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
 )
-"""The keyword arguments every reward function call carries besides the dataset's columns."""
+"""The keyword arguments every reward function call carries besides the dataset's columns ([`reward_call_kwargs`]'s
+keyword-only parameters)."""
 
-SKIPPED_COLUMNS = ("prompt", "completion", "completion_ids", *INTERNAL_COLUMNS)
-"""Row keys that are not passed to reward functions (as TRL skips `prompt`, `completion` and `completion_ids`, and the
-columns TRAPO adds)."""
+SKIPPED_COLUMNS = ("prompt", "completion", *INTERNAL_COLUMNS)
+"""Row keys that are not passed to reward functions: `prompt` (passed as `prompts`), `completion` (as TRL skips it)
+and the columns TRAPO adds. TRL also skips a `completion_ids` column and passes its own token ids under that name
+without a word; TRAPO refuses such a column ([`RESERVED_REWARD_COLUMNS`])."""
 
-RESERVED_REWARD_COLUMNS = STANDARD_REWARD_KWARGS - set(SKIPPED_COLUMNS)
+RESERVED_REWARD_COLUMNS = STANDARD_REWARD_KWARGS
 """Names no column given to the reward functions may have: the keywords every call carries itself (a `completions`
-column made Python's "got multiple values for keyword argument 'completions'"; a `trainer_state` column was silently
-replaced by the trainer's state). TRL 1.16's `GRPOTrainer` does the same: the first kind raise that `TypeError`,
-`trainer_state` / `log_metric` / `log_extra` columns are overwritten without a word."""
+column made Python's "got multiple values for keyword argument 'completions'"; `trainer_state` and `completion_ids`
+columns were silently replaced by the trainer's values). TRL 1.16's `GRPOTrainer` does the same: a `completions` or
+`prompts` column raises that `TypeError`, `completion_ids` / `trainer_state` / `log_metric` / `log_extra` columns are
+replaced without a word."""
 
 
 def check_reward_columns(columns: Sequence[str], where: str, fix: str, keywords: Sequence[str] = ()) -> None:
@@ -559,36 +607,50 @@ class RewardScorer:
     def reward_kwargs(
         self,
         examples: list[dict],
+        prompts: list,
+        completions: list,
+        completion_ids: list[list[int]],
         log_metric: Callable[[str, float], None] | None = None,
         log_extra: Callable[[str, list], None] | None = None,
         extra_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Dataset columns (all but prompt / completion / completion_ids, as TRL, and the columns TRAPO added,
-        `INTERNAL_COLUMNS`), trainer extras and `extra_kwargs` (the tool-calling source's `environments`), as
-        reward-function keywords; `log_metric` / `log_extra` default to the scorer's (the training metrics).
+        """The keyword arguments of a reward-function call on `B` completions ([`reward_call_kwargs`]): dataset
+        columns (all but `SKIPPED_COLUMNS`: prompt / completion, as TRL, and the columns TRAPO added), `extra_kwargs`
+        (the tool-calling source's `environments`), the trainer's state and `log_metric` / `log_extra` (default: the
+        scorer's, i.e. the training metrics).
+
+        Args:
+            examples (`list[dict]`): `B` dataset rows.
+            prompts, completions (`list`): `B` each, as the functions get them.
+            completion_ids (`list[list[int]]`): `B` completions' token ids.
 
         Raises:
             ValueError: if a row has a key named like a keyword every call carries ([`check_reward_columns`]; the
                 datasets are checked at construction, a rollout source's rounds when they arrive: this is the last
                 line, for rows that reach the scorer another way).
         """
-        keys = [k for k in examples[0] if k not in SKIPPED_COLUMNS]
-        if self.has_functions:
-            check_reward_columns(
-                keys,
-                "The reward functions' rows' key",
-                "the dataset column (`dataset.rename_column('{column}', 'my_{column}')`), or the key your rollout "
-                "source's examples or rollout_func's output have",
-                keywords=list(extra_kwargs or ()),
-            )
-        kwargs = {k: [e[k] for e in examples] for k in keys}
+        # only functions get the rows' columns: a reward model's rows may hold any name (nothing reads it)
+        keys = [k for k in examples[0] if k not in SKIPPED_COLUMNS] if self.has_functions else []
+        check_reward_columns(
+            keys,
+            "The reward functions' rows' key",
+            "the dataset column (`dataset.rename_column('{column}', 'my_{column}')`), or the key your rollout "
+            "source's examples or rollout_func's output have",
+            keywords=list(extra_kwargs or ()),
+        )
+        columns = {k: [e[k] for e in examples] for k in keys}
         # before the `Trainer` exists (the construction-time check) its state is what `Trainer.__init__` makes: a fresh
         # `TrainerState` at step 0, never None (TRL always passes one; a reward reading `global_step` was refused)
         state = self.trainer_state()
-        kwargs["trainer_state"] = state if state is not None else TrainerState()
-        kwargs["log_metric"] = log_metric or self.log_metric
-        kwargs["log_extra"] = log_extra or self.log_extra
-        return {**kwargs, **(extra_kwargs or {})}
+        return reward_call_kwargs(
+            {**columns, **(extra_kwargs or {})},
+            prompts=prompts,
+            completions=completions,
+            completion_ids=completion_ids,
+            trainer_state=state if state is not None else TrainerState(),
+            log_metric=log_metric or self.log_metric,
+            log_extra=log_extra or self.log_extra,
+        )
 
     def preflight(
         self,
@@ -613,18 +675,13 @@ class RewardScorer:
         """
         prompts = [r["prompt"] for r in rows]
         conversational = is_conversational({"prompt": prompts[0]})
-        kwargs = self.reward_kwargs(rows, discard_metric, discard_extra, extra_kwargs)
+        no_ids = [[] for _ in rows]  # `completions` is each probe's own
+        kwargs = self.reward_kwargs(rows, prompts, no_ids, no_ids, discard_metric, discard_extra, extra_kwargs)
 
         def probe(func, name, as_messages: bool, texts: list[str] | None = None) -> None:
             texts = texts or ["" for _ in rows]
             completions = [[{"role": "assistant", "content": t}] if as_messages else t for t in texts]
-            call_reward_function(
-                func,
-                name,
-                len(rows),
-                dict(prompts=prompts, completions=completions, completion_ids=[[] for _ in rows], **kwargs),
-                self.loop,
-            )
+            call_reward_function(func, name, len(rows), {**kwargs, "completions": completions}, self.loop)
 
         # trial 14's C13 / C14: the advice on empty completions was added to every failure (a class's constructor, an
         # unreachable server); it belongs to a function that fails on the empty completion and scores a filled one
@@ -756,7 +813,8 @@ class RewardScorer:
         if completions is None:
             completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
         per_func = torch.full((len(examples), len(self.funcs)), math.nan)
-        kwargs = self.reward_kwargs(examples, log_metric, log_extra, extra_kwargs)
+        ids = [c.tolist() for c in completion_ids]
+        kwargs = self.reward_kwargs(examples, prompts, completions, ids, log_metric, log_extra, extra_kwargs)
         for i, (func, name, reward_tokenizer) in enumerate(zip(self.funcs, self.names, self.processing_classes)):
             if isinstance(func, nn.Module):
                 per_func[:, i] = self._model_scores(func, reward_tokenizer, prompts, texts, prompt_ids, completion_ids)
@@ -765,12 +823,7 @@ class RewardScorer:
                     func,
                     name,
                     len(examples),
-                    dict(
-                        prompts=prompts,
-                        completions=completions,
-                        completion_ids=[c.tolist() for c in completion_ids],
-                        **kwargs,
-                    ),
+                    kwargs,
                     self.loop,
                     on_nan=lambda count, name=name: self._warn_nan(name, count, len(examples)),
                 )

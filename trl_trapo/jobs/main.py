@@ -93,7 +93,13 @@ from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 from trl_trapo.interrupts import TrainingInterrupted
 from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
-from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source, check_tokenizer_source
+from trl_trapo.paths import (
+    FILE_BUILDERS,
+    check_data_source,
+    check_model_source,
+    check_tokenizer_source,
+    folder_files_problem,
+)
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
 from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
 from trl_trapo.setup_checks import apply_log_level
@@ -1608,6 +1614,8 @@ def dataset_subfolders(path: str) -> dict[str, list[str]]:
         return {}
     folders = {}
     for entry in sorted(os.listdir(path)):
+        if entry.startswith((".", "__")):  # ignored by `datasets` (Jupyter's .ipynb_checkpoints): no data folder
+            continue
         sub = os.path.join(path, entry)
         files = data_files(sub, (*TEXT_DATA_SUFFIXES, ".parquet", ".arrow")) if os.path.isdir(sub) else []
         if files:
@@ -1676,11 +1684,24 @@ def load_splits(
         "dataset failed; correct the path or the dataset id"
     )
     source = path if os.path.isdir(path) else name
+    if os.path.isdir(path):  # the data files `datasets` will leave out (another format, no split name), said once
+        left_out = folder_files_problem(path, where, config)
+        if left_out:
+            logger.warning(left_out)
 
     def reload(split):
         return _load(where, source, config, streaming, hint=hint, split=split)
 
     return DatasetSplits(name, arg, dict(_load(where, source, config, streaming, hint=hint)), False, reload)
+
+
+def rows_note(dataset) -> str:
+    """The note `, N rows` for a loaded map-style dataset, for the job's log line of its inputs (trial 16's C16: a
+    folder's left-out file shows there as a smaller count); "" for a streaming one (its length is not known)."""
+    try:
+        return f", {len(dataset)} rows"
+    except TypeError:
+        return ""
 
 
 def config_argument(arg: str) -> str:
@@ -2168,8 +2189,15 @@ def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
     import math
 
     from torch import nn
+    from transformers import TrainerState
 
-    from trl_trapo.rewards import discard_extra, discard_metric, reward_function_name, reward_value
+    from trl_trapo.rewards import (
+        discard_extra,
+        discard_metric,
+        reward_call_kwargs,
+        reward_function_name,
+        reward_value,
+    )
 
     rows = [dataset[i] for i in range(min(len(dataset), UNFIT_REWARD_ROWS))]
     if not rows or "answer" not in rows[0]:
@@ -2181,13 +2209,15 @@ def warn_rewards_unfit_for_prompts(reward_funcs: list, dataset) -> None:
         try:
             values = list(
                 func(
-                    prompts=[r["prompt"] for r in rows],
-                    completions=[r["answer"] for r in rows],
-                    completion_ids=[[] for _ in rows],
-                    **columns,
-                    trainer_state=None,
-                    log_metric=discard_metric,
-                    log_extra=discard_extra,
+                    **reward_call_kwargs(
+                        columns,
+                        prompts=[r["prompt"] for r in rows],
+                        completions=[r["answer"] for r in rows],
+                        completion_ids=[[] for _ in rows],
+                        trainer_state=TrainerState(),
+                        log_metric=discard_metric,
+                        log_extra=discard_extra,
+                    )
                 )
             )
         except Exception:  # the trainer's check reports it, by name
@@ -2267,7 +2297,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
     train_dataset = eval_dataset = None
     if script_args.dataset_name:
         train_dataset, eval_dataset = load_rl_data(script_args)
-        sources["rl"] = f"--dataset_name={script_args.dataset_name!r}"
+        sources["rl"] = f"--dataset_name={script_args.dataset_name!r}{rows_note(train_dataset)}"
         sources["eval"] = (
             f"--dataset_name={script_args.dataset_name!r} ({script_args.dataset_test_split or 'test'} split)"
             if eval_dataset is not None
@@ -2302,7 +2332,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
                 arg=f"--{flags}_name",
                 split_arg=f"--{flags}_split",
             )
-            sources[cls.NAME] = f"--{flags}_name={name!r}"
+            sources[cls.NAME] = f"--{flags}_name={name!r}{rows_note(loaded[cls.ARGUMENT])}"
     given_rewards = [f"--reward_funcs={list(script_args.reward_funcs)}"] if reward_funcs else []
     if script_args.reward_model_name_or_path:
         given_rewards.append(f"--reward_model_name_or_path={script_args.reward_model_name_or_path!r}")
