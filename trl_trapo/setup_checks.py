@@ -451,6 +451,74 @@ def unknown_model_keyword(
     )
 
 
+SPREAD_DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+"""`device_map` values with which accelerate spreads the model over the devices `max_memory` names (all visible
+ones when it is not given)."""
+
+
+def accelerator_devices(device) -> list[str]:
+    """The accelerator devices (GPUs) one `device_map` or `max_memory` entry names: an int or a `torch.device` /
+    string with an index is the accelerator of that index, `"cuda"` / `"cuda:N"` / `"xpu"` / ... names one; `"cpu"`,
+    `"disk"`, `"meta"` name none.
+
+    Returns:
+        `[]` or one name, as `"GPU 0"` / `"'cuda:1'"`.
+    """
+    if isinstance(device, bool):
+        return []
+    if isinstance(device, int):
+        return [f"GPU {device}"]
+    if isinstance(device, torch.device):
+        device = str(device)
+    if isinstance(device, str):
+        kind = device.split(":", 1)[0].strip().lower()
+        if kind.isdigit():
+            return [f"GPU {kind}"]
+        return [] if kind in ("cpu", "disk", "meta", "") or kind in SPREAD_DEVICE_MAPS else [repr(device)]
+    return []
+
+
+def check_device_map(kwargs: Mapping, kwargs_name: str = "model_init_kwargs") -> None:
+    """Refuse, before anything loads, a `device_map` that places the model on a GPU (accelerator) when none is
+    visible: `"cuda"`, `"cuda:1"`, `0`, `{"": 0}`, or `"auto"` (`"balanced"`, ...) with a `max_memory` naming GPUs.
+    Left to `from_pretrained`, it failed in torch (`AssertionError: Torch not compiled with CUDA enabled`) or
+    transformers (`RuntimeError: Cannot access accelerator device when none is available`), naming neither
+    (trial 15's N36). A `device_map` of `"cpu"`, or `"auto"` alone, loads on the CPU and is left alone.
+
+    Args:
+        kwargs (`Mapping`): the `from_pretrained` keyword arguments.
+        kwargs_name (`str`): how the message names them (`model_init_kwargs`, `teacher_model_init_kwargs`).
+
+    Raises:
+        ValueError: naming `kwargs_name['device_map']`, its value, the device it names and the fix (drop it: the
+            trainer places the model).
+    """
+    if "device_map" not in kwargs:
+        return
+    device_map = kwargs["device_map"]
+    given = f"{kwargs_name}['device_map']={device_map!r}"
+    if isinstance(device_map, str) and device_map in SPREAD_DEVICE_MAPS:
+        memory = kwargs.get("max_memory")
+        named = [d for key in (memory if isinstance(memory, Mapping) else {}) for d in accelerator_devices(key)]
+        given += f" with max_memory={memory!r}"
+    elif isinstance(device_map, Mapping):
+        named = [d for device in device_map.values() for d in accelerator_devices(device)]
+    else:
+        named = accelerator_devices(device_map)
+    if not named:
+        return
+    wants_cuda = any(name.startswith("'cuda") for name in named)
+    if torch.cuda.is_available() if wants_cuda else torch.accelerator.is_available():
+        return
+    raise ValueError(
+        f"{given} (`--{kwargs_name}`) places the model on {named[0]}, but no GPU is visible on this machine "
+        f"(torch.{'cuda' if wants_cuda else 'accelerator'}.is_available() is False). Fix: drop device_map"
+        + (" and max_memory" if "max_memory" in kwargs else "")
+        + ": the trainer places the model on the run's device itself (under accelerate or DeepSpeed a device_map "
+        "is not used for training)."
+    )
+
+
 def check_model_loading(
     model_id: str, config, kwargs: Mapping, arg: str = "model", kwargs_name: str = "model_init_kwargs"
 ):
@@ -458,7 +526,7 @@ def check_model_loading(
     would fail on (or silently get wrong) with a message naming neither the argument nor the fix.
 
     Checked: `attn_implementation="flash_attention_2"` / `"flash_attention_3"` without its package or a
-    CUDA device; a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes;
+    CUDA device; a `device_map` naming a GPU when none is visible ([`check_device_map`]); a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes;
     a checkpoint whose `architectures` are all task heads (`*ForSequenceClassification`, ...), whose language-model
     head would be newly initialised; and an encoder-decoder checkpoint (T5) that `AutoModelForCausalLM` cannot load.
 
@@ -481,6 +549,7 @@ def check_model_loading(
             f"{kwargs_name}['attn_implementation']={attention!r} (`--attn_implementation`) cannot be used: {problem}. "
             "Use 'sdpa' (PyTorch's fused attention, any device) or 'eager', or install flash-attn on a CUDA machine."
         )
+    check_device_map(kwargs, kwargs_name)
     quantization = kwargs.get("quantization_config")
     bits = [
         n

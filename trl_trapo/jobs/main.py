@@ -1288,6 +1288,52 @@ def check_model_flags_have_a_model(model_args: ModelConfig, training_args: TRAPO
         )
 
 
+MODEL_FLAG_KEYS = {
+    "model_revision": "revision",
+    "attn_implementation": "attn_implementation",
+    "dtype": "dtype",
+    "load_in_4bit": "quantization_config",
+    "load_in_8bit": "quantization_config",
+}
+"""TRL `ModelConfig`'s loading flags -> the `from_pretrained` keyword each sets."""
+
+
+def model_loading_kwargs(model_args: ModelConfig, given: dict | None) -> dict:
+    """The `from_pretrained` keyword arguments of `--model_name_or_path`: those of TRL `ModelConfig`'s flags
+    (`--model_revision`, `--dtype`, `--attn_implementation`, `--load_in_4bit` / `--load_in_8bit`), merged with
+    `--model_init_kwargs` (`device_map`, `trust_remote_code`, ...), which the job used to replace with the flags'
+    without a word (trial 15's N36: a `device_map` given there was dropped). A flag left at its default gives way to
+    the same key in `--model_init_kwargs`.
+
+    Args:
+        model_args: TRL's model arguments.
+        given: `--model_init_kwargs` (the config's `model_init_kwargs`), or None.
+
+    Returns:
+        The keyword arguments (no None values; `dtype` left out when `auto`, the checkpoint's own).
+
+    Raises:
+        ValueError: a key given both by a flag the user set and by `--model_init_kwargs`, to different values.
+    """
+    flags = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        quantization_config=get_quantization_config(model_args),
+        dtype=model_args.dtype if model_args.dtype not in (None, "auto") else None,
+    )
+    flags = {key: value for key, value in flags.items() if value is not None}
+    given = dict(given or {})
+    for name in changed_settings(model_args, MODEL_FLAG_KEYS):
+        key = MODEL_FLAG_KEYS[name]
+        if key in given and key in flags and given[key] != flags[key]:
+            raise ValueError(
+                f"--{name} {getattr(model_args, name)} and --model_init_kwargs '{json.dumps(given, default=str)}' "
+                f"both set `{key}` of how --model_name_or_path loads, to different values. Fix: give it once "
+                f"(drop `{key}` from --model_init_kwargs, or drop --{name})."
+            )
+    return {**flags, **given}
+
+
 LORA_FIELDS = (
     "lora_r",
     "lora_alpha",
@@ -2325,14 +2371,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         # a real model: the trainer loads it from this id / directory with these keyword arguments
         model = local_or_hub(model_args.model_name_or_path)
         tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
-        init_kwargs = dict(
-            revision=model_args.model_revision,
-            attn_implementation=model_args.attn_implementation,
-            quantization_config=get_quantization_config(model_args),
-        )
-        if model_args.dtype not in (None, "auto"):
-            init_kwargs["dtype"] = model_args.dtype
-        model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+        model_init_kwargs = model_loading_kwargs(model_args, training_args.model_init_kwargs)
         sources["model"] = f"--model_name_or_path={model!r}"
         logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
     if eval_dataset is not None and script_args.max_eval_samples is not None:
