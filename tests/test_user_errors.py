@@ -1817,6 +1817,66 @@ def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_
     assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
 
 
+def test_cli_whose_reader_goes_away_saves_and_exits_141(tmp_path):
+    """`trapo train ... | head` (trial 15's C16): once the reader of stdout has gone, the run stops at the end of the
+    step with a complete checkpoint, one line on stderr, exit 141 (128 + SIGPIPE), no traceback."""
+    out = tmp_path / "out"
+    args = cli_args(
+        ("--max_steps", "300", "--logging_steps", "1", "--max_eval_samples", "8", "--output_dir", str(out)), tmp_path
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in process.stdout:  # as `head` does: read until a training step's line, then go away
+            if "'loss'" in line:
+                break
+        process.stdout.close()
+        _, errors = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 141, errors[-3000:]
+    assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors[-3000:]
+    assert "stdout was closed (the program reading it went away): finishing the current optimizer step" in errors
+    found = re.search(
+        r"Stopped because the output was closed \(SIGPIPE: the program reading it went away\) at step (\d+): saved the "
+        r"complete checkpoint (\S+)\. Resume with the same command plus `--resume_from_checkpoint (\S+)`",
+        errors,
+    )
+    assert found, errors[-3000:]
+    assert 1 <= int(found[1]) < 300 and found[2] == found[3] == str(out / f"checkpoint-{found[1]}")
+    verify_checkpoint(found[2], 1)
+
+
+def test_a_closed_output_outside_training_is_one_line_and_exit_141(tmp_path):
+    """A `BrokenPipeError` of stdout outside the training steps (loading, evaluation, the summary): one line on stderr,
+    exit 141, no traceback, and none at the interpreter's exit either (stdout points at os.devnull)."""
+    code = (
+        "from trl_trapo.jobs.main import exits_cleanly\n"
+        "with exits_cleanly():\n"
+        "    while True:\n"
+        "        print('x' * 100, flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    process.stdout.readline()
+    process.stdout.close()
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 141, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        "Stopped because the output was closed (SIGPIPE: the program reading it went away) outside the training "
+        "steps (only those stop at a checkpoint): nothing more was saved."
+    ), errors[-3000:]
+    assert "Traceback" not in errors and "Exception ignored" not in errors, errors[-3000:]
+
+
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys):
     with pytest.raises(SystemExit) as exit_:
         with cli.exits_cleanly():

@@ -16,6 +16,19 @@ stop — instead of going on to save, evaluate or push a half-trained model as i
 `KeyboardInterrupt` passes through `except Exception`. The command line (`examples/trapo.py`) prints the line and
 exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), without a traceback.
 
+A closed output is stopped the same way (trial 15's C16): while the catcher is entered, `sys.stdout` and `sys.stderr`
+are [`GuardedStream`]s, so that a write to a pipe whose reader has gone away (`trapo train | head`, quitting `| less`)
+raises no `BrokenPipeError` into the Trainer's logging (transformers' `ProgressCallback` killed the run there, with a
+traceback and nothing saved): the stream's file descriptor is pointed at `os.devnull` (Python's own advice for
+SIGPIPE: https://docs.python.org/3/library/signal.html#note-on-sigpipe), console output is dropped from then on, and
+the catcher records SIGPIPE as if it were received, so the run saves `checkpoint-N` at the end of the step and stops;
+the command line exits with 141 (128 + SIGPIPE, the status a shell reports for a process SIGPIPE ended) and its line
+goes to stderr. Stopping rather than training on without output is what a reader leaving means on Unix (`yes | head`
+ends): the shell waits for every process of a pipeline, so a run that went on would hold the prompt for the rest of
+the training, showing nothing. Outside the training steps (loading, evaluation, saving) the command line does what
+it does for Ctrl-C there: one line on stderr, nothing more saved, exit 141 ([`output_pipe_closed`] tells that
+`BrokenPipeError` from one of a socket the run uses).
+
 A second Ctrl-C, more than `REPEAT_GRACE_S` after the first, aborts at once with [`TrainingAborted`] (a
 `KeyboardInterrupt`) and saves nothing more: the usual convention for "stop now". A copy that arrives sooner is taken
 for the launcher forwarding the same Ctrl-C (torchrun's agent sends the signal it received to every worker, which the
@@ -32,9 +45,12 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -42,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REPEAT_GRACE_S = 1.0  # a second SIGINT sooner than this is the launcher forwarding the first one
+SIGPIPE = getattr(signal, "SIGPIPE", None)  # what a closed output counts as (None on Windows: no guard)
+GUARDED_STREAMS = ("stdout", "stderr")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -77,16 +95,111 @@ class Interruption:
 
     @property
     def exit_code(self) -> int:
-        """The shell's convention for a process ended by the signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
+        """The shell's convention for a process ended by the signal: 128 + its number (130 SIGINT, 143 SIGTERM, 141
+        SIGPIPE)."""
         return 128 + int(self.signal)
 
     def message(self) -> str:
         """One line: what stopped the run, where the checkpoint is, how to resume (command line and API)."""
+        cause = (
+            "Stopped because the output was closed (SIGPIPE: the program reading it went away)"
+            if self.signal == SIGPIPE
+            else f"Interrupted by {self.signal.name}"
+        )
         return (
-            f"Interrupted by {self.signal.name} at step {self.step}: saved the complete checkpoint {self.checkpoint}. "
+            f"{cause} at step {self.step}: saved the complete checkpoint {self.checkpoint}. "
             f"Resume with the same command plus `--resume_from_checkpoint {self.checkpoint}` "
             f"(API: `trainer.train(resume_from_checkpoint={self.checkpoint!r})`)."
         )
+
+
+def output_pipe_closed(*streams) -> bool:
+    """Whether one of `streams` (default `sys.stdout`, `sys.stderr`) is a pipe or socket whose reader has gone away:
+    `poll` reports an error on its file descriptor (Linux: a pipe with no reader left). Tells a `BrokenPipeError` of
+    the console from one of a connection the run uses (a reward server, a vLLM server).
+
+    Returns:
+        `bool`: False too where it cannot be told (no file descriptor, no `poll`).
+    """
+    for stream in streams or [getattr(sys, name) for name in GUARDED_STREAMS]:
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(events & select.POLLERR for _, events in poller.poll(0)):
+                return True
+        except (AttributeError, OSError, ValueError):  # no fileno (a test's capture), closed, or no poll here
+            continue
+    return False
+
+
+def drop_output(stream) -> None:
+    """Point `stream`'s file descriptor at `os.devnull` (Python's advice for a closed pipe): what is still buffered, and
+    everything written after, goes nowhere, and the interpreter's flush at exit raises no `BrokenPipeError`. A stream
+    without a file descriptor is left as it is."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
+
+
+def say(message: str) -> None:
+    """`message` on stderr, or nowhere when stderr is a closed pipe too (`2>&1 | head`): never a `BrokenPipeError`."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        drop_output(sys.stderr)
+
+
+class GuardedStream:
+    """`sys.stdout` / `sys.stderr` while training: a write or flush that fails with `BrokenPipeError` (the reader of
+    the pipe went away) drops the stream's output from then on ([`drop_output`]) and calls `on_closed(name)` once,
+    instead of raising into whatever was logging. Everything else is the stream's own (attributes are passed through).
+
+    Args:
+        stream: the stream it stands for.
+        name (`str`): `"stdout"` or `"stderr"`.
+        on_closed (`Callable[[str], None]`): called with `name` the first time the pipe is found closed.
+    """
+
+    def __init__(self, stream, name: str, on_closed: Callable[[str], None]):
+        self.stream = stream
+        self.stream_name = name
+        self.on_closed = on_closed
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if self.closed_pipe:
+            return len(text)
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.close_pipe()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.closed_pipe:
+            return
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.close_pipe()
+
+    def close_pipe(self) -> None:
+        self.closed_pipe = True
+        drop_output(self.stream)
+        self.on_closed(self.stream_name)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 class SignalCatcher:
@@ -95,6 +208,9 @@ class SignalCatcher:
     Args:
         announce (`bool`): write one line on stderr when the first signal arrives (the main process does), so that the
             wait for the step to finish is not a silent one.
+
+    While entered, `sys.stdout` and `sys.stderr` are [`GuardedStream`]s: a closed pipe counts as SIGPIPE received
+    (see the module docstring).
 
     Attributes:
         received (`signal.Signals` or None): the first signal received since the catcher was entered.
@@ -105,10 +221,12 @@ class SignalCatcher:
         self.received: signal.Signals | None = None
         self.first_at = 0.0
         self.previous: dict[signal.Signals, object] = {}
+        self.guarded: dict[str, GuardedStream] = {}
 
     def __enter__(self) -> SignalCatcher:
         self.received = None
         self.previous = {}
+        self.guard_streams()
         if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
             logger.debug("train() runs outside the main thread: SIGINT / SIGTERM keep their handlers.")
             return self
@@ -134,6 +252,32 @@ class SignalCatcher:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
+        for name, guard in self.guarded.items():
+            if getattr(sys, name) is guard:  # not if something replaced it since (it restores its own)
+                setattr(sys, name, guard.stream)
+        self.guarded = {}
+
+    def guard_streams(self) -> None:
+        """Put a [`GuardedStream`] in place of `sys.stdout` and `sys.stderr` (not of a missing one, nor of a guard)."""
+        self.guarded = {}
+        if SIGPIPE is None:
+            return
+        for name in GUARDED_STREAMS:
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, GuardedStream):
+                self.guarded[name] = GuardedStream(stream, name, self.output_closed)
+                setattr(sys, name, self.guarded[name])
+
+    def output_closed(self, name: str) -> None:
+        """A [`GuardedStream`] found its pipe closed: the run stops as on a signal (SIGPIPE), unless one came first."""
+        if self.received is not None:
+            return
+        self.received, self.first_at = SIGPIPE, time.monotonic()
+        if self.announce:
+            say(
+                f"\n{name} was closed (the program reading it went away): finishing the current optimizer step, then "
+                "saving a checkpoint; console output is dropped from here on."
+            )
 
     def handle(self, signum: int, frame) -> None:
         """The signal handler: remember the first signal; a later SIGINT (after `REPEAT_GRACE_S`) aborts.
@@ -145,14 +289,27 @@ class SignalCatcher:
         if self.received is None:
             self.received, self.first_at = signal.Signals(signum), now
             if self.announce:  # os.write: safe in a signal handler, unlike logging or print
-                os.write(
-                    2,
-                    f"\n{self.received.name} received: finishing the current optimizer step, then saving a checkpoint "
-                    "(Ctrl-C again to stop at once without saving it).\n".encode(),
-                )
+                try:
+                    os.write(
+                        2,
+                        f"\n{self.received.name} received: finishing the current optimizer step, then saving a "
+                        "checkpoint (Ctrl-C again to stop at once without saving it).\n".encode(),
+                    )
+                except OSError:  # stderr is a closed pipe: nothing to say it on, and nothing to raise into
+                    pass
             return
         if signum == signal.SIGINT and now - self.first_at > REPEAT_GRACE_S:
             raise TrainingAborted()
 
 
-__all__ = ["HANDLED_SIGNALS", "Interruption", "SignalCatcher", "TrainingAborted", "TrainingInterrupted"]
+__all__ = [
+    "HANDLED_SIGNALS",
+    "GuardedStream",
+    "Interruption",
+    "SignalCatcher",
+    "TrainingAborted",
+    "TrainingInterrupted",
+    "drop_output",
+    "output_pipe_closed",
+    "say",
+]

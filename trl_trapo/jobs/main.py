@@ -90,7 +90,7 @@ from trl_trapo.distributed import (
     lost_peer,
 )
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
-from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.interrupts import SIGPIPE, TrainingInterrupted, drop_output, output_pipe_closed, say
 from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source, check_tokenizer_source
@@ -2862,9 +2862,13 @@ def exits_cleanly() -> Iterator[None]:
     process group in order.
 
     - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
-      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too.
+      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too. The
+      output closed during training (`trapo train | head`: the reader went away) stops the same way, with the line on
+      stderr and exit status 141 (128 + SIGPIPE; see `trl_trapo.interrupts`).
     - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
-      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback. The output
+      closed there (a `BrokenPipeError` of stdout or stderr): stdout and stderr dropped (Python's advice), one line on
+      stderr, exit status 141, no traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
       interpreter exit.
     - Any other exception on one rank of a multi-process run: its traceback, then the rank exits at once with status 1
@@ -2876,13 +2880,15 @@ def exits_cleanly() -> Iterator[None]:
       (torchrun ends the waiting rank as soon as it sees that exit).
 
     Raises:
-        SystemExit: 130 / 143 on a `KeyboardInterrupt`.
+        SystemExit: 130 / 143 on a `KeyboardInterrupt`; 141 when the output was closed.
     """
     main_process = os.environ.get("RANK", "0") == "0"
     try:
         yield
     except TrainingInterrupted as error:
-        if main_process:
+        if main_process and error.interruption.signal == SIGPIPE:  # stdout is gone: said where it can be read
+            say(str(error))
+        elif main_process:
             print(error, flush=True)
         end_process_group()
         raise SystemExit(error.interruption.exit_code) from None
@@ -2895,6 +2901,17 @@ def exits_cleanly() -> Iterator[None]:
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and output_pipe_closed() and not debug_requested():
+            for stream in (sys.stdout, sys.stderr):
+                if output_pipe_closed(stream):
+                    drop_output(stream)
+            if main_process:
+                say(
+                    "Stopped because the output was closed (SIGPIPE: the program reading it went away) outside the "
+                    "training steps (only those stop at a checkpoint): nothing more was saved."
+                )
+            exit_failed_rank(128 + SIGPIPE)  # one rank of several: at once, as any failed rank
+            raise SystemExit(128 + SIGPIPE) from None
         if in_process_group_of_several():
             if lost_peer(error) and not debug_requested():  # the rank that ended printed the cause
                 rank = os.environ.get("RANK", "?")
