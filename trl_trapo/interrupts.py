@@ -79,6 +79,24 @@ class TrainingAborted(KeyboardInterrupt):
     checkpoint is the newest complete one)."""
 
 
+def aborted(step: int, output_dir: str, world_size: int) -> TrainingAborted:
+    """The `TrainingAborted` that `train()` raises after a second Ctrl-C during `step`, naming the newest complete
+    checkpoint of `output_dir` (`checkpoint.last_complete_checkpoint`), or none.
+
+    Args:
+        step (`int`): the optimizer step that was running (nothing of it is saved).
+        output_dir (`str`): the run's output folder.
+        world_size (`int`): the run's processes (a checkpoint is complete when every rank's part is).
+    """
+    from .checkpoint import last_complete_checkpoint
+
+    newest, _ = last_complete_checkpoint(output_dir, world_size)
+    return TrainingAborted(
+        f"Aborted by a second Ctrl-C during step {step}: nothing was saved for it; the newest complete checkpoint is "
+        f"{os.path.abspath(newest) if newest else 'none'}."
+    )
+
+
 @dataclass(frozen=True)
 class Interruption:
     """Where a run stopped after SIGINT / SIGTERM.
@@ -309,6 +327,7 @@ __all__ = [
     "SignalCatcher",
     "TrainingAborted",
     "TrainingInterrupted",
+    "aborted",
     "drop_output",
     "output_pipe_closed",
     "say",

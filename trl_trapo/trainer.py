@@ -58,7 +58,6 @@ from .arguments import refuse_foreign_arguments
 from .checkpoint import (
     check_checkpoint_fits,
     check_checkpoint_step,
-    last_complete_checkpoint,
     newest_complete_checkpoint,
     verify_checkpoint,
     warn_settings_restored,
@@ -69,7 +68,7 @@ from .data import dataset_to_evaluate, progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
-from .interrupts import Interruption, TrainingAborted, TrainingInterrupted
+from .interrupts import Interruption, TrainingAborted, TrainingInterrupted, aborted
 from .memory import ReplayBuffer, SampleSelector, Trajectory
 from .models import (
     CountedPositionHead,
@@ -804,11 +803,7 @@ class TRAPOTrainer(_BaseTrainer):
                 )
         except TrainingAborted:
             self.rl_supply.close(abort=True)
-            newest, _ = last_complete_checkpoint(self.args.output_dir, world)
-            raise TrainingAborted(
-                f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
-                f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
-            ) from None
+            raise aborted(self.state.global_step + 1, self.args.output_dir, world) from None
         except Exception as error:
             self.rl_supply.close()
             # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a
