@@ -53,7 +53,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
 
-from . import direct_calls
+from . import direct_calls, saving
 from .arguments import refuse_foreign_arguments
 from .checkpoint import (
     check_checkpoint_fits,
@@ -748,6 +748,7 @@ class TRAPOTrainer(_BaseTrainer):
     rows_dataloader, prediction_step = direct_calls.rows_dataloader, direct_calls.prediction_step
     hyperparameter_search = refuse_hyperparameter_search  # no `model_init`: one trainer per setting
 
+    @saving.holds_output_dir  # one run at a time per output_dir: the main process locks it while this runs (saving.py)
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, resuming TRAPO's own state too.
 
@@ -760,9 +761,9 @@ class TRAPOTrainer(_BaseTrainer):
         returns or raises.
 
         Raises:
-            ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
-                one neither resumes from one of them nor has `overwrite_output_dir=True` (see
-                [`~trl_trapo.saving.check_earlier_checkpoints`]).
+            ValueError: before anything is written: `output_dir` is in use by another run (`saving.holds_output_dir`)
+                or holds checkpoints of an unfinished run this one does not resume, without `overwrite_output_dir=True`
+                (`saving.check_earlier_checkpoints`).
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete, corrupted or does not
                 fit the run (`check_checkpoint_fits`), or if `resume_from_checkpoint=True` finds no complete one.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).

@@ -269,14 +269,16 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
     tool; `model` defaults to a fresh tiny model (`build_tiny_model(tokenizer, seed=config.seed)`).
 
     Raises:
-        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
-            does not resume (checked first, as the main job does), or for what the trainer refuses.
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` is in use by another run or
+            holds checkpoints this run does not resume (checked first, as the main job does), or for what the trainer
+            refuses.
     """
-    from ..saving import check_earlier_checkpoints
+    from ..saving import check_earlier_checkpoints, hold_output_dir
     from ..trainer import TRAPOTrainer
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    hold_output_dir(config)  # no other run writes into output_dir: its lock, until this process ends
     check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     return TRAPOTrainer(
         model if model is not None else build_tiny_model(data.tokenizer, seed=config.seed),

@@ -95,7 +95,14 @@ from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import FILE_BUILDERS, check_data_source, check_model_source, check_tokenizer_source
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
-from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
+from trl_trapo.saving import (
+    HubPushError,
+    SaveError,
+    check_earlier_checkpoints,
+    check_output_dir,
+    describe_os_error,
+    hold_output_dir,
+)
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -2650,10 +2657,11 @@ def build_trainer(
     # at once, not after the model and the datasets (the trainer checks again)
     with config_errors_in_flags():  # their messages name the config's fields (`TRAPOConfig.output_dir=...`)
         check_launch(training_args.distributed_state)
-        # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
-        # written, holds no finished run and no unfinished one this run would not resume, checked before any model
-        # loads (the trainer checks again)
+        # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: no other
+        # run is writing into it (its lock, held until this process ends), it can be written, holds no finished run
+        # and no unfinished one this run would not resume, checked before any model loads (the trainer checks again)
         check_checkpoint(training_args.resume_from_checkpoint)
+        hold_output_dir(training_args)
         check_output_dir(training_args)
         check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)

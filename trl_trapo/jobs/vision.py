@@ -236,15 +236,17 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
     (`build_tiny_vlm(processor, seed=config.seed)`).
 
     Raises:
-        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
-            does not resume (checked first, as the main job does), or for what the trainer refuses.
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` is in use by another run or
+            holds checkpoints this run does not resume (checked first, as the main job does), or for what the trainer
+            refuses.
     """
-    from ..saving import check_earlier_checkpoints
+    from ..saving import check_earlier_checkpoints, hold_output_dir
     from ..tasks.vision import build_tiny_vlm
     from ..trainer import TRAPOTrainer
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    hold_output_dir(config)  # no other run writes into output_dir: its lock, until this process ends
     check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     suite = data.suite
     sft, pretrain, objectives = suite.sft, suite.pretrain, []
