@@ -18,12 +18,15 @@ the policy), and a `model_init_kwargs` key the model's constructor refuses is na
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import functools
 import inspect
 import logging
 import os
 import re
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -658,6 +661,167 @@ def built_outside_inference_mode(init: Callable) -> Callable:
             return init(*args, **kwargs)
 
     return init_outside_inference_mode
+
+
+# ---- the config after construction -------------------------------------------------------------------------------
+LIVE_FIELDS = frozenset(
+    {
+        # the optimizer and the learning-rate schedule: transformers builds them when `train()` starts
+        "learning_rate",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "optim",
+        "optim_args",
+        "max_grad_norm",
+        "lr_scheduler_type",
+        "lr_scheduler_kwargs",
+        "warmup_steps",
+        # when the Trainer logs, evaluates and saves, and what a save keeps (its flow at every step, its save)
+        "logging_strategy",
+        "logging_steps",
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "include_num_input_tokens_seen",
+        "run_name",
+        "eval_strategy",
+        "eval_steps",
+        "eval_delay",
+        "eval_on_start",
+        "per_device_eval_batch_size",
+        "metric_for_best_model",
+        "greater_is_better",
+        "load_best_model_at_end",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "ignore_data_skip",
+        # the step and its dataloader (of TRAPO's step tickets: its rows are the plan's)
+        "activation_checkpointing",
+        "torch_empty_cache_steps",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "dataloader_prefetch_factor",
+        "debug",
+    }
+)
+"""Fields of `transformers.TrainingArguments` that a change to `trainer.args` after construction still reaches:
+transformers' `Trainer` reads them when `train()` runs (its optimizer and scheduler, the loop's intervals, the
+dataloader, the saves), and TRAPO reads them at construction at most to check or warn. Every other field is read once,
+at construction, by TRAPO (its own fields: `response_length` sizes the rollouts' generation config, `num_generations`
+and `per_device_train_batch_size` the plan's rows, `kl_coef` the KL controller; `max_steps` and `num_train_epochs` the
+plan itself — its curriculum phases, schedules and pools —, `seed`, `output_dir`, whose finished-run check runs at
+construction) or by transformers (`report_to`, `bf16`, `push_to_hub`, `disable_tqdm`, ...): a change would not be used,
+or only in part. How they were told apart: tests/test_config_immutability.py records every read of the config during
+construction and `train()`."""
+
+ARGS_AT_CONSTRUCTION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each trainer's config as its construction left it (field -> a copy of its value), for [`check_args_unchanged`]."""
+
+
+def live_fields(args) -> frozenset[str]:
+    """[`LIVE_FIELDS`], less those that `args` makes TRAPO read at construction too: `learning_rate` (and
+    `lr_scheduler_type`) with `rl_phase_learning_rate` (its scale is their ratio, fixed then:
+    `schedules.PhaseValues`), `learning_rate` and the Adam settings with `weighting="uncertainty"` / `"gradnorm"`
+    (the weighting's own optimizer takes them: `weighting.build_weighting`)."""
+    fixed = set()
+    if getattr(args, "rl_phase_learning_rate", None) is not None:
+        fixed |= {"learning_rate", "lr_scheduler_type"}
+    if getattr(args, "weighting", None) in ("uncertainty", "gradnorm"):
+        fixed |= {"learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon"}
+    return LIVE_FIELDS - fixed
+
+
+def snapshot_args(args) -> dict[str, Any]:
+    """Every init field of the config `args` -> a deep copy of its value (the value itself when it cannot be copied), so
+    that an in-place change (`trainer.args.reward_weights[0] = 2`) shows too."""
+    values = {}
+    for f in dataclasses.fields(args):
+        if f.init:
+            value = getattr(args, f.name)
+            try:
+                values[f.name] = copy.deepcopy(value)
+            except Exception:  # an object that cannot be copied: compared by itself
+                values[f.name] = value
+    return values
+
+
+def changed_fields(args, snapshot: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fields of `args` whose value differs from `snapshot` ([`snapshot_args`]): field -> (old, new)."""
+    changed = {}
+    for name, old in snapshot.items():
+        new = getattr(args, name, None)
+        try:
+            same = bool(old == new)
+        except Exception:  # e.g. tensors: only the same object is the same
+            same = old is new
+        if not same:
+            changed[name] = (old, new)
+    return changed
+
+
+def check_args_unchanged(args, snapshot: Mapping[str, Any] | None, trainer_class: str = "TRAPOTrainer") -> None:
+    """Refuse a `train()` whose config was changed, since the trainer was built, in a field that the change would not
+    reach ([`live_fields`]): the run used the construction-time value without a word (trial 15's N33:
+    `trainer.args.response_length = 4` still sampled 8-token completions). A field that `train()` reads when it runs
+    (`learning_rate`, `logging_steps`, `save_steps`, ...) may be changed.
+
+    Args:
+        args ([`TRAPOConfig`]): `trainer.args` now.
+        snapshot (`Mapping`): [`snapshot_args`] of it at the end of construction (None: nothing to compare).
+        trainer_class (`str`): the trainer's class, named in the fix.
+
+    Raises:
+        ValueError: naming each such field, its value at construction -> now, and the fix (a new trainer).
+    """
+    if snapshot is None:
+        return
+    live = live_fields(args)
+    fixed = {name: values for name, values in changed_fields(args, snapshot).items() if name not in live}
+    if not fixed:
+        return
+
+    def shown(name: str, value: Any) -> str:
+        return "<hidden>" if name == "hub_token" and value else repr(value)
+
+    listed = "; ".join(f"{name}: {shown(name, old)} -> {shown(name, new)}" for name, (old, new) in fixed.items())
+    example = ", ".join(f"{name}={shown(name, new)}" for name, (_, new) in list(fixed.items())[:2])
+    raise ValueError(
+        f"trainer.args was changed after the trainer was built ({listed}). "
+        f"{'These fields are' if len(fixed) > 1 else 'This field is'} read once, when the trainer is built (such "
+        "fields size its rollouts, batches, plan and controllers), so the new value would not be used, or only in "
+        f"part. Fix: build a new trainer with the new config, e.g. `{trainer_class}(..., "
+        f"args=dataclasses.replace(trainer.args, {example}))`, or set it back. Fields that train() reads when it runs "
+        "(learning_rate, logging_steps, save_steps, ...) may be changed in place."
+    )
+
+
+def remembers_args(init: Callable) -> Callable:
+    """Wrap a trainer's `__init__` so that its config, as construction leaves it, is remembered
+    ([`ARGS_AT_CONSTRUCTION`]) for [`refuses_changed_args`]."""
+
+    @functools.wraps(init)
+    def init_and_remember(trainer, *args, **kwargs):
+        init(trainer, *args, **kwargs)
+        ARGS_AT_CONSTRUCTION[trainer] = snapshot_args(trainer.args)
+
+    return init_and_remember
+
+
+def refuses_changed_args(train: Callable) -> Callable:
+    """Wrap a trainer's `train` so that it first refuses a config changed since construction in a field the change
+    would not reach ([`check_args_unchanged`])."""
+
+    @functools.wraps(train)
+    def train_with_unchanged_args(trainer, *args, **kwargs):
+        check_args_unchanged(trainer.args, ARGS_AT_CONSTRUCTION.get(trainer), type(trainer).__name__)
+        return train(trainer, *args, **kwargs)
+
+    return train_with_unchanged_args
 
 
 def refuse_hyperparameter_search(trainer, *args, **kwargs):
