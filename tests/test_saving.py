@@ -32,6 +32,7 @@ from trl_trapo.saving import (
     hold_output_dir,
     output_dir_lock,
     release_run_lock,
+    releases_job_holds,
     run_lock_path,
 )
 from trl_trapo.tasks import build_tiny_model
@@ -531,16 +532,17 @@ def test_the_lock_is_the_processs_own_and_gone_once_the_run_ends(tmp_path, token
     args = TRAPOConfig(output_dir=str(out), report_to="none")
     (out).mkdir()
     (out / RUN_LOCK).write_text("{not json")  # left by a run that was killed: not locked, so not in use
-    hold_output_dir(args)  # the job's hold, until the process ends: its own train() takes it again
-    try:
+
+    @releases_job_holds
+    def job():  # as the jobs do: hold output_dir before building anything; train() takes the hold again
+        hold_output_dir(args)
         trainer = tiny_trainer(out, tokenizer, suite, max_steps=1, save_strategy="steps", save_steps=1)
         trainer.train()
-        assert (out / RUN_LOCK).exists()  # still the job's
-        info = json.loads((out / RUN_LOCK).read_text())
-        assert info["pid"] == os.getpid()
-    finally:
-        release_run_lock(run_lock_path(out))
-    assert not (out / RUN_LOCK).exists()
+        assert (out / RUN_LOCK).exists()  # still the job's, for its final save
+        assert json.loads((out / RUN_LOCK).read_text())["pid"] == os.getpid()
+
+    job()
+    assert not (out / RUN_LOCK).exists() and run_lock_path(out) not in HELD_LOCKS  # the job's end gives it back
     with pytest.raises(ValueError, match=r"holds the checkpoints of a finished run \(checkpoint-1;"):
         tiny_trainer(out, tokenizer, suite, max_steps=2).train()  # the folder's own checks, as before the lock
     trainer = tiny_trainer(tmp_path / "fresh", tokenizer, suite, max_steps=1)

@@ -809,9 +809,23 @@ def holds_output_dir(train: Callable) -> Callable:
     return locked_train
 
 
+JOB_HOLDS: list[str] = []
+"""The run locks the jobs of this process hold ([`hold_output_dir`]), in the order taken."""
+
+
+def release_job_holds(start: int = 0) -> None:
+    """Give back the jobs' holds taken after the first `start` ones (all by default: at the interpreter's exit)."""
+    while len(JOB_HOLDS) > start:
+        release_run_lock(JOB_HOLDS.pop())
+
+
+atexit.register(release_job_holds)
+
+
 def hold_output_dir(args) -> None:
-    """The command line's hold on `args.output_dir`: the run lock, taken on the main process (`args.process_index`
-    0) before a model loads and kept until the process exits (its final save and `eval_results.json` included).
+    """A job's hold on `args.output_dir`: the run lock, taken on the main process (`args.process_index` 0) before a
+    model loads and kept until the job returns ([`releases_job_holds`]: its final save and `eval_results.json`
+    included) or, run otherwise, until the process exits.
 
     Raises:
         ValueError: another run holds it ([`in_use_error`]).
@@ -820,7 +834,23 @@ def hold_output_dir(args) -> None:
         return
     path = acquire_run_lock(args)
     if path is not None:
-        atexit.register(release_run_lock, path)
+        JOB_HOLDS.append(path)
+
+
+def releases_job_holds(job: Callable) -> Callable:
+    """Decorator of a job's entry point (`run`, `main`): the holds on `output_dir` it takes ([`hold_output_dir`]) are
+    given back when it returns or raises, so that a job run in a process that goes on (a test, a notebook) leaves the
+    folder free."""
+
+    @functools.wraps(job)
+    def job_then_release(*args, **kwargs):
+        start = len(JOB_HOLDS)
+        try:
+            return job(*args, **kwargs)
+        finally:
+            release_job_holds(start)
+
+    return job_then_release
 
 
 __all__ = [
@@ -838,5 +868,6 @@ __all__ = [
     "holds_output_dir",
     "hub_error",
     "output_dir_lock",
+    "releases_job_holds",
     "staged_save",
 ]

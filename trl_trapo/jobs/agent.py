@@ -43,6 +43,7 @@ from trl import TrlParser
 from ..agents import use_tool_chat_template
 from ..config import TRAPOConfig
 from ..distributed import check_launch
+from ..saving import releases_job_holds
 from ..tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 from ..tasks.agent import AgentTask, as_conversation, evaluate_agent, make_agent_task, mixed_sft_dataset
 
@@ -317,6 +318,7 @@ def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) 
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
     """The job: build, evaluate, train jointly, evaluate again, save.
 
@@ -355,6 +357,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`trl_trapo.jobs.main.run`: the same errors count as the user's before and during training;

@@ -102,6 +102,7 @@ from trl_trapo.saving import (
     check_output_dir,
     describe_os_error,
     hold_output_dir,
+    releases_job_holds,
 )
 
 
@@ -2748,6 +2749,7 @@ def run_job(
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
     """The job: build everything, evaluate, train, evaluate again, save.
 
@@ -2806,6 +2808,7 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
     status, not a traceback.

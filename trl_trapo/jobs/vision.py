@@ -42,6 +42,7 @@ from trl import TrlParser
 from ..config import OBJECTIVES, TRAPOConfig
 from ..distributed import check_launch
 from ..objectives import DemonstrationObjective, LanguageModelingObjective, PretrainingObjective, SFTObjective
+from ..saving import releases_job_holds
 
 
 logger = logging.getLogger(__name__)
@@ -292,6 +293,7 @@ def run_job(data: VisionJobData, trainer, config: TRAPOConfig, job_start: float)
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(job_args: VisionJobArguments, config: TRAPOConfig) -> dict[str, float]:
     """The job: build, evaluate, train jointly, evaluate again, save.
 
@@ -319,6 +321,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`TRAPO_DEBUG=1` raises it with its traceback instead).
