@@ -260,3 +260,21 @@ def test_the_fields_allowed_to_change_are_those_train_reads(tmp_path, tokenizer,
     at_construction = ReadsRecorded.reads[("construction", "trl_trapo")]
     refused = {"response_length", "num_generations", "per_device_train_batch_size", "kl_coef", "max_steps"}
     assert refused <= at_construction - LIVE_FIELDS, sorted(refused - at_construction)
+
+
+def test_an_in_place_change_is_seen_and_resume_from_checkpoint_is_told_where_it_goes(tmp_path):
+    from trl_trapo.setup_checks import check_args_unchanged, snapshot_args
+
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none", reward_weights=[1.0])
+    built = snapshot_args(args)
+    check_args_unchanged(args, built)  # nothing changed
+    args.reward_weights[0] = 2.0  # in place: the list the trainer read at construction
+    with pytest.raises(ValueError, match=r"\(reward_weights: \[1\.0\] -> \[2\.0\]\)\. This field is read once"):
+        check_args_unchanged(args, built)
+    args.reward_weights[0] = 1.0
+    args.resume_from_checkpoint = str(tmp_path / "checkpoint-1")  # read by train()'s argument, never by the field
+    with pytest.raises(ValueError, match=r"Fix: resume_from_checkpoint: pass it to train\(\) instead"):
+        check_args_unchanged(args, built)
+    args.learning_rate = 5e-4  # read when train() starts
+    args.resume_from_checkpoint = None
+    check_args_unchanged(args, built)

@@ -736,17 +736,27 @@ def live_fields(args) -> frozenset[str]:
     return LIVE_FIELDS - fixed
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two config values are equal (`==`; only the same object, for values whose `==` raises, e.g. tensors)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
 def snapshot_args(args) -> dict[str, Any]:
-    """Every init field of the config `args` -> a deep copy of its value (the value itself when it cannot be copied), so
-    that an in-place change (`trainer.args.reward_weights[0] = 2`) shows too."""
+    """Every init field of the config `args` -> a deep copy of its value, so that an in-place change
+    (`trainer.args.reward_weights[0] = 2`) shows too; the value itself where a copy would not compare equal to it (an
+    object without value equality, or that cannot be copied): compared by identity then."""
     values = {}
     for f in dataclasses.fields(args):
         if f.init:
             value = getattr(args, f.name)
             try:
-                values[f.name] = copy.deepcopy(value)
-            except Exception:  # an object that cannot be copied: compared by itself
-                values[f.name] = value
+                copied = copy.deepcopy(value)
+            except Exception:
+                copied = value
+            values[f.name] = copied if same_value(copied, value) else value
     return values
 
 
@@ -755,13 +765,16 @@ def changed_fields(args, snapshot: Mapping[str, Any]) -> dict[str, tuple[Any, An
     changed = {}
     for name, old in snapshot.items():
         new = getattr(args, name, None)
-        try:
-            same = bool(old == new)
-        except Exception:  # e.g. tensors: only the same object is the same
-            same = old is new
-        if not same:
+        if not same_value(old, new):
             changed[name] = (old, new)
     return changed
+
+
+FIELD_FIXES = {
+    "resume_from_checkpoint": "pass it to train() instead: `trainer.train(resume_from_checkpoint=...)` (train() "
+    "reads its argument, never this field)",
+}
+"""Fields changed after construction whose fix is not a new trainer -> the fix."""
 
 
 def check_args_unchanged(args, snapshot: Mapping[str, Any] | None, trainer_class: str = "TRAPOTrainer") -> None:
@@ -790,6 +803,9 @@ def check_args_unchanged(args, snapshot: Mapping[str, Any] | None, trainer_class
 
     listed = "; ".join(f"{name}: {shown(name, old)} -> {shown(name, new)}" for name, (old, new) in fixed.items())
     example = ", ".join(f"{name}={shown(name, new)}" for name, (_, new) in list(fixed.items())[:2])
+    if set(fixed) <= set(FIELD_FIXES):
+        fixes = "; ".join(f"{name}: {FIELD_FIXES[name]}" for name in fixed)
+        raise ValueError(f"trainer.args was changed after the trainer was built ({listed}). Fix: {fixes}.")
     raise ValueError(
         f"trainer.args was changed after the trainer was built ({listed}). "
         f"{'These fields are' if len(fixed) > 1 else 'This field is'} read once, when the trainer is built (such "
