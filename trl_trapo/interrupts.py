@@ -133,7 +133,7 @@ class Interruption:
 
 def output_pipe_closed(*streams) -> bool:
     """Whether one of `streams` (default `sys.stdout`, `sys.stderr`) is a pipe or socket whose reader has gone away:
-    `poll` reports an error on its file descriptor (Linux: a pipe with no reader left). Tells a `BrokenPipeError` of
+    `poll` reports an error or a hang-up on its file descriptor (Linux: a pipe with no reader left). Tells a `BrokenPipeError` of
     the console from one of a connection the run uses (a reward server, a vLLM server).
 
     Returns:
@@ -143,7 +143,7 @@ def output_pipe_closed(*streams) -> bool:
         try:
             poller = select.poll()
             poller.register(stream.fileno(), select.POLLOUT)
-            if any(events & select.POLLERR for _, events in poller.poll(0)):
+            if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
                 return True
         except (AttributeError, OSError, ValueError):  # no fileno (a test's capture), closed, or no poll here
             continue
