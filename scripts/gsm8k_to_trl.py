@@ -46,8 +46,10 @@ def clean_solution(answer: str) -> str:
 FILE_SUFFIXES = (".json", ".jsonl", ".txt", ".csv", ".parquet")  # a source with one is a file, never a Hub id
 
 
-def read_json_rows(path: str, label: str) -> list:
-    """The rows of a local JSON array or JSON-lines file.
+def read_json_rows(path: str, label: str) -> list[tuple[str, object]]:
+    """The rows of a local JSON array or JSON-lines file, each with where it is: `line N` (1-based, the file's line)
+    in a JSON-lines file, `row N` (0-based, the index) in a JSON array. A UTF-8 byte-order mark, Windows line ends
+    (CRLF) and blank lines are accepted, as `datasets` (which the main job reads the output with) accepts them.
 
     Raises:
         ValueError: naming `label`, the file and the fix, if it is missing, a folder, not UTF-8 or not JSON (with the
@@ -60,8 +62,8 @@ def read_json_rows(path: str, label: str) -> list:
             f"{label} {path!r}: no such file (for a Hub dataset give its id, e.g. openai/gsm8k --config main)."
         )
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, encoding="utf-8") as handle:  # not utf-8-sig, whose error offsets skip the mark's 3 bytes
+            text = handle.read().removeprefix("\ufeff")  # a byte-order mark (Windows editors write one)
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{label} {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "
@@ -69,14 +71,14 @@ def read_json_rows(path: str, label: str) -> list:
         ) from error
     if text.lstrip().startswith("["):
         try:
-            return json.loads(text)
+            return [(f"row {i}", row) for i, row in enumerate(json.loads(text))]
         except json.JSONDecodeError as error:
             raise ValueError(f"{label} {path!r} is not valid JSON (line {error.lineno}: {error.msg}).") from error
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append((f"line {number}", json.loads(line)))
             except json.JSONDecodeError as error:
                 raise ValueError(
                     f"{label} {path!r} line {number} is not a JSON object ({error.msg}); a JSONL file holds one "
@@ -92,40 +94,41 @@ def read_rows(source: str, config: str | None, split: str, label: str = "source"
     Raises:
         ValueError: naming `label` and the source, if the file cannot be read (`read_json_rows`), the Hub dataset
             cannot be loaded, a row is not an object or lacks a text `question` or `answer`, or an answer has no
-            `####` line.
+            `####` line; a row of a JSON-lines file is named by its line (`line 4 of data.jsonl`, 1-based), a row of
+            a JSON array or a Hub dataset by its index (`row 3 of openai/gsm8k`, 0-based, as `dataset[3]`).
     """
     if os.path.exists(source) or source.lower().endswith(FILE_SUFFIXES) or source.startswith((".", "/", "~")):
-        rows = read_json_rows(source, label)
+        located = read_json_rows(source, label)
     else:
         from datasets import load_dataset
 
         try:
-            rows = list(load_dataset(source, config, split=split))
+            located = [(f"row {i}", row) for i, row in enumerate(load_dataset(source, config, split=split))]
         except Exception as error:  # offline, no such dataset / config / split: datasets' many exception types
             raise ValueError(
                 f"{label} {source!r}: no such file, and the Hub dataset {source!r} (config {config!r}, split "
                 f"{split!r}) cannot be loaded ({type(error).__name__}: {str(error).splitlines()[0][:200]}). Give "
                 "the path of a local JSONL file, or a Hub id such as openai/gsm8k --config main (needs the network)."
             ) from error
-    for i, row in enumerate(rows):
+    for where, row in located:
         if not isinstance(row, dict) or "question" not in row or "answer" not in row:
             has = sorted(row) if isinstance(row, dict) else f"a {type(row).__name__}"
             raise ValueError(
-                f"row {i} of {source} lacks 'question'/'answer' (it has {has}); each row must be "
+                f"{where} of {source} lacks 'question'/'answer' (it has {has}); each row must be "
                 '`{"question": ..., "answer": "... #### N"}`.'
             )
         for key in ("question", "answer"):
             if not isinstance(row[key], str):
                 raise ValueError(
-                    f"row {i} of {source}: {key!r} is a {type(row[key]).__name__} ({str(row[key])[:60]!r}); it must "
-                    "be text."
+                    f"{where} of {source}: {key!r} is a {type(row[key]).__name__} ({str(row[key])[:60]!r}); it "
+                    "must be text."
                 )
         if "####" not in row["answer"]:
             raise ValueError(
-                f"row {i} of {source}: the answer has no '#### N' line: {row['answer'][-80:]!r}; GSM8K answers end "
+                f"{where} of {source}: the answer has no '#### N' line: {row['answer'][-80:]!r}; GSM8K answers end "
                 "with `#### <number>` (fix or drop the row)."
             )
-    return rows
+    return [row for _, row in located]
 
 
 def convert(rows: list[dict], test_size: int, seed: int, conversational: bool) -> dict[str, list[dict]]:
@@ -152,7 +155,8 @@ def convert(rows: list[dict], test_size: int, seed: int, conversational: bool) -
 
 
 def text_paragraphs(path: str) -> list[dict]:
-    """The paragraphs (blocks separated by blank lines) of a UTF-8 text file as `{"text": ...}` documents, in order.
+    """The paragraphs (blocks separated by blank lines) of a UTF-8 text file (a byte-order mark dropped) as
+    `{"text": ...}` documents, in order.
 
     One document per paragraph keeps each speech or section whole; a plain-text file loaded with `datasets`' `text`
     builder would instead give one document per line (and an EOS after every line once packed).
@@ -163,8 +167,8 @@ def text_paragraphs(path: str) -> list[dict]:
     if not os.path.isfile(path):
         raise ValueError(f"--pretrain_text {path!r}: no such file; give a UTF-8 text file.")
     try:
-        with open(path, encoding="utf-8") as handle:
-            paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read())]
+        with open(path, encoding="utf-8") as handle:  # a leading byte-order mark is no text
+            paragraphs = [p.strip("\n") for p in re.split(r"\n\s*\n", handle.read().removeprefix("\ufeff"))]
     except UnicodeDecodeError as error:
         raise ValueError(
             f"--pretrain_text {path!r} is not UTF-8 text ({error.reason} at byte {error.start}); re-encode it, e.g. "

@@ -18,12 +18,21 @@ subject is not the process boundary; a fresh interpreter costs ~5 CPU-seconds of
 `finished_round(examples, scores, group, ...)` builds a finished round (`RolloutBatch`) by hand, for the unit tests of
 the round's consumers (exploration, metrics, KL schedules).
 
+Tool calling (the agent and tool tests): `tool_tokenizer()` (the character tokenizer with the tool-calling chat
+template), the fixture `tool_tok` (one per test module) and the documented tool `add(a, b)`.
+
+`tiny_critic(tokenizer, **config)`: a one-layer Llama sequence classifier with one output (a critic or reward model).
+`load_script(name)`: a repository file (`scripts/...py`) imported as a module.
+`one_thread`: module fixture that runs a module's tests on one intra-op thread
+(`pytestmark = pytest.mark.usefixtures("one_thread")`).
+
 `TINY_CONFIG` and `TINY_SUITE` are plain dicts so that the worker scripts the tests launch in subprocesses
 (`tests/durability_worker.py`, `tests/distributed_worker.py`) share them: `from conftest import TINY_CONFIG`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -40,8 +49,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
+from transformers import AutoModelForSequenceClassification, LlamaConfig  # noqa: E402
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer  # noqa: E402
+from trl_trapo.agents import use_tool_chat_template  # noqa: E402
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward, make_task_suite  # noqa: E402
 
 
@@ -101,6 +112,16 @@ def tokenizer():
 def suite():
     """The built-in task suite at `TINY_SUITE` sizes, seed 0."""
     return make_task_suite(seed=0, **TINY_SUITE)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Runs a module's tests on one intra-op thread (restored after): its models are tiny, and a second thread only
+    adds contention on a shared 2-core machine. Opt in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -239,3 +260,59 @@ def finished_round(
         on_policy_scores=scores if on_policy_scores is None else on_policy_scores,
         kl=kl,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tool calling (the agent and tool tests: tests/test_agents.py, tests/test_agent_traces.py, ...)
+# ---------------------------------------------------------------------------------------------------------------------
+def tool_tokenizer():
+    """A new character-level tokenizer of the built-in tasks with the tool-calling chat template
+    (`use_tool_chat_template`)."""
+    return use_tool_chat_template(build_char_tokenizer())
+
+
+@pytest.fixture(scope="module")
+def tool_tok():
+    """`tool_tokenizer()`, one per test module."""
+    return tool_tokenizer()
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Small models and scripts
+# ---------------------------------------------------------------------------------------------------------------------
+def tiny_critic(tokenizer, **config) -> AutoModelForSequenceClassification:
+    """A randomly initialised (from torch's global seed) one-layer Llama sequence classifier with one output over
+    `tokenizer`'s vocabulary, padding with its pad id: a critic (`value_model`) or a reward model. `config` replaces
+    `LlamaConfig` fields (e.g. `pad_token_id=None`, `max_position_embeddings=64`)."""
+    settings = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoModelForSequenceClassification.from_config(LlamaConfig(**{**settings, **config}))
+
+
+def load_script(name: str):
+    """The repository's Python file `name` (a path relative to the repository root, e.g. `scripts/gsm8k_to_trl.py`)
+    imported as the module `name` with `/` as `_`, registered in `sys.modules` first: dataclasses look their module
+    up while the file executes."""
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -19,21 +19,17 @@ import json
 import time
 
 import pytest
+from conftest import add
 from datasets import Dataset
 from test_agent_traces import make_trainer, trace
 from test_agents import Counter, Quiet, broken, call, ids, make_source, prompts_dataset, tiny_args
 from transformers.utils import get_json_schema
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.agents import check_observation, use_tool_chat_template
+from trl_trapo.agents import check_observation
 from trl_trapo.data import INTERNAL_COLUMNS, tokenize_sft_dataset
 from trl_trapo.rewards import RewardScorer
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
 
 
 def zero(completions, **kwargs):
@@ -63,13 +59,13 @@ class StrictReset:
         return 0.0
 
 
-def test_reset_gets_exactly_the_dataset_columns_as_trl_passes_them(tmp_path, tok):
+def test_reset_gets_exactly_the_dataset_columns_as_trl_passes_them(tmp_path, tool_tok):
     StrictReset.seen = []
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         args=tiny_args(tmp_path),
         train_dataset=prompts_dataset(4, answer=["1", "2", "3", "4"]),
-        processing_class=tok,
+        processing_class=tool_tok,
         environment_factory=StrictReset,
     )  # was: TypeError: StrictReset.reset() got an unexpected keyword argument 'prompt_ids'
     assert len(StrictReset.seen) == 2  # the construction-time trial resets
@@ -141,31 +137,29 @@ def test_the_cli_parses_the_aliases_and_beta_wins_over_the_builtin_kl_coef():
 # ---------------------------------------------------------------------------------------------------------------------
 # D. max_tool_calling_iterations=0
 # ---------------------------------------------------------------------------------------------------------------------
-def test_zero_tool_calling_iterations_shows_the_tools_and_runs_none(tmp_path, tok):
-    from test_agents import add
-
+def test_zero_tool_calling_iterations_shows_the_tools_and_runs_none(tmp_path, tool_tok):
     config = tiny_args(tmp_path, max_tool_calling_iterations=0)
     assert config.max_tool_calling_iterations == 0
     with pytest.raises(ValueError, match="max_tool_calling_iterations=-1"):
         tiny_args(tmp_path, max_tool_calling_iterations=-1)
     source, engine, metrics = make_source(
-        tok, lambda context: call("add", '{"a":1,"b":2}') + "</s>", tools=[add], max_iterations=0
+        tool_tok, lambda context: call("add", '{"a":1,"b":2}') + "</s>", tools=[add], max_iterations=0
     )
     round_ = source.sample(4, step=0)
-    assert tok.decode(round_.prompt_ids[0]).startswith("T:add(a,b)\n")  # the tools are in the prompt
+    assert tool_tok.decode(round_.prompt_ids[0]).startswith("T:add(a,b)\n")  # the tools are in the prompt
     assert metrics["tools/call_frequency"] == [0.0] and metrics["tools/turns_mean"] == [1.0]  # none ran
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # E. no reward source
 # ---------------------------------------------------------------------------------------------------------------------
-def test_an_environment_without_any_reward_source_is_told_about_get_reward(tmp_path, tok):
+def test_an_environment_without_any_reward_source_is_told_about_get_reward(tmp_path, tool_tok):
     with pytest.raises(ValueError) as caught:
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=tiny_args(tmp_path),
             train_dataset=None,
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=Quiet,
         )
     message = str(caught.value)
@@ -180,13 +174,13 @@ class Offline(Counter):
         raise RuntimeError("database offline")
 
 
-def test_a_failing_trial_reset_says_where_and_keeps_the_cause(tmp_path, tok):
+def test_a_failing_trial_reset_says_where_and_keeps_the_cause(tmp_path, tool_tok):
     with pytest.raises(RuntimeError) as caught:
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=tiny_args(tmp_path),
             train_dataset=prompts_dataset(),
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=Offline,
         )
     message = str(caught.value)
@@ -200,14 +194,14 @@ class Numeric(Counter):
         return 42
 
 
-def test_a_reset_returning_neither_text_nor_none_is_refused_at_construction(tmp_path, tok):
+def test_a_reset_returning_neither_text_nor_none_is_refused_at_construction(tmp_path, tool_tok):
     """TRL's contract is `reset(**row) -> str | None`; 42 used to be appended to the prompt as "42" without a word."""
     with pytest.raises(TypeError) as caught:
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=tiny_args(tmp_path),
             train_dataset=prompts_dataset(),
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=Numeric,
         )
     message = str(caught.value)
@@ -216,19 +210,17 @@ def test_a_reset_returning_neither_text_nor_none_is_refused_at_construction(tmp_
     assert check_observation("seen: 3", Numeric()) == "seen: 3" and check_observation(None, Numeric()) is None
 
 
-def test_a_reward_function_failing_on_empty_completions_says_where_and_keeps_the_cause(tmp_path, tok):
-    from test_agents import add
-
+def test_a_reward_function_failing_on_empty_completions_says_where_and_keeps_the_cause(tmp_path, tool_tok):
     def first_char(completions, **kwargs):
         return [float(c[-1]["content"][0] == "3") for c in completions]  # IndexError on an empty completion
 
     with pytest.raises(RuntimeError) as caught:
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             reward_funcs=first_char,
             args=tiny_args(tmp_path),
             train_dataset=prompts_dataset(),
-            processing_class=tok,
+            processing_class=tool_tok,
             tools=[add],
         )
     message = str(caught.value)
@@ -239,16 +231,6 @@ def test_a_reward_function_failing_on_empty_completions_says_where_and_keeps_the
 # ---------------------------------------------------------------------------------------------------------------------
 # H. malformed tool-call traces
 # ---------------------------------------------------------------------------------------------------------------------
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
-
-
 def with_call(calls, tools=None) -> Dataset:
     """Row 0 a plain exchange, row 1 a trace whose first assistant turn makes `calls`."""
     messages = trace()
@@ -278,18 +260,20 @@ SCHEMAS = json.dumps([get_json_schema(add)])
         (lambda: with_call(function_call("add", "{}"), "[{not json"), ("`tools`", "JSON string does not parse")),
     ],
 )
-def test_malformed_tool_call_traces_are_refused_at_construction(tok, tmp_path, dataset, needles, assistant_only_loss):
+def test_malformed_tool_call_traces_are_refused_at_construction(
+    tool_tok, tmp_path, dataset, needles, assistant_only_loss
+):
     with pytest.raises(ValueError) as caught:
-        make_trainer(tok, tmp_path, dataset(), assistant_only_loss=assistant_only_loss)
+        make_trainer(tool_tok, tmp_path, dataset(), assistant_only_loss=assistant_only_loss)
     message = str(caught.value)
     assert "`sft_dataset` row 1" in message and all(n in message for n in needles), message
 
 
-def test_the_tools_column_is_rendered_without_assistant_only_loss_too(tok):
+def test_the_tools_column_is_rendered_without_assistant_only_loss_too(tool_tok):
     """TRL's SFTTrainer renders a row's `tools` for every conversational row; the last-turn path dropped them."""
     rows = Dataset.from_list([{"messages": trace(), "tools": SCHEMAS}])
-    out = tokenize_sft_dataset(rows, tok, 256)[0]
-    assert tok.decode(out["input_ids"]).startswith("T:add(a,b)\n")
+    out = tokenize_sft_dataset(rows, tool_tok, 256)[0]
+    assert tool_tok.decode(out["input_ids"]).startswith("T:add(a,b)\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -357,7 +341,7 @@ class AsyncLocker:
 
 
 @pytest.mark.parametrize("environment", [Locker, AsyncLocker], ids=["sync", "async"])
-def test_a_turns_tool_calls_run_in_the_order_written_and_rollouts_still_run_concurrently(tok, environment):
+def test_a_turns_tool_calls_run_in_the_order_written_and_rollouts_still_run_concurrently(tool_tok, environment):
     """Was: every call of a round was submitted at once, so `fetch` ran before `store` had finished and read None."""
 
     def script(context):
@@ -373,7 +357,7 @@ def test_a_turns_tool_calls_run_in_the_order_written_and_rollouts_still_run_conc
         return [0.0] * len(completions)
 
     source, _, metrics = make_source(
-        tok,
+        tool_tok,
         script,
         environment_factory=environment,
         rewards=[reads],
@@ -420,17 +404,19 @@ PAY = call("pay", '{"amount":5}')
     ],
     ids=["unclosed_tag", "in_the_arguments", "before_the_eos", "plain_text"],
 )
-def test_a_tool_call_cut_off_by_the_budget_is_never_run_and_counted_as_truncated(tok, caplog, turn, cut, truncated):
+def test_a_tool_call_cut_off_by_the_budget_is_never_run_and_counted_as_truncated(
+    tool_tok, caplog, turn, cut, truncated
+):
     """Was: transformers' parser reads `<c>{...}` without `</c>` as a complete call, and the loop ran it (a payment
     made), then rolled its result back for want of room."""
     Wallet.payments = 0
-    source, engine, metrics = make_source(tok, lambda c: turn, tools=[Wallet.pay], response_length=cut)
+    source, engine, metrics = make_source(tool_tok, lambda c: turn, tools=[Wallet.pay], response_length=cut)
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         round_ = source.sample(2, step=0)
         source.sample(2, step=1)
     assert Wallet.payments == 0
     assert len(engine.calls) == 2  # one turn per round: the rollouts ended at the cut
-    assert [c.tolist() for c in round_.completion_ids] == [ids(tok, turn)[:cut]] * 2  # what the model wrote, kept
+    assert [c.tolist() for c in round_.completion_ids] == [ids(tool_tok, turn)[:cut]] * 2  # what the model wrote, kept
     assert metrics["tools/truncated_frequency"] == [truncated] * 2
     assert metrics["tools/call_frequency"] == [0.0] * 2 and metrics["tools/failure_frequency"] == [0.0] * 2
     assert metrics["tools/rollback_frequency"] == [0.0] * 2
@@ -449,7 +435,7 @@ def also_broken(text: str) -> str:
     raise KeyError(text)
 
 
-def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_arguments(tok, caplog):
+def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_arguments(tool_tok, caplog):
     """Was: only `tools/failure_frequency` moved; the exception appeared nowhere."""
     turns = [call("broken", '{"x":1}'), call("also_broken", '{"text":"abc"}'), call("nowhere", "{}")]
 
@@ -458,7 +444,7 @@ def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_ar
         return "done</s>" if "t:" in context else turns[row] + "</s>"
 
     source, _, metrics = make_source(
-        tok, script, tools=[add, broken, also_broken], dataset=prompts_dataset(3), group=2, response_length=120
+        tool_tok, script, tools=[add, broken, also_broken], dataset=prompts_dataset(3), group=2, response_length=120
     )
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         source.sample(6, step=0)
@@ -474,7 +460,7 @@ def test_the_first_failure_of_each_tool_is_warned_once_with_its_exception_and_ar
     assert not [r for r in caplog.records if "nowhere" in r.getMessage()]  # the model's error, not a tool's
 
 
-def test_a_turn_the_parser_refuses_reaches_the_reward_functions_as_plain_text(tok):
+def test_a_turn_the_parser_refuses_reaches_the_reward_functions_as_plain_text(tool_tok):
     """Was: with no call run after it (the last turn, `max_tool_calling_iterations` spent), the loop's internal
     `unparsable` marker stayed in the assistant message the reward functions got."""
     seen = {}
@@ -484,33 +470,33 @@ def test_a_turn_the_parser_refuses_reaches_the_reward_functions_as_plain_text(to
         return [0.0] * len(completions)
 
     source, _, metrics = make_source(
-        tok, lambda c: '<c>{"name":"add","argu</c></s>', tools=[add], rewards=[reads], max_iterations=0
+        tool_tok, lambda c: '<c>{"name":"add","argu</c></s>', tools=[add], rewards=[reads], max_iterations=0
     )
     source.sample(2, step=0)
     assert seen["completions"][0] == [{"role": "assistant", "content": '<c>{"name":"add","argu</c>'}]
     assert metrics["tools/call_frequency"] == [0.0]
 
 
-def test_a_turn_ends_at_the_configured_stop_token_and_no_stop_token_is_refused(tmp_path, tok):
+def test_a_turn_ends_at_the_configured_stop_token_and_no_stop_token_is_refused(tmp_path, tool_tok):
     """The turn's end is judged by the ids generation stops at (the trainer's `stop_token_id` here, not the EOS)."""
-    stop = ids(tok, "#")[0]
+    stop = ids(tool_tok, "#")[0]
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=zero,
         args=tiny_args(tmp_path, stop_token_id=stop),
         train_dataset=prompts_dataset(),
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=[add],
     )
     assert trainer.rollout_source.stop_token_ids == {stop}
     Wallet.payments = 0
     source, _, metrics = make_source(
-        tok, lambda c: PAY + "#", tools=[Wallet.pay], max_iterations=0, stop_token_ids=[stop]
+        tool_tok, lambda c: PAY + "#", tools=[Wallet.pay], max_iterations=0, stop_token_ids=[stop]
     )
     source.sample(2, step=0)
     assert metrics["tools/truncated_frequency"] == [0.0]  # ended at `#`: not cut (with the EOS as the stop: cut)
     with pytest.raises(ValueError, match="stop_token_ids is empty"):
-        make_source(tok, lambda c: "x</s>", tools=[add], stop_token_ids=[])
+        make_source(tool_tok, lambda c: "x</s>", tools=[add], stop_token_ids=[])
 
 
 def test_a_row_offering_a_tool_no_function_implements_is_warned_about(caplog):
@@ -541,15 +527,15 @@ def test_a_row_offering_a_tool_no_function_implements_is_warned_about(caplog):
     assert "offer tool" not in caplog.text
 
 
-def test_an_environments_column_is_refused_in_an_environment_factory_run(tmp_path, tok):
+def test_an_environments_column_is_refused_in_an_environment_factory_run(tmp_path, tool_tok):
     """Trial 9's RW03 for the keyword an environment_factory run adds: reward functions (here the environment's
     `get_reward`) get `environments`, so a dataset column of that name would be replaced (or collide)."""
     with pytest.raises(ValueError, match=r"`train_dataset` column 'environments' is named like an argument .*"):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=tiny_args(tmp_path),
             train_dataset=prompts_dataset(4, environments=["a", "b", "c", "d"]),
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=Counter,
         )
 
@@ -578,12 +564,12 @@ class AsyncJudgedEnvironment(JudgedEnvironment):
 
 
 @pytest.mark.parametrize("environment", [JudgedEnvironment, AsyncJudgedEnvironment], ids=["sync", "async"])
-def test_a_get_reward_that_raises_is_reported_as_the_environments_method(tok, monkeypatch, environment):
+def test_a_get_reward_that_raises_is_reported_as_the_environments_method(tool_tok, monkeypatch, environment):
     """Was: "Reward function 'JudgedEnvironment' raised RuntimeError ... Reward functions are called as
     func(prompts=..., ...)": a lecture about a reward function the user never wrote."""
     judge = RuntimeError("judge timed out")
     monkeypatch.setattr(JudgedEnvironment, "error", judge)
-    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=environment, rewards=[zero])
+    source, _, _ = make_source(tool_tok, lambda context: "done</s>", environment_factory=environment, rewards=[zero])
     with pytest.raises(RuntimeError) as raised:
         source.sample(2, step=0)
     source.close()
@@ -600,9 +586,11 @@ def test_a_get_reward_that_raises_is_reported_as_the_environments_method(tok, mo
 @pytest.mark.parametrize(
     "value, shown", [("1.0", "'1.0' (str)"), ([1.0], "[1.0] (list)"), (float("inf"), "inf (float)")]
 )
-def test_a_get_reward_returning_no_number_is_named_with_its_value(tok, monkeypatch, value, shown):
+def test_a_get_reward_returning_no_number_is_named_with_its_value(tool_tok, monkeypatch, value, shown):
     monkeypatch.setattr(JudgedEnvironment, "value", value)
-    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero])
+    source, _, _ = make_source(
+        tool_tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero]
+    )
     with pytest.raises(RuntimeError) as raised:
         source.sample(2, step=0)
     source.close()
@@ -613,9 +601,11 @@ def test_a_get_reward_returning_no_number_is_named_with_its_value(tok, monkeypat
     assert "Reward function" not in str(raised.value)
 
 
-def test_none_from_get_reward_is_no_reward_and_numbers_pass(tok, monkeypatch):
+def test_none_from_get_reward_is_no_reward_and_numbers_pass(tool_tok, monkeypatch):
     monkeypatch.setattr(JudgedEnvironment, "value", None)
-    source, _, _ = make_source(tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero])
+    source, _, _ = make_source(
+        tool_tok, lambda context: "done</s>", environment_factory=JudgedEnvironment, rewards=[zero]
+    )
     none = source.sample(2, step=0)
     monkeypatch.setattr(JudgedEnvironment, "value", True)
     true = source.sample(2, step=0)
@@ -623,15 +613,15 @@ def test_none_from_get_reward_is_no_reward_and_numbers_pass(tok, monkeypatch):
     assert none.per_func[:, 1].isnan().all() and true.per_func[:, 1].tolist() == [1.0, 1.0]
 
 
-def test_a_get_reward_failing_in_the_construction_check_says_so(tmp_path, tok, monkeypatch):
+def test_a_get_reward_failing_in_the_construction_check_says_so(tmp_path, tool_tok, monkeypatch):
     monkeypatch.setattr(JudgedEnvironment, "error", KeyError("score"))
     with pytest.raises(RuntimeError) as raised:
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             reward_funcs=zero,
             args=tiny_args(tmp_path),
             train_dataset=prompts_dataset(),
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=JudgedEnvironment,
         )
     message = str(raised.value)
@@ -761,7 +751,7 @@ def test_a_tool_whose_parameters_no_call_can_fill_is_refused_naming_it(tool, mes
         assert "`numbers: list[int]`" in str(raised.value)
 
 
-def test_keyword_only_and_kwargs_tools_are_called_by_keyword(tok, caplog):
+def test_keyword_only_and_kwargs_tools_are_called_by_keyword(tool_tok, caplog):
     """A call passes its JSON arguments by keyword: keyword-only parameters and `**kwargs` receive them."""
     calls = [call("scaled", '{"a":3,"factor":5}'), call("tagged", '{"a":1,"kwargs":"x"}')]
 
@@ -776,7 +766,7 @@ def test_keyword_only_and_kwargs_tools_are_called_by_keyword(tok, caplog):
 
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         source, _, metrics = make_source(
-            tok,
+            tool_tok,
             script,
             tools=[scaled, tagged],
             rewards=[reads],

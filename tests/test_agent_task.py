@@ -16,11 +16,11 @@ import pytest
 import torch
 from transformers.utils import get_json_schema
 
-from trl_trapo.agents import Rollout, use_tool_chat_template
+from trl_trapo.agents import Rollout
 from trl_trapo.data import tokenize_sft_dataset
 from trl_trapo.jobs.agent import AgentJobArguments
 from trl_trapo.sources import SampledRound
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, make_task_suite
+from trl_trapo.tasks import build_tiny_model, make_task_suite
 from trl_trapo.tasks.agent import (
     MAX_TRACE_CHARACTERS,
     GreedyEngine,
@@ -37,11 +37,6 @@ from trl_trapo.tasks.agent import (
 
 
 PAIR = re.compile(r"^mul (\d+) (\d+)=$")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
 
 
 @pytest.fixture(scope="module")
@@ -93,17 +88,17 @@ def test_the_task_is_seeded(task):
     assert make_agent_task(1, num_sft=400, num_rl=200, num_eval=50).eval["prompt"] != task.eval["prompt"]
 
 
-def test_every_rendered_trace_fits_128_characters(tok):
+def test_every_rendered_trace_fits_128_characters(tool_tok):
     """Prompt + every turn, as the template renders it, for 2,000 traces and the longest possible one."""
     traces = make_agent_task(3, num_sft=2000, num_rl=0, num_eval=1).sft
-    lengths = [len(rendered_trace(tok, row["messages"], row["tools"])) for row in traces]
-    longest = rendered_trace(tok, agent_trace(999, 999), traces[0]["tools"])
+    lengths = [len(rendered_trace(tool_tok, row["messages"], row["tools"])) for row in traces]
+    longest = rendered_trace(tool_tok, agent_trace(999, 999), traces[0]["tools"])
     assert longest == (
         'T:multiply(a,b)\nu:mul 999 999=\na:<c>{"name":"multiply","arguments":{"a":999,"b":999}}</c></s>t:998001\n'
         "a:998001</s>"
     )
     assert max(lengths) <= len(longest) <= MAX_TRACE_CHARACTERS == 128
-    assert len(tok(longest, add_special_tokens=False)["input_ids"]) <= 128
+    assert len(tool_tok(longest, add_special_tokens=False)["input_ids"]) <= 128
 
 
 @pytest.mark.parametrize(
@@ -121,7 +116,7 @@ def test_bad_arguments_are_refused_naming_them(kwargs, message):
         make_agent_task(0, **kwargs)
 
 
-def test_the_chat_rows_of_the_other_families_train_next_to_the_traces(tok, task):
+def test_the_chat_rows_of_the_other_families_train_next_to_the_traces(tool_tok, task):
     suite = make_task_suite(0, num_pretrain_docs=10, num_sft_per_task=4, num_rl_per_task=4, num_eval_per_task=4)
     chat = as_conversation(suite.sft)
     assert chat[0]["messages"] == [
@@ -131,8 +126,8 @@ def test_the_chat_rows_of_the_other_families_train_next_to_the_traces(tok, task)
     assert as_conversation(suite.eval)[0]["prompt"] == [{"role": "user", "content": suite.eval[0]["prompt"]}]
     mixed = mixed_sft_dataset([task.sft.select(range(8)), chat])
     assert len(mixed) == 8 + len(chat)
-    rows = tokenize_sft_dataset(mixed, tok, 128, assistant_only_loss=True)
-    trained = {tok.decode([t for t, m in zip(r["input_ids"], r["completion_mask"]) if m]) for r in rows}
+    rows = tokenize_sft_dataset(mixed, tool_tok, 128, assistant_only_loss=True)
+    trained = {tool_tok.decode([t for t, m in zip(r["input_ids"], r["completion_mask"]) if m]) for r in rows}
     assert f"{suite.sft[0]['completion']}</s>" in trained  # a demonstration: its answer and EOS
     a, b = operands(task.sft[0]["messages"][0]["content"])
     call = f'<c>{{"name":"multiply","arguments":{{"a":{a},"b":{b}}}}}</c></s>{a * b}</s>'
@@ -200,19 +195,23 @@ def test_scores_count_accuracy_and_valid_calls_by_hand():
         score_rollouts([])
 
 
-def test_the_greedy_engine_decodes_as_generate_does(tok):
-    model = build_tiny_model(tok, seed=1).eval()
+def test_the_greedy_engine_decodes_as_generate_does(tool_tok):
+    model = build_tiny_model(tool_tok, seed=1).eval()
     prompts = [
-        tok("u:mul 12 34=\na:", add_special_tokens=False)["input_ids"],
-        tok("x", add_special_tokens=False)["input_ids"],
+        tool_tok("u:mul 12 34=\na:", add_special_tokens=False)["input_ids"],
+        tool_tok("x", add_special_tokens=False)["input_ids"],
     ]
-    sampled = GreedyEngine(model, tok).sample([{"prompt_ids": p} for p in prompts], 1, 0, 1.0, max_new_tokens=12)
+    sampled = GreedyEngine(model, tool_tok).sample([{"prompt_ids": p} for p in prompts], 1, 0, 1.0, max_new_tokens=12)
     for prompt, completion in zip(prompts, sampled.completion_ids):
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=0
+            torch.tensor([prompt]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=tool_tok.eos_token_id,
+            pad_token_id=0,
         )[0, len(prompt) :].tolist()
-        if tok.eos_token_id in out:
-            out = out[: out.index(tok.eos_token_id) + 1]
+        if tool_tok.eos_token_id in out:
+            out = out[: out.index(tool_tok.eos_token_id) + 1]
         assert completion.tolist() == out
 
 
@@ -236,11 +235,11 @@ def scripted_sample(self, examples, group, step, temperature, max_new_tokens=Non
     )
 
 
-def test_evaluation_runs_the_tool_loop_with_and_without_the_tool(tok, task, monkeypatch):
+def test_evaluation_runs_the_tool_loop_with_and_without_the_tool(tool_tok, task, monkeypatch):
     monkeypatch.setattr(GreedyEngine, "sample", scripted_sample)
-    model = build_tiny_model(tok, seed=0)
+    model = build_tiny_model(tool_tok, seed=0)
     rows = task.eval.select(range(6))
-    assert evaluate_agent(model, tok, rows) == {
+    assert evaluate_agent(model, tool_tok, rows) == {
         "accuracy": 1.0,
         "tool_call_validity": 1.0,
         "tool_calls_per_prompt": 1.0,
@@ -248,23 +247,23 @@ def test_evaluation_runs_the_tool_loop_with_and_without_the_tool(tok, task, monk
     }
     # the tool withheld: the call fails as an unknown tool, the answer after the error is wrong (a budget with room
     # for the error message: at 96 tokens a rollout with 3-digit operands ends after its call)
-    assert evaluate_agent(model, tok, rows, tools=(), response_length=128) == {
+    assert evaluate_agent(model, tool_tok, rows, tools=(), response_length=128) == {
         "accuracy": 0.0,
         "tool_call_validity": 0.0,
         "tool_calls_per_prompt": 1.0,
         "turns_per_prompt": 2.0,
     }
     # a budget with room for the call but not for the tool's result: the rollout ends after the (valid) call
-    short = evaluate_agent(model, tok, rows, response_length=60)
+    short = evaluate_agent(model, tool_tok, rows, response_length=60)
     assert short["accuracy"] == 0.0 and short["tool_call_validity"] == 1.0 and short["turns_per_prompt"] == 1.0
     with pytest.raises(ValueError, match="needs a `answer` column"):
-        evaluate_agent(model, tok, rows.remove_columns("answer"))
+        evaluate_agent(model, tool_tok, rows.remove_columns("answer"))
 
 
-def test_evaluation_of_the_untrained_model(tok, task):
+def test_evaluation_of_the_untrained_model(tool_tok, task):
     """The real loop on the random model: it never solves a product, and its mode is restored."""
-    model = build_tiny_model(tok, seed=0).train()
-    metrics = evaluate_agent(model, tok, task.eval.select(range(4)), response_length=24)
+    model = build_tiny_model(tool_tok, seed=0).train()
+    metrics = evaluate_agent(model, tool_tok, task.eval.select(range(4)), response_length=24)
     assert metrics["accuracy"] == 0.0 and 1.0 <= metrics["turns_per_prompt"] <= 3.0
     assert model.training
 
@@ -272,12 +271,12 @@ def test_evaluation_of_the_untrained_model(tok, task):
 # ---------------------------------------------------------------------------------------------------------------------
 # TRL's trainers accept the task, the template and the tool (the serial relay's stages)
 # ---------------------------------------------------------------------------------------------------------------------
-def test_trl_grpo_trainer_builds_with_the_task_and_parses_its_calls(tmp_path, tok, task):
+def test_trl_grpo_trainer_builds_with_the_task_and_parses_its_calls(tmp_path, tool_tok, task):
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import parse_response
 
     trainer = GRPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=task.reward_funcs,
         args=GRPOConfig(
             output_dir=str(tmp_path),
@@ -290,18 +289,18 @@ def test_trl_grpo_trainer_builds_with_the_task_and_parses_its_calls(tmp_path, to
             bf16=False,
         ),
         train_dataset=task.rl_train,
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=task.tools,
     )
     assert trainer.tools == [multiply] and trainer.max_tool_calling_iterations == 2
-    prompt = tok.apply_chat_template(
+    prompt = tool_tok.apply_chat_template(
         task.rl_train[0]["prompt"], tools=trainer.tools, add_generation_prompt=True, tokenize=False
     )
     assert prompt.startswith("T:multiply(a,b)\nu:mul ") and prompt.endswith("=\na:")
     a, b = operands(task.rl_train[0]["prompt"])
-    turn = tok(f'<c>{{"name":"multiply","arguments":{{"a":{a},"b":{b}}}}}</c></s>', add_special_tokens=False)
+    turn = tool_tok(f'<c>{{"name":"multiply","arguments":{{"a":{a},"b":{b}}}}}</c></s>', add_special_tokens=False)
     parsed = parse_response(
-        tok, turn["input_ids"], prefix=tok("a:", add_special_tokens=False)["input_ids"], tools=trainer.tools
+        tool_tok, turn["input_ids"], prefix=tool_tok("a:", add_special_tokens=False)["input_ids"], tools=trainer.tools
     )
     assert parsed["tool_calls"] == [
         {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
@@ -334,6 +333,7 @@ def test_a_user_error_is_one_message_and_exit_status_2(argv, message, capsys, tm
     assert message in err and "TRAPO_DEBUG=1" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_the_documented_example_runs_two_steps_and_writes_its_results(tmp_path):
     """docs/agents.md's command, as written, shortened to two steps on small data; it writes
     `trapo-tools-output/eval_results.json` with every metric before and after, the model and a summary."""

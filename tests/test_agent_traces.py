@@ -16,28 +16,14 @@ import re
 
 import pytest
 import torch
+from conftest import add, make_tiny_config
 from datasets import Dataset
 from transformers.utils import get_json_schema
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.agents import TOOL_CHAT_TEMPLATE, use_tool_chat_template
+from trl_trapo import TRAPOTrainer
+from trl_trapo.agents import TOOL_CHAT_TEMPLATE
 from trl_trapo.data import tokenize_sft_dataset
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
+from trl_trapo.tasks import build_tiny_model
 
 
 def trace(a: int = 2, b: int = 3, result: str = "5", answer: str = "5", system: bool = True) -> list[dict]:
@@ -73,50 +59,44 @@ def expected_row(tok, messages: list[dict], tools=None) -> tuple[list[int], list
 
 
 @pytest.mark.parametrize("system", [True, False])
-def test_mask_is_exactly_both_assistant_turns(tok, system):
+def test_mask_is_exactly_both_assistant_turns(tool_tok, system):
     """The tool call `<c>...</c></s>` and the final `5</s>` are trained; system, user, tool and `a:` prompts are not."""
     rows = traces(1, system=system)
-    out = tokenize_sft_dataset(rows, tok, 256, assistant_only_loss=True)
+    out = tokenize_sft_dataset(rows, tool_tok, 256, assistant_only_loss=True)
     ids, mask = out[0]["input_ids"], out[0]["completion_mask"]
-    exp_ids, exp_mask = expected_row(tok, trace(system=system), [get_json_schema(add)])
+    exp_ids, exp_mask = expected_row(tool_tok, trace(system=system), [get_json_schema(add)])
     assert ids == exp_ids and mask == exp_mask
-    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    trained = tool_tok.decode([t for t, m in zip(ids, mask) if m])
     assert trained == '<c>{"name":"add","arguments":{"a":2,"b":3}}</c></s>5</s>'
-    untrained = tok.decode([t for t, m in zip(ids, mask) if not m])
+    untrained = tool_tok.decode([t for t, m in zip(ids, mask) if not m])
     assert untrained == "T:add(a,b)\n" + ("s:be brief\n" if system else "") + "u:add 2 3=\na:t:5\na:"
 
 
-def test_tools_column_as_json_string_and_truncation(tok, caplog):
+def test_tools_column_as_json_string_and_truncation(tool_tok, caplog):
     """A `tools` cell may be a JSON string (as TRL takes it); rows past sft_max_length are cut from the right with the
     existing warning, and a cut that leaves no assistant token refuses with the existing error."""
-    full = tokenize_sft_dataset(traces(1), tok, 256, assistant_only_loss=True)[0]
+    full = tokenize_sft_dataset(traces(1), tool_tok, 256, assistant_only_loss=True)[0]
     as_json = Dataset.from_list([{"messages": trace(), "tools": json.dumps([get_json_schema(add)])}])
-    assert tokenize_sft_dataset(as_json, tok, 256, assistant_only_loss=True)[0] == full
+    assert tokenize_sft_dataset(as_json, tool_tok, 256, assistant_only_loss=True)[0] == full
     first = full["completion_mask"].index(1)
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
-        cut = tokenize_sft_dataset(traces(1), tok, first + 3, assistant_only_loss=True)[0]
+        cut = tokenize_sft_dataset(traces(1), tool_tok, first + 3, assistant_only_loss=True)[0]
     assert cut["input_ids"] == full["input_ids"][: first + 3] and cut["completion_mask"] == [0] * first + [1] * 3
     assert "truncated" in caplog.text
     with pytest.raises(ValueError, match="sft_max_length"):
-        tokenize_sft_dataset(traces(1), tok, first, assistant_only_loss=True)
+        tokenize_sft_dataset(traces(1), tool_tok, first, assistant_only_loss=True)
 
 
 def make_trainer(tok, tmp_path, sft_dataset, **overrides) -> TRAPOTrainer:
-    args = TRAPOConfig(
-        output_dir=str(tmp_path),
+    """SFT alone on `sft_dataset` (assistant tokens only, up to 128 tokens a row), 2 steps of `TINY_CONFIG`."""
+    args = make_tiny_config(
+        tmp_path,
         **{
             "max_steps": 2,
-            "per_device_train_batch_size": 8,
-            "learning_rate": 1e-3,
-            "logging_steps": 1,
-            "report_to": "none",
-            "save_strategy": "no",
-            "activation_checkpointing": False,
             "sft_max_length": 128,
             "rl_weight": 0.0,
             "pretrain_weight": 0.0,
             "assistant_only_loss": True,
-            "seed": 0,
             **overrides,
         },
     )
@@ -132,27 +112,27 @@ def masked_nll(model, ids: list[int], mask: list[int]) -> float:
     return float((nll * target).sum() / target.sum())
 
 
-def test_trainer_trains_on_traces_and_counts_only_assistant_tokens(tok, tmp_path):
+def test_trainer_trains_on_traces_and_counts_only_assistant_tokens(tool_tok, tmp_path):
     """Two steps on traces; step 1's `loss/sft` (the initial weights) is the mean NLL of the assistant tokens alone:
     not of a mask that adds the tool result, and it changes when an assistant token changes."""
-    trainer = make_trainer(tok, tmp_path / "a", traces())
+    trainer = make_trainer(tool_tok, tmp_path / "a", traces())
     initial = copy.deepcopy(trainer.model).eval()
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert trainer.state.global_step == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     logged = trainer.state.log_history[0]["loss/sft"]
-    ids, mask = expected_row(tok, trace(), [get_json_schema(add)])
+    ids, mask = expected_row(tool_tok, trace(), [get_json_schema(add)])
     assert logged == pytest.approx(masked_nll(initial, ids, mask), abs=1e-4)
-    text = tok.decode(ids)
-    tool_at = len(tok(text[: text.index("t:5\n")], add_special_tokens=False)["input_ids"])
+    text = tool_tok.decode(ids)
+    tool_at = len(tool_tok(text[: text.index("t:5\n")], add_special_tokens=False)["input_ids"])
     with_tool = [1 if tool_at <= i < tool_at + 4 else m for i, m in enumerate(mask)]  # + the 4 tokens of "t:5\n"
     assert masked_nll(initial, ids, with_tool) != pytest.approx(logged, abs=1e-4)
 
-    other = make_trainer(tok, tmp_path / "b", traces(answer="6"))
+    other = make_trainer(tool_tok, tmp_path / "b", traces(answer="6"))
     other.train()
     assert other.state.log_history[0]["loss/sft"] != pytest.approx(logged, abs=1e-6)
-    ids6, mask6 = expected_row(tok, trace(answer="6"), [get_json_schema(add)])
+    ids6, mask6 = expected_row(tool_tok, trace(answer="6"), [get_json_schema(add)])
     assert other.state.log_history[0]["loss/sft"] == pytest.approx(masked_nll(initial, ids6, mask6), abs=1e-4)
 
 
@@ -169,19 +149,19 @@ NO_TOOL_CALLS = (  # has {% generation %} markers but never renders `tool_calls`
 )
 
 
-def test_refused_without_generation_markers(tok, tmp_path):
+def test_refused_without_generation_markers(tool_tok, tmp_path):
     with pytest.raises(ValueError, match=r"assistant_only_loss=True.*\{% generation %\}\.\.\.\{% endgeneration %\}"):
-        make_trainer(without_generation_tags(tok), tmp_path, traces())
+        make_trainer(without_generation_tags(tool_tok), tmp_path, traces())
 
 
-def test_refused_for_prompt_completion_text(tok, tmp_path):
+def test_refused_for_prompt_completion_text(tool_tok, tmp_path):
     rows = Dataset.from_dict({"prompt": ["add 2 3="], "completion": ["5"]})
     with pytest.raises(ValueError, match="assistant_only_loss=True.*completion-only loss"):
-        make_trainer(tok, tmp_path, rows)
+        make_trainer(tool_tok, tmp_path, rows)
 
 
-def test_refused_when_the_template_cannot_render_tool_calls(tok, tmp_path):
-    plain = copy.deepcopy(tok)
+def test_refused_when_the_template_cannot_render_tool_calls(tool_tok, tmp_path):
+    plain = copy.deepcopy(tool_tok)
     plain.chat_template = NO_TOOL_CALLS
     with pytest.raises(ValueError, match="row 0 has tool calls.*cannot render them"):
         make_trainer(plain, tmp_path, traces())
@@ -191,22 +171,22 @@ def test_refused_when_the_template_cannot_render_tool_calls(tok, tmp_path):
     # without tool calls the same template is fine: two plain turns are both trained
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}] * 2
     out = tokenize_sft_dataset(Dataset.from_list([{"messages": chat}]), plain, 64, assistant_only_loss=True)[0]
-    assert tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]) == "yo</s>yo</s>"
+    assert tool_tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]) == "yo</s>yo</s>"
 
 
-def test_traces_without_the_flag_train_every_token_and_warn_about_tool_results(tok, tmp_path, caplog):
+def test_traces_without_the_flag_train_every_token_and_warn_about_tool_results(tool_tok, tmp_path, caplog):
     """Without assistant_only_loss a `messages` row trains every token, as TRL's SFTTrainer does: the user turns and
     the tool results too (TRAPO used to train the last assistant turn only); rows with tool messages get one
     warning naming the flag that trains the assistant turns only."""
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
-        trainer = make_trainer(tok, tmp_path, traces(), assistant_only_loss=False, max_steps=1)
+        trainer = make_trainer(tool_tok, tmp_path, traces(), assistant_only_loss=False, max_steps=1)
     warnings = [r.getMessage() for r in caplog.records if "assistant_only_loss=True" in r.getMessage()]
     assert len(warnings) == 1 and "8 of 8 `sft_dataset` rows have tool messages" in warnings[0]
     assert "learns to write tool results" in warnings[0]
     trainer.train()
-    out = tokenize_sft_dataset(traces(1), tok, 128)[0]
+    out = tokenize_sft_dataset(traces(1), tool_tok, 128)[0]
     assert all(out["completion_mask"])
-    assert tok.decode(out["input_ids"]) == tok.apply_chat_template(
+    assert tool_tok.decode(out["input_ids"]) == tool_tok.apply_chat_template(
         traces(1)[0]["messages"], tools=traces(1)[0]["tools"], tokenize=False
     )
 
@@ -215,27 +195,27 @@ def test_traces_without_the_flag_train_every_token_and_warn_about_tool_results(t
         [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
     )
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
-        make_trainer(tok, tmp_path / "p", plain, assistant_only_loss=False, max_steps=1)
+        make_trainer(tool_tok, tmp_path / "p", plain, assistant_only_loss=False, max_steps=1)
     assert not [r for r in caplog.records if "assistant_only_loss=True" in r.getMessage()]
 
 
-def test_trl_sft_trainer_accepts_the_template(tok, tmp_path):
+def test_trl_sft_trainer_accepts_the_template(tool_tok, tmp_path):
     """TRL's own SFTTrainer with assistant_only_loss=True takes the tokenizer (no error, no fallback template) and
     trains the same tokens."""
     from trl import SFTConfig, SFTTrainer
 
     rows = traces(2)
     trainer = SFTTrainer(
-        model=build_tiny_model(tok),
+        model=build_tiny_model(tool_tok),
         args=SFTConfig(
             output_dir=str(tmp_path), assistant_only_loss=True, report_to="none", max_length=128, bf16=False
         ),
         train_dataset=rows,
-        processing_class=tok,
+        processing_class=tool_tok,
     )
     assert getattr(trainer, "chat_template", None) is None  # its own markers: no training template swapped in
     first = trainer.train_dataset[0]
-    ours = tokenize_sft_dataset(rows, tok, 128, assistant_only_loss=True)[0]
+    ours = tokenize_sft_dataset(rows, tool_tok, 128, assistant_only_loss=True)[0]
     assert first["input_ids"] == ours["input_ids"]
     # TRL folds the assistant mask into `labels` (-100: not trained)
     assert [label != -100 for label in first["labels"]] == [bool(m) for m in ours["completion_mask"]]
@@ -256,26 +236,26 @@ def test_the_documented_trace_example_trains(tmp_path, monkeypatch):
     assert trained == '<c>{"name":"add","arguments":{"a":0,"b":7}}</c></s>7</s>'
 
 
-def test_evaluation_of_traces_uses_the_same_mask(tok, tmp_path):
+def test_evaluation_of_traces_uses_the_same_mask(tool_tok, tmp_path):
     """An eval set of traces is scored on the assistant tokens alone, as the SFT objective trains them."""
-    trainer = make_trainer(tok, tmp_path, traces(), eval_strategy="no")
+    trainer = make_trainer(tool_tok, tmp_path, traces(), eval_strategy="no")
     metrics = trainer.evaluate(eval_dataset=traces(2))
-    ids, mask = expected_row(tok, trace(), [get_json_schema(add)])
+    ids, mask = expected_row(tool_tok, trace(), [get_json_schema(add)])
     assert metrics["eval_sft_loss"] == pytest.approx(
         masked_nll(copy.deepcopy(trainer.model).eval(), ids, mask), abs=1e-4
     )
 
 
-def test_a_mask_without_the_end_of_turn_token_warns(tok, tmp_path, caplog):
+def test_a_mask_without_the_end_of_turn_token_warns(tool_tok, tmp_path, caplog):
     """`</s>` outside `{% endgeneration %}`: trained tokens lack it, and construction warns once (TRL's check)."""
-    late = copy.deepcopy(tok)
+    late = copy.deepcopy(tool_tok)
     late.chat_template = TOOL_CHAT_TEMPLATE.replace("</s>{% endgeneration %}", "{% endgeneration %}</s>")
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
         make_trainer(late, tmp_path, traces(), max_steps=1)
     assert sum("not trained to stop" in r.getMessage() for r in caplog.records) == 1
     out = tokenize_sft_dataset(traces(1), late, 128, assistant_only_loss=True)[0]
-    assert tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]).endswith("</c>5")
+    assert tool_tok.decode([t for t, m in zip(out["input_ids"], out["completion_mask"]) if m]).endswith("</c>5")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="trl_trapo.data"):
-        make_trainer(tok, tmp_path / "ok", traces(), max_steps=1)
+        make_trainer(tool_tok, tmp_path / "ok", traces(), max_steps=1)
     assert not [r for r in caplog.records if "not trained to stop" in r.getMessage()]

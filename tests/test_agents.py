@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import add, make_tiny_config, tool_tokenizer
 from datasets import Dataset
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -25,7 +26,6 @@ from trl_trapo.agents import (
     AgentSpec,
     ToolRolloutSource,
     tool_suffix_ids,
-    use_tool_chat_template,
     warn_no_tool_rounds,
 )
 from trl_trapo.rewards import RewardScorer
@@ -35,21 +35,6 @@ from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGP = -0.5  # the scripted engine's behaviour log-prob of every token it "samples"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 def echo(text: str) -> str:
@@ -179,29 +164,18 @@ def make_source(tok, script, tools=(), environment_factory=None, dataset=None, r
     return source, engine, metrics
 
 
-def tiny_args(output_dir, **overrides):
-    settings = dict(
-        output_dir=str(output_dir),
-        max_steps=2,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        activation_checkpointing=False,
-        max_prompt_length=40,
-        response_length=48,
-        num_generations=4,
-        seed=0,
+def tiny_args(output_dir, **overrides) -> TRAPOConfig:
+    """`TINY_CONFIG` with room for a tool call, its result and an answer: 2 steps, prompts of up to 40 tokens,
+    48-token responses; then `overrides`."""
+    return make_tiny_config(
+        output_dir, **{"max_steps": 2, "max_prompt_length": 40, "response_length": 48, **overrides}
     )
-    settings.update(overrides)
-    return TRAPOConfig(**settings)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The template
 # ---------------------------------------------------------------------------------------------------------------------
-def test_the_compact_template_renders_a_whole_exchange_within_128_characters(tok):
+def test_the_compact_template_renders_a_whole_exchange_within_128_characters(tool_tok):
     messages = [
         {"role": "user", "content": "add 2 3="},
         {
@@ -212,18 +186,18 @@ def test_the_compact_template_renders_a_whole_exchange_within_128_characters(tok
         {"role": "tool", "name": "add", "content": "5"},
         {"role": "assistant", "content": "5"},
     ]
-    text = tok.apply_chat_template(messages, tools=[add], tokenize=False)
+    text = tool_tok.apply_chat_template(messages, tools=[add], tokenize=False)
     assert text == 'T:add(a,b)\nu:add 2 3=\na:<c>{"name":"add","arguments":{"a":2,"b":3}}</c></s>t:5\na:5</s>'
-    assert len(ids(tok, text)) <= 128
-    parsed = tok.parse_response(ids(tok, call("add", '{"a":2,"b":3}') + "</s>"), prefix=ids(tok, "a:"))
+    assert len(ids(tool_tok, text)) <= 128
+    parsed = tool_tok.parse_response(ids(tool_tok, call("add", '{"a":2,"b":3}') + "</s>"), prefix=ids(tool_tok, "a:"))
     assert parsed["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 2, "b": 3}}
 
 
-def test_trl_grpo_trainer_accepts_the_compact_template(tmp_path, tok):
+def test_trl_grpo_trainer_accepts_the_compact_template(tmp_path, tool_tok):
     from trl import GRPOConfig, GRPOTrainer
 
     trainer = GRPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=GRPOConfig(
             output_dir=str(tmp_path),
@@ -235,7 +209,7 @@ def test_trl_grpo_trainer_accepts_the_compact_template(tmp_path, tok):
             bf16=False,
         ),
         train_dataset=prompts_dataset(),
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=[add],
     )
     assert trainer.tools == [add]
@@ -244,28 +218,28 @@ def test_trl_grpo_trainer_accepts_the_compact_template(tmp_path, tok):
 # ---------------------------------------------------------------------------------------------------------------------
 # Token-level correctness
 # ---------------------------------------------------------------------------------------------------------------------
-def test_turns_are_joined_as_token_ids_never_retokenized(tok):
+def test_turns_are_joined_as_token_ids_never_retokenized(tool_tok):
     # the model spells `</s>` as four characters inside an argument: decoding and re-encoding would make them the
     # one EOS token (TRL issue #5224, a retokenised prefix drifts)
-    first = ids(tok, '<c>{"name":"echo","arguments":{"text":"') + ids(tok, "<") + ids(tok, "/s>")
-    first += ids(tok, '"}}</c></s>')
-    assert ids(tok, tok.decode(first)) != first
-    final = ids(tok, "ok</s>")
-    source, engine, _ = make_source(tok, lambda c: final if "t:" in c else first, tools=[echo], group=1)
+    first = ids(tool_tok, '<c>{"name":"echo","arguments":{"text":"') + ids(tool_tok, "<") + ids(tool_tok, "/s>")
+    first += ids(tool_tok, '"}}</c></s>')
+    assert ids(tool_tok, tool_tok.decode(first)) != first
+    final = ids(tool_tok, "ok</s>")
+    source, engine, _ = make_source(tool_tok, lambda c: final if "t:" in c else first, tools=[echo], group=1)
     round_ = source.sample(1, step=3)
-    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "echo", "content": "</s>"}])
+    suffix = tool_suffix_ids(tool_tok, [{"role": "tool", "name": "echo", "content": "</s>"}])
     completion = round_.completion_ids[0].tolist()
     assert completion == first + suffix + final
     assert engine.calls[1][0] == round_.prompt_ids[0].tolist() + first + suffix  # the second turn's context
     assert round_.version == 3
 
 
-def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tok):
-    first, final = ids(tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tok, "3</s>")
-    source, _, metrics = make_source(tok, lambda c: final if "t:" in c else first, tools=[add])
+def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tool_tok):
+    first, final = ids(tool_tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tool_tok, "3</s>")
+    source, _, metrics = make_source(tool_tok, lambda c: final if "t:" in c else first, tools=[add])
     round_ = source.sample(2, step=0)
-    suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": "3"}])
-    assert tok.decode(suffix) == "t:3\na:"
+    suffix = tool_suffix_ids(tool_tok, [{"role": "tool", "name": "add", "content": "3"}])
+    assert tool_tok.decode(suffix) == "t:3\na:"
     expected_mask = [1] * len(first) + [0] * len(suffix) + [1] * len(final)
     for mask, logps in zip(round_.completion_mask, round_.old_per_token_logps):
         assert mask.tolist() == expected_mask
@@ -275,10 +249,10 @@ def test_tool_tokens_are_masked_and_carry_no_behaviour_logprob(tok):
     assert metrics["tools/rollback_frequency"] == [0.0]  # every result fitted
 
 
-def test_a_tool_result_past_the_budget_is_rolled_back_counted_and_warned_once(tok, caplog):
-    first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
+def test_a_tool_result_past_the_budget_is_rolled_back_counted_and_warned_once(tool_tok, caplog):
+    first = ids(tool_tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
     source, engine, metrics = make_source(
-        tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=len(first) + 20
+        tool_tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=len(first) + 20
     )
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         round_ = source.sample(2, step=0)
@@ -291,16 +265,18 @@ def test_a_tool_result_past_the_budget_is_rolled_back_counted_and_warned_once(to
     assert metrics["tools/rollback_frequency"] == [1.0, 1.0]  # every rollout of both rounds
     warnings = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
     assert len(warnings) == 1  # once per run, not once per rollout or round
-    suffix = len(tool_suffix_ids(tok, [{"role": "tool", "name": "echo", "content": "x" * 30}]))
+    suffix = len(tool_suffix_ids(tool_tok, [{"role": "tool", "name": "echo", "content": "x" * 30}]))
     assert f"A tool result of {suffix} tokens" in warnings[0]
     assert f"response_length={len(first) + 20} is the limit" in warnings[0]
     assert f"Raise TRAPOConfig.response_length above {len(first) + suffix}" in warnings[0]
 
 
-def test_a_tool_result_past_the_context_is_rolled_back_and_the_warning_says_response_length_cannot_help(tok, caplog):
-    first = ids(tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
+def test_a_tool_result_past_the_context_is_rolled_back_and_the_warning_says_response_length_cannot_help(
+    tool_tok, caplog
+):
+    first = ids(tool_tok, call("echo", '{"text":"' + "x" * 30 + '"}') + "</s>")
     source, _, metrics = make_source(
-        tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=200, context=120
+        tool_tok, lambda c: "never</s>" if "t:" in c else first, tools=[echo], response_length=200, context=120
     )
     with caplog.at_level("WARNING", logger="trl_trapo.agents"):
         round_ = source.sample(2, step=0)
@@ -311,17 +287,17 @@ def test_a_tool_result_past_the_context_is_rolled_back_and_the_warning_says_resp
     assert "Raising response_length cannot help" in warning and "max_prompt_length" in warning
 
 
-def test_each_turn_is_limited_to_what_the_budget_leaves(tok):
-    first, long_answer = ids(tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tok, "y" * 200)
+def test_each_turn_is_limited_to_what_the_budget_leaves(tool_tok):
+    first, long_answer = ids(tool_tok, call("add", '{"a":1,"b":2}') + "</s>"), ids(tool_tok, "y" * 200)
     source, engine, _ = make_source(
-        tok, lambda c: long_answer if "t:" in c else first, tools=[add], response_length=60
+        tool_tok, lambda c: long_answer if "t:" in c else first, tools=[add], response_length=60
     )
     round_ = source.sample(2, step=0)
     assert all(c.numel() == 60 for c in round_.completion_ids)
-    assert engine.max_new_tokens == [60, 60 - len(first) - len(ids(tok, "t:3\na:"))]
+    assert engine.max_new_tokens == [60, 60 - len(first) - len(ids(tool_tok, "t:3\na:"))]
 
 
-def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(tok):
+def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(tool_tok):
     turns = {
         0: call("broken", '{"x":1}') + "</s>",
         1: call("nowhere", "{}") + "</s>",
@@ -332,9 +308,9 @@ def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(
         row = int(context.split("add ")[1][0])
         return "done</s>" if "t:" in context else turns[row]
 
-    source, engine, metrics = make_source(tok, script, tools=[add, broken], dataset=prompts_dataset(3), group=1)
+    source, engine, metrics = make_source(tool_tok, script, tools=[add, broken], dataset=prompts_dataset(3), group=1)
     round_ = source.sample(3, step=0)
-    texts = [tok.decode(c) for c in round_.completion_ids]
+    texts = [tool_tok.decode(c) for c in round_.completion_ids]
     assert "t:{'error': 'the tool broke'}\na:done" in texts[0]
     assert "t:{'error': 'Tool nowhere not found.'}\na:done" in texts[1]
     assert "t:{'error': 'unparsable tool call'}" in texts[2] and texts[2].endswith("a:done</s>")
@@ -342,7 +318,7 @@ def test_failing_unknown_and_unparsable_calls_are_counted_and_the_round_goes_on(
     assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/failure_frequency"] == [1.0]
 
 
-def test_a_call_that_is_not_an_object_with_a_name_fails_and_the_round_goes_on(tok):
+def test_a_call_that_is_not_an_object_with_a_name_fails_and_the_round_goes_on(tool_tok):
     """JSON the parser accepts between the call markers but that names no tool (a string, a number, a list, an object
     whose `name` is not text) is a failed call with a short error, not a crash of the round (found by the built-in
     agent task's evaluation: a trained model wrote `<c>"..."</c>` once the tool was withheld)."""
@@ -358,32 +334,34 @@ def test_a_call_that_is_not_an_object_with_a_name_fails_and_the_round_goes_on(to
         return "done</s>" if "t:" in context else turns[row]
 
     source, engine, metrics = make_source(
-        tok, script, tools=[add], dataset=prompts_dataset(4), group=1, response_length=160
+        tool_tok, script, tools=[add], dataset=prompts_dataset(4), group=1, response_length=160
     )
     round_ = source.sample(4, step=0)
     error = "t:{'error': 'a tool call must be a JSON object with a string `name`'}\na:done</s>"
-    assert [tok.decode(c)[-len(error) :] for c in round_.completion_ids] == [error] * 4
+    assert [tool_tok.decode(c)[-len(error) :] for c in round_.completion_ids] == [error] * 4
     assert len(engine.calls) == 2  # every rollout got its next turn
     assert metrics["tools/call_frequency"] == [1.0] and metrics["tools/failure_frequency"] == [1.0]
 
 
-def test_tool_calls_stop_after_max_tool_calling_iterations(tok):
-    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
-    source, engine, metrics = make_source(tok, lambda c: turn, tools=[add], max_iterations=2, response_length=200)
+def test_tool_calls_stop_after_max_tool_calling_iterations(tool_tok):
+    turn = ids(tool_tok, call("add", '{"a":1,"b":1}') + "</s>")
+    source, engine, metrics = make_source(tool_tok, lambda c: turn, tools=[add], max_iterations=2, response_length=200)
     round_ = source.sample(2, step=0)
     assert len(engine.calls) == 3 and metrics["tools/turns_mean"] == [3.0]
     assert metrics["tools/call_frequency"] == [2.0]
     assert round_.completion_ids[0].tolist()[-len(turn) :] == turn  # the last turn's call is not run
 
 
-def test_zero_tool_calling_iterations_runs_no_call_as_in_trl_and_says_so(tok, caplog):
+def test_zero_tool_calling_iterations_runs_no_call_as_in_trl_and_says_so(tool_tok, caplog):
     """TRL 1.16 reads 0 as a loop of no rounds: the first turn is the whole rollout and its calls are not run. That
     was accepted here silently (`--max_tool_calling_iterations 0`); the behaviour is TRL's and a warning says it."""
-    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
+    turn = ids(tool_tok, call("add", '{"a":1,"b":1}') + "</s>")
     warn_no_tool_rounds.cache_clear()  # said once per process (the trainer and evaluation each build a source)
     with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
-        source, engine, metrics = make_source(tok, lambda c: turn, tools=[add], max_iterations=0, response_length=200)
-        make_source(tok, lambda c: turn, tools=[add], max_iterations=0)
+        source, engine, metrics = make_source(
+            tool_tok, lambda c: turn, tools=[add], max_iterations=0, response_length=200
+        )
+        make_source(tool_tok, lambda c: turn, tools=[add], max_iterations=0)
     notices = [r.getMessage() for r in caplog.records if "max_tool_calling_iterations=0" in r.getMessage()]
     assert len(notices) == 1 and "no tool call is run" in notices[0] and "1 or more" in notices[0], notices
     round_ = source.sample(2, step=0)
@@ -392,7 +370,7 @@ def test_zero_tool_calling_iterations_runs_no_call_as_in_trl_and_says_so(tok, ca
     caplog.clear()
     warn_no_tool_rounds.cache_clear()
     with caplog.at_level(logging.WARNING, logger="trl_trapo.agents"):
-        make_source(tok, lambda c: turn, tools=[add], max_iterations=1)
+        make_source(tool_tok, lambda c: turn, tools=[add], max_iterations=1)
     assert not any("max_tool_calling_iterations" in r.getMessage() for r in caplog.records)
 
 
@@ -400,10 +378,16 @@ def test_zero_tool_calling_iterations_runs_no_call_as_in_trl_and_says_so(tok, ca
 # Latency
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("tool", [nap, async_nap], ids=["sync", "async"])
-def test_the_tool_calls_of_a_round_run_concurrently(tok, tool):
-    turn = ids(tok, call(tool.__name__, '{"x":1}') + "</s>")
+def test_the_tool_calls_of_a_round_run_concurrently(tool_tok, tool):
+    turn = ids(tool_tok, call(tool.__name__, '{"x":1}') + "</s>")
     source, _, metrics = make_source(
-        tok, lambda c: turn, tools=[tool], group=8, max_iterations=2, response_length=200, dataset=prompts_dataset(1)
+        tool_tok,
+        lambda c: turn,
+        tools=[tool],
+        group=8,
+        max_iterations=2,
+        response_length=200,
+        dataset=prompts_dataset(1),
     )
     start = time.perf_counter()
     source.sample(8, step=0)
@@ -446,7 +430,7 @@ class Counter:
         return float(self.count)
 
 
-def test_environment_factory_resets_each_rollout_and_scores_it(tok):
+def test_environment_factory_resets_each_rollout_and_scores_it(tool_tok):
     seen = {}
 
     def reads_environments(completions, environments, **kwargs):
@@ -460,7 +444,12 @@ def test_environment_factory_resets_each_rollout_and_scores_it(tok):
 
     Counter.created = 0
     source, _, _ = make_source(
-        tok, script, environment_factory=Counter, rewards=[reads_environments], dataset=prompts_dataset(2), group=2
+        tool_tok,
+        script,
+        environment_factory=Counter,
+        rewards=[reads_environments],
+        dataset=prompts_dataset(2),
+        group=2,
     )
     assert Counter.created == 1  # the construction-time probe
     round_ = source.sample(4, step=0)
@@ -471,7 +460,7 @@ def test_environment_factory_resets_each_rollout_and_scores_it(tok):
     assert round_.per_func[:, 1].tolist() == [1.0, 1.0, 2.0, 2.0]  # get_reward, named after the class
     assert source.scorer.names[-1] == "Counter"
     assert round_.scores.tolist() == [1.0, 1.0, 2.0, 2.0]
-    assert tok.decode(round_.prompt_ids[0]) == "T:bump(by)\nu:add 0 1= (start at 0)\na:"
+    assert tool_tok.decode(round_.prompt_ids[0]) == "T:bump(by)\nu:add 0 1= (start at 0)\na:"
     assert round_.examples[0]["prompt"][-1]["content"] == "add 0 1= (start at 0)"
     assert [m["role"] for m in seen["completions"][0]] == ["assistant", "tool", "assistant"]
     assert seen["completions"][0][0]["tool_calls"][0]["function"]["name"] == "bump"
@@ -494,7 +483,7 @@ class Quiet:
         return text.upper()
 
 
-def test_a_dict_environment_factory_routes_rows_by_their_environment_column(tok):
+def test_a_dict_environment_factory_routes_rows_by_their_environment_column(tool_tok):
     dataset = prompts_dataset(2, environment=["counter", "quiet"])
     seen = {}
 
@@ -503,7 +492,7 @@ def test_a_dict_environment_factory_routes_rows_by_their_environment_column(tok)
         return [0.0] * len(environments)
 
     source, _, _ = make_source(
-        tok,
+        tool_tok,
         lambda c: "x</s>",
         environment_factory={"counter": Counter, "quiet": Quiet},
         rewards=[reads_environments],
@@ -513,8 +502,8 @@ def test_a_dict_environment_factory_routes_rows_by_their_environment_column(tok)
     round_ = source.sample(2, step=0)
     assert [type(e) for e in seen["environments"]] == [Counter, Quiet]
     assert "environment" not in seen["environments"][1].row  # a control field, not given to reset
-    assert tok.decode(round_.prompt_ids[0]).startswith("T:bump(by)\n")
-    assert tok.decode(round_.prompt_ids[1]).startswith("T:shout(text)\n")
+    assert tool_tok.decode(round_.prompt_ids[0]).startswith("T:bump(by)\n")
+    assert tool_tok.decode(round_.prompt_ids[1]).startswith("T:shout(text)\n")
     assert math.isnan(float(round_.per_func[1, 1]))  # Quiet has no get_reward: no reward from Counter's
 
 
@@ -604,8 +593,8 @@ def test_every_tool_without_a_schema_is_named_in_one_message():
         ("no_dataset_no_max_steps", "needs max_steps > 0"),
     ],
 )
-def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, message):
-    tokenizer, tools, factory, dataset, overrides, extra = tok, [add], None, prompts_dataset(), {}, {}
+def test_what_cannot_work_is_refused_at_construction(tmp_path, tool_tok, case, message):
+    tokenizer, tools, factory, dataset, overrides, extra = tool_tok, [add], None, prompts_dataset(), {}, {}
     if case == "no_hints":
         tools = [no_hints]
     elif case == "no_docstring":
@@ -628,7 +617,7 @@ def test_what_cannot_work_is_refused_at_construction(tmp_path, tok, case, messag
         tools, factory, dataset, overrides = [], Counter, None, {"max_steps": -1, "num_train_epochs": 1}
     with pytest.raises(ValueError, match=message):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             reward_funcs=lambda completions, **kw: [0.0] * len(completions),
             args=tiny_args(tmp_path, **overrides),
             train_dataset=dataset,
@@ -644,10 +633,10 @@ class FirstPromptsSource:
         raise AssertionError("never sampled")
 
 
-def test_a_template_that_is_not_prefix_preserving_is_refused(tok):
+def test_a_template_that_is_not_prefix_preserving_is_refused(tool_tok):
     from trl_trapo.agents import check_chat_template
 
-    tokenizer = use_tool_chat_template(build_char_tokenizer())
+    tokenizer = tool_tokenizer()
     # the assistant turn's end marker changes once a tool message follows it
     tokenizer.chat_template = tokenizer.chat_template.replace(
         "{% endif %}}</c>{% endfor %}</s>", "{% endif %}}</c>{% endfor %}{% if not loop.last %}|{% endif %}</s>"
@@ -694,7 +683,7 @@ class CollectiveEngine(ScriptedEngine):
         return super().sample(examples, group, step, temperature, max_new_tokens)
 
 
-def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metrics(tok):
+def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metrics(tool_tok):
     """Two ranks, one rollout loop each, in threads: rank 0's rollouts answer at once (1 turn), rank 1's call `add`,
     then `broken`, then answer (3 turns); turns are generated in calls of at most 3 rows (4 rollouts: 2 calls). Every
     `engine.sample` is a collective, as under ZeRO-3: rank 0 takes part in rank 1's later turns with throwaway 1-token
@@ -711,7 +700,7 @@ def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metri
     sources, engines, metrics = [], [], []
     for rank, script in enumerate(scripts):
         source, _, logged = make_source(
-            tok,
+            tool_tok,
             script,
             tools=[add, broken],
             group=2,
@@ -719,7 +708,7 @@ def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metri
             sum_over_ranks=lambda tensor, rank=rank: ranks.collective(rank, "sum", tensor),
             generation_batch_size=3,
         )
-        source.engine = CollectiveEngine(tok, script, ranks, rank)
+        source.engine = CollectiveEngine(tool_tok, script, ranks, rank)
         sources.append(source)
         engines.append(source.engine)
         metrics.append(logged)
@@ -738,7 +727,7 @@ def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metri
     for thread in threads:
         thread.join(timeout=60)
     assert not errors, errors
-    texts = [[tok.decode(c) for c in round_.completion_ids] for round_ in rounds]
+    texts = [[tool_tok.decode(c) for c in round_.completion_ids] for round_ in rounds]
     assert texts[0] == ["ok</s>"] * 4
     ending = "t:3\na:" + call("broken", '{"x":1}') + "</s>t:{'error': 'the tool broke'}\na:done</s>"
     assert all(text.endswith(ending) for text in texts[1]), texts[1]
@@ -754,11 +743,11 @@ def test_ranks_run_the_same_generation_calls_and_log_the_whole_rounds_tool_metri
         assert logged["tools/rollback_frequency"] == [0.0]
 
 
-def test_one_process_makes_one_generation_call_per_turn_without_lockstep(tok):
+def test_one_process_makes_one_generation_call_per_turn_without_lockstep(tool_tok):
     """Without `sum_over_ranks` nothing changes: one `engine.sample` per turn, all running rows, no `lockstep`."""
-    turn = ids(tok, call("add", '{"a":1,"b":1}') + "</s>")
+    turn = ids(tool_tok, call("add", '{"a":1,"b":1}') + "</s>")
     source, engine, _ = make_source(
-        tok, lambda c: "ok</s>" if "t:" in c else turn, tools=[add], generation_batch_size=1, response_length=200
+        tool_tok, lambda c: "ok</s>" if "t:" in c else turn, tools=[add], generation_batch_size=1, response_length=200
     )
     source.sample(2, step=0)
     assert [len(c) for c in engine.calls] == [2, 2]  # ScriptedEngine.sample takes no `lockstep`: none was passed
@@ -786,7 +775,7 @@ def test_lockstep_generation_is_synced_under_zero3_even_with_gathered_weights(
 # ---------------------------------------------------------------------------------------------------------------------
 # End to end
 # ---------------------------------------------------------------------------------------------------------------------
-def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(tmp_path, tok):
+def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(tmp_path, tool_tok):
     # was: from trl import GRPOConfig, GRPOTrainer; the config keeps GRPO's max_completion_length (TRAPOConfig's
     # response_length, PPO's name, accepted under both)
     from trl_trapo import TRAPOConfig as GRPOConfig
@@ -817,11 +806,11 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     )  # fmt: skip
     assert config.response_length == 32
     trainer = GRPOTrainer(
-        model=build_tiny_model(tok, seed=0),
+        model=build_tiny_model(tool_tok, seed=0),
         reward_funcs=reward_answer,
         args=config,
         train_dataset=dataset,
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=[multiply],
     )
     assert isinstance(trainer.rollout_source, ToolRolloutSource)
@@ -833,12 +822,12 @@ def test_a_trl_grpo_agent_script_runs_under_trapo_with_only_the_import_changed(t
     assert trainer.state.global_step == 2
 
 
-def test_trapo_trains_through_tool_calls_end_to_end(tmp_path, tok):
+def test_trapo_trains_through_tool_calls_end_to_end(tmp_path, tool_tok):
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         args=tiny_args(tmp_path, response_length=64),
         train_dataset=None,
-        processing_class=tok,
+        processing_class=tool_tok,
         environment_factory=Counter,
     )
     # the random model never calls a tool: script its turns, through the same loop (the trainer's engine replaced)
@@ -847,7 +836,7 @@ def test_trapo_trains_through_tool_calls_end_to_end(tmp_path, tok):
     def script(context):
         return "ok</s>" if "t:" in context else call("bump", f'{{"by":{next(bumps)}}}') + "</s>"
 
-    trainer.rollout_source.engine = ScriptedEngine(tok, script)
+    trainer.rollout_source.engine = ScriptedEngine(tool_tok, script)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     logged = trainer.state.log_history[0]

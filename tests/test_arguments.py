@@ -390,6 +390,23 @@ def test_an_encoder_decoder_model_is_refused_at_construction(tmp_path, tokenizer
     assert "decoder-only" in message and "AutoModelForCausalLM" in message
 
 
+@pytest.mark.parametrize("role", ["model", "ref_model", "teacher_model"])
+def test_a_compiled_model_is_named_as_a_torch_compile_wrapper(tmp_path, tokenizer, tiny_config, role):
+    """Trial 15's N28: `torch.compile(model)` was "not a transformers model", with a fix (load it with its LM head,
+    or write a `PreTrainedModel` subclass) that did not apply: it is one, wrapped."""
+    arguments = {role: torch.compile(build_tiny_model(tokenizer))}
+    if role != "model":
+        arguments["model"] = build_tiny_model(tokenizer)
+    with pytest.raises(TypeError) as raised:
+        build(tmp_path, tokenizer, tiny_config, **arguments)
+    message = str(raised.value)
+    assert message.startswith(f"`{role}` is a `torch.compile` wrapper (OptimizedModule) of a LlamaForCausalLM"), (
+        message
+    )
+    assert f"pass the model itself (`{role}._orig_mod`" in message and "not a transformers model" not in message
+    assert ("set `torch_compile=True`" in message) == (role == "model"), message
+
+
 def test_a_vision_language_model_passes_the_model_checks():
     from trl_trapo.tasks.vision import build_tiny_vlm, build_vlm_processor
 
@@ -422,6 +439,42 @@ def test_a_policy_without_a_trainable_parameter_is_refused_unless_an_adapter_is_
     critic = sequence_classifier(tokenizer, 1).requires_grad_(False)
     with pytest.raises(ValueError, match=r"`value_model` \(LlamaForSequenceClassification\) has no trainable"):
         check_trainer_arguments(model=partly, value_model=critic, peft_config=LoraConfig(r=2))
+
+
+def test_a_peft_config_in_inference_mode_is_refused_before_the_model_loads(tmp_path, tokenizer, tiny_config):
+    # trial 15's N27: `LoraConfig(inference_mode=True)` (copied from an inference snippet) was accepted and trained two
+    # steps with 0 trainable parameters, the losses logged as usual; the model here is a path that does not exist
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], inference_mode=True)
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, peft_config=config)
+    message = str(raised.value)
+    for needle in ["peft_config.inference_mode=True", "frozen", "inference_mode=False (the default"]:
+        assert needle in message, (needle, message)
+    check_trainer_arguments(model=build_tiny_model(tokenizer), peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+
+
+def test_the_policy_is_checked_for_a_trainable_parameter_once_its_adapter_is_added(tmp_path, tokenizer, tiny_config):
+    """The trainable-parameter check ran on the arguments only, where an adapter still to be added counts as
+    trainable: the policy as it will train (after `peft_config`'s adapter wraps it) is checked too, so any route to a
+    frozen adapter is refused, not only the `inference_mode=True` the argument check names."""
+    from peft import LoraConfig
+
+    from trl_trapo.assembly import policy_and_reference
+
+    frozen = LoraConfig(r=4, target_modules=["q_proj"], inference_mode=True)  # past the argument check
+    with pytest.raises(ValueError) as raised:
+        policy_and_reference(build_tiny_model(tokenizer), None, None, tiny_config(tmp_path), frozen)
+    message = str(raised.value)
+    assert message.startswith("`model` (PeftModel, the policy with the LoraConfig adapter of `peft_config` added"), (
+        message
+    )
+    for needle in ["has no trainable parameters", "inference_mode=False", "print_trainable_parameters()"]:
+        assert needle in message, (needle, message)
+    trainable = LoraConfig(r=4, target_modules=["q_proj"])
+    policy, _, _ = policy_and_reference(build_tiny_model(tokenizer), None, None, tiny_config(tmp_path), trainable)
+    assert any(p.requires_grad for p in policy.parameters())
 
 
 def test_an_encoder_decoder_checkpoint_given_by_path_is_refused_before_it_loads(tmp_path, tokenizer, tiny_config):
@@ -593,3 +646,83 @@ def test_a_torch_scorer_module_as_a_reward_is_told_to_wrap_it_in_a_reward_functi
 
     trainer = build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), reward_funcs=my_reward)
     assert trainer.train().global_step >= 1
+
+
+# ---- one model in two roles where a term would vanish (trial 15's N14) ----
+def policy_and_same_reference(tokenizer, kind: str):
+    """`(model, ref_model)` where the reference is (or holds) the policy's trainable weights."""
+    from peft import LoraConfig, get_peft_model
+
+    model = build_tiny_model(tokenizer, seed=0)
+    if kind == "same object":
+        return model, model
+    if kind == "peft base model":  # the base model of a PeftModel carries the adapter's layers
+        peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+        return peft_model, peft_model.get_base_model()
+    reference = build_tiny_model(tokenizer, seed=1)  # "shared layers": a separate head on the policy's body
+    reference.model = model.model
+    return model, reference
+
+
+@pytest.mark.parametrize("kind", ["same object", "peft base model", "shared layers"])
+def test_a_reference_that_is_the_policy_is_refused(tmp_path, tokenizer, tiny_config, kind):
+    """The old code accepted `ref_model=model`: the reference moved with the policy, so `objective/kl` stayed ~1e-13
+    while the policy moved (kl_coef=0.1 did nothing). TRL's PPOTrainer and DPOTrainer refuse the same object."""
+    model, reference = policy_and_same_reference(tokenizer, kind)
+    with pytest.raises(ValueError) as raised:
+        build(
+            tmp_path, tokenizer, tiny_config, model=model, ref_model=reference, args=tiny_config(tmp_path, kl_coef=0.1)
+        )
+    message = str(raised.value)
+    what = {
+        "same object": "is the same object as `model`",
+        "peft base model": "is the base model of the PeftModel `model`",
+        "shared layers": f"shares {len(list(reference.model.parameters()))} trainable parameter tensor(s) with `model`",
+    }[kind]
+    for needle in (f"`ref_model` {what}", "the KL penalty towards it would always be 0", "Fix: ref_model=None",
+                   "`ref_model=copy.deepcopy(model)`"):  # fmt: skip
+        assert needle in message, (needle, message)
+
+
+def test_a_separate_copy_of_the_policy_is_a_reference(tokenizer):
+    import copy
+
+    model = build_tiny_model(tokenizer, seed=0)
+    check_trainer_arguments(model=model, ref_model=copy.deepcopy(model))
+
+
+def test_the_ppo_trainer_refuses_the_policy_as_its_reference(tmp_path, tokenizer):
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7]] * 4})
+    args = PPOConfig(output_dir=str(tmp_path), report_to="none", total_episodes=4, per_device_train_batch_size=4)
+    model = build_tiny_model(tokenizer, seed=0)
+    with pytest.raises(ValueError, match=re.escape("`ref_model` is the same object as `model`")):
+        PPOTrainer(args, tokenizer, model, model, sequence_classifier(tokenizer, 1), dataset)
+
+
+@pytest.mark.parametrize("role", ["reward_model", "reward_funcs"])
+def test_a_critic_that_is_a_reward_model_is_refused(tmp_path, tokenizer, tiny_config, role):
+    """Reward models are frozen: the same object as `value_model` left the critic with no trainable weight, its
+    value loss logged while it never moved (the old code built the trainer without a word)."""
+    critic = sequence_classifier(tokenizer, 1)
+    arguments = {role: [exact_match_reward, critic] if role == "reward_funcs" else critic}
+    name = "reward_funcs[1]" if role == "reward_funcs" else role
+    with pytest.raises(ValueError) as raised:
+        build(tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), value_model=critic, **arguments)
+    message = str(raised.value)
+    assert f"`value_model` is the same object as `{name}`: reward models are frozen" in message, message
+    assert "value_model=copy.deepcopy(reward_model)" in message
+
+
+def test_a_reference_given_with_kl_coef_zero_is_said_unused_and_not_kept(tmp_path, tokenizer, tiny_config, caplog):
+    """kl_coef=0 turns the KL term off: the reference the user gave is never run. The old code said nothing and
+    kept it (prepared on the device); as TRL's GRPOTrainer with beta=0, the trainer keeps none."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="trl_trapo"):
+        trainer = build(
+            tmp_path, tokenizer, tiny_config, model=build_tiny_model(tokenizer), ref_model=build_tiny_model(tokenizer),
+            args=tiny_config(tmp_path, max_steps=1, kl_coef=0.0),
+        )  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "`ref_model` is given, but kl_coef=0" in r.getMessage()]
+    assert len(said) == 1 and "the reference is not used" in said[0], said
+    assert trainer.ref_model is None and trainer.reference is None

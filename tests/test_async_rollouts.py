@@ -81,6 +81,7 @@ def test_lag_stays_within_max_staleness_and_the_producer_runs_ahead(tmp_path, to
     assert trainer.rollout_source.producer_pid is None  # stopped when train() returned
 
 
+@pytest.mark.slow
 def test_a_slow_reward_does_not_change_the_run(tmp_path, tokenizer, suite):
     """Deterministic mode: what is sampled depends on the training state, never on how fast the producer is."""
     fast = async_trainer(tmp_path / "fast", tokenizer, suite)
@@ -96,6 +97,7 @@ def test_a_slow_reward_does_not_change_the_run(tmp_path, tokenizer, suite):
     assert max(h.get("perf/producer_reward_s", 0) for h in fast.state.log_history) < 0.3
 
 
+@pytest.mark.slow
 def test_a_late_round_is_dropped_or_downweighted(tmp_path, tokenizer, suite):
     trainer = async_trainer(tmp_path / "drop", tokenizer, suite, max_staleness=1)
     source = trainer.rollout_source
@@ -345,6 +347,7 @@ def test_free_running_mode_trains_with_the_newest_weights(tmp_path, tokenizer, s
     assert any("perf/weight_sync_s" in h for h in trainer.state.log_history)
 
 
+@pytest.mark.slow
 def test_a_round_is_taken_before_the_buffer_runs_dry_when_it_would_be_late(tmp_path, tokenizer, suite):
     """When a step's RL rows shrink the buffer outlasts the forecast; the round asked for is then taken when one more
     step would make it later than `max_staleness` — nothing is dropped (the first measurement dropped 21 rounds a
@@ -582,6 +585,7 @@ def test_a_tool_or_environment_defined_under_the_main_guard_is_refused_at_constr
             check_picklable([LocalEnv()], "environment factory")
 
 
+@pytest.mark.slow
 def test_the_job_exits_when_the_producer_is_far_ahead(tmp_path):
     """With a large `max_staleness` the producer is still writing rounds nobody reads when training ends; it ignores
     SIGTERM, so the `terminate` that used to follow the trainer's request to stop did nothing and the process hung
@@ -693,6 +697,7 @@ def test_rounds_are_sampled_with_the_last_scheduled_snapshot_and_never_read_the_
     assert any(not torch.equal(p.detach(), kept[n]) for n, p in model.named_parameters() if n in kept)
 
 
+@pytest.mark.slow
 def test_a_script_that_fails_after_starting_the_producer_exits_with_its_error(tmp_path):
     """A user's script that raises after the producer started (rounds queued, nothing closed it): the interpreter's
     exit stops the producer (`atexit`), so the process ends with the error's status. It used to hang for ever in

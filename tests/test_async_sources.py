@@ -13,7 +13,6 @@ tool loop, the masks, the weights, the queues) is the library's, in the producer
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -21,26 +20,20 @@ import time
 
 import pytest
 import torch
-from conftest import RecordingTRAPOTrainer, trained_rows
+from conftest import RecordingTRAPOTrainer, add, make_tiny_config, tool_tokenizer, trained_rows
 from datasets import Dataset
 from transformers import LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from trl_trapo import TRAPOConfig
-from trl_trapo.agents import use_tool_chat_template
 from trl_trapo.data import tokenize_prompt
 from trl_trapo.rollout import generate
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+from trl_trapo.tasks import build_tiny_model
 
 
 CALL = '<c>{"name":"add","arguments":{"a":1,"b":2}}</c>'
 ANSWER = "3"
 TOOL_OUTPUT = "=3;"  # what the rollout_func's "tool" writes (env_mask 0)
 RL = 2  # the RL objective's index
-
-
-@functools.cache
-def tool_tokenizer():
-    return use_tool_chat_template(build_char_tokenizer())
 
 
 class ForceCalls(LogitsProcessor):
@@ -77,16 +70,6 @@ def tool_calling_model() -> ToolCallingModel:
     model.load_state_dict(tiny.state_dict())
     model.generation_config = tiny.generation_config
     return model
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 class Adder:
@@ -140,24 +123,10 @@ def prompts(n: int = 4) -> Dataset:
 
 
 def async_args(output_dir, **overrides) -> TRAPOConfig:
-    settings = dict(
-        output_dir=str(output_dir),
-        max_steps=4,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        activation_checkpointing=False,
-        max_prompt_length=40,
-        response_length=64,
-        num_generations=4,
-        seed=0,
-        async_rollouts=True,
-        max_staleness=1,
-    )
-    settings.update(overrides)
-    return TRAPOConfig(**settings)
+    """`TINY_CONFIG` sampled in a producer process one version behind at most, with room for a tool call, its result
+    and an answer (prompts of up to 40 tokens, 64-token responses); then `overrides`."""
+    settings = dict(max_prompt_length=40, response_length=64, async_rollouts=True, max_staleness=1)
+    return make_tiny_config(output_dir, **{**settings, **overrides})
 
 
 def rl_logs(trainer) -> list[dict]:
@@ -185,6 +154,7 @@ def assert_masked_tool_output(trainer, output: str, policy_text: str) -> None:
 
 
 @pytest.mark.parametrize("mode", ["tools", "environment_factory"])
+@pytest.mark.slow
 def test_async_tool_calling_trains_with_staleness_the_decoupled_correction_and_the_tool_mask(tmp_path, mode):
     tok = tool_tokenizer()
     agent = dict(tools=[add]) if mode == "tools" else dict(environment_factory=RewardedAdder)
@@ -241,6 +211,7 @@ def test_async_tool_calling_trains_with_staleness_the_decoupled_correction_and_t
     assert_masked_tool_output(trainer, "t:3", CALL)
 
 
+@pytest.mark.slow
 def test_async_rollout_func_trains_with_staleness_the_correction_and_env_mask(tmp_path):
     tok = tool_tokenizer()
     trainer = RecordingTRAPOTrainer(

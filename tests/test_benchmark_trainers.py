@@ -3,28 +3,17 @@ trainer."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_trainers", ROOT / "scripts" / "benchmarks" / "benchmark_trainers.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/benchmark_trainers.py")
 
 
 def test_generation_meter_counts_completion_tokens_up_to_the_first_eos(bench):

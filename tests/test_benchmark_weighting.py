@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "benchmark_weighting", ROOT / "scripts" / "benchmarks" / "benchmark_weighting.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/benchmarks/benchmark_weighting.py")
 
 
+@pytest.mark.slow
 def test_a_tiny_measurement_reports_every_figure_and_sees_dares_own_work(bench):
     # 2 strategies x 1 round x 4 steps: steps 1-3 measured, step 2 an update step (interval 2)
     result = bench.measure(["dare", "static"], steps=4, repeats=1, warmup=1, update_interval=2, log=lambda line: None)

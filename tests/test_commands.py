@@ -594,3 +594,61 @@ def test_trapo_train_on_two_processes(tmp_path, monkeypatch):
     assert (tmp_path / "trainer_state.json").exists() and (tmp_path / "eval_results.json").exists()
     # without --multi_gpu accelerate would start one process: refused before the launch
     assert commands.main(["train", "--num_processes", "2", *job]) == 2
+
+
+# ---- the jobs' `--log_level` sets TRAPO's own logger from the start (trial 15's C11) ---------------------------------
+def test_log_level_sets_the_jobs_own_lines_from_the_first_one(tmp_path):
+    """`trapo train --log_level warning` still printed the job's INFO lines (`INFO trl_trapo.jobs.main: Built-in mode
+    ...`, logged before the trainer applied the level), and `--log_level debug` missed the job's debug lines from
+    before the trainer (the built-in suite's `DEBUG trl_trapo.tasks: Task suite ...`): the jobs' scripts set up
+    logging at INFO, and `--log_level` reached TRAPO's logger only once the trainer was built."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    job = ["--max_steps", "1", "--max_eval_samples", "8", "--torch_threads", "1", "--report_to", "none"]
+
+    def output(level: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "trl_trapo.jobs.commands", "train", *job, "--output_dir", str(tmp_path / level)]
+            + ["--log_level", level],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    quiet = output("warning")
+    assert "Done in" in quiet, quiet[-2000:]  # the job ran to its summary
+    assert not re.findall(r".*INFO trl_trapo.*", quiet), re.findall(r".*INFO trl_trapo.*", quiet)
+    verbose = output("debug")
+    assert re.search(r"DEBUG trl_trapo\.tasks: Task suite \(seed 0\)", verbose), verbose[-3000:]
+    assert "INFO trl_trapo.jobs.main: Built-in mode" in verbose and "DEBUG trl_trapo.rollout: Step 0" in verbose
+
+
+@pytest.mark.parametrize(
+    ("job", "argv", "expected"),
+    [
+        ("train", ["--log_level", "warning"], logging.WARNING),
+        ("vlm", ["--log_level", "debug"], logging.DEBUG),
+        ("tools", ["--log_level", "error"], logging.ERROR),
+        ("tools", ["--log_level", "info", "--log_level_replica", "error"], logging.INFO),  # this process logs
+        ("vlm", [], logging.NOTSET),  # "passive": the level the job's script set (INFO) stays in effect
+    ],
+)
+def test_each_jobs_parse_sets_trapos_log_level_as_given(job, argv, expected, tmp_path):
+    """The same for `trapo vlm` / `trapo tools` (and their example scripts), whose parser is shared
+    (`parse_job_args`): the parsed level is applied before the job's first line; "passive" keeps the INFO default."""
+    library = logging.getLogger("trl_trapo")
+    level, handlers = library.level, list(library.handlers)
+    library.setLevel(logging.NOTSET)
+    try:
+        module = importlib.import_module(next(j.module for j in commands.JOBS if j.name == job))
+        module.parse_args([*argv, "--output_dir", str(tmp_path)], prog=f"trapo {job}")
+        assert library.level == expected, (job, argv, logging.getLevelName(library.level))
+    finally:
+        library.setLevel(level)
+        library.handlers[:] = handlers

@@ -26,6 +26,7 @@ def test_the_relay_splits_the_steps_as_trapos_sft_and_rl_shares():
     assert sft / 400 == pytest.approx(sft_share / (sft_share + rl_share), abs=1 / 400)
 
 
+@pytest.mark.slow
 def test_quick_run_measures_both_arms_from_one_base_and_reuses_them(tmp_path, caplog):
     out = tmp_path / "compare"
     payload = compare_agents.main(["--quick", "--output_dir", str(out)])

@@ -162,6 +162,15 @@ def test_deepspeed_files_deepspeed_would_fail_on_are_refused_naming_the_field_an
         ValueError, match=rf"deepspeed='{malformed}' is invalid: the file {malformed} is not valid JSON"
     ):
         TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(malformed))
+    # trial 16's C14 (a BOM the converter refused): accelerate's reader refuses it too; the fix was "keys in double
+    # quotes, no trailing commas", for a file whose JSON is fine
+    bom = tmp_path / "ds_bom.json"
+    bom.write_bytes(b'\xef\xbb\xbf{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.raises(ValueError) as error:
+        TRAPOConfig(output_dir=str(tmp_path), deepspeed=str(bom))
+    message = str(error.value)
+    assert f"the file {bom} starts with a UTF-8 byte-order mark (BOM), which accelerate cannot read" in message
+    assert "save it as plain UTF-8" in message and "double quotes" not in message, message
     stage4 = tmp_path / "ds_stage4.json"
     stage4.write_text('{"zero_optimization": {"stage": 4}, "train_micro_batch_size_per_gpu": "auto"}')
     with pytest.raises(ValueError, match=r"zero_optimization\.stage=4; DeepSpeed's ZeRO stages are 0, 1, 2 and 3"):

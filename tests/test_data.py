@@ -68,6 +68,54 @@ def test_kto_rows_with_a_boolean_label_are_refused_as_sft_demonstrations():
     check_sft_dataset(Dataset.from_dict({**kto, "label": ["math"] * 4}))  # a label that is no preference passes
 
 
+PREFERENCE_FORMS = {  # TRL's preference formats (huggingface.co/docs/trl/dataset_formats)
+    "explicit prompt": {"prompt": ["rev ab="] * 4, "chosen": ["ba"] * 4, "rejected": ["ab"] * 4},
+    "implicit prompt, conversational": {  # as trl-lib/ultrafeedback_binarized
+        "chosen": [[{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ba"}]] * 4,
+        "rejected": [[{"role": "user", "content": "rev ab="}, {"role": "assistant", "content": "ab"}]] * 4,
+    },
+    "implicit prompt, text": {"chosen": ["rev ab= ba"] * 4, "rejected": ["rev ab= ab"] * 4},
+}
+
+
+def code_spans(message: str) -> list[str]:
+    return re.findall(r"`(dataset[^`]*)`", message)
+
+
+@pytest.mark.parametrize("form", PREFERENCE_FORMS)
+def test_preference_rows_are_named_as_such_with_a_fix_that_works(form):
+    """Trial 15's N12: preference rows as `sft_dataset` were told to rename a '<prompt column>' that does not exist.
+    In each slot they are named as preference data (TRAPO trains no preference loss), and the `dataset...` code the
+    message gives, run as written (with TRL's `extract_prompt`), makes demonstrations `sft_dataset` accepts and, for
+    `train_dataset`, prompts."""
+    from trl.data_utils import extract_prompt
+
+    dataset = Dataset.from_dict(PREFERENCE_FORMS[form])
+    checks = {"sft_dataset": check_sft_dataset, "pretrain_dataset": check_pretrain_dataset}
+    if form != "explicit prompt":  # with a 'prompt' column they are valid RL prompts (chosen/rejected: reward kwargs)
+        checks["train_dataset"] = check_prompt_dataset
+    for name, check in checks.items():
+        with pytest.raises(ValueError) as raised:
+            check(dataset)
+        message = str(raised.value)
+        for needle in (f"`{name}` holds preference data", "'chosen' / 'rejected' columns", "no preference loss"):
+            assert needle in message, (needle, message)
+        assert "<prompt column>" not in message and "<completion column>" not in message, message
+        spans = code_spans(message)
+        assert spans, message
+        fixed = [eval(span, {"dataset": dataset, "extract_prompt": extract_prompt}) for span in spans]  # noqa: S307
+        check_sft_dataset(fixed[0])  # the demonstrations
+        answer = fixed[0][0]["completion" if "completion" in fixed[0].column_names else "messages"]
+        answer = answer if isinstance(answer, str) else answer[-1]["content"]
+        assert answer.strip() == "ba", answer  # the chosen answer, not the rejected one
+        if name == "train_dataset":
+            check_prompt_dataset(fixed[1])
+            assert fixed[1].column_names == ["prompt"], fixed[1].column_names
+    streamed = Dataset.from_dict(PREFERENCE_FORMS[form]).to_iterable_dataset()  # its rows are not read: every form
+    with pytest.raises(ValueError, match="`sft_dataset` holds preference data"):
+        check_sft_dataset(streamed)
+
+
 def test_check_prompt_dataset():
     check_prompt_dataset(Dataset.from_dict({"prompt": ["a"]}))
     check_prompt_dataset(Dataset.from_dict({"input_ids": [[1, 2]]}))
@@ -397,6 +445,24 @@ def test_a_prompt_and_completion_of_different_forms_are_refused_by_row(tmp_path,
         assert needle in str(error.value), error.value
 
 
+# RL rows whose prompt's content is a list of text parts
+CONTENT_PARTS = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
+
+
+def content_parts_refusal(tmp_path, tokenizer) -> str:
+    """The message of the `ValueError` that building a trainer on `CONTENT_PARTS` under `tokenizer` raises."""
+    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
+    with pytest.raises(ValueError) as error:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            args=config,
+            processing_class=tokenizer,
+            reward_funcs=exact_match_reward,
+            train_dataset=Dataset.from_list(CONTENT_PARTS),
+        )
+    return str(error.value)
+
+
 PARTS_TEMPLATE = (  # reads content parts, as Qwen3's template does
     "{% for message in messages %}{{ message['role'] }}: {% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}\n{% endfor %}"
@@ -408,26 +474,17 @@ def test_content_parts_are_refused_only_where_the_template_would_render_the_list
     """Content given as `[{"type": "text", "text": ...}]` reaches a text-only model's chat template unchanged, as in
     TRL: a template that renders content as a string put the list's Python text in the prompt and trained on it
     (D02); it is refused, naming the row and the fix. A template that reads parts renders the text, and is taken."""
-    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
-    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
-    with pytest.raises(ValueError) as error:
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            args=config,
-            processing_class=tokenizer,
-            reward_funcs=exact_match_reward,
-            train_dataset=Dataset.from_list(parts),
-        )
+    message = content_parts_refusal(tmp_path, tokenizer)
     for needle in (
         "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
         "\"user: [{'type': 'text', 'text': 'ab='}]\\n\"",
         "''.join(p['text'] for p in m['content'])",
     ):
-        assert needle in str(error.value), error.value
+        assert needle in message, message
     reader = build_char_tokenizer()
     reader.chat_template = PARTS_TEMPLATE
-    check_conversations_renderable(Dataset.from_list(parts), "train_dataset", reader)  # taken
-    assert tokenize_prompt(parts[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
+    check_conversations_renderable(Dataset.from_list(CONTENT_PARTS), "train_dataset", reader)  # taken
+    assert tokenize_prompt(CONTENT_PARTS[0]["prompt"], reader) == tokenize_prompt([user("ab=")], reader)
 
 
 CONCAT_TEMPLATE = (  # joins content with `+`, as SmolLM2's template does: a list of parts is jinja's TypeError
@@ -442,22 +499,13 @@ def test_content_parts_a_template_cannot_concatenate_are_refused_by_row(tmp_path
     parts for a text-only model either. Refused at init, naming the row and the fix."""
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = CONCAT_TEMPLATE
-    parts = [{"prompt": [{"role": "user", "content": [{"type": "text", "text": "ab="}]}], "answer": "ba"}] * 2
-    config = TRAPOConfig(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
-    with pytest.raises(ValueError) as error:
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            args=config,
-            processing_class=tokenizer,
-            reward_funcs=exact_match_reward,
-            train_dataset=Dataset.from_list(parts),
-        )
+    message = content_parts_refusal(tmp_path, tokenizer)
     for needle in (
         "`train_dataset` column 'prompt' row 0: a message's content is a list of parts",
         "cannot render (TypeError: can only concatenate str",
         "''.join(p['text'] for p in m['content'])",
     ):
-        assert needle in str(error.value), error.value
+        assert needle in message, message
     joined = [{"prompt": [user("ab=")], "answer": "ba"}] * 2
     check_conversations_renderable(Dataset.from_list(joined), "train_dataset", tokenizer)  # the fix is taken
 
@@ -1012,3 +1060,88 @@ def test_prepare_datasets_takes_the_objectives_data_by_name_and_each_objective_p
         prepare_datasets(off, {SFTObjective.NAME: rows}, None, WITH_DATA)
     with pytest.raises(ValueError, match=r"no objective is named \['demos'\]; the objectives are \['pretrain', 'sft'"):
         prepare_datasets(setup, {"demos": rows}, None, WITH_DATA)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Datasets with a transform or a format (trial 15's N23)
+# ---------------------------------------------------------------------------------------------------------------------
+def questions() -> Dataset:
+    return Dataset.from_dict({"question": ["ab", "cd", "ef", "gh"] * 4, "answer": ["ba", "dc", "fe", "hg"] * 4})
+
+
+def as_prompts(batch: dict) -> dict:
+    """A `with_transform` function: the `prompt` column built from `question` as rows are read."""
+    return {"prompt": [f"rev {q}=" for q in batch["question"]], "answer": batch["answer"]}
+
+
+def test_a_transform_that_builds_the_prompt_column_is_honoured(tmp_path, tokenizer, tiny_config):
+    """The column check read `column_names`, which a transform leaves as stored: the rows had a `prompt`, and the
+    trainer refused them for lacking one (its fix, a rename, would break the transform). The transform is applied
+    as a read row goes through it, for the training prompts and the evaluation prompts alike."""
+    seen = []
+
+    def reversed_text(completions, prompts, answer, **kwargs):
+        seen.extend(prompts)
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer),
+        reward_funcs=reversed_text,
+        args=tiny_config(tmp_path, max_steps=1, per_device_eval_batch_size=4),
+        train_dataset=questions().with_transform(as_prompts),
+        eval_dataset={"held_out": questions().select(range(4)).with_transform(as_prompts)},
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert seen and all(re.fullmatch(r"rev [a-h]{2}=", p) for p in seen), seen[:4]
+    seen.clear()
+    metrics = trainer.evaluate(questions().select(range(4)).with_transform(as_prompts))
+    assert "eval_reward" in metrics and sorted(set(seen)) == ["rev ab=", "rev cd=", "rev ef=", "rev gh="]
+
+
+def test_a_transform_is_applied_as_datasets_formats_a_row_read():
+    """`columns=` restricts what the transform gets; `output_all_columns=True` adds the other columns as they are;
+    rows that a transform cannot read are refused naming the argument and the transform's error."""
+    from trl_trapo.data import apply_transform, apply_transforms
+
+    stored = questions().add_column("level", list(range(16)))
+    for transformed in [
+        stored.with_transform(as_prompts),
+        stored.with_transform(as_prompts, columns=["question", "answer"]),
+        stored.with_transform(lambda b: {"prompt": b["question"]}, columns=["question"], output_all_columns=True),
+        stored.select([3, 1]).with_transform(as_prompts),
+    ]:
+        applied = apply_transform(transformed, "train_dataset")
+        assert applied.format["type"] is None and applied.to_list() == [
+            transformed[i] for i in range(len(transformed))
+        ]
+    assert apply_transform(stored, "train_dataset") is stored
+    several = apply_transforms({"eval_dataset": {"a": stored.with_transform(as_prompts)}, "sft_dataset": None})
+    assert sorted(several["eval_dataset"]["a"].column_names) == ["answer", "prompt"] and several["sft_dataset"] is None
+    with pytest.raises(ValueError) as raised:
+        apply_transform(stored.with_transform(lambda b: {"prompt": b["questoin"]}), "train_dataset")
+    message = str(raised.value)
+    for needle in ["`train_dataset` has a transform (", "KeyError: 'questoin'", "dataset.map(fn, batched=True)"]:
+        assert needle in message, (needle, message)
+
+
+def test_torch_formatted_datasets_train_and_evaluate_without_a_torch_warning(tmp_path, tokenizer, suite, tiny_config):
+    """Rows of a `with_format("torch")` dataset hold tensors: `torch.tensor(tensor)` warned "To copy construct from
+    a tensor, it is recommended to use sourceTensor.detach().clone()" for every RL round, SFT row and evaluation."""
+    import warnings
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=tiny_config(tmp_path, max_steps=1, per_device_eval_batch_size=4),
+        train_dataset=suite.rl_train.with_format("torch"),
+        sft_dataset=suite.sft.with_format("torch"),
+        processing_class=tokenizer,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+        metrics = trainer.evaluate(suite.eval.select(range(4)).with_format("torch"))
+    assert "eval_reward" in metrics
+    copied = [f"{w.filename}:{w.lineno}" for w in caught if "To copy construct from a tensor" in str(w.message)]
+    assert not copied, copied

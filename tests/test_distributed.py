@@ -61,6 +61,7 @@ pytestmark = pytest.mark.distributed
     ],
     ids=["ddp", "zero2", "zero3-save", "zero3"],
 )
+@pytest.mark.slow
 def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend, resume):
     """The built-in job on 2 processes: identical ranks, the checkpoint of every rank, a saved model that reloads as the
     trained one, and (`resume`) a run resumed from the middle that ends with the uninterrupted run's weights and logs."""
@@ -105,6 +106,7 @@ def test_job_on_two_processes_saves_resumes_and_reloads(tmp_path, backend, resum
     assert after_checkpoint(again[0]) == after_checkpoint(ranks[0])
 
 
+@pytest.mark.slow
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_checkpoint(tmp_path):
     """A preemption that reaches rank 1 only: both ranks agree (a collective at every step end) to stop after step 3,
     the 2-rank checkpoint-3 is complete, nothing final is written, and the one line comes from rank 0 only."""
@@ -132,6 +134,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_with_a_complete_c
     [pytest.param(False, marks=pytest.mark.slow), True],  # ~32 s each; `save_only_model` hangs the old code at once
     ids=["full", "save_only_model"],
 )
+@pytest.mark.slow
 def test_every_rank_saves_every_checkpoint_however_late_rank_0_creates_its_folder(tmp_path, save_only_model):
     """A loaded machine once hung this job: rank 1 decided from `os.path.isdir(checkpoint-N)` whether to take part in
     the collective save of TRAPO's state, and did not see the folder — rank 0 had not created it yet, or had just moved
@@ -186,6 +189,7 @@ def test_a_launch_mismatch_is_a_user_error_of_the_main_job(monkeypatch):
 FSDP_ON_CPU = "The launcher asked for FSDP but the run uses DistributedType.NO"
 
 
+@pytest.mark.slow
 def test_trapo_train_refuses_fsdp_on_cpu_before_it_loads_anything(tmp_path):
     """Trial 8's JC10 as the user ran it: `trapo train --config_file <FSDP2 config>` on one CPU process printed the
     refusal only after the built-in model was built and every dataset tokenized (the check read the `Accelerator`,
@@ -420,6 +424,7 @@ def test_end_process_group_leaves_no_collective_holding_a_tensor(tmp_path):
 HOOK_NAMES = {"powersgd": "powerSGD_hook", "fp16": "fp16_compress_hook"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["powersgd", pytest.param("fp16", marks=pytest.mark.slow)])
 def test_ddp_comm_hook_runs_on_two_processes(tmp_path, hook):
     args = ["--max_steps", "8", "--eval_strategy", "no", *EVAL_CAP, "--output_dir", str(tmp_path)]

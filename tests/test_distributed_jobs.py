@@ -68,6 +68,7 @@ def test_round_statistics_cover_every_ranks_share(tmp_path):
 # On-policy distillation on two processes (issue 22)
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend, prompts", [("ddp", False), ("zero3", True)])
+@pytest.mark.slow
 def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backend, prompts):
     """The main job with a teacher under DDP (distilling on the RL rollouts), and under DeepSpeed ZeRO-3 with the
     teacher prepared like the reference policy (partitioned, frozen) and reward-free distillation prompts (each rank
@@ -131,6 +132,7 @@ def round_wide(rounds: list[dict]) -> dict[str, float]:
         pytest.param("zero3", "tools", marks=pytest.mark.slow),  # ~50 s
     ],
 )
+@pytest.mark.slow
 def test_a_grpo_agent_script_trains_on_two_processes(tmp_path, backend, mode):
     """A `GRPOTrainer(tools=...)` script with only the import changed (tests/distributed_tools_job.py: a sync, an
     async and a failing tool, or the same three as an environment with one instance per rollout) trains 4 steps on
@@ -230,6 +232,7 @@ def async_job_on_two_processes(output_dir: Path) -> list[dict]:
     return ranks
 
 
+@pytest.mark.slow
 def test_async_rollouts_on_two_processes_keep_the_ranks_identical(tmp_path):
     """The built-in job with `--async_rollouts` (a producer process per rank, rounds asked for ahead): both ranks end
     with the same weights and logs (timing metrics apart), and every round arrived within `max_staleness`."""
@@ -341,6 +344,7 @@ def check_vlm_job(output_dir: Path, distributed_type: str, steps: int) -> list[d
     return vlm
 
 
+@pytest.mark.slow
 def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
     """A `GRPOTrainer` VLM script with only the import changed (tests/distributed_vlm_job.py: the tiny LLaVA, prompts
     with 0, 1 and 2 images) trains 3 steps under DDP on 2 processes: each rank's share of the round carries its own
@@ -365,6 +369,7 @@ def test_a_grpo_vlm_script_trains_on_two_processes(tmp_path):
     ],
     ids=["ddp-no-checkpointing", "zero2", "zero3"],
 )
+@pytest.mark.slow
 def test_a_grpo_vlm_script_trains_on_each_backend(tmp_path, config, options):
     """The VLM script trains 2 steps on 2 processes under DDP without activation checkpointing, ZeRO-2 and ZeRO-3 (each
     ~15-25 s), the ranks agreeing on logs and weights; with `--dataset mixed` one rank's micro-batches have no image

@@ -355,6 +355,7 @@ def test_ci_runs_the_readme_test_command():
     assert command in ci, f".ci/run does not run the README's test command {command!r}"
 
 
+@pytest.mark.slow
 def test_readme_main_job_command(tmp_path):
     """The README's first command: the install (what `.ci/run` also installs), then the main job, run here as written
     after the install, shortened with `--max_steps 3 --eval_strategy no`; it writes `trapo-output/eval_results.json`."""
@@ -383,6 +384,7 @@ def offline_sandbox(tmp_path_factory) -> tuple[Path, str]:
     return work, output
 
 
+@pytest.mark.slow
 def test_offline_gsm8k_commands(offline_sandbox):
     work, _ = offline_sandbox
     for part in ("rl/train.jsonl", "rl/test.jsonl", "sft/train.jsonl", "pretrain/train.jsonl"):

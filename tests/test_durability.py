@@ -125,6 +125,7 @@ def kill_after_checkpoint(output_dir: str, variant: str, step: int) -> None:
         "async_sync3",  # rounds in flight and the producer's older weights (weights sent every 3 steps) restored
     ],
 )
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, variant):
     reference = uninterrupted(tmp_path / "reference", variant)
     killed = str(tmp_path / "killed")

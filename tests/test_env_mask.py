@@ -18,7 +18,8 @@ import fnmatch
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, LlamaConfig
+from conftest import tiny_critic
+from test_sources import rl_trainer
 
 import trl_trapo.objectives as objectives_module
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -119,21 +120,6 @@ class MaskedRounds:
         )
 
 
-def critic_for(tokenizer):
-    return AutoModelForSequenceClassification.from_config(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            num_labels=1,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
-
-
 def ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -171,7 +157,7 @@ def test_a_critic_trains_on_multi_turn_rounds_with_gae_over_the_policy_tokens(tm
         ),
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
-        value_model=critic_for(tokenizer),
+        value_model=tiny_critic(tokenizer),
         rollout_source=source,
     )
     batch = trainer.collect_rollouts(4, step=0)
@@ -290,25 +276,7 @@ def test_the_first_ratio_is_one_on_every_policy_token(tmp_path, tokenizer, suite
         return [torch.where(m.bool(), lp, torch.tensor(-30.0)) for lp, m in zip(exact, completion_masks)]
 
     source = MaskedRounds(tokenizer, suite.rl_train, completions, masks, logps=logps)
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
-        args=TRAPOConfig(
-            output_dir=str(tmp_path),
-            report_to="none",
-            save_strategy="no",
-            activation_checkpointing=False,
-            max_steps=1,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_prompt_length=16,
-            response_length=8,
-            temperature=0.7,
-        ),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-        rollout_source=source,
-    )
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, max_steps=1, response_length=8, temperature=0.7)
     holder["trainer"] = trainer
     trainer.train()
     assert seen

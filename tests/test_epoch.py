@@ -186,6 +186,7 @@ def test_a_resumed_run_logs_the_uninterrupted_runs_epochs(tmp_path, tokenizer, s
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_an_epoch_is_a_pass_over_the_whole_dataset_by_all_ranks_together(tmp_path):
     """2 processes, 8 prompts, one prompt a rank a step (each rank's shard is 4 prompts): the ranks log the same
     epochs, 2 prompts a step over the 8 (0.25, 0.5, ..., 1.5), each rank's stream has served 1.5 passes of its

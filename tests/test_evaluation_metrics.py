@@ -18,6 +18,7 @@ import statistics
 import pytest
 import torch
 import trl
+from conftest import make_tiny_config
 from datasets import Dataset
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -53,24 +54,16 @@ def eval_set() -> Dataset:
 
 
 def config(tmp_path, **overrides) -> TRAPOConfig:
+    """`TINY_CONFIG` for evaluating the scripted completions (three reward functions weighted 2, 1, 1); then
+    `overrides`."""
     settings = dict(
-        output_dir=str(tmp_path),
         max_steps=2,
-        per_device_train_batch_size=8,
         per_device_eval_batch_size=2,
-        num_generations=4,
-        learning_rate=1e-3,
         response_length=RESPONSE_LENGTH,
-        max_prompt_length=16,
         reward_weights=[2.0, 1.0, 1.0],
-        report_to="none",
-        save_strategy="no",
         disable_tqdm=True,
-        activation_checkpointing=False,
-        seed=0,
     )
-    settings.update(overrides)
-    return TRAPOConfig(**settings)
+    return make_tiny_config(tmp_path, **{**settings, **overrides})
 
 
 def scripted_generate(tok):
@@ -91,27 +84,20 @@ def scripted_generate(tok):
     return generate
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from trl_trapo.tasks import build_char_tokenizer
-
-    return build_char_tokenizer()
-
-
-def test_evaluate_returns_trls_eval_keys_with_trls_meaning_beside_trapos_own(tmp_path, tok, caplog):
+def test_evaluate_returns_trls_eval_keys_with_trls_meaning_beside_trapos_own(tmp_path, tokenizer, caplog):
     """N13: the keys and values, checked against a hand computation; every key the evaluator's table lists, and no
     other. A reward function that scores nothing has None, as TRL's `log` writes it; chosen as the best-model metric,
     that is warned about."""
     dataset = eval_set()
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tokenizer, seed=0),
         reward_funcs=[graded, constant, never],
         args=config(tmp_path, metric_for_best_model="eval_rewards/never/mean"),
         train_dataset=dataset,
         eval_dataset=dataset,
-        processing_class=tok,
+        processing_class=tokenizer,
     )
-    trainer.model.generate = scripted_generate(tok)
+    trainer.model.generate = scripted_generate(tokenizer)
     with caplog.at_level(logging.WARNING, logger="trl_trapo.evaluation"):
         metrics = trainer.evaluate()
     assert set(metrics) - {"epoch"} == set(eval_metric_names(dataset, ["graded", "constant", "never"], tools=False))
@@ -155,20 +141,20 @@ def test_evaluate_returns_trls_eval_keys_with_trls_meaning_beside_trapos_own(tmp
     assert len(warned) == 1 and "metric_for_best_model='eval_rewards/never/mean'" in warned[0], warned
 
 
-def test_trls_grpo_trainer_returns_the_same_keys_on_the_same_script(tmp_path, tok):
+def test_trls_grpo_trainer_returns_the_same_keys_on_the_same_script(tmp_path, tokenizer):
     """Every key TRL's GRPOTrainer.evaluate() returns on the same model, rewards and eval prompts is one TRAPO returns,
     or one `TRL_EVAL_METRICS_NOT_RETURNED` gives the reason for; none of those is returned."""
     dataset = eval_set()
     funcs = [graded, constant, never]
     trapo = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tokenizer, seed=0),
         reward_funcs=funcs,
         args=config(tmp_path / "trapo"),
         train_dataset=dataset,
         eval_dataset=dataset,
-        processing_class=tok,
+        processing_class=tokenizer,
     )
-    trapo.model.generate = scripted_generate(tok)
+    trapo.model.generate = scripted_generate(tokenizer)
     ours = trapo.evaluate()
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "trl"),
@@ -184,12 +170,12 @@ def test_trls_grpo_trainer_returns_the_same_keys_on_the_same_script(tmp_path, to
         bf16=False,
     )
     grpo = trl.GRPOTrainer(
-        model=build_tiny_model(tok, seed=0),
+        model=build_tiny_model(tokenizer, seed=0),
         reward_funcs=funcs,
         args=args,
         train_dataset=dataset,
         eval_dataset=dataset,
-        processing_class=tok,
+        processing_class=tokenizer,
     )
     theirs = grpo.evaluate()
     not_returned = {f"eval_{key}" for key in TRL_EVAL_METRICS_NOT_RETURNED}
@@ -219,12 +205,12 @@ def late(prompts, trainer_state, **kwargs):
         ("eval_rewards/late/mean", 2, 2.0),
     ],
 )
-def test_metric_for_best_model_selects_the_checkpoint_by_each_spelling(tmp_path, tok, metric, best_step, best):
+def test_metric_for_best_model_selects_the_checkpoint_by_each_spelling(tmp_path, tokenizer, metric, best_step, best):
     """N21: each spelling evaluate() returns is accepted and selects the checkpoint whose evaluation was best on it
     (`early` is best at step 1, `late` at step 2)."""
     dataset = eval_set()
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tokenizer, seed=0),
         reward_funcs=[early, late],
         args=config(
             tmp_path,
@@ -240,14 +226,14 @@ def test_metric_for_best_model_selects_the_checkpoint_by_each_spelling(tmp_path,
         ),
         train_dataset=dataset,
         eval_dataset=dataset,
-        processing_class=tok,
+        processing_class=tokenizer,
     )
     trainer.train()
     assert trainer.state.best_metric == best
     assert trainer.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{best_step}")
 
 
-def test_metric_for_best_model_accepts_every_key_evaluate_returns_and_names_the_closest_otherwise(tmp_path, tok):
+def test_metric_for_best_model_accepts_every_key_evaluate_returns_and_names_the_closest_otherwise(tmp_path, tokenizer):
     """Every key of the evaluator's table is accepted (one source of truth: the check reads the table `evaluate()`
     builds its result from); a key it does not return is refused naming the closest spellings, and a key of TRL's
     that TRAPO does not return says why."""
@@ -284,7 +270,7 @@ def test_metric_for_best_model_accepts_every_key_evaluate_returns_and_names_the_
         r"Closest that it returns: 'eval_rewards/graded'",
     ):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tokenizer, seed=0),
             reward_funcs=[graded, constant],
             args=config(
                 tmp_path,
@@ -298,7 +284,7 @@ def test_metric_for_best_model_accepts_every_key_evaluate_returns_and_names_the_
             ),
             train_dataset=dataset,
             eval_dataset=dataset,
-            processing_class=tok,
+            processing_class=tokenizer,
         )
 
 
@@ -323,18 +309,18 @@ def test_the_job_summary_keeps_its_lines_beside_trls_eval_keys(tmp_path):
     assert "0.25 -> 0.75" in lines[0]
 
 
-def test_the_checks_reward_names_are_the_scorers_before_any_model_loads(tok):
+def test_the_checks_reward_names_are_the_scorers_before_any_model_loads(tokenizer):
     """`metric_for_best_model` is checked before the reward models load: a model id is named as its loaded model
     will be (`from_pretrained` records the id as `name_or_path`), a repeated name gets the scorer's suffix, and each
     environment's `get_reward` comes last."""
     from trl_trapo.rewards import distinct_names, reward_function_name, reward_names
 
-    model = build_tiny_model(tok, seed=0)
+    model = build_tiny_model(tokenizer, seed=0)
     model.config._name_or_path = "org/tiny-rm"
     assert reward_function_name("org/tiny-rm") == reward_function_name(model) == "tiny-rm"
     given = reward_names([graded, "org/tiny-rm", graded], "./judge", [constant])
     assert given == ["graded", "tiny-rm", "graded_2", "judge", "constant"]
-    judge = build_tiny_model(tok, seed=0)
+    judge = build_tiny_model(tokenizer, seed=0)
     judge.config._name_or_path = "./judge"
     loaded = [graded, model, graded, judge, constant]  # as the scorer holds them, its names computed as it does
     assert given == distinct_names([reward_function_name(f) for f in loaded])

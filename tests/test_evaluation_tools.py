@@ -17,22 +17,18 @@ import threading
 
 import pytest
 import torch
+from conftest import make_tiny_config
 from datasets import Dataset
 from test_agents import ThreadRanks, call, ids
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
-from trl_trapo.agents import AgentSpec, use_tool_chat_template
+from trl_trapo.agents import AgentSpec
 from trl_trapo.evaluation import eval_metric_names
 from trl_trapo.sources import SampledRound
-from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+from trl_trapo.tasks import build_tiny_model
 
 
 CALLS: list[tuple[int, int]] = []  # every call of `multiply`, in order
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
 
 
 def multiply(a: int, b: int) -> int:
@@ -61,24 +57,16 @@ def products(n: int = 6) -> Dataset:
 
 
 def config(tmp_path, **overrides) -> TRAPOConfig:
+    """`TINY_CONFIG` for evaluating tool rounds: two calls a rollout within 96 tokens; then `overrides`."""
     settings = dict(
-        output_dir=str(tmp_path),
         max_steps=2,
-        per_device_train_batch_size=8,
         per_device_eval_batch_size=4,
-        num_generations=4,
-        learning_rate=1e-3,
         response_length=96,
         max_prompt_length=40,
         max_tool_calling_iterations=2,
-        report_to="none",
-        save_strategy="no",
         disable_tqdm=True,
-        activation_checkpointing=False,
-        seed=0,
     )
-    settings.update(overrides)
-    return TRAPOConfig(**settings)
+    return make_tiny_config(tmp_path, **{**settings, **overrides})
 
 
 def scripted_generate(tok, script, contexts: list[str]):
@@ -112,28 +100,28 @@ def agent(context: str) -> str:
     return "?</s>"
 
 
-def test_evaluating_a_tools_run_renders_the_schemas_runs_the_calls_and_scores_the_tools_results(tmp_path, tok):
+def test_evaluating_a_tools_run_renders_the_schemas_runs_the_calls_and_scores_the_tools_results(tmp_path, tool_tok):
     """Before the fix the eval prompt was rendered without the schemas (`u:2*7=\\na:` where training renders
     `T:multiply(a,b)\\nu:2*7=\\na:`), one turn was generated and no call ever ran: eval_reward 0.0, no tools
     metric, although the policy solves every prompt with its tool."""
     dataset = products()
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=correct,
         args=config(tmp_path),
         train_dataset=dataset,
         eval_dataset=dataset,
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=[multiply],
     )
     contexts: list[str] = []
-    trainer.model.generate = scripted_generate(tok, agent, contexts)
+    trainer.model.generate = scripted_generate(tool_tok, agent, contexts)
     CALLS.clear()
     metrics = trainer.evaluate()
     # each prompt rendered as training renders it, with the tool's schema, then continued after the tool's result
     first_turns = [c for c in contexts if "t:" not in c]
     assert sorted(first_turns) == sorted(
-        tok.apply_chat_template(p, tools=[multiply], add_generation_prompt=True, tokenize=False)
+        tool_tok.apply_chat_template(p, tools=[multiply], add_generation_prompt=True, tokenize=False)
         for p in dataset["prompt"]
     )
     assert sorted(CALLS) == [(i, 7) for i in range(2, 8)]  # every rollout's call ran, once
@@ -144,12 +132,13 @@ def test_evaluating_a_tools_run_renders_the_schemas_runs_the_calls_and_scores_th
     assert metrics["eval_tools/rollback_frequency"] == metrics["eval_tools/truncated_frequency"] == 0.0
     # the completion is the whole rollout: the call, the template's tool suffix with the result, the answer
     lengths = [
-        len(ids(tok, call("multiply", f'{{"a":{i},"b":7}}') + f"</s>t:{7 * i}\na:{7 * i}</s>")) for i in range(2, 8)
+        len(ids(tool_tok, call("multiply", f'{{"a":{i},"b":7}}') + f"</s>t:{7 * i}\na:{7 * i}</s>"))
+        for i in range(2, 8)
     ]
     assert metrics["eval_completion_length"] == pytest.approx(sum(lengths) / len(lengths))
     # TRL's `completions/*` count the policy's tokens only (its tool mask): the call and the answer, not the result
     policy = [
-        len(ids(tok, call("multiply", f'{{"a":{i},"b":7}}') + "</s>")) + len(ids(tok, f"{7 * i}</s>"))
+        len(ids(tool_tok, call("multiply", f'{{"a":{i},"b":7}}') + "</s>")) + len(ids(tool_tok, f"{7 * i}</s>"))
         for i in range(2, 8)
     ]
     assert metrics["eval_completions/mean_length"] == pytest.approx(sum(policy) / len(policy))
@@ -194,7 +183,7 @@ class Abacus:
         return float(self.used)
 
 
-def test_evaluating_an_environment_run_resets_fresh_environments_and_scores_them(tmp_path, tok):
+def test_evaluating_an_environment_run_resets_fresh_environments_and_scores_them(tmp_path, tool_tok):
     """environment_factory: each eval rollout gets an environment `reset` with its row (the row's own columns, not
     `prompt_ids`), the reset text in its prompt, the environment's methods as tools, and the environment's
     `get_reward` and the reward functions' `environments=` as in training."""
@@ -206,15 +195,15 @@ def test_evaluating_an_environment_run_resets_fresh_environments_and_scores_them
 
     dataset = products(4)
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=correct,
         args=config(tmp_path),
         train_dataset=dataset,
-        processing_class=tok,
+        processing_class=tool_tok,
         environment_factory=Abacus,
     )
     contexts: list[str] = []
-    trainer.model.generate = scripted_generate(tok, env_agent, contexts)
+    trainer.model.generate = scripted_generate(tool_tok, env_agent, contexts)
     Abacus.resets = []
     metrics = trainer.evaluate(dataset)
     assert [set(row) for row in Abacus.resets] == [{"prompt", "answer"}] * 4
@@ -224,10 +213,10 @@ def test_evaluating_an_environment_run_resets_fresh_environments_and_scores_them
     assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/turns_mean"] == 2.0
 
 
-def test_a_run_without_tools_evaluates_as_before(tmp_path, tok):
+def test_a_run_without_tools_evaluates_as_before(tmp_path, tool_tok):
     """No tools: one greedy completion per prompt, rendered without schemas, no `tools/*` metric; the numbers are
     those of transformers' greedy `generate` on each prompt (one prompt per batch: no padding)."""
-    tokenizer = tok
+    tokenizer = tool_tok
     dataset = products(4)
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0),
@@ -264,30 +253,30 @@ def test_a_run_without_tools_evaluates_as_before(tmp_path, tok):
     assert metrics["eval_reward"] == 0.0 and metrics["eval_completion_length"] == 2.0  # `?</s>`
 
 
-def test_prompts_the_tool_loop_cannot_render_are_refused_before_anything_runs(tmp_path, tok):
+def test_prompts_the_tool_loop_cannot_render_are_refused_before_anything_runs(tmp_path, tool_tok):
     """A tools run evaluates through the chat template's tool rendering: plain-text (or tokenized) eval prompts are
     refused at construction, naming the eval set and the fix, and so is such a set given to `evaluate()`."""
     text_prompts = Dataset.from_dict({"prompt": ["2*7="], "answer": ["14"]})
-    common = dict(reward_funcs=correct, train_dataset=products(), processing_class=tok, tools=[multiply])
+    common = dict(reward_funcs=correct, train_dataset=products(), processing_class=tool_tok, tools=[multiply])
     with pytest.raises(ValueError, match=r"`eval_dataset\['plain'\]` holds prompts the tool loop cannot render"):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=config(tmp_path),
             eval_dataset={"chat": products(2), "plain": text_prompts},
             **common,
         )
-    trainer = TRAPOTrainer(build_tiny_model(tok, seed=0), args=config(tmp_path), **common)
+    trainer = TRAPOTrainer(build_tiny_model(tool_tok, seed=0), args=config(tmp_path), **common)
     with pytest.raises(ValueError, match="as_conversation"):
         trainer.evaluate(text_prompts)
     # a dict of environments routes eval rows by their `environment` column, as training's
     with pytest.raises(ValueError, match="`eval_dataset` has no `environment` column"):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             args=config(tmp_path),
             reward_funcs=correct,
             train_dataset=products().add_column("environment", ["abacus"] * 6),
             eval_dataset=products(2),
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory={"abacus": Abacus},
         )
 
@@ -308,7 +297,7 @@ class LockstepEngine:
         return SampledRound(examples, turns, version=step, prompt_ids=contexts)
 
 
-def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tok):
+def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tool_tok):
     """Several processes: the eval rows are sharded by rank, and a small eval set leaves a rank none. The loop's
     turns are collectives (the ranks generate in lockstep, as in training): the rank without rows still makes every
     `generate` call, with a throwaway one-token context, and returns no rollout."""
@@ -317,7 +306,7 @@ def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tok):
     ranks, dataset = ThreadRanks(2), products(2)
     shards = [dataset.select([]), dataset]
     spec = AgentSpec.build([multiply], None)
-    engines = [LockstepEngine(tok, agent, ranks, rank) for rank in (0, 1)]
+    engines = [LockstepEngine(tool_tok, agent, ranks, rank) for rank in (0, 1)]
     results, errors = [None, None], []
 
     def run(rank):
@@ -326,7 +315,7 @@ def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tok):
                 engines[rank],
                 shards[rank],
                 spec,
-                tok,
+                tool_tok,
                 response_length=96,
                 context=256,
                 max_iterations=2,
@@ -348,7 +337,7 @@ def test_a_rank_without_eval_rows_takes_part_in_the_other_ranks_turns(tok):
     assert engines[0].calls == [["</s>"], ["</s>"]]  # throwaway contexts: the EOS alone
 
 
-def test_a_tools_runs_reward_functions_are_tried_on_its_eval_prompts_at_construction(tmp_path, tok):
+def test_a_tools_runs_reward_functions_are_tried_on_its_eval_prompts_at_construction(tmp_path, tool_tok):
     """Evaluation scores a tools run's eval rollouts with the reward functions (and the environments): they are
     called on the eval set's first rows at construction, as for any run, so a column they read that the eval set
     lacks is refused now, not at the first evaluation after training steps (tools runs used to skip this check)."""
@@ -359,11 +348,11 @@ def test_a_tools_runs_reward_functions_are_tried_on_its_eval_prompts_at_construc
         RewardFunctionError, match=r"(?s)first 2 row\(s\) of `eval_dataset`.*needs the argument\(s\) 'answer'"
     ):
         TRAPOTrainer(
-            build_tiny_model(tok, seed=0),
+            build_tiny_model(tool_tok, seed=0),
             reward_funcs=correct,
             args=config(tmp_path),
             train_dataset=products(),
             eval_dataset=no_answers,
-            processing_class=tok,
+            processing_class=tool_tok,
             environment_factory=Abacus,
         )

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import load_script, run_script
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig
 
@@ -18,14 +16,6 @@ from trl_trapo import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"  # committed: never skipped
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def tiny_args(output_dir, **overrides):
@@ -202,12 +192,13 @@ def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
         # tried as a Hub dataset: datasets' ConnectionError after ~25 s (S02)
         (None, ["nope.jsonl"], ["source 'nope.jsonl': no such file", "openai/gsm8k --config main"]),
         # its own messages were tracebacks, exit 1 (S03, S04)
-        ({"question": "q", "answer": "no hashes"}, [], ["row 0 of", "no '#### N' line", "fix or drop the row"]),
-        ({"q": "q"}, [], ["row 0 of", "lacks 'question'/'answer' (it has ['q'])"]),
-        ({"question": "q", "answer": 7}, [], ["row 0 of", "'answer' is a int", "must be text"]),
+        ({"question": "q", "answer": "no hashes"}, [], ["line 1 of", "no '#### N' line", "fix or drop the row"]),
+        ({"q": "q"}, [], ["line 1 of", "lacks 'question'/'answer' (it has ['q'])"]),
+        ({"question": "q", "answer": 7}, [], ["line 1 of", "'answer' is a int", "must be text"]),
         # an --output_dir that is a file: a raw NotADirectoryError (S05)
         ({"question": "q", "answer": "#### 1"}, ["--output_dir", "{tmp}/afile"], ["--output_dir", "afile' is a file"]),
         (b"\xe9\n", [], ["is not UTF-8 text", "iconv -f latin1"]),
+        (b"\xef\xbb\xbf\xe9\n", [], ["is not UTF-8 text (invalid continuation byte at byte 3)"]),  # the file's byte
         (b"{oops\n", [], ["line 1 is not a JSON object"]),
         (
             {"question": "q", "answer": "#### 1"},
@@ -222,6 +213,7 @@ def test_gsm8k_conversion_with_general_pretraining_text(tmp_path):
         "answer-not-text",
         "output-dir-is-a-file",
         "latin1",
+        "latin1-after-a-byte-order-mark",
         "not-json",
         "no-text",
     ],
@@ -250,6 +242,55 @@ def test_gsm8k_conversion_refuses_bad_input_as_an_argparse_error(tmp_path, capsy
     for needle in needles:
         assert needle in message, err
     assert not (tmp_path / "out").exists()
+
+
+def test_gsm8k_conversion_reads_a_file_saved_on_windows(tmp_path):
+    """Trial 16's C14: a JSONL file with a UTF-8 byte-order mark (and CRLF line ends, a trailing blank line) was
+    refused, "line 1 is not a JSON object (Unexpected UTF-8 BOM (decode using utf-8-sig))", though the main job reads
+    the same file (`datasets` drops the mark). It converts, the first question without the mark; a `--pretrain_text`
+    file's mark does not reach the first document."""
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    rows = [{"question": f"What is {i}+1?", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(5)]
+    source = tmp_path / "windows.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in rows).encode() + b"\r\n")
+    text = tmp_path / "general.txt"
+    text.write_bytes(b"\xef\xbb\xbfFirst Citizen:\r\nSpeak.\r\n\r\nAll:\r\nResolved.\r\n")
+    argv = [str(source), "--test_size", "2", "--pretrain_text", str(text), "--output_dir", str(tmp_path / "out")]
+    counts = convert.main(argv)
+    assert counts == {"rl/train": 3, "rl/test": 2, "sft/train": 3, "pretrain/train": 2}
+    written = [
+        json.loads(line) for part in ("train", "test") for line in (tmp_path / "out" / "rl" / f"{part}.jsonl").open()
+    ]
+    assert sorted(r["prompt"] for r in written) == [f"Question: What is {i}+1?\nAnswer:" for i in range(5)]
+    documents = [json.loads(line)["text"] for line in (tmp_path / "out" / "pretrain" / "train.jsonl").open()]
+    assert documents[0] == "First Citizen:\nSpeak."
+
+
+@pytest.mark.parametrize(
+    "suffix, content, where",
+    [
+        # a blank line and a good row before it: the 2nd row is on the file's line 4 (was "row 1", 0-based)
+        (
+            ".jsonl",
+            '\ufeff{"question": "q", "answer": "#### 1"}\n\n\n{"question": "q2", "answer": "7"}\n',
+            "line 4 of",
+        ),
+        # a JSON array has no line per row: its 0-based index, as the job's dataset messages name rows
+        (".json", '[{"question": "q", "answer": "#### 1"}, {"question": "q2", "answer": "7"}]', "row 1 of"),
+    ],
+    ids=["jsonl-line", "json-array-index"],
+)
+def test_gsm8k_conversion_names_a_bad_row_where_the_user_finds_it(tmp_path, capsys, suffix, content, where):
+    """Trial 16's C14: a JSONL row without `#### N` was "row 3 of data.jsonl" (0-based, blank lines not counted),
+    where the job's JSONL messages say the file's 1-based line; it says `line N`, the line an editor shows."""
+    convert = load_script("scripts/gsm8k_to_trl.py")
+    source = tmp_path / f"in{suffix}"
+    source.write_text(content, encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_:
+        convert.main([str(source), "--test_size", "0", "--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert f"{where} {source}: the answer has no '#### N' line: '7'" in err, err
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "examples" / "recipes").glob("*.yaml")), ids=lambda p: p.stem)

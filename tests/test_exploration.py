@@ -301,8 +301,9 @@ def exploring_trainer(output_dir, tokenizer, suite, value_model=None, **override
     )
 
 
-def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tmp_path, tokenizer, suite):
-    trainer = exploring_trainer(tmp_path, tokenizer, suite, max_steps=3)
+def stamped_temperatures(trainer) -> list[set]:
+    """A list that gets, each time the trainer adds a round to its replay buffer, the set of the sampling temperatures
+    its trajectories carry (None: the configured one), rounded to 6 digits."""
     stamped = []
     add = trainer.replay.add
 
@@ -311,6 +312,12 @@ def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tm
         return add(trajectories)
 
     trainer.replay.add = recording_add
+    return stamped
+
+
+def test_training_heats_a_stuck_family_and_trains_each_row_at_its_temperature(tmp_path, tokenizer, suite):
+    trainer = exploring_trainer(tmp_path, tokenizer, suite, max_steps=3)
+    stamped = stamped_temperatures(trainer)
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "exploration/temperature" in entry]
     # one round per step, every group flat: the temperature rises one step per round, from 0.8
@@ -334,14 +341,7 @@ def test_with_a_critic_a_stuck_family_heats_and_each_row_trains_at_its_temperatu
     value_model = AutoModelForSequenceClassification.from_config(config)
     trainer = exploring_trainer(tmp_path, tokenizer, suite, max_steps=3, value_model=value_model)
     assert trainer.exploration is not None and trainer.exploration.max_search == 0
-    stamped = []
-    add = trainer.replay.add
-
-    def recording_add(trajectories):
-        stamped.append({None if t.temperature is None else round(t.temperature, 6) for t in trajectories})
-        return add(trajectories)
-
-    trainer.replay.add = recording_add
+    stamped = stamped_temperatures(trainer)
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "exploration/temperature" in entry]
     assert [entry["exploration/temperature"] for entry in logs] == pytest.approx([0.9, 1.0, 1.1])

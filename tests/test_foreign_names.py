@@ -6,6 +6,7 @@ G13, G14, Q01, Q04)."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,9 @@ import trl_trapo
 from trl_trapo import GRPOConfig, PPOConfig, TRAPOConfig
 from trl_trapo.config import TRANSFORMERS4_FIXES
 from trl_trapo.jobs.main import REMOVED_ARGUMENTS, did_you_mean
+
+
+RECIPES = Path(__file__).resolve().parents[1] / "examples" / "recipes"
 
 
 @pytest.mark.parametrize(
@@ -103,6 +107,76 @@ def test_trust_remote_code_names_model_init_kwargs(tmp_path):
         TypeError, match=r'trust_remote_code=True: .*`model_init_kwargs=\{"trust_remote_code": True\}`'
     ):
         TRAPOConfig(output_dir=str(tmp_path), trust_remote_code=True)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_a_recipe_given_to_trapo_config_names_the_jobs_arguments_and_where_each_goes(recipe):
+    """Trial 15's N25: `TRAPOConfig(**yaml.safe_load(open(recipe)))` raised Python's bare "unexpected keyword argument
+    'model_name_or_path'". Every key of the recipe that is an argument of the `trapo train` job and not a config field
+    (the job's argument dataclasses say which) is named in one message, with the trainer argument that takes it."""
+    import dataclasses
+
+    import yaml
+
+    from trl_trapo.jobs.main import JOB_CLASSES
+
+    values = yaml.safe_load((RECIPES / recipe).read_text())
+    fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
+    job_keys = [key for key in values if key not in fields]
+    assert "model_name_or_path" in job_keys and {f.name for c in JOB_CLASSES for f in dataclasses.fields(c)} >= set(
+        job_keys
+    )
+    with pytest.raises(TypeError) as caught:
+        TRAPOConfig(**values)
+    message = str(caught.value)
+    assert message.startswith("TRAPOConfig got arguments of the `trapo train` job, which are not TRAPOConfig fields: ")
+    for key in job_keys:
+        assert key in message, (key, message)
+    for needle in [
+        "model_name_or_path -> `TRAPOTrainer(model=...)`",
+        "reward_funcs -> `TRAPOTrainer(reward_funcs=...)`",
+        "-> `TRAPOTrainer(train_dataset=...)`",
+        "`TRAPOTrainer(peft_config=peft.LoraConfig(...))`" if "use_peft" in values else "TRAPOTrainer(sft_dataset=",
+        "`trapo train --config FILE`",
+    ]:
+        assert needle in message, (needle, message)
+
+
+def test_the_configs_table_of_job_arguments_is_the_jobs_parser():
+    """The core never imports the jobs, so `TRAPOConfig` reads TRL's `ModelConfig` / `ScriptArguments` fields and
+    its own table of the job's other arguments: together they must be exactly the main job's arguments that are not
+    config fields (a new job argument fails here until it is placed), each placed at a `TRAPOTrainer` parameter."""
+    import dataclasses
+
+    from trl import ModelConfig, ScriptArguments
+
+    from trl_trapo import TRAPOTrainer
+    from trl_trapo.config import JOB_ARGUMENT_PLACES, JOB_ARGUMENTS, job_argument_place
+    from trl_trapo.jobs.main import JOB_CLASSES, known_fields
+    from trl_trapo.objectives import WITH_DATA
+
+    config_fields = {f.name for f in dataclasses.fields(TRAPOConfig)}
+    job_only = set(known_fields(JOB_CLASSES)) - config_fields
+    trl_fields = {f.name for cls in (ModelConfig, ScriptArguments) for f in dataclasses.fields(cls)}
+    placed = {name for name in job_only | set(JOB_ARGUMENTS) | trl_fields if job_argument_place(name) is not None}
+    assert placed - config_fields == job_only
+    parameters = inspect.signature(TRAPOTrainer.__init__).parameters
+    assert all(job_argument_place(n) in JOB_ARGUMENT_PLACES or job_argument_place(n) in parameters for n in job_only)
+    for objective in WITH_DATA:  # each objective's dataset flags go to its dataset argument
+        assert job_argument_place(f"{objective.DATA_FLAGS}_name") == objective.ARGUMENT, objective
+
+
+def test_a_job_argument_beside_a_trl_field_and_an_unknown_name_are_all_named(tmp_path):
+    with pytest.raises(TypeError) as caught:
+        TRAPOConfig(output_dir=str(tmp_path), max_length=64, value_model_name_or_path="critic", not_a_field=1)
+    message = str(caught.value)
+    for needle in [
+        "TRL SFTConfig",
+        "It also got arguments of the `trapo train` job",
+        "value_model_name_or_path -> `TRAPOTrainer(value_model=...)`",
+        "Neither TRAPOConfig nor the job takes not_a_field.",
+    ]:
+        assert needle in message, (needle, message)
 
 
 def test_a_name_of_no_trl_config_keeps_pythons_error(tmp_path):

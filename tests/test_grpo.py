@@ -320,6 +320,22 @@ def test_a_copy_that_changes_one_name_of_a_setting_takes_it(tmp_path, cls, alias
         assert f"`dataclasses.replace(args, {alias}={new!r}, {target}={new!r})`" in message, message
 
 
+def construction_notes(tmp_path, caplog, config: dict, prompts: int, marker: str, **kwargs) -> list[str]:
+    """The warnings holding `marker` that building a GRPO script's trainer (`GRPOConfig(**config)`, a zero reward,
+    `prompts` RL prompts, `kwargs` to the trainer) logs."""
+    tokenizer = build_char_tokenizer()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            model=build_tiny_model(tokenizer, seed=0),
+            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+            args=GRPOConfig(output_dir=str(tmp_path), **config),
+            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(prompts)]}),
+            processing_class=tokenizer,
+            **kwargs,
+        )
+    return [r.getMessage() for r in caplog.records if marker in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     ("batch", "group", "said"),
     [
@@ -335,17 +351,8 @@ def test_rounds_that_do_not_fit_whole_steps_are_said_once_at_construction(tmp_pa
     without a word, although a round then feeds later steps too (samples of an older policy), which TRL's GRPOConfig
     refuses. The split is TRAPO's replay design (advantages over whole groups first), so it is warned about once at
     construction, naming the fields and the settings that make rounds fit; a fitting batch says nothing."""
-    tokenizer = build_char_tokenizer()
     config = dict(SCRIPT_CONFIG, per_device_train_batch_size=batch, num_generations=group, max_steps=1)
-    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
-        TRAPOTrainer(
-            model=build_tiny_model(tokenizer, seed=0),
-            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
-            args=GRPOConfig(output_dir=str(tmp_path), **config),
-            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
-            processing_class=tokenizer,
-        )
-    notes = [r.getMessage() for r in caplog.records if "generation round is" in r.getMessage()]
+    notes = construction_notes(tmp_path, caplog, config, 32, "generation round is")
     if said is None:
         assert notes == []
         return
@@ -377,17 +384,7 @@ def test_a_step_over_more_rows_than_the_prompts_is_said_once_at_construction(tmp
     rows per optimizer step: each prompt rolled out ~6 times within one update) trained one step without a word, where
     TRL's GRPOTrainer trains none ("There seems not to be a single sample in your epoch_iterator"). Said once at
     construction, naming the batch settings, the world size, the dataset's size and a fit; one pass says nothing."""
-    tokenizer = build_char_tokenizer()
-    config = dict(SCRIPT_CONFIG, **settings)
-    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
-        TRAPOTrainer(
-            model=build_tiny_model(tokenizer, seed=0),
-            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
-            args=GRPOConfig(output_dir=str(tmp_path), **config),
-            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(16)]}),
-            processing_class=tokenizer,
-        )
-    notes = [r.getMessage() for r in caplog.records if "One optimizer step takes" in r.getMessage()]
+    notes = construction_notes(tmp_path, caplog, dict(SCRIPT_CONFIG, **settings), 16, "One optimizer step takes")
     if said is None:
         assert notes == []
         return
@@ -419,18 +416,11 @@ def test_a_step_over_more_sft_rows_than_the_data_is_said_too(tmp_path, caplog):
 def test_a_rollout_func_rounds_split_over_steps_are_said_too(tmp_path, caplog):
     """TRL's rollout_func source sizes its rounds as the default source does (whole groups of num_generations): the
     same warning (trial 11's N46, sibling)."""
-    tokenizer = build_char_tokenizer()
     config = dict(SCRIPT_CONFIG, per_device_train_batch_size=6, num_generations=4, max_steps=1)
-    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
-        TRAPOTrainer(
-            model=build_tiny_model(tokenizer, seed=0),
-            reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
-            args=GRPOConfig(output_dir=str(tmp_path), **config),
-            train_dataset=Dataset.from_dict({"prompt": [f"{i}+{i}=" for i in range(32)]}),
-            processing_class=tokenizer,
-            rollout_func=lambda prompts, trainer: {},
-        )
-    assert "A generation round is 8 completions (2 prompts x num_generations=4)" in caplog.text
+    notes = construction_notes(
+        tmp_path, caplog, config, 32, "generation round is", rollout_func=lambda prompts, trainer: {}
+    )
+    assert any("A generation round is 8 completions (2 prompts x num_generations=4)" in note for note in notes), notes
 
 
 def test_a_mixed_run_says_how_its_rounds_map_to_steps(tmp_path, tokenizer, suite, tiny_trainer, caplog):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_critic
 from datasets import Dataset
 from transformers import AutoTokenizer
 
@@ -185,20 +186,7 @@ def test_the_off_policy_flag_survives_the_replay_checkpoint(tmp_path, tokenizer)
 
 
 def test_guidance_with_a_value_model_is_refused_at_construction(tmp_path, tokenizer):
-    from transformers import AutoModelForSequenceClassification, LlamaConfig
-
-    critic = AutoModelForSequenceClassification.from_config(
-        LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            num_labels=1,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    critic = tiny_critic(tokenizer)
     data = Dataset.from_list([{"prompt": "abc=", "solution": "zyxw"}] * 8)
     config = TRAPOConfig(
         output_dir=str(tmp_path), demonstration_column="solution", report_to="none", max_prompt_length=8

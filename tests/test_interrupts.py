@@ -139,3 +139,64 @@ def test_second_ctrl_c_during_training_aborts_naming_the_newest_checkpoint(
     )
     assert not os.path.exists(tmp_path / "checkpoint-3")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored on the way out
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_sighup_is_caught_like_sigterm_and_a_hung_up_terminal_is_detached(tmp_path):
+    """Trial 15's C20: SIGHUP (the terminal closed) killed a run at once; it is now one of the stop signals. Its
+    handler points stdout / stderr that were a terminal, and are none now (it hung up: writes fail with EIO), at
+    os.devnull, so that the step and the checkpoint do not fail on a progress bar; a live terminal is left alone."""
+    import pty
+
+    assert signal.SIGHUP in interrupts.HANDLED_SIGNALS
+    assert Interruption(signal.SIGHUP, 3, "c").exit_code == 129
+    master, slave = pty.openpty()
+    live_master, live_slave = pty.openpty()
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with SignalCatcher(announce=False) as catcher:
+            assert signal.getsignal(signal.SIGHUP) == catcher.handle
+            catcher.terminals = [slave, live_slave]  # stand-ins for stdout / stderr
+            os.close(master)  # hangs the terminal up
+            with pytest.raises(OSError):
+                os.write(slave, b"x")
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert catcher.received == signal.SIGHUP and catcher.stopping() == "the run is stopping (SIGHUP received)"
+            assert os.write(slave, b"after the hang-up") == 17  # now os.devnull
+            assert os.isatty(live_slave)  # the live terminal was not touched
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        for fd in (slave, live_master, live_slave):
+            os.close(fd)
+
+
+def test_the_announcement_of_a_stop_never_fails_the_step(monkeypatch, default_handlers):
+    """The line announcing the stop is written to stderr from the signal handler; a terminal or pipe already gone
+    (EIO, EPIPE) must not raise out of the handler into the step."""
+
+    def broken(fd, data):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(interrupts.os, "write", broken)
+    with SignalCatcher(announce=True) as catcher:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert catcher.received == signal.SIGTERM
+
+
+def test_a_helper_process_leaves_the_stop_signals_to_the_trainer():
+    """The asynchronous producer ignores SIGINT / SIGTERM / SIGHUP (a closed terminal signals the whole process group):
+    the trainer stops at a checkpoint, waiting for the producer's rounds."""
+    code = (
+        "import os, signal; from trl_trapo.interrupts import ignore_stop_signals, HANDLED_SIGNALS\n"
+        "ignore_stop_signals()\n"
+        "for sig in HANDLED_SIGNALS: os.kill(os.getpid(), sig)\n"
+        "print('alive', len(HANDLED_SIGNALS))\n"
+    )
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout, not an installed copy
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == f"alive {len(interrupts.HANDLED_SIGNALS)}", done.stderr

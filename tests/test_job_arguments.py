@@ -468,6 +468,74 @@ def test_the_number_form_of_curriculum_mixtures_still_reads_numbers_and_says_bot
         parse_args(["--curriculum_mixtures", '[{"rl": 1.0}]', "--output_dir", "unused"])  # the trial's Y05 value
 
 
+def test_a_phase_count_mismatch_names_the_field_set_both_counts_and_the_fix(tmp_path):
+    """Trial 16's N04: `curriculum_boundaries=[]` alone (one constant phase) was refused as an invalid
+    `curriculum_mixtures` — a field the user left at its default — and never named `curriculum_boundaries=[]` as what
+    made it "1 phases". The message now blames the field the user set, says how many phases the boundaries make and
+    how many the mixtures have (a default shown with its value), and gives both fixes."""
+    from trl_trapo import TRAPOConfig
+
+    def refusal(**fields) -> str:
+        with pytest.raises(ValueError) as raised:
+            TRAPOConfig(output_dir=str(tmp_path), **fields)
+        return str(raised.value)
+
+    default = "curriculum_mixtures=[0.7, 0.2, 0.1, 0.3, 0.5, 0.2, 0.1, 0.3, 0.6], left at its default, has 3 phases"
+    message = refusal(curriculum_boundaries=[])  # the trial's case: the boundaries set, the mixtures default
+    assert message.startswith("TRAPOConfig.curriculum_boundaries=[] is invalid: curriculum_boundaries=[] makes 1 "), (
+        message
+    )
+    assert default in message and "1 phase needs 3, curriculum_mixtures=[p, s, r]" in message, message
+    assert "one mapping objective -> share per phase" in message and "curriculum_boundaries=[0.2, 0.8]" in message
+    message = refusal(curriculum_mixtures=[0.5, 0.3, 0.2])  # the mixtures set (one phase), the boundaries default
+    assert message.startswith("TRAPOConfig.curriculum_mixtures=[0.5, 0.3, 0.2] is invalid: "), message
+    assert "curriculum_boundaries=[0.2, 0.8], left at its default, makes 3 phases" in message, message
+    assert (
+        "curriculum_mixtures has 1 phase" in message and "Fix: give curriculum_boundaries=[] (no boundary" in message
+    )
+    assert "3 phases need 9, curriculum_mixtures=[p1, s1, r1, p2, s2, r2, p3, s3, r3]" in message, message
+    message = refusal(curriculum_boundaries=[0.5], curriculum_mixtures=[0.5, 0.3, 0.2] * 3)  # both set, 2 vs 3
+    assert message.startswith("TRAPOConfig.curriculum_mixtures=") and "left at its default" not in message, message
+    assert "curriculum_boundaries=[0.5] makes 2 phases" in message and "curriculum_mixtures has 3 phases" in message
+    assert "give curriculum_boundaries=[0.2, 0.8] (2 boundaries: 3 phases)" in message and "2 phases need 6" in message
+    message = refusal(curriculum_boundaries=[0.5], curriculum_mixtures=[{"rl": 1.0}])  # the mapping form
+    assert "has 1 phase (1 mapping" in message and "give one mapping per phase: 2 phases need 2" in message, message
+    message = refusal(curriculum_boundaries=[], curriculum_mixtures=[0.5, 0.3, 0.2, 0.5])
+    assert "has 4 numbers, not a whole number of (pretrain, sft, rl) triples" in message, message
+    assert TRAPOConfig(output_dir=str(tmp_path), curriculum_boundaries=[], curriculum_mixtures=[0.3, 0.4, 0.3])
+
+
+def test_a_phase_count_mismatch_names_flags_and_one_phase_is_a_flag(tmp_path):
+    """The same refusals on the command line, in flags; and `--curriculum_boundaries '[]'`, the one-phase fix they
+    give, is a value the flag takes (argparse asked one value at least, so only a recipe could say no boundary)."""
+    from trl_trapo.jobs.main import parse_args
+
+    out = ["--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError) as raised:
+        parse_args(["--curriculum_mixtures", "0.5", "0.3", "0.2", *out])
+    message = str(raised.value)
+    assert message.startswith("--curriculum_mixtures=[0.5, 0.3, 0.2] is invalid: --curriculum_boundaries 0.2 0.8, "), (
+        message
+    )
+    assert "Fix: give --curriculum_boundaries '[]' (no boundary: 1 phase)" in message, message
+    assert "--curriculum_mixtures p1 s1 r1 p2 s2 r2 p3 s3 r3" in message and "TRAPOConfig" not in message, message
+    recipe = tmp_path / "one_phase.yaml"
+    recipe.write_text("curriculum_boundaries: []\n")
+    with pytest.raises(ValueError) as raised:
+        parse_args(["--config", str(recipe), *out])
+    message = str(raised.value)
+    assert "--curriculum_boundaries '[]' makes 1 phase" in message and "--curriculum_mixtures p s r" in message, (
+        message
+    )
+    assert "--curriculum_mixtures 0.7 0.2 0.1 0.3 0.5 0.2 0.1 0.3 0.6, left at its default, has 3 phases" in message
+    for argv in (["--curriculum_boundaries", "[]"], ["--curriculum_boundaries=[]"]):
+        config = parse_args([*argv, "--curriculum_mixtures", "0.3", "0.4", "0.3", *out])[1]
+        assert config.curriculum_boundaries == [] and config.curriculum_mixtures == [0.3, 0.4, 0.3], argv
+    two_phases = ["--curriculum_mixtures", *["0.5", "0.3", "0.2"] * 2, *out]
+    assert parse_args(["--curriculum_boundaries", "[0.5]", *two_phases])[1].curriculum_boundaries == [0.5]
+    assert parse_args(["--curriculum_boundaries", "0.3", "0.6", *out])[1].curriculum_boundaries == [0.3, 0.6]
+
+
 def test_config_given_twice_says_one_recipe_per_run(tmp_path):
     """The second `--config` was "--config: unknown argument. Did you mean --fsdp_config?" (a sibling of Y02)."""
     from trl_trapo.jobs.main import parse_args

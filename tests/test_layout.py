@@ -243,6 +243,7 @@ def test_import_trl_trapo_is_lazy_and_every_public_name_resolves():
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own():
     """Each module, imported first in a fresh copy of the package (third-party libraries stay loaded, so the run is
     cheap): an import-order dependency or a cycle through a package `__init__` fails here."""

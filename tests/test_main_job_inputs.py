@@ -9,12 +9,12 @@ import importlib.util
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import load_script
 from trl import ModelConfig
 
 from trl_trapo import cli
@@ -23,15 +23,6 @@ from trl_trapo import cli
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "examples" / "recipes"
 GSM8K_RECIPE = RECIPES / "gsm8k_qwen2.5_0.5b.yaml"
-
-
-def load_script(name: str):
-    """A script of the repository as a module (as tests/test_examples.py loads them)."""
-    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), ROOT / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -411,6 +402,34 @@ def test_a_malformed_json_lines_file_is_named_with_its_line(tmp_path, name, cont
     given = str(path.parent if name.startswith("dir/") else path)
     with pytest.raises(ValueError, match=re.escape(f"--dataset_name={given!r}: ") + ".*" + re.escape(where)):
         build(tmp_path, dataset_name=given)
+
+
+def test_a_file_with_a_byte_order_mark_is_diagnosed_past_the_mark(tmp_path):
+    """`datasets` reads a file that starts with a UTF-8 byte-order mark (Windows editors write one); the job's
+    diagnosis after a failed load read it as `utf-8`, so a BOM file with a truncated line 3 was blamed on line 1
+    ("Unexpected UTF-8 BOM"), and a BOM file in a folder whose files' columns differ was left out of the listing (a CSV
+    header's first column read as '\ufeffprompt') (trial 16's C14, the converter's BOM refusal, found here too)."""
+    bom = b"\xef\xbb\xbf"
+    truncated = tmp_path / "rl.jsonl"
+    truncated.write_bytes(
+        bom + b'{"prompt": "a=", "answer": "1"}\n{"prompt": "b=", "answer": "2"}\n{"prompt": "c=", "an\n'
+    )
+    with pytest.raises(ValueError, match=re.escape(f"{truncated}, line 3: not valid JSON")):
+        build(tmp_path, dataset_name=str(truncated))
+    folder = tmp_path / "splitcols"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes(bom + b'{"prompt": "a=", "answer": "1"}\n')
+    (folder / "test.jsonl").write_bytes(b'{"prompt": "a=", "solution": "1"}\n')
+    with pytest.raises(
+        ValueError, match=re.escape("test.jsonl has (prompt, solution); train.jsonl has (prompt, answer)")
+    ):
+        build(tmp_path, dataset_name=str(folder))
+    csv_folder = tmp_path / "splitcsv"
+    csv_folder.mkdir()
+    (csv_folder / "train.csv").write_bytes(bom + b"prompt,answer\na=,1\n")
+    (csv_folder / "test.csv").write_bytes(b"prompt,solution\na=,1\n")
+    with pytest.raises(ValueError, match=re.escape("test.csv has (prompt, solution); train.csv has (prompt, answer)")):
+        build(tmp_path, dataset_name=str(csv_folder))
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import finished_round
+from conftest import finished_round, tiny_critic
 from peft import LoraConfig
-from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
@@ -159,19 +158,8 @@ def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: i
             adapter_snapshot_steps=2,
             num_generations=1,
         )
-        config = LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            num_labels=1,
-            pad_token_id=tokenizer.pad_token_id,
-        )
         extra = dict(
-            value_model=AutoModelForSequenceClassification.from_config(config),
+            value_model=tiny_critic(tokenizer, max_position_embeddings=64),
             peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
         )
     trainer_class = FewShotTRAPOTrainer if scenario == "extended" else TRAPOTrainer  # few-shot mode: its own trainer

@@ -53,6 +53,19 @@ AFTER = ROOT / "examples" / "ppo_trl112_style.py"
 GSM8K_TRAIN = ROOT / "examples" / "data" / "gsm8k" / "train_first1500.jsonl"
 
 
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment the example runs in as a user's process: this one's, the repository importable, one thread,
+    the Hub offline, transformers' warnings quiet; then `extra`."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_VERBOSITY": "error",
+        **extra,
+    }
+
+
 # =====================================================================================================================
 # Reading the guide's tables
 # =====================================================================================================================
@@ -253,15 +266,8 @@ def example_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         *("--stop_token", "eos", "--learning_rate", "1e-3", "--num_sample_generations", "0", "--logging_steps", "1"),
         *("--save_strategy", "no", "--report_to", "none", "--output_dir", str(output_dir)),
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "COLUMNS": "200",  # the width of the completions table `rich` prints
-    }
+    # COLUMNS: the width of the completions table `rich` prints
+    env = script_env(HF_DATASETS_OFFLINE="1", COLUMNS="200")
     completed = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
     completed.args = shlex.join(command)
     return completed, output_dir
@@ -298,13 +304,7 @@ def test_the_example_without_a_model_says_what_to_pass_at_once(tmp_path):
     out = tmp_path / "earlier-results"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = script_env()
     completed = subprocess.run(
         [sys.executable, str(AFTER), "--output_dir", str(out)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
@@ -322,13 +322,7 @@ def test_the_docstrings_offline_command_runs_from_another_folder(tmp_path):
     """The offline command the example's docstring gives runs, on the tiny model `scripts/save_tiny_model.py`
     writes, from a folder other than the repository root (its default `--dataset_name` was relative to the working
     directory: a raw `FileNotFoundError` from datasets anywhere else)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = script_env()
     docstring = AFTER.read_text(encoding="utf-8").split("Offline, on the built-in tiny model")[1].split('"""')[0]
     command = shlex.split(docstring[docstring.index("python examples") :].split("\n\n")[0].replace("\\\n", " "))
     assert command[:2] == ["python", "examples/ppo_trl112_style.py"] and command.count("models/tiny") == 3, command
@@ -400,12 +394,7 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     out = tmp_path / "earlier-results"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = script_env()
     env.pop("HF_HUB_OFFLINE", None)  # as the user ran it: online mode, no network
     models = [
         "--model_name_or_path",
@@ -428,17 +417,12 @@ def test_the_example_refuses_bad_paths_and_flags_at_once_in_one_line(tmp_path, f
     assert (out / "notes.txt").read_text() == "kept"
 
 
+@pytest.mark.slow
 def test_a_value_the_configuration_refuses_exits_2_as_argparse_does(tmp_path):
     """Trial 12's C06: `--kl_estimator k4` (argparse's choices) exited 2, `--missing_eos_penalty -1.0` (PPOConfig's
     check) printed the same `ppo_trl112_style.py: error:` line but exited 1. Both are usage errors found before
     anything loads: both exit 2 now, as the `trapo` commands and the other examples do."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = script_env()
     models = ["--model_name_or_path", "m", "--sft_model_path", "m", "--reward_model_path", "m"]  # never read
     for flag, value, needle in (
         ("--kl_estimator", "k4", "argument --kl_estimator/--kl-estimator: invalid choice: 'k4'"),
@@ -473,13 +457,7 @@ def test_the_example_never_deletes_an_output_dir_that_holds_its_inputs(tmp_path,
     (tmp_path / "data" / "prompts.jsonl").write_text(
         '{"question": "2+2="}\n{"question": "3+3="}\n{"question": "1+1="}\n'
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "HF_HUB_OFFLINE": "1",
-    }
+    env = script_env()
     # "." runs from an empty folder beside the inputs: the current folder is the only thing `--output_dir` holds
     cwd, up = (tmp_path / "run", "../") if output_dir == "." else (tmp_path, "")
     cwd.mkdir(exist_ok=True)
@@ -503,14 +481,7 @@ def test_the_example_says_when_the_length_filter_keeps_no_prompt(tmp_path):
     ended in datasets' `IndexError: Invalid key: 0 is out of bounds for size 0`. Now one line right after the filter,
     naming the flag, how many prompts it kept and the shortest prompt's length (the value that keeps one)."""
     paths = save_tiny_models(tmp_path)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_VERBOSITY": "error",
-    }
+    env = script_env(HF_DATASETS_OFFLINE="1")
     models = ["--model_name_or_path", "--sft_model_path", "--reward_model_path"]
     completed = subprocess.run(
         [sys.executable, str(AFTER), *(part for flag in models for part in (flag, str(paths["policy"]))),

@@ -59,6 +59,10 @@ BROKEN_FOLDERS = {
         "config.json has no `model_type` (its keys: hello)",
     ),
     "config-not-json": (lambda f: (f / "config.json").write_text('{"model_type": "llama",'), "is not valid JSON"),
+    "config-with-bom": (  # saved by an editor as "UTF-8 with BOM": transformers' `json` refuses it
+        lambda f: (f / "config.json").write_bytes(b"\xef\xbb\xbf" + (f / "config.json").read_bytes()),
+        "config.json starts with a UTF-8 byte-order mark (BOM), which transformers cannot read: save it as plain",
+    ),
     "config-a-list": (lambda f: (f / "config.json").write_text("[1, 2]"), "holds a JSON list, not an object"),
     "no-weights": (lambda f: (f / "model.safetensors").unlink(), "has a config but no weights file"),
     "missing-shard": (sharded_index_without_shard, "names weight files that are not in the directory"),

@@ -95,6 +95,20 @@ def ppo_config(tmp_path, unset=(), **overrides) -> PPOConfig:
     return PPOConfig(**{k: v for k, v in values.items() if k not in unset})
 
 
+def trainer_in_1_12_order(config: PPOConfig, tokenizer, saved_models, ref="ref") -> PPOTrainer:
+    """A `PPOTrainer` of the saved models given positionally, in TRL 1.12's order: (args, processing_class, model,
+    ref_model, reward_model, train_dataset, value_model); `ref=None` gives no reference model."""
+    return PPOTrainer(
+        config,
+        tokenizer,
+        load(saved_models, "policy"),
+        load(saved_models, ref) if ref is not None else None,
+        load(saved_models, "reward"),
+        tokenized_prompts(tokenizer),
+        load(saved_models, "value"),
+    )
+
+
 def test_ppo_pipeline_as_trl_1_12_documented_it(tmp_path, saved_models):
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -155,15 +169,7 @@ def test_ppo_pipeline_as_trl_1_12_documented_it(tmp_path, saved_models):
 
 def test_ppo_positional_arguments_in_1_12_order(tmp_path, saved_models):
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
-    trainer = PPOTrainer(
-        ppo_config(tmp_path, total_episodes=4),
-        tokenizer,
-        load(saved_models, "policy"),
-        load(saved_models, "ref"),
-        load(saved_models, "reward"),
-        tokenized_prompts(tokenizer),
-        load(saved_models, "value"),
-    )
+    trainer = trainer_in_1_12_order(ppo_config(tmp_path, total_episodes=4), tokenizer, saved_models)
     trainer.train()
     assert trainer.state.global_step == 2
 
@@ -207,15 +213,7 @@ def test_ppo_metrics_are_logged_once_per_rollout_batch_unless_logging_steps_is_g
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
     config = ppo_config(tmp_path, unset=("logging_steps",), gradient_accumulation_steps=2, num_mini_batches=2)
     assert config.logging_steps == 4
-    trainer = PPOTrainer(
-        config,
-        tokenizer,
-        load(saved_models, "policy"),
-        load(saved_models, "ref"),
-        load(saved_models, "reward"),
-        tokenized_prompts(tokenizer),
-        load(saved_models, "value"),
-    )
+    trainer = trainer_in_1_12_order(config, tokenizer, saved_models)
     trainer.train()
     # 16 episodes / 8 prompts per rollout batch = 2 batches x 2 PPO epochs x 2 mini-batches = 8 optimizer steps
     assert trainer.state.global_step == 8
@@ -237,15 +235,7 @@ def test_max_steps_is_honoured_and_wins_over_total_episodes_with_a_warning(
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
     config = ppo_config(tmp_path, max_steps=3, total_episodes=total_episodes)
     with caplog.at_level("WARNING", logger="trl_trapo.ppo"):
-        trainer = PPOTrainer(
-            config,
-            tokenizer,
-            load(saved_models, "policy"),
-            load(saved_models, "ref"),
-            load(saved_models, "reward"),
-            tokenized_prompts(tokenizer),
-            load(saved_models, "value"),
-        )
+        trainer = trainer_in_1_12_order(config, tokenizer, saved_models)
     warned = [r.getMessage() for r in caplog.records if "max_steps wins" in r.getMessage()]
     if total_episodes is None:
         assert not warned
@@ -262,15 +252,8 @@ def test_max_steps_is_honoured_and_wins_over_total_episodes_with_a_warning(
 def test_mini_batches_must_divide_accumulation(tmp_path, saved_models):
     tokenizer = AutoTokenizer.from_pretrained(saved_models / "tokenizer")
     with pytest.raises(ValueError, match="divisible by num_mini_batches=3"):
-        PPOTrainer(
-            ppo_config(tmp_path, gradient_accumulation_steps=4, num_mini_batches=3),
-            tokenizer,
-            load(saved_models, "policy"),
-            None,
-            load(saved_models, "reward"),
-            tokenized_prompts(tokenizer),
-            load(saved_models, "value"),
-        )
+        config = ppo_config(tmp_path, gradient_accumulation_steps=4, num_mini_batches=3)
+        trainer_in_1_12_order(config, tokenizer, saved_models, ref=None)
 
 
 def test_a_pad_token_added_without_resizing_never_reaches_an_embedding(tmp_path, saved_models):

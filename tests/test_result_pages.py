@@ -164,6 +164,7 @@ def test_result_blocks_need_exactly_one_marker_pair():
         read_block(text + text, "t")
 
 
+@pytest.mark.slow
 def test_main_job_seeds_runs_shortened_and_writes_the_docs_block(tmp_path):
     """The results page's `main_job_seeds.py` commands, shortened: one run of 2 steps, results and page elsewhere."""
     results = tmp_path / "results.json"

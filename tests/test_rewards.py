@@ -11,8 +11,8 @@ import logging
 
 import pytest
 import torch
+from conftest import tiny_critic
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, LlamaConfig
 
 from trl_trapo import TRAPOTrainer
 from trl_trapo.rewards import reward_function_name
@@ -81,18 +81,7 @@ def test_reward_names_unwrap_partials():
 
 def classifier(tokenizer, pad_token_id=None):
     torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        num_labels=1,
-        pad_token_id=pad_token_id,
-    )
-    return AutoModelForSequenceClassification.from_config(config)
+    return tiny_critic(tokenizer, max_position_embeddings=64, pad_token_id=pad_token_id)
 
 
 @pytest.mark.parametrize("role", ["reward_model", "value_model"])
@@ -201,6 +190,59 @@ def test_a_round_no_reward_function_scored_is_said_at_once(tmp_path, tokenizer, 
     assert len(warnings) == 1, warnings  # once, at the first round
     assert warnings[0].startswith("Step 0: no completion of this rollout round got a reward: every reward function")
     assert "('unscored') returned None or NaN" in warnings[0]
+
+
+def test_a_nan_reward_is_warned_about_once_per_function_and_none_is_not(caplog):
+    """Trial 15's N44: a reward function that starts returning NaN (a judge's reply that did not parse) was taken as
+    abstention without a word. The first NaN of each function is warned about (the function, how many of how many,
+    that NaN is taken as None); None, the documented abstention, is not; completions no function scored are said once
+    with their count, as TRL warns "All reward functions returned None"."""
+    from trl_trapo.rewards import RewardScorer
+
+    def judge(completions, **kwargs):
+        return [float("nan") if i % 2 == 0 else 1.0 for i in range(len(completions))]
+
+    def picky(completions, **kwargs):
+        return [None if i % 4 == 0 else 0.5 for i in range(len(completions))]
+
+    tokenizer = build_char_tokenizer()
+    scorer = RewardScorer([judge, picky], [None, None], [1.0, 1.0], tokenizer, 8, print, print, lambda: None)
+    ids = [torch.tensor(tokenizer.encode("4", add_special_tokens=False))] * 8
+    examples = [{"prompt": "2+2=", "answer": "4"}] * 8
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.rewards"):
+        scores, per_func = scorer.score(examples, ids, ids)
+        scorer.score(examples, ids, ids)  # again: nothing more is said
+    assert torch.isnan(per_func[:, 0]).sum() == 4 and torch.isnan(scores).sum() == 2  # rows 0 and 4: neither scored
+    said = [r.getMessage() for r in caplog.records]
+    nan = [m for m in said if "returned NaN" in m]
+    assert len(nan) == 1, said
+    assert nan[0].startswith("Reward function 'judge' returned NaN for 4 of 8 completions: NaN is treated as None")
+    assert "rewards/judge/unscored_frac" in nan[0]
+    assert not any("'picky' returned NaN" in m for m in said)  # None is abstention, not a failure
+    unscored = [m for m in said if "got no reward from any reward function" in m]
+    assert len(unscored) == 1 and unscored[0].startswith("2 of 8 completions got no reward"), said
+    assert "'judge', 'picky'" in unscored[0] and "All reward functions returned None" in unscored[0]
+
+
+def test_the_share_of_completions_a_reward_function_abstains_on_is_logged(tmp_path, tokenizer, suite, tiny_config):
+    """`rewards/<function>/unscored_frac`: the share of the rollouts a function returned None or NaN for (trial 15's
+    N44: a function failing on half its completions left only its mean, over the other half, in the log)."""
+
+    def flaky(completions, trainer_state=None, **kwargs):
+        step = trainer_state.global_step if trainer_state is not None else 0
+        return [float("nan") if step >= 1 and i % 2 == 0 else 1.0 for i in range(len(completions))]
+
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer),
+        reward_funcs=[flaky, exact_match_reward],
+        args=tiny_config(tmp_path, max_steps=2, num_ppo_epochs=1, logging_steps=1, save_strategy="no"),
+        train_dataset=suite.rl_train,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    logs = {h["step"]: h for h in trainer.state.log_history if "rewards/flaky/unscored_frac" in h}
+    assert logs[1]["rewards/flaky/unscored_frac"] == 0.0 and logs[2]["rewards/flaky/unscored_frac"] == 0.5, logs
+    assert logs[2]["rewards/exact_match_reward/unscored_frac"] == 0.0
 
 
 @pytest.mark.parametrize("length", [1, 2, 3])

@@ -14,14 +14,14 @@ import math
 
 import pytest
 import torch
+from conftest import add, tool_tokenizer
 from datasets import Dataset
-from test_agents import FirstPrompts, add, call, ids, make_source, prompts_dataset, tiny_args
+from test_agents import FirstPrompts, call, ids, make_source, prompts_dataset, tiny_args
 from test_vllm_option import FakeVLLMGeneration
 from transformers import AutoModelForCausalLM
 
 import trl_trapo.samplers as samplers
 from trl_trapo import TRAPOTrainer
-from trl_trapo.agents import use_tool_chat_template
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
 
 
@@ -81,7 +81,7 @@ def test_tools_sample_every_turn_through_vllm(tmp_path, stand_in, mode):
     """Every turn of the tool loop is sampled by vLLM, continuing from the conversation's token ids, with the budget
     the rollout has left as `max_tokens`; the trainer computes the behaviour log-probs and weighs vLLM's against them
     on the policy's tokens only."""
-    tok = use_tool_chat_template(build_char_tokenizer())
+    tok = tool_tokenizer()
     ScriptedVLLM.tokenizer = tok
     stand_in(ScriptedVLLM)
     model = saved(tmp_path, build_tiny_model(tok, seed=0), tok)
@@ -177,7 +177,7 @@ class RecordingEngine:
 def test_the_tool_loop_samples_each_row_at_its_family_temperature(tmp_path):
     """tools x exploration=True: every turn of a rollout is sampled at its family's temperature, and its trajectory
     is trained at it."""
-    tok = use_tool_chat_template(build_char_tokenizer())
+    tok = tool_tokenizer()
     rows = prompts_dataset(2, task=["a", "b"], answer=["1"] * 2)  # a round of 2 prompts holds both families
     trainer = TRAPOTrainer(
         build_tiny_model(tok, seed=0),
@@ -198,7 +198,7 @@ def test_the_tool_loop_samples_each_row_at_its_family_temperature(tmp_path):
     assert trained == [1.0, 1.0, 1.2, 1.2]
 
 
-def test_the_tool_loop_samples_at_the_round_temperature_of_the_prompt_pool(tok_tools):
+def test_the_tool_loop_samples_at_the_round_temperature_of_the_prompt_pool(tool_tok):
     """tools x few-shot: the round's temperature is the prompt pool's (`rollout_temperature`, which few-shot mode
     anneals), every turn is sampled at it and the round says so (its trajectories are trained at it)."""
 
@@ -209,7 +209,7 @@ def test_the_tool_loop_samples_at_the_round_temperature_of_the_prompt_pool(tok_t
     def script(context):
         return call("add", '{"a":1,"b":1}') + "</s>" if "t:" not in context else "ok</s>"
 
-    source, engine, _ = make_source(tok_tools, script, tools=[add], temperature=0.8)
+    source, engine, _ = make_source(tool_tok, script, tools=[add], temperature=0.8)
     source.prompts = AnnealedPrompts()
     seen = []
     sample = engine.sample
@@ -222,11 +222,6 @@ def test_the_tool_loop_samples_at_the_round_temperature_of_the_prompt_pool(tok_t
     sampled = source.sample(4, step=3)
     assert len(seen) == 2 and all(math.isclose(float(t), 0.4) for t in seen)  # both turns
     assert torch.allclose(torch.as_tensor(sampled.temperatures), torch.full((4,), 0.4))
-
-
-@pytest.fixture(scope="module")
-def tok_tools():
-    return use_tool_chat_template(build_char_tokenizer())
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("scripts/**/*.py"), *ROOT.glob("examples/*.py")])
@@ -52,6 +54,7 @@ print(json.dumps(failures))
 """
 
 
+@pytest.mark.slow
 def test_every_script_starts_and_parses_help():
     assert len(SCRIPTS) >= 15, SCRIPTS
     paths = [str(p) for p in SCRIPTS]
@@ -69,6 +72,7 @@ def test_every_script_starts_and_parses_help():
     assert failures == {}, failures
 
 
+@pytest.mark.slow
 def test_benchmark_tools_times_rounds_with_an_instant_and_a_slow_tool(tmp_path):
     """`scripts/benchmarks/benchmark_tools.py` with tiny arguments: 2 rollouts, 1 round of calls, a 0.05 s tool."""
     import json
@@ -198,6 +202,7 @@ print(json.dumps({name: problems for name, problems in report.items() if problem
 """
 
 
+@pytest.mark.slow
 def test_every_numeric_argument_refuses_a_value_outside_its_range():
     """Each script's parser (`make_parser()`, imported, nothing run): every numeric option has a range type
     (`runlib.NumberRange`), its default lies inside, and a value just outside is argparse's usage error (exit 2,

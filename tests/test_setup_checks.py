@@ -24,18 +24,23 @@ from trl_trapo import TRAPOConfig, TRAPOTrainer
 from trl_trapo.tasks import build_tiny_model, exact_match_reward
 
 
-def build(tmp_path, tokenizer, suite, tiny_config, model=None, **overrides):
-    """A trainer on the tiny suite; `overrides` split into constructor arguments and config fields."""
+def build(tmp_path, tokenizer, suite, tiny_config, model=None, out="out", **overrides):
+    """A trainer on the tiny suite's RL prompts writing to `tmp_path / out`; `overrides` split into constructor
+    arguments and config fields."""
     arguments = {k: overrides.pop(k) for k in list(overrides) if k in ("callbacks", "optimizers", "peft_config")}
     arguments.update(
-        {k: overrides.pop(k) for k in list(overrides) if k in ("reward_funcs", "reward_model", "rollout_func")}
+        {
+            k: overrides.pop(k)
+            for k in list(overrides)
+            if k in ("reward_funcs", "reward_model", "rollout_func", "eval_dataset", "processing_class")
+        }
     )
     arguments.setdefault("reward_funcs", exact_match_reward)
+    arguments.setdefault("processing_class", tokenizer)
     return TRAPOTrainer(
         build_tiny_model(tokenizer, seed=0) if model is None else model,
-        args=tiny_config(tmp_path / "out", **overrides),
+        args=tiny_config(tmp_path / out, **overrides),
         train_dataset=suite.rl_train,
-        processing_class=tokenizer,
         **arguments,
     )
 
@@ -65,25 +70,44 @@ def saved_model(tmp_path, tokenizer):
         (  # X06b: transformers' ValueError after the initial evaluation
             {"lr_scheduler_type": "cosine_with_min_lr"},
             r"lr_scheduler_type='cosine_with_min_lr' with lr_scheduler_kwargs=None cannot be built: .*"
-            r"--lr_scheduler_kwargs '\{\"min_lr_rate\": 0.1\}'",
+            r"it needs a floor: lr_scheduler_kwargs=\{\"min_lr_rate\": 0.1\}",  # field language (CLI: flags)
         ),
         (  # X08: "could not convert string to float" after the initial evaluation
             {"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": "x"}},
             r"lr_scheduler_type='cosine' with lr_scheduler_kwargs=\{'num_cycles': 'x'\} cannot be built: "
             r"ValueError: could not convert string to float",
         ),
-        (
+        (  # refused by the config since trial 15's N17 (a scheduler that takes no lr_scheduler_kwargs)
             {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"num_cycles": 2}},
-            r"lr_scheduler_type='linear' .* cannot be built: TypeError: .*unexpected keyword argument 'num_cycles'",
+            r"lr_scheduler_type='linear' .* is invalid: 'linear' .* takes no lr_scheduler_kwargs \(transformers would "
+            r"refuse them when training starts\)",
         ),
         (  # CM27: the fix was cosine_with_min_lr's floor, which linear does not take
             {"lr_scheduler_type": "linear", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
-            r"Fix: 'linear' \(transformers' get_linear_schedule_with_warmup\) takes no lr_scheduler_kwargs: drop them "
-            r"\(for a floor, `--lr_scheduler_type cosine_with_min_lr`\)\.$",
+            r"'linear' \(transformers' get_linear_schedule_with_warmup\) takes no lr_scheduler_kwargs .* Fix: drop "
+            r"lr_scheduler_kwargs, or choose a scheduler that reads them \(for a floor, "
+            r"lr_scheduler_type='cosine_with_min_lr'\)\.$",
+        ),
+        (  # a key the scheduler does not take: the trainer builds it once; the floor in field language (N17)
+            {"lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
+            r"cannot be built: TypeError: .*'min_lr'\. Fix: 'cosine' .* takes only num_cycles in lr_scheduler_kwargs, "
+            r"with numbers as numbers \(for a floor, lr_scheduler_type='cosine_with_min_lr'\)\.$",
         ),
         (
             {"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"min_lr": 1e-6}},
             r"Fix: 'polynomial' .* takes only lr_end, power in lr_scheduler_kwargs",
+        ),
+        (  # a scheduler stepped on a metric: built (not stepped); torch's TypeError came in train() (N17's sibling)
+            {
+                "lr_scheduler_type": "reduce_lr_on_plateau",
+                "lr_scheduler_kwargs": {"mode": "max", "patiense": 2},
+                "eval_strategy": "steps",
+                "eval_steps": 1,
+                "metric_for_best_model": "eval_reward",
+            },
+            r"cannot be built: TypeError: .*'patiense'\. Fix: 'reduce_lr_on_plateau' \(transformers' "
+            r"get_reduce_on_plateau_schedule: torch\.optim\.lr_scheduler\.ReduceLROnPlateau\) takes only mode, factor, "
+            r"patience,",
         ),
         ({"adam_beta1": 1.5}, r"The optimizer cannot be built from optim='adamw_torch_fused'.*adam_beta1=1.5"),
     ],
@@ -130,6 +154,79 @@ def test_a_device_map_on_the_cpu_loads(device_map, tmp_path, saved_model, tokeni
         tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs={"device_map": device_map}
     )
     assert next(trainer.model.parameters()).device.type == trainer.accelerator.device.type
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "kwargs", "needles"),
+    [
+        (  # trial 15's N17: trained with the rate rising to 0.0025, 0.0035 above learning_rate=0.002
+            "cosine_with_min_lr",
+            {"min_lr_rate": 2.0},
+            ["min_lr_rate must be in [0, 1], got 2.0", "the rate would rise above learning_rate", "min_lr_rate=0.1"],
+        ),
+        ("cosine_with_min_lr", {"min_lr": 0.01}, ["min_lr must be in [0, learning_rate=0.002], got 0.01"]),
+        ("cosine_with_min_lr", {"min_lr": -1e-4}, ["min_lr must be in [0, learning_rate=0.002]", "turn negative"]),
+        (
+            "cosine_warmup_with_min_lr",
+            {"min_lr_rate": 0.1, "warmup_lr_rate": 1.5},
+            ["warmup_lr_rate must be in [0, 1]"],
+        ),
+        ("warmup_stable_decay", {"num_decay_steps": 1, "min_lr_ratio": -0.5}, ["min_lr_ratio must be in [0, 1]"]),
+        ("polynomial", {"lr_end": -1e-7}, ["lr_end must be in [0, learning_rate=0.002]", "turn negative"]),
+        (  # N17: transformers' get_scheduler drops the kwargs of these two, where linear refuses the same key
+            "constant",
+            {"foo": 1},
+            [
+                "'constant' (transformers' get_constant_schedule) takes no lr_scheduler_kwargs (transformers would "
+                "ignore them without a word). Fix: drop lr_scheduler_kwargs"
+            ],
+        ),  # fmt: skip
+        ("constant_with_warmup", {"num_cycles": 2}, ["'constant_with_warmup'", "takes no lr_scheduler_kwargs"]),
+    ],
+)
+def test_scheduler_kwargs_transformers_would_train_wrongly_with_are_refused_by_the_config(
+    tmp_path, scheduler, kwargs, needles
+):
+    """transformers takes a floor above the peak (the rate rises) and drops the kwargs of `constant` without a word;
+    the config refuses both when it is built, naming the scheduler, the kwargs and the fix."""
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(
+            output_dir=str(tmp_path), learning_rate=2e-3, lr_scheduler_type=scheduler, lr_scheduler_kwargs=kwargs,
+            report_to="none",
+        )  # fmt: skip
+    message = str(raised.value)
+    assert message.startswith(f"TRAPOConfig.lr_scheduler_type={scheduler!r} with lr_scheduler_kwargs={kwargs!r}")
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_scheduler_kwargs_in_range_pass_and_the_floor_fix_is_in_each_language(tmp_path):
+    """The limits themselves are accepted; the fixes name fields in Python and flags on the command line (trial 15's
+    N17: the Python message named `--lr_scheduler_type cosine_with_min_lr`)."""
+    from trl_trapo.jobs.main import config_flag_names
+
+    for scheduler, kwargs in [
+        ("cosine_with_min_lr", {"min_lr_rate": 1.0}),
+        ("cosine_with_min_lr", {"min_lr": 2e-3}),
+        ("cosine_with_min_lr", {"min_lr": 0}),
+        ("warmup_stable_decay", {"num_decay_steps": 1, "min_lr_ratio": 0.0}),
+        ("constant", None),
+        ("constant", {}),
+    ]:
+        TRAPOConfig(
+            output_dir=str(tmp_path), learning_rate=2e-3, lr_scheduler_type=scheduler, lr_scheduler_kwargs=kwargs,
+            report_to="none",
+        )  # fmt: skip
+    with pytest.raises(ValueError) as raised:
+        TRAPOConfig(
+            output_dir=str(tmp_path),
+            lr_scheduler_type="linear",
+            lr_scheduler_kwargs={"min_lr": 1e-6},
+            report_to="none",
+        )
+    python = str(raised.value)
+    assert "(for a floor, lr_scheduler_type='cosine_with_min_lr')" in python and "--" not in python, python
+    assert "(for a floor, --lr_scheduler_type cosine_with_min_lr)" in config_flag_names(python)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
@@ -296,13 +393,7 @@ def test_a_chat_template_that_does_not_compile_is_refused_with_its_line(tmp_path
     copy = type(tokenizer).from_pretrained(folder)
     copy.chat_template = "{% for m in messages %}{{ m['content'] }}}}{% endfor %}\n{{ }"
     with pytest.raises(ValueError, match=r"chat template of `processing_class` does not compile \(line \d+: "):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=exact_match_reward,
-            args=tiny_config(tmp_path / "out"),
-            train_dataset=suite.rl_train,
-            processing_class=copy,
-        )
+        build(tmp_path, tokenizer, suite, tiny_config, processing_class=copy)
 
 
 # ---- from_pretrained arguments of a policy loaded by id -----------------------------------------------------------
@@ -346,13 +437,7 @@ def test_4bit_loading_without_bitsandbytes_names_the_flag(tmp_path, saved_model,
 
 def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, suite, tiny_config):
     # T04: huggingface_hub's raw HFValidationError from trainer.push_to_hub()
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(tmp_path / "my run"),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-    )
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, out="my run")
     with pytest.raises(ValueError, match=r"the Hub repo id 'my run' .* is not a valid repo id.*--hub_model_id"):
         trainer.push_to_hub()
     assert not (tmp_path / "my run" / "model.safetensors").exists()
@@ -361,13 +446,7 @@ def test_a_manual_push_checks_the_repo_id_before_saving(tmp_path, tokenizer, sui
 def test_init_hf_repo_by_hand_gives_the_config_checks_message(tmp_path, tokenizer, suite, tiny_config):
     # one message for a bad repo id wherever it is met: `init_hf_repo` (here called by hand, push_to_hub=False, so
     # the config did not check) says what `check_hub_repo_id` says, not a second wording
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(tmp_path / "my run"),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-    )
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, out="my run")
     with pytest.raises(ValueError, match=r"TRAPOConfig.output_dir: the Hub repo id 'my run' .*`--hub_model_id`"):
         trainer.init_hf_repo()
 
@@ -377,14 +456,8 @@ def test_a_metric_scheduler_needs_a_metric_trapo_logs_and_its_direction(tmp_path
     # trial 8's JC28: transformers' KeyError "metric_for_best_model ... 'eval_loss', which is not found" at the first
     # evaluation after training began (transformers sets metric_for_best_model='loss' for these schedulers)
     def build_with(**fields):
-        return TRAPOTrainer(
-            build_tiny_model(tokenizer, seed=0),
-            reward_funcs=exact_match_reward,
-            args=tiny_config(tmp_path / "out", lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, **fields),
-            train_dataset=suite.rl_train,
-            eval_dataset=suite.eval,
-            processing_class=tokenizer,
-        )
+        settings = dict(lr_scheduler_type=kind, eval_strategy="steps", eval_steps=1, eval_dataset=suite.eval)
+        return build(tmp_path, tokenizer, suite, tiny_config, **settings, **fields)
 
     with pytest.raises(
         ValueError,
@@ -417,22 +490,10 @@ def test_a_metric_scheduler_without_evaluations_is_refused_by_the_config_naming_
 def test_reduce_lr_on_plateau_steps_on_the_eval_reward(tmp_path, tokenizer, suite, tiny_config):
     """What the refusal above points to trains, and the scheduler gets the evaluation's metric (as under
     transformers' Trainer): a patience of 0 and no reward gain lowers the learning rate."""
-    trainer = TRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=exact_match_reward,
-        args=tiny_config(
-            tmp_path / "out",
-            max_steps=3,
-            lr_scheduler_type="reduce_lr_on_plateau",
-            lr_scheduler_kwargs={"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0},
-            metric_for_best_model="eval_reward",
-            eval_strategy="steps",
-            eval_steps=1,
-        ),
-        train_dataset=suite.rl_train,
-        eval_dataset=suite.eval,
-        processing_class=tokenizer,
-    )
+    plateau = {"mode": "max", "patience": 0, "factor": 0.5, "threshold": 10.0}
+    scheduler = dict(lr_scheduler_type="reduce_lr_on_plateau", lr_scheduler_kwargs=plateau)
+    evaluated = dict(eval_dataset=suite.eval, metric_for_best_model="eval_reward", eval_strategy="steps", eval_steps=1)
+    trainer = build(tmp_path, tokenizer, suite, tiny_config, max_steps=3, **scheduler, **evaluated)
     trainer.train()
     assert any("eval_reward" in entry for entry in trainer.state.log_history)
     # threshold 10 (rel): no evaluation counts as an improvement, so each one after the first halves the rate
@@ -528,3 +589,60 @@ def test_a_warmup_that_ends_within_the_run_is_not_warned_about(
     with caplog.at_level(logging.WARNING, logger="trl_trapo.setup_checks"):
         build(tmp_path, tokenizer, suite, tiny_config, **overrides)
     assert not [r for r in caplog.records if WARMUP_WARNING in r.getMessage()]
+
+
+# ---- an explicit `log_level` sets TRAPO's own logger too (trial 15's N20) -------------------------------------------
+@pytest.fixture
+def trapo_logger():
+    """The `trl_trapo` logger, its level and handlers restored after the test."""
+    library = logging.getLogger("trl_trapo")
+    level, handlers = library.level, list(library.handlers)
+    yield library
+    library.setLevel(level)
+    library.handlers[:] = handlers
+
+
+def test_an_explicit_log_level_sets_trapos_logger_as_the_trainer_sets_transformers(
+    tmp_path, tokenizer, suite, tiny_config, trapo_logger
+):
+    """`log_level="info"` set transformers' verbosity only: TRAPO's own logger stayed at WARNING, so its info lines
+    (the generation rounds' note, evaluation timings) never appeared in a Python run."""
+    trapo_logger.setLevel(logging.NOTSET)
+    build(tmp_path, tokenizer, suite, tiny_config, log_level="info")
+    assert trapo_logger.level == logging.INFO and logging.getLogger("trl_trapo.sources").isEnabledFor(logging.INFO)
+    from types import SimpleNamespace
+
+    from trl_trapo.setup_checks import apply_log_level
+
+    # the process that logs takes `log_level`, the others `log_level_replica`; "passive" leaves the level as it is
+    for log_level, replica, should_log, expected in [
+        ("debug", "error", True, logging.DEBUG),
+        ("debug", "error", False, logging.ERROR),
+        ("info", "passive", False, logging.CRITICAL),
+        ("passive", "debug", False, logging.CRITICAL),
+        ("passive", "debug", True, logging.CRITICAL),
+    ]:
+        trapo_logger.setLevel(logging.CRITICAL)
+        apply_log_level(SimpleNamespace(log_level=log_level, log_level_replica=replica, should_log=should_log))
+        assert trapo_logger.level == expected, (log_level, replica, should_log)
+
+
+def test_trapos_info_lines_are_printed_in_a_plain_script_and_once_with_the_users_logging(tmp_path):
+    """Python's last-resort handler prints warnings only: with no handler configured, an info level alone would still
+    show nothing, so a handler is added, which stays silent once the user configures logging."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, types\n"
+        "from trl_trapo.setup_checks import apply_log_level\n"
+        "apply_log_level(types.SimpleNamespace(log_level='info', log_level_replica='warning', should_log=True))\n"
+        "logging.getLogger('trl_trapo.sources').info('first line')\n"
+        "logging.basicConfig(format='user: %(message)s')\n"
+        "logging.getLogger('trl_trapo.sources').info('second line')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "line" in line]
+    assert len(lines) == 2 and lines[0].endswith("INFO trl_trapo.sources: first line"), lines
+    assert lines[1] == "user: second line", lines

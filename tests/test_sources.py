@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import RecordingTRAPOTrainer, trained_rows
+from conftest import RecordingTRAPOTrainer, make_tiny_config, trained_rows
 from datasets import Dataset
 from test_doc_commands import registered_block
 
-from trl_trapo import TRAPOConfig, TRAPOTrainer, sources
+from trl_trapo import TRAPOTrainer, sources
 from trl_trapo.checkpoint import CheckpointError
 from trl_trapo.config import RL
 from trl_trapo.data import tokenize_prompt
@@ -60,24 +60,13 @@ def length_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
-def rl_trainer(tmp_path, tokenizer, suite, source, reward=length_reward, **overrides):
-    return TRAPOTrainer(
+def rl_trainer(tmp_path, tokenizer, suite, source, reward=length_reward, trainer_class=TRAPOTrainer, **overrides):
+    """`trainer_class` on `suite`'s RL prompts alone, its rounds from `source`: 2 steps of `TINY_CONFIG`, then
+    `overrides`."""
+    return trainer_class(
         build_tiny_model(tokenizer, seed=0),
         reward_funcs=reward,
-        args=TRAPOConfig(
-            **{
-                "output_dir": str(tmp_path),
-                "report_to": "none",
-                "save_strategy": "no",
-                "activation_checkpointing": False,
-                "max_steps": 2,
-                "per_device_train_batch_size": 8,
-                "num_generations": 4,
-                "max_prompt_length": 16,
-                "response_length": 4,
-                **overrides,
-            }
-        ),
+        args=make_tiny_config(tmp_path, **{"max_steps": 2, **overrides}),
         train_dataset=suite.rl_train,
         processing_class=tokenizer,
         rollout_source=source,
@@ -120,24 +109,7 @@ def test_the_worked_example_trains_on_exactly_its_completions(tmp_path, monkeypa
 def test_a_user_source_is_trained_on_and_recorded(tmp_path, tokenizer, suite):
     """Through `train()` with a recording trainer: the rows trained are the source's rounds, nothing sampled."""
     source = FixedRounds(suite.rl_train, answers(tokenizer, ["1", "22", "333", "4444"]))
-    trainer = RecordingTRAPOTrainer(
-        build_tiny_model(tokenizer, seed=0),
-        reward_funcs=length_reward,
-        args=TRAPOConfig(
-            output_dir=str(tmp_path),
-            report_to="none",
-            save_strategy="no",
-            activation_checkpointing=False,
-            max_steps=3,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_prompt_length=16,
-            response_length=4,
-        ),
-        train_dataset=suite.rl_train,
-        processing_class=tokenizer,
-        rollout_source=source,
-    )
+    trainer = rl_trainer(tmp_path, tokenizer, suite, source, trainer_class=RecordingTRAPOTrainer, max_steps=3)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     offered = {

@@ -22,13 +22,7 @@ SMALL = {"num_pretrain_docs": 300, "num_sft_per_task": 200, "num_rl_per_task": 1
 FAMILIES = {family.name: family for family in TASK_FAMILIES}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The models are tiny: a second intra-op thread only adds contention on a shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
 
 
 @pytest.fixture(scope="module")

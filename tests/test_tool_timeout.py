@@ -13,13 +13,7 @@ import pytest
 from test_agents import call, make_source, prompts_dataset
 
 from trl_trapo import TRAPOConfig
-from trl_trapo.agents import ToolCall, ToolRunner, use_tool_chat_template
-from trl_trapo.tasks import build_char_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return use_tool_chat_template(build_char_tokenizer())
+from trl_trapo.agents import ToolCall, ToolRunner
 
 
 def sleeper(seconds: float) -> str:
@@ -90,7 +84,7 @@ def test_an_abandoned_sync_call_runs_on_in_a_daemon_thread_and_frees_its_slot():
     runner.close()
 
 
-def test_the_tool_loop_gives_the_model_a_timeout_result_and_counts_a_failure(tok):
+def test_the_tool_loop_gives_the_model_a_timeout_result_and_counts_a_failure(tool_tok):
     """End to end through the source: the model reads the timeout text, `tools/failure_frequency` moves."""
 
     def script(context):
@@ -103,7 +97,7 @@ def test_the_tool_loop_gives_the_model_a_timeout_result_and_counts_a_failure(tok
         return [0.0] * len(completions)
 
     source, _, metrics = make_source(
-        tok,
+        tool_tok,
         script,
         tools=[sleeper],
         rewards=[reads],
@@ -326,7 +320,7 @@ def sigterm_raises():
     signal.signal(signal.SIGTERM, previous)
 
 
-def test_sigterm_while_a_tool_hangs_saves_the_checkpoint_and_stops(tmp_path, tok, monkeypatch, sigterm_raises):
+def test_sigterm_while_a_tool_hangs_saves_the_checkpoint_and_stops(tmp_path, tool_tok, monkeypatch, sigterm_raises):
     """Trial 12's N07 end to end: a tool hangs with no `tool_timeout`, SIGTERM arrives; the calls are abandoned as
     failed calls, the step finishes, `checkpoint-1` is saved and `train()` raises `TrainingInterrupted`."""
     import os
@@ -352,14 +346,14 @@ def test_sigterm_while_a_tool_hangs_saves_the_checkpoint_and_stops(tmp_path, tok
         release.wait(60)  # a network call without a timeout
         return "page"
 
-    ForceFirstCall(tok, '<c>{"name":"fetch_page","arguments":{"url":"http://x"}}</c>').install(monkeypatch)
+    ForceFirstCall(tool_tok, '<c>{"name":"fetch_page","arguments":{"url":"http://x"}}</c>').install(monkeypatch)
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}*7="}] for i in range(8)]})
     trainer = TRAPOTrainer(
-        build_tiny_model(tok, seed=0),
+        build_tiny_model(tool_tok, seed=0),
         reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
         args=tiny_args(tmp_path, max_steps=3, response_length=96),
         train_dataset=dataset,
-        processing_class=tok,
+        processing_class=tool_tok,
         tools=[fetch_page],
     )
     start = time.perf_counter()

@@ -290,28 +290,16 @@ def test_no_objective_has_data(tmp_path, tokenizer, tiny_config):
 
 
 def test_dataset_missing_columns(tmp_path, tokenizer, tiny_config):
-    with pytest.raises(ValueError, match="'text' column"):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer),
-            args=tiny_config(tmp_path),
-            pretrain_dataset=Dataset.from_dict({"content": ["abc"]}),
-            processing_class=tokenizer,
-        )
-    with pytest.raises(ValueError, match="'prompt' and 'completion'"):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer),
-            args=tiny_config(tmp_path),
-            sft_dataset=Dataset.from_dict({"prompt": ["a"]}),
-            processing_class=tokenizer,
-        )
-    with pytest.raises(ValueError, match="'prompt' column"):
-        TRAPOTrainer(
-            build_tiny_model(tokenizer),
-            reward_funcs=exact_match_reward,
-            args=tiny_config(tmp_path),
-            train_dataset=Dataset.from_dict({"question": ["a"]}),
-            processing_class=tokenizer,
-        )
+    for data, missing in [
+        (dict(pretrain_dataset=Dataset.from_dict({"content": ["abc"]})), "'text' column"),
+        (dict(sft_dataset=Dataset.from_dict({"prompt": ["a"]})), "'prompt' and 'completion'"),
+        (
+            dict(train_dataset=Dataset.from_dict({"question": ["a"]}), reward_funcs=exact_match_reward),
+            "'prompt' column",
+        ),
+    ]:
+        with pytest.raises(ValueError, match=missing):
+            TRAPOTrainer(build_tiny_model(tokenizer), args=tiny_config(tmp_path), processing_class=tokenizer, **data)
 
 
 def test_rl_without_reward(tmp_path, tokenizer, suite, tiny_config):

@@ -361,6 +361,7 @@ def test_a_bad_config_file_is_one_clean_message(tmp_path, users_folder, monkeypa
     assert (snapshot(users_folder), snapshot(recipe)) == before
 
 
+@pytest.mark.slow
 def test_trapo_debug_shows_the_traceback_the_clean_message_hides(tmp_path):
     args = ("--reward_funcs", "not_a_reward")
     returncode, output = run_cli(*args, cwd=tmp_path)
@@ -441,6 +442,7 @@ def write_reward_module(folder: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_reward_function_that_raises_is_one_clean_message(tmp_path):
     """The user's reward raising (found by the construction-time check) was a RuntimeError with a traceback and exit
     1 (a new user's report); now one message naming the function and what it raised, exit 2."""
@@ -517,6 +519,7 @@ def test_max_eval_samples_caps_every_evaluation_dataset(tmp_path):
     assert len(more.eval_dataset) == 8
 
 
+@pytest.mark.slow
 def test_a_users_reward_function_and_the_eval_cap_run_end_to_end(tmp_path):
     """One short real job: `--reward_funcs my_rewards.counted` is called, and every evaluation sees 4 prompts."""
     write_reward_module(tmp_path)
@@ -1088,6 +1091,41 @@ def test_a_damaged_checkpoint_is_refused_with_the_fix(tmp_path, tokenizer, suite
         verify_checkpoint(str(not_ours), 1)
 
 
+@pytest.mark.parametrize("popped", ["StateCheckpointCallback", "StopOnSignalCallback", None])
+def test_a_removed_callback_trapo_needs_is_warned_about_at_train_and_named_at_resume(
+    tmp_path, tokenizer, suite, tiny_config, caplog, popped
+):
+    """Trial 15's N31: `pop_callback(StateCheckpointCallback)` trained and saved checkpoints without `trapo/` without a
+    word, and resuming one said it "was not written by TRAPOTrainer". `train()` now warns once naming the callback and
+    what is lost, and the resume message names the removed callback as a possible cause."""
+    from trl_trapo import callbacks
+
+    def trainer(output_dir, max_steps):
+        return TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0), processing_class=tokenizer, sft_dataset=suite.sft,
+            args=tiny_config(output_dir, max_steps=max_steps, save_strategy="steps", save_steps=1),
+        )  # fmt: skip
+
+    first = trainer(tmp_path / "out", 1)
+    if popped is not None:
+        assert isinstance(first.pop_callback(getattr(callbacks, popped)), getattr(callbacks, popped))
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        first.train()
+    said = [r.getMessage() for r in caplog.records if "A callback TRAPO needs was removed" in r.getMessage()]
+    if popped is None:
+        assert said == [], said
+        return
+    assert len(said) == 1 and f"{popped}: it " in said[0] and f"Fix: keep {popped}" in said[0], said
+    what = {"StateCheckpointCallback": "cannot be resumed", "StopOnSignalCallback": "a signal is held"}[popped]
+    assert what in said[0], said
+    if popped == "StateCheckpointCallback":
+        with pytest.raises(CheckpointError) as raised:
+            trainer(tmp_path / "again", 2).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-1"))
+        message = str(raised.value)
+        assert "has no trapo/ folder" in message, message
+        assert "StateCheckpointCallback, which writes that folder) was removed" in message, message
+
+
 @pytest.mark.parametrize(
     ("saved", "resumed", "needles"),
     [
@@ -1464,6 +1502,92 @@ def test_an_added_demonstration_objective_trains_messages_rows_as_the_sft_data(t
     assert "ok?" in marked.decode(row["input_ids"])
 
 
+MIXED = "has both `messages` and `prompt`/`completion` columns"  # a dataset holding two formats (trial 16's N16)
+
+
+def mixed_format_notices(caplog) -> list[str]:
+    """The warnings about datasets whose columns hold two formats, as logged."""
+    notices = ("has both `messages` and", "has both `text` and", "has both `prompt` and `messages`")
+    return [r.getMessage() for r in caplog.records if any(n in r.getMessage() for n in notices)]
+
+
+def test_sft_rows_with_messages_and_prompt_completion_say_once_which_is_trained(tmp_path, tok, caplog):
+    """Trial 16's N16: an SFT dataset with both a `messages` column and `prompt`/`completion` (a half-converted one)
+    trained on prompt/completion and dropped the conversations without a word (TRL's SFTTrainer makes the same choice,
+    silently). The choice stays; it is said once, at construction. RL prompts with an extra `messages` column (it
+    reaches the reward functions) and pretraining documents beside other columns are not warned about."""
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    sft = [{"messages": chat, "prompt": "cd=", "completion": "dc"}] * 2
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = build(
+            tmp_path,
+            tok,
+            sft_dataset=sft,
+            train_dataset=[{**row, "messages": chat} for row in RL],
+            pretrain_dataset=[{**row, "messages": chat} for row in TEXT],
+        )
+    assert mixed_format_notices(caplog) == [
+        f"`sft_dataset` {MIXED}: training on prompt/completion; `messages` is ignored (remove one of them to "
+        "silence this)"
+    ]
+    sft_objective = next(o for o in trainer.objectives if o.name == "sft")
+    assert tok.decode(sft_objective.take(1, 0)[0].input_ids) == "cd=dc</s>"  # the pair the message names
+
+
+def test_an_added_demonstration_objective_with_two_formats_says_which_is_trained(tmp_path, tok, caplog):
+    """The sibling path of N16: `objectives=[DemonstrationObjective(...)]` reads its rows as `sft_dataset`'s."""
+    from trl_trapo.objectives import DemonstrationObjective
+
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    demos = DemonstrationObjective("demos", Dataset.from_list([{**SFT[0], "messages": chat}] * 2))
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no", pretrain_max_length=16,
+        curriculum_boundaries=[], curriculum_mixtures=[{"pretrain": 0.5, "demos": 0.5}],
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        TRAPOTrainer(
+            build_tiny_model(tok, seed=0), args=config, processing_class=tok,
+            pretrain_dataset=Dataset.from_list(TEXT), objectives=[demos],
+        )  # fmt: skip
+    assert mixed_format_notices(caplog) == [
+        f"`objective 'demos' dataset` {MIXED}: training on prompt/completion; `messages` is ignored (remove one of "
+        "them to silence this)"
+    ]
+
+
+def test_eval_sets_with_two_formats_say_which_is_evaluated(tmp_path, tok, caplog):
+    """The eval sets of N16: evaluation reads `text` first (language-modelling loss), then SFT rows (prompt-completion
+    before `messages`), then prompts (greedy rewards); a set holding a second format says which one is evaluated, at
+    construction, and for a set passed to `evaluate()`. An RL or SFT set of one format says nothing."""
+    chat = conv("ab=") + [{"role": "assistant", "content": "ba"}]
+    sets = {
+        "docs": [{**TEXT[0], "prompt": "ab="}],
+        "demos": [{**SFT[0], "messages": chat}],
+        "prompts": [{**RL[0], "messages": chat}],
+        "rl": RL,
+        "sft": SFT,
+        "chat": [{"messages": chat}],
+    }
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        trainer = build(tmp_path, tok, train_dataset=RL, eval_dataset=sets)
+    assert mixed_format_notices(caplog) == [
+        "`eval_dataset['docs']` has both `text` and `prompt` columns: evaluating the language-modelling loss of "
+        "`text`; `prompt` is ignored (remove one of them to silence this)",
+        f"`eval_dataset['demos']` {MIXED}: evaluating the SFT loss of prompt/completion; `messages` is ignored "
+        "(remove one of them to silence this)",
+        "`eval_dataset['prompts']` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; "
+        "the prompts are not scored with rewards (remove one of them to silence this)",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo"):
+        metrics = trainer.evaluate(Dataset.from_list([{**RL[0], "messages": chat}]))
+    assert "eval_sft_loss" in metrics and "eval_reward" not in metrics  # what the message says
+    assert mixed_format_notices(caplog) == [
+        "`eval_dataset` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; the prompts "
+        "are not scored with rewards (remove one of them to silence this)"
+    ]
+
+
 def test_messages_rows_are_refused_only_where_trl_has_nothing_to_train(tmp_path, tok):
     """A `messages` row trains every token of the conversation, as TRL's SFTTrainer trains it: rows ending with a user
     turn, holding only the assistant's message, or with an empty assistant turn are accepted (they used to be
@@ -1531,6 +1655,35 @@ def test_conversations_without_a_chat_template_are_one_message(tmp_path, role):
     message = api_error(build_with, f"`{role}` column 'prompt' holds conversations", "no chat template")
     assert "tokenizer.chat_template" in message and "plain text" in message
     build_with(chat_template_kwargs={"chat_template": CHAT_TEMPLATE})
+
+
+def test_a_dataset_given_after_construction_is_checked_against_the_tokenizer_as_at_construction(tmp_path):
+    """Trial 15's N45: conversations passed to `evaluate(ds)` with a tokenizer without a chat template got "row 0
+    could not be rendered ... Fix the row", though the rows were fine; the same data at construction got "the
+    tokenizer has no chat template". Every late entry point now says what construction says; an image column with a
+    tokenizer too."""
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    config = TRAPOConfig(
+        output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, report_to="none", save_strategy="no",
+        activation_checkpointing=False, max_prompt_length=32, response_length=4, num_generations=2,
+    )  # fmt: skip
+    suite_rows = Dataset.from_list(RL)
+    trainer = TRAPOTrainer(
+        build_tiny_model(bare, seed=0), reward_funcs=exact_match_reward, args=config, processing_class=bare,
+        train_dataset=suite_rows,
+    )  # fmt: skip
+    chats = Dataset.from_list([{"prompt": conv("ab="), "answer": "ab"}] * 2)
+    for call, role in [
+        (lambda: trainer.evaluate(chats), "eval_dataset"),
+        (lambda: trainer.evaluate({"chat": chats}), "eval_dataset['chat']"),
+        (lambda: trainer.generate_completions(dataset=chats), "eval_dataset"),
+    ]:
+        message = api_error(call, f"`{role}` column 'prompt' holds conversations", "no chat template")
+        assert "could not be rendered" not in message and "Fix the row" not in message, message
+    with_images = Dataset.from_list([{"prompt": "ab=", "answer": "ab", "images": None}] * 2)
+    api_error(lambda: trainer.evaluate(with_images), "`eval_dataset` has an 'images' column", "cannot read images")
+    assert trainer.evaluate(suite_rows)["eval_reward"] >= 0.0  # text rows need no template
 
 
 def test_missing_values_in_reward_columns_reach_the_reward_function(tmp_path, tok):
@@ -1631,6 +1784,78 @@ def test_conversations_stored_as_json_text_are_refused_with_the_fix(tmp_path, to
     ):
         build(tmp_path, tok, sft_dataset=sft)
     build(tmp_path, tok, train_dataset=[{"prompt": "[ab]=", "answer": "ab"}, {"prompt": "[1, 2]=", "answer": "3"}])
+
+
+NO_TEXT = [
+    # (datasets, the message's dataset, column(s), row count and what they hold)
+    (
+        dict(pretrain_dataset=[{"text": ""}] * 5),
+        r"`pretrain_dataset` column 'text' is empty in all 5 rows \(every value ''\)",
+    ),
+    (
+        dict(train_dataset=[{"prompt": conv(""), "answer": "a"}] * 3),
+        r"`train_dataset` column 'prompt' is empty in all 3 rows \(no message with content\)",
+    ),
+    (
+        dict(train_dataset=[{"prompt": "", "answer": "a"}] * 3),
+        r"`train_dataset` column 'prompt' is empty in all 3 rows \(every value ''\)",
+    ),
+    (
+        dict(sft_dataset=[{"messages": conv("") + [{"role": "assistant", "content": ""}]}] * 4),
+        r"`sft_dataset` column 'messages' is empty in all 4 rows",
+    ),
+    (
+        dict(sft_dataset=[{"prompt": "", "completion": ""}] * 2),
+        r"`sft_dataset` columns 'prompt' and 'completion' are empty in all 2 rows",
+    ),
+    (
+        dict(pretrain_dataset=TEXT, eval_dataset=[{"text": ""}] * 2),
+        r"`eval_dataset` column 'text' is empty in all 2 rows",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "datasets, message", NO_TEXT, ids=["text", "conv-prompts", "prompts", "messages", "pairs", "eval"]
+)
+def test_a_dataset_with_no_text_in_any_row_is_refused_at_construction(tmp_path, tok, datasets, message):
+    """Trial 15's N49 / C21: a pretraining dataset whose `text` values were all "" passed construction, then failed at
+    the first step ("produced no tokens"), after the model load and the initial evaluation; all-empty conversational
+    prompts or `messages` trained on the template's boilerplate. Each is refused with the dataset, the column and the
+    row count, by the checks made before any model loads (`check_datasets`, no tokenizer)."""
+    from trl_trapo.data import check_datasets
+    from trl_trapo.objectives import WITH_DATA
+
+    with pytest.raises(ValueError, match=message) as error:
+        build(tmp_path, tok, **datasets)
+    assert "Fix: fill" in str(error.value) and "drop the dataset" in str(error.value)
+    given = {k: Dataset.from_list(v) for k, v in datasets.items()}
+    names = {"pretrain_dataset": "pretrain", "train_dataset": "rl", "sft_dataset": "sft"}
+    config = TRAPOConfig(output_dir=str(tmp_path), report_to="none", max_steps=1)
+    with pytest.raises(ValueError, match=message):  # no tokenizer, no model: the checks before any model loads
+        check_datasets(
+            config, {names[k]: v for k, v in given.items() if k in names}, given.get("eval_dataset"), WITH_DATA
+        )
+
+
+def test_a_few_rows_without_text_among_others_are_still_accepted(tmp_path, tok):
+    """Only a dataset with no text at all is refused: an empty pretraining document among others is skipped (it adds
+    no token) and whitespace is text."""
+    trainer = build(tmp_path, tok, pretrain_dataset=TEXT + [{"text": ""}, {"text": "  \n"}])
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_cli_refuses_a_data_file_without_text_before_the_first_evaluation(tmp_path, monkeypatch, capsys):
+    """Trial 15's C21: `--pretrain_dataset_name` a JSONL whose `text` values are all "" ran the initial evaluation
+    (minutes on a real model), then died at the first step with a traceback naming `pretrain_dataset`, exit 1. Now:
+    one `error:` line naming the flag, the column and the row count, exit 2, before the evaluation."""
+    empty = write_jsonl(tmp_path / "pre_empty.jsonl", [{"text": ""}] * 32)
+    code, out = run_cli_here("--max_steps", "1", "--pretrain_dataset_name", str(empty), cwd=tmp_path,
+                             monkeypatch=monkeypatch, capsys=capsys)  # fmt: skip
+    cli_error(code, out, "`--pretrain_dataset_name` column 'text' is empty in all 32 rows")
+    assert code == 2
+    assert "Evaluation" not in out and "pretrain_dataset`" not in out, out[-2000:]
 
 
 def test_cli_refuses_missing_values_in_local_data_files(tmp_path, monkeypatch, capsys):
@@ -1774,6 +1999,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_path, sig):
     """Ctrl-C / a preemption mid-run: a complete checkpoint, one line naming it and the resume flag, exit 130 / 143,
     no traceback, no final model or results (the run is not finished)."""
@@ -1817,6 +2043,7 @@ def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_
     assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow  # two interpreters and a training run; default-run sibling: tests/test_saving.py's in-use tests
 def test_a_second_run_into_the_folder_of_a_running_one_is_refused(tmp_path):
     """Two runs started into one --output_dir (trial 15's C18): both trained and overwrote each other's checkpoints
     and model file by file. The second is refused at once, naming the first; the first's lock goes with it."""
@@ -1914,6 +2141,75 @@ def test_a_closed_output_outside_training_is_one_line_and_exit_141(tmp_path):
     assert "Traceback" not in errors and "Exception ignored" not in errors, errors[-3000:]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+@pytest.mark.parametrize("terminal", ["pipes", "closed"])
+def test_cli_saves_and_stops_when_its_terminal_closes(tmp_path, terminal):
+    """Trial 15's C20: SIGHUP (an ssh session dropped, a terminal window closed) killed the run at once, exit 129,
+    nothing saved. Now it stops as on SIGTERM: the step finishes, a complete checkpoint is saved, exit 129 without a
+    traceback, the resume line on stderr ("pipes"). With "closed", the run's stdout / stderr are a terminal that is
+    closed before the SIGHUP arrives, as when ssh drops: every write to it fails (EIO), and the run still saves."""
+    import pty
+    import select
+    import threading
+
+    out = tmp_path / "out"
+    args = ("--max_steps", "300", "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(out))
+    args = cli_args((*args, "--max_eval_samples", "8"), tmp_path)
+    if terminal == "closed":
+        master, slave = pty.openpty()
+        streams = dict(stdout=slave, stderr=slave)
+    else:
+        streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, text=True,
+        start_new_session=True, **streams,
+    )  # fmt: skip
+    if terminal == "closed":
+        os.close(slave)
+        reading = threading.Event()
+        reading.set()
+
+        def drain():  # read what the run writes until the terminal closes (a full terminal would block the run)
+            while reading.is_set():
+                if select.select([master], [], [], 0.1)[0]:
+                    try:
+                        os.read(master, 65536)
+                    except OSError:
+                        return
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+    first = out / "checkpoint-2" / "trapo" / "rank0.complete.json"
+    deadline = time.monotonic() + 240
+    try:
+        while not first.exists():  # training has started
+            assert process.poll() is None, "the run ended early"
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.02)
+        if terminal == "closed":
+            reading.clear()
+            reader.join()
+            os.close(master)  # the terminal hangs up: from now on every write to it fails
+        process.send_signal(signal.SIGHUP)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signal.SIGHUP, (process.returncode, stdout, stderr and stderr[-3000:])
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    step = checkpoints[-1]
+    assert 2 < step < 300
+    verify_checkpoint(str(out / f"checkpoint-{step}"), 1)
+    assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
+    if terminal == "pipes":
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert "Interrupted by" not in stdout
+        assert f"Interrupted by SIGHUP at step {step}: saved the complete checkpoint {out / f'checkpoint-{step}'}" in (
+            stderr
+        )
+        assert "SIGHUP received: finishing the current optimizer step" in stderr
+
+
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys):
     with pytest.raises(SystemExit) as exit_:
         with cli.exits_cleanly():
@@ -1927,6 +2223,32 @@ def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys):
             raise TrainingInterrupted(Interruption(signal.SIGTERM, 5, "/runs/out/checkpoint-5"))
     assert exit_.value.code == 143
     assert capsys.readouterr().out.strip().startswith("Interrupted by SIGTERM at step 5")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_the_line_of_a_run_stopped_by_sighup_goes_to_stderr_and_a_gone_terminal_is_no_error(capsys, monkeypatch):
+    """After SIGHUP the terminal may be gone: the resume line goes to stderr, and a write that fails there (EIO,
+    EPIPE) changes nothing: the exit status stays 129 (the checkpoint is saved)."""
+    stopped = TrainingInterrupted(Interruption(signal.SIGHUP, 4, "/runs/out/checkpoint-4"))
+    with pytest.raises(SystemExit) as exit_:
+        with cli.exits_cleanly():
+            raise stopped
+    assert exit_.value.code == 129
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.strip().startswith("Interrupted by SIGHUP at step 4")
+
+    class Gone:
+        def write(self, text):
+            raise OSError(5, "Input/output error")
+
+        def flush(self):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    with pytest.raises(SystemExit) as exit_:
+        with cli.exits_cleanly():
+            raise stopped
+    assert exit_.value.code == 129
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 1, reason="with several GPUs accelerate launches several processes")

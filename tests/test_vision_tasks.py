@@ -43,13 +43,7 @@ SMALL = {
 COLOUR_OF_RGB = {rgb: name for name, rgb in COLOURS.items()}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The model is tiny: a second intra-op thread only adds contention on a shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models, one thread
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_tiny_config
 from transformers import AutoModelForCausalLM
 
 from trl_trapo import TRAPOConfig, TRAPOTrainer
@@ -31,20 +32,8 @@ def suite():
 
 
 def config(tmp_path, **overrides) -> TRAPOConfig:
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=8,
-        report_to="none",
-        save_strategy="no",
-        activation_checkpointing=False,
-        max_prompt_length=16,
-        response_length=4,
-        num_generations=4,
-        use_vllm=True,
-    )
-    values.update(overrides)
-    return TRAPOConfig(**values)
+    """2 steps of `TINY_CONFIG` sampled with vLLM; then `overrides`."""
+    return make_tiny_config(tmp_path, **{"max_steps": 2, "use_vllm": True, **overrides})
 
 
 def saved_model(tmp_path):
@@ -139,7 +128,8 @@ def test_trl_deprecated_cap_warns_names_the_replacement_and_sets_it(tmp_path):
     with pytest.warns(FutureWarning, match="use vllm_importance_sampling_clip_max=2.0 instead") as record:
         args = config(tmp_path, vllm_importance_sampling_cap=2.0)
     assert args.vllm_importance_sampling_clip_max == 2.0
-    assert any(w.filename == __file__ for w in record)  # points at the code that built the config
+    # points at the code that built the config (conftest's make_tiny_config), not into trl_trapo
+    assert any(w.filename == make_tiny_config.__code__.co_filename for w in record)
     assert args.importance_sampling_cap is None  # TRAPO's replay cap is another knob, left alone
     with pytest.raises(ValueError, match="vllm_importance_sampling_clip_max=0.5 is invalid"):
         with pytest.warns(FutureWarning):

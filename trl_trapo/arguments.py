@@ -8,7 +8,9 @@ the user never named, often after the policy has loaded and the datasets are tok
 refuses it first, naming the argument, the value and what to pass. The accepted types are TRL 1.16's (`GRPOTrainer`,
 `transformers.Trainer`), plus tuples wherever a list is taken. A reward or value model must also have the head TRAPO
 reads its score from, with one output ([`~trl_trapo.models.check_score_head`]): a causal LM, or `num_labels=2`, would
-fail at the first step or, worse, train on its first label. Arguments with checks of their own (the datasets,
+fail at the first step or, worse, train on its first label. One model passed in two roles where a loss term would
+then vanish (`ref_model=model`, a critic that is a frozen reward model) is refused ([`check_distinct_models`]).
+Arguments with checks of their own (the datasets,
 `tools`' entries, `environment_factory`, `rollout_func`, `rollout_source`, `objectives`) are left to them.
 
 Positional arguments in TRL `GRPOTrainer`'s or `SFTTrainer`'s order, which `TRAPOTrainer`'s leaves after
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from accelerate.utils import extract_model_from_parallel, is_compiled_module
 from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin, TrainerCallback
 
@@ -148,6 +151,21 @@ def _check_language_model(name: str, value: Any) -> None:
     if not isinstance(value, nn.Module):
         return
     base = value.get_base_model() if isinstance(value, PeftModel) else value
+    if is_compiled_module(value):  # `torch.compile(model)`: a wrapper, not "not a transformers model" (trial 15's N28)
+        inner = type(extract_model_from_parallel(value, keep_torch_compile=False)).__name__  # the compiled model
+        uses = "samples with its `generate`, saves it with `save_pretrained`, " if name == "model" else ""
+        fix = (
+            " and set `torch_compile=True` in the config for the trainer to compile the model it trains (as "
+            "transformers' Trainer does: it compiles the model after wrapping it, and saves the model itself)."
+            if name == "model"
+            else f"; TRAPO runs the {'reference' if name == 'ref_model' else 'teacher'} as given (`torch_compile=True`"
+            " compiles the trained policy only)."
+        )
+        raise TypeError(
+            f"`{name}` is a `torch.compile` wrapper (OptimizedModule) of a {inner}: TRAPO reads the model's `config`, "
+            f"{uses}and calls it with `input_ids=`, on the model itself, not a wrapper. Fix: pass the model itself "
+            f"(`{name}._orig_mod`, or the model before `torch.compile`){fix}"
+        )
     if not isinstance(base, PreTrainedModel) or not base.can_generate():
         what = (
             "a transformers model without a language-model head"
@@ -184,6 +202,13 @@ def _check_peft_config(value: Any) -> None:
                 f"`peft_config` has task_type={task_type!r}, but the adapter is put on the policy, a causal language "
                 f"model: PEFT would wrap it for another task (saved and reloaded as a {task_type} adapter). Use "
                 "task_type='CAUSAL_LM' (`peft.LoraConfig(task_type='CAUSAL_LM', ...)`, `--lora_task_type CAUSAL_LM`)."
+            )
+        if getattr(value, "inference_mode", False):  # PEFT adds the adapter frozen: nothing trains (trial 15's N27)
+            raise ValueError(
+                f"`peft_config` ({type(value).__name__}) has peft_config.inference_mode=True, which adds the adapter "
+                "frozen (requires_grad=False on its weights, as for serving it): the run would log its losses while "
+                "the policy never moved. Fix: set inference_mode=False (the default; inference snippets set it True), "
+                f"e.g. `peft.{type(value).__name__}(..., inference_mode=False)`."
             )
         if value.is_prompt_learning:  # virtual tokens lengthen the logits past the completion mask: IndexError later
             raise ValueError(
@@ -433,13 +458,15 @@ def check_trainer_arguments(**arguments: Any) -> None:
             be and, where one applies, the fix (e.g. `peft.LoraConfig(**{...})` for a dict); for `model=None`. Every
             bad entry of a list (`reward_funcs`, `reward_processing_classes`, `callbacks`) is named in one message.
         TypeError: for a `model`, `ref_model` or `teacher_model` that is a loaded module but not a transformers
-            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s).
+            model with a language-model head (a plain `nn.Module`, or a body without its head such as `AutoModel`'s),
+            or a `torch.compile` wrapper of one (the fix: the model itself, with `torch_compile=True` for the policy).
         ValueError: for a classification model as `model` (`*ForSequenceClassification`: no language-model head), a
             `peft_config` whose task_type is not CAUSAL_LM, a string reward that is the command line's name of a
             built-in reward (`"exact_match"`: in Python the function is meant), a reward or value model without a
             one-output score head ([`~trl_trapo.models.check_score_head`]: a causal LM, or `num_labels` > 1), and
             for a prompt-learning `peft_config` (`PromptTuningConfig`, `PrefixTuningConfig`, ...:
-            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits.
+            `peft_config.is_prompt_learning`), whose virtual tokens lengthen the logits, and for a `peft_config`
+            with `inference_mode=True` (its adapter added frozen: nothing would train).
         ValueError: for a loaded `model`, `ref_model`, `teacher_model`, `value_model`, `reward_model` or reward-model
             entry of `reward_funcs` with tensors on the meta device (no weights); an encoder-decoder `model`,
             `ref_model` or `teacher_model` (`config.is_encoder_decoder`, e.g. T5: TRAPO trains decoder-only causal
@@ -455,21 +482,104 @@ def check_trainer_arguments(**arguments: Any) -> None:
     for name, value in arguments.items():
         if value is not None and name in CHECKS:
             CHECKS[name](value)
-    if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable
-        _check_trainable("model", arguments.get("model"))
-    _check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
+    check_distinct_models(arguments)  # before `check_trainable`: a reward model given as the critic is frozen later
+    if arguments.get("peft_config") is None:  # an adapter of `peft_config` would be trainable (checked once added)
+        check_trainable("model", arguments.get("model"))
+    check_trainable("value_model", arguments.get("value_model"))  # `peft_config` wraps the policy only
     for name in ("model", "value_model"):  # parameters made in `torch.inference_mode()` can never train
         check_not_inference_tensors(name, arguments.get(name))
 
 
-def _check_trainable(name: str, model: Any) -> None:
+def _shared_trainable(model: nn.Module, other: nn.Module) -> int:
+    """How many of `other`'s parameter tensors are trainable tensors of `model` (the same objects)."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    return sum(id(p) in trainable for p in other.parameters())
+
+
+def check_distinct_models(arguments: dict[str, Any]) -> None:
+    """Refuse a model passed in two roles where that makes a term of the loss vanish without a word (trial 15's N14):
+
+    - `ref_model` that is `model` itself (or, for a `PeftModel` policy, its base model, which carries the adapter),
+      or that holds trainable tensors of `model`: the reference moves with the policy, so the KL penalty is always 0
+      while the policy moves. TRL's PPOTrainer and DPOTrainer refuse the same object too.
+    - `value_model` that is also a reward model (`reward_model`, or an entry of `reward_funcs`): reward models are
+      frozen, so the critic would never learn (and a trained one would move the rewards).
+
+    `teacher_model` that is the policy is refused where the teacher is loaded (`teacher.load_teacher`); a reward or
+    value model that is the policy lacks the score head its own check asks for.
+
+    Args:
+        arguments: `TRAPOTrainer`'s arguments by name (`model`, `ref_model`, `value_model`, `reward_model`,
+            `reward_funcs`, `peft_config`; missing ones count as not given).
+
+    Raises:
+        ValueError: naming both arguments, what vanishes and the fix.
+    """
+    model, ref_model = arguments.get("model"), arguments.get("ref_model")
+    if isinstance(model, nn.Module) and isinstance(ref_model, nn.Module):
+        base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+        shared = 0 if arguments.get("peft_config") is not None else _shared_trainable(model, ref_model)
+        if ref_model is model or ref_model is base or shared:
+            what = (
+                "is the same object as `model`"
+                if ref_model is model
+                else "is the base model of the PeftModel `model`, which carries its adapter"
+                if ref_model is base
+                else f"shares {shared} trainable parameter tensor(s) with `model`"
+            )
+            raise ValueError(
+                f"`ref_model` {what}: the reference would move with the policy, so the KL penalty towards it would "
+                "always be 0 (kl_coef would do nothing). Fix: ref_model=None (TRAPO makes a frozen copy of the policy; "
+                "with PEFT, the adapter's starting point: the base model with the adapter disabled, or a frozen copy "
+                "of an adapter already trained), or pass a separate copy, `ref_model=copy.deepcopy(model)`."
+            )
+    value_model = arguments.get("value_model")
+    if not isinstance(value_model, nn.Module):
+        return
+    funcs = arguments.get("reward_funcs")
+    rewards = [("reward_model", arguments.get("reward_model"))] + [
+        (f"reward_funcs[{i}]" if isinstance(funcs, (list, tuple)) else "reward_funcs", func)
+        for i, func in enumerate(funcs if isinstance(funcs, (list, tuple)) else [funcs])
+    ]
+    for name, reward in rewards:
+        if reward is value_model:
+            raise ValueError(
+                f"`value_model` is the same object as `{name}`: reward models are frozen, so the critic would never "
+                "learn its value estimates (and if it did, the rewards would move with it). Fix: pass a separate "
+                "critic, e.g. `value_model=copy.deepcopy(reward_model)` (TRL's PPO starts the critic from the reward "
+                "model's weights), or value_model=None for group-relative advantages."
+            )
+
+
+def check_trainable(name: str, model: Any, peft_config: Any = None) -> None:
     """Refuse a loaded policy or critic without one trainable parameter (`requires_grad=False` everywhere): it
-    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01)."""
+    trained silently, the losses logged as usual, `grad_norm` 0 and the policy never moving (trial 9's MO01).
+    Called on the arguments before anything loads, and on the policy as it will train, once `peft_config`'s adapter
+    wraps it (`assembly.policy_and_reference`): an adapter added frozen trained nothing too (trial 15's N27).
+
+    Args:
+        name: the argument, `"model"` or `"value_model"`.
+        model: its value (anything but an `nn.Module` is left alone).
+        peft_config: the config whose adapter was just added to `model`, named in the message; None otherwise.
+
+    Raises:
+        ValueError: naming the argument, the model's class and the fix.
+    """
     from peft import PeftModel
 
     if not isinstance(model, nn.Module) or any(p.requires_grad for p in model.parameters()):
         return
     what = "the policy" if name == "model" else "the critic's value estimates"
+    if peft_config is not None:
+        shown = f"the policy with the {type(peft_config).__name__} adapter of `peft_config` added"
+        raise ValueError(
+            f"`{name}` ({type(model).__name__}, {shown}) has no trainable parameters (requires_grad=False on every "
+            f"one, the adapter's included): the run would log its losses while {what} never moved. PEFT adds an "
+            "adapter frozen when peft_config.inference_mode=True (set inference_mode=False, the default) or when "
+            "something froze it afterwards. Fix: give a `peft_config` whose adapter trains, or wrap the model "
+            "yourself (`peft.get_peft_model(model, peft_config)`), check `model.print_trainable_parameters()`, and "
+            "pass that PeftModel as `model`."
+        )
     fix = (
         "A PEFT model loaded with `PeftModel.from_pretrained(model, path)` is frozen: load it with "
         "`is_trainable=True` to train its adapter."

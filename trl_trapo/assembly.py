@@ -35,7 +35,7 @@ from torch import nn
 from transformers import AutoProcessor, AutoTokenizer
 from transformers.trainer_callback import DefaultFlowCallback
 
-from .arguments import check_config_type, check_trainer_arguments
+from .arguments import check_config_type, check_trainable, check_trainer_arguments
 from .callbacks import (
     SHORT_CONSOLE_CALLBACKS,
     AdapterBankCallback,
@@ -47,6 +47,7 @@ from .callbacks import (
     StopOnSignalCallback,
     SyncReferenceCallback,
     WeightSnapshotCallback,
+    warn_removed_callbacks,
 )
 from .checkpoint import (
     STATE_DIR,
@@ -63,6 +64,7 @@ from .data import (
     DataSetup,
     PreparedData,
     ShardedSampler,
+    apply_transforms,
     check_datasets,
     check_templates_render,
     check_tokenizer,
@@ -121,7 +123,7 @@ from .objectives import (
 from .paths import check_model_source, check_tokenizer_source
 from .rewards import (
     RewardScorer,
-    check_reward_checkpoint,
+    check_reward_paths,
     check_scored_columns,
     load_reward_funcs,
     reward_function_name,
@@ -132,7 +134,7 @@ from .rl_supply import RLSupply, build_exploration, build_successes
 from .rollout import RolloutEngine, VLLMGenerator, stop_token_ids
 from .saving import check_output_dir
 from .schedules import RLSchedules
-from .setup_checks import check_neftune, check_training_setup
+from .setup_checks import apply_log_level, check_neftune, check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
 from .teacher import Teacher, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
@@ -177,8 +179,9 @@ class RunChecks:
     Attributes:
         agent ([`~trl_trapo.agents.AgentSpec`], *optional*): the tool-calling spec of `tools` /
             `environment_factory`, None without them.
-        train_dataset (`Dataset`, *optional*): the user's `train_dataset`, or — with an `environment_factory` and no
-            dataset — placeholder prompts the environment's `reset` writes.
+        datasets (`dict`): the trainer's dataset arguments by name, as the run reads them: each dataset's transform
+            applied ([`~trl_trapo.data.apply_transforms`]); `train_dataset` — also the attribute of that name — is
+            the user's, or, with an `environment_factory` and no dataset, placeholder prompts its `reset` writes.
         own_source (`bool`): the run samples with a source of the user's (`rollout_source`, `rollout_func`, `tools` /
             `environment_factory`), not the default one.
         verified_checkpoint (`str`, *optional*): the absolute path of `args.resume_from_checkpoint` once every file's
@@ -191,12 +194,17 @@ class RunChecks:
     """
 
     agent: AgentSpec | None
-    train_dataset: Dataset | None
+    datasets: dict[str, Any]
     own_source: bool
     verified_checkpoint: str | None
     rollout_state: bool | None
     datasets_summary: dict
     thread_choice: ThreadChoice
+
+    @property
+    def train_dataset(self) -> Dataset | None:
+        """The RL prompts the run reads (see `datasets`)."""
+        return self.datasets.get(RLObjective.ARGUMENT)
 
 
 def check_run(
@@ -209,18 +217,19 @@ def check_run(
     environment_factory: Callable | dict[str, Callable] | None,
     objectives: list[Objective] | None = None,
 ) -> RunChecks:
-    """The construction checks that run before anything slow loads, in this order: the config's type, the launch
-    (FSDP or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the
-    config set up), every argument's type (`arguments`: the keyword arguments of
-    [`~trl_trapo.arguments.check_trainer_arguments`]), the
-    `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
-    datasets, the training setup (trackers, optimizer, scheduler), the best-model metric, evaluation asked for without
-    an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the
-    objectives; `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`,
-    `reward_model`, `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read
-    them; `datasets` holds the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`,
-    `pretrain_dataset`, `sft_dataset`, `distillation_dataset`; not changed); `objectives` is the trainer's
-    `objectives=` (their names are compared with the checkpoint's).
+    """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
+    or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
+    set up), TRAPO's log level ([`~trl_trapo.setup_checks.apply_log_level`]), every argument's type (`arguments`: the
+    keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the datasets' transforms applied
+    ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous run, the rollout source, the agent
+    arguments, the output directory, the datasets, the training setup (trackers, optimizer, scheduler), the best-model
+    metric, evaluation asked for without an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume
+    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the objectives;
+    `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`, `reward_model`,
+    `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read them; `datasets` holds
+    the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`,
+    `distillation_dataset`; not changed: see `RunChecks.datasets`); `objectives` is the trainer's `objectives=` (their
+    names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -231,10 +240,12 @@ def check_run(
     check_config_type(args, TRAPOConfig)
     # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
     check_launch(args.distributed_state)
-    train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
+    apply_log_level(args)  # an explicit `log_level` sets TRAPO's own logger too, as the Trainer sets transformers'
     tools, reward_funcs, reward_model = (arguments.get(k) for k in ("tools", "reward_funcs", "reward_model"))
     # every argument of the wrong type is refused by name now, not by the library that first touches it
     check_trainer_arguments(**arguments)
+    datasets = apply_transforms(datasets)  # rows as a `set_transform` gives them (trial 15's N23)
+    train_dataset, eval_dataset = datasets.get(RLObjective.ARGUMENT), datasets.get("eval_dataset")
     if args.async_rollouts:  # a script the producer's `spawn` would run again: refused before anything loads
         from .async_rollouts import check_main_guard  # optional capabilities are imported where they are used
 
@@ -261,11 +272,7 @@ def check_run(
     # trackers, optimizer and scheduler: built by `train()`, checked now; NEFTune's noise, which RL cannot take
     check_training_setup(args, arguments.get("optimizers", (None, None)))
     check_neftune(args, (train_dataset is not None or own_source) and args.rl_weight > 0)
-    # a reward model given by local path is a sequence-classification checkpoint (its config only, no weights)
-    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
-        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):  # a Hub id: when it loads
-            check_reward_checkpoint(os.path.expanduser(entry), given_as)
+    check_reward_paths(reward_funcs, reward_model)  # a reward model by local path is a classifier (its config only)
     names = reward_names(reward_funcs, reward_model, agent.rewards if agent is not None else ())  # as the scorer's
     check_best_model_metric(args, eval_dataset, arguments.get("callbacks"), names, tools=agent is not None)
     # evaluation during training needs held-out data (transformers' `Trainer.__init__` said so only after tokenizing)
@@ -278,7 +285,8 @@ def check_run(
     verified_checkpoint = check_resume(args, arguments, summary, rollout_state, objectives)
     # torch's CPU threads: the cores shared among the processes this run starts, unless the user chose (threads.py)
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
-    return RunChecks(agent, train_dataset, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
+    datasets = {**datasets, RLObjective.ARGUMENT: train_dataset}  # the agent's prompts, if `check_agent` wrote them
+    return RunChecks(agent, datasets, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
 
 
 def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:
@@ -1069,14 +1077,16 @@ def policy_and_reference(
     model: Any, model_id: str | None, ref_model: Any, args: TRAPOConfig, peft_config: Any
 ) -> tuple[Any, Any, str | None]:
     """The policy (wrapped in a fresh adapter with `peft_config`), and its reference: a frozen model, or — for a
-    PEFT policy — an adapter name ("" = adapter disabled).
+    PEFT policy — an adapter name ("" = adapter disabled). With `kl_coef=0` there is none: a `ref_model` given is
+    dropped, with an info line (the KL term is off, so it would only take device memory).
 
     Returns:
         `(policy, reference model or None, reference adapter name or None)`.
 
     Raises:
         ValueError: adapter names without a PeftModel policy, or a `model_adapter_name` / `ref_adapter_name` the
-            policy does not have (naming the field, the value and the adapters it has).
+            policy does not have (naming the field, the value and the adapters it has); a policy without a trainable
+            parameter once its adapter is added ([`~trl_trapo.arguments.check_trainable`]).
     """
     created_adapter = peft_config is not None
     if created_adapter:
@@ -1103,8 +1113,16 @@ def policy_and_reference(
             )
     if args.model_adapter_name:
         model.set_adapter(args.model_adapter_name)
+    # the policy as it will train: an adapter added frozen trains nothing (trial 15's N27)
+    check_trainable("model", model, peft_config if created_adapter else None)
     if args.ref_adapter_name:
         ref_adapter = args.ref_adapter_name
+    if ref_model is not None and args.kl_coef == 0:  # as TRL's GRPOTrainer, which keeps no reference with beta=0
+        logger.info(
+            "`ref_model` is given, but kl_coef=0: the KL penalty is off, so the reference is not used (not prepared "
+            "or run, and `trainer.ref_model` is None). Set kl_coef > 0 to penalise the KL towards it, or drop it."
+        )
+        ref_model = None
     if ref_model is not None and is_peft_model(model):
         logger.info("An explicit `ref_model` is used as the reference even though the policy is a PeftModel.")
     if args.kl_coef > 0 and ref_model is None and ref_adapter is None:
@@ -1644,6 +1662,11 @@ class RunCallbacks:
     stop_on_signal: StopOnSignalCallback
     leading: list = dataclasses.field(default_factory=list)
     existing: list | None = None
+
+    def warn_removed(self, present: list) -> str | None:
+        """Warn when a callback of `added` that TRAPO needs is no longer among `present` (the trainer's callbacks at
+        `train()`): [`~trl_trapo.callbacks.warn_removed_callbacks`]."""
+        return warn_removed_callbacks(self.added, present)
 
     def apply(self, add: Callable[[Any], None], remove: Callable[[Any], None]) -> None:
         """Remove `removed`, then add `added` in order (`Trainer.add_callback` / `remove_callback`), then insert

@@ -112,6 +112,7 @@ from .executor import (
     SourceSpec,
     producer_engine,
 )
+from .interrupts import ignore_stop_signals
 from .memory.replay import steps_covered
 from .sources import RolloutSource, SampledRound
 from .threads import passive_waiting_for_children
@@ -673,8 +674,9 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=Non
     ([`~trl_trapo.executor.RequestedPrompts`]), its engine's generator and torch's seeded with the round's seed, scored
     here by the reward functions when the source did not score it. With a vLLM server, the default source's round is
     sampled through the server ([`sample_from_server`]) instead.
-    The process ignores SIGINT / SIGTERM (the trainer decides when it stops: its checkpoint waits for the rounds in
-    flight) and exits when the trainer's process is gone. Once `abandon` (an event) is set, the trainer is stopping
+    The process ignores SIGINT / SIGTERM / SIGHUP (`interrupts.ignore_stop_signals`: the trainer decides when it
+    stops, its checkpoint waits for the rounds in flight; a closed terminal signals the whole process group) and exits
+    when the trainer's process is gone. Once `abandon` (an event) is set, the trainer is stopping
     on SIGINT / SIGTERM: the tool-calling source abandons its tool calls still running (and runs none not started),
     so that the rounds the trainer's last step and checkpoint wait for arrive.
 
@@ -688,8 +690,7 @@ def producer_main(spec: ProducerSpec, requests, weights_queue, results, stop=Non
     from .rewards import RewardScorer, discard_extra
     from .rollout import VLLMServerError, unreachable_errors, vllm_server_unreachable
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore_stop_signals()  # SIGINT / SIGTERM / SIGHUP: the trainer's to act on (interrupts.py)
     parent = os.getppid()
     index = -1
     scorer = source = None

@@ -9,7 +9,7 @@
 | [`AdapterBankCallback`] | `on_step_end` | adapter snapshots every `adapter_snapshot_steps`, automatic rollback |
 | [`DDPCommHookCallback`] | `on_train_begin` | registers the fp16 / bf16 / PowerSGD DDP communication hook |
 | [`WeightSnapshotCallback`] | `on_train_begin`, `on_step_end` | the async producer's weights under ZeRO-3, every `weight_sync_steps` (all ranks) |
-| [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM on any rank: save `checkpoint-N` and stop (all ranks) |
+| [`StopOnSignalCallback`] | `on_step_end` | after SIGINT / SIGTERM / SIGHUP on any rank: save `checkpoint-N` and stop (all ranks) |
 | [`EpochCallback`] | `on_step_end`, `on_epoch_end` | `state.epoch` = passes over the dataset that sizes the run; epoch-end log / eval / save at each pass's end |
 | [`ShortProgressCallback`], [`ShortPrinterCallback`] | `on_log` | `console_metrics="short"`: the console's line of a training step shows `CONSOLE_METRICS` only |
 
@@ -332,10 +332,11 @@ class EndProcessGroupAtExitCallback(TrainerCallback):
 
 
 class StopOnSignalCallback(TrainerCallback):
-    """Stops training cleanly after SIGINT / SIGTERM: at the end of the optimizer step during which a rank received one
-    (see [`~trl_trapo.interrupts.SignalCatcher`]), every rank agrees to stop (one all-gather per step, at the same
-    point on every rank), the Trainer saves the normal `checkpoint-N` (with TRAPO's state, `StateCheckpointCallback`)
-    whatever `save_strategy` says, skips any evaluation due at that step, and stops. `interruption` then says where.
+    """Stops training cleanly after SIGINT / SIGTERM / SIGHUP: at the end of the optimizer step during which a rank
+    received one (see [`~trl_trapo.interrupts.SignalCatcher`]), every rank agrees to stop (one all-gather per step, at
+    the same point on every rank), the Trainer saves the normal `checkpoint-N` (with TRAPO's state,
+    `StateCheckpointCallback`) whatever `save_strategy` says, skips any evaluation due at that step, and stops.
+    `interruption` then says where.
 
     Args:
         catcher ([`~trl_trapo.interrupts.SignalCatcher`]): the flag the signal handlers set.
@@ -434,6 +435,51 @@ class EpochCallback(TrainerCallback):
         if args.save_strategy == SaveStrategy.EPOCH:
             control.should_save = False
         return control
+
+
+NEEDED_CALLBACKS = {
+    StateCheckpointCallback: (
+        "it writes TRAPO's state (trapo/: the data positions, DARE's weights, the random generators, ...) into each "
+        "checkpoint-N, so the checkpoints this run saves cannot be resumed (resume_from_checkpoint refuses them)"
+    ),
+    StopOnSignalCallback: (
+        "it saves a checkpoint and stops at the end of the step when Ctrl-C / SIGTERM arrives, so a signal is held "
+        "until training ends (a second Ctrl-C aborts without a checkpoint)"
+    ),
+}
+"""TRAPO's callbacks a resumable run needs -> what is lost without them (`trainer.pop_callback` /
+`remove_callback` take them out as any other; trial 15's N31)."""
+
+
+def warn_removed_callbacks(added: list, present: list) -> str | None:
+    """Warn when a callback TRAPO added at construction and needs ([`NEEDED_CALLBACKS`]) is no longer among the
+    trainer's callbacks (`trainer.callback_handler.callbacks`), and no other instance of its class replaces it: the run
+    trains as usual, and what it does is lost without a word (trial 15's N31: checkpoints without `trapo/`, which
+    resuming then refused as "not written by TRAPOTrainer"). Called at the start of every `train()`.
+
+    Args:
+        added (`list`): the callbacks TRAPO added ([`~trl_trapo.assembly.RunCallbacks`]).
+        present (`list`): the trainer's callbacks now.
+
+    Returns:
+        The warning's text, or None.
+    """
+    missing = [
+        callback
+        for callback in added
+        if type(callback) in NEEDED_CALLBACKS and not any(isinstance(c, type(callback)) for c in present)
+    ]
+    if not missing:
+        return None
+    lost = "; ".join(f"{type(c).__name__}: {NEEDED_CALLBACKS[type(c)]}" for c in missing)
+    names = " / ".join(type(c).__name__ for c in missing)
+    message = (
+        f"A callback TRAPO needs was removed from the trainer (pop_callback / remove_callback): {lost}. Fix: keep "
+        f"{names}, or add it back before train(): `trainer.add_callback(callback)` with the instance pop_callback "
+        "returned."
+    )
+    logger.warning(message)
+    return message
 
 
 __all__ = [

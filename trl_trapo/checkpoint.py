@@ -237,10 +237,17 @@ def verify_checkpoint(checkpoint_dir: str | os.PathLike, world_size: int) -> Non
             + damaged_checkpoint_fix(checkpoint_dir)
         )
     if not os.path.isdir(os.path.join(checkpoint_dir, STATE_DIR)):
+        # transformers' files are there: a TRAPOTrainer whose StateCheckpointCallback was removed writes only them
+        removed = (
+            ", or a callback TRAPO needs (StateCheckpointCallback, which writes that folder) was removed from the "
+            "trainer that wrote it (pop_callback / remove_callback; train() warns about it)"
+            if os.path.isfile(os.path.join(checkpoint_dir, "trainer_state.json"))
+            else ""
+        )
         raise CheckpointError(
             f"resume_from_checkpoint={checkpoint_dir!r} has no {STATE_DIR}/ folder: it was not written by "
-            f"TRAPOTrainer (e.g. a plain transformers Trainer's checkpoint), or the folder was not copied with it. "
-            "TRAPO resumes only its own checkpoints. Fix: to start from its weights, pass it as the model "
+            f"TRAPOTrainer (e.g. a plain transformers Trainer's checkpoint), or the folder was not copied with it"
+            f"{removed}. TRAPO resumes only its own checkpoints. Fix: to start from its weights, pass it as the model "
             "(--model_name_or_path / `model=`) and start without resume_from_checkpoint."
         )
     written = checkpoint_processes(checkpoint_dir)
@@ -869,7 +876,10 @@ def incomplete_reason(path: str) -> str | None:
     if "trainer_state.json" not in names:
         return "no trainer_state.json: a save stopped part-way"
     if STATE_DIR not in names:
-        return f"no {STATE_DIR}/ state: a save stopped part-way, or not written by TRAPOTrainer"
+        return (
+            f"no {STATE_DIR}/ state: a save stopped part-way, or not written by TRAPOTrainer (or by one whose "
+            "StateCheckpointCallback was removed)"
+        )
     if not os.path.isfile(marker_path(path, 0)):
         return f"no {os.path.relpath(marker_path(path, 0), path)}: a save stopped part-way"
     return None

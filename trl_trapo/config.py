@@ -34,8 +34,9 @@ from trl.trainer.base_config import _BaseConfig
 
 from . import threads
 from .distributed import bf16_comm_hook_problem, check_world_environment, rendezvous_notice
+from .paths import byte_order_mark_problem
 from .sampler_correction import CorrectionMode, bounds_problem
-from .setup_checks import METRIC_SCHEDULERS
+from .setup_checks import METRIC_SCHEDULERS, check_scheduler_kwargs
 from .tool_schemas import row_tool_names
 
 
@@ -122,6 +123,87 @@ LOGITS_CHANGING_GENERATION_KWARGS = frozenset(
     }
 )
 """`generation_kwargs` keys that change the sampled distribution away from softmax(logits / temperature)."""
+
+
+JOB_ARGUMENTS = {
+    **{
+        f"{dataset}_{part}": dataset
+        for dataset in ("pretrain_dataset", "sft_dataset", "distillation_dataset")
+        for part in ("name", "config", "split")
+    },
+    "pretrain_streaming": "pretrain_dataset",
+    "reward_funcs": "reward_funcs",
+    "reward_model_name_or_path": "reward_model",
+    "value_model_name_or_path": "value_model",
+    "max_eval_samples": "eval_dataset",
+    "task_suite_seed": "",
+}
+"""The `trapo train` job's own arguments that are not TRAPOConfig fields, beyond TRL's `ModelConfig` and
+`ScriptArguments` fields ([`job_arguments`] reads those from TRL's classes): the other objectives' dataset flags and
+the job's data and reward arguments (`trl_trapo.jobs.main.TRAPOScriptArguments`) -> the `TRAPOTrainer` argument that
+takes what each sets ("": the job's own setting). The core never imports the jobs (tests/test_layout.py), so
+tests/test_foreign_names.py checks that these and TRL's fields are exactly the job's arguments."""
+
+
+def job_argument_place(name: str) -> str | None:
+    """The `TRAPOTrainer` argument that takes what the `trapo train` job's argument `name` sets ("model",
+    "peft_config", "train_dataset", ...; "model_init_kwargs" for how the model loads; "" for the job's own setting), or
+    None when `name` is no argument of the job (or is a TRAPOConfig field)."""
+    from trl import ModelConfig, ScriptArguments
+
+    if name in JOB_ARGUMENTS:
+        return JOB_ARGUMENTS[name]
+    if name in {f.name for f in dataclasses.fields(ScriptArguments)}:  # the RL prompts' flags
+        return {"dataset_test_split": "eval_dataset", "ignore_bias_buffers": ""}.get(name, "train_dataset")
+    if name in {f.name for f in dataclasses.fields(ModelConfig)}:
+        if name == "model_name_or_path":
+            return "model"
+        adapter = name in ("use_peft", "use_rslora", "use_dora") or name.startswith("lora_")
+        return "peft_config" if adapter else "model_init_kwargs"
+    return None
+
+
+JOB_ARGUMENT_PLACES = {
+    "model": "`TRAPOTrainer(model=...)` (the id or path, which TRAPO loads, or a loaded model)",
+    "peft_config": "`TRAPOTrainer(peft_config=peft.LoraConfig(...))` (TRL's `get_peft_config(model_args)` builds it)",
+    "model_init_kwargs": "how the model loads: `TRAPOConfig(model_init_kwargs={...})`, e.g. `{'dtype': 'bfloat16'}`, "
+    "when `model=` is an id or path, or your own `from_pretrained(...)`",
+    "eval_dataset": "`TRAPOTrainer(eval_dataset=...)` (the held-out split you load; `.select(range(n))` for n rows)",
+    "": "the job's own setting (`trapo train --help`), which the Python API has no argument of",
+}
+"""How [`job_arguments`] writes where the Python API takes a job argument, by [`job_argument_place`]; another
+place `p` is written `TRAPOTrainer(p=...)` (a dataset argument: one you load)."""
+
+
+def job_arguments(names: list[str]) -> str:
+    """A sentence naming those of `names` that are arguments of the `trapo train` job and not TRAPOConfig fields (a
+    recipe's `model_name_or_path`, `use_peft`, `lora_r`, `dataset_name`, `reward_funcs`, ...:
+    [`job_argument_place`]), each with where the Python API takes it, and the other names when there are some; ""
+    when none is (trial 15's N25: `TRAPOConfig(**yaml.safe_load(recipe))` got Python's bare "unexpected keyword
+    argument 'model_name_or_path'")."""
+    where: dict[str, list[str]] = {}
+    job = []
+    for name in names:
+        place = job_argument_place(name)
+        if place is None:
+            continue
+        job.append(name)
+        destination = JOB_ARGUMENT_PLACES.get(place) or (
+            f"`TRAPOTrainer({place}=...)`"
+            + (", a dataset you load (`datasets.load_dataset(...)`)" if place.endswith("_dataset") else "")
+        )
+        where.setdefault(destination, []).append(name)
+    if not job:
+        return ""
+    others = [name for name in names if name not in job]
+    return (
+        f"arguments of the `trapo train` job, which are not TRAPOConfig fields: {', '.join(job)} (a recipe, e.g. "
+        "examples/recipes/*.yaml, holds the job's arguments and TRAPOConfig's together; the job's parser splits them). "
+        "In Python: "
+        + "; ".join(f"{', '.join(group)} -> {destination}" for destination, group in where.items())
+        + ". Or run the recipe as it is: `trapo train --config FILE`."
+        + (f" Neither TRAPOConfig nor the job takes {', '.join(others)}." if others else "")
+    )
 
 
 GRPO_ALIASES = {
@@ -696,6 +778,68 @@ def changed_settings(config, names) -> list[str]:
     return changed
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`1 phase`, `3 phases` (`nouns`: the plural when it is not `noun` + s)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def curriculum_phases_refusal(config, mixtures: list) -> tuple[str, object, str]:
+    """Why `curriculum_mixtures` and `curriculum_boundaries` disagree on the number of phases, blaming the one the
+    user set (trial 16's N04: `curriculum_boundaries=[]` alone was refused as an invalid `curriculum_mixtures`, a field
+    left at its default, without saying that the boundaries made one phase).
+
+    Args:
+        config: the config (its `curriculum_boundaries`, and which of the two fields differ from their defaults).
+        mixtures: `curriculum_mixtures`, flattened (numbers, or one mapping per phase).
+
+    Returns:
+        `(field, value, text)` for the config's refusal: the field the user set (`curriculum_mixtures` when both
+        or neither), its value, and the text naming both fields, the phases each makes and the fix.
+    """
+    boundaries = list(config.curriculum_boundaries)
+    phases = len(boundaries) + 1
+    given = changed_settings(config, ("curriculum_boundaries", "curriculum_mixtures"))
+    name = "curriculum_boundaries" if given == ["curriculum_boundaries"] else "curriculum_mixtures"
+    left = {  # a field left at its default is shown with its value: the user may not know it
+        "curriculum_boundaries": "" if "curriculum_boundaries" in given else ", left at its default,",
+        "curriculum_mixtures": "" if "curriculum_mixtures" in given else f"={mixtures!r}, left at its default,",
+    }
+    mappings = bool(mixtures) and all(isinstance(m, Mapping) for m in mixtures)
+    if mappings:
+        has = len(mixtures)
+        held = f"has {plural(has, 'phase')} ({plural(has, 'mapping')}, one per phase)"
+    elif any(isinstance(m, Mapping) for m in mixtures):
+        has, held = None, "mixes numbers and mappings (give one form: 3 numbers per phase, or one mapping per phase)"
+    elif len(mixtures) % 3 == 0:
+        has = len(mixtures) // 3
+        held = f"has {plural(has, 'phase')} ({plural(len(mixtures), 'number')}, 3 (pretrain, sft, rl) per phase)"
+    else:
+        has, held = None, f"has {plural(len(mixtures), 'number')}, not a whole number of (pretrain, sft, rl) triples"
+    cause = (
+        f"curriculum_boundaries={boundaries!r}{left['curriculum_boundaries']} makes {plural(phases, 'phase')} (one "
+        f"more than its boundaries), but curriculum_mixtures{left['curriculum_mixtures']} {held}"
+    )
+    if mappings:
+        to_boundaries = f"give one mapping per phase: {phases} phases need {phases}"
+    else:
+        numbers = "p, s, r" if phases == 1 else ", ".join(f"p{i}, s{i}, r{i}" for i in range(1, phases + 1))
+        if phases > 3:
+            numbers = f"p1, s1, r1, ..., p{phases}, s{phases}, r{phases}"
+        to_boundaries = (
+            f"give 3 numbers (pretrain, sft, rl) per phase: {plural(phases, 'phase needs', 'phases need')} "
+            f"{3 * phases}, curriculum_mixtures=[{numbers}] (each phase's three shares sum to 1), or one mapping "
+            f"objective -> share per phase ({'one' if phases == 1 else f'{phases} of them, each'} like "
+            '{"pretrain": p, "sft": s, "rl": r})'
+        )
+    fixes = [to_boundaries]
+    if has:
+        fit = [0.2, 0.8] if has == 3 else [round(i / has, 2) for i in range(1, has)]
+        count = "no boundary" if has == 1 else plural(has - 1, "boundary", "boundaries")
+        to_mixtures = f"give curriculum_boundaries={fit!r} ({count}: {plural(has, 'phase')})"
+        fixes.insert(0 if name == "curriculum_mixtures" else 1, to_mixtures)
+    return name, getattr(config, name), f"{cause}. Fix: {'; or '.join(fixes)}."
+
+
 def warn_ignored_settings(log: logging.Logger, given: list[str], gate: str, consequence: str, fix: str) -> None:
     """Warn, naming them, that settings the user gave are ignored because `gate` is not set (the run keeps that
     behaviour; the warning says so): "--lora_r is set but --use_peft is not: it is ignored and ...".
@@ -831,7 +975,8 @@ class TRAPOConfig(_BaseConfig):
     def __new__(cls, *args, **kwargs):
         # the dataclass __init__ refuses an unknown keyword with a bare TypeError; a TRL GRPOConfig field is refused
         # here first, naming it and the fix (GRPO's names of TRAPO's own settings are fields: `GRPO_ALIASES`)
-        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`)
+        # and so are an SFTConfig field and a TRL 0.x PPOConfig field (`foreign_fields`), and an argument of the
+        # `trapo train` job a recipe holds (`job_arguments`)
         unknown = sorted(set(kwargs) - set(cls.__dataclass_fields__))
         found = foreign_fields(unknown)
         if any(source == "TRL 0.x PPOConfig" for _, source, _ in found):  # 0.x meanings of names PPOConfig fills in
@@ -840,6 +985,10 @@ class TRAPOConfig(_BaseConfig):
                 for n in ("batch_size", "mini_batch_size")
                 if n in kwargs and n not in unknown
             ]
+        named = {name for name, _, _ in found}
+        job = job_arguments([name for name in unknown if name not in named]) if len(unknown) > len(named) else ""
+        if job and not found:
+            raise TypeError(f"{cls.__name__} got {job}")
         if found:
             parts = []
             for source in dict.fromkeys(source for _, source, _ in found):
@@ -860,7 +1009,11 @@ class TRAPOConfig(_BaseConfig):
             }
             sources = dict.fromkeys(source for _, source, _ in found)
             raise TypeError(
-                f"{cls.__name__} got " + " It got ".join(parts) + " " + " ".join(guides[s] for s in sources)
+                f"{cls.__name__} got "
+                + " It got ".join(parts)
+                + " "
+                + " ".join(guides[s] for s in sources)
+                + (f" It also got {job}" if job else "")
             )
         return super().__new__(cls)
 
@@ -1107,7 +1260,9 @@ class TRAPOConfig(_BaseConfig):
     curriculum_boundaries: list[float] = field(
         default_factory=lambda: [0.2, 0.8],
         metadata={
-            "help": "Phase boundaries as fractions of the planned optimizer steps (default: 20%% / 60%% / 20%%)."
+            "help": "Phase boundaries as fractions of the planned optimizer steps (default: 20%% / 60%% / 20%%); "
+            "one phase more than boundaries, each with its mixture in `curriculum_mixtures`. [] (on the command line "
+            "`--curriculum_boundaries '[]'`): one phase, one constant mixture."
         },
     )
     curriculum_mixtures: list[float] = field(
@@ -2272,6 +2427,9 @@ class TRAPOConfig(_BaseConfig):
                     with open(value, encoding="utf-8") as handle:
                         loaded = json.load(handle)
                 except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                    bom = isinstance(error, json.JSONDecodeError) and byte_order_mark_problem(error, "accelerate")
+                    if bom:  # accelerate's DeepSpeed config reader refuses it too
+                        raise ValueError(f"{name} is invalid: the file {os.path.abspath(value)} {bom}.") from error
                     raise ValueError(
                         f"{name} is invalid: the file {os.path.abspath(value)} is not valid JSON ({error}). --deepspeed "
                         'takes a DeepSpeed JSON config (keys in double quotes, no trailing commas), e.g. `{"'
@@ -2752,6 +2910,8 @@ class TRAPOConfig(_BaseConfig):
         # every Literal field's choices: check_field_types, before this method runs
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             bad("learning_rate", self.learning_rate, "use a finite learning rate > 0 (e.g. 1e-5 for a real model).")
+        # lr_scheduler_kwargs transformers would train wrongly with; other mistakes: when the trainer builds it
+        check_scheduler_kwargs(self)
         if self.weight_decay is not None and self.weight_decay < 0:  # torch refuses it; transformers bypasses that
             bad(
                 "weight_decay",
@@ -2845,7 +3005,7 @@ class TRAPOConfig(_BaseConfig):
             self.curriculum_mixtures = mixtures
         if mixtures and all(isinstance(m, Mapping) for m in mixtures):  # one mapping objective -> share per phase
             if len(mixtures) != phases:
-                bad("curriculum_mixtures", mixtures, f"give one mapping per phase: {phases} phases need {phases}.")
+                bad(*curriculum_phases_refusal(self, mixtures))
             for i, mapping in enumerate(mixtures):
                 shares = list(mapping.values())
                 if not all(isinstance(k, str) for k in mapping) or any(
@@ -2857,12 +3017,7 @@ class TRAPOConfig(_BaseConfig):
                     bad("curriculum_mixtures", mixtures, f"phase {i} {dict(mapping)} must sum to 1.")
         else:
             if any(isinstance(m, Mapping) for m in mixtures) or len(mixtures) != 3 * phases:
-                bad(
-                    "curriculum_mixtures",
-                    mixtures,
-                    f"give 3 numbers (pretrain, sft, rl) per phase: {phases} phases need {3 * phases} numbers (or one "
-                    "mapping objective -> share per phase).",
-                )
+                bad(*curriculum_phases_refusal(self, mixtures))
             for i in range(0, len(mixtures), 3):
                 triple = mixtures[i : i + 3]
                 if any(not (x >= 0 and math.isfinite(x)) for x in triple) or not abs(sum(triple) - 1) <= 1e-6:

@@ -82,6 +82,79 @@ def is_column_dict(value: Any) -> bool:
     return type(value) is dict and bool(value) and not any(isinstance(v, split_types) for v in value.values())
 
 
+def apply_transform(dataset: Any, role: str) -> Any:
+    """`dataset` with the transform of its `set_transform` / `with_transform` applied to every row: a plain `Dataset`
+    of the columns its rows have (trial 15's N23); any other value as it is.
+
+    A transform builds a row's columns as the row is read (`dataset[i]`, what TRL's dataloader reads), while
+    `column_names` still lists the stored ones, so a transform building `prompt` was refused for lacking it. TRAPO
+    checks and tokenizes its datasets' columns before training (with `Dataset.map`, whose output would go through
+    the same transform at every read, dropping the columns TRAPO adds), so the transform is applied once, up front,
+    as `datasets` formats a row it reads: the format's `columns` go through the transform and, with
+    `output_all_columns=True`, the other columns are added as they are. A transform that draws at random draws once
+    per row, not at every read.
+
+    Args:
+        dataset: any value; only a `datasets.Dataset` whose format type is `"custom"` (a transform) is changed.
+        role: the argument, for the messages (`"train_dataset"`, `"eval_dataset['math']"`).
+
+    Returns:
+        A new `Dataset` (no format set: rows are Python values), or `dataset` itself.
+
+    Raises:
+        ValueError: naming the argument and the transform, with the error it raised on the rows.
+    """
+    if not isinstance(dataset, Dataset) or dataset.format["type"] != "custom":
+        return dataset
+    transform = dataset.format["format_kwargs"]["transform"]
+    columns, keep_all = dataset.format["columns"], dataset.format["output_all_columns"]
+    plain = dataset.with_format(None)
+
+    def transformed(batch: dict) -> dict:
+        rows = transform({k: v for k, v in batch.items() if k in columns} if columns is not None else batch)
+        if keep_all and columns is not None:  # `datasets.formatting.format_table`: the other columns as they are
+            rows = {**rows, **{k: v for k, v in batch.items() if k not in columns}}
+        return rows
+
+    name = getattr(transform, "__qualname__", type(transform).__name__)
+    try:
+        applied = plain.map(
+            transformed, batched=True, remove_columns=plain.column_names, desc=f"Applying {role}'s transform"
+        )
+    except Exception as error:  # the user's transform, on the stored rows
+        raise ValueError(
+            f"`{role}` has a transform ({name}, set with `set_transform` / `with_transform`), which TRAPO applies to "
+            f"every row before training, and it failed on the dataset's stored columns {plain.column_names}: "
+            f"{type(error).__name__}: {error}. Fix the transform, or give the rows as they should be read "
+            "(`dataset.map(fn, batched=True)` in place of `with_transform(fn)`)."
+        ) from error
+    logger.info(
+        "`%s` has a transform (%s): applied once to each of its %d rows before training (columns %s -> %s); a "
+        "transform that draws at random drew once per row.",
+        role,
+        name,
+        len(applied),
+        plain.column_names,
+        applied.column_names,
+    )
+    return applied
+
+
+def apply_transforms(datasets: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's dataset arguments by name (`train_dataset`, `eval_dataset` (one dataset or a dict of them),
+    ...) with each dataset's transform applied ([`apply_transform`]); a new dict, `datasets` is not changed.
+
+    Raises:
+        ValueError: from [`apply_transform`], naming the argument.
+    """
+    applied = {}
+    for role, value in datasets.items():
+        if isinstance(value, dict) and not is_column_dict(value):  # several eval sets (a `DatasetDict` too)
+            value = type(value)({key: apply_transform(d, f"{role}[{key!r}]") for key, d in value.items()})
+        applied[role] = apply_transform(value, role)
+    return applied
+
+
 def check_dataset_object(dataset: Any, role: str, streaming_ok: bool = False) -> None:
     """Raise a ValueError unless `dataset` is one `datasets.Dataset` (or, with `streaming_ok`, an `IterableDataset`).
 
@@ -555,7 +628,8 @@ def check_sft_completions(dataset: Dataset, role: str, assistant_only_loss: bool
 
 def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
-    (`check_missing_values`), each of its column's form (`check_cell_types`), for SFT rows a completion to learn
+    (`check_missing_values`), each of its column's form (`check_cell_types`), some text in some row
+    (`check_not_all_empty`), for SFT rows a completion to learn
     (`check_sft_completions`; with `assistant_only_loss`, an assistant turn of each `messages` row), and
     conversations TRAPO can place images in (`check_prompt_roles`).
 
@@ -567,9 +641,61 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     check_missing_values(dataset, role, columns)
     check_cell_types(dataset, role, columns)
     check_no_conversation_text(dataset, role, columns)
+    check_not_all_empty(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role, assistant_only_loss)
     check_prompt_roles(dataset, role, kind)
+
+
+def has_text(value: Any) -> bool:
+    """Whether one cell holds anything a tokenizer or template writes: a non-empty string, or a message with content
+    or a tool call (whitespace is text; an image part alone is not)."""
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(m, dict) and (m.get("tool_calls") or row_text(m.get("content"))) for m in value)
+    return bool(row_text(value))
+
+
+def check_not_all_empty(dataset: Dataset, role: str, columns: Sequence[str]) -> None:
+    """Refuse a dataset whose text columns among `columns` ('text', 'prompt', 'completion', 'messages') hold no text
+    in any row: every value `''`, or conversations whose messages are all empty (a failed extraction; trial 15's
+    C21, where an all-empty `text` column passed every check, then failed at the first step, after the model load and
+    the initial evaluation). A column Arrow stores as strings is scanned by Arrow (no tokenizing, no Python per row);
+    conversations row by row, stopping at the first with text. Rows without text among rows with text are not this
+    check's (see docs/robustness.md for what happens to them), nor are datasets with an image column (an image alone
+    is a row's content).
+
+    Args:
+        dataset (`Dataset`): a map-style dataset whose cells `check_missing_values` and `check_cell_types` passed.
+        role (`str`): its argument's name, for the message.
+        columns (`Sequence[str]`): the columns TRAPO reads from it (`read_columns`).
+
+    Raises:
+        ValueError: naming the dataset, the column(s), the row count and the fix.
+    """
+    import pyarrow.compute as pc
+
+    names = dataset_columns(dataset)
+    text_columns = [c for c in ("text", "prompt", "completion", "messages") if c in columns and c in names]
+    if not text_columns or not len(dataset) or any(c in names for c in IMAGE_COLUMNS):
+        return
+    for column in text_columns:
+        array = dataset.with_format("arrow")[column]
+        if str(array.type) in ("string", "large_string"):
+            if pc.max(pc.utf8_length(array)).as_py():
+                return  # a row with text
+        elif any(
+            has_text(v) for batch in dataset.select_columns([column]).iter(batch_size=1000) for v in batch[column]
+        ):
+            return
+    shown = " and ".join(repr(c) for c in text_columns)
+    strings = [str(dataset.with_format("arrow")[c].type) in ("string", "large_string") for c in text_columns]
+    values = "every value ''" if all(strings) else "no message with content" if not any(strings) else "no text"
+    raise ValueError(
+        f"`{role}` column{'s' if len(text_columns) > 1 else ''} {shown} {'are' if len(text_columns) > 1 else 'is'} "
+        f"empty in all {len(dataset)} rows ({values}): no row has any text to train on or evaluate, which usually "
+        "means it was lost upstream (a failed text extraction, the wrong column renamed). Fix: fill "
+        f"{'them' if len(text_columns) > 1 else 'it'} from the source (look at `dataset[0]`), or drop the dataset."
+    )
 
 
 CONVERSATION_TEXT_ROWS = 16  # rows `check_no_conversation_text` reads: a column stored so holds it in every row
@@ -841,14 +967,69 @@ def column_mapping_example(columns: Sequence[str], slot: str, row: Mapping | Non
     return f" Fix: name the text column 'text', e.g. `{call}`."
 
 
+def preference_rows_hint(dataset: Dataset | IterableDataset, name: str) -> str:
+    """What to do with preference rows (TRL's preference format: `chosen` / `rejected`, with a `prompt` column or the
+    prompt inside both) given as `name` (trial 15's N12: as `sft_dataset` they were told to rename a "<prompt
+    column>" that does not exist). TRAPO trains no preference loss; the chosen answers can be demonstrations:
+
+    - explicit prompt: `dataset.remove_columns('rejected').rename_column('chosen', 'completion')`;
+    - implicit prompt, conversational (e.g. trl-lib/ultrafeedback_binarized): `rename_column('chosen', 'messages')`
+      after removing `rejected` (the whole conversation, its assistant turns trained);
+    - implicit prompt, text: TRL's `extract_prompt` first (the common start of chosen and rejected is the prompt).
+
+    As RL prompts (`train_dataset`), rows without a `prompt` column get their prompts with `extract_prompt`.
+
+    Args:
+        dataset: the rows (the first one, when there is one, tells conversations from text: TRL's
+            `is_conversational`).
+        name: the argument they were given as (`sft_dataset`, `pretrain_dataset`, `train_dataset`, ...).
+
+    Returns:
+        `str`: sentences naming the format and the fix, "" for rows that are not preference data.
+    """
+    columns = set(dataset_columns(dataset))
+    if not {"chosen", "rejected"} <= columns:
+        return ""
+    row = first_row(dataset)
+    explicit = "prompt" in columns
+    conversational = None if row is None else is_conversational({"chosen": row["chosen"]})
+    keep_chosen = ".remove_columns('rejected').rename_column('chosen', {!r})"
+    if explicit:
+        demonstrations = "`dataset" + keep_chosen.format("completion") + "`"
+    elif conversational:
+        demonstrations = "`dataset" + keep_chosen.format("messages") + "`"
+    elif conversational is False:
+        demonstrations = "`dataset.map(extract_prompt)" + keep_chosen.format("completion") + "`"
+    else:  # a streaming dataset: its rows are not read here
+        demonstrations = (
+            f"`dataset{keep_chosen.format('messages')}` for conversations, "
+            f"`dataset.map(extract_prompt){keep_chosen.format('completion')}` for text"
+        )
+    prompt = "a 'prompt' column" if explicit else "the prompt inside both"
+    hint = (
+        f"`{name}` holds preference data (TRL's preference format: 'chosen' / 'rejected' columns, {prompt}), and "
+        "TRAPO trains no preference loss (DPO is TRL's DPOTrainer). To use the chosen answers as demonstrations, pass "
+        f"them as `sft_dataset`: {demonstrations}."
+    )
+    if name in ("train_dataset", "eval_dataset") and not explicit:
+        hint += " To use its prompts for RL: `dataset.map(extract_prompt).remove_columns(['chosen', 'rejected'])`."
+    if "extract_prompt" in hint:
+        hint += (
+            " (`from trl.data_utils import extract_prompt`: the start that chosen and rejected share becomes the "
+            "'prompt'.)"
+        )
+    return hint
+
+
 def check_pretrain_dataset(dataset: Dataset | IterableDataset) -> None:
     """Raise a ValueError unless `dataset` is a non-empty language-modelling dataset with a `text` column."""
     _check_not_empty(dataset, "pretrain_dataset")
     columns = dataset_columns(dataset)
     if columns and "text" not in columns:
+        preference = preference_rows_hint(dataset, "pretrain_dataset")
         raise ValueError(
             f"`pretrain_dataset` must have a 'text' column (TRL's language-modelling format); it has {columns}."
-            + column_mapping_example(columns, "pretrain", first_row(dataset))
+            + (" " + preference if preference else column_mapping_example(columns, "pretrain", first_row(dataset)))
             + nested_rows_hint(dataset, {"text"})
         )
 
@@ -865,10 +1046,11 @@ def check_sft_dataset(dataset: Dataset) -> None:
             if "text" in columns
             else ""
         )
+        preference = preference_rows_hint(dataset, "sft_dataset")
+        fix = text or (" " + preference if preference else column_mapping_example(columns, "sft", first_row(dataset)))
         raise ValueError(
             f"`sft_dataset` must have 'prompt' and 'completion' columns (prompt-completion format) or a 'messages' "
-            f"column (conversational format); it has {columns}.{text or column_mapping_example(columns, 'sft', first_row(dataset))} See "
-            "https://huggingface.co/docs/trl/dataset_formats."
+            f"column (conversational format); it has {columns}.{fix} See https://huggingface.co/docs/trl/dataset_formats."
             + nested_rows_hint(dataset, {"prompt", "completion", "messages"})
         )
     if "label" in columns and has_bool_column(dataset, "label"):  # KTO's rows were imitated, label=False ones too
@@ -879,6 +1061,58 @@ def check_sft_dataset(dataset: Dataset) -> None:
             "`dataset.filter(lambda row: row['label']).remove_columns('label')`. See "
             "https://huggingface.co/docs/trl/dataset_formats (unpaired preference)."
         )
+
+
+def mixed_formats_notice(columns: Sequence[str], role: str, kind: str | None = None) -> str | None:
+    """The warning for a dataset whose columns hold two of TRL's formats, of which `role` reads one and ignores the
+    other without a word (a half-converted dataset would be trained or evaluated on half of its data), or None.
+
+    Said: an SFT dataset (`kind="sft"`: `sft_dataset`, a `DemonstrationObjective`'s) or an eval set with both
+    `messages` and `prompt` + `completion` (prompt-completion is read, TRL's `SFTTrainer` precedence); an eval set
+    (`kind=None`, the format [`read_columns`] reads) with `text` and any of `prompt` / `completion` / `messages` (the
+    language-modelling loss of `text` is evaluated), or with `prompt` and `messages` but no `completion` (the SFT loss
+    of `messages` is evaluated, the prompts are not scored with rewards). Not said: RL prompts with a `messages`
+    column (it reaches the reward functions) and `pretrain_dataset` with other columns (its one format is `text`;
+    other columns are the user's, as for every dataset).
+
+    Args:
+        columns (`Sequence[str]`): the dataset's columns.
+        role (`str`): how the message names the dataset (e.g. "sft_dataset", "eval_dataset['a']").
+        kind (`str`, *optional*): "sft" for an SFT objective's dataset; None for an eval set.
+    """
+    columns = set(columns)
+    if kind is None and "text" in columns:
+        others = [c for c in ("prompt", "completion", "messages") if c in columns]
+        if not others:
+            return None
+        listed = "/".join(f"`{c}`" for c in others)
+        return (
+            f"`{role}` has both `text` and {listed} columns: evaluating the language-modelling loss of `text`; "
+            f"{listed} {'is' if len(others) == 1 else 'are'} ignored (remove one of them to silence this)"
+        )
+    if kind not in ("sft", None):
+        return None
+    if {"prompt", "completion"} <= columns and "messages" in columns:
+        doing = "training on" if kind == "sft" else "evaluating the SFT loss of"
+        return (
+            f"`{role}` has both `messages` and `prompt`/`completion` columns: {doing} prompt/completion; `messages` is "
+            "ignored (remove one of them to silence this)"
+        )
+    if kind is None and {"prompt", "messages"} <= columns and "completion" not in columns:
+        return (
+            f"`{role}` has both `prompt` and `messages` columns: evaluating the SFT loss of `messages`; the prompts "
+            "are not scored with rewards (remove one of them to silence this)"
+        )
+    return None
+
+
+def warn_mixed_formats(named: Sequence[tuple[str, Any]], kind: str | None = None) -> None:
+    """Log [`mixed_formats_notice`] for each `(role, dataset)` of `named` whose columns hold two formats; called once
+    per dataset at construction (and for a dataset passed to `evaluate()`)."""
+    for role, dataset in named:
+        notice = mixed_formats_notice(dataset_columns(dataset), role, kind)
+        if notice:
+            logger.warning(notice)
 
 
 def has_bool_column(dataset: Dataset | IterableDataset, column: str) -> bool:
@@ -918,11 +1152,18 @@ def check_prompt_dataset(dataset: Dataset, name: str = "train_dataset") -> None:
     columns = dataset_columns(dataset)
     if "prompt" not in columns and "input_ids" not in columns:
         misplaced = misplaced_rows_hint(columns, name)
+        preference = preference_rows_hint(dataset, name)
         raise ValueError(
             (misplaced + " " if misplaced else "")
             + f"`{name}` (RL prompts) must have a 'prompt' column (TRL's prompt-only format) or an 'input_ids' column "
             f"(tokenized prompts, as TRL's PPOTrainer took); it has {columns}."
-            + ("" if misplaced else column_mapping_example(columns, "rl", first_row(dataset)))
+            + (
+                ""
+                if misplaced
+                else " " + preference
+                if preference
+                else column_mapping_example(columns, "rl", first_row(dataset))
+            )
             + nested_rows_hint(dataset, {"prompt", "input_ids"})
         )
 
@@ -2077,8 +2318,8 @@ def sft_row(
 ) -> Row:
     """An SFT row from tokenised lists: the target-aligned mask counts completion tokens (and the EOS); its stored
     `model_inputs` (a VLM row's `pixel_values` ..., see [`~trl_trapo.vision.as_tensors`]) ride with it."""
-    ids = torch.tensor(input_ids, dtype=torch.long)
-    mask = torch.tensor(completion_mask[1:], dtype=torch.float32)
+    ids = torch.as_tensor(input_ids, dtype=torch.long)  # rows of a torch-formatted dataset hold tensors already
+    mask = torch.as_tensor(completion_mask[1:], dtype=torch.float32)
     return Row(
         SFT,
         ids,
@@ -2127,12 +2368,22 @@ def named_datasets(datasets: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def dataset_to_evaluate(
-    eval_dataset, own, tokenizer=None, assistant_only_loss: bool = False, call: str = "evaluate(eval_dataset"
+    eval_dataset,
+    own,
+    tokenizer=None,
+    assistant_only_loss: bool = False,
+    call: str = "evaluate(eval_dataset",
+    processing_class=None,
+    template_kwargs: dict | None = None,
 ):
-    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (checked as at construction, [`check_eval_dataset`]),
-    the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a string, the entry of that
-    name of the trainer's eval dict, as transformers' `Trainer.evaluate` / `get_eval_dataloader` take it. `call` is
-    how the messages write the call and its argument (`generate_completions(dataset` for that method).
+    """What `evaluate(eval_dataset)` evaluates: `eval_dataset` (a transform applied and checked as at construction,
+    [`apply_transforms`], [`check_eval_dataset`], and, with `processing_class` (the run's tokenizer or processor, with
+    the config's `template_kwargs`), against it as construction checks it, [`check_readable_by`]: no chat template for
+    its conversations is said as such; for `evaluate`, two formats in its columns are warned about,
+    [`warn_mixed_formats`]), the trainer's own eval set(s) `own` (checked at construction) when it is None, or, for a
+    string, the entry of that name of the trainer's eval dict, as transformers' `Trainer.evaluate` /
+    `get_eval_dataloader` take it. `call` is how the messages write the call and its argument
+    (`generate_completions(dataset` for that method).
 
     Raises:
         ValueError: with neither; for a string, when `own` is not a dict or has no such key (naming the keys).
@@ -2154,7 +2405,14 @@ def dataset_to_evaluate(
         if own is None:
             raise ValueError("No `eval_dataset`: pass one to the trainer or to `evaluate()`.")
         return own
+    role = call.rsplit("(", 1)[-1]  # `eval_dataset`, or `generate_completions`' `dataset`
+    eval_dataset = apply_transforms({role: eval_dataset})[role]  # a transform applied, as at construction
     check_eval_dataset(eval_dataset, tokenizer, assistant_only_loss=assistant_only_loss)
+    if processing_class is not None:
+        for label, dataset in eval_datasets(eval_dataset):
+            check_readable_by(dataset, label, processing_class, template_kwargs)
+    if call.startswith("evaluate("):  # generate_completions reads the prompts whatever else the rows hold
+        warn_mixed_formats(eval_datasets(eval_dataset))
     return eval_dataset
 
 
@@ -2220,7 +2478,8 @@ def check_rl_prompts(dataset: Any, args) -> None:
 def check_sft_rows(dataset: Any, args) -> None:
     """The SFT objective's `sft_dataset` before any model loads: map-style demonstrations whose cells can be read
     (`messages` rows train their assistant turns under the config's `assistant_only_loss`) and whose tool calls are
-    consistent; roles no chat template knows are warned about.
+    consistent; roles no chat template knows, and `messages` beside `prompt`/`completion` (the latter trained), are
+    warned about.
 
     Raises:
         ValueError: naming the column, the row and the fix.
@@ -2229,6 +2488,7 @@ def check_sft_rows(dataset: Any, args) -> None:
     check_sft_dataset(dataset)
     check_tool_call_traces(dataset, "sft_dataset")
     warn_unknown_roles(dataset, "sft_dataset")
+    warn_mixed_formats([("sft_dataset", dataset)], "sft")
     check_cells(dataset, "sft_dataset", "sft", assistant_only_loss=getattr(args, "assistant_only_loss", False))
 
 
@@ -2263,8 +2523,9 @@ def check_datasets(
     """The checks of a run's datasets that need neither tokenizer nor model, so that the trainer makes them before it
     loads any (a column error after a model load took 51 s on a loaded machine): each objective with a weight > 0
     checks its dataset (its class's `check_data`: one map-style split, pretraining may stream, with the columns it
-    reads, every cell of which can be read), then the eval sets. [`prepare_datasets`] then tokenizes them, with the
-    checks that need the tokenizer or the model.
+    reads, every cell of which can be read), then the eval sets (one whose columns hold two formats is warned about,
+    [`warn_mixed_formats`]). [`prepare_datasets`] then tokenizes them, with the checks that need the tokenizer or the
+    model.
 
     Args:
         args ([`TRAPOConfig`]): the objectives' weights (each class's `WEIGHT_FIELD`).
@@ -2282,6 +2543,7 @@ def check_datasets(
         if dataset is not None and getattr(args, cls.WEIGHT_FIELD) > 0:
             cls.check_data(dataset, args)
     check_eval_dataset(eval_dataset, assistant_only_loss=getattr(args, "assistant_only_loss", False))
+    warn_mixed_formats(eval_datasets(eval_dataset))
 
 
 def check_distillation_dataset(dataset: Dataset) -> None:
@@ -2637,6 +2899,29 @@ def prepare_distillation_prompts(dataset: Dataset, setup: DataSetup, weight: flo
     return distill
 
 
+def check_readable_by(dataset: Any, role: str, processing_class, template_kwargs: dict | None = None) -> None:
+    """The checks of a dataset against the run's processing class that every dataset passes, at construction
+    ([`prepare_datasets`]) and when one is given later (`evaluate(dataset)`, `generate_completions(dataset=...)`:
+    trial 15's N45, where conversations without a chat template got "row 0 could not be rendered ... fix the row"
+    there): no image column without a processor ([`~trl_trapo.vision.check_no_images`]), no conversations without
+    a chat template and content parts the template can render ([`check_conversations_renderable`]).
+
+    Args:
+        dataset: a `Dataset` or streaming dataset (None and dicts of datasets are skipped: pass each entry).
+        role (`str`): how errors name it (e.g. "eval_dataset['gsm8k']").
+        processing_class: the policy's tokenizer, or a VLM run's processor.
+        template_kwargs (`dict`, *optional*): the config's `chat_template_kwargs`.
+
+    Raises:
+        ValueError: naming the dataset, the column and the fixes.
+    """
+    if dataset is None or isinstance(dataset, dict):
+        return
+    check_no_images(dataset_columns(dataset) or [], role, processing_class)
+    if isinstance(dataset, Dataset):
+        check_conversations_renderable(dataset, role, processing_class, template_kwargs)
+
+
 def prepare_datasets(
     setup: DataSetup,
     datasets: Mapping[str, Dataset | IterableDataset | None],
@@ -2674,10 +2959,7 @@ def prepare_datasets(
     processing_class = setup.images.processor if setup.images is not None else setup.tokenizer
     given = [(cls.ARGUMENT, datasets.get(cls.NAME)) for cls in objectives]
     for role, dataset in [*given, *eval_datasets(eval_dataset)]:
-        if dataset is not None and not isinstance(dataset, dict):
-            check_no_images(dataset_columns(dataset) or [], role, processing_class)
-            if isinstance(dataset, Dataset):
-                check_conversations_renderable(dataset, role, processing_class, setup.template_kwargs)
+        check_readable_by(dataset, role, processing_class, setup.template_kwargs)
     prepared = {cls.DATA_FIELD: cls.prepare_data(datasets.get(cls.NAME), setup) for cls in objectives}
     check_eval_dataset(eval_dataset, setup.tokenizer, cells=False)
     check_eval_prompts(setup.args, setup.tokenizer, eval_dataset, setup.max_positions, setup.images, setup.vocab_size)

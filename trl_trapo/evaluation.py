@@ -607,9 +607,27 @@ class Evaluator:
             )
         if dataset is None:
             return self.completions_table(own, step, sampling)
-        tokenizer, assistant_only_loss = self.tokenizer, self.args.assistant_only_loss
-        dataset = dataset_to_evaluate(dataset, own, tokenizer, assistant_only_loss, "generate_completions(dataset")
+        dataset = self.dataset_given(dataset, own, "generate_completions(dataset")
         return self.completions_table(dataset, step, sampling, source="`dataset`")
+
+    def dataset_given(self, dataset, own, call: str = "evaluate(eval_dataset"):
+        """The dataset `evaluate(dataset)` / `generate_completions(dataset=...)` (`call`) works on, checked as the
+        trainer's construction checks eval sets ([`~trl_trapo.data.dataset_to_evaluate`], against the run's tokenizer
+        or processor and chat template too); `own` (the trainer's `eval_dataset`) when `dataset` is None.
+
+        Raises:
+            ValueError: as [`~trl_trapo.data.dataset_to_evaluate`], naming the dataset and the fix.
+        """
+        processing_class = self.images.processor if self.images is not None else self.tokenizer
+        return dataset_to_evaluate(
+            dataset,
+            own,
+            self.tokenizer,
+            self.args.assistant_only_loss,
+            call,
+            processing_class,
+            self.args.chat_template_kwargs,
+        )
 
     @torch.no_grad()
     def completions_table(
@@ -889,7 +907,8 @@ class Evaluator:
             rollouts = self.tool_rollouts(policy, rows, self.greedy_generation_config(), gathered=gathered, role=role)
             return completed_rollouts(rollouts, time.perf_counter() - start)
         examples = [rows[i] for i in range(len(rows))]
-        prompt_ids = [torch.tensor(e["prompt_ids"]) for e in examples]
+        # `as_tensor`: a torch-formatted eval set's rows hold tensors, which `torch.tensor` copies with a warning
+        prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         generated = generate(
             policy,
             [p.tolist() for p in prompt_ids],

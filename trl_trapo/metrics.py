@@ -298,6 +298,7 @@ class MetricsAccumulator:
             column = per_func[:, i]
             sums[f"rewards/{name}/mean"] += float(torch.nan_to_num(column, nan=0.0).sum())
             sums[f"rewards/{name}/count"] += float((~torch.isnan(column)).sum())
+            sums[f"rewards/{name}/unscored"] += float(torch.isnan(column).sum())  # None or NaN: abstained
 
     def _add_trl_round(self, batch, completion_ids, masks, per_func, is_truncated) -> None:
         """TRL GRPO's statistics of a round (this rank's share; merged over ranks per round at log time): lengths of
@@ -427,6 +428,8 @@ class MetricsAccumulator:
                 count = reduced.get(f"rewards/{name}/count", 0.0)
                 if count:
                     out[f"rewards/{name}/mean"] = reduced[f"rewards/{name}/mean"] / count
+                if reduced.get("rollouts", 0.0):
+                    out[f"rewards/{name}/unscored_frac"] = reduced.get(f"rewards/{name}/unscored", 0.0) / rollouts
             if reduced.get("rl/all_groups", 0.0):
                 out["rl/guided_groups"] = reduced["rl/guided_groups"] / reduced["rl/all_groups"]
             for suffix in ["", *(f"/{name}" for name in self.task_names)]:

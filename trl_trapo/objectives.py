@@ -61,6 +61,7 @@ from .data import (
     prepare_pretrain_text,
     prepare_rl_prompts,
     prepare_sft_rows,
+    warn_mixed_formats,
 )
 from .losses import (
     RLTermCounts,
@@ -507,6 +508,7 @@ class DemonstrationObjective(SFTObjective):
             )
         if len(self.dataset) == 0:
             raise ValueError(f"The {role} is empty: give it demonstrations, or drop the objective.")
+        warn_mixed_formats([(role, self.dataset)], "sft")  # prompt-completion read, as for `sft_dataset`
         args = setup.args
         # as the built-in SFT data: `messages` rows trained whole, or their assistant turns with assistant_only_loss
         masked = bool(getattr(args, "assistant_only_loss", False)) and "messages" in columns

@@ -110,16 +110,37 @@ def check_model_source(value: str, arg: str) -> None:
 SAVE_FIX = "Fix: point at a directory written by `save_pretrained` (or `python scripts/save_tiny_model.py`)."
 
 
+def byte_order_mark_problem(error: json.JSONDecodeError, reader: str) -> str | None:
+    """What is wrong with a JSON file that Python's `json` refused for its UTF-8 byte-order mark (BOM), for a file
+    that `reader` (e.g. "transformers") reads with `json` too, so that it must be saved without one; None for any
+    other JSON error.
+
+    Returns:
+        A clause to follow the file's name, with the fix, e.g. "starts with a UTF-8 byte-order mark (BOM), which
+        transformers cannot read: ...".
+    """
+    if not error.msg.startswith("Unexpected UTF-8 BOM"):
+        return None
+    return (
+        f"starts with a UTF-8 byte-order mark (BOM), which {reader} cannot read: save it as plain UTF-8, not "
+        "'UTF-8 with BOM' (the editor's encoding setting)"
+    )
+
+
 def read_json_object(path: str) -> tuple[dict | None, str | None]:
     """The JSON object in the file `path`, or why there is none.
 
     Returns:
-        `(mapping, None)`, or `(None, what is wrong)`: not valid JSON (with the line and column), or not an object.
+        `(mapping, None)`, or `(None, what is wrong)`: a UTF-8 byte-order mark (transformers' `json` refuses it too),
+        not valid JSON (with the line and column), or not an object.
     """
     try:
         with open(path, encoding="utf-8") as handle:
             content = json.load(handle)
     except json.JSONDecodeError as error:
+        bom = byte_order_mark_problem(error, "transformers")
+        if bom:
+            return None, bom
         return None, f"is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
     except (OSError, UnicodeDecodeError) as error:
         return None, f"cannot be read ({type(error).__name__}: {error})"

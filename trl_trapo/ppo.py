@@ -229,11 +229,6 @@ class PPOTrainer(TRAPOTrainer):
         if train_dataset is None:
             raise ValueError("`train_dataset` is required: the prompts to roll out.")
         check_dataset_object(train_dataset, "train_dataset")  # its length sizes the run (below): one map-style split
-        if ref_model is not None and ref_model is model:
-            raise ValueError(
-                "`model` and `ref_model` cannot be the same object. To use a copy of the policy as the reference, "
-                "pass `ref_model=None`."
-            )
         check_config_type(args, TRAPOConfig, "PPOConfig")
         mixed = any(
             trapo_kwargs.get(name) is not None and weight > 0

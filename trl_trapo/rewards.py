@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -380,8 +381,11 @@ def completion_form_message(name: str, source: str, conversational: bool, cause:
     )
 
 
-def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict, loop=None) -> list[float]:
-    """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward").
+def call_reward_function(
+    func: Callable, name: str, expected: int, kwargs: dict, loop=None, on_nan: Callable[[int], None] | None = None
+) -> list[float]:
+    """Call a TRL-contract reward function and check its output; None entries become NaN ("no reward"), and NaN
+    entries stay NaN (TRL's `nansum` takes them as None too).
 
     Args:
         func (`Callable`): the reward function (sync or async).
@@ -393,6 +397,9 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             innocent function).
         loop (`asyncio.AbstractEventLoop`, *optional*): the running loop async functions are scheduled on (required
             for an async function).
+        on_nan (`Callable[[int], None]`, *optional*): called with the number of NaN rewards the function returned
+            (not counting None, the documented abstention), when there are any; NaN usually means a failure (a
+            judge's reply that did not parse), which the caller says ([`RewardScorer.score`]).
 
     Raises:
         RuntimeError: naming the function, if it raises.
@@ -452,6 +459,9 @@ def call_reward_function(func: Callable, name: str, expected: int, kwargs: dict,
             "exactly one reward per completion (one per entry of `completions`: a function that ignores "
             "len(completions), e.g. returns a list of fixed length, is wrong for other batch sizes)."
         )
+    nans = sum(raw is not None and math.isnan(value) for raw, value in zip(output, values))
+    if nans and on_nan is not None:
+        on_nan(nans)
     return values
 
 
@@ -500,6 +510,8 @@ class RewardScorer:
         self.batch_size = batch_size
         self.log_metric, self.log_extra, self.trainer_state = log_metric, log_extra, trainer_state
         self._same_vocabulary: dict[int, bool] = {}
+        self.warned_nan: set[str] = set()  # the functions whose NaN rewards were warned about (once each)
+        self.warned_unscored = False  # completions no function scored: warned about once
         self.loop = self._thread = None
         if any(not isinstance(f, nn.Module) and is_async_callable(f) for f in self.funcs):
             self._thread, self.loop, ready = start_event_loop_in_daemon(name="trl-trapo-rewards")
@@ -732,6 +744,11 @@ class RewardScorer:
 
         Returns:
             tuple `(scores, per_func)`: `(B,)` weighted scores (NaN = no reward) and `(B, F)` rewards per function.
+
+        Logs a warning the first time each function returns NaN (naming it, how many of how many; NaN is taken as
+        None, "no reward", as TRL takes it, but usually means the function failed), and the first time some but not
+        all completions of a call get no reward from any function (TRL warns "All reward functions returned None"
+        for such a sample; a round where none is scored is `RLSupply`'s to say).
         """
         prompts = [e["prompt"] for e in examples]
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
@@ -755,12 +772,42 @@ class RewardScorer:
                         **kwargs,
                     ),
                     self.loop,
+                    on_nan=lambda count, name=name: self._warn_nan(name, count, len(examples)),
                 )
                 per_func[:, i] = torch.tensor(values)
         valid = ~torch.isnan(per_func)
         weighted = torch.where(valid, per_func * self.weights, torch.zeros(()))
         scores = torch.where(valid.any(dim=1), weighted.sum(dim=1), torch.full((len(examples),), math.nan))
+        unscored = int((~valid.any(dim=1)).sum()) if self.funcs else 0
+        if 0 < unscored < len(examples) and not self.warned_unscored:
+            self.warned_unscored = True
+            logger.warning(
+                "%d of %d completions got no reward from any reward function (%s returned None or NaN for each of "
+                'them), so they are not trained on (TRL warns "All reward functions returned None" for such a '
+                "sample). Make sure at least one reward function scores every completion; `rewards/<function>/"
+                "unscored_frac` logs each function's share. (Warned once.)",
+                unscored,
+                len(examples),
+                ", ".join(repr(n) for n in self.names),
+            )
         return scores, per_func
+
+    def _warn_nan(self, name: str, count: int, total: int) -> None:
+        """Warn, the first time only, that reward function `name` returned NaN for `count` of `total` completions."""
+        if name in self.warned_nan:
+            return
+        self.warned_nan.add(name)
+        logger.warning(
+            "Reward function '%s' returned NaN for %d of %d completions: NaN is treated as None, \"no reward for this "
+            'sample" (as TRL treats it): the completion is scored by the other reward functions, or not trained on '
+            "if none scores it. NaN usually means the function failed (e.g. a judge's reply that did not parse); "
+            "return None to abstain on purpose. `rewards/%s/unscored_frac` logs the share it abstains on. (Warned "
+            "once per function.)",
+            name,
+            count,
+            total,
+            name,
+        )
 
     def _model_scores(self, model, tokenizer, prompts, texts, prompt_ids, completion_ids) -> torch.Tensor:
         same = self._same_vocabulary.get(id(tokenizer))
@@ -786,6 +833,19 @@ class RewardScorer:
             attention_mask = encoded["attention_mask"]
             input_ids = encoded["input_ids"].masked_fill(attention_mask == 0, pad)
         return reward_model_scores(model, input_ids, attention_mask, self.batch_size)
+
+
+def check_reward_paths(reward_funcs: Any, reward_model: Any) -> None:
+    """[`check_reward_checkpoint`] before anything loads, on each reward model given by local path (an entry of
+    `reward_funcs`, or `reward_model`): its config only, no weights. A Hub id is checked when it loads.
+
+    Raises:
+        ValueError: from [`check_reward_checkpoint`], naming the argument.
+    """
+    entries = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    for given_as, entry in [*(("reward_funcs", e) for e in entries), ("reward_model", reward_model)]:
+        if isinstance(entry, str) and os.path.isdir(os.path.expanduser(entry)):
+            check_reward_checkpoint(os.path.expanduser(entry), given_as)
 
 
 def check_reward_checkpoint(model_id: str, given_as: str = "reward_funcs") -> None:

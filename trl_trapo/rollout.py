@@ -531,7 +531,8 @@ class RolloutEngine:
             ValueError: with vLLM, when the rows carry model inputs but no images (vLLM takes images only).
         """
         args = self.args
-        prompt_ids = [torch.tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
+        # `as_tensor`: a torch-formatted dataset's rows hold tensors, which `torch.tensor` copies with a warning
+        prompt_ids = [torch.as_tensor(e["prompt_ids"], dtype=torch.long) for e in examples]
         model_inputs = prompt_model_inputs(examples)
         temperatures = row_temperatures(temperature, len(examples))
         images = row_images(examples) if self.vllm is not None else None  # vLLM processes the images itself
@@ -609,8 +610,9 @@ class RolloutEngine:
         prompt_ids = sampled.prompt_ids
         if prompt_ids is None:
             prompt_ids = [
-                torch.tensor(
-                    e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.tokenizer, template)
+                torch.as_tensor(  # a torch-formatted row's `prompt_ids` is a tensor already
+                    e["prompt_ids"] if "prompt_ids" in e else tokenize_prompt(e["prompt"], self.tokenizer, template),
+                    dtype=torch.long,
                 )
                 for e in sampled.examples
             ]
@@ -744,7 +746,7 @@ class RolloutEngine:
         if self.guidance is not None:
             chosen = self.guidance.select(examples, scores, group)
             if chosen:
-                demos = [torch.tensor(examples[i]["demonstration_ids"], dtype=torch.long) for i in chosen]
+                demos = [torch.as_tensor(examples[i]["demonstration_ids"], dtype=torch.long) for i in chosen]
                 demo_prompts = [prompt_ids[i] for i in chosen]
                 # what reward functions log about demonstrations is dropped: the rollout metrics describe samples
                 demo_scores, demo_per_func = self.scorer.score(

@@ -11,6 +11,9 @@ that names no setting. [`check_training_setup`] builds the optimizer and schedul
 each tracker with transformers' availability checks, before anything loads; each failure is one message naming the
 setting, its value and the fix.
 
+An explicit `log_level` also sets the level of TRAPO's own `trl_trapo` logger ([`apply_log_level`]), as the
+`Trainer` sets transformers' verbosity from it.
+
 A policy loaded by id goes through [`check_model_loading`] once its config is read and before any weight loads
 (flash attention without its package or a GPU, 4/8-bit loading without bitsandbytes, a classification checkpoint as
 the policy), and a `model_init_kwargs` key the model's constructor refuses is named by [`unknown_model_keyword`].
@@ -33,10 +36,50 @@ from typing import Any
 import torch
 from transformers import SchedulerType, Trainer, get_scheduler
 from transformers.integrations import integration_utils
-from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, GreedyLR
 
 
 logger = logging.getLogger(__name__)
+
+
+LIBRARY_LOGGER = "trl_trapo"
+"""The logger of TRAPO's own messages (every module's `logging.getLogger(__name__)` is under it)."""
+
+
+class UnlessRootHandles(logging.Filter):
+    """Let a record through [`apply_log_level`]'s handler only while the root logger has no handler: once the user
+    configures logging (`logging.basicConfig(...)`), the record reaches theirs and is not printed twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def apply_log_level(args: Any) -> None:
+    """Set the `trl_trapo` logger's level from an explicit `args.log_level`, as transformers' `Trainer` sets its own
+    verbosity (`TrainingArguments.get_process_log_level`): `log_level` on the process that logs (`args.should_log`),
+    `log_level_replica` on the others (trial 15's N20: `log_level="info"` showed transformers' info lines, never
+    TRAPO's, which stayed at Python's default WARNING). With `log_level="passive"` (the default) logging is left as
+    the user set it; on a process whose level is "passive", too. When the level is below WARNING and no handler would
+    print the records (Python's last-resort handler prints warnings only), a stderr handler is added to the
+    `trl_trapo` logger, as transformers adds one to its own; it stays silent while the root logger has a handler.
+
+    Args:
+        args: the config (`log_level`, `log_level_replica`: transformers' names, e.g. "info"; `should_log`).
+    """
+    from transformers.training_args import trainer_log_levels
+
+    if args.log_level == "passive":
+        return
+    level = trainer_log_levels[args.log_level if args.should_log else args.log_level_replica]
+    if level < 0:  # "passive" on this process
+        return
+    library = logging.getLogger(LIBRARY_LOGGER)
+    library.setLevel(level)
+    if level < logging.WARNING and not library.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(UnlessRootHandles())
+        library.addHandler(handler)
 
 
 TRACKER_PACKAGES = {
@@ -182,14 +225,13 @@ METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
     """Build the learning-rate scheduler `args` asks for on `optimizer` (or a plain SGD over one dummy parameter), as
-    `Trainer.create_scheduler` will, and take one step.
+    `Trainer.create_scheduler` will, and take one step (none for [`METRIC_SCHEDULERS`], which step on an evaluation
+    metric: building them checks their `lr_scheduler_kwargs`, which `train()` refused with torch's TypeError).
 
     Raises:
         ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the library's reason and the fix.
     """
     kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    if kind in METRIC_SCHEDULERS:  # they step on an evaluation metric (a step without one is a TypeError)
-        return
     optimizer = optimizer or torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=args.learning_rate)
     steps = args.max_steps if args.max_steps > 0 else CHECK_STEPS
     try:
@@ -200,8 +242,9 @@ def check_scheduler(args, optimizer: torch.optim.Optimizer | None) -> None:
             num_training_steps=steps,
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
-        optimizer.step()
-        scheduler.step()
+        if kind not in METRIC_SCHEDULERS:  # they step on an evaluation metric: built only (their keys are torch's)
+            optimizer.step()
+            scheduler.step()
     except (ValueError, TypeError) as error:
         raise ValueError(
             f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={args.lr_scheduler_kwargs!r} "
@@ -273,30 +316,114 @@ SCHEDULER_SET_BY_TRAINER = ("optimizer", "num_warmup_steps", "num_training_steps
 default); the others are what `lr_scheduler_kwargs` may set."""
 
 
+def scheduler_keywords(function: Callable) -> list[str]:
+    """The keyword arguments of transformers' scheduler `function` that `lr_scheduler_kwargs` may set (its signature
+    without [`SCHEDULER_SET_BY_TRAINER`] and `**kwargs`), in its order."""
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if name not in SCHEDULER_SET_BY_TRAINER and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+
+
+FLOOR = "lr_scheduler_type='cosine_with_min_lr'"
+"""The scheduler a fix names for a learning-rate floor, in the config's field language (the command line's messages
+name it `--lr_scheduler_type cosine_with_min_lr`: `jobs.main.config_flag_names`)."""
+
+
 def _scheduler_fix(kind: str, error: Exception) -> str:
     """The fix for a scheduler `get_scheduler` refused: the floor of `cosine_with_min_lr` and its kin, or the
     keyword arguments transformers' function for `kind` takes (read from its signature)."""
     function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(kind))
     if function is None:  # a type this transformers has no function for: get_scheduler's error says it
         return "choose one of transformers' SchedulerType values"
-    parameters = inspect.signature(function).parameters
-    if "min_lr" in parameters and "min_lr" in str(error):  # cosine_with_min_lr without a floor
+    if "min_lr" in inspect.signature(function).parameters and "min_lr" in str(error):  # no floor
         return (
-            "it needs a floor: `--lr_scheduler_kwargs '{\"min_lr_rate\": 0.1}'` (10% of learning_rate) or "
-            "`min_lr` (an absolute rate)"
+            'it needs a floor: lr_scheduler_kwargs={"min_lr_rate": 0.1} (10% of learning_rate) or {"min_lr": ...} '
+            "(an absolute rate)"
         )
-    own = [
-        name
-        for name, parameter in parameters.items()
-        if name not in SCHEDULER_SET_BY_TRAINER and parameter.kind is not inspect.Parameter.VAR_KEYWORD
-    ]
-    floor = " (for a floor, `--lr_scheduler_type cosine_with_min_lr`)" if "min_lr" in str(error) else ""
+    own = scheduler_keywords(function)
+    if kind in METRIC_SCHEDULERS:  # `**kwargs`, passed to the scheduler class (torch's ReduceLROnPlateau, GreedyLR)
+        cls = {"reduce_lr_on_plateau": torch.optim.lr_scheduler.ReduceLROnPlateau, "greedy": GreedyLR}[kind]
+        own = [name for name in scheduler_keywords(cls) if name not in ("self", "verbose")]
+        return (
+            f"{kind!r} (transformers' {function.__name__}: {cls.__module__}.{cls.__name__}) takes only "
+            f"{', '.join(own)} in lr_scheduler_kwargs"
+        )
+    floor = f" (for a floor, {FLOOR})" if "min_lr" in str(error) else ""
     if not own:
         return f"{kind!r} (transformers' {function.__name__}) takes no lr_scheduler_kwargs: drop them{floor}"
     return (
         f"{kind!r} (transformers' {function.__name__}) takes only {', '.join(own)} in lr_scheduler_kwargs, with "
         f"numbers as numbers{floor}"
     )
+
+
+SCHEDULER_RATES = {"min_lr_rate": "the floor", "min_lr_ratio": "the floor", "warmup_lr_rate": "the warm-up's start"}
+"""`lr_scheduler_kwargs` keys of transformers' schedulers that are a fraction of `learning_rate` (in [0, 1]):
+`cosine_with_min_lr` / `cosine_warmup_with_min_lr`'s `min_lr_rate` and `warmup_lr_rate`, `warmup_stable_decay`'s
+`min_lr_ratio`. transformers does not check them: 2.0 made the rate rise to twice `learning_rate` (trial 15's N17)."""
+SCHEDULER_FLOORS = {"min_lr": "the floor", "lr_end": "the final rate"}
+"""`lr_scheduler_kwargs` keys that are an absolute learning rate, in [0, `learning_rate`]: `min_lr` (the
+`cosine_with_min_lr` family), `lr_end` (`polynomial`, which itself refuses one >= the optimizer's rate)."""
+
+
+def check_scheduler_kwargs(args) -> None:
+    """Refuse, when the config is built, `lr_scheduler_kwargs` that transformers would take without a word and train
+    wrongly with (trial 15's N17): keys given to a scheduler that takes none (transformers' `get_scheduler` drops them
+    for `constant` and `constant_with_warmup`, where `linear` refuses the same key in `train()`), and a floor or rate
+    outside its range ([`SCHEDULER_RATES`] in [0, 1], [`SCHEDULER_FLOORS`] in [0, learning_rate]): a floor above the
+    peak makes the rate rise above `learning_rate` as the schedule "decays", a negative one makes it negative. Other
+    mistakes (an unknown key, a string for a number) are refused when the trainer builds the scheduler once
+    ([`check_scheduler`]). Nothing is checked when the DeepSpeed config gives the scheduler, or for the schedulers
+    stepped on a metric ([`METRIC_SCHEDULERS`], whose keys are torch's).
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): `lr_scheduler_type`, `lr_scheduler_kwargs` (a dict by now: transformers
+            has parsed a JSON string), `learning_rate`.
+
+    Raises:
+        ValueError: naming `lr_scheduler_type`, `lr_scheduler_kwargs`, the key, its range and the fix.
+    """
+    kwargs = args.lr_scheduler_kwargs
+    deepspeed = getattr(getattr(args, "hf_deepspeed_config", None), "config", None) or {}
+    kind = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    if not kwargs or not isinstance(kwargs, Mapping) or "scheduler" in deepspeed or kind in METRIC_SCHEDULERS:
+        return
+    function = TYPE_TO_SCHEDULER_FUNCTION.get(SchedulerType(kind))
+    if function is None:
+        return
+    subject = f"{type(args).__name__}.lr_scheduler_type={kind!r} with lr_scheduler_kwargs={dict(kwargs)!r} is invalid"
+    own = scheduler_keywords(function)
+    if not own:
+        try:  # transformers' own handling, as it runs: `get_scheduler` drops them for some types, passes them on to others
+            optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=args.learning_rate)
+            get_scheduler(kind, optimizer, num_warmup_steps=0, num_training_steps=1, scheduler_specific_kwargs=kwargs)
+            handling = "transformers would ignore them without a word"
+        except (TypeError, ValueError):
+            handling = "transformers would refuse them when training starts"
+        floor = f" (for a floor, {FLOOR})" if any("lr" in str(key) for key in kwargs) else ""
+        raise ValueError(
+            f"{subject}: {kind!r} (transformers' {function.__name__}) takes no lr_scheduler_kwargs ({handling}). "
+            f"Fix: drop lr_scheduler_kwargs, or choose a scheduler that reads them{floor}."
+        )
+    for key, value in kwargs.items():
+        if key not in own or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # a key the scheduler does not take, or not a number: refused by `check_scheduler`
+        if key in SCHEDULER_RATES and not 0 <= value <= 1:
+            effect = "the rate would rise above learning_rate" if value > 1 else "the rate would turn negative"
+            raise ValueError(
+                f"{subject}: {key} must be in [0, 1], got {value!r}. It is {SCHEDULER_RATES[key]} as a fraction of "
+                f"learning_rate={args.learning_rate:g}: {effect} (transformers does not check it). Fix: e.g. "
+                f"{key}=0.1 (10% of learning_rate)."
+            )
+        if key in SCHEDULER_FLOORS and not 0 <= value <= args.learning_rate:
+            effect = "the rate would rise above learning_rate" if value > 0 else "the rate would turn negative"
+            raise ValueError(
+                f"{subject}: {key} must be in [0, learning_rate={args.learning_rate:g}], got {value!r}. It is "
+                f"{SCHEDULER_FLOORS[key]}, an absolute learning rate: {effect} (transformers does not check it). "
+                f"Fix: e.g. {key}={args.learning_rate / 10:g} (10% of learning_rate)."
+            )
 
 
 def check_optimizer_covers(optimizer: torch.optim.Optimizer | None, trained: torch.nn.Module, adapter: bool) -> None:

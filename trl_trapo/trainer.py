@@ -64,7 +64,7 @@ from .checkpoint import (
 )
 from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
-from .data import dataset_to_evaluate, progress_bars
+from .data import progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
@@ -84,7 +84,7 @@ from .saving import SaveError, check_earlier_checkpoints, describe_os_error, hub
 from .schedules import scale_scheduler
 from .setup_checks import built_outside_inference_mode, check_train_call, refuse_hyperparameter_search
 from .sources import RolloutSource, bind_rollout_func
-from .vision import needs_every_parameter, text_tokenizer, vision_parameters
+from .vision import needs_every_parameter, vision_parameters
 from .wiring import TrainerLink, assemble_rollouts, assemble_rows, assemble_run, assemble_training
 
 
@@ -287,7 +287,7 @@ class TRAPOTrainer(_BaseTrainer):
             args=run.args,
             data_collator=ticket_collator,
             train_dataset=StepTickets(run.plan.tickets),
-            eval_dataset=eval_dataset,
+            eval_dataset=run.checked.datasets["eval_dataset"],  # a transform applied (data.apply_transforms)
             processing_class=models.processing_class,
             callbacks=callbacks,
             optimizers=optimizers,
@@ -341,7 +341,7 @@ class TRAPOTrainer(_BaseTrainer):
         self.run_metrics = training.metrics  # what `log` adds
         self._checkpoint_guard, self._signal_catcher = training.checkpoint_guard, training.signal_catcher
         training.callbacks.apply(add=self.add_callback, remove=self.remove_callback)
-        self._stop_on_signal = training.callbacks.stop_on_signal
+        self._run_callbacks = training.callbacks  # TRAPO's own; train() warns when one it needs was removed since
 
     # =================================================================================================================
     # Construction hooks: what a subclass may override to change how samples are chosen and reused
@@ -712,14 +712,14 @@ class TRAPOTrainer(_BaseTrainer):
 
         Args:
             eval_dataset: a dataset or dict of datasets; a key of the trainer's eval dict (transformers' Trainer API);
-                None: the trainer's own (`data.dataset_to_evaluate`).
+                None: the trainer's own (`Evaluator.dataset_given`).
 
         Raises:
             ValueError: if there is no eval dataset, a key the trainer's eval dict lacks, or a dataset given here is
-                not one TRAPO evaluates (checked as at construction: format, map-style, missing values).
+                not one TRAPO evaluates (checked as at construction: format, map-style, missing values, conversations
+                without a chat template).
         """
-        tokenizer, assistant_only_loss = text_tokenizer(self.processing_class), self.args.assistant_only_loss
-        dataset = dataset_to_evaluate(eval_dataset, self.eval_dataset, tokenizer, assistant_only_loss)
+        dataset = self.evaluator.dataset_given(eval_dataset, self.eval_dataset)  # checked as at construction
         parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
         metrics = {}
         # the evaluator tokenizes its shards at each call: their bars only with `console_metrics="all"`
@@ -757,7 +757,7 @@ class TRAPOTrainer(_BaseTrainer):
         `resume_from_checkpoint=True` picks the newest *complete* checkpoint of `output_dir` (one a run was killed
         while writing is skipped, with a warning saying why); an explicit path must be complete.
 
-        SIGINT (Ctrl-C) or SIGTERM during training finishes the optimizer step in progress, saves the normal
+        SIGINT (Ctrl-C), SIGTERM or SIGHUP during training finishes the optimizer step in progress, saves the normal
         `checkpoint-N` (TRAPO's state included) and stops on every rank at the same step; `train()` then raises
         `TrainingInterrupted` (see `trl_trapo.interrupts`). The previous signal handlers are restored when `train()`
         returns or raises.
@@ -773,12 +773,13 @@ class TRAPOTrainer(_BaseTrainer):
             ValueError: `trial` is given: it is the hyperparameter search's handle, and TRAPOTrainer has no search
                 (see [`~trl_trapo.setup_checks.check_train_call`]).
             RuntimeError: gradients are disabled (inside `torch.no_grad()` / `torch.inference_mode()`).
-            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM, once the checkpoint is saved; its
+            TrainingInterrupted: (a `KeyboardInterrupt`) after SIGINT / SIGTERM / SIGHUP, the checkpoint saved; its
                 message is one line saying how to resume, its `interruption` (also `trainer.interruption`) says where.
             TrainingAborted: (a `KeyboardInterrupt`) on a second Ctrl-C, with nothing saved for the step in progress;
                 the message names the newest complete checkpoint.
         """
         resume_from_checkpoint = check_train_call(resume_from_checkpoint, trial)  # path as text, grads on, no trial
+        self._run_callbacks.warn_removed(self.callback_handler.callbacks)  # one TRAPO needs, popped by the user
         # an unfinished run's checkpoints in output_dir: resumed, or replaced only when told to (before any write)
         check_earlier_checkpoints(self.args, resume_from_checkpoint, cli=False)
         world = self.accelerator.num_processes
@@ -796,9 +797,8 @@ class TRAPOTrainer(_BaseTrainer):
             self.run_state.load(resume_from_checkpoint)
             self.handles.restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
-        catcher = self._signal_catcher
         try:
-            with catcher:  # SIGINT / SIGTERM handlers only while training (see interrupts.py)
+            with (catcher := self._signal_catcher):  # SIGINT / SIGTERM handlers only while training (interrupts.py)
                 output = super().train(
                     resume_from_checkpoint=resume_from_checkpoint,
                     trial=trial,
@@ -831,7 +831,7 @@ class TRAPOTrainer(_BaseTrainer):
         """Where the last `train()` stopped after SIGINT / SIGTERM (step, signal, checkpoint), or None if it was not
         interrupted (the `TrainingInterrupted` it raised carries the same). `interruption.exit_code` is what a command
         line exits with (130 / 143)."""
-        return self._stop_on_signal.interruption
+        return self._run_callbacks.stop_on_signal.interruption
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save what is trained so that `from_pretrained` reloads it: the policy, or only its adapter for a PEFT policy.

@@ -60,7 +60,7 @@ from .handles import ModelHandles
 from .interrupts import SignalCatcher
 from .metrics import MetricsAccumulator, RunMetrics
 from .models import CountedPositionHead, embedding_rows, embedding_safe_pad_id
-from .objectives import Objective, ObjectiveSetup, RLObjective
+from .objectives import Objective, ObjectiveSetup
 from .rewards import RewardScorer
 from .rl_supply import RLSupply, build_replay_buffer
 from .rollout import RolloutEngine, rollout_generation_config, stop_token_ids
@@ -122,7 +122,7 @@ def assemble_run(
             `reward_processing_classes`, `ref_model`, `reward_model`, `value_model`, `teacher_model`, `peft_config`,
             `callbacks`, `optimizers`, `tools`), as `check_run` takes them.
         datasets (`dict`): `train_dataset`, `sft_dataset`, `pretrain_dataset`, `eval_dataset`,
-            `distillation_dataset` (not changed: a copy holds the checked `train_dataset`).
+            `distillation_dataset` (not changed: `RunParts.checked.datasets` holds them as the run reads them).
         trainer_state (`Callable[[], TrainerState | None]`): the `Trainer`'s state once it exists (reward functions
             get it).
 
@@ -133,7 +133,7 @@ def assemble_run(
     kinds = dict(rollout_source=rollout_source, rollout_func=rollout_func, environment_factory=environment_factory)
     arguments = paths_as_strings(arguments)  # `model=Path(folder)`: its text, as `from_pretrained` reads it
     checked = check_run(args, arguments, datasets, **kinds, objectives=objectives)
-    datasets = {**datasets, RLObjective.ARGUMENT: checked.train_dataset}  # the agent's prompts, when rewritten
+    datasets = checked.datasets  # as the run reads them: transforms applied, the agent's prompts when rewritten
     # ---- step 1. policy, tokenizer, reference, critic and teacher; step 2. rewards
     models = load_models(
         args,

@@ -662,8 +662,8 @@ text as one error. Errors inside the launched processes come back as `CalledProc
 
 
 def run_here(job: Job, job_args: Sequence[str]) -> int:
-    """Run `job` in this process, as its example script does (logging at INFO, interrupts and the process group
-    handled by `trl_trapo.jobs.main.exits_cleanly`).
+    """Run `job` in this process, as its example script does (logging at INFO, or at the job's explicit `--log_level`
+    once parsed; interrupts and the process group handled by `trl_trapo.jobs.main.exits_cleanly`).
 
     Returns:
         The job's exit status (0, or 2 after a user error).

@@ -104,6 +104,7 @@ from trl_trapo.saving import (
     hold_output_dir,
     releases_job_holds,
 )
+from trl_trapo.setup_checks import apply_log_level
 
 
 TRAINER_STATE_NAME = "trainer_state.json"  # what every checkpoint the Trainer writes holds
@@ -478,6 +479,9 @@ MIXTURE_FORMS = (
     '{"pretrain": 0.1, "sft": 0.3, "rl": 0.6}]\''
 )
 """The two forms `--curriculum_mixtures` takes on the command line, for its messages."""
+JSON_LIST_FLAGS = (*MIXTURE_FLAGS, "--curriculum_boundaries", "--curriculum-boundaries")
+"""The flags that also take their list as one JSON value (`--curriculum_boundaries '[0.5]'`; `'[]'`: no boundary, one
+phase, which the flags' own form, one value each, cannot say): [`normalize_argv`] spells it as one value per item."""
 
 
 def mixture_item(text: str) -> float | dict | list:
@@ -512,10 +516,14 @@ def mixture_item(text: str) -> float | dict | list:
 def take_mixture_mappings(parser: TrlParser) -> TrlParser:
     """`parser` with `--curriculum_mixtures` taking the mapping form too ([`mixture_item`]): `HfArgumentParser`
     types the `list[float]` field's values as floats, while `TRAPOConfig` also takes one mapping per phase (its
-    `ACCEPTED_TYPES`), the only way to give an added objective (e.g. `distill`) its own share."""
+    `ACCEPTED_TYPES`), the only way to give an added objective (e.g. `distill`) its own share. `--curriculum_boundaries`
+    takes no value too (`--curriculum_boundaries '[]'`, see `JSON_LIST_FLAGS`): no boundary, one phase, as
+    `curriculum_boundaries=[]` in Python (`HfArgumentParser` asks a list for one value at least)."""
     for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
         if action.dest == "curriculum_mixtures":
             action.type = mixture_item
+        elif action.dest == "curriculum_boundaries":
+            action.nargs = "*"
     return parser
 
 
@@ -540,7 +548,8 @@ def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
     3. A negative number after a flag is joined to it (`--learning_rate -1e-3` -> `--learning_rate=-1e-3`), so
        argparse does not take the exponent form for an option.
     4. A JSON list given to `--curriculum_mixtures` (`'[{"rl": 1.0}, ...]'`, the mapping form docs/seams.md shows)
-       is spelt as one value per item, as argparse reads a list ([`mixture_item`] reads each).
+       or `--curriculum_boundaries` (`'[]'`: one phase) is spelt as one value per item, as argparse reads a list
+       ([`mixture_item`] reads each mixture item; `JSON_LIST_FLAGS`).
 
     Args:
         argv: command-line arguments, without the program name.
@@ -558,9 +567,9 @@ def normalize_argv(argv: list[str], classes: tuple = JOB_CLASSES) -> list[str]:
         name, eq, value = token.partition("=")
         if token.startswith("--config="):
             out += ["--config", token.split("=", 1)[1]]
-        elif name in MIXTURE_FLAGS and eq and value.lstrip().startswith("["):
+        elif name in JSON_LIST_FLAGS and eq and value.lstrip().startswith("["):
             out += [name, *json_list_items(value)]
-        elif token in MIXTURE_FLAGS and following is not None and following.lstrip().startswith("["):
+        elif token in JSON_LIST_FLAGS and following is not None and following.lstrip().startswith("["):
             out += [token, *json_list_items(following)]
             i += 1
         elif token in flags and (following is None or following.startswith("-")):
@@ -977,7 +986,9 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     """Parse a job's command line with the main job's checks: `normalize_argv`'s forms (`--config=PATH`, a bare
     `bool | None` flag, a negative number), `--config` YAML keys and value types, and unknown arguments refused with
     the closest known names, before `TrlParser.parse_args_and_config` builds the dataclasses. The VLM and agent jobs
-    (`trl_trapo.jobs.vision`, `trl_trapo.jobs.agent`) parse with it.
+    (`trl_trapo.jobs.vision`, `trl_trapo.jobs.agent`) parse with it. An explicit `--log_level` (`--log_level_replica`
+    on the other processes) then sets the `trl_trapo` logger's level ([`~trl_trapo.setup_checks.apply_log_level`]),
+    before the job logs its first line; with "passive" (the default) the job logs at the level its script set (INFO).
 
     Args:
         parser_factory: builds the job's parser over `classes`, with the job's defaults (called twice: once for the
@@ -1004,7 +1015,9 @@ def parse_job_args(parser_factory, classes: tuple, argv: list[str], program: str
     parser = parser_factory()
     parser.set_defaults(**yielded_defaults(parser, classes, given))
     with config_errors_in_flags(classes):
-        return parser.parse_args_and_config(argv)
+        parsed = parser.parse_args_and_config(argv)
+    apply_log_level(next(args for args in parsed if isinstance(args, TRAPOConfig)))  # before the job's first line
+    return parsed
 
 
 def yielded_defaults(parser, classes: tuple, given: dict) -> dict:
@@ -1185,7 +1198,10 @@ def parse_args(
     argv: list[str] | None = None, defaults: dict | None = None, prog: str | None = None
 ) -> tuple[TRAPOScriptArguments, TRAPOConfig, ModelConfig]:
     """Parse the job's command line: the built-in defaults (built-in mode only, see `builtin_defaults`), then
-    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins).
+    `defaults`, then the `--config` YAML, then the command-line flags (each later source wins). An explicit
+    `--log_level` (`--log_level_replica` on the other processes) sets the `trl_trapo` logger's level
+    ([`~trl_trapo.setup_checks.apply_log_level`]) before the job's first line; "passive" (the default) leaves the
+    level the job's script set (INFO).
 
     Args:
         argv: command-line arguments without the program name (default `sys.argv[1:]`).
@@ -1224,10 +1240,12 @@ def parse_args_and_builtin_defaults(
     if defaults:
         parser.set_defaults(**{name: value for name, value in defaults.items() if name not in given})
         taken = {name: value for name, value in taken.items() if name not in defaults}
-    if note := eval_strategy_note(given):
-        logger.info(note)
     with config_errors_in_flags(JOB_CLASSES):
         script_args, training_args, model_args = parser.parse_args_and_config(argv)
+    # `--log_level` / `--log_level_replica` set the `trl_trapo` logger before the job's first line (trial 15's C11)
+    apply_log_level(training_args)
+    if note := eval_strategy_note(given):
+        logger.info(note)
     check_lora_arguments(model_args)
     warn_unused_lora_arguments(model_args)
     check_model_flags_have_a_model(model_args, training_args)
@@ -1817,8 +1835,9 @@ def dataset_cache_problem(causes: list[BaseException], cache_dir: str | None = N
 
 def split_file_columns(folder: str) -> dict[str, list[str]]:
     """The columns of each JSON Lines / CSV / Parquet file directly in `folder` (by file name, sorted), read from its
-    first row, header or schema; read only after `datasets` failed to load the folder, to say which files differ
-    (its `CastError` is wrapped in "An error occurred while generating the dataset")."""
+    first row, header or schema (past a UTF-8 byte-order mark, as `datasets` reads them); read only after `datasets`
+    failed to load the folder, to say which files differ (its `CastError` is wrapped in "An error occurred while
+    generating the dataset")."""
     import csv
 
     found = {}
@@ -1826,13 +1845,13 @@ def split_file_columns(folder: str) -> dict[str, list[str]]:
         path = os.path.join(folder, name)
         try:
             if name.endswith((".jsonl", ".json")):
-                with open(path, encoding="utf-8") as handle:
+                with open(path, encoding="utf-8-sig") as handle:  # a byte-order mark, as datasets reads it
                     first = next((line for line in handle if line.strip()), None)
                 row = json.loads(first) if first is not None else None
                 if isinstance(row, dict):
                     found[name] = list(row)
             elif name.endswith(".csv"):
-                with open(path, encoding="utf-8", newline="") as handle:
+                with open(path, encoding="utf-8-sig", newline="") as handle:
                     found[name] = next(csv.reader(handle), [])
             elif name.endswith(".parquet"):
                 import pyarrow.parquet
@@ -1845,7 +1864,8 @@ def split_file_columns(folder: str) -> dict[str, list[str]]:
 
 def json_syntax_problem(path: str) -> str | None:
     """The first line that is not a JSON object in the local JSON / JSON Lines data at `path`, or None; read only
-    after `datasets` failed to load it, to say where (its own message names neither the file nor the line).
+    after `datasets` failed to load it, to say where (its own message names neither the file nor the line). A UTF-8
+    byte-order mark at the start of a file is read past, as `datasets` reads it.
 
     Args:
         path: a `.json` / `.jsonl` file, or a directory (its `.json` / `.jsonl` files, in sorted order).
@@ -1867,8 +1887,8 @@ def json_syntax_problem(path: str) -> str | None:
         files = [path] if path.endswith((".json", ".jsonl")) else []
     for file in files:
         try:
-            with open(file, encoding="utf-8") as handle:
-                text = handle.read()
+            with open(file, encoding="utf-8") as handle:  # not utf-8-sig, whose error offsets skip the mark
+                text = handle.read().removeprefix("\ufeff")  # a byte-order mark: datasets reads past it
         except UnicodeDecodeError as error:
             line = text_line_of_byte(file, error.start)
             return f"{file}, line {line}: not UTF-8 text ({error.reason} at byte {error.start})"
@@ -2484,6 +2504,9 @@ def config_flag_names(message: str, classes: tuple = JOB_CLASSES) -> str:
     - `use_cpu=True` elsewhere in the text (the fix: "set use_cpu=True") becomes `--use_cpu true`, for every field of
       `classes` given a bool, a number or a plain string, outside Python code (a call such as
       `dataclasses.replace(args, beta=0.1)`, a dict, a list), which stays Python.
+    - `curriculum_boundaries=[0.2, 0.8]` / `curriculum_mixtures=[p, s, r]` in the text (a list of numbers, or of
+      letters standing for them) becomes `--curriculum_boundaries 0.2 0.8` / `--curriculum_mixtures p s r`, and
+      `curriculum_boundaries=[]` `--curriculum_boundaries '[]'` (`JSON_LIST_FLAGS`, the flags that take that form).
 
     Args:
         message: the message.
@@ -2507,9 +2530,16 @@ def config_flag_names(message: str, classes: tuple = JOB_CLASSES) -> str:
 
     subject = re.compile(rf"(?<![\w.])(?:{names})\.(\w+)(?:=({PYTHON_LITERAL})(?![\w(\[{{]))?")
     renamed = subject.sub(as_flag, message)
+    list_fix = re.compile(rf"(?<![\w.-])({'|'.join(flag[2:] for flag in JSON_LIST_FLAGS if '_' in flag)})=$")
     parts, start = [], 0  # the text outside Python code gets the flags
     for code in PYTHON_CODE.finditer(renamed):
-        parts += [literal.sub(as_flag, renamed[start : code.start()]), code.group(0)]
+        text, span = literal.sub(as_flag, renamed[start : code.start()]), code.group(0)
+        fix = list_fix.search(text) if re.fullmatch(r"\[[\w.,\s-]*\]", span) else None
+        # `curriculum_boundaries=[0.5]` (numbers, or letters standing for them) -> `--curriculum_boundaries 0.5`
+        if fix:
+            items = span[1:-1].replace(",", " ").split()
+            text, span = text[: fix.start()], f"--{fix.group(1)} {' '.join(items) if items else repr('[]')}"
+        parts += [text, span]
         start = code.end()
     return "".join(parts) + literal.sub(as_flag, renamed[start:])
 
@@ -2867,15 +2897,29 @@ def report_user_error(error: BaseException, program: str) -> int:
     return USER_ERROR_EXIT_CODE
 
 
+def say_interrupted(error: TrainingInterrupted) -> None:
+    """The line of a run stopped at a checkpoint by a signal (where it is, how to resume): on stdout after SIGINT /
+    SIGTERM; after SIGHUP (the terminal closed) or SIGPIPE (stdout's reader went away: `trapo train | head`) on
+    stderr, where a log redirected with `2>` or `&>` keeps it, and a write that fails there (a terminal or pipe already
+    gone) is dropped: the checkpoint is saved, and the exit status must stay 129 / 141."""
+    if error.interruption.signal not in (getattr(signal, "SIGHUP", None), SIGPIPE):
+        print(error, flush=True)
+        return
+    try:
+        print(error, file=sys.stderr, flush=True)
+    except OSError:
+        drop_output(sys.stderr)  # nor a BrokenPipeError when the interpreter flushes it at exit
+
+
 @contextmanager
 def exits_cleanly() -> Iterator[None]:
     """The job's process, for a script's `__main__`: interrupted, it exits without a traceback; finished, it ends the
     process group in order.
 
-    - SIGINT / SIGTERM during training (`TrainingInterrupted`, after the checkpoint): its one line on stdout (main
-      process) and exit status 130 / 143; every rank stopped at the same step, so the process group is ended too. The
-      output closed during training (`trapo train | head`: the reader went away) stops the same way, with the line on
-      stderr and exit status 141 (128 + SIGPIPE; see `trl_trapo.interrupts`).
+    - SIGINT / SIGTERM / SIGHUP during training (`TrainingInterrupted`, after the checkpoint): its one line (main
+      process; [`say_interrupted`]) and exit status 130 / 143 / 129; every rank stopped at the same step, so the
+      process group is ended too. The output closed during training (`trapo train | head`: the reader went away)
+      stops the same way, with the line on stderr and exit status 141 (128 + SIGPIPE; see `trl_trapo.interrupts`).
     - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
       line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback. The output
       closed there (a `BrokenPipeError` of stdout or stderr): stdout and stderr dropped (Python's advice), one line on
@@ -2897,10 +2941,8 @@ def exits_cleanly() -> Iterator[None]:
     try:
         yield
     except TrainingInterrupted as error:
-        if main_process and error.interruption.signal == SIGPIPE:  # stdout is gone: said where it can be read
-            say(str(error))
-        elif main_process:
-            print(error, flush=True)
+        if main_process:
+            say_interrupted(error)
         end_process_group()
         raise SystemExit(error.interruption.exit_code) from None
     except KeyboardInterrupt as error:
