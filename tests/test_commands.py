@@ -59,6 +59,18 @@ def test_each_sub_command_has_its_jobs_help(job, capsys):
     assert "--learning_rate" in out and "--output_dir" in out  # the job's own parser: every TRAPOConfig field
 
 
+@pytest.mark.parametrize("command", ["grpo", "sft"])
+def test_trls_sub_commands_point_at_trapo_train(command, capsys):
+    assert commands.main([command, "--dataset_name", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: trapo "), err
+    assert f"invalid choice: '{command}'" in err and "are both `trapo train` here" in err, err
+    assert "RL prompts: --dataset_name; SFT rows: --sft_dataset_name" in err, err
+    with pytest.raises(SystemExit) as exit_:  # any other unknown command: argparse's refusal as it was
+        commands.main(["dpo"])
+    assert exit_.value.code == 2 and "trapo train" not in capsys.readouterr().err
+
+
 def test_a_job_error_names_the_sub_command(capsys):
     assert commands.main(["tools", "--learning_rat", "1e-3"]) == 2
     err = capsys.readouterr().err

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import pytest
 import torch
+from conftest import TINY_CONFIG
 from test_ppo import load, ppo_config, saved_models, tokenized_prompts  # noqa: F401  (saved_models is a fixture)
 from transformers import AutoTokenizer, TrainerCallback
 
-from trl_trapo import PPOTrainer
+from trl_trapo import PPOTrainer, TRAPOConfig, TRAPOTrainer
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
 
 
@@ -158,3 +162,119 @@ def test_max_completion_length_on_the_command_line_wins_over_the_builtin_respons
     assert grpo.response_length == grpo.max_completion_length == 16
     with pytest.raises(ValueError, match="--max_completion_length 16 and --response_length 9 disagree"):  # in flags
         cli.parse_args(["--max_completion_length", "16", "--response_length", "9"])
+
+
+# ---- trainer.args changed after construction (trial 15's N33) ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("response_length", 2),  # the rollouts' generation config
+        ("num_generations", 2),  # the plan's groups
+        ("per_device_train_batch_size", 4),  # the plan's rows per step
+        ("kl_coef", 0.5),  # the KL controller
+        ("max_steps", 8),  # the plan: curriculum phases, schedules, pools (transformers alone would run 8 steps)
+    ],
+)
+def test_a_field_read_only_at_construction_changed_before_train_is_refused(
+    field, value, tmp_path, tokenizer, suite, tiny_trainer
+):
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=2, save_strategy="steps", save_steps=1)
+    old = getattr(trainer.args, field)
+    setattr(trainer.args, field, value)
+    with pytest.raises(ValueError) as refused:
+        trainer.train()
+    message = str(refused.value)
+    assert message.startswith(f"trainer.args was changed after the trainer was built ({field}: {old!r} -> {value!r})")
+    assert f"dataclasses.replace(trainer.args, {field}={value!r})" in message, message
+    assert trainer.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))  # refused before anything
+    setattr(trainer.args, field, old)  # set back: the trainer trains as built
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_fields_train_reads_may_change_in_place(tmp_path, tokenizer, suite, tiny_trainer):
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=2, learning_rate=1e-3, logging_steps=1)
+    trainer.args.learning_rate = 1e-1  # transformers builds the optimizer and the scheduler in train()
+    trainer.args.logging_steps = 2
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in logged] == [2]  # the new logging interval
+    assert logged[0]["learning_rate"] > 1e-3  # the new peak: 1e-1 on the linear decay's step 2 is 5e-2
+
+
+class ReadsRecorded:
+    """Which fields of a `RecordingConfig` were read, by phase and by the package of the code that read them."""
+
+    phase = "built"
+    reads: dict = {}
+
+
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(TRAPOConfig)}
+
+
+class RecordingConfig(TRAPOConfig):
+    """A `TRAPOConfig` that records each read of a field in `ReadsRecorded` (module level: `training_args.bin` pickles
+    it)."""
+
+    def __getattribute__(self, name):
+        if name in CONFIG_FIELDS:
+            package = sys._getframe(1).f_globals.get("__name__", "").split(".")[0]
+            ReadsRecorded.reads.setdefault((ReadsRecorded.phase, package), set()).add(name)
+        return object.__getattribute__(self, name)
+
+
+def test_the_fields_allowed_to_change_are_those_train_reads(tmp_path, tokenizer, suite, tiny_trainer):
+    """How `setup_checks.LIVE_FIELDS` was derived, kept true: every field it allows to change after construction is
+    read by transformers while `train()` runs (one run that evaluates, saves and logs: the fields read only in other
+    runs are listed), and the fields the refusal's examples name are read by TRAPO at construction."""
+    from trl_trapo.setup_checks import LIVE_FIELDS
+    from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+    ReadsRecorded.reads = {}
+    ReadsRecorded.phase = "built"
+    overrides = dict(max_steps=2, save_strategy="steps", save_steps=1, eval_strategy="steps", eval_steps=1)
+    args = RecordingConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, **overrides})
+    ReadsRecorded.phase = "construction"
+    trainer = TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=args,
+        train_dataset=suite.rl_train,
+        eval_dataset=suite.eval.select(range(4)),
+        sft_dataset=suite.sft,
+        processing_class=tokenizer,
+    )
+    ReadsRecorded.phase = "train"
+    trainer.train()
+    ReadsRecorded.phase = "built"
+    read_in_train = ReadsRecorded.reads.get(("train", "transformers"), set()) | ReadsRecorded.reads.get(
+        ("train", "trl_trapo"), set()
+    )
+    elsewhere = {  # read by transformers in train() only in runs unlike this one
+        "greater_is_better",  # with metric_for_best_model: which checkpoint is best
+        "run_name",  # the trackers of report_to, at the start of train()
+        "ignore_data_skip",  # a resumed run
+        "debug",  # debug="underflow_overflow"
+    }
+    assert LIVE_FIELDS - elsewhere <= read_in_train, sorted(LIVE_FIELDS - elsewhere - read_in_train)
+    at_construction = ReadsRecorded.reads[("construction", "trl_trapo")]
+    refused = {"response_length", "num_generations", "per_device_train_batch_size", "kl_coef", "max_steps"}
+    assert refused <= at_construction - LIVE_FIELDS, sorted(refused - at_construction)
+
+
+def test_an_in_place_change_is_seen_and_resume_from_checkpoint_is_told_where_it_goes(tmp_path):
+    from trl_trapo.setup_checks import check_args_unchanged, snapshot_args
+
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none", reward_weights=[1.0])
+    built = snapshot_args(args)
+    check_args_unchanged(args, built)  # nothing changed
+    args.reward_weights[0] = 2.0  # in place: the list the trainer read at construction
+    with pytest.raises(ValueError, match=r"\(reward_weights: \[1\.0\] -> \[2\.0\]\)\. This field is read once"):
+        check_args_unchanged(args, built)
+    args.reward_weights[0] = 1.0
+    args.resume_from_checkpoint = str(tmp_path / "checkpoint-1")  # read by train()'s argument, never by the field
+    with pytest.raises(ValueError, match=r"Fix: resume_from_checkpoint: pass it to train\(\) instead"):
+        check_args_unchanged(args, built)
+    args.learning_rate = 5e-4  # read when train() starts
+    args.resume_from_checkpoint = None
+    check_args_unchanged(args, built)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -78,6 +79,31 @@ def test_ignored_signal_stays_ignored_and_threads_install_nothing(default_handle
     thread.start()
     thread.join()
     assert seen == [default_handlers[0]]
+
+
+def test_a_closed_stdout_counts_as_sigpipe_and_drops_the_output(monkeypatch):
+    # trial 15's C16: `trapo train | head`: the next log line raised BrokenPipeError inside the Trainer's logging
+    read_end, write_end = os.pipe()
+    piped = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", piped)
+    os.close(read_end)  # the reader went away
+    with SignalCatcher(announce=False) as catcher:
+        print("a log line")  # no BrokenPipeError: the output is dropped, the run asked to stop
+        print("another one")
+        sys.stdout.flush()
+        assert catcher.received == signal.SIGPIPE
+    assert sys.stdout is piped  # put back on the way out, its descriptor now os.devnull
+    print("after training")
+    piped.flush()
+    assert not interrupts.output_pipe_closed(piped)
+    piped.close()
+    other_read, other_write = os.pipe()  # how the command line tells the console's pipe from a socket's
+    with os.fdopen(other_write, "w") as other:
+        assert not interrupts.output_pipe_closed(other)
+        os.close(other_read)
+        assert interrupts.output_pipe_closed(other)
+    stop = Interruption(signal.SIGPIPE, 3, "/runs/x/checkpoint-3")
+    assert stop.exit_code == 141 and stop.message().startswith("Stopped because the output was closed")
 
 
 def test_interruption_exit_codes_and_message():

@@ -640,6 +640,27 @@ def test_bad_lora_settings_are_refused_at_parse_time_naming_the_flag(tmp_path, f
     assert model.lora_r == 8
 
 
+def test_model_init_kwargs_reach_the_model_with_the_loading_flags(tmp_path):
+    # trial 15's N36: the job replaced --model_init_kwargs with the flags' keywords, so a device_map (or
+    # trust_remote_code) given there was dropped without a word
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    script = cli.TRAPOScriptArguments(
+        dataset_name=write_jsonl(tmp_path / "rl.jsonl", rl_rows()), reward_funcs=["exact_match"]
+    )
+    given = {"device_map": "cpu", "dtype": "bfloat16"}  # --dtype left at its default gives way
+    args = cli.TRAPOConfig(output_dir=str(tmp_path / "out"), model_init_kwargs=given)
+    model_args = ModelConfig(model_name_or_path=str(tmp_path / "tiny"), attn_implementation="eager")
+    inputs = cli.build_inputs(script, args, model_args)
+    assert inputs.model_init_kwargs == {"revision": "main", "attn_implementation": "eager", **given}
+    model_args = ModelConfig(model_name_or_path=str(tmp_path / "tiny"), dtype="float16")
+    with pytest.raises(ValueError, match=r"--dtype float16 and --model_init_kwargs .* both set `dtype`"):
+        cli.build_inputs(script, args, model_args)
+
+
 @pytest.mark.parametrize(
     "value, pattern",
     [

@@ -8,15 +8,33 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 import transformers.trainer
 from transformers import AutoModelForCausalLM
 
+from trl_trapo import TRAPOConfig
 from trl_trapo import checkpoint as trapo_checkpoint
 from trl_trapo.checkpoint import CheckpointError, last_complete_checkpoint, verify_checkpoint
-from trl_trapo.saving import STAGING_DIR, CheckpointGuard, HubPushError, SaveError, checkpoint_nbytes
+from trl_trapo.saving import (
+    HELD_LOCKS,
+    RUN_LOCK,
+    STAGING_DIR,
+    CheckpointGuard,
+    HubPushError,
+    SaveError,
+    acquire_run_lock,
+    checkpoint_nbytes,
+    hold_output_dir,
+    output_dir_lock,
+    release_run_lock,
+    releases_job_holds,
+    run_lock_path,
+)
 from trl_trapo.tasks import build_tiny_model
 
 
@@ -464,3 +482,107 @@ def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
         assert json.loads(path.read_text()) == {"a": 2}
     finally:
         os.umask(umask)
+
+
+# ---- one run at a time per output_dir (trial 15's C18) ---------------------------------------------------------------
+HOLD_LOCK = """
+import sys, time
+from trl_trapo.saving import hold_output_dir
+from trl_trapo import TRAPOConfig
+hold_output_dir(TRAPOConfig(output_dir=sys.argv[1], report_to="none"))
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def lock_held_elsewhere(tmp_path):
+    """A process that holds the run lock of `tmp_path / "out"` (as a run's job does); yields its pid."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "out")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "held"
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_run_into_a_folder_in_use_is_refused_naming_the_other_run(
+    tmp_path, tokenizer, suite, tiny_trainer, lock_held_elsewhere
+):
+    out = tmp_path / "out"
+    trainer = tiny_trainer(out, tokenizer, suite, max_steps=1)  # building a trainer there is fine
+    assert "eval_reward" in trainer.evaluate(suite.eval.select(range(4)))  # so is evaluating
+    with pytest.raises(ValueError) as refused:
+        trainer.train()
+    started = re.escape(", started ") + r"\d\d:\d\d:\d\d"
+    assert re.match(
+        rf"TRAPOConfig\.output_dir='{re.escape(str(out))}' is in use by another run \(pid {lock_held_elsewhere}"
+        rf"{started}\): two runs writing into one folder replace each other's checkpoints and model file by file\. "
+        r"Fix: choose another output_dir",
+        str(refused.value),
+    ), str(refused.value)
+    assert trainer.state.global_step == 0 and sorted(os.listdir(out)) == [RUN_LOCK]  # nothing written
+
+
+def test_the_lock_is_the_processs_own_and_gone_once_the_run_ends(tmp_path, tokenizer, suite, tiny_trainer):
+    out = tmp_path / "out"
+    args = TRAPOConfig(output_dir=str(out), report_to="none")
+    (out).mkdir()
+    (out / RUN_LOCK).write_text("{not json")  # left by a run that was killed: not locked, so not in use
+
+    @releases_job_holds
+    def job():  # as the jobs do: hold output_dir before building anything; train() takes the hold again
+        hold_output_dir(args)
+        trainer = tiny_trainer(out, tokenizer, suite, max_steps=1, save_strategy="steps", save_steps=1)
+        trainer.train()
+        assert (out / RUN_LOCK).exists()  # still the job's, for its final save
+        assert json.loads((out / RUN_LOCK).read_text())["pid"] == os.getpid()
+
+    job()
+    assert not (out / RUN_LOCK).exists() and run_lock_path(out) not in HELD_LOCKS  # the job's end gives it back
+    with pytest.raises(ValueError, match=r"holds the checkpoints of a finished run \(checkpoint-1;"):
+        tiny_trainer(out, tokenizer, suite, max_steps=2).train()  # the folder's own checks, as before the lock
+    trainer = tiny_trainer(tmp_path / "fresh", tokenizer, suite, max_steps=1)
+    trainer.train()  # the API alone: locked while train() runs, the file removed after
+    assert not (tmp_path / "fresh" / RUN_LOCK).exists()
+
+
+def test_the_lock_file_makes_no_folder_look_used(tmp_path):
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from trl_trapo.saving import check_earlier_checkpoints, check_output_dir
+
+    args = TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none")
+    path = acquire_run_lock(args)
+    try:
+        check_output_dir(args)  # not a finished run
+        check_earlier_checkpoints(args, None)  # not an unfinished one
+        assert get_last_checkpoint(args.output_dir) is None
+        assert os.listdir(args.output_dir) == [RUN_LOCK]
+    finally:
+        release_run_lock(path)
+
+
+def test_only_the_main_process_locks_and_every_rank_learns_a_refusal(tmp_path, lock_held_elsewhere):
+    args = TRAPOConfig(output_dir=str(tmp_path / "out"), report_to="none")
+    with output_dir_lock(args, is_main_process=False, agree=lambda refused: refused):  # another rank: no lock
+        assert run_lock_path(args.output_dir) not in HELD_LOCKS
+    with pytest.raises(ValueError, match=rf"in use by another run \(pid {lock_held_elsewhere}"):
+        with output_dir_lock(args, is_main_process=False, agree=lambda refused: 1):  # the main process was refused
+            pass
+    with pytest.raises(ValueError, match=rf"in use by another run \(pid {lock_held_elsewhere}"):
+        with output_dir_lock(args, is_main_process=True):
+            pass
+
+
+@pytest.mark.parametrize("job", ["train", "vlm", "tools"])
+def test_each_job_into_a_folder_in_use_is_refused_before_its_model(job, tmp_path, capsys, lock_held_elsewhere):
+    from trl_trapo.jobs import commands
+
+    assert commands.main([job, "--output_dir", str(tmp_path / "out"), "--max_steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"is in use by another run (pid {lock_held_elsewhere}, started " in err, err[-2000:]
+    assert os.listdir(tmp_path / "out") == [RUN_LOCK]  # nothing of this run written

@@ -119,6 +119,43 @@ def test_optimizer_and_scheduler_settings_are_built_once_at_construction(
         build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), **overrides)
 
 
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the GPU that device_map names may be there")
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"device_map": "cuda"}, "'cuda'"),
+        ({"device_map": {"": 0}}, "GPU 0"),
+        ({"device_map": "auto", "max_memory": {0: "20GiB"}}, "GPU 0"),
+    ],
+    ids=["cuda", "index-map", "auto-max-memory"],
+)
+def test_a_gpu_device_map_without_a_gpu_is_named_before_loading(
+    kwargs, named, tmp_path, saved_model, tokenizer, suite, tiny_config, monkeypatch
+):
+    # trial 15's N36: torch's "Torch not compiled with CUDA enabled" / transformers' "Cannot access accelerator
+    # device when none is available", naming neither the argument nor the key
+    from transformers import AutoModelForCausalLM
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", load)
+    with pytest.raises(ValueError) as refused:
+        build(tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs=kwargs)
+    message = str(refused.value)
+    assert message.startswith(f"model_init_kwargs['device_map']={kwargs['device_map']!r}"), message
+    assert f"places the model on {named}, but no GPU is visible" in message, message
+    assert "Fix: drop device_map" in message and "the trainer places the model" in message, message
+
+
+@pytest.mark.parametrize("device_map", ["cpu", "auto", {"": "cpu"}])
+def test_a_device_map_on_the_cpu_loads(device_map, tmp_path, saved_model, tokenizer, suite, tiny_config):
+    trainer = build(
+        tmp_path, tokenizer, suite, tiny_config, model=str(saved_model), model_init_kwargs={"device_map": device_map}
+    )
+    assert next(trainer.model.parameters()).device.type == trainer.accelerator.device.type
+
+
 @pytest.mark.parametrize(
     ("scheduler", "kwargs", "needles"),
     [

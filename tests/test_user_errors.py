@@ -2043,6 +2043,104 @@ def test_cli_interrupted_during_training_saves_says_how_to_resume_and_exits(tmp_
     assert not (out / "eval_results.json").exists() and not (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow  # two interpreters and a training run; default-run sibling: tests/test_saving.py's in-use tests
+def test_a_second_run_into_the_folder_of_a_running_one_is_refused(tmp_path):
+    """Two runs started into one --output_dir (trial 15's C18): both trained and overwrote each other's checkpoints
+    and model file by file. The second is refused at once, naming the first; the first's lock goes with it."""
+    out = tmp_path / "out"
+    args = ("--max_steps", "300", "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(out))
+    log = tmp_path / "first.log"  # a file, not a pipe: its progress bars must never block it
+    with open(log, "w") as handle:
+        first = subprocess.Popen(
+            [sys.executable, str(SCRIPT), *cli_args((*args, "--max_eval_samples", "8"), tmp_path)],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 240
+    try:
+        while not (out / "checkpoint-2" / "trapo" / "rank0.complete.json").exists():  # the first run is training
+            assert first.poll() is None, f"the first run ended early:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "no checkpoint-2 in time"
+            time.sleep(0.05)
+        code, output = run_cli(*args, "--learning_rate", "0.01", cwd=tmp_path)
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    errors = log.read_text()
+    assert code == 2, output[-3000:]
+    assert re.search(
+        rf"error: --output_dir {re.escape(str(out))} is in use by another run \(pid {first.pid}, started "
+        r"\d\d:\d\d:\d\d\): two runs writing into one folder replace each other's checkpoints",
+        output,
+    ), output[-3000:]
+    assert first.returncode == 143, errors[-3000:]  # the first run went on, and stopped as told
+    assert "Interrupted by SIGTERM" in errors and not (out / "_trapo_run.lock").exists()
+
+
+def test_cli_whose_reader_goes_away_saves_and_exits_141(tmp_path):
+    """`trapo train ... | head` (trial 15's C16): once the reader of stdout has gone, the run stops at the end of the
+    step with a complete checkpoint, one line on stderr, exit 141 (128 + SIGPIPE), no traceback."""
+    out = tmp_path / "out"
+    args = cli_args(
+        ("--max_steps", "300", "--logging_steps", "1", "--max_eval_samples", "8", "--output_dir", str(out)), tmp_path
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in process.stdout:  # as `head` does: read until a training step's line, then go away
+            if "'loss'" in line:
+                break
+        process.stdout.close()
+        _, errors = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 141, errors[-3000:]
+    assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors[-3000:]
+    assert "stdout was closed (the program reading it went away): finishing the current optimizer step" in errors
+    found = re.search(
+        r"Stopped because the output was closed \(SIGPIPE: the program reading it went away\) at step (\d+): saved the "
+        r"complete checkpoint (\S+)\. Resume with the same command plus `--resume_from_checkpoint (\S+)`",
+        errors,
+    )
+    assert found, errors[-3000:]
+    assert 1 <= int(found[1]) < 300 and found[2] == found[3] == str(out / f"checkpoint-{found[1]}")
+    verify_checkpoint(found[2], 1)
+
+
+def test_a_closed_output_outside_training_is_one_line_and_exit_141(tmp_path):
+    """A `BrokenPipeError` of stdout outside the training steps (loading, evaluation, the summary): one line on stderr,
+    exit 141, no traceback, and none at the interpreter's exit either (stdout points at os.devnull)."""
+    code = (
+        "from trl_trapo.jobs.main import exits_cleanly\n"
+        "with exits_cleanly():\n"
+        "    while True:\n"
+        "        print('x' * 100, flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    process.stdout.readline()
+    process.stdout.close()
+    _, errors = process.communicate(timeout=120)
+    assert process.returncode == 141, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        "Stopped because the output was closed (SIGPIPE: the program reading it went away) outside the training "
+        "steps (only those stop at a checkpoint): nothing more was saved."
+    ), errors[-3000:]
+    assert "Traceback" not in errors and "Exception ignored" not in errors, errors[-3000:]
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
 @pytest.mark.parametrize("terminal", ["pipes", "closed"])
 def test_cli_saves_and_stops_when_its_terminal_closes(tmp_path, terminal):

@@ -22,6 +22,19 @@ on the next progress bar or log line. So on SIGHUP, each of stdout / stderr that
 and is no longer one (a hung-up terminal answers no terminal request) is pointed at `os.devnull`
 ([`SignalCatcher.handle`]); one redirected to a file or a pipe keeps its output.
 
+A closed output is stopped the same way (trial 15's C16): while the catcher is entered, `sys.stdout` and `sys.stderr`
+are [`GuardedStream`]s, so that a write to a pipe whose reader has gone away (`trapo train | head`, quitting `| less`)
+raises no `BrokenPipeError` into the Trainer's logging (transformers' `ProgressCallback` killed the run there, with a
+traceback and nothing saved): the stream's file descriptor is pointed at `os.devnull` (Python's own advice for
+SIGPIPE: https://docs.python.org/3/library/signal.html#note-on-sigpipe), console output is dropped from then on, and
+the catcher records SIGPIPE as if it were received, so the run saves `checkpoint-N` at the end of the step and stops;
+the command line exits with 141 (128 + SIGPIPE, the status a shell reports for a process SIGPIPE ended) and its line
+goes to stderr. Stopping rather than training on without output is what a reader leaving means on Unix (`yes | head`
+ends): the shell waits for every process of a pipeline, so a run that went on would hold the prompt for the rest of
+the training, showing nothing. Outside the training steps (loading, evaluation, saving) the command line does what
+it does for Ctrl-C there: one line on stderr, nothing more saved, exit 141 ([`output_pipe_closed`] tells that
+`BrokenPipeError` from one of a socket the run uses).
+
 A second Ctrl-C, more than `REPEAT_GRACE_S` after the first, aborts at once with [`TrainingAborted`] (a
 `KeyboardInterrupt`) and saves nothing more: the usual convention for "stop now". A copy that arrives sooner is taken
 for the launcher forwarding the same Ctrl-C (torchrun's agent sends the signal it received to every worker, which the
@@ -38,9 +51,12 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -49,6 +65,8 @@ logger = logging.getLogger(__name__)
 HANDLED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 """The signals that stop training at a checkpoint (SIGHUP where the platform has it: not on Windows)."""
 REPEAT_GRACE_S = 1.0  # a second SIGINT sooner than this is the launcher forwarding the first one
+SIGPIPE = getattr(signal, "SIGPIPE", None)  # what a closed output counts as (None on Windows: no guard)
+GUARDED_STREAMS = ("stdout", "stderr")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -69,6 +87,24 @@ class TrainingAborted(KeyboardInterrupt):
     checkpoint is the newest complete one)."""
 
 
+def aborted(step: int, output_dir: str, world_size: int) -> TrainingAborted:
+    """The `TrainingAborted` that `train()` raises after a second Ctrl-C during `step`, naming the newest complete
+    checkpoint of `output_dir` (`checkpoint.last_complete_checkpoint`), or none.
+
+    Args:
+        step (`int`): the optimizer step that was running (nothing of it is saved).
+        output_dir (`str`): the run's output folder.
+        world_size (`int`): the run's processes (a checkpoint is complete when every rank's part is).
+    """
+    from .checkpoint import last_complete_checkpoint
+
+    newest, _ = last_complete_checkpoint(output_dir, world_size)
+    return TrainingAborted(
+        f"Aborted by a second Ctrl-C during step {step}: nothing was saved for it; the newest complete checkpoint is "
+        f"{os.path.abspath(newest) if newest else 'none'}."
+    )
+
+
 @dataclass(frozen=True)
 class Interruption:
     """Where a run stopped after SIGINT / SIGTERM / SIGHUP.
@@ -86,13 +122,18 @@ class Interruption:
     @property
     def exit_code(self) -> int:
         """The shell's convention for a process ended by the signal: 128 + its number (130 SIGINT, 143 SIGTERM, 129
-        SIGHUP)."""
+        SIGHUP, 141 SIGPIPE)."""
         return 128 + int(self.signal)
 
     def message(self) -> str:
         """One line: what stopped the run, where the checkpoint is, how to resume (command line and API)."""
+        cause = (
+            "Stopped because the output was closed (SIGPIPE: the program reading it went away)"
+            if self.signal == SIGPIPE
+            else f"Interrupted by {self.signal.name}"
+        )
         return (
-            f"Interrupted by {self.signal.name} at step {self.step}: saved the complete checkpoint {self.checkpoint}. "
+            f"{cause} at step {self.step}: saved the complete checkpoint {self.checkpoint}. "
             f"Resume with the same command plus `--resume_from_checkpoint {self.checkpoint}` "
             f"(API: `trainer.train(resume_from_checkpoint={self.checkpoint!r})`)."
         )
@@ -106,6 +147,95 @@ def is_terminal(fd: int) -> bool:
         return False
 
 
+def output_pipe_closed(*streams) -> bool:
+    """Whether one of `streams` (default `sys.stdout`, `sys.stderr`) is a pipe or socket whose reader has gone away:
+    `poll` reports an error or a hang-up on its file descriptor (Linux: a pipe with no reader left). Tells a `BrokenPipeError` of
+    the console from one of a connection the run uses (a reward server, a vLLM server).
+
+    Returns:
+        `bool`: False too where it cannot be told (no file descriptor, no `poll`).
+    """
+    for stream in streams or [getattr(sys, name) for name in GUARDED_STREAMS]:
+        try:
+            poller = select.poll()
+            poller.register(stream.fileno(), select.POLLOUT)
+            if any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0)):
+                return True
+        except (AttributeError, OSError, ValueError):  # no fileno (a test's capture), closed, or no poll here
+            continue
+    return False
+
+
+def drop_output(stream) -> None:
+    """Point `stream`'s file descriptor at `os.devnull` (Python's advice for a closed pipe): what is still buffered, and
+    everything written after, goes nowhere, and the interpreter's flush at exit raises no `BrokenPipeError`. A stream
+    without a file descriptor is left as it is."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
+
+
+def say(message: str) -> None:
+    """`message` on stderr, or nowhere when stderr is a closed pipe too (`2>&1 | head`): never a `BrokenPipeError`."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        drop_output(sys.stderr)
+
+
+class GuardedStream:
+    """`sys.stdout` / `sys.stderr` while training: a write or flush that fails with `BrokenPipeError` (the reader of
+    the pipe went away) drops the stream's output from then on ([`drop_output`]) and calls `on_closed(name)` once,
+    instead of raising into whatever was logging. Everything else is the stream's own (attributes are passed through).
+
+    Args:
+        stream: the stream it stands for.
+        name (`str`): `"stdout"` or `"stderr"`.
+        on_closed (`Callable[[str], None]`): called with `name` the first time the pipe is found closed.
+    """
+
+    def __init__(self, stream, name: str, on_closed: Callable[[str], None]):
+        self.stream = stream
+        self.stream_name = name
+        self.on_closed = on_closed
+        self.closed_pipe = False
+
+    def write(self, text: str) -> int:
+        if self.closed_pipe:
+            return len(text)
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self.close_pipe()
+            return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if self.closed_pipe:
+            return
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self.close_pipe()
+
+    def close_pipe(self) -> None:
+        self.closed_pipe = True
+        drop_output(self.stream)
+        self.on_closed(self.stream_name)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 class SignalCatcher:
     """Records SIGINT / SIGTERM / SIGHUP (`HANDLED_SIGNALS`) while it is entered (a context manager), instead of the
     default behaviour.
@@ -113,6 +243,9 @@ class SignalCatcher:
     Args:
         announce (`bool`): write one line on stderr when the first signal arrives (the main process does), so that the
             wait for the step to finish is not a silent one.
+
+    While entered, `sys.stdout` and `sys.stderr` are [`GuardedStream`]s: a closed pipe counts as SIGPIPE received
+    (see the module docstring).
 
     Attributes:
         received (`signal.Signals` or None): the first signal received since the catcher was entered.
@@ -125,11 +258,13 @@ class SignalCatcher:
         self.first_at = 0.0
         self.previous: dict[signal.Signals, object] = {}
         self.terminals: list[int] = []
+        self.guarded: dict[str, GuardedStream] = {}
 
     def __enter__(self) -> SignalCatcher:
         self.received = None
         self.previous = {}
         self.terminals = [fd for fd in (1, 2) if is_terminal(fd)]
+        self.guard_streams()
         if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
             logger.debug("train() runs outside the main thread: SIGINT / SIGTERM / SIGHUP keep their handlers.")
             return self
@@ -155,6 +290,32 @@ class SignalCatcher:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
+        for name, guard in self.guarded.items():
+            if getattr(sys, name) is guard:  # not if something replaced it since (it restores its own)
+                setattr(sys, name, guard.stream)
+        self.guarded = {}
+
+    def guard_streams(self) -> None:
+        """Put a [`GuardedStream`] in place of `sys.stdout` and `sys.stderr` (not of a missing one, nor of a guard)."""
+        self.guarded = {}
+        if SIGPIPE is None:
+            return
+        for name in GUARDED_STREAMS:
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, GuardedStream):
+                self.guarded[name] = GuardedStream(stream, name, self.output_closed)
+                setattr(sys, name, self.guarded[name])
+
+    def output_closed(self, name: str) -> None:
+        """A [`GuardedStream`] found its pipe closed: the run stops as on a signal (SIGPIPE), unless one came first."""
+        if self.received is not None:
+            return
+        self.received, self.first_at = SIGPIPE, time.monotonic()
+        if self.announce:
+            say(
+                f"\n{name} was closed (the program reading it went away): finishing the current optimizer step, then "
+                "saving a checkpoint; console output is dropped from here on."
+            )
 
     def handle(self, signum: int, frame) -> None:
         """The signal handler: remember the first signal; a later SIGINT (after `REPEAT_GRACE_S`) aborts. On SIGHUP,
@@ -225,10 +386,15 @@ def ignore_stop_signals() -> None:
 
 __all__ = [
     "HANDLED_SIGNALS",
+    "GuardedStream",
     "Interruption",
     "SignalCatcher",
     "TrainingAborted",
     "TrainingInterrupted",
+    "aborted",
     "detach_hung_up_terminals",
+    "drop_output",
     "ignore_stop_signals",
+    "output_pipe_closed",
+    "say",
 ]

@@ -23,15 +23,29 @@
   short-write `RuntimeError` when the disk is all but full at the failure, which names neither). Final saves go through [`staged_save`]: written into a temporary folder inside `output_dir`, then
   moved over the old files one by one, so a save that fails leaves the previous model whole.
 - [`hub_error`]: a failed upload to the Hugging Face Hub, said in one sentence with the repo id and the fixes.
+- [`output_dir_lock`] / [`holds_output_dir`] (`train()`) and [`hold_output_dir`] (the command line, before it loads a
+  model): one run at a time per `output_dir`. The main process takes an exclusive advisory lock (`fcntl.flock`) on
+  `<output_dir>/_trapo_run.lock` (its pid, host and start time in it), which a second run finds taken and is refused
+  at once, naming them (trial 15's C18: two runs into one folder overwrote each other's checkpoints and model file by
+  file, without a word). The OS releases the lock when the process ends however it ends, so a killed run leaves no
+  stale lock (a leftover file is not locked, and is taken over); a clean end removes the file. Only `train()` and the
+  jobs lock: building a trainer or evaluating into a folder in use stays allowed; a process holds each lock once,
+  however many times it takes it (the job, then its `train()`; a resume in the same process). The file counts for
+  none of the checks above, and its `_` keeps it out of transformers' `push_to_hub` uploads.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
+import functools
+import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -637,8 +651,211 @@ def hub_error(
     )
 
 
+# ---- one run at a time per output_dir -----------------------------------------------------------------------------
+RUN_LOCK = "_trapo_run.lock"
+"""The lock file in `output_dir` (see the module docstring): transformers' `push_to_hub` leaves `_*` out of uploads."""
+
+HELD_LOCKS: dict[str, list[int]] = {}
+"""This process's run locks: the lock file's real path -> `[file descriptor, holds]`."""
+
+
+def run_lock_path(output_dir: str | os.PathLike) -> str:
+    """The lock file of `output_dir`, as a real path (one key per folder, however it is spelt)."""
+    return os.path.join(os.path.realpath(os.path.expanduser(os.fspath(output_dir))), RUN_LOCK)
+
+
+def lock_holder(path: str) -> str:
+    """Who holds the run lock at `path`, from what it wrote there: `"pid 4242, started 14:03:07"` (with `on <host>`
+    when it is another machine's, and the date when it is not today's), or why that cannot be told."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            info = json.load(handle)
+        pid, host, started = info["pid"], info["host"], float(info["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its pid is not written yet"
+    same_day = time.strftime("%Y-%m-%d", time.localtime(started)) == time.strftime("%Y-%m-%d")
+    when = time.strftime("%H:%M:%S" if same_day else "%Y-%m-%d %H:%M:%S", time.localtime(started))
+    return f"pid {pid}{'' if host == socket.gethostname() else f' on {host}'}, started {when}"
+
+
+def in_use_error(args, holder: str) -> ValueError:
+    """The refusal of a run into `args.output_dir` while another run holds its lock (`holder`: [`lock_holder`])."""
+    return ValueError(
+        f"{type(args).__name__}.output_dir={args.output_dir!r} is in use by another run ({holder}): two runs writing "
+        "into one folder replace each other's checkpoints and model file by file. Fix: choose another output_dir, or "
+        "wait until that run has ended."
+    )
+
+
+def acquire_run_lock(args) -> str | None:
+    """Take the run lock of `args.output_dir` for this process (once more if it holds it already: the holds count).
+
+    Args:
+        args ([`TRAPOConfig`]): reads `output_dir`.
+
+    Returns:
+        `str` or None: the lock file (give it to [`release_run_lock`]), or None when no lock can be taken here (no
+        `fcntl`: not a POSIX system; a file system without `flock`: warned; a folder that cannot be created or written,
+        which `check_output_dir` names): the run goes on unlocked.
+
+    Raises:
+        ValueError: another process holds it ([`in_use_error`]).
+    """
+    path = run_lock_path(args.output_dir)
+    if path in HELD_LOCKS:
+        HELD_LOCKS[path][1] += 1
+        return path
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    for _ in range(8):  # the holder removes the file as it lets go: a file locked after that is locked again anew
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise in_use_error(args, lock_holder(path)) from None
+        except OSError as error:  # ENOLCK, EOPNOTSUPP: a network or FUSE file system without flock
+            os.close(descriptor)
+            logger.warning(
+                "output_dir=%r cannot be locked (%s): a second run started into it would not be refused.",
+                args.output_dir,
+                describe_os_error(path, error),
+            )
+            return None
+        try:
+            if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(descriptor)
+    else:
+        return None
+    # written in place (the lock is on this very file; a reader that finds it half-written says so)
+    info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}).encode()
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, info, 0)
+    HELD_LOCKS[path] = [descriptor, 1]
+    return path
+
+
+def release_run_lock(path: str | None) -> None:
+    """Give back one hold of the run lock at `path` ([`acquire_run_lock`]'s return; None: nothing); the last one
+    removes the file (while still locked, so that no other run locks it in between) and unlocks it."""
+    held = HELD_LOCKS.get(path)
+    if held is None:
+        return
+    held[1] -= 1
+    if held[1] > 0:
+        return
+    del HELD_LOCKS[path]
+    descriptor = held[0]
+    try:
+        if os.path.samestat(os.fstat(descriptor), os.stat(path)):
+            os.remove(path)
+    except OSError:
+        pass
+    os.close(descriptor)  # the lock goes with the last descriptor of the file
+
+
+@contextmanager
+def output_dir_lock(args, is_main_process: bool, agree: Callable[[int], int] | None = None) -> Iterator[None]:
+    """Hold the run lock of `args.output_dir` on the main process for the block (see the module docstring).
+
+    Args:
+        args ([`TRAPOConfig`]): reads `output_dir`.
+        is_main_process (`bool`): this process takes the lock (the other ranks of a run do not).
+        agree (`Callable[[int], int]`, *optional*): the largest of every rank's value (a collective, e.g.
+            `distributed.max_over_ranks`): every rank learns that the main process was refused, and raises too.
+
+    Raises:
+        ValueError: another run holds the lock ([`in_use_error`]), before the block, on every rank.
+    """
+    path, refused = None, None
+    if is_main_process:
+        try:
+            path = acquire_run_lock(args)
+        except ValueError as error:
+            refused = error
+    try:
+        if agree is not None and agree(int(refused is not None)) and refused is None:  # the main process's refusal
+            refused = in_use_error(args, lock_holder(run_lock_path(args.output_dir)))
+        if refused is not None:
+            raise refused
+        yield
+    finally:
+        release_run_lock(path)
+
+
+def holds_output_dir(train: Callable) -> Callable:
+    """Decorator of `TRAPOTrainer.train`: the run lock of `output_dir` ([`output_dir_lock`]) is held from the start
+    of the call, before anything is checked or written there, until it returns or raises; every rank agrees on a
+    refusal (`distributed.max_over_ranks`)."""
+    from .distributed import max_over_ranks
+
+    @functools.wraps(train)
+    def locked_train(trainer, *args, **kwargs):
+        accelerator = trainer.accelerator
+        with output_dir_lock(
+            trainer.args, accelerator.is_main_process, lambda refused: max_over_ranks(accelerator, refused)
+        ):
+            return train(trainer, *args, **kwargs)
+
+    return locked_train
+
+
+JOB_HOLDS: list[str] = []
+"""The run locks the jobs of this process hold ([`hold_output_dir`]), in the order taken."""
+
+
+def release_job_holds(start: int = 0) -> None:
+    """Give back the jobs' holds taken after the first `start` ones (all by default: at the interpreter's exit)."""
+    while len(JOB_HOLDS) > start:
+        release_run_lock(JOB_HOLDS.pop())
+
+
+atexit.register(release_job_holds)
+
+
+def hold_output_dir(args) -> None:
+    """A job's hold on `args.output_dir`: the run lock, taken on the main process (`args.process_index` 0) before a
+    model loads and kept until the job returns ([`releases_job_holds`]: its final save and `eval_results.json`
+    included) or, run otherwise, until the process exits.
+
+    Raises:
+        ValueError: another run holds it ([`in_use_error`]).
+    """
+    if args.process_index != 0:
+        return
+    path = acquire_run_lock(args)
+    if path is not None:
+        JOB_HOLDS.append(path)
+
+
+def releases_job_holds(job: Callable) -> Callable:
+    """Decorator of a job's entry point (`run`, `main`): the holds on `output_dir` it takes ([`hold_output_dir`]) are
+    given back when it returns or raises, so that a job run in a process that goes on (a test, a notebook) leaves the
+    folder free."""
+
+    @functools.wraps(job)
+    def job_then_release(*args, **kwargs):
+        start = len(JOB_HOLDS)
+        try:
+            return job(*args, **kwargs)
+        finally:
+            release_job_holds(start)
+
+    return job_then_release
+
+
 __all__ = [
     "FINISHED_RUN_FILES",
+    "RUN_LOCK",
     "is_hub_error",
     "CheckpointGuard",
     "HubPushError",
@@ -647,6 +864,10 @@ __all__ = [
     "check_earlier_checkpoints",
     "check_output_dir",
     "checkpoint_nbytes",
+    "hold_output_dir",
+    "holds_output_dir",
     "hub_error",
+    "output_dir_lock",
+    "releases_job_holds",
     "staged_save",
 ]

@@ -21,12 +21,15 @@ the policy), and a `model_init_kwargs` key the model's constructor refuses is na
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import functools
 import inspect
 import logging
 import os
 import re
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -578,6 +581,74 @@ def unknown_model_keyword(
     )
 
 
+SPREAD_DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+"""`device_map` values with which accelerate spreads the model over the devices `max_memory` names (all visible
+ones when it is not given)."""
+
+
+def accelerator_devices(device) -> list[str]:
+    """The accelerator devices (GPUs) one `device_map` or `max_memory` entry names: an int or a `torch.device` /
+    string with an index is the accelerator of that index, `"cuda"` / `"cuda:N"` / `"xpu"` / ... names one; `"cpu"`,
+    `"disk"`, `"meta"` name none.
+
+    Returns:
+        `[]` or one name, as `"GPU 0"` / `"'cuda:1'"`.
+    """
+    if isinstance(device, bool):
+        return []
+    if isinstance(device, int):
+        return [f"GPU {device}"]
+    if isinstance(device, torch.device):
+        device = str(device)
+    if isinstance(device, str):
+        kind = device.split(":", 1)[0].strip().lower()
+        if kind.isdigit():
+            return [f"GPU {kind}"]
+        return [] if kind in ("cpu", "disk", "meta", "") or kind in SPREAD_DEVICE_MAPS else [repr(device)]
+    return []
+
+
+def check_device_map(kwargs: Mapping, kwargs_name: str = "model_init_kwargs") -> None:
+    """Refuse, before anything loads, a `device_map` that places the model on a GPU (accelerator) when none is
+    visible: `"cuda"`, `"cuda:1"`, `0`, `{"": 0}`, or `"auto"` (`"balanced"`, ...) with a `max_memory` naming GPUs.
+    Left to `from_pretrained`, it failed in torch (`AssertionError: Torch not compiled with CUDA enabled`) or
+    transformers (`RuntimeError: Cannot access accelerator device when none is available`), naming neither
+    (trial 15's N36). A `device_map` of `"cpu"`, or `"auto"` alone, loads on the CPU and is left alone.
+
+    Args:
+        kwargs (`Mapping`): the `from_pretrained` keyword arguments.
+        kwargs_name (`str`): how the message names them (`model_init_kwargs`, `teacher_model_init_kwargs`).
+
+    Raises:
+        ValueError: naming `kwargs_name['device_map']`, its value, the device it names and the fix (drop it: the
+            trainer places the model).
+    """
+    if "device_map" not in kwargs:
+        return
+    device_map = kwargs["device_map"]
+    given = f"{kwargs_name}['device_map']={device_map!r}"
+    if isinstance(device_map, str) and device_map in SPREAD_DEVICE_MAPS:
+        memory = kwargs.get("max_memory")
+        named = [d for key in (memory if isinstance(memory, Mapping) else {}) for d in accelerator_devices(key)]
+        given += f" with max_memory={memory!r}"
+    elif isinstance(device_map, Mapping):
+        named = [d for device in device_map.values() for d in accelerator_devices(device)]
+    else:
+        named = accelerator_devices(device_map)
+    if not named:
+        return
+    wants_cuda = any(name.startswith("'cuda") for name in named)
+    if torch.cuda.is_available() if wants_cuda else torch.accelerator.is_available():
+        return
+    raise ValueError(
+        f"{given} (`--{kwargs_name}`) places the model on {named[0]}, but no GPU is visible on this machine "
+        f"(torch.{'cuda' if wants_cuda else 'accelerator'}.is_available() is False). Fix: drop device_map"
+        + (" and max_memory" if "max_memory" in kwargs else "")
+        + ": the trainer places the model on the run's device itself (under accelerate or DeepSpeed a device_map "
+        "is not used for training)."
+    )
+
+
 def check_model_loading(
     model_id: str, config, kwargs: Mapping, arg: str = "model", kwargs_name: str = "model_init_kwargs"
 ):
@@ -585,7 +656,7 @@ def check_model_loading(
     would fail on (or silently get wrong) with a message naming neither the argument nor the fix.
 
     Checked: `attn_implementation="flash_attention_2"` / `"flash_attention_3"` without its package or a
-    CUDA device; a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes;
+    CUDA device; a `device_map` naming a GPU when none is visible ([`check_device_map`]); a bitsandbytes `quantization_config` (`--load_in_4bit` / `--load_in_8bit`) without bitsandbytes;
     a checkpoint whose `architectures` are all task heads (`*ForSequenceClassification`, ...), whose language-model
     head would be newly initialised; and an encoder-decoder checkpoint (T5) that `AutoModelForCausalLM` cannot load.
 
@@ -608,6 +679,7 @@ def check_model_loading(
             f"{kwargs_name}['attn_implementation']={attention!r} (`--attn_implementation`) cannot be used: {problem}. "
             "Use 'sdpa' (PyTorch's fused attention, any device) or 'eager', or install flash-attn on a CUDA machine."
         )
+    check_device_map(kwargs, kwargs_name)
     quantization = kwargs.get("quantization_config")
     bits = [
         n
@@ -716,6 +788,183 @@ def built_outside_inference_mode(init: Callable) -> Callable:
             return init(*args, **kwargs)
 
     return init_outside_inference_mode
+
+
+# ---- the config after construction -------------------------------------------------------------------------------
+LIVE_FIELDS = frozenset(
+    {
+        # the optimizer and the learning-rate schedule: transformers builds them when `train()` starts
+        "learning_rate",
+        "weight_decay",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+        "optim",
+        "optim_args",
+        "max_grad_norm",
+        "lr_scheduler_type",
+        "lr_scheduler_kwargs",
+        "warmup_steps",
+        # when the Trainer logs, evaluates and saves, and what a save keeps (its flow at every step, its save)
+        "logging_strategy",
+        "logging_steps",
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "include_num_input_tokens_seen",
+        "run_name",
+        "eval_strategy",
+        "eval_steps",
+        "eval_delay",
+        "eval_on_start",
+        "per_device_eval_batch_size",
+        "metric_for_best_model",
+        "greater_is_better",
+        "load_best_model_at_end",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "save_only_model",
+        "save_on_each_node",
+        "ignore_data_skip",
+        # the step and its dataloader (of TRAPO's step tickets: its rows are the plan's)
+        "activation_checkpointing",
+        "torch_empty_cache_steps",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "dataloader_prefetch_factor",
+        "debug",
+    }
+)
+"""Fields of `transformers.TrainingArguments` that a change to `trainer.args` after construction still reaches:
+transformers' `Trainer` reads them when `train()` runs (its optimizer and scheduler, the loop's intervals, the
+dataloader, the saves), and TRAPO reads them at construction at most to check or warn. Every other field is read once,
+at construction, by TRAPO (its own fields: `response_length` sizes the rollouts' generation config, `num_generations`
+and `per_device_train_batch_size` the plan's rows, `kl_coef` the KL controller; `max_steps` and `num_train_epochs` the
+plan itself — its curriculum phases, schedules and pools —, `seed`, `output_dir`, whose finished-run check runs at
+construction) or by transformers (`report_to`, `bf16`, `push_to_hub`, `disable_tqdm`, ...): a change would not be used,
+or only in part. How they were told apart: tests/test_config_immutability.py records every read of the config during
+construction and `train()`."""
+
+ARGS_AT_CONSTRUCTION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each trainer's config as its construction left it (field -> a copy of its value), for [`check_args_unchanged`]."""
+
+
+def live_fields(args) -> frozenset[str]:
+    """[`LIVE_FIELDS`], less those that `args` makes TRAPO read at construction too: `learning_rate` (and
+    `lr_scheduler_type`) with `rl_phase_learning_rate` (its scale is their ratio, fixed then:
+    `schedules.PhaseValues`), `learning_rate` and the Adam settings with `weighting="uncertainty"` / `"gradnorm"`
+    (the weighting's own optimizer takes them: `weighting.build_weighting`)."""
+    fixed = set()
+    if getattr(args, "rl_phase_learning_rate", None) is not None:
+        fixed |= {"learning_rate", "lr_scheduler_type"}
+    if getattr(args, "weighting", None) in ("uncertainty", "gradnorm"):
+        fixed |= {"learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon"}
+    return LIVE_FIELDS - fixed
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two config values are equal (`==`; only the same object, for values whose `==` raises, e.g. tensors)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def snapshot_args(args) -> dict[str, Any]:
+    """Every init field of the config `args` -> a deep copy of its value, so that an in-place change
+    (`trainer.args.reward_weights[0] = 2`) shows too; the value itself where a copy would not compare equal to it (an
+    object without value equality, or that cannot be copied): compared by identity then."""
+    values = {}
+    for f in dataclasses.fields(args):
+        if f.init:
+            value = getattr(args, f.name)
+            try:
+                copied = copy.deepcopy(value)
+            except Exception:
+                copied = value
+            values[f.name] = copied if same_value(copied, value) else value
+    return values
+
+
+def changed_fields(args, snapshot: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fields of `args` whose value differs from `snapshot` ([`snapshot_args`]): field -> (old, new)."""
+    changed = {}
+    for name, old in snapshot.items():
+        new = getattr(args, name, None)
+        if not same_value(old, new):
+            changed[name] = (old, new)
+    return changed
+
+
+FIELD_FIXES = {
+    "resume_from_checkpoint": "pass it to train() instead: `trainer.train(resume_from_checkpoint=...)` (train() "
+    "reads its argument, never this field)",
+}
+"""Fields changed after construction whose fix is not a new trainer -> the fix."""
+
+
+def check_args_unchanged(args, snapshot: Mapping[str, Any] | None, trainer_class: str = "TRAPOTrainer") -> None:
+    """Refuse a `train()` whose config was changed, since the trainer was built, in a field that the change would not
+    reach ([`live_fields`]): the run used the construction-time value without a word (trial 15's N33:
+    `trainer.args.response_length = 4` still sampled 8-token completions). A field that `train()` reads when it runs
+    (`learning_rate`, `logging_steps`, `save_steps`, ...) may be changed.
+
+    Args:
+        args ([`TRAPOConfig`]): `trainer.args` now.
+        snapshot (`Mapping`): [`snapshot_args`] of it at the end of construction (None: nothing to compare).
+        trainer_class (`str`): the trainer's class, named in the fix.
+
+    Raises:
+        ValueError: naming each such field, its value at construction -> now, and the fix (a new trainer).
+    """
+    if snapshot is None:
+        return
+    live = live_fields(args)
+    fixed = {name: values for name, values in changed_fields(args, snapshot).items() if name not in live}
+    if not fixed:
+        return
+
+    def shown(name: str, value: Any) -> str:
+        return "<hidden>" if name == "hub_token" and value else repr(value)
+
+    listed = "; ".join(f"{name}: {shown(name, old)} -> {shown(name, new)}" for name, (old, new) in fixed.items())
+    example = ", ".join(f"{name}={shown(name, new)}" for name, (_, new) in list(fixed.items())[:2])
+    if set(fixed) <= set(FIELD_FIXES):
+        fixes = "; ".join(f"{name}: {FIELD_FIXES[name]}" for name in fixed)
+        raise ValueError(f"trainer.args was changed after the trainer was built ({listed}). Fix: {fixes}.")
+    raise ValueError(
+        f"trainer.args was changed after the trainer was built ({listed}). "
+        f"{'These fields are' if len(fixed) > 1 else 'This field is'} read once, when the trainer is built (such "
+        "fields size its rollouts, batches, plan and controllers), so the new value would not be used, or only in "
+        f"part. Fix: build a new trainer with the new config, e.g. `{trainer_class}(..., "
+        f"args=dataclasses.replace(trainer.args, {example}))`, or set it back. Fields that train() reads when it runs "
+        "(learning_rate, logging_steps, save_steps, ...) may be changed in place."
+    )
+
+
+def remembers_args(init: Callable) -> Callable:
+    """Wrap a trainer's `__init__` so that its config, as construction leaves it, is remembered
+    ([`ARGS_AT_CONSTRUCTION`]) for [`refuses_changed_args`]."""
+
+    @functools.wraps(init)
+    def init_and_remember(trainer, *args, **kwargs):
+        init(trainer, *args, **kwargs)
+        ARGS_AT_CONSTRUCTION[trainer] = snapshot_args(trainer.args)
+
+    return init_and_remember
+
+
+def refuses_changed_args(train: Callable) -> Callable:
+    """Wrap a trainer's `train` so that it first refuses a config changed since construction in a field the change
+    would not reach ([`check_args_unchanged`])."""
+
+    @functools.wraps(train)
+    def train_with_unchanged_args(trainer, *args, **kwargs):
+        check_args_unchanged(trainer.args, ARGS_AT_CONSTRUCTION.get(trainer), type(trainer).__name__)
+        return train(trainer, *args, **kwargs)
+
+    return train_with_unchanged_args
 
 
 def refuse_hyperparameter_search(trainer, *args, **kwargs):

@@ -53,12 +53,11 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trl.trainer.base_trainer import _BaseTrainer
 
-from . import direct_calls
+from . import direct_calls, saving, setup_checks
 from .arguments import refuse_foreign_arguments
 from .checkpoint import (
     check_checkpoint_fits,
     check_checkpoint_step,
-    last_complete_checkpoint,
     newest_complete_checkpoint,
     verify_checkpoint,
     warn_settings_restored,
@@ -69,7 +68,7 @@ from .data import progress_bars
 from .distributed import check_launch, sum_over_ranks
 from .exploration import TargetedExploration
 from .handles import ModelHandles
-from .interrupts import Interruption, TrainingAborted, TrainingInterrupted
+from .interrupts import Interruption, TrainingAborted, TrainingInterrupted, aborted
 from .memory import ReplayBuffer, SampleSelector, Trajectory
 from .models import (
     CountedPositionHead,
@@ -213,6 +212,7 @@ class TRAPOTrainer(_BaseTrainer):
         return super().__new__(cls)
 
     @built_outside_inference_mode  # its tensors must train even when it is built in `torch.inference_mode()`
+    @setup_checks.remembers_args  # the config as built: `train` refuses a field changed since that only this reads
     def __init__(
         self,
         model: str | PreTrainedModel | nn.Module,
@@ -749,6 +749,8 @@ class TRAPOTrainer(_BaseTrainer):
     rows_dataloader, prediction_step = direct_calls.rows_dataloader, direct_calls.prediction_step
     hyperparameter_search = refuse_hyperparameter_search  # no `model_init`: one trainer per setting
 
+    @setup_checks.refuses_changed_args  # trainer.args changed since construction in a field read only then: ValueError
+    @saving.holds_output_dir  # one run at a time per output_dir: the main process locks it while this runs (saving.py)
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """`Trainer.train`, resuming TRAPO's own state too.
 
@@ -761,9 +763,10 @@ class TRAPOTrainer(_BaseTrainer):
         returns or raises.
 
         Raises:
-            ValueError: before anything is written, if `output_dir` holds checkpoints of an unfinished run and this
-                one neither resumes from one of them nor has `overwrite_output_dir=True` (see
-                [`~trl_trapo.saving.check_earlier_checkpoints`]).
+            ValueError: before anything is written: `output_dir` is in use by another run (`saving.holds_output_dir`)
+                or holds checkpoints of an unfinished run this one does not resume, without `overwrite_output_dir=True`
+                (`saving.check_earlier_checkpoints`); a field of `trainer.args` read only at construction was changed
+                since (`setup_checks.check_args_unchanged`).
             CheckpointError: naming the file, if the checkpoint to resume from is incomplete, corrupted or does not
                 fit the run (`check_checkpoint_fits`), or if `resume_from_checkpoint=True` finds no complete one.
             TypeError: `resume_from_checkpoint` is neither a path, a bool nor None (e.g. an int).
@@ -804,11 +807,7 @@ class TRAPOTrainer(_BaseTrainer):
                 )
         except TrainingAborted:
             self.rl_supply.close(abort=True)
-            newest, _ = last_complete_checkpoint(self.args.output_dir, world)
-            raise TrainingAborted(
-                f"Aborted by a second Ctrl-C during step {self.state.global_step + 1}: nothing was saved for it; the "
-                f"newest complete checkpoint is {os.path.abspath(newest) if newest else 'none'}."
-            ) from None
+            raise aborted(self.state.global_step + 1, self.args.output_dir, world) from None
         except Exception as error:
             self.rl_supply.close()
             # a checkpoint save that failed half-way: its folder is removed, the error names it and the cause (a

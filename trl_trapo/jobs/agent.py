@@ -43,6 +43,7 @@ from trl import TrlParser
 from ..agents import use_tool_chat_template
 from ..config import TRAPOConfig
 from ..distributed import check_launch
+from ..saving import releases_job_holds
 from ..tasks import SPLIT_SFT_TASKS, build_char_tokenizer, build_tiny_model, greedy_accuracy, make_task_suite
 from ..tasks.agent import AgentTask, as_conversation, evaluate_agent, make_agent_task, mixed_sft_dataset
 
@@ -269,14 +270,16 @@ def build_trainer(data: AgentJobData, config: TRAPOConfig, model=None):
     tool; `model` defaults to a fresh tiny model (`build_tiny_model(tokenizer, seed=config.seed)`).
 
     Raises:
-        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
-            does not resume (checked first, as the main job does), or for what the trainer refuses.
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` is in use by another run or
+            holds checkpoints this run does not resume (checked first, as the main job does), or for what the trainer
+            refuses.
     """
-    from ..saving import check_earlier_checkpoints
+    from ..saving import check_earlier_checkpoints, hold_output_dir
     from ..trainer import TRAPOTrainer
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    hold_output_dir(config)  # no other run writes into output_dir: its lock, until this process ends
     check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     return TRAPOTrainer(
         model if model is not None else build_tiny_model(data.tokenizer, seed=config.seed),
@@ -315,6 +318,7 @@ def run_job(data: AgentJobData, trainer, config: TRAPOConfig, job_start: float) 
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(job_args: AgentJobArguments, config: TRAPOConfig) -> dict[str, float]:
     """The job: build, evaluate, train jointly, evaluate again, save.
 
@@ -353,6 +357,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`trl_trapo.jobs.main.run`: the same errors count as the user's before and during training;

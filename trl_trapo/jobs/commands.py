@@ -108,6 +108,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TRL_COMMANDS = ("grpo", "sft")
+"""TRL's training sub-commands (`trl grpo`, `trl sft`) whose job is `trapo train` here: one trainer takes the RL
+prompts and the SFT rows together."""
+
+
+def trl_command_error(command: str, names: Sequence[str]) -> str:
+    """argparse's refusal of a TRL sub-command given to `trapo`, and what to type instead.
+
+    Args:
+        command: one of [`TRL_COMMANDS`].
+        names: `trapo`'s sub-commands.
+
+    Returns:
+        `"trapo: error: argument ...: invalid choice: 'grpo' (choose from ...). TRL's ..."` (one line, for stderr).
+    """
+    choices = ", ".join(repr(name) for name in names)
+    return (
+        f"trapo: error: argument {{{','.join(names)}}}: invalid choice: {command!r} (choose from {choices}). "
+        "TRL's `trl grpo` and `trl sft` are both `trapo train` here (RL prompts: --dataset_name; SFT rows: "
+        "--sft_dataset_name; the built-in tasks when neither is given)."
+    )
+
+
 MODULE = "trl_trapo.jobs.commands"
 """This module's import name, which each launched process runs (`--module`): not `__name__`, which is `"__main__"`
 under `python -m trl_trapo.jobs.commands`, a name `python -m` in the launched process cannot find."""
@@ -688,6 +711,10 @@ def main(argv: Sequence[str] | None = None, launch: Callable[[argparse.Namespace
             f"it. Fix: {fix}.",
             file=sys.stderr,
         )
+        return 2
+    if argv and argv[0] in TRL_COMMANDS:  # `trapo grpo ...`: TRL's habit, one line more than argparse's refusal
+        parser.print_usage(sys.stderr)
+        print(trl_command_error(argv[0], [j.name for j in JOBS]), file=sys.stderr)
         return 2
     args, _ = parser.parse_known_args(argv[:1])
     if args.command is None:

@@ -90,7 +90,7 @@ from trl_trapo.distributed import (
     lost_peer,
 )
 from trl_trapo.experimental.fewshot import FewShotTRAPOTrainer
-from trl_trapo.interrupts import TrainingInterrupted
+from trl_trapo.interrupts import SIGPIPE, TrainingInterrupted, drop_output, output_pipe_closed, say
 from trl_trapo.jobs.launcher import launcher_option_hint
 from trl_trapo.objectives import WITH_DATA, RLObjective
 from trl_trapo.paths import (
@@ -101,7 +101,15 @@ from trl_trapo.paths import (
     folder_files_problem,
 )
 from trl_trapo.rewards import REWARD_FUNCTIONS, RewardFunctionError
-from trl_trapo.saving import HubPushError, SaveError, check_earlier_checkpoints, check_output_dir, describe_os_error
+from trl_trapo.saving import (
+    HubPushError,
+    SaveError,
+    check_earlier_checkpoints,
+    check_output_dir,
+    describe_os_error,
+    hold_output_dir,
+    releases_job_holds,
+)
 from trl_trapo.setup_checks import apply_log_level
 
 
@@ -1312,6 +1320,52 @@ def check_model_flags_have_a_model(model_args: ModelConfig, training_args: TRAPO
         )
 
 
+MODEL_FLAG_KEYS = {
+    "model_revision": "revision",
+    "attn_implementation": "attn_implementation",
+    "dtype": "dtype",
+    "load_in_4bit": "quantization_config",
+    "load_in_8bit": "quantization_config",
+}
+"""TRL `ModelConfig`'s loading flags -> the `from_pretrained` keyword each sets."""
+
+
+def model_loading_kwargs(model_args: ModelConfig, given: dict | None) -> dict:
+    """The `from_pretrained` keyword arguments of `--model_name_or_path`: those of TRL `ModelConfig`'s flags
+    (`--model_revision`, `--dtype`, `--attn_implementation`, `--load_in_4bit` / `--load_in_8bit`), merged with
+    `--model_init_kwargs` (`device_map`, `trust_remote_code`, ...), which the job used to replace with the flags'
+    without a word (trial 15's N36: a `device_map` given there was dropped). A flag left at its default gives way to
+    the same key in `--model_init_kwargs`.
+
+    Args:
+        model_args: TRL's model arguments.
+        given: `--model_init_kwargs` (the config's `model_init_kwargs`), or None.
+
+    Returns:
+        The keyword arguments (no None values; `dtype` left out when `auto`, the checkpoint's own).
+
+    Raises:
+        ValueError: a key given both by a flag the user set and by `--model_init_kwargs`, to different values.
+    """
+    flags = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        quantization_config=get_quantization_config(model_args),
+        dtype=model_args.dtype if model_args.dtype not in (None, "auto") else None,
+    )
+    flags = {key: value for key, value in flags.items() if value is not None}
+    given = dict(given or {})
+    for name in changed_settings(model_args, MODEL_FLAG_KEYS):
+        key = MODEL_FLAG_KEYS[name]
+        if key in given and key in flags and given[key] != flags[key]:
+            raise ValueError(
+                f"--{name} {getattr(model_args, name)} and --model_init_kwargs '{json.dumps(given, default=str)}' "
+                f"both set `{key}` of how --model_name_or_path loads, to different values. Fix: give it once "
+                f"(drop `{key}` from --model_init_kwargs, or drop --{name})."
+            )
+    return {**flags, **given}
+
+
 LORA_FIELDS = (
     "lora_r",
     "lora_alpha",
@@ -2375,14 +2429,7 @@ def build_inputs(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, 
         # a real model: the trainer loads it from this id / directory with these keyword arguments
         model = local_or_hub(model_args.model_name_or_path)
         tokenizer = load_pretrained(AutoTokenizer, model, "--model_name_or_path", revision=model_args.model_revision)
-        init_kwargs = dict(
-            revision=model_args.model_revision,
-            attn_implementation=model_args.attn_implementation,
-            quantization_config=get_quantization_config(model_args),
-        )
-        if model_args.dtype not in (None, "auto"):
-            init_kwargs["dtype"] = model_args.dtype
-        model_init_kwargs = {k: v for k, v in init_kwargs.items() if v is not None}
+        model_init_kwargs = model_loading_kwargs(model_args, training_args.model_init_kwargs)
         sources["model"] = f"--model_name_or_path={model!r}"
         logger.info("Inputs: %s.", ", ".join(f"{role} ({source})" for role, source in sources.items()))
     if eval_dataset is not None and script_args.max_eval_samples is not None:
@@ -2671,10 +2718,11 @@ def build_trainer(
     # at once, not after the model and the datasets (the trainer checks again)
     with config_errors_in_flags():  # their messages name the config's fields (`TRAPOConfig.output_dir=...`)
         check_launch(training_args.distributed_state)
-        # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: it can be
-        # written, holds no finished run and no unfinished one this run would not resume, checked before any model
-        # loads (the trainer checks again)
+        # the checkpoint to resume from first (a wrong path is the more specific mistake), then output_dir: no other
+        # run is writing into it (its lock, held until this process ends), it can be written, holds no finished run
+        # and no unfinished one this run would not resume, checked before any model loads (the trainer checks again)
         check_checkpoint(training_args.resume_from_checkpoint)
+        hold_output_dir(training_args)
         check_output_dir(training_args)
         check_earlier_checkpoints(training_args, training_args.resume_from_checkpoint, cli=True)
     # steps 1-2. data, model, tokenizer and rewards (built-in or the user's; errors name the argument)
@@ -2761,6 +2809,7 @@ def run_job(
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(script_args: TRAPOScriptArguments, training_args: TRAPOConfig, model_args: ModelConfig) -> dict:
     """The job: build everything, evaluate, train, evaluate again, save.
 
@@ -2819,6 +2868,7 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line (`examples/trapo.py`): parse, build, run the job; a user error becomes one message and an exit
     status, not a traceback.
@@ -2879,16 +2929,16 @@ def report_user_error(error: BaseException, program: str) -> int:
 
 def say_interrupted(error: TrainingInterrupted) -> None:
     """The line of a run stopped at a checkpoint by a signal (where it is, how to resume): on stdout after SIGINT /
-    SIGTERM; after SIGHUP (the terminal closed) on stderr, where a log redirected with `2>` or `&>` keeps it, and a
-    write that fails there (a terminal or pipe already gone) is dropped: the checkpoint is saved, and the exit status
-    must stay 129."""
-    if error.interruption.signal != getattr(signal, "SIGHUP", None):
+    SIGTERM; after SIGHUP (the terminal closed) or SIGPIPE (stdout's reader went away: `trapo train | head`) on
+    stderr, where a log redirected with `2>` or `&>` keeps it, and a write that fails there (a terminal or pipe already
+    gone) is dropped: the checkpoint is saved, and the exit status must stay 129 / 141."""
+    if error.interruption.signal not in (getattr(signal, "SIGHUP", None), SIGPIPE):
         print(error, flush=True)
         return
     try:
         print(error, file=sys.stderr, flush=True)
     except OSError:
-        pass
+        drop_output(sys.stderr)  # nor a BrokenPipeError when the interpreter flushes it at exit
 
 
 @contextmanager
@@ -2898,9 +2948,12 @@ def exits_cleanly() -> Iterator[None]:
 
     - SIGINT / SIGTERM / SIGHUP during training (`TrainingInterrupted`, after the checkpoint): its one line (main
       process; [`say_interrupted`]) and exit status 130 / 143 / 129; every rank stopped at the same step, so the
-      process group is ended too.
+      process group is ended too. The output closed during training (`trapo train | head`: the reader went away)
+      stops the same way, with the line on stderr and exit status 141 (128 + SIGPIPE; see `trl_trapo.interrupts`).
     - Ctrl-C anywhere else (loading, evaluation, saving), or a second Ctrl-C during training (`TrainingAborted`): one
-      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback.
+      line on stderr (main process) and exit status 130, instead of the `KeyboardInterrupt` traceback. The output
+      closed there (a `BrokenPipeError` of stdout or stderr): stdout and stderr dropped (Python's advice), one line on
+      stderr, exit status 141, no traceback.
     - After the job: `distributed.end_process_group` (every rank reaches it together), so that no rank aborts at
       interpreter exit.
     - Any other exception on one rank of a multi-process run: its traceback, then the rank exits at once with status 1
@@ -2912,7 +2965,7 @@ def exits_cleanly() -> Iterator[None]:
       (torchrun ends the waiting rank as soon as it sees that exit).
 
     Raises:
-        SystemExit: 130 / 143 on a `KeyboardInterrupt`.
+        SystemExit: 130 / 143 on a `KeyboardInterrupt`; 141 when the output was closed.
     """
     main_process = os.environ.get("RANK", "0") == "0"
     try:
@@ -2931,6 +2984,17 @@ def exits_cleanly() -> Iterator[None]:
             print(message, file=sys.stderr, flush=True)
         raise SystemExit(128 + signal.SIGINT) from None
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and output_pipe_closed() and not debug_requested():
+            for stream in (sys.stdout, sys.stderr):
+                if output_pipe_closed(stream):
+                    drop_output(stream)
+            if main_process:
+                say(
+                    "Stopped because the output was closed (SIGPIPE: the program reading it went away) outside the "
+                    "training steps (only those stop at a checkpoint): nothing more was saved."
+                )
+            exit_failed_rank(128 + SIGPIPE)  # one rank of several: at once, as any failed rank
+            raise SystemExit(128 + SIGPIPE) from None
         if in_process_group_of_several():
             if lost_peer(error) and not debug_requested():  # the rank that ended printed the cause
                 rank = os.environ.get("RANK", "?")

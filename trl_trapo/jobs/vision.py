@@ -42,6 +42,7 @@ from trl import TrlParser
 from ..config import OBJECTIVES, TRAPOConfig
 from ..distributed import check_launch
 from ..objectives import DemonstrationObjective, LanguageModelingObjective, PretrainingObjective, SFTObjective
+from ..saving import releases_job_holds
 
 
 logger = logging.getLogger(__name__)
@@ -236,15 +237,17 @@ def build_trainer(data: VisionJobData, config: TRAPOConfig, model=None):
     (`build_tiny_vlm(processor, seed=config.seed)`).
 
     Raises:
-        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` holds checkpoints this run
-            does not resume (checked first, as the main job does), or for what the trainer refuses.
+        ValueError: if `resume_from_checkpoint` is not a checkpoint, or `output_dir` is in use by another run or
+            holds checkpoints this run does not resume (checked first, as the main job does), or for what the trainer
+            refuses.
     """
-    from ..saving import check_earlier_checkpoints
+    from ..saving import check_earlier_checkpoints, hold_output_dir
     from ..tasks.vision import build_tiny_vlm
     from ..trainer import TRAPOTrainer
     from .main import check_checkpoint
 
     check_checkpoint(config.resume_from_checkpoint)  # before the model: `train_job` resumes from it
+    hold_output_dir(config)  # no other run writes into output_dir: its lock, until this process ends
     check_earlier_checkpoints(config, config.resume_from_checkpoint, cli=True)  # an unfinished run there is resumed
     suite = data.suite
     sft, pretrain, objectives = suite.sft, suite.pretrain, []
@@ -290,6 +293,7 @@ def run_job(data: VisionJobData, trainer, config: TRAPOConfig, job_start: float)
     return results
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def main(job_args: VisionJobArguments, config: TRAPOConfig) -> dict[str, float]:
     """The job: build, evaluate, train jointly, evaluate again, save.
 
@@ -317,6 +321,7 @@ def summary(output_dir: str, results: dict[str, float], seconds: float) -> str:
     return "\n".join(lines)
 
 
+@releases_job_holds  # the hold on output_dir it takes (saving.hold_output_dir) ends with it
 def run(argv: list[str] | None = None, program: str | None = None) -> int:
     """The command line: parse, build, run the job; a user error becomes one message on stderr and exit status 2, as
     in the main job (`TRAPO_DEBUG=1` raises it with its traceback instead).
