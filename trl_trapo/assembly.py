@@ -66,6 +66,7 @@ from .data import (
     ShardedSampler,
     apply_transforms,
     check_datasets,
+    check_rl_prompts,
     check_templates_render,
     check_tokenizer,
     dataset_columns,
@@ -207,6 +208,23 @@ class RunChecks:
         return self.datasets.get(RLObjective.ARGUMENT)
 
 
+def agent_prompts_checked(given: dict, train_dataset, agent, args) -> dict:
+    """`given` (each objective's dataset by its name) with the RL prompts `check_agent` left (placeholders when an
+    `environment_factory` writes each prompt and none was given). An environment's prompts are checked here, where
+    empty user messages are allowed (its `reset` writes the prompt, TRL's usual dataset), and taken out of `given` so
+    that [`~trl_trapo.data.check_datasets`] does not refuse them as a dataset without text."""
+    given = {**given, RLObjective.NAME: train_dataset}
+    if (
+        agent is not None
+        and agent.factories
+        and train_dataset is not None
+        and getattr(args, RLObjective.WEIGHT_FIELD) > 0
+    ):
+        check_rl_prompts(train_dataset, args, environment_prompts=True)
+        given[RLObjective.NAME] = None
+    return given
+
+
 def check_run(
     args: TRAPOConfig,
     arguments: dict[str, Any],
@@ -263,7 +281,7 @@ def check_run(
     # datasets have the columns and cells their objectives read
     check_output_dir(args)
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
-    given[RLObjective.NAME] = train_dataset  # the agent's prompts, when `check_agent` rewrote them
+    given = agent_prompts_checked(given, train_dataset, agent, args)  # the agent's prompts, as `check_agent` left them
     check_datasets(args, given, eval_dataset, WITH_DATA)
     if agent is not None:  # evaluation rolls the eval prompts out through the tool loop too
         agent.check_eval_prompts(eval_dataset)

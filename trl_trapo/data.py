@@ -635,10 +635,13 @@ def check_sft_completions(dataset: Dataset, role: str, assistant_only_loss: bool
         )
 
 
-def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False) -> None:
+def check_cells(
+    dataset: Dataset, role: str, kind: str | None = None, assistant_only_loss: bool = False, allow_empty: bool = False
+) -> None:
     """The checks of the cells TRAPO reads (`read_columns(columns, kind)`) that need no tokenizer: no missing value
     (`check_missing_values`), each of its column's form (`check_cell_types`), some text in some row
-    (`check_not_all_empty`), for SFT rows a completion to learn
+    (`check_not_all_empty`; not with `allow_empty`: an `environment_factory`'s `reset` writes the prompts of empty
+    user messages, as in TRL), for SFT rows a completion to learn
     (`check_sft_completions`; with `assistant_only_loss`, an assistant turn of each `messages` row), and
     conversations TRAPO can place images in (`check_prompt_roles`).
 
@@ -650,7 +653,8 @@ def check_cells(dataset: Dataset, role: str, kind: str | None = None, assistant_
     check_missing_values(dataset, role, columns)
     check_cell_types(dataset, role, columns)
     check_no_conversation_text(dataset, role, columns)
-    check_not_all_empty(dataset, role, columns)
+    if not allow_empty:
+        check_not_all_empty(dataset, role, columns)
     if kind == "sft" or (kind is None and "text" not in names and {"completion", "messages"} & set(names)):
         check_sft_completions(dataset, role, assistant_only_loss)
     check_prompt_roles(dataset, role, kind)
@@ -2722,15 +2726,17 @@ def check_map_style(dataset: Any, role: str) -> None:
     check_row_cells(dataset, role)
 
 
-def check_rl_prompts(dataset: Any, args) -> None:
-    """The RL objective's `train_dataset` before any model loads: a map-style prompt dataset whose cells can be read.
+def check_rl_prompts(dataset: Any, args, environment_prompts: bool = False) -> None:
+    """The RL objective's `train_dataset` before any model loads: a map-style prompt dataset whose cells can be read,
+    with text in some row unless `environment_prompts` (an `environment_factory`'s `reset` writes each prompt: TRL's
+    dataset of empty user messages is the usual one).
 
     Raises:
         ValueError: naming the column, the row and the fix.
     """
     check_map_style(dataset, "train_dataset")
     check_prompt_dataset(dataset)
-    check_cells(dataset, "train_dataset", "prompts")
+    check_cells(dataset, "train_dataset", "prompts", allow_empty=environment_prompts)
 
 
 def check_sft_rows(dataset: Any, args) -> None:
