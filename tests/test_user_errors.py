@@ -2163,6 +2163,9 @@ def test_cli_saves_and_stops_when_its_terminal_closes(tmp_path, terminal):
     process = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=cli_env(), stdin=subprocess.DEVNULL, text=True,
         start_new_session=True, **streams,
+        # SIGHUP's default action in the child even when this test runs under `nohup` (SIG_IGN is inherited, and a
+        # run under nohup rightly goes on)
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )  # fmt: skip
     if terminal == "closed":
         os.close(slave)
