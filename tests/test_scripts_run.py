@@ -10,6 +10,7 @@ with tiny arguments (the other benchmarks' runs live in their own test files, e.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("scripts/**/*.py"), *ROOT.glob("examples/*.py")])
+
+
+def child_failures(code: str, *args: str) -> dict:
+    """Run `code` in a fresh interpreter (`python -c code ROOT *args`) and return the failures dict it prints last."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(ROOT), *args], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
 
 RUNNER = r"""
 import io, json, os, runpy, sys, contextlib
@@ -58,25 +69,13 @@ print(json.dumps(failures))
 def test_every_script_starts_and_parses_help():
     assert len(SCRIPTS) >= 15, SCRIPTS
     paths = [str(p) for p in SCRIPTS]
-    import json
-
-    done = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(ROOT), json.dumps(paths)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    failures = child_failures(RUNNER, json.dumps(paths))
     assert failures == {}, failures
 
 
 @pytest.mark.slow
 def test_benchmark_tools_times_rounds_with_an_instant_and_a_slow_tool(tmp_path):
     """`scripts/benchmarks/benchmark_tools.py` with tiny arguments: 2 rollouts, 1 round of calls, a 0.05 s tool."""
-    import json
-
     out = tmp_path / "tools.json"
     script = ROOT / "scripts" / "benchmarks" / "benchmark_tools.py"
     args = ["--rollouts", "2", "--calls", "1", "--delay", "0.05", "--repeats", "1", "--json", str(out)]
@@ -210,15 +209,5 @@ def test_every_numeric_argument_refuses_a_value_outside_its_range():
     `main` the same way before anything slow. `benchmark_step.py --steps 0` once ran the baseline for 6.5 s, then
     ended in a traceback naming `TRAPOConfig.max_steps`; `--rows -3` in torch's negative-dimension error."""
     assert len(COMMAND_LINES) >= 25, COMMAND_LINES
-    import json
-
-    done = subprocess.run(
-        [sys.executable, "-c", RANGES, str(ROOT), json.dumps([str(p) for p in COMMAND_LINES]), json.dumps(TOGETHER)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    failures = child_failures(RANGES, json.dumps([str(p) for p in COMMAND_LINES]), json.dumps(TOGETHER))
     assert failures == {}, json.dumps(failures, indent=1)
