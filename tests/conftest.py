@@ -23,6 +23,7 @@ template), the fixture `tool_tok` (one per test module) and the documented tool 
 
 `tiny_critic(tokenizer, **config)`: a one-layer Llama sequence classifier with one output (a critic or reward model).
 `load_script(name)`: a repository file (`scripts/...py`) imported as a module.
+`logging_as_it_was` (autouse): each test leaves the loggers' levels and handlers as it found them.
 `one_thread`: module fixture that runs a module's tests on one intra-op thread
 (`pytestmark = pytest.mark.usefixtures("one_thread")`).
 
@@ -32,8 +33,10 @@ template), the fixture `tool_tok` (one per test module) and the documented tool 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import runpy
@@ -112,6 +115,42 @@ def tokenizer():
 def suite():
     """The built-in task suite at `TINY_SUITE` sizes, seed 0."""
     return make_task_suite(seed=0, **TINY_SUITE)
+
+
+# the loggers a run may reconfigure: `log_level` sets `trl_trapo`'s and transformers' levels, the jobs call
+# `logging.basicConfig`, and a library may add a handler to its own logger
+RESTORED_LOGGERS = ("trl_trapo", "transformers", "trl", "accelerate", "datasets", "peft")
+
+
+@contextlib.contextmanager
+def restored_logging():
+    """Leaves logging as it found it: the levels, handlers and `propagate` of `RESTORED_LOGGERS`, and the root
+    logger's level and the handlers added to it meanwhile (pytest's own capture handlers are pytest's to manage)."""
+    loggers = {name: logging.getLogger(name) for name in RESTORED_LOGGERS}
+    saved = {name: (log.level, list(log.handlers), log.propagate) for name, log in loggers.items()}
+    root = logging.getLogger()
+    root_level, root_handlers = root.level, set(root.handlers)
+    try:
+        yield
+    finally:
+        for name, log in loggers.items():
+            level, handlers, propagate = saved[name]
+            log.setLevel(level)
+            log.handlers[:] = handlers
+            log.propagate = propagate
+        root.setLevel(root_level)
+        for handler in list(root.handlers):
+            if handler not in root_handlers and not type(handler).__module__.startswith("_pytest"):
+                root.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was():
+    """Every test runs inside [`restored_logging`]. Without it a test with `log_level="info"` (or a job's
+    `--log_level debug`) left TRAPO's and transformers' loggers at that level for every later test of its worker,
+    which then saw records it never asked for."""
+    with restored_logging():
+        yield
 
 
 @pytest.fixture(scope="module")

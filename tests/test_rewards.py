@@ -8,14 +8,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 
 import pytest
 import torch
 from conftest import tiny_critic
 from datasets import Dataset
+from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
 
 from trl_trapo import TRAPOTrainer
-from trl_trapo.rewards import reward_function_name
+from trl_trapo.agents import environment_reward
+from trl_trapo.rewards import call_reward_function, reward_function_name
 from trl_trapo.tasks import build_char_tokenizer, build_tiny_model, exact_match_reward
 
 
@@ -623,3 +626,60 @@ def test_a_reward_that_changes_its_lists_in_place_cannot_change_the_next_functio
     assert seen and all(n == m and n > 0 for n, m, _ in seen), seen
     # the second function saw the prompts in the rows' order, not reversed by the first
     assert [prompts for _, _, prompts in seen] == given
+
+
+class InterruptedJudge:
+    """An environment whose async `get_reward()` is interrupted (a judge call wrapped around a subprocess, say)."""
+
+    async def get_reward(self):
+        raise KeyboardInterrupt("the judge was interrupted")
+
+
+async def interrupted_reward(completions, **kwargs):
+    raise KeyboardInterrupt("the judge was interrupted")
+
+
+async def exiting_reward(completions, **kwargs):
+    raise SystemExit(3)
+
+
+@pytest.mark.parametrize(
+    "func, kwargs, raised",
+    [
+        (interrupted_reward, {}, KeyboardInterrupt),
+        (exiting_reward, {}, SystemExit),
+        (
+            environment_reward(InterruptedJudge),
+            {"environments": [InterruptedJudge(), InterruptedJudge()]},
+            KeyboardInterrupt,
+        ),
+    ],
+    ids=["async-function-KeyboardInterrupt", "async-function-SystemExit", "async-get_reward-KeyboardInterrupt"],
+)
+def test_an_async_reward_raising_keyboardinterrupt_or_systemexit_reaches_the_caller_and_the_loop_survives(
+    func, kwargs, raised
+):
+    # asyncio re-raises these two out of the loop's thread: the thread ended, the call's future was never settled
+    # and the call waited forever. Now the caller gets the exception (as from a sync function) and the loop serves on.
+    async def fine(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    thread, loop, ready = start_event_loop_in_daemon(name="test-rewards")
+    ready.wait()
+    outcome = {}
+
+    def call():
+        try:
+            call_reward_function(func, "judge", 2, {"completions": ["a", "b"], **kwargs}, loop=loop)
+        except BaseException as error:  # noqa: BLE001  (what the call raised is the point)
+            outcome["raised"] = error
+
+    caller = threading.Thread(target=call, daemon=True)
+    try:
+        caller.start()
+        caller.join(timeout=20)
+        assert not caller.is_alive(), "the reward call hung: the event loop's thread ended without settling it"
+        assert type(outcome.get("raised")) is raised
+        assert call_reward_function(fine, "fine", 2, {"completions": ["a", "b"]}, loop=loop) == [1.0, 1.0]
+    finally:
+        shutdown_event_loop_in_daemon(thread, loop)

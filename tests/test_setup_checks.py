@@ -594,12 +594,31 @@ def test_a_warmup_that_ends_within_the_run_is_not_warned_about(
 # ---- an explicit `log_level` sets TRAPO's own logger too (trial 15's N20) -------------------------------------------
 @pytest.fixture
 def trapo_logger():
-    """The `trl_trapo` logger, its level and handlers restored after the test."""
-    library = logging.getLogger("trl_trapo")
-    level, handlers = library.level, list(library.handlers)
-    yield library
-    library.setLevel(level)
-    library.handlers[:] = handlers
+    """The `trl_trapo` logger (its level and handlers restored after the test by conftest's `logging_as_it_was`)."""
+    return logging.getLogger("trl_trapo")
+
+
+def test_each_test_leaves_the_loggers_as_it_found_them():
+    """A test with `log_level="debug"` left TRAPO's and transformers' loggers at DEBUG for every later test of its
+    worker (and a job's logging setup left a root handler): conftest's `restored_logging` undoes both."""
+    from types import SimpleNamespace
+
+    import transformers
+    from conftest import restored_logging
+
+    from trl_trapo.setup_checks import apply_log_level
+
+    library, hf, root = logging.getLogger("trl_trapo"), logging.getLogger("transformers"), logging.getLogger()
+    before = (library.level, list(library.handlers), hf.level, root.level, list(root.handlers))
+    added = logging.StreamHandler()
+    with restored_logging():
+        apply_log_level(SimpleNamespace(log_level="debug", log_level_replica="warning", should_log=True))
+        transformers.utils.logging.set_verbosity_debug()  # what the trainer does with `log_level="debug"`
+        root.setLevel(logging.DEBUG)
+        root.addHandler(added)  # a script's `logging.basicConfig(...)`
+        assert library.level == hf.level == root.level == logging.DEBUG
+    assert (library.level, list(library.handlers), hf.level, root.level, list(root.handlers)) == before
+    assert added not in root.handlers
 
 
 def test_an_explicit_log_level_sets_trapos_logger_as_the_trainer_sets_transformers(

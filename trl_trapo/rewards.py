@@ -429,6 +429,19 @@ def completion_form_message(name: str, source: str, conversational: bool, cause:
     )
 
 
+async def delivered(coroutine: Any) -> tuple[Any, BaseException | None]:
+    """Await a reward coroutine on the scorer's loop and hand back `(value, None)`, or `(None, raised)` when it raises
+    `KeyboardInterrupt` or `SystemExit`, for the caller to raise in its own thread.
+
+    An asyncio task re-raises those two out of the event loop: the loop's thread ended, the call's future was never
+    settled and `.result()` waited forever (an async reward or an environment's async `get_reward()` that raised
+    `KeyboardInterrupt` hung the run). Every other exception travels through the future as usual."""
+    try:
+        return await coroutine, None
+    except (KeyboardInterrupt, SystemExit) as raised:
+        return None, raised
+
+
 def call_reward_function(
     func: Callable, name: str, expected: int, kwargs: dict, loop=None, on_nan: Callable[[int], None] | None = None
 ) -> list[float]:
@@ -460,7 +473,9 @@ def call_reward_function(
         if is_async_callable(func):
             if loop is None:
                 raise RuntimeError("an async reward function needs the scorer's event loop")
-            output = asyncio.run_coroutine_threadsafe(func(**kwargs), loop).result()
+            output, raised = asyncio.run_coroutine_threadsafe(delivered(func(**kwargs)), loop).result()
+            if raised is not None:  # as a sync function's would: out of this call, in the caller's thread
+                raise raised
         else:
             output = func(**kwargs)
     except EnvironmentRewardError:  # an environment's get_reward(): its message names the method already
