@@ -260,3 +260,11 @@ def test_trl_distillation_trainer_alone_runs_as_a_method_of_the_comparison(tmp_p
     assert [c["step"] for c in run["checkpoints"]] == [0, 3, 6] and run["tokens"] > 0
     trapo = json.loads((out / "runs" / "trapo-seed0" / "result.json").read_text())
     assert trapo["checkpoints"][-1]["step"] == 6
+
+
+def test_build_setup_with_no_held_out_documents_trains_on_the_whole_corpus():
+    # heldout_docs=0 (the weighting benchmark's wrong teacher: the main job's own data) once failed in `select`
+    setup = compare_pipelines.build_setup({"job_argv": [], "quick": True, "job_extra": {}, "heldout_docs": 0})
+    assert len(setup.pretrain) == 3000 and setup.heldout_texts == []
+    held = compare_pipelines.build_setup({"job_argv": [], "quick": True, "job_extra": {}, "heldout_docs": 300})
+    assert len(held.pretrain) == 2700 and len(held.heldout_texts) == 300

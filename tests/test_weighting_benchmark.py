@@ -280,3 +280,156 @@ def test_run_cells_resumes_runs_slices_and_waits_for_the_search(tmp_path, monkey
     assert all(
         wb.is_done(bench, c, cells) for c in wb.plan(cells, ("T1",)) if c.arm in ("dare", "search", "tuned_static")
     )
+
+
+# =====================================================================================================================
+# The shift task (a teacher that becomes wrong halfway)
+# =====================================================================================================================
+def test_the_shift_cells_run_only_when_asked_and_leave_the_main_grid_as_it_was(tmp_path, capsys):
+    shift = wb.plan({}, ("S",))
+    assert [c.id for c in shift[:6]] == [f"S-{arm}-suite0-seed0" for arm in wb.RUN_ORDER]
+    assert len(shift) == 30 and {c.seed for c in shift} == {0, 1, 2, 3, 4} and {c.suite for c in shift} == {0}
+    # a main-grid cell's settings hold no shift key (a changed setting would run the done cells again)
+    bench = wb.Bench(tmp_path / "cells", tmp_path / "work", [])
+    t2, s = wb.Cell("T2", "dare", 0, 0), wb.Cell("S", "dare", 0, 0)
+    assert set(bench.settings(t2)) == {"task", "arm", "weighting", "mixture", "suite", "seed", "job_argv",
+                                       "eval_every", "heldout_docs", "threads", "eval_per_split_family"}  # fmt: skip
+    assert bench.settings(s) == {**bench.settings(t2), "task": "S", "swap_fraction": 0.5,
+                                 "wrong_teacher": wb.WRONG_TEACHER}  # fmt: skip
+    # the default invocation lists the main grid only; --shift (or --tasks S) the shift cells only
+    wb.main(["--list", "--results_dir", str(tmp_path / "cells")])
+    listed = capsys.readouterr().out
+    assert "T1-dare-suite0-seed0: to run" in listed and "S-" not in listed
+    wb.main(["--list", "--shift", "--results_dir", str(tmp_path / "cells")])
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 30 and all(line.startswith("S-") for line in listed)
+    assert "S-tuned_static-suite0-seed0: waits for its search" in listed  # T2's search winner
+
+
+def test_the_wrong_teachers_answers_shift_only_the_rl_only_family_each_to_its_successor():
+    import weighting_shift as ws
+
+    from trl_trapo.tasks import make_task_suite, successor
+
+    rl = make_task_suite(seed=0, num_pretrain_docs=1, num_sft_per_task=1, num_rl_per_task=20).rl_train
+    shifted = ws.shift_answers(rl)
+    assert ws.RL_ONLY_FAMILIES == ("lst",)
+    assert shifted["prompt"] == rl["prompt"] and shifted["task"] == rl["task"]
+    lst = [(a, b) for a, b, task in zip(rl["answer"], shifted["answer"], rl["task"]) if task == "lst"]
+    others = [(a, b) for a, b, task in zip(rl["answer"], shifted["answer"], rl["task"]) if task != "lst"]
+    assert len(lst) == len(others) == 60  # rl_only_fraction 0.5
+    assert all(b == successor(a) and len(b) == 1 and b != a for a, b in lst)
+    assert all(a == b for a, b in others)
+    demos = ws.shifted_demonstrations(shifted)
+    assert set(demos.column_names) == {"prompt", "completion"} and all(p.startswith("lst ") for p in demos["prompt"])
+    with pytest.raises(ValueError, match="no `task` column"):
+        ws.shift_answers(rl.remove_columns("task"))
+    with pytest.raises(ValueError, match="'j' has no successor"):
+        successor("aj")
+
+
+def test_the_swap_callback_loads_the_wrong_teachers_weights_once_at_its_step():
+    import torch
+    import weighting_shift as ws
+    from transformers import TrainerControl, TrainerState
+
+    from trl_trapo.tasks import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    running = build_tiny_model(tokenizer, seed=0).eval().requires_grad_(False)
+    wrong = build_tiny_model(tokenizer, seed=1)
+    records = []
+    callback = ws.TeacherSwapCallback(lambda: running, wrong.state_dict(), swap_step=3, record=records.append)
+    state, control = TrainerState(), TrainerControl()
+
+    def same() -> bool:
+        theirs = wrong.state_dict()
+        return all(torch.equal(value, theirs[name]) for name, value in running.state_dict().items())
+
+    callback.on_train_begin(None, state, control)
+    for step in (1, 2):
+        state.global_step = step
+        callback.on_step_end(None, state, control)
+        assert not same() and callback.swapped_at is None
+    state.global_step = 3
+    callback.on_step_end(None, state, control)
+    assert same() and callback.swapped_at == 3
+    assert not any(p.requires_grad for p in running.parameters())  # still the frozen teacher
+    with torch.no_grad():
+        next(running.parameters()).add_(1.0)  # a later step must not swap again
+    for step in (4, 5):
+        state.global_step = step
+        callback.on_step_end(None, state, control)
+    assert not same() and callback.swapped_at == 3
+    assert len(records) == 1 and records[0]["step"] == records[0]["swap_step"] == 3
+    assert records[0]["max_abs_difference"] == 0.0 and records[0]["changed_parameters"] > 0
+    # weights of another shape are refused before the first step, and so is a run without a teacher
+    other = {**wrong.state_dict(), "lm_head.weight": torch.zeros(3, 3)}
+    with pytest.raises(ValueError, match="do not fit the running teacher"):
+        ws.TeacherSwapCallback(lambda: running, other, 3).on_train_begin(None, TrainerState(), control)
+    with pytest.raises(ValueError, match="no teacher to swap"):
+        ws.TeacherSwapCallback(lambda: None, wrong.state_dict(), 3).on_train_begin(None, TrainerState(), control)
+
+
+def shift_cells(final: dict[str, float], forgetting: dict[str, float] | None = None, seeds=(0, 1, 2, 3, 4)):
+    """Shift cells of every arm: the final rl_only accuracy is a per-seed base plus `final[arm]` (with a wobble that
+    averages to 0 over the 5 seeds, for an arm with an effect); `forgetting[arm]` adds to the forgetting likewise."""
+    forgetting = forgetting or {}
+    cells = {}
+    for seed in seeds:
+        base, wobble = 0.3 + 0.05 * seed, (0.01, -0.01, 0.02, -0.02, 0.0)[seed]
+        for arm in wb.ARMS:
+            cell = wb.Cell("S", arm, 0, seed)
+            value = base + (final[arm] + wobble if arm in final else 0.0)
+            cells[cell.id] = {
+                "cell": cell.id, "task": "S", "arm": arm, "suite": 0, "seed": seed, "final_rl_only": value,
+                "primary": 0.6, "forgetting": 0.001 + (forgetting[arm] + wobble if arm in forgetting else 0.0),
+                "cpu_s": 200.0, "teacher_swap": {"step": 500, "swap_step": 500},
+                "curve": [{"step": 500, "accuracy_rl_only": 0.9}, {"step": 1000, "accuracy_rl_only": value}],
+                "wrong_teacher": {"args": {"shifted_sft": False}, "cpu_s": 240.0,
+                                  "wrong_teacher": {"against_shifted": 0.97, "against_true": 0.0, "prompts": 100},
+                                  "true_teacher": {"against_shifted": 0.0, "against_true": 1.0, "prompts": 100}},
+            }  # fmt: skip
+    return cells
+
+
+def test_the_shift_decision_is_rule_1_against_static():
+    decision = wb.decide_shift(shift_cells({"gac": 0.2, "dare": 0.1}))
+    assert decision["applied"] and decision["best"] == "gac" and set(decision["winners"]) == {"gac", "dare"}
+    assert decision["winners"]["gac"] == pytest.approx(0.2)
+    # more forgetting than static by more than 0.01 nats/token disqualifies
+    decision = wb.decide_shift(shift_cells({"gac": 0.2}, forgetting={"gac": 0.05}))
+    assert decision["best"] is None and decision["winners"] == {}
+    assert any("`gac` beats `static`" in r and "forgetting" in r for r in decision["reasons"])
+    assert wb.decide_shift(shift_cells({}))["best"] is None  # no effect: nothing beats static
+    # a partial task is not decided
+    partial = shift_cells({"gac": 0.2}, seeds=(0, 1, 2))
+    assert wb.decide_shift(partial) == {"applied": False, "missing": wb.missing_shift(partial)}
+    assert len(wb.missing_shift(partial)) == 12
+
+
+def test_rule_1_won_by_tuned_static_asks_for_the_shift_task():
+    decision = wb.decide(synthetic({("tuned_static", "T1"): 0.05}))
+    assert (decision["rule"], decision["default"], decision["shift_task"]) == (1, "tuned_static", True)
+    assert "no adaptive weighting beat static weights" in decision["reasons"][-1]
+    block = wb.render_block({k: {**v, **FILLER} for k, v in synthetic({("tuned_static", "T1"): 0.05}).items()})
+    assert "Rule 1 applies: the default becomes `tuned_static`; the shift task is to be run." in " ".join(
+        block.split()
+    )
+
+
+def test_the_report_has_a_shift_section_for_no_partial_and_complete_shift_cells():
+    main = {k: {**v, **FILLER} for k, v in synthetic({}).items()}
+    flat = " ".join(wb.render_block(main).split())
+    assert "### Shift task: T2 on suite 0 with a teacher that becomes wrong halfway" in flat
+    assert "Not run yet (30 cells: `python scripts/experiments/weighting_benchmark.py --shift`" in flat
+    partial = shift_cells({"gac": 0.2}, seeds=(0, 1))
+    flat = " ".join(wb.render_block({**main, **partial}).split())
+    assert f"**partial: {len(main)} of 162 cells**" in flat  # the shift cells are not counted in the main grid
+    assert "**partial: 12 of 30 cells**" in flat and "Decision: not applied, 18 of 30 cells missing." in flat
+    assert "0.970 against the shifted answers, 0.000 against the true ones (T2's teacher: 1.000" in flat
+    assert "The swap, as the cells' files record it (`teacher_swap`): at step 500 in 12 of 12 cells." in flat
+    assert "| `gac` | 2 of 5 | 0.525 ± 0.021 | +0.200 [" in flat
+    complete = wb.render_block({**main, **shift_cells({"gac": 0.2})})
+    assert "**complete: 30 cells**" in complete and "Decision: `gac` beats `static` on the shift task." in complete
+    assert "Rule 3 applies" in complete  # the main grid's decision is the main cells' alone

@@ -95,6 +95,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,10 +399,10 @@ def build_setup(spec: dict) -> Setup:
             f"The comparison needs a map-style pretraining dataset with more than --heldout_docs="
             f"{spec['heldout_docs']} documents: the last ones are held out to measure forgetting."
         )
-    # the last `heldout_docs` documents are seen by no run
+    # the last `heldout_docs` documents are seen by no run (0: none held out, the whole corpus trained on)
     cut = len(pretrain) - spec["heldout_docs"]
-    heldout_texts = pretrain.select(range(cut, len(pretrain)))["text"]
-    pretrain = pretrain.select(range(cut))
+    heldout_texts = pretrain.select(range(cut, len(pretrain)))["text"] if cut < len(pretrain) else []
+    pretrain = pretrain.select(range(cut)) if cut < len(pretrain) else pretrain
     per_family = spec.get("eval_per_split_family")
     if per_family and "task" in eval_dataset.column_names:
         seen: dict[str, int] = {}
@@ -429,8 +430,11 @@ from pipeline_measure import (  # noqa: E402  (scripts/ is on sys.path)
 # =====================================================================================================================
 # The two pipelines
 # =====================================================================================================================
-def run_trapo(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
-    """TRAPOTrainer with the main job's configuration (plus the method's overrides)."""
+def run_trapo(setup: Setup, spec: dict, extra_callbacks: Callable | None = None) -> tuple[Recorder, dict]:
+    """TRAPOTrainer with the main job's configuration (plus the method's overrides).
+
+    `extra_callbacks(trainer)`, when given, returns callbacks added to the built trainer before it trains (for a
+    callback that needs the trainer itself, e.g. its `teacher_model`)."""
     from trl_trapo import TRAPOTrainer
 
     config = setup.config
@@ -448,6 +452,8 @@ def run_trapo(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
         callbacks=[recorder_callback(recorder, "trapo", 0, None, first=True)],
     )
     recorder.instrument_generate(trainer.accelerator.unwrap_model(trainer.model))
+    for callback in extra_callbacks(trainer) if extra_callbacks is not None else ():
+        trainer.add_callback(callback)
     trainer.train()
     trainer.save_state()
     setup_s = time.perf_counter() - started - recorder.wall.read() - recorder.eval_s
@@ -661,8 +667,9 @@ def run_distill_trl(setup: Setup, spec: dict) -> tuple[Recorder, dict]:
     return recorder, {"setup_s": setup_s, "stages": [{"stage": "distill", "steps": recorder.global_step}]}
 
 
-def worker(spec_path: str) -> None:
-    """Run one (method, seed) in this process and write `<run_dir>/result.json`."""
+def worker(spec_path: str, extra_callbacks: Callable | None = None) -> None:
+    """Run one (method, seed) in this process and write `<run_dir>/result.json`. `extra_callbacks`: as `run_trapo`'s
+    (TRAPO-family methods only)."""
     import torch
 
     with open(spec_path, encoding="utf-8") as handle:
@@ -676,7 +683,7 @@ def worker(spec_path: str) -> None:
     elif spec["method"] == "distill_trl":
         recorder, info = run_distill_trl(setup, spec)
     else:
-        recorder, info = run_trapo(setup, spec)
+        recorder, info = run_trapo(setup, spec, extra_callbacks)
     final = recorder.rows[-1]
     result = {
         "method": spec["method"],

@@ -6,6 +6,7 @@ mixture, uncertainty weighting, GradNorm and a GAC-style closed form, cell by ce
     python scripts/experiments/weighting_benchmark.py --max_cells 5          # the next 5 cells
     python scripts/experiments/weighting_benchmark.py --list                 # the grid in its order, done or not
     python scripts/experiments/weighting_benchmark.py --report               # render the page from the cells (no run)
+    python scripts/experiments/weighting_benchmark.py --shift                # the shift task's cells (only when asked)
 
 The grid is the pre-registration's (`TASKS`, `ARMS`, `SEARCH_*`): a **cell** is one (task, arm, mixture, suite, seed)
 run in its own process with one torch thread, and its result is one JSON file under `--results_dir` (default
@@ -34,6 +35,16 @@ grid is complete), applies the declared decision rule (`decide`) only when every
 one run per arm's weight / signal / factor curves (`docs/results/weighting/weights_<arm>.png`).
 Arguments this script does not know go to every cell's job (a smoke run: `--max_steps 10`); such cells must go to
 another `--results_dir`.
+
+The shift task (the pre-registration's "The shift task"; task `S`, cells `S-<arm>-suite0-seed<k>`) runs only when
+asked (`--shift`, or `--tasks S`): T2's cells on suite 0, seeds 0-4, every arm (`tuned_static` with T2's search
+winner), where after half of the steps (`SHIFT_SWAP_FRACTION`) the teacher's weights are replaced by the wrong
+teacher's, T2's teacher trained on RL prompts whose `rl_only` answers are shifted by one letter (trained once into
+`--work_dir` by `ensure_wrong_teacher`, which records its greedy accuracy on the held-out `lst` prompts against the
+shifted and the true answers). The run-time pieces (the data shift, the swap callback, the workers) are in
+`weighting_shift.py`. Its primary metric is the final `rl_only` accuracy (`final_rl_only` in the cell's file, next to
+`teacher_swap`: the step at which the swap happened), decided by `decide_shift` (rule 1 with `static` in place of
+`dare`) and reported in the page's "Shift task" section.
 """
 
 from __future__ import annotations
@@ -122,6 +133,15 @@ TASKS = {
     "T2": Task("T2", "T1 with the teacher (+ distillation)", (0, 1), (0, 1, 2, 3, 4), teacher=True),
     "T3": Task("T3", "the VLM job's task", (None,), (0, 1, 2), vlm=True),
 }
+# the shift task (declared with the grid; run only when asked): T2 on suite 0, 5 seeds, the teacher wrong from half the
+# budget on. Not in TASKS: the grid, its order and its size stay the main grid's.
+SHIFT = Task("S", "T2 on suite 0 with a teacher that becomes wrong halfway", (0,), (0, 1, 2, 3, 4), teacher=True)
+ALL_TASKS = {**TASKS, SHIFT.name: SHIFT}
+SHIFT_SWAP_FRACTION = 0.5  # the swap after this fraction of the job's max_steps (500 of 1,000)
+# the wrong teacher: T2's teacher trained with the rl_only families' RL answers shifted by one letter; `shifted_sft`:
+# with shifted demonstrations of those families added to its SFT data (docs/weighting_benchmark.md, shift task note)
+WRONG_TEACHER = {"families": ["lst"], "answer": "alphabet successor", "shifted_sft": False}
+SWAP_RECORD = "teacher_swap.json"  # the swap's record in a shift cell's run folder (TeacherSwapCallback)
 VALIDATION_SUITE = 2
 SEARCH_SEEDS = (0, 1)
 SEARCH_T1 = tuple({"rl_weight": rl, "sft_weight": sft} for rl in (0.5, 1.0, 2.0) for sft in (0.5, 1.0, 2.0))
@@ -214,21 +234,22 @@ def search_winner(task: str, cells: dict[str, dict], t1_winner: dict[str, float]
 
 
 def winners(cells: dict[str, dict]) -> dict[str, dict | None]:
-    """Each task's search winner (T3 borrows T1's: it has no validation suite)."""
+    """Each task's search winner (T3 borrows T1's: it has no validation suite; the shift task T2's)."""
     t1 = search_winner("T1", cells, None)
     t1_mixture = t1["mixture"] if t1 else None
     t2 = search_winner("T2", cells, t1_mixture)
-    return {"T1": t1, "T2": t2, "T3": t1}
+    return {"T1": t1, "T2": t2, "T3": t1, SHIFT.name: t2}
 
 
 def plan(cells: dict[str, dict], tasks: tuple[str, ...] = tuple(TASKS)) -> list[Cell]:
     """The grid in run order (module docstring). `tuned_static` cells whose search is not done yet carry no mixture
-    (they cannot run until it is); T2's search cells appear once T1's search is done."""
+    (they cannot run until it is); T2's search cells appear once T1's search is done. `tasks` may name the shift task
+    (`S`), whose `tuned_static` cells take T2's winner."""
     won = winners(cells)
     t1_mixture = won["T1"]["mixture"] if won["T1"] else None
     out: list[Cell] = []
     for name in tasks:
-        task = TASKS[name]
+        task = ALL_TASKS[name]
         mixture = tuple(sorted(won[name]["mixture"].items())) if won[name] else ()
         for index, (suite, seed) in enumerate(task.pairs()):
             for arm in RUN_ORDER:
@@ -353,15 +374,19 @@ class Bench:
     heldout_docs: int = HELDOUT_DOCS
     eval_per_split_family: int | None = None
     teacher: str | None = None  # the teacher's folder, once trained
+    wrong_teacher: str | None = None  # the shift task's wrong teacher's folder, once trained
     machine: dict = field(default_factory=dict)
 
     def cell_path(self, cell: Cell) -> Path:
         return self.results_dir / f"{cell.id}.json"
 
     def settings(self, cell: Cell) -> dict[str, Any]:
-        return cell.settings(self.job_argv, self.eval_every, self.heldout_docs) | {
+        out = cell.settings(self.job_argv, self.eval_every, self.heldout_docs) | {
             "eval_per_split_family": self.eval_per_split_family
         }
+        if cell.task == SHIFT.name:  # only the shift cells' settings say how the teacher changes
+            out |= {"swap_fraction": SHIFT_SWAP_FRACTION, "wrong_teacher": WRONG_TEACHER}
+        return out
 
 
 def load_cells(results_dir: Path) -> dict[str, dict]:
@@ -403,14 +428,58 @@ def ensure_teacher(bench: Bench) -> str:
     return str(folder)
 
 
+def ensure_wrong_teacher(bench: Bench) -> str:
+    """The shift task's wrong teacher: T2's teacher's run (`ensure_teacher`'s arguments, another folder) with the RL
+    prompts' `rl_only` answers shifted by one letter (`weighting_shift.wrong_teacher_worker`, a child process), trained
+    once into `<work_dir>/wrong_teacher`; reused when its marker file says it was made with the same arguments.
+
+    The marker (`benchmark_wrong_teacher.json`, copied into every shift cell's file) holds the arguments, the child's
+    CPU and wall seconds, and the greedy accuracy on the suite's held-out `lst` prompts of the wrong teacher
+    (`wrong_teacher`: `against_shifted`, `against_true`) and of T2's teacher (`true_teacher`).
+
+    Returns:
+        The wrong teacher's folder.
+    """
+    folder = bench.work_dir / "wrong_teacher"
+    marker = folder / "benchmark_wrong_teacher.json"
+    argv = ["--output_dir", str(folder), "--report_to", "none", *bench.job_argv]
+    args = {"argv": argv, **WRONG_TEACHER}
+    if (read_json(marker) or {}).get("args") != args:
+        bench.teacher = bench.teacher or ensure_teacher(bench)
+        logger.info("training the shift task's wrong teacher into %s", folder)
+        result_path = bench.work_dir / "wrong_teacher.result.json"
+        result_path.unlink(missing_ok=True)
+        spec = {
+            "job_argv": [*argv, "--overwrite_output_dir", "True"],
+            "shifted_sft": WRONG_TEACHER["shifted_sft"],
+            "true_teacher": bench.teacher,
+            "threads": 1,
+            "result_path": str(result_path),
+        }
+        run = launch_worker(
+            __file__,
+            spec,
+            bench.work_dir / "wrong_teacher.spec.json",
+            threads=1,
+            log_path=bench.work_dir / "wrong_teacher.log",
+            name="the wrong teacher",
+            worker_args=["--_wrong_teacher"],
+        )
+        write_json_atomic(marker, {"args": args, "cpu_s": run.cpu_s, "wall_s": run.wall_s, **read_json(result_path)})
+    return str(folder)
+
+
 def run_cell(bench: Bench, cell: Cell) -> dict:
-    """Run one cell in a child process and write its file atomically; its contents."""
+    """Run one cell in a child process and write its file atomically; its contents. A shift cell (task `S`) runs
+    `weighting_shift.shift_worker` with the wrong teacher (`ensure_wrong_teacher`) and records `final_rl_only`, the
+    swap (`teacher_swap`) and the wrong teacher's marker."""
     import compare_pipelines
 
     run_dir = bench.work_dir / "runs" / cell.id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "result.json").unlink(missing_ok=True)
-    task = TASKS[cell.task]
+    for stale in ("result.json", SWAP_RECORD):
+        (run_dir / stale).unlink(missing_ok=True)
+    task = ALL_TASKS[cell.task]
     if task.vlm:
         spec = {
             "seed": cell.seed,
@@ -432,6 +501,14 @@ def run_cell(bench: Bench, cell: Cell) -> dict:
         )  # fmt: skip
         spec = compare_pipelines.make_spec(args, job_argv, "trapo", cell.seed, str(run_dir), job_extra(cell))
         script, worker_args = compare_pipelines.__file__, []
+        if cell.task == SHIFT.name:
+            bench.wrong_teacher = bench.wrong_teacher or ensure_wrong_teacher(bench)
+            spec |= {
+                "wrong_teacher": bench.wrong_teacher,
+                "swap_fraction": SHIFT_SWAP_FRACTION,
+                "swap_record": str(run_dir / SWAP_RECORD),
+            }
+            script, worker_args = __file__, ["--_shift"]
     logger.info("%s: running", cell.id)
     run = launch_worker(
         script,
@@ -462,6 +539,15 @@ def run_cell(bench: Bench, cell: Cell) -> dict:
     }
     if task.teacher:  # which teacher (its settings and cost; the folder itself is not committed)
         out["teacher"] = read_json(Path(bench.teacher) / "benchmark_teacher.json")
+    if cell.task == SHIFT.name:
+        swap = read_json(run_dir / SWAP_RECORD)
+        if swap is None:  # a fault of the code, not of the run: no file is written for the cell
+            raise RuntimeError(f"{cell.id}: the run ended without swapping its teacher (no {run_dir / SWAP_RECORD}).")
+        out |= {
+            "final_rl_only": out["final"]["accuracy_rl_only"],
+            "teacher_swap": swap,
+            "wrong_teacher": read_json(Path(bench.wrong_teacher) / "benchmark_wrong_teacher.json"),
+        }
     write_json_atomic(bench.cell_path(cell), out)
     logger.info("%s: done in %.0f s (primary %.3f)", cell.id, run.wall_s, out["primary"])
     return out
@@ -582,6 +668,9 @@ def decide(cells: dict[str, dict]) -> dict[str, Any]:
        worse); the shift task must be run.
     (4. T3 only vetoes: it enters the "no task's interval below 0" conditions.)
 
+    The shift task is also to be run when rule 1 picks `tuned_static` (a static mixture: no adaptive weighting beat
+    static weights; implementation note of 2026-12-05).
+
     Returns:
         `{"applied": False, "missing": [...]}` while a needed cell is missing; else `{"applied": True, "rule": 1|2|3,
         "default": arm, "shift_task": bool, "reasons": [sentences]}`.
@@ -626,7 +715,13 @@ def decide(cells: dict[str, dict]) -> dict[str, Any]:
             )
             + ")."
         )
-        return {"applied": True, "rule": 1, "default": best, "shift_task": False, "reasons": reasons}
+        static_win = best == "tuned_static"
+        if static_win:
+            reasons.append(
+                "the winner is a static mixture: no adaptive weighting beat static weights, so the shift task is to be "
+                "run (implementation note of 2026-12-05)."
+            )
+        return {"applied": True, "rule": 1, "default": best, "shift_task": static_win, "reasons": reasons}
     wins, losses = above("dare", "static", deciding), below("dare", "static", every)
     short = below("dare", "tuned_static", deciding, bound=TUNED_MARGIN)
     if wins and not losses and not short:
@@ -650,6 +745,147 @@ def decide(cells: dict[str, dict]) -> dict[str, Any]:
         )
     )
     return {"applied": True, "rule": 3, "default": default, "shift_task": True, "reasons": reasons}
+
+
+SHIFT_METRIC = "final_rl_only"  # the shift task's primary metric: the last evaluation's rl_only accuracy
+
+
+def missing_shift(cells: dict[str, dict]) -> list[str]:
+    """The shift cells (every arm on the shift task's pairs) that have no file."""
+    done = {(c["arm"], c["suite"], c["seed"]) for c in cells.values() if c["task"] == SHIFT.name}
+    return [
+        Cell(SHIFT.name, arm, suite, seed).id
+        for suite, seed in SHIFT.pairs()
+        for arm in ARMS
+        if (arm, suite, seed) not in done
+    ]
+
+
+def decide_shift(cells: dict[str, dict]) -> dict[str, Any]:
+    """The shift task's decision (docs/weighting_benchmark.md: "decision as rule 1 with `static` in place of
+    `dare`"), applied when all its cells are done: an arm beats `static` if its paired 95 % t interval of the final
+    `rl_only` accuracy (`final_rl_only`) against `static` lies above 0 (low end > 0) and its forgetting interval
+    against `static` does not lie above +0.01 nats/token (low end > 0.01); of several, the larger mean gain is named
+    first.
+
+    Returns:
+        `{"applied": False, "missing": [...]}` while a shift cell is missing; else `{"applied": True, "winners":
+        {arm: mean gain in final rl_only accuracy}, "best": arm or None, "reasons": [sentences]}`.
+    """
+    missing = missing_shift(cells)
+    if missing:
+        return {"applied": False, "missing": missing}
+    reasons, qualified = [], {}
+    for arm in ARMS:
+        if arm == "static":
+            continue
+        gain = paired(cells, SHIFT.name, arm, "static", SHIFT_METRIC)
+        forgets = paired(cells, SHIFT.name, arm, "static", "forgetting")["low"] > FORGETTING_MARGIN
+        if gain["low"] > 0 and not forgets:
+            qualified[arm] = gain["mean"]
+        elif gain["low"] > 0:
+            reasons.append(
+                f"`{arm}` beats `static` on the final `rl_only` accuracy but its forgetting interval against `static` "
+                f"lies above +{FORGETTING_MARGIN}."
+            )
+    if not qualified:
+        reasons.append(
+            "no arm's interval of the final `rl_only` accuracy against `static` lies above 0 (or it forgets more)."
+        )
+        return {"applied": True, "winners": {}, "best": None, "reasons": reasons}
+    ranked = sorted(qualified, key=qualified.get, reverse=True)  # sorted is stable: ties keep the arms' order
+    reasons.append(
+        f"`{ranked[0]}` beats `static` (mean gain in final `rl_only` accuracy {qualified[ranked[0]]:+.3f}"
+        + (f"; also: {', '.join(f'`{a}` {qualified[a]:+.3f}' for a in ranked[1:])}" if len(ranked) > 1 else "")
+        + ")."
+    )
+    return {"applied": True, "winners": qualified, "best": ranked[0], "reasons": reasons}
+
+
+def shift_lines(cells: dict[str, dict]) -> list[str]:
+    """The report's "Shift task" section from the done shift cells of `cells` (none: "not run yet")."""
+    mine = {k: c for k, c in cells.items() if c["task"] == SHIFT.name}
+    total = len(SHIFT.pairs()) * len(ARMS)
+    lines = [f"### Shift task: {SHIFT.title}", ""]
+    if not mine:
+        return lines + [
+            _wrap(
+                f"Not run yet ({total} cells: `python scripts/experiments/weighting_benchmark.py --shift`; the "
+                "pre-registration runs it when rule 3 applies, and the implementation note of 2026-12-05 when rule 1 "
+                "picks `tuned_static`)."
+            )
+        ]
+    status = f"**complete: {total} cells**" if len(mine) >= total else f"**partial: {len(mine)} of {total} cells**"
+    lines += [
+        _wrap(
+            f"{status}. Primary metric: the final `rl_only` accuracy (the last evaluation's), paired by seed against "
+            f"`static`; the teacher's weights are replaced by the wrong teacher's after {100 * SHIFT_SWAP_FRACTION:g} % "
+            "of the steps."
+        ),
+        "",
+    ]
+    wrong = next((c["wrong_teacher"] for c in mine.values() if c.get("wrong_teacher")), None)
+    if wrong:
+        accuracy, true = wrong["wrong_teacher"], wrong.get("true_teacher")
+        lines += [
+            _wrap(
+                "The wrong teacher (T2's teacher's run with every `lst` RL answer shifted by one letter"
+                + (", and shifted `lst` demonstrations in its SFT data" if wrong["args"].get("shifted_sft") else "")
+                + f"; trained once, {wrong['cpu_s']:,.0f} CPU s): greedy accuracy on the {accuracy['prompts']} held-out "
+                f"`lst` prompts {accuracy['against_shifted']:.3f} against the shifted answers, "
+                f"{accuracy['against_true']:.3f} against the true ones"
+                + (f" (T2's teacher: {true['against_true']:.3f} against the true ones)." if true else ".")
+            ),
+            "",
+        ]
+    steps = {}
+    for c in mine.values():
+        steps[c["teacher_swap"]["step"]] = steps.get(c["teacher_swap"]["step"], 0) + 1
+    at = ", ".join(f"at step {step} in {n} of {len(mine)} cells" for step, n in sorted(steps.items()))
+    lines += [
+        _wrap(f"The swap, as the cells' files record it (`teacher_swap`): {at}."),
+        "",
+        "| arm | cells | primary: final `rl_only` accuracy | vs `static` | `rl_only` at the swap | accuracy area | "
+        "forgetting | forgetting vs `static` | CPU s/cell |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        done = list(test_cells(cells, SHIFT.name, arm).values())
+        if not done:
+            lines.append(f"| `{arm}` | 0 of {len(SHIFT.pairs())} |" + " – |" * 7)
+            continue
+        at_swap = [
+            row["accuracy_rl_only"]
+            for c in done
+            for row in c["curve"]
+            if row["step"] == c["teacher_swap"]["swap_step"] and "accuracy_rl_only" in row
+        ]
+        cols = [
+            f"`{arm}`",
+            f"{len(done)} of {len(SHIFT.pairs())}",
+            _mean_std([c[SHIFT_METRIC] for c in done]),
+            "" if arm == "static" else _interval(paired(cells, SHIFT.name, arm, "static", SHIFT_METRIC)),
+            _mean_std(at_swap),
+            _mean_std([c["primary"] for c in done]),
+            _mean_std([c["forgetting"] for c in done]),
+            "" if arm == "static" else _interval(paired(cells, SHIFT.name, arm, "static", "forgetting")),
+            f"{statistics.fmean(c['cpu_s'] for c in done):,.0f}",
+        ]
+        lines.append("| " + " | ".join(cols) + " |")
+    lines.append("")
+    decision = decide_shift(cells)
+    if not decision["applied"]:
+        lines.append(_wrap(f"Decision: not applied, {len(decision['missing'])} of {total} cells missing."))
+    else:
+        lines.append(
+            _wrap(
+                f"Decision: `{decision['best']}` beats `static` on the shift task."
+                if decision["best"]
+                else "Decision: no arm beats `static` on the shift task."
+            )
+        )
+        lines += ["", *(_wrap(f"- {reason}") for reason in decision["reasons"])]
+    return lines
 
 
 def _interval(interval: dict | None) -> str:
@@ -680,9 +916,9 @@ def plot_weights(cells: dict[str, dict], plots_dir: Path) -> dict[str, Path]:
 
     order = {cell.id: i for i, cell in enumerate(plan(cells))}
     out = {}
-    for arm in ARMS:  # a cell of the arm's own (the search's cells run static weights)
-        mine = sorted((c for c in cells.values() if c["arm"] == arm and c.get("weights")), key=lambda c: order.get(
-            c["cell"], len(order)))  # fmt: skip
+    for arm in ARMS:  # a cell of the arm's own (the search's cells run static weights) in the main grid
+        mine = [c for c in cells.values() if c["arm"] == arm and c.get("weights") and c["task"] in TASKS]
+        mine.sort(key=lambda c: order.get(c["cell"], len(order)))
         if not mine:
             continue
         cell = mine[0]
@@ -733,9 +969,10 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
     """The results block of docs/weighting_benchmark.md from the done cells (any subset of the grid).
 
     Args:
-        cells: cell id -> cell file contents.
+        cells: cell id -> cell file contents (the shift task's cells go to its own section, after the main grid's).
         plots: arm -> the plot's link target relative to the page (None: no plot links).
     """
+    everything, cells = cells, {k: c for k, c in cells.items() if c["task"] in TASKS}
     total, done = grid_size(), len(cells)
     status = f"**complete: {total} cells**" if done >= total else f"**partial: {done} of {total} cells**"
     cpu = sum(c["cpu_s"] for c in cells.values())
@@ -836,13 +1073,14 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
             + ", ".join(f"[`{arm}`]({target})" for arm, target in plots.items())
             + ".",
         ]
+    lines += ["", *shift_lines(everything)]
     return "\n".join(lines) + "\n"
 
 
 def plot_links(cells: dict[str, dict], plots_dir: Path, page: Path) -> dict[str, str]:
     """arm -> the link from `page` to the arm's plot in `plots_dir` (`plot_weights` draws one for every arm with a
     done cell that logged weights)."""
-    arms = {c["arm"] for c in cells.values() if c.get("weights")}
+    arms = {c["arm"] for c in cells.values() if c.get("weights") and c["task"] in TASKS}
     return {
         arm: os.path.relpath(plots_dir / f"weights_{arm}.png", page.parent).replace(os.sep, "/")
         for arm in ARMS
@@ -875,7 +1113,11 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--time_budget_s", type=non_negative_float, default=None, help="start no cell that would end after this"
     )
-    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument(
+        "--tasks", nargs="+", choices=list(ALL_TASKS), default=None,
+        help="the tasks to run (default the main grid's T1 T2 T3; S is the shift task)",
+    )  # fmt: skip
+    parser.add_argument("--shift", action="store_true", help="run the shift task's cells (with --tasks: as well)")
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--seeds", type=seed_int, nargs="+", default=None, help="only these seeds' test cells")
     parser.add_argument(
@@ -891,6 +1133,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plots_dir", default=None, help=f"plots (default {PLOTS_DIR.relative_to(ROOT)})")
     parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_vlm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_shift", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_wrong_teacher", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -906,8 +1150,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     """
     args, job_argv = make_parser().parse_known_args(argv)
     if args._worker:
-        vlm_worker(args._worker)
+        if args._shift or args._wrong_teacher:
+            import weighting_shift
+
+            (weighting_shift.shift_worker if args._shift else weighting_shift.wrong_teacher_worker)(args._worker)
+        else:
+            vlm_worker(args._worker)
         return []
+    tasks = list(
+        dict.fromkeys([*(args.tasks or ([] if args.shift else TASKS)), *([SHIFT.name] if args.shift else [])])
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     results_dir = Path(args.results_dir) if args.results_dir else RESULTS_DIR
     page = Path(args.page) if args.page else page_of(BLOCK)
@@ -928,7 +1180,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     )  # fmt: skip
     if args.list:
         cells = load_cells(results_dir)
-        for cell in plan(cells, tuple(args.tasks)):
+        for cell in plan(cells, tuple(tasks)):
             state = "done" if is_done(bench, cell, cells) else "waits for its search" if (
                 cell.arm == "tuned_static" and not cell.mixture) else "to run"  # fmt: skip
             print(f"{cell.id}: {state}")
@@ -942,7 +1194,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     }
     return run_cells(
         bench,
-        tuple(args.tasks),
+        tuple(tasks),
         tuple(args.arms),
         args.max_cells,
         args.time_budget_s,

@@ -240,13 +240,30 @@ def _split_inputs(family: TaskFamily, num_eval: int, rng: random.Random) -> tupl
     return held_out, pool
 
 
-def _successor(letters: str) -> str:
+def successor(letters: str) -> str:
+    """The alphabet successor of each letter: `"bdh"` -> `"cei"` (the `nxt` family's answer).
+
+    Args:
+        letters (`str`): letters of `LETTERS` but its last (`"a"`–`"i"`).
+
+    Returns:
+        `str`: as many letters, each the next one of `LETTERS`.
+
+    Raises:
+        ValueError: for a letter outside `LETTERS[:-1]` (it has no successor in the alphabet).
+    """
+    bad = [c for c in letters if c not in LETTERS[:-1]]
+    if bad:
+        raise ValueError(
+            f"successor({letters!r}): {bad[0]!r} has no successor in the suite's alphabet {LETTERS!r}; pass letters "
+            f"of {LETTERS[:-1]!r}."
+        )
     return "".join(LETTERS[LETTERS.index(c) + 1] for c in letters)
 
 
 TASK_FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily("rev", _strings(LETTERS[:8], (3, 4)), lambda x: x[::-1]),
-    TaskFamily("nxt", _strings(LETTERS[:9], (2, 3)), _successor),
+    TaskFamily("nxt", _strings(LETTERS[:9], (2, 3)), successor),
     TaskFamily("min", _strings(DIGITS, (3, 4)), min),
     TaskFamily("lst", _strings(LETTERS[:8], (3, 4)), lambda x: x[-1], has_sft=False),
 )
