@@ -125,7 +125,7 @@ def test_extra_job_arguments_need_another_results_dir():
 def test_the_committed_page_holds_the_rendering_of_the_committed_cells():
     cells = wb.load_cells(wb.RESULTS_DIR)
     page = wb.page_of(wb.BLOCK)
-    expected = wb.render_block(cells, wb.plot_links(cells, wb.PLOTS_DIR, page))
+    expected = wb.render_block(cells, wb.plot_links(cells, wb.PLOTS_DIR, page), wb.read_json(wb.COST_FILE))
     assert read_block(page.read_text(encoding="utf-8"), wb.BLOCK) == expected, (
         "docs/weighting_benchmark.md's results differ from its cells: run "
         "`python scripts/experiments/weighting_benchmark.py --report`"
@@ -433,3 +433,30 @@ def test_the_report_has_a_shift_section_for_no_partial_and_complete_shift_cells(
     complete = wb.render_block({**main, **shift_cells({"gac": 0.2})})
     assert "**complete: 30 cells**" in complete and "Decision: `gac` beats `static` on the shift task." in complete
     assert "Rule 3 applies" in complete  # the main grid's decision is the main cells' alone
+
+
+def test_the_report_renders_the_weightings_own_cost_or_says_it_is_not_measured():
+    """The declaration's secondary metric (the weighting's own cost per step, measured alone) is on the page once
+    `benchmark_weighting.py --json` wrote it beside the cells, with its command and the machine's load."""
+    main = {k: {**v, **FILLER} for k, v in synthetic({}).items()}
+    flat = " ".join(wb.render_block(main).split())
+    assert "Not measured yet: `OMP_NUM_THREADS=1 python scripts/benchmarks/benchmark_weighting.py" in flat
+    arm = {"cpu_ms": 160.0, "delta_cpu_ms": 5.25, "delta_cpu_ms_range": [-30.0, 15.0], "wall_ms": 161.0,
+           "delta_wall_ms": 5.0, "delta_wall_ms_range": [-31.0, 15.0], "delta_update_cpu_ms": 4.0,
+           "delta_update_cpu_ms_range": [-13.0, 20.0], "own_update_ms": 3.56, "updates_per_100": 20.0,
+           "own_amortised_ms": 0.9, "own_job_interval_ms": 0.13}  # fmt: skip
+    cost = {
+        "settings": {
+            "steps": 30,
+            "repeats": 5,
+            "update_interval": 5,
+            "job_update_interval": 32,
+            "load_average_before": "0.10 0.20 0.30",
+            "load_average_after": "1.00 1.10 1.20",
+        },  # fmt: skip
+        "summary": {"dare": arm, "static": {**arm, "own_update_ms": 0.02}},
+    }
+    flat = " ".join(wb.render_block(main, cost=cost).split())
+    assert "--steps 30 --repeats 5 --json docs/results/weighting/cost.json" in flat
+    assert "load average 0.10 0.20 0.30 before (it lags a pause) and 1.00 1.10 1.20 after" in flat
+    assert "| `dare` | 160.0 | +5.2 [-30.0, +15.0] |" in flat and "| 3.56 | 20.0 | 0.90 | 0.13 |" in flat

@@ -391,7 +391,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.warmup >= args.steps - 1:  # a run needs timed steps after its warm-up
         parser.error(f"argument --warmup: {args.warmup} is invalid: use 0 to --steps - 2 = {args.steps - 2}.")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"load average before: {load_average()}; torch threads 1; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    before = load_average()
+    log(f"load average before: {before}; torch threads 1; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     try:
         result = measure(
             args.strategies,
@@ -404,7 +405,10 @@ def main(argv: list[str] | None = None) -> dict:
         )
     except ValueError as error:
         parser.error(str(error))
+    result["settings"]["load_average_before"] = before
     result["settings"]["load_average_after"] = load_average()
+    result["settings"]["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    result["settings"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log(f"load average after: {result['settings']['load_average_after']}")
     print(table(result))
     if args.json:

@@ -89,6 +89,7 @@ from runlib import (  # noqa: E402
 logger = logging.getLogger("weighting_benchmark")
 
 RESULTS_DIR = ROOT / "docs" / "results" / "weighting" / "cells"
+COST_FILE = RESULTS_DIR.parent / "cost.json"  # benchmark_weighting.py's result, beside the cells' folder
 PLOTS_DIR = ROOT / "docs" / "results" / "weighting"
 BLOCK = "weighting-results"
 LINE_WIDTH = 119
@@ -965,12 +966,13 @@ def family_lines(cells: dict[str, dict], task: str) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) -> str:
+def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None, cost: dict | None = None) -> str:
     """The results block of docs/weighting_benchmark.md from the done cells (any subset of the grid).
 
     Args:
         cells: cell id -> cell file contents (the shift task's cells go to its own section, after the main grid's).
         plots: arm -> the plot's link target relative to the page (None: no plot links).
+        cost: `benchmark_weighting.py --json`'s result (None: not measured yet), rendered last ([`cost_lines`]).
     """
     everything, cells = cells, {k: c for k, c in cells.items() if c["task"] in TASKS}
     total, done = grid_size(), len(cells)
@@ -1074,7 +1076,46 @@ def render_block(cells: dict[str, dict], plots: dict[str, str] | None = None) ->
             + ".",
         ]
     lines += ["", *shift_lines(everything)]
+    lines += cost_lines(cost)
     return "\n".join(lines) + "\n"
+
+
+def cost_lines(cost: dict | None) -> list[str]:
+    """The section of the weighting's own cost per step: `benchmark_weighting.py --json`'s result (`COST_FILE`,
+    measured alone on a quiet machine, as the declaration's secondary metric asks), its table and its command; a line
+    saying it is not measured yet without one."""
+    title = ["", "### The weighting's own cost per step (measured alone)", ""]
+    command = (
+        "`OMP_NUM_THREADS=1 python scripts/benchmarks/benchmark_weighting.py --steps {steps} --repeats {repeats} "
+        f"--json {COST_FILE.relative_to(ROOT)}`"
+    )
+    if not cost:
+        return [*title, _wrap(f"Not measured yet: {command.format(steps=30, repeats=5)}, on a quiet machine.")]
+    settings = cost["settings"]
+    bench = load_module(ROOT / "scripts" / "benchmarks" / "benchmark_weighting.py")
+    return [
+        *title,
+        _wrap(
+            f"{command.format(**settings)} ({settings.get('finished', 'date not recorded')}; T1's setup, "
+            f"{settings['steps']} steps per run, updates every {settings['update_interval']} steps, one torch "
+            f"thread, the benchmark's cells paused: load average {settings.get('load_average_before', '?')} before (it "
+            "lags a pause) and "
+            f"{settings.get('load_average_after', '?')} after). Milliseconds; Δ against `static` in the same round, "
+            f"median [min, max] over {settings['repeats']} rounds. `tuned_static` costs what `static` costs."
+        ),
+        "",
+        bench.table(cost),
+    ]
+
+
+def load_module(path: Path):
+    """A script of this repository imported by its path (not on `sys.path`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def plot_links(cells: dict[str, dict], plots_dir: Path, page: Path) -> dict[str, str]:
@@ -1092,7 +1133,7 @@ def write_report(results_dir: Path, page: Path, plots_dir: Path) -> str:
     """Render the block from `results_dir`'s cells into `page` and draw the plots into `plots_dir`."""
     cells = load_cells(results_dir)
     plot_weights(cells, plots_dir)
-    block = render_block(cells, plot_links(cells, plots_dir, page))
+    block = render_block(cells, plot_links(cells, plots_dir, page), read_json(results_dir.parent / COST_FILE.name))
     changed = write_block(BLOCK, block, page)
     logger.info("%s: the %s block %s", page, BLOCK, "updated" if changed else "is already up to date")
     return block
