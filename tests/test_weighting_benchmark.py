@@ -460,3 +460,21 @@ def test_the_report_renders_the_weightings_own_cost_or_says_it_is_not_measured()
     assert "--steps 30 --repeats 5 --json docs/results/weighting/cost.json" in flat
     assert "load average 0.10 0.20 0.30 before (it lags a pause) and 1.00 1.10 1.20 after" in flat
     assert "| `dare` | 160.0 | +5.2 [-30.0, +15.0] |" in flat and "| 3.56 | 20.0 | 0.90 | 0.13 |" in flat
+
+
+def test_the_readme_claim_says_nothing_before_the_rule_and_exactly_the_table_after():
+    """README.md's weighting claim is rendered from the cells: before the decision rule can be applied it claims
+    nothing; after, each interval it shows is the page's and the decision is the rule's."""
+    partial = {k: {**v, **FILLER} for k, v in synthetic({("tuned_static", "T2"): 0.04}).items()}
+    dropped = next(k for k, c in partial.items() if c["task"] == "T3")
+    pending = " ".join(wb.claim_block({k: c for k, c in partial.items() if k != dropped}).split())
+    assert "claims no weighting beats another" in pending and "|" not in pending
+    claim = wb.claim_block(partial)
+    flat = " ".join(claim.split())
+    row = next(line for line in claim.splitlines() if line.startswith("| searched static mixture − DARE |"))
+    assert row.split(" | ")[2] == wb._interval(wb.paired(partial, "T2", "tuned_static", "dare"))
+    assert "+0.040 [" in row.split(" | ")[2]
+    assert "Decision: Rule 1: `tuned_static` beats `dare`" in flat
+    assert "The declared shift task (a teacher that becomes wrong halfway): 30 of its cells to run." in flat
+    static_wins = " ".join(wb.claim_block({k: {**v, **FILLER} for k, v in synthetic({}).items()}).split())
+    assert "Rule 3: no weighting beat static weights; `static` is not worse." in static_wins
