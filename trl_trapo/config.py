@@ -954,7 +954,8 @@ class TRAPOConfig(_BaseConfig):
     - the **share** s_o of a step's examples (rows) given to objective o is the curriculum mixture, restricted to the
       objectives that have data and a non-zero weight, renormalised to sum to 1;
     - the **loss weight** w_o = c_o · s_o · f_o / Σ_k c_k · s_k · f_k, where c_o is the user's static multiplier
-      (`pretrain_weight`, `sft_weight`, `rl_weight`) and f_o is DARE's factor (1 in `dare_mode="static"`);
+      (`pretrain_weight`, `sft_weight`, `rl_weight`) and f_o is the weighting strategy's factor: 1 with the default
+      static weighting, DARE's measured factor with `weighting="dare"` (or another strategy's, see `weighting`);
     - the loss of one optimizer step is L = Σ_o w_o · L_o, each L_o averaged over its own tokens across all
       gradient-accumulation micro-batches and all ranks.
 
@@ -1195,13 +1196,14 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
-    # DARE: the dynamic weighting engine
+    # The weighting strategy (default: static) and DARE, the dynamic weighting engine
     # ------------------------------------------------------------------------------------------------------------
     dare_mode: Literal["dynamic", "static"] = field(
-        default="dynamic",
+        default="static",
         metadata={
-            "help": "'dynamic': DARE multiplies the curriculum mixture by factors measured from training signals. "
-            "'static': all factors stay 1 (for ablations)."
+            "help": "'static' (the default): all factors stay 1, the weights are the curriculum mixture times the "
+            "static multipliers. 'dynamic': DARE multiplies them by factors measured from training signals (the "
+            "default of earlier versions; the same as `weighting='dare'`). `weighting`, when set, wins."
         },
     )
     weighting: Literal["dare", "static", "uncertainty", "gradnorm", "gac"] | None = field(
@@ -1210,8 +1212,8 @@ class TRAPOConfig(_BaseConfig):
             "help": "The weighting strategy (docs/how_it_works.md): 'dare' (split-half gradient agreement), 'static' "
             "(all factors 1), 'uncertainty' (Kendall et al. 2018's learnt log-variances), 'gradnorm' (Chen et al. "
             "2018, alpha 1.5), 'gac' (a GAC-style closed-form SFT/RL weight from gradient noise and disagreement; "
-            "other objectives static). None: follow `dare_mode` ('dynamic' = 'dare'). When set, it wins over "
-            "`dare_mode`."
+            "other objectives static). None (the default): follow `dare_mode` ('static', its default, -> 'static'; "
+            "'dynamic' -> 'dare'). When set, it wins over `dare_mode`."
         },
     )
     dare_momentum: float = field(
