@@ -363,6 +363,33 @@ def test_the_default_config_is_static_weights():
     assert (args.weighting, args.dare_mode, weighting_name(args)) == (None, "static", "static")
 
 
+def test_dare_settings_with_static_weights_are_warned_about(caplog):
+    """A script tuned for DARE when it was the default (`dare_update_interval=3`, ...) would train with static weights
+    without a word: one warning names the settings and the fix, not again for the config's copies; nothing for the
+    default config or for a strategy that reads them."""
+    import dataclasses
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        config = make_args(dare_update_interval=3, dare_momentum=0.8)
+        dataclasses.replace(config, max_steps=3)  # the trainer's and the job's copies
+    found = [r.getMessage() for r in caplog.records if "dare_" in r.getMessage()]
+    assert found == [
+        "dare_momentum=0.8, dare_update_interval=3 are set but TRAPOConfig.weighting='dare' (or another adaptive "
+        "strategy) is not: they are ignored (the weighting is static: every factor stays 1; TRAPOConfig's default was "
+        "DARE before this release). Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using "
+        "them, or drop them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        make_args()
+        make_args(dare_momentum=0.9)  # an explicit default: not given
+        make_args(weighting="dare", dare_update_interval=3)
+        make_args(dare_mode="dynamic", dare_min_factor=0.5)
+        make_args(weighting="gac", dare_momentum=0.8)
+    assert "dare_" not in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize("weighting", [None, "dare"])
 def test_a_default_run_measures_nothing_and_dare_still_does(weighting, tmp_path, tokenizer, suite, tiny_trainer):
     """The default run (static weights) never runs DARE's probe: no `dare/signal/*` in its logs, every factor 1 and

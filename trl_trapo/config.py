@@ -911,6 +911,16 @@ ADAPTER_BANK_FIELDS = (
 (warned about by `assembly.build_adapter_bank` otherwise)."""
 POWERSGD_FIELDS = ("powersgd_rank", "powersgd_start_iter")
 """`TRAPOConfig`'s settings that only `ddp_comm_hook="powersgd"` reads."""
+DARE_FIELDS = (
+    "dare_momentum",
+    "dare_update_interval",
+    "dare_min_factor",
+    "dare_max_factor",
+    "dare_probe_vocab",
+    "dare_probe_dim",
+)
+"""`TRAPOConfig`'s settings of DARE (the adaptive strategies share some of them), which static weights, the default,
+ignore."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -2242,8 +2252,12 @@ class TRAPOConfig(_BaseConfig):
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
         (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
-        without `ddp_comm_hook="powersgd"`, and a number of torch threads ([`THREAD_FIELDS`]) above the cores this
-        process may use (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
+        without `ddp_comm_hook="powersgd"`, DARE's settings ([`DARE_FIELDS`]) with static weights (the default since
+        issue 42: a script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
+        threads ([`THREAD_FIELDS`]) above the cores this process may use (`threads.usable_cores`: oversubscribed cores
+        slow every process down, docs/threads.md)."""
+        from .weighting import weighting_name  # here: weighting.py imports this module
+
         name = type(self).__name__
         if not self.async_rollouts:
             warn_ignored_settings(
@@ -2270,6 +2284,14 @@ class TRAPOConfig(_BaseConfig):
                 f" (ddp_comm_hook={self.ddp_comm_hook!r})",
                 "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
                 "drop {them}.",
+            )
+        if weighting_name(self) == "static":
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, DARE_FIELDS)],
+                f"{name}.weighting='dare' (or another adaptive strategy)",
+                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
+                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
