@@ -405,9 +405,13 @@ def test_a_default_run_measures_nothing_and_dare_still_does(weighting, tmp_path,
         assert not trainer.dare.dynamic and type(trainer.dare.engine).__name__ == "StaticWeighting"
         assert signals == [], signals
         assert factors == [1.0] * len(factors), factors
-        for entry in logs:  # the loss weights are the curriculum's shares (static multipliers 1)
-            for name in ("pretrain", "sft", "rl"):
-                assert entry[f"weight/{name}"] == pytest.approx(entry[f"curriculum/{name}"], rel=1e-6), entry
+        multipliers = {name: getattr(trainer.args, f"{name}_weight") for name in ("pretrain", "sft", "rl")}
+        assert multipliers == {"pretrain": 1.0, "sft": 2.0, "rl": 2.0}  # the searched mixture (issue 42's rule 1)
+        for entry in logs:  # the loss weights are the curriculum's shares times the static multipliers, normalised
+            total = sum(multipliers[name] * entry[f"curriculum/{name}"] for name in multipliers)
+            for name in multipliers:
+                expected = multipliers[name] * entry[f"curriculum/{name}"] / total
+                assert entry[f"weight/{name}"] == pytest.approx(expected, rel=1e-6), entry
     else:
         assert trainer.dare.dynamic and type(trainer.dare.engine).__name__ == "DAREWeighting"
         # RL's few rows (10 % of 8 early on) seldom fill both halves of the probe: pretraining's and SFT's suffice

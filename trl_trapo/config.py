@@ -950,6 +950,14 @@ def check_hub_repo_id(args, hub_model_id: str | None = None) -> None:
         ) from None
 
 
+def weighting_name(args: TRAPOConfig) -> str:
+    """The strategy a config selects: `weighting`, or, where that is None, `dare_mode` ("dynamic" -> "dare",
+    "static" -> "static"). The default config (`weighting=None`, `dare_mode="static"`) gives "static"."""
+    if args.weighting is not None:
+        return args.weighting
+    return "dare" if args.dare_mode == "dynamic" else "static"
+
+
 @dataclass
 class TRAPOConfig(_BaseConfig):
     r"""
@@ -1185,12 +1193,19 @@ class TRAPOConfig(_BaseConfig):
         },
     )
     sft_weight: float = field(
-        default=1.0,
-        metadata={"help": "Static multiplier c_sft of the SFT term. 0 switches the objective off."},
+        default=2.0,
+        metadata={
+            "help": "Static multiplier c_sft of the SFT term. 0 switches the objective off. The default 2 (with "
+            "`pretrain_weight` and `distillation_weight` 1, `rl_weight` 2) is the mixture the weighting benchmark's "
+            "search chose (docs/weighting_benchmark.md); the weights are normalised, so only their ratios count."
+        },
     )
     rl_weight: float = field(
-        default=1.0,
-        metadata={"help": "Static multiplier c_rl of the RL term. 0 switches the objective off."},
+        default=2.0,
+        metadata={
+            "help": "Static multiplier c_rl of the RL term. 0 switches the objective off. The default 2: see "
+            "`sft_weight`."
+        },
     )
     sft_loss_type: Literal["nll", "trust_region"] = field(
         default="nll",
@@ -2256,8 +2271,6 @@ class TRAPOConfig(_BaseConfig):
         issue 42: a script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
         threads ([`THREAD_FIELDS`]) above the cores this process may use (`threads.usable_cores`: oversubscribed cores
         slow every process down, docs/threads.md)."""
-        from .weighting import weighting_name  # here: weighting.py imports this module
-
         name = type(self).__name__
         if not self.async_rollouts:
             warn_ignored_settings(

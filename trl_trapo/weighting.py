@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import OBJECTIVES, TRAPOConfig
+from .config import OBJECTIVES, TRAPOConfig, weighting_name
 from .controllers import Controller
 
 
@@ -1074,14 +1074,6 @@ class DARE:
 
 
 WEIGHTINGS = ("dare", "static", "uncertainty", "gradnorm", "gac")  # the values of `TRAPOConfig.weighting`
-
-
-def weighting_name(args: TRAPOConfig) -> str:
-    """The strategy a config selects: `weighting`, or, where that is None, `dare_mode` ("dynamic" -> "dare",
-    "static" -> "static"). The default config (`weighting=None`, `dare_mode="static"`) gives "static"."""
-    if args.weighting is not None:
-        return args.weighting
-    return "dare" if args.dare_mode == "dynamic" else "static"
 
 
 def build_weighting(
