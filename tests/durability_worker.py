@@ -63,6 +63,7 @@ def build_trainer(output_dir: str, variant: str = "full", callbacks=None, **over
         save_steps=SAVE_STEPS,
         num_ppo_epochs=2,
         kl_coef=0.05,
+        weighting="dare",  # DARE's measured factors are part of the state that must survive (the default is static)
         dare_update_interval=3,
         sft_sampling="prioritized",
         sft_pool_max_bytes=10**7,

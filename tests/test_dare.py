@@ -35,6 +35,7 @@ def run(tmp_path, setup, reward, updates: int):
         max_steps=updates + 1,
         per_device_train_batch_size=32,
         learning_rate=2e-3,
+        weighting="dare",  # DARE is this file's subject; the default is static weights
         dare_update_interval=1,  # an update after every step
         curriculum_mixtures=[0.25, 0.25, 0.5] * 3,  # constant shares: the weights move only through DARE
         kl_coef=0.0,

@@ -84,8 +84,8 @@ def distill_trainer(output_dir, tokenizer, suite, teacher=None, **overrides):
 def test_a_teacher_adds_a_weighted_distillation_objective(tmp_path, tokenizer, suite):
     mixtures = [{"pretrain": 0.2, "sft": 0.2, "rl": 0.3, "distill": 0.3}] * 3
     trainer = distill_trainer(
-        tmp_path, tokenizer, suite, max_steps=6, dare_update_interval=1, curriculum_mixtures=mixtures
-    )
+        tmp_path, tokenizer, suite, max_steps=6, weighting="dare", dare_update_interval=1, curriculum_mixtures=mixtures
+    )  # DARE measures the distillation term like the others (the default is static weights)
     assert [o.name for o in trainer.objectives] == ["pretrain", "sft", "rl", "distill"]
     teacher_before = {k: v.clone() for k, v in trainer.teacher_model.state_dict().items()}
     trainer.train()
@@ -103,7 +103,8 @@ def test_the_three_number_curriculum_gives_distillation_half_of_rls_share(tmp_pa
 
 
 def test_distillation_training_resumes_bit_identically(tmp_path, tokenizer, suite):
-    settings = dict(max_steps=6, save_strategy="steps", save_steps=3, dare_update_interval=2)
+    # with DARE, whose measured factors are part of the resumed state (the default is static weights)
+    settings = dict(max_steps=6, save_strategy="steps", save_steps=3, weighting="dare", dare_update_interval=2)
     full = distill_trainer(tmp_path / "full", tokenizer, suite, **settings)
     full.train()
 

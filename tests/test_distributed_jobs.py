@@ -84,7 +84,8 @@ def test_distillation_on_two_processes_keeps_the_ranks_identical(tmp_path, backe
     tokenizer.save_pretrained(teacher)
     output = tmp_path / "out"
     args = ["--max_steps", "4", "--logging_steps", "1", "--eval_strategy", "no", *EVAL_CAP, "--report_to", "none"]
-    args += ["--dare_update_interval", "1", "--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
+    args += ["--weighting", "dare", "--dare_update_interval", "1"]  # DARE's probe sums (the default is static)
+    args += ["--teacher_model_name_or_path", str(teacher), "--output_dir", str(output)]
     if prompts:
         path = tmp_path / "prompts.jsonl"
         rows = make_task_suite(seed=0).rl_train["prompt"][:40]

@@ -211,6 +211,7 @@ def masked_run(tmp_path, tokenizer, suite, environment: list, name: str):
             kl_coef=0.1,
             entropy_coef=0.01,
             missing_eos_penalty=1.0,
+            weighting="dare",  # DARE's probe-driven factors are compared too (the default is static weights)
             dare_update_interval=1,
             curriculum_mixtures=[0.5, 0.0, 0.5] * 3,  # constant shares: enough RL rows for both probe halves
             pretrain_max_length=16,

@@ -230,7 +230,7 @@ def test_load_refuses_other_strategies_and_corrupted_states(kind):
 def test_old_checkpoint_states_still_load():
     # checkpoints written before these strategies hold DARE's or the static state: both still load where they did
     dare_state = {"strategy": "dare", "factors": [1.0, 0.9, 1.1], "signals": [None, None, None]}
-    args = make_args(weighting=None)
+    args = make_args(weighting="dare")  # they were written with DARE, the default then (now: static)
     engine = build_weighting(args, (True, True, True), 0.01)
     engine.load_state_dict(dare_state)
     assert engine.value() == (1.0, 0.9, 1.1)
@@ -249,9 +249,13 @@ def make_args(**overrides):
 @pytest.mark.parametrize(
     "overrides, name, kind",
     [
-        ({}, "dare", "DAREWeighting"),
-        ({"dare_mode": "static"}, "static", "StaticWeighting"),  # the old switch keeps working
+        ({}, "static", "StaticWeighting"),  # the default (issue 42): static weights, every factor 1
+        ({"weighting": "dare"}, "dare", "DAREWeighting"),  # DARE stays selectable
+        ({"dare_mode": "dynamic"}, "dare", "DAREWeighting"),  # the old switch keeps working
+        ({"dare_mode": "static"}, "static", "StaticWeighting"),
         ({"weighting": "static"}, "static", "StaticWeighting"),
+        ({"weighting": "static", "dare_mode": "dynamic"}, "static", "StaticWeighting"),  # `weighting` wins when set
+        ({"weighting": "dare", "dare_mode": "static"}, "dare", "DAREWeighting"),
         ({"weighting": "uncertainty"}, "uncertainty", "UncertaintyWeighting"),
         ({"weighting": "gradnorm"}, "gradnorm", "GradNormWeighting"),
         ({"weighting": "gac"}, "gac", "GACWeighting"),
@@ -347,6 +351,72 @@ def test_dare_feeds_the_statistics_to_the_engine():
     dare = DARE(Recorder(), update_interval=1)
     dare.update([0.5, None, 0.1], step=3, measurements={"loss/sft": 2.0})
     assert seen == {"signal/pretrain": 0.5, "signal/sft": None, "signal/rl": 0.1, "loss/sft": 2.0}
+
+
+def test_the_default_config_is_static_weights():
+    """Issue 42: the default weighting is static (every factor 1); DARE is asked for with `weighting="dare"`."""
+    from trl_trapo import TRAPOConfig
+
+    assert TRAPOConfig.__dataclass_fields__["dare_mode"].default == "static"
+    assert TRAPOConfig.__dataclass_fields__["weighting"].default is None
+    args = make_args()
+    assert (args.weighting, args.dare_mode, weighting_name(args)) == (None, "static", "static")
+
+
+def test_dare_settings_with_static_weights_are_warned_about(caplog):
+    """A script tuned for DARE when it was the default (`dare_update_interval=3`, ...) would train with static weights
+    without a word: one warning names the settings and the fix, not again for the config's copies; nothing for the
+    default config or for a strategy that reads them."""
+    import dataclasses
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        config = make_args(dare_update_interval=3, dare_momentum=0.8)
+        dataclasses.replace(config, max_steps=3)  # the trainer's and the job's copies
+    found = [r.getMessage() for r in caplog.records if "dare_" in r.getMessage()]
+    assert found == [
+        "dare_momentum=0.8, dare_update_interval=3 are set but TRAPOConfig.weighting='dare' (or another adaptive "
+        "strategy) is not: they are ignored (the weighting is static: every factor stays 1; TRAPOConfig's default was "
+        "DARE before this release). Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using "
+        "them, or drop them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        make_args()
+        make_args(dare_momentum=0.9)  # an explicit default: not given
+        make_args(weighting="dare", dare_update_interval=3)
+        make_args(dare_mode="dynamic", dare_min_factor=0.5)
+        make_args(weighting="gac", dare_momentum=0.8)
+    assert "dare_" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("weighting", [None, "dare"])
+def test_a_default_run_measures_nothing_and_dare_still_does(weighting, tmp_path, tokenizer, suite, tiny_trainer):
+    """The default run (static weights) never runs DARE's probe: no `dare/signal/*` in its logs, every factor 1 and
+    its weights the curriculum's shares; `weighting="dare"` measures and logs the signals, and its factors move."""
+    chosen = {} if weighting is None else {"weighting": weighting}
+    trainer = tiny_trainer(tmp_path, tokenizer, suite, max_steps=4, dare_update_interval=1, **chosen)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "weight/rl" in entry]
+    assert len(logs) == 4
+    signals = [key for entry in logs for key in entry if key.startswith("dare/signal/")]
+    factors = [entry[f"dare/factor/{name}"] for entry in logs for name in ("pretrain", "sft", "rl")]
+    if weighting is None:
+        assert not trainer.dare.dynamic and type(trainer.dare.engine).__name__ == "StaticWeighting"
+        assert signals == [], signals
+        assert factors == [1.0] * len(factors), factors
+        multipliers = {name: getattr(trainer.args, f"{name}_weight") for name in ("pretrain", "sft", "rl")}
+        assert multipliers == {"pretrain": 1.0, "sft": 2.0, "rl": 2.0}  # the searched mixture (issue 42's rule 1)
+        for entry in logs:  # the loss weights are the curriculum's shares times the static multipliers, normalised
+            total = sum(multipliers[name] * entry[f"curriculum/{name}"] for name in multipliers)
+            for name in multipliers:
+                expected = multipliers[name] * entry[f"curriculum/{name}"] / total
+                assert entry[f"weight/{name}"] == pytest.approx(expected, rel=1e-6), entry
+    else:
+        assert trainer.dare.dynamic and type(trainer.dare.engine).__name__ == "DAREWeighting"
+        # RL's few rows (10 % of 8 early on) seldom fill both halves of the probe: pretraining's and SFT's suffice
+        assert {"dare/signal/pretrain", "dare/signal/sft"} <= set(signals), signals
+        assert any(f != 1.0 for f in factors), factors
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -157,6 +157,7 @@ def run(tmp_path, tokenizer, suite, tiny_config, scenario: str, logging_steps: i
             late_entropy_coef=0.005,
             adapter_snapshot_steps=2,
             num_generations=1,
+            weighting="dare",  # the non-default weighting: its `dare/signal/*` keys (the default is static)
         )
         extra = dict(
             value_model=tiny_critic(tokenizer, max_position_embeddings=64),

@@ -53,6 +53,7 @@ def four_objective_trainer(output_dir, tokenizer, suite, **overrides) -> TRAPOTr
     settings = {
         **TINY_CONFIG,
         "max_steps": 6,
+        "weighting": "dare",  # DARE weighs and measures the fourth objective (the default is static weights)
         "dare_update_interval": 1,  # DARE measures all four objectives every step
         "curriculum_mixtures": FOUR_PHASES,
         "curriculum_boundaries": [0.34, 0.67],
@@ -208,7 +209,12 @@ def test_the_probe_sketch_of_a_term_with_its_own_logit_gradient_equals_the_autog
         reward_funcs=exact_match_reward,
         args=TRAPOConfig(
             output_dir=str(tmp_path),
-            **{**TINY_CONFIG, "dare_update_interval": 1, "curriculum_mixtures": [{"rl": 0.5, "uniform": 0.5}] * 3},
+            **{
+                **TINY_CONFIG,
+                "weighting": "dare",  # the probe runs only under DARE (the default is static weights)
+                "dare_update_interval": 1,
+                "curriculum_mixtures": [{"rl": 0.5, "uniform": 0.5}] * 3,
+            },
         ),
         train_dataset=suite.rl_train,
         pretrain_dataset=suite.pretrain,
@@ -253,7 +259,8 @@ def test_checkpoint_written_before_objectives_were_objects_resumes(tmp_path, tok
     trainer = TRAPOTrainer(
         build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
         reward_funcs=exact_match_reward,
-        args=TRAPOConfig(output_dir=str(tmp_path / "out"), **SETTINGS),
+        # the fixture was written with DARE, the default then: resumed as it was trained (the default is now static)
+        args=TRAPOConfig(output_dir=str(tmp_path / "out"), **SETTINGS, weighting="dare"),
         train_dataset=old_suite.rl_train,
         pretrain_dataset=old_suite.pretrain,
         sft_dataset=old_suite.sft,
@@ -285,7 +292,8 @@ def test_resuming_with_other_objectives_is_refused_by_name(tmp_path, tokenizer, 
     three = TRAPOTrainer(
         build_tiny_model(tokenizer, config_path=MICRO_MODEL, seed=0),
         reward_funcs=exact_match_reward,
-        args=TRAPOConfig(output_dir=str(tmp_path / "three"), **{**TINY_CONFIG, "max_steps": 4}),
+        # DARE as the checkpoint was written: its objectives are what differs
+        args=TRAPOConfig(output_dir=str(tmp_path / "three"), **{**TINY_CONFIG, "max_steps": 4, "weighting": "dare"}),
         train_dataset=suite.rl_train,
         pretrain_dataset=suite.pretrain,
         sft_dataset=suite.sft,
@@ -298,8 +306,8 @@ def test_resuming_with_other_objectives_is_refused_by_name(tmp_path, tokenizer, 
 def test_the_documented_objective_of_your_own_trains(tmp_path, monkeypatch):
     """docs/seams.md's "Writing your own" block, run from the page as written (its own class, its own dataset, one
     `objectives=[...]` line): its objective is served rows, trains (`loss/short`), logs its own metric and state,
-    and its static weight 0.5 multiplies its share in the loss weights (w_o = c_o s_o f_o / sum: no DARE update in
-    two steps, so f_o = 1 and its weight over pretraining's is 0.5 s_short / (1 s_pretrain))."""
+    and its static weight 0.5 multiplies its share in the loss weights (w_o = c_o s_o f_o / sum: static weights, the
+    default, so f_o = 1 and its weight over pretraining's is 0.5 s_short / (1 s_pretrain))."""
     from test_doc_commands import registered_block
 
     monkeypatch.chdir(tmp_path)

@@ -1139,13 +1139,23 @@ def test_a_removed_callback_trapo_needs_is_warned_about_at_train_and_named_at_re
             dict(dare_mode="static"),
             ["weighting='uncertainty' when it was written, 'static' now", "weighting='uncertainty' (--weighting"],
         ),
+        (  # issue 42: a checkpoint of the previous default (DARE) resumed with the new default (static)
+            dict(weighting="dare"),
+            dict(),
+            [
+                "weighting='dare' when it was written, 'static' now",
+                "The default weighting changed from 'dare' to 'static' in this release",
+                "Fix: resume with the checkpoint's value, weighting='dare' (--weighting dare) to continue with DARE as "
+                "it was trained",
+            ],
+        ),
         (
             dict(adapter_snapshot_steps=0, peft=True),
             dict(peft=True),
             ["holds no adapter bank", "adapter_snapshot_steps=0 (--adapter_snapshot_steps 0)"],
         ),
     ],
-    ids=["sft_sampling", "weighting", "adapter_bank"],
+    ids=["sft_sampling", "weighting", "weighting_default", "adapter_bank"],
 )
 @pytest.mark.parametrize("when", ["train", "construction"])
 def test_a_checkpoint_of_other_state_settings_is_refused_by_setting(
@@ -1153,8 +1163,9 @@ def test_a_checkpoint_of_other_state_settings_is_refused_by_setting(
 ):
     """A checkpoint written with `sft_sampling="prioritized"` and resumed with "uniform" failed at `train()` with
     "rank0.json cannot be restored: KeyError: 'sampler'" (trial 10's PY38); another weighting strategy with "Cannot
-    load a 'dare' weighting state into StaticWeighting", an adapter bank turned on with "adapter_bank.json is
-    missing". Each is refused before anything loads, naming the setting, its value then and now, and the fix."""
+    load a 'dare' weighting state into StaticWeighting" (a checkpoint of the previous default, DARE, resumed with the
+    new one, static, also says the default changed), an adapter bank turned on with "adapter_bank.json is missing".
+    Each is refused before anything loads, naming the setting, its value then and now, and the fix."""
     from peft import LoraConfig, get_peft_model
 
     def build(settings, **overrides):

@@ -489,6 +489,7 @@ def test_a_vlm_run_resumes_bit_identically(tmp_path, processor):
                 save_steps=3,
                 self_imitation=True,
                 self_imitation_min_reward=1.0,
+                weighting="dare",  # DARE's factors resumed too (the default is static weights)
                 dare_update_interval=2,
             ),
             train_dataset=rl,

@@ -90,4 +90,4 @@ def test_per_modality_weight_zero_turns_off_the_image_twin_too(tmp_path, flag, o
     weights = {o.name: o.weight for o in trainer.objectives}
     assert weights[objective] == weights[objective + "_image"] == 0.0, weights
     other = "pretrain" if objective == "sft" else "sft"
-    assert weights[other] == weights[other + "_image"] == 1.0, weights
+    assert weights[other] == weights[other + "_image"] == getattr(config, f"{other}_weight") > 0, weights

@@ -132,6 +132,11 @@ def test_the_committed_page_holds_the_rendering_of_the_committed_cells():
     )
     for link in wb.plot_links(cells, wb.PLOTS_DIR, page).values():
         assert (page.parent / link).is_file()
+    readme = wb.page_of(wb.CLAIM_BLOCK).read_text(encoding="utf-8")
+    assert read_block(readme, wb.CLAIM_BLOCK) == wb.claim_block(cells), (
+        "README.md's weighting claim differs from the committed cells: run "
+        "`python scripts/experiments/weighting_benchmark.py --report`"
+    )
 
 
 # =====================================================================================================================

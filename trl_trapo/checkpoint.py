@@ -552,6 +552,11 @@ exploration or self-imitation setting changes what the run does next, not what t
 turned off drops its successes, as asked)."""
 
 
+WEIGHTING_DEFAULT_CHANGED = "The default weighting changed from 'dare' to 'static' in this release"
+"""Said when a checkpoint written with DARE is resumed with static weights ([`check_checkpoint_settings`]): DARE was
+the default (`dare_mode="dynamic"`) before the weighting benchmark (issue 42, docs/weighting_benchmark.md)."""
+
+
 def checkpoint_state_settings(checkpoint_dir: str) -> dict[str, Any]:
     """The values of [`STATE_SETTINGS`] that wrote `checkpoint_dir`, read off what it holds (any checkpoint of this
     format, also one written before this check): `sft_sampling` "uniform" or "prioritized" (absent without SFT data),
@@ -587,7 +592,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
 
     Raises:
         CheckpointError: naming the checkpoint, each setting that differs with its value then and now, and the fix
-            (resume with the checkpoint's values, or start a new run from its weights).
+            (resume with the checkpoint's values, or start a new run from its weights); for a checkpoint written with
+            DARE resumed with static weights, also that the default changed from 'dare' to 'static'
+            ([`WEIGHTING_DEFAULT_CHANGED`]) and `weighting="dare"` (`--weighting dare`) to continue as it was trained.
     """
     if settings is None:
         return
@@ -616,6 +623,12 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
             continue
         described.append(f"{name}={then[name]!r} when it was written, {settings[name]!r} now ({STATE_SETTINGS[name]})")
         fixes.append(f"{name}={then[name]!r} (--{name} {then[name]})")
+        if name == "weighting" and (then[name], settings[name]) == ("dare", "static"):
+            described[-1] += (
+                f". {WEIGHTING_DEFAULT_CHANGED}: a run that did not set `weighting` (or `dare_mode`) trained with "
+                "DARE then and asks for static weights now"
+            )
+            fixes[-1] += " to continue with DARE as it was trained"
     raise CheckpointError(
         f"resume_from_checkpoint={checkpoint_dir!r} was written with other settings of what TRAPO's state holds: "
         f"{'; '.join(described)}. Its state cannot be restored into this run's. Fix: resume with the checkpoint's "

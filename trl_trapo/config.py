@@ -911,6 +911,16 @@ ADAPTER_BANK_FIELDS = (
 (warned about by `assembly.build_adapter_bank` otherwise)."""
 POWERSGD_FIELDS = ("powersgd_rank", "powersgd_start_iter")
 """`TRAPOConfig`'s settings that only `ddp_comm_hook="powersgd"` reads."""
+DARE_FIELDS = (
+    "dare_momentum",
+    "dare_update_interval",
+    "dare_min_factor",
+    "dare_max_factor",
+    "dare_probe_vocab",
+    "dare_probe_dim",
+)
+"""`TRAPOConfig`'s settings of DARE (the adaptive strategies share some of them), which static weights, the default,
+ignore."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -940,6 +950,14 @@ def check_hub_repo_id(args, hub_model_id: str | None = None) -> None:
         ) from None
 
 
+def weighting_name(args: TRAPOConfig) -> str:
+    """The strategy a config selects: `weighting`, or, where that is None, `dare_mode` ("dynamic" -> "dare",
+    "static" -> "static"). The default config (`weighting=None`, `dare_mode="static"`) gives "static"."""
+    if args.weighting is not None:
+        return args.weighting
+    return "dare" if args.dare_mode == "dynamic" else "static"
+
+
 @dataclass
 class TRAPOConfig(_BaseConfig):
     r"""
@@ -954,7 +972,8 @@ class TRAPOConfig(_BaseConfig):
     - the **share** s_o of a step's examples (rows) given to objective o is the curriculum mixture, restricted to the
       objectives that have data and a non-zero weight, renormalised to sum to 1;
     - the **loss weight** w_o = c_o · s_o · f_o / Σ_k c_k · s_k · f_k, where c_o is the user's static multiplier
-      (`pretrain_weight`, `sft_weight`, `rl_weight`) and f_o is DARE's factor (1 in `dare_mode="static"`);
+      (`pretrain_weight`, `sft_weight`, `rl_weight`) and f_o is the weighting strategy's factor: 1 with the default
+      static weighting, DARE's measured factor with `weighting="dare"` (or another strategy's, see `weighting`);
     - the loss of one optimizer step is L = Σ_o w_o · L_o, each L_o averaged over its own tokens across all
       gradient-accumulation micro-batches and all ranks.
 
@@ -1174,12 +1193,19 @@ class TRAPOConfig(_BaseConfig):
         },
     )
     sft_weight: float = field(
-        default=1.0,
-        metadata={"help": "Static multiplier c_sft of the SFT term. 0 switches the objective off."},
+        default=2.0,
+        metadata={
+            "help": "Static multiplier c_sft of the SFT term. 0 switches the objective off. The default 2 (with "
+            "`pretrain_weight` and `distillation_weight` 1, `rl_weight` 2) is the mixture the weighting benchmark's "
+            "search chose (docs/weighting_benchmark.md); the weights are normalised, so only their ratios count."
+        },
     )
     rl_weight: float = field(
-        default=1.0,
-        metadata={"help": "Static multiplier c_rl of the RL term. 0 switches the objective off."},
+        default=2.0,
+        metadata={
+            "help": "Static multiplier c_rl of the RL term. 0 switches the objective off. The default 2: see "
+            "`sft_weight`."
+        },
     )
     sft_loss_type: Literal["nll", "trust_region"] = field(
         default="nll",
@@ -1195,13 +1221,14 @@ class TRAPOConfig(_BaseConfig):
     )
 
     # ------------------------------------------------------------------------------------------------------------
-    # DARE: the dynamic weighting engine
+    # The weighting strategy (default: static) and DARE, the dynamic weighting engine
     # ------------------------------------------------------------------------------------------------------------
     dare_mode: Literal["dynamic", "static"] = field(
-        default="dynamic",
+        default="static",
         metadata={
-            "help": "'dynamic': DARE multiplies the curriculum mixture by factors measured from training signals. "
-            "'static': all factors stay 1 (for ablations)."
+            "help": "'static' (the default): all factors stay 1, the weights are the curriculum mixture times the "
+            "static multipliers. 'dynamic': DARE multiplies them by factors measured from training signals (the "
+            "default of earlier versions; the same as `weighting='dare'`). `weighting`, when set, wins."
         },
     )
     weighting: Literal["dare", "static", "uncertainty", "gradnorm", "gac"] | None = field(
@@ -1210,8 +1237,8 @@ class TRAPOConfig(_BaseConfig):
             "help": "The weighting strategy (docs/how_it_works.md): 'dare' (split-half gradient agreement), 'static' "
             "(all factors 1), 'uncertainty' (Kendall et al. 2018's learnt log-variances), 'gradnorm' (Chen et al. "
             "2018, alpha 1.5), 'gac' (a GAC-style closed-form SFT/RL weight from gradient noise and disagreement; "
-            "other objectives static). None: follow `dare_mode` ('dynamic' = 'dare'). When set, it wins over "
-            "`dare_mode`."
+            "other objectives static). None (the default): follow `dare_mode` ('static', its default, -> 'static'; "
+            "'dynamic' -> 'dare'). When set, it wins over `dare_mode`."
         },
     )
     dare_momentum: float = field(
@@ -2240,8 +2267,10 @@ class TRAPOConfig(_BaseConfig):
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
         (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
-        without `ddp_comm_hook="powersgd"`, and a number of torch threads ([`THREAD_FIELDS`]) above the cores this
-        process may use (`threads.usable_cores`: oversubscribed cores slow every process down, docs/threads.md)."""
+        without `ddp_comm_hook="powersgd"`, DARE's settings ([`DARE_FIELDS`]) with static weights (the default since
+        issue 42: a script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
+        threads ([`THREAD_FIELDS`]) above the cores this process may use (`threads.usable_cores`: oversubscribed cores
+        slow every process down, docs/threads.md)."""
         name = type(self).__name__
         if not self.async_rollouts:
             warn_ignored_settings(
@@ -2268,6 +2297,14 @@ class TRAPOConfig(_BaseConfig):
                 f" (ddp_comm_hook={self.ddp_comm_hook!r})",
                 "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
                 "drop {them}.",
+            )
+        if weighting_name(self) == "static":
+            warn_ignored_settings(
+                logger,
+                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, DARE_FIELDS)],
+                f"{name}.weighting='dare' (or another adaptive strategy)",
+                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
+                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
             )
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:

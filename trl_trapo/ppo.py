@@ -80,7 +80,10 @@ class PPOConfig(TRAPOConfig):
     )
     dare_mode: Literal["dynamic", "static"] = field(
         default="static",
-        metadata={"help": "With one objective the weights are 1 anyway; 'dynamic' only matters with ptx/SFT data."},
+        metadata={
+            "help": "TRL 1.12 PPO has no adaptive weighting: static, as TRAPOConfig's default. With one objective the "
+            "weights are 1 anyway; 'dynamic' (DARE) only matters with ptx/SFT data."
+        },
     )
     logging_steps: float | None = field(
         default=None,

@@ -4,9 +4,10 @@
 Every weighting strategy is a [`~trl_trapo.controllers.Controller`] — `value()`, `update(stats, step)`,
 `state_dict()`, `load_state_dict()` — so a new strategy is one class. `value()` returns one *factor* per objective
 (in the trainer's order of objectives); [`DARE`] combines factors with the curriculum mixture and the static multipliers (see
-[`combine_weights`]) and decides when the strategy updates. The strategies: [`DAREWeighting`] (the default, below),
-[`StaticWeighting`], [`UncertaintyWeighting`] (Kendall et al. 2018), [`GradNormWeighting`] (Chen et al. 2018) and
-[`GACWeighting`] (after GAC, arXiv 2605.26184); `TRAPOConfig.weighting` selects one ([`build_weighting`]).
+[`combine_weights`]) and decides when the strategy updates. The strategies: [`StaticWeighting`] (the default: every
+factor 1), [`DAREWeighting`] (`weighting="dare"`, below), [`UncertaintyWeighting`] (Kendall et al. 2018),
+[`GradNormWeighting`] (Chen et al. 2018) and [`GACWeighting`] (after GAC, arXiv 2605.26184); `TRAPOConfig.weighting`
+selects one ([`build_weighting`]).
 
 ## What DARE measures
 
@@ -55,7 +56,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import OBJECTIVES, TRAPOConfig
+from .config import OBJECTIVES, TRAPOConfig, weighting_name
 from .controllers import Controller
 
 
@@ -1073,14 +1074,6 @@ class DARE:
 
 
 WEIGHTINGS = ("dare", "static", "uncertainty", "gradnorm", "gac")  # the values of `TRAPOConfig.weighting`
-
-
-def weighting_name(args: TRAPOConfig) -> str:
-    """The strategy a config selects: `weighting`, or, where that is None, `dare_mode` ("dynamic" -> "dare",
-    "static" -> "static")."""
-    if args.weighting is not None:
-        return args.weighting
-    return "dare" if args.dare_mode == "dynamic" else "static"
 
 
 def build_weighting(

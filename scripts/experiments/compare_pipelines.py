@@ -22,8 +22,10 @@ Methods (each run in its own process, so peak memory is its own):
      how TRAPO packs its pretraining rows);
   2. `trl.SFTTrainer` on the SFT data (prompt-completion, `completion_only_loss=True`, `max_length=sft_max_length`);
   3. `trl.GRPOTrainer` on the RL prompts with the same reward functions.
-- `trapo`: `TRAPOTrainer` with the main job's configuration (DARE + the phased curriculum).
-- with `--ablations`: `trapo_static` (`dare_mode=static`), `trapo_constant` (`curriculum_mode=constant`, the
+- `trapo`: `TRAPOTrainer` with the main job's configuration (static weights + the phased curriculum; DARE was the
+  default before the weighting benchmark's decision: pages measured then say so, and `--weighting dare` reproduces
+  them).
+- with `--ablations`: `trapo_static` (`weighting=static`), `trapo_dare` (`weighting=dare`), `trapo_constant` (`curriculum_mode=constant`, the
   time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`), `trapo_no_replay`
   (`num_ppo_epochs=1`: each trajectory trained on once), `trapo_no_exploration` (`exploration=False`),
   `trapo_no_self_imitation` (`self_imitation=False`), `trapo_previous_defaults` (both off), and one that *adds* the opt-in component: `trapo_guidance`
@@ -120,7 +122,9 @@ logger = logging.getLogger("compare_pipelines")
 
 # name -> TRAPOConfig overrides of each TRAPO ablation
 ABLATIONS = {
-    "static": ("trapo_static", {"dare_mode": "static"}),
+    # explicit `weighting` (it wins over `dare_mode`), so each ablation holds whatever the job's own arguments say
+    "static": ("trapo_static", {"weighting": "static"}),
+    "dare": ("trapo_dare", {"weighting": "dare"}),
     "constant": ("trapo_constant", {"curriculum_mode": "constant"}),
     "no_pretrain": ("trapo_no_pretrain", {"pretrain_weight": 0.0}),
     "no_replay": ("trapo_no_replay", {"num_ppo_epochs": 1}),

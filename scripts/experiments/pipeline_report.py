@@ -209,6 +209,7 @@ def markdown_table(summary: dict[str, dict]) -> str:
 ABLATION_LABELS = {
     "trapo": "full TRAPO (`trapo`)",
     "trapo_static": "static weights (`dare_mode=static`)",
+    "trapo_dare": "DARE (`weighting=dare`)",
     "trapo_constant": "constant mixture (`curriculum_mode=constant`)",
     "trapo_no_pretrain": "no pretraining term (`pretrain_weight=0`)",
     "trapo_no_replay": "no replay reuse (`num_ppo_epochs=1`)",

@@ -34,6 +34,7 @@ PAGES = {
     "vlm-table": RESULTS_PAGES / "vision.md",
     "feature-matrix": ROOT / "docs" / "feature_matrix.md",
     "weighting-results": ROOT / "docs" / "weighting_benchmark.md",
+    "weighting-claim": ROOT / "README.md",
 }
 
 

@@ -92,6 +92,7 @@ RESULTS_DIR = ROOT / "docs" / "results" / "weighting" / "cells"
 COST_FILE = RESULTS_DIR.parent / "cost.json"  # benchmark_weighting.py's result, beside the cells' folder
 PLOTS_DIR = ROOT / "docs" / "results" / "weighting"
 BLOCK = "weighting-results"
+CLAIM_BLOCK = "weighting-claim"  # README.md's claim about weighting ([`claim_block`])
 LINE_WIDTH = 119
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1201,6 +1202,10 @@ def write_report(results_dir: Path, page: Path, plots_dir: Path) -> str:
     block = render_block(cells, plot_links(cells, plots_dir, page), read_json(results_dir.parent / COST_FILE.name))
     changed = write_block(BLOCK, block, page)
     logger.info("%s: the %s block %s", page, BLOCK, "updated" if changed else "is already up to date")
+    if results_dir.resolve() == RESULTS_DIR.resolve():  # README's claim comes from the committed cells only
+        readme = page_of(CLAIM_BLOCK)
+        changed = write_block(CLAIM_BLOCK, claim_block(cells), readme)
+        logger.info("%s: the %s block %s", readme, CLAIM_BLOCK, "updated" if changed else "is already up to date")
     return block
 
 

@@ -24,7 +24,8 @@ job writes them (`trl_trapo.jobs.main.save_job`); `--resume_from_checkpoint` res
 
 `--per_modality` trains image rows and text rows as separate objectives (`DemonstrationObjective("sft_image")`,
 `LanguageModelingObjective("pretrain_image")` next to the built-in `sft` and `pretrain` on the text rows; RL stays
-one objective): DARE and the curriculum weigh each modality apart (docs/vision.md, "Per-modality weights").
+one objective): the curriculum (and DARE, with `--weighting dare`) weighs each modality apart (docs/vision.md,
+"Per-modality weights").
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ class VisionJobArguments:
         default=False,
         metadata={
             "help": "Train image rows and text rows as separate objectives (sft_image, pretrain_image next to sft "
-            "and pretrain), weighed apart by DARE and the curriculum; each image objective has its text objective's "
-            "static weight (`--sft_weight`, `--pretrain_weight`: 0 turns both off)."
+            "and pretrain), weighed apart by the curriculum (and by DARE with --weighting dare); each image objective "
+            "has its text objective's static weight (`--sft_weight`, `--pretrain_weight`: 0 turns both off)."
         },
     )
 
