@@ -7,6 +7,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -483,3 +484,21 @@ def test_the_readme_claim_says_nothing_before_the_rule_and_exactly_the_table_aft
     assert "The declared shift task (a teacher that becomes wrong halfway): 30 of its cells to run." in flat
     static_wins = " ".join(wb.claim_block({k: {**v, **FILLER} for k, v in synthetic({}).items()}).split())
     assert "Rule 3: no weighting beat static weights; `static` is not worse." in static_wins
+
+
+def test_trapoconfigs_defaults_are_what_the_committed_decision_chose():
+    """The README says which weighting is the default because the benchmark chose it: the code's defaults must be
+    that choice (a default changed by hand, or a decision the code does not follow, fails here)."""
+    from trl_trapo import TRAPOConfig
+    from trl_trapo.config import weighting_name
+
+    cells = wb.load_cells(wb.RESULTS_DIR)
+    decision = wb.decide({k: c for k, c in cells.items() if c["task"] in wb.TASKS})
+    if not decision["applied"]:
+        pytest.skip("the committed cells do not decide yet")
+    fields = TRAPOConfig.__dataclass_fields__
+    defaults = SimpleNamespace(weighting=fields["weighting"].default, dare_mode=fields["dare_mode"].default)
+    assert weighting_name(defaults) == wb.WEIGHTING.get(decision["default"], decision["default"])
+    if decision["default"] == "tuned_static":
+        mixture = {"pretrain_weight": 1.0, **wb.winners(cells)["T2"]["mixture"]}
+        assert {key: fields[key].default for key in mixture} == mixture

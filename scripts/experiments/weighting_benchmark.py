@@ -1165,6 +1165,13 @@ def claim_block(cells: dict[str, dict]) -> str:
     mixtures = "; ".join(f"{named[t]}: `{mixture_label(won[t]['mixture'])}`" for t in named if won[t])
     mixtures = f" ({mixtures}; the weights are normalised, so only their ratios count)" if mixtures else ""
     reasons = " ".join(reason[:1].upper() + reason[1:] for reason in decision["reasons"])
+    default = decision["default"]
+    if default == "tuned_static" and won["T2"]:  # T2's winner holds every multiplier the search set
+        settings = ", ".join(f"`{key}={value:g}`" for key, value in sorted(won["T2"]["mixture"].items()))
+        reasons += f" So the default is static weights with the searched mixture ({settings}, `pretrain_weight=1`)."
+    else:
+        reasons += f" So the default is `weighting={WEIGHTING.get(default, default)!r}`."
+    reasons += " The other strategies stay selectable with `weighting=`."
     lines += [
         "",
         _wrap(
