@@ -76,6 +76,32 @@ def test_summarize_run_computes_the_declared_metrics():
     assert out["final"] == {"accuracy": 1.0, "accuracy_rl_only": 1.0}
 
 
+def test_every_cell_runs_the_preregistered_multipliers_not_todays_defaults(tmp_path):
+    """The decision changed TRAPOConfig's defaults (sft_weight, rl_weight 2): a cell or teacher trained today must
+    still get the multipliers the grid ran with (all 1), a mixture over them, and the teacher DARE."""
+    from transformers import HfArgumentParser
+
+    from trl_trapo import TRAPOConfig
+
+    def config(extra):
+        argv = ["--output_dir", str(tmp_path), *(a for k, v in extra.items() for a in (f"--{k}", str(v)))]
+        return HfArgumentParser(TRAPOConfig).parse_args_into_dataclasses(argv)[0]
+
+    weights = ("pretrain_weight", "sft_weight", "rl_weight", "distillation_weight")
+    for arm in ("dare", "static", "uncertainty", "gradnorm", "gac"):
+        for task in ("T1", "T2", "T3", "S"):
+            got = config(wb.job_extra(wb.Cell(task, arm, 0, 0)))
+            assert {k: getattr(got, k) for k in weights} == dict.fromkeys(weights, 1.0), (task, arm)
+            assert got.weighting == wb.WEIGHTING[arm]
+    mixture = (("distillation_weight", 0.5), ("rl_weight", 2.0), ("sft_weight", 2.0))
+    tuned = config(wb.job_extra(wb.Cell("T2", "tuned_static", 0, 0, mixture)))
+    assert (tuned.pretrain_weight, tuned.sft_weight, tuned.rl_weight, tuned.distillation_weight) == (1, 2, 2, 0.5)
+    teacher = HfArgumentParser(TRAPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), *wb.TEACHER_JOB_ARGV]
+    )[0]
+    assert teacher.weighting == "dare" and (teacher.sft_weight, teacher.rl_weight) == (1.0, 1.0)
+
+
 # =====================================================================================================================
 # A tiny end-to-end run
 # =====================================================================================================================

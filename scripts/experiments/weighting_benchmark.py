@@ -148,6 +148,16 @@ VALIDATION_SUITE = 2
 SEARCH_SEEDS = (0, 1)
 SEARCH_T1 = tuple({"rl_weight": rl, "sft_weight": sft} for rl in (0.5, 1.0, 2.0) for sft in (0.5, 1.0, 2.0))
 SEARCH_T2_DISTILLATION = (0.5, 1.0, 2.0)
+# the objective multipliers every cell starts from: TRAPOConfig's defaults when the grid was declared (all 1). Pinned,
+# because the decision this benchmark took changed those defaults (`sft_weight`, `rl_weight` 2): a cell re-run today
+# must run what the grid ran. A search or tuned_static cell's mixture overrides them.
+PREREGISTERED_MULTIPLIERS = {"pretrain_weight": 1.0, "sft_weight": 1.0, "rl_weight": 1.0, "distillation_weight": 1.0}
+# T2's teacher (and the wrong teacher) ran the main job under the defaults of that time: DARE, every multiplier 1
+TEACHER_JOB_ARGV = (
+    "--weighting",
+    "dare",
+    *(a for k, v in PREREGISTERED_MULTIPLIERS.items() for a in (f"--{k}", f"{v:g}")),
+)
 # the seed grid's harness settings (docs/results/seed_grid/*_meta.json)
 BUILTIN_JOB_ARGV = ("--learning_rate", "6e-4")
 EVAL_EVERY = 0.1
@@ -271,8 +281,9 @@ def grid_size() -> int:
 # One cell
 # =====================================================================================================================
 def job_extra(cell: Cell) -> dict[str, Any]:
-    """The TRAPOConfig values the cell sets on top of the job's configuration."""
-    return {"weighting": WEIGHTING[cell.arm], **dict(cell.mixture)}
+    """The TRAPOConfig values the cell sets on top of the job's configuration: its arm's weighting, the
+    pre-registered multipliers (`PREREGISTERED_MULTIPLIERS`, not today's defaults) and its mixture over them."""
+    return {"weighting": WEIGHTING[cell.arm], **PREREGISTERED_MULTIPLIERS, **dict(cell.mixture)}
 
 
 def vlm_worker(spec_path: str) -> None:
@@ -413,12 +424,20 @@ def is_done(bench: Bench, cell: Cell, cells: dict[str, dict]) -> bool:
 
 
 def ensure_teacher(bench: Bench) -> str:
-    """T2's teacher: a run of the main job (`examples/trapo.py`, its defaults; what docs/results/distillation.md
-    used), trained once into `<work_dir>/teacher` with the cells' extra job arguments; reused when its marker file
+    """T2's teacher: a run of the main job (`examples/trapo.py` under the defaults of when the grid was declared,
+    pinned by `TEACHER_JOB_ARGV`; what docs/results/distillation.md used), trained once into `<work_dir>/teacher` with the cells' extra job arguments; reused when its marker file
     says it was made with the same arguments."""
     folder = bench.work_dir / "teacher"
     marker = folder / "benchmark_teacher.json"
-    argv = ["examples/trapo.py", "--output_dir", str(folder), "--report_to", "none", *bench.job_argv]
+    argv = [
+        "examples/trapo.py",
+        "--output_dir",
+        str(folder),
+        "--report_to",
+        "none",
+        *TEACHER_JOB_ARGV,
+        *bench.job_argv,
+    ]
     if (read_json(marker) or {}).get("argv") != argv:
         logger.info("training T2's teacher into %s", folder)
         run = run_child(
@@ -444,7 +463,7 @@ def ensure_wrong_teacher(bench: Bench) -> str:
     """
     folder = bench.work_dir / "wrong_teacher"
     marker = folder / "benchmark_wrong_teacher.json"
-    argv = ["--output_dir", str(folder), "--report_to", "none", *bench.job_argv]
+    argv = ["--output_dir", str(folder), "--report_to", "none", *TEACHER_JOB_ARGV, *bench.job_argv]
     args = {"argv": argv, **WRONG_TEACHER}
     if (read_json(marker) or {}).get("args") != args:
         bench.teacher = bench.teacher or ensure_teacher(bench)
