@@ -6,6 +6,7 @@ skips them, a partial report), the committed page's block, and the pre-registere
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -312,6 +313,41 @@ def test_run_cells_resumes_runs_slices_and_waits_for_the_search(tmp_path, monkey
     assert all(
         wb.is_done(bench, c, cells) for c in wb.plan(cells, ("T1",)) if c.arm in ("dare", "search", "tuned_static")
     )
+
+
+def test_run_cells_trains_each_teacher_once_before_cells_run_side_by_side(tmp_path, monkeypatch):
+    """With --jobs 2 each cell used to train a missing teacher itself: two at once into one folder, one refused."""
+    import threading
+
+    trained, seen, lock = [], [], threading.Lock()
+
+    def train(kind):
+        def ensure(bench):
+            with lock:
+                trained.append(kind)
+            time.sleep(0.05)
+            return str(tmp_path / kind)
+
+        return ensure
+
+    def run_cell(bench, cell):  # what the real run_cell needs of the bench before its child starts
+        bench.teacher = bench.teacher or wb.ensure_teacher(bench)
+        if cell.task == "S":
+            bench.wrong_teacher = bench.wrong_teacher or wb.ensure_wrong_teacher(bench)
+        seen.append((bench.teacher, bench.wrong_teacher))
+        out = {"cell": cell.id, "task": cell.task, "arm": cell.arm, "suite": cell.suite, "seed": cell.seed,
+               "primary": 0.5, "wall_s": 1.0, "settings": bench.settings(cell)}  # fmt: skip
+        wb.write_json_atomic(bench.cell_path(cell), out)
+        return out
+
+    monkeypatch.setattr(wb, "ensure_teacher", train("teacher"))
+    monkeypatch.setattr(wb, "ensure_wrong_teacher", train("wrong"))
+    monkeypatch.setattr(wb, "run_cell", run_cell)
+    bench = wb.Bench(tmp_path / "cells", tmp_path / "work", [])
+    ran = wb.run_cells(bench, ("S",), ("dare", "static", "gac"), None, None, jobs=2)
+    assert len(ran) == 15
+    assert sorted(trained) == ["teacher", "wrong"]
+    assert set(seen) == {(str(tmp_path / "teacher"), str(tmp_path / "wrong"))}
 
 
 # =====================================================================================================================

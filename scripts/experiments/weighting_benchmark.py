@@ -574,6 +574,19 @@ def run_cell(bench: Bench, cell: Cell) -> dict:
     return out
 
 
+def prepare_teachers(bench: Bench, cells: list[Cell]) -> None:
+    """Train (or find) the teachers `cells` need, one after the other, before they run side by side: two cells that
+    each trained a missing teacher would write into one folder (the second is refused while the first holds it).
+
+    Raises:
+        ChildFailed: a teacher's run failed.
+    """
+    if any(ALL_TASKS[c.task].teacher for c in cells):
+        bench.teacher = bench.teacher or ensure_teacher(bench)
+    if any(c.task == SHIFT.name for c in cells):
+        bench.wrong_teacher = bench.wrong_teacher or ensure_wrong_teacher(bench)
+
+
 def run_cells(
     bench: Bench,
     tasks: tuple[str, ...],
@@ -638,6 +651,12 @@ def run_cells(
             break
         if max_cells is not None:
             runnable = runnable[: max_cells - len(ran) - len(failed)]
+        try:
+            prepare_teachers(bench, runnable)
+        except ChildFailed as error:
+            logger.error("%s", error)
+            failed += [c.id for c in runnable]
+            break
         map_jobs(one, runnable, jobs)
     if failed:
         logger.error("failed cells (no file written; they run again next time): %s", ", ".join(failed))
