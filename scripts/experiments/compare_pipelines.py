@@ -23,8 +23,8 @@ Methods (each run in its own process, so peak memory is its own):
   2. `trl.SFTTrainer` on the SFT data (prompt-completion, `completion_only_loss=True`, `max_length=sft_max_length`);
   3. `trl.GRPOTrainer` on the RL prompts with the same reward functions.
 - `trapo`: `TRAPOTrainer` with the main job's configuration (static weights + the phased curriculum; DARE was the
-  default before the weighting benchmark's decision: pages measured then say so, and `--weighting dare` reproduces
-  them).
+  default, with every multiplier 1, before the weighting benchmark's decision: pages measured then say so, and
+  `--weighting dare --sft_weight 1 --rl_weight 1` reproduces them).
 - with `--ablations`: `trapo_static` (`weighting=static`), `trapo_dare` (`weighting=dare`), `trapo_constant` (`curriculum_mode=constant`, the
   time-averaged mixture at every step), `trapo_no_pretrain` (`pretrain_weight=0`), `trapo_no_replay`
   (`num_ppo_epochs=1`: each trajectory trained on once), `trapo_no_exploration` (`exploration=False`),
