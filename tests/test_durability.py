@@ -786,6 +786,72 @@ def test_a_new_learning_rate_on_resume_is_warned_by_name(fitting_checkpoints, tm
     assert not [r for r in caplog.records if "resume_from_checkpoint=" in r.getMessage()]
 
 
+def test_resuming_with_other_static_weights_is_warned_with_the_checkpoints_values(
+    fitting_checkpoints, tmp_path, caplog
+):
+    """The default sft_weight and rl_weight changed from 1 to 2 (the weighting benchmark's decision): a run resumed
+    with other weights than its checkpoint's changed its mixture without a word. Checkpoints now record each
+    objective's static weight; a resumed run with others is warned, naming both values and the flags that restore
+    the checkpoint's (the run goes on with its own: a mixture changed on purpose is allowed)."""
+    import logging
+
+    from conftest import make_tiny_trainer
+
+    from trl_trapo.checkpoint import checkpoint_static_weights
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    saved = checkpoint_static_weights(checkpoint)
+    assert saved == {"pretrain": 1.0, "sft": 2.0, "rl": 2.0}  # the defaults of the run that wrote it
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        trainer = make_tiny_trainer(str(tmp_path / "new"), build_char_tokenizer(), suite, max_steps=2, rl_weight=1.0)
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.state.global_step == 2
+    warned = [r.getMessage() for r in caplog.records if "other static weights" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'rl' 2 then, 1 now" in warned[0] and "pass --rl_weight 2" in warned[0] and "'sft'" not in warned[0]
+
+
+def test_an_unrecorded_checkpoints_weights_are_warned_about_only_under_the_new_defaults(tmp_path, caplog):
+    """A checkpoint written before the record (no `static_weights` in rank0.json) may have trained with the former
+    defaults (1): a run with the new default sft_weight or rl_weight (2) is told how to keep the former; a run with
+    other weights, a recorded checkpoint with the same weights, and a checkpoint without TRAPO's state are not."""
+    import json
+    import logging
+
+    from trl_trapo.checkpoint import CheckpointError, check_checkpoint_settings, warn_weights_changed
+
+    fields = {"pretrain": "pretrain_weight", "sft": "sft_weight", "rl": "rl_weight", "extra": None}
+    old, recorded, bare = tmp_path / "old", tmp_path / "recorded", tmp_path / "bare"
+    (old / "trapo").mkdir(parents=True)
+    (old / "trapo" / "rank0.json").write_text(json.dumps({"format": 1}), encoding="utf-8")
+    (recorded / "trapo").mkdir(parents=True)
+    weights = {"pretrain": 1.0, "sft": 2.0, "rl": 2.0, "extra": 0.5}
+    (recorded / "trapo" / "rank0.json").write_text(json.dumps({"static_weights": weights}), encoding="utf-8")
+    bare.mkdir()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        assert warn_weights_changed(str(old), weights, fields) == ["sft", "rl"]
+        message = caplog.records[-1].getMessage()
+        assert "sft_weight=2, rl_weight=2" in message and "pass --sft_weight 1 --rl_weight 1" in message
+        caplog.clear()
+        assert warn_weights_changed(str(old), {**weights, "sft": 1.0, "rl": 0.5}, fields) == []
+        assert warn_weights_changed(str(recorded), weights, fields) == []
+        assert warn_weights_changed(str(bare), weights, fields) == []
+        assert not caplog.records
+        assert warn_weights_changed(str(recorded), {**weights, "extra": 1.0}, fields) == ["extra"]
+        assert "pass weight=0.5 for objective 'extra'" in caplog.records[-1].getMessage()
+    # a DARE checkpoint of the former default resumed with the new one is refused: its fix names the former weights
+    (old / "trapo" / "rank0.json").write_text(json.dumps({"dare": {"strategy": "dare"}}), encoding="utf-8")
+    with pytest.raises(CheckpointError, match="--weighting dare.*--sft_weight 1 --rl_weight 1 if it also had"):
+        check_checkpoint_settings(str(old), {"weighting": "static"})
+    (recorded / "trapo" / "rank0.json").write_text(
+        json.dumps({"dare": {"strategy": "dare"}, "static_weights": weights}), encoding="utf-8"
+    )
+    with pytest.raises(CheckpointError) as raised:
+        check_checkpoint_settings(str(recorded), {"weighting": "static"})
+    assert "--weighting dare" in str(raised.value) and "--sft_weight" not in str(raised.value)
+
+
 def test_resuming_a_save_only_model_checkpoint_says_what_restarts(fitting_checkpoints, tmp_path, caplog):
     """Trial 9's TR02 / CL07: a checkpoint written with `save_only_model=True` resumed without a word, with a fresh
     optimizer and the learning-rate schedule restarted (lr at step 3 of 4: 5e-05, uninterrupted 2.5e-05). Resuming

@@ -629,6 +629,11 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
                 "DARE then and asks for static weights now"
             )
             fixes[-1] += " to continue with DARE as it was trained"
+            if checkpoint_static_weights(checkpoint_dir) is None:  # written before the release: the former weights
+                fixes[-1] += (
+                    ", with --sft_weight 1 --rl_weight 1 if it also had the former default weights (they changed "
+                    "from 1 to 2 with it)"
+                )
     raise CheckpointError(
         f"resume_from_checkpoint={checkpoint_dir!r} was written with other settings of what TRAPO's state holds: "
         f"{'; '.join(described)}. Its state cannot be restored into this run's. Fix: resume with the checkpoint's "
@@ -748,6 +753,84 @@ def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
             "" if len(differ) == 1 else "s",
             checkpoint_dir,
             ", ".join(f"--{name}" for name in differ),
+        )
+    return differ
+
+
+FORMER_DEFAULT_WEIGHTS = {"sft": ("sft_weight", 1.0, 2.0), "rl": ("rl_weight", 1.0, 2.0)}
+"""The built-in objectives whose default static weight changed with the weighting benchmark's decision (issue 42,
+docs/weighting_benchmark.md): objective name -> (config field, the former default, the default since)."""
+
+
+def checkpoint_static_weights(checkpoint_dir: str) -> dict[str, float] | None:
+    """Each objective's static weight (its multiplier: `pretrain_weight`, `sft_weight`, ... or an extra objective's
+    `weight`) when `checkpoint_dir` was written, by objective name, as `trapo/rank0.json` records it; None for a
+    checkpoint written before that record (or without TRAPO's state)."""
+    state = read_state_file(checkpoint_dir, "rank0.json")
+    weights = state.get("static_weights") if isinstance(state, dict) else None
+    if not isinstance(weights, dict):
+        return None
+    return {str(k): float(v) for k, v in weights.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields: dict[str, str | None]) -> list[str]:
+    """Warn when this run weighs its objectives otherwise than the run that wrote `checkpoint_dir` did. Resuming with
+    other static weights is allowed (a mixture changed on purpose), but the default `sft_weight` and `rl_weight`
+    changed from 1 to 2 in this release ([`FORMER_DEFAULT_WEIGHTS`]), so a run resumed with the defaults would change
+    its mixture without a word.
+
+    A checkpoint that records its weights ([`checkpoint_static_weights`]) is compared objective by objective; one
+    written before that record is warned about only when this run has the new default of `sft_weight` or
+    `rl_weight` (it may have been trained with the former one; nothing tells which).
+
+    Args:
+        checkpoint_dir (`str`): the checkpoint being resumed.
+        weights (`dict`): this run's static weight of each objective, by name (`Objective.weight`).
+        fields (`dict`): the config field that sets each objective's weight, by name (`Objective.WEIGHT_FIELD`;
+            None for an extra objective, weighted by its `weight=`).
+
+    Returns:
+        The names of the objectives warned about (in one message); empty when nothing was.
+    """
+
+    def flag(name: str, value: float) -> str:
+        field = fields.get(name)
+        return f"--{field} {value:g}" if field else f"weight={value:g} for objective '{name}'"
+
+    saved = checkpoint_static_weights(checkpoint_dir)
+    if saved is None:
+        if read_state_file(checkpoint_dir, "rank0.json") is None:
+            return []
+        changed = [
+            name
+            for name, (_, _, new) in FORMER_DEFAULT_WEIGHTS.items()
+            if name in weights and math.isclose(weights[name], new)
+        ]
+        if changed:
+            logger.warning(
+                "resume_from_checkpoint=%r was written before checkpoints recorded their objectives' static weights, "
+                "and this run has %s: the defaults of %s changed from %s in this release (the weighting benchmark's "
+                "searched mixture). If the checkpoint was trained with the former defaults, this run continues with "
+                "another mixture; to continue with its own, pass %s.",
+                checkpoint_dir,
+                ", ".join(f"{FORMER_DEFAULT_WEIGHTS[n][0]}={weights[n]:g}" for n in changed),
+                " and ".join(FORMER_DEFAULT_WEIGHTS[n][0] for n in changed),
+                " and ".join(f"{FORMER_DEFAULT_WEIGHTS[n][1]:g} to {FORMER_DEFAULT_WEIGHTS[n][2]:g}" for n in changed),
+                " ".join(flag(n, FORMER_DEFAULT_WEIGHTS[n][1]) for n in changed),
+            )
+        return changed
+    differ = [name for name in weights if name in saved and not math.isclose(weights[name], saved[name])]
+    if differ:
+        defaults = [
+            n for n in differ if n in FORMER_DEFAULT_WEIGHTS and math.isclose(weights[n], FORMER_DEFAULT_WEIGHTS[n][2])
+        ]
+        logger.warning(
+            "resume_from_checkpoint=%r was trained with other static weights: %s. The run continues with this run's "
+            "(a mixture changed on purpose is allowed)%s. To continue with the checkpoint's mixture, pass %s.",
+            checkpoint_dir,
+            "; ".join(f"'{n}' {saved[n]:g} then, {weights[n]:g} now" for n in differ),
+            "; the defaults of sft_weight and rl_weight changed from 1 to 2 in this release" if defaults else "",
+            " and ".join(flag(n, saved[n]) for n in differ),
         )
     return differ
 
@@ -958,6 +1041,7 @@ __all__ = [
     "verify_checkpoint",
     "holds_optimizer_state",
     "warn_settings_restored",
+    "warn_weights_changed",
     "read_rank_state",
     "read_state_file",
     "last_complete_checkpoint",

@@ -85,6 +85,8 @@ class RunState:
             "dare": self.dare.engine.state_dict(),
             # each objective's own state (the pretraining stream's position, ...); keyed by name
             "objectives": {o.name: o.state_dict() for o in self.objectives},
+            # each objective's static weight (multiplier), to warn when a resumed run's differ (warn_weights_changed)
+            "static_weights": {o.name: o.weight for o in self.objectives},
             "schedules": self.schedules.state_dict(),
             **supply_meta,
         }
