@@ -757,9 +757,9 @@ def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
     return differ
 
 
-FORMER_DEFAULT_WEIGHTS = {"sft": ("sft_weight", 1.0, 2.0), "rl": ("rl_weight", 1.0, 2.0)}
-"""The built-in objectives whose default static weight changed with the weighting benchmark's decision (issue 42,
-docs/weighting_benchmark.md): objective name -> (config field, the former default, the default since)."""
+FORMER_DEFAULT_WEIGHTS = {"sft_weight": (1.0, 2.0), "rl_weight": (1.0, 2.0)}
+"""The config fields of static weights whose default changed with the weighting benchmark's decision (issue 42,
+docs/weighting_benchmark.md): field -> (the former default, the default since)."""
 
 
 def checkpoint_static_weights(checkpoint_dir: str) -> dict[str, float] | None:
@@ -797,15 +797,15 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
         field = fields.get(name)
         return f"--{field} {value:g}" if field else f"weight={value:g} for objective '{name}'"
 
+    def new_default(name: str, value: float) -> bool:  # the objective's weight is its field's new default
+        field = fields.get(name)
+        return field in FORMER_DEFAULT_WEIGHTS and math.isclose(value, FORMER_DEFAULT_WEIGHTS[field][1])
+
     saved = checkpoint_static_weights(checkpoint_dir)
     if saved is None:
         if read_state_file(checkpoint_dir, "rank0.json") is None:
             return []
-        changed = [
-            name
-            for name, (_, _, new) in FORMER_DEFAULT_WEIGHTS.items()
-            if name in weights and math.isclose(weights[name], new)
-        ]
+        changed = [name for name, value in weights.items() if new_default(name, value)]
         if changed:
             logger.warning(
                 "resume_from_checkpoint=%r was written before checkpoints recorded their objectives' static weights, "
@@ -813,23 +813,22 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
                 "searched mixture). If the checkpoint was trained with the former defaults, this run continues with "
                 "another mixture; to continue with its own, pass %s.",
                 checkpoint_dir,
-                ", ".join(f"{FORMER_DEFAULT_WEIGHTS[n][0]}={weights[n]:g}" for n in changed),
-                " and ".join(FORMER_DEFAULT_WEIGHTS[n][0] for n in changed),
-                " and ".join(f"{FORMER_DEFAULT_WEIGHTS[n][1]:g} to {FORMER_DEFAULT_WEIGHTS[n][2]:g}" for n in changed),
-                " ".join(flag(n, FORMER_DEFAULT_WEIGHTS[n][1]) for n in changed),
+                ", ".join(f"{fields[n]}={weights[n]:g}" for n in changed),
+                " and ".join(fields[n] for n in changed),
+                " and ".join("{:g} to {:g}".format(*FORMER_DEFAULT_WEIGHTS[fields[n]]) for n in changed),
+                " ".join(flag(n, FORMER_DEFAULT_WEIGHTS[fields[n]][0]) for n in changed),
             )
         return changed
     differ = [name for name in weights if name in saved and not math.isclose(weights[name], saved[name])]
     if differ:
-        defaults = [
-            n for n in differ if n in FORMER_DEFAULT_WEIGHTS and math.isclose(weights[n], FORMER_DEFAULT_WEIGHTS[n][2])
-        ]
         logger.warning(
             "resume_from_checkpoint=%r was trained with other static weights: %s. The run continues with this run's "
             "(a mixture changed on purpose is allowed)%s. To continue with the checkpoint's mixture, pass %s.",
             checkpoint_dir,
             "; ".join(f"'{n}' {saved[n]:g} then, {weights[n]:g} now" for n in differ),
-            "; the defaults of sft_weight and rl_weight changed from 1 to 2 in this release" if defaults else "",
+            "; the defaults of sft_weight and rl_weight changed from 1 to 2 in this release"
+            if any(new_default(n, weights[n]) for n in differ)
+            else "",
             " and ".join(flag(n, saved[n]) for n in differ),
         )
     return differ
