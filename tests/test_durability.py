@@ -852,6 +852,43 @@ def test_an_unrecorded_checkpoints_weights_are_warned_about_only_under_the_new_d
     assert "--weighting dare" in str(raised.value) and "--sft_weight" not in str(raised.value)
 
 
+def test_a_static_checkpoint_resumes_with_an_adaptive_strategy_from_its_initial_state(
+    fitting_checkpoints, tmp_path, caplog
+):
+    """Trial 17's W09b: a checkpoint written with static weights resumed with `weighting="dare"` (or gac, gradnorm,
+    uncertainty) failed only in `train()`, after the initial evaluation, with "Cannot load a 'static' weighting state
+    into DAREWeighting." Static weights learn nothing, so the adaptive strategy now starts from its initial state
+    (factors 1, as a fresh run of it), with one warning; the other direction stays refused before anything slow."""
+    import logging
+
+    from conftest import make_tiny_trainer
+
+    from trl_trapo.checkpoint import check_checkpoint_settings
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.weighting"):
+        trainer = make_tiny_trainer(
+            str(tmp_path / "dare"),
+            build_char_tokenizer(),
+            suite,
+            max_steps=2,
+            weighting="dare",
+            resume_from_checkpoint=checkpoint,
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.state.global_step == 2
+    warned = [r.getMessage() for r in caplog.records if "written with static weights" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "weighting='dare' starts from its initial state (every factor 1)" in warned[0]
+    dare = tmp_path / "dare-state"
+    (dare / "trapo").mkdir(parents=True)
+    (dare / "trapo" / "rank0.json").write_text(json.dumps({"dare": {"strategy": "dare"}}), encoding="utf-8")
+    for other in ("static", "gac"):
+        with pytest.raises(CheckpointError, match=f"weighting='dare' when it was written, '{other}' now"):
+            check_checkpoint_settings(str(dare), {"weighting": other})
+
+
 def test_resuming_a_save_only_model_checkpoint_says_what_restarts(fitting_checkpoints, tmp_path, caplog):
     """Trial 9's TR02 / CL07: a checkpoint written with `save_only_model=True` resumed without a word, with a fresh
     optimizer and the learning-rate schedule restarted (lr at step 3 of 4: 5e-05, uninterrupted 2.5e-05). Resuming

@@ -581,7 +581,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
     """Refuse, before anything slow, a checkpoint written with another value of a setting that shapes TRAPO's state
     ([`STATE_SETTINGS`]): restoring it failed at `train()` with the state's own error, naming a file and a key
     (`rank0.json cannot be restored: KeyError: 'sampler'` for `sft_sampling="prioritized"` resumed with "uniform",
-    trial 10's PY38; "Cannot load a 'dare' weighting state into StaticWeighting").
+    trial 10's PY38; "Cannot load a 'dare' weighting state into StaticWeighting"). A checkpoint written with static
+    weights resumed with an adaptive strategy is not refused: nothing was learnt, so the strategy starts from its
+    initial state, as a fresh run of it does (`weighting.DARE.load_state_dict` warns).
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder [`verify_checkpoint`] accepted.
@@ -606,8 +608,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
         and settings.get(name) is not None
         and then[name] != settings[name]
         and not (name == "adapter_snapshot_steps" and then[name])  # a bank the run no longer keeps: left on disk
-        # a "static" state is also what every strategy keeps with at most one objective that has data
-        # (`weighting.build_weighting`): an RL-only run with weighting="dare" writes it, and resumes it
+        # a "static" state holds nothing learnt: an adaptive strategy resumed from it starts from its initial state
+        # (`weighting.DARE.load_state_dict`, with a warning); it is also what every strategy keeps with at most one
+        # objective that has data (`weighting.build_weighting`): an RL-only run with weighting="dare" writes it
         and not (name == "weighting" and then[name] == "static")
     ]
     if not differ:
