@@ -422,8 +422,9 @@ def check_checkpoint_fits(
     the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors. Its weights
     hold a PPO critic and the run has no `value_model`, or the other way round ([`checkpoint_holds_critic`]): without
     this check the first failed in `train()` by building transformers' default-sized model from a folder without
-    `config.json` (tens of GB), the second with torch's missing-keys error. It was written with another value of a
-    setting that shapes TRAPO's state ([`check_checkpoint_settings`]).
+    `config.json` (tens of GB), the second with torch's missing-keys error. An objective whose dataset is given is
+    switched off or on (its weight 0 on one side, [`check_objectives_switched`]). It was written with another value
+    of a setting that shapes TRAPO's state ([`check_checkpoint_settings`]).
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder.
@@ -487,6 +488,8 @@ def check_checkpoint_fits(
             "its data samplers and pools are positions in those. Fix: resume with the same datasets, "
             f"{start_over}."
         )
+    if settings is not None and datasets is not None:  # an objective switched off or on (its weight 0 on one side)
+        check_objectives_switched(checkpoint_dir, settings, datasets)
     check_checkpoint_settings(checkpoint_dir, settings)
 
 
@@ -640,8 +643,66 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
     raise CheckpointError(
         f"resume_from_checkpoint={checkpoint_dir!r} was written with other settings of what TRAPO's state holds: "
         f"{'; '.join(described)}. Its state cannot be restored into this run's. Fix: resume with the checkpoint's "
-        f"value{'s' if len(fixes) > 1 else ''}, {' and '.join(fixes)}; or start a new run from its weights (pass "
-        f"{checkpoint_dir} as --model_name_or_path / `model=`, without resume_from_checkpoint)."
+        f"value{'s' if len(fixes) > 1 else ''}, {' and '.join(fixes)}; or {new_run_fix(checkpoint_dir)}."
+    )
+
+
+def new_run_fix(checkpoint_dir: str) -> str:
+    """The "start a new run from the checkpoint's weights" fix of a refused resume, true for the main job's built-in
+    mode too: a model given (`--model_name_or_path`) leaves built-in mode, so such a run needs its own datasets (the
+    built-in task suite is used only without a model, `trl_trapo.jobs.main`; trial 17's W09e)."""
+    return (
+        f"start a new run from its weights (pass {checkpoint_dir} as --model_name_or_path / `model=`, without "
+        "resume_from_checkpoint, with your datasets: the built-in job, `trapo train` / examples/trapo.py, uses its "
+        "task suite only when no model is given)"
+    )
+
+
+def check_objectives_switched(checkpoint_dir: str, settings: dict[str, Any], datasets: dict[str, dict]) -> None:
+    """Refuse, before anything slow, resuming with an objective switched off (its weight 0 now, > 0 when the
+    checkpoint was written) or on (0 then, > 0 now) while its dataset is given: an objective whose weight is 0 leaves
+    its data out of the run (`data.prepare_datasets`), so its state (the SFT pool, the RL prompt sampler and supply,
+    a pretraining stream's position) is in the checkpoint and not in the run, or the other way round. Without this
+    check it failed in `train()`, after the initial evaluation, with "the checkpoint was made with a different set of
+    datasets ('sft_pool' present)", naming neither the weight nor the fix (trial 17's W09c). Supporting the switch
+    would mean building and restoring state for an objective that does not train (pool, sampler, supply, stream,
+    allocator): not done.
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder.
+        settings (`dict`): the run's `state_settings`; its `objective_weights` (objective name -> (config field,
+            dataset argument, static weight)) is compared; absent: nothing compared.
+        datasets (`dict`): the run's `datasets_summary` (an objective whose dataset is not in it is not compared).
+
+    Raises:
+        CheckpointError: naming the checkpoint, each objective's weight field with its value then (the checkpoint's
+            recorded `static_weights`; a checkpoint without that record is not compared) and now, and the fix.
+    """
+    weights, saved = settings.get("objective_weights"), checkpoint_static_weights(checkpoint_dir)
+    if not weights or saved is None:
+        return
+    switched = [
+        (name, field, saved[name], now)
+        for name, (field, argument, now) in weights.items()
+        if name in saved and argument in datasets and (saved[name] > 0) != (now > 0)
+    ]
+    if not switched:
+        return
+    described = "; ".join(
+        f"{field}={then:g} when it was written, {now:g} now (objective '{name}' switched {'off' if now == 0 else 'on'})"
+        for name, field, then, now in switched
+    )
+    fixes = " and ".join(
+        f"{field} > 0 (--{field} {then:g} continues the checkpoint's mixture)"
+        if then > 0
+        else f"{field}=0 (--{field} 0)"
+        for name, field, then, now in switched
+    )
+    raise CheckpointError(
+        f"resume_from_checkpoint={checkpoint_dir!r} cannot be resumed with an objective switched off or on: "
+        f"{described}. An objective with weight 0 leaves its dataset out of the run, so its state in the checkpoint "
+        f"(data samplers, pools, stream positions) does not fit this run's. Fix: resume with {fixes}; or "
+        f"{new_run_fix(checkpoint_dir)}."
     )
 
 
@@ -1031,6 +1092,7 @@ __all__ = [
     "DATASETS_FILE",
     "atomic_write_bytes",
     "check_checkpoint_fits",
+    "check_objectives_switched",
     "check_checkpoint_settings",
     "checkpoint_state_settings",
     "check_checkpoint_step",
@@ -1043,6 +1105,7 @@ __all__ = [
     "verify_checkpoint",
     "holds_optimizer_state",
     "warn_settings_restored",
+    "new_run_fix",
     "warn_weights_changed",
     "read_rank_state",
     "read_state_file",
