@@ -852,6 +852,33 @@ def test_an_unrecorded_checkpoints_weights_are_warned_about_only_under_the_new_d
     assert "--weighting dare" in str(raised.value) and "--sft_weight" not in str(raised.value)
 
 
+def test_the_same_ratios_of_static_weights_are_not_warned_about(tmp_path, caplog):
+    """Trial 17's W09d: a 1/2/2 checkpoint resumed with 2/4/4 was warned that its mixture changed, although the
+    weights are normalised (each over their sum, `weighting.combine_weights`): the same ratios are the same mixture.
+    Other ratios are still warned about, naming the weights that differ; an objective with weight 0 on one side is
+    not in the comparison (without data it weighs nothing; with data it is refused, `check_objectives_switched`)."""
+    import logging
+
+    from trl_trapo.checkpoint import warn_weights_changed
+
+    fields = {"pretrain": "pretrain_weight", "sft": "sft_weight", "rl": "rl_weight", "distill": "distillation_weight"}
+    recorded = tmp_path / "recorded"
+    (recorded / "trapo").mkdir(parents=True)
+    saved = {"pretrain": 1.0, "sft": 2.0, "rl": 2.0, "distill": 1.0}
+    (recorded / "trapo" / "rank0.json").write_text(json.dumps({"static_weights": saved}), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        assert (
+            warn_weights_changed(str(recorded), {"pretrain": 2.0, "sft": 4.0, "rl": 4.0, "distill": 2.0}, fields) == []
+        )
+        assert (
+            warn_weights_changed(str(recorded), {"pretrain": 2.0, "sft": 4.0, "rl": 4.0, "distill": 0.0}, fields) == []
+        )
+        assert not caplog.records
+        assert warn_weights_changed(str(recorded), {**saved, "rl": 4.0}, fields) == ["rl"]
+        message = caplog.records[-1].getMessage()
+    assert "'rl' 2 then, 4 now" in message and "pass --rl_weight 2" in message and "'sft'" not in message
+
+
 def test_an_objective_switched_off_on_resume_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path):
     """Trial 17's W09c: a static checkpoint resumed with `--sft_weight 0` was first warned about as a mixture change
     that "continues", then refused in `train()`, after the initial evaluation, with "a different set of datasets

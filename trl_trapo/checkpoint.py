@@ -843,8 +843,12 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
     changed from 1 to 2 in this release ([`FORMER_DEFAULT_WEIGHTS`]), so a run resumed with the defaults would change
     its mixture without a word.
 
-    A checkpoint that records its weights ([`checkpoint_static_weights`]) is compared objective by objective; one
-    written before that record is warned about only when this run has the new default of `sft_weight` or
+    A checkpoint that records its weights ([`checkpoint_static_weights`]) is compared by the mixture they make: the
+    weights are normalised (each over their sum, [`~trl_trapo.weighting.combine_weights`]), so the same ratios (2/4/4
+    resumed on a 1/2/2 checkpoint) are the same mixture and not warned about; when the ratios differ, each objective
+    whose weight differs is named with both values. Only objectives with a weight > 0 on both sides are compared
+    (one switched off or on with its data is refused before, [`check_objectives_switched`]). One written before that
+    record is warned about only when this run has the new default of `sft_weight` or
     `rl_weight` (it may have been trained with the former one; nothing tells which).
 
     Args:
@@ -883,7 +887,14 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
                 " ".join(flag(n, FORMER_DEFAULT_WEIGHTS[fields[n]][0]) for n in changed),
             )
         return changed
-    differ = [name for name in weights if name in saved and not math.isclose(weights[name], saved[name])]
+    # the mixture is each multiplier over their sum (`weighting.combine_weights`: w_o = c_o s_o f_o / sum_k ...), so
+    # only the ratios count: compared over the objectives both runs weigh (> 0 on both sides; one switched off or on
+    # with its dataset is refused before this, `check_objectives_switched`, and one without data weighs nothing)
+    both = [name for name in weights if saved.get(name, 0.0) > 0 and weights[name] > 0]
+    total_then, total_now = sum(saved[n] for n in both), sum(weights[n] for n in both)
+    if all(math.isclose(weights[n] / total_now, saved[n] / total_then) for n in both):
+        return []  # the same ratios (2/4/4 on a 1/2/2 checkpoint): the same mixture
+    differ = [name for name in both if not math.isclose(weights[name], saved[name])]
     if differ:
         logger.warning(
             "resume_from_checkpoint=%r was trained with other static weights: %s. The run continues with this run's "
