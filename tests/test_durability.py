@@ -852,6 +852,139 @@ def test_an_unrecorded_checkpoints_weights_are_warned_about_only_under_the_new_d
     assert "--weighting dare" in str(raised.value) and "--sft_weight" not in str(raised.value)
 
 
+def test_the_same_ratios_of_static_weights_are_not_warned_about(tmp_path, caplog):
+    """Trial 17's W09d: a 1/2/2 checkpoint resumed with 2/4/4 was warned that its mixture changed, although the
+    weights are normalised (each over their sum, `weighting.combine_weights`): the same ratios are the same mixture.
+    Other ratios are still warned about, naming the weights that differ; an objective with weight 0 on one side is
+    not in the comparison (without data it weighs nothing; with data it is refused, `check_objectives_switched`)."""
+    import logging
+
+    from trl_trapo.checkpoint import warn_weights_changed
+
+    fields = {"pretrain": "pretrain_weight", "sft": "sft_weight", "rl": "rl_weight", "distill": "distillation_weight"}
+    recorded = tmp_path / "recorded"
+    (recorded / "trapo").mkdir(parents=True)
+    saved = {"pretrain": 1.0, "sft": 2.0, "rl": 2.0, "distill": 1.0}
+    (recorded / "trapo" / "rank0.json").write_text(json.dumps({"static_weights": saved}), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.checkpoint"):
+        assert (
+            warn_weights_changed(str(recorded), {"pretrain": 2.0, "sft": 4.0, "rl": 4.0, "distill": 2.0}, fields) == []
+        )
+        assert (
+            warn_weights_changed(str(recorded), {"pretrain": 2.0, "sft": 4.0, "rl": 4.0, "distill": 0.0}, fields) == []
+        )
+        assert not caplog.records
+        assert warn_weights_changed(str(recorded), {**saved, "rl": 4.0}, fields) == ["rl"]
+        message = caplog.records[-1].getMessage()
+    assert "'rl' 2 then, 4 now" in message and "pass --rl_weight 2" in message and "'sft'" not in message
+
+
+def test_an_objective_switched_off_on_resume_is_refused_before_any_model_loads(fitting_checkpoints, tmp_path):
+    """Trial 17's W09c: a static checkpoint resumed with `--sft_weight 0` was first warned about as a mixture change
+    that "continues", then refused in `train()`, after the initial evaluation, with "a different set of datasets
+    ('sft_pool' present)" although the datasets were the same. An objective with weight 0 leaves its data out, so
+    the checkpoint's state of it does not fit: now refused when the trainer is built (the model path, which does not
+    exist, is not reached), naming the weight field, its value then and now, and the fixes. The other way round (0
+    then, > 0 now, its dataset given) is refused too; an objective without a dataset is not compared."""
+    from conftest import make_tiny_config
+
+    from trl_trapo import TRAPOTrainer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread(), pytest.raises(CheckpointError) as error:
+        TRAPOTrainer(
+            str(tmp_path / "no-such-model"),
+            reward_funcs=suite.reward_funcs,
+            args=make_tiny_config(
+                str(tmp_path / "out"), max_steps=2, resume_from_checkpoint=checkpoint, sft_weight=0.0
+            ),
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            pretrain_dataset=suite.pretrain,
+        )
+    message = str(error.value)
+    assert "sft_weight=2 when it was written, 0 now (objective 'sft' switched off)" in message
+    assert "resume with sft_weight > 0 (--sft_weight 2 continues the checkpoint's mixture)" in message
+    assert f"start a new run from its weights (pass {checkpoint} as --model_name_or_path" in message
+    from trl_trapo.checkpoint import check_objectives_switched
+
+    off = tmp_path / "off"
+    (off / "trapo").mkdir(parents=True)
+    weights = {"pretrain": 1.0, "sft": 0.0, "rl": 2.0}
+    (off / "trapo" / "rank0.json").write_text(json.dumps({"static_weights": weights}), encoding="utf-8")
+    run = {
+        "pretrain": ("pretrain_weight", "pretrain_dataset", 1.0),
+        "sft": ("sft_weight", "sft_dataset", 2.0),
+        "rl": ("rl_weight", "train_dataset", 2.0),
+    }
+    data = {"pretrain_dataset": {}, "sft_dataset": {}, "train_dataset": {}}
+    with pytest.raises(CheckpointError, match=r"sft_weight=0 when it was written, 2 now .*switched on.*sft_weight=0"):
+        check_objectives_switched(str(off), {"objective_weights": run}, data)
+    check_objectives_switched(str(off), {"objective_weights": run}, {"train_dataset": {}})  # no SFT data: not compared
+    check_objectives_switched(
+        str(off), {"objective_weights": {**run, "sft": ("sft_weight", "sft_dataset", 0.0)}}, data
+    )
+
+
+def test_a_static_checkpoint_resumes_with_an_adaptive_strategy_from_its_initial_state(
+    fitting_checkpoints, tmp_path, caplog
+):
+    """Trial 17's W09b: a checkpoint written with static weights resumed with `weighting="dare"` (or gac, gradnorm,
+    uncertainty) failed only in `train()`, after the initial evaluation, with "Cannot load a 'static' weighting state
+    into DAREWeighting." Static weights learn nothing, so the adaptive strategy now starts from its initial state
+    (factors 1, as a fresh run of it), with one warning; the other direction stays refused before anything slow."""
+    import logging
+
+    from conftest import make_tiny_trainer
+
+    from trl_trapo.checkpoint import check_checkpoint_settings
+    from trl_trapo.tasks import build_char_tokenizer
+
+    suite, checkpoint = fitting_checkpoints["suite"], fitting_checkpoints["full"]
+    with one_thread(), caplog.at_level(logging.WARNING, logger="trl_trapo.weighting"):
+        trainer = make_tiny_trainer(
+            str(tmp_path / "dare"),
+            build_char_tokenizer(),
+            suite,
+            max_steps=2,
+            weighting="dare",
+            resume_from_checkpoint=checkpoint,
+        )
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert trainer.state.global_step == 2
+    warned = [r.getMessage() for r in caplog.records if "written with static weights" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "weighting='dare' starts from its initial state (every factor 1)" in warned[0]
+    dare = tmp_path / "dare-state"
+    (dare / "trapo").mkdir(parents=True)
+    (dare / "trapo" / "rank0.json").write_text(json.dumps({"dare": {"strategy": "dare"}}), encoding="utf-8")
+    for other in ("static", "gac"):
+        with pytest.raises(CheckpointError, match=f"weighting='dare' when it was written, '{other}' now"):
+            check_checkpoint_settings(str(dare), {"weighting": other})
+
+
+def test_the_new_run_fix_says_what_the_built_in_job_needs(tmp_path):
+    """Trial 17's W09e: the refusal's second fix, "start a new run from its weights: pass the checkpoint as
+    --model_name_or_path", failed for a checkpoint of the built-in job with "No objective has data": a model given
+    leaves built-in mode, whose task suite is then not used. The fix now says so."""
+    from trl_trapo.checkpoint import check_checkpoint_settings
+
+    dare = tmp_path / "dare-state"
+    (dare / "trapo").mkdir(parents=True)
+    (dare / "trapo" / "rank0.json").write_text(json.dumps({"dare": {"strategy": "dare"}}), encoding="utf-8")
+    with pytest.raises(CheckpointError) as raised:
+        check_checkpoint_settings(str(dare), {"weighting": "uncertainty"})
+    message = str(raised.value)
+    assert (
+        f"pass {dare} as --model_name_or_path / `model=`, without resume_from_checkpoint, with your datasets"
+        in message
+    )
+    assert (
+        "the built-in job, `trapo train` / examples/trapo.py, uses its task suite only when no model is given"
+        in message
+    )
+
+
 def test_resuming_a_save_only_model_checkpoint_says_what_restarts(fitting_checkpoints, tmp_path, caplog):
     """Trial 9's TR02 / CL07: a checkpoint written with `save_only_model=True` resumed without a word, with a fresh
     optimizer and the learning-rate schedule restarted (lr at step 3 of 4: 5e-05, uninterrupted 2.5e-05). Resuming

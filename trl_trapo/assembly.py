@@ -311,11 +311,17 @@ def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, An
     """The run's values of the settings that shape TRAPO's state in a checkpoint
     ([`~trl_trapo.checkpoint.STATE_SETTINGS`]), as [`~trl_trapo.checkpoint.checkpoint_state_settings`] reads a
     checkpoint's: `sft_sampling`, the weighting strategy's name ([`~trl_trapo.weighting.weighting_name`]: `weighting`,
-    or `dare_mode`'s), and `adapter_bank` (whether the run keeps an adapter bank; None: not known yet)."""
+    or `dare_mode`'s), and `adapter_bank` (whether the run keeps an adapter bank; None: not known yet); and
+    `objective_weights`, each built-in objective's (and the teacher's) config field, dataset argument and static
+    weight by objective name, to refuse an objective switched off or on
+    ([`~trl_trapo.checkpoint.check_objectives_switched`])."""
     return {
         "sft_sampling": args.sft_sampling,
         "weighting": weighting_name(args),
         "adapter_snapshot_steps": adapter_bank,
+        "objective_weights": {
+            cls.NAME: (cls.WEIGHT_FIELD, cls.ARGUMENT, getattr(args, cls.WEIGHT_FIELD)) for cls in WITH_DATA
+        },
     }
 
 

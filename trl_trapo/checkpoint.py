@@ -422,8 +422,9 @@ def check_checkpoint_fits(
     the initial evaluation, with transformers' `Can't find a checkpoint index` or TRAPO's state errors. Its weights
     hold a PPO critic and the run has no `value_model`, or the other way round ([`checkpoint_holds_critic`]): without
     this check the first failed in `train()` by building transformers' default-sized model from a folder without
-    `config.json` (tens of GB), the second with torch's missing-keys error. It was written with another value of a
-    setting that shapes TRAPO's state ([`check_checkpoint_settings`]).
+    `config.json` (tens of GB), the second with torch's missing-keys error. An objective whose dataset is given is
+    switched off or on (its weight 0 on one side, [`check_objectives_switched`]). It was written with another value
+    of a setting that shapes TRAPO's state ([`check_checkpoint_settings`]).
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder.
@@ -487,6 +488,8 @@ def check_checkpoint_fits(
             "its data samplers and pools are positions in those. Fix: resume with the same datasets, "
             f"{start_over}."
         )
+    if settings is not None and datasets is not None:  # an objective switched off or on (its weight 0 on one side)
+        check_objectives_switched(checkpoint_dir, settings, datasets)
     check_checkpoint_settings(checkpoint_dir, settings)
 
 
@@ -581,7 +584,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
     """Refuse, before anything slow, a checkpoint written with another value of a setting that shapes TRAPO's state
     ([`STATE_SETTINGS`]): restoring it failed at `train()` with the state's own error, naming a file and a key
     (`rank0.json cannot be restored: KeyError: 'sampler'` for `sft_sampling="prioritized"` resumed with "uniform",
-    trial 10's PY38; "Cannot load a 'dare' weighting state into StaticWeighting").
+    trial 10's PY38; "Cannot load a 'dare' weighting state into StaticWeighting"). A checkpoint written with static
+    weights resumed with an adaptive strategy is not refused: nothing was learnt, so the strategy starts from its
+    initial state, as a fresh run of it does (`weighting.DARE.load_state_dict` warns).
 
     Args:
         checkpoint_dir (`str`): a `checkpoint-N` folder [`verify_checkpoint`] accepted.
@@ -606,8 +611,9 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
         and settings.get(name) is not None
         and then[name] != settings[name]
         and not (name == "adapter_snapshot_steps" and then[name])  # a bank the run no longer keeps: left on disk
-        # a "static" state is also what every strategy keeps with at most one objective that has data
-        # (`weighting.build_weighting`): an RL-only run with weighting="dare" writes it, and resumes it
+        # a "static" state holds nothing learnt: an adaptive strategy resumed from it starts from its initial state
+        # (`weighting.DARE.load_state_dict`, with a warning); it is also what every strategy keeps with at most one
+        # objective that has data (`weighting.build_weighting`): an RL-only run with weighting="dare" writes it
         and not (name == "weighting" and then[name] == "static")
     ]
     if not differ:
@@ -637,8 +643,66 @@ def check_checkpoint_settings(checkpoint_dir: str, settings: dict[str, Any] | No
     raise CheckpointError(
         f"resume_from_checkpoint={checkpoint_dir!r} was written with other settings of what TRAPO's state holds: "
         f"{'; '.join(described)}. Its state cannot be restored into this run's. Fix: resume with the checkpoint's "
-        f"value{'s' if len(fixes) > 1 else ''}, {' and '.join(fixes)}; or start a new run from its weights (pass "
-        f"{checkpoint_dir} as --model_name_or_path / `model=`, without resume_from_checkpoint)."
+        f"value{'s' if len(fixes) > 1 else ''}, {' and '.join(fixes)}; or {new_run_fix(checkpoint_dir)}."
+    )
+
+
+def new_run_fix(checkpoint_dir: str) -> str:
+    """The "start a new run from the checkpoint's weights" fix of a refused resume, true for the main job's built-in
+    mode too: a model given (`--model_name_or_path`) leaves built-in mode, so such a run needs its own datasets (the
+    built-in task suite is used only without a model, `trl_trapo.jobs.main`; trial 17's W09e)."""
+    return (
+        f"start a new run from its weights (pass {checkpoint_dir} as --model_name_or_path / `model=`, without "
+        "resume_from_checkpoint, with your datasets: the built-in job, `trapo train` / examples/trapo.py, uses its "
+        "task suite only when no model is given)"
+    )
+
+
+def check_objectives_switched(checkpoint_dir: str, settings: dict[str, Any], datasets: dict[str, dict]) -> None:
+    """Refuse, before anything slow, resuming with an objective switched off (its weight 0 now, > 0 when the
+    checkpoint was written) or on (0 then, > 0 now) while its dataset is given: an objective whose weight is 0 leaves
+    its data out of the run (`data.prepare_datasets`), so its state (the SFT pool, the RL prompt sampler and supply,
+    a pretraining stream's position) is in the checkpoint and not in the run, or the other way round. Without this
+    check it failed in `train()`, after the initial evaluation, with "the checkpoint was made with a different set of
+    datasets ('sft_pool' present)", naming neither the weight nor the fix (trial 17's W09c). Supporting the switch
+    would mean building and restoring state for an objective that does not train (pool, sampler, supply, stream,
+    allocator): not done.
+
+    Args:
+        checkpoint_dir (`str`): a `checkpoint-N` folder.
+        settings (`dict`): the run's `state_settings`; its `objective_weights` (objective name -> (config field,
+            dataset argument, static weight)) is compared; absent: nothing compared.
+        datasets (`dict`): the run's `datasets_summary` (an objective whose dataset is not in it is not compared).
+
+    Raises:
+        CheckpointError: naming the checkpoint, each objective's weight field with its value then (the checkpoint's
+            recorded `static_weights`; a checkpoint without that record is not compared) and now, and the fix.
+    """
+    weights, saved = settings.get("objective_weights"), checkpoint_static_weights(checkpoint_dir)
+    if not weights or saved is None:
+        return
+    switched = [
+        (name, field, saved[name], now)
+        for name, (field, argument, now) in weights.items()
+        if name in saved and argument in datasets and (saved[name] > 0) != (now > 0)
+    ]
+    if not switched:
+        return
+    described = "; ".join(
+        f"{field}={then:g} when it was written, {now:g} now (objective '{name}' switched {'off' if now == 0 else 'on'})"
+        for name, field, then, now in switched
+    )
+    fixes = " and ".join(
+        f"{field} > 0 (--{field} {then:g} continues the checkpoint's mixture)"
+        if then > 0
+        else f"{field}=0 (--{field} 0)"
+        for name, field, then, now in switched
+    )
+    raise CheckpointError(
+        f"resume_from_checkpoint={checkpoint_dir!r} cannot be resumed with an objective switched off or on: "
+        f"{described}. An objective with weight 0 leaves its dataset out of the run, so its state in the checkpoint "
+        f"(data samplers, pools, stream positions) does not fit this run's. Fix: resume with {fixes}; or "
+        f"{new_run_fix(checkpoint_dir)}."
     )
 
 
@@ -779,8 +843,12 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
     changed from 1 to 2 in this release ([`FORMER_DEFAULT_WEIGHTS`]), so a run resumed with the defaults would change
     its mixture without a word.
 
-    A checkpoint that records its weights ([`checkpoint_static_weights`]) is compared objective by objective; one
-    written before that record is warned about only when this run has the new default of `sft_weight` or
+    A checkpoint that records its weights ([`checkpoint_static_weights`]) is compared by the mixture they make: the
+    weights are normalised (each over their sum, [`~trl_trapo.weighting.combine_weights`]), so the same ratios (2/4/4
+    resumed on a 1/2/2 checkpoint) are the same mixture and not warned about; when the ratios differ, each objective
+    whose weight differs is named with both values. Only objectives with a weight > 0 on both sides are compared
+    (one switched off or on with its data is refused before, [`check_objectives_switched`]). One written before that
+    record is warned about only when this run has the new default of `sft_weight` or
     `rl_weight` (it may have been trained with the former one; nothing tells which).
 
     Args:
@@ -819,7 +887,14 @@ def warn_weights_changed(checkpoint_dir: str, weights: dict[str, float], fields:
                 " ".join(flag(n, FORMER_DEFAULT_WEIGHTS[fields[n]][0]) for n in changed),
             )
         return changed
-    differ = [name for name in weights if name in saved and not math.isclose(weights[name], saved[name])]
+    # the mixture is each multiplier over their sum (`weighting.combine_weights`: w_o = c_o s_o f_o / sum_k ...), so
+    # only the ratios count: compared over the objectives both runs weigh (> 0 on both sides; one switched off or on
+    # with its dataset is refused before this, `check_objectives_switched`, and one without data weighs nothing)
+    both = [name for name in weights if saved.get(name, 0.0) > 0 and weights[name] > 0]
+    total_then, total_now = sum(saved[n] for n in both), sum(weights[n] for n in both)
+    if all(math.isclose(weights[n] / total_now, saved[n] / total_then) for n in both):
+        return []  # the same ratios (2/4/4 on a 1/2/2 checkpoint): the same mixture
+    differ = [name for name in both if not math.isclose(weights[name], saved[name])]
     if differ:
         logger.warning(
             "resume_from_checkpoint=%r was trained with other static weights: %s. The run continues with this run's "
@@ -1028,6 +1103,7 @@ __all__ = [
     "DATASETS_FILE",
     "atomic_write_bytes",
     "check_checkpoint_fits",
+    "check_objectives_switched",
     "check_checkpoint_settings",
     "checkpoint_state_settings",
     "check_checkpoint_step",
@@ -1040,6 +1116,7 @@ __all__ = [
     "verify_checkpoint",
     "holds_optimizer_state",
     "warn_settings_restored",
+    "new_run_fix",
     "warn_weights_changed",
     "read_rank_state",
     "read_state_file",

@@ -121,7 +121,7 @@ class RunState:
             load_objective_states(self.objectives, state, source)  # checked first: same objectives, datasets
             self.nonfinite.steps = int(state["nonfinite_steps"])
             self.allocator.load_state_dict(state["allocator"])
-            self.dare.engine.load_state_dict(state["dare"])
+            self.dare.load_state_dict(state["dare"])  # a static state into an adaptive strategy: it starts fresh
             self.schedules.load_state_dict(state.get("schedules"))
             self.rl_supply.load_state_dict(state, tensors, source)  # episode, exploration, replay, the source's state
             restore_rng(self.generators(), tensors, source)

@@ -968,6 +968,28 @@ class DARE:
         """Whether optimizer step `step` (0-based, before it runs) measures signals and updates the factors."""
         return self.dynamic and step > 0 and step % self.update_interval == 0
 
+    def load_state_dict(self, state: dict) -> None:
+        """Restore the strategy's state from a checkpoint (`engine.state_dict()` as `RunState.save` wrote it).
+
+        A checkpoint written with static weights (`{"strategy": "static"}`: nothing learnt) resumed with an adaptive
+        strategy starts that strategy from its initial state (factors 1), exactly what a fresh run of it has, and one
+        warning says so: switching from static weights to an adaptive strategy on resume is allowed. Every other
+        state goes to the engine's `load_state_dict` (adaptive -> other strategy is refused before anything slow by
+        [`~trl_trapo.checkpoint.check_checkpoint_settings`], since a learnt state would be lost).
+
+        Raises:
+            ValueError: as the engine's `load_state_dict` (another adaptive strategy's state, other objectives, a
+                corrupted state).
+        """
+        if state.get("strategy") == "static" and self.dynamic:
+            logger.warning(
+                "The checkpoint was written with static weights (weighting='static'); this run's weighting=%r starts "
+                "from its initial state (every factor 1), as a fresh run of it does.",
+                self.engine.state_dict().get("strategy"),
+            )
+            return
+        self.engine.load_state_dict(state)
+
     def step_weights(self, static, shares) -> tuple[float, ...]:
         """The loss weights of a step with curriculum `shares` (see [`combine_weights`]); kept for `metrics`."""
         self.last_weights = combine_weights(static, shares, self.engine.value())
