@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -758,7 +759,7 @@ def holds_optimizer_state(checkpoint_dir: str) -> bool:
     return any(name.startswith(("optimizer", "scheduler", "global_step")) for name in os.listdir(checkpoint_dir))
 
 
-def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
+def warn_settings_restored(checkpoint_dir: str, args: Any, objectives: Sequence[Any] = ()) -> list[str]:
     """Warn, naming each field, when this run's arguments give an optimizer setting that resuming from
     `checkpoint_dir` replaces by the checkpoint's ([`RESTORED_OPTIMIZER_SETTINGS`]): transformers' Trainer restores
     the optimizer and scheduler states, so a new `--learning_rate` on resume trains at the checkpoint's rate without a
@@ -770,14 +771,24 @@ def warn_settings_restored(checkpoint_dir: str, args: Any) -> list[str]:
     loads what exists), with fresh optimizer moments and the learning-rate schedule restarted from its first step
     (warmup included) at the checkpoint's global step. That is kept; one warning says so and names the fix.
 
+    The objectives' static weights are compared with the checkpoint's too ([`warn_weights_changed`]).
+
     Args:
         checkpoint_dir (`str`): the checkpoint being resumed.
         args: the run's `TrainingArguments` (`TRAPOConfig`).
+        objectives (`Sequence[Objective]`): the run's objectives (their `name`, `weight` and `WEIGHT_FIELD`); empty:
+            their weights are not compared.
 
     Returns:
-        The fields that differ (each warned once, in one message); empty when the checkpoint holds no optimizer state
-        (then that is warned instead).
+        The optimizer fields that differ (each warned once, in one message); empty when the checkpoint holds no
+        optimizer state (then that is warned instead).
     """
+    if objectives:
+        warn_weights_changed(
+            checkpoint_dir,
+            {o.name: o.weight for o in objectives},
+            {o.name: getattr(o, "WEIGHT_FIELD", None) for o in objectives},
+        )
     if not holds_optimizer_state(checkpoint_dir):
         try:
             with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as handle:

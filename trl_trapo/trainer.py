@@ -61,7 +61,6 @@ from .checkpoint import (
     newest_complete_checkpoint,
     verify_checkpoint,
     warn_settings_restored,
-    warn_weights_changed,
 )
 from .collator import MODEL_INPUTS, StepContext, StepTickets, ticket_collator
 from .config import TRAPOConfig, check_hub_repo_id
@@ -794,12 +793,7 @@ class TRAPOTrainer(_BaseTrainer):
                 check_checkpoint_fits(resume_from_checkpoint, is_peft_model(policy), model=policy, **self._resume_fit)
             check_checkpoint_step(resume_from_checkpoint, self.args.max_steps)
             if self.accelerator.is_main_process:  # a new learning rate would not be used, without a word (trial 6)
-                warn_settings_restored(resume_from_checkpoint, self.args)
-                warn_weights_changed(  # the default sft/rl weights changed: a resumed mixture would change unsaid
-                    resume_from_checkpoint,
-                    {o.name: o.weight for o in self.objectives},
-                    {o.name: getattr(o, "WEIGHT_FIELD", None) for o in self.objectives},
-                )
+                warn_settings_restored(resume_from_checkpoint, self.args, self.objectives)  # and static weights
             self.run_state.load(resume_from_checkpoint)
             self.handles.restore_converted_weights(resume_from_checkpoint)
             logger.info("Resuming from %s", resume_from_checkpoint)
