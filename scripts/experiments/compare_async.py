@@ -506,10 +506,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     results_path = Path(args.results) if args.results else RESULTS
     if job_argv:  # a misspelt option of this script (`--wirte_docs`) is named as one; `check_arguments` parses runs
-        from trl_trapo.jobs.main import make_parser as job_parser
-
-        main_job = runlib.Job("the main job (examples/trapo.py)", "python examples/trapo.py --help", job_parser)
-        runlib.check_job_arguments(parser, job_argv, [main_job])
+        runlib.check_job_arguments(parser, job_argv, [runlib.main_job()])
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if (job_argv or args.quick) and args.results is None:

@@ -106,11 +106,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report, runlib
 
 from runlib import (  # noqa: E402
-    Job,
     check_job_arguments,
     fraction,
     go_offline,
     launch_worker,
+    main_job,
     map_jobs,
     peak_rss_mb,
     positive_float,
@@ -304,13 +304,6 @@ def parse_job(job_argv: list[str], quick: bool, extra: dict[str, Any] | None = N
         argv += [f"--{key}", json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
     script_args, config, model_args = cli.parse_args(argv, defaults=QUICK_JOB_DEFAULTS if quick else None)
     return script_args, config, model_args, builtin
-
-
-def main_job(check) -> Job:
-    """The main job as the job the extra arguments go to (`runlib.check_job_arguments`), with `check` its parse."""
-    from trl_trapo.jobs.main import make_parser as job_parser
-
-    return Job("the main job (examples/trapo.py)", "python examples/trapo.py --help", job_parser, check)
 
 
 def time_averaged_mixture(config, active: tuple[bool, bool, bool]) -> tuple[float, float, float]:

@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
 from runlib import (  # noqa: E402
-    Job,
     check_job_arguments,
     launch_worker,
     machine_info,
+    main_job,
     map_jobs,
     peak_rss_mb,
     positive_int,
@@ -66,7 +66,6 @@ RUNS = {
     "rl_off": ["--seed", "0", "--task_suite_seed", "0", "--rl_weight", "0"],
 }
 SEED_RUNS = ("seed0", "seed1", "seed2")
-JOB_HELP = "python examples/trapo.py --help"  # the command that lists the main job's arguments
 LINE_WIDTH = 119  # the docs'
 SPLITS = ("eval_accuracy", "eval_accuracy_sft_tasks", "eval_accuracy_rl_only")
 
@@ -267,14 +266,13 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     results_path = Path(args.results) if args.results else RESULTS
     if job_argv:  # a misspelt option of this script (`--wirte_docs`) would otherwise go to every run
-        from trl_trapo.jobs.main import make_parser as job_parser
         from trl_trapo.jobs.main import parse_args
 
         def check(extra: list[str]) -> None:  # each run's arguments, as `worker` parses them
             for name in args.runs:
                 parse_args([*RUNS[name], *extra, "--output_dir", str(Path(args.work_dir) / name / "output")])
 
-        check_job_arguments(parser, job_argv, [Job("the main job (examples/trapo.py)", JOB_HELP, job_parser, check)])
+        check_job_arguments(parser, job_argv, [main_job(check)])
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if job_argv and args.results is None:

@@ -655,6 +655,14 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def main_job(check: Callable[[list[str]], Any] | None = None) -> Job:
+    """The main job (`examples/trapo.py`, `trl_trapo.jobs.main`'s parser) as a `Job` the scripts' extra arguments go
+    to, with `check` its parse of them (None: only the options are checked)."""
+    from trl_trapo.jobs.main import make_parser
+
+    return Job("the main job (examples/trapo.py)", "python examples/trapo.py --help", make_parser, check)
+
+
 def check_job_arguments(parser: argparse.ArgumentParser, job_argv: Sequence[str], jobs: Sequence[Job]) -> None:
     """Refuse, before anything runs, the extra arguments (`parse_known_args`'s) that a job they go to does not take:
     each option no job's parser takes is named with the closest option (`difflib`) of the script's and the job's (a
