@@ -55,3 +55,18 @@ def test_quick_run_measures_both_arms_from_one_base_and_reuses_them(tmp_path, ca
         again = compare_agents.main(["--quick", "--output_dir", str(out)])
     assert sum("reused" in r.getMessage() for r in caplog.records) == 3
     assert again["table"] == payload["table"]
+
+
+def test_a_misspelt_option_of_the_script_is_named_as_one(tmp_path, capsys):
+    """Unknown arguments go to the agent job (examples/trapo_tools.py): `--qiuck` (for `--quick`) was the job's ValueError (a traceback naming the
+    job's closest names only). Now it is a usage error naming the closest of the script's and the job's."""
+    for typo, close in (("--qiuck", "--quick (this script)"), ("--max_step", "--max_steps")):
+        with pytest.raises(SystemExit) as exit_:
+            compare_agents.main([typo, "--output_dir", str(tmp_path / "out")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{typo}: neither this script nor the agent job (examples/trapo_tools.py) takes it. Did you mean {close}?"
+            in err
+        ), err
+    assert not (tmp_path / "out").exists()

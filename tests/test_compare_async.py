@@ -88,13 +88,20 @@ def test_quick_run_writes_the_results_and_the_docs_block(tmp_path):
     assert page.read_text().endswith("<!-- async-table:end -->\n\nafter\n")
 
 
-def test_arguments_the_main_job_refuses_stop_the_script_before_any_run(tmp_path):
+def test_arguments_the_main_job_refuses_stop_the_script_before_any_run(tmp_path, capsys):
     """Every run's arguments are parsed first: a flag the main job does not know (as `--async_rollouts` in a checkout
-    without asynchronous rollouts) ends the script before the first run, naming the run."""
+    without asynchronous rollouts) ends the script before the first run (the main job's parser finds it unknown), and
+    so does a value the main job refuses, naming the run."""
     work = tmp_path / "work"
     argv = ["--quick", "--arms", "sync", "--results", str(tmp_path / "r.json"), "--work_dir", str(work)]
-    with pytest.raises(SystemExit, match=r"run instant-sync-seed0: the main job refuses .*--no_such_flag"):
+    with pytest.raises(SystemExit) as exit_:
         compare_async.main([*argv, "--no_such_flag"])
+    assert exit_.value.code == 2
+    assert (
+        "--no_such_flag: neither this script nor the main job (examples/trapo.py) takes it" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit, match=r"run instant-sync-seed0: the main job refuses .*--max_steps 0 is invalid"):
+        compare_async.main([*argv, "--max_steps", "0"])
     assert not work.exists() and not (tmp_path / "r.json").exists()
 
 
@@ -102,6 +109,20 @@ def test_a_shortened_run_never_overwrites_the_committed_results():
     for argv in (["--quick"], ["--max_steps", "3"]):
         with pytest.raises(SystemExit, match="pass --results PATH"):
             compare_async.main(argv)
+
+
+def test_a_misspelt_option_of_the_script_is_named_as_one(tmp_path, capsys):
+    """`--wirte_docs` went to the main job: the script answered "pass --results PATH", then the job's closest names."""
+    for argv, close in ((["--wirte_docs"], "--write_docs (this script)"), (["--deley", "1"], "--delay (this script)")):
+        with pytest.raises(SystemExit) as exit_:
+            compare_async.main([*argv, "--work_dir", str(tmp_path / "work")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{argv[0]}: neither this script nor the main job (examples/trapo.py) takes it. Did you mean {close}?"
+            in err
+        )
+    assert not (tmp_path / "work").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

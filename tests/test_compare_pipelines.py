@@ -90,6 +90,20 @@ def test_bad_arguments_fail_before_any_run(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_misspelt_option_is_named_with_the_scripts_closest_before_any_run(tmp_path, capsys):
+    """Unknown arguments go to the main job: a misspelt option of this script was the job's ValueError (a traceback,
+    its closest names the job's only). Now it is a usage error naming the closest of both."""
+    for typo, close in (("--ablation", "--ablations (this script)"), ("--max_step", "--max_steps")):
+        with pytest.raises(SystemExit) as exit_:
+            compare_pipelines.main(["--output_dir", str(tmp_path), "--quick", typo, "3"])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{typo}: neither this script nor the main job (examples/trapo.py) takes it. Did you mean {close}?" in err
+        )
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.ci  # > 10 CPU-s; `.ci/run` runs it (`pytest -m ci`)
 def test_smoke_run_serial_vs_trapo_writes_table_csv_and_plots(tmp_path):
     """The `--quick` path end to end, shortened further: both arms run in their own processes with TRL's real

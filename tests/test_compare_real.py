@@ -149,3 +149,18 @@ def test_quick_run_measures_every_arm_and_resumes_without_rerunning(tmp_path, mo
     assert {p.name: p.read_text() for p in (results_dir / "arms").glob("*.json") if p.name != ran[0] + ".json"} == {
         k: v for k, v in before.items() if k != "trapo_no_pretrain.json"
     }
+
+
+def test_a_misspelt_option_is_named_before_a_model_is_fetched_or_a_run_starts(tmp_path, monkeypatch, capsys):
+    """Unknown arguments go to every run of the main job: `--qiuck` (for `--quick`) went there unchecked, and the
+    first run died of it (after the model was looked for). Now the main job's parser finds it unknown first."""
+    monkeypatch.setattr(compare_real, "task_specs", lambda *a: pytest.fail("the runs were planned"))
+    for typo, close in (("--qiuck", "--quick (this script)"), ("--max_step", "--max_steps")):
+        with pytest.raises(SystemExit) as exit_:
+            compare_real.main([typo, "--work_dir", str(tmp_path / "work")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{typo}: neither this script nor the main job (examples/trapo.py) takes it. Did you mean {close}?" in err
+        )
+    assert not (tmp_path / "work").exists()

@@ -89,3 +89,18 @@ def test_cost_benchmark_quick_mode_runs(tmp_path):
         assert len(record["steps"]) == 1 + 2  # warm-up + measured
         assert record["step_time_cpu_s"] > 0 and record["peak_rss_mib"] > 0
     assert {"step_time_cpu_s", "peak_rss_mib"} <= set(payload["ratios"])
+
+
+def test_a_misspelt_option_of_the_script_is_named_as_one(tmp_path, capsys):
+    """Unknown arguments go to the VLM job (examples/trapo_vlm.py): `--qiuck` (for `--quick`) was the job's ValueError (a traceback naming the
+    job's closest names only). Now it is a usage error naming the closest of the script's and the job's."""
+    for typo, close in (("--qiuck", "--quick (this script)"), ("--learning_rat", "--learning_rate")):
+        with pytest.raises(SystemExit) as exit_:
+            compare_vlm.main([typo, "--work_dir", str(tmp_path / "out")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{typo}: neither this script nor the VLM job (examples/trapo_vlm.py) takes it. Did you mean {close}?"
+            in err
+        ), err
+    assert not (tmp_path / "out").exists()

@@ -80,3 +80,18 @@ def test_quick_run_trains_both_arms_and_renders_the_block(tmp_path):
     before = arm_file.stat().st_mtime_ns
     distill_real.main(["--quick", "--work_dir", str(work)])
     assert arm_file.stat().st_mtime_ns == before
+
+
+def test_a_misspelt_option_is_named_before_a_model_is_fetched_or_a_run_starts(tmp_path, monkeypatch, capsys):
+    """Unknown arguments go to every run of the main job: `--qiuck` (for `--quick`) went there unchecked, and the
+    first run died of it (after the model was looked for). Now the main job's parser finds it unknown first."""
+    monkeypatch.setattr(distill_real, "task_specs", lambda *a: pytest.fail("the runs were planned"))
+    for typo, close in (("--qiuck", "--quick (this script)"), ("--max_step", "--max_steps")):
+        with pytest.raises(SystemExit) as exit_:
+            distill_real.main([typo, "--work_dir", str(tmp_path / "work")])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2
+        assert (
+            f"{typo}: neither this script nor the main job (examples/trapo.py) takes it. Did you mean {close}?" in err
+        )
+    assert not (tmp_path / "work").exists()

@@ -199,6 +199,26 @@ def test_a_shortened_run_never_overwrites_the_committed_results():
         main_job_seeds.main(["--max_steps", "2"])
 
 
+def test_main_job_seeds_names_a_misspelt_option_before_any_run(tmp_path, monkeypatch, capsys):
+    """Unknown arguments go to every run of the main job: `--wirte_docs` was answered "pass --results PATH", and with
+    it every run died of the argument. Now the main job's parser finds it unknown, named with the closest option."""
+    monkeypatch.setattr(main_job_seeds, "launch", lambda *a: pytest.fail("a run was started"))
+    where = ["--results", str(tmp_path / "r.json"), "--work_dir", str(tmp_path / "runs")]
+    for argv, expected in (
+        (["--wirte_docs"], "--wirte_docs: neither this script nor the main job (examples/trapo.py) takes it. Did you "
+         "mean --write_docs (this script)?"),
+        ([*where, "--max_step", "2"], "--max_step: neither this script nor the main job (examples/trapo.py) takes it. "
+         "Did you mean --max_steps?"),
+        ([*where, "--runs", "rl_off", "--rl_weight", "-1"], "the main job (examples/trapo.py) refuses the extra "
+         "arguments ['--rl_weight', '-1']"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            main_job_seeds.main(argv)
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2 and expected in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "r.json").exists()
+
+
 def test_real_model_speed_block_is_rendered_from_the_committed_benchmarks():
     sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
     import real_model_report

@@ -296,6 +296,55 @@ def test_a_config_refusal_is_a_usage_error_naming_the_scripts_flag(tmp_path, cap
         raise ValueError("not a refusal: a bug keeps its traceback")
 
 
+def test_job_arguments_are_checked_by_the_jobs_own_parser_with_the_closest_of_both(capsys):
+    import argparse
+    import dataclasses
+
+    from transformers import HfArgumentParser
+
+    @dataclasses.dataclass
+    class JobArgs:
+        max_steps: int = 10
+        packing: bool = True  # the parser also takes --no_packing
+        bf16: bool | None = None  # taken bare (the job's normalize_argv)
+
+    script = argparse.ArgumentParser(prog="bench.py", allow_abbrev=False)
+    script.add_argument("--list", action="store_true")
+    script.add_argument("--_worker", default=None)
+    checked = []
+
+    def check(argv):
+        checked.append(argv)
+        if "--max_steps=0" in argv or argv[-2:] == ["--max_steps", "0"]:
+            raise ValueError("--max_steps 0 is invalid: use a positive number.")
+
+    job = runlib.Job(
+        "the job (job.py)", "python job.py --help", lambda: HfArgumentParser(JobArgs, allow_abbrev=False), check
+    )
+    for argv, expected in (
+        (["--lsit"], "--lsit: neither this script nor the job (job.py) takes it. Did you mean --list (this script)?"),
+        (
+            ["--max-step", "3"],
+            "--max-step: neither this script nor the job (job.py) takes it. Did you mean --max_steps?",
+        ),
+        (["--worker", "x"], "--worker: neither this script nor the job (job.py) takes it. Fix: spell it"),  # hidden
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            runlib.check_job_arguments(script, argv, [job])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_.value.code == 2 and f"bench.py: error: {expected}" in err, err
+        assert "`python job.py --help` the job's" in err
+    assert not checked  # an unknown option ends it before the job's own check
+    with pytest.raises(SystemExit):
+        runlib.check_job_arguments(script, ["--max_steps", "0"], [job])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the job (job.py) refuses the extra arguments ['--max_steps', '0']: --max_steps 0 is invalid" in err
+    good = ["--max_steps", "3", "--no_packing", "--bf16", "--config", "recipe.yaml", "--max_steps=-1"]
+    runlib.check_job_arguments(script, good, [job])
+    runlib.check_job_arguments(script, [], [job])  # nothing to check: the job's check is not run
+    assert checked[-1] == good and len(checked) == 2
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the machine, the files
 # ---------------------------------------------------------------------------------------------------------------------

@@ -150,6 +150,86 @@ def test_extra_job_arguments_need_another_results_dir():
         wb.main(["--max_steps", "3"])
 
 
+def _no_cell_may_run(monkeypatch) -> list:
+    """`run_cell` and the teachers replaced by a recorder that fails the test: nothing may start."""
+    started = []
+
+    def refuse(*args):
+        started.append(args)
+        raise AssertionError("a cell (or a teacher) was started")
+
+    for name in ("run_cell", "ensure_teacher", "ensure_wrong_teacher"):
+        monkeypatch.setattr(wb, name, refuse)
+    return started
+
+
+def test_a_misspelt_option_is_refused_with_the_scripts_closest_before_any_cell_runs(tmp_path, monkeypatch, capsys):
+    """Trial 17's W12b: `--lsit` (for `--list`) went to every cell's job; the script asked for --results_dir, then each
+    cell died of it. Now the job's own parser finds it unknown and the closest option of the script's and the job's is
+    named, before anything runs."""
+    started = _no_cell_may_run(monkeypatch)
+    where = ["--results_dir", str(tmp_path / "cells"), "--work_dir", str(tmp_path / "work")]
+    for argv, unknown, close in (
+        (["--lsit"], "--lsit", "Did you mean --list (this script)?"),
+        ([*where, "--lsit"], "--lsit", "Did you mean --list (this script)?"),
+        ([*where, "--tasks", "T1", "--max_step", "3"], "--max_step", "Did you mean --max_steps?"),  # the job's
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            wb.main(argv)
+        assert exit_.value.code == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{unknown}: neither this script nor the main job of the" in err and close in err, err
+        assert "examples/trapo.py --help" in err
+    assert not started and not (tmp_path / "cells").exists() and not (tmp_path / "work").exists()
+
+
+def test_the_t3_cells_job_checks_the_extra_arguments_too_and_values_are_the_jobs_to_refuse(
+    tmp_path, monkeypatch, capsys
+):
+    started = _no_cell_may_run(monkeypatch)
+    where = ["--results_dir", str(tmp_path / "cells"), "--work_dir", str(tmp_path / "work")]
+    # a main-job argument the VLM job lacks: refused when T3 runs, by the VLM job's parser (its closest name)
+    with pytest.raises(SystemExit) as exit_:
+        wb.main([*where, "--tasks", "T1", "T3", "--task_suite_seed", "1"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_.value.code == 2 and "--task_suite_seed: neither this script nor the VLM job of the T3 cells" in err
+    assert "Did you mean --task_seed?" in err and "examples/trapo_vlm.py --help" in err
+    # a known option with a value the job refuses: the job's own message, before any cell
+    with pytest.raises(SystemExit) as exit_:
+        wb.main([*where, "--tasks", "T1", "--max_steps", "0"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_.value.code == 2
+    assert "the main job of the T1 cells (examples/trapo.py) refuses the extra arguments ['--max_steps', '0']" in err
+    assert "--max_steps 0 is invalid" in err
+    # arguments both jobs take pass (here to --list, which runs nothing)
+    assert wb.main([*where, "--tasks", "T1", "T3", "--max_steps", "3", "--list"]) == []
+    assert "T3-dare-vlm-seed0: to run" in capsys.readouterr().out
+    assert not started
+
+
+def test_the_command_exits_1_when_a_cell_failed(tmp_path, monkeypatch):
+    """A failed cell was logged and the script still exited 0 (W12b). The `__main__` path now exits 1; `main` still
+    returns the cells run."""
+    import runpy
+
+    import runlib
+
+    def fail(script, spec, spec_path, *, name=None, **kwargs):
+        run = runlib.ChildRun(name, 1, False, 0.1, 0.1, 1.0, (0, 0, 0), (0, 0, 0), str(tmp_path / "log.txt"))
+        raise runlib.ChildFailed(run, "Traceback ... ValueError: the cell's job failed")
+
+    monkeypatch.setattr(runlib, "launch_worker", fail)  # the script's fresh copy below imports it from runlib
+    monkeypatch.setattr(wb, "launch_worker", fail)
+    argv = ["--tasks", "T1", "--arms", "dare", "--suites", "0", "--seeds", "0", "--max_steps", "3",
+            "--results_dir", str(tmp_path / "cells"), "--work_dir", str(tmp_path / "work")]  # fmt: skip
+    assert wb.main(argv) == []  # for callers: the ids of the cells run (none)
+    monkeypatch.setattr(sys, "argv", [wb.__file__, *argv])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(wb.__file__, run_name="__main__")
+    assert exit_.value.code == 1
+    assert not (tmp_path / "cells").exists()  # no file for the failed cell
+
+
 def test_the_committed_page_holds_the_rendering_of_the_committed_cells():
     cells = wb.load_cells(wb.RESULTS_DIR)
     page = wb.page_of(wb.BLOCK)

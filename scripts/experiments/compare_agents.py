@@ -404,10 +404,16 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args._worker, encoding="utf-8") as handle:
             worker(json.load(handle))
         return {}
+    from trl_trapo.jobs import agent as agent_job
+
+    # a misspelt option of this script (`--qiuck`) is named as one, not as the agent job's unknown argument
+    agent = runlib.Job(
+        "the agent job (examples/trapo_tools.py)", "python examples/trapo_tools.py --help", agent_job.make_parser
+    )
+    runlib.check_job_arguments(parser, job_argv, [agent])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
-    from trl_trapo.jobs import agent as agent_job
 
     _, config = agent_job.parse_args([*job_argv, "--output_dir", args.output_dir])  # bad job arguments fail here
     key = code_key(args, job_argv)

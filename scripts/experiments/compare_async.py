@@ -499,11 +499,14 @@ def main(argv: list[str] | None = None) -> dict:
             results; argparse's (status 2) for a value out of its range (`runlib.NumberRange`).
         RuntimeError: if a run fails (with the end of its log); the server is stopped first.
     """
-    args, job_argv = make_parser().parse_known_args(argv)
+    parser = make_parser()
+    args, job_argv = parser.parse_known_args(argv)
     if args._worker:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
+    if job_argv:  # a misspelt option of this script (`--wirte_docs`) is named as one; `check_arguments` parses runs
+        runlib.check_job_arguments(parser, job_argv, [runlib.main_job()])
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if (job_argv or args.quick) and args.results is None:

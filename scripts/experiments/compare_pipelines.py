@@ -106,9 +106,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # pipeline_measure, pipeline_report, runlib
 
 from runlib import (  # noqa: E402
+    check_job_arguments,
     fraction,
     go_offline,
     launch_worker,
+    main_job,
     map_jobs,
     peak_rss_mb,
     positive_float,
@@ -998,7 +1000,8 @@ def main(argv: list[str] | None = None) -> dict:
     methods = list(dict.fromkeys(args.methods))
     if args.ablations is not None:
         methods += [ABLATIONS[name][0] for name in (args.ablations or sorted(ABLATIONS))]
-    parse_job(job_argv, args.quick)  # fail early on bad main-job arguments
+    # fail early on bad main-job arguments: a misspelt option of this script (`--ablation`) is named as one
+    check_job_arguments(parser, job_argv, [main_job(lambda argv: parse_job(argv, args.quick))])
     os.makedirs(args.output_dir, exist_ok=True)
     started = time.perf_counter()
     load_start = os.getloadavg()

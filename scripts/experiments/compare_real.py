@@ -1219,6 +1219,8 @@ def main(argv: list[str] | None = None) -> dict:
         worker(read_json(Path(args._worker)))
         return {}
     args = resolve(args, parser)
+    # the main job's options, before a model is fetched or a run starts (its values: the runs' own parse)
+    runlib.check_job_arguments(parser, passthrough, [runlib.main_job()])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, Path(args.results_dir) / "results.json", args.page)

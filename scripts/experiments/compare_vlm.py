@@ -456,17 +456,24 @@ def main(argv: list[str] | None = None) -> dict:
         SystemExit: from argparse, or for a bad VLM job argument.
         RuntimeError: if a run fails (with the end of its log).
     """
-    args, job_argv = make_parser().parse_known_args(argv)
+    parser = make_parser()
+    args, job_argv = parser.parse_known_args(argv)
     if args._worker:
         with open(args._worker, encoding="utf-8") as handle:
             worker(json.load(handle))
         return {}
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, args.results or RESULTS, args.page)
+    from trl_trapo.jobs import vision as vision_job
+
+    # a misspelt option of this script (`--qiuck`) is named as one, not as the VLM job's unknown argument
+    vlm = runlib.Job(
+        "the VLM job (examples/trapo_vlm.py)", "python examples/trapo_vlm.py --help", vision_job.make_parser
+    )
+    runlib.check_job_arguments(parser, job_argv, [vlm])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runlib.go_offline()
     args, job_argv = resolve(args, job_argv)
-    from trl_trapo.jobs import vision as vision_job
 
     _, config = vision_job.parse_args([*job_argv, "--output_dir", args.work_dir])  # bad job arguments fail here
     started, load_start = time.perf_counter(), os.getloadavg()

@@ -649,10 +649,13 @@ def write_results(args, argv: list[str], ran: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Run (or resume) the comparison or the quick smoke run; returns the summary written."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, passthrough = make_parser().parse_known_args(argv)
+    parser = make_parser()
+    args, passthrough = parser.parse_known_args(argv)
     if args._worker:
         worker(runlib.read_json(args._worker))
         return {}
+    # the main job's options, before a model is fetched or a run starts (its values: the runs' own parse)
+    runlib.check_job_arguments(parser, passthrough, [runlib.main_job()])
     for key, value in (QUICK_EVAL if args.quick else {"eval_rows": 50, "heldout_rows": 50}).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

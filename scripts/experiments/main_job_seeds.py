@@ -43,8 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from result_blocks import file_link, page_of, write_block_from_results  # noqa: E402
 from runlib import (  # noqa: E402
+    check_job_arguments,
     launch_worker,
     machine_info,
+    main_job,
     map_jobs,
     peak_rss_mb,
     positive_int,
@@ -253,13 +255,24 @@ def main(argv: list[str] | None = None) -> dict:
 
     Raises:
         SystemExit: for a shortened run (extra job arguments) that would overwrite the committed results;
-            argparse's (status 2) for a `--jobs` below 1.
+            argparse's (status 2) for a `--jobs` below 1 and for extra arguments the main job does not take or refuses
+            (`runlib.check_job_arguments`, before any run).
+        RuntimeError: if a run fails (with the end of its log).
     """
-    args, job_argv = make_parser().parse_known_args(argv)
+    parser = make_parser()
+    args, job_argv = parser.parse_known_args(argv)
     if args._worker:
         worker(args._worker)
         return {}
     results_path = Path(args.results) if args.results else RESULTS
+    if job_argv:  # a misspelt option of this script (`--wirte_docs`) would otherwise go to every run
+        from trl_trapo.jobs.main import parse_args
+
+        def check(extra: list[str]) -> None:  # each run's arguments, as `worker` parses them
+            for name in args.runs:
+                parse_args([*RUNS[name], *extra, "--output_dir", str(Path(args.work_dir) / name / "output")])
+
+        check_job_arguments(parser, job_argv, [main_job(check)])
     if args.write_docs:
         return write_block_from_results(BLOCK, render_block, results_path, args.page)
     if job_argv and args.results is None:

@@ -15,8 +15,10 @@ Scripts import it as they import `result_blocks` (`scripts/experiments` on `sys.
   threads, load before and after), `cpu_model`, `git`;
 - **command lines**: the argparse types every numeric argument takes (`NumberRange`: `positive_int`,
   `non_negative_int`, `seed_int`, `positive_float`, `non_negative_float`, `fraction`, `int_range`, `float_range`), so
-  a value out of range is argparse's usage error (exit 2) before anything slow, and `config_refusals_as_usage` (a
-  `TRAPOConfig` refusal as a usage error naming the script's flag, no traceback);
+  a value out of range is argparse's usage error (exit 2) before anything slow, `config_refusals_as_usage` (a
+  `TRAPOConfig` refusal as a usage error naming the script's flag, no traceback) and `check_job_arguments` (the
+  arguments a script passes through to a job, checked by the job's own parser before any run: a misspelt option
+  named with the closest of the script's and the job's);
 - **files**: `write_json_atomic` (through the library's `atomic_write_bytes`: a reader never sees half a file),
   `read_json`;
 - **statistics**: `t_quantile`, `paired_interval` (the mean of paired differences with a Student t or a normal
@@ -595,6 +597,114 @@ non_negative_float = float_range(0)
 """Seconds or tolerances where 0 means none: a finite number >= 0."""
 fraction = float_range(0, 1, minimum_open=True)
 """A share of a budget: a number in (0, 1]."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job that a script passes the arguments it does not know to (`parse_known_args`), for `check_job_arguments`.
+
+    Attributes:
+        name: the job in messages, with its program (`"the main job (examples/trapo.py)"`).
+        help: the command that lists its arguments (`"python examples/trapo.py --help"`).
+        parser: builds the job's own parser (a `TrlParser` over its argument dataclasses, e.g.
+            `trl_trapo.jobs.main.make_parser`): the options it accepts are the job's, no list kept here.
+        check: the job's own parse of the arguments (as the script will give them), raising `ValueError` for what it
+            refuses (a value out of range, a bad `--config`); None: only the options are checked.
+    """
+
+    name: str
+    help: str
+    parser: Callable[[], argparse.ArgumentParser]
+    check: Callable[[list[str]], Any] | None = None
+
+
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """The long options `parser` takes, as `--name` (its destinations; the hidden `--_x` ones left out)."""
+    namespace, _ = parser.parse_known_args([])
+    return [f"--{name}" for name in vars(namespace) if not name.startswith("_")]
+
+
+def unknown_options(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str] | None:
+    """The options of `argv` (`--name` or `--name=value`, as `--name`) that the job's `parser` does not take, found by
+    that parser itself (`parse_known_args`, after the job's `normalize_argv`: a bare `bool | None` flag, a negative
+    number); `--config PATH` is the job's too (`TrlParser` reads it outside argparse). None when a value cannot be
+    read (a bad value is the job's own check's to name)."""
+    from trl_trapo.jobs.main import normalize_argv
+
+    argv = normalize_argv(list(argv), tuple(getattr(parser, "dataclass_types", ())))
+    rest, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--config":
+            i += 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    parser.exit_on_error = False  # a bad value raises ArgumentError instead of ending the process with its usage
+    try:
+        _, unknown = parser.parse_known_args(rest)
+    except argparse.ArgumentError:
+        return None
+    return list(dict.fromkeys(t.partition("=")[0] for t in unknown if t.startswith("-") and not _is_number(t)))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def main_job(check: Callable[[list[str]], Any] | None = None) -> Job:
+    """The main job (`examples/trapo.py`, `trl_trapo.jobs.main`'s parser) as a `Job` the scripts' extra arguments go
+    to, with `check` its parse of them (None: only the options are checked)."""
+    from trl_trapo.jobs.main import make_parser
+
+    return Job("the main job (examples/trapo.py)", "python examples/trapo.py --help", make_parser, check)
+
+
+def check_job_arguments(parser: argparse.ArgumentParser, job_argv: Sequence[str], jobs: Sequence[Job]) -> None:
+    """Refuse, before anything runs, the extra arguments (`parse_known_args`'s) that a job they go to does not take:
+    each option no job's parser takes is named with the closest option (`difflib`) of the script's and the job's (a
+    misspelt script option, `--lsit`, is the script's `--list`, not a job argument), then each job's own `check`
+    runs. A script passes every job its runs use (a job for one task only when that task runs).
+
+    Args:
+        parser: the script's parser (its options, and its `error`).
+        job_argv: the arguments the script did not know.
+        jobs: the jobs they go to.
+
+    Raises:
+        SystemExit: `parser.error` (status 2): `argument --lsit: neither this script nor the main job
+            (examples/trapo.py) takes it. Did you mean --list? ...`, or `the main job (examples/trapo.py) refuses the
+            extra arguments [...]: <its message>`.
+    """
+    if not job_argv:
+        return
+    import difflib
+
+    own = option_names(parser)
+    for job in jobs:
+        job_parser = job.parser()
+        unknown = unknown_options(job_parser, job_argv) or []
+        if unknown:
+            names = own + option_names(job_parser)
+            problems = []
+            for flag in unknown:
+                close = difflib.get_close_matches("--" + flag.lstrip("-").replace("-", "_"), names, n=1)
+                hint = f" Did you mean {close[0]}{' (this script)' if close[0] in own else ''}?" if close else ""
+                problems.append(f"{flag}: neither this script nor {job.name} takes it.{hint}")
+            parser.error(
+                " ".join(problems)
+                + f" Fix: spell it as one of theirs (`{parser.prog} --help` lists this script's, `{job.help}` the"
+                " job's; the script passes what it does not know to every run of the job)."
+            )
+        if job.check is not None:
+            try:
+                job.check(list(job_argv))
+            except ValueError as error:
+                parser.error(f"{job.name} refuses the extra arguments {list(job_argv)}: {error}")
+
 
 CONFIG_REFUSAL = re.compile(r"^(?P<config>\w*Config)\.(?P<field>\w+)=")
 """The start of a configuration class's refusal (`TRAPOConfig.max_steps=0 is invalid: ...`, `PPOConfig....`)."""

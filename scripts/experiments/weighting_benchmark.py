@@ -34,7 +34,9 @@ winner. T3 has no validation suite: its `tuned_static` uses T1's winner.
 grid is complete), applies the declared decision rule (`decide`) only when every cell it needs is present, and draws
 one run per arm's weight / signal / factor curves (`docs/results/weighting/weights_<arm>.png`).
 Arguments this script does not know go to every cell's job (a smoke run: `--max_steps 10`); such cells must go to
-another `--results_dir`.
+another `--results_dir`. They are checked by the jobs' own parsers before any cell runs (an option neither this script
+nor the job takes is refused with the closest of both: `--lsit` is `--list`). The script exits 1 when a cell (or a
+teacher) failed; the failed cells are named and run again next time.
 
 The shift task (the pre-registration's "The shift task"; task `S`, cells `S-<arm>-suite0-seed<k>`) runs only when
 asked (`--shift`, or `--tasks S`): T2's cells on suite 0, seeds 0-4, every arm (`tuned_static` with T2's search
@@ -72,6 +74,8 @@ sys.path.insert(0, str(HERE))
 from result_blocks import page_of, write_block  # noqa: E402
 from runlib import (  # noqa: E402
     ChildFailed,
+    Job,
+    check_job_arguments,
     child_env,
     fraction,
     launch_worker,
@@ -286,6 +290,62 @@ def job_extra(cell: Cell) -> dict[str, Any]:
     return {"weighting": WEIGHTING[cell.arm], **PREREGISTERED_MULTIPLIERS, **dict(cell.mixture)}
 
 
+def vlm_job_argv(job_argv: list[str], seed: int, run_dir: str, extra: dict[str, Any]) -> list[str]:
+    """The VLM job's command line of a T3 cell: the extra job arguments, the cell's seed, its run folder, no
+    evaluation or saving of the trainer's own, then `extra` (`job_extra`) as flags."""
+    argv = [*job_argv, "--seed", str(seed), "--task_seed", str(seed)]
+    argv += ["--output_dir", run_dir, "--overwrite_output_dir", "True"]
+    argv += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "True"]
+    for key, value in extra.items():
+        argv += [f"--{key}", str(value)]
+    return argv
+
+
+def main_job_argv(suite: int | None, job_argv: list[str]) -> list[str]:
+    """The main job's arguments of a T1 / T2 / shift cell on `suite` (`compare_pipelines`' worker adds the rest)."""
+    return [*BUILTIN_JOB_ARGV, "--task_suite_seed", str(suite), *job_argv]
+
+
+def job_checks(tasks: tuple[str, ...]) -> list[Job]:
+    """The jobs the cells of `tasks` pass the extra job arguments to (`runlib.check_job_arguments`): the main job
+    (T1, T2, the shift task), checked as `compare_pipelines`' worker parses a cell's arguments, and the VLM job (T3),
+    as `vlm_worker` does."""
+    import tempfile
+
+    from trl_trapo.jobs import main as main_job
+    from trl_trapo.jobs import vision as vlm_job
+
+    jobs = []
+    main_tasks = [name for name in tasks if not ALL_TASKS[name].vlm]
+    if main_tasks:
+        import compare_pipelines
+
+        main_cell = Cell(main_tasks[0], "dare", ALL_TASKS[main_tasks[0]].suites[0], 0)
+        jobs.append(
+            Job(
+                f"the main job of the {'/'.join(main_tasks)} cells (examples/trapo.py)",
+                "python examples/trapo.py --help",
+                main_job.make_parser,
+                lambda argv: compare_pipelines.parse_job(
+                    main_job_argv(main_cell.suite, argv), False, job_extra(main_cell)
+                ),
+            )
+        )
+    vlm_tasks = [name for name in tasks if ALL_TASKS[name].vlm]
+    if vlm_tasks:
+        vlm_cell = Cell(vlm_tasks[0], "dare", None, 0)
+        run_dir = os.path.join(tempfile.gettempdir(), "weighting-benchmark-check")  # parsed, never written
+        jobs.append(
+            Job(
+                f"the VLM job of the {'/'.join(vlm_tasks)} cells (examples/trapo_vlm.py; leave them out with --tasks)",
+                "python examples/trapo_vlm.py --help",
+                vlm_job.make_parser,
+                lambda argv: vlm_job.parse_args(vlm_job_argv(argv, 0, run_dir, job_extra(vlm_cell))),
+            )
+        )
+    return jobs
+
+
 def vlm_worker(spec_path: str) -> None:
     """T3's cell, in its own process: the VLM job's trainer with the cell's weighting, evaluated at every
     `eval_every` of the budget by `pipeline_measure.Recorder` (caption loss in the place of the pretraining loss);
@@ -298,12 +358,7 @@ def vlm_worker(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(spec["threads"])
-    argv = [*spec["job_argv"], "--seed", str(spec["seed"]), "--task_seed", str(spec["seed"])]
-    argv += ["--output_dir", spec["run_dir"], "--overwrite_output_dir", "True"]
-    argv += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "True"]
-    for key, value in spec["job_extra"].items():
-        argv += [f"--{key}", str(value)]
-    job_args, config = parse_args(argv)
+    job_args, config = parse_args(vlm_job_argv(spec["job_argv"], spec["seed"], spec["run_dir"], spec["job_extra"]))
     data = build_data(job_args)
 
     def measure(model) -> dict[str, float]:
@@ -389,6 +444,7 @@ class Bench:
     teacher: str | None = None  # the teacher's folder, once trained
     wrong_teacher: str | None = None  # the shift task's wrong teacher's folder, once trained
     machine: dict = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)  # the cells that failed in this invocation (`run_cells`)
 
     def cell_path(self, cell: Cell) -> Path:
         return self.results_dir / f"{cell.id}.json"
@@ -512,7 +568,7 @@ def run_cell(bench: Bench, cell: Cell) -> dict:
         }
         script, worker_args = __file__, ["--_vlm"]
     else:
-        job_argv = [*BUILTIN_JOB_ARGV, "--task_suite_seed", str(cell.suite), *bench.job_argv]
+        job_argv = main_job_argv(cell.suite, bench.job_argv)
         if task.teacher:
             bench.teacher = bench.teacher or ensure_teacher(bench)
             job_argv += ["--teacher_model_name_or_path", bench.teacher]
@@ -601,7 +657,8 @@ def run_cells(
 
     A `tuned_static` cell waits for its task's search (the plan is rebuilt after each batch of runs, so T2's search
     and the tuned mixture appear once the cells that decide them are done). `arms` filters the test cells (the search
-    runs with `tuned_static`), `seeds` and `suites` (None: all) the test cells' pairs. A failed cell is logged and left without a file (it runs again next time).
+    runs with `tuned_static`), `seeds` and `suites` (None: all) the test cells' pairs. A failed cell is logged and
+    left without a file (it runs again next time); its id is added to `bench.failed` (the script then exits 1).
 
     Returns:
         The ids of the cells run (files written) in this call.
@@ -660,6 +717,7 @@ def run_cells(
         map_jobs(one, runnable, jobs)
     if failed:
         logger.error("failed cells (no file written; they run again next time): %s", ", ".join(failed))
+    bench.failed += failed
     return ran
 
 
@@ -1298,13 +1356,32 @@ def main(argv: list[str] | None = None) -> list[str]:
     """Run cells (default), list them (`--list`) or render the report (`--report`).
 
     Returns:
-        The ids of the cells run.
+        The ids of the cells run (`run` also gives the failed ones; the command line exits 1 when there are any).
 
     Raises:
-        SystemExit: for extra job arguments or changed evaluation settings without `--results_dir`; argparse's
-            (status 2) for a value out of its range (`runlib.NumberRange`).
+        SystemExit: as `run`.
     """
-    args, job_argv = make_parser().parse_known_args(argv)
+    return run(argv).ran
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one invocation did: the ids of the cells `ran` (files written) and of those that `failed`."""
+
+    ran: list[str]
+    failed: list[str]
+
+
+def run(argv: list[str] | None = None) -> Outcome:
+    """`main`'s work, with the failed cells too (the script's exit status: 1 when a cell or a teacher failed).
+
+    Raises:
+        SystemExit: argparse's (status 2) for a value out of its range (`runlib.NumberRange`) and for extra job
+            arguments a cell's job does not take or refuses (`runlib.check_job_arguments`, before any cell runs);
+            status 1 for extra job arguments or changed evaluation settings without `--results_dir`.
+    """
+    parser = make_parser()
+    args, job_argv = parser.parse_known_args(argv)
     if args._worker:
         if args._shift or args._wrong_teacher:
             import weighting_shift
@@ -1312,17 +1389,19 @@ def main(argv: list[str] | None = None) -> list[str]:
             (weighting_shift.shift_worker if args._shift else weighting_shift.wrong_teacher_worker)(args._worker)
         else:
             vlm_worker(args._worker)
-        return []
+        return Outcome([], [])
     tasks = list(
         dict.fromkeys([*(args.tasks or ([] if args.shift else TASKS)), *([SHIFT.name] if args.shift else [])])
     )
+    if job_argv:  # a misspelt option of this script would otherwise go to every cell, each dying of it
+        check_job_arguments(parser, job_argv, job_checks(tuple(tasks)))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     results_dir = Path(args.results_dir) if args.results_dir else RESULTS_DIR
     page = Path(args.page) if args.page else page_of(BLOCK)
     plots_dir = Path(args.plots_dir) if args.plots_dir else PLOTS_DIR
     if args.report:
         print(write_report(results_dir, page, plots_dir))
-        return []
+        return Outcome([], [])
     changed = job_argv or (args.eval_every, args.heldout_docs, args.eval_per_split_family) != (
         EVAL_EVERY, HELDOUT_DOCS, None)  # fmt: skip
     if changed and args.results_dir is None:
@@ -1340,7 +1419,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             state = "done" if is_done(bench, cell, cells) else "waits for its search" if (
                 cell.arm == "tuned_static" and not cell.mixture) else "to run"  # fmt: skip
             print(f"{cell.id}: {state}")
-        return []
+        return Outcome([], [])
     from runlib import go_offline, machine_info
 
     go_offline()
@@ -1348,7 +1427,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     bench.machine = {
         k: info[k] for k in ("cpu_model", "cpu_count", "torch", "trl", "git_commit", "code_differs_from_commit")
     }
-    return run_cells(
+    ran = run_cells(
         bench,
         tuple(tasks),
         tuple(args.arms),
@@ -1358,8 +1437,9 @@ def main(argv: list[str] | None = None) -> list[str]:
         tuple(args.seeds) if args.seeds else None,
         tuple(args.suites) if args.suites else None,
     )
+    return Outcome(ran, list(bench.failed))
 
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        main()
+        sys.exit(1 if run().failed else 0)
