@@ -235,7 +235,8 @@ def check_run(
     environment_factory: Callable | dict[str, Callable] | None,
     objectives: list[Objective] | None = None,
 ) -> RunChecks:
-    """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
+    """The construction checks that run before anything slow loads, in this order: the config's type and its values
+    ([`~trl_trapo.config.TRAPOConfig.check_values`]: fields set after construction), the launch (FSDP
     or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
     set up), TRAPO's log level ([`~trl_trapo.setup_checks.apply_log_level`]), every argument's type (`arguments`: the
     keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the datasets' transforms applied
@@ -256,6 +257,7 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
+    args.check_values()  # a field set after construction (`args.rl_weight = "2"`): the constructor's refusal
     # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
     check_launch(args.distributed_state)
     apply_log_level(args)  # an explicit `log_level` sets TRAPO's own logger too, as the Trainer sets transformers'

@@ -10,6 +10,7 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import difflib
 import enum
@@ -2219,6 +2220,28 @@ class TRAPOConfig(_BaseConfig):
         if built_by_user:  # once: not again for each copy the job and the trainer make
             self._warn_unused_settings()
             self._warn_environment_precision()
+
+    def check_values(self) -> None:
+        """Run the value checks of `__post_init__` again, on the values the config holds now: the type and choice
+        checks ([`check_field_types`]), the finite-number check ([`check_finite_numbers`]) and the range and
+        consistency checks (`_validate`, which subclasses extend). `TRAPOTrainer` calls it before anything slow, so a
+        field set after construction (`args.rl_weight = "2"`, `args.sft_weight = None`, `args.dare_momentum = 1.5`:
+        transformers' `TrainingArguments` is a mutable dataclass and TRL scripts set fields on it) is refused with
+        the constructor's message instead of a bare `TypeError` later, or used unchecked (trial 17's W17, W17b).
+
+        The checks run on a shallow copy, so the config is not changed (`_validate` writes `curriculum_mixtures`'
+        flat form). Nothing that `__post_init__` derives is re-derived: the weighting strategy is read from
+        `weighting` and `dare_mode` where it is used ([`weighting_name`]), so `dare_mode="dynamic"` set after
+        construction with `weighting=None` selects DARE, as it would in the constructor. The warnings about ignored
+        settings are given once, by the constructor.
+
+        Raises:
+            ValueError: naming the field, the value and the fix, as the constructor does.
+        """
+        checked = copy.copy(self)
+        check_field_types(checked)
+        check_finite_numbers(checked)
+        checked._validate()
 
     def to_dict(self) -> dict[str, typing.Any]:
         """The config as a JSON-ready dict (transformers' `TrainingArguments.to_dict()`: every field of `__init__`, enums

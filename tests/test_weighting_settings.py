@@ -1,0 +1,55 @@
+# Copyright 2026 The trl-trapo developers. Licensed under the Apache License, Version 2.0.
+"""The weighting settings of `TRAPOConfig` as a user gives them (trial 17's W04b-W17b): a value set after
+construction gets the constructor's refusal at the trainer, a refusal names the field the user gave, and a setting
+the chosen strategy does not read (or cannot use) is warned about by name."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_CONFIG
+
+from trl_trapo import TRAPOConfig, TRAPOTrainer
+from trl_trapo.tasks import build_tiny_model, exact_match_reward
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("rl_weight", "2"),  # W17: a bare TypeError from data.py before
+        ("sft_weight", None),
+        ("weighting", "Dare"),
+        ("dare_momentum", 1.5),  # W17b: trained, DARE's factors went negative
+    ],
+)
+def test_a_field_set_after_construction_gets_the_constructors_refusal(tmp_path, tokenizer, suite, field, value):
+    with pytest.raises(ValueError) as constructed:
+        TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "weighting": "dare", field: value})
+    args = TRAPOConfig(output_dir=str(tmp_path), **{**TINY_CONFIG, "weighting": "dare"})
+    setattr(args, field, value)  # as a TRL script does: `args.rl_weight = ...`, then the trainer
+    before = args.to_dict()
+    with pytest.raises(ValueError) as built:
+        TRAPOTrainer(
+            build_tiny_model(tokenizer, seed=0),
+            reward_funcs=exact_match_reward,
+            args=args,
+            train_dataset=suite.rl_train,
+            sft_dataset=suite.sft,
+            processing_class=tokenizer,
+        )
+    assert str(built.value) == str(constructed.value)
+    assert f"TRAPOConfig.{field}={value!r} is invalid" in str(built.value)
+    assert args.to_dict() == before  # the check ran on a copy
+
+
+def test_check_values_leaves_the_config_unchanged_and_reads_dare_mode_as_it_is_now(tmp_path):
+    from trl_trapo.weighting import weighting_name
+
+    args = TRAPOConfig(output_dir=str(tmp_path), report_to="none")
+    args.curriculum_mixtures = [[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.3, 0.6]]  # triples: _validate flattens
+    args.dare_mode = "dynamic"  # weighting=None follows it: DARE, as in the constructor
+    args.check_values()
+    assert args.curriculum_mixtures == [[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.3, 0.6]]
+    assert weighting_name(args) == "dare"
+    args.dare_mode = "dynamik"
+    with pytest.raises(ValueError, match=r"TRAPOConfig\.dare_mode='dynamik' is invalid \(did you mean 'dynamic'\?\)"):
+        args.check_values()
