@@ -19,6 +19,7 @@ from trl_trapo.tasks import build_tiny_model, exact_match_reward
         ("sft_weight", None),
         ("weighting", "Dare"),
         ("dare_momentum", 1.5),  # W17b: trained, DARE's factors went negative
+        ("dare_max_factor", 0.5),  # W17b: no factor could reach 1
     ],
 )
 def test_a_field_set_after_construction_gets_the_constructors_refusal(tmp_path, tokenizer, suite, field, value):
@@ -53,3 +54,19 @@ def test_check_values_leaves_the_config_unchanged_and_reads_dare_mode_as_it_is_n
     args.dare_mode = "dynamik"
     with pytest.raises(ValueError, match=r"TRAPOConfig\.dare_mode='dynamik' is invalid \(did you mean 'dynamic'\?\)"):
         args.check_values()
+
+
+@pytest.mark.parametrize(
+    "given, needle",
+    [
+        (dict(dare_max_factor=0.5), "TRAPOConfig.dare_max_factor=0.5 is invalid: use a value >= 1"),
+        (dict(dare_min_factor=1.5), "TRAPOConfig.dare_min_factor=1.5 is invalid: use a value in (0, 1]"),
+        (dict(dare_min_factor=0.0, dare_max_factor=0.5), "TRAPOConfig.dare_min_factor=0.0 is invalid"),
+    ],
+)
+def test_a_factor_bound_out_of_range_is_refused_by_its_own_name(tmp_path, given, needle):
+    """W04b: `dare_max_factor=0.5` was refused as `dare_min_factor=(0.25, 0.5)`, a field the user had not given."""
+    with pytest.raises(ValueError) as refused:
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", **given)
+    assert str(refused.value).startswith(needle), str(refused.value)
+    assert "(0.25," not in str(refused.value) and "(0.0, 0.5)" not in str(refused.value)

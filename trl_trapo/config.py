@@ -3044,11 +3044,19 @@ class TRAPOConfig(_BaseConfig):
             bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
         if self.dare_update_interval is not None and self.dare_update_interval < 1:
             bad("dare_update_interval", self.dare_update_interval, "use an integer >= 1, or None for ceil(sqrt(N)).")
-        if not 0 < self.dare_min_factor <= 1 <= self.dare_max_factor:
+        if not 0 < self.dare_min_factor <= 1:  # each bound by its own name (trial 17's W04b: not a tuple)
             bad(
                 "dare_min_factor",
-                (self.dare_min_factor, self.dare_max_factor),
-                "need 0 < dare_min_factor <= 1 <= dare_max_factor.",
+                self.dare_min_factor,
+                "use a value in (0, 1] (the lowest factor an objective may get; the default is 0.25): the factors "
+                f"start at 1 and need 0 < dare_min_factor <= 1 <= dare_max_factor (={self.dare_max_factor!r}).",
+            )
+        if not self.dare_max_factor >= 1:
+            bad(
+                "dare_max_factor",
+                self.dare_max_factor,
+                "use a value >= 1 (the highest factor an objective may get; the default is 4.0): the factors start at "
+                f"1 and need 0 < dare_min_factor (={self.dare_min_factor!r}) <= 1 <= dare_max_factor.",
             )
         if self.dare_probe_vocab < 2:
             bad("dare_probe_vocab", self.dare_probe_vocab, "use at least 2 vocabulary rows.")
