@@ -70,3 +70,73 @@ def test_a_factor_bound_out_of_range_is_refused_by_its_own_name(tmp_path, given,
         TRAPOConfig(output_dir=str(tmp_path), report_to="none", **given)
     assert str(refused.value).startswith(needle), str(refused.value)
     assert "(0.25," not in str(refused.value) and "(0.0, 0.5)" not in str(refused.value)
+
+
+def weighting_warnings(caplog, **given) -> list[str]:
+    """The warnings of `TRAPOConfig(**given)` that name a weighting setting."""
+    import logging
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.config"):
+        TRAPOConfig(output_dir="/tmp/unused", report_to="none", **given)
+    return [r.getMessage() for r in caplog.records if "dare_" in r.getMessage() or "weighting" in r.getMessage()]
+
+
+def test_dare_mode_beside_another_weighting_is_warned_about_naming_the_winner(caplog):
+    """W04c: `--weighting static --dare_mode dynamic` ran static without a word."""
+    found = weighting_warnings(caplog, weighting="static", dare_mode="dynamic")
+    assert found == [
+        "TRAPOConfig.dare_mode='dynamic' asks for DARE but weighting='static' is set, and weighting wins: the run uses "
+        "weighting='static' and dare_mode is ignored. Drop dare_mode (weighting='dare' is what dare_mode='dynamic' "
+        "selects), or set weighting='dare' (--weighting dare) for DARE."
+    ]
+    assert len(weighting_warnings(caplog, weighting="gradnorm", dare_mode="dynamic")) == 1
+    assert weighting_warnings(caplog, weighting="dare", dare_mode="dynamic") == []  # the same strategy
+    assert weighting_warnings(caplog, dare_mode="dynamic") == []  # weighting=None follows it
+
+
+@pytest.mark.parametrize(
+    "given, ignored, readers",
+    [  # W06: each strategy's unread settings (trl_trapo/weighting.py's build_weighting)
+        (
+            dict(weighting="gradnorm", dare_min_factor=1.0, dare_max_factor=1.0),
+            "dare_min_factor=1.0, dare_max_factor=1.0 are",
+            "'dare' or 'uncertainty'",
+        ),
+        (dict(weighting="gac", dare_max_factor=2.0), "dare_max_factor=2.0 is", "'dare' or 'uncertainty'"),
+        (dict(weighting="uncertainty", dare_momentum=0.0), "dare_momentum=0.0 is", "'dare' or 'gac'"),
+        (dict(weighting="gradnorm", dare_momentum=0.5), "dare_momentum=0.5 is", "'dare' or 'gac'"),
+        (dict(weighting="uncertainty", dare_probe_dim=64), "dare_probe_dim=64 is", "'dare' or 'gradnorm' or 'gac'"),
+    ],
+)
+def test_a_dare_setting_the_chosen_strategy_does_not_read_is_warned_about(caplog, given, ignored, readers):
+    found = weighting_warnings(caplog, **given)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{ignored} set but TRAPOConfig.weighting={readers} is not: "), found[0]
+    assert f"(weighting={given['weighting']!r} reads only " in found[0]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        dict(weighting="dare", dare_momentum=0.5, dare_min_factor=0.5, dare_probe_dim=64, dare_update_interval=2),
+        dict(weighting="uncertainty", dare_min_factor=0.5, dare_max_factor=2.0, dare_update_interval=2),
+        dict(weighting="gradnorm", dare_probe_vocab=128, dare_update_interval=2),
+        dict(weighting="gac", dare_momentum=0.5, dare_probe_dim=64),
+    ],
+)
+def test_the_settings_a_strategy_reads_are_not_warned_about(caplog, given):
+    assert weighting_warnings(caplog, max_steps=10, **given) == []
+
+
+def test_an_update_interval_past_max_steps_is_warned_about(caplog):
+    """W13: `--weighting dare --dare_update_interval 100 --max_steps 6` trained with every factor 1, without a word."""
+    found = weighting_warnings(caplog, weighting="dare", dare_update_interval=100, max_steps=6)
+    assert found == [
+        "TRAPOConfig.dare_update_interval=100 is not below max_steps=6: weighting='dare' updates its factors at the "
+        "steps k with 0 < k < max_steps that the interval divides, so it never updates and every factor stays 1 "
+        "(static weights). Use dare_update_interval <= 5, or None (ceil(sqrt(max_steps)) = 3 steps)."
+    ]
+    assert len(weighting_warnings(caplog, weighting="gac", dare_update_interval=6, max_steps=6)) == 1
+    assert weighting_warnings(caplog, weighting="dare", dare_update_interval=5, max_steps=6) == []  # updates at 5
+    assert weighting_warnings(caplog, weighting="dare", dare_update_interval=100) == []  # max_steps not known

@@ -922,6 +922,19 @@ DARE_FIELDS = (
 )
 """`TRAPOConfig`'s settings of DARE (the adaptive strategies share some of them), which static weights, the default,
 ignore."""
+WEIGHTING_READS = {
+    "static": (),
+    "dare": DARE_FIELDS,
+    "uncertainty": ("dare_update_interval", "dare_min_factor", "dare_max_factor"),
+    "gradnorm": ("dare_update_interval", "dare_probe_vocab", "dare_probe_dim"),
+    "gac": ("dare_momentum", "dare_update_interval", "dare_probe_vocab", "dare_probe_dim"),
+}
+"""Which of [`DARE_FIELDS`] each weighting strategy reads (`weighting.build_weighting`, `assembly.build_step_controls`):
+every adaptive strategy updates every `dare_update_interval` steps; DARE smooths with `dare_momentum` and clips to
+[`dare_min_factor`, `dare_max_factor`]; uncertainty weighting clips its factors to those bounds and learns from the
+objectives' losses (not the probe's gradients, so the probe's size does not change it); GradNorm balances the probe's
+gradient norms with its own Adam step (no momentum, no bounds); GAC smooths its closed form with `dare_momentum` (no
+bounds). A setting the chosen strategy does not read is warned about (`TRAPOConfig._warn_unused_settings`)."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -2290,8 +2303,9 @@ class TRAPOConfig(_BaseConfig):
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
         (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
-        without `ddp_comm_hook="powersgd"`, DARE's settings ([`DARE_FIELDS`]) with static weights (the default since
-        issue 42: a script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
+        without `ddp_comm_hook="powersgd"`, the weighting settings that do nothing
+        ([`_warn_unused_weighting_settings`]: DARE's settings with static weights, the default since issue 42, where a
+        script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
         threads ([`THREAD_FIELDS`]) above the cores this process may use (`threads.usable_cores`: oversubscribed cores
         slow every process down, docs/threads.md)."""
         name = type(self).__name__
@@ -2321,14 +2335,7 @@ class TRAPOConfig(_BaseConfig):
                 "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
                 "drop {them}.",
             )
-        if weighting_name(self) == "static":
-            warn_ignored_settings(
-                logger,
-                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, DARE_FIELDS)],
-                f"{name}.weighting='dare' (or another adaptive strategy)",
-                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
-                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
-            )
+        self._warn_unused_weighting_settings()
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
             count = getattr(self, setting)
@@ -2345,6 +2352,61 @@ class TRAPOConfig(_BaseConfig):
                     cores,
                     cores,
                 )
+
+    def _warn_unused_weighting_settings(self) -> None:
+        """Warn about weighting settings that do nothing (trial 17's W04c, W06, W13): `dare_mode="dynamic"` beside a
+        `weighting` that is not 'dare' (`weighting` wins, as its help says), a setting of [`DARE_FIELDS`] the chosen
+        strategy does not read ([`WEIGHTING_READS`]: all of them with static weights, the default since issue 42),
+        and a `dare_update_interval` that leaves no update within `max_steps` (when it is set: the strategy then
+        never measures and every factor stays 1)."""
+        name, strategy = type(self).__name__, weighting_name(self)
+        if self.weighting not in (None, "dare") and "dare_mode" in changed_settings(self, ("dare_mode",)):
+            logger.warning(
+                "%s.dare_mode=%r asks for DARE but weighting=%r is set, and weighting wins: the run uses weighting=%r "
+                "and dare_mode is ignored. Drop dare_mode (weighting='dare' is what dare_mode='dynamic' selects), or "
+                "set weighting='dare' (--weighting dare) for DARE.",
+                name,
+                self.dare_mode,
+                self.weighting,
+                self.weighting,
+            )
+        reads = WEIGHTING_READS[strategy]
+        ignored = [setting for setting in changed_settings(self, DARE_FIELDS) if setting not in reads]
+        given = [f"{setting}={getattr(self, setting)!r}" for setting in ignored]
+        if strategy == "static":
+            warn_ignored_settings(
+                logger,
+                given,
+                f"{name}.weighting='dare' (or another adaptive strategy)",
+                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
+                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
+            )
+        else:
+            readers = [other for other, fields in WEIGHTING_READS.items() if set(ignored) <= set(fields)]
+            warn_ignored_settings(
+                logger,
+                given,
+                f"{name}.weighting={' or '.join(repr(reader) for reader in readers)}",
+                f" (weighting={strategy!r} reads only {', '.join(reads)} of the dare_* settings)",
+                "Drop {them}, or choose a strategy that reads {them} (--weighting "
+                + " / ".join(readers)
+                + "; docs/how_it_works.md, 'Other weighting strategies').",
+            )
+        interval = self.dare_update_interval
+        if strategy != "static" and interval is not None and 0 < self.max_steps <= interval:
+            logger.warning(
+                "%s.dare_update_interval=%d is not below max_steps=%d: weighting=%r updates its factors at the steps "
+                "k with 0 < k < max_steps that the interval divides, so it never updates and every factor stays 1 "
+                "(static weights). %s",
+                name,
+                interval,
+                self.max_steps,
+                strategy,
+                f"Use dare_update_interval <= {self.max_steps - 1}, or None (ceil(sqrt(max_steps)) = "
+                f"{math.ceil(math.sqrt(self.max_steps))} steps)."
+                if self.max_steps > 1
+                else "A run of one step never updates: use max_steps >= 2 to weigh adaptively.",
+            )
 
     def _check_best_model_settings(self) -> None:
         """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
