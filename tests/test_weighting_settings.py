@@ -140,3 +140,18 @@ def test_an_update_interval_past_max_steps_is_warned_about(caplog):
     assert len(weighting_warnings(caplog, weighting="gac", dare_update_interval=6, max_steps=6)) == 1
     assert weighting_warnings(caplog, weighting="dare", dare_update_interval=5, max_steps=6) == []  # updates at 5
     assert weighting_warnings(caplog, weighting="dare", dare_update_interval=100) == []  # max_steps not known
+
+
+def test_a_distillation_weight_without_a_teacher_is_warned_about_by_the_trainer(
+    tmp_path, tokenizer, suite, tiny_trainer, caplog
+):
+    """W04d: `--distillation_weight 5` without a teacher trained the default mixture without a word."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="trl_trapo.teacher"):
+        tiny_trainer(tmp_path, tokenizer, suite, distillation_weight=5.0)
+    assert [r.getMessage() for r in caplog.records if r.name == "trl_trapo.teacher"] == [
+        "distillation_weight=5.0 is set but a teacher (`teacher_model` / teacher_model_name_or_path) is not: it is "
+        "ignored (no distillation objective is built). Pass teacher_model= to the trainer or set "
+        "teacher_model_name_or_path (--teacher_model_name_or_path) to distill with it, or drop it."
+    ]

@@ -883,6 +883,7 @@ ASYNC_FIELDS = (
 )
 """`TRAPOConfig`'s settings that only `async_rollouts=True` reads (the producer, its rounds and their lag)."""
 TEACHER_FIELDS = (
+    "distillation_weight",  # the distillation objective's weight: no objective without a teacher (trial 17's W04d)
     "teacher_model_revision",
     "teacher_model_init_kwargs",
     "distillation_beta",
