@@ -155,3 +155,50 @@ def test_a_distillation_weight_without_a_teacher_is_warned_about_by_the_trainer(
         "ignored (no distillation objective is built). Pass teacher_model= to the trainer or set "
         "teacher_model_name_or_path (--teacher_model_name_or_path) to distill with it, or drop it."
     ]
+
+
+def distillation_trainer(tmp_path, tokenizer, suite, weights, teacher=True, **datasets):
+    """A tiny trainer with a teacher (unless `teacher=False`), the datasets given only, and `weights`."""
+    from conftest import make_tiny_config
+
+    return TRAPOTrainer(
+        build_tiny_model(tokenizer, seed=0),
+        reward_funcs=exact_match_reward,
+        args=make_tiny_config(tmp_path, max_steps=2, **weights),
+        processing_class=tokenizer,
+        teacher_model=build_tiny_model(tokenizer, seed=1) if teacher else None,
+        **datasets,
+    )
+
+
+def test_distillation_alone_trains_with_the_other_weights_zero(tmp_path, tokenizer, suite):
+    """W07 (a): the documented pure on-policy distillation (a teacher and a distillation_dataset) with the other three
+    weights set to 0 was refused by the config ("at least one of pretrain_weight, sft_weight, rl_weight")."""
+    from datasets import Dataset
+
+    prompts = Dataset.from_dict({"prompt": suite.rl_train["prompt"][:16]})
+    zero = dict(pretrain_weight=0.0, sft_weight=0.0, rl_weight=0.0)
+    trainer = distillation_trainer(tmp_path, tokenizer, suite, zero, distillation_dataset=prompts)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logged and all(entry["weight/distill"] == 1.0 for entry in logged), logged
+
+
+def test_a_teacher_without_prompts_to_sample_is_refused_saying_which_it_needs(tmp_path, tokenizer, suite):
+    """W07 (b): a teacher with RL prompts and rl_weight=0 got "No objective has data: pass ... train_dataset", which
+    had been given; the reason is that distillation samples the RL rollouts, which rl_weight=0 switches off."""
+    with pytest.raises(ValueError) as refused:
+        distillation_trainer(tmp_path, tokenizer, suite, dict(rl_weight=0.0), train_dataset=suite.rl_train)
+    text = str(refused.value)
+    assert "rl_weight=0.0 switches RL off, and with it the rollouts distillation samples from" in text, text
+    assert "Fix: pass a distillation_dataset of reward-free prompts (a `prompt` column) (distillation alone" in text
+
+
+def test_distillation_alone_without_a_teacher_is_refused_before_anything_loads(tmp_path, tokenizer, suite):
+    zero = dict(pretrain_weight=0.0, sft_weight=0.0, rl_weight=0.0)
+    with pytest.raises(
+        ValueError, match=r"which leaves distillation alone \(distillation_weight=1\.0\), and this run"
+    ):
+        distillation_trainer(tmp_path, tokenizer, suite, zero, teacher=False, train_dataset=suite.rl_train)
+    with pytest.raises(ValueError, match=r"every objective's weight is 0 \(pretrain_weight, sft_weight, rl_weight, "):
+        TRAPOConfig(output_dir=str(tmp_path), report_to="none", **zero, distillation_weight=0.0)

@@ -3099,8 +3099,14 @@ class TRAPOConfig(_BaseConfig):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 bad(name, value, "use a finite number >= 0 (0 switches the objective off).")
-        if self.pretrain_weight == self.sft_weight == self.rl_weight == 0:
-            bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
+        if self.pretrain_weight == self.sft_weight == self.rl_weight == self.distillation_weight == 0:
+            bad(  # distillation alone is a run (trial 17's W07): its weight counts
+                "rl_weight",
+                0.0,
+                "every objective's weight is 0 (pretrain_weight, sft_weight, rl_weight, distillation_weight): give at "
+                "least one of them > 0. distillation_weight alone needs a teacher (teacher_model / "
+                "--teacher_model_name_or_path) and a distillation_dataset of reward-free prompts (docs/distillation.md).",
+            )
         if not 0 < self.trust_region_alpha <= 1:
             bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
         if not 0 <= self.dare_momentum < 1:
