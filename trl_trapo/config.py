@@ -2255,7 +2255,7 @@ class TRAPOConfig(_BaseConfig):
         checked = copy.copy(self)
         check_field_types(checked)
         check_finite_numbers(checked)
-        checked._validate()
+        self._validate.__func__(checked)  # this class's range checks (subclasses extend them), run on the copy
 
     def to_dict(self) -> dict[str, typing.Any]:
         """The config as a JSON-ready dict (transformers' `TrainingArguments.to_dict()`: every field of `__init__`, enums
