@@ -191,7 +191,7 @@ def test_a_teacher_without_prompts_to_sample_is_refused_saying_which_it_needs(tm
         distillation_trainer(tmp_path, tokenizer, suite, dict(rl_weight=0.0), train_dataset=suite.rl_train)
     text = str(refused.value)
     assert "rl_weight=0.0 switches RL off, and with it the rollouts distillation samples from" in text, text
-    assert "Fix: pass a distillation_dataset of reward-free prompts (a `prompt` column) (distillation alone" in text
+    assert "Fix: pass a `distillation_dataset` of reward-free prompts (a 'prompt' column) (distillation alone" in text
 
 
 def test_distillation_alone_without_a_teacher_is_refused_before_anything_loads(tmp_path, tokenizer, suite):

@@ -61,24 +61,25 @@ def check_teacher_prompts(
             raise ValueError(
                 f"{name}: pretrain_weight, sft_weight and rl_weight are 0, which leaves distillation alone "
                 f"(distillation_weight={args.distillation_weight!r}), and this run has no teacher. Fix: pass "
-                "teacher_model= to the trainer (or set --teacher_model_name_or_path) with a distillation_dataset of "
-                "reward-free prompts, or give pretrain_weight, sft_weight or rl_weight a value > 0."
+                "`teacher_model` (or set teacher_model_name_or_path) with a `distillation_dataset` of reward-free "
+                "prompts, or give pretrain_weight, sft_weight or rl_weight a value > 0."
             )
         return
     if distillation_prompts or (rl_prompts and args.rl_weight > 0):
         return
     if rl_prompts:  # distillation samples the RL rollouts, and rl_weight=0 switches them off
         cause = (
-            f"its RL prompts (train_dataset) are not rolled out: rl_weight={args.rl_weight!r} switches RL off, and "
+            f"its RL prompts (`train_dataset`) are not rolled out: rl_weight={args.rl_weight!r} switches RL off, and "
             "with it the rollouts distillation samples from"
         )
     else:
-        cause = "it has neither a distillation_dataset nor RL prompts (train_dataset)"
+        cause = "it has neither a `distillation_dataset` nor RL prompts (`train_dataset`)"
     alone = "" if other_data else " (distillation alone: pretrain_weight, sft_weight and rl_weight may then all be 0)"
     raise ValueError(
         "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of prompts, but "
-        f"this run has none: {cause}. Fix: pass a distillation_dataset of reward-free prompts (a `prompt` column){alone}, or RL prompts "
-        "(train_dataset, with reward_funcs) and rl_weight > 0 to distil on the RL rollouts."
+        f"this run has none: {cause}. Fix: pass a `distillation_dataset` of reward-free prompts (a 'prompt' "
+        f"column){alone}, or RL prompts (`train_dataset`, with `reward_funcs`) and rl_weight > 0 to distil on the RL "
+        "rollouts."
     )
 
 
