@@ -137,7 +137,7 @@ from .saving import check_output_dir
 from .schedules import RLSchedules
 from .setup_checks import apply_log_level, check_neftune, check_training_setup
 from .sources import RolloutFuncSource, RolloutSource, as_rollout_source, check_rollout_source
-from .teacher import Teacher, load_teacher
+from .teacher import Teacher, check_teacher_prompts, load_teacher
 from .threads import ThreadChoice, choose_torch_threads
 from .vision import (
     ImageRows,
@@ -235,19 +235,16 @@ def check_run(
     environment_factory: Callable | dict[str, Callable] | None,
     objectives: list[Objective] | None = None,
 ) -> RunChecks:
-    """The construction checks that run before anything slow loads, in this order: the config's type, the launch (FSDP
-    or DeepSpeed asked for and off, processes lost: `trl_trapo.distributed.check_launch` on the process state the config
-    set up), TRAPO's log level ([`~trl_trapo.setup_checks.apply_log_level`]), every argument's type (`arguments`: the
-    keyword arguments of [`~trl_trapo.arguments.check_trainer_arguments`]), the datasets' transforms applied
-    ([`~trl_trapo.data.apply_transforms`]), the `__main__` guard of an asynchronous run, the rollout source, the agent
-    arguments, the output directory, the datasets, the training setup (trackers, optimizer, scheduler), the best-model
-    metric, evaluation asked for without an `eval_dataset` (`eval_strategy`, `eval_on_start`), the checkpoint to resume
-    from (every file's SHA-256, and that it fits the run: weights, datasets, the rollout source's state, the objectives;
-    `train` does not hash it again), torch's threads. `arguments` also gives `model`, `reward_funcs`, `reward_model`,
-    `tools`, `peft_config`, `teacher_model`, `callbacks` and `optimizers` to the checks that read them; `datasets` holds
-    the trainer's dataset arguments by name (`train_dataset`, `eval_dataset`, `pretrain_dataset`, `sft_dataset`,
-    `distillation_dataset`; not changed: see `RunChecks.datasets`); `objectives` is the trainer's `objectives=` (their
-    names are compared with the checkpoint's).
+    """The construction checks that run before anything slow loads, in this order: the config's type and values
+    ([`~trl_trapo.config.TRAPOConfig.check_values`]), the launch (`trl_trapo.distributed.check_launch`), TRAPO's log
+    level ([`~trl_trapo.setup_checks.apply_log_level`]), every argument's type
+    ([`~trl_trapo.arguments.check_trainer_arguments`]), the datasets' transforms ([`~trl_trapo.data.apply_transforms`]),
+    the `__main__` guard of an asynchronous run, the rollout source, the agent arguments, the output directory, the
+    prompts distillation needs ([`check_distillation_prompts`]), the datasets, the training setup (trackers, optimizer,
+    scheduler), the best-model metric, evaluation asked for without an `eval_dataset`, the checkpoint to resume from
+    (every file's SHA-256, and that it fits the run; `train` does not hash it again), torch's threads. `arguments`: the
+    trainer's model arguments by name; `datasets`: its dataset arguments by name (not changed: see
+    `RunChecks.datasets`); `objectives`: the trainer's `objectives=` (their names are compared with the checkpoint's).
 
     Returns:
         [`RunChecks`].
@@ -256,6 +253,7 @@ def check_run(
         TypeError / ValueError: from the check that failed, naming the field, the bad value and the fix.
     """
     check_config_type(args, TRAPOConfig)
+    args.check_values()  # a field set after construction (`args.rl_weight = "2"`): the constructor's refusal
     # the launch (FSDP or DeepSpeed asked for and off, processes lost): known from the process state the config set up
     check_launch(args.distributed_state)
     apply_log_level(args)  # an explicit `log_level` sets TRAPO's own logger too, as the Trainer sets transformers'
@@ -282,6 +280,7 @@ def check_run(
     check_output_dir(args)
     given = {cls.NAME: datasets.get(cls.ARGUMENT) for cls in WITH_DATA}  # each objective's dataset, by its name
     given = agent_prompts_checked(given, train_dataset, agent, args)  # the agent's prompts, as `check_agent` left them
+    check_distillation_prompts(args, arguments, given, own_source)  # a teacher's prompts; distillation alone
     check_datasets(args, given, eval_dataset, WITH_DATA)
     if agent is not None:  # evaluation rolls the eval prompts out through the tool loop too
         agent.check_eval_prompts(eval_dataset)
@@ -305,6 +304,26 @@ def check_run(
     thread_choice = choose_torch_threads(args.torch_threads, producers_per_process=int(args.async_rollouts))
     datasets = {**datasets, RLObjective.ARGUMENT: train_dataset}  # the agent's prompts, if `check_agent` wrote them
     return RunChecks(agent, datasets, own_source, verified_checkpoint, rollout_state, summary, thread_choice)
+
+
+def check_distillation_prompts(
+    args: TRAPOConfig, arguments: dict[str, Any], given: dict[str, Any], own_source: bool
+) -> None:
+    """[`~trl_trapo.teacher.check_teacher_prompts`] on the run's arguments: whether a teacher is given (`teacher_model`
+    or `teacher_model_name_or_path`), and which objectives have data (`given`: objective name -> dataset or None;
+    `own_source`: a rollout source of the user's supplies RL prompts).
+
+    Raises:
+        ValueError: from `check_teacher_prompts`, naming the weights, the missing teacher or prompts and the fix.
+    """
+    with_teacher = arguments.get("teacher_model") is not None or args.teacher_model_name_or_path is not None
+    other_data = any(
+        given[cls.NAME] is not None and getattr(args, cls.WEIGHT_FIELD) > 0
+        for cls in WITH_DATA
+        if cls not in (RLObjective, DistillationObjective)
+    )
+    rl_prompts = given[RLObjective.NAME] is not None or own_source
+    check_teacher_prompts(args, with_teacher, given[DistillationObjective.NAME] is not None, rl_prompts, other_data)
 
 
 def state_settings(args: TRAPOConfig, adapter_bank: bool | None) -> dict[str, Any]:

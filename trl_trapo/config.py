@@ -10,6 +10,7 @@ below: objective weights, DARE, curriculum, replay, per-objective lengths, robus
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import difflib
 import enum
@@ -882,6 +883,7 @@ ASYNC_FIELDS = (
 )
 """`TRAPOConfig`'s settings that only `async_rollouts=True` reads (the producer, its rounds and their lag)."""
 TEACHER_FIELDS = (
+    "distillation_weight",  # the distillation objective's weight: no objective without a teacher (trial 17's W04d)
     "teacher_model_revision",
     "teacher_model_init_kwargs",
     "distillation_beta",
@@ -921,6 +923,19 @@ DARE_FIELDS = (
 )
 """`TRAPOConfig`'s settings of DARE (the adaptive strategies share some of them), which static weights, the default,
 ignore."""
+WEIGHTING_READS = {
+    "static": (),
+    "dare": DARE_FIELDS,
+    "uncertainty": ("dare_update_interval", "dare_min_factor", "dare_max_factor"),
+    "gradnorm": ("dare_update_interval", "dare_probe_vocab", "dare_probe_dim"),
+    "gac": ("dare_momentum", "dare_update_interval", "dare_probe_vocab", "dare_probe_dim"),
+}
+"""Which of [`DARE_FIELDS`] each weighting strategy reads (`weighting.build_weighting`, `assembly.build_step_controls`):
+every adaptive strategy updates every `dare_update_interval` steps; DARE smooths with `dare_momentum` and clips to
+[`dare_min_factor`, `dare_max_factor`]; uncertainty weighting clips its factors to those bounds and learns from the
+objectives' losses (not the probe's gradients, so the probe's size does not change it); GradNorm balances the probe's
+gradient norms with its own Adam step (no momentum, no bounds); GAC smooths its closed form with `dare_momentum` (no
+bounds). A setting the chosen strategy does not read is warned about (`TRAPOConfig._warn_unused_settings`)."""
 THREAD_FIELDS = ("torch_threads", "async_producer_threads")
 """`TRAPOConfig`'s numbers of torch threads per process (warned about when more than the usable cores)."""
 
@@ -2220,6 +2235,28 @@ class TRAPOConfig(_BaseConfig):
             self._warn_unused_settings()
             self._warn_environment_precision()
 
+    def check_values(self) -> None:
+        """Run the value checks of `__post_init__` again, on the values the config holds now: the type and choice
+        checks ([`check_field_types`]), the finite-number check ([`check_finite_numbers`]) and the range and
+        consistency checks (`_validate`, which subclasses extend). `TRAPOTrainer` calls it before anything slow, so a
+        field set after construction (`args.rl_weight = "2"`, `args.sft_weight = None`, `args.dare_momentum = 1.5`:
+        transformers' `TrainingArguments` is a mutable dataclass and TRL scripts set fields on it) is refused with
+        the constructor's message instead of a bare `TypeError` later, or used unchecked (trial 17's W17, W17b).
+
+        The checks run on a shallow copy, so the config is not changed (`_validate` writes `curriculum_mixtures`'
+        flat form). Nothing that `__post_init__` derives is re-derived: the weighting strategy is read from
+        `weighting` and `dare_mode` where it is used ([`weighting_name`]), so `dare_mode="dynamic"` set after
+        construction with `weighting=None` selects DARE, as it would in the constructor. The warnings about ignored
+        settings are given once, by the constructor.
+
+        Raises:
+            ValueError: naming the field, the value and the fix, as the constructor does.
+        """
+        checked = copy.copy(self)
+        check_field_types(checked)
+        check_finite_numbers(checked)
+        self._validate.__func__(checked)  # this class's range checks (subclasses extend them), run on the copy
+
     def to_dict(self) -> dict[str, typing.Any]:
         """The config as a JSON-ready dict (transformers' `TrainingArguments.to_dict()`: every field of `__init__`, enums
         as their values), which trackers log and `type(args)(**args.to_dict())` rebuilds.
@@ -2267,8 +2304,9 @@ class TRAPOConfig(_BaseConfig):
         """Warn about settings that are valid but would do nothing or harm without a word: async-only settings
         ([`ASYNC_FIELDS`]) given without `async_rollouts` and vLLM-only settings ([`VLLM_FIELDS`]) without `use_vllm`
         (ignored, as `--lora_r` without `--use_peft` is: the same warning), PowerSGD's settings ([`POWERSGD_FIELDS`])
-        without `ddp_comm_hook="powersgd"`, DARE's settings ([`DARE_FIELDS`]) with static weights (the default since
-        issue 42: a script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
+        without `ddp_comm_hook="powersgd"`, the weighting settings that do nothing
+        ([`_warn_unused_weighting_settings`]: DARE's settings with static weights, the default since issue 42, where a
+        script tuned for DARE, the earlier default, would lose it without a word), and a number of torch
         threads ([`THREAD_FIELDS`]) above the cores this process may use (`threads.usable_cores`: oversubscribed cores
         slow every process down, docs/threads.md)."""
         name = type(self).__name__
@@ -2298,14 +2336,7 @@ class TRAPOConfig(_BaseConfig):
                 "Set ddp_comm_hook='powersgd' (--ddp_comm_hook powersgd) to compress DDP's gradients with {them}, or "
                 "drop {them}.",
             )
-        if weighting_name(self) == "static":
-            warn_ignored_settings(
-                logger,
-                [f"{setting}={getattr(self, setting)!r}" for setting in changed_settings(self, DARE_FIELDS)],
-                f"{name}.weighting='dare' (or another adaptive strategy)",
-                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
-                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
-            )
+        self._warn_unused_weighting_settings()
         cores = threads.usable_cores()
         for setting in THREAD_FIELDS:
             count = getattr(self, setting)
@@ -2322,6 +2353,61 @@ class TRAPOConfig(_BaseConfig):
                     cores,
                     cores,
                 )
+
+    def _warn_unused_weighting_settings(self) -> None:
+        """Warn about weighting settings that do nothing (trial 17's W04c, W06, W13): `dare_mode="dynamic"` beside a
+        `weighting` that is not 'dare' (`weighting` wins, as its help says), a setting of [`DARE_FIELDS`] the chosen
+        strategy does not read ([`WEIGHTING_READS`]: all of them with static weights, the default since issue 42),
+        and a `dare_update_interval` that leaves no update within `max_steps` (when it is set: the strategy then
+        never measures and every factor stays 1)."""
+        name, strategy = type(self).__name__, weighting_name(self)
+        if self.weighting not in (None, "dare") and "dare_mode" in changed_settings(self, ("dare_mode",)):
+            logger.warning(
+                "%s.dare_mode=%r asks for DARE but weighting=%r is set, and weighting wins: the run uses weighting=%r "
+                "and dare_mode is ignored. Drop dare_mode (weighting='dare' is what dare_mode='dynamic' selects), or "
+                "set weighting='dare' (--weighting dare) for DARE.",
+                name,
+                self.dare_mode,
+                self.weighting,
+                self.weighting,
+            )
+        reads = WEIGHTING_READS[strategy]
+        ignored = [setting for setting in changed_settings(self, DARE_FIELDS) if setting not in reads]
+        given = [f"{setting}={getattr(self, setting)!r}" for setting in ignored]
+        if strategy == "static":
+            warn_ignored_settings(
+                logger,
+                given,
+                f"{name}.weighting='dare' (or another adaptive strategy)",
+                " (the weighting is static: every factor stays 1; TRAPOConfig's default was DARE before this release)",
+                "Set weighting='dare' (--weighting dare) to weigh the objectives with DARE using {them}, or drop {them}.",
+            )
+        else:
+            readers = [other for other, fields in WEIGHTING_READS.items() if set(ignored) <= set(fields)]
+            warn_ignored_settings(
+                logger,
+                given,
+                f"{name}.weighting={' or '.join(repr(reader) for reader in readers)}",
+                f" (weighting={strategy!r} reads only {', '.join(reads)} of the dare_* settings)",
+                "Drop {them}, or choose a strategy that reads {them} (--weighting "
+                + " / ".join(readers)
+                + "; docs/how_it_works.md, 'Other weighting strategies').",
+            )
+        interval = self.dare_update_interval
+        if strategy != "static" and interval is not None and 0 < self.max_steps <= interval:
+            logger.warning(
+                "%s.dare_update_interval=%d is not below max_steps=%d: weighting=%r updates its factors at the steps "
+                "k with 0 < k < max_steps that the interval divides, so it never updates and every factor stays 1 "
+                "(static weights). %s",
+                name,
+                interval,
+                self.max_steps,
+                strategy,
+                f"Use dare_update_interval <= {self.max_steps - 1}, or None (ceil(sqrt(max_steps)) = "
+                f"{math.ceil(math.sqrt(self.max_steps))} steps)."
+                if self.max_steps > 1
+                else "A run of one step never updates: use max_steps >= 2 to weigh adaptively.",
+            )
 
     def _check_best_model_settings(self) -> None:
         """Refuse `save_strategy="best"` without `metric_for_best_model`, naming the metrics TRAPO logs (trial 8's
@@ -3013,19 +3099,33 @@ class TRAPOConfig(_BaseConfig):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 bad(name, value, "use a finite number >= 0 (0 switches the objective off).")
-        if self.pretrain_weight == self.sft_weight == self.rl_weight == 0:
-            bad("rl_weight", 0.0, "at least one of pretrain_weight, sft_weight, rl_weight must be > 0.")
+        if self.pretrain_weight == self.sft_weight == self.rl_weight == self.distillation_weight == 0:
+            bad(  # distillation alone is a run (trial 17's W07): its weight counts
+                "rl_weight",
+                0.0,
+                "every objective's weight is 0 (pretrain_weight, sft_weight, rl_weight, distillation_weight): give at "
+                "least one of them > 0. distillation_weight alone needs a teacher (teacher_model / "
+                "--teacher_model_name_or_path) and a distillation_dataset of reward-free prompts (docs/distillation.md).",
+            )
         if not 0 < self.trust_region_alpha <= 1:
             bad("trust_region_alpha", self.trust_region_alpha, "use a value in (0, 1]; the paper uses 0.1.")
         if not 0 <= self.dare_momentum < 1:
             bad("dare_momentum", self.dare_momentum, "use a value in [0, 1); the source document uses 0.9.")
         if self.dare_update_interval is not None and self.dare_update_interval < 1:
             bad("dare_update_interval", self.dare_update_interval, "use an integer >= 1, or None for ceil(sqrt(N)).")
-        if not 0 < self.dare_min_factor <= 1 <= self.dare_max_factor:
+        if not 0 < self.dare_min_factor <= 1:  # each bound by its own name (trial 17's W04b: not a tuple)
             bad(
                 "dare_min_factor",
-                (self.dare_min_factor, self.dare_max_factor),
-                "need 0 < dare_min_factor <= 1 <= dare_max_factor.",
+                self.dare_min_factor,
+                "use a value in (0, 1] (the lowest factor an objective may get; the default is 0.25): the factors "
+                f"start at 1 and need 0 < dare_min_factor <= 1 <= dare_max_factor (={self.dare_max_factor!r}).",
+            )
+        if not self.dare_max_factor >= 1:
+            bad(
+                "dare_max_factor",
+                self.dare_max_factor,
+                "use a value >= 1 (the highest factor an objective may get; the default is 4.0): the factors start at "
+                f"1 and need 0 < dare_min_factor (={self.dare_min_factor!r}) <= 1 <= dare_max_factor.",
             )
         if self.dare_probe_vocab < 2:
             bad("dare_probe_vocab", self.dare_probe_vocab, "use at least 2 vocabulary rows.")

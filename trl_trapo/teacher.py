@@ -36,6 +36,53 @@ if TYPE_CHECKING:
     from .sources import SampledRound
 
 
+def check_teacher_prompts(
+    args, with_teacher: bool, distillation_prompts: bool, rl_prompts: bool, other_data: bool
+) -> None:
+    """Refuse, before anything loads, a run whose distillation term would have no samples, saying which prompts it
+    needs (trial 17's W07): a teacher scores the student's own samples of either `distillation_dataset`'s reward-free
+    prompts or the RL rollouts, which need RL prompts and `rl_weight` > 0; and distillation alone (`pretrain_weight`,
+    `sft_weight`, `rl_weight` all 0) needs a teacher. These runs were refused later, after the models loaded, by
+    "No objective has data" (naming `train_dataset`, which had been given) or by the plan.
+
+    Args:
+        args ([`~trl_trapo.TRAPOConfig`]): the weights.
+        with_teacher (`bool`): a teacher is given (`teacher_model` or `teacher_model_name_or_path`).
+        distillation_prompts (`bool`): a `distillation_dataset` is given.
+        rl_prompts (`bool`): RL prompts are given (`train_dataset`, or a rollout source of the user's).
+        other_data (`bool`): a pretraining or SFT dataset is given with a weight > 0.
+
+    Raises:
+        ValueError: naming the weights, the missing teacher or prompts, and the fix.
+    """
+    name = type(args).__name__
+    if not with_teacher:
+        if args.pretrain_weight == args.sft_weight == args.rl_weight == 0:
+            raise ValueError(
+                f"{name}: pretrain_weight, sft_weight and rl_weight are 0, which leaves distillation alone "
+                f"(distillation_weight={args.distillation_weight!r}), and this run has no teacher. Fix: pass "
+                "`teacher_model` (or set teacher_model_name_or_path) with a `distillation_dataset` of reward-free "
+                "prompts, or give pretrain_weight, sft_weight or rl_weight a value > 0."
+            )
+        return
+    if distillation_prompts or (rl_prompts and args.rl_weight > 0):
+        return
+    if rl_prompts:  # distillation samples the RL rollouts, and rl_weight=0 switches them off
+        cause = (
+            f"its RL prompts (`train_dataset`) are not rolled out: rl_weight={args.rl_weight!r} switches RL off, and "
+            "with it the rollouts distillation samples from"
+        )
+    else:
+        cause = "it has neither a `distillation_dataset` nor RL prompts (`train_dataset`)"
+    alone = "" if other_data else " (distillation alone: pretrain_weight, sft_weight and rl_weight may then all be 0)"
+    raise ValueError(
+        "A teacher (`teacher_model` / teacher_model_name_or_path) scores the student's own samples of prompts, but "
+        f"this run has none: {cause}. Fix: pass a `distillation_dataset` of reward-free prompts (a 'prompt' "
+        f"column){alone}, or RL prompts (`train_dataset`, with `reward_funcs`) and rl_weight > 0 to distil on the RL "
+        "rollouts."
+    )
+
+
 def load_teacher(teacher: str | nn.Module | None, policy: nn.Module, args, tokenizer) -> nn.Module | None:
     """The distillation teacher (`teacher_model`, or loaded from `args.teacher_model_name_or_path`), frozen (eval
     mode, no gradients, dropout off with `args.disable_dropout`) and checked against the policy; None without one.
