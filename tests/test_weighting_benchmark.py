@@ -550,6 +550,12 @@ def test_the_shift_decision_is_rule_1_against_static():
     assert decision["best"] is None and decision["winners"] == {}
     assert any("`gac` beats `static`" in r and "forgetting" in r for r in decision["reasons"])
     assert wb.decide_shift(shift_cells({}))["best"] is None  # no effect: nothing beats static
+    # a static mixture that wins: said with its interval, and that no adaptive weighting beat static, with theirs
+    decision = wb.decide_shift(shift_cells({"tuned_static": 0.2}))
+    assert decision["best"] == "tuned_static" and decision["reasons"][0].startswith("`tuned_static` beats `static` (")
+    assert decision["reasons"][1].startswith("No adaptive weighting beats `static` on the final `rl_only` accuracy")
+    assert all(name in decision["reasons"][1] for name in ("DARE", "uncertainty", "GradNorm", "GAC-style"))
+    assert not any("No adaptive" in r for r in wb.decide_shift(shift_cells({"gac": 0.2}))["reasons"])
     # a partial task is not decided
     partial = shift_cells({"gac": 0.2}, seeds=(0, 1, 2))
     assert wb.decide_shift(partial) == {"applied": False, "missing": wb.missing_shift(partial)}

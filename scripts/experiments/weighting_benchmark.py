@@ -873,11 +873,11 @@ def decide_shift(cells: dict[str, dict]) -> dict[str, Any]:
     missing = missing_shift(cells)
     if missing:
         return {"applied": False, "missing": missing}
-    reasons, qualified = [], {}
+    reasons, qualified, gains = [], {}, {}
     for arm in ARMS:
         if arm == "static":
             continue
-        gain = paired(cells, SHIFT.name, arm, "static", SHIFT_METRIC)
+        gain = gains[arm] = paired(cells, SHIFT.name, arm, "static", SHIFT_METRIC)
         forgets = paired(cells, SHIFT.name, arm, "static", "forgetting")["low"] > FORGETTING_MARGIN
         if gain["low"] > 0 and not forgets:
             qualified[arm] = gain["mean"]
@@ -886,16 +886,24 @@ def decide_shift(cells: dict[str, dict]) -> dict[str, Any]:
                 f"`{arm}` beats `static` on the final `rl_only` accuracy but its forgetting interval against `static` "
                 f"lies above +{FORGETTING_MARGIN}."
             )
+    adaptive = [arm for arm in ARMS if arm not in ("static", "tuned_static")]
+    if not any(arm in qualified for arm in adaptive):  # said plainly, with each one's interval
+        reasons.append(
+            "No adaptive weighting beats `static` on the final `rl_only` accuracy (paired by seed): "
+            + ", ".join(f"{ARM_NAMES[arm]} {_interval(gains[arm])}" for arm in adaptive)
+            + "."
+        )
     if not qualified:
         reasons.append(
             "no arm's interval of the final `rl_only` accuracy against `static` lies above 0 (or it forgets more)."
         )
         return {"applied": True, "winners": {}, "best": None, "reasons": reasons}
     ranked = sorted(qualified, key=qualified.get, reverse=True)  # sorted is stable: ties keep the arms' order
-    reasons.append(
-        f"`{ranked[0]}` beats `static` (mean gain in final `rl_only` accuracy {qualified[ranked[0]]:+.3f}"
-        + (f"; also: {', '.join(f'`{a}` {qualified[a]:+.3f}' for a in ranked[1:])}" if len(ranked) > 1 else "")
-        + ")."
+    reasons.insert(
+        0,
+        f"`{ranked[0]}` beats `static` (final `rl_only` accuracy {_interval(gains[ranked[0]])}"
+        + (f"; also: {', '.join(f'`{a}` {_interval(gains[a])}' for a in ranked[1:])}" if len(ranked) > 1 else "")
+        + ").",
     )
     return {"applied": True, "winners": qualified, "best": ranked[0], "reasons": reasons}
 
@@ -1282,6 +1290,11 @@ def claim_block(cells: dict[str, dict]) -> str:
             _wrap(
                 "The declared shift task (a teacher that becomes wrong halfway): "
                 + (" ".join(shift["reasons"]) if shift["applied"] else f"{len(shift['missing'])} of its cells to run.")
+                + (
+                    " The default stays the searched static mixture."
+                    if shift.get("best") == decision.get("default") == "tuned_static"
+                    else ""
+                )
             ),
         ]
     return "\n".join(lines) + "\n"
